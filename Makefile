@@ -1,0 +1,137 @@
+# dtrain - top-level build.
+#
+#   make              build/dtrain (CPU, always) and build/libdtrain_cuda.so where nvcc is found
+#   make test         every unit and integration test (GPU tests are skipped, visibly, without GPU)
+#   make test-gpu     only the GPU tests, which then fail instead of skipping when no GPU is found
+#   make run          the quickstart job (configs/quickstart.ini)
+#   make deps         install the system packages (scripts/install-deps.sh)
+#   make clean
+#
+# Switches: SANITIZE=address,undefined (everything rebuilt under the sanitizers), WERROR=1,
+# DEBUG=1 (-O0), CUDA=0 (skip the CUDA backend), CUDA_HOME=/path (where nvcc lives).
+
+BUILD   := build
+CC      ?= cc
+PKGS    := libuv libcjson inih openblas
+VERSION := 0.1.0
+
+.DEFAULT_GOAL := all
+.PHONY: all test test-gpu run deps clean fuzz FORCE
+
+# ---- system packages -----------------------------------------------------------------------
+# Every build target checks the libraries with pkg-config and runs scripts/install-deps.sh when
+# one is missing (it installs them as root, or prints the exact command and fails).
+ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
+DEPS_OK := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo yes)
+ifneq ($(DEPS_OK),yes)
+$(info dtrain: some of $(PKGS) not found by pkg-config; running scripts/install-deps.sh)
+DEPS_RC := $(shell scripts/install-deps.sh 1>&2; echo $$?)
+ifneq ($(DEPS_RC),0)
+$(error dtrain: system packages missing; see the message above (or run: make deps))
+endif
+endif
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+endif
+
+# ---- flags ---------------------------------------------------------------------------------
+OPT      := $(if $(DEBUG),-O0,-O2)
+CFLAGS   := -std=c11 -D_GNU_SOURCE -DDT_VERSION='"$(VERSION)"' $(OPT) -g -fPIC -pthread \
+            -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
+            -I. $(PKG_CFLAGS) $(if $(WERROR),-Werror,) $(EXTRA_CFLAGS)
+LDFLAGS  := -pthread $(EXTRA_LDFLAGS)
+LDLIBS   := $(PKG_LIBS) -lm -ldl
+ifneq ($(SANITIZE),)
+CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS  += -fsanitize=$(SANITIZE)
+endif
+
+# ---- CUDA ----------------------------------------------------------------------------------
+CUDA_HOME ?= $(if $(wildcard /usr/local/cuda/bin/nvcc),/usr/local/cuda,$(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null)))
+NVCC      := $(if $(CUDA_HOME),$(wildcard $(CUDA_HOME)/bin/nvcc),)
+ifeq ($(CUDA),0)
+NVCC      :=
+CUDA_WHY  := disabled by CUDA=0
+else
+CUDA_WHY  := nvcc not found (looked in CUDA_HOME=$(or $(CUDA_HOME),unset), /usr/local/cuda and PATH)
+endif
+NVFLAGS   := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -I. \
+             -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90 $(if $(WERROR),-Werror all-warnings,)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudnn -lnccl -lcudart -Xlinker -rpath=$(CUDA_HOME)/lib64
+
+# ---- sources -------------------------------------------------------------------------------
+LIB_SRC  := $(wildcard common/*.c rendezvous/*.c kernels/*.c kernels/cpu/*.c \
+                       runtime/*.c runtime/*/*.c) $(filter-out cmd/main.c,$(wildcard cmd/*.c))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+CU_SRC   := $(wildcard kernels/cuda/*.cu runtime/*.cu)
+CU_CSRC  := $(wildcard kernels/cuda/*.c) common/err.c common/log.c common/util.c common/env.c
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o) $(CU_CSRC:%.c=$(BUILD)/cuda/%.o)
+
+TARGETS  := $(BUILD)/dtrain $(if $(NVCC),$(BUILD)/libdtrain_cuda.so,)
+
+all: features $(TARGETS)
+
+.PHONY: features
+features:
+	@echo "dtrain: CPU backend: yes (OpenBLAS $$(pkg-config --modversion openblas 2>/dev/null))"
+	@echo "dtrain: CUDA backend: $(if $(NVCC),yes ($(NVCC)),no: $(CUDA_WHY))"
+	@echo "dtrain: sanitizers: $(if $(SANITIZE),$(SANITIZE),off (SANITIZE=address,undefined to enable))"
+
+# Rebuild everything when the flags change (e.g. a SANITIZE build after a normal one).
+$(BUILD)/.flags: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(CC) $(CFLAGS) $(LDFLAGS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(LDFLAGS)' > $@
+
+$(BUILD)/obj/%.o: %.c $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	@$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libdtrain.a: $(LIB_OBJ)
+	@rm -f $@
+	@echo "  AR    $@"
+	@ar rcs $@ $^
+
+$(BUILD)/dtrain: $(BUILD)/obj/cmd/main.o $(BUILD)/libdtrain.a
+	@echo "  LD    $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/obj/tests/harness.o $(BUILD)/libdtrain.a $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	@echo "  CC    $@"
+	@$(CC) $(CFLAGS) -MMD -MP $(LDFLAGS) -o $@ $< $(BUILD)/obj/tests/harness.o $(BUILD)/libdtrain.a $(LDLIBS)
+
+# The CUDA backend: a shared object loaded at run time, so build/dtrain links no CUDA library.
+$(BUILD)/cuda/%.o: %.cu $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	@echo "  NVCC  $<"
+	@$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/cuda/%.o: %.c $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	@echo "  CC    $< (cuda)"
+	@$(CC) $(filter-out -fsanitize=%,$(CFLAGS)) -fvisibility=hidden -I$(CUDA_HOME)/include -MMD -MP -c $< -o $@
+
+$(BUILD)/libdtrain_cuda.so: $(CU_OBJ)
+	@echo "  LD    $@"
+	@$(NVCC) -shared -o $@ $^ $(CUDA_LIBS)
+
+test: all $(TEST_BIN)
+	@tests/run.sh $(BUILD)
+
+test-gpu: all $(TEST_BIN)
+	@DTRAIN_REQUIRE_GPU=1 tests/run.sh $(BUILD) gpu
+
+run: all
+	$(BUILD)/dtrain configs/quickstart.ini
+
+deps:
+	scripts/install-deps.sh
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,42 @@
+/* args.h - the launcher's command line, torchrun-compatible.
+ *
+ *   dtrain [launcher options] JOB.ini [section.key=value ...]
+ *   dtrain [launcher options] -- COMMAND [ARGS...]
+ *   dtrain [launcher options] SCRIPT.py [ARGS...]        (runs python3 SCRIPT.py, as torchrun)
+ *
+ * Every launcher option is accepted with dashes and with underscores, as --opt=value or
+ * --opt value, and from its PET_* environment variable as torchrun reads them. Each option is a
+ * key of the job table ([elastic] or [rendezvous]), so the file, the overrides and the flags
+ * share one parser and one validator. Precedence: flags, then PET_* variables, then overrides,
+ * then the file, then defaults.
+ */
+#ifndef DT_ARGS_H
+#define DT_ARGS_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "common/err.h"
+
+typedef struct dt_args {
+    const char *job_path;   /* JOB.ini, or NULL */
+    char **overrides;       /* section.key=value from the command line (borrowed from argv) */
+    int n_overrides;
+    char **flag_keys;       /* section.key=value made from flags and PET_* (owned) */
+    int n_flag_keys;
+    char **command;         /* the worker command (NULL-terminated, owned array of borrowed
+                               strings), or NULL in job-file mode */
+    int n_command;
+    bool print_config;
+    bool help;
+    bool help_env;
+    bool version;
+} dt_args;
+
+/* Parses argv (argv[0] is the program). Returns 0, or -EINVAL with a message that names the
+ * wrong flag or value and, where one is close, the valid spelling. */
+int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err);
+void dt_args_free(dt_args *a);
+void dt_args_print_help(FILE *out);
+
+#endif

@@ -1,0 +1,30 @@
+/* cmd.h - the subcommands of the dtrain binary. cmd/ only parses and dispatches: each
+ * subcommand parses its own arguments and calls into runtime/ or rendezvous/. Every function
+ * returns the process exit code (0 success, 1 failure, 2 usage). */
+#ifndef DT_CMD_H
+#define DT_CMD_H
+
+int dt_cmd_main(int argc, char **argv);   /* cmd/dtrain.c: dispatch and the default `run` */
+int dt_cmd_worker(int argc, char **argv); /* cmd/worker.c: the built-in trainer */
+int dt_cmd_store(int argc, char **argv);  /* cmd/store.c: standalone store server */
+int dt_cmd_bench(int argc, char **argv);  /* cmd/bench.c: dispatches to dt_bench_* */
+int dt_cmd_ckpt(int argc, char **argv);   /* cmd/ckpt.c: list, show, verify */
+
+/* Benchmarks: `dtrain bench NAME ...`, one file each (cmd/bench_NAME.c). */
+int dt_bench_store(int argc, char **argv);
+int dt_bench_rdzv(int argc, char **argv);
+int dt_bench_launch(int argc, char **argv);
+int dt_bench_kernels(int argc, char **argv);
+int dt_bench_train(int argc, char **argv);
+int dt_bench_allreduce(int argc, char **argv);
+int dt_bench_dp_vs_ddp(int argc, char **argv);
+int dt_bench_ckpt(int argc, char **argv);
+
+/* Prints "dtrain NAME: not implemented yet (see issue N)" and returns 1. For subcommands whose
+ * issue has not landed; removed when the last one lands. */
+int dt_cmd_unavailable(const char *name, const char *what);
+
+/* The absolute path of the running dtrain binary (for exec of `dtrain worker`). */
+const char *dt_cmd_self_path(void);
+
+#endif

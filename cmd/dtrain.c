@@ -1,0 +1,207 @@
+/* dtrain.c - the dtrain command: subcommand dispatch and the default `run` (the launcher).
+ *
+ * cmd/ only parses and dispatches; the agent (runtime/agent) does the launching. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cmd/args.h"
+#include "cmd/cmd.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "runtime/agent.h"
+#include "runtime/config.h"
+
+#ifndef DT_VERSION
+#define DT_VERSION "0.0.0"
+#endif
+
+const char *dt_cmd_self_path(void)
+{
+    static char path[PATH_MAX];
+    if (!path[0]) {
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+        if (n <= 0)
+            dt_strlcpy(path, "dtrain", sizeof path);
+        else
+            path[n] = '\0';
+    }
+    return path;
+}
+
+int dt_cmd_unavailable(const char *name, const char *what)
+{
+    fprintf(stderr, "dtrain %s: not available in this build yet: %s\n", name, what);
+    return 1;
+}
+
+static void print_version(void)
+{
+    char so[PATH_MAX];
+    snprintf(so, sizeof so, "%s", dt_cmd_self_path());
+    char *slash = strrchr(so, '/');
+    if (slash)
+        snprintf(slash + 1, sizeof so - (size_t)(slash + 1 - so), "libdtrain_cuda.so");
+    printf("dtrain %s\n", DT_VERSION);
+    printf("CPU backend: built in (OpenBLAS)\n");
+    printf("CUDA backend: %s\n", access(so, R_OK) == 0 ? so : "not built (no nvcc at build time)");
+}
+
+static void print_env_help(void)
+{
+    printf("DTRAIN_* environment variables:\n");
+    for (size_t i = 0; i < dt_env_vars_count; i++)
+        printf("  %-20s %s%s%s%s\n", dt_env_vars[i].name, dt_env_vars[i].help,
+               dt_env_vars[i].def ? " [default: " : "", dt_env_vars[i].def ? dt_env_vars[i].def : "",
+               dt_env_vars[i].def ? "]" : "");
+}
+
+static void print_config_errors(const dt_config_errors *errs)
+{
+    int shown = errs->count < (int)DT_ARRAY_LEN(errs->lines) ? errs->count : (int)DT_ARRAY_LEN(errs->lines);
+    for (int i = 0; i < shown; i++)
+        fprintf(stderr, "dtrain: %s\n", errs->lines[i]);
+    if (errs->count > shown)
+        fprintf(stderr, "dtrain: ... and %d more errors\n", errs->count - shown);
+}
+
+/* The default subcommand: parse launcher options and the job, then run the agent. */
+static int cmd_run(int argc, char **argv)
+{
+    dt_args a;
+    dt_err err = {0};
+    static dt_job job;
+    static dt_config_errors errs;
+    int code = 2;
+    char **all = NULL;
+
+    if (dt_args_parse(&a, argc, argv, &err) != 0) {
+        fprintf(stderr, "dtrain: %s\n", err.msg);
+        goto out;
+    }
+    if (a.help) {
+        dt_args_print_help(stdout);
+        code = 0;
+        goto out;
+    }
+    if (a.version) {
+        print_version();
+        code = 0;
+        goto out;
+    }
+    if (a.help_env) {
+        print_env_help();
+        code = 0;
+        goto out;
+    }
+    memset(&errs, 0, sizeof errs);
+    if (a.job_path) {
+        /* Overrides first, then launcher flags, so flags win. */
+        int n = a.n_overrides + a.n_flag_keys;
+        all = calloc((size_t)n + 1, sizeof(char *));
+        if (!all) {
+            fprintf(stderr, "dtrain: out of memory\n");
+            code = 1;
+            goto out;
+        }
+        memcpy(all, a.overrides, sizeof(char *) * (size_t)a.n_overrides);
+        memcpy(all + a.n_overrides, a.flag_keys, sizeof(char *) * (size_t)a.n_flag_keys);
+        if (dt_job_load(&job, a.job_path, all, n, &errs, &err) != 0) {
+            print_config_errors(&errs);
+            fprintf(stderr, "dtrain: %s; nothing was started\n", err.msg);
+            goto out;
+        }
+        if (a.print_config) {
+            dt_job_print(&job, stdout);
+            code = 0;
+            goto out;
+        }
+    } else {
+        dt_job_defaults(&job);
+        for (int i = 0; i < a.n_flag_keys; i++)
+            if (dt_job_set(&job, a.flag_keys[i], &err) != 0) {
+                fprintf(stderr, "dtrain: %s\n", err.msg);
+                goto out;
+            }
+        if (dt_launch_validate(&job.launch, "command line", &errs) != 0) {
+            print_config_errors(&errs);
+            goto out;
+        }
+        if (a.print_config) {
+            fprintf(stderr, "dtrain: --print-config needs a job file\n");
+            goto out;
+        }
+    }
+
+    dt_agent_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.launch = job.launch;
+    char **wargv = NULL;
+    if (a.job_path) {
+        char abs[PATH_MAX];
+        if (!realpath(a.job_path, abs))
+            dt_strlcpy(abs, a.job_path, sizeof abs);
+        wargv = calloc((size_t)a.n_overrides + 4, sizeof(char *));
+        if (!wargv) {
+            code = 1;
+            goto out;
+        }
+        int k = 0;
+        wargv[k++] = (char *)dt_cmd_self_path();
+        wargv[k++] = "worker";
+        wargv[k++] = abs;
+        for (int i = 0; i < a.n_overrides; i++)
+            wargv[k++] = a.overrides[i];
+        spec.argv = wargv;
+        spec.builtin_worker = true;
+        dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);
+        code = dt_agent_run(&spec, &err);
+        free(wargv);
+    } else {
+        spec.argv = a.command;
+        code = dt_agent_run(&spec, &err);
+    }
+    if (code < 0) {
+        fprintf(stderr, "dtrain: %s\n", err.msg);
+        code = 1;
+    }
+out:
+    free(all);
+    dt_args_free(&a);
+    return code;
+}
+
+static int cmd_help(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    dt_args_print_help(stdout);
+    return 0;
+}
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+} subcommands[] = {
+    {"worker", dt_cmd_worker}, {"store", dt_cmd_store}, {"bench", dt_cmd_bench},
+    {"ckpt", dt_cmd_ckpt},     {"help", cmd_help},
+};
+
+int dt_cmd_main(int argc, char **argv)
+{
+    dt_log_init();
+    if (argc >= 2) {
+        for (size_t i = 0; i < DT_ARRAY_LEN(subcommands); i++)
+            if (!strcmp(argv[1], subcommands[i].name)) {
+                dt_log_set_role(subcommands[i].name);
+                return subcommands[i].fn(argc - 1, argv + 1);
+            }
+        if (!strcmp(argv[1], "run")) /* explicit form of the default */
+            return cmd_run(argc - 1, argv + 1);
+    }
+    dt_log_set_role("agent");
+    return cmd_run(argc, argv);
+}

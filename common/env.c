@@ -1,0 +1,33 @@
+/* env.c - the DTRAIN_* table. Add new variables here, nowhere else. */
+#include "common/env.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+const dt_env_var dt_env_vars[] = {
+    {"DTRAIN_LOG", "info", "log level: debug, info, warn, error, off"},
+    {"DTRAIN_STORE_ADDR", NULL, "host of the dtrain store (set by the agent for its workers)"},
+    {"DTRAIN_STORE_PORT", NULL, "port of the dtrain store (set by the agent for its workers)"},
+    {"DTRAIN_STORE_TOKEN", NULL, "shared secret clients present to the store; the server requires it when set"},
+    {"DTRAIN_RUN_ID", NULL, "run id (the rendezvous id); namespaces store keys and shared memory"},
+    {"DTRAIN_ATTEMPT", "0", "restart attempt of the workers (same as TORCHELASTIC_RESTART_COUNT)"},
+    {"DTRAIN_ERROR_FILE", NULL, "where a worker writes its JSON error record on a fatal error"},
+    {"DTRAIN_CUDA_LIB", NULL, "path of libdtrain_cuda.so (default: next to the dtrain binary)"},
+    {"DTRAIN_LOCAL_ADDR", NULL, "address other nodes use to reach this node's workers"},
+    {"DTRAIN_OUTPUT_DIR", NULL, "overrides job.output_dir for every worker of a run"},
+};
+const size_t dt_env_vars_count = sizeof dt_env_vars / sizeof dt_env_vars[0];
+
+const char *dt_env(const char *name)
+{
+    for (size_t i = 0; i < dt_env_vars_count; i++) {
+        if (strcmp(dt_env_vars[i].name, name) != 0)
+            continue;
+        const char *v = getenv(name);
+        return (v && *v) ? v : dt_env_vars[i].def;
+    }
+    DT_DEBUG("dt_env: %s is not in the DTRAIN_* table (common/env.c)", name);
+    return NULL;
+}

@@ -1,0 +1,91 @@
+/* log.c - see log.h. */
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+int dt_log_level = DT_LOG_INFO;
+
+static char log_host[64] = "?";
+static char log_role[32] = "dtrain";
+static int log_rank = -1;
+
+static const char *const level_names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
+
+int dt_log_parse_level(const char *s)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error", "off"};
+    if (!s)
+        return -1;
+    for (int i = 0; i < 5; i++)
+        if (!strcasecmp(s, names[i]))
+            return i;
+    if (!strcasecmp(s, "warning"))
+        return DT_LOG_WARN;
+    return -1;
+}
+
+void dt_log_init(void)
+{
+    const char *env = getenv("DTRAIN_LOG");
+    int lvl = dt_log_parse_level(env);
+    if (lvl >= 0)
+        dt_log_level = lvl;
+    if (gethostname(log_host, sizeof log_host) != 0)
+        strcpy(log_host, "?");
+    log_host[sizeof log_host - 1] = '\0';
+    char *dot = strchr(log_host, '.');
+    if (dot)
+        *dot = '\0';
+}
+
+void dt_log_set_role(const char *role)
+{
+    snprintf(log_role, sizeof log_role, "%s", role ? role : "dtrain");
+}
+
+void dt_log_set_rank(int rank) { log_rank = rank; }
+
+void dt_log_write(int level, const char *file, int line, const char *fmt, ...)
+{
+    char buf[4096];
+    int n;
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    if (level < 0 || level > DT_LOG_ERROR)
+        level = DT_LOG_ERROR;
+    if (log_rank >= 0)
+        n = snprintf(buf, sizeof buf, "dtrain[%s:%d r%d] %s", log_host, (int)getpid(), log_rank,
+                     level_names[level]);
+    else
+        n = snprintf(buf, sizeof buf, "dtrain[%s:%d %s] %s", log_host, (int)getpid(), log_role,
+                     level_names[level]);
+    if (level >= DT_LOG_WARN || dt_log_level == DT_LOG_DEBUG)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, " %s:%d", base, line);
+    n += snprintf(buf + n, sizeof buf - (size_t)n, ": ");
+    va_list ap;
+    va_start(ap, fmt);
+    if (n < (int)sizeof buf)
+        n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof buf - 2)
+        n = (int)sizeof buf - 2;
+    if (n > 0 && buf[n - 1] != '\n')
+        buf[n++] = '\n';
+    /* One write per line: the kernel keeps it whole on pipes for up to PIPE_BUF bytes. */
+    ssize_t off = 0;
+    while (off < n) {
+        ssize_t w = write(STDERR_FILENO, buf + off, (size_t)(n - off));
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        off += w;
+    }
+}

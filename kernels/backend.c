@@ -1,0 +1,107 @@
+/* backend.c - opening a backend by name; the CUDA one is loaded from libdtrain_cuda.so. */
+#include "kernels/backend.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/env.h"
+#include "common/log.h"
+#include "common/util.h"
+
+void dt_backend_opts_default(dt_backend_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->threads = 1;
+    o->precision = DT_PREC_FP32;
+}
+
+void dt_conv2d_shape_init(dt_conv2d_shape *s, int N, int C, int H, int W, int K, int R, int S,
+                          int stride, int pad)
+{
+    s->N = N;
+    s->C = C;
+    s->H = H;
+    s->W = W;
+    s->K = K;
+    s->R = R;
+    s->S = S;
+    s->stride = stride;
+    s->pad = pad;
+    s->P = (H + 2 * pad - R) / stride + 1;
+    s->Q = (W + 2 * pad - S) / stride + 1;
+}
+
+static int cuda_lib_path(char *buf, size_t cap)
+{
+    const char *env = dt_env("DTRAIN_CUDA_LIB");
+    if (env)
+        return dt_strlcpy(buf, env, cap) ? 0 : -ENAMETOOLONG;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return -ENOENT;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = '\0';
+    /* Test binaries live in build/tests; the library in build. */
+    char cand[PATH_MAX + 64];
+    snprintf(cand, sizeof cand, "%s/libdtrain_cuda.so", exe);
+    if (access(cand, R_OK) != 0)
+        snprintf(cand, sizeof cand, "%s/../libdtrain_cuda.so", exe);
+    return dt_strlcpy(buf, cand, cap) ? 0 : -ENAMETOOLONG;
+}
+
+static int open_cuda(dt_backend **out, const dt_backend_opts *opts, dt_err *err)
+{
+    char path[PATH_MAX];
+    if (cuda_lib_path(path, sizeof path) != 0)
+        return dt_err_set(err, -ENOENT, "CUDA backend: cannot locate libdtrain_cuda.so "
+                                        "(set DTRAIN_CUDA_LIB)");
+    if (access(path, R_OK) != 0)
+        return dt_err_set(err, -ENOENT,
+                          "CUDA backend: %s not found: this dtrain was built without nvcc "
+                          "(install the CUDA toolkit and rebuild, or use device = cpu)",
+                          path);
+    /* The handle is kept for the life of the process: kernels may run until exit. */
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return dt_err_set(err, -ENOENT, "CUDA backend: cannot load %s: %s", path, dlerror());
+    dt_cuda_backend_create_fn create =
+        (dt_cuda_backend_create_fn)(uintptr_t)dlsym(h, DT_CUDA_BACKEND_CREATE_SYMBOL);
+    if (!create)
+        return dt_err_set(err, -ENOENT, "CUDA backend: %s has no %s (rebuild it)", path,
+                          DT_CUDA_BACKEND_CREATE_SYMBOL);
+    return create(out, opts, err);
+}
+
+int dt_backend_open(dt_backend **out, const char *device, const dt_backend_opts *opts,
+                    dt_err *err)
+{
+    dt_backend_opts def;
+    if (!opts) {
+        dt_backend_opts_default(&def);
+        opts = &def;
+    }
+    if (!strcmp(device, "cpu"))
+        return dt_cpu_backend_create(out, opts, err);
+    if (!strcmp(device, "cuda"))
+        return open_cuda(out, opts, err);
+    if (!strcmp(device, "auto")) {
+        dt_err why = {0};
+        if (open_cuda(out, opts, &why) == 0)
+            return 0;
+        DT_INFO("device = auto: using the CPU (%s)", why.msg);
+        return dt_cpu_backend_create(out, opts, err);
+    }
+    return dt_err_set(err, -EINVAL, "unknown device \"%s\" (use cpu, cuda or auto)", device);
+}
+
+void dt_backend_close(dt_backend *be)
+{
+    if (be && be->close)
+        be->close(be);
+}

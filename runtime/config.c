@@ -1,0 +1,762 @@
+/* config.c - the job table and its INI parser (inih); see config.h.
+ *
+ * The table below is the single source of every key: type, default, range, help. The parser, the
+ * validator, --print-config and the README reference all walk it. Add a key here and nowhere
+ * else (plus the field in dt_job).
+ */
+#include "runtime/config.h"
+
+#include <ctype.h>
+#include <ini.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/util.h"
+
+#define J(f) offsetof(dt_job, f), sizeof(((dt_job *)0)->f)
+#define L(f) offsetof(dt_job, launch.f), sizeof(((dt_job *)0)->launch.f)
+#define BIG 1e18
+
+/* clang-format off */
+const dt_cfg_field dt_cfg_fields[] = {
+    /* [job] */
+    {"job", "name", DT_CFG_STR, J(name), "dtrain", 0, 0, NULL, false, "name of the job; names output_dir by default"},
+    {"job", "output_dir", DT_CFG_STR, J(output_dir), "", 0, 0, NULL, false, "where metrics.jsonl, checkpoints and logs go (\"\" = runs/<name>)"},
+    {"job", "device", DT_CFG_ENUM, J(device), "auto", 0, 0, "auto|cpu|cuda", false, "compute device: cuda when a GPU and libdtrain_cuda.so are usable (auto), else cpu"},
+    {"job", "strategy", DT_CFG_ENUM, J(strategy), "ddp", 0, 0, "ddp|dp", false, "ddp: one process per device, ring all-reduce; dp: one process drives all replicas"},
+    {"job", "seed", DT_CFG_I64, J(seed), "1337", 0, BIG, NULL, false, "seed of initialisation, data order and synthetic data"},
+    {"job", "log_every", DT_CFG_INT, J(log_every), "10", 1, 1e9, NULL, false, "steps between log lines"},
+    /* [model] */
+    {"model", "type", DT_CFG_ENUM, J(model_type), "", 0, 0, "mlp|resnet|gpt", true, "model from the zoo"},
+    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, "none|gpt-tiny|gpt-mini|gpt2-124m", false, "gpt size preset; explicit n_layer/n_head/n_embd/block_size win"},
+    {"model", "n_layer", DT_CFG_INT, J(n_layer), "0", 0, 1000, NULL, false, "gpt: transformer blocks (0 = from preset)"},
+    {"model", "n_head", DT_CFG_INT, J(n_head), "0", 0, 1024, NULL, false, "gpt: attention heads (0 = from preset)"},
+    {"model", "n_embd", DT_CFG_INT, J(n_embd), "0", 0, 65536, NULL, false, "gpt: channels (0 = from preset)"},
+    {"model", "block_size", DT_CFG_INT, J(block_size), "0", 0, 1048576, NULL, false, "gpt: maximum sequence length (0 = from preset)"},
+    {"model", "hidden", DT_CFG_STR, J(hidden), "256,256", 0, 0, NULL, false, "mlp: comma-separated hidden widths"},
+    {"model", "depth", DT_CFG_INT, J(depth), "20", 8, 1202, NULL, false, "resnet: depth 6n+2 (20, 32, 44, 56, 110)"},
+    {"model", "width", DT_CFG_INT, J(width), "16", 1, 1024, NULL, false, "resnet: channels of the first stage (doubled per stage)"},
+    {"model", "sync_bn", DT_CFG_BOOL, J(sync_bn), "false", 0, 0, NULL, false, "resnet: SyncBatchNorm (statistics all-reduced across ranks)"},
+    /* [data] */
+    {"data", "type", DT_CFG_ENUM, J(data_type), "synthetic", 0, 0, "synthetic|text|tokens|cifar10|mnist", false, "dataset format"},
+    {"data", "path", DT_CFG_STR, J(data_path), "", 0, 0, NULL, false, "file, directory or glob of the training data (not for synthetic)"},
+    {"data", "val_path", DT_CFG_STR, J(val_path), "", 0, 0, NULL, false, "validation data (\"\" = split val_fraction off the training data)"},
+    {"data", "val_fraction", DT_CFG_DOUBLE, J(val_fraction), "0.1", 0, 0.9, NULL, false, "share of the data held out for validation when val_path is empty"},
+    {"data", "seq_len", DT_CFG_INT, J(seq_len), "0", 0, 1048576, NULL, false, "language modelling: tokens per sample (0 = model block_size)"},
+    {"data", "vocab_size", DT_CFG_INT, J(vocab_size), "0", 0, 16777216, NULL, false, "language modelling: vocabulary (0 = 256 for text, 50257 for tokens)"},
+    {"data", "shuffle", DT_CFG_BOOL, J(shuffle), "true", 0, 0, NULL, false, "new permutation every epoch (seeded by seed and epoch)"},
+    {"data", "drop_last", DT_CFG_BOOL, J(drop_last), "true", 0, 0, NULL, false, "drop the tail that does not fill every rank (else pad by repeating)"},
+    {"data", "synthetic_samples", DT_CFG_I64, J(synthetic_samples), "8192", 1, 1e12, NULL, false, "synthetic: number of samples"},
+    {"data", "synthetic_dim", DT_CFG_INT, J(synthetic_dim), "64", 1, 1e8, NULL, false, "synthetic vector: features per sample"},
+    {"data", "synthetic_classes", DT_CFG_INT, J(synthetic_classes), "10", 2, 1e6, NULL, false, "synthetic: classes"},
+    {"data", "synthetic_shape", DT_CFG_STR, J(synthetic_shape), "vector", 0, 0, NULL, false, "synthetic: vector, or an image shape CxHxW such as 3x32x32"},
+    /* [train] */
+    {"train", "batch_size", DT_CFG_INT, J(batch_size), "8", 1, 1e7, NULL, false, "samples per rank per micro-step"},
+    {"train", "grad_accum", DT_CFG_INT, J(grad_accum), "1", 1, 1e5, NULL, false, "micro-steps per optimiser step (DDP synchronises on the last only)"},
+    {"train", "steps", DT_CFG_I64, J(steps), "100", 0, 1e15, NULL, false, "optimiser steps (0 = run `epochs` epochs)"},
+    {"train", "epochs", DT_CFG_INT, J(epochs), "0", 0, 1e6, NULL, false, "epochs when steps = 0"},
+    {"train", "optimizer", DT_CFG_ENUM, J(optimizer), "adamw", 0, 0, "adamw|sgd", false, "optimiser"},
+    {"train", "lr", DT_CFG_DOUBLE, J(lr), "3e-4", 0, 100, NULL, false, "peak learning rate"},
+    {"train", "min_lr", DT_CFG_DOUBLE, J(min_lr), "0", 0, 100, NULL, false, "learning rate at the end of cosine or linear decay"},
+    {"train", "weight_decay", DT_CFG_DOUBLE, J(weight_decay), "0", 0, 10, NULL, false, "weight decay (never on biases and norm parameters)"},
+    {"train", "beta1", DT_CFG_DOUBLE, J(beta1), "0.9", 0, 0.999999, NULL, false, "adamw beta1"},
+    {"train", "beta2", DT_CFG_DOUBLE, J(beta2), "0.999", 0, 0.999999, NULL, false, "adamw beta2"},
+    {"train", "eps", DT_CFG_DOUBLE, J(eps), "1e-8", 1e-30, 1, NULL, false, "adamw epsilon"},
+    {"train", "momentum", DT_CFG_DOUBLE, J(momentum), "0.9", 0, 0.999999, NULL, false, "sgd momentum"},
+    {"train", "nesterov", DT_CFG_BOOL, J(nesterov), "false", 0, 0, NULL, false, "sgd: Nesterov momentum"},
+    {"train", "schedule", DT_CFG_ENUM, J(schedule), "constant", 0, 0, "constant|cosine|linear", false, "learning-rate schedule after warmup"},
+    {"train", "warmup_steps", DT_CFG_I64, J(warmup_steps), "0", 0, 1e15, NULL, false, "linear warmup steps"},
+    {"train", "grad_clip", DT_CFG_DOUBLE, J(grad_clip), "1.0", 0, 1e9, NULL, false, "clip by global gradient norm (0 = off)"},
+    {"train", "eval_every", DT_CFG_INT, J(eval_every), "0", 0, 1e9, NULL, false, "steps between validation passes (0 = at the end only)"},
+    {"train", "eval_batches", DT_CFG_INT, J(eval_batches), "8", 1, 1e9, NULL, false, "batches per validation pass"},
+    {"train", "precision", DT_CFG_ENUM, J(precision), "fp32", 0, 0, "fp32|bf16|fp16", false, "GEMM precision on cuda (cpu is always fp32)"},
+    {"train", "threads", DT_CFG_INT, J(threads), "1", 1, 1024, NULL, false, "BLAS threads per worker (cpu)"},
+    /* [ddp] */
+    {"ddp", "backend", DT_CFG_ENUM, J(comm_backend), "auto", 0, 0, "auto|cpu|nccl", false, "collectives: nccl on cuda, cpu otherwise (auto)"},
+    {"ddp", "bucket_cap_mb", DT_CFG_DOUBLE, J(bucket_cap_mb), "25", 0.001, 1e6, NULL, false, "gradient bucket size (MiB)"},
+    {"ddp", "first_bucket_mb", DT_CFG_DOUBLE, J(first_bucket_mb), "1", 0.001, 1e6, NULL, false, "size of the first bucket (MiB), launched earliest"},
+    {"ddp", "compress", DT_CFG_ENUM, J(compress), "none", 0, 0, "none|bf16|fp16", false, "gradient payload compression for all-reduce"},
+    {"ddp", "timeout", DT_CFG_DURATION, J(comm_timeout), "300", 0.001, 1e7, NULL, false, "seconds a collective may wait for a peer before it fails"},
+    {"ddp", "broadcast_buffers", DT_CFG_BOOL, J(broadcast_buffers), "true", 0, 0, NULL, false, "broadcast buffers (BatchNorm statistics) from rank 0 every step"},
+    {"ddp", "check_consistency", DT_CFG_BOOL, J(check_consistency), "true", 0, 0, NULL, false, "verify that every rank built the same model at start"},
+    /* [checkpoint] */
+    {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
+    {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
+    {"checkpoint", "keep", DT_CFG_INT, J(ckpt_keep), "3", 1, 1e6, NULL, false, "newest checkpoints kept"},
+    {"checkpoint", "resume", DT_CFG_STR, J(resume), "auto", 0, 0, NULL, false, "auto (newest valid), never, or a checkpoint path"},
+    {"checkpoint", "async", DT_CFG_BOOL, J(ckpt_async), "true", 0, 0, NULL, false, "write in the background after copying the buffers"},
+    /* [elastic] */
+    {"elastic", "nnodes", DT_CFG_STR, L(nnodes), "1", 0, 0, NULL, false, "nodes: N, or MIN:MAX for an elastic job"},
+    {"elastic", "nproc_per_node", DT_CFG_STR, L(nproc_per_node), "1", 0, 0, NULL, false, "workers per node: N, auto, cpu or gpu"},
+    {"elastic", "max_restarts", DT_CFG_INT, L(max_restarts), "0", 0, 1e6, NULL, false, "restarts of the whole job after a failure"},
+    {"elastic", "monitor_interval", DT_CFG_DURATION, L(monitor_interval), "0.1", 0.001, 3600, NULL, false, "seconds between checks of remote state"},
+    {"elastic", "stop_grace", DT_CFG_DURATION, L(stop_grace), "30", 0, 3600, NULL, false, "seconds between SIGTERM and SIGKILL when workers are stopped"},
+    {"elastic", "log_dir", DT_CFG_STR, L(log_dir), "", 0, 0, NULL, false, "worker logs and events.jsonl (\"\" = <output_dir>/logs)"},
+    {"elastic", "redirects", DT_CFG_STR, L(redirects), "0", 0, 0, NULL, false, "0 none, 1 stdout, 2 stderr, 3 both to files; or per local rank 0:3,1:1"},
+    {"elastic", "tee", DT_CFG_STR, L(tee), "0", 0, 0, NULL, false, "like redirects, but also to the console"},
+    {"elastic", "local_ranks_filter", DT_CFG_STR, L(local_ranks_filter), "", 0, 0, NULL, false, "local ranks whose output reaches the console, e.g. 0,2"},
+    /* [rendezvous] */
+    {"rendezvous", "backend", DT_CFG_ENUM, L(rdzv_backend), "static", 0, 0, "static|c10d", false, "static: fixed nodes and node ranks; c10d: elastic"},
+    {"rendezvous", "endpoint", DT_CFG_STR, L(rdzv_endpoint), "", 0, 0, NULL, false, "HOST[:PORT] of the store"},
+    {"rendezvous", "id", DT_CFG_STR, L(rdzv_id), "none", 0, 0, NULL, false, "run id shared by every node of a job"},
+    {"rendezvous", "conf", DT_CFG_STR, L(rdzv_conf), "", 0, 0, NULL, false, "extra k=v,... (join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_timeout, is_host)"},
+    {"rendezvous", "join_timeout", DT_CFG_DURATION, L(join_timeout), "600", 0.001, 1e7, NULL, false, "seconds to wait for enough nodes to join"},
+    {"rendezvous", "last_call_timeout", DT_CFG_DURATION, L(last_call_timeout), "30", 0, 1e7, NULL, false, "seconds a round stays open after MIN nodes joined"},
+    {"rendezvous", "close_timeout", DT_CFG_DURATION, L(close_timeout), "60", 0.001, 1e7, NULL, false, "seconds the store host waits for others to see the end of a job"},
+    {"rendezvous", "heartbeat_interval", DT_CFG_DURATION, L(heartbeat_interval), "5", 0.001, 1e6, NULL, false, "seconds between agent heartbeats"},
+    {"rendezvous", "heartbeat_timeout", DT_CFG_DURATION, L(heartbeat_timeout), "30", 0.001, 1e7, NULL, false, "seconds without a heartbeat before a node is declared dead"},
+    {"rendezvous", "is_host", DT_CFG_BOOL, L(is_host), "false", 0, 0, NULL, false, "this node hosts the store (c10d; default: the node whose address is the endpoint)"},
+    {"rendezvous", "node_rank", DT_CFG_INT, L(node_rank), "0", 0, 1e6, NULL, false, "static: rank of this node"},
+    {"rendezvous", "standalone", DT_CFG_BOOL, L(standalone), "false", 0, 0, NULL, false, "one node, store on a free local port"},
+    {"rendezvous", "master_addr", DT_CFG_STR, L(master_addr), "127.0.0.1", 0, 0, NULL, false, "static: address of node 0, which hosts the store"},
+    {"rendezvous", "master_port", DT_CFG_INT, L(master_port), "29500", 0, 65535, NULL, false, "static: port of the store on node 0"},
+    {"rendezvous", "local_addr", DT_CFG_STR, L(local_addr), "", 0, 0, NULL, false, "address of this node as others reach it (\"\" = host name)"},
+};
+/* clang-format on */
+const int dt_cfg_fields_count = (int)(sizeof dt_cfg_fields / sizeof dt_cfg_fields[0]);
+
+static const char *const sections[] = {"job",        "model",   "data",    "train",
+                                       "ddp",        "checkpoint", "elastic", "rendezvous"};
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+static void add_error(dt_config_errors *errs, const char *where, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void add_error(dt_config_errors *errs, const char *where, int line, const char *fmt, ...)
+{
+    if (!errs)
+        return;
+    if (errs->count >= (int)DT_ARRAY_LEN(errs->lines)) {
+        errs->count++;
+        return;
+    }
+    char *dst = errs->lines[errs->count++];
+    size_t cap = sizeof errs->lines[0];
+    int n = line > 0 ? snprintf(dst, cap, "%s:%d: ", where, line) : snprintf(dst, cap, "%s: ", where);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < cap)
+        vsnprintf(dst + n, cap - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- field access ------------------------------------------------------------------------ */
+
+static const dt_cfg_field *find_field(const char *section, const char *key)
+{
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (!strcasecmp(dt_cfg_fields[i].section, section) && !strcasecmp(dt_cfg_fields[i].key, key))
+            return &dt_cfg_fields[i];
+    return NULL;
+}
+
+static bool known_section(const char *s)
+{
+    for (size_t i = 0; i < DT_ARRAY_LEN(sections); i++)
+        if (!strcasecmp(sections[i], s))
+            return true;
+    return false;
+}
+
+static bool enum_has(const char *choices, const char *v)
+{
+    const char *p = choices;
+    size_t n = strlen(v);
+    while (p && *p) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncasecmp(p, v, n))
+            return true;
+        p = bar ? bar + 1 : NULL;
+    }
+    return false;
+}
+
+static const char *enum_nearest(const char *choices, const char *v, char *buf, size_t cap)
+{
+    const char *cands[32];
+    size_t n = 0;
+    dt_strlcpy(buf, choices, cap);
+    for (char *tok = strtok(buf, "|"); tok && n < 32; tok = strtok(NULL, "|"))
+        cands[n++] = tok;
+    return dt_nearest(v, cands, n);
+}
+
+/* Parses value into the field of job; on failure fills why and returns -EINVAL. */
+static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char *why, size_t cap)
+{
+    char *base = (char *)job + f->offset;
+    double d = 0;
+    int rc = 0;
+    switch (f->type) {
+    case DT_CFG_INT: {
+        int v;
+        rc = dt_parse_int(value, &v);
+        if (rc) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not an integer", f->section, f->key, value);
+            return -EINVAL;
+        }
+        d = v;
+        if (d < f->min || d > f->max)
+            goto range;
+        *(int *)base = v;
+        return 0;
+    }
+    case DT_CFG_I64: {
+        int64_t v;
+        rc = dt_parse_i64(value, &v);
+        if (rc) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not an integer", f->section, f->key, value);
+            return -EINVAL;
+        }
+        d = (double)v;
+        if (d < f->min || d > f->max)
+            goto range;
+        *(int64_t *)base = v;
+        return 0;
+    }
+    case DT_CFG_DOUBLE:
+        if (dt_parse_double(value, &d)) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not a number", f->section, f->key, value);
+            return -EINVAL;
+        }
+        if (d < f->min || d > f->max)
+            goto range;
+        *(double *)base = d;
+        return 0;
+    case DT_CFG_DURATION:
+        if (dt_parse_duration(value, &d)) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not a duration (examples: 30, 30s, 500ms, 2m)",
+                     f->section, f->key, value);
+            return -EINVAL;
+        }
+        if (d < f->min || d > f->max)
+            goto range;
+        *(double *)base = d;
+        return 0;
+    case DT_CFG_BOOL: {
+        bool b;
+        if (dt_parse_bool(value, &b)) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not a boolean (use true or false)", f->section,
+                     f->key, value);
+            return -EINVAL;
+        }
+        *(bool *)base = b;
+        return 0;
+    }
+    case DT_CFG_ENUM:
+        if (!enum_has(f->choices, value)) {
+            char buf[256];
+            const char *near = enum_nearest(f->choices, value, buf, sizeof buf);
+            if (near)
+                snprintf(why, cap, "%s.%s: \"%s\" is not one of %s; did you mean \"%s\"?",
+                         f->section, f->key, value, f->choices, near);
+            else
+                snprintf(why, cap, "%s.%s: \"%s\" is not one of %s", f->section, f->key, value,
+                         f->choices);
+            return -EINVAL;
+        }
+        dt_strlcpy(base, value, f->size);
+        for (char *p = base; *p; p++)
+            *p = (char)tolower((unsigned char)*p);
+        return 0;
+    case DT_CFG_STR:
+        if (!dt_strlcpy(base, value, f->size)) {
+            snprintf(why, cap, "%s.%s: value is longer than %zu characters", f->section, f->key,
+                     f->size - 1);
+            return -EINVAL;
+        }
+        return 0;
+    }
+    return -EINVAL;
+range:
+    if (f->max >= BIG)
+        snprintf(why, cap, "%s.%s: %s is out of range (must be >= %g)", f->section, f->key, value,
+                 f->min);
+    else
+        snprintf(why, cap, "%s.%s: %s is out of range (must be between %g and %g)", f->section,
+                 f->key, value, f->min, f->max);
+    return -EINVAL;
+}
+
+void dt_launch_defaults(dt_launch *l)
+{
+    dt_job job;
+    dt_job_defaults(&job);
+    *l = job.launch;
+}
+
+void dt_job_defaults(dt_job *job)
+{
+    char why[256];
+    memset(job, 0, sizeof *job);
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (dt_cfg_fields[i].def[0] || dt_cfg_fields[i].type == DT_CFG_STR)
+            set_field(job, &dt_cfg_fields[i], dt_cfg_fields[i].def, why, sizeof why);
+}
+
+/* ---- parsing ----------------------------------------------------------------------------- */
+
+typedef struct parse_ctx {
+    dt_job *job;
+    dt_config_errors *errs;
+    const char *where;    /* file name for messages */
+    int line;             /* current line (counted by the reader) */
+    FILE *fp;
+    bool bad_section;     /* inside an unknown section: its keys are not reported again */
+    char section[64];
+    int seen_line[256];   /* line each field was set on (duplicate detection) */
+    bool seen_required[256];
+} parse_ctx;
+
+static void report_unknown_key(parse_ctx *c, const char *section, const char *key)
+{
+    const char *cands[256];
+    int n = 0;
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (!strcasecmp(dt_cfg_fields[i].section, section))
+            cands[n++] = dt_cfg_fields[i].key;
+    const char *near = dt_nearest(key, cands, (size_t)n);
+    if (near) {
+        add_error(c->errs, c->where, c->line, "unknown key \"%s\" in [%s]; did you mean \"%s\"?",
+                  key, section, near);
+        return;
+    }
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (!strcasecmp(dt_cfg_fields[i].key, key)) {
+            add_error(c->errs, c->where, c->line,
+                      "unknown key \"%s\" in [%s]; it belongs in [%s]", key, section,
+                      dt_cfg_fields[i].section);
+            return;
+        }
+    add_error(c->errs, c->where, c->line,
+              "unknown key \"%s\" in [%s] (see the job file reference in README.md)", key,
+              section);
+}
+
+static int assign(parse_ctx *c, const char *section, const char *key, const char *value)
+{
+    const dt_cfg_field *f = find_field(section, key);
+    if (!f) {
+        report_unknown_key(c, section, key);
+        return 0;
+    }
+    int idx = (int)(f - dt_cfg_fields);
+    if (c->seen_line[idx] && c->line) {
+        add_error(c->errs, c->where, c->line, "%s.%s is set twice (also on line %d)", f->section,
+                  f->key, c->seen_line[idx]);
+        return 0;
+    }
+    char why[512];
+    if (set_field(c->job, f, value, why, sizeof why) != 0) {
+        add_error(c->errs, c->where, c->line, "%s", why);
+        return 0;
+    }
+    c->seen_line[idx] = c->line > 0 ? c->line : -1;
+    c->seen_required[idx] = true;
+    return 0;
+}
+
+static int on_ini_entry(void *user, const char *section, const char *name, const char *value)
+{
+    parse_ctx *c = user;
+    if (!name) /* a section header (inih calls with name NULL when INI_CALL_HANDLER_ON_NEW_SECTION) */
+        return 1;
+    if (!section[0]) {
+        add_error(c->errs, c->where, c->line, "key \"%s\" is outside any [section]", name);
+        return 1;
+    }
+    if (!known_section(section)) {
+        if (!c->bad_section || strcmp(c->section, section) != 0) {
+            const char *near = dt_nearest(section, sections, DT_ARRAY_LEN(sections));
+            if (near)
+                add_error(c->errs, c->where, c->line, "unknown section [%s]; did you mean [%s]?",
+                          section, near);
+            else
+                add_error(c->errs, c->where, c->line,
+                          "unknown section [%s] (sections: job, model, data, train, ddp, "
+                          "checkpoint, elastic, rendezvous)",
+                          section);
+            c->bad_section = true;
+            dt_strlcpy(c->section, section, sizeof c->section);
+        }
+        return 1;
+    }
+    c->bad_section = false;
+    assign(c, section, name, value);
+    return 1;
+}
+
+/* inih's reader: counts lines and reports lines inih would silently treat as errors. */
+static char *line_reader(char *str, int num, void *stream)
+{
+    parse_ctx *c = stream;
+    char *r = fgets(str, num, c->fp);
+    if (!r)
+        return NULL;
+    c->line++;
+    size_t len = strlen(str);
+    if (len == (size_t)num - 1 && str[len - 1] != '\n' && !feof(c->fp)) {
+        /* inih reads at most INI_MAX_LINE bytes per line: report and skip the rest. */
+        int ch;
+        while ((ch = fgetc(c->fp)) != EOF && ch != '\n')
+            ;
+        add_error(c->errs, c->where, c->line, "line longer than %d characters", num - 2);
+        str[0] = '\n';
+        str[1] = '\0';
+        return r;
+    }
+    const char *p = str;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p == '\0' || *p == '\n' || *p == '\r' || *p == ';' || *p == '#')
+        return r;
+    if (*p == '[') {
+        if (!strchr(p, ']'))
+            add_error(c->errs, c->where, c->line, "section header without closing ']'");
+        return r;
+    }
+    if (!strchr(p, '=') && !strchr(p, ':'))
+        add_error(c->errs, c->where, c->line,
+                  "expected \"key = value\" or \"[section]\", got \"%.60s\"", dt_trim(str));
+    return r;
+}
+
+static void apply_presets(dt_job *job)
+{
+    static const struct {
+        const char *name;
+        int L, H, C, T;
+    } presets[] = {
+        {"gpt-tiny", 4, 4, 128, 128},
+        {"gpt-mini", 6, 6, 384, 256},
+        {"gpt2-124m", 12, 12, 768, 1024},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(presets); i++) {
+        if (strcmp(job->preset, presets[i].name) != 0)
+            continue;
+        if (!job->n_layer)
+            job->n_layer = presets[i].L;
+        if (!job->n_head)
+            job->n_head = presets[i].H;
+        if (!job->n_embd)
+            job->n_embd = presets[i].C;
+        if (!job->block_size)
+            job->block_size = presets[i].T;
+    }
+}
+
+/* Applies rendezvous.conf ("k=v,...") onto the typed [rendezvous] fields. */
+static void apply_rdzv_conf(dt_job *job, dt_config_errors *errs, const char *where)
+{
+    char buf[DT_STR_MID];
+    dt_strlcpy(buf, job->launch.rdzv_conf, sizeof buf);
+    static const char *const allowed[] = {"join_timeout", "last_call_timeout", "close_timeout",
+                                          "heartbeat_interval", "heartbeat_timeout", "is_host"};
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        dt_trim(tok);
+        if (!*tok)
+            continue;
+        if (!eq) {
+            add_error(errs, where, 0, "rendezvous.conf: \"%s\" is not key=value", tok);
+            continue;
+        }
+        *eq = '\0';
+        char *k = dt_trim(tok), *v = dt_trim(eq + 1);
+        bool ok = false;
+        for (size_t i = 0; i < DT_ARRAY_LEN(allowed); i++)
+            ok |= !strcmp(allowed[i], k);
+        if (!ok) {
+            const char *near = dt_nearest(k, allowed, DT_ARRAY_LEN(allowed));
+            add_error(errs, where, 0, "rendezvous.conf: unknown key \"%s\"%s%s%s", k,
+                      near ? "; did you mean \"" : " (known: join_timeout, last_call_timeout, "
+                                                   "close_timeout, heartbeat_interval, "
+                                                   "heartbeat_timeout, is_host)",
+                      near ? near : "", near ? "\"?" : "");
+            continue;
+        }
+        char why[512];
+        if (set_field(job, find_field("rendezvous", k), v, why, sizeof why))
+            add_error(errs, where, 0, "rendezvous.conf: %s", why);
+    }
+}
+
+int dt_launch_validate(const dt_launch *l, const char *w, dt_config_errors *errs)
+{
+    int before = errs ? errs->count : 0;
+    int a, b;
+    char tail;
+    if (sscanf(l->nnodes, "%d:%d%c", &a, &b, &tail) == 2) {
+        if (a < 1 || b < a)
+            add_error(errs, w, 0, "elastic.nnodes: \"%s\" must be MIN:MAX with 1 <= MIN <= MAX",
+                      l->nnodes);
+    } else if (sscanf(l->nnodes, "%d%c", &a, &tail) != 1 || a < 1) {
+        add_error(errs, w, 0, "elastic.nnodes: \"%s\" must be a number >= 1 or MIN:MAX",
+                  l->nnodes);
+    }
+    if (strcmp(l->nproc_per_node, "auto") && strcmp(l->nproc_per_node, "cpu") &&
+        strcmp(l->nproc_per_node, "gpu") &&
+        (sscanf(l->nproc_per_node, "%d%c", &a, &tail) != 1 || a < 1 || a > 4096))
+        add_error(errs, w, 0,
+                  "elastic.nproc_per_node: \"%s\" must be a number from 1 to 4096, auto, cpu or gpu",
+                  l->nproc_per_node);
+    const char *std[] = {l->redirects, l->tee};
+    const char *stdname[] = {"redirects", "tee"};
+    for (int i = 0; i < 2; i++) {
+        const char *s = std[i];
+        bool ok = true;
+        if (sscanf(s, "%d%c", &a, &tail) == 1)
+            ok = a >= 0 && a <= 3;
+        else {
+            char buf[DT_STR_MID], *save = NULL;
+            dt_strlcpy(buf, s, sizeof buf);
+            for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+                if (sscanf(tok, "%d:%d%c", &a, &b, &tail) != 2 || a < 0 || b < 0 || b > 3)
+                    ok = false;
+        }
+        if (!ok)
+            add_error(errs, w, 0,
+                      "elastic.%s: \"%s\" must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or "
+                      "LOCAL_RANK:MODE,... such as 0:3,1:1",
+                      stdname[i], s);
+    }
+    if (l->local_ranks_filter[0]) {
+        char buf[DT_STR_MID], *save = NULL;
+        dt_strlcpy(buf, l->local_ranks_filter, sizeof buf);
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            if (sscanf(tok, "%d%c", &a, &tail) != 1 || a < 0)
+                add_error(errs, w, 0,
+                          "elastic.local_ranks_filter: \"%s\" must be local ranks such as 0,2",
+                          l->local_ranks_filter);
+    }
+    if (l->heartbeat_timeout <= l->heartbeat_interval)
+        add_error(errs, w, 0,
+                  "rendezvous.heartbeat_timeout (%g s) must be longer than heartbeat_interval "
+                  "(%g s)",
+                  l->heartbeat_timeout, l->heartbeat_interval);
+    return errs && errs->count > before ? -EINVAL : 0;
+}
+
+int dt_job_validate(const dt_job *job, dt_config_errors *errs)
+{
+    int before = errs ? errs->count : 0;
+    const char *w = job->path[0] ? job->path : "job";
+    int a;
+    char tail;
+    dt_launch_validate(&job->launch, w, errs);
+    if (!strcmp(job->model_type, "gpt")) {
+        if (job->n_layer <= 0 || job->n_head <= 0 || job->n_embd <= 0 || job->block_size <= 0)
+            add_error(errs, w, 0,
+                      "model: gpt needs n_layer, n_head, n_embd and block_size (or a preset: "
+                      "gpt-tiny, gpt-mini, gpt2-124m)");
+        else if (job->n_embd % job->n_head)
+            add_error(errs, w, 0, "model: n_embd (%d) must be divisible by n_head (%d)",
+                      job->n_embd, job->n_head);
+        if (job->seq_len > job->block_size && job->block_size > 0)
+            add_error(errs, w, 0, "data.seq_len (%d) must not exceed model.block_size (%d)",
+                      job->seq_len, job->block_size);
+    }
+    if (!strcmp(job->model_type, "resnet") && (job->depth - 2) % 6)
+        add_error(errs, w, 0, "model.depth: %d is not 6n+2 (use 20, 32, 44, 56 or 110)",
+                  job->depth);
+    if (!strcmp(job->model_type, "mlp")) {
+        char buf[DT_STR_MID], *save = NULL;
+        int n = 0;
+        dt_strlcpy(buf, job->hidden, sizeof buf);
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), n++)
+            if (dt_parse_int(dt_trim(tok), &a) || a < 1)
+                add_error(errs, w, 0, "model.hidden: \"%s\" must be positive widths such as 256,256",
+                          job->hidden);
+        if (n > 16)
+            add_error(errs, w, 0, "model.hidden: at most 16 hidden layers");
+    }
+    if (strcmp(job->data_type, "synthetic") && !job->data_path[0])
+        add_error(errs, w, 0, "data.path is required for data.type = %s", job->data_type);
+    if (!strcmp(job->data_type, "synthetic") && strcmp(job->synthetic_shape, "vector")) {
+        int c, h, ww;
+        if (sscanf(job->synthetic_shape, "%dx%dx%d%c", &c, &h, &ww, &tail) != 3 || c < 1 ||
+            h < 1 || ww < 1)
+            add_error(errs, w, 0,
+                      "data.synthetic_shape: \"%s\" must be vector or CxHxW such as 3x32x32",
+                      job->synthetic_shape);
+    }
+    if (!strcmp(job->model_type, "gpt") &&
+        (!strcmp(job->data_type, "cifar10") || !strcmp(job->data_type, "mnist")))
+        add_error(errs, w, 0, "model gpt needs token data (text, tokens or synthetic), not %s",
+                  job->data_type);
+    if ((!strcmp(job->model_type, "mlp") || !strcmp(job->model_type, "resnet")) &&
+        (!strcmp(job->data_type, "text") || !strcmp(job->data_type, "tokens")))
+        add_error(errs, w, 0, "model %s needs classification data (synthetic, cifar10, mnist), not %s",
+                  job->model_type, job->data_type);
+    if (job->steps == 0 && job->epochs == 0)
+        add_error(errs, w, 0, "train: set steps or epochs (both are 0)");
+    if (job->min_lr > job->lr)
+        add_error(errs, w, 0, "train.min_lr (%g) must not exceed train.lr (%g)", job->min_lr,
+                  job->lr);
+    if (strcmp(job->resume, "auto") && strcmp(job->resume, "never") && !job->resume[0])
+        add_error(errs, w, 0, "checkpoint.resume: use auto, never or a path");
+    return errs && errs->count > before ? -EINVAL : 0;
+}
+
+static void derive(dt_job *job)
+{
+    apply_presets(job);
+    if (!job->output_dir[0])
+        snprintf(job->output_dir, sizeof job->output_dir, "runs/%.200s", job->name);
+    if (!strcmp(job->model_type, "gpt") && job->seq_len == 0)
+        job->seq_len = job->block_size;
+}
+
+static int parse_assignment(parse_ctx *c, const char *text)
+{
+    char buf[DT_PATH_MAX + 128];
+    dt_strlcpy(buf, text, sizeof buf);
+    char *eq = strchr(buf, '=');
+    char *dot = strchr(buf, '.');
+    if (!eq || !dot || dot > eq) {
+        add_error(c->errs, c->where, 0, "\"%s\" is not section.key=value (example: train.lr=1e-3)",
+                  text);
+        return -EINVAL;
+    }
+    *eq = '\0';
+    *dot = '\0';
+    char *section = dt_trim(buf), *key = dt_trim(dot + 1), *value = dt_trim(eq + 1);
+    if (!known_section(section)) {
+        const char *near = dt_nearest(section, sections, DT_ARRAY_LEN(sections));
+        add_error(c->errs, c->where, 0, "unknown section \"%s\" in \"%s\"%s%s%s", section, text,
+                  near ? "; did you mean \"" : "", near ? near : "", near ? "\"?" : "");
+        return -EINVAL;
+    }
+    int before = c->errs ? c->errs->count : 0;
+    assign(c, section, key, value);
+    return c->errs && c->errs->count > before ? -EINVAL : 0;
+}
+
+int dt_job_set(dt_job *job, const char *assignment, dt_err *err)
+{
+    dt_config_errors errs = {0};
+    parse_ctx c = {.job = job, .errs = &errs, .where = "override"};
+    if (parse_assignment(&c, assignment) != 0)
+        return dt_err_set(err, -EINVAL, "%s", errs.lines[0]);
+    return 0;
+}
+
+int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_overrides,
+                dt_config_errors *errs, dt_err *err)
+{
+    static parse_ctx c; /* large (seen tables); not re-entrant, like the command line */
+    dt_config_errors local = {0};
+    if (!errs)
+        errs = &local;
+    memset(&c, 0, sizeof c);
+    dt_job_defaults(job);
+    c.job = job;
+    c.errs = errs;
+    if (path) {
+        dt_strlcpy(job->path, path, sizeof job->path);
+        c.where = path;
+        c.fp = fopen(path, "r");
+        if (!c.fp) {
+            add_error(errs, path, 0, "cannot open job file: %s", strerror(errno));
+            return dt_err_set(err, -ENOENT, "no job loaded");
+        }
+        int rc = ini_parse_stream(line_reader, &c, on_ini_entry, &c);
+        fclose(c.fp);
+        if (rc < 0)
+            add_error(errs, path, 0, "cannot read job file");
+    }
+    for (int i = 0; i < n_overrides; i++) {
+        char where[64];
+        snprintf(where, sizeof where, "override %d (%.30s)", i + 1, overrides[i]);
+        c.where = where;
+        c.line = 0;
+        parse_assignment(&c, overrides[i]);
+    }
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (dt_cfg_fields[i].required && !c.seen_required[i])
+            add_error(errs, path ? path : "job", 0,
+                      "missing required key %s.%s (%s; one of %s)", dt_cfg_fields[i].section,
+                      dt_cfg_fields[i].key, dt_cfg_fields[i].help,
+                      dt_cfg_fields[i].choices ? dt_cfg_fields[i].choices : "see README");
+    apply_rdzv_conf(job, errs, path ? path : "command line");
+    derive(job);
+    if (errs->count == 0)
+        dt_job_validate(job, errs);
+    if (errs->count)
+        return dt_err_set(err, -EINVAL, "%d error%s in %s", errs->count, errs->count > 1 ? "s" : "",
+                          path ? path : "the job");
+    return 0;
+}
+
+/* ---- printing ---------------------------------------------------------------------------- */
+
+static void format_value(const dt_job *job, const dt_cfg_field *f, char *buf, size_t cap)
+{
+    const char *base = (const char *)job + f->offset;
+    switch (f->type) {
+    case DT_CFG_INT:
+        snprintf(buf, cap, "%d", *(const int *)base);
+        break;
+    case DT_CFG_I64:
+        snprintf(buf, cap, "%lld", (long long)*(const int64_t *)base);
+        break;
+    case DT_CFG_DOUBLE:
+    case DT_CFG_DURATION:
+        snprintf(buf, cap, "%.17g", *(const double *)base);
+        break;
+    case DT_CFG_BOOL:
+        snprintf(buf, cap, "%s", *(const bool *)base ? "true" : "false");
+        break;
+    case DT_CFG_STR:
+    case DT_CFG_ENUM:
+        snprintf(buf, cap, "%s", base);
+        break;
+    }
+}
+
+void dt_job_print(const dt_job *job, FILE *out)
+{
+    char val[DT_PATH_MAX + 32];
+    fprintf(out, "; dtrain job, fully resolved%s%s\n", job->path[0] ? " from " : "", job->path);
+    for (size_t s = 0; s < DT_ARRAY_LEN(sections); s++) {
+        fprintf(out, "\n[%s]\n", sections[s]);
+        for (int i = 0; i < dt_cfg_fields_count; i++) {
+            const dt_cfg_field *f = &dt_cfg_fields[i];
+            if (strcmp(f->section, sections[s]) != 0)
+                continue;
+            /* rendezvous.conf is already folded into the typed keys below it. */
+            if (!strcmp(f->section, "rendezvous") && !strcmp(f->key, "conf")) {
+                fprintf(out, "conf =\n");
+                continue;
+            }
+            format_value(job, f, val, sizeof val);
+            fprintf(out, "%s = %s\n", f->key, val);
+        }
+    }
+}
+
+void dt_job_print_reference(FILE *out)
+{
+    fprintf(out, "| key | type | default | meaning |\n|---|---|---|---|\n");
+    static const char *const tnames[] = {"int", "int", "number", "bool", "string", "choice", "seconds"};
+    for (int i = 0; i < dt_cfg_fields_count; i++) {
+        const dt_cfg_field *f = &dt_cfg_fields[i];
+        char type[160];
+        if (f->type == DT_CFG_ENUM)
+            snprintf(type, sizeof type, "%s", f->choices);
+        else
+            snprintf(type, sizeof type, "%s", tnames[f->type]);
+        for (char *p = type; *p; p++)
+            if (*p == '|')
+                *p = '/';
+        fprintf(out, "| `%s.%s` | %s | %s | %s |\n", f->section, f->key, type,
+                f->required ? "(required)" : (f->def[0] ? f->def : "\"\""), f->help);
+    }
+}

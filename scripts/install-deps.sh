@@ -1,0 +1,30 @@
+#!/bin/sh
+# install-deps.sh - installs the Debian packages dtrain builds against.
+# Run by `make deps`, and by `make`, `make test` and `make run` when a pkg-config check fails.
+# As root it installs them with apt-get; otherwise it prints the exact command and fails.
+set -eu
+pkgs="libuv1-dev libcjson-dev libinih-dev libopenblas-dev pkg-config"
+case "${1:-}" in
+    -h|--help)
+        echo "usage: scripts/install-deps.sh   (installs: $pkgs)"
+        exit 0 ;;
+esac
+missing=""
+for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -z "$missing" ]; then
+    echo "install-deps: all present:$(echo " $pkgs")"
+    exit 0
+fi
+echo "install-deps: missing:$missing"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: not root; run this, then make again:" >&2
+    echo "    sudo apt-get update && sudo apt-get install -y$missing" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq || { echo "install-deps: apt-get update failed" >&2; exit 1; }
+# shellcheck disable=SC2086
+apt-get install -y -qq $missing || { echo "install-deps: apt-get install$missing failed" >&2; exit 1; }
+echo "install-deps: installed:$missing"

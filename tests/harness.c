@@ -1,0 +1,263 @@
+/* harness.c - fork-per-test runner with timeouts; see harness.h. */
+#define _GNU_SOURCE
+#include "tests/harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SKIP_CODE 77
+
+static int failures;
+static char tmpdir[PATH_MAX];
+
+void dt_test_fail_at(const char *file, int line, const char *fmt, ...)
+{
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "    FAIL %s:%d: %s\n", file, line, buf);
+    fflush(stderr);
+    failures++;
+}
+
+void dt_test_stop(void)
+{
+    fflush(stdout);
+    fflush(stderr);
+    _exit(1);
+}
+
+void dt_test_skip(const char *why)
+{
+    fprintf(stdout, "    SKIP: %s\n", why);
+    fflush(stdout);
+    _exit(SKIP_CODE);
+}
+
+static char self_dir[PATH_MAX];
+
+const char *dt_test_dtrain_bin(void)
+{
+    static char path[PATH_MAX];
+    const char *env = getenv("DTRAIN_BIN");
+    if (env && *env)
+        return env;
+    if (!path[0])
+        snprintf(path, sizeof path, "%s/../dtrain", self_dir); /* build/tests/.. = build */
+    return path;
+}
+
+const char *dt_test_tmpdir(void)
+{
+    if (!tmpdir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(tmpdir, sizeof tmpdir, "%s/dtrain-test-XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(tmpdir)) {
+            perror("mkdtemp");
+            _exit(1);
+        }
+    }
+    return tmpdir;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double timeout_scale(void)
+{
+    const char *s = getenv("DT_TEST_TIMEOUT_SCALE");
+    double v = s ? atof(s) : 1.0;
+    return v > 0 ? v : 1.0;
+}
+
+int dt_test_run(const char *cmd, char **output, int timeout_s)
+{
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(pfd[0]);
+        close(pfd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        dup2(pfd[1], 1);
+        dup2(pfd[1], 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    close(pfd[1]);
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    double deadline = now_s() + timeout_s * timeout_scale();
+    int timed_out = 0;
+    for (;;) {
+        int ms = (int)((deadline - now_s()) * 1000);
+        if (ms <= 0) {
+            timed_out = 1;
+            break;
+        }
+        struct pollfd p = {pfd[0], POLLIN, 0};
+        int r = poll(&p, 1, ms);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            continue;
+        if (len + 4096 + 1 > cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+        ssize_t n = read(pfd[0], buf + len, cap - len - 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    close(pfd[0]);
+    if (timed_out)
+        kill(-pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    buf[len] = '\0';
+    if (output)
+        *output = buf;
+    else
+        free(buf);
+    if (timed_out)
+        return -1;
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    return 128 + WTERMSIG(status);
+}
+
+static int run_one(const dt_test *t)
+{
+    double limit = (t->timeout_s > 0 ? t->timeout_s : 30) * timeout_scale();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fork");
+        return 1;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        failures = 0;
+        tmpdir[0] = '\0';
+        t->fn();
+        fflush(stdout);
+        fflush(stderr);
+        if (failures == 0 && tmpdir[0]) {
+            char cmd[PATH_MAX + 32];
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+            if (system(cmd) != 0)
+                fprintf(stderr, "    (could not remove %s)\n", tmpdir);
+        }
+        _exit(failures ? 1 : 0);
+    }
+    setpgid(pid, pid);
+    double deadline = now_s() + limit;
+    int status = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            break;
+        if (r < 0 && errno != EINTR) {
+            perror("waitpid");
+            return 1;
+        }
+        if (now_s() > deadline) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fprintf(stderr, "    FAIL: timed out after %.0f s\n", limit);
+            return 1;
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(-pid, SIGKILL); /* helpers a test left behind */
+    if (WIFSIGNALED(status)) {
+        fprintf(stderr, "    FAIL: killed by signal %d (%s)\n", WTERMSIG(status),
+                strsignal(WTERMSIG(status)));
+        return 1;
+    }
+    if (WEXITSTATUS(status) == SKIP_CODE)
+        return SKIP_CODE;
+    return WEXITSTATUS(status) ? 1 : 0;
+}
+
+static int selected(const char *name, int argc, char **argv)
+{
+    int any = 0;
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '-')
+            continue;
+        any = 1;
+        if (strstr(name, argv[i]))
+            return 1;
+    }
+    return !any;
+}
+
+int dt_test_main(const char *suite, const dt_test *tests, int n, int argc, char **argv)
+{
+    char exe[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k > 0) {
+        exe[k] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0';
+        snprintf(self_dir, sizeof self_dir, "%s", exe);
+    } else {
+        snprintf(self_dir, sizeof self_dir, "build/tests");
+    }
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-l")) {
+            for (int j = 0; j < n; j++)
+                printf("%s\n", tests[j].name);
+            return 0;
+        }
+    signal(SIGPIPE, SIG_IGN);
+    int passed = 0, failed = 0, skipped = 0;
+    for (int i = 0; i < n; i++) {
+        if (!selected(tests[i].name, argc, argv))
+            continue;
+        double t0 = now_s();
+        int rc = run_one(&tests[i]);
+        double dt = now_s() - t0;
+        if (rc == 0) {
+            passed++;
+            printf("  ok   %-44s %6.2fs\n", tests[i].name, dt);
+        } else if (rc == SKIP_CODE) {
+            skipped++;
+            printf("  skip %-44s\n", tests[i].name);
+        } else {
+            failed++;
+            printf("  FAIL %-44s %6.2fs\n", tests[i].name, dt);
+        }
+        fflush(stdout);
+    }
+    printf("%s: %d passed, %d failed, %d skipped\n", suite, passed, failed, skipped);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,108 @@
+/* harness.h - the test runner every unit-test binary uses.
+ *
+ * A test binary is a table of tests. dt_test_main runs each one in its own forked process (and
+ * process group) with a timeout, so a crash or a hang fails that test only and can never stall
+ * CI. It ends with one summary line:
+ *
+ *     test_store: 12 passed, 0 failed, 1 skipped
+ *
+ * and exits non-zero when anything failed. Arguments: test names (or substrings) to run only
+ * those; -l lists them. DT_TEST_TIMEOUT_SCALE (e.g. 4 under sanitizers) multiplies timeouts.
+ *
+ * Inside a test: DT_CHECK* record a failure and carry on; DT_REQUIRE* stop the test;
+ * DT_SKIP("why") ends it as skipped (shown in the summary with the reason).
+ */
+#ifndef DT_TEST_HARNESS_H
+#define DT_TEST_HARNESS_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct dt_test {
+    const char *name;
+    void (*fn)(void);
+    int timeout_s; /* 0 = 30 s */
+} dt_test;
+
+int dt_test_main(const char *suite, const dt_test *tests, int n, int argc, char **argv);
+
+void dt_test_fail_at(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void dt_test_skip(const char *why) __attribute__((noreturn));
+void dt_test_stop(void) __attribute__((noreturn));
+/* Path of build/dtrain (DTRAIN_BIN, else derived from the test binary's location). */
+const char *dt_test_dtrain_bin(void);
+/* A fresh temporary directory for this test (removed when the test ends if it passed). */
+const char *dt_test_tmpdir(void);
+
+#define DT_CHECK(cond)                                                                             \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            dt_test_fail_at(__FILE__, __LINE__, "check failed: %s", #cond);                       \
+    } while (0)
+
+#define DT_CHECK_MSG(cond, ...)                                                                    \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            dt_test_fail_at(__FILE__, __LINE__, __VA_ARGS__);                                      \
+    } while (0)
+
+#define DT_CHECK_INT(a, b)                                                                         \
+    do {                                                                                           \
+        long long dt_a_ = (long long)(a), dt_b_ = (long long)(b);                                  \
+        if (dt_a_ != dt_b_)                                                                        \
+            dt_test_fail_at(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, dt_a_, dt_b_);  \
+    } while (0)
+
+#define DT_CHECK_STR(a, b)                                                                         \
+    do {                                                                                           \
+        const char *dt_a_ = (a), *dt_b_ = (b);                                                     \
+        if (!dt_a_ || !dt_b_ || strcmp(dt_a_, dt_b_) != 0)                                         \
+            dt_test_fail_at(__FILE__, __LINE__, "%s == %s: \"%s\" != \"%s\"", #a, #b,              \
+                            dt_a_ ? dt_a_ : "(null)", dt_b_ ? dt_b_ : "(null)");                   \
+    } while (0)
+
+#define DT_CHECK_CONTAINS(hay, needle)                                                             \
+    do {                                                                                           \
+        const char *dt_h_ = (hay), *dt_n_ = (needle);                                              \
+        if (!dt_h_ || !strstr(dt_h_, dt_n_))                                                       \
+            dt_test_fail_at(__FILE__, __LINE__, "%s does not contain \"%s\": \"%.400s\"", #hay,    \
+                            dt_n_, dt_h_ ? dt_h_ : "(null)");                                      \
+    } while (0)
+
+#define DT_CHECK_NEAR(a, b, tol)                                                                   \
+    do {                                                                                           \
+        double dt_a_ = (double)(a), dt_b_ = (double)(b), dt_t_ = (double)(tol);                    \
+        if (!(fabs(dt_a_ - dt_b_) <= dt_t_))                                                       \
+            dt_test_fail_at(__FILE__, __LINE__, "%s ~ %s: %.9g vs %.9g (tol %.3g)", #a, #b, dt_a_, \
+                            dt_b_, dt_t_);                                                         \
+    } while (0)
+
+#define DT_REQUIRE(cond)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            dt_test_fail_at(__FILE__, __LINE__, "requirement failed: %s", #cond);                 \
+            dt_test_stop();                                                                        \
+        }                                                                                          \
+    } while (0)
+
+#define DT_REQUIRE_OK(expr, errp)                                                                  \
+    do {                                                                                           \
+        int dt_rc_ = (expr);                                                                       \
+        if (dt_rc_ != 0) {                                                                         \
+            dt_test_fail_at(__FILE__, __LINE__, "%s returned %d: %s", #expr, dt_rc_,               \
+                            (errp) ? (errp)->msg : "");                                            \
+            dt_test_stop();                                                                        \
+        }                                                                                          \
+    } while (0)
+
+#define DT_SKIP(why) dt_test_skip(why)
+
+/* Runs a shell command, captures stdout+stderr (malloc'd, caller frees) and returns the exit
+ * status as the shell reports it (128+n for signal n), or -1 when it could not start or ran
+ * longer than timeout_s (then it is killed). */
+int dt_test_run(const char *cmd, char **output, int timeout_s);
+
+#endif
