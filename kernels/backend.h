@@ -50,6 +50,15 @@ typedef enum dt_precision {
     DT_PREC_FP16 = 2, /* GEMMs in float16 (the caller does loss scaling) */
 } dt_precision;
 
+/* Time accounting per op, for `dtrain bench train` and `dtrain bench kernels`. */
+typedef struct dt_op_stat {
+    const char *name;  /* op name, e.g. "matmul_fwd" (static string) */
+    bool gemm;         /* GEMM-bound (matmul, attention GEMMs, conv) */
+    uint64_t calls;
+    double seconds;    /* wall time inside the op (after synchronising on devices) */
+    double flops;      /* floating-point operations counted for GEMM-bound ops, else 0 */
+} dt_op_stat;
+
 typedef struct dt_backend_opts {
     int device_index;     /* CUDA device ordinal (LOCAL_RANK); ignored on the CPU */
     int threads;          /* CPU: BLAS/compute threads for this instance (1) */
@@ -75,6 +84,11 @@ struct dt_backend {
     void (*synchronize)(dt_backend *be);
     /* Peak bytes allocated through alloc since creation. */
     size_t (*peak_bytes)(dt_backend *be);
+    /* Per-op time accounting: profile_enable(true) resets and starts counting (it may
+     * synchronise after every op, so it is for benchmarks only); profile_read copies up to max
+     * stats and returns how many there are. Either may be NULL when unsupported. */
+    void (*profile_enable)(dt_backend *be, bool on);
+    int (*profile_read)(dt_backend *be, dt_op_stat *out, int max);
 
     /* ---- GEMM-bound ---- */
     /* out (N,OC) = inp (N,C) @ w^T, w (OC,C); + bias (OC) when bias != NULL. */
