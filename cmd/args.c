@@ -42,6 +42,7 @@ static const opt opts[] = {
     {"no-python", 0, NULL, false, G_OTHER, "run the positional program itself, not python3 PROGRAM"},
     {"help", 'h', NULL, false, G_OTHER, "this help"},
     {"help-env", 0, NULL, false, G_OTHER, "list the DTRAIN_* environment variables"},
+    {"help-config", 0, NULL, false, G_OTHER, "print the job file reference (every key, type, default)"},
     {"version", 'V', NULL, false, G_OTHER, "print the version and exit"},
 };
 
@@ -235,6 +236,8 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
                     a->help = true;
                 else if (!strcmp(o->name, "help-env"))
                     a->help_env = true;
+                else if (!strcmp(o->name, "help-config"))
+                    a->help_config = true;
                 else if (!strcmp(o->name, "version"))
                     a->version = true;
                 continue;
@@ -283,7 +286,8 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
                               "both a job file (%s) and a command were given; use one",
                               a->job_path);
     }
-    if (!a->job_path && !a->command && !a->help && !a->version && !a->help_env)
+    if (!a->job_path && !a->command && !a->help && !a->version && !a->help_env &&
+        !a->help_config)
         return dt_err_set(err, -EINVAL,
                           "no job given: dtrain [options] JOB.ini, or dtrain [options] -- COMMAND "
                           "(see dtrain --help)");

@@ -30,6 +30,7 @@ typedef struct dt_args {
     bool print_config;
     bool help;
     bool help_env;
+    bool help_config;
     bool version;
 } dt_args;
 

@@ -92,6 +92,11 @@ static int cmd_run(int argc, char **argv)
         code = 0;
         goto out;
     }
+    if (a.help_config) {
+        dt_job_print_reference(stdout);
+        code = 0;
+        goto out;
+    }
     if (a.help_env) {
         print_env_help();
         code = 0;

@@ -115,26 +115,30 @@ static int norm_char(int c)
 
 int dt_edit_distance(const char *a, const char *b)
 {
+    /* Optimal string alignment: insert, delete, substitute and swap of neighbours cost 1. */
     size_t la = strlen(a), lb = strlen(b);
-    if (la > 256 || lb > 256)
+    if (la > 128 || lb > 128)
         return INT_MAX / 2;
-    int prev[257], cur[257];
+    static _Thread_local int d[129][129];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (int)i;
     for (size_t j = 0; j <= lb; j++)
-        prev[j] = (int)j;
+        d[0][j] = (int)j;
     for (size_t i = 1; i <= la; i++) {
-        cur[0] = (int)i;
         for (size_t j = 1; j <= lb; j++) {
-            int cost = norm_char((unsigned char)a[i - 1]) != norm_char((unsigned char)b[j - 1]);
-            int v = prev[j - 1] + cost;
-            if (prev[j] + 1 < v)
-                v = prev[j] + 1;
-            if (cur[j - 1] + 1 < v)
-                v = cur[j - 1] + 1;
-            cur[j] = v;
+            int ai = norm_char((unsigned char)a[i - 1]), bj = norm_char((unsigned char)b[j - 1]);
+            int v = d[i - 1][j - 1] + (ai != bj);
+            if (d[i - 1][j] + 1 < v)
+                v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v)
+                v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && ai == norm_char((unsigned char)b[j - 2]) &&
+                norm_char((unsigned char)a[i - 2]) == bj && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
         }
-        memcpy(prev, cur, sizeof(int) * (lb + 1));
     }
-    return prev[lb];
+    return d[la][lb];
 }
 
 const char *dt_nearest(const char *word, const char *const *candidates, size_t n)

@@ -308,8 +308,6 @@ typedef struct parse_ctx {
     const char *where;    /* file name for messages */
     int line;             /* current line (counted by the reader) */
     FILE *fp;
-    bool bad_section;     /* inside an unknown section: its keys are not reported again */
-    char section[64];
     int seen_line[256];   /* line each field was set on (duplicate detection) */
     bool seen_required[256];
 } parse_ctx;
@@ -347,6 +345,7 @@ static int assign(parse_ctx *c, const char *section, const char *key, const char
         return 0;
     }
     int idx = (int)(f - dt_cfg_fields);
+    c->seen_required[idx] = true; /* present, even if its value is wrong */
     if (c->seen_line[idx] && c->line) {
         add_error(c->errs, c->where, c->line, "%s.%s is set twice (also on line %d)", f->section,
                   f->key, c->seen_line[idx]);
@@ -358,36 +357,33 @@ static int assign(parse_ctx *c, const char *section, const char *key, const char
         return 0;
     }
     c->seen_line[idx] = c->line > 0 ? c->line : -1;
-    c->seen_required[idx] = true;
     return 0;
+}
+
+static void report_unknown_section(parse_ctx *c, const char *section)
+{
+    const char *near = dt_nearest(section, sections, DT_ARRAY_LEN(sections));
+    if (near)
+        add_error(c->errs, c->where, c->line, "unknown section [%s]; did you mean [%s]?", section,
+                  near);
+    else
+        add_error(c->errs, c->where, c->line,
+                  "unknown section [%s] (sections: job, model, data, train, ddp, checkpoint, "
+                  "elastic, rendezvous)",
+                  section);
 }
 
 static int on_ini_entry(void *user, const char *section, const char *name, const char *value)
 {
     parse_ctx *c = user;
-    if (!name) /* a section header (inih calls with name NULL when INI_CALL_HANDLER_ON_NEW_SECTION) */
+    if (!name)
         return 1;
     if (!section[0]) {
         add_error(c->errs, c->where, c->line, "key \"%s\" is outside any [section]", name);
         return 1;
     }
-    if (!known_section(section)) {
-        if (!c->bad_section || strcmp(c->section, section) != 0) {
-            const char *near = dt_nearest(section, sections, DT_ARRAY_LEN(sections));
-            if (near)
-                add_error(c->errs, c->where, c->line, "unknown section [%s]; did you mean [%s]?",
-                          section, near);
-            else
-                add_error(c->errs, c->where, c->line,
-                          "unknown section [%s] (sections: job, model, data, train, ddp, "
-                          "checkpoint, elastic, rendezvous)",
-                          section);
-            c->bad_section = true;
-            dt_strlcpy(c->section, section, sizeof c->section);
-        }
-        return 1;
-    }
-    c->bad_section = false;
+    if (!known_section(section))
+        return 1; /* reported at its header by line_reader */
     assign(c, section, name, value);
     return 1;
 }
@@ -417,8 +413,16 @@ static char *line_reader(char *str, int num, void *stream)
     if (*p == '\0' || *p == '\n' || *p == '\r' || *p == ';' || *p == '#')
         return r;
     if (*p == '[') {
-        if (!strchr(p, ']'))
+        const char *end = strchr(p, ']');
+        if (!end) {
             add_error(c->errs, c->where, c->line, "section header without closing ']'");
+            return r;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(end - p - 1), p + 1);
+        dt_trim(name);
+        if (!known_section(name))
+            report_unknown_section(c, name);
         return r;
     }
     if (!strchr(p, '=') && !strchr(p, ':'))

@@ -1,5 +1,4 @@
 /* harness.c - fork-per-test runner with timeouts; see harness.h. */
-#define _GNU_SOURCE
 #include "tests/harness.h"
 
 #include <errno.h>
@@ -26,8 +25,9 @@ void dt_test_fail_at(const char *file, int line, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "    FAIL %s:%d: %s\n", file, line, buf);
     fflush(stderr);
+    fprintf(stdout, "    FAIL %s:%d: %s\n", file, line, buf);
+    fflush(stdout);
     failures++;
 }
 
@@ -49,7 +49,7 @@ static char self_dir[PATH_MAX];
 
 const char *dt_test_dtrain_bin(void)
 {
-    static char path[PATH_MAX];
+    static char path[PATH_MAX + 16];
     const char *env = getenv("DTRAIN_BIN");
     if (env && *env)
         return env;

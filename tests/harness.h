@@ -93,7 +93,7 @@ const char *dt_test_tmpdir(void);
         int dt_rc_ = (expr);                                                                       \
         if (dt_rc_ != 0) {                                                                         \
             dt_test_fail_at(__FILE__, __LINE__, "%s returned %d: %s", #expr, dt_rc_,               \
-                            (errp) ? (errp)->msg : "");                                            \
+                            (errp)->msg);                                                          \
             dt_test_stop();                                                                        \
         }                                                                                          \
     } while (0)

@@ -1,0 +1,199 @@
+/* test_cli.c - the dtrain command line as a user types it (drives build/dtrain). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd/args.h"
+#include "common/util.h"
+#include "tests/harness.h"
+
+static char *out;
+
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...)
+{
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", dt_test_dtrain_bin(), args);
+    free(out);
+    out = NULL;
+    return dt_test_run(cmd, &out, 20);
+}
+
+static void test_help_and_version(void)
+{
+    DT_CHECK_INT(run("--help"), 0);
+    DT_CHECK_CONTAINS(out, "usage: dtrain");
+    DT_CHECK_CONTAINS(out, "Nodes and workers:");
+    DT_CHECK_CONTAINS(out, "Rendezvous:");
+    DT_CHECK_CONTAINS(out, "--nproc-per-node V");
+    DT_CHECK_CONTAINS(out, "[default: 29500]");
+    DT_CHECK_CONTAINS(out, "Exit codes:");
+    DT_CHECK_INT(run("-h"), 0);
+    DT_CHECK_INT(run("--version"), 0);
+    DT_CHECK_CONTAINS(out, "dtrain 0.");
+    DT_CHECK_INT(run("--help-env"), 0);
+    DT_CHECK_CONTAINS(out, "DTRAIN_LOG");
+    DT_CHECK_INT(run("--help-config"), 0);
+    DT_CHECK_CONTAINS(out, "`train.lr`");
+}
+
+static void test_bad_flags_exit_2_with_suggestion(void)
+{
+    DT_CHECK_INT(run("--nproc_per_nod=2 configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "unknown option --nproc_per_nod; did you mean --nproc-per-node?");
+    DT_CHECK_INT(run("--max-restart 3 configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "did you mean --max-restarts?");
+    DT_CHECK_INT(run("--frobnicate configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "unknown option --frobnicate");
+    DT_CHECK_INT(run("--nnodes"), 2);
+    DT_CHECK_CONTAINS(out, "--nnodes needs a value");
+    DT_CHECK_INT(run("--nnodes=0 configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "--nnodes");
+    DT_CHECK_INT(run("--nnodes=4:2 configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "MIN:MAX");
+    DT_CHECK_INT(run("--nproc-per-node=lots configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "auto, cpu or gpu");
+    DT_CHECK_INT(run("--rdzv-backend=etcd configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "static|c10d");
+    DT_CHECK_INT(run("--master-port=70000 configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "--master-port");
+    DT_CHECK_INT(run("--monitor-interval=soon configs/quickstart.ini"), 2);
+    DT_CHECK_INT(run("--redirects=9 configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "0-3");
+    DT_CHECK_INT(run("--standalone=maybe configs/quickstart.ini"), 2);
+    DT_CHECK_INT(run("--"), 2);
+    DT_CHECK_CONTAINS(out, "nothing after --");
+    DT_CHECK_INT(run("%s", ""), 2);
+    DT_CHECK_CONTAINS(out, "no job given");
+    DT_CHECK_INT(run("configs/quickstart.ini lr=3"), 2);
+    DT_CHECK_CONTAINS(out, "section.key=value");
+    DT_CHECK_INT(run("configs/quickstart.ini -- sh -c true"), 2);
+    DT_CHECK_CONTAINS(out, "both a job file");
+}
+
+static void test_spellings_and_precedence(void)
+{
+    /* dashes, underscores, = and space forms, short forms; flags beat overrides beat the file. */
+    DT_REQUIRE(run("--print-config --nproc_per_node 3 --max-restarts=2 -r 1 --tee=0:3,1:1 "
+                   "configs/quickstart.ini elastic.max_restarts=5 train.lr=0.01") == 0);
+    DT_CHECK_CONTAINS(out, "nproc_per_node = 3\n");
+    DT_CHECK_CONTAINS(out, "max_restarts = 2\n");
+    DT_CHECK_CONTAINS(out, "redirects = 1\n");
+    DT_CHECK_CONTAINS(out, "tee = 0:3,1:1\n");
+    DT_CHECK_CONTAINS(out, "lr = 0.01\n");
+    /* PET_* environment like torchrun: below explicit flags */
+    DT_REQUIRE(run("--print-config configs/quickstart.ini") == 0);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "PET_NNODES=2:3 PET_MAX_RESTARTS=4 %s --max-restarts=1 --print-config configs/quickstart.ini",
+             dt_test_dtrain_bin());
+    free(out);
+    DT_REQUIRE(dt_test_run(cmd, &out, 20) == 0);
+    DT_CHECK_CONTAINS(out, "nnodes = 2:3\n");
+    DT_CHECK_CONTAINS(out, "max_restarts = 1\n");
+    snprintf(cmd, sizeof cmd, "PET_NNODES=x %s configs/quickstart.ini", dt_test_dtrain_bin());
+    free(out);
+    DT_CHECK_INT(dt_test_run(cmd, &out, 20), 2);
+    DT_CHECK_CONTAINS(out, "PET_NNODES");
+}
+
+static void test_job_file_errors_exit_2(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bad.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    fputs("[model]\ntype = gtp\n[train]\nlr = fast\n", f);
+    fclose(f);
+    DT_CHECK_INT(run("%s", path), 2);
+    DT_CHECK_CONTAINS(out, "bad.ini:2: model.type: \"gtp\" is not one of mlp|resnet|gpt; did you mean \"gpt\"?");
+    DT_CHECK_CONTAINS(out, "bad.ini:4: train.lr: \"fast\" is not a number");
+    DT_CHECK_CONTAINS(out, "nothing was started");
+    DT_CHECK_INT(run("/nonexistent/job.ini"), 2);
+    DT_CHECK_CONTAINS(out, "/nonexistent/job.ini: cannot open job file");
+}
+
+static void test_print_config_every_shipped_file_round_trips(void)
+{
+    char *list = NULL;
+    DT_REQUIRE(dt_test_run("ls configs/*.ini", &list, 10) == 0);
+    int n = 0;
+    for (char *line = strtok(list, "\n"); line; line = strtok(NULL, "\n"), n++) {
+        DT_CHECK_MSG(run("--print-config %s", line) == 0, "--print-config %s failed: %s", line, out);
+        char printed[1024];
+        snprintf(printed, sizeof printed, "%s/printed%d.ini", dt_test_tmpdir(), n);
+        FILE *f = fopen(printed, "w");
+        DT_REQUIRE(f);
+        fputs(out, f);
+        fclose(f);
+        char *first = strdup(out);
+        DT_CHECK_MSG(run("--print-config %s", printed) == 0, "reprint of %s failed: %s", line, out);
+        /* Identical apart from the first comment line naming the source file. */
+        const char *a = strchr(first, '\n'), *b = strchr(out, '\n');
+        DT_CHECK_MSG(a && b && !strcmp(a, b), "%s does not round-trip through --print-config", line);
+        free(first);
+    }
+    free(list);
+    DT_CHECK(n >= 1);
+}
+
+static void test_subcommand_dispatch(void)
+{
+    DT_CHECK_INT(run("bench"), 2);
+    DT_CHECK_CONTAINS(out, "usage: dtrain bench NAME");
+    DT_CHECK_INT(run("bench alreduce"), 2);
+    DT_CHECK_CONTAINS(out, "did you mean \"allreduce\"?");
+    DT_CHECK_INT(run("bench --help"), 0);
+}
+
+static void test_args_parser_unit(void)
+{
+    dt_args a;
+    dt_err err = {0};
+    char *argv1[] = {"dtrain", "--nnodes", "2", "--no-python", "./prog", "--flag", "x", NULL};
+    DT_REQUIRE_OK(dt_args_parse(&a, 7, argv1, &err), &err);
+    DT_CHECK(a.job_path == NULL);
+    DT_REQUIRE(a.n_command == 3);
+    DT_CHECK_STR(a.command[0], "./prog");
+    DT_CHECK_STR(a.command[1], "--flag");
+    DT_CHECK(a.command[3] == NULL);
+    DT_CHECK_INT(a.n_flag_keys, 1);
+    DT_CHECK_STR(a.flag_keys[0], "elastic.nnodes=2");
+    dt_args_free(&a);
+    char *argv2[] = {"dtrain", "--standalone", "train.py", "--lr", "3", NULL};
+    DT_REQUIRE_OK(dt_args_parse(&a, 5, argv2, &err), &err);
+    DT_REQUIRE(a.n_command == 4);
+    DT_CHECK_STR(a.command[0], "python3");
+    DT_CHECK_STR(a.command[1], "train.py");
+    DT_CHECK_STR(a.command[2], "--lr");
+    DT_CHECK_STR(a.flag_keys[0], "rendezvous.standalone=true");
+    dt_args_free(&a);
+    char *argv3[] = {"dtrain", "--", "sh", "-c", "echo hi", NULL};
+    DT_REQUIRE_OK(dt_args_parse(&a, 5, argv3, &err), &err);
+    DT_REQUIRE(a.n_command == 3);
+    DT_CHECK_STR(a.command[0], "sh");
+    dt_args_free(&a);
+    char *argv4[] = {"dtrain", "job.ini", "--max_restarts=3", "train.lr=1", NULL};
+    DT_REQUIRE_OK(dt_args_parse(&a, 4, argv4, &err), &err);
+    DT_CHECK_STR(a.job_path, "job.ini");
+    DT_CHECK_INT(a.n_overrides, 1);
+    DT_CHECK_STR(a.flag_keys[0], "elastic.max_restarts=3");
+    dt_args_free(&a);
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"cli_help_and_version", test_help_and_version, 0},
+        {"cli_bad_flags_exit_2", test_bad_flags_exit_2_with_suggestion, 0},
+        {"cli_spellings_and_precedence", test_spellings_and_precedence, 0},
+        {"cli_job_file_errors_exit_2", test_job_file_errors_exit_2, 0},
+        {"cli_print_config_round_trips", test_print_config_every_shipped_file_round_trips, 0},
+        {"cli_subcommand_dispatch", test_subcommand_dispatch, 0},
+        {"cli_args_parser_unit", test_args_parser_unit, 0},
+    };
+    return dt_test_main("test_cli", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}

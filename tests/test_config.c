@@ -1,0 +1,288 @@
+/* test_config.c - the job file: defaults, every error class, precedence, --print-config round
+ * trip, and every shipped config. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "runtime/config.h"
+#include "tests/harness.h"
+
+static const char *write_file(const char *name, const char *text)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dt_test_tmpdir(), name);
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static dt_job job;
+static dt_config_errors errs;
+
+static int load(const char *text, char *const *ov, int n)
+{
+    const char *p = write_file("job.ini", text);
+    memset(&errs, 0, sizeof errs);
+    dt_err err = {0};
+    return dt_job_load(&job, p, ov, n, &errs, &err);
+}
+
+static bool has_error(const char *needle)
+{
+    for (int i = 0; i < errs.count && i < 64; i++)
+        if (strstr(errs.lines[i], needle))
+            return true;
+    return false;
+}
+
+static void dump_errors(void)
+{
+    for (int i = 0; i < errs.count && i < 64; i++)
+        fprintf(stderr, "    | %s\n", errs.lines[i]);
+}
+
+static void test_defaults_and_minimal(void)
+{
+    int rc = load("[model]\ntype = mlp\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_STR(job.model_type, "mlp");
+    DT_CHECK_INT(job.batch_size, 8);
+    DT_CHECK_STR(job.optimizer, "adamw");
+    DT_CHECK_NEAR(job.bucket_cap_mb, 25, 0);
+    DT_CHECK_NEAR(job.first_bucket_mb, 1, 0);
+    DT_CHECK_STR(job.output_dir, "runs/dtrain");
+    DT_CHECK_STR(job.launch.rdzv_backend, "static");
+    DT_CHECK_INT(job.launch.master_port, 29500);
+    DT_CHECK_STR(job.resume, "auto");
+}
+
+static void test_every_field_has_valid_default(void)
+{
+    /* Defaults must parse through the same validator as user values. */
+    for (int i = 0; i < dt_cfg_fields_count; i++) {
+        const dt_cfg_field *f = &dt_cfg_fields[i];
+        if (f->required)
+            continue;
+        dt_job_defaults(&job);
+        char buf[2048];
+        snprintf(buf, sizeof buf, "%s.%s=%s", f->section, f->key, f->def);
+        dt_err err = {0};
+        DT_CHECK_MSG(dt_job_set(&job, buf, &err) == 0, "default of %s.%s rejected: %s",
+                     f->section, f->key, err.msg);
+        DT_CHECK_MSG(f->help && f->help[0], "%s.%s has no help", f->section, f->key);
+    }
+}
+
+static void test_unknown_section_and_key(void)
+{
+    int rc = load("[model]\ntype = gpt\npreset = gpt-tiny\nn_layr = 3\n[trian]\nlr = 1\n"
+                  "[train]\nbeta = 0.9\nwarmup = 3\n[data]\nlr = 0.1\n",
+                  NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: unknown key \"n_layr\" in [model]; did you mean \"n_layer\"?"));
+    DT_CHECK(has_error("job.ini:5: unknown section [trian]; did you mean [train]?"));
+    DT_CHECK(has_error("job.ini:8: unknown key \"beta\" in [train]; did you mean"));
+    DT_CHECK(has_error("job.ini:9: unknown key \"warmup\""));
+    DT_CHECK(has_error("job.ini:11: unknown key \"lr\" in [data]; it belongs in [train]"));
+    /* the unknown section's own keys are not reported one by one */
+    DT_CHECK(!has_error("job.ini:6:"));
+    if (errs.count != 5)
+        dump_errors();
+    DT_CHECK_INT(errs.count, 5);
+}
+
+static void test_wrong_types_and_ranges_all_at_once(void)
+{
+    int rc = load("[model]\ntype = mlp\n[train]\nbatch_size = eight\nlr = -1\nsteps = 1e3x\n"
+                  "nesterov = maybe\noptimizer = adamm\n[ddp]\ntimeout = soon\n"
+                  "[job]\ndevice = tpu\n",
+                  NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: train.batch_size: \"eight\" is not an integer"));
+    DT_CHECK(has_error("job.ini:5: train.lr: -1 is out of range"));
+    DT_CHECK(has_error("job.ini:6: train.steps: \"1e3x\" is not an integer"));
+    DT_CHECK(has_error("job.ini:7: train.nesterov: \"maybe\" is not a boolean"));
+    DT_CHECK(has_error("job.ini:8: train.optimizer: \"adamm\" is not one of adamw|sgd; did you mean \"adamw\"?"));
+    DT_CHECK(has_error("job.ini:10: ddp.timeout: \"soon\" is not a duration"));
+    DT_CHECK(has_error("job.ini:12: job.device: \"tpu\" is not one of auto|cpu|cuda"));
+    DT_CHECK_INT(errs.count, 7);
+}
+
+static void test_missing_required_and_syntax(void)
+{
+    int rc = load("[train]\nsteps = 10\nthis line is junk\n[model\n", NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:3: expected \"key = value\""));
+    DT_CHECK(has_error("job.ini:4: section header without closing ']'"));
+    DT_CHECK(has_error("missing required key model.type"));
+}
+
+static void test_duplicate_key(void)
+{
+    int rc = load("[model]\ntype = mlp\n[train]\nlr = 0.1\nlr = 0.2\n", NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:5: train.lr is set twice (also on line 4)"));
+}
+
+static void test_cross_key_validation(void)
+{
+    int rc = load("[model]\ntype = gpt\nn_layer = 2\nn_head = 3\nn_embd = 64\nblock_size = 32\n"
+                  "[data]\ntype = text\n",
+                  NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("n_embd (64) must be divisible by n_head (3)"));
+    DT_CHECK(has_error("data.path is required for data.type = text"));
+    rc = load("[model]\ntype = resnet\ndepth = 21\n", NULL, 0);
+    DT_CHECK(has_error("model.depth: 21 is not 6n+2"));
+    rc = load("[model]\ntype = mlp\n[elastic]\nnnodes = 3:2\nredirects = 7\n", NULL, 0);
+    DT_CHECK(has_error("elastic.nnodes: \"3:2\" must be MIN:MAX"));
+    DT_CHECK(has_error("elastic.redirects: \"7\" must be 0-3"));
+    rc = load("[model]\ntype = mlp\n[rendezvous]\nconf = join_timeout=5,hartbeat_timeout=3\n", NULL, 0);
+    DT_CHECK(has_error("rendezvous.conf: unknown key \"hartbeat_timeout\"; did you mean \"heartbeat_timeout\"?"));
+}
+
+static void test_presets_and_explicit_values(void)
+{
+    int rc = load("[model]\ntype = gpt\npreset = gpt2-124m\nn_layer = 2\n[data]\ntype = synthetic\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_INT(job.n_layer, 2); /* explicit wins */
+    DT_CHECK_INT(job.n_head, 12);
+    DT_CHECK_INT(job.n_embd, 768);
+    DT_CHECK_INT(job.block_size, 1024);
+    DT_CHECK_INT(job.seq_len, 1024);
+}
+
+static void test_precedence(void)
+{
+    /* defaults < file < overrides (and later overrides win) */
+    char *ov[] = {"train.lr=0.5", "train.batch_size=4", "train.lr=0.25"};
+    int rc = load("[model]\ntype = mlp\n[train]\nlr = 0.1\nbatch_size = 2\nsteps = 7\n", ov, 3);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_NEAR(job.lr, 0.25, 0);
+    DT_CHECK_INT(job.batch_size, 4);
+    DT_CHECK_INT(job.steps, 7);
+    char *bad[] = {"train.lr", "trian.lr=1", "train.lrr=1"};
+    rc = load("[model]\ntype = mlp\n", bad, 3);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("\"train.lr\" is not section.key=value"));
+    DT_CHECK(has_error("unknown section \"trian\""));
+    DT_CHECK(has_error("unknown key \"lrr\" in [train]; did you mean \"lr\"?"));
+}
+
+static void test_print_round_trip(void)
+{
+    char *ov[] = {"train.lr=0.00123456789", "data.path=/tmp/some file.txt", "rendezvous.conf=join_timeout=7"};
+    int rc = load("[model]\ntype = gpt\npreset = gpt-tiny\n[data]\ntype = text\n", ov, 3);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_NEAR(job.launch.join_timeout, 7, 0);
+    static dt_job first;
+    first = job;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/printed.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    dt_job_print(&first, f);
+    fclose(f);
+    memset(&errs, 0, sizeof errs);
+    dt_err err = {0};
+    rc = dt_job_load(&job, path, NULL, 0, &errs, &err);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    /* Everything but the source path and the already-folded rendezvous.conf string. */
+    memset(first.path, 0, sizeof first.path);
+    memset(job.path, 0, sizeof job.path);
+    memset(first.launch.rdzv_conf, 0, sizeof first.launch.rdzv_conf);
+    memset(job.launch.rdzv_conf, 0, sizeof job.launch.rdzv_conf);
+    DT_CHECK(memcmp(&first, &job, sizeof job) == 0);
+    DT_CHECK_STR(job.data_path, "/tmp/some file.txt");
+}
+
+static void test_long_line(void)
+{
+    char text[1200];
+    char longpath[700];
+    memset(longpath, 'a', sizeof longpath - 1);
+    longpath[sizeof longpath - 1] = '\0';
+    snprintf(text, sizeof text, "[model]\ntype = mlp\n[data]\npath = /%s\n[train]\nlr = x\n", longpath);
+    int rc = load(text, NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: line longer than"));
+    DT_CHECK(has_error("job.ini:6: train.lr")); /* line numbers stay right after it */
+}
+
+static void test_shipped_configs_load(void)
+{
+    /* Every example job must load and validate as shipped. The test runs from the repository
+     * root (make test). */
+    const char *cmd = "ls configs/*.ini";
+    char *out = NULL;
+    DT_REQUIRE(dt_test_run(cmd, &out, 10) == 0);
+    int n = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        memset(&errs, 0, sizeof errs);
+        dt_err err = {0};
+        int rc = dt_job_load(&job, line, NULL, 0, &errs, &err);
+        if (rc)
+            dump_errors();
+        DT_CHECK_MSG(rc == 0, "%s does not load: %s", line, err.msg);
+        n++;
+    }
+    free(out);
+    DT_CHECK(n >= 1);
+}
+
+static void test_reference_lists_every_key(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/ref.md", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    dt_job_print_reference(f);
+    fclose(f);
+    char *text = NULL;
+    DT_REQUIRE(dt_read_file(path, &text, NULL, NULL) == 0);
+    for (int i = 0; i < dt_cfg_fields_count; i++) {
+        char key[128];
+        snprintf(key, sizeof key, "`%s.%s`", dt_cfg_fields[i].section, dt_cfg_fields[i].key);
+        DT_CHECK_CONTAINS(text, key);
+    }
+    /* README.md carries the same reference, generated from the same table. */
+    char *readme = NULL;
+    DT_REQUIRE(dt_read_file("README.md", &readme, NULL, NULL) == 0);
+    DT_CHECK_MSG(strstr(readme, text) != NULL,
+                 "README.md's job file reference differs from the table in runtime/config.c; "
+                 "regenerate it with scripts/update-readme-keys.sh");
+    free(readme);
+    free(text);
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"config_defaults_and_minimal", test_defaults_and_minimal, 0},
+        {"config_every_field_has_valid_default", test_every_field_has_valid_default, 0},
+        {"config_unknown_section_and_key", test_unknown_section_and_key, 0},
+        {"config_wrong_types_and_ranges", test_wrong_types_and_ranges_all_at_once, 0},
+        {"config_missing_required_and_syntax", test_missing_required_and_syntax, 0},
+        {"config_duplicate_key", test_duplicate_key, 0},
+        {"config_cross_key_validation", test_cross_key_validation, 0},
+        {"config_presets", test_presets_and_explicit_values, 0},
+        {"config_precedence", test_precedence, 0},
+        {"config_print_round_trip", test_print_round_trip, 0},
+        {"config_long_line", test_long_line, 0},
+        {"config_shipped_configs_load", test_shipped_configs_load, 0},
+        {"config_reference_lists_every_key", test_reference_lists_every_key, 0},
+    };
+    return dt_test_main("test_config", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
