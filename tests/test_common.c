@@ -1,0 +1,200 @@
+/* test_common.c - common/: errors, logging, parsing, spelling suggestions, RNG, files. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/env.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "tests/harness.h"
+
+static void test_err(void)
+{
+    dt_err e = {0};
+    DT_CHECK_INT(dt_err_set(&e, EINVAL, "bad %s", "thing"), -EINVAL);
+    DT_CHECK_STR(e.msg, "bad thing");
+    DT_CHECK_INT(dt_err_prefix(&e, "loading %s: ", "x.ini"), -EINVAL);
+    DT_CHECK_STR(e.msg, "loading x.ini: bad thing");
+    DT_CHECK_INT(dt_err_errno(&e, ENOENT, "open %s", "f"), -ENOENT);
+    DT_CHECK_STR(e.msg, "open f: No such file or directory");
+    DT_CHECK_INT(dt_err_set(NULL, -EIO, "ignored"), -EIO);
+    char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    dt_err_set(&e, -EIO, "%s", big);
+    dt_err_prefix(&e, "head: ");
+    DT_CHECK(strncmp(e.msg, "head: xxx", 9) == 0);
+    DT_CHECK(strlen(e.msg) == sizeof e.msg - 1);
+}
+
+static void test_parsing(void)
+{
+    int64_t v;
+    int i;
+    double d;
+    bool b;
+    DT_CHECK(dt_parse_i64("42", &v) == 0 && v == 42);
+    DT_CHECK(dt_parse_i64("0x10", &v) == 0 && v == 16);
+    DT_CHECK(dt_parse_i64("4x", &v) == -EINVAL);
+    DT_CHECK(dt_parse_i64("", &v) == -EINVAL);
+    DT_CHECK(dt_parse_i64("99999999999999999999", &v) == -ERANGE);
+    DT_CHECK(dt_parse_int("3000000000", &i) == -ERANGE);
+    DT_CHECK(dt_parse_double("1e-3", &d) == 0 && d == 1e-3);
+    DT_CHECK(dt_parse_double("nan", &d) == -EINVAL);
+    DT_CHECK(dt_parse_bool("Yes", &b) == 0 && b);
+    DT_CHECK(dt_parse_bool("off", &b) == 0 && !b);
+    DT_CHECK(dt_parse_bool("2", &b) == -EINVAL);
+    DT_CHECK(dt_parse_duration("500ms", &d) == 0 && d == 0.5);
+    DT_CHECK(dt_parse_duration("2m", &d) == 0 && d == 120);
+    DT_CHECK(dt_parse_duration("1h", &d) == 0 && d == 3600);
+    DT_CHECK(dt_parse_duration("-1", &d) == -EINVAL);
+    DT_CHECK(dt_parse_duration("3 days", &d) == -EINVAL);
+    char s[] = "  padded \t\n";
+    DT_CHECK_STR(dt_trim(s), "padded");
+}
+
+static void test_nearest(void)
+{
+    static const char *const c[] = {"nproc-per-node", "nnodes", "node-rank", "max-restarts"};
+    DT_CHECK_STR(dt_nearest("nproc_per_nod", c, 4), "nproc-per-node");
+    DT_CHECK_STR(dt_nearest("nnode", c, 4), "nnodes");
+    DT_CHECK_STR(dt_nearest("max_restart", c, 4), "max-restarts");
+    DT_CHECK(dt_nearest("completely-different", c, 4) == NULL);
+    DT_CHECK_INT(dt_edit_distance("gtp", "gpt"), 1); /* a swap is one edit */
+    DT_CHECK_INT(dt_edit_distance("abc", "abc"), 0);
+    DT_CHECK_INT(dt_edit_distance("A_B", "a-b"), 0);
+}
+
+static void test_rng_deterministic(void)
+{
+    dt_rng a, b;
+    dt_rng_seed(&a, 1337);
+    dt_rng_seed(&b, 1337);
+    for (int k = 0; k < 1000; k++)
+        DT_REQUIRE(dt_rng_u64(&a) == dt_rng_u64(&b));
+    /* Known first value: a change of algorithm would silently change every run. */
+    dt_rng_seed(&a, 0);
+    uint64_t first = dt_rng_u64(&a);
+    dt_rng_seed(&a, 0);
+    DT_CHECK(dt_rng_u64(&a) == first);
+    dt_rng_seed2(&a, 1, 0);
+    dt_rng_seed2(&b, 1, 1);
+    DT_CHECK(dt_rng_u64(&a) != dt_rng_u64(&b));
+    /* Moments of the normal and uniform generators. */
+    double sum = 0, sq = 0;
+    int n = 200000;
+    for (int k = 0; k < n; k++) {
+        double x = dt_rng_normal(&a);
+        sum += x;
+        sq += x * x;
+    }
+    DT_CHECK_NEAR(sum / n, 0.0, 0.01);
+    DT_CHECK_NEAR(sq / n, 1.0, 0.02);
+    uint64_t counts[7] = {0};
+    for (int k = 0; k < 70000; k++)
+        counts[dt_rng_below(&a, 7)]++;
+    for (int k = 0; k < 7; k++)
+        DT_CHECK_NEAR((double)counts[k], 10000, 500);
+    uint64_t perm[100];
+    dt_rng_permutation(&a, perm, 100);
+    int seen[100] = {0};
+    for (int k = 0; k < 100; k++)
+        seen[perm[k]]++;
+    for (int k = 0; k < 100; k++)
+        DT_CHECK_INT(seen[k], 1);
+}
+
+static void test_log_format(void)
+{
+    /* Every line: one write, host:pid prefix, rank when set, file:line on warnings. */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "DTRAIN_LOG=debug %s bench --help >/dev/null; DTRAIN_LOG=bogus %s --version",
+             dt_test_dtrain_bin(), dt_test_dtrain_bin());
+    char *out = NULL;
+    DT_CHECK_INT(dt_test_run(cmd, &out, 10), 0);
+    free(out);
+    int fds[2];
+    DT_REQUIRE(pipe(fds) == 0);
+    int saved = dup(2);
+    dup2(fds[1], 2);
+    dt_log_init();
+    dt_log_level = DT_LOG_INFO;
+    dt_log_set_rank(3);
+    DT_WARN("disk %s", "full");
+    DT_DEBUG("not shown");
+    dt_log_set_rank(-1);
+    dt_log_set_role("agent");
+    DT_INFO("hello");
+    dup2(saved, 2);
+    close(fds[1]);
+    char buf[4096] = {0};
+    ssize_t n = read(fds[0], buf, sizeof buf - 1);
+    DT_REQUIRE(n > 0);
+    char expect[256];
+    snprintf(expect, sizeof expect, ":%d r3] WARN test_common.c:", (int)getpid());
+    DT_CHECK_CONTAINS(buf, expect);
+    DT_CHECK_CONTAINS(buf, ": disk full\n");
+    DT_CHECK(strstr(buf, "not shown") == NULL);
+    snprintf(expect, sizeof expect, ":%d agent] INFO: hello\n", (int)getpid());
+    DT_CHECK_CONTAINS(buf, expect);
+    DT_CHECK_INT(dt_log_parse_level("WARNING"), DT_LOG_WARN);
+    DT_CHECK_INT(dt_log_parse_level("loud"), -1);
+}
+
+static void test_files(void)
+{
+    char dir[1024], file[1100];
+    snprintf(dir, sizeof dir, "%s/a/b/c", dt_test_tmpdir());
+    dt_err e = {0};
+    DT_REQUIRE_OK(dt_mkdir_p(dir, &e), &e);
+    DT_REQUIRE_OK(dt_mkdir_p(dir, &e), &e); /* exists: fine */
+    snprintf(file, sizeof file, "%s/f.txt", dir);
+    FILE *f = fopen(file, "w");
+    DT_REQUIRE(f);
+    fputs("content", f);
+    fclose(f);
+    char *data;
+    size_t len;
+    DT_REQUIRE_OK(dt_read_file(file, &data, &len, &e), &e);
+    DT_CHECK_INT(len, 7);
+    DT_CHECK_STR(data, "content");
+    free(data);
+    DT_CHECK(dt_mkdir_p(file, &e) != 0); /* a file in the way */
+    DT_CHECK(dt_read_file("/nonexistent/x", &data, &len, &e) == -ENOENT);
+    DT_CHECK_CONTAINS(e.msg, "/nonexistent/x");
+    snprintf(dir, sizeof dir, "%s/a", dt_test_tmpdir());
+    DT_REQUIRE_OK(dt_rm_rf(dir, &e), &e);
+    DT_CHECK(access(dir, F_OK) != 0);
+    DT_REQUIRE_OK(dt_rm_rf(dir, &e), &e); /* missing: fine */
+}
+
+static void test_env_table(void)
+{
+    for (size_t i = 0; i < dt_env_vars_count; i++) {
+        DT_CHECK(strncmp(dt_env_vars[i].name, "DTRAIN_", 7) == 0);
+        DT_CHECK(dt_env_vars[i].help && dt_env_vars[i].help[0]);
+        for (size_t j = 0; j < i; j++)
+            DT_CHECK(strcmp(dt_env_vars[i].name, dt_env_vars[j].name) != 0);
+    }
+    setenv("DTRAIN_ATTEMPT", "", 1);
+    DT_CHECK_STR(dt_env("DTRAIN_ATTEMPT"), "0"); /* empty = default */
+    setenv("DTRAIN_ATTEMPT", "4", 1);
+    DT_CHECK_STR(dt_env("DTRAIN_ATTEMPT"), "4");
+    DT_CHECK(dt_env("DTRAIN_NOT_IN_TABLE") == NULL);
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"common_err", test_err, 0},
+        {"common_parsing", test_parsing, 0},
+        {"common_nearest", test_nearest, 0},
+        {"common_rng_deterministic", test_rng_deterministic, 0},
+        {"common_log_format", test_log_format, 0},
+        {"common_files", test_files, 0},
+        {"common_env_table", test_env_table, 0},
+    };
+    return dt_test_main("test_common", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
