@@ -16,6 +16,7 @@ PKGS    := libuv libcjson inih openblas
 VERSION := 0.1.0
 
 .DEFAULT_GOAL := all
+.SECONDARY:
 .PHONY: all test test-gpu run deps clean fuzz FORCE
 
 # ---- system packages -----------------------------------------------------------------------

@@ -112,8 +112,10 @@ static int cmd_run(int argc, char **argv)
             code = 1;
             goto out;
         }
-        memcpy(all, a.overrides, sizeof(char *) * (size_t)a.n_overrides);
-        memcpy(all + a.n_overrides, a.flag_keys, sizeof(char *) * (size_t)a.n_flag_keys);
+        for (int i = 0; i < a.n_overrides; i++)
+            all[i] = a.overrides[i];
+        for (int i = 0; i < a.n_flag_keys; i++)
+            all[a.n_overrides + i] = a.flag_keys[i];
         if (dt_job_load(&job, a.job_path, all, n, &errs, &err) != 0) {
             print_config_errors(&errs);
             fprintf(stderr, "dtrain: %s; nothing was started\n", err.msg);
