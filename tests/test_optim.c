@@ -1,0 +1,293 @@
+/* test_optim.c - learning-rate schedules, the optimiser's per-range updates (weight decay only on
+ * tensors without no_decay), state buffers, and clipping by the global gradient norm.
+ *
+ * The optimiser's arithmetic is the backend's (adamw_update, sgd_update, checked against
+ * references in the kernel tests); here a recording backend checks what the optimiser asks of
+ * it: which ranges, which weight decay, which step count, which clipping factor. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/optim.h"
+#include "tests/harness.h"
+
+/* ---- a backend that records the calls the optimiser makes ------------------------------- */
+
+typedef struct call {
+    char op;            /* 'a' adamw, 's' sgd, 'c' scale */
+    size_t off, n;
+    float lr, wd, arg;  /* arg: scale factor, or sgd momentum */
+    int64_t t;
+    bool first, has_state;
+} call;
+
+static call calls[64];
+static int ncalls;
+static float *base; /* parameter buffer the offsets are measured from */
+
+static int rec_alloc(dt_backend *be, void **p, size_t bytes, dt_err *err)
+{
+    *p = calloc(1, bytes);
+    return *p ? 0 : dt_err_set(err, -ENOMEM, "out of memory");
+}
+static void rec_free(dt_backend *be, void *p) { free(p); }
+static double rec_sumsq(dt_backend *be, const float *x, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
+    return s;
+}
+static void rec_scale(dt_backend *be, float *x, size_t n, float s)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+    calls[ncalls++] = (call){.op = 'c', .n = n, .arg = s};
+}
+static void rec_adamw(dt_backend *be, float *params, const float *grads, float *m, float *v,
+                      size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
+{
+    calls[ncalls++] = (call){.op = 'a', .off = (size_t)(params - base), .n = n, .lr = lr,
+                             .wd = wd, .t = t, .has_state = m && v};
+}
+static void rec_sgd(dt_backend *be, float *params, const float *grads, float *buf, size_t n,
+                    float lr, float momentum, bool nesterov, float wd, bool first)
+{
+    calls[ncalls++] = (call){.op = 's', .off = (size_t)(params - base), .n = n, .lr = lr,
+                             .wd = wd, .arg = momentum, .first = first, .has_state = buf != NULL};
+}
+
+static dt_backend rec_backend = {
+    .name = "recording",
+    .alloc = rec_alloc,
+    .free = rec_free,
+    .sumsq = rec_sumsq,
+    .scale = rec_scale,
+    .adamw_update = rec_adamw,
+    .sgd_update = rec_sgd,
+};
+
+/* A GPT-like table: weight, bias (no_decay), weight, weight, norm weight and bias (no_decay). */
+static dt_tensor_info table[6] = {
+    {.name = "w0", .offset = 0, .numel = 10},
+    {.name = "b0", .offset = 10, .numel = 2, .no_decay = true},
+    {.name = "w1", .offset = 12, .numel = 6},
+    {.name = "w2", .offset = 18, .numel = 4},
+    {.name = "ln.weight", .offset = 22, .numel = 3, .no_decay = true},
+    {.name = "ln.bias", .offset = 25, .numel = 3, .no_decay = true},
+};
+#define NPARAMS 28
+
+/* ---- schedules ---------------------------------------------------------------------------- */
+
+static void test_schedules(void)
+{
+    dt_lr_schedule s = {.kind = DT_LR_CONSTANT, .lr = 1.0, .min_lr = 0.1, .warmup_steps = 4,
+                        .total_steps = 104};
+    DT_CHECK_NEAR(dt_lr_at(&s, 0), 0.25, 1e-12);
+    DT_CHECK_NEAR(dt_lr_at(&s, 3), 1.0, 1e-12);
+    DT_CHECK_NEAR(dt_lr_at(&s, 50), 1.0, 1e-12);
+    DT_CHECK_NEAR(dt_lr_at(&s, 1000), 1.0, 1e-12);
+
+    s.kind = DT_LR_COSINE;
+    DT_CHECK_NEAR(dt_lr_at(&s, 1), 0.5, 1e-12);   /* still warming up */
+    DT_CHECK_NEAR(dt_lr_at(&s, 4), 1.0, 1e-12);   /* decay starts at the peak */
+    DT_CHECK_NEAR(dt_lr_at(&s, 54), 0.55, 1e-12); /* half way: the mean of lr and min_lr */
+    DT_CHECK_NEAR(dt_lr_at(&s, 104), 0.1, 1e-12);
+    DT_CHECK_NEAR(dt_lr_at(&s, 500), 0.1, 1e-12); /* past the end: min_lr */
+    double prev = 2;
+    for (int64_t k = 4; k <= 104; k++) { /* monotone after warmup */
+        double v = dt_lr_at(&s, k);
+        DT_CHECK(v <= prev + 1e-15);
+        prev = v;
+    }
+
+    s.kind = DT_LR_LINEAR;
+    DT_CHECK_NEAR(dt_lr_at(&s, 4), 1.0, 1e-12);
+    DT_CHECK_NEAR(dt_lr_at(&s, 29), 0.775, 1e-12);
+    DT_CHECK_NEAR(dt_lr_at(&s, 104), 0.1, 1e-12);
+
+    /* no warmup */
+    s.warmup_steps = 0;
+    DT_CHECK_NEAR(dt_lr_at(&s, 0), 1.0, 1e-12);
+
+    dt_lr_kind k;
+    DT_CHECK(dt_lr_kind_parse("cosine", &k) == 0 && k == DT_LR_COSINE);
+    DT_CHECK(dt_lr_kind_parse("linear", &k) == 0 && k == DT_LR_LINEAR);
+    DT_CHECK(dt_lr_kind_parse("constant", &k) == 0 && k == DT_LR_CONSTANT);
+    DT_CHECK(dt_lr_kind_parse("step", &k) == -EINVAL);
+}
+
+static void test_config_from_job(void)
+{
+    dt_job job;
+    dt_job_defaults(&job);
+    strcpy(job.optimizer, "sgd");
+    strcpy(job.schedule, "linear");
+    job.lr = 0.5;
+    job.min_lr = 0.05;
+    job.warmup_steps = 7;
+    job.momentum = 0.8;
+    job.nesterov = true;
+    job.weight_decay = 5e-4;
+    job.grad_clip = 2;
+    dt_optim_config c;
+    dt_lr_schedule s;
+    dt_optim_config_from_job(&c, &s, &job, 300);
+    DT_CHECK_INT(c.kind, DT_OPTIM_SGD);
+    DT_CHECK_NEAR(c.momentum, 0.8, 1e-12);
+    DT_CHECK(c.nesterov);
+    DT_CHECK_NEAR(c.weight_decay, 5e-4, 1e-12);
+    DT_CHECK_NEAR(c.grad_clip, 2, 1e-12);
+    DT_CHECK_INT(s.kind, DT_LR_LINEAR);
+    DT_CHECK_INT(s.warmup_steps, 7);
+    DT_CHECK_INT(s.total_steps, 300);
+    DT_CHECK_NEAR(s.lr, 0.5, 1e-12);
+    DT_CHECK_NEAR(s.min_lr, 0.05, 1e-12);
+}
+
+/* ---- updates -------------------------------------------------------------------------------- */
+
+static void test_adamw_ranges_and_decay(void)
+{
+    float *params = calloc(NPARAMS, sizeof(float)), *grads = calloc(NPARAMS, sizeof(float));
+    base = params;
+    ncalls = 0;
+    dt_optim_config c = {.kind = DT_OPTIM_ADAMW, .weight_decay = 0.1, .beta1 = 0.9,
+                         .beta2 = 0.95, .eps = 1e-8};
+    dt_optim *o = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
+    DT_CHECK_INT(o->num_states, 2);
+    DT_CHECK_STR(o->state_names[0], "exp_avg");
+    DT_CHECK_STR(o->state_names[1], "exp_avg_sq");
+    for (int i = 0; i < NPARAMS; i++)
+        DT_CHECK(o->state[0][i] == 0 && o->state[1][i] == 0);
+    dt_optim_step(o, params, grads, 1e-3);
+    dt_optim_step(o, params, grads, 2e-3);
+    DT_CHECK_INT(o->t, 2);
+    /* neighbours with the same flag merge: [w0] [b0] [w1 w2] [ln.weight ln.bias] */
+    DT_REQUIRE(ncalls == 8);
+    static const size_t off[4] = {0, 10, 12, 22}, n[4] = {10, 2, 10, 6};
+    static const float wd[4] = {0.1f, 0, 0.1f, 0};
+    for (int k = 0; k < 8; k++) {
+        const call *cl = &calls[k];
+        DT_CHECK(cl->op == 'a');
+        DT_CHECK_INT(cl->off, off[k % 4]);
+        DT_CHECK_INT(cl->n, n[k % 4]);
+        DT_CHECK_NEAR(cl->wd, wd[k % 4], 1e-9);
+        DT_CHECK_INT(cl->t, k / 4 + 1); /* AdamW's t is 1-based */
+        DT_CHECK_NEAR(cl->lr, k < 4 ? 1e-3 : 2e-3, 1e-9);
+        DT_CHECK(cl->has_state);
+    }
+    dt_optim_free(o);
+    free(params);
+    free(grads);
+}
+
+static void test_sgd_first_step_and_state(void)
+{
+    float *params = calloc(NPARAMS, sizeof(float)), *grads = calloc(NPARAMS, sizeof(float));
+    base = params;
+    ncalls = 0;
+    dt_optim_config c = {.kind = DT_OPTIM_SGD, .weight_decay = 5e-4, .momentum = 0.9};
+    dt_optim *o = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
+    DT_CHECK_INT(o->num_states, 1);
+    DT_CHECK_STR(o->state_names[0], "momentum_buffer");
+    dt_optim_step(o, params, grads, 0.1);
+    dt_optim_step(o, params, grads, 0.1);
+    DT_REQUIRE(ncalls == 8);
+    for (int k = 0; k < 8; k++) {
+        DT_CHECK(calls[k].op == 's');
+        DT_CHECK(calls[k].first == (k < 4));
+        DT_CHECK(calls[k].has_state);
+        DT_CHECK_NEAR(calls[k].arg, 0.9, 1e-7);
+    }
+    DT_CHECK_NEAR(calls[1].wd, 0, 1e-12);
+    DT_CHECK_NEAR(calls[2].wd, 5e-4, 1e-9);
+    dt_optim_free(o);
+
+    /* plain SGD keeps no state */
+    c.momentum = 0;
+    ncalls = 0;
+    DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
+    DT_CHECK_INT(o->num_states, 0);
+    DT_CHECK(o->state[0] == NULL);
+    dt_optim_step(o, params, grads, 0.1);
+    DT_CHECK(ncalls == 4 && !calls[0].has_state);
+    dt_optim_free(o);
+    /* Nesterov without momentum is refused */
+    c.nesterov = true;
+    DT_CHECK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "momentum");
+    free(params);
+    free(grads);
+}
+
+static void test_table_must_cover(void)
+{
+    dt_optim_config c = {.kind = DT_OPTIM_ADAMW};
+    dt_optim *o = NULL;
+    dt_err err = {0};
+    DT_CHECK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS + 1, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "cover");
+    dt_tensor_info gap[2] = {{.name = "a", .offset = 0, .numel = 4},
+                             {.name = "b", .offset = 5, .numel = 4}};
+    DT_CHECK(dt_optim_create(&o, &c, &rec_backend, gap, 2, 9, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "tensor b");
+}
+
+/* ---- clipping ----------------------------------------------------------------------------- */
+
+static void test_clip(void)
+{
+    float *grads = calloc(NPARAMS, sizeof(float));
+    dt_optim_config c = {.kind = DT_OPTIM_ADAMW, .grad_clip = 1.0};
+    dt_optim *o = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
+    grads[0] = 6;
+    grads[27] = 8; /* norm 10 */
+    ncalls = 0;
+    double norm = dt_optim_clip(o, grads);
+    DT_CHECK_NEAR(norm, 10, 1e-9);
+    DT_REQUIRE(ncalls == 1 && calls[0].op == 'c');
+    DT_CHECK_INT(calls[0].n, NPARAMS);
+    DT_CHECK_NEAR(calls[0].arg, 1.0 / (10 + 1e-6), 1e-7);
+    DT_CHECK_NEAR(dt_optim_grad_norm(o, grads), 1.0, 1e-5);
+    /* under the threshold: untouched */
+    ncalls = 0;
+    grads[0] = 0.3f;
+    grads[27] = 0.4f;
+    DT_CHECK_NEAR(dt_optim_clip(o, grads), 0.5, 1e-6);
+    DT_CHECK_INT(ncalls, 0);
+    /* non-finite: reported, nothing scaled */
+    grads[3] = NAN;
+    DT_CHECK(!isfinite(dt_optim_clip(o, grads)));
+    DT_CHECK_INT(ncalls, 0);
+    grads[3] = 0;
+    dt_optim_free(o);
+    /* clipping off */
+    c.grad_clip = 0;
+    DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
+    grads[0] = 100;
+    DT_CHECK_NEAR(dt_optim_clip(o, grads), sqrt(100.0 * 100 + 0.16), 1e-3);
+    DT_CHECK_INT(ncalls, 0);
+    dt_optim_free(o);
+    free(grads);
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"schedules", test_schedules, 0},
+        {"config_from_job", test_config_from_job, 0},
+        {"adamw_ranges_and_decay", test_adamw_ranges_and_decay, 0},
+        {"sgd_first_step_and_state", test_sgd_first_step_and_state, 0},
+        {"table_must_cover", test_table_must_cover, 0},
+        {"clip", test_clip, 0},
+    };
+    return dt_test_main("test_optim", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
