@@ -1,0 +1,70 @@
+/* metrics.h - what a run reports while it trains: metrics.jsonl, log lines, a progress line.
+ *
+ * Rank 0 appends one JSON object per logged step to <output_dir>/metrics.jsonl (appended, so a
+ * restarted job continues the same file; "attempt" tells the attempts apart):
+ *
+ *   {"type":"train","step":10,"epoch":0,"loss":4.91,"lr":0.0015,"grad_norm":1.8,
+ *    "tokens_per_s":20480,"step_time_s":0.025,"comm_time_s":0,"peak_mem_bytes":12345678,
+ *    "max_rss_bytes":45678912,"time":1700000000.1,"attempt":0}
+ *   {"type":"eval","step":50,"val_loss":3.2,"val_acc":0.51,"time":...,"attempt":0}
+ *
+ * Classification jobs report samples_per_s instead of tokens_per_s, and val_acc. On a terminal
+ * stderr also shows one progress line that rewrites itself; otherwise (logs, pipes, the agent)
+ * plain INFO lines are written every log_every steps. Other ranks write nothing.
+ */
+#ifndef DT_METRICS_H
+#define DT_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct dt_step_record {
+    int64_t step;         /* optimiser steps completed (1-based for the step just done) */
+    int64_t total_steps;
+    int64_t epoch;
+    double loss;          /* mean training loss of the step (over micro-steps and ranks) */
+    double lr;
+    double grad_norm;     /* before clipping */
+    double items_per_s;   /* tokens/s (language models) or samples/s, all ranks together */
+    double step_time_s;   /* mean wall time per step over the logged window */
+    double comm_time_s;   /* time waiting for gradient synchronisation per step */
+    size_t peak_mem_bytes;/* backend allocations, peak */
+    size_t max_rss_bytes; /* process resident set, peak */
+} dt_step_record;
+
+typedef struct dt_eval_record {
+    int64_t step;
+    double val_loss;
+    double val_acc;       /* classification accuracy; < 0 when not applicable */
+} dt_eval_record;
+
+typedef struct dt_metrics dt_metrics;
+
+/* Opens the writer. enabled = false (ranks other than 0) gives a writer that only keeps time.
+ * output_dir is created. tokens: label throughput as tokens/s (else samples/s). attempt is
+ * recorded in every line. */
+int dt_metrics_open(dt_metrics **out, const char *output_dir, bool enabled, bool tokens,
+                    int attempt, dt_err *err);
+
+/* Appends a train record and shows it (progress line or log line). */
+void dt_metrics_step(dt_metrics *m, const dt_step_record *r);
+
+/* Appends an eval record and logs it. */
+void dt_metrics_eval(dt_metrics *m, const dt_eval_record *r);
+
+/* Ends the progress line (if any) so that what follows starts on a new line. */
+void dt_metrics_finish_line(dt_metrics *m);
+
+/* Path of metrics.jsonl ("" when disabled). */
+const char *dt_metrics_path(const dt_metrics *m);
+
+/* Accepts NULL. */
+void dt_metrics_close(dt_metrics *m);
+
+/* Peak resident set size of this process in bytes (getrusage). */
+size_t dt_metrics_max_rss(void);
+
+#endif

@@ -1,0 +1,92 @@
+/* test_metrics.c - metrics.jsonl: one parseable JSON object per record, appended across opens
+ * (a restarted job continues the file), nothing written by ranks other than 0. */
+#include <cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "runtime/metrics.h"
+#include "tests/harness.h"
+
+static void test_records(void)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/out/run", dt_test_tmpdir()); /* created by open */
+    dt_metrics *m = NULL;
+    dt_err err = {0};
+    for (int attempt = 0; attempt < 2; attempt++) {
+        DT_REQUIRE_OK(dt_metrics_open(&m, dir, true, attempt == 0, attempt, &err), &err);
+        dt_step_record r = {.step = 10, .total_steps = 100, .epoch = 0, .loss = 2.5, .lr = 1e-3,
+                            .grad_norm = 0.7, .items_per_s = 12345, .step_time_s = 0.02,
+                            .peak_mem_bytes = 1 << 20, .max_rss_bytes = dt_metrics_max_rss()};
+        dt_metrics_step(m, &r);
+        dt_eval_record e = {.step = 10, .val_loss = 2.75, .val_acc = attempt ? 0.5 : -1};
+        dt_metrics_eval(m, &e);
+        dt_metrics_close(m);
+    }
+    char path[1100], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    DT_REQUIRE_OK(dt_read_file(path, &text, &len, &err), &err);
+    int lines = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(line);
+        DT_REQUIRE(o);
+        const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(o, "type"));
+        int attempt = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "attempt"));
+        DT_CHECK_INT(attempt, lines / 2);
+        DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "step")), 10);
+        DT_CHECK(cJSON_GetObjectItem(o, "time") != NULL);
+        if (lines % 2 == 0) {
+            DT_CHECK_STR(type, "train");
+            DT_CHECK_NEAR(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "loss")), 2.5, 1e-12);
+            DT_CHECK_NEAR(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "grad_norm")), 0.7, 1e-12);
+            DT_CHECK(cJSON_GetObjectItem(o, attempt == 0 ? "tokens_per_s" : "samples_per_s"));
+            DT_CHECK(cJSON_GetObjectItem(o, "step_time_s"));
+            DT_CHECK(cJSON_GetObjectItem(o, "comm_time_s"));
+            DT_CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "max_rss_bytes")) > 0);
+        } else {
+            DT_CHECK_STR(type, "eval");
+            DT_CHECK_NEAR(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "val_loss")), 2.75, 1e-12);
+            DT_CHECK((cJSON_GetObjectItem(o, "val_acc") != NULL) == (attempt == 1));
+        }
+        cJSON_Delete(o);
+        lines++;
+    }
+    DT_CHECK_INT(lines, 4);
+    free(text);
+}
+
+static void test_other_ranks_write_nothing(void)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/r1", dt_test_tmpdir());
+    dt_metrics *m = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_metrics_open(&m, dir, false, true, 0, &err), &err);
+    dt_step_record r = {.step = 1, .total_steps = 2};
+    dt_metrics_step(m, &r);
+    DT_CHECK_STR(dt_metrics_path(m), "");
+    dt_metrics_close(m);
+    DT_CHECK(access(dir, F_OK) != 0);
+}
+
+static void test_unwritable_dir(void)
+{
+    dt_metrics *m = NULL;
+    dt_err err = {0};
+    DT_CHECK(dt_metrics_open(&m, "/proc/version/x", true, true, 0, &err) < 0);
+    DT_CHECK_CONTAINS(err.msg, "output_dir");
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"records", test_records, 0},
+        {"other_ranks_write_nothing", test_other_ranks_write_nothing, 0},
+        {"unwritable_dir", test_unwritable_dir, 0},
+    };
+    return dt_test_main("test_metrics", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
