@@ -1,9 +1,180 @@
-/* store.c - `dtrain store [--host H] [--port P] [--token-file F]`: a standalone store server. */
+/* store.c - `dtrain store [--host H] [--port P] [--token-file F] [limits]`: a standalone store
+ * server. It prints the port it bound on one line of stdout (so `--port 0` is scriptable),
+ * logs to stderr, and runs until SIGINT or SIGTERM, then stops cleanly and exits 0. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cmd/cmd.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "rendezvous/store.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: dtrain store [--host H] [--port P] [--token-file F] [limits]\n"
+            "\n"
+            "Runs a dtrain store server until SIGINT/SIGTERM. Prints the bound port on one line\n"
+            "of stdout (useful with --port 0); logs go to stderr.\n"
+            "\n"
+            "  --host H                  bind address (default 0.0.0.0)\n"
+            "  --port P                  port, 0 = any free port (default 29400)\n"
+            "  --token-file F            require the token in file F from every client (default:\n"
+            "                            DTRAIN_STORE_TOKEN if set, else no token)\n"
+            "limits (sizes take K, M, G suffixes):\n"
+            "  --max-key-size N          bytes per key (4K)\n"
+            "  --max-value-size N        bytes per value (64M)\n"
+            "  --max-keys-per-request N  keys in one multi-get/set/check/wait (65536)\n"
+            "  --max-total-bytes N       keys + values stored (1G)\n"
+            "  --max-connections N       open client connections (65536)\n"
+            "  --max-pending-output N    reply bytes buffered for a client that does not read\n"
+            "                            before it is disconnected (64M)\n");
+}
+
+/* "64M" -> 67108864; plain numbers are bytes. */
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || errno || *s == '-')
+        return -EINVAL;
+    unsigned long long mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    default: break;
+    }
+    if (*end == 'b' || *end == 'B' || *end == 'i')
+        end += (*end == 'i' && (end[1] == 'B' || end[1] == 'b')) ? 2 : 1;
+    if (*end || (v && mul > SIZE_MAX / v))
+        return -EINVAL;
+    *out = (size_t)(v * mul);
+    return 0;
+}
 
 int dt_cmd_store(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return dt_cmd_unavailable("store", "the standalone store lands with the rendezvous-store issue");
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.port = 29400;
+    const char *token_file = NULL;
+    char *token = NULL;
+    struct {
+        const char *name;
+        size_t *dst;
+    } limits[] = {
+        {"--max-key-size", &o.max_key_size},
+        {"--max-value-size", &o.max_value_size},
+        {"--max-keys-per-request", &o.max_keys_per_request},
+        {"--max-total-bytes", &o.max_total_bytes},
+        {"--max-connections", &o.max_connections},
+        {"--max-pending-output", &o.max_pending_output},
+    };
+    static const char *const flags[] = {
+        "--host", "--port", "--token-file", "--help", "--max-key-size", "--max-value-size",
+        "--max-keys-per-request", "--max-total-bytes", "--max-connections",
+        "--max-pending-output"};
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        char name[64];
+        const char *val = NULL;
+        const char *eq = strchr(a, '=');
+        if (eq && (size_t)(eq - a) < sizeof name) {
+            memcpy(name, a, (size_t)(eq - a));
+            name[eq - a] = '\0';
+            val = eq + 1;
+        } else {
+            dt_strlcpy(name, a, sizeof name);
+        }
+        for (char *p = name + 2; *p && name[0] == '-'; p++)
+            if (*p == '_')
+                *p = '-';
+        int known = 0;
+        for (size_t k = 0; k < DT_ARRAY_LEN(flags); k++)
+            known |= !strcmp(name, flags[k]);
+        if (!known) {
+            const char *near = dt_nearest(name, flags, DT_ARRAY_LEN(flags));
+            fprintf(stderr, "dtrain store: unknown option \"%s\"%s%s%s (see dtrain store --help)\n",
+                    a, near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
+            return 2;
+        }
+        if (!val) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "dtrain store: %s needs a value\n", name);
+                return 2;
+            }
+            val = argv[++i];
+        }
+        if (!strcmp(name, "--host")) {
+            o.host = val;
+        } else if (!strcmp(name, "--port")) {
+            if (dt_parse_int(val, &o.port) < 0 || o.port < 0 || o.port > 65535) {
+                fprintf(stderr, "dtrain store: --port %s: need a port in 0..65535\n", val);
+                return 2;
+            }
+        } else if (!strcmp(name, "--token-file")) {
+            token_file = val;
+        } else {
+            for (size_t k = 0; k < DT_ARRAY_LEN(limits); k++)
+                if (!strcmp(name, limits[k].name) &&
+                    (parse_size(val, limits[k].dst) < 0 || *limits[k].dst == 0)) {
+                    fprintf(stderr, "dtrain store: %s %s: need a positive size (e.g. 4096, 64M)\n",
+                            name, val);
+                    return 2;
+                }
+        }
+    }
+
+    dt_err err = {0};
+    if (token_file) {
+        size_t len;
+        if (dt_read_file(token_file, &token, &len, &err) < 0) {
+            fprintf(stderr, "dtrain store: reading the token file: %s\n", dt_err_str(&err));
+            return 1;
+        }
+        dt_trim(token);
+        if (!*token) {
+            fprintf(stderr, "dtrain store: the token file %s is empty\n", token_file);
+            free(token);
+            return 1;
+        }
+        o.token = token;
+    } else {
+        o.token = dt_env("DTRAIN_STORE_TOKEN");
+    }
+
+    /* SIGINT/SIGTERM are taken with sigwait on this thread (the server thread blocks all). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+
+    dt_store_server *srv = NULL;
+    if (dt_store_server_start(&srv, &o, &err) < 0) {
+        fprintf(stderr, "dtrain store: %s\n", dt_err_str(&err));
+        free(token);
+        return 1;
+    }
+    printf("%d\n", dt_store_server_port(srv));
+    fflush(stdout);
+
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0)
+        ;
+    DT_INFO("store: %s received; stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    dt_store_server_stop(srv);
+    free(token);
+    return 0;
 }

@@ -1,0 +1,1358 @@
+/* store_server.c - the dtrain store server: one libuv event loop on its own thread.
+ *
+ * Design. Everything (the key table, every connection, every waiter) belongs to the loop thread;
+ * the only cross-thread operation is dt_store_server_stop, which wakes the loop through a
+ * uv_async_t. torchrun's first store read each request with a blocking call on one thread, so
+ * one slow client stalled every other; here no client can block the loop: input is parsed from
+ * whatever bytes have arrived, replies are written with uv_try_write and queued when the kernel
+ * buffer is full, and a request that must wait (GET, WAIT, MULTI_GET on a missing key) parks
+ * its connection on that key instead of holding the loop.
+ *
+ * Memory. An idle connection holds no buffers: reads land in one 64 KiB buffer shared by the
+ * loop and are parsed in place; only an incomplete frame is copied into the connection's own
+ * buffer (grown to the frame's announced size, which the parser has already checked against
+ * the frame limit). Replies are batched per read and written once. A client that does not read
+ * its replies is disconnected as soon as more than max_pending_output bytes are queued for it
+ * beyond what the kernel accepted; a blocked connection stops being read once 1 MiB of
+ * pipelined requests is buffered behind its wait. So 4096 idle connections cost about 2 MiB.
+ *
+ * Waiters. A waiting connection is linked on exactly one missing key (the first one it lacks;
+ * that key has an "absent" entry in the table that exists only while someone waits on it).
+ * A write to the key wakes its waiters, each resumes its scan from where it stopped, so a wait
+ * for N keys set one by one costs O(N) in all, and 1,024 waiters on one key cost one wake each.
+ * Invariant: a present entry has no waiters.
+ *
+ * Deliberately left out: persistence, replication, and fairness beyond per-read batching.
+ */
+#include "rendezvous/store.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "rendezvous/protocol.h"
+
+#define READ_BUF_SIZE (64 * 1024)
+#define FLUSH_AT (256 * 1024)          /* flush a reply batch once it is this large */
+#define BLOCKED_INPUT_MAX (1024 * 1024) /* pipelined bytes buffered behind a wait */
+#define CLOSE_GRACE_MS 2000             /* how long a final error reply may take to drain */
+
+typedef struct conn conn;
+typedef struct entry entry;
+
+struct entry {
+    entry *next;       /* hash chain */
+    uint64_t hash;
+    uint8_t *val;      /* owned; NULL when empty */
+    size_t vlen, vcap;
+    int present;       /* 0: placeholder that exists only while waiters are linked */
+    uint64_t mark;     /* MULTI_SET bookkeeping */
+    conn *waiters;     /* first waiting connection (list through conn->wnext/wprev) */
+    conn *waiters_tail;
+    size_t klen;
+    char key[];        /* klen bytes + NUL */
+};
+
+enum { ST_HELLO, ST_AUTH, ST_READY };
+
+struct conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    dt_store_server *srv;
+    conn *prev, *next;       /* every connection */
+    conn *rnext;             /* ready queue */
+    int in_ready;
+    int state;
+    int closing, close_refs, close_after_flush, reading;
+    char peer[64];
+    uint8_t *in;             /* owned: unparsed input (an incomplete frame, or frames behind a
+                                wait) */
+    size_t in_len, in_cap;
+    dt_proto_buf out;        /* replies not yet written */
+    size_t out_queued;       /* bytes handed to uv_write and not yet completed */
+    /* A parked request (GET, WAIT, MULTI_GET). */
+    int blocked;
+    uint8_t wop;
+    uint32_t wid;
+    uint8_t *wkeys;          /* owned copy of the request's key items */
+    size_t wkeys_len;
+    uint32_t wn, wpos;       /* key count; index of the first key not yet seen present */
+    const uint8_t *wcur;     /* item of key wpos inside wkeys */
+    entry *wentry;           /* the key waited on */
+    conn *wprev, *wnext;
+};
+
+typedef struct write_req {
+    uv_write_t req;
+    conn *c;
+    uint8_t *data;           /* owned */
+    size_t len;
+} write_req;
+
+struct dt_store_server {
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_async_t stop_async;
+    pthread_t thread;
+    int thread_started;
+    int port;
+    dt_store_server_opts o;
+    char *host, *token;      /* owned copies */
+    size_t token_len;
+    dt_proto_limits lim;
+    uint8_t rbuf[READ_BUF_SIZE];
+    /* key table */
+    entry **buckets;
+    size_t nbuckets, nentries, npresent;
+    size_t bytes;            /* keys + values of present entries */
+    uint64_t mark_gen;
+    /* connections */
+    conn *conns;
+    size_t nconns;
+    conn *ready_head, *ready_tail;
+    /* log rate limiting for misbehaving clients */
+    double log_window;
+    int log_count, log_dropped;
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Small helpers                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Misbehaving clients can arrive by the thousand: at most 20 such warnings per second. */
+static int srv_log_ok(dt_store_server *s)
+{
+    double now = dt_now_s();
+    if (now - s->log_window >= 1.0) {
+        if (s->log_dropped)
+            DT_WARN("store: %d similar warnings suppressed in the last second", s->log_dropped);
+        s->log_window = now;
+        s->log_count = 0;
+        s->log_dropped = 0;
+    }
+    if (s->log_count < 20) {
+        s->log_count++;
+        return 1;
+    }
+    s->log_dropped++;
+    return 0;
+}
+
+#define SRV_WARN(s, ...)                                                                           \
+    do {                                                                                           \
+        if (DT_LOG_WARN >= dt_log_level && srv_log_ok(s))                                          \
+            DT_WARN(__VA_ARGS__);                                                                  \
+    } while (0)
+
+static uint64_t hash_bytes(const uint8_t *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, then a final mix */
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Key table                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+static entry *table_find(dt_store_server *s, const uint8_t *k, size_t klen, uint64_t h)
+{
+    if (!s->nbuckets)
+        return NULL;
+    for (entry *e = s->buckets[h & (s->nbuckets - 1)]; e; e = e->next)
+        if (e->hash == h && e->klen == klen && memcmp(e->key, k, klen) == 0)
+            return e;
+    return NULL;
+}
+
+static entry *table_lookup(dt_store_server *s, const dt_proto_item *k)
+{
+    return table_find(s, k->p, k->len, hash_bytes(k->p, k->len));
+}
+
+static int table_grow(dt_store_server *s)
+{
+    size_t n = s->nbuckets ? s->nbuckets * 2 : 1024;
+    entry **b = calloc(n, sizeof *b);
+    if (!b)
+        return -ENOMEM;
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        entry *e = s->buckets[i];
+        while (e) {
+            entry *next = e->next;
+            e->next = b[e->hash & (n - 1)];
+            b[e->hash & (n - 1)] = e;
+            e = next;
+        }
+    }
+    free(s->buckets);
+    s->buckets = b;
+    s->nbuckets = n;
+    return 0;
+}
+
+/* Finds or creates (absent, empty) the entry of key k. NULL only when out of memory. */
+static entry *table_get(dt_store_server *s, const dt_proto_item *k)
+{
+    uint64_t h = hash_bytes(k->p, k->len);
+    entry *e = table_find(s, k->p, k->len, h);
+    if (e)
+        return e;
+    if (s->nentries >= s->nbuckets && table_grow(s) < 0 && !s->nbuckets)
+        return NULL;
+    e = calloc(1, sizeof *e + k->len + 1);
+    if (!e)
+        return NULL;
+    e->hash = h;
+    e->klen = k->len;
+    memcpy(e->key, k->p, k->len);
+    e->next = s->buckets[h & (s->nbuckets - 1)];
+    s->buckets[h & (s->nbuckets - 1)] = e;
+    s->nentries++;
+    return e;
+}
+
+static void table_remove(dt_store_server *s, entry *e)
+{
+    entry **pp = &s->buckets[e->hash & (s->nbuckets - 1)];
+    while (*pp != e)
+        pp = &(*pp)->next;
+    *pp = e->next;
+    s->nentries--;
+    free(e->val);
+    free(e);
+}
+
+/* An absent entry with nobody waiting on it has no reason to exist. */
+static void entry_maybe_drop(dt_store_server *s, entry *e)
+{
+    if (!e->present && !e->waiters)
+        table_remove(s, e);
+}
+
+/* Bytes the store would hold if e's value became vlen bytes long. */
+static size_t bytes_after(const dt_store_server *s, const entry *e, size_t klen, size_t vlen)
+{
+    size_t old = (e && e->present) ? e->klen + e->vlen : 0;
+    return s->bytes - old + klen + vlen;
+}
+
+/* Replaces (append = 0) or extends (append = 1) e's value. The caller checked the limits. */
+static int entry_write(dt_store_server *s, entry *e, const uint8_t *v, size_t n, int append)
+{
+    size_t base = append && e->present ? e->vlen : 0;
+    size_t want = base + n;
+    if (want > e->vcap || (!append && e->vcap > 2 * want + 64)) {
+        size_t cap = want;
+        if (append && want > e->vcap)
+            cap = DT_MAX(want, e->vcap + e->vcap / 2);
+        uint8_t *nv = realloc(e->val, cap ? cap : 1);
+        if (!nv)
+            return -ENOMEM;
+        e->val = nv;
+        e->vcap = cap;
+    }
+    if (n)
+        memcpy(e->val + base, v, n);
+    if (e->present)
+        s->bytes -= e->klen + e->vlen;
+    else
+        s->npresent++;
+    e->present = 1;
+    e->vlen = want;
+    s->bytes += e->klen + e->vlen;
+    return 0;
+}
+
+static void entry_delete(dt_store_server *s, entry *e)
+{
+    s->bytes -= e->klen + e->vlen;
+    s->npresent--;
+    e->present = 0;
+    e->vlen = 0;
+    entry_maybe_drop(s, e); /* present entries have no waiters: it goes */
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Connections: output                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static void conn_close(conn *c);
+static void run_ready(dt_store_server *s);
+
+static void on_write(uv_write_t *req, int status)
+{
+    write_req *w = (write_req *)req;
+    conn *c = w->c;
+    c->out_queued -= w->len;
+    free(w->data);
+    free(w);
+    if (status < 0 && status != UV_ECANCELED && !c->closing) {
+        DT_DEBUG("store: writing to %s failed: %s", c->peer, uv_strerror(status));
+        conn_close(c);
+    } else if (c->close_after_flush && c->out_queued == 0 && !c->closing) {
+        conn_close(c);
+    }
+}
+
+/* Writes c->out: directly when nothing is queued and the kernel takes it, else through a
+ * queued uv_write that owns the bytes. Disconnects a client that lets too much pile up. */
+static void conn_flush(conn *c)
+{
+    dt_store_server *s = c->srv;
+    if (c->closing)
+        return;
+    if (c->out.oom) {
+        SRV_WARN(s, "store: out of memory building a reply for %s; disconnecting it", c->peer);
+        conn_close(c);
+        return;
+    }
+    if (c->out.len == 0) {
+        if (c->close_after_flush && c->out_queued == 0)
+            conn_close(c);
+        return;
+    }
+    size_t off = 0;
+    if (c->out_queued == 0) {
+        uv_buf_t b = uv_buf_init((char *)c->out.data, (unsigned)DT_MIN(c->out.len, UINT32_MAX));
+        int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+        if (n < 0 && n != UV_EAGAIN) {
+            DT_DEBUG("store: writing to %s failed: %s", c->peer, uv_strerror(n));
+            conn_close(c);
+            return;
+        }
+        off = n > 0 ? (size_t)n : 0;
+    }
+    if (off == c->out.len) {
+        c->out.len = 0;
+        if (c->out.cap > FLUSH_AT * 2)
+            dt_proto_buf_free(&c->out);
+        if (c->close_after_flush && c->out_queued == 0)
+            conn_close(c);
+        return;
+    }
+    size_t rest = c->out.len - off;
+    if (c->out_queued + rest > s->o.max_pending_output) {
+        SRV_WARN(s, "store: %s does not read its replies (%zu bytes pending, limit "
+                 "max_pending_output = %zu); disconnecting it",
+                 c->peer, c->out_queued + rest, s->o.max_pending_output);
+        conn_close(c);
+        return;
+    }
+    write_req *w = malloc(sizeof *w);
+    if (!w) {
+        conn_close(c);
+        return;
+    }
+    if (off)
+        memmove(c->out.data, c->out.data + off, rest);
+    w->c = c;
+    w->data = c->out.data; /* ownership moves to the write request */
+    w->len = rest;
+    memset(&c->out, 0, sizeof c->out);
+    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)rest);
+    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write);
+    if (rc < 0) {
+        free(w->data);
+        free(w);
+        conn_close(c);
+        return;
+    }
+    c->out_queued += rest;
+}
+
+static void reply_error(conn *c, uint32_t id, uint8_t status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void reply_error(conn *c, uint32_t id, uint8_t status, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    dt_proto_put_error(&c->out, id, status, msg);
+}
+
+static void reply_num(conn *c, uint32_t id, int64_t num)
+{
+    size_t st = dt_proto_begin(&c->out, DT_PROTO_OK, id, num, 0, 0);
+    dt_proto_end(&c->out, st);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Waiting                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static void ready_push(dt_store_server *s, conn *c)
+{
+    if (c->in_ready || c->closing)
+        return;
+    c->in_ready = 1;
+    c->rnext = NULL;
+    if (s->ready_tail)
+        s->ready_tail->rnext = c;
+    else
+        s->ready_head = c;
+    s->ready_tail = c;
+}
+
+static void wait_link(conn *c, entry *e)
+{
+    c->wentry = e;
+    c->wnext = NULL;
+    c->wprev = e->waiters_tail;
+    if (e->waiters_tail)
+        e->waiters_tail->wnext = c;
+    else
+        e->waiters = c;
+    e->waiters_tail = c;
+}
+
+static void wait_unlink(dt_store_server *s, conn *c)
+{
+    entry *e = c->wentry;
+    if (!e)
+        return;
+    if (c->wprev)
+        c->wprev->wnext = c->wnext;
+    else
+        e->waiters = c->wnext;
+    if (c->wnext)
+        c->wnext->wprev = c->wprev;
+    else
+        e->waiters_tail = c->wprev;
+    c->wentry = NULL;
+    c->wprev = c->wnext = NULL;
+    entry_maybe_drop(s, e);
+}
+
+/* Total reply size of a GET/MULTI_GET over the key items at [keys, end), all present; or
+ * SIZE_MAX when it would exceed the frame limit. */
+static size_t reply_size(dt_store_server *s, const uint8_t *keys, const uint8_t *end, uint32_t n)
+{
+    size_t total = DT_PROTO_LEN_SIZE + DT_PROTO_HDR_SIZE;
+    const uint8_t *cur = keys;
+    dt_proto_item k;
+    for (uint32_t i = 0; i < n && dt_proto_next(&cur, end, &k) == 0; i++) {
+        entry *e = table_lookup(s, &k);
+        total += DT_PROTO_ITEM_OVERHEAD + (e ? e->vlen : 0);
+        if (total - DT_PROTO_LEN_SIZE > s->lim.max_frame)
+            return SIZE_MAX;
+    }
+    return total;
+}
+
+/* Replies to a GET/WAIT/MULTI_GET whose keys (items at [keys, end)) are all present. */
+static void reply_keys(conn *c, uint8_t op, uint32_t id, const uint8_t *keys, const uint8_t *end,
+                       uint32_t n)
+{
+    dt_store_server *s = c->srv;
+    if (op == DT_OP_WAIT) {
+        reply_num(c, id, 0);
+        return;
+    }
+    if (reply_size(s, keys, end, n) == SIZE_MAX) {
+        reply_error(c, id, DT_PROTO_E2BIG,
+                    "%s reply would exceed the frame size limit (%zu bytes); get fewer keys "
+                    "at once",
+                    dt_proto_op_name(op), s->lim.max_frame);
+        return;
+    }
+    size_t st = dt_proto_begin(&c->out, DT_PROTO_OK, id, 0, 0, n);
+    const uint8_t *cur = keys;
+    dt_proto_item k;
+    for (uint32_t i = 0; i < n && dt_proto_next(&cur, end, &k) == 0; i++) {
+        entry *e = table_lookup(s, &k);
+        dt_proto_put_item(&c->out, e ? e->val : NULL, e ? e->vlen : 0);
+    }
+    dt_proto_end(&c->out, st);
+}
+
+static void conn_unblock(conn *c)
+{
+    wait_unlink(c->srv, c);
+    uv_timer_stop(&c->timer);
+    free(c->wkeys);
+    c->wkeys = NULL;
+    c->wcur = NULL;
+    c->blocked = 0;
+    ready_push(c->srv, c);
+}
+
+/* Advances a parked request: scans on from the first key not yet seen present and parks on the
+ * next missing one; once the scan reaches the end, a full pass confirms every key (an earlier
+ * one may have been deleted meanwhile), then it replies and unblocks. */
+static void wait_step(conn *c)
+{
+    dt_store_server *s = c->srv;
+    const uint8_t *end = c->wkeys + c->wkeys_len;
+    dt_proto_item k;
+    for (;;) {
+        while (c->wpos < c->wn) {
+            const uint8_t *at = c->wcur;
+            if (dt_proto_next(&c->wcur, end, &k) < 0)
+                break; /* cannot happen: the items were validated */
+            entry *e = table_lookup(s, &k);
+            if (!e || !e->present) {
+                c->wcur = at; /* stay on this key */
+                e = e ? e : table_get(s, &k);
+                if (!e) {
+                    reply_error(c, c->wid, DT_PROTO_ENOMEM, "store out of memory");
+                    conn_unblock(c);
+                    return;
+                }
+                wait_link(c, e);
+                return;
+            }
+            c->wpos++;
+        }
+        const uint8_t *cur = c->wkeys, *at = cur;
+        uint32_t i = 0;
+        for (; i < c->wn; i++) {
+            at = cur;
+            if (dt_proto_next(&cur, end, &k) < 0)
+                break;
+            entry *e = table_lookup(s, &k);
+            if (!e || !e->present)
+                break;
+        }
+        if (i >= c->wn)
+            break;
+        c->wpos = i;
+        c->wcur = at;
+    }
+    reply_keys(c, c->wop, c->wid, c->wkeys, end, c->wn);
+    conn_unblock(c);
+}
+
+/* Wakes everyone parked on e (which just became present). */
+static void wait_wake(dt_store_server *s, entry *e)
+{
+    conn *c = e->waiters;
+    e->waiters = e->waiters_tail = NULL;
+    while (c) {
+        conn *next = c->wnext;
+        c->wentry = NULL;
+        c->wprev = c->wnext = NULL;
+        wait_step(c);
+        c = next;
+    }
+    (void)s;
+}
+
+static void on_wait_timeout(uv_timer_t *t)
+{
+    conn *c = t->data;
+    dt_store_server *s = c->srv;
+    if (c->closing)
+        return;
+    if (c->close_after_flush) { /* the final reply did not drain in time */
+        conn_close(c);
+        return;
+    }
+    if (!c->blocked)
+        return;
+    dt_proto_item k = {0};
+    const uint8_t *cur = c->wcur;
+    dt_proto_next(&cur, c->wkeys + c->wkeys_len, &k);
+    reply_error(c, c->wid, DT_PROTO_ETIMEDOUT, "%s timed out waiting for key \"%.*s\"",
+                dt_proto_op_name(c->wop), (int)DT_MIN(k.len, 200u),
+                k.p ? (const char *)k.p : "");
+    conn_unblock(c);
+    run_ready(s);
+}
+
+/* Parks c on request m (GET, WAIT, MULTI_GET) whose first missing key is the item at `miss`,
+ * index `idx`. */
+static void conn_park(conn *c, const dt_proto_msg *m, const uint8_t *miss, uint32_t idx)
+{
+    size_t n = (size_t)(m->vals - m->keys);
+    c->wkeys = malloc(n ? n : 1);
+    if (!c->wkeys) {
+        reply_error(c, m->id, DT_PROTO_ENOMEM, "store out of memory");
+        return;
+    }
+    memcpy(c->wkeys, m->keys, n);
+    c->wkeys_len = n;
+    c->wn = m->nkeys;
+    c->wpos = idx;
+    c->wcur = c->wkeys + (miss - m->keys);
+    c->wop = m->code;
+    c->wid = m->id;
+    c->blocked = 1;
+    if (m->num > 0)
+        uv_timer_start(&c->timer, on_wait_timeout, (uint64_t)m->num, 0);
+    wait_step(c);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Requests                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+static int store_full(conn *c, uint32_t id, size_t after)
+{
+    dt_store_server *s = c->srv;
+    if (after <= s->o.max_total_bytes)
+        return 0;
+    reply_error(c, id, DT_PROTO_E2BIG,
+                "store full: keys and values would take %zu bytes, limit max_total_bytes = %zu",
+                after, s->o.max_total_bytes);
+    return 1;
+}
+
+/* Parses a decimal int64 (optional sign, digits only). */
+static int parse_i64(const uint8_t *p, size_t n, int64_t *out)
+{
+    char buf[32];
+    if (n == 0 || n >= sizeof buf)
+        return -1;
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    return dt_parse_i64(buf, out) == 0 ? 0 : -1;
+}
+
+static void op_set(conn *c, const dt_proto_msg *m, int append)
+{
+    dt_store_server *s = c->srv;
+    const uint8_t *kc = m->keys, *vc = m->vals;
+    dt_proto_item k, v;
+    dt_proto_next(&kc, m->end, &k);
+    dt_proto_next(&vc, m->end, &v);
+    entry *e = table_lookup(s, &k);
+    size_t vlen = v.len + (append && e && e->present ? e->vlen : 0);
+    if (vlen > s->o.max_value_size) {
+        reply_error(c, m->id, DT_PROTO_E2BIG,
+                    "APPEND would make the value %zu bytes, limit max_value_size = %zu", vlen,
+                    s->o.max_value_size);
+        return;
+    }
+    if (store_full(c, m->id, bytes_after(s, e, k.len, vlen)))
+        return;
+    if (!e)
+        e = table_get(s, &k);
+    if (!e || entry_write(s, e, v.p, v.len, append) < 0) {
+        if (e)
+            entry_maybe_drop(s, e);
+        reply_error(c, m->id, DT_PROTO_ENOMEM, "store out of memory");
+        return;
+    }
+    reply_num(c, m->id, 0);
+    if (e->waiters)
+        wait_wake(s, e);
+}
+
+static void op_add(conn *c, const dt_proto_msg *m)
+{
+    dt_store_server *s = c->srv;
+    const uint8_t *kc = m->keys;
+    dt_proto_item k;
+    dt_proto_next(&kc, m->end, &k);
+    entry *e = table_lookup(s, &k);
+    int64_t cur = 0, res;
+    if (e && e->present && parse_i64(e->val, e->vlen, &cur) < 0) {
+        reply_error(c, m->id, DT_PROTO_EINVAL, "ADD: the value under the key is not an integer");
+        return;
+    }
+    if (__builtin_add_overflow(cur, m->num, &res)) {
+        reply_error(c, m->id, DT_PROTO_EINVAL, "ADD: %" PRId64 " + %" PRId64 " overflows int64",
+                    cur, m->num);
+        return;
+    }
+    char txt[32];
+    int n = snprintf(txt, sizeof txt, "%" PRId64, res);
+    if (store_full(c, m->id, bytes_after(s, e, k.len, (size_t)n)))
+        return;
+    if (!e)
+        e = table_get(s, &k);
+    if (!e || entry_write(s, e, (const uint8_t *)txt, (size_t)n, 0) < 0) {
+        if (e)
+            entry_maybe_drop(s, e);
+        reply_error(c, m->id, DT_PROTO_ENOMEM, "store out of memory");
+        return;
+    }
+    reply_num(c, m->id, res);
+    if (e->waiters)
+        wait_wake(s, e);
+}
+
+static void op_cas(conn *c, const dt_proto_msg *m)
+{
+    dt_store_server *s = c->srv;
+    const uint8_t *kc = m->keys, *vc = m->vals;
+    dt_proto_item k, exp, des;
+    dt_proto_next(&kc, m->end, &k);
+    dt_proto_next(&vc, m->end, &exp);
+    dt_proto_next(&vc, m->end, &des);
+    entry *e = table_lookup(s, &k);
+    int present = e && e->present;
+    int match = present ? (e->vlen == exp.len && (!exp.len || !memcmp(e->val, exp.p, exp.len)))
+                        : exp.len == 0;
+    if (!match) {
+        size_t st = dt_proto_begin(&c->out, DT_PROTO_OK, m->id, 0, 0, 1);
+        dt_proto_put_item(&c->out, present ? e->val : NULL, present ? e->vlen : 0);
+        dt_proto_end(&c->out, st);
+        return;
+    }
+    if (store_full(c, m->id, bytes_after(s, e, k.len, des.len)))
+        return;
+    if (!e)
+        e = table_get(s, &k);
+    if (!e || entry_write(s, e, des.p, des.len, 0) < 0) {
+        if (e)
+            entry_maybe_drop(s, e);
+        reply_error(c, m->id, DT_PROTO_ENOMEM, "store out of memory");
+        return;
+    }
+    size_t st = dt_proto_begin(&c->out, DT_PROTO_OK, m->id, 1, 0, 1);
+    dt_proto_put_item(&c->out, e->val, e->vlen);
+    dt_proto_end(&c->out, st);
+    if (e->waiters)
+        wait_wake(s, e);
+}
+
+/* GET, WAIT, MULTI_GET, CHECK: reply now when every key is present, else park or fail. */
+static void op_keys(conn *c, const dt_proto_msg *m)
+{
+    dt_store_server *s = c->srv;
+    const uint8_t *cur = m->keys, *miss = NULL;
+    dt_proto_item k;
+    uint32_t i = 0;
+    for (; i < m->nkeys; i++) {
+        const uint8_t *at = cur;
+        dt_proto_next(&cur, m->end, &k);
+        entry *e = table_lookup(s, &k);
+        if (!e || !e->present) {
+            miss = at;
+            break;
+        }
+    }
+    if (m->code == DT_OP_CHECK) {
+        reply_num(c, m->id, miss ? 0 : 1);
+        return;
+    }
+    if (!miss) {
+        reply_keys(c, m->code, m->id, m->keys, m->vals, m->nkeys);
+        return;
+    }
+    if (m->num == 0) {
+        if (m->code == DT_OP_WAIT)
+            reply_error(c, m->id, DT_PROTO_ETIMEDOUT, "WAIT: a key is missing (timeout 0)");
+        else
+            reply_error(c, m->id, DT_PROTO_ENOENT, "%s: key \"%.*s\" not found",
+                        dt_proto_op_name(m->code), (int)DT_MIN(k.len, 200u), (const char *)k.p);
+        return;
+    }
+    conn_park(c, m, miss, i);
+}
+
+static void op_delete(conn *c, const dt_proto_msg *m)
+{
+    dt_store_server *s = c->srv;
+    const uint8_t *kc = m->keys;
+    dt_proto_item k;
+    dt_proto_next(&kc, m->end, &k);
+    entry *e = table_lookup(s, &k);
+    int existed = e && e->present;
+    if (existed)
+        entry_delete(s, e);
+    reply_num(c, m->id, existed);
+}
+
+static void op_multi_set(conn *c, const dt_proto_msg *m)
+{
+    dt_store_server *s = c->srv;
+    const uint8_t *kc = m->keys, *vc = m->vals;
+    dt_proto_item k, v;
+    /* Pass 1: the limit, counting each present key's old size once (duplicates allowed). */
+    uint64_t gen = ++s->mark_gen;
+    size_t add = 0, sub = 0;
+    for (uint32_t i = 0; i < m->nkeys; i++) {
+        dt_proto_next(&kc, m->end, &k);
+        dt_proto_next(&vc, m->end, &v);
+        entry *e = table_lookup(s, &k);
+        if (e && e->present && e->mark != gen) {
+            e->mark = gen;
+            sub += e->klen + e->vlen;
+        }
+        add += k.len + v.len;
+    }
+    if (store_full(c, m->id, s->bytes - sub + add))
+        return;
+    /* Pass 2: apply, then pass 3: wake (after every key is written, so that a woken
+     * MULTI_GET never sees half of this request). */
+    kc = m->keys;
+    vc = m->vals;
+    int oom = 0;
+    for (uint32_t i = 0; i < m->nkeys; i++) {
+        dt_proto_next(&kc, m->end, &k);
+        dt_proto_next(&vc, m->end, &v);
+        entry *e = table_get(s, &k);
+        if (!e || entry_write(s, e, v.p, v.len, 0) < 0) {
+            if (e)
+                entry_maybe_drop(s, e);
+            oom = 1;
+            break;
+        }
+    }
+    if (oom)
+        reply_error(c, m->id, DT_PROTO_ENOMEM, "store out of memory (MULTI_SET partly applied)");
+    else
+        reply_num(c, m->id, 0);
+    kc = m->keys;
+    for (uint32_t i = 0; i < m->nkeys; i++) {
+        dt_proto_next(&kc, m->end, &k);
+        entry *e = table_lookup(s, &k);
+        if (e && e->present && e->waiters)
+            wait_wake(s, e);
+    }
+}
+
+static void op_auth(conn *c, const dt_proto_msg *m)
+{
+    dt_store_server *s = c->srv;
+    const uint8_t *vc = m->vals;
+    dt_proto_item t;
+    dt_proto_next(&vc, m->end, &t);
+    if (s->token) {
+        /* Constant-time comparison: no early exit on the first differing byte. */
+        unsigned diff = (unsigned)(t.len != s->token_len);
+        for (size_t i = 0; i < s->token_len; i++)
+            diff |= (unsigned)(s->token[i] ^ (i < t.len ? t.p[i] : 0));
+        if (diff) {
+            SRV_WARN(s, "store: refused %s: wrong token", c->peer);
+            reply_error(c, m->id, DT_PROTO_EACCES,
+                        "wrong store token (check DTRAIN_STORE_TOKEN or the token file)");
+            c->close_after_flush = 1;
+            uv_timer_start(&c->timer, on_wait_timeout, CLOSE_GRACE_MS, 0);
+            return;
+        }
+    }
+    c->state = ST_READY;
+    reply_num(c, m->id, 0);
+}
+
+static void handle_request(conn *c, const dt_proto_msg *m)
+{
+    dt_store_server *s = c->srv;
+    if (m->bad != DT_PROTO_OK) {
+        SRV_WARN(s, "store: bad %s request from %s: %s", dt_proto_op_name(m->code), c->peer,
+                 m->why);
+        reply_error(c, m->id, m->bad, "bad %s request: %s", dt_proto_op_name(m->code), m->why);
+        return;
+    }
+    if (c->state == ST_AUTH && m->code != DT_OP_AUTH) {
+        SRV_WARN(s, "store: refused %s: %s before authenticating (the store requires a token)",
+                 c->peer, dt_proto_op_name(m->code));
+        reply_error(c, m->id, DT_PROTO_EACCES,
+                    "the store requires a token: set DTRAIN_STORE_TOKEN (or the client's token "
+                    "option) to the server's token");
+        c->close_after_flush = 1;
+        uv_timer_start(&c->timer, on_wait_timeout, CLOSE_GRACE_MS, 0);
+        return;
+    }
+    switch (m->code) {
+    case DT_OP_AUTH: op_auth(c, m); break;
+    case DT_OP_SET: op_set(c, m, 0); break;
+    case DT_OP_APPEND: op_set(c, m, 1); break;
+    case DT_OP_ADD: op_add(c, m); break;
+    case DT_OP_CAS: op_cas(c, m); break;
+    case DT_OP_GET:
+    case DT_OP_WAIT:
+    case DT_OP_MULTI_GET:
+    case DT_OP_CHECK: op_keys(c, m); break;
+    case DT_OP_DELETE: op_delete(c, m); break;
+    case DT_OP_NUM_KEYS: reply_num(c, m->id, (int64_t)s->npresent); break;
+    case DT_OP_MULTI_SET: op_multi_set(c, m); break;
+    case DT_OP_PING: reply_num(c, m->id, (int64_t)(dt_now_ns() / 1000)); break;
+    default: reply_error(c, m->id, DT_PROTO_EINVAL, "unknown op %d", m->code); break;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Connections: input                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Handles the complete frames (and the hello) at the start of data[0..len); stops at an
+ * incomplete frame, a parked request or a close. Returns the bytes consumed. */
+static size_t conn_process(conn *c, const uint8_t *data, size_t len)
+{
+    dt_store_server *s = c->srv;
+    size_t off = 0;
+    while (!c->closing && !c->blocked && !c->close_after_flush && off < len) {
+        if (c->state == ST_HELLO) {
+            if (len - off < DT_PROTO_HELLO_SIZE)
+                break;
+            uint16_t ver, flags;
+            if (dt_proto_hello_decode(data + off, &ver, &flags) < 0) {
+                SRV_WARN(s, "store: %s is not a dtrain store client (bad handshake magic); "
+                         "closing it", c->peer);
+                conn_close(c);
+                break;
+            }
+            if (ver != DT_PROTO_VERSION) {
+                SRV_WARN(s, "store: %s speaks store protocol version %u, this server speaks "
+                         "%u; closing it (use the same dtrain version everywhere)",
+                         c->peer, ver, DT_PROTO_VERSION);
+                conn_close(c);
+                break;
+            }
+            off += DT_PROTO_HELLO_SIZE;
+            c->state = s->token ? ST_AUTH : ST_READY;
+            continue;
+        }
+        dt_proto_msg m;
+        const char *why = NULL;
+        ssize_t r = dt_proto_parse(data + off, len - off, &s->lim, 0, &m, NULL, &why);
+        if (r == 0)
+            break;
+        if (r < 0) {
+            SRV_WARN(s, "store: %s sent a bad frame (%s); closing it", c->peer, why);
+            reply_error(c, 0, r == -E2BIG ? DT_PROTO_E2BIG : DT_PROTO_EPROTO,
+                        "%s (limit %zu bytes); closing the connection", why, s->lim.max_frame);
+            c->close_after_flush = 1;
+            uv_timer_start(&c->timer, on_wait_timeout, CLOSE_GRACE_MS, 0);
+            off = len; /* the stream cannot be resynchronised: drop the rest */
+            break;
+        }
+        handle_request(c, &m);
+        off += (size_t)r;
+        if (c->out.len >= FLUSH_AT)
+            conn_flush(c);
+    }
+    return off;
+}
+
+static int in_reserve(conn *c, size_t want)
+{
+    if (c->in_cap >= want)
+        return 0;
+    size_t cap = DT_MAX(want, c->in_cap + c->in_cap / 2);
+    uint8_t *p = realloc(c->in, cap);
+    if (!p)
+        return -ENOMEM;
+    c->in = p;
+    c->in_cap = cap;
+    return 0;
+}
+
+/* Processes the connection's own buffer and keeps what is left. */
+static void conn_drain_input(conn *c)
+{
+    if (c->in_len == 0)
+        return;
+    size_t used = conn_process(c, c->in, c->in_len);
+    if (c->closing)
+        return;
+    if (used == c->in_len || c->close_after_flush) {
+        c->in_len = 0;
+        if (c->in_cap > READ_BUF_SIZE) {
+            free(c->in);
+            c->in = NULL;
+            c->in_cap = 0;
+        }
+    } else if (used) {
+        memmove(c->in, c->in + used, c->in_len - used);
+        c->in_len -= used;
+    }
+}
+
+static void conn_read_start(conn *c);
+
+/* Runs the connections whose parked request just completed: their pipelined input was held.
+ * Called at the end of every loop callback that may have completed one. */
+static void run_ready(dt_store_server *s)
+{
+    conn *c;
+    while ((c = s->ready_head)) {
+        s->ready_head = c->rnext;
+        if (!s->ready_head)
+            s->ready_tail = NULL;
+        c->in_ready = 0;
+        if (c->closing)
+            continue;
+        conn_drain_input(c);
+        conn_flush(c);
+        if (!c->closing && !c->reading && !c->blocked && !c->close_after_flush)
+            conn_read_start(c);
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    conn *c = h->data;
+    dt_store_server *s = c->srv;
+    (void)suggested;
+    if (c->in_len == 0) {
+        *buf = uv_buf_init((char *)s->rbuf, sizeof s->rbuf);
+        return;
+    }
+    /* An incomplete frame is pending: read straight into its buffer, sized to the frame. */
+    size_t want = c->in_len + READ_BUF_SIZE;
+    if (c->in_len >= DT_PROTO_LEN_SIZE) {
+        size_t total = DT_PROTO_LEN_SIZE + (size_t)dt_proto_rd32(c->in);
+        if (total > c->in_len && total <= DT_PROTO_LEN_SIZE + s->lim.max_frame)
+            want = DT_MAX(want, total);
+    }
+    if (in_reserve(c, want) < 0) {
+        *buf = uv_buf_init(NULL, 0); /* read_cb gets UV_ENOBUFS */
+        return;
+    }
+    *buf = uv_buf_init((char *)c->in + c->in_len, (unsigned)DT_MIN(c->in_cap - c->in_len,
+                                                                    (size_t)UINT32_MAX));
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    conn *c = st->data;
+    dt_store_server *s = c->srv;
+    if (nread < 0) {
+        if (nread != UV_EOF)
+            DT_DEBUG("store: reading from %s: %s", c->peer, uv_strerror((int)nread));
+        if (c->in_len && !c->close_after_flush)
+            SRV_WARN(s, "store: %s disconnected in the middle of a frame (%zu bytes)", c->peer,
+                     c->in_len);
+        conn_close(c);
+        run_ready(s);
+        return;
+    }
+    if (nread == 0 || c->closing)
+        return;
+    if (c->close_after_flush) /* discard input after a fatal error */
+        return;
+    if (buf->base == (char *)s->rbuf) {
+        size_t used = 0;
+        if (c->in_len == 0)
+            used = conn_process(c, s->rbuf, (size_t)nread);
+        if (!c->closing && !c->close_after_flush && used < (size_t)nread) {
+            size_t rest = (size_t)nread - used;
+            if (in_reserve(c, c->in_len + rest) < 0) {
+                conn_close(c);
+                run_ready(s);
+                return;
+            }
+            memcpy(c->in + c->in_len, s->rbuf + used, rest);
+            c->in_len += rest;
+        }
+    } else {
+        c->in_len += (size_t)nread;
+        conn_drain_input(c);
+    }
+    conn_flush(c);
+    if (!c->closing && c->blocked && c->in_len > BLOCKED_INPUT_MAX && c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
+    run_ready(s);
+}
+
+static void conn_read_start(conn *c)
+{
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+        c->reading = 1;
+    else
+        conn_close(c);
+}
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    conn *c = h->data;
+    if (--c->close_refs > 0)
+        return;
+    free(c->in);
+    free(c->wkeys);
+    dt_proto_buf_free(&c->out);
+    free(c);
+}
+
+static void conn_close(conn *c)
+{
+    dt_store_server *s = c->srv;
+    if (c->closing)
+        return;
+    c->closing = 1;
+    wait_unlink(s, c);
+    c->blocked = 0;
+    uv_timer_stop(&c->timer);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->nconns--;
+    c->close_refs = 2;
+    uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+}
+
+static void peer_name(uv_tcp_t *t, char *out, size_t n)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(t, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET) {
+            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        }
+    }
+    snprintf(out, n, "%s:%d", ip, port);
+}
+
+static void on_full_closed(uv_handle_t *h) { free(h); }
+
+static void on_connection(uv_stream_t *ls, int status)
+{
+    dt_store_server *s = ls->data;
+    if (status < 0) {
+        SRV_WARN(s, "store: accepting a connection failed: %s", uv_strerror(status));
+        return;
+    }
+    uint8_t hello[DT_PROTO_HELLO_SIZE];
+    if (s->nconns >= s->o.max_connections) {
+        /* Accept, say why in the hello, and close: the client reports the limit. */
+        uv_tcp_t *t = malloc(sizeof *t);
+        if (!t || uv_tcp_init(&s->loop, t) < 0) {
+            free(t);
+            return;
+        }
+        if (uv_accept(ls, (uv_stream_t *)t) == 0) {
+            dt_proto_hello_encode(hello, DT_PROTO_VERSION, DT_PROTO_HELLO_FULL);
+            uv_buf_t b = uv_buf_init((char *)hello, sizeof hello);
+            uv_try_write((uv_stream_t *)t, &b, 1);
+            SRV_WARN(s, "store: refused a connection: %zu open, limit max_connections = %zu",
+                     s->nconns, s->o.max_connections);
+        }
+        uv_close((uv_handle_t *)t, on_full_closed);
+        return;
+    }
+    conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->srv = s;
+    uv_tcp_init(&s->loop, &c->tcp);
+    uv_timer_init(&s->loop, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0) {
+        conn_close(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_tcp_keepalive(&c->tcp, 1, 60);
+    peer_name(&c->tcp, c->peer, sizeof c->peer);
+    DT_DEBUG("store: connection from %s (%zu open)", c->peer, s->nconns);
+    c->state = ST_HELLO;
+    dt_proto_hello_encode(hello, DT_PROTO_VERSION, s->token ? DT_PROTO_HELLO_AUTH : 0);
+    if (dt_proto_reserve(&c->out, sizeof hello) == 0) {
+        memcpy(c->out.data, hello, sizeof hello);
+        c->out.len = sizeof hello;
+    }
+    conn_flush(c);
+    if (!c->closing)
+        conn_read_start(c);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Lifecycle                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+void dt_store_server_opts_default(dt_store_server_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->host = "0.0.0.0";
+    o->port = 0;
+    o->token = NULL;
+    o->max_key_size = 4096;
+    o->max_value_size = 64u << 20;
+    o->max_keys_per_request = 65536;
+    o->max_total_bytes = (size_t)1 << 30;
+    o->max_connections = 65536;
+    o->max_pending_output = 64u << 20;
+}
+
+static void on_stop(uv_async_t *a)
+{
+    dt_store_server *s = a->data;
+    if (!uv_is_closing((uv_handle_t *)&s->listener))
+        uv_close((uv_handle_t *)&s->listener, NULL);
+    while (s->conns)
+        conn_close(s->conns);
+    uv_close((uv_handle_t *)&s->stop_async, NULL);
+}
+
+static void *loop_main(void *arg)
+{
+    dt_store_server *s = arg;
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static void free_table(dt_store_server *s)
+{
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        entry *e = s->buckets[i];
+        while (e) {
+            entry *next = e->next;
+            free(e->val);
+            free(e);
+            e = next;
+        }
+    }
+    free(s->buckets);
+    s->buckets = NULL;
+    s->nbuckets = 0;
+}
+
+static int bind_listener(dt_store_server *s, dt_err *err)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->o.port);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int g = getaddrinfo(s->host, port, &hints, &res);
+    if (g != 0)
+        return dt_err_set(err, -EINVAL, "store server: cannot resolve bind address \"%s\": %s",
+                          s->host, gai_strerror(g));
+    int rc = -EADDRNOTAVAIL;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        rc = uv_tcp_bind(&s->listener, ai->ai_addr, 0);
+        if (rc == 0)
+            rc = uv_listen((uv_stream_t *)&s->listener, 8192, on_connection);
+        if (rc == 0)
+            break;
+    }
+    freeaddrinfo(res);
+    if (rc < 0)
+        return dt_err_set(err, rc, "store server: cannot listen on %s:%d: %s%s", s->host,
+                          s->o.port, uv_strerror(rc),
+                          rc == UV_EADDRINUSE ? " (another process holds the port; pick another "
+                                                "or use port 0)" : "");
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len);
+    s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                       : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    return 0;
+}
+
+int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opts, dt_err *err)
+{
+    dt_store_server *s = calloc(1, sizeof *s);
+    int rc, loop_ok = 0;
+    if (!s)
+        return dt_err_set(err, -ENOMEM, "store server: out of memory");
+    if (opts)
+        s->o = *opts;
+    else
+        dt_store_server_opts_default(&s->o);
+    if (!s->o.max_connections || !s->o.max_pending_output || !s->o.max_keys_per_request) {
+        rc = dt_err_set(err, -EINVAL, "store server: max_connections, max_pending_output and "
+                                      "max_keys_per_request must be > 0");
+        goto fail;
+    }
+    if (s->o.port < 0 || s->o.port > 65535) {
+        rc = dt_err_set(err, -EINVAL, "store server: port %d is out of range (0..65535)",
+                        s->o.port);
+        goto fail;
+    }
+    s->host = strdup(s->o.host && *s->o.host ? s->o.host : "0.0.0.0");
+    if (s->o.token && *s->o.token) {
+        s->token = strdup(s->o.token);
+        s->token_len = s->token ? strlen(s->token) : 0;
+    }
+    if (!s->host || (s->o.token && *s->o.token && !s->token)) {
+        rc = dt_err_set(err, -ENOMEM, "store server: out of memory");
+        goto fail;
+    }
+    s->o.host = s->host;
+    s->o.token = s->token;
+    s->lim.max_key = s->o.max_key_size;
+    s->lim.max_value = s->o.max_value_size;
+    s->lim.max_items = s->o.max_keys_per_request;
+    s->lim.max_frame =
+        dt_proto_max_frame(s->o.max_key_size, s->o.max_value_size, s->o.max_keys_per_request);
+    if ((rc = uv_loop_init(&s->loop)) < 0) {
+        dt_err_set(err, rc, "store server: uv_loop_init: %s", uv_strerror(rc));
+        goto fail;
+    }
+    loop_ok = 1;
+    uv_tcp_init(&s->loop, &s->listener);
+    s->listener.data = s;
+    uv_async_init(&s->loop, &s->stop_async, on_stop);
+    s->stop_async.data = s;
+    if ((rc = bind_listener(s, err)) < 0)
+        goto fail;
+
+    /* The loop thread takes no signals: SIGPIPE from a write to a vanished client stays
+     * pending there instead of killing the process, and SIGINT/SIGTERM go to the embedder. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&s->thread, NULL, loop_main, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        rc = dt_err_errno(err, rc, "store server: cannot start its thread");
+        goto fail;
+    }
+    s->thread_started = 1;
+    DT_INFO("store: listening on %s:%d%s", s->host, s->port, s->token ? " (token required)" : "");
+    *out = s;
+    return 0;
+fail:
+    if (loop_ok) {
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        uv_close((uv_handle_t *)&s->stop_async, NULL);
+        uv_run(&s->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&s->loop);
+    }
+    free(s->host);
+    free(s->token);
+    free(s);
+    return rc;
+}
+
+int dt_store_server_port(const dt_store_server *s) { return s ? s->port : -1; }
+
+void dt_store_server_stop(dt_store_server *s)
+{
+    if (!s)
+        return;
+    if (s->thread_started) {
+        uv_async_send(&s->stop_async);
+        pthread_join(s->thread, NULL);
+    }
+    int rc = uv_loop_close(&s->loop);
+    if (rc < 0)
+        DT_WARN("store: closing the event loop: %s", uv_strerror(rc));
+    free_table(s);
+    free(s->host);
+    free(s->token);
+    free(s);
+}
