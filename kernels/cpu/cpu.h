@@ -1,0 +1,207 @@
+/* cpu.h - internals of the CPU backend (kernels/cpu), shared by its source files only.
+ *
+ * The CPU backend is the reference implementation of kernels/backend.h: float32 throughout,
+ * GEMMs through OpenBLAS (cblas_sgemm), everything else plain loops. Its files:
+ *
+ *   cpu_backend.c  lifecycle, memory, profiling, the op table
+ *   cpu_gemm.c     GEMM-bound ops: matmul, attention (batched sgemm per batch and head, causal
+ *                  blocks only), conv2d (im2col + sgemm, chunked through a private scratch)
+ *   cpu_ops.c      element-wise, normalisation, softmax, loss, embeddings, BatchNorm, pooling
+ *   cpu_optim.c    SGD, AdamW, sum of squares, non-finite count
+ *
+ * Vectorisation. The Makefile builds with -O2, at which GCC 12 vectorises almost nothing, and for
+ * baseline x86-64 (SSE2). The kernel files therefore ask for -O3 with -fno-trapping-math and
+ * -fno-math-errno (without them no loop with a comparison or a sqrt is if-converted) and
+ * -ffp-contract=fast (FMA where the target has it) through DT_CPU_OPTIMIZE, and compile their hot
+ * loops twice, for x86-64-v3 (AVX2+FMA) and baseline, picked at load time by the dynamic loader
+ * (DT_CPU_CLONES). Results are deterministic on a given machine; two machines that pick
+ * different clones may differ in the last bits. exp and tanh are polynomial approximations that
+ * vectorise (libm's are scalar calls: with them GELU alone would cost as much as the GEMMs of
+ * gpt-tiny).
+ *
+ * Profiling: every op starts with DT_CPU_PROF_BEGIN and ends with DT_CPU_PROF_END (a no-op
+ * unless profile_enable(true)). GEMM-bound ops report only their GEMM time under their own name;
+ * the non-GEMM work inside them (the attention softmax, im2col/col2im, bias columns) is reported
+ * under separate non-GEMM entries, so that "share of time in GEMM" means what it says.
+ */
+#ifndef DT_KERNELS_CPU_H
+#define DT_KERNELS_CPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__OPTIMIZE__)
+#define DT_CPU_OPTIMIZE _Pragma("GCC optimize(\"O3\", \"no-trapping-math\", \"no-math-errno\", \"fp-contract=fast\")")
+#else
+#define DT_CPU_OPTIMIZE
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__OPTIMIZE__) &&    \
+    !defined(DT_CPU_NO_CLONES)
+#define DT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define DT_CPU_CLONES
+#endif
+
+/* Every profiled entry. The order is the order profile_read reports them in. */
+enum {
+    DT_CPU_OP_MEMCPY,
+    DT_CPU_OP_MEMSET,
+    DT_CPU_OP_MATMUL_FWD,
+    DT_CPU_OP_MATMUL_BWD,
+    DT_CPU_OP_MATMUL_BIAS,   /* bias broadcast / column sums inside matmul (non-GEMM) */
+    DT_CPU_OP_ATTN_FWD,
+    DT_CPU_OP_ATTN_BWD,
+    DT_CPU_OP_ATTN_SOFTMAX_FWD, /* softmax inside attention_fwd (non-GEMM) */
+    DT_CPU_OP_ATTN_SOFTMAX_BWD, /* softmax backward inside attention_bwd (non-GEMM) */
+    DT_CPU_OP_CONV_FWD,
+    DT_CPU_OP_CONV_BWD,
+    DT_CPU_OP_CONV_IM2COL,   /* im2col / col2im / bias inside conv2d (non-GEMM) */
+    DT_CPU_OP_BIAS_ADD,
+    DT_CPU_OP_BIAS_BWD,
+    DT_CPU_OP_LAYERNORM_FWD,
+    DT_CPU_OP_LAYERNORM_BWD,
+    DT_CPU_OP_GELU_FWD,
+    DT_CPU_OP_GELU_BWD,
+    DT_CPU_OP_RELU_FWD,
+    DT_CPU_OP_RELU_BWD,
+    DT_CPU_OP_RESIDUAL,
+    DT_CPU_OP_ACCUMULATE,
+    DT_CPU_OP_SCALE,
+    DT_CPU_OP_EMBEDDING_FWD,
+    DT_CPU_OP_EMBEDDING_BWD,
+    DT_CPU_OP_XENT,
+    DT_CPU_OP_BN_STATS,
+    DT_CPU_OP_BN_FWD_APPLY,
+    DT_CPU_OP_BN_FWD_EVAL,
+    DT_CPU_OP_BN_BWD_REDUCE,
+    DT_CPU_OP_BN_BWD_APPLY,
+    DT_CPU_OP_MAXPOOL_FWD,
+    DT_CPU_OP_MAXPOOL_BWD,
+    DT_CPU_OP_AVGPOOL_FWD,
+    DT_CPU_OP_AVGPOOL_BWD,
+    DT_CPU_OP_SGD,
+    DT_CPU_OP_ADAMW,
+    DT_CPU_OP_SUMSQ,
+    DT_CPU_OP_NONFINITE,
+    DT_CPU_OP_COUNT
+};
+
+typedef struct dt_cpu {
+    int threads;
+    size_t cur_bytes, peak_bytes;
+    /* conv2d scratch (im2col columns), grown on demand, owned */
+    float *scratch;
+    size_t scratch_cap; /* floats */
+    bool prof_on;
+    dt_op_stat stats[DT_CPU_OP_COUNT];
+} dt_cpu;
+
+#define dt_cpu_of(be) ((dt_cpu *)(be)->impl)
+
+/* Monotonic seconds when profiling is on, else 0 (no clock call). */
+double dt_cpu_prof_now(const dt_cpu *c);
+/* Adds one call of op that started at t0 (from dt_cpu_prof_now) with `flops`. */
+void dt_cpu_prof_add(dt_cpu *c, int op, double t0, double flops);
+/* Adds time to op without counting a call (sub-phases of a bigger op). */
+void dt_cpu_prof_time(dt_cpu *c, int op, double t0, double flops);
+
+#define DT_CPU_PROF_BEGIN(be) double prof_t0_ = dt_cpu_prof_now(dt_cpu_of(be))
+#define DT_CPU_PROF_END(be, op, flops)                                                             \
+    do {                                                                                           \
+        if (dt_cpu_of(be)->prof_on)                                                                \
+            dt_cpu_prof_add(dt_cpu_of(be), (op), prof_t0_, (flops));                               \
+    } while (0)
+
+/* Makes sure the scratch holds at least n floats; false when memory is short (the caller then
+ * works in smaller pieces or falls back to a direct loop). */
+bool dt_cpu_scratch_reserve(dt_cpu *c, size_t n);
+
+/* ---- cpu_gemm.c ---- */
+void dt_cpu_matmul_fwd(dt_backend *be, float *out, const float *inp, const float *w,
+                       const float *bias, int N, int C, int OC);
+void dt_cpu_matmul_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                       const float *inp, const float *w, int N, int C, int OC);
+void dt_cpu_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
+                          int C, int NH);
+void dt_cpu_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                          const float *qkv, const float *att, int B, int T, int C, int NH);
+void dt_cpu_conv2d_fwd(dt_backend *be, float *out, const float *inp, const float *w,
+                       const float *bias, const dt_conv2d_shape *s);
+void dt_cpu_conv2d_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                       const float *inp, const float *w, const dt_conv2d_shape *s);
+
+/* ---- cpu_ops.c: helpers used by cpu_gemm.c ---- */
+/* Causal softmax of rows [r0, r1) of a (T,T) score block: row t keeps columns 0..t (softmax),
+ * columns t+1..T-1 are set to 0. Scores are already scaled. att may alias scores. */
+void dt_cpu_softmax_causal(float *att, const float *scores, int r0, int r1, int T);
+/* Softmax backward for the same rows, in place: d[t,s] = scale * p[t,s] * (d[t,s] - sum_u
+ * p[t,u] d[t,u]) for s <= t, 0 above the diagonal. */
+void dt_cpu_softmax_causal_bwd(float *d, const float *p, int r0, int r1, int T, float scale);
+/* out (N,C) = bias broadcast (bias != NULL) */
+void dt_cpu_rows_set(float *out, const float *bias, int N, int C);
+/* dbias (C) += column sums of x (N,C) with row stride ld. */
+void dt_cpu_colsum_acc(float *dbias, const float *x, int N, int C, int ld);
+/* x (n) += s */
+void dt_cpu_add_scalar(float *x, size_t n, float s);
+/* Sum of x (n) in double. */
+double dt_cpu_sum(const float *x, size_t n);
+
+/* ---- cpu_ops.c: op table entries ---- */
+void dt_cpu_bias_add(dt_backend *be, float *out, const float *bias, int N, int C);
+void dt_cpu_bias_bwd(dt_backend *be, float *dbias, const float *dout, int N, int C);
+void dt_cpu_layernorm_fwd(dt_backend *be, float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int N, int C, float eps);
+void dt_cpu_layernorm_bwd(dt_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean, const float *rstd,
+                          int N, int C);
+void dt_cpu_gelu_fwd(dt_backend *be, float *out, const float *inp, size_t n);
+void dt_cpu_gelu_bwd(dt_backend *be, float *dinp, const float *inp, const float *dout, size_t n);
+void dt_cpu_relu_fwd(dt_backend *be, float *out, const float *inp, size_t n);
+void dt_cpu_relu_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);
+void dt_cpu_residual_fwd(dt_backend *be, float *out, const float *a, const float *b, size_t n);
+void dt_cpu_accumulate(dt_backend *be, float *dst, const float *src, size_t n);
+void dt_cpu_scale(dt_backend *be, float *x, size_t n, float s);
+void dt_cpu_embedding_fwd(dt_backend *be, float *out, const int32_t *tokens, const float *wte,
+                          const float *wpe, int B, int T, int C);
+void dt_cpu_embedding_bwd(dt_backend *be, float *dwte, float *dwpe, const float *dout,
+                          const int32_t *tokens, int B, int T, int C);
+void dt_cpu_xent_fwd_bwd(dt_backend *be, float *losses, float *dlogits, const float *logits,
+                         const int32_t *targets, int N, int V, float dloss, int *valid_count);
+void dt_cpu_bn_stats(dt_backend *be, float *sum, float *sumsq, const float *inp, int N, int C,
+                     int HW);
+void dt_cpu_bn_fwd_apply(dt_backend *be, float *out, float *mean, float *rstd,
+                         float *running_mean, float *running_var, const float *inp,
+                         const float *w, const float *b, const float *sum, const float *sumsq,
+                         double count, int N, int C, int HW, float momentum, float eps);
+void dt_cpu_bn_fwd_eval(dt_backend *be, float *out, const float *inp, const float *running_mean,
+                        const float *running_var, const float *w, const float *b, int N, int C,
+                        int HW, float eps);
+void dt_cpu_bn_bwd_reduce(dt_backend *be, float *dw, float *db, float *sum_dy, float *sum_dy_xhat,
+                          const float *dout, const float *inp, const float *mean,
+                          const float *rstd, int N, int C, int HW);
+void dt_cpu_bn_bwd_apply(dt_backend *be, float *dinp, const float *dout, const float *inp,
+                         const float *w, const float *mean, const float *rstd,
+                         const float *sum_dy, const float *sum_dy_xhat, double count, int N,
+                         int C, int HW);
+void dt_cpu_maxpool_fwd(dt_backend *be, float *out, int32_t *idx, const float *inp, int N, int C,
+                        int H, int W, int k, int stride, int pad);
+void dt_cpu_maxpool_bwd(dt_backend *be, float *dinp, const float *dout, const int32_t *idx, int N,
+                        int C, int H, int W, int P, int Q);
+void dt_cpu_avgpool_fwd(dt_backend *be, float *out, const float *inp, int N, int C, int HW);
+void dt_cpu_avgpool_bwd(dt_backend *be, float *dinp, const float *dout, int N, int C, int HW);
+
+/* ---- cpu_optim.c ---- */
+void dt_cpu_sgd_update(dt_backend *be, float *params, const float *grads, float *momentum_buf,
+                       size_t n, float lr, float momentum, bool nesterov, float weight_decay,
+                       bool first_step);
+void dt_cpu_adamw_update(dt_backend *be, float *params, const float *grads, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int64_t t);
+double dt_cpu_sumsq(dt_backend *be, const float *x, size_t n);
+size_t dt_cpu_count_nonfinite(dt_backend *be, const float *x, size_t n);
+
+#endif

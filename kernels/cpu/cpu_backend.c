@@ -1,0 +1,278 @@
+/* cpu_backend.c - the CPU backend: lifecycle, memory, profiling and the op table (see cpu.h).
+ *
+ * Memory is host memory, 64-byte aligned, with a small header that remembers the size so that
+ * peak_bytes can be tracked. Every op is synchronous, so synchronize is a no-op and profiling
+ * needs no barriers.
+ *
+ * Threads: OpenBLAS keeps ONE thread count for the whole process (openblas_set_num_threads), so
+ * opts->threads is applied when an instance is created and the last instance created wins. Data
+ * parallel replicas in one process each drive their own instance from their own thread with
+ * threads = 1; OpenBLAS then runs each GEMM in the calling thread, and concurrent calls from
+ * different threads are safe. The non-GEMM loops are single-threaded.
+ */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "kernels/cpu/cpu.h"
+
+#define ALLOC_ALIGN 64
+#define ALLOC_HEADER 64 /* bytes before the user pointer; the first 8 hold the size */
+
+static const struct {
+    const char *name;
+    bool gemm;
+} op_info[DT_CPU_OP_COUNT] = {
+    [DT_CPU_OP_MEMCPY] = {"memcpy", false},
+    [DT_CPU_OP_MEMSET] = {"memset_zero", false},
+    [DT_CPU_OP_MATMUL_FWD] = {"matmul_fwd", true},
+    [DT_CPU_OP_MATMUL_BWD] = {"matmul_bwd", true},
+    [DT_CPU_OP_MATMUL_BIAS] = {"matmul_bias", false},
+    [DT_CPU_OP_ATTN_FWD] = {"attention_fwd", true},
+    [DT_CPU_OP_ATTN_BWD] = {"attention_bwd", true},
+    [DT_CPU_OP_ATTN_SOFTMAX_FWD] = {"attention_softmax_fwd", false},
+    [DT_CPU_OP_ATTN_SOFTMAX_BWD] = {"attention_softmax_bwd", false},
+    [DT_CPU_OP_CONV_FWD] = {"conv2d_fwd", true},
+    [DT_CPU_OP_CONV_BWD] = {"conv2d_bwd", true},
+    [DT_CPU_OP_CONV_IM2COL] = {"conv2d_im2col", false},
+    [DT_CPU_OP_BIAS_ADD] = {"bias_add", false},
+    [DT_CPU_OP_BIAS_BWD] = {"bias_bwd", false},
+    [DT_CPU_OP_LAYERNORM_FWD] = {"layernorm_fwd", false},
+    [DT_CPU_OP_LAYERNORM_BWD] = {"layernorm_bwd", false},
+    [DT_CPU_OP_GELU_FWD] = {"gelu_fwd", false},
+    [DT_CPU_OP_GELU_BWD] = {"gelu_bwd", false},
+    [DT_CPU_OP_RELU_FWD] = {"relu_fwd", false},
+    [DT_CPU_OP_RELU_BWD] = {"relu_bwd", false},
+    [DT_CPU_OP_RESIDUAL] = {"residual_fwd", false},
+    [DT_CPU_OP_ACCUMULATE] = {"accumulate", false},
+    [DT_CPU_OP_SCALE] = {"scale", false},
+    [DT_CPU_OP_EMBEDDING_FWD] = {"embedding_fwd", false},
+    [DT_CPU_OP_EMBEDDING_BWD] = {"embedding_bwd", false},
+    [DT_CPU_OP_XENT] = {"xent_fwd_bwd", false},
+    [DT_CPU_OP_BN_STATS] = {"bn_stats", false},
+    [DT_CPU_OP_BN_FWD_APPLY] = {"bn_fwd_apply", false},
+    [DT_CPU_OP_BN_FWD_EVAL] = {"bn_fwd_eval", false},
+    [DT_CPU_OP_BN_BWD_REDUCE] = {"bn_bwd_reduce", false},
+    [DT_CPU_OP_BN_BWD_APPLY] = {"bn_bwd_apply", false},
+    [DT_CPU_OP_MAXPOOL_FWD] = {"maxpool_fwd", false},
+    [DT_CPU_OP_MAXPOOL_BWD] = {"maxpool_bwd", false},
+    [DT_CPU_OP_AVGPOOL_FWD] = {"avgpool_fwd", false},
+    [DT_CPU_OP_AVGPOOL_BWD] = {"avgpool_bwd", false},
+    [DT_CPU_OP_SGD] = {"sgd_update", false},
+    [DT_CPU_OP_ADAMW] = {"adamw_update", false},
+    [DT_CPU_OP_SUMSQ] = {"sumsq", false},
+    [DT_CPU_OP_NONFINITE] = {"count_nonfinite", false},
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* profiling */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double dt_cpu_prof_now(const dt_cpu *c) { return c->prof_on ? mono_s() : 0.0; }
+
+void dt_cpu_prof_time(dt_cpu *c, int op, double t0, double flops)
+{
+    if (!c->prof_on)
+        return;
+    c->stats[op].seconds += mono_s() - t0;
+    c->stats[op].flops += flops;
+}
+
+void dt_cpu_prof_add(dt_cpu *c, int op, double t0, double flops)
+{
+    if (!c->prof_on)
+        return;
+    dt_cpu_prof_time(c, op, t0, flops);
+    c->stats[op].calls++;
+}
+
+static void cpu_profile_enable(dt_backend *be, bool on)
+{
+    dt_cpu *c = dt_cpu_of(be);
+    if (on) {
+        for (int i = 0; i < DT_CPU_OP_COUNT; i++) {
+            c->stats[i] = (dt_op_stat){.name = op_info[i].name, .gemm = op_info[i].gemm};
+        }
+    }
+    c->prof_on = on;
+}
+
+static int cpu_profile_read(dt_backend *be, dt_op_stat *out, int max)
+{
+    dt_cpu *c = dt_cpu_of(be);
+    for (int i = 0; i < DT_CPU_OP_COUNT && i < max; i++) {
+        out[i] = c->stats[i];
+        out[i].name = op_info[i].name;
+        out[i].gemm = op_info[i].gemm;
+    }
+    return DT_CPU_OP_COUNT;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* lifecycle and memory */
+
+static void cpu_close(dt_backend *be)
+{
+    if (!be)
+        return;
+    dt_cpu *c = dt_cpu_of(be);
+    if (c) {
+        if (c->cur_bytes)
+            DT_DEBUG("cpu backend closed with %zu bytes still allocated", c->cur_bytes);
+        free(c->scratch);
+        free(c);
+    }
+    free(be);
+}
+
+static int cpu_alloc(dt_backend *be, void **p, size_t bytes, dt_err *err)
+{
+    dt_cpu *c = dt_cpu_of(be);
+    void *raw = NULL;
+    if (bytes > SIZE_MAX - ALLOC_HEADER ||
+        posix_memalign(&raw, ALLOC_ALIGN, ALLOC_HEADER + bytes) != 0) {
+        *p = NULL;
+        return dt_err_set(err, -ENOMEM,
+                          "cpu backend: cannot allocate %zu bytes (%.1f MiB; %.1f MiB in use): "
+                          "use a smaller batch or model",
+                          bytes, (double)bytes / 1048576.0, (double)c->cur_bytes / 1048576.0);
+    }
+    memcpy(raw, &bytes, sizeof bytes);
+    memset((char *)raw + ALLOC_HEADER, 0, bytes);
+    c->cur_bytes += bytes;
+    if (c->cur_bytes > c->peak_bytes)
+        c->peak_bytes = c->cur_bytes;
+    *p = (char *)raw + ALLOC_HEADER;
+    return 0;
+}
+
+static void cpu_free(dt_backend *be, void *p)
+{
+    if (!p)
+        return;
+    dt_cpu *c = dt_cpu_of(be);
+    char *raw = (char *)p - ALLOC_HEADER;
+    size_t bytes;
+    memcpy(&bytes, raw, sizeof bytes);
+    c->cur_bytes -= bytes;
+    free(raw);
+}
+
+static void cpu_memcpy(dt_backend *be, void *dst, const void *src, size_t bytes)
+{
+    DT_CPU_PROF_BEGIN(be);
+    if (bytes && dst != src)
+        memmove(dst, src, bytes);
+    DT_CPU_PROF_END(be, DT_CPU_OP_MEMCPY, 0);
+}
+
+static void cpu_memset_zero(dt_backend *be, void *p, size_t bytes)
+{
+    DT_CPU_PROF_BEGIN(be);
+    if (bytes)
+        memset(p, 0, bytes);
+    DT_CPU_PROF_END(be, DT_CPU_OP_MEMSET, 0);
+}
+
+static void cpu_synchronize(dt_backend *be) { (void)be; }
+
+static size_t cpu_peak_bytes(dt_backend *be) { return dt_cpu_of(be)->peak_bytes; }
+
+bool dt_cpu_scratch_reserve(dt_cpu *c, size_t n)
+{
+    if (n <= c->scratch_cap)
+        return true;
+    float *p = NULL;
+    if (posix_memalign((void **)&p, ALLOC_ALIGN, n * sizeof(float)) != 0)
+        return false;
+    free(c->scratch);
+    c->scratch = p;
+    c->scratch_cap = n;
+    return true;
+}
+
+int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err *err)
+{
+    dt_backend_opts def;
+    if (!opts) {
+        dt_backend_opts_default(&def);
+        opts = &def;
+    }
+    *out = NULL;
+    dt_backend *be = calloc(1, sizeof *be);
+    dt_cpu *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return dt_err_set(err, -ENOMEM, "cpu backend: out of memory creating the backend");
+    }
+    c->threads = opts->threads > 0 ? opts->threads : 1;
+    openblas_set_num_threads(c->threads);
+    if (opts->precision != DT_PREC_FP32)
+        DT_INFO("cpu backend: computes in float32 (the %s precision setting applies to cuda)",
+                opts->precision == DT_PREC_BF16 ? "bf16" : "fp16");
+    for (int i = 0; i < DT_CPU_OP_COUNT; i++)
+        c->stats[i] = (dt_op_stat){.name = op_info[i].name, .gemm = op_info[i].gemm};
+
+    be->name = "cpu";
+    be->impl = c;
+    be->precision = DT_PREC_FP32;
+    be->close = cpu_close;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->memcpy_h2d = cpu_memcpy;
+    be->memcpy_d2h = cpu_memcpy;
+    be->memcpy_d2d = cpu_memcpy;
+    be->memset_zero = cpu_memset_zero;
+    be->synchronize = cpu_synchronize;
+    be->peak_bytes = cpu_peak_bytes;
+    be->profile_enable = cpu_profile_enable;
+    be->profile_read = cpu_profile_read;
+
+    be->matmul_fwd = dt_cpu_matmul_fwd;
+    be->matmul_bwd = dt_cpu_matmul_bwd;
+    be->attention_fwd = dt_cpu_attention_fwd;
+    be->attention_bwd = dt_cpu_attention_bwd;
+    be->conv2d_fwd = dt_cpu_conv2d_fwd;
+    be->conv2d_bwd = dt_cpu_conv2d_bwd;
+
+    be->bias_add = dt_cpu_bias_add;
+    be->bias_bwd = dt_cpu_bias_bwd;
+    be->layernorm_fwd = dt_cpu_layernorm_fwd;
+    be->layernorm_bwd = dt_cpu_layernorm_bwd;
+    be->gelu_fwd = dt_cpu_gelu_fwd;
+    be->gelu_bwd = dt_cpu_gelu_bwd;
+    be->relu_fwd = dt_cpu_relu_fwd;
+    be->relu_bwd = dt_cpu_relu_bwd;
+    be->residual_fwd = dt_cpu_residual_fwd;
+    be->accumulate = dt_cpu_accumulate;
+    be->scale = dt_cpu_scale;
+    be->embedding_fwd = dt_cpu_embedding_fwd;
+    be->embedding_bwd = dt_cpu_embedding_bwd;
+    be->xent_fwd_bwd = dt_cpu_xent_fwd_bwd;
+    be->bn_stats = dt_cpu_bn_stats;
+    be->bn_fwd_apply = dt_cpu_bn_fwd_apply;
+    be->bn_fwd_eval = dt_cpu_bn_fwd_eval;
+    be->bn_bwd_reduce = dt_cpu_bn_bwd_reduce;
+    be->bn_bwd_apply = dt_cpu_bn_bwd_apply;
+    be->maxpool_fwd = dt_cpu_maxpool_fwd;
+    be->maxpool_bwd = dt_cpu_maxpool_bwd;
+    be->avgpool_fwd = dt_cpu_avgpool_fwd;
+    be->avgpool_bwd = dt_cpu_avgpool_bwd;
+
+    be->sgd_update = dt_cpu_sgd_update;
+    be->adamw_update = dt_cpu_adamw_update;
+    be->sumsq = dt_cpu_sumsq;
+    be->count_nonfinite = dt_cpu_count_nonfinite;
+
+    *out = be;
+    return 0;
+}

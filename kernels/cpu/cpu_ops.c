@@ -1,0 +1,714 @@
+/* cpu_ops.c - the non-GEMM ops of the CPU backend: element-wise, normalisation, softmax,
+ * cross-entropy, embeddings, BatchNorm and pooling.
+ *
+ * Everything here is a plain loop over contiguous rows, written so that GCC vectorises it
+ * (see cpu.h: -O3 for this file, AVX2 clones of the hot kernels). Reductions over a row use
+ * eight partial sums, which the vectoriser maps onto vector registers without needing
+ * -ffast-math; reductions over a whole batch (BatchNorm statistics, bias gradients) accumulate
+ * in double.
+ *
+ * exp and tanh: dt_expf is Cephes' single-precision polynomial (relative error about 2e-7)
+ * with the exponent scaling done on the bits, branch-free so that it vectorises; tanh is built
+ * on it. libm's expf and tanhf are scalar calls that cost more than the GEMMs they sit between
+ * (GELU runs on 4C values per token per layer).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "kernels/cpu/cpu.h"
+
+DT_CPU_OPTIMIZE
+
+/* ------------------------------------------------------------------------------------------ */
+/* vectorisable math */
+
+static inline float bits_to_float(uint32_t u)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = u};
+    return v.f;
+}
+
+/* exp(x) for x in [-87.3, 88.7] (clamped outside: exp(-inf) gives ~1e-38, not 0). */
+static inline float dt_expf(float x)
+{
+    x = x < -87.3f ? -87.3f : x;
+    x = x > 88.7f ? 88.7f : x;
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float n = (x * 1.44269504088896341f + magic) - magic;
+    float f = x - n * 0.693359375f;
+    f = f - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * f + 1.3981999507e-3f;
+    p = p * f + 8.3334519073e-3f;
+    p = p * f + 4.1665795894e-2f;
+    p = p * f + 1.6666665459e-1f;
+    p = p * f + 5.0000001201e-1f;
+    p = p * f * f + f + 1.0f;
+    int32_t ni = (int32_t)n;
+    return p * bits_to_float((uint32_t)(ni + 127) << 23);
+}
+
+static inline float dt_tanhf(float x)
+{
+    float ax = x < 0.0f ? -x : x;
+    float e = dt_expf(-2.0f * ax);
+    float t = (1.0f - e) / (1.0f + e);
+    return x < 0.0f ? -t : t;
+}
+
+/* Sum and dot product with eight partial sums. */
+static inline float sum8(const float *x, int n)
+{
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += x[i + j];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+static inline float max8(const float *x, int n)
+{
+    float m = -INFINITY;
+    float acc[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                    -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    for (int j = 0; j < 8; j++)
+        m = acc[j] > m ? acc[j] : m;
+    for (; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* helpers shared with cpu_gemm.c */
+
+DT_CPU_CLONES
+static void softmax_causal_rows(float *att, const float *scores, int r0, int r1, int T)
+{
+    for (int t = r0; t < r1; t++) {
+        const float *s = scores + (size_t)t * T;
+        float *a = att + (size_t)t * T;
+        int n = t + 1;
+        float m = max8(s, n);
+        float acc[8] = {0};
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; j++) {
+                float e = dt_expf(s[i + j] - m);
+                a[i + j] = e;
+                acc[j] += e;
+            }
+        float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; i < n; i++) {
+            float e = dt_expf(s[i] - m);
+            a[i] = e;
+            sum += e;
+        }
+        float inv = 1.0f / sum;
+        for (i = 0; i < n; i++)
+            a[i] *= inv;
+        for (i = n; i < T; i++)
+            a[i] = 0.0f;
+    }
+}
+
+void dt_cpu_softmax_causal(float *att, const float *scores, int r0, int r1, int T)
+{
+    softmax_causal_rows(att, scores, r0, r1, T);
+}
+
+DT_CPU_CLONES
+static void softmax_causal_bwd_rows(float *d, const float *p, int r0, int r1, int T, float scale)
+{
+    for (int t = r0; t < r1; t++) {
+        float *dr = d + (size_t)t * T;
+        const float *pr = p + (size_t)t * T;
+        int n = t + 1;
+        float acc[8] = {0};
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; j++)
+                acc[j] += pr[i + j] * dr[i + j];
+        float dot = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; i < n; i++)
+            dot += pr[i] * dr[i];
+        for (i = 0; i < n; i++)
+            dr[i] = scale * pr[i] * (dr[i] - dot);
+        for (i = n; i < T; i++)
+            dr[i] = 0.0f;
+    }
+}
+
+void dt_cpu_softmax_causal_bwd(float *d, const float *p, int r0, int r1, int T, float scale)
+{
+    softmax_causal_bwd_rows(d, p, r0, r1, T, scale);
+}
+
+void dt_cpu_rows_set(float *out, const float *bias, int N, int C)
+{
+    for (int i = 0; i < N; i++)
+        memcpy(out + (size_t)i * C, bias, sizeof(float) * C);
+}
+
+DT_CPU_CLONES
+void dt_cpu_colsum_acc(float *dbias, const float *x, int N, int C, int ld)
+{
+    enum { TILE = 64 };
+    double acc[TILE];
+    for (int c0 = 0; c0 < C; c0 += TILE) {
+        int cn = DT_MIN(TILE, C - c0);
+        for (int j = 0; j < cn; j++)
+            acc[j] = 0.0;
+        for (int i = 0; i < N; i++) {
+            const float *row = x + (size_t)i * ld + c0;
+            for (int j = 0; j < cn; j++)
+                acc[j] += row[j];
+        }
+        for (int j = 0; j < cn; j++)
+            dbias[c0 + j] += (float)acc[j];
+    }
+}
+
+void dt_cpu_add_scalar(float *x, size_t n, float s)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += s;
+}
+
+DT_CPU_CLONES
+double dt_cpu_sum(const float *x, size_t n)
+{
+    double acc[4] = {0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++)
+            acc[j] += x[i + j];
+    double s = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* bias, residual, scaling */
+
+void dt_cpu_bias_add(dt_backend *be, float *out, const float *bias, int N, int C)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int i = 0; i < N; i++) {
+        float *row = out + (size_t)i * C;
+        for (int j = 0; j < C; j++)
+            row[j] += bias[j];
+    }
+    DT_CPU_PROF_END(be, DT_CPU_OP_BIAS_ADD, 0);
+}
+
+void dt_cpu_bias_bwd(dt_backend *be, float *dbias, const float *dout, int N, int C)
+{
+    DT_CPU_PROF_BEGIN(be);
+    dt_cpu_colsum_acc(dbias, dout, N, C, C);
+    DT_CPU_PROF_END(be, DT_CPU_OP_BIAS_BWD, 0);
+}
+
+void dt_cpu_residual_fwd(dt_backend *be, float *out, const float *a, const float *b, size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+    DT_CPU_PROF_END(be, DT_CPU_OP_RESIDUAL, 0);
+}
+
+void dt_cpu_accumulate(dt_backend *be, float *dst, const float *src, size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+    DT_CPU_PROF_END(be, DT_CPU_OP_ACCUMULATE, 0);
+}
+
+void dt_cpu_scale(dt_backend *be, float *x, size_t n, float s)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+    DT_CPU_PROF_END(be, DT_CPU_OP_SCALE, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* LayerNorm */
+
+DT_CPU_CLONES
+static void layernorm_fwd_rows(float *out, float *mean, float *rstd, const float *inp,
+                               const float *w, const float *b, int N, int C, float eps)
+{
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float *y = out + (size_t)i * C;
+        float m = sum8(x, C) / (float)C;
+        float acc[8] = {0};
+        int j = 0;
+        for (; j + 8 <= C; j += 8)
+            for (int k = 0; k < 8; k++) {
+                float d = x[j + k] - m;
+                acc[k] += d * d;
+            }
+        float v = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; j < C; j++)
+            v += (x[j] - m) * (x[j] - m);
+        v /= (float)C;
+        float s = 1.0f / sqrtf(v + eps);
+        for (j = 0; j < C; j++)
+            y[j] = (x[j] - m) * s * w[j] + b[j];
+        if (mean)
+            mean[i] = m;
+        if (rstd)
+            rstd[i] = s;
+    }
+}
+
+void dt_cpu_layernorm_fwd(dt_backend *be, float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int N, int C, float eps)
+{
+    DT_CPU_PROF_BEGIN(be);
+    layernorm_fwd_rows(out, mean, rstd, inp, w, b, N, C, eps);
+    DT_CPU_PROF_END(be, DT_CPU_OP_LAYERNORM_FWD, 0);
+}
+
+DT_CPU_CLONES
+static void layernorm_bwd_rows(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C)
+{
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        const float *dy = dout + (size_t)i * C;
+        const float m = mean[i], s = rstd[i];
+        float a1[8] = {0}, a2[8] = {0};
+        int j = 0;
+        for (; j + 8 <= C; j += 8)
+            for (int k = 0; k < 8; k++) {
+                float xh = (x[j + k] - m) * s;
+                float dn = w[j + k] * dy[j + k];
+                a1[k] += dn;
+                a2[k] += dn * xh;
+            }
+        float dmean = ((a1[0] + a1[4]) + (a1[1] + a1[5])) + ((a1[2] + a1[6]) + (a1[3] + a1[7]));
+        float dxh = ((a2[0] + a2[4]) + (a2[1] + a2[5])) + ((a2[2] + a2[6]) + (a2[3] + a2[7]));
+        for (; j < C; j++) {
+            float xh = (x[j] - m) * s;
+            float dn = w[j] * dy[j];
+            dmean += dn;
+            dxh += dn * xh;
+        }
+        dmean /= (float)C;
+        dxh /= (float)C;
+        if (db)
+            for (j = 0; j < C; j++)
+                db[j] += dy[j];
+        if (dw)
+            for (j = 0; j < C; j++)
+                dw[j] += (x[j] - m) * s * dy[j];
+        if (dinp) {
+            float *dx = dinp + (size_t)i * C;
+            for (j = 0; j < C; j++) {
+                float xh = (x[j] - m) * s;
+                dx[j] += (w[j] * dy[j] - dmean - xh * dxh) * s;
+            }
+        }
+    }
+}
+
+void dt_cpu_layernorm_bwd(dt_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean, const float *rstd,
+                          int N, int C)
+{
+    DT_CPU_PROF_BEGIN(be);
+    layernorm_bwd_rows(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    DT_CPU_PROF_END(be, DT_CPU_OP_LAYERNORM_BWD, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* activations */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_C 0.044715f
+
+DT_CPU_CLONES
+static void gelu_fwd_loop(float *out, const float *inp, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_C * x * x * x);
+        out[i] = 0.5f * x * (1.0f + dt_tanhf(u));
+    }
+}
+
+void dt_cpu_gelu_fwd(dt_backend *be, float *out, const float *inp, size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    gelu_fwd_loop(out, inp, n);
+    DT_CPU_PROF_END(be, DT_CPU_OP_GELU_FWD, 0);
+}
+
+DT_CPU_CLONES
+static void gelu_bwd_loop(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_C * x * x * x);
+        float t = dt_tanhf(u);
+        float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+        float g = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+        dinp[i] += g * dout[i];
+    }
+}
+
+void dt_cpu_gelu_bwd(dt_backend *be, float *dinp, const float *inp, const float *dout, size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    gelu_bwd_loop(dinp, inp, dout, n);
+    DT_CPU_PROF_END(be, DT_CPU_OP_GELU_BWD, 0);
+}
+
+void dt_cpu_relu_fwd(dt_backend *be, float *out, const float *inp, size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (size_t i = 0; i < n; i++)
+        out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+    DT_CPU_PROF_END(be, DT_CPU_OP_RELU_FWD, 0);
+}
+
+void dt_cpu_relu_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (size_t i = 0; i < n; i++)
+        dinp[i] += out[i] > 0.0f ? dout[i] : 0.0f;
+    DT_CPU_PROF_END(be, DT_CPU_OP_RELU_BWD, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* embeddings */
+
+void dt_cpu_embedding_fwd(dt_backend *be, float *out, const int32_t *tokens, const float *wte,
+                          const float *wpe, int B, int T, int C)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *o = out + ((size_t)b * T + t) * C;
+            const float *e = wte + (size_t)tokens[b * T + t] * C;
+            if (wpe) {
+                const float *p = wpe + (size_t)t * C;
+                for (int i = 0; i < C; i++)
+                    o[i] = e[i] + p[i];
+            } else {
+                memcpy(o, e, sizeof(float) * C);
+            }
+        }
+    DT_CPU_PROF_END(be, DT_CPU_OP_EMBEDDING_FWD, 0);
+}
+
+void dt_cpu_embedding_bwd(dt_backend *be, float *dwte, float *dwpe, const float *dout,
+                          const int32_t *tokens, int B, int T, int C)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *d = dout + ((size_t)b * T + t) * C;
+            if (dwte) {
+                float *e = dwte + (size_t)tokens[b * T + t] * C;
+                for (int i = 0; i < C; i++)
+                    e[i] += d[i];
+            }
+            if (dwpe) {
+                float *p = dwpe + (size_t)t * C;
+                for (int i = 0; i < C; i++)
+                    p[i] += d[i];
+            }
+        }
+    DT_CPU_PROF_END(be, DT_CPU_OP_EMBEDDING_BWD, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* softmax + cross-entropy */
+
+DT_CPU_CLONES
+static int xent_rows(float *losses, float *dlogits, const float *logits, const int32_t *targets,
+                     int N, int V, float dloss)
+{
+    int valid = 0;
+    for (int i = 0; i < N; i++) {
+        const float *l = logits + (size_t)i * V;
+        int tgt = targets[i];
+        if (tgt < 0) {
+            losses[i] = 0.0f;
+            if (dlogits)
+                memset(dlogits + (size_t)i * V, 0, sizeof(float) * V);
+            continue;
+        }
+        valid++;
+        float m = max8(l, V);
+        float acc[8] = {0};
+        int j = 0;
+        for (; j + 8 <= V; j += 8)
+            for (int k = 0; k < 8; k++)
+                acc[k] += dt_expf(l[j + k] - m);
+        float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; j < V; j++)
+            sum += dt_expf(l[j] - m);
+        float lse = m + logf(sum);
+        losses[i] = lse - l[tgt];
+        if (dlogits) { /* may alias logits: each element is read before it is written */
+            float *d = dlogits + (size_t)i * V;
+            for (j = 0; j < V; j++)
+                d[j] = dloss * dt_expf(l[j] - lse);
+            d[tgt] -= dloss;
+        }
+    }
+    return valid;
+}
+
+void dt_cpu_xent_fwd_bwd(dt_backend *be, float *losses, float *dlogits, const float *logits,
+                         const int32_t *targets, int N, int V, float dloss, int *valid_count)
+{
+    DT_CPU_PROF_BEGIN(be);
+    int valid = xent_rows(losses, dlogits, logits, targets, N, V, dloss);
+    if (valid_count)
+        *valid_count = valid;
+    DT_CPU_PROF_END(be, DT_CPU_OP_XENT, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* BatchNorm: inp (N,C,HW) */
+
+void dt_cpu_bn_stats(dt_backend *be, float *sum, float *sumsq, const float *inp, int N, int C,
+                     int HW)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int c = 0; c < C; c++) {
+        double s = 0.0, ss = 0.0;
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + ((size_t)n * C + c) * HW;
+            double a[4] = {0}, q[4] = {0};
+            int i = 0;
+            for (; i + 4 <= HW; i += 4)
+                for (int k = 0; k < 4; k++) {
+                    a[k] += x[i + k];
+                    q[k] += (double)x[i + k] * x[i + k];
+                }
+            for (; i < HW; i++) {
+                a[0] += x[i];
+                q[0] += (double)x[i] * x[i];
+            }
+            s += (a[0] + a[1]) + (a[2] + a[3]);
+            ss += (q[0] + q[1]) + (q[2] + q[3]);
+        }
+        sum[c] = (float)s;
+        sumsq[c] = (float)ss;
+    }
+    DT_CPU_PROF_END(be, DT_CPU_OP_BN_STATS, 0);
+}
+
+static void bn_normalise(float *out, const float *inp, const float *mean, const float *rstd,
+                         const float *w, const float *b, int N, int C, int HW)
+{
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            const float *x = inp + ((size_t)n * C + c) * HW;
+            float *y = out + ((size_t)n * C + c) * HW;
+            float sc = (w ? w[c] : 1.0f) * rstd[c];
+            float sh = (b ? b[c] : 0.0f) - mean[c] * sc;
+            for (int i = 0; i < HW; i++)
+                y[i] = x[i] * sc + sh;
+        }
+}
+
+void dt_cpu_bn_fwd_apply(dt_backend *be, float *out, float *mean, float *rstd,
+                         float *running_mean, float *running_var, const float *inp,
+                         const float *w, const float *b, const float *sum, const float *sumsq,
+                         double count, int N, int C, int HW, float momentum, float eps)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int c = 0; c < C; c++) {
+        double m = (double)sum[c] / count;
+        double var = (double)sumsq[c] / count - m * m;
+        if (var < 0.0)
+            var = 0.0;
+        mean[c] = (float)m;
+        rstd[c] = (float)(1.0 / sqrt(var + (double)eps));
+        if (running_mean)
+            running_mean[c] = (float)((1.0 - momentum) * running_mean[c] + momentum * m);
+        if (running_var) {
+            double unbiased = count > 1.0 ? var * count / (count - 1.0) : var;
+            running_var[c] = (float)((1.0 - momentum) * running_var[c] + momentum * unbiased);
+        }
+    }
+    bn_normalise(out, inp, mean, rstd, w, b, N, C, HW);
+    DT_CPU_PROF_END(be, DT_CPU_OP_BN_FWD_APPLY, 0);
+}
+
+void dt_cpu_bn_fwd_eval(dt_backend *be, float *out, const float *inp, const float *running_mean,
+                        const float *running_var, const float *w, const float *b, int N, int C,
+                        int HW, float eps)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            const float *x = inp + ((size_t)n * C + c) * HW;
+            float *y = out + ((size_t)n * C + c) * HW;
+            float rs = (float)(1.0 / sqrt((double)running_var[c] + (double)eps));
+            float sc = (w ? w[c] : 1.0f) * rs;
+            float sh = (b ? b[c] : 0.0f) - running_mean[c] * sc;
+            for (int i = 0; i < HW; i++)
+                y[i] = x[i] * sc + sh;
+        }
+    DT_CPU_PROF_END(be, DT_CPU_OP_BN_FWD_EVAL, 0);
+}
+
+void dt_cpu_bn_bwd_reduce(dt_backend *be, float *dw, float *db, float *sum_dy, float *sum_dy_xhat,
+                          const float *dout, const float *inp, const float *mean,
+                          const float *rstd, int N, int C, int HW)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int c = 0; c < C; c++) {
+        double sdy = 0.0, sdyx = 0.0;
+        const float m = mean[c], s = rstd[c];
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + ((size_t)n * C + c) * HW;
+            const float *dy = dout + ((size_t)n * C + c) * HW;
+            float a[8] = {0}, q[8] = {0};
+            int i = 0;
+            for (; i + 8 <= HW; i += 8)
+                for (int k = 0; k < 8; k++) {
+                    a[k] += dy[i + k];
+                    q[k] += dy[i + k] * (x[i + k] - m);
+                }
+            double pa = 0.0, pq = 0.0;
+            for (int k = 0; k < 8; k++) {
+                pa += a[k];
+                pq += q[k];
+            }
+            for (; i < HW; i++) {
+                pa += dy[i];
+                pq += dy[i] * (x[i] - m);
+            }
+            sdy += pa;
+            sdyx += pq * s;
+        }
+        if (dw)
+            dw[c] += (float)sdyx;
+        if (db)
+            db[c] += (float)sdy;
+        sum_dy[c] = (float)sdy;
+        sum_dy_xhat[c] = (float)sdyx;
+    }
+    DT_CPU_PROF_END(be, DT_CPU_OP_BN_BWD_REDUCE, 0);
+}
+
+void dt_cpu_bn_bwd_apply(dt_backend *be, float *dinp, const float *dout, const float *inp,
+                         const float *w, const float *mean, const float *rstd,
+                         const float *sum_dy, const float *sum_dy_xhat, double count, int N,
+                         int C, int HW)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int c = 0; c < C; c++) {
+        const float m = mean[c], s = rstd[c];
+        const float k = (w ? w[c] : 1.0f) * s;
+        const float mdy = (float)(sum_dy[c] / count), mdyx = (float)(sum_dy_xhat[c] / count);
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + ((size_t)n * C + c) * HW;
+            const float *dy = dout + ((size_t)n * C + c) * HW;
+            float *dx = dinp + ((size_t)n * C + c) * HW;
+            for (int i = 0; i < HW; i++) {
+                float xh = (x[i] - m) * s;
+                dx[i] += k * (dy[i] - mdy - xh * mdyx);
+            }
+        }
+    }
+    DT_CPU_PROF_END(be, DT_CPU_OP_BN_BWD_APPLY, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* pooling */
+
+void dt_cpu_maxpool_fwd(dt_backend *be, float *out, int32_t *idx, const float *inp, int N, int C,
+                        int H, int W, int k, int stride, int pad)
+{
+    DT_CPU_PROF_BEGIN(be);
+    const int P = (H + 2 * pad - k) / stride + 1, Q = (W + 2 * pad - k) / stride + 1;
+    for (int nc = 0; nc < N * C; nc++) {
+        const float *x = inp + (size_t)nc * H * W;
+        float *y = out + (size_t)nc * P * Q;
+        int32_t *ix = idx + (size_t)nc * P * Q;
+        for (int p = 0; p < P; p++)
+            for (int q = 0; q < Q; q++) {
+                float best = -INFINITY;
+                int32_t bi = -1;
+                for (int kr = 0; kr < k; kr++) {
+                    int ih = p * stride - pad + kr;
+                    if (ih < 0 || ih >= H)
+                        continue;
+                    for (int ks = 0; ks < k; ks++) {
+                        int iw = q * stride - pad + ks;
+                        if (iw < 0 || iw >= W)
+                            continue;
+                        float v = x[ih * W + iw];
+                        if (bi < 0 || v > best) {
+                            best = v;
+                            bi = ih * W + iw;
+                        }
+                    }
+                }
+                y[p * Q + q] = bi < 0 ? 0.0f : best;
+                ix[p * Q + q] = bi;
+            }
+    }
+    DT_CPU_PROF_END(be, DT_CPU_OP_MAXPOOL_FWD, 0);
+}
+
+void dt_cpu_maxpool_bwd(dt_backend *be, float *dinp, const float *dout, const int32_t *idx, int N,
+                        int C, int H, int W, int P, int Q)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int nc = 0; nc < N * C; nc++) {
+        float *dx = dinp + (size_t)nc * H * W;
+        const float *dy = dout + (size_t)nc * P * Q;
+        const int32_t *ix = idx + (size_t)nc * P * Q;
+        for (int j = 0; j < P * Q; j++)
+            if (ix[j] >= 0)
+                dx[ix[j]] += dy[j];
+    }
+    DT_CPU_PROF_END(be, DT_CPU_OP_MAXPOOL_BWD, 0);
+}
+
+void dt_cpu_avgpool_fwd(dt_backend *be, float *out, const float *inp, int N, int C, int HW)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int nc = 0; nc < N * C; nc++)
+        out[nc] = (float)(dt_cpu_sum(inp + (size_t)nc * HW, HW) / HW);
+    DT_CPU_PROF_END(be, DT_CPU_OP_AVGPOOL_FWD, 0);
+}
+
+void dt_cpu_avgpool_bwd(dt_backend *be, float *dinp, const float *dout, int N, int C, int HW)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int nc = 0; nc < N * C; nc++) {
+        float g = dout[nc] / (float)HW;
+        float *dx = dinp + (size_t)nc * HW;
+        for (int i = 0; i < HW; i++)
+            dx[i] += g;
+    }
+    DT_CPU_PROF_END(be, DT_CPU_OP_AVGPOOL_BWD, 0);
+}

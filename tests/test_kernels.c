@@ -1,0 +1,1394 @@
+/* test_kernels.c - the CPU backend (kernels/cpu) against double-precision references.
+ *
+ * Every forward op is compared with a naive double-precision implementation written here, and
+ * every backward op with central finite differences of that double reference (of the scalar
+ * L = sum(out * R) for a random R, so the backward is fed dout = R). Backward ops must
+ * ACCUMULATE: every gradient buffer is pre-filled with a known value that the check subtracts.
+ * Known values (cross-entropy of uniform logits, LayerNorm moments, causality) and the
+ * optimisers (against PyTorch's update rules, by hand) complete it.
+ *
+ * Tolerances: float32 kernels against float64 references, |got - want| <= atol + rtol*|want|,
+ * with rtol 1e-3 for gradients (finite differences with h = 1e-3 on a double function are
+ * exact to ~1e-7, so the error measured is the kernel's float32 rounding).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "kernels/backend.h"
+#include "tests/harness.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* helpers */
+
+static dt_backend *be_new(void)
+{
+    dt_backend *be = NULL;
+    dt_err err = {0}, *e = &err;
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, e), e);
+    return be;
+}
+
+static void *dev_alloc(dt_backend *be, size_t bytes)
+{
+    void *p = NULL;
+    dt_err err = {0}, *e = &err;
+    DT_REQUIRE_OK(be->alloc(be, &p, bytes ? bytes : 4, e), e);
+    return p;
+}
+
+/* Device copy of host floats. */
+static float *up(dt_backend *be, const float *h, size_t n)
+{
+    float *d = dev_alloc(be, n * sizeof(float));
+    be->memcpy_h2d(be, d, h, n * sizeof(float));
+    return d;
+}
+
+static int32_t *up_i(dt_backend *be, const int32_t *h, size_t n)
+{
+    int32_t *d = dev_alloc(be, n * sizeof(int32_t));
+    be->memcpy_h2d(be, d, h, n * sizeof(int32_t));
+    return d;
+}
+
+/* Host copy (malloc'd) of device floats. */
+static float *down(dt_backend *be, const float *d, size_t n)
+{
+    float *h = malloc(n * sizeof(float) + 4);
+    be->memcpy_d2h(be, h, d, n * sizeof(float));
+    return h;
+}
+
+static float *randf(dt_rng *r, size_t n, float lo, float hi)
+{
+    float *x = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++)
+        x[i] = lo + (hi - lo) * dt_rng_uniform(r);
+    return x;
+}
+
+static double *tod(const float *x, size_t n)
+{
+    double *d = malloc(n * sizeof(double) + 8);
+    for (size_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+/* Device buffer pre-filled with `fill` (to check that backward ops accumulate). */
+static float *filled(dt_backend *be, size_t n, float fill)
+{
+    float *h = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++)
+        h[i] = fill;
+    float *d = up(be, h, n);
+    free(h);
+    return d;
+}
+
+#define PREFILL 0.25f
+
+/* Compares got (host floats) with want (doubles). Reports the first few misses. */
+static int check_close(const char *what, const float *got, const double *want, size_t n,
+                       double rtol, double atol)
+{
+    int bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        double lim = atol + rtol * fabs(want[i]);
+        if (!(d <= lim)) {
+            if (bad < 5)
+                dt_test_fail_at(__FILE__, __LINE__, "%s[%zu]: got %.8g want %.8g (diff %.3g)",
+                                what, i, got[i], want[i], d);
+            bad++;
+        }
+        if (d > worst)
+            worst = d;
+    }
+    if (bad)
+        dt_test_fail_at(__FILE__, __LINE__, "%s: %d of %zu out of tolerance (worst diff %.3g)",
+                        what, bad, n, worst);
+    return bad;
+}
+
+/* A double-precision forward of some op, as a scalar loss sum(out * R) of its inputs. */
+typedef double (*loss_fn)(void *ctx);
+
+/* Central finite differences of loss wrt x (n doubles, perturbed in place and restored), on
+ * all elements when n <= maxn, else on maxn sampled ones; compared with got (host floats,
+ * which hold PREFILL + gradient). */
+static void check_fd(const char *what, loss_fn loss, void *ctx, double *x, size_t n,
+                     const float *got, double rtol, double atol, size_t maxn)
+{
+    const double h = 1e-3;
+    dt_rng r;
+    dt_rng_seed(&r, 1234 + n);
+    size_t checks = n <= maxn ? n : maxn;
+    int bad = 0;
+    for (size_t c = 0; c < checks; c++) {
+        size_t i = n <= maxn ? c : (size_t)dt_rng_below(&r, n);
+        double x0 = x[i];
+        x[i] = x0 + h;
+        double lp = loss(ctx);
+        x[i] = x0 - h;
+        double lm = loss(ctx);
+        x[i] = x0;
+        double want = (lp - lm) / (2 * h);
+        double g = (double)got[i] - PREFILL;
+        double d = fabs(g - want);
+        if (!(d <= atol + rtol * fabs(want))) {
+            if (bad < 5)
+                dt_test_fail_at(__FILE__, __LINE__, "%s: d/dx[%zu]: kernel %.8g, finite "
+                                "differences %.8g (diff %.3g)", what, i, g, want, d);
+            bad++;
+        }
+    }
+    if (bad)
+        dt_test_fail_at(__FILE__, __LINE__, "%s: %d of %zu gradients out of tolerance", what, bad,
+                        checks);
+}
+
+static double dot_d(const double *a, const double *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* double references */
+
+static void ref_matmul(double *out, const double *inp, const double *w, const double *bias, int N,
+                       int C, int OC)
+{
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = bias ? bias[o] : 0.0;
+            for (int c = 0; c < C; c++)
+                s += inp[n * C + c] * w[o * C + c];
+            out[n * OC + o] = s;
+        }
+}
+
+static void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    double *p = malloc(sizeof(double) * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double m = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    const double *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * hs;
+                    p[s] = scale * dot_d(q, k, hs);
+                    if (p[s] > m)
+                        m = p[s];
+                }
+                double sum = 0;
+                for (int s = 0; s <= t; s++) {
+                    p[s] = exp(p[s] - m);
+                    sum += p[s];
+                }
+                double *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++)
+                    o[i] = 0;
+                for (int s = 0; s <= t; s++) {
+                    const double *v = qkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * hs;
+                    for (int i = 0; i < hs; i++)
+                        o[i] += p[s] / sum * v[i];
+                }
+            }
+    free(p);
+}
+
+static void ref_conv(double *out, const double *x, const double *w, const double *bias,
+                     const dt_conv2d_shape *s)
+{
+    for (int n = 0; n < s->N; n++)
+        for (int k = 0; k < s->K; k++)
+            for (int p = 0; p < s->P; p++)
+                for (int q = 0; q < s->Q; q++) {
+                    double acc = bias ? bias[k] : 0.0;
+                    for (int c = 0; c < s->C; c++)
+                        for (int r = 0; r < s->R; r++)
+                            for (int t = 0; t < s->S; t++) {
+                                int ih = p * s->stride - s->pad + r;
+                                int iw = q * s->stride - s->pad + t;
+                                if (ih < 0 || ih >= s->H || iw < 0 || iw >= s->W)
+                                    continue;
+                                acc += w[((k * s->C + c) * s->R + r) * s->S + t] *
+                                       x[(((size_t)n * s->C + c) * s->H + ih) * s->W + iw];
+                            }
+                    out[(((size_t)n * s->K + k) * s->P + p) * s->Q + q] = acc;
+                }
+}
+
+/* Gradients of sum(conv(x,w)+b) * dy), by the direct loops. */
+static void ref_conv_bwd(double *dx, double *dw, double *db, const double *dy, const double *x,
+                         const double *w, const dt_conv2d_shape *s)
+{
+    for (int n = 0; n < s->N; n++)
+        for (int k = 0; k < s->K; k++)
+            for (int p = 0; p < s->P; p++)
+                for (int q = 0; q < s->Q; q++) {
+                    double g = dy[(((size_t)n * s->K + k) * s->P + p) * s->Q + q];
+                    db[k] += g;
+                    for (int c = 0; c < s->C; c++)
+                        for (int r = 0; r < s->R; r++)
+                            for (int t = 0; t < s->S; t++) {
+                                int ih = p * s->stride - s->pad + r;
+                                int iw = q * s->stride - s->pad + t;
+                                if (ih < 0 || ih >= s->H || iw < 0 || iw >= s->W)
+                                    continue;
+                                size_t wi = ((size_t)(k * s->C + c) * s->R + r) * s->S + t;
+                                size_t xi = (((size_t)n * s->C + c) * s->H + ih) * s->W + iw;
+                                dw[wi] += g * x[xi];
+                                dx[xi] += g * w[wi];
+                            }
+                }
+}
+
+static void ref_layernorm(double *out, const double *x, const double *w, const double *b, int N,
+                          int C, double eps)
+{
+    for (int n = 0; n < N; n++) {
+        double m = 0, v = 0;
+        for (int c = 0; c < C; c++)
+            m += x[n * C + c];
+        m /= C;
+        for (int c = 0; c < C; c++)
+            v += (x[n * C + c] - m) * (x[n * C + c] - m);
+        v /= C;
+        double rs = 1.0 / sqrt(v + eps);
+        for (int c = 0; c < C; c++)
+            out[n * C + c] = (x[n * C + c] - m) * rs * w[c] + b[c];
+    }
+}
+
+static double ref_gelu1(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+/* BatchNorm training forward over (N,C,HW) with batch statistics (biased variance). */
+static void ref_bn(double *out, const double *x, const double *w, const double *b, int N, int C,
+                   int HW, double eps)
+{
+    for (int c = 0; c < C; c++) {
+        double m = 0, v = 0, cnt = (double)N * HW;
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < HW; i++)
+                m += x[((size_t)n * C + c) * HW + i];
+        m /= cnt;
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < HW; i++) {
+                double d = x[((size_t)n * C + c) * HW + i] - m;
+                v += d * d;
+            }
+        v /= cnt;
+        double rs = 1.0 / sqrt(v + eps);
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < HW; i++) {
+                size_t j = ((size_t)n * C + c) * HW + i;
+                out[j] = w[c] * (x[j] - m) * rs + b[c];
+            }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* matmul */
+
+typedef struct {
+    double *inp, *w, *bias, *R, *out;
+    int N, C, OC;
+} mm_ctx;
+
+static double mm_loss(void *p)
+{
+    mm_ctx *c = p;
+    ref_matmul(c->out, c->inp, c->w, c->bias, c->N, c->C, c->OC);
+    return dot_d(c->out, c->R, (size_t)c->N * c->OC);
+}
+
+static void matmul_case(int N, int C, int OC, bool with_bias)
+{
+    dt_backend *be = be_new();
+    dt_rng r;
+    dt_rng_seed(&r, 7 + N * 31 + C);
+    float *inp = randf(&r, (size_t)N * C, -1, 1), *w = randf(&r, (size_t)OC * C, -1, 1);
+    float *bias = randf(&r, OC, -1, 1), *R = randf(&r, (size_t)N * OC, -1, 1);
+    float *d_inp = up(be, inp, (size_t)N * C), *d_w = up(be, w, (size_t)OC * C);
+    float *d_b = with_bias ? up(be, bias, OC) : NULL, *d_R = up(be, R, (size_t)N * OC);
+    float *d_out = dev_alloc(be, sizeof(float) * N * OC);
+    be->matmul_fwd(be, d_out, d_inp, d_w, d_b, N, C, OC);
+
+    mm_ctx c = {tod(inp, (size_t)N * C), tod(w, (size_t)OC * C), with_bias ? tod(bias, OC) : NULL,
+                tod(R, (size_t)N * OC), malloc(sizeof(double) * N * OC), N, C, OC};
+    mm_loss(&c);
+    float *out = down(be, d_out, (size_t)N * OC);
+    check_close("matmul_fwd", out, c.out, (size_t)N * OC, 1e-5, 1e-5);
+
+    float *g_inp = filled(be, (size_t)N * C, PREFILL), *g_w = filled(be, (size_t)OC * C, PREFILL);
+    float *g_b = filled(be, OC, PREFILL);
+    be->matmul_bwd(be, g_inp, g_w, with_bias ? g_b : NULL, d_R, d_inp, d_w, N, C, OC);
+    float *h_inp = down(be, g_inp, (size_t)N * C), *h_w = down(be, g_w, (size_t)OC * C);
+    float *h_b = down(be, g_b, OC);
+    check_fd("matmul_bwd dinp", mm_loss, &c, c.inp, (size_t)N * C, h_inp, 1e-3, 1e-4, 300);
+    check_fd("matmul_bwd dw", mm_loss, &c, c.w, (size_t)OC * C, h_w, 1e-3, 1e-4, 300);
+    if (with_bias)
+        check_fd("matmul_bwd dbias", mm_loss, &c, c.bias, OC, h_b, 1e-3, 1e-4, 300);
+
+    /* NULL outputs are skipped */
+    be->matmul_bwd(be, NULL, g_w, NULL, d_R, d_inp, d_w, N, C, OC);
+    be->matmul_bwd(be, g_inp, NULL, NULL, d_R, d_inp, d_w, N, C, OC);
+    be->close(be);
+    free(inp); free(w); free(bias); free(R); free(out); free(h_inp); free(h_w); free(h_b);
+    free(c.inp); free(c.w); free(c.bias); free(c.R); free(c.out);
+}
+
+static void test_matmul(void)
+{
+    matmul_case(5, 7, 3, true);
+    matmul_case(33, 16, 24, true);
+    matmul_case(17, 40, 9, false);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* attention */
+
+typedef struct {
+    double *qkv, *R, *out;
+    int B, T, C, NH;
+} att_ctx;
+
+static double att_loss(void *p)
+{
+    att_ctx *c = p;
+    ref_attention(c->out, c->qkv, c->B, c->T, c->C, c->NH);
+    return dot_d(c->out, c->R, (size_t)c->B * c->T * c->C);
+}
+
+static void attention_case(int B, int T, int C, int NH, size_t maxn)
+{
+    dt_backend *be = be_new();
+    dt_rng r;
+    dt_rng_seed(&r, 99 + T);
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    float *qkv = randf(&r, nqkv, -1, 1), *R = randf(&r, nout, -1, 1);
+    float *d_qkv = up(be, qkv, nqkv), *d_R = up(be, R, nout);
+    float *d_out = dev_alloc(be, nout * 4), *d_att = dev_alloc(be, natt * 4);
+    float *d_datt = filled(be, natt, 123.0f); /* scratch: must be overwritten, not read */
+    be->attention_fwd(be, d_out, d_att, d_qkv, B, T, C, NH);
+    att_ctx c = {tod(qkv, nqkv), tod(R, nout), malloc(nout * sizeof(double)), B, T, C, NH};
+    att_loss(&c);
+    float *out = down(be, d_out, nout);
+    check_close("attention_fwd", out, c.out, nout, 1e-4, 1e-5);
+
+    /* the saved probabilities: rows sum to 1, zero above the diagonal */
+    float *att = down(be, d_att, natt);
+    int bad = 0;
+    for (size_t row = 0; row < (size_t)B * NH * T; row++) {
+        int t = (int)(row % T);
+        double s = 0;
+        for (int j = 0; j < T; j++) {
+            float a = att[row * T + j];
+            if (j > t && a != 0.0f)
+                bad++;
+            s += a;
+        }
+        if (fabs(s - 1.0) > 1e-5)
+            bad++;
+    }
+    DT_CHECK_INT(bad, 0);
+
+    float *g = filled(be, nqkv, PREFILL);
+    be->attention_bwd(be, g, d_datt, d_R, d_qkv, d_att, B, T, C, NH);
+    float *hg = down(be, g, nqkv);
+    check_fd("attention_bwd dqkv", att_loss, &c, c.qkv, nqkv, hg, 2e-3, 2e-4, maxn);
+    be->close(be);
+    free(qkv); free(R); free(out); free(att); free(hg); free(c.qkv); free(c.R); free(c.out);
+}
+
+static void test_attention(void)
+{
+    attention_case(2, 5, 8, 2, 1000);
+    attention_case(1, 1, 4, 1, 1000);
+    /* T above the causal block size (64) so that the blocked GEMMs are exercised */
+    attention_case(2, 70, 8, 2, 600);
+    attention_case(1, 130, 12, 3, 400);
+}
+
+static void test_attention_causality(void)
+{
+    dt_backend *be = be_new();
+    const int B = 2, T = 80, C = 16, NH = 4;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    dt_rng r;
+    dt_rng_seed(&r, 5);
+    float *qkv = randf(&r, nqkv, -2, 2);
+    float *d_qkv = up(be, qkv, nqkv);
+    float *d_out = dev_alloc(be, nout * 4), *d_att = dev_alloc(be, natt * 4);
+    be->attention_fwd(be, d_out, d_att, d_qkv, B, T, C, NH);
+    float *ref = down(be, d_out, nout);
+    for (int tc = 0; tc < T; tc += 13) { /* change token tc (q, k and v) in every batch row */
+        float *mod = malloc(nqkv * sizeof(float));
+        memcpy(mod, qkv, nqkv * sizeof(float));
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < 3 * C; i++)
+                mod[((size_t)b * T + tc) * 3 * C + i] += 5.0f + i;
+        be->memcpy_h2d(be, d_qkv, mod, nqkv * sizeof(float));
+        be->attention_fwd(be, d_out, d_att, d_qkv, B, T, C, NH);
+        float *got = down(be, d_out, nout);
+        int earlier_changed = 0, own_changed = 0;
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < tc; t++)
+                for (int i = 0; i < C; i++)
+                    earlier_changed += got[((size_t)b * T + t) * C + i] !=
+                                       ref[((size_t)b * T + t) * C + i];
+            for (int i = 0; i < C; i++)
+                own_changed += got[((size_t)b * T + tc) * C + i] != ref[((size_t)b * T + tc) * C + i];
+        }
+        DT_CHECK_MSG(earlier_changed == 0, "changing token %d changed %d earlier outputs", tc,
+                     earlier_changed);
+        DT_CHECK_MSG(own_changed > 0, "changing token %d did not change its own output", tc);
+        free(mod);
+        free(got);
+    }
+    be->close(be);
+    free(qkv);
+    free(ref);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* conv2d */
+
+typedef struct {
+    double *x, *w, *b, *R, *out;
+    dt_conv2d_shape s;
+} conv_ctx;
+
+static size_t conv_in(const dt_conv2d_shape *s) { return (size_t)s->N * s->C * s->H * s->W; }
+static size_t conv_out(const dt_conv2d_shape *s) { return (size_t)s->N * s->K * s->P * s->Q; }
+static size_t conv_w(const dt_conv2d_shape *s) { return (size_t)s->K * s->C * s->R * s->S; }
+
+static double conv_loss(void *p)
+{
+    conv_ctx *c = p;
+    ref_conv(c->out, c->x, c->w, c->b, &c->s);
+    return dot_d(c->out, c->R, conv_out(&c->s));
+}
+
+static void conv_case(int N, int C, int H, int W, int K, int R, int S, int stride, int pad,
+                      bool bias)
+{
+    dt_backend *be = be_new();
+    dt_conv2d_shape s;
+    dt_conv2d_shape_init(&s, N, C, H, W, K, R, S, stride, pad);
+    dt_rng r;
+    dt_rng_seed(&r, 11 + C * 7 + R);
+    size_t ni = conv_in(&s), no = conv_out(&s), nw = conv_w(&s);
+    float *x = randf(&r, ni, -1, 1), *w = randf(&r, nw, -1, 1), *b = randf(&r, K, -1, 1);
+    float *Rr = randf(&r, no, -1, 1);
+    float *d_x = up(be, x, ni), *d_w = up(be, w, nw), *d_b = bias ? up(be, b, K) : NULL;
+    float *d_R = up(be, Rr, no), *d_out = dev_alloc(be, no * 4);
+    be->conv2d_fwd(be, d_out, d_x, d_w, d_b, &s);
+    conv_ctx c = {tod(x, ni), tod(w, nw), bias ? tod(b, K) : NULL, tod(Rr, no),
+                  malloc(no * sizeof(double)), s};
+    conv_loss(&c);
+    float *out = down(be, d_out, no);
+    char what[96];
+    snprintf(what, sizeof what, "conv2d_fwd %dx%d s%d p%d", R, S, stride, pad);
+    check_close(what, out, c.out, no, 1e-4, 1e-5);
+
+    float *gx = filled(be, ni, PREFILL), *gw = filled(be, nw, PREFILL), *gb = filled(be, K, PREFILL);
+    be->conv2d_bwd(be, gx, gw, bias ? gb : NULL, d_R, d_x, d_w, &s);
+    float *hx = down(be, gx, ni), *hw = down(be, gw, nw), *hb = down(be, gb, K);
+    snprintf(what, sizeof what, "conv2d_bwd %dx%d s%d p%d dinp", R, S, stride, pad);
+    check_fd(what, conv_loss, &c, c.x, ni, hx, 1e-3, 1e-4, 250);
+    snprintf(what, sizeof what, "conv2d_bwd %dx%d s%d p%d dw", R, S, stride, pad);
+    check_fd(what, conv_loss, &c, c.w, nw, hw, 1e-3, 1e-4, 250);
+    if (bias) {
+        snprintf(what, sizeof what, "conv2d_bwd %dx%d s%d p%d dbias", R, S, stride, pad);
+        check_fd(what, conv_loss, &c, c.b, K, hb, 1e-3, 1e-4, 250);
+    }
+    be->close(be);
+    free(x); free(w); free(b); free(Rr); free(out); free(hx); free(hw); free(hb);
+    free(c.x); free(c.w); free(c.b); free(c.R); free(c.out);
+}
+
+static void test_conv2d(void)
+{
+    conv_case(2, 3, 6, 5, 4, 3, 3, 1, 1, true);   /* the ResNet 3x3 */
+    conv_case(2, 4, 7, 7, 3, 3, 3, 2, 1, false);  /* downsampling 3x3 */
+    conv_case(2, 5, 4, 4, 6, 1, 1, 1, 0, true);   /* pointwise: no im2col */
+    conv_case(2, 4, 6, 6, 3, 1, 1, 2, 0, false);  /* 1x1 stride 2 shortcut */
+    conv_case(1, 2, 5, 6, 2, 5, 3, 1, 2, true);   /* non-square kernel, pad 2 */
+    conv_case(1, 2, 9, 9, 2, 3, 3, 3, 0, false);  /* stride 3, no pad */
+}
+
+/* A convolution big enough that im2col runs in several chunks; against the direct loops. */
+static void test_conv2d_chunked(void)
+{
+    dt_backend *be = be_new();
+    dt_conv2d_shape s;
+    dt_conv2d_shape_init(&s, 2, 64, 96, 96, 4, 3, 3, 1, 1); /* CRS*PQ = 5.3M floats > 4M */
+    dt_rng r;
+    dt_rng_seed(&r, 3);
+    size_t ni = conv_in(&s), no = conv_out(&s), nw = conv_w(&s);
+    float *x = randf(&r, ni, -1, 1), *w = randf(&r, nw, -1, 1), *b = randf(&r, s.K, -1, 1);
+    float *dy = randf(&r, no, -1, 1);
+    float *d_x = up(be, x, ni), *d_w = up(be, w, nw), *d_b = up(be, b, s.K), *d_dy = up(be, dy, no);
+    float *d_out = dev_alloc(be, no * 4);
+    be->conv2d_fwd(be, d_out, d_x, d_w, d_b, &s);
+    double *X = tod(x, ni), *Wd = tod(w, nw), *Bd = tod(b, s.K), *DY = tod(dy, no);
+    double *want = malloc(no * sizeof(double));
+    ref_conv(want, X, Wd, Bd, &s);
+    float *out = down(be, d_out, no);
+    check_close("conv2d_fwd chunked", out, want, no, 1e-4, 1e-4);
+    float *gx = filled(be, ni, 0), *gw = filled(be, nw, 0), *gb = filled(be, s.K, 0);
+    be->conv2d_bwd(be, gx, gw, gb, d_dy, d_x, d_w, &s);
+    double *rx = calloc(ni, sizeof(double)), *rw = calloc(nw, sizeof(double));
+    double *rb = calloc(s.K, sizeof(double));
+    ref_conv_bwd(rx, rw, rb, DY, X, Wd, &s);
+    float *hx = down(be, gx, ni), *hw = down(be, gw, nw), *hb = down(be, gb, s.K);
+    check_close("conv2d_bwd chunked dinp", hx, rx, ni, 1e-4, 1e-4);
+    check_close("conv2d_bwd chunked dw", hw, rw, nw, 1e-4, 1e-2);
+    check_close("conv2d_bwd chunked dbias", hb, rb, s.K, 1e-4, 1e-2);
+    be->close(be);
+    free(x); free(w); free(b); free(dy); free(X); free(Wd); free(Bd); free(DY); free(want);
+    free(out); free(rx); free(rw); free(rb); free(hx); free(hw); free(hb);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* LayerNorm */
+
+typedef struct {
+    double *x, *w, *b, *R, *out;
+    int N, C;
+} ln_ctx;
+
+static double ln_loss(void *p)
+{
+    ln_ctx *c = p;
+    ref_layernorm(c->out, c->x, c->w, c->b, c->N, c->C, 1e-5);
+    return dot_d(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void test_layernorm(void)
+{
+    dt_backend *be = be_new();
+    const int N = 6, C = 37;
+    size_t n = (size_t)N * C;
+    dt_rng r;
+    dt_rng_seed(&r, 17);
+    float *x = randf(&r, n, -2, 3), *w = randf(&r, C, 0.5f, 1.5f), *b = randf(&r, C, -1, 1);
+    float *Rr = randf(&r, n, -1, 1);
+    float *d_x = up(be, x, n), *d_w = up(be, w, C), *d_b = up(be, b, C), *d_R = up(be, Rr, n);
+    float *d_out = dev_alloc(be, n * 4), *d_mean = dev_alloc(be, N * 4), *d_rstd = dev_alloc(be, N * 4);
+    be->layernorm_fwd(be, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 1e-5f);
+    ln_ctx c = {tod(x, n), tod(w, C), tod(b, C), tod(Rr, n), malloc(n * sizeof(double)), N, C};
+    ln_loss(&c);
+    float *out = down(be, d_out, n);
+    check_close("layernorm_fwd", out, c.out, n, 1e-4, 1e-5);
+    float *gx = filled(be, n, PREFILL), *gw = filled(be, C, PREFILL), *gb = filled(be, C, PREFILL);
+    be->layernorm_bwd(be, gx, gw, gb, d_R, d_x, d_w, d_mean, d_rstd, N, C);
+    float *hx = down(be, gx, n), *hw = down(be, gw, C), *hb = down(be, gb, C);
+    check_fd("layernorm_bwd dinp", ln_loss, &c, c.x, n, hx, 1e-3, 1e-4, 400);
+    check_fd("layernorm_bwd dw", ln_loss, &c, c.w, C, hw, 1e-3, 1e-4, 400);
+    check_fd("layernorm_bwd db", ln_loss, &c, c.b, C, hb, 1e-3, 1e-4, 400);
+    be->close(be);
+    free(x); free(w); free(b); free(Rr); free(out); free(hx); free(hw); free(hb);
+    free(c.x); free(c.w); free(c.b); free(c.R); free(c.out);
+}
+
+/* With unit weight and zero bias, every output row has mean 0 and variance 1. */
+static void test_layernorm_moments(void)
+{
+    dt_backend *be = be_new();
+    const int N = 16, C = 768;
+    size_t n = (size_t)N * C;
+    dt_rng r;
+    dt_rng_seed(&r, 18);
+    float *x = randf(&r, n, -3, 10);
+    float *ones = malloc(C * sizeof(float)), *zeros = calloc(C, sizeof(float));
+    for (int i = 0; i < C; i++)
+        ones[i] = 1.0f;
+    float *d_x = up(be, x, n), *d_w = up(be, ones, C), *d_b = up(be, zeros, C);
+    float *d_out = dev_alloc(be, n * 4), *d_mean = dev_alloc(be, N * 4), *d_rstd = dev_alloc(be, N * 4);
+    be->layernorm_fwd(be, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 1e-5f);
+    float *out = down(be, d_out, n);
+    for (int i = 0; i < N; i++) {
+        double m = 0, v = 0;
+        for (int j = 0; j < C; j++)
+            m += out[i * C + j];
+        m /= C;
+        for (int j = 0; j < C; j++)
+            v += (out[i * C + j] - m) * (out[i * C + j] - m);
+        v /= C;
+        DT_CHECK_NEAR(m, 0.0, 1e-5);
+        DT_CHECK_NEAR(v, 1.0, 1e-3);
+    }
+    be->close(be);
+    free(x); free(ones); free(zeros); free(out);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* element-wise */
+
+static void test_gelu(void)
+{
+    dt_backend *be = be_new();
+    const size_t n = 1003; /* not a multiple of any vector width */
+    dt_rng r;
+    dt_rng_seed(&r, 21);
+    float *x = randf(&r, n, -6, 6), *dy = randf(&r, n, -1, 1);
+    x[0] = 0.0f; x[1] = -20.0f; x[2] = 20.0f; x[3] = 1e-4f; x[4] = -50.0f;
+    float *d_x = up(be, x, n), *d_y = dev_alloc(be, n * 4), *d_dy = up(be, dy, n);
+    be->gelu_fwd(be, d_y, d_x, n);
+    float *y = down(be, d_y, n);
+    double *want = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++)
+        want[i] = ref_gelu1(x[i]);
+    check_close("gelu_fwd", y, want, n, 1e-5, 1e-6);
+    float *g = filled(be, n, PREFILL);
+    be->gelu_bwd(be, g, d_x, d_dy, n);
+    float *hg = down(be, g, n);
+    for (size_t i = 0; i < n; i++) {
+        double h = 1e-4, xi = x[i];
+        want[i] = PREFILL + dy[i] * (ref_gelu1(xi + h) - ref_gelu1(xi - h)) / (2 * h);
+    }
+    check_close("gelu_bwd", hg, want, n, 1e-4, 1e-5);
+    be->close(be);
+    free(x); free(dy); free(y); free(want); free(hg);
+}
+
+static void test_relu_residual_scale(void)
+{
+    dt_backend *be = be_new();
+    const size_t n = 517;
+    dt_rng r;
+    dt_rng_seed(&r, 22);
+    float *x = randf(&r, n, -1, 1), *y = randf(&r, n, -1, 1), *dy = randf(&r, n, -1, 1);
+    float *d_x = up(be, x, n), *d_y = up(be, y, n), *d_dy = up(be, dy, n);
+    float *d_o = dev_alloc(be, n * 4);
+    be->relu_fwd(be, d_o, d_x, n);
+    float *o = down(be, d_o, n);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += o[i] != (x[i] > 0 ? x[i] : 0.0f);
+    DT_CHECK_INT(bad, 0);
+    float *g = filled(be, n, PREFILL);
+    be->relu_bwd(be, g, d_o, d_dy, n);
+    float *hg = down(be, g, n);
+    bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += hg[i] != PREFILL + (x[i] > 0 ? dy[i] : 0.0f);
+    DT_CHECK_INT(bad, 0);
+    /* in place */
+    be->relu_fwd(be, d_x, d_x, n);
+    float *xi = down(be, d_x, n);
+    DT_CHECK(memcmp(xi, o, n * sizeof(float)) == 0);
+
+    be->memcpy_h2d(be, d_x, x, n * 4);
+    be->residual_fwd(be, d_o, d_x, d_y, n);
+    free(o);
+    o = down(be, d_o, n);
+    bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += o[i] != x[i] + y[i];
+    DT_CHECK_INT(bad, 0);
+    be->accumulate(be, d_o, d_dy, n);
+    be->scale(be, d_o, n, -2.0f);
+    free(o);
+    o = down(be, d_o, n);
+    bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += o[i] != -2.0f * ((x[i] + y[i]) + dy[i]);
+    DT_CHECK_INT(bad, 0);
+    be->close(be);
+    free(x); free(y); free(dy); free(o); free(hg); free(xi);
+}
+
+static void test_bias(void)
+{
+    dt_backend *be = be_new();
+    const int N = 13, C = 70;
+    dt_rng r;
+    dt_rng_seed(&r, 23);
+    float *x = randf(&r, (size_t)N * C, -1, 1), *b = randf(&r, C, -1, 1);
+    float *d_x = up(be, x, (size_t)N * C), *d_b = up(be, b, C);
+    be->bias_add(be, d_x, d_b, N, C);
+    float *o = down(be, d_x, (size_t)N * C);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < C; j++)
+            bad += o[i * C + j] != x[i * C + j] + b[j];
+    DT_CHECK_INT(bad, 0);
+    float *g = filled(be, C, PREFILL);
+    be->memcpy_h2d(be, d_x, x, sizeof(float) * N * C);
+    be->bias_bwd(be, g, d_x, N, C);
+    float *hg = down(be, g, C);
+    double *want = malloc(C * sizeof(double));
+    for (int j = 0; j < C; j++) {
+        want[j] = PREFILL;
+        for (int i = 0; i < N; i++)
+            want[j] += x[i * C + j];
+    }
+    check_close("bias_bwd", hg, want, C, 1e-6, 1e-6);
+    be->close(be);
+    free(x); free(b); free(o); free(hg); free(want);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* embeddings */
+
+static void test_embedding(void)
+{
+    dt_backend *be = be_new();
+    const int B = 3, T = 5, C = 12, V = 7, maxT = 8;
+    dt_rng r;
+    dt_rng_seed(&r, 31);
+    int32_t tok[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)dt_rng_below(&r, V);
+    tok[1] = tok[0]; /* repeated tokens must accumulate */
+    float *wte = randf(&r, (size_t)V * C, -1, 1), *wpe = randf(&r, (size_t)maxT * C, -1, 1);
+    float *dy = randf(&r, (size_t)B * T * C, -1, 1);
+    int32_t *d_tok = up_i(be, tok, B * T);
+    float *d_wte = up(be, wte, (size_t)V * C), *d_wpe = up(be, wpe, (size_t)maxT * C);
+    float *d_dy = up(be, dy, (size_t)B * T * C), *d_o = dev_alloc(be, sizeof(float) * B * T * C);
+    be->embedding_fwd(be, d_o, d_tok, d_wte, d_wpe, B, T, C);
+    float *o = down(be, d_o, (size_t)B * T * C);
+    int bad = 0;
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++)
+            bad += o[i * C + c] != wte[tok[i] * C + c] + wpe[(i % T) * C + c];
+    DT_CHECK_INT(bad, 0);
+    be->embedding_fwd(be, d_o, d_tok, d_wte, NULL, B, T, C); /* no positions */
+    free(o);
+    o = down(be, d_o, (size_t)B * T * C);
+    bad = 0;
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++)
+            bad += o[i * C + c] != wte[tok[i] * C + c];
+    DT_CHECK_INT(bad, 0);
+
+    float *gte = filled(be, (size_t)V * C, PREFILL), *gpe = filled(be, (size_t)maxT * C, PREFILL);
+    be->embedding_bwd(be, gte, gpe, d_dy, d_tok, B, T, C);
+    float *hte = down(be, gte, (size_t)V * C), *hpe = down(be, gpe, (size_t)maxT * C);
+    double *wte_w = calloc((size_t)V * C, sizeof(double)), *wpe_w = calloc((size_t)maxT * C, 8);
+    for (size_t i = 0; i < (size_t)V * C; i++)
+        wte_w[i] = PREFILL;
+    for (size_t i = 0; i < (size_t)maxT * C; i++)
+        wpe_w[i] = PREFILL;
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++) {
+            wte_w[tok[i] * C + c] += dy[i * C + c];
+            wpe_w[(i % T) * C + c] += dy[i * C + c];
+        }
+    check_close("embedding_bwd dwte", hte, wte_w, (size_t)V * C, 1e-6, 1e-6);
+    check_close("embedding_bwd dwpe", hpe, wpe_w, (size_t)maxT * C, 1e-6, 1e-6);
+    be->embedding_bwd(be, gte, NULL, d_dy, d_tok, B, T, C); /* NULL dwpe is skipped */
+    be->close(be);
+    free(wte); free(wpe); free(dy); free(o); free(hte); free(hpe); free(wte_w); free(wpe_w);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* cross-entropy */
+
+static double ref_xent_row(const double *l, int V, int tgt)
+{
+    double m = -INFINITY, s = 0;
+    for (int j = 0; j < V; j++)
+        m = l[j] > m ? l[j] : m;
+    for (int j = 0; j < V; j++)
+        s += exp(l[j] - m);
+    return m + log(s) - l[tgt];
+}
+
+typedef struct {
+    double *logits;
+    const int32_t *tgt;
+    int N, V;
+    double dloss;
+} xe_ctx;
+
+static double xe_loss(void *p)
+{
+    xe_ctx *c = p;
+    double s = 0;
+    for (int i = 0; i < c->N; i++)
+        if (c->tgt[i] >= 0)
+            s += c->dloss * ref_xent_row(c->logits + (size_t)i * c->V, c->V, c->tgt[i]);
+    return s;
+}
+
+static void test_xent(void)
+{
+    dt_backend *be = be_new();
+    const int N = 9, V = 37;
+    dt_rng r;
+    dt_rng_seed(&r, 41);
+    float *l = randf(&r, (size_t)N * V, -4, 4);
+    int32_t tgt[N];
+    for (int i = 0; i < N; i++)
+        tgt[i] = (int32_t)dt_rng_below(&r, V);
+    tgt[3] = -1; /* ignored */
+    const float dloss = 1.0f / 8;
+    float *d_l = up(be, l, (size_t)N * V), *d_loss = dev_alloc(be, N * 4);
+    float *d_dl = filled(be, (size_t)N * V, 77.0f); /* SET, not accumulated */
+    int32_t *d_t = up_i(be, tgt, N);
+    int valid = -1;
+    be->xent_fwd_bwd(be, d_loss, d_dl, d_l, d_t, N, V, dloss, &valid);
+    DT_CHECK_INT(valid, N - 1);
+    float *loss = down(be, d_loss, N), *dl = down(be, d_dl, (size_t)N * V);
+    xe_ctx c = {tod(l, (size_t)N * V), tgt, N, V, dloss};
+    double want[N];
+    for (int i = 0; i < N; i++)
+        want[i] = tgt[i] < 0 ? 0.0 : ref_xent_row(c.logits + (size_t)i * V, V, tgt[i]);
+    check_close("xent losses", loss, want, N, 1e-5, 1e-5);
+    for (size_t i = 0; i < (size_t)N * V; i++)
+        dl[i] += PREFILL; /* check_fd subtracts the prefill */
+    check_fd("xent dlogits", xe_loss, &c, c.logits, (size_t)N * V, dl, 1e-3, 1e-6, 400);
+    int nz = 0;
+    for (int j = 0; j < V; j++)
+        nz += dl[3 * V + j] != PREFILL;
+    DT_CHECK_MSG(nz == 0, "ignored target has a non-zero gradient");
+
+    /* dlogits aliasing logits */
+    be->xent_fwd_bwd(be, d_loss, d_l, d_l, d_t, N, V, dloss, NULL);
+    float *dl2 = down(be, d_l, (size_t)N * V), *loss2 = down(be, d_loss, N);
+    for (size_t i = 0; i < (size_t)N * V; i++)
+        dl2[i] += PREFILL;
+    DT_CHECK(memcmp(dl2, dl, sizeof(float) * N * V) == 0);
+    DT_CHECK(memcmp(loss2, loss, sizeof(float) * N) == 0);
+    be->close(be);
+    free(l); free(loss); free(dl); free(dl2); free(loss2); free(c.logits);
+}
+
+/* Cross-entropy of uniform logits is ln V whatever the target. */
+static void test_xent_uniform(void)
+{
+    dt_backend *be = be_new();
+    const int N = 4, V = 50257;
+    float *l = malloc(sizeof(float) * N * V);
+    for (size_t i = 0; i < (size_t)N * V; i++)
+        l[i] = 3.25f;
+    int32_t tgt[4] = {0, 17, V - 1, 12345};
+    float *d_l = up(be, l, (size_t)N * V), *d_loss = dev_alloc(be, N * 4);
+    int32_t *d_t = up_i(be, tgt, N);
+    be->xent_fwd_bwd(be, d_loss, NULL, d_l, d_t, N, V, 1.0f, NULL);
+    float *loss = down(be, d_loss, N);
+    for (int i = 0; i < N; i++)
+        DT_CHECK_NEAR(loss[i], log((double)V), 1e-5);
+    be->close(be);
+    free(l); free(loss);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* BatchNorm */
+
+typedef struct {
+    double *x, *w, *b, *R, *out;
+    int N, C, HW;
+} bn_ctx;
+
+static double bn_loss(void *p)
+{
+    bn_ctx *c = p;
+    ref_bn(c->out, c->x, c->w, c->b, c->N, c->C, c->HW, 1e-5);
+    return dot_d(c->out, c->R, (size_t)c->N * c->C * c->HW);
+}
+
+static void test_batchnorm(void)
+{
+    dt_backend *be = be_new();
+    const int N = 4, C = 3, HW = 10;
+    const size_t n = (size_t)N * C * HW;
+    dt_rng r;
+    dt_rng_seed(&r, 51);
+    float *x = randf(&r, n, -1, 3), *w = randf(&r, C, 0.5f, 1.5f), *b = randf(&r, C, -1, 1);
+    float *Rr = randf(&r, n, -1, 1);
+    float rm0[3] = {0.1f, -0.2f, 0.3f}, rv0[3] = {1.0f, 2.0f, 0.5f};
+    float *d_x = up(be, x, n), *d_w = up(be, w, C), *d_b = up(be, b, C), *d_R = up(be, Rr, n);
+    float *d_rm = up(be, rm0, C), *d_rv = up(be, rv0, C);
+    float *d_sum = dev_alloc(be, C * 4), *d_sq = dev_alloc(be, C * 4), *d_mean = dev_alloc(be, C * 4);
+    float *d_rstd = dev_alloc(be, C * 4), *d_out = dev_alloc(be, n * 4);
+    const double count = (double)N * HW;
+    be->bn_stats(be, d_sum, d_sq, d_x, N, C, HW);
+    be->bn_fwd_apply(be, d_out, d_mean, d_rstd, d_rm, d_rv, d_x, d_w, d_b, d_sum, d_sq, count, N,
+                     C, HW, 0.1f, 1e-5f);
+    bn_ctx c = {tod(x, n), tod(w, C), tod(b, C), tod(Rr, n), malloc(n * sizeof(double)), N, C, HW};
+    bn_loss(&c);
+    float *out = down(be, d_out, n);
+    check_close("bn_fwd_apply", out, c.out, n, 1e-4, 1e-4);
+
+    /* running statistics: momentum 0.1, unbiased variance */
+    float *rm = down(be, d_rm, C), *rv = down(be, d_rv, C);
+    for (int ch = 0; ch < C; ch++) {
+        double m = 0, v = 0;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < HW; j++)
+                m += x[((size_t)i * C + ch) * HW + j];
+        m /= count;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < HW; j++) {
+                double d = x[((size_t)i * C + ch) * HW + j] - m;
+                v += d * d;
+            }
+        v /= count - 1;
+        DT_CHECK_NEAR(rm[ch], 0.9 * rm0[ch] + 0.1 * m, 1e-5);
+        DT_CHECK_NEAR(rv[ch], 0.9 * rv0[ch] + 0.1 * v, 1e-5);
+    }
+
+    /* backward: reduce then apply */
+    float *gx = filled(be, n, PREFILL), *gw = filled(be, C, PREFILL), *gb = filled(be, C, PREFILL);
+    float *d_sdy = dev_alloc(be, C * 4), *d_sdyx = dev_alloc(be, C * 4);
+    be->bn_bwd_reduce(be, gw, gb, d_sdy, d_sdyx, d_R, d_x, d_mean, d_rstd, N, C, HW);
+    be->bn_bwd_apply(be, gx, d_R, d_x, d_w, d_mean, d_rstd, d_sdy, d_sdyx, count, N, C, HW);
+    float *hx = down(be, gx, n), *hw = down(be, gw, C), *hb = down(be, gb, C);
+    check_fd("bn_bwd dinp", bn_loss, &c, c.x, n, hx, 1e-3, 1e-4, 400);
+    check_fd("bn_bwd dw", bn_loss, &c, c.w, C, hw, 1e-3, 1e-4, 400);
+    check_fd("bn_bwd db", bn_loss, &c, c.b, C, hb, 1e-3, 1e-4, 400);
+
+    /* eval: from the running statistics */
+    be->bn_fwd_eval(be, d_out, d_x, d_rm, d_rv, d_w, d_b, N, C, HW, 1e-5f);
+    float *ev = down(be, d_out, n);
+    double *evw = malloc(n * sizeof(double));
+    for (int i = 0; i < N; i++)
+        for (int ch = 0; ch < C; ch++)
+            for (int j = 0; j < HW; j++) {
+                size_t k = ((size_t)i * C + ch) * HW + j;
+                evw[k] = w[ch] * (x[k] - rm[ch]) / sqrt((double)rv[ch] + 1e-5) + b[ch];
+            }
+    check_close("bn_fwd_eval", ev, evw, n, 1e-5, 1e-5);
+    be->close(be);
+    free(x); free(w); free(b); free(Rr); free(out); free(rm); free(rv); free(hx); free(hw);
+    free(hb); free(ev); free(evw); free(c.x); free(c.w); free(c.b); free(c.R); free(c.out);
+}
+
+/* SyncBatchNorm's arithmetic: two "ranks" with half the batch each, their sums added (what the
+ * all-reduce does) and the global count, give exactly the full-batch forward and backward. */
+static void test_batchnorm_split(void)
+{
+    dt_backend *be = be_new();
+    const int N = 6, C = 4, HW = 9, H = N / 2;
+    const size_t n = (size_t)N * C * HW, nh = n / 2;
+    dt_rng r;
+    dt_rng_seed(&r, 52);
+    float *x = randf(&r, n, -2, 2), *w = randf(&r, C, 0.5f, 1.5f), *b = randf(&r, C, -1, 1);
+    float *dy = randf(&r, n, -1, 1);
+    float *d_x = up(be, x, n), *d_w = up(be, w, C), *d_b = up(be, b, C), *d_dy = up(be, dy, n);
+    float *s_full = dev_alloc(be, 8 * C * 4); /* sum sq mean rstd sdy sdyx, scratch */
+    float *sum = s_full, *sq = s_full + C, *mean = s_full + 2 * C, *rstd = s_full + 3 * C;
+    float *sdy = s_full + 4 * C, *sdyx = s_full + 5 * C;
+    float *out_full = dev_alloc(be, n * 4), *gx_full = filled(be, n, 0);
+    float *gw_full = filled(be, C, 0), *gb_full = filled(be, C, 0);
+    be->bn_stats(be, sum, sq, d_x, N, C, HW);
+    be->bn_fwd_apply(be, out_full, mean, rstd, NULL, NULL, d_x, d_w, d_b, sum, sq, (double)N * HW,
+                     N, C, HW, 0.1f, 1e-5f);
+    be->bn_bwd_reduce(be, gw_full, gb_full, sdy, sdyx, d_dy, d_x, mean, rstd, N, C, HW);
+    be->bn_bwd_apply(be, gx_full, d_dy, d_x, d_w, mean, rstd, sdy, sdyx, (double)N * HW, N, C, HW);
+
+    /* two halves */
+    float *st = dev_alloc(be, 12 * C * 4);
+    float *sA = st, *qA = st + C, *sB = st + 2 * C, *qB = st + 3 * C;
+    float *m2 = st + 4 * C, *r2 = st + 5 * C, *dA = st + 6 * C, *xA = st + 7 * C;
+    float *dB = st + 8 * C, *xB = st + 9 * C;
+    float *out2 = dev_alloc(be, n * 4), *gx2 = filled(be, n, 0);
+    float *gw2 = filled(be, C, 0), *gb2 = filled(be, C, 0);
+    be->bn_stats(be, sA, qA, d_x, H, C, HW);
+    be->bn_stats(be, sB, qB, d_x + nh, H, C, HW);
+    be->accumulate(be, sA, sB, C); /* all-reduce sum */
+    be->accumulate(be, qA, qB, C);
+    be->bn_fwd_apply(be, out2, m2, r2, NULL, NULL, d_x, d_w, d_b, sA, qA, (double)N * HW, H, C, HW,
+                     0.1f, 1e-5f);
+    be->bn_fwd_apply(be, out2 + nh, m2, r2, NULL, NULL, d_x + nh, d_w, d_b, sA, qA,
+                     (double)N * HW, H, C, HW, 0.1f, 1e-5f);
+    be->bn_bwd_reduce(be, gw2, gb2, dA, xA, d_dy, d_x, m2, r2, H, C, HW);
+    be->bn_bwd_reduce(be, gw2, gb2, dB, xB, d_dy + nh, d_x + nh, m2, r2, H, C, HW);
+    be->accumulate(be, dA, dB, C);
+    be->accumulate(be, xA, xB, C);
+    be->bn_bwd_apply(be, gx2, d_dy, d_x, d_w, m2, r2, dA, xA, (double)N * HW, H, C, HW);
+    be->bn_bwd_apply(be, gx2 + nh, d_dy + nh, d_x + nh, d_w, m2, r2, dA, xA, (double)N * HW, H, C,
+                     HW);
+    float *o1 = down(be, out_full, n), *o2 = down(be, out2, n);
+    float *g1 = down(be, gx_full, n), *g2 = down(be, gx2, n);
+    double *o1d = tod(o1, n), *g1d = tod(g1, n);
+    check_close("split bn forward", o2, o1d, n, 1e-5, 1e-6);
+    check_close("split bn dinp", g2, g1d, n, 1e-4, 1e-6);
+    float *w1 = down(be, gw_full, C), *w2 = down(be, gw2, C);
+    double *w1d = tod(w1, C);
+    check_close("split bn dw", w2, w1d, C, 1e-5, 1e-6);
+    be->close(be);
+    free(x); free(w); free(b); free(dy); free(o1); free(o2); free(g1); free(g2); free(o1d);
+    free(g1d); free(w1); free(w2); free(w1d);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* pooling */
+
+typedef struct {
+    double *x, *R;
+    int N, C, H, W, k, stride, pad;
+} mp_ctx;
+
+static double mp_loss(void *ctx)
+{
+    mp_ctx *c = ctx;
+    int P = (c->H + 2 * c->pad - c->k) / c->stride + 1, Q = (c->W + 2 * c->pad - c->k) / c->stride + 1;
+    double s = 0;
+    for (int nc = 0; nc < c->N * c->C; nc++)
+        for (int p = 0; p < P; p++)
+            for (int q = 0; q < Q; q++) {
+                double m = -INFINITY;
+                for (int i = 0; i < c->k; i++)
+                    for (int j = 0; j < c->k; j++) {
+                        int ih = p * c->stride - c->pad + i, iw = q * c->stride - c->pad + j;
+                        if (ih >= 0 && ih < c->H && iw >= 0 && iw < c->W) {
+                            double v = c->x[((size_t)nc * c->H + ih) * c->W + iw];
+                            m = v > m ? v : m;
+                        }
+                    }
+                s += m * c->R[((size_t)nc * P + p) * Q + q];
+            }
+    return s;
+}
+
+static void test_pooling(void)
+{
+    dt_backend *be = be_new();
+    const int N = 2, C = 3, H = 7, W = 6, k = 3, stride = 2, pad = 1;
+    const int P = (H + 2 * pad - k) / stride + 1, Q = (W + 2 * pad - k) / stride + 1;
+    size_t ni = (size_t)N * C * H * W, no = (size_t)N * C * P * Q;
+    dt_rng r;
+    dt_rng_seed(&r, 61);
+    /* distinct values spaced well apart so finite differences never cross a tie */
+    uint64_t *perm = malloc(ni * sizeof(uint64_t));
+    dt_rng_permutation(&r, perm, ni);
+    float *x = malloc(ni * sizeof(float));
+    for (size_t i = 0; i < ni; i++)
+        x[i] = 0.05f * (float)perm[i] - 3.0f;
+    float *Rr = randf(&r, no, -1, 1);
+    float *d_x = up(be, x, ni), *d_R = up(be, Rr, no), *d_o = dev_alloc(be, no * 4);
+    int32_t *d_idx = dev_alloc(be, no * 4);
+    be->maxpool_fwd(be, d_o, d_idx, d_x, N, C, H, W, k, stride, pad);
+    float *g = filled(be, ni, PREFILL);
+    be->maxpool_bwd(be, g, d_R, d_idx, N, C, H, W, P, Q);
+    float *hg = down(be, g, ni);
+    mp_ctx c = {tod(x, ni), tod(Rr, no), N, C, H, W, k, stride, pad};
+    check_fd("maxpool_bwd", mp_loss, &c, c.x, ni, hg, 1e-4, 1e-5, 1000);
+    float *o = down(be, d_o, no);
+    double s = 0;
+    for (size_t i = 0; i < no; i++)
+        s += (double)o[i] * Rr[i];
+    DT_CHECK_NEAR(s, mp_loss(&c), 1e-3);
+
+    /* global average pooling */
+    const int HW = 11;
+    size_t na = (size_t)N * C * HW;
+    float *a = randf(&r, na, -1, 1), *dy = randf(&r, (size_t)N * C, -1, 1);
+    float *d_a = up(be, a, na), *d_dy = up(be, dy, (size_t)N * C), *d_ao = dev_alloc(be, N * C * 4);
+    be->avgpool_fwd(be, d_ao, d_a, N, C, HW);
+    float *ao = down(be, d_ao, (size_t)N * C);
+    double want[N * C];
+    for (int i = 0; i < N * C; i++) {
+        want[i] = 0;
+        for (int j = 0; j < HW; j++)
+            want[i] += a[i * HW + j];
+        want[i] /= HW;
+    }
+    check_close("avgpool_fwd", ao, want, (size_t)N * C, 1e-6, 1e-6);
+    float *ga = filled(be, na, PREFILL);
+    be->avgpool_bwd(be, ga, d_dy, N, C, HW);
+    float *hga = down(be, ga, na);
+    double *gw = malloc(na * sizeof(double));
+    for (size_t i = 0; i < na; i++)
+        gw[i] = PREFILL + dy[i / HW] / HW;
+    check_close("avgpool_bwd", hga, gw, na, 1e-6, 1e-6);
+    be->close(be);
+    free(perm); free(x); free(Rr); free(hg); free(o); free(a); free(dy); free(ao); free(hga);
+    free(gw); free(c.x); free(c.R);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* optimisers */
+
+/* Literal numbers worked out by hand from torch.optim.SGD's rules. */
+static void test_sgd_by_hand(void)
+{
+    dt_backend *be = be_new();
+    float p0[3] = {1.0f, 1.0f, 1.0f}, g0[3] = {0.5f, 0.5f, 0.5f};
+    float *p = up(be, p0, 3), *g = up(be, g0, 3), *buf = dev_alloc(be, 12);
+    /* momentum 0.9, lr 0.1: step 1 buf = g = 0.5, p = 1 - 0.05 = 0.95;
+     * step 2 buf = 0.9*0.5 + 0.5 = 0.95, p = 0.95 - 0.095 = 0.855 */
+    be->sgd_update(be, p, g, buf, 3, 0.1f, 0.9f, false, 0.0f, true);
+    float h[3];
+    be->memcpy_d2h(be, h, p, 12);
+    DT_CHECK_NEAR(h[0], 0.95, 1e-7);
+    be->sgd_update(be, p, g, buf, 3, 0.1f, 0.9f, false, 0.0f, false);
+    be->memcpy_d2h(be, h, p, 12);
+    DT_CHECK_NEAR(h[1], 0.855, 1e-7);
+    /* Nesterov: step 1 buf = 0.5, d = 0.5 + 0.9*0.5 = 0.95, p = 1 - 0.095 = 0.905 */
+    be->memcpy_h2d(be, p, p0, 12);
+    be->sgd_update(be, p, g, buf, 3, 0.1f, 0.9f, true, 0.0f, true);
+    be->memcpy_d2h(be, h, p, 12);
+    DT_CHECK_NEAR(h[2], 0.905, 1e-7);
+    /* weight decay 0.1, no momentum: d = 0.5 + 0.1*1 = 0.6, p = 1 - 0.06 = 0.94 */
+    be->memcpy_h2d(be, p, p0, 12);
+    be->sgd_update(be, p, g, NULL, 3, 0.1f, 0.0f, false, 0.1f, true);
+    be->memcpy_d2h(be, h, p, 12);
+    DT_CHECK_NEAR(h[0], 0.94, 1e-7);
+    be->close(be);
+}
+
+/* Several steps against the rules of torch.optim.SGD, in double. */
+static void test_sgd_steps(void)
+{
+    dt_backend *be = be_new();
+    const size_t n = 101;
+    dt_rng r;
+    dt_rng_seed(&r, 71);
+    for (int nesterov = 0; nesterov < 2; nesterov++) {
+        float *p0 = randf(&r, n, -1, 1);
+        double *P = tod(p0, n), *Bf = calloc(n, sizeof(double));
+        float *p = up(be, p0, n), *buf = dev_alloc(be, n * 4);
+        const double lr = 0.05, mom = 0.9, wd = 0.01;
+        for (int step = 0; step < 5; step++) {
+            float *g0 = randf(&r, n, -1, 1);
+            float *g = up(be, g0, n);
+            be->sgd_update(be, p, g, buf, n, (float)lr, (float)mom, nesterov, (float)wd, step == 0);
+            for (size_t i = 0; i < n; i++) {
+                double d = g0[i] + wd * P[i];
+                Bf[i] = step == 0 ? d : mom * Bf[i] + d;
+                d = nesterov ? d + mom * Bf[i] : Bf[i];
+                P[i] -= lr * d;
+            }
+            be->free(be, g);
+            free(g0);
+        }
+        float *hp = down(be, p, n);
+        check_close(nesterov ? "sgd nesterov" : "sgd momentum", hp, P, n, 1e-5, 1e-6);
+        free(p0); free(P); free(Bf); free(hp);
+    }
+    be->close(be);
+}
+
+static void test_adamw(void)
+{
+    dt_backend *be = be_new();
+    /* By hand, step 1: m = 0.1 g, v = 0.001 g^2, mhat = g, vhat = g^2, so
+     * p = p*(1 - lr*wd) - lr * g/(|g| + eps) = 2*(1 - 0.01*0.1) - 0.01 * 0.5/(0.5 + 1e-8) */
+    float p0 = 2.0f, g0 = 0.5f;
+    float *p = up(be, &p0, 1), *g = up(be, &g0, 1), *m = dev_alloc(be, 4), *v = dev_alloc(be, 4);
+    be->adamw_update(be, p, g, m, v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1);
+    float h;
+    be->memcpy_d2h(be, &h, p, 4);
+    DT_CHECK_NEAR(h, 2.0 * (1 - 0.001) - 0.01 * 0.5 / (0.5 + 1e-8), 2e-7);
+
+    /* Several steps against torch.optim.AdamW's rules, in double. */
+    const size_t n = 257;
+    dt_rng r;
+    dt_rng_seed(&r, 72);
+    float *pp0 = randf(&r, n, -1, 1);
+    double *P = tod(pp0, n), *M = calloc(n, 8), *Vv = calloc(n, 8);
+    float *pp = up(be, pp0, n), *mm = dev_alloc(be, n * 4), *vv = dev_alloc(be, n * 4);
+    const double lr = 3e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    for (int t = 1; t <= 6; t++) {
+        float *g0h = randf(&r, n, -1, 1);
+        float *gd = up(be, g0h, n);
+        be->adamw_update(be, pp, gd, mm, vv, n, (float)lr, (float)b1, (float)b2, (float)eps,
+                         (float)wd, t);
+        for (size_t i = 0; i < n; i++) {
+            P[i] *= 1 - lr * wd;
+            M[i] = b1 * M[i] + (1 - b1) * g0h[i];
+            Vv[i] = b2 * Vv[i] + (1 - b2) * (double)g0h[i] * g0h[i];
+            double mh = M[i] / (1 - pow(b1, t)), vh = Vv[i] / (1 - pow(b2, t));
+            P[i] -= lr * mh / (sqrt(vh) + eps);
+        }
+        be->free(be, gd);
+        free(g0h);
+    }
+    float *hp = down(be, pp, n), *hm = down(be, mm, n), *hv = down(be, vv, n);
+    check_close("adamw params", hp, P, n, 1e-5, 1e-6);
+    check_close("adamw m", hm, M, n, 1e-5, 1e-7);
+    check_close("adamw v", hv, Vv, n, 1e-5, 1e-8);
+    be->close(be);
+    free(pp0); free(P); free(M); free(Vv); free(hp); free(hm); free(hv);
+}
+
+static void test_sumsq_nonfinite(void)
+{
+    dt_backend *be = be_new();
+    const size_t n = 10007;
+    float *x = malloc(n * sizeof(float));
+    double want = 0;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)((int)(i % 17) - 8) * 0.125f;
+        want += (double)x[i] * x[i];
+    }
+    float *d = up(be, x, n);
+    DT_CHECK_NEAR(be->sumsq(be, d, n), want, 1e-9 * want);
+    DT_CHECK_INT(be->count_nonfinite(be, d, n), 0);
+    x[5] = NAN;
+    x[77] = INFINITY;
+    x[n - 1] = -INFINITY;
+    be->memcpy_h2d(be, d, x, n * sizeof(float));
+    DT_CHECK_INT(be->count_nonfinite(be, d, n), 3);
+    be->close(be);
+    free(x);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* backend plumbing */
+
+static void test_memory_and_profile(void)
+{
+    dt_backend *be = be_new();
+    DT_CHECK_STR(be->name, "cpu");
+    void *p = NULL;
+    dt_err err = {0}, *e = &err;
+    DT_REQUIRE_OK(be->alloc(be, &p, 1 << 20, e), e);
+    const unsigned char *b = p;
+    int nz = 0;
+    for (int i = 0; i < 1 << 20; i++)
+        nz += b[i] != 0;
+    DT_CHECK_INT(nz, 0);
+    DT_CHECK(((uintptr_t)p & 63) == 0);
+    DT_CHECK(be->peak_bytes(be) >= (size_t)1 << 20);
+    be->free(be, p);
+    be->free(be, NULL);
+
+    const int N = 8, C = 16, OC = 4;
+    float *x = dev_alloc(be, N * C * 4), *w = dev_alloc(be, OC * C * 4), *o = dev_alloc(be, N * OC * 4);
+    be->profile_enable(be, true);
+    be->matmul_fwd(be, o, x, w, NULL, N, C, OC);
+    be->matmul_fwd(be, o, x, w, NULL, N, C, OC);
+    be->gelu_fwd(be, o, o, N * OC);
+    dt_op_stat st[64];
+    int ns = be->profile_read(be, st, 64);
+    DT_REQUIRE(ns > 0 && ns <= 64);
+    int seen = 0;
+    for (int i = 0; i < ns; i++) {
+        if (!strcmp(st[i].name, "matmul_fwd")) {
+            seen++;
+            DT_CHECK(st[i].gemm);
+            DT_CHECK_INT(st[i].calls, 2);
+            DT_CHECK_NEAR(st[i].flops, 2.0 * 2 * N * C * OC, 0);
+        } else if (!strcmp(st[i].name, "gelu_fwd")) {
+            seen++;
+            DT_CHECK(!st[i].gemm);
+            DT_CHECK_INT(st[i].calls, 1);
+        } else {
+            DT_CHECK_MSG(st[i].calls == 0, "%s counted %llu calls", st[i].name,
+                         (unsigned long long)st[i].calls);
+        }
+    }
+    DT_CHECK_INT(seen, 2);
+    be->profile_enable(be, true); /* resets */
+    be->profile_read(be, st, 64);
+    for (int i = 0; i < ns; i++)
+        DT_CHECK_INT(st[i].calls, 0);
+    be->profile_enable(be, false);
+    be->close(be);
+
+    dt_backend *none = NULL;
+    DT_CHECK(dt_backend_open(&none, "tpu", NULL, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "unknown device");
+    dt_backend_close(NULL);
+}
+
+/* Instances are independent: two threads, each with its own backend, get the results of one. */
+typedef struct {
+    const float *x, *w;
+    float *out;
+    int N, C, OC, T, NH;
+} thr_job;
+
+static void *thr_run(void *p)
+{
+    thr_job *j = p;
+    dt_backend *be = NULL;
+    if (dt_cpu_backend_create(&be, NULL, NULL) != 0)
+        return NULL;
+    float *x = NULL, *w = NULL, *o = NULL, *att = NULL, *ao = NULL;
+    size_t nx = (size_t)j->N * j->C, nw = (size_t)j->OC * j->C, no = (size_t)j->N * j->OC;
+    be->alloc(be, (void **)&x, nx * 4, NULL);
+    be->alloc(be, (void **)&w, nw * 4, NULL);
+    be->alloc(be, (void **)&o, no * 4, NULL);
+    int B = j->N / j->T, Cq = j->OC / 3;
+    be->alloc(be, (void **)&att, (size_t)B * j->NH * j->T * j->T * 4, NULL);
+    be->alloc(be, (void **)&ao, (size_t)j->N * Cq * 4, NULL);
+    be->memcpy_h2d(be, x, j->x, nx * 4);
+    be->memcpy_h2d(be, w, j->w, nw * 4);
+    be->profile_enable(be, true);
+    for (int rep = 0; rep < 20; rep++) {
+        be->matmul_fwd(be, o, x, w, NULL, j->N, j->C, j->OC);
+        be->attention_fwd(be, ao, att, o, B, j->T, Cq, j->NH);
+    }
+    be->memcpy_d2h(be, j->out, ao, (size_t)j->N * Cq * 4);
+    be->close(be);
+    return j;
+}
+
+static void test_instances_independent(void)
+{
+    const int T = 64, B = 4, N = B * T, C = 48, OC = 3 * 32, NH = 4;
+    dt_rng r;
+    dt_rng_seed(&r, 81);
+    float *x = randf(&r, (size_t)N * C, -1, 1), *w = randf(&r, (size_t)OC * C, -1, 1);
+    size_t no = (size_t)N * (OC / 3);
+    float *ref = malloc(no * 4), *o1 = malloc(no * 4), *o2 = malloc(no * 4);
+    thr_job j0 = {x, w, ref, N, C, OC, T, NH}, j1 = j0, j2 = j0;
+    j1.out = o1;
+    j2.out = o2;
+    DT_REQUIRE(thr_run(&j0) != NULL);
+    pthread_t t1, t2;
+    DT_REQUIRE(pthread_create(&t1, NULL, thr_run, &j1) == 0);
+    DT_REQUIRE(pthread_create(&t2, NULL, thr_run, &j2) == 0);
+    void *r1, *r2;
+    pthread_join(t1, &r1);
+    pthread_join(t2, &r2);
+    DT_CHECK(r1 && r2);
+    DT_CHECK(memcmp(ref, o1, no * 4) == 0);
+    DT_CHECK(memcmp(ref, o2, no * 4) == 0);
+    free(x); free(w); free(ref); free(o1); free(o2);
+}
+
+static const dt_test tests[] = {
+    {"matmul", test_matmul, 0},
+    {"attention", test_attention, 60},
+    {"attention_causality", test_attention_causality, 0},
+    {"conv2d", test_conv2d, 0},
+    {"conv2d_chunked", test_conv2d_chunked, 60},
+    {"layernorm", test_layernorm, 0},
+    {"layernorm_moments", test_layernorm_moments, 0},
+    {"gelu", test_gelu, 0},
+    {"relu_residual_scale", test_relu_residual_scale, 0},
+    {"bias", test_bias, 0},
+    {"embedding", test_embedding, 0},
+    {"xent", test_xent, 0},
+    {"xent_uniform", test_xent_uniform, 0},
+    {"batchnorm", test_batchnorm, 0},
+    {"batchnorm_split", test_batchnorm_split, 0},
+    {"pooling", test_pooling, 0},
+    {"sgd_by_hand", test_sgd_by_hand, 0},
+    {"sgd_steps", test_sgd_steps, 0},
+    {"adamw", test_adamw, 0},
+    {"sumsq_nonfinite", test_sumsq_nonfinite, 0},
+    {"memory_and_profile", test_memory_and_profile, 0},
+    {"instances_independent", test_instances_independent, 0},
+};
+
+int main(int argc, char **argv)
+{
+    return dt_test_main("test_kernels", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
