@@ -1,9 +1,286 @@
-/* ckpt.c - `dtrain ckpt list|show|verify`: checkpoint tools. */
+/* ckpt.c - `dtrain ckpt list|show|verify`: look at checkpoints without a model or a GPU.
+ *
+ *   dtrain ckpt list DIR      every step_<N> under DIR, newest first, with a quick check
+ *   dtrain ckpt show PATH     one checkpoint: step, loss, data position, files, tensors, job
+ *   dtrain ckpt verify PATH   full check (checksums, headers); exit 0 valid, 1 invalid
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "cmd/cmd.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "runtime/ckpt.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: dtrain ckpt list DIR        checkpoints under DIR, newest first\n"
+            "       dtrain ckpt show PATH       what one checkpoint holds\n"
+            "       dtrain ckpt verify PATH     check every file of a checkpoint (or of every\n"
+            "                                   checkpoint under a directory)\n"
+            "Each takes --help. Exit codes: 0 ok, 1 invalid or unreadable, 2 usage.\n");
+}
+
+static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
+
+static void fmt_time(char *out, size_t size, double t)
+{
+    time_t s = (time_t)t;
+    struct tm tm;
+    if (t <= 0 || !localtime_r(&s, &tm) || !strftime(out, size, "%Y-%m-%d %H:%M:%S", &tm))
+        dt_strlcpy(out, "-", size);
+}
+
+static uint64_t total_bytes(const dt_ckpt_info *in)
+{
+    uint64_t b = 0;
+    for (int i = 0; i < in->num_files; i++)
+        b += in->files[i].bytes;
+    return b;
+}
+
+static int cmd_list(int argc, char **argv)
+{
+    bool verify = false;
+    const char *dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            printf("usage: dtrain ckpt list [--verify] DIR\n\n"
+                   "Lists the step_<N> checkpoints under DIR (a job's checkpoint.dir), newest\n"
+                   "first: step, epoch, samples seen, loss, size, when saved, and whether it is\n"
+                   "complete (state.json intact, every file there with its size). --verify reads\n"
+                   "every file and checks its checksum too. The first valid one is what\n"
+                   "resume = auto loads. Exit 0, or 1 when DIR cannot be read.\n");
+            return 0;
+        }
+        if (!strcmp(argv[i], "--verify"))
+            verify = true;
+        else if (!dir && argv[i][0] != '-')
+            dir = argv[i];
+        else {
+            fprintf(stderr, "dtrain ckpt list: unexpected argument \"%s\"\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "usage: dtrain ckpt list [--verify] DIR\n");
+        return 2;
+    }
+    int64_t *steps = NULL;
+    int n = 0;
+    dt_err err = {0};
+    if (dt_ckpt_list(dir, &steps, &n, &err)) {
+        fprintf(stderr, "dtrain ckpt list: %s\n", err.msg);
+        return 1;
+    }
+    if (n == 0) {
+        printf("no checkpoints under %s\n", dir);
+        free(steps);
+        return 0;
+    }
+    printf("%-10s %6s %12s %10s %10s  %-19s  %s\n", "STEP", "EPOCH", "SAMPLES", "LOSS", "SIZE",
+           "SAVED", "STATUS");
+    bool first_valid = true;
+    for (int i = 0; i < n; i++) {
+        char path[4096 + 32], when[32], loss[32];
+        dt_ckpt_info in;
+        dt_err e = {0};
+        snprintf(path, sizeof path, "%s/step_%" PRId64, dir, steps[i]);
+        int rc = dt_ckpt_inspect(path, verify, &in, &e);
+        fmt_time(when, sizeof when, in.state.time);
+        if (isfinite(in.state.loss))
+            snprintf(loss, sizeof loss, "%.4f", in.state.loss);
+        else
+            dt_strlcpy(loss, "-", sizeof loss);
+        if (rc) {
+            printf("%-10" PRId64 " %6s %12s %10s %10s  %-19s  invalid: %s\n", steps[i], "-", "-",
+                   "-", "-", "-", e.msg);
+        } else {
+            printf("%-10" PRId64 " %6" PRId64 " %12" PRId64 " %10s %8.1fMB  %-19s  %s%s\n",
+                   in.state.step, in.state.epoch, in.state.samples_seen, loss,
+                   total_bytes(&in) / 1e6, when, verify ? "valid" : "complete",
+                   first_valid ? " (resume = auto loads this one)" : "");
+            first_valid = false;
+        }
+        dt_ckpt_info_free(&in);
+    }
+    free(steps);
+    return 0;
+}
+
+static int cmd_show(int argc, char **argv)
+{
+    const char *path = NULL;
+    bool job = true;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            printf("usage: dtrain ckpt show [--no-job] PATH\n\n"
+                   "Prints what the checkpoint directory PATH (a step_<N>) holds: step, epoch,\n"
+                   "global sample position, loss, learning rate, the world size that wrote it,\n"
+                   "RNG states and other scalars, its files with sizes and checksums, every\n"
+                   "tensor with its shape, and the resolved job (unless --no-job). It reads\n"
+                   "state.json only; `dtrain ckpt verify` checks the files. Exit 0, or 1 when\n"
+                   "state.json is missing or corrupt.\n");
+            return 0;
+        }
+        if (!strcmp(argv[i], "--no-job"))
+            job = false;
+        else if (!path && argv[i][0] != '-')
+            path = argv[i];
+        else {
+            fprintf(stderr, "dtrain ckpt show: unexpected argument \"%s\"\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "usage: dtrain ckpt show [--no-job] PATH\n");
+        return 2;
+    }
+    dt_ckpt_info in;
+    dt_err err = {0};
+    int rc = dt_ckpt_inspect(path, false, &in, &err);
+    if (rc && in.num_tensors == 0) {
+        fprintf(stderr, "dtrain ckpt show: %s: %s\n", path, err.msg);
+        dt_ckpt_info_free(&in);
+        return 1;
+    }
+    const dt_ckpt_state *st = &in.state;
+    char when[32];
+    fmt_time(when, sizeof when, st->time);
+    printf("checkpoint   %s%s%s\n", path, rc ? "  INCOMPLETE: " : "", rc ? err.msg : "");
+    printf("step         %" PRId64 "\n", st->step);
+    printf("epoch        %" PRId64 "\n", st->epoch);
+    printf("sample_pos   %" PRId64 "  (global sample index in the epoch)\n", st->sample_pos);
+    printf("samples_seen %" PRId64 "\n", st->samples_seen);
+    if (isfinite(st->loss))
+        printf("loss         %.6f\n", st->loss);
+    else
+        printf("loss         -\n");
+    printf("lr           %.6g\n", st->lr);
+    printf("world_size   %d  (any world size may resume)\n", st->world_size);
+    printf("saved        %s\n", when);
+    if (st->run_id[0])
+        printf("run_id       %s\n", st->run_id);
+    for (int i = 0; i < st->num_rng; i++)
+        printf("rng          %s: %016" PRIx64 " %016" PRIx64 " %016" PRIx64 " %016" PRIx64 "\n",
+               st->rng[i].name, st->rng[i].rng.s[0], st->rng[i].rng.s[1], st->rng[i].rng.s[2],
+               st->rng[i].rng.s[3]);
+    for (int i = 0; i < st->num_scalars; i++)
+        printf("scalar       %s = %.17g\n", st->scalars[i].name, st->scalars[i].value);
+    for (int i = 0; i < in.num_files; i++)
+        printf("file         %-20s %12" PRIu64 " bytes  xxh64 %016" PRIx64 "\n", in.files[i].name,
+               in.files[i].bytes, in.files[i].xxh64);
+    uint64_t elems = 0;
+    for (int i = 0; i < in.num_tensors; i++) {
+        uint64_t n = 1;
+        for (int d = 0; d < in.tensors[i].ndim; d++)
+            n *= (uint64_t)in.tensors[i].shape[d];
+        elems += n;
+    }
+    printf("tensors      %d (%" PRIu64 " elements)\n", in.num_tensors, elems);
+    for (int i = 0; i < in.num_tensors; i++) {
+        const dt_ckpt_tensor_desc *t = &in.tensors[i];
+        char shape[256];
+        size_t o = (size_t)snprintf(shape, sizeof shape, "[");
+        for (int d = 0; d < t->ndim && o < sizeof shape; d++)
+            o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%" PRId64, d ? ", " : "",
+                                  t->shape[d]);
+        if (o < sizeof shape)
+            snprintf(shape + o, sizeof shape - o, "]");
+        printf("  %s  %s  %s  %s\n", t->file, t->name, t->dtype, shape);
+    }
+    if (job && st->job) {
+        printf("job:\n");
+        for (const char *p = st->job; *p;) {
+            const char *nl = strchr(p, '\n');
+            int len = nl ? (int)(nl - p) : (int)strlen(p);
+            printf("  %.*s\n", len, p);
+            p += len + (nl ? 1 : 0);
+        }
+    }
+    dt_ckpt_info_free(&in);
+    return 0;
+}
+
+static int verify_one(const char *path)
+{
+    dt_ckpt_info in;
+    dt_err err = {0};
+    int rc = dt_ckpt_inspect(path, true, &in, &err);
+    if (rc)
+        printf("%s: invalid: %s\n", path, err.msg);
+    else
+        printf("%s: valid (step %" PRId64 ", %d files, %d tensors, %.1f MB)\n", path,
+               in.state.step, in.num_files, in.num_tensors, total_bytes(&in) / 1e6);
+    dt_ckpt_info_free(&in);
+    return rc ? 1 : 0;
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            printf("usage: dtrain ckpt verify PATH\n\n"
+                   "Checks the checkpoint directory PATH (a step_<N>) as a resume would:\n"
+                   "state.json intact (its own checksum), every file present with its recorded\n"
+                   "size and XXH64, every safetensors header valid and matching the tensor table.\n"
+                   "When PATH is a directory of checkpoints, checks each of them.\n"
+                   "Exit 0 when valid, 1 when not (the reason is printed), 2 on a usage error.\n");
+            return 0;
+        }
+        if (!path && argv[i][0] != '-')
+            path = argv[i];
+        else {
+            fprintf(stderr, "dtrain ckpt verify: unexpected argument \"%s\"\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "usage: dtrain ckpt verify PATH\n");
+        return 2;
+    }
+    char sj[4096 + 32];
+    snprintf(sj, sizeof sj, "%s/state.json", path);
+    int64_t *steps = NULL;
+    int n = 0;
+    if (access(sj, F_OK) != 0 && dt_ckpt_list(path, &steps, &n, NULL) == 0 && n > 0) {
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            char p[4096 + 32];
+            snprintf(p, sizeof p, "%s/step_%" PRId64, path, steps[i]);
+            bad += verify_one(p);
+        }
+        free(steps);
+        return bad ? 1 : 0;
+    }
+    free(steps);
+    return verify_one(path);
+}
 
 int dt_cmd_ckpt(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return dt_cmd_unavailable("ckpt", "checkpoint tools land with the checkpoint issue");
+    if (argc < 2 || is_help(argv[1])) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    dt_log_init();
+    if (!strcmp(argv[1], "list"))
+        return cmd_list(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "show"))
+        return cmd_show(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "verify"))
+        return cmd_verify(argc - 1, argv + 1);
+    const char *names[] = {"list", "show", "verify"};
+    const char *near = dt_nearest(argv[1], names, 3);
+    fprintf(stderr, "dtrain ckpt: unknown command \"%s\"%s%s%s\n", argv[1],
+            near ? "; did you mean \"" : "", near ? near : "", near ? "\"?" : "");
+    usage(stderr);
+    return 2;
 }
