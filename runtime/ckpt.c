@@ -770,8 +770,11 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
         dt_rm_rf(old, NULL);
     }
     made_tmp = false;
-    if ((rc = fsync_path(c->dir, true, err)))
-        goto fail;
+    if ((rc = fsync_path(c->dir, true, err))) {
+        /* The checkpoint is complete and in place, but its rename may not survive a power cut. */
+        dt_err_prefix(err, "checkpoint %s was written but may not survive a power cut: ", final);
+        return rc;
+    }
     *fsync_s += dt_now_s() - t0;
     apply_retention(c, step);
     return 0;

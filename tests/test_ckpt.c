@@ -219,10 +219,10 @@ static void test_xxh64_vectors(void)
     const char *nob = "Nobody inspects the spammish repetition";
     DT_CHECK(dt_xxh64(nob, strlen(nob), 0) == 0xFBCEA83C8A378BF1ULL);
     unsigned char sanity[101];
-    uint64_t gen = 2654435761U;
+    uint32_t gen = 2654435761U; /* the generator of xxhsum's sanity check (0.6 era) */
     for (int i = 0; i < 101; i++) {
-        sanity[i] = (unsigned char)(gen >> 56);
-        gen *= 11400714785074694797ULL;
+        sanity[i] = (unsigned char)(gen >> 24);
+        gen *= gen;
     }
     const uint64_t prime = 2654435761U;
     DT_CHECK(dt_xxh64(NULL, 0, prime) == 0xAC75FDA2929B17EFULL);
@@ -405,7 +405,8 @@ static void test_st_rejects_malformed(void)
     expect_parse(T1("[1,1,1,1,1,1,1,1,1]", "[0,4]"), 4, "too many entries");
     expect_parse(T1("[2]", "[0,4,8]"), 8, "too many entries");
     expect_parse(T1("[2]", "[0]"), 8, "data_offsets must be [BEGIN, END]");
-    expect_parse(T1("[18446744073709551615,2]", "[0,8]"), 8, "overflows");
+    expect_parse(T1("[18446744073709551615,2]", "[0,8]"), 8, "dimension too large");
+    expect_parse(T1("[4294967296,4294967296]", "[0,8]"), 8, "overflows 64 bits");
     expect_parse(T1("[99999999999999999999]", "[0,8]"), 8, "does not fit in 64 bits");
     /* Offsets against sizes and the data section. */
     expect_parse(T1("[2,2]", "[0,12]"), 12, "span 12 bytes but F32 (2, 2) needs 16");
@@ -840,7 +841,7 @@ static void test_ckpt_injected_failures(void)
     n_writes = n_fsyncs = n_renames = 0;
     save_step(c, &a, 3);
     int writes = n_writes, fsyncs = n_fsyncs, renames = n_renames;
-    DT_CHECK(writes >= 3 && fsyncs >= 5 && renames >= 1);
+    DT_CHECK(writes >= 3 && fsyncs == 6 && renames == 1); /* 6: retention removed step_1 */
     int64_t step = 10;
     for (int kind = 0; kind < 3; kind++) {
         int limit = kind == 0 ? writes : kind == 1 ? fsyncs : renames;
@@ -854,8 +855,15 @@ static void test_ckpt_injected_failures(void)
             fake_fill(&a, (uint64_t)step);
             state_for(&st, step);
             int rc = dt_ckpt_save(c, &st, &err);
-            bool after_rename = kind == 1 && k >= fsyncs - 1; /* the final directory fsync */
-            if (!after_rename) {
+            /* fsyncs: each file, the .tmp directory, then (4) the checkpoint directory after
+             * the rename, then retention's, whose failure is only logged. */
+            bool after_rename = kind == 1 && k == 4, ok = kind == 1 && k > 4;
+            if (after_rename) {
+                DT_CHECK(rc != 0);
+                DT_CHECK_CONTAINS(err.msg, "was written but may not survive a power cut");
+            } else if (ok) {
+                DT_CHECK_MSG(rc == 0, "kind %d k %d: %s", kind, k, err.msg);
+            } else {
                 DT_CHECK_MSG(rc != 0, "kind %d k %d: save succeeded", kind, k);
                 DT_CHECK_CONTAINS(err.msg, "not saved");
                 DT_CHECK_CONTAINS(err.msg, "intact");
@@ -876,7 +884,9 @@ static void test_ckpt_injected_failures(void)
             dt_ckpt_state_init(&got);
             bool resumed = false;
             DT_CHECK(dt_ckpt_resume(cb, "auto", &got, &resumed, NULL, 0, &err) == 0 && resumed);
-            DT_CHECK(got.step == (after_rename ? step : 3) || got.step >= 3);
+            DT_CHECK(got.step >= 3);
+            if (after_rename || ok)
+                DT_CHECK_INT(got.step, step);
             dt_ckpt_state_clear(&got);
         }
     }
@@ -1094,8 +1104,9 @@ static void test_cli_tools(void)
 static const char *py_reader(void)
 {
     static char p[4096];
-    const char *bin = dt_test_dtrain_bin(); /* <root>/build/dtrain */
-    snprintf(p, sizeof p, "%s", bin);
+    /* <root>/build/dtrain */
+    if (!realpath(dt_test_dtrain_bin(), p))
+        snprintf(p, sizeof p, "%s", dt_test_dtrain_bin());
     for (int k = 0; k < 2; k++) {
         char *s = strrchr(p, '/');
         if (s)
