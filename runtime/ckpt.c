@@ -325,8 +325,10 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
         rc = dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
         goto fail;
     }
-    memcpy(sorted, c->entries, (size_t)c->nentries * sizeof *sorted);
-    qsort(sorted, (size_t)c->nentries, sizeof *sorted, cmp_entry_name);
+    if (c->nentries)
+        memcpy(sorted, c->entries, (size_t)c->nentries * sizeof *sorted);
+    if (c->nentries > 1)
+        qsort(sorted, (size_t)c->nentries, sizeof *sorted, cmp_entry_name);
     for (int i = 1; i < c->nentries; i++)
         if (!strcmp(sorted[i].name, sorted[i - 1].name)) {
             rc = dt_err_set(err, -EINVAL, "checkpoint: two tensors are called %s", sorted[i].name);
@@ -640,7 +642,8 @@ int dt_ckpt_list(const char *dir, int64_t **steps, int *count, dt_err *err)
         v[n++] = s;
     }
     closedir(d);
-    qsort(v, (size_t)n, sizeof *v, cmp_i64_desc);
+    if (n > 1)
+        qsort(v, (size_t)n, sizeof *v, cmp_i64_desc);
     *steps = v;
     *count = n;
     return 0;
@@ -1387,7 +1390,8 @@ int dt_ckpt_load(dt_ckpt *c, const char *path, dt_ckpt_state *st, dt_err *err)
             w[nw].dst = c->staging + e->stage_off;
             nw++;
         }
-        qsort(w, (size_t)nw, sizeof *w, cmp_want);
+        if (nw > 1)
+            qsort(w, (size_t)nw, sizeof *w, cmp_want);
         if ((rc = read_st_file(path, fname, rec->bytes, rec->xxh64, w, nw, err)))
             goto out;
     }
@@ -1548,7 +1552,8 @@ int dt_ckpt_inspect(const char *path, bool verify, dt_ckpt_info *info, dt_err *e
             w[nw].dst = NULL;
             nw++;
         }
-        qsort(w, (size_t)nw, sizeof *w, cmp_want);
+        if (nw > 1)
+            qsort(w, (size_t)nw, sizeof *w, cmp_want);
         if ((rc = read_st_file(path, f->name, f->bytes, f->xxh64, w, nw, err)))
             goto out;
     }

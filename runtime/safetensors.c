@@ -236,7 +236,8 @@ int dt_st_layout(dt_st_tensor *tensors, int n, const dt_st_kv *meta, int n_meta,
             !utf8_valid((const void *)meta[i].value, strlen(meta[i].value)))
             return dt_err_set(err, -EINVAL, "safetensors: metadata entry %d is NULL or not "
                               "UTF-8", i);
-    qsort(tensors, (size_t)n, sizeof *tensors, cmp_write_order);
+    if (n > 1)
+        qsort(tensors, (size_t)n, sizeof *tensors, cmp_write_order);
     for (int i = 1; i < n; i++)
         if (!strcmp(tensors[i].name, tensors[i - 1].name))
             return dt_err_set(err, -EINVAL, "safetensors: two tensors are called \"%s\"",
@@ -827,7 +828,8 @@ int dt_st_parse(const void *buf, size_t avail, uint64_t file_size, dt_st_file **
 
     /* Offsets: sizes match dtype x shape, packed from 0 without holes or overlaps, and the data
      * section is exactly as long as the tensors. */
-    qsort(f->tensors, (size_t)f->num_tensors, sizeof *f->tensors, cmp_offsets);
+    if (f->num_tensors > 1)
+        qsort(f->tensors, (size_t)f->num_tensors, sizeof *f->tensors, cmp_offsets);
     uint64_t pos = 0;
     for (int i = 0; i < f->num_tensors; i++) {
         dt_st_tensor *t = &f->tensors[i];

@@ -74,6 +74,8 @@ static size_t stripes(uint64_t v[4], const uint8_t *p, size_t n)
 void dt_xxh64_update(dt_xxh64_state *s, const void *data, size_t n)
 {
     const uint8_t *p = data;
+    if (n == 0)
+        return;
     s->total += n;
     if (s->buf_len) {
         size_t take = 32 - s->buf_len;
