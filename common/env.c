@@ -15,6 +15,9 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_ATTEMPT", "0", "restart attempt of the workers (same as TORCHELASTIC_RESTART_COUNT)"},
     {"DTRAIN_ERROR_FILE", NULL, "where a worker writes its JSON error record on a fatal error"},
     {"DTRAIN_CUDA_LIB", NULL, "path of libdtrain_cuda.so (default: next to the dtrain binary)"},
+    {"DTRAIN_CUDA_GEMM", "convert", "bf16/fp16 GEMMs on cuda: convert (operands rounded into a 16-bit scratch, native 16-bit GEMM) or fast (cuBLAS down-converts fp32 operands itself)"},
+    {"DTRAIN_CUDA_TF32", "0", "1: precision fp32 on cuda may use TF32 tensor cores (GEMMs and convolutions)"},
+    {"DTRAIN_REQUIRE_GPU", "0", "1: GPU tests fail instead of skipping when no GPU is usable (make test-gpu sets it)"},
     {"DTRAIN_LOCAL_ADDR", NULL, "address other nodes use to reach this node's workers"},
     {"DTRAIN_OUTPUT_DIR", NULL, "overrides job.output_dir for every worker of a run"},
 };

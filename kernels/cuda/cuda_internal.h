@@ -1,0 +1,289 @@
+// cuda_internal.h - internals of the CUDA backend (kernels/cuda), shared by its .cu files only.
+//
+// Files of libdtrain_cuda.so:
+//   backend.cu   lifecycle, the memory arena and scratch, copies, profiling, error state, the op
+//                table, and the per-device compute-stream registry the NCCL backend reads
+//   gemm.cu      GEMM-bound ops: matmul (cuBLASLt, bias epilogue), attention (cuBLAS batched
+//                GEMMs around own permute/softmax kernels), conv2d (cuDNN)
+//   ops.cu       everything else: element-wise, LayerNorm, embeddings, the fused classifier,
+//                BatchNorm stages, pooling, optimisers, reductions
+//   ../../runtime/comm_nccl.cu   the NCCL comm backend (uses the stream registry below)
+//
+// Precision (kernels/backend.h): every tensor the op table sees is float32. Precision only
+// changes how GEMMs compute:
+//   fp32  true fp32 (CUBLAS_COMPUTE_32F, cuDNN FMA math), so the CUDA backend matches the CPU
+//         reference closely; DTRAIN_CUDA_TF32=1 allows TF32 tensor cores instead.
+//   bf16  GEMM inputs rounded to bfloat16, tensor cores, fp32 accumulation and fp32 output.
+//         DTRAIN_CUDA_GEMM=convert (default) converts A and B into a bf16 scratch and runs a
+//         native bf16 x bf16 -> fp32 GEMM; =fast hands the fp32 matrices to cuBLAS with
+//         CUBLAS_COMPUTE_32F_FAST_16BF and lets it down-convert. Convolutions use TF32 (cuDNN's
+//         tensor-core path for fp32 tensors).
+//   fp16  as bf16 with float16 (values beyond 65504 become inf: the worker's loss scaling and
+//         count_nonfinite handle that).
+//
+// Errors: ops cannot return errors (kernels/backend.h). The first CUDA/cuBLAS/cuDNN failure is
+// logged once with file and line, the backend is marked failed, and from then on every read back
+// to the host (memcpy_d2h, sumsq, count_nonfinite, xent's valid_count) returns NaN / all-ones
+// bytes, so the worker sees a non-finite loss and stops instead of training on garbage.
+#ifndef DT_CUDA_INTERNAL_H
+#define DT_CUDA_INTERNAL_H
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "common/err.h"
+#include "common/log.h"
+#include "kernels/backend.h"
+}
+
+// ---- profiled entries (profile_read reports them in this order) ------------------------------
+enum {
+    DT_CU_OP_MEMCPY,
+    DT_CU_OP_MEMSET,
+    DT_CU_OP_MATMUL_FWD,
+    DT_CU_OP_MATMUL_BWD,
+    DT_CU_OP_ATTN_FWD,
+    DT_CU_OP_ATTN_BWD,
+    DT_CU_OP_CONV_FWD,
+    DT_CU_OP_CONV_BWD,
+    DT_CU_OP_BIAS_ADD,
+    DT_CU_OP_BIAS_BWD,
+    DT_CU_OP_LAYERNORM_FWD,
+    DT_CU_OP_LAYERNORM_BWD,
+    DT_CU_OP_GELU_FWD,
+    DT_CU_OP_GELU_BWD,
+    DT_CU_OP_RELU_FWD,
+    DT_CU_OP_RELU_BWD,
+    DT_CU_OP_RESIDUAL,
+    DT_CU_OP_ACCUMULATE,
+    DT_CU_OP_SCALE,
+    DT_CU_OP_EMBEDDING_FWD,
+    DT_CU_OP_EMBEDDING_BWD,
+    DT_CU_OP_XENT,
+    DT_CU_OP_BN_STATS,
+    DT_CU_OP_BN_FWD_APPLY,
+    DT_CU_OP_BN_FWD_EVAL,
+    DT_CU_OP_BN_BWD_REDUCE,
+    DT_CU_OP_BN_BWD_APPLY,
+    DT_CU_OP_MAXPOOL_FWD,
+    DT_CU_OP_MAXPOOL_BWD,
+    DT_CU_OP_AVGPOOL_FWD,
+    DT_CU_OP_AVGPOOL_BWD,
+    DT_CU_OP_SGD,
+    DT_CU_OP_ADAMW,
+    DT_CU_OP_SUMSQ,
+    DT_CU_OP_NONFINITE,
+    DT_CU_OP_COUNT
+};
+
+// ---- scratch slots: private device buffers, grown on demand, reused across calls -------------
+enum {
+    DT_CU_SCR_GEMM_A,  // 16-bit copy of a GEMM's A operand (convert mode)
+    DT_CU_SCR_GEMM_B,  // 16-bit copy of a GEMM's B operand (convert mode)
+    DT_CU_SCR_GEMM_C,  // 16-bit copy of a third operand converted once for two GEMMs
+    DT_CU_SCR_ATTN,    // attention: q, k, v, y and their gradients, (B,NH,T,hs) each
+    DT_CU_SCR_CONV,    // cuDNN workspace
+    DT_CU_SCR_RED,     // small reductions (double accumulators, counters)
+    DT_CU_SCR_COUNT
+};
+
+struct dt_cu_arena; // backend.cu
+
+// cuDNN algorithm choice for one convolution shape (cached: the heuristics query costs ~ms).
+typedef struct dt_cu_conv_algo {
+    dt_conv2d_shape s;
+    int math;          // cudnnMathType_t used
+    int fwd, bwd_data, bwd_filter;
+    size_t ws_fwd, ws_bwd_data, ws_bwd_filter;
+} dt_cu_conv_algo;
+
+#define DT_CU_CONV_CACHE 64
+
+typedef struct dt_cuda {
+    int device;
+    int sm_count;
+    int cc_major, cc_minor;
+    char gpu_name[256];
+    size_t total_mem;
+    dt_precision precision;
+    bool tf32;          // fp32 mode may use TF32 tensor cores (DTRAIN_CUDA_TF32=1)
+    bool gemm_convert;  // 16-bit modes: convert operands into scratch (else cuBLAS FAST_16*)
+
+    cudaStream_t stream; // the compute stream: every op of this instance runs on it
+    cublasHandle_t cublas;
+    cublasLtHandle_t lt;
+    cudnnHandle_t cudnn;
+    void *lt_ws;        // cuBLASLt/cuBLAS workspace (arena memory), lt_ws_bytes long
+    size_t lt_ws_bytes;
+
+    struct dt_cu_arena *arena;
+    void *scr[DT_CU_SCR_COUNT];
+    size_t scr_bytes[DT_CU_SCR_COUNT];
+    void *host_pinned;  // 64 bytes of pinned host memory for small read-backs
+
+    dt_cu_conv_algo conv_cache[DT_CU_CONV_CACHE];
+    int conv_cache_n;
+
+    bool failed;        // a CUDA call failed: see the file comment
+    char fail_msg[DT_ERR_MSG_MAX + 512];
+
+    bool prof_on;
+    dt_op_stat stats[DT_CU_OP_COUNT];
+} dt_cuda;
+
+#define dt_cuda_of(be) ((dt_cuda *)(be)->impl)
+
+// ---- errors ----------------------------------------------------------------------------------
+// Records the first failure (logged once with where), marks the backend failed. Returns false
+// when `ok` is false so call sites can bail out.
+bool dt_cuda_note(dt_cuda *cu, bool ok, const char *what, const char *detail, const char *file,
+                  int line);
+
+#define DT_CU_CHECK(cu, call)                                                                      \
+    do {                                                                                           \
+        cudaError_t dt_e_ = (call);                                                                \
+        if (dt_e_ != cudaSuccess)                                                                  \
+            dt_cuda_note((cu), false, #call, cudaGetErrorString(dt_e_), __FILE__, __LINE__);      \
+    } while (0)
+
+#define DT_CUBLAS_CHECK(cu, call)                                                                  \
+    do {                                                                                           \
+        cublasStatus_t dt_s_ = (call);                                                             \
+        if (dt_s_ != CUBLAS_STATUS_SUCCESS)                                                        \
+            dt_cuda_note((cu), false, #call, cublasGetStatusString(dt_s_), __FILE__, __LINE__);   \
+    } while (0)
+
+#define DT_CUDNN_CHECK(cu, call)                                                                   \
+    do {                                                                                           \
+        cudnnStatus_t dt_s_ = (call);                                                              \
+        if (dt_s_ != CUDNN_STATUS_SUCCESS)                                                         \
+            dt_cuda_note((cu), false, #call, cudnnGetErrorString(dt_s_), __FILE__, __LINE__);     \
+    } while (0)
+
+// After a kernel launch: catches launch-configuration errors (no synchronisation).
+#define DT_CU_LAUNCHED(cu) DT_CU_CHECK((cu), cudaGetLastError())
+
+// ---- op prologue / epilogue ------------------------------------------------------------------
+// Makes the instance's device current for this thread (cheap when it already is).
+dt_cuda *dt_cuda_enter(dt_backend *be);
+double dt_cuda_prof_begin(dt_cuda *cu);
+void dt_cuda_prof_end(dt_cuda *cu, int op, double t0, double flops);
+
+#define DT_CU_BEGIN(be)                                                                            \
+    dt_cuda *cu = dt_cuda_enter(be);                                                               \
+    double prof_t0_ = cu->prof_on ? dt_cuda_prof_begin(cu) : 0.0
+
+#define DT_CU_END(op, flops)                                                                       \
+    do {                                                                                           \
+        if (cu->prof_on)                                                                           \
+            dt_cuda_prof_end(cu, (op), prof_t0_, (double)(flops));                                 \
+    } while (0)
+
+// ---- memory ----------------------------------------------------------------------------------
+// A scratch buffer of at least `bytes` for slot; the previous contents are lost when it grows.
+// NULL after a failure (out of memory is logged and marks the backend failed).
+void *dt_cuda_scratch(dt_cuda *cu, int slot, size_t bytes);
+
+// ---- launch helpers --------------------------------------------------------------------------
+static inline unsigned dt_cu_blocks(size_t n, unsigned threads, unsigned cap = 65535u * 8u)
+{
+    size_t b = (n + threads - 1) / threads;
+    if (b < 1)
+        b = 1;
+    return (unsigned)(b > cap ? cap : b);
+}
+
+// ---- ops.cu helpers used by gemm.cu ----------------------------------------------------------
+// out (N,C) += bias (C) broadcast over rows.
+void dt_cuda_colbias_add(dt_cuda *cu, float *out, const float *bias, int N, int C);
+// dbias (C) += column sums of x (N,C) row-major.
+void dt_cuda_colsum_acc(dt_cuda *cu, float *dbias, const float *x, int N, int C);
+// out (N,K,HW) += bias (K) per channel.
+void dt_cuda_channel_bias_add(dt_cuda *cu, float *out, const float *bias, int N, int K, int HW);
+// dbias (K) += sums of dout (N,K,HW) per channel.
+void dt_cuda_channel_sum_acc(dt_cuda *cu, float *dbias, const float *dout, int N, int K, int HW);
+// x (n) fp32 -> dst (n) bf16 (bf16 = true) or fp16.
+void dt_cuda_to_half(dt_cuda *cu, void *dst, const float *x, size_t n, bool bf16);
+
+// ---- op table entries ------------------------------------------------------------------------
+// gemm.cu
+void dt_cuda_matmul_fwd(dt_backend *be, float *out, const float *inp, const float *w,
+                        const float *bias, int N, int C, int OC);
+void dt_cuda_matmul_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                        const float *inp, const float *w, int N, int C, int OC);
+void dt_cuda_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
+                           int C, int NH);
+void dt_cuda_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                           const float *qkv, const float *att, int B, int T, int C, int NH);
+void dt_cuda_conv2d_fwd(dt_backend *be, float *out, const float *inp, const float *w,
+                        const float *bias, const dt_conv2d_shape *s);
+void dt_cuda_conv2d_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                        const float *inp, const float *w, const dt_conv2d_shape *s);
+// ops.cu
+void dt_cuda_bias_add(dt_backend *be, float *out, const float *bias, int N, int C);
+void dt_cuda_bias_bwd(dt_backend *be, float *dbias, const float *dout, int N, int C);
+void dt_cuda_layernorm_fwd(dt_backend *be, float *out, float *mean, float *rstd, const float *inp,
+                           const float *w, const float *b, int N, int C, float eps);
+void dt_cuda_layernorm_bwd(dt_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                           const float *inp, const float *w, const float *mean, const float *rstd,
+                           int N, int C);
+void dt_cuda_gelu_fwd(dt_backend *be, float *out, const float *inp, size_t n);
+void dt_cuda_gelu_bwd(dt_backend *be, float *dinp, const float *inp, const float *dout, size_t n);
+void dt_cuda_relu_fwd(dt_backend *be, float *out, const float *inp, size_t n);
+void dt_cuda_relu_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);
+void dt_cuda_residual_fwd(dt_backend *be, float *out, const float *a, const float *b, size_t n);
+void dt_cuda_accumulate(dt_backend *be, float *dst, const float *src, size_t n);
+void dt_cuda_scale(dt_backend *be, float *x, size_t n, float s);
+void dt_cuda_embedding_fwd(dt_backend *be, float *out, const int32_t *tokens, const float *wte,
+                           const float *wpe, int B, int T, int C);
+void dt_cuda_embedding_bwd(dt_backend *be, float *dwte, float *dwpe, const float *dout,
+                           const int32_t *tokens, int B, int T, int C);
+void dt_cuda_xent_fwd_bwd(dt_backend *be, float *losses, float *dlogits, const float *logits,
+                          const int32_t *targets, int N, int V, float dloss, int *valid_count);
+void dt_cuda_bn_stats(dt_backend *be, float *sum, float *sumsq, const float *inp, int N, int C,
+                      int HW);
+void dt_cuda_bn_fwd_apply(dt_backend *be, float *out, float *mean, float *rstd,
+                          float *running_mean, float *running_var, const float *inp,
+                          const float *w, const float *b, const float *sum, const float *sumsq,
+                          double count, int N, int C, int HW, float momentum, float eps);
+void dt_cuda_bn_fwd_eval(dt_backend *be, float *out, const float *inp, const float *running_mean,
+                         const float *running_var, const float *w, const float *b, int N, int C,
+                         int HW, float eps);
+void dt_cuda_bn_bwd_reduce(dt_backend *be, float *dw, float *db, float *sum_dy,
+                           float *sum_dy_xhat, const float *dout, const float *inp,
+                           const float *mean, const float *rstd, int N, int C, int HW);
+void dt_cuda_bn_bwd_apply(dt_backend *be, float *dinp, const float *dout, const float *inp,
+                          const float *w, const float *mean, const float *rstd,
+                          const float *sum_dy, const float *sum_dy_xhat, double count, int N,
+                          int C, int HW);
+void dt_cuda_maxpool_fwd(dt_backend *be, float *out, int32_t *idx, const float *inp, int N, int C,
+                         int H, int W, int k, int stride, int pad);
+void dt_cuda_maxpool_bwd(dt_backend *be, float *dinp, const float *dout, const int32_t *idx,
+                         int N, int C, int H, int W, int P, int Q);
+void dt_cuda_avgpool_fwd(dt_backend *be, float *out, const float *inp, int N, int C, int HW);
+void dt_cuda_avgpool_bwd(dt_backend *be, float *dinp, const float *dout, int N, int C, int HW);
+void dt_cuda_sgd_update(dt_backend *be, float *params, const float *grads, float *momentum_buf,
+                        size_t n, float lr, float momentum, bool nesterov, float weight_decay,
+                        bool first_step);
+void dt_cuda_adamw_update(dt_backend *be, float *params, const float *grads, float *m, float *v,
+                          size_t n, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, int64_t t);
+double dt_cuda_sumsq(dt_backend *be, const float *x, size_t n);
+size_t dt_cuda_count_nonfinite(dt_backend *be, const float *x, size_t n);
+
+// ---- compute-stream registry (for the NCCL backend in the same library) -----------------------
+// Records `ev` on the compute stream of the newest live backend instance on `device` (under the
+// registry lock, so the stream cannot be destroyed meanwhile). Returns false when no backend
+// instance lives on that device (the caller then synchronises the device instead). The NCCL
+// backend makes its comm stream wait for this event before every collective, so a bucket
+// all-reduce starts after the backward kernels that produced the bucket, and runs while the
+// following backward kernels do.
+bool dt_cuda_record_on_compute_stream(int device, cudaEvent_t ev);
+
+#endif

@@ -1,0 +1,723 @@
+// gemm.cu - the GEMM-bound ops of the CUDA backend: matmul, attention, conv2d.
+//
+// Row-major tensors meet column-major cuBLAS through the usual identity: a row-major (R,C)
+// matrix is a column-major (C,R) one, so out = inp @ w^T is computed as out^T = w^T... in
+// column-major terms (see each call). One helper, gemm(), runs every GEMM: cuBLASLt first (bias
+// epilogue, alignment-aware heuristics), cuBLAS GemmEx as the fallback when cuBLASLt offers no
+// algorithm for the shape or alignment. Precision is applied there (cuda_internal.h).
+//
+// Attention follows llm.c's cuBLAS version: q, k, v are permuted into (B,NH,T,hs), scores come
+// from one strided-batched GEMM straight into `att`, a causal softmax runs in place, and a second
+// batched GEMM gives y. The probabilities stay in `att` (the header's contract) and backward
+// reads them, so backward needs no recomputation; the price is O(T^2) memory traffic, which a
+// fused (flash) kernel would avoid but which the contract's saved `att` requires anyway.
+//
+// Convolutions use cuDNN's convolution API (heuristic algorithm choice, cached per shape);
+// backward accumulates through cuDNN's beta = 1.
+#include <math.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/cuda_internal.h"
+
+// =============================================================================================
+// the GEMM helper
+// =============================================================================================
+
+// C (m,n; column-major, ldc) = alpha * op(A) @ op(B) + beta * C (+ bias (m) per column when bias
+// is set). op(A) is (m,k), op(B) is (k,n). Batched when batch > 1 with element strides sA, sB,
+// sC. A16/B16, when set, are the operands already converted to the 16-bit type (convert mode).
+typedef struct gemm_desc {
+    bool ta, tb;
+    int m, n, k;
+    const float *A;
+    int lda;
+    long long sA;
+    const float *B;
+    int ldb;
+    long long sB;
+    float *C;
+    int ldc;
+    long long sC;
+    int batch;
+    float alpha, beta;
+    const float *bias;
+    const void *A16, *B16;
+} gemm_desc;
+
+static bool half_mode(const dt_cuda *cu) { return cu->precision != DT_PREC_FP32; }
+static bool convert_mode(const dt_cuda *cu) { return half_mode(cu) && cu->gemm_convert; }
+
+// Elements spanned by a stored column-major operand (rows x cols, leading dimension ld).
+static size_t footprint(int rows, int cols, int ld, long long stride, int batch)
+{
+    size_t one = (size_t)ld * (size_t)(cols - 1) + (size_t)rows;
+    return batch > 1 ? (size_t)stride * (size_t)(batch - 1) + one : one;
+}
+
+// Converts n floats into scratch `slot` in the 16-bit GEMM type; NULL after a failure.
+static const void *to16(dt_cuda *cu, int slot, const float *x, size_t n)
+{
+    void *dst = dt_cuda_scratch(cu, slot, n * 2);
+    if (!dst)
+        return NULL;
+    dt_cuda_to_half(cu, dst, x, n, cu->precision == DT_PREC_BF16);
+    return dst;
+}
+
+static uint32_t align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && (a % al) != 0)
+        al >>= 1;
+    return al;
+}
+
+// cuBLASLt attempt; false when it offers no algorithm (not an error: the caller falls back).
+static bool gemm_lt(dt_cuda *cu, const gemm_desc *g, cudaDataType_t abt, cublasComputeType_t ct,
+                    const void *A, const void *B)
+{
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    int nres = 0;
+    bool ok = false;
+    cublasOperation_t opa = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int ra = g->ta ? g->k : g->m, ca = g->ta ? g->m : g->k;
+    int rb = g->tb ? g->n : g->k, cb = g->tb ? g->k : g->n;
+    uint64_t ws = cu->lt_ws_bytes;
+    uint32_t al_a = align_of(A), al_b = align_of(B), al_c = align_of(g->C);
+    memset(&heur, 0, sizeof heur);
+
+#define LT(call)                                                                                   \
+    do {                                                                                           \
+        if ((call) != CUBLAS_STATUS_SUCCESS)                                                       \
+            goto done;                                                                             \
+    } while (0)
+    LT(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (g->bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                          sizeof g->bias));
+        uint32_t al_bias = align_of(g->bias);
+        if (al_bias < al_c)
+            al_c = al_bias; // no separate preference for the bias vector: be conservative
+    }
+    LT(cublasLtMatrixLayoutCreate(&la, abt, (uint64_t)ra, (uint64_t)ca, g->lda));
+    LT(cublasLtMatrixLayoutCreate(&lb, abt, (uint64_t)rb, (uint64_t)cb, g->ldb));
+    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)g->m, (uint64_t)g->n, g->ldc));
+    if (g->batch > 1) {
+        int32_t bc = g->batch;
+        int64_t sa = g->sA, sb = g->sB, sc = g->sC;
+        LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa,
+                                            sizeof sa));
+        LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb,
+                                            sizeof sb));
+        LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc,
+                                            sizeof sc));
+    }
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                            sizeof ws));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                            &al_a, sizeof al_a));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                            &al_b, sizeof al_b));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                            &al_c, sizeof al_c));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                            &al_c, sizeof al_c));
+    LT(cublasLtMatmulAlgoGetHeuristic(cu->lt, desc, la, lb, lc, lc, pref, 1, &heur, &nres));
+    if (nres < 1 || heur.state != CUBLAS_STATUS_SUCCESS)
+        goto done;
+    LT(cublasLtMatmul(cu->lt, desc, &g->alpha, A, la, B, lb, &g->beta, g->C, lc, g->C, lc,
+                      &heur.algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream));
+    ok = true;
+#undef LT
+done:
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    if (lc)
+        cublasLtMatrixLayoutDestroy(lc);
+    if (lb)
+        cublasLtMatrixLayoutDestroy(lb);
+    if (la)
+        cublasLtMatrixLayoutDestroy(la);
+    if (desc)
+        cublasLtMatmulDescDestroy(desc);
+    return ok;
+}
+
+static void gemm(dt_cuda *cu, const gemm_desc *g)
+{
+    if (cu->failed || g->m <= 0 || g->n <= 0 || g->k <= 0 || g->batch <= 0)
+        return;
+    cudaDataType_t abt = CUDA_R_32F;
+    cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
+    const void *A = g->A, *B = g->B;
+    if (!half_mode(cu)) {
+        if (cu->tf32)
+            ct = CUBLAS_COMPUTE_32F_FAST_TF32;
+    } else if (cu->gemm_convert) {
+        bool bf = cu->precision == DT_PREC_BF16;
+        abt = bf ? CUDA_R_16BF : CUDA_R_16F;
+        int ra = g->ta ? g->k : g->m, ca = g->ta ? g->m : g->k;
+        int rb = g->tb ? g->n : g->k, cb = g->tb ? g->k : g->n;
+        A = g->A16 ? g->A16
+                   : to16(cu, DT_CU_SCR_GEMM_A, g->A, footprint(ra, ca, g->lda, g->sA, g->batch));
+        B = g->B16 ? g->B16
+                   : to16(cu, DT_CU_SCR_GEMM_B, g->B, footprint(rb, cb, g->ldb, g->sB, g->batch));
+        if (!A || !B)
+            return;
+    } else {
+        ct = cu->precision == DT_PREC_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                           : CUBLAS_COMPUTE_32F_FAST_16F;
+    }
+    if (gemm_lt(cu, g, abt, ct, A, B))
+        return;
+    // Fallback: cuBLAS picks a kernel for any alignment; the bias goes on separately.
+    cublasOperation_t opa = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (g->batch > 1)
+        DT_CUBLAS_CHECK(cu, cublasGemmStridedBatchedEx(cu->cublas, opa, opb, g->m, g->n, g->k,
+                                                       &g->alpha, A, abt, g->lda, g->sA, B, abt,
+                                                       g->ldb, g->sB, &g->beta, g->C, CUDA_R_32F,
+                                                       g->ldc, g->sC, g->batch, ct,
+                                                       CUBLAS_GEMM_DEFAULT));
+    else
+        DT_CUBLAS_CHECK(cu, cublasGemmEx(cu->cublas, opa, opb, g->m, g->n, g->k, &g->alpha, A, abt,
+                                         g->lda, B, abt, g->ldb, &g->beta, g->C, CUDA_R_32F,
+                                         g->ldc, ct, CUBLAS_GEMM_DEFAULT));
+    if (g->bias) // C is (m,n) column-major with ldc == m: row-major (n,m), bias per column
+        dt_cuda_colbias_add(cu, g->C, g->bias, g->n, g->m);
+}
+
+// =============================================================================================
+// matmul
+// =============================================================================================
+
+void dt_cuda_matmul_fwd(dt_backend *be, float *out, const float *inp, const float *w,
+                        const float *bias, int N, int C, int OC)
+{
+    DT_CU_BEGIN(be);
+    // out^T (OC,N) = w (OC,C) @ inp^T (C,N): w is column-major (C,OC), so transposed.
+    gemm_desc g = {};
+    g.ta = true;
+    g.tb = false;
+    g.m = OC;
+    g.n = N;
+    g.k = C;
+    g.A = w;
+    g.lda = C;
+    g.B = inp;
+    g.ldb = C;
+    g.C = out;
+    g.ldc = OC;
+    g.batch = 1;
+    g.alpha = 1.0f;
+    g.beta = 0.0f;
+    g.bias = bias;
+    gemm(cu, &g);
+    DT_CU_END(DT_CU_OP_MATMUL_FWD, 2.0 * N * C * OC);
+}
+
+void dt_cuda_matmul_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                        const float *inp, const float *w, int N, int C, int OC)
+{
+    DT_CU_BEGIN(be);
+    double flops = 0;
+    // dout is an operand of both GEMMs: convert it once.
+    const void *dout16 = NULL;
+    if (convert_mode(cu) && (dinp || dw)) {
+        dout16 = to16(cu, DT_CU_SCR_GEMM_C, dout, (size_t)N * OC);
+        if (!dout16)
+            goto out;
+    }
+    if (dinp) {
+        // dinp^T (C,N) += w^T (C,OC) @ dout^T (OC,N): both stored that way already.
+        gemm_desc g = {};
+        g.m = C;
+        g.n = N;
+        g.k = OC;
+        g.A = w;
+        g.lda = C;
+        g.B = dout;
+        g.ldb = OC;
+        g.B16 = dout16;
+        g.C = dinp;
+        g.ldc = C;
+        g.batch = 1;
+        g.alpha = 1.0f;
+        g.beta = 1.0f;
+        gemm(cu, &g);
+        flops += 2.0 * N * C * OC;
+    }
+    if (dw) {
+        // dw^T (C,OC) += inp^T (C,N) @ dout (N,OC): dout is stored (OC,N), so transposed.
+        gemm_desc g = {};
+        g.tb = true;
+        g.m = C;
+        g.n = OC;
+        g.k = N;
+        g.A = inp;
+        g.lda = C;
+        g.B = dout;
+        g.ldb = OC;
+        g.B16 = dout16;
+        g.C = dw;
+        g.ldc = C;
+        g.batch = 1;
+        g.alpha = 1.0f;
+        g.beta = 1.0f;
+        gemm(cu, &g);
+        flops += 2.0 * N * C * OC;
+    }
+    if (dbias)
+        dt_cuda_colsum_acc(cu, dbias, dout, N, OC);
+out:
+    DT_CU_END(DT_CU_OP_MATMUL_BWD, flops);
+}
+
+// =============================================================================================
+// attention
+// =============================================================================================
+
+// qkv (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs) each.
+__global__ static void attn_permute_kernel(float *__restrict__ q, float *__restrict__ k,
+                                           float *__restrict__ v, const float *__restrict__ qkv,
+                                           int B, int T, int NH, int hs)
+{
+    size_t n = (size_t)B * NH * T * hs;
+    int C = NH * hs;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % hs);
+        int t = (int)((i / hs) % T);
+        int h = (int)((i / ((size_t)hs * T)) % NH);
+        int b = (int)(i / ((size_t)hs * T * NH));
+        const float *src = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
+        q[i] = src[0];
+        k[i] = src[C];
+        v[i] = src[2 * C];
+    }
+}
+
+// dqkv (B,T,3,NH,hs) += dq, dk, dv (B,NH,T,hs).
+__global__ static void attn_permute_bwd_kernel(float *__restrict__ dqkv,
+                                               const float *__restrict__ dq,
+                                               const float *__restrict__ dk,
+                                               const float *__restrict__ dv, int B, int T, int NH,
+                                               int hs)
+{
+    size_t n = (size_t)B * NH * T * hs;
+    int C = NH * hs;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % hs);
+        int t = (int)((i / hs) % T);
+        int h = (int)((i / ((size_t)hs * T)) % NH);
+        int b = (int)(i / ((size_t)hs * T * NH));
+        float *dst = dqkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
+        dst[0] += dq[i];
+        dst[C] += dk[i];
+        dst[2 * C] += dv[i];
+    }
+}
+
+// y (B,NH,T,hs) <-> out (B,T,NH,hs). fwd: out = y; bwd: dy = dout.
+__global__ static void attn_unpermute_kernel(float *__restrict__ out, const float *__restrict__ y,
+                                             int B, int T, int NH, int hs, bool backward)
+{
+    size_t n = (size_t)B * NH * T * hs;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % hs);
+        int t = (int)((i / hs) % T);
+        int h = (int)((i / ((size_t)hs * T)) % NH);
+        int b = (int)(i / ((size_t)hs * T * NH));
+        size_t o = (((size_t)b * T + t) * NH + h) * hs + d;
+        if (backward)
+            out[i] = y[o]; // here out = dy (B,NH,T,hs), y = dout (B,T,C)
+        else
+            out[o] = y[i];
+    }
+}
+
+// Merges two (max, sum of exp(x - max)) pairs.
+__device__ static inline void softmax_merge(float &m, float &s, float om, float os)
+{
+    float nm = fmaxf(m, om);
+    float a = (m == -INFINITY) ? 0.0f : s * expf(m - nm);
+    float b = (om == -INFINITY) ? 0.0f : os * expf(om - nm);
+    m = nm;
+    s = a + b;
+}
+
+// In place over rows of (BH, T, T): row t keeps softmax over columns 0..t, zeros above.
+// One warp per row. Scores are already scaled (the GEMM's alpha).
+__global__ static void attn_softmax_fwd_kernel(float *att, int BH, int T)
+{
+    int warps = blockDim.x / 32;
+    size_t row = (size_t)blockIdx.x * warps + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)BH * T)
+        return;
+    int t = (int)(row % T);
+    float *x = att + row * T;
+    float m = -INFINITY, s = 0.0f;
+    for (int j = lane; j <= t; j += 32) {
+        float v = x[j];
+        if (v > m) {
+            s = (m == -INFINITY) ? 1.0f : s * expf(m - v) + 1.0f;
+            m = v;
+        } else {
+            s += expf(v - m);
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        float om = __shfl_xor_sync(0xffffffffu, m, off);
+        float os = __shfl_xor_sync(0xffffffffu, s, off);
+        softmax_merge(m, s, om, os);
+    }
+    float inv = 1.0f / s;
+    for (int j = lane; j < T; j += 32)
+        x[j] = j <= t ? expf(x[j] - m) * inv : 0.0f;
+}
+
+// In place: d[t,j] = scale * p[t,j] * (d[t,j] - sum_u p[t,u] d[t,u]) for j <= t, 0 above.
+__global__ static void attn_softmax_bwd_kernel(float *d, const float *p, int BH, int T,
+                                               float scale)
+{
+    int warps = blockDim.x / 32;
+    size_t row = (size_t)blockIdx.x * warps + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)BH * T)
+        return;
+    int t = (int)(row % T);
+    float *dr = d + row * T;
+    const float *pr = p + row * T;
+    float s = 0.0f;
+    for (int j = lane; j <= t; j += 32)
+        s += pr[j] * dr[j];
+    for (int off = 16; off > 0; off >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
+    for (int j = lane; j < T; j += 32)
+        dr[j] = j <= t ? scale * pr[j] * (dr[j] - s) : 0.0f;
+}
+
+static void softmax_rows_launch(dt_cuda *cu, float *d, const float *p, int BH, int T, float scale,
+                                bool backward)
+{
+    const int threads = 256, warps = threads / 32;
+    size_t rows = (size_t)BH * T;
+    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    if (backward)
+        attn_softmax_bwd_kernel<<<blocks, threads, 0, cu->stream>>>(d, p, BH, T, scale);
+    else
+        attn_softmax_fwd_kernel<<<blocks, threads, 0, cu->stream>>>(d, BH, T);
+    DT_CU_LAUNCHED(cu);
+}
+
+// One batched GEMM over the B*NH heads; all operands (T,hs) or (T,T) per head.
+static void head_gemm(dt_cuda *cu, bool ta, bool tb, int m, int n, int k, const float *A, int lda,
+                      long long sA, const void *A16, const float *B, int ldb, long long sB,
+                      const void *B16, float *C, int ldc, long long sC, int batch, float alpha)
+{
+    gemm_desc g = {};
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.A = A;
+    g.lda = lda;
+    g.sA = sA;
+    g.A16 = A16;
+    g.B = B;
+    g.ldb = ldb;
+    g.sB = sB;
+    g.B16 = B16;
+    g.C = C;
+    g.ldc = ldc;
+    g.sC = sC;
+    g.batch = batch;
+    g.alpha = alpha;
+    g.beta = 0.0f;
+    gemm(cu, &g);
+}
+
+void dt_cuda_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
+                           int C, int NH)
+{
+    DT_CU_BEGIN(be);
+    int hs = C / NH, BH = B * NH;
+    size_t n = (size_t)B * T * C;
+    long long sQ = (long long)T * hs, sA = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    float *q = (float *)dt_cuda_scratch(cu, DT_CU_SCR_ATTN, 4 * n * sizeof(float));
+    if (q) {
+        float *k = q + n, *v = k + n, *y = v + n;
+        attn_permute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(q, k, v, qkv, B, T, NH,
+                                                                          hs);
+        DT_CU_LAUNCHED(cu);
+        // Per head: att^T (T,T) = k (T,hs) . q^T, i.e. att[t1][t2] = q[t1].k[t2] * scale.
+        head_gemm(cu, true, false, T, T, hs, k, hs, sQ, NULL, q, hs, sQ, NULL, att, T, sA, BH,
+                  scale);
+        softmax_rows_launch(cu, att, NULL, BH, T, 1.0f, false);
+        // y^T (hs,T) = v^T (hs,T) @ att^T: y = att @ v.
+        head_gemm(cu, false, false, hs, T, T, v, hs, sQ, NULL, att, T, sA, NULL, y, hs, sQ, BH,
+                  1.0f);
+        attn_unpermute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(out, y, B, T, NH, hs,
+                                                                            false);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_ATTN_FWD, 4.0 * B * NH * (double)T * T * hs);
+}
+
+void dt_cuda_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                           const float *qkv, const float *att, int B, int T, int C, int NH)
+{
+    DT_CU_BEGIN(be);
+    int hs = C / NH, BH = B * NH;
+    size_t n = (size_t)B * T * C;
+    long long sQ = (long long)T * hs, sA = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    float *q = (float *)dt_cuda_scratch(cu, DT_CU_SCR_ATTN, 7 * n * sizeof(float));
+    if (q) {
+        float *k = q + n, *v = k + n, *dy = v + n, *dq = dy + n, *dk = dq + n, *dv = dk + n;
+        bool conv = convert_mode(cu);
+        const void *dy16 = NULL, *datt16 = NULL;
+        attn_permute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(q, k, v, qkv, B, T, NH,
+                                                                          hs);
+        DT_CU_LAUNCHED(cu);
+        attn_unpermute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(dy, dout, B, T, NH,
+                                                                            hs, true);
+        DT_CU_LAUNCHED(cu);
+        if (conv && !(dy16 = to16(cu, DT_CU_SCR_GEMM_C, dy, n)))
+            goto out;
+        // datt = dy @ v^T (per head): datt^T (T,T) = v (T,hs) . dy^T.
+        head_gemm(cu, true, false, T, T, hs, v, hs, sQ, NULL, dy, hs, sQ, dy16, datt, T, sA, BH,
+                  1.0f);
+        // dv = att^T @ dy: dv^T (hs,T) = dy^T (hs,T) @ att (T,T).
+        head_gemm(cu, false, true, hs, T, T, dy, hs, sQ, dy16, att, T, sA, NULL, dv, hs, sQ, BH,
+                  1.0f);
+        // dpreatt (scaled), in place in datt.
+        softmax_rows_launch(cu, datt, att, BH, T, scale, true);
+        if (conv && !(datt16 = to16(cu, DT_CU_SCR_GEMM_C, datt, (size_t)BH * T * T)))
+            goto out;
+        // dq = dpre @ k: dq^T (hs,T) = k^T (hs,T) @ dpre^T.
+        head_gemm(cu, false, false, hs, T, T, k, hs, sQ, NULL, datt, T, sA, datt16, dq, hs, sQ, BH,
+                  1.0f);
+        // dk = dpre^T @ q: dk^T (hs,T) = q^T (hs,T) @ dpre.
+        head_gemm(cu, false, true, hs, T, T, q, hs, sQ, NULL, datt, T, sA, datt16, dk, hs, sQ, BH,
+                  1.0f);
+        attn_permute_bwd_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(dqkv, dq, dk, dv, B,
+                                                                              T, NH, hs);
+        DT_CU_LAUNCHED(cu);
+    }
+out:
+    DT_CU_END(DT_CU_OP_ATTN_BWD, 8.0 * B * NH * (double)T * T * hs);
+}
+
+// =============================================================================================
+// conv2d (cuDNN)
+// =============================================================================================
+
+typedef struct conv_descs {
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+} conv_descs;
+
+static void conv_descs_free(conv_descs *d)
+{
+    if (d->x)
+        cudnnDestroyTensorDescriptor(d->x);
+    if (d->y)
+        cudnnDestroyTensorDescriptor(d->y);
+    if (d->w)
+        cudnnDestroyFilterDescriptor(d->w);
+    if (d->conv)
+        cudnnDestroyConvolutionDescriptor(d->conv);
+    memset(d, 0, sizeof *d);
+}
+
+static bool conv_descs_make(dt_cuda *cu, const dt_conv2d_shape *s, cudnnMathType_t math,
+                            conv_descs *d)
+{
+    memset(d, 0, sizeof *d);
+    cudnnStatus_t st;
+#define DN(call)                                                                                   \
+    do {                                                                                           \
+        if ((st = (call)) != CUDNN_STATUS_SUCCESS) {                                               \
+            dt_cuda_note(cu, false, #call, cudnnGetErrorString(st), __FILE__, __LINE__);          \
+            conv_descs_free(d);                                                                    \
+            return false;                                                                          \
+        }                                                                                          \
+    } while (0)
+    DN(cudnnCreateTensorDescriptor(&d->x));
+    DN(cudnnCreateTensorDescriptor(&d->y));
+    DN(cudnnCreateFilterDescriptor(&d->w));
+    DN(cudnnCreateConvolutionDescriptor(&d->conv));
+    DN(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->N, s->C, s->H,
+                                  s->W));
+    DN(cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->N, s->K, s->P,
+                                  s->Q));
+    DN(cudnnSetFilter4dDescriptor(d->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->K, s->C, s->R,
+                                  s->S));
+    DN(cudnnSetConvolution2dDescriptor(d->conv, s->pad, s->pad, s->stride, s->stride, 1, 1,
+                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    DN(cudnnSetConvolutionMathType(d->conv, math));
+#undef DN
+    return true;
+}
+
+static bool same_shape(const dt_conv2d_shape *a, const dt_conv2d_shape *b)
+{
+    return a->N == b->N && a->C == b->C && a->H == b->H && a->W == b->W && a->K == b->K &&
+           a->R == b->R && a->S == b->S && a->stride == b->stride && a->pad == b->pad;
+}
+
+// Picks the first algorithm the heuristics rank that succeeds, fits the workspace cap and (in
+// strict fp32) uses no tensor cores.
+#define CONV_WS_CAP ((size_t)1 << 30)
+template <typename Perf>
+static int pick_algo(const Perf *perf, int n, bool strict, size_t *ws)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < n; i++) {
+            if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > CONV_WS_CAP)
+                continue;
+            if (pass == 0 && strict && perf[i].mathType == CUDNN_TENSOR_OP_MATH)
+                continue;
+            *ws = perf[i].memory;
+            return (int)perf[i].algo;
+        }
+    }
+    *ws = 0;
+    return -1;
+}
+
+static const dt_cu_conv_algo *conv_algo_lookup(dt_cuda *cu, const dt_conv2d_shape *s,
+                                               const conv_descs *d, bool strict,
+                                               cudnnMathType_t math);
+
+// Makes the descriptors for shape s (into d; the caller frees them with conv_descs_free) and
+// returns the algorithms to use; NULL after a failure (d then holds nothing).
+static const dt_cu_conv_algo *conv_algo(dt_cuda *cu, const dt_conv2d_shape *s, conv_descs *d)
+{
+    bool strict = !half_mode(cu) && !cu->tf32;
+    cudnnMathType_t math = strict ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+    if (!conv_descs_make(cu, s, math, d))
+        return NULL; // d is left empty
+    const dt_cu_conv_algo *a = conv_algo_lookup(cu, s, d, strict, math);
+    if (!a)
+        conv_descs_free(d);
+    return a;
+}
+
+// The cached algorithms for shape s, querying the heuristics on first use; NULL after a failure.
+static const dt_cu_conv_algo *conv_algo_lookup(dt_cuda *cu, const dt_conv2d_shape *s,
+                                               const conv_descs *d, bool strict,
+                                               cudnnMathType_t math)
+{
+    for (int i = 0; i < cu->conv_cache_n; i++)
+        if (same_shape(&cu->conv_cache[i].s, s))
+            return &cu->conv_cache[i];
+    dt_cu_conv_algo a;
+    memset(&a, 0, sizeof a);
+    a.s = *s;
+    a.math = (int)math;
+    cudnnConvolutionFwdAlgoPerf_t pf[16];
+    cudnnConvolutionBwdDataAlgoPerf_t pd[16];
+    cudnnConvolutionBwdFilterAlgoPerf_t pw[16];
+    int nf = 0, nd = 0, nw = 0;
+    DT_CUDNN_CHECK(cu, cudnnGetConvolutionForwardAlgorithm_v7(cu->cudnn, d->x, d->w, d->conv, d->y,
+                                                              16, &nf, pf));
+    DT_CUDNN_CHECK(cu, cudnnGetConvolutionBackwardDataAlgorithm_v7(cu->cudnn, d->w, d->y, d->conv,
+                                                                   d->x, 16, &nd, pd));
+    DT_CUDNN_CHECK(cu, cudnnGetConvolutionBackwardFilterAlgorithm_v7(cu->cudnn, d->x, d->y,
+                                                                     d->conv, d->w, 16, &nw, pw));
+    if (cu->failed)
+        return NULL;
+    a.fwd = pick_algo(pf, nf, strict, &a.ws_fwd);
+    a.bwd_data = pick_algo(pd, nd, strict, &a.ws_bwd_data);
+    a.bwd_filter = pick_algo(pw, nw, strict, &a.ws_bwd_filter);
+    if (a.fwd < 0 || a.bwd_data < 0 || a.bwd_filter < 0) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no usable algorithm for N=%d C=%d H=%d W=%d K=%d R=%d S=%d",
+                 s->N, s->C, s->H, s->W, s->K, s->R, s->S);
+        dt_cuda_note(cu, false, "cuDNN convolution heuristics", msg, __FILE__, __LINE__);
+        return NULL;
+    }
+    int slot = cu->conv_cache_n < DT_CU_CONV_CACHE ? cu->conv_cache_n++ : 0; // full: reuse 0
+    cu->conv_cache[slot] = a;
+    return &cu->conv_cache[slot];
+}
+
+void dt_cuda_conv2d_fwd(dt_backend *be, float *out, const float *inp, const float *w,
+                        const float *bias, const dt_conv2d_shape *s)
+{
+    DT_CU_BEGIN(be);
+    conv_descs d;
+    const dt_cu_conv_algo *a = cu->failed ? NULL : conv_algo(cu, s, &d);
+    if (a) {
+        void *ws = a->ws_fwd ? dt_cuda_scratch(cu, DT_CU_SCR_CONV, a->ws_fwd) : NULL;
+        const float one = 1.0f, zero = 0.0f;
+        if (!a->ws_fwd || ws)
+            DT_CUDNN_CHECK(cu, cudnnConvolutionForward(cu->cudnn, &one, d.x, inp, d.w, w, d.conv,
+                                                       (cudnnConvolutionFwdAlgo_t)a->fwd, ws,
+                                                       a->ws_fwd, &zero, d.y, out));
+        if (bias)
+            dt_cuda_channel_bias_add(cu, out, bias, s->N, s->K, s->P * s->Q);
+        conv_descs_free(&d);
+    }
+    DT_CU_END(DT_CU_OP_CONV_FWD, 2.0 * s->N * s->K * s->P * s->Q * (double)s->C * s->R * s->S);
+}
+
+void dt_cuda_conv2d_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                        const float *inp, const float *w, const dt_conv2d_shape *s)
+{
+    DT_CU_BEGIN(be);
+    conv_descs d;
+    double flops = 0, one_pass = 2.0 * s->N * s->K * s->P * s->Q * (double)s->C * s->R * s->S;
+    const dt_cu_conv_algo *a = cu->failed ? NULL : conv_algo(cu, s, &d);
+    if (a) {
+        const float one = 1.0f; // alpha and beta: the gradients accumulate
+        if (dinp) {
+            void *ws =
+                a->ws_bwd_data ? dt_cuda_scratch(cu, DT_CU_SCR_CONV, a->ws_bwd_data) : NULL;
+            if (!a->ws_bwd_data || ws)
+                DT_CUDNN_CHECK(cu, cudnnConvolutionBackwardData(
+                                       cu->cudnn, &one, d.w, w, d.y, dout, d.conv,
+                                       (cudnnConvolutionBwdDataAlgo_t)a->bwd_data, ws,
+                                       a->ws_bwd_data, &one, d.x, dinp));
+            flops += one_pass;
+        }
+        if (dw) {
+            void *ws =
+                a->ws_bwd_filter ? dt_cuda_scratch(cu, DT_CU_SCR_CONV, a->ws_bwd_filter) : NULL;
+            if (!a->ws_bwd_filter || ws)
+                DT_CUDNN_CHECK(cu, cudnnConvolutionBackwardFilter(
+                                       cu->cudnn, &one, d.x, inp, d.y, dout, d.conv,
+                                       (cudnnConvolutionBwdFilterAlgo_t)a->bwd_filter, ws,
+                                       a->ws_bwd_filter, &one, d.w, dw));
+            flops += one_pass;
+        }
+        if (dbias)
+            dt_cuda_channel_sum_acc(cu, dbias, dout, s->N, s->K, s->P * s->Q);
+        conv_descs_free(&d);
+    }
+    DT_CU_END(DT_CU_OP_CONV_BWD, flops);
+}
