@@ -18,6 +18,7 @@
 // Left out on purpose: CUDA graphs (the op table is called op by op from C), multi-stream
 // compute, unified memory.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -463,11 +464,18 @@ static int driver_error(dt_err *err, cudaError_t rc)
                           vis ? " (CUDA_VISIBLE_DEVICES=\"" : "", vis ? vis : "",
                           vis ? "\")" : "");
     }
-    case cudaErrorInsufficientDriver:
+    case cudaErrorInsufficientDriver: {
+        void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+        if (!drv)
+            return dt_err_set(err, -ENODEV,
+                              "CUDA: no NVIDIA driver on this machine (libcuda.so.1 not found): "
+                              "install the driver, or use device = cpu");
+        dlclose(drv);
         return dt_err_set(err, -ENODEV,
                           "CUDA: the NVIDIA driver is missing or older than this build's CUDA "
                           "runtime needs (%s): install or update the driver, or use device = cpu",
                           cudaGetErrorString(rc));
+    }
     default:
         return dt_err_set(err, -ENODEV, "CUDA: no usable driver or device: %s (use device = cpu)",
                           cudaGetErrorString(rc));
@@ -534,9 +542,11 @@ static void fill_ops(dt_backend *be)
 DT_CU_EXPORT int dt_cuda_backend_create(dt_backend **out, const dt_backend_opts *opts,
                                         dt_err *err)
 {
-    dt_backend_opts def;
+    dt_backend_opts def; // dt_backend_opts_default lives in the dtrain binary, not here
     if (!opts) {
-        dt_backend_opts_default(&def);
+        memset(&def, 0, sizeof def);
+        def.threads = 1;
+        def.precision = DT_PREC_FP32;
         opts = &def;
     }
     int n = 0, rc = 0;
