@@ -203,6 +203,66 @@ int dt_proto_next(const uint8_t **cursor, const uint8_t *end, dt_proto_item *it)
     return 0;
 }
 
+static int check_frames(const uint8_t *buf, size_t len, const dt_proto_limits *lim, int reply)
+{
+    int frames = 0;
+    size_t off = 0;
+    while (off < len) {
+        dt_proto_msg m;
+        size_t need = 0;
+        const char *why = NULL;
+        ssize_t r = dt_proto_parse(buf + off, len - off, lim, reply, &m, &need, &why);
+        if (r < 0)
+            return why ? frames : -1; /* unrecoverable, with a reason: the stream ends here */
+        if (r == 0)
+            return need == 0 || need > len - off ? frames : -1;
+        if ((size_t)r > len - off || m.end != buf + off + (size_t)r)
+            return -1;
+        frames++;
+        off += (size_t)r;
+        if (m.bad != DT_PROTO_OK) {
+            if (!m.why)
+                return -1;
+            continue;
+        }
+        if (!reply && (m.code == 0 || m.code >= DT_OP_MAX_ || m.nkeys > lim->max_items))
+            return -1;
+        const uint8_t *cur = m.keys;
+        dt_proto_item it;
+        for (uint32_t i = 0; i < m.nkeys; i++) {
+            if (dt_proto_next(&cur, m.end, &it) < 0 || it.p + it.len > m.end)
+                return -1;
+            if (!reply && (it.len > lim->max_key || memchr(it.p, 0, it.len)))
+                return -1;
+        }
+        if (cur != m.vals)
+            return -1;
+        for (uint32_t i = 0; i < m.nvals; i++) {
+            if (dt_proto_next(&cur, m.end, &it) < 0 || it.p + it.len > m.end)
+                return -1;
+            if (!reply && it.len > lim->max_value)
+                return -1;
+        }
+        if (cur != m.end)
+            return -1;
+    }
+    return frames;
+}
+
+int dt_proto_check_stream(const uint8_t *buf, size_t len, const dt_proto_limits *lim)
+{
+    int a = check_frames(buf, len, lim, 0);
+    dt_proto_limits rl = dt_proto_reply_limits();
+    int b = check_frames(buf, len, &rl, 1);
+    if (a < 0 || b < 0)
+        return -1;
+    if (len >= DT_PROTO_HELLO_SIZE) {
+        uint16_t v, f;
+        dt_proto_hello_decode(buf, &v, &f);
+    }
+    return a;
+}
+
 void dt_proto_hello_encode(uint8_t out[DT_PROTO_HELLO_SIZE], uint16_t version, uint16_t flags)
 {
     dt_proto_wr32(out, DT_PROTO_MAGIC);

@@ -171,6 +171,14 @@ ssize_t dt_proto_parse(const uint8_t *buf, size_t len, const dt_proto_limits *li
  * parser validated). */
 int dt_proto_next(const uint8_t **cursor, const uint8_t *end, dt_proto_item *it);
 
+/* Parses buf as a stream of request frames (the bytes a server reads after the handshake) with
+ * lim, then again as replies, walking every item of every well-formed frame, and checks what
+ * the parser promises: consumed sizes inside the buffer, items inside their frame, item counts
+ * honoured, bad frames never reported as good. Returns the number of frames parsed, or -1 when
+ * a promise is broken (a parser bug). For the fuzz target (tests/fuzz/fuzz_frame.c) and the
+ * corpus replay in tests/test_store.c. */
+int dt_proto_check_stream(const uint8_t *buf, size_t len, const dt_proto_limits *lim);
+
 /* Handshake: writes the 8 hello bytes. */
 void dt_proto_hello_encode(uint8_t out[DT_PROTO_HELLO_SIZE], uint16_t version, uint16_t flags);
 /* Decodes 8 hello bytes. 0, or -EPROTO when the magic is wrong (version and flags untouched).

@@ -313,7 +313,12 @@ static int conn_open(dt_store *r, uint64_t deadline, dt_err *err)
     dt_err last = {0};
     for (;;) {
         attempts++;
-        int rc = connect_once(r, deadline, &last);
+        /* Keep the most telling error: an attempt cut short by the deadline says less than
+         * the refusal before it. */
+        dt_err cur = {0};
+        int rc = connect_once(r, deadline, &cur);
+        if (!last.msg[0] || !(rc == -ETIMEDOUT && ms_left(deadline) <= 0))
+            last = cur;
         if (rc == 0) {
             if (r->ever_connected)
                 DT_INFO("store: reconnected to %s:%d", r->host, r->port);

@@ -70,14 +70,23 @@ static int raw_connect(int port)
     return fd;
 }
 
-/* Raw connection past the handshake (reads the server hello, sends ours). */
+/* Raw connection past the handshake (reads the server hello, sends ours). Retries while the
+ * server is at its connection limit (it may not have seen a previous close yet). */
 static int raw_hello(int port)
 {
-    int fd = raw_connect(port);
+    int fd;
     uint8_t h[DT_PROTO_HELLO_SIZE];
-    DT_REQUIRE(dt_read_all(fd, h, sizeof h) == 0);
     uint16_t ver, flags;
-    DT_REQUIRE(dt_proto_hello_decode(h, &ver, &flags) == 0);
+    for (int attempt = 0;; attempt++) {
+        fd = raw_connect(port);
+        DT_REQUIRE(dt_read_all(fd, h, sizeof h) == 0);
+        DT_REQUIRE(dt_proto_hello_decode(h, &ver, &flags) == 0);
+        if (!(flags & DT_PROTO_HELLO_FULL) || attempt == 100)
+            break;
+        close(fd);
+        dt_sleep_ms(20);
+    }
+    DT_REQUIRE(!(flags & DT_PROTO_HELLO_FULL));
     DT_CHECK_INT(ver, DT_PROTO_VERSION);
     dt_proto_hello_encode(h, DT_PROTO_VERSION, 0);
     DT_REQUIRE(dt_write_all(fd, h, sizeof h) == 0);
@@ -121,9 +130,9 @@ static int raw_closed_by_server(int fd, int timeout_ms)
     return 0;
 }
 
-static void check_alive(dt_store_server *srv)
+static void check_alive_token(dt_store_server *srv, const char *token)
 {
-    dt_store *s = connect_to(srv, NULL);
+    dt_store *s = connect_to(srv, token);
     dt_err err_ = {0}, *err = &err_;
     DT_CHECK_INT(dt_store_set(s, "alive", "yes", 3, err), 0);
     void *v = NULL;
@@ -133,6 +142,8 @@ static void check_alive(dt_store_server *srv)
     free(v);
     dt_store_free(s);
 }
+
+static void check_alive(dt_store_server *srv) { check_alive_token(srv, NULL); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Protocol parser                                                                            */
@@ -750,6 +761,647 @@ static void test_standalone(void)
     free(out);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Waiting: many keys, deletes in between, pipelining behind a wait                           */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct many_writer {
+    int port, n;
+} many_writer;
+
+static void *set_many_reverse(void *arg)
+{
+    many_writer *w = arg;
+    dt_store *s = NULL;
+    dt_err err = {0};
+    if (dt_store_connect(&s, "127.0.0.1", w->port, NULL, &err) < 0)
+        return NULL;
+    dt_sleep_ms(50);
+    for (int i = w->n - 1; i >= 0; i--) {
+        char k[32];
+        snprintf(k, sizeof k, "many/%d", i);
+        dt_store_set(s, k, "v", 1, &err);
+    }
+    dt_store_free(s);
+    return NULL;
+}
+
+static void test_wait_many_keys(void)
+{
+    dt_store_server *srv = start_server(NULL);
+    dt_store *s = connect_to(srv, NULL);
+    dt_err err_ = {0}, *err = &err_;
+    enum { N = 2000 };
+    static char names[N][32];
+    const char *keys[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "many/%d", i);
+        keys[i] = names[i];
+    }
+    many_writer w = {dt_store_server_port(srv), N};
+    pthread_t t;
+    pthread_create(&t, NULL, set_many_reverse, &w);
+    DT_CHECK_INT(dt_store_wait(s, keys, N, 20000, err), 0);
+    pthread_join(t, NULL);
+
+    /* A key seen present, then deleted, must be waited for again. */
+    dt_store *s2 = connect_to(srv, NULL);
+    int fd = raw_hello(dt_store_server_port(srv));
+    dt_proto_buf b = {0};
+    size_t st = dt_proto_begin(&b, DT_OP_WAIT, 9, 20000, 2, 0);
+    dt_proto_put_item(&b, "da", 2);
+    dt_proto_put_item(&b, "db", 2);
+    dt_proto_end(&b, st);
+    /* Pipelined behind the wait: a PING, answered only after the wait completes. */
+    st = dt_proto_begin(&b, DT_OP_PING, 10, 0, 0, 0);
+    dt_proto_end(&b, st);
+    DT_REQUIRE(dt_write_all(fd, b.data, b.len) == 0);
+    DT_REQUIRE_OK(dt_store_set(s2, "da", "1", 1, err), err);
+    DT_REQUIRE_OK(dt_store_delete(s2, "da", NULL, err), err);
+    DT_REQUIRE_OK(dt_store_set(s2, "db", "1", 1, err), err);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    DT_CHECK_MSG(poll(&p, 1, 200) == 0, "WAIT completed although \"da\" was deleted");
+    DT_REQUIRE_OK(dt_store_set(s2, "da", "2", 1, err), err);
+    dt_proto_buf r = {0};
+    DT_CHECK_INT(raw_reply(fd, &r), DT_PROTO_OK);
+    DT_CHECK_INT(dt_proto_rd32(r.data + 5), 9); /* the WAIT's id, then the PING's */
+    DT_CHECK_INT(raw_reply(fd, &r), DT_PROTO_OK);
+    DT_CHECK_INT(dt_proto_rd32(r.data + 5), 10);
+    close(fd);
+    dt_proto_buf_free(&b);
+    dt_proto_buf_free(&r);
+    dt_store_free(s2);
+    dt_store_free(s);
+    dt_store_server_stop(srv);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Token                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_token(void)
+{
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.token = "s3cret";
+    dt_store_server *srv = start_server(&o);
+    int port = dt_store_server_port(srv);
+    dt_err err_ = {0}, *err = &err_;
+
+    dt_store *s = connect_to(srv, "s3cret");
+    DT_REQUIRE_OK(dt_store_set(s, "k", "v", 1, err), err);
+    dt_store_free(s);
+
+    dt_store_opts co;
+    dt_store_opts_default(&co);
+    co.connect_timeout_ms = 20000; /* refusals are final: they must not wait for this */
+    co.token = "wrong";
+    unsetenv("DTRAIN_STORE_TOKEN");
+    uint64_t t0 = dt_now_ns();
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), -EACCES);
+    DT_CHECK_CONTAINS(err->msg, "token");
+    co.token = NULL;
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), -EACCES);
+    DT_CHECK_CONTAINS(err->msg, "DTRAIN_STORE_TOKEN");
+    DT_CHECK((dt_now_ns() - t0) / 1000000 < 10000);
+
+    /* DTRAIN_STORE_TOKEN is used when opts.token is NULL. */
+    setenv("DTRAIN_STORE_TOKEN", "s3cret", 1);
+    DT_REQUIRE_OK(dt_store_connect(&s, "127.0.0.1", port, &co, err), err);
+    DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
+    dt_store_free(s);
+    unsetenv("DTRAIN_STORE_TOKEN");
+
+    /* A raw client that skips AUTH is refused and disconnected. */
+    int fd = raw_connect(port);
+    uint8_t h[DT_PROTO_HELLO_SIZE];
+    DT_REQUIRE(dt_read_all(fd, h, sizeof h) == 0);
+    uint16_t ver, flags;
+    DT_REQUIRE(dt_proto_hello_decode(h, &ver, &flags) == 0);
+    DT_CHECK(flags & DT_PROTO_HELLO_AUTH);
+    dt_proto_hello_encode(h, DT_PROTO_VERSION, 0);
+    dt_proto_buf b = {0};
+    size_t st = dt_proto_begin(&b, DT_OP_GET, 1, 0, 1, 0);
+    dt_proto_put_item(&b, "k", 1);
+    dt_proto_end(&b, st);
+    DT_REQUIRE(dt_write_all(fd, h, sizeof h) == 0);
+    DT_REQUIRE(dt_write_all(fd, b.data, b.len) == 0);
+    dt_proto_buf r = {0};
+    DT_CHECK_INT(raw_reply(fd, &r), DT_PROTO_EACCES);
+    DT_CHECK(raw_closed_by_server(fd, 5000));
+    close(fd);
+    dt_proto_buf_free(&b);
+    dt_proto_buf_free(&r);
+    check_alive_token(srv, "s3cret");
+    dt_store_server_stop(srv);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Limits                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_server_limits(void)
+{
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.max_key_size = 16;
+    o.max_value_size = 64;
+    o.max_keys_per_request = 4;
+    o.max_total_bytes = 200;
+    o.max_connections = 3;
+    dt_store_server *srv = start_server(&o);
+    dt_store *s = connect_to(srv, NULL);
+    dt_err err_ = {0}, *err = &err_;
+    char big[100];
+    memset(big, 'x', sizeof big);
+
+    DT_CHECK_INT(dt_store_set(s, "0123456789abcdefX", "v", 1, err), -E2BIG);
+    DT_CHECK_CONTAINS(err->msg, "max_key_size");
+    DT_CHECK_INT(dt_store_set(s, "k", big, 65, err), -E2BIG);
+    DT_CHECK_CONTAINS(err->msg, "max_value_size");
+    DT_REQUIRE_OK(dt_store_set(s, "k", big, 64, err), err);
+    DT_CHECK_INT(dt_store_append(s, "k", "y", 1, err), -E2BIG);
+    const char *five[] = {"a", "b", "c", "d", "e"};
+    int all;
+    DT_CHECK_INT(dt_store_check(s, five, 5, &all, err), -E2BIG);
+    DT_CHECK_CONTAINS(err->msg, "max_keys_per_request");
+    /* total bytes: k (1+64) stored; two more 64-byte values fit (195), a third does not */
+    DT_REQUIRE_OK(dt_store_set(s, "k2", big, 64, err), err);
+    DT_REQUIRE_OK(dt_store_set(s, "k3", big, 63, err), err);
+    DT_CHECK_INT(dt_store_set(s, "k4", big, 10, err), -E2BIG);
+    DT_CHECK_CONTAINS(err->msg, "max_total_bytes");
+    DT_CHECK_INT(dt_store_add(s, "counter1", 1, NULL, err), -E2BIG); /* 9 more bytes */
+    const char *mk[] = {"m1", "m2"};
+    const void *mv[] = {"12345", "12345"};
+    size_t ml[] = {5, 5};
+    DT_CHECK_INT(dt_store_multi_set(s, mk, mv, ml, 2, err), -E2BIG);
+    /* overwriting within the limit is fine; deleting frees room */
+    DT_REQUIRE_OK(dt_store_set(s, "k3", big, 60, err), err);
+    DT_REQUIRE_OK(dt_store_delete(s, "k2", NULL, err), err);
+    DT_REQUIRE_OK(dt_store_set(s, "k4", big, 10, err), err);
+    /* the connection survived every refusal */
+    DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
+
+    /* connections: 3 allowed (s + 2); the 4th is refused with a clear message */
+    dt_store *c2 = connect_to(srv, NULL), *c3 = connect_to(srv, NULL), *c4 = NULL;
+    dt_store_opts co;
+    dt_store_opts_default(&co);
+    co.connect_timeout_ms = 300;
+    DT_CHECK_INT(dt_store_connect(&c4, "127.0.0.1", dt_store_server_port(srv), &co, err),
+                 -ECONNREFUSED);
+    DT_CHECK_CONTAINS(err->msg, "max_connections");
+    dt_store_free(c3);
+    dt_sleep_ms(100); /* the server sees the close */
+    co.connect_timeout_ms = 5000;
+    DT_REQUIRE_OK(dt_store_connect(&c4, "127.0.0.1", dt_store_server_port(srv), &co, err), err);
+    dt_store_free(c4);
+    dt_store_free(c2);
+
+    /* A length prefix over the frame limit: an error reply, then the server closes. */
+    int fd = raw_hello(dt_store_server_port(srv));
+    uint8_t huge[8] = {0xff, 0xff, 0xff, 0xf0, 1, 2, 3, 4};
+    DT_REQUIRE(dt_write_all(fd, huge, sizeof huge) == 0);
+    dt_proto_buf r = {0};
+    DT_CHECK_INT(raw_reply(fd, &r), DT_PROTO_E2BIG);
+    DT_CHECK(raw_closed_by_server(fd, 5000));
+    close(fd);
+    dt_proto_buf_free(&r);
+    DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
+    dt_store_free(s);
+    dt_store_server_stop(srv);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Misbehaving clients                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_garbage(void)
+{
+    dt_store_server *srv = start_server(NULL);
+    int port = dt_store_server_port(srv);
+    /* Not a dtrain client at all. */
+    int fd = raw_connect(port);
+    const char *http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    DT_REQUIRE(dt_write_all(fd, http, strlen(http)) == 0);
+    DT_CHECK(raw_closed_by_server(fd, 5000));
+    close(fd);
+    /* Another protocol version. */
+    fd = raw_connect(port);
+    uint8_t h[DT_PROTO_HELLO_SIZE];
+    dt_proto_hello_encode(h, DT_PROTO_VERSION + 1, 0);
+    DT_REQUIRE(dt_write_all(fd, h, sizeof h) == 0);
+    DT_CHECK(raw_closed_by_server(fd, 5000));
+    close(fd);
+    /* Random bytes after a good handshake, many times over (seeded, so reproducible). */
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int round = 0; round < 50; round++) {
+        fd = raw_hello(port);
+        uint8_t junk[512];
+        for (size_t i = 0; i < sizeof junk; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            junk[i] = (uint8_t)x;
+        }
+        if (round % 2) /* half of them with a plausible length prefix */
+            dt_proto_wr32(junk, (uint32_t)(x % 600));
+        DT_REQUIRE(dt_write_all(fd, junk, sizeof junk) == 0);
+        close(fd);
+    }
+    check_alive(srv);
+    dt_store_server_stop(srv);
+}
+
+static void test_mid_frame(void)
+{
+    dt_store_server *srv = start_server(NULL);
+    int port = dt_store_server_port(srv);
+    dt_proto_buf b = {0};
+    size_t st = dt_proto_begin(&b, DT_OP_SET, 1, 0, 1, 1);
+    dt_proto_put_item(&b, "half", 4);
+    dt_proto_put_item(&b, "value", 5);
+    dt_proto_end(&b, st);
+    /* Die after each possible prefix of a frame (and in the middle of the handshake). */
+    for (size_t cut = 0; cut < b.len; cut++) {
+        int fd = raw_hello(port);
+        DT_REQUIRE(dt_write_all(fd, b.data, cut) == 0);
+        if (cut % 2) { /* half of them with a reset instead of a clean close */
+            struct linger l = {1, 0};
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        }
+        close(fd);
+    }
+    int fd = raw_connect(port);
+    DT_REQUIRE(dt_write_all(fd, "DTS", 3) == 0);
+    close(fd);
+    /* A large value cut in the middle (the server buffers it, then drops it). */
+    dt_proto_buf big = {0};
+    st = dt_proto_begin(&big, DT_OP_SET, 1, 0, 1, 1);
+    dt_proto_put_item(&big, "big", 3);
+    char *v = calloc(1, 1 << 20);
+    dt_proto_put_item(&big, v, 1 << 20);
+    dt_proto_end(&big, st);
+    fd = raw_hello(port);
+    DT_REQUIRE(dt_write_all(fd, big.data, big.len / 2) == 0);
+    close(fd);
+    free(v);
+    dt_proto_buf_free(&big);
+    dt_proto_buf_free(&b);
+
+    dt_store *s = connect_to(srv, NULL);
+    dt_err err_ = {0}, *err = &err_;
+    void *val = NULL;
+    size_t n;
+    DT_CHECK_INT(dt_store_get(s, "half", &val, &n, 0, err), -ENOENT);
+    DT_CHECK_INT(dt_store_get(s, "big", &val, &n, 0, err), -ENOENT);
+    dt_store_free(s);
+    check_alive(srv);
+    dt_store_server_stop(srv);
+}
+
+static void test_slow_reader(void)
+{
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.max_pending_output = 256 * 1024;
+    dt_store_server *srv = start_server(&o);
+    int port = dt_store_server_port(srv);
+    dt_store *s = connect_to(srv, NULL);
+    dt_err err_ = {0}, *err = &err_;
+    size_t vlen = 256 * 1024;
+    char *v = calloc(1, vlen);
+    DT_REQUIRE_OK(dt_store_set(s, "fat", v, vlen, err), err);
+    free(v);
+
+    /* A client that asks for 64 MiB of replies and never reads any. */
+    int fd = raw_connect(port);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    uint8_t h[DT_PROTO_HELLO_SIZE];
+    dt_proto_hello_encode(h, DT_PROTO_VERSION, 0);
+    DT_REQUIRE(dt_write_all(fd, h, sizeof h) == 0);
+    dt_proto_buf b = {0};
+    for (int i = 0; i < 256; i++) {
+        size_t st = dt_proto_begin(&b, DT_OP_GET, (uint32_t)i, 0, 1, 0);
+        dt_proto_put_item(&b, "fat", 3);
+        dt_proto_end(&b, st);
+    }
+    DT_REQUIRE(dt_write_all(fd, b.data, b.len) == 0);
+    dt_proto_buf_free(&b);
+    /* Everyone else is still served meanwhile. */
+    for (int i = 0; i < 20; i++)
+        DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
+    /* And the non-reader was cut off. Its socket still holds replies the kernel accepted, so
+     * reading would take long; but new bytes sent to a closed socket are answered with a
+     * reset, so sending fails once the server has closed its end. */
+    int closed = 0;
+    uint8_t ping[DT_PROTO_LEN_SIZE + DT_PROTO_HDR_SIZE];
+    dt_proto_buf pb = {0};
+    size_t st = dt_proto_begin(&pb, DT_OP_PING, 1, 0, 0, 0);
+    dt_proto_end(&pb, st);
+    memcpy(ping, pb.data, sizeof ping);
+    dt_proto_buf_free(&pb);
+    for (int i = 0; i < 200 && !closed; i++) {
+        if (send(fd, ping, sizeof ping, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN)
+            closed = 1;
+        else
+            dt_sleep_ms(50);
+    }
+    DT_CHECK_MSG(closed, "the server never disconnected a client that does not read");
+    close(fd);
+    DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
+    dt_store_free(s);
+    dt_store_server_stop(srv);
+}
+
+static void test_storm(void)
+{
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.max_connections = 64;
+    dt_store_server *srv = start_server(&o);
+    int port = dt_store_server_port(srv);
+    /* 1,000 connections opened at once (far over the limit), then dropped every which way. */
+    enum { N = 1000 };
+    static int fds[N];
+    int opened = 0;
+    for (; opened < N; opened++) {
+        fds[opened] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (fds[opened] < 0 || connect(fds[opened], (struct sockaddr *)&a, sizeof a) != 0) {
+            if (fds[opened] >= 0)
+                close(fds[opened]);
+            break;
+        }
+    }
+    DT_CHECK_MSG(opened == N, "only %d connections could be opened", opened);
+    for (int i = 0; i < opened; i++) {
+        if (i % 3 == 0) {
+            struct linger l = {1, 0};
+            setsockopt(fds[i], SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        } else if (i % 3 == 1) {
+            uint8_t h[DT_PROTO_HELLO_SIZE];
+            dt_proto_hello_encode(h, DT_PROTO_VERSION, 0);
+            (void)!write(fds[i], h, sizeof h);
+        }
+        close(fds[i]);
+    }
+    /* Every slot comes back: the limit's worth of real clients can connect and work. */
+    dt_store *cs[64] = {0};
+    dt_err err_ = {0}, *err = &err_;
+    dt_store_opts co;
+    dt_store_opts_default(&co);
+    co.connect_timeout_ms = 10000;
+    for (int i = 0; i < 64; i++) {
+        DT_REQUIRE_OK(dt_store_connect(&cs[i], "127.0.0.1", port, &co, err), err);
+        DT_REQUIRE_OK(dt_store_add(cs[i], "storm", 1, NULL, err), err);
+    }
+    int64_t r = 0;
+    DT_REQUIRE_OK(dt_store_add(cs[0], "storm", 0, &r, err), err);
+    DT_CHECK_INT(r, 64);
+    for (int i = 0; i < 64; i++)
+        dt_store_free(cs[i]);
+    dt_store_server_stop(srv);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Client: retries, reconnects, timeouts, version mismatch                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A free port now (bound, then released). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t l = sizeof a;
+    DT_REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+typedef struct late_server {
+    int port, delay_ms;
+    dt_store_server *srv;
+} late_server;
+
+static void *start_late(void *arg)
+{
+    late_server *l = arg;
+    dt_sleep_ms(l->delay_ms);
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.host = "127.0.0.1";
+    o.port = l->port;
+    dt_err err = {0};
+    dt_store_server_start(&l->srv, &o, &err);
+    return NULL;
+}
+
+static void test_connect_retry(void)
+{
+    dt_err err_ = {0}, *err = &err_;
+    /* Nobody listening: refused after the connect timeout, with a useful message. */
+    int port = free_port();
+    dt_store_opts co;
+    dt_store_opts_default(&co);
+    co.connect_timeout_ms = 300;
+    dt_store *s = NULL;
+    uint64_t t0 = dt_now_ns();
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), -ECONNREFUSED);
+    double el = (double)(dt_now_ns() - t0) * 1e-6;
+    DT_CHECK_MSG(el >= 250 && el < 5000, "connect gave up after %.0f ms (timeout 300)", el);
+    DT_CHECK_CONTAINS(err->msg, "attempts");
+    /* The server comes up later: connect retries until it is there. */
+    late_server l = {port, 300, NULL};
+    pthread_t t;
+    pthread_create(&t, NULL, start_late, &l);
+    co.connect_timeout_ms = 10000;
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), 0);
+    pthread_join(t, NULL);
+    DT_REQUIRE(l.srv != NULL);
+    if (err->code == 0) {
+        DT_CHECK_INT(dt_store_set(s, "k", "v", 1, err), 0);
+        /* The server restarts on the same port: the next calls reconnect transparently,
+         * including an ADD (a hang-up is detected before the request is sent). */
+        dt_store_server_stop(l.srv);
+        l.delay_ms = 200;
+        l.srv = NULL;
+        pthread_create(&t, NULL, start_late, &l);
+        DT_CHECK_INT(dt_store_ping(s, NULL, err), 0);
+        pthread_join(t, NULL);
+        DT_REQUIRE(l.srv != NULL);
+        int64_t r = 0;
+        DT_CHECK_INT(dt_store_add(s, "n", 1, &r, err), 0);
+        DT_CHECK_INT(r, 1);
+        dt_store_free(s);
+    }
+    dt_store_server_stop(l.srv);
+}
+
+typedef struct fake_server {
+    int lfd, port;
+    uint16_t version;
+    int hold_ms;
+} fake_server;
+
+/* Accepts connections, sends a hello with the given version, then never answers. */
+static void *fake_main(void *arg)
+{
+    fake_server *f = arg;
+    for (;;) {
+        int fd = accept(f->lfd, NULL, NULL);
+        if (fd < 0)
+            return NULL;
+        uint8_t h[DT_PROTO_HELLO_SIZE];
+        dt_proto_hello_encode(h, f->version, 0);
+        (void)!write(fd, h, sizeof h);
+        dt_sleep_ms(f->hold_ms);
+        close(fd);
+    }
+}
+
+static void start_fake(fake_server *f, pthread_t *t)
+{
+    f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t l = sizeof a;
+    DT_REQUIRE(bind(f->lfd, (struct sockaddr *)&a, sizeof a) == 0);
+    DT_REQUIRE(listen(f->lfd, 16) == 0);
+    getsockname(f->lfd, (struct sockaddr *)&a, &l);
+    f->port = ntohs(a.sin_port);
+    pthread_create(t, NULL, fake_main, f);
+}
+
+static void test_client_timeouts(void)
+{
+    dt_err err_ = {0}, *err = &err_;
+    /* A server that completes the handshake and then never replies. */
+    fake_server f = {.version = DT_PROTO_VERSION, .hold_ms = 3000};
+    pthread_t t;
+    start_fake(&f, &t);
+    dt_store_opts co;
+    dt_store_opts_default(&co);
+    co.connect_timeout_ms = 2000;
+    co.timeout_ms = 300;
+    dt_store *s = NULL;
+    DT_REQUIRE_OK(dt_store_connect(&s, "127.0.0.1", f.port, &co, err), err);
+    uint64_t t0 = dt_now_ns();
+    DT_CHECK_INT(dt_store_set(s, "k", "v", 1, err), -ETIMEDOUT);
+    double el = (double)(dt_now_ns() - t0) * 1e-6;
+    DT_CHECK_MSG(el >= 250 && el < 3000, "set gave up after %.0f ms (timeout 300)", el);
+    DT_CHECK_CONTAINS(err->msg, "no reply");
+    dt_store_free(s);
+
+    /* A server of another protocol version: a clear, immediate error. */
+    fake_server g = {.version = DT_PROTO_VERSION + 1, .hold_ms = 10};
+    pthread_t t2;
+    start_fake(&g, &t2);
+    co.connect_timeout_ms = 20000;
+    t0 = dt_now_ns();
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", g.port, &co, err), -EPROTO);
+    DT_CHECK_CONTAINS(err->msg, "version");
+    DT_CHECK((dt_now_ns() - t0) / 1000000 < 5000);
+    /* the fake threads end with the test process */
+}
+
+/* The standalone server with a token file, and with DTRAIN_STORE_TOKEN. */
+static void test_standalone_token(void)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/token", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    fputs("file-token\n", f);
+    fclose(f);
+    char args[4200];
+    snprintf(args, sizeof args, "--token-file '%s'", path);
+    int port = 0;
+    pid_t pid = spawn_store(args, &port, NULL);
+    DT_REQUIRE(port > 0);
+    dt_err err_ = {0}, *err = &err_;
+    dt_store_opts co;
+    dt_store_opts_default(&co);
+    co.token = "file-token";
+    dt_store *s = NULL;
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), 0);
+    dt_store_free(s);
+    co.token = "nope";
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), -EACCES);
+    kill(pid, SIGTERM);
+    DT_CHECK_INT(wait_exit(pid, 10000), 0);
+
+    pid = spawn_store("", &port, "env-token");
+    DT_REQUIRE(port > 0);
+    co.token = "env-token";
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), 0);
+    dt_store_free(s);
+    co.token = NULL;
+    unsetenv("DTRAIN_STORE_TOKEN");
+    co.connect_timeout_ms = 2000;
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), -EACCES);
+    kill(pid, SIGTERM);
+    DT_CHECK_INT(wait_exit(pid, 10000), 0);
+
+    /* A port in use is a clear error, not a crash. */
+    dt_store_server *srv = start_server(NULL);
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' store --host 127.0.0.1 --port %d", dt_test_dtrain_bin(),
+             dt_store_server_port(srv));
+    DT_CHECK_INT(dt_test_run(cmd, &out, 10), 1);
+    DT_CHECK_CONTAINS(out, "in use");
+    free(out);
+    dt_store_server_stop(srv);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fuzz corpus                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Replays tests/fuzz/corpus/ through the parser's self-check, then through a live server. */
+static void test_proto_corpus(void)
+{
+    /* dt_test_dtrain_bin() is BUILD/dtrain; the corpus is in the source tree beside BUILD. */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", dt_test_dtrain_bin());
+    char *last = strrchr(dir, '/');
+    DT_REQUIRE(last);
+    snprintf(last, sizeof dir - (size_t)(last - dir), "/../tests/fuzz/corpus");
+    DIR *d = opendir(dir);
+    DT_CHECK_MSG(d != NULL, "cannot open the fuzz corpus %s", dir);
+    DT_REQUIRE(d);
+    dt_store_server *srv = start_server(NULL);
+    int port = dt_store_server_port(srv);
+    dt_proto_limits lim = {.max_frame = 4096, .max_key = 64, .max_value = 1024, .max_items = 16};
+    struct dirent *de;
+    int files = 0;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char path[8192];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        char *data = NULL;
+        size_t len = 0;
+        dt_err err = {0};
+        DT_REQUIRE(dt_read_file(path, &data, &len, &err) == 0);
+        int frames = dt_proto_check_stream((const uint8_t *)data, len, &lim);
+        DT_CHECK_MSG(frames >= 0, "corpus %s: the parser broke a promise", de->d_name);
+        /* Non-blocking ops only, so the server answers without waiting: send and drop. */
+        int fd = raw_hello(port);
+        DT_REQUIRE(dt_write_all(fd, data, len) == 0);
+        close(fd);
+        free(data);
+        files++;
+    }
+    closedir(d);
+    DT_CHECK_MSG(files >= 20, "only %d corpus files in %s", files, dir);
+    check_alive(srv);
+    dt_store_server_stop(srv);
+}
+
 static const dt_test tests[] = {
     {"proto_roundtrip", test_proto_roundtrip, 0},
     {"proto_rejects", test_proto_rejects, 0},
@@ -760,12 +1412,20 @@ static const dt_test tests[] = {
     {"concurrent_adds", test_concurrent_adds, 60},
     {"cas_race", test_cas_race, 60},
     {"standalone", test_standalone, 60},
+    {"wait_many_keys", test_wait_many_keys, 60},
+    {"token", test_token, 60},
+    {"limits", test_server_limits, 60},
+    {"garbage", test_garbage, 60},
+    {"mid_frame", test_mid_frame, 60},
+    {"slow_reader", test_slow_reader, 60},
+    {"storm", test_storm, 60},
+    {"connect_retry", test_connect_retry, 60},
+    {"client_timeouts", test_client_timeouts, 60},
+    {"standalone_token", test_standalone_token, 60},
+    {"proto_corpus", test_proto_corpus, 60},
 };
 
 int main(int argc, char **argv)
 {
-    (void)check_alive;
-    (void)raw_reply;
-    (void)raw_closed_by_server;
     return dt_test_main("test_store", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }
