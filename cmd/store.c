@@ -2,10 +2,12 @@
  * server. It prints the port it bound on one line of stdout (so `--port 0` is scriptable),
  * logs to stderr, and runs until SIGINT or SIGTERM, then stops cleanly and exits 0. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd/cmd.h"
 #include "common/env.h"
@@ -33,6 +35,16 @@ static void usage(FILE *out)
             "  --max-connections N       open client connections (65536)\n"
             "  --max-pending-output N    reply bytes buffered for a client that does not read\n"
             "                            before it is disconnected (64M)\n");
+}
+
+static int sig_pipe[2] = {-1, -1};
+
+static void on_signal(int sig)
+{
+    int saved = errno;
+    unsigned char b = (unsigned char)sig;
+    (void)!write(sig_pipe[1], &b, 1);
+    errno = saved;
 }
 
 /* "64M" -> 67108864; plain numbers are bytes. */
@@ -154,27 +166,39 @@ int dt_cmd_store(int argc, char **argv)
         o.token = dt_env("DTRAIN_STORE_TOKEN");
     }
 
-    /* SIGINT/SIGTERM are taken with sigwait on this thread (the server thread blocks all). */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* SIGINT/SIGTERM: a handler writes the signal number to a pipe that this thread reads.
+     * (Not sigwait with the signals blocked: threads created before main, such as OpenBLAS's
+     * pool, have them unblocked, and the kernel may deliver to any of them.) */
+    if (pipe2(sig_pipe, O_CLOEXEC) != 0) {
+        fprintf(stderr, "dtrain store: pipe: %s\n", strerror(errno));
+        free(token);
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 
     dt_store_server *srv = NULL;
     if (dt_store_server_start(&srv, &o, &err) < 0) {
         fprintf(stderr, "dtrain store: %s\n", dt_err_str(&err));
+        close(sig_pipe[0]);
+        close(sig_pipe[1]);
         free(token);
         return 1;
     }
     printf("%d\n", dt_store_server_port(srv));
     fflush(stdout);
 
-    int sig = 0;
-    while (sigwait(&set, &sig) != 0)
+    unsigned char sig = 0;
+    while (read(sig_pipe[0], &sig, 1) != 1 && errno == EINTR)
         ;
     DT_INFO("store: %s received; stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
     dt_store_server_stop(srv);
+    close(sig_pipe[0]);
+    close(sig_pipe[1]);
     free(token);
     return 0;
 }
