@@ -279,6 +279,67 @@ static void test_clip(void)
     free(grads);
 }
 
+/* ---- the real CPU backend against PyTorch's formulas, in double ------------------------ */
+
+static void test_cpu_numerics(void)
+{
+    dt_backend *be = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_cpu_backend_create(&be, NULL, &err), &err);
+    float *p = NULL, *g = NULL;
+    DT_REQUIRE_OK(be->alloc(be, (void **)&p, sizeof(float) * NPARAMS, &err), &err);
+    DT_REQUIRE_OK(be->alloc(be, (void **)&g, sizeof(float) * NPARAMS, &err), &err);
+    for (int kind = 0; kind < 2; kind++) {
+        double rp[NPARAMS], m[NPARAMS] = {0}, v[NPARAMS] = {0};
+        for (int i = 0; i < NPARAMS; i++)
+            p[i] = (float)(rp[i] = 0.1 * (i % 7) - 0.3);
+        dt_optim_config c = {.kind = kind ? DT_OPTIM_SGD : DT_OPTIM_ADAMW, .weight_decay = 0.1,
+                             .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .momentum = 0.9,
+                             .nesterov = true};
+        dt_optim *o = NULL;
+        DT_REQUIRE_OK(dt_optim_create(&o, &c, be, table, 6, NPARAMS, &err), &err);
+        for (int t = 1; t <= 3; t++) {
+            double lr = 0.01 * t;
+            for (int i = 0; i < NPARAMS; i++)
+                g[i] = (float)(0.05 * ((i * 5 + t) % 9) - 0.2);
+            dt_optim_step(o, p, g, lr);
+            for (int i = 0; i < NPARAMS; i++) {
+                bool decay = !(i >= 10 && i < 12) && i < 22;
+                double wd = decay ? 0.1 : 0, gi = g[i];
+                if (kind == 0) {
+                    m[i] = 0.9 * m[i] + 0.1 * gi;
+                    v[i] = 0.95 * v[i] + 0.05 * gi * gi;
+                    double mh = m[i] / (1 - pow(0.9, t)), vh = v[i] / (1 - pow(0.95, t));
+                    rp[i] -= lr * (mh / (sqrt(vh) + 1e-8) + wd * rp[i]);
+                } else {
+                    double gg = gi + wd * rp[i];
+                    m[i] = t == 1 ? gg : 0.9 * m[i] + gg;
+                    rp[i] -= lr * (gg + 0.9 * m[i]);
+                }
+            }
+        }
+        for (int i = 0; i < NPARAMS; i++)
+            DT_CHECK_NEAR(p[i], rp[i], 1e-5);
+        DT_CHECK_INT(o->t, 3);
+        dt_optim_free(o);
+    }
+    /* clipping through the backend's sumsq and scale */
+    dt_optim_config c = {.kind = DT_OPTIM_ADAMW, .grad_clip = 0.5};
+    dt_optim *o = NULL;
+    DT_REQUIRE_OK(dt_optim_create(&o, &c, be, table, 6, NPARAMS, &err), &err);
+    double ss = 0;
+    for (int i = 0; i < NPARAMS; i++) {
+        g[i] = (float)(i - 14);
+        ss += (double)g[i] * g[i];
+    }
+    DT_CHECK_NEAR(dt_optim_clip(o, g), sqrt(ss), 1e-6 * sqrt(ss));
+    DT_CHECK_NEAR(dt_optim_grad_norm(o, g), 0.5, 1e-5);
+    dt_optim_free(o);
+    be->free(be, p);
+    be->free(be, g);
+    dt_backend_close(be);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -288,6 +349,7 @@ int main(int argc, char **argv)
         {"sgd_first_step_and_state", test_sgd_first_step_and_state, 0},
         {"table_must_cover", test_table_must_cover, 0},
         {"clip", test_clip, 0},
+        {"cpu_numerics", test_cpu_numerics, 0},
     };
     return dt_test_main("test_optim", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
