@@ -42,7 +42,9 @@
 #include "runtime/safetensors.h"
 #include "runtime/xxh64.h"
 
-#define IO_CHUNK (4u << 20) /* write buffer and read chunk */
+#define IO_CHUNK (4u << 20)      /* write buffer and read chunk */
+#define DIRECT_WRITE (256u << 10) /* pieces at least this large skip the write buffer */
+#define WRITEBACK_STEP (8u << 20) /* start writeback of every 8 MiB written */
 #define SELF_KEY "\"state_xxh64\""
 #define ZERO16 "0000000000000000"
 
@@ -199,6 +201,7 @@ struct dt_ckpt {
     char dir[PATH_MAX - 1024]; /* leaves room for /step_<N>.tmp/<file> in PATH_MAX */
     int keep;
     bool async;
+    bool concurrent;           /* async and host memory: the writer thread copies (see fence) */
     dt_backend *be;            /* borrowed; NULL = host memory */
     int nbufs;
     dt_ckpt_buf *bufs;         /* copies; file and prefix strings point into the entries' owner */
@@ -213,6 +216,9 @@ struct dt_ckpt {
     /* writer thread; everything below is guarded by mu */
     pthread_t thread;
     bool thread_started, pending, busy, quit;
+    bool copy_pending;         /* the writer still has to copy the late buffers */
+    bool fence_waiting;        /* the caller is blocked in dt_ckpt_fence since fence_start */
+    double fence_start, fence_s;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     dt_ckpt_state wstate;      /* the save being written; wstate.job owned */
@@ -264,6 +270,10 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
     c->keep = opts->keep < 1 ? 1 : opts->keep;
     c->async = opts->async;
     c->be = be;
+    /* Concurrent copies read the buffers from the writer thread: only for host memory, which
+     * another thread may read while the training thread reads it too. A CUDA backend must not
+     * be driven from two threads, so its copies stay in dt_ckpt_save. */
+    c->concurrent = opts->async && opts->concurrent_copy && (!be || !strcmp(be->name, "cpu"));
     c->nbufs = nbufs;
     c->bufs = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->bufs);
     c->buf_stage_off = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->buf_stage_off);
@@ -389,16 +399,36 @@ typedef struct wsink {
     char *buf;
     size_t len, cap;
     dt_xxh64_state hash;
-    uint64_t total;
+    uint64_t total;      /* bytes consumed (hashed) */
+    uint64_t written;    /* bytes handed to write(2) */
+    uint64_t flushing;   /* writeback started up to here */
 } wsink;
+
+/* Writes to the file and, every WRITEBACK_STEP bytes, asks the kernel to start writing them to
+ * the disk (sync_file_range, advisory). Without it the dirty pages of a checkpoint smaller than
+ * the kernel's background threshold (10% of RAM) sit in memory until the fsync, so the disk
+ * idles while we write and we idle while it flushes; with it both run at once. */
+static int sink_out(wsink *s, const void *data, size_t n, dt_err *err)
+{
+    int rc = io_write_all(s->fd, data, n);
+    if (rc)
+        return dt_err_errno(err, -rc, "writing %s", s->path);
+    s->written += n;
+    if (s->written - s->flushing >= WRITEBACK_STEP) {
+        sync_file_range(s->fd, (off64_t)s->flushing, (off64_t)(s->written - s->flushing),
+                        SYNC_FILE_RANGE_WRITE);
+        s->flushing = s->written;
+    }
+    return 0;
+}
 
 static int sink_flush(wsink *s, dt_err *err)
 {
     if (!s->len)
         return 0;
-    int rc = io_write_all(s->fd, s->buf, s->len);
+    int rc = sink_out(s, s->buf, s->len, err);
     s->len = 0;
-    return rc ? dt_err_errno(err, -rc, "writing %s", s->path) : 0;
+    return rc;
 }
 
 static int sink_write(void *ctx, const void *data, size_t n, dt_err *err)
@@ -406,7 +436,8 @@ static int sink_write(void *ctx, const void *data, size_t n, dt_err *err)
     wsink *s = ctx;
     dt_xxh64_update(&s->hash, data, n);
     s->total += n;
-    if (s->len + n <= s->cap) {
+    /* Small pieces (headers, biases) gather in the buffer; large ones go straight out. */
+    if (n < DIRECT_WRITE && s->len + n <= s->cap) {
         memcpy(s->buf + s->len, data, n);
         s->len += n;
         return 0;
@@ -414,10 +445,8 @@ static int sink_write(void *ctx, const void *data, size_t n, dt_err *err)
     int rc = sink_flush(s, err);
     if (rc)
         return rc;
-    if (n >= s->cap) {
-        rc = io_write_all(s->fd, data, n);
-        return rc ? dt_err_errno(err, -rc, "writing %s", s->path) : 0;
-    }
+    if (n >= DIRECT_WRITE)
+        return sink_out(s, data, n, err);
     memcpy(s->buf, data, n);
     s->len = n;
     return 0;
@@ -779,7 +808,6 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
         return rc;
     }
     *fsync_s += dt_now_s() - t0;
-    apply_retention(c, step);
     return 0;
 fail:
     if (made_tmp) {
@@ -800,21 +828,39 @@ fail:
     return rc;
 }
 
+enum { COPY_ALL, COPY_EARLY, COPY_LATE };
+static void copy_to_staging(dt_ckpt *c, int which);
+
 /* Runs the pending write (called by the writer thread, or inline when !async). */
 static void run_write(dt_ckpt *c)
 {
     dt_err e = {0};
     double fs = 0, t0 = dt_now_s();
+    if (c->copy_pending) { /* read without the lock: only this thread clears it */
+        copy_to_staging(c, COPY_LATE);
+        pthread_mutex_lock(&c->mu);
+        c->copy_pending = false;
+        c->copy_s += dt_now_s() - t0;
+        if (c->fence_waiting) {
+            c->fence_s = dt_now_s() - c->fence_start;
+            c->fence_waiting = false;
+        }
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        t0 = dt_now_s();
+    }
     uint64_t bytes = 0;
     char final[PATH_MAX];
     int rc = write_checkpoint(c, &fs, &bytes, final, sizeof final, &e);
     double dt = dt_now_s() - t0;
+    if (!rc) /* the new checkpoint is complete: only now may older ones go */
+        apply_retention(c, c->wstate.step);
     if (rc)
         DT_ERROR("%s", e.msg);
     else if (c->hold_s >= 0)
         DT_INFO("checkpoint: saved %s (%.1f MB in %.2f s, %.0f MB/s, in the background; "
                 "training held %.3f s)", final, bytes / 1e6, dt, dt > 0 ? bytes / 1e6 / dt : 0.0,
-                c->hold_s);
+                c->hold_s + c->fence_s);
     else
         DT_INFO("checkpoint: saved %s (%.1f MB in %.2f s, %.0f MB/s)", final, bytes / 1e6, dt,
                 dt > 0 ? bytes / 1e6 / dt : 0.0);
@@ -827,7 +873,8 @@ static void run_write(dt_ckpt *c)
         c->stats.last_step = c->wstate.step;
         dt_strlcpy(c->stats.last_path, final, sizeof c->stats.last_path);
         c->stats.bytes = bytes;
-        c->stats.hold_s = c->hold_s;
+        c->stats.hold_s = c->hold_s + c->fence_s;
+        c->stats.fence_s = c->fence_s;
         c->stats.wait_s = c->wait_s;
         c->stats.copy_s = c->copy_s;
         c->stats.write_s = dt;
@@ -856,6 +903,18 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
+void dt_ckpt_fence(dt_ckpt *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->copy_pending) {
+        c->fence_start = dt_now_s();
+        c->fence_waiting = true;
+        while (c->copy_pending)
+            pthread_cond_wait(&c->cv, &c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void wait_idle(dt_ckpt *c)
 {
     pthread_mutex_lock(&c->mu);
@@ -880,9 +939,14 @@ int dt_ckpt_wait(dt_ckpt *c, dt_err *err)
     return rc;
 }
 
-static void copy_to_staging(dt_ckpt *c)
+/* Copies the buffers of one kind (COPY_EARLY: those marked copy_at_save; COPY_LATE: the others)
+ * or all of them to the staging area. */
+static void copy_to_staging(dt_ckpt *c, int which)
 {
     for (int b = 0; b < c->nbufs; b++) {
+        if ((which == COPY_EARLY && !c->bufs[b].copy_at_save) ||
+            (which == COPY_LATE && c->bufs[b].copy_at_save))
+            continue;
         float *dst = c->staging + c->buf_stage_off[b];
         size_t bytes = c->bufs[b].numel * sizeof(float);
         if (!bytes)
@@ -908,7 +972,8 @@ int dt_ckpt_save(dt_ckpt *c, const dt_ckpt_state *st, dt_err *err)
     char *job = NULL;
     if (st->job && !(job = strdup(st->job)))
         return dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
-    copy_to_staging(c);
+    bool late = c->async && c->concurrent;
+    copy_to_staging(c, late ? COPY_EARLY : COPY_ALL);
     double t2 = dt_now_s();
     free(c->wstate.job);
     c->wstate = *st;
@@ -936,6 +1001,8 @@ int dt_ckpt_save(dt_ckpt *c, const dt_ckpt_state *st, dt_err *err)
     pthread_mutex_lock(&c->mu);
     c->busy = true;
     c->pending = true;
+    c->copy_pending = late;
+    c->fence_s = 0;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     return 0;

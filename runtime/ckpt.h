@@ -21,7 +21,11 @@
  * Background writing. dt_ckpt_save holds the caller only while it copies the buffers to host
  * memory (backend memcpy_d2h into a staging area allocated once); a writer thread does the
  * serialisation, hashing, writing and fsyncs. The next save, dt_ckpt_wait and dt_ckpt_close
- * wait for the previous one, and report its failure.
+ * wait for the previous one, and report its failure. With host-memory buffers (the CPU
+ * backend) even the copy can leave the training thread: parameters and optimiser state change
+ * only in the optimiser update, so the writer thread copies them while the next forward and
+ * backward run, and dt_ckpt_fence (called before the update) waits only if the copy is not done
+ * yet (concurrent_copy).
  *
  * Verification. Loading checks, before anything is copied into the model: state.json parses and
  * matches its own checksum; every file exists with the recorded size and XXH64; every
@@ -67,6 +71,8 @@ typedef struct dt_ckpt_buf {
     int num_tensors;
     float *data;                    /* (numel) backend memory of `be`, borrowed */
     size_t numel;
+    bool copy_at_save;              /* with concurrent_copy: copied inside dt_ckpt_save anyway
+                                     * (buffers the next forward changes: BatchNorm statistics) */
 } dt_ckpt_buf;
 
 /* Everything besides tensors that a resumed run needs. */
@@ -110,6 +116,10 @@ typedef struct dt_ckpt_opts {
     const char *dir;    /* checkpoint directory (created by the first save); copied */
     int keep;           /* newest checkpoints kept (>= 1) */
     bool async;         /* write in a background thread (else dt_ckpt_save writes itself) */
+    bool concurrent_copy; /* async and host memory (be NULL or "cpu") only, else ignored: the
+                           * writer thread copies the buffers not marked copy_at_save while
+                           * training goes on; the caller MUST call dt_ckpt_fence before it
+                           * changes them (before the next optimiser update) */
 } dt_ckpt_opts;
 
 typedef struct dt_ckpt dt_ckpt;
@@ -132,6 +142,11 @@ void dt_ckpt_close(dt_ckpt *c);
  * that a leftover .tmp directory is removed. */
 int dt_ckpt_save(dt_ckpt *c, const dt_ckpt_state *st, dt_err *err);
 
+/* With concurrent_copy: returns once the last save has copied the buffers, so they may change
+ * (call it before every optimiser update; it returns at once when there is nothing to wait for).
+ * The time it waits counts as time the save held training. Without concurrent_copy: no-op. */
+void dt_ckpt_fence(dt_ckpt *c);
+
 /* Waits for the background write, if any. Returns its result: 0, or its error (reported once). */
 int dt_ckpt_wait(dt_ckpt *c, dt_err *err);
 
@@ -141,9 +156,11 @@ typedef struct dt_ckpt_stats {
     int64_t last_step;      /* step of the last completed save (-1 when none) */
     char last_path[1024];   /* its directory */
     uint64_t bytes;         /* size of the last checkpoint (all files) */
-    double hold_s;          /* time dt_ckpt_save held its caller, last save */
+    double hold_s;          /* time the last save held its caller: in dt_ckpt_save + fence */
     double wait_s;          /* of which: waiting for the save before it */
-    double copy_s;          /* of which: copying the buffers to host memory */
+    double fence_s;         /* of which: waiting in dt_ckpt_fence for a concurrent copy */
+    double copy_s;          /* copying the buffers to host memory (concurrent_copy: in part
+                             * while training went on) */
     double write_s;         /* time the write took (serialise, hash, write, fsync, rename) */
     double fsync_s;         /* of which: fsyncs */
 } dt_ckpt_stats;

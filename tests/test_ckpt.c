@@ -115,10 +115,11 @@ static void fake_init(fake *f, int width)
     f->m = calloc(f->np, 4);
     f->v = calloc(f->np, 4);
     f->bufs = calloc(f->nb, 4);
-    f->cb[0] = (dt_ckpt_buf){"model", "", f->pt, 4, f->params, f->np};
-    f->cb[1] = (dt_ckpt_buf){"model", "", f->bt, 1, f->bufs, f->nb};
-    f->cb[2] = (dt_ckpt_buf){"optim", "exp_avg.", f->pt, 4, f->m, f->np};
-    f->cb[3] = (dt_ckpt_buf){"optim", "exp_avg_sq.", f->pt, 4, f->v, f->np};
+    f->cb[0] = (dt_ckpt_buf){"model", "", f->pt, 4, f->params, f->np, false};
+    /* running statistics change in the forward pass: copied at save even when concurrent */
+    f->cb[1] = (dt_ckpt_buf){"model", "", f->bt, 1, f->bufs, f->nb, true};
+    f->cb[2] = (dt_ckpt_buf){"optim", "exp_avg.", f->pt, 4, f->m, f->np, false};
+    f->cb[3] = (dt_ckpt_buf){"optim", "exp_avg_sq.", f->pt, 4, f->v, f->np, false};
 }
 
 static void fake_fill(fake *f, uint64_t seed)
@@ -517,6 +518,50 @@ static void test_ckpt_roundtrip(void)
     dt_ckpt_state_clear(&got);
     dt_ckpt_close(ca);
     dt_ckpt_close(cb);
+    fake_free(&a);
+    fake_free(&b);
+    fake_free(&snapshot);
+}
+
+static void test_ckpt_concurrent_copy(void)
+{
+    /* The writer thread copies parameters and optimiser state while "training" goes on; after
+     * dt_ckpt_fence the caller may change them, and the checkpoint still holds the values of
+     * save time. The BatchNorm buffer (copy_at_save) may change right after dt_ckpt_save. */
+    fake a, b, snapshot;
+    fake_init(&a, 16);
+    fake_init(&b, 16);
+    fake_init(&snapshot, 16);
+    fake_fill(&snapshot, 5);
+    const char *dir = path_in("conc");
+    dt_ckpt *c = NULL;
+    dt_err err = {0};
+    dt_ckpt_opts o = {.dir = dir, .keep = 2, .async = true, .concurrent_copy = true};
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, a.cb, 4, &err), &err);
+    for (int round = 0; round < 3; round++) {
+        dt_ckpt_state st;
+        fake_fill(&a, 5);
+        state_for(&st, 10 + round);
+        DT_REQUIRE_OK(dt_ckpt_save(c, &st, &err), &err);
+        a.bufs[0] = 1e9f; /* the next forward updates running statistics */
+        dt_ckpt_fence(c);
+        fake_fill(&a, 6); /* the optimiser update */
+        dt_ckpt_fence(c); /* nothing pending: returns at once */
+        DT_REQUIRE_OK(dt_ckpt_wait(c, &err), &err);
+        dt_ckpt *cb = open_ckpt(&b, dir, 2, true);
+        dt_ckpt_state got;
+        dt_ckpt_state_init(&got);
+        char p[4200];
+        snprintf(p, sizeof p, "%s/step_%d", dir, 10 + round);
+        DT_REQUIRE_OK(dt_ckpt_load(cb, p, &got, &err), &err);
+        DT_CHECK(fake_equal(&b, &snapshot));
+        dt_ckpt_stats s;
+        dt_ckpt_get_stats(c, &s);
+        DT_CHECK(s.hold_s >= s.fence_s && s.fence_s >= 0);
+        dt_ckpt_state_clear(&got);
+        dt_ckpt_close(cb);
+    }
+    dt_ckpt_close(c);
     fake_free(&a);
     fake_free(&b);
     fake_free(&snapshot);
@@ -1187,6 +1232,7 @@ int main(int argc, char **argv)
         {"st_roundtrip", test_st_roundtrip, 0},
         {"st_rejects_malformed", test_st_rejects_malformed, 0},
         {"ckpt_roundtrip", test_ckpt_roundtrip, 0},
+        {"ckpt_concurrent_copy", test_ckpt_concurrent_copy, 0},
         {"ckpt_keep_and_replace", test_ckpt_keep_and_replace, 0},
         {"ckpt_power_cut", test_ckpt_power_cut, 60},
         {"ckpt_foreign_and_bad_path", test_ckpt_foreign_and_bad_path, 0},
