@@ -831,7 +831,7 @@ void dt_cuda_bn_bwd_apply(dt_backend *be, float *dinp, const float *dout, const 
 // =============================================================================================
 
 // One thread per output; idx is the argmax within the input plane (h*W + w); ties keep the first
-// in row-major window order; a window entirely in the padding gives -inf and idx -1.
+// in row-major window order; a window entirely in the padding gives 0 and idx -1 (as the CPU).
 __global__ static void maxpool_fwd_kernel(float *out, int32_t *idx, const float *inp, int N, int C,
                                           int H, int W, int k, int stride, int pad, int P, int Q)
 {
@@ -858,7 +858,7 @@ __global__ static void maxpool_fwd_kernel(float *out, int32_t *idx, const float 
                 }
             }
         }
-        out[i] = best;
+        out[i] = bi < 0 ? 0.0f : best;
         idx[i] = bi;
     }
 }
@@ -955,19 +955,21 @@ __global__ static void sgd_kernel(float *p, const float *grads, float *buf, size
     }
 }
 
+// PyTorch's AdamW order (as the CPU reference): p *= 1 - lr*wd; m = lerp(m, g, 1-b1);
+// v = b2 v + (1-b2) g^2; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
 __global__ static void adamw_kernel(float *p, const float *grads, float *m, float *v, size_t n,
-                                    float lr, float b1, float b2, float eps, float wd, float bc1,
-                                    float bc2)
+                                    float b1, float b2, float eps, float decay, float step_size,
+                                    float sqrt_bc2)
 {
     GRID_STRIDE(i, n)
     {
         float g = grads[i];
-        float mi = b1 * m[i] + (1.0f - b1) * g;
-        float vi = b2 * v[i] + (1.0f - b2) * g * g;
+        float pi = p[i] * decay;
+        float mi = m[i] + (1.0f - b1) * (g - m[i]);
+        float vi = v[i] * b2 + (1.0f - b2) * g * g;
         m[i] = mi;
         v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+        p[i] = pi - step_size * (mi / (sqrtf(vi) / sqrt_bc2 + eps));
     }
 }
 
@@ -986,10 +988,12 @@ void dt_cuda_adamw_update(dt_backend *be, float *params, const float *grads, flo
                           float weight_decay, int64_t t)
 {
     DT_CU_BEGIN(be);
-    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
-    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
-    EW_LAUNCH(adamw_kernel, n, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1,
-              bc2);
+    double bc1 = 1.0 - pow((double)beta1, (double)t);
+    double bc2 = 1.0 - pow((double)beta2, (double)t);
+    float step_size = (float)((double)lr / bc1), sqrt_bc2 = (float)sqrt(bc2);
+    float decay = 1.0f - lr * weight_decay;
+    EW_LAUNCH(adamw_kernel, n, params, grads, m, v, n, beta1, beta2, eps, decay, step_size,
+              sqrt_bc2);
     DT_CU_END(DT_CU_OP_ADAMW, 0);
 }
 

@@ -1,0 +1,1083 @@
+/* test_gpu_ops.c - every op of the CUDA backend against the CPU reference on the same inputs,
+ * the device arena, profiling, and the NCCL comm backend.
+ *
+ * Each test opens both backends, uploads the same random tensors to each, runs the op on both
+ * and compares: relative L2 error ||gpu - cpu|| / ||cpu|| <= tol and max |gpu - cpu| <=
+ * 10 tol max |cpu|. Backward ops start from random gradients (they accumulate) and the
+ * comparison is on what the op added. Tolerances per precision (GEMM-bound ops; everything else
+ * is fp32 in every mode):
+ *
+ *     fp32  2e-5   (summation order only: cuBLAS/cuDNN vs OpenBLAS/im2col)
+ *     fp16  4e-3   (operands rounded to 11 significant bits)
+ *     bf16  2e-2   (operands rounded to 8 significant bits)
+ *
+ * Without a usable GPU (no libdtrain_cuda.so, no driver, no device) every GPU test is skipped
+ * with the reason, found once by running this binary as a helper (`--probe-gpu`) so that the
+ * test runner itself never initialises CUDA; with DTRAIN_REQUIRE_GPU=1 (make test-gpu) they
+ * fail instead. gpu_library_symbols needs no GPU: it checks that libdtrain_cuda.so loads with
+ * every symbol resolved and exports the backend and NCCL entry points. */
+#include <dlfcn.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/env.h"
+#include "common/rng.h"
+#include "kernels/backend.h"
+#include "runtime/comm_impl.h"
+#include "tests/harness.h"
+
+static char gpu_skip[1024]; /* why the GPU tests skip; empty when a GPU is usable */
+static int gpu_count;
+
+/* ---- the probe (runs in a helper process) ------------------------------------------------ */
+
+static int probe_main(void)
+{
+    dt_err e = {0};
+    dt_backend *be = NULL;
+    if (dt_backend_open(&be, "cuda", NULL, &e) != 0) {
+        printf("NOGPU %s\n", e.msg);
+        return 0;
+    }
+    dt_backend_close(be);
+    int n = 1;
+    for (int d = 1; d < 64; d++) { /* count devices through the backend itself */
+        dt_backend_opts o;
+        dt_backend_opts_default(&o);
+        o.device_index = d;
+        if (dt_backend_open(&be, "cuda", &o, &e) != 0)
+            break;
+        dt_backend_close(be);
+        n++;
+    }
+    printf("GPUS %d\n", n);
+    return 0;
+}
+
+static void probe(void)
+{
+    char self[PATH_MAX], cmd[PATH_MAX + 32], *out = NULL;
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        snprintf(gpu_skip, sizeof gpu_skip, "cannot find the test binary to probe the GPU");
+        return;
+    }
+    self[n] = '\0';
+    snprintf(cmd, sizeof cmd, "'%s' --probe-gpu", self);
+    int rc = dt_test_run(cmd, &out, 120);
+    const char *line = out ? strstr(out, "GPUS ") : NULL;
+    const char *no = out ? strstr(out, "NOGPU ") : NULL;
+    if (rc == 0 && line) {
+        gpu_count = atoi(line + 5);
+    } else if (rc == 0 && no) {
+        snprintf(gpu_skip, sizeof gpu_skip, "no usable GPU: %s", no + 6);
+        char *nl = strchr(gpu_skip, '\n');
+        if (nl)
+            *nl = '\0';
+    } else {
+        snprintf(gpu_skip, sizeof gpu_skip, "GPU probe failed (exit %d): %.300s", rc,
+                 out ? out : "");
+    }
+    free(out);
+}
+
+static void require_gpu(void)
+{
+    if (!gpu_skip[0])
+        return;
+    const char *req = dt_env("DTRAIN_REQUIRE_GPU");
+    if (req && !strcmp(req, "1")) {
+        DT_CHECK_MSG(0, "DTRAIN_REQUIRE_GPU=1 but %s", gpu_skip);
+        dt_test_stop();
+    }
+    DT_SKIP(gpu_skip);
+}
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+typedef struct ctx {
+    dt_backend *cpu, *gpu;
+    dt_rng rng;
+    dt_precision prec;
+} ctx;
+
+static const char *prec_name(dt_precision p)
+{
+    return p == DT_PREC_BF16 ? "bf16" : p == DT_PREC_FP16 ? "fp16" : "fp32";
+}
+
+static double gemm_tol(dt_precision p)
+{
+    return p == DT_PREC_BF16 ? 2e-2 : p == DT_PREC_FP16 ? 4e-3 : 2e-5;
+}
+
+#define TOL32 2e-5
+
+static void ctx_open(ctx *c, dt_precision prec)
+{
+    require_gpu();
+    dt_err e = {0};
+    dt_backend_opts o;
+    dt_backend_opts_default(&o);
+    o.precision = prec;
+    DT_REQUIRE_OK(dt_backend_open(&c->gpu, "cuda", &o, &e), &e);
+    dt_backend_opts_default(&o);
+    DT_REQUIRE_OK(dt_cpu_backend_create(&c->cpu, &o, &e), &e);
+    dt_rng_seed(&c->rng, 20240520);
+    c->prec = prec;
+}
+
+static void ctx_close(ctx *c)
+{
+    dt_backend_close(c->gpu);
+    dt_backend_close(c->cpu);
+}
+
+/* A tensor held three times: host (h), CPU backend (c), CUDA backend (g). */
+typedef struct tp {
+    size_t n;
+    float *h, *c, *g;
+} tp;
+
+static void *dalloc(dt_backend *be, size_t bytes)
+{
+    void *p = NULL;
+    dt_err e = {0};
+    DT_REQUIRE_OK(be->alloc(be, &p, bytes ? bytes : 4, &e), &e);
+    return p;
+}
+
+/* std > 0: normal(0, std); std == 0: zeros. Same values on both backends. */
+static tp tp_new(ctx *x, size_t n, float std)
+{
+    tp t = {n, calloc(n ? n : 1, sizeof(float)), NULL, NULL};
+    DT_REQUIRE(t.h);
+    if (std > 0)
+        dt_rng_fill_normal(&x->rng, t.h, n, 0.0f, std);
+    t.c = dalloc(x->cpu, n * sizeof(float));
+    t.g = dalloc(x->gpu, n * sizeof(float));
+    x->cpu->memcpy_h2d(x->cpu, t.c, t.h, n * sizeof(float));
+    x->gpu->memcpy_h2d(x->gpu, t.g, t.h, n * sizeof(float));
+    return t;
+}
+
+static void tp_upload(ctx *x, tp *t)
+{
+    x->cpu->memcpy_h2d(x->cpu, t->c, t->h, t->n * sizeof(float));
+    x->gpu->memcpy_h2d(x->gpu, t->g, t->h, t->n * sizeof(float));
+}
+
+static void tp_free(ctx *x, tp *t)
+{
+    x->cpu->free(x->cpu, t->c);
+    x->gpu->free(x->gpu, t->g);
+    free(t->h);
+}
+
+/* Integer tensor (tokens, targets) in [lo, hi). */
+typedef struct ti {
+    size_t n;
+    int32_t *h, *c, *g;
+} ti;
+
+static ti ti_new(ctx *x, size_t n, int lo, int hi)
+{
+    ti t = {n, calloc(n ? n : 1, sizeof(int32_t)), NULL, NULL};
+    DT_REQUIRE(t.h);
+    for (size_t i = 0; i < n; i++)
+        t.h[i] = lo + (int32_t)dt_rng_below(&x->rng, (uint64_t)(hi - lo));
+    t.c = dalloc(x->cpu, n * sizeof(int32_t));
+    t.g = dalloc(x->gpu, n * sizeof(int32_t));
+    x->cpu->memcpy_h2d(x->cpu, t.c, t.h, n * sizeof(int32_t));
+    x->gpu->memcpy_h2d(x->gpu, t.g, t.h, n * sizeof(int32_t));
+    return t;
+}
+
+static void ti_upload(ctx *x, ti *t)
+{
+    x->cpu->memcpy_h2d(x->cpu, t->c, t->h, t->n * sizeof(int32_t));
+    x->gpu->memcpy_h2d(x->gpu, t->g, t->h, t->n * sizeof(int32_t));
+}
+
+/* Compares the GPU's tensor with the CPU's; base (may be NULL) is subtracted from both first
+ * (what an accumulating op added). Elements for which mask(i) is false are skipped (mask may be
+ * NULL). */
+static void compare(ctx *x, const char *what, const tp *t, const float *base, double tol,
+                    bool (*mask)(size_t i, void *arg), void *arg)
+{
+    float *rc = malloc(t->n * sizeof(float) + 4), *rg = malloc(t->n * sizeof(float) + 4);
+    DT_REQUIRE(rc && rg);
+    x->cpu->memcpy_d2h(x->cpu, rc, t->c, t->n * sizeof(float));
+    x->gpu->memcpy_d2h(x->gpu, rg, t->g, t->n * sizeof(float));
+    double num = 0, den = 0, maxd = 0, maxr = 0;
+    size_t worst = 0, bad = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        if (mask && !mask(i, arg))
+            continue;
+        double r = rc[i], g = rg[i];
+        if (base) {
+            r -= base[i];
+            g -= base[i];
+        }
+        if (isfinite(r) != isfinite(g)) {
+            bad++;
+            worst = i;
+            continue;
+        }
+        double d = fabs(g - r);
+        num += d * d;
+        den += r * r;
+        if (d > maxd) {
+            maxd = d;
+            worst = i;
+        }
+        if (fabs(r) > maxr)
+            maxr = fabs(r);
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    double relmax = maxr > 0 ? maxd / maxr : maxd;
+    DT_CHECK_MSG(bad == 0 && rel <= tol && relmax <= 10 * tol,
+                 "%s [%s]: rel L2 error %.3g, max error %.3g of max |ref| %.3g (worst at %zu: "
+                 "cpu %.8g gpu %.8g), %zu non-finite mismatches; tol %.3g",
+                 what, prec_name(x->prec), rel, relmax, maxr, worst, (double)rc[worst],
+                 (double)rg[worst], bad, tol);
+    free(rc);
+    free(rg);
+}
+
+static void check(ctx *x, const char *what, const tp *t, double tol)
+{
+    compare(x, what, t, NULL, tol, NULL, NULL);
+}
+
+static void check_added(ctx *x, const char *what, const tp *t, const float *base, double tol)
+{
+    compare(x, what, t, base, tol, NULL, NULL);
+}
+
+static float *copy_host(const tp *t)
+{
+    float *c = malloc(t->n * sizeof(float) + 4);
+    memcpy(c, t->h, t->n * sizeof(float));
+    return c;
+}
+
+/* ---- library (no GPU needed) ------------------------------------------------------------- */
+
+static const char *cuda_lib_path(char *buf, size_t cap)
+{
+    const char *env = dt_env("DTRAIN_CUDA_LIB");
+    if (env) {
+        snprintf(buf, cap, "%s", env);
+        return buf;
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return NULL;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = '\0';
+    snprintf(buf, cap, "%s/../libdtrain_cuda.so", self);
+    return buf;
+}
+
+static void *cuda_lib(void)
+{
+    char path[PATH_MAX + 32];
+    if (!cuda_lib_path(path, sizeof path) || access(path, R_OK) != 0)
+        return NULL;
+    return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
+static void test_library_symbols(void)
+{
+    char path[PATH_MAX + 32];
+    if (!cuda_lib_path(path, sizeof path) || access(path, R_OK) != 0)
+        DT_SKIP("libdtrain_cuda.so not built (no nvcc, or CUDA=0)");
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        DT_CHECK_MSG(0, "dlopen %s: %s", path, dlerror());
+        dt_test_stop();
+    }
+    DT_CHECK(dlsym(h, DT_CUDA_BACKEND_CREATE_SYMBOL) != NULL);
+    DT_CHECK(dlsym(h, DT_NCCL_GET_ID_SYMBOL) != NULL);
+    DT_CHECK(dlsym(h, DT_NCCL_CREATE_SYMBOL) != NULL);
+    /* Internals stay hidden (the common/ copies inside the library must not interpose). */
+    DT_CHECK(dlsym(h, "dt_err_set") == NULL);
+    DT_CHECK(dlsym(h, "dt_cuda_matmul_fwd") == NULL);
+    /* Without a GPU, creating the backend fails with a message saying why, never a crash. */
+    if (gpu_skip[0]) {
+        dt_cuda_backend_create_fn create =
+            (dt_cuda_backend_create_fn)(uintptr_t)dlsym(h, DT_CUDA_BACKEND_CREATE_SYMBOL);
+        dt_backend *be = NULL;
+        dt_err e = {0};
+        DT_REQUIRE(create);
+        DT_CHECK(create(&be, NULL, &e) < 0);
+        DT_CHECK_CONTAINS(e.msg, "CUDA");
+        DT_CHECK(be == NULL);
+    }
+}
+
+/* ---- memory, profiling ------------------------------------------------------------------- */
+
+static void test_memory(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *g = x.gpu;
+    size_t n = (1u << 20) + 3;
+    float *a = dalloc(g, n * sizeof(float)), *b = dalloc(g, n * sizeof(float));
+    float *h = malloc(n * sizeof(float));
+    g->memcpy_d2h(g, h, a, n * sizeof(float));
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n; i++)
+        nonzero += h[i] != 0.0f;
+    DT_CHECK_INT(nonzero, 0); /* alloc returns zeroed memory */
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)i;
+    g->memcpy_h2d(g, a, h, n * sizeof(float));
+    g->memcpy_d2d(g, b, a, n * sizeof(float));
+    memset(h, 0, n * sizeof(float));
+    g->memcpy_d2h(g, h, b, n * sizeof(float));
+    DT_CHECK(h[0] == 0.0f && h[12345] == 12345.0f && h[n - 1] == (float)(n - 1));
+    g->memset_zero(g, b, 16 * sizeof(float));
+    g->memcpy_d2h(g, h, b, 32 * sizeof(float));
+    DT_CHECK(h[15] == 0.0f && h[16] == 16.0f);
+    size_t peak = g->peak_bytes(g);
+    DT_CHECK(peak >= 2 * n * sizeof(float));
+    /* A freed block is reused: the peak does not grow, and best fit returns the same block. */
+    g->free(g, b);
+    float *c = dalloc(g, n * sizeof(float));
+    DT_CHECK(c == b);
+    DT_CHECK_INT(g->peak_bytes(g), peak);
+    /* Blocks coalesce: two neighbours freed make room for one of twice the size. */
+    float *s1 = dalloc(g, 1 << 20), *s2 = dalloc(g, 1 << 20);
+    g->free(g, s1);
+    g->free(g, s2);
+    size_t peak2 = g->peak_bytes(g);
+    float *s3 = dalloc(g, 2 << 20);
+    DT_CHECK(s3 == s1 || s3 == s2);
+    DT_CHECK_INT(g->peak_bytes(g), peak2);
+    g->free(g, s3);
+    g->free(g, NULL);
+    /* An impossible allocation fails with a message, and the backend stays usable. */
+    void *huge = NULL;
+    dt_err e = {0};
+    DT_CHECK(g->alloc(g, &huge, (size_t)1 << 50, &e) == -ENOMEM);
+    DT_CHECK_CONTAINS(e.msg, "out of memory");
+    g->memcpy_d2h(g, h, a, 4 * sizeof(float));
+    DT_CHECK(h[3] == 3.0f);
+    free(h);
+    ctx_close(&x);
+}
+
+static void test_profile(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *g = x.gpu;
+    DT_REQUIRE(g->profile_enable && g->profile_read);
+    int N = 64, C = 96, OC = 128;
+    tp in = tp_new(&x, (size_t)N * C, 1), w = tp_new(&x, (size_t)OC * C, 1),
+       out = tp_new(&x, (size_t)N * OC, 0);
+    g->profile_enable(g, true);
+    g->matmul_fwd(g, out.g, in.g, w.g, NULL, N, C, OC);
+    g->gelu_fwd(g, out.g, out.g, out.n);
+    dt_op_stat st[64];
+    int k = g->profile_read(g, st, 64);
+    DT_REQUIRE(k > 0 && k <= 64);
+    int found = 0;
+    for (int i = 0; i < k; i++) {
+        if (!strcmp(st[i].name, "matmul_fwd")) {
+            found++;
+            DT_CHECK_INT(st[i].calls, 1);
+            DT_CHECK(st[i].gemm);
+            DT_CHECK(st[i].seconds > 0);
+            DT_CHECK_NEAR(st[i].flops, 2.0 * N * C * OC, 1);
+        }
+        if (!strcmp(st[i].name, "gelu_fwd")) {
+            found++;
+            DT_CHECK_INT(st[i].calls, 1);
+            DT_CHECK(!st[i].gemm);
+        }
+    }
+    DT_CHECK_INT(found, 2);
+    g->profile_enable(g, false);
+    ctx_close(&x);
+}
+
+/* ---- GEMM-bound -------------------------------------------------------------------------- */
+
+static void matmul_case(ctx *x, int N, int C, int OC, bool bias, bool misalign)
+{
+    dt_backend *c = x->cpu, *g = x->gpu;
+    double tol = gemm_tol(x->prec);
+    /* misalign: weight and bias start 1 float into their buffers (parameter slices are only
+     * 4-byte aligned), which cuBLASLt must handle or fall back from. */
+    int off = misalign ? 1 : 0;
+    tp in = tp_new(x, (size_t)N * C, 1), w = tp_new(x, (size_t)OC * C + off, 0.5f),
+       b = tp_new(x, (size_t)OC + off, 1), out = tp_new(x, (size_t)N * OC, 0);
+    c->matmul_fwd(c, out.c, in.c, w.c + off, bias ? b.c + off : NULL, N, C, OC);
+    g->matmul_fwd(g, out.g, in.g, w.g + off, bias ? b.g + off : NULL, N, C, OC);
+    check(x, "matmul_fwd out", &out, tol);
+
+    tp dout = tp_new(x, (size_t)N * OC, 1), dinp = tp_new(x, (size_t)N * C, 1),
+       dw = tp_new(x, (size_t)OC * C + off, 1), db = tp_new(x, (size_t)OC + off, 1);
+    float *dinp0 = copy_host(&dinp), *dw0 = copy_host(&dw), *db0 = copy_host(&db);
+    c->matmul_bwd(c, dinp.c, dw.c + off, bias ? db.c + off : NULL, dout.c, in.c, w.c + off, N, C,
+                  OC);
+    g->matmul_bwd(g, dinp.g, dw.g + off, bias ? db.g + off : NULL, dout.g, in.g, w.g + off, N, C,
+                  OC);
+    check_added(x, "matmul_bwd dinp", &dinp, dinp0, tol);
+    check_added(x, "matmul_bwd dw", &dw, dw0, tol);
+    if (bias)
+        check_added(x, "matmul_bwd dbias", &db, db0, TOL32);
+    /* dinp NULL: only the weight gradient (as for the first layer). */
+    tp_upload(x, &dw);
+    c->matmul_bwd(c, NULL, dw.c + off, NULL, dout.c, in.c, w.c + off, N, C, OC);
+    g->matmul_bwd(g, NULL, dw.g + off, NULL, dout.g, in.g, w.g + off, N, C, OC);
+    check_added(x, "matmul_bwd dw (dinp NULL)", &dw, dw0, tol);
+    free(dinp0);
+    free(dw0);
+    free(db0);
+    tp_free(x, &in);
+    tp_free(x, &w);
+    tp_free(x, &b);
+    tp_free(x, &out);
+    tp_free(x, &dout);
+    tp_free(x, &dinp);
+    tp_free(x, &dw);
+    tp_free(x, &db);
+}
+
+static void matmul_all(dt_precision p)
+{
+    ctx x;
+    ctx_open(&x, p);
+    matmul_case(&x, 128, 256, 768, true, false); /* GPT-like, aligned */
+    matmul_case(&x, 37, 53, 29, true, true);     /* odd sizes, misaligned slices */
+    matmul_case(&x, 64, 64, 10, false, false);   /* classifier head, no bias */
+    ctx_close(&x);
+}
+
+static void test_matmul_fp32(void) { matmul_all(DT_PREC_FP32); }
+static void test_matmul_bf16(void) { matmul_all(DT_PREC_BF16); }
+static void test_matmul_fp16(void) { matmul_all(DT_PREC_FP16); }
+static void test_matmul_bf16_fast(void)
+{
+    setenv("DTRAIN_CUDA_GEMM", "fast", 1);
+    matmul_all(DT_PREC_BF16);
+}
+
+typedef struct tri {
+    int T, NH;
+} tri;
+
+/* att (B,NH,T,T): only the causal part (s <= t) is defined. */
+static bool causal(size_t i, void *arg)
+{
+    const tri *t = arg;
+    size_t s = i % t->T, r = (i / t->T) % t->T;
+    return s <= r;
+}
+
+static void attention_case(ctx *x, int B, int T, int C, int NH)
+{
+    dt_backend *c = x->cpu, *g = x->gpu;
+    double tol = gemm_tol(x->prec);
+    tp qkv = tp_new(x, (size_t)B * T * 3 * C, 1), out = tp_new(x, (size_t)B * T * C, 0),
+       att = tp_new(x, (size_t)B * NH * T * T, 0);
+    c->attention_fwd(c, out.c, att.c, qkv.c, B, T, C, NH);
+    g->attention_fwd(g, out.g, att.g, qkv.g, B, T, C, NH);
+    check(x, "attention_fwd out", &out, tol);
+    tri tr = {T, NH};
+    compare(x, "attention_fwd att", &att, NULL, tol, causal, &tr);
+
+    tp dout = tp_new(x, (size_t)B * T * C, 1), dqkv = tp_new(x, qkv.n, 1),
+       datt = tp_new(x, att.n, 0);
+    float *dqkv0 = copy_host(&dqkv);
+    /* Both backward passes read their own backend's saved att (as in training). */
+    c->attention_bwd(c, dqkv.c, datt.c, dout.c, qkv.c, att.c, B, T, C, NH);
+    g->attention_bwd(g, dqkv.g, datt.g, dout.g, qkv.g, att.g, B, T, C, NH);
+    check_added(x, "attention_bwd dqkv", &dqkv, dqkv0, 2 * tol);
+    free(dqkv0);
+    tp_free(x, &qkv);
+    tp_free(x, &out);
+    tp_free(x, &att);
+    tp_free(x, &dout);
+    tp_free(x, &dqkv);
+    tp_free(x, &datt);
+}
+
+static void attention_all(dt_precision p)
+{
+    ctx x;
+    ctx_open(&x, p);
+    attention_case(&x, 2, 64, 64, 4);
+    attention_case(&x, 3, 37, 48, 3); /* odd T, hs = 16 */
+    attention_case(&x, 1, 1, 8, 2);   /* one position */
+    ctx_close(&x);
+}
+
+static void test_attention_fp32(void) { attention_all(DT_PREC_FP32); }
+static void test_attention_bf16(void) { attention_all(DT_PREC_BF16); }
+
+static void conv_case(ctx *x, int N, int C, int H, int W, int K, int R, int stride, int pad,
+                      bool bias)
+{
+    dt_backend *c = x->cpu, *g = x->gpu;
+    /* 16-bit modes run convolutions in TF32 (cuda_internal.h). */
+    double tol = x->prec == DT_PREC_FP32 ? 5e-5 : 4e-3;
+    dt_conv2d_shape s;
+    dt_conv2d_shape_init(&s, N, C, H, W, K, R, R, stride, pad);
+    tp in = tp_new(x, (size_t)N * C * H * W, 1), w = tp_new(x, (size_t)K * C * R * R, 0.3f),
+       b = tp_new(x, (size_t)K, 1), out = tp_new(x, (size_t)N * K * s.P * s.Q, 0);
+    c->conv2d_fwd(c, out.c, in.c, w.c, bias ? b.c : NULL, &s);
+    g->conv2d_fwd(g, out.g, in.g, w.g, bias ? b.g : NULL, &s);
+    check(x, "conv2d_fwd out", &out, tol);
+    tp dout = tp_new(x, out.n, 1), dinp = tp_new(x, in.n, 1), dw = tp_new(x, w.n, 1),
+       db = tp_new(x, b.n, 1);
+    float *dinp0 = copy_host(&dinp), *dw0 = copy_host(&dw), *db0 = copy_host(&db);
+    c->conv2d_bwd(c, dinp.c, dw.c, bias ? db.c : NULL, dout.c, in.c, w.c, &s);
+    g->conv2d_bwd(g, dinp.g, dw.g, bias ? db.g : NULL, dout.g, in.g, w.g, &s);
+    check_added(x, "conv2d_bwd dinp", &dinp, dinp0, tol);
+    check_added(x, "conv2d_bwd dw", &dw, dw0, tol);
+    if (bias)
+        check_added(x, "conv2d_bwd dbias", &db, db0, TOL32);
+    free(dinp0);
+    free(dw0);
+    free(db0);
+    tp_free(x, &in);
+    tp_free(x, &w);
+    tp_free(x, &b);
+    tp_free(x, &out);
+    tp_free(x, &dout);
+    tp_free(x, &dinp);
+    tp_free(x, &dw);
+    tp_free(x, &db);
+}
+
+static void conv_all(dt_precision p)
+{
+    ctx x;
+    ctx_open(&x, p);
+    conv_case(&x, 4, 3, 16, 16, 8, 3, 1, 1, true);   /* ResNet stem */
+    conv_case(&x, 2, 16, 15, 15, 32, 3, 2, 1, false); /* strided 3x3, odd size */
+    conv_case(&x, 2, 16, 8, 8, 32, 1, 2, 0, false);   /* 1x1 shortcut */
+    conv_case(&x, 2, 8, 8, 8, 8, 3, 1, 1, false);     /* same shape again: algorithm cache */
+    ctx_close(&x);
+}
+
+static void test_conv_fp32(void) { conv_all(DT_PREC_FP32); }
+static void test_conv_bf16(void) { conv_all(DT_PREC_BF16); }
+
+/* ---- element-wise and normalisation ------------------------------------------------------ */
+
+static void test_bias_layernorm(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    int N = 70, C = 200;
+    tp out = tp_new(&x, (size_t)N * C, 1), b = tp_new(&x, (size_t)C, 1);
+    c->bias_add(c, out.c, b.c, N, C);
+    g->bias_add(g, out.g, b.g, N, C);
+    check(&x, "bias_add", &out, TOL32);
+    tp db = tp_new(&x, (size_t)C, 1);
+    float *db0 = copy_host(&db);
+    c->bias_bwd(c, db.c, out.c, N, C);
+    g->bias_bwd(g, db.g, out.g, N, C);
+    check_added(&x, "bias_bwd", &db, db0, TOL32);
+
+    tp in = tp_new(&x, (size_t)N * C, 2), w = tp_new(&x, (size_t)C, 1), bb = tp_new(&x, C, 1),
+       mean = tp_new(&x, (size_t)N, 0), rstd = tp_new(&x, (size_t)N, 0);
+    for (size_t i = 0; i < in.n; i++)
+        in.h[i] += 3.0f; /* an offset, as real activations have */
+    tp_upload(&x, &in);
+    c->layernorm_fwd(c, out.c, mean.c, rstd.c, in.c, w.c, bb.c, N, C, 1e-5f);
+    g->layernorm_fwd(g, out.g, mean.g, rstd.g, in.g, w.g, bb.g, N, C, 1e-5f);
+    check(&x, "layernorm_fwd out", &out, TOL32);
+    check(&x, "layernorm_fwd mean", &mean, TOL32);
+    check(&x, "layernorm_fwd rstd", &rstd, TOL32);
+    tp dout = tp_new(&x, out.n, 1), dinp = tp_new(&x, in.n, 1), dw = tp_new(&x, (size_t)C, 1),
+       dbb = tp_new(&x, (size_t)C, 1);
+    float *dinp0 = copy_host(&dinp), *dw0 = copy_host(&dw), *dbb0 = copy_host(&dbb);
+    c->layernorm_bwd(c, dinp.c, dw.c, dbb.c, dout.c, in.c, w.c, mean.c, rstd.c, N, C);
+    g->layernorm_bwd(g, dinp.g, dw.g, dbb.g, dout.g, in.g, w.g, mean.g, rstd.g, N, C);
+    check_added(&x, "layernorm_bwd dinp", &dinp, dinp0, 1e-4);
+    check_added(&x, "layernorm_bwd dw", &dw, dw0, TOL32);
+    check_added(&x, "layernorm_bwd db", &dbb, dbb0, TOL32);
+    free(db0);
+    free(dinp0);
+    free(dw0);
+    free(dbb0);
+    ctx_close(&x);
+}
+
+static void test_elementwise(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    size_t n = 100003;
+    tp in = tp_new(&x, n, 2), out = tp_new(&x, n, 0), dout = tp_new(&x, n, 1),
+       dinp = tp_new(&x, n, 1), other = tp_new(&x, n, 1);
+    float *dinp0 = copy_host(&dinp);
+    c->gelu_fwd(c, out.c, in.c, n);
+    g->gelu_fwd(g, out.g, in.g, n);
+    check(&x, "gelu_fwd", &out, 1e-4); /* the CPU's tanh is a polynomial approximation */
+    c->gelu_bwd(c, dinp.c, in.c, dout.c, n);
+    g->gelu_bwd(g, dinp.g, in.g, dout.g, n);
+    check_added(&x, "gelu_bwd", &dinp, dinp0, 1e-4);
+
+    tp_upload(&x, &dinp);
+    c->relu_fwd(c, out.c, in.c, n);
+    g->relu_fwd(g, out.g, in.g, n);
+    check(&x, "relu_fwd", &out, 0);
+    c->relu_bwd(c, dinp.c, out.c, dout.c, n);
+    g->relu_bwd(g, dinp.g, out.g, dout.g, n);
+    check_added(&x, "relu_bwd", &dinp, dinp0, 0);
+    c->relu_fwd(c, in.c, in.c, n); /* in place */
+    g->relu_fwd(g, in.g, in.g, n);
+    check(&x, "relu_fwd in place", &in, 0);
+
+    c->residual_fwd(c, out.c, in.c, other.c, n);
+    g->residual_fwd(g, out.g, in.g, other.g, n);
+    check(&x, "residual_fwd", &out, 0);
+    c->accumulate(c, out.c, other.c, n);
+    g->accumulate(g, out.g, other.g, n);
+    check(&x, "accumulate", &out, 0);
+    c->scale(c, out.c, n, 0.37f);
+    g->scale(g, out.g, n, 0.37f);
+    check(&x, "scale", &out, 0);
+    free(dinp0);
+    ctx_close(&x);
+}
+
+static void test_embedding(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    int V = 50, B = 4, T = 9, C = 24, maxT = 16;
+    ti tok = ti_new(&x, (size_t)B * T, 0, V); /* 36 tokens of 50: repeats, so the scatter adds */
+    tp wte = tp_new(&x, (size_t)V * C, 1), wpe = tp_new(&x, (size_t)maxT * C, 1),
+       out = tp_new(&x, (size_t)B * T * C, 0);
+    for (int with_wpe = 0; with_wpe < 2; with_wpe++) {
+        c->embedding_fwd(c, out.c, tok.c, wte.c, with_wpe ? wpe.c : NULL, B, T, C);
+        g->embedding_fwd(g, out.g, tok.g, wte.g, with_wpe ? wpe.g : NULL, B, T, C);
+        check(&x, with_wpe ? "embedding_fwd" : "embedding_fwd (no wpe)", &out, 0);
+    }
+    tp dout = tp_new(&x, out.n, 1), dwte = tp_new(&x, wte.n, 1), dwpe = tp_new(&x, wpe.n, 1);
+    float *dwte0 = copy_host(&dwte), *dwpe0 = copy_host(&dwpe);
+    c->embedding_bwd(c, dwte.c, dwpe.c, dout.c, tok.c, B, T, C);
+    g->embedding_bwd(g, dwte.g, dwpe.g, dout.g, tok.g, B, T, C);
+    check_added(&x, "embedding_bwd dwte", &dwte, dwte0, TOL32);
+    check_added(&x, "embedding_bwd dwpe", &dwpe, dwpe0, TOL32);
+    free(dwte0);
+    free(dwpe0);
+    ctx_close(&x);
+}
+
+static void xent_case(ctx *x, int N, int V, bool ignore_some, bool alias)
+{
+    dt_backend *c = x->cpu, *g = x->gpu;
+    tp logits = tp_new(x, (size_t)N * V, 3), losses = tp_new(x, (size_t)N, 0),
+       dl = tp_new(x, (size_t)N * V, 0);
+    ti tgt = ti_new(x, (size_t)N, 0, V);
+    if (ignore_some) {
+        for (int i = 0; i < N; i += 3)
+            tgt.h[i] = -1;
+        ti_upload(x, &tgt);
+    }
+    int vc = -7, vg = -7;
+    float dloss = 1.0f / N;
+    float *dlc = alias ? logits.c : dl.c, *dlg = alias ? logits.g : dl.g;
+    c->xent_fwd_bwd(c, losses.c, dlc, logits.c, tgt.c, N, V, dloss, &vc);
+    g->xent_fwd_bwd(g, losses.g, dlg, logits.g, tgt.g, N, V, dloss, &vg);
+    DT_CHECK_INT(vg, vc);
+    check(x, "xent losses", &losses, TOL32);
+    check(x, alias ? "xent dlogits (in place)" : "xent dlogits", alias ? &logits : &dl, 1e-4);
+    /* Without gradient and count. */
+    tp_upload(x, &logits);
+    c->xent_fwd_bwd(c, losses.c, NULL, logits.c, tgt.c, N, V, dloss, NULL);
+    g->xent_fwd_bwd(g, losses.g, NULL, logits.g, tgt.g, N, V, dloss, NULL);
+    check(x, "xent losses (no grad)", &losses, TOL32);
+    tp_free(x, &logits);
+    tp_free(x, &losses);
+    tp_free(x, &dl);
+}
+
+static void test_xent(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    xent_case(&x, 33, 10, true, false);
+    xent_case(&x, 64, 256, false, true);
+    xent_case(&x, 4, 50257, true, false); /* GPT-2 vocabulary: 1024-thread rows */
+    ctx_close(&x);
+}
+
+static void test_batchnorm(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    int N = 8, C = 16, HW = 49;
+    double count = (double)N * HW;
+    tp in = tp_new(&x, (size_t)N * C * HW, 2), out = tp_new(&x, in.n, 0);
+    for (size_t i = 0; i < in.n; i++)
+        in.h[i] += 1.5f;
+    tp_upload(&x, &in);
+    tp sum = tp_new(&x, C, 0), sumsq = tp_new(&x, C, 0), mean = tp_new(&x, C, 0),
+       rstd = tp_new(&x, C, 0), rm = tp_new(&x, C, 0.1f), rv = tp_new(&x, C, 0),
+       w = tp_new(&x, C, 1), b = tp_new(&x, C, 1);
+    for (int i = 0; i < C; i++)
+        rv.h[i] = 1.0f;
+    tp_upload(&x, &rv);
+    c->bn_stats(c, sum.c, sumsq.c, in.c, N, C, HW);
+    g->bn_stats(g, sum.g, sumsq.g, in.g, N, C, HW);
+    check(&x, "bn_stats sum", &sum, 1e-5);
+    check(&x, "bn_stats sumsq", &sumsq, 1e-5);
+    c->bn_fwd_apply(c, out.c, mean.c, rstd.c, rm.c, rv.c, in.c, w.c, b.c, sum.c, sumsq.c, count,
+                    N, C, HW, 0.1f, 1e-5f);
+    g->bn_fwd_apply(g, out.g, mean.g, rstd.g, rm.g, rv.g, in.g, w.g, b.g, sum.g, sumsq.g, count,
+                    N, C, HW, 0.1f, 1e-5f);
+    check(&x, "bn_fwd_apply out", &out, 1e-4);
+    check(&x, "bn_fwd_apply mean", &mean, 1e-5);
+    check(&x, "bn_fwd_apply rstd", &rstd, 1e-4);
+    check(&x, "bn_fwd_apply running_mean", &rm, 1e-5);
+    check(&x, "bn_fwd_apply running_var", &rv, 1e-5);
+    c->bn_fwd_eval(c, out.c, in.c, rm.c, rv.c, w.c, b.c, N, C, HW, 1e-5f);
+    g->bn_fwd_eval(g, out.g, in.g, rm.g, rv.g, w.g, b.g, N, C, HW, 1e-5f);
+    check(&x, "bn_fwd_eval", &out, 1e-5);
+
+    tp dout = tp_new(&x, in.n, 1), dinp = tp_new(&x, in.n, 1), dw = tp_new(&x, C, 1),
+       db = tp_new(&x, C, 1), sdy = tp_new(&x, C, 0), sdyx = tp_new(&x, C, 0);
+    float *dinp0 = copy_host(&dinp), *dw0 = copy_host(&dw), *db0 = copy_host(&db);
+    c->bn_bwd_reduce(c, dw.c, db.c, sdy.c, sdyx.c, dout.c, in.c, mean.c, rstd.c, N, C, HW);
+    g->bn_bwd_reduce(g, dw.g, db.g, sdy.g, sdyx.g, dout.g, in.g, mean.g, rstd.g, N, C, HW);
+    check_added(&x, "bn_bwd_reduce dw", &dw, dw0, 1e-4);
+    check_added(&x, "bn_bwd_reduce db", &db, db0, 1e-5);
+    check(&x, "bn_bwd_reduce sum_dy", &sdy, 1e-5);
+    check(&x, "bn_bwd_reduce sum_dy_xhat", &sdyx, 1e-4);
+    c->bn_bwd_apply(c, dinp.c, dout.c, in.c, w.c, mean.c, rstd.c, sdy.c, sdyx.c, count, N, C, HW);
+    g->bn_bwd_apply(g, dinp.g, dout.g, in.g, w.g, mean.g, rstd.g, sdy.g, sdyx.g, count, N, C, HW);
+    check_added(&x, "bn_bwd_apply dinp", &dinp, dinp0, 1e-4);
+    free(dinp0);
+    free(dw0);
+    free(db0);
+    ctx_close(&x);
+}
+
+static void test_pooling(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    int N = 3, C = 5, H = 11, W = 9, k = 3, stride = 2, pad = 1;
+    int P = (H + 2 * pad - k) / stride + 1, Q = (W + 2 * pad - k) / stride + 1;
+    tp in = tp_new(&x, (size_t)N * C * H * W, 1), out = tp_new(&x, (size_t)N * C * P * Q, 0);
+    ti idx = ti_new(&x, out.n, 0, 1);
+    c->maxpool_fwd(c, out.c, idx.c, in.c, N, C, H, W, k, stride, pad);
+    g->maxpool_fwd(g, out.g, idx.g, in.g, N, C, H, W, k, stride, pad);
+    check(&x, "maxpool_fwd", &out, 0);
+    int32_t *ic = malloc(idx.n * 4), *ig = malloc(idx.n * 4);
+    c->memcpy_d2h(c, ic, idx.c, idx.n * 4);
+    g->memcpy_d2h(g, ig, idx.g, idx.n * 4);
+    DT_CHECK(memcmp(ic, ig, idx.n * 4) == 0);
+    tp dout = tp_new(&x, out.n, 1), dinp = tp_new(&x, in.n, 1);
+    float *dinp0 = copy_host(&dinp);
+    c->maxpool_bwd(c, dinp.c, dout.c, idx.c, N, C, H, W, P, Q);
+    g->maxpool_bwd(g, dinp.g, dout.g, idx.g, N, C, H, W, P, Q);
+    check_added(&x, "maxpool_bwd", &dinp, dinp0, TOL32);
+
+    int HW = 64;
+    tp ain = tp_new(&x, (size_t)N * C * HW, 1), aout = tp_new(&x, (size_t)N * C, 0),
+       adinp = tp_new(&x, ain.n, 1), adout = tp_new(&x, aout.n, 1);
+    float *adinp0 = copy_host(&adinp);
+    c->avgpool_fwd(c, aout.c, ain.c, N, C, HW);
+    g->avgpool_fwd(g, aout.g, ain.g, N, C, HW);
+    check(&x, "avgpool_fwd", &aout, TOL32);
+    c->avgpool_bwd(c, adinp.c, adout.c, N, C, HW);
+    g->avgpool_bwd(g, adinp.g, adout.g, N, C, HW);
+    check_added(&x, "avgpool_bwd", &adinp, adinp0, TOL32);
+    free(ic);
+    free(ig);
+    free(dinp0);
+    free(adinp0);
+    ctx_close(&x);
+}
+
+/* ---- optimisers and reductions ----------------------------------------------------------- */
+
+static void test_optimizers(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    size_t n = 10007;
+    tp p = tp_new(&x, n, 1), grad = tp_new(&x, n, 1), m = tp_new(&x, n, 0), v = tp_new(&x, n, 0);
+    for (int64_t t = 1; t <= 3; t++) {
+        c->adamw_update(c, p.c, grad.c, m.c, v.c, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        g->adamw_update(g, p.g, grad.g, m.g, v.g, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    check(&x, "adamw params", &p, 1e-6);
+    check(&x, "adamw m", &m, 1e-6);
+    check(&x, "adamw v", &v, 1e-6);
+    /* SGD: plain, momentum, Nesterov. */
+    struct {
+        float mom;
+        bool nest;
+    } cases[3] = {{0.0f, false}, {0.9f, false}, {0.9f, true}};
+    for (int k = 0; k < 3; k++) {
+        tp_upload(&x, &p);
+        tp buf = tp_new(&x, n, 0);
+        for (int s = 0; s < 3; s++) {
+            float *bc = cases[k].mom != 0 ? buf.c : NULL, *bg = cases[k].mom != 0 ? buf.g : NULL;
+            c->sgd_update(c, p.c, grad.c, bc, n, 0.1f, cases[k].mom, cases[k].nest, 5e-4f, s == 0);
+            g->sgd_update(g, p.g, grad.g, bg, n, 0.1f, cases[k].mom, cases[k].nest, 5e-4f, s == 0);
+        }
+        check(&x, "sgd params", &p, 1e-6);
+        tp_free(&x, &buf);
+    }
+    ctx_close(&x);
+}
+
+static void test_reductions(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    size_t n = 1000003;
+    tp a = tp_new(&x, n, 1);
+    double sc = c->sumsq(c, a.c, n), sg = g->sumsq(g, a.g, n);
+    DT_CHECK_NEAR(sg, sc, 1e-9 * sc);
+    DT_CHECK(g->sumsq(g, a.g, 0) == 0.0);
+    DT_CHECK_INT(g->count_nonfinite(g, a.g, n), 0);
+    a.h[5] = NAN;
+    a.h[n / 2] = INFINITY;
+    a.h[n - 1] = -INFINITY;
+    tp_upload(&x, &a);
+    DT_CHECK_INT(g->count_nonfinite(g, a.g, n), 3);
+    DT_CHECK_INT(g->count_nonfinite(g, a.g, n), c->count_nonfinite(c, a.c, n));
+    DT_CHECK_INT(g->count_nonfinite(g, a.g + 6, 10), 0);
+    DT_CHECK(!isfinite(g->sumsq(g, a.g, n)));
+    ctx_close(&x);
+}
+
+/* ---- NCCL -------------------------------------------------------------------------------- */
+
+typedef struct nccl_fns {
+    dt_nccl_get_unique_id_fn get_id;
+    dt_nccl_comm_create_fn create;
+} nccl_fns;
+
+static void nccl_load(nccl_fns *f)
+{
+    void *h = cuda_lib();
+    DT_REQUIRE(h);
+    f->get_id = (dt_nccl_get_unique_id_fn)(uintptr_t)dlsym(h, DT_NCCL_GET_ID_SYMBOL);
+    f->create = (dt_nccl_comm_create_fn)(uintptr_t)dlsym(h, DT_NCCL_CREATE_SYMBOL);
+    DT_REQUIRE(f->get_id && f->create);
+}
+
+typedef struct rank_job {
+    nccl_fns *f;
+    const unsigned char *id;
+    int rank, world;
+    int failures;
+    char msg[DT_ERR_MSG_MAX + 256];
+} rank_job;
+
+#define RJ_CHECK(j, cond, ...)                                                                     \
+    do {                                                                                           \
+        if (!(cond) && !(j)->failures++)                                                           \
+            snprintf((j)->msg, sizeof (j)->msg, __VA_ARGS__);                                      \
+    } while (0)
+
+/* One rank (one GPU, one thread): every collective, checked against its closed form. */
+static void *rank_main(void *arg)
+{
+    rank_job *j = arg;
+    dt_err e = {0};
+    dt_backend *be = NULL;
+    dt_backend_opts o;
+    dt_backend_opts_default(&o);
+    o.device_index = j->rank;
+    if (dt_backend_open(&be, "cuda", &o, &e) != 0) {
+        RJ_CHECK(j, 0, "rank %d: backend: %s", j->rank, e.msg);
+        return NULL;
+    }
+    dt_comm_opts co;
+    memset(&co, 0, sizeof co);
+    co.backend = "nccl";
+    co.rank = j->rank;
+    co.world_size = j->world;
+    co.local_rank = j->rank;
+    co.local_world_size = j->world;
+    co.device_index = j->rank;
+    co.timeout_ms = 60000;
+    const dt_comm_backend_ops *ops = NULL;
+    void *self = NULL;
+    if (j->f->create(&co, j->id, &ops, &self, &e) != 0) {
+        RJ_CHECK(j, 0, "rank %d: create: %s", j->rank, e.msg);
+        dt_backend_close(be);
+        return NULL;
+    }
+    int W = j->world, r = j->rank;
+    size_t n = 1000;
+    float *buf = NULL, *big = NULL, *h = malloc(n * W * sizeof(float));
+    be->alloc(be, (void **)&buf, n * sizeof(float), &e);
+    be->alloc(be, (void **)&big, n * W * sizeof(float), &e);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)(r + 1) + (float)i;
+    be->memcpy_h2d(be, buf, h, n * sizeof(float));
+    /* sum: sum_r (r+1+i) = W(W+1)/2 + W i; produced on the compute stream just before. */
+    dt_comm_work *wk = NULL;
+    RJ_CHECK(j, ops->allreduce(self, buf, n, DT_FLOAT32, DT_SUM, &wk, &e) == 0, "allreduce: %s",
+             e.msg);
+    RJ_CHECK(j, ops->wait(self, wk, &e) == 0, "wait: %s", e.msg);
+    be->memcpy_d2h(be, h, buf, n * sizeof(float));
+    RJ_CHECK(j, h[0] == W * (W + 1) / 2.0f && h[n - 1] == W * (W + 1) / 2.0f + W * (n - 1.0f),
+             "rank %d: allreduce sum gave %g, %g", r, h[0], h[n - 1]);
+    /* avg of the sums: unchanged. */
+    RJ_CHECK(j, ops->allreduce(self, buf, n, DT_FLOAT32, DT_AVG, NULL, &e) == 0, "avg: %s", e.msg);
+    be->memcpy_d2h(be, h, buf, n * sizeof(float));
+    RJ_CHECK(j, h[1] == W * (W + 1) / 2.0f + W, "rank %d: allreduce avg gave %g", r, h[1]);
+    /* broadcast from the last rank. */
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)r;
+    be->memcpy_h2d(be, buf, h, n * sizeof(float));
+    RJ_CHECK(j, ops->broadcast(self, buf, n, DT_FLOAT32, W - 1, NULL, &e) == 0, "bcast: %s",
+             e.msg);
+    be->memcpy_d2h(be, h, buf, n * sizeof(float));
+    RJ_CHECK(j, h[0] == W - 1 && h[n - 1] == W - 1, "rank %d: broadcast gave %g", r, h[0]);
+    /* allgather: recv = rank-major concatenation. */
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)(100 * r) + (float)i;
+    be->memcpy_h2d(be, buf, h, n * sizeof(float));
+    RJ_CHECK(j, ops->allgather(self, buf, big, n, DT_FLOAT32, NULL, &e) == 0, "allgather: %s",
+             e.msg);
+    be->memcpy_d2h(be, h, big, n * W * sizeof(float));
+    for (int q = 0; q < W; q++)
+        RJ_CHECK(j, h[(size_t)q * n + 7] == 100.0f * q + 7, "rank %d: allgather block %d: %g", r,
+                 q, h[(size_t)q * n + 7]);
+    /* reduce_scatter of the gathered blocks: rank r gets W * block r. */
+    RJ_CHECK(j, ops->reduce_scatter(self, big, buf, n, DT_FLOAT32, DT_SUM, NULL, &e) == 0,
+             "reduce_scatter: %s", e.msg);
+    be->memcpy_d2h(be, h, buf, n * sizeof(float));
+    RJ_CHECK(j, h[7] == W * (100.0f * r + 7), "rank %d: reduce_scatter gave %g", r, h[7]);
+    RJ_CHECK(j, ops->barrier(self, &e) == 0, "barrier: %s", e.msg);
+    ops->destroy(self);
+    be->free(be, buf);
+    be->free(be, big);
+    free(h);
+    dt_backend_close(be);
+    return NULL;
+}
+
+static void test_nccl_collectives(void)
+{
+    require_gpu();
+    nccl_fns f;
+    nccl_load(&f);
+    unsigned char id[DT_NCCL_ID_BYTES];
+    dt_err e = {0};
+    DT_REQUIRE_OK(f.get_id(id, &e), &e);
+    /* One thread per GPU, one communicator each: the single-process (DP) layout; with one GPU
+     * this is a world of one. */
+    int W = gpu_count < 8 ? gpu_count : 8;
+    rank_job jobs[8];
+    pthread_t th[8];
+    for (int r = 0; r < W; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].f = &f;
+        jobs[r].id = id;
+        jobs[r].rank = r;
+        jobs[r].world = W;
+        DT_REQUIRE(pthread_create(&th[r], NULL, rank_main, &jobs[r]) == 0);
+    }
+    for (int r = 0; r < W; r++) {
+        pthread_join(th[r], NULL);
+        DT_CHECK_MSG(jobs[r].failures == 0, "rank %d of %d: %s", r, W, jobs[r].msg);
+    }
+    printf("    nccl collectives checked on %d GPU(s)\n", W);
+}
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+/* A peer that never joins: creation must fail with -ETIMEDOUT within the timeout, not hang. */
+static void test_nccl_timeout(void)
+{
+    require_gpu();
+    nccl_fns f;
+    nccl_load(&f);
+    unsigned char id[DT_NCCL_ID_BYTES];
+    dt_err e = {0};
+    DT_REQUIRE_OK(f.get_id(id, &e), &e);
+    dt_comm_opts co;
+    memset(&co, 0, sizeof co);
+    co.backend = "nccl";
+    co.rank = 0;
+    co.world_size = 2;
+    co.local_world_size = 2;
+    co.timeout_ms = 3000;
+    const dt_comm_backend_ops *ops = NULL;
+    void *self = NULL;
+    double t0 = mono();
+    int rc = f.create(&co, id, &ops, &self, &e);
+    double dt = mono() - t0;
+    DT_CHECK_MSG(rc == -ETIMEDOUT, "create returned %d (%s)", rc, e.msg);
+    DT_CHECK_CONTAINS(e.msg, "rank 0");
+    DT_CHECK_MSG(dt >= 2.5 && dt < 30, "gave up after %.1f s (timeout 3 s)", dt);
+    if (rc == 0)
+        ops->destroy(self);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--probe-gpu"))
+        return probe_main();
+    static const dt_test tests[] = {
+        {"gpu_library_symbols", test_library_symbols, 60},
+        {"gpu_memory", test_memory, 60},
+        {"gpu_profile", test_profile, 60},
+        {"gpu_matmul_fp32", test_matmul_fp32, 120},
+        {"gpu_matmul_bf16", test_matmul_bf16, 120},
+        {"gpu_matmul_fp16", test_matmul_fp16, 120},
+        {"gpu_matmul_bf16_fast", test_matmul_bf16_fast, 120},
+        {"gpu_attention_fp32", test_attention_fp32, 120},
+        {"gpu_attention_bf16", test_attention_bf16, 120},
+        {"gpu_conv2d_fp32", test_conv_fp32, 120},
+        {"gpu_conv2d_bf16", test_conv_bf16, 120},
+        {"gpu_bias_layernorm", test_bias_layernorm, 60},
+        {"gpu_elementwise", test_elementwise, 60},
+        {"gpu_embedding", test_embedding, 60},
+        {"gpu_xent", test_xent, 60},
+        {"gpu_batchnorm", test_batchnorm, 60},
+        {"gpu_pooling", test_pooling, 60},
+        {"gpu_optimizers", test_optimizers, 60},
+        {"gpu_reductions", test_reductions, 60},
+        {"gpu_nccl_collectives", test_nccl_collectives, 180},
+        {"gpu_nccl_timeout", test_nccl_timeout, 120},
+    };
+    bool listing = false;
+    for (int i = 1; i < argc; i++)
+        listing |= !strcmp(argv[i], "-l");
+    if (!listing)
+        probe();
+    return dt_test_main("test_gpu_ops", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
