@@ -20,6 +20,7 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_REQUIRE_GPU", "0", "1: GPU tests fail instead of skipping when no GPU is usable (make test-gpu sets it)"},
     {"DTRAIN_LOCAL_ADDR", NULL, "address other nodes use to reach this node's workers"},
     {"DTRAIN_OUTPUT_DIR", NULL, "overrides job.output_dir for every worker of a run"},
+    {"DTRAIN_AGENT_PID", NULL, "pid of the worker's agent (set by the agent; the worker exits if its parent is another)"},
 };
 const size_t dt_env_vars_count = sizeof dt_env_vars / sizeof dt_env_vars[0];
 

@@ -1,0 +1,894 @@
+/* test_agent.c - the launcher on one node, driven as a user drives it: the real build/dtrain with
+ * shell (and python3) workers that succeed, fail, crash, hang, ignore SIGTERM, print partial lines
+ * and megabytes; restarts, the budget, the root-cause table, redirects and tee, signals, orphans.
+ * Plus unit tests of the pieces (output splitting, redirect specs, environment, worker guard).
+ *
+ * Every wait is bounded. Nothing asserts on speed: a stop that must not wait for a long grace
+ * period is given a grace far longer than the test's own timeout.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "runtime/agent_env.h"
+#include "runtime/agent_output.h"
+#include "runtime/agent_report.h"
+#include "runtime/worker_guard.h"
+#include "tests/harness.h"
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Whole file as a string (malloc'd), or NULL. */
+static char *slurp(const char *path)
+{
+    char *data = NULL;
+    if (dt_read_file(path, &data, NULL, NULL) != 0)
+        return NULL;
+    return data;
+}
+
+/* Runs a shell command built from fmt, with a timeout; returns the exit code, output in *out. */
+static int runf(char **out, int timeout_s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int runf(char **out, int timeout_s, const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    return dt_test_run(cmd, out, timeout_s);
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    size_t k = strlen(needle);
+    for (const char *p = hay; (p = strstr(p, needle)); p += k)
+        n++;
+    return n;
+}
+
+/* Starts `exec CMD` in the background (stdout+stderr to outpath); returns the agent's pid. */
+static pid_t spawn_bg(const char *cmd, const char *outpath)
+{
+    pid_t pid = fork();
+    DT_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        char full[8192];
+        snprintf(full, sizeof full, "exec %s", cmd);
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits for pid up to timeout_s; returns the shell-style code, or -1 (then it is SIGKILLed). */
+static int wait_code(pid_t pid, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (now_s() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        dt_sleep_ms(10);
+    }
+}
+
+static bool wait_for_file(const char *path, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    while (access(path, F_OK) != 0) {
+        if (now_s() > deadline)
+            return false;
+        dt_sleep_ms(10);
+    }
+    return true;
+}
+
+/* A process is gone when it does not exist or is a zombie nobody reaped yet. */
+static bool pid_gone(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')');
+    return rp && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+static int read_pid(const char *path)
+{
+    char *s = slurp(path);
+    int pid = s ? atoi(s) : 0;
+    free(s);
+    return pid;
+}
+
+#define BIN dt_test_dtrain_bin()
+#define TMP dt_test_tmpdir()
+
+/* ---- unit tests ------------------------------------------------------------------------- */
+
+static void test_redirect_specs(void)
+{
+    DT_CHECK_INT(dt_out_mode_for("0", 0), 0);
+    DT_CHECK_INT(dt_out_mode_for("3", 5), 3);
+    DT_CHECK_INT(dt_out_mode_for("0:3,1:1", 0), 3);
+    DT_CHECK_INT(dt_out_mode_for("0:3,1:1", 1), 1);
+    DT_CHECK_INT(dt_out_mode_for("0:3,1:1", 2), 0);
+    DT_CHECK_INT(dt_out_mode_for("", 0), 0);
+    DT_CHECK(dt_out_rank_shown("", 7));
+    DT_CHECK(dt_out_rank_shown("0,2", 2));
+    DT_CHECK(!dt_out_rank_shown("0,2", 1));
+}
+
+static void test_env_build(void)
+{
+    char *base[] = {"PATH=/bin", "RANK=99", "KEEP=yes", NULL};
+    dt_envb b;
+    dt_worker_env w = {.rank = 5, .local_rank = 1, .world_size = 8, .local_world_size = 4,
+                       .group_rank = 1, .group_world_size = 2, .restart_count = 3,
+                       .max_restarts = 7, .run_id = "job1", .master_addr = "10.0.0.1",
+                       .master_port = 1234, .store_addr = "10.0.0.1", .store_port = 29500,
+                       .error_file = "/x/error.json", .local_addr = "10.0.0.2", .omp_one = true,
+                       .agent_pid = 42};
+    DT_REQUIRE(dt_agent_env_build(&b, base, &w, NULL) == 0);
+    DT_CHECK_STR(dt_envb_get(&b, "RANK"), "5");
+    DT_CHECK_STR(dt_envb_get(&b, "KEEP"), "yes");
+    DT_CHECK_STR(dt_envb_get(&b, "LOCAL_RANK"), "1");
+    DT_CHECK_STR(dt_envb_get(&b, "WORLD_SIZE"), "8");
+    DT_CHECK_STR(dt_envb_get(&b, "LOCAL_WORLD_SIZE"), "4");
+    DT_CHECK_STR(dt_envb_get(&b, "GROUP_RANK"), "1");
+    DT_CHECK_STR(dt_envb_get(&b, "GROUP_WORLD_SIZE"), "2");
+    DT_CHECK_STR(dt_envb_get(&b, "ROLE_RANK"), "5");
+    DT_CHECK_STR(dt_envb_get(&b, "ROLE_WORLD_SIZE"), "8");
+    DT_CHECK_STR(dt_envb_get(&b, "ROLE_NAME"), "default");
+    DT_CHECK_STR(dt_envb_get(&b, "MASTER_ADDR"), "10.0.0.1");
+    DT_CHECK_STR(dt_envb_get(&b, "MASTER_PORT"), "1234");
+    DT_CHECK_STR(dt_envb_get(&b, "TORCHELASTIC_RESTART_COUNT"), "3");
+    DT_CHECK_STR(dt_envb_get(&b, "TORCHELASTIC_MAX_RESTARTS"), "7");
+    DT_CHECK_STR(dt_envb_get(&b, "TORCHELASTIC_RUN_ID"), "job1");
+    DT_CHECK_STR(dt_envb_get(&b, "TORCHELASTIC_USE_AGENT_STORE"), "False");
+    DT_CHECK_STR(dt_envb_get(&b, "TORCHELASTIC_ERROR_FILE"), "/x/error.json");
+    DT_CHECK_STR(dt_envb_get(&b, "OMP_NUM_THREADS"), "1");
+    DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_STORE_ADDR"), "10.0.0.1");
+    DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_STORE_PORT"), "29500");
+    DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_RUN_ID"), "job1");
+    DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_ATTEMPT"), "3");
+    DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_ERROR_FILE"), "/x/error.json");
+    DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_LOCAL_ADDR"), "10.0.0.2");
+    DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_AGENT_PID"), "42");
+    int n = 0;
+    for (size_t i = 0; i < b.n; i++)
+        n += !strncmp(b.v[i], "RANK=", 5);
+    DT_CHECK_INT(n, 1);
+    DT_CHECK(b.v[b.n] == NULL);
+    dt_envb_free(&b);
+}
+
+static void test_nproc_resolution(void)
+{
+    int n = 0;
+    dt_err e;
+    DT_REQUIRE(dt_agent_resolve_nproc("3", &n, NULL, 0, &e) == 0);
+    DT_CHECK_INT(n, 3);
+    DT_REQUIRE(dt_agent_resolve_nproc("cpu", &n, NULL, 0, &e) == 0);
+    DT_CHECK_INT(n, dt_agent_count_cpus());
+    int gpus = dt_agent_count_gpus(NULL, 0);
+    DT_REQUIRE(dt_agent_resolve_nproc("auto", &n, NULL, 0, &e) == 0);
+    DT_CHECK_INT(n, gpus > 0 ? gpus : dt_agent_count_cpus());
+    if (gpus == 0)
+        DT_CHECK(dt_agent_resolve_nproc("gpu", &n, NULL, 0, &e) == -ENODEV);
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    DT_CHECK_INT(dt_agent_count_gpus(NULL, 0), 0);
+    DT_CHECK(dt_agent_resolve_nproc("0", &n, NULL, 0, &e) == -EINVAL);
+}
+
+/* Lines through a pipe into dt_out_pump, with the agent's stdout pointed at a file. */
+static void test_output_lines(void)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/console", TMP);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    DT_REQUIRE(fd >= 0);
+    fflush(stdout);
+    int saved = dup(1);
+    dup2(fd, 1);
+    close(fd);
+    dt_out_stream s;
+    dt_out_plan plan = {.console = true, .file = false};
+    int child = -1;
+    DT_REQUIRE(dt_out_prepare(&s, &plan, 1, 7, NULL, &child, NULL) == 0);
+    DT_REQUIRE(s.fd >= 0 && child >= 0);
+    const char *chunks[] = {"ab", "c\nde", "f\n\ng", "h"};
+    for (size_t i = 0; i < 4; i++) {
+        DT_REQUIRE(write(child, chunks[i], strlen(chunks[i])) == (ssize_t)strlen(chunks[i]));
+        DT_CHECK_INT(dt_out_pump(&s), 1);
+    }
+    /* A line longer than the cap comes out in pieces of the cap. */
+    size_t big = DT_OUT_LINE_MAX * 2 + 10;
+    char *x = malloc(big);
+    memset(x, 'x', big);
+    size_t off = 0;
+    while (off < big) {
+        ssize_t w = write(child, x + off, big - off > 4096 ? 4096 : big - off);
+        DT_REQUIRE(w > 0);
+        off += (size_t)w;
+        DT_CHECK_INT(dt_out_pump(&s), 1);
+    }
+    free(x);
+    close(child);
+    while (dt_out_pump(&s) == 1)
+        ;
+    dt_out_finish(&s);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    char *text = slurp(path);
+    DT_REQUIRE(text != NULL);
+    DT_CHECK(!strncmp(text, "[7]:abc\n[7]:def\n[7]:\n", 21));
+    DT_CHECK_CONTAINS(text, "[7]:gh");
+    int lines = count_of(text, "\n");
+    int xs = 0;
+    size_t longest = 0;
+    for (char *p = text, *nl; (nl = strchr(p, '\n')); p = nl + 1) {
+        size_t len = (size_t)(nl - p);
+        if (len > longest)
+            longest = len;
+    }
+    for (char *p = text; *p; p++)
+        xs += *p == 'x';
+    DT_CHECK_INT(xs, (int)big);
+    DT_CHECK(longest <= DT_OUT_LINE_MAX + 4);
+    DT_CHECK(lines >= 6);
+    free(text);
+}
+
+static void test_worker_guard(void)
+{
+    dt_err e;
+    unsetenv("DTRAIN_AGENT_PID");
+    DT_CHECK(dt_worker_guard_init(&e) == 0);
+    DT_CHECK(dt_worker_guard_agent_alive());
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d", (int)getppid());
+    setenv("DTRAIN_AGENT_PID", buf, 1);
+    DT_CHECK(dt_worker_guard_init(&e) == 0);
+    DT_CHECK(dt_worker_guard_agent_alive());
+    snprintf(buf, sizeof buf, "%d", (int)getpid()); /* not our parent */
+    setenv("DTRAIN_AGENT_PID", buf, 1);
+    DT_CHECK(dt_worker_guard_init(&e) == -ESRCH);
+    DT_CHECK(!dt_worker_guard_agent_alive());
+}
+
+static void test_report_table(void)
+{
+    dt_rdzv_failure f[2];
+    memset(f, 0, sizeof f);
+    f[0].time = 1700000000.5;
+    strcpy(f[0].host, "nodeA");
+    f[0].rank = 3;
+    f[0].local_rank = 1;
+    f[0].pid = 77;
+    f[0].signal = SIGSEGV;
+    strcpy(f[0].message, "line one\nline two");
+    f[1] = f[0];
+    f[1].rank = 4;
+    f[1].signal = 0;
+    f[1].exit_code = 1;
+    strcpy(f[1].message, "exited with code 1");
+    char *t = dt_report_table(f, 2, "HEAD", "FOOT");
+    DT_REQUIRE(t != NULL);
+    DT_CHECK_CONTAINS(t, "HEAD");
+    DT_CHECK_CONTAINS(t, "rank       : 3 (local_rank 1)");
+    DT_CHECK_CONTAINS(t, "exit code  : -11 (SIGSEGV)");
+    DT_CHECK_CONTAINS(t, "message    : line one\n               line two\n");
+    DT_CHECK_CONTAINS(t, "[1] rank 4 (local_rank 1) on nodeA (node 0)");
+    DT_CHECK_CONTAINS(t, "exited with code 1\n");
+    DT_CHECK_CONTAINS(t, "FOOT");
+    free(t);
+    char *j = dt_rdzv_failure_to_json(&f[0]);
+    dt_rdzv_failure back;
+    DT_REQUIRE(dt_rdzv_failure_from_json(j, strlen(j), &back) == 0);
+    DT_CHECK_STR(back.message, f[0].message);
+    DT_CHECK_INT(back.signal, SIGSEGV);
+    DT_CHECK_INT(back.rank, 3);
+    free(j);
+}
+
+/* ---- single-node integration ------------------------------------------------------------ */
+
+static const char env_script[] =
+    "for v in RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK \\\n"
+    "  ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT \\\n"
+    "  TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE \\\n"
+    "  TORCHELASTIC_ERROR_FILE OMP_NUM_THREADS DTRAIN_STORE_ADDR DTRAIN_STORE_PORT DTRAIN_RUN_ID \\\n"
+    "  DTRAIN_ATTEMPT DTRAIN_ERROR_FILE DTRAIN_LOCAL_ADDR DTRAIN_AGENT_PID; do\n"
+    "  eval \"echo $v=\\${$v-UNSET}\"\n"
+    "done\n";
+
+static void test_env_sh(void)
+{
+    char script[4096], *out = NULL;
+    snprintf(script, sizeof script, "%s/env.sh", TMP);
+    write_file(script, env_script);
+    int rc = runf(&out, 30,
+                  "unset OMP_NUM_THREADS; %s --nproc-per-node 2 --max-restarts 3 --rdzv-id envjob "
+                  "--log-dir %s/logs -- sh %s",
+                  BIN, TMP, script);
+    DT_CHECK_INT(rc, 0);
+    for (int r = 0; r < 2; r++) {
+        char want[512];
+#define WANT(fmt, ...)                                                                             \
+    do {                                                                                           \
+        snprintf(want, sizeof want, "[%d]:" fmt "\n", r, __VA_ARGS__);                             \
+        DT_CHECK_CONTAINS(out, want);                                                              \
+    } while (0)
+        WANT("RANK=%d", r);
+        WANT("LOCAL_RANK=%d", r);
+        WANT("WORLD_SIZE=%d", 2);
+        WANT("LOCAL_WORLD_SIZE=%d", 2);
+        WANT("GROUP_RANK=%d", 0);
+        WANT("GROUP_WORLD_SIZE=%d", 1);
+        WANT("ROLE_RANK=%d", r);
+        WANT("ROLE_WORLD_SIZE=%d", 2);
+        WANT("ROLE_NAME=%s", "default");
+        WANT("MASTER_ADDR=%s", "127.0.0.1");
+        WANT("TORCHELASTIC_RESTART_COUNT=%d", 0);
+        WANT("TORCHELASTIC_MAX_RESTARTS=%d", 3);
+        WANT("TORCHELASTIC_RUN_ID=%s", "envjob");
+        WANT("TORCHELASTIC_USE_AGENT_STORE=%s", "False");
+        WANT("TORCHELASTIC_ERROR_FILE=%s/logs/envjob/attempt_0/%d/error.json", TMP, r);
+        WANT("DTRAIN_ERROR_FILE=%s/logs/envjob/attempt_0/%d/error.json", TMP, r);
+        WANT("OMP_NUM_THREADS=%d", 1);
+        WANT("DTRAIN_RUN_ID=%s", "envjob");
+        WANT("DTRAIN_ATTEMPT=%d", 0);
+        WANT("DTRAIN_LOCAL_ADDR=%s", "127.0.0.1");
+#undef WANT
+        char key[64];
+        snprintf(key, sizeof key, "[%d]:MASTER_PORT=", r);
+        const char *p = strstr(out, key);
+        DT_REQUIRE(p != NULL);
+        int port = atoi(p + strlen(key));
+        DT_CHECK(port > 0 && port < 65536);
+        snprintf(key, sizeof key, "[%d]:DTRAIN_AGENT_PID=", r);
+        p = strstr(out, key);
+        DT_CHECK(p && atoi(p + strlen(key)) > 1);
+    }
+    DT_CHECK_CONTAINS(out, "OMP_NUM_THREADS=1 for each");
+    free(out);
+
+    /* OMP_NUM_THREADS set by the user is left alone; one worker gets none. */
+    rc = runf(&out, 30, "OMP_NUM_THREADS=4 %s --nproc-per-node 2 -- sh %s", BIN, script);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "[1]:OMP_NUM_THREADS=4\n");
+    free(out);
+    rc = runf(&out, 30, "unset OMP_NUM_THREADS; %s -- sh %s", BIN, script);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "[0]:OMP_NUM_THREADS=UNSET\n");
+    DT_CHECK(!strstr(out, "[1]:"));
+    free(out);
+}
+
+static const char env_py[] =
+    "import json, os, sys\n"
+    "e = os.environ\n"
+    "r, lr, ws = int(e['RANK']), int(e['LOCAL_RANK']), int(e['WORLD_SIZE'])\n"
+    "bad = []\n"
+    "def want(c, what):\n"
+    "    if not c: bad.append(what)\n"
+    "want(r == lr and ws == 3 and e['LOCAL_WORLD_SIZE'] == '3', 'ranks')\n"
+    "want(e['GROUP_RANK'] == '0' and e['GROUP_WORLD_SIZE'] == '1', 'group')\n"
+    "want(e['ROLE_RANK'] == e['RANK'] and e['ROLE_WORLD_SIZE'] == '3', 'role')\n"
+    "want(e['ROLE_NAME'] == 'default', 'role name')\n"
+    "want(0 < int(e['MASTER_PORT']) < 65536 and e['MASTER_ADDR'], 'master')\n"
+    "want(e['TORCHELASTIC_RESTART_COUNT'] == e['DTRAIN_ATTEMPT'] == '1', 'attempt')\n"
+    "want(e['TORCHELASTIC_MAX_RESTARTS'] == '1', 'max restarts')\n"
+    "want(e['TORCHELASTIC_RUN_ID'] == e['DTRAIN_RUN_ID'] != 'none', 'run id')\n"
+    "want(e['TORCHELASTIC_USE_AGENT_STORE'] == 'False', 'agent store')\n"
+    "want(e['TORCHELASTIC_ERROR_FILE'] == e['DTRAIN_ERROR_FILE'], 'error file')\n"
+    "want(e['TORCHELASTIC_ERROR_FILE'].endswith('/attempt_1/%d/error.json' % r), 'error path')\n"
+    "want(e['OMP_NUM_THREADS'] == '1', 'omp')\n"
+    "want(int(e['DTRAIN_AGENT_PID']) == os.getppid(), 'agent pid')\n"
+    "if e['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+    "    if r == 2:\n"
+    "        with open(e['TORCHELASTIC_ERROR_FILE'], 'w') as f:\n"
+    "            json.dump({'message': {'message': 'ValueError: planned failure', 'extraInfo':\n"
+    "                       {'py_callstack': 'Traceback', 'timestamp': '1'}}}, f)\n"
+    "        sys.exit(1)\n"
+    "    import time; time.sleep(30)\n"
+    "print('PYOK' if not bad else 'PYBAD ' + ','.join(bad), r, flush=True)\n";
+
+static void test_env_python(void)
+{
+    char script[4096], *out = NULL;
+    if (runf(NULL, 20, "python3 -c 'import json'") != 0)
+        DT_SKIP("python3 is not available");
+    snprintf(script, sizeof script, "%s/env.py", TMP);
+    write_file(script, env_py);
+    int rc = runf(&out, 60,
+                  "unset OMP_NUM_THREADS; %s --nproc-per-node 3 --max-restarts 1 --stop-grace 5 "
+                  "--log-dir %s/logs %s",
+                  BIN, TMP, script);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "[0]:PYOK 0");
+    DT_CHECK_CONTAINS(out, "[1]:PYOK 1");
+    DT_CHECK_CONTAINS(out, "[2]:PYOK 2");
+    DT_CHECK(!strstr(out, "PYBAD"));
+    DT_CHECK_CONTAINS(out, "restarting every worker");
+    if (rc != 0 || strstr(out, "PYBAD"))
+        fprintf(stderr, "%s\n", out);
+    free(out);
+}
+
+static void test_exit1_table(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 30, "%s --nproc-per-node 2 --log-dir %s -- sh -c 'exit $((RANK + 1))'",
+                  BIN, TMP);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK_CONTAINS(out, "Root cause (first failure):");
+    DT_CHECK_CONTAINS(out, "dtrain: the job failed: rank ");
+    DT_CHECK_CONTAINS(out, "--max-restarts=0 spent");
+    DT_CHECK_CONTAINS(out, "  exit code  : ");
+    DT_CHECK_CONTAINS(out, "  host       : ");
+    free(out);
+}
+
+static void test_segfault(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 30, "%s --log-dir %s -- sh -c 'kill -SEGV $$'", BIN, TMP);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK_CONTAINS(out, "exit code  : -11 (SIGSEGV)");
+    DT_CHECK_CONTAINS(out, "killed by SIGSEGV");
+    free(out);
+}
+
+static void test_error_file_message(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 30,
+                  "%s --nproc-per-node 2 --log-dir %s -- sh -c '"
+                  "if [ $RANK = 1 ]; then printf \"{\\\"message\\\": {\\\"message\\\": "
+                  "\\\"RuntimeError: boom at step 7\\\", \\\"extraInfo\\\": {\\\"timestamp\\\": "
+                  "\\\"1\\\"}}}\" > $TORCHELASTIC_ERROR_FILE; exit 9; fi; exec sleep 30'",
+                  BIN, TMP);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK_CONTAINS(out, "message    : RuntimeError: boom at step 7");
+    DT_CHECK_CONTAINS(out, "rank       : 1 (local_rank 1)");
+    DT_CHECK_CONTAINS(out, "error.json");
+    free(out);
+}
+
+/* One worker fails; the other hangs (sleep) and must be stopped by SIGTERM. */
+static void test_hang_is_stopped(void)
+{
+    char *out = NULL;
+    double t0 = now_s();
+    int rc = runf(&out, 60,
+                  "%s --nproc-per-node 2 --stop-grace 100 --log-dir %s -- sh -c "
+                  "'if [ $RANK = 0 ]; then sleep 0.2; exit 2; fi; exec sleep 100'",
+                  BIN, TMP);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK(now_s() - t0 < 50); /* far below the 100 s grace: SIGTERM ended it */
+    DT_CHECK(!strstr(out, "SIGKILL"));
+    free(out);
+}
+
+/* A worker that ignores SIGTERM is SIGKILLed after --stop-grace. */
+static void test_ignore_sigterm(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 60,
+                  "%s --nproc-per-node 2 --stop-grace 0.3 --log-dir %s -- sh -c "
+                  "'if [ $RANK = 0 ]; then sleep 0.3; exit 2; fi; trap \"\" TERM; sleep 100'",
+                  BIN, TMP);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK_CONTAINS(out, "sending SIGKILL");
+    free(out);
+}
+
+static void test_partial_lines(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 30,
+                  "%s --nproc-per-node 2 -- sh -c 'printf par; sleep 0.2; printf \"tial\\n\"; "
+                  "printf no-newline-$RANK'",
+                  BIN);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "[0]:partial\n");
+    DT_CHECK_CONTAINS(out, "[1]:partial\n");
+    DT_CHECK_CONTAINS(out, "[0]:no-newline-0\n");
+    DT_CHECK_CONTAINS(out, "[1]:no-newline-1\n");
+    free(out);
+}
+
+/* Lines of several busy workers never mix, and every line arrives. */
+static void test_lines_not_interleaved(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 60,
+                  "%s --nproc-per-node 3 -- sh -c 'i=0; while [ $i -lt 2000 ]; do "
+                  "echo \"rank-$RANK-line-$i-abcdefghijklmnopqrstuvwxyz\"; i=$((i+1)); done'",
+                  BIN);
+    DT_CHECK_INT(rc, 0);
+    int good = 0, bad = 0;
+    for (char *p = out, *nl; (nl = strchr(p, '\n')); p = nl + 1) {
+        *nl = '\0';
+        int r1, r2, i;
+        char tail[64];
+        if (p[0] != '[')
+            continue; /* the agent's own log lines */
+        if (sscanf(p, "[%d]:rank-%d-line-%d-%63s", &r1, &r2, &i, tail) == 4 && r1 == r2 &&
+            !strcmp(tail, "abcdefghijklmnopqrstuvwxyz"))
+            good++;
+        else
+            bad++;
+    }
+    DT_CHECK_INT(bad, 0);
+    DT_CHECK_INT(good, 6000);
+    free(out);
+}
+
+/* Megabytes without a newline: cut into bounded lines, nothing lost, the agent stays small. */
+static void test_megabytes_no_newline(void)
+{
+    char *out = NULL, ev[4096];
+    int rc = runf(&out, 60,
+                  "%s --nproc-per-node 2 --rdzv-id mb --log-dir %s -- sh -c "
+                  "'head -c 8000000 /dev/zero | tr \"\\0\" x'",
+                  BIN, TMP);
+    DT_CHECK_INT(rc, 0);
+    size_t xs = 0, longest = 0;
+    for (char *p = out, *nl; (nl = strchr(p, '\n')); p = nl + 1) {
+        size_t len = (size_t)(nl - p);
+        if (len > longest)
+            longest = len;
+        if (!strncmp(p, "[0]:x", 5) || !strncmp(p, "[1]:x", 5))
+            xs += len - 4;
+    }
+    DT_CHECK_INT((long long)xs, 16000000LL);
+    DT_CHECK(longest <= DT_OUT_LINE_MAX + 8);
+    free(out);
+    snprintf(ev, sizeof ev, "%s/mb/events.jsonl", TMP);
+    char *events = slurp(ev);
+    DT_REQUIRE(events != NULL);
+    const char *m = strstr(events, "\"agent_max_rss_kb\":");
+    DT_REQUIRE(m != NULL);
+    long rss = atol(m + strlen("\"agent_max_rss_kb\":"));
+    DT_CHECK_MSG(rss < 64 * 1024, "agent max RSS %ld kB", rss);
+    free(events);
+}
+
+static void test_restart_then_success(void)
+{
+    char *out = NULL, ev[4096];
+    int rc = runf(&out, 60,
+                  "%s --nproc-per-node 2 --max-restarts 3 --stop-grace 5 --rdzv-id rs --log-dir %s "
+                  "-- sh -c 'echo attempt=$TORCHELASTIC_RESTART_COUNT; "
+                  "[ $TORCHELASTIC_RESTART_COUNT -ge 2 ] || [ $RANK = 0 ] || exit 5; sleep 0.1'",
+                  BIN, TMP);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "[1]:attempt=2\n");
+    DT_CHECK_CONTAINS(out, "all workers succeeded");
+    free(out);
+    snprintf(ev, sizeof ev, "%s/rs/events.jsonl", TMP);
+    char *events = slurp(ev);
+    DT_REQUIRE(events != NULL);
+    DT_CHECK_INT(count_of(events, "\"event\":\"rendezvous\""), 3);
+    DT_CHECK_INT(count_of(events, "\"event\":\"restart\""), 2);
+    DT_CHECK_INT(count_of(events, "\"event\":\"start\""), 6);
+    DT_CHECK_INT(count_of(events, "\"event\":\"failure\""), 2);
+    DT_CHECK_CONTAINS(events, "\"event\":\"end\",\"result\":\"succeeded\",\"exit_code\":0");
+    /* Per-attempt directories with the workers' error file location. */
+    snprintf(ev, sizeof ev, "%s/rs/attempt_2/1", TMP);
+    DT_CHECK(access(ev, F_OK) == 0);
+    free(events);
+}
+
+static void test_budget_exhausted(void)
+{
+    char *out = NULL, ev[4096];
+    int rc = runf(&out, 60,
+                  "%s --nproc-per-node 2 --max-restarts 2 --rdzv-id be --log-dir %s -- sh -c "
+                  "'exit 4'",
+                  BIN, TMP);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK_CONTAINS(out, "(attempt 2; --max-restarts=2 spent)");
+    DT_CHECK_CONTAINS(out, "exit code  : 4");
+    DT_CHECK_INT(count_of(out, "Root cause"), 1);
+    free(out);
+    snprintf(ev, sizeof ev, "%s/be/events.jsonl", TMP);
+    char *events = slurp(ev);
+    DT_REQUIRE(events != NULL);
+    DT_CHECK_INT(count_of(events, "\"event\":\"start\""), 6);
+    DT_CHECK_CONTAINS(events, "\"result\":\"failed\",\"exit_code\":1");
+    free(events);
+}
+
+static void test_redirects_and_tee(void)
+{
+    char *out = NULL, path[4096];
+    const char *cmd = "sh -c 'echo out-$RANK; echo err-$RANK >&2'";
+    int rc = runf(&out, 30, "%s --nproc-per-node 2 --redirects 3 --rdzv-id rd --log-dir %s/a -- %s",
+                  BIN, TMP, cmd);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK(!strstr(out, "out-0") && !strstr(out, "err-1"));
+    free(out);
+    snprintf(path, sizeof path, "%s/a/rd/attempt_0/1/stdout.log", TMP);
+    char *f = slurp(path);
+    DT_CHECK(f && !strcmp(f, "out-1\n"));
+    free(f);
+    snprintf(path, sizeof path, "%s/a/rd/attempt_0/0/stderr.log", TMP);
+    f = slurp(path);
+    DT_CHECK(f && !strcmp(f, "err-0\n"));
+    free(f);
+
+    /* tee stdout: on the console and in the file; stderr only on the console. */
+    rc = runf(&out, 30, "%s --nproc-per-node 2 --tee 1 --rdzv-id te --log-dir %s/b -- %s", BIN,
+              TMP, cmd);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "[0]:out-0\n");
+    DT_CHECK_CONTAINS(out, "[1]:err-1\n");
+    free(out);
+    snprintf(path, sizeof path, "%s/b/te/attempt_0/0/stdout.log", TMP);
+    f = slurp(path);
+    DT_CHECK(f && !strcmp(f, "out-0\n"));
+    free(f);
+    snprintf(path, sizeof path, "%s/b/te/attempt_0/0/stderr.log", TMP);
+    DT_CHECK(access(path, F_OK) != 0);
+
+    /* Per local rank: rank 0 both streams to files, rank 1 on the console. */
+    rc = runf(&out, 30, "%s --nproc-per-node 2 -r 0:3 --rdzv-id pr --log-dir %s/c -- %s", BIN, TMP,
+              cmd);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK(!strstr(out, "out-0"));
+    DT_CHECK_CONTAINS(out, "[1]:out-1\n");
+    free(out);
+}
+
+static void test_local_ranks_filter(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 30,
+                  "%s --nproc-per-node 3 --local-ranks-filter 1 -- sh -c 'echo hi-$RANK; echo e-$RANK >&2'",
+                  BIN);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "[1]:hi-1\n");
+    DT_CHECK_CONTAINS(out, "[1]:e-1\n");
+    DT_CHECK(!strstr(out, "hi-0") && !strstr(out, "hi-2"));
+    free(out);
+}
+
+static void test_bad_command(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 30, "%s -- /nonexistent/program", BIN);
+    DT_CHECK_INT(rc, 2);
+    DT_CHECK_CONTAINS(out, "cannot run \"/nonexistent/program\"");
+    free(out);
+    rc = runf(&out, 30, "%s -- no-such-program-dtrain", BIN);
+    DT_CHECK_INT(rc, 2);
+    DT_CHECK_CONTAINS(out, "not found in PATH");
+    free(out);
+}
+
+static void test_nproc_cpu(void)
+{
+    char *out = NULL, want[64];
+    int rc = runf(&out, 30, "%s --nproc-per-node cpu -- sh -c 'echo n=$LOCAL_WORLD_SIZE'", BIN);
+    DT_CHECK_INT(rc, 0);
+    snprintf(want, sizeof want, "[0]:n=%d\n", dt_agent_count_cpus());
+    DT_CHECK_CONTAINS(out, want);
+    free(out);
+    if (dt_agent_count_gpus(NULL, 0) == 0) {
+        rc = runf(&out, 30, "%s --nproc-per-node gpu -- true", BIN);
+        DT_CHECK_INT(rc, 2);
+        DT_CHECK_CONTAINS(out, "no GPU");
+        free(out);
+    }
+}
+
+/* ---- signals and orphans ---------------------------------------------------------------- */
+
+/* Workers that write their pid (and a grandchild's) and wait; the agent is SIGKILLed: every one
+ * of them must be gone soon after, grandchildren included. */
+static void test_sigkill_agent_no_orphans(void)
+{
+    char cmd[8192], outp[4096], path[4096];
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    snprintf(cmd, sizeof cmd,
+             "%s --nproc-per-node 2 --log-dir %s -- sh -c 'sleep 300 & echo $! > %s/gc.$RANK; "
+             "echo $$ > %s/w.$RANK; wait'",
+             BIN, TMP, TMP, TMP);
+    pid_t agent = spawn_bg(cmd, outp);
+    int pids[4] = {0};
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/gc.%d", TMP, r);
+        DT_REQUIRE(wait_for_file(path, 20));
+        snprintf(path, sizeof path, "%s/w.%d", TMP, r);
+        DT_REQUIRE(wait_for_file(path, 20));
+    }
+    dt_sleep_ms(50);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/w.%d", TMP, r);
+        pids[2 * r] = read_pid(path);
+        snprintf(path, sizeof path, "%s/gc.%d", TMP, r);
+        pids[2 * r + 1] = read_pid(path);
+    }
+    for (int i = 0; i < 4; i++)
+        DT_REQUIRE(pids[i] > 1 && !pid_gone(pids[i]));
+    kill(agent, SIGKILL);
+    DT_CHECK_INT(wait_code(agent, 10), 128 + SIGKILL);
+    double deadline = now_s() + 10;
+    bool all = false;
+    while (!all && now_s() < deadline) {
+        all = true;
+        for (int i = 0; i < 4; i++)
+            all = all && pid_gone(pids[i]);
+        if (!all)
+            dt_sleep_ms(20);
+    }
+    for (int i = 0; i < 4; i++) {
+        DT_CHECK_MSG(pid_gone(pids[i]), "pid %d (%s of rank %d) outlived the agent", pids[i],
+                     i % 2 ? "grandchild" : "worker", i / 2);
+        if (!pid_gone(pids[i]))
+            kill(pids[i], SIGKILL);
+    }
+}
+
+/* Starts an agent whose workers trap signals and mark themselves ready; returns its pid. */
+static pid_t start_trapping_agent(const char *trap, const char *extra, const char *outp)
+{
+    char cmd[8192], path[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s --nproc-per-node 2 %s --log-dir %s -- sh -c '%s; touch %s/ready.$RANK; "
+             "while :; do sleep 0.05; done'",
+             BIN, extra, TMP, trap, TMP);
+    pid_t agent = spawn_bg(cmd, outp);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
+        if (!wait_for_file(path, 20)) {
+            kill(agent, SIGKILL);
+            DT_REQUIRE(!"workers did not start");
+        }
+    }
+    return agent;
+}
+
+static void test_ctrl_c_once(void)
+{
+    char outp[4096];
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    pid_t agent = start_trapping_agent("trap \"echo got-int-$RANK; exit 7\" INT", "--stop-grace 60", outp);
+    kill(agent, SIGINT);
+    DT_CHECK_INT(wait_code(agent, 30), 128 + SIGINT);
+    char *out = slurp(outp);
+    DT_REQUIRE(out != NULL);
+    DT_CHECK_CONTAINS(out, "[0]:got-int-0\n");
+    DT_CHECK_CONTAINS(out, "[1]:got-int-1\n");
+    DT_CHECK_CONTAINS(out, "SIGINT received");
+    DT_CHECK(!strstr(out, "Root cause"));
+    free(out);
+}
+
+static void test_ctrl_c_twice(void)
+{
+    char outp[4096];
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    /* The workers ignore INT and TERM; the grace is longer than this test may run. */
+    pid_t agent = start_trapping_agent("trap \"\" INT TERM", "--stop-grace 1000", outp);
+    kill(agent, SIGINT);
+    dt_sleep_ms(200);
+    DT_CHECK_INT(waitpid(agent, NULL, WNOHANG), 0); /* still waiting for the grace period */
+    kill(agent, SIGINT);
+    DT_CHECK_INT(wait_code(agent, 20), 128 + SIGINT);
+    char *out = slurp(outp);
+    DT_REQUIRE(out != NULL);
+    DT_CHECK_CONTAINS(out, "killing the workers now");
+    free(out);
+}
+
+static void test_sigterm_forwarded(void)
+{
+    char outp[4096];
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    pid_t agent = start_trapping_agent("trap \"echo got-term-$RANK; exit 0\" TERM", "--stop-grace 60", outp);
+    kill(agent, SIGTERM);
+    DT_CHECK_INT(wait_code(agent, 30), 128 + SIGTERM);
+    char *out = slurp(outp);
+    DT_REQUIRE(out != NULL);
+    DT_CHECK_CONTAINS(out, "[0]:got-term-0\n");
+    DT_CHECK_CONTAINS(out, "[1]:got-term-1\n");
+    free(out);
+}
+
+/* SIGUSR1 (a scheduler's early warning) reaches the workers and does not stop the job. */
+static void test_sigusr1_forwarded(void)
+{
+    char outp[4096];
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    pid_t agent = start_trapping_agent("trap \"echo got-usr1-$RANK; exit 0\" USR1", "", outp);
+    kill(agent, SIGUSR1);
+    DT_CHECK_INT(wait_code(agent, 30), 0);
+    char *out = slurp(outp);
+    DT_REQUIRE(out != NULL);
+    DT_CHECK_CONTAINS(out, "[0]:got-usr1-0\n");
+    DT_CHECK_CONTAINS(out, "[1]:got-usr1-1\n");
+    DT_CHECK_CONTAINS(out, "all workers succeeded");
+    free(out);
+}
+
+static const dt_test tests[] = {
+    {"redirect_specs", test_redirect_specs, 0},
+    {"env_build", test_env_build, 0},
+    {"nproc_resolution", test_nproc_resolution, 0},
+    {"output_lines", test_output_lines, 0},
+    {"worker_guard", test_worker_guard, 0},
+    {"report_table", test_report_table, 0},
+    {"env_sh", test_env_sh, 30},
+    {"env_python", test_env_python, 60},
+    {"exit1_table", test_exit1_table, 0},
+    {"segfault", test_segfault, 0},
+    {"error_file_message", test_error_file_message, 0},
+    {"hang_is_stopped", test_hang_is_stopped, 60},
+    {"ignore_sigterm", test_ignore_sigterm, 60},
+    {"partial_lines", test_partial_lines, 0},
+    {"lines_not_interleaved", test_lines_not_interleaved, 60},
+    {"megabytes_no_newline", test_megabytes_no_newline, 60},
+    {"restart_then_success", test_restart_then_success, 60},
+    {"budget_exhausted", test_budget_exhausted, 60},
+    {"redirects_and_tee", test_redirects_and_tee, 0},
+    {"local_ranks_filter", test_local_ranks_filter, 0},
+    {"bad_command", test_bad_command, 0},
+    {"nproc_cpu", test_nproc_cpu, 0},
+    {"sigkill_agent_no_orphans", test_sigkill_agent_no_orphans, 60},
+    {"ctrl_c_once", test_ctrl_c_once, 60},
+    {"ctrl_c_twice", test_ctrl_c_twice, 60},
+    {"sigterm_forwarded", test_sigterm_forwarded, 60},
+    {"sigusr1_forwarded", test_sigusr1_forwarded, 60},
+};
+
+int main(int argc, char **argv)
+{
+    return dt_test_main("test_agent", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
