@@ -663,7 +663,34 @@ static int open_run_dir(agent *a, dt_err *err)
         snprintf(path, sizeof path, "%s/events_node%d.jsonl", a->run_dir, a->rd.group_rank);
     if ((rc = dt_events_open(&a->ev, path, err)))
         return rc;
-    DT_INFO("logs and events.jsonl: %s", a->run_dir);
+    if (!a->log_tmp)
+        DT_INFO("logs and events.jsonl: %s", a->run_dir);
+    return 0;
+}
+
+/* Applies --rdzv-conf "k=v,..." onto the typed settings. A job file had it applied when it was
+ * loaded; a command line (no job file) had not. Applying twice changes nothing. */
+static int apply_rdzv_conf(agent *a, dt_err *err)
+{
+    static dt_job scratch; /* large; the agent runs once per process */
+    char buf[DT_STR_MID], *save = NULL;
+    if (!a->L.rdzv_conf[0])
+        return 0;
+    dt_job_defaults(&scratch);
+    scratch.launch = a->L;
+    dt_strlcpy(buf, a->L.rdzv_conf, sizeof buf);
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char assign[DT_STR_MID + 16];
+        tok = dt_trim(tok);
+        if (!*tok)
+            continue;
+        if (!strchr(tok, '='))
+            return dt_err_set(err, -EINVAL, "--rdzv-conf: \"%s\" is not key=value", tok);
+        fmt(assign, sizeof assign, "rendezvous.%s", tok);
+        if (dt_job_set(&scratch, assign, err))
+            return dt_err_prefix(err, "--rdzv-conf: ");
+    }
+    a->L = scratch.launch;
     return 0;
 }
 
@@ -740,6 +767,11 @@ static void emit_end(agent *a, const char *result, int code)
     dt_events_emit(&a->ev, "end", f);
 }
 
+/* The exit code when another node ended the job: the same 128+n as the agent that was
+ * signalled (the job as a whole was stopped by signal n), or 1 when it ended for another reason
+ * (its rendezvous failed). */
+static int abort_code(const dt_rdzv_status *st) { return st->signal > 0 ? 128 + st->signal : 1; }
+
 /* Runs rounds until the job ends; returns the exit code. */
 static int run_rounds(agent *a)
 {
@@ -757,8 +789,8 @@ static int run_rounds(agent *a)
         }
         if (rc == -ECANCELED) {
             DT_ERROR("%s", e.msg);
-            emit_end(a, "aborted", 128 + st.signal);
-            return 128 + (st.signal > 0 ? st.signal : SIGTERM);
+            emit_end(a, "aborted", abort_code(&st));
+            return abort_code(&st);
         }
         if (rc) {
             DT_ERROR("rendezvous failed: %s", e.msg);
@@ -774,6 +806,15 @@ static int run_rounds(agent *a)
         cJSON_AddNumberToObject(rf, "duration_s", (double)(int64_t)((dt_now_s() - t0) * 1000) / 1000.0);
         dt_events_emit(&a->ev, "rendezvous_done", rf);
 
+        enum outcome out;
+        if (a->rd.group_world_size > 1 && dt_rdzv_poll(a->rz, &st, &e) == 0 &&
+            st.state != DT_RDZV_RUNNING) {
+            /* The round ended before it started here (this agent joined late): no workers. */
+            out = st.state == DT_RDZV_ABORTED ? OUT_ABORTED
+                  : st.state == DT_RDZV_REGROUP ? OUT_REGROUP
+                                                : OUT_REMOTE_FAILED;
+            goto decided;
+        }
         if ((rc = start_workers(a, &e))) {
             DT_ERROR("cannot start the workers: %s", e.msg);
             stop_workers(a, SIGKILL);
@@ -783,7 +824,8 @@ static int run_rounds(agent *a)
             emit_end(a, "agent_error", 1);
             return 1;
         }
-        enum outcome out = monitor(a, &st);
+        out = monitor(a, &st);
+    decided:;
         dt_rdzv_failure *lf = NULL;
         int nlf = 0;
         switch (out) {
@@ -828,8 +870,8 @@ static int run_rounds(agent *a)
             DT_WARN("%s: stopping the workers of this node", st.why);
             stop_workers(a, SIGTERM);
             finish_outputs(a);
-            emit_end(a, "aborted", 128 + st.signal);
-            return 128 + (st.signal > 0 ? st.signal : SIGTERM);
+            emit_end(a, "aborted", abort_code(&st));
+            return abort_code(&st);
         case OUT_LOST:
             stop_workers(a, SIGTERM);
             finish_outputs(a);
@@ -882,6 +924,11 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
 
     if (!spec->argv || !spec->argv[0]) {
         fprintf(stderr, "dtrain: no command to run\n");
+        code = 2;
+        goto out;
+    }
+    if (apply_rdzv_conf(a, &e)) {
+        fprintf(stderr, "dtrain: %s\n", e.msg);
         code = 2;
         goto out;
     }

@@ -6,7 +6,6 @@
  * Every wait is bounded. Nothing asserts on speed: a stop that must not wait for a long grace
  * period is given a grace far longer than the test's own timeout.
  */
-#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -382,6 +381,7 @@ static void test_env_sh(void)
         WANT("DTRAIN_RUN_ID=%s", "envjob");
         WANT("DTRAIN_ATTEMPT=%d", 0);
         WANT("DTRAIN_LOCAL_ADDR=%s", "127.0.0.1");
+        WANT("DTRAIN_STORE_ADDR=%s", "127.0.0.1");
 #undef WANT
         char key[64];
         snprintf(key, sizeof key, "[%d]:MASTER_PORT=", r);
@@ -389,6 +389,9 @@ static void test_env_sh(void)
         DT_REQUIRE(p != NULL);
         int port = atoi(p + strlen(key));
         DT_CHECK(port > 0 && port < 65536);
+        snprintf(key, sizeof key, "[%d]:DTRAIN_STORE_PORT=", r);
+        p = strstr(out, key);
+        DT_CHECK(p && atoi(p + strlen(key)) > 0 && atoi(p + strlen(key)) != port);
         snprintf(key, sizeof key, "[%d]:DTRAIN_AGENT_PID=", r);
         p = strstr(out, key);
         DT_CHECK(p && atoi(p + strlen(key)) > 1);

@@ -1,0 +1,459 @@
+/* test_agent_multi.c - the static rendezvous with 2 and 3 agents on 127.0.0.1: ranks and the
+ * environment agree across nodes, a worker failure on one node restarts every node, the budget
+ * is job-wide, a SIGKILLed agent is detected (heartbeats) and leaves no orphan, a signal to one
+ * agent ends the job on all, an external `dtrain store` is used when it holds the port.
+ *
+ * No fixed ports: node 0 hosts the store on port 0 and the test reads the port from its log
+ * before starting the other agents. Heartbeats and timeouts are shortened through --rdzv-conf.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "tests/harness.h"
+
+#define BIN dt_test_dtrain_bin()
+#define TMP dt_test_tmpdir()
+#define MAXN 4
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static char *slurp(const char *path)
+{
+    char *data = NULL;
+    if (dt_read_file(path, &data, NULL, NULL) != 0)
+        return NULL;
+    return data;
+}
+
+static pid_t spawn_bg(const char *cmd, const char *outpath)
+{
+    pid_t pid = fork();
+    DT_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        char full[8192];
+        snprintf(full, sizeof full, "exec %s", cmd);
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int wait_code(pid_t pid, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (now_s() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        dt_sleep_ms(10);
+    }
+}
+
+/* Waits until the file contains needle; returns the text after it (in a static buffer). */
+static const char *wait_for_text(const char *path, const char *needle, double timeout_s)
+{
+    static char after[256];
+    double deadline = now_s() + timeout_s;
+    for (;;) {
+        char *s = slurp(path);
+        const char *p = s ? strstr(s, needle) : NULL;
+        if (p) {
+            snprintf(after, sizeof after, "%s", p + strlen(needle));
+            free(s);
+            return after;
+        }
+        free(s);
+        if (now_s() > deadline)
+            return NULL;
+        dt_sleep_ms(10);
+    }
+}
+
+static bool pid_gone(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')');
+    return rp && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+typedef struct job {
+    int n;
+    pid_t pid[MAXN];
+    char out[MAXN][4096];
+    int port;
+} job;
+
+/* Starts n agents: node 0 first on port 0, then the others on the port it printed. `opts` are
+ * common launcher options; `cmd` the worker command (quoted for sh). */
+static void start_job(job *j, int n, const char *opts, const char *cmd)
+{
+    char line[8192];
+    memset(j, 0, sizeof *j);
+    j->n = n;
+    for (int k = 0; k < n; k++) {
+        snprintf(j->out[k], sizeof j->out[k], "%s/node%d.out", TMP, k);
+        if (k == 1) {
+            const char *p = wait_for_text(j->out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
+            if (!p) {
+                char *o = slurp(j->out[0]);
+                fprintf(stderr, "node 0 output:\n%s\n", o ? o : "(none)");
+                free(o);
+                kill(j->pid[0], SIGKILL);
+            }
+            DT_REQUIRE(p != NULL);
+            j->port = atoi(p);
+            DT_REQUIRE(j->port > 0);
+        }
+        snprintf(line, sizeof line,
+                 "%s --nnodes %d --node-rank %d --master-addr 127.0.0.1 --master-port %d "
+                 "--log-dir %s/logs %s -- %s",
+                 BIN, n, k, k == 0 ? 0 : j->port, TMP, opts, cmd);
+        j->pid[k] = spawn_bg(line, j->out[k]);
+    }
+}
+
+/* Waits for every agent; codes[k] = its exit code. */
+static void wait_job(job *j, int *codes, double timeout_s)
+{
+    for (int k = 0; k < j->n; k++)
+        codes[k] = wait_code(j->pid[k], timeout_s);
+}
+
+static void dump_outputs(job *j)
+{
+    for (int k = 0; k < j->n; k++) {
+        char *o = slurp(j->out[k]);
+        fprintf(stderr, "---- node %d ----\n%s\n", k, o ? o : "(none)");
+        free(o);
+    }
+}
+
+static const char *fast = "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=2,join_timeout=20,"
+                          "close_timeout=10 --stop-grace 5 --monitor-interval 0.05";
+
+/* Two nodes with 2 and 3 workers: contiguous ranks, one world, one MASTER_ADDR:PORT. */
+static void test_two_nodes_env(void)
+{
+    job j;
+    const char *cmd = "sh -c 'echo \"E rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE "
+                      "lws=$LOCAL_WORLD_SIZE group=$GROUP_RANK groups=$GROUP_WORLD_SIZE "
+                      "master=$MASTER_ADDR:$MASTER_PORT store=$DTRAIN_STORE_ADDR:$DTRAIN_STORE_PORT "
+                      "run=$DTRAIN_RUN_ID/$TORCHELASTIC_RUN_ID attempt=$DTRAIN_ATTEMPT\"'";
+    char line[8192];
+    memset(&j, 0, sizeof j);
+    j.n = 2;
+    snprintf(j.out[0], sizeof j.out[0], "%s/node0.out", TMP);
+    snprintf(j.out[1], sizeof j.out[1], "%s/node1.out", TMP);
+    snprintf(line, sizeof line,
+             "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 0 "
+             "--nproc-per-node 2 --rdzv-id envm --log-dir %s/logs %s -- %s",
+             BIN, TMP, fast, cmd);
+    j.pid[0] = spawn_bg(line, j.out[0]);
+    const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
+    DT_REQUIRE(p != NULL);
+    j.port = atoi(p);
+    snprintf(line, sizeof line,
+             "%s --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port %d "
+             "--nproc-per-node 3 --rdzv-id envm --log-dir %s/logs %s -- %s",
+             BIN, j.port, TMP, fast, cmd);
+    j.pid[1] = spawn_bg(line, j.out[1]);
+    int codes[2];
+    wait_job(&j, codes, 30);
+    DT_CHECK_INT(codes[0], 0);
+    DT_CHECK_INT(codes[1], 0);
+    char *o0 = slurp(j.out[0]), *o1 = slurp(j.out[1]);
+    DT_REQUIRE(o0 && o1);
+    /* The master port node 0 chose, as its own workers saw it. */
+    const char *m = strstr(o0, "master=127.0.0.1:");
+    DT_REQUIRE(m != NULL);
+    int mport = atoi(m + strlen("master=127.0.0.1:"));
+    DT_CHECK(mport > 0 && mport != j.port);
+    char want[512];
+    for (int r = 0; r < 5; r++) {
+        int node = r < 2 ? 0 : 1;
+        snprintf(want, sizeof want,
+                 "[%d]:E rank=%d local=%d world=5 lws=%d group=%d groups=2 master=127.0.0.1:%d "
+                 "store=127.0.0.1:%d run=envm/envm attempt=0\n",
+                 r, r, node ? r - 2 : r, node ? 3 : 2, node, mport, j.port);
+        DT_CHECK_CONTAINS(node ? o1 : o0, want);
+    }
+    if (codes[0] || codes[1])
+        dump_outputs(&j);
+    free(o0);
+    free(o1);
+}
+
+/* Three nodes; rank 3 (node 1) fails in attempt 0; every node restarts; attempt 1 succeeds. */
+static void test_three_nodes_restart_all(void)
+{
+    job j;
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s --rdzv-id r3 --nproc-per-node 2 --max-restarts 2", fast);
+    start_job(&j, 3, opts,
+              "sh -c 'echo attempt=$DTRAIN_ATTEMPT rank=$RANK; "
+              "if [ $DTRAIN_ATTEMPT = 0 ]; then [ $RANK = 3 ] && exit 7; exec sleep 60; fi'");
+    int codes[3];
+    wait_job(&j, codes, 60);
+    for (int k = 0; k < 3; k++)
+        DT_CHECK_INT(codes[k], 0);
+    char want[64];
+    for (int k = 0; k < 3; k++) {
+        char *o = slurp(j.out[k]);
+        DT_REQUIRE(o != NULL);
+        for (int r = 2 * k; r < 2 * k + 2; r++) {
+            snprintf(want, sizeof want, "[%d]:attempt=1 rank=%d\n", r, r);
+            DT_CHECK_CONTAINS(o, want);
+        }
+        DT_CHECK_CONTAINS(o, "restarting every worker on every node (restart 1 of");
+        DT_CHECK_CONTAINS(o, "all workers succeeded on every node");
+        free(o);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/logs/r3/events.jsonl", TMP);
+    char *ev = slurp(path);
+    DT_REQUIRE(ev != NULL);
+    DT_CHECK_CONTAINS(ev, "\"event\":\"restart\",\"attempt\":1");
+    free(ev);
+    snprintf(path, sizeof path, "%s/logs/r3/events_node1.jsonl", TMP);
+    ev = slurp(path);
+    DT_REQUIRE(ev != NULL);
+    DT_CHECK_CONTAINS(ev, "\"event\":\"failure\"");
+    free(ev);
+    if (codes[0] || codes[1] || codes[2])
+        dump_outputs(&j);
+}
+
+/* The budget is the job's: a rank on node 1 always fails; both nodes stop after one restart and
+ * both print the same root cause. */
+static void test_budget_is_job_wide(void)
+{
+    job j;
+    char opts[1024];
+    /* Node 1 is given a larger budget: node 0's is the job's. */
+    snprintf(opts, sizeof opts, "%s --rdzv-id bw --nproc-per-node 1", fast);
+    char line[8192];
+    memset(&j, 0, sizeof j);
+    j.n = 2;
+    const char *cmd = "sh -c '[ $GROUP_RANK = 1 ] && exit 3; exec sleep 60'";
+    snprintf(j.out[0], sizeof j.out[0], "%s/node0.out", TMP);
+    snprintf(j.out[1], sizeof j.out[1], "%s/node1.out", TMP);
+    snprintf(line, sizeof line,
+             "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 0 --max-restarts 1 "
+             "--log-dir %s/logs %s -- %s",
+             BIN, TMP, opts, cmd);
+    j.pid[0] = spawn_bg(line, j.out[0]);
+    const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
+    DT_REQUIRE(p != NULL);
+    j.port = atoi(p);
+    snprintf(line, sizeof line,
+             "%s --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port %d --max-restarts 5 "
+             "--log-dir %s/logs %s -- %s",
+             BIN, j.port, TMP, opts, cmd);
+    j.pid[1] = spawn_bg(line, j.out[1]);
+    int codes[2];
+    wait_job(&j, codes, 60);
+    DT_CHECK_INT(codes[0], 1);
+    DT_CHECK_INT(codes[1], 1);
+    for (int k = 0; k < 2; k++) {
+        char *o = slurp(j.out[k]);
+        DT_REQUIRE(o != NULL);
+        DT_CHECK_CONTAINS(o, "the job failed: rank 1 on ");
+        DT_CHECK_CONTAINS(o, "(attempt 1; --max-restarts=1 spent)");
+        DT_CHECK_CONTAINS(o, "rank       : 1 (local_rank 0)");
+        DT_CHECK_CONTAINS(o, "(node 1)");
+        free(o);
+    }
+    if (codes[0] != 1 || codes[1] != 1)
+        dump_outputs(&j);
+}
+
+/* A SIGKILLed agent (node 1): its workers die with it, the others notice the silence, stop and
+ * end the job with node 1 as the cause. */
+static void test_sigkill_agent_detected(void)
+{
+    job j;
+    char opts[1024];
+    snprintf(opts, sizeof opts,
+             "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=1.5,join_timeout=20,"
+             "close_timeout=5 --stop-grace 5 --rdzv-id kl --nproc-per-node 1");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "sh -c 'echo $$ > %s/w.$RANK; exec sleep 60'", TMP);
+    start_job(&j, 3, opts, cmd);
+    char path[4096];
+    for (int r = 0; r < 3; r++) {
+        snprintf(path, sizeof path, "%s/w.%d", TMP, r);
+        double deadline = now_s() + 20;
+        while (access(path, F_OK) != 0 && now_s() < deadline)
+            dt_sleep_ms(10);
+        DT_REQUIRE(access(path, F_OK) == 0);
+    }
+    dt_sleep_ms(50);
+    snprintf(path, sizeof path, "%s/w.1", TMP);
+    char *s = slurp(path);
+    int w1 = s ? atoi(s) : 0;
+    free(s);
+    DT_REQUIRE(w1 > 1);
+    kill(j.pid[1], SIGKILL);
+    int codes[3];
+    wait_job(&j, codes, 40);
+    DT_CHECK_INT(codes[0], 1);
+    DT_CHECK_INT(codes[1], 128 + SIGKILL);
+    DT_CHECK_INT(codes[2], 1);
+    double deadline = now_s() + 5;
+    while (!pid_gone(w1) && now_s() < deadline)
+        dt_sleep_ms(20);
+    DT_CHECK_MSG(pid_gone(w1), "node 1's worker outlived its agent");
+    for (int k = 0; k < 3; k += 2) {
+        char *o = slurp(j.out[k]);
+        DT_REQUIRE(o != NULL);
+        DT_CHECK_CONTAINS(o, "node 1 (");
+        DT_CHECK_CONTAINS(o, "sent no heartbeat");
+        DT_CHECK_CONTAINS(o, "the job failed: node 1");
+        free(o);
+    }
+    if (codes[0] != 1 || codes[2] != 1)
+        dump_outputs(&j);
+}
+
+/* SIGTERM to one agent ends the job everywhere with 128+15. */
+static void test_sigterm_one_agent_ends_all(void)
+{
+    job j;
+    char opts[1024], cmd[1024], path[4096];
+    snprintf(opts, sizeof opts, "%s --rdzv-id st --nproc-per-node 1 --max-restarts 3", fast);
+    snprintf(cmd, sizeof cmd, "sh -c 'touch %s/ready.$RANK; exec sleep 60'", TMP);
+    start_job(&j, 2, opts, cmd);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
+        double deadline = now_s() + 20;
+        while (access(path, F_OK) != 0 && now_s() < deadline)
+            dt_sleep_ms(10);
+        DT_REQUIRE(access(path, F_OK) == 0);
+    }
+    kill(j.pid[1], SIGTERM);
+    int codes[2];
+    wait_job(&j, codes, 40);
+    DT_CHECK_INT(codes[0], 128 + SIGTERM);
+    DT_CHECK_INT(codes[1], 128 + SIGTERM);
+    char *o = slurp(j.out[0]);
+    DT_CHECK(o && strstr(o, "stopped by signal 15"));
+    DT_CHECK(o && !strstr(o, "restarting"));
+    free(o);
+    if (codes[0] != 128 + SIGTERM)
+        dump_outputs(&j);
+}
+
+/* A `dtrain store` already listening on the endpoint is used by every node, node 0 included. */
+static void test_external_store(void)
+{
+    char outp[4096], line[8192];
+    snprintf(outp, sizeof outp, "%s/store.out", TMP);
+    snprintf(line, sizeof line, "%s store --host 0.0.0.0 --port 0", BIN);
+    pid_t store = spawn_bg(line, outp);
+    const char *p = wait_for_text(outp, "listening on 0.0.0.0:", 20);
+    int port = p ? atoi(p) : 0;
+    if (!port) {
+        kill(store, SIGKILL);
+        waitpid(store, NULL, 0);
+        DT_REQUIRE(port > 0);
+    }
+    job j;
+    memset(&j, 0, sizeof j);
+    j.n = 2;
+    for (int k = 0; k < 2; k++) {
+        snprintf(j.out[k], sizeof j.out[k], "%s/node%d.out", TMP, k);
+        snprintf(line, sizeof line,
+                 "%s --nnodes 2 --node-rank %d --rdzv-endpoint 127.0.0.1:%d --rdzv-id ext "
+                 "--log-dir %s/logs %s -- sh -c 'echo store=$DTRAIN_STORE_PORT rank=$RANK'",
+                 BIN, k, port, TMP, fast);
+        j.pid[k] = spawn_bg(line, j.out[k]);
+    }
+    int codes[2];
+    wait_job(&j, codes, 30);
+    kill(store, SIGTERM);
+    DT_CHECK_INT(wait_code(store, 10), 0);
+    DT_CHECK_INT(codes[0], 0);
+    DT_CHECK_INT(codes[1], 0);
+    char *o = slurp(j.out[0]);
+    char want[128];
+    snprintf(want, sizeof want, "[0]:store=%d rank=0", port);
+    DT_CHECK(o && strstr(o, want));
+    DT_CHECK(o && strstr(o, "external"));
+    free(o);
+    o = slurp(j.out[1]);
+    snprintf(want, sizeof want, "[1]:store=%d rank=1", port);
+    DT_CHECK(o && strstr(o, want));
+    free(o);
+    if (codes[0] || codes[1])
+        dump_outputs(&j);
+}
+
+/* Nodes that do not come: the rendezvous ends with a clear message after join_timeout. */
+static void test_join_timeout(void)
+{
+    char *out = NULL, cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 0 "
+             "--rdzv-conf join_timeout=1 --log-dir %s -- true",
+             BIN, TMP);
+    int rc = dt_test_run(cmd, &out, 30);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK_CONTAINS(out, "node(s) 1 did not join round 0 within the join timeout");
+    free(out);
+}
+
+static void test_bad_node_rank(void)
+{
+    char *out = NULL, cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s --nnodes 2 --node-rank 2 -- true", BIN);
+    int rc = dt_test_run(cmd, &out, 30);
+    DT_CHECK_INT(rc, 2);
+    DT_CHECK_CONTAINS(out, "--node-rank=2: must be 0..1");
+    free(out);
+}
+
+static const dt_test tests[] = {
+    {"two_nodes_env", test_two_nodes_env, 60},
+    {"three_nodes_restart_all", test_three_nodes_restart_all, 90},
+    {"budget_is_job_wide", test_budget_is_job_wide, 90},
+    {"sigkill_agent_detected", test_sigkill_agent_detected, 90},
+    {"sigterm_one_agent_ends_all", test_sigterm_one_agent_ends_all, 90},
+    {"external_store", test_external_store, 60},
+    {"join_timeout", test_join_timeout, 60},
+    {"bad_node_rank", test_bad_node_rank, 0},
+};
+
+int main(int argc, char **argv)
+{
+    return dt_test_main("test_agent_multi", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
