@@ -304,12 +304,14 @@ static int wait_keys(dt_rdzv *r, const char *const *keys, size_t n, void **vals,
         double left = deadline - dt_now_s();
         if (left <= 0)
             return dt_err_set(err, -ETIMEDOUT, "timed out");
-        int ms = left > 0.1 ? 100 : (int)(left * 1000) + 1;
+        /* At least 20 ms: the client sends the time left when it sends, and a wait that has
+         * 0 ms left by then is answered as "do not wait" (-ENOENT). */
+        int ms = left > 0.1 ? 100 : left > 0.02 ? (int)(left * 1000) : 20;
         dt_err e = {0};
         int rc = dt_store_multi_get(r->ns, keys, n, vals, lens, ms, &e);
         if (rc == 0)
             return 0;
-        if (rc != -ETIMEDOUT) {
+        if (rc != -ETIMEDOUT && rc != -ENOENT) {
             if (err)
                 *err = e;
             return rc;
@@ -1026,7 +1028,7 @@ static void wait_others_left(dt_rdzv *r)
                     r->o.close_timeout);
             break;
         }
-        int rc = dt_store_wait(r->ns, kp, (size_t)n, left > 0.1 ? 100 : (int)(left * 1000) + 1, NULL);
+        int rc = dt_store_wait(r->ns, kp, (size_t)n, left > 0.1 ? 100 : 20, NULL);
         if (rc == 0)
             break;
         if (rc != -ETIMEDOUT)

@@ -158,7 +158,7 @@ static void dump_outputs(job *j)
     }
 }
 
-static const char *fast = "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=2,join_timeout=20,"
+static const char *fast = "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=5,join_timeout=20,"
                           "close_timeout=10 --stop-grace 5 --monitor-interval 0.05";
 
 /* Two nodes with 2 and 3 workers: contiguous ranks, one world, one MASTER_ADDR:PORT. */
@@ -304,7 +304,7 @@ static void test_sigkill_agent_detected(void)
     job j;
     char opts[1024];
     snprintf(opts, sizeof opts,
-             "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=1.5,join_timeout=20,"
+             "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=20,"
              "close_timeout=5 --stop-grace 5 --rdzv-id kl --nproc-per-node 1");
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "sh -c 'echo $$ > %s/w.$RANK; exec sleep 60'", TMP);
