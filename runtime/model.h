@@ -118,4 +118,16 @@ void dt_model_free(dt_model *m);
 /* Index of the tensor called name, or -1. */
 int dt_model_find_tensor(const dt_model *m, const char *name);
 
+struct dt_job;
+
+/* Fills cfg from the [model] keys of a loaded job (presets already applied by the config
+ * loader), the data's sample shape and [train] batch_size (max_batch) and [job] seed:
+ *   gpt:    n_layer, n_head, n_embd, block_size; needs token samples with seq_len <= block_size
+ *   mlp:    hidden "512,256" -> n_hidden, hidden[]; vector or image samples (images flattened)
+ *   resnet: depth (6n+2), width, sync_bn; image samples; BatchNorm momentum 0.1, eps 1e-5
+ * Returns 0, or -EINVAL with a message naming the [model] key or the data that does not fit
+ * (cfg is then partly filled). */
+int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
+                             const dt_sample_shape *shape, dt_err *err);
+
 #endif

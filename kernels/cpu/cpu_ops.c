@@ -393,8 +393,10 @@ void dt_cpu_relu_fwd(dt_backend *be, float *out, const float *inp, size_t n)
 void dt_cpu_relu_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n)
 {
     DT_CPU_PROF_BEGIN(be);
-    for (size_t i = 0; i < n; i++)
-        dinp[i] += out[i] > 0.0f ? dout[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float d = dout[i]; /* loaded unconditionally, so the loop vectorises */
+        dinp[i] += out[i] > 0.0f ? d : 0.0f;
+    }
     DT_CPU_PROF_END(be, DT_CPU_OP_RELU_BWD, 0);
 }
 

@@ -1,0 +1,689 @@
+/* test_models.c - the model zoo (runtime/models) on the CPU backend.
+ *
+ * - Whole-model backward against finite differences of the forward loss, on tiny instances:
+ *   for every tensor, the derivative along a random unit direction within that tensor,
+ *   (L(p + h d) - L(p - h d)) / 2h, against grad . d, with a 2% tolerance (a wrong or missing
+ *   term is far outside it). Parameters are moved off their initialisation first, so that
+ *   GELU, softmax and ReLU are exercised outside their linear range. h: float32 forwards limit
+ *   it from below (ResNet fails below 3e-5), curvature from above (ResNet's BatchNorm over a
+ *   batch of four 2x2 maps fails at 1e-3), so 2e-4 for ResNet and 1e-3 for the others.
+ * - Same seed, same job: bit-identical parameters and losses over a few steps.
+ * - The grad-ready hook: ranges cover the gradient buffer exactly once, in backward order
+ *   (from the end of the buffer to its start), and each range is final when reported.
+ * - Loss falls on a tiny overfit task, for each model.
+ * - Tensor tables (names, shapes, contiguity), GPT-2 124M's parameter count, configuration from
+ *   a job, errors for bad input.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "runtime/config.h"
+#include "runtime/model.h"
+#include "tests/harness.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* tiny instances */
+
+static dt_backend *be_new(void)
+{
+    dt_backend *be = NULL;
+    dt_err err = {0}, *e = &err;
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, e), e);
+    return be;
+}
+
+static dt_model_config gpt_cfg(void)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "gpt");
+    c.shape.kind = DT_SAMPLE_TOKENS;
+    c.shape.seq_len = 10;
+    c.shape.vocab_size = 23;
+    c.max_batch = 2;
+    c.seed = 42;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 16;
+    c.block_size = 12;
+    return c;
+}
+
+static dt_model_config mlp_cfg(void)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "mlp");
+    c.shape.kind = DT_SAMPLE_VECTOR;
+    c.shape.input_dim = 7;
+    c.shape.n_classes = 5;
+    c.max_batch = 6;
+    c.seed = 43;
+    c.n_hidden = 2;
+    c.hidden[0] = 9;
+    c.hidden[1] = 6;
+    return c;
+}
+
+static dt_model_config resnet_cfg(void)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "resnet");
+    c.shape.kind = DT_SAMPLE_IMAGE;
+    c.shape.channels = 3;
+    c.shape.height = 8;
+    c.shape.width = 8;
+    c.shape.input_dim = 3 * 8 * 8;
+    c.shape.n_classes = 4;
+    c.max_batch = 4;
+    c.seed = 44;
+    c.depth = 8;
+    c.width = 4;
+    c.bn_momentum = 0.1f;
+    c.bn_eps = 1e-5f;
+    return c;
+}
+
+/* A batch for cfg, in host memory (owned by the struct). */
+typedef struct host_batch {
+    dt_batch b;
+    int32_t *tokens, *targets;
+    float *x;
+} host_batch;
+
+static void make_batch(host_batch *hb, const dt_model_config *c, int B, uint64_t seed)
+{
+    memset(hb, 0, sizeof *hb);
+    dt_rng r;
+    dt_rng_seed(&r, seed);
+    hb->b.B = B;
+    if (c->shape.kind == DT_SAMPLE_TOKENS) {
+        int T = c->shape.seq_len, V = c->shape.vocab_size;
+        hb->tokens = malloc(sizeof(int32_t) * B * T);
+        hb->targets = malloc(sizeof(int32_t) * B * T);
+        for (int i = 0; i < B * T; i++) {
+            hb->tokens[i] = (int32_t)dt_rng_below(&r, V);
+            hb->targets[i] = (int32_t)dt_rng_below(&r, V);
+        }
+        hb->targets[1] = -1; /* an ignored position */
+        hb->b.T = T;
+    } else {
+        int D = c->shape.input_dim;
+        hb->x = malloc(sizeof(float) * B * D);
+        hb->targets = malloc(sizeof(int32_t) * B);
+        for (int i = 0; i < B * D; i++)
+            hb->x[i] = 2.0f * dt_rng_uniform(&r) - 1.0f;
+        for (int i = 0; i < B; i++)
+            hb->targets[i] = (int32_t)dt_rng_below(&r, c->shape.n_classes);
+    }
+    hb->b.tokens = hb->tokens;
+    hb->b.targets = hb->targets;
+    hb->b.x = hb->x;
+}
+
+static void free_batch(host_batch *hb)
+{
+    free(hb->tokens);
+    free(hb->targets);
+    free(hb->x);
+}
+
+static dt_model *model_new(dt_backend *be, const dt_model_config *c)
+{
+    dt_model *m = NULL;
+    dt_err err = {0}, *e = &err;
+    DT_REQUIRE_OK(dt_model_create(&m, c, be, NULL, e), e);
+    return m;
+}
+
+static float fwd(dt_model *m, const dt_batch *b, bool training)
+{
+    float loss = NAN;
+    dt_err err = {0}, *e = &err;
+    DT_REQUIRE_OK(m->ops->forward(m, b, training, &loss, e), e);
+    return loss;
+}
+
+static void bwd(dt_model *m, float scale, dt_grad_ready_fn ready, void *ctx)
+{
+    dt_err err = {0}, *e = &err;
+    DT_REQUIRE_OK(m->ops->backward(m, scale, ready, ctx, e), e);
+}
+
+static float *host_copy(dt_backend *be, const float *d, size_t n)
+{
+    float *h = malloc(n * sizeof(float) + 4);
+    be->memcpy_d2h(be, h, d, n * sizeof(float));
+    return h;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* backward against finite differences */
+
+static void check_model_grads(const dt_model_config *cfg, int B, float noise, double h)
+{
+    dt_backend *be = be_new();
+    dt_model *m = model_new(be, cfg);
+    host_batch hb;
+    make_batch(&hb, cfg, B, 7);
+    const size_t n = m->num_params;
+    /* Move away from the initialisation (GPT-2's std 0.02 keeps every GELU and softmax in its
+     * linear range, where a wrong derivative would go unnoticed). */
+    float *pn = host_copy(be, m->params, n);
+    dt_rng nr;
+    dt_rng_seed(&nr, 98);
+    for (size_t i = 0; i < n; i++)
+        pn[i] += noise * dt_rng_normal(&nr);
+    be->memcpy_h2d(be, m->params, pn, n * sizeof(float));
+    free(pn);
+    be->memset_zero(be, m->grads, n * sizeof(float));
+    fwd(m, &hb.b, true);
+    bwd(m, 1.0f, NULL, NULL);
+    float *g = host_copy(be, m->grads, n), *p0 = host_copy(be, m->params, n);
+    float *p = malloc(n * sizeof(float)), *d = calloc(n, sizeof(float));
+    dt_rng r;
+    dt_rng_seed(&r, 99);
+    int bad = 0;
+    /* one direction per tensor, then one over everything (index num_tensors) */
+    for (int ti = 0; ti <= m->num_tensors; ti++) {
+        size_t off = ti < m->num_tensors ? m->tensors[ti].offset : 0;
+        size_t cnt = ti < m->num_tensors ? m->tensors[ti].numel : n;
+        memset(d, 0, n * sizeof(float));
+        double norm = 0;
+        for (size_t i = off; i < off + cnt; i++) {
+            d[i] = dt_rng_normal(&r);
+            norm += (double)d[i] * d[i];
+        }
+        norm = sqrt(norm);
+        double analytic = 0;
+        for (size_t i = off; i < off + cnt; i++) {
+            d[i] = (float)(d[i] / norm);
+            analytic += (double)g[i] * d[i];
+        }
+        double lp, lm;
+        for (size_t i = 0; i < n; i++)
+            p[i] = p0[i] + (float)h * d[i];
+        be->memcpy_h2d(be, m->params, p, n * sizeof(float));
+        lp = fwd(m, &hb.b, true);
+        for (size_t i = 0; i < n; i++)
+            p[i] = p0[i] - (float)h * d[i];
+        be->memcpy_h2d(be, m->params, p, n * sizeof(float));
+        lm = fwd(m, &hb.b, true);
+        double fd = (lp - lm) / (2 * h);
+        const char *name = ti < m->num_tensors ? m->tensors[ti].name : "(all parameters)";
+        if (!(fabs(fd - analytic) <= 2e-3 + 2e-2 * fabs(analytic))) {
+            dt_test_fail_at(__FILE__, __LINE__, "%s %s: grad.d = %.6g, finite differences %.6g",
+                            cfg->type, name, analytic, fd);
+            bad++;
+        }
+    }
+    be->memcpy_h2d(be, m->params, p0, n * sizeof(float));
+    DT_CHECK_INT(bad, 0);
+
+    /* dloss_scale scales, and backward accumulates */
+    fwd(m, &hb.b, true);
+    bwd(m, 2.0f, NULL, NULL);
+    float *g3 = host_copy(be, m->grads, n);
+    int mism = 0;
+    for (size_t i = 0; i < n; i++)
+        mism += !(fabsf(g3[i] - 3.0f * g[i]) <= 1e-5f + 1e-4f * fabsf(3.0f * g[i]));
+    DT_CHECK_MSG(mism == 0, "%s: grads after a second backward with scale 2 are not 3x (%d off)",
+                 cfg->type, mism);
+    dt_model_free(m);
+    be->close(be);
+    free_batch(&hb);
+    free(g); free(p0); free(p); free(d); free(g3);
+}
+
+static void test_gpt_grads(void)
+{
+    dt_model_config c = gpt_cfg();
+    check_model_grads(&c, 2, 0.25f, 1e-3);
+}
+
+static void test_mlp_grads(void)
+{
+    dt_model_config c = mlp_cfg();
+    check_model_grads(&c, 6, 0.25f, 1e-3);
+}
+
+static void test_resnet_grads(void)
+{
+    dt_model_config c = resnet_cfg();
+    check_model_grads(&c, 4, 0.25f, 2e-4);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* grad-ready ranges */
+
+typedef struct ready_log {
+    int n;
+    size_t off[256], cnt[256];
+    float *snap[256]; /* gradient range as it was when reported */
+    dt_model *m;
+} ready_log;
+
+static void on_ready(void *ctx, size_t offset, size_t numel)
+{
+    ready_log *l = ctx;
+    if (l->n >= 256)
+        return;
+    l->off[l->n] = offset;
+    l->cnt[l->n] = numel;
+    l->snap[l->n] = malloc(numel * sizeof(float) + 4);
+    l->m->be->memcpy_d2h(l->m->be, l->snap[l->n], l->m->grads + offset, numel * sizeof(float));
+    l->n++;
+}
+
+static void check_ready(const dt_model_config *cfg, int B)
+{
+    dt_backend *be = be_new();
+    dt_model *m = model_new(be, cfg);
+    host_batch hb;
+    make_batch(&hb, cfg, B, 8);
+    ready_log *l = calloc(1, sizeof *l);
+    l->m = m;
+    fwd(m, &hb.b, true);
+    bwd(m, 1.0f, on_ready, l);
+    DT_REQUIRE(l->n > 1);
+    /* backward order: the first range ends the buffer, each next one ends where the previous
+     * began, the last starts at 0: together every gradient exactly once */
+    DT_CHECK_INT(l->off[0] + l->cnt[0], m->num_params);
+    for (int i = 1; i < l->n; i++)
+        DT_CHECK_MSG(l->off[i] + l->cnt[i] == l->off[i - 1],
+                     "%s: range %d [%zu,+%zu) does not end where range %d begins (%zu)",
+                     cfg->type, i, l->off[i], l->cnt[i], i - 1, l->off[i - 1]);
+    DT_CHECK_INT(l->off[l->n - 1], 0);
+    /* and each range was final when reported */
+    float *g = host_copy(be, m->grads, m->num_params);
+    for (int i = 0; i < l->n; i++)
+        DT_CHECK_MSG(memcmp(l->snap[i], g + l->off[i], l->cnt[i] * sizeof(float)) == 0,
+                     "%s: range %d changed after it was reported ready", cfg->type, i);
+    /* ranges align with tensor boundaries */
+    for (int i = 0; i < l->n; i++) {
+        bool start = false;
+        for (int t = 0; t < m->num_tensors; t++)
+            start |= m->tensors[t].offset == l->off[i];
+        DT_CHECK(start);
+    }
+    for (int i = 0; i < l->n; i++)
+        free(l->snap[i]);
+    free(l);
+    free(g);
+    dt_model_free(m);
+    be->close(be);
+    free_batch(&hb);
+}
+
+static void test_ready_ranges(void)
+{
+    dt_model_config c = gpt_cfg();
+    check_ready(&c, 2);
+    c = mlp_cfg();
+    check_ready(&c, 6);
+    c = resnet_cfg();
+    check_ready(&c, 4);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* determinism and training */
+
+/* Runs steps of forward, backward, AdamW on all parameters; losses[steps]. */
+static void train(dt_model *m, const dt_batch *b, int steps, float lr, float *losses)
+{
+    dt_backend *be = m->be;
+    float *mm = NULL, *vv = NULL;
+    dt_err err = {0}, *e = &err;
+    DT_REQUIRE_OK(be->alloc(be, (void **)&mm, m->num_params * sizeof(float), e), e);
+    DT_REQUIRE_OK(be->alloc(be, (void **)&vv, m->num_params * sizeof(float), e), e);
+    for (int s = 0; s < steps; s++) {
+        be->memset_zero(be, m->grads, m->num_params * sizeof(float));
+        losses[s] = fwd(m, b, true);
+        bwd(m, 1.0f, NULL, NULL);
+        be->adamw_update(be, m->params, m->grads, mm, vv, m->num_params, lr, 0.9f, 0.999f, 1e-8f,
+                         0.0f, s + 1);
+    }
+    be->free(be, mm);
+    be->free(be, vv);
+}
+
+static void check_determinism(const dt_model_config *cfg, int B)
+{
+    dt_backend *be = be_new();
+    dt_model *a = model_new(be, cfg), *b = model_new(be, cfg);
+    DT_REQUIRE(a->num_params == b->num_params);
+    float *pa = host_copy(be, a->params, a->num_params), *pb = host_copy(be, b->params, b->num_params);
+    DT_CHECK_MSG(memcmp(pa, pb, a->num_params * sizeof(float)) == 0,
+                 "%s: same seed, different initial parameters", cfg->type);
+    host_batch hb;
+    make_batch(&hb, cfg, B, 9);
+    float la[4], lb[4];
+    train(a, &hb.b, 4, 1e-2f, la);
+    train(b, &hb.b, 4, 1e-2f, lb);
+    DT_CHECK_MSG(memcmp(la, lb, sizeof la) == 0, "%s: same seed, different losses", cfg->type);
+    free(pa);
+    free(pb);
+    pa = host_copy(be, a->params, a->num_params);
+    pb = host_copy(be, b->params, b->num_params);
+    DT_CHECK_MSG(memcmp(pa, pb, a->num_params * sizeof(float)) == 0,
+                 "%s: same seed, different parameters after training", cfg->type);
+    if (a->num_buffers) {
+        float *ba = host_copy(be, a->buffers, a->num_buffers);
+        float *bb = host_copy(be, b->buffers, b->num_buffers);
+        DT_CHECK(memcmp(ba, bb, a->num_buffers * sizeof(float)) == 0);
+        free(ba);
+        free(bb);
+    }
+    /* another seed: other parameters */
+    dt_model_config c2 = *cfg;
+    c2.seed++;
+    dt_model *c = model_new(be, &c2);
+    float *pc = host_copy(be, c->params, c->num_params);
+    float *pa0 = NULL;
+    dt_model *a0 = model_new(be, cfg);
+    pa0 = host_copy(be, a0->params, a0->num_params);
+    DT_CHECK(memcmp(pc, pa0, c->num_params * sizeof(float)) != 0);
+    free(pa); free(pb); free(pc); free(pa0);
+    dt_model_free(a);
+    dt_model_free(b);
+    dt_model_free(c);
+    dt_model_free(a0);
+    be->close(be);
+    free_batch(&hb);
+}
+
+static void test_determinism(void)
+{
+    dt_model_config c = gpt_cfg();
+    check_determinism(&c, 2);
+    c = mlp_cfg();
+    check_determinism(&c, 6);
+    c = resnet_cfg();
+    check_determinism(&c, 4);
+}
+
+static void check_overfit(const dt_model_config *cfg, int B, int steps, float lr, float factor)
+{
+    dt_backend *be = be_new();
+    dt_model *m = model_new(be, cfg);
+    host_batch hb;
+    make_batch(&hb, cfg, B, 10);
+    float *losses = malloc(sizeof(float) * steps);
+    train(m, &hb.b, steps, lr, losses);
+    DT_CHECK_MSG(isfinite(losses[steps - 1]) && losses[steps - 1] < factor * losses[0],
+                 "%s: loss went from %.4f to %.4f in %d steps (wanted below %.2fx)", cfg->type,
+                 losses[0], losses[steps - 1], steps, factor);
+    if (strcmp(cfg->type, "gpt") != 0) /* classifiers memorise the batch */
+        DT_CHECK_MSG(m->last_correct >= B - 1, "%s: %lld of %d correct after training",
+                     cfg->type, (long long)m->last_correct, B);
+    free(losses);
+    dt_model_free(m);
+    be->close(be);
+    free_batch(&hb);
+}
+
+static void test_overfit_gpt(void)
+{
+    dt_model_config c = gpt_cfg();
+    c.n_embd = 32;
+    c.shape.vocab_size = 32;
+    c.shape.seq_len = 12;
+    c.max_batch = 4;
+    check_overfit(&c, 4, 60, 1e-2f, 0.3f);
+}
+
+static void test_overfit_mlp(void)
+{
+    dt_model_config c = mlp_cfg();
+    c.max_batch = 16;
+    c.hidden[0] = c.hidden[1] = 64;
+    check_overfit(&c, 16, 60, 1e-2f, 0.3f);
+}
+
+static void test_overfit_resnet(void)
+{
+    dt_model_config c = resnet_cfg();
+    c.max_batch = 8;
+    check_overfit(&c, 8, 40, 1e-2f, 0.3f);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* tables, configuration, errors */
+
+static void test_gpt_table(void)
+{
+    dt_backend *be = be_new();
+    dt_model_config c = gpt_cfg();
+    dt_model *m = model_new(be, &c);
+    const char *names[] = {"wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_1.bias",
+                           "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias",
+                           "h.0.attn.c_proj.weight", "h.0.attn.c_proj.bias", "h.0.ln_2.weight",
+                           "h.0.ln_2.bias", "h.0.mlp.c_fc.weight", "h.0.mlp.c_fc.bias",
+                           "h.0.mlp.c_proj.weight", "h.0.mlp.c_proj.bias"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        DT_CHECK_STR(m->tensors[i].name, names[i]);
+    DT_CHECK_STR(m->tensors[m->num_tensors - 1].name, "ln_f.bias");
+    DT_CHECK_INT(m->num_tensors, 2 + 12 * c.n_layer + 2);
+    int qkv = dt_model_find_tensor(m, "h.1.attn.c_attn.weight");
+    DT_REQUIRE(qkv > 0);
+    DT_CHECK_INT(m->tensors[qkv].shape[0], 3 * c.n_embd);
+    DT_CHECK_INT(m->tensors[qkv].shape[1], c.n_embd);
+    DT_CHECK(!m->tensors[qkv].no_decay);
+    DT_CHECK(m->tensors[dt_model_find_tensor(m, "h.1.ln_2.weight")].no_decay);
+    DT_CHECK(m->tensors[dt_model_find_tensor(m, "h.1.mlp.c_fc.bias")].no_decay);
+    DT_CHECK_INT(dt_model_find_tensor(m, "nope"), -1);
+    size_t off = 0;
+    for (int i = 0; i < m->num_tensors; i++) {
+        DT_CHECK_INT(m->tensors[i].offset, off);
+        off += m->tensors[i].numel;
+    }
+    DT_CHECK_INT(off, m->num_params);
+    DT_CHECK(m->flops_per_sample > 6.0 * (double)m->num_params * 0.5);
+
+    /* GPT-2 initialisation: std 0.02, residual projections 0.02/sqrt(2L), LN weight 1 */
+    float *p = host_copy(be, m->params, m->num_params);
+    const dt_tensor_info *t = &m->tensors[dt_model_find_tensor(m, "h.0.attn.c_proj.weight")];
+    double ss = 0;
+    for (size_t i = 0; i < t->numel; i++)
+        ss += (double)p[t->offset + i] * p[t->offset + i];
+    DT_CHECK_NEAR(sqrt(ss / t->numel), 0.02 / sqrt(2.0 * c.n_layer), 0.004);
+    t = &m->tensors[dt_model_find_tensor(m, "h.1.ln_1.weight")];
+    DT_CHECK(p[t->offset] == 1.0f && p[t->offset + t->numel - 1] == 1.0f);
+    free(p);
+    dt_model_free(m);
+    be->close(be);
+}
+
+static void test_resnet_table(void)
+{
+    dt_backend *be = be_new();
+    dt_model_config c = resnet_cfg();
+    c.depth = 20;
+    dt_model *m = model_new(be, &c);
+    DT_CHECK_STR(m->tensors[0].name, "conv1.weight");
+    DT_CHECK_STR(m->tensors[1].name, "bn1.weight");
+    DT_CHECK(dt_model_find_tensor(m, "layer1.2.conv2.weight") > 0);
+    DT_CHECK(dt_model_find_tensor(m, "layer2.0.downsample.0.weight") > 0);
+    DT_CHECK(dt_model_find_tensor(m, "layer3.0.downsample.1.bias") > 0);
+    DT_CHECK_INT(dt_model_find_tensor(m, "layer1.0.downsample.0.weight"), -1);
+    DT_CHECK_STR(m->tensors[m->num_tensors - 1].name, "fc.bias");
+    int fc = dt_model_find_tensor(m, "fc.weight");
+    DT_CHECK_INT(m->tensors[fc].shape[1], 4 * c.width);
+    /* 19 conv + 2 projections, each followed by BN: 21 BN layers with 2 buffers each */
+    DT_CHECK_INT(m->num_buffer_tensors, 2 * 21);
+    DT_CHECK_STR(m->buffer_tensors[0].name, "bn1.running_mean");
+    float *bufs = host_copy(be, m->buffers, m->num_buffers);
+    DT_CHECK(bufs[0] == 0.0f && bufs[m->buffer_tensors[1].offset] == 1.0f);
+    /* a training forward moves the running statistics; eval uses them and changes nothing */
+    host_batch hb;
+    make_batch(&hb, &c, 4, 11);
+    float lt = fwd(m, &hb.b, true);
+    float *after = host_copy(be, m->buffers, m->num_buffers);
+    DT_CHECK(memcmp(bufs, after, m->num_buffers * sizeof(float)) != 0);
+    float le = fwd(m, &hb.b, false);
+    float *after2 = host_copy(be, m->buffers, m->num_buffers);
+    DT_CHECK(memcmp(after, after2, m->num_buffers * sizeof(float)) == 0);
+    DT_CHECK(isfinite(lt) && isfinite(le) && lt != le);
+    dt_err err = {0};
+    DT_CHECK(m->ops->backward(m, 1.0f, NULL, NULL, &err) == -EINVAL); /* eval forward last */
+    DT_CHECK_CONTAINS(err.msg, "training forward");
+    free(bufs);
+    free(after);
+    free(after2);
+    free_batch(&hb);
+    dt_model_free(m);
+    be->close(be);
+}
+
+/* SyncBatchNorm's arithmetic on one rank (no communicator) is plain BatchNorm's. */
+static void test_syncbn_single_rank(void)
+{
+    dt_backend *be = be_new();
+    dt_model_config c = resnet_cfg();
+    dt_model *plain = model_new(be, &c);
+    c.sync_bn = true;
+    dt_model *sync = model_new(be, &c);
+    host_batch hb;
+    make_batch(&hb, &c, 4, 12);
+    float l1[3], l2[3];
+    train(plain, &hb.b, 3, 1e-2f, l1);
+    train(sync, &hb.b, 3, 1e-2f, l2);
+    DT_CHECK(memcmp(l1, l2, sizeof l1) == 0);
+    float *p1 = host_copy(be, plain->params, plain->num_params);
+    float *p2 = host_copy(be, sync->params, sync->num_params);
+    DT_CHECK(memcmp(p1, p2, plain->num_params * sizeof(float)) == 0);
+    free(p1);
+    free(p2);
+    free_batch(&hb);
+    dt_model_free(plain);
+    dt_model_free(sync);
+    be->close(be);
+}
+
+static void test_gpt2_124m_count(void)
+{
+    dt_backend *be = be_new();
+    dt_model_config c = gpt_cfg();
+    c.n_layer = 12;
+    c.n_head = 12;
+    c.n_embd = 768;
+    c.block_size = 1024;
+    c.shape.vocab_size = 50257;
+    c.shape.seq_len = 4;
+    c.max_batch = 1;
+    dt_model *m = model_new(be, &c);
+    DT_CHECK_INT(m->num_params, 124439808); /* Hugging Face gpt2 */
+    dt_model_free(m);
+    be->close(be);
+}
+
+static void test_bad_input(void)
+{
+    dt_backend *be = be_new();
+    dt_model_config c = gpt_cfg();
+    dt_model *m = model_new(be, &c);
+    host_batch hb;
+    make_batch(&hb, &c, 2, 13);
+    dt_err err = {0};
+    float loss;
+    hb.tokens[5] = c.shape.vocab_size;
+    DT_CHECK(m->ops->forward(m, &hb.b, true, &loss, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "vocabulary");
+    hb.tokens[5] = 0;
+    hb.b.B = 3; /* above max_batch */
+    DT_CHECK(m->ops->forward(m, &hb.b, true, &loss, &err) == -EINVAL);
+    hb.b.B = 2;
+    DT_CHECK(m->ops->backward(m, 1.0f, NULL, NULL, &err) == -EINVAL); /* no forward yet */
+    free_batch(&hb);
+    dt_model_free(m);
+
+    dt_model *bad = NULL;
+    c.n_embd = 15; /* not divisible by n_head */
+    DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL && !bad);
+    DT_CHECK_CONTAINS(err.msg, "divisible");
+    c = gpt_cfg();
+    c.shape.seq_len = c.block_size + 1;
+    DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL && !bad);
+    c = resnet_cfg();
+    c.depth = 21;
+    DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL && !bad);
+    DT_CHECK_CONTAINS(err.msg, "6n+2");
+    strcpy(c.type, "vit");
+    DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL && !bad);
+    dt_model_free(NULL);
+    be->close(be);
+}
+
+static void test_config_from_job(void)
+{
+    dt_job job;
+    dt_job_defaults(&job);
+    dt_model_config c;
+    dt_err err = {0}, *e = &err;
+    dt_sample_shape vec = {.kind = DT_SAMPLE_VECTOR, .input_dim = 20, .n_classes = 3};
+    strcpy(job.model_type, "mlp");
+    strcpy(job.hidden, "512, 256,64");
+    job.batch_size = 32;
+    job.seed = 5;
+    DT_REQUIRE_OK(dt_model_config_from_job(&c, &job, &vec, e), e);
+    DT_CHECK_STR(c.type, "mlp");
+    DT_CHECK_INT(c.n_hidden, 3);
+    DT_CHECK_INT(c.hidden[0], 512);
+    DT_CHECK_INT(c.hidden[2], 64);
+    DT_CHECK_INT(c.max_batch, 32);
+    DT_CHECK_INT(c.seed, 5);
+    strcpy(job.hidden, "512,x");
+    DT_CHECK(dt_model_config_from_job(&c, &job, &vec, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "model.hidden");
+
+    dt_sample_shape tok = {.kind = DT_SAMPLE_TOKENS, .seq_len = 64, .vocab_size = 256};
+    strcpy(job.model_type, "gpt");
+    job.n_layer = 4;
+    job.n_head = 4;
+    job.n_embd = 128;
+    job.block_size = 128;
+    DT_REQUIRE_OK(dt_model_config_from_job(&c, &job, &tok, e), e);
+    DT_CHECK_INT(c.n_embd, 128);
+    DT_CHECK_INT(c.shape.seq_len, 64);
+    DT_CHECK(dt_model_config_from_job(&c, &job, &vec, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "token");
+    tok.seq_len = 129;
+    DT_CHECK(dt_model_config_from_job(&c, &job, &tok, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "block_size");
+
+    dt_sample_shape img = {.kind = DT_SAMPLE_IMAGE, .channels = 3, .height = 32, .width = 32,
+                           .input_dim = 3072, .n_classes = 10};
+    strcpy(job.model_type, "resnet");
+    job.depth = 20;
+    job.width = 16;
+    job.sync_bn = true;
+    DT_REQUIRE_OK(dt_model_config_from_job(&c, &job, &img, e), e);
+    DT_CHECK(c.sync_bn);
+    DT_CHECK_INT(c.depth, 20);
+    DT_CHECK_NEAR(c.bn_momentum, 0.1, 1e-7);
+}
+
+static const dt_test tests[] = {
+    {"gpt_grads", test_gpt_grads, 0},
+    {"mlp_grads", test_mlp_grads, 0},
+    {"resnet_grads", test_resnet_grads, 0},
+    {"ready_ranges", test_ready_ranges, 0},
+    {"determinism", test_determinism, 0},
+    {"overfit_gpt", test_overfit_gpt, 0},
+    {"overfit_mlp", test_overfit_mlp, 0},
+    {"overfit_resnet", test_overfit_resnet, 0},
+    {"gpt_table", test_gpt_table, 0},
+    {"resnet_table", test_resnet_table, 0},
+    {"syncbn_single_rank", test_syncbn_single_rank, 0},
+    {"gpt2_124m_count", test_gpt2_124m_count, 60},
+    {"bad_input", test_bad_input, 0},
+    {"config_from_job", test_config_from_job, 0},
+};
+
+int main(int argc, char **argv)
+{
+    return dt_test_main("test_models", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
