@@ -521,8 +521,20 @@ static int call_run(call *c, int idempotent, int64_t wait_ms, dt_proto_msg *m, d
                 p[i] = (uint8_t)((uint64_t)left >> (56 - 8 * i));
         }
         rc = send_all(r, r->req.data, r->req.len, deadline);
-        if (rc == 0)
+        if (rc == 0) {
             rc = recv_reply(r, m, deadline);
+        } else if (rc != -ETIMEDOUT && recv_reply(r, m, dt_now_ns() + 100000000ull) == 0 &&
+                   m->code != DT_PROTO_OK) {
+            /* The server refused the request (a frame over its limit) and closed before we
+             * finished sending: its error reply says why, which beats "connection lost". */
+            conn_drop(r);
+            rc = 0;
+            break;
+        }
+        if (rc == 0 && m->id == 0 && m->code != DT_PROTO_OK) {
+            conn_drop(r); /* a connection-level refusal (id 0): the server closes next */
+            break;
+        }
         if (rc == 0 && m->id != c->id)
             rc = -EPROTO;
         if (rc == 0)

@@ -114,6 +114,8 @@ struct dt_store_server {
     size_t nbuckets, nentries, npresent;
     size_t bytes;            /* keys + values of present entries */
     uint64_t mark_gen;
+    entry **scratch;         /* owned; entries of the keys of the request being answered */
+    size_t scratch_cap;
     /* connections */
     conn *conns;
     size_t nconns;
@@ -152,16 +154,26 @@ static int srv_log_ok(dt_store_server *s)
             DT_WARN(__VA_ARGS__);                                                                  \
     } while (0)
 
+/* 8 bytes at a time with multiply-xorshift mixing (keys are short; this runs for every key of
+ * every request). Not flood-resistant: the store trusts its clients (and can require a token). */
 static uint64_t hash_bytes(const uint8_t *p, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a, then a final mix */
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 1099511628211ull;
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        h = (h ^ v) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
+        p += 8;
+        n -= 8;
     }
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
+    uint64_t v = 0;
+    if (n)
+        memcpy(&v, p, n);
+    h = (h ^ v) * 0x94d049bb133111ebull;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
     return h;
 }
 
@@ -441,46 +453,71 @@ static void wait_unlink(dt_store_server *s, conn *c)
     entry_maybe_drop(s, e);
 }
 
-/* Total reply size of a GET/MULTI_GET over the key items at [keys, end), all present; or
- * SIZE_MAX when it would exceed the frame limit. */
-static size_t reply_size(dt_store_server *s, const uint8_t *keys, const uint8_t *end, uint32_t n)
+/* Makes s->scratch hold at least n entry pointers. */
+static int scratch_reserve(dt_store_server *s, size_t n)
 {
-    size_t total = DT_PROTO_LEN_SIZE + DT_PROTO_HDR_SIZE;
-    const uint8_t *cur = keys;
-    dt_proto_item k;
-    for (uint32_t i = 0; i < n && dt_proto_next(&cur, end, &k) == 0; i++) {
-        entry *e = table_lookup(s, &k);
-        total += DT_PROTO_ITEM_OVERHEAD + (e ? e->vlen : 0);
-        if (total - DT_PROTO_LEN_SIZE > s->lim.max_frame)
-            return SIZE_MAX;
-    }
-    return total;
+    if (n <= s->scratch_cap)
+        return 0;
+    size_t cap = DT_MAX(n, 2 * s->scratch_cap);
+    entry **p = realloc(s->scratch, cap * sizeof *p);
+    if (!p)
+        return -ENOMEM;
+    s->scratch = p;
+    s->scratch_cap = cap;
+    return 0;
 }
 
-/* Replies to a GET/WAIT/MULTI_GET whose keys (items at [keys, end)) are all present. */
-static void reply_keys(conn *c, uint8_t op, uint32_t id, const uint8_t *keys, const uint8_t *end,
-                       uint32_t n)
+/* Replies to a GET/WAIT/MULTI_GET whose n keys are all present, as the entries es[0..n). */
+static void reply_entries(conn *c, uint8_t op, uint32_t id, entry *const *es, uint32_t n)
 {
     dt_store_server *s = c->srv;
     if (op == DT_OP_WAIT) {
         reply_num(c, id, 0);
         return;
     }
-    if (reply_size(s, keys, end, n) == SIZE_MAX) {
-        reply_error(c, id, DT_PROTO_E2BIG,
-                    "%s reply would exceed the frame size limit (%zu bytes); get fewer keys "
-                    "at once",
-                    dt_proto_op_name(op), s->lim.max_frame);
-        return;
+    size_t total = DT_PROTO_LEN_SIZE + DT_PROTO_HDR_SIZE;
+    for (uint32_t i = 0; i < n; i++) {
+        total += DT_PROTO_ITEM_OVERHEAD + es[i]->vlen;
+        if (total - DT_PROTO_LEN_SIZE > s->lim.max_frame) {
+            reply_error(c, id, DT_PROTO_E2BIG,
+                        "%s reply would exceed the frame size limit (%zu bytes); get fewer keys "
+                        "at once",
+                        dt_proto_op_name(op), s->lim.max_frame);
+            return;
+        }
     }
+    if (dt_proto_reserve(&c->out, total) < 0)
+        return; /* c->out.oom: conn_flush disconnects */
     size_t st = dt_proto_begin(&c->out, DT_PROTO_OK, id, 0, 0, n);
-    const uint8_t *cur = keys;
-    dt_proto_item k;
-    for (uint32_t i = 0; i < n && dt_proto_next(&cur, end, &k) == 0; i++) {
-        entry *e = table_lookup(s, &k);
-        dt_proto_put_item(&c->out, e ? e->val : NULL, e ? e->vlen : 0);
-    }
+    for (uint32_t i = 0; i < n; i++)
+        dt_proto_put_item(&c->out, es[i]->val, es[i]->vlen);
     dt_proto_end(&c->out, st);
+}
+
+/* Looks up the n keys at [keys, end) into s->scratch. Returns the index of the first missing
+ * key (n when all are present; -1 when out of memory); *miss gets its item. */
+static int64_t lookup_keys(dt_store_server *s, const uint8_t *keys, const uint8_t *end,
+                           uint32_t n, const uint8_t **miss, dt_proto_item *missing)
+{
+    if (scratch_reserve(s, n) < 0)
+        return -1;
+    const uint8_t *cur = keys;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *at = cur;
+        dt_proto_item k;
+        if (dt_proto_next(&cur, end, &k) < 0)
+            return i; /* cannot happen: the items were validated */
+        entry *e = table_lookup(s, &k);
+        if (!e || !e->present) {
+            if (miss)
+                *miss = at;
+            if (missing)
+                *missing = k;
+            return i;
+        }
+        s->scratch[i] = e;
+    }
+    return n;
 }
 
 static void conn_unblock(conn *c)
@@ -521,22 +558,19 @@ static void wait_step(conn *c)
             }
             c->wpos++;
         }
-        const uint8_t *cur = c->wkeys, *at = cur;
-        uint32_t i = 0;
-        for (; i < c->wn; i++) {
-            at = cur;
-            if (dt_proto_next(&cur, end, &k) < 0)
-                break;
-            entry *e = table_lookup(s, &k);
-            if (!e || !e->present)
-                break;
+        const uint8_t *at = NULL;
+        int64_t i = lookup_keys(s, c->wkeys, end, c->wn, &at, NULL);
+        if (i < 0) {
+            reply_error(c, c->wid, DT_PROTO_ENOMEM, "store out of memory");
+            conn_unblock(c);
+            return;
         }
         if (i >= c->wn)
             break;
-        c->wpos = i;
+        c->wpos = (uint32_t)i;
         c->wcur = at;
     }
-    reply_keys(c, c->wop, c->wid, c->wkeys, end, c->wn);
+    reply_entries(c, c->wop, c->wid, s->scratch, c->wn);
     conn_unblock(c);
 }
 
@@ -729,35 +763,31 @@ static void op_cas(conn *c, const dt_proto_msg *m)
 static void op_keys(conn *c, const dt_proto_msg *m)
 {
     dt_store_server *s = c->srv;
-    const uint8_t *cur = m->keys, *miss = NULL;
-    dt_proto_item k;
-    uint32_t i = 0;
-    for (; i < m->nkeys; i++) {
-        const uint8_t *at = cur;
-        dt_proto_next(&cur, m->end, &k);
-        entry *e = table_lookup(s, &k);
-        if (!e || !e->present) {
-            miss = at;
-            break;
-        }
-    }
-    if (m->code == DT_OP_CHECK) {
-        reply_num(c, m->id, miss ? 0 : 1);
+    const uint8_t *miss = NULL;
+    dt_proto_item k = {0};
+    int64_t i = lookup_keys(s, m->keys, m->vals, m->nkeys, &miss, &k);
+    if (i < 0) {
+        reply_error(c, m->id, DT_PROTO_ENOMEM, "store out of memory");
         return;
     }
-    if (!miss) {
-        reply_keys(c, m->code, m->id, m->keys, m->vals, m->nkeys);
+    if (m->code == DT_OP_CHECK) {
+        reply_num(c, m->id, i == m->nkeys);
+        return;
+    }
+    if (i == m->nkeys) {
+        reply_entries(c, m->code, m->id, s->scratch, m->nkeys);
         return;
     }
     if (m->num == 0) {
         if (m->code == DT_OP_WAIT)
-            reply_error(c, m->id, DT_PROTO_ETIMEDOUT, "WAIT: a key is missing (timeout 0)");
+            reply_error(c, m->id, DT_PROTO_ETIMEDOUT, "WAIT: key \"%.*s\" is missing (timeout 0)",
+                        (int)DT_MIN(k.len, 200u), (const char *)k.p);
         else
             reply_error(c, m->id, DT_PROTO_ENOENT, "%s: key \"%.*s\" not found",
                         dt_proto_op_name(m->code), (int)DT_MIN(k.len, 200u), (const char *)k.p);
         return;
     }
-    conn_park(c, m, miss, i);
+    conn_park(c, m, miss, (uint32_t)i);
 }
 
 static void op_delete(conn *c, const dt_proto_msg *m)
@@ -1003,7 +1033,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     }
     /* An incomplete frame is pending: read straight into its buffer, sized to the frame. */
     size_t want = c->in_len + READ_BUF_SIZE;
-    if (c->in_len >= DT_PROTO_LEN_SIZE) {
+    if (c->state != ST_HELLO && c->in_len >= DT_PROTO_LEN_SIZE) {
         size_t total = DT_PROTO_LEN_SIZE + (size_t)dt_proto_rd32(c->in);
         if (total > c->in_len && total <= DT_PROTO_LEN_SIZE + s->lim.max_frame)
             want = DT_MAX(want, total);
@@ -1352,6 +1382,7 @@ void dt_store_server_stop(dt_store_server *s)
     if (rc < 0)
         DT_WARN("store: closing the event loop: %s", uv_strerror(rc));
     free_table(s);
+    free(s->scratch);
     free(s->host);
     free(s->token);
     free(s);

@@ -941,6 +941,14 @@ static void test_server_limits(void)
     DT_REQUIRE_OK(dt_store_set(s, "k4", big, 10, err), err);
     /* the connection survived every refusal */
     DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
+    /* A request over the frame limit: the server answers E2BIG and closes; the client reports
+     * the refusal (not "connection lost") and the next call reconnects. */
+    size_t hl = 4 << 20;
+    char *huge_val = calloc(1, hl);
+    DT_CHECK_INT(dt_store_set(s, "k", huge_val, hl, err), -E2BIG);
+    DT_CHECK_CONTAINS(err->msg, "limit");
+    free(huge_val);
+    DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
 
     /* connections: 3 allowed (s + 2); the 4th is refused with a clear message */
     dt_store *c2 = connect_to(srv, NULL), *c3 = connect_to(srv, NULL), *c4 = NULL;
