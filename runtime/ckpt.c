@@ -1486,6 +1486,60 @@ out:
     return rc;
 }
 
+/* resume = auto: the newest checkpoint under c->dir that loads, skipping (with a warning)
+ * every newer one that does not; with run_id, only checkpoints that run wrote are considered. */
+static int resume_newest(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool *resumed,
+                         char *path_out, size_t size, dt_err *err)
+{
+    int64_t *steps = NULL;
+    int n = 0, skipped = 0, rc;
+    *resumed = false;
+    if ((rc = dt_ckpt_list(c->dir, &steps, &n, err)))
+        return rc;
+    for (int i = 0; i < n; i++) {
+        char p[PATH_MAX];
+        dt_err e = {0};
+        snprintf(p, sizeof p, "%s/step_%" PRId64, c->dir, steps[i]);
+        if (run_id) {
+            dt_ckpt_info info;
+            bool mine = dt_ckpt_inspect(p, false, &info, NULL) == 0 &&
+                        !strcmp(info.state.run_id, run_id);
+            dt_ckpt_info_free(&info);
+            if (!mine)
+                continue;
+        }
+        if (dt_ckpt_load(c, p, st, &e) == 0) {
+            if (skipped)
+                DT_WARN("checkpoint: resuming from %s, an older checkpoint, after skipping %d "
+                        "newer one%s", p, skipped, skipped > 1 ? "s" : "");
+            if (path_out)
+                dt_strlcpy(path_out, p, size);
+            *resumed = true;
+            free(steps);
+            return 0;
+        }
+        if (e.code == -ENOMEM) {
+            free(steps);
+            if (err)
+                *err = e;
+            return e.code;
+        }
+        DT_WARN("skipping %s", e.msg);
+        skipped++;
+    }
+    free(steps);
+    if (skipped)
+        DT_WARN("checkpoint: none of the %d checkpoints under %s can be loaded; starting from "
+                "scratch", skipped, c->dir);
+    return 0;
+}
+
+int dt_ckpt_resume_run(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool *resumed,
+                       char *path_out, size_t size, dt_err *err)
+{
+    return resume_newest(c, run_id, st, resumed, path_out, size, err);
+}
+
 int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resumed,
                    char *path_out, size_t size, dt_err *err)
 {
@@ -1514,38 +1568,7 @@ int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resu
         *resumed = true;
         return 0;
     }
-    int64_t *steps = NULL;
-    int n = 0, skipped = 0, rc;
-    if ((rc = dt_ckpt_list(c->dir, &steps, &n, err)))
-        return rc;
-    for (int i = 0; i < n; i++) {
-        char p[PATH_MAX];
-        dt_err e = {0};
-        snprintf(p, sizeof p, "%s/step_%" PRId64, c->dir, steps[i]);
-        if (dt_ckpt_load(c, p, st, &e) == 0) {
-            if (skipped)
-                DT_WARN("checkpoint: resuming from %s, an older checkpoint, after skipping %d "
-                        "newer one%s", p, skipped, skipped > 1 ? "s" : "");
-            if (path_out)
-                dt_strlcpy(path_out, p, size);
-            *resumed = true;
-            free(steps);
-            return 0;
-        }
-        if (e.code == -ENOMEM) {
-            free(steps);
-            if (err)
-                *err = e;
-            return e.code;
-        }
-        DT_WARN("skipping %s", e.msg);
-        skipped++;
-    }
-    free(steps);
-    if (skipped)
-        DT_WARN("checkpoint: none of the %d checkpoints under %s can be loaded; starting from "
-                "scratch", skipped, c->dir);
-    return 0;
+    return resume_newest(c, NULL, st, resumed, path_out, size, err);
 }
 
 /* ================================================================================= tools === */

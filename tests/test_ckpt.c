@@ -567,6 +567,38 @@ static void test_ckpt_concurrent_copy(void)
     fake_free(&snapshot);
 }
 
+static void test_ckpt_resume_run(void)
+{
+    /* A restart of a job that began from an explicit path takes the newest checkpoint of its
+     * own run, not a newer one of another run. */
+    fake a;
+    fake_init(&a, 4);
+    const char *dir = path_in("runs");
+    dt_ckpt *c = open_ckpt(&a, dir, 5, true);
+    save_step(c, &a, 10); /* run "test-run" */
+    dt_ckpt_state st, got;
+    dt_err err = {0};
+    state_for(&st, 20);
+    dt_strlcpy(st.run_id, "other", sizeof st.run_id);
+    DT_REQUIRE_OK(dt_ckpt_save(c, &st, &err), &err);
+    DT_REQUIRE_OK(dt_ckpt_wait(c, &err), &err);
+    dt_ckpt_state_init(&got);
+    bool resumed = false;
+    char from[4096];
+    DT_REQUIRE_OK(dt_ckpt_resume_run(c, "test-run", &got, &resumed, from, sizeof from, &err),
+                  &err);
+    DT_CHECK(resumed);
+    DT_CHECK_INT(got.step, 10);
+    DT_REQUIRE_OK(dt_ckpt_resume_run(c, "nobody", &got, &resumed, from, sizeof from, &err), &err);
+    DT_CHECK(!resumed);
+    DT_REQUIRE_OK(dt_ckpt_resume(c, "auto", &got, &resumed, from, sizeof from, &err), &err);
+    DT_CHECK(resumed);
+    DT_CHECK_INT(got.step, 20);
+    dt_ckpt_state_clear(&got);
+    dt_ckpt_close(c);
+    fake_free(&a);
+}
+
 static void test_ckpt_keep_and_replace(void)
 {
     fake a;
@@ -1234,6 +1266,7 @@ int main(int argc, char **argv)
         {"ckpt_roundtrip", test_ckpt_roundtrip, 0},
         {"ckpt_concurrent_copy", test_ckpt_concurrent_copy, 0},
         {"ckpt_keep_and_replace", test_ckpt_keep_and_replace, 0},
+        {"ckpt_resume_run", test_ckpt_resume_run, 0},
         {"ckpt_power_cut", test_ckpt_power_cut, 60},
         {"ckpt_foreign_and_bad_path", test_ckpt_foreign_and_bad_path, 0},
         {"ckpt_injected_failures", test_ckpt_injected_failures, 60},
