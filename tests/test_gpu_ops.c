@@ -497,8 +497,13 @@ static void attention_case(ctx *x, int B, int T, int C, int NH)
     c->attention_fwd(c, out.c, att.c, qkv.c, B, T, C, NH);
     g->attention_fwd(g, out.g, att.g, qkv.g, B, T, C, NH);
     check(x, "attention_fwd out", &out, tol);
-    tri tr = {T, NH};
-    compare(x, "attention_fwd att", &att, NULL, tol, causal, &tr);
+    /* In bf16/fp16 convert mode the CUDA backend keeps att in 16 bits (kernels/cuda/gemm.cu):
+     * its bytes are comparable only in fp32 or with DTRAIN_CUDA_GEMM=fast. */
+    const char *mode = dt_env("DTRAIN_CUDA_GEMM");
+    if (x->prec == DT_PREC_FP32 || (mode && !strcmp(mode, "fast"))) {
+        tri tr = {T, NH};
+        compare(x, "attention_fwd att", &att, NULL, tol, causal, &tr);
+    }
 
     tp dout = tp_new(x, (size_t)B * T * C, 1), dqkv = tp_new(x, qkv.n, 1),
        datt = tp_new(x, att.n, 0);
@@ -528,6 +533,12 @@ static void attention_all(dt_precision p)
 
 static void test_attention_fp32(void) { attention_all(DT_PREC_FP32); }
 static void test_attention_bf16(void) { attention_all(DT_PREC_BF16); }
+static void test_attention_fp16(void) { attention_all(DT_PREC_FP16); }
+static void test_attention_bf16_fast(void)
+{
+    setenv("DTRAIN_CUDA_GEMM", "fast", 1);
+    attention_all(DT_PREC_BF16);
+}
 
 static void conv_case(ctx *x, int N, int C, int H, int W, int K, int R, int stride, int pad,
                       bool bias)
@@ -1061,6 +1072,8 @@ int main(int argc, char **argv)
         {"gpu_matmul_bf16_fast", test_matmul_bf16_fast, 120},
         {"gpu_attention_fp32", test_attention_fp32, 120},
         {"gpu_attention_bf16", test_attention_bf16, 120},
+        {"gpu_attention_fp16", test_attention_fp16, 120},
+        {"gpu_attention_bf16_fast", test_attention_bf16_fast, 120},
         {"gpu_conv2d_fp32", test_conv_fp32, 120},
         {"gpu_conv2d_bf16", test_conv_bf16, 120},
         {"gpu_bias_layernorm", test_bias_layernorm, 60},

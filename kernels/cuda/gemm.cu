@@ -8,9 +8,10 @@
 //
 // Attention follows llm.c's cuBLAS version: q, k, v are permuted into (B,NH,T,hs), scores come
 // from one strided-batched GEMM straight into `att`, a causal softmax runs in place, and a second
-// batched GEMM gives y. The probabilities stay in `att` (the header's contract) and backward
-// reads them, so backward needs no recomputation; the price is O(T^2) memory traffic, which a
-// fused (flash) kernel would avoid but which the contract's saved `att` requires anyway.
+// batched GEMM gives y. The probabilities stay in `att` and backward reads them, so backward
+// needs no recomputation; the price is O(T^2) memory traffic, which a fused (flash) kernel would
+// avoid. In bf16/fp16 convert mode everything (B,NH,T,T) is stored in 16 bits (see the attention
+// section: a documented deviation from the header's float `att`).
 //
 // Convolutions use cuDNN's convolution API (heuristic algorithm choice, cached per shape);
 // backward accumulates through cuDNN's beta = 1.
@@ -28,7 +29,8 @@
 
 // C (m,n; column-major, ldc) = alpha * op(A) @ op(B) + beta * C (+ bias (m) per column when bias
 // is set). op(A) is (m,k), op(B) is (k,n). Batched when batch > 1 with element strides sA, sB,
-// sC. A16/B16, when set, are the operands already converted to the 16-bit type (convert mode).
+// sC. A16/B16, when set, are the operands already converted to the 16-bit type (convert mode);
+// c16 (convert mode only) makes C itself 16-bit (fp32 accumulation, rounded on store).
 typedef struct gemm_desc {
     bool ta, tb;
     int m, n, k;
@@ -38,13 +40,14 @@ typedef struct gemm_desc {
     const float *B;
     int ldb;
     long long sB;
-    float *C;
+    void *C;
     int ldc;
     long long sC;
     int batch;
     float alpha, beta;
     const float *bias;
     const void *A16, *B16;
+    bool c16;
 } gemm_desc;
 
 static bool half_mode(const dt_cuda *cu) { return cu->precision != DT_PREC_FP32; }
@@ -77,8 +80,8 @@ static uint32_t align_of(const void *p)
 }
 
 // cuBLASLt attempt; false when it offers no algorithm (not an error: the caller falls back).
-static bool gemm_lt(dt_cuda *cu, const gemm_desc *g, cudaDataType_t abt, cublasComputeType_t ct,
-                    const void *A, const void *B)
+static bool gemm_lt(dt_cuda *cu, const gemm_desc *g, cudaDataType_t abt, cudaDataType_t cty,
+                    cublasComputeType_t ct, const void *A, const void *B)
 {
     cublasLtMatmulDesc_t desc = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
@@ -113,7 +116,7 @@ static bool gemm_lt(dt_cuda *cu, const gemm_desc *g, cudaDataType_t abt, cublasC
     }
     LT(cublasLtMatrixLayoutCreate(&la, abt, (uint64_t)ra, (uint64_t)ca, g->lda));
     LT(cublasLtMatrixLayoutCreate(&lb, abt, (uint64_t)rb, (uint64_t)cb, g->ldb));
-    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)g->m, (uint64_t)g->n, g->ldc));
+    LT(cublasLtMatrixLayoutCreate(&lc, cty, (uint64_t)g->m, (uint64_t)g->n, g->ldc));
     if (g->batch > 1) {
         int32_t bc = g->batch;
         int64_t sa = g->sA, sb = g->sB, sc = g->sC;
@@ -163,7 +166,7 @@ static void gemm(dt_cuda *cu, const gemm_desc *g)
 {
     if (cu->failed || g->m <= 0 || g->n <= 0 || g->k <= 0 || g->batch <= 0)
         return;
-    cudaDataType_t abt = CUDA_R_32F;
+    cudaDataType_t abt = CUDA_R_32F, cty = CUDA_R_32F;
     cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
     const void *A = g->A, *B = g->B;
     if (!half_mode(cu)) {
@@ -180,11 +183,18 @@ static void gemm(dt_cuda *cu, const gemm_desc *g)
                    : to16(cu, DT_CU_SCR_GEMM_B, g->B, footprint(rb, cb, g->ldb, g->sB, g->batch));
         if (!A || !B)
             return;
+        if (g->c16)
+            cty = abt;
     } else {
         ct = cu->precision == DT_PREC_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
                                            : CUBLAS_COMPUTE_32F_FAST_16F;
     }
-    if (gemm_lt(cu, g, abt, ct, A, B))
+    if (g->c16 && cty == CUDA_R_32F) { // a 16-bit C outside convert mode: a programming error
+        dt_cuda_note(cu, false, "gemm", "16-bit output requested outside convert mode", __FILE__,
+                     __LINE__);
+        return;
+    }
+    if (gemm_lt(cu, g, abt, cty, ct, A, B))
         return;
     // Fallback: cuBLAS picks a kernel for any alignment; the bias goes on separately.
     cublasOperation_t opa = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -192,15 +202,15 @@ static void gemm(dt_cuda *cu, const gemm_desc *g)
     if (g->batch > 1)
         DT_CUBLAS_CHECK(cu, cublasGemmStridedBatchedEx(cu->cublas, opa, opb, g->m, g->n, g->k,
                                                        &g->alpha, A, abt, g->lda, g->sA, B, abt,
-                                                       g->ldb, g->sB, &g->beta, g->C, CUDA_R_32F,
+                                                       g->ldb, g->sB, &g->beta, g->C, cty,
                                                        g->ldc, g->sC, g->batch, ct,
                                                        CUBLAS_GEMM_DEFAULT));
     else
         DT_CUBLAS_CHECK(cu, cublasGemmEx(cu->cublas, opa, opb, g->m, g->n, g->k, &g->alpha, A, abt,
-                                         g->lda, B, abt, g->ldb, &g->beta, g->C, CUDA_R_32F,
+                                         g->lda, B, abt, g->ldb, &g->beta, g->C, cty,
                                          g->ldc, ct, CUBLAS_GEMM_DEFAULT));
     if (g->bias) // C is (m,n) column-major with ldc == m: row-major (n,m), bias per column
-        dt_cuda_colbias_add(cu, g->C, g->bias, g->n, g->m);
+        dt_cuda_colbias_add(cu, (float *)g->C, g->bias, g->n, g->m);
 }
 
 // =============================================================================================
@@ -292,24 +302,47 @@ out:
 // =============================================================================================
 // attention
 // =============================================================================================
+//
+// Two storage modes, one algorithm:
+//   fp32 (precision fp32, or DTRAIN_CUDA_GEMM=fast): q, k, v, the scores and `att` are float32,
+//     exactly the header's contract (att holds the float probabilities).
+//   16-bit (bf16/fp16 in convert mode): q, k, v are permuted straight into bf16/fp16, the score
+//     GEMM writes 16-bit scores into the `att` buffer, the softmax runs in place there, and the
+//     probabilities stay in `att` as 16-bit values (the first half of its bytes) for backward;
+//     `datt` likewise holds 16-bit gradients. This deviates from the header's "att holds float
+//     probabilities" on purpose: the (B,NH,T,T) traffic dominates attention at T = 1024, and this
+//     halves it and removes four conversion passes. Only attention_bwd of the same backend reads
+//     att, so nothing else notices (the GPU tests compare att only in fp32).
 
-// qkv (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs) each.
-__global__ static void attn_permute_kernel(float *__restrict__ q, float *__restrict__ k,
-                                           float *__restrict__ v, const float *__restrict__ qkv,
-                                           int B, int T, int NH, int hs)
+__device__ static inline float to_f(float x) { return x; }
+__device__ static inline float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ static inline float to_f(__half x) { return __half2float(x); }
+template <typename T> __device__ static inline T from_f(float x);
+template <> __device__ inline float from_f<float>(float x) { return x; }
+template <> __device__ inline __nv_bfloat16 from_f<__nv_bfloat16>(float x)
 {
-    size_t n = (size_t)B * NH * T * hs;
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ inline __half from_f<__half>(float x) { return __float2half_rn(x); }
+
+// qkv (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs) each, stored as T.
+template <typename T>
+__global__ static void attn_permute_kernel(T *__restrict__ q, T *__restrict__ k,
+                                           T *__restrict__ v, const float *__restrict__ qkv,
+                                           int B, int Tn, int NH, int hs)
+{
+    size_t n = (size_t)B * NH * Tn * hs;
     int C = NH * hs;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int d = (int)(i % hs);
-        int t = (int)((i / hs) % T);
-        int h = (int)((i / ((size_t)hs * T)) % NH);
-        int b = (int)(i / ((size_t)hs * T * NH));
-        const float *src = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
-        q[i] = src[0];
-        k[i] = src[C];
-        v[i] = src[2 * C];
+        int t = (int)((i / hs) % Tn);
+        int h = (int)((i / ((size_t)hs * Tn)) % NH);
+        int b = (int)(i / ((size_t)hs * Tn * NH));
+        const float *src = qkv + ((size_t)b * Tn + t) * 3 * C + (size_t)h * hs + d;
+        q[i] = from_f<T>(src[0]);
+        k[i] = from_f<T>(src[C]);
+        v[i] = from_f<T>(src[2 * C]);
     }
 }
 
@@ -317,40 +350,53 @@ __global__ static void attn_permute_kernel(float *__restrict__ q, float *__restr
 __global__ static void attn_permute_bwd_kernel(float *__restrict__ dqkv,
                                                const float *__restrict__ dq,
                                                const float *__restrict__ dk,
-                                               const float *__restrict__ dv, int B, int T, int NH,
+                                               const float *__restrict__ dv, int B, int Tn, int NH,
                                                int hs)
 {
-    size_t n = (size_t)B * NH * T * hs;
+    size_t n = (size_t)B * NH * Tn * hs;
     int C = NH * hs;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int d = (int)(i % hs);
-        int t = (int)((i / hs) % T);
-        int h = (int)((i / ((size_t)hs * T)) % NH);
-        int b = (int)(i / ((size_t)hs * T * NH));
-        float *dst = dqkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
+        int t = (int)((i / hs) % Tn);
+        int h = (int)((i / ((size_t)hs * Tn)) % NH);
+        int b = (int)(i / ((size_t)hs * Tn * NH));
+        float *dst = dqkv + ((size_t)b * Tn + t) * 3 * C + (size_t)h * hs + d;
         dst[0] += dq[i];
         dst[C] += dk[i];
         dst[2 * C] += dv[i];
     }
 }
 
-// y (B,NH,T,hs) <-> out (B,T,NH,hs). fwd: out = y; bwd: dy = dout.
+// out (B,T,NH,hs) = y (B,NH,T,hs).
 __global__ static void attn_unpermute_kernel(float *__restrict__ out, const float *__restrict__ y,
-                                             int B, int T, int NH, int hs, bool backward)
+                                             int B, int Tn, int NH, int hs)
 {
-    size_t n = (size_t)B * NH * T * hs;
+    size_t n = (size_t)B * NH * Tn * hs;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int d = (int)(i % hs);
-        int t = (int)((i / hs) % T);
-        int h = (int)((i / ((size_t)hs * T)) % NH);
-        int b = (int)(i / ((size_t)hs * T * NH));
-        size_t o = (((size_t)b * T + t) * NH + h) * hs + d;
-        if (backward)
-            out[i] = y[o]; // here out = dy (B,NH,T,hs), y = dout (B,T,C)
-        else
-            out[o] = y[i];
+        int t = (int)((i / hs) % Tn);
+        int h = (int)((i / ((size_t)hs * Tn)) % NH);
+        int b = (int)(i / ((size_t)hs * Tn * NH));
+        out[(((size_t)b * Tn + t) * NH + h) * hs + d] = y[i];
+    }
+}
+
+// dy (B,NH,T,hs), stored as T, = dout (B,T,NH,hs).
+template <typename T>
+__global__ static void attn_unpermute_bwd_kernel(T *__restrict__ dy,
+                                                 const float *__restrict__ dout, int B, int Tn,
+                                                 int NH, int hs)
+{
+    size_t n = (size_t)B * NH * Tn * hs;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % hs);
+        int t = (int)((i / hs) % Tn);
+        int h = (int)((i / ((size_t)hs * Tn)) % NH);
+        int b = (int)(i / ((size_t)hs * Tn * NH));
+        dy[i] = from_f<T>(dout[(((size_t)b * Tn + t) * NH + h) * hs + d]);
     }
 }
 
@@ -366,18 +412,19 @@ __device__ static inline void softmax_merge(float &m, float &s, float om, float 
 
 // In place over rows of (BH, T, T): row t keeps softmax over columns 0..t, zeros above.
 // One warp per row. Scores are already scaled (the GEMM's alpha).
-__global__ static void attn_softmax_fwd_kernel(float *att, int BH, int T)
+template <typename T>
+__global__ static void attn_softmax_fwd_kernel(T *att, int BH, int Tn)
 {
     int warps = blockDim.x / 32;
     size_t row = (size_t)blockIdx.x * warps + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
-    if (row >= (size_t)BH * T)
+    if (row >= (size_t)BH * Tn)
         return;
-    int t = (int)(row % T);
-    float *x = att + row * T;
+    int t = (int)(row % Tn);
+    T *x = att + row * Tn;
     float m = -INFINITY, s = 0.0f;
     for (int j = lane; j <= t; j += 32) {
-        float v = x[j];
+        float v = to_f(x[j]);
         if (v > m) {
             s = (m == -INFINITY) ? 1.0f : s * expf(m - v) + 1.0f;
             m = v;
@@ -391,48 +438,56 @@ __global__ static void attn_softmax_fwd_kernel(float *att, int BH, int T)
         softmax_merge(m, s, om, os);
     }
     float inv = 1.0f / s;
-    for (int j = lane; j < T; j += 32)
-        x[j] = j <= t ? expf(x[j] - m) * inv : 0.0f;
+    for (int j = lane; j < Tn; j += 32)
+        x[j] = from_f<T>(j <= t ? expf(to_f(x[j]) - m) * inv : 0.0f);
 }
 
 // In place: d[t,j] = scale * p[t,j] * (d[t,j] - sum_u p[t,u] d[t,u]) for j <= t, 0 above.
-__global__ static void attn_softmax_bwd_kernel(float *d, const float *p, int BH, int T,
-                                               float scale)
+template <typename T>
+__global__ static void attn_softmax_bwd_kernel(T *d, const T *p, int BH, int Tn, float scale)
 {
     int warps = blockDim.x / 32;
     size_t row = (size_t)blockIdx.x * warps + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
-    if (row >= (size_t)BH * T)
+    if (row >= (size_t)BH * Tn)
         return;
-    int t = (int)(row % T);
-    float *dr = d + row * T;
-    const float *pr = p + row * T;
+    int t = (int)(row % Tn);
+    T *dr = d + row * Tn;
+    const T *pr = p + row * Tn;
     float s = 0.0f;
     for (int j = lane; j <= t; j += 32)
-        s += pr[j] * dr[j];
+        s += to_f(pr[j]) * to_f(dr[j]);
     for (int off = 16; off > 0; off >>= 1)
         s += __shfl_xor_sync(0xffffffffu, s, off);
-    for (int j = lane; j < T; j += 32)
-        dr[j] = j <= t ? scale * pr[j] * (dr[j] - s) : 0.0f;
+    for (int j = lane; j < Tn; j += 32)
+        dr[j] = from_f<T>(j <= t ? scale * to_f(pr[j]) * (to_f(dr[j]) - s) : 0.0f);
 }
 
-static void softmax_rows_launch(dt_cuda *cu, float *d, const float *p, int BH, int T, float scale,
-                                bool backward)
+template <typename T>
+static void softmax_fwd_launch(dt_cuda *cu, T *att, int BH, int Tn)
 {
     const int threads = 256, warps = threads / 32;
-    size_t rows = (size_t)BH * T;
-    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
-    if (backward)
-        attn_softmax_bwd_kernel<<<blocks, threads, 0, cu->stream>>>(d, p, BH, T, scale);
-    else
-        attn_softmax_fwd_kernel<<<blocks, threads, 0, cu->stream>>>(d, BH, T);
+    size_t rows = (size_t)BH * Tn;
+    attn_softmax_fwd_kernel<T>
+        <<<(unsigned)((rows + warps - 1) / warps), threads, 0, cu->stream>>>(att, BH, Tn);
     DT_CU_LAUNCHED(cu);
 }
 
-// One batched GEMM over the B*NH heads; all operands (T,hs) or (T,T) per head.
-static void head_gemm(dt_cuda *cu, bool ta, bool tb, int m, int n, int k, const float *A, int lda,
-                      long long sA, const void *A16, const float *B, int ldb, long long sB,
-                      const void *B16, float *C, int ldc, long long sC, int batch, float alpha)
+template <typename T>
+static void softmax_bwd_launch(dt_cuda *cu, T *d, const T *p, int BH, int Tn, float scale)
+{
+    const int threads = 256, warps = threads / 32;
+    size_t rows = (size_t)BH * Tn;
+    attn_softmax_bwd_kernel<T>
+        <<<(unsigned)((rows + warps - 1) / warps), threads, 0, cu->stream>>>(d, p, BH, Tn, scale);
+    DT_CU_LAUNCHED(cu);
+}
+
+// One batched GEMM over the B*NH heads; all operands (T,hs) or (T,T) per head. In 16-bit mode
+// A and B are the 16-bit tensors (passed as A16/B16) and C may be 16-bit (c16).
+static void head_gemm(dt_cuda *cu, bool ta, bool tb, int m, int n, int k, const void *A, int lda,
+                      long long sA, const void *B, int ldb, long long sB, void *C, bool c16,
+                      int ldc, long long sC, int batch, float alpha, bool in16)
 {
     gemm_desc g = {};
     g.ta = ta;
@@ -440,15 +495,19 @@ static void head_gemm(dt_cuda *cu, bool ta, bool tb, int m, int n, int k, const 
     g.m = m;
     g.n = n;
     g.k = k;
-    g.A = A;
     g.lda = lda;
     g.sA = sA;
-    g.A16 = A16;
-    g.B = B;
     g.ldb = ldb;
     g.sB = sB;
-    g.B16 = B16;
+    if (in16) {
+        g.A16 = A;
+        g.B16 = B;
+    } else {
+        g.A = (const float *)A;
+        g.B = (const float *)B;
+    }
     g.C = C;
+    g.c16 = c16;
     g.ldc = ldc;
     g.sC = sC;
     g.batch = batch;
@@ -457,77 +516,107 @@ static void head_gemm(dt_cuda *cu, bool ta, bool tb, int m, int n, int k, const 
     gemm(cu, &g);
 }
 
+// T: the storage type (float, __nv_bfloat16, __half). See the section comment.
+template <typename T>
+static void attention_fwd_t(dt_cuda *cu, float *out, float *att_buf, const float *qkv, int B,
+                            int Tn, int C, int NH)
+{
+    const bool s16 = sizeof(T) == 2;
+    int hs = C / NH, BH = B * NH;
+    size_t n = (size_t)B * Tn * C;
+    long long sQ = (long long)Tn * hs, sA = (long long)Tn * Tn;
+    float scale = 1.0f / sqrtf((float)hs);
+    // scratch: y (n floats), then q, k, v (n T each)
+    char *scr = (char *)dt_cuda_scratch(cu, DT_CU_SCR_ATTN, n * sizeof(float) + 3 * n * sizeof(T));
+    if (!scr)
+        return;
+    float *y = (float *)scr;
+    T *q = (T *)(scr + n * sizeof(float)), *k = q + n, *v = k + n;
+    T *att = (T *)att_buf;
+    attn_permute_kernel<T><<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(q, k, v, qkv, B, Tn, NH,
+                                                                         hs);
+    DT_CU_LAUNCHED(cu);
+    // Per head: att^T (T,T) = k (T,hs) . q^T, i.e. att[t1][t2] = q[t1].k[t2] * scale.
+    head_gemm(cu, true, false, Tn, Tn, hs, k, hs, sQ, q, hs, sQ, att, s16, Tn, sA, BH, scale, s16);
+    softmax_fwd_launch<T>(cu, att, BH, Tn);
+    // y^T (hs,T) = v^T (hs,T) @ att^T: y = att @ v.
+    head_gemm(cu, false, false, hs, Tn, Tn, v, hs, sQ, att, Tn, sA, y, false, hs, sQ, BH, 1.0f,
+              s16);
+    attn_unpermute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(out, y, B, Tn, NH, hs);
+    DT_CU_LAUNCHED(cu);
+}
+
+template <typename T>
+static void attention_bwd_t(dt_cuda *cu, float *dqkv, float *datt_buf, const float *dout,
+                            const float *qkv, const float *att_buf, int B, int Tn, int C, int NH)
+{
+    const bool s16 = sizeof(T) == 2;
+    int hs = C / NH, BH = B * NH;
+    size_t n = (size_t)B * Tn * C;
+    long long sQ = (long long)Tn * hs, sA = (long long)Tn * Tn;
+    float scale = 1.0f / sqrtf((float)hs);
+    // scratch: dq, dk, dv (n floats each), then q, k, v, dy (n T each)
+    char *scr =
+        (char *)dt_cuda_scratch(cu, DT_CU_SCR_ATTN, 3 * n * sizeof(float) + 4 * n * sizeof(T));
+    if (!scr)
+        return;
+    float *dq = (float *)scr, *dk = dq + n, *dv = dk + n;
+    T *q = (T *)(scr + 3 * n * sizeof(float)), *k = q + n, *v = k + n, *dy = v + n;
+    const T *att = (const T *)att_buf;
+    T *datt = (T *)datt_buf;
+    attn_permute_kernel<T><<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(q, k, v, qkv, B, Tn, NH,
+                                                                         hs);
+    DT_CU_LAUNCHED(cu);
+    attn_unpermute_bwd_kernel<T><<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(dy, dout, B, Tn,
+                                                                               NH, hs);
+    DT_CU_LAUNCHED(cu);
+    // datt = dy @ v^T (per head): datt^T (T,T) = v (T,hs) . dy^T.
+    head_gemm(cu, true, false, Tn, Tn, hs, v, hs, sQ, dy, hs, sQ, datt, s16, Tn, sA, BH, 1.0f,
+              s16);
+    // dv = att^T @ dy: dv^T (hs,T) = dy^T (hs,T) @ att (T,T).
+    head_gemm(cu, false, true, hs, Tn, Tn, dy, hs, sQ, att, Tn, sA, dv, false, hs, sQ, BH, 1.0f,
+              s16);
+    // dpreatt (scaled), in place in datt.
+    softmax_bwd_launch<T>(cu, datt, att, BH, Tn, scale);
+    // dq = dpre @ k: dq^T (hs,T) = k^T (hs,T) @ dpre^T.
+    head_gemm(cu, false, false, hs, Tn, Tn, k, hs, sQ, datt, Tn, sA, dq, false, hs, sQ, BH, 1.0f,
+              s16);
+    // dk = dpre^T @ q: dk^T (hs,T) = q^T (hs,T) @ dpre.
+    head_gemm(cu, false, true, hs, Tn, Tn, q, hs, sQ, datt, Tn, sA, dk, false, hs, sQ, BH, 1.0f,
+              s16);
+    attn_permute_bwd_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(dqkv, dq, dk, dv, B, Tn,
+                                                                          NH, hs);
+    DT_CU_LAUNCHED(cu);
+}
+
 void dt_cuda_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
                            int C, int NH)
 {
     DT_CU_BEGIN(be);
-    int hs = C / NH, BH = B * NH;
-    size_t n = (size_t)B * T * C;
-    long long sQ = (long long)T * hs, sA = (long long)T * T;
-    float scale = 1.0f / sqrtf((float)hs);
-    float *q = (float *)dt_cuda_scratch(cu, DT_CU_SCR_ATTN, 4 * n * sizeof(float));
-    if (q) {
-        float *k = q + n, *v = k + n, *y = v + n;
-        attn_permute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(q, k, v, qkv, B, T, NH,
-                                                                          hs);
-        DT_CU_LAUNCHED(cu);
-        // Per head: att^T (T,T) = k (T,hs) . q^T, i.e. att[t1][t2] = q[t1].k[t2] * scale.
-        head_gemm(cu, true, false, T, T, hs, k, hs, sQ, NULL, q, hs, sQ, NULL, att, T, sA, BH,
-                  scale);
-        softmax_rows_launch(cu, att, NULL, BH, T, 1.0f, false);
-        // y^T (hs,T) = v^T (hs,T) @ att^T: y = att @ v.
-        head_gemm(cu, false, false, hs, T, T, v, hs, sQ, NULL, att, T, sA, NULL, y, hs, sQ, BH,
-                  1.0f);
-        attn_unpermute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(out, y, B, T, NH, hs,
-                                                                            false);
-        DT_CU_LAUNCHED(cu);
+    if (!cu->failed && B > 0 && T > 0) {
+        if (!convert_mode(cu))
+            attention_fwd_t<float>(cu, out, att, qkv, B, T, C, NH);
+        else if (cu->precision == DT_PREC_BF16)
+            attention_fwd_t<__nv_bfloat16>(cu, out, att, qkv, B, T, C, NH);
+        else
+            attention_fwd_t<__half>(cu, out, att, qkv, B, T, C, NH);
     }
-    DT_CU_END(DT_CU_OP_ATTN_FWD, 4.0 * B * NH * (double)T * T * hs);
+    DT_CU_END(DT_CU_OP_ATTN_FWD, 4.0 * B * NH * (double)T * T * (C / NH));
 }
 
 void dt_cuda_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
                            const float *qkv, const float *att, int B, int T, int C, int NH)
 {
     DT_CU_BEGIN(be);
-    int hs = C / NH, BH = B * NH;
-    size_t n = (size_t)B * T * C;
-    long long sQ = (long long)T * hs, sA = (long long)T * T;
-    float scale = 1.0f / sqrtf((float)hs);
-    float *q = (float *)dt_cuda_scratch(cu, DT_CU_SCR_ATTN, 7 * n * sizeof(float));
-    if (q) {
-        float *k = q + n, *v = k + n, *dy = v + n, *dq = dy + n, *dk = dq + n, *dv = dk + n;
-        bool conv = convert_mode(cu);
-        const void *dy16 = NULL, *datt16 = NULL;
-        attn_permute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(q, k, v, qkv, B, T, NH,
-                                                                          hs);
-        DT_CU_LAUNCHED(cu);
-        attn_unpermute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(dy, dout, B, T, NH,
-                                                                            hs, true);
-        DT_CU_LAUNCHED(cu);
-        if (conv && !(dy16 = to16(cu, DT_CU_SCR_GEMM_C, dy, n)))
-            goto out;
-        // datt = dy @ v^T (per head): datt^T (T,T) = v (T,hs) . dy^T.
-        head_gemm(cu, true, false, T, T, hs, v, hs, sQ, NULL, dy, hs, sQ, dy16, datt, T, sA, BH,
-                  1.0f);
-        // dv = att^T @ dy: dv^T (hs,T) = dy^T (hs,T) @ att (T,T).
-        head_gemm(cu, false, true, hs, T, T, dy, hs, sQ, dy16, att, T, sA, NULL, dv, hs, sQ, BH,
-                  1.0f);
-        // dpreatt (scaled), in place in datt.
-        softmax_rows_launch(cu, datt, att, BH, T, scale, true);
-        if (conv && !(datt16 = to16(cu, DT_CU_SCR_GEMM_C, datt, (size_t)BH * T * T)))
-            goto out;
-        // dq = dpre @ k: dq^T (hs,T) = k^T (hs,T) @ dpre^T.
-        head_gemm(cu, false, false, hs, T, T, k, hs, sQ, NULL, datt, T, sA, datt16, dq, hs, sQ, BH,
-                  1.0f);
-        // dk = dpre^T @ q: dk^T (hs,T) = q^T (hs,T) @ dpre.
-        head_gemm(cu, false, true, hs, T, T, q, hs, sQ, NULL, datt, T, sA, datt16, dk, hs, sQ, BH,
-                  1.0f);
-        attn_permute_bwd_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(dqkv, dq, dk, dv, B,
-                                                                              T, NH, hs);
-        DT_CU_LAUNCHED(cu);
+    if (!cu->failed && B > 0 && T > 0) {
+        if (!convert_mode(cu))
+            attention_bwd_t<float>(cu, dqkv, datt, dout, qkv, att, B, T, C, NH);
+        else if (cu->precision == DT_PREC_BF16)
+            attention_bwd_t<__nv_bfloat16>(cu, dqkv, datt, dout, qkv, att, B, T, C, NH);
+        else
+            attention_bwd_t<__half>(cu, dqkv, datt, dout, qkv, att, B, T, C, NH);
     }
-out:
-    DT_CU_END(DT_CU_OP_ATTN_BWD, 8.0 * B * NH * (double)T * T * hs);
+    DT_CU_END(DT_CU_OP_ATTN_BWD, 8.0 * B * NH * (double)T * T * (C / NH));
 }
 
 // =============================================================================================
