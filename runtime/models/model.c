@@ -297,21 +297,22 @@ float dt_models_mean_loss(dt_model *m, const float *losses, int n, int valid)
 int64_t dt_models_count_correct(dt_model *m, const float *logits, const int32_t *targets, int N,
                                 int V)
 {
-    float *row = malloc((size_t)V * sizeof(float));
-    if (!row)
+    float *host = malloc((size_t)N * V * sizeof(float));
+    if (!host) /* accuracy is a statistic: without memory it is reported as 0 */
         return 0;
+    m->be->memcpy_d2h(m->be, host, logits, (size_t)N * V * sizeof(float));
     int64_t correct = 0;
     for (int i = 0; i < N; i++) {
         if (targets[i] < 0)
             continue;
-        m->be->memcpy_d2h(m->be, row, logits + (size_t)i * V, (size_t)V * sizeof(float));
+        const float *row = host + (size_t)i * V;
         int best = 0;
         for (int j = 1; j < V; j++)
             if (row[j] > row[best])
                 best = j;
         correct += best == targets[i];
     }
-    free(row);
+    free(host);
     return correct;
 }
 
