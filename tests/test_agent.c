@@ -861,6 +861,18 @@ static void test_sigusr1_forwarded(void)
     free(out);
 }
 
+/* The benchmark's own path (start, crash, restart) works end to end; its numbers are not
+ * checked here. */
+static void test_bench_launch_smoke(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 60, "%s bench launch --nproc 1,3 --repeat 1", BIN);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "restart after crash (ms)");
+    DT_CHECK(!strstr(out, "failed"));
+    free(out);
+}
+
 static const dt_test tests[] = {
     {"redirect_specs", test_redirect_specs, 0},
     {"env_build", test_env_build, 0},
@@ -889,6 +901,7 @@ static const dt_test tests[] = {
     {"ctrl_c_twice", test_ctrl_c_twice, 60},
     {"sigterm_forwarded", test_sigterm_forwarded, 60},
     {"sigusr1_forwarded", test_sigusr1_forwarded, 60},
+    {"bench_launch_smoke", test_bench_launch_smoke, 60},
 };
 
 int main(int argc, char **argv)
