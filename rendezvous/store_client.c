@@ -9,7 +9,7 @@
  *
  * Reconnects. A connection found dead is re-established within the call's deadline (with
  * backoff) and the request is sent again, except for the ops that are not idempotent (ADD,
- * APPEND): for those a connection lost after the request was sent is an error
+ * APPEND): for those a connection lost after the whole request was sent is an error
  * (-ECONNRESET, "may or may not have been applied"), and before sending them an idle
  * connection is first checked for a hang-up, so a store restart between calls is still
  * transparent. A client-side timeout closes the connection (a late reply must not be read as
@@ -89,13 +89,14 @@ static void conn_drop(dt_store *r)
     r->rcvtimeo_ms = r->sndtimeo_ms = 0;
 }
 
-/* Keeps the socket's timeout (SO_RCVTIMEO or SO_SNDTIMEO) within about 10% above the time
- * left, touching it only when the time left fell well below the current setting. */
+/* Keeps the socket's timeout (SO_RCVTIMEO or SO_SNDTIMEO) between half and 110% of the time
+ * left, so that a blocked call wakes up near its deadline and not much earlier; the setting
+ * is changed only when it falls outside that band (not on every call). */
 static void sock_timeo(dt_store *r, int opt, int *cur, int64_t left)
 {
     if (left < 1)
         left = 1;
-    if (*cur > 0 && *cur <= left + left / 10 + 5)
+    if (*cur > 0 && *cur <= left + left / 10 + 5 && *cur >= left / 2)
         return;
     struct timeval tv = {.tv_sec = left / 1000, .tv_usec = (left % 1000) * 1000};
     if (setsockopt(r->fd, SOL_SOCKET, opt, &tv, sizeof tv) == 0)
@@ -508,19 +509,20 @@ static int call_run(call *c, int idempotent, int64_t wait_ms, dt_proto_msg *m, d
     uint64_t deadline = wait_ms >= 0 ? wait_deadline + (uint64_t)WAIT_GRACE_MS * 1000000ull
                                      : deadline_in(r->timeout_ms);
     dt_err cerr = {0};
-    int rc = 0;
+    int rc = 0, sent = 0;
     for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
         if (r->fd >= 0 && !idempotent && conn_stale(r))
             conn_drop(r);
         if (r->fd < 0 && (rc = conn_open(r, deadline, &cerr)) < 0)
             return call_fail(c, err, rc, cerr.msg, NULL);
         if (wait_ms >= 0) { /* refresh the server-side timeout: the time left */
-            int64_t left = ms_left(wait_deadline);
+            int64_t left = wait_ms > 0 ? DT_MAX(ms_left(wait_deadline), 1) : 0;
             uint8_t *p = r->req.data + c->start + DT_PROTO_LEN_SIZE + 5;
             for (int i = 0; i < 8; i++)
                 p[i] = (uint8_t)((uint64_t)left >> (56 - 8 * i));
         }
         rc = send_all(r, r->req.data, r->req.len, deadline);
+        sent = rc == 0;
         if (rc == 0) {
             rc = recv_reply(r, m, deadline);
         } else if (rc != -ETIMEDOUT && recv_reply(r, m, dt_now_ns() + 100000000ull) == 0 &&
@@ -545,7 +547,9 @@ static int call_run(call *c, int idempotent, int64_t wait_ms, dt_proto_msg *m, d
         if (rc == -EPROTO)
             return call_fail(c, err, rc, "malformed reply (is this a dtrain store of the same "
                                          "version?)", NULL);
-        if (!idempotent)
+        /* A failed send never delivered the whole frame, so the server cannot have applied
+         * it; after a complete send, an ADD or APPEND may have been applied. */
+        if (!idempotent && sent)
             return call_fail(c, err, -ECONNRESET, "connection lost after sending; the "
                              "operation may or may not have been applied: ", strerror(-rc));
         if (ms_left(deadline) <= 0)

@@ -1253,9 +1253,11 @@ typedef struct fake_server {
     int lfd, port;
     uint16_t version;
     int hold_ms;
+    int drop; /* close as soon as a request has arrived, without answering */
 } fake_server;
 
-/* Accepts connections, sends a hello with the given version, then never answers. */
+/* Accepts connections, sends a hello with the given version, then never answers (holding the
+ * connection hold_ms, or dropping it once a request arrived). */
 static void *fake_main(void *arg)
 {
     fake_server *f = arg;
@@ -1266,7 +1268,14 @@ static void *fake_main(void *arg)
         uint8_t h[DT_PROTO_HELLO_SIZE];
         dt_proto_hello_encode(h, f->version, 0);
         (void)!write(fd, h, sizeof h);
-        dt_sleep_ms(f->hold_ms);
+        if (f->drop) {
+            uint8_t buf[DT_PROTO_HELLO_SIZE + DT_PROTO_LEN_SIZE + DT_PROTO_HDR_SIZE];
+            struct timeval tv = {.tv_sec = 5};
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            (void)!dt_read_all(fd, buf, sizeof buf);
+        } else {
+            dt_sleep_ms(f->hold_ms);
+        }
         close(fd);
     }
 }
@@ -1313,6 +1322,20 @@ static void test_client_timeouts(void)
     DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", g.port, &co, err), -EPROTO);
     DT_CHECK_CONTAINS(err->msg, "version");
     DT_CHECK((dt_now_ns() - t0) / 1000000 < 5000);
+
+    /* A connection lost after an ADD was sent: an error that says so, never a silent retry
+     * (it may have been applied). An idempotent op is retried, then fails the same way. */
+    fake_server d = {.version = DT_PROTO_VERSION, .drop = 1};
+    pthread_t t3;
+    start_fake(&d, &t3);
+    co.connect_timeout_ms = 2000;
+    co.timeout_ms = 1000;
+    DT_REQUIRE_OK(dt_store_connect(&s, "127.0.0.1", d.port, &co, err), err);
+    DT_CHECK_INT(dt_store_add(s, "n", 1, NULL, err), -ECONNRESET);
+    DT_CHECK_CONTAINS(err->msg, "may or may not");
+    DT_CHECK_INT(dt_store_set(s, "k", "v", 1, err), -ECONNRESET);
+    DT_CHECK_CONTAINS(err->msg, "connection lost");
+    dt_store_free(s);
     /* the fake threads end with the test process */
 }
 
