@@ -1,0 +1,719 @@
+/* comm_shm.c - collectives between the ranks of one host through POSIX shared memory.
+ *
+ * Layout of a segment (n local ranks):
+ *
+ *   header | n rank control blocks | n x 2 staging slots of slot_bytes
+ *
+ * Rank r owns slots (r,0) and (r,1); only r writes them, every local rank reads them. A
+ * collective is cut into steps of at most one slot of payload; consecutive steps alternate
+ * between the two slots (parity s & 1), so a rank can stage step s+1 while its peers still read
+ * step s. Each rank publishes three monotonic step counters in its control block:
+ *
+ *   posted  >= s: r's step-s data is in its slot (and its description of the collective)
+ *   reduced >= s: r finished the reduction it owns in step s (all-reduce only)
+ *   done    >= s: r finished reading its peers' slots of step s
+ *
+ * All-reduce of one step (segment of m elements, cut into n chunks, chunk j owned by rank j):
+ *   1. wait until every peer is done with step s-2 (it read our slot of this parity);
+ *      copy the chunks we do not own into our slot; publish posted = s;
+ *   2. wait for posted >= s everywhere (and check that every peer runs the same collective);
+ *      our chunk = ours + every peer's copy of it (summed in float32, rounded once), written to
+ *      our buffer and to our slot; publish reduced = s;
+ *   3. wait for reduced >= s everywhere; copy every other chunk's result from its owner's slot;
+ *      publish done = s.
+ * Per rank that moves the buffer through memory about once each way (1/n copied in, 1/n
+ * reduced, (n-1)/n copied out), and every chunk is summed by exactly one rank, so all ranks end
+ * with bit-identical results. Broadcast, all-gather and reduce-scatter are the same step with
+ * fewer phases.
+ *
+ * Waiting: a few tens of microseconds of spinning (a 4 KiB all-reduce must take well under
+ * 50 us), then sleeping on a futex in the shared control block (a peer wakes sleepers when it
+ * publishes), waking every 50 ms to check the deadline, whether the peer process still exists
+ * (pidfd) and whether any rank reported a failure. Counters are sequentially consistent atomics:
+ * a waiter registers in `sleepers` before it reads `epoch`, a publisher bumps `epoch` before it
+ * reads `sleepers`, so a wake-up is never lost.
+ */
+#include "runtime/comm_shm.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "runtime/comm_reduce.h"
+
+#define SHM_MAGIC 0x316d68736e727464ull /* "dtrnshm1" */
+#define SHM_VERSION 1u
+#define DEFAULT_SLOT (2u << 20)
+#define DEFAULT_SPIN_US 50
+#define SLEEP_SLICE_MS 50
+#define ALIGN_ELEMS 16 /* chunk boundaries on 64-byte lines for float32 */
+
+typedef struct rank_ctl {
+    _Atomic uint64_t posted, reduced, done;
+    _Atomic uint32_t epoch;    /* futex word: bumped on every publish */
+    _Atomic uint32_t sleepers; /* peers sleeping on epoch */
+    _Atomic int32_t pid;
+    int32_t pad;
+    dt_coll_desc desc[2];      /* the collective of the last posted step of each parity */
+    char abort_msg[400];       /* why this rank failed (valid once abort_rank names it) */
+} __attribute__((aligned(128))) rank_ctl;
+
+typedef struct shm_hdr {
+    _Atomic uint64_t magic;    /* set last by the creator */
+    uint32_t version;
+    int32_t local_size;
+    uint64_t slot_bytes;
+    uint64_t total_bytes;
+    _Atomic int32_t creator_pid; /* set first by the creator (dt_shm_clean reads it) */
+    _Atomic int32_t attached;
+    _Atomic int32_t abort_rank;  /* local index of the first rank that failed, -1 = none */
+    int32_t pad;
+    rank_ctl ctl[];
+} shm_hdr;
+
+struct dt_shm {
+    shm_hdr *h;
+    size_t map_bytes;
+    char *data;      /* first slot */
+    char name[200];
+    bool creator;
+    int me, n;
+    int *globals;    /* (n) global ranks */
+    int *pidfds;     /* (n) -1 when unavailable or self */
+    size_t slot;
+    uint64_t spin_ns;
+    uint64_t step;   /* last step number used */
+    bool failed;
+};
+
+/* ---- small helpers --------------------------------------------------------------------- */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val, int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *addr)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static uint32_t fnv1a(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 16777619u;
+    }
+    return h;
+}
+
+static void run_tag(char *buf, size_t cap, const char *run_id)
+{
+    char clean[33];
+    size_t k = 0;
+    for (const char *p = run_id; *p && k < sizeof clean - 1; p++) {
+        char c = *p;
+        clean[k++] = ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '-' || c == '_')
+                         ? c
+                         : '_';
+    }
+    clean[k] = '\0';
+    snprintf(buf, cap, "dtrain.%u.%s.%08x.", (unsigned)getuid(), clean, fnv1a(run_id));
+}
+
+void dt_shm_name(char *buf, size_t cap, const char *run_id, int attempt, uint64_t gen,
+                 int host_index)
+{
+    char tag[80];
+    run_tag(tag, sizeof tag, run_id ? run_id : "none");
+    snprintf(buf, cap, "/%sa%d.g%llu.h%d", tag, attempt, (unsigned long long)gen, host_index);
+}
+
+static bool pid_alive(int pid)
+{
+    if (pid <= 0)
+        return false;
+    return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+int dt_shm_clean(const char *run_id)
+{
+    char tag[80];
+    run_tag(tag, sizeof tag, run_id ? run_id : "none");
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, tag, strlen(tag)) != 0)
+            continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        int fd = shm_open(name, O_RDONLY, 0);
+        if (fd < 0)
+            continue;
+        shm_hdr h;
+        struct stat st;
+        bool stale = false;
+        memset(&h, 0, sizeof h);
+        if (fstat(fd, &st) == 0 && pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h) {
+            int pid = atomic_load(&h.creator_pid);
+            if (pid > 0)
+                stale = !pid_alive(pid);
+            else /* creator died before it wrote its pid */
+                stale = time(NULL) - st.st_mtime > 60;
+        }
+        close(fd);
+        if (stale && shm_unlink(name) == 0) {
+            removed++;
+            DT_INFO("comm: removed stale shared-memory segment %s (its creator no longer runs)",
+                    name);
+        }
+    }
+    closedir(d);
+    return removed;
+}
+
+static inline char *slot_ptr(dt_shm *s, int r, uint64_t step)
+{
+    return s->data + ((size_t)r * 2 + (step & 1)) * s->slot;
+}
+
+/* ---- failure ----------------------------------------------------------------------------- */
+
+void dt_shm_abort(dt_shm *s, const char *msg)
+{
+    if (!s)
+        return;
+    s->failed = true;
+    rank_ctl *me = &s->h->ctl[s->me];
+    int32_t expect = -1;
+    /* Only the first failure is told: it is the root cause; later ones are its echoes. */
+    if (atomic_load(&s->h->abort_rank) == -1) {
+        dt_strlcpy(me->abort_msg, msg, sizeof me->abort_msg);
+        atomic_compare_exchange_strong(&s->h->abort_rank, &expect, s->me);
+    }
+    for (int j = 0; j < s->n; j++) {
+        atomic_fetch_add(&s->h->ctl[j].epoch, 1);
+        futex_wake(&s->h->ctl[j].epoch);
+    }
+}
+
+/* Formats "<collective>: <message>" into err, tells the peers (unless the failure came from
+ * them), and returns code. */
+static int fail(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err, int code, bool tell,
+                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static int fail(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err, int code, bool tell,
+                const char *fmt, ...)
+{
+    char what[160], msg[DT_ERR_MSG_MAX - 200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    dt_coll_describe(&ctx->desc, what, sizeof what);
+    dt_err_set(err, code, "%s: %s", what, msg);
+    if (tell) {
+        char told[DT_ERR_MSG_MAX];
+        snprintf(told, sizeof told, "%s", err ? err->msg : msg);
+        dt_shm_abort(s, told);
+    }
+    s->failed = true;
+    return code;
+}
+
+static int peer_aborted(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err)
+{
+    int a = atomic_load(&s->h->abort_rank);
+    if (a < 0 || a == s->me)
+        return 0;
+    return fail(s, ctx, err, -ECONNABORTED, false, "rank %d failed: %.600s", s->globals[a],
+                s->h->ctl[a].abort_msg);
+}
+
+static bool peer_dead(dt_shm *s, int j)
+{
+    if (s->pidfds[j] >= 0) {
+        struct pollfd p = {s->pidfds[j], POLLIN, 0};
+        return poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+    }
+    return !pid_alive(atomic_load(&s->h->ctl[j].pid));
+}
+
+/* ---- waiting ----------------------------------------------------------------------------- */
+
+enum { W_POSTED, W_REDUCED, W_DONE };
+
+static _Atomic uint64_t *counter(dt_shm *s, int j, int which)
+{
+    rank_ctl *c = &s->h->ctl[j];
+    return which == W_POSTED ? &c->posted : which == W_REDUCED ? &c->reduced : &c->done;
+}
+
+static const char *const wait_what[] = {
+    "stage its data for this step",
+    "finish its share of the reduction",
+    "finish reading the staging buffers of the previous step",
+};
+
+static int wait_ge(dt_shm *s, int j, int which, uint64_t target, const dt_coll_ctx *ctx,
+                   dt_err *err)
+{
+    _Atomic uint64_t *ctr = counter(s, j, which);
+    if (atomic_load_explicit(ctr, memory_order_acquire) >= target)
+        return 0;
+    uint64_t t0 = dt_now_ns();
+    while (dt_now_ns() - t0 < s->spin_ns) {
+        for (int i = 0; i < 32; i++)
+            cpu_relax();
+        if (atomic_load_explicit(ctr, memory_order_acquire) >= target)
+            return 0;
+        if (atomic_load_explicit(&s->h->abort_rank, memory_order_relaxed) >= 0)
+            break;
+    }
+    rank_ctl *c = &s->h->ctl[j];
+    for (int yields = 0;; yields++) {
+        int rc = peer_aborted(s, ctx, err);
+        if (rc)
+            return rc;
+        uint64_t now = dt_now_ns();
+        if (now >= ctx->deadline_ns)
+            return fail(s, ctx, err, -ETIMEDOUT, true,
+                        "timed out after %.1f s waiting for rank %d (pid %d, same host) to %s; "
+                        "that rank is stalled or dead, or it issued fewer collectives than this "
+                        "one (every rank must run the same steps); ddp.timeout sets the limit",
+                        ctx->timeout_ms / 1000.0, s->globals[j], (int)atomic_load(&c->pid),
+                        wait_what[which]);
+        if (peer_dead(s, j))
+            return fail(s, ctx, err, -ECONNRESET, true,
+                        "rank %d (pid %d, same host) exited while this rank waited for it to %s",
+                        s->globals[j], (int)atomic_load(&c->pid), wait_what[which]);
+        if (yields < 4) { /* let a peer on this very core run before going to sleep */
+            sched_yield();
+            if (atomic_load(ctr) >= target)
+                return 0;
+            continue;
+        }
+        atomic_fetch_add(&c->sleepers, 1);
+        uint32_t e = atomic_load(&c->epoch);
+        if (atomic_load(ctr) >= target) {
+            atomic_fetch_sub(&c->sleepers, 1);
+            return 0;
+        }
+        uint64_t left_ms = (ctx->deadline_ns - now) / 1000000u + 1;
+        futex_wait(&c->epoch, e, (int)DT_MIN(left_ms, (uint64_t)SLEEP_SLICE_MS));
+        atomic_fetch_sub(&c->sleepers, 1);
+        if (atomic_load(ctr) >= target)
+            return 0;
+    }
+}
+
+static int wait_all(dt_shm *s, int which, uint64_t target, const dt_coll_ctx *ctx, dt_err *err)
+{
+    for (int j = 0; j < s->n; j++) {
+        if (j == s->me)
+            continue;
+        int rc = wait_ge(s, j, which, target, ctx, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void publish(dt_shm *s, int which, uint64_t step)
+{
+    rank_ctl *c = &s->h->ctl[s->me];
+    atomic_store(counter(s, s->me, which), step);
+    atomic_fetch_add(&c->epoch, 1);
+    if (atomic_load(&c->sleepers) > 0)
+        futex_wake(&c->epoch);
+}
+
+/* Step prologue: the step number, after every peer released our slot of this parity. */
+static int step_begin(dt_shm *s, uint64_t *step, const dt_coll_ctx *ctx, dt_err *err)
+{
+    if (s->failed)
+        return fail(s, ctx, err, -EPIPE, false, "shared-memory group failed earlier");
+    uint64_t st = ++s->step;
+    *step = st;
+    return st > 2 ? wait_all(s, W_DONE, st - 2, ctx, err) : 0;
+}
+
+/* Publishes our description and posted = step, waits for everyone's, and checks that every
+ * peer runs the same collective. */
+static int step_post(dt_shm *s, uint64_t step, const dt_coll_ctx *ctx, dt_err *err)
+{
+    s->h->ctl[s->me].desc[step & 1] = ctx->desc;
+    publish(s, W_POSTED, step);
+    for (int j = 0; j < s->n; j++) {
+        if (j == s->me)
+            continue;
+        int rc = wait_ge(s, j, W_POSTED, step, ctx, err);
+        if (rc)
+            return rc;
+        const dt_coll_desc *theirs = &s->h->ctl[j].desc[step & 1];
+        if (!dt_coll_same(theirs, &ctx->desc)) {
+            char a[160];
+            dt_coll_describe(theirs, a, sizeof a);
+            return fail(s, ctx, err, -EPROTO, true,
+                        "collective mismatch: rank %d issued %s at the same point (ranks must "
+                        "issue the same collectives, with the same sizes, in the same order)",
+                        s->globals[j], a);
+        }
+    }
+    return 0;
+}
+
+static void step_finish(dt_shm *s, uint64_t step)
+{
+    publish(s, W_REDUCED, step);
+    publish(s, W_DONE, step);
+}
+
+/* Chunk j of a segment of m elements: [lo, hi). */
+static void chunk(size_t m, int n, int j, size_t *lo, size_t *hi)
+{
+    size_t c = (m + (size_t)n - 1) / (size_t)n;
+    c = (c + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
+    *lo = DT_MIN((size_t)j * c, m);
+    *hi = DT_MIN(*lo + c, m);
+}
+
+/* ---- collectives ------------------------------------------------------------------------- */
+
+int dt_shm_allreduce(dt_shm *s, void *buf, size_t count, dt_dtype t, float scale,
+                     const dt_coll_ctx *ctx, dt_err *err)
+{
+    size_t es = dt_dtype_size(t), per_step = s->slot / es, off = 0;
+    const void *srcs[DT_SHM_MAX_LOCAL];
+    do {
+        size_t m = DT_MIN(per_step, count - off);
+        char *base = (char *)buf + off * es;
+        uint64_t st;
+        int rc = step_begin(s, &st, ctx, err);
+        if (rc)
+            return rc;
+        char *mine = slot_ptr(s, s->me, st);
+        size_t lo, hi;
+        for (int j = 0; j < s->n; j++) {
+            if (j == s->me)
+                continue;
+            chunk(m, s->n, j, &lo, &hi);
+            memcpy(mine + lo * es, base + lo * es, (hi - lo) * es);
+        }
+        if ((rc = step_post(s, st, ctx, err)) != 0)
+            return rc;
+        chunk(m, s->n, s->me, &lo, &hi);
+        srcs[0] = base + lo * es;
+        for (int j = 0, k = 1; j < s->n; j++)
+            if (j != s->me)
+                srcs[k++] = slot_ptr(s, j, st) + lo * es;
+        if (hi > lo)
+            dt_reduce_sum(base + lo * es, mine + lo * es, srcs, s->n, hi - lo, t, scale);
+        publish(s, W_REDUCED, st);
+        for (int j = 0; j < s->n; j++) {
+            if (j == s->me)
+                continue;
+            if ((rc = wait_ge(s, j, W_REDUCED, st, ctx, err)) != 0)
+                return rc;
+            chunk(m, s->n, j, &lo, &hi);
+            memcpy(base + lo * es, slot_ptr(s, j, st) + lo * es, (hi - lo) * es);
+        }
+        publish(s, W_DONE, st);
+        off += m;
+    } while (off < count);
+    return 0;
+}
+
+int dt_shm_broadcast(dt_shm *s, void *buf, size_t bytes, int root, const dt_coll_ctx *ctx,
+                     dt_err *err)
+{
+    size_t off = 0;
+    do {
+        size_t m = DT_MIN(s->slot, bytes - off);
+        uint64_t st;
+        int rc = step_begin(s, &st, ctx, err);
+        if (rc)
+            return rc;
+        if (s->me == root)
+            memcpy(slot_ptr(s, s->me, st), (char *)buf + off, m);
+        if ((rc = step_post(s, st, ctx, err)) != 0)
+            return rc;
+        if (s->me != root)
+            memcpy((char *)buf + off, slot_ptr(s, root, st), m);
+        step_finish(s, st);
+        off += m;
+    } while (off < bytes);
+    return 0;
+}
+
+int dt_shm_allgather(dt_shm *s, const void *send, void *recv, size_t bytes,
+                     const dt_coll_ctx *ctx, dt_err *err)
+{
+    char *own = (char *)recv + (size_t)s->me * bytes;
+    if (own != (const char *)send)
+        memmove(own, send, bytes);
+    size_t off = 0;
+    do {
+        size_t m = DT_MIN(s->slot, bytes - off);
+        uint64_t st;
+        int rc = step_begin(s, &st, ctx, err);
+        if (rc)
+            return rc;
+        memcpy(slot_ptr(s, s->me, st), own + off, m);
+        if ((rc = step_post(s, st, ctx, err)) != 0)
+            return rc;
+        for (int j = 0; j < s->n; j++)
+            if (j != s->me)
+                memcpy((char *)recv + (size_t)j * bytes + off, slot_ptr(s, j, st), m);
+        step_finish(s, st);
+        off += m;
+    } while (off < bytes);
+    return 0;
+}
+
+int dt_shm_reduce_scatter(dt_shm *s, const void *send, void *recv, size_t count, dt_dtype t,
+                          float scale, const dt_coll_ctx *ctx, dt_err *err)
+{
+    size_t es = dt_dtype_size(t), per_piece = s->slot / ((size_t)s->n * es), off = 0;
+    const void *srcs[DT_SHM_MAX_LOCAL];
+    do {
+        size_t m = DT_MIN(per_piece, count - off);
+        uint64_t st;
+        int rc = step_begin(s, &st, ctx, err);
+        if (rc)
+            return rc;
+        char *mine = slot_ptr(s, s->me, st);
+        for (int j = 0; j < s->n; j++)
+            if (j != s->me)
+                memcpy(mine + (size_t)j * per_piece * es,
+                       (const char *)send + ((size_t)j * count + off) * es, m * es);
+        if ((rc = step_post(s, st, ctx, err)) != 0)
+            return rc;
+        srcs[0] = (const char *)send + ((size_t)s->me * count + off) * es;
+        for (int j = 0, k = 1; j < s->n; j++)
+            if (j != s->me)
+                srcs[k++] = slot_ptr(s, j, st) + (size_t)s->me * per_piece * es;
+        if (m)
+            dt_reduce_sum((char *)recv + off * es, NULL, srcs, s->n, m, t, scale);
+        step_finish(s, st);
+        off += m;
+    } while (off < count);
+    return 0;
+}
+
+int dt_shm_barrier(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err)
+{
+    uint64_t st;
+    int rc = step_begin(s, &st, ctx, err);
+    if (rc)
+        return rc;
+    if ((rc = step_post(s, st, ctx, err)) != 0)
+        return rc;
+    step_finish(s, st);
+    return 0;
+}
+
+/* ---- lifecycle --------------------------------------------------------------------------- */
+
+static int open_pidfd(int pid)
+{
+#ifdef SYS_pidfd_open
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (fd >= 0)
+        dt_set_cloexec(fd);
+    return fd;
+#else
+    (void)pid;
+    return -1;
+#endif
+}
+
+int dt_shm_open(dt_shm **out, const dt_shm_opts *o, bool create, uint64_t deadline_ns,
+                dt_err *err)
+{
+    int rc = 0, fd = -1;
+    if (o->local_size < 2 || o->local_size > DT_SHM_MAX_LOCAL || o->local_rank < 0 ||
+        o->local_rank >= o->local_size)
+        return dt_err_set(err, -EINVAL, "shared memory: %d local ranks (2..%d), index %d",
+                          o->local_size, DT_SHM_MAX_LOCAL, o->local_rank);
+    dt_shm *s = calloc(1, sizeof *s);
+    if (!s)
+        return dt_err_set(err, -ENOMEM, "shared memory: out of memory");
+    s->me = o->local_rank;
+    s->n = o->local_size;
+    s->slot = o->slot_bytes ? o->slot_bytes : DEFAULT_SLOT;
+    s->slot = DT_MAX((size_t)65536, (s->slot + 4095) / 4096 * 4096);
+    s->spin_ns = (uint64_t)(o->spin_us >= 0 ? o->spin_us : DEFAULT_SPIN_US) * 1000u;
+    dt_strlcpy(s->name, o->name, sizeof s->name);
+    s->globals = calloc((size_t)s->n, sizeof *s->globals);
+    s->pidfds = calloc((size_t)s->n, sizeof *s->pidfds);
+    if (!s->globals || !s->pidfds) {
+        rc = dt_err_set(err, -ENOMEM, "shared memory: out of memory");
+        goto fail;
+    }
+    for (int j = 0; j < s->n; j++) {
+        s->globals[j] = o->global_ranks[j];
+        s->pidfds[j] = -1;
+    }
+    size_t hdr = sizeof(shm_hdr) + (size_t)s->n * sizeof(rank_ctl);
+    hdr = (hdr + 4095) / 4096 * 4096;
+    size_t total = hdr + (size_t)s->n * 2 * s->slot;
+
+    if (create) {
+        for (int tries = 0;; tries++) {
+            fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+            if (fd >= 0 || errno != EEXIST || tries > 0)
+                break;
+            /* A segment of this very name: a dead earlier group of the same run id, unless its
+             * creator still runs. */
+            int old = shm_open(s->name, O_RDONLY, 0);
+            shm_hdr oh;
+            memset(&oh, 0, sizeof oh);
+            if (old >= 0) {
+                if (pread(old, &oh, sizeof oh, 0) != (ssize_t)sizeof oh)
+                    memset(&oh, 0, sizeof oh);
+                close(old);
+            }
+            int pid = atomic_load(&oh.creator_pid);
+            if (pid_alive(pid)) {
+                rc = dt_err_set(err, -EEXIST,
+                                "shared memory: %s is in use by process %d: another job with "
+                                "the same run id runs on this host (give each job its own "
+                                "rendezvous.id)",
+                                s->name, pid);
+                goto fail;
+            }
+            shm_unlink(s->name);
+        }
+        if (fd < 0) {
+            rc = dt_err_errno(err, errno, "shared memory: cannot create %s", s->name);
+            goto fail;
+        }
+        s->creator = true; /* from here on, a failure unlinks the name */
+        if (ftruncate(fd, (off_t)total) != 0) {
+            rc = dt_err_errno(err, errno, "shared memory: cannot size %s to %zu bytes (is /dev/shm "
+                              "large enough?)", s->name, total);
+            goto fail;
+        }
+    } else {
+        fd = shm_open(s->name, O_RDWR, 0);
+        if (fd < 0) {
+            rc = dt_err_errno(err, errno, "shared memory: cannot open %s created by local rank 0",
+                              s->name);
+            goto fail;
+        }
+        struct stat st;
+        if (fstat(fd, &st) != 0 || (size_t)st.st_size != total) {
+            rc = dt_err_set(err, -EPROTO,
+                            "shared memory: %s has %lld bytes, expected %zu (ranks disagree on "
+                            "DTRAIN_COMM_SHM_SLOT_KB or the number of local ranks)",
+                            s->name, (long long)st.st_size, total);
+            goto fail;
+        }
+    }
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = dt_err_errno(err, errno, "shared memory: cannot map %s (%zu bytes)", s->name, total);
+        goto fail;
+    }
+    close(fd);
+    fd = -1;
+    s->h = p;
+    s->map_bytes = total;
+    s->data = (char *)p + hdr;
+    if (create) {
+        atomic_store(&s->h->creator_pid, (int32_t)getpid());
+        s->h->version = SHM_VERSION;
+        s->h->local_size = s->n;
+        s->h->slot_bytes = s->slot;
+        s->h->total_bytes = total;
+        atomic_store(&s->h->abort_rank, -1);
+        atomic_store(&s->h->magic, SHM_MAGIC);
+    } else if (atomic_load(&s->h->magic) != SHM_MAGIC || s->h->version != SHM_VERSION ||
+               s->h->local_size != s->n || s->h->slot_bytes != s->slot) {
+        rc = dt_err_set(err, -EPROTO,
+                        "shared memory: %s is not a dtrain segment of this group (version %u, %d "
+                        "ranks, %llu-byte slots; expected %u, %d, %zu)",
+                        s->name, s->h->version, s->h->local_size,
+                        (unsigned long long)s->h->slot_bytes, SHM_VERSION, s->n, s->slot);
+        goto fail;
+    }
+    atomic_store(&s->h->ctl[s->me].pid, (int32_t)getpid());
+    if (atomic_fetch_add(&s->h->attached, 1) + 1 == s->n) {
+        shm_unlink(s->name); /* everyone is in: the name is no longer needed */
+        DT_DEBUG("comm: every local rank attached to %s; unlinked", s->name);
+    }
+    for (int sleep_us = 50; atomic_load(&s->h->attached) < s->n;) {
+        if (dt_now_ns() >= deadline_ns) {
+            rc = dt_err_set(err, -ETIMEDOUT,
+                            "shared memory: only %d of %d local ranks attached to %s in time "
+                            "(a local rank died or is stuck during start-up)",
+                            (int)atomic_load(&s->h->attached), s->n, s->name);
+            goto fail;
+        }
+        usleep((useconds_t)sleep_us);
+        sleep_us = DT_MIN(sleep_us * 2, 5000);
+    }
+    for (int j = 0; j < s->n; j++)
+        if (j != s->me)
+            s->pidfds[j] = open_pidfd(atomic_load(&s->h->ctl[j].pid));
+    *out = s;
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (s->creator)
+        shm_unlink(s->name);
+    dt_shm_close(s);
+    return rc;
+}
+
+void dt_shm_close(dt_shm *s)
+{
+    if (!s)
+        return;
+    if (s->h) {
+        /* The group never formed completely: the name is still linked. */
+        if (s->creator && atomic_load(&s->h->attached) < s->n)
+            shm_unlink(s->name);
+        munmap(s->h, s->map_bytes);
+    }
+    if (s->pidfds)
+        for (int j = 0; j < s->n; j++)
+            if (s->pidfds[j] >= 0)
+                close(s->pidfds[j]);
+    free(s->pidfds);
+    free(s->globals);
+    free(s);
+}
