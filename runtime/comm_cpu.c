@@ -759,7 +759,7 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
                           .spin_us = env_int("DTRAIN_COMM_SPIN_US", -1)};
         if (c->local_rank == 0) {
             dt_shm_clean(o->run_id);
-            if ((rc = dt_shm_open(&c->shm, &so, true, deadline, err)) != 0) {
+            if ((rc = dt_shm_open(&c->shm, &so, true, err)) != 0) {
                 /* Tell the other local ranks now rather than let them wait for the timeout. */
                 char why[DT_ERR_MSG_MAX + 2];
                 int n = snprintf(why, sizeof why, "!%s", err ? err->msg : "failed");
@@ -786,10 +786,13 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
                 goto fail;
             }
             free(v);
-            if ((rc = dt_shm_open(&c->shm, &so, false, deadline, err)) != 0)
+            if ((rc = dt_shm_open(&c->shm, &so, false, err)) != 0)
                 goto fail;
         }
     }
+
+    if (c->shm && (rc = dt_shm_ready(c->shm, deadline, err)) != 0)
+        goto fail;
 
     /* ---- the ring ---- */
     int members = c->flat_tcp ? world : c->nhosts;

@@ -1,37 +1,44 @@
 /* comm_shm.c - collectives between the ranks of one host through POSIX shared memory.
  *
- * Layout of a segment (n local ranks):
+ * Layout of a segment (n local ranks, K = 8 slices per rank):
  *
- *   header | n rank control blocks | n x 2 staging slots of slot_bytes
+ *   header | n rank control blocks | n x K staging slices of slice_bytes
  *
- * Rank r owns slots (r,0) and (r,1); only r writes them, every local rank reads them. A
- * collective is cut into steps of at most one slot of payload; consecutive steps alternate
- * between the two slots (parity s & 1), so a rank can stage step s+1 while its peers still read
- * step s. Each rank publishes three monotonic step counters in its control block:
+ * Rank r owns its K slices; only r writes them, every local rank reads them. A collective is cut
+ * into steps of at most one slice of payload; step s uses slice s % K. Each rank publishes three
+ * monotonic step counters in its control block:
  *
- *   posted  >= s: r's step-s data is in its slot (and its description of the collective)
- *   reduced >= s: r finished the reduction it owns in step s (all-reduce only)
- *   done    >= s: r finished reading its peers' slots of step s
+ *   posted  >= s: r's step-s data is in its slice (with its description of the collective)
+ *   reduced >= s: r finished the reduction it owns in step s
+ *   done    >= s: r finished reading its peers' slices of step s
  *
- * All-reduce of one step (segment of m elements, cut into n chunks, chunk j owned by rank j):
- *   1. wait until every peer is done with step s-2 (it read our slot of this parity);
- *      copy the chunks we do not own into our slot; publish posted = s;
- *   2. wait for posted >= s everywhere (and check that every peer runs the same collective);
- *      our chunk = ours + every peer's copy of it (summed in float32, rounded once), written to
- *      our buffer and to our slot; publish reduced = s;
- *   3. wait for reduced >= s everywhere; copy every other chunk's result from its owner's slot;
- *      publish done = s.
- * Per rank that moves the buffer through memory about once each way (1/n copied in, 1/n
- * reduced, (n-1)/n copied out), and every chunk is summed by exactly one rank, so all ranks end
- * with bit-identical results. Broadcast, all-gather and reduce-scatter are the same step with
- * fewer phases.
+ * All-reduce of one step (a segment of m elements in n chunks, chunk j owned by local rank j):
+ *   1. post:   once every peer is done with step s-K (it has read our slice), copy the chunks we
+ *              do not own into our slice; publish posted = s;
+ *   2. reduce: once every peer posted s (and runs the same collective, checked here), our chunk =
+ *              ours + every peer's copy (summed in float32, rounded once), written to our buffer
+ *              and to our slice; publish reduced = s;
+ *   3. finish: once every peer reduced s, copy the other chunks' results from their owners'
+ *              slices; publish done = s.
+ * Per rank that moves the buffer through memory about once each way, and every chunk is summed
+ * by exactly one rank, so every rank ends with bit-identical results. Broadcast, all-gather and
+ * reduce-scatter are the same steps without phase 3.
+ *
+ * The steps are pipelined, not lock-step: a rank does whatever phase of whatever step is ready
+ * (posting up to K steps ahead) and blocks only when nothing is. Ranks share CPUs with compute
+ * threads and other processes; in lock-step every step would cost a scheduling round trip
+ * whenever a peer is off its CPU, while here a rank that gets its CPU back finds many steps ready.
  *
  * Waiting: a few tens of microseconds of spinning (a 4 KiB all-reduce must take well under
- * 50 us), then sleeping on a futex in the shared control block (a peer wakes sleepers when it
- * publishes), waking every 50 ms to check the deadline, whether the peer process still exists
- * (pidfd) and whether any rank reported a failure. Counters are sequentially consistent atomics:
- * a waiter registers in `sleepers` before it reads `epoch`, a publisher bumps `epoch` before it
- * reads `sleepers`, so a wake-up is never lost.
+ * 50 us), a few sched_yield()s, then sleeping on a futex in the peer's control block (a peer
+ * wakes sleepers when it publishes), waking every 50 ms to check the deadline, whether the peer
+ * process still exists (pidfd) and whether any rank reported a failure. Counters are
+ * sequentially consistent atomics: a waiter registers in `sleepers` before it reads `epoch`, a
+ * publisher bumps `epoch` before it reads `sleepers`, so a wake-up is never lost.
+ *
+ * Large results (16 MiB and up) are written to the caller's buffer with streaming stores, which
+ * skip reading the destination first: a third less memory traffic where memory bandwidth is the
+ * limit.
  */
 #include "runtime/comm_shm.h"
 
@@ -59,10 +66,12 @@
 
 #define SHM_MAGIC 0x316d68736e727464ull /* "dtrnshm1" */
 #define SHM_VERSION 1u
-#define DEFAULT_SLOT (2u << 20)
+#define SLICES 8
+#define DEFAULT_SLICE (512u << 10)
 #define DEFAULT_SPIN_US 50
 #define SLEEP_SLICE_MS 50
-#define ALIGN_ELEMS 16 /* chunk boundaries on 64-byte lines for float32 */
+#define ALIGN_ELEMS 16
+#define STREAM_MIN_BYTES (16u << 20) /* chunk boundaries on 64-byte lines for float32 */
 
 typedef struct rank_ctl {
     _Atomic uint64_t posted, reduced, done;
@@ -70,7 +79,7 @@ typedef struct rank_ctl {
     _Atomic uint32_t sleepers; /* peers sleeping on epoch */
     _Atomic int32_t pid;
     int32_t pad;
-    dt_coll_desc desc[2];      /* the collective of the last posted step of each parity */
+    dt_coll_desc desc[SLICES]; /* the collective of the last step posted in each slice */
     char abort_msg[400];       /* why this rank failed (valid once abort_rank names it) */
 } __attribute__((aligned(128))) rank_ctl;
 
@@ -205,7 +214,7 @@ int dt_shm_clean(const char *run_id)
 
 static inline char *slot_ptr(dt_shm *s, int r, uint64_t step)
 {
-    return s->data + ((size_t)r * 2 + (step & 1)) * s->slot;
+    return s->data + ((size_t)r * SLICES + (size_t)(step % SLICES)) * s->slot;
 }
 
 /* ---- failure ----------------------------------------------------------------------------- */
@@ -303,6 +312,9 @@ static int wait_ge(dt_shm *s, int j, int which, uint64_t target, const dt_coll_c
     }
     rank_ctl *c = &s->h->ctl[j];
     for (int yields = 0;; yields++) {
+        /* Progress first: a peer that posted and then failed still posted. */
+        if (atomic_load(ctr) >= target)
+            return 0;
         int rc = peer_aborted(s, ctx, err);
         if (rc)
             return rc;
@@ -338,18 +350,6 @@ static int wait_ge(dt_shm *s, int j, int which, uint64_t target, const dt_coll_c
     }
 }
 
-static int wait_all(dt_shm *s, int which, uint64_t target, const dt_coll_ctx *ctx, dt_err *err)
-{
-    for (int j = 0; j < s->n; j++) {
-        if (j == s->me)
-            continue;
-        int rc = wait_ge(s, j, which, target, ctx, err);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
 static void publish(dt_shm *s, int which, uint64_t step)
 {
     rank_ctl *c = &s->h->ctl[s->me];
@@ -359,29 +359,121 @@ static void publish(dt_shm *s, int which, uint64_t step)
         futex_wake(&c->epoch);
 }
 
-/* Step prologue: the step number, after every peer released our slot of this parity. */
-static int step_begin(dt_shm *s, uint64_t *step, const dt_coll_ctx *ctx, dt_err *err)
+/* The first peer whose counter is below target, or -1 when none is. */
+static int behind(dt_shm *s, int which, uint64_t target)
 {
-    if (s->failed)
-        return fail(s, ctx, err, -EPIPE, false, "shared-memory group failed earlier");
-    uint64_t st = ++s->step;
-    *step = st;
-    return st > 2 ? wait_all(s, W_DONE, st - 2, ctx, err) : 0;
+    for (int j = 0; j < s->n; j++)
+        if (j != s->me && atomic_load_explicit(counter(s, j, which), memory_order_acquire) < target)
+            return j;
+    return -1;
 }
 
-/* Publishes our description and posted = step, waits for everyone's, and checks that every
- * peer runs the same collective. */
-static int step_post(dt_shm *s, uint64_t step, const dt_coll_ctx *ctx, dt_err *err)
+/* Chunk j of a segment of m elements: [lo, hi). */
+static void chunk(size_t m, int n, int j, size_t *lo, size_t *hi)
 {
-    s->h->ctl[s->me].desc[step & 1] = ctx->desc;
-    publish(s, W_POSTED, step);
+    size_t c = (m + (size_t)n - 1) / (size_t)n;
+    c = (c + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
+    *lo = DT_MIN((size_t)j * c, m);
+    *hi = DT_MIN(*lo + c, m);
+}
+
+/* One collective as steps: what each phase does with step i (0-based within the collective). */
+typedef struct shm_op {
+    int kind;               /* dt_coll_kind */
+    dt_dtype t;
+    size_t es;              /* element size (1 for byte-wise collectives) */
+    size_t count;           /* elements (per rank for allgather, reduce_scatter; bytes for
+                               broadcast and allgather) */
+    size_t per_step;        /* elements per step */
+    char *buf;              /* allreduce, broadcast */
+    const char *send;       /* allgather, reduce_scatter */
+    char *recv;
+    int root;               /* broadcast: local index */
+    float scale;
+    bool stream;
+} shm_op;
+
+static void phase_post(dt_shm *s, const shm_op *o, uint64_t i, char *mine)
+{
+    size_t off = (size_t)i * o->per_step, m = DT_MIN(o->per_step, o->count - off), lo, hi;
+    switch (o->kind) {
+    case DT_COLL_ALLREDUCE:
+        for (int j = 0; j < s->n; j++) {
+            if (j == s->me)
+                continue;
+            chunk(m, s->n, j, &lo, &hi);
+            memcpy(mine + lo * o->es, o->buf + (off + lo) * o->es, (hi - lo) * o->es);
+        }
+        break;
+    case DT_COLL_BROADCAST:
+        if (s->me == o->root)
+            memcpy(mine, o->buf + off, m);
+        break;
+    case DT_COLL_ALLGATHER:
+        memcpy(mine, o->send + off, m);
+        break;
+    case DT_COLL_REDUCE_SCATTER:
+        for (int j = 0; j < s->n; j++)
+            if (j != s->me)
+                memcpy(mine + (size_t)j * o->per_step * o->es,
+                       o->send + ((size_t)j * o->count + off) * o->es, m * o->es);
+        break;
+    }
+}
+
+static void phase_reduce(dt_shm *s, const shm_op *o, uint64_t step, uint64_t i, char *mine)
+{
+    size_t off = (size_t)i * o->per_step, m = DT_MIN(o->per_step, o->count - off), lo, hi;
+    const void *srcs[DT_SHM_MAX_LOCAL];
+    switch (o->kind) {
+    case DT_COLL_ALLREDUCE:
+        chunk(m, s->n, s->me, &lo, &hi);
+        srcs[0] = o->buf + (off + lo) * o->es;
+        for (int j = 0, k = 1; j < s->n; j++)
+            if (j != s->me)
+                srcs[k++] = slot_ptr(s, j, step) + lo * o->es;
+        if (hi > lo)
+            dt_reduce_sum(o->buf + (off + lo) * o->es, mine + lo * o->es, srcs, s->n, hi - lo,
+                          o->t, o->scale, o->stream);
+        break;
+    case DT_COLL_BROADCAST:
+        if (s->me != o->root)
+            memcpy(o->buf + off, slot_ptr(s, o->root, step), m);
+        break;
+    case DT_COLL_ALLGATHER:
+        for (int j = 0; j < s->n; j++)
+            if (j != s->me)
+                memcpy(o->recv + (size_t)j * o->count + off, slot_ptr(s, j, step), m);
+        break;
+    case DT_COLL_REDUCE_SCATTER:
+        srcs[0] = o->send + ((size_t)s->me * o->count + off) * o->es;
+        for (int j = 0, k = 1; j < s->n; j++)
+            if (j != s->me)
+                srcs[k++] = slot_ptr(s, j, step) + (size_t)s->me * o->per_step * o->es;
+        if (m)
+            dt_reduce_sum(o->recv + off * o->es, NULL, srcs, s->n, m, o->t, o->scale, false);
+        break;
+    }
+}
+
+static void phase_finish(dt_shm *s, const shm_op *o, uint64_t step, uint64_t i)
+{
+    size_t off = (size_t)i * o->per_step, m = DT_MIN(o->per_step, o->count - off), lo, hi;
     for (int j = 0; j < s->n; j++) {
         if (j == s->me)
             continue;
-        int rc = wait_ge(s, j, W_POSTED, step, ctx, err);
-        if (rc)
-            return rc;
-        const dt_coll_desc *theirs = &s->h->ctl[j].desc[step & 1];
+        chunk(m, s->n, j, &lo, &hi);
+        dt_copy(o->buf + (off + lo) * o->es, slot_ptr(s, j, step) + lo * o->es,
+                (hi - lo) * o->es, o->stream);
+    }
+}
+
+static int check_desc(dt_shm *s, uint64_t step, const dt_coll_ctx *ctx, dt_err *err)
+{
+    for (int j = 0; j < s->n; j++) {
+        if (j == s->me)
+            continue;
+        const dt_coll_desc *theirs = &s->h->ctl[j].desc[step % SLICES];
         if (!dt_coll_same(theirs, &ctx->desc)) {
             char a[160];
             dt_coll_describe(theirs, a, sizeof a);
@@ -394,19 +486,59 @@ static int step_post(dt_shm *s, uint64_t step, const dt_coll_ctx *ctx, dt_err *e
     return 0;
 }
 
-static void step_finish(dt_shm *s, uint64_t step)
+/* Runs the steps of o (at least one, so that even an empty collective is checked against the
+ * peers), each phase as soon as it is ready, blocking only when no phase of any step is. */
+static int run_op(dt_shm *s, const shm_op *o, const dt_coll_ctx *ctx, dt_err *err)
 {
-    publish(s, W_REDUCED, step);
-    publish(s, W_DONE, step);
-}
-
-/* Chunk j of a segment of m elements: [lo, hi). */
-static void chunk(size_t m, int n, int j, size_t *lo, size_t *hi)
-{
-    size_t c = (m + (size_t)n - 1) / (size_t)n;
-    c = (c + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
-    *lo = DT_MIN((size_t)j * c, m);
-    *hi = DT_MIN(*lo + c, m);
+    if (s->failed)
+        return fail(s, ctx, err, -EPIPE, false, "shared-memory group failed earlier");
+    const uint64_t nsteps = o->count ? (o->count + o->per_step - 1) / o->per_step : 1;
+    const uint64_t first = s->step + 1, end = s->step + nsteps;
+    const bool three = o->kind == DT_COLL_ALLREDUCE;
+    uint64_t p = first, r = first, c = first; /* next step to post, reduce, finish */
+    int rc = 0;
+    while ((three ? c : r) <= end) {
+        bool progress = false;
+        while (p <= end && (p <= SLICES || behind(s, W_DONE, p - SLICES) < 0)) {
+            phase_post(s, o, p - first, slot_ptr(s, s->me, p));
+            s->h->ctl[s->me].desc[p % SLICES] = ctx->desc;
+            publish(s, W_POSTED, p);
+            p++;
+            progress = true;
+        }
+        while (r < p && behind(s, W_POSTED, r) < 0) {
+            if ((rc = check_desc(s, r, ctx, err)) != 0)
+                return rc;
+            phase_reduce(s, o, r, r - first, slot_ptr(s, s->me, r));
+            publish(s, W_REDUCED, r);
+            if (!three)
+                publish(s, W_DONE, r);
+            r++;
+            progress = true;
+        }
+        while (three && c < r && behind(s, W_REDUCED, c) < 0) {
+            phase_finish(s, o, c, c - first);
+            publish(s, W_DONE, c);
+            c++;
+            progress = true;
+        }
+        if (progress)
+            continue;
+        /* Nothing is ready: wait for the peer that holds up the oldest pending phase. */
+        int j;
+        if (three && c < r && (j = behind(s, W_REDUCED, c)) >= 0)
+            rc = wait_ge(s, j, W_REDUCED, c, ctx, err);
+        else if (r < p && (j = behind(s, W_POSTED, r)) >= 0)
+            rc = wait_ge(s, j, W_POSTED, r, ctx, err);
+        else if (p <= end && (j = behind(s, W_DONE, p - SLICES)) >= 0)
+            rc = wait_ge(s, j, W_DONE, p - SLICES, ctx, err);
+        if (rc)
+            return rc;
+    }
+    s->step = end;
+    if (o->stream)
+        dt_stream_fence();
+    return 0;
 }
 
 /* ---- collectives ------------------------------------------------------------------------- */
@@ -414,67 +546,19 @@ static void chunk(size_t m, int n, int j, size_t *lo, size_t *hi)
 int dt_shm_allreduce(dt_shm *s, void *buf, size_t count, dt_dtype t, float scale,
                      const dt_coll_ctx *ctx, dt_err *err)
 {
-    size_t es = dt_dtype_size(t), per_step = s->slot / es, off = 0;
-    const void *srcs[DT_SHM_MAX_LOCAL];
-    do {
-        size_t m = DT_MIN(per_step, count - off);
-        char *base = (char *)buf + off * es;
-        uint64_t st;
-        int rc = step_begin(s, &st, ctx, err);
-        if (rc)
-            return rc;
-        char *mine = slot_ptr(s, s->me, st);
-        size_t lo, hi;
-        for (int j = 0; j < s->n; j++) {
-            if (j == s->me)
-                continue;
-            chunk(m, s->n, j, &lo, &hi);
-            memcpy(mine + lo * es, base + lo * es, (hi - lo) * es);
-        }
-        if ((rc = step_post(s, st, ctx, err)) != 0)
-            return rc;
-        chunk(m, s->n, s->me, &lo, &hi);
-        srcs[0] = base + lo * es;
-        for (int j = 0, k = 1; j < s->n; j++)
-            if (j != s->me)
-                srcs[k++] = slot_ptr(s, j, st) + lo * es;
-        if (hi > lo)
-            dt_reduce_sum(base + lo * es, mine + lo * es, srcs, s->n, hi - lo, t, scale);
-        publish(s, W_REDUCED, st);
-        for (int j = 0; j < s->n; j++) {
-            if (j == s->me)
-                continue;
-            if ((rc = wait_ge(s, j, W_REDUCED, st, ctx, err)) != 0)
-                return rc;
-            chunk(m, s->n, j, &lo, &hi);
-            memcpy(base + lo * es, slot_ptr(s, j, st) + lo * es, (hi - lo) * es);
-        }
-        publish(s, W_DONE, st);
-        off += m;
-    } while (off < count);
-    return 0;
+    size_t es = dt_dtype_size(t);
+    shm_op o = {.kind = DT_COLL_ALLREDUCE, .t = t, .es = es, .count = count,
+                .per_step = s->slot / es, .buf = buf, .scale = scale,
+                .stream = count * es >= STREAM_MIN_BYTES};
+    return run_op(s, &o, ctx, err);
 }
 
 int dt_shm_broadcast(dt_shm *s, void *buf, size_t bytes, int root, const dt_coll_ctx *ctx,
                      dt_err *err)
 {
-    size_t off = 0;
-    do {
-        size_t m = DT_MIN(s->slot, bytes - off);
-        uint64_t st;
-        int rc = step_begin(s, &st, ctx, err);
-        if (rc)
-            return rc;
-        if (s->me == root)
-            memcpy(slot_ptr(s, s->me, st), (char *)buf + off, m);
-        if ((rc = step_post(s, st, ctx, err)) != 0)
-            return rc;
-        if (s->me != root)
-            memcpy((char *)buf + off, slot_ptr(s, root, st), m);
-        step_finish(s, st);
-        off += m;
-    } while (off < bytes);
-    return 0;
+    shm_op o = {.kind = DT_COLL_BROADCAST, .es = 1, .count = bytes, .per_step = s->slot,
+                .buf = buf, .root = root};
+    return run_op(s, &o, ctx, err);
 }
 
 int dt_shm_allgather(dt_shm *s, const void *send, void *recv, size_t bytes,
@@ -483,65 +567,25 @@ int dt_shm_allgather(dt_shm *s, const void *send, void *recv, size_t bytes,
     char *own = (char *)recv + (size_t)s->me * bytes;
     if (own != (const char *)send)
         memmove(own, send, bytes);
-    size_t off = 0;
-    do {
-        size_t m = DT_MIN(s->slot, bytes - off);
-        uint64_t st;
-        int rc = step_begin(s, &st, ctx, err);
-        if (rc)
-            return rc;
-        memcpy(slot_ptr(s, s->me, st), own + off, m);
-        if ((rc = step_post(s, st, ctx, err)) != 0)
-            return rc;
-        for (int j = 0; j < s->n; j++)
-            if (j != s->me)
-                memcpy((char *)recv + (size_t)j * bytes + off, slot_ptr(s, j, st), m);
-        step_finish(s, st);
-        off += m;
-    } while (off < bytes);
-    return 0;
+    shm_op o = {.kind = DT_COLL_ALLGATHER, .es = 1, .count = bytes, .per_step = s->slot,
+                .send = own, .recv = recv};
+    return run_op(s, &o, ctx, err);
 }
 
 int dt_shm_reduce_scatter(dt_shm *s, const void *send, void *recv, size_t count, dt_dtype t,
                           float scale, const dt_coll_ctx *ctx, dt_err *err)
 {
-    size_t es = dt_dtype_size(t), per_piece = s->slot / ((size_t)s->n * es), off = 0;
-    const void *srcs[DT_SHM_MAX_LOCAL];
-    do {
-        size_t m = DT_MIN(per_piece, count - off);
-        uint64_t st;
-        int rc = step_begin(s, &st, ctx, err);
-        if (rc)
-            return rc;
-        char *mine = slot_ptr(s, s->me, st);
-        for (int j = 0; j < s->n; j++)
-            if (j != s->me)
-                memcpy(mine + (size_t)j * per_piece * es,
-                       (const char *)send + ((size_t)j * count + off) * es, m * es);
-        if ((rc = step_post(s, st, ctx, err)) != 0)
-            return rc;
-        srcs[0] = (const char *)send + ((size_t)s->me * count + off) * es;
-        for (int j = 0, k = 1; j < s->n; j++)
-            if (j != s->me)
-                srcs[k++] = slot_ptr(s, j, st) + (size_t)s->me * per_piece * es;
-        if (m)
-            dt_reduce_sum((char *)recv + off * es, NULL, srcs, s->n, m, t, scale);
-        step_finish(s, st);
-        off += m;
-    } while (off < count);
-    return 0;
+    size_t es = dt_dtype_size(t);
+    shm_op o = {.kind = DT_COLL_REDUCE_SCATTER, .t = t, .es = es, .count = count,
+                .per_step = s->slot / ((size_t)s->n * es), .send = send, .recv = recv,
+                .scale = scale};
+    return run_op(s, &o, ctx, err);
 }
 
 int dt_shm_barrier(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err)
 {
-    uint64_t st;
-    int rc = step_begin(s, &st, ctx, err);
-    if (rc)
-        return rc;
-    if ((rc = step_post(s, st, ctx, err)) != 0)
-        return rc;
-    step_finish(s, st);
-    return 0;
+    shm_op o = {.kind = DT_COLL_BARRIER, .es = 1, .count = 0, .per_step = 1};
+    return run_op(s, &o, ctx, err);
 }
 
 /* ---- lifecycle --------------------------------------------------------------------------- */
@@ -559,8 +603,7 @@ static int open_pidfd(int pid)
 #endif
 }
 
-int dt_shm_open(dt_shm **out, const dt_shm_opts *o, bool create, uint64_t deadline_ns,
-                dt_err *err)
+int dt_shm_open(dt_shm **out, const dt_shm_opts *o, bool create, dt_err *err)
 {
     int rc = 0, fd = -1;
     if (o->local_size < 2 || o->local_size > DT_SHM_MAX_LOCAL || o->local_rank < 0 ||
@@ -572,8 +615,8 @@ int dt_shm_open(dt_shm **out, const dt_shm_opts *o, bool create, uint64_t deadli
         return dt_err_set(err, -ENOMEM, "shared memory: out of memory");
     s->me = o->local_rank;
     s->n = o->local_size;
-    s->slot = o->slot_bytes ? o->slot_bytes : DEFAULT_SLOT;
-    s->slot = DT_MAX((size_t)65536, (s->slot + 4095) / 4096 * 4096);
+    s->slot = o->slot_bytes ? o->slot_bytes : DEFAULT_SLICE;
+    s->slot = DT_MAX((size_t)16384, (s->slot + 4095) / 4096 * 4096);
     s->spin_ns = (uint64_t)(o->spin_us >= 0 ? o->spin_us : DEFAULT_SPIN_US) * 1000u;
     dt_strlcpy(s->name, o->name, sizeof s->name);
     s->globals = calloc((size_t)s->n, sizeof *s->globals);
@@ -588,7 +631,7 @@ int dt_shm_open(dt_shm **out, const dt_shm_opts *o, bool create, uint64_t deadli
     }
     size_t hdr = sizeof(shm_hdr) + (size_t)s->n * sizeof(rank_ctl);
     hdr = (hdr + 4095) / 4096 * 4096;
-    size_t total = hdr + (size_t)s->n * 2 * s->slot;
+    size_t total = hdr + (size_t)s->n * SLICES * s->slot;
 
     if (create) {
         for (int tries = 0;; tries++) {
@@ -674,20 +717,6 @@ int dt_shm_open(dt_shm **out, const dt_shm_opts *o, bool create, uint64_t deadli
         shm_unlink(s->name); /* everyone is in: the name is no longer needed */
         DT_DEBUG("comm: every local rank attached to %s; unlinked", s->name);
     }
-    for (int sleep_us = 50; atomic_load(&s->h->attached) < s->n;) {
-        if (dt_now_ns() >= deadline_ns) {
-            rc = dt_err_set(err, -ETIMEDOUT,
-                            "shared memory: only %d of %d local ranks attached to %s in time "
-                            "(a local rank died or is stuck during start-up)",
-                            (int)atomic_load(&s->h->attached), s->n, s->name);
-            goto fail;
-        }
-        usleep((useconds_t)sleep_us);
-        sleep_us = DT_MIN(sleep_us * 2, 5000);
-    }
-    for (int j = 0; j < s->n; j++)
-        if (j != s->me)
-            s->pidfds[j] = open_pidfd(atomic_load(&s->h->ctl[j].pid));
     *out = s;
     return 0;
 fail:
@@ -697,6 +726,23 @@ fail:
         shm_unlink(s->name);
     dt_shm_close(s);
     return rc;
+}
+
+int dt_shm_ready(dt_shm *s, uint64_t deadline_ns, dt_err *err)
+{
+    for (int sleep_us = 50; atomic_load(&s->h->attached) < s->n;) {
+        if (dt_now_ns() >= deadline_ns)
+            return dt_err_set(err, -ETIMEDOUT,
+                              "shared memory: only %d of %d local ranks attached to %s in time "
+                              "(a local rank died or is stuck during start-up)",
+                              (int)atomic_load(&s->h->attached), s->n, s->name);
+        usleep((useconds_t)sleep_us);
+        sleep_us = DT_MIN(sleep_us * 2, 5000);
+    }
+    for (int j = 0; j < s->n; j++)
+        if (j != s->me && s->pidfds[j] < 0)
+            s->pidfds[j] = open_pidfd(atomic_load(&s->h->ctl[j].pid));
+    return 0;
 }
 
 void dt_shm_close(dt_shm *s)

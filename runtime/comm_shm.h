@@ -29,7 +29,7 @@ typedef struct dt_shm_opts {
     int local_rank;           /* this rank's index on the host */
     int local_size;           /* ranks on the host, 2..DT_SHM_MAX_LOCAL */
     const int *global_ranks;  /* (local_size) global rank of each local index (copied) */
-    size_t slot_bytes;        /* staging bytes per rank per half (0 = default 2 MiB) */
+    size_t slot_bytes;        /* staging bytes per rank and slice, 8 slices (0 = 512 KiB) */
     int spin_us;              /* spin before sleeping on a futex (<0 = default) */
 } dt_shm_opts;
 
@@ -41,10 +41,12 @@ void dt_shm_name(char *buf, size_t cap, const char *run_id, int attempt, uint64_
  * returns how many it removed. Never fails (problems are logged at debug level). */
 int dt_shm_clean(const char *run_id);
 
-/* Creates (create = true: the host's first rank) or attaches to the segment, then waits (until
- * deadline_ns) for every local rank to attach. On success *out is ready. */
-int dt_shm_open(dt_shm **out, const dt_shm_opts *opts, bool create, uint64_t deadline_ns,
-                dt_err *err);
+/* Creates (create = true: the host's first rank) or attaches to the segment. Then call
+ * dt_shm_ready before any collective. */
+int dt_shm_open(dt_shm **out, const dt_shm_opts *opts, bool create, dt_err *err);
+
+/* Waits (until deadline_ns) for every local rank to attach. */
+int dt_shm_ready(dt_shm *s, uint64_t deadline_ns, dt_err *err);
 
 /* Unmaps (and unlinks when still linked). Accepts NULL. */
 void dt_shm_close(dt_shm *s);

@@ -106,6 +106,34 @@ static int fail(dt_ring *r, const dt_coll_ctx *ctx, dt_err *err, int code, const
     return code;
 }
 
+/* The next member's connection failed. Before blaming it, read the previous member's header
+ * if it has not arrived yet (briefly): when ranks issued different collectives, the previous
+ * member may have sent its description and closed its connections because of the mismatch, and
+ * the mismatch is the error worth reporting. Returns -EPROTO with the mismatch, or 0. */
+static int salvage_mismatch(dt_ring *r, wire_hdr *in_h, size_t *got, const dt_coll_ctx *ctx,
+                            dt_err *err)
+{
+    uint64_t until = dt_now_ns() + 200000000ull;
+    while (*got < sizeof *in_h && r->prev_fd >= 0 && dt_now_ns() < until) {
+        struct pollfd p = {r->prev_fd, POLLIN, 0};
+        if (poll(&p, 1, 20) <= 0)
+            continue;
+        ssize_t k = recv(r->prev_fd, (char *)in_h + *got, sizeof *in_h - *got, MSG_DONTWAIT);
+        if (k <= 0)
+            break;
+        *got += (size_t)k;
+    }
+    if (*got == sizeof *in_h && in_h->magic == WIRE_MAGIC && !dt_coll_same(&in_h->desc, &ctx->desc)) {
+        char a[160];
+        dt_coll_describe(&in_h->desc, a, sizeof a);
+        return fail(r, ctx, err, -EPROTO,
+                    "collective mismatch: rank %d issued %s at the same point (ranks must issue "
+                    "the same collectives, with the same sizes, in the same order)",
+                    r->globals[(r->idx - 1 + r->n) % r->n], a);
+    }
+    return 0;
+}
+
 /* ---- the step engine --------------------------------------------------------------------- */
 
 static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, const dt_coll_ctx *ctx,
@@ -134,10 +162,13 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, const
                 out_h_sent += (size_t)k;
                 progress = true;
             } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                int e = errno;
+                if (salvage_mismatch(r, &in_h, &in_h_got, ctx, err))
+                    return -EPROTO;
                 return fail(r, ctx, err, -ECONNRESET,
                             "connection to rank %d (next in the TCP ring) lost: %s (it failed or "
                             "exited; its log says why)",
-                            next, strerror(errno));
+                            next, strerror(e));
             }
             want_out = out_h_sent < sizeof out_h;
         } else if (si < nsteps) {
@@ -152,10 +183,13 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, const
                     s_off += (size_t)k;
                     progress = true;
                 } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    int e = errno;
+                    if (salvage_mismatch(r, &in_h, &in_h_got, ctx, err))
+                        return -EPROTO;
                     return fail(r, ctx, err, -ECONNRESET,
                                 "connection to rank %d (next in the TCP ring) lost: %s (it failed "
                                 "or exited; its log says why)",
-                                next, strerror(errno));
+                                next, strerror(e));
                 }
                 want_out = s_off < limit;
             }
@@ -214,7 +248,8 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, const
                     if (avail > 0 && (avail >= MIN_REDUCE_UNIT || st_fill == r->seg ||
                                       r_got == s->recv_bytes)) {
                         const void *srcs[2] = {s->addend + r_done, r->stage + st_used};
-                        dt_reduce_sum(s->recv + r_done, NULL, srcs, 2, avail / es, t, s->scale);
+                        dt_reduce_sum(s->recv + r_done, NULL, srcs, 2, avail / es, t, s->scale,
+                                      false);
                         st_used += avail;
                         r_done += avail;
                         if (st_used == st_fill)
@@ -265,11 +300,14 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, const
         /* A hang-up of the next member matters only while we still have bytes for it; the
          * previous one's is seen by recv (after any bytes it sent before closing). */
         if (pr > 0 && (p[0].revents & (POLLERR | POLLHUP)) &&
-            (out_h_sent < sizeof out_h || si < nsteps))
+            (out_h_sent < sizeof out_h || si < nsteps)) {
+            if (salvage_mismatch(r, &in_h, &in_h_got, ctx, err))
+                return -EPROTO;
             return fail(r, ctx, err, -ECONNRESET,
                         "connection to rank %d (next in the TCP ring) lost (it failed or exited; "
                         "its log says why)",
                         next);
+        }
     }
 }
 

@@ -1,0 +1,863 @@
+/* test_comm.c - the collectives: conversions and reductions, every collective with every dtype
+ * and odd sizes on 1 to 4 ranks over each transport (shared memory, TCP ring, hierarchical),
+ * asynchronous work, dead and stalled peers, mismatched collectives, and shared-memory cleanup.
+ *
+ * Ranks are forked processes that bootstrap through a real store server on 127.0.0.1 with an
+ * ephemeral port. Hosts are simulated with DTRAIN_COMM_HOST_ID, so the hierarchical paths run on
+ * one machine. Every value a test reduces is a small integer, so sums are exact in every dtype
+ * and results can be compared bit for bit. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "rendezvous/store.h"
+#include "runtime/comm.h"
+#include "runtime/comm_cpu.h"
+#include "runtime/comm_reduce.h"
+#include "runtime/comm_shm.h"
+#include "tests/harness.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* A group of forked ranks                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static int rank_failed; /* in a rank process */
+
+/* A check inside a rank process: prints one line (one write, so ranks never interleave) and
+ * marks the rank failed; the parent checks the exit status. */
+static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+{
+    char buf[1600];
+    int n = snprintf(buf, sizeof buf, "    rank check failed at %s:%d: %s: ", file, line, cond);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && n < (int)sizeof buf)
+        vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    dt_strlcpy(buf + DT_MIN(strlen(buf), sizeof buf - 2), "\n", 2);
+    if (write(2, buf, strlen(buf)) < 0)
+        rank_failed = 1;
+    rank_failed = 1;
+}
+
+#define RCHECK(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            rank_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                     \
+    } while (0)
+
+typedef struct group {
+    int n;
+    const char *transport;  /* DTRAIN_COMM_TRANSPORT */
+    const char *hosts;      /* host id of each rank, comma separated ("" = all on this host) */
+    int timeout_ms;
+    int attempt;
+    int slot_kb;            /* DTRAIN_COMM_SHM_SLOT_KB (0 = default) */
+    int segment_kb;         /* DTRAIN_COMM_TCP_SEGMENT_KB (0 = default) */
+    char run_id[96];
+    int port;               /* store */
+} group;
+
+typedef void (*rank_fn)(dt_comm *c, int rank, int n, void *arg);
+
+static void host_of(const char *hosts, int rank, char *out, size_t cap)
+{
+    out[0] = '\0';
+    if (!hosts || !*hosts)
+        return;
+    const char *p = hosts;
+    for (int i = 0; i < rank && p; i++) {
+        p = strchr(p, ',');
+        if (p)
+            p++;
+    }
+    if (!p)
+        return;
+    size_t len = strcspn(p, ",");
+    snprintf(out, cap, "%.*s", (int)len, p);
+}
+
+static int connect_store(int port, dt_store **s, dt_err *err)
+{
+    dt_store_opts so;
+    dt_store_opts_default(&so);
+    so.connect_timeout_ms = 10000;
+    so.timeout_ms = 20000;
+    return dt_store_connect(s, "127.0.0.1", port, &so, err);
+}
+
+static int make_comm(const group *g, int rank, dt_store *store, dt_comm **c, dt_err *err)
+{
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    o.rank = rank;
+    o.world_size = g->n;
+    o.local_rank = rank;
+    o.local_world_size = g->n;
+    o.run_id = g->run_id;
+    o.attempt = g->attempt;
+    o.timeout_ms = g->timeout_ms ? g->timeout_ms : 20000;
+    o.local_addr = "127.0.0.1";
+    return dt_comm_init(c, store, &o, err);
+}
+
+static void rank_env(const group *g, int rank)
+{
+    char host[64];
+    setenv("DTRAIN_COMM_TRANSPORT", g->transport ? g->transport : "auto", 1);
+    host_of(g->hosts, rank, host, sizeof host);
+    char v[16];
+    snprintf(v, sizeof v, "%d", g->slot_kb);
+    if (g->slot_kb)
+        setenv("DTRAIN_COMM_SHM_SLOT_KB", v, 1);
+    snprintf(v, sizeof v, "%d", g->segment_kb);
+    if (g->segment_kb)
+        setenv("DTRAIN_COMM_TCP_SEGMENT_KB", v, 1);
+    if (host[0])
+        setenv("DTRAIN_COMM_HOST_ID", host, 1);
+    else
+        unsetenv("DTRAIN_COMM_HOST_ID");
+}
+
+/* The body of a rank process. */
+static void rank_main(const group *g, int rank, rank_fn fn, void *arg)
+{
+    dt_err err = {0};
+    dt_store *store = NULL;
+    dt_comm *c = NULL;
+    rank_env(g, rank);
+    if (connect_store(g->port, &store, &err) != 0) {
+        fprintf(stderr, "    rank %d: store: %s\n", rank, err.msg);
+        _exit(2);
+    }
+    if (make_comm(g, rank, store, &c, &err) != 0) {
+        fprintf(stderr, "    rank %d: comm init: %s\n", rank, err.msg);
+        _exit(3);
+    }
+    fn(c, rank, g->n, arg);
+    dt_comm_free(c);
+    dt_store_free(store);
+    fflush(stderr);
+    _exit(rank_failed ? 1 : 0);
+}
+
+static void new_run_id(group *g, const char *what)
+{
+    static int counter;
+    snprintf(g->run_id, sizeof g->run_id, "test-%d-%s-%d", (int)getpid(), what, ++counter);
+}
+
+/* Runs fn on g->n forked ranks against a fresh store server; status[r] gets each exit status
+ * (as waitpid reports it). Kills everything after limit_s. */
+static void run_group_status(group *g, rank_fn fn, void *arg, int limit_s, int *status)
+{
+    dt_store_server_opts so;
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    so.port = 0;
+    dt_store_server *srv = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &err), &err);
+    g->port = dt_store_server_port(srv);
+    if (!g->run_id[0])
+        new_run_id(g, "g");
+    pid_t pids[16];
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < g->n; r++) {
+        pids[r] = fork();
+        DT_REQUIRE(pids[r] >= 0);
+        if (pids[r] == 0)
+            rank_main(g, r, fn, arg);
+    }
+    uint64_t deadline = dt_now_ns() + (uint64_t)limit_s * 1000000000ull;
+    for (int r = 0; r < g->n; r++) {
+        for (;;) {
+            pid_t w = waitpid(pids[r], &status[r], WNOHANG);
+            if (w == pids[r])
+                break;
+            if (dt_now_ns() > deadline) {
+                for (int q = 0; q < g->n; q++)
+                    kill(pids[q], SIGKILL);
+                waitpid(pids[r], &status[r], 0);
+                dt_test_fail_at(__FILE__, __LINE__, "rank %d still running after %d s", r,
+                                limit_s);
+                break;
+            }
+            dt_sleep_ms(5);
+        }
+    }
+    dt_store_server_stop(srv);
+}
+
+/* Runs fn on every rank and requires that every rank exits 0. */
+static void run_group(group *g, rank_fn fn, void *arg, int limit_s)
+{
+    int status[16];
+    run_group_status(g, fn, arg, limit_s, status);
+    for (int r = 0; r < g->n; r++)
+        DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+                     "rank %d of %d (%s, hosts \"%s\") ended with status %d", r, g->n,
+                     g->transport ? g->transport : "auto", g->hosts ? g->hosts : "", status[r]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Values                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A small integer, exact in bf16 and fp16, that depends on the rank and the index. */
+static float val(int rank, size_t i) { return (float)((int)((i * 7 + (size_t)rank * 13) % 17) - 8); }
+
+static void fill(void *buf, dt_dtype t, size_t n, int rank)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = val(rank, i);
+        if (t == DT_FLOAT32)
+            ((float *)buf)[i] = v;
+        else if (t == DT_BFLOAT16)
+            ((uint16_t *)buf)[i] = dt_f32_to_bf16(v);
+        else
+            ((uint16_t *)buf)[i] = dt_f32_to_f16(v);
+    }
+}
+
+static float get(const void *buf, dt_dtype t, size_t i)
+{
+    if (t == DT_FLOAT32)
+        return ((const float *)buf)[i];
+    if (t == DT_BFLOAT16)
+        return dt_bf16_to_f32(((const uint16_t *)buf)[i]);
+    return dt_f16_to_f32(((const uint16_t *)buf)[i]);
+}
+
+/* The value of x rounded to dtype t. */
+static float round_to(float x, dt_dtype t)
+{
+    if (t == DT_BFLOAT16)
+        return dt_bf16_to_f32(dt_f32_to_bf16(x));
+    if (t == DT_FLOAT16)
+        return dt_f16_to_f32(dt_f32_to_f16(x));
+    return x;
+}
+
+static const size_t sizes[] = {0, 1, 7, 16, 1000, 4097, 100003, 1300001};
+static const dt_dtype dtypes[] = {DT_FLOAT32, DT_BFLOAT16, DT_FLOAT16};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Conversions and reductions                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_fp16_exhaustive(void)
+{
+    /* Every half value converts to float and back to itself (NaNs stay NaNs). */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = dt_f16_to_f32((uint16_t)h);
+        uint16_t back = dt_f32_to_f16(f);
+        bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+        if (nan ? !(f != f) || (back & 0x7c00) != 0x7c00 || !(back & 0x3ff) : back != h)
+            bad++;
+    }
+    DT_CHECK_INT(bad, 0);
+    /* Known values, including the subnormal range, rounding ties to even, and overflow. */
+    DT_CHECK_INT(dt_f32_to_f16(1.0f), 0x3c00);
+    DT_CHECK_INT(dt_f32_to_f16(-2.0f), 0xc000);
+    DT_CHECK_INT(dt_f32_to_f16(65504.0f), 0x7bff);
+    DT_CHECK_INT(dt_f32_to_f16(65520.0f), 0x7c00);    /* rounds up to infinity */
+    DT_CHECK_INT(dt_f32_to_f16(65519.0f), 0x7bff);
+    DT_CHECK_INT(dt_f32_to_f16(5.9604645e-8f), 0x0001); /* smallest subnormal */
+    DT_CHECK_INT(dt_f32_to_f16(2.9802322e-8f), 0x0000); /* half of it: tie to even (0) */
+    DT_CHECK_INT(dt_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00); /* tie: down to even */
+    DT_CHECK_INT(dt_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02); /* tie: up to even */
+    DT_CHECK_INT(dt_f32_to_f16(-0.0f), 0x8000);
+    DT_CHECK_NEAR(dt_f16_to_f32(0x3555), 0.333251953125, 0);
+}
+
+static void test_bf16_rounding(void)
+{
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = dt_bf16_to_f32((uint16_t)h);
+        uint16_t back = dt_f32_to_bf16(f);
+        bool nan = (h & 0x7f80) == 0x7f80 && (h & 0x7f);
+        if (nan ? (back & 0x7f80) != 0x7f80 || !(back & 0x7f) : back != h)
+            bad++;
+    }
+    DT_CHECK_INT(bad, 0);
+    DT_CHECK_INT(dt_f32_to_bf16(1.0f), 0x3f80);
+    /* 1 + 2^-8 is exactly between 1 and 1 + 2^-7: ties to even (1). */
+    DT_CHECK_INT(dt_f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);
+    DT_CHECK_INT(dt_f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+    DT_CHECK_INT(dt_f32_to_bf16(1.0f + 1.0f / 256 + 1.0f / 65536), 0x3f81);
+    /* Random floats: the rounded value is the nearest representable one. */
+    uint32_t x = 12345;
+    for (int i = 0; i < 100000; i++) {
+        x = x * 1664525u + 1013904223u;
+        float f;
+        uint32_t u = (x & 0x3fffffffu) | 0x3c000000u; /* moderate exponents */
+        memcpy(&f, &u, 4);
+        float r = dt_bf16_to_f32(dt_f32_to_bf16(f));
+        uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+        float flo, fhi;
+        memcpy(&flo, &lo, 4);
+        memcpy(&fhi, &hi, 4);
+        double dlo = fabs((double)f - flo), dhi = fabs((double)fhi - f);
+        if (!((r == flo && dlo <= dhi) || (r == fhi && dhi <= dlo)))
+            bad++;
+    }
+    DT_CHECK_INT(bad, 0);
+}
+
+static void test_reduce_kernels(void)
+{
+    enum { N = 10007 };
+    for (size_t d = 0; d < DT_ARRAY_LEN(dtypes); d++) {
+        dt_dtype t = dtypes[d];
+        size_t es = dt_dtype_size(t);
+        for (int k = 1; k <= 5; k++) {
+            char *src[5], *out = malloc(N * es), *out2 = malloc(N * es);
+            const void *srcs[5];
+            for (int j = 0; j < k; j++) {
+                src[j] = malloc(N * es);
+                fill(src[j], t, N, j);
+                srcs[j] = src[j];
+            }
+            float scale = k == 3 ? 0.5f : 1.0f;
+            dt_reduce_sum(out, out2, srcs, k, N, t, scale, k % 2 == 0);
+            int bad = 0;
+            for (size_t i = 0; i < N; i++) {
+                float want = 0;
+                for (int j = 0; j < k; j++)
+                    want += val(j, i);
+                want = round_to(want * scale, t);
+                if (get(out, t, i) != want || get(out2, t, i) != want)
+                    bad++;
+            }
+            DT_CHECK_MSG(bad == 0, "%s, %d sources: %d wrong", dt_dtype_name(t), k, bad);
+            /* In place into the first source. */
+            dt_reduce_sum(src[0], NULL, srcs, k, N, t, 1.0f, k % 2 == 1);
+            dt_stream_fence();
+            bad = 0;
+            for (size_t i = 0; i < N; i++) {
+                float want = 0;
+                for (int j = 0; j < k; j++)
+                    want += val(j, i);
+                if (get(src[0], t, i) != round_to(want, t))
+                    bad++;
+            }
+            DT_CHECK_MSG(bad == 0, "%s, %d sources in place: %d wrong", dt_dtype_name(t), k, bad);
+            for (int j = 0; j < k; j++)
+                free(src[j]);
+            free(out);
+            free(out2);
+        }
+    }
+    /* Conversion with scale, both ways. */
+    float f[5] = {1, -2, 3.5f, 1e-3f, 100};
+    uint16_t h[5];
+    float back[5];
+    dt_dtype_convert(h, DT_BFLOAT16, f, DT_FLOAT32, 5, 0.5f);
+    dt_dtype_convert(back, DT_FLOAT32, h, DT_BFLOAT16, 5, 2.0f);
+    for (int i = 0; i < 5; i++)
+        DT_CHECK_NEAR(back[i], f[i], fabs(f[i]) / 128);
+    DT_CHECK_INT(dt_dtype_size(DT_FLOAT32), 4);
+    DT_CHECK_INT(dt_dtype_size(DT_BFLOAT16), 2);
+    DT_CHECK_STR(dt_dtype_name(DT_FLOAT16), "float16");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Every collective                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct coll_arg {
+    int size_max_index; /* how many of sizes[] to run */
+    bool only_f32;
+} coll_arg;
+
+static void check_allreduce(dt_comm *c, int rank, int n, dt_dtype t, size_t count, dt_redop op)
+{
+    size_t es = dt_dtype_size(t);
+    char *buf = malloc(count * es + 1);
+    fill(buf, t, count, rank);
+    dt_err err = {0};
+    int rc = dt_comm_allreduce(c, buf, count, t, op, NULL, &err);
+    RCHECK(rc == 0, "allreduce %s x %zu: %s", dt_dtype_name(t), count, err.msg);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        float sum = 0;
+        for (int r = 0; r < n; r++)
+            sum += val(r, i);
+        float want = op == DT_AVG ? round_to(sum * (1.0f / (float)n), t) : round_to(sum, t);
+        float got = get(buf, t, i);
+        /* avg: the division may round differently where the sum is reduced in stages */
+        float tol = op == DT_AVG ? fabsf(want) * (t == DT_FLOAT32 ? 1e-6f : 1e-2f) : 0;
+        if (!(fabsf(got - want) <= tol)) {
+            if (!bad)
+                first = i;
+            bad++;
+        }
+    }
+    RCHECK(bad == 0, "allreduce %s %s x %zu on %d ranks: %zu wrong, first at %zu: %g", 
+           op == DT_AVG ? "avg" : "sum", dt_dtype_name(t), count, n, bad, first,
+           (double)get(buf, t, first));
+    free(buf);
+}
+
+static void check_broadcast(dt_comm *c, int rank, int n, dt_dtype t, size_t count, int root)
+{
+    size_t es = dt_dtype_size(t);
+    char *buf = malloc(count * es + 1);
+    fill(buf, t, count, rank);
+    dt_err err = {0};
+    int rc = dt_comm_broadcast(c, buf, count, t, root, NULL, &err);
+    RCHECK(rc == 0, "broadcast: %s", err.msg);
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++)
+        if (get(buf, t, i) != val(root, i))
+            bad++;
+    RCHECK(bad == 0, "broadcast %s x %zu from %d on %d ranks: %zu wrong", dt_dtype_name(t), count,
+           root, n, bad);
+    free(buf);
+}
+
+static void check_allgather(dt_comm *c, int rank, int n, dt_dtype t, size_t count)
+{
+    size_t es = dt_dtype_size(t);
+    char *send = malloc(count * es + 1), *recv = malloc((size_t)n * count * es + 1);
+    fill(send, t, count, rank);
+    memset(recv, 0x55, (size_t)n * count * es);
+    dt_err err = {0};
+    int rc = dt_comm_allgather(c, send, recv, count, t, NULL, &err);
+    RCHECK(rc == 0, "allgather: %s", err.msg);
+    size_t bad = 0;
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < count; i++)
+            if (get(recv + (size_t)r * count * es, t, i) != val(r, i))
+                bad++;
+    RCHECK(bad == 0, "allgather %s x %zu on %d ranks: %zu wrong", dt_dtype_name(t), count, n, bad);
+    free(send);
+    free(recv);
+}
+
+static void check_reduce_scatter(dt_comm *c, int rank, int n, dt_dtype t, size_t count,
+                                 dt_redop op)
+{
+    size_t es = dt_dtype_size(t);
+    char *send = malloc((size_t)n * count * es + 1), *recv = malloc(count * es + 1);
+    fill(send, t, (size_t)n * count, rank);
+    dt_err err = {0};
+    int rc = dt_comm_reduce_scatter(c, send, recv, count, t, op, NULL, &err);
+    RCHECK(rc == 0, "reduce_scatter: %s", err.msg);
+    size_t bad = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        size_t gi = (size_t)rank * count + i;
+        float sum = 0;
+        for (int r = 0; r < n; r++)
+            sum += val(r, gi);
+        float want = op == DT_AVG ? round_to(sum / (float)n, t) : round_to(sum, t);
+        float tol = op == DT_AVG ? fabsf(want) * (t == DT_FLOAT32 ? 1e-6f : 1e-2f) : 0;
+        if (!(fabsf(get(recv, t, i) - want) <= tol))
+            bad++;
+    }
+    RCHECK(bad == 0, "reduce_scatter %s x %zu on %d ranks: %zu wrong", dt_dtype_name(t), count, n,
+           bad);
+    free(send);
+    free(recv);
+}
+
+static void all_collectives(dt_comm *c, int rank, int n, void *argp)
+{
+    const coll_arg *a = argp;
+    RCHECK(dt_comm_rank(c) == rank && dt_comm_world_size(c) == n, "rank/world");
+    for (size_t d = 0; d < DT_ARRAY_LEN(dtypes); d++) {
+        if (a->only_f32 && d > 0)
+            break;
+        for (int s = 0; s < a->size_max_index; s++) {
+            size_t count = sizes[s];
+            check_allreduce(c, rank, n, dtypes[d], count, DT_SUM);
+            check_allreduce(c, rank, n, dtypes[d], count, DT_AVG);
+            check_broadcast(c, rank, n, dtypes[d], count, (int)((s + d) % (size_t)n));
+            check_allgather(c, rank, n, dtypes[d], count / 2 + 1);
+            check_reduce_scatter(c, rank, n, dtypes[d], count / 3 + 1, s % 2 ? DT_AVG : DT_SUM);
+        }
+    }
+    dt_err err = {0};
+    RCHECK(dt_comm_barrier(c, &err) == 0, "barrier: %s", err.msg);
+}
+
+static void test_one_rank(void)
+{
+    /* One rank needs no store and does no communication, but every call works. */
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    dt_comm *c = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_comm_init(&c, NULL, &o, &err), &err);
+    coll_arg a = {DT_ARRAY_LEN(sizes), false};
+    all_collectives(c, 0, 1, &a);
+    DT_CHECK(!rank_failed);
+    dt_comm_free(c);
+    dt_comm_free(NULL);
+}
+
+static void test_shm_all(void)
+{
+    for (int n = 2; n <= 4; n++) {
+        /* 16 KiB slices for 3 ranks: every size above 4096 runs through more steps than there
+         * are slices, so the pipeline wraps around many times. */
+        group g = {.n = n, .transport = "auto", .slot_kb = n == 3 ? 16 : 0};
+        coll_arg a = {DT_ARRAY_LEN(sizes) - (n > 2), n > 3};
+        run_group(&g, all_collectives, &a, 90);
+    }
+}
+
+static void test_tcp_all(void)
+{
+    for (int n = 2; n <= 4; n++) {
+        /* 4 KiB segments for 3 ranks: the reduction staging wraps many times per step. */
+        group g = {.n = n, .transport = "tcp", .segment_kb = n == 3 ? 4 : 0};
+        coll_arg a = {DT_ARRAY_LEN(sizes) - (n > 2), n > 3};
+        run_group(&g, all_collectives, &a, 90);
+    }
+}
+
+static void test_hierarchical(void)
+{
+    /* Two "hosts" with two ranks each: shared memory on each, a ring between them. The ranks of
+     * a host are not contiguous, so the allgather permutation is exercised. */
+    group g = {.n = 4, .hosts = "A,B,A,B"};
+    coll_arg a = {DT_ARRAY_LEN(sizes) - 1, false};
+    run_group(&g, all_collectives, &a, 90);
+    /* One rank per host: the ring alone. */
+    group g2 = {.n = 3, .hosts = "A,B,C"};
+    coll_arg a2 = {DT_ARRAY_LEN(sizes) - 1, true};
+    run_group(&g2, all_collectives, &a2, 90);
+    /* Unequal hosts: every rank joins the ring. */
+    group g3 = {.n = 3, .hosts = "A,A,B"};
+    run_group(&g3, all_collectives, &a2, 90);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Asynchronous work                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+static void async_body(dt_comm *c, int rank, int n, void *arg)
+{
+    (void)arg;
+    enum { K = 12, N = 30011 };
+    float *bufs[K];
+    dt_comm_work *w[K];
+    dt_err err = {0};
+    for (int k = 0; k < K; k++) {
+        bufs[k] = malloc(N * sizeof(float));
+        for (size_t i = 0; i < N; i++)
+            bufs[k][i] = val(rank, i + (size_t)k);
+        int rc = k % 3 == 2 ? dt_comm_broadcast(c, bufs[k], N, DT_FLOAT32, k % n, &w[k], &err)
+                            : dt_comm_allreduce(c, bufs[k], N, DT_FLOAT32, DT_SUM, &w[k], &err);
+        RCHECK(rc == 0 && w[k] != NULL, "issue %d: %s", k, err.msg);
+    }
+    /* A blocking collective issued behind the queue runs after it, in order. */
+    float one = 1;
+    RCHECK(dt_comm_allreduce(c, &one, 1, DT_FLOAT32, DT_SUM, NULL, &err) == 0, "%s", err.msg);
+    RCHECK(one == (float)n, "blocking after async: %g", (double)one);
+    for (int k = K - 1; k >= 0; k--) { /* waited in reverse order */
+        RCHECK(dt_comm_wait(c, w[k], &err) == 0, "wait %d: %s", k, err.msg);
+        size_t bad = 0;
+        for (size_t i = 0; i < N; i++) {
+            float want = 0;
+            if (k % 3 == 2)
+                want = val(k % n, i + (size_t)k);
+            else
+                for (int r = 0; r < n; r++)
+                    want += val(r, i + (size_t)k);
+            if (bufs[k][i] != want)
+                bad++;
+        }
+        RCHECK(bad == 0, "async %d: %zu wrong", k, bad);
+        free(bufs[k]);
+    }
+    RCHECK(dt_comm_wait(c, NULL, &err) == 0, "waiting for NULL");
+    /* Work issued and never waited for is released by dt_comm_free. */
+    float x[4] = {1, 2, 3, 4};
+    dt_comm_work *leak = NULL;
+    RCHECK(dt_comm_allreduce(c, x, 4, DT_FLOAT32, DT_SUM, &leak, &err) == 0, "%s", err.msg);
+}
+
+static void test_async(void)
+{
+    group g = {.n = 3};
+    run_group(&g, async_body, NULL, 60);
+    group g2 = {.n = 2, .transport = "tcp"};
+    run_group(&g2, async_body, NULL, 60);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Failures                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct fail_arg {
+    int mode;            /* see below */
+    const char *expect;  /* substring of the survivor's error */
+    int expect_rc;
+    int max_ms;          /* the error must come within this */
+} fail_arg;
+
+enum { F_DIE, F_STALL, F_COUNT, F_OP, F_DTYPE, F_DIE_MIDWAY };
+
+static void fail_body(dt_comm *c, int rank, int n, void *argp)
+{
+    const fail_arg *a = argp;
+    dt_err err = {0};
+    enum { N = 600000 }; /* several shared-memory steps */
+    float *buf = calloc(N, sizeof(float));
+    /* One good collective first, so the failure is #2. */
+    RCHECK(dt_comm_allreduce(c, buf, 16, DT_FLOAT32, DT_SUM, NULL, &err) == 0, "%s", err.msg);
+    if (rank == n - 1) {
+        switch (a->mode) {
+        case F_DIE:
+            _exit(0);
+        case F_STALL:
+            dt_sleep_ms(3000); /* past the survivors' 1.5 s timeout */
+            _exit(0);
+        case F_DIE_MIDWAY:
+            /* Exit while the others are inside a large all-reduce with us. */
+            dt_sleep_ms(200);
+            _exit(0);
+        case F_COUNT:
+            dt_comm_allreduce(c, buf, 200, DT_FLOAT32, DT_SUM, NULL, &err);
+            break;
+        case F_OP:
+            dt_comm_broadcast(c, buf, 100, DT_FLOAT32, 0, NULL, &err);
+            break;
+        case F_DTYPE:
+            dt_comm_allreduce(c, buf, 100, DT_BFLOAT16, DT_SUM, NULL, &err);
+            break;
+        }
+        free(buf);
+        return; /* the mismatching rank fails too; what it says is checked in the others */
+    }
+    uint64_t t0 = dt_now_ns();
+    int rc = dt_comm_allreduce(c, buf, a->mode == F_DIE_MIDWAY ? N : 100, DT_FLOAT32, DT_SUM, NULL,
+                               &err);
+    double ms = (double)(dt_now_ns() - t0) / 1e6;
+    RCHECK(rc != 0, "the collective succeeded");
+    if (a->expect_rc)
+        RCHECK(rc == a->expect_rc, "rc %d, expected %d: %s", rc, a->expect_rc, err.msg);
+    RCHECK(strstr(err.msg, "allreduce #2") != NULL, "error does not name the op: %s", err.msg);
+    RCHECK(strstr(err.msg, a->expect) != NULL, "error lacks \"%s\": %s", a->expect, err.msg);
+    RCHECK(ms < a->max_ms, "took %.0f ms (limit %d): %s", ms, a->max_ms, err.msg);
+    /* After a failure the communicator refuses further work at once, with the first error. */
+    dt_err err2 = {0};
+    t0 = dt_now_ns();
+    rc = dt_comm_allreduce(c, buf, 16, DT_FLOAT32, DT_SUM, NULL, &err2);
+    RCHECK(rc != 0 && strstr(err2.msg, "failed earlier"), "after failure: %d %s", rc, err2.msg);
+    RCHECK(dt_now_ns() - t0 < 1000000000ull, "refusal was slow");
+    free(buf);
+    (void)n;
+}
+
+static void run_fail(const char *transport, const char *hosts, int n, int mode, const char *expect,
+                     int expect_rc, int timeout_ms, int max_ms)
+{
+    group g = {.n = n, .transport = transport, .hosts = hosts, .timeout_ms = timeout_ms};
+    fail_arg a = {mode, expect, expect_rc, max_ms};
+    int status[16];
+    run_group_status(&g, fail_body, &a, 60, status);
+    for (int r = 0; r < n - 1; r++)
+        DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+                     "survivor rank %d (%s, mode %d) failed its checks (status %d)", r,
+                     transport ? transport : "auto", mode, status[r]);
+}
+
+static void test_dead_peer(void)
+{
+    /* A peer that exits is noticed long before the (30 s) timeout. */
+    run_fail("auto", NULL, 2, F_DIE, "rank 1", -ECONNRESET, 30000, 5000);
+    run_fail("tcp", NULL, 2, F_DIE, "rank 1", -ECONNRESET, 30000, 5000);
+    run_fail("auto", NULL, 3, F_DIE_MIDWAY, "rank 2", 0, 30000, 5000);
+    run_fail("tcp", NULL, 3, F_DIE_MIDWAY, "rank", 0, 30000, 5000);
+    run_fail("auto", "A,B,A,B", 4, F_DIE_MIDWAY, "rank", 0, 30000, 5000);
+}
+
+static void test_stalled_peer(void)
+{
+    /* A peer that lives but never joins: -ETIMEDOUT after the timeout, naming it. */
+    run_fail("auto", NULL, 2, F_STALL, "rank 1", -ETIMEDOUT, 1500, 6000);
+    run_fail("tcp", NULL, 2, F_STALL, "rank 1", -ETIMEDOUT, 1500, 6000);
+}
+
+static void test_mismatch(void)
+{
+    run_fail("auto", NULL, 2, F_COUNT, "mismatch", -EPROTO, 20000, 5000);
+    run_fail("auto", NULL, 3, F_OP, "broadcast #2", 0, 20000, 5000);
+    run_fail("auto", NULL, 2, F_DTYPE, "bfloat16", -EPROTO, 20000, 5000);
+    run_fail("tcp", NULL, 2, F_COUNT, "mismatch", -EPROTO, 20000, 5000);
+    run_fail("tcp", NULL, 2, F_OP, "broadcast #2", -EPROTO, 20000, 5000);
+    run_fail("tcp", NULL, 3, F_DTYPE, "", 0, 20000, 5000);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Shared-memory hygiene                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static int count_segments(const char *run_id)
+{
+    char name[256];
+    dt_shm_name(name, sizeof name, run_id, 0, 0, 0);
+    /* "/dtrain.<uid>.<run>.<hash>.a0.g0.h0": the prefix up to the attempt */
+    char *a = strstr(name, ".a0.");
+    a[1] = '\0';
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (!strncmp(e->d_name, name + 1, strlen(name + 1)))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static void nothing(dt_comm *c, int rank, int n, void *arg)
+{
+    (void)arg;
+    (void)n;
+    float x = (float)rank;
+    dt_err err = {0};
+    RCHECK(dt_comm_allreduce(c, &x, 1, DT_FLOAT32, DT_SUM, NULL, &err) == 0, "%s", err.msg);
+    if (arg)
+        RCHECK(count_segments(((const char *)arg)) == 0, "segment still linked while in use");
+}
+
+static void test_shm_cleanup(void)
+{
+    if (access("/dev/shm", W_OK) != 0)
+        DT_SKIP("no writable /dev/shm");
+    group g = {.n = 3};
+    new_run_id(&g, "clean");
+    /* While the group runs, the segment is already unlinked (every rank attached). */
+    run_group(&g, nothing, g.run_id, 30);
+    DT_CHECK_INT(count_segments(g.run_id), 0);
+
+    /* A segment left by a crashed earlier attempt (its creator is gone) is removed by the next
+     * attempt of the same run. */
+    char stale[256];
+    dt_shm_name(stale, sizeof stale, g.run_id, 0, 7, 0);
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0);
+    int fd = shm_open(stale, O_CREAT | O_RDWR, 0600);
+    DT_REQUIRE(fd >= 0);
+    /* Just enough of a header: the creator pid sits at byte 32 (after magic, version, size,
+     * slot and total). */
+    char hdr[4096];
+    memset(hdr, 0, sizeof hdr);
+    int32_t pid = (int32_t)dead;
+    memcpy(hdr + 32, &pid, 4);
+    DT_REQUIRE(write(fd, hdr, sizeof hdr) == (ssize_t)sizeof hdr);
+    close(fd);
+    /* One that belongs to a live process is kept. */
+    char live[256];
+    dt_shm_name(live, sizeof live, g.run_id, 0, 8, 0);
+    fd = shm_open(live, O_CREAT | O_RDWR, 0600);
+    DT_REQUIRE(fd >= 0);
+    pid = (int32_t)getpid();
+    memcpy(hdr + 32, &pid, 4);
+    DT_REQUIRE(write(fd, hdr, sizeof hdr) == (ssize_t)sizeof hdr);
+    close(fd);
+    DT_CHECK_INT(count_segments(g.run_id), 2);
+    g.attempt = 1;
+    g.n = 2;
+    run_group(&g, nothing, NULL, 30);
+    DT_CHECK(access("/dev/shm/", F_OK) == 0);
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm%s", stale);
+    DT_CHECK_MSG(access(path, F_OK) != 0, "stale segment %s survived", stale);
+    snprintf(path, sizeof path, "/dev/shm%s", live);
+    DT_CHECK_MSG(access(path, F_OK) == 0, "live segment %s was removed", live);
+    shm_unlink(live);
+}
+
+static void test_bootstrap_missing_rank(void)
+{
+    /* Rank 1 never starts (it exits before comm init): rank 0 gives up within the timeout and
+     * leaves no segment behind. */
+    dt_store_server_opts so;
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    so.port = 0;
+    dt_store_server *srv = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &err), &err);
+    group g = {.n = 2, .timeout_ms = 1500};
+    new_run_id(&g, "partial");
+    g.port = dt_store_server_port(srv);
+    dt_store *store = NULL;
+    DT_REQUIRE_OK(connect_store(g.port, &store, &err), &err);
+    rank_env(&g, 0);
+    dt_comm *c = NULL;
+    uint64_t t0 = dt_now_ns();
+    int rc = make_comm(&g, 0, store, &c, &err);
+    double s = (double)(dt_now_ns() - t0) / 1e9;
+    DT_CHECK(rc != 0);
+    DT_CHECK_MSG(s < 6, "bootstrap took %.1f s with a 1.5 s timeout", s);
+    DT_CHECK_CONTAINS(err.msg, "2 ranks");
+    DT_CHECK_INT(count_segments(g.run_id), 0);
+    dt_store_free(store);
+    dt_store_server_stop(srv);
+}
+
+static void test_nccl_unavailable(void)
+{
+    setenv("DTRAIN_CUDA_LIB", "/nonexistent/libdtrain_cuda.so", 1);
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    o.backend = "nccl";
+    dt_comm *c = NULL;
+    dt_err err = {0};
+    DT_CHECK(dt_comm_init(&c, NULL, &o, &err) != 0);
+    DT_CHECK_CONTAINS(err.msg, "nccl");
+    DT_CHECK_CONTAINS(err.msg, "ddp.backend = cpu");
+    o.backend = "carrier-pigeon";
+    DT_CHECK(dt_comm_init(&c, NULL, &o, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "unknown backend");
+    o.backend = "cpu";
+    o.world_size = 2;
+    DT_CHECK(dt_comm_init(&c, NULL, &o, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "store");
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"fp16_exhaustive", test_fp16_exhaustive, 0},
+        {"bf16_rounding", test_bf16_rounding, 0},
+        {"reduce_kernels", test_reduce_kernels, 0},
+        {"one_rank", test_one_rank, 0},
+        {"shm_all_collectives", test_shm_all, 120},
+        {"tcp_all_collectives", test_tcp_all, 120},
+        {"hierarchical", test_hierarchical, 120},
+        {"async", test_async, 60},
+        {"dead_peer", test_dead_peer, 90},
+        {"stalled_peer", test_stalled_peer, 60},
+        {"mismatch", test_mismatch, 90},
+        {"shm_cleanup", test_shm_cleanup, 60},
+        {"bootstrap_missing_rank", test_bootstrap_missing_rank, 30},
+        {"nccl_unavailable", test_nccl_unavailable, 0},
+    };
+    return dt_test_main("test_comm", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
