@@ -15,8 +15,8 @@
 #        quickstart GPT (configs/quickstart.ini) fp32 and bf16, and the same job on the CPU:
 #          loss at the first and last step against the CPU run, tokens/s, peak memory
 #        gpt2-124m (synthetic tokens, T = 1024): a 2-step run on GPU (fp32) and CPU at batch 2
-#          for the loss comparison, then fp32 and bf16 runs at batch $GPT2_BATCH for
-#          tokens/s, MFU and peak memory
+#          for the loss comparison, then fp32, bf16 and bf16 with the flash attention kernels
+#          (DTRAIN_CUDA_ATTN=flash) at batch $GPT2_BATCH for tokens/s, MFU and peak memory
 #   4. NCCL: the gpt2-124m bf16 run and quickstart on every GPU of the machine (one rank per
 #      GPU, ddp.backend = nccl): tokens/s and scaling against one GPU
 #
@@ -40,7 +40,7 @@ for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
         --require-gpu) require=1 ;;
-        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument $a (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -249,18 +249,24 @@ else
 fi
 
 declare -A tps
-for prec in fp32 bf16; do
-    say "gpt2-124m on one GPU, $prec, batch $GPT2_BATCH x 1024, $GPT2_STEPS steps"
-    run "g2_$prec" 240 1 "$gpt2" train.precision="$prec"
+for cfg in fp32 bf16 bf16-flash; do
+    prec=${cfg%-flash}
+    attn=cublas
+    [ "$cfg" = bf16-flash ] && attn=flash
+    say "gpt2-124m on one GPU, $cfg, batch $GPT2_BATCH x 1024, $GPT2_STEPS steps"
+    export DTRAIN_CUDA_ATTN=$attn
+    run "g2_$cfg" 240 1 "$gpt2" train.precision="$prec"
     rc=$?
+    unset DTRAIN_CUDA_ATTN
+    label=$(printf '%-10s' "$cfg")
     if [ $rc -ne 0 ]; then
-        fail "gpt2-124m $prec   FAILED (exit $rc): $(grep -m3 -E 'ERROR|error' "$work/g2_$prec.log" | tr '\n' ' ')"
+        fail "gpt2-124m $label FAILED (exit $rc): $(grep -m3 -E 'ERROR|error' "$work/g2_$cfg.log" | tr '\n' ' ')"
         continue
     fi
-    t=$(field "g2_$prec" tokens_per_s median)
-    tps[$prec]=$t
+    t=$(field "g2_$cfg" tokens_per_s median)
+    tps[$cfg]=$t
     if [ "$prec" = bf16 ]; then peak=$peak_bf16; else peak=$peak_fp32; fi
-    add "gpt2-124m $prec   $(ktok "$t") tok/s  MFU $(mfu "$t" "$fpt" "$peak") of ${peak:-?} TFLOP/s $prec  step $(fmt "$(field "g2_$prec" step_time_s median)" 3) s  peak $(gib "$(field "g2_$prec" peak_mem_bytes last)")  loss@$GPT2_STEPS $(fmt "$(field "g2_$prec" loss last)")"
+    add "gpt2-124m $label $(ktok "$t") tok/s  MFU $(mfu "$t" "$fpt" "$peak") of ${peak:-?} TFLOP/s $prec  step $(fmt "$(field "g2_$cfg" step_time_s median)" 3) s  peak $(gib "$(field "g2_$cfg" peak_mem_bytes last)")  loss@$GPT2_STEPS $(fmt "$(field "g2_$cfg" loss last)")"
 done
 add "                 (MFU: $fpt FLOPs/token = 6N + 12LCT, N = $nparams)"
 

@@ -531,7 +531,31 @@ static void attention_all(dt_precision p)
     ctx_close(&x);
 }
 
+/* Head size 64 and T >= 64: the shapes the flash kernels take (with DTRAIN_CUDA_ATTN=flash),
+ * including partial tiles; without it they exercise the cuBLAS path on GPT-2's head size. */
+static void attention_hs64(dt_precision p)
+{
+    ctx x;
+    ctx_open(&x, p);
+    attention_case(&x, 2, 128, 128, 2);
+    attention_case(&x, 1, 100, 64, 1);
+    attention_case(&x, 1, 257, 192, 3);
+    ctx_close(&x);
+}
+
 static void test_attention_fp32(void) { attention_all(DT_PREC_FP32); }
+static void test_attention_hs64_fp32(void) { attention_hs64(DT_PREC_FP32); }
+static void test_attention_hs64_bf16(void) { attention_hs64(DT_PREC_BF16); }
+static void test_attention_flash_bf16(void)
+{
+    setenv("DTRAIN_CUDA_ATTN", "flash", 1);
+    attention_hs64(DT_PREC_BF16);
+}
+static void test_attention_flash_fp16(void)
+{
+    setenv("DTRAIN_CUDA_ATTN", "flash", 1);
+    attention_hs64(DT_PREC_FP16);
+}
 static void test_attention_bf16(void) { attention_all(DT_PREC_BF16); }
 static void test_attention_fp16(void) { attention_all(DT_PREC_FP16); }
 static void test_attention_bf16_fast(void)
@@ -1074,6 +1098,10 @@ int main(int argc, char **argv)
         {"gpu_attention_bf16", test_attention_bf16, 120},
         {"gpu_attention_fp16", test_attention_fp16, 120},
         {"gpu_attention_bf16_fast", test_attention_bf16_fast, 120},
+        {"gpu_attention_hs64_fp32", test_attention_hs64_fp32, 120},
+        {"gpu_attention_hs64_bf16", test_attention_hs64_bf16, 120},
+        {"gpu_attention_flash_bf16", test_attention_flash_bf16, 120},
+        {"gpu_attention_flash_fp16", test_attention_flash_fp16, 120},
         {"gpu_conv2d_fp32", test_conv_fp32, 120},
         {"gpu_conv2d_bf16", test_conv_bf16, 120},
         {"gpu_bias_layernorm", test_bias_layernorm, 60},

@@ -570,11 +570,15 @@ DT_CU_EXPORT int dt_cuda_backend_create(dt_backend **out, const dt_backend_opts 
     cudaDeviceProp prop;
     const char *mode = dt_env("DTRAIN_CUDA_GEMM");
     const char *tf32 = dt_env("DTRAIN_CUDA_TF32");
+    const char *attn = dt_env("DTRAIN_CUDA_ATTN");
     CREATE_CHECK(be && cu, "CUDA backend: out of host memory");
     cu->device = opts->device_index;
     cu->precision = opts->precision;
     cu->tf32 = tf32 && !strcmp(tf32, "1");
     cu->gemm_convert = !(mode && !strcmp(mode, "fast"));
+    cu->attn_flash = attn && !strcmp(attn, "flash");
+    if (attn && strcmp(attn, "flash") && strcmp(attn, "cublas"))
+        DT_WARN("DTRAIN_CUDA_ATTN=%s is not cublas or flash; using cublas", attn);
     if (mode && strcmp(mode, "fast") && strcmp(mode, "convert"))
         DT_WARN("DTRAIN_CUDA_GEMM=%s is not convert or fast; using convert", mode);
     cu->arena = new (std::nothrow) dt_cu_arena();

@@ -114,6 +114,7 @@ typedef struct dt_cuda {
     dt_precision precision;
     bool tf32;          // fp32 mode may use TF32 tensor cores (DTRAIN_CUDA_TF32=1)
     bool gemm_convert;  // 16-bit modes: convert operands into scratch (else cuBLAS FAST_16*)
+    bool attn_flash;    // DTRAIN_CUDA_ATTN=flash: fused attention kernels (gemm.cu) where they apply
 
     cudaStream_t stream; // the compute stream: every op of this instance runs on it
     cublasHandle_t cublas;

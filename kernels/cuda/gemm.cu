@@ -20,6 +20,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 
 #include "kernels/cuda/cuda_internal.h"
 
@@ -589,12 +590,385 @@ static void attention_bwd_t(dt_cuda *cu, float *dqkv, float *datt_buf, const flo
     DT_CU_LAUNCHED(cu);
 }
 
+// ---- flash attention (opt-in: DTRAIN_CUDA_ATTN=flash) ----------------------------------------
+//
+// FlashAttention-2 style kernels for the 16-bit convert modes and head size 64: tiles of 64
+// queries x 64 keys, tensor cores through WMMA (16x16x16, fp32 accumulation), online softmax,
+// causal tiles skipped. Nothing (B,NH,T,T) is materialised. What backward needs is saved in the
+// `att` buffer instead of probabilities: the row log-sum-exp (B,NH,T) floats, then (from a
+// 256-byte boundary) the output O (B,NH,T,hs) in 16 bits. Backward recomputes the scores tile by
+// tile (one block per key tile, looping over the query tiles at or below the diagonal), keeps dK
+// and dV in shared memory and adds dQ with atomics. Used when hs == 64 and T >= 64; other shapes
+// take the cuBLAS path above. Not the default until it has been measured on a GPU.
+
+#define FA_HS 64      // head size
+#define FA_TILE 64    // queries and keys per tile
+#define FA_THREADS 128 // 4 warps x 16 query rows
+
+namespace wmma = nvcuda::wmma;
+
+template <typename T>
+using fa_frag_a_row = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
+template <typename T>
+using fa_frag_a_col = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
+template <typename T>
+using fa_frag_b_row = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
+template <typename T>
+using fa_frag_b_col = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
+using fa_frag_acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// dst (64 x 64, shared) = rows row0.. of src (rows x 64, global), zero rows past `rows`.
+template <typename T>
+__device__ static inline void fa_load_tile(T *dst, const T *src, int row0, int rows)
+{
+    const uint4 *s = reinterpret_cast<const uint4 *>(src);
+    uint4 *d = reinterpret_cast<uint4 *>(dst);
+    const int per_row = FA_HS * (int)sizeof(T) / 16; // uint4 per row (8)
+    for (int i = threadIdx.x; i < FA_TILE * per_row; i += FA_THREADS) {
+        int r = i / per_row, c = i % per_row;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (row0 + r < rows)
+            v = s[(size_t)(row0 + r) * per_row + c];
+        d[i] = v;
+    }
+}
+
+// out (16 x 64 fp32, shared, ld 64) = A rows (16 x 64, row-major, ld 64) @ B^T where B is a
+// (64 x 64, row-major, ld 64) tile: out[i][j] = sum_d A[i][d] B[j][d].
+template <typename T>
+__device__ static inline void fa_mm_abt(float *out, const T *A, const T *B)
+{
+    for (int n = 0; n < FA_TILE / 16; n++) {
+        fa_frag_acc acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk < FA_HS / 16; kk++) {
+            fa_frag_a_row<T> a;
+            fa_frag_b_col<T> b;
+            wmma::load_matrix_sync(a, A + kk * 16, FA_HS);
+            wmma::load_matrix_sync(b, B + (n * 16) * FA_HS + kk * 16, FA_HS);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(out + n * 16, acc, FA_TILE, wmma::mem_row_major);
+    }
+}
+
+// acc (16 x 64 fp32, shared, ld 64) += A (16 x 64, row-major, ld 64) @ B (64 x 64, row-major).
+template <typename T>
+__device__ static inline void fa_mm_ab_acc(float *acc_s, const T *A, const T *B, bool zero)
+{
+    for (int n = 0; n < FA_HS / 16; n++) {
+        fa_frag_acc acc;
+        if (zero)
+            wmma::fill_fragment(acc, 0.0f);
+        else
+            wmma::load_matrix_sync(acc, acc_s + n * 16, FA_HS, wmma::mem_row_major);
+        for (int kk = 0; kk < FA_TILE / 16; kk++) {
+            fa_frag_a_row<T> a;
+            fa_frag_b_row<T> b;
+            wmma::load_matrix_sync(a, A + kk * 16, FA_TILE);
+            wmma::load_matrix_sync(b, B + (kk * 16) * FA_HS + n * 16, FA_HS);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(acc_s + n * 16, acc, FA_HS, wmma::mem_row_major);
+    }
+}
+
+// acc (16 x 64 fp32, shared, ld 64) += A^T (rows col0..col0+15 of the transpose of a 64 x 64
+// row-major tile A) @ B (64 x 64 row-major): acc[i][d] += sum_q A[q][col0 + i] B[q][d].
+template <typename T>
+__device__ static inline void fa_mm_atb_acc(float *acc_s, const T *A, int col0, const T *B)
+{
+    for (int n = 0; n < FA_HS / 16; n++) {
+        fa_frag_acc acc;
+        wmma::load_matrix_sync(acc, acc_s + n * 16, FA_HS, wmma::mem_row_major);
+        for (int kk = 0; kk < FA_TILE / 16; kk++) {
+            fa_frag_a_col<T> a; // element (i, q) at A[q * 64 + col0 + i]
+            fa_frag_b_row<T> b;
+            wmma::load_matrix_sync(a, A + (kk * 16) * FA_TILE + col0, FA_TILE);
+            wmma::load_matrix_sync(b, B + (kk * 16) * FA_HS + n * 16, FA_HS);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(acc_s + n * 16, acc, FA_HS, wmma::mem_row_major);
+    }
+}
+
+// Shared memory of the forward kernel, in elements of each buffer (all offsets 128-byte aligned).
+template <typename T> static size_t fa_fwd_smem(void)
+{
+    return 3 * FA_TILE * FA_HS * sizeof(T)              // Q, K, V tiles
+           + 4 * 16 * FA_TILE * sizeof(float)           // S per warp
+           + 4 * 16 * FA_TILE * sizeof(T)               // P per warp
+           + 4 * 16 * FA_HS * sizeof(float);            // O per warp
+}
+
+// grid (query tiles, B*NH), 128 threads. y (BH,T,64) fp32; o16 (BH,T,64); lse (BH,T).
+template <typename T>
+__global__ static void __launch_bounds__(FA_THREADS)
+    fa_fwd_kernel(float *__restrict__ y, T *__restrict__ o16, float *__restrict__ lse,
+                  const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                  int Tn, float scale)
+{
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    T *Qs = (T *)fa_smem;
+    T *Ks = Qs + FA_TILE * FA_HS;
+    T *Vs = Ks + FA_TILE * FA_HS;
+    float *Ss = (float *)(Vs + FA_TILE * FA_HS);
+    T *Ps = (T *)(Ss + 4 * 16 * FA_TILE);
+    float *Os = (float *)(Ps + 4 * 16 * FA_TILE);
+    int bh = blockIdx.y, q0 = blockIdx.x * FA_TILE;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int r = lane / 2, c0 = (lane % 2) * 32; // this lane: row r of the warp's 16, 32 columns
+    int qi = q0 + warp * 16 + r;
+    size_t base = (size_t)bh * Tn * FA_HS;
+    float *Sw = Ss + warp * 16 * FA_TILE, *Ow = Os + warp * 16 * FA_HS;
+    T *Pw = Ps + warp * 16 * FA_TILE;
+    fa_load_tile(Qs, q + base, q0, Tn);
+    for (int i = lane; i < 16 * FA_HS; i += 32)
+        Ow[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    int last = q0 + FA_TILE - 1 < Tn - 1 ? q0 + FA_TILE - 1 : Tn - 1; // last query of the tile
+    int nkt = last / FA_TILE + 1;                                     // causal: tiles 0..diag
+    for (int kt = 0; kt < nkt; kt++) {
+        int k0 = kt * FA_TILE;
+        __syncthreads(); // everyone is done with the previous K, V tiles
+        fa_load_tile(Ks, k + base, k0, Tn);
+        fa_load_tile(Vs, v + base, k0, Tn);
+        __syncthreads();
+        fa_mm_abt(Sw, Qs + warp * 16 * FA_HS, Ks);
+        __syncwarp();
+        float mx = -INFINITY;
+        for (int c = c0; c < c0 + 32; c++) {
+            int kj = k0 + c;
+            float s = (kj <= qi && kj < Tn) ? Sw[r * FA_TILE + c] * scale : -INFINITY;
+            Sw[r * FA_TILE + c] = s;
+            mx = fmaxf(mx, s);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        float m_new = fmaxf(m, mx);
+        float m_use = m_new == -INFINITY ? 0.0f : m_new; // rows past T see only -inf
+        float alpha = m == -INFINITY ? 0.0f : expf(m - m_use);
+        float rs = 0.0f;
+        for (int c = c0; c < c0 + 32; c++) {
+            float p = expf(Sw[r * FA_TILE + c] - m_use);
+            Pw[r * FA_TILE + c] = from_f<T>(p);
+            rs += p;
+        }
+        rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+        l = l * alpha + rs;
+        m = m_new;
+        for (int d = c0; d < c0 + 32; d++)
+            Ow[r * FA_HS + d] *= alpha;
+        __syncwarp();
+        fa_mm_ab_acc(Ow, Pw, Vs, false);
+        __syncwarp();
+    }
+    if (qi < Tn) {
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        size_t row = base + (size_t)qi * FA_HS;
+        for (int d = c0; d < c0 + 32; d++) {
+            float o = Ow[r * FA_HS + d] * inv;
+            y[row + d] = o;
+            o16[row + d] = from_f<T>(o);
+        }
+        if (c0 == 0)
+            lse[(size_t)bh * Tn + qi] = m + logf(l);
+    }
+}
+
+// D (rows) = sum_d dO[row][d] * O[row][d]; one warp per row of 64.
+template <typename T>
+__global__ static void fa_bwd_pre_kernel(float *D, const T *dO, const T *o16, size_t rows)
+{
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows)
+        return;
+    const T *a = dO + row * FA_HS, *b = o16 + row * FA_HS;
+    float s = to_f(a[lane]) * to_f(b[lane]) + to_f(a[lane + 32]) * to_f(b[lane + 32]);
+    for (int off = 16; off > 0; off >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0)
+        D[row] = s;
+}
+
+template <typename T> static size_t fa_bwd_smem(void)
+{
+    return 4 * FA_TILE * FA_HS * sizeof(T)         // K, V, Q, dO tiles
+           + 2 * FA_TILE * FA_HS * sizeof(float)   // dK, dV accumulators
+           + 2 * 4 * 16 * FA_TILE * sizeof(float)  // per warp: S/P (fp32), dP/dQ scratch
+           + 2 * FA_TILE * FA_TILE * sizeof(T)     // P and dS tiles (16-bit, whole block)
+           + 2 * FA_TILE * sizeof(float);          // lse and D of the query tile
+}
+
+// grid (key tiles, B*NH), 128 threads. dq (zeroed) += ; dk, dv (BH,T,64) fp32 = .
+template <typename T>
+__global__ static void __launch_bounds__(FA_THREADS)
+    fa_bwd_kernel(float *__restrict__ dq, float *__restrict__ dk, float *__restrict__ dv,
+                  const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                  const T *__restrict__ dO, const float *__restrict__ lse,
+                  const float *__restrict__ D, int Tn, float scale)
+{
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    T *Ks = (T *)fa_smem;
+    T *Vs = Ks + FA_TILE * FA_HS;
+    T *Qs = Vs + FA_TILE * FA_HS;
+    T *dOs = Qs + FA_TILE * FA_HS;
+    float *dKs = (float *)(dOs + FA_TILE * FA_HS);
+    float *dVs = dKs + FA_TILE * FA_HS;
+    float *Ws = dVs + FA_TILE * FA_HS;        // per warp 16 x 64: S, then P (fp32)
+    float *Wd = Ws + 4 * 16 * FA_TILE;        // per warp 16 x 64: dP, then dQ
+    T *Ps = (T *)(Wd + 4 * 16 * FA_TILE);     // 64 x 64
+    T *dSs = Ps + FA_TILE * FA_TILE;          // 64 x 64
+    float *lse_s = (float *)(dSs + FA_TILE * FA_TILE);
+    float *D_s = lse_s + FA_TILE;
+    int bh = blockIdx.y, k0 = blockIdx.x * FA_TILE;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int r = lane / 2, c0 = (lane % 2) * 32;
+    size_t base = (size_t)bh * Tn * FA_HS;
+    float *Sw = Ws + warp * 16 * FA_TILE, *Dw = Wd + warp * 16 * FA_TILE;
+    fa_load_tile(Ks, k + base, k0, Tn);
+    fa_load_tile(Vs, v + base, k0, Tn);
+    for (int i = threadIdx.x; i < FA_TILE * FA_HS; i += FA_THREADS) {
+        dKs[i] = 0.0f;
+        dVs[i] = 0.0f;
+    }
+    int nqt = (Tn + FA_TILE - 1) / FA_TILE;
+    for (int qt = blockIdx.x; qt < nqt; qt++) { // causal: query tiles at or after this key tile
+        int q0 = qt * FA_TILE;
+        int qi = q0 + warp * 16 + r;
+        __syncthreads(); // the previous query tile is fully consumed
+        fa_load_tile(Qs, q + base, q0, Tn);
+        fa_load_tile(dOs, dO + base, q0, Tn);
+        if (threadIdx.x < FA_TILE) {
+            int i = q0 + threadIdx.x;
+            lse_s[threadIdx.x] = i < Tn ? lse[(size_t)bh * Tn + i] : 0.0f;
+            D_s[threadIdx.x] = i < Tn ? D[(size_t)bh * Tn + i] : 0.0f;
+        }
+        __syncthreads();
+        // P = exp(scale * Q K^T - lse), causal; kept fp32 in Sw and 16-bit in Ps.
+        fa_mm_abt(Sw, Qs + warp * 16 * FA_HS, Ks);
+        __syncwarp();
+        float lrow = lse_s[warp * 16 + r];
+        for (int c = c0; c < c0 + 32; c++) {
+            int kj = k0 + c;
+            float p = (kj <= qi && qi < Tn && kj < Tn) ? expf(Sw[r * FA_TILE + c] * scale - lrow)
+                                                       : 0.0f;
+            Sw[r * FA_TILE + c] = p;
+            Ps[(warp * 16 + r) * FA_TILE + c] = from_f<T>(p);
+        }
+        // dP = dO V^T
+        fa_mm_abt(Dw, dOs + warp * 16 * FA_HS, Vs);
+        __syncwarp();
+        // dS = scale * P * (dP - D)
+        float drow = D_s[warp * 16 + r];
+        for (int c = c0; c < c0 + 32; c++) {
+            float ds = scale * Sw[r * FA_TILE + c] * (Dw[r * FA_TILE + c] - drow);
+            dSs[(warp * 16 + r) * FA_TILE + c] = from_f<T>(ds);
+        }
+        __syncthreads(); // P and dS complete for all 64 query rows
+        // dV (this warp's 16 keys) += P^T dO; dK += dS^T Q
+        fa_mm_atb_acc(dVs + warp * 16 * FA_HS, Ps, warp * 16, dOs);
+        fa_mm_atb_acc(dKs + warp * 16 * FA_HS, dSs, warp * 16, Qs);
+        // dQ (this warp's 16 queries) = dS K, added to global
+        fa_mm_ab_acc(Dw, dSs + warp * 16 * FA_TILE, Ks, true);
+        __syncwarp();
+        for (int i = lane; i < 16 * FA_HS; i += 32) {
+            int rr = i / FA_HS, d = i % FA_HS, row = q0 + warp * 16 + rr;
+            if (row < Tn)
+                atomicAdd(dq + base + (size_t)row * FA_HS + d, Dw[i]);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < FA_TILE * FA_HS; i += FA_THREADS) {
+        int kj = k0 + i / FA_HS;
+        if (kj < Tn) {
+            dk[base + (size_t)kj * FA_HS + i % FA_HS] = dKs[i];
+            dv[base + (size_t)kj * FA_HS + i % FA_HS] = dVs[i];
+        }
+    }
+}
+
+static bool use_flash(const dt_cuda *cu, int T, int C, int NH)
+{
+    return cu->attn_flash && convert_mode(cu) && NH > 0 && C / NH == FA_HS && C % NH == 0 &&
+           T >= FA_TILE;
+}
+
+// Offsets in the att buffer (float elements): lse at 0, o16 from a 256-byte boundary.
+static size_t fa_o16_offset(size_t BH, size_t T) { return (BH * T + 63) / 64 * 64; }
+
+template <typename T>
+static void flash_fwd(dt_cuda *cu, float *out, float *att_buf, const float *qkv, int B, int Tn,
+                      int C, int NH)
+{
+    int BH = B * NH;
+    size_t n = (size_t)B * Tn * C;
+    char *scr = (char *)dt_cuda_scratch(cu, DT_CU_SCR_ATTN, 3 * n * sizeof(T) + n * sizeof(float));
+    if (!scr)
+        return;
+    T *q = (T *)scr, *k = q + n, *v = k + n;
+    float *y = (float *)(v + n);
+    float *lse = att_buf;
+    T *o16 = (T *)(att_buf + fa_o16_offset((size_t)BH, (size_t)Tn));
+    attn_permute_kernel<T><<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(q, k, v, qkv, B, Tn, NH,
+                                                                         FA_HS);
+    DT_CU_LAUNCHED(cu);
+    size_t smem = fa_fwd_smem<T>();
+    DT_CU_CHECK(cu, cudaFuncSetAttribute(fa_fwd_kernel<T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)((Tn + FA_TILE - 1) / FA_TILE), (unsigned)BH);
+    fa_fwd_kernel<T><<<grid, FA_THREADS, smem, cu->stream>>>(y, o16, lse, q, k, v, Tn,
+                                                              1.0f / sqrtf((float)FA_HS));
+    DT_CU_LAUNCHED(cu);
+    attn_unpermute_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(out, y, B, Tn, NH, FA_HS);
+    DT_CU_LAUNCHED(cu);
+}
+
+template <typename T>
+static void flash_bwd(dt_cuda *cu, float *dqkv, const float *dout, const float *qkv,
+                      const float *att_buf, int B, int Tn, int C, int NH)
+{
+    int BH = B * NH;
+    size_t n = (size_t)B * Tn * C, rows = (size_t)BH * Tn;
+    char *scr = (char *)dt_cuda_scratch(
+        cu, DT_CU_SCR_ATTN, 4 * n * sizeof(T) + 3 * n * sizeof(float) + rows * sizeof(float));
+    if (!scr)
+        return;
+    T *q = (T *)scr, *k = q + n, *v = k + n, *dy = v + n;
+    float *dq = (float *)(dy + n), *dk = dq + n, *dv = dk + n, *D = dv + n;
+    const float *lse = att_buf;
+    const T *o16 = (const T *)(att_buf + fa_o16_offset((size_t)BH, (size_t)Tn));
+    attn_permute_kernel<T><<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(q, k, v, qkv, B, Tn, NH,
+                                                                         FA_HS);
+    DT_CU_LAUNCHED(cu);
+    attn_unpermute_bwd_kernel<T><<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(dy, dout, B, Tn,
+                                                                               NH, FA_HS);
+    DT_CU_LAUNCHED(cu);
+    DT_CU_CHECK(cu, cudaMemsetAsync(dq, 0, n * sizeof(float), cu->stream));
+    fa_bwd_pre_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, cu->stream>>>(D, dy, o16, rows);
+    DT_CU_LAUNCHED(cu);
+    size_t smem = fa_bwd_smem<T>();
+    DT_CU_CHECK(cu, cudaFuncSetAttribute(fa_bwd_kernel<T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)((Tn + FA_TILE - 1) / FA_TILE), (unsigned)BH);
+    fa_bwd_kernel<T><<<grid, FA_THREADS, smem, cu->stream>>>(dq, dk, dv, q, k, v, dy, lse, D, Tn,
+                                                              1.0f / sqrtf((float)FA_HS));
+    DT_CU_LAUNCHED(cu);
+    attn_permute_bwd_kernel<<<dt_cu_blocks(n, 256), 256, 0, cu->stream>>>(dqkv, dq, dk, dv, B, Tn,
+                                                                          NH, FA_HS);
+    DT_CU_LAUNCHED(cu);
+}
+
 void dt_cuda_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
                            int C, int NH)
 {
     DT_CU_BEGIN(be);
     if (!cu->failed && B > 0 && T > 0) {
-        if (!convert_mode(cu))
+        if (use_flash(cu, T, C, NH) && cu->precision == DT_PREC_BF16)
+            flash_fwd<__nv_bfloat16>(cu, out, att, qkv, B, T, C, NH);
+        else if (use_flash(cu, T, C, NH))
+            flash_fwd<__half>(cu, out, att, qkv, B, T, C, NH);
+        else if (!convert_mode(cu))
             attention_fwd_t<float>(cu, out, att, qkv, B, T, C, NH);
         else if (cu->precision == DT_PREC_BF16)
             attention_fwd_t<__nv_bfloat16>(cu, out, att, qkv, B, T, C, NH);
@@ -609,7 +983,11 @@ void dt_cuda_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float
 {
     DT_CU_BEGIN(be);
     if (!cu->failed && B > 0 && T > 0) {
-        if (!convert_mode(cu))
+        if (use_flash(cu, T, C, NH) && cu->precision == DT_PREC_BF16)
+            flash_bwd<__nv_bfloat16>(cu, dqkv, dout, qkv, att, B, T, C, NH);
+        else if (use_flash(cu, T, C, NH))
+            flash_bwd<__half>(cu, dqkv, dout, qkv, att, B, T, C, NH);
+        else if (!convert_mode(cu))
             attention_bwd_t<float>(cu, dqkv, datt, dout, qkv, att, B, T, C, NH);
         else if (cu->precision == DT_PREC_BF16)
             attention_bwd_t<__nv_bfloat16>(cu, dqkv, datt, dout, qkv, att, B, T, C, NH);
