@@ -251,18 +251,27 @@ int dt_bench_ckpt(int argc, char **argv)
         goto out;
     }
     made_dir = true;
-    if (measure(&b, dir, MODE_SYNC, saves, step_ms, &sync, &err))
-        goto out;
-    double disk = disk_speed(dir, sync.bytes, &err);
-    if (disk < 0 || measure(&b, dir, MODE_BG, saves, step_ms, &bg, &err) ||
+    /* The disk before and after the checkpoints (this machine's disk speed varies with what
+     * else runs; the spread says how much to trust the percentages). */
+    uint64_t size = 0;
+    for (int k = 0; k < b.nbufs; k++)
+        size += b.bufs[k].numel * sizeof(float);
+    double disk0 = disk_speed(dir, size, &err);
+    if (disk0 < 0 || measure(&b, dir, MODE_SYNC, saves, step_ms, &sync, &err) ||
+        measure(&b, dir, MODE_BG, saves, step_ms, &bg, &err) ||
         measure(&b, dir, MODE_CONC, saves, step_ms, &conc, &err))
         goto out;
+    double disk1 = disk_speed(dir, size, &err);
+    if (disk1 < 0)
+        goto out;
+    double disk = (disk0 + disk1) / 2;
 
     double mb = sync.bytes / 1e6;
     printf("dtrain bench ckpt: %s\n", b.what);
     printf("  directory                  %s\n", dir);
     printf("  checkpoint size            %.1f MB (model + optimiser + state.json)\n", mb);
-    printf("  disk sequential write      %.0f MB/s (%.1f MB in 4 MiB blocks + fsync)\n", disk, mb);
+    printf("  disk sequential write      %.0f MB/s (%.1f MB in 4 MiB blocks + fsync; %.0f before, "
+           "%.0f after the saves)\n", disk, mb, disk0, disk1);
     printf("  checkpoint write (sync)    %.0f MB/s = %.0f%% of the disk (%.2f s, of which fsync "
            "%.2f s)\n", mb / sync.write, 100.0 * mb / sync.write / disk, sync.write, sync.fsync);
     printf("  checkpoint write (thread)  %.0f MB/s = %.0f%% of the disk (%.2f s)\n",
