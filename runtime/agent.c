@@ -594,7 +594,7 @@ static enum outcome monitor(agent *a, dt_rdzv_status *st)
     }
 }
 
-static void round_banner(agent *a)
+static void round_banner(agent *a, double took_s)
 {
     const dt_rdzv_round *r = &a->rd;
     if (r->group_world_size > 1)
@@ -617,6 +617,7 @@ static void round_banner(agent *a)
     cJSON_AddStringToObject(f, "master_addr", r->master_addr);
     cJSON_AddNumberToObject(f, "master_port", r->master_port);
     cJSON_AddStringToObject(f, "run_id", r->run_id);
+    cJSON_AddNumberToObject(f, "duration_s", (double)(int64_t)(took_s * 1000) / 1000.0);
     dt_events_emit(&a->ev, "rendezvous", f);
 }
 
@@ -729,10 +730,12 @@ static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
     o->arg = a;
 }
 
-static void print_table(agent *a, const dt_rdzv_failure *f, int n)
+static void print_table(agent *a, const dt_rdzv_failure *f, int n, const char *headline)
 {
     char head[512], foot[DT_PATH_MAX + 512], what[128];
-    if (n > 0) {
+    if (headline) {
+        fmt(head, sizeof head, "%s", headline);
+    } else if (n > 0) {
         dt_report_describe_status(f[0].exit_code, f[0].signal, what, sizeof what);
         if (f[0].rank >= 0)
             snprintf(head, sizeof head,
@@ -776,11 +779,15 @@ static int abort_code(const dt_rdzv_status *st) { return st->signal > 0 ? 128 + 
 static int run_rounds(agent *a)
 {
     char name[32];
+    dt_rdzv_failure *prev = NULL; /* failures of the attempt before the rendezvous under way */
+    int prev_n = 0, prev_attempt = 0;
     for (bool first = true;; first = false) {
         dt_err e = {0};
         dt_rdzv_status st;
         double t0 = dt_now_s();
         int rc = dt_rdzv_next(a->rz, &a->rd, &st, &e);
+        if (rc == -EINTR || rc == -ECANCELED)
+            free(prev);
         if (rc == -EINTR) {
             dt_err ae = {0};
             dt_rdzv_abort(a->rz, a->first_signal, &ae);
@@ -794,17 +801,26 @@ static int run_rounds(agent *a)
         }
         if (rc) {
             DT_ERROR("rendezvous failed: %s", e.msg);
+            if (prev_n > 0) { /* what made the restart necessary is the story */
+                char head[256];
+                fmt(head, sizeof head,
+                    "dtrain: the job failed: the restart after attempt %d could not gather every "
+                    "node (see above); what ended attempt %d:",
+                    prev_attempt, prev_attempt);
+                print_table(a, prev, prev_n, head);
+            }
+            free(prev);
             emit_end(a, "rendezvous_failed", 1);
             return 1;
         }
+        free(prev);
+        prev = NULL;
+        prev_n = 0;
         if (first) {
             if (open_run_dir(a, &e))
                 DT_WARN("%s; continuing without events.jsonl", e.msg);
         }
-        round_banner(a);
-        cJSON *rf = cJSON_CreateObject();
-        cJSON_AddNumberToObject(rf, "duration_s", (double)(int64_t)((dt_now_s() - t0) * 1000) / 1000.0);
-        dt_events_emit(&a->ev, "rendezvous_done", rf);
+        round_banner(a, dt_now_s() - t0);
 
         enum outcome out;
         if (a->rd.group_world_size > 1 && dt_rdzv_poll(a->rz, &st, &e) == 0 &&
@@ -895,11 +911,15 @@ static int run_rounds(agent *a)
             dt_err fe = {0};
             if (dt_rdzv_failures(a->rz, &all, &n, &fe))
                 DT_WARN("cannot read the job's failures: %s", fe.msg);
-            print_table(a, all, n);
+            print_table(a, all, n, NULL);
             free(all);
             emit_end(a, "failed", 1);
             return 1;
         }
+        dt_err fe = {0};
+        prev_attempt = a->rd.attempt;
+        if (dt_rdzv_failures(a->rz, &prev, &prev_n, &fe))
+            prev_n = 0;
         DT_WARN("restarting every worker%s (restart %d of --max-restarts=%d)",
                 a->rd.group_world_size > 1 ? " on every node" : "", a->rd.attempt + 1,
                 a->rd.max_restarts);

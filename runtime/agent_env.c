@@ -200,9 +200,7 @@ static int nvml_count(void)
     return (int)n;
 }
 
-/* CUDA_VISIBLE_DEVICES as the CUDA runtime reads it: a comma list, cut at the first invalid
- * entry; an index must be below the physical count; UUIDs (GPU-..., MIG-...) are accepted. */
-static int apply_visible(const char *vis, int physical)
+int dt_agent_visible_gpus(const char *vis, int physical)
 {
     char buf[1024], *save = NULL;
     int n = 0;
@@ -236,7 +234,7 @@ int dt_agent_count_gpus(char *how, size_t cap)
         src = "no NVIDIA driver found";
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     if (n > 0 && vis) {
-        n = apply_visible(vis, n);
+        n = dt_agent_visible_gpus(vis, n);
         if (how)
             snprintf(how, cap, "%s, CUDA_VISIBLE_DEVICES=%s", src, vis);
     } else if (how) {

@@ -59,6 +59,11 @@ int dt_agent_env_build(dt_envb *b, char *const *base, const dt_worker_env *w, dt
  * (may be NULL) gets where the count came from. Never fails: 0 when nothing is found. */
 int dt_agent_count_gpus(char *how, size_t cap);
 
+/* How many of `physical` GPUs a CUDA_VISIBLE_DEVICES value leaves visible, as the CUDA runtime
+ * reads it: a comma list cut at the first invalid entry; an index must be below the physical
+ * count; UUIDs (GPU-..., MIG-...) count as given. "" leaves none. */
+int dt_agent_visible_gpus(const char *vis, int physical);
+
 /* CPUs this process may run on (its affinity mask). */
 int dt_agent_count_cpus(void);
 

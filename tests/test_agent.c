@@ -216,6 +216,13 @@ static void test_nproc_resolution(void)
     DT_CHECK_INT(n, gpus > 0 ? gpus : dt_agent_count_cpus());
     if (gpus == 0)
         DT_CHECK(dt_agent_resolve_nproc("gpu", &n, NULL, 0, &e) == -ENODEV);
+    DT_CHECK_INT(dt_agent_visible_gpus("0,1", 8), 2);
+    DT_CHECK_INT(dt_agent_visible_gpus("3, 1 ,7", 8), 3);
+    DT_CHECK_INT(dt_agent_visible_gpus("0,9,1", 8), 1);   /* cut at the invalid 9 */
+    DT_CHECK_INT(dt_agent_visible_gpus("-1", 8), 0);
+    DT_CHECK_INT(dt_agent_visible_gpus("", 8), 0);
+    DT_CHECK_INT(dt_agent_visible_gpus("GPU-8f2a,GPU-11aa", 8), 2);
+    DT_CHECK_INT(dt_agent_visible_gpus("0,1,2,3", 2), 2);  /* indexes past the count end it */
     setenv("CUDA_VISIBLE_DEVICES", "", 1);
     DT_CHECK_INT(dt_agent_count_gpus(NULL, 0), 0);
     DT_CHECK(dt_agent_resolve_nproc("0", &n, NULL, 0, &e) == -EINVAL);
@@ -431,6 +438,9 @@ static const char env_py[] =
     "want(e['TORCHELASTIC_ERROR_FILE'].endswith('/attempt_1/%d/error.json' % r), 'error path')\n"
     "want(e['OMP_NUM_THREADS'] == '1', 'omp')\n"
     "want(int(e['DTRAIN_AGENT_PID']) == os.getppid(), 'agent pid')\n"
+    "want(e['DTRAIN_STORE_ADDR'] == '127.0.0.1' and 0 < int(e['DTRAIN_STORE_PORT']) < 65536, 'store')\n"
+    "want(e['DTRAIN_STORE_PORT'] != e['MASTER_PORT'], 'ports')\n"
+    "want(e['DTRAIN_LOCAL_ADDR'] == '127.0.0.1', 'local addr')\n"
     "if e['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
     "    if r == 2:\n"
     "        with open(e['TORCHELASTIC_ERROR_FILE'], 'w') as f:\n"

@@ -345,6 +345,39 @@ static void test_sigkill_agent_detected(void)
         dump_outputs(&j);
 }
 
+/* A node lost with budget left: the others try to restart, the lost node never comes back, and
+ * the failed rendezvous ends the job with the table of what ended the attempt before it. */
+static void test_lost_node_then_join_timeout(void)
+{
+    job j;
+    char opts[1024], cmd[1024], path[4096];
+    snprintf(opts, sizeof opts,
+             "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=2,"
+             "close_timeout=5 --stop-grace 5 --rdzv-id lj --nproc-per-node 1 --max-restarts 2");
+    snprintf(cmd, sizeof cmd, "sh -c 'touch %s/ready.$RANK; exec sleep 60'", TMP);
+    start_job(&j, 2, opts, cmd);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
+        double deadline = now_s() + 20;
+        while (access(path, F_OK) != 0 && now_s() < deadline)
+            dt_sleep_ms(10);
+        DT_REQUIRE(access(path, F_OK) == 0);
+    }
+    kill(j.pid[1], SIGKILL);
+    int codes[2];
+    wait_job(&j, codes, 40);
+    DT_CHECK_INT(codes[0], 1);
+    char *o = slurp(j.out[0]);
+    DT_REQUIRE(o != NULL);
+    DT_CHECK_CONTAINS(o, "restarting every worker on every node (restart 1 of");
+    DT_CHECK_CONTAINS(o, "node(s) 1 did not join round 1");
+    DT_CHECK_CONTAINS(o, "what ended attempt 0:");
+    DT_CHECK_CONTAINS(o, "sent no heartbeat");
+    free(o);
+    if (codes[0] != 1)
+        dump_outputs(&j);
+}
+
 /* SIGTERM to one agent ends the job everywhere with 128+15. */
 static void test_sigterm_one_agent_ends_all(void)
 {
@@ -447,6 +480,7 @@ static const dt_test tests[] = {
     {"three_nodes_restart_all", test_three_nodes_restart_all, 90},
     {"budget_is_job_wide", test_budget_is_job_wide, 90},
     {"sigkill_agent_detected", test_sigkill_agent_detected, 90},
+    {"lost_node_then_join_timeout", test_lost_node_then_join_timeout, 90},
     {"sigterm_one_agent_ends_all", test_sigterm_one_agent_ends_all, 90},
     {"external_store", test_external_store, 60},
     {"join_timeout", test_join_timeout, 60},
