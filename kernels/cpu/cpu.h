@@ -145,8 +145,6 @@ void dt_cpu_softmax_causal_bwd(float *d, const float *p, int r0, int r1, int T, 
 void dt_cpu_rows_set(float *out, const float *bias, int N, int C);
 /* dbias (C) += column sums of x (N,C) with row stride ld. */
 void dt_cpu_colsum_acc(float *dbias, const float *x, int N, int C, int ld);
-/* x (n) += s */
-void dt_cpu_add_scalar(float *x, size_t n, float s);
 /* Sum of x (n) in double. */
 double dt_cpu_sum(const float *x, size_t n);
 

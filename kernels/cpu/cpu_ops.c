@@ -181,12 +181,6 @@ void dt_cpu_colsum_acc(float *dbias, const float *x, int N, int C, int ld)
     }
 }
 
-void dt_cpu_add_scalar(float *x, size_t n, float s)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] += s;
-}
-
 DT_CPU_CLONES
 double dt_cpu_sum(const float *x, size_t n)
 {
