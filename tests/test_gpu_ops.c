@@ -15,7 +15,11 @@
  * with the reason, found once by running this binary as a helper (`--probe-gpu`) so that the
  * test runner itself never initialises CUDA; with DTRAIN_REQUIRE_GPU=1 (make test-gpu) they
  * fail instead. gpu_library_symbols needs no GPU: it checks that libdtrain_cuda.so loads with
- * every symbol resolved and exports the backend and NCCL entry points. */
+ * every symbol resolved and exports the backend and NCCL entry points.
+ *
+ * gpu_model_*: whole models (GPT, MLP, ResNet) built on both backends from one seed: the loss
+ * and every tensor's gradient, CPU against CUDA, before and after moving the parameters off
+ * their initialisation. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <math.h>
@@ -29,6 +33,7 @@
 #include "common/rng.h"
 #include "kernels/backend.h"
 #include "runtime/comm_impl.h"
+#include "runtime/model.h"
 #include "tests/harness.h"
 
 static char gpu_skip[1024]; /* why the GPU tests skip; empty when a GPU is usable */
@@ -908,6 +913,201 @@ static void test_reductions(void)
     ctx_close(&x);
 }
 
+/* ---- whole models: forward loss and every gradient, CPU against CUDA -------------------- */
+
+typedef struct mbatch {
+    dt_batch b;
+    int32_t *tokens, *targets;
+    float *x;
+} mbatch;
+
+static void mbatch_make(mbatch *hb, const dt_model_config *c, int B, uint64_t seed)
+{
+    memset(hb, 0, sizeof *hb);
+    dt_rng r;
+    dt_rng_seed(&r, seed);
+    hb->b.B = B;
+    if (c->shape.kind == DT_SAMPLE_TOKENS) {
+        int T = c->shape.seq_len, V = c->shape.vocab_size;
+        hb->tokens = malloc(sizeof(int32_t) * B * T);
+        hb->targets = malloc(sizeof(int32_t) * B * T);
+        for (int i = 0; i < B * T; i++) {
+            hb->tokens[i] = (int32_t)dt_rng_below(&r, V);
+            hb->targets[i] = (int32_t)dt_rng_below(&r, V);
+        }
+        hb->targets[3] = -1; /* an ignored position */
+        hb->b.T = T;
+    } else {
+        int D = c->shape.input_dim;
+        hb->x = malloc(sizeof(float) * B * D);
+        hb->targets = malloc(sizeof(int32_t) * B);
+        for (int i = 0; i < B * D; i++)
+            hb->x[i] = 2.0f * dt_rng_uniform(&r) - 1.0f;
+        for (int i = 0; i < B; i++)
+            hb->targets[i] = (int32_t)dt_rng_below(&r, c->shape.n_classes);
+    }
+    hb->b.tokens = hb->tokens;
+    hb->b.targets = hb->targets;
+    hb->b.x = hb->x;
+}
+
+static void mbatch_free(mbatch *hb)
+{
+    free(hb->tokens);
+    free(hb->targets);
+    free(hb->x);
+}
+
+/* Builds cfg on both backends (same seed: same parameters), runs forward and backward on the
+ * same batch twice (the second time after moving the parameters off their initialisation, where
+ * GELU and softmax are not linear), and compares the loss and every tensor's gradient. */
+static void model_case(dt_model_config *cfg, int B, dt_precision prec, double loss_tol,
+                       double grad_tol)
+{
+    ctx x;
+    ctx_open(&x, prec);
+    dt_err e = {0};
+    dt_model *mc = NULL, *mg = NULL;
+    DT_REQUIRE_OK(dt_model_create(&mc, cfg, x.cpu, NULL, &e), &e);
+    DT_REQUIRE_OK(dt_model_create(&mg, cfg, x.gpu, NULL, &e), &e);
+    DT_REQUIRE(mc->num_params == mg->num_params && mc->num_tensors == mg->num_tensors);
+    size_t n = mc->num_params;
+    float *pc = malloc(n * sizeof(float)), *pg = malloc(n * sizeof(float));
+    float *gc = malloc(n * sizeof(float)), *gg = malloc(n * sizeof(float));
+    x.cpu->memcpy_d2h(x.cpu, pc, mc->params, n * sizeof(float));
+    x.gpu->memcpy_d2h(x.gpu, pg, mg->params, n * sizeof(float));
+    DT_CHECK(memcmp(pc, pg, n * sizeof(float)) == 0); /* initialised identically */
+    mbatch hb;
+    mbatch_make(&hb, cfg, B, 11);
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) {
+            dt_rng r;
+            dt_rng_seed(&r, 5);
+            for (size_t i = 0; i < n; i++)
+                pc[i] += 0.05f * dt_rng_normal(&r);
+            x.cpu->memcpy_h2d(x.cpu, mc->params, pc, n * sizeof(float));
+            x.gpu->memcpy_h2d(x.gpu, mg->params, pc, n * sizeof(float));
+        }
+        float lc = NAN, lg = NAN;
+        x.cpu->memset_zero(x.cpu, mc->grads, n * sizeof(float));
+        x.gpu->memset_zero(x.gpu, mg->grads, n * sizeof(float));
+        DT_REQUIRE_OK(mc->ops->forward(mc, &hb.b, true, &lc, &e), &e);
+        DT_REQUIRE_OK(mg->ops->forward(mg, &hb.b, true, &lg, &e), &e);
+        DT_CHECK_MSG(fabs(lg - lc) <= loss_tol * fabs(lc),
+                     "%s [%s] round %d: loss gpu %.7g cpu %.7g (rel tol %.1e)", cfg->type,
+                     prec_name(prec), round, lg, lc, loss_tol);
+        DT_REQUIRE_OK(mc->ops->backward(mc, 1.0f, NULL, NULL, &e), &e);
+        DT_REQUIRE_OK(mg->ops->backward(mg, 1.0f, NULL, NULL, &e), &e);
+        x.cpu->memcpy_d2h(x.cpu, gc, mc->grads, n * sizeof(float));
+        x.gpu->memcpy_d2h(x.gpu, gg, mg->grads, n * sizeof(float));
+        for (int t = 0; t < mc->num_tensors; t++) {
+            const dt_tensor_info *tn = &mc->tensors[t];
+            double num = 0, den = 0;
+            for (size_t i = tn->offset; i < tn->offset + tn->numel; i++) {
+                double d = (double)gg[i] - gc[i];
+                num += d * d;
+                den += (double)gc[i] * gc[i];
+            }
+            double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+            DT_CHECK_MSG(rel <= grad_tol && isfinite(rel),
+                         "%s [%s] round %d: gradient of %s: rel L2 error %.3g (tol %.1e)",
+                         cfg->type, prec_name(prec), round, tn->name, rel, grad_tol);
+        }
+    }
+    mbatch_free(&hb);
+    free(pc);
+    free(pg);
+    free(gc);
+    free(gg);
+    dt_model_free(mc);
+    dt_model_free(mg);
+    ctx_close(&x);
+}
+
+static dt_model_config model_gpt(void)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "gpt");
+    c.shape.kind = DT_SAMPLE_TOKENS;
+    c.shape.seq_len = 128;
+    c.shape.vocab_size = 301;
+    c.max_batch = 4;
+    c.seed = 42;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 128; /* head size 64: the flash kernels apply */
+    c.block_size = 128;
+    return c;
+}
+
+static void test_model_gpt_fp32(void)
+{
+    dt_model_config c = model_gpt();
+    model_case(&c, 4, DT_PREC_FP32, 1e-5, 2e-4);
+}
+
+static void test_model_gpt_bf16(void)
+{
+    dt_model_config c = model_gpt();
+    model_case(&c, 4, DT_PREC_BF16, 1e-2, 6e-2);
+}
+
+static void test_model_gpt_bf16_flash(void)
+{
+    setenv("DTRAIN_CUDA_ATTN", "flash", 1);
+    dt_model_config c = model_gpt();
+    model_case(&c, 4, DT_PREC_BF16, 1e-2, 6e-2);
+}
+
+static void test_model_mlp_fp32(void)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "mlp");
+    c.shape.kind = DT_SAMPLE_VECTOR;
+    c.shape.input_dim = 70;
+    c.shape.n_classes = 10;
+    c.max_batch = 32;
+    c.seed = 43;
+    c.n_hidden = 2;
+    c.hidden[0] = 96;
+    c.hidden[1] = 64;
+    model_case(&c, 32, DT_PREC_FP32, 1e-5, 1e-4);
+}
+
+static dt_model_config model_resnet(void)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "resnet");
+    c.shape.kind = DT_SAMPLE_IMAGE;
+    c.shape.channels = 3;
+    c.shape.height = 16;
+    c.shape.width = 16;
+    c.shape.input_dim = 3 * 16 * 16;
+    c.shape.n_classes = 10;
+    c.max_batch = 8;
+    c.seed = 44;
+    c.depth = 8;
+    c.width = 8;
+    c.bn_momentum = 0.1f;
+    c.bn_eps = 1e-5f;
+    return c;
+}
+
+static void test_model_resnet_fp32(void)
+{
+    dt_model_config c = model_resnet();
+    model_case(&c, 8, DT_PREC_FP32, 1e-5, 5e-4);
+}
+
+static void test_model_resnet_bf16(void)
+{
+    dt_model_config c = model_resnet(); /* convolutions in TF32 */
+    model_case(&c, 8, DT_PREC_BF16, 1e-2, 5e-2);
+}
+
 /* ---- NCCL -------------------------------------------------------------------------------- */
 
 typedef struct nccl_fns {
@@ -1112,6 +1312,12 @@ int main(int argc, char **argv)
         {"gpu_pooling", test_pooling, 60},
         {"gpu_optimizers", test_optimizers, 60},
         {"gpu_reductions", test_reductions, 60},
+        {"gpu_model_gpt_fp32", test_model_gpt_fp32, 180},
+        {"gpu_model_gpt_bf16", test_model_gpt_bf16, 180},
+        {"gpu_model_gpt_bf16_flash", test_model_gpt_bf16_flash, 180},
+        {"gpu_model_mlp_fp32", test_model_mlp_fp32, 120},
+        {"gpu_model_resnet_fp32", test_model_resnet_fp32, 180},
+        {"gpu_model_resnet_bf16", test_model_resnet_bf16, 180},
         {"gpu_nccl_collectives", test_nccl_collectives, 180},
         {"gpu_nccl_timeout", test_nccl_timeout, 120},
     };
