@@ -406,6 +406,16 @@ int dt_bench_store(int argc, char **argv)
         }
         memcpy(b.host, endpoint, (size_t)(colon - endpoint));
         b.host[colon - endpoint] = '\0';
+        /* Fail fast on a wrong endpoint instead of letting every client retry for a minute. */
+        dt_store_opts po;
+        dt_store_opts_default(&po);
+        po.connect_timeout_ms = 5000;
+        dt_store *probe = NULL;
+        if (dt_store_connect(&probe, b.host, b.port, &po, &err) < 0) {
+            fprintf(stderr, "dtrain bench store: %s\n", dt_err_str(&err));
+            return 1;
+        }
+        dt_store_free(probe);
     } else {
         dt_store_server_opts o;
         dt_store_server_opts_default(&o);

@@ -22,6 +22,9 @@
  * for N keys set one by one costs O(N) in all, and 1,024 waiters on one key cost one wake each.
  * Invariant: a present entry has no waiters.
  *
+ * Descriptors: starting a server raises the process's soft RLIMIT_NOFILE toward
+ * max_connections (up to the hard limit), since 1024 would cap a large job.
+ *
  * Deliberately left out: persistence, replication, and fairness beyond per-read batching.
  */
 #include "rendezvous/store.h"
@@ -34,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include "common/log.h"
@@ -1292,6 +1296,29 @@ static int bind_listener(dt_store_server *s, dt_err *err)
     return 0;
 }
 
+/* Thousands of agents mean thousands of descriptors, and many systems start processes with a
+ * soft RLIMIT_NOFILE of 1024: raise the soft limit toward what max_connections needs (never
+ * above the hard limit, which only root can raise), and say so when it stays short. */
+static void raise_nofile(size_t want)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur >= (rlim_t)want)
+        return;
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= (rlim_t)want) ? (rlim_t)want
+                                                                                 : rl.rlim_max;
+    if (rl.rlim_cur > old && setrlimit(RLIMIT_NOFILE, &rl) == 0)
+        DT_DEBUG("store: raised RLIMIT_NOFILE from %llu to %llu", (unsigned long long)old,
+                 (unsigned long long)rl.rlim_cur);
+    else
+        rl.rlim_cur = old;
+    if (rl.rlim_cur < (rlim_t)DT_MIN(want, (size_t)8192))
+        DT_WARN("store: the open-file limit (%llu) caps the store at fewer clients than "
+                "max_connections; raise it (ulimit -n) for large jobs",
+                (unsigned long long)rl.rlim_cur);
+}
+
 int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opts, dt_err *err)
 {
     dt_store_server *s = calloc(1, sizeof *s);
@@ -1328,6 +1355,7 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     s->lim.max_items = s->o.max_keys_per_request;
     s->lim.max_frame =
         dt_proto_max_frame(s->o.max_key_size, s->o.max_value_size, s->o.max_keys_per_request);
+    raise_nofile(DT_MIN(s->o.max_connections, (size_t)1 << 20) + 256);
     if ((rc = uv_loop_init(&s->loop)) < 0) {
         dt_err_set(err, rc, "store server: uv_loop_init: %s", uv_strerror(rc));
         goto fail;
