@@ -1,0 +1,685 @@
+/* test_ddp.c - DistributedDataParallel (and DataParallel) against a single worker.
+ *
+ * The reference is one model trained in the test process on the global batch (N x B samples)
+ * with the same optimiser. The DDP run is N forked ranks, each with its own slice of that batch,
+ * a different initialisation seed (DDP must replace it with rank 0's parameters), and a real
+ * communicator over a store server on 127.0.0.1. After every step each rank copies its
+ * parameters into shared memory; the test then checks that every rank holds exactly rank 0's
+ * parameters and that they match the reference within a tight tolerance, step after step, for
+ * every model of the zoo (resnet with SyncBatchNorm, whose statistics then equal the single
+ * worker's). Also: gradient accumulation (k micro-steps of B = one step of kB, synchronising
+ * once), compressed gradients, the model-consistency check, buckets launched from backward, and
+ * a killed rank turning into an error in the survivors.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "rendezvous/store.h"
+#include "runtime/comm.h"
+#include "runtime/ddp.h"
+#include "runtime/model.h"
+#include "runtime/optim.h"
+#include "tests/harness.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Models and data                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+static dt_model_config model_cfg(const char *type, int max_batch)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    dt_strlcpy(c.type, type, sizeof c.type);
+    c.max_batch = max_batch;
+    c.seed = 42;
+    if (!strcmp(type, "gpt")) {
+        c.shape.kind = DT_SAMPLE_TOKENS;
+        c.shape.seq_len = 8;
+        c.shape.vocab_size = 19;
+        c.n_layer = 2;
+        c.n_head = 2;
+        c.n_embd = 16;
+        c.block_size = 8;
+    } else if (!strcmp(type, "mlp")) {
+        c.shape.kind = DT_SAMPLE_VECTOR;
+        c.shape.input_dim = 7;
+        c.shape.n_classes = 5;
+        c.n_hidden = 2;
+        c.hidden[0] = 12;
+        c.hidden[1] = 8;
+    } else {
+        c.shape.kind = DT_SAMPLE_IMAGE;
+        c.shape.channels = 3;
+        c.shape.height = 8;
+        c.shape.width = 8;
+        c.shape.input_dim = 3 * 8 * 8;
+        c.shape.n_classes = 4;
+        c.depth = 8;
+        c.width = 4;
+        c.bn_momentum = 0.1f;
+        c.bn_eps = 1e-5f;
+    }
+    return c;
+}
+
+/* The global batch of step `step` (n samples), all targets valid, so that the mean loss of the
+ * whole batch is the mean of equal slices' means. */
+typedef struct gbatch {
+    int n, T, D;
+    int32_t *tokens, *targets;
+    float *x;
+} gbatch;
+
+static void make_gbatch(gbatch *g, const dt_model_config *c, int n, int step)
+{
+    memset(g, 0, sizeof *g);
+    dt_rng r;
+    dt_rng_seed2(&r, 777, (uint64_t)step);
+    g->n = n;
+    if (c->shape.kind == DT_SAMPLE_TOKENS) {
+        int T = c->shape.seq_len, V = c->shape.vocab_size;
+        g->T = T;
+        g->tokens = malloc(sizeof(int32_t) * (size_t)n * T);
+        g->targets = malloc(sizeof(int32_t) * (size_t)n * T);
+        for (int i = 0; i < n * T; i++) {
+            g->tokens[i] = (int32_t)dt_rng_below(&r, (uint64_t)V);
+            g->targets[i] = (int32_t)dt_rng_below(&r, (uint64_t)V);
+        }
+    } else {
+        int D = c->shape.input_dim;
+        g->D = D;
+        g->x = malloc(sizeof(float) * (size_t)n * D);
+        g->targets = malloc(sizeof(int32_t) * (size_t)n);
+        for (int i = 0; i < n * D; i++)
+            g->x[i] = 2.0f * dt_rng_uniform(&r) - 1.0f;
+        for (int i = 0; i < n; i++)
+            g->targets[i] = (int32_t)dt_rng_below(&r, (uint64_t)c->shape.n_classes);
+    }
+}
+
+/* Samples [first, first+count) of g as a batch (pointers into g). */
+static dt_batch slice(const gbatch *g, int first, int count)
+{
+    dt_batch b;
+    memset(&b, 0, sizeof b);
+    b.B = count;
+    b.T = g->T;
+    if (g->tokens) {
+        b.tokens = g->tokens + (size_t)first * g->T;
+        b.targets = g->targets + (size_t)first * g->T;
+    } else {
+        b.x = g->x + (size_t)first * g->D;
+        b.targets = g->targets + first;
+    }
+    return b;
+}
+
+static void free_gbatch(gbatch *g)
+{
+    free(g->tokens);
+    free(g->targets);
+    free(g->x);
+}
+
+static dt_optim *new_optim(dt_backend *be, const dt_model *m, bool adamw)
+{
+    dt_optim_config oc;
+    memset(&oc, 0, sizeof oc);
+    oc.kind = adamw ? DT_OPTIM_ADAMW : DT_OPTIM_SGD;
+    oc.momentum = 0.9;
+    oc.beta1 = 0.9;
+    oc.beta2 = 0.95;
+    oc.eps = 1e-8;
+    oc.weight_decay = 0.01;
+    dt_optim *o = NULL;
+    dt_err err = {0};
+    if (dt_optim_create(&o, &oc, be, m->tensors, m->num_tensors, m->num_params, &err) != 0) {
+        fprintf(stderr, "optim: %s\n", err.msg);
+        return NULL;
+    }
+    return o;
+}
+
+#define LR 0.05
+
+/* ------------------------------------------------------------------------------------------ */
+/* A group of forked ranks                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static int rank_failed;
+
+static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+{
+    char buf[1600];
+    int n = snprintf(buf, sizeof buf, "    rank check failed at %s:%d: %s: ", file, line, cond);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && n < (int)sizeof buf)
+        vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(buf);
+    if (len + 2 < sizeof buf) {
+        buf[len++] = '\n';
+        buf[len] = '\0';
+    }
+    if (write(2, buf, len) < 0)
+        rank_failed = 1;
+    rank_failed = 1;
+}
+
+#define RCHECK(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            rank_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                     \
+    } while (0)
+
+typedef struct run_cfg {
+    const char *type;
+    int N;           /* ranks */
+    int B;           /* samples per rank per micro-step */
+    int accum;       /* micro-steps per step */
+    int steps;
+    bool adamw;
+    dt_dtype compress;
+    double bucket_cap_mb, first_bucket_mb;
+    int timeout_ms;
+    int kill_rank;   /* -1: nobody; else this rank dies in step kill_step */
+    int kill_step;
+    bool differ;     /* the last rank builds a different model */
+    char run_id[64];
+    int port;
+    float *out;      /* shared: (N, steps, num_params + num_buffers) */
+    size_t per;      /* num_params + num_buffers */
+    int *status_out; /* shared: per rank, 0 ok */
+    char *msg_out;   /* shared: per rank, 512 bytes: the error a rank saw */
+} run_cfg;
+
+static void rank_body(run_cfg *rc, int rank)
+{
+    dt_err err = {0};
+    dt_store *store = NULL;
+    dt_comm *comm = NULL;
+    dt_backend *be = NULL;
+    dt_model *m = NULL;
+    dt_optim *opt = NULL;
+    dt_ddp *ddp = NULL;
+    dt_store_opts so;
+    dt_store_opts_default(&so);
+    if (dt_store_connect(&store, "127.0.0.1", rc->port, &so, &err) != 0)
+        goto fail;
+    dt_comm_opts co;
+    dt_comm_opts_default(&co);
+    co.rank = rank;
+    co.world_size = rc->N;
+    co.local_rank = rank;
+    co.local_world_size = rc->N;
+    co.run_id = rc->run_id;
+    co.timeout_ms = rc->timeout_ms ? rc->timeout_ms : 30000;
+    if (dt_comm_init(&comm, store, &co, &err) != 0 ||
+        dt_backend_open(&be, "cpu", NULL, &err) != 0)
+        goto fail;
+    dt_model_config mc = model_cfg(rc->type, rc->B);
+    mc.seed = 42 + (uint64_t)rank * 1000; /* DDP must overwrite this with rank 0's */
+    mc.sync_bn = true;
+    if (rc->differ && rank == rc->N - 1) {
+        if (!strcmp(rc->type, "mlp")) { /* same parameter count, other shapes */
+            mc.hidden[0] = 10;
+            mc.hidden[1] = 10;
+        }
+        else
+            mc.n_embd = 8;
+    }
+    if (dt_model_create(&m, &mc, be, comm, &err) != 0)
+        goto fail;
+    if (!(opt = new_optim(be, m, rc->adamw))) {
+        dt_err_set(&err, -ENOMEM, "optimiser");
+        goto fail;
+    }
+    dt_ddp_opts dopts;
+    dt_ddp_opts_default(&dopts);
+    dopts.compress = rc->compress;
+    if (rc->bucket_cap_mb > 0)
+        dopts.bucket_cap_mb = rc->bucket_cap_mb;
+    if (rc->first_bucket_mb > 0)
+        dopts.first_bucket_mb = rc->first_bucket_mb;
+    if (dt_ddp_create(&ddp, m, comm, &dopts, &err) != 0)
+        goto fail;
+    const int global = rc->N * rc->B * rc->accum;
+    for (int step = 0; step < rc->steps; step++) {
+        gbatch g;
+        make_gbatch(&g, &mc, global, step);
+        be->memset_zero(be, m->grads, m->num_params * sizeof(float));
+        for (int k = 0; k < rc->accum; k++) {
+            if (rank == rc->kill_rank && step == rc->kill_step && k == rc->accum - 1) {
+                kill(getpid(), SIGKILL);
+            }
+            dt_batch b = slice(&g, rank * rc->B * rc->accum + k * rc->B, rc->B);
+            float loss;
+            bool last = k == rc->accum - 1;
+            if (m->ops->forward(m, &b, true, &loss, &err) != 0 ||
+                m->ops->backward(m, 1.0f / (float)rc->accum, last ? dt_ddp_grad_ready : NULL,
+                                 last ? ddp : NULL, &err) != 0)
+                goto fail;
+        }
+        free_gbatch(&g);
+        if (dt_ddp_finish(ddp, &err) != 0)
+            goto fail;
+        dt_optim_step(opt, m->params, m->grads, LR);
+        float *dst = rc->out + ((size_t)rank * rc->steps + step) * rc->per;
+        be->memcpy_d2h(be, dst, m->params, m->num_params * sizeof(float));
+        if (m->num_buffers)
+            be->memcpy_d2h(be, dst + m->num_params, m->buffers, m->num_buffers * sizeof(float));
+    }
+    dt_ddp_stats st;
+    dt_ddp_get_stats(ddp, &st);
+    RCHECK(st.syncs == (uint64_t)rc->steps, "%llu syncs", (unsigned long long)st.syncs);
+    RCHECK(st.launched_early + st.launched_late == (uint64_t)(st.num_buckets * rc->steps),
+           "%llu + %llu launches for %d buckets x %d steps (no_sync must not launch)",
+           (unsigned long long)st.launched_early, (unsigned long long)st.launched_late,
+           st.num_buckets, rc->steps);
+    /* Every model reports its gradients: every bucket goes out from backward. */
+    RCHECK(st.launched_late == 0, "%llu buckets not launched from backward",
+           (unsigned long long)st.launched_late);
+    dt_ddp_free(ddp);
+    dt_optim_free(opt);
+    dt_model_free(m);
+    dt_backend_close(be);
+    dt_comm_free(comm);
+    dt_store_free(store);
+    rc->status_out[rank] = rank_failed ? 1 : 0;
+    _exit(rank_failed ? 1 : 0);
+fail:
+    dt_strlcpy(rc->msg_out + (size_t)rank * 512, err.msg, 512);
+    rc->status_out[rank] = 2;
+    _exit(2);
+}
+
+/* Runs the DDP group; returns per-rank exit statuses in status (waitpid form). */
+static void run_ddp(run_cfg *rc, int *status)
+{
+    dt_store_server_opts so;
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    so.port = 0;
+    dt_store_server *srv = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &err), &err);
+    rc->port = dt_store_server_port(srv);
+    static int counter;
+    snprintf(rc->run_id, sizeof rc->run_id, "ddp-%d-%d", (int)getpid(), ++counter);
+    pid_t pids[8];
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < rc->N; r++) {
+        pids[r] = fork();
+        DT_REQUIRE(pids[r] >= 0);
+        if (pids[r] == 0)
+            rank_body(rc, r);
+    }
+    uint64_t deadline = dt_now_ns() + 120ull * 1000000000ull;
+    for (int r = 0; r < rc->N; r++) {
+        for (;;) {
+            pid_t w = waitpid(pids[r], &status[r], WNOHANG);
+            if (w == pids[r])
+                break;
+            if (dt_now_ns() > deadline) {
+                for (int q = 0; q < rc->N; q++)
+                    kill(pids[q], SIGKILL);
+                waitpid(pids[r], &status[r], 0);
+                dt_test_fail_at(__FILE__, __LINE__, "rank %d hung", r);
+                break;
+            }
+            dt_sleep_ms(5);
+        }
+    }
+    dt_store_server_stop(srv);
+}
+
+/* The shared output area for rc (freed by unmap_out). */
+static void map_out(run_cfg *rc, size_t per)
+{
+    rc->per = per;
+    size_t bytes = (size_t)rc->N * rc->steps * per * sizeof(float) + 8 * sizeof(int) + 8 * 512;
+    char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    DT_REQUIRE(p != MAP_FAILED);
+    rc->out = (float *)p;
+    rc->status_out = (int *)(p + (size_t)rc->N * rc->steps * per * sizeof(float));
+    rc->msg_out = (char *)(rc->status_out + 8);
+}
+
+static void unmap_out(run_cfg *rc)
+{
+    size_t bytes = (size_t)rc->N * rc->steps * rc->per * sizeof(float) + 8 * sizeof(int) + 8 * 512;
+    munmap(rc->out, bytes);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The single-worker reference                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Trains one model on the global batches; ref (steps, per) gets params (+ buffers) after each
+ * step. Returns per. */
+static size_t reference(const char *type, int global, int steps, bool adamw, float **ref)
+{
+    dt_err err = {0};
+    dt_backend *be = NULL;
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    dt_model_config mc = model_cfg(type, global);
+    dt_model *m = NULL;
+    DT_REQUIRE_OK(dt_model_create(&m, &mc, be, NULL, &err), &err);
+    dt_optim *opt = new_optim(be, m, adamw);
+    DT_REQUIRE(opt);
+    size_t per = m->num_params + m->num_buffers;
+    *ref = malloc((size_t)steps * per * sizeof(float));
+    for (int step = 0; step < steps; step++) {
+        gbatch g;
+        make_gbatch(&g, &mc, global, step);
+        dt_batch b = slice(&g, 0, global);
+        be->memset_zero(be, m->grads, m->num_params * sizeof(float));
+        float loss;
+        DT_REQUIRE_OK(m->ops->forward(m, &b, true, &loss, &err), &err);
+        DT_REQUIRE_OK(m->ops->backward(m, 1.0f, NULL, NULL, &err), &err);
+        free_gbatch(&g);
+        dt_optim_step(opt, m->params, m->grads, LR);
+        float *dst = *ref + (size_t)step * per;
+        be->memcpy_d2h(be, dst, m->params, m->num_params * sizeof(float));
+        if (m->num_buffers)
+            be->memcpy_d2h(be, dst + m->num_params, m->buffers, m->num_buffers * sizeof(float));
+    }
+    dt_optim_free(opt);
+    dt_model_free(m);
+    dt_backend_close(be);
+    return per;
+}
+
+/* Largest |a - b| / (|b| + scale) over n values (scale: the typical magnitude, so that values
+ * near zero are compared absolutely); differences up to abs_tol count as none. */
+static double max_rel(const float *a, const float *b, size_t n, double abs_tol, size_t *where)
+{
+    double amax = 0, worst = 0;
+    for (size_t i = 0; i < n; i++)
+        amax = DT_MAX(amax, fabs((double)b[i]));
+    double scale = 1e-2 * amax + 1e-12;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        double e = d <= abs_tol ? 0 : d / (fabs((double)b[i]) + scale);
+        if (e > worst || e != e) {
+            worst = e != e ? INFINITY : e;
+            if (where)
+                *where = i;
+        }
+    }
+    return worst;
+}
+
+/* Runs rc against the reference and checks every step; tol is relative. AdamW's first steps
+ * are nearly sign(gradient) * lr: a parameter whose true gradient is zero moves by rounding noise
+ * amplified to a fraction of lr, in the reference as in DDP; differences below 2% of lr are not
+ * counted for it. */
+static void check_equivalence(run_cfg *rc, double tol)
+{
+    const double abs_tol = rc->adamw ? 0.02 * LR : 0;
+    float *ref = NULL;
+    int global = rc->N * rc->B * rc->accum;
+    size_t per = reference(rc->type, global, rc->steps, rc->adamw, &ref);
+    map_out(rc, per);
+    int status[8];
+    run_ddp(rc, status);
+    for (int r = 0; r < rc->N; r++) {
+        DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+                     "%s: rank %d of %d ended with status %d: %s", rc->type, r, rc->N, status[r],
+                     rc->msg_out + (size_t)r * 512);
+    }
+    for (int s = 0; s < rc->steps; s++) {
+        const float *r0 = rc->out + (size_t)s * per;
+        for (int r = 1; r < rc->N; r++) {
+            const float *rr = rc->out + ((size_t)r * rc->steps + s) * per;
+            DT_CHECK_MSG(memcmp(rr, r0, per * sizeof(float)) == 0,
+                         "%s step %d: rank %d's parameters differ from rank 0's", rc->type, s, r);
+        }
+        size_t where = 0;
+        double e = max_rel(r0, ref + (size_t)s * per, per, abs_tol, &where);
+        DT_CHECK_MSG(e <= tol,
+                     "%s, %d ranks x batch %d x accum %d, step %d: relative error %.3g > %.3g "
+                     "at %zu (%.8g vs %.8g)",
+                     rc->type, rc->N, rc->B, rc->accum, s, e, tol, where, (double)r0[where],
+                     (double)ref[(size_t)s * per + where]);
+        if (e > tol)
+            break;
+    }
+    free(ref);
+    unmap_out(rc);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tests                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static run_cfg base_cfg(const char *type, int N, int B)
+{
+    run_cfg rc;
+    memset(&rc, 0, sizeof rc);
+    rc.type = type;
+    rc.N = N;
+    rc.B = B;
+    rc.accum = 1;
+    rc.steps = 4;
+    rc.compress = DT_FLOAT32;
+    rc.kill_rank = -1;
+    return rc;
+}
+
+static void test_ddp_mlp(void)
+{
+    for (int N = 1; N <= 4; N++) {
+        run_cfg rc = base_cfg("mlp", N, 3);
+        rc.bucket_cap_mb = 0.0005; /* ~130 floats: several buckets */
+        rc.first_bucket_mb = 0.0002;
+        check_equivalence(&rc, 1e-4);
+    }
+}
+
+static void test_ddp_gpt(void)
+{
+    for (int N = 2; N <= 3; N++) {
+        run_cfg rc = base_cfg("gpt", N, 2);
+        rc.bucket_cap_mb = 0.004;
+        rc.first_bucket_mb = 0.001;
+        check_equivalence(&rc, 2e-4);
+    }
+    /* AdamW too (its normalised steps amplify rounding differences a little). */
+    run_cfg rc = base_cfg("gpt", 2, 2);
+    rc.adamw = true;
+    check_equivalence(&rc, 2e-3);
+}
+
+static void test_ddp_resnet_syncbn(void)
+{
+    run_cfg rc = base_cfg("resnet", 2, 2);
+    rc.bucket_cap_mb = 0.002;
+    check_equivalence(&rc, 2e-4);
+}
+
+static void test_grad_accumulation(void)
+{
+    /* 3 micro-steps of 2 on each of 2 ranks = one step of 12 on one worker, with one
+     * synchronisation per step (checked in the ranks: launches = buckets x steps). */
+    run_cfg rc = base_cfg("mlp", 2, 2);
+    rc.accum = 3;
+    rc.bucket_cap_mb = 0.0005;
+    check_equivalence(&rc, 1e-4);
+    run_cfg rg = base_cfg("gpt", 2, 1);
+    rg.accum = 2;
+    check_equivalence(&rg, 2e-4);
+}
+
+static void test_compression(void)
+{
+    run_cfg rc = base_cfg("mlp", 2, 3);
+    rc.compress = DT_BFLOAT16;
+    check_equivalence(&rc, 3e-2);
+    run_cfg rf = base_cfg("mlp", 3, 2);
+    rf.compress = DT_FLOAT16;
+    check_equivalence(&rf, 5e-3);
+}
+
+static void test_consistency_check(void)
+{
+    for (int t = 0; t < 2; t++) {
+        run_cfg rc = base_cfg(t ? "gpt" : "mlp", 2, 2);
+        rc.differ = true;
+        rc.steps = 1;
+        map_out(&rc, 1);
+        int status[8];
+        run_ddp(&rc, status);
+        for (int r = 0; r < 2; r++) {
+            const char *msg = rc.msg_out + (size_t)r * 512;
+            DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 2,
+                         "rank %d: status %d", r, status[r]);
+            DT_CHECK_CONTAINS(msg, "differs across ranks");
+            DT_CHECK_CONTAINS(msg, t ? "rank 1 built" : "on rank 0 but");
+        }
+        if (!t)
+            DT_CHECK_CONTAINS(rc.msg_out, "h");
+        unmap_out(&rc);
+    }
+}
+
+static void test_killed_peer(void)
+{
+    /* Rank 2 dies just before its last backward of step 1: the survivors' dt_ddp_finish fails
+     * within the timeout, naming a rank. */
+    run_cfg rc = base_cfg("mlp", 3, 2);
+    rc.kill_rank = 2;
+    rc.kill_step = 1;
+    rc.timeout_ms = 20000;
+    map_out(&rc, 1000);
+    int status[8];
+    uint64_t t0 = dt_now_ns();
+    run_ddp(&rc, status);
+    double s = (double)(dt_now_ns() - t0) / 1e9;
+    DT_CHECK(WIFSIGNALED(status[2]) && WTERMSIG(status[2]) == SIGKILL);
+    for (int r = 0; r < 2; r++) {
+        const char *msg = rc.msg_out + (size_t)r * 512;
+        DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 2, "rank %d: status %d",
+                     r, status[r]);
+        DT_CHECK_CONTAINS(msg, "allreduce #");
+        DT_CHECK_CONTAINS(msg, "rank ");
+    }
+    DT_CHECK_CONTAINS(rc.msg_out, "rank 2");
+    DT_CHECK_MSG(s < 15, "the survivors took %.1f s to notice", s);
+    unmap_out(&rc);
+}
+
+static void test_buckets(void)
+{
+    /* One rank (no communication), to look at the bucket layout alone. */
+    dt_err err = {0};
+    dt_backend *be = NULL;
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    dt_comm_opts co;
+    dt_comm_opts_default(&co);
+    dt_comm *c = NULL;
+    DT_REQUIRE_OK(dt_comm_init(&c, NULL, &co, &err), &err);
+    dt_model_config mc = model_cfg("gpt", 2);
+    dt_model *m = NULL;
+    DT_REQUIRE_OK(dt_model_create(&m, &mc, be, NULL, &err), &err);
+    dt_ddp_opts o;
+    dt_ddp_opts_default(&o);
+    o.first_bucket_mb = 1e-4; /* 26 floats: the first bucket is a single tensor (ln_f) */
+    o.bucket_cap_mb = 0.01;   /* 2621 floats */
+    dt_ddp *d = NULL;
+    DT_REQUIRE_OK(dt_ddp_create(&d, m, c, &o, &err), &err);
+    dt_ddp_stats st;
+    dt_ddp_get_stats(d, &st);
+    DT_CHECK(st.num_buckets >= 4);
+    DT_CHECK(st.largest_bucket <= 2621);
+    {
+        /* A cap below a tensor's size: the tensor gets a bucket of its own, never split. */
+        dt_ddp_opts small = o;
+        small.bucket_cap_mb = 0.001; /* 262 floats < c_fc.weight (1024) */
+        dt_ddp *d2 = NULL;
+        DT_REQUIRE_OK(dt_ddp_create(&d2, m, c, &small, &err), &err);
+        dt_ddp_stats s2;
+        dt_ddp_get_stats(d2, &s2);
+        DT_CHECK(s2.largest_bucket >= 1024);
+        DT_CHECK(s2.num_buckets > st.num_buckets);
+        dt_ddp_free(d2);
+    }
+    gbatch g;
+    make_gbatch(&g, &mc, 2, 0);
+    dt_batch b = slice(&g, 0, 2);
+    float loss;
+    for (int step = 0; step < 2; step++) {
+        DT_REQUIRE_OK(m->ops->forward(m, &b, true, &loss, &err), &err);
+        DT_REQUIRE_OK(m->ops->backward(m, 1.0f, dt_ddp_grad_ready, d, &err), &err);
+        DT_REQUIRE_OK(dt_ddp_finish(d, &err), &err);
+    }
+    dt_ddp_get_stats(d, &st);
+    DT_CHECK_INT(st.launched_early, 2 * st.num_buckets);
+    DT_CHECK_INT(st.launched_late, 0);
+    /* A second backward before finish is a model bug that is reported, not hidden. */
+    DT_REQUIRE_OK(m->ops->forward(m, &b, true, &loss, &err), &err);
+    DT_REQUIRE_OK(m->ops->backward(m, 1.0f, dt_ddp_grad_ready, d, &err), &err);
+    DT_REQUIRE_OK(m->ops->forward(m, &b, true, &loss, &err), &err);
+    DT_REQUIRE_OK(m->ops->backward(m, 1.0f, dt_ddp_grad_ready, d, &err), &err);
+    DT_CHECK(dt_ddp_finish(d, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "twice");
+    /* Without any report, finish launches everything itself. */
+    DT_REQUIRE_OK(m->ops->forward(m, &b, true, &loss, &err), &err);
+    DT_REQUIRE_OK(m->ops->backward(m, 1.0f, NULL, NULL, &err), &err);
+    DT_REQUIRE_OK(dt_ddp_finish(d, &err), &err);
+    dt_ddp_get_stats(d, &st);
+    DT_CHECK_INT(st.launched_late, st.num_buckets);
+    double v[3] = {1.5, -2, 3};
+    DT_REQUIRE_OK(dt_ddp_average(d, v, 3, &err), &err);
+    DT_CHECK(v[0] == 1.5 && v[1] == -2 && v[2] == 3);
+    free_gbatch(&g);
+    dt_ddp_free(d);
+    dt_ddp_free(NULL);
+    dt_model_free(m);
+    dt_comm_free(c);
+    dt_backend_close(be);
+}
+
+static void test_opts_from_job(void)
+{
+    dt_job job;
+    dt_job_defaults(&job);
+    dt_ddp_opts o;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_ddp_opts_from_job(&o, &job, &err), &err);
+    DT_CHECK_NEAR(o.bucket_cap_mb, 25, 0);
+    DT_CHECK_NEAR(o.first_bucket_mb, 1, 0);
+    DT_CHECK(o.compress == DT_FLOAT32 && o.broadcast_buffers && o.check_consistency);
+    dt_strlcpy(job.compress, "bf16", sizeof job.compress);
+    DT_REQUIRE_OK(dt_ddp_opts_from_job(&o, &job, &err), &err);
+    DT_CHECK(o.compress == DT_BFLOAT16);
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"opts_from_job", test_opts_from_job, 0},
+        {"buckets", test_buckets, 0},
+        {"ddp_mlp_1_to_4_ranks", test_ddp_mlp, 120},
+        {"ddp_gpt", test_ddp_gpt, 120},
+        {"ddp_resnet_syncbn", test_ddp_resnet_syncbn, 120},
+        {"grad_accumulation", test_grad_accumulation, 120},
+        {"compression", test_compression, 120},
+        {"consistency_check", test_consistency_check, 60},
+        {"killed_peer", test_killed_peer, 60},
+    };
+    return dt_test_main("test_ddp", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
