@@ -54,6 +54,7 @@ struct dt_rdzv {
     int formed;                   /* last round that formed, -1 = none */
     bool done;                    /* this node reported success in the current round */
     bool left;                    /* left/<node> written */
+    bool store_gone;              /* a call found the store unreachable: ask it nothing more */
     dt_rdzv_status ended;         /* cached end of the current round (RUNNING = not yet) */
     bool *member;                 /* nnodes: in the last formed round and not lost */
     char (*hosts)[64];            /* nnodes: host names from the records */
@@ -247,6 +248,16 @@ static bool is_local_host(const char *host)
     return local;
 }
 
+/* Notes an error that means the store is gone (its host died): nothing more is asked of it,
+ * so that ending the job does not wait out a timeout per call. Returns rc. */
+static int store_failed(dt_rdzv *r, int rc)
+{
+    if (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -EHOSTUNREACH ||
+        rc == -ENETUNREACH || rc == -EPIPE)
+        r->store_gone = true;
+    return rc;
+}
+
 /* Key formatting: "r<R>/<what>" or "r<R>/<what>/<k>". */
 static void rkey(char *buf, size_t cap, int round, const char *what, int k)
 {
@@ -326,7 +337,7 @@ static int wait_keys(dt_rdzv *r, const char *const *keys, size_t n, void **vals,
 static void mark_left(dt_rdzv *r)
 {
     char key[64];
-    if (r->left || !r->ns || r->nnodes == 1)
+    if (r->left || !r->ns || r->nnodes == 1 || r->store_gone)
         return;
     snprintf(key, sizeof key, "left/%d", r->node);
     if (set_str(r->ns, key, "1", NULL) == 0)
@@ -804,8 +815,16 @@ int dt_rdzv_poll(dt_rdzv *r, dt_rdzv_status *st, dt_err *err)
     }
     void *v = NULL;
     size_t len;
+    int exists = 0;
+    const char *kp1 = key;
     rkey(key, sizeof key, r->round, "end", -1);
-    rc = dt_store_get(r->ns, key, &v, &len, 0, err);
+    /* CHECK, not GET: a non-waiting op gives up on an unreachable store after the client's
+     * timeout (about heartbeat_timeout), where a waiting one would add its grace period. */
+    rc = dt_store_check(r->ns, &kp1, 1, &exists, err);
+    if (rc == 0 && exists)
+        rc = dt_store_get(r->ns, key, &v, &len, 0, err);
+    else if (rc == 0)
+        rc = -ENOENT;
     if (rc == 0) {
         cache_end(r, v);
         free(v);
@@ -815,7 +834,7 @@ int dt_rdzv_poll(dt_rdzv *r, dt_rdzv_status *st, dt_err *err)
         return 0;
     }
     if (rc != -ENOENT)
-        return rc;
+        return store_failed(r, rc);
     if (r->done) {
         char (*keys)[64] = calloc((size_t)r->nnodes, sizeof *keys);
         const char **kp = calloc((size_t)r->nnodes, sizeof *kp);
@@ -833,7 +852,7 @@ int dt_rdzv_poll(dt_rdzv *r, dt_rdzv_status *st, dt_err *err)
         free(keys);
         free(kp);
         if (rc)
-            return rc;
+            return store_failed(r, rc);
         if (all) {
             r->ended.state = DT_RDZV_SUCCEEDED;
             snprintf(r->ended.why, sizeof r->ended.why, "every node succeeded");
@@ -842,7 +861,7 @@ int dt_rdzv_poll(dt_rdzv *r, dt_rdzv_status *st, dt_err *err)
             return 0;
         }
     }
-    return heartbeat(r, st, err);
+    return store_failed(r, heartbeat(r, st, err));
 }
 
 int dt_rdzv_succeeded(dt_rdzv *r, dt_err *err)
@@ -852,7 +871,7 @@ int dt_rdzv_succeeded(dt_rdzv *r, dt_err *err)
     if (r->nnodes == 1)
         return 0;
     rkey(key, sizeof key, r->round, "done", r->node);
-    return set_str(r->ns, key, "1", err);
+    return store_failed(r, set_str(r->ns, key, "1", err));
 }
 
 int dt_rdzv_failed(dt_rdzv *r, const dt_rdzv_failure *f, int n, dt_err *err)
@@ -874,7 +893,7 @@ int dt_rdzv_failed(dt_rdzv *r, const dt_rdzv_failure *f, int n, dt_err *err)
         snprintf(why, sizeof why, "node %d (%s) was lost", f[0].node, f[0].host);
     else
         snprintf(why, sizeof why, "node %d failed", r->node);
-    if (r->nnodes == 1) {
+    if (r->nnodes == 1 || r->store_gone) {
         if (r->ended.state == DT_RDZV_RUNNING) {
             r->ended.state = DT_RDZV_FAILED;
             r->ended.node = r->node;
@@ -937,7 +956,7 @@ int dt_rdzv_abort(dt_rdzv *r, int sig, dt_err *err)
         r->ended.signal = sig;
         snprintf(r->ended.why, sizeof r->ended.why, "node %d's agent was stopped", r->node);
     }
-    if (r->nnodes == 1 || !r->ns)
+    if (r->nnodes == 1 || !r->ns || r->store_gone)
         return 0;
     void *cur = NULL;
     snprintf(v, sizeof v, "%d %d node %d's agent was stopped by signal %d", r->node, sig, r->node,
@@ -963,7 +982,7 @@ int dt_rdzv_failures(dt_rdzv *r, dt_rdzv_failure **out, int *n, dt_err *err)
     size_t len = 0;
     *out = NULL;
     *n = 0;
-    if (r->nnodes > 1 && r->ns && r->round >= 0) {
+    if (r->nnodes > 1 && r->ns && r->round >= 0 && !r->store_gone) {
         rkey(key, sizeof key, r->round, "failures", -1);
         int rc = dt_store_get(r->ns, key, &v, &len, 0, NULL);
         if (rc == 0) {
@@ -1045,10 +1064,28 @@ void dt_rdzv_close(dt_rdzv *r)
 {
     if (!r)
         return;
-    if (r->ns && r->nnodes > 1) {
+    if (r->ns && r->nnodes > 1 && !r->store_gone) {
         mark_left(r);
-        if (r->server && r->formed >= 0)
+        if (r->server && r->formed >= 0) {
+            /* Nodes any node declared lost in the last formed round will not confirm. */
+            char key[64];
+            void *v = NULL;
+            size_t len = 0;
+            rkey(key, sizeof key, r->formed, "failures", -1);
+            if (dt_store_get(r->ns, key, &v, &len, 0, NULL) == 0) {
+                for (char *p = v, *nl; p < (char *)v + len; p = nl + 1) {
+                    nl = memchr(p, '\n', (size_t)((char *)v + len - p));
+                    if (!nl)
+                        nl = (char *)v + len;
+                    dt_rdzv_failure f;
+                    if (dt_rdzv_failure_from_json(p, (size_t)(nl - p), &f) == 0 && f.rank < 0 &&
+                        f.node >= 0 && f.node < r->nnodes)
+                        r->member[f.node] = false;
+                }
+                free(v);
+            }
             wait_others_left(r);
+        }
     }
     dt_store_free(r->ns);
     dt_store_free(r->base);

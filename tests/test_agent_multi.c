@@ -378,6 +378,46 @@ static void test_lost_node_then_join_timeout(void)
         dump_outputs(&j);
 }
 
+/* The store host (node 0) SIGKILLed: the other node loses the store, stops its workers and
+ * exits 1; nothing of node 0 survives. */
+static void test_store_host_killed(void)
+{
+    job j;
+    char opts[1024], cmd[1024], path[4096];
+    snprintf(opts, sizeof opts,
+             "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=2,join_timeout=20,"
+             "close_timeout=5 --stop-grace 5 --rdzv-id hk --nproc-per-node 1 --max-restarts 2");
+    snprintf(cmd, sizeof cmd, "sh -c 'echo $$ > %s/w.$RANK; exec sleep 60'", TMP);
+    start_job(&j, 2, opts, cmd);
+    int w[2] = {0, 0};
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/w.%d", TMP, r);
+        double deadline = now_s() + 20;
+        while (access(path, F_OK) != 0 && now_s() < deadline)
+            dt_sleep_ms(10);
+        dt_sleep_ms(20);
+        char *s = slurp(path);
+        w[r] = s ? atoi(s) : 0;
+        free(s);
+        DT_REQUIRE(w[r] > 1);
+    }
+    kill(j.pid[0], SIGKILL);
+    int codes[2];
+    wait_job(&j, codes, 40);
+    DT_CHECK_INT(codes[0], 128 + SIGKILL);
+    DT_CHECK_INT(codes[1], 1);
+    double deadline = now_s() + 5;
+    while ((!pid_gone(w[0]) || !pid_gone(w[1])) && now_s() < deadline)
+        dt_sleep_ms(20);
+    DT_CHECK(pid_gone(w[0]));
+    DT_CHECK(pid_gone(w[1]));
+    char *o = slurp(j.out[1]);
+    DT_CHECK(o && strstr(o, "lost the rendezvous"));
+    free(o);
+    if (codes[1] != 1)
+        dump_outputs(&j);
+}
+
 /* SIGTERM to one agent ends the job everywhere with 128+15. */
 static void test_sigterm_one_agent_ends_all(void)
 {
@@ -481,6 +521,7 @@ static const dt_test tests[] = {
     {"budget_is_job_wide", test_budget_is_job_wide, 90},
     {"sigkill_agent_detected", test_sigkill_agent_detected, 90},
     {"lost_node_then_join_timeout", test_lost_node_then_join_timeout, 90},
+    {"store_host_killed", test_store_host_killed, 90},
     {"sigterm_one_agent_ends_all", test_sigterm_one_agent_ends_all, 90},
     {"external_store", test_external_store, 60},
     {"join_timeout", test_join_timeout, 60},
