@@ -32,6 +32,9 @@
 #
 # Knobs (environment): GPT2_BATCH (16), GPT2_STEPS (30), QS_STEPS (100), KEEP=1 keeps the work
 # directory, DTRAIN_CUDA_GEMM=convert|fast (bf16 GEMM strategy, see kernels/cuda).
+# GPU_CHECK_DEVICE=cpu smoke-tests this script itself on a machine without a GPU: every "GPU"
+# run goes to the CPU (ddp.backend = cpu) as if there were one device; use it with small
+# GPT2_PRESET=gpt-tiny GPT2_BATCH=2 GPT2_STEPS=3 QS_STEPS=5. Its figures mean nothing.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 root=$(pwd)
@@ -47,6 +50,10 @@ done
 GPT2_BATCH=${GPT2_BATCH:-16}
 GPT2_STEPS=${GPT2_STEPS:-30}
 QS_STEPS=${QS_STEPS:-100}
+GPT2_PRESET=${GPT2_PRESET:-gpt2-124m}
+dev=${GPU_CHECK_DEVICE:-cuda}
+comm=nccl
+[ "$dev" = cpu ] && comm=cpu
 t_start=$(date +%s)
 work=$(mktemp -d /tmp/dtrain-gpu-check.XXXXXX)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$work"' EXIT
@@ -71,6 +78,9 @@ fi
 if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && [ "$ngpu" -gt 0 ]; then
     vis=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
     [ "$vis" -lt "$ngpu" ] && ngpu=$vis
+fi
+if [ "$dev" = cpu ]; then
+    ngpu=1 gpu_name="CPU (GPU_CHECK_DEVICE=cpu: a smoke test of this script)" why_no_gpu=""
 fi
 if [ "$ngpu" -gt 0 ]; then
     say "$ngpu GPU(s): $gpu_name"
@@ -102,7 +112,7 @@ fi
 # ---- 2. op tests -----------------------------------------------------------------------------
 say "op tests (every CUDA op against the CPU reference)"
 req=0
-[ "$ngpu" -gt 0 ] && req=1
+[ "$ngpu" -gt 0 ] && [ "$dev" = cuda ] && req=1
 if [ ! -x build/tests/test_gpu_ops ]; then
     timeout 120 make -s build/tests/test_gpu_ops >>"$work/build.log" 2>&1
 fi
@@ -190,7 +200,7 @@ cpu_first=$(field qs_cpu loss first) cpu_last=$(field qs_cpu loss last)
 
 for prec in fp32 bf16; do
     say "quickstart GPT on the GPU, $prec"
-    run "qs_$prec" 180 1 "$qs" job.device=cuda train.precision="$prec" "${qs_common[@]}"
+    run "qs_$prec" 180 1 "$qs" job.device="$dev" train.precision="$prec" "${qs_common[@]}"
     rc=$?
     if [ $rc -ne 0 ]; then
         fail "quickstart $prec  FAILED (exit $rc): $(grep -m3 -E 'ERROR|error' "$work/qs_$prec.log" | tr '\n' ' ')"
@@ -207,11 +217,11 @@ cat >"$gpt2" <<EOF
 [job]
 name = gpu-check-gpt2
 seed = 1337
-device = cuda
+device = $dev
 log_every = 1
 [model]
 type = gpt
-preset = gpt2-124m
+preset = $GPT2_PRESET
 block_size = 1024
 [data]
 type = synthetic
@@ -272,14 +282,14 @@ add "                 (MFU: $fpt FLOPs/token = 6N + 12LCT, N = $nparams)"
 
 # ---- 4. NCCL on every GPU --------------------------------------------------------------------
 say "NCCL: quickstart and gpt2-124m bf16 on $ngpu GPU(s), one rank per GPU"
-run qs_nccl 180 "$ngpu" "$qs" job.device=cuda ddp.backend=nccl "${qs_common[@]}"
+run qs_nccl 180 "$ngpu" "$qs" job.device="$dev" ddp.backend="$comm" "${qs_common[@]}"
 rc=$?
 if [ $rc -eq 0 ]; then
     add "nccl x$ngpu quickst. ok  loss@$QS_STEPS $(fmt "$(field qs_nccl loss last)")  $(ktok "$(field qs_nccl tokens_per_s median)") tok/s"
 else
     fail "nccl x$ngpu quickst. FAILED (exit $rc): $(grep -m3 -E 'ERROR|error' "$work/qs_nccl.log" | tr '\n' ' ')"
 fi
-run g2_nccl 240 "$ngpu" "$gpt2" train.precision=bf16 ddp.backend=nccl train.steps=$(( GPT2_STEPS / 2 > 5 ? GPT2_STEPS / 2 : 5 ))
+run g2_nccl 240 "$ngpu" "$gpt2" train.precision=bf16 ddp.backend="$comm" train.steps=$(( GPT2_STEPS / 2 > 5 ? GPT2_STEPS / 2 : 5 ))
 rc=$?
 if [ $rc -eq 0 ]; then
     t=$(field g2_nccl tokens_per_s median)

@@ -593,7 +593,7 @@ __device__ static inline void online_merge(float &m, float &s, float om, float o
 // Reads the row twice (max and sum of exponentials in one online pass, then the gradient), never
 // stores probabilities. dlogits may alias logits: every thread reads an element before it writes
 // it, and the target logit is read before the barrier that precedes any write.
-__global__ static void xent_kernel(float *losses, float *dlogits, const float *logits,
+__global__ static void __launch_bounds__(1024) xent_kernel(float *losses, float *dlogits, const float *logits,
                                    const int32_t *targets, int V, float dloss, int *valid_count)
 {
     __shared__ float wm[32], wsum[32];
