@@ -206,65 +206,130 @@ static void valid_q(const dt_conv2d_shape *s, int ks, int *qlo, int *qhi)
     *qhi = hi;
 }
 
+/* im2col and col2im. For a kernel tap (ch,kr,ks) the block of col rows for output rows
+ * [p0,p1) is the input plane shifted by (kr - pad, ks - pad). With stride 1 and "same" width
+ * (Q == W, the 3x3 pad-1 case of every ResNet) that block is ONE contiguous run of the input,
+ * except the columns that fall off the left or right edge: one memcpy plus a few zeros per tap,
+ * instead of a short copy per output row (rows are only 32, 16, 8 wide in a CIFAR ResNet, so
+ * per-row overhead would dominate). Other shapes go row by row. */
+
+/* Output rows [pa,pb) within [p0,p1) whose input row for kernel row kr is inside the image. */
+static void valid_p(const dt_conv2d_shape *s, int kr, int p0, int p1, int *pa, int *pb)
+{
+    int a = p0, b = p1;
+    while (a < b && a * s->stride - s->pad + kr < 0)
+        a++;
+    while (b > a && (b - 1) * s->stride - s->pad + kr >= s->H)
+        b--;
+    *pa = a;
+    *pb = b;
+}
+
+static bool conv_same_width(const dt_conv2d_shape *s) { return s->stride == 1 && s->Q == s->W; }
+
 /* col (CRS, (p1-p0)*Q) = the im2col columns of image x (C,H,W) for output rows [p0,p1). */
 static void im2col(float *col, const float *x, const dt_conv2d_shape *s, int p0, int p1)
 {
-    const int Q = s->Q, jn = (p1 - p0) * Q;
+    const int Q = s->Q, jn = (p1 - p0) * Q, st = s->stride;
+    const bool same = conv_same_width(s);
+    const long plane = (long)s->H * s->W;
     for (int ch = 0; ch < s->C; ch++) {
-        const float *xc = x + (size_t)ch * s->H * s->W;
+        const float *xc = x + (size_t)ch * plane;
         for (int kr = 0; kr < s->R; kr++) {
+            int pa, pb;
+            valid_p(s, kr, p0, p1, &pa, &pb);
             for (int ks = 0; ks < s->S; ks++) {
                 float *dst = col + ((size_t)(ch * s->R + kr) * s->S + ks) * jn;
                 int qlo, qhi;
                 valid_q(s, ks, &qlo, &qhi);
-                for (int p = p0; p < p1; p++, dst += Q) {
-                    int ih = p * s->stride - s->pad + kr;
-                    if (ih < 0 || ih >= s->H) {
-                        memset(dst, 0, sizeof(float) * Q);
-                        continue;
+                const int off = ks - s->pad; /* input column = q*stride + off */
+                if (pa > p0)
+                    memset(dst, 0, sizeof(float) * (size_t)(pa - p0) * Q);
+                if (p1 > pb)
+                    memset(dst + (size_t)(pb - p0) * Q, 0, sizeof(float) * (size_t)(p1 - pb) * Q);
+                if (pa >= pb)
+                    continue;
+                if (same) {
+                    float *d = dst + (size_t)(pa - p0) * Q;
+                    long i0 = (long)(pa - s->pad + kr) * s->W + off, len = (long)(pb - pa) * Q;
+                    long lo = i0 < 0 ? -i0 : 0, hi = len < plane - i0 ? len : plane - i0;
+                    memcpy(d + lo, xc + i0 + lo, sizeof(float) * (size_t)(hi - lo));
+                    for (int p = pa; p < pb; p++, d += Q) { /* the columns off the edges */
+                        for (int q = 0; q < qlo; q++)
+                            d[q] = 0.0f;
+                        for (int q = qhi; q < Q; q++)
+                            d[q] = 0.0f;
                     }
-                    const float *row = xc + (size_t)ih * s->W; // input column = q*stride + off
-                    const int off = ks - s->pad;
+                    continue;
+                }
+                float *d = dst + (size_t)(pa - p0) * Q;
+                for (int p = pa; p < pb; p++, d += Q) {
+                    const float *row = xc + (size_t)(p * st - s->pad + kr) * s->W;
                     for (int q = 0; q < qlo; q++)
-                        dst[q] = 0.0f;
-                    if (s->stride == 1) {
+                        d[q] = 0.0f;
+                    if (st == 1) {
                         if (qhi > qlo)
-                            memcpy(dst + qlo, row + qlo + off, sizeof(float) * (qhi - qlo));
+                            memcpy(d + qlo, row + qlo + off, sizeof(float) * (size_t)(qhi - qlo));
                     } else {
                         for (int q = qlo; q < qhi; q++)
-                            dst[q] = row[q * s->stride + off];
+                            d[q] = row[q * st + off];
                     }
                     for (int q = qhi; q < Q; q++)
-                        dst[q] = 0.0f;
+                        d[q] = 0.0f;
                 }
             }
         }
     }
 }
 
-/* dx (C,H,W) += col2im of col (CRS, (p1-p0)*Q) for output rows [p0,p1). */
-static void col2im_acc(float *dx, const float *col, const dt_conv2d_shape *s, int p0, int p1)
+DT_CPU_CLONES
+static void add_run(float *dst, const float *src, long n)
 {
-    const int Q = s->Q, jn = (p1 - p0) * Q;
+    for (long i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+/* dx (C,H,W) += col2im of col (CRS, (p1-p0)*Q) for output rows [p0,p1). Modifies col (zeroes
+ * the entries that fall off the image edges). */
+static void col2im_acc(float *dx, float *col, const dt_conv2d_shape *s, int p0, int p1)
+{
+    const int Q = s->Q, jn = (p1 - p0) * Q, st = s->stride;
+    const bool same = conv_same_width(s);
+    const long plane = (long)s->H * s->W;
     for (int ch = 0; ch < s->C; ch++) {
-        float *dxc = dx + (size_t)ch * s->H * s->W;
+        float *dxc = dx + (size_t)ch * plane;
         for (int kr = 0; kr < s->R; kr++) {
+            int pa, pb;
+            valid_p(s, kr, p0, p1, &pa, &pb);
+            if (pa >= pb)
+                continue;
             for (int ks = 0; ks < s->S; ks++) {
-                const float *src = col + ((size_t)(ch * s->R + kr) * s->S + ks) * jn;
+                float *src = col + ((size_t)(ch * s->R + kr) * s->S + ks) * jn +
+                             (size_t)(pa - p0) * Q;
                 int qlo, qhi;
                 valid_q(s, ks, &qlo, &qhi);
-                for (int p = p0; p < p1; p++, src += Q) {
-                    int ih = p * s->stride - s->pad + kr;
-                    if (ih < 0 || ih >= s->H)
-                        continue;
-                    float *row = dxc + (size_t)ih * s->W; // input column = q*stride + off
-                    const int off = ks - s->pad;
-                    if (s->stride == 1) {
+                const int off = ks - s->pad; /* input column = q*stride + off */
+                if (same) {
+                    float *c = src;
+                    for (int p = pa; p < pb; p++, c += Q) { /* drop the off-edge columns */
+                        for (int q = 0; q < qlo; q++)
+                            c[q] = 0.0f;
+                        for (int q = qhi; q < Q; q++)
+                            c[q] = 0.0f;
+                    }
+                    long i0 = (long)(pa - s->pad + kr) * s->W + off, len = (long)(pb - pa) * Q;
+                    long lo = i0 < 0 ? -i0 : 0, hi = len < plane - i0 ? len : plane - i0;
+                    add_run(dxc + i0 + lo, src + lo, hi - lo);
+                    continue;
+                }
+                for (int p = pa; p < pb; p++, src += Q) {
+                    float *row = dxc + (size_t)(p * st - s->pad + kr) * s->W;
+                    if (st == 1) {
                         for (int q = qlo; q < qhi; q++)
                             row[q + off] += src[q];
                     } else {
                         for (int q = qlo; q < qhi; q++)
-                            row[q * s->stride + off] += src[q];
+                            row[q * st + off] += src[q];
                     }
                 }
             }
@@ -347,16 +412,19 @@ void dt_cpu_conv2d_fwd(dt_backend *be, float *out, const float *inp, const float
         const float *x = inp + n * in_sz;
         float *y = out + n * out_sz; // (K, PQ)
         double t0 = dt_cpu_prof_now(c);
+        /* With a bias, y starts as the bias and the GEMMs add to it (beta 1); without, the
+         * GEMMs (each chunk writes its own columns) or the direct loop set it. */
         if (bias)
             for (int k = 0; k < s->K; k++)
                 for (int j = 0; j < PQ; j++)
                     y[(size_t)k * PQ + j] = bias[k];
-        else
+        else if (!pointwise && rows == 0)
             memset(y, 0, sizeof(float) * out_sz);
         if (c->prof_on)
             t_side += dt_cpu_prof_now(c) - t0;
-        if (pointwise) { // y (K,PQ) += w (K,C) @ x (C,PQ)
-            sgemm(false, false, s->K, PQ, s->C, 1.0f, w, s->C, x, PQ, 1.0f, y, PQ);
+        const float beta = bias ? 1.0f : 0.0f;
+        if (pointwise) { // y (K,PQ) (+)= w (K,C) @ x (C,PQ)
+            sgemm(false, false, s->K, PQ, s->C, 1.0f, w, s->C, x, PQ, beta, y, PQ);
         } else if (rows == 0) {
             conv_direct_fwd(y, x, w, s);
         } else {
@@ -366,8 +434,8 @@ void dt_cpu_conv2d_fwd(dt_backend *be, float *out, const float *inp, const float
                 im2col(c->scratch, x, s, p0, p1);
                 if (c->prof_on)
                     t_side += dt_cpu_prof_now(c) - t0;
-                // y[:, p0*Q : p1*Q] += w (K,CRS) @ col (CRS,jn)
-                sgemm(false, false, s->K, jn, CRS, 1.0f, w, CRS, c->scratch, jn, 1.0f,
+                // y[:, p0*Q : p1*Q] (+)= w (K,CRS) @ col (CRS,jn)
+                sgemm(false, false, s->K, jn, CRS, 1.0f, w, CRS, c->scratch, jn, beta,
                       y + (size_t)p0 * s->Q, PQ);
             }
         }
