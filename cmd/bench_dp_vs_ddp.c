@@ -1,9 +1,561 @@
-/* bench_dp_vs_ddp.c - `dtrain bench dp-vs-ddp`. */
+/* bench_dp_vs_ddp.c - `dtrain bench dp-vs-ddp JOB.ini`: DataParallel and DistributedDataParallel
+ * on the same job, side by side, with a single worker as the baseline.
+ *
+ *   single  one process, one replica, batch B                     (the baseline)
+ *   DP      one process driving N replicas on threads, batch N*B  (runtime/dp)
+ *   DDP     N processes, one replica each, batch B each           (runtime/ddp over runtime/comm)
+ * DP and DDP see the same global batch per step, so their throughput compares directly, and
+ * DDP's against the single worker's is its scaling. Every configuration runs in processes of
+ * its own (fork + exec of this binary), so CPU time and memory are measured per configuration.
+ *
+ * Per replica peak memory is what the replica's backend allocated at most (parameters,
+ * gradients, activations, optimiser state: everything the replica holds); its spread (max - min)
+ * is DP's master imbalance. CPU utilisation is CPU time over wall time over the cores of this
+ * machine. GPU utilisation is not read (use nvidia-smi next to it on GPU nodes).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "cmd/cmd.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "rendezvous/store.h"
+#include "runtime/comm.h"
+#include "runtime/config.h"
+#include "runtime/data.h"
+#include "runtime/ddp.h"
+#include "runtime/dp.h"
+#include "runtime/model.h"
+#include "runtime/optim.h"
+
+#define MAX_REPLICAS 64
+
+typedef struct bench_opts {
+    const char *job_path;
+    char **overrides;
+    int n_overrides;
+    int nproc;
+    int steps, warmup;
+    /* child mode */
+    const char *child;   /* "single", "dp", "ddp" */
+    int rank;
+    int port;
+    const char *run_id;
+    const char *out;     /* result file */
+} bench_opts;
+
+/* What one process measured. */
+typedef struct result {
+    double wall_s;       /* timed steps */
+    double cpu_s;        /* CPU time of this process over the timed steps */
+    double comm_s;       /* DDP: waiting for gradients; DP: the serial reduce */
+    double loss;
+    int64_t items;       /* tokens or samples processed in the timed steps (all replicas) */
+    int replicas;        /* in this process */
+    double peak[MAX_REPLICAS]; /* bytes per replica */
+    double rss;          /* max resident set size of this process */
+} result;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: dtrain bench dp-vs-ddp JOB.ini [--nproc N] [--steps S] [--warmup W] "
+            "[section.key=value ...]\n\n"
+            "  --nproc N    replicas for DP and ranks for DDP (default 2)\n"
+            "  --steps S    timed optimiser steps per configuration (default 20)\n"
+            "  --warmup W   untimed steps first (default 3)\n");
+}
+
+static double cpu_now(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
+}
+
+static double max_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss * 1024.0;
+}
+
+static int write_result(const char *path, const result *r)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -errno;
+    fprintf(f, "%.9g %.9g %.9g %.9g %lld %d %.9g", r->wall_s, r->cpu_s, r->comm_s, r->loss,
+            (long long)r->items, r->replicas, r->rss);
+    for (int k = 0; k < r->replicas; k++)
+        fprintf(f, " %.9g", r->peak[k]);
+    fprintf(f, "\n");
+    fclose(f);
+    return 0;
+}
+
+static int read_result(const char *path, result *r)
+{
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -ENOENT;
+    long long items = 0;
+    int n = fscanf(f, "%lf %lf %lf %lf %lld %d %lf", &r->wall_s, &r->cpu_s, &r->comm_s, &r->loss,
+                   &items, &r->replicas, &r->rss);
+    r->items = items;
+    int ok = n == 7 && r->replicas >= 1 && r->replicas <= MAX_REPLICAS;
+    for (int k = 0; ok && k < r->replicas; k++)
+        ok = fscanf(f, "%lf", &r->peak[k]) == 1;
+    fclose(f);
+    return ok ? 0 : -EPROTO;
+}
+
+/* ---- the children ---------------------------------------------------------------------------- */
+
+static int load_job(const bench_opts *o, dt_job *job, dt_err *err)
+{
+    dt_config_errors errs;
+    memset(&errs, 0, sizeof errs);
+    int rc = dt_job_load(job, o->job_path, o->overrides, o->n_overrides, &errs, err);
+    if (rc) {
+        for (int i = 0; i < errs.count && i < 64; i++)
+            fprintf(stderr, "%s\n", errs.lines[i]);
+    }
+    return rc;
+}
+
+/* One process of a configuration: "single" and "ddp" train one replica (ddp with the others
+ * through a communicator), "dp" trains nproc replicas on threads. */
+static int run_child(const bench_opts *o)
+{
+    static dt_job job;
+    dt_err err = {0};
+    dt_data *data = NULL;
+    dt_backend *be = NULL;
+    dt_model *m = NULL;
+    dt_dp *dp = NULL;
+    dt_optim *opt = NULL;
+    dt_store *store = NULL;
+    dt_comm *comm = NULL;
+    dt_ddp *ddp = NULL;
+    dt_sampler sampler;
+    dt_batch_buf batch;
+    int64_t *idx = NULL;
+    int rc;
+    memset(&sampler, 0, sizeof sampler);
+    memset(&batch, 0, sizeof batch);
+    bool is_dp = !strcmp(o->child, "dp"), is_ddp = !strcmp(o->child, "ddp");
+    int world = is_ddp ? o->nproc : 1, K = is_dp ? o->nproc : 1;
+    if ((rc = load_job(o, &job, &err)))
+        goto out;
+    if ((rc = dt_data_open(&data, &job, &err)))
+        goto out;
+    const dt_sample_shape *shape = &data->shape;
+    int B = job.batch_size * K; /* per process per micro-step */
+    if ((rc = dt_sampler_init(&sampler, dt_dataset_size(data->train), is_ddp ? o->rank : 0, world,
+                              B, (uint64_t)job.seed, job.shuffle, job.drop_last, &err)) ||
+        (rc = dt_batch_buf_init(&batch, shape, B, &err)))
+        goto out;
+    if (!(idx = malloc(sizeof *idx * (size_t)B))) {
+        rc = dt_err_set(&err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    dt_model_config mc;
+    if ((rc = dt_model_config_from_job(&mc, &job, shape, &err)))
+        goto out;
+    mc.max_batch = B;
+    dt_backend_opts bo;
+    dt_backend_opts_default(&bo);
+    bo.threads = job.threads;
+    bo.device_index = is_ddp ? o->rank : 0;
+    if (is_dp) {
+        dt_dp_opts dpo = {.replicas = K, .device = job.device, .backend = bo};
+        mc.sync_bn = false;
+        if ((rc = dt_dp_create(&dp, &mc, &dpo, &err)))
+            goto out;
+        m = dt_dp_master(dp);
+        be = dt_dp_backend(dp, 0);
+    } else {
+        if ((rc = dt_backend_open(&be, job.device, &bo, &err)))
+            goto out;
+        if (is_ddp) {
+            dt_store_opts so;
+            dt_store_opts_default(&so);
+            dt_comm_opts co;
+            dt_comm_opts_default(&co);
+            co.backend = !strcmp(job.comm_backend, "nccl") ||
+                                 (!strcmp(job.comm_backend, "auto") && !strcmp(be->name, "cuda"))
+                             ? "nccl"
+                             : "cpu";
+            co.rank = o->rank;
+            co.world_size = world;
+            co.local_rank = o->rank;
+            co.local_world_size = world;
+            co.run_id = o->run_id;
+            co.device_index = o->rank;
+            co.timeout_ms = (int)(job.comm_timeout * 1000);
+            if ((rc = dt_store_connect(&store, "127.0.0.1", o->port, &so, &err)) ||
+                (rc = dt_comm_init(&comm, store, &co, &err)))
+                goto out;
+        } else {
+            mc.sync_bn = false;
+        }
+        if ((rc = dt_model_create(&m, &mc, be, comm, &err)))
+            goto out;
+        if (is_ddp) {
+            dt_ddp_opts dopt;
+            if ((rc = dt_ddp_opts_from_job(&dopt, &job, &err)) ||
+                (rc = dt_ddp_create(&ddp, m, comm, &dopt, &err)))
+                goto out;
+        }
+    }
+    dt_optim_config oc;
+    dt_lr_schedule sched;
+    dt_optim_config_from_job(&oc, &sched, &job, o->warmup + o->steps);
+    if ((rc = dt_optim_create(&opt, &oc, be, m->tensors, m->num_tensors, m->num_params, &err)))
+        goto out;
+
+    result res;
+    memset(&res, 0, sizeof res);
+    double t0 = 0, c0 = 0, comm0 = 0, loss_sum = 0;
+    int64_t per_step = (int64_t)B * job.grad_accum * (shape->kind == DT_SAMPLE_TOKENS ? shape->seq_len : 1);
+    for (int step = 0; step < o->warmup + o->steps; step++) {
+        if (step == o->warmup) {
+            if (comm && (rc = dt_comm_barrier(comm, &err)))
+                goto out;
+            t0 = dt_now_s();
+            c0 = cpu_now();
+            if (ddp) {
+                dt_ddp_stats st;
+                dt_ddp_get_stats(ddp, &st);
+                comm0 = st.wait_s;
+            } else if (dp) {
+                dt_dp_stats st;
+                dt_dp_get_stats(dp, &st);
+                comm0 = st.reduce_s;
+            }
+        }
+        be->memset_zero(be, m->grads, m->num_params * sizeof(float));
+        double loss = 0;
+        for (int k = 0; k < job.grad_accum; k++) {
+            float l = 0;
+            bool last = k == job.grad_accum - 1;
+            if ((rc = dt_sampler_next(&sampler, idx, &err)) ||
+                (rc = dt_dataset_fill(data->train, idx, B, &batch, &err)))
+                goto out;
+            if (dp) {
+                rc = dt_dp_forward_backward(dp, &batch.batch, 1.0f / (float)job.grad_accum, &l,
+                                            &err);
+            } else if (!(rc = m->ops->forward(m, &batch.batch, true, &l, &err))) {
+                rc = m->ops->backward(m, 1.0f / (float)job.grad_accum,
+                                      last && ddp ? dt_ddp_grad_ready : NULL,
+                                      last && ddp ? ddp : NULL, &err);
+            }
+            if (rc)
+                goto out;
+            loss += l / job.grad_accum;
+        }
+        if (ddp && (rc = dt_ddp_finish(ddp, &err)))
+            goto out;
+        dt_optim_clip(opt, m->grads);
+        dt_optim_step(opt, m->params, m->grads, dt_lr_at(&sched, step));
+        be->synchronize(be);
+        if (step >= o->warmup) {
+            loss_sum += loss;
+            res.items += per_step;
+        }
+    }
+    res.wall_s = dt_now_s() - t0;
+    res.cpu_s = cpu_now() - c0;
+    res.loss = loss_sum / o->steps;
+    res.rss = max_rss();
+    if (ddp) {
+        dt_ddp_stats st;
+        dt_ddp_get_stats(ddp, &st);
+        res.comm_s = st.wait_s - comm0;
+    } else if (dp) {
+        dt_dp_stats st;
+        dt_dp_get_stats(dp, &st);
+        res.comm_s = st.reduce_s - comm0;
+        printf("# DP per step: replicate %.2f ms, parallel forward+backward %.2f ms, reduce %.2f ms\n",
+                st.replicate_s * 1e3 / (double)st.steps, st.compute_s * 1e3 / (double)st.steps,
+                st.reduce_s * 1e3 / (double)st.steps);
+    }
+    res.replicas = K;
+    for (int k = 0; k < K; k++) {
+        dt_backend *bk = dp ? dt_dp_backend(dp, k) : be;
+        res.peak[k] = bk->peak_bytes ? (double)bk->peak_bytes(bk) : 0;
+    }
+    if ((rc = write_result(o->out, &res)) != 0)
+        dt_err_errno(&err, -rc, "writing %s", o->out);
+out:
+    if (rc)
+        fprintf(stderr, "dtrain bench dp-vs-ddp (%s%s): %s\n", o->child,
+                is_ddp ? " rank" : "", err.msg);
+    dt_optim_free(opt);
+    dt_ddp_free(ddp);
+    if (dp) {
+        dt_dp_free(dp);
+    } else {
+        dt_model_free(m);
+        dt_backend_close(be);
+    }
+    dt_comm_free(comm);
+    dt_store_free(store);
+    free(idx);
+    dt_batch_buf_free(&batch);
+    dt_sampler_free(&sampler);
+    dt_data_free(data);
+    return rc ? 1 : 0;
+}
+
+/* ---- the parent ----------------------------------------------------------------------------- */
+
+/* Runs `mode` as n processes (each: this command with --child MODE); results in res[0..n). */
+static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode, int n,
+                    const char *dir, result *res)
+{
+    dt_store_server *srv = NULL;
+    char port[16] = "0", run_id[64];
+    snprintf(run_id, sizeof run_id, "bench-dpddp-%d-%s", (int)getpid(), mode);
+    if (!strcmp(mode, "ddp")) {
+        dt_store_server_opts so;
+        dt_store_server_opts_default(&so);
+        so.host = "127.0.0.1";
+        so.port = 0;
+        dt_err err = {0};
+        if (dt_store_server_start(&srv, &so, &err) != 0) {
+            fprintf(stderr, "dtrain bench dp-vs-ddp: %s\n", err.msg);
+            return 1;
+        }
+        snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
+    }
+    pid_t pids[MAX_REPLICAS];
+    int failed = 0;
+    fflush(stdout);
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] < 0) {
+            failed = 1;
+            break;
+        }
+        if (pids[r] == 0) {
+            char rs[16], out[1200];
+            snprintf(rs, sizeof rs, "%d", r);
+            snprintf(out, sizeof out, "%s/%s.%d", dir, mode, r);
+            char **av = calloc((size_t)argc + 16, sizeof *av);
+            int k = 0;
+            av[k++] = (char *)dt_cmd_self_path();
+            av[k++] = "bench";
+            for (int i = 0; i < argc; i++)
+                av[k++] = argv[i];
+            av[k++] = "--child";
+            av[k++] = (char *)mode;
+            av[k++] = "--child-rank";
+            av[k++] = rs;
+            av[k++] = "--child-port";
+            av[k++] = port;
+            av[k++] = "--child-run-id";
+            av[k++] = run_id;
+            av[k++] = "--child-out";
+            av[k++] = out;
+            av[k] = NULL;
+            execv(av[0], av);
+            _exit(127);
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        int st = 0;
+        if (pids[r] <= 0)
+            continue;
+        while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR)
+            ;
+        char out[1200];
+        snprintf(out, sizeof out, "%s/%s.%d", dir, mode, r);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || read_result(out, &res[r]) != 0)
+            failed = 1;
+    }
+    dt_store_server_stop(srv);
+    return failed;
+}
+
+static void print_row(const char *name, int replicas, const result *res, int nproc_rows,
+                      double base_tput, int steps, int cores)
+{
+    /* Wall time: the slowest process; CPU: all processes; memory: every replica. */
+    double wall = 0, cpu = 0, comm = 0, lo = 1e300, hi = 0, sum = 0;
+    int64_t items = 0;
+    int nrep = 0;
+    for (int p = 0; p < nproc_rows; p++) {
+        wall = DT_MAX(wall, res[p].wall_s);
+        cpu += res[p].cpu_s;
+        comm = DT_MAX(comm, res[p].comm_s);
+        items += res[p].items;
+        for (int k = 0; k < res[p].replicas; k++) {
+            lo = DT_MIN(lo, res[p].peak[k]);
+            hi = DT_MAX(hi, res[p].peak[k]);
+            sum += res[p].peak[k];
+            nrep++;
+        }
+    }
+    double tput = wall > 0 ? (double)items / wall : 0;
+    char mem[512];
+    size_t k = 0;
+    for (int p = 0; p < nproc_rows && k < sizeof mem; p++)
+        for (int j = 0; j < res[p].replicas && k < sizeof mem; j++)
+            k += (size_t)snprintf(mem + k, sizeof mem - k, "%s%.1f", k ? " " : "",
+                                  res[p].peak[j] / (1024.0 * 1024.0));
+    printf("%-7s %8d %9.1f %12.0f %9.2fx %10.1f%% %9.2f %11.1f%%  %s\n", name, replicas,
+           wall * 1e3 / steps, tput, base_tput > 0 ? tput / base_tput : 1.0,
+           100.0 * cpu / (wall * cores), comm * 1e3 / steps,
+           lo > 0 && nrep > 1 ? 100.0 * (hi - lo) / lo : 0.0, mem);
+    (void)sum;
+}
 
 int dt_bench_dp_vs_ddp(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return dt_cmd_unavailable("bench dp-vs-ddp", "this benchmark lands with its issue");
+    bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .rank = 0};
+    char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            free(ovr);
+            return 0;
+        }
+        int *ip = !strcmp(a, "--nproc")        ? &o.nproc
+                  : !strcmp(a, "--steps")      ? &o.steps
+                  : !strcmp(a, "--warmup")     ? &o.warmup
+                  : !strcmp(a, "--child-rank") ? &o.rank
+                  : !strcmp(a, "--child-port") ? &o.port
+                                               : NULL;
+        const char **sp = !strcmp(a, "--child")          ? &o.child
+                          : !strcmp(a, "--child-run-id") ? &o.run_id
+                          : !strcmp(a, "--child-out")    ? &o.out
+                                                         : NULL;
+        if (ip || sp) {
+            if (!v || (ip && (dt_parse_int(v, ip) || *ip < 0))) {
+                fprintf(stderr, "dtrain bench dp-vs-ddp: %s needs a %s\n", a,
+                        ip ? "number" : "value");
+                free(ovr);
+                return 2;
+            }
+            if (sp)
+                *sp = v;
+            i++;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "dtrain bench dp-vs-ddp: unknown option %s\n", a);
+            usage(stderr);
+            free(ovr);
+            return 2;
+        } else if (strchr(a, '=')) {
+            ovr[o.n_overrides++] = (char *)a;
+        } else if (!o.job_path) {
+            o.job_path = a;
+        } else {
+            fprintf(stderr, "dtrain bench dp-vs-ddp: one job file only (%s, %s)\n", o.job_path,
+                    a);
+            free(ovr);
+            return 2;
+        }
+    }
+    o.overrides = ovr;
+    if (!o.job_path || o.nproc < 1 || o.nproc > MAX_REPLICAS || o.steps < 1) {
+        usage(stderr);
+        free(ovr);
+        return 2;
+    }
+    dt_log_init();
+    if (o.child) {
+        dt_log_set_rank(o.rank);
+        int rc = run_child(&o);
+        free(ovr);
+        return rc;
+    }
+
+    static dt_job job;
+    dt_err err = {0};
+    if (load_job(&o, &job, &err) != 0) {
+        fprintf(stderr, "dtrain bench dp-vs-ddp: %s\n", err.msg);
+        free(ovr);
+        return 1;
+    }
+    char dir[] = "/tmp/dtrain-dpddp-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        free(ovr);
+        return 1;
+    }
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    bool tokens = !strcmp(job.model_type, "gpt");
+    printf("# dtrain bench dp-vs-ddp %s: model %s, %d replicas, batch %d per replica x accum %d, "
+           "%d timed steps (+%d warm-up), device %s, %d BLAS thread(s) per replica, %d cores\n",
+           o.job_path, job.model_type, o.nproc, job.batch_size, job.grad_accum, o.steps, o.warmup,
+           job.device, job.threads, cores);
+    printf("# throughput in %s/s over all replicas; comm = per-step time DDP waits for its "
+           "gradients, DP spends in the serial reduce\n",
+           tokens ? "tokens" : "samples");
+    printf("# peak memory: what each replica's backend allocated at most (MiB); spread = (max - "
+           "min) / min\n#\n");
+    printf("%-7s %8s %9s %12s %10s %11s %9s %12s  %s\n", "mode", "replicas", "step(ms)",
+           "throughput", "speedup", "cpu util", "comm(ms)", "mem spread", "peak MiB per replica");
+    result single[1], dp[1], ddp[MAX_REPLICAS];
+    int failed = 0;
+    double base = 0;
+    /* argv[0] is "dp-vs-ddp": the children get the same arguments. */
+    if (run_mode(&o, argc, argv, "single", 1, dir, single) == 0) {
+        base = single[0].wall_s > 0 ? (double)single[0].items / single[0].wall_s : 0;
+        print_row("single", 1, single, 1, base, o.steps, cores);
+    } else {
+        failed = 1;
+    }
+    double tput_dp = 0, tput_ddp = 0, spread_dp = 0, spread_ddp = 0;
+    if (run_mode(&o, argc, argv, "dp", 1, dir, dp) == 0) {
+        print_row("DP", o.nproc, dp, 1, base, o.steps, cores);
+        tput_dp = (double)dp[0].items / dp[0].wall_s;
+        double lo = 1e300, hi = 0;
+        for (int k = 0; k < dp[0].replicas; k++) {
+            lo = DT_MIN(lo, dp[0].peak[k]);
+            hi = DT_MAX(hi, dp[0].peak[k]);
+        }
+        spread_dp = hi - lo;
+    } else {
+        failed = 1;
+    }
+    if (run_mode(&o, argc, argv, "ddp", o.nproc, dir, ddp) == 0) {
+        /* the per-process result counts its own items: the row sums them */
+        print_row("DDP", o.nproc, ddp, o.nproc, base, o.steps, cores);
+        double wall = 0, lo = 1e300, hi = 0;
+        int64_t items = 0;
+        for (int r = 0; r < o.nproc; r++) {
+            wall = DT_MAX(wall, ddp[r].wall_s);
+            items += ddp[r].items;
+            lo = DT_MIN(lo, ddp[r].peak[0]);
+            hi = DT_MAX(hi, ddp[r].peak[0]);
+        }
+        tput_ddp = (double)items / wall;
+        spread_ddp = hi - lo;
+    } else {
+        failed = 1;
+    }
+    if (!failed) {
+        printf("#\n# DDP / DP throughput: %.2fx; memory spread DP %.1f MiB, DDP %.1f MiB; DDP "
+               "scaling over one worker: %.2fx on %d ranks\n",
+               tput_ddp / tput_dp, spread_dp / (1024.0 * 1024.0), spread_ddp / (1024.0 * 1024.0),
+               base > 0 ? tput_ddp / base : 0, o.nproc);
+    }
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "dtrain bench dp-vs-ddp: could not remove %s\n", dir);
+    free(ovr);
+    return failed;
 }

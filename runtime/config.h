@@ -59,6 +59,7 @@ typedef struct dt_job {
     char output_dir[DT_PATH_MAX];      /* metrics.jsonl, checkpoints, logs */
     char device[DT_STR_SMALL];         /* auto, cpu, cuda */
     char strategy[DT_STR_SMALL];       /* ddp, dp */
+    int dp_replicas;                   /* strategy = dp: replicas driven by the one process */
     int64_t seed;
     int log_every;                     /* steps between log lines / metrics records */
 

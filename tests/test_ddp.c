@@ -25,6 +25,7 @@
 #include "rendezvous/store.h"
 #include "runtime/comm.h"
 #include "runtime/ddp.h"
+#include "runtime/dp.h"
 #include "runtime/model.h"
 #include "runtime/optim.h"
 #include "tests/harness.h"
@@ -197,6 +198,7 @@ typedef struct run_cfg {
     int kill_rank;   /* -1: nobody; else this rank dies in step kill_step */
     int kill_step;
     bool differ;     /* the last rank builds a different model */
+    bool no_sync_bn; /* resnet: plain BatchNorm (per-rank statistics) */
     char run_id[64];
     int port;
     float *out;      /* shared: (N, steps, num_params + num_buffers) */
@@ -231,7 +233,7 @@ static void rank_body(run_cfg *rc, int rank)
         goto fail;
     dt_model_config mc = model_cfg(rc->type, rc->B);
     mc.seed = 42 + (uint64_t)rank * 1000; /* DDP must overwrite this with rank 0's */
-    mc.sync_bn = true;
+    mc.sync_bn = !rc->no_sync_bn;
     if (rc->differ && rank == rc->N - 1) {
         if (!strcmp(rc->type, "mlp")) { /* same parameter count, other shapes */
             mc.hidden[0] = 10;
@@ -668,6 +670,110 @@ static void test_opts_from_job(void)
     DT_CHECK(o.compress == DT_BFLOAT16);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* DataParallel                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Trains K DP replicas on the same global batches as reference(); out (steps, per). */
+static void run_dp(const char *type, int K, int global, int steps, bool adamw, float *out,
+                   dt_dp_stats *stats)
+{
+    dt_err err = {0};
+    dt_model_config mc = model_cfg(type, global);
+    dt_dp_opts o;
+    memset(&o, 0, sizeof o);
+    o.replicas = K;
+    o.device = "cpu";
+    dt_backend_opts_default(&o.backend);
+    dt_dp *d = NULL;
+    DT_REQUIRE_OK(dt_dp_create(&d, &mc, &o, &err), &err);
+    DT_CHECK_INT(dt_dp_replicas(d), K);
+    dt_model *m = dt_dp_master(d);
+    dt_backend *be = dt_dp_backend(d, 0);
+    dt_optim *opt = new_optim(be, m, adamw);
+    DT_REQUIRE(opt);
+    size_t per = m->num_params + m->num_buffers;
+    for (int step = 0; step < steps; step++) {
+        gbatch g;
+        make_gbatch(&g, &mc, global, step);
+        dt_batch b = slice(&g, 0, global);
+        be->memset_zero(be, m->grads, m->num_params * sizeof(float));
+        float loss = 0;
+        DT_REQUIRE_OK(dt_dp_forward_backward(d, &b, 1.0f, &loss, &err), &err);
+        DT_CHECK(isfinite(loss));
+        free_gbatch(&g);
+        dt_optim_step(opt, m->params, m->grads, LR);
+        float *dst = out + (size_t)step * per;
+        be->memcpy_d2h(be, dst, m->params, m->num_params * sizeof(float));
+        if (m->num_buffers)
+            be->memcpy_d2h(be, dst + m->num_params, m->buffers, m->num_buffers * sizeof(float));
+    }
+    if (stats)
+        dt_dp_get_stats(d, stats);
+    /* The master holds the optimiser state: more memory than any other replica. */
+    if (K > 1)
+        DT_CHECK(be->peak_bytes(be) > dt_dp_backend(d, 1)->peak_bytes(dt_dp_backend(d, 1)));
+    dt_optim_free(opt);
+    dt_dp_free(d);
+}
+
+static void test_dp_equals_single(void)
+{
+    const char *types[] = {"mlp", "gpt"};
+    for (int t = 0; t < 2; t++)
+        for (int K = 1; K <= 4; K++) {
+            int global = K * 2 + (K == 3); /* 7 on 3 replicas: unequal chunks (3, 3, 1) */
+            float *ref = NULL;
+            size_t per = reference(types[t], global, 3, false, &ref);
+            float *out = malloc(3 * per * sizeof(float));
+            dt_dp_stats st;
+            run_dp(types[t], K, global, 3, false, out, &st);
+            DT_CHECK_INT(st.steps, 3);
+            DT_CHECK_INT(st.replicas, K);
+            for (int s = 0; s < 3; s++) {
+                size_t where = 0;
+                double e = max_rel(out + (size_t)s * per, ref + (size_t)s * per, per, 0, &where);
+                DT_CHECK_MSG(e <= 1e-4, "DP %s, %d replicas, batch %d, step %d: error %.3g at %zu",
+                             types[t], K, global, s, e, where);
+            }
+            free(out);
+            free(ref);
+        }
+}
+
+static void test_dp_equals_ddp(void)
+{
+    /* resnet with plain BatchNorm: neither equals a single worker (each replica normalises its
+     * own chunk), but DP and DDP (broadcast_buffers) do the same thing and must agree. */
+    run_cfg rc = base_cfg("resnet", 2, 2);
+    rc.no_sync_bn = true;
+    rc.steps = 3;
+    dt_model_config mc = model_cfg("resnet", 4);
+    dt_model *probe = NULL;
+    dt_backend *be = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_model_create(&probe, &mc, be, NULL, &err), &err);
+    size_t per = probe->num_params + probe->num_buffers;
+    dt_model_free(probe);
+    dt_backend_close(be);
+    map_out(&rc, per);
+    int status[8];
+    run_ddp(&rc, status);
+    for (int r = 0; r < 2; r++)
+        DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "rank %d: %d %s", r,
+                     status[r], rc.msg_out + (size_t)r * 512);
+    float *dp = malloc(3 * per * sizeof(float));
+    run_dp("resnet", 2, 4, 3, false, dp, NULL);
+    for (int s = 0; s < 3; s++) {
+        size_t where = 0;
+        double e = max_rel(dp + (size_t)s * per, rc.out + (size_t)s * per, per, 0, &where);
+        DT_CHECK_MSG(e <= 2e-4, "resnet DP vs DDP, step %d: error %.3g at %zu", s, e, where);
+    }
+    free(dp);
+    unmap_out(&rc);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -680,6 +786,8 @@ int main(int argc, char **argv)
         {"compression", test_compression, 120},
         {"consistency_check", test_consistency_check, 60},
         {"killed_peer", test_killed_peer, 60},
+        {"dp_equals_single", test_dp_equals_single, 60},
+        {"dp_equals_ddp_resnet", test_dp_equals_ddp, 60},
     };
     return dt_test_main("test_ddp", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }
