@@ -1,6 +1,7 @@
 #!/bin/sh
 # run.sh - builds the frame-parser fuzz target with clang's libFuzzer (plus ASan and UBSan) and
-# runs it, seeded with tests/fuzz/corpus/. New inputs go to build/fuzz/corpus/; crashes to
+# runs it, seeded with tests/fuzz/corpus/ (hand-written seeds from make_corpus.py, plus found-*
+# files: a merged, deduplicated set the fuzzer found). New inputs go to build/fuzz/corpus/; crashes to
 # build/fuzz/. Not part of `make` or `make test` (which replay the committed corpus instead).
 # Usage: tests/fuzz/run.sh [SECONDS (60)] [extra libFuzzer flags...]
 set -eu
