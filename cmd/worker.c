@@ -1,9 +1,60 @@
-/* worker.c - `dtrain worker JOB.ini [section.key=value ...]`: the built-in trainer. */
+/* worker.c - `dtrain worker JOB.ini [section.key=value ...]`: the built-in trainer.
+ *
+ * The agent runs this in every worker process with the torchrun environment; run by hand it
+ * trains in one process. A configuration error is reported like any other fatal error: on
+ * stderr, in the error file (DTRAIN_ERROR_FILE / TORCHELASTIC_ERROR_FILE), exit status 1. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cmd/cmd.h"
+#include "common/env.h"
+#include "common/util.h"
+#include "runtime/config.h"
+#include "runtime/errfile.h"
+#include "runtime/worker.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: dtrain worker JOB.ini [section.key=value ...]\n\n"
+            "Trains the job in this process: the built-in trainer the launcher starts in every\n"
+            "worker. Without the launcher's environment (RANK, WORLD_SIZE, ...) it is a single\n"
+            "process; with WORLD_SIZE > 1 it joins the others through the dtrain store.\n"
+            "Writes <output_dir>/metrics.jsonl (rank 0) and prints a summary when done.\n\n"
+            "examples:\n"
+            "  dtrain worker configs/quickstart.ini\n"
+            "  dtrain worker configs/mlp.ini train.steps=50 train.lr=1e-2\n");
+}
 
 int dt_cmd_worker(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return dt_cmd_unavailable("worker", "the built-in trainer lands with the compute-core issue");
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    static dt_job job;
+    static dt_config_errors errs;
+    dt_err err = {0};
+    for (int i = 2; i < argc; i++)
+        if (!strchr(argv[i], '=')) {
+            fprintf(stderr, "dtrain worker: \"%s\" is not section.key=value\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    if (dt_job_load(&job, argv[1], argv + 2, argc - 2, &errs, &err) != 0) {
+        int shown = DT_MIN(errs.count, (int)DT_ARRAY_LEN(errs.lines));
+        char msg[DT_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", shown ? errs.lines[0] : err.msg);
+        for (int i = 0; i < shown; i++)
+            fprintf(stderr, "dtrain worker: %s\n", errs.lines[i]);
+        fprintf(stderr, "dtrain worker: %s\n", err.msg);
+        const char *rank = getenv("RANK");
+        int r = 0;
+        if (rank)
+            dt_parse_int(rank, &r);
+        dt_errfile_write(NULL, r, 1, msg, NULL);
+        return 1;
+    }
+    return dt_worker_main(&job);
 }

@@ -1292,7 +1292,8 @@ int dt_data_open(dt_data **out, const dt_job *job, dt_err *err)
     else if (d->val)
         snprintf(vdesc, sizeof vdesc, "val: %lld samples of %s", (long long)d->val->n,
                  d->val->src->what);
-    snprintf(d->desc, sizeof d->desc, "%s %.200s: train %lld samples, %.200s", type, s->what,
+    snprintf(d->desc, sizeof d->desc, "%s%s%.200s: train %lld samples, %.200s",
+             strcmp(type, "synthetic") ? type : "", strcmp(type, "synthetic") ? " " : "", s->what,
              (long long)d->train->n, vdesc);
     free(train);
     free(val);

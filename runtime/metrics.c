@@ -134,14 +134,14 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
         char line[256];
         int n = snprintf(line, sizeof line,
                          "\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | "
-                         "%.0f ms/step | %s elapsed, eta %s",
+                         "%.1f ms/step | %s elapsed, eta %s",
                          (long long)r->step, (long long)r->total_steps, r->loss, r->lr,
                          r->grad_norm, thr, m->tokens ? "tok" : "samples",
                          r->step_time_s * 1e3, el, eta);
         if (n > 0 && dt_write_all(2, line, (size_t)DT_MIN(n, (int)sizeof line - 1)) == 0)
             m->line_open = true;
     } else {
-        DT_INFO("step %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | %.0f ms/step | "
+        DT_INFO("step %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
                 "eta %s",
                 (long long)r->step, (long long)r->total_steps, r->loss, r->lr, r->grad_norm, thr,
                 m->tokens ? "tok" : "samples", r->step_time_s * 1e3, eta);

@@ -1,0 +1,504 @@
+/* worker.c - the training loop of `dtrain worker`; see worker.h.
+ *
+ * Reads top to bottom: the environment, the seams (DDP and checkpoints slot in there), building
+ * the trainer, one step, evaluation, the run with its metrics and summary, and the entry point
+ * with the error file. Only dt_worker_main decides an exit code; nothing here exits.
+ */
+#include "runtime/worker.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/env.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "runtime/errfile.h"
+
+/* TEMP until the model zoo lands */
+int dt_model_config_from_job(dt_model_config *cfg, const dt_job *job, const dt_sample_shape *shape, dt_err *err);
+
+/* ---- the environment ------------------------------------------------------------------------ */
+
+static int env_int(const char *name, int def, int min, int *out, dt_err *err)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) {
+        *out = def;
+        return 0;
+    }
+    if (dt_parse_int(v, out) != 0 || *out < min)
+        return dt_err_set(err, -EINVAL, "environment variable %s=\"%s\" is not a valid number",
+                          name, v);
+    return 0;
+}
+
+int dt_worker_env_read(dt_worker_env *e, dt_err *err)
+{
+    memset(e, 0, sizeof *e);
+    int rc;
+    if ((rc = env_int("RANK", 0, 0, &e->rank, err)) ||
+        (rc = env_int("LOCAL_RANK", 0, 0, &e->local_rank, err)) ||
+        (rc = env_int("WORLD_SIZE", 1, 1, &e->world_size, err)) ||
+        (rc = env_int("LOCAL_WORLD_SIZE", 1, 1, &e->local_world_size, err)) ||
+        (rc = env_int("GROUP_RANK", 0, 0, &e->group_rank, err)))
+        return rc;
+    if (e->rank >= e->world_size)
+        return dt_err_set(err, -EINVAL, "RANK=%d is not below WORLD_SIZE=%d", e->rank,
+                          e->world_size);
+    if (e->local_rank >= e->local_world_size)
+        return dt_err_set(err, -EINVAL, "LOCAL_RANK=%d is not below LOCAL_WORLD_SIZE=%d",
+                          e->local_rank, e->local_world_size);
+    const char *addr = dt_env("DTRAIN_STORE_ADDR");
+    dt_strlcpy(e->store_addr, addr ? addr : "", sizeof e->store_addr);
+    const char *port = dt_env("DTRAIN_STORE_PORT");
+    if (port && (dt_parse_int(port, &e->store_port) != 0 || e->store_port < 0 ||
+                 e->store_port > 65535))
+        return dt_err_set(err, -EINVAL, "environment variable DTRAIN_STORE_PORT=\"%s\" is not a "
+                                        "port", port);
+    const char *id = dt_env("DTRAIN_RUN_ID");
+    if (!id)
+        id = getenv("TORCHELASTIC_RUN_ID");
+    dt_strlcpy(e->run_id, id && *id ? id : "local", sizeof e->run_id);
+    const char *att = getenv("DTRAIN_ATTEMPT");
+    if (!att || !*att)
+        att = getenv("TORCHELASTIC_RESTART_COUNT");
+    if (att && *att && (dt_parse_int(att, &e->attempt) != 0 || e->attempt < 0))
+        return dt_err_set(err, -EINVAL, "environment variable DTRAIN_ATTEMPT=\"%s\" is not a "
+                                        "number", att);
+    return 0;
+}
+
+/* ---- seams ------------------------------------------------------------------------------------
+ * The DDP module (runtime/ddp) and the checkpoint module (runtime/ckpt) fill these in. Each is
+ * called at one place in the loop; see worker.h for what each one is for. */
+
+/* SEAM comm_init (DDP): create t->comm and t->ddp, set t->grad_ready. */
+static int seam_comm_init(dt_trainer *t, dt_err *err)
+{
+    if (t->env.world_size > 1)
+        return dt_err_set(err, -ENOTSUP,
+                          "multi-rank training (WORLD_SIZE=%d) needs the DDP module "
+                          "(runtime/ddp), which this build does not have yet; run one worker "
+                          "(--nproc-per-node=1, one node)",
+                          t->env.world_size);
+    return 0;
+}
+
+/* SEAM after_build (DDP: broadcast from rank 0; checkpoints: resume). */
+static int seam_after_build(dt_trainer *t, dt_err *err)
+{
+    (void)t;
+    (void)err;
+    return 0;
+}
+
+/* SEAM sync_grads (DDP: wait for the gradient all-reduces). */
+static int seam_sync_grads(dt_trainer *t, dt_err *err)
+{
+    (void)t;
+    (void)err;
+    return 0;
+}
+
+/* SEAM average (DDP: all-reduce mean of v[0..n) across ranks). */
+static int seam_average(dt_trainer *t, double *v, int n, dt_err *err)
+{
+    (void)t;
+    (void)v;
+    (void)n;
+    (void)err;
+    return 0;
+}
+
+/* SEAM after_step (checkpoints: save every checkpoint.every steps). */
+static int seam_after_step(dt_trainer *t, dt_err *err)
+{
+    (void)t;
+    (void)err;
+    return 0;
+}
+
+/* SEAM finish (checkpoints: save at the end, or when stopped by a signal). */
+static int seam_finish(dt_trainer *t, bool stopped, dt_err *err)
+{
+    (void)t;
+    (void)stopped;
+    (void)err;
+    return 0;
+}
+
+/* SEAM close (DDP: free the reducer and t->comm; checkpoints: wait for a pending write). */
+static void seam_close(dt_trainer *t)
+{
+    (void)t;
+}
+
+/* ---- building ------------------------------------------------------------------------------- */
+
+static int parse_precision(const char *s, dt_precision *p)
+{
+    if (!strcmp(s, "bf16"))
+        *p = DT_PREC_BF16;
+    else if (!strcmp(s, "fp16"))
+        *p = DT_PREC_FP16;
+    else
+        *p = DT_PREC_FP32;
+    return 0;
+}
+
+int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, dt_err *err)
+{
+    memset(t, 0, sizeof *t);
+    t->job = *job;
+    t->env = *env;
+    dt_job *j = &t->job;
+    const char *outdir = dt_env("DTRAIN_OUTPUT_DIR");
+    if (outdir)
+        dt_strlcpy(j->output_dir, outdir, sizeof j->output_dir);
+    dt_rng_seed2(&t->rng, (uint64_t)j->seed, (uint64_t)env->rank + 1);
+    int rc;
+
+    /* data first: a bad file is the most likely error and costs nothing to find */
+    if ((rc = dt_data_open(&t->data, j, err)))
+        goto fail;
+    const dt_sample_shape *shape = &t->data->shape;
+    t->tokens = shape->kind == DT_SAMPLE_TOKENS;
+    if ((rc = dt_sampler_init(&t->sampler, dt_dataset_size(t->data->train), env->rank,
+                              env->world_size, j->batch_size, (uint64_t)j->seed, j->shuffle,
+                              j->drop_last, err))) {
+        dt_err_prefix(err, "%s: ", j->data_path[0] ? j->data_path : "synthetic data");
+        goto fail;
+    }
+    t->steps_per_epoch = dt_sampler_steps_per_epoch(&t->sampler) / j->grad_accum;
+    if (t->steps_per_epoch < 1)
+        t->steps_per_epoch = 1;
+    t->total_steps = j->steps > 0 ? j->steps : (int64_t)j->epochs * t->steps_per_epoch;
+    t->items_per_step = (int64_t)j->batch_size * (t->tokens ? shape->seq_len : 1) *
+                        j->grad_accum * env->world_size;
+    if ((rc = dt_batch_buf_init(&t->batch, shape, j->batch_size, err)))
+        goto fail;
+    if (!(t->idx = malloc(sizeof(int64_t) * (size_t)j->batch_size))) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+
+    /* backend */
+    dt_backend_opts bo;
+    dt_backend_opts_default(&bo);
+    bo.device_index = env->local_rank;
+    bo.threads = j->threads;
+    parse_precision(j->precision, &bo.precision);
+    if ((rc = dt_backend_open(&t->be, j->device, &bo, err)))
+        goto fail;
+
+    /* communication before the model: SyncBatchNorm borrows t->comm */
+    if ((rc = seam_comm_init(t, err)))
+        goto fail;
+
+    /* model */
+    dt_model_config mc;
+    if ((rc = dt_model_config_from_job(&mc, j, shape, err)))
+        goto fail;
+    if (mc.max_batch < j->batch_size)
+        mc.max_batch = j->batch_size;
+    if ((rc = dt_model_create(&t->model, &mc, t->be, t->comm, err)))
+        goto fail;
+
+    /* optimiser */
+    dt_optim_config oc;
+    dt_optim_config_from_job(&oc, &t->sched, j, t->total_steps);
+    if ((rc = dt_optim_create(&t->optim, &oc, t->be, t->model->tensors, t->model->num_tensors,
+                              t->model->num_params, err)))
+        goto fail;
+
+    if ((rc = seam_after_build(t, err)))
+        goto fail;
+    return 0;
+fail:
+    dt_trainer_close(t);
+    return rc;
+}
+
+void dt_trainer_close(dt_trainer *t)
+{
+    if (!t)
+        return;
+    seam_close(t);
+    dt_metrics_close(t->metrics);
+    t->metrics = NULL;
+    dt_optim_free(t->optim);
+    t->optim = NULL;
+    dt_model_free(t->model);
+    t->model = NULL;
+    dt_backend_close(t->be);
+    t->be = NULL;
+    dt_sampler_free(&t->sampler);
+    dt_batch_buf_free(&t->batch);
+    free(t->idx);
+    t->idx = NULL;
+    dt_data_free(t->data);
+    t->data = NULL;
+}
+
+/* ---- one step ------------------------------------------------------------------------------- */
+
+int dt_trainer_step(dt_trainer *t, dt_err *err)
+{
+    const dt_job *j = &t->job;
+    dt_model *m = t->model;
+    dt_backend *be = t->be;
+    double t0 = dt_now_s();
+    int rc;
+    /* a new accumulation: backward ops accumulate into the gradients */
+    be->memset_zero(be, m->grads, sizeof(float) * m->num_params);
+    double loss_sum = 0;
+    for (int micro = 0; micro < j->grad_accum; micro++) {
+        if ((rc = dt_sampler_next(&t->sampler, t->idx, err)) ||
+            (rc = dt_dataset_fill(t->data->train, t->idx, j->batch_size, &t->batch, err)))
+            return rc;
+        float loss = 0;
+        if ((rc = m->ops->forward(m, &t->batch.batch, true, &loss, err)))
+            return rc;
+        if (!isfinite(loss))
+            return dt_err_set(err, -EDOM,
+                              "the training loss is %f at step %lld (micro-step %d): training "
+                              "diverged; lower train.lr, or set train.grad_clip",
+                              (double)loss, (long long)t->step + 1, micro);
+        loss_sum += loss;
+        bool last = micro == j->grad_accum - 1;
+        if ((rc = m->ops->backward(m, 1.0f / (float)j->grad_accum, last ? t->grad_ready : NULL,
+                                   last ? t->grad_ready_ctx : NULL, err)))
+            return rc;
+    }
+    double tc = dt_now_s();
+    if ((rc = seam_sync_grads(t, err)))
+        return rc;
+    t->comm_time_s = dt_now_s() - tc;
+    double loss = loss_sum / j->grad_accum;
+    if ((rc = seam_average(t, &loss, 1, err)))
+        return rc;
+    t->grad_norm = dt_optim_clip(t->optim, m->grads);
+    if (!isfinite(t->grad_norm))
+        return dt_err_set(err, -EDOM,
+                          "the gradient norm is %f at step %lld: training diverged; lower "
+                          "train.lr, or set train.grad_clip",
+                          t->grad_norm, (long long)t->step + 1);
+    t->lr = dt_lr_at(&t->sched, t->step);
+    dt_optim_step(t->optim, m->params, m->grads, t->lr);
+    be->synchronize(be);
+    t->loss = loss;
+    t->step++;
+    t->step_time_s = dt_now_s() - t0;
+    return 0;
+}
+
+/* ---- evaluation ------------------------------------------------------------------------------ */
+
+int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err)
+{
+    const dt_dataset *val = t->data->val;
+    if (!val)
+        return dt_err_set(err, -ENOENT, "no validation data");
+    const dt_job *j = &t->job;
+    int64_t n = dt_dataset_size(val);
+    int64_t global = (int64_t)t->env.world_size * j->batch_size;
+    int64_t batches = DT_MIN((int64_t)j->eval_batches, (n + global - 1) / global);
+    double sums[3] = {0, 0, 0}; /* loss sum, correct, samples */
+    int rc;
+    for (int64_t k = 0; k < batches; k++) {
+        dt_eval_indices(n, t->env.rank, t->env.world_size, j->batch_size, k, t->idx);
+        if ((rc = dt_dataset_fill(val, t->idx, j->batch_size, &t->batch, err)))
+            return rc;
+        float l = 0;
+        if ((rc = t->model->ops->forward(t->model, &t->batch.batch, false, &l, err)))
+            return rc;
+        sums[0] += l;
+        sums[1] += (double)t->model->last_correct;
+        sums[2] += j->batch_size;
+    }
+    sums[0] /= (double)batches;
+    if ((rc = seam_average(t, sums, 3, err)))
+        return rc;
+    *loss = sums[0];
+    *acc = t->tokens ? -1.0 : sums[1] / sums[2];
+    return 0;
+}
+
+/* ---- the run ----------------------------------------------------------------------------------- */
+
+static void human_count(double v, char *buf, size_t cap)
+{
+    if (v >= 1e6)
+        snprintf(buf, cap, "%.2fM", v / 1e6);
+    else if (v >= 1e4)
+        snprintf(buf, cap, "%.1fk", v / 1e3);
+    else
+        snprintf(buf, cap, "%.1f", v);
+}
+
+static int do_eval(dt_trainer *t, double *val_loss, dt_err *err)
+{
+    double loss, acc;
+    int rc = dt_trainer_eval(t, &loss, &acc, err);
+    if (rc)
+        return dt_err_prefix(err, "evaluation at step %lld: ", (long long)t->step);
+    if (!isfinite(loss))
+        return dt_err_set(err, -EDOM, "the validation loss is %f at step %lld", loss,
+                          (long long)t->step);
+    dt_eval_record r = {.step = t->step, .val_loss = loss, .val_acc = acc};
+    dt_metrics_eval(t->metrics, &r);
+    *val_loss = loss;
+    return 0;
+}
+
+int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
+{
+    const dt_job *j = &t->job;
+    bool rank0 = t->env.rank == 0;
+    int rc;
+    if (stopped)
+        *stopped = false;
+    if ((rc = dt_metrics_open(&t->metrics, j->output_dir, rank0, t->tokens, t->env.attempt, err)))
+        return rc;
+    if (rank0) {
+        DT_INFO("data: %s", t->data->desc);
+        DT_INFO("model: %s, %zu parameters (%.2f MB) on %s; %lld steps of %lld %s (batch %d x "
+                "accum %d x %d ranks)%s",
+                t->model->cfg.type, t->model->num_params,
+                (double)t->model->num_params * 4 / 1e6, t->be->name, (long long)t->total_steps,
+                (long long)t->items_per_step, t->tokens ? "tokens" : "samples", j->batch_size,
+                j->grad_accum, t->env.world_size,
+                t->step ? " (resumed)" : "");
+        if (!t->data->val)
+            DT_INFO("no validation data (data.val_fraction = 0 and no data.val_path): no eval");
+    }
+    double start = dt_now_s(), val_loss = NAN;
+    /* the log window: means since the last record */
+    double win_loss = 0, win_time = 0, win_comm = 0, last_train = NAN, train_time = 0;
+    int win_n = 0;
+    int64_t steps_run = 0;
+    bool evaluated_last = false;
+    while (t->step < t->total_steps) {
+        if (t->stop && *t->stop) {
+            if (stopped)
+                *stopped = true;
+            break;
+        }
+        if ((rc = dt_trainer_step(t, err)))
+            return rc;
+        steps_run++;
+        train_time += t->step_time_s;
+        win_loss += t->loss;
+        win_time += t->step_time_s;
+        win_comm += t->comm_time_s;
+        win_n++;
+        evaluated_last = false;
+        bool last = t->step == t->total_steps;
+        if (t->step % j->log_every == 0 || t->step == 1 || last) {
+            last_train = win_loss / win_n;
+            dt_step_record r = {
+                .step = t->step,
+                .total_steps = t->total_steps,
+                .epoch = t->sampler.epoch,
+                .loss = last_train,
+                .lr = t->lr,
+                .grad_norm = t->grad_norm,
+                .items_per_s = (double)t->items_per_step * win_n / win_time,
+                .step_time_s = win_time / win_n,
+                .comm_time_s = win_comm / win_n,
+                .peak_mem_bytes = t->be->peak_bytes ? t->be->peak_bytes(t->be) : 0,
+                .max_rss_bytes = dt_metrics_max_rss(),
+            };
+            dt_metrics_step(t->metrics, &r);
+            win_loss = win_time = win_comm = 0;
+            win_n = 0;
+        }
+        if (t->data->val && j->eval_every > 0 && t->step % j->eval_every == 0) {
+            if ((rc = do_eval(t, &val_loss, err)))
+                return rc;
+            evaluated_last = true;
+        }
+        if ((rc = seam_after_step(t, err)))
+            return rc;
+    }
+    if (win_n)
+        last_train = win_loss / win_n;
+    bool was_stopped = stopped && *stopped;
+    if (t->data->val && !evaluated_last && !was_stopped && (rc = do_eval(t, &val_loss, err)))
+        return rc;
+    if ((rc = seam_finish(t, was_stopped, err)))
+        return rc;
+    dt_metrics_finish_line(t->metrics);
+    double wall = dt_now_s() - start;
+    if (rank0) {
+        char thr[32], vl[32] = "n/a";
+        human_count(train_time > 0 ? (double)t->items_per_step * (double)steps_run / train_time
+                                   : 0,
+                    thr, sizeof thr);
+        if (isfinite(val_loss))
+            snprintf(vl, sizeof vl, "%.4f", val_loss);
+        printf("dtrain: %s after %lld steps in %.1f s: train loss %.4f, val loss %s, %s %s/s "
+               "(%d rank%s)\n",
+               was_stopped ? "stopped" : "done", (long long)t->step, wall, last_train, vl, thr,
+               t->tokens ? "tokens" : "samples", t->env.world_size,
+               t->env.world_size > 1 ? "s" : "");
+        if (dt_metrics_path(t->metrics)[0])
+            printf("dtrain: metrics in %s\n", dt_metrics_path(t->metrics));
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* ---- the entry point ---------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_flag;
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    stop_flag = 1;
+    stop_signal = sig;
+    signal(sig, SIG_DFL); /* a second one ends the process at once */
+}
+
+int dt_worker_main(const dt_job *job)
+{
+    static dt_trainer t; /* large (the job); one per process */
+    dt_err err = {0};
+    dt_worker_env env;
+    int code = 1;
+    bool stopped = false;
+    dt_log_set_role("worker");
+    if (dt_worker_env_read(&env, &err) != 0)
+        goto fail;
+    dt_log_set_rank(env.world_size > 1 || getenv("RANK") ? env.rank : -1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    if (dt_trainer_init(&t, job, &env, &err) != 0)
+        goto fail;
+    t.stop = &stop_flag;
+    if (dt_trainer_run(&t, &stopped, &err) != 0)
+        goto fail;
+    dt_trainer_close(&t);
+    if (stopped) {
+        DT_INFO("stopped by signal %d after step %lld", (int)stop_signal, (long long)t.step);
+        return 128 + (int)stop_signal;
+    }
+    return 0;
+fail:
+    dt_metrics_finish_line(t.metrics);
+    DT_ERROR("%s", err.msg);
+    dt_err ferr = {0};
+    if (dt_errfile_write(NULL, env.rank, code, err.msg, &ferr) != 0)
+        DT_WARN("could not write the error file: %s", ferr.msg);
+    dt_trainer_close(&t);
+    return code;
+}

@@ -1,0 +1,327 @@
+/* test_worker.c - `dtrain worker` as a user runs it: every shipped config trains (its loss falls
+ * over a short run), the same seed gives bit-identical losses, a bad data file or a bad job is a
+ * clear error with a non-zero exit and an error file, SIGTERM stops at a step boundary, epochs
+ * and gradient accumulation count steps as documented. */
+#include <cJSON.h>
+#include <glob.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "runtime/data.h"
+#include "tests/harness.h"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+/* A formatted string that lives until 16 more have been made (no fixed-size buffers to cut). */
+static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static const char *fmt(const char *f, ...)
+{
+    static char *ring[16];
+    static int k;
+    char *s = NULL;
+    va_list ap;
+    va_start(ap, f);
+    if (vasprintf(&s, f, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    DT_REQUIRE(s);
+    free(ring[k]);
+    ring[k] = s;
+    k = (k + 1) % 16;
+    return s;
+}
+
+/* The source tree: the parent of build/ where the dtrain binary lives. */
+static const char *repo_dir(void)
+{
+    static char dir[PATH_MAX];
+    if (!dir[0]) {
+        char bin[PATH_MAX];
+        if (!realpath(dt_test_dtrain_bin(), bin))
+            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
+        char *s = strrchr(bin, '/');
+        if (s)
+            *s = '\0';
+        s = strrchr(bin, '/');
+        if (s)
+            *s = '\0';
+        dt_strlcpy(dir, bin, sizeof dir);
+    }
+    return dir;
+}
+
+/* Runs `dtrain worker ARGS` (with ENV before it) in a shell; output in *out (caller frees). */
+static int worker(const char *env, const char *args, char **out, int timeout_s)
+{
+    const char *cmd = fmt("cd '%s' && env -u RANK -u WORLD_SIZE -u LOCAL_RANK "
+                          "-u LOCAL_WORLD_SIZE -u DTRAIN_OUTPUT_DIR %s '%s' worker %s",
+                          dt_test_tmpdir(), env ? env : "", dt_test_dtrain_bin(), args);
+    return dt_test_run(cmd, out, timeout_s);
+}
+
+typedef struct run_metrics {
+    int ntrain, neval;
+    double loss[512];       /* train loss per record */
+    char last_loss[64];     /* the final train loss exactly as written */
+    int64_t last_step;
+    double val_loss[64];
+} run_metrics;
+
+static void read_metrics(const char *outdir, run_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    char path[PATH_MAX + 32], *text = NULL;
+    size_t len;
+    dt_err err = {0};
+    snprintf(path, sizeof path, "%s/metrics.jsonl", outdir);
+    DT_REQUIRE_OK(dt_read_file(path, &text, &len, &err), &err);
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(line);
+        DT_REQUIRE(o);
+        const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(o, "type"));
+        DT_REQUIRE(type);
+        if (!strcmp(type, "train") && m->ntrain < 512) {
+            m->loss[m->ntrain++] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "loss"));
+            m->last_step = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "step"));
+            const char *at = strstr(line, "\"loss\":");
+            DT_REQUIRE(at);
+            at += 7;
+            size_t n = strcspn(at, ",}");
+            snprintf(m->last_loss, sizeof m->last_loss, "%.*s", (int)n, at);
+        } else if (!strcmp(type, "eval") && m->neval < 64) {
+            m->val_loss[m->neval++] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "val_loss"));
+        }
+        cJSON_Delete(o);
+    }
+    free(text);
+}
+
+static const char *outdir(const char *name) { return fmt("%s/%s", dt_test_tmpdir(), name); }
+
+/* ---- every shipped config trains ------------------------------------------------------------ */
+
+/* Short-run overrides per config (a few seconds each on a loaded 2-core machine); a config
+ * that is not listed runs with the default below. The loss must fall by `factor`. */
+static const struct {
+    const char *name;
+    const char *overrides;
+    double factor;
+} short_runs[] = {
+    {"quickstart.ini", "train.steps=40 train.warmup_steps=5 train.eval_every=20", 0.85},
+    {"mlp.ini", "train.steps=60 train.warmup_steps=5 train.eval_every=30", 0.8},
+    {"resnet.ini", "train.steps=20 train.warmup_steps=2 train.eval_every=10 train.batch_size=16 "
+                   "data.synthetic_samples=1024", 0.9},
+};
+
+static void check_config(const char *path)
+{
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    const char *ovr = "train.steps=30 train.eval_every=15";
+    double factor = 0.9;
+    for (size_t i = 0; i < DT_ARRAY_LEN(short_runs); i++)
+        if (!strcmp(short_runs[i].name, base)) {
+            ovr = short_runs[i].overrides;
+            factor = short_runs[i].factor;
+        }
+    char *out = NULL;
+    const char *od = outdir(base);
+    const char *args = fmt("'%s' job.output_dir='%s' job.device=cpu job.log_every=1 %s", path,
+                           od, ovr);
+    int rc = worker(NULL, args, &out, 300);
+    DT_CHECK_MSG(rc == 0, "%s: exit %d: %s", base, rc, out);
+    if (rc == 0) {
+        DT_CHECK_CONTAINS(out, "dtrain: done after");
+        run_metrics m;
+        read_metrics(od, &m);
+        DT_REQUIRE(m.ntrain >= 4);
+        double first = m.loss[0], last = (m.loss[m.ntrain - 1] + m.loss[m.ntrain - 2]) / 2;
+        DT_CHECK_MSG(last < first * factor, "%s: loss %.4f -> %.4f did not fall below x%.2f",
+                     base, first, last, factor);
+        DT_CHECK_MSG(m.neval >= 1, "%s: no evaluation", base);
+        if (m.neval >= 1)
+            DT_CHECK_MSG(m.val_loss[m.neval - 1] < first, "%s: val loss %.4f vs first %.4f", base,
+                         m.val_loss[m.neval - 1], first);
+    }
+    free(out);
+}
+
+static void test_configs_train(void)
+{
+    const char *pat = fmt("%s/configs/*.ini", repo_dir());
+    glob_t g;
+    DT_REQUIRE(glob(pat, 0, NULL, &g) == 0);
+    DT_CHECK(g.gl_pathc >= 3); /* quickstart, mlp, resnet at least */
+    for (size_t i = 0; i < g.gl_pathc; i++)
+        check_config(g.gl_pathv[i]);
+    globfree(&g);
+}
+
+/* ---- determinism ---------------------------------------------------------------------------- */
+
+static void test_same_seed_bit_identical(void)
+{
+    char *out = NULL;
+    static run_metrics a, b, c;
+    for (int i = 0; i < 3; i++) {
+        const char *args =
+            fmt("'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu train.steps=25 "
+                "job.log_every=5 train.grad_accum=2 %s",
+                repo_dir(), outdir(i == 0 ? "a" : i == 1 ? "b" : "c"),
+                i == 2 ? "job.seed=99" : "");
+        int rc = worker(NULL, args, &out, 120);
+        DT_REQUIRE(rc == 0 || (fprintf(stderr, "%s\n", out), 0));
+        free(out);
+        out = NULL;
+    }
+    read_metrics(outdir("a"), &a);
+    read_metrics(outdir("b"), &b);
+    read_metrics(outdir("c"), &c);
+    DT_REQUIRE(a.ntrain == b.ntrain && a.ntrain > 2);
+    DT_CHECK_STR(a.last_loss, b.last_loss);
+    for (int i = 0; i < a.ntrain; i++)
+        DT_CHECK_MSG(a.loss[i] == b.loss[i], "record %d: %.17g vs %.17g", i, a.loss[i],
+                     b.loss[i]);
+    DT_CHECK_MSG(strcmp(a.last_loss, c.last_loss) != 0, "another seed gave the same loss %s",
+                 c.last_loss);
+}
+
+/* ---- failures --------------------------------------------------------------------------------- */
+
+static void test_bad_data_file(void)
+{
+    char *out = NULL;
+    const char *shard = fmt("%s/corrupt_train.bin", dt_test_tmpdir());
+    const char *errfile = fmt("%s/error.json", dt_test_tmpdir());
+    uint32_t tok[300];
+    for (int i = 0; i < 300; i++)
+        tok[i] = (uint32_t)i;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_data_write_token_shard(shard, tok, 300, &err), &err);
+    DT_REQUIRE(truncate(shard, 1024 + 2 * 200) == 0); /* the header says 300 tokens */
+    const char *env = fmt("DTRAIN_ERROR_FILE='%s'", errfile);
+    const char *args = fmt("'%s/configs/quickstart.ini' job.output_dir='%s' job.device=cpu "
+                           "data.type=tokens data.path='%s'",
+                           repo_dir(), outdir("bad"), shard);
+    int rc = worker(env, args, &out, 60);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK_CONTAINS(out, shard);
+    DT_CHECK_CONTAINS(out, "truncated");
+    free(out);
+    char *rec = NULL;
+    size_t len;
+    DT_REQUIRE_OK(dt_read_file(errfile, &rec, &len, &err), &err);
+    cJSON *o = cJSON_Parse(rec);
+    DT_REQUIRE(o);
+    const char *msg = cJSON_GetStringValue(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(o, "message"), "message"));
+    DT_CHECK_CONTAINS(msg, shard);
+    DT_CHECK_INT(cJSON_GetNumberValue(
+                     cJSON_GetObjectItem(cJSON_GetObjectItem(o, "dtrain"), "exit_code")),
+                 1);
+    cJSON_Delete(o);
+    free(rec);
+}
+
+static void test_bad_job(void)
+{
+    char *out = NULL;
+    const char *errfile = fmt("%s/error.json", dt_test_tmpdir());
+    const char *env = fmt("TORCHELASTIC_ERROR_FILE='%s'", errfile);
+    const char *args = fmt("'%s/configs/mlp.ini' train.lrr=1", repo_dir());
+    DT_CHECK_INT(worker(env, args, &out, 30), 1);
+    DT_CHECK_CONTAINS(out, "train.lr");
+    free(out);
+    char *rec = NULL;
+    size_t len;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_read_file(errfile, &rec, &len, &err), &err);
+    DT_CHECK_CONTAINS(rec, "lrr");
+    free(rec);
+    /* usage */
+    DT_CHECK_INT(worker(NULL, "", &out, 30), 2);
+    DT_CHECK_CONTAINS(out, "usage: dtrain worker");
+    free(out);
+    DT_CHECK_INT(worker(NULL, "--help", &out, 30), 0);
+    free(out);
+    /* a missing job file */
+    DT_CHECK_INT(worker(NULL, "no-such-job.ini", &out, 30), 1);
+    DT_CHECK_CONTAINS(out, "no-such-job.ini");
+    free(out);
+}
+
+static void test_multi_rank_without_ddp(void)
+{
+    char *out = NULL;
+    const char *args =
+        fmt("'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu", repo_dir(), outdir("mr"));
+    DT_CHECK_INT(worker("RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2", args, &out, 60), 1);
+    DT_CHECK_CONTAINS(out, "needs the DDP module");
+    free(out);
+    DT_CHECK_INT(worker("RANK=2 WORLD_SIZE=2", args, &out, 30), 1);
+    DT_CHECK_CONTAINS(out, "RANK=2 is not below WORLD_SIZE=2");
+    free(out);
+}
+
+/* ---- signals, epochs, accumulation ------------------------------------------------------------ */
+
+static void test_sigterm_stops_at_step_boundary(void)
+{
+    const char *od = outdir("sig");
+    char *out = NULL;
+    /* start a long run, wait for its first metrics record, then SIGTERM it */
+    const char *cmd = fmt(
+             "cd '%s' && { env -u RANK -u WORLD_SIZE '%s' worker '%s/configs/mlp.ini' "
+             "job.output_dir='%s' job.device=cpu train.steps=100000000 job.log_every=1 & "
+             "pid=$!; i=0; while [ ! -s '%s/metrics.jsonl' ] && [ $i -lt 600 ]; do sleep 0.1; "
+             "i=$((i+1)); done; kill -TERM $pid; wait $pid; echo \"exit=$?\"; }",
+             dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), od, od);
+    int rc = dt_test_run(cmd, &out, 120);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "exit=143");
+    DT_CHECK_CONTAINS(out, "dtrain: stopped after");
+    free(out);
+    run_metrics m;
+    read_metrics(od, &m);
+    DT_CHECK(m.ntrain >= 1);
+}
+
+static void test_epochs_and_accumulation(void)
+{
+    char *out = NULL;
+    /* 1000 synthetic samples, 10% held out: 900 train / (batch 32 x accum 2) = 14 steps per
+     * epoch (drop_last), 2 epochs = 28 steps */
+    const char *args = fmt(
+             "'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu train.steps=0 "
+             "train.epochs=2 train.batch_size=32 train.grad_accum=2 data.synthetic_samples=1000 "
+             "data.val_fraction=0.1 job.log_every=1",
+             repo_dir(), outdir("ep"));
+    int rc = worker(NULL, args, &out, 120);
+    DT_CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    DT_CHECK_CONTAINS(out, "done after 28 steps");
+    free(out);
+    run_metrics m;
+    read_metrics(outdir("ep"), &m);
+    DT_CHECK_INT(m.last_step, 28);
+    DT_CHECK_INT(m.ntrain, 28);
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"configs_train", test_configs_train, 600},
+        {"same_seed_bit_identical", test_same_seed_bit_identical, 300},
+        {"bad_data_file", test_bad_data_file, 60},
+        {"bad_job", test_bad_job, 60},
+        {"multi_rank_without_ddp", test_multi_rank_without_ddp, 60},
+        {"sigterm_stops_at_step_boundary", test_sigterm_stops_at_step_boundary, 120},
+        {"epochs_and_accumulation", test_epochs_and_accumulation, 120},
+    };
+    return dt_test_main("test_worker", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
