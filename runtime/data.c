@@ -423,8 +423,8 @@ static int mnist_labels_path(const char *img, char *out, size_t cap, dt_err *err
 #define SYN_TEACHER_SALT 0x7eac4e5ull         /* stream of the teacher */
 #define SYN_VEC_HIDDEN 32
 #define SYN_IMG_GRID 4    /* prototypes are smooth: bilinear from a 4x4 grid */
-#define SYN_IMG_SHIFT 2   /* samples are prototypes shifted by up to this many pixels */
-#define SYN_IMG_NOISE 1.0f
+#define SYN_IMG_SHIFT 4   /* samples are prototypes shifted by up to this many pixels */
+#define SYN_IMG_NOISE 2.0f
 
 typedef struct synth {
     uint64_t seed;

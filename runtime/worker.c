@@ -18,9 +18,6 @@
 #include "common/util.h"
 #include "runtime/errfile.h"
 
-/* TEMP until the model zoo lands */
-int dt_model_config_from_job(dt_model_config *cfg, const dt_job *job, const dt_sample_shape *shape, dt_err *err);
-
 /* ---- the environment ------------------------------------------------------------------------ */
 
 static int env_int(const char *name, int def, int min, int *out, dt_err *err)
@@ -435,15 +432,17 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
     dt_metrics_finish_line(t->metrics);
     double wall = dt_now_s() - start;
     if (rank0) {
-        char thr[32], vl[32] = "n/a";
+        char thr[32], vl[32] = "n/a", tl[32] = "n/a";
         human_count(train_time > 0 ? (double)t->items_per_step * (double)steps_run / train_time
                                    : 0,
                     thr, sizeof thr);
         if (isfinite(val_loss))
             snprintf(vl, sizeof vl, "%.4f", val_loss);
-        printf("dtrain: %s after %lld steps in %.1f s: train loss %.4f, val loss %s, %s %s/s "
+        if (isfinite(last_train)) /* n/a when a resumed run had no step left */
+            snprintf(tl, sizeof tl, "%.4f", last_train);
+        printf("dtrain: %s after %lld steps in %.1f s: train loss %s, val loss %s, %s %s/s "
                "(%d rank%s)\n",
-               was_stopped ? "stopped" : "done", (long long)t->step, wall, last_train, vl, thr,
+               was_stopped ? "stopped" : "done", (long long)t->step, wall, tl, vl, thr,
                t->tokens ? "tokens" : "samples", t->env.world_size,
                t->env.world_size > 1 ? "s" : "");
         if (dt_metrics_path(t->metrics)[0])
