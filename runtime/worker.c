@@ -85,12 +85,112 @@ static int seam_comm_init(dt_trainer *t, dt_err *err)
     return 0;
 }
 
-/* SEAM after_build (DDP: broadcast from rank 0; checkpoints: resume). */
+/* The checkpoint of this trainer: the model's parameters and buffers, the optimiser's state. */
+static int ckpt_open(dt_trainer *t, dt_err *err)
+{
+    const dt_job *j = &t->job;
+    dt_model *m = t->model;
+    dt_optim *o = t->optim;
+    static const struct {
+        const char *state, *prefix;
+    } prefixes[] = {{"exp_avg", "exp_avg."}, {"exp_avg_sq", "exp_avg_sq."},
+                    {"momentum_buffer", "momentum_buffer."}}; /* static: dt_ckpt keeps them */
+    char dir[DT_PATH_MAX + 32];
+    if (j->ckpt_dir[0])
+        dt_strlcpy(dir, j->ckpt_dir, sizeof dir);
+    else
+        snprintf(dir, sizeof dir, "%s/checkpoints", j->output_dir);
+    dt_ckpt_buf bufs[4];
+    int n = 0;
+    bufs[n++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, m->params, m->num_params,
+                              false};
+    if (m->num_buffers) /* BatchNorm statistics change in the next forward: copied at once */
+        bufs[n++] = (dt_ckpt_buf){"model", "", m->buffer_tensors, m->num_buffer_tensors,
+                                  m->buffers, m->num_buffers, true};
+    for (int i = 0; i < o->num_states; i++)
+        for (size_t k = 0; k < DT_ARRAY_LEN(prefixes); k++)
+            if (!strcmp(o->state_names[i], prefixes[k].state))
+                bufs[n++] = (dt_ckpt_buf){"optim", prefixes[k].prefix, m->tensors,
+                                          m->num_tensors, o->state[i], m->num_params, false};
+    dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
+                       .concurrent_copy = j->ckpt_async && !strcmp(t->be->name, "cpu")};
+    return dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
+}
+
+/* Resumes from checkpoint.resume. A restart (attempt > 0) of a run that began from an explicit
+ * path continues from what this run saved since, not from that path again. */
+static int ckpt_resume(dt_trainer *t, dt_err *err)
+{
+    const dt_job *j = &t->job;
+    dt_ckpt_state st;
+    dt_ckpt_state_init(&st);
+    char path[DT_PATH_MAX + 64] = "";
+    bool resumed = false;
+    int rc = 0;
+    if (strcmp(j->resume, "auto") && strcmp(j->resume, "never") && t->env.attempt > 0)
+        rc = dt_ckpt_resume_run(t->ckpt, t->env.run_id, &st, &resumed, path, sizeof path, err);
+    if (!rc && !resumed)
+        rc = dt_ckpt_resume(t->ckpt, j->resume, &st, &resumed, path, sizeof path, err);
+    if (rc || !resumed)
+        goto out;
+    double opt_t = 0;
+    t->step = st.step;
+    dt_sampler_set_state(&t->sampler, st.epoch, st.sample_pos);
+    dt_ckpt_state_get_rng(&st, "trainer", &t->rng);
+    t->optim->t = dt_ckpt_state_get_scalar(&st, "optim_t", &opt_t) == 0 ? (int64_t)opt_t : st.step;
+    t->last_saved_step = st.step;
+    if (t->env.rank == 0)
+        DT_INFO("resumed from %s: step %lld, epoch %lld, sample %lld (saved by %d rank%s)", path,
+                (long long)st.step, (long long)st.epoch, (long long)st.sample_pos, st.world_size,
+                st.world_size == 1 ? "" : "s");
+out:
+    dt_ckpt_state_clear(&st);
+    return rc;
+}
+
+/* Saves the current step (rank 0; tensors are whole and identical on every rank). */
+static int ckpt_save(dt_trainer *t, dt_err *err)
+{
+    if (t->env.rank != 0 || !t->ckpt || t->last_saved_step == t->step)
+        return 0;
+    dt_ckpt_state st;
+    dt_ckpt_state_init(&st);
+    st.step = t->step;
+    st.epoch = t->sampler.epoch;
+    st.sample_pos = t->sampler.pos;
+    st.samples_seen = t->step * (t->items_per_step / (t->tokens ? t->data->shape.seq_len : 1));
+    st.world_size = t->env.world_size;
+    st.loss = t->loss;
+    st.lr = t->lr;
+    dt_strlcpy(st.run_id, t->env.run_id, sizeof st.run_id);
+    char *job = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&job, &len);
+    if (f) {
+        dt_job_print(&t->job, f);
+        fclose(f);
+    }
+    st.job = job;
+    int rc = dt_ckpt_state_set_rng(&st, "trainer", &t->rng);
+    if (!rc)
+        rc = dt_ckpt_state_set_scalar(&st, "optim_t", (double)t->optim->t);
+    if (!rc)
+        rc = dt_ckpt_save(t->ckpt, &st, err);
+    else
+        dt_err_set(err, rc, "checkpoint state table full");
+    free(job);
+    if (!rc)
+        t->last_saved_step = t->step;
+    return rc;
+}
+
+/* SEAM after_build (DDP: broadcast from rank 0; checkpoints: open and resume). */
 static int seam_after_build(dt_trainer *t, dt_err *err)
 {
-    (void)t;
-    (void)err;
-    return 0;
+    int rc = ckpt_open(t, err);
+    if (!rc)
+        rc = ckpt_resume(t, err);
+    return rc;
 }
 
 /* SEAM sync_grads (DDP: wait for the gradient all-reduces). */
@@ -114,24 +214,33 @@ static int seam_average(dt_trainer *t, double *v, int n, dt_err *err)
 /* SEAM after_step (checkpoints: save every checkpoint.every steps). */
 static int seam_after_step(dt_trainer *t, dt_err *err)
 {
-    (void)t;
-    (void)err;
+    if (t->job.ckpt_every > 0 && t->step % t->job.ckpt_every == 0)
+        return ckpt_save(t, err);
     return 0;
 }
 
-/* SEAM finish (checkpoints: save at the end, or when stopped by a signal). */
+/* SEAM finish (checkpoints: save at the end, or when stopped by a signal, and wait for it). */
 static int seam_finish(dt_trainer *t, bool stopped, dt_err *err)
 {
-    (void)t;
-    (void)stopped;
-    (void)err;
-    return 0;
+    if (stopped && t->env.rank == 0)
+        DT_INFO("stopped by a signal; saving step %lld", (long long)t->step);
+    int rc = ckpt_save(t, err);
+    if (!rc && t->ckpt)
+        rc = dt_ckpt_wait(t->ckpt, err);
+    if (!rc && t->ckpt && t->env.rank == 0) {
+        dt_ckpt_stats cs;
+        dt_ckpt_get_stats(t->ckpt, &cs);
+        if (cs.saves > 0)
+            DT_INFO("checkpoint: %s (%.1f MB)", cs.last_path, (double)cs.bytes / 1e6);
+    }
+    return rc;
 }
 
 /* SEAM close (DDP: free the reducer and t->comm; checkpoints: wait for a pending write). */
 static void seam_close(dt_trainer *t)
 {
-    (void)t;
+    dt_ckpt_close(t->ckpt);
+    t->ckpt = NULL;
 }
 
 /* ---- building ------------------------------------------------------------------------------- */
@@ -152,6 +261,7 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     memset(t, 0, sizeof *t);
     t->job = *job;
     t->env = *env;
+    t->last_saved_step = -1;
     dt_job *j = &t->job;
     const char *outdir = dt_env("DTRAIN_OUTPUT_DIR");
     if (outdir)
@@ -285,6 +395,8 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
                           "train.lr, or set train.grad_clip",
                           t->grad_norm, (long long)t->step + 1);
     t->lr = dt_lr_at(&t->sched, t->step);
+    if (t->ckpt) /* a background save may still be copying the parameters and moments */
+        dt_ckpt_fence(t->ckpt);
     dt_optim_step(t->optim, m->params, m->grads, t->lr);
     be->synchronize(be);
     t->loss = loss;
@@ -372,6 +484,10 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 t->step ? " (resumed)" : "");
         if (!t->data->val)
             DT_INFO("no validation data (data.val_fraction = 0 and no data.val_path): no eval");
+        if (t->step >= t->total_steps)
+            DT_INFO("the run is already complete at step %lld (train.steps = %lld): raise "
+                    "train.steps to train on, or set checkpoint.resume = never to start over",
+                    (long long)t->step, (long long)t->total_steps);
     }
     double start = dt_now_s(), val_loss = NAN;
     /* the log window: means since the last record */
@@ -479,8 +595,10 @@ int dt_worker_main(const dt_job *job)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL); /* the launcher stopping workers, schedulers preempting */
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL); /* Slurm's --signal, "checkpoint and go" */
+    sigaction(SIGUSR2, &sa, NULL);
     if (dt_trainer_init(&t, job, &env, &err) != 0)
         goto fail;
     t.stop = &stop_flag;
@@ -488,8 +606,9 @@ int dt_worker_main(const dt_job *job)
         goto fail;
     dt_trainer_close(&t);
     if (stopped) {
-        DT_INFO("stopped by signal %d after step %lld", (int)stop_signal, (long long)t.step);
-        return 128 + (int)stop_signal;
+        DT_INFO("stopped by signal %d (%s) after step %lld; run the same command again to resume",
+                (int)stop_signal, strsignal((int)stop_signal), (long long)t.step);
+        return DT_CKPT_EXIT_PREEMPTED;
     }
     return 0;
 fail:

@@ -15,12 +15,16 @@
  *                and the reducer t->ddp; set t->grad_ready/t->grad_ready_ctx to the reducer's
  *                hook. Without DDP a world size > 1 is an error that says so.
  *   after_build  DDP: broadcast parameters and buffers from rank 0, check consistency.
- *                Checkpoints: resume (checkpoint.resume = auto | path) into this struct.
+ *                Checkpoints (wired): open t->ckpt, resume (checkpoint.resume = auto | path;
+ *                a restart of a run that began from a path resumes what that run wrote since).
  *   sync_grads   DDP: wait for the bucket all-reduces launched from grad_ready (averaged), before
  *                clipping and the optimiser step; the time spent is t->comm_time_s.
  *   average      DDP: all-reduce (mean) of a few doubles (the step loss, eval sums) for metrics.
- *   after_step   Checkpoints: save every checkpoint.every steps.
- *   finish       Checkpoints: save at the end, and when a SIGTERM/SIGINT stopped the loop.
+ *   after_step   Checkpoints (wired): save every checkpoint.every steps (rank 0, in the
+ *                background; dt_ckpt_fence before the next optimiser update).
+ *   finish       Checkpoints (wired): save at the end, and when a signal (SIGTERM, SIGINT,
+ *                SIGUSR1, SIGUSR2) stopped the loop; the worker then exits 75
+ *                (DT_CKPT_EXIT_PREEMPTED) and running it again resumes.
  * grad_ready is passed to backward of the LAST micro-step of an accumulation only (DDP's
  * no_sync for the others); backward reports gradient ranges as they become final.
  */
@@ -34,6 +38,7 @@
 #include "common/err.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
+#include "runtime/ckpt.h"
 #include "runtime/comm.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
@@ -91,7 +96,9 @@ typedef struct dt_trainer {
     void *ddp;                /* DDP: the reducer; NULL without */
     dt_grad_ready_fn grad_ready; /* handed to backward on the last micro-step; NULL = none */
     void *grad_ready_ctx;
-    void *ckpt;               /* checkpoints: the manager; NULL without */
+    dt_ckpt *ckpt;            /* checkpoints, owned; opened by after_build */
+    int64_t last_saved_step;  /* step of the newest checkpoint this process saved or loaded
+                                 (-1 = none) */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop at the next step boundary;
                                     may be NULL */
 
@@ -101,7 +108,8 @@ typedef struct dt_trainer {
 } dt_trainer;
 
 /* Builds everything for job on this worker: backend, data, model, optimiser, sampler, and the
- * comm_init and after_build seams. On failure t is cleaned up (dt_trainer_close is safe). */
+ * comm_init and after_build seams (which resume from a checkpoint unless checkpoint.resume =
+ * never). On failure t is cleaned up (dt_trainer_close is safe). */
 int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, dt_err *err);
 
 /* One optimiser step (grad_accum micro-steps); fills loss, grad_norm, lr, step_time_s. Fails on
@@ -121,7 +129,8 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err);
 void dt_trainer_close(dt_trainer *t);
 
 /* `dtrain worker` without the argument parsing: runs the job, writes the error file on failure.
- * Returns the process exit code (0, 1 on failure, 128+signal when stopped by one). */
+ * Returns the process exit code: 0, 1 on failure, DT_CKPT_EXIT_PREEMPTED (75) when a signal
+ * stopped it after saving a checkpoint. */
 int dt_worker_main(const dt_job *job);
 
 #endif

@@ -292,7 +292,7 @@ static void test_sigterm_stops_at_step_boundary(void)
              dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), od, od);
     int rc = dt_test_run(cmd, &out, 120);
     DT_CHECK_INT(rc, 0);
-    DT_CHECK_CONTAINS(out, "exit=143");
+    DT_CHECK_CONTAINS(out, "exit=75");
     DT_CHECK_CONTAINS(out, "dtrain: stopped after");
     free(out);
     run_metrics m;
