@@ -1006,9 +1006,11 @@ out:
     a->closing = true;
     dt_rdzv_close(a->rz);
     dt_events_close(&a->ev);
-    if (a->log_tmp && code == 0 && !strcmp(a->L.redirects, "0") && !strcmp(a->L.tee, "0"))
+    if (a->log_tmp && !a->run_dir[0])
+        rmdir(a->log_root); /* ended before the first round: nothing was written */
+    else if (a->log_tmp && code == 0 && !strcmp(a->L.redirects, "0") && !strcmp(a->L.tee, "0"))
         dt_rm_rf(a->log_root, NULL);
-    else if (a->log_tmp && code != 0 && a->run_dir[0])
+    else if (a->log_tmp && code != 0)
         DT_INFO("logs kept in %s", a->run_dir);
     if (a->guard) {
         reap(a);
