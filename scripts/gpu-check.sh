@@ -176,7 +176,7 @@ field() {
 }
 
 fmt() { awk -v v="${1:-}" -v d="${2:-4}" 'BEGIN { if (v == "") print "?"; else printf "%.*f", d, v }'; }
-gib() { awk -v v="${1:-}" 'BEGIN { if (v == "") print "?"; else printf "%.1f GiB", v / 1073741824 }'; }
+gib() { awk -v v="${1:-}" 'BEGIN { if (v == "") print "?"; else if (v < 1073741824) printf "%.0f MiB", v / 1048576; else printf "%.1f GiB", v / 1073741824 }'; }
 ktok() { awk -v v="${1:-}" 'BEGIN { if (v == "") print "?"; else if (v >= 1e6) printf "%.2fM", v / 1e6; else printf "%.1fK", v / 1e3 }'; }
 reldiff() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "") print "?"; else { d = a - b; if (d < 0) d = -d; printf "%.1e", d / (b < 0 ? -b : b) } }'; }
 mfu() { # tokens/s flops_per_token peak_tflops
