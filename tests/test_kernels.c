@@ -532,6 +532,8 @@ static void test_conv2d(void)
     conv_case(2, 4, 6, 6, 3, 1, 1, 2, 0, false);  /* 1x1 stride 2 shortcut */
     conv_case(1, 2, 5, 6, 2, 5, 3, 1, 2, true);   /* non-square kernel, pad 2 */
     conv_case(1, 2, 9, 9, 2, 3, 3, 3, 0, false);  /* stride 3, no pad */
+    conv_case(2, 3, 6, 5, 2, 3, 1, 1, 0, true);   /* 3x1: same width, fewer rows */
+    conv_case(1, 2, 5, 7, 3, 1, 5, 1, 2, false);  /* 1x5 pad 2: same width, taller output */
 }
 
 /* A convolution big enough that im2col runs in several chunks; against the direct loops. */
