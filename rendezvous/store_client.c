@@ -89,14 +89,15 @@ static void conn_drop(dt_store *r)
     r->rcvtimeo_ms = r->sndtimeo_ms = 0;
 }
 
-/* Keeps the socket's timeout (SO_RCVTIMEO or SO_SNDTIMEO) between half and 110% of the time
- * left, so that a blocked call wakes up near its deadline and not much earlier; the setting
- * is changed only when it falls outside that band (not on every call). */
+/* Keeps the socket's timeout (SO_RCVTIMEO or SO_SNDTIMEO) at most 10% above the time left,
+ * and not so far below it that a long call wakes up often (at least half of it, or 1 s). It is
+ * changed only when it leaves that band: calls alternating between a 30 s deadline and a
+ * 5 s one (GET without waiting) settle on 5 s and make no setsockopt at all. */
 static void sock_timeo(dt_store *r, int opt, int *cur, int64_t left)
 {
     if (left < 1)
         left = 1;
-    if (*cur > 0 && *cur <= left + left / 10 + 5 && *cur >= left / 2)
+    if (*cur > 0 && *cur <= left + left / 10 + 5 && (*cur >= left / 2 || *cur >= 1000))
         return;
     struct timeval tv = {.tv_sec = left / 1000, .tv_usec = (left % 1000) * 1000};
     if (setsockopt(r->fd, SOL_SOCKET, opt, &tv, sizeof tv) == 0)
