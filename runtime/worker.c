@@ -225,14 +225,8 @@ static int seam_finish(dt_trainer *t, bool stopped, dt_err *err)
     if (stopped && t->env.rank == 0)
         DT_INFO("stopped by a signal; saving step %lld", (long long)t->step);
     int rc = ckpt_save(t, err);
-    if (!rc && t->ckpt)
+    if (!rc && t->ckpt) /* the save logs where it went */
         rc = dt_ckpt_wait(t->ckpt, err);
-    if (!rc && t->ckpt && t->env.rank == 0) {
-        dt_ckpt_stats cs;
-        dt_ckpt_get_stats(t->ckpt, &cs);
-        if (cs.saves > 0)
-            DT_INFO("checkpoint: %s (%.1f MB)", cs.last_path, (double)cs.bytes / 1e6);
-    }
     return rc;
 }
 
