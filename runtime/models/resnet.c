@@ -31,11 +31,6 @@
 #include "common/util.h"
 #include "runtime/models/models.h"
 
-/* The collectives are weak references: a communicator can only exist when runtime/comm.c is in
- * the program (dt_comm_init is in it), and this keeps the model zoo linkable on its own. */
-#pragma weak dt_comm_allreduce
-#pragma weak dt_comm_world_size
-
 typedef struct conv_layer {
     int w;             /* tensor index of the weight (K,C,R,S) */
     dt_conv2d_shape s; /* with N = max_batch; set per call */
