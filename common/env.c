@@ -13,6 +13,7 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_STORE_TOKEN", NULL, "shared secret clients present to the store; the server requires it when set"},
     {"DTRAIN_RUN_ID", NULL, "run id (the rendezvous id); namespaces store keys and shared memory"},
     {"DTRAIN_ATTEMPT", "0", "restart attempt of the workers (same as TORCHELASTIC_RESTART_COUNT)"},
+    {"DTRAIN_ROUND", "0", "rendezvous round of the workers: new on every restart and every membership change of an elastic job (namespace per-round state with it)"},
     {"DTRAIN_ERROR_FILE", NULL, "where a worker writes its JSON error record on a fatal error"},
     {"DTRAIN_CUDA_LIB", NULL, "path of libdtrain_cuda.so (default: next to the dtrain binary)"},
     {"DTRAIN_CUDA_GEMM", "convert", "bf16/fp16 GEMMs on cuda: convert (operands rounded into a 16-bit scratch, native 16-bit GEMM) or fast (cuBLAS down-converts fp32 operands itself)"},

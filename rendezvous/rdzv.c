@@ -35,9 +35,11 @@
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/util.h"
+#include "rendezvous/rdzv_impl.h"
 #include "rendezvous/store.h"
 
 struct dt_rdzv {
+    dt_rdzv_c10d *c10d;           /* the c10d backend, when chosen (owned); then nothing else */
     dt_rdzv_opts o;
     int nnodes;
     int node;                     /* this node's rank */
@@ -112,13 +114,13 @@ char *dt_rdzv_failure_to_json(const dt_rdzv_failure *f)
     return s;
 }
 
-static void json_str(const cJSON *o, const char *k, char *out, size_t cap)
+void dt_rdzv_json_str(const cJSON *o, const char *k, char *out, size_t cap)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     dt_strlcpy(out, cJSON_IsString(v) ? v->valuestring : "", cap);
 }
 
-static double json_num(const cJSON *o, const char *k, double def)
+double dt_rdzv_json_num(const cJSON *o, const char *k, double def)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNumber(v) ? v->valuedouble : def;
@@ -132,22 +134,21 @@ int dt_rdzv_failure_from_json(const char *text, size_t len, dt_rdzv_failure *f)
         cJSON_Delete(o);
         return -EBADMSG;
     }
-    f->time = json_num(o, "time", 0);
-    json_str(o, "host", f->host, sizeof f->host);
-    f->node = (int)json_num(o, "node", -1);
-    f->rank = (int)json_num(o, "rank", -1);
-    f->local_rank = (int)json_num(o, "local_rank", -1);
-    f->pid = (int)json_num(o, "pid", 0);
-    f->exit_code = (int)json_num(o, "exit_code", 0);
-    f->signal = (int)json_num(o, "signal", 0);
-    json_str(o, "message", f->message, sizeof f->message);
-    json_str(o, "error_file", f->error_file, sizeof f->error_file);
+    f->time = dt_rdzv_json_num(o, "time", 0);
+    dt_rdzv_json_str(o, "host", f->host, sizeof f->host);
+    f->node = (int)dt_rdzv_json_num(o, "node", -1);
+    f->rank = (int)dt_rdzv_json_num(o, "rank", -1);
+    f->local_rank = (int)dt_rdzv_json_num(o, "local_rank", -1);
+    f->pid = (int)dt_rdzv_json_num(o, "pid", 0);
+    f->exit_code = (int)dt_rdzv_json_num(o, "exit_code", 0);
+    f->signal = (int)dt_rdzv_json_num(o, "signal", 0);
+    dt_rdzv_json_str(o, "message", f->message, sizeof f->message);
+    dt_rdzv_json_str(o, "error_file", f->error_file, sizeof f->error_file);
     cJSON_Delete(o);
     return 0;
 }
 
-/* A run id nobody else has: 12 hex digits from the clock, the pid and the host. */
-static void make_run_id(char *out, size_t cap)
+void dt_rdzv_make_id(char *out, size_t cap)
 {
     uint64_t h = 1469598103934665603ull;
     for (const char *p = dt_hostname(); *p; p++)
@@ -216,8 +217,7 @@ void dt_rdzv_route_addr(const char *host, int port, char *out, size_t cap)
 }
 
 
-/* Stable sort of failures by time (equal times keep the order they were recorded in). */
-static void sort_failures(dt_rdzv_failure *f, int n)
+void dt_rdzv_sort_failures(dt_rdzv_failure *f, int n)
 {
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && cmp_failure(&f[j - 1], &f[j]) > 0; j--) {
@@ -227,8 +227,69 @@ static void sort_failures(dt_rdzv_failure *f, int n)
         }
 }
 
-/* Whether host names an address of this machine: binding to it works. */
-static bool is_local_host(const char *host)
+int dt_rdzv_append_failures(dt_store *s, const char *key, const dt_rdzv_failure *f, int n,
+                            dt_err *err)
+{
+    size_t cap = 0, len = 0;
+    char *lines = NULL;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        char *j = dt_rdzv_failure_to_json(&f[i]);
+        if (!j)
+            continue;
+        size_t k = strlen(j);
+        if (len + k + 2 > cap) {
+            cap = 2 * (len + k + 2);
+            char *g = realloc(lines, cap);
+            if (!g) {
+                free(j);
+                break;
+            }
+            lines = g;
+        }
+        memcpy(lines + len, j, k);
+        len += k;
+        lines[len++] = '\n';
+        free(j);
+    }
+    if (len)
+        rc = dt_store_append(s, key, lines, len, err);
+    free(lines);
+    return rc;
+}
+
+int dt_rdzv_read_failures(dt_store *s, const char *key, dt_rdzv_failure **out, int *n, dt_err *err)
+{
+    void *v = NULL;
+    size_t len = 0;
+    int rc = dt_store_get(s, key, &v, &len, 0, err);
+    if (rc)
+        return rc;
+    int cap = 0, k = 0;
+    dt_rdzv_failure *f = NULL;
+    char *p = v, *end = (char *)v + len;
+    while (p < end) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        if (k == cap) {
+            cap = cap ? 2 * cap : 16;
+            dt_rdzv_failure *g = realloc(f, sizeof *g * (size_t)cap);
+            if (!g)
+                break;
+            f = g;
+        }
+        if (l && dt_rdzv_failure_from_json(p, l, &f[k]) == 0)
+            k++;
+        p += l + 1;
+    }
+    free(v);
+    dt_rdzv_sort_failures(f, k);
+    *out = f;
+    *n = k;
+    return 0;
+}
+
+bool dt_rdzv_is_local_host(const char *host)
 {
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
@@ -344,36 +405,40 @@ static void mark_left(dt_rdzv *r)
         r->left = true;
 }
 
-/* Connects to the store, retrying until the join timeout (interruptible every second). */
-static int connect_store(dt_rdzv *r, const char *host, int port, dt_err *err)
+int dt_rdzv_connect_store(dt_store **out, const dt_rdzv_opts *o, const char *host, int port,
+                          dt_err *err)
 {
-    double deadline = dt_now_s() + r->o.join_timeout;
+    double deadline = dt_now_s() + o->join_timeout;
     dt_store_opts so;
     dt_store_opts_default(&so);
     /* Calls fail over to "the store is gone" after about a heartbeat timeout. */
-    double t = r->o.heartbeat_timeout;
+    double t = o->heartbeat_timeout;
     so.timeout_ms = (int)(1000 * (t < 1 ? 1 : t > 30 ? 30 : t));
     for (;;) {
         double left = deadline - dt_now_s();
         so.connect_timeout_ms = left > 1 ? 1000 : (int)(left * 1000) + 1;
         dt_err e = {0};
-        int rc = dt_store_connect(&r->base, host, port, &so, &e);
+        int rc = dt_store_connect(out, host, port, &so, &e);
         if (rc == 0)
             return 0;
         if (rc == -EPROTO || rc == -EACCES)
             return dt_err_set(err, rc, "%s", e.msg);
-        if (r->o.interrupted && r->o.interrupted(r->o.arg))
+        if (o->interrupted && o->interrupted(o->arg))
             return dt_err_set(err, -EINTR, "interrupted while connecting to the store");
         if (dt_now_s() >= deadline)
             return dt_err_set(err, -ETIMEDOUT,
                               "cannot reach the rendezvous store at %s:%d within the join timeout "
                               "(%g s): %s",
-                              host, port, r->o.join_timeout, e.msg);
+                              host, port, o->join_timeout, e.msg);
     }
 }
 
-/* Hosts the store. Returns 0, or -EADDRINUSE when something already listens there. */
-static int host_store(dt_rdzv *r, const char *bind_host, int port, dt_err *err)
+static int connect_store(dt_rdzv *r, const char *host, int port, dt_err *err)
+{
+    return dt_rdzv_connect_store(&r->base, &r->o, host, port, err);
+}
+
+int dt_rdzv_host_store(dt_store_server **out, const char *bind_host, int port, dt_err *err)
 {
     dt_store_server_opts so;
     dt_store_server_opts_default(&so);
@@ -381,7 +446,7 @@ static int host_store(dt_rdzv *r, const char *bind_host, int port, dt_err *err)
     so.port = port;
     so.token = dt_env("DTRAIN_STORE_TOKEN");
     dt_err e = {0};
-    int rc = dt_store_server_start(&r->server, &so, &e);
+    int rc = dt_store_server_start(out, &so, &e);
     if (rc == -EADDRINUSE)
         return rc;
     if (rc)
@@ -389,15 +454,27 @@ static int host_store(dt_rdzv *r, const char *bind_host, int port, dt_err *err)
     return 0;
 }
 
+/* Hosts the store. Returns 0, or -EADDRINUSE when something already listens there. */
+static int host_store(dt_rdzv *r, const char *bind_host, int port, dt_err *err)
+{
+    return dt_rdzv_host_store(&r->server, bind_host, port, err);
+}
+
 int dt_rdzv_open(dt_rdzv **out, const dt_rdzv_opts *opts, dt_err *err)
 {
     int rc, nnodes = 0;
     dt_rdzv *r = NULL;
     *out = NULL;
-    if (!strcmp(opts->backend, "c10d"))
-        return dt_err_set(err, -ENOTSUP,
-                          "--rdzv-backend=c10d is not available yet (issue #5); use "
-                          "--rdzv-backend=static with --node-rank, or --standalone on one node");
+    if (!strcmp(opts->backend, "c10d")) {
+        if (!(r = calloc(1, sizeof *r)))
+            return dt_err_set(err, -ENOMEM, "out of memory");
+        if ((rc = dt_rdzv_c10d_open(&r->c10d, opts, err))) {
+            free(r);
+            return rc;
+        }
+        *out = r;
+        return 0;
+    }
     if (strcmp(opts->backend, "static"))
         return dt_err_set(err, -EINVAL, "unknown rendezvous backend \"%s\" (static or c10d)",
                           opts->backend);
@@ -428,11 +505,11 @@ int dt_rdzv_open(dt_rdzv **out, const dt_rdzv_opts *opts, dt_err *err)
         rc = dt_err_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
-    make_run_id(r->nonce, sizeof r->nonce);
+    dt_rdzv_make_id(r->nonce, sizeof r->nonce);
     if (r->node == 0 && opts->run_id[0] && strcmp(opts->run_id, "none"))
         dt_strlcpy(r->run_id, opts->run_id, sizeof r->run_id);
     else if (r->node == 0)
-        make_run_id(r->run_id, sizeof r->run_id);
+        dt_rdzv_make_id(r->run_id, sizeof r->run_id);
 
     const char *ep = opts->endpoint_host[0] ? opts->endpoint_host : "127.0.0.1";
     if (nnodes == 1) {
@@ -454,7 +531,7 @@ int dt_rdzv_open(dt_rdzv **out, const dt_rdzv_opts *opts, dt_err *err)
         return 0;
     }
 
-    bool local = is_local_host(ep);
+    bool local = dt_rdzv_is_local_host(ep);
     if (r->node == 0 && local) {
         rc = host_store(r, "0.0.0.0", opts->endpoint_port, err);
         if (rc == -EADDRINUSE)
@@ -597,20 +674,20 @@ static int join_round(dt_rdzv *r, int R, dt_rdzv_round *rd, dt_rdzv_status *st, 
         }
     }
     char nonce[64];
-    json_str(recs[r->node], "nonce", nonce, sizeof nonce);
+    dt_rdzv_json_str(recs[r->node], "nonce", nonce, sizeof nonce);
     if (strcmp(nonce, r->nonce)) {
         char h[64];
-        json_str(recs[r->node], "host", h, sizeof h);
+        dt_rdzv_json_str(recs[r->node], "host", h, sizeof h);
         rc = dt_err_set(err, -EEXIST,
                         "another agent (on %s, pid %d) also runs as --node-rank=%d; give every "
                         "node its own rank",
-                        h, (int)json_num(recs[r->node], "pid", 0), r->node);
+                        h, (int)dt_rdzv_json_num(recs[r->node], "pid", 0), r->node);
         goto out;
     }
     memset(rd, 0, sizeof *rd);
     int base = 0, world = 0;
     for (int i = 0; i < n; i++) {
-        int np = (int)json_num(recs[i], "nproc", 0);
+        int np = (int)dt_rdzv_json_num(recs[i], "nproc", 0);
         if (np < 1) {
             rc = dt_err_set(err, -EBADMSG, "node %d's record in round %d has no nproc", i, R);
             goto out;
@@ -618,13 +695,13 @@ static int join_round(dt_rdzv *r, int R, dt_rdzv_round *rd, dt_rdzv_status *st, 
         if (i < r->node)
             base += np;
         world += np;
-        json_str(recs[i], "host", r->hosts[i], sizeof r->hosts[i]);
+        dt_rdzv_json_str(recs[i], "host", r->hosts[i], sizeof r->hosts[i]);
         r->member[i] = true;
         r->hb_val[i] = 0;
         r->hb_seen[i] = dt_now_s();
     }
-    json_str(recs[0], "run_id", r->run_id, sizeof r->run_id);
-    r->max_restarts = (int)json_num(recs[0], "max_restarts", r->o.max_restarts);
+    dt_rdzv_json_str(recs[0], "run_id", r->run_id, sizeof r->run_id);
+    r->max_restarts = (int)dt_rdzv_json_num(recs[0], "max_restarts", r->o.max_restarts);
     rd->round = R;
     rd->attempt = R;
     rd->max_restarts = r->max_restarts;
@@ -634,8 +711,8 @@ static int join_round(dt_rdzv *r, int R, dt_rdzv_round *rd, dt_rdzv_status *st, 
     rd->local_world_size = r->o.local_world_size;
     rd->world_size = world;
     dt_strlcpy(rd->run_id, r->run_id, sizeof rd->run_id);
-    json_str(recs[0], "addr", rd->master_addr, sizeof rd->master_addr);
-    rd->master_port = (int)json_num(recs[0], "master_port", 0);
+    dt_rdzv_json_str(recs[0], "addr", rd->master_addr, sizeof rd->master_addr);
+    rd->master_port = (int)dt_rdzv_json_num(recs[0], "master_port", 0);
     dt_strlcpy(rd->store_addr, r->store_addr, sizeof rd->store_addr);
     rd->store_port = r->store_port;
     dt_strlcpy(rd->local_addr, r->local_addr, sizeof rd->local_addr);
@@ -659,6 +736,8 @@ out:
 
 int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
 {
+    if (r->c10d)
+        return dt_rdzv_c10d_next(r->c10d, rd, st, err);
     dt_rdzv_status dummy;
     int rc;
     if (!st)
@@ -799,6 +878,8 @@ out:
 
 int dt_rdzv_poll(dt_rdzv *r, dt_rdzv_status *st, dt_err *err)
 {
+    if (r->c10d)
+        return dt_rdzv_c10d_poll(r->c10d, st, err);
     int rc;
     char key[64];
     memset(st, 0, sizeof *st);
@@ -866,6 +947,8 @@ int dt_rdzv_poll(dt_rdzv *r, dt_rdzv_status *st, dt_err *err)
 
 int dt_rdzv_succeeded(dt_rdzv *r, dt_err *err)
 {
+    if (r->c10d)
+        return dt_rdzv_c10d_succeeded(r->c10d, err);
     char key[64];
     r->done = true;
     if (r->nnodes == 1)
@@ -876,6 +959,8 @@ int dt_rdzv_succeeded(dt_rdzv *r, dt_err *err)
 
 int dt_rdzv_failed(dt_rdzv *r, const dt_rdzv_failure *f, int n, dt_err *err)
 {
+    if (r->c10d)
+        return dt_rdzv_c10d_failed(r->c10d, f, n, err);
     int rc = 0;
     char key[64];
     if (n > 0) {
@@ -902,31 +987,8 @@ int dt_rdzv_failed(dt_rdzv *r, const dt_rdzv_failure *f, int n, dt_err *err)
         return 0;
     }
     /* The failures first, then the end: whoever sees the end can read the cause. */
-    size_t cap = 0, len = 0;
-    char *lines = NULL;
-    for (int i = 0; i < n; i++) {
-        char *j = dt_rdzv_failure_to_json(&f[i]);
-        if (!j)
-            continue;
-        size_t k = strlen(j);
-        if (len + k + 2 > cap) {
-            cap = 2 * (len + k + 2);
-            char *g = realloc(lines, cap);
-            if (!g) {
-                free(j);
-                break;
-            }
-            lines = g;
-        }
-        memcpy(lines + len, j, k);
-        len += k;
-        lines[len++] = '\n';
-        free(j);
-    }
     rkey(key, sizeof key, r->round, "failures", -1);
-    if (len)
-        rc = dt_store_append(r->ns, key, lines, len, err);
-    free(lines);
+    rc = dt_rdzv_append_failures(r->ns, key, f, n, err);
     char v[256];
     snprintf(v, sizeof v, "fail %d %s", r->node, why);
     void *cur = NULL;
@@ -950,6 +1012,8 @@ int dt_rdzv_abort(dt_rdzv *r, int sig, dt_err *err)
     char v[128], key[64];
     if (!r)
         return 0;
+    if (r->c10d)
+        return dt_rdzv_c10d_abort(r->c10d, sig, err);
     if (r->ended.state == DT_RDZV_RUNNING || r->ended.state == DT_RDZV_FAILED) {
         r->ended.state = DT_RDZV_ABORTED;
         r->ended.node = r->node;
@@ -978,37 +1042,15 @@ int dt_rdzv_abort(dt_rdzv *r, int sig, dt_err *err)
 int dt_rdzv_failures(dt_rdzv *r, dt_rdzv_failure **out, int *n, dt_err *err)
 {
     char key[64];
-    void *v = NULL;
-    size_t len = 0;
     *out = NULL;
     *n = 0;
+    if (r->c10d)
+        return dt_rdzv_c10d_failures(r->c10d, out, n, err);
     if (r->nnodes > 1 && r->ns && r->round >= 0 && !r->store_gone) {
         rkey(key, sizeof key, r->round, "failures", -1);
-        int rc = dt_store_get(r->ns, key, &v, &len, 0, NULL);
-        if (rc == 0) {
-            int cap = 0, k = 0;
-            dt_rdzv_failure *f = NULL;
-            char *p = v, *end = (char *)v + len;
-            while (p < end) {
-                char *nl = memchr(p, '\n', (size_t)(end - p));
-                size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
-                if (k == cap) {
-                    cap = cap ? 2 * cap : 16;
-                    dt_rdzv_failure *g = realloc(f, sizeof *g * (size_t)cap);
-                    if (!g)
-                        break;
-                    f = g;
-                }
-                if (l && dt_rdzv_failure_from_json(p, l, &f[k]) == 0)
-                    k++;
-                p += l + 1;
-            }
-            free(v);
-            sort_failures(f, k);
-            *out = f;
-            *n = k;
+        int rc = dt_rdzv_read_failures(r->ns, key, out, n, NULL);
+        if (rc == 0)
             return 0;
-        }
         if (rc != -ENOENT)
             DT_WARN("cannot read the job's failures from the store; showing this node's");
     }
@@ -1018,7 +1060,7 @@ int dt_rdzv_failures(dt_rdzv *r, dt_rdzv_failure **out, int *n, dt_err *err)
     if (!copy)
         return dt_err_set(err, -ENOMEM, "out of memory");
     memcpy(copy, r->fails, sizeof *copy * (size_t)r->n_fails);
-    sort_failures(copy, r->n_fails);
+    dt_rdzv_sort_failures(copy, r->n_fails);
     *out = copy;
     *n = r->n_fails;
     return 0;
@@ -1060,10 +1102,21 @@ out:
     free(kp);
 }
 
+void dt_rdzv_kill(dt_rdzv *r)
+{
+    if (r && r->c10d)
+        dt_rdzv_c10d_kill(r->c10d);
+}
+
 void dt_rdzv_close(dt_rdzv *r)
 {
     if (!r)
         return;
+    if (r->c10d) {
+        dt_rdzv_c10d_close(r->c10d);
+        free(r);
+        return;
+    }
     if (r->ns && r->nnodes > 1 && !r->store_gone) {
         mark_left(r);
         if (r->server && r->formed >= 0) {

@@ -13,9 +13,13 @@
  *           uses a `dtrain store` already listening there); the others connect with retry until
  *           join_timeout. Ranks are contiguous per node: node k's first global rank is the sum of
  *           the local world sizes of nodes 0..k-1. Round r is attempt r.
- *   c10d    (issue #5) MIN:MAX nodes, ranks assigned by the store, heartbeats, membership changes
- *           that restart without spending the budget. It plugs in behind this same interface:
- *           its rounds report DT_RDZV_REGROUP when nodes join or leave.
+ *   c10d    MIN:MAX nodes that join in any order; a round closes at once with MAX nodes, or with
+ *           MIN or more once the last-call window has passed (or once every survivor of the
+ *           previous round is back). Ranks are assigned by join order, survivors keeping their
+ *           order. A node that arrives while a round runs ends it (DT_RDZV_REGROUP) so that the
+ *           next round takes it in; beyond MAX it waits as a spare. A node that stops sending
+ *           heartbeats is declared lost and the round ends (DT_RDZV_REGROUP) for the others. A
+ *           membership change never spends the restart budget. See rdzv_c10d.c for the design.
  *
  * Store keys live under "dtrain/<rdzv id>/" and then "r<round>/": a round never reads state of an
  * earlier round, and two jobs with different ids never share a key. With an external store
@@ -55,7 +59,9 @@ typedef struct dt_rdzv_opts {
     double close_timeout;          /* s: how long the store host waits for the others to leave */
     double heartbeat_interval;     /* s between heartbeats */
     double heartbeat_timeout;      /* s without a heartbeat before a node is declared lost */
-    double last_call_timeout;      /* s (c10d) */
+    double last_call_timeout;      /* s (c10d): how long a round stays open after MIN joined */
+    bool is_host;                  /* c10d: host the store here even if the endpoint host is not
+                                      an address of this machine (false = decide by address) */
     /* Called between bounded waits of dt_rdzv_open and dt_rdzv_next (about every 100 ms); when
      * it returns true the call gives up with -EINTR. NULL = never. */
     bool (*interrupted)(void *arg);
@@ -78,6 +84,8 @@ typedef struct dt_rdzv_round {
     char store_addr[DT_RDZV_STR];  /* where workers reach the store (DTRAIN_STORE_ADDR) */
     int store_port;               /* DTRAIN_STORE_PORT */
     char local_addr[DT_RDZV_STR];  /* this node's address as others reach it */
+    bool elastic;                 /* membership may change while the round runs (c10d): poll it
+                                     even when this node is alone */
 } dt_rdzv_round;
 
 /* One failed worker (or a lost node), as the root-cause table shows it. Shared through the store
@@ -138,6 +146,11 @@ int dt_rdzv_abort(dt_rdzv *r, int sig, dt_err *err);
 /* The failures recorded for the current round by every node, earliest first (by time, then in
  * the order they were recorded). *out is malloc'd (caller frees), *n may be 0. */
 int dt_rdzv_failures(dt_rdzv *r, dt_rdzv_failure **out, int *n, dt_err *err);
+
+/* Simulates the sudden death of this agent, for benchmarks and tests (c10d; nothing for
+ * static): heartbeats stop and the store connections are dropped without leaving the job. The
+ * handle is then good for dt_rdzv_close only. */
+void dt_rdzv_kill(dt_rdzv *r);
 
 /* Leaves the job. The store host waits (up to close_timeout) until every node still alive has
  * left, so nobody loses the store while reading the outcome, then stops the store. Accepts

@@ -372,6 +372,7 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
         .local_addr = a->rd.local_addr,
         .omp_one = a->omp_one,
         .agent_pid = (int)getpid(),
+        .round = a->rd.round,
     };
     if ((rc = dt_agent_env_build(&env, environ, &we, err)))
         goto fail;
@@ -428,7 +429,11 @@ static int start_workers(agent *a, dt_err *err)
     char attempt_dir[DT_PATH_MAX + 340];
     a->n_running = a->n_groups = a->n_failed = a->n_succeeded = 0;
     a->stopping = false;
-    snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, a->rd.attempt);
+    if (a->rd.round == a->rd.attempt)
+        snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, a->rd.attempt);
+    else /* an elastic job's membership changed: same attempt, new round */
+        snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d_round_%d", a->run_dir,
+                 a->rd.attempt, a->rd.round);
     for (int i = 0; i < a->nproc; i++) {
         worker *w = &a->w[i];
         memset(w, 0, sizeof *w);
@@ -541,7 +546,7 @@ static int local_failures(agent *a, dt_rdzv_failure **out)
 static enum outcome monitor(agent *a, dt_rdzv_status *st)
 {
     bool reported = false;
-    bool remote = a->rd.group_world_size > 1;
+    bool remote = a->rd.group_world_size > 1 || a->rd.elastic;
     double next_poll = dt_now_s() + a->L.monitor_interval;
     memset(st, 0, sizeof *st);
     for (;;) {
@@ -597,10 +602,13 @@ static enum outcome monitor(agent *a, dt_rdzv_status *st)
 static void round_banner(agent *a, double took_s)
 {
     const dt_rdzv_round *r = &a->rd;
-    if (r->group_world_size > 1)
-        DT_INFO("attempt %d: node %d of %d, ranks %d-%d of %d; MASTER_ADDR=%s MASTER_PORT=%d; "
+    char round_note[32] = "";
+    if (r->elastic)
+        snprintf(round_note, sizeof round_note, " (round %d)", r->round);
+    if (r->group_world_size > 1 || r->elastic)
+        DT_INFO("attempt %d%s: node %d of %d, ranks %d-%d of %d; MASTER_ADDR=%s MASTER_PORT=%d; "
                 "run id %s",
-                r->attempt, r->group_rank, r->group_world_size, r->rank_base,
+                r->attempt, round_note, r->group_rank, r->group_world_size, r->rank_base,
                 r->rank_base + a->nproc - 1, r->world_size, r->master_addr, r->master_port,
                 r->run_id);
     else
@@ -726,6 +734,7 @@ static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
     o->heartbeat_interval = L->heartbeat_interval;
     o->heartbeat_timeout = L->heartbeat_timeout;
     o->last_call_timeout = L->last_call_timeout;
+    o->is_host = L->is_host;
     o->interrupted = rdzv_interrupted;
     o->arg = a;
 }
@@ -794,6 +803,11 @@ static int run_rounds(agent *a)
             emit_end(a, "signal", 128 + a->first_signal);
             return 128 + a->first_signal;
         }
+        if (rc == -ECANCELED && st.state == DT_RDZV_SUCCEEDED) { /* an elastic job's spare */
+            DT_INFO("%s", e.msg);
+            emit_end(a, "succeeded", 0);
+            return 0;
+        }
         if (rc == -ECANCELED) {
             DT_ERROR("%s", e.msg);
             emit_end(a, "aborted", abort_code(&st));
@@ -823,7 +837,7 @@ static int run_rounds(agent *a)
         round_banner(a, dt_now_s() - t0);
 
         enum outcome out;
-        if (a->rd.group_world_size > 1 && dt_rdzv_poll(a->rz, &st, &e) == 0 &&
+        if ((a->rd.group_world_size > 1 || a->rd.elastic) && dt_rdzv_poll(a->rz, &st, &e) == 0 &&
             st.state != DT_RDZV_RUNNING) {
             /* The round ended before it started here (this agent joined late): no workers. */
             out = st.state == DT_RDZV_ABORTED ? OUT_ABORTED
@@ -863,6 +877,11 @@ static int run_rounds(agent *a)
             cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
             dt_events_emit(&a->ev, "failure", f);
             free(lf);
+            /* Elastic: the round may have ended first for a membership change, which then
+             * decides (the failure does not spend the budget, as on every other node). */
+            if (a->rd.elastic && dt_rdzv_poll(a->rz, &st, &fe) == 0 &&
+                st.state == DT_RDZV_REGROUP)
+                out = OUT_REGROUP;
             DT_WARN("stopping the other workers%s", a->rd.group_world_size > 1 ? " on every node" : "");
             stop_workers(a, SIGTERM);
             break;
@@ -902,7 +921,11 @@ static int run_rounds(agent *a)
             return 128 + a->first_signal;
         }
         if (out == OUT_REGROUP) {
-            dt_events_emit(&a->ev, "regroup", NULL);
+            DT_INFO("the job's nodes change: joining the next round (restart count unchanged)");
+            cJSON *f = cJSON_CreateObject();
+            cJSON_AddStringToObject(f, "why", st.why);
+            cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
+            dt_events_emit(&a->ev, "regroup", f);
             continue;
         }
         if (a->rd.attempt >= a->rd.max_restarts) {

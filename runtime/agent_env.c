@@ -142,6 +142,7 @@ int dt_agent_env_build(dt_envb *b, char *const *base, const dt_worker_env *w, dt
     }
     if ((rc = dt_envb_set(b, "DTRAIN_RUN_ID", run_id, err)) ||
         (rc = dt_envb_setf(b, err, "DTRAIN_ATTEMPT", "%d", w->restart_count)) ||
+        (rc = dt_envb_setf(b, err, "DTRAIN_ROUND", "%d", w->round)) ||
         (rc = dt_envb_set(b, "DTRAIN_ERROR_FILE", ef, err)) ||
         (rc = dt_envb_set(b, "DTRAIN_LOCAL_ADDR", w->local_addr ? w->local_addr : "127.0.0.1", err)) ||
         (rc = dt_envb_setf(b, err, "DTRAIN_AGENT_PID", "%d", w->agent_pid)))

@@ -49,6 +49,8 @@ typedef struct dt_worker_env {
     const char *local_addr;  /* DTRAIN_LOCAL_ADDR */
     bool omp_one;            /* set OMP_NUM_THREADS=1 (the caller checked it is unset) */
     int agent_pid;           /* DTRAIN_AGENT_PID (for the worker guard) */
+    int round;               /* DTRAIN_ROUND: the rendezvous round (new on every restart and
+                                every membership change; restart_count is not) */
 } dt_worker_env;
 
 /* Builds a worker's environment: base (the agent's environ) with the variables of w set on top.

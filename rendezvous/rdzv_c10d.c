@@ -1,0 +1,1505 @@
+/* rdzv_c10d.c - the elastic (c10d) rendezvous: MIN:MAX nodes, heartbeats, node loss. See rdzv.h
+ * for the contract; this file is the design.
+ *
+ * What it does. Agents join in any order. Round R of the job closes at once when MAX nodes have
+ * joined, when at least MIN have joined and every survivor of round R-1 is back, or when at least
+ * MIN have joined and the last-call window (last_call_timeout, counted from the MIN-th join) has
+ * passed. A node that arrives while a round runs ends that round (REGROUP) and joins the next
+ * one, which takes it in; when the running round already has MAX nodes it waits as a spare
+ * until the round ends for another reason. A node whose heartbeat stops for heartbeat_timeout
+ * is declared lost and the round ends (REGROUP) for everyone else. Membership changes never
+ * spend the restart budget; a failed worker does (FAILED: attempt + 1).
+ *
+ * Cost, the numbers that drove the design. With N nodes, nothing may be O(N) per node, or the
+ * store sees O(N^2) (4,096 nodes polling 4,096 keys every 100 ms is 160 M key reads a second).
+ * So:
+ *   join      one add on a counter (the join order k), one set of the node's record, then one
+ *             server-side wait on the round's "closed" key (sliced, to stay interruptible);
+ *   close     ONE node (the MAX-th joiner, or the one whose last call expired) reads the
+ *             records with one multi-get and writes every assignment with one multi-set, then
+ *             compare-and-sets "closed": O(N) once, not per node;
+ *   assigned  each node reads closed and its own assignment: two gets;
+ *   running   one get of the round's "end" per poll (monitor_interval) and, from a background
+ *             thread with its own connection, one set of its heartbeat counter per
+ *             heartbeat_interval plus one get of group rank 0's counter. Group rank 0 alone
+ *             reads all N counters (one multi-get per interval) and declares the lost; everyone
+ *             watches rank 0, so the watcher itself is watched;
+ *   success   one add on a counter; the node that brings it to N ends the round.
+ * `dtrain bench rdzv` measures it (about flat per-node cost from 256 to 4,096 nodes).
+ *
+ * Keys. "dtrain/<rdzv id>/job" names the job instance J (12 hex digits). Every other key lives
+ * under "dtrain/<rdzv id>/<J>/", so a new job with the same id and endpoint on a store that
+ * outlives jobs (an external `dtrain store`) starts clean: an agent that finds the current
+ * instance finished ("final" set) swaps in a new one with a compare-and-set.
+ *   conf            {run_id, max_restarts, min, max} of the agent that created the instance
+ *   final           "<exit code> <kind> <node> <signal>|<why>": the job is over (first writer)
+ *   round           the last round that closed (a hint for newcomers)
+ *   opened left lost  counters: agents that opened, that saw the end, that were declared lost
+ *   r<R>/count      join counter: its value after a node's add is that node's join order k
+ *   r<R>/surv       survivors of round R-1 that have joined R
+ *   r<R>/j/<k>      the k-th joiner's record (JSON: id, host, addr, nproc, pid, prev, port)
+ *   r<R>/closed     JSON {n, tag, attempt, world, master_addr, master_port}, or {"final":1} when
+ *                   the round was cancelled (join timeout, abort) before it formed
+ *   r<R>/a/<tag>/<k>  "<group rank> <rank base>" of member k, written by the closer <tag>
+ *   r<R>/m/<tag>    one line per member: "<group rank> <k> <nproc> <host> <addr>"
+ *   r<R>/hb/<g>     group rank g's heartbeat counter
+ *   r<R>/done       success counter
+ *   r<R>/end        "<kind> <node> <signal> <expect> <lost>|<why>", kind success|fail|regroup|
+ *                   abort, expect = the nodes of R that go on to R+1, lost = the group ranks
+ *                   declared lost (first writer wins)
+ *   r<R>/failures   JSON lines, one per failure (the root-cause table)
+ *
+ * Fencing. Every decision is a compare-and-set on a key of one round: "closed" (one closer
+ * wins; the assignment keys carry its tag, so a losing closer's writes are never read), "end"
+ * (one ending wins), and "final" is written only by whoever won the end of a live round (or
+ * cancelled a round that never formed, or was stopped by a signal). A stale agent - frozen,
+ * declared lost, then continued - finds its round ended on its next poll, stops its workers
+ * and rejoins through the current round like a newcomer; what it writes to its old round is
+ * never read again. Workers are fenced by round too: MASTER_PORT and DTRAIN_ROUND are new
+ * every round.
+ *
+ * Limits. If the agent that hosts the store dies (or is frozen), the store is gone: the others'
+ * calls time out after about heartbeat_timeout and they end with an error that says so. Clocks
+ * need not agree: every timeout is measured on the observer's own monotonic clock.
+ */
+#include <cJSON.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "rendezvous/rdzv_impl.h"
+
+#define KEY_MAX 160
+#define HB_STACK (256 * 1024)
+
+typedef enum end_kind { END_NONE = 0, END_SUCCESS, END_FAIL, END_REGROUP, END_ABORT } end_kind;
+
+/* A round's end, decoded. */
+typedef struct end_info {
+    end_kind kind;
+    int node;      /* group rank that ended it (-1: a node outside the round) */
+    int sig;       /* abort: the signal */
+    int expect;    /* nodes of the round that go on to the next (-1 unknown) */
+    int lost[32];  /* group ranks declared lost (regroup) */
+    int n_lost;
+    char why[256];
+} end_info;
+
+/* A round's "closed" record, decoded. */
+typedef struct closed_info {
+    bool cancelled; /* {"final":1}: the round never formed */
+    int n, attempt, world, master_port;
+    char tag[64];
+    char master_addr[DT_RDZV_STR];
+} closed_info;
+
+/* One joiner, as the closer sees it. */
+typedef struct joiner {
+    int k, prev, nproc, port, g, base;
+    char host[64];
+    char addr[DT_RDZV_STR];
+} joiner;
+
+struct dt_rdzv_c10d {
+    dt_rdzv_opts o;
+    int min, max;                  /* the job's (from conf) */
+    int max_restarts;              /* the job's budget (from conf) */
+    char run_id[DT_RDZV_STR];      /* the run id workers see (from conf) */
+    dt_store_server *server;       /* the store, when this agent hosts it (owned) */
+    dt_store *base;                /* the main thread's connection (owned) */
+    dt_store *ns_id;               /* view "dtrain/<rdzv id>/" (owned) */
+    dt_store *ns;                  /* view "dtrain/<rdzv id>/<job>/" (owned) */
+    char job[32];                  /* the job instance */
+    char store_addr[DT_RDZV_STR];  /* the store as workers (and other nodes) reach it */
+    int store_port;
+    char store_conn[DT_RDZV_STR];  /* where this agent connects */
+    char local_addr[DT_RDZV_STR];
+    char id[40];                   /* this agent's node id */
+    int slice_ms;                  /* longest single wait: 100 with an interrupt check, else 1000 */
+    unsigned tag_seq;
+
+    /* Membership (main thread only). */
+    int round;                     /* last round this node was a member of, -1 = none */
+    int joining;                   /* round being joined (not yet closed), -1 = none */
+    int g, n, attempt;             /* group rank, nodes, attempt of `round` */
+    char tag[64];                  /* closer tag of `round` */
+    bool done;                     /* reported success in `round` */
+    bool left, killed, opened;
+    dt_rdzv_status ended;          /* cached end of `round` (RUNNING = not yet) */
+    dt_rdzv_failure *fails;        /* this node's failures of `round` (copy) */
+    int n_fails;
+
+    /* Heartbeat thread. hb_* under mu; the thread alone uses hb_base/hb_ns and the arrays. */
+    pthread_t hb_thread;
+    bool hb_running;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool hb_stop, hb_new;
+    int hb_round, hb_g, hb_n;
+    char hb_tag[64];
+    dt_store *hb_base, *hb_ns;     /* owned */
+    int64_t hb_count;
+    int64_t *hb_val;               /* hb_n: last counter seen */
+    double *hb_seen;               /* hb_n: monotonic time it last changed */
+    int hb_cap;
+    int hb_declared;               /* round whose loss this thread already declared */
+};
+
+/* ---- small store helpers ------------------------------------------------------------------ */
+
+static void kf(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void kf(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
+/* Gets key, waiting up to ms (0 = not at all: -ENOENT when absent). *out is NUL-terminated. */
+static int get_wait(dt_store *s, const char *key, char **out, int ms, dt_err *err)
+{
+    void *v = NULL;
+    size_t len = 0;
+    int rc = dt_store_get(s, key, &v, &len, ms, err);
+    *out = rc == 0 ? v : NULL;
+    return rc;
+}
+
+static int get0(dt_store *s, const char *key, char **out, dt_err *err)
+{
+    return get_wait(s, key, out, 0, err);
+}
+
+static int set_s(dt_store *s, const char *key, const char *v, dt_err *err)
+{
+    return dt_store_set(s, key, v, strlen(v), err);
+}
+
+/* Compare-and-set from absent. *won: this call wrote desired. *cur (may be NULL): the value now
+ * (malloc'd, NUL-terminated). */
+static int cas_new(dt_store *s, const char *key, const char *desired, bool *won, char **cur,
+                   dt_err *err)
+{
+    void *v = NULL;
+    size_t len = 0;
+    int rc = dt_store_cas(s, key, NULL, 0, desired, strlen(desired), &v, &len, err);
+    if (rc) {
+        if (cur)
+            *cur = NULL;
+        return rc;
+    }
+    if (won)
+        *won = v && len == strlen(desired) && !memcmp(v, desired, len);
+    char *t = v ? strndup(v, len) : strdup("");
+    free(v);
+    if (cur)
+        *cur = t;
+    else
+        free(t);
+    return 0;
+}
+
+static int add_i(dt_store *s, const char *key, int64_t d, int64_t *res, dt_err *err)
+{
+    return dt_store_add(s, key, d, res, err);
+}
+
+/* "<kind> <node> <sig> <expect> <lost>|<why>"; lost: "-" or the group ranks declared lost,
+ * "g1,g2,..." (at most 32 listed). */
+static void end_encode(char *buf, size_t cap, end_kind kind, int node, int sig, int expect,
+                       const int *lost, int nl, const char *why)
+{
+    static const char *names[] = {"none", "success", "fail", "regroup", "abort"};
+    char l[256] = "-";
+    size_t k = 0;
+    for (int i = 0; i < nl && i < 32; i++)
+        k += (size_t)snprintf(l + k, sizeof l - k, "%s%d", i ? "," : "", lost[i]);
+    snprintf(buf, cap, "%s %d %d %d %s|%s", names[kind], node, sig, expect, l, why);
+}
+
+static void end_decode(const char *v, end_info *e)
+{
+    char kind[16] = "", lost[256] = "";
+    memset(e, 0, sizeof *e);
+    e->expect = -1;
+    sscanf(v, "%15s %d %d %d %255s", kind, &e->node, &e->sig, &e->expect, lost);
+    e->kind = !strcmp(kind, "success") ? END_SUCCESS
+              : !strcmp(kind, "fail")  ? END_FAIL
+              : !strcmp(kind, "abort") ? END_ABORT
+                                       : END_REGROUP;
+    for (char *p = lost; *p && *p != '|' && *p != '-' && e->n_lost < 32;) {
+        e->lost[e->n_lost++] = (int)strtol(p, &p, 10);
+        if (*p != ',')
+            break;
+        p++;
+    }
+    const char *bar = strchr(v, '|');
+    dt_strlcpy(e->why, bar ? bar + 1 : v, sizeof e->why);
+}
+
+static void status_from_end(const end_info *e, dt_rdzv_status *st)
+{
+    memset(st, 0, sizeof *st);
+    st->state = e->kind == END_SUCCESS ? DT_RDZV_SUCCEEDED
+                : e->kind == END_FAIL  ? DT_RDZV_FAILED
+                : e->kind == END_ABORT ? DT_RDZV_ABORTED
+                                       : DT_RDZV_REGROUP;
+    st->node = e->node;
+    st->signal = e->sig;
+    dt_strlcpy(st->why, e->why, sizeof st->why);
+}
+
+/* final: "<code> <kind> <node> <sig>|<why>" -> a status: SUCCEEDED (code 0), ABORTED (by a
+ * signal, or a rendezvous that could not form), FAILED (the budget is spent). */
+static void status_from_final(const char *v, dt_rdzv_status *st)
+{
+    int code = 1, node = -1, sig = 0;
+    char kind[16] = "";
+    memset(st, 0, sizeof *st);
+    sscanf(v, "%d %15s %d %d", &code, kind, &node, &sig);
+    st->state = code == 0                ? DT_RDZV_SUCCEEDED
+                : !strcmp(kind, "fail") ? DT_RDZV_FAILED
+                                         : DT_RDZV_ABORTED;
+    st->node = node;
+    st->signal = sig;
+    const char *bar = strchr(v, '|');
+    dt_strlcpy(st->why, bar ? bar + 1 : v, sizeof st->why);
+}
+
+static int closed_decode(const char *v, closed_info *ci)
+{
+    memset(ci, 0, sizeof *ci);
+    cJSON *o = cJSON_Parse(v);
+    if (!o)
+        return -EBADMSG;
+    ci->cancelled = dt_rdzv_json_num(o, "final", 0) != 0;
+    ci->n = (int)dt_rdzv_json_num(o, "n", 0);
+    ci->attempt = (int)dt_rdzv_json_num(o, "attempt", 0);
+    ci->world = (int)dt_rdzv_json_num(o, "world", 0);
+    ci->master_port = (int)dt_rdzv_json_num(o, "master_port", 0);
+    dt_rdzv_json_str(o, "tag", ci->tag, sizeof ci->tag);
+    dt_rdzv_json_str(o, "master_addr", ci->master_addr, sizeof ci->master_addr);
+    cJSON_Delete(o);
+    return ci->cancelled || (ci->n > 0 && ci->tag[0]) ? 0 : -EBADMSG;
+}
+
+/* An error of the store, reworded: the usual reason is that the store's host is gone. */
+static int store_gone(dt_rdzv_c10d *c, int rc, dt_err *err, const char *what)
+{
+    if (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -EPIPE ||
+        rc == -EHOSTUNREACH || rc == -ENETUNREACH)
+        return dt_err_set(err, rc,
+                          "%s: the rendezvous store at %s:%d does not answer (%s); the agent that "
+                          "hosted it (or the `dtrain store`) is gone, so the job cannot go on",
+                          what, c->store_addr, c->store_port, err && err->msg[0] ? err->msg : "");
+    return dt_err_prefix(err, "%s: ", what);
+}
+
+static bool interrupted(dt_rdzv_c10d *c)
+{
+    return c->o.interrupted && c->o.interrupted(c->o.arg);
+}
+
+/* The job's final state, if set: fills st and returns true. */
+static bool job_final(dt_rdzv_c10d *c, dt_rdzv_status *st)
+{
+    char *v = NULL;
+    if (get0(c->ns, "final", &v, NULL) != 0)
+        return false;
+    status_from_final(v, st);
+    free(v);
+    return true;
+}
+
+/* Records the job's final state (first writer wins). */
+static void write_final(dt_rdzv_c10d *c, int code, const char *kind, int node, int sig,
+                        const char *why)
+{
+    char v[1024];
+    snprintf(v, sizeof v, "%d %s %d %d|%.900s", code, kind, node, sig, why);
+    cas_new(c->ns, "final", v, NULL, NULL, NULL);
+}
+
+static void mark_left(dt_rdzv_c10d *c)
+{
+    if (c->left || c->killed || !c->ns)
+        return;
+    if (add_i(c->ns, "left", 1, NULL, NULL) == 0)
+        c->left = true;
+}
+
+/* ---- heartbeats ----------------------------------------------------------------------------- */
+
+/* Tells the heartbeat thread which round to beat for (R < 0: none). */
+static void hb_assign(dt_rdzv_c10d *c, int R, int g, int n, const char *tag)
+{
+    pthread_mutex_lock(&c->mu);
+    c->hb_round = R;
+    c->hb_g = g;
+    c->hb_n = n;
+    dt_strlcpy(c->hb_tag, tag ? tag : "", sizeof c->hb_tag);
+    c->hb_new = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Reads the member list of round R (closer tag) into hosts (n entries; "?" when unknown). */
+static void read_hosts(dt_store *s, int R, const char *tag, int n, char (*hosts)[64])
+{
+    char key[KEY_MAX], *v = NULL;
+    for (int i = 0; i < n; i++)
+        dt_strlcpy(hosts[i], "?", sizeof hosts[i]);
+    kf(key, sizeof key, "r%d/m/%s", R, tag);
+    if (get0(s, key, &v, NULL) != 0)
+        return;
+    for (char *line = v, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        int g = -1, k, np;
+        char host[64];
+        if (sscanf(line, "%d %d %d %63s", &g, &k, &np, host) == 4 && g >= 0 && g < n)
+            dt_strlcpy(hosts[g], host, sizeof hosts[g]);
+    }
+    free(v);
+}
+
+/* Declares the nodes in lost[] (group ranks of round R) dead and ends the round. */
+static void declare_lost(dt_rdzv_c10d *c, dt_store *s, int R, int me, int n, const char *tag,
+                         const int *lost, const double *silent, int nl)
+{
+    char key[KEY_MAX], why[256], v[512], *cur = NULL;
+    kf(key, sizeof key, "r%d/end", R);
+    if (get0(s, key, &cur, NULL) == 0) {
+        free(cur); /* the round is over already: nothing to declare */
+        return;
+    }
+    char (*hosts)[64] = calloc((size_t)n, sizeof *hosts);
+    dt_rdzv_failure *f = calloc((size_t)nl, sizeof *f);
+    if (!hosts || !f)
+        goto out;
+    read_hosts(s, R, tag, n, hosts);
+    for (int i = 0; i < nl; i++) {
+        f[i].time = dt_wall_s();
+        dt_strlcpy(f[i].host, hosts[lost[i]], sizeof f[i].host);
+        f[i].node = lost[i];
+        f[i].rank = f[i].local_rank = -1;
+        snprintf(f[i].message, sizeof f[i].message,
+                 "node %d (%s) sent no heartbeat for %.1f s (heartbeat_timeout): its agent died, "
+                 "hangs or cannot reach the store",
+                 lost[i], hosts[lost[i]], silent[i]);
+    }
+    kf(key, sizeof key, "r%d/failures", R);
+    dt_rdzv_append_failures(s, key, f, nl, NULL);
+    if (nl == 1)
+        snprintf(why, sizeof why, "node %d (%s) was lost: no heartbeat for %.1f s", lost[0],
+                 hosts[lost[0]], silent[0]);
+    else
+        snprintf(why, sizeof why, "%d nodes were lost (node %d (%s) and others): no heartbeat for "
+                                  "%.1f s or more",
+                 nl, lost[0], hosts[lost[0]], silent[0]);
+    end_encode(v, sizeof v, END_REGROUP, me, 0, n - nl, lost, nl, why);
+    bool won = false;
+    kf(key, sizeof key, "r%d/end", R);
+    if (cas_new(s, key, v, &won, NULL, NULL) == 0 && won) {
+        add_i(s, "lost", nl, NULL, NULL);
+        DT_WARN("%s; the others re-rendezvous without it", why);
+    }
+out:
+    free(hosts);
+    free(f);
+}
+
+/* One heartbeat: bump this node's counter, then check group rank 0's (everyone) or all (rank
+ * 0). fresh: the round changed, so the watch starts over on this clock. */
+static void hb_tick(dt_rdzv_c10d *c, int R, int g, int n, const char *tag, bool fresh)
+{
+    char key[KEY_MAX], v[32];
+    double now = dt_now_s();
+    if (fresh || c->hb_cap < n) {
+        if (c->hb_cap < n) {
+            int64_t *val = realloc(c->hb_val, sizeof *val * (size_t)n);
+            if (val)
+                c->hb_val = val;
+            double *seen = realloc(c->hb_seen, sizeof *seen * (size_t)n);
+            if (seen)
+                c->hb_seen = seen;
+            if (!val || !seen)
+                return;
+            c->hb_cap = n;
+        }
+        for (int i = 0; i < n; i++) {
+            c->hb_val[i] = -1;
+            c->hb_seen[i] = now;
+        }
+    }
+    kf(key, sizeof key, "r%d/hb/%d", R, g);
+    snprintf(v, sizeof v, "%lld", (long long)++c->hb_count);
+    dt_err e = {0};
+    if (set_s(c->hb_ns, key, v, &e)) {
+        DT_DEBUG("heartbeat: %s", e.msg);
+        return;
+    }
+    if (n < 2 || c->hb_declared == R)
+        return;
+    int cnt = g == 0 ? n : 1; /* rank 0 watches all; the others watch rank 0 */
+    char (*keys)[32] = calloc((size_t)cnt, sizeof *keys);
+    const char **kp = calloc((size_t)cnt, sizeof *kp);
+    void **vals = calloc((size_t)cnt, sizeof *vals);
+    size_t *lens = calloc((size_t)cnt, sizeof *lens);
+    int *lost = calloc((size_t)cnt, sizeof *lost);
+    double *silent = calloc((size_t)cnt, sizeof *silent);
+    int nl = 0;
+    if (!keys || !kp || !vals || !lens || !lost || !silent)
+        goto out;
+    for (int i = 0; i < cnt; i++) {
+        snprintf(keys[i], sizeof keys[i], "r%d/hb/%d", R, i);
+        kp[i] = keys[i];
+    }
+    if (dt_store_multi_get(c->hb_ns, kp, (size_t)cnt, vals, lens, 0, NULL) != 0)
+        goto out; /* missing keys: the closer writes them all, so the round is being replaced */
+    now = dt_now_s();
+    for (int i = 0; i < cnt; i++) {
+        int who = i;
+        int64_t val = atoll(vals[i]);
+        free(vals[i]);
+        if (who == g)
+            continue;
+        if (val != c->hb_val[who]) {
+            c->hb_val[who] = val;
+            c->hb_seen[who] = now;
+        } else if (now - c->hb_seen[who] > c->o.heartbeat_timeout) {
+            lost[nl] = who;
+            silent[nl++] = now - c->hb_seen[who];
+        }
+    }
+    if (nl > 0) {
+        c->hb_declared = R;
+        declare_lost(c, c->hb_ns, R, g, n, tag, lost, silent, nl);
+    }
+out:
+    free(keys);
+    free(kp);
+    free(vals);
+    free(lens);
+    free(lost);
+    free(silent);
+}
+
+static void *hb_main(void *arg)
+{
+    dt_rdzv_c10d *c = arg;
+    pthread_mutex_lock(&c->mu);
+    while (!c->hb_stop) {
+        int R = c->hb_round, g = c->hb_g, n = c->hb_n;
+        char tag[64];
+        bool fresh = c->hb_new;
+        dt_strlcpy(tag, c->hb_tag, sizeof tag);
+        c->hb_new = false;
+        pthread_mutex_unlock(&c->mu);
+        if (R >= 0)
+            hb_tick(c, R, g, n, tag, fresh);
+        pthread_mutex_lock(&c->mu);
+        if (c->hb_stop || c->hb_new)
+            continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + c->o.heartbeat_interval;
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        while (!c->hb_stop && !c->hb_new &&
+               pthread_cond_timedwait(&c->cv, &c->mu, &ts) == 0)
+            ;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static void hb_stop(dt_rdzv_c10d *c)
+{
+    if (!c->hb_running)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->hb_stop = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->hb_thread, NULL);
+    c->hb_running = false;
+}
+
+/* ---- opening -------------------------------------------------------------------------------- */
+
+static int parse_nnodes(const char *s, int *min, int *max, dt_err *err)
+{
+    char tail;
+    if (sscanf(s, "%d:%d%c", min, max, &tail) == 2) {
+        if (*min < 1 || *max < *min)
+            return dt_err_set(err, -EINVAL, "--nnodes=%s: must be MIN:MAX with 1 <= MIN <= MAX", s);
+        return 0;
+    }
+    if (dt_parse_int(s, min) == 0 && *min >= 1) {
+        *max = *min;
+        return 0;
+    }
+    return dt_err_set(err, -EINVAL, "--nnodes=%s: must be N or MIN:MAX", s);
+}
+
+/* Finds the job instance under "dtrain/<id>/job": the current one, or a new one when there is
+ * none or the current one has finished. */
+static int resolve_job(dt_rdzv_c10d *c, dt_err *err)
+{
+    char fresh[32], key[KEY_MAX], *cur = NULL, *fin = NULL;
+    int rc;
+    dt_rdzv_make_id(fresh, sizeof fresh);
+    if ((rc = get0(c->ns_id, "job", &cur, err)) == -ENOENT) {
+        rc = cas_new(c->ns_id, "job", fresh, NULL, &cur, err);
+    } else if (rc == 0) {
+        kf(key, sizeof key, "%s/final", cur);
+        if (get0(c->ns_id, key, &fin, NULL) == 0) {
+            /* That job is over: start a new one (one compare-and-set wins for everybody). */
+            void *v = NULL;
+            size_t len = 0;
+            rc = dt_store_cas(c->ns_id, "job", cur, strlen(cur), fresh, strlen(fresh), &v, &len,
+                              err);
+            free(cur);
+            cur = rc == 0 ? strndup(v, len) : NULL;
+            free(v);
+            if (rc == 0 && !cur)
+                rc = dt_err_set(err, -ENOMEM, "out of memory");
+            free(fin);
+        }
+    }
+    if (rc == 0)
+        dt_strlcpy(c->job, cur, sizeof c->job);
+    free(cur);
+    return rc;
+}
+
+/* Agrees on the job's settings: the first agent's, recorded in "conf". */
+static int agree_conf(dt_rdzv_c10d *c, dt_err *err)
+{
+    char run_id[DT_RDZV_STR];
+    if (c->o.run_id[0] && strcmp(c->o.run_id, "none"))
+        dt_strlcpy(run_id, c->o.run_id, sizeof run_id);
+    else
+        dt_rdzv_make_id(run_id, sizeof run_id);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "run_id", run_id);
+    cJSON_AddNumberToObject(o, "max_restarts", c->o.max_restarts);
+    cJSON_AddNumberToObject(o, "min", c->min);
+    cJSON_AddNumberToObject(o, "max", c->max);
+    char *mine = cJSON_PrintUnformatted(o), *cur = NULL;
+    cJSON_Delete(o);
+    if (!mine)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    int rc = cas_new(c->ns, "conf", mine, NULL, &cur, err);
+    free(mine);
+    if (rc)
+        return rc;
+    o = cJSON_Parse(cur);
+    free(cur);
+    if (!o)
+        return dt_err_set(err, -EBADMSG, "the job's settings in the store are not JSON");
+    int min = (int)dt_rdzv_json_num(o, "min", c->min), max = (int)dt_rdzv_json_num(o, "max", c->max);
+    int mr = (int)dt_rdzv_json_num(o, "max_restarts", c->o.max_restarts);
+    dt_rdzv_json_str(o, "run_id", c->run_id, sizeof c->run_id);
+    cJSON_Delete(o);
+    if (min != c->min || max != c->max)
+        DT_WARN("--nnodes=%s here, but the job was started with --nnodes=%d:%d: using the job's",
+                c->o.nnodes, min, max);
+    if (mr != c->o.max_restarts)
+        DT_WARN("--max-restarts=%d here, but the job was started with %d: the job's budget is %d",
+                c->o.max_restarts, mr, mr);
+    c->min = min;
+    c->max = max;
+    c->max_restarts = mr;
+    return 0;
+}
+
+static int start_hb(dt_rdzv_c10d *c, dt_err *err)
+{
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setstacksize(&at, HB_STACK);
+    int rc = pthread_create(&c->hb_thread, &at, hb_main, c);
+    pthread_attr_destroy(&at);
+    if (rc)
+        return dt_err_set(err, -rc, "cannot start the heartbeat thread: %s", strerror(rc));
+    c->hb_running = true;
+    return 0;
+}
+
+int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
+{
+    int rc;
+    dt_rdzv_c10d *c = calloc(1, sizeof *c);
+    *out = NULL;
+    if (!c)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    c->o = *opts;
+    c->round = c->joining = -1;
+    c->hb_round = -1;
+    c->hb_declared = -1;
+    c->slice_ms = opts->interrupted ? 100 : 1000;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    dt_rdzv_make_id(c->id, sizeof c->id);
+    if ((rc = parse_nnodes(opts->nnodes, &c->min, &c->max, err)))
+        goto fail;
+
+    const char *ep = opts->endpoint_host[0] ? opts->endpoint_host : "127.0.0.1";
+    int port = opts->endpoint_port;
+    bool local = dt_rdzv_is_local_host(ep);
+    if (opts->is_host) {
+        rc = dt_rdzv_host_store(&c->server, "0.0.0.0", port, err);
+        if (rc == -EADDRINUSE)
+            rc = dt_err_set(err, rc,
+                            "is_host=1, but port %d is in use on this host: pick another endpoint "
+                            "port, or drop is_host to use the store listening there",
+                            port);
+        if (rc)
+            goto fail;
+    } else if (port == 0) {
+        rc = dt_err_set(err, -EINVAL,
+                        "--rdzv-endpoint %s has no port: give every node HOST:PORT, or let one "
+                        "node pick a free port with --rdzv-conf is_host=1 (it prints the port)",
+                        ep);
+        goto fail;
+    } else if (local) {
+        rc = dt_rdzv_host_store(&c->server, "0.0.0.0", port, err);
+        if (rc == -EADDRINUSE) {
+            DT_INFO("port %d is taken on this host: using the store listening there (another "
+                    "agent's, or a `dtrain store`)",
+                    port);
+            rc = 0;
+        } else if (rc) {
+            goto fail;
+        }
+    }
+    if (c->server)
+        DT_INFO("hosting the rendezvous store at %s:%d", ep, dt_store_server_port(c->server));
+    dt_strlcpy(c->store_addr, ep, sizeof c->store_addr);
+    c->store_port = c->server ? dt_store_server_port(c->server) : port;
+    dt_strlcpy(c->store_conn, c->server ? "127.0.0.1" : ep, sizeof c->store_conn);
+    if ((rc = dt_rdzv_connect_store(&c->base, &c->o, c->store_conn, c->store_port, err)) ||
+        (rc = dt_rdzv_connect_store(&c->hb_base, &c->o, c->store_conn, c->store_port, err)))
+        goto fail;
+    if (opts->local_addr[0])
+        dt_strlcpy(c->local_addr, opts->local_addr, sizeof c->local_addr);
+    else if (local)
+        dt_strlcpy(c->local_addr, ep, sizeof c->local_addr);
+    else
+        dt_rdzv_route_addr(ep, c->store_port, c->local_addr, sizeof c->local_addr);
+
+    char prefix[DT_RDZV_STR + 48];
+    snprintf(prefix, sizeof prefix, "dtrain/%s/", opts->run_id[0] ? opts->run_id : "none");
+    if ((rc = dt_store_prefixed(&c->ns_id, c->base, prefix, err)) ||
+        (rc = resolve_job(c, err)))
+        goto fail;
+    snprintf(prefix, sizeof prefix, "%s/", c->job);
+    if ((rc = dt_store_prefixed(&c->ns, c->ns_id, prefix, err)))
+        goto fail;
+    snprintf(prefix, sizeof prefix, "dtrain/%s/%s/", opts->run_id[0] ? opts->run_id : "none",
+             c->job);
+    if ((rc = dt_store_prefixed(&c->hb_ns, c->hb_base, prefix, err)) ||
+        (rc = agree_conf(c, err)) || (rc = add_i(c->ns, "opened", 1, NULL, err)))
+        goto fail;
+    c->opened = true;
+    if ((rc = start_hb(c, err)))
+        goto fail;
+    DT_DEBUG("c10d: job instance %s, nodes %d:%d, node id %s", c->job, c->min, c->max, c->id);
+    *out = c;
+    return 0;
+fail:
+    if (rc != -EINTR && rc != -EINVAL && c->base)
+        store_gone(c, rc, err, "opening the rendezvous");
+    dt_rdzv_c10d_close(c);
+    return rc;
+}
+
+/* ---- closing a round (one node) ------------------------------------------------------------- */
+
+static int cmp_joiner(const void *a, const void *b)
+{
+    const joiner *x = a, *y = b;
+    /* Survivors of the previous round first, in their old order; then newcomers by join order. */
+    if ((x->prev < 0) != (y->prev < 0))
+        return x->prev < 0 ? 1 : -1;
+    if (x->prev != y->prev)
+        return x->prev < y->prev ? -1 : 1;
+    return x->k < y->k ? -1 : x->k > y->k;
+}
+
+/* The attempt of round R: R-1's, plus one when R-1 failed. */
+static int round_attempt(dt_rdzv_c10d *c, int R)
+{
+    char key[KEY_MAX], *v = NULL;
+    closed_info ci;
+    end_info e;
+    if (R == 0)
+        return 0;
+    kf(key, sizeof key, "r%d/closed", R - 1);
+    if (get0(c->ns, key, &v, NULL) != 0)
+        return 0;
+    int a = closed_decode(v, &ci) == 0 ? ci.attempt : 0;
+    free(v);
+    kf(key, sizeof key, "r%d/end", R - 1);
+    if (get0(c->ns, key, &v, NULL) == 0) {
+        end_decode(v, &e);
+        free(v);
+        if (e.kind == END_FAIL)
+            a++;
+    }
+    return a;
+}
+
+/* Tries to close round R with the nodes that joined so far (at most MAX). Returns 0 (whether
+ * or not this call closed it) or a store error. */
+static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
+{
+    char key[KEY_MAX];
+    int64_t cnt = 0;
+    int rc, nj = 0, n = 0;
+    char (*keys)[48] = NULL;
+    const char **kp = NULL, **mk = NULL;
+    const void **mv = NULL;
+    size_t *ml = NULL;
+    void **vals = NULL;
+    size_t *lens = NULL;
+    joiner *js = NULL;
+    char (*avals)[48] = NULL;
+    char *members = NULL, *closed = NULL;
+
+    kf(key, sizeof key, "r%d/count", R);
+    if ((rc = add_i(c->ns, key, 0, &cnt, err)))
+        return rc;
+    if (cnt < c->min)
+        return 0;
+    nj = (int)DT_MIN(cnt, (int64_t)c->max);
+    keys = calloc((size_t)nj, sizeof *keys);
+    kp = calloc((size_t)nj, sizeof *kp);
+    vals = calloc((size_t)nj, sizeof *vals);
+    lens = calloc((size_t)nj, sizeof *lens);
+    js = calloc((size_t)nj, sizeof *js);
+    if (!keys || !kp || !vals || !lens || !js) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < nj; i++) {
+        snprintf(keys[i], sizeof keys[i], "r%d/j/%d", R, i + 1);
+        kp[i] = keys[i];
+    }
+    /* Records are written right after the add: wait a little for the last ones. A joiner that
+     * died in between leaves a hole, and is left out. */
+    rc = dt_store_multi_get(c->ns, kp, (size_t)nj, vals, lens, 2000, err);
+    if (rc == -ETIMEDOUT || rc == -ENOENT) {
+        for (int i = 0; i < nj; i++) {
+            char *v = NULL;
+            vals[i] = get0(c->ns, kp[i], &v, NULL) == 0 ? v : NULL;
+        }
+        rc = 0;
+    }
+    if (rc)
+        goto out;
+    for (int i = 0; i < nj; i++) {
+        cJSON *o = vals[i] ? cJSON_Parse(vals[i]) : NULL;
+        if (!o)
+            continue;
+        joiner *j = &js[n];
+        j->k = i + 1;
+        j->prev = (int)dt_rdzv_json_num(o, "prev", -1);
+        j->nproc = (int)dt_rdzv_json_num(o, "nproc", 0);
+        j->port = (int)dt_rdzv_json_num(o, "port", 0);
+        dt_rdzv_json_str(o, "host", j->host, sizeof j->host);
+        dt_rdzv_json_str(o, "addr", j->addr, sizeof j->addr);
+        cJSON_Delete(o);
+        if (j->nproc >= 1)
+            n++;
+    }
+    if (n < c->min)
+        goto out; /* holes: not enough after all; a later joiner closes it */
+    qsort(js, (size_t)n, sizeof *js, cmp_joiner);
+    int world = 0;
+    for (int i = 0; i < n; i++) {
+        js[i].g = i;
+        js[i].base = world;
+        world += js[i].nproc;
+    }
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s.%u", c->id, ++c->tag_seq);
+    /* One multi-set: assignments, the member list, and every heartbeat key (so that the watcher's
+     * multi-get finds them all). */
+    size_t nk = 2 * (size_t)n + 1, mcap = (size_t)n * 160 + 1, mlen = 0;
+    mk = calloc(nk, sizeof *mk);
+    mv = calloc(nk, sizeof *mv);
+    ml = calloc(nk, sizeof *ml);
+    avals = calloc(nk, sizeof *avals);
+    char (*akeys)[96] = calloc(nk, sizeof *akeys);
+    members = malloc(mcap);
+    if (!mk || !mv || !ml || !avals || !akeys || !members) {
+        free(akeys);
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        snprintf(akeys[2 * i], sizeof akeys[0], "r%d/a/%s/%d", R, tag, js[i].k);
+        snprintf(avals[2 * i], sizeof avals[0], "%d %d", js[i].g, js[i].base);
+        snprintf(akeys[2 * i + 1], sizeof akeys[0], "r%d/hb/%d", R, js[i].g);
+        snprintf(avals[2 * i + 1], sizeof avals[0], "0");
+        mlen += (size_t)snprintf(members + mlen, mcap - mlen, "%d %d %d %s %s\n", js[i].g,
+                                 js[i].k, js[i].nproc, js[i].host[0] ? js[i].host : "?",
+                                 js[i].addr[0] ? js[i].addr : "?");
+        if (mlen >= mcap)
+            mlen = mcap - 1;
+    }
+    for (size_t i = 0; i < 2 * (size_t)n; i++) {
+        mk[i] = akeys[i];
+        mv[i] = avals[i];
+        ml[i] = strlen(avals[i]);
+    }
+    snprintf(akeys[nk - 1], sizeof akeys[0], "r%d/m/%s", R, tag);
+    mk[nk - 1] = akeys[nk - 1];
+    mv[nk - 1] = members;
+    ml[nk - 1] = mlen;
+    rc = dt_store_multi_set(c->ns, mk, mv, ml, nk, err);
+    free(akeys);
+    if (rc)
+        goto out;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "n", n);
+    cJSON_AddStringToObject(o, "tag", tag);
+    cJSON_AddNumberToObject(o, "attempt", round_attempt(c, R));
+    cJSON_AddNumberToObject(o, "world", world);
+    cJSON_AddStringToObject(o, "master_addr", js[0].addr);
+    cJSON_AddNumberToObject(o, "master_port", js[0].port);
+    closed = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!closed) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    bool won = false;
+    kf(key, sizeof key, "r%d/closed", R);
+    if ((rc = cas_new(c->ns, key, closed, &won, NULL, err)))
+        goto out;
+    if (won) {
+        char v[32];
+        snprintf(v, sizeof v, "%d", R);
+        set_s(c->ns, "round", v, NULL);
+        DT_DEBUG("c10d: closed round %d with %d of %lld joined nodes (world %d)", R, n,
+                 (long long)cnt, world);
+    }
+out:
+    for (int i = 0; vals && i < nj; i++)
+        free(vals[i]);
+    free(keys);
+    free(kp);
+    free(vals);
+    free(lens);
+    free(js);
+    free(mk);
+    free(mv);
+    free(ml);
+    free(avals);
+    free(members);
+    free(closed);
+    return rc;
+}
+
+/* ---- joining -------------------------------------------------------------------------------- */
+
+/* Fills rd for membership of round R. */
+static void fill_round(dt_rdzv_c10d *c, const closed_info *ci, int R, int g, int base,
+                       dt_rdzv_round *rd)
+{
+    memset(rd, 0, sizeof *rd);
+    rd->round = R;
+    rd->attempt = ci->attempt;
+    rd->max_restarts = c->max_restarts;
+    rd->group_rank = g;
+    rd->group_world_size = ci->n;
+    rd->rank_base = base;
+    rd->local_world_size = c->o.local_world_size;
+    rd->world_size = ci->world;
+    dt_strlcpy(rd->run_id, c->run_id, sizeof rd->run_id);
+    dt_strlcpy(rd->master_addr, ci->master_addr, sizeof rd->master_addr);
+    rd->master_port = ci->master_port;
+    dt_strlcpy(rd->store_addr, c->store_addr, sizeof rd->store_addr);
+    rd->store_port = c->store_port;
+    dt_strlcpy(rd->local_addr, c->local_addr, sizeof rd->local_addr);
+    rd->elastic = true;
+}
+
+/* Cancels round R before it formed and ends the job (the first one to cancel writes final). */
+static void cancel_round(dt_rdzv_c10d *c, int R, int code, const char *kind, int sig,
+                         const char *why, bool *won)
+{
+    char key[KEY_MAX];
+    kf(key, sizeof key, "r%d/closed", R);
+    *won = false;
+    if (cas_new(c->ns, key, "{\"final\":1}", won, NULL, NULL) == 0 && *won)
+        write_final(c, code, kind, -1, sig, why);
+}
+
+/* Joins round R (not closed when looked at). Returns 0 as a member with rd filled, 1 when the
+ * round closed without this node, or an error: -EINTR, -ECANCELED (the job ended: st says how),
+ * -ETIMEDOUT (too few nodes within the join timeout), a store error. */
+static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd,
+                      dt_rdzv_status *st, dt_err *err)
+{
+    char key[KEY_MAX], *v = NULL, prev_why[256] = "";
+    int rc, port = 0, expect = -1;
+    int prev = c->round >= 0 && c->round == R - 1 ? c->g : -1;
+    int64_t k = 0, s = 0, cnt = 0;
+    closed_info ci;
+
+    if (R > 0) {
+        kf(key, sizeof key, "r%d/end", R - 1);
+        if (get0(c->ns, key, &v, NULL) == 0) {
+            end_info e;
+            end_decode(v, &e);
+            expect = e.expect;
+            snprintf(prev_why, sizeof prev_why, "%s", e.why);
+            free(v);
+        }
+    }
+    if ((rc = dt_rdzv_free_port(&port, err)))
+        return rc;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", c->id);
+    cJSON_AddStringToObject(o, "host", dt_hostname());
+    cJSON_AddStringToObject(o, "addr", c->local_addr);
+    cJSON_AddNumberToObject(o, "nproc", c->o.local_world_size);
+    cJSON_AddNumberToObject(o, "pid", (int)getpid());
+    cJSON_AddNumberToObject(o, "prev", prev);
+    cJSON_AddNumberToObject(o, "port", port);
+    char *rec = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!rec)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    kf(key, sizeof key, "r%d/count", R);
+    rc = add_i(c->ns, key, 1, &k, err);
+    if (rc == 0) {
+        kf(key, sizeof key, "r%d/j/%lld", R, (long long)k);
+        rc = set_s(c->ns, key, rec, err);
+    }
+    free(rec);
+    if (rc)
+        return store_gone(c, rc, err, "joining the rendezvous");
+    c->joining = R;
+    double t_join = dt_now_s(), close_at = 1e300;
+    if (k >= c->min && k <= c->max)
+        close_at = t_join + c->o.last_call_timeout;
+    if (k <= c->max) {
+        bool can = k == c->max;
+        if (!can && expect >= 0) {
+            /* Close as soon as every survivor of the previous round is back (and MIN met). */
+            kf(key, sizeof key, "r%d/surv", R);
+            if (prev >= 0 && add_i(c->ns, key, 1, &s, NULL) == 0 && s >= expect) {
+                kf(key, sizeof key, "r%d/count", R);
+                can = add_i(c->ns, key, 0, &cnt, NULL) == 0 && cnt >= c->min;
+            } else if (prev < 0 && k >= c->min) {
+                can = add_i(c->ns, key, 0, &s, NULL) == 0 && s >= expect;
+            }
+        }
+        if (can && (rc = try_close(c, R, err)))
+            return store_gone(c, rc, err, "closing a rendezvous round");
+    }
+    DT_DEBUG("c10d: joined round %d as #%lld (nodes %d:%d)", R, (long long)k, c->min, c->max);
+
+    kf(key, sizeof key, "r%d/closed", R);
+    for (;;) {
+        if (interrupted(c))
+            return dt_err_set(err, -EINTR, "interrupted while waiting for the other nodes");
+        double now = dt_now_s();
+        double until = DT_MIN(close_at, deadline);
+        int ms = until - now > c->slice_ms / 1000.0 ? c->slice_ms : (int)((until - now) * 1000);
+        if (ms < 20)
+            ms = 20; /* the client rounds a tiny wait down to "do not wait" */
+        dt_err e = {0};
+        rc = get_wait(c->ns, key, &v, ms, &e);
+        if (rc == 0)
+            break;
+        if (rc != -ETIMEDOUT && rc != -ENOENT) {
+            if (err)
+                *err = e;
+            return store_gone(c, rc, err, "waiting for the round to form");
+        }
+        if (job_final(c, st))
+            return dt_err_set(err, -ECANCELED, "the job ended while this node waited: %s",
+                              st->why);
+        now = dt_now_s();
+        if (now >= close_at) {
+            close_at = 1e300;
+            if ((rc = try_close(c, R, err)))
+                return store_gone(c, rc, err, "closing a rendezvous round");
+        }
+        if (now >= deadline) {
+            kf(key, sizeof key, "r%d/count", R);
+            add_i(c->ns, key, 0, &cnt, NULL);
+            char why[700];
+            snprintf(why, sizeof why,
+                     "round %d did not form: %lld node(s) joined within the join timeout (%g s) "
+                     "and MIN is %d%s%s%s",
+                     R, (long long)cnt, c->o.join_timeout, c->min, prev_why[0] ? " (the last round ended: " : "",
+                     prev_why, prev_why[0] ? ")" : "");
+            bool won = false;
+            cancel_round(c, R, 1, "rdzv", 0, why, &won);
+            if (won || job_final(c, st))
+                return dt_err_set(err, -ETIMEDOUT, "%s", why);
+            kf(key, sizeof key, "r%d/closed", R); /* it closed just now: read it */
+            deadline = 1e300;
+        }
+    }
+    rc = closed_decode(v, &ci);
+    free(v);
+    if (rc)
+        return dt_err_set(err, rc, "round %d's record in the store is damaged", R);
+    if (ci.cancelled) {
+        if (!job_final(c, st)) {
+            st->state = DT_RDZV_ABORTED;
+            snprintf(st->why, sizeof st->why, "round %d was cancelled", R);
+        }
+        return dt_err_set(err, -ECANCELED, "the job ended while this node waited: %s", st->why);
+    }
+    kf(key, sizeof key, "r%d/a/%s/%lld", R, ci.tag, (long long)k);
+    rc = get0(c->ns, key, &v, err);
+    if (rc == -ENOENT) {
+        c->joining = -1;
+        return 1;
+    }
+    if (rc)
+        return store_gone(c, rc, err, "reading this node's rank");
+    int g = -1, base = -1;
+    sscanf(v, "%d %d", &g, &base);
+    free(v);
+    if (g < 0 || g >= ci.n || base < 0)
+        return dt_err_set(err, -EBADMSG, "round %d: this node's assignment is damaged", R);
+    c->round = R;
+    c->joining = -1;
+    c->g = g;
+    c->n = ci.n;
+    c->attempt = ci.attempt;
+    dt_strlcpy(c->tag, ci.tag, sizeof c->tag);
+    fill_round(c, &ci, R, g, base, rd);
+    hb_assign(c, R, g, ci.n, ci.tag);
+    return 0;
+}
+
+/* Whether round R's end (with its closed record) ends the job; fills st when it does. */
+static bool end_is_final(dt_rdzv_c10d *c, const end_info *e, const closed_info *ci,
+                         dt_rdzv_status *st)
+{
+    if (e->kind == END_SUCCESS || e->kind == END_ABORT ||
+        (e->kind == END_FAIL && ci->attempt >= c->max_restarts)) {
+        status_from_end(e, st);
+        return true;
+    }
+    return false;
+}
+
+/* Waits as a spare while round R (full) runs: until it ends. Watches its group rank 0 meanwhile,
+ * so that a round whose nodes all died cannot keep spares waiting forever. */
+static int spare_wait(dt_rdzv_c10d *c, int R, const closed_info *ci, dt_rdzv_status *st,
+                      dt_err *err)
+{
+    char key[KEY_MAX], hbkey[KEY_MAX], *v = NULL;
+    int64_t last = -1;
+    double seen = dt_now_s(), next_hb = seen;
+    DT_INFO("round %d is full (%d of at most %d nodes): waiting as a spare until a slot frees", R,
+            ci->n, c->max);
+    kf(key, sizeof key, "r%d/end", R);
+    kf(hbkey, sizeof hbkey, "r%d/hb/0", R);
+    for (;;) {
+        if (interrupted(c))
+            return dt_err_set(err, -EINTR, "interrupted while waiting as a spare");
+        dt_err e = {0};
+        int rc = get_wait(c->ns, key, &v, c->slice_ms, &e);
+        if (rc == 0) {
+            free(v);
+            return 0;
+        }
+        if (rc != -ETIMEDOUT && rc != -ENOENT) {
+            if (err)
+                *err = e;
+            return store_gone(c, rc, err, "waiting as a spare");
+        }
+        if (job_final(c, st))
+            return dt_err_set(err, -ECANCELED, "the job ended while this node waited: %s",
+                              st->why);
+        double now = dt_now_s();
+        if (now < next_hb)
+            continue;
+        next_hb = now + c->o.heartbeat_interval;
+        if (get0(c->ns, hbkey, &v, NULL) != 0)
+            continue;
+        int64_t val = atoll(v);
+        free(v);
+        if (val != last) {
+            last = val;
+            seen = now;
+        } else if (now - seen > c->o.heartbeat_timeout) {
+            char why[256], ev[512];
+            snprintf(why, sizeof why,
+                     "node 0 of round %d was lost: no heartbeat for %.1f s (seen by a spare)", R,
+                     now - seen);
+            int zero = 0;
+            end_encode(ev, sizeof ev, END_REGROUP, -1, 0, ci->n - 1, &zero, 1, why);
+            bool won = false;
+            if (cas_new(c->ns, key, ev, &won, NULL, NULL) == 0 && won) {
+                add_i(c->ns, "lost", 1, NULL, NULL);
+                DT_WARN("%s", why);
+            }
+        }
+    }
+}
+
+int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
+{
+    dt_rdzv_status dummy;
+    char key[KEY_MAX], *v = NULL;
+    int rc;
+    if (!st)
+        st = &dummy;
+    memset(st, 0, sizeof *st);
+    if (c->killed)
+        return dt_err_set(err, -EIO, "this rendezvous was killed");
+    if (interrupted(c))
+        return dt_err_set(err, -EINTR, "interrupted before the rendezvous");
+    c->done = false;
+    memset(&c->ended, 0, sizeof c->ended);
+    free(c->fails);
+    c->fails = NULL;
+    c->n_fails = 0;
+    hb_assign(c, -1, 0, 0, NULL); /* the old round is over: stop beating for it */
+
+    int R = c->round + 1;
+    if (get0(c->ns, "round", &v, NULL) == 0) {
+        int hint = atoi(v);
+        free(v);
+        if (hint > R)
+            R = hint; /* rounds before the last closed one are over */
+    }
+    double deadline = dt_now_s() + c->o.join_timeout;
+    bool announced = false;
+    for (;;) {
+        if (interrupted(c))
+            return dt_err_set(err, -EINTR, "interrupted while joining the rendezvous");
+        if (job_final(c, st)) {
+            mark_left(c);
+            return dt_err_set(err, -ECANCELED, "the job has ended: %s", st->why);
+        }
+        kf(key, sizeof key, "r%d/closed", R);
+        rc = get0(c->ns, key, &v, err);
+        if (rc == -ENOENT) {
+            rc = join_round(c, R, deadline, rd, st, err);
+            if (rc == -ECANCELED || rc == -ETIMEDOUT)
+                mark_left(c);
+            if (rc <= 0)
+                return rc;
+            continue; /* the round closed without this node: look at it again */
+        }
+        if (rc)
+            return store_gone(c, rc, err, "joining the rendezvous");
+        closed_info ci;
+        rc = closed_decode(v, &ci);
+        free(v);
+        if (rc)
+            return dt_err_set(err, rc, "round %d's record in the store is damaged", R);
+        if (ci.cancelled) {
+            R++;
+            continue; /* final is set too (checked above on the next turn) */
+        }
+        kf(key, sizeof key, "r%d/end", R);
+        rc = get0(c->ns, key, &v, err);
+        if (rc == 0) {
+            end_info e;
+            end_decode(v, &e);
+            free(v);
+            if (end_is_final(c, &e, &ci, st)) {
+                mark_left(c);
+                return dt_err_set(err, -ECANCELED, "the job has ended: %s", st->why);
+            }
+            R++;
+            continue;
+        }
+        if (rc != -ENOENT)
+            return store_gone(c, rc, err, "joining the rendezvous");
+        /* Round R runs without this node. */
+        if (ci.n < c->max) {
+            char why[600], ev[700];
+            snprintf(why, sizeof why, "node %s (%s) joins the job, which runs on %d of at most %d",
+                     c->local_addr, dt_hostname(), ci.n, c->max);
+            end_encode(ev, sizeof ev, END_REGROUP, -1, 0, ci.n, NULL, 0, why);
+            if (!announced)
+                DT_INFO("round %d runs with %d node(s): asking it to regroup so that this node "
+                        "joins",
+                        R, ci.n);
+            announced = true;
+            if ((rc = cas_new(c->ns, key, ev, NULL, NULL, err)))
+                return store_gone(c, rc, err, "joining the rendezvous");
+            R++;
+            continue;
+        }
+        if ((rc = spare_wait(c, R, &ci, st, err))) {
+            if (rc == -ECANCELED)
+                mark_left(c);
+            return rc;
+        }
+        deadline = dt_now_s() + c->o.join_timeout;
+    }
+}
+
+/* ---- while a round runs --------------------------------------------------------------------- */
+
+static void cache_end(dt_rdzv_c10d *c, const char *v)
+{
+    end_info e;
+    end_decode(v, &e);
+    status_from_end(&e, &c->ended);
+    for (int i = 0; i < e.n_lost; i++)
+        if (e.lost[i] == c->g) { /* frozen or cut off for too long: the others went on */
+            snprintf(c->ended.why, sizeof c->ended.why,
+                     "this node was declared lost by the others (%.150s); it rejoins the job as "
+                     "a new node",
+                     e.why);
+            break;
+        }
+    bool final = e.kind == END_SUCCESS || e.kind == END_ABORT ||
+                 (e.kind == END_FAIL && c->attempt >= c->max_restarts);
+    if (final && e.kind == END_FAIL)
+        write_final(c, 1, "fail", e.node, 0, e.why);
+    if (final)
+        mark_left(c);
+}
+
+int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
+{
+    char key[KEY_MAX], *v = NULL;
+    memset(st, 0, sizeof *st);
+    if (c->killed)
+        return dt_err_set(err, -EIO, "this rendezvous was killed");
+    if (c->ended.state != DT_RDZV_RUNNING || c->round < 0) {
+        *st = c->ended;
+        return 0;
+    }
+    kf(key, sizeof key, "r%d/end", c->round);
+    int rc = get0(c->ns, key, &v, err);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc)
+        return store_gone(c, rc, err, "checking the round");
+    cache_end(c, v);
+    free(v);
+    hb_assign(c, -1, 0, 0, NULL); /* nobody watches a round that ended */
+    *st = c->ended;
+    return 0;
+}
+
+int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
+{
+    char key[KEY_MAX], v[320], why[64];
+    int64_t d = 0;
+    bool won = false;
+    c->done = true;
+    if (c->round < 0 || c->killed)
+        return 0;
+    kf(key, sizeof key, "r%d/done", c->round);
+    int rc = add_i(c->ns, key, 1, &d, err);
+    if (rc)
+        return store_gone(c, rc, err, "reporting success");
+    if (d < c->n)
+        return 0;
+    snprintf(why, sizeof why, "every node succeeded");
+    end_encode(v, sizeof v, END_SUCCESS, c->g, 0, c->n, NULL, 0, why);
+    kf(key, sizeof key, "r%d/end", c->round);
+    if ((rc = cas_new(c->ns, key, v, &won, NULL, err)))
+        return store_gone(c, rc, err, "reporting success");
+    if (won) /* fenced: only the end of a live round may end the job */
+        write_final(c, 0, "success", c->g, 0, why);
+    return 0;
+}
+
+int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err)
+{
+    char key[KEY_MAX], why[200], v[512], *cur = NULL;
+    int rc = 0;
+    if (n > 0) {
+        dt_rdzv_failure *grown = realloc(c->fails, sizeof *grown * (size_t)(c->n_fails + n));
+        if (!grown)
+            return dt_err_set(err, -ENOMEM, "out of memory");
+        c->fails = grown;
+        memcpy(c->fails + c->n_fails, f, sizeof *f * (size_t)n);
+        c->n_fails += n;
+    }
+    if (n > 0 && f[0].rank >= 0)
+        snprintf(why, sizeof why, "rank %d on node %d (%s) failed", f[0].rank, f[0].node, f[0].host);
+    else if (n > 0)
+        snprintf(why, sizeof why, "node %d (%s) was lost", f[0].node, f[0].host);
+    else
+        snprintf(why, sizeof why, "node %d failed", c->g);
+    if (c->round < 0 || c->killed)
+        return 0;
+    kf(key, sizeof key, "r%d/failures", c->round);
+    rc = dt_rdzv_append_failures(c->ns, key, f, n, err);
+    end_encode(v, sizeof v, END_FAIL, c->g, 0, c->n, NULL, 0, why);
+    bool won = false;
+    kf(key, sizeof key, "r%d/end", c->round);
+    int rc2 = cas_new(c->ns, key, v, &won, &cur, err);
+    if (rc2 == 0 && cur)
+        cache_end(c, cur);
+    else if (c->ended.state == DT_RDZV_RUNNING)
+        cache_end(c, v);
+    free(cur);
+    if (rc || rc2)
+        return store_gone(c, rc ? rc : rc2, err, "reporting a failure");
+    return 0;
+}
+
+int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
+{
+    char why[200], v[512], key[KEY_MAX];
+    if (c->killed)
+        return 0;
+    snprintf(why, sizeof why, "node %d's agent (%s) was stopped by signal %d", c->round >= 0 ? c->g : -1,
+             dt_hostname(), sig);
+    if (c->ended.state == DT_RDZV_RUNNING || c->ended.state == DT_RDZV_FAILED ||
+        c->ended.state == DT_RDZV_REGROUP) {
+        c->ended.state = DT_RDZV_ABORTED;
+        c->ended.node = c->round >= 0 ? c->g : -1;
+        c->ended.signal = sig;
+        dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
+    }
+    if (!c->ns)
+        return 0;
+    write_final(c, 128 + sig, "abort", c->round >= 0 ? c->g : -1, sig, why);
+    if (c->joining >= 0) {
+        kf(key, sizeof key, "r%d/closed", c->joining);
+        cas_new(c->ns, key, "{\"final\":1}", NULL, NULL, NULL);
+    }
+    /* End this node's round, and the latest one (the others may have gone on without this
+     * node), and cancel the one after it (survivors between rounds wait there). */
+    int latest = c->round;
+    char *h = NULL;
+    if (get0(c->ns, "round", &h, NULL) == 0)
+        latest = DT_MAX(latest, atoi(h));
+    free(h);
+    end_encode(v, sizeof v, END_ABORT, c->round >= 0 ? c->g : -1, sig, c->n, NULL, 0, why);
+    int ends[2] = {c->round, latest};
+    for (int i = 0; i < 2; i++) {
+        if (ends[i] < 0 || (i == 1 && ends[1] == ends[0]))
+            continue;
+        kf(key, sizeof key, "r%d/end", ends[i]);
+        cas_new(c->ns, key, v, NULL, NULL, NULL);
+    }
+    if (latest >= 0) {
+        kf(key, sizeof key, "r%d/closed", latest + 1);
+        cas_new(c->ns, key, "{\"final\":1}", NULL, NULL, NULL);
+    }
+    mark_left(c);
+    (void)err;
+    return 0;
+}
+
+int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err *err)
+{
+    char key[KEY_MAX];
+    *out = NULL;
+    *n = 0;
+    if (c->round >= 0 && c->ns && !c->killed) {
+        kf(key, sizeof key, "r%d/failures", c->round);
+        int rc = dt_rdzv_read_failures(c->ns, key, out, n, NULL);
+        if (rc == 0)
+            return 0;
+        if (rc != -ENOENT)
+            DT_WARN("cannot read the job's failures from the store; showing this node's");
+    }
+    if (c->n_fails == 0)
+        return 0;
+    dt_rdzv_failure *copy = malloc(sizeof *copy * (size_t)c->n_fails);
+    if (!copy)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    memcpy(copy, c->fails, sizeof *copy * (size_t)c->n_fails);
+    dt_rdzv_sort_failures(copy, c->n_fails);
+    *out = copy;
+    *n = c->n_fails;
+    return 0;
+}
+
+/* ---- leaving -------------------------------------------------------------------------------- */
+
+/* The store host waits until every agent of the job that is not known lost has seen the end. */
+static void wait_others_left(dt_rdzv_c10d *c)
+{
+    const char *keys[] = {"left", "opened", "lost"};
+    double deadline = dt_now_s() + c->o.close_timeout;
+    for (;;) {
+        int64_t v[3] = {0, 0, 0};
+        for (int i = 0; i < 3; i++) {
+            char *s = NULL;
+            if (get0(c->ns, keys[i], &s, NULL) == 0)
+                v[i] = atoll(s);
+            free(s);
+        }
+        if (v[0] >= v[1] - v[2])
+            return;
+        if (dt_now_s() >= deadline) {
+            DT_WARN("%lld of %lld agents confirmed the end of the job within close_timeout (%g s); "
+                    "closing the store",
+                    (long long)v[0], (long long)(v[1] - v[2]), c->o.close_timeout);
+            return;
+        }
+        if (interrupted(c))
+            return;
+        dt_sleep_ms(50);
+    }
+}
+
+void dt_rdzv_c10d_kill(dt_rdzv_c10d *c)
+{
+    if (!c || c->killed)
+        return;
+    hb_stop(c);
+    c->killed = true;
+    dt_store_free(c->hb_ns);
+    dt_store_free(c->hb_base);
+    dt_store_free(c->ns);
+    dt_store_free(c->ns_id);
+    dt_store_free(c->base);
+    c->hb_ns = c->hb_base = c->ns = c->ns_id = c->base = NULL;
+}
+
+void dt_rdzv_c10d_close(dt_rdzv_c10d *c)
+{
+    if (!c)
+        return;
+    hb_stop(c);
+    if (c->ns && !c->killed && c->opened) {
+        mark_left(c);
+        if (c->server)
+            wait_others_left(c);
+    }
+    dt_store_free(c->hb_ns);
+    dt_store_free(c->hb_base);
+    dt_store_free(c->ns);
+    dt_store_free(c->ns_id);
+    dt_store_free(c->base);
+    dt_store_server_stop(c->server);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->hb_val);
+    free(c->hb_seen);
+    free(c->fails);
+    free(c);
+}

@@ -1,0 +1,67 @@
+/* rdzv_impl.h - what the rendezvous backends share; internal to rendezvous/rdzv*.c. Everyone
+ * else uses rendezvous/rdzv.h.
+ *
+ * rdzv.c owns the public dt_rdzv_* functions and the static backend; when opts->backend is
+ * "c10d" it forwards every call to the dt_rdzv_c10d_* functions of rdzv_c10d.c. The helpers
+ * below (store hosting and connecting, failure records, ids) are written once, in rdzv.c.
+ */
+#ifndef DT_RDZV_IMPL_H
+#define DT_RDZV_IMPL_H
+
+#include <cJSON.h>
+#include <stdbool.h>
+
+#include "rendezvous/rdzv.h"
+#include "rendezvous/store.h"
+
+/* ---- helpers (rdzv.c) ------------------------------------------------------------------- */
+
+/* Whether host names an address of this machine (binding to it works: an interface address,
+ * localhost, 127.0.0.1, the host's own name). */
+bool dt_rdzv_is_local_host(const char *host);
+
+/* An id nobody else has: 12 hex digits from the clock, the pid and the host. */
+void dt_rdzv_make_id(char *out, size_t cap);
+
+/* Starts a store server on bind_host:port (0 = any). -EADDRINUSE (err untouched) when something
+ * already listens there; other failures fill err. On success *out is running (caller owns it). */
+int dt_rdzv_host_store(dt_store_server **out, const char *bind_host, int port, dt_err *err);
+
+/* Connects to host:port, retrying until o->join_timeout and polling o->interrupted (-EINTR).
+ * Calls on the connection time out after about o->heartbeat_timeout (1..30 s), so that a store
+ * that is gone is noticed. On success *out owns the connection. */
+int dt_rdzv_connect_store(dt_store **out, const dt_rdzv_opts *o, const char *host, int port,
+                          dt_err *err);
+
+/* Appends the n failures as JSON lines to key (one request). */
+int dt_rdzv_append_failures(dt_store *s, const char *key, const dt_rdzv_failure *f, int n,
+                            dt_err *err);
+
+/* Reads the JSON lines under key into *out (malloc'd, sorted by time; caller frees). -ENOENT
+ * when the key is absent. */
+int dt_rdzv_read_failures(dt_store *s, const char *key, dt_rdzv_failure **out, int *n,
+                          dt_err *err);
+
+/* Stable sort by time (equal times keep the order they were recorded in). */
+void dt_rdzv_sort_failures(dt_rdzv_failure *f, int n);
+
+/* String and number members of a JSON object ("" and def when absent or of another type). */
+void dt_rdzv_json_str(const cJSON *o, const char *k, char *out, size_t cap);
+double dt_rdzv_json_num(const cJSON *o, const char *k, double def);
+
+/* ---- the c10d backend (rdzv_c10d.c): same contracts as the dt_rdzv_* functions ---------- */
+
+typedef struct dt_rdzv_c10d dt_rdzv_c10d;
+
+int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err);
+int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *round, dt_rdzv_status *status,
+                      dt_err *err);
+int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *status, dt_err *err);
+int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err);
+int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err);
+int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err);
+int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err *err);
+void dt_rdzv_c10d_kill(dt_rdzv_c10d *c);
+void dt_rdzv_c10d_close(dt_rdzv_c10d *c);
+
+#endif

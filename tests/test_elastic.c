@@ -1,0 +1,743 @@
+/* test_elastic.c - the c10d (elastic) rendezvous: several real agents (build/dtrain) on
+ * 127.0.0.1 with trivial `sh -c` workers, and the rendezvous API with in-process agents.
+ *
+ * Covered: 2..4 agents started in random order at staggered times form one job; a late joiner
+ * grows a running job (the workers see the new world size, the restart count stays 0); a
+ * SIGKILLed agent shrinks it; a SIGSTOPped agent is declared lost and, once continued, notices
+ * and rejoins through a new round without ever running in the round that went on without it;
+ * fewer than MIN nodes wait, then fail with a clear error; a spare beyond MAX takes a slot that
+ * frees; every agent (spares too) ends with the job's exit code; a second job with the same
+ * endpoint and id starts clean (hosted store and external store); survivors keep their order.
+ *
+ * No fixed ports: an external `dtrain store --port 0` (or an agent with is_host=1 and port 0)
+ * prints the port, which the agents are then given. Every wait is bounded; every worker writes
+ * its pid, and each test checks that none outlived its agent.
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "common/util.h"
+#include "rendezvous/rdzv.h"
+#include "rendezvous/store.h"
+#include "tests/harness.h"
+
+#define BIN dt_test_dtrain_bin()
+#define TMP dt_test_tmpdir()
+#define MAXA 6
+
+/* Short timeouts; heartbeat_timeout is long where no loss is expected, so that a loaded machine
+ * cannot fake one. */
+#define CONF_CALM "heartbeat_interval=0.2,heartbeat_timeout=10,join_timeout=30,last_call_timeout=1,close_timeout=5"
+#define CONF_LOSS "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=30,last_call_timeout=1,close_timeout=5"
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static char *slurp(const char *path)
+{
+    char *data = NULL;
+    if (dt_read_file(path, &data, NULL, NULL) != 0)
+        return NULL;
+    return data;
+}
+
+static pid_t spawn_bg(const char *cmd, const char *outpath)
+{
+    pid_t pid = fork();
+    DT_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        char full[8192];
+        snprintf(full, sizeof full, "exec %s", cmd);
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* The exit code (128+n for a signal), or -1 after timeout_s (then it is SIGKILLed). */
+static int wait_code(pid_t pid, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r < 0)
+            return -1;
+        if (now_s() > deadline) {
+            kill(pid, SIGCONT);
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        dt_sleep_ms(10);
+    }
+}
+
+/* Number of times needle occurs in the file (0 when it cannot be read). */
+static int count_text(const char *path, const char *needle)
+{
+    char *s = slurp(path);
+    int n = 0;
+    for (const char *p = s; p && (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    free(s);
+    return n;
+}
+
+/* Waits until the file has at least `times` occurrences of needle. */
+static bool wait_text(const char *path, const char *needle, int times, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    while (count_text(path, needle) < times) {
+        if (now_s() > deadline)
+            return false;
+        dt_sleep_ms(20);
+    }
+    return true;
+}
+
+static bool pid_gone(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')');
+    return rp && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+/* A job: an external store (or none) and up to MAXA agents. */
+typedef struct cluster {
+    int id;                 /* names this cluster's files apart from an earlier one's */
+    pid_t store;
+    int port;
+    int n;
+    pid_t pid[MAXA];
+    char out[MAXA][1024];
+    bool done[MAXA];
+    int code[MAXA];
+} cluster;
+
+static cluster *g_cl; /* for the cleanup at exit of a failed test */
+
+static void cleanup(void)
+{
+    cluster *c = g_cl;
+    if (!c)
+        return;
+    for (int k = 0; k < c->n; k++)
+        if (!c->done[k] && c->pid[k] > 0) {
+            kill(c->pid[k], SIGCONT);
+            kill(c->pid[k], SIGKILL);
+            waitpid(c->pid[k], NULL, 0);
+            c->done[k] = true;
+        }
+    if (c->store > 0) {
+        kill(c->store, SIGKILL);
+        waitpid(c->store, NULL, 0);
+        c->store = 0;
+    }
+}
+
+static void cl_init(cluster *c)
+{
+    static int ids;
+    memset(c, 0, sizeof *c);
+    c->id = ids++;
+    g_cl = c;
+    static bool registered;
+    if (!registered)
+        atexit(cleanup);
+    registered = true;
+}
+
+/* Starts `dtrain store --port 0` and reads the port it prints. */
+static void start_store(cluster *c)
+{
+    char outp[1024], line[2048];
+    snprintf(outp, sizeof outp, "%s/c%d_store.out", TMP, c->id);
+    snprintf(line, sizeof line, "%s store --host 127.0.0.1 --port 0", BIN);
+    c->store = spawn_bg(line, outp);
+    DT_REQUIRE(wait_text(outp, "listening on 127.0.0.1:", 1, 20));
+    char *s = slurp(outp);
+    const char *p = s ? strstr(s, "listening on 127.0.0.1:") : NULL;
+    c->port = p ? atoi(p + strlen("listening on 127.0.0.1:")) : 0;
+    free(s);
+    DT_REQUIRE(c->port > 0);
+}
+
+/* The worker: records its pid, prints what it got, then runs `then` (sh code). */
+static void worker_cmd(char *buf, size_t cap, const char *then)
+{
+    snprintf(buf, cap,
+             "sh -c 'echo $$ >> %s/pids; echo \"E node=$GROUP_RANK rank=$RANK world=$WORLD_SIZE "
+             "groups=$GROUP_WORLD_SIZE att=$TORCHELASTIC_RESTART_COUNT round=$DTRAIN_ROUND\"; %s'",
+             TMP, then);
+}
+
+/* Starts agent k: `extra` are more launcher options, `then` what its workers do. */
+static void start_agent(cluster *c, int k, const char *id, const char *nnodes, int nproc,
+                        const char *conf, const char *extra, const char *then)
+{
+    char line[8192], cmd[4096];
+    worker_cmd(cmd, sizeof cmd, then);
+    snprintf(c->out[k], sizeof c->out[k], "%s/c%d_agent%d.out", TMP, c->id, k);
+    snprintf(line, sizeof line,
+             "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes %s "
+             "--nproc-per-node %d --rdzv-conf %s --monitor-interval 0.05 --stop-grace 3 "
+             "--log-dir %s/logs %s -- %s",
+             BIN, c->port, id, nnodes, nproc, conf, TMP, extra ? extra : "", cmd);
+    c->pid[k] = spawn_bg(line, c->out[k]);
+    if (k >= c->n)
+        c->n = k + 1;
+    c->done[k] = false;
+}
+
+static void dump(cluster *c)
+{
+    for (int k = 0; k < c->n; k++) {
+        char *o = slurp(c->out[k]);
+        fprintf(stderr, "---- agent %d ----\n%s\n", k, o ? o : "(none)");
+        free(o);
+    }
+}
+
+static void wait_all(cluster *c, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    for (int k = 0; k < c->n; k++) {
+        if (c->done[k])
+            continue;
+        double left = deadline - now_s();
+        c->code[k] = wait_code(c->pid[k], left > 0.1 ? left : 0.1);
+        c->done[k] = true;
+    }
+}
+
+/* Every worker that ever started has exited (the agents are gone by now). */
+static void check_no_orphans(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/pids", TMP);
+    char *s = slurp(path);
+    double deadline = now_s() + 10;
+    for (char *p = s; p && *p;) {
+        int pid = (int)strtol(p, &p, 10);
+        if (pid > 1) {
+            while (!pid_gone(pid) && now_s() < deadline)
+                dt_sleep_ms(20);
+            DT_CHECK_MSG(pid_gone(pid), "worker pid %d outlived its agent", pid);
+        }
+        while (*p == '\n' || *p == ' ')
+            p++;
+    }
+    free(s);
+}
+
+static void finish(cluster *c)
+{
+    cleanup();
+    check_no_orphans();
+    g_cl = NULL;
+    (void)c;
+}
+
+/* ---- tests: real agents ----------------------------------------------------------------- */
+
+/* 2, 3 and 4 agents with 1..4 workers each, started in a random order at staggered times: one
+ * round, contiguous ranks per node, one world size. */
+static void test_random_order(void)
+{
+    dt_rng rng;
+    dt_rng_seed(&rng, 20240505);
+    for (int n = 2; n <= 4; n++) {
+        cluster c;
+        cl_init(&c);
+        start_store(&c);
+        uint64_t order[4];
+        dt_rng_permutation(&rng, order, (size_t)n);
+        char id[32], nn[16];
+        snprintf(id, sizeof id, "rand%d", n);
+        snprintf(nn, sizeof nn, "%d:%d", n, n);
+        int world = n * (n + 1) / 2; /* agent k runs k+1 workers */
+        for (int i = 0; i < n; i++) {
+            int k = (int)order[i];
+            start_agent(&c, k, id, nn, k + 1, CONF_CALM, NULL, "exit 0");
+            dt_sleep_ms((int)dt_rng_below(&rng, 400));
+        }
+        wait_all(&c, 40);
+        for (int k = 0; k < n; k++) {
+            DT_CHECK_INT(c.code[k], 0);
+            /* k+1 workers, all in the one round, with contiguous ranks first..first+k */
+            char want[128];
+            snprintf(want, sizeof want, "world=%d groups=%d att=0 round=0", world, n);
+            DT_CHECK_INT(count_text(c.out[k], want), k + 1);
+            DT_CHECK_INT(count_text(c.out[k], "E node="), k + 1);
+            int first = -1;
+            for (int r = 0; r < world && first < 0; r++) {
+                snprintf(want, sizeof want, "[%d]:E node=", r);
+                if (count_text(c.out[k], want))
+                    first = r;
+            }
+            for (int r = first; r >= 0 && r <= first + k; r++) {
+                snprintf(want, sizeof want, "[%d]:E node=", r);
+                DT_CHECK_MSG(count_text(c.out[k], want) == 1, "%d agents: agent %d lacks rank %d",
+                             n, k, r);
+            }
+        }
+        /* every rank of the world was started exactly once in all */
+        for (int r = 0; r < world; r++) {
+            int times = 0;
+            char want[64];
+            snprintf(want, sizeof want, "[%d]:E node=", r);
+            for (int k = 0; k < n; k++)
+                times += count_text(c.out[k], want);
+            DT_CHECK_MSG(times == 1, "%d agents: rank %d started %d times", n, r, times);
+        }
+        if (c.code[0] || c.code[n - 1])
+            dump(&c);
+        finish(&c);
+    }
+}
+
+/* Two agents run (2:3); a third arrives: every worker is stopped and started again with
+ * WORLD_SIZE 3, restart count still 0. */
+static void test_late_joiner_grows_job(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    const char *then = "[ $WORLD_SIZE -lt 3 ] && exec sleep 60; exit 0";
+    start_agent(&c, 0, "grow", "2:3", 1, CONF_CALM, NULL, then);
+    start_agent(&c, 1, "grow", "2:3", 1, CONF_CALM, NULL, then);
+    DT_REQUIRE(wait_text(c.out[0], "world=2 groups=2 att=0 round=0", 1, 30));
+    DT_REQUIRE(wait_text(c.out[1], "world=2 groups=2 att=0 round=0", 1, 30));
+    start_agent(&c, 2, "grow", "2:3", 1, CONF_CALM, NULL, then);
+    wait_all(&c, 40);
+    for (int k = 0; k < 3; k++) {
+        DT_CHECK_INT(c.code[k], 0);
+        DT_CHECK_INT(count_text(c.out[k], "world=3 groups=3 att=0 round=1"), 1);
+    }
+    for (int k = 0; k < 2; k++)
+        DT_CHECK_INT(count_text(c.out[k], "joining the next round (restart count unchanged)"), 1);
+    DT_CHECK_INT(count_text(c.out[2], "asking it to regroup"), 1);
+    /* The newcomer is ranked after the nodes that were there. */
+    DT_CHECK_INT(count_text(c.out[2], "[2]:E node=2 rank=2 world=3"), 1);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/logs/grow/events.jsonl", TMP);
+    DT_CHECK(count_text(path, "\"event\":\"regroup\"") >= 1);
+    if (c.code[0] || c.code[1] || c.code[2])
+        dump(&c);
+    finish(&c);
+}
+
+/* Three agents run (2:3); one is SIGKILLed: the two others are told within the heartbeat
+ * timeout and go on as a world of 2, restart count still 0. */
+static void test_sigkill_shrinks_job(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    const char *then = "[ $WORLD_SIZE -gt 2 ] && exec sleep 60; exit 0";
+    for (int k = 0; k < 3; k++)
+        start_agent(&c, k, "shrink", "2:3", 1, CONF_LOSS, NULL, then);
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE(wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+    kill(c.pid[1], SIGKILL);
+    wait_all(&c, 40);
+    DT_CHECK_INT(c.code[1], 128 + SIGKILL);
+    for (int k = 0; k < 3; k += 2) {
+        DT_CHECK_INT(c.code[k], 0);
+        DT_CHECK_INT(count_text(c.out[k], "world=2 groups=2 att=0 round=1"), 1);
+        DT_CHECK(count_text(c.out[k], "was lost: no heartbeat") >= 1);
+    }
+    if (c.code[0] || c.code[2])
+        dump(&c);
+    finish(&c);
+}
+
+/* A SIGSTOPped agent is declared lost; the others go on without it (round 1, world 2). When it
+ * is continued it finds its round over, stops its workers and comes back through a new round
+ * (2, world 3): it never runs a worker in round 1. */
+static void test_sigstop_agent_fenced(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    const char *then = "[ $WORLD_SIZE -eq 3 ] && [ $DTRAIN_ROUND -gt 0 ] && exit 0; exec sleep 60";
+    for (int k = 0; k < 3; k++)
+        start_agent(&c, k, "frozen", "2:3", 1, CONF_LOSS, NULL, then);
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE(wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+    kill(c.pid[2], SIGSTOP);
+    bool shrunk = wait_text(c.out[0], "world=2 groups=2 att=0 round=1", 1, 30) &&
+                  wait_text(c.out[1], "world=2 groups=2 att=0 round=1", 1, 30);
+    kill(c.pid[2], SIGCONT);
+    DT_CHECK(shrunk);
+    wait_all(&c, 60);
+    for (int k = 0; k < 3; k++) {
+        DT_CHECK_INT(c.code[k], 0);
+        DT_CHECK_INT(count_text(c.out[k], "att=0 round=2"), 1);
+        DT_CHECK_INT(count_text(c.out[k], "world=3 groups=3 att=0 round=2"), 1);
+    }
+    DT_CHECK_INT(count_text(c.out[2], "round=1"), 0);
+    DT_CHECK_INT(count_text(c.out[2], "this node was declared lost by the others"), 1);
+    if (c.code[0] || c.code[1] || c.code[2])
+        dump(&c);
+    finish(&c);
+}
+
+/* One agent alone with --nnodes 2:3 waits join_timeout, then fails saying why. */
+static void test_too_few_nodes_times_out(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    double t0 = now_s();
+    start_agent(&c, 0, "few", "2:3", 1,
+                "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=3,last_call_timeout=1",
+                NULL, "exit 0");
+    wait_all(&c, 30);
+    double took = now_s() - t0;
+    DT_CHECK_INT(c.code[0], 1);
+    DT_CHECK(took >= 2.9);
+    DT_CHECK_INT(count_text(c.out[0], "round 0 did not form: 1 node(s) joined within the join "
+                                      "timeout (3 s) and MIN is 2"),
+                 1);
+    DT_CHECK_INT(count_text(c.out[0], "E node="), 0);
+    finish(&c);
+}
+
+/* Two agents (2:2); one dies: the survivor waits for a replacement until join_timeout, then
+ * fails naming the lost node. */
+static void test_below_min_after_loss_fails(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=4,"
+                       "last_call_timeout=1,close_timeout=5";
+    for (int k = 0; k < 2; k++)
+        start_agent(&c, k, "below", "2:2", 1, conf, NULL, "exec sleep 60");
+    for (int k = 0; k < 2; k++)
+        DT_REQUIRE(wait_text(c.out[k], "world=2 groups=2 att=0 round=0", 1, 30));
+    kill(c.pid[1], SIGKILL);
+    wait_all(&c, 40);
+    DT_CHECK_INT(c.code[0], 1);
+    DT_CHECK_INT(count_text(c.out[0], "round 1 did not form"), 1);
+    DT_CHECK_INT(count_text(c.out[0], "MIN is 2 (the last round ended: node "), 1);
+    DT_CHECK(count_text(c.out[0], "was lost: no heartbeat for") >= 2); /* the watch, the error */
+    finish(&c);
+}
+
+/* Three agents with --nnodes 1:2: two run, the third waits as a spare; when one of the two is
+ * killed the spare takes its slot. */
+static void test_spare_takes_free_slot(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    const char *then = "[ $WORLD_SIZE -eq 2 ] && [ $DTRAIN_ROUND -gt 0 ] && exit 0; exec sleep 60";
+    start_agent(&c, 0, "spare", "1:2", 1, CONF_LOSS, NULL, then);
+    start_agent(&c, 1, "spare", "1:2", 1, CONF_LOSS, NULL, then);
+    DT_REQUIRE(wait_text(c.out[0], "world=2 groups=2 att=0 round=0", 1, 30));
+    DT_REQUIRE(wait_text(c.out[1], "world=2 groups=2 att=0 round=0", 1, 30));
+    start_agent(&c, 2, "spare", "1:2", 1, CONF_LOSS, NULL, then);
+    DT_REQUIRE(wait_text(c.out[2], "waiting as a spare", 1, 30));
+    DT_CHECK_INT(count_text(c.out[2], "E node="), 0);
+    kill(c.pid[1], SIGKILL);
+    wait_all(&c, 40);
+    DT_CHECK_INT(c.code[0], 0);
+    DT_CHECK_INT(c.code[1], 128 + SIGKILL);
+    DT_CHECK_INT(c.code[2], 0);
+    DT_CHECK(count_text(c.out[2], "world=2 groups=2 att=0 round=") == 1);
+    DT_CHECK_INT(count_text(c.out[2], "att=0 round=0"), 0);
+    if (c.code[0] || c.code[2])
+        dump(&c);
+    finish(&c);
+}
+
+/* The job fails (budget 0) while a spare waits: all three agents exit 1, the spare saying why. */
+static void test_same_exit_code_everywhere(void)
+{
+    cluster c;
+    char then[1024];
+    cl_init(&c);
+    start_store(&c);
+    snprintf(then, sizeof then,
+             "[ $GROUP_RANK = 0 ] || exec sleep 60; while [ ! -e %s/go ]; do sleep 0.05; done; "
+             "exit 3",
+             TMP);
+    start_agent(&c, 0, "code", "2:2", 1, CONF_CALM, "--max-restarts 0", then);
+    start_agent(&c, 1, "code", "2:2", 1, CONF_CALM, "--max-restarts 0", then);
+    DT_REQUIRE(wait_text(c.out[0], "world=2 groups=2", 1, 30));
+    DT_REQUIRE(wait_text(c.out[1], "world=2 groups=2", 1, 30));
+    start_agent(&c, 2, "code", "2:2", 1, CONF_CALM, "--max-restarts 0", then);
+    DT_REQUIRE(wait_text(c.out[2], "waiting as a spare", 1, 30));
+    char path[1024];
+    snprintf(path, sizeof path, "%s/go", TMP);
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f != NULL);
+    fclose(f);
+    wait_all(&c, 40);
+    for (int k = 0; k < 3; k++)
+        DT_CHECK_INT(c.code[k], 1);
+    for (int k = 0; k < 2; k++)
+        DT_CHECK_INT(count_text(c.out[k], "the job failed: rank 0 on "), 1);
+    DT_CHECK_INT(count_text(c.out[2], "the job has ended: rank 0 on node 0 ("), 1);
+    if (c.code[0] != 1 || c.code[1] != 1 || c.code[2] != 1)
+        dump(&c);
+    finish(&c);
+}
+
+/* A job whose agent hosts the store (is_host=1, port 0), then a second job with the same
+ * endpoint and id: it starts clean (round 0, attempt 0). Then the same on an external store
+ * that outlives the jobs, after a first job that failed. */
+static void test_second_job_starts_clean(void)
+{
+    cluster c;
+    cl_init(&c);
+    /* 1. hosted by agent 0 */
+    c.port = 0;
+    start_agent(&c, 0, "again", "2:2", 1, CONF_CALM ",is_host=1", NULL, "exit 0");
+    DT_REQUIRE(wait_text(c.out[0], "hosting the rendezvous store at 127.0.0.1:", 1, 20));
+    char *s = slurp(c.out[0]);
+    const char *p = s ? strstr(s, "hosting the rendezvous store at 127.0.0.1:") : NULL;
+    c.port = p ? atoi(p + strlen("hosting the rendezvous store at 127.0.0.1:")) : 0;
+    free(s);
+    DT_REQUIRE(c.port > 0);
+    start_agent(&c, 1, "again", "2:2", 1, CONF_CALM, NULL, "exit 0");
+    wait_all(&c, 30);
+    DT_CHECK_INT(c.code[0], 0);
+    DT_CHECK_INT(c.code[1], 0);
+    /* the same endpoint and id again: whoever binds the port first hosts */
+    for (int k = 2; k < 4; k++)
+        start_agent(&c, k, "again", "2:2", 1, CONF_CALM, NULL, "exit 0");
+    wait_all(&c, 30);
+    for (int k = 2; k < 4; k++) {
+        DT_CHECK_INT(c.code[k], 0);
+        DT_CHECK_INT(count_text(c.out[k], "world=2 groups=2 att=0 round=0"), 1);
+    }
+    if (c.code[0] || c.code[1] || c.code[2] || c.code[3])
+        dump(&c);
+    finish(&c);
+
+    /* 2. an external store: job 1 fails, job 2 with the same id starts from round 0 */
+    cluster d;
+    cl_init(&d);
+    start_store(&d);
+    for (int k = 0; k < 2; k++)
+        start_agent(&d, k, "reuse", "2:2", 1, CONF_CALM, "--max-restarts 0", "exit 5");
+    wait_all(&d, 30);
+    DT_CHECK_INT(d.code[0], 1);
+    DT_CHECK_INT(d.code[1], 1);
+    for (int k = 2; k < 4; k++)
+        start_agent(&d, k, "reuse", "2:2", 1, CONF_CALM, "--max-restarts 0", "exit 0");
+    wait_all(&d, 30);
+    for (int k = 2; k < 4; k++) {
+        DT_CHECK_INT(d.code[k], 0);
+        DT_CHECK_INT(count_text(d.out[k], "world=2 groups=2 att=0 round=0"), 1);
+    }
+    if (d.code[2] || d.code[3])
+        dump(&d);
+    finish(&d);
+}
+
+/* ---- tests: the API with in-process agents ----------------------------------------------- */
+
+typedef struct inproc {
+    dt_rdzv *rz;
+    dt_rdzv_round rd;
+    int rc;
+    dt_err err;
+} inproc;
+
+static void *next_thread(void *arg)
+{
+    inproc *a = arg;
+    dt_rdzv_status st;
+    a->rc = dt_rdzv_next(a->rz, &a->rd, &st, &a->err);
+    return NULL;
+}
+
+static void open_inproc(inproc *a, int port, const char *nnodes)
+{
+    dt_rdzv_opts o;
+    memset(&o, 0, sizeof o);
+    memset(a, 0, sizeof *a);
+    dt_strlcpy(o.backend, "c10d", sizeof o.backend);
+    dt_strlcpy(o.nnodes, nnodes, sizeof o.nnodes);
+    dt_strlcpy(o.endpoint_host, "127.0.0.1", sizeof o.endpoint_host);
+    o.endpoint_port = port;
+    dt_strlcpy(o.run_id, "api", sizeof o.run_id);
+    o.local_world_size = 2;
+    o.max_restarts = 1;
+    o.join_timeout = 20;
+    o.close_timeout = 2;
+    o.heartbeat_interval = 0.1;
+    o.heartbeat_timeout = 1.5;
+    o.last_call_timeout = 0.5;
+    dt_err e = {0};
+    DT_REQUIRE_OK(dt_rdzv_open(&a->rz, &o, &e), &e);
+}
+
+/* Runs dt_rdzv_next on the given agents at once. */
+static void next_all(inproc **as, int n)
+{
+    pthread_t th[8];
+    for (int i = 0; i < n; i++)
+        DT_REQUIRE(pthread_create(&th[i], NULL, next_thread, as[i]) == 0);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < n; i++)
+        DT_REQUIRE_OK(as[i]->rc, &as[i]->err);
+}
+
+/* Polls until the agent's round ends with `state` (bounded). */
+static void poll_until(inproc *a, dt_rdzv_state state, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    dt_rdzv_status st;
+    dt_err e = {0};
+    for (;;) {
+        DT_REQUIRE_OK(dt_rdzv_poll(a->rz, &st, &e), &e);
+        if (st.state == state)
+            return;
+        if (st.state != DT_RDZV_RUNNING) {
+            dt_test_fail_at(__FILE__, __LINE__, "round ended with state %d, not %d: %s",
+                            (int)st.state, (int)state, st.why);
+            dt_test_stop();
+        }
+        DT_REQUIRE(now_s() < deadline);
+        dt_sleep_ms(20);
+    }
+}
+
+/* Four agents (3:5 nodes): ranks 0..3, worlds of 8. Group rank 1 dies: the three others keep
+ * their order (0, 2, 3 -> 0, 1, 2) and the restart count. A fifth agent then arrives: the round
+ * regroups and it is ranked last. */
+static void test_api_survivors_keep_order(void)
+{
+    dt_store_server *srv = NULL;
+    dt_store_server_opts so;
+    dt_err e = {0};
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &e), &e);
+    int port = dt_store_server_port(srv);
+    static inproc a[5];
+    inproc *all[5] = {&a[0], &a[1], &a[2], &a[3], &a[4]};
+    for (int i = 0; i < 4; i++)
+        open_inproc(&a[i], port, "3:5");
+    /* 4 of at most 5: the round closes 0.5 s (last call) after the third joined. */
+    next_all(all, 4);
+    int by_rank[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < 4; i++) {
+        DT_CHECK_INT(a[i].rd.group_world_size, 4);
+        DT_CHECK_INT(a[i].rd.world_size, 8);
+        DT_CHECK_INT(a[i].rd.rank_base, 2 * a[i].rd.group_rank);
+        DT_CHECK(a[i].rd.elastic);
+        by_rank[a[i].rd.group_rank] = i;
+    }
+    for (int g = 0; g < 4; g++)
+        DT_REQUIRE(by_rank[g] >= 0);
+    int victim = by_rank[1];
+    dt_rdzv_kill(a[victim].rz);
+    inproc *surv[4];
+    int ns = 0;
+    for (int g = 0; g < 4; g++)
+        if (g != 1)
+            surv[ns++] = &a[by_rank[g]];
+    for (int i = 0; i < ns; i++)
+        poll_until(surv[i], DT_RDZV_REGROUP, 15);
+    next_all(surv, ns);
+    for (int i = 0; i < ns; i++) {
+        DT_CHECK_INT(surv[i]->rd.group_rank, i); /* old 0, 2, 3 -> 0, 1, 2 */
+        DT_CHECK_INT(surv[i]->rd.group_world_size, 3);
+        DT_CHECK_INT(surv[i]->rd.attempt, 0);
+        DT_CHECK_INT(surv[i]->rd.round, 1);
+    }
+    /* A newcomer: the running round regroups and takes it in, last. */
+    open_inproc(&a[4], port, "3:5");
+    pthread_t th;
+    DT_REQUIRE(pthread_create(&th, NULL, next_thread, &a[4]) == 0);
+    for (int i = 0; i < ns; i++)
+        poll_until(surv[i], DT_RDZV_REGROUP, 15);
+    /* Let the newcomer's join of round 2 land first (white box: its record is r2/j/1), so that
+     * the survivors, once all back, close round 2 with it rather than without it. */
+    dt_store *st = NULL;
+    void *job = NULL;
+    size_t len = 0;
+    DT_REQUIRE_OK(dt_store_connect(&st, "127.0.0.1", port, NULL, &e), &e);
+    DT_REQUIRE_OK(dt_store_get(st, "dtrain/api/job", &job, &len, 5000, &e), &e);
+    char key[128];
+    snprintf(key, sizeof key, "dtrain/api/%s/r2/j/1", (char *)job);
+    free(job);
+    void *rec = NULL;
+    DT_REQUIRE_OK(dt_store_get(st, key, &rec, &len, 10000, &e), &e);
+    free(rec);
+    dt_store_free(st);
+    surv[ns] = &a[4];
+    pthread_t ths[4];
+    for (int i = 0; i < ns; i++)
+        DT_REQUIRE(pthread_create(&ths[i], NULL, next_thread, surv[i]) == 0);
+    for (int i = 0; i < ns; i++)
+        pthread_join(ths[i], NULL);
+    pthread_join(th, NULL);
+    for (int i = 0; i <= ns; i++) {
+        DT_REQUIRE_OK(surv[i]->rc, &surv[i]->err);
+        DT_CHECK_INT(surv[i]->rd.group_rank, i);
+        DT_CHECK_INT(surv[i]->rd.group_world_size, 4);
+        DT_CHECK_INT(surv[i]->rd.attempt, 0);
+    }
+    /* Success: every one reports, the round ends SUCCEEDED for all. */
+    for (int i = 0; i <= ns; i++)
+        DT_REQUIRE_OK(dt_rdzv_succeeded(surv[i]->rz, &e), &e);
+    for (int i = 0; i <= ns; i++)
+        poll_until(surv[i], DT_RDZV_SUCCEEDED, 10);
+    for (int i = 0; i < 5; i++)
+        dt_rdzv_close(a[i].rz);
+    dt_store_server_stop(srv);
+}
+
+static const dt_test tests[] = {
+    {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
+    {"random_order", test_random_order, 120},
+    {"late_joiner_grows_job", test_late_joiner_grows_job, 90},
+    {"sigkill_shrinks_job", test_sigkill_shrinks_job, 90},
+    {"sigstop_agent_fenced", test_sigstop_agent_fenced, 120},
+    {"too_few_nodes_times_out", test_too_few_nodes_times_out, 60},
+    {"below_min_after_loss_fails", test_below_min_after_loss_fails, 90},
+    {"spare_takes_free_slot", test_spare_takes_free_slot, 90},
+    {"same_exit_code_everywhere", test_same_exit_code_everywhere, 90},
+    {"second_job_starts_clean", test_second_job_starts_clean, 120},
+};
+
+int main(int argc, char **argv)
+{
+    return dt_test_main("test_elastic", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
