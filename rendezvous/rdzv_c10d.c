@@ -131,6 +131,7 @@ struct dt_rdzv_c10d {
     char tag[64];                  /* closer tag of `round` */
     bool done;                     /* reported success in `round` */
     bool left, killed, opened;
+    bool gone;                     /* the store stopped answering: ask it nothing more */
     dt_rdzv_status ended;          /* cached end of `round` (RUNNING = not yet) */
     dt_rdzv_failure *fails;        /* this node's failures of `round` (copy) */
     int n_fails;
@@ -291,14 +292,20 @@ static int closed_decode(const char *v, closed_info *ci)
 }
 
 /* An error of the store, reworded: the usual reason is that the store's host is gone. */
+/* An error of a store call, reworded. A connection error means the store's host is gone: then
+ * nothing more is asked of the store (each call would wait out a timeout). */
 static int store_gone(dt_rdzv_c10d *c, int rc, dt_err *err, const char *what)
 {
     if (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -EPIPE ||
-        rc == -EHOSTUNREACH || rc == -ENETUNREACH)
+        rc == -EHOSTUNREACH || rc == -ENETUNREACH) {
+        char cause[DT_ERR_MSG_MAX / 2];
+        dt_strlcpy(cause, err && err->msg[0] ? err->msg : strerror(-rc), sizeof cause);
+        c->gone = true;
         return dt_err_set(err, rc,
                           "%s: the rendezvous store at %s:%d does not answer (%s); the agent that "
                           "hosted it (or the `dtrain store`) is gone, so the job cannot go on",
-                          what, c->store_addr, c->store_port, err && err->msg[0] ? err->msg : "");
+                          what, c->store_addr, c->store_port, cause);
+    }
     return dt_err_prefix(err, "%s: ", what);
 }
 
@@ -311,7 +318,7 @@ static bool interrupted(dt_rdzv_c10d *c)
 static bool job_final(dt_rdzv_c10d *c, dt_rdzv_status *st)
 {
     char *v = NULL;
-    if (get0(c->ns, "final", &v, NULL) != 0)
+    if (c->gone || get0(c->ns, "final", &v, NULL) != 0)
         return false;
     status_from_final(v, st);
     free(v);
@@ -323,13 +330,15 @@ static void write_final(dt_rdzv_c10d *c, int code, const char *kind, int node, i
                         const char *why)
 {
     char v[1024];
+    if (c->gone)
+        return;
     snprintf(v, sizeof v, "%d %s %d %d|%.900s", code, kind, node, sig, why);
     cas_new(c->ns, "final", v, NULL, NULL, NULL);
 }
 
 static void mark_left(dt_rdzv_c10d *c)
 {
-    if (c->left || c->killed || !c->ns)
+    if (c->left || c->killed || c->gone || !c->ns)
         return;
     if (add_i(c->ns, "left", 1, NULL, NULL) == 0)
         c->left = true;
@@ -952,6 +961,48 @@ static void cancel_round(dt_rdzv_c10d *c, int R, int code, const char *kind, int
         write_final(c, code, kind, -1, sig, why);
 }
 
+/* Rank 0 did not propose a MASTER_PORT (it was not the node expected to be rank 0): rank 0
+ * picks one now and publishes it; the others wait for it. If the round ends meanwhile (rank 0
+ * lost), the port stays 0 and the caller's first poll sees the end. */
+static int master_port(dt_rdzv_c10d *c, int R, int g, closed_info *ci, dt_err *err)
+{
+    char key[KEY_MAX], endkey[KEY_MAX], v[32], *s = NULL;
+    int rc, port = 0;
+    kf(key, sizeof key, "r%d/master_port", R);
+    if (g == 0) {
+        if ((rc = dt_rdzv_free_port(&port, err)))
+            return rc;
+        snprintf(v, sizeof v, "%d", port);
+        if ((rc = set_s(c->ns, key, v, err)))
+            return store_gone(c, rc, err, "publishing MASTER_PORT");
+        ci->master_port = port;
+        DT_DEBUG("c10d: round %d: MASTER_PORT %d picked by rank 0 after the round closed", R, port);
+        return 0;
+    }
+    kf(endkey, sizeof endkey, "r%d/end", R);
+    double deadline = dt_now_s() + c->o.join_timeout;
+    for (;;) {
+        if (interrupted(c))
+            return dt_err_set(err, -EINTR, "interrupted while waiting for MASTER_PORT");
+        dt_err e = {0};
+        rc = get_wait(c->ns, key, &s, c->slice_ms, &e);
+        if (rc == 0) {
+            ci->master_port = atoi(s);
+            free(s);
+            return 0;
+        }
+        if (rc != -ETIMEDOUT && rc != -ENOENT) {
+            if (err)
+                *err = e;
+            return store_gone(c, rc, err, "waiting for MASTER_PORT");
+        }
+        if (get0(c->ns, endkey, &s, NULL) == 0 || dt_now_s() >= deadline) {
+            free(s);
+            return 0; /* the round is over already (or rank 0 never answered) */
+        }
+    }
+}
+
 /* Joins round R (not closed when looked at). Returns 0 as a member with rd filled, 1 when the
  * round closed without this node, or an error: -EINTR, -ECANCELED (the job ended: st says how),
  * -ETIMEDOUT (too few nodes within the join timeout), a store error. */
@@ -974,7 +1025,13 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
             free(v);
         }
     }
-    if ((rc = dt_rdzv_free_port(&port, err)))
+    kf(key, sizeof key, "r%d/count", R);
+    if ((rc = add_i(c->ns, key, 1, &k, err)))
+        return store_gone(c, rc, err, "joining the rendezvous");
+    /* MASTER_PORT: proposed by the nodes likely to be group rank 0 (the previous rank 0, the
+     * first joiner), so that one or two nodes probe for a free port, not every node; when rank
+     * 0 turns out to be another node, it picks one after the round closed. */
+    if ((prev == 0 || k == 1) && (rc = dt_rdzv_free_port(&port, err)))
         return rc;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", c->id);
@@ -988,12 +1045,8 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
     cJSON_Delete(o);
     if (!rec)
         return dt_err_set(err, -ENOMEM, "out of memory");
-    kf(key, sizeof key, "r%d/count", R);
-    rc = add_i(c->ns, key, 1, &k, err);
-    if (rc == 0) {
-        kf(key, sizeof key, "r%d/j/%lld", R, (long long)k);
-        rc = set_s(c->ns, key, rec, err);
-    }
+    kf(key, sizeof key, "r%d/j/%lld", R, (long long)k);
+    rc = set_s(c->ns, key, rec, err);
     free(rec);
     if (rc)
         return store_gone(c, rc, err, "joining the rendezvous");
@@ -1092,8 +1145,10 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
     c->n = ci.n;
     c->attempt = ci.attempt;
     dt_strlcpy(c->tag, ci.tag, sizeof c->tag);
-    fill_round(c, &ci, R, g, base, rd);
     hb_assign(c, R, g, ci.n, ci.tag);
+    if (ci.master_port == 0 && (rc = master_port(c, R, g, &ci, err)))
+        return rc;
+    fill_round(c, &ci, R, g, base, rd);
     return 0;
 }
 
@@ -1294,8 +1349,19 @@ int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
         *st = c->ended;
         return 0;
     }
+    if (c->gone)
+        return dt_err_set(err, -ECONNRESET, "the rendezvous store at %s:%d is gone",
+                          c->store_addr, c->store_port);
+    /* CHECK first: a call that does not wait gives up on a dead store after the client's
+     * timeout, a GET (a waiting call even with 0 ms) only after its grace period too. */
+    const char *kp = key;
+    int exists = 0;
     kf(key, sizeof key, "r%d/end", c->round);
-    int rc = get0(c->ns, key, &v, err);
+    int rc = dt_store_check(c->ns, &kp, 1, &exists, err);
+    if (rc == 0 && !exists)
+        return 0;
+    if (rc == 0)
+        rc = get0(c->ns, key, &v, err);
     if (rc == -ENOENT)
         return 0;
     if (rc)
@@ -1313,7 +1379,7 @@ int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
     int64_t d = 0;
     bool won = false;
     c->done = true;
-    if (c->round < 0 || c->killed)
+    if (c->round < 0 || c->killed || c->gone)
         return 0;
     kf(key, sizeof key, "r%d/done", c->round);
     int rc = add_i(c->ns, key, 1, &d, err);
@@ -1349,8 +1415,14 @@ int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err
         snprintf(why, sizeof why, "node %d (%s) was lost", f[0].node, f[0].host);
     else
         snprintf(why, sizeof why, "node %d failed", c->g);
-    if (c->round < 0 || c->killed)
+    if (c->round < 0 || c->killed || c->gone) {
+        if (c->ended.state == DT_RDZV_RUNNING) {
+            c->ended.state = DT_RDZV_FAILED;
+            c->ended.node = c->g;
+            dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
+        }
         return 0;
+    }
     kf(key, sizeof key, "r%d/failures", c->round);
     rc = dt_rdzv_append_failures(c->ns, key, f, n, err);
     end_encode(v, sizeof v, END_FAIL, c->g, 0, c->n, NULL, 0, why);
@@ -1381,7 +1453,7 @@ int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
         c->ended.signal = sig;
         dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
     }
-    if (!c->ns)
+    if (!c->ns || c->gone)
         return 0;
     write_final(c, 128 + sig, "abort", c->round >= 0 ? c->g : -1, sig, why);
     if (c->joining >= 0) {
@@ -1417,7 +1489,7 @@ int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err
     char key[KEY_MAX];
     *out = NULL;
     *n = 0;
-    if (c->round >= 0 && c->ns && !c->killed) {
+    if (c->round >= 0 && c->ns && !c->killed && !c->gone) {
         kf(key, sizeof key, "r%d/failures", c->round);
         int rc = dt_rdzv_read_failures(c->ns, key, out, n, NULL);
         if (rc == 0)
@@ -1485,7 +1557,7 @@ void dt_rdzv_c10d_close(dt_rdzv_c10d *c)
     if (!c)
         return;
     hb_stop(c);
-    if (c->ns && !c->killed && c->opened) {
+    if (c->ns && !c->killed && !c->gone && c->opened) {
         mark_left(c);
         if (c->server)
             wait_others_left(c);

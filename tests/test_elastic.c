@@ -567,6 +567,36 @@ static void test_second_job_starts_clean(void)
     finish(&d);
 }
 
+/* The agent that hosts the store dies: the others cannot go on, and say so (exit 1). */
+static void test_store_host_dies(void)
+{
+    cluster c;
+    cl_init(&c);
+    c.port = 0;
+    start_agent(&c, 0, "hostdies", "2:3", 1, CONF_LOSS ",is_host=1", NULL, "exec sleep 60");
+    DT_REQUIRE(wait_text(c.out[0], "hosting the rendezvous store at 127.0.0.1:", 1, 20));
+    char *s = slurp(c.out[0]);
+    const char *p = s ? strstr(s, "hosting the rendezvous store at 127.0.0.1:") : NULL;
+    c.port = p ? atoi(p + strlen("hosting the rendezvous store at 127.0.0.1:")) : 0;
+    free(s);
+    DT_REQUIRE(c.port > 0);
+    for (int k = 1; k < 3; k++)
+        start_agent(&c, k, "hostdies", "2:3", 1, CONF_LOSS, NULL, "exec sleep 60");
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE(wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+    kill(c.pid[0], SIGKILL);
+    wait_all(&c, 40);
+    DT_CHECK_INT(c.code[0], 128 + SIGKILL);
+    for (int k = 1; k < 3; k++) {
+        DT_CHECK_INT(c.code[k], 1);
+        DT_CHECK_INT(count_text(c.out[k], "does not answer"), 1);
+        DT_CHECK_INT(count_text(c.out[k], "is gone, so the job cannot go on"), 1);
+    }
+    if (c.code[1] != 1 || c.code[2] != 1)
+        dump(&c);
+    finish(&c);
+}
+
 /* ---- tests: the API with in-process agents ----------------------------------------------- */
 
 typedef struct inproc {
@@ -639,7 +669,8 @@ static void poll_until(inproc *a, dt_rdzv_state state, double timeout_s)
 
 /* Four agents (3:5 nodes): ranks 0..3, worlds of 8. Group rank 1 dies: the three others keep
  * their order (0, 2, 3 -> 0, 1, 2) and the restart count. A fifth agent then arrives: the round
- * regroups and it is ranked last. */
+ * regroups and it is ranked last. Then rank 0 dies: ranks close up again, and the new rank 0
+ * provides a MASTER_PORT. Finally the job succeeds. */
 static void test_api_survivors_keep_order(void)
 {
     dt_store_server *srv = NULL;
@@ -714,11 +745,48 @@ static void test_api_survivors_keep_order(void)
         DT_CHECK_INT(surv[i]->rd.group_world_size, 4);
         DT_CHECK_INT(surv[i]->rd.attempt, 0);
     }
+    /* Group rank 0 dies: the others keep their order, and the new rank 0 (which did not
+     * expect to be it) still hands out a MASTER_PORT that everyone agrees on. */
+    int mp_before = surv[0]->rd.master_port;
+    DT_CHECK(mp_before > 0);
+    dt_rdzv_kill(surv[0]->rz);
+    inproc *rest[3] = {surv[1], surv[2], surv[3]};
+    for (int i = 0; i < 3; i++)
+        poll_until(rest[i], DT_RDZV_REGROUP, 15);
+    /* The future rank 0 joins round 3 last, so that it did not offer a port (white box). */
+    pthread_t tr[3];
+    DT_REQUIRE(pthread_create(&tr[1], NULL, next_thread, rest[1]) == 0);
+    DT_REQUIRE(pthread_create(&tr[2], NULL, next_thread, rest[2]) == 0);
+    DT_REQUIRE_OK(dt_store_connect(&st, "127.0.0.1", port, NULL, &e), &e);
+    DT_REQUIRE_OK(dt_store_get(st, "dtrain/api/job", &job, &len, 5000, &e), &e);
+    snprintf(key, sizeof key, "dtrain/api/%s/r3/j/2", (char *)job);
+    DT_REQUIRE_OK(dt_store_get(st, key, &rec, &len, 10000, &e), &e);
+    free(rec);
+    DT_REQUIRE(pthread_create(&tr[0], NULL, next_thread, rest[0]) == 0);
+    for (int i = 0; i < 3; i++)
+        pthread_join(tr[i], NULL);
+    for (int i = 0; i < 3; i++)
+        DT_REQUIRE_OK(rest[i]->rc, &rest[i]->err);
+    /* rank 0 published its port after the round closed */
+    snprintf(key, sizeof key, "dtrain/api/%s/r3/master_port", (char *)job);
+    free(job);
+    rec = NULL;
+    DT_CHECK(dt_store_get(st, key, &rec, &len, 0, &e) == 0 && rec &&
+             atoi(rec) == rest[0]->rd.master_port);
+    free(rec);
+    dt_store_free(st);
+    for (int i = 0; i < 3; i++) {
+        DT_CHECK_INT(rest[i]->rd.group_rank, i);
+        DT_CHECK_INT(rest[i]->rd.group_world_size, 3);
+        DT_CHECK(rest[i]->rd.master_port > 0);
+        DT_CHECK_INT(rest[i]->rd.master_port, rest[0]->rd.master_port);
+        DT_CHECK_INT(rest[i]->rd.attempt, 0);
+    }
     /* Success: every one reports, the round ends SUCCEEDED for all. */
-    for (int i = 0; i <= ns; i++)
-        DT_REQUIRE_OK(dt_rdzv_succeeded(surv[i]->rz, &e), &e);
-    for (int i = 0; i <= ns; i++)
-        poll_until(surv[i], DT_RDZV_SUCCEEDED, 10);
+    for (int i = 0; i < 3; i++)
+        DT_REQUIRE_OK(dt_rdzv_succeeded(rest[i]->rz, &e), &e);
+    for (int i = 0; i < 3; i++)
+        poll_until(rest[i], DT_RDZV_SUCCEEDED, 10);
     for (int i = 0; i < 5; i++)
         dt_rdzv_close(a[i].rz);
     dt_store_server_stop(srv);
@@ -735,6 +803,7 @@ static const dt_test tests[] = {
     {"spare_takes_free_slot", test_spare_takes_free_slot, 90},
     {"same_exit_code_everywhere", test_same_exit_code_everywhere, 90},
     {"second_job_starts_clean", test_second_job_starts_clean, 120},
+    {"store_host_dies", test_store_host_dies, 90},
 };
 
 int main(int argc, char **argv)
