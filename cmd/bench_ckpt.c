@@ -33,6 +33,8 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "runtime/ckpt.h"
+#include "runtime/config.h"
+#include "runtime/worker.h"
 
 typedef struct bench_ctx {
     dt_ckpt_buf bufs[8];
@@ -132,6 +134,183 @@ static double disk_speed(const char *dir, uint64_t bytes, dt_err *err)
     return bytes / 1e6 / t;
 }
 
+enum { MODE_SYNC, MODE_BG, MODE_CONC };
+
+typedef struct result {
+    double first_hold, hold, copy, fence, write, fsync;
+    uint64_t bytes;
+} result;
+
+/* ---- a job: its model and optimiser, real training steps between a save and the update ---- */
+
+/* Replaces the trainer's checkpoint writer by one for this mode, with the buffers the worker
+ * registers (model parameters and buffers, optimiser state under PyTorch's names). */
+static int job_writer(dt_trainer *t, const char *dir, int mode, dt_err *err)
+{
+    static char prefixes[2][64];
+    dt_model *m = t->model;
+    dt_optim *o = t->optim;
+    dt_ckpt_buf bufs[4];
+    int n = 0;
+    bufs[n++] = (dt_ckpt_buf){.file = "model", .prefix = "", .tensors = m->tensors,
+                              .num_tensors = m->num_tensors, .data = m->params,
+                              .numel = m->num_params};
+    if (m->num_buffers)
+        bufs[n++] = (dt_ckpt_buf){.file = "model", .prefix = "", .tensors = m->buffer_tensors,
+                                  .num_tensors = m->num_buffer_tensors, .data = m->buffers,
+                                  .numel = m->num_buffers, .copy_at_save = true};
+    for (int i = 0; i < o->num_states && i < 2; i++) {
+        snprintf(prefixes[i], sizeof prefixes[i], "%s.", o->state_names[i]);
+        bufs[n++] = (dt_ckpt_buf){.file = "optim", .prefix = prefixes[i], .tensors = m->tensors,
+                                  .num_tensors = m->num_tensors, .data = o->state[i],
+                                  .numel = m->num_params};
+    }
+    dt_ckpt_opts co = {.dir = dir, .keep = 1, .async = mode != MODE_SYNC,
+                       .concurrent_copy = mode == MODE_CONC};
+    dt_ckpt_close(t->ckpt);
+    t->ckpt = NULL;
+    return dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
+}
+
+static int job_mode(dt_trainer *t, const char *dir, int mode, int saves, double base_step,
+                    result *r, double *step_with_save, dt_err *err)
+{
+    dt_ckpt_stats s;
+    dt_ckpt_state st;
+    int rc = job_writer(t, dir, mode, err);
+    memset(r, 0, sizeof *r);
+    *step_with_save = 0;
+    for (int k = 0; k < saves + 1 && !rc; k++) {
+        dt_ckpt_state_init(&st);
+        st.step = t->step;
+        st.epoch = t->sampler.epoch;
+        st.sample_pos = t->sampler.pos;
+        st.loss = t->loss;
+        dt_ckpt_state_set_scalar(&st, "optim_t", (double)t->optim->t);
+        double t0 = dt_now_s();
+        /* as the loop does: a save after step N, then step N+1 (whose update waits in the
+         * fence for a concurrent copy) */
+        if ((rc = dt_ckpt_save(t->ckpt, &st, err)) || (rc = dt_trainer_step(t, err)))
+            break;
+        double dt = dt_now_s() - t0;
+        if ((rc = dt_ckpt_wait(t->ckpt, err)))
+            break;
+        dt_ckpt_get_stats(t->ckpt, &s);
+        r->bytes = s.bytes;
+        if (k == 0) {
+            r->first_hold = s.hold_s;
+            continue;
+        }
+        *step_with_save += (dt - base_step) / saves;
+        r->hold += s.hold_s / saves;
+        r->copy += s.copy_s / saves;
+        r->fence += s.fence_s / saves;
+        r->write += s.write_s / saves;
+        r->fsync += s.fsync_s / saves;
+    }
+    return rc;
+}
+
+static int bench_job(const char *path, char **overrides, int n_over, int saves,
+                     const char *dir_opt)
+{
+    static dt_job job;
+    static dt_config_errors errs;
+    static dt_trainer t;
+    dt_err err = {0};
+    char dir[4096];
+    int code = 1;
+    bool made_dir = false, inited = false;
+    if (dt_job_load(&job, path, overrides, n_over, &errs, &err) != 0) {
+        for (int i = 0; i < errs.count && i < 64; i++)
+            fprintf(stderr, "dtrain bench ckpt: %s\n", errs.lines[i]);
+        goto out;
+    }
+    if (dir_opt) {
+        if (dt_mkdir_p(dir_opt, &err))
+            goto out;
+        snprintf(dir, sizeof dir, "%s/bench-ckpt-XXXXXX", dir_opt);
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/bench-ckpt-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    }
+    if (!mkdtemp(dir)) {
+        dt_err_errno(&err, errno, "cannot create a directory like %s", dir);
+        goto out;
+    }
+    made_dir = true;
+    dt_strlcpy(job.output_dir, dir, sizeof job.output_dir);
+    job.ckpt_dir[0] = '\0';
+    dt_strlcpy(job.resume, "never", sizeof job.resume);
+    job.ckpt_keep = 1;
+    if (job.steps < 1000000)
+        job.steps = 1000000; /* the schedule must not end while we measure */
+    dt_worker_env env = {.world_size = 1, .local_world_size = 1};
+    dt_strlcpy(env.run_id, "bench-ckpt", sizeof env.run_id);
+    if (dt_trainer_init(&t, &job, &env, &err))
+        goto out;
+    inited = true;
+    /* The step time without saves. */
+    double base = 0;
+    int nbase = saves + 1;
+    for (int k = 0; k < 2 + nbase; k++) {
+        double t0 = dt_now_s();
+        if (dt_trainer_step(&t, &err))
+            goto out;
+        if (k >= 2)
+            base += (dt_now_s() - t0) / nbase;
+    }
+    result sync, bg, conc;
+    double sw_sync, sw_bg, sw_conc;
+    uint64_t size = (uint64_t)t.model->num_params * 4 * (1 + (uint64_t)t.optim->num_states) +
+                    (uint64_t)t.model->num_buffers * 4;
+    double disk0 = disk_speed(dir, size, &err);
+    char ckdir[4200];
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", dir);
+    if (disk0 < 0 || job_mode(&t, ckdir, MODE_SYNC, saves, base, &sync, &sw_sync, &err) ||
+        job_mode(&t, ckdir, MODE_BG, saves, base, &bg, &sw_bg, &err) ||
+        job_mode(&t, ckdir, MODE_CONC, saves, base, &conc, &sw_conc, &err))
+        goto out;
+    double disk1 = disk_speed(dir, size, &err);
+    if (disk1 < 0)
+        goto out;
+    double disk = (disk0 + disk1) / 2, mb = sync.bytes / 1e6;
+    bool conc_real = strcmp(t.be->name, "cpu") == 0;
+    printf("dtrain bench ckpt: %s (%s, %zu parameters, %s) on %s\n", path, t.model->cfg.type,
+           t.model->num_params, job.optimizer, t.be->name);
+    printf("  directory                  %s\n", dir);
+    printf("  checkpoint size            %.1f MB (model + optimiser + state.json)\n", mb);
+    printf("  disk sequential write      %.0f MB/s (%.1f MB in 4 MiB blocks + fsync; %.0f before, "
+           "%.0f after the saves)\n", disk, mb, disk0, disk1);
+    printf("  checkpoint write (sync)    %.0f MB/s = %.0f%% of the disk (%.2f s, of which fsync "
+           "%.2f s)\n", mb / sync.write, 100.0 * mb / sync.write / disk, sync.write, sync.fsync);
+    printf("  checkpoint write (thread)  %.0f MB/s = %.0f%% of the disk (%.2f s)\n",
+           mb / bg.write, 100.0 * mb / bg.write / disk, bg.write);
+    printf("  training step              %.3f s without a save\n", base);
+    printf("  training held per save (and the extra time of the step after it):\n");
+    printf("    synchronous              %.3f s  (%+.3f s)\n", sync.hold, sw_sync);
+    printf("    background               %.3f s = %.1f%% of synchronous  (%+.3f s; first save "
+           "%.3f s)\n", bg.hold, 100 * bg.hold / sync.hold, sw_bg, bg.first_hold);
+    printf("    background, concurrent   %.3f s = %.1f%% of synchronous  (%+.3f s; fence wait "
+           "%.3f s, copy %.3f s%s)\n", conc.hold, 100 * conc.hold / sync.hold, sw_conc,
+           conc.fence, conc.copy, conc_real ? " during forward/backward" : ": not on this "
+           "backend, copied in the save");
+    printf("  target: held < 10%% of a synchronous save: background %s, concurrent %s\n",
+           bg.hold < 0.1 * sync.hold ? "met" : "NOT met",
+           conc.hold < 0.1 * sync.hold ? "met" : "NOT met");
+    printf("  averages of %d saves per mode after one warm-up save; the checkpoint.async "
+           "default is the concurrent mode on the CPU backend\n", saves);
+    code = 0;
+out:
+    if (code)
+        fprintf(stderr, "dtrain bench ckpt: %s\n", err.msg);
+    if (inited)
+        dt_trainer_close(&t);
+    if (made_dir)
+        dt_rm_rf(dir, NULL);
+    return code;
+}
+
 /* Busy computation on this thread for ms milliseconds (a stand-in for forward + backward). */
 static double busy(double ms)
 {
@@ -142,12 +321,6 @@ static double busy(double ms)
     return x;
 }
 
-enum { MODE_SYNC, MODE_BG, MODE_CONC };
-
-typedef struct result {
-    double first_hold, hold, copy, fence, write, fsync;
-    uint64_t bytes;
-} result;
 
 static int measure(bench_ctx *b, const char *dir, int mode, int saves, double step_ms, result *r,
                    dt_err *err)
@@ -196,6 +369,8 @@ int dt_bench_ckpt(int argc, char **argv)
     int saves = 2;
     double step_ms = 500;
     const char *dir_opt = NULL, *job_path = NULL;
+    char *overrides[64];
+    int n_over = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -219,6 +394,8 @@ int dt_bench_ckpt(int argc, char **argv)
             dir_opt = argv[++i];
         } else if (argv[i][0] != '-' && !job_path && !strchr(argv[i], '=')) {
             job_path = argv[i];
+        } else if (job_path && strchr(argv[i], '=') && n_over < 64) {
+            overrides[n_over++] = argv[i];
         } else {
             fprintf(stderr, "dtrain bench ckpt: unexpected argument \"%s\"\n", argv[i]);
             usage(stderr);
@@ -227,8 +404,7 @@ int dt_bench_ckpt(int argc, char **argv)
     }
     dt_log_init();
     if (job_path)
-        return dt_cmd_unavailable("bench ckpt JOB.ini",
-                                  "a job's model needs the model zoo; use --params N meanwhile");
+        return bench_job(job_path, overrides, n_over, saves, dir_opt);
 
     bench_ctx b = {0};
     dt_err err = {0};

@@ -1607,8 +1607,8 @@ static void test_resume_other_world_size(void)
         out = run(cmd, &code);
         DT_CHECK_MSG(code == 0, "%d ranks: exit %d: %.3000s", n, code, out);
         char want[256];
-        snprintf(want, sizeof want, "step 40 of 44, epoch %" PRId64 ", global sample position %"
-                 PRId64 " (saved by 2 ranks, resumed on %d)", epoch, pos, n);
+        snprintf(want, sizeof want, "step 40, epoch %" PRId64 ", sample %" PRId64 " (saved by 2 "
+                 "ranks)", epoch, pos);
         DT_CHECK_CONTAINS(out, want);
         free(out);
         double after = loss_at(outn, 41);
