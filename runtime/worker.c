@@ -227,6 +227,17 @@ static int seam_finish(dt_trainer *t, bool stopped, dt_err *err)
     int rc = ckpt_save(t, err);
     if (!rc && t->ckpt) /* the save logs where it went */
         rc = dt_ckpt_wait(t->ckpt, err);
+    /* Nobody leaves before rank 0's checkpoint is on disk: the agent stops every worker as soon
+     * as one exits non-zero (75 after a preemption), which must not cut rank 0's write short. */
+    if (t->comm && t->env.world_size > 1) {
+        dt_err berr = {0};
+        int brc = dt_comm_barrier(t->comm, &berr);
+        if (brc && !rc) {
+            rc = brc;
+            if (err)
+                *err = berr;
+        }
+    }
     return rc;
 }
 
