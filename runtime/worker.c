@@ -16,6 +16,8 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "runtime/ddp.h"
+#include "runtime/dp.h"
 #include "runtime/errfile.h"
 
 /* ---- the environment ------------------------------------------------------------------------ */
@@ -73,15 +75,73 @@ int dt_worker_env_read(dt_worker_env *e, dt_err *err)
  * The DDP module (runtime/ddp) and the checkpoint module (runtime/ckpt) fill these in. Each is
  * called at one place in the loop; see worker.h for what each one is for. */
 
-/* SEAM comm_init (DDP): create t->comm and t->ddp, set t->grad_ready. */
+static bool dp_mode(const dt_trainer *t) { return !strcmp(t->job.strategy, "dp"); }
+
+/* SEAM comm_init (DDP): create t->comm from the store; the reducer comes in after_build, once
+ * the model exists. One worker needs no communicator; DP needs none either (one process). */
 static int seam_comm_init(dt_trainer *t, dt_err *err)
 {
-    if (t->env.world_size > 1)
-        return dt_err_set(err, -ENOTSUP,
-                          "multi-rank training (WORLD_SIZE=%d) needs the DDP module "
-                          "(runtime/ddp), which this build does not have yet; run one worker "
-                          "(--nproc-per-node=1, one node)",
-                          t->env.world_size);
+    const dt_job *j = &t->job;
+    const dt_worker_env *e = &t->env;
+    if (dp_mode(t)) {
+        if (e->world_size > 1)
+            return dt_err_set(err, -EINVAL,
+                              "job.strategy = dp: one process drives all %d replicas "
+                              "(job.dp_replicas), but %d workers were started; run one worker "
+                              "(--nproc-per-node=1 on one node), or use job.strategy = ddp",
+                              j->dp_replicas, e->world_size);
+        return 0;
+    }
+    if (e->world_size == 1)
+        return 0;
+    if (!e->store_addr[0] || e->store_port <= 0)
+        return dt_err_set(err, -EINVAL,
+                          "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
+                          "start the workers with the dtrain launcher",
+                          e->world_size);
+    const char *backend = j->comm_backend;
+    if (!strcmp(backend, "auto"))
+        backend = !strcmp(t->be->name, "cuda") ? "nccl" : "cpu";
+    if (!strcmp(backend, "nccl") && strcmp(t->be->name, "cuda") != 0)
+        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
+                                        "runs on %s); use ddp.backend = cpu or auto",
+                          t->be->name);
+    dt_store *store = NULL;
+    dt_store_opts so;
+    dt_store_opts_default(&so);
+    int rc = dt_store_connect(&store, e->store_addr, e->store_port, &so, err);
+    if (rc)
+        return dt_err_prefix(err, "DDP: connecting to the store at %s:%d: ", e->store_addr,
+                             e->store_port);
+    dt_comm_opts co;
+    dt_comm_opts_default(&co);
+    co.backend = backend;
+    co.rank = e->rank;
+    co.world_size = e->world_size;
+    co.local_rank = e->local_rank;
+    co.local_world_size = e->local_world_size;
+    co.run_id = e->run_id;
+    co.attempt = e->attempt;
+    co.timeout_ms = (int)DT_MIN(j->comm_timeout * 1000.0, 2e9);
+    co.device_index = e->local_rank;
+    rc = dt_comm_init(&t->comm, store, &co, err); /* the store is needed for the bootstrap only */
+    dt_store_free(store);
+    if (rc)
+        return dt_err_prefix(err, "DDP: ");
+    return 0;
+}
+
+/* DDP: the reducer, which checks the model across ranks and broadcasts rank 0's parameters. */
+static int ddp_start(dt_trainer *t, dt_err *err)
+{
+    dt_ddp_opts o;
+    int rc = dt_ddp_opts_from_job(&o, &t->job, err);
+    if (!rc)
+        rc = dt_ddp_create((dt_ddp **)&t->ddp, t->model, t->comm, &o, err);
+    if (rc)
+        return rc;
+    t->grad_ready = dt_ddp_grad_ready;
+    t->grad_ready_ctx = t->ddp;
     return 0;
 }
 
@@ -184,31 +244,28 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
     return rc;
 }
 
-/* SEAM after_build (DDP: broadcast from rank 0; checkpoints: open and resume). */
+/* SEAM after_build (checkpoints: open and resume; then DDP: check the model across ranks and
+ * broadcast rank 0's parameters, so every rank starts from what rank 0 resumed). */
 static int seam_after_build(dt_trainer *t, dt_err *err)
 {
     int rc = ckpt_open(t, err);
     if (!rc)
         rc = ckpt_resume(t, err);
+    if (!rc && t->comm)
+        rc = ddp_start(t, err);
     return rc;
 }
 
 /* SEAM sync_grads (DDP: wait for the gradient all-reduces). */
 static int seam_sync_grads(dt_trainer *t, dt_err *err)
 {
-    (void)t;
-    (void)err;
-    return 0;
+    return t->ddp ? dt_ddp_finish(t->ddp, err) : 0;
 }
 
 /* SEAM average (DDP: all-reduce mean of v[0..n) across ranks). */
 static int seam_average(dt_trainer *t, double *v, int n, dt_err *err)
 {
-    (void)t;
-    (void)v;
-    (void)n;
-    (void)err;
-    return 0;
+    return t->ddp ? dt_ddp_average(t->ddp, v, n, err) : 0;
 }
 
 /* SEAM after_step (checkpoints: save every checkpoint.every steps). */
@@ -246,6 +303,12 @@ static void seam_close(dt_trainer *t)
 {
     dt_ckpt_close(t->ckpt);
     t->ckpt = NULL;
+    dt_ddp_free(t->ddp);
+    t->ddp = NULL;
+    t->grad_ready = NULL;
+    t->grad_ready_ctx = NULL;
+    dt_comm_free(t->comm);
+    t->comm = NULL;
 }
 
 /* ---- building ------------------------------------------------------------------------------- */
@@ -273,6 +336,9 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         dt_strlcpy(j->output_dir, outdir, sizeof j->output_dir);
     dt_rng_seed2(&t->rng, (uint64_t)j->seed, (uint64_t)env->rank + 1);
     int rc;
+    /* DP: this one process takes the batch of all its replicas (batch_size is per replica). */
+    if (dp_mode(t))
+        j->batch_size *= j->dp_replicas;
 
     /* data first: a bad file is the most likely error and costs nothing to find */
     if ((rc = dt_data_open(&t->data, j, err)))
@@ -317,8 +383,20 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         goto fail;
     if (mc.max_batch < j->batch_size)
         mc.max_batch = j->batch_size;
-    if ((rc = dt_model_create(&t->model, &mc, t->be, t->comm, err)))
+    if (dp_mode(t)) {
+        /* DP: K replicas, each with a backend of its own; the master's are the trainer's. */
+        if (mc.sync_bn && env->rank == 0)
+            DT_WARN("model.sync_bn has no effect with job.strategy = dp (each replica normalises "
+                    "its own chunk, as in torch DataParallel)");
+        dt_dp_opts dpo = {.replicas = j->dp_replicas, .device = j->device, .backend = bo};
+        if ((rc = dt_dp_create(&t->dp, &mc, &dpo, err)))
+            goto fail;
+        dt_backend_close(t->be);
+        t->be = dt_dp_backend(t->dp, 0);
+        t->model = dt_dp_master(t->dp);
+    } else if ((rc = dt_model_create(&t->model, &mc, t->be, t->comm, err))) {
         goto fail;
+    }
 
     /* optimiser */
     dt_optim_config oc;
@@ -344,6 +422,12 @@ void dt_trainer_close(dt_trainer *t)
     t->metrics = NULL;
     dt_optim_free(t->optim);
     t->optim = NULL;
+    if (t->dp) { /* it owns the model and the backend */
+        dt_dp_free(t->dp);
+        t->dp = NULL;
+        t->model = NULL;
+        t->be = NULL;
+    }
     dt_model_free(t->model);
     t->model = NULL;
     dt_backend_close(t->be);
@@ -373,7 +457,13 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
             (rc = dt_dataset_fill(t->data->train, t->idx, j->batch_size, &t->batch, err)))
             return rc;
         float loss = 0;
-        if ((rc = m->ops->forward(m, &t->batch.batch, true, &loss, err)))
+        bool last = micro == j->grad_accum - 1;
+        if (t->dp) /* replicate, scatter, forward and backward on every replica, reduce */
+            rc = dt_dp_forward_backward(t->dp, &t->batch.batch, 1.0f / (float)j->grad_accum,
+                                        &loss, err);
+        else
+            rc = m->ops->forward(m, &t->batch.batch, true, &loss, err);
+        if (rc)
             return rc;
         if (!isfinite(loss))
             return dt_err_set(err, -EDOM,
@@ -381,9 +471,9 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
                               "diverged; lower train.lr, or set train.grad_clip",
                               (double)loss, (long long)t->step + 1, micro);
         loss_sum += loss;
-        bool last = micro == j->grad_accum - 1;
-        if ((rc = m->ops->backward(m, 1.0f / (float)j->grad_accum, last ? t->grad_ready : NULL,
-                                   last ? t->grad_ready_ctx : NULL, err)))
+        if (!t->dp && (rc = m->ops->backward(m, 1.0f / (float)j->grad_accum,
+                                             last ? t->grad_ready : NULL,
+                                             last ? t->grad_ready_ctx : NULL, err)))
             return rc;
     }
     double tc = dt_now_s();
@@ -428,10 +518,15 @@ int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err)
         if ((rc = dt_dataset_fill(val, t->idx, j->batch_size, &t->batch, err)))
             return rc;
         float l = 0;
-        if ((rc = t->model->ops->forward(t->model, &t->batch.batch, false, &l, err)))
+        int64_t correct = 0;
+        if (t->dp)
+            rc = dt_dp_forward_eval(t->dp, &t->batch.batch, &l, &correct, err);
+        else if (!(rc = t->model->ops->forward(t->model, &t->batch.batch, false, &l, err)))
+            correct = t->model->last_correct;
+        if (rc)
             return rc;
         sums[0] += l;
-        sums[1] += (double)t->model->last_correct;
+        sums[1] += (double)correct;
         sums[2] += j->batch_size;
     }
     sums[0] /= (double)batches;

@@ -94,6 +94,8 @@ typedef struct dt_trainer {
     /* ---- seams (see the top of this file) ---- */
     dt_comm *comm;            /* DDP: communicator, owned by the DDP module; NULL without */
     void *ddp;                /* DDP: the reducer; NULL without */
+    struct dt_dp *dp;         /* DP (job.strategy = dp): the replicas, owned; model and be are
+                                 its master replica's (borrowed from it); NULL without */
     dt_grad_ready_fn grad_ready; /* handed to backward on the last micro-step; NULL = none */
     void *grad_ready_ctx;
     dt_ckpt *ckpt;            /* checkpoints, owned; opened by after_build */

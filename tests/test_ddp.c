@@ -11,11 +11,15 @@
  * once), compressed gradients, the model-consistency check, buckets launched from backward, and
  * a killed rank turning into an error in the survivors.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -671,6 +675,216 @@ static void test_opts_from_job(void)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* The real binary: dtrain worker under the launcher                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The source tree (the parent of build/, where the dtrain binary lives). */
+static const char *repo_dir(void)
+{
+    static char dir[PATH_MAX];
+    if (!dir[0]) {
+        char bin[PATH_MAX];
+        if (!realpath(dt_test_dtrain_bin(), bin))
+            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
+        for (int i = 0; i < 2; i++) {
+            char *s = strrchr(bin, '/');
+            if (s)
+                *s = '\0';
+        }
+        dt_strlcpy(dir, bin, sizeof dir);
+        char probe[PATH_MAX + 16];
+        snprintf(probe, sizeof probe, "%s/configs", dir);
+        if (access(probe, F_OK) != 0 && !getcwd(dir, sizeof dir))
+            dir[0] = '\0';
+    }
+    return dir;
+}
+
+/* The "loss" (or key) of the last record of `type` in dir/metrics.jsonl; NAN when absent. */
+static double last_metric(const char *dir, const char *type, const char *key)
+{
+    char path[PATH_MAX + 32], *text = NULL, pat[64], tpat[64];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    if (dt_read_file(path, &text, NULL, NULL) != 0)
+        return NAN;
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    snprintf(tpat, sizeof tpat, "\"type\":\"%s\"", type);
+    double v = NAN;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *k = strstr(line, pat);
+        if (strstr(line, tpat) && k)
+            v = strtod(k + strlen(pat), NULL);
+    }
+    free(text);
+    return v;
+}
+
+static int run_cmd(const char *cmd, char **out, int timeout_s)
+{
+    char full[16384];
+    /* no inherited launcher environment: these are jobs of their own */
+    snprintf(full, sizeof full,
+             "cd '%s' && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE "
+             "-u DTRAIN_STORE_ADDR -u DTRAIN_STORE_PORT -u DTRAIN_OUTPUT_DIR %s",
+             repo_dir(), cmd);
+    return dt_test_run(full, out, timeout_s);
+}
+
+static void test_worker_ddp_dp_single(void)
+{
+    /* The same job three ways on the same global batch of 64 samples: one worker with batch 64,
+     * DDP on 2 workers with 32 each, DP with 2 replicas of 32. The distributed sampler gives the
+     * three the same samples per step, so the runs agree up to rounding. */
+    const char *tmp = dt_test_tmpdir();
+    const char *common = "configs/mlp.ini job.device=cpu train.steps=30 job.log_every=10 "
+                         "checkpoint.every=0 train.eval_every=0";
+    char cmd[4096], *out = NULL;
+    double loss[3], val[3];
+    const char *names[3] = {"single", "ddp", "dp"};
+    for (int k = 0; k < 3; k++) {
+        const char *how = k == 0   ? "--nproc-per-node=1 %s train.batch_size=64"
+                          : k == 1 ? "--nproc-per-node=2 %s train.batch_size=32"
+                                   : "--nproc-per-node=1 %s train.batch_size=32 job.strategy=dp "
+                                     "job.dp_replicas=2";
+        char args[1024];
+        snprintf(args, sizeof args, how, common);
+        snprintf(cmd, sizeof cmd, "%s --standalone --max-restarts=0 %s job.output_dir=%s/%s",
+                 dt_test_dtrain_bin(), args, tmp, names[k]);
+        int rc = run_cmd(cmd, &out, 120);
+        DT_CHECK_MSG(rc == 0, "%s: exit %d: %.3000s", names[k], rc, out ? out : "");
+        free(out);
+        out = NULL;
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/%s", tmp, names[k]);
+        loss[k] = last_metric(dir, "train", "loss");
+        val[k] = last_metric(dir, "eval", "val_loss");
+        DT_CHECK_MSG(isfinite(loss[k]) && isfinite(val[k]), "%s: loss %g, val %g", names[k],
+                     loss[k], val[k]);
+    }
+    for (int k = 1; k < 3; k++) {
+        DT_CHECK_MSG(fabs(loss[k] - loss[0]) <= 1e-3 * fabs(loss[0]),
+                     "%s train loss %.7f vs single %.7f", names[k], loss[k], loss[0]);
+        DT_CHECK_MSG(fabs(val[k] - val[0]) <= 1e-3 * fabs(val[0]),
+                     "%s val loss %.7f vs single %.7f", names[k], val[k], val[0]);
+    }
+}
+
+/* pids of parent's children whose command line contains `word`. */
+static int children_with(pid_t parent, const char *word, pid_t *out, int max)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) && n < max) {
+        if (de->d_name[0] < '0' || de->d_name[0] > '9')
+            continue;
+        char p[300], buf[4096];
+        snprintf(p, sizeof p, "/proc/%s/stat", de->d_name);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r <= 0)
+            continue;
+        buf[r] = 0;
+        char *rp = strrchr(buf, ')');
+        int ppid = 0;
+        char state;
+        if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2 || ppid != parent)
+            continue;
+        snprintf(p, sizeof p, "/proc/%s/cmdline", de->d_name);
+        fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r <= 0)
+            continue;
+        buf[r] = 0;
+        bool found = false;
+        for (char *a = buf; a < buf + r; a += strlen(a) + 1)
+            found = found || !strcmp(a, word);
+        if (found)
+            out[n++] = (pid_t)atoi(de->d_name);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void test_launcher_restarts_after_kill(void)
+{
+    /* kill -9 one of two DDP workers mid-run: the survivor's collective fails at once naming
+     * the dead rank, the agent restarts both, they resume from the last checkpoint, the job
+     * completes. */
+    const char *tmp = dt_test_tmpdir();
+    char cmd[4096], log[PATH_MAX + 16], metrics[PATH_MAX + 32];
+    snprintf(log, sizeof log, "%s/agent.log", tmp);
+    snprintf(metrics, sizeof metrics, "%s/kill/metrics.jsonl", tmp);
+    snprintf(cmd, sizeof cmd,
+             "exec %s --standalone --nproc-per-node=2 --max-restarts=1 configs/mlp.ini "
+             "job.device=cpu train.steps=600 job.log_every=10 checkpoint.every=40 "
+             "job.output_dir=%s/kill ddp.timeout=60",
+             dt_test_dtrain_bin(), tmp);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t agent = fork();
+    DT_REQUIRE(agent >= 0);
+    if (agent == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || chdir(repo_dir()) != 0)
+            _exit(127);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        unsetenv("RANK");
+        unsetenv("WORLD_SIZE");
+        unsetenv("DTRAIN_STORE_ADDR");
+        unsetenv("DTRAIN_STORE_PORT");
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    /* Wait for step 60 or more in the metrics (a checkpoint exists by then). */
+    uint64_t deadline = dt_now_ns() + 90ull * 1000000000ull;
+    bool reached = false;
+    while (!reached && dt_now_ns() < deadline) {
+        char *text = NULL;
+        if (dt_read_file(metrics, &text, NULL, NULL) == 0) {
+            reached = strstr(text, "\"step\":60,") || strstr(text, "\"step\":70,") ||
+                      strstr(text, "\"step\":80,");
+            free(text);
+        }
+        if (waitpid(agent, NULL, WNOHANG) == agent)
+            break;
+        dt_sleep_ms(20);
+    }
+    DT_REQUIRE(reached);
+    /* the agent is sh's exec'd dtrain (same pid); its workers are `dtrain worker` children */
+    pid_t kids[8];
+    int n = children_with(agent, "worker", kids, 8);
+    DT_REQUIRE(n == 2);
+    kill(kids[n - 1], SIGKILL);
+    int status = 0;
+    while (dt_now_ns() < deadline + 60ull * 1000000000ull) {
+        if (waitpid(agent, &status, WNOHANG) == agent)
+            break;
+        dt_sleep_ms(50);
+    }
+    char *text = NULL;
+    dt_read_file(log, &text, NULL, NULL);
+    DT_CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the job ended with %d: %.4000s",
+                 status, text ? text : "");
+    DT_CHECK_CONTAINS(text, "exited while this rank waited for it"); /* the survivor noticed */
+    DT_CHECK_CONTAINS(text, "allreduce #");
+    DT_CHECK_CONTAINS(text, "resumed from");
+    DT_CHECK_CONTAINS(text, "all workers succeeded");
+    free(text);
+    char dir[PATH_MAX + 8];
+    snprintf(dir, sizeof dir, "%s/kill", tmp);
+    DT_CHECK_NEAR(last_metric(dir, "train", "step"), 600, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* DataParallel                                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -788,6 +1002,8 @@ int main(int argc, char **argv)
         {"killed_peer", test_killed_peer, 60},
         {"dp_equals_single", test_dp_equals_single, 60},
         {"dp_equals_ddp_resnet", test_dp_equals_ddp, 60},
+        {"worker_ddp_dp_single", test_worker_ddp_dp_single, 240},
+        {"launcher_restarts_after_kill", test_launcher_restarts_after_kill, 240},
     };
     return dt_test_main("test_ddp", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

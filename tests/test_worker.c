@@ -264,13 +264,13 @@ static void test_bad_job(void)
     free(out);
 }
 
-static void test_multi_rank_without_ddp(void)
+static void test_multi_rank_without_store(void)
 {
     char *out = NULL;
     const char *args =
         fmt("'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu", repo_dir(), outdir("mr"));
     DT_CHECK_INT(worker("RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2", args, &out, 60), 1);
-    DT_CHECK_CONTAINS(out, "needs the DDP module");
+    DT_CHECK_CONTAINS(out, "DTRAIN_STORE_ADDR");
     free(out);
     DT_CHECK_INT(worker("RANK=2 WORLD_SIZE=2", args, &out, 30), 1);
     DT_CHECK_CONTAINS(out, "RANK=2 is not below WORLD_SIZE=2");
@@ -327,7 +327,7 @@ int main(int argc, char **argv)
         {"same_seed_bit_identical", test_same_seed_bit_identical, 300},
         {"bad_data_file", test_bad_data_file, 60},
         {"bad_job", test_bad_job, 60},
-        {"multi_rank_without_ddp", test_multi_rank_without_ddp, 60},
+        {"multi_rank_without_store", test_multi_rank_without_store, 60},
         {"sigterm_stops_at_step_boundary", test_sigterm_stops_at_step_boundary, 120},
         {"epochs_and_accumulation", test_epochs_and_accumulation, 120},
     };
