@@ -1571,6 +1571,42 @@ int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resu
     return resume_newest(c, NULL, st, resumed, path_out, size, err);
 }
 
+int dt_ckpt_agree(dt_comm *comm, dt_backend *be, int rank, int64_t step, const char *dir,
+                  dt_err *err)
+{
+    if (!comm || dt_comm_world_size(comm) < 2)
+        return 0;
+    /* step + 1 (0 = no checkpoint) in two floats that hold 20 and 24 bits exactly */
+    int64_t v = step + 1;
+    float mine[2] = {(float)(v & 0xFFFFF), (float)(v >> 20)}, got[2];
+    void *dev = NULL;
+    int rc = be->alloc(be, &dev, sizeof mine, err);
+    if (rc)
+        return rc;
+    be->memcpy_h2d(be, dev, mine, sizeof mine);
+    rc = dt_comm_broadcast(comm, dev, 2, DT_FLOAT32, 0, NULL, err);
+    if (!rc)
+        be->memcpy_d2h(be, got, dev, sizeof got);
+    be->free(be, dev);
+    if (rc)
+        return rc;
+    if (got[0] == mine[0] && got[1] == mine[1])
+        return 0;
+    int64_t r0 = (int64_t)got[0] + ((int64_t)got[1] << 20) - 1;
+    char a[64], b[64];
+    if (step < 0)
+        snprintf(a, sizeof a, "found no checkpoint");
+    else
+        snprintf(a, sizeof a, "resumed at step %" PRId64, step);
+    if (r0 < 0)
+        snprintf(b, sizeof b, "found none");
+    else
+        snprintf(b, sizeof b, "resumed at step %" PRId64, r0);
+    return dt_err_set(err, -ESTALE, "rank %d %s but rank 0 %s: every rank must see the same "
+                      "checkpoint directory %s (on several nodes: a shared file system)", rank, a,
+                      b, dir);
+}
+
 /* ================================================================================= tools === */
 
 void dt_ckpt_info_free(dt_ckpt_info *info)

@@ -189,6 +189,13 @@ int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resu
 int dt_ckpt_resume_run(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool *resumed,
                        char *path_out, size_t size, dt_err *err);
 
+/* Every rank resumes on its own (each reads the checkpoint directory); this checks that they
+ * agree with rank 0: step is what this rank resumed at (-1 for none). All ranks call it (a
+ * broadcast through comm, using a small buffer of be). 0 when they agree or comm is NULL or has
+ * one rank; -ESTALE with a message naming the rank, both steps and dir otherwise. */
+int dt_ckpt_agree(dt_comm *comm, dt_backend *be, int rank, int64_t step, const char *dir,
+                  dt_err *err);
+
 /* ---- tools (no model needed) ---- */
 
 typedef struct dt_ckpt_tensor_desc {

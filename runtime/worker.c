@@ -191,6 +191,9 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
         rc = dt_ckpt_resume_run(t->ckpt, t->env.run_id, &st, &resumed, path, sizeof path, err);
     if (!rc && !resumed)
         rc = dt_ckpt_resume(t->ckpt, j->resume, &st, &resumed, path, sizeof path, err);
+    if (!rc) /* a rank that cannot see rank 0's checkpoint must not train from another state */
+        rc = dt_ckpt_agree(t->comm, t->be, t->env.rank, resumed ? st.step : -1,
+                           j->ckpt_dir[0] ? j->ckpt_dir : j->output_dir, err);
     if (rc || !resumed)
         goto out;
     double opt_t = 0;

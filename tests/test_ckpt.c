@@ -19,7 +19,9 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "rendezvous/store.h"
 #include "runtime/ckpt.h"
+#include "runtime/comm.h"
 #include "runtime/safetensors.h"
 #include "runtime/xxh64.h"
 #include "tests/harness.h"
@@ -1093,6 +1095,65 @@ static void test_ckpt_full_disk_tmpfs(void)
     fake_free(&a);
 }
 
+/* ---- ranks agree on the step they resumed at ---- */
+
+static int wait_exit(pid_t pid, int timeout_s);
+
+/* Rank body: joins a 2-rank cpu communicator and calls dt_ckpt_agree with `step`; exits 0 when
+ * it returned 0, 3 on -ESTALE (with the message checked), 2 on any other failure. */
+static void agree_rank(int port, const char *run_id, int rank, int64_t step)
+{
+    dt_err err = {0};
+    dt_store *store = NULL;
+    dt_comm *comm = NULL;
+    dt_backend *be = NULL;
+    dt_store_opts so;
+    dt_store_opts_default(&so);
+    dt_comm_opts co;
+    dt_comm_opts_default(&co);
+    co.rank = co.local_rank = rank;
+    co.world_size = co.local_world_size = 2;
+    co.run_id = run_id;
+    co.timeout_ms = 20000;
+    if (dt_store_connect(&store, "127.0.0.1", port, &so, &err) ||
+        dt_comm_init(&comm, store, &co, &err) || dt_backend_open(&be, "cpu", NULL, &err))
+        _exit(2);
+    int rc = dt_ckpt_agree(comm, be, rank, step, "/ckpts", &err);
+    if (rc == -ESTALE && strstr(err.msg, "rank 1 found no checkpoint but rank 0 resumed at step "
+                                         "40") && strstr(err.msg, "/ckpts"))
+        _exit(3);
+    _exit(rc ? 2 : 0);
+}
+
+static void test_ranks_agree_on_resume(void)
+{
+    dt_store_server_opts so;
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    so.port = 0;
+    dt_store_server *srv = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &err), &err);
+    int port = dt_store_server_port(srv);
+    const int64_t cases[2][2] = {{40, 40}, {40, -1}};
+    const int want[2][2] = {{0, 0}, {0, 3}};
+    for (int c = 0; c < 2; c++) {
+        char run_id[64];
+        snprintf(run_id, sizeof run_id, "agree-%d-%d", (int)getpid(), c);
+        pid_t pids[2];
+        fflush(stderr);
+        for (int r = 0; r < 2; r++)
+            if ((pids[r] = fork()) == 0)
+                agree_rank(port, run_id, r, cases[c][r]);
+        for (int r = 0; r < 2; r++) {
+            int code = wait_exit(pids[r], 30);
+            DT_CHECK_MSG(code == want[c][r], "case %d rank %d: exit %d, want %d", c, r, code,
+                         want[c][r]);
+        }
+    }
+    dt_store_server_stop(srv);
+}
+
 /* ================================================================================= tools === */
 
 static void test_cli_tools(void)
@@ -1318,6 +1379,7 @@ static int wait_exit(pid_t pid, int timeout_s)
         dt_sleep_ms(50);
     }
     kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     return -1;
 }
@@ -1637,6 +1699,7 @@ int main(int argc, char **argv)
         {"ckpt_foreign_and_bad_path", test_ckpt_foreign_and_bad_path, 0},
         {"ckpt_injected_failures", test_ckpt_injected_failures, 60},
         {"ckpt_full_disk_tmpfs", test_ckpt_full_disk_tmpfs, 0},
+        {"ranks_agree_on_resume", test_ranks_agree_on_resume, 60},
         {"cli_tools", test_cli_tools, 60},
         {"python_reader_agrees", test_python_reader_agrees, 0},
         {"worker_sigterm_resume", test_worker_sigterm_resume, 180},
