@@ -23,12 +23,16 @@
  *
  * Store keys live under "dtrain/<rdzv id>/" and then "r<round>/": a round never reads state of an
  * earlier round, and two jobs with different ids never share a key. With an external store
- * (one that outlives jobs), every job needs its own --rdzv-id.
+ * (one that outlives jobs), every static job needs its own --rdzv-id; c10d adds a job instance
+ * level ("dtrain/<rdzv id>/<instance>/r<round>/"), so a new job may reuse an id once the last
+ * one has ended.
  *
  * Liveness: every agent increments a heartbeat counter every heartbeat_interval while its round
  * runs; a node whose counter has not moved for heartbeat_timeout (on the observer's own clock, so
- * clocks need not agree) is declared lost and the round fails with it as the root cause. An agent
- * that loses the store host ends its job (the store cannot come back).
+ * clocks need not agree) is declared lost: static fails the round with it as the root cause,
+ * c10d regroups without it (from a heartbeat thread of its own, with rank 0 watching everyone
+ * and everyone watching rank 0). An agent that loses the store host ends its job (the store
+ * cannot come back).
  *
  * Not thread-safe: one thread (the agent's) calls everything.
  */
@@ -126,7 +130,9 @@ int dt_rdzv_open(dt_rdzv **out, const dt_rdzv_opts *opts, dt_err *err);
 /* Joins the next round (the first call joins the job's current round) and waits until it is
  * formed, up to join_timeout. Call it only after this node's workers of the previous round are
  * all stopped. Returns 0 with *round filled; -EINTR (interrupted), -ETIMEDOUT (not every node
- * came), -ECANCELED (the job was aborted elsewhere; status says by whom), or a store error. */
+ * came), -ECANCELED (the job was aborted elsewhere; status says by whom), or a store error.
+ * c10d: -ECANCELED also when the job ended while this node waited (a spare, a late joiner):
+ * status.state is SUCCEEDED (exit 0), FAILED (the budget is spent) or ABORTED, with the why. */
 int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *round, dt_rdzv_status *status, dt_err *err);
 
 /* Cheap check of the current round (one or two store round trips; heartbeats are sent and

@@ -1072,6 +1072,7 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
     DT_DEBUG("c10d: joined round %d as #%lld (nodes %d:%d)", R, (long long)k, c->min, c->max);
 
     kf(key, sizeof key, "r%d/closed", R);
+    double retry = 0.5;
     for (;;) {
         if (interrupted(c))
             return dt_err_set(err, -EINTR, "interrupted while waiting for the other nodes");
@@ -1094,9 +1095,13 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
                               st->why);
         now = dt_now_s();
         if (now >= close_at) {
-            close_at = 1e300;
+            /* The last call is over (normally the MIN-th joiner closes first and nobody else
+             * gets here). Should it not close (a joiner died between its add and its record,
+             * leaving fewer than MIN), try again later, backing off. */
             if ((rc = try_close(c, R, err)))
                 return store_gone(c, rc, err, "closing a rendezvous round");
+            retry = DT_MIN(2 * retry, 8.0);
+            close_at = now + retry;
         }
         if (now >= deadline) {
             kf(key, sizeof key, "r%d/count", R);
