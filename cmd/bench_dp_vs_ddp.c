@@ -42,6 +42,7 @@ typedef struct bench_opts {
     int n_overrides;
     int nproc;
     int steps, warmup;
+    int repeat;          /* rounds of (single, DP, DDP); each row is the median round */
     /* child mode */
     const char *child;   /* "single", "dp", "ddp" */
     int rank;
@@ -66,10 +67,12 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: dtrain bench dp-vs-ddp JOB.ini [--nproc N] [--steps S] [--warmup W] "
-            "[section.key=value ...]\n\n"
+            "[--repeat R] [section.key=value ...]\n\n"
             "  --nproc N    replicas for DP and ranks for DDP (default 2)\n"
             "  --steps S    timed optimiser steps per configuration (default 20)\n"
-            "  --warmup W   untimed steps first (default 3)\n");
+            "  --warmup W   untimed steps first (default 3)\n"
+            "  --repeat R   rounds of the three, interleaved; each row is the median round "
+            "(default 3)\n");
 }
 
 static double cpu_now(void)
@@ -285,9 +288,6 @@ static int run_child(const bench_opts *o)
         dt_dp_stats st;
         dt_dp_get_stats(dp, &st);
         res.comm_s = st.reduce_s - comm0;
-        printf("# DP per step: replicate %.2f ms, parallel forward+backward %.2f ms, reduce %.2f ms\n",
-                st.replicate_s * 1e3 / (double)st.steps, st.compute_s * 1e3 / (double)st.steps,
-                st.reduce_s * 1e3 / (double)st.steps);
     }
     res.replicas = K;
     for (int k = 0; k < K; k++) {
@@ -422,7 +422,7 @@ static void print_row(const char *name, int replicas, const result *res, int npr
 
 int dt_bench_dp_vs_ddp(int argc, char **argv)
 {
-    bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .rank = 0};
+    bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .repeat = 3, .rank = 0};
     char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -434,6 +434,7 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
         int *ip = !strcmp(a, "--nproc")        ? &o.nproc
                   : !strcmp(a, "--steps")      ? &o.steps
                   : !strcmp(a, "--warmup")     ? &o.warmup
+                  : !strcmp(a, "--repeat")     ? &o.repeat
                   : !strcmp(a, "--child-rank") ? &o.rank
                   : !strcmp(a, "--child-port") ? &o.port
                                                : NULL;
@@ -468,7 +469,7 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
         }
     }
     o.overrides = ovr;
-    if (!o.job_path || o.nproc < 1 || o.nproc > MAX_REPLICAS || o.steps < 1) {
+    if (!o.job_path || o.nproc < 1 || o.nproc > MAX_REPLICAS || o.steps < 1 || o.repeat < 1) {
         usage(stderr);
         free(ovr);
         return 2;
@@ -507,51 +508,77 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
            "min) / min\n#\n");
     printf("%-7s %8s %9s %12s %10s %11s %9s %12s  %s\n", "mode", "replicas", "step(ms)",
            "throughput", "speedup", "cpu util", "comm(ms)", "mem spread", "peak MiB per replica");
-    result single[1], dp[1], ddp[MAX_REPLICAS];
-    int failed = 0;
-    double base = 0;
-    /* argv[0] is "dp-vs-ddp": the children get the same arguments. */
-    if (run_mode(&o, argc, argv, "single", 1, dir, single) == 0) {
-        base = single[0].wall_s > 0 ? (double)single[0].items / single[0].wall_s : 0;
-        print_row("single", 1, single, 1, base, o.steps, cores);
-    } else {
-        failed = 1;
+    /* Rounds of (single, DP, DDP), interleaved so that a change in the machine's load hits
+     * every mode alike; each mode's row is its median round by throughput. */
+    enum { SINGLE, DP, DDP, MODES };
+    static const char *const modes[MODES] = {"single", "dp", "ddp"};
+    static const char *const labels[MODES] = {"single", "DP", "DDP"};
+    result *runs = calloc((size_t)o.repeat * MODES * MAX_REPLICAS, sizeof *runs);
+    double *tput = calloc((size_t)o.repeat * MODES, sizeof *tput);
+    int failed = !runs || !tput;
+    for (int rep = 0; rep < o.repeat && !failed; rep++)
+        for (int m = 0; m < MODES && !failed; m++) {
+            int n = m == DDP ? o.nproc : 1;
+            result *res = runs + ((size_t)rep * MODES + (size_t)m) * MAX_REPLICAS;
+            if (run_mode(&o, argc, argv, modes[m], n, dir, res) != 0) {
+                fprintf(stderr, "dtrain bench dp-vs-ddp: the %s run failed\n", labels[m]);
+                failed = 1;
+                break;
+            }
+            double wall = 0;
+            int64_t items = 0;
+            for (int r = 0; r < n; r++) {
+                wall = DT_MAX(wall, res[r].wall_s);
+                items += res[r].items;
+            }
+            tput[rep * MODES + m] = wall > 0 ? (double)items / wall : 0;
+        }
+    double med[MODES] = {0, 0, 0}, spread[MODES] = {0, 0, 0};
+    const result *pick[MODES] = {NULL, NULL, NULL};
+    for (int m = 0; m < MODES && !failed; m++) {
+        /* the median round: the one with as many rounds faster as slower */
+        int best = 0;
+        for (int a = 0; a < o.repeat; a++) {
+            int below = 0, above = 0;
+            for (int b = 0; b < o.repeat; b++) {
+                below += tput[b * MODES + m] < tput[a * MODES + m];
+                above += tput[b * MODES + m] > tput[a * MODES + m];
+            }
+            if (below <= o.repeat / 2 && above <= o.repeat / 2)
+                best = a;
+        }
+        med[m] = tput[best * MODES + m];
+        pick[m] = runs + ((size_t)best * MODES + (size_t)m) * MAX_REPLICAS;
     }
-    double tput_dp = 0, tput_ddp = 0, spread_dp = 0, spread_ddp = 0;
-    if (run_mode(&o, argc, argv, "dp", 1, dir, dp) == 0) {
-        print_row("DP", o.nproc, dp, 1, base, o.steps, cores);
-        tput_dp = (double)dp[0].items / dp[0].wall_s;
+    for (int m = 0; m < MODES && !failed; m++) {
+        int n = m == DDP ? o.nproc : 1;
+        print_row(labels[m], m == SINGLE ? 1 : o.nproc, pick[m], n, med[SINGLE], o.steps, cores);
         double lo = 1e300, hi = 0;
-        for (int k = 0; k < dp[0].replicas; k++) {
-            lo = DT_MIN(lo, dp[0].peak[k]);
-            hi = DT_MAX(hi, dp[0].peak[k]);
-        }
-        spread_dp = hi - lo;
-    } else {
-        failed = 1;
-    }
-    if (run_mode(&o, argc, argv, "ddp", o.nproc, dir, ddp) == 0) {
-        /* the per-process result counts its own items: the row sums them */
-        print_row("DDP", o.nproc, ddp, o.nproc, base, o.steps, cores);
-        double wall = 0, lo = 1e300, hi = 0;
-        int64_t items = 0;
-        for (int r = 0; r < o.nproc; r++) {
-            wall = DT_MAX(wall, ddp[r].wall_s);
-            items += ddp[r].items;
-            lo = DT_MIN(lo, ddp[r].peak[0]);
-            hi = DT_MAX(hi, ddp[r].peak[0]);
-        }
-        tput_ddp = (double)items / wall;
-        spread_ddp = hi - lo;
-    } else {
-        failed = 1;
+        for (int r = 0; r < n; r++)
+            for (int k = 0; k < pick[m][r].replicas; k++) {
+                lo = DT_MIN(lo, pick[m][r].peak[k]);
+                hi = DT_MAX(hi, pick[m][r].peak[k]);
+            }
+        spread[m] = hi - lo;
     }
     if (!failed) {
         printf("#\n# DDP / DP throughput: %.2fx; memory spread DP %.1f MiB, DDP %.1f MiB; DDP "
                "scaling over one worker: %.2fx on %d ranks\n",
-               tput_ddp / tput_dp, spread_dp / (1024.0 * 1024.0), spread_ddp / (1024.0 * 1024.0),
-               base > 0 ? tput_ddp / base : 0, o.nproc);
+               med[DDP] / med[DP], spread[DP] / (1024.0 * 1024.0),
+               spread[DDP] / (1024.0 * 1024.0), med[SINGLE] > 0 ? med[DDP] / med[SINGLE] : 0,
+               o.nproc);
+        if (o.repeat > 1) {
+            printf("# median of %d interleaved rounds; throughput of every round:", o.repeat);
+            for (int m = 0; m < MODES; m++) {
+                printf(" %s", labels[m]);
+                for (int rep = 0; rep < o.repeat; rep++)
+                    printf("%s%.0f", rep ? "/" : " ", tput[rep * MODES + m]);
+                printf(m < MODES - 1 ? ";" : "\n");
+            }
+        }
     }
+    free(runs);
+    free(tput);
     char cmd[64];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)

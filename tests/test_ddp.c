@@ -142,7 +142,10 @@ static dt_optim *new_optim(dt_backend *be, const dt_model *m, bool adamw)
     oc.momentum = 0.9;
     oc.beta1 = 0.9;
     oc.beta2 = 0.95;
-    oc.eps = 1e-8;
+    /* The gradient of attention's key bias is zero up to rounding (softmax ignores a constant per
+     * row); AdamW with a tiny eps turns that noise into steps of +-lr that no two summation
+     * orders share. A larger eps keeps AdamW's normalisation of every real gradient. */
+    oc.eps = 1e-4;
     oc.weight_decay = 0.01;
     dt_optim *o = NULL;
     dt_err err = {0};
@@ -429,13 +432,10 @@ static double max_rel(const float *a, const float *b, size_t n, double abs_tol, 
     return worst;
 }
 
-/* Runs rc against the reference and checks every step; tol is relative. AdamW's first steps
- * are nearly sign(gradient) * lr: a parameter whose true gradient is zero moves by rounding noise
- * amplified to a fraction of lr, in the reference as in DDP; differences below 2% of lr are not
- * counted for it. */
+/* Runs rc against the reference and checks every step; tol is relative. */
 static void check_equivalence(run_cfg *rc, double tol)
 {
-    const double abs_tol = rc->adamw ? 0.02 * LR : 0;
+    const double abs_tol = 0;
     float *ref = NULL;
     int global = rc->N * rc->B * rc->accum;
     size_t per = reference(rc->type, global, rc->steps, rc->adamw, &ref);
