@@ -68,6 +68,13 @@ int dt_worker_env_read(dt_worker_env *e, dt_err *err)
     if (att && *att && (dt_parse_int(att, &e->attempt) != 0 || e->attempt < 0))
         return dt_err_set(err, -EINVAL, "environment variable DTRAIN_ATTEMPT=\"%s\" is not a "
                                         "number", att);
+    /* The round changes on every restart AND every membership change of an elastic job (where the
+     * attempt stays): per-round state such as the communicator's store keys is namespaced by it. */
+    e->round = e->attempt; /* run without an agent that sets DTRAIN_ROUND */
+    const char *round = getenv("DTRAIN_ROUND") ? dt_env("DTRAIN_ROUND") : NULL;
+    if (round && (dt_parse_int(round, &e->round) != 0 || e->round < 0))
+        return dt_err_set(err, -EINVAL, "environment variable DTRAIN_ROUND=\"%s\" is not a "
+                                        "number", round);
     return 0;
 }
 
@@ -121,7 +128,7 @@ static int seam_comm_init(dt_trainer *t, dt_err *err)
     co.local_rank = e->local_rank;
     co.local_world_size = e->local_world_size;
     co.run_id = e->run_id;
-    co.attempt = e->attempt;
+    co.attempt = e->round; /* namespace: unique per rendezvous round, restarts and regroups alike */
     co.timeout_ms = (int)DT_MIN(j->comm_timeout * 1000.0, 2e9);
     co.device_index = e->local_rank;
     rc = dt_comm_init(&t->comm, store, &co, err); /* the store is needed for the bootstrap only */

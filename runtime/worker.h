@@ -57,6 +57,7 @@ typedef struct dt_worker_env {
     int store_port;        /* DTRAIN_STORE_PORT (0) */
     char run_id[256];      /* DTRAIN_RUN_ID, else TORCHELASTIC_RUN_ID, else "local" */
     int attempt;           /* DTRAIN_ATTEMPT, else TORCHELASTIC_RESTART_COUNT (0) */
+    int round;             /* DTRAIN_ROUND (new on restarts and elastic regroups), else attempt */
 } dt_worker_env;
 
 /* Reads the environment; unset variables give a single process. Malformed values (not a

@@ -355,6 +355,41 @@ static void test_late_joiner_grows_job(void)
     finish(&c);
 }
 
+/* The built-in trainer under an elastic job: two agents train mlp with DDP; a third arrives.
+ * The regroup keeps the restart count (the attempt) but is a new round, so the new world's
+ * communicator must not meet the previous round's bootstrap keys: it is namespaced by
+ * DTRAIN_ROUND. The job resumes from its checkpoint as a world of 3 and finishes. */
+static void test_ddp_job_regroups(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    char line[8192];
+    for (int k = 0; k < 3; k++) {
+        if (k == 2)
+            DT_REQUIRE(wait_text(c.out[0], "step 100/", 1, 60));
+        snprintf(c.out[k], sizeof c.out[k], "%s/c%d_agent%d.out", TMP, c.id, k);
+        snprintf(line, sizeof line,
+                 "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id ddpgrow "
+                 "--nnodes 2:3 --nproc-per-node 1 --rdzv-conf %s --monitor-interval 0.05 "
+                 "--stop-grace 5 configs/mlp.ini job.output_dir=%s/run train.steps=1500 "
+                 "train.batch_size=64 job.log_every=50 checkpoint.every=100 ddp.timeout=20 "
+                 "train.eval_every=0",
+                 BIN, c.port, CONF_CALM, TMP);
+        c.pid[k] = spawn_bg(line, c.out[k]);
+        c.n = k + 1;
+    }
+    wait_all(&c, 120);
+    for (int k = 0; k < 3; k++)
+        DT_CHECK_INT(c.code[k], 0);
+    DT_CHECK_INT(count_text(c.out[0], "done after 1500 steps"), 1);
+    DT_CHECK_INT(count_text(c.out[0], "(3 ranks)"), 1);
+    DT_CHECK(count_text(c.out[0], "joining the next round (restart count unchanged)") >= 1);
+    if (c.code[0] || c.code[1] || c.code[2])
+        dump(&c);
+    finish(&c);
+}
+
 /* Three agents run (2:3); one is SIGKILLed: the two others are told within the heartbeat
  * timeout and go on as a world of 2, restart count still 0. */
 static void test_sigkill_shrinks_job(void)
@@ -796,6 +831,7 @@ static const dt_test tests[] = {
     {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
     {"random_order", test_random_order, 120},
     {"late_joiner_grows_job", test_late_joiner_grows_job, 90},
+    {"ddp_job_regroups", test_ddp_job_regroups, 150},
     {"sigkill_shrinks_job", test_sigkill_shrinks_job, 90},
     {"sigstop_agent_fenced", test_sigstop_agent_fenced, 120},
     {"too_few_nodes_times_out", test_too_few_nodes_times_out, 60},
