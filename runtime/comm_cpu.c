@@ -250,8 +250,9 @@ static int exec_barrier(cpu_comm *c, const dt_coll_ctx *x, dt_err *err)
     return rc;
 }
 
-/* Runs one collective; on failure makes the communicator unusable and tells the peers. */
-static void execute(cpu_comm *c, dt_comm_work *w)
+/* Runs one collective; on failure makes the communicator unusable and tells the peers.
+ * background: on the comm thread (the issuer is busy with other work meanwhile). */
+static void execute(cpu_comm *c, dt_comm_work *w, bool background)
 {
     dt_err *err = &w->err;
     pthread_mutex_lock(&c->mu);
@@ -268,6 +269,7 @@ static void execute(cpu_comm *c, dt_comm_work *w)
     dt_coll_ctx x;
     x.desc = w->desc;
     x.timeout_ms = c->timeout_ms;
+    x.background = background;
     x.deadline_ns = dt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
     int rc;
     switch (w->desc.kind) {
@@ -311,7 +313,7 @@ static void *comm_thread(void *arg)
         w->state = 1;
         c->busy = true;
         pthread_mutex_unlock(&c->mu);
-        execute(c, w);
+        execute(c, w, true);
         pthread_mutex_lock(&c->mu);
         c->busy = false;
         w->state = 2;
@@ -359,7 +361,7 @@ static int submit(cpu_comm *c, dt_comm_work *w, dt_comm_work **work, dt_err *err
         c->busy = true;
         w->state = 1;
         pthread_mutex_unlock(&c->mu);
-        execute(c, w);
+        execute(c, w, false);
         pthread_mutex_lock(&c->mu);
         c->busy = false;
         pthread_cond_signal(&c->work_cv); /* another thread may have queued meanwhile */

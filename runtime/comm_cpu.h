@@ -13,6 +13,7 @@
 #ifndef DT_COMM_CPU_H
 #define DT_COMM_CPU_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "runtime/comm.h"
@@ -42,6 +43,7 @@ typedef struct dt_coll_ctx {
     dt_coll_desc desc;
     uint64_t deadline_ns;
     int timeout_ms;
+    bool background; /* run by the comm thread, overlapping the caller's work: spin less */
 } dt_coll_ctx;
 
 /* "allreduce #12 (float32 x 1000, avg)" into buf; returns buf. */

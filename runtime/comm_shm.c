@@ -36,7 +36,7 @@
  * sequentially consistent atomics: a waiter registers in `sleepers` before it reads `epoch`, a
  * publisher bumps `epoch` before it reads `sleepers`, so a wake-up is never lost.
  *
- * Large results (16 MiB and up) are written to the caller's buffer with streaming stores, which
+ * Large results (1 MiB and up) are written to the caller's buffer with streaming stores, which
  * skip reading the destination first: a third less memory traffic where memory bandwidth is the
  * limit.
  */
@@ -69,9 +69,10 @@
 #define SLICES 8
 #define DEFAULT_SLICE (512u << 10)
 #define DEFAULT_SPIN_US 50
+#define BACKGROUND_SPIN_NS 2000
 #define SLEEP_SLICE_MS 50
-#define ALIGN_ELEMS 16
-#define STREAM_MIN_BYTES (16u << 20) /* chunk boundaries on 64-byte lines for float32 */
+#define ALIGN_ELEMS 16               /* chunk boundaries on 64-byte lines for float32 */
+#define STREAM_MIN_BYTES (1u << 20)  /* results this large are written with streaming stores */
 
 typedef struct rank_ctl {
     _Atomic uint64_t posted, reduced, done;
@@ -302,7 +303,10 @@ static int wait_ge(dt_shm *s, int j, int which, uint64_t target, const dt_coll_c
     if (atomic_load_explicit(ctr, memory_order_acquire) >= target)
         return 0;
     uint64_t t0 = dt_now_ns();
-    while (dt_now_ns() - t0 < s->spin_ns) {
+    /* In the background (DDP buckets during backward) the CPU is better spent on the caller's
+     * computation than on spinning: spin a little only, then yield and sleep. */
+    uint64_t spin = ctx->background ? DT_MIN(s->spin_ns, (uint64_t)BACKGROUND_SPIN_NS) : s->spin_ns;
+    while (dt_now_ns() - t0 < spin) {
         for (int i = 0; i < 32; i++)
             cpu_relax();
         if (atomic_load_explicit(ctr, memory_order_acquire) >= target)
