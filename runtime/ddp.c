@@ -40,6 +40,10 @@ struct dt_ddp {
     size_t scratch_n;
     int rc;               /* first error met in the hook */
     dt_err err;
+    /* The ready order of the first synchronised backward, for the bucket rebuild. */
+    bool rebuilt;         /* the rebuild happened (or was declined); no more recording */
+    size_t *rec;          /* (rec_cap) pairs (offset, numel) in report order */
+    int rec_n, rec_cap;   /* pairs recorded; rec_n > rec_cap means overflowed */
     dt_ddp_stats st;
 };
 
@@ -230,21 +234,29 @@ out:
 
 /* ---- buckets ------------------------------------------------------------------------------- */
 
-static int build_buckets(dt_ddp *d, dt_err *err)
+/* The buckets: walking the tensors from the end of the buffer, a bucket is closed before a tensor
+ * that would take it over its cap, and at offset `split` (0: nowhere) whatever its size. */
+static int build_buckets(dt_ddp *d, size_t split, dt_err *err)
 {
     const dt_model *m = d->m;
     size_t first_cap = (size_t)DT_MAX(1.0, d->o.first_bucket_mb * MIB / 4);
     size_t cap = (size_t)DT_MAX(1.0, d->o.bucket_cap_mb * MIB / 4);
-    d->b = calloc((size_t)m->num_tensors + 1, sizeof *d->b);
-    if (!d->b)
+    bucket *b = calloc((size_t)m->num_tensors + 2, sizeof *b);
+    if (!b)
         return dt_err_set(err, -ENOMEM, "DDP: out of memory");
+    free(d->b);
+    d->b = b;
+    d->nb = 0;
+    d->st.largest_bucket = 0;
     if (m->num_params == 0)
         return 0;
     size_t hi = m->num_params, lo = hi;
     for (int i = m->num_tensors - 1; i >= 0; i--) {
         size_t off = DT_MIN(m->tensors[i].offset, lo);
         size_t limit = d->nb == 0 ? first_cap : cap;
-        if (lo < hi && hi - off > limit) { /* this tensor would overflow: close the bucket */
+        /* close before this tensor when it would overflow the bucket, or when it lies below
+         * the split point and the bucket holds what lies above */
+        if (lo < hi && (hi - off > limit || (split > 0 && lo == split))) {
             d->b[d->nb++] = (bucket){.lo = lo, .hi = hi};
             hi = lo;
         }
@@ -254,6 +266,51 @@ static int build_buckets(dt_ddp *d, dt_err *err)
     for (int i = 0; i < d->nb; i++)
         d->st.largest_bucket = DT_MAX(d->st.largest_bucket, d->b[i].hi - d->b[i].lo);
     d->st.num_buckets = d->nb;
+    return 0;
+}
+
+/* Bucket rebuild (PyTorch DDP does the same after its first iteration): the static buckets
+ * follow the buffer, but backward may report gradients in another grouping. GPT's tied token
+ * embedding sits at the start of the buffer and is final only after the embedding backward, so
+ * the static last bucket holds it together with the first blocks, whose gradients were final long
+ * before, and all of it is reduced after backward instead of during it. After the first
+ * synchronised backward the buckets are rebuilt with the range the model reported last in a
+ * bucket of its own, so that what is left to reduce when backward ends is as small as it can be.
+ * Buckets stay contiguous slices, so this applies when the reports came in decreasing, adjacent
+ * ranges covering the buffer (every model of the zoo); otherwise the static buckets stay. Rank
+ * 0's split point is broadcast, so every rank launches the same buckets in the same order. */
+static int rebuild(dt_ddp *d, dt_err *err)
+{
+    const dt_model *m = d->m;
+    uint64_t split = 0; /* the top of the range reported last; 0 = keep the static buckets */
+    int rc = 0;
+    d->rebuilt = true;
+    if (dt_comm_rank(d->c) == 0 && d->rec_n > 1 && d->rec_n <= d->rec_cap) {
+        bool ok = true;
+        size_t hi = m->num_params;
+        for (int k = 0; k < d->rec_n && ok; k++) {
+            size_t lo = d->rec[2 * k], n = d->rec[2 * k + 1];
+            ok = lo + n == hi && n > 0;
+            hi = lo;
+        }
+        if (ok && hi == 0)
+            split = d->rec[2 * (d->rec_n - 1)] + d->rec[2 * (d->rec_n - 1) + 1];
+    }
+    free(d->rec);
+    d->rec = NULL;
+    if (d->world > 1) {
+        /* a raw 64-bit word through a float32 broadcast: a copy, bit for bit */
+        if ((rc = small_broadcast(d, &split, 2, err)))
+            return rc;
+    }
+    if (split == 0 || split >= m->num_params)
+        return 0;
+    int before = d->nb;
+    if ((rc = build_buckets(d, (size_t)split, err)))
+        return rc;
+    d->st.rebuilt = true;
+    DT_DEBUG("DDP: buckets rebuilt from the ready order: %d buckets (%d before), the last one "
+             "[0, %llu)", d->nb, before, (unsigned long long)split);
     return 0;
 }
 
@@ -283,6 +340,13 @@ void dt_ddp_grad_ready(void *ctx, size_t offset, size_t numel)
 {
     dt_ddp *d = ctx;
     size_t end = offset + numel;
+    if (!d->rebuilt && d->rec) {
+        if (d->rec_n < d->rec_cap) {
+            d->rec[2 * d->rec_n] = offset;
+            d->rec[2 * d->rec_n + 1] = numel;
+        }
+        d->rec_n++;
+    }
     for (int i = 0; i < d->nb; i++) {
         bucket *b = &d->b[i];
         size_t lo = DT_MAX(b->lo, offset), hi = DT_MIN(b->hi, end);
@@ -332,6 +396,9 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
     }
     d->next = 0;
     d->rc = 0;
+    d->st.bucket_syncs += (uint64_t)d->nb;
+    if (!rc && !d->rebuilt && d->rec)
+        rc = rebuild(d, err);
     if (!rc && d->o.broadcast_buffers && d->m->num_buffers > 0)
         rc = dt_comm_broadcast(d->c, d->m->buffers, d->m->num_buffers, DT_FLOAT32, 0, NULL, err);
     d->st.wait_s += dt_now_s() - t0;
@@ -407,8 +474,13 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
             goto fail;
         }
     }
-    if ((rc = build_buckets(d, err)))
+    if ((rc = build_buckets(d, 0, err)))
         goto fail;
+    d->rec_cap = 2 * m->num_tensors + 16;
+    if (!(d->rec = calloc((size_t)d->rec_cap * 2, sizeof *d->rec))) {
+        rc = dt_err_set(err, -ENOMEM, "DDP: out of memory");
+        goto fail;
+    }
     if (d->o.compress != DT_FLOAT32 && m->num_params) {
         d->comp = malloc(m->num_params * sizeof *d->comp);
         if (!d->comp) {
@@ -436,6 +508,7 @@ void dt_ddp_free(dt_ddp *d)
     if (d->scratch)
         d->m->be->free(d->m->be, d->scratch);
     free(d->comp);
+    free(d->rec);
     free(d->b);
     free(d);
 }

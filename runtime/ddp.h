@@ -14,7 +14,10 @@
  *     bucket order on every rank (a bucket that completes early waits for its predecessors), so
  *     the collectives match across ranks whatever the hook's timing;
  *   - dt_ddp_finish, before the optimiser step, launches whatever was not reported (a model that
- *     reports nothing still trains correctly, only without overlap) and waits for every bucket.
+ *     reports nothing still trains correctly, only without overlap) and waits for every bucket;
+ *   - after the first synchronised backward the buckets are rebuilt from the order in which the
+ *     model reported its gradients, as PyTorch does after its first iteration, so that the last
+ *     bucket holds only what backward finishes last (see rebuild() in ddp.c).
  * Gradient accumulation: pass the hook to the backward of the last micro-step only (no_sync for
  * the others); the earlier micro-steps just accumulate locally.
  *
@@ -56,7 +59,9 @@ typedef struct dt_ddp dt_ddp;
 typedef struct dt_ddp_stats {
     int num_buckets;
     size_t largest_bucket;   /* elements */
+    bool rebuilt;            /* buckets rebuilt from the first backward's ready order */
     uint64_t syncs;          /* completed dt_ddp_finish calls */
+    uint64_t bucket_syncs;   /* buckets synchronised over all syncs (the launches due) */
     uint64_t launched_early; /* buckets launched from the hook (overlapped with backward) */
     uint64_t launched_late;  /* buckets launched by dt_ddp_finish (not overlapped) */
     double wait_s;           /* total time dt_ddp_finish spent waiting */
