@@ -20,10 +20,6 @@ int dt_bench_allreduce(int argc, char **argv);
 int dt_bench_dp_vs_ddp(int argc, char **argv);
 int dt_bench_ckpt(int argc, char **argv);
 
-/* Prints "dtrain NAME: not implemented yet (see issue N)" and returns 1. For subcommands whose
- * issue has not landed; removed when the last one lands. */
-int dt_cmd_unavailable(const char *name, const char *what);
-
 /* The absolute path of the running dtrain binary (for exec of `dtrain worker`). */
 const char *dt_cmd_self_path(void);
 

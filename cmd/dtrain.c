@@ -32,12 +32,6 @@ const char *dt_cmd_self_path(void)
     return path;
 }
 
-int dt_cmd_unavailable(const char *name, const char *what)
-{
-    fprintf(stderr, "dtrain %s: not available in this build yet: %s\n", name, what);
-    return 1;
-}
-
 static void print_version(void)
 {
     char so[PATH_MAX];

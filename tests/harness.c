@@ -78,6 +78,118 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double dt_test_now(void) { return now_s(); }
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+char *dt_test_slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    for (size_t n; buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0;) {
+        len += n;
+        if (cap - len < 4096) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = nb;
+        }
+    }
+    fclose(f);
+    if (buf)
+        buf[len] = '\0';
+    return buf;
+}
+
+pid_t dt_test_spawn(const char *cmd, const char *outpath)
+{
+    pid_t pid = fork();
+    if (pid < 0) {
+        dt_test_fail_at(__FILE__, __LINE__, "fork: %s", strerror(errno));
+        dt_test_stop();
+    }
+    if (pid == 0) {
+        int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        size_t n = strlen(cmd) + 8;
+        char *full = malloc(n);
+        if (!full)
+            _exit(126);
+        snprintf(full, n, "exec %s", cmd);
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+int dt_test_wait_exit(pid_t pid, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (now_s() > deadline) {
+            kill(pid, SIGCONT);
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        sleep_ms(10);
+    }
+}
+
+int dt_test_count_text(const char *path, const char *needle)
+{
+    char *s = dt_test_slurp(path);
+    int n = 0;
+    for (const char *p = s; p && (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    free(s);
+    return n;
+}
+
+bool dt_test_wait_text(const char *path, const char *needle, int times, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    while (dt_test_count_text(path, needle) < times) {
+        if (now_s() > deadline)
+            return false;
+        sleep_ms(20);
+    }
+    return true;
+}
+
+bool dt_test_pid_gone(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')');
+    return rp && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
 static double timeout_scale(void)
 {
     const char *s = getenv("DT_TEST_TIMEOUT_SCALE");

@@ -16,9 +16,11 @@
 #define DT_TEST_HARNESS_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 typedef struct dt_test {
     const char *name;
@@ -99,6 +101,25 @@ const char *dt_test_tmpdir(void);
     } while (0)
 
 #define DT_SKIP(why) dt_test_skip(why)
+
+/* ---- for tests that run processes and read their output files ---- */
+
+/* CLOCK_MONOTONIC in seconds. */
+double dt_test_now(void);
+/* The whole file as a malloc'd string, or NULL when it cannot be read. */
+char *dt_test_slurp(const char *path);
+/* Starts `sh -c "exec CMD"` in the background with stdout and stderr to outpath (truncated);
+ * returns its pid. The caller waits for it (dt_test_wait_exit). */
+pid_t dt_test_spawn(const char *cmd, const char *outpath);
+/* Exit code (128+N for signal N) of pid, or -1 after timeout_s, when it is continued and
+ * SIGKILLed (and reaped). */
+int dt_test_wait_exit(pid_t pid, double timeout_s);
+/* Occurrences of needle in the file (0 when it cannot be read). */
+int dt_test_count_text(const char *path, const char *needle);
+/* Waits until the file holds needle at least `times` times; false after timeout_s. */
+bool dt_test_wait_text(const char *path, const char *needle, int times, double timeout_s);
+/* True when the process does not exist or is a zombie nobody reaped yet. */
+bool dt_test_pid_gone(pid_t pid);
 
 /* Runs a shell command, captures stdout+stderr (malloc'd, caller frees) and returns the exit
  * status as the shell reports it (128+n for signal n), or -1 when it could not start or ran

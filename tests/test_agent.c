@@ -25,28 +25,12 @@
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
     DT_REQUIRE(f != NULL);
     fputs(text, f);
     fclose(f);
-}
-
-/* Whole file as a string (malloc'd), or NULL. */
-static char *slurp(const char *path)
-{
-    char *data = NULL;
-    if (dt_read_file(path, &data, NULL, NULL) != 0)
-        return NULL;
-    return data;
 }
 
 /* Runs a shell command built from fmt, with a timeout; returns the exit code, output in *out. */
@@ -70,72 +54,20 @@ static int count_of(const char *hay, const char *needle)
     return n;
 }
 
-/* Starts `exec CMD` in the background (stdout+stderr to outpath); returns the agent's pid. */
-static pid_t spawn_bg(const char *cmd, const char *outpath)
-{
-    pid_t pid = fork();
-    DT_REQUIRE(pid >= 0);
-    if (pid == 0) {
-        int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0)
-            _exit(126);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        char full[8192];
-        snprintf(full, sizeof full, "exec %s", cmd);
-        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Waits for pid up to timeout_s; returns the shell-style code, or -1 (then it is SIGKILLed). */
-static int wait_code(pid_t pid, double timeout_s)
-{
-    double deadline = now_s() + timeout_s;
-    int st;
-    for (;;) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (now_s() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return -1;
-        }
-        dt_sleep_ms(10);
-    }
-}
-
 static bool wait_for_file(const char *path, double timeout_s)
 {
-    double deadline = now_s() + timeout_s;
+    double deadline = dt_test_now() + timeout_s;
     while (access(path, F_OK) != 0) {
-        if (now_s() > deadline)
+        if (dt_test_now() > deadline)
             return false;
         dt_sleep_ms(10);
     }
     return true;
 }
 
-/* A process is gone when it does not exist or is a zombie nobody reaped yet. */
-static bool pid_gone(pid_t pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return true;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *rp = strrchr(buf, ')');
-    return rp && (rp[2] == 'Z' || rp[2] == 'X');
-}
-
 static int read_pid(const char *path)
 {
-    char *s = slurp(path);
+    char *s = dt_test_slurp(path);
     int pid = s ? atoi(s) : 0;
     free(s);
     return pid;
@@ -268,7 +200,7 @@ static void test_output_lines(void)
     fflush(stdout);
     dup2(saved, 1);
     close(saved);
-    char *text = slurp(path);
+    char *text = dt_test_slurp(path);
     DT_REQUIRE(text != NULL);
     DT_CHECK(!strncmp(text, "[7]:abc\n[7]:def\n[7]:\n", 21));
     DT_CHECK_CONTAINS(text, "[7]:gh");
@@ -516,13 +448,13 @@ static void test_error_file_message(void)
 static void test_hang_is_stopped(void)
 {
     char *out = NULL;
-    double t0 = now_s();
+    double t0 = dt_test_now();
     int rc = runf(&out, 60,
                   "%s --nproc-per-node 2 --stop-grace 100 --log-dir %s -- sh -c "
                   "'if [ $RANK = 0 ]; then sleep 0.2; exit 2; fi; exec sleep 100'",
                   BIN, TMP);
     DT_CHECK_INT(rc, 1);
-    DT_CHECK(now_s() - t0 < 50); /* far below the 100 s grace: SIGTERM ended it */
+    DT_CHECK(dt_test_now() - t0 < 50); /* far below the 100 s grace: SIGTERM ended it */
     DT_CHECK(!strstr(out, "SIGKILL"));
     free(out);
 }
@@ -603,7 +535,7 @@ static void test_megabytes_no_newline(void)
     DT_CHECK(longest <= DT_OUT_LINE_MAX + 8);
     free(out);
     snprintf(ev, sizeof ev, "%s/mb/events.jsonl", TMP);
-    char *events = slurp(ev);
+    char *events = dt_test_slurp(ev);
     DT_REQUIRE(events != NULL);
     const char *m = strstr(events, "\"agent_max_rss_kb\":");
     DT_REQUIRE(m != NULL);
@@ -625,7 +557,7 @@ static void test_restart_then_success(void)
     DT_CHECK_CONTAINS(out, "all workers succeeded");
     free(out);
     snprintf(ev, sizeof ev, "%s/rs/events.jsonl", TMP);
-    char *events = slurp(ev);
+    char *events = dt_test_slurp(ev);
     DT_REQUIRE(events != NULL);
     DT_CHECK_INT(count_of(events, "\"event\":\"rendezvous\""), 3);
     DT_CHECK_INT(count_of(events, "\"event\":\"restart\""), 2);
@@ -651,7 +583,7 @@ static void test_budget_exhausted(void)
     DT_CHECK_INT(count_of(out, "Root cause"), 1);
     free(out);
     snprintf(ev, sizeof ev, "%s/be/events.jsonl", TMP);
-    char *events = slurp(ev);
+    char *events = dt_test_slurp(ev);
     DT_REQUIRE(events != NULL);
     DT_CHECK_INT(count_of(events, "\"event\":\"start\""), 6);
     DT_CHECK_CONTAINS(events, "\"result\":\"failed\",\"exit_code\":1");
@@ -668,11 +600,11 @@ static void test_redirects_and_tee(void)
     DT_CHECK(!strstr(out, "out-0") && !strstr(out, "err-1"));
     free(out);
     snprintf(path, sizeof path, "%s/a/rd/attempt_0/1/stdout.log", TMP);
-    char *f = slurp(path);
+    char *f = dt_test_slurp(path);
     DT_CHECK(f && !strcmp(f, "out-1\n"));
     free(f);
     snprintf(path, sizeof path, "%s/a/rd/attempt_0/0/stderr.log", TMP);
-    f = slurp(path);
+    f = dt_test_slurp(path);
     DT_CHECK(f && !strcmp(f, "err-0\n"));
     free(f);
 
@@ -684,7 +616,7 @@ static void test_redirects_and_tee(void)
     DT_CHECK_CONTAINS(out, "[1]:err-1\n");
     free(out);
     snprintf(path, sizeof path, "%s/b/te/attempt_0/0/stdout.log", TMP);
-    f = slurp(path);
+    f = dt_test_slurp(path);
     DT_CHECK(f && !strcmp(f, "out-0\n"));
     free(f);
     snprintf(path, sizeof path, "%s/b/te/attempt_0/0/stderr.log", TMP);
@@ -753,7 +685,7 @@ static void test_sigkill_agent_no_orphans(void)
              "%s --nproc-per-node 2 --log-dir %s -- sh -c 'sleep 300 & echo $! > %s/gc.$RANK; "
              "echo $$ > %s/w.$RANK; wait'",
              BIN, TMP, TMP, TMP);
-    pid_t agent = spawn_bg(cmd, outp);
+    pid_t agent = dt_test_spawn(cmd, outp);
     int pids[4] = {0};
     for (int r = 0; r < 2; r++) {
         snprintf(path, sizeof path, "%s/gc.%d", TMP, r);
@@ -769,22 +701,22 @@ static void test_sigkill_agent_no_orphans(void)
         pids[2 * r + 1] = read_pid(path);
     }
     for (int i = 0; i < 4; i++)
-        DT_REQUIRE(pids[i] > 1 && !pid_gone(pids[i]));
+        DT_REQUIRE(pids[i] > 1 && !dt_test_pid_gone(pids[i]));
     kill(agent, SIGKILL);
-    DT_CHECK_INT(wait_code(agent, 10), 128 + SIGKILL);
-    double deadline = now_s() + 10;
+    DT_CHECK_INT(dt_test_wait_exit(agent, 10), 128 + SIGKILL);
+    double deadline = dt_test_now() + 10;
     bool all = false;
-    while (!all && now_s() < deadline) {
+    while (!all && dt_test_now() < deadline) {
         all = true;
         for (int i = 0; i < 4; i++)
-            all = all && pid_gone(pids[i]);
+            all = all && dt_test_pid_gone(pids[i]);
         if (!all)
             dt_sleep_ms(20);
     }
     for (int i = 0; i < 4; i++) {
-        DT_CHECK_MSG(pid_gone(pids[i]), "pid %d (%s of rank %d) outlived the agent", pids[i],
+        DT_CHECK_MSG(dt_test_pid_gone(pids[i]), "pid %d (%s of rank %d) outlived the agent", pids[i],
                      i % 2 ? "grandchild" : "worker", i / 2);
-        if (!pid_gone(pids[i]))
+        if (!dt_test_pid_gone(pids[i]))
             kill(pids[i], SIGKILL);
     }
 }
@@ -797,7 +729,7 @@ static pid_t start_trapping_agent(const char *trap, const char *extra, const cha
              "%s --nproc-per-node 2 %s --log-dir %s -- sh -c '%s; touch %s/ready.$RANK; "
              "while :; do sleep 0.05; done'",
              BIN, extra, TMP, trap, TMP);
-    pid_t agent = spawn_bg(cmd, outp);
+    pid_t agent = dt_test_spawn(cmd, outp);
     for (int r = 0; r < 2; r++) {
         snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
         if (!wait_for_file(path, 20)) {
@@ -814,8 +746,8 @@ static void test_ctrl_c_once(void)
     snprintf(outp, sizeof outp, "%s/agent.out", TMP);
     pid_t agent = start_trapping_agent("trap \"echo got-int-$RANK; exit 7\" INT", "--stop-grace 60", outp);
     kill(agent, SIGINT);
-    DT_CHECK_INT(wait_code(agent, 30), 128 + SIGINT);
-    char *out = slurp(outp);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 30), 128 + SIGINT);
+    char *out = dt_test_slurp(outp);
     DT_REQUIRE(out != NULL);
     DT_CHECK_CONTAINS(out, "[0]:got-int-0\n");
     DT_CHECK_CONTAINS(out, "[1]:got-int-1\n");
@@ -834,8 +766,8 @@ static void test_ctrl_c_twice(void)
     dt_sleep_ms(200);
     DT_CHECK_INT(waitpid(agent, NULL, WNOHANG), 0); /* still waiting for the grace period */
     kill(agent, SIGINT);
-    DT_CHECK_INT(wait_code(agent, 20), 128 + SIGINT);
-    char *out = slurp(outp);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 20), 128 + SIGINT);
+    char *out = dt_test_slurp(outp);
     DT_REQUIRE(out != NULL);
     DT_CHECK_CONTAINS(out, "killing the workers now");
     free(out);
@@ -847,8 +779,8 @@ static void test_sigterm_forwarded(void)
     snprintf(outp, sizeof outp, "%s/agent.out", TMP);
     pid_t agent = start_trapping_agent("trap \"echo got-term-$RANK; exit 0\" TERM", "--stop-grace 60", outp);
     kill(agent, SIGTERM);
-    DT_CHECK_INT(wait_code(agent, 30), 128 + SIGTERM);
-    char *out = slurp(outp);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 30), 128 + SIGTERM);
+    char *out = dt_test_slurp(outp);
     DT_REQUIRE(out != NULL);
     DT_CHECK_CONTAINS(out, "[0]:got-term-0\n");
     DT_CHECK_CONTAINS(out, "[1]:got-term-1\n");
@@ -862,8 +794,8 @@ static void test_sigusr1_forwarded(void)
     snprintf(outp, sizeof outp, "%s/agent.out", TMP);
     pid_t agent = start_trapping_agent("trap \"echo got-usr1-$RANK; exit 0\" USR1", "", outp);
     kill(agent, SIGUSR1);
-    DT_CHECK_INT(wait_code(agent, 30), 0);
-    char *out = slurp(outp);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 30), 0);
+    char *out = dt_test_slurp(outp);
     DT_REQUIRE(out != NULL);
     DT_CHECK_CONTAINS(out, "[0]:got-usr1-0\n");
     DT_CHECK_CONTAINS(out, "[1]:got-usr1-1\n");

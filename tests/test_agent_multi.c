@@ -22,63 +22,13 @@
 #define TMP dt_test_tmpdir()
 #define MAXN 4
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *slurp(const char *path)
-{
-    char *data = NULL;
-    if (dt_read_file(path, &data, NULL, NULL) != 0)
-        return NULL;
-    return data;
-}
-
-static pid_t spawn_bg(const char *cmd, const char *outpath)
-{
-    pid_t pid = fork();
-    DT_REQUIRE(pid >= 0);
-    if (pid == 0) {
-        int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0)
-            _exit(126);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        char full[8192];
-        snprintf(full, sizeof full, "exec %s", cmd);
-        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-static int wait_code(pid_t pid, double timeout_s)
-{
-    double deadline = now_s() + timeout_s;
-    int st;
-    for (;;) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (now_s() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return -1;
-        }
-        dt_sleep_ms(10);
-    }
-}
-
 /* Waits until the file contains needle; returns the text after it (in a static buffer). */
 static const char *wait_for_text(const char *path, const char *needle, double timeout_s)
 {
     static char after[256];
-    double deadline = now_s() + timeout_s;
+    double deadline = dt_test_now() + timeout_s;
     for (;;) {
-        char *s = slurp(path);
+        char *s = dt_test_slurp(path);
         const char *p = s ? strstr(s, needle) : NULL;
         if (p) {
             snprintf(after, sizeof after, "%s", p + strlen(needle));
@@ -86,24 +36,10 @@ static const char *wait_for_text(const char *path, const char *needle, double ti
             return after;
         }
         free(s);
-        if (now_s() > deadline)
+        if (dt_test_now() > deadline)
             return NULL;
         dt_sleep_ms(10);
     }
-}
-
-static bool pid_gone(pid_t pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return true;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *rp = strrchr(buf, ')');
-    return rp && (rp[2] == 'Z' || rp[2] == 'X');
 }
 
 typedef struct job {
@@ -125,7 +61,7 @@ static void start_job(job *j, int n, const char *opts, const char *cmd)
         if (k == 1) {
             const char *p = wait_for_text(j->out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
             if (!p) {
-                char *o = slurp(j->out[0]);
+                char *o = dt_test_slurp(j->out[0]);
                 fprintf(stderr, "node 0 output:\n%s\n", o ? o : "(none)");
                 free(o);
                 kill(j->pid[0], SIGKILL);
@@ -138,7 +74,7 @@ static void start_job(job *j, int n, const char *opts, const char *cmd)
                  "%s --nnodes %d --node-rank %d --master-addr 127.0.0.1 --master-port %d "
                  "--log-dir %s/logs %s -- %s",
                  BIN, n, k, k == 0 ? 0 : j->port, TMP, opts, cmd);
-        j->pid[k] = spawn_bg(line, j->out[k]);
+        j->pid[k] = dt_test_spawn(line, j->out[k]);
     }
 }
 
@@ -146,13 +82,13 @@ static void start_job(job *j, int n, const char *opts, const char *cmd)
 static void wait_job(job *j, int *codes, double timeout_s)
 {
     for (int k = 0; k < j->n; k++)
-        codes[k] = wait_code(j->pid[k], timeout_s);
+        codes[k] = dt_test_wait_exit(j->pid[k], timeout_s);
 }
 
 static void dump_outputs(job *j)
 {
     for (int k = 0; k < j->n; k++) {
-        char *o = slurp(j->out[k]);
+        char *o = dt_test_slurp(j->out[k]);
         fprintf(stderr, "---- node %d ----\n%s\n", k, o ? o : "(none)");
         free(o);
     }
@@ -178,7 +114,7 @@ static void test_two_nodes_env(void)
              "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 0 "
              "--nproc-per-node 2 --rdzv-id envm --log-dir %s/logs %s -- %s",
              BIN, TMP, fast, cmd);
-    j.pid[0] = spawn_bg(line, j.out[0]);
+    j.pid[0] = dt_test_spawn(line, j.out[0]);
     const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
     DT_REQUIRE(p != NULL);
     j.port = atoi(p);
@@ -186,12 +122,12 @@ static void test_two_nodes_env(void)
              "%s --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port %d "
              "--nproc-per-node 3 --rdzv-id envm --log-dir %s/logs %s -- %s",
              BIN, j.port, TMP, fast, cmd);
-    j.pid[1] = spawn_bg(line, j.out[1]);
+    j.pid[1] = dt_test_spawn(line, j.out[1]);
     int codes[2];
     wait_job(&j, codes, 30);
     DT_CHECK_INT(codes[0], 0);
     DT_CHECK_INT(codes[1], 0);
-    char *o0 = slurp(j.out[0]), *o1 = slurp(j.out[1]);
+    char *o0 = dt_test_slurp(j.out[0]), *o1 = dt_test_slurp(j.out[1]);
     DT_REQUIRE(o0 && o1);
     /* The master port node 0 chose, as its own workers saw it. */
     const char *m = strstr(o0, "master=127.0.0.1:");
@@ -228,7 +164,7 @@ static void test_three_nodes_restart_all(void)
         DT_CHECK_INT(codes[k], 0);
     char want[64];
     for (int k = 0; k < 3; k++) {
-        char *o = slurp(j.out[k]);
+        char *o = dt_test_slurp(j.out[k]);
         DT_REQUIRE(o != NULL);
         for (int r = 2 * k; r < 2 * k + 2; r++) {
             snprintf(want, sizeof want, "[%d]:attempt=1 rank=%d\n", r, r);
@@ -240,12 +176,12 @@ static void test_three_nodes_restart_all(void)
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/logs/r3/events.jsonl", TMP);
-    char *ev = slurp(path);
+    char *ev = dt_test_slurp(path);
     DT_REQUIRE(ev != NULL);
     DT_CHECK_CONTAINS(ev, "\"event\":\"restart\",\"attempt\":1");
     free(ev);
     snprintf(path, sizeof path, "%s/logs/r3/events_node1.jsonl", TMP);
-    ev = slurp(path);
+    ev = dt_test_slurp(path);
     DT_REQUIRE(ev != NULL);
     DT_CHECK_CONTAINS(ev, "\"event\":\"failure\"");
     free(ev);
@@ -271,7 +207,7 @@ static void test_budget_is_job_wide(void)
              "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 0 --max-restarts 1 "
              "--log-dir %s/logs %s -- %s",
              BIN, TMP, opts, cmd);
-    j.pid[0] = spawn_bg(line, j.out[0]);
+    j.pid[0] = dt_test_spawn(line, j.out[0]);
     const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
     DT_REQUIRE(p != NULL);
     j.port = atoi(p);
@@ -279,13 +215,13 @@ static void test_budget_is_job_wide(void)
              "%s --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port %d --max-restarts 5 "
              "--log-dir %s/logs %s -- %s",
              BIN, j.port, TMP, opts, cmd);
-    j.pid[1] = spawn_bg(line, j.out[1]);
+    j.pid[1] = dt_test_spawn(line, j.out[1]);
     int codes[2];
     wait_job(&j, codes, 60);
     DT_CHECK_INT(codes[0], 1);
     DT_CHECK_INT(codes[1], 1);
     for (int k = 0; k < 2; k++) {
-        char *o = slurp(j.out[k]);
+        char *o = dt_test_slurp(j.out[k]);
         DT_REQUIRE(o != NULL);
         DT_CHECK_CONTAINS(o, "the job failed: rank 1 on ");
         DT_CHECK_CONTAINS(o, "(attempt 1; --max-restarts=1 spent)");
@@ -312,14 +248,14 @@ static void test_sigkill_agent_detected(void)
     char path[4096];
     for (int r = 0; r < 3; r++) {
         snprintf(path, sizeof path, "%s/w.%d", TMP, r);
-        double deadline = now_s() + 20;
-        while (access(path, F_OK) != 0 && now_s() < deadline)
+        double deadline = dt_test_now() + 20;
+        while (access(path, F_OK) != 0 && dt_test_now() < deadline)
             dt_sleep_ms(10);
         DT_REQUIRE(access(path, F_OK) == 0);
     }
     dt_sleep_ms(50);
     snprintf(path, sizeof path, "%s/w.1", TMP);
-    char *s = slurp(path);
+    char *s = dt_test_slurp(path);
     int w1 = s ? atoi(s) : 0;
     free(s);
     DT_REQUIRE(w1 > 1);
@@ -329,12 +265,12 @@ static void test_sigkill_agent_detected(void)
     DT_CHECK_INT(codes[0], 1);
     DT_CHECK_INT(codes[1], 128 + SIGKILL);
     DT_CHECK_INT(codes[2], 1);
-    double deadline = now_s() + 5;
-    while (!pid_gone(w1) && now_s() < deadline)
+    double deadline = dt_test_now() + 5;
+    while (!dt_test_pid_gone(w1) && dt_test_now() < deadline)
         dt_sleep_ms(20);
-    DT_CHECK_MSG(pid_gone(w1), "node 1's worker outlived its agent");
+    DT_CHECK_MSG(dt_test_pid_gone(w1), "node 1's worker outlived its agent");
     for (int k = 0; k < 3; k += 2) {
-        char *o = slurp(j.out[k]);
+        char *o = dt_test_slurp(j.out[k]);
         DT_REQUIRE(o != NULL);
         DT_CHECK_CONTAINS(o, "node 1 (");
         DT_CHECK_CONTAINS(o, "sent no heartbeat");
@@ -358,8 +294,8 @@ static void test_lost_node_then_join_timeout(void)
     start_job(&j, 2, opts, cmd);
     for (int r = 0; r < 2; r++) {
         snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
-        double deadline = now_s() + 20;
-        while (access(path, F_OK) != 0 && now_s() < deadline)
+        double deadline = dt_test_now() + 20;
+        while (access(path, F_OK) != 0 && dt_test_now() < deadline)
             dt_sleep_ms(10);
         DT_REQUIRE(access(path, F_OK) == 0);
     }
@@ -367,7 +303,7 @@ static void test_lost_node_then_join_timeout(void)
     int codes[2];
     wait_job(&j, codes, 40);
     DT_CHECK_INT(codes[0], 1);
-    char *o = slurp(j.out[0]);
+    char *o = dt_test_slurp(j.out[0]);
     DT_REQUIRE(o != NULL);
     DT_CHECK_CONTAINS(o, "restarting every worker on every node (restart 1 of");
     DT_CHECK_CONTAINS(o, "node(s) 1 did not join round 1");
@@ -392,11 +328,11 @@ static void test_store_host_killed(void)
     int w[2] = {0, 0};
     for (int r = 0; r < 2; r++) {
         snprintf(path, sizeof path, "%s/w.%d", TMP, r);
-        double deadline = now_s() + 20;
-        while (access(path, F_OK) != 0 && now_s() < deadline)
+        double deadline = dt_test_now() + 20;
+        while (access(path, F_OK) != 0 && dt_test_now() < deadline)
             dt_sleep_ms(10);
         dt_sleep_ms(20);
-        char *s = slurp(path);
+        char *s = dt_test_slurp(path);
         w[r] = s ? atoi(s) : 0;
         free(s);
         DT_REQUIRE(w[r] > 1);
@@ -406,12 +342,12 @@ static void test_store_host_killed(void)
     wait_job(&j, codes, 40);
     DT_CHECK_INT(codes[0], 128 + SIGKILL);
     DT_CHECK_INT(codes[1], 1);
-    double deadline = now_s() + 5;
-    while ((!pid_gone(w[0]) || !pid_gone(w[1])) && now_s() < deadline)
+    double deadline = dt_test_now() + 5;
+    while ((!dt_test_pid_gone(w[0]) || !dt_test_pid_gone(w[1])) && dt_test_now() < deadline)
         dt_sleep_ms(20);
-    DT_CHECK(pid_gone(w[0]));
-    DT_CHECK(pid_gone(w[1]));
-    char *o = slurp(j.out[1]);
+    DT_CHECK(dt_test_pid_gone(w[0]));
+    DT_CHECK(dt_test_pid_gone(w[1]));
+    char *o = dt_test_slurp(j.out[1]);
     DT_CHECK(o && strstr(o, "lost the rendezvous"));
     free(o);
     if (codes[1] != 1)
@@ -428,8 +364,8 @@ static void test_sigterm_one_agent_ends_all(void)
     start_job(&j, 2, opts, cmd);
     for (int r = 0; r < 2; r++) {
         snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
-        double deadline = now_s() + 20;
-        while (access(path, F_OK) != 0 && now_s() < deadline)
+        double deadline = dt_test_now() + 20;
+        while (access(path, F_OK) != 0 && dt_test_now() < deadline)
             dt_sleep_ms(10);
         DT_REQUIRE(access(path, F_OK) == 0);
     }
@@ -438,7 +374,7 @@ static void test_sigterm_one_agent_ends_all(void)
     wait_job(&j, codes, 40);
     DT_CHECK_INT(codes[0], 128 + SIGTERM);
     DT_CHECK_INT(codes[1], 128 + SIGTERM);
-    char *o = slurp(j.out[0]);
+    char *o = dt_test_slurp(j.out[0]);
     DT_CHECK(o && strstr(o, "stopped by signal 15"));
     DT_CHECK(o && !strstr(o, "restarting"));
     free(o);
@@ -452,7 +388,7 @@ static void test_external_store(void)
     char outp[4096], line[8192];
     snprintf(outp, sizeof outp, "%s/store.out", TMP);
     snprintf(line, sizeof line, "%s store --host 0.0.0.0 --port 0", BIN);
-    pid_t store = spawn_bg(line, outp);
+    pid_t store = dt_test_spawn(line, outp);
     const char *p = wait_for_text(outp, "listening on 0.0.0.0:", 20);
     int port = p ? atoi(p) : 0;
     if (!port) {
@@ -469,21 +405,21 @@ static void test_external_store(void)
                  "%s --nnodes 2 --node-rank %d --rdzv-endpoint 127.0.0.1:%d --rdzv-id ext "
                  "--log-dir %s/logs %s -- sh -c 'echo store=$DTRAIN_STORE_PORT rank=$RANK'",
                  BIN, k, port, TMP, fast);
-        j.pid[k] = spawn_bg(line, j.out[k]);
+        j.pid[k] = dt_test_spawn(line, j.out[k]);
     }
     int codes[2];
     wait_job(&j, codes, 30);
     kill(store, SIGTERM);
-    DT_CHECK_INT(wait_code(store, 10), 0);
+    DT_CHECK_INT(dt_test_wait_exit(store, 10), 0);
     DT_CHECK_INT(codes[0], 0);
     DT_CHECK_INT(codes[1], 0);
-    char *o = slurp(j.out[0]);
+    char *o = dt_test_slurp(j.out[0]);
     char want[128];
     snprintf(want, sizeof want, "[0]:store=%d rank=0", port);
     DT_CHECK(o && strstr(o, want));
     DT_CHECK(o && strstr(o, "external"));
     free(o);
-    o = slurp(j.out[1]);
+    o = dt_test_slurp(j.out[1]);
     snprintf(want, sizeof want, "[1]:store=%d rank=1", port);
     DT_CHECK(o && strstr(o, want));
     free(o);

@@ -39,97 +39,6 @@
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *slurp(const char *path)
-{
-    char *data = NULL;
-    if (dt_read_file(path, &data, NULL, NULL) != 0)
-        return NULL;
-    return data;
-}
-
-static pid_t spawn_bg(const char *cmd, const char *outpath)
-{
-    pid_t pid = fork();
-    DT_REQUIRE(pid >= 0);
-    if (pid == 0) {
-        int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0)
-            _exit(126);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        char full[8192];
-        snprintf(full, sizeof full, "exec %s", cmd);
-        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* The exit code (128+n for a signal), or -1 after timeout_s (then it is SIGKILLed). */
-static int wait_code(pid_t pid, double timeout_s)
-{
-    double deadline = now_s() + timeout_s;
-    int st;
-    for (;;) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (r < 0)
-            return -1;
-        if (now_s() > deadline) {
-            kill(pid, SIGCONT);
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return -1;
-        }
-        dt_sleep_ms(10);
-    }
-}
-
-/* Number of times needle occurs in the file (0 when it cannot be read). */
-static int count_text(const char *path, const char *needle)
-{
-    char *s = slurp(path);
-    int n = 0;
-    for (const char *p = s; p && (p = strstr(p, needle)); p += strlen(needle))
-        n++;
-    free(s);
-    return n;
-}
-
-/* Waits until the file has at least `times` occurrences of needle. */
-static bool wait_text(const char *path, const char *needle, int times, double timeout_s)
-{
-    double deadline = now_s() + timeout_s;
-    while (count_text(path, needle) < times) {
-        if (now_s() > deadline)
-            return false;
-        dt_sleep_ms(20);
-    }
-    return true;
-}
-
-static bool pid_gone(pid_t pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return true;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *rp = strrchr(buf, ')');
-    return rp && (rp[2] == 'Z' || rp[2] == 'X');
-}
-
 /* A job: an external store (or none) and up to MAXA agents. */
 typedef struct cluster {
     int id;                 /* names this cluster's files apart from an earlier one's */
@@ -181,9 +90,9 @@ static void start_store(cluster *c)
     char outp[1024], line[2048];
     snprintf(outp, sizeof outp, "%s/c%d_store.out", TMP, c->id);
     snprintf(line, sizeof line, "%s store --host 127.0.0.1 --port 0", BIN);
-    c->store = spawn_bg(line, outp);
-    DT_REQUIRE(wait_text(outp, "listening on 127.0.0.1:", 1, 20));
-    char *s = slurp(outp);
+    c->store = dt_test_spawn(line, outp);
+    DT_REQUIRE(dt_test_wait_text(outp, "listening on 127.0.0.1:", 1, 20));
+    char *s = dt_test_slurp(outp);
     const char *p = s ? strstr(s, "listening on 127.0.0.1:") : NULL;
     c->port = p ? atoi(p + strlen("listening on 127.0.0.1:")) : 0;
     free(s);
@@ -211,7 +120,7 @@ static void start_agent(cluster *c, int k, const char *id, const char *nnodes, i
              "--nproc-per-node %d --rdzv-conf %s --monitor-interval 0.05 --stop-grace 3 "
              "--log-dir %s/logs %s -- %s",
              BIN, c->port, id, nnodes, nproc, conf, TMP, extra ? extra : "", cmd);
-    c->pid[k] = spawn_bg(line, c->out[k]);
+    c->pid[k] = dt_test_spawn(line, c->out[k]);
     if (k >= c->n)
         c->n = k + 1;
     c->done[k] = false;
@@ -220,7 +129,7 @@ static void start_agent(cluster *c, int k, const char *id, const char *nnodes, i
 static void dump(cluster *c)
 {
     for (int k = 0; k < c->n; k++) {
-        char *o = slurp(c->out[k]);
+        char *o = dt_test_slurp(c->out[k]);
         fprintf(stderr, "---- agent %d ----\n%s\n", k, o ? o : "(none)");
         free(o);
     }
@@ -228,12 +137,12 @@ static void dump(cluster *c)
 
 static void wait_all(cluster *c, double timeout_s)
 {
-    double deadline = now_s() + timeout_s;
+    double deadline = dt_test_now() + timeout_s;
     for (int k = 0; k < c->n; k++) {
         if (c->done[k])
             continue;
-        double left = deadline - now_s();
-        c->code[k] = wait_code(c->pid[k], left > 0.1 ? left : 0.1);
+        double left = deadline - dt_test_now();
+        c->code[k] = dt_test_wait_exit(c->pid[k], left > 0.1 ? left : 0.1);
         c->done[k] = true;
     }
 }
@@ -243,14 +152,14 @@ static void check_no_orphans(void)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/pids", TMP);
-    char *s = slurp(path);
-    double deadline = now_s() + 10;
+    char *s = dt_test_slurp(path);
+    double deadline = dt_test_now() + 10;
     for (char *p = s; p && *p;) {
         int pid = (int)strtol(p, &p, 10);
         if (pid > 1) {
-            while (!pid_gone(pid) && now_s() < deadline)
+            while (!dt_test_pid_gone(pid) && dt_test_now() < deadline)
                 dt_sleep_ms(20);
-            DT_CHECK_MSG(pid_gone(pid), "worker pid %d outlived its agent", pid);
+            DT_CHECK_MSG(dt_test_pid_gone(pid), "worker pid %d outlived its agent", pid);
         }
         while (*p == '\n' || *p == ' ')
             p++;
@@ -295,17 +204,17 @@ static void test_random_order(void)
             /* k+1 workers, all in the one round, with contiguous ranks first..first+k */
             char want[128];
             snprintf(want, sizeof want, "world=%d groups=%d att=0 round=0", world, n);
-            DT_CHECK_INT(count_text(c.out[k], want), k + 1);
-            DT_CHECK_INT(count_text(c.out[k], "E node="), k + 1);
+            DT_CHECK_INT(dt_test_count_text(c.out[k], want), k + 1);
+            DT_CHECK_INT(dt_test_count_text(c.out[k], "E node="), k + 1);
             int first = -1;
             for (int r = 0; r < world && first < 0; r++) {
                 snprintf(want, sizeof want, "[%d]:E node=", r);
-                if (count_text(c.out[k], want))
+                if (dt_test_count_text(c.out[k], want))
                     first = r;
             }
             for (int r = first; r >= 0 && r <= first + k; r++) {
                 snprintf(want, sizeof want, "[%d]:E node=", r);
-                DT_CHECK_MSG(count_text(c.out[k], want) == 1, "%d agents: agent %d lacks rank %d",
+                DT_CHECK_MSG(dt_test_count_text(c.out[k], want) == 1, "%d agents: agent %d lacks rank %d",
                              n, k, r);
             }
         }
@@ -315,7 +224,7 @@ static void test_random_order(void)
             char want[64];
             snprintf(want, sizeof want, "[%d]:E node=", r);
             for (int k = 0; k < n; k++)
-                times += count_text(c.out[k], want);
+                times += dt_test_count_text(c.out[k], want);
             DT_CHECK_MSG(times == 1, "%d agents: rank %d started %d times", n, r, times);
         }
         if (c.code[0] || c.code[n - 1])
@@ -334,22 +243,22 @@ static void test_late_joiner_grows_job(void)
     const char *then = "[ $WORLD_SIZE -lt 3 ] && exec sleep 60; exit 0";
     start_agent(&c, 0, "grow", "2:3", 1, CONF_CALM, NULL, then);
     start_agent(&c, 1, "grow", "2:3", 1, CONF_CALM, NULL, then);
-    DT_REQUIRE(wait_text(c.out[0], "world=2 groups=2 att=0 round=0", 1, 30));
-    DT_REQUIRE(wait_text(c.out[1], "world=2 groups=2 att=0 round=0", 1, 30));
+    DT_REQUIRE(dt_test_wait_text(c.out[0], "world=2 groups=2 att=0 round=0", 1, 30));
+    DT_REQUIRE(dt_test_wait_text(c.out[1], "world=2 groups=2 att=0 round=0", 1, 30));
     start_agent(&c, 2, "grow", "2:3", 1, CONF_CALM, NULL, then);
     wait_all(&c, 40);
     for (int k = 0; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 0);
-        DT_CHECK_INT(count_text(c.out[k], "world=3 groups=3 att=0 round=1"), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "world=3 groups=3 att=0 round=1"), 1);
     }
     for (int k = 0; k < 2; k++)
-        DT_CHECK_INT(count_text(c.out[k], "joining the next round (restart count unchanged)"), 1);
-    DT_CHECK_INT(count_text(c.out[2], "asking it to regroup"), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "joining the next round (restart count unchanged)"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "asking it to regroup"), 1);
     /* The newcomer is ranked after the nodes that were there. */
-    DT_CHECK_INT(count_text(c.out[2], "[2]:E node=2 rank=2 world=3"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "[2]:E node=2 rank=2 world=3"), 1);
     char path[1024];
     snprintf(path, sizeof path, "%s/logs/grow/events.jsonl", TMP);
-    DT_CHECK(count_text(path, "\"event\":\"regroup\"") >= 1);
+    DT_CHECK(dt_test_count_text(path, "\"event\":\"regroup\"") >= 1);
     if (c.code[0] || c.code[1] || c.code[2])
         dump(&c);
     finish(&c);
@@ -367,9 +276,9 @@ static void test_ddp_job_regroups(void)
     char line[8192];
     for (int k = 0; k < 3; k++) {
         if (k == 2) { /* either of the first two may hold rank 0, which logs the steps */
-            double deadline = now_s() + 60;
-            while (!count_text(c.out[0], "step 100/") && !count_text(c.out[1], "step 100/")) {
-                DT_REQUIRE(now_s() < deadline);
+            double deadline = dt_test_now() + 60;
+            while (!dt_test_count_text(c.out[0], "step 100/") && !dt_test_count_text(c.out[1], "step 100/")) {
+                DT_REQUIRE(dt_test_now() < deadline);
                 dt_sleep_ms(20);
             }
         }
@@ -381,19 +290,19 @@ static void test_ddp_job_regroups(void)
                  "train.batch_size=64 job.log_every=50 checkpoint.every=100 ddp.timeout=20 "
                  "train.eval_every=0",
                  BIN, c.port, CONF_CALM, TMP);
-        c.pid[k] = spawn_bg(line, c.out[k]);
+        c.pid[k] = dt_test_spawn(line, c.out[k]);
         c.n = k + 1;
     }
     wait_all(&c, 120);
     int done = 0, world3 = 0;
     for (int k = 0; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 0);
-        done += count_text(c.out[k], "done after 1500 steps");
-        world3 += count_text(c.out[k], "(3 ranks)");
+        done += dt_test_count_text(c.out[k], "done after 1500 steps");
+        world3 += dt_test_count_text(c.out[k], "(3 ranks)");
     }
     DT_CHECK_INT(done, 1);
     DT_CHECK_INT(world3, 1);
-    DT_CHECK(count_text(c.out[0], "joining the next round (restart count unchanged)") >= 1);
+    DT_CHECK(dt_test_count_text(c.out[0], "joining the next round (restart count unchanged)") >= 1);
     if (c.code[0] || c.code[1] || c.code[2])
         dump(&c);
     finish(&c);
@@ -410,14 +319,14 @@ static void test_sigkill_shrinks_job(void)
     for (int k = 0; k < 3; k++)
         start_agent(&c, k, "shrink", "2:3", 1, CONF_LOSS, NULL, then);
     for (int k = 0; k < 3; k++)
-        DT_REQUIRE(wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
     kill(c.pid[1], SIGKILL);
     wait_all(&c, 40);
     DT_CHECK_INT(c.code[1], 128 + SIGKILL);
     for (int k = 0; k < 3; k += 2) {
         DT_CHECK_INT(c.code[k], 0);
-        DT_CHECK_INT(count_text(c.out[k], "world=2 groups=2 att=0 round=1"), 1);
-        DT_CHECK(count_text(c.out[k], "was lost: no heartbeat") >= 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "world=2 groups=2 att=0 round=1"), 1);
+        DT_CHECK(dt_test_count_text(c.out[k], "was lost: no heartbeat") >= 1);
     }
     if (c.code[0] || c.code[2])
         dump(&c);
@@ -436,20 +345,20 @@ static void test_sigstop_agent_fenced(void)
     for (int k = 0; k < 3; k++)
         start_agent(&c, k, "frozen", "2:3", 1, CONF_LOSS, NULL, then);
     for (int k = 0; k < 3; k++)
-        DT_REQUIRE(wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
     kill(c.pid[2], SIGSTOP);
-    bool shrunk = wait_text(c.out[0], "world=2 groups=2 att=0 round=1", 1, 30) &&
-                  wait_text(c.out[1], "world=2 groups=2 att=0 round=1", 1, 30);
+    bool shrunk = dt_test_wait_text(c.out[0], "world=2 groups=2 att=0 round=1", 1, 30) &&
+                  dt_test_wait_text(c.out[1], "world=2 groups=2 att=0 round=1", 1, 30);
     kill(c.pid[2], SIGCONT);
     DT_CHECK(shrunk);
     wait_all(&c, 60);
     for (int k = 0; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 0);
-        DT_CHECK_INT(count_text(c.out[k], "att=0 round=2"), 1);
-        DT_CHECK_INT(count_text(c.out[k], "world=3 groups=3 att=0 round=2"), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "att=0 round=2"), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "world=3 groups=3 att=0 round=2"), 1);
     }
-    DT_CHECK_INT(count_text(c.out[2], "round=1"), 0);
-    DT_CHECK_INT(count_text(c.out[2], "this node was declared lost by the others"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "round=1"), 0);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "this node was declared lost by the others"), 1);
     if (c.code[0] || c.code[1] || c.code[2])
         dump(&c);
     finish(&c);
@@ -461,18 +370,18 @@ static void test_too_few_nodes_times_out(void)
     cluster c;
     cl_init(&c);
     start_store(&c);
-    double t0 = now_s();
+    double t0 = dt_test_now();
     start_agent(&c, 0, "few", "2:3", 1,
                 "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=3,last_call_timeout=1",
                 NULL, "exit 0");
     wait_all(&c, 30);
-    double took = now_s() - t0;
+    double took = dt_test_now() - t0;
     DT_CHECK_INT(c.code[0], 1);
     DT_CHECK(took >= 2.9);
-    DT_CHECK_INT(count_text(c.out[0], "round 0 did not form: 1 node(s) joined within the join "
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "round 0 did not form: 1 node(s) joined within the join "
                                       "timeout (3 s) and MIN is 2"),
                  1);
-    DT_CHECK_INT(count_text(c.out[0], "E node="), 0);
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "E node="), 0);
     finish(&c);
 }
 
@@ -488,13 +397,13 @@ static void test_below_min_after_loss_fails(void)
     for (int k = 0; k < 2; k++)
         start_agent(&c, k, "below", "2:2", 1, conf, NULL, "exec sleep 60");
     for (int k = 0; k < 2; k++)
-        DT_REQUIRE(wait_text(c.out[k], "world=2 groups=2 att=0 round=0", 1, 30));
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=2 groups=2 att=0 round=0", 1, 30));
     kill(c.pid[1], SIGKILL);
     wait_all(&c, 40);
     DT_CHECK_INT(c.code[0], 1);
-    DT_CHECK_INT(count_text(c.out[0], "round 1 did not form"), 1);
-    DT_CHECK_INT(count_text(c.out[0], "MIN is 2 (the last round ended: node "), 1);
-    DT_CHECK(count_text(c.out[0], "was lost: no heartbeat for") >= 2); /* the watch, the error */
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "round 1 did not form"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "MIN is 2 (the last round ended: node "), 1);
+    DT_CHECK(dt_test_count_text(c.out[0], "was lost: no heartbeat for") >= 2); /* the watch, the error */
     finish(&c);
 }
 
@@ -508,18 +417,18 @@ static void test_spare_takes_free_slot(void)
     const char *then = "[ $WORLD_SIZE -eq 2 ] && [ $DTRAIN_ROUND -gt 0 ] && exit 0; exec sleep 60";
     start_agent(&c, 0, "spare", "1:2", 1, CONF_LOSS, NULL, then);
     start_agent(&c, 1, "spare", "1:2", 1, CONF_LOSS, NULL, then);
-    DT_REQUIRE(wait_text(c.out[0], "world=2 groups=2 att=0 round=0", 1, 30));
-    DT_REQUIRE(wait_text(c.out[1], "world=2 groups=2 att=0 round=0", 1, 30));
+    DT_REQUIRE(dt_test_wait_text(c.out[0], "world=2 groups=2 att=0 round=0", 1, 30));
+    DT_REQUIRE(dt_test_wait_text(c.out[1], "world=2 groups=2 att=0 round=0", 1, 30));
     start_agent(&c, 2, "spare", "1:2", 1, CONF_LOSS, NULL, then);
-    DT_REQUIRE(wait_text(c.out[2], "waiting as a spare", 1, 30));
-    DT_CHECK_INT(count_text(c.out[2], "E node="), 0);
+    DT_REQUIRE(dt_test_wait_text(c.out[2], "waiting as a spare", 1, 30));
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "E node="), 0);
     kill(c.pid[1], SIGKILL);
     wait_all(&c, 40);
     DT_CHECK_INT(c.code[0], 0);
     DT_CHECK_INT(c.code[1], 128 + SIGKILL);
     DT_CHECK_INT(c.code[2], 0);
-    DT_CHECK(count_text(c.out[2], "world=2 groups=2 att=0 round=") == 1);
-    DT_CHECK_INT(count_text(c.out[2], "att=0 round=0"), 0);
+    DT_CHECK(dt_test_count_text(c.out[2], "world=2 groups=2 att=0 round=") == 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "att=0 round=0"), 0);
     if (c.code[0] || c.code[2])
         dump(&c);
     finish(&c);
@@ -538,10 +447,10 @@ static void test_same_exit_code_everywhere(void)
              TMP);
     start_agent(&c, 0, "code", "2:2", 1, CONF_CALM, "--max-restarts 0", then);
     start_agent(&c, 1, "code", "2:2", 1, CONF_CALM, "--max-restarts 0", then);
-    DT_REQUIRE(wait_text(c.out[0], "world=2 groups=2", 1, 30));
-    DT_REQUIRE(wait_text(c.out[1], "world=2 groups=2", 1, 30));
+    DT_REQUIRE(dt_test_wait_text(c.out[0], "world=2 groups=2", 1, 30));
+    DT_REQUIRE(dt_test_wait_text(c.out[1], "world=2 groups=2", 1, 30));
     start_agent(&c, 2, "code", "2:2", 1, CONF_CALM, "--max-restarts 0", then);
-    DT_REQUIRE(wait_text(c.out[2], "waiting as a spare", 1, 30));
+    DT_REQUIRE(dt_test_wait_text(c.out[2], "waiting as a spare", 1, 30));
     char path[1024];
     snprintf(path, sizeof path, "%s/go", TMP);
     FILE *f = fopen(path, "w");
@@ -551,8 +460,8 @@ static void test_same_exit_code_everywhere(void)
     for (int k = 0; k < 3; k++)
         DT_CHECK_INT(c.code[k], 1);
     for (int k = 0; k < 2; k++)
-        DT_CHECK_INT(count_text(c.out[k], "the job failed: rank 0 on "), 1);
-    DT_CHECK_INT(count_text(c.out[2], "the job has ended: rank 0 on node 0 ("), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "the job failed: rank 0 on "), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "the job has ended: rank 0 on node 0 ("), 1);
     if (c.code[0] != 1 || c.code[1] != 1 || c.code[2] != 1)
         dump(&c);
     finish(&c);
@@ -568,8 +477,8 @@ static void test_second_job_starts_clean(void)
     /* 1. hosted by agent 0 */
     c.port = 0;
     start_agent(&c, 0, "again", "2:2", 1, CONF_CALM ",is_host=1", NULL, "exit 0");
-    DT_REQUIRE(wait_text(c.out[0], "hosting the rendezvous store at 127.0.0.1:", 1, 20));
-    char *s = slurp(c.out[0]);
+    DT_REQUIRE(dt_test_wait_text(c.out[0], "hosting the rendezvous store at 127.0.0.1:", 1, 20));
+    char *s = dt_test_slurp(c.out[0]);
     const char *p = s ? strstr(s, "hosting the rendezvous store at 127.0.0.1:") : NULL;
     c.port = p ? atoi(p + strlen("hosting the rendezvous store at 127.0.0.1:")) : 0;
     free(s);
@@ -584,7 +493,7 @@ static void test_second_job_starts_clean(void)
     wait_all(&c, 30);
     for (int k = 2; k < 4; k++) {
         DT_CHECK_INT(c.code[k], 0);
-        DT_CHECK_INT(count_text(c.out[k], "world=2 groups=2 att=0 round=0"), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "world=2 groups=2 att=0 round=0"), 1);
     }
     if (c.code[0] || c.code[1] || c.code[2] || c.code[3])
         dump(&c);
@@ -604,7 +513,7 @@ static void test_second_job_starts_clean(void)
     wait_all(&d, 30);
     for (int k = 2; k < 4; k++) {
         DT_CHECK_INT(d.code[k], 0);
-        DT_CHECK_INT(count_text(d.out[k], "world=2 groups=2 att=0 round=0"), 1);
+        DT_CHECK_INT(dt_test_count_text(d.out[k], "world=2 groups=2 att=0 round=0"), 1);
     }
     if (d.code[2] || d.code[3])
         dump(&d);
@@ -618,8 +527,8 @@ static void test_store_host_dies(void)
     cl_init(&c);
     c.port = 0;
     start_agent(&c, 0, "hostdies", "2:3", 1, CONF_LOSS ",is_host=1", NULL, "exec sleep 60");
-    DT_REQUIRE(wait_text(c.out[0], "hosting the rendezvous store at 127.0.0.1:", 1, 20));
-    char *s = slurp(c.out[0]);
+    DT_REQUIRE(dt_test_wait_text(c.out[0], "hosting the rendezvous store at 127.0.0.1:", 1, 20));
+    char *s = dt_test_slurp(c.out[0]);
     const char *p = s ? strstr(s, "hosting the rendezvous store at 127.0.0.1:") : NULL;
     c.port = p ? atoi(p + strlen("hosting the rendezvous store at 127.0.0.1:")) : 0;
     free(s);
@@ -627,14 +536,14 @@ static void test_store_host_dies(void)
     for (int k = 1; k < 3; k++)
         start_agent(&c, k, "hostdies", "2:3", 1, CONF_LOSS, NULL, "exec sleep 60");
     for (int k = 0; k < 3; k++)
-        DT_REQUIRE(wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
     kill(c.pid[0], SIGKILL);
     wait_all(&c, 40);
     DT_CHECK_INT(c.code[0], 128 + SIGKILL);
     for (int k = 1; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 1);
-        DT_CHECK_INT(count_text(c.out[k], "does not answer"), 1);
-        DT_CHECK_INT(count_text(c.out[k], "is gone, so the job cannot go on"), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "does not answer"), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "is gone, so the job cannot go on"), 1);
     }
     if (c.code[1] != 1 || c.code[2] != 1)
         dump(&c);
@@ -694,7 +603,7 @@ static void next_all(inproc **as, int n)
 /* Polls until the agent's round ends with `state` (bounded). */
 static void poll_until(inproc *a, dt_rdzv_state state, double timeout_s)
 {
-    double deadline = now_s() + timeout_s;
+    double deadline = dt_test_now() + timeout_s;
     dt_rdzv_status st;
     dt_err e = {0};
     for (;;) {
@@ -706,7 +615,7 @@ static void poll_until(inproc *a, dt_rdzv_state state, double timeout_s)
                             (int)st.state, (int)state, st.why);
             dt_test_stop();
         }
-        DT_REQUIRE(now_s() < deadline);
+        DT_REQUIRE(dt_test_now() < deadline);
         dt_sleep_ms(20);
     }
 }

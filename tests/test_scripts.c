@@ -35,21 +35,6 @@ static void find_root(void)
     }
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *slurp(const char *path)
-{
-    char *data = NULL;
-    if (dt_read_file(path, &data, NULL, NULL) != 0)
-        return NULL;
-    return data;
-}
-
 static void write_exec(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -219,23 +204,23 @@ static void test_retry_signal(void)
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    double deadline = now_s() + 20;
-    while (access(ready, F_OK) != 0 && now_s() < deadline)
+    double deadline = dt_test_now() + 20;
+    while (access(ready, F_OK) != 0 && dt_test_now() < deadline)
         dt_sleep_ms(10);
     DT_REQUIRE(access(ready, F_OK) == 0);
     kill(pid, SIGTERM);
     int st = 0;
-    deadline = now_s() + 30;
-    while (waitpid(pid, &st, WNOHANG) == 0 && now_s() < deadline)
+    deadline = dt_test_now() + 30;
+    while (waitpid(pid, &st, WNOHANG) == 0 && dt_test_now() < deadline)
         dt_sleep_ms(10);
-    if (now_s() >= deadline) {
+    if (dt_test_now() >= deadline) {
         kill(pid, SIGKILL);
         waitpid(pid, &st, 0);
         DT_REQUIRE(!"the wrapper did not end");
     }
     DT_CHECK(WIFEXITED(st));
     DT_CHECK_INT(WEXITSTATUS(st), 128 + SIGTERM);
-    char *out = slurp(outp);
+    char *out = dt_test_slurp(outp);
     DT_REQUIRE(out != NULL);
     DT_CHECK_CONTAINS(out, "[0]:got-term");
     DT_CHECK_CONTAINS(out, "not retrying");
@@ -266,11 +251,11 @@ static void test_ssh_two_hosts(void)
     free(out);
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/sshlogs/node-b.log", TMP);
-    char *log = slurp(path);
+    char *log = dt_test_slurp(path);
     DT_CHECK(log && strstr(log, "[3]:rank=3 world=4"));
     free(log);
     snprintf(path, sizeof path, "%s/ssh.log", TMP);
-    log = slurp(path);
+    log = dt_test_slurp(path);
     DT_CHECK(log && strstr(log, "alice@node-a\n") && strstr(log, "node-b\n"));
     free(log);
 }
@@ -319,22 +304,22 @@ static void test_ssh_killed_stops_agents(void)
     }
     int w[2] = {0, 0};
     char path[PATH_MAX + 16];
-    double deadline = now_s() + 30;
+    double deadline = dt_test_now() + 30;
     for (int r = 0; r < 2; r++) {
         snprintf(path, sizeof path, "%s/w.%d", TMP, r);
-        while (access(path, F_OK) != 0 && now_s() < deadline)
+        while (access(path, F_OK) != 0 && dt_test_now() < deadline)
             dt_sleep_ms(10);
         dt_sleep_ms(20);
-        char *s = slurp(path);
+        char *s = dt_test_slurp(path);
         w[r] = s ? atoi(s) : 0;
         free(s);
     }
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     DT_REQUIRE(w[0] > 1 && w[1] > 1);
-    deadline = now_s() + 20;
+    deadline = dt_test_now() + 20;
     for (int r = 0; r < 2; r++) {
-        while (kill(w[r], 0) == 0 && now_s() < deadline)
+        while (kill(w[r], 0) == 0 && dt_test_now() < deadline)
             dt_sleep_ms(20);
         DT_CHECK_MSG(kill(w[r], 0) != 0, "rank %d's worker (pid %d) survived the script", r, w[r]);
     }
