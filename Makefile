@@ -66,6 +66,7 @@ LIB_SRC  := $(wildcard common/*.c rendezvous/*.c kernels/*.c kernels/cpu/*.c \
                        runtime/*.c runtime/*/*.c) $(filter-out cmd/main.c,$(wildcard cmd/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
+TEST_LIB := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(TEST_SRC),$(wildcard tests/*.c)))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 CU_SRC   := $(wildcard kernels/cuda/*.cu runtime/*.cu)
 CU_CSRC  := $(wildcard kernels/cuda/*.c) common/err.c common/log.c common/util.c common/env.c
@@ -100,10 +101,10 @@ $(BUILD)/dtrain: $(BUILD)/obj/cmd/main.o $(BUILD)/libdtrain.a
 	@echo "  LD    $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/obj/tests/harness.o $(BUILD)/libdtrain.a $(BUILD)/.flags
+$(BUILD)/tests/%: tests/%.c $(TEST_LIB) $(BUILD)/libdtrain.a $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	@echo "  CC    $@"
-	@$(CC) $(CFLAGS) -MMD -MP $(LDFLAGS) -o $@ $< $(BUILD)/obj/tests/harness.o $(BUILD)/libdtrain.a $(LDLIBS)
+	@$(CC) $(CFLAGS) -MMD -MP $(LDFLAGS) -o $@ $< $(TEST_LIB) $(BUILD)/libdtrain.a $(LDLIBS)
 
 # The CUDA backend: a shared object loaded at run time, so build/dtrain links no CUDA library.
 $(BUILD)/cuda/%.o: %.cu $(BUILD)/.flags

@@ -34,6 +34,7 @@
 #include "kernels/backend.h"
 #include "runtime/comm_impl.h"
 #include "runtime/model.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 static char gpu_skip[1024]; /* why the GPU tests skip; empty when a GPU is usable */
@@ -915,49 +916,6 @@ static void test_reductions(void)
 
 /* ---- whole models: forward loss and every gradient, CPU against CUDA -------------------- */
 
-typedef struct mbatch {
-    dt_batch b;
-    int32_t *tokens, *targets;
-    float *x;
-} mbatch;
-
-static void mbatch_make(mbatch *hb, const dt_model_config *c, int B, uint64_t seed)
-{
-    memset(hb, 0, sizeof *hb);
-    dt_rng r;
-    dt_rng_seed(&r, seed);
-    hb->b.B = B;
-    if (c->shape.kind == DT_SAMPLE_TOKENS) {
-        int T = c->shape.seq_len, V = c->shape.vocab_size;
-        hb->tokens = malloc(sizeof(int32_t) * B * T);
-        hb->targets = malloc(sizeof(int32_t) * B * T);
-        for (int i = 0; i < B * T; i++) {
-            hb->tokens[i] = (int32_t)dt_rng_below(&r, V);
-            hb->targets[i] = (int32_t)dt_rng_below(&r, V);
-        }
-        hb->targets[3] = -1; /* an ignored position */
-        hb->b.T = T;
-    } else {
-        int D = c->shape.input_dim;
-        hb->x = malloc(sizeof(float) * B * D);
-        hb->targets = malloc(sizeof(int32_t) * B);
-        for (int i = 0; i < B * D; i++)
-            hb->x[i] = 2.0f * dt_rng_uniform(&r) - 1.0f;
-        for (int i = 0; i < B; i++)
-            hb->targets[i] = (int32_t)dt_rng_below(&r, c->shape.n_classes);
-    }
-    hb->b.tokens = hb->tokens;
-    hb->b.targets = hb->targets;
-    hb->b.x = hb->x;
-}
-
-static void mbatch_free(mbatch *hb)
-{
-    free(hb->tokens);
-    free(hb->targets);
-    free(hb->x);
-}
-
 /* Builds cfg on both backends (same seed: same parameters), runs forward and backward on the
  * same batch twice (the second time after moving the parameters off their initialisation, where
  * GELU and softmax are not linear), and compares the loss and every tensor's gradient. */
@@ -977,8 +935,8 @@ static void model_case(dt_model_config *cfg, int B, dt_precision prec, double lo
     x.cpu->memcpy_d2h(x.cpu, pc, mc->params, n * sizeof(float));
     x.gpu->memcpy_d2h(x.gpu, pg, mg->params, n * sizeof(float));
     DT_CHECK(memcmp(pc, pg, n * sizeof(float)) == 0); /* initialised identically */
-    mbatch hb;
-    mbatch_make(&hb, cfg, B, 11);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, cfg, B, 11);
     for (int round = 0; round < 2; round++) {
         if (round == 1) {
             dt_rng r;
@@ -1014,7 +972,7 @@ static void model_case(dt_model_config *cfg, int B, dt_precision prec, double lo
                          cfg->type, prec_name(prec), round, tn->name, rel, grad_tol);
         }
     }
-    mbatch_free(&hb);
+    dt_test_batch_free(&hb);
     free(pc);
     free(pg);
     free(gc);

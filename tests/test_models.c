@@ -21,6 +21,7 @@
 #include "common/rng.h"
 #include "runtime/config.h"
 #include "runtime/model.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -87,50 +88,6 @@ static dt_model_config resnet_cfg(void)
     return c;
 }
 
-/* A batch for cfg, in host memory (owned by the struct). */
-typedef struct host_batch {
-    dt_batch b;
-    int32_t *tokens, *targets;
-    float *x;
-} host_batch;
-
-static void make_batch(host_batch *hb, const dt_model_config *c, int B, uint64_t seed)
-{
-    memset(hb, 0, sizeof *hb);
-    dt_rng r;
-    dt_rng_seed(&r, seed);
-    hb->b.B = B;
-    if (c->shape.kind == DT_SAMPLE_TOKENS) {
-        int T = c->shape.seq_len, V = c->shape.vocab_size;
-        hb->tokens = malloc(sizeof(int32_t) * B * T);
-        hb->targets = malloc(sizeof(int32_t) * B * T);
-        for (int i = 0; i < B * T; i++) {
-            hb->tokens[i] = (int32_t)dt_rng_below(&r, V);
-            hb->targets[i] = (int32_t)dt_rng_below(&r, V);
-        }
-        hb->targets[1] = -1; /* an ignored position */
-        hb->b.T = T;
-    } else {
-        int D = c->shape.input_dim;
-        hb->x = malloc(sizeof(float) * B * D);
-        hb->targets = malloc(sizeof(int32_t) * B);
-        for (int i = 0; i < B * D; i++)
-            hb->x[i] = 2.0f * dt_rng_uniform(&r) - 1.0f;
-        for (int i = 0; i < B; i++)
-            hb->targets[i] = (int32_t)dt_rng_below(&r, c->shape.n_classes);
-    }
-    hb->b.tokens = hb->tokens;
-    hb->b.targets = hb->targets;
-    hb->b.x = hb->x;
-}
-
-static void free_batch(host_batch *hb)
-{
-    free(hb->tokens);
-    free(hb->targets);
-    free(hb->x);
-}
-
 static dt_model *model_new(dt_backend *be, const dt_model_config *c)
 {
     dt_model *m = NULL;
@@ -167,8 +124,8 @@ static void check_model_grads(const dt_model_config *cfg, int B, float noise, do
 {
     dt_backend *be = be_new();
     dt_model *m = model_new(be, cfg);
-    host_batch hb;
-    make_batch(&hb, cfg, B, 7);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, cfg, B, 7);
     const size_t n = m->num_params;
     /* Move away from the initialisation (GPT-2's std 0.02 keeps every GELU and softmax in its
      * linear range, where a wrong derivative would go unnoticed). */
@@ -234,7 +191,7 @@ static void check_model_grads(const dt_model_config *cfg, int B, float noise, do
                  cfg->type, mism);
     dt_model_free(m);
     be->close(be);
-    free_batch(&hb);
+    dt_test_batch_free(&hb);
     free(g); free(p0); free(p); free(d); free(g3);
 }
 
@@ -282,8 +239,8 @@ static void check_ready(const dt_model_config *cfg, int B)
 {
     dt_backend *be = be_new();
     dt_model *m = model_new(be, cfg);
-    host_batch hb;
-    make_batch(&hb, cfg, B, 8);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, cfg, B, 8);
     ready_log *l = calloc(1, sizeof *l);
     l->m = m;
     fwd(m, &hb.b, true);
@@ -315,7 +272,7 @@ static void check_ready(const dt_model_config *cfg, int B)
     free(g);
     dt_model_free(m);
     be->close(be);
-    free_batch(&hb);
+    dt_test_batch_free(&hb);
 }
 
 static void test_ready_ranges(void)
@@ -358,8 +315,8 @@ static void check_determinism(const dt_model_config *cfg, int B)
     float *pa = host_copy(be, a->params, a->num_params), *pb = host_copy(be, b->params, b->num_params);
     DT_CHECK_MSG(memcmp(pa, pb, a->num_params * sizeof(float)) == 0,
                  "%s: same seed, different initial parameters", cfg->type);
-    host_batch hb;
-    make_batch(&hb, cfg, B, 9);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, cfg, B, 9);
     float la[4], lb[4];
     train(a, &hb.b, 4, 1e-2f, la);
     train(b, &hb.b, 4, 1e-2f, lb);
@@ -392,7 +349,7 @@ static void check_determinism(const dt_model_config *cfg, int B)
     dt_model_free(c);
     dt_model_free(a0);
     be->close(be);
-    free_batch(&hb);
+    dt_test_batch_free(&hb);
 }
 
 static void test_determinism(void)
@@ -409,8 +366,8 @@ static void check_overfit(const dt_model_config *cfg, int B, int steps, float lr
 {
     dt_backend *be = be_new();
     dt_model *m = model_new(be, cfg);
-    host_batch hb;
-    make_batch(&hb, cfg, B, 10);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, cfg, B, 10);
     float *losses = malloc(sizeof(float) * steps);
     train(m, &hb.b, steps, lr, losses);
     DT_CHECK_MSG(isfinite(losses[steps - 1]) && losses[steps - 1] < factor * losses[0],
@@ -422,7 +379,7 @@ static void check_overfit(const dt_model_config *cfg, int B, int steps, float lr
     free(losses);
     dt_model_free(m);
     be->close(be);
-    free_batch(&hb);
+    dt_test_batch_free(&hb);
 }
 
 static void test_overfit_gpt(void)
@@ -518,8 +475,8 @@ static void test_resnet_table(void)
     float *bufs = host_copy(be, m->buffers, m->num_buffers);
     DT_CHECK(bufs[0] == 0.0f && bufs[m->buffer_tensors[1].offset] == 1.0f);
     /* a training forward moves the running statistics; eval uses them and changes nothing */
-    host_batch hb;
-    make_batch(&hb, &c, 4, 11);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &c, 4, 11);
     float lt = fwd(m, &hb.b, true);
     float *after = host_copy(be, m->buffers, m->num_buffers);
     DT_CHECK(memcmp(bufs, after, m->num_buffers * sizeof(float)) != 0);
@@ -533,7 +490,7 @@ static void test_resnet_table(void)
     free(bufs);
     free(after);
     free(after2);
-    free_batch(&hb);
+    dt_test_batch_free(&hb);
     dt_model_free(m);
     be->close(be);
 }
@@ -546,8 +503,8 @@ static void test_syncbn_single_rank(void)
     dt_model *plain = model_new(be, &c);
     c.sync_bn = true;
     dt_model *sync = model_new(be, &c);
-    host_batch hb;
-    make_batch(&hb, &c, 4, 12);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &c, 4, 12);
     float l1[3], l2[3];
     train(plain, &hb.b, 3, 1e-2f, l1);
     train(sync, &hb.b, 3, 1e-2f, l2);
@@ -557,7 +514,7 @@ static void test_syncbn_single_rank(void)
     DT_CHECK(memcmp(p1, p2, plain->num_params * sizeof(float)) == 0);
     free(p1);
     free(p2);
-    free_batch(&hb);
+    dt_test_batch_free(&hb);
     dt_model_free(plain);
     dt_model_free(sync);
     be->close(be);
@@ -585,8 +542,8 @@ static void test_bad_input(void)
     dt_backend *be = be_new();
     dt_model_config c = gpt_cfg();
     dt_model *m = model_new(be, &c);
-    host_batch hb;
-    make_batch(&hb, &c, 2, 13);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &c, 2, 13);
     dt_err err = {0};
     float loss;
     hb.tokens[5] = c.shape.vocab_size;
@@ -597,7 +554,7 @@ static void test_bad_input(void)
     DT_CHECK(m->ops->forward(m, &hb.b, true, &loss, &err) == -EINVAL);
     hb.b.B = 2;
     DT_CHECK(m->ops->backward(m, 1.0f, NULL, NULL, &err) == -EINVAL); /* no forward yet */
-    free_batch(&hb);
+    dt_test_batch_free(&hb);
     dt_model_free(m);
 
     dt_model *bad = NULL;
