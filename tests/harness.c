@@ -1,6 +1,8 @@
 /* harness.c - fork-per-test runner with timeouts; see harness.h. */
 #include "tests/harness.h"
 
+#include "rendezvous/store.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -174,6 +176,58 @@ bool dt_test_wait_text(const char *path, const char *needle, int times, double t
         sleep_ms(20);
     }
     return true;
+}
+
+pid_t dt_test_store_start(int *port)
+{
+    int pfd[2];
+    if (pipe(pfd) != 0) {
+        dt_test_fail_at(__FILE__, __LINE__, "pipe: %s", strerror(errno));
+        dt_test_stop();
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pfd[0]);
+        dt_store_server_opts so;
+        dt_store_server_opts_default(&so);
+        so.host = "127.0.0.1";
+        so.port = 0;
+        dt_store_server *srv = NULL;
+        dt_err err = {0};
+        int p = -1;
+        if (dt_store_server_start(&srv, &so, &err) != 0)
+            fprintf(stderr, "store server: %s\n", err.msg);
+        else
+            p = dt_store_server_port(srv);
+        if (write(pfd[1], &p, sizeof p) != (ssize_t)sizeof p || p < 0)
+            _exit(1);
+        close(pfd[1]);
+        for (;;)
+            pause(); /* until dt_test_store_stop's SIGKILL */
+    }
+    close(pfd[1]);
+    int p = -1;
+    ssize_t n = pid > 0 ? read(pfd[0], &p, sizeof p) : -1;
+    close(pfd[0]);
+    if (n != (ssize_t)sizeof p || p <= 0) {
+        if (pid > 0)
+            dt_test_store_stop(pid);
+        dt_test_fail_at(__FILE__, __LINE__, "could not start a store server process");
+        dt_test_stop();
+    }
+    *port = p;
+    return pid;
+}
+
+void dt_test_store_stop(pid_t pid)
+{
+    if (pid <= 0)
+        return;
+    kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
 }
 
 bool dt_test_pid_gone(pid_t pid)

@@ -121,6 +121,13 @@ bool dt_test_wait_text(const char *path, const char *needle, int times, double t
 /* True when the process does not exist or is a zombie nobody reaped yet. */
 bool dt_test_pid_gone(pid_t pid);
 
+/* Runs a store server (rendezvous/store.h) on 127.0.0.1, port 0, in a forked child process and
+ * returns its pid; *port gets the port. Tests that fork rank processes use it rather than an
+ * in-process server: a child forked while the server's thread holds a lock (ASan's allocator,
+ * for one) would deadlock. Stop it with dt_test_store_stop. */
+pid_t dt_test_store_start(int *port);
+void dt_test_store_stop(pid_t pid);
+
 /* Runs a shell command, captures stdout+stderr (malloc'd, caller frees) and returns the exit
  * status as the shell reports it (128+n for signal n), or -1 when it could not start or ran
  * longer than timeout_s (then it is killed). */

@@ -1127,14 +1127,8 @@ static void agree_rank(int port, const char *run_id, int rank, int64_t step)
 
 static void test_ranks_agree_on_resume(void)
 {
-    dt_store_server_opts so;
-    dt_store_server_opts_default(&so);
-    so.host = "127.0.0.1";
-    so.port = 0;
-    dt_store_server *srv = NULL;
-    dt_err err = {0};
-    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &err), &err);
-    int port = dt_store_server_port(srv);
+    int port;
+    pid_t srv = dt_test_store_start(&port);
     const int64_t cases[2][2] = {{40, 40}, {40, -1}};
     const int want[2][2] = {{0, 0}, {0, 3}};
     for (int c = 0; c < 2; c++) {
@@ -1151,7 +1145,7 @@ static void test_ranks_agree_on_resume(void)
                          want[c][r]);
         }
     }
-    dt_store_server_stop(srv);
+    dt_test_store_stop(srv);
 }
 
 /* ================================================================================= tools === */

@@ -163,14 +163,7 @@ static void new_run_id(group *g, const char *what)
  * (as waitpid reports it). Kills everything after limit_s. */
 static void run_group_status(group *g, rank_fn fn, void *arg, int limit_s, int *status)
 {
-    dt_store_server_opts so;
-    dt_store_server_opts_default(&so);
-    so.host = "127.0.0.1";
-    so.port = 0;
-    dt_store_server *srv = NULL;
-    dt_err err = {0};
-    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &err), &err);
-    g->port = dt_store_server_port(srv);
+    pid_t srv = dt_test_store_start(&g->port);
     if (!g->run_id[0])
         new_run_id(g, "g");
     pid_t pids[16];
@@ -199,7 +192,7 @@ static void run_group_status(group *g, rank_fn fn, void *arg, int limit_s, int *
             dt_sleep_ms(5);
         }
     }
-    dt_store_server_stop(srv);
+    dt_test_store_stop(srv);
 }
 
 /* Runs fn on every rank and requires that every rank exits 0. */

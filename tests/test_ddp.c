@@ -318,14 +318,7 @@ fail:
 /* Runs the DDP group; returns per-rank exit statuses in status (waitpid form). */
 static void run_ddp(run_cfg *rc, int *status)
 {
-    dt_store_server_opts so;
-    dt_store_server_opts_default(&so);
-    so.host = "127.0.0.1";
-    so.port = 0;
-    dt_store_server *srv = NULL;
-    dt_err err = {0};
-    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &err), &err);
-    rc->port = dt_store_server_port(srv);
+    pid_t srv = dt_test_store_start(&rc->port);
     static int counter;
     snprintf(rc->run_id, sizeof rc->run_id, "ddp-%d-%d", (int)getpid(), ++counter);
     pid_t pids[8];
@@ -353,7 +346,7 @@ static void run_ddp(run_cfg *rc, int *status)
             dt_sleep_ms(5);
         }
     }
-    dt_store_server_stop(srv);
+    dt_test_store_stop(srv);
 }
 
 /* The shared output area for rc (freed by unmap_out). */
