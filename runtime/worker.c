@@ -666,11 +666,14 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             snprintf(vl, sizeof vl, "%.4f", val_loss);
         if (isfinite(last_train)) /* n/a when a resumed run had no step left */
             snprintf(tl, sizeof tl, "%.4f", last_train);
+        char how[48] = "";
+        if (dp_mode(t))
+            snprintf(how, sizeof how, ", DataParallel x %d", t->job.dp_replicas);
         printf("dtrain: %s after %lld steps in %.1f s: train loss %s, val loss %s, %s %s/s "
-               "(%d rank%s)\n",
+               "(%d rank%s%s)\n",
                was_stopped ? "stopped" : "done", (long long)t->step, wall, tl, vl, thr,
                t->tokens ? "tokens" : "samples", t->env.world_size,
-               t->env.world_size > 1 ? "s" : "");
+               t->env.world_size > 1 ? "s" : "", how);
         if (dt_metrics_path(t->metrics)[0])
             printf("dtrain: metrics in %s\n", dt_metrics_path(t->metrics));
         fflush(stdout);
