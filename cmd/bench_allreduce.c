@@ -357,7 +357,31 @@ static int run_local(const bench_opts *o, int argc, char **argv)
     pid_t pids[256];
     int failed = 0;
     fflush(stdout);
+    /* Every rank's argv is built before fork: the child only execs (this process has the
+     * store's thread, so the child must not allocate). */
+    char ranks[256][16];
+    char **av = calloc((size_t)argc + 16, sizeof *av);
+    if (!av) {
+        dt_store_server_stop(srv);
+        return 1;
+    }
+    int k = 0;
+    av[k++] = (char *)dt_cmd_self_path();
+    av[k++] = "bench";
+    for (int i = 0; i < argc; i++)
+        av[k++] = argv[i];
+    av[k++] = "--child-rank";
+    const int rank_slot = k++;
+    av[k++] = "--child-world";
+    av[k++] = world;
+    av[k++] = "--child-store";
+    av[k++] = port;
+    av[k++] = "--child-run-id";
+    av[k++] = run_id;
+    av[k] = NULL;
     for (int r = 0; r < o->nproc; r++) {
+        snprintf(ranks[r], sizeof ranks[r], "%d", r);
+        av[rank_slot] = ranks[r];
         pids[r] = fork();
         if (pids[r] < 0) {
             perror("fork");
@@ -365,28 +389,14 @@ static int run_local(const bench_opts *o, int argc, char **argv)
             break;
         }
         if (pids[r] == 0) {
-            char rs[16];
-            snprintf(rs, sizeof rs, "%d", r);
-            char **av = calloc((size_t)argc + 16, sizeof *av);
-            int k = 0;
-            av[k++] = (char *)dt_cmd_self_path();
-            av[k++] = "bench";
-            for (int i = 0; i < argc; i++)
-                av[k++] = argv[i];
-            av[k++] = "--child-rank";
-            av[k++] = rs;
-            av[k++] = "--child-world";
-            av[k++] = world;
-            av[k++] = "--child-store";
-            av[k++] = port;
-            av[k++] = "--child-run-id";
-            av[k++] = run_id;
-            av[k] = NULL;
             execv(av[0], av);
-            fprintf(stderr, "dtrain bench allreduce: exec %s: %s\n", av[0], strerror(errno));
+            static const char msg[] = "dtrain bench allreduce: cannot exec the dtrain binary\n";
+            ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+            (void)w;
             _exit(127);
         }
     }
+    free(av);
     for (int r = 0; r < o->nproc; r++) {
         if (pids[r] <= 0)
             continue;

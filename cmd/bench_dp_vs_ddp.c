@@ -341,37 +341,46 @@ static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode
     pid_t pids[MAX_REPLICAS];
     int failed = 0;
     fflush(stdout);
+    /* Every replica's argv is built before fork: the child only execs (this process may have
+     * the store's thread, so the child must not allocate). */
+    char ranks[MAX_REPLICAS][16], outs[MAX_REPLICAS][1200];
+    char **av = calloc((size_t)argc + 16, sizeof *av);
+    if (!av) {
+        dt_store_server_stop(srv);
+        return 1;
+    }
+    int k = 0;
+    av[k++] = (char *)dt_cmd_self_path();
+    av[k++] = "bench";
+    for (int i = 0; i < argc; i++)
+        av[k++] = argv[i];
+    av[k++] = "--child";
+    av[k++] = (char *)mode;
+    av[k++] = "--child-rank";
+    const int rank_slot = k++;
+    av[k++] = "--child-port";
+    av[k++] = port;
+    av[k++] = "--child-run-id";
+    av[k++] = run_id;
+    av[k++] = "--child-out";
+    const int out_slot = k++;
+    av[k] = NULL;
     for (int r = 0; r < n; r++) {
+        snprintf(ranks[r], sizeof ranks[r], "%d", r);
+        snprintf(outs[r], sizeof outs[r], "%s/%s.%d", dir, mode, r);
+        av[rank_slot] = ranks[r];
+        av[out_slot] = outs[r];
         pids[r] = fork();
         if (pids[r] < 0) {
             failed = 1;
             break;
         }
         if (pids[r] == 0) {
-            char rs[16], out[1200];
-            snprintf(rs, sizeof rs, "%d", r);
-            snprintf(out, sizeof out, "%s/%s.%d", dir, mode, r);
-            char **av = calloc((size_t)argc + 16, sizeof *av);
-            int k = 0;
-            av[k++] = (char *)dt_cmd_self_path();
-            av[k++] = "bench";
-            for (int i = 0; i < argc; i++)
-                av[k++] = argv[i];
-            av[k++] = "--child";
-            av[k++] = (char *)mode;
-            av[k++] = "--child-rank";
-            av[k++] = rs;
-            av[k++] = "--child-port";
-            av[k++] = port;
-            av[k++] = "--child-run-id";
-            av[k++] = run_id;
-            av[k++] = "--child-out";
-            av[k++] = out;
-            av[k] = NULL;
             execv(av[0], av);
             _exit(127);
         }
     }
+    free(av);
     for (int r = 0; r < n; r++) {
         int st = 0;
         if (pids[r] <= 0)

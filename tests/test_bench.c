@@ -1,0 +1,95 @@
+/* test_bench.c - every `dtrain bench` runs end to end on tiny settings and prints its table.
+ * The figures themselves are not checked (this machine is shared and noisy; benchmarks are for
+ * people); what is checked is that each benchmark still works and reports what it promises. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "tests/harness.h"
+
+static char *out;
+
+static int bench(int timeout_s, const char *args)
+{
+    char cmd[4096];
+    /* make test runs from the repository root, where configs/ lives. */
+    snprintf(cmd, sizeof cmd, "'%s' bench %s", dt_test_dtrain_bin(), args);
+    free(out);
+    out = NULL;
+    int rc = dt_test_run(cmd, &out, timeout_s);
+    if (rc != 0)
+        fprintf(stdout, "    output of `dtrain bench %s`:\n%s\n", args, out ? out : "");
+    return rc;
+}
+
+static void test_store(void)
+{
+    DT_CHECK_INT(bench(60, "store --clients 4 --ops 200 --round-clients 16 --hold 32"), 0);
+    DT_CHECK_CONTAINS(out, "ops/s");
+    DT_CHECK_CONTAINS(out, "p99");
+    DT_CHECK_CONTAINS(out, "16 clients");
+    DT_CHECK_CONTAINS(out, "32/32");
+}
+
+static void test_rdzv(void)
+{
+    DT_CHECK_INT(bench(90, "rdzv --nodes 8 --hb-interval 0.1 --hb-timeout 1 --poll 0.05"), 0);
+    DT_CHECK_CONTAINS(out, "round_s");
+    DT_CHECK_CONTAINS(out, "recovery_s");
+}
+
+static void test_kernels(void)
+{
+    DT_CHECK_INT(bench(120, "kernels --quick"), 0);
+    DT_CHECK_CONTAINS(out, "plain cblas_sgemm");
+    DT_CHECK_CONTAINS(out, "matmul_fwd");
+    DT_CHECK_CONTAINS(out, "attention_bwd");
+    DT_CHECK_CONTAINS(out, "conv2d_fwd");
+}
+
+static void test_train(void)
+{
+    DT_CHECK_INT(bench(120, "train configs/quickstart.ini --steps 2 --warmup 1"), 0);
+    DT_CHECK_CONTAINS(out, "GEMM share of step time");
+    DT_CHECK_CONTAINS(out, "matmul_bwd");
+}
+
+static void test_allreduce(void)
+{
+    DT_CHECK_INT(bench(120, "allreduce --nproc 2 --max 64K"), 0);
+    DT_CHECK_CONTAINS(out, "busbw");
+    DT_CHECK_CONTAINS(out, "memcpy bandwidth");
+    DT_CHECK_CONTAINS(out, "4K");
+}
+
+static void test_dp_vs_ddp(void)
+{
+    DT_CHECK_INT(bench(180, "dp-vs-ddp configs/mlp.ini --steps 3 --warmup 1 --repeat 1"), 0);
+    DT_CHECK_CONTAINS(out, "single");
+    DT_CHECK_CONTAINS(out, "DP ");
+    DT_CHECK_CONTAINS(out, "DDP");
+    DT_CHECK_CONTAINS(out, "memory spread");
+}
+
+static void test_ckpt(void)
+{
+    DT_CHECK_INT(bench(120, "ckpt --params 100000 --saves 1 --step-ms 20"), 0);
+    DT_CHECK_CONTAINS(out, "checkpoint size");
+    DT_CHECK_CONTAINS(out, "disk sequential write");
+    DT_CHECK_CONTAINS(out, "training held per save");
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"bench_store", test_store, 90},
+        {"bench_rdzv", test_rdzv, 120},
+        {"bench_kernels", test_kernels, 150},
+        {"bench_train", test_train, 150},
+        {"bench_allreduce", test_allreduce, 150},
+        {"bench_dp_vs_ddp", test_dp_vs_ddp, 200},
+        {"bench_ckpt", test_ckpt, 150},
+    };
+    return dt_test_main("test_bench", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
