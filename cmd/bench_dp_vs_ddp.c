@@ -72,7 +72,13 @@ static void usage(FILE *out)
             "  --steps S    timed optimiser steps per configuration (default 20)\n"
             "  --warmup W   untimed steps first (default 3)\n"
             "  --repeat R   rounds of the three, interleaved; each row is the median round "
-            "(default 3)\n");
+            "(default 5)\n");
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 static double cpu_now(void)
@@ -431,7 +437,7 @@ static void print_row(const char *name, int replicas, const result *res, int npr
 
 int dt_bench_dp_vs_ddp(int argc, char **argv)
 {
-    bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .repeat = 3, .rank = 0};
+    bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .repeat = 5, .rank = 0};
     char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -518,7 +524,8 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     printf("%-7s %8s %9s %12s %10s %11s %9s %12s  %s\n", "mode", "replicas", "step(ms)",
            "throughput", "speedup", "cpu util", "comm(ms)", "mem spread", "peak MiB per replica");
     /* Rounds of (single, DP, DDP), interleaved so that a change in the machine's load hits
-     * every mode alike; each mode's row is its median round by throughput. */
+     * every mode alike (DP and DDP swap places every other round); each mode's row is its
+     * median round by throughput, and DDP against DP is judged round by round. */
     enum { SINGLE, DP, DDP, MODES };
     static const char *const modes[MODES] = {"single", "dp", "ddp"};
     static const char *const labels[MODES] = {"single", "DP", "DDP"};
@@ -526,7 +533,8 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     double *tput = calloc((size_t)o.repeat * MODES, sizeof *tput);
     int failed = !runs || !tput;
     for (int rep = 0; rep < o.repeat && !failed; rep++)
-        for (int m = 0; m < MODES && !failed; m++) {
+        for (int i = 0; i < MODES && !failed; i++) {
+            int m = rep % 2 && i > SINGLE ? DP + DDP - i : i;
             int n = m == DDP ? o.nproc : 1;
             result *res = runs + ((size_t)rep * MODES + (size_t)m) * MAX_REPLICAS;
             if (run_mode(&o, argc, argv, modes[m], n, dir, res) != 0) {
@@ -571,11 +579,23 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
         spread[m] = hi - lo;
     }
     if (!failed) {
-        printf("#\n# DDP / DP throughput: %.2fx; memory spread DP %.1f MiB, DDP %.1f MiB; DDP "
-               "scaling over one worker: %.2fx on %d ranks\n",
-               med[DDP] / med[DP], spread[DP] / (1024.0 * 1024.0),
-               spread[DDP] / (1024.0 * 1024.0), med[SINGLE] > 0 ? med[DDP] / med[SINGLE] : 0,
-               o.nproc);
+        /* Paired by round: DP and DDP ran next to each other, under the same load. */
+        double ratio[64], lo_r = 1e300, hi_r = 0;
+        int nr = DT_MIN(o.repeat, 64), wins = 0;
+        for (int rep = 0; rep < nr; rep++) {
+            double dp_t = tput[rep * MODES + DP];
+            ratio[rep] = dp_t > 0 ? tput[rep * MODES + DDP] / dp_t : 0;
+            wins += ratio[rep] > 1.0;
+            lo_r = DT_MIN(lo_r, ratio[rep]);
+            hi_r = DT_MAX(hi_r, ratio[rep]);
+        }
+        qsort(ratio, (size_t)nr, sizeof *ratio, cmp_double);
+        printf("#\n# DDP / DP throughput: %.2fx (median of the rounds' ratios; %.2f..%.2f), DDP "
+               "faster in %d of %d rounds; memory spread DP %.1f MiB, DDP %.1f MiB\n",
+               ratio[nr / 2], lo_r, hi_r, wins, nr, spread[DP] / (1024.0 * 1024.0),
+               spread[DDP] / (1024.0 * 1024.0));
+        printf("# DDP scaling over one worker: %.2fx on %d ranks\n",
+               med[SINGLE] > 0 ? med[DDP] / med[SINGLE] : 0, o.nproc);
         if (o.repeat > 1) {
             printf("# median of %d interleaved rounds; throughput of every round:", o.repeat);
             for (int m = 0; m < MODES; m++) {

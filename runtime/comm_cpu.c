@@ -74,6 +74,7 @@ typedef struct cpu_comm {
     pthread_cond_t work_cv, done_cv;
     pthread_t thread;
     bool thread_started, stop, busy;
+    _Atomic int waiters;     /* callers blocked in cpu_wait: the comm thread need not yield */
     dt_comm_work *head, *tail;
     dt_comm_work *all;       /* handles not yet waited */
     uint64_t seq;
@@ -270,6 +271,7 @@ static void execute(cpu_comm *c, dt_comm_work *w, bool background)
     x.desc = w->desc;
     x.timeout_ms = c->timeout_ms;
     x.background = background;
+    x.waiters = &c->waiters;
     x.deadline_ns = dt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
     int rc;
     switch (w->desc.kind) {
@@ -341,8 +343,28 @@ static int cpu_wait(void *self, dt_comm_work *w, dt_err *err)
     if (!w)
         return 0;
     pthread_mutex_lock(&c->mu);
-    while (w->state != 2)
+    atomic_fetch_add(&c->waiters, 1);
+    while (w->state != 2) {
+        if (w == c->head && !c->busy) {
+            /* Next in line and the comm thread has not picked it up yet: run it here rather
+             * than wait for that thread to be scheduled (the order stays the issue order). */
+            c->head = w->next;
+            if (!c->head)
+                c->tail = NULL;
+            w->state = 1;
+            c->busy = true;
+            pthread_mutex_unlock(&c->mu);
+            execute(c, w, false);
+            pthread_mutex_lock(&c->mu);
+            c->busy = false;
+            w->state = 2;
+            pthread_cond_signal(&c->work_cv);
+            pthread_cond_broadcast(&c->done_cv); /* another waiter's work may be next */
+            break;
+        }
         pthread_cond_wait(&c->done_cv, &c->mu);
+    }
+    atomic_fetch_sub(&c->waiters, 1);
     unlink_handle(c, w);
     pthread_mutex_unlock(&c->mu);
     int rc = w->rc;

@@ -13,6 +13,7 @@
 #ifndef DT_COMM_CPU_H
 #define DT_COMM_CPU_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -43,7 +44,8 @@ typedef struct dt_coll_ctx {
     dt_coll_desc desc;
     uint64_t deadline_ns;
     int timeout_ms;
-    bool background; /* run by the comm thread, overlapping the caller's work: spin less */
+    bool background; /* run by the comm thread, overlapping the caller's work: spin less... */
+    const _Atomic int *waiters; /* ...unless this is > 0: a caller now blocks on the result */
 } dt_coll_ctx;
 
 /* "allreduce #12 (float32 x 1000, avg)" into buf; returns buf. */

@@ -304,8 +304,11 @@ static int wait_ge(dt_shm *s, int j, int which, uint64_t target, const dt_coll_c
         return 0;
     uint64_t t0 = dt_now_ns();
     /* In the background (DDP buckets during backward) the CPU is better spent on the caller's
-     * computation than on spinning: spin a little only, then yield and sleep. */
-    uint64_t spin = ctx->background ? DT_MIN(s->spin_ns, (uint64_t)BACKGROUND_SPIN_NS) : s->spin_ns;
+     * computation than on spinning: spin a little only, then yield and sleep; once the caller
+     * blocks on the result (DDP's finish), nothing else wants this CPU. */
+    bool quiet = ctx->background && !(ctx->waiters && atomic_load_explicit(ctx->waiters,
+                                                                           memory_order_relaxed) > 0);
+    uint64_t spin = quiet ? DT_MIN(s->spin_ns, (uint64_t)BACKGROUND_SPIN_NS) : s->spin_ns;
     while (dt_now_ns() - t0 < spin) {
         for (int i = 0; i < 32; i++)
             cpu_relax();
