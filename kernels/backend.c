@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -94,7 +95,9 @@ int dt_backend_open(dt_backend **out, const char *device, const dt_backend_opts 
         dt_err why = {0};
         if (open_cuda(out, opts, &why) == 0)
             return 0;
-        DT_INFO("device = auto: using the CPU (%s)", why.msg);
+        static atomic_bool said; /* once per process, not once per DP replica */
+        if (!atomic_exchange(&said, true))
+            DT_INFO("device = auto: using the CPU (%s)", why.msg);
         return dt_cpu_backend_create(out, opts, err);
     }
     return dt_err_set(err, -EINVAL, "unknown device \"%s\" (use cpu, cuda or auto)", device);
