@@ -157,9 +157,14 @@ struct dt_backend {
 
     /* ---- BatchNorm, in stages so that SyncBatchNorm can all-reduce between them ----
      * inp (N,C,HW). Training forward:
-     *   bn_stats: sum (C), sumsq (C) over N*HW        (SyncBN: all-reduce sum, sumsq, count)
-     *   bn_fwd_apply: mean, rstd (C) from sums and the global count; updates running_mean and
-     *     running_var (unbiased) with momentum; out = w * (x - mean) * rstd + b
+     *   bn_stats: sum (C) = sum(x) and sumsq (C) = sum((x - mean)^2) over N*HW: the CENTRED
+     *     sum of squares (M2, about this call's own mean), computed stably (shifted sums in
+     *     double), so that the variance keeps its precision when |mean| >> std
+     *     (SyncBN: all-gather sum | sumsq | count per rank and merge with dt_bn_stats_combine;
+     *     M2s are not additive across ranks)
+     *   bn_fwd_apply: mean = sum/count, var = sumsq/count, rstd (C), from the (merged) statistics
+     *     and their count; updates running_mean and running_var (unbiased) with momentum;
+     *     out = w * (x - mean) * rstd + b
      * Eval forward: bn_fwd_eval from the running statistics.
      * Backward:
      *   bn_bwd_reduce: dw (C) += sum dout*xhat, db (C) += sum dout, and sets sum_dy (C),
@@ -210,6 +215,13 @@ struct dt_backend {
     /* Number of non-finite values in x (n) (waits); used for fp16 loss-scaling overflow. */
     size_t (*count_nonfinite)(dt_backend *be, const float *x, size_t n);
 };
+
+/* Merges the BatchNorm statistics of R parts exactly (Chan et al.'s parallel variance; what
+ * SyncBatchNorm does after an all-gather): parts (R * (2C+1)) host, part r = sum (C) | sumsq (C)
+ * | count (1), as bn_stats writes them (sumsq centred on the part's own mean) followed by the
+ * part's sample count. Writes the merged sum (C) and centred sumsq (C) (host) and returns the
+ * total count. Computed in double; parts with count 0 are ignored. */
+double dt_bn_stats_combine(const float *parts, int R, int C, float *sum, float *sumsq);
 
 /* Opens a backend by name: "cpu", "cuda" (loads libdtrain_cuda.so: DTRAIN_CUDA_LIB, else next to
  * the running binary; a missing library, driver or GPU is a clear error saying which) or

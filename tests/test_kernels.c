@@ -977,17 +977,74 @@ static void test_batchnorm(void)
     free(hb); free(ev); free(evw); free(c.x); free(c.w); free(c.b); free(c.R); free(c.out);
 }
 
-/* SyncBatchNorm's arithmetic: two "ranks" with half the batch each, their sums added (what the
- * all-reduce does) and the global count, give exactly the full-batch forward and backward. */
-static void test_batchnorm_split(void)
+/* BatchNorm statistics when |mean| >> std (an audit: the sums of squares rounded to float and
+ * var = E[x^2] - mean^2 gave variance 0.967 at mean 1e3 and 0.739 at 3e3 instead of 1).
+ * 16384 values per channel of mean + N(0,1): the normalised output has variance 1 within 1e-3,
+ * and running_var (momentum 1: the unbiased batch variance) matches the double reference. */
+static void test_batchnorm_offset(void)
 {
     dt_backend *be = be_new();
-    const int N = 6, C = 4, HW = 9, H = N / 2;
-    const size_t n = (size_t)N * C * HW, nh = n / 2;
+    const int N = 16, C = 4, HW = 1024;
+    const double offs[4] = {0.0, 100.0, 1000.0, 3000.0};
+    const size_t n = (size_t)N * C * HW;
+    dt_rng r;
+    dt_rng_seed(&r, 53);
+    float *x = malloc(n * sizeof(float));
+    for (int i = 0; i < N; i++)
+        for (int ch = 0; ch < C; ch++)
+            dt_rng_fill_normal(&r, x + ((size_t)i * C + ch) * HW, HW, (float)offs[ch], 1.0f);
+    float zero[4] = {0}, one[4] = {1, 1, 1, 1};
+    float *d_x = up(be, x, n), *d_rm = up(be, zero, C), *d_rv = up(be, one, C);
+    float *d_st = dev_alloc(be, 4 * C * 4), *d_out = dev_alloc(be, n * 4);
+    float *d_sum = d_st, *d_sq = d_st + C, *d_mean = d_st + 2 * C, *d_rstd = d_st + 3 * C;
+    const double count = (double)N * HW;
+    be->bn_stats(be, d_sum, d_sq, d_x, N, C, HW);
+    be->bn_fwd_apply(be, d_out, d_mean, d_rstd, d_rm, d_rv, d_x, NULL, NULL, d_sum, d_sq, count,
+                     N, C, HW, 1.0f, 1e-5f);
+    float *out = down(be, d_out, n), *rm = down(be, d_rm, C), *rv = down(be, d_rv, C);
+    for (int ch = 0; ch < C; ch++) {
+        double m = 0, v = 0, om = 0, ov = 0;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < HW; j++)
+                m += x[((size_t)i * C + ch) * HW + j];
+        m /= count;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < HW; j++) {
+                double d = x[((size_t)i * C + ch) * HW + j] - m;
+                v += d * d;
+                om += out[((size_t)i * C + ch) * HW + j];
+            }
+        om /= count;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < HW; j++) {
+                double d = out[((size_t)i * C + ch) * HW + j] - om;
+                ov += d * d;
+            }
+        ov /= count;
+        DT_CHECK_NEAR(om, 0.0, 1e-3);
+        DT_CHECK_NEAR(ov, 1.0, 1e-3);
+        DT_CHECK_NEAR(rm[ch], m, 1e-6 * fabs(m) + 1e-6);
+        DT_CHECK_NEAR(rv[ch], v / (count - 1), 1e-3);
+    }
+    be->close(be);
+    free(x); free(out); free(rm); free(rv);
+}
+
+/* SyncBatchNorm's arithmetic: two "ranks" with unequal parts of the batch, their statistics
+ * merged by dt_bn_stats_combine (after the all-gather) and the backward sums added (the
+ * all-reduce), give the full-batch forward and backward. offset shifts every input (|mean| >>
+ * std: the merge must keep the variance). */
+static void batchnorm_split(float offset)
+{
+    dt_backend *be = be_new();
+    const int N = 6, C = 4, HW = 9, H = 2, H2 = N - H;
+    const size_t n = (size_t)N * C * HW, nh = (size_t)H * C * HW;
     dt_rng r;
     dt_rng_seed(&r, 52);
     float *x = randf(&r, n, -2, 2), *w = randf(&r, C, 0.5f, 1.5f), *b = randf(&r, C, -1, 1);
     float *dy = randf(&r, n, -1, 1);
+    for (size_t i = 0; i < n; i++)
+        x[i] += offset;
     float *d_x = up(be, x, n), *d_w = up(be, w, C), *d_b = up(be, b, C), *d_dy = up(be, dy, n);
     float *s_full = dev_alloc(be, 8 * C * 4); /* sum sq mean rstd sdy sdyx, scratch */
     float *sum = s_full, *sq = s_full + C, *mean = s_full + 2 * C, *rstd = s_full + 3 * C;
@@ -1008,32 +1065,48 @@ static void test_batchnorm_split(void)
     float *out2 = dev_alloc(be, n * 4), *gx2 = filled(be, n, 0);
     float *gw2 = filled(be, C, 0), *gb2 = filled(be, C, 0);
     be->bn_stats(be, sA, qA, d_x, H, C, HW);
-    be->bn_stats(be, sB, qB, d_x + nh, H, C, HW);
-    be->accumulate(be, sA, sB, C); /* all-reduce sum */
-    be->accumulate(be, qA, qB, C);
+    be->bn_stats(be, sB, qB, d_x + nh, H2, C, HW);
+    /* the all-gather: part r = sum | sumsq | count */
+    float *parts = malloc(2 * (2 * C + 1) * sizeof(float)), merged[8];
+    be->memcpy_d2h(be, parts, sA, 2 * C * sizeof(float));
+    be->memcpy_d2h(be, parts + 2 * C + 1, sB, 2 * C * sizeof(float));
+    parts[2 * C] = (float)(H * HW);
+    parts[4 * C + 1] = (float)(H2 * HW);
+    DT_CHECK_NEAR(dt_bn_stats_combine(parts, 2, C, merged, merged + C), (double)N * HW, 0);
+    be->memcpy_h2d(be, sA, merged, 2 * C * sizeof(float));
     be->bn_fwd_apply(be, out2, m2, r2, NULL, NULL, d_x, d_w, d_b, sA, qA, (double)N * HW, H, C, HW,
                      0.1f, 1e-5f);
     be->bn_fwd_apply(be, out2 + nh, m2, r2, NULL, NULL, d_x + nh, d_w, d_b, sA, qA,
-                     (double)N * HW, H, C, HW, 0.1f, 1e-5f);
+                     (double)N * HW, H2, C, HW, 0.1f, 1e-5f);
     be->bn_bwd_reduce(be, gw2, gb2, dA, xA, d_dy, d_x, m2, r2, H, C, HW);
-    be->bn_bwd_reduce(be, gw2, gb2, dB, xB, d_dy + nh, d_x + nh, m2, r2, H, C, HW);
+    be->bn_bwd_reduce(be, gw2, gb2, dB, xB, d_dy + nh, d_x + nh, m2, r2, H2, C, HW);
     be->accumulate(be, dA, dB, C);
     be->accumulate(be, xA, xB, C);
     be->bn_bwd_apply(be, gx2, d_dy, d_x, d_w, m2, r2, dA, xA, (double)N * HW, H, C, HW);
-    be->bn_bwd_apply(be, gx2 + nh, d_dy + nh, d_x + nh, d_w, m2, r2, dA, xA, (double)N * HW, H, C,
-                     HW);
+    be->bn_bwd_apply(be, gx2 + nh, d_dy + nh, d_x + nh, d_w, m2, r2, dA, xA, (double)N * HW, H2,
+                     C, HW);
+    /* the statistics themselves: mean and rstd of the merge equal the full batch's */
+    float *mf = down(be, mean, 2 * C), *ms = down(be, m2, 2 * C); /* mean | rstd */
+    for (int c = 0; c < 2 * C; c++)
+        DT_CHECK_NEAR(ms[c], mf[c], 2e-6 * fabs(mf[c]) + 1e-6);
+    free(mf); free(ms); free(parts);
     float *o1 = down(be, out_full, n), *o2 = down(be, out2, n);
     float *g1 = down(be, gx_full, n), *g2 = down(be, gx2, n);
     double *o1d = tod(o1, n), *g1d = tod(g1, n);
-    check_close("split bn forward", o2, o1d, n, 1e-5, 1e-6);
-    check_close("split bn dinp", g2, g1d, n, 1e-4, 1e-6);
+    /* the inputs themselves are only known to ulp(offset) ~ offset * 6e-8 */
+    const double ax = 1e-6 + 4e-7 * offset;
+    check_close("split bn forward", o2, o1d, n, 1e-5, ax);
+    check_close("split bn dinp", g2, g1d, n, 1e-4, ax);
     float *w1 = down(be, gw_full, C), *w2 = down(be, gw2, C);
     double *w1d = tod(w1, C);
-    check_close("split bn dw", w2, w1d, C, 1e-5, 1e-6);
+    check_close("split bn dw", w2, w1d, C, 1e-5, ax);
     be->close(be);
     free(x); free(w); free(b); free(dy); free(o1); free(o2); free(g1); free(g2); free(o1d);
     free(g1d); free(w1); free(w2); free(w1d);
 }
+
+static void test_batchnorm_split(void) { batchnorm_split(0.0f); }
+static void test_batchnorm_split_offset(void) { batchnorm_split(1000.0f); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* pooling */
@@ -1380,7 +1453,9 @@ static const dt_test tests[] = {
     {"xent", test_xent, 0},
     {"xent_uniform", test_xent_uniform, 0},
     {"batchnorm", test_batchnorm, 0},
+    {"batchnorm_offset", test_batchnorm_offset, 0},
     {"batchnorm_split", test_batchnorm_split, 0},
+    {"batchnorm_split_offset", test_batchnorm_split_offset, 0},
     {"pooling", test_pooling, 0},
     {"sgd_by_hand", test_sgd_by_hand, 0},
     {"sgd_steps", test_sgd_steps, 0},

@@ -489,11 +489,17 @@ void dt_cpu_xent_fwd_bwd(dt_backend *be, float *losses, float *dlogits, const fl
 /* ------------------------------------------------------------------------------------------ */
 /* BatchNorm: inp (N,C,HW) */
 
+/* Per channel: sum = sum(x) and sumsq = sum((x - mean)^2), the centred sum of squares (M2),
+ * not sum(x^2): E[x^2] - mean^2 cancels catastrophically when |mean| >> std. One pass over
+ * shifted values d = x - K in double, K = the channel's first value (within a few standard
+ * deviations of the mean), then M2 = sum(d^2) - sum(d)^2 / n. */
 void dt_cpu_bn_stats(dt_backend *be, float *sum, float *sumsq, const float *inp, int N, int C,
                      int HW)
 {
     DT_CPU_PROF_BEGIN(be);
+    const double cnt = (double)N * HW;
     for (int c = 0; c < C; c++) {
+        const double K = (N > 0 && HW > 0) ? (double)inp[(size_t)c * HW] : 0.0;
         double s = 0.0, ss = 0.0;
         for (int n = 0; n < N; n++) {
             const float *x = inp + ((size_t)n * C + c) * HW;
@@ -501,18 +507,21 @@ void dt_cpu_bn_stats(dt_backend *be, float *sum, float *sumsq, const float *inp,
             int i = 0;
             for (; i + 4 <= HW; i += 4)
                 for (int k = 0; k < 4; k++) {
-                    a[k] += x[i + k];
-                    q[k] += (double)x[i + k] * x[i + k];
+                    double d = (double)x[i + k] - K;
+                    a[k] += d;
+                    q[k] += d * d;
                 }
             for (; i < HW; i++) {
-                a[0] += x[i];
-                q[0] += (double)x[i] * x[i];
+                double d = (double)x[i] - K;
+                a[0] += d;
+                q[0] += d * d;
             }
             s += (a[0] + a[1]) + (a[2] + a[3]);
             ss += (q[0] + q[1]) + (q[2] + q[3]);
         }
-        sum[c] = (float)s;
-        sumsq[c] = (float)ss;
+        double m2 = cnt > 0.0 ? ss - s * s / cnt : 0.0;
+        sum[c] = (float)(s + cnt * K);
+        sumsq[c] = (float)(m2 > 0.0 ? m2 : 0.0);
     }
     DT_CPU_PROF_END(be, DT_CPU_OP_BN_STATS, 0);
 }
@@ -524,10 +533,10 @@ static void bn_normalise(float *out, const float *inp, const float *mean, const 
         for (int c = 0; c < C; c++) {
             const float *x = inp + ((size_t)n * C + c) * HW;
             float *y = out + ((size_t)n * C + c) * HW;
-            float sc = (w ? w[c] : 1.0f) * rstd[c];
-            float sh = (b ? b[c] : 0.0f) - mean[c] * sc;
-            for (int i = 0; i < HW; i++)
-                y[i] = x[i] * sc + sh;
+            const float sc = (w ? w[c] : 1.0f) * rstd[c], m = mean[c];
+            const float sh = b ? b[c] : 0.0f;
+            for (int i = 0; i < HW; i++) /* x - m first: no cancellation when |m| >> std */
+                y[i] = (x[i] - m) * sc + sh;
         }
 }
 
@@ -539,7 +548,7 @@ void dt_cpu_bn_fwd_apply(dt_backend *be, float *out, float *mean, float *rstd,
     DT_CPU_PROF_BEGIN(be);
     for (int c = 0; c < C; c++) {
         double m = (double)sum[c] / count;
-        double var = (double)sumsq[c] / count - m * m;
+        double var = (double)sumsq[c] / count; /* sumsq is the centred M2 (see bn_stats) */
         if (var < 0.0)
             var = 0.0;
         mean[c] = (float)m;
@@ -565,10 +574,10 @@ void dt_cpu_bn_fwd_eval(dt_backend *be, float *out, const float *inp, const floa
             const float *x = inp + ((size_t)n * C + c) * HW;
             float *y = out + ((size_t)n * C + c) * HW;
             float rs = (float)(1.0 / sqrt((double)running_var[c] + (double)eps));
-            float sc = (w ? w[c] : 1.0f) * rs;
-            float sh = (b ? b[c] : 0.0f) - running_mean[c] * sc;
+            const float sc = (w ? w[c] : 1.0f) * rs, m = running_mean[c];
+            const float sh = b ? b[c] : 0.0f;
             for (int i = 0; i < HW; i++)
-                y[i] = x[i] * sc + sh;
+                y[i] = (x[i] - m) * sc + sh;
         }
     DT_CPU_PROF_END(be, DT_CPU_OP_BN_FWD_EVAL, 0);
 }

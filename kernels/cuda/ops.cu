@@ -676,22 +676,43 @@ void dt_cuda_xent_fwd_bwd(dt_backend *be, float *losses, float *dlogits, const f
 // BatchNorm stages (kernels/backend.h: SyncBatchNorm all-reduces between them)
 // =============================================================================================
 
+// Shifted values d = x - K, K = the channel's first value (sample 0, position 0): sum(d) and
+// sum(d^2) accumulate in double without the cancellation of E[x^2] - mean^2 (as the CPU
+// reference, kernels/cpu/cpu_ops.c).
 struct BnStatsF {
     const float *x;
+    int HW;
     __device__ float2 operator()(size_t idx, int c) const
     {
-        float v = x[idx];
-        return make_float2(v, v * v);
+        float d = x[idx] - x[(size_t)c * HW];
+        return make_float2(d, d * d);
     }
 };
+
+// sum = sum(d) + n*K, sumsq = M2 = sum(d^2) - sum(d)^2/n (the centred sum of squares).
+__global__ static void bn_stats_finalize_kernel(const double *acc, const float *x, int C, int HW,
+                                                double cnt, float *sum, float *sumsq)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    double s = acc[c], q = acc[C + c];
+    double K = cnt > 0.0 ? (double)x[(size_t)c * HW] : 0.0;
+    double m2 = cnt > 0.0 ? q - s * s / cnt : 0.0;
+    sum[c] = (float)(s + cnt * K);
+    sumsq[c] = (float)(m2 > 0.0 ? m2 : 0.0);
+}
 
 void dt_cuda_bn_stats(dt_backend *be, float *sum, float *sumsq, const float *inp, int N, int C,
                       int HW)
 {
     DT_CU_BEGIN(be);
-    double *acc = chanreduce(cu, N, C, HW, BnStatsF{inp});
-    if (acc)
-        chan_finalize(cu, acc, C, sum, sumsq, NULL, NULL);
+    double *acc = chanreduce(cu, N, C, HW, BnStatsF{inp, HW});
+    if (acc) {
+        bn_stats_finalize_kernel<<<dt_cu_blocks((size_t)C, THREADS), THREADS, 0, cu->stream>>>(
+            acc, inp, C, HW, (double)N * HW, sum, sumsq);
+        DT_CU_LAUNCHED(cu);
+    }
     DT_CU_END(DT_CU_OP_BN_STATS, 0);
 }
 
@@ -705,7 +726,7 @@ __global__ static void bn_moments_kernel(float *mean, float *rstd, float *runnin
     if (c >= C)
         return;
     double m = (double)sum[c] / count;
-    double var = (double)sumsq[c] / count - m * m;
+    double var = (double)sumsq[c] / count; // sumsq is the centred M2 (bn_stats)
     if (var < 0.0)
         var = 0.0;
     mean[c] = (float)m;

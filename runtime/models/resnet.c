@@ -15,7 +15,9 @@
  * convolutions He-normal over fan_out, BN weight 1 and bias 0, fc uniform(+-1/sqrt(fan_in)).
  *
  * SyncBatchNorm (cfg.sync_bn with a communicator of more than one rank): the batch statistics
- * (sum, sum of squares and the sample count, one all-reduce of 2C+1 floats) and, in backward,
+ * (per rank: sum, centred sum of squares and the sample count, 2C+1 floats, one all-gather)
+ * are merged exactly with dt_bn_stats_combine (as PyTorch's SyncBatchNorm gathers mean, var and
+ * count: summing E[x^2] would lose the variance when |mean| >> std) and, in backward,
  * sum(dy) and sum(dy*xhat) (2C floats) are all-reduced, so every rank normalises with the
  * statistics of the global batch; the BN weight and bias gradients stay local (DDP averages
  * them). With one rank or no communicator it is plain BatchNorm.
@@ -40,7 +42,8 @@ typedef struct bn_layer {
     int w, b;       /* tensor indices of weight and bias (C) */
     int rm, rv;     /* buffer tensor indices of running_mean and running_var (C) */
     int C, HW;
-    float *stats;   /* (2C+1) sum | sumsq | count, device */
+    float *stats;   /* (2C+1) sum | sumsq (centred) | count, device */
+    float *gath;    /* (world * (2C+1)) every rank's stats, device; SyncBN only, else NULL */
     float *mean;    /* (C) saved for backward */
     float *rstd;    /* (C) */
     float *red;     /* (2C) sum_dy | sum_dy_xhat */
@@ -62,6 +65,8 @@ typedef struct block {
 typedef struct resnet {
     dt_comm *comm;       /* borrowed, may be NULL */
     bool sync;
+    float *hgath;        /* (world * (2*C_last+1)) host, owned; SyncBN only */
+    float *hmerged;      /* (2*C_last) host, owned; SyncBN only */
     conv_layer stem;
     bn_layer stem_bn;
     int stem_last;       /* last tensor of the stem (conv1, bn1) */
@@ -124,14 +129,16 @@ static int bn_fwd(dt_model *m, resnet *r, bn_layer *bn, float *out, const float 
     be->bn_stats(be, sum, sumsq, in, B, bn->C, bn->HW);
     double count = (double)B * bn->HW;
     if (sync_active(r)) {
+        const int R = dt_comm_world_size(r->comm);
+        const size_t per = 2 * (size_t)bn->C + 1;
         float c = (float)count;
         be->memcpy_h2d(be, bn->stats + 2 * bn->C, &c, sizeof c);
-        int rc = dt_comm_allreduce(r->comm, bn->stats, 2 * (size_t)bn->C + 1, DT_FLOAT32, DT_SUM,
-                                   NULL, err);
+        int rc = dt_comm_allgather(r->comm, bn->stats, bn->gath, per, DT_FLOAT32, NULL, err);
         if (rc)
             return dt_err_prefix(err, "SyncBatchNorm statistics: ");
-        be->memcpy_d2h(be, &c, bn->stats + 2 * bn->C, sizeof c);
-        count = c;
+        be->memcpy_d2h(be, r->hgath, bn->gath, (size_t)R * per * sizeof(float));
+        count = dt_bn_stats_combine(r->hgath, R, bn->C, r->hmerged, r->hmerged + bn->C);
+        be->memcpy_h2d(be, bn->stats, r->hmerged, 2 * (size_t)bn->C * sizeof(float));
     }
     bn->count = count;
     be->bn_fwd_apply(be, out, bn->mean, bn->rstd, BUF(m, bn->rm), BUF(m, bn->rv), in, P(m, bn->w),
@@ -300,6 +307,7 @@ static void bn_free(dt_backend *be, bn_layer *bn)
     be->free(be, bn->mean);
     be->free(be, bn->rstd);
     be->free(be, bn->red);
+    be->free(be, bn->gath);
 }
 
 static void resnet_free(dt_model *m)
@@ -328,6 +336,8 @@ static void resnet_free(dt_model *m)
     be->free(be, r->logits);
     be->free(be, r->losses);
     be->free(be, r->targets);
+    free(r->hgath);
+    free(r->hmerged);
     be->free(be, r->tmp);
     for (int i = 0; i < 5; i++)
         be->free(be, r->g[i]);
@@ -376,7 +386,11 @@ static int add_bn(dt_model *m, bn_layer *bn, const char *name, int C, int HW, dt
 
 static int bn_alloc(dt_model *m, bn_layer *bn, dt_err *err)
 {
+    const resnet *r = m->impl;
     int rc = dt_models_falloc(m, &bn->stats, 2 * (size_t)bn->C + 1, err);
+    if (!rc && sync_active(r))
+        rc = dt_models_falloc(m, &bn->gath,
+                              (size_t)dt_comm_world_size(r->comm) * (2 * (size_t)bn->C + 1), err);
     if (!rc)
         rc = dt_models_falloc(m, &bn->mean, bn->C, err);
     if (!rc)
@@ -513,6 +527,13 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
     r->targets_host = malloc(B * sizeof(int32_t));
     if (!r->targets_host)
         return dt_err_set(err, -ENOMEM, "out of memory");
+    if (sync_active(r)) { /* C_last = 4w is the widest BN */
+        size_t world = (size_t)dt_comm_world_size(r->comm);
+        r->hgath = malloc(world * (2 * (size_t)r->C_last + 1) * sizeof(float));
+        r->hmerged = malloc(2 * (size_t)r->C_last * sizeof(float));
+        if (!r->hgath || !r->hmerged)
+            return dt_err_set(err, -ENOMEM, "out of memory");
+    }
 
     /* initialisation, in table order */
     float *host = calloc(m->num_params, sizeof(float));
