@@ -490,9 +490,16 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     if ((rc = seam_sync_grads(t, err)))
         return rc;
     t->comm_time_s = dt_now_s() - tc;
-    double loss = loss_sum / j->grad_accum;
-    if ((rc = seam_average(t, &loss, 1, err)))
+    /* The loss mean and the stop request travel together: a signal reaches the ranks at
+     * different steps (or only one of them), and all must stop at the same step boundary, else
+     * the one that stops waits at the save's barrier while the others wait in the next step's
+     * all-reduce. The mean of 0/1 flags is > 0 when any rank was asked to stop. */
+    double v[2] = {loss_sum / j->grad_accum, t->stop && *t->stop ? 1.0 : 0.0};
+    if ((rc = seam_average(t, v, 2, err)))
         return rc;
+    double loss = v[0];
+    t->stop_agreed = v[1] > 0;
+    t->stop_self = t->stop && *t->stop;
     t->grad_norm = dt_optim_clip(t->optim, m->grads);
     if (!isfinite(t->grad_norm))
         return dt_err_set(err, -EDOM,
@@ -606,7 +613,10 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
     int64_t steps_run = 0;
     bool evaluated_last = false;
     while (t->step < t->total_steps) {
-        if (t->stop && *t->stop) {
+        /* Several ranks stop only at the boundary they agreed on in the last step (see
+         * dt_trainer_step); one process stops at the first boundary after the signal. */
+        bool stop = t->ddp ? t->stop_agreed : t->stop && *t->stop;
+        if (stop) {
             if (stopped)
                 *stopped = true;
             break;
@@ -686,11 +696,20 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
 static volatile sig_atomic_t stop_flag;
 static volatile sig_atomic_t stop_signal;
 
+/* The first stop signal asks for a checkpoint at the next step boundary. Repeats are ignored:
+ * under Slurm every process gets SIGTERM and the agent forwards it again, and a second one must
+ * not cut the save short. The hard stop is the agent's SIGKILL after --stop-grace (or kill -9). */
 static void on_stop_signal(int sig)
 {
+    if (stop_flag) {
+        static const char msg[] = "dtrain worker: already stopping (saving a checkpoint at the "
+                                  "next step boundary); SIGKILL stops at once\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1); /* async-signal-safe */
+        (void)w;
+        return;
+    }
     stop_flag = 1;
     stop_signal = sig;
-    signal(sig, SIG_DFL); /* a second one ends the process at once */
 }
 
 int dt_worker_main(const dt_job *job)
@@ -719,8 +738,12 @@ int dt_worker_main(const dt_job *job)
         goto fail;
     dt_trainer_close(&t);
     if (stopped) {
-        DT_INFO("stopped by signal %d (%s) after step %lld; run the same command again to resume",
-                (int)stop_signal, strsignal((int)stop_signal), (long long)t.step);
+        if (stop_signal && (t.env.world_size == 1 || t.stop_self))
+            DT_INFO("stopped by signal %d (%s) after step %lld; run the same command again to "
+                    "resume", (int)stop_signal, strsignal((int)stop_signal), (long long)t.step);
+        else /* another rank was signalled; all stopped at the same step */
+            DT_INFO("stopped with the other ranks (one of them was signalled) after step %lld; "
+                    "run the same command again to resume", (long long)t.step);
         return DT_CKPT_EXIT_PREEMPTED;
     }
     return 0;

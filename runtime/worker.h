@@ -104,6 +104,11 @@ typedef struct dt_trainer {
                                  (-1 = none) */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop at the next step boundary;
                                     may be NULL */
+    bool stop_agreed;         /* after a step: some rank's *stop was set when the step's loss
+                                 was averaged, so every rank stops after this step (with
+                                 several ranks, the loop stops on this, not on *stop) */
+    bool stop_self;           /* ... and this rank's own *stop was set then (it was signalled
+                                 itself, not only told by another rank) */
 
     /* ---- scratch ---- */
     dt_batch_buf batch;       /* host batch of batch_size samples */

@@ -300,6 +300,34 @@ static void test_sigterm_stops_at_step_boundary(void)
     DT_CHECK(m.ntrain >= 1);
 }
 
+/* Under Slurm every process of the job gets SIGTERM and the agent forwards it again: the second
+ * one must not kill the worker before its checkpoint is on disk. The step is made long (a wide
+ * MLP, one thread) so that the second signal lands while the worker is still finishing the step
+ * or writing; "already stopping" in its output shows it did. */
+static void test_sigterm_twice_still_saves(void)
+{
+    const char *od = outdir("sig2");
+    char *out = NULL;
+    const char *cmd = fmt(
+             "cd '%s' && { env -u RANK -u WORLD_SIZE -u DTRAIN_AGENT_PID '%s' worker "
+             "'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu train.steps=100000000 "
+             "job.log_every=1 model.hidden=2048,2048 train.batch_size=512 train.threads=1 & "
+             "pid=$!; i=0; while [ ! -s '%s/metrics.jsonl' ] && [ $i -lt 600 ]; do sleep 0.1; "
+             "i=$((i+1)); done; kill -TERM $pid; sleep 0.2; kill -TERM $pid; wait $pid; "
+             "echo \"exit=$?\"; }",
+             dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), od, od);
+    int rc = dt_test_run(cmd, &out, 120);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "already stopping");
+    DT_CHECK_CONTAINS(out, "checkpoint: saved");
+    DT_CHECK_CONTAINS(out, "exit=75");
+    free(out);
+    glob_t g;
+    DT_CHECK_MSG(glob(fmt("%s/checkpoints/step_*/state.json", od), 0, NULL, &g) == 0 &&
+                     g.gl_pathc == 1, "no checkpoint under %s/checkpoints", od);
+    globfree(&g);
+}
+
 static void test_epochs_and_accumulation(void)
 {
     char *out = NULL;
@@ -329,6 +357,7 @@ int main(int argc, char **argv)
         {"bad_job", test_bad_job, 60},
         {"multi_rank_without_store", test_multi_rank_without_store, 60},
         {"sigterm_stops_at_step_boundary", test_sigterm_stops_at_step_boundary, 120},
+        {"sigterm_twice_still_saves", test_sigterm_twice_still_saves, 120},
         {"epochs_and_accumulation", test_epochs_and_accumulation, 120},
     };
     return dt_test_main("test_worker", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
