@@ -1606,6 +1606,82 @@ static void test_agent_kill9_bit_identical(void)
     }
 }
 
+/* The value of RANK in pid's environment (-1 when unreadable). */
+static int rank_of(pid_t pid)
+{
+    char p[64], *text = NULL;
+    size_t len;
+    snprintf(p, sizeof p, "/proc/%d/environ", (int)pid);
+    if (dt_read_file(p, &text, &len, NULL) != 0)
+        return -1;
+    int rank = -1;
+    for (size_t o = 0; o < len; o += strlen(text + o) + 1)
+        if (!strncmp(text + o, "RANK=", 5))
+            rank = atoi(text + o + 5);
+    free(text);
+    return rank;
+}
+
+/* The step in rank r's "stopped ... after step N" line of a launcher log (-1 when none). */
+static int64_t stop_step(const char *log, int r)
+{
+    char tag[32];
+    int64_t step = -1;
+    snprintf(tag, sizeof tag, " r%d] ", r);
+    for (const char *l = log; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *e = strchr(l, '\n'), *a = strstr(l, "after step "), *t = strstr(l, tag);
+        if (!e)
+            e = l + strlen(l);
+        if (a && t && a < e && t < e && strstr(l, "INFO: stopped") &&
+            strstr(l, "INFO: stopped") < e)
+            step = strtoll(a + 11, NULL, 10);
+    }
+    return step;
+}
+
+static void test_stop_signal_one_rank(void)
+{
+    /* A stop signal that reaches only one of two ranks (or the ranks at different steps): they
+     * agree on one step boundary, rank 0 saves it, both stop there with exit 75. */
+    need_worker();
+    char out[4200], cmd[8500], log[4300];
+    snprintf(out, sizeof out, "%s/stop1", dt_test_tmpdir());
+    snprintf(log, sizeof log, "%s/stop1.log", dt_test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s --standalone --nproc-per-node=2 --max-restarts=0 %s "
+             "train.steps=100000 job.output_dir=%s", dt_test_dtrain_bin(), e2e_job(), out);
+    pid_t agent = spawn(cmd, log);
+    bool reached = wait_step(out, 20, agent, 90);
+    pid_t kids[8];
+    int nk = reached ? children(agent, kids, 8) : 0, signalled = 0;
+    for (int i = 0; i < nk; i++)
+        if (rank_of(kids[i]) == 1 && kill(kids[i], SIGTERM) == 0)
+            signalled++;
+    int code = wait_exit(agent, 120);
+    char *text = NULL;
+    size_t len;
+    dt_read_file(log, &text, &len, NULL);
+    if (!reached || signalled != 1) {
+        DT_CHECK_MSG(false, "the job did not reach step 20 with 2 workers: %.3000s",
+                     text ? text : "");
+        free(text);
+        return;
+    }
+    fprintf(stderr, "    the launcher exited %d\n", code);
+    int64_t s0 = stop_step(text, 0), s1 = stop_step(text, 1);
+    DT_CHECK_MSG(s0 > 0 && s0 == s1, "rank 0 stopped after step %" PRId64 ", rank 1 after %"
+                 PRId64 ": %.4000s", s0, s1, text ? text : "");
+    DT_CHECK_CONTAINS(text, "exited with code 75");
+    DT_CHECK(!strstr(text, "mismatch"));
+    free(text);
+    char p[4400];
+    dt_ckpt_info info;
+    dt_err err = {0};
+    snprintf(p, sizeof p, "%s/checkpoints/step_%" PRId64, out, s0);
+    DT_CHECK_MSG(dt_ckpt_inspect(p, true, &info, &err) == 0, "%s", err.msg);
+    DT_CHECK_INT(info.state.step, s0);
+    dt_ckpt_info_free(&info);
+}
+
 /* The train loss of `step` in outdir's metrics.jsonl (NAN when absent). */
 static double loss_at(const char *outdir, int64_t step)
 {
@@ -1700,6 +1776,7 @@ int main(int argc, char **argv)
         {"worker_skips_damaged", test_worker_skips_damaged, 120},
         {"agent_kill9_bit_identical", test_agent_kill9_bit_identical, 300},
         {"resume_other_world_size", test_resume_other_world_size, 240},
+        {"stop_signal_one_rank", test_stop_signal_one_rank, 240},
     };
     return dt_test_main("test_ckpt", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }
