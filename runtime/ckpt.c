@@ -700,8 +700,12 @@ static void remove_stale_tmp(const char *dir)
     closedir(d);
 }
 
+static bool is_foreign(dt_ckpt *c, const char *path, char *why, size_t size);
+
 /* Keeps the `keep` newest checkpoints with step <= newest (the one just written); later steps
- * belong to another timeline (a resume from an older checkpoint) and are left alone. */
+ * belong to another timeline (a resume from an older checkpoint) and are left alone, and so are
+ * checkpoints of another setup (another model or optimizer): they are not this job's to remove,
+ * and do not count. */
 static void apply_retention(dt_ckpt *c, int64_t newest)
 {
     int64_t *steps;
@@ -716,10 +720,16 @@ static void apply_retention(dt_ckpt *c, int64_t newest)
     for (int i = 0; i < n; i++) {
         if (steps[i] > newest)
             continue;
+        char p[PATH_MAX], why[DT_ERR_MSG_MAX];
+        snprintf(p, sizeof p, "%s/step_%" PRId64, c->dir, steps[i]);
+        if (is_foreign(c, p, why, sizeof why)) {
+            if (kept >= c->keep)
+                DT_WARN("checkpoint: not removing %s (beyond keep = %d): it is another "
+                        "setup's checkpoint (%s)", p, c->keep, why);
+            continue;
+        }
         if (++kept <= c->keep)
             continue;
-        char p[PATH_MAX];
-        snprintf(p, sizeof p, "%s/step_%" PRId64, c->dir, steps[i]);
         if (dt_rm_rf(p, &e) == 0) {
             DT_INFO("checkpoint: removed %s (keep = %d)", p, c->keep);
             removed = true;
@@ -786,7 +796,15 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
             goto fail;
         }
         /* The same step is already there (a job resumed from it and saved it again): move it
-         * aside, put the new one in place, then remove the old one. */
+         * aside, put the new one in place, then remove the old one. Unless it is another
+         * setup's (another model or optimizer): that one is the user's, never replaced. */
+        char why[DT_ERR_MSG_MAX];
+        if (is_foreign(c, final, why, sizeof why)) {
+            rc = dt_err_set(err, -EEXIST, "%s is already there and is another setup's "
+                            "checkpoint (%s); it is left as it is: give this job another "
+                            "checkpoint.dir", final, why);
+            goto fail;
+        }
         if (io->rename(final, old) != 0) {
             rc = dt_err_errno(err, errno, "cannot move the existing %s aside", final);
             goto fail;
@@ -1383,18 +1401,25 @@ static int read_files(const cJSON *root, dt_ckpt_file_desc *files, int *n, dt_er
     return 0;
 }
 
-/* The first difference between the checkpoint's table and the registered tensors, or 0. */
-static int check_foreign(dt_ckpt *c, const dt_ckpt_tensor_desc *d, int n, dt_err *err)
+/* The first difference between the checkpoint's table (d, n) and the registered tensors of the
+ * file named `file` (NULL: of every file), written to msg; false when they are the same. */
+static bool table_diff(dt_ckpt *c, const dt_ckpt_tensor_desc *d, int n, const char *file,
+                       char *msg, size_t size)
 {
     char a[160], b[160];
+    int here = 0, there = 0;
     for (int i = 0; i < c->nentries; i++) {
         const entry *e = &c->entries[i];
+        if (file && strcmp(c->files[e->file], file))
+            continue;
+        here++;
         int j = 0;
         while (j < n && strcmp(d[j].name, e->name))
             j++;
-        if (j == n)
-            return dt_err_set(err, -EXDEV, "written for another model: it has no tensor %s "
-                              "(%d tensors there, %d here)", e->name, n, c->nentries);
+        if (j == n) {
+            snprintf(msg, size, "it has no tensor %s", e->name);
+            return true;
+        }
         bool same = d[j].ndim == e->ndim && !strcmp(d[j].file, c->files[e->file]) &&
                     !strcmp(d[j].dtype, "F32");
         for (int k = 0; same && k < e->ndim; k++)
@@ -1402,15 +1427,55 @@ static int check_foreign(dt_ckpt *c, const dt_ckpt_tensor_desc *d, int n, dt_err
         if (!same) {
             shape_text(a, sizeof a, d[j].ndim, d[j].shape);
             shape_text(b, sizeof b, e->ndim, e->shape);
-            return dt_err_set(err, -EXDEV, "written for another model: tensor %s is %s %s in %s "
-                              "there, F32 %s in %s here", e->name, d[j].dtype, a, d[j].file, b,
-                              c->files[e->file]);
+            snprintf(msg, size, "tensor %s is %s %s in %s there, F32 %s in %s here", e->name,
+                     d[j].dtype, a, d[j].file, b, c->files[e->file]);
+            return true;
         }
     }
-    if (n != c->nentries)
-        return dt_err_set(err, -EXDEV, "written for another model: %d tensors there, %d here",
-                          n, c->nentries);
+    for (int j = 0; j < n; j++)
+        there += !file || !strcmp(d[j].file, file);
+    if (there != here) {
+        snprintf(msg, size, "%d %s%stensors there, %d here", there, file ? file : "",
+                 file ? " " : "", here);
+        return true;
+    }
+    return false;
+}
+
+/* -EXDEV when the checkpoint's table differs from the registered tensors: "written for another
+ * model" when the model's tensors differ, "written with another optimizer" when only the
+ * optimiser state does (train.optimizer changed). */
+static int check_foreign(dt_ckpt *c, const dt_ckpt_tensor_desc *d, int n, dt_err *err)
+{
+    char why[400];
+    if (table_diff(c, d, n, "model", why, sizeof why))
+        return dt_err_set(err, -EXDEV, "written for another model: %s", why);
+    if (table_diff(c, d, n, NULL, why, sizeof why))
+        return dt_err_set(err, -EXDEV, "written with another optimizer (its optimizer state "
+                          "differs: %s)", why);
     return 0;
+}
+
+/* Whether the checkpoint directory `path` was written for another setup (another model or
+ * optimizer: its tensor table differs). Unreadable or corrupt ones are not foreign: they are
+ * damaged, and may be replaced or removed. why gets the difference. */
+static bool is_foreign(dt_ckpt *c, const char *path, char *why, size_t size)
+{
+    dt_ckpt_state st;
+    cJSON *root = NULL;
+    dt_ckpt_tensor_desc *descs = NULL;
+    int nd = 0;
+    dt_err e = {0};
+    dt_ckpt_state_init(&st);
+    bool foreign = read_state(path, &st, &root, NULL) == 0 &&
+                   read_table(root, &descs, &nd, NULL) == 0 &&
+                   check_foreign(c, descs, nd, &e) == -EXDEV;
+    if (foreign)
+        dt_strlcpy(why, e.msg, size);
+    dt_ckpt_state_clear(&st);
+    cJSON_Delete(root);
+    free(descs);
+    return foreign;
 }
 
 int dt_ckpt_load(dt_ckpt *c, const char *path, dt_ckpt_state *st, dt_err *err)
@@ -1441,8 +1506,9 @@ int dt_ckpt_load(dt_ckpt *c, const char *path, dt_ckpt_state *st, dt_err *err)
             if (!strcmp(files[k].name, fname))
                 rec = &files[k];
         if (!rec) {
-            rc = dt_err_set(err, -EXDEV, "written for another setup: state.json lists no %s",
-                            fname);
+            rc = dt_err_set(err, -EXDEV, "written %s: state.json lists no %s",
+                            strcmp(fname, "model.safetensors") ? "with another optimizer"
+                                                               : "for another model", fname);
             goto out;
         }
         int nw = 0;
@@ -1523,6 +1589,17 @@ static int resume_newest(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool
             if (err)
                 *err = e;
             return e.code;
+        }
+        if (e.code == -EXDEV) {
+            /* Another setup's checkpoint: skipping it would start this job from scratch (or
+             * from an older step) in a directory where its saves would collide with the user's
+             * checkpoints. Stop and say so. */
+            free(steps);
+            return dt_err_set(err, -EXDEV,
+                              "%s; the checkpoints under %s are not this job's: set "
+                              "checkpoint.dir to another directory for this job, or "
+                              "checkpoint.resume = never to start over (checkpoints of another "
+                              "setup are never overwritten or removed)", e.msg, c->dir);
         }
         DT_WARN("skipping %s", e.msg);
         skipped++;

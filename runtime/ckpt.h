@@ -30,9 +30,12 @@
  * Verification. Loading checks, before anything is copied into the model: state.json parses and
  * matches its own checksum; every file exists with the recorded size and XXH64; every
  * safetensors header is valid and lists exactly the registered tensors with their shapes. A
- * checkpoint written for another model (different tensors or shapes) is "foreign". With
- * resume=auto, discovery walks step_<N> from newest to oldest and skips any that fails, logging a
- * warning that names the checkpoint and what is wrong; an explicit path that fails is an error.
+ * checkpoint written for another setup (another model: different tensors or shapes; another
+ * optimizer: different optimiser state) is "foreign". With resume=auto, discovery walks
+ * step_<N> from newest to oldest and skips any that is incomplete or corrupt, logging a warning
+ * that names the checkpoint and what is wrong; a foreign one is an error (-EXDEV: the directory
+ * is another job's), and an explicit path that fails is an error. A save never replaces a
+ * foreign checkpoint of the same step (-EEXIST), and retention never removes one.
  *
  * World size. Tensors are whole and the data position is a global sample index, so a checkpoint
  * written by W ranks resumes on any number of ranks at the same step and sample position.
@@ -176,8 +179,10 @@ int dt_ckpt_load(dt_ckpt *c, const char *path, dt_ckpt_state *st, dt_err *err);
 
 /* Resolves `resume` and loads:
  *   "never"  *resumed = false; nothing read.
- *   "auto"   the newest checkpoint under the directory that loads; every newer one that fails
- *            is skipped with a warning naming it and the reason. None: *resumed = false.
+ *   "auto"   the newest checkpoint under the directory that loads; every newer one that is
+ *            incomplete or corrupt is skipped with a warning naming it and the reason. None:
+ *            *resumed = false. A foreign one met on the way: -EXDEV, with what differs and
+ *            what to do (another checkpoint.dir, or resume = never).
  *   a path   that checkpoint (a step_<N> directory); any failure is an error.
  * *path_out (may be NULL, size bytes) gets the directory loaded. */
 int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resumed,

@@ -196,8 +196,14 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     int rc = 0;
     if (strcmp(j->resume, "auto") && strcmp(j->resume, "never") && t->env.attempt > 0)
         rc = dt_ckpt_resume_run(t->ckpt, t->env.run_id, &st, &resumed, path, sizeof path, err);
-    if (!rc && !resumed)
+    if (!rc && !resumed) {
         rc = dt_ckpt_resume(t->ckpt, j->resume, &st, &resumed, path, sizeof path, err);
+        /* A bad checkpoint.resume = PATH, or a checkpoint directory of another setup, fails the
+         * same way on every restart: a configuration error, which retry scripts must not
+         * retry (exit 2). Running out of memory or an I/O error is not. */
+        if (rc && rc != -ENOMEM && rc != -EIO && (rc == -EXDEV || strcmp(j->resume, "auto")))
+            t->config_error = true;
+    }
     if (!rc) /* a rank that cannot see rank 0's checkpoint must not train from another state */
         rc = dt_ckpt_agree(t->comm, t->be, t->env.rank, resumed ? st.step : -1,
                            j->ckpt_dir[0] ? j->ckpt_dir : j->output_dir, err);
@@ -748,8 +754,11 @@ int dt_worker_main(const dt_job *job)
     }
     return 0;
 fail:
+    if (t.config_error)
+        code = DT_WORKER_EXIT_CONFIG;
     dt_metrics_finish_line(t.metrics);
-    DT_ERROR("%s", err.msg);
+    DT_ERROR("%s%s", err.msg, t.config_error ? " (a configuration error: the same command "
+                                                "fails the same way until it is changed)" : "");
     dt_err ferr = {0};
     if (dt_errfile_write(NULL, env.rank, code, err.msg, &ferr) != 0)
         DT_WARN("could not write the error file: %s", ferr.msg);

@@ -107,6 +107,9 @@ typedef struct dt_trainer {
     bool stop_agreed;         /* after a step: some rank's *stop was set when the step's loss
                                  was averaged, so every rank stops after this step (with
                                  several ranks, the loop stops on this, not on *stop) */
+    bool config_error;        /* set when init failed on the configuration in a way every
+                                 retry repeats (a bad checkpoint.resume path, checkpoints of
+                                 another setup): dt_worker_main exits DT_WORKER_EXIT_CONFIG */
     bool stop_self;           /* ... and this rank's own *stop was set then (it was signalled
                                  itself, not only told by another rank) */
 
@@ -136,9 +139,15 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err);
 /* Accepts a zeroed or failed trainer. */
 void dt_trainer_close(dt_trainer *t);
 
+/* Exit code of a worker whose configuration cannot work, whatever the number of tries (README,
+ * "Exit codes": 2 is a usage or job-file error): checkpoint.resume = PATH that does not load,
+ * or a checkpoint directory that holds another setup's checkpoints. */
+#define DT_WORKER_EXIT_CONFIG 2
+
 /* `dtrain worker` without the argument parsing: runs the job, writes the error file on failure.
- * Returns the process exit code: 0, 1 on failure, DT_CKPT_EXIT_PREEMPTED (75) when a signal
- * stopped it after saving a checkpoint. */
+ * Returns the process exit code: 0, 1 on failure, DT_WORKER_EXIT_CONFIG (2) on a configuration
+ * error found while starting, DT_CKPT_EXIT_PREEMPTED (75) when a signal stopped it after saving
+ * a checkpoint. */
 int dt_worker_main(const dt_job *job);
 
 #endif

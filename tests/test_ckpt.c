@@ -802,28 +802,66 @@ static void test_ckpt_foreign_and_bad_path(void)
     fake small, big;
     fake_init(&small, 8);
     fake_init(&big, 16);
-    const char *dir = path_in("fo");
+    char dir[4096];
+    dt_strlcpy(dir, path_in("fo"), sizeof dir);
     dt_ckpt *cs = open_ckpt(&small, dir, 5, true);
     dt_ckpt *cg = open_ckpt(&big, dir, 5, true);
     save_step(cs, &small, 5);
     save_step(cg, &big, 10);
 
-    /* The small model skips the big model's newer checkpoint. */
+    /* The small model does not skip the big model's newer checkpoint (and start over, or from
+     * an older step, in a directory where its saves would collide with the user's): an error
+     * that names the difference and what to do. */
     dt_ckpt_state got;
     dt_ckpt_state_init(&got);
-    bool resumed;
+    bool resumed = true;
     char from[4096];
     dt_err err = {0};
-    capture_start();
     int rc = dt_ckpt_resume(cs, "auto", &got, &resumed, from, sizeof from, &err);
+    DT_CHECK_INT(rc, -EXDEV);
+    DT_CHECK(!resumed);
+    DT_CHECK_CONTAINS(err.msg, "step_10");
+    DT_CHECK_CONTAINS(err.msg, "written for another model: tensor wte is F32 (64, 16) in model "
+                               "there, F32 (64, 8) in model here");
+    DT_CHECK_CONTAINS(err.msg, "checkpoint.dir");
+    DT_CHECK_CONTAINS(err.msg, "checkpoint.resume = never");
+
+    /* Started over anyway (resume = never): the other model's step is never replaced, and
+     * retention neither removes it nor counts it. */
+    dt_ckpt_state st;
+    fake_fill(&small, 10);
+    state_for(&st, 10);
+    DT_CHECK(dt_ckpt_save(cs, &st, &err) == 0 && dt_ckpt_wait(cs, &err) == -EEXIST);
+    DT_CHECK_CONTAINS(err.msg, "written for another model");
+    DT_CHECK_CONTAINS(err.msg, "another checkpoint.dir");
+    dt_ckpt_info info;
+    DT_CHECK_MSG(dt_ckpt_inspect(path_in("fo/step_10"), true, &info, &err) == 0, "%s", err.msg);
+    DT_CHECK_INT(info.tensors[0].shape[1], 16);
+    dt_ckpt_info_free(&info);
+    dt_ckpt *c1 = open_ckpt(&small, dir, 1, true);
+    save_step(c1, &small, 11);
+    capture_start();
+    save_step(c1, &small, 12);
     char *log = capture_end();
-    DT_CHECK_INT(rc, 0);
-    DT_CHECK(resumed);
-    DT_CHECK_CONTAINS(from, "step_5");
-    DT_CHECK_CONTAINS(log, "step_10");
-    DT_CHECK_CONTAINS(log, "written for another model: tensor wte is F32 (64, 16) in model there, "
-                           "F32 (64, 8) in model here");
+    DT_CHECK_CONTAINS(log, "not removing");
     free(log);
+    DT_CHECK(exists(path_in("fo/step_10/model.safetensors")));
+    DT_CHECK(!exists(path_in("fo/step_11")));
+    DT_CHECK(!exists(path_in("fo/step_5")));
+    dt_ckpt_close(c1);
+    save_step(cs, &small, 5); /* the state the rest of this test expects */
+
+    /* Only the optimiser differs (train.optimizer changed): it says so, not "another model". */
+    dt_ckpt_buf sgd[3] = {small.cb[0], small.cb[1],
+                          {"optim", "momentum_buffer.", small.pt, 4, small.m, small.np, false}};
+    dt_ckpt *co = NULL;
+    dt_ckpt_opts oo = {.dir = dir, .keep = 5, .async = true};
+    DT_REQUIRE_OK(dt_ckpt_open(&co, &oo, NULL, sgd, 3, &err), &err);
+    rc = dt_ckpt_load(co, path_in("fo/step_5"), &got, &err);
+    DT_CHECK_INT(rc, -EXDEV);
+    DT_CHECK_CONTAINS(err.msg, "written with another optimizer");
+    DT_CHECK(!strstr(err.msg, "another model"));
+    dt_ckpt_close(co);
 
     /* Explicitly: an error, -EXDEV. */
     rc = dt_ckpt_resume(cs, path_in("fo/step_10"), &got, &resumed, NULL, 0, &err);
@@ -838,7 +876,7 @@ static void test_ckpt_foreign_and_bad_path(void)
     rc = dt_ckpt_resume(cs, dir, &got, &resumed, NULL, 0, &err);
     DT_CHECK(rc != 0);
     DT_CHECK_CONTAINS(err.msg, "is a directory of checkpoints");
-    DT_CHECK_CONTAINS(err.msg, "step_10");
+    DT_CHECK_CONTAINS(err.msg, "step_12");
 
     /* never: nothing read. auto on an empty directory: a fresh start. */
     rc = dt_ckpt_resume(cs, "never", &got, &resumed, NULL, 0, &err);
@@ -1526,9 +1564,51 @@ static void test_worker_skips_damaged(void)
     snprintf(cmd, sizeof cmd, "%s worker %s job.output_dir=%s checkpoint.resume=%s/checkpoints/"
              "step_320", dt_test_dtrain_bin(), e2e_job(), out, out);
     o = run(cmd, &code);
-    DT_CHECK_INT(code, 1);
+    DT_CHECK_INT(code, 2); /* a configuration error: retry scripts do not retry it */
     DT_CHECK_CONTAINS(o, "optim.safetensors has 10 bytes");
+    DT_CHECK_CONTAINS(o, "a configuration error");
     free(o);
+}
+
+static void test_worker_foreign_dir(void)
+{
+    /* A job whose model or optimizer changed, pointed at the checkpoints of the old one: an
+     * error (exit 2) naming the difference, never a fresh start that later replaces or removes
+     * the user's checkpoints. */
+    need_worker();
+    const char *ref = reference_run();
+    char out[4200], cmd[8500];
+    int code;
+    snprintf(out, sizeof out, "%s/foreign", dt_test_tmpdir());
+    snprintf(cmd, sizeof cmd, "cp -r %s %s", ref, out);
+    free(run(cmd, &code));
+    DT_REQUIRE(code == 0);
+    const struct {
+        const char *change, *want, *not;
+    } cases[] = {
+        {"model.hidden=256,256 train.steps=350", "written for another model", NULL},
+        {"train.optimizer=sgd train.momentum=0.9 train.steps=350", "written with another "
+         "optimizer", "another model"},
+    };
+    for (size_t k = 0; k < DT_ARRAY_LEN(cases); k++) {
+        snprintf(cmd, sizeof cmd, "%s worker %s job.output_dir=%s %s", dt_test_dtrain_bin(),
+                 e2e_job(), out, cases[k].change);
+        char *o = run(cmd, &code);
+        DT_CHECK_MSG(code == 2, "%s: exit %d: %.3000s", cases[k].change, code, o);
+        DT_CHECK_CONTAINS(o, cases[k].want);
+        DT_CHECK_CONTAINS(o, "checkpoint.dir");
+        if (cases[k].not)
+            DT_CHECK(!strstr(o, cases[k].not));
+        free(o);
+    }
+    const char *files[] = {"step_250/model.safetensors", "step_300/model.safetensors",
+                           "step_300/optim.safetensors"};
+    for (size_t i = 0; i < DT_ARRAY_LEN(files); i++) {
+        char a[4400], b[4400];
+        snprintf(a, sizeof a, "%s/checkpoints/%s", ref, files[i]);
+        snprintf(b, sizeof b, "%s/checkpoints/%s", out, files[i]);
+        DT_CHECK_MSG(same_file(a, b), "%s changed", files[i]);
+    }
 }
 
 /* The pids of pid's children. */
@@ -1774,6 +1854,7 @@ int main(int argc, char **argv)
         {"python_reader_agrees", test_python_reader_agrees, 0},
         {"worker_sigterm_resume", test_worker_sigterm_resume, 180},
         {"worker_skips_damaged", test_worker_skips_damaged, 120},
+        {"worker_foreign_dir", test_worker_foreign_dir, 120},
         {"agent_kill9_bit_identical", test_agent_kill9_bit_identical, 300},
         {"resume_other_world_size", test_resume_other_world_size, 240},
         {"stop_signal_one_rank", test_stop_signal_one_rank, 240},
