@@ -1,14 +1,16 @@
 /* ckpt.c - `dtrain ckpt list|show|verify`: look at checkpoints without a model or a GPU.
  *
- *   dtrain ckpt list DIR      every step_<N> under DIR, newest first, with a quick check
+ *   dtrain ckpt list DIR      every step_<N> under DIR, newest first, each verified
  *   dtrain ckpt show PATH     one checkpoint: step, loss, data position, files, tensors, job
  *   dtrain ckpt verify PATH   full check (checksums, headers); exit 0 valid, 1 invalid
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,7 +22,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: dtrain ckpt list DIR        checkpoints under DIR, newest first\n"
+            "usage: dtrain ckpt list DIR        checkpoints under DIR, newest first, verified\n"
             "       dtrain ckpt show PATH       what one checkpoint holds\n"
             "       dtrain ckpt verify PATH     check every file of a checkpoint (or of every\n"
             "                                   checkpoint under a directory)\n"
@@ -45,22 +47,34 @@ static uint64_t total_bytes(const dt_ckpt_info *in)
     return b;
 }
 
+/* Whether path holds a state.json: a single checkpoint rather than a directory of them. */
+static bool is_one_checkpoint(const char *path)
+{
+    char sj[4096 + 32];
+    snprintf(sj, sizeof sj, "%s/state.json", path);
+    return access(sj, F_OK) == 0;
+}
+
 static int cmd_list(int argc, char **argv)
 {
-    bool verify = false;
+    bool verify = true;
     const char *dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i])) {
-            printf("usage: dtrain ckpt list [--verify] DIR\n\n"
+            printf("usage: dtrain ckpt list [--quick] DIR\n\n"
                    "Lists the step_<N> checkpoints under DIR (a job's checkpoint.dir), newest\n"
                    "first: step, epoch, samples seen, loss, size, when saved, and whether it is\n"
-                   "complete (state.json intact, every file there with its size). --verify reads\n"
-                   "every file and checks its checksum too. The first valid one is what\n"
-                   "resume = auto loads. Exit 0, or 1 when DIR cannot be read.\n");
+                   "valid: every file is read and checked as a resume would (checksums, headers).\n"
+                   "The first valid one is what resume = auto loads (unless another setup's\n"
+                   "checkpoint comes first). --quick checks only that state.json is intact and\n"
+                   "every file is there with its size (\"complete (unverified)\"). Exit 0, or 1\n"
+                   "when DIR does not exist or cannot be read.\n");
             return 0;
         }
-        if (!strcmp(argv[i], "--verify"))
+        if (!strcmp(argv[i], "--verify")) /* the default; kept for old scripts */
             verify = true;
+        else if (!strcmp(argv[i], "--quick"))
+            verify = false;
         else if (!dir && argv[i][0] != '-')
             dir = argv[i];
         else {
@@ -69,8 +83,14 @@ static int cmd_list(int argc, char **argv)
         }
     }
     if (!dir) {
-        fprintf(stderr, "usage: dtrain ckpt list [--verify] DIR\n");
+        fprintf(stderr, "usage: dtrain ckpt list [--quick] DIR\n");
         return 2;
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "dtrain ckpt list: %s: %s\n", dir,
+                stat(dir, &sb) != 0 ? strerror(errno) : "not a directory");
+        return 1;
     }
     int64_t *steps = NULL;
     int n = 0;
@@ -80,7 +100,11 @@ static int cmd_list(int argc, char **argv)
         return 1;
     }
     if (n == 0) {
-        printf("no checkpoints under %s\n", dir);
+        if (is_one_checkpoint(dir))
+            printf("no checkpoints under %s: it is a single checkpoint, not a directory of "
+                   "them; see `dtrain ckpt show %s`\n", dir, dir);
+        else
+            printf("no checkpoints under %s\n", dir);
         free(steps);
         return 0;
     }
@@ -104,8 +128,8 @@ static int cmd_list(int argc, char **argv)
         } else {
             printf("%-10" PRId64 " %6" PRId64 " %12" PRId64 " %10s %8.1fMB  %-19s  %s%s\n",
                    in.state.step, in.state.epoch, in.state.samples_seen, loss,
-                   total_bytes(&in) / 1e6, when, verify ? "valid" : "complete",
-                   first_valid ? " (resume = auto loads this one)" : "");
+                   total_bytes(&in) / 1e6, when, verify ? "valid" : "complete (unverified)",
+                   first_valid && verify ? " (resume = auto loads this one)" : "");
             first_valid = false;
         }
         dt_ckpt_info_free(&in);
@@ -146,7 +170,14 @@ static int cmd_show(int argc, char **argv)
     dt_err err = {0};
     int rc = dt_ckpt_inspect(path, false, &in, &err);
     if (rc && in.num_tensors == 0) {
+        int64_t *steps = NULL;
+        int n = 0;
         fprintf(stderr, "dtrain ckpt show: %s: %s\n", path, err.msg);
+        if (!is_one_checkpoint(path) && dt_ckpt_list(path, &steps, &n, NULL) == 0 && n > 0)
+            fprintf(stderr, "dtrain ckpt show: %s is a directory of checkpoints, not one: give "
+                    "one of them (newest: %s/step_%" PRId64 "), or see `dtrain ckpt list %s`\n",
+                    path, path, steps[0], path);
+        free(steps);
         dt_ckpt_info_free(&in);
         return 1;
     }

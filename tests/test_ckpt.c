@@ -1250,6 +1250,62 @@ static void test_cli_tools(void)
     DT_CHECK(seven && strstr(seven, "resume = auto loads this one"));
     free(out);
 
+    /* A flipped byte (sizes intact) is found by list itself, not only by verify; --quick says
+     * it did not look and claims nothing about what resume would load. */
+    const char *dir2 = path_in("cli2");
+    c = open_ckpt(&a, dir2, 5, true);
+    save_step(c, &a, 3);
+    save_step(c, &a, 6);
+    dt_ckpt_close(c);
+    snprintf(p, sizeof p, "%s/step_6/model.safetensors", dir2);
+    int fd = open(p, O_RDWR | O_CLOEXEC);
+    DT_REQUIRE(fd >= 0);
+    off_t end = lseek(fd, 0, SEEK_END);
+    unsigned char byte = 0;
+    DT_REQUIRE(pread(fd, &byte, 1, end - 5) == 1);
+    byte ^= 0x10;
+    DT_REQUIRE(pwrite(fd, &byte, 1, end - 5) == 1);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s ckpt list %s", bin, dir2);
+    out = run(cmd, &code);
+    DT_CHECK_INT(code, 0);
+    char *six = strstr(out, "\n6 ");
+    DT_CHECK_MSG(six && strstr(six, "invalid") && strstr(six, "checksum"), "%s", out);
+    char *three = strstr(out, "\n3 ");
+    DT_CHECK(three && strstr(three, "resume = auto loads this one"));
+    DT_CHECK(six && (!strstr(six, "resume = auto") || strstr(six, "resume = auto") > three));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s ckpt list --quick %s", bin, dir2);
+    out = run(cmd, &code);
+    DT_CHECK_INT(code, 0);
+    DT_CHECK_CONTAINS(out, "complete (unverified)");
+    DT_CHECK(!strstr(out, "resume = auto loads"));
+    free(out);
+
+    /* A path that is not there, or not a directory: exit 1 as --help says. list given one
+     * checkpoint and show given a directory of them say which is which. */
+    snprintf(cmd, sizeof cmd, "%s ckpt list %s/nonexistent", bin, dir2);
+    out = run(cmd, &code);
+    DT_CHECK_INT(code, 1);
+    DT_CHECK_CONTAINS(out, "No such file or directory");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s ckpt list %s/step_3/state.json", bin, dir2);
+    out = run(cmd, &code);
+    DT_CHECK_INT(code, 1);
+    DT_CHECK_CONTAINS(out, "not a directory");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s ckpt list %s/step_3", bin, dir2);
+    out = run(cmd, &code);
+    DT_CHECK_CONTAINS(out, "a single checkpoint");
+    DT_CHECK_CONTAINS(out, "dtrain ckpt show");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s ckpt show %s", bin, dir2);
+    out = run(cmd, &code);
+    DT_CHECK_INT(code, 1);
+    DT_CHECK_CONTAINS(out, "is a directory of checkpoints");
+    DT_CHECK_CONTAINS(out, "step_6");
+    free(out);
+
     const char *helps[] = {"ckpt --help", "ckpt list --help", "ckpt show --help",
                            "ckpt verify --help"};
     for (size_t i = 0; i < DT_ARRAY_LEN(helps); i++) {
