@@ -33,8 +33,12 @@ static void usage(FILE *out)
             "  --max-keys-per-request N  keys in one multi-get/set/check/wait (65536)\n"
             "  --max-total-bytes N       keys + values stored (1G)\n"
             "  --max-connections N       open client connections (65536)\n"
-            "  --max-pending-output N    reply bytes buffered for a client that does not read\n"
-            "                            before it is disconnected (64M)\n");
+            "  --max-pending-output N    reply bytes buffered per client; beyond it the server\n"
+            "                            reads no more of its requests until they drain, and a\n"
+            "                            single larger reply is refused (65M; at least\n"
+            "                            --max-value-size + 64K: raised with it when not given)\n"
+            "  --write-stall-ms N        disconnect a client whose replies pile up beyond\n"
+            "                            --max-pending-output and take none for N ms (10000)\n");
 }
 
 static int sig_pipe[2] = {-1, -1};
@@ -91,7 +95,8 @@ int dt_cmd_store(int argc, char **argv)
     static const char *const flags[] = {
         "--host", "--port", "--token-file", "--help", "--max-key-size", "--max-value-size",
         "--max-keys-per-request", "--max-total-bytes", "--max-connections",
-        "--max-pending-output"};
+        "--max-pending-output", "--write-stall-ms"};
+    int pending_given = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -137,7 +142,14 @@ int dt_cmd_store(int argc, char **argv)
             }
         } else if (!strcmp(name, "--token-file")) {
             token_file = val;
+        } else if (!strcmp(name, "--write-stall-ms")) {
+            if (dt_parse_int(val, &o.write_stall_ms) < 0 || o.write_stall_ms <= 0) {
+                fprintf(stderr, "dtrain store: --write-stall-ms %s: need a positive number of "
+                        "milliseconds\n", val);
+                return 2;
+            }
         } else {
+            pending_given |= !strcmp(name, "--max-pending-output");
             for (size_t k = 0; k < DT_ARRAY_LEN(limits); k++)
                 if (!strcmp(name, limits[k].name) &&
                     (parse_size(val, limits[k].dst) < 0 || *limits[k].dst == 0)) {
@@ -147,6 +159,12 @@ int dt_cmd_store(int argc, char **argv)
                 }
         }
     }
+
+    /* A reply carries up to one whole value: keep room for it unless told otherwise (the
+     * server says which flag to change when an explicit setting is too small). */
+    if (!pending_given && o.max_value_size <= SIZE_MAX - (1u << 20) &&
+        o.max_pending_output < o.max_value_size + (1u << 20))
+        o.max_pending_output = o.max_value_size + (1u << 20);
 
     dt_err err = {0};
     if (token_file) {

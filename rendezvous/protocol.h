@@ -66,7 +66,11 @@
  *    dt_proto_max_frame() is answered with DT_PROTO_E2BIG and the connection is closed (the
  *    stream cannot be resynchronised); a well-framed request that breaks any other limit, or
  *    is malformed inside its frame, gets an error reply and the connection carries on. Keys
- *    are NUL-free byte strings of 0..max_key_size bytes.
+ *    are NUL-free byte strings of 0..max_key_size bytes. A reply that would be larger than
+ *    max_pending_output (the reply bytes the server buffers per client; at least
+ *    max_value_size + 64 KiB) is answered with DT_PROTO_E2BIG instead. A client may pipeline
+ *    any number of requests: while more than max_pending_output of replies wait for it, the
+ *    server reads no more of its requests (flow control, not an error).
  */
 #ifndef DT_PROTOCOL_H
 #define DT_PROTOCOL_H

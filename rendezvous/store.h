@@ -108,8 +108,16 @@ typedef struct dt_store_server_opts {
     size_t max_keys_per_request; /* keys in one multi-get/set/check/wait (65536) */
     size_t max_total_bytes;      /* keys + values stored (1 GiB) */
     size_t max_connections;      /* open client connections (65536) */
-    size_t max_pending_output;   /* reply bytes buffered for a client that does not read
-                                    before it is disconnected (64 MiB) */
+    size_t max_pending_output;   /* reply bytes buffered per client (65 MiB). Once more is
+                                    queued, the server stops reading that client's requests
+                                    until its replies drain (so a connection holds at most
+                                    about twice this); a single reply larger than this is
+                                    answered with -E2BIG instead. Must be at least
+                                    max_value_size + 64 KiB (checked at start). */
+    /* Added after the first release; 0 in any of them means the default. */
+    int write_stall_ms;          /* a client with over max_pending_output bytes of replies
+                                    waiting that takes none of them for this long does not
+                                    read: it is disconnected (10000) */
 } dt_store_server_opts;
 
 void dt_store_server_opts_default(dt_store_server_opts *o);

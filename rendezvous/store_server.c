@@ -11,10 +11,14 @@
  * Memory. An idle connection holds no buffers: reads land in one 64 KiB buffer shared by the
  * loop and are parsed in place; only an incomplete frame is copied into the connection's own
  * buffer (grown to the frame's announced size, which the parser has already checked against
- * the frame limit). Replies are batched per read and written once. A client that does not read
- * its replies is disconnected as soon as more than max_pending_output bytes are queued for it
- * beyond what the kernel accepted; a blocked connection stops being read once 1 MiB of
- * pipelined requests is buffered behind its wait. So 4096 idle connections cost about 2 MiB.
+ * the frame limit). Replies are batched per read and written once. Output is flow-controlled:
+ * once more than max_pending_output reply bytes wait for a client (beyond what the kernel
+ * accepted), the server stops reading and processing that client's requests until its replies
+ * drain, so one connection holds at most about twice that. A reply that alone exceeds
+ * max_pending_output is refused with E2BIG (never a disconnect). A client is judged not to read
+ * only when its replies pile up beyond the limit AND none of them is taken for write_stall_ms;
+ * then it is disconnected. A blocked connection stops being read once 1 MiB of pipelined
+ * requests is buffered behind its wait. So 4096 idle connections cost about 2 MiB.
  *
  * Waiters. A waiting connection is linked on exactly one missing key (the first one it lacks;
  * that key has an "absent" entry in the table that exists only while someone waits on it).
@@ -48,6 +52,7 @@
 #define FLUSH_AT (256 * 1024)          /* flush a reply batch once it is this large */
 #define BLOCKED_INPUT_MAX (1024 * 1024) /* pipelined bytes buffered behind a wait */
 #define CLOSE_GRACE_MS 2000             /* how long a final error reply may take to drain */
+#define REPLY_OVERHEAD (64 * 1024)      /* max_pending_output - max_value_size, at least */
 
 typedef struct conn conn;
 typedef struct entry entry;
@@ -69,7 +74,8 @@ enum { ST_HELLO, ST_AUTH, ST_READY };
 
 struct conn {
     uv_tcp_t tcp;
-    uv_timer_t timer;
+    uv_timer_t timer;        /* a parked request's timeout; the grace of a final reply */
+    uv_timer_t iotimer;      /* write-stall watch while throttled */
     dt_store_server *srv;
     conn *prev, *next;       /* every connection */
     conn *rnext;             /* ready queue */
@@ -82,6 +88,8 @@ struct conn {
     size_t in_len, in_cap;
     dt_proto_buf out;        /* replies not yet written */
     size_t out_queued;       /* bytes handed to uv_write and not yet completed */
+    int throttled;           /* over max_pending_output: input is not read nor processed */
+    size_t stall_wq;         /* libuv write-queue size at the last stall check */
     /* A parked request (GET, WAIT, MULTI_GET). */
     int blocked;
     uint8_t wop;
@@ -309,6 +317,50 @@ static void entry_delete(dt_store_server *s, entry *e)
 
 static void conn_close(conn *c);
 static void run_ready(dt_store_server *s);
+static void ready_push(dt_store_server *s, conn *c);
+
+/* Reply bytes waiting for c (built, or handed to libuv and not yet written) over the limit. */
+static int conn_over(const conn *c)
+{
+    return c->out_queued + c->out.len > c->srv->o.max_pending_output;
+}
+
+/* While throttled, every write_stall_ms: a client that took none of its replies since the last
+ * check does not read them; one that took some is only slow, and is left alone. */
+static void on_stall_check(uv_timer_t *t)
+{
+    conn *c = t->data;
+    dt_store_server *s = c->srv;
+    if (c->closing || !c->throttled) {
+        uv_timer_stop(t);
+        return;
+    }
+    size_t wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+    if (wq < c->stall_wq) {
+        c->stall_wq = wq;
+        return;
+    }
+    SRV_WARN(s, "store: %s does not read its replies (%zu bytes pending, over "
+             "max_pending_output = %zu, and none taken for %d ms); disconnecting it",
+             c->peer, c->out_queued + c->out.len, s->o.max_pending_output, s->o.write_stall_ms);
+    conn_close(c);
+}
+
+/* Stops reading and processing c's input until its replies drain (on_write resumes it). */
+static void conn_throttle(conn *c)
+{
+    dt_store_server *s = c->srv;
+    if (c->throttled || c->closing)
+        return;
+    c->throttled = 1;
+    c->stall_wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+    uv_timer_start(&c->iotimer, on_stall_check, (uint64_t)s->o.write_stall_ms,
+                   (uint64_t)s->o.write_stall_ms);
+    if (c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
+}
 
 static void on_write(uv_write_t *req, int status)
 {
@@ -322,6 +374,12 @@ static void on_write(uv_write_t *req, int status)
         conn_close(c);
     } else if (c->close_after_flush && c->out_queued == 0 && !c->closing) {
         conn_close(c);
+    } else if (c->throttled && !c->closing && !conn_over(c)) {
+        /* The replies drained below the limit: process the held input, read again. */
+        c->throttled = 0;
+        uv_timer_stop(&c->iotimer);
+        ready_push(c->srv, c);
+        run_ready(c->srv);
     }
 }
 
@@ -362,13 +420,6 @@ static void conn_flush(conn *c)
         return;
     }
     size_t rest = c->out.len - off;
-    if (c->out_queued + rest > s->o.max_pending_output) {
-        SRV_WARN(s, "store: %s does not read its replies (%zu bytes pending, limit "
-                 "max_pending_output = %zu); disconnecting it",
-                 c->peer, c->out_queued + rest, s->o.max_pending_output);
-        conn_close(c);
-        return;
-    }
     write_req *w = malloc(sizeof *w);
     if (!w) {
         conn_close(c);
@@ -389,6 +440,8 @@ static void conn_flush(conn *c)
         return;
     }
     c->out_queued += rest;
+    if (conn_over(c))
+        conn_throttle(c);
 }
 
 static void reply_error(conn *c, uint32_t id, uint8_t status, const char *fmt, ...)
@@ -480,15 +533,24 @@ static void reply_entries(conn *c, uint8_t op, uint32_t id, entry *const *es, ui
         return;
     }
     size_t total = DT_PROTO_LEN_SIZE + DT_PROTO_HDR_SIZE;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < n; i++)
         total += DT_PROTO_ITEM_OVERHEAD + es[i]->vlen;
-        if (total - DT_PROTO_LEN_SIZE > s->lim.max_frame) {
-            reply_error(c, id, DT_PROTO_E2BIG,
-                        "%s reply would exceed the frame size limit (%zu bytes); get fewer keys "
-                        "at once",
-                        dt_proto_op_name(op), s->lim.max_frame);
-            return;
-        }
+    if (total - DT_PROTO_LEN_SIZE > s->lim.max_frame) {
+        reply_error(c, id, DT_PROTO_E2BIG,
+                    "%s reply would be %zu bytes, over the frame size limit (%zu bytes); get "
+                    "fewer keys at once",
+                    dt_proto_op_name(op), total, s->lim.max_frame);
+        return;
+    }
+    /* The server never buffers more than max_pending_output of replies for one client (the
+     * start-up check guarantees that one value always fits). */
+    if (total > s->o.max_pending_output) {
+        reply_error(c, id, DT_PROTO_E2BIG,
+                    "%s reply would be %zu bytes, over max_pending_output = %zu (the reply "
+                    "bytes the server buffers per client); get fewer keys at once, or raise "
+                    "max_pending_output (dtrain store --max-pending-output)",
+                    dt_proto_op_name(op), total, s->o.max_pending_output);
+        return;
     }
     if (dt_proto_reserve(&c->out, total) < 0)
         return; /* c->out.oom: conn_flush disconnects */
@@ -927,7 +989,7 @@ static size_t conn_process(conn *c, const uint8_t *data, size_t len)
 {
     dt_store_server *s = c->srv;
     size_t off = 0;
-    while (!c->closing && !c->blocked && !c->close_after_flush && off < len) {
+    while (!c->closing && !c->blocked && !c->close_after_flush && !c->throttled && off < len) {
         if (c->state == ST_HELLO) {
             if (len - off < DT_PROTO_HELLO_SIZE)
                 break;
@@ -965,8 +1027,8 @@ static size_t conn_process(conn *c, const uint8_t *data, size_t len)
         }
         handle_request(c, &m);
         off += (size_t)r;
-        if (c->out.len >= FLUSH_AT)
-            conn_flush(c);
+        if (c->out.len >= FLUSH_AT || conn_over(c))
+            conn_flush(c); /* throttles c when its replies pile up */
     }
     return off;
 }
@@ -1021,7 +1083,7 @@ static void run_ready(dt_store_server *s)
             continue;
         conn_drain_input(c);
         conn_flush(c);
-        if (!c->closing && !c->reading && !c->blocked && !c->close_after_flush)
+        if (!c->closing && !c->reading && !c->blocked && !c->close_after_flush && !c->throttled)
             conn_read_start(c);
     }
 }
@@ -1122,6 +1184,7 @@ static void conn_close(conn *c)
     wait_unlink(s, c);
     c->blocked = 0;
     uv_timer_stop(&c->timer);
+    uv_timer_stop(&c->iotimer);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -1129,8 +1192,9 @@ static void conn_close(conn *c)
     if (c->next)
         c->next->prev = c->prev;
     s->nconns--;
-    c->close_refs = 2;
+    c->close_refs = 3;
     uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+    uv_close((uv_handle_t *)&c->iotimer, on_conn_closed);
     uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
 }
 
@@ -1185,8 +1249,10 @@ static void on_connection(uv_stream_t *ls, int status)
     c->srv = s;
     uv_tcp_init(&s->loop, &c->tcp);
     uv_timer_init(&s->loop, &c->timer);
+    uv_timer_init(&s->loop, &c->iotimer);
     c->tcp.data = c;
     c->timer.data = c;
+    c->iotimer.data = c;
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -1226,7 +1292,8 @@ void dt_store_server_opts_default(dt_store_server_opts *o)
     o->max_keys_per_request = 65536;
     o->max_total_bytes = (size_t)1 << 30;
     o->max_connections = 65536;
-    o->max_pending_output = 64u << 20;
+    o->max_pending_output = 65u << 20;
+    o->write_stall_ms = 10000;
 }
 
 static void on_stop(uv_async_t *a)
@@ -1332,6 +1399,25 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     if (!s->o.max_connections || !s->o.max_pending_output || !s->o.max_keys_per_request) {
         rc = dt_err_set(err, -EINVAL, "store server: max_connections, max_pending_output and "
                                       "max_keys_per_request must be > 0");
+        goto fail;
+    }
+    if (s->o.write_stall_ms <= 0)
+        s->o.write_stall_ms = 10000;
+    /* One item is at most 4 GiB - 1 on the wire, and a SET frame carries the key too. */
+    if ((uint64_t)s->o.max_value_size + s->o.max_key_size + 2 * DT_PROTO_ITEM_OVERHEAD +
+            DT_PROTO_HDR_SIZE > UINT32_MAX) {
+        rc = dt_err_set(err, -EINVAL, "store server: max_value_size (%zu) + max_key_size (%zu) "
+                        "is over what one frame of the wire format carries (4 GiB); lower "
+                        "max_value_size (dtrain store --max-value-size)",
+                        s->o.max_value_size, s->o.max_key_size);
+        goto fail;
+    }
+    if (s->o.max_pending_output < s->o.max_value_size + REPLY_OVERHEAD) {
+        rc = dt_err_set(err, -EINVAL, "store server: max_pending_output (%zu) must be at least "
+                        "max_value_size (%zu) + 64 KiB, or a reply carrying one value could "
+                        "never be sent; raise max_pending_output or lower max_value_size "
+                        "(dtrain store --max-pending-output, --max-value-size)",
+                        s->o.max_pending_output, s->o.max_value_size);
         goto fail;
     }
     if (s->o.port < 0 || s->o.port > 65535) {

@@ -1071,17 +1071,19 @@ static void test_slow_reader(void)
 {
     dt_store_server_opts o;
     dt_store_server_opts_default(&o);
+    o.max_value_size = 192 * 1024;
     o.max_pending_output = 256 * 1024;
+    o.write_stall_ms = 300;
     dt_store_server *srv = start_server(&o);
     int port = dt_store_server_port(srv);
     dt_store *s = connect_to(srv, NULL);
     dt_err err_ = {0}, *err = &err_;
-    size_t vlen = 256 * 1024;
+    size_t vlen = 192 * 1024;
     char *v = calloc(1, vlen);
     DT_REQUIRE_OK(dt_store_set(s, "fat", v, vlen, err), err);
     free(v);
 
-    /* A client that asks for 64 MiB of replies and never reads any. */
+    /* A client that asks for 48 MiB of replies and never reads any. */
     int fd = raw_connect(port);
     int small = 4096;
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
@@ -1120,6 +1122,100 @@ static void test_slow_reader(void)
     DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
     dt_store_free(s);
     dt_store_server_stop(srv);
+}
+
+/* Sends `count` pipelined GETs of key on a raw connection. */
+static void raw_send_gets(int fd, const char *key, int count)
+{
+    dt_proto_buf b = {0};
+    for (int i = 0; i < count; i++) {
+        size_t st = dt_proto_begin(&b, DT_OP_GET, (uint32_t)i + 1, 0, 1, 0);
+        dt_proto_put_item(&b, key, strlen(key));
+        dt_proto_end(&b, st);
+    }
+    DT_REQUIRE(dt_write_all(fd, b.data, b.len) == 0);
+    dt_proto_buf_free(&b);
+}
+
+/* Replies larger than max_pending_output, and more replies than it, from well-behaved clients:
+ * an error for the first, flow control for the second, never a disconnect. */
+static void test_big_replies(void)
+{
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.max_value_size = 512 * 1024;
+    o.max_pending_output = 512 * 1024 + 64 * 1024;
+    o.write_stall_ms = 2000;
+    dt_store_server *srv = start_server(&o);
+    int port = dt_store_server_port(srv);
+    dt_store *s = connect_to(srv, NULL);
+    dt_err err_ = {0}, *err = &err_;
+    size_t vlen = 512 * 1024;
+    char *v = calloc(1, vlen);
+    DT_REQUIRE(v);
+    memset(v, 'a', vlen);
+    DT_REQUIRE_OK(dt_store_set(s, "a", v, vlen, err), err);
+    memset(v, 'b', vlen);
+    DT_REQUIRE_OK(dt_store_set(s, "b", v, vlen, err), err);
+    free(v);
+
+    /* One value at its limit fits; two in one reply do not: a clear error naming the setting,
+     * on the same connection, which stays usable. */
+    void *vals[2] = {0};
+    size_t lens[2] = {0};
+    const char *ab[] = {"a", "b"};
+    DT_REQUIRE_OK(dt_store_multi_get(s, ab, 1, vals, lens, 0, err), err);
+    DT_CHECK(lens[0] == vlen && ((char *)vals[0])[vlen - 1] == 'a');
+    free(vals[0]);
+    DT_CHECK_INT(dt_store_multi_get(s, ab, 2, vals, lens, 0, err), -E2BIG);
+    DT_CHECK_CONTAINS(err->msg, "max_pending_output");
+    DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
+
+    /* A client that pipelines 40 such GETs (20 MiB of replies, far over the limit) and reads
+     * them at its own pace gets every one: the server waits for it instead of cutting it. */
+    int fd = raw_hello(port);
+    enum { N = 40 };
+    raw_send_gets(fd, "b", N);
+    dt_proto_buf r = {0};
+    int got = 0;
+    for (int i = 0; i < N; i++) {
+        if (i % 8 == 0)
+            dt_sleep_ms(30);
+        if (raw_reply(fd, &r) != DT_PROTO_OK)
+            break;
+        DT_CHECK_INT(dt_proto_rd32(r.data + 5), i + 1);
+        got++;
+    }
+    DT_CHECK_MSG(got == N, "a client reading its replies slowly got %d of %d", got, N);
+    /* ... and keeps its connection. */
+    dt_proto_buf b = {0};
+    size_t st = dt_proto_begin(&b, DT_OP_PING, 99, 0, 0, 0);
+    dt_proto_end(&b, st);
+    DT_REQUIRE(dt_write_all(fd, b.data, b.len) == 0);
+    DT_CHECK_INT(raw_reply(fd, &r), DT_PROTO_OK);
+    close(fd);
+    dt_proto_buf_free(&b);
+    dt_proto_buf_free(&r);
+    dt_store_free(s);
+    dt_store_server_stop(srv);
+
+    /* Settings that could never send one value are refused at start, naming both. */
+    dt_store_server_opts_default(&o);
+    o.host = "127.0.0.1";
+    o.max_value_size = 1 << 20;
+    o.max_pending_output = 1 << 20;
+    dt_store_server *bad = NULL;
+    DT_CHECK_INT(dt_store_server_start(&bad, &o, err), -EINVAL);
+    DT_CHECK_CONTAINS(err->msg, "max_pending_output");
+    DT_CHECK_CONTAINS(err->msg, "max_value_size");
+    /* ... as are values the wire format cannot carry. */
+    o.max_value_size = (size_t)UINT32_MAX;
+    o.max_pending_output = (size_t)UINT32_MAX * 2;
+    DT_CHECK_INT(dt_store_server_start(&bad, &o, err), -EINVAL);
+    DT_CHECK_CONTAINS(err->msg, "4 GiB");
+    /* The defaults are consistent. */
+    dt_store_server_opts_default(&o);
+    DT_CHECK(o.max_pending_output >= o.max_value_size + 64 * 1024);
 }
 
 static void test_storm(void)
@@ -1449,6 +1545,7 @@ static const dt_test tests[] = {
     {"garbage", test_garbage, 60},
     {"mid_frame", test_mid_frame, 60},
     {"slow_reader", test_slow_reader, 60},
+    {"big_replies", test_big_replies, 60},
     {"storm", test_storm, 60},
     {"connect_retry", test_connect_retry, 60},
     {"client_timeouts", test_client_timeouts, 60},
