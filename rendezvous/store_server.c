@@ -120,6 +120,7 @@ struct dt_store_server {
     char *host, *token;      /* owned copies */
     size_t token_len;
     dt_proto_limits lim;
+    dt_proto_limits lim_auth; /* before a connection is ready: an AUTH frame, no more */
     uint8_t rbuf[READ_BUF_SIZE];
     /* key table */
     entry **buckets;
@@ -945,12 +946,6 @@ static void op_auth(conn *c, const dt_proto_msg *m)
 static void handle_request(conn *c, const dt_proto_msg *m)
 {
     dt_store_server *s = c->srv;
-    if (m->bad != DT_PROTO_OK) {
-        SRV_WARN(s, "store: bad %s request from %s: %s", dt_proto_op_name(m->code), c->peer,
-                 m->why);
-        reply_error(c, m->id, m->bad, "bad %s request: %s", dt_proto_op_name(m->code), m->why);
-        return;
-    }
     if (c->state == ST_AUTH && m->code != DT_OP_AUTH) {
         SRV_WARN(s, "store: refused %s: %s before authenticating (the store requires a token)",
                  c->peer, dt_proto_op_name(m->code));
@@ -959,6 +954,12 @@ static void handle_request(conn *c, const dt_proto_msg *m)
                     "option) to the server's token");
         c->close_after_flush = 1;
         uv_timer_start(&c->timer, on_wait_timeout, CLOSE_GRACE_MS, 0);
+        return;
+    }
+    if (m->bad != DT_PROTO_OK) {
+        SRV_WARN(s, "store: bad %s request from %s: %s", dt_proto_op_name(m->code), c->peer,
+                 m->why);
+        reply_error(c, m->id, m->bad, "bad %s request: %s", dt_proto_op_name(m->code), m->why);
         return;
     }
     switch (m->code) {
@@ -1013,13 +1014,16 @@ static size_t conn_process(conn *c, const uint8_t *data, size_t len)
         }
         dt_proto_msg m;
         const char *why = NULL;
-        ssize_t r = dt_proto_parse(data + off, len - off, &s->lim, 0, &m, NULL, &why);
+        const dt_proto_limits *lim = c->state == ST_READY ? &s->lim : &s->lim_auth;
+        ssize_t r = dt_proto_parse(data + off, len - off, lim, 0, &m, NULL, &why);
         if (r == 0)
             break;
         if (r < 0) {
-            SRV_WARN(s, "store: %s sent a bad frame (%s); closing it", c->peer, why);
+            SRV_WARN(s, "store: %s sent a bad frame (%s%s); closing it", c->peer, why,
+                     c->state == ST_READY ? "" : ", before authenticating");
             reply_error(c, 0, r == -E2BIG ? DT_PROTO_E2BIG : DT_PROTO_EPROTO,
-                        "%s (limit %zu bytes); closing the connection", why, s->lim.max_frame);
+                        "%s (limit %zu bytes%s); closing the connection", why, lim->max_frame,
+                        c->state == ST_READY ? "" : " until authenticated");
             c->close_after_flush = 1;
             uv_timer_start(&c->timer, on_wait_timeout, CLOSE_GRACE_MS, 0);
             off = len; /* the stream cannot be resynchronised: drop the rest */
@@ -1097,9 +1101,15 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init((char *)s->rbuf, sizeof s->rbuf);
         return;
     }
-    /* An incomplete frame is pending: read straight into its buffer, sized to the frame. */
+    /* An incomplete frame is pending: read straight into its buffer, sized to the frame.
+     * Until a connection is ready (handshake, AUTH) only a hello and an AUTH frame can come,
+     * so a stranger cannot make the server reserve more than that (the parser refuses a
+     * larger length prefix before any of it is buffered). */
     size_t want = c->in_len + READ_BUF_SIZE;
-    if (c->state != ST_HELLO && c->in_len >= DT_PROTO_LEN_SIZE) {
+    if (c->state != ST_READY) {
+        want = DT_MIN(want, DT_PROTO_HELLO_SIZE + DT_PROTO_LEN_SIZE + s->lim_auth.max_frame);
+        want = DT_MAX(want, c->in_len + 1);
+    } else if (c->in_len >= DT_PROTO_LEN_SIZE) {
         size_t total = DT_PROTO_LEN_SIZE + (size_t)dt_proto_rd32(c->in);
         if (total > c->in_len && total <= DT_PROTO_LEN_SIZE + s->lim.max_frame)
             want = DT_MAX(want, total);
@@ -1441,6 +1451,11 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     s->lim.max_items = s->o.max_keys_per_request;
     s->lim.max_frame =
         dt_proto_max_frame(s->o.max_key_size, s->o.max_value_size, s->o.max_keys_per_request);
+    /* AUTH: one value, the token (a wrong token may be longer than ours: allow 4 KiB more). */
+    s->lim_auth.max_key = 0;
+    s->lim_auth.max_value = s->token_len + 4096;
+    s->lim_auth.max_items = 1;
+    s->lim_auth.max_frame = DT_PROTO_HDR_SIZE + DT_PROTO_ITEM_OVERHEAD + s->lim_auth.max_value;
     raise_nofile(DT_MIN(s->o.max_connections, (size_t)1 << 20) + 256);
     if ((rc = uv_loop_init(&s->loop)) < 0) {
         dt_err_set(err, rc, "store server: uv_loop_init: %s", uv_strerror(rc));

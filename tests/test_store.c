@@ -890,6 +890,33 @@ static void test_token(void)
     DT_CHECK_INT(raw_reply(fd, &r), DT_PROTO_EACCES);
     DT_CHECK(raw_closed_by_server(fd, 5000));
     close(fd);
+
+    /* Before AUTH only an AUTH-sized frame is accepted: a stranger announcing a 200 MiB frame
+     * is refused at once (nothing of it buffered), not waited for. */
+    fd = raw_connect(port);
+    DT_REQUIRE(dt_read_all(fd, h, sizeof h) == 0);
+    dt_proto_hello_encode(h, DT_PROTO_VERSION, 0);
+    DT_REQUIRE(dt_write_all(fd, h, sizeof h) == 0);
+    uint8_t big[4 + DT_PROTO_HDR_SIZE] = {0};
+    dt_proto_wr32(big, 200u << 20);
+    big[4] = DT_OP_SET;
+    DT_REQUIRE(dt_write_all(fd, big, sizeof big) == 0);
+    DT_CHECK_INT(raw_reply(fd, &r), DT_PROTO_E2BIG);
+    DT_CHECK(raw_closed_by_server(fd, 5000));
+    close(fd);
+    /* An AUTH with a long wrong token is still answered as a wrong token. */
+    fd = raw_connect(port);
+    DT_REQUIRE(dt_read_all(fd, h, sizeof h) == 0);
+    DT_REQUIRE(dt_write_all(fd, h, sizeof h) == 0);
+    char longtok[2000];
+    memset(longtok, 't', sizeof longtok);
+    b.len = 0;
+    st = dt_proto_begin(&b, DT_OP_AUTH, 1, 0, 0, 1);
+    dt_proto_put_item(&b, longtok, sizeof longtok);
+    dt_proto_end(&b, st);
+    DT_REQUIRE(dt_write_all(fd, b.data, b.len) == 0);
+    DT_CHECK_INT(raw_reply(fd, &r), DT_PROTO_EACCES);
+    close(fd);
     dt_proto_buf_free(&b);
     dt_proto_buf_free(&r);
     check_alive_token(srv, "s3cret");
