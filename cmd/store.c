@@ -38,7 +38,9 @@ static void usage(FILE *out)
             "                            single larger reply is refused (65M; at least\n"
             "                            --max-value-size + 64K: raised with it when not given)\n"
             "  --write-stall-ms N        disconnect a client whose replies pile up beyond\n"
-            "                            --max-pending-output and take none for N ms (10000)\n");
+            "                            --max-pending-output and take none for N ms (10000)\n"
+            "  --handshake-timeout-ms N  close a connection that has not finished the handshake\n"
+            "                            (and AUTH, with a token) N ms after it opened (10000)\n");
 }
 
 static int sig_pipe[2] = {-1, -1};
@@ -95,7 +97,7 @@ int dt_cmd_store(int argc, char **argv)
     static const char *const flags[] = {
         "--host", "--port", "--token-file", "--help", "--max-key-size", "--max-value-size",
         "--max-keys-per-request", "--max-total-bytes", "--max-connections",
-        "--max-pending-output", "--write-stall-ms"};
+        "--max-pending-output", "--write-stall-ms", "--handshake-timeout-ms"};
     int pending_given = 0;
 
     for (int i = 1; i < argc; i++) {
@@ -142,10 +144,11 @@ int dt_cmd_store(int argc, char **argv)
             }
         } else if (!strcmp(name, "--token-file")) {
             token_file = val;
-        } else if (!strcmp(name, "--write-stall-ms")) {
-            if (dt_parse_int(val, &o.write_stall_ms) < 0 || o.write_stall_ms <= 0) {
-                fprintf(stderr, "dtrain store: --write-stall-ms %s: need a positive number of "
-                        "milliseconds\n", val);
+        } else if (!strcmp(name, "--write-stall-ms") || !strcmp(name, "--handshake-timeout-ms")) {
+            int *dst = name[2] == 'w' ? &o.write_stall_ms : &o.handshake_timeout_ms;
+            if (dt_parse_int(val, dst) < 0 || *dst <= 0) {
+                fprintf(stderr, "dtrain store: %s %s: need a positive number of "
+                        "milliseconds\n", name, val);
                 return 2;
             }
         } else {

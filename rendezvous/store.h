@@ -118,6 +118,10 @@ typedef struct dt_store_server_opts {
     int write_stall_ms;          /* a client with over max_pending_output bytes of replies
                                     waiting that takes none of them for this long does not
                                     read: it is disconnected (10000) */
+    int handshake_timeout_ms;    /* a connection that has not completed the handshake (and
+                                    AUTH, with a token) this long after it was accepted is
+                                    closed, so silent sockets cannot hold connection slots
+                                    (10000) */
 } dt_store_server_opts;
 
 void dt_store_server_opts_default(dt_store_server_opts *o);

@@ -75,7 +75,7 @@ enum { ST_HELLO, ST_AUTH, ST_READY };
 struct conn {
     uv_tcp_t tcp;
     uv_timer_t timer;        /* a parked request's timeout; the grace of a final reply */
-    uv_timer_t iotimer;      /* write-stall watch while throttled */
+    uv_timer_t iotimer;      /* handshake deadline until ready; then write-stall watch */
     dt_store_server *srv;
     conn *prev, *next;       /* every connection */
     conn *rnext;             /* ready queue */
@@ -919,6 +919,13 @@ static void op_multi_set(conn *c, const dt_proto_msg *m)
     }
 }
 
+/* The handshake (and AUTH) is complete: the connection may send anything. */
+static void conn_ready(conn *c)
+{
+    c->state = ST_READY;
+    uv_timer_stop(&c->iotimer);
+}
+
 static void op_auth(conn *c, const dt_proto_msg *m)
 {
     dt_store_server *s = c->srv;
@@ -939,7 +946,7 @@ static void op_auth(conn *c, const dt_proto_msg *m)
             return;
         }
     }
-    c->state = ST_READY;
+    conn_ready(c);
     reply_num(c, m->id, 0);
 }
 
@@ -1009,7 +1016,10 @@ static size_t conn_process(conn *c, const uint8_t *data, size_t len)
                 break;
             }
             off += DT_PROTO_HELLO_SIZE;
-            c->state = s->token ? ST_AUTH : ST_READY;
+            if (s->token)
+                c->state = ST_AUTH;
+            else
+                conn_ready(c);
             continue;
         }
         dt_proto_msg m;
@@ -1132,6 +1142,11 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         if (c->in_len && !c->close_after_flush)
             SRV_WARN(s, "store: %s disconnected in the middle of a frame (%zu bytes)", c->peer,
                      c->in_len);
+        else if (c->state == ST_AUTH && !c->close_after_flush)
+            SRV_WARN(s, "store: %s closed the connection before authenticating (a client "
+                     "without the store's token? it needs DTRAIN_STORE_TOKEN)", c->peer);
+        else if (c->state == ST_HELLO)
+            DT_DEBUG("store: %s closed the connection before the handshake", c->peer);
         conn_close(c);
         run_ready(s);
         return;
@@ -1228,6 +1243,24 @@ static void peer_name(uv_tcp_t *t, char *out, size_t n)
 
 static void on_full_closed(uv_handle_t *h) { free(h); }
 
+static const char *stage_name(int state)
+{
+    return state == ST_HELLO ? "the handshake" : "authenticating";
+}
+
+/* A connection still in the handshake or AUTH when its time is up holds a slot for nothing. */
+static void on_handshake_timeout(uv_timer_t *t)
+{
+    conn *c = t->data;
+    dt_store_server *s = c->srv;
+    if (c->closing || c->state == ST_READY)
+        return;
+    SRV_WARN(s, "store: %s did not finish %s within %d ms (handshake_timeout_ms); closing it",
+             c->peer, stage_name(c->state), s->o.handshake_timeout_ms);
+    conn_close(c);
+    run_ready(s);
+}
+
 static void on_connection(uv_stream_t *ls, int status)
 {
     dt_store_server *s = ls->data;
@@ -1277,6 +1310,7 @@ static void on_connection(uv_stream_t *ls, int status)
     peer_name(&c->tcp, c->peer, sizeof c->peer);
     DT_DEBUG("store: connection from %s (%zu open)", c->peer, s->nconns);
     c->state = ST_HELLO;
+    uv_timer_start(&c->iotimer, on_handshake_timeout, (uint64_t)s->o.handshake_timeout_ms, 0);
     dt_proto_hello_encode(hello, DT_PROTO_VERSION, s->token ? DT_PROTO_HELLO_AUTH : 0);
     if (dt_proto_reserve(&c->out, sizeof hello) == 0) {
         memcpy(c->out.data, hello, sizeof hello);
@@ -1304,6 +1338,7 @@ void dt_store_server_opts_default(dt_store_server_opts *o)
     o->max_connections = 65536;
     o->max_pending_output = 65u << 20;
     o->write_stall_ms = 10000;
+    o->handshake_timeout_ms = 10000;
 }
 
 static void on_stop(uv_async_t *a)
@@ -1413,6 +1448,8 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     }
     if (s->o.write_stall_ms <= 0)
         s->o.write_stall_ms = 10000;
+    if (s->o.handshake_timeout_ms <= 0)
+        s->o.handshake_timeout_ms = 10000;
     /* One item is at most 4 GiB - 1 on the wire, and a SET frame carries the key too. */
     if ((uint64_t)s->o.max_value_size + s->o.max_key_size + 2 * DT_PROTO_ITEM_OVERHEAD +
             DT_PROTO_HDR_SIZE > UINT32_MAX) {

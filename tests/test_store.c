@@ -145,6 +145,41 @@ static void check_alive_token(dt_store_server *srv, const char *token)
 
 static void check_alive(dt_store_server *srv) { check_alive_token(srv, NULL); }
 
+/* Captures this process's stderr (where the embedded server logs) into a file. */
+typedef struct log_capture {
+    int saved;
+    char path[4200];
+} log_capture;
+
+static void capture_start(log_capture *lc)
+{
+    snprintf(lc->path, sizeof lc->path, "%s/stderr.log", dt_test_tmpdir());
+    fflush(stderr);
+    lc->saved = dup(2);
+    int fd = open(lc->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    DT_REQUIRE(lc->saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+}
+
+/* Waits (bounded) until the captured log holds needle; true when it does. */
+static bool capture_wait(log_capture *lc, const char *needle)
+{
+    return dt_test_wait_text(lc->path, needle, 1, 5.0);
+}
+
+/* Restores stderr and echoes what was captured there. */
+static void capture_stop(log_capture *lc)
+{
+    fflush(stderr);
+    dup2(lc->saved, 2);
+    close(lc->saved);
+    char *text = dt_test_slurp(lc->path);
+    if (text)
+        fputs(text, stderr);
+    free(text);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Protocol parser                                                                            */
 /* ------------------------------------------------------------------------------------------ */
@@ -861,7 +896,13 @@ static void test_token(void)
     DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), -EACCES);
     DT_CHECK_CONTAINS(err->msg, "token");
     co.token = NULL;
+    log_capture lc;
+    capture_start(&lc);
     DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", port, &co, err), -EACCES);
+    /* That client hangs up without sending a frame: the server says so. */
+    bool logged = capture_wait(&lc, "before authenticating");
+    capture_stop(&lc);
+    DT_CHECK_MSG(logged, "the server did not log a client that left before authenticating");
     DT_CHECK_CONTAINS(err->msg, "DTRAIN_STORE_TOKEN");
     DT_CHECK((dt_now_ns() - t0) / 1000000 < 10000);
 
@@ -1015,18 +1056,29 @@ static void test_garbage(void)
     dt_store_server *srv = start_server(NULL);
     int port = dt_store_server_port(srv);
     /* Not a dtrain client at all. */
+    log_capture lc;
+    capture_start(&lc);
     int fd = raw_connect(port);
     const char *http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     DT_REQUIRE(dt_write_all(fd, http, strlen(http)) == 0);
     DT_CHECK(raw_closed_by_server(fd, 5000));
     close(fd);
-    /* Another protocol version. */
+    /* Another protocol version: closed, and the server's log says which versions. */
     fd = raw_connect(port);
     uint8_t h[DT_PROTO_HELLO_SIZE];
     dt_proto_hello_encode(h, DT_PROTO_VERSION + 1, 0);
     DT_REQUIRE(dt_write_all(fd, h, sizeof h) == 0);
     DT_CHECK(raw_closed_by_server(fd, 5000));
     close(fd);
+    char want[128];
+    snprintf(want, sizeof want, "speaks store protocol version %d, this server speaks %d",
+             DT_PROTO_VERSION + 1, DT_PROTO_VERSION);
+    bool logged = capture_wait(&lc, want);
+    capture_stop(&lc);
+    DT_CHECK_MSG(logged, "the server did not log the version mismatch (\"%s\")", want);
+    char *text = dt_test_slurp(lc.path);
+    DT_CHECK_CONTAINS(text, "not a dtrain store client");
+    free(text);
     /* Random bytes after a good handshake, many times over (seeded, so reproducible). */
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (int round = 0; round < 50; round++) {
@@ -1243,6 +1295,49 @@ static void test_big_replies(void)
     /* The defaults are consistent. */
     dt_store_server_opts_default(&o);
     DT_CHECK(o.max_pending_output >= o.max_value_size + 64 * 1024);
+}
+
+/* Connections that never finish the handshake or AUTH are closed after handshake_timeout_ms,
+ * so a few silent sockets cannot lock real clients out. */
+static void test_handshake_timeout(void)
+{
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.token = "tok";
+    o.max_connections = 4;
+    o.handshake_timeout_ms = 300;
+    dt_store_server *srv = start_server(&o);
+    int port = dt_store_server_port(srv);
+    log_capture lc;
+    capture_start(&lc);
+    int fds[4];
+    for (int i = 0; i < 4; i++) {
+        fds[i] = raw_connect(port);
+        if (i % 2) { /* half of them send a hello, then nothing (no AUTH) */
+            uint8_t h[DT_PROTO_HELLO_SIZE];
+            dt_proto_hello_encode(h, DT_PROTO_VERSION, 0);
+            DT_REQUIRE(dt_write_all(fds[i], h, sizeof h) == 0);
+        }
+    }
+    dt_store_opts co;
+    dt_store_opts_default(&co);
+    co.connect_timeout_ms = 5000;
+    co.token = "tok";
+    dt_store *s = NULL;
+    dt_err err_ = {0}, *err = &err_;
+    int rc = dt_store_connect(&s, "127.0.0.1", port, &co, err);
+    bool logged = capture_wait(&lc, "did not finish");
+    capture_stop(&lc);
+    DT_CHECK_MSG(rc == 0, "a real client was locked out by 4 silent sockets: %s", err->msg);
+    DT_CHECK(logged);
+    for (int i = 0; i < 4; i++) {
+        DT_CHECK_MSG(raw_closed_by_server(fds[i], 5000), "silent socket %d still open", i);
+        close(fds[i]);
+    }
+    if (rc == 0)
+        DT_CHECK_INT(dt_store_ping(s, NULL, err), 0);
+    dt_store_free(s);
+    dt_store_server_stop(srv);
 }
 
 static void test_storm(void)
@@ -1573,6 +1668,7 @@ static const dt_test tests[] = {
     {"mid_frame", test_mid_frame, 60},
     {"slow_reader", test_slow_reader, 60},
     {"big_replies", test_big_replies, 60},
+    {"handshake_timeout", test_handshake_timeout, 60},
     {"storm", test_storm, 60},
     {"connect_retry", test_connect_retry, 60},
     {"client_timeouts", test_client_timeouts, 60},
