@@ -11,10 +11,14 @@
  * - The grad-ready hook: ranges cover the gradient buffer exactly once, in backward order
  *   (from the end of the buffer to its start), and each range is final when reported.
  * - Loss falls on a tiny overfit task, for each model.
+ * - Initialisation: every tensor (and buffer) of each model's table against the rule in the
+ *   model's header comment (normal with the right std and shape, uniform within its bound,
+ *   constants exact); a tensor the test has no rule for fails.
  * - Tensor tables (names, shapes, contiguity), GPT-2 124M's parameter count, configuration from
  *   a job, errors for bad input.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -520,6 +524,172 @@ static void test_syncbn_single_rank(void)
     be->close(be);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* initialisation: every tensor of each model's table against the rule of its header comment */
+
+typedef enum { INIT_NONE, INIT_NORMAL, INIT_UNIFORM, INIT_CONST } init_kind;
+typedef struct {
+    init_kind kind;
+    double v; /* NORMAL: std; UNIFORM: bound (values in [-v, v]); CONST: the value */
+} init_rule;
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Tolerances are ~6 standard errors of each statistic (never flakes for any seed) plus a small
+ * floor: a wrong rule (unscaled c_proj, fan_in for fan_out, uniform for normal, a missing
+ * scale) is far outside them for the sizes used here. */
+static void check_init(const char *name, const float *x, size_t n, init_rule r)
+{
+    if (r.kind == INIT_NONE) {
+        DT_CHECK_MSG(false, "%s: no initialisation rule in the test for this tensor", name);
+        return;
+    }
+    size_t bad = 0, within = 0;
+    double s = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        s += x[i];
+        if (fabs(x[i]) > mx)
+            mx = fabs(x[i]);
+        if (r.kind == INIT_CONST && x[i] != (float)r.v)
+            bad++;
+    }
+    if (r.kind == INIT_CONST) {
+        DT_CHECK_MSG(bad == 0, "%s: %zu of %zu values differ from %g", name, bad, n, r.v);
+        return;
+    }
+    const double mean = s / (double)n;
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) {
+        ss += ((double)x[i] - mean) * ((double)x[i] - mean);
+        if (r.kind == INIT_NORMAL && fabs(x[i]) <= r.v)
+            within++;
+    }
+    const double sd = sqrt(ss / (double)n), sn = sqrt((double)n);
+    if (r.kind == INIT_NORMAL) {
+        DT_CHECK_MSG(fabs(mean) <= 6.0 * r.v / sn, "%s: mean %g, want 0 (std %g, n %zu)", name,
+                     mean, r.v, n);
+        DT_CHECK_MSG(fabs(sd / r.v - 1.0) <= 6.0 / sqrt(2.0 * n) + 0.01,
+                     "%s: std %g, want %g (n %zu)", name, sd, r.v, n);
+        DT_CHECK_MSG(mx <= 6.5 * r.v, "%s: max |x| %g > 6.5 std (%g)", name, mx, r.v);
+        if (n >= 1000) { /* normal, not uniform: P(|x| <= std) = 0.683 (uniform: 0.577) */
+            double f = (double)within / (double)n, tol = 5.0 * sqrt(0.683 * 0.317 / n) + 0.005;
+            DT_CHECK_MSG(fabs(f - 0.6827) <= tol, "%s: %.3f of values within 1 std, want 0.683",
+                         name, f);
+        }
+    } else {
+        const double want = r.v / sqrt(3.0);
+        DT_CHECK_MSG(mx <= r.v * (1.0 + 1e-6), "%s: max |x| %g > bound %g", name, mx, r.v);
+        DT_CHECK_MSG(n < 100 || mx >= 0.9 * r.v, "%s: max |x| %g, want near the bound %g", name,
+                     mx, r.v);
+        DT_CHECK_MSG(sd > 0, "%s: all values equal", name);
+        if (n >= 30) {
+            DT_CHECK_MSG(fabs(mean) <= 6.0 * want / sn, "%s: mean %g, want 0 (n %zu)", name, mean,
+                         n);
+            DT_CHECK_MSG(fabs(sd / want - 1.0) <= 2.7 / sn + 0.01, "%s: std %g, want %g (n %zu)",
+                         name, sd, want, n);
+        }
+    }
+}
+
+/* gpt.c: normal(0, 0.02) for wte, wpe, c_attn and c_fc; c_proj (both residual projections)
+ * 0.02/sqrt(2L); LayerNorm weight 1; every bias 0. */
+static init_rule gpt_rule(const dt_tensor_info *t, int L)
+{
+    const char *n = t->name;
+    if (ends_with(n, ".bias"))
+        return (init_rule){INIT_CONST, 0.0};
+    if (strstr(n, "ln_") && ends_with(n, ".weight"))
+        return (init_rule){INIT_CONST, 1.0};
+    if (ends_with(n, "c_proj.weight"))
+        return (init_rule){INIT_NORMAL, 0.02 / sqrt(2.0 * L)};
+    if (!strcmp(n, "wte.weight") || !strcmp(n, "wpe.weight") || ends_with(n, "c_attn.weight") ||
+        ends_with(n, "c_fc.weight"))
+        return (init_rule){INIT_NORMAL, 0.02};
+    return (init_rule){INIT_NONE, 0};
+}
+
+/* resnet.c (torchvision): convolutions He-normal over fan_out = K*R*S, BN weight 1 and bias 0,
+ * fc weight and bias uniform(+-1/sqrt(fan_in)); running_mean 0, running_var 1. */
+static init_rule resnet_rule(const dt_tensor_info *t, int fc_in)
+{
+    const char *n = t->name;
+    if (t->ndim == 4)
+        return (init_rule){INIT_NORMAL,
+                           sqrt(2.0 / ((double)t->shape[0] * t->shape[2] * t->shape[3]))};
+    if (!strcmp(n, "fc.weight") || !strcmp(n, "fc.bias"))
+        return (init_rule){INIT_UNIFORM, 1.0 / sqrt((double)fc_in)};
+    if (ends_with(n, "running_mean"))
+        return (init_rule){INIT_CONST, 0.0};
+    if (ends_with(n, "running_var"))
+        return (init_rule){INIT_CONST, 1.0};
+    if (t->ndim == 1 && (strstr(n, "bn") || strstr(n, "downsample.1")))
+        return (init_rule){INIT_CONST, ends_with(n, ".weight") ? 1.0 : 0.0};
+    return (init_rule){INIT_NONE, 0};
+}
+
+/* mlp.c: hidden layers He-normal (std sqrt(2/fan_in)), the classifier uniform(+-1/sqrt(fan_in)),
+ * biases 0. */
+static init_rule mlp_rule(const dt_tensor_info *t, const char *last_weight)
+{
+    if (ends_with(t->name, ".bias"))
+        return (init_rule){INIT_CONST, 0.0};
+    if (t->ndim == 2 && !strcmp(t->name, last_weight))
+        return (init_rule){INIT_UNIFORM, 1.0 / sqrt((double)t->shape[1])};
+    if (t->ndim == 2)
+        return (init_rule){INIT_NORMAL, sqrt(2.0 / (double)t->shape[1])};
+    return (init_rule){INIT_NONE, 0};
+}
+
+static void test_init(void)
+{
+    dt_backend *be = be_new();
+    /* big enough that the statistics mean something (c_proj of 64x64: 4096 values) */
+    dt_model_config cg = gpt_cfg();
+    cg.n_layer = 4;
+    cg.n_head = 4;
+    cg.n_embd = 64;
+    cg.block_size = 128;
+    cg.shape.vocab_size = 300;
+    dt_model_config cr = resnet_cfg();
+    cr.width = 16;
+    cr.depth = 14;
+    cr.shape.n_classes = 10;
+    dt_model_config cm = mlp_cfg();
+    cm.shape.input_dim = 64;
+    cm.hidden[0] = 128;
+    cm.hidden[1] = 64;
+    cm.shape.n_classes = 10;
+    const dt_model_config *cfgs[3] = {&cg, &cr, &cm};
+    for (int k = 0; k < 3; k++) {
+        dt_model *m = model_new(be, cfgs[k]);
+        float *p = host_copy(be, m->params, m->num_params);
+        char last[64];
+        snprintf(last, sizeof last, "fc.%d.weight", cm.n_hidden);
+        for (int i = 0; i < m->num_tensors; i++) {
+            const dt_tensor_info *t = &m->tensors[i];
+            init_rule r = k == 0   ? gpt_rule(t, cg.n_layer)
+                          : k == 1 ? resnet_rule(t, 4 * cr.width)
+                                   : mlp_rule(t, last);
+            check_init(t->name, p + t->offset, t->numel, r);
+        }
+        free(p);
+        if (m->num_buffers) {
+            float *b = host_copy(be, m->buffers, m->num_buffers);
+            for (int i = 0; i < m->num_buffer_tensors; i++) {
+                const dt_tensor_info *t = &m->buffer_tensors[i];
+                check_init(t->name, b + t->offset, t->numel, resnet_rule(t, 4 * cr.width));
+            }
+            free(b);
+        }
+        dt_model_free(m);
+    }
+    be->close(be);
+}
+
 static void test_gpt2_124m_count(void)
 {
     dt_backend *be = be_new();
@@ -635,6 +805,7 @@ static const dt_test tests[] = {
     {"gpt_table", test_gpt_table, 0},
     {"resnet_table", test_resnet_table, 0},
     {"syncbn_single_rank", test_syncbn_single_rank, 0},
+    {"init", test_init, 0},
     {"gpt2_124m_count", test_gpt2_124m_count, 60},
     {"bad_input", test_bad_input, 0},
     {"config_from_job", test_config_from_job, 0},
