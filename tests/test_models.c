@@ -14,6 +14,7 @@
  * - Initialisation: every tensor (and buffer) of each model's table against the rule in the
  *   model's header comment (normal with the right std and shape, uniform within its bound,
  *   constants exact); a tensor the test has no rule for fails.
+ * - GPT causality: changing token t changes the logits at positions >= t only (bit-exact).
  * - Tensor tables (names, shapes, contiguity), GPT-2 124M's parameter count, configuration from
  *   a job, errors for bad input.
  */
@@ -25,6 +26,7 @@
 #include "common/rng.h"
 #include "runtime/config.h"
 #include "runtime/model.h"
+#include "runtime/models/models.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 
@@ -690,6 +692,59 @@ static void test_init(void)
     be->close(be);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* causality of the whole GPT (the kernel-level test is in test_kernels) */
+
+/* Changing the token at position t of sample 0 leaves the logits at positions < t bit-identical
+ * and changes those at every position >= t; sample 1 is untouched (bit-identical). Every layer
+ * contributes: a leak through attention's mask, the MLP, LayerNorm or the position embedding at
+ * any depth would show at some position < t. */
+static void test_gpt_causality(void)
+{
+    dt_backend *be = be_new();
+    dt_model_config c = gpt_cfg();
+    c.n_layer = 3;
+    dt_model *m = model_new(be, &c);
+    const int B = 2, T = c.shape.seq_len, V = c.shape.vocab_size;
+    const size_t row = (size_t)V * sizeof(float);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &c, B, 21);
+    DT_REQUIRE(hb.b.T == T);
+    DT_REQUIRE(dt_gpt_logits(m) != NULL);
+    fwd(m, &hb.b, false);
+    float *base = host_copy(be, dt_gpt_logits(m), (size_t)B * T * V);
+    const int ts[] = {0, 1, T / 2, T - 1};
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
+        const int t = ts[k];
+        const int32_t saved = hb.tokens[t];
+        hb.tokens[t] = (saved + 1 + (int32_t)k) % V;
+        DT_REQUIRE(hb.tokens[t] != saved);
+        fwd(m, &hb.b, false);
+        float *got = host_copy(be, dt_gpt_logits(m), (size_t)B * T * V);
+        for (int s = 0; s < T; s++) {
+            bool same = memcmp(got + (size_t)s * V, base + (size_t)s * V, row) == 0;
+            DT_CHECK_MSG(s < t ? same : !same,
+                         "token changed at position %d: logits at position %d %s", t, s,
+                         same ? "unchanged (the change does not reach them)"
+                              : "changed (information flows backwards in time)");
+        }
+        DT_CHECK_MSG(memcmp(got + (size_t)T * V, base + (size_t)T * V, (size_t)T * row) == 0,
+                     "token changed in sample 0 changed sample 1's logits");
+        hb.tokens[t] = saved;
+        free(got);
+    }
+    /* the check itself can fail: the unchanged batch reproduces the base bit for bit */
+    fwd(m, &hb.b, false);
+    float *again = host_copy(be, dt_gpt_logits(m), (size_t)B * T * V);
+    DT_CHECK(memcmp(again, base, (size_t)B * T * row) == 0);
+    DT_CHECK(dt_gpt_logits(NULL) == NULL);
+    free(again);
+    free(base);
+    dt_test_batch_free(&hb);
+    dt_model_free(m);
+    be->close(be);
+}
+
 static void test_gpt2_124m_count(void)
 {
     dt_backend *be = be_new();
@@ -806,6 +861,7 @@ static const dt_test tests[] = {
     {"resnet_table", test_resnet_table, 0},
     {"syncbn_single_rank", test_syncbn_single_rank, 0},
     {"init", test_init, 0},
+    {"gpt_causality", test_gpt_causality, 0},
     {"gpt2_124m_count", test_gpt2_124m_count, 60},
     {"bad_input", test_bad_input, 0},
     {"config_from_job", test_config_from_job, 0},

@@ -334,3 +334,10 @@ int dt_gpt_create(dt_model *m, dt_err *err)
     free(host);
     return 0;
 }
+
+const float *dt_gpt_logits(const dt_model *m)
+{
+    if (!m || m->ops != &gpt_ops || !m->impl)
+        return NULL;
+    return ((const gpt *)m->impl)->logits;
+}
