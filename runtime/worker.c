@@ -215,6 +215,7 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     dt_ckpt_state_get_rng(&st, "trainer", &t->rng);
     t->optim->t = dt_ckpt_state_get_scalar(&st, "optim_t", &opt_t) == 0 ? (int64_t)opt_t : st.step;
     t->last_saved_step = st.step;
+    t->samples_seen = st.samples_seen;
     if (t->env.rank == 0)
         DT_INFO("resumed from %s: step %lld, epoch %lld, sample %lld (saved by %d rank%s)", path,
                 (long long)st.step, (long long)st.epoch, (long long)st.sample_pos, st.world_size,
@@ -234,7 +235,7 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
     st.step = t->step;
     st.epoch = t->sampler.epoch;
     st.sample_pos = t->sampler.pos;
-    st.samples_seen = t->step * (t->items_per_step / (t->tokens ? t->data->shape.seq_len : 1));
+    st.samples_seen = t->samples_seen;
     st.world_size = t->env.world_size;
     st.loss = t->loss;
     st.lr = t->lr;
@@ -519,6 +520,8 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     be->synchronize(be);
     t->loss = loss;
     t->step++;
+    /* this step's global batch: the world size may have changed since the last resume */
+    t->samples_seen += (int64_t)j->batch_size * j->grad_accum * t->env.world_size;
     t->step_time_s = dt_now_s() - t0;
     return 0;
 }

@@ -80,6 +80,8 @@ typedef struct dt_trainer {
     int64_t step;             /* optimiser steps completed */
     dt_sampler sampler;       /* training order: sampler.epoch and sampler.pos */
     dt_rng rng;               /* trainer RNG, seeded from (seed, rank); for run-time randomness */
+    int64_t samples_seen;     /* samples trained on since the start, all ranks: each step adds
+                                 its global batch (batch x accum x world size at the time) */
     /* (and optim->t, optim->state[], model->params, model->buffers) */
 
     int64_t total_steps;      /* train.steps, or epochs x steps per epoch */

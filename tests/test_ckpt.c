@@ -1863,6 +1863,8 @@ static void test_resume_other_world_size(void)
     DT_REQUIRE_OK(dt_ckpt_inspect(ck, true, &info, &err), &err);
     DT_CHECK_INT(info.state.world_size, 2);
     int64_t epoch = info.state.epoch, pos = info.state.sample_pos;
+    int64_t seen = info.state.samples_seen;
+    DT_CHECK_INT(seen, 40 * 2 * 128);
     dt_ckpt_info_free(&info);
     double before = loss_at(out2, 40);
     DT_REQUIRE(isfinite(before));
@@ -1885,6 +1887,11 @@ static void test_resume_other_world_size(void)
         snprintf(ck, sizeof ck, "%s/checkpoints/step_44", outn);
         DT_CHECK_MSG(dt_ckpt_inspect(ck, true, &info, &err) == 0, "%s", err.msg);
         DT_CHECK_INT(info.state.world_size, n);
+        /* 4 more steps of n x 128 samples: the position and the count go on from step 40's */
+        DT_CHECK_INT(info.state.step, 44);
+        DT_CHECK_INT(info.state.epoch, epoch);
+        DT_CHECK_INT(info.state.sample_pos, pos + 4 * n * 128);
+        DT_CHECK_INT(info.state.samples_seen, seen + 4 * n * 128);
         dt_ckpt_info_free(&info);
         snprintf(ck, sizeof ck, "%s/checkpoints/step_40", out2);
     }
