@@ -10,7 +10,9 @@
  *   6. fsync step_N.tmp                so the directory entries of the files are durable
  *   7. rename step_N.tmp -> step_N     atomic: readers see all of it or none of it
  *   8. fsync <dir>                     so the rename itself survives a power cut
- *   9. remove old checkpoints          only now, beyond `keep`, and only older than N
+ *   9. remove old checkpoints          only now, beyond `keep`, and only older than N: each
+ *                                      renamed to step_M.old, <dir> synced, then deleted
+ * (3 also fsyncs the parent of every directory that creating <dir> made.)
  *
  * ext4 and XFS need both the file fsyncs (4, 5) and the directory fsyncs (6, 8): fsync of a
  * file does not make its directory entry durable, and rename is only atomic, not durable, until
@@ -702,6 +704,51 @@ static void remove_stale_tmp(const char *dir)
 
 static bool is_foreign(dt_ckpt *c, const char *path, char *why, size_t size);
 
+/* dt_mkdir_p, and when it created directories, an fsync of the parent of each one it created:
+ * the new directories' entries must survive a power cut, or the checkpoint under them (whose
+ * rename and directory are synced) could vanish with them. */
+static int make_dir_durable(const char *dir, dt_err *err)
+{
+    char top[PATH_MAX], p[PATH_MAX];
+    struct stat sb;
+    if (stat(dir, &sb) == 0)
+        return dt_mkdir_p(dir, err); /* there already (or not a directory: its error) */
+    /* the deepest ancestor that exists: the parents from dir's up to it get new entries */
+    if (!dt_strlcpy(top, dir, sizeof top))
+        return dt_err_set(err, -ENAMETOOLONG, "checkpoint directory path too long: %s", dir);
+    for (;;) {
+        char *slash = strrchr(top, '/');
+        if (!slash) {
+            dt_strlcpy(top, ".", sizeof top);
+            break;
+        }
+        if (slash == top) {
+            top[1] = '\0';
+            break;
+        }
+        *slash = '\0';
+        if (stat(top, &sb) == 0)
+            break;
+    }
+    int rc = dt_mkdir_p(dir, err);
+    if (rc)
+        return rc;
+    dt_strlcpy(p, dir, sizeof p);
+    for (;;) {
+        char *slash = strrchr(p, '/');
+        if (!slash)
+            dt_strlcpy(p, ".", sizeof p);
+        else if (slash == p)
+            p[1] = '\0';
+        else
+            *slash = '\0';
+        if ((rc = fsync_path(p, true, err)))
+            return dt_err_prefix(err, "creating the checkpoint directory %s: ", dir);
+        if (!strcmp(p, top) || !strcmp(p, ".") || !strcmp(p, "/"))
+            return 0;
+    }
+}
+
 /* Keeps the `keep` newest checkpoints with step <= newest (the one just written); later steps
  * belong to another timeline (a resume from an older checkpoint) and are left alone, and so are
  * checkpoints of another setup (another model or optimizer): they are not this job's to remove,
@@ -715,8 +762,16 @@ static void apply_retention(dt_ckpt *c, int64_t newest)
         DT_WARN("checkpoint: retention skipped: %s", e.msg);
         return;
     }
-    int kept = 0;
-    bool removed = false;
+    /* Each one beyond keep is first renamed to step_<N>.old (atomic), then deleted: a kill
+     * in the middle of a deletion leaves a .old directory that discovery ignores and the next
+     * save removes, never a half-deleted step_<N> that resume and `ckpt list` report. */
+    int kept = 0, nold = 0;
+    char (*olds)[PATH_MAX + 8] = calloc((size_t)(n ? n : 1), sizeof *olds);
+    if (!olds) {
+        free(steps);
+        DT_WARN("checkpoint: retention skipped: out of memory");
+        return;
+    }
     for (int i = 0; i < n; i++) {
         if (steps[i] > newest)
             continue;
@@ -730,16 +785,24 @@ static void apply_retention(dt_ckpt *c, int64_t newest)
         }
         if (++kept <= c->keep)
             continue;
-        if (dt_rm_rf(p, &e) == 0) {
-            DT_INFO("checkpoint: removed %s (keep = %d)", p, c->keep);
-            removed = true;
-        } else {
-            DT_WARN("checkpoint: cannot remove old checkpoint %s: %s", p, e.msg);
+        snprintf(olds[nold], sizeof olds[nold], "%s.old", p);
+        dt_rm_rf(olds[nold], NULL); /* left by an earlier kill: the rename needs the name */
+        if (io->rename(p, olds[nold]) != 0) {
+            DT_WARN("checkpoint: cannot remove old checkpoint %s: cannot rename it to %s: %s", p,
+                    olds[nold], strerror(errno));
+            continue;
         }
+        DT_INFO("checkpoint: removed %s (keep = %d)", p, c->keep);
+        nold++;
     }
     free(steps);
-    if (removed)
-        fsync_path(c->dir, true, &e);
+    if (nold)
+        fsync_path(c->dir, true, &e); /* the renames first: then no step_<N> is half gone */
+    for (int i = 0; i < nold; i++)
+        if (dt_rm_rf(olds[i], &e) != 0)
+            DT_WARN("checkpoint: cannot delete %s: %s (the next save tries again)", olds[i],
+                    e.msg);
+    free(olds);
 }
 
 /* Steps 3..9 of a save, from c->staging and c->wstate. */
@@ -758,7 +821,7 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
         snprintf(tmp, sizeof tmp, "%s.tmp", final) >= (int)sizeof tmp ||
         snprintf(old, sizeof old, "%s.old", final) >= (int)sizeof old)
         return dt_err_set(err, -ENAMETOOLONG, "checkpoint directory path too long: %s", c->dir);
-    if ((rc = dt_mkdir_p(c->dir, err)))
+    if ((rc = make_dir_durable(c->dir, err)))
         goto fail;
     remove_stale_tmp(c->dir);
     if (io->mkdir(tmp, 0755) != 0) {
