@@ -19,6 +19,7 @@
 #include "runtime/ddp.h"
 #include "runtime/dp.h"
 #include "runtime/errfile.h"
+#include "runtime/worker_guard.h"
 
 /* ---- the environment ------------------------------------------------------------------------ */
 
@@ -630,6 +631,11 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 *stopped = true;
             break;
         }
+        /* the agent re-arms nothing once it is gone: one getppid() a step says so */
+        if (!dt_worker_guard_agent_alive())
+            return dt_err_set(err, -ESRCH, "the dtrain agent that started this worker is gone "
+                              "(its parent is now pid %d); stopping at step %lld",
+                              (int)getppid(), (long long)t->step);
         if ((rc = dt_trainer_step(t, err)))
             return rc;
         steps_run++;
@@ -729,7 +735,8 @@ int dt_worker_main(const dt_job *job)
     int code = 1;
     bool stopped = false;
     dt_log_set_role("worker");
-    if (dt_worker_env_read(&env, &err) != 0)
+    /* first: a worker whose agent is already gone must not start training on its own */
+    if (dt_worker_guard_init(&err) != 0 || dt_worker_env_read(&env, &err) != 0)
         goto fail;
     dt_log_set_rank(env.world_size > 1 || getenv("RANK") ? env.rank : -1);
     struct sigaction sa;

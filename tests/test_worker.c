@@ -328,6 +328,21 @@ static void test_sigterm_twice_still_saves(void)
     globfree(&g);
 }
 
+/* A worker whose agent is gone (DTRAIN_AGENT_PID names a process that is not its parent) exits
+ * at once with a message instead of training on alone. */
+static void test_agent_gone(void)
+{
+    char *out = NULL;
+    double t0 = dt_test_now();
+    int rc = worker("DTRAIN_AGENT_PID=1",
+                    fmt("'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu "
+                        "train.steps=100000000", repo_dir(), outdir("gone")), &out, 60);
+    DT_CHECK_MSG(rc != 0 && rc != -1, "exit %d: %s", rc, out);
+    DT_CHECK_CONTAINS(out, "agent that started this worker (pid 1) is gone");
+    DT_CHECK_MSG(dt_test_now() - t0 < 30, "it took %.1f s to notice", dt_test_now() - t0);
+    free(out);
+}
+
 static void test_epochs_and_accumulation(void)
 {
     char *out = NULL;
@@ -358,6 +373,7 @@ int main(int argc, char **argv)
         {"multi_rank_without_store", test_multi_rank_without_store, 60},
         {"sigterm_stops_at_step_boundary", test_sigterm_stops_at_step_boundary, 120},
         {"sigterm_twice_still_saves", test_sigterm_twice_still_saves, 120},
+        {"agent_gone", test_agent_gone, 60},
         {"epochs_and_accumulation", test_epochs_and_accumulation, 120},
     };
     return dt_test_main("test_worker", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
