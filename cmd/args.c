@@ -81,6 +81,32 @@ static const opt *find_long(const char *name, size_t len)
     return NULL;
 }
 
+/* Appends a setting; source is copied (NULL = an override, named by its position). */
+static int push_setting(dt_args *a, const char *text, const char *source, dt_err *err)
+{
+    dt_setting *grown = realloc(a->settings, sizeof *grown * (size_t)(a->n_settings + 1));
+    if (!grown)
+        return dt_err_set(err, -ENOMEM, "out of memory parsing the command line");
+    a->settings = grown;
+    char *src = NULL;
+    if (source) {
+        char **o = realloc(a->owned, sizeof *o * (size_t)(a->n_owned + 1));
+        if (!o)
+            return dt_err_set(err, -ENOMEM, "out of memory parsing the command line");
+        a->owned = o;
+        if (!(src = strdup(source)))
+            return dt_err_set(err, -ENOMEM, "out of memory parsing the command line");
+        a->owned[a->n_owned++] = src;
+    }
+    a->settings[a->n_settings].text = text;
+    a->settings[a->n_settings].source = src;
+    a->n_settings++;
+    return 0;
+}
+
+static int push_key_from(dt_args *a, const char *key, const char *value, const char *source,
+                         dt_err *err);
+
 static int push_key(dt_args *a, const char *key, const char *value, dt_err *err)
 {
     size_t n = strlen(key) + strlen(value) + 2;
@@ -98,22 +124,24 @@ static int push_key(dt_args *a, const char *key, const char *value, dt_err *err)
     return 0;
 }
 
+static int push_key_from(dt_args *a, const char *key, const char *value, const char *source,
+                         dt_err *err)
+{
+    int rc = push_key(a, key, value, err);
+    return rc ? rc : push_setting(a, a->flag_keys[a->n_flag_keys - 1], source, err);
+}
+
 /* Checks one flag value through the job table now, so the message names the flag. */
 static int check_value(const opt *o, const char *value, const char *how, dt_err *err)
 {
-    dt_job scratch;
+    static dt_job scratch; /* large */
     dt_err e;
     char buf[DT_PATH_MAX + 64];
     dt_job_defaults(&scratch);
     snprintf(buf, sizeof buf, "%s=%s", o->key, value);
-    if (dt_job_set(&scratch, buf, &e) == 0) {
-        dt_config_errors errs = {0};
-        if (dt_launch_validate(&scratch.launch, "", &errs) == 0)
-            return 0;
-        const char *msg = strstr(errs.lines[0], ": ");
-        msg = msg ? msg + 2 : errs.lines[0];
-        return dt_err_set(err, -EINVAL, "%s%s: %s", how, o->name, msg);
-    }
+    /* The key's own form only: how it combines with other keys is checked once all are set. */
+    if (dt_job_set(&scratch, buf, &e) == 0)
+        return 0;
     /* e.msg is "override: section.key: why"; keep the why. */
     const char *why = strstr(e.msg, ": ");
     why = why ? why + 2 : e.msg;
@@ -142,7 +170,9 @@ static int take_env(dt_args *a, dt_err *err)
                     continue;
                 return dt_err_set(err, -EINVAL, "environment %s=%s: expected true or false", env, v);
             }
-            if (push_key(a, o->key, b ? "true" : "false", err))
+            char src[80];
+            snprintf(src, sizeof src, "environment %s", env);
+            if (push_key_from(a, o->key, b ? "true" : "false", src, err))
                 return err ? err->code : -ENOMEM;
             continue;
         }
@@ -151,7 +181,9 @@ static int take_env(dt_args *a, dt_err *err)
             dt_err_prefix(err, "environment %s: ", env);
             return rc;
         }
-        if (push_key(a, o->key, v, err))
+        char src[80];
+        snprintf(src, sizeof src, "environment %s", env);
+        if (push_key_from(a, o->key, v, src, err))
             return err ? err->code : -ENOMEM;
     }
     return 0;
@@ -213,20 +245,22 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
                 if (arg[2])
                     value = arg + 2 + (arg[2] == '=');
             }
+            char flagname[64];
+            snprintf(flagname, sizeof flagname, "--%s", o->name);
             if (!o->takes_value) {
                 if (value && o->key) {
                     bool b;
                     if (dt_parse_bool(value, &b))
                         return dt_err_set(err, -EINVAL, "--%s takes no value (or true/false), got \"%s\"",
                                           o->name, value);
-                    if ((rc = push_key(a, o->key, b ? "true" : "false", err)))
+                    if ((rc = push_key_from(a, o->key, b ? "true" : "false", flagname, err)))
                         return rc;
                     continue;
                 }
                 if (value)
                     return dt_err_set(err, -EINVAL, "--%s takes no value", o->name);
                 if (o->key) {
-                    if ((rc = push_key(a, o->key, "true", err)))
+                    if ((rc = push_key_from(a, o->key, "true", flagname, err)))
                         return rc;
                 } else if (!strcmp(o->name, "print-config"))
                     a->print_config = true;
@@ -249,7 +283,7 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
             }
             if ((rc = check_value(o, value, how, err)))
                 return rc;
-            if ((rc = push_key(a, o->key, value, err)))
+            if ((rc = push_key_from(a, o->key, value, flagname, err)))
                 return rc;
             continue;
         }
@@ -261,6 +295,8 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
                                   "section.key=value (example: train.lr=1e-3)",
                                   arg, a->job_path);
             a->overrides[a->n_overrides++] = arg;
+            if ((rc = push_setting(a, arg, NULL, err)))
+                return rc;
             continue;
         }
         size_t len = strlen(arg);
@@ -299,6 +335,10 @@ void dt_args_free(dt_args *a)
     for (int i = 0; i < a->n_flag_keys; i++)
         free(a->flag_keys[i]);
     free(a->flag_keys);
+    for (int i = 0; i < a->n_owned; i++)
+        free(a->owned[i]);
+    free(a->owned);
+    free(a->settings);
     free(a->overrides);
     free(a->command);
     memset(a, 0, sizeof *a);

@@ -7,8 +7,9 @@
  * Every launcher option is accepted with dashes and with underscores, as --opt=value or
  * --opt value, and from its PET_* environment variable as torchrun reads them. Each option is a
  * key of the job table ([elastic] or [rendezvous]), so the file, the overrides and the flags
- * share one parser and one validator. Precedence: flags, then PET_* variables, then overrides,
- * then the file, then defaults.
+ * share one parser and one validator. Precedence, lowest first: defaults, the job file, PET_*
+ * variables (defaults under the flags, as torchrun reads them), then flags and section.key=value
+ * overrides in command-line order: the last one given wins.
  */
 #ifndef DT_ARGS_H
 #define DT_ARGS_H
@@ -17,6 +18,7 @@
 #include <stdio.h>
 
 #include "common/err.h"
+#include "runtime/config.h"
 
 typedef struct dt_args {
     const char *job_path;   /* JOB.ini, or NULL */
@@ -24,6 +26,12 @@ typedef struct dt_args {
     int n_overrides;
     char **flag_keys;       /* section.key=value made from flags and PET_* (owned) */
     int n_flag_keys;
+    dt_setting *settings;   /* every assignment, lowest precedence first: PET_*, then flags and
+                               overrides in command-line order; each names its source (owned
+                               array; text and source point into flag_keys, argv or owned) */
+    int n_settings;
+    char **owned;           /* source names of settings (owned) */
+    int n_owned;
     char **command;         /* the worker command (NULL-terminated, owned array of borrowed
                                strings), or NULL in job-file mode */
     int n_command;

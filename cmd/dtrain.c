@@ -70,7 +70,6 @@ static int cmd_run(int argc, char **argv)
     static dt_job job;
     static dt_config_errors errs;
     int code = 2;
-    char **all = NULL;
 
     if (dt_args_parse(&a, argc, argv, &err) != 0) {
         fprintf(stderr, "dtrain: %s\n", err.msg);
@@ -98,19 +97,8 @@ static int cmd_run(int argc, char **argv)
     }
     memset(&errs, 0, sizeof errs);
     if (a.job_path) {
-        /* Overrides first, then launcher flags, so flags win. */
-        int n = a.n_overrides + a.n_flag_keys;
-        all = calloc((size_t)n + 1, sizeof(char *));
-        if (!all) {
-            fprintf(stderr, "dtrain: out of memory\n");
-            code = 1;
-            goto out;
-        }
-        for (int i = 0; i < a.n_overrides; i++)
-            all[i] = a.overrides[i];
-        for (int i = 0; i < a.n_flag_keys; i++)
-            all[a.n_overrides + i] = a.flag_keys[i];
-        if (dt_job_load(&job, a.job_path, all, n, &errs, &err) != 0) {
+        /* PET_* first, then flags and overrides in command-line order: the last one wins. */
+        if (dt_job_load_settings(&job, a.job_path, a.settings, a.n_settings, &errs, &err) != 0) {
             print_config_errors(&errs);
             fprintf(stderr, "dtrain: %s; nothing was started\n", err.msg);
             goto out;
@@ -121,14 +109,10 @@ static int cmd_run(int argc, char **argv)
             goto out;
         }
     } else {
-        dt_job_defaults(&job);
-        for (int i = 0; i < a.n_flag_keys; i++)
-            if (dt_job_set(&job, a.flag_keys[i], &err) != 0) {
-                fprintf(stderr, "dtrain: %s\n", err.msg);
-                goto out;
-            }
-        if (dt_launch_validate(&job.launch, "command line", &errs) != 0) {
+        /* The same settings, conf folding and validation as with a job file. */
+        if (dt_launch_load(&job, a.settings, a.n_settings, &errs, &err) != 0) {
             print_config_errors(&errs);
+            fprintf(stderr, "dtrain: %s; nothing was started\n", err.msg);
             goto out;
         }
         if (a.print_config) {
@@ -170,7 +154,6 @@ static int cmd_run(int argc, char **argv)
         code = 1;
     }
 out:
-    free(all);
     dt_args_free(&a);
     return code;
 }

@@ -14,8 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "common/util.h"
+#include "rendezvous/rdzv.h"
 
 #define J(f) offsetof(dt_job, f), sizeof(((dt_job *)0)->f)
 #define L(f) offsetof(dt_job, launch.f), sizeof(((dt_job *)0)->launch.f)
@@ -104,10 +106,11 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"rendezvous", "backend", DT_CFG_ENUM, L(rdzv_backend), "static", 0, 0, "static|c10d", false, "static: fixed nodes and node ranks; c10d: elastic"},
     {"rendezvous", "endpoint", DT_CFG_STR, L(rdzv_endpoint), "", 0, 0, NULL, false, "HOST[:PORT] of the store"},
     {"rendezvous", "id", DT_CFG_STR, L(rdzv_id), "none", 0, 0, NULL, false, "run id shared by every node of a job"},
-    {"rendezvous", "conf", DT_CFG_STR, L(rdzv_conf), "", 0, 0, NULL, false, "extra k=v,... (join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_timeout, is_host)"},
+    {"rendezvous", "conf", DT_CFG_STR, L(rdzv_conf), "", 0, 0, NULL, false, "extra k=v,... (join_timeout or timeout, last_call_timeout, close_timeout, heartbeat_interval or keep_alive_interval, heartbeat_timeout, keep_alive_max_attempt, read_timeout, is_host); folded into these keys where it is set"},
     {"rendezvous", "join_timeout", DT_CFG_DURATION, L(join_timeout), "600", 0.001, 1e7, NULL, false, "seconds to wait for enough nodes to join"},
     {"rendezvous", "last_call_timeout", DT_CFG_DURATION, L(last_call_timeout), "30", 0, 1e7, NULL, false, "seconds a round stays open after MIN nodes joined"},
     {"rendezvous", "close_timeout", DT_CFG_DURATION, L(close_timeout), "60", 0.001, 1e7, NULL, false, "seconds the store host waits for others to see the end of a job"},
+    {"rendezvous", "read_timeout", DT_CFG_DURATION, L(read_timeout), "60", 0.001, 1e7, NULL, false, "seconds a store read waits for its answer"},
     {"rendezvous", "heartbeat_interval", DT_CFG_DURATION, L(heartbeat_interval), "5", 0.001, 1e6, NULL, false, "seconds between agent heartbeats"},
     {"rendezvous", "heartbeat_timeout", DT_CFG_DURATION, L(heartbeat_timeout), "30", 0.001, 1e7, NULL, false, "seconds without a heartbeat before a node is declared dead"},
     {"rendezvous", "is_host", DT_CFG_BOOL, L(is_host), "false", 0, 0, NULL, false, "this node hosts the store (c10d; default: the node whose address is the endpoint)"},
@@ -188,6 +191,99 @@ static const char *enum_nearest(const char *choices, const char *v, char *buf, s
     return dt_nearest(v, cands, n);
 }
 
+/* A string a job file cannot hold: --print-config must read back to the same job. */
+static int check_writable(const dt_cfg_field *f, const char *v, char *why, size_t cap)
+{
+    for (const char *p = v; *p; p++) {
+        if (*p == '\n' || *p == '\r') {
+            snprintf(why, cap, "%s.%s: the value contains a line break, which a job file cannot hold",
+                     f->section, f->key);
+            return -EINVAL;
+        }
+        if (*p == ';' && p > v && (p[-1] == ' ' || p[-1] == '\t')) {
+            snprintf(why, cap,
+                     "%s.%s: \"%s\" contains \" ;\", which starts a comment in a job file",
+                     f->section, f->key, v);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+static int check_std_spec(const char *s)
+{
+    int a, b;
+    char tail;
+    if (sscanf(s, "%d%c", &a, &tail) == 1)
+        return a >= 0 && a <= 3 ? 0 : -EINVAL;
+    char buf[DT_STR_MID], *save = NULL;
+    int n = 0;
+    dt_strlcpy(buf, s, sizeof buf);
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), n++)
+        if (sscanf(tok, "%d:%d%c", &a, &b, &tail) != 2 || a < 0 || b < 0 || b > 3)
+            return -EINVAL;
+    return n ? 0 : -EINVAL;
+}
+
+/* Checks a string key whose form is known (launcher settings, names); fills why. */
+static int check_str(const dt_cfg_field *f, const char *v, char *why, size_t cap)
+{
+    char k[64];
+    int a, b;
+    char tail;
+    if (check_writable(f, v, why, cap))
+        return -EINVAL;
+    snprintf(k, sizeof k, "%s.%s", f->section, f->key);
+    if (!strcmp(k, "elastic.nnodes")) {
+        if (sscanf(v, "%d:%d%c", &a, &b, &tail) == 2) {
+            if (a < 1 || b < a) {
+                snprintf(why, cap, "%s: \"%s\" must be MIN:MAX with 1 <= MIN <= MAX", k, v);
+                return -EINVAL;
+            }
+        } else if (sscanf(v, "%d%c", &a, &tail) != 1 || a < 1) {
+            snprintf(why, cap, "%s: \"%s\" must be a number >= 1 or MIN:MAX", k, v);
+            return -EINVAL;
+        }
+    } else if (!strcmp(k, "elastic.nproc_per_node")) {
+        if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "gpu") &&
+            (sscanf(v, "%d%c", &a, &tail) != 1 || a < 1 || a > 4096)) {
+            snprintf(why, cap, "%s: \"%s\" must be a number from 1 to 4096, auto, cpu or gpu", k,
+                     v);
+            return -EINVAL;
+        }
+    } else if (!strcmp(k, "elastic.redirects") || !strcmp(k, "elastic.tee")) {
+        if (check_std_spec(v)) {
+            snprintf(why, cap,
+                     "%s: \"%s\" must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or "
+                     "LOCAL_RANK:MODE,... such as 0:3,1:1",
+                     k, v);
+            return -EINVAL;
+        }
+    } else if (!strcmp(k, "elastic.local_ranks_filter") && v[0]) {
+        char buf[DT_STR_MID], *save = NULL;
+        dt_strlcpy(buf, v, sizeof buf);
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            if (sscanf(tok, "%d%c", &a, &tail) != 1 || a < 0) {
+                snprintf(why, cap, "%s: \"%s\" must be local ranks such as 0,2", k, v);
+                return -EINVAL;
+            }
+    } else if (!strcmp(k, "rendezvous.endpoint") && v[0]) {
+        char host[DT_STR_MID];
+        int port = 0;
+        dt_err e = {0};
+        if (dt_rdzv_parse_endpoint(v, host, sizeof host, &port, &e)) {
+            snprintf(why, cap, "%s: %.300s (expected HOST[:PORT], e.g. node0:29400)", k, e.msg);
+            return -EINVAL;
+        }
+    } else if (!strcmp(k, "job.name") || !strcmp(k, "rendezvous.id")) {
+        if (!v[0] || strchr(v, '/')) {
+            snprintf(why, cap, "%s: \"%s\" must be a non-empty name without '/'", k, v);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
 /* Parses value into the field of job; on failure fills why and returns -EINVAL. */
 static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char *why, size_t cap)
 {
@@ -198,6 +294,8 @@ static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char
     case DT_CFG_INT: {
         int v;
         rc = dt_parse_int(value, &v);
+        if (rc == -ERANGE)
+            goto range;
         if (rc) {
             snprintf(why, cap, "%s.%s: \"%s\" is not an integer", f->section, f->key, value);
             return -EINVAL;
@@ -211,6 +309,8 @@ static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char
     case DT_CFG_I64: {
         int64_t v;
         rc = dt_parse_i64(value, &v);
+        if (rc == -ERANGE)
+            goto range;
         if (rc) {
             snprintf(why, cap, "%s.%s: \"%s\" is not an integer", f->section, f->key, value);
             return -EINVAL;
@@ -267,20 +367,23 @@ static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char
             *p = (char)tolower((unsigned char)*p);
         return 0;
     case DT_CFG_STR:
-        if (!dt_strlcpy(base, value, f->size)) {
+        if (strlen(value) >= f->size) {
             snprintf(why, cap, "%s.%s: value is longer than %zu characters", f->section, f->key,
                      f->size - 1);
             return -EINVAL;
         }
+        if (check_str(f, value, why, cap))
+            return -EINVAL;
+        dt_strlcpy(base, value, f->size);
         return 0;
     }
     return -EINVAL;
 range:
     if (f->max >= BIG)
-        snprintf(why, cap, "%s.%s: %s is out of range (must be >= %g)", f->section, f->key, value,
+        snprintf(why, cap, "%s.%s: %s is out of range (min %.15g)", f->section, f->key, value,
                  f->min);
     else
-        snprintf(why, cap, "%s.%s: %s is out of range (must be between %g and %g)", f->section,
+        snprintf(why, cap, "%s.%s: %s is out of range (min %.15g, max %.15g)", f->section,
                  f->key, value, f->min, f->max);
     return -EINVAL;
 }
@@ -306,12 +409,28 @@ void dt_job_defaults(dt_job *job)
 typedef struct parse_ctx {
     dt_job *job;
     dt_config_errors *errs;
-    const char *where;    /* file name for messages */
-    int line;             /* current line (counted by the reader) */
+    const char *where;    /* file name (or the source of a setting) for messages */
+    int line;             /* current line (counted by the reader); 0 outside the file */
     FILE *fp;
     int seen_line[256];   /* line each field was set on (duplicate detection) */
     bool seen_required[256];
+    char src[256][96];    /* where each field last got its value ("job.ini:12", "--nnodes") */
+    int seq[256];         /* order of that assignment (0 = still the default) */
+    bool bad[256];        /* the last value given for the field was rejected */
+    int nseq;
 } parse_ctx;
+
+static void note_source(parse_ctx *c, int idx, bool ok)
+{
+    if (c->line > 0)
+        snprintf(c->src[idx], sizeof c->src[idx], "%s:%d", c->where, c->line);
+    else
+        snprintf(c->src[idx], sizeof c->src[idx], "%s", c->where);
+    c->seq[idx] = ++c->nseq;
+    c->bad[idx] = !ok;
+}
+
+static void fold_rdzv_conf(parse_ctx *c, const char *value);
 
 static void report_unknown_key(parse_ctx *c, const char *section, const char *key)
 {
@@ -347,17 +466,31 @@ static int assign(parse_ctx *c, const char *section, const char *key, const char
     }
     int idx = (int)(f - dt_cfg_fields);
     c->seen_required[idx] = true; /* present, even if its value is wrong */
-    if (c->seen_line[idx] && c->line) {
+    if (c->seen_line[idx] > 0 && c->line) {
         add_error(c->errs, c->where, c->line, "%s.%s is set twice (also on line %d)", f->section,
                   f->key, c->seen_line[idx]);
+        return 0;
+    }
+    /* "x y" stands for x y: quotes keep spaces at either end (--print-config writes them). */
+    char unq[DT_PATH_MAX + 8];
+    size_t len = strlen(value);
+    if (len >= 2 && value[0] == '"' && value[len - 1] == '"' && len - 2 < sizeof unq) {
+        memcpy(unq, value + 1, len - 2);
+        unq[len - 2] = '\0';
+        value = unq;
+    }
+    c->seen_line[idx] = c->line > 0 ? c->line : -1;
+    if (!strcmp(f->section, "rendezvous") && !strcmp(f->key, "conf")) {
+        fold_rdzv_conf(c, value);
         return 0;
     }
     char why[512];
     if (set_field(c->job, f, value, why, sizeof why) != 0) {
         add_error(c->errs, c->where, c->line, "%s", why);
+        note_source(c, idx, false);
         return 0;
     }
-    c->seen_line[idx] = c->line > 0 ? c->line : -1;
+    note_source(c, idx, true);
     return 0;
 }
 
@@ -397,6 +530,8 @@ static char *line_reader(char *str, int num, void *stream)
     if (!r)
         return NULL;
     c->line++;
+    if (c->line == 1 && !memcmp(str, "\xEF\xBB\xBF", 3)) /* a UTF-8 BOM */
+        memmove(str, str + 3, strlen(str + 3) + 1);
     size_t len = strlen(str);
     if (len == (size_t)num - 1 && str[len - 1] != '\n' && !feof(c->fp)) {
         /* inih reads at most INI_MAX_LINE bytes per line: report and skip the rest. */
@@ -456,21 +591,36 @@ static void apply_presets(dt_job *job)
     }
 }
 
-/* Applies rendezvous.conf ("k=v,...") onto the typed [rendezvous] fields. */
-static void apply_rdzv_conf(dt_job *job, dt_config_errors *errs, const char *where)
+static int field_index(const char *section, const char *key)
 {
-    char buf[DT_STR_MID];
-    dt_strlcpy(buf, job->launch.rdzv_conf, sizeof buf);
-    static const char *const allowed[] = {"join_timeout", "last_call_timeout", "close_timeout",
-                                          "heartbeat_interval", "heartbeat_timeout", "is_host"};
-    char *save = NULL;
+    const dt_cfg_field *f = find_field(section, key);
+    return f ? (int)(f - dt_cfg_fields) : -1;
+}
+
+/* Folds rendezvous.conf ("k=v,...") into the typed [rendezvous] keys now, at the position of its
+ * source: what is set later beats it, what was set earlier loses. torchrun's names are mapped:
+ * timeout -> join_timeout, keep_alive_interval -> heartbeat_interval, keep_alive_max_attempt ->
+ * heartbeat_timeout = heartbeat_interval x attempts. */
+static void fold_rdzv_conf(parse_ctx *c, const char *value)
+{
+    static const char *const allowed[] = {
+        "join_timeout",      "last_call_timeout", "close_timeout",       "heartbeat_interval",
+        "heartbeat_timeout", "is_host",           "read_timeout",        "timeout",
+        "keep_alive_interval", "keep_alive_max_attempt"};
+    char buf[DT_STR_MID], *save = NULL;
+    int attempts = 0, attempts_bad = 0;
+    if (!dt_strlcpy(buf, value, sizeof buf)) {
+        add_error(c->errs, c->where, c->line, "rendezvous.conf: longer than %zu characters",
+                  sizeof buf - 1);
+        return;
+    }
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        tok = dt_trim(tok);
         char *eq = strchr(tok, '=');
-        dt_trim(tok);
         if (!*tok)
             continue;
         if (!eq) {
-            add_error(errs, where, 0, "rendezvous.conf: \"%s\" is not key=value", tok);
+            add_error(c->errs, c->where, c->line, "rendezvous.conf: \"%s\" is not key=value", tok);
             continue;
         }
         *eq = '\0';
@@ -480,134 +630,211 @@ static void apply_rdzv_conf(dt_job *job, dt_config_errors *errs, const char *whe
             ok |= !strcmp(allowed[i], k);
         if (!ok) {
             const char *near = dt_nearest(k, allowed, DT_ARRAY_LEN(allowed));
-            add_error(errs, where, 0, "rendezvous.conf: unknown key \"%s\"%s%s%s", k,
+            add_error(c->errs, c->where, c->line, "rendezvous.conf: unknown key \"%s\"%s%s%s", k,
                       near ? "; did you mean \"" : " (known: join_timeout, last_call_timeout, "
                                                    "close_timeout, heartbeat_interval, "
-                                                   "heartbeat_timeout, is_host)",
+                                                   "heartbeat_timeout, read_timeout, is_host, "
+                                                   "timeout, keep_alive_interval, "
+                                                   "keep_alive_max_attempt)",
                       near ? near : "", near ? "\"?" : "");
             continue;
         }
+        if (!strcmp(k, "keep_alive_max_attempt")) {
+            if (dt_parse_int(v, &attempts) || attempts < 1 || attempts > 1000000) {
+                add_error(c->errs, c->where, c->line,
+                          "rendezvous.conf: keep_alive_max_attempt: \"%s\" must be a whole "
+                          "number >= 1",
+                          v);
+                attempts = 0;
+                attempts_bad = 1;
+            }
+            continue;
+        }
+        if (!strcmp(k, "timeout"))
+            k = "join_timeout";
+        else if (!strcmp(k, "keep_alive_interval"))
+            k = "heartbeat_interval";
         char why[512];
-        if (set_field(job, find_field("rendezvous", k), v, why, sizeof why))
-            add_error(errs, where, 0, "rendezvous.conf: %s", why);
+        int idx = field_index("rendezvous", k);
+        bool good = set_field(c->job, &dt_cfg_fields[idx], v, why, sizeof why) == 0;
+        if (!good)
+            add_error(c->errs, c->where, c->line, "rendezvous.conf: %s", why);
+        note_source(c, idx, good);
     }
+    int idx = field_index("rendezvous", "heartbeat_timeout");
+    if (attempts > 0) {
+        char v[64], why[512];
+        snprintf(v, sizeof v, "%.17g", c->job->launch.heartbeat_interval * attempts);
+        bool good = set_field(c->job, &dt_cfg_fields[idx], v, why, sizeof why) == 0;
+        if (!good)
+            add_error(c->errs, c->where, c->line,
+                      "rendezvous.conf: keep_alive_interval x keep_alive_max_attempt: %s", why);
+        note_source(c, idx, good);
+    } else if (attempts_bad) {
+        note_source(c, idx, false);
+    }
+}
+
+/* The source of whichever of keys ("section.key", NULL-terminated) was set last, else w. */
+static const char *where_of(const parse_ctx *c, const char *w, const char *const *keys)
+{
+    int best = 0;
+    const char *src = w;
+    for (; c && *keys; keys++) {
+        char sec[32];
+        const char *dot = strchr(*keys, '.');
+        snprintf(sec, sizeof sec, "%.*s", (int)(dot - *keys), *keys);
+        int idx = field_index(sec, dot + 1);
+        if (idx >= 0 && c->seq[idx] > best) {
+            best = c->seq[idx];
+            src = c->src[idx];
+        }
+    }
+    return src;
+}
+
+/* True when one of keys had a rejected value (a cross-key check on it would only add noise). */
+static bool any_bad(const parse_ctx *c, const char *const *keys)
+{
+    for (; c && *keys; keys++) {
+        char sec[32];
+        const char *dot = strchr(*keys, '.');
+        snprintf(sec, sizeof sec, "%.*s", (int)(dot - *keys), *keys);
+        int idx = field_index(sec, dot + 1);
+        if (idx >= 0 && c->bad[idx])
+            return true;
+    }
+    return false;
+}
+
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define AT(...) where_of(c, w, KEYS(__VA_ARGS__))
+#define BAD(...) any_bad(c, KEYS(__VA_ARGS__))
+
+static int launch_validate(const dt_launch *l, const parse_ctx *c, const char *w,
+                           dt_config_errors *errs)
+{
+    int before = errs ? errs->count : 0;
+    /* Per-key forms (already checked when a key is set; here for structs filled otherwise). */
+    static const struct {
+        const char *key;
+        size_t off;
+    } strs[] = {
+        {"nnodes", offsetof(dt_launch, nnodes)},
+        {"nproc_per_node", offsetof(dt_launch, nproc_per_node)},
+        {"redirects", offsetof(dt_launch, redirects)},
+        {"tee", offsetof(dt_launch, tee)},
+        {"local_ranks_filter", offsetof(dt_launch, local_ranks_filter)},
+        {"endpoint", offsetof(dt_launch, rdzv_endpoint)},
+        {"id", offsetof(dt_launch, rdzv_id)},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(strs); i++) {
+        const dt_cfg_field *f = find_field("elastic", strs[i].key);
+        if (!f)
+            f = find_field("rendezvous", strs[i].key);
+        char why[512], k[64];
+        if (f && check_str(f, (const char *)l + strs[i].off, why, sizeof why)) {
+            snprintf(k, sizeof k, "%s.%s", f->section, f->key);
+            add_error(errs, where_of(c, w, KEYS(k)), 0, "%s", why);
+        }
+    }
+    if (l->heartbeat_timeout <= l->heartbeat_interval &&
+        !BAD("rendezvous.heartbeat_timeout", "rendezvous.heartbeat_interval"))
+        add_error(errs, AT("rendezvous.heartbeat_timeout", "rendezvous.heartbeat_interval"), 0,
+                  "rendezvous.heartbeat_timeout (%g s) must be longer than heartbeat_interval "
+                  "(%g s): a node would be declared lost between two heartbeats",
+                  l->heartbeat_timeout, l->heartbeat_interval);
+    int a, b, max_nodes = 0;
+    char tail;
+    if (sscanf(l->nnodes, "%d:%d%c", &a, &b, &tail) == 2)
+        max_nodes = b;
+    else if (sscanf(l->nnodes, "%d%c", &a, &tail) == 1)
+        max_nodes = a;
+    if (!l->standalone && max_nodes > 0 && l->node_rank >= max_nodes &&
+        !BAD("rendezvous.node_rank", "elastic.nnodes"))
+        add_error(errs, AT("rendezvous.node_rank", "elastic.nnodes"), 0,
+                  "rendezvous.node_rank (%d) must be below the number of nodes (elastic.nnodes "
+                  "= %s)",
+                  l->node_rank, l->nnodes);
+    return errs && errs->count > before ? -EINVAL : 0;
 }
 
 int dt_launch_validate(const dt_launch *l, const char *w, dt_config_errors *errs)
 {
-    int before = errs ? errs->count : 0;
-    int a, b;
-    char tail;
-    if (sscanf(l->nnodes, "%d:%d%c", &a, &b, &tail) == 2) {
-        if (a < 1 || b < a)
-            add_error(errs, w, 0, "elastic.nnodes: \"%s\" must be MIN:MAX with 1 <= MIN <= MAX",
-                      l->nnodes);
-    } else if (sscanf(l->nnodes, "%d%c", &a, &tail) != 1 || a < 1) {
-        add_error(errs, w, 0, "elastic.nnodes: \"%s\" must be a number >= 1 or MIN:MAX",
-                  l->nnodes);
-    }
-    if (strcmp(l->nproc_per_node, "auto") && strcmp(l->nproc_per_node, "cpu") &&
-        strcmp(l->nproc_per_node, "gpu") &&
-        (sscanf(l->nproc_per_node, "%d%c", &a, &tail) != 1 || a < 1 || a > 4096))
-        add_error(errs, w, 0,
-                  "elastic.nproc_per_node: \"%s\" must be a number from 1 to 4096, auto, cpu or gpu",
-                  l->nproc_per_node);
-    const char *std[] = {l->redirects, l->tee};
-    const char *stdname[] = {"redirects", "tee"};
-    for (int i = 0; i < 2; i++) {
-        const char *s = std[i];
-        bool ok = true;
-        if (sscanf(s, "%d%c", &a, &tail) == 1)
-            ok = a >= 0 && a <= 3;
-        else {
-            char buf[DT_STR_MID], *save = NULL;
-            dt_strlcpy(buf, s, sizeof buf);
-            for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-                if (sscanf(tok, "%d:%d%c", &a, &b, &tail) != 2 || a < 0 || b < 0 || b > 3)
-                    ok = false;
-        }
-        if (!ok)
-            add_error(errs, w, 0,
-                      "elastic.%s: \"%s\" must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or "
-                      "LOCAL_RANK:MODE,... such as 0:3,1:1",
-                      stdname[i], s);
-    }
-    if (l->local_ranks_filter[0]) {
-        char buf[DT_STR_MID], *save = NULL;
-        dt_strlcpy(buf, l->local_ranks_filter, sizeof buf);
-        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-            if (sscanf(tok, "%d%c", &a, &tail) != 1 || a < 0)
-                add_error(errs, w, 0,
-                          "elastic.local_ranks_filter: \"%s\" must be local ranks such as 0,2",
-                          l->local_ranks_filter);
-    }
-    if (l->heartbeat_timeout <= l->heartbeat_interval)
-        add_error(errs, w, 0,
-                  "rendezvous.heartbeat_timeout (%g s) must be longer than heartbeat_interval "
-                  "(%g s)",
-                  l->heartbeat_timeout, l->heartbeat_interval);
-    return errs && errs->count > before ? -EINVAL : 0;
+    return launch_validate(l, NULL, w, errs);
 }
 
-int dt_job_validate(const dt_job *job, dt_config_errors *errs)
+static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors *errs)
 {
     int before = errs ? errs->count : 0;
     const char *w = job->path[0] ? job->path : "job";
     int a;
     char tail;
-    dt_launch_validate(&job->launch, w, errs);
-    if (!strcmp(job->model_type, "gpt")) {
+    launch_validate(&job->launch, c, w, errs);
+    if (!strcmp(job->model_type, "gpt") &&
+        !BAD("model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.preset")) {
         if (job->n_layer <= 0 || job->n_head <= 0 || job->n_embd <= 0 || job->block_size <= 0)
-            add_error(errs, w, 0,
+            add_error(errs, AT("model.type", "model.preset"), 0,
                       "model: gpt needs n_layer, n_head, n_embd and block_size (or a preset: "
                       "gpt-tiny, gpt-mini, gpt2-124m)");
         else if (job->n_embd % job->n_head)
-            add_error(errs, w, 0, "model: n_embd (%d) must be divisible by n_head (%d)",
-                      job->n_embd, job->n_head);
-        if (job->seq_len > job->block_size && job->block_size > 0)
-            add_error(errs, w, 0, "data.seq_len (%d) must not exceed model.block_size (%d)",
-                      job->seq_len, job->block_size);
+            add_error(errs, AT("model.n_embd", "model.n_head"), 0,
+                      "model: n_embd (%d) must be divisible by n_head (%d)", job->n_embd,
+                      job->n_head);
+        if (job->seq_len > job->block_size && job->block_size > 0 && !BAD("data.seq_len"))
+            add_error(errs, AT("data.seq_len", "model.block_size"), 0,
+                      "data.seq_len (%d) must not exceed model.block_size (%d)", job->seq_len,
+                      job->block_size);
     }
-    if (!strcmp(job->model_type, "resnet") && (job->depth - 2) % 6)
-        add_error(errs, w, 0, "model.depth: %d is not 6n+2 (use 20, 32, 44, 56 or 110)",
+    if (!strcmp(job->model_type, "resnet") && (job->depth - 2) % 6 && !BAD("model.depth"))
+        add_error(errs, AT("model.depth"), 0, "model.depth: %d is not 6n+2 (use 20, 32, 44, 56 or 110)",
                   job->depth);
-    if (!strcmp(job->model_type, "mlp")) {
+    if (!strcmp(job->model_type, "mlp") && !BAD("model.hidden")) {
         char buf[DT_STR_MID], *save = NULL;
-        int n = 0;
+        int n = 0, wrong = 0;
         dt_strlcpy(buf, job->hidden, sizeof buf);
         for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), n++)
             if (dt_parse_int(dt_trim(tok), &a) || a < 1)
-                add_error(errs, w, 0, "model.hidden: \"%s\" must be positive widths such as 256,256",
-                          job->hidden);
+                wrong = 1;
+        if (wrong || n == 0)
+            add_error(errs, AT("model.hidden"), 0,
+                      "model.hidden: \"%s\" must be positive widths such as 256,256", job->hidden);
         if (n > 16)
-            add_error(errs, w, 0, "model.hidden: at most 16 hidden layers");
+            add_error(errs, AT("model.hidden"), 0, "model.hidden: at most 16 hidden layers");
     }
-    if (strcmp(job->data_type, "synthetic") && !job->data_path[0])
-        add_error(errs, w, 0, "data.path is required for data.type = %s", job->data_type);
+    if (strcmp(job->data_type, "synthetic") && !job->data_path[0] && !BAD("data.path"))
+        add_error(errs, AT("data.type", "data.path"), 0, "data.path is required for data.type = %s",
+                  job->data_type);
     if (!strcmp(job->data_type, "synthetic") && strcmp(job->synthetic_shape, "vector")) {
-        int c, h, ww;
-        if (sscanf(job->synthetic_shape, "%dx%dx%d%c", &c, &h, &ww, &tail) != 3 || c < 1 ||
+        int ch, h, ww;
+        if (sscanf(job->synthetic_shape, "%dx%dx%d%c", &ch, &h, &ww, &tail) != 3 || ch < 1 ||
             h < 1 || ww < 1)
-            add_error(errs, w, 0,
+            add_error(errs, AT("data.synthetic_shape"), 0,
                       "data.synthetic_shape: \"%s\" must be vector or CxHxW such as 3x32x32",
                       job->synthetic_shape);
     }
     if (!strcmp(job->model_type, "gpt") &&
         (!strcmp(job->data_type, "cifar10") || !strcmp(job->data_type, "mnist")))
-        add_error(errs, w, 0, "model gpt needs token data (text, tokens or synthetic), not %s",
-                  job->data_type);
+        add_error(errs, AT("model.type", "data.type"), 0,
+                  "model gpt needs token data (text, tokens or synthetic), not %s", job->data_type);
     if ((!strcmp(job->model_type, "mlp") || !strcmp(job->model_type, "resnet")) &&
         (!strcmp(job->data_type, "text") || !strcmp(job->data_type, "tokens")))
-        add_error(errs, w, 0, "model %s needs classification data (synthetic, cifar10, mnist), not %s",
+        add_error(errs, AT("model.type", "data.type"), 0,
+                  "model %s needs classification data (synthetic, cifar10, mnist), not %s",
                   job->model_type, job->data_type);
-    if (job->steps == 0 && job->epochs == 0)
-        add_error(errs, w, 0, "train: set steps or epochs (both are 0)");
-    if (job->min_lr > job->lr)
-        add_error(errs, w, 0, "train.min_lr (%g) must not exceed train.lr (%g)", job->min_lr,
-                  job->lr);
+    if (job->steps == 0 && job->epochs == 0 && !BAD("train.steps", "train.epochs"))
+        add_error(errs, AT("train.steps", "train.epochs"), 0, "train: set steps or epochs (both are 0)");
+    if (job->min_lr > job->lr && !BAD("train.min_lr", "train.lr"))
+        add_error(errs, AT("train.min_lr", "train.lr"), 0,
+                  "train.min_lr (%g) must not exceed train.lr (%g)", job->min_lr, job->lr);
     if (strcmp(job->resume, "auto") && strcmp(job->resume, "never") && !job->resume[0])
-        add_error(errs, w, 0, "checkpoint.resume: use auto, never or a path");
+        add_error(errs, AT("checkpoint.resume"), 0, "checkpoint.resume: use auto, never or a path");
     return errs && errs->count > before ? -EINVAL : 0;
+}
+
+int dt_job_validate(const dt_job *job, dt_config_errors *errs)
+{
+    return job_validate(job, NULL, errs);
 }
 
 static void derive(dt_job *job)
@@ -646,15 +873,41 @@ static int parse_assignment(parse_ctx *c, const char *text)
 
 int dt_job_set(dt_job *job, const char *assignment, dt_err *err)
 {
-    dt_config_errors errs = {0};
-    parse_ctx c = {.job = job, .errs = &errs, .where = "override"};
-    if (parse_assignment(&c, assignment) != 0)
-        return dt_err_set(err, -EINVAL, "%s", errs.lines[0]);
-    return 0;
+    dt_config_errors *errs = calloc(1, sizeof *errs);
+    parse_ctx *c = calloc(1, sizeof *c); /* large (source tables) */
+    int rc = 0;
+    if (!errs || !c) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory setting %.60s", assignment);
+        goto out;
+    }
+    c->job = job;
+    c->errs = errs;
+    c->where = "override";
+    if (parse_assignment(c, assignment) != 0)
+        rc = dt_err_set(err, -EINVAL, "%s", errs->lines[0]);
+out:
+    free(c);
+    free(errs);
+    return rc;
 }
 
-int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_overrides,
-                dt_config_errors *errs, dt_err *err)
+static void apply_settings(parse_ctx *c, const dt_setting *settings, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        char where[96];
+        if (settings[i].source)
+            snprintf(where, sizeof where, "%s", settings[i].source);
+        else
+            snprintf(where, sizeof where, "override %d (%.40s)", ++k, settings[i].text);
+        c->where = where;
+        c->line = 0;
+        parse_assignment(c, settings[i].text);
+    }
+}
+
+int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settings, int n,
+                         dt_config_errors *errs, dt_err *err)
 {
     static parse_ctx c; /* large (seen tables); not re-entrant, like the command line */
     dt_config_errors local = {0};
@@ -665,8 +918,13 @@ int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_ove
     c.job = job;
     c.errs = errs;
     if (path) {
+        struct stat st;
         dt_strlcpy(job->path, path, sizeof job->path);
         c.where = path;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            add_error(errs, path, 0, "cannot open job file: is a directory (give a .ini file)");
+            return dt_err_set(err, -EISDIR, "no job loaded");
+        }
         c.fp = fopen(path, "r");
         if (!c.fp) {
             add_error(errs, path, 0, "cannot open job file: %s", strerror(errno));
@@ -677,26 +935,50 @@ int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_ove
         if (rc < 0)
             add_error(errs, path, 0, "cannot read job file");
     }
-    for (int i = 0; i < n_overrides; i++) {
-        char where[64];
-        snprintf(where, sizeof where, "override %d (%.30s)", i + 1, overrides[i]);
-        c.where = where;
-        c.line = 0;
-        parse_assignment(&c, overrides[i]);
-    }
+    apply_settings(&c, settings, n);
     for (int i = 0; i < dt_cfg_fields_count; i++)
         if (dt_cfg_fields[i].required && !c.seen_required[i])
             add_error(errs, path ? path : "job", 0,
                       "missing required key %s.%s (%s; one of %s)", dt_cfg_fields[i].section,
                       dt_cfg_fields[i].key, dt_cfg_fields[i].help,
                       dt_cfg_fields[i].choices ? dt_cfg_fields[i].choices : "see README");
-    apply_rdzv_conf(job, errs, path ? path : "command line");
     derive(job);
-    if (errs->count == 0)
-        dt_job_validate(job, errs);
+    job_validate(job, &c, errs);
     if (errs->count)
-        return dt_err_set(err, -EINVAL, "%d error%s in %s", errs->count, errs->count > 1 ? "s" : "",
-                          path ? path : "the job");
+        return dt_err_set(err, -EINVAL, "%d error%s loading %s", errs->count,
+                          errs->count > 1 ? "s" : "", path ? path : "the job");
+    return 0;
+}
+
+int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_overrides,
+                dt_config_errors *errs, dt_err *err)
+{
+    dt_setting *s = n_overrides > 0 ? calloc((size_t)n_overrides, sizeof *s) : NULL;
+    if (n_overrides > 0 && !s)
+        return dt_err_set(err, -ENOMEM, "out of memory loading %s", path ? path : "the job");
+    for (int i = 0; i < n_overrides; i++)
+        s[i].text = overrides[i];
+    int rc = dt_job_load_settings(job, path, s, n_overrides, errs, err);
+    free(s);
+    return rc;
+}
+
+int dt_launch_load(dt_job *job, const dt_setting *settings, int n, dt_config_errors *errs,
+                   dt_err *err)
+{
+    static parse_ctx c;
+    dt_config_errors local = {0};
+    if (!errs)
+        errs = &local;
+    memset(&c, 0, sizeof c);
+    dt_job_defaults(job);
+    c.job = job;
+    c.errs = errs;
+    apply_settings(&c, settings, n);
+    launch_validate(&job->launch, &c, "command line", errs);
+    if (errs->count)
+        return dt_err_set(err, -EINVAL, "%d error%s on the command line", errs->count,
+                          errs->count > 1 ? "s" : "");
     return 0;
 }
 
@@ -713,16 +995,29 @@ static void format_value(const dt_job *job, const dt_cfg_field *f, char *buf, si
         snprintf(buf, cap, "%lld", (long long)*(const int64_t *)base);
         break;
     case DT_CFG_DOUBLE:
-    case DT_CFG_DURATION:
-        snprintf(buf, cap, "%.17g", *(const double *)base);
+    case DT_CFG_DURATION: {
+        /* The shortest form that reads back to the same double. */
+        double v = *(const double *)base;
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(buf, cap, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v)
+                break;
+        }
         break;
+    }
     case DT_CFG_BOOL:
         snprintf(buf, cap, "%s", *(const bool *)base ? "true" : "false");
         break;
     case DT_CFG_STR:
-    case DT_CFG_ENUM:
-        snprintf(buf, cap, "%s", base);
+    case DT_CFG_ENUM: {
+        /* Quoted when the file would otherwise lose spaces at either end or a pair of quotes. */
+        size_t n = strlen(base);
+        bool quote = n > 0 && (isspace((unsigned char)base[0]) ||
+                               isspace((unsigned char)base[n - 1]) ||
+                               (n >= 2 && base[0] == '"' && base[n - 1] == '"'));
+        snprintf(buf, cap, quote ? "\"%s\"" : "%s", base);
         break;
+    }
     }
 }
 

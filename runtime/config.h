@@ -1,8 +1,10 @@
 /* config.h - the job: one typed, validated struct with a default for every key.
  *
  * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp]
- * [checkpoint] [elastic] [rendezvous]. Precedence, highest first: command-line launcher flags,
- * `section.key=value` overrides, the file, the defaults of the table in config.c. That table is
+ * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in
+ * config.c, the file, PET_* variables, then launcher flags and `section.key=value` overrides in
+ * command-line order (the last one given wins). rendezvous.conf entries take effect where the
+ * conf itself is set (a later explicit key beats them; they beat earlier ones). That table is
  * the single source of keys, types, defaults, ranges and help: the parser, --print-config and the
  * README's key reference (tested against it) all come from it.
  *
@@ -39,8 +41,10 @@ typedef struct dt_launch {
     char rdzv_backend[DT_STR_SMALL];   /* static or c10d */
     char rdzv_endpoint[DT_STR_MID];    /* HOST[:PORT] */
     char rdzv_id[DT_STR_MID];          /* run id */
-    char rdzv_conf[DT_STR_MID];        /* k=v,... extra settings */
+    char rdzv_conf[DT_STR_MID];        /* always "" once loaded: a conf "k=v,..." is folded into
+                                          the typed keys below where it is set */
     double join_timeout, last_call_timeout, close_timeout;
+    double read_timeout;               /* seconds a store read waits (torchrun's read_timeout) */
     double heartbeat_interval, heartbeat_timeout;
     bool is_host;                      /* this agent hosts the store (c10d) */
     /* flags only (no file key) */
@@ -136,6 +140,23 @@ typedef struct dt_config_errors {
  * summary in err). The job is complete even on error (for diagnostics only). */
 int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_overrides,
                 dt_config_errors *errs, dt_err *err);
+
+/* One command-line setting, for dt_job_load_settings / dt_launch_load. */
+typedef struct dt_setting {
+    const char *text;   /* "section.key=value" (borrowed) */
+    const char *source; /* names it in messages: "--nnodes", "environment PET_NNODES"; NULL =
+                           "override N (text)" */
+} dt_setting;
+
+/* dt_job_load with settings that carry their source; applied in array order (later wins).
+ * Cross-key errors name the source (file:line, flag or override) of the key set last. */
+int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settings, int n,
+                         dt_config_errors *errs, dt_err *err);
+
+/* For `dtrain -- COMMAND` (no job file): defaults, then settings, then dt_launch_validate with
+ * the same sources in messages. Returns 0 or -EINVAL with every error in errs. */
+int dt_launch_load(dt_job *job, const dt_setting *settings, int n, dt_config_errors *errs,
+                   dt_err *err);
 
 /* Applies one "section.key=value" to an already loaded job (validates that key only). */
 int dt_job_set(dt_job *job, const char *assignment, dt_err *err);

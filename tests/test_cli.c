@@ -77,14 +77,18 @@ static void test_bad_flags_exit_2_with_suggestion(void)
 
 static void test_spellings_and_precedence(void)
 {
-    /* dashes, underscores, = and space forms, short forms; flags beat overrides beat the file. */
+    /* dashes, underscores, = and space forms, short forms; flags and overrides beat the file and
+     * among themselves the last one given wins. */
     DT_REQUIRE(run("--print-config --nproc_per_node 3 --max-restarts=2 -r 1 --tee=0:3,1:1 "
                    "configs/quickstart.ini elastic.max_restarts=5 train.lr=0.01") == 0);
     DT_CHECK_CONTAINS(out, "nproc_per_node = 3\n");
-    DT_CHECK_CONTAINS(out, "max_restarts = 2\n");
+    DT_CHECK_CONTAINS(out, "max_restarts = 5\n");
     DT_CHECK_CONTAINS(out, "redirects = 1\n");
     DT_CHECK_CONTAINS(out, "tee = 0:3,1:1\n");
     DT_CHECK_CONTAINS(out, "lr = 0.01\n");
+    DT_REQUIRE(run("--print-config configs/quickstart.ini elastic.max_restarts=5 "
+                   "--max-restarts=2") == 0);
+    DT_CHECK_CONTAINS(out, "max_restarts = 2\n");
     /* PET_* environment like torchrun: below explicit flags */
     DT_REQUIRE(run("--print-config configs/quickstart.ini") == 0);
     char cmd[2048];
@@ -94,10 +98,67 @@ static void test_spellings_and_precedence(void)
     DT_REQUIRE(dt_test_run(cmd, &out, 20) == 0);
     DT_CHECK_CONTAINS(out, "nnodes = 2:3\n");
     DT_CHECK_CONTAINS(out, "max_restarts = 1\n");
+    /* PET_* are defaults under the command line: an override beats them too, the file does not */
+    snprintf(cmd, sizeof cmd,
+             "PET_NPROC_PER_NODE=2 %s --print-config configs/quickstart.ini elastic.nproc_per_node=4",
+             dt_test_dtrain_bin());
+    free(out);
+    DT_REQUIRE(dt_test_run(cmd, &out, 20) == 0);
+    DT_CHECK_CONTAINS(out, "nproc_per_node = 4\n");
+    snprintf(cmd, sizeof cmd, "PET_NPROC_PER_NODE=2 %s --print-config configs/quickstart.ini",
+             dt_test_dtrain_bin());
+    free(out);
+    DT_REQUIRE(dt_test_run(cmd, &out, 20) == 0);
+    DT_CHECK_CONTAINS(out, "nproc_per_node = 2\n");
     snprintf(cmd, sizeof cmd, "PET_NNODES=x %s configs/quickstart.ini", dt_test_dtrain_bin());
     free(out);
     DT_CHECK_INT(dt_test_run(cmd, &out, 20), 2);
     DT_CHECK_CONTAINS(out, "PET_NNODES");
+}
+
+/* rendezvous.conf takes effect where it is set; the flags are checked before anything starts. */
+static void test_rdzv_conf_and_endpoint(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/conf.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    fputs("[model]\ntype = mlp\n[rendezvous]\nconf = join_timeout=7,heartbeat_interval=2\n", f);
+    fclose(f);
+    DT_REQUIRE(run("--print-config %s rendezvous.join_timeout=9", path) == 0);
+    DT_CHECK_CONTAINS(out, "join_timeout = 9\n");
+    DT_CHECK_CONTAINS(out, "heartbeat_interval = 2\n");
+    DT_REQUIRE(run("--print-config %s --rdzv-conf=join_timeout=3", path) == 0);
+    DT_CHECK_CONTAINS(out, "join_timeout = 3\n");
+    /* torchrun's conf keys map onto dtrain's */
+    DT_REQUIRE(run("--print-config --rdzv-conf=timeout=5,keep_alive_interval=2,"
+                   "keep_alive_max_attempt=4,read_timeout=9,is_host=1 %s", path) == 0);
+    DT_CHECK_CONTAINS(out, "join_timeout = 5\n");
+    DT_CHECK_CONTAINS(out, "heartbeat_interval = 2\n");
+    DT_CHECK_CONTAINS(out, "heartbeat_timeout = 8\n");
+    DT_CHECK_CONTAINS(out, "read_timeout = 9\n");
+    DT_CHECK_CONTAINS(out, "is_host = true\n");
+    /* the same checks with a command as with a job file, before anything starts */
+    DT_CHECK_INT(run("--rdzv-conf=heartbeat_interval=40 -- true"), 2);
+    DT_CHECK_CONTAINS(out, "--rdzv-conf: rendezvous.heartbeat_timeout (30 s) must be longer");
+    DT_CHECK_CONTAINS(out, "nothing was started");
+    DT_CHECK_INT(run("--rdzv-conf=heartbeat_timeout=0.5,heartbeat_interval=1 -- true"), 2);
+    DT_CHECK_INT(run("--rdzv-conf=heartbeat_timeout=0.5,heartbeat_interval=1 %s", path), 2);
+    DT_CHECK_CONTAINS(out, "--rdzv-conf: rendezvous.heartbeat_timeout (0.5 s)");
+    DT_CHECK_INT(run("--rdzv-conf=hartbeat_interval=3 -- true"), 2);
+    DT_CHECK_CONTAINS(out, "--rdzv-conf: unknown key \"hartbeat_interval\"");
+    DT_CHECK_INT(run("--rdzv-endpoint=host:abc -- true"), 2);
+    DT_CHECK_CONTAINS(out, "--rdzv-endpoint:");
+    DT_CHECK_INT(run("--rdzv-endpoint=:99999 -- true"), 2);
+    DT_CHECK_CONTAINS(out, "--rdzv-endpoint:");
+    DT_CHECK_INT(run("--rdzv-endpoint=[::1 -- true"), 2);
+    DT_CHECK_INT(run("--nnodes=1:2 --node-rank=2 -- true"), 2);
+    DT_CHECK_CONTAINS(out, "--node-rank: rendezvous.node_rank (2) must be below");
+    DT_CHECK_INT(run("--node-rank=3 %s", path), 2);
+    DT_CHECK_CONTAINS(out, "node_rank (3)");
+    DT_REQUIRE(run("--print-config --rdzv-endpoint=node0:29400 --nnodes=2 --node-rank=1 %s",
+                   path) == 0);
+    DT_CHECK_CONTAINS(out, "endpoint = node0:29400\n");
 }
 
 static void test_job_file_errors_exit_2(void)
@@ -191,6 +252,7 @@ int main(int argc, char **argv)
         {"cli_bad_flags_exit_2", test_bad_flags_exit_2_with_suggestion, 0},
         {"cli_spellings_and_precedence", test_spellings_and_precedence, 0},
         {"cli_job_file_errors_exit_2", test_job_file_errors_exit_2, 0},
+        {"cli_rdzv_conf_and_endpoint", test_rdzv_conf_and_endpoint, 0},
         {"cli_print_config_round_trips", test_print_config_every_shipped_file_round_trips, 0},
         {"cli_subcommand_dispatch", test_subcommand_dispatch, 0},
         {"cli_args_parser_unit", test_args_parser_unit, 0},

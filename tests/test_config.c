@@ -145,6 +145,85 @@ static void test_cross_key_validation(void)
     DT_CHECK(has_error("rendezvous.conf: unknown key \"hartbeat_timeout\"; did you mean \"heartbeat_timeout\"?"));
 }
 
+/* Every error at once: cross-key errors come with the file:line of the key involved, even when
+ * other keys have errors too; a rejected key does not add noise from its default. */
+static void test_cross_key_errors_with_lines(void)
+{
+    int rc = load("[model]\ntype = gpt\nn_layer = 2\nn_head = 3\nn_embd = 64\nblock_size = 32\n"
+                  "[train]\nbatch_size = many\nlr = 0.001\nmin_lr = 0.01\n"
+                  "[rendezvous]\nheartbeat_interval = 40\n",
+                  NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:8: train.batch_size"));
+    DT_CHECK(has_error("job.ini:5: model: n_embd (64) must be divisible by n_head (3)"));
+    DT_CHECK(has_error("job.ini:10: train.min_lr (0.01) must not exceed"));
+    DT_CHECK(has_error("job.ini:12: rendezvous.heartbeat_timeout (30 s)"));
+    if (errs.count != 4)
+        dump_errors();
+    DT_CHECK_INT(errs.count, 4);
+    /* n_head rejected: no "gpt needs n_head" on top of it */
+    rc = load("[model]\ntype = gpt\npreset = gpt-tiny\nn_head = x\n[data]\ntype = synthetic\n", NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK_INT(errs.count, 1);
+    /* a conf entry's error carries the line of the conf */
+    rc = load("[model]\ntype = mlp\n[rendezvous]\nconf = heartbeat_interval=50\n", NULL, 0);
+    DT_CHECK(has_error("job.ini:4: rendezvous.heartbeat_timeout"));
+    rc = load("[model]\ntype = mlp\n[rendezvous]\nconf = join_timeout=x\n", NULL, 0);
+    DT_CHECK(has_error("job.ini:4: rendezvous.conf: rendezvous.join_timeout"));
+    /* an override's error names the override */
+    char *ov[] = {"rendezvous.heartbeat_interval=45"};
+    rc = load("[model]\ntype = mlp\n", ov, 1);
+    DT_CHECK(has_error("override 1 (rendezvous.heartbeat_interval=45): rendezvous.heartbeat_timeout"));
+}
+
+/* rendezvous.conf folds in where it is set; torchrun's conf names map onto dtrain's keys. */
+static void test_rdzv_conf_position(void)
+{
+    char *ov[] = {"rendezvous.join_timeout=9"};
+    int rc = load("[model]\ntype = mlp\n[rendezvous]\nconf = join_timeout=7\n", ov, 1);
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_NEAR(job.launch.join_timeout, 9, 0);
+    char *ov2[] = {"rendezvous.conf=join_timeout=3,close_timeout=4"};
+    rc = load("[model]\ntype = mlp\n[rendezvous]\njoin_timeout = 8\n", ov2, 1);
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_NEAR(job.launch.join_timeout, 3, 0);
+    DT_CHECK_NEAR(job.launch.close_timeout, 4, 0);
+    DT_CHECK_STR(job.launch.rdzv_conf, ""); /* folded: nobody applies it twice */
+    rc = load("[model]\ntype = mlp\n[rendezvous]\nconf = timeout=11, keep_alive_interval=3, "
+              "keep_alive_max_attempt=5, read_timeout=12s, is_host=true\n",
+              NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_NEAR(job.launch.join_timeout, 11, 0);
+    DT_CHECK_NEAR(job.launch.heartbeat_interval, 3, 0);
+    DT_CHECK_NEAR(job.launch.heartbeat_timeout, 15, 0);
+    DT_CHECK_NEAR(job.launch.read_timeout, 12, 0);
+    DT_CHECK(job.launch.is_host);
+    rc = load("[model]\ntype = mlp\n[rendezvous]\nconf = keep_alive_max_attempt=0\n", NULL, 0);
+    DT_CHECK(has_error("job.ini:4: rendezvous.conf: keep_alive_max_attempt"));
+}
+
+/* Launcher keys are checked when set, so a file gets its line and a flag its name. */
+static void test_launch_keys_checked_when_set(void)
+{
+    int rc = load("[model]\ntype = mlp\n[rendezvous]\nendpoint = host:abc\n[elastic]\nnnodes = 2\n"
+                  "[rendezvous]\nnode_rank = 2\n",
+                  NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: rendezvous.endpoint: endpoint \"host:abc\""));
+    DT_CHECK(has_error("job.ini:8: rendezvous.node_rank (2) must be below the number of nodes"));
+    dt_job_defaults(&job);
+    dt_err err = {0};
+    DT_CHECK(dt_job_set(&job, "rendezvous.endpoint=[::1]:29400", &err) == 0);
+    DT_CHECK(dt_job_set(&job, "rendezvous.endpoint=node0", &err) == 0);
+    DT_CHECK(dt_job_set(&job, "rendezvous.endpoint=node0:70000", &err) != 0);
+    dt_setting s[] = {{"rendezvous.heartbeat_interval=50", "--rdzv-conf"}};
+    memset(&errs, 0, sizeof errs);
+    DT_CHECK(dt_launch_load(&job, s, 1, &errs, &err) == -EINVAL);
+    DT_CHECK(has_error("--rdzv-conf: rendezvous.heartbeat_timeout"));
+}
+
 static void test_presets_and_explicit_values(void)
 {
     int rc = load("[model]\ntype = gpt\npreset = gpt2-124m\nn_layer = 2\n[data]\ntype = synthetic\n", NULL, 0);
@@ -278,6 +357,9 @@ int main(int argc, char **argv)
         {"config_duplicate_key", test_duplicate_key, 0},
         {"config_cross_key_validation", test_cross_key_validation, 0},
         {"config_presets", test_presets_and_explicit_values, 0},
+        {"config_cross_key_errors_with_lines", test_cross_key_errors_with_lines, 0},
+        {"config_rdzv_conf_position", test_rdzv_conf_position, 0},
+        {"config_launch_keys_checked_when_set", test_launch_keys_checked_when_set, 0},
         {"config_precedence", test_precedence, 0},
         {"config_print_round_trip", test_print_round_trip, 0},
         {"config_long_line", test_long_line, 0},
