@@ -753,9 +753,9 @@ static int launch_validate(const dt_launch *l, const parse_ctx *c, const char *w
     if (!l->standalone && max_nodes > 0 && l->node_rank >= max_nodes &&
         !BAD("rendezvous.node_rank", "elastic.nnodes"))
         add_error(errs, AT("rendezvous.node_rank", "elastic.nnodes"), 0,
-                  "rendezvous.node_rank (%d) must be below the number of nodes (elastic.nnodes "
-                  "= %s)",
-                  l->node_rank, l->nnodes);
+                  "rendezvous.node_rank out of range (--node-rank=%d: must be 0..%d for "
+                  "--nnodes=%s)",
+                  l->node_rank, max_nodes - 1, l->nnodes);
     return errs && errs->count > before ? -EINVAL : 0;
 }
 

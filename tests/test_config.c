@@ -212,7 +212,7 @@ static void test_launch_keys_checked_when_set(void)
                   NULL, 0);
     DT_CHECK(rc == -EINVAL);
     DT_CHECK(has_error("job.ini:4: rendezvous.endpoint: endpoint \"host:abc\""));
-    DT_CHECK(has_error("job.ini:8: rendezvous.node_rank (2) must be below the number of nodes"));
+    DT_CHECK(has_error("job.ini:8: rendezvous.node_rank out of range (--node-rank=2: must be 0..1"));
     dt_job_defaults(&job);
     dt_err err = {0};
     DT_CHECK(dt_job_set(&job, "rendezvous.endpoint=[::1]:29400", &err) == 0);
