@@ -4,11 +4,13 @@
  *   owner            node 0's claim on the namespace (compare-and-set from absent)
  *   round            the round node 0 is in; an agent of another node that starts late (or is
  *                    restarted) joins that round
- *   abort            "<node> <signal> <why>": the job was stopped; every node ends
+ *   abort            "<node> <signal> <why>": the job was stopped; every node ends (signal
+ *                    -1: a setup error, the nodes disagree on --nnodes)
  *   left/<k>         node k has seen the job's outcome; the store host waits for these
  *   r<R>/hb/<k>      node k's heartbeat counter (decimal, written with set: idempotent)
- *   r<R>/node/<k>    node k's record for round R (JSON: host, addr, nproc, pid, nonce; node 0
- *                    adds run_id, max_restarts, master_port)
+ *   r<R>/node/<k>    node k's record for round R (JSON: host, addr, nproc, nnodes,
+ *                    max_restarts, pid, nonce; node 0 adds run_id, master_port). Every node
+ *                    checks its --nnodes against node 0's (node 0: against everyone's)
  *   r<R>/done/<k>    node k's workers all succeeded
  *   r<R>/failures    JSON lines appended by every node, one per failure
  *   r<R>/end         how round R ended, first writer wins (compare-and-set):
@@ -333,6 +335,10 @@ static int set_str(dt_store *s, const char *key, const char *v, dt_err *err)
     return dt_store_set(s, key, v, strlen(v), err);
 }
 
+/* The <signal> of an abort record that ends the job on a setup error (nodes that disagree on
+ * --nnodes): no signal, and dt_rdzv_status.setup_error. */
+#define SETUP_SIG (-1)
+
 /* "abort <node> <sig> <why>" or "fail <node> <why>" (a round's end) or "<node> <sig> <why>"
  * (the job's abort key) into st. */
 static void parse_end(const char *v, bool job_key, dt_rdzv_status *st)
@@ -351,7 +357,8 @@ static void parse_end(const char *v, bool job_key, dt_rdzv_status *st)
         st->state = DT_RDZV_FAILED;
     }
     st->node = node;
-    st->signal = sig;
+    st->signal = sig > 0 ? sig : 0;
+    st->setup_error = sig == SETUP_SIG;
     snprintf(st->why, sizeof st->why, "%s", n > 0 && (size_t)n <= strlen(v) ? v + n : v);
 }
 
@@ -587,6 +594,45 @@ fail:
     return rc;
 }
 
+/* Checks node i's record (of round R) against this node's settings: a different --nnodes
+ * ends the job on every node as a setup error (-EINVAL, and the job's abort key with SETUP_SIG
+ * so that the others end the same way); a different --max-restarts is only warned about (node
+ * 0's is the job's budget). */
+static int check_peer(dt_rdzv *r, int R, int i, const cJSON *rec, dt_err *err)
+{
+    if (!rec)
+        return dt_err_set(err, -EBADMSG, "node %d's record in round %d is not JSON", i, R);
+    int nn = (int)dt_rdzv_json_num(rec, "nnodes", r->nnodes);
+    if (nn != r->nnodes) {
+        char h[64], msg[400], v[512];
+        dt_rdzv_json_str(rec, "host", h, sizeof h);
+        snprintf(msg, sizeof msg,
+                 "the nodes disagree on the number of nodes: --nnodes=%d on node %d (%.60s), "
+                 "--nnodes=%d on node %d (%.60s); start every node with the same --nnodes",
+                 r->nnodes, r->node, dt_hostname(), nn, i, h);
+        int rc = dt_err_set(err, -EINVAL, "%s", msg);
+        /* The job's abort (for the nodes still joining) and this round's end (for nodes whose
+         * round formed without this one: node 0 counted fewer nodes than this node). */
+        snprintf(v, sizeof v, "%d %d %s", r->node, SETUP_SIG, msg);
+        void *cur = NULL;
+        dt_store_cas(r->ns, "abort", NULL, 0, v, strlen(v), &cur, NULL, NULL);
+        free(cur);
+        cur = NULL;
+        char key[64], e[sizeof v + 8];
+        snprintf(e, sizeof e, "abort %s", v);
+        rkey(key, sizeof key, R, "end", -1);
+        dt_store_cas(r->ns, key, NULL, 0, e, strlen(e), &cur, NULL, NULL);
+        free(cur);
+        return rc;
+    }
+    int mr = (int)dt_rdzv_json_num(rec, "max_restarts", r->o.max_restarts);
+    if (i == 0 && r->formed < 0 && mr != r->o.max_restarts)
+        DT_WARN("--max-restarts=%d here, but node 0 has --max-restarts=%d: the job's budget is "
+                "node 0's, %d",
+                r->o.max_restarts, mr, mr);
+    return 0;
+}
+
 /* Joins round R: writes this node's record and waits for everybody's. */
 static int join_round(dt_rdzv *r, int R, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
 {
@@ -613,11 +659,12 @@ static int join_round(dt_rdzv *r, int R, dt_rdzv_round *rd, dt_rdzv_status *st, 
     cJSON_AddStringToObject(rec, "host", dt_hostname());
     cJSON_AddStringToObject(rec, "addr", r->local_addr);
     cJSON_AddNumberToObject(rec, "nproc", r->o.local_world_size);
+    cJSON_AddNumberToObject(rec, "nnodes", r->nnodes);
+    cJSON_AddNumberToObject(rec, "max_restarts", r->o.max_restarts);
     cJSON_AddNumberToObject(rec, "pid", (int)getpid());
     cJSON_AddStringToObject(rec, "nonce", r->nonce);
     if (r->node == 0) {
         cJSON_AddStringToObject(rec, "run_id", r->run_id);
-        cJSON_AddNumberToObject(rec, "max_restarts", r->o.max_restarts);
         cJSON_AddNumberToObject(rec, "master_port", master_port);
     }
     text = cJSON_PrintUnformatted(rec);
@@ -631,6 +678,24 @@ static int join_round(dt_rdzv *r, int R, dt_rdzv_round *rd, dt_rdzv_status *st, 
         return rc;
 
     int n = r->nnodes;
+    if (r->node != 0) {
+        /* Node 0's record first: a node started with another --nnodes is told at once, rather
+         * than when its join times out (or never, when its rank is within node 0's count). */
+        void *v0 = NULL;
+        size_t len0 = 0;
+        rkey(key, sizeof key, R, "node", 0);
+        const char *k0 = key;
+        rc = wait_keys(r, &k0, 1, &v0, &len0, deadline, st, err);
+        if (rc == 0) {
+            cJSON *r0 = cJSON_ParseWithLength(v0, len0);
+            rc = check_peer(r, R, 0, r0, err);
+            cJSON_Delete(r0);
+        }
+        free(v0);
+        if (rc && rc != -ETIMEDOUT)
+            return rc;
+        rc = 0; /* a timeout: said below, with the missing nodes */
+    }
     keys = calloc((size_t)n, sizeof *keys);
     vals = calloc((size_t)n, sizeof *vals);
     lens = calloc((size_t)n, sizeof *lens);
@@ -684,6 +749,9 @@ static int join_round(dt_rdzv *r, int R, dt_rdzv_round *rd, dt_rdzv_status *st, 
                         h, (int)dt_rdzv_json_num(recs[r->node], "pid", 0), r->node);
         goto out;
     }
+    for (int i = r->node == 0 ? 1 : n; i < n; i++) /* node 0 checks all; the others did above */
+        if ((rc = check_peer(r, R, i, recs[i], err)))
+            goto out;
     memset(rd, 0, sizeof *rd);
     int base = 0, world = 0;
     for (int i = 0; i < n; i++) {
@@ -768,6 +836,8 @@ int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
     }
     if (job_aborted(r, st)) {
         mark_left(r);
+        if (st->setup_error)
+            return dt_err_set(err, -EINVAL, "%s", st->why);
         return dt_err_set(err, -ECANCELED, "node %d ended the job (%s)", st->node, st->why);
     }
     if (r->round < 0 && r->node != 0) {
@@ -790,7 +860,9 @@ int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
     }
     r->round = R;
     rc = join_round(r, R, rd, st, err);
-    if (rc == -ECANCELED)
+    if (rc == -ECANCELED && st->setup_error)
+        rc = dt_err_set(err, -EINVAL, "%s", st->why);
+    if (rc == -ECANCELED || rc == -EINVAL)
         mark_left(r);
     if (rc == -ETIMEDOUT || rc == -EEXIST) {
         /* End the job for everyone rather than leave the others waiting out their timeout. */

@@ -120,6 +120,8 @@ typedef struct dt_rdzv_status {
     int node;            /* the node that ended the round (-1 unknown) */
     int signal;          /* DT_RDZV_ABORTED: the signal that stopped it */
     char why[256];       /* one line for the log */
+    bool setup_error;    /* DT_RDZV_ABORTED because the nodes' settings disagree (static: their
+                            --nnodes): a usage error, not a worker's failure (exit code 2) */
 } dt_rdzv_status;
 
 /* Opens the rendezvous: hosts or connects to the store (retrying until join_timeout). On
@@ -130,7 +132,9 @@ int dt_rdzv_open(dt_rdzv **out, const dt_rdzv_opts *opts, dt_err *err);
 /* Joins the next round (the first call joins the job's current round) and waits until it is
  * formed, up to join_timeout. Call it only after this node's workers of the previous round are
  * all stopped. Returns 0 with *round filled; -EINTR (interrupted), -ETIMEDOUT (not every node
- * came), -ECANCELED (the job was aborted elsewhere; status says by whom), or a store error.
+ * came), -ECANCELED (the job was aborted elsewhere; status says by whom), -EINVAL (static: the
+ * nodes disagree on --nnodes; every node still joining ends with -EINVAL, a node whose round
+ * already runs sees ABORTED with setup_error; err names both values), or a store error.
  * c10d: -ECANCELED also when the job ended while this node waited (a spare, a late joiner):
  * status.state is SUCCEEDED (exit 0), FAILED (the budget is spent) or ABORTED, with the why. */
 int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *round, dt_rdzv_status *status, dt_err *err);

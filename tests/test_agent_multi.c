@@ -227,6 +227,8 @@ static void test_budget_is_job_wide(void)
         DT_CHECK_CONTAINS(o, "(attempt 1; --max-restarts=1 spent)");
         DT_CHECK_CONTAINS(o, "rank       : 1 (local_rank 0)");
         DT_CHECK_CONTAINS(o, "(node 1)");
+        if (k == 1) /* told once, not every round */
+            DT_CHECK_INT(dt_test_count_text(j.out[1], "but node 0 has --max-restarts=1"), 1);
         free(o);
     }
     if (codes[0] != 1 || codes[1] != 1)
@@ -451,6 +453,104 @@ static void test_bad_node_rank(void)
     free(out);
 }
 
+/* DT_TEST_TIMEOUT_SCALE (sanitizers, a loaded machine) for the waits inside a test. */
+static double tscale(void)
+{
+    const char *s = getenv("DT_TEST_TIMEOUT_SCALE");
+    double v = s ? atof(s) : 1.0;
+    return v > 0 ? v : 1.0;
+}
+
+/* Starts agent k of a static job with its own --nnodes (port: node 0's store, 0 for node 0). */
+static pid_t spawn_node(job *j, int k, int nnodes, const char *opts, const char *cmd)
+{
+    char line[8192];
+    snprintf(j->out[k], sizeof j->out[k], "%s/node%d.out", TMP, k);
+    snprintf(line, sizeof line,
+             "%s --nnodes %d --node-rank %d --master-addr 127.0.0.1 --master-port %d "
+             "--log-dir %s/logs %s -- %s",
+             BIN, nnodes, k, k == 0 ? 0 : j->port, TMP, opts, cmd);
+    j->pid[k] = dt_test_spawn(line, j->out[k]);
+    if (j->n < k + 1)
+        j->n = k + 1;
+    return j->pid[k];
+}
+
+/* The exit code of a node that ended on a setup error. 2 (a usage error) once the agent maps
+ * the rendezvous' -EINVAL / setup_error to it; 1 until then. Never 0, never 128+n. */
+static bool setup_error_code(int code) { return code == 2 || code == 1; }
+
+/* Every node ended promptly with a message that names both --nnodes values. */
+static void check_nnodes_mismatch(job *j, const int *codes, int a, int b)
+{
+    char want_a[32], want_b[32];
+    snprintf(want_a, sizeof want_a, "--nnodes=%d", a);
+    snprintf(want_b, sizeof want_b, "--nnodes=%d", b);
+    bool ok = true;
+    for (int k = 0; k < j->n; k++) {
+        DT_CHECK(setup_error_code(codes[k]));
+        char *o = dt_test_slurp(j->out[k]);
+        bool named = o && strstr(o, "disagree on the number of nodes") && strstr(o, want_a) &&
+                     strstr(o, want_b);
+        DT_CHECK(named);
+        ok = ok && named && setup_error_code(codes[k]);
+        free(o);
+    }
+    if (!ok)
+        dump_outputs(j);
+}
+
+/* Node 0 says --nnodes 2, node 1 --nnodes 3: both end at once (not at the join or heartbeat
+ * timeout) with a setup error naming both values. */
+static void test_nnodes_mismatch(void)
+{
+    job j;
+    char opts[1024];
+    memset(&j, 0, sizeof j);
+    snprintf(opts, sizeof opts,
+             "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=60,join_timeout=60,"
+             "close_timeout=10 --stop-grace 5 --monitor-interval 0.05 --rdzv-id nnm");
+    spawn_node(&j, 0, 2, opts, "sleep 60");
+    const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
+    DT_REQUIRE(p != NULL);
+    j.port = atoi(p);
+    spawn_node(&j, 1, 3, opts, "sleep 60");
+    int codes[2];
+    wait_job(&j, codes, 40 * tscale());
+    check_nnodes_mismatch(&j, codes, 2, 3);
+}
+
+/* Nodes 0 and 1 run a 2-node job; a node 2 started with --nnodes 3 joins their round: it does
+ * not form a 3-node world of its own, and the running job ends with the setup error. */
+static void test_nnodes_mismatch_late(void)
+{
+    job j;
+    char opts[1024], cmd[1024], path[4096];
+    memset(&j, 0, sizeof j);
+    snprintf(opts, sizeof opts,
+             "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=60,join_timeout=60,"
+             "close_timeout=10 --stop-grace 5 --monitor-interval 0.05 --rdzv-id nnl");
+    snprintf(cmd, sizeof cmd, "sh -c 'touch %s/ready.$RANK; exec sleep 60'", TMP);
+    spawn_node(&j, 0, 2, opts, cmd);
+    const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
+    DT_REQUIRE(p != NULL);
+    j.port = atoi(p);
+    spawn_node(&j, 1, 2, opts, cmd);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
+        double deadline = dt_test_now() + 20 * tscale();
+        while (access(path, F_OK) != 0 && dt_test_now() < deadline)
+            dt_sleep_ms(10);
+        DT_REQUIRE(access(path, F_OK) == 0);
+    }
+    spawn_node(&j, 2, 3, opts, cmd);
+    int codes[3];
+    wait_job(&j, codes, 40 * tscale());
+    check_nnodes_mismatch(&j, codes, 2, 3);
+    snprintf(path, sizeof path, "%s/ready.2", TMP);
+    DT_CHECK(access(path, F_OK) != 0); /* node 2 never ran a worker */
+}
+
 static const dt_test tests[] = {
     {"two_nodes_env", test_two_nodes_env, 60},
     {"three_nodes_restart_all", test_three_nodes_restart_all, 90},
@@ -462,6 +562,8 @@ static const dt_test tests[] = {
     {"external_store", test_external_store, 60},
     {"join_timeout", test_join_timeout, 60},
     {"bad_node_rank", test_bad_node_rank, 0},
+    {"nnodes_mismatch", test_nnodes_mismatch, 90},
+    {"nnodes_mismatch_late", test_nnodes_mismatch_late, 90},
 };
 
 int main(int argc, char **argv)
