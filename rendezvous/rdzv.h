@@ -13,10 +13,11 @@
  *           uses a `dtrain store` already listening there); the others connect with retry until
  *           join_timeout. Ranks are contiguous per node: node k's first global rank is the sum of
  *           the local world sizes of nodes 0..k-1. Round r is attempt r.
- *   c10d    MIN:MAX nodes that join in any order; a round closes at once with MAX nodes, or with
- *           MIN or more once the last-call window has passed (or once every survivor of the
- *           previous round is back). Ranks are assigned by join order, survivors keeping their
- *           order. A node that arrives while a round runs ends it (DT_RDZV_REGROUP) so that the
+ *   c10d    MIN:MAX nodes that join in any order; a round closes at once with MAX nodes (unless
+ *           a survivor of the previous round is still missing), or with MIN or more once the
+ *           last-call window has passed (or once every survivor of the previous round is back).
+ *           Ranks are assigned by join order, survivors first and keeping their order (a
+ *           newcomer never pushes a survivor out to spare). A node that arrives while a round runs ends it (DT_RDZV_REGROUP) so that the
  *           next round takes it in; beyond MAX it waits as a spare. A node that stops sending
  *           heartbeats is declared lost and the round ends (DT_RDZV_REGROUP) for the others. A
  *           membership change never spends the restart budget. See rdzv_c10d.c for the design.
@@ -163,8 +164,9 @@ int dt_rdzv_failures(dt_rdzv *r, dt_rdzv_failure **out, int *n, dt_err *err);
 void dt_rdzv_kill(dt_rdzv *r);
 
 /* Leaves the job. The store host waits (up to close_timeout) until every node still alive has
- * left, so nobody loses the store while reading the outcome, then stops the store. Accepts
- * NULL. */
+ * left, so nobody loses the store while reading the outcome, then stops the store. c10d: every
+ * agent that opened counts (spares, and a node declared lost that came back) until it has left
+ * or has been silent for heartbeat_timeout. Accepts NULL. */
 void dt_rdzv_close(dt_rdzv *r);
 
 /* ---- helpers shared by the backends and the tests ---------------------------------------- */

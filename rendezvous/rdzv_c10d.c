@@ -2,9 +2,11 @@
  * for the contract; this file is the design.
  *
  * What it does. Agents join in any order. Round R of the job closes at once when MAX nodes have
- * joined, when at least MIN have joined and every survivor of round R-1 is back, or when at least
- * MIN have joined and the last-call window (last_call_timeout, counted from the MIN-th join) has
- * passed. A node that arrives while a round runs ends that round (REGROUP) and joins the next
+ * joined and no survivor of round R-1 is missing, when at least MIN have joined and every
+ * survivor of round R-1 is back, or when at least MIN have joined and the last-call window
+ * (last_call_timeout, counted from the MIN-th join) has passed. Survivors come first, so a
+ * newcomer never pushes a survivor out to spare; a node declared lost in R-1 is no survivor
+ * (it comes back as a newcomer). A node that arrives while a round runs ends that round (REGROUP) and joins the next
  * one, which takes it in; when the running round already has MAX nodes it waits as a spare
  * until the round ends for another reason. A node whose heartbeat stops for heartbeat_timeout
  * is declared lost and the round ends (REGROUP) for everyone else. Membership changes never
@@ -30,11 +32,17 @@
  * Keys. "dtrain/<rdzv id>/job" names the job instance J (12 hex digits). Every other key lives
  * under "dtrain/<rdzv id>/<J>/", so a new job with the same id and endpoint on a store that
  * outlives jobs (an external `dtrain store`) starts clean: an agent that finds the current
- * instance finished ("final" set) swaps in a new one with a compare-and-set.
+ * instance finished ("final" set), or abandoned (every agent of it silent for heartbeat_timeout:
+ * all killed before any wrote the end), swaps in a new one with a compare-and-set.
  *   conf            {run_id, max_restarts, min, max} of the agent that created the instance
  *   final           "<exit code> <kind> <node> <signal>|<why>": the job is over (first writer)
  *   round           the last round that closed (a hint for newcomers)
- *   opened left lost  counters: agents that opened, that saw the end, that were declared lost
+ *   agents          the ids of the agents that opened this instance, one a line (appended)
+ *   a/<agent id>    that agent's liveness: a counter its heartbeat thread bumps every
+ *                   heartbeat_interval from open to close (spares and agents between rounds
+ *                   too), or "left" once it has seen the job's end. The store host waits at the
+ *                   end for every agent that is neither left nor silent for heartbeat_timeout;
+ *                   a new job with the same id replaces an instance whose agents are all silent
  *   r<R>/count      join counter: its value after a node's add is that node's join order k
  *   r<R>/surv       survivors of round R-1 that have joined R
  *   r<R>/j/<k>      the k-th joiner's record (JSON: id, host, addr, nproc, pid, prev, port)
@@ -130,7 +138,7 @@ struct dt_rdzv_c10d {
     int g, n, attempt;             /* group rank, nodes, attempt of `round` */
     char tag[64];                  /* closer tag of `round` */
     bool done;                     /* reported success in `round` */
-    bool left, killed, opened;
+    bool left, killed, opened;     /* left: a/<id> says "left" */
     bool gone;                     /* the store stopped answering: ask it nothing more */
     dt_rdzv_status ended;          /* cached end of `round` (RUNNING = not yet) */
     dt_rdzv_failure *fails;        /* this node's failures of `round` (copy) */
@@ -150,6 +158,9 @@ struct dt_rdzv_c10d {
     double *hb_seen;               /* hb_n: monotonic time it last changed */
     int hb_cap;
     int hb_declared;               /* round whose loss this thread already declared */
+    pthread_mutex_t beat_mu;       /* orders the thread's beats of a/<id> before "left" */
+    bool beat_left;                /* under beat_mu: a/<id> is "left", beat it no more */
+    char alive_key[64];            /* "a/<id>" */
 };
 
 /* ---- small store helpers ------------------------------------------------------------------ */
@@ -336,12 +347,39 @@ static void write_final(dt_rdzv_c10d *c, int code, const char *kind, int node, i
     cas_new(c->ns, "final", v, NULL, NULL, NULL);
 }
 
+/* This agent has seen the job's end: a/<id> becomes "left" (and the heartbeat thread stops
+ * beating it), so the store host need not wait for it. */
 static void mark_left(dt_rdzv_c10d *c)
 {
-    if (c->left || c->killed || c->gone || !c->ns)
+    if (c->left || c->killed || c->gone || !c->ns || !c->opened)
         return;
-    if (add_i(c->ns, "left", 1, NULL, NULL) == 0)
+    pthread_mutex_lock(&c->beat_mu);
+    c->beat_left = true;
+    if (set_s(c->ns, c->alive_key, "left", NULL) == 0)
         c->left = true;
+    pthread_mutex_unlock(&c->beat_mu);
+}
+
+/* Bumps a/<id> (and, when rkey is not NULL, the round's heartbeat key to the same value) in one
+ * request, unless this agent has left. Heartbeat thread only. Returns the store's answer. */
+static int beat(dt_rdzv_c10d *c, const char *rkey, dt_err *err)
+{
+    char v[32];
+    int rc = 0;
+    pthread_mutex_lock(&c->beat_mu);
+    snprintf(v, sizeof v, "%lld", (long long)++c->hb_count);
+    if (c->beat_left && rkey) {
+        rc = set_s(c->hb_ns, rkey, v, err);
+    } else if (rkey) {
+        const char *k[2] = {rkey, c->alive_key};
+        const void *vv[2] = {v, v};
+        size_t l[2] = {strlen(v), strlen(v)};
+        rc = dt_store_multi_set(c->hb_ns, k, vv, l, 2, err);
+    } else if (!c->beat_left) {
+        rc = set_s(c->hb_ns, c->alive_key, v, err);
+    }
+    pthread_mutex_unlock(&c->beat_mu);
+    return rc;
 }
 
 /* ---- heartbeats ----------------------------------------------------------------------------- */
@@ -417,10 +455,8 @@ static void declare_lost(dt_rdzv_c10d *c, dt_store *s, int R, int me, int n, con
     end_encode(v, sizeof v, END_REGROUP, me, 0, n - nl, lost, nl, why);
     bool won = false;
     kf(key, sizeof key, "r%d/end", R);
-    if (cas_new(s, key, v, &won, NULL, NULL) == 0 && won) {
-        add_i(s, "lost", nl, NULL, NULL);
+    if (cas_new(s, key, v, &won, NULL, NULL) == 0 && won)
         DT_WARN("%s; the others re-rendezvous without it", why);
-    }
 out:
     free(hosts);
     free(f);
@@ -430,7 +466,7 @@ out:
  * 0). fresh: the round changed, so the watch starts over on this clock. */
 static void hb_tick(dt_rdzv_c10d *c, int R, int g, int n, const char *tag, bool fresh)
 {
-    char key[KEY_MAX], v[32];
+    char key[KEY_MAX];
     double now = dt_now_s();
     if (fresh || c->hb_cap < n) {
         if (c->hb_cap < n) {
@@ -450,9 +486,8 @@ static void hb_tick(dt_rdzv_c10d *c, int R, int g, int n, const char *tag, bool 
         }
     }
     kf(key, sizeof key, "r%d/hb/%d", R, g);
-    snprintf(v, sizeof v, "%lld", (long long)++c->hb_count);
     dt_err e = {0};
-    if (set_s(c->hb_ns, key, v, &e)) {
+    if (beat(c, key, &e)) {
         DT_DEBUG("heartbeat: %s", e.msg);
         return;
     }
@@ -515,6 +550,8 @@ static void *hb_main(void *arg)
         pthread_mutex_unlock(&c->mu);
         if (R >= 0)
             hb_tick(c, R, g, n, tag, fresh);
+        else if (beat(c, NULL, NULL))
+            DT_DEBUG("heartbeat: the store does not answer");
         pthread_mutex_lock(&c->mu);
         if (c->hb_stop || c->hb_new)
             continue;
@@ -560,8 +597,167 @@ static int parse_nnodes(const char *s, int *min, int *max, dt_err *err)
     return dt_err_set(err, -EINVAL, "--nnodes=%s: must be N or MIN:MAX", s);
 }
 
+/* The agent ids listed under "agents" (NUL-separated in *buf, malloc'd), at most cap of them
+ * in ids[]; returns how many. */
+static int read_agents(dt_store *s, const char *key, char **buf, char **ids, int cap)
+{
+    char *v = NULL;
+    int n = 0;
+    *buf = NULL;
+    if (get0(s, key, &v, NULL) != 0)
+        return 0;
+    for (char *p = v, *nl; *p && n < cap; p = nl + 1) {
+        nl = strchr(p, '\n');
+        if (!nl)
+            break;
+        *nl = '\0';
+        if (*p)
+            ids[n++] = p;
+    }
+    *buf = v;
+    return n;
+}
+
+/* Watches agents' a/<id> keys (prefix: "" or "<instance>/") on the observer's clock. */
+typedef struct watch {
+    int n;
+    char **ids;          /* n, into buf */
+    char *buf;
+    int64_t *val;        /* last value seen (-1: "left") */
+    double *seen;        /* when it last changed */
+    bool *gone;          /* left, or silent for the timeout */
+} watch;
+
+static void watch_free(watch *w)
+{
+    free(w->ids);
+    free(w->buf);
+    free(w->val);
+    free(w->seen);
+    free(w->gone);
+    memset(w, 0, sizeof *w);
+}
+
+/* (Re)reads the list; keeps what is known of the agents seen before. Returns 0 or -ENOMEM. */
+static int watch_list(dt_store *s, const char *prefix, watch *w, double now)
+{
+    char key[KEY_MAX], *buf = NULL;
+    kf(key, sizeof key, "%sagents", prefix);
+    int cap = 1 << 16;
+    char **ids = calloc((size_t)cap, sizeof *ids);
+    if (!ids)
+        return -ENOMEM;
+    int n = read_agents(s, key, &buf, ids, cap);
+    if (n == w->n) { /* appended only: the same list */
+        free(ids);
+        free(buf);
+        return 0;
+    }
+    int64_t *val = calloc((size_t)n + 1, sizeof *val);
+    double *seen = calloc((size_t)n + 1, sizeof *seen);
+    bool *gone = calloc((size_t)n + 1, sizeof *gone);
+    if (!val || !seen || !gone) {
+        free(ids);
+        free(buf);
+        free(val);
+        free(seen);
+        free(gone);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        val[i] = i < w->n ? w->val[i] : -2;
+        seen[i] = i < w->n ? w->seen[i] : now;
+        gone[i] = i < w->n ? w->gone[i] : false;
+    }
+    watch_free(w);
+    w->n = n;
+    w->ids = ids;
+    w->buf = buf;
+    w->val = val;
+    w->seen = seen;
+    w->gone = gone;
+    return 0;
+}
+
+/* One look at the agents not yet gone (except `self`): marks those that left or have been
+ * silent for `timeout`. Returns how many are still live, and sets *moved when a counter
+ * changed since the last look. */
+static int watch_look(dt_store *s, const char *prefix, watch *w, const char *self, double timeout,
+                      bool *moved)
+{
+    int live = 0;
+    double now = dt_now_s();
+    for (int i = 0; i < w->n; i++) {
+        if (w->gone[i] || (self && !strcmp(w->ids[i], self)))
+            continue;
+        char key[KEY_MAX], *v = NULL;
+        kf(key, sizeof key, "%sa/%s", prefix, w->ids[i]);
+        int64_t x = -2;
+        if (get0(s, key, &v, NULL) == 0)
+            x = !strcmp(v, "left") ? -1 : atoll(v);
+        free(v);
+        if (x == -1) {
+            w->gone[i] = true;
+            continue;
+        }
+        if (x != w->val[i]) {
+            if (w->val[i] != -2 && moved)
+                *moved = true;
+            w->val[i] = x;
+            w->seen[i] = now;
+        } else if (now - w->seen[i] > timeout) {
+            w->gone[i] = true;
+            continue;
+        }
+        live++;
+    }
+    return live;
+}
+
+/* Whether job instance J (not finished) has a live agent: one whose a/<id> counter moves
+ * within heartbeat_timeout, watched on this agent's clock. A live instance answers within a
+ * heartbeat_interval; an abandoned one (every agent SIGKILLed, the store outliving them) costs
+ * a heartbeat_timeout, once. An empty list counts as live until it has stayed empty that long
+ * (an agent that just created the instance registers right after). */
+static int instance_live(dt_rdzv_c10d *c, const char *J, bool *live)
+{
+    char prefix[64];
+    watch w = {0};
+    int rc = 0;
+    snprintf(prefix, sizeof prefix, "%s/", J);
+    double t0 = dt_now_s(), deadline = t0 + c->o.heartbeat_timeout;
+    int n0 = -1;
+    *live = true;
+    for (;;) {
+        if ((rc = watch_list(c->ns_id, prefix, &w, dt_now_s())))
+            break;
+        if (n0 < 0)
+            n0 = w.n;
+        bool moved = w.n != n0;
+        int alive = watch_look(c->ns_id, prefix, &w, NULL, c->o.heartbeat_timeout, &moved);
+        if (moved)
+            break;
+        if (w.n > 0 && alive == 0) { /* every agent left, or silent for the timeout */
+            *live = false;
+            break;
+        }
+        if (dt_now_s() >= deadline) {
+            *live = false; /* nothing moved for heartbeat_timeout */
+            break;
+        }
+        if (interrupted(c)) {
+            rc = -EINTR;
+            break;
+        }
+        dt_sleep_ms(DT_MIN(100, (int)(c->o.heartbeat_interval * 500) + 1));
+    }
+    watch_free(&w);
+    return rc;
+}
+
 /* Finds the job instance under "dtrain/<id>/job": the current one, or a new one when there is
- * none or the current one has finished. */
+ * none, or the current one has finished, or it was abandoned (no agent of it is alive: they
+ * were all killed before any could write the end). */
 static int resolve_job(dt_rdzv_c10d *c, dt_err *err)
 {
     char fresh[32], key[KEY_MAX], *cur = NULL, *fin = NULL;
@@ -571,7 +767,16 @@ static int resolve_job(dt_rdzv_c10d *c, dt_err *err)
         rc = cas_new(c->ns_id, "job", fresh, NULL, &cur, err);
     } else if (rc == 0) {
         kf(key, sizeof key, "%s/final", cur);
-        if (get0(c->ns_id, key, &fin, NULL) == 0) {
+        bool over = get0(c->ns_id, key, &fin, NULL) == 0, live = true;
+        free(fin);
+        if (!over && (rc = instance_live(c, cur, &live)) == -EINTR)
+            rc = dt_err_set(err, rc, "interrupted while looking at the job on the store");
+        if (rc == 0 && !over && !live)
+            DT_INFO("rendezvous id \"%s\": the job found on the store (instance %s) was abandoned "
+                    "(none of its agents has sent a heartbeat for heartbeat_timeout, %g s, and it "
+                    "never ended): starting a new one",
+                    c->o.run_id, cur, c->o.heartbeat_timeout);
+        if (rc == 0 && (over || !live)) {
             /* That job is over: start a new one (one compare-and-set wins for everybody). */
             void *v = NULL;
             size_t len = 0;
@@ -582,7 +787,6 @@ static int resolve_job(dt_rdzv_c10d *c, dt_err *err)
             free(v);
             if (rc == 0 && !cur)
                 rc = dt_err_set(err, -ENOMEM, "out of memory");
-            free(fin);
         }
     }
     if (rc == 0)
@@ -658,6 +862,7 @@ int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
     c->hb_declared = -1;
     c->slice_ms = opts->interrupted ? 100 : 1000;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->beat_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -722,7 +927,14 @@ int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
     snprintf(prefix, sizeof prefix, "dtrain/%s/%s/", opts->run_id[0] ? opts->run_id : "none",
              c->job);
     if ((rc = dt_store_prefixed(&c->hb_ns, c->hb_base, prefix, err)) ||
-        (rc = agree_conf(c, err)) || (rc = add_i(c->ns, "opened", 1, NULL, err)))
+        (rc = agree_conf(c, err)))
+        goto fail;
+    /* Registered: alive first, then listed (whoever reads the list finds the key). */
+    snprintf(c->alive_key, sizeof c->alive_key, "a/%s", c->id);
+    char line[64];
+    snprintf(line, sizeof line, "%s\n", c->id);
+    if ((rc = set_s(c->ns, c->alive_key, "0", err)) ||
+        (rc = dt_store_append(c->ns, "agents", line, strlen(line), err)))
         goto fail;
     c->opened = true;
     if ((rc = start_hb(c, err)))
@@ -773,8 +985,10 @@ static int round_attempt(dt_rdzv_c10d *c, int R)
     return a;
 }
 
-/* Tries to close round R with the nodes that joined so far (at most MAX). Returns 0 (whether
- * or not this call closed it) or a store error. */
+/* Tries to close round R with the nodes that joined so far: survivors of R-1 first (in their
+ * old order), then newcomers by join order, cut to MAX (a newcomer beyond it waits as a spare;
+ * a survivor is never pushed out by a newcomer). Returns 0 (whether or not this call closed
+ * it) or a store error. */
 static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
 {
     char key[KEY_MAX];
@@ -795,7 +1009,7 @@ static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
         return rc;
     if (cnt < c->min)
         return 0;
-    nj = (int)DT_MIN(cnt, (int64_t)c->max);
+    nj = (int)cnt;
     keys = calloc((size_t)nj, sizeof *keys);
     kp = calloc((size_t)nj, sizeof *kp);
     vals = calloc((size_t)nj, sizeof *vals);
@@ -839,6 +1053,8 @@ static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
     if (n < c->min)
         goto out; /* holes: not enough after all; a later joiner closes it */
     qsort(js, (size_t)n, sizeof *js, cmp_joiner);
+    if (n > c->max)
+        n = c->max;
     int world = 0;
     for (int i = 0; i < n; i++) {
         js[i].g = i;
@@ -1023,6 +1239,11 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
             expect = e.expect;
             snprintf(prev_why, sizeof prev_why, "%s", e.why);
             free(v);
+            /* Declared lost in R-1: not one of the survivors the others wait for (the round
+             * must not close early on this node's count); it comes back as a newcomer. */
+            for (int i = 0; i < e.n_lost && prev >= 0; i++)
+                if (e.lost[i] == prev)
+                    prev = -1;
         }
     }
     kf(key, sizeof key, "r%d/count", R);
@@ -1054,21 +1275,25 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
     double t_join = dt_now_s(), close_at = 1e300;
     if (k >= c->min && k <= c->max)
         close_at = t_join + c->o.last_call_timeout;
-    if (k <= c->max) {
-        bool can = k == c->max;
-        if (!can && expect >= 0) {
-            /* Close as soon as every survivor of the previous round is back (and MIN met). */
-            kf(key, sizeof key, "r%d/surv", R);
-            if (prev >= 0 && add_i(c->ns, key, 1, &s, NULL) == 0 && s >= expect) {
-                kf(key, sizeof key, "r%d/count", R);
-                can = add_i(c->ns, key, 0, &cnt, NULL) == 0 && cnt >= c->min;
-            } else if (prev < 0 && k >= c->min) {
-                can = add_i(c->ns, key, 0, &s, NULL) == 0 && s >= expect;
-            }
-        }
-        if (can && (rc = try_close(c, R, err)))
-            return store_gone(c, rc, err, "closing a rendezvous round");
+    /* Close at once when MAX nodes are in, or MIN with every survivor of R-1 back; but never
+     * while a survivor is still missing (then the last call, or that survivor, closes it). A
+     * survivor counts itself in whatever its join order, so the last one back closes. */
+    bool surv_back = true;
+    if (expect >= 0) {
+        kf(key, sizeof key, "r%d/surv", R);
+        surv_back = add_i(c->ns, key, prev >= 0 ? 1 : 0, &s, NULL) == 0 && s >= expect;
     }
+    bool can = false;
+    if (surv_back && k == c->max)
+        can = true;
+    else if (surv_back && expect >= 0 && prev >= 0) {
+        kf(key, sizeof key, "r%d/count", R);
+        can = add_i(c->ns, key, 0, &cnt, NULL) == 0 && cnt >= c->min;
+    } else if (surv_back && expect >= 0 && k >= c->min) {
+        can = true;
+    }
+    if (can && (rc = try_close(c, R, err)))
+        return store_gone(c, rc, err, "closing a rendezvous round");
     DT_DEBUG("c10d: joined round %d as #%lld (nodes %d:%d)", R, (long long)k, c->min, c->max);
 
     kf(key, sizeof key, "r%d/closed", R);
@@ -1217,10 +1442,8 @@ static int spare_wait(dt_rdzv_c10d *c, int R, const closed_info *ci, dt_rdzv_sta
             int zero = 0;
             end_encode(ev, sizeof ev, END_REGROUP, -1, 0, ci->n - 1, &zero, 1, why);
             bool won = false;
-            if (cas_new(c->ns, key, ev, &won, NULL, NULL) == 0 && won) {
-                add_i(c->ns, "lost", 1, NULL, NULL);
+            if (cas_new(c->ns, key, ev, &won, NULL, NULL) == 0 && won)
                 DT_WARN("%s", why);
-            }
         }
     }
 }
@@ -1516,31 +1739,30 @@ int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err
 
 /* ---- leaving -------------------------------------------------------------------------------- */
 
-/* The store host waits until every agent of the job that is not known lost has seen the end. */
+/* The store host waits until every agent of the job has seen the end (a/<id> = "left") or has
+ * been silent for heartbeat_timeout (dead, frozen, cut off: a spare that died too), up to
+ * close_timeout. Agents that open meanwhile (a late spare) are waited for too. */
 static void wait_others_left(dt_rdzv_c10d *c)
 {
-    const char *keys[] = {"left", "opened", "lost"};
+    watch w = {0};
     double deadline = dt_now_s() + c->o.close_timeout;
     for (;;) {
-        int64_t v[3] = {0, 0, 0};
-        for (int i = 0; i < 3; i++) {
-            char *s = NULL;
-            if (get0(c->ns, keys[i], &s, NULL) == 0)
-                v[i] = atoll(s);
-            free(s);
-        }
-        if (v[0] >= v[1] - v[2])
-            return;
+        if (watch_list(c->ns, "", &w, dt_now_s()))
+            break;
+        int live = watch_look(c->ns, "", &w, c->id, c->o.heartbeat_timeout, NULL);
+        if (live == 0)
+            break;
         if (dt_now_s() >= deadline) {
-            DT_WARN("%lld of %lld agents confirmed the end of the job within close_timeout (%g s); "
+            DT_WARN("%d agent(s) did not confirm the end of the job within close_timeout (%g s); "
                     "closing the store",
-                    (long long)v[0], (long long)(v[1] - v[2]), c->o.close_timeout);
-            return;
+                    live, c->o.close_timeout);
+            break;
         }
         if (interrupted(c))
-            return;
+            break;
         dt_sleep_ms(50);
     }
+    watch_free(&w);
 }
 
 void dt_rdzv_c10d_kill(dt_rdzv_c10d *c)
@@ -1574,6 +1796,7 @@ void dt_rdzv_c10d_close(dt_rdzv_c10d *c)
     dt_store_free(c->base);
     dt_store_server_stop(c->server);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->beat_mu);
     pthread_cond_destroy(&c->cv);
     free(c->hb_val);
     free(c->hb_seen);

@@ -7,7 +7,11 @@
  * and rejoins through a new round without ever running in the round that went on without it;
  * fewer than MIN nodes wait, then fail with a clear error; a spare beyond MAX takes a slot that
  * frees; every agent (spares too) ends with the job's exit code; a second job with the same
- * endpoint and id starts clean (hosted store and external store); survivors keep their order.
+ * endpoint and id starts clean (hosted store and external store), and so does one after a job
+ * whose agents were all killed; survivors keep their order and their slots (a spare never
+ * pushes one out); a node declared lost and continued is no survivor, and when the job ends
+ * while it is frozen it still sees the end (exit 0); a dead spare does not hold up the store's
+ * host at the end; SIGTERM to one agent ends the job with 128+15 everywhere.
  *
  * No fixed ports: an external `dtrain store --port 0` (or an agent with is_host=1 and port 0)
  * prints the port, which the agents are then given. Every wait is bounded; every worker writes
@@ -178,7 +182,9 @@ static void finish(cluster *c)
 /* ---- tests: real agents ----------------------------------------------------------------- */
 
 /* 2, 3 and 4 agents with 1..4 workers each, started in a random order at staggered times: one
- * round, contiguous ranks per node, one world size. */
+ * round, contiguous ranks per node, one world size. The node counts: 2:2 (closes when the
+ * second joins), 2:5 with 3 agents (MIN<MAX, never full: closes when the last call after the
+ * second joiner ends, with all three in), 3:4 with 4 (MIN<MAX, closes when the fourth joins). */
 static void test_random_order(void)
 {
     dt_rng rng;
@@ -191,11 +197,15 @@ static void test_random_order(void)
         dt_rng_permutation(&rng, order, (size_t)n);
         char id[32], nn[16];
         snprintf(id, sizeof id, "rand%d", n);
-        snprintf(nn, sizeof nn, "%d:%d", n, n);
+        snprintf(nn, sizeof nn, "%s", n == 2 ? "2:2" : n == 3 ? "2:5" : "3:4");
+        /* a last call that outlasts the staggered starts by far (agent starts are < 0.4 s
+         * apart); it only runs out for 2:5 */
+        const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=10,join_timeout=30,"
+                           "last_call_timeout=4,close_timeout=5";
         int world = n * (n + 1) / 2; /* agent k runs k+1 workers */
         for (int i = 0; i < n; i++) {
             int k = (int)order[i];
-            start_agent(&c, k, id, nn, k + 1, CONF_CALM, NULL, "exit 0");
+            start_agent(&c, k, id, nn, k + 1, conf, NULL, "exit 0");
             dt_sleep_ms((int)dt_rng_below(&rng, 400));
         }
         wait_all(&c, 40);
@@ -550,6 +560,212 @@ static void test_store_host_dies(void)
     finish(&c);
 }
 
+/* Starts agent k as the store's host (is_host=1, port 0) and reads the port it picked. */
+static void start_host_agent(cluster *c, int k, const char *id, const char *nnodes,
+                             const char *conf, const char *extra, const char *then)
+{
+    char conf2[512];
+    snprintf(conf2, sizeof conf2, "%s,is_host=1", conf);
+    c->port = 0;
+    start_agent(c, k, id, nnodes, 1, conf2, extra, then);
+    const char *needle = "hosting the rendezvous store at 127.0.0.1:";
+    DT_REQUIRE(dt_test_wait_text(c->out[k], needle, 1, 20));
+    char *s = dt_test_slurp(c->out[k]);
+    const char *p = s ? strstr(s, needle) : NULL;
+    c->port = p ? atoi(p + strlen(needle)) : 0;
+    free(s);
+    DT_REQUIRE(c->port > 0);
+}
+
+/* Creates TMP/<name> (a go signal for workers that wait for it). */
+static void touch(const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", TMP, name);
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f != NULL);
+    fclose(f);
+}
+
+/* An agent frozen past the heartbeat timeout is declared lost; the others go on and the job
+ * succeeds while it is still frozen. Continued, it sees the end and exits 0 too: the store's
+ * host (agent 0) waits for it, since it is alive again, rather than closing the store under
+ * it (it was counted lost for good, and got a dead store: exit 1). */
+static void test_lost_node_back_sees_success(void)
+{
+    cluster c;
+    cl_init(&c);
+    const char *then = "[ $DTRAIN_ROUND -ge 1 ] && exit 0; exec sleep 60";
+    start_host_agent(&c, 0, "back", "1:3", CONF_LOSS, NULL, then);
+    start_agent(&c, 1, "back", "1:3", 1, CONF_LOSS, NULL, then);
+    /* The frozen one looks at its round only every 4 s once continued: the job is over by then. */
+    start_agent(&c, 2, "back", "1:3", 1, CONF_LOSS, "--monitor-interval 4", then);
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+    kill(c.pid[2], SIGSTOP);
+    bool shrunk = dt_test_wait_text(c.out[0], "world=2 groups=2 att=0 round=1", 1, 30);
+    kill(c.pid[2], SIGCONT);
+    DT_CHECK(shrunk);
+    wait_all(&c, 60);
+    for (int k = 0; k < 3; k++)
+        DT_CHECK_INT(c.code[k], 0);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "round=1"), 0);
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "did not confirm the end of the job"), 0);
+    if (c.code[0] || c.code[1] || c.code[2])
+        dump(&c);
+    finish(&c);
+}
+
+/* A spare that dies (SIGKILL) while it waits: at the end the store's host waits for it only
+ * until it has been silent for heartbeat_timeout, not the whole close_timeout. */
+static void test_dead_spare_not_waited_for(void)
+{
+    cluster c;
+    char then[512];
+    cl_init(&c);
+    snprintf(then, sizeof then, "while [ ! -e %s/go ]; do sleep 0.05; done; exit 0", TMP);
+    const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=30,"
+                       "last_call_timeout=1,close_timeout=600";
+    start_host_agent(&c, 0, "dspare", "1:2", conf, NULL, then);
+    start_agent(&c, 1, "dspare", "1:2", 1, conf, NULL, then);
+    for (int k = 0; k < 2; k++)
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=2 groups=2 att=0 round=0", 1, 30));
+    start_agent(&c, 2, "dspare", "1:2", 1, conf, NULL, then);
+    DT_REQUIRE(dt_test_wait_text(c.out[2], "waiting as a spare", 1, 30));
+    kill(c.pid[2], SIGKILL);
+    touch("go");
+    wait_all(&c, 60); /* well under close_timeout */
+    DT_CHECK_INT(c.code[0], 0);
+    DT_CHECK_INT(c.code[1], 0);
+    DT_CHECK_INT(c.code[2], 128 + SIGKILL);
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "did not confirm the end of the job"), 0);
+    if (c.code[0] || c.code[1])
+        dump(&c);
+    finish(&c);
+}
+
+/* A job on an external store whose agents were all SIGKILLed (so it never ended): a new job
+ * with the same id finds it abandoned and starts fresh (round 0, attempt 0, its own budget)
+ * instead of joining the dead one. */
+static void test_abandoned_job_replaced(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    for (int k = 0; k < 2; k++)
+        start_agent(&c, k, "aband", "2:2", 1, CONF_LOSS, "--max-restarts 0", "exec sleep 60");
+    for (int k = 0; k < 2; k++)
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=2 groups=2 att=0 round=0", 1, 30));
+    for (int k = 0; k < 2; k++)
+        kill(c.pid[k], SIGKILL);
+    wait_all(&c, 20);
+    /* The new job fails once (rank 1 of attempt 0) and succeeds on its restart: the budget is
+     * its own (the dead job's was 0). */
+    const char *then = "[ $GROUP_RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ] && exit 4; exit 0";
+    for (int k = 2; k < 4; k++)
+        start_agent(&c, k, "aband", "2:2", 1, CONF_LOSS, "--max-restarts 1", then);
+    wait_all(&c, 60);
+    for (int k = 2; k < 4; k++) {
+        DT_CHECK_INT(c.code[k], 0);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "world=2 groups=2 att=0 round=0"), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "world=2 groups=2 att=1 round=1"), 1);
+    }
+    DT_CHECK(dt_test_count_text(c.out[2], "was abandoned") + dt_test_count_text(c.out[3], "was abandoned") >= 1);
+    if (c.code[2] || c.code[3])
+        dump(&c);
+    finish(&c);
+}
+
+/* Two agents run (1:2) and a spare waits. A worker fails (budget 1): the two survivors get
+ * their slots back in the restart (attempt 1), although the spare rejoins before them, and
+ * the spare stays a spare; the job then succeeds everywhere. */
+static void test_survivors_not_pushed_out(void)
+{
+    cluster c;
+    char then[512];
+    cl_init(&c);
+    start_store(&c);
+    snprintf(then, sizeof then,
+             "[ $TORCHELASTIC_RESTART_COUNT -ge 1 ] && exit 0; [ $GROUP_RANK = 1 ] || exec sleep "
+             "60; while [ ! -e %s/go ]; do sleep 0.05; done; exit 3",
+             TMP);
+    const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=10,join_timeout=30,"
+                       "last_call_timeout=8,close_timeout=5";
+    start_agent(&c, 0, "push", "1:2", 1, conf, "--max-restarts 1", then);
+    start_agent(&c, 1, "push", "1:2", 1, conf, "--max-restarts 1", then);
+    for (int k = 0; k < 2; k++)
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=2 groups=2 att=0 round=0", 1, 30));
+    start_agent(&c, 2, "push", "1:2", 1, conf, "--max-restarts 1", then);
+    DT_REQUIRE(dt_test_wait_text(c.out[2], "waiting as a spare", 1, 30));
+    touch("go");
+    wait_all(&c, 60);
+    for (int k = 0; k < 3; k++)
+        DT_CHECK_INT(c.code[k], 0);
+    for (int k = 0; k < 2; k++)
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "world=2 groups=2 att=1 round=1"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "E node="), 0);
+    if (c.code[0] || c.code[1] || c.code[2])
+        dump(&c);
+    finish(&c);
+}
+
+/* A node declared lost is no survivor of its round: continued before the real survivors are
+ * back, it must not complete their count and close the next round without one of them. Node
+ * 1's workers take 3 s to stop, so the frozen node is back first; the round waits for node 1
+ * (last call 15 s) and forms with all three (world 3), rather than with two (then a third
+ * round to take node 1 back). */
+static void test_lost_node_not_a_survivor(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=30,"
+                       "last_call_timeout=15,close_timeout=5";
+    const char *slow = "[ $DTRAIN_ROUND -ge 1 ] && exit 0; trap \"sleep 3; exit 0\" TERM; "
+                       "sleep 60 & wait";
+    const char *fast = "[ $DTRAIN_ROUND -ge 1 ] && exit 0; exec sleep 60";
+    start_agent(&c, 0, "notsurv", "2:3", 1, conf, NULL, fast);
+    start_agent(&c, 1, "notsurv", "2:3", 1, conf, "--stop-grace 10", slow);
+    start_agent(&c, 2, "notsurv", "2:3", 1, conf, NULL, fast);
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+    kill(c.pid[2], SIGSTOP);
+    bool lost = dt_test_wait_text(c.out[0], "was lost: no heartbeat", 1, 30);
+    kill(c.pid[2], SIGCONT);
+    DT_REQUIRE(lost);
+    wait_all(&c, 60);
+    for (int k = 0; k < 3; k++) {
+        DT_CHECK_INT(c.code[k], 0);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "world=3 groups=3 att=0 round=1"), 1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "groups=2"), 0);
+    }
+    if (c.code[0] || c.code[1] || c.code[2])
+        dump(&c);
+    finish(&c);
+}
+
+/* SIGTERM to one agent of a running elastic job ends the job: every agent exits 128+15. */
+static void test_sigterm_one_agent(void)
+{
+    cluster c;
+    cl_init(&c);
+    start_store(&c);
+    for (int k = 0; k < 3; k++)
+        start_agent(&c, k, "term", "2:3", 1, CONF_CALM, "--max-restarts 3", "exec sleep 60");
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+    kill(c.pid[1], SIGTERM);
+    wait_all(&c, 40);
+    for (int k = 0; k < 3; k++) {
+        DT_CHECK_INT(c.code[k], 128 + SIGTERM);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "att=1"), 0);
+    }
+    DT_CHECK(dt_test_count_text(c.out[0], "stopped by signal 15") >= 1);
+    if (c.code[0] != 128 + SIGTERM || c.code[2] != 128 + SIGTERM)
+        dump(&c);
+    finish(&c);
+}
+
 /* ---- tests: the API with in-process agents ----------------------------------------------- */
 
 typedef struct inproc {
@@ -758,6 +974,12 @@ static const dt_test tests[] = {
     {"same_exit_code_everywhere", test_same_exit_code_everywhere, 90},
     {"second_job_starts_clean", test_second_job_starts_clean, 120},
     {"store_host_dies", test_store_host_dies, 90},
+    {"lost_node_back_sees_success", test_lost_node_back_sees_success, 90},
+    {"dead_spare_not_waited_for", test_dead_spare_not_waited_for, 90},
+    {"abandoned_job_replaced", test_abandoned_job_replaced, 90},
+    {"survivors_not_pushed_out", test_survivors_not_pushed_out, 90},
+    {"lost_node_not_a_survivor", test_lost_node_not_a_survivor, 90},
+    {"sigterm_one_agent", test_sigterm_one_agent, 60},
 };
 
 int main(int argc, char **argv)
