@@ -38,6 +38,8 @@
  *   final           "<exit code> <kind> <node> <signal>|<why>": the job is over (first writer)
  *   round           the last round that closed (a hint for newcomers)
  *   agents          the ids of the agents that opened this instance, one a line (appended)
+ *   pulse           "<agent id> <counter>": set by every agent's heartbeat (one look tells a
+ *                   live instance from an abandoned one)
  *   a/<agent id>    that agent's liveness: a counter its heartbeat thread bumps every
  *                   heartbeat_interval from open to close (spares and agents between rounds
  *                   too), or "left" once it has seen the job's end. The store host waits at the
@@ -360,24 +362,32 @@ static void mark_left(dt_rdzv_c10d *c)
     pthread_mutex_unlock(&c->beat_mu);
 }
 
-/* Bumps a/<id> (and, when rkey is not NULL, the round's heartbeat key to the same value) in one
- * request, unless this agent has left. Heartbeat thread only. Returns the store's answer. */
+/* Bumps a/<id> and "pulse" (and, when rkey is not NULL, the round's heartbeat key to the same
+ * value) in one request; only the round's key once this agent has left. Heartbeat thread only.
+ * Returns the store's answer. */
 static int beat(dt_rdzv_c10d *c, const char *rkey, dt_err *err)
 {
-    char v[32];
-    int rc = 0;
+    char v[32], pulse[80];
     pthread_mutex_lock(&c->beat_mu);
     snprintf(v, sizeof v, "%lld", (long long)++c->hb_count);
-    if (c->beat_left && rkey) {
-        rc = set_s(c->hb_ns, rkey, v, err);
-    } else if (rkey) {
-        const char *k[2] = {rkey, c->alive_key};
-        const void *vv[2] = {v, v};
-        size_t l[2] = {strlen(v), strlen(v)};
-        rc = dt_store_multi_set(c->hb_ns, k, vv, l, 2, err);
-    } else if (!c->beat_left) {
-        rc = set_s(c->hb_ns, c->alive_key, v, err);
+    snprintf(pulse, sizeof pulse, "%s %s", c->id, v);
+    const char *k[3];
+    const void *vv[3];
+    size_t l[3], n = 0;
+    if (rkey) {
+        k[n] = rkey;
+        vv[n] = v;
+        l[n++] = strlen(v);
     }
+    if (!c->beat_left) {
+        k[n] = c->alive_key;
+        vv[n] = v;
+        l[n++] = strlen(v);
+        k[n] = "pulse";
+        vv[n] = pulse;
+        l[n++] = strlen(pulse);
+    }
+    int rc = n ? dt_store_multi_set(c->hb_ns, k, vv, l, n, err) : 0;
     pthread_mutex_unlock(&c->beat_mu);
     return rc;
 }
@@ -680,10 +690,8 @@ static int watch_list(dt_store *s, const char *prefix, watch *w, double now)
 }
 
 /* One look at the agents not yet gone (except `self`): marks those that left or have been
- * silent for `timeout`. Returns how many are still live, and sets *moved when a counter
- * changed since the last look. */
-static int watch_look(dt_store *s, const char *prefix, watch *w, const char *self, double timeout,
-                      bool *moved)
+ * silent for `timeout`. Returns how many are still live. */
+static int watch_look(dt_store *s, const char *prefix, watch *w, const char *self, double timeout)
 {
     int live = 0;
     double now = dt_now_s();
@@ -701,8 +709,6 @@ static int watch_look(dt_store *s, const char *prefix, watch *w, const char *sel
             continue;
         }
         if (x != w->val[i]) {
-            if (w->val[i] != -2 && moved)
-                *moved = true;
             w->val[i] = x;
             w->seen[i] = now;
         } else if (now - w->seen[i] > timeout) {
@@ -714,45 +720,40 @@ static int watch_look(dt_store *s, const char *prefix, watch *w, const char *sel
     return live;
 }
 
-/* Whether job instance J (not finished) has a live agent: one whose a/<id> counter moves
- * within heartbeat_timeout, watched on this agent's clock. A live instance answers within a
- * heartbeat_interval; an abandoned one (every agent SIGKILLed, the store outliving them) costs
- * a heartbeat_timeout, once. An empty list counts as live until it has stayed empty that long
- * (an agent that just created the instance registers right after). */
+/* Whether job instance J (not finished) has a live agent: its "pulse" (which every agent's
+ * heartbeat sets) changes within heartbeat_timeout, watched on this agent's clock. O(1) for
+ * the store: a live instance answers within a heartbeat interval (divided by its agents); an
+ * abandoned one (every agent SIGKILLed, the store outliving them) costs a heartbeat_timeout,
+ * once. A missing pulse counts as live until it has stayed missing that long (the agent that
+ * just created the instance sets it right after). */
 static int instance_live(dt_rdzv_c10d *c, const char *J, bool *live)
 {
-    char prefix[64];
-    watch w = {0};
-    int rc = 0;
-    snprintf(prefix, sizeof prefix, "%s/", J);
-    double t0 = dt_now_s(), deadline = t0 + c->o.heartbeat_timeout;
-    int n0 = -1;
+    char key[KEY_MAX], *first = NULL;
+    kf(key, sizeof key, "%s/pulse", J);
+    bool have = get0(c->ns_id, key, &first, NULL) == 0;
+    double deadline = dt_now_s() + c->o.heartbeat_timeout;
+    int ms = (int)(c->o.heartbeat_interval * 250);
+    ms = ms < 10 ? 10 : ms > 100 ? 100 : ms;
     *live = true;
     for (;;) {
-        if ((rc = watch_list(c->ns_id, prefix, &w, dt_now_s())))
-            break;
-        if (n0 < 0)
-            n0 = w.n;
-        bool moved = w.n != n0;
-        int alive = watch_look(c->ns_id, prefix, &w, NULL, c->o.heartbeat_timeout, &moved);
+        char *v = NULL;
+        bool now_have = get0(c->ns_id, key, &v, NULL) == 0;
+        bool moved = now_have != have || (now_have && strcmp(v, first));
+        free(v);
         if (moved)
             break;
-        if (w.n > 0 && alive == 0) { /* every agent left, or silent for the timeout */
+        if (dt_now_s() >= deadline) {
             *live = false;
             break;
         }
-        if (dt_now_s() >= deadline) {
-            *live = false; /* nothing moved for heartbeat_timeout */
-            break;
-        }
         if (interrupted(c)) {
-            rc = -EINTR;
-            break;
+            free(first);
+            return -EINTR;
         }
-        dt_sleep_ms(DT_MIN(100, (int)(c->o.heartbeat_interval * 500) + 1));
+        dt_sleep_ms(ms);
     }
-    watch_free(&w);
-    return rc;
+    free(first);
+    return 0;
 }
 
 /* Finds the job instance under "dtrain/<id>/job": the current one, or a new one when there is
@@ -931,9 +932,10 @@ int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
         goto fail;
     /* Registered: alive first, then listed (whoever reads the list finds the key). */
     snprintf(c->alive_key, sizeof c->alive_key, "a/%s", c->id);
-    char line[64];
+    char pulse[64], line[64];
+    snprintf(pulse, sizeof pulse, "%s 0", c->id);
     snprintf(line, sizeof line, "%s\n", c->id);
-    if ((rc = set_s(c->ns, c->alive_key, "0", err)) ||
+    if ((rc = set_s(c->ns, "pulse", pulse, err)) || (rc = set_s(c->ns, c->alive_key, "0", err)) ||
         (rc = dt_store_append(c->ns, "agents", line, strlen(line), err)))
         goto fail;
     c->opened = true;
@@ -1749,7 +1751,7 @@ static void wait_others_left(dt_rdzv_c10d *c)
     for (;;) {
         if (watch_list(c->ns, "", &w, dt_now_s()))
             break;
-        int live = watch_look(c->ns, "", &w, c->id, c->o.heartbeat_timeout, NULL);
+        int live = watch_look(c->ns, "", &w, c->id, c->o.heartbeat_timeout);
         if (live == 0)
             break;
         if (dt_now_s() >= deadline) {
