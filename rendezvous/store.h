@@ -99,6 +99,11 @@ int dt_store_ping(dt_store *s, int64_t *rtt_us, dt_err *err);
 
 typedef struct dt_store_server dt_store_server;
 
+/* What max_total_bytes charges per stored key on top of its key and value bytes: the server's
+ * bookkeeping (table entry, allocator headers, hash slot). Without it a million empty values
+ * would count as a few MiB while taking ~110 MB. */
+#define DT_STORE_KEY_OVERHEAD 112
+
 typedef struct dt_store_server_opts {
     const char *host;            /* bind address ("0.0.0.0") */
     int port;                    /* 0 = any free port */
@@ -106,7 +111,8 @@ typedef struct dt_store_server_opts {
     size_t max_key_size;         /* bytes per key (4096) */
     size_t max_value_size;       /* bytes per value (64 MiB) */
     size_t max_keys_per_request; /* keys in one multi-get/set/check/wait (65536) */
-    size_t max_total_bytes;      /* keys + values stored (1 GiB) */
+    size_t max_total_bytes;      /* keys + values stored, plus DT_STORE_KEY_OVERHEAD bytes
+                                    per key (1 GiB) */
     size_t max_connections;      /* open client connections (65536) */
     size_t max_pending_output;   /* reply bytes buffered per client (65 MiB). Once more is
                                     queued, the server stops reading that client's requests

@@ -125,7 +125,7 @@ struct dt_store_server {
     /* key table */
     entry **buckets;
     size_t nbuckets, nentries, npresent;
-    size_t bytes;            /* keys + values of present entries */
+    size_t bytes;            /* keys + values + DT_STORE_KEY_OVERHEAD of present entries */
     uint64_t mark_gen;
     entry **scratch;         /* owned; entries of the keys of the request being answered */
     size_t scratch_cap;
@@ -269,11 +269,14 @@ static void entry_maybe_drop(dt_store_server *s, entry *e)
         table_remove(s, e);
 }
 
+/* What a present key is charged against max_total_bytes. */
+static size_t entry_cost(size_t klen, size_t vlen) { return klen + vlen + DT_STORE_KEY_OVERHEAD; }
+
 /* Bytes the store would hold if e's value became vlen bytes long. */
 static size_t bytes_after(const dt_store_server *s, const entry *e, size_t klen, size_t vlen)
 {
-    size_t old = (e && e->present) ? e->klen + e->vlen : 0;
-    return s->bytes - old + klen + vlen;
+    size_t old = (e && e->present) ? entry_cost(e->klen, e->vlen) : 0;
+    return s->bytes - old + entry_cost(klen, vlen);
 }
 
 /* Replaces (append = 0) or extends (append = 1) e's value. The caller checked the limits. */
@@ -294,18 +297,18 @@ static int entry_write(dt_store_server *s, entry *e, const uint8_t *v, size_t n,
     if (n)
         memcpy(e->val + base, v, n);
     if (e->present)
-        s->bytes -= e->klen + e->vlen;
+        s->bytes -= entry_cost(e->klen, e->vlen);
     else
         s->npresent++;
     e->present = 1;
     e->vlen = want;
-    s->bytes += e->klen + e->vlen;
+    s->bytes += entry_cost(e->klen, e->vlen);
     return 0;
 }
 
 static void entry_delete(dt_store_server *s, entry *e)
 {
-    s->bytes -= e->klen + e->vlen;
+    s->bytes -= entry_cost(e->klen, e->vlen);
     s->npresent--;
     e->present = 0;
     e->vlen = 0;
@@ -711,8 +714,9 @@ static int store_full(conn *c, uint32_t id, size_t after)
     if (after <= s->o.max_total_bytes)
         return 0;
     reply_error(c, id, DT_PROTO_E2BIG,
-                "store full: keys and values would take %zu bytes, limit max_total_bytes = %zu",
-                after, s->o.max_total_bytes);
+                "store full: keys and values (plus %d bytes of bookkeeping per key) would take "
+                "%zu bytes, limit max_total_bytes = %zu",
+                DT_STORE_KEY_OVERHEAD, after, s->o.max_total_bytes);
     return 1;
 }
 
@@ -884,9 +888,9 @@ static void op_multi_set(conn *c, const dt_proto_msg *m)
         entry *e = table_lookup(s, &k);
         if (e && e->present && e->mark != gen) {
             e->mark = gen;
-            sub += e->klen + e->vlen;
+            sub += entry_cost(e->klen, e->vlen);
         }
-        add += k.len + v.len;
+        add += entry_cost(k.len, v.len);
     }
     if (store_full(c, m->id, s->bytes - sub + add))
         return;

@@ -975,7 +975,7 @@ static void test_server_limits(void)
     o.max_key_size = 16;
     o.max_value_size = 64;
     o.max_keys_per_request = 4;
-    o.max_total_bytes = 200;
+    o.max_total_bytes = 200 + 3 * DT_STORE_KEY_OVERHEAD;
     o.max_connections = 3;
     dt_store_server *srv = start_server(&o);
     dt_store *s = connect_to(srv, NULL);
@@ -993,7 +993,8 @@ static void test_server_limits(void)
     int all;
     DT_CHECK_INT(dt_store_check(s, five, 5, &all, err), -E2BIG);
     DT_CHECK_CONTAINS(err->msg, "max_keys_per_request");
-    /* total bytes: k (1+64) stored; two more 64-byte values fit (195), a third does not */
+    /* total bytes, each key charged DT_STORE_KEY_OVERHEAD more: k (1+64) stored; two more
+     * 64-byte values fit (195), a fourth key does not */
     DT_REQUIRE_OK(dt_store_set(s, "k2", big, 64, err), err);
     DT_REQUIRE_OK(dt_store_set(s, "k3", big, 63, err), err);
     DT_CHECK_INT(dt_store_set(s, "k4", big, 10, err), -E2BIG);
@@ -1007,6 +1008,10 @@ static void test_server_limits(void)
     DT_REQUIRE_OK(dt_store_set(s, "k3", big, 60, err), err);
     DT_REQUIRE_OK(dt_store_delete(s, "k2", NULL, err), err);
     DT_REQUIRE_OK(dt_store_set(s, "k4", big, 10, err), err);
+    /* Many empty values are not free: each key costs its bookkeeping (which the limit
+     * counts), so a store full of tiny keys stays within its memory bound. */
+    DT_CHECK_INT(dt_store_set(s, "e1", "", 0, err), -E2BIG); /* 141 bytes of keys+values */
+    DT_CHECK_CONTAINS(err->msg, "bookkeeping");
     /* the connection survived every refusal */
     DT_REQUIRE_OK(dt_store_ping(s, NULL, err), err);
     /* A request over the frame limit: the server answers E2BIG and closes; the client reports
