@@ -478,14 +478,29 @@ static void call_end(call *c)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* A message names the key, but never so much of it that the reason (and the host) are cut
+ * off: keys are shown up to KEY_SHOWN bytes, then "..." and the full length. */
+#define KEY_SHOWN 200
+
 static int call_fail(call *c, dt_err *err, int rc, const char *fmt, const char *detail)
 {
-    if (c->key)
-        dt_err_set(err, rc, "store %s \"%s%s\" at %s:%d: %s%s", c->what, c->s->prefix, c->key,
-                   c->r->host, c->r->port, fmt, detail ? detail : "");
-    else
+    if (c->key) {
+        /* "prefix+key" in quotes, or its first KEY_SHOWN bytes: "aaa..." (5000 bytes) */
+        char k[KEY_SHOWN + 64];
+        size_t pl = c->s->prefix_len, kl = strlen(c->key);
+        if (pl + kl <= KEY_SHOWN)
+            snprintf(k, sizeof k, "\"%s%s\"", c->s->prefix, c->key);
+        else if (pl >= KEY_SHOWN)
+            snprintf(k, sizeof k, "\"%.*s...\" (%zu bytes)", KEY_SHOWN, c->s->prefix, pl + kl);
+        else
+            snprintf(k, sizeof k, "\"%s%.*s...\" (%zu bytes)", c->s->prefix,
+                     (int)(KEY_SHOWN - pl), c->key, pl + kl);
+        dt_err_set(err, rc, "store %s %s at %s:%d: %s%s", c->what, k, c->r->host, c->r->port,
+                   fmt, detail ? detail : "");
+    } else {
         dt_err_set(err, rc, "store %s at %s:%d: %s%s", c->what, c->r->host, c->r->port, fmt,
                    detail ? detail : "");
+    }
     return rc;
 }
 

@@ -985,6 +985,16 @@ static void test_server_limits(void)
 
     DT_CHECK_INT(dt_store_set(s, "0123456789abcdefX", "v", 1, err), -E2BIG);
     DT_CHECK_CONTAINS(err->msg, "max_key_size");
+    /* A very long key is shortened in the message, so the reason and the host still show. */
+    char *longkey = malloc(5001);
+    DT_REQUIRE(longkey);
+    memset(longkey, 'q', 5000);
+    longkey[5000] = '\0';
+    DT_CHECK_INT(dt_store_set(s, longkey, "v", 1, err), -E2BIG);
+    DT_CHECK_CONTAINS(err->msg, "max_key_size");
+    DT_CHECK_CONTAINS(err->msg, "127.0.0.1");
+    DT_CHECK_CONTAINS(err->msg, "...\" (5000 bytes)");
+    free(longkey);
     DT_CHECK_INT(dt_store_set(s, "k", big, 65, err), -E2BIG);
     DT_CHECK_CONTAINS(err->msg, "max_value_size");
     DT_REQUIRE_OK(dt_store_set(s, "k", big, 64, err), err);
