@@ -16,7 +16,9 @@
  * the answer to the next request); the next call reconnects.
  *
  * Waiting ops (GET, WAIT, MULTI_GET) send their timeout to the server, which answers
- * ETIMEDOUT itself; the client allows WAIT_GRACE_MS more before it gives up on the server.
+ * ETIMEDOUT itself; the client allows a little more (wait_grace_ms: a tenth of the timeout,
+ * between 250 ms and 5 s) before it gives up on the server, and reconnects after a lost
+ * connection only until the caller's own deadline.
  */
 #include "rendezvous/store.h"
 
@@ -37,7 +39,8 @@
 #include "common/util.h"
 #include "rendezvous/protocol.h"
 
-#define WAIT_GRACE_MS 5000
+#define WAIT_GRACE_MIN_MS 250
+#define WAIT_GRACE_MAX_MS 5000
 #define BACKOFF_START_MS 10
 #define BACKOFF_MAX_MS 1000
 #define MAX_ATTEMPTS 8
@@ -513,7 +516,13 @@ static int conn_stale(dt_store *r)
 
 /* Sends the request and reads its reply into *m (status OK, or an error is returned).
  * wait_ms >= 0 marks a waiting op: the server-side timeout (num) is refreshed on every attempt
- * and the client deadline is wait_ms + WAIT_GRACE_MS. */
+ * and the client deadline is wait_ms + wait_grace_ms(wait_ms) (a wait of 0 has the handle's
+ * ordinary deadline); after a lost connection it reconnects only until wait_ms has passed. */
+static int64_t wait_grace_ms(int64_t wait_ms)
+{
+    return DT_MIN((int64_t)WAIT_GRACE_MAX_MS, DT_MAX((int64_t)WAIT_GRACE_MIN_MS, wait_ms / 10));
+}
+
 static int call_run(call *c, int idempotent, int64_t wait_ms, dt_proto_msg *m, dt_err *err)
 {
     dt_store *r = c->r;
@@ -522,14 +531,20 @@ static int call_run(call *c, int idempotent, int64_t wait_ms, dt_proto_msg *m, d
     dt_proto_end(&r->req, c->start);
     uint64_t t0 = dt_now_ns();
     uint64_t wait_deadline = wait_ms >= 0 ? t0 + (uint64_t)wait_ms * 1000000ull : 0;
-    uint64_t deadline = wait_ms >= 0 ? wait_deadline + (uint64_t)WAIT_GRACE_MS * 1000000ull
-                                     : deadline_in(r->timeout_ms);
+    uint64_t deadline = wait_ms > 0
+                            ? wait_deadline + (uint64_t)wait_grace_ms(wait_ms) * 1000000ull
+                            : deadline_in(r->timeout_ms);
+    /* Reconnecting: until the caller's deadline (a waiting op's own timeout, but never less
+     * than the minimum grace so a short wait can still re-establish a dropped connection). */
+    uint64_t reconnect_by =
+        wait_ms > 0 ? DT_MAX(wait_deadline, t0 + (uint64_t)WAIT_GRACE_MIN_MS * 1000000ull)
+                    : deadline;
     dt_err cerr = {0};
     int rc = 0, sent = 0;
     for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
         if (r->fd >= 0 && !idempotent && conn_stale(r))
             conn_drop(r);
-        if (r->fd < 0 && (rc = conn_open(r, deadline, &cerr)) < 0)
+        if (r->fd < 0 && (rc = conn_open(r, reconnect_by, &cerr)) < 0)
             return call_fail(c, err, rc, cerr.msg, NULL);
         if (wait_ms >= 0) { /* refresh the server-side timeout: the time left */
             int64_t left = wait_ms > 0 ? DT_MAX(ms_left(wait_deadline), 1) : 0;
@@ -568,7 +583,7 @@ static int call_run(call *c, int idempotent, int64_t wait_ms, dt_proto_msg *m, d
         if (!idempotent && sent)
             return call_fail(c, err, -ECONNRESET, "connection lost after sending; the "
                              "operation may or may not have been applied: ", strerror(-rc));
-        if (ms_left(deadline) <= 0)
+        if (ms_left(reconnect_by) <= 0)
             break;
         DT_DEBUG("store: %s: connection lost (%s); reconnecting", c->what, strerror(-rc));
     }

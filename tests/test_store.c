@@ -1526,6 +1526,33 @@ static void start_fake(fake_server *f, pthread_t *t)
     pthread_create(t, NULL, fake_main, f);
 }
 
+static void *stop_later(void *arg)
+{
+    dt_sleep_ms(200);
+    dt_store_server_stop(arg);
+    return NULL;
+}
+
+/* A waiting call whose server goes away reconnects only until its own deadline. */
+static void test_wait_server_gone(void)
+{
+    dt_store_server *srv = start_server(NULL);
+    dt_store *s = connect_to(srv, NULL);
+    dt_err err_ = {0}, *err = &err_;
+    pthread_t t;
+    pthread_create(&t, NULL, stop_later, srv);
+    void *v = NULL;
+    size_t n = 0;
+    uint64_t t0 = dt_now_ns();
+    int rc = dt_store_get(s, "never", &v, &n, 1500, err);
+    double el = (double)(dt_now_ns() - t0) * 1e-6;
+    pthread_join(t, NULL);
+    DT_CHECK(rc < 0);
+    DT_CHECK_MSG(el < 3500, "a 1500 ms GET whose server left returned after %.0f ms: %s", el,
+                 err->msg);
+    dt_store_free(s);
+}
+
 static void test_client_timeouts(void)
 {
     dt_err err_ = {0}, *err = &err_;
@@ -1544,6 +1571,20 @@ static void test_client_timeouts(void)
     double el = (double)(dt_now_ns() - t0) * 1e-6;
     DT_CHECK_MSG(el >= 250 && el < 3000, "set gave up after %.0f ms (timeout 300)", el);
     DT_CHECK_CONTAINS(err->msg, "no reply");
+    dt_store_free(s);
+
+    /* A waiting call on a server that never answers gives up soon after its own timeout
+     * (a grace of a tenth of it, at least 250 ms), not seconds later. */
+    fake_server fw = {.version = DT_PROTO_VERSION, .hold_ms = 8000};
+    pthread_t tw;
+    start_fake(&fw, &tw);
+    DT_REQUIRE_OK(dt_store_connect(&s, "127.0.0.1", fw.port, &co, err), err);
+    void *v = NULL;
+    size_t vn = 0;
+    t0 = dt_now_ns();
+    DT_CHECK_INT(dt_store_get(s, "k", &v, &vn, 1000, err), -ETIMEDOUT);
+    el = (double)(dt_now_ns() - t0) * 1e-6;
+    DT_CHECK_MSG(el >= 950 && el < 3000, "a 1000 ms GET gave up after %.0f ms", el);
     dt_store_free(s);
 
     /* A server of another protocol version: a clear, immediate error. */
@@ -1687,6 +1728,7 @@ static const dt_test tests[] = {
     {"storm", test_storm, 60},
     {"connect_retry", test_connect_retry, 60},
     {"client_timeouts", test_client_timeouts, 60},
+    {"wait_server_gone", test_wait_server_gone, 60},
     {"standalone_token", test_standalone_token, 60},
     {"proto_corpus", test_proto_corpus, 60},
 };
