@@ -36,8 +36,10 @@
 
 #include "common/env.h"
 #include "common/log.h"
+#include "common/rng.h"
 #include "common/util.h"
 #include "rendezvous/protocol.h"
+#include "rendezvous/store_internal.h"
 
 #define WAIT_GRACE_MIN_MS 250
 #define WAIT_GRACE_MAX_MS 5000
@@ -60,6 +62,7 @@ struct dt_store {
     int ever_connected;
     int rcvtimeo_ms, sndtimeo_ms; /* current socket timeouts (0 = none set) */
     uint32_t next_id;
+    dt_rng rng;            /* connect-retry jitter (seeded from the clock and the pid) */
     dt_proto_buf req;      /* the request being sent */
     uint8_t *rbuf;         /* owned; the reply being read */
     size_t rcap;
@@ -310,7 +313,14 @@ static int connect_once(dt_store *r, uint64_t deadline, dt_err *err)
     return 0;
 }
 
-/* Connects with exponential backoff until the deadline. */
+int dt_store_backoff_jitter_ms(dt_rng *rng, int base_ms)
+{
+    /* uniform in [base/2, 3*base/2]: thousands of agents retrying at once spread out */
+    int lo = base_ms / 2, span = base_ms;
+    return lo + (int)dt_rng_below(rng, (uint64_t)span + 1);
+}
+
+/* Connects with exponential backoff (each delay jittered +-50%) until the deadline. */
 static int conn_open(dt_store *r, uint64_t deadline, dt_err *err)
 {
     int backoff = BACKOFF_START_MS, attempts = 0;
@@ -340,9 +350,10 @@ static int conn_open(dt_store *r, uint64_t deadline, dt_err *err)
                               "first node) and reachable from here?",
                               r->host, r->port, attempts, (double)(dt_now_ns() - t0) * 1e-9,
                               last.msg);
+        int delay = (int)DT_MIN(dt_store_backoff_jitter_ms(&r->rng, backoff), left);
         DT_DEBUG("store: connecting to %s:%d: %s; retrying in %d ms", r->host, r->port,
-                 last.msg, (int)DT_MIN(backoff, left));
-        dt_sleep_ms((int)DT_MIN(backoff, left));
+                 last.msg, delay);
+        dt_sleep_ms(delay);
         backoff = DT_MIN(backoff * 2, BACKOFF_MAX_MS);
     }
 }
@@ -377,6 +388,7 @@ int dt_store_connect(dt_store **out, const char *host, int port, const dt_store_
     s->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 30000;
     s->rcap = 4096;
     s->rbuf = malloc(s->rcap);
+    dt_rng_seed2(&s->rng, dt_now_ns(), (uint64_t)getpid());
     pthread_mutex_init(&s->mu, NULL);
     if (!s->host || !s->prefix || !s->rbuf || (token && *token && !s->token)) {
         rc = dt_err_set(err, -ENOMEM, "store: out of memory");

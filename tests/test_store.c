@@ -20,6 +20,7 @@
 #include "common/util.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_internal.h"
 #include "tests/harness.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1441,6 +1442,27 @@ static void *start_late(void *arg)
     return NULL;
 }
 
+/* Retry delays are spread +-50% around the backoff, never the same on every client. */
+static void test_backoff_jitter(void)
+{
+    dt_rng a, b;
+    dt_rng_seed2(&a, 1, 100);
+    dt_rng_seed2(&b, 1, 101);
+    int lo = 1 << 30, hi = 0, same = 0;
+    for (int i = 0; i < 1000; i++) {
+        int d = dt_store_backoff_jitter_ms(&a, 100);
+        DT_CHECK_MSG(d >= 50 && d <= 150, "delay %d ms for a 100 ms backoff", d);
+        lo = DT_MIN(lo, d);
+        hi = DT_MAX(hi, d);
+        same += d == dt_store_backoff_jitter_ms(&b, 100);
+    }
+    DT_CHECK_MSG(lo < 60 && hi > 140, "delays only span %d..%d ms", lo, hi);
+    DT_CHECK_MSG(same < 100, "two clients drew the same delay %d times in 1000", same);
+    DT_CHECK_INT(dt_store_backoff_jitter_ms(&a, 0), 0);
+    int d1 = dt_store_backoff_jitter_ms(&a, 1);
+    DT_CHECK(d1 >= 0 && d1 <= 1);
+}
+
 static void test_connect_retry(void)
 {
     dt_err err_ = {0}, *err = &err_;
@@ -1726,6 +1748,7 @@ static const dt_test tests[] = {
     {"big_replies", test_big_replies, 60},
     {"handshake_timeout", test_handshake_timeout, 60},
     {"storm", test_storm, 60},
+    {"backoff_jitter", test_backoff_jitter, 0},
     {"connect_retry", test_connect_retry, 60},
     {"client_timeouts", test_client_timeouts, 60},
     {"wait_server_gone", test_wait_server_gone, 60},
