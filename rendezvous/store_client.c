@@ -45,6 +45,8 @@
 #define WAIT_GRACE_MAX_MS 5000
 #define BACKOFF_START_MS 10
 #define BACKOFF_MAX_MS 1000
+#define HELLO_WAIT_START_MS 1000 /* per-attempt wait for the server's hello, doubling ... */
+#define HELLO_WAIT_MAX_MS 8000   /* ... up to this, while attempts keep getting no hello */
 #define MAX_ATTEMPTS 8
 #define RBUF_KEEP (1u << 20) /* a reply buffer grown beyond this is released after the call */
 
@@ -230,8 +232,10 @@ static int connect_addr(const struct addrinfo *ai, uint64_t deadline)
 }
 
 /* One attempt: resolve, connect, handshake, authenticate. Returns 0, or -errno with a message
- * in err; -EPROTO and -EACCES are final (retrying cannot help), anything else is retried. */
-static int connect_once(dt_store *r, uint64_t deadline, dt_err *err)
+ * in err; -EPROTO and -EACCES are final (retrying cannot help), anything else is retried.
+ * The server's hello is waited for hello_ms at most (it sends it on accepting): *silent is set
+ * when the connection was accepted and nothing came back in that time. */
+static int connect_once(dt_store *r, uint64_t deadline, int hello_ms, int *silent, dt_err *err)
 {
     struct addrinfo hints = {0}, *res = NULL;
     char port[16];
@@ -256,12 +260,21 @@ static int connect_once(dt_store *r, uint64_t deadline, dt_err *err)
 
     uint8_t hello[DT_PROTO_HELLO_SIZE];
     dt_proto_hello_encode(hello, DT_PROTO_VERSION, 0);
-    int rc = send_all(r, hello, sizeof hello, deadline);
+    uint64_t hello_t0 = dt_now_ns();
+    uint64_t hello_by = DT_MIN(deadline, deadline_in(hello_ms));
+    int rc = send_all(r, hello, sizeof hello, hello_by);
     size_t have = 0;
     if (rc == 0)
-        rc = recv_some(r, &have, DT_PROTO_HELLO_SIZE, deadline);
+        rc = recv_some(r, &have, DT_PROTO_HELLO_SIZE, hello_by);
     if (rc < 0) {
         conn_drop(r);
+        if (rc == -ETIMEDOUT && have == 0) {
+            *silent = 1;
+            return dt_err_set(err, rc, "something at %s:%d accepted the connection but sent no "
+                              "dtrain store handshake (waited %.1f s): is that port another "
+                              "service?", r->host, r->port,
+                              (double)(dt_now_ns() - hello_t0) * 1e-9);
+        }
         return dt_err_set(err, rc, "handshake: %s", strerror(-rc));
     }
     uint16_t ver = 0, flags = 0;
@@ -323,7 +336,8 @@ int dt_store_backoff_jitter_ms(dt_rng *rng, int base_ms)
 /* Connects with exponential backoff (each delay jittered +-50%) until the deadline. */
 static int conn_open(dt_store *r, uint64_t deadline, dt_err *err)
 {
-    int backoff = BACKOFF_START_MS, attempts = 0;
+    int backoff = BACKOFF_START_MS, attempts = 0, hello_ms = HELLO_WAIT_START_MS;
+    int silent_attempts = 0, last_silent = 0;
     uint64_t t0 = dt_now_ns();
     dt_err last = {0};
     for (;;) {
@@ -331,9 +345,19 @@ static int conn_open(dt_store *r, uint64_t deadline, dt_err *err)
         /* Keep the most telling error: an attempt cut short by the deadline says less than
          * the refusal before it. */
         dt_err cur = {0};
-        int rc = connect_once(r, deadline, &cur);
-        if (!last.msg[0] || !(rc == -ETIMEDOUT && ms_left(deadline) <= 0))
+        int silent = 0;
+        int rc = connect_once(r, deadline, hello_ms, &silent, &cur);
+        if (!last.msg[0] || !(rc == -ETIMEDOUT && ms_left(deadline) <= 0 && !silent)) {
             last = cur;
+            last_silent = silent;
+        }
+        if (silent) {
+            /* Either another service, or a store too busy to accept: say so once, then
+             * retry with a longer wait. */
+            if (silent_attempts++ == 0 && ms_left(deadline) > 0)
+                DT_WARN("store: %s (retrying until the connect timeout)", cur.msg);
+            hello_ms = DT_MIN(hello_ms * 2, HELLO_WAIT_MAX_MS);
+        }
         if (rc == 0) {
             if (r->ever_connected)
                 DT_INFO("store: reconnected to %s:%d", r->host, r->port);
@@ -343,6 +367,9 @@ static int conn_open(dt_store *r, uint64_t deadline, dt_err *err)
         if (rc == -EPROTO || rc == -EACCES)
             return dt_err_set(err, rc, "store at %s:%d: %s", r->host, r->port, last.msg);
         int64_t left = ms_left(deadline);
+        if (left <= 0 && last_silent)
+            return dt_err_set(err, -ECONNREFUSED, "%s (%d attempts over %.1f s)", last.msg,
+                              attempts, (double)(dt_now_ns() - t0) * 1e-9);
         if (left <= 0)
             return dt_err_set(err, -ECONNREFUSED,
                               "cannot reach the store at %s:%d (%d attempts over %.1f s; last "

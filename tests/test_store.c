@@ -1609,6 +1609,22 @@ static void test_client_timeouts(void)
     DT_CHECK_MSG(el >= 950 && el < 3000, "a 1000 ms GET gave up after %.0f ms", el);
     dt_store_free(s);
 
+    /* Something that accepts connections and never speaks: each attempt waits a short while
+     * for the hello, and the error says what it looks like. */
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    DT_REQUIRE(bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 16) == 0);
+    getsockname(lfd, (struct sockaddr *)&a, &al);
+    co.connect_timeout_ms = 2500;
+    DT_CHECK_INT(dt_store_connect(&s, "127.0.0.1", ntohs(a.sin_port), &co, err),
+                 -ECONNREFUSED);
+    DT_CHECK_CONTAINS(err->msg, "accepted the connection but sent no dtrain store handshake");
+    DT_CHECK_CONTAINS(err->msg, "another service");
+    DT_CHECK_CONTAINS(err->msg, "attempts over");
+    close(lfd);
+
     /* A server of another protocol version: a clear, immediate error. */
     fake_server g = {.version = DT_PROTO_VERSION + 1, .hold_ms = 10};
     pthread_t t2;
