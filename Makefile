@@ -8,7 +8,8 @@
 #   make clean
 #
 # Switches: SANITIZE=address,undefined (everything rebuilt under the sanitizers), WERROR=1,
-# DEBUG=1 (-O0), CUDA=0 (skip the CUDA backend), CUDA_HOME=/path (where nvcc lives).
+# DEBUG=1 (-O0), CUDA=0 (skip the CUDA backend), CUDA_HOME=/path (where nvcc lives),
+# CUDNN_HOME=/path and NCCL_HOME=/path (searched first for cuDNN and NCCL).
 
 BUILD   := build
 CC      ?= cc
@@ -52,14 +53,45 @@ CUDA_HOME ?= $(if $(wildcard /usr/local/cuda/bin/nvcc),/usr/local/cuda,$(patsubs
 NVCC      := $(if $(CUDA_HOME),$(wildcard $(CUDA_HOME)/bin/nvcc),)
 ifeq ($(CUDA),0)
 NVCC      :=
-CUDA_WHY  := disabled by CUDA=0
+CUDA_WHY  := no: disabled by CUDA=0
 else
-CUDA_WHY  := nvcc not found (looked in CUDA_HOME=$(or $(CUDA_HOME),unset), /usr/local/cuda and PATH)
+CUDA_WHY  := no: nvcc not found (looked in CUDA_HOME=$(or $(CUDA_HOME),unset), /usr/local/cuda and PATH)
 endif
-NVFLAGS   := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -I. \
+# The backend also needs cuDNN (kernels/cuda) and NCCL (runtime/comm_nccl.cu): each header and
+# library is looked for under CUDNN_HOME / NCCL_HOME (when set), CUDA_HOME and the system
+# directories. Without either the CUDA backend is skipped with the reason; the build goes on.
+CUDA_SYS_INC ?= /usr/include /usr/include/x86_64-linux-gnu
+CUDA_SYS_LIB ?= /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib
+dt_first   = $(firstword $(foreach d,$(2),$(if $(wildcard $(d)/$(1)),$(d),)))
+CUDNN_INCS := $(strip $(if $(CUDNN_HOME),$(CUDNN_HOME)/include) $(if $(CUDA_HOME),$(CUDA_HOME)/include) $(CUDA_SYS_INC))
+CUDNN_LIBS := $(strip $(if $(CUDNN_HOME),$(CUDNN_HOME)/lib64 $(CUDNN_HOME)/lib) $(if $(CUDA_HOME),$(CUDA_HOME)/lib64) $(CUDA_SYS_LIB))
+NCCL_INCS  := $(strip $(if $(NCCL_HOME),$(NCCL_HOME)/include) $(if $(CUDA_HOME),$(CUDA_HOME)/include) $(CUDA_SYS_INC))
+NCCL_LIBS  := $(strip $(if $(NCCL_HOME),$(NCCL_HOME)/lib64 $(NCCL_HOME)/lib) $(if $(CUDA_HOME),$(CUDA_HOME)/lib64) $(CUDA_SYS_LIB))
+ifneq ($(NVCC),)
+CUDNN_INC  := $(call dt_first,cudnn.h,$(CUDNN_INCS))
+CUDNN_LIB  := $(call dt_first,libcudnn.so,$(CUDNN_LIBS))
+NCCL_INC   := $(call dt_first,nccl.h,$(NCCL_INCS))
+NCCL_LIB   := $(call dt_first,libnccl.so,$(NCCL_LIBS))
+CUDNN_WHY  := $(if $(CUDNN_INC),,cudnn.h not found under $(CUDNN_INCS))$(if $(CUDNN_INC)$(CUDNN_LIB),,; )$(if $(CUDNN_LIB),,libcudnn.so not found under $(CUDNN_LIBS))
+NCCL_WHY   := $(if $(NCCL_INC),,nccl.h not found under $(NCCL_INCS))$(if $(NCCL_INC)$(NCCL_LIB),,; )$(if $(NCCL_LIB),,libnccl.so not found under $(NCCL_LIBS))
+CUDNN_LINE := $(if $(CUDNN_WHY),no: $(CUDNN_WHY),yes ($(CUDNN_INC)/cudnn.h, $(CUDNN_LIB)/libcudnn.so))
+NCCL_LINE  := $(if $(NCCL_WHY),no: $(NCCL_WHY),yes ($(NCCL_INC)/nccl.h, $(NCCL_LIB)/libnccl.so))
+ifneq ($(CUDNN_WHY)$(NCCL_WHY),)
+CUDA_WHY   := skipped: $(if $(CUDNN_WHY),cuDNN not found ($(CUDNN_WHY)); install libcudnn9-dev-cuda-12 or set CUDNN_HOME)$(if $(CUDNN_WHY),$(if $(NCCL_WHY),; ))$(if $(NCCL_WHY),NCCL not found ($(NCCL_WHY)); install libnccl-dev or set NCCL_HOME)
+NVCC       :=
+endif
+else
+CUDNN_LINE := not checked (no CUDA backend)
+NCCL_LINE  := not checked (no CUDA backend)
+endif
+# Include and library directories beyond the compilers' defaults.
+CUDA_XINC := $(filter-out $(CUDA_HOME)/include /usr/include /usr/include/x86_64-linux-gnu,$(sort $(CUDNN_INC) $(NCCL_INC)))
+CUDA_XLIB := $(filter-out $(CUDA_HOME)/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib,$(sort $(CUDNN_LIB) $(NCCL_LIB)))
+NVFLAGS   := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -I. $(addprefix -I,$(CUDA_XINC)) \
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90 $(if $(WERROR),-Werror all-warnings,)
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudnn -lnccl -lcudart -Xlinker -rpath=$(CUDA_HOME)/lib64
+CUDA_LIBS := $(addprefix -L,$(CUDA_XLIB)) -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudnn -lnccl -lcudart \
+             $(addprefix -Xlinker -rpath=,$(CUDA_XLIB)) -Xlinker -rpath=$(CUDA_HOME)/lib64
 
 # ---- sources -------------------------------------------------------------------------------
 LIB_SRC  := $(wildcard common/*.c rendezvous/*.c kernels/*.c kernels/cpu/*.c \
@@ -79,7 +111,9 @@ all: features $(TARGETS)
 .PHONY: features
 features:
 	@echo "dtrain: CPU backend: yes (OpenBLAS $$(pkg-config --modversion openblas 2>/dev/null))"
-	@echo "dtrain: CUDA backend: $(if $(NVCC),yes ($(NVCC)),no: $(CUDA_WHY))"
+	@echo "dtrain: cuDNN: $(CUDNN_LINE)"
+	@echo "dtrain: NCCL: $(NCCL_LINE)"
+	@echo "dtrain: CUDA backend: $(if $(NVCC),yes ($(NVCC)),$(CUDA_WHY))"
 	@echo "dtrain: sanitizers: $(if $(SANITIZE),$(SANITIZE),off (SANITIZE=address,undefined to enable))"
 
 # Rebuild everything when the flags change (e.g. a SANITIZE build after a normal one).
@@ -115,7 +149,7 @@ $(BUILD)/cuda/%.o: %.cu $(BUILD)/.flags
 $(BUILD)/cuda/%.o: %.c $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (cuda)"
-	@$(CC) $(filter-out -fsanitize=%,$(CFLAGS)) -fvisibility=hidden -I$(CUDA_HOME)/include -MMD -MP -c $< -o $@
+	@$(CC) $(filter-out -fsanitize=%,$(CFLAGS)) -fvisibility=hidden -I$(CUDA_HOME)/include $(addprefix -I,$(CUDA_XINC)) -MMD -MP -c $< -o $@
 
 $(BUILD)/libdtrain_cuda.so: $(CU_OBJ)
 	@echo "  LD    $@"

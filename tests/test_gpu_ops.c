@@ -15,7 +15,9 @@
  * with the reason, found once by running this binary as a helper (`--probe-gpu`) so that the
  * test runner itself never initialises CUDA; with DTRAIN_REQUIRE_GPU=1 (make test-gpu) they
  * fail instead. gpu_library_symbols needs no GPU: it checks that libdtrain_cuda.so loads with
- * every symbol resolved and exports the backend and NCCL entry points.
+ * every symbol resolved and exports the backend and NCCL entry points. gpu_build_probe needs
+ * none either: the Makefile's cuDNN/NCCL probe skips the CUDA backend with the reason (instead
+ * of failing the build) when nvcc is there but either library is not.
  *
  * gpu_model_*: whole models (GPT, MLP, ResNet) built on both backends from one seed: the loss
  * and every tensor's gradient, CPU against CUDA, before and after moving the parameters off
@@ -24,6 +26,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -818,6 +821,112 @@ static void test_batchnorm(void)
     ctx_close(&x);
 }
 
+/* BatchNorm when |mean| >> std (mean 1e3, std 1), where E[x^2] - mean^2 in float loses the
+ * variance: the GPU's statistics (sum, centred sumsq), rstd, running_var (momentum 1: the batch's
+ * unbiased variance) and output match the CPU reference, which is exact there (test_kernels). */
+static void test_batchnorm_offset(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    int N = 16, C = 4, HW = 1024;
+    double count = (double)N * HW;
+    tp in = tp_new(&x, (size_t)N * C * HW, 1), out = tp_new(&x, in.n, 0);
+    for (size_t i = 0; i < in.n; i++)
+        in.h[i] += 1000.0f;
+    tp_upload(&x, &in);
+    tp sum = tp_new(&x, C, 0), sumsq = tp_new(&x, C, 0), mean = tp_new(&x, C, 0),
+       rstd = tp_new(&x, C, 0), rm = tp_new(&x, C, 0), rv = tp_new(&x, C, 0);
+    c->bn_stats(c, sum.c, sumsq.c, in.c, N, C, HW);
+    g->bn_stats(g, sum.g, sumsq.g, in.g, N, C, HW);
+    check(&x, "bn_stats sum (mean 1e3)", &sum, 1e-6);
+    check(&x, "bn_stats centred sumsq (mean 1e3)", &sumsq, 1e-5);
+    c->bn_fwd_apply(c, out.c, mean.c, rstd.c, rm.c, rv.c, in.c, NULL, NULL, sum.c, sumsq.c, count,
+                    N, C, HW, 1.0f, 1e-5f);
+    g->bn_fwd_apply(g, out.g, mean.g, rstd.g, rm.g, rv.g, in.g, NULL, NULL, sum.g, sumsq.g, count,
+                    N, C, HW, 1.0f, 1e-5f);
+    check(&x, "bn_fwd_apply rstd (mean 1e3)", &rstd, 1e-5);
+    check(&x, "bn_fwd_apply running_var (mean 1e3)", &rv, 1e-5);
+    check(&x, "bn_fwd_apply out (mean 1e3)", &out, 2e-4);
+    ctx_close(&x);
+}
+
+/* The Makefile's probe for cuDNN and NCCL (needs no GPU): with nvcc but neither library (a fake
+ * CUDA_HOME holding only bin/nvcc, the system directories pointed away), `make` reports both as
+ * not found, says the CUDA backend is skipped and why, and plans no CUDA link instead of failing;
+ * with the toolkit of this machine (when it has one with both) it reports them found. */
+static void test_build_probe(void)
+{
+    char root[PATH_MAX];
+    if (!realpath(dt_test_dtrain_bin(), root))
+        DT_SKIP("build/dtrain not found (the source tree is located from it)");
+    for (int up = 0; up < 2; up++) { /* ROOT/build/dtrain -> ROOT */
+        char *slash = strrchr(root, '/');
+        if (!slash)
+            DT_SKIP("cannot locate the source tree from build/dtrain's path");
+        *slash = '\0';
+    }
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/Makefile", root);
+    if (access(path, R_OK) != 0)
+        DT_SKIP("no Makefile next to build/ (DTRAIN_BIN points elsewhere)");
+    const char *nvcc = access("/usr/local/cuda/bin/nvcc", X_OK) == 0 ? "/usr/local/cuda/bin/nvcc"
+                                                                        : "/bin/true";
+    const char *tmp = dt_test_tmpdir();
+    char cmd[3 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/cuda/bin %s/cuda/include %s/cuda/lib64 && "
+                              "ln -sf %s %s/cuda/bin/nvcc",
+             tmp, tmp, tmp, nvcc, tmp);
+    char *out = NULL;
+    DT_REQUIRE(dt_test_run(cmd, &out, 30) == 0);
+    free(out);
+    out = NULL;
+    /* features only (no compilation), then a dry run of the whole build */
+    snprintf(cmd, sizeof cmd,
+             "cd %s && make --no-print-directory CUDA_HOME=%s/cuda CUDA_SYS_INC=%s/none "
+             "CUDA_SYS_LIB=%s/none CUDNN_HOME= NCCL_HOME= features && "
+             "make --no-print-directory -n CUDA_HOME=%s/cuda CUDA_SYS_INC=%s/none "
+             "CUDA_SYS_LIB=%s/none CUDNN_HOME= NCCL_HOME= build/libdtrain.a 2>&1 | "
+             "grep -c -- -lcudnn",
+             root, tmp, tmp, tmp, tmp, tmp, tmp);
+    int rc = dt_test_run(cmd, &out, 120);
+    DT_CHECK_MSG(rc == 1, "rc %d (grep -c found a CUDA link, or make failed): %s", rc, out);
+    DT_CHECK_CONTAINS(out, "dtrain: cuDNN: no: cudnn.h not found under");
+    DT_CHECK_CONTAINS(out, "dtrain: NCCL: no: nccl.h not found under");
+    DT_CHECK_CONTAINS(out, "dtrain: CUDA backend: skipped: cuDNN not found (");
+    DT_CHECK_CONTAINS(out, "install libcudnn9-dev-cuda-12 or set CUDNN_HOME");
+    DT_CHECK_CONTAINS(out, "install libnccl-dev or set NCCL_HOME");
+    free(out);
+    out = NULL;
+    /* cuDNN given through CUDNN_HOME (a copy of the header and the library name): only NCCL is
+     * missing now */
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s/cudnn/include %s/cudnn/lib && touch %s/cudnn/include/cudnn.h "
+             "%s/cudnn/lib/libcudnn.so && cd %s && make --no-print-directory CUDA_HOME=%s/cuda "
+             "CUDA_SYS_INC=%s/none CUDA_SYS_LIB=%s/none CUDNN_HOME=%s/cudnn NCCL_HOME= features",
+             tmp, tmp, tmp, tmp, root, tmp, tmp, tmp, tmp);
+    rc = dt_test_run(cmd, &out, 60);
+    DT_CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+    DT_CHECK_CONTAINS(out, "dtrain: cuDNN: yes (");
+    DT_CHECK_CONTAINS(out, "dtrain: CUDA backend: skipped: NCCL not found (nccl.h not found");
+    free(out);
+    out = NULL;
+    /* this machine's toolkit, when it has both */
+    if (access("/usr/local/cuda/include/cudnn.h", R_OK) == 0 &&
+        access("/usr/local/cuda/include/nccl.h", R_OK) == 0 &&
+        access("/usr/local/cuda/lib64/libcudnn.so", R_OK) == 0 &&
+        access("/usr/local/cuda/lib64/libnccl.so", R_OK) == 0) {
+        snprintf(cmd, sizeof cmd,
+                 "cd %s && make --no-print-directory CUDA_HOME=/usr/local/cuda features", root);
+        rc = dt_test_run(cmd, &out, 60);
+        DT_CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+        DT_CHECK_CONTAINS(out, "dtrain: cuDNN: yes (/usr/local/cuda/include/cudnn.h");
+        DT_CHECK_CONTAINS(out, "dtrain: NCCL: yes (/usr/local/cuda/include/nccl.h");
+        DT_CHECK_CONTAINS(out, "dtrain: CUDA backend: yes (/usr/local/cuda/bin/nvcc)");
+        free(out);
+    }
+}
+
 static void test_pooling(void)
 {
     ctx x;
@@ -1246,6 +1355,7 @@ int main(int argc, char **argv)
         return probe_main();
     static const dt_test tests[] = {
         {"gpu_library_symbols", test_library_symbols, 60},
+        {"gpu_build_probe", test_build_probe, 120},
         {"gpu_memory", test_memory, 60},
         {"gpu_profile", test_profile, 60},
         {"gpu_matmul_fp32", test_matmul_fp32, 120},
@@ -1267,6 +1377,7 @@ int main(int argc, char **argv)
         {"gpu_embedding", test_embedding, 60},
         {"gpu_xent", test_xent, 60},
         {"gpu_batchnorm", test_batchnorm, 60},
+        {"gpu_batchnorm_offset", test_batchnorm_offset, 60},
         {"gpu_pooling", test_pooling, 60},
         {"gpu_optimizers", test_optimizers, 60},
         {"gpu_reductions", test_reductions, 60},
