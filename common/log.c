@@ -2,7 +2,9 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +18,52 @@ static char log_role[32] = "dtrain";
 static int log_rank = -1;
 
 static const char *const level_names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
+
+/* The progress line: guarded by progress_mu once progress_used (set by the first
+ * dt_log_progress, before any other thread could depend on it). */
+static pthread_mutex_t progress_mu = PTHREAD_MUTEX_INITIALIZER;
+static volatile bool progress_used;
+static bool progress_open;
+
+static void write_stderr(const char *buf, size_t n)
+{
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = write(STDERR_FILENO, buf + off, n - off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        off += (size_t)w;
+    }
+}
+
+void dt_log_progress(const char *text)
+{
+    char buf[1024];
+    int n = snprintf(buf, sizeof buf, "\r\033[K%s", text);
+    if (n < 0)
+        return;
+    if (n >= (int)sizeof buf)
+        n = (int)sizeof buf - 1;
+    progress_used = true;
+    pthread_mutex_lock(&progress_mu);
+    write_stderr(buf, (size_t)n);
+    progress_open = true;
+    pthread_mutex_unlock(&progress_mu);
+}
+
+void dt_log_progress_end(void)
+{
+    if (!progress_used)
+        return;
+    pthread_mutex_lock(&progress_mu);
+    if (progress_open)
+        write_stderr("\n", 1);
+    progress_open = false;
+    pthread_mutex_unlock(&progress_mu);
+}
 
 int dt_log_parse_level(const char *s)
 {
@@ -78,14 +126,14 @@ void dt_log_write(int level, const char *file, int line, const char *fmt, ...)
     if (n > 0 && buf[n - 1] != '\n')
         buf[n++] = '\n';
     /* One write per line: the kernel keeps it whole on pipes for up to PIPE_BUF bytes. */
-    ssize_t off = 0;
-    while (off < n) {
-        ssize_t w = write(STDERR_FILENO, buf + off, (size_t)(n - off));
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        off += w;
+    if (!progress_used) {
+        write_stderr(buf, (size_t)n);
+        return;
     }
+    pthread_mutex_lock(&progress_mu); /* a progress line shown: end it first */
+    if (progress_open)
+        write_stderr("\n", 1);
+    progress_open = false;
+    write_stderr(buf, (size_t)n);
+    pthread_mutex_unlock(&progress_mu);
 }

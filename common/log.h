@@ -27,6 +27,14 @@ int dt_log_parse_level(const char *s);
 void dt_log_write(int level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* A progress line on a terminal (stderr): text (no newline) replaces the one shown, which stays
+ * open until dt_log_progress_end or the next log line, which ends it first (so log lines never
+ * glue onto it, and no empty line follows later). Safe from several threads once used; a process
+ * that never calls it takes no lock in dt_log_write. */
+void dt_log_progress(const char *text);
+/* Ends an open progress line with a newline (nothing when none is open). */
+void dt_log_progress_end(void);
+
 #define DT_LOG_AT(lvl, ...)                                                                        \
     do {                                                                                           \
         if ((lvl) >= dt_log_level)                                                                 \

@@ -17,7 +17,6 @@ struct dt_metrics {
     bool enabled;
     bool tokens;
     bool tty;          /* stderr is a terminal: progress line */
-    bool line_open;    /* a progress line is shown and not yet ended */
     int attempt;
     int fd;            /* metrics.jsonl, O_APPEND; -1 when disabled */
     char path[DT_PATH_MAX + 32];
@@ -130,16 +129,14 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
     human(r->items_per_s, thr, sizeof thr);
     clock_str(r->step_time_s * (double)(r->total_steps - r->step), eta, sizeof eta);
     clock_str(dt_now_s() - m->t0, el, sizeof el);
-    if (m->tty) {
+    if (m->tty) { /* common/log ends it before any other log line */
         char line[256];
-        int n = snprintf(line, sizeof line,
-                         "\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | "
-                         "%.1f ms/step | %s elapsed, eta %s",
-                         (long long)r->step, (long long)r->total_steps, r->loss, r->lr,
-                         r->grad_norm, thr, m->tokens ? "tok" : "samples",
-                         r->step_time_s * 1e3, el, eta);
-        if (n > 0 && dt_write_all(2, line, (size_t)DT_MIN(n, (int)sizeof line - 1)) == 0)
-            m->line_open = true;
+        snprintf(line, sizeof line,
+                 "step %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
+                 "%s elapsed, eta %s",
+                 (long long)r->step, (long long)r->total_steps, r->loss, r->lr, r->grad_norm, thr,
+                 m->tokens ? "tok" : "samples", r->step_time_s * 1e3, el, eta);
+        dt_log_progress(line);
     } else {
         DT_INFO("step %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
                 "eta %s",
@@ -150,11 +147,8 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
 
 void dt_metrics_finish_line(dt_metrics *m)
 {
-    if (m && m->line_open) {
-        if (dt_write_all(2, "\n", 1) != 0)
-            return;
-        m->line_open = false;
-    }
+    if (m && m->tty)
+        dt_log_progress_end();
 }
 
 void dt_metrics_eval(dt_metrics *m, const dt_eval_record *r)

@@ -1,10 +1,15 @@
 /* test_metrics.c - metrics.jsonl: one parseable JSON object per record, appended across opens
  * (a restarted job continues the file), nothing written by ranks other than 0. */
 #include <cJSON.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "common/util.h"
 #include "runtime/metrics.h"
 #include "tests/harness.h"
@@ -81,12 +86,89 @@ static void test_unwritable_dir(void)
     DT_CHECK_CONTAINS(err.msg, "output_dir");
 }
 
+/* ---- the progress line on a terminal ---- */
+
+static void *log_from_thread(void *arg)
+{
+    (void)arg;
+    DT_INFO("checkpoint: saved /x/step_2 (in the background)"); /* as the writer thread does */
+    return NULL;
+}
+
+static void test_progress_line_tty(void)
+{
+    /* Under a pseudo-terminal: a log line (from another thread, as the checkpoint writer logs)
+     * while the progress line is shown starts on a line of its own, and no empty line follows
+     * when the run ends. */
+    int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    DT_REQUIRE(master >= 0 && grantpt(master) == 0 && unlockpt(master) == 0);
+    char slave[256];
+    DT_REQUIRE(ptsname_r(master, slave, sizeof slave) == 0);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tty", dt_test_tmpdir());
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(slave, O_RDWR | O_NOCTTY);
+        if (fd < 0 || dup2(fd, 2) < 0)
+            _exit(3);
+        dt_metrics *m = NULL;
+        if (dt_metrics_open(&m, dir, true, false, 0, NULL) != 0)
+            _exit(4);
+        dt_step_record r = {.step = 1, .total_steps = 3, .loss = 2.5, .step_time_s = 0.01};
+        dt_metrics_step(m, &r);
+        pthread_t t;
+        pthread_create(&t, NULL, log_from_thread, NULL);
+        pthread_join(t, NULL);
+        r.step = 2;
+        dt_metrics_step(m, &r);
+        r.step = 3;
+        dt_metrics_step(m, &r);
+        dt_metrics_finish_line(m);
+        DT_INFO("done");
+        dt_metrics_close(m);
+        _exit(0);
+    }
+    /* read until the child's end closes the terminal (EIO), 20 s at most */
+    char out[8192];
+    size_t len = 0;
+    for (int i = 0; i < 200 && len < sizeof out - 1; i++) {
+        struct pollfd p = {.fd = master, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) {
+            if (waitpid(pid, NULL, WNOHANG) == pid)
+                pid = -1;
+            if (pid < 0)
+                break;
+            continue;
+        }
+        ssize_t r = read(master, out + len, sizeof out - 1 - len);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    out[len] = '\0';
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
+    close(master);
+    const char *ck = strstr(out, "checkpoint: saved");
+    DT_REQUIRE(ck && strstr(out, "step 3/3"));
+    const char *start = ck;
+    while (start > out && strncmp(start, "dtrain[", 7))
+        start--;
+    DT_CHECK_MSG(start > out && start[-1] == '\n', "the log line is glued to the progress line: "
+                 "%.300s", out);
+    DT_CHECK_MSG(!strstr(out, "\n\r\n") && !strstr(out, "\n\n"), "an empty line: %.600s", out);
+    DT_CHECK_MSG(strstr(out, "step 3/3") < strstr(out, "done") &&
+                 strstr(strstr(out, "step 3/3"), "\n") < strstr(out, "done"),
+                 "the last progress line was not ended: %.600s", out);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
         {"records", test_records, 0},
         {"other_ranks_write_nothing", test_other_ranks_write_nothing, 0},
         {"unwritable_dir", test_unwritable_dir, 0},
+        {"progress_line_tty", test_progress_line_tty, 30},
     };
     return dt_test_main("test_metrics", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
