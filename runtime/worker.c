@@ -460,6 +460,13 @@ void dt_trainer_close(dt_trainer *t)
 
 /* ---- one step ------------------------------------------------------------------------------- */
 
+const char *dt_trainer_diverged_hint(const dt_job *j)
+{
+    if (j->grad_clip > 0)
+        return "lower train.lr or raise train.warmup_steps (train.grad_clip is already on)";
+    return "lower train.lr, or set train.grad_clip (e.g. 1.0)";
+}
+
 int dt_trainer_step(dt_trainer *t, dt_err *err)
 {
     const dt_job *j = &t->job;
@@ -486,8 +493,8 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
         if (!isfinite(loss))
             return dt_err_set(err, -EDOM,
                               "the training loss is %f at step %lld (micro-step %d): training "
-                              "diverged; lower train.lr, or set train.grad_clip",
-                              (double)loss, (long long)t->step + 1, micro);
+                              "diverged; %s", (double)loss, (long long)t->step + 1, micro,
+                              dt_trainer_diverged_hint(j));
         loss_sum += loss;
         if (!t->dp && (rc = m->ops->backward(m, 1.0f / (float)j->grad_accum,
                                              last ? t->grad_ready : NULL,
@@ -511,9 +518,8 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     t->grad_norm = dt_optim_clip(t->optim, m->grads);
     if (!isfinite(t->grad_norm))
         return dt_err_set(err, -EDOM,
-                          "the gradient norm is %f at step %lld: training diverged; lower "
-                          "train.lr, or set train.grad_clip",
-                          t->grad_norm, (long long)t->step + 1);
+                          "the gradient norm is %f at step %lld: training diverged; %s",
+                          t->grad_norm, (long long)t->step + 1, dt_trainer_diverged_hint(j));
     t->lr = dt_lr_at(&t->sched, t->step);
     if (t->ckpt) /* a background save may still be copying the parameters and moments */
         dt_ckpt_fence(t->ckpt);
@@ -538,11 +544,19 @@ int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err)
     int64_t n = dt_dataset_size(val);
     int64_t global = (int64_t)t->env.world_size * j->batch_size;
     int64_t batches = DT_MIN((int64_t)j->eval_batches, (n + global - 1) / global);
-    double sums[3] = {0, 0, 0}; /* loss sum, correct, samples */
+    double sums[3] = {0, 0, 0}; /* loss x samples, correct, samples */
     int rc;
     for (int64_t k = 0; k < batches; k++) {
         dt_eval_indices(n, t->env.rank, t->env.world_size, j->batch_size, k, t->idx);
-        if ((rc = dt_dataset_fill(val, t->idx, j->batch_size, &t->batch, err)))
+        /* The last batch wraps around to the start of the set: only the samples before the
+         * wrap count, so every validation sample counts once (indices rise along the batch). */
+        int valid = 0;
+        while (valid < j->batch_size &&
+               k * global + (int64_t)valid * t->env.world_size + t->env.rank < n)
+            valid++;
+        if (valid == 0)
+            continue;
+        if ((rc = dt_dataset_fill(val, t->idx, valid, &t->batch, err)))
             return rc;
         float l = 0;
         int64_t correct = 0;
@@ -552,15 +566,14 @@ int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err)
             correct = t->model->last_correct;
         if (rc)
             return rc;
-        sums[0] += l;
+        sums[0] += (double)l * valid;
         sums[1] += (double)correct;
-        sums[2] += j->batch_size;
+        sums[2] += valid;
     }
-    sums[0] /= (double)batches;
-    if ((rc = seam_average(t, sums, 3, err)))
+    if ((rc = seam_average(t, sums, 3, err))) /* means of the sums: their ratios are exact */
         return rc;
-    *loss = sums[0];
-    *acc = t->tokens ? -1.0 : sums[1] / sums[2];
+    *loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
+    *acc = t->tokens || !(sums[2] > 0) ? -1.0 : sums[1] / sums[2];
     return 0;
 }
 

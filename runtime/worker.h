@@ -138,6 +138,9 @@ int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err);
  * when a signal stopped the run early (may be NULL). */
 int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err);
 
+/* What a divergence message suggests for job: setting train.grad_clip only when it is off. */
+const char *dt_trainer_diverged_hint(const dt_job *job);
+
 /* Accepts a zeroed or failed trainer. */
 void dt_trainer_close(dt_trainer *t);
 

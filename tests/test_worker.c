@@ -15,6 +15,7 @@
 
 #include "common/util.h"
 #include "runtime/data.h"
+#include "runtime/worker.h"
 #include "tests/harness.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -198,6 +199,64 @@ static void test_same_seed_bit_identical(void)
                      b.loss[i]);
     DT_CHECK_MSG(strcmp(a.last_loss, c.last_loss) != 0, "another seed gave the same loss %s",
                  c.last_loss);
+    /* not only the losses: the final parameters, bit for bit */
+    char *pa = NULL, *pb = NULL, *pc = NULL;
+    size_t la = 0, lb = 0, lc = 0;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_read_file(fmt("%s/checkpoints/step_25/model.safetensors", outdir("a")), &pa,
+                               &la, &err), &err);
+    DT_REQUIRE_OK(dt_read_file(fmt("%s/checkpoints/step_25/model.safetensors", outdir("b")), &pb,
+                               &lb, &err), &err);
+    DT_REQUIRE_OK(dt_read_file(fmt("%s/checkpoints/step_25/model.safetensors", outdir("c")), &pc,
+                               &lc, &err), &err);
+    DT_CHECK_MSG(la == lb && memcmp(pa, pb, la) == 0, "the same seed gave other parameters");
+    DT_CHECK_MSG(la != lc || memcmp(pa, pc, la) != 0, "another seed gave the same parameters");
+    free(pa);
+    free(pb);
+    free(pc);
+}
+
+/* Evaluation counts every validation sample once: the same parameters give the same val loss
+ * and accuracy whatever the batch size, also when the last batch wraps around the set. */
+static void test_eval_counts_each_sample_once(void)
+{
+    const char *base = "job.device=cpu data.synthetic_samples=100 train.steps=5";
+    char *out = NULL;
+    int rc = worker(NULL, fmt("'%s/configs/mlp.ini' job.output_dir='%s' %s train.batch_size=8 "
+                              "checkpoint.every=5", repo_dir(), outdir("ev"), base), &out, 120);
+    DT_REQUIRE(rc == 0 || (fprintf(stderr, "%s\n", out), 0));
+    DT_CHECK_CONTAINS(out, "val: last 10 samples");
+    free(out);
+    const int sizes[] = {10, 8, 3}; /* one batch; 8 + 2 (6 wrapped); 3+3+3+1 (2 wrapped) */
+    double loss[3], acc[3];
+    for (int i = 0; i < 3; i++) {
+        const char *od = outdir(fmt("ev%d", sizes[i]));
+        rc = worker(NULL, fmt("'%s/configs/mlp.ini' job.output_dir='%s' %s train.batch_size=%d "
+                              "checkpoint.resume='%s/checkpoints/step_5'",
+                              repo_dir(), od, base, sizes[i], outdir("ev")), &out, 120);
+        DT_REQUIRE(rc == 0 || (fprintf(stderr, "%s\n", out), 0));
+        const char *at = strstr(out, "eval at step 5 | val_loss ");
+        DT_REQUIRE(at && sscanf(at, "eval at step 5 | val_loss %lf | val_acc %lf", &loss[i],
+                                &acc[i]) == 2);
+        free(out);
+        DT_CHECK_MSG(fabs(acc[i] * 10 - round(acc[i] * 10)) < 1e-6,
+                     "batch %d: accuracy %.6f is not a count out of 10", sizes[i], acc[i]);
+    }
+    for (int i = 1; i < 3; i++) {
+        DT_CHECK_MSG(fabs(loss[i] - loss[0]) < 1e-3, "batch %d: val_loss %.4f, one batch %.4f",
+                     sizes[i], loss[i], loss[0]);
+        DT_CHECK_NEAR(acc[i], acc[0], 1e-6);
+    }
+}
+
+static void test_diverged_hint(void)
+{
+    static dt_job j;
+    j.grad_clip = 1.0;
+    DT_CHECK(!strstr(dt_trainer_diverged_hint(&j), "set train.grad_clip"));
+    DT_CHECK_CONTAINS(dt_trainer_diverged_hint(&j), "already on");
+    j.grad_clip = 0;
+    DT_CHECK_CONTAINS(dt_trainer_diverged_hint(&j), "set train.grad_clip");
 }
 
 /* ---- failures --------------------------------------------------------------------------------- */
@@ -368,6 +427,8 @@ int main(int argc, char **argv)
     static const dt_test tests[] = {
         {"configs_train", test_configs_train, 600},
         {"same_seed_bit_identical", test_same_seed_bit_identical, 300},
+        {"eval_counts_each_sample_once", test_eval_counts_each_sample_once, 120},
+        {"diverged_hint", test_diverged_hint, 0},
         {"bad_data_file", test_bad_data_file, 60},
         {"bad_job", test_bad_job, 60},
         {"multi_rank_without_store", test_multi_rank_without_store, 60},
