@@ -1,16 +1,23 @@
 #!/bin/sh
-# install-deps.sh - installs the Debian packages dtrain builds against.
-# Run by `make deps`, and by `make`, `make test` and `make run` when a pkg-config check fails.
-# As root it installs them with apt-get; otherwise it prints the exact command and fails.
+# install-deps.sh - installs what dtrain needs to build on Debian: a C compiler and make
+# (build-essential), pkg-config, and the libraries it builds against.
+# Run by `make deps`, and by `make`, `make test` and `make run` when a pkg-config check fails;
+# on a fresh machine run it directly first (`sudo scripts/install-deps.sh`): make itself may be
+# missing. As root it installs with apt-get; otherwise it prints the exact command and fails.
 set -eu
-pkgs="libuv1-dev libcjson-dev libinih-dev libopenblas-dev pkg-config"
+libs="libuv1-dev libcjson-dev libinih-dev libopenblas-dev"
+pkgs="build-essential pkg-config $libs"
 case "${1:-}" in
     -h|--help)
         echo "usage: scripts/install-deps.sh   (installs: $pkgs)"
         exit 0 ;;
 esac
 missing=""
-for p in $pkgs; do
+# Tools count as present when they run (however they were installed); libraries by package.
+{ command -v make >/dev/null 2>&1 && { command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; }; } ||
+    missing=" build-essential"
+command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
+for p in $libs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -z "$missing" ]; then

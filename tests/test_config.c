@@ -346,6 +346,65 @@ static void test_reference_lists_every_key(void)
     free(text);
 }
 
+/* "section.key=value" lines of INI text (comments and spaces dropped), one per line. */
+static void ini_pairs(const char *text, char *out, size_t cap)
+{
+    char section[64] = "", line[512];
+    size_t n = 0;
+    out[0] = '\0';
+    while (*text) {
+        size_t len = strcspn(text, "\n");
+        snprintf(line, sizeof line, "%.*s", (int)(len < 511 ? len : 511), text);
+        text += len + (text[len] == '\n');
+        char *semi = strstr(line, " ;");
+        if (semi)
+            *semi = '\0';
+        char *t = dt_trim(line);
+        if (t[0] == ';' || t[0] == '#' || !t[0])
+            continue;
+        if (t[0] == '[') {
+            snprintf(section, sizeof section, "%.*s", (int)strcspn(t + 1, "]"), t + 1);
+            continue;
+        }
+        char *eq = strchr(t, '=');
+        if (!eq)
+            continue;
+        *eq = '\0';
+        n += (size_t)snprintf(out + n, cap - n, "%s.%s=%s\n", section, dt_trim(t), dt_trim(eq + 1));
+        if (n >= cap)
+            return;
+    }
+}
+
+/* README's annotated job file is configs/quickstart.ini, abridged: every key = value it shows
+ * is the shipped one. */
+static void test_readme_quickstart_block_matches(void)
+{
+    char *readme = NULL, *ini = NULL;
+    DT_REQUIRE(dt_read_file("README.md", &readme, NULL, NULL) == 0);
+    DT_REQUIRE(dt_read_file("configs/quickstart.ini", &ini, NULL, NULL) == 0);
+    char *start = strstr(readme, "```ini\n; configs/quickstart.ini");
+    DT_CHECK_MSG(start != NULL, "README.md has no ```ini block starting with ; configs/quickstart.ini");
+    DT_REQUIRE(start != NULL);
+    start = strchr(start, '\n') + 1;
+    char *end = strstr(start, "```");
+    DT_REQUIRE(end != NULL);
+    *end = '\0';
+    static char shown[8192], shipped[8192];
+    ini_pairs(start, shown, sizeof shown);
+    ini_pairs(ini, shipped, sizeof shipped);
+    int n = 0;
+    for (char *line = strtok(shown, "\n"); line; line = strtok(NULL, "\n"), n++) {
+        char want[600];
+        snprintf(want, sizeof want, "%s\n", line);
+        DT_CHECK_MSG(strstr(shipped, want) != NULL,
+                     "README.md's quickstart block shows %s, configs/quickstart.ini differs", line);
+    }
+    DT_CHECK(n >= 5);
+    free(readme);
+    free(ini);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -365,6 +424,7 @@ int main(int argc, char **argv)
         {"config_long_line", test_long_line, 0},
         {"config_shipped_configs_load", test_shipped_configs_load, 0},
         {"config_reference_lists_every_key", test_reference_lists_every_key, 0},
+        {"config_readme_quickstart_block", test_readme_quickstart_block_matches, 0},
     };
     return dt_test_main("test_config", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

@@ -349,8 +349,119 @@ static void test_slurm(void)
     free(out);
 }
 
+/* ---- install-deps.sh ------------------------------------------------------------------ */
+
+/* A PATH of stand-ins: dpkg-query reports the packages in $INSTALLED as installed, id says
+ * uid 1000 (not root), grep is the real one; make, cc and pkg-config only when asked for. */
+static const char *deps_path(const char *name, bool tools)
+{
+    static char dir[PATH_MAX];
+    char path[PATH_MAX + 32];
+    snprintf(dir, sizeof dir, "%s/%s", TMP, name);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/dpkg-query", dir);
+    write_exec(path, "#!/bin/sh\n"
+                     "for p; do :; done\n"
+                     "case \" $INSTALLED \" in *\" $p \"*) printf 'install ok installed';; *) exit 1;; esac\n");
+    snprintf(path, sizeof path, "%s/id", dir);
+    write_exec(path, "#!/bin/sh\necho 1000\n");
+    const char *real[] = {"grep"};
+    for (size_t i = 0; i < DT_ARRAY_LEN(real); i++) {
+        char *where = NULL;
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "command -v %s", real[i]);
+        DT_REQUIRE(dt_test_run(cmd, &where, 10) == 0);
+        where[strcspn(where, "\n")] = '\0';
+        snprintf(path, sizeof path, "%s/%s", dir, real[i]);
+        unlink(path);
+        DT_REQUIRE(symlink(where, path) == 0);
+        free(where);
+    }
+    const char *tool[] = {"make", "cc", "pkg-config"};
+    for (size_t i = 0; tools && i < DT_ARRAY_LEN(tool); i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, tool[i]);
+        write_exec(path, "#!/bin/sh\nexit 0\n");
+    }
+    return dir;
+}
+
+static void test_install_deps(void)
+{
+    find_root();
+    char *out = NULL;
+    const char *all = "libuv1-dev libcjson-dev libinih-dev libopenblas-dev";
+    const char *p = deps_path("deps-all", true);
+    DT_CHECK_INT(runf(&out, 20, "INSTALLED='%s' PATH=%s /bin/sh %s/scripts/install-deps.sh", all, p,
+                      root),
+                 0);
+    DT_CHECK_CONTAINS(out, "install-deps: all present: build-essential pkg-config libuv1-dev");
+    free(out);
+    /* A fresh machine: no compiler, make or pkg-config, one library missing. */
+    p = deps_path("deps-fresh", false);
+    DT_CHECK_INT(runf(&out, 20,
+                      "INSTALLED='libuv1-dev libcjson-dev libopenblas-dev' PATH=%s /bin/sh "
+                      "%s/scripts/install-deps.sh",
+                      p, root),
+                 1);
+    DT_CHECK_CONTAINS(out, "install-deps: missing: build-essential pkg-config libinih-dev");
+    DT_CHECK_CONTAINS(out, "    sudo apt-get update && sudo apt-get install -y build-essential "
+                           "pkg-config libinih-dev\n");
+    free(out);
+    DT_CHECK_INT(runf(&out, 20, "/bin/sh %s/scripts/install-deps.sh --help", root), 0);
+    DT_CHECK_CONTAINS(out, "build-essential");
+    free(out);
+}
+
+/* ---- plot-metrics.sh ------------------------------------------------------------------ */
+
+static void test_plot_metrics(void)
+{
+    find_root();
+    char *out = NULL;
+    char dir[PATH_MAX], path[PATH_MAX + 32];
+    snprintf(dir, sizeof dir, "%s/plotrun", TMP);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f != NULL);
+    fputs("{\"type\":\"train\",\"step\":10,\"loss\":5.5,\"lr\":0.001,\"tokens_per_s\":1000}\n"
+          "{\"type\":\"train\",\"step\":20,\"loss\":4.1,\"lr\":0.001,\"tokens_per_s\":1100}\n"
+          "{\"type\":\"eval\",\"step\":20,\"val_loss\":4.3}\n"
+          "{\"type\":\"train\",\"step\":30,\"loss\":3.2,\"lr\":0.001,\"tokens_per_s\":1150}\n",
+          f);
+    fclose(f);
+    /* no training records: a clear error, whether or not gnuplot is there */
+    snprintf(path, sizeof path, "%s/empty.jsonl", dir);
+    f = fopen(path, "w");
+    DT_REQUIRE(f != NULL);
+    fputs("{\"type\":\"eval\",\"step\":20,\"val_loss\":4.3}\n", f);
+    fclose(f);
+    if (dt_test_run("command -v gnuplot", &out, 10) != 0) {
+        free(out);
+        DT_SKIP("gnuplot is not installed (Debian: gnuplot-nox)");
+    }
+    free(out);
+    DT_CHECK_INT(runf(&out, 20, "%s/scripts/plot-metrics.sh %s", root, path), 1);
+    DT_CHECK_CONTAINS(out, "no training records");
+    free(out);
+    DT_CHECK_INT(runf(&out, 60, "%s/scripts/plot-metrics.sh -o %s/m.png --title test %s", root, dir,
+                      dir),
+                 0);
+    DT_CHECK_CONTAINS(out, "plot-metrics: wrote");
+    free(out);
+    snprintf(path, sizeof path, "%s/m.png", dir);
+    unsigned char magic[8] = {0};
+    f = fopen(path, "rb");
+    DT_REQUIRE(f != NULL);
+    DT_CHECK(fread(magic, 1, 8, f) == 8);
+    fclose(f);
+    DT_CHECK(!memcmp(magic, "\x89PNG\r\n\x1a\n", 8));
+}
+
 static const dt_test tests[] = {
     {"help", test_help, 0},
+    {"install_deps", test_install_deps, 0},
+    {"plot_metrics", test_plot_metrics, 60},
     {"retry_until_success", test_retry_until_success, 0},
     {"retry_limit_and_no_retry", test_retry_limit_and_no_retry, 0},
     {"retry_dtrain", test_retry_dtrain, 60},
