@@ -175,6 +175,10 @@ static void test_job_file_errors_exit_2(void)
     DT_CHECK_CONTAINS(out, "nothing was started");
     DT_CHECK_INT(run("/nonexistent/job.ini"), 2);
     DT_CHECK_CONTAINS(out, "/nonexistent/job.ini: cannot open job file");
+    DT_CHECK_INT(run("configs"), 2);
+    DT_CHECK_CONTAINS(out, "configs: cannot open job file: is a directory");
+    DT_CHECK_INT(run("--rdzv-id=a/b -- true"), 2);
+    DT_CHECK_CONTAINS(out, "--rdzv-id: \"a/b\" must be a non-empty name without '/'");
 }
 
 static void test_print_config_every_shipped_file_round_trips(void)

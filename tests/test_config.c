@@ -287,6 +287,79 @@ static void test_print_round_trip(void)
     DT_CHECK_STR(job.data_path, "/tmp/some file.txt");
 }
 
+/* --print-config writes the shortest number that reads back exactly, quotes what would lose
+ * spaces or quotes, and values a job file cannot hold are refused where they are given. */
+static void test_print_exact_values(void)
+{
+    char *ov[] = {"train.beta1=0.9", "train.lr=0.30000000000000004", "job.name=\" spaced \"",
+                  "data.path=\"\"quoted\"\"", "job.output_dir=a;b #c"};
+    int rc = load("[model]\ntype = mlp\n", ov, 5);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_STR(job.name, " spaced ");
+    DT_CHECK_STR(job.data_path, "\"quoted\"");
+    static dt_job first;
+    first = job;
+    char path[1024], *text = NULL;
+    snprintf(path, sizeof path, "%s/exact.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    dt_job_print(&first, f);
+    fclose(f);
+    DT_REQUIRE(dt_read_file(path, &text, NULL, NULL) == 0);
+    DT_CHECK_CONTAINS(text, "\nbeta1 = 0.9\n");
+    DT_CHECK_CONTAINS(text, "\nlr = 0.30000000000000004\n");
+    DT_CHECK_CONTAINS(text, "\nbeta2 = 0.999\n");
+    DT_CHECK_CONTAINS(text, "\nname = \" spaced \"\n");
+    free(text);
+    memset(&errs, 0, sizeof errs);
+    dt_err err = {0};
+    rc = dt_job_load(&job, path, NULL, 0, &errs, &err);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    memset(first.path, 0, sizeof first.path);
+    memset(job.path, 0, sizeof job.path);
+    DT_CHECK(memcmp(&first, &job, sizeof job) == 0);
+    DT_CHECK_STR(job.name, " spaced ");
+    DT_CHECK_STR(job.data_path, "\"quoted\"");
+    DT_CHECK_STR(job.output_dir, "a;b #c");
+    /* what cannot be written back is refused, naming where it came from */
+    char *bad[] = {"job.output_dir=runs/x ;y", "data.path=a\nb"};
+    rc = load("[model]\ntype = mlp\n", bad, 2);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("override 1 (job.output_dir=runs/x ;y): job.output_dir: \"runs/x ;y\" contains \" ;\""));
+    DT_CHECK(has_error("override 2 (data.path=a"));
+    DT_CHECK(has_error("line break"));
+}
+
+/* Small things a job file meets in the wild. */
+static void test_small_input_handling(void)
+{
+    int rc = load("\xEF\xBB\xBF[model]\ntype = mlp\n[job]\nname = \"my job\"\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_CHECK(rc == 0); /* a UTF-8 BOM (Windows editors) is skipped */
+    DT_CHECK_STR(job.name, "my job");
+    rc = load("[model]\ntype = mlp\n[train]\nbatch_size = 9999999999\nsteps = 99999999999999999999\n"
+              "[job]\nname =\n[rendezvous]\nid = a/b\n",
+              NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: train.batch_size: 9999999999 is out of range (min 1, max 10000000)"));
+    DT_CHECK(has_error("job.ini:5: train.steps: 99999999999999999999 is out of range"));
+    DT_CHECK(has_error("job.ini:7: job.name: \"\" must be a non-empty name without '/'"));
+    DT_CHECK(has_error("job.ini:9: rendezvous.id: \"a/b\" must be a non-empty name"));
+    char *ov[] = {"job.name=../x"};
+    rc = load("[model]\ntype = mlp\n", ov, 1);
+    DT_CHECK(has_error("job.name: \"../x\" must be a non-empty name without '/'"));
+    memset(&errs, 0, sizeof errs);
+    dt_err err = {0};
+    rc = dt_job_load(&job, dt_test_tmpdir(), NULL, 0, &errs, &err);
+    DT_CHECK(rc != 0);
+    DT_CHECK(has_error("cannot open job file: is a directory"));
+}
+
 static void test_long_line(void)
 {
     char text[1200];
@@ -421,6 +494,8 @@ int main(int argc, char **argv)
         {"config_launch_keys_checked_when_set", test_launch_keys_checked_when_set, 0},
         {"config_precedence", test_precedence, 0},
         {"config_print_round_trip", test_print_round_trip, 0},
+        {"config_print_exact_values", test_print_exact_values, 0},
+        {"config_small_input_handling", test_small_input_handling, 0},
         {"config_long_line", test_long_line, 0},
         {"config_shipped_configs_load", test_shipped_configs_load, 0},
         {"config_reference_lists_every_key", test_reference_lists_every_key, 0},
