@@ -59,6 +59,7 @@ struct dt_rdzv {
     bool done;                    /* this node reported success in the current round */
     bool left;                    /* left/<node> written */
     bool store_gone;              /* a call found the store unreachable: ask it nothing more */
+    bool setup_failed;            /* the job ended on a setup error in round `round` */
     dt_rdzv_status ended;         /* cached end of the current round (RUNNING = not yet) */
     bool *member;                 /* nnodes: in the last formed round and not lost */
     char (*hosts)[64];            /* nnodes: host names from the records */
@@ -836,8 +837,10 @@ int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
     }
     if (job_aborted(r, st)) {
         mark_left(r);
-        if (st->setup_error)
+        if (st->setup_error) {
+            r->setup_failed = true;
             return dt_err_set(err, -EINVAL, "%s", st->why);
+        }
         return dt_err_set(err, -ECANCELED, "node %d ended the job (%s)", st->node, st->why);
     }
     if (r->round < 0 && r->node != 0) {
@@ -862,6 +865,8 @@ int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
     rc = join_round(r, R, rd, st, err);
     if (rc == -ECANCELED && st->setup_error)
         rc = dt_err_set(err, -EINVAL, "%s", st->why);
+    if (rc == -EINVAL)
+        r->setup_failed = true;
     if (rc == -ECANCELED || rc == -EINVAL)
         mark_left(r);
     if (rc == -ETIMEDOUT || rc == -EEXIST) {
@@ -1191,7 +1196,19 @@ void dt_rdzv_close(dt_rdzv *r)
     }
     if (r->ns && r->nnodes > 1 && !r->store_gone) {
         mark_left(r);
-        if (r->server && r->formed >= 0) {
+        if (r->server && r->setup_failed && r->round >= 0) {
+            /* Every node that wrote a record must read why the job ended before the store
+             * goes: they leave as soon as they see the abort. */
+            for (int i = 0; i < r->nnodes; i++) {
+                char key[64];
+                const char *kp = key;
+                int exists = 0;
+                rkey(key, sizeof key, r->round, "node", i);
+                r->member[i] = i != r->node && dt_store_check(r->ns, &kp, 1, &exists, NULL) == 0 &&
+                               exists;
+            }
+            wait_others_left(r);
+        } else if (r->server && r->formed >= 0) {
             /* Nodes any node declared lost in the last formed round will not confirm. */
             char key[64];
             void *v = NULL;
