@@ -138,6 +138,25 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
 
 int dt_store_server_port(const dt_store_server *s);
 
+/* A snapshot of the server's internal state, for tests and monitoring (added after the first
+ * release). */
+typedef struct dt_store_server_stats {
+    int64_t connections;    /* open client connections */
+    int64_t keys;           /* keys present (what NUM_KEYS answers) */
+    int64_t entries;        /* key-table entries: present keys + placeholders of awaited keys */
+    int64_t waiters;        /* parked requests (GET, WAIT, MULTI_GET on missing keys) */
+    int64_t wait_timers;    /* parked requests whose timeout timer is armed */
+    int64_t bytes;          /* bytes charged against max_total_bytes */
+    int64_t input_buffered; /* bytes of input buffers held by connections */
+    int64_t output_pending; /* reply bytes not yet taken by the kernel */
+    int64_t throttled;      /* connections not read until their replies drain */
+} dt_store_server_stats;
+
+/* Fills *out, computed on the server's loop thread (this call waits for it, up to 5 s).
+ * Thread-safe, but not concurrently with (or after) dt_store_server_stop. Returns 0, or
+ * -EINVAL (NULL argument) / -ETIMEDOUT (the loop did not answer). */
+int dt_store_server_get_stats(dt_store_server *s, dt_store_server_stats *out);
+
 /* Stops the loop, closes every connection, joins the thread and frees. Accepts NULL. */
 void dt_store_server_stop(dt_store_server *s);
 

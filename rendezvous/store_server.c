@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <uv.h>
 
 #include "common/log.h"
@@ -113,6 +114,12 @@ struct dt_store_server {
     uv_loop_t loop;
     uv_tcp_t listener;
     uv_async_t stop_async;
+    uv_async_t stats_async;  /* dt_store_server_get_stats asks the loop through this */
+    pthread_mutex_t stats_call_mu; /* one stats request at a time */
+    pthread_mutex_t stats_mu;
+    pthread_cond_t stats_cv;
+    dt_store_server_stats stats; /* under stats_mu: the answer */
+    int stats_done;              /* under stats_mu */
     pthread_t thread;
     int thread_started;
     int port;
@@ -1353,6 +1360,58 @@ static void on_stop(uv_async_t *a)
     while (s->conns)
         conn_close(s->conns);
     uv_close((uv_handle_t *)&s->stop_async, NULL);
+    uv_close((uv_handle_t *)&s->stats_async, NULL);
+}
+
+/* On the loop thread: computes the snapshot and hands it to the waiting caller. */
+static void on_stats(uv_async_t *a)
+{
+    dt_store_server *s = a->data;
+    dt_store_server_stats st = {0};
+    st.connections = (int64_t)s->nconns;
+    st.keys = (int64_t)s->npresent;
+    st.entries = (int64_t)s->nentries;
+    st.bytes = (int64_t)s->bytes;
+    for (conn *c = s->conns; c; c = c->next) {
+        st.waiters += c->blocked;
+        st.wait_timers += c->blocked && uv_is_active((uv_handle_t *)&c->timer);
+        st.input_buffered += (int64_t)c->in_cap;
+        st.output_pending += (int64_t)(c->out.len +
+                                       uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp));
+        st.throttled += c->throttled;
+    }
+    pthread_mutex_lock(&s->stats_mu);
+    s->stats = st;
+    s->stats_done = 1;
+    pthread_cond_broadcast(&s->stats_cv);
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+int dt_store_server_get_stats(dt_store_server *s, dt_store_server_stats *out)
+{
+    if (!s || !out || !s->thread_started)
+        return -EINVAL;
+    pthread_mutex_lock(&s->stats_call_mu);
+    pthread_mutex_lock(&s->stats_mu);
+    s->stats_done = 0;
+    pthread_mutex_unlock(&s->stats_mu);
+    uv_async_send(&s->stats_async);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    int rc = 0;
+    pthread_mutex_lock(&s->stats_mu);
+    while (!s->stats_done && rc == 0)
+        rc = pthread_cond_timedwait(&s->stats_cv, &s->stats_mu, &until);
+    if (s->stats_done) {
+        *out = s->stats;
+        rc = 0;
+    } else {
+        rc = -ETIMEDOUT;
+    }
+    pthread_mutex_unlock(&s->stats_mu);
+    pthread_mutex_unlock(&s->stats_call_mu);
+    return rc;
 }
 
 static void *loop_main(void *arg)
@@ -1441,6 +1500,9 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     int rc, loop_ok = 0;
     if (!s)
         return dt_err_set(err, -ENOMEM, "store server: out of memory");
+    pthread_mutex_init(&s->stats_call_mu, NULL);
+    pthread_mutex_init(&s->stats_mu, NULL);
+    pthread_cond_init(&s->stats_cv, NULL);
     if (opts)
         s->o = *opts;
     else
@@ -1507,6 +1569,8 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     s->listener.data = s;
     uv_async_init(&s->loop, &s->stop_async, on_stop);
     s->stop_async.data = s;
+    uv_async_init(&s->loop, &s->stats_async, on_stats);
+    s->stats_async.data = s;
     if ((rc = bind_listener(s, err)) < 0)
         goto fail;
 
@@ -1529,11 +1593,15 @@ fail:
     if (loop_ok) {
         uv_close((uv_handle_t *)&s->listener, NULL);
         uv_close((uv_handle_t *)&s->stop_async, NULL);
+        uv_close((uv_handle_t *)&s->stats_async, NULL);
         uv_run(&s->loop, UV_RUN_DEFAULT);
         uv_loop_close(&s->loop);
     }
     free(s->host);
     free(s->token);
+    pthread_cond_destroy(&s->stats_cv);
+    pthread_mutex_destroy(&s->stats_mu);
+    pthread_mutex_destroy(&s->stats_call_mu);
     free(s);
     return rc;
 }
@@ -1555,5 +1623,8 @@ void dt_store_server_stop(dt_store_server *s)
     free(s->scratch);
     free(s->host);
     free(s->token);
+    pthread_cond_destroy(&s->stats_cv);
+    pthread_mutex_destroy(&s->stats_mu);
+    pthread_mutex_destroy(&s->stats_call_mu);
     free(s);
 }

@@ -146,6 +146,26 @@ static void check_alive_token(dt_store_server *srv, const char *token)
 
 static void check_alive(dt_store_server *srv) { check_alive_token(srv, NULL); }
 
+static dt_store_server_stats stats_of(dt_store_server *srv)
+{
+    dt_store_server_stats st;
+    DT_REQUIRE(dt_store_server_get_stats(srv, &st) == 0);
+    return st;
+}
+
+/* Waits (bounded: the server sees closes asynchronously) until the server holds no parked
+ * request, no armed wait timer, and exactly `entries` table entries. */
+static bool stats_settle(dt_store_server *srv, int64_t entries, dt_store_server_stats *st)
+{
+    for (int i = 0; i < 500; i++) {
+        *st = stats_of(srv);
+        if (st->waiters == 0 && st->wait_timers == 0 && st->entries == entries)
+            return true;
+        dt_sleep_ms(10);
+    }
+    return false;
+}
+
 /* Captures this process's stderr (where the embedded server logs) into a file. */
 typedef struct log_capture {
     int saved;
@@ -554,21 +574,39 @@ static void test_wait_timeouts(void)
     void *vals[2];
     size_t lens[2];
     DT_CHECK_INT(dt_store_multi_get(s, ks, 2, vals, lens, 100, err), -ETIMEDOUT);
-    /* The connection is still good, and the timed-out waits left no key behind. */
+    /* The connection is still good, and the timed-out waits left no key behind: no
+     * placeholder entry, no parked request, no timer. */
     int64_t nk = -1;
     DT_REQUIRE_OK(dt_store_num_keys(s, &nk, err), err);
     DT_CHECK_INT(nk, 0);
-    /* A waiter that disconnects is cleaned up: the key it waited on can still be set. */
+    dt_store_server_stats ss;
+    DT_CHECK_MSG(stats_settle(srv, 0, &ss), "after timed-out waits: %lld entries, %lld waiters, "
+                 "%lld timers", (long long)ss.entries, (long long)ss.waiters,
+                 (long long)ss.wait_timers);
+    /* A waiter that disconnects is cleaned up: its parked request, its timer and the
+     * placeholder of the key it waited on all go; the key can still be set. */
     int fd = raw_hello(dt_store_server_port(srv));
     dt_proto_buf b = {0};
     size_t st = dt_proto_begin(&b, DT_OP_GET, 1, 60000, 1, 0);
     dt_proto_put_item(&b, "never", 5);
     dt_proto_end(&b, st);
     DT_REQUIRE(dt_write_all(fd, b.data, b.len) == 0);
-    dt_sleep_ms(50);
+    for (int i = 0; i < 500 && stats_of(srv).waiters == 0; i++)
+        dt_sleep_ms(10);
+    ss = stats_of(srv);
+    DT_CHECK_INT(ss.waiters, 1);
+    DT_CHECK_INT(ss.wait_timers, 1);
+    DT_CHECK_INT(ss.entries, 1); /* the placeholder of "never" */
+    DT_CHECK_INT(ss.keys, 0);
     close(fd);
-    dt_sleep_ms(50);
+    DT_CHECK_MSG(stats_settle(srv, 0, &ss), "after the waiter left: %lld entries, %lld "
+                 "waiters, %lld timers", (long long)ss.entries, (long long)ss.waiters,
+                 (long long)ss.wait_timers);
     DT_REQUIRE_OK(dt_store_set(s, "never", "1", 1, err), err);
+    ss = stats_of(srv);
+    DT_CHECK_INT(ss.keys, 1);
+    DT_CHECK_INT(ss.entries, 1);
+    DT_CHECK_INT(ss.bytes, 5 + 1 + DT_STORE_KEY_OVERHEAD);
     dt_proto_buf_free(&b);
     dt_store_free(s);
     dt_store_server_stop(srv);
