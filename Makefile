@@ -164,6 +164,12 @@ test-gpu: all $(TEST_BIN)
 run: all
 	$(BUILD)/dtrain configs/quickstart.ini
 
+# A few seconds of the store frame-parser fuzzer (clang + libFuzzer; skipped with a message
+# when they are missing). Longer runs: tests/fuzz/run.sh SECONDS.
+FUZZ_SECONDS ?= 10
+fuzz:
+	@DT_FUZZ_SKIP_OK=1 tests/fuzz/run.sh $(FUZZ_SECONDS)
+
 deps:
 	scripts/install-deps.sh
 
