@@ -66,6 +66,15 @@ int dt_store_cas(dt_store *s, const char *key, const void *expected, size_t expe
                  const void *desired, size_t desired_len, void **current, size_t *current_len,
                  dt_err *err);
 
+/* dt_store_cas that also says whether this call swapped: *swapped (may be NULL) = 1 when it
+ * replaced the value, 0 when it did not (current != expected). Unlike dt_store_cas, it is never
+ * resent once the whole request went out on a connection that then failed (a resent CAS that
+ * had been applied would report 0): that is -ECONNRESET, "may or may not have been applied".
+ * (Added after the first release.) */
+int dt_store_cas_swapped(dt_store *s, const char *key, const void *expected, size_t expected_len,
+                         const void *desired, size_t desired_len, int *swapped, void **current,
+                         size_t *current_len, dt_err *err);
+
 /* *all_exist = 1 when every key exists now (does not wait). */
 int dt_store_check(dt_store *s, const char *const *keys, size_t n, int *all_exist, dt_err *err);
 

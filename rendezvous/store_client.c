@@ -9,7 +9,7 @@
  *
  * Reconnects. A connection found dead is re-established within the call's deadline (with
  * backoff) and the request is sent again, except for the ops that are not idempotent (ADD,
- * APPEND): for those a connection lost after the whole request was sent is an error
+ * APPEND, and CAS when the caller asks whether it swapped): for those a connection lost after the whole request was sent is an error
  * (-ECONNRESET, "may or may not have been applied"), and before sending them an idle
  * connection is first checked for a hang-up, so a store restart between calls is still
  * transparent. A client-side timeout closes the connection (a late reply must not be read as
@@ -709,19 +709,19 @@ int dt_store_add(dt_store *s, const char *key, int64_t delta, int64_t *result, d
     return rc;
 }
 
-int dt_store_cas(dt_store *s, const char *key, const void *expected, size_t expected_len,
-                 const void *desired, size_t desired_len, void **current, size_t *current_len,
-                 dt_err *err)
+static int cas_call(dt_store *s, const char *key, const void *expected, size_t expected_len,
+                    const void *desired, size_t desired_len, int idempotent, int *swapped,
+                    void **current, size_t *current_len, dt_err *err)
 {
     call c;
     dt_proto_msg m;
-    /* Retrying is safe: a CAS that was applied is seen as "current == desired" the second
-     * time, which is how callers recognise success. */
     call_begin(&c, s, DT_OP_CAS, 0, 1, 2, key);
     put_key(&c, key);
     put_val(&c, expected, expected_len);
     put_val(&c, desired, desired_len);
-    int rc = call_run(&c, IDEMPOTENT, -1, &m, err);
+    int rc = call_run(&c, idempotent, -1, &m, err);
+    if (rc == 0 && swapped)
+        *swapped = m.num != 0;
     if (rc == 0 && current) {
         dt_proto_item it;
         const uint8_t *cur = m.vals;
@@ -738,6 +738,25 @@ int dt_store_cas(dt_store *s, const char *key, const void *expected, size_t expe
     }
     call_end(&c);
     return rc;
+}
+
+int dt_store_cas(dt_store *s, const char *key, const void *expected, size_t expected_len,
+                 const void *desired, size_t desired_len, void **current, size_t *current_len,
+                 dt_err *err)
+{
+    /* Retrying is safe: a CAS that was applied is seen as "current == desired" the second
+     * time, which is how callers recognise success. */
+    return cas_call(s, key, expected, expected_len, desired, desired_len, IDEMPOTENT, NULL,
+                    current, current_len, err);
+}
+
+int dt_store_cas_swapped(dt_store *s, const char *key, const void *expected, size_t expected_len,
+                         const void *desired, size_t desired_len, int *swapped, void **current,
+                         size_t *current_len, dt_err *err)
+{
+    /* The swapped flag of a resent request could be wrong: never resend after a full send. */
+    return cas_call(s, key, expected, expected_len, desired, desired_len, NOT_IDEMPOTENT,
+                    swapped, current, current_len, err);
 }
 
 int dt_store_check(dt_store *s, const char *const *keys, size_t n, int *all_exist, dt_err *err)

@@ -383,6 +383,22 @@ static void test_ops(void)
     DT_CHECK_INT(n, 0); /* absent and expected non-empty: no swap, empty current */
     free(v);
     DT_REQUIRE_OK(dt_store_cas(s, "c", "two", 3, "three", 5, NULL, NULL, err), err);
+    /* cas that says whether it swapped (the same value twice: only the first one swaps) */
+    int sw = -1;
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "cs", "", 0, "a", 1, &sw, &v, &n, err), err);
+    DT_CHECK_INT(sw, 1);
+    DT_CHECK(n == 1 && !memcmp(v, "a", 1));
+    free(v);
+    sw = -1;
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "cs", "", 0, "a", 1, &sw, &v, &n, err), err);
+    DT_CHECK_INT(sw, 0); /* current == desired, yet this call did not swap */
+    DT_CHECK(n == 1 && !memcmp(v, "a", 1));
+    free(v);
+    sw = -1;
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "cs", "a", 1, "b", 1, &sw, NULL, NULL, err), err);
+    DT_CHECK_INT(sw, 1);
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "cs", "a", 1, "c", 1, NULL, NULL, NULL, err), err);
+    DT_REQUIRE_OK(dt_store_delete(s, "cs", NULL, err), err);
 
     /* check */
     const char *ks[] = {"k1", "ctr", "c"};
