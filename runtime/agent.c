@@ -80,6 +80,7 @@ typedef struct agent {
     sigset_t oldmask;
     struct sigaction oldpipe;
     bool signals_set;
+    bool hup_ignored;           /* SIGHUP was ignored at start (nohup): it stays ignored */
     dt_guard *guard;
     dt_rdzv *rz;
     dt_rdzv_round rd;           /* the current round */
@@ -118,8 +119,17 @@ static int signals_init(agent *a, dt_err *err)
 {
     sigset_t set;
     sigemptyset(&set);
+    /* Under nohup SIGHUP is ignored and must stay so: a hangup is not a stop. It is left out of
+     * the set, since Linux queues a blocked signal even when it is ignored. The other signals
+     * are acted on even when ignored at start (an agent started with & from a script has INT
+     * and QUIT ignored, and `kill -INT` must still stop the job). */
+    struct sigaction hup;
+    a->hup_ignored = sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler == SIG_IGN;
+    if (a->hup_ignored)
+        DT_DEBUG("SIGHUP is ignored (nohup): a hangup will not stop the job");
     for (size_t i = 0; i < DT_ARRAY_LEN(handled_signals); i++)
-        sigaddset(&set, handled_signals[i]);
+        if (!(handled_signals[i] == SIGHUP && a->hup_ignored))
+            sigaddset(&set, handled_signals[i]);
     if (sigprocmask(SIG_BLOCK, &set, &a->oldmask) != 0)
         return dt_err_errno(err, errno, "sigprocmask");
     a->signals_set = true;
@@ -377,7 +387,7 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
     if ((rc = dt_agent_env_build(&env, environ, &we, err)))
         goto fail;
     dt_proc_spec ps = {.path = a->prog, .argv = a->spec->argv, .envp = env.v,
-                       .fd_out = cfd[0], .fd_err = cfd[1]};
+                       .fd_out = cfd[0], .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored};
     dt_err e = {0};
     pid_t pid;
     w->t_start = dt_wall_s();

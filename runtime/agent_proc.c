@@ -84,10 +84,17 @@ int dt_proc_spawn(const dt_proc_spec *s, pid_t *out, dt_err *err)
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
+        /* Dispositions: caught ones reset themselves at exec, ignored ones do not. An agent
+         * started with & from a script has INT and QUIT ignored; its workers must not, or a
+         * forwarded Ctrl-C does nothing and the stop waits for the SIGKILL after the grace. */
         struct sigaction dfl;
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
-        sigaction(SIGPIPE, &dfl, NULL);
+        static const int reset[] = {SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2};
+        for (size_t i = 0; i < DT_ARRAY_LEN(reset); i++)
+            sigaction(reset[i], &dfl, NULL);
+        if (!s->keep_hup_ignored)
+            sigaction(SIGHUP, &dfl, NULL);
         if (s->fd_out >= 0 && s->fd_out != STDOUT_FILENO)
             dup2(s->fd_out, STDOUT_FILENO);
         if (s->fd_err >= 0 && s->fd_err != STDERR_FILENO)

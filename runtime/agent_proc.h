@@ -31,6 +31,7 @@ typedef struct dt_proc_spec {
     char *const *envp;  /* NULL-terminated full environment; borrowed */
     int fd_out;         /* becomes the child's stdout; -1 = inherit the agent's */
     int fd_err;         /* becomes the child's stderr; -1 = inherit the agent's */
+    bool keep_hup_ignored; /* leave SIGHUP ignored when it is (the agent runs under nohup) */
 } dt_proc_spec;
 
 /* Finds prog the way execvp would, using path_env (a PATH value; NULL = the agent's PATH) when
@@ -39,8 +40,10 @@ typedef struct dt_proc_spec {
 int dt_proc_resolve(const char *prog, const char *path_env, char *out, size_t cap, dt_err *err);
 
 /* Forks and execs spec into a new process group (pgid == pid). In the child: own process group,
- * PR_SET_PDEATHSIG(SIGKILL), exit if the agent is already gone, signal mask cleared, SIGPIPE back
- * to its default, fd_out/fd_err dup'ed onto 1/2, exec. Returns 0 with *pid set once the exec
+ * PR_SET_PDEATHSIG(SIGKILL), exit if the agent is already gone, signal mask cleared, SIGPIPE,
+ * SIGINT, SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2 and (unless keep_hup_ignored) SIGHUP back to their
+ * defaults (an agent started with & has INT and QUIT ignored; its workers must not inherit that),
+ * fd_out/fd_err dup'ed onto 1/2, exec. Returns 0 with *pid set once the exec
  * succeeded, or a negative errno with err set when fork or exec failed (then no child is left
  * running: a child whose exec failed has exited and been reaped). */
 int dt_proc_spawn(const dt_proc_spec *spec, pid_t *pid, dt_err *err);

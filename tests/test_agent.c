@@ -721,14 +721,16 @@ static void test_sigkill_agent_no_orphans(void)
     }
 }
 
-/* Starts an agent whose workers trap signals and mark themselves ready; returns its pid. */
-static pid_t start_trapping_agent(const char *trap, const char *extra, const char *outp)
+/* Starts an agent (through the program `via` when not NULL, e.g. a wrapper that ignores
+ * signals) whose workers trap signals and mark themselves ready; returns its pid. */
+static pid_t start_trapping_agent_via(const char *via, const char *trap, const char *extra,
+                                      const char *outp)
 {
     char cmd[8192], path[4096];
     snprintf(cmd, sizeof cmd,
-             "%s --nproc-per-node 2 %s --log-dir %s -- sh -c '%s; touch %s/ready.$RANK; "
+             "%s %s --nproc-per-node 2 %s --log-dir %s -- sh -c '%s; touch %s/ready.$RANK; "
              "while :; do sleep 0.05; done'",
-             BIN, extra, TMP, trap, TMP);
+             via ? via : "", BIN, extra, TMP, trap, TMP);
     pid_t agent = dt_test_spawn(cmd, outp);
     for (int r = 0; r < 2; r++) {
         snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
@@ -738,6 +740,27 @@ static pid_t start_trapping_agent(const char *trap, const char *extra, const cha
         }
     }
     return agent;
+}
+
+static pid_t start_trapping_agent(const char *trap, const char *extra, const char *outp)
+{
+    return start_trapping_agent_via(NULL, trap, extra, outp);
+}
+
+/* A wrapper script that ignores the given signals, then execs its arguments (as a script's
+ * `dtrain ... &` or nohup leaves them). */
+static const char *ignoring_wrapper(const char *sigs)
+{
+    static char path[4096];
+    char text[256];
+    snprintf(path, sizeof path, "%s/ignore-%s.sh", TMP, sigs);
+    for (char *c = path + strlen(TMP); *c; c++)
+        if (*c == ' ')
+            *c = '-';
+    snprintf(text, sizeof text, "#!/bin/sh\ntrap \"\" %s\nexec \"$@\"\n", sigs);
+    write_file(path, text);
+    DT_REQUIRE(chmod(path, 0755) == 0);
+    return path;
 }
 
 static void test_ctrl_c_once(void)
@@ -803,6 +826,73 @@ static void test_sigusr1_forwarded(void)
     free(out);
 }
 
+/* SIGHUP and SIGQUIT stop the job through the workers (128+n); SIGUSR2 is forwarded only. */
+static void test_hup_quit_usr2_forwarded(void)
+{
+    static const struct { int sig; const char *name; int code; } cases[] = {
+        {SIGHUP, "HUP", 128 + SIGHUP}, {SIGQUIT, "QUIT", 128 + SIGQUIT}, {SIGUSR2, "USR2", 0}};
+    for (size_t i = 0; i < DT_ARRAY_LEN(cases); i++) {
+        char outp[4096], trap[256], want[64], path[4096];
+        snprintf(outp, sizeof outp, "%s/agent-%s.out", TMP, cases[i].name);
+        snprintf(trap, sizeof trap, "trap \"echo got-%s-$RANK; exit 0\" %s", cases[i].name,
+                 cases[i].name);
+        for (int r = 0; r < 2; r++) {
+            snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
+            unlink(path);
+        }
+        pid_t agent = start_trapping_agent(trap, "--stop-grace 60", outp);
+        kill(agent, cases[i].sig);
+        DT_CHECK_INT(dt_test_wait_exit(agent, 30), cases[i].code);
+        char *out = dt_test_slurp(outp);
+        DT_REQUIRE(out != NULL);
+        for (int r = 0; r < 2; r++) {
+            snprintf(want, sizeof want, "[%d]:got-%s-%d\n", r, cases[i].name, r);
+            DT_CHECK_CONTAINS(out, want);
+        }
+        DT_CHECK(!strstr(out, "sending SIGKILL"));
+        free(out);
+    }
+}
+
+/* An agent started with SIGINT and SIGQUIT ignored (`dtrain ... &` in a script, or over ssh by
+ * dtrain-ssh.sh): its workers still get the default dispositions, so a forwarded SIGINT reaches
+ * their trap instead of waiting for SIGKILL after the grace. */
+static void test_int_ignored_at_start(void)
+{
+    char outp[4096];
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    pid_t agent = start_trapping_agent_via(ignoring_wrapper("INT QUIT"),
+                                           "trap \"echo got-int-$RANK; exit 7\" INT",
+                                           "--stop-grace 1000", outp);
+    kill(agent, SIGINT);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 30), 128 + SIGINT);
+    char *out = dt_test_slurp(outp);
+    DT_REQUIRE(out != NULL);
+    DT_CHECK_CONTAINS(out, "[0]:got-int-0\n");
+    DT_CHECK_CONTAINS(out, "[1]:got-int-1\n");
+    free(out);
+}
+
+/* Under nohup (SIGHUP ignored at start) a hangup does not stop the job: the agent ignores it and
+ * so do the workers; a later SIGTERM ends it as usual. */
+static void test_nohup_keeps_hup_ignored(void)
+{
+    char outp[4096];
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    pid_t agent = start_trapping_agent_via(ignoring_wrapper("HUP"),
+                                           "trap \"echo got-term-$RANK; exit 0\" TERM",
+                                           "--stop-grace 60", outp);
+    kill(agent, SIGHUP);
+    dt_sleep_ms(200);
+    kill(agent, SIGTERM);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 30), 128 + SIGTERM);
+    char *out = dt_test_slurp(outp);
+    DT_REQUIRE(out != NULL);
+    DT_CHECK(!strstr(out, "SIGHUP"));
+    DT_CHECK_CONTAINS(out, "[0]:got-term-0\n");
+    free(out);
+}
+
 /* The benchmark's own path (start, crash, restart) works end to end; its numbers are not
  * checked here. */
 static void test_bench_launch_smoke(void)
@@ -843,6 +933,9 @@ static const dt_test tests[] = {
     {"ctrl_c_twice", test_ctrl_c_twice, 60},
     {"sigterm_forwarded", test_sigterm_forwarded, 60},
     {"sigusr1_forwarded", test_sigusr1_forwarded, 60},
+    {"hup_quit_usr2_forwarded", test_hup_quit_usr2_forwarded, 90},
+    {"int_ignored_at_start", test_int_ignored_at_start, 60},
+    {"nohup_keeps_hup_ignored", test_nohup_keeps_hup_ignored, 60},
     {"bench_launch_smoke", test_bench_launch_smoke, 60},
 };
 
