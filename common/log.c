@@ -17,6 +17,8 @@ static char log_host[64] = "?";
 static char log_role[32] = "dtrain";
 static int log_rank = -1;
 
+static void (*log_sink)(const char *line, size_t len);
+
 static const char *const level_names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
 
 /* The progress line: guarded by progress_mu once progress_used (set by the first
@@ -99,6 +101,8 @@ void dt_log_set_role(const char *role)
 
 void dt_log_set_rank(int rank) { log_rank = rank; }
 
+void dt_log_set_sink(void (*fn)(const char *line, size_t len)) { log_sink = fn; }
+
 void dt_log_write(int level, const char *file, int line, const char *fmt, ...)
 {
     char buf[4096];
@@ -125,6 +129,10 @@ void dt_log_write(int level, const char *file, int line, const char *fmt, ...)
         n = (int)sizeof buf - 2;
     if (n > 0 && buf[n - 1] != '\n')
         buf[n++] = '\n';
+    if (log_sink) {
+        log_sink(buf, (size_t)n);
+        return;
+    }
     /* One write per line: the kernel keeps it whole on pipes for up to PIPE_BUF bytes. */
     if (!progress_used) {
         write_stderr(buf, (size_t)n);

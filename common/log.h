@@ -11,6 +11,8 @@
 #ifndef DT_LOG_H
 #define DT_LOG_H
 
+#include <stddef.h>
+
 enum { DT_LOG_DEBUG = 0, DT_LOG_INFO = 1, DT_LOG_WARN = 2, DT_LOG_ERROR = 3, DT_LOG_OFF = 4 };
 
 extern int dt_log_level;
@@ -23,6 +25,11 @@ void dt_log_set_role(const char *role);
 void dt_log_set_rank(int rank);
 /* Parses a level name; returns -1 when unknown. */
 int dt_log_parse_level(const char *s);
+
+/* Where finished lines go instead of write(2) to stderr: fn(line, len) gets one whole line
+ * (newline included), from whichever thread logged; NULL restores stderr. The agent uses it to
+ * queue its lines behind worker output on a console that must never block it. */
+void dt_log_set_sink(void (*fn)(const char *line, size_t len));
 
 void dt_log_write(int level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -97,7 +97,27 @@ typedef struct agent {
     char run_dir[DT_PATH_MAX + 300]; /* <log_root>/<run id> */
     dt_events ev;
     bool closing;
+    bool out_paused;            /* the console is behind: workers' pipes are out of the epoll set */
+    bool con_watched[3];        /* console fd 1 / 2 is in the epoll set for EPOLLOUT */
 } agent;
+
+/* epoll tags of the console fds (data.ptr): &console_tag[1], &console_tag[2]. */
+static char console_tag[3];
+
+/* The agent's own log lines: queued on the console behind the workers' lines (so they are
+ * neither lost nor able to block the agent). Another thread (the store server's) writes
+ * directly: the console buffer is the agent thread's alone. */
+static pid_t agent_tid;
+
+static void agent_log_sink(const char *line, size_t len)
+{
+    if (gettid() == agent_tid) {
+        dt_out_console_write(STDERR_FILENO, line, len);
+        return;
+    }
+    ssize_t w = write(STDERR_FILENO, line, len); /* non-blocking: dropped when the console is full */
+    (void)w;
+}
 
 /* snprintf for paths and messages: false (and a cut string) when it did not fit. Through
  * vsnprintf so that the compiler's truncation guesses stay quiet where we check. */
@@ -300,10 +320,52 @@ static void drain_signals(agent *a)
     }
 }
 
+/* Puts the workers' output pipes in or out of the epoll set. */
+static void watch_outputs(agent *a, bool on)
+{
+    for (int i = 0; i < a->nproc; i++)
+        for (int k = 0; k < 2; k++) {
+            dt_out_stream *s = &a->w[i].out[k];
+            if (s->fd < 0)
+                continue;
+            struct epoll_event ee = {.events = EPOLLIN, .data.ptr = s};
+            if (epoll_ctl(a->epfd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, s->fd, &ee) != 0 &&
+                errno != EEXIST && errno != ENOENT)
+                DT_WARN("epoll_ctl: %s; rank %d's output may stall", strerror(errno), a->w[i].rank);
+        }
+}
+
+/* Keeps the epoll set in step with the console (see agent_output.h): EPOLLOUT on a console fd
+ * with bytes waiting; the workers' pipes left unread while the console is behind. Returns the
+ * longest the next wait may last in ms (-1: no limit). */
+static int sync_console(agent *a)
+{
+    int ms = dt_out_console_tick();
+    for (int fd = 1; fd <= 2; fd++) {
+        bool want = dt_out_console_pending(fd);
+        if (want == a->con_watched[fd])
+            continue;
+        struct epoll_event ee = {.events = EPOLLOUT, .data.ptr = &console_tag[fd]};
+        if (epoll_ctl(a->epfd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ee) == 0 || !want)
+            a->con_watched[fd] = want;
+        else
+            ms = ms < 0 || ms > 50 ? 50 : ms; /* cannot watch it: look again soon */
+    }
+    bool pause = dt_out_console_throttled();
+    if (pause != a->out_paused) {
+        watch_outputs(a, !pause);
+        a->out_paused = pause;
+    }
+    return ms;
+}
+
 /* Waits up to timeout_ms (-1 = no limit) for anything and handles it. */
 static void pump(agent *a, int timeout_ms)
 {
     struct epoll_event evs[64];
+    int cms = sync_console(a);
+    if (cms >= 0 && (timeout_ms < 0 || cms < timeout_ms))
+        timeout_ms = cms;
     int n = epoll_wait(a->epfd, evs, (int)DT_ARRAY_LEN(evs), timeout_ms);
     if (n < 0) {
         if (errno != EINTR)
@@ -311,20 +373,31 @@ static void pump(agent *a, int timeout_ms)
         return;
     }
     for (int i = 0; i < n; i++) {
-        if (!evs[i].data.ptr) {
+        void *p = evs[i].data.ptr;
+        if (!p) {
             drain_signals(a);
             continue;
         }
-        dt_out_stream *s = evs[i].data.ptr;
+        if (p == &console_tag[1] || p == &console_tag[2])
+            continue; /* writable: sync_console writes */
+        if (!a->out_paused && dt_out_console_throttled()) {
+            watch_outputs(a, false);
+            a->out_paused = true;
+        }
+        if (a->out_paused)
+            continue; /* the console is behind: the workers wait (level-triggered: not lost) */
+        dt_out_stream *s = p;
         if (s->fd >= 0)
             dt_out_pump(s); /* at end of file it closes the fd, which leaves the epoll set */
     }
+    sync_console(a);
 }
 
 static bool rdzv_interrupted(void *arg)
 {
     agent *a = arg;
     drain_signals(a);
+    dt_out_console_tick(); /* what the last round left for the console goes out meanwhile */
     return a->first_signal != 0;
 }
 
@@ -410,7 +483,7 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
     a->n_groups++;
     dt_guard_add(a->guard, pid);
     for (int k = 0; k < 2; k++) {
-        if (w->out[k].fd < 0)
+        if (w->out[k].fd < 0 || a->out_paused)
             continue;
         struct epoll_event ee = {.events = EPOLLIN, .data.ptr = &w->out[k]};
         if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, w->out[k].fd, &ee) != 0)
@@ -786,6 +859,7 @@ static void emit_end(agent *a, const char *result, int code)
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0)
         cJSON_AddNumberToObject(f, "agent_max_rss_kb", (double)ru.ru_maxrss);
+    cJSON_AddNumberToObject(f, "console_lines_dropped", (double)dt_out_console_dropped());
     dt_events_emit(&a->ev, "end", f);
 }
 
@@ -1001,6 +1075,12 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     }
     /* Order matters: signals blocked before any thread exists; the guardian forked before the
      * store's thread; then the rendezvous (which may start that thread). */
+    if ((rc = dt_out_console_open(err))) {
+        code = rc;
+        goto out;
+    }
+    agent_tid = gettid();
+    dt_log_set_sink(agent_log_sink);
     if ((rc = signals_init(a, err)) || (rc = dt_guard_start(&a->guard, err)) ||
         (rc = dt_proc_become_subreaper(err)) || (rc = choose_log_root(a, err))) {
         code = rc;
@@ -1049,6 +1129,8 @@ out:
         reap(a);
         dt_guard_stop(a->guard);
     }
+    dt_log_set_sink(NULL);
+    dt_out_console_close(5.0);
     signals_restore(a);
     free(a->w);
     free(a);

@@ -11,6 +11,18 @@
  * worker printing megabytes without a newline) is cut and written in pieces of that size, each
  * as its own prefixed line. The partial-line buffer is allocated only while a partial line exists.
  *
+ * The console never blocks the agent (whose one thread also reaps workers, handles signals and
+ * sends the rendezvous heartbeats). dt_out_console_open gives the agent a non-blocking
+ * description of its stdout and stderr when they are pipes or terminals (reopened through
+ * /proc/self/fd, so the shell's own description is untouched); sockets are written with
+ * MSG_DONTWAIT; regular files as they are. What the console does not take at once waits in a
+ * bounded buffer per console fd:
+ *   - above DT_OUT_CONSOLE_HIGH bytes the agent stops reading the workers' pipes (they wait, as
+ *     they would on a slow terminal): a slow reader loses nothing;
+ *   - when the reader takes nothing for DT_OUT_CONSOLE_STALL_S seconds (it stopped: a pager left
+ *     open, a stopped process), the agent reads the workers again and drops whole lines, counted,
+ *     until the buffer drains below DT_OUT_CONSOLE_LOW; then it prints "N lines dropped: the
+ *     console did not keep up". Per-rank log files (--redirects/--tee) keep every byte.
  * If the agent's console goes away (EPIPE), console output is dropped from then on and the
  * workers carry on; file output is unaffected.
  */
@@ -19,10 +31,15 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 
 #define DT_OUT_LINE_MAX 16384 /* bytes of one line kept before it is cut */
+#define DT_OUT_CONSOLE_CAP (1u << 20)   /* bytes waiting for one console fd, at most */
+#define DT_OUT_CONSOLE_HIGH (256u << 10) /* above this the workers' pipes are not read */
+#define DT_OUT_CONSOLE_LOW (64u << 10)   /* a stalled console below this takes lines again */
+#define DT_OUT_CONSOLE_STALL_S 2.0       /* no progress this long: the reader stopped */
 
 /* One worker stream (stdout or stderr) as the agent sees it. */
 typedef struct dt_out_stream {
@@ -65,8 +82,36 @@ int dt_out_pump(dt_out_stream *s);
  * everything. Accepts a stream that is already closed. */
 void dt_out_finish(dt_out_stream *s);
 
-/* Writes text to the agent's console fd as one write (retrying on EAGAIN and EINTR); drops it
- * once the console has gone away. */
+/* Writes the agent's own text (whole lines) to console fd 1 or 2: at once when the console takes
+ * it, else queued behind what is waiting (waiting up to DT_OUT_CONSOLE_STALL_S for room when the
+ * buffer is full, then dropped and counted). Dropped once the console has gone away. Without
+ * dt_out_console_open, a plain blocking write. */
 void dt_out_console_write(int fd, const char *text, size_t len);
+
+/* Prepares the agent's fds 1 and 2 for non-blocking writes (see the top of this file). Call once
+ * before any worker starts; pair with dt_out_console_close. Returns 0 (a console that cannot be
+ * reopened is written as it is). Not thread-safe: the agent's thread only. */
+int dt_out_console_open(dt_err *err);
+
+/* Whether bytes wait for console fd (1 or 2): the caller then watches fd for EPOLLOUT and calls
+ * dt_out_console_tick when it is writable. */
+bool dt_out_console_pending(int fd);
+
+/* Whether the caller should stop reading the workers' pipes for now (a console buffer is above
+ * DT_OUT_CONSOLE_HIGH and its reader still makes progress). */
+bool dt_out_console_throttled(void);
+
+/* Writes what the consoles take, detects a stalled reader, prints the dropped-lines note once
+ * there is room. Returns the milliseconds until it must run again to notice a stall (-1: only
+ * when a console becomes writable). */
+int dt_out_console_tick(void);
+
+/* Lines dropped so far (both consoles, since dt_out_console_open). */
+uint64_t dt_out_console_dropped(void);
+
+/* Flushes what waits, giving up after wait_s seconds without progress (the dropped-lines note
+ * goes last), and gives the process back its original (blocking) descriptions when everything
+ * went out. Accepts a console never opened. */
+void dt_out_console_close(double wait_s);
 
 #endif

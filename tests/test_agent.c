@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -673,6 +674,89 @@ static void test_nproc_cpu(void)
     }
 }
 
+/* Starts `sh -c cmd` with stdout and stderr on a pipe; returns its pid, *rfd the read end. */
+static pid_t spawn_piped(const char *cmd, int *rfd)
+{
+    int p[2];
+    DT_REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+    pid_t pid = fork();
+    DT_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    *rfd = p[0];
+    return pid;
+}
+
+/* A console nobody reads (a pager left open, a stopped `| tee`): the agent must not freeze. The
+ * worker prints megabytes and exits 3; the agent reports the failure and exits, dropping the
+ * lines the console did not take (counted in events.jsonl). */
+static void test_console_nobody_reads(void)
+{
+    char cmd[8192], ev[4096];
+    int rfd;
+    snprintf(cmd, sizeof cmd,
+             "exec %s --rdzv-id cs --log-dir %s -- sh -c 'yes line-of-output | head -n 300000; "
+             "exit 3'",
+             BIN, TMP);
+    pid_t agent = spawn_piped(cmd, &rfd);
+    int code = dt_test_wait_exit(agent, 45);
+    close(rfd);
+    DT_CHECK_INT(code, 1);
+    snprintf(ev, sizeof ev, "%s/cs/events.jsonl", TMP);
+    char *events = dt_test_slurp(ev);
+    DT_REQUIRE(events != NULL);
+    DT_CHECK_CONTAINS(events, "\"event\":\"exit\",\"rank\":0");
+    DT_CHECK_CONTAINS(events, "\"exit_code\":3");
+    const char *m = strstr(events, "\"console_lines_dropped\":");
+    DT_REQUIRE(m != NULL);
+    DT_CHECK(atol(m + strlen("\"console_lines_dropped\":")) > 0);
+    free(events);
+}
+
+/* A reader that stops for a while and then reads again: the job goes on meanwhile, and once the
+ * console drains the agent says how many lines it dropped. */
+static void test_console_stall_then_resume(void)
+{
+    char cmd[8192];
+    int rfd;
+    snprintf(cmd, sizeof cmd,
+             "exec %s --log-dir %s -- sh -c 'yes line-of-output | head -n 300000; sleep 6; "
+             "echo last-line'",
+             BIN, TMP);
+    pid_t agent = spawn_piped(cmd, &rfd);
+    dt_sleep_ms(4000); /* longer than DT_OUT_CONSOLE_STALL_S */
+    size_t cap = 1 << 16, len = 0;
+    char *out = malloc(cap);
+    DT_REQUIRE(out != NULL);
+    double deadline = dt_test_now() + 40;
+    for (;;) {
+        if (len + 4097 > cap)
+            DT_REQUIRE((out = realloc(out, cap *= 2)) != NULL);
+        struct pollfd pf = {rfd, POLLIN, 0};
+        if (poll(&pf, 1, 1000) <= 0) {
+            if (dt_test_now() > deadline)
+                break;
+            continue;
+        }
+        ssize_t n = read(rfd, out + len, cap - len - 1);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    out[len] = '\0';
+    close(rfd);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 20), 0);
+    DT_CHECK_CONTAINS(out, "dropped: the console did not keep up");
+    DT_CHECK_CONTAINS(out, "[0]:last-line\n");
+    DT_CHECK_CONTAINS(out, "all workers succeeded");
+    free(out);
+}
+
 /* ---- signals and orphans ---------------------------------------------------------------- */
 
 /* Workers that write their pid (and a grandchild's) and wait; the agent is SIGKILLed: every one
@@ -928,6 +1012,8 @@ static const dt_test tests[] = {
     {"local_ranks_filter", test_local_ranks_filter, 0},
     {"bad_command", test_bad_command, 0},
     {"nproc_cpu", test_nproc_cpu, 0},
+    {"console_nobody_reads", test_console_nobody_reads, 60},
+    {"console_stall_then_resume", test_console_stall_then_resume, 60},
     {"sigkill_agent_no_orphans", test_sigkill_agent_no_orphans, 60},
     {"ctrl_c_once", test_ctrl_c_once, 60},
     {"ctrl_c_twice", test_ctrl_c_twice, 60},
