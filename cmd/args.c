@@ -17,33 +17,40 @@ typedef struct opt {
     bool takes_value;
     int group;
     const char *help;  /* NULL: the table's help */
+    const char *metavar; /* the value's placeholder in --help */
 } opt;
 
 static const opt opts[] = {
-    {"nnodes", 0, "elastic.nnodes", true, G_NODES, NULL},
-    {"nproc-per-node", 0, "elastic.nproc_per_node", true, G_NODES, NULL},
-    {"node-rank", 0, "rendezvous.node_rank", true, G_NODES, NULL},
-    {"standalone", 0, "rendezvous.standalone", false, G_NODES, NULL},
-    {"master-addr", 0, "rendezvous.master_addr", true, G_NODES, NULL},
-    {"master-port", 0, "rendezvous.master_port", true, G_NODES, NULL},
-    {"local-addr", 0, "rendezvous.local_addr", true, G_NODES, NULL},
-    {"rdzv-backend", 0, "rendezvous.backend", true, G_RDZV, NULL},
-    {"rdzv-endpoint", 0, "rendezvous.endpoint", true, G_RDZV, NULL},
-    {"rdzv-id", 0, "rendezvous.id", true, G_RDZV, NULL},
-    {"rdzv-conf", 0, "rendezvous.conf", true, G_RDZV, NULL},
-    {"max-restarts", 0, "elastic.max_restarts", true, G_RESTART, NULL},
-    {"monitor-interval", 0, "elastic.monitor_interval", true, G_RESTART, NULL},
-    {"stop-grace", 0, "elastic.stop_grace", true, G_RESTART, NULL},
-    {"log-dir", 0, "elastic.log_dir", true, G_LOGS, NULL},
-    {"redirects", 'r', "elastic.redirects", true, G_LOGS, NULL},
-    {"tee", 't', "elastic.tee", true, G_LOGS, NULL},
-    {"local-ranks-filter", 0, "elastic.local_ranks_filter", true, G_LOGS, NULL},
-    {"print-config", 0, NULL, false, G_OTHER, "print the fully resolved job as INI and exit"},
-    {"no-python", 0, NULL, false, G_OTHER, "run the positional program itself, not python3 PROGRAM"},
-    {"help", 'h', NULL, false, G_OTHER, "this help"},
-    {"help-env", 0, NULL, false, G_OTHER, "list the DTRAIN_* environment variables"},
-    {"help-config", 0, NULL, false, G_OTHER, "print the job file reference (every key, type, default)"},
-    {"version", 'V', NULL, false, G_OTHER, "print the version and exit"},
+    {"nnodes", 0, "elastic.nnodes", true, G_NODES, NULL, "N|MIN:MAX"},
+    {"nproc-per-node", 0, "elastic.nproc_per_node", true, G_NODES, NULL, "N|auto|cpu|gpu"},
+    {"node-rank", 0, "rendezvous.node_rank", true, G_NODES, NULL, "N"},
+    {"standalone", 0, "rendezvous.standalone", false, G_NODES, NULL, NULL},
+    {"master-addr", 0, "rendezvous.master_addr", true, G_NODES, NULL, "HOST"},
+    {"master-port", 0, "rendezvous.master_port", true, G_NODES, NULL, "PORT"},
+    {"local-addr", 0, "rendezvous.local_addr", true, G_NODES, NULL, "HOST"},
+    {"rdzv-backend", 0, "rendezvous.backend", true, G_RDZV, NULL, "static|c10d"},
+    {"rdzv-endpoint", 0, "rendezvous.endpoint", true, G_RDZV, NULL, "HOST[:PORT]"},
+    {"rdzv-id", 0, "rendezvous.id", true, G_RDZV, NULL, "ID"},
+    {"rdzv-conf", 0, "rendezvous.conf", true, G_RDZV, NULL, "K=V,..."},
+    {"max-restarts", 0, "elastic.max_restarts", true, G_RESTART, NULL, "N"},
+    {"monitor-interval", 0, "elastic.monitor_interval", true, G_RESTART, NULL, "SECONDS"},
+    {"stop-grace", 0, "elastic.stop_grace", true, G_RESTART, NULL, "SECONDS"},
+    {"log-dir", 0, "elastic.log_dir", true, G_LOGS, NULL, "DIR"},
+    {"redirects", 'r', "elastic.redirects", true, G_LOGS, NULL, "MODE"},
+    {"tee", 't', "elastic.tee", true, G_LOGS, NULL, "MODE"},
+    {"local-ranks-filter", 0, "elastic.local_ranks_filter", true, G_LOGS, NULL, "RANKS"},
+    {"print-config", 0, NULL, false, G_OTHER, "print the fully resolved job as INI and exit", NULL},
+    {"no-python", 0, NULL, false, G_OTHER,
+     "run the positional program itself, not python3 PROGRAM (no-op after --)", NULL},
+    {"run-path", 0, NULL, false, G_OTHER, "torchrun's; accepted: a PROGRAM.py runs as python3 PROGRAM.py", NULL},
+    {"start-method", 0, NULL, true, G_OTHER,
+     "torchrun's; accepted and ignored: dtrain always fork+execs its workers", "spawn|fork|forkserver"},
+    {"role", 0, NULL, true, G_OTHER, "torchrun's; accepted, workers keep ROLE_NAME=default", "NAME"},
+    {"module", 'm', NULL, false, G_OTHER, "torchrun's; dtrain runs commands: -- python3 -m MODULE", NULL},
+    {"help", 'h', NULL, false, G_OTHER, "this help", NULL},
+    {"help-env", 0, NULL, false, G_OTHER, "list the DTRAIN_* environment variables", NULL},
+    {"help-config", 0, NULL, false, G_OTHER, "print the job file reference (every key, type, default)", NULL},
+    {"version", 'V', NULL, false, G_OTHER, "print the version and exit", NULL},
 };
 
 static const char *const group_names[] = {
@@ -212,6 +219,14 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
         return dt_err_set(err, -ENOMEM, "out of memory");
     if ((rc = take_env(a, err)))
         return rc;
+    const char *pet_np = getenv("PET_NO_PYTHON");
+    if (pet_np && *pet_np) {
+        bool b;
+        if (dt_parse_bool(pet_np, &b))
+            return dt_err_set(err, -EINVAL, "environment PET_NO_PYTHON=%s: expected true or false",
+                              pet_np);
+        no_python = b;
+    }
     int i = 1;
     for (; i < argc; i++) {
         char *arg = argv[i];
@@ -266,6 +281,12 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
                     a->print_config = true;
                 else if (!strcmp(o->name, "no-python"))
                     no_python = true;
+                else if (!strcmp(o->name, "run-path"))
+                    ; /* torchrun runs the script in-process; dtrain runs python3 SCRIPT */
+                else if (!strcmp(o->name, "module"))
+                    return dt_err_set(err, -EINVAL,
+                                      "%s: dtrain runs commands: use -- python3 -m MODULE ...",
+                                      arg);
                 else if (!strcmp(o->name, "help"))
                     a->help = true;
                 else if (!strcmp(o->name, "help-env"))
@@ -280,6 +301,20 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
                 if (i + 1 >= argc)
                     return dt_err_set(err, -EINVAL, "%s%s needs a value", how, o->name);
                 value = argv[++i];
+            }
+            if (!o->key) {
+                if (!strcmp(o->name, "start-method")) {
+                    if (strcmp(value, "spawn") && strcmp(value, "fork") &&
+                        strcmp(value, "forkserver"))
+                        return dt_err_set(err, -EINVAL,
+                                          "--start-method: \"%s\" is not one of spawn, fork, "
+                                          "forkserver",
+                                          value);
+                    a->start_method = value;
+                } else if (!strcmp(o->name, "role")) {
+                    a->role = value;
+                }
+                continue;
             }
             if ((rc = check_value(o, value, how, err)))
                 return rc;
@@ -363,13 +398,17 @@ void dt_args_print_help(FILE *out)
             if (o->group != g)
                 continue;
             const dt_cfg_field *f = o->key ? field_of(o->key) : NULL;
-            char left[64];
+            char left[96];
+            const char *mv = o->takes_value ? (o->metavar ? o->metavar : "V") : NULL;
             if (o->short_name)
-                snprintf(left, sizeof left, "-%c, --%s%s", o->short_name, o->name,
-                         o->takes_value ? " V" : "");
+                snprintf(left, sizeof left, "-%c, --%s%s%s", o->short_name, o->name, mv ? " " : "",
+                         mv ? mv : "");
             else
-                snprintf(left, sizeof left, "--%s%s", o->name, o->takes_value ? " V" : "");
-            fprintf(out, "  %-28s %s", left, o->help ? o->help : (f ? f->help : ""));
+                snprintf(left, sizeof left, "--%s%s%s", o->name, mv ? " " : "", mv ? mv : "");
+            if (strlen(left) > 32)
+                fprintf(out, "  %s\n  %-32s %s", left, "", o->help ? o->help : (f ? f->help : ""));
+            else
+                fprintf(out, "  %-32s %s", left, o->help ? o->help : (f ? f->help : ""));
             if (f && o->takes_value)
                 fprintf(out, " [default: %s]", f->def[0] ? f->def : "\"\"");
             fprintf(out, "\n");

@@ -35,6 +35,8 @@ typedef struct dt_args {
     char **command;         /* the worker command (NULL-terminated, owned array of borrowed
                                strings), or NULL in job-file mode */
     int n_command;
+    const char *start_method; /* --start-method (torchrun's; accepted, ignored), or NULL */
+    const char *role;       /* --role (torchrun's; accepted, not applied), or NULL */
     bool print_config;
     bool help;
     bool help_env;

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cmd/args.h"
@@ -62,6 +64,19 @@ static void print_config_errors(const dt_config_errors *errs)
         fprintf(stderr, "dtrain: ... and %d more errors\n", errs->count - shown);
 }
 
+static bool is_ini(const char *path)
+{
+    size_t n = strlen(path);
+    return n >= 4 && !strcasecmp(path + n - 4, ".ini");
+}
+
+/* An executable regular file: what someone used to `torchrun prog` may pass as the job. */
+static bool is_program(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
 /* The default subcommand: parse launcher options and the job, then run the agent. */
 static int cmd_run(int argc, char **argv)
 {
@@ -95,7 +110,21 @@ static int cmd_run(int argc, char **argv)
         code = 0;
         goto out;
     }
+    if (a.start_method)
+        fprintf(stderr, "dtrain: --start-method=%s ignored: dtrain always fork+execs its workers\n",
+                a.start_method);
+    if (a.role)
+        fprintf(stderr, "dtrain: --role=%s accepted; workers keep ROLE_NAME=default (dtrain runs one "
+                        "role)\n",
+                a.role);
     memset(&errs, 0, sizeof errs);
+    if (a.job_path && !is_ini(a.job_path) && is_program(a.job_path)) {
+        fprintf(stderr,
+                "dtrain: %s is a program, not a job file: to run a command, put it after -- "
+                "(dtrain [options] -- %s ...)\n",
+                a.job_path, a.job_path);
+        goto out;
+    }
     if (a.job_path) {
         /* PET_* first, then flags and overrides in command-line order: the last one wins. */
         if (dt_job_load_settings(&job, a.job_path, a.settings, a.n_settings, &errs, &err) != 0) {
@@ -185,6 +214,22 @@ int dt_cmd_main(int argc, char **argv)
             }
         if (!strcmp(argv[1], "run")) /* explicit form of the default */
             return cmd_run(argc - 1, argv + 1);
+        /* "dtrain wroker": a word that is no file but close to a subcommand. */
+        const char *word = argv[1];
+        if (word[0] != '-' && !strchr(word, '.') && !strchr(word, '/') && !strchr(word, '=') &&
+            access(word, F_OK) != 0) {
+            const char *names[DT_ARRAY_LEN(subcommands) + 1];
+            for (size_t i = 0; i < DT_ARRAY_LEN(subcommands); i++)
+                names[i] = subcommands[i].name;
+            names[DT_ARRAY_LEN(subcommands)] = "run";
+            const char *near = dt_nearest(word, names, DT_ARRAY_LEN(names));
+            if (near) {
+                fprintf(stderr, "dtrain: unknown subcommand \"%s\"; did you mean %s? (see dtrain "
+                                "--help)\n",
+                        word, near);
+                return 2;
+            }
+        }
     }
     dt_log_set_role("agent");
     return cmd_run(argc, argv);

@@ -92,6 +92,13 @@ void dt_log_init(void)
     char *dot = strchr(log_host, '.');
     if (dot)
         *dot = '\0';
+    if (env && *env && lvl < 0) {
+        /* Said once per job: the children (workers) inherit the level in effect. */
+        static const char *const names[] = {"debug", "info", "warn", "error", "off"};
+        DT_WARN("DTRAIN_LOG=%.40s is not a log level (debug, info, warn, error or off); using %s",
+                env, names[dt_log_level]);
+        setenv("DTRAIN_LOG", names[dt_log_level], 1);
+    }
 }
 
 void dt_log_set_role(const char *role)

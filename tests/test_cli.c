@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cmd/args.h"
 #include "common/util.h"
@@ -29,7 +30,10 @@ static void test_help_and_version(void)
     DT_CHECK_CONTAINS(out, "usage: dtrain");
     DT_CHECK_CONTAINS(out, "Nodes and workers:");
     DT_CHECK_CONTAINS(out, "Rendezvous:");
-    DT_CHECK_CONTAINS(out, "--nproc-per-node V");
+    DT_CHECK_CONTAINS(out, "--nproc-per-node N|auto|cpu|gpu");
+    DT_CHECK_CONTAINS(out, "--nnodes N|MIN:MAX");
+    DT_CHECK_CONTAINS(out, "--rdzv-endpoint HOST[:PORT]");
+    DT_CHECK(strstr(out, " V ") == NULL); /* every value has a named placeholder */
     DT_CHECK_CONTAINS(out, "[default: 29500]");
     DT_CHECK_CONTAINS(out, "Exit codes:");
     DT_CHECK_INT(run("-h"), 0);
@@ -161,6 +165,70 @@ static void test_rdzv_conf_and_endpoint(void)
     DT_CHECK_CONTAINS(out, "endpoint = node0:29400\n");
 }
 
+/* torchrun's other flags: accepted where they mean nothing here, a clear way out where not. */
+static void test_torchrun_parity(void)
+{
+    DT_CHECK_INT(run("--no-python -- sh -c 'echo ran-$LOCAL_RANK'"), 0);
+    DT_CHECK_CONTAINS(out, "ran-0");
+    DT_CHECK_INT(run("--no_python --run-path --run_path -- true"), 0);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "PET_NO_PYTHON=1 %s -- true", dt_test_dtrain_bin());
+    free(out);
+    DT_CHECK_INT(dt_test_run(cmd, &out, 20), 0);
+    DT_CHECK_INT(run("--start-method=spawn --start_method fork -- true"), 0);
+    DT_CHECK_CONTAINS(out, "--start-method=fork ignored: dtrain always fork+execs");
+    DT_CHECK_INT(run("--start-method=thread -- true"), 2);
+    DT_CHECK_CONTAINS(out, "not one of spawn, fork, forkserver");
+    DT_CHECK_INT(run("--role trainer -- true"), 0);
+    DT_CHECK_CONTAINS(out, "--role=trainer accepted");
+    DT_CHECK_INT(run("-m pkg.train --lr 1"), 2);
+    DT_CHECK_CONTAINS(out, "dtrain runs commands: use -- python3 -m MODULE ...");
+    DT_CHECK_INT(run("--module pkg.train"), 2);
+    DT_CHECK_CONTAINS(out, "--module: dtrain runs commands");
+    DT_CHECK_INT(run("wroker"), 2);
+    DT_CHECK_CONTAINS(out, "unknown subcommand \"wroker\"; did you mean worker?");
+    DT_CHECK_INT(run("stor"), 2);
+    DT_CHECK_CONTAINS(out, "did you mean store?");
+    char prog[1024];
+    snprintf(prog, sizeof prog, "%s/a.sh", dt_test_tmpdir());
+    FILE *f = fopen(prog, "w");
+    DT_REQUIRE(f);
+    fputs("#!/bin/sh\necho hi\n", f);
+    fclose(f);
+    DT_REQUIRE(chmod(prog, 0755) == 0);
+    DT_CHECK_INT(run("%s", prog), 2);
+    DT_CHECK_CONTAINS(out, "is a program, not a job file: to run a command, put it after --");
+}
+
+/* DTRAIN_LOG filters what the binary prints; a wrong level is named once, with the valid ones. */
+static void test_dtrain_log_levels(void)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "DTRAIN_LOG=error %s --nproc-per-node=2 -- true", dt_test_dtrain_bin());
+    free(out);
+    DT_CHECK_INT(dt_test_run(cmd, &out, 20), 0);
+    DT_CHECK(strstr(out, "INFO") == NULL);
+    snprintf(cmd, sizeof cmd, "DTRAIN_LOG=info %s --nproc-per-node=2 -- true", dt_test_dtrain_bin());
+    free(out);
+    DT_CHECK_INT(dt_test_run(cmd, &out, 20), 0);
+    DT_CHECK_CONTAINS(out, "INFO: all workers succeeded");
+    DT_CHECK(strstr(out, "INFO agent.c:") == NULL);
+    /* debug: every line carries its source file:line */
+    snprintf(cmd, sizeof cmd, "DTRAIN_LOG=debug %s -- true", dt_test_dtrain_bin());
+    free(out);
+    DT_CHECK_INT(dt_test_run(cmd, &out, 20), 0);
+    DT_CHECK_CONTAINS(out, "INFO agent.c:");
+    /* workers are `dtrain worker` processes too: the warning still comes once */
+    snprintf(cmd, sizeof cmd, "DTRAIN_LOG=loud %s --nproc-per-node=2 -- %s worker --help",
+             dt_test_dtrain_bin(), dt_test_dtrain_bin());
+    free(out);
+    DT_CHECK_INT(dt_test_run(cmd, &out, 20), 0);
+    DT_CHECK_CONTAINS(out, "DTRAIN_LOG=loud is not a log level (debug, info, warn, error or off); using info");
+    const char *first = strstr(out, "DTRAIN_LOG=loud");
+    DT_CHECK(first && !strstr(first + 1, "DTRAIN_LOG=loud"));
+    DT_CHECK_CONTAINS(out, "INFO: all workers succeeded");
+}
+
 static void test_job_file_errors_exit_2(void)
 {
     char path[1024];
@@ -257,6 +325,8 @@ int main(int argc, char **argv)
         {"cli_spellings_and_precedence", test_spellings_and_precedence, 0},
         {"cli_job_file_errors_exit_2", test_job_file_errors_exit_2, 0},
         {"cli_rdzv_conf_and_endpoint", test_rdzv_conf_and_endpoint, 0},
+        {"cli_torchrun_parity", test_torchrun_parity, 0},
+        {"cli_dtrain_log_levels", test_dtrain_log_levels, 0},
         {"cli_print_config_round_trips", test_print_config_every_shipped_file_round_trips, 0},
         {"cli_subcommand_dispatch", test_subcommand_dispatch, 0},
         {"cli_args_parser_unit", test_args_parser_unit, 0},
