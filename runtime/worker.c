@@ -731,7 +731,7 @@ static void on_stop_signal(int sig)
 {
     if (stop_flag) {
         static const char msg[] = "dtrain worker: already stopping (saving a checkpoint at the "
-                                  "next step boundary); SIGKILL stops at once\n";
+                                  "next step boundary); SIGKILL or Ctrl-\\ stops at once\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1); /* async-signal-safe */
         (void)w;
         return;
