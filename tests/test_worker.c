@@ -360,9 +360,9 @@ static void test_sigterm_stops_at_step_boundary(void)
 }
 
 /* Under Slurm every process of the job gets SIGTERM and the agent forwards it again: the second
- * one must not kill the worker before its checkpoint is on disk. The step is made long (a wide
- * MLP, one thread) so that the second signal lands while the worker is still finishing the step
- * or writing; "already stopping" in its output shows it did. */
+ * one must not kill the worker before its checkpoint is on disk. SIGTERM goes on every 50 ms
+ * until the worker has exited; the step is made long (a wide MLP, one thread), so several land
+ * while it finishes the step or writes ("already stopping" in its output shows they did). */
 static void test_sigterm_twice_still_saves(void)
 {
     const char *od = outdir("sig2");
@@ -372,8 +372,10 @@ static void test_sigterm_twice_still_saves(void)
              "'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu train.steps=100000000 "
              "job.log_every=1 model.hidden=2048,2048 train.batch_size=512 train.threads=1 & "
              "pid=$!; i=0; while [ ! -s '%s/metrics.jsonl' ] && [ $i -lt 600 ]; do sleep 0.1; "
-             "i=$((i+1)); done; kill -TERM $pid; sleep 0.2; kill -TERM $pid; wait $pid; "
-             "echo \"exit=$?\"; }",
+             "i=$((i+1)); done; kill -TERM $pid; for i in $(seq 400); do sleep 0.05; "
+             "st=$(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null); "
+             "if [ -z \"$st\" ] || [ \"$st\" = Z ]; then break; fi; kill -TERM $pid; done; "
+             "wait $pid; echo \"exit=$?\"; }",
              dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), od, od);
     int rc = dt_test_run(cmd, &out, 120);
     DT_CHECK_INT(rc, 0);
