@@ -711,7 +711,7 @@ static void test_survivors_not_pushed_out(void)
 
 /* A node declared lost is no survivor of its round: continued before the real survivors are
  * back, it must not complete their count and close the next round without one of them. Node
- * 1's workers take 3 s to stop, so the frozen node is back first; the round waits for node 1
+ * 1's workers take 5 s to stop, so the frozen node is back first; the round waits for node 1
  * (last call 15 s) and forms with all three (world 3), rather than with two (then a third
  * round to take node 1 back). */
 static void test_lost_node_not_a_survivor(void)
@@ -721,7 +721,7 @@ static void test_lost_node_not_a_survivor(void)
     start_store(&c);
     const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=30,"
                        "last_call_timeout=15,close_timeout=5";
-    const char *slow = "[ $DTRAIN_ROUND -ge 1 ] && exit 0; trap \"sleep 3; exit 0\" TERM; "
+    const char *slow = "[ $DTRAIN_ROUND -ge 1 ] && exit 0; trap \"sleep 5; exit 0\" TERM; "
                        "sleep 60 & wait";
     const char *fast = "[ $DTRAIN_ROUND -ge 1 ] && exit 0; exec sleep 60";
     start_agent(&c, 0, "notsurv", "2:3", 1, conf, NULL, fast);
