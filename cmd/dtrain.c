@@ -158,7 +158,9 @@ static int cmd_run(int argc, char **argv)
         char abs[PATH_MAX];
         if (!realpath(a.job_path, abs))
             dt_strlcpy(abs, a.job_path, sizeof abs);
-        wargv = calloc((size_t)a.n_overrides + 4, sizeof(char *));
+        /* The workers load the same job: the file, then every setting (PET_*, flags and
+         * overrides) in the same order, so their job is the agent's. */
+        wargv = calloc((size_t)a.n_settings + 4, sizeof(char *));
         if (!wargv) {
             code = 1;
             goto out;
@@ -167,8 +169,8 @@ static int cmd_run(int argc, char **argv)
         wargv[k++] = (char *)dt_cmd_self_path();
         wargv[k++] = "worker";
         wargv[k++] = abs;
-        for (int i = 0; i < a.n_overrides; i++)
-            wargv[k++] = a.overrides[i];
+        for (int i = 0; i < a.n_settings; i++)
+            wargv[k++] = (char *)a.settings[i].text;
         spec.argv = wargv;
         spec.builtin_worker = true;
         dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);

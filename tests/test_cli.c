@@ -229,6 +229,23 @@ static void test_dtrain_log_levels(void)
     DT_CHECK_CONTAINS(out, "INFO: all workers succeeded");
 }
 
+/* The workers load the job the agent loaded: flags fixing what the file alone gets wrong reach
+ * them too (here the file's heartbeat_interval needs the flag's longer heartbeat_timeout). */
+static void test_workers_get_the_flags(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/w.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    fprintf(f, "[model]\ntype = mlp\nhidden = 8\n[train]\nsteps = 2\n[rendezvous]\n"
+               "heartbeat_interval = 40\n[job]\noutput_dir = %s/wrun\n",
+            dt_test_tmpdir());
+    fclose(f);
+    DT_CHECK_INT(run("%s", path), 2);
+    DT_CHECK_INT(run("--rdzv-conf=heartbeat_timeout=100 %s", path), 0);
+    DT_CHECK_CONTAINS(out, "all workers succeeded");
+}
+
 static void test_job_file_errors_exit_2(void)
 {
     char path[1024];
@@ -314,7 +331,65 @@ static void test_args_parser_unit(void)
     DT_CHECK_STR(a.job_path, "job.ini");
     DT_CHECK_INT(a.n_overrides, 1);
     DT_CHECK_STR(a.flag_keys[0], "elastic.max_restarts=3");
+    /* settings keep command-line order and name their source */
+    DT_REQUIRE(a.n_settings == 2);
+    DT_CHECK_STR(a.settings[0].text, "elastic.max_restarts=3");
+    DT_CHECK_STR(a.settings[0].source, "--max-restarts");
+    DT_CHECK_STR(a.settings[1].text, "train.lr=1");
+    DT_CHECK(a.settings[1].source == NULL);
     dt_args_free(&a);
+
+    /* every error class: -EINVAL and a message naming the flag (and the spelling, when close) */
+    static const struct {
+        const char *argv[6];
+        const char *want;
+    } bad[] = {
+        {{"--nproc_per_nod=2", "j.ini"}, "unknown option --nproc_per_nod; did you mean --nproc-per-node?"},
+        {{"--zzzzzz", "j.ini"}, "unknown option --zzzzzz (see dtrain --help)"},
+        {{"-x", "j.ini"}, "unknown option -x"},
+        {{"--nnodes"}, "--nnodes needs a value"},
+        {{"--nnodes=0", "j.ini"}, "--nnodes: "},
+        {{"--master-port", "70000", "j.ini"}, "--master-port: 70000 is out of range"},
+        {{"-r", "9", "j.ini"}, "-r/--redirects: "},
+        {{"--rdzv-backend=etcd", "j.ini"}, "--rdzv-backend: \"etcd\" is not one of static|c10d"},
+        {{"--rdzv-endpoint=h:x", "j.ini"}, "--rdzv-endpoint: endpoint \"h:x\""},
+        {{"--rdzv-conf=bogus=1", "j.ini"}, "--rdzv-conf: unknown key \"bogus\""},
+        {{"--standalone=maybe", "j.ini"}, "--standalone takes no value (or true/false)"},
+        {{"--print-config=1", "j.ini"}, "--print-config takes no value"},
+        {{"--start-method=thread", "j.ini"}, "--start-method: \"thread\" is not one of"},
+        {{"-m", "pkg"}, "-m: dtrain runs commands: use -- python3 -m MODULE"},
+        {{"--"}, "nothing after --"},
+        {{"j.ini", "lr=3"}, "overrides are section.key=value"},
+        {{"j.ini", "--", "true"}, "both a job file (j.ini) and a command"},
+        {{NULL}, "no job given"},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(bad); i++) {
+        char *argv[8] = {"dtrain"};
+        int argc = 1;
+        for (int k = 0; k < 6 && bad[i].argv[k]; k++)
+            argv[argc++] = (char *)bad[i].argv[k];
+        dt_err e = {0};
+        int rc = dt_args_parse(&a, argc, argv, &e);
+        DT_CHECK_MSG(rc == -EINVAL, "case %zu (%s): rc %d", i, bad[i].want, rc);
+        DT_CHECK_MSG(strstr(e.msg, bad[i].want) != NULL, "case %zu: \"%s\" does not contain \"%s\"",
+                     i, e.msg, bad[i].want);
+        dt_args_free(&a);
+    }
+    /* a PET_* variable with a bad value names the variable */
+    setenv("PET_NNODES", "x", 1);
+    char *argv5[] = {"dtrain", "j.ini", NULL};
+    DT_CHECK(dt_args_parse(&a, 2, argv5, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "environment PET_NNODES");
+    dt_args_free(&a);
+    unsetenv("PET_NNODES");
+    setenv("PET_MAX_RESTARTS", "4", 1);
+    char *argv6[] = {"dtrain", "j.ini", "--max-restarts=1", NULL};
+    DT_REQUIRE_OK(dt_args_parse(&a, 3, argv6, &err), &err);
+    DT_REQUIRE(a.n_settings == 2); /* PET first: the flag after it wins */
+    DT_CHECK_STR(a.settings[0].source, "environment PET_MAX_RESTARTS");
+    DT_CHECK_STR(a.settings[1].text, "elastic.max_restarts=1");
+    dt_args_free(&a);
+    unsetenv("PET_MAX_RESTARTS");
 }
 
 int main(int argc, char **argv)
@@ -326,6 +401,7 @@ int main(int argc, char **argv)
         {"cli_job_file_errors_exit_2", test_job_file_errors_exit_2, 0},
         {"cli_rdzv_conf_and_endpoint", test_rdzv_conf_and_endpoint, 0},
         {"cli_torchrun_parity", test_torchrun_parity, 0},
+        {"cli_workers_get_the_flags", test_workers_get_the_flags, 0},
         {"cli_dtrain_log_levels", test_dtrain_log_levels, 0},
         {"cli_print_config_round_trips", test_print_config_every_shipped_file_round_trips, 0},
         {"cli_subcommand_dispatch", test_subcommand_dispatch, 0},
