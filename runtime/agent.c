@@ -49,11 +49,14 @@
 
 extern char **environ;
 
-enum wstate { W_NONE, W_RUNNING, W_SUCCEEDED, W_FAILED, W_STOPPED };
+enum wstate { W_NONE, W_RUNNING, W_SUCCEEDED, W_FAILED, W_STOPPED, W_PREEMPTED };
+
+/* The built-in worker's exit code after a stop signal: "checkpoint saved, run me again". */
+#define EXIT_PREEMPTED 75
 
 /* How a round ended, as the monitor saw it. */
 enum outcome { OUT_SUCCEEDED, OUT_FAILED, OUT_REMOTE_FAILED, OUT_REGROUP, OUT_SIGNAL, OUT_ABORTED,
-               OUT_LOST };
+               OUT_LOST, OUT_PREEMPTED };
 
 typedef struct worker {
     int local_rank;
@@ -88,6 +91,8 @@ typedef struct agent {
     int n_running;              /* leaders not yet reaped */
     int n_groups;               /* process groups not yet empty */
     int n_failed, n_succeeded;  /* of the current round, before any stop began */
+    int n_preempted;            /* of the current round: exited 75 after a forwarded USR1/USR2 */
+    int preempt_sig;            /* SIGUSR1/SIGUSR2 forwarded in this round, else 0 */
     bool stopping;              /* a stop is under way: exits are no longer failures */
     int first_signal;           /* the first INT/TERM/HUP/QUIT received (its 128+n is the code) */
     bool kill_now;              /* a second Ctrl-C: SIGKILL without waiting */
@@ -217,7 +222,7 @@ static void reap(agent *a)
 {
     for (;;) {
         int st;
-        pid_t pid = waitpid(-1, &st, WNOHANG);
+        pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED);
         if (pid < 0 && errno == EINTR)
             continue;
         if (pid <= 0)
@@ -232,6 +237,23 @@ static void reap(agent *a)
         worker *w = find_worker(a, pid);
         if (!w || !w->running)
             continue; /* an orphaned grandchild we adopted as subreaper */
+        if (WIFSTOPPED(st) || WIFCONTINUED(st)) {
+            char sn[32];
+            cJSON *f = cJSON_CreateObject();
+            cJSON_AddNumberToObject(f, "rank", w->rank);
+            cJSON_AddNumberToObject(f, "pid", w->pid);
+            if (WIFSTOPPED(st)) {
+                dt_report_signame(WSTOPSIG(st), sn, sizeof sn);
+                DT_WARN("rank %d (local_rank %d, pid %d) was stopped by %s: the job waits until "
+                        "it is continued (kill -CONT %d)",
+                        w->rank, w->local_rank, (int)w->pid, sn, (int)w->pid);
+                cJSON_AddStringToObject(f, "signal", sn);
+            } else {
+                DT_INFO("rank %d (pid %d) continued", w->rank, (int)w->pid);
+            }
+            dt_events_emit(&a->ev, WIFSTOPPED(st) ? "stopped" : "continued", f);
+            continue;
+        }
         w->running = false;
         w->status = st;
         w->t_end = dt_wall_s();
@@ -242,6 +264,9 @@ static void reap(agent *a)
         } else if (ok) {
             w->state = W_SUCCEEDED;
             a->n_succeeded++;
+        } else if (a->preempt_sig && WIFEXITED(st) && WEXITSTATUS(st) == EXIT_PREEMPTED) {
+            w->state = W_PREEMPTED; /* saved its checkpoint after USR1/USR2: a planned stop */
+            a->n_preempted++;
         } else {
             w->state = W_FAILED;
             a->n_failed++;
@@ -252,9 +277,10 @@ static void reap(agent *a)
         cJSON_AddNumberToObject(f, "pid", w->pid);
         cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
         status_fields(f, st);
-        cJSON_AddStringToObject(f, "state", w->state == W_SUCCEEDED ? "succeeded"
-                                            : w->state == W_FAILED  ? "failed"
-                                                                    : "stopped");
+        cJSON_AddStringToObject(f, "state", w->state == W_SUCCEEDED   ? "succeeded"
+                                            : w->state == W_FAILED    ? "failed"
+                                            : w->state == W_PREEMPTED ? "preempted"
+                                                                      : "stopped");
         cJSON_AddNumberToObject(f, "duration_s", (double)(int64_t)((w->t_end - w->t_start) * 1000) / 1000.0);
         dt_events_emit(&a->ev, "exit", f);
         if (w->state == W_FAILED) {
@@ -286,6 +312,7 @@ static void handle_signal(agent *a, int sig)
     cJSON_AddStringToObject(f, "signal", name);
     if (sig == SIGUSR1 || sig == SIGUSR2) {
         DT_INFO("%s received: forwarded to the workers", name);
+        a->preempt_sig = sig; /* workers exiting 75 now saved a checkpoint: not a failure */
         signal_groups(a, sig);
         cJSON_AddStringToObject(f, "action", "forwarded");
         dt_events_emit(&a->ev, "signal", f);
@@ -510,7 +537,8 @@ static int start_workers(agent *a, dt_err *err)
 {
     int rc;
     char attempt_dir[DT_PATH_MAX + 340];
-    a->n_running = a->n_groups = a->n_failed = a->n_succeeded = 0;
+    a->n_running = a->n_groups = a->n_failed = a->n_succeeded = a->n_preempted = 0;
+    a->preempt_sig = 0;
     a->stopping = false;
     if (a->rd.round == a->rd.attempt)
         snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, a->rd.attempt);
@@ -544,6 +572,8 @@ static void stop_workers(agent *a, int sig)
     char name[32];
     dt_report_signame(sig, name, sizeof name);
     signal_groups(a, sig);
+    if (sig != SIGKILL)
+        signal_groups(a, SIGCONT); /* a stopped worker acts on sig only once continued */
     double deadline = dt_now_s() + a->L.stop_grace, hard = 0;
     bool killed = false;
     while (a->n_groups > 0) {
@@ -637,6 +667,8 @@ static enum outcome monitor(agent *a, dt_rdzv_status *st)
             return OUT_SIGNAL;
         if (a->n_failed)
             return OUT_FAILED;
+        if (a->n_preempted && a->n_preempted + a->n_succeeded == a->nproc)
+            return OUT_PREEMPTED;
         if (!reported && a->n_succeeded == a->nproc) {
             dt_err e = {0};
             if (dt_rdzv_succeeded(a->rz, &e)) {
@@ -863,6 +895,33 @@ static void emit_end(agent *a, const char *result, int code)
     dt_events_emit(&a->ev, "end", f);
 }
 
+/* Whether every worker of the round exited 0 or 75 (the built-in worker's "checkpoint saved"),
+ * at least one of them 75: the job was preempted, not failed. */
+static bool all_preempted(const agent *a)
+{
+    int n75 = 0;
+    for (int i = 0; i < a->nproc; i++) {
+        const worker *w = &a->w[i];
+        if (!w->pid || w->running || !WIFEXITED(w->status))
+            return false;
+        if (WEXITSTATUS(w->status) == EXIT_PREEMPTED)
+            n75++;
+        else if (WEXITSTATUS(w->status) != 0)
+            return false;
+    }
+    return n75 > 0;
+}
+
+static int preempted(agent *a, int sig)
+{
+    char name[32];
+    DT_WARN("preempted: workers saved their checkpoints (after %s); run the same command again to "
+            "resume (exit code %d)",
+            dt_report_signame(sig, name, sizeof name), EXIT_PREEMPTED);
+    emit_end(a, "preempted", EXIT_PREEMPTED);
+    return EXIT_PREEMPTED;
+}
+
 /* The exit code when another node ended the job: the same 128+n as the agent that was
  * signalled (the job as a whole was stopped by signal n), or 1 when it ended for another reason
  * (its rendezvous failed). */
@@ -981,14 +1040,27 @@ static int run_rounds(agent *a)
                 DT_DEBUG("abort: %s", ae.msg);
             stop_workers(a, a->first_signal);
             finish_outputs(a);
+            if (a->first_signal == SIGTERM && all_preempted(a))
+                return preempted(a, a->first_signal);
             DT_WARN("stopped by %s", dt_report_signame(a->first_signal, name, sizeof name));
             emit_end(a, "signal", 128 + a->first_signal);
             return 128 + a->first_signal;
+        }
+        case OUT_PREEMPTED: {
+            dt_err ae = {0};
+            if (a->rd.group_world_size > 1 && dt_rdzv_abort(a->rz, a->preempt_sig, &ae))
+                DT_DEBUG("abort: %s", ae.msg);
+            stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
+            finish_outputs(a);
+            return preempted(a, a->preempt_sig);
         }
         case OUT_ABORTED:
             DT_WARN("%s: stopping the workers of this node", st.why);
             stop_workers(a, SIGTERM);
             finish_outputs(a);
+            if ((st.signal == SIGTERM || st.signal == SIGUSR1 || st.signal == SIGUSR2) &&
+                all_preempted(a))
+                return preempted(a, st.signal);
             emit_end(a, "aborted", abort_code(&st));
             return abort_code(&st);
         case OUT_LOST:

@@ -95,6 +95,13 @@ int dt_proc_spawn(const dt_proc_spec *s, pid_t *out, dt_err *err)
             sigaction(reset[i], &dfl, NULL);
         if (!s->keep_hup_ignored)
             sigaction(SIGHUP, &dfl, NULL);
+        /* stdin is /dev/null: a worker in its own process group that read the terminal would
+         * be stopped by SIGTTIN, and the agent would wait for it forever. */
+        int in = open("/dev/null", O_RDONLY);
+        if (in >= 0 && in != STDIN_FILENO) {
+            dup2(in, STDIN_FILENO);
+            close(in);
+        }
         if (s->fd_out >= 0 && s->fd_out != STDOUT_FILENO)
             dup2(s->fd_out, STDOUT_FILENO);
         if (s->fd_err >= 0 && s->fd_err != STDERR_FILENO)

@@ -43,7 +43,8 @@ int dt_proc_resolve(const char *prog, const char *path_env, char *out, size_t ca
  * PR_SET_PDEATHSIG(SIGKILL), exit if the agent is already gone, signal mask cleared, SIGPIPE,
  * SIGINT, SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2 and (unless keep_hup_ignored) SIGHUP back to their
  * defaults (an agent started with & has INT and QUIT ignored; its workers must not inherit that),
- * fd_out/fd_err dup'ed onto 1/2, exec. Returns 0 with *pid set once the exec
+ * stdin from /dev/null (a worker is not in the terminal's foreground group: reading it would
+ * stop the worker with SIGTTIN), fd_out/fd_err dup'ed onto 1/2, exec. Returns 0 with *pid set once the exec
  * succeeded, or a negative errno with err set when fork or exec failed (then no child is left
  * running: a child whose exec failed has exited and been reaped). */
 int dt_proc_spawn(const dt_proc_spec *spec, pid_t *pid, dt_err *err);

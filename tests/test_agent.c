@@ -977,6 +977,69 @@ static void test_nohup_keeps_hup_ignored(void)
     free(out);
 }
 
+/* Workers read /dev/null, not the agent's stdin (a worker reading a terminal from its own
+ * process group would be stopped by SIGTTIN and the agent would wait forever). */
+static void test_worker_stdin_devnull(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 30,
+                  "echo from-the-agents-stdin | %s -- sh -c 'read x; echo \"got[$x]\"; "
+                  "readlink /proc/$$/fd/0'",
+                  BIN);
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "[0]:got[]\n");
+    DT_CHECK_CONTAINS(out, "[0]:/dev/null\n");
+    free(out);
+}
+
+/* A worker stopped by a signal is reported; a stop then continues it so that SIGTERM acts at
+ * once (not after the 1000 s grace). */
+static void test_worker_stopped_warned(void)
+{
+    char cmd[8192], outp[4096];
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    snprintf(cmd, sizeof cmd,
+             "%s --stop-grace 1000 --log-dir %s -- sh -c 'kill -STOP $$; exec sleep 100'", BIN,
+             TMP);
+    pid_t agent = dt_test_spawn(cmd, outp);
+    bool seen = dt_test_wait_text(outp, "was stopped by SIGSTOP", 1, 20);
+    DT_CHECK(seen);
+    kill(agent, SIGTERM);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 30), 128 + SIGTERM);
+    char *out = dt_test_slurp(outp);
+    DT_REQUIRE(out != NULL);
+    DT_CHECK_CONTAINS(out, "kill -CONT");
+    DT_CHECK(!strstr(out, "sending SIGKILL"));
+    free(out);
+}
+
+/* After a forwarded SIGUSR1 (or SIGTERM) workers that exit 75 ("checkpoint saved") are a planned
+ * stop: exit 75, no failure table, no restart spent. */
+static void test_preempted_exit_75(void)
+{
+    static const struct { int sig; const char *name; } cases[] = {{SIGUSR1, "USR1"},
+                                                                  {SIGTERM, "TERM"}};
+    for (size_t i = 0; i < DT_ARRAY_LEN(cases); i++) {
+        char outp[4096], trap[256], path[4096];
+        snprintf(outp, sizeof outp, "%s/agent-%s.out", TMP, cases[i].name);
+        snprintf(trap, sizeof trap, "trap \"echo saving-$RANK; exit 75\" %s", cases[i].name);
+        for (int r = 0; r < 2; r++) {
+            snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
+            unlink(path);
+        }
+        pid_t agent = start_trapping_agent(trap, "--max-restarts 3 --stop-grace 60", outp);
+        kill(agent, cases[i].sig);
+        DT_CHECK_INT(dt_test_wait_exit(agent, 30), 75);
+        char *out = dt_test_slurp(outp);
+        DT_REQUIRE(out != NULL);
+        DT_CHECK_CONTAINS(out, "[1]:saving-1\n");
+        DT_CHECK_CONTAINS(out, "preempted: workers saved their checkpoints");
+        DT_CHECK(!strstr(out, "Root cause") && !strstr(out, "the job failed"));
+        DT_CHECK(!strstr(out, "restarting every worker"));
+        free(out);
+    }
+}
+
 /* The benchmark's own path (start, crash, restart) works end to end; its numbers are not
  * checked here. */
 static void test_bench_launch_smoke(void)
@@ -1022,6 +1085,9 @@ static const dt_test tests[] = {
     {"hup_quit_usr2_forwarded", test_hup_quit_usr2_forwarded, 90},
     {"int_ignored_at_start", test_int_ignored_at_start, 60},
     {"nohup_keeps_hup_ignored", test_nohup_keeps_hup_ignored, 60},
+    {"worker_stdin_devnull", test_worker_stdin_devnull, 30},
+    {"worker_stopped_warned", test_worker_stopped_warned, 60},
+    {"preempted_exit_75", test_preempted_exit_75, 90},
     {"bench_launch_smoke", test_bench_launch_smoke, 60},
 };
 
