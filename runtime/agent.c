@@ -456,7 +456,8 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
     bool shown = dt_out_rank_shown(a->L.local_ranks_filter, w->local_rank);
     for (int k = 0; k < 2; k++) {
         int bit = k + 1;
-        dt_out_plan plan = {.file = ((redir | tee) & bit) != 0,
+        /* A rank the filter hides writes to its files: its crash must leave a trace. */
+        dt_out_plan plan = {.file = ((redir | tee) & bit) != 0 || !shown,
                             .console = shown && (!(redir & bit) || (tee & bit))};
         char path[DT_PATH_MAX + 32];
         snprintf(path, sizeof path, "%s/%s.log", w->dir, k == 0 ? "stdout" : "stderr");
@@ -636,11 +637,16 @@ static int local_failures(agent *a, dt_rdzv_failure **out)
         } else {
             dt_report_describe_status(x->exit_code, x->signal, x->message, sizeof x->message);
             size_t k = strlen(x->message);
-            snprintf(x->message + k, sizeof x->message - k, " (no error file; %s)",
-                     a->spec->builtin_worker
-                         ? "see its output above"
-                         : "a PyTorch script writes one with @record, see "
-                           "https://pytorch.org/docs/stable/elastic/errors.html");
+            int redir = dt_out_mode_for(a->L.redirects, w->local_rank);
+            if (!dt_out_rank_shown(a->L.local_ranks_filter, w->local_rank) || redir == 3)
+                snprintf(x->message + k, sizeof x->message - k,
+                         " (no error file; its output is in %s/stdout.log and stderr.log)", w->dir);
+            else
+                snprintf(x->message + k, sizeof x->message - k, " (no error file; %s)",
+                         a->spec->builtin_worker
+                             ? "see its output above"
+                             : "a PyTorch script writes one with @record, see "
+                               "https://pytorch.org/docs/stable/elastic/errors.html");
         }
     }
     /* Insertion sort by exit time: at most nproc entries. */
@@ -769,6 +775,14 @@ static int choose_log_root(agent *a, dt_err *err)
     return 0;
 }
 
+/* Whether worker output goes to files: --redirects, --tee, or ranks that --local-ranks-filter
+ * hides (their output goes to their files, so that a crash leaves a trace). */
+static bool writes_files(const agent *a)
+{
+    return (a->L.redirects[0] && strcmp(a->L.redirects, "0")) ||
+           (a->L.tee[0] && strcmp(a->L.tee, "0")) || a->L.local_ranks_filter[0];
+}
+
 /* Creates <log_root>/<run id> and opens events.jsonl there (after the first rendezvous, which
  * tells the run id). */
 static int open_run_dir(agent *a, dt_err *err)
@@ -781,14 +795,17 @@ static int open_run_dir(agent *a, dt_err *err)
     if ((rc = dt_mkdir_p(a->run_dir, err)))
         return rc;
     a->ev.node = a->rd.group_rank;
-    if (a->rd.group_rank == 0)
-        snprintf(path, sizeof path, "%s/events.jsonl", a->run_dir);
-    else
-        snprintf(path, sizeof path, "%s/events_node%d.jsonl", a->run_dir, a->rd.group_rank);
+    char name[256];
+    dt_events_filename(name, sizeof name, a->rd.group_rank, a->rd.elastic, a->rd.round,
+                       dt_hostname(), (int)getpid());
+    if (!fmt(path, sizeof path, "%s/%s", a->run_dir, name))
+        return dt_err_set(err, -ENAMETOOLONG, "events file path too long: %s", path);
     if ((rc = dt_events_open(&a->ev, path, err)))
         return rc;
     if (!a->log_tmp)
         DT_INFO("logs and events.jsonl: %s", a->run_dir);
+    else if (writes_files(a)) /* else the user would never learn where the files went */
+        DT_INFO("worker output files and events.jsonl go to %s", a->run_dir);
     return 0;
 }
 
@@ -1108,6 +1125,18 @@ static int run_rounds(agent *a)
     }
 }
 
+/* Whether --nnodes (N or MIN:MAX) allows more than one node, which --standalone cannot give. */
+static bool standalone_conflict(const char *nnodes)
+{
+    const char *colon = strchr(nnodes, ':');
+    int max = 0;
+    if (!*nnodes)
+        return false;
+    if (colon ? dt_parse_int(colon + 1, &max) : dt_parse_int(nnodes, &max))
+        return false; /* not a number: the rendezvous says what is wrong with it */
+    return max > 1;
+}
+
 int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
 {
     int code = 1, rc;
@@ -1128,6 +1157,15 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     }
     if (apply_rdzv_conf(a, &e)) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
+        code = 2;
+        goto out;
+    }
+    if (a->L.standalone && standalone_conflict(a->L.nnodes)) {
+        fprintf(stderr,
+                "dtrain: --standalone runs a job on this one node, but --nnodes=%s asks for more: "
+                "drop --standalone and give every node --master-addr/--master-port (or "
+                "--rdzv-endpoint), or drop --nnodes\n",
+                a->L.nnodes);
         code = 2;
         goto out;
     }
@@ -1193,10 +1231,12 @@ out:
     dt_events_close(&a->ev);
     if (a->log_tmp && !a->run_dir[0])
         rmdir(a->log_root); /* ended before the first round: nothing was written */
-    else if (a->log_tmp && code == 0 && !strcmp(a->L.redirects, "0") && !strcmp(a->L.tee, "0"))
+    else if (a->log_tmp && code == 0 && !writes_files(a))
         dt_rm_rf(a->log_root, NULL);
     else if (a->log_tmp && code != 0)
         DT_INFO("logs kept in %s", a->run_dir);
+    else if (a->log_tmp)
+        DT_INFO("worker output files kept in %s", a->run_dir);
     if (a->guard) {
         reap(a);
         dt_guard_stop(a->guard);

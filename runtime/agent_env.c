@@ -134,6 +134,11 @@ int dt_agent_env_build(dt_envb *b, char *const *base, const dt_worker_env *w, dt
         goto fail;
     if (w->omp_one && (rc = dt_envb_set(b, "OMP_NUM_THREADS", "1", err)))
         goto fail;
+    /* As torchrun's local agent: a PyTorch NCCL collective that fails or hangs ends the process
+     * (the agent then restarts the job) instead of blocking forever. */
+    if (!dt_envb_get(b, "TORCH_NCCL_ASYNC_ERROR_HANDLING") &&
+        (rc = dt_envb_set(b, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", err)))
+        goto fail;
     /* dtrain's own (common/env.c). */
     if (w->store_addr && *w->store_addr) {
         if ((rc = dt_envb_set(b, "DTRAIN_STORE_ADDR", w->store_addr, err)) ||

@@ -41,6 +41,17 @@ static void write_event(dt_events *ev, cJSON *obj)
     free(text);
 }
 
+void dt_events_filename(char *out, size_t cap, int group_rank, bool elastic, int round,
+                        const char *host, int pid)
+{
+    if (group_rank == 0 && (!elastic || round == 0))
+        snprintf(out, cap, "events.jsonl");
+    else if (!elastic)
+        snprintf(out, cap, "events_node%d.jsonl", group_rank);
+    else
+        snprintf(out, cap, "events_node%d_%s_%d.jsonl", group_rank, host, pid);
+}
+
 int dt_events_open(dt_events *ev, const char *path, dt_err *err)
 {
     if (ev->fd >= 0)

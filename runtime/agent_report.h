@@ -23,6 +23,13 @@ typedef struct dt_events {
 } dt_events;
 
 void dt_events_init(dt_events *ev, int node);
+/* The name of an agent's events file in the run directory, unique per agent when several share
+ * a --log-dir: "events.jsonl" for node 0 of a static job and for the group rank 0 of an elastic
+ * job's round 0 (one agent each); "events_node<K>.jsonl" for node K > 0 of a static job (node
+ * ranks are unique); "events_node<K>_<host>_<pid>.jsonl" for any other agent of an elastic job,
+ * whose group rank is given anew every round (K: its rank in its first round). */
+void dt_events_filename(char *out, size_t cap, int group_rank, bool elastic, int round,
+                        const char *host, int pid);
 /* Opens path for appending (creating it) and writes the pending events. */
 int dt_events_open(dt_events *ev, const char *path, dt_err *err);
 /* Emits one event. fields (may be NULL) is taken over: its members are added after "time",

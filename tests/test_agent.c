@@ -128,12 +128,35 @@ static void test_env_build(void)
     DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_ERROR_FILE"), "/x/error.json");
     DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_LOCAL_ADDR"), "10.0.0.2");
     DT_CHECK_STR(dt_envb_get(&b, "DTRAIN_AGENT_PID"), "42");
+    DT_CHECK_STR(dt_envb_get(&b, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1"); /* as torchrun */
     int n = 0;
     for (size_t i = 0; i < b.n; i++)
         n += !strncmp(b.v[i], "RANK=", 5);
     DT_CHECK_INT(n, 1);
     DT_CHECK(b.v[b.n] == NULL);
     dt_envb_free(&b);
+    /* The user's own value wins. */
+    char *mine[] = {"PATH=/bin", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0", NULL};
+    DT_REQUIRE(dt_agent_env_build(&b, mine, &w, NULL) == 0);
+    DT_CHECK_STR(dt_envb_get(&b, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
+    dt_envb_free(&b);
+}
+
+/* Events files do not collide in a shared --log-dir: one name per agent. */
+static void test_events_filename(void)
+{
+    char n[256];
+    dt_events_filename(n, sizeof n, 0, false, 3, "h", 7);
+    DT_CHECK_STR(n, "events.jsonl");
+    dt_events_filename(n, sizeof n, 2, false, 0, "h", 7);
+    DT_CHECK_STR(n, "events_node2.jsonl");
+    dt_events_filename(n, sizeof n, 0, true, 0, "h", 7);
+    DT_CHECK_STR(n, "events.jsonl");
+    /* Elastic: rank 0 of a later round, or rank k, is not unique across the job's life. */
+    dt_events_filename(n, sizeof n, 0, true, 2, "gpu3", 4242);
+    DT_CHECK_STR(n, "events_node0_gpu3_4242.jsonl");
+    dt_events_filename(n, sizeof n, 1, true, 0, "gpu4", 99);
+    DT_CHECK_STR(n, "events_node1_gpu4_99.jsonl");
 }
 
 static void test_nproc_resolution(void)
@@ -645,6 +668,66 @@ static void test_local_ranks_filter(void)
     free(out);
 }
 
+/* --redirects without --log-dir: the files go to a temporary directory the user is told about,
+ * and it is kept. */
+static void test_redirects_tmp_dir_named(void)
+{
+    char *out = NULL, path[8192];
+    int rc = runf(&out, 30, "TMPDIR=%s %s --redirects 3 -- sh -c 'echo out-$RANK'", TMP, BIN);
+    DT_CHECK_INT(rc, 0);
+    const char *m = out ? strstr(out, "worker output files and events.jsonl go to ") : NULL;
+    DT_REQUIRE(m != NULL);
+    m += strlen("worker output files and events.jsonl go to ");
+    const char *nl = strchr(m, '\n');
+    DT_REQUIRE(nl != NULL);
+    snprintf(path, sizeof path, "%.*s/attempt_0/0/stdout.log", (int)(nl - m), m);
+    DT_CHECK(!strncmp(m, TMP, strlen(TMP)));
+    char *f = dt_test_slurp(path);
+    DT_CHECK_MSG(f && !strcmp(f, "out-0\n"), "%s", path);
+    free(f);
+    DT_CHECK_CONTAINS(out, "worker output files kept in ");
+    free(out);
+}
+
+/* --local-ranks-filter hides a rank from the console, not from the record: its output goes to
+ * its files, and the failure table points there. */
+static void test_filtered_rank_to_files(void)
+{
+    char *out = NULL, path[4096];
+    int rc = runf(&out, 30,
+                  "%s --nproc-per-node 2 --local-ranks-filter 0 --rdzv-id lf --log-dir %s -- "
+                  "sh -c 'echo out-$RANK; echo err-$RANK >&2; [ $RANK = 1 ] && exit 3; exit 0'",
+                  BIN, TMP);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK(!strstr(out, "out-1"));
+    DT_CHECK_CONTAINS(out, "[0]:out-0\n");
+    snprintf(path, sizeof path, "its output is in %s/lf/attempt_0/1/stdout.log", TMP);
+    DT_CHECK_CONTAINS(out, path);
+    free(out);
+    snprintf(path, sizeof path, "%s/lf/attempt_0/1/stdout.log", TMP);
+    char *f = dt_test_slurp(path);
+    DT_CHECK(f && !strcmp(f, "out-1\n"));
+    free(f);
+    snprintf(path, sizeof path, "%s/lf/attempt_0/1/stderr.log", TMP);
+    f = dt_test_slurp(path);
+    DT_CHECK(f && !strcmp(f, "err-1\n"));
+    free(f);
+}
+
+/* --standalone is one node: with --nnodes 2 it is a usage error, not a silent one-node job. */
+static void test_standalone_nnodes(void)
+{
+    char *out = NULL;
+    int rc = runf(&out, 30, "%s --standalone --nnodes 2 -- sh -c 'echo ran'", BIN);
+    DT_CHECK_INT(rc, 2);
+    DT_CHECK_CONTAINS(out, "--standalone runs a job on this one node");
+    DT_CHECK(!strstr(out, "ran"));
+    free(out);
+    rc = runf(&out, 30, "%s --standalone --nnodes 1 -- sh -c 'echo ran'", BIN);
+    DT_CHECK_INT(rc, 0);
+    free(out);
+}
+
 static void test_bad_command(void)
 {
     char *out = NULL;
@@ -1055,6 +1138,7 @@ static void test_bench_launch_smoke(void)
 static const dt_test tests[] = {
     {"redirect_specs", test_redirect_specs, 0},
     {"env_build", test_env_build, 0},
+    {"events_filename", test_events_filename, 0},
     {"nproc_resolution", test_nproc_resolution, 0},
     {"output_lines", test_output_lines, 0},
     {"worker_guard", test_worker_guard, 0},
@@ -1073,6 +1157,9 @@ static const dt_test tests[] = {
     {"budget_exhausted", test_budget_exhausted, 60},
     {"redirects_and_tee", test_redirects_and_tee, 0},
     {"local_ranks_filter", test_local_ranks_filter, 0},
+    {"redirects_tmp_dir_named", test_redirects_tmp_dir_named, 30},
+    {"filtered_rank_to_files", test_filtered_rank_to_files, 30},
+    {"standalone_nnodes", test_standalone_nnodes, 30},
     {"bad_command", test_bad_command, 0},
     {"nproc_cpu", test_nproc_cpu, 0},
     {"console_nobody_reads", test_console_nobody_reads, 60},
