@@ -1616,12 +1616,15 @@ out:
 }
 
 /* resume = auto: the newest checkpoint under c->dir that loads, skipping (with a warning)
- * every newer one that does not; with run_id, only checkpoints that run wrote are considered. */
+ * every newer one that does not (partial, corrupt, or another setup's); with run_id, only
+ * checkpoints that run wrote are considered. When none loads and some are another setup's, an
+ * error (-EXDEV) rather than a fresh start among them. */
 static int resume_newest(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool *resumed,
                          char *path_out, size_t size, dt_err *err)
 {
     int64_t *steps = NULL;
-    int n = 0, skipped = 0, rc;
+    int n = 0, skipped = 0, foreign = 0, rc;
+    dt_err first_foreign = {0};
     *resumed = false;
     if ((rc = dt_ckpt_list(c->dir, &steps, &n, err)))
         return rc;
@@ -1653,21 +1656,22 @@ static int resume_newest(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool
                 *err = e;
             return e.code;
         }
-        if (e.code == -EXDEV) {
-            /* Another setup's checkpoint: skipping it would start this job from scratch (or
-             * from an older step) in a directory where its saves would collide with the user's
-             * checkpoints. Stop and say so. */
-            free(steps);
-            return dt_err_set(err, -EXDEV,
-                              "%s; the checkpoints under %s are not this job's: set "
-                              "checkpoint.dir to another directory for this job, or "
-                              "checkpoint.resume = never to start over (checkpoints of another "
-                              "setup are never overwritten or removed)", e.msg, c->dir);
-        }
-        DT_WARN("skipping %s", e.msg);
+        if (e.code == -EXDEV && !foreign++) /* the newest of another setup, for the error */
+            first_foreign = e;
+        DT_WARN("skipping %s%s", e.msg,
+                e.code == -EXDEV ? " (another setup's checkpoint: left as it is)" : "");
         skipped++;
     }
     free(steps);
+    if (foreign)
+        /* Only checkpoints of another setup (and damaged ones): a fresh start here would save
+         * into a directory that holds the user's other checkpoints. Stop and say so. */
+        return dt_err_set(err, -EXDEV,
+                          "%s; %d of the checkpoints under %s are another setup's and none is "
+                          "this job's: set checkpoint.dir to another directory for this job, or "
+                          "checkpoint.resume = never to start over (checkpoints of another setup "
+                          "are never overwritten or removed)",
+                          first_foreign.msg, foreign, c->dir);
     if (skipped)
         DT_WARN("checkpoint: none of the %d checkpoints under %s can be loaded; starting from "
                 "scratch", skipped, c->dir);

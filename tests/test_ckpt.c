@@ -809,15 +809,34 @@ static void test_ckpt_foreign_and_bad_path(void)
     save_step(cs, &small, 5);
     save_step(cg, &big, 10);
 
-    /* The small model does not skip the big model's newer checkpoint (and start over, or from
-     * an older step, in a directory where its saves would collide with the user's): an error
-     * that names the difference and what to do. */
+    /* The big model's newer checkpoint is reported and skipped for the small model's older one
+     * (and left as it is). */
     dt_ckpt_state got;
     dt_ckpt_state_init(&got);
-    bool resumed = true;
+    bool resumed = false;
     char from[4096];
     dt_err err = {0};
+    capture_start();
     int rc = dt_ckpt_resume(cs, "auto", &got, &resumed, from, sizeof from, &err);
+    char *skiplog = capture_end();
+    DT_CHECK_MSG(rc == 0, "%s", err.msg);
+    DT_CHECK(resumed);
+    DT_CHECK_CONTAINS(from, "step_5");
+    DT_CHECK_CONTAINS(skiplog, "written for another model");
+    DT_CHECK_CONTAINS(skiplog, "another setup's checkpoint: left as it is");
+    free(skiplog);
+
+    /* A directory that holds only another setup's checkpoints: not a fresh start among them
+     * (its saves would collide with the user's), an error that names the difference and what
+     * to do. */
+    char dir2[4096];
+    dt_strlcpy(dir2, path_in("fo2"), sizeof dir2);
+    dt_ckpt *cg2 = open_ckpt(&big, dir2, 5, true);
+    save_step(cg2, &big, 10);
+    dt_ckpt_close(cg2);
+    dt_ckpt *cs2 = open_ckpt(&small, dir2, 5, true);
+    resumed = true;
+    rc = dt_ckpt_resume(cs2, "auto", &got, &resumed, from, sizeof from, &err);
     DT_CHECK_INT(rc, -EXDEV);
     DT_CHECK(!resumed);
     DT_CHECK_CONTAINS(err.msg, "step_10");
@@ -825,6 +844,7 @@ static void test_ckpt_foreign_and_bad_path(void)
                                "there, F32 (64, 8) in model here");
     DT_CHECK_CONTAINS(err.msg, "checkpoint.dir");
     DT_CHECK_CONTAINS(err.msg, "checkpoint.resume = never");
+    dt_ckpt_close(cs2);
 
     /* Started over anyway (resume = never): the other model's step is never replaced, and
      * retention neither removes it nor counts it. */
