@@ -8,6 +8,9 @@
  * the single source of keys, types, defaults, ranges and help: the parser, --print-config and the
  * README's key reference (tested against it) all come from it.
  *
+ * A value in double quotes has them removed ("my job" is my job; quotes keep spaces at either
+ * end, and --print-config writes them where needed); a UTF-8 BOM at the start is skipped.
+ *
  * Errors are collected, not stopped at: an unknown section or key (with the nearest valid name),
  * a wrong type, a value out of range, a required key missing; each with file:line.
  */
