@@ -434,10 +434,8 @@ int dt_rdzv_connect_store(dt_store **out, const dt_rdzv_opts *o, const char *hos
         if (o->interrupted && o->interrupted(o->arg))
             return dt_err_set(err, -EINTR, "interrupted while connecting to the store");
         if (dt_now_s() >= deadline)
-            return dt_err_set(err, -ETIMEDOUT,
-                              "cannot reach the rendezvous store at %s:%d within the join timeout "
-                              "(%g s): %s",
-                              host, port, o->join_timeout, e.msg);
+            return dt_err_set(err, -ETIMEDOUT, "%s (tried for the join timeout, %g s)", e.msg,
+                              o->join_timeout);
     }
 }
 

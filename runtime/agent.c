@@ -53,6 +53,7 @@ enum wstate { W_NONE, W_RUNNING, W_SUCCEEDED, W_FAILED, W_STOPPED, W_PREEMPTED }
 
 /* The built-in worker's exit code after a stop signal: "checkpoint saved, run me again". */
 #define EXIT_PREEMPTED 75
+#define EXIT_CONFIG 2 /* the built-in worker's (and dtrain's) configuration error */
 
 /* How a round ended, as the monitor saw it. */
 enum outcome { OUT_SUCCEEDED, OUT_FAILED, OUT_REMOTE_FAILED, OUT_REGROUP, OUT_SIGNAL, OUT_ABORTED,
@@ -942,7 +943,29 @@ static int preempted(agent *a, int sig)
 /* The exit code when another node ended the job: the same 128+n as the agent that was
  * signalled (the job as a whole was stopped by signal n), or 1 when it ended for another reason
  * (its rendezvous failed). */
-static int abort_code(const dt_rdzv_status *st) { return st->signal > 0 ? 128 + st->signal : 1; }
+static int abort_code(const dt_rdzv_status *st)
+{
+    return st->setup_error ? EXIT_CONFIG : st->signal > 0 ? 128 + st->signal : 1;
+}
+
+/* Whether every failed worker is the built-in worker reporting a configuration error (exit 2:
+ * a bad job file, checkpoint.resume path or checkpoint directory), which a restart would only
+ * repeat. */
+static bool config_error(const agent *a)
+{
+    int n = 0;
+    if (!a->spec->builtin_worker)
+        return false;
+    for (int i = 0; i < a->nproc; i++) {
+        const worker *w = &a->w[i];
+        if (w->state != W_FAILED)
+            continue;
+        if (!WIFEXITED(w->status) || WEXITSTATUS(w->status) != EXIT_CONFIG)
+            return false;
+        n++;
+    }
+    return n > 0;
+}
 
 /* Runs rounds until the job ends; returns the exit code. */
 static int run_rounds(agent *a)
@@ -972,6 +995,12 @@ static int run_rounds(agent *a)
             DT_ERROR("%s", e.msg);
             emit_end(a, "aborted", abort_code(&st));
             return abort_code(&st);
+        }
+        if (rc == -EINVAL) { /* the nodes' settings disagree: a restart cannot help */
+            DT_ERROR("%s", e.msg);
+            free(prev);
+            emit_end(a, "setup_error", EXIT_CONFIG);
+            return EXIT_CONFIG;
         }
         if (rc) {
             DT_ERROR("rendezvous failed: %s", e.msg);
@@ -1101,7 +1130,13 @@ static int run_rounds(agent *a)
             dt_events_emit(&a->ev, "regroup", f);
             continue;
         }
-        if (a->rd.attempt >= a->rd.max_restarts) {
+        bool final = a->rd.attempt >= a->rd.max_restarts;
+        bool config = out == OUT_FAILED && a->rd.group_world_size == 1 && !a->rd.elastic &&
+                      config_error(a);
+        if (!final && config)
+            DT_WARN("not restarting: the workers report a configuration error (exit %d), which a "
+                    "restart would repeat", EXIT_CONFIG);
+        if (final || config) {
             dt_rdzv_failure *all = NULL;
             int n = 0;
             dt_err fe = {0};
@@ -1109,8 +1144,8 @@ static int run_rounds(agent *a)
                 DT_WARN("cannot read the job's failures: %s", fe.msg);
             print_table(a, all, n, NULL);
             free(all);
-            emit_end(a, "failed", 1);
-            return 1;
+            emit_end(a, "failed", config ? EXIT_CONFIG : 1);
+            return config ? EXIT_CONFIG : 1;
         }
         dt_err fe = {0};
         prev_attempt = a->rd.attempt;

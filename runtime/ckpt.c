@@ -1290,8 +1290,8 @@ static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, dt_
     cJSON *root = NULL;
     int rc = 0;
     struct stat sb;
-    if (stat(path, &sb) != 0)
-        return dt_err_errno(err, errno, "%s", path);
+    if (stat(path, &sb) != 0) /* callers name the path */
+        return dt_err_errno(err, errno, "cannot read the checkpoint directory");
     if (!S_ISDIR(sb.st_mode))
         return dt_err_set(err, -ENOTDIR, "%s is not a checkpoint directory", path);
     snprintf(p, sizeof p, "%s/state.json", path);
@@ -1705,7 +1705,7 @@ int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resu
                              steps[0]);
                 free(steps);
             }
-            return dt_err_prefix(err, "checkpoint.resume = %s: ", resume);
+            return dt_err_prefix(err, "checkpoint.resume: "); /* the path is in the message */
         }
         if (path_out)
             dt_strlcpy(path_out, resume, size);

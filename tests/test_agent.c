@@ -1098,6 +1098,39 @@ static void test_worker_stopped_warned(void)
 
 /* After a forwarded SIGUSR1 (or SIGTERM) workers that exit 75 ("checkpoint saved") are a planned
  * stop: exit 75, no failure table, no restart spent. */
+/* The built-in worker's configuration error (exit 2: here a checkpoint.resume path that does
+ * not exist) is not restarted: every attempt would fail the same way. A command's exit 2 is
+ * just a failure (restarted as torchrun does). */
+static void test_config_error_not_restarted(void)
+{
+    char job[4096], ev[4096], *out = NULL;
+    snprintf(job, sizeof job, "%s/cfgerr.ini", TMP);
+    FILE *f = fopen(job, "w");
+    DT_REQUIRE(f != NULL);
+    fprintf(f, "[model]\ntype = mlp\n[data]\ntype = synthetic\n[train]\nsteps = 5\n");
+    fclose(f);
+    int rc = runf(&out, 90,
+                  "%s --nproc-per-node 2 --max-restarts 2 --rdzv-id ce --log-dir %s %s "
+                  "job.output_dir=%s/ce-out checkpoint.resume=%s/nonexistent/step_5",
+                  BIN, TMP, job, TMP, TMP);
+    DT_CHECK_INT(rc, 2);
+    DT_CHECK_CONTAINS(out, "not restarting: the workers report a configuration error");
+    DT_CHECK_CONTAINS(out, "nonexistent/step_5: cannot read the checkpoint directory");
+    DT_CHECK(!strstr(out, "restarting every worker"));
+    free(out);
+    snprintf(ev, sizeof ev, "%s/ce/events.jsonl", TMP);
+    char *events = dt_test_slurp(ev);
+    DT_REQUIRE(events != NULL);
+    DT_CHECK_INT(count_of(events, "\"event\":\"start\""), 2);
+    DT_CHECK_CONTAINS(events, "\"result\":\"failed\",\"exit_code\":2");
+    free(events);
+
+    rc = runf(&out, 60, "%s --nproc-per-node 1 --max-restarts 1 -- sh -c 'exit 2'", BIN);
+    DT_CHECK_INT(rc, 1);
+    DT_CHECK_CONTAINS(out, "restarting every worker");
+    free(out);
+}
+
 static void test_preempted_exit_75(void)
 {
     static const struct { int sig; const char *name; } cases[] = {{SIGUSR1, "USR1"},
@@ -1175,6 +1208,7 @@ static const dt_test tests[] = {
     {"worker_stdin_devnull", test_worker_stdin_devnull, 30},
     {"worker_stopped_warned", test_worker_stopped_warned, 60},
     {"preempted_exit_75", test_preempted_exit_75, 90},
+    {"config_error_not_restarted", test_config_error_not_restarted, 120},
     {"bench_launch_smoke", test_bench_launch_smoke, 60},
 };
 

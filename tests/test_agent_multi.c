@@ -476,9 +476,8 @@ static pid_t spawn_node(job *j, int k, int nnodes, const char *opts, const char 
     return j->pid[k];
 }
 
-/* The exit code of a node that ended on a setup error. 2 (a usage error) once the agent maps
- * the rendezvous' -EINVAL / setup_error to it; 1 until then. Never 0, never 128+n. */
-static bool setup_error_code(int code) { return code == 2 || code == 1; }
+/* The exit code of a node that ended on a setup error: 2, as a usage error. */
+static bool setup_error_code(int code) { return code == 2; }
 
 /* Every node ended promptly with a message that names both --nnodes values. */
 static void check_nnodes_mismatch(job *j, const int *codes, int a, int b)

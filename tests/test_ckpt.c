@@ -892,7 +892,8 @@ static void test_ckpt_foreign_and_bad_path(void)
     rc = dt_ckpt_resume(cs, path_in("fo/step_99"), &got, &resumed, NULL, 0, &err);
     DT_CHECK_INT(rc, -ENOENT);
     DT_CHECK(!resumed);
-    DT_CHECK_CONTAINS(err.msg, "checkpoint.resume = ");
+    DT_CHECK_CONTAINS(err.msg, "checkpoint.resume: checkpoint ");
+    DT_CHECK_CONTAINS(err.msg, "fo/step_99: cannot read the checkpoint directory");
     rc = dt_ckpt_resume(cs, dir, &got, &resumed, NULL, 0, &err);
     DT_CHECK(rc != 0);
     DT_CHECK_CONTAINS(err.msg, "is a directory of checkpoints");
