@@ -209,6 +209,35 @@ static int unknown_option(const char *arg, size_t len, dt_err *err)
     return dt_err_set(err, -EINVAL, "unknown option --%s (see dtrain --help)", word);
 }
 
+/* The precedence class of a setting: PET_* environment (0), section.key=value overrides (1),
+ * launcher flags (2). */
+static int setting_class(const dt_setting *s)
+{
+    if (!s->source)
+        return 1;
+    return strncmp(s->source, "environment", 11) == 0 ? 0 : 2;
+}
+
+/* Orders the settings lowest precedence first (stable within a class, so the last of a class
+ * wins): PET_* below overrides below flags (issue #2: the command line, then section.key=value
+ * overrides, then the file, then defaults; PET_* stand in for flags not given). */
+static int order_settings(dt_args *a, dt_err *err)
+{
+    if (a->n_settings < 2)
+        return 0;
+    dt_setting *sorted = malloc(sizeof *sorted * (size_t)a->n_settings);
+    if (!sorted)
+        return dt_err_set(err, -ENOMEM, "out of memory parsing the command line");
+    int k = 0;
+    for (int c = 0; c <= 2; c++)
+        for (int i = 0; i < a->n_settings; i++)
+            if (setting_class(&a->settings[i]) == c)
+                sorted[k++] = a->settings[i];
+    free(a->settings);
+    a->settings = sorted;
+    return 0;
+}
+
 int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
 {
     bool no_python = false;
@@ -362,7 +391,7 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
         return dt_err_set(err, -EINVAL,
                           "no job given: dtrain [options] JOB.ini, or dtrain [options] -- COMMAND "
                           "(see dtrain --help)");
-    return 0;
+    return order_settings(a, err);
 }
 
 void dt_args_free(dt_args *a)

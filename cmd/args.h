@@ -26,8 +26,9 @@ typedef struct dt_args {
     int n_overrides;
     char **flag_keys;       /* section.key=value made from flags and PET_* (owned) */
     int n_flag_keys;
-    dt_setting *settings;   /* every assignment, lowest precedence first: PET_*, then flags and
-                               overrides in command-line order; each names its source (owned
+    dt_setting *settings;   /* every assignment, lowest precedence first: PET_*, then
+                               section.key=value overrides, then flags (each class in command-line
+                               order); each names its source (owned
                                array; text and source point into flag_keys, argv or owned) */
     int n_settings;
     char **owned;           /* source names of settings (owned) */

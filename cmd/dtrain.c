@@ -126,7 +126,7 @@ static int cmd_run(int argc, char **argv)
         goto out;
     }
     if (a.job_path) {
-        /* PET_* first, then flags and overrides in command-line order: the last one wins. */
+        /* PET_* first, then overrides, then flags (dt_args orders them): the last one wins. */
         if (dt_job_load_settings(&job, a.job_path, a.settings, a.n_settings, &errs, &err) != 0) {
             print_config_errors(&errs);
             fprintf(stderr, "dtrain: %s; nothing was started\n", err.msg);

@@ -2,8 +2,8 @@
  *
  * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp]
  * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in
- * config.c, the file, PET_* variables, then launcher flags and `section.key=value` overrides in
- * command-line order (the last one given wins). rendezvous.conf entries take effect where the
+ * config.c, the file, PET_* variables, `section.key=value` overrides, then launcher flags (the
+ * order of dt_setting arrays; among settings of one kind the last one given wins). rendezvous.conf entries take effect where the
  * conf itself is set (a later explicit key beats them; they beat earlier ones). That table is
  * the single source of keys, types, defaults, ranges and help: the parser, --print-config and the
  * README's key reference (tested against it) all come from it.

@@ -81,12 +81,12 @@ static void test_bad_flags_exit_2_with_suggestion(void)
 
 static void test_spellings_and_precedence(void)
 {
-    /* dashes, underscores, = and space forms, short forms; flags and overrides beat the file and
-     * among themselves the last one given wins. */
+    /* dashes, underscores, = and space forms, short forms; overrides beat the file, flags beat
+     * overrides wherever they are given (issue #2's precedence). */
     DT_REQUIRE(run("--print-config --nproc_per_node 3 --max-restarts=2 -r 1 --tee=0:3,1:1 "
                    "configs/quickstart.ini elastic.max_restarts=5 train.lr=0.01") == 0);
     DT_CHECK_CONTAINS(out, "nproc_per_node = 3\n");
-    DT_CHECK_CONTAINS(out, "max_restarts = 5\n");
+    DT_CHECK_CONTAINS(out, "max_restarts = 2\n");
     DT_CHECK_CONTAINS(out, "redirects = 1\n");
     DT_CHECK_CONTAINS(out, "tee = 0:3,1:1\n");
     DT_CHECK_CONTAINS(out, "lr = 0.01\n");
@@ -331,12 +331,12 @@ static void test_args_parser_unit(void)
     DT_CHECK_STR(a.job_path, "job.ini");
     DT_CHECK_INT(a.n_overrides, 1);
     DT_CHECK_STR(a.flag_keys[0], "elastic.max_restarts=3");
-    /* settings keep command-line order and name their source */
+    /* settings come lowest precedence first (overrides, then flags) and name their source */
     DT_REQUIRE(a.n_settings == 2);
-    DT_CHECK_STR(a.settings[0].text, "elastic.max_restarts=3");
-    DT_CHECK_STR(a.settings[0].source, "--max-restarts");
-    DT_CHECK_STR(a.settings[1].text, "train.lr=1");
-    DT_CHECK(a.settings[1].source == NULL);
+    DT_CHECK_STR(a.settings[0].text, "train.lr=1");
+    DT_CHECK(a.settings[0].source == NULL);
+    DT_CHECK_STR(a.settings[1].text, "elastic.max_restarts=3");
+    DT_CHECK_STR(a.settings[1].source, "--max-restarts");
     dt_args_free(&a);
 
     /* every error class: -EINVAL and a message naming the flag (and the spelling, when close) */
