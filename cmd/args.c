@@ -45,7 +45,7 @@ static const opt opts[] = {
     {"run-path", 0, NULL, false, G_OTHER, "torchrun's; accepted: a PROGRAM.py runs as python3 PROGRAM.py", NULL},
     {"start-method", 0, NULL, true, G_OTHER,
      "torchrun's; accepted and ignored: dtrain always fork+execs its workers", "spawn|fork|forkserver"},
-    {"role", 0, NULL, true, G_OTHER, "torchrun's; accepted, workers keep ROLE_NAME=default", "NAME"},
+    {"role", 0, "elastic.role", true, G_NODES, NULL, "NAME"},
     {"module", 'm', NULL, false, G_OTHER, "torchrun's; dtrain runs commands: -- python3 -m MODULE", NULL},
     {"help", 'h', NULL, false, G_OTHER, "this help", NULL},
     {"help-env", 0, NULL, false, G_OTHER, "list the DTRAIN_* environment variables", NULL},
@@ -340,8 +340,6 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
                                           "forkserver",
                                           value);
                     a->start_method = value;
-                } else if (!strcmp(o->name, "role")) {
-                    a->role = value;
                 }
                 continue;
             }

@@ -37,7 +37,6 @@ typedef struct dt_args {
                                strings), or NULL in job-file mode */
     int n_command;
     const char *start_method; /* --start-method (torchrun's; accepted, ignored), or NULL */
-    const char *role;       /* --role (torchrun's; accepted, not applied), or NULL */
     bool print_config;
     bool help;
     bool help_env;

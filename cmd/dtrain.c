@@ -113,10 +113,6 @@ static int cmd_run(int argc, char **argv)
     if (a.start_method)
         fprintf(stderr, "dtrain: --start-method=%s ignored: dtrain always fork+execs its workers\n",
                 a.start_method);
-    if (a.role)
-        fprintf(stderr, "dtrain: --role=%s accepted; workers keep ROLE_NAME=default (dtrain runs one "
-                        "role)\n",
-                a.role);
     memset(&errs, 0, sizeof errs);
     if (a.job_path && !is_ini(a.job_path) && is_program(a.job_path)) {
         fprintf(stderr,

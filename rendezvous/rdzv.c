@@ -419,8 +419,11 @@ int dt_rdzv_connect_store(dt_store **out, const dt_rdzv_opts *o, const char *hos
     double deadline = dt_now_s() + o->join_timeout;
     dt_store_opts so;
     dt_store_opts_default(&so);
-    /* Calls fail over to "the store is gone" after about a heartbeat timeout. */
+    /* Calls fail over to "the store is gone" after about a heartbeat timeout, or read_timeout
+     * when that is shorter. */
     double t = o->heartbeat_timeout;
+    if (o->read_timeout > 0 && o->read_timeout < t)
+        t = o->read_timeout;
     so.timeout_ms = (int)(1000 * (t < 1 ? 1 : t > 30 ? 30 : t));
     for (;;) {
         double left = deadline - dt_now_s();

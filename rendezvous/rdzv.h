@@ -65,6 +65,8 @@ typedef struct dt_rdzv_opts {
     double heartbeat_interval;     /* s between heartbeats */
     double heartbeat_timeout;      /* s without a heartbeat before a node is declared lost */
     double last_call_timeout;      /* s (c10d): how long a round stays open after MIN joined */
+    double read_timeout;           /* s: the most a store call waits for its answer (torchrun's
+                                      read_timeout; also at most heartbeat_timeout); 0 = no cap */
     bool is_host;                  /* c10d: host the store here even if the endpoint host is not
                                       an address of this machine (false = decide by address) */
     /* Called between bounded waits of dt_rdzv_open and dt_rdzv_next (about every 100 ms); when

@@ -476,6 +476,7 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
         .restart_count = a->rd.attempt,
         .max_restarts = a->rd.max_restarts,
         .run_id = a->rd.run_id,
+        .role = a->L.role,
         .master_addr = a->rd.master_addr,
         .master_port = a->rd.master_port,
         .store_addr = a->rd.store_addr,
@@ -867,6 +868,7 @@ static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
     o->heartbeat_interval = L->heartbeat_interval;
     o->heartbeat_timeout = L->heartbeat_timeout;
     o->last_call_timeout = L->last_call_timeout;
+    o->read_timeout = L->read_timeout;
     o->is_host = L->is_host;
     o->interrupted = rdzv_interrupted;
     o->arg = a;

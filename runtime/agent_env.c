@@ -123,7 +123,7 @@ int dt_agent_env_build(dt_envb *b, char *const *base, const dt_worker_env *w, dt
         (rc = dt_envb_setf(b, err, "GROUP_WORLD_SIZE", "%d", w->group_world_size)) ||
         (rc = dt_envb_setf(b, err, "ROLE_RANK", "%d", w->rank)) ||
         (rc = dt_envb_setf(b, err, "ROLE_WORLD_SIZE", "%d", w->world_size)) ||
-        (rc = dt_envb_set(b, "ROLE_NAME", "default", err)) ||
+        (rc = dt_envb_set(b, "ROLE_NAME", w->role && w->role[0] ? w->role : "default", err)) ||
         (rc = dt_envb_set(b, "MASTER_ADDR", w->master_addr ? w->master_addr : "127.0.0.1", err)) ||
         (rc = dt_envb_setf(b, err, "MASTER_PORT", "%d", w->master_port)) ||
         (rc = dt_envb_setf(b, err, "TORCHELASTIC_RESTART_COUNT", "%d", w->restart_count)) ||

@@ -41,6 +41,7 @@ typedef struct dt_worker_env {
     int restart_count;     /* TORCHELASTIC_RESTART_COUNT, DTRAIN_ATTEMPT */
     int max_restarts;      /* TORCHELASTIC_MAX_RESTARTS */
     const char *run_id;    /* TORCHELASTIC_RUN_ID, DTRAIN_RUN_ID */
+    const char *role;        /* ROLE_NAME (NULL = "default") */
     const char *master_addr; /* MASTER_ADDR */
     int master_port;         /* MASTER_PORT */
     const char *store_addr;  /* DTRAIN_STORE_ADDR ("" or NULL = no store: left unset) */

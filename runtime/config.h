@@ -44,6 +44,7 @@ typedef struct dt_launch {
     char rdzv_backend[DT_STR_SMALL];   /* static or c10d */
     char rdzv_endpoint[DT_STR_MID];    /* HOST[:PORT] */
     char rdzv_id[DT_STR_MID];          /* run id */
+    char role[DT_STR_SMALL];           /* ROLE_NAME of the workers (torchrun's --role) */
     char rdzv_conf[DT_STR_MID];        /* always "" once loaded: a conf "k=v,..." is folded into
                                           the typed keys below where it is set */
     double join_timeout, last_call_timeout, close_timeout;

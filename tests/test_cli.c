@@ -179,8 +179,8 @@ static void test_torchrun_parity(void)
     DT_CHECK_CONTAINS(out, "--start-method=fork ignored: dtrain always fork+execs");
     DT_CHECK_INT(run("--start-method=thread -- true"), 2);
     DT_CHECK_CONTAINS(out, "not one of spawn, fork, forkserver");
-    DT_CHECK_INT(run("--role trainer -- true"), 0);
-    DT_CHECK_CONTAINS(out, "--role=trainer accepted");
+    DT_CHECK_INT(run("--role trainer -- sh -c 'test \"$ROLE_NAME\" = trainer'"), 0);
+    DT_CHECK_INT(run("--role trainer -- sh -c 'test \"$ROLE_NAME\" = default'"), 1);
     DT_CHECK_INT(run("-m pkg.train --lr 1"), 2);
     DT_CHECK_CONTAINS(out, "dtrain runs commands: use -- python3 -m MODULE ...");
     DT_CHECK_INT(run("--module pkg.train"), 2);
