@@ -337,6 +337,31 @@ static void unlink_handle(cpu_comm *c, dt_comm_work *w)
     }
 }
 
+/* Runs w on the calling thread, with c->mu held on entry and on return: the comm thread stays
+ * out of the way (busy) and picks up queued work again afterwards. */
+static void run_here(cpu_comm *c, dt_comm_work *w)
+{
+    w->state = 1;
+    c->busy = true;
+    pthread_mutex_unlock(&c->mu);
+    execute(c, w, false);
+    pthread_mutex_lock(&c->mu);
+    c->busy = false;
+    w->state = 2;
+    pthread_cond_signal(&c->work_cv);    /* another thread may have queued meanwhile */
+    pthread_cond_broadcast(&c->done_cv); /* another waiter's work may be next */
+}
+
+/* w's result, then w freed. */
+static int reap(dt_comm_work *w, dt_err *err)
+{
+    int rc = w->rc;
+    if (rc && err)
+        *err = w->err;
+    free(w);
+    return rc;
+}
+
 static int cpu_wait(void *self, dt_comm_work *w, dt_err *err)
 {
     cpu_comm *c = self;
@@ -351,15 +376,7 @@ static int cpu_wait(void *self, dt_comm_work *w, dt_err *err)
             c->head = w->next;
             if (!c->head)
                 c->tail = NULL;
-            w->state = 1;
-            c->busy = true;
-            pthread_mutex_unlock(&c->mu);
-            execute(c, w, false);
-            pthread_mutex_lock(&c->mu);
-            c->busy = false;
-            w->state = 2;
-            pthread_cond_signal(&c->work_cv);
-            pthread_cond_broadcast(&c->done_cv); /* another waiter's work may be next */
+            run_here(c, w);
             break;
         }
         pthread_cond_wait(&c->done_cv, &c->mu);
@@ -367,11 +384,7 @@ static int cpu_wait(void *self, dt_comm_work *w, dt_err *err)
     atomic_fetch_sub(&c->waiters, 1);
     unlink_handle(c, w);
     pthread_mutex_unlock(&c->mu);
-    int rc = w->rc;
-    if (rc && err)
-        *err = w->err;
-    free(w);
-    return rc;
+    return reap(w, err);
 }
 
 /* Queues w (or runs it here when it is blocking and nothing is queued or running). */
@@ -380,19 +393,9 @@ static int submit(cpu_comm *c, dt_comm_work *w, dt_comm_work **work, dt_err *err
     pthread_mutex_lock(&c->mu);
     w->desc.seq = ++c->seq;
     if (!work && !c->busy && !c->head) {
-        c->busy = true;
-        w->state = 1;
+        run_here(c, w);
         pthread_mutex_unlock(&c->mu);
-        execute(c, w, false);
-        pthread_mutex_lock(&c->mu);
-        c->busy = false;
-        pthread_cond_signal(&c->work_cv); /* another thread may have queued meanwhile */
-        pthread_mutex_unlock(&c->mu);
-        int rc = w->rc;
-        if (rc && err)
-            *err = w->err;
-        free(w);
-        return rc;
+        return reap(w, err);
     }
     if (c->tail)
         c->tail->next = w;
