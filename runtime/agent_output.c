@@ -203,6 +203,9 @@ static void con_put(int fd, const char *p, size_t n, bool worker)
     /* Full: wait a little for the reader (bounded), as the end of a round may queue the rest of
      * every pipe at once. */
     while (c->len + n > DT_OUT_CONSOLE_CAP && !c->gone) {
+        con_flush(fd); /* first: the reader may have taken bytes while this agent was busy */
+        if (c->len + n <= DT_OUT_CONSOLE_CAP)
+            break;
         double waited = mono_s() - c->progress_at;
         if (waited >= DT_OUT_CONSOLE_STALL_S)
             break;
@@ -210,7 +213,6 @@ static void con_put(int fd, const char *p, size_t n, bool worker)
         int ms = (int)((DT_OUT_CONSOLE_STALL_S - waited) * 1000) + 1;
         if (poll(&pf, 1, ms > 100 ? 100 : ms) < 0 && errno != EINTR)
             break;
-        con_flush(fd);
     }
     if (c->gone)
         return;
