@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -115,14 +116,39 @@ static char console_tag[3];
  * directly: the console buffer is the agent thread's alone. */
 static pid_t agent_tid;
 
+/* Log lines of other threads (the store server's), queued for the agent's thread: written
+ * straight to the console they could land in the middle of a worker line that is only partly
+ * out. Bounded: lines that do not fit are dropped. */
+static pthread_mutex_t side_mu = PTHREAD_MUTEX_INITIALIZER;
+static char side_buf[64 * 1024];
+static size_t side_len;
+
+/* On the agent's thread: the queued lines of other threads to the console. */
+static void drain_side_logs(void)
+{
+    char copy[sizeof side_buf];
+    pthread_mutex_lock(&side_mu);
+    size_t n = side_len;
+    memcpy(copy, side_buf, n);
+    side_len = 0;
+    pthread_mutex_unlock(&side_mu);
+    if (n)
+        dt_out_console_write(STDERR_FILENO, copy, n);
+}
+
 static void agent_log_sink(const char *line, size_t len)
 {
     if (gettid() == agent_tid) {
+        drain_side_logs();
         dt_out_console_write(STDERR_FILENO, line, len);
         return;
     }
-    ssize_t w = write(STDERR_FILENO, line, len); /* non-blocking: dropped when the console is full */
-    (void)w;
+    pthread_mutex_lock(&side_mu);
+    if (side_len + len <= sizeof side_buf) {
+        memcpy(side_buf + side_len, line, len);
+        side_len += len;
+    }
+    pthread_mutex_unlock(&side_mu);
 }
 
 /* snprintf for paths and messages: false (and a cut string) when it did not fit. Through
@@ -368,7 +394,10 @@ static void watch_outputs(agent *a, bool on)
  * longest the next wait may last in ms (-1: no limit). */
 static int sync_console(agent *a)
 {
+    drain_side_logs();
     int ms = dt_out_console_tick();
+    if (ms < 0 || ms > 200)
+        ms = 200; /* other threads' log lines wait at most this long (drain_side_logs) */
     for (int fd = 1; fd <= 2; fd++) {
         bool want = dt_out_console_pending(fd);
         if (want == a->con_watched[fd])
@@ -1278,6 +1307,7 @@ out:
         reap(a);
         dt_guard_stop(a->guard);
     }
+    drain_side_logs();
     dt_log_set_sink(NULL);
     dt_out_console_close(5.0);
     signals_restore(a);
