@@ -150,12 +150,6 @@ static size_t count_wrong(const void *buf, dt_dtype t, size_t n, int world, dt_r
     return bad;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* us_out, busbw_out: from the mean iteration time; med_us_out: median time and its busbw. */
 static int one_size(dt_comm *c, const bench_opts *o, size_t bytes, char *buf, double memcpy_bw,
                     double *us_out, double *busbw_out, double *med_us_out)
@@ -208,7 +202,7 @@ static int one_size(dt_comm *c, const bench_opts *o, size_t bytes, char *buf, do
         goto fail;
     }
     float t[2] = {(float)((dt_now_s() - t0) / n_it), 0};
-    qsort(each, (size_t)n_it, sizeof *each, cmp_double);
+    qsort(each, (size_t)n_it, sizeof *each, dt_cmp_double);
     t[1] = (float)each[n_it / 2];
     free(each);
     /* The slowest rank's time is the collective's time. */

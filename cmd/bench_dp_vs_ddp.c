@@ -75,12 +75,6 @@ static void usage(FILE *out)
             "(default 5)\n");
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double cpu_now(void)
 {
     struct rusage ru;
@@ -589,7 +583,7 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
             lo_r = DT_MIN(lo_r, ratio[rep]);
             hi_r = DT_MAX(hi_r, ratio[rep]);
         }
-        qsort(ratio, (size_t)nr, sizeof *ratio, cmp_double);
+        qsort(ratio, (size_t)nr, sizeof *ratio, dt_cmp_double);
         printf("#\n# DDP / DP throughput: %.2fx (median of the rounds' ratios; %.2f..%.2f), DDP "
                "faster in %d of %d rounds; memory spread DP %.1f MiB, DDP %.1f MiB\n",
                ratio[nr / 2], lo_r, hi_r, wins, nr, spread[DP] / (1024.0 * 1024.0),

@@ -59,12 +59,6 @@ typedef struct run_result {
     double start_s, restart_s;
 } run_result;
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Reads announcements until `want` lines of `attempt` arrived (or timeout). Returns 0 and, for
  * attempt 0, the pid of the highest rank in *victim. */
 static int collect(int fd, char *buf, size_t *have, size_t cap, int attempt, int want,
@@ -241,8 +235,8 @@ int dt_bench_launch(int argc, char **argv)
             printf("%6d  %24s  %24s\n", n, "failed", "failed");
             code = 1;
         } else {
-            qsort(st, (size_t)ok, sizeof *st, cmp_double);
-            qsort(rs, (size_t)ok, sizeof *rs, cmp_double);
+            qsort(st, (size_t)ok, sizeof *st, dt_cmp_double);
+            qsort(rs, (size_t)ok, sizeof *rs, dt_cmp_double);
             char a[64], b[64];
             snprintf(a, sizeof a, "%.1f (%.1f-%.1f)", st[ok / 2], st[0], st[ok - 1]);
             snprintf(b, sizeof b, "%.1f (%.1f-%.1f)", rs[ok / 2], rs[0], rs[ok - 1]);

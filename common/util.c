@@ -362,3 +362,9 @@ const char *dt_hostname(void)
     }
     return host;
 }
+
+int dt_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}

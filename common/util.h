@@ -16,6 +16,7 @@
 
 /* ---- clocks ---- */
 uint64_t dt_now_ns(void);        /* CLOCK_MONOTONIC in nanoseconds */
+int dt_cmp_double(const void *a, const void *b); /* qsort comparator: doubles, ascending */
 double dt_now_s(void);           /* CLOCK_MONOTONIC in seconds */
 double dt_wall_s(void);          /* CLOCK_REALTIME in seconds (for logs and events) */
 void dt_sleep_ms(int ms);        /* sleeps the whole time, EINTR retried */
