@@ -58,8 +58,10 @@
  *    DT_PROTO_ETIMEDOUT when a key is missing); < 0 wait without limit. Waiters are woken by
  *    SET, ADD, APPEND, CAS (when it swaps) and MULTI_SET. ADD stores the value as decimal text
  *    and fails with DT_PROTO_EINVAL when the existing value is not an int64 or would overflow.
- *    CAS: when the key is absent and expected is empty, or the value equals expected, the value
- *    becomes desired; the reply value is the value after the operation (empty when absent).
+ *    CAS (torch's TCPStore compareSet): when the key is absent and expected is empty, or the
+ *    value equals expected, the value becomes desired, num = 1 and the reply value is desired.
+ *    Otherwise nothing changes, num = 0, and the reply value is the current value, or, when the
+ *    key is absent (expected then non-empty), expected itself (as torch answers).
  *
  * 4. Limits (server settings; dt_store_server_opts): key size, value size, keys per request,
  *    total stored bytes, connections, buffered reply bytes. A frame whose len exceeds

@@ -59,15 +59,25 @@ int dt_store_get(dt_store *s, const char *key, void **val, size_t *len, int time
  * *result (may be NULL) gets the new value. Wakes waiters. */
 int dt_store_add(dt_store *s, const char *key, int64_t delta, int64_t *result, dt_err *err);
 
-/* Compare-and-set, torch semantics: if key is absent and expected_len == 0, or if its value
- * equals expected, the value becomes desired. *current (malloc'd, may be NULL to ignore) gets
- * the value after the operation: desired on success, the unchanged value otherwise. */
+/* Compare-and-set with the semantics of torch's TCPStore.compare_set:
+ *   key absent,  expected_len == 0:  the key is created with desired; *current = desired.
+ *   key absent,  expected_len >  0:  nothing is set; *current = expected (torch echoes the
+ *                                    expected value back; the key stays absent).
+ *   key present, value == expected:  the value becomes desired; *current = desired.
+ *   key present, value != expected:  nothing changes; *current = the value.
+ * (A present empty value equals an empty expected.) *current (malloc'd, NUL-terminated after
+ * *current_len bytes; may be NULL to ignore) is the value after the operation, except in the
+ * absent case above. So "*current == desired" means "desired is there now" (this call or an
+ * earlier one put it; retries are safe) unless expected == desired; use dt_store_cas_swapped to
+ * know whether this very call swapped. */
 int dt_store_cas(dt_store *s, const char *key, const void *expected, size_t expected_len,
                  const void *desired, size_t desired_len, void **current, size_t *current_len,
                  dt_err *err);
 
 /* dt_store_cas that also says whether this call swapped: *swapped (may be NULL) = 1 when it
- * replaced the value, 0 when it did not (current != expected). Unlike dt_store_cas, it is never
+ * created or replaced the value, 0 when it did not: then either the key holds a value other
+ * than expected (*current = that value), or the key is absent and expected was non-empty
+ * (*current = expected; so *swapped == 0 with *current == expected means "absent"). Unlike dt_store_cas, it is never
  * resent once the whole request went out on a connection that then failed (a resent CAS that
  * had been applied would report 0): that is -ECONNRESET, "may or may not have been applied".
  * (Added after the first release.) */

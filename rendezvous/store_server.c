@@ -815,8 +815,14 @@ static void op_cas(conn *c, const dt_proto_msg *m)
     int match = present ? (e->vlen == exp.len && (!exp.len || !memcmp(e->val, exp.p, exp.len)))
                         : exp.len == 0;
     if (!match) {
+        /* torch's TCPStore answers an absent key with a non-empty expected value by echoing
+         * expected back (and sets nothing); do the same, so that code ported from
+         * store.compare_set sees what it saw there. */
         size_t st = dt_proto_begin(&c->out, DT_PROTO_OK, m->id, 0, 0, 1);
-        dt_proto_put_item(&c->out, present ? e->val : NULL, present ? e->vlen : 0);
+        if (present)
+            dt_proto_put_item(&c->out, e->val, e->vlen);
+        else
+            dt_proto_put_item(&c->out, exp.p, exp.len);
         dt_proto_end(&c->out, st);
         return;
     }

@@ -380,7 +380,7 @@ static void test_ops(void)
     DT_CHECK(n == 3 && !memcmp(v, "two", 3));
     free(v);
     DT_REQUIRE_OK(dt_store_cas(s, "absent", "x", 1, "y", 1, &v, &n, err), err);
-    DT_CHECK_INT(n, 0); /* absent and expected non-empty: no swap, empty current */
+    DT_CHECK(n == 1 && !memcmp(v, "x", 1)); /* absent, expected non-empty: expected echoed */
     free(v);
     DT_REQUIRE_OK(dt_store_cas(s, "c", "two", 3, "three", 5, NULL, NULL, err), err);
     /* cas that says whether it swapped (the same value twice: only the first one swaps) */
@@ -849,6 +849,74 @@ static void test_standalone(void)
     DT_CHECK_INT(dt_test_run(cmd, &out, 10), 2);
     DT_CHECK_CONTAINS(out, "--port");
     free(out);
+}
+
+/* compare_set exactly as torch's TCPStore answers it (TCPStoreBackend compareSetHandler), case
+ * by case, with what each case leaves in the store. */
+static void test_cas_torch(void)
+{
+    dt_store_server *srv = start_server(NULL);
+    dt_store *s = connect_to(srv, NULL);
+    dt_err err_ = {0}, *err = &err_;
+    void *v = NULL;
+    size_t n = 0;
+    int sw = -1, del = -1;
+    int64_t nk = -1;
+
+    /* Absent, expected non-empty: nothing is set, expected comes back (not ""). */
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "k", "old", 3, "new", 3, &sw, &v, &n, err), err);
+    DT_CHECK_INT(sw, 0);
+    DT_CHECK_INT(n, 3);
+    DT_CHECK(v && n == 3 && !memcmp(v, "old", 3));
+    DT_CHECK(v && ((char *)v)[n] == '\0');
+    free(v);
+    v = NULL;
+    DT_CHECK_INT(dt_store_get(s, "k", &v, &n, 0, err), -ENOENT); /* still absent */
+    DT_REQUIRE_OK(dt_store_num_keys(s, &nk, err), err);
+    DT_CHECK_INT(nk, 0);
+    /* The same through dt_store_cas, with expected == desired: torch says "x" too. */
+    DT_REQUIRE_OK(dt_store_cas(s, "k", "x", 1, "x", 1, &v, &n, err), err);
+    DT_CHECK(n == 1 && !memcmp(v, "x", 1));
+    free(v);
+    DT_CHECK_INT(dt_store_get(s, "k", &v, &n, 0, err), -ENOENT);
+
+    /* Absent, expected empty: created with desired, desired comes back. */
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "k", "", 0, "v1", 2, &sw, &v, &n, err), err);
+    DT_CHECK_INT(sw, 1);
+    DT_CHECK(n == 2 && !memcmp(v, "v1", 2));
+    free(v);
+    /* Present, expected matches: swapped, new value comes back. */
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "k", "v1", 2, "v2", 2, &sw, &v, &n, err), err);
+    DT_CHECK_INT(sw, 1);
+    DT_CHECK(n == 2 && !memcmp(v, "v2", 2));
+    free(v);
+    /* Present, expected differs (empty or not): unchanged, current value comes back. */
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "k", "v1", 2, "v3", 2, &sw, &v, &n, err), err);
+    DT_CHECK_INT(sw, 0);
+    DT_CHECK(n == 2 && !memcmp(v, "v2", 2));
+    free(v);
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "k", "", 0, "v3", 2, &sw, &v, &n, err), err);
+    DT_CHECK_INT(sw, 0);
+    DT_CHECK(n == 2 && !memcmp(v, "v2", 2));
+    free(v);
+    /* Present with an empty value: an empty expected matches it. */
+    DT_REQUIRE_OK(dt_store_set(s, "e", "", 0, err), err);
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "e", "", 0, "full", 4, &sw, &v, &n, err), err);
+    DT_CHECK_INT(sw, 1);
+    DT_CHECK(n == 4 && !memcmp(v, "full", 4));
+    free(v);
+    /* After a delete the key is absent again: a stale expected is echoed, nothing is set. */
+    DT_REQUIRE_OK(dt_store_delete(s, "k", &del, err), err);
+    DT_CHECK_INT(del, 1);
+    DT_REQUIRE_OK(dt_store_cas_swapped(s, "k", "v2", 2, "v4", 2, &sw, &v, &n, err), err);
+    DT_CHECK_INT(sw, 0);
+    DT_CHECK(n == 2 && !memcmp(v, "v2", 2));
+    free(v);
+    DT_CHECK_INT(dt_store_get(s, "k", &v, &n, 0, err), -ENOENT);
+    DT_REQUIRE_OK(dt_store_num_keys(s, &nk, err), err);
+    DT_CHECK_INT(nk, 1); /* only "e" */
+    dt_store_free(s);
+    dt_store_server_stop(srv);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1808,6 +1876,7 @@ static const dt_test tests[] = {
     {"wait_timeouts", test_wait_timeouts, 0},
     {"concurrent_adds", test_concurrent_adds, 60},
     {"cas_race", test_cas_race, 60},
+    {"cas_torch", test_cas_torch, 60},
     {"standalone", test_standalone, 60},
     {"wait_many_keys", test_wait_many_keys, 60},
     {"token", test_token, 60},
