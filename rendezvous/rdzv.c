@@ -5,7 +5,8 @@
  *   round            the round node 0 is in; an agent of another node that starts late (or is
  *                    restarted) joins that round
  *   abort            "<node> <signal> <why>": the job was stopped; every node ends (signal
- *                    -1: a setup error, the nodes disagree on --nnodes)
+ *                    -1: a setup error, the nodes disagree on --nnodes or a node's workers
+ *                    report a configuration error)
  *   left/<k>         node k has seen the job's outcome; the store host waits for these
  *   r<R>/hb/<k>      node k's heartbeat counter (decimal, written with set: idempotent)
  *   r<R>/node/<k>    node k's record for round R (JSON: host, addr, nproc, nnodes,
@@ -337,7 +338,7 @@ static int set_str(dt_store *s, const char *key, const char *v, dt_err *err)
 }
 
 /* The <signal> of an abort record that ends the job on a setup error (nodes that disagree on
- * --nnodes): no signal, and dt_rdzv_status.setup_error. */
+ * --nnodes, a node's configuration error): no signal, and dt_rdzv_status.setup_error. */
 #define SETUP_SIG (-1)
 
 /* "abort <node> <sig> <why>" or "fail <node> <why>" (a round's end) or "<node> <sig> <why>"
@@ -961,6 +962,15 @@ int dt_rdzv_poll(dt_rdzv *r, dt_rdzv_status *st, dt_err *err)
     int rc;
     char key[64];
     memset(st, 0, sizeof *st);
+    if (r->ended.state == DT_RDZV_FAILED && r->nnodes > 1 && r->ns && !r->store_gone) {
+        /* The job may have ended since (a configuration error on another node): that wins
+         * over a restart. */
+        dt_rdzv_status ab;
+        if (job_aborted(r, &ab)) {
+            r->ended = ab;
+            mark_left(r);
+        }
+    }
     if (r->ended.state != DT_RDZV_RUNNING) {
         *st = r->ended;
         return 0;
@@ -1035,20 +1045,28 @@ int dt_rdzv_succeeded(dt_rdzv *r, dt_err *err)
     return store_failed(r, set_str(r->ns, key, "1", err));
 }
 
+/* Keeps a copy of this node's failures (what dt_rdzv_failures returns without a store). */
+static int keep_failures(dt_rdzv *r, const dt_rdzv_failure *f, int n, dt_err *err)
+{
+    if (n <= 0)
+        return 0;
+    dt_rdzv_failure *grown = realloc(r->fails, sizeof *grown * (size_t)(r->n_fails + n));
+    if (!grown)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    r->fails = grown;
+    memcpy(r->fails + r->n_fails, f, sizeof *f * (size_t)n);
+    r->n_fails += n;
+    return 0;
+}
+
 int dt_rdzv_failed(dt_rdzv *r, const dt_rdzv_failure *f, int n, dt_err *err)
 {
     if (r->c10d)
         return dt_rdzv_c10d_failed(r->c10d, f, n, err);
-    int rc = 0;
+    int rc = keep_failures(r, f, n, err);
     char key[64];
-    if (n > 0) {
-        dt_rdzv_failure *grown = realloc(r->fails, sizeof *grown * (size_t)(r->n_fails + n));
-        if (!grown)
-            return dt_err_set(err, -ENOMEM, "out of memory");
-        r->fails = grown;
-        memcpy(r->fails + r->n_fails, f, sizeof *f * (size_t)n);
-        r->n_fails += n;
-    }
+    if (rc)
+        return rc;
     char why[200];
     if (n > 0 && f[0].rank >= 0)
         snprintf(why, sizeof why, "rank %d on node %d (%s) failed", f[0].rank, f[0].node, f[0].host);
@@ -1115,6 +1133,47 @@ int dt_rdzv_abort(dt_rdzv *r, int sig, dt_err *err)
     }
     mark_left(r);
     return rc;
+}
+
+int dt_rdzv_abort_config(dt_rdzv *r, const dt_rdzv_failure *f, int n, const char *why,
+                         dt_err *err)
+{
+    char v[512], e[sizeof v + 8], key[64];
+    if (!r)
+        return 0;
+    if (r->c10d)
+        return dt_rdzv_c10d_abort_config(r->c10d, f, n, why, err);
+    int rc = keep_failures(r, f, n, err);
+    if (rc)
+        return rc;
+    if (r->ended.state == DT_RDZV_RUNNING || r->ended.state == DT_RDZV_FAILED) {
+        memset(&r->ended, 0, sizeof r->ended);
+        r->ended.state = DT_RDZV_ABORTED;
+        r->ended.node = r->node;
+        r->ended.setup_error = true;
+        snprintf(r->ended.why, sizeof r->ended.why, "%s", why);
+    }
+    if (r->nnodes == 1 || !r->ns || r->store_gone)
+        return 0;
+    /* The failures first, then the job's abort (for the nodes between rounds and those whose
+     * round another node ended first), then the round's end (what a running node polls). */
+    if (r->round >= 0) {
+        rkey(key, sizeof key, r->round, "failures", -1);
+        rc = dt_rdzv_append_failures(r->ns, key, f, n, err);
+    }
+    snprintf(v, sizeof v, "%d %d %s", r->node, SETUP_SIG, why);
+    void *cur = NULL;
+    int rc2 = dt_store_cas(r->ns, "abort", NULL, 0, v, strlen(v), &cur, NULL, rc ? NULL : err);
+    free(cur);
+    cur = NULL;
+    if (r->round >= 0) {
+        snprintf(e, sizeof e, "abort %s", v);
+        rkey(key, sizeof key, r->round, "end", -1);
+        dt_store_cas(r->ns, key, NULL, 0, e, strlen(e), &cur, NULL, NULL);
+        free(cur);
+    }
+    mark_left(r);
+    return store_failed(r, rc ? rc : rc2);
 }
 
 int dt_rdzv_failures(dt_rdzv *r, dt_rdzv_failure **out, int *n, dt_err *err)

@@ -6,7 +6,9 @@
  * the round's state, and end the round with success, a failure, or an abort. A failure on any
  * node ends the round for every node: they all stop their workers and join the next round
  * together, until the job-wide restart budget (max_restarts of node 0, the same for everyone) is
- * spent. Everything goes through the dtrain store (rendezvous/store.h).
+ * spent. A configuration error that every restart would repeat ends the job on every node at
+ * once instead (dt_rdzv_abort_config). Everything goes through the dtrain store
+ * (rendezvous/store.h).
  *
  * Backends:
  *   static  nnodes fixed, node ranks given. Node 0's agent hosts the store at the endpoint (or
@@ -124,7 +126,9 @@ typedef struct dt_rdzv_status {
     int signal;          /* DT_RDZV_ABORTED: the signal that stopped it */
     char why[256];       /* one line for the log */
     bool setup_error;    /* DT_RDZV_ABORTED because the nodes' settings disagree (static: their
-                            --nnodes): a usage error, not a worker's failure (exit code 2) */
+                            --nnodes), or a node's workers report a configuration error
+                            (dt_rdzv_abort_config): a usage error that a restart would repeat,
+                            not a worker's failure (exit code 2) */
 } dt_rdzv_status;
 
 /* Opens the rendezvous: hosts or connects to the store (retrying until join_timeout). On
@@ -143,7 +147,11 @@ int dt_rdzv_open(dt_rdzv **out, const dt_rdzv_opts *opts, dt_err *err);
 int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *round, dt_rdzv_status *status, dt_err *err);
 
 /* Cheap check of the current round (one or two store round trips; heartbeats are sent and
- * checked here when due). Call it every monitor_interval while workers run. */
+ * checked here when due). Call it every monitor_interval while workers run. Once the round has
+ * ended as FAILED (or REGROUP), a poll also looks (one store round trip) for an end of the whole
+ * job recorded since, which then replaces it (ABORTED: a configuration error on another node,
+ * see dt_rdzv_abort_config): poll once more after this node's workers are stopped, before
+ * deciding to restart. */
 int dt_rdzv_poll(dt_rdzv *r, dt_rdzv_status *status, dt_err *err);
 
 /* This node's workers all exited 0. The round succeeds once every node said so (poll). */
@@ -155,6 +163,18 @@ int dt_rdzv_failed(dt_rdzv *r, const dt_rdzv_failure *f, int n, dt_err *err);
 
 /* This agent was stopped by signal sig: ends the round and the job for every node. */
 int dt_rdzv_abort(dt_rdzv *r, int sig, dt_err *err);
+
+/* This node's workers report a configuration error that every restart would repeat (the
+ * built-in worker's exit 2: a bad checkpoint.resume path, a checkpoint directory of another
+ * setup): records the failures f[0..n) as dt_rdzv_failed does, then ends the round and the job
+ * for every node as a setup error, so that no node spends a restart on it. The other nodes see
+ * DT_RDZV_ABORTED with setup_error and `why` (one line naming this node, for their logs): from
+ * dt_rdzv_poll while their round runs (or, when another node ended the round as failed first,
+ * from the poll after their workers stopped), and from dt_rdzv_next when they are already
+ * joining the next round (-ECANCELED for c10d, -EINVAL for static, as for --nnodes). This node's
+ * own poll says the same. One node alone: only this node's state. Accepts NULL (r). */
+int dt_rdzv_abort_config(dt_rdzv *r, const dt_rdzv_failure *f, int n, const char *why,
+                         dt_err *err);
 
 /* The failures recorded for the current round by every node, earliest first (by time, then in
  * the order they were recorded). *out is malloc'd (caller frees), *n may be 0. */

@@ -35,7 +35,9 @@
  * instance finished ("final" set), or abandoned (every agent of it silent for heartbeat_timeout:
  * all killed before any wrote the end), swaps in a new one with a compare-and-set.
  *   conf            {run_id, max_restarts, min, max} of the agent that created the instance
- *   final           "<exit code> <kind> <node> <signal>|<why>": the job is over (first writer)
+ *   final           "<exit code> <kind> <node> <signal>|<why>": the job is over (first writer);
+ *                   kind "config" (code 2, signal -1): a node's workers report a configuration
+ *                   error, which every node reports as a setup error
  *   round           the last round that closed (a hint for newcomers)
  *   agents          the ids of the agents that opened this instance, one a line (appended)
  *   pulse           "<agent id> <counter>": set by every agent's heartbeat (one look tells a
@@ -55,8 +57,8 @@
  *   r<R>/hb/<g>     group rank g's heartbeat counter
  *   r<R>/done       success counter
  *   r<R>/end        "<kind> <node> <signal> <expect> <lost>|<why>", kind success|fail|regroup|
- *                   abort, expect = the nodes of R that go on to R+1, lost = the group ranks
- *                   declared lost (first writer wins)
+ *                   abort (signal -1: a configuration error), expect = the nodes of R that go on
+ *                   to R+1, lost = the group ranks declared lost (first writer wins)
  *   r<R>/failures   JSON lines, one per failure (the root-cause table)
  *
  * Fencing. Every decision is a compare-and-set on a key of one round: "closed" (one closer
@@ -266,12 +268,14 @@ static void status_from_end(const end_info *e, dt_rdzv_status *st)
                 : e->kind == END_ABORT ? DT_RDZV_ABORTED
                                        : DT_RDZV_REGROUP;
     st->node = e->node;
-    st->signal = e->sig;
+    st->signal = e->sig > 0 ? e->sig : 0;
+    st->setup_error = e->kind == END_ABORT && e->sig < 0;
     dt_strlcpy(st->why, e->why, sizeof st->why);
 }
 
 /* final: "<code> <kind> <node> <sig>|<why>" -> a status: SUCCEEDED (code 0), ABORTED (by a
- * signal, or a rendezvous that could not form), FAILED (the budget is spent). */
+ * signal, a rendezvous that could not form, or a configuration error: setup_error), FAILED (the
+ * budget is spent). */
 static void status_from_final(const char *v, dt_rdzv_status *st)
 {
     int code = 1, node = -1, sig = 0;
@@ -282,7 +286,8 @@ static void status_from_final(const char *v, dt_rdzv_status *st)
                 : !strcmp(kind, "fail") ? DT_RDZV_FAILED
                                          : DT_RDZV_ABORTED;
     st->node = node;
-    st->signal = sig;
+    st->signal = sig > 0 ? sig : 0;
+    st->setup_error = !strcmp(kind, "config");
     const char *bar = strchr(v, '|');
     dt_strlcpy(st->why, bar ? bar + 1 : v, sizeof st->why);
 }
@@ -1575,6 +1580,16 @@ int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
     memset(st, 0, sizeof *st);
     if (c->killed)
         return dt_err_set(err, -EIO, "this rendezvous was killed");
+    if ((c->ended.state == DT_RDZV_FAILED || c->ended.state == DT_RDZV_REGROUP) &&
+        c->round >= 0) {
+        /* The job may have ended since (a configuration error on another node): that wins
+         * over a restart or a regroup. */
+        dt_rdzv_status fs;
+        if (job_final(c, &fs) && fs.state == DT_RDZV_ABORTED) {
+            c->ended = fs;
+            mark_left(c);
+        }
+    }
     if (c->ended.state != DT_RDZV_RUNNING || c->round < 0) {
         *st = c->ended;
         return 0;
@@ -1627,18 +1642,26 @@ int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
     return 0;
 }
 
+/* Keeps a copy of this node's failures (what dt_rdzv_c10d_failures returns without a store). */
+static int keep_failures(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err)
+{
+    if (n <= 0)
+        return 0;
+    dt_rdzv_failure *grown = realloc(c->fails, sizeof *grown * (size_t)(c->n_fails + n));
+    if (!grown)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    c->fails = grown;
+    memcpy(c->fails + c->n_fails, f, sizeof *f * (size_t)n);
+    c->n_fails += n;
+    return 0;
+}
+
 int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err)
 {
     char key[KEY_MAX], why[200], v[512], *cur = NULL;
     int rc = 0;
-    if (n > 0) {
-        dt_rdzv_failure *grown = realloc(c->fails, sizeof *grown * (size_t)(c->n_fails + n));
-        if (!grown)
-            return dt_err_set(err, -ENOMEM, "out of memory");
-        c->fails = grown;
-        memcpy(c->fails + c->n_fails, f, sizeof *f * (size_t)n);
-        c->n_fails += n;
-    }
+    if ((rc = keep_failures(c, f, n, err)))
+        return rc;
     if (n > 0 && f[0].rank >= 0)
         snprintf(why, sizeof why, "rank %d on node %d (%s) failed", f[0].rank, f[0].node, f[0].host);
     else if (n > 0)
@@ -1669,23 +1692,20 @@ int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err
     return 0;
 }
 
-int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
+/* Ends the job from this node: final (code, kind), this node's round and the latest one ended
+ * with END_ABORT (sig; -1: a configuration error), the round being joined and the one after
+ * the latest cancelled, so that every agent - running, between rounds, joining, spare - sees the
+ * end. this->ended becomes `ended` unless the round had already ended for good. */
+static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const char *why,
+                    const dt_rdzv_status *ended)
 {
-    char why[200], v[512], key[KEY_MAX];
-    if (c->killed)
-        return 0;
-    snprintf(why, sizeof why, "node %d's agent (%s) was stopped by signal %d", c->round >= 0 ? c->g : -1,
-             dt_hostname(), sig);
+    char v[512], key[KEY_MAX];
     if (c->ended.state == DT_RDZV_RUNNING || c->ended.state == DT_RDZV_FAILED ||
-        c->ended.state == DT_RDZV_REGROUP) {
-        c->ended.state = DT_RDZV_ABORTED;
-        c->ended.node = c->round >= 0 ? c->g : -1;
-        c->ended.signal = sig;
-        dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
-    }
+        c->ended.state == DT_RDZV_REGROUP)
+        c->ended = *ended;
     if (!c->ns || c->gone)
-        return 0;
-    write_final(c, 128 + sig, "abort", c->round >= 0 ? c->g : -1, sig, why);
+        return;
+    write_final(c, code, kind, c->round >= 0 ? c->g : -1, sig, why);
     if (c->joining >= 0) {
         kf(key, sizeof key, "r%d/closed", c->joining);
         cas_new(c->ns, key, "{\"final\":1}", NULL, NULL, NULL);
@@ -1710,8 +1730,49 @@ int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
         cas_new(c->ns, key, "{\"final\":1}", NULL, NULL, NULL);
     }
     mark_left(c);
+}
+
+int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
+{
+    char why[200];
+    if (c->killed)
+        return 0;
+    snprintf(why, sizeof why, "node %d's agent (%s) was stopped by signal %d", c->round >= 0 ? c->g : -1,
+             dt_hostname(), sig);
+    dt_rdzv_status st;
+    memset(&st, 0, sizeof st);
+    st.state = DT_RDZV_ABORTED;
+    st.node = c->round >= 0 ? c->g : -1;
+    st.signal = sig;
+    dt_strlcpy(st.why, why, sizeof st.why);
+    end_job(c, 128 + sig, "abort", sig, why, &st);
     (void)err;
     return 0;
+}
+
+int dt_rdzv_c10d_abort_config(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, const char *why,
+                              dt_err *err)
+{
+    char key[KEY_MAX];
+    int rc = 0;
+    if (c->killed)
+        return 0;
+    if ((rc = keep_failures(c, f, n, err)))
+        return rc;
+    /* The failures first: whoever sees the end can read the cause. */
+    if (n > 0 && c->round >= 0 && c->ns && !c->gone) {
+        kf(key, sizeof key, "r%d/failures", c->round);
+        if ((rc = dt_rdzv_append_failures(c->ns, key, f, n, err)))
+            rc = store_gone(c, rc, err, "reporting a configuration error");
+    }
+    dt_rdzv_status st;
+    memset(&st, 0, sizeof st);
+    st.state = DT_RDZV_ABORTED;
+    st.node = c->round >= 0 ? c->g : -1;
+    st.setup_error = true;
+    dt_strlcpy(st.why, why, sizeof st.why);
+    end_job(c, 2, "config", -1, why, &st);
+    return rc;
 }
 
 int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err *err)

@@ -60,6 +60,8 @@ int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *status, dt_err *err);
 int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err);
 int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err);
 int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err);
+int dt_rdzv_c10d_abort_config(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, const char *why,
+                              dt_err *err);
 int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err *err);
 void dt_rdzv_c10d_kill(dt_rdzv_c10d *c);
 void dt_rdzv_c10d_close(dt_rdzv_c10d *c);
