@@ -1024,7 +1024,7 @@ static int run_rounds(agent *a)
         }
         if (rc == -ECANCELED) {
             DT_ERROR("%s", e.msg);
-            emit_end(a, "aborted", abort_code(&st));
+            emit_end(a, st.setup_error ? "setup_error" : "aborted", abort_code(&st));
             return abort_code(&st);
         }
         if (rc == -EINVAL) { /* the nodes' settings disagree: a restart cannot help */
@@ -1078,6 +1078,7 @@ static int run_rounds(agent *a)
     decided:;
         dt_rdzv_failure *lf = NULL;
         int nlf = 0;
+        bool config = false; /* this node's failed workers report a configuration error */
         switch (out) {
         case OUT_SUCCEEDED:
             stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
@@ -1088,8 +1089,20 @@ static int run_rounds(agent *a)
         case OUT_FAILED: {
             nlf = local_failures(a, &lf);
             dt_err fe = {0};
-            if (nlf > 0 && dt_rdzv_failed(a->rz, lf, nlf, &fe))
+            config = config_error(a);
+            if (config) {
+                /* A restart would repeat it, on whatever node: the job ends everywhere (as a
+                 * setup error), and the other nodes are told which node to look at. */
+                char why[256];
+                fmt(why, sizeof why,
+                    "node %d (%s:%d) reports a configuration error (exit %d) in its workers: "
+                    "not restarting; see that node's log",
+                    a->rd.group_rank, dt_hostname(), (int)getpid(), EXIT_CONFIG);
+                if (dt_rdzv_abort_config(a->rz, lf, nlf, why, &fe))
+                    DT_WARN("cannot record the configuration error in the rendezvous: %s", fe.msg);
+            } else if (nlf > 0 && dt_rdzv_failed(a->rz, lf, nlf, &fe)) {
                 DT_WARN("cannot record the failure in the rendezvous: %s", fe.msg);
+            }
             cJSON *f = cJSON_CreateObject();
             cJSON *arr = cJSON_AddArrayToObject(f, "failures");
             for (int i = 0; i < nlf; i++)
@@ -1099,7 +1112,7 @@ static int run_rounds(agent *a)
             free(lf);
             /* Elastic: the round may have ended first for a membership change, which then
              * decides (the failure does not spend the budget, as on every other node). */
-            if (a->rd.elastic && dt_rdzv_poll(a->rz, &st, &fe) == 0 &&
+            if (!config && a->rd.elastic && dt_rdzv_poll(a->rz, &st, &fe) == 0 &&
                 st.state == DT_RDZV_REGROUP)
                 out = OUT_REGROUP;
             DT_WARN("stopping the other workers%s", a->rd.group_world_size > 1 ? " on every node" : "");
@@ -1132,13 +1145,18 @@ static int run_rounds(agent *a)
             return preempted(a, a->preempt_sig);
         }
         case OUT_ABORTED:
-            DT_WARN("%s: stopping the workers of this node", st.why);
+            if (st.setup_error) { /* the error is the news; stopping is routine */
+                DT_ERROR("%s", st.why);
+                DT_WARN("stopping the workers of this node");
+            } else {
+                DT_WARN("%s: stopping the workers of this node", st.why);
+            }
             stop_workers(a, SIGTERM);
             finish_outputs(a);
             if ((st.signal == SIGTERM || st.signal == SIGUSR1 || st.signal == SIGUSR2) &&
                 all_preempted(a))
                 return preempted(a, st.signal);
-            emit_end(a, "aborted", abort_code(&st));
+            emit_end(a, st.setup_error ? "setup_error" : "aborted", abort_code(&st));
             return abort_code(&st);
         case OUT_LOST:
             stop_workers(a, SIGTERM);
@@ -1153,6 +1171,20 @@ static int run_rounds(agent *a)
             emit_end(a, "signal", 128 + a->first_signal);
             return 128 + a->first_signal;
         }
+        if (!config && (a->rd.group_world_size > 1 || a->rd.elastic)) {
+            /* Another node may have ended the job meanwhile (its workers report a configuration
+             * error): that wins over the next attempt. */
+            dt_err pe = {0};
+            dt_rdzv_status ab;
+            if (dt_rdzv_poll(a->rz, &ab, &pe) == 0 && ab.state == DT_RDZV_ABORTED) {
+                if (ab.setup_error)
+                    DT_ERROR("%s", ab.why);
+                else
+                    DT_WARN("%s", ab.why);
+                emit_end(a, ab.setup_error ? "setup_error" : "aborted", abort_code(&ab));
+                return abort_code(&ab);
+            }
+        }
         if (out == OUT_REGROUP) {
             DT_INFO("the job's nodes change: joining the next round (restart count unchanged)");
             cJSON *f = cJSON_CreateObject();
@@ -1162,11 +1194,12 @@ static int run_rounds(agent *a)
             continue;
         }
         bool final = a->rd.attempt >= a->rd.max_restarts;
-        bool config = out == OUT_FAILED && a->rd.group_world_size == 1 && !a->rd.elastic &&
-                      config_error(a);
         if (!final && config)
             DT_WARN("not restarting: the workers report a configuration error (exit %d), which a "
-                    "restart would repeat", EXIT_CONFIG);
+                    "restart would repeat%s",
+                    EXIT_CONFIG, a->rd.group_world_size > 1 || a->rd.elastic
+                                     ? "; the job ends on every node"
+                                     : "");
         if (final || config) {
             dt_rdzv_failure *all = NULL;
             int n = 0;
