@@ -1,0 +1,512 @@
+/* test_agent_config.c - a configuration error of the built-in worker (exit 2: here a
+ * checkpoint.resume path that does not exist) on a job of several nodes is final: no node spends
+ * a restart on it, every agent ends with exit 2, and the nodes whose own workers did not report
+ * it say which node did. A failure that is not a configuration error still restarts every node.
+ *
+ * Real agents (build/dtrain) on 127.0.0.1: static jobs with node 0 hosting the store on port 0
+ * (the test reads the port from its log), elastic (c10d) jobs on a store the test runs on port
+ * 0. Heartbeats and timeouts are shortened through --rdzv-conf; every wait is bounded and
+ * generous, and the checks are on behaviour (exit codes, log lines, events), not on speed.
+ * The races (a node that already saw the round fail, one already joining the next round) are
+ * driven through the rendezvous API with in-process agents, for both backends.
+ */
+#include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "rendezvous/rdzv.h"
+#include "rendezvous/store.h"
+#include "tests/harness.h"
+
+#define BIN dt_test_dtrain_bin()
+#define TMP dt_test_tmpdir()
+
+/* DT_TEST_TIMEOUT_SCALE (sanitizers, a loaded machine) for the waits inside a test. */
+static double tscale(void)
+{
+    const char *s = getenv("DT_TEST_TIMEOUT_SCALE");
+    double v = s ? atof(s) : 1.0;
+    return v > 0 ? v : 1.0;
+}
+
+static const char *conf_static = "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=20,"
+                                 "join_timeout=60,close_timeout=10 --stop-grace 5 "
+                                 "--monitor-interval 0.05";
+
+/* A job file the built-in worker accepts; the test breaks it with checkpoint.resume. */
+static const char *job_file(void)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/cfg.ini", TMP);
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f != NULL);
+    fprintf(f, "[model]\ntype = mlp\n[data]\ntype = synthetic\n[train]\nsteps = 5\n");
+    fclose(f);
+    return path;
+}
+
+/* The job file's overrides for node k: a missing checkpoint when bad (a configuration error). */
+static void overrides(char *buf, size_t cap, int k, bool bad)
+{
+    if (bad)
+        snprintf(buf, cap, "job.output_dir=%s/out%d checkpoint.resume=%s/nonexistent/step_5", TMP,
+                 k, TMP);
+    else
+        snprintf(buf, cap, "job.output_dir=%s/out%d", TMP, k);
+}
+
+typedef struct job {
+    int n;
+    pid_t pid[3];
+    char out[3][1024];
+    int code[3];
+    pid_t store; /* c10d: the store the test runs (0: none) */
+    int port;
+} job;
+
+static job *g_job; /* for the cleanup at exit of a failed test */
+
+static void cleanup(void)
+{
+    job *j = g_job;
+    if (!j)
+        return;
+    for (int k = 0; k < j->n; k++)
+        if (j->pid[k] > 0) {
+            kill(j->pid[k], SIGKILL);
+            waitpid(j->pid[k], NULL, 0);
+            j->pid[k] = 0;
+        }
+    if (j->store > 0)
+        dt_test_store_stop(j->store);
+    j->store = 0;
+}
+
+static void job_init(job *j)
+{
+    static bool registered;
+    memset(j, 0, sizeof *j);
+    g_job = j;
+    if (!registered)
+        atexit(cleanup);
+    registered = true;
+}
+
+static void wait_job(job *j, double timeout_s)
+{
+    double deadline = dt_test_now() + timeout_s;
+    for (int k = 0; k < j->n; k++) {
+        double left = deadline - dt_test_now();
+        j->code[k] = dt_test_wait_exit(j->pid[k], left > 0.1 ? left : 0.1);
+        j->pid[k] = 0;
+    }
+    if (j->store > 0)
+        dt_test_store_stop(j->store);
+    j->store = 0;
+    g_job = NULL;
+}
+
+static void dump(job *j)
+{
+    for (int k = 0; k < j->n; k++) {
+        char *o = dt_test_slurp(j->out[k]);
+        fprintf(stderr, "---- agent %d ----\n%s\n", k, o ? o : "(none)");
+        free(o);
+    }
+}
+
+/* Starts the agents of a static job with `nodes` nodes: node 0 first (store on port 0), then the
+ * others on the port it printed. what(k) is node k's worker part of the command line. */
+static void start_static(job *j, int nodes, const char *id, const char *opts, char what[][2048])
+{
+    char line[8192];
+    j->n = nodes;
+    for (int k = 0; k < nodes; k++) {
+        snprintf(j->out[k], sizeof j->out[k], "%s/%s_node%d.out", TMP, id, k);
+        if (k == 1) {
+            DT_REQUIRE(dt_test_wait_text(j->out[0], "hosting the rendezvous store at 127.0.0.1:", 1,
+                                         30 * tscale()));
+            char *s = dt_test_slurp(j->out[0]);
+            const char *p = s ? strstr(s, "hosting the rendezvous store at 127.0.0.1:") : NULL;
+            j->port = p ? atoi(p + strlen("hosting the rendezvous store at 127.0.0.1:")) : 0;
+            free(s);
+            DT_REQUIRE(j->port > 0);
+        }
+        snprintf(line, sizeof line,
+                 "%s --nnodes %d --node-rank %d --master-addr 127.0.0.1 --master-port %d "
+                 "--rdzv-id %s --log-dir %s/logs %s %s",
+                 BIN, nodes, k, k == 0 ? 0 : j->port, id, TMP, opts, what[k]);
+        j->pid[k] = dt_test_spawn(line, j->out[k]);
+    }
+}
+
+/* Starts the agents of an elastic job (c10d, --nnodes nn) on a store the test runs. */
+static void start_c10d(job *j, int nodes, const char *id, const char *nn, const char *opts,
+                       char what[][2048])
+{
+    char line[8192];
+    j->store = dt_test_store_start(&j->port);
+    j->n = nodes;
+    for (int k = 0; k < nodes; k++) {
+        snprintf(j->out[k], sizeof j->out[k], "%s/%s_agent%d.out", TMP, id, k);
+        snprintf(line, sizeof line,
+                 "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes %s "
+                 "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=20,join_timeout=60,"
+                 "last_call_timeout=3,close_timeout=10 --monitor-interval 0.05 --stop-grace 5 "
+                 "--log-dir %s/logs %s %s",
+                 BIN, j->port, id, nn, TMP, opts, what[k]);
+        j->pid[k] = dt_test_spawn(line, j->out[k]);
+    }
+}
+
+/* Every events*.jsonl of the run id, one after the other (malloc'd; "" when there is none). */
+static char *all_events(const char *id)
+{
+    char dir[1024], path[2048];
+    snprintf(dir, sizeof dir, "%s/logs/%s", TMP, id);
+    char *all = strdup("");
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && all && (e = readdir(d))) {
+        if (strncmp(e->d_name, "events", 6))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        char *s = dt_test_slurp(path);
+        if (!s)
+            continue;
+        char *grown = realloc(all, strlen(all) + strlen(s) + 1);
+        if (grown) {
+            all = grown;
+            strcat(all, s);
+        }
+        free(s);
+    }
+    if (d)
+        closedir(d);
+    return all;
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; p && (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Lines of text that hold both a and b. */
+static int lines_with(const char *text, const char *a, const char *b)
+{
+    int n = 0;
+    for (const char *p = text; p && *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        char *line = strndup(p, len);
+        if (line && strstr(line, a) && strstr(line, b))
+            n++;
+        free(line);
+        p = nl ? nl + 1 : NULL;
+    }
+    return n;
+}
+
+/* Both agents ended with 2, nobody restarted, and each events file that was opened ends with 2.
+ * `told`: the agents that must name the other node's configuration error. */
+static void check_config_end(job *j, const char *id, const bool *told)
+{
+    bool ok = true;
+    for (int k = 0; k < j->n; k++) {
+        DT_CHECK_INT(j->code[k], 2);
+        ok = ok && j->code[k] == 2;
+        char *o = dt_test_slurp(j->out[k]);
+        DT_REQUIRE(o != NULL);
+        bool restarted = strstr(o, "restarting every worker") != NULL;
+        DT_CHECK_MSG(!restarted, "agent %d restarted on a configuration error", k);
+        ok = ok && !restarted;
+        if (told && told[k]) {
+            bool named = strstr(o, "reports a configuration error (exit 2) in its workers: not "
+                                   "restarting") != NULL;
+            DT_CHECK_MSG(named, "agent %d does not say which node had the configuration error", k);
+            ok = ok && named;
+        }
+        free(o);
+    }
+    char *ev = all_events(id);
+    DT_REQUIRE(ev != NULL);
+    DT_CHECK_INT(count_of(ev, "\"event\":\"restart\""), 0);
+    DT_CHECK(count_of(ev, "\"event\":\"end\"") >= 1);
+    DT_CHECK_INT(count_of(ev, "\"event\":\"end\""),
+                 lines_with(ev, "\"event\":\"end\"", "\"exit_code\":2,"));
+    free(ev);
+    if (!ok)
+        dump(j);
+}
+
+/* (a) Static, 2 nodes, --max-restarts=3, checkpoint.resume missing on both: both agents end
+ * with 2 after the first attempt, none restarts. */
+static void test_static_both_bad(void)
+{
+    job j;
+    char what[2][2048], ov[1024], opts[1024];
+    job_init(&j);
+    const char *ini = job_file();
+    for (int k = 0; k < 2; k++) {
+        overrides(ov, sizeof ov, k, true);
+        snprintf(what[k], sizeof what[k], "%s %s", ini, ov);
+    }
+    snprintf(opts, sizeof opts, "%s --nproc-per-node 1 --max-restarts 3", conf_static);
+    start_static(&j, 2, "cs2", opts, what);
+    wait_job(&j, 120 * tscale());
+    check_config_end(&j, "cs2", NULL);
+    for (int k = 0; k < 2; k++)
+        DT_CHECK(dt_test_count_text(j.out[k], "nonexistent/step_5: cannot read the checkpoint "
+                                              "directory") >= 1);
+}
+
+/* Static, 2 nodes, the checkpoint.resume path missing on node 1 only: node 0's worker is
+ * stopped (or fails on the lost peer), and node 0 still ends with 2, naming node 1. */
+static void test_static_one_bad(void)
+{
+    job j;
+    char what[2][2048], ov[1024], opts[1024];
+    job_init(&j);
+    const char *ini = job_file();
+    for (int k = 0; k < 2; k++) {
+        overrides(ov, sizeof ov, k, k == 1);
+        snprintf(what[k], sizeof what[k], "%s %s ddp.timeout=60", ini, ov);
+    }
+    snprintf(opts, sizeof opts, "%s --nproc-per-node 1 --max-restarts 3", conf_static);
+    start_static(&j, 2, "cs1", opts, what);
+    wait_job(&j, 120 * tscale());
+    DT_CHECK_INT(j.code[0], 2);
+    DT_CHECK_INT(j.code[1], 2);
+    DT_CHECK(dt_test_count_text(j.out[1], "nonexistent/step_5: cannot read the checkpoint "
+                                          "directory") >= 1);
+    /* Node 0 learns it from the rendezvous and says where to look. */
+    char *o = dt_test_slurp(j.out[0]);
+    DT_REQUIRE(o != NULL);
+    DT_CHECK_CONTAINS(o, "node 1 (");
+    DT_CHECK_CONTAINS(o, "reports a configuration error (exit 2) in its workers: not restarting");
+    free(o);
+    if (j.code[0] != 2 || j.code[1] != 2)
+        dump(&j);
+}
+
+/* (b) Elastic (c10d, --nnodes=1:2), checkpoint.resume missing on both agents: both end with 2,
+ * none restarts. */
+static void test_elastic_both_bad(void)
+{
+    job j;
+    char what[2][2048], ov[1024];
+    job_init(&j);
+    const char *ini = job_file();
+    for (int k = 0; k < 2; k++) {
+        overrides(ov, sizeof ov, k, true);
+        snprintf(what[k], sizeof what[k], "%s %s", ini, ov);
+    }
+    start_c10d(&j, 2, "ce2", "1:2", "--nproc-per-node 1 --max-restarts 3", what);
+    wait_job(&j, 120 * tscale());
+    check_config_end(&j, "ce2", NULL);
+}
+
+/* (c) Not a configuration error: a command's exit 2 and a worker's exit 1 on a 2-node job are
+ * restarted on every node as before (the second attempt fails with 1, the third succeeds). */
+static void test_static_failure_restarts(void)
+{
+    job j;
+    char what[2][2048], opts[1024];
+    job_init(&j);
+    for (int k = 0; k < 2; k++)
+        snprintf(what[k], sizeof what[k], "%s",
+                 "-- sh -c 'echo attempt=$DTRAIN_ATTEMPT rank=$RANK; [ $GROUP_RANK = 1 ] || "
+                 "exit 0; [ $DTRAIN_ATTEMPT = 0 ] && exit 2; [ $DTRAIN_ATTEMPT = 1 ] && exit 1; "
+                 "exit 0'");
+    snprintf(opts, sizeof opts, "%s --nproc-per-node 1 --max-restarts 3", conf_static);
+    start_static(&j, 2, "cr2", opts, what);
+    wait_job(&j, 120 * tscale());
+    bool ok = true;
+    for (int k = 0; k < 2; k++) {
+        DT_CHECK_INT(j.code[k], 0);
+        ok = ok && j.code[k] == 0;
+        DT_CHECK_INT(dt_test_count_text(j.out[k], "restarting every worker on every node"), 2);
+    }
+    char *ev = all_events("cr2");
+    DT_REQUIRE(ev != NULL);
+    DT_CHECK_INT(count_of(ev, "\"event\":\"restart\""), 4); /* 2 per node */
+    free(ev);
+    if (!ok)
+        dump(&j);
+}
+
+/* ---- the rendezvous API with in-process agents ------------------------------------------- */
+
+typedef struct inproc {
+    dt_rdzv *rz;
+    dt_rdzv_round rd;
+    dt_rdzv_status st;
+    int rc;
+    dt_err err;
+} inproc;
+
+static void *next_thread(void *arg)
+{
+    inproc *a = arg;
+    a->rc = dt_rdzv_next(a->rz, &a->rd, &a->st, &a->err);
+    return NULL;
+}
+
+static void open_inproc(inproc *a, const char *backend, const char *nnodes, int node, int port,
+                        const char *id)
+{
+    dt_rdzv_opts o;
+    memset(&o, 0, sizeof o);
+    memset(a, 0, sizeof *a);
+    dt_strlcpy(o.backend, backend, sizeof o.backend);
+    dt_strlcpy(o.nnodes, nnodes, sizeof o.nnodes);
+    o.node_rank = node;
+    dt_strlcpy(o.endpoint_host, "127.0.0.1", sizeof o.endpoint_host);
+    o.endpoint_port = port;
+    dt_strlcpy(o.run_id, id, sizeof o.run_id);
+    o.local_world_size = 1;
+    o.max_restarts = 3;
+    o.join_timeout = 60; /* far beyond what the test waits for: a timeout is a failure */
+    o.close_timeout = 2;
+    o.heartbeat_interval = 0.2;
+    o.heartbeat_timeout = 30;
+    o.last_call_timeout = 0.5;
+    dt_err e = {0};
+    DT_REQUIRE_OK(dt_rdzv_open(&a->rz, &o, &e), &e);
+}
+
+/* Polls until the round ends (bounded); returns how. */
+static dt_rdzv_status poll_end(inproc *a, double timeout_s)
+{
+    double deadline = dt_test_now() + timeout_s;
+    dt_rdzv_status st;
+    dt_err e = {0};
+    for (;;) {
+        DT_REQUIRE_OK(dt_rdzv_poll(a->rz, &st, &e), &e);
+        if (st.state != DT_RDZV_RUNNING)
+            return st;
+        DT_REQUIRE(dt_test_now() < deadline);
+        dt_sleep_ms(20);
+    }
+}
+
+static dt_rdzv_failure failure_of(int node, int code)
+{
+    dt_rdzv_failure f;
+    memset(&f, 0, sizeof f);
+    f.time = dt_wall_s();
+    dt_strlcpy(f.host, "testhost", sizeof f.host);
+    f.node = node;
+    f.rank = node;
+    f.exit_code = code;
+    snprintf(f.message, sizeof f.message, "exited with code %d", code);
+    return f;
+}
+
+/* Three agents. Node 1's worker fails (exit 1): every node sees the round FAILED; node 1 goes
+ * on to join the next round. Then node 0's workers report a configuration error: node 2, which
+ * saw FAILED and has not decided yet, sees the job ABORTED as a setup error on its next poll;
+ * node 1, already waiting in the next round, ends with the setup error too (not at the join
+ * timeout); node 0's own poll says the same, and the failures of both nodes are recorded. */
+static void api_races(const char *backend, const char *nnodes, int next_rc)
+{
+    dt_store_server *srv = NULL;
+    dt_store_server_opts so;
+    dt_err e = {0};
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &e), &e);
+    int port = dt_store_server_port(srv);
+    static inproc a[3];
+    for (int i = 0; i < 3; i++)
+        open_inproc(&a[i], backend, nnodes, i, port, backend);
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        DT_REQUIRE(pthread_create(&th[i], NULL, next_thread, &a[i]) == 0);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++)
+        DT_REQUIRE_OK(a[i].rc, &a[i].err);
+    inproc *by_g[3] = {NULL, NULL, NULL}; /* c10d ranks by join order */
+    for (int i = 0; i < 3; i++) {
+        DT_REQUIRE(a[i].rd.group_rank >= 0 && a[i].rd.group_rank < 3);
+        by_g[a[i].rd.group_rank] = &a[i];
+    }
+    for (int g = 0; g < 3; g++)
+        DT_REQUIRE(by_g[g] != NULL);
+    inproc *n0 = by_g[0], *n1 = by_g[1], *n2 = by_g[2];
+
+    dt_rdzv_failure f1 = failure_of(1, 1);
+    DT_REQUIRE_OK(dt_rdzv_failed(n1->rz, &f1, 1, &e), &e);
+    for (int g = 0; g < 3; g++)
+        DT_CHECK_INT((int)poll_end(by_g[g], 10).state, (int)DT_RDZV_FAILED);
+    DT_REQUIRE(pthread_create(&th[1], NULL, next_thread, n1) == 0);
+    dt_sleep_ms(300); /* most likely waiting in the next round by now; either way it must end */
+
+    dt_rdzv_failure f0 = failure_of(0, 2);
+    const char *why = "node 0 (testhost:1) reports a configuration error (exit 2) in its workers";
+    DT_REQUIRE_OK(dt_rdzv_abort_config(n0->rz, &f0, 1, why, &e), &e);
+
+    dt_rdzv_status st = poll_end(n2, 10);
+    DT_CHECK_INT((int)st.state, (int)DT_RDZV_ABORTED);
+    DT_CHECK(st.setup_error);
+    DT_CHECK_CONTAINS(st.why, why);
+    st = poll_end(n0, 10);
+    DT_CHECK_INT((int)st.state, (int)DT_RDZV_ABORTED);
+    DT_CHECK(st.setup_error);
+
+    pthread_join(th[1], NULL);
+    DT_CHECK_INT(n1->rc, next_rc);
+    DT_CHECK(n1->st.setup_error);
+    DT_CHECK_CONTAINS(n1->st.why, why);
+    DT_CHECK_CONTAINS(n1->err.msg, "reports a configuration error");
+
+    /* Node 2 does not start another attempt either. */
+    inproc *late = n2;
+    late->rc = dt_rdzv_next(late->rz, &late->rd, &late->st, &late->err);
+    DT_CHECK_INT(late->rc, next_rc);
+    DT_CHECK(late->st.setup_error);
+
+    dt_rdzv_failure *all = NULL;
+    int n = 0;
+    DT_REQUIRE_OK(dt_rdzv_failures(n0->rz, &all, &n, &e), &e);
+    DT_CHECK_INT(n, 2);
+    free(all);
+    for (int i = 0; i < 3; i++)
+        dt_rdzv_close(a[i].rz);
+    dt_store_server_stop(srv);
+}
+
+static void test_api_races_static(void)
+{
+    api_races("static", "3", -EINVAL);
+}
+
+static void test_api_races_c10d(void)
+{
+    api_races("c10d", "3:3", -ECANCELED);
+}
+
+static const dt_test tests[] = {
+    {"static_both_bad", test_static_both_bad, 180},
+    {"static_one_bad", test_static_one_bad, 180},
+    {"elastic_both_bad", test_elastic_both_bad, 180},
+    {"static_failure_restarts", test_static_failure_restarts, 180},
+    {"api_races_static", test_api_races_static, 120},
+    {"api_races_c10d", test_api_races_c10d, 120},
+};
+
+int main(int argc, char **argv)
+{
+    return dt_test_main("test_agent_config", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
