@@ -72,7 +72,11 @@
  *    max_pending_output (the reply bytes the server buffers per client; at least
  *    max_value_size + 64 KiB) is answered with DT_PROTO_E2BIG instead. A client may pipeline
  *    any number of requests: while more than max_pending_output of replies wait for it, the
- *    server reads no more of its requests (flow control, not an error).
+ *    server reads no more of its requests (flow control, not an error). Large request frames
+ *    (over 64 KiB) in flight from all clients together share max_input_buffered: a client
+ *    whose frame does not fit what is left is not read until others complete (flow control
+ *    again); a frame larger than the whole budget is answered with DT_PROTO_E2BIG and the
+ *    connection is closed.
  */
 #ifndef DT_PROTOCOL_H
 #define DT_PROTOCOL_H

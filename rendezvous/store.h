@@ -147,6 +147,15 @@ typedef struct dt_store_server_opts {
                                     AUTH, with a token) this long after it was accepted is
                                     closed, so silent sockets cannot hold connection slots
                                     (10000) */
+    size_t max_input_buffered;   /* bytes of partly received large requests (frames over
+                                    64 KiB, each held in a buffer of its size) the server
+                                    holds for all connections together (1 GiB). A connection
+                                    whose frame would take the total over this is not read
+                                    until other frames complete and free budget (first come,
+                                    first served; no error); a frame larger than this alone is
+                                    answered with -E2BIG and its connection closed. Smaller
+                                    requests (up to 64 KiB buffered per connection) never
+                                    wait for it. (Added later; 0 = default.) */
 } dt_store_server_opts;
 
 void dt_store_server_opts_default(dt_store_server_opts *o);
@@ -169,6 +178,10 @@ typedef struct dt_store_server_stats {
     int64_t input_buffered; /* bytes of input buffers held by connections */
     int64_t output_pending; /* reply bytes not yet taken by the kernel */
     int64_t throttled;      /* connections not read until their replies drain */
+    /* Added later: the input budget (dt_store_server_opts.max_input_buffered). */
+    int64_t input_charged;      /* bytes charged against max_input_buffered now */
+    int64_t input_charged_peak; /* the most ever charged at once (never over the limit) */
+    int64_t input_paused;       /* connections not read until budget frees for their frame */
 } dt_store_server_stats;
 
 /* Fills *out, computed on the server's loop thread (this call waits for it, up to 5 s).

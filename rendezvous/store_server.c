@@ -17,8 +17,17 @@
  * drain, so one connection holds at most about twice that. A reply that alone exceeds
  * max_pending_output is refused with E2BIG (never a disconnect). A client is judged not to read
  * only when its replies pile up beyond the limit AND none of them is taken for write_stall_ms;
- * then it is disconnected. A blocked connection stops being read once 1 MiB of pipelined
+ * then it is disconnected. A blocked connection stops being read once 64 KiB of pipelined
  * requests is buffered behind its wait. So 4096 idle connections cost about 2 MiB.
+ *
+ * Input budget. Each connection may hold up to 64 KiB of unparsed input for free (bounded by
+ * max_connections). A frame larger than that gets a buffer of exactly its size, charged against
+ * max_input_buffered, the server-wide budget for large requests in flight; a connection whose
+ * frame does not fit in what is left is not read (uv_read_stop) and waits in a first-come
+ * first-served queue until finished frames free enough (a charge is released as soon as its frame
+ * is processed, or its connection closes). Small requests never wait for the budget, and a
+ * blocked or throttled connection never takes any, so the budget cannot hold back the SET that
+ * a paused waiter needs. A frame larger than the whole budget is refused with E2BIG.
  *
  * Waiters. A waiting connection is linked on exactly one missing key (the first one it lacks;
  * that key has an "absent" entry in the table that exists only while someone waits on it).
@@ -51,7 +60,7 @@
 
 #define READ_BUF_SIZE (64 * 1024)
 #define FLUSH_AT (256 * 1024)          /* flush a reply batch once it is this large */
-#define BLOCKED_INPUT_MAX (1024 * 1024) /* pipelined bytes buffered behind a wait */
+#define BLOCKED_INPUT_MAX READ_BUF_SIZE /* pipelined bytes buffered behind a wait */
 #define CLOSE_GRACE_MS 2000             /* how long a final error reply may take to drain */
 #define REPLY_OVERHEAD (64 * 1024)      /* max_pending_output - max_value_size, at least */
 
@@ -73,6 +82,9 @@ struct entry {
 
 enum { ST_HELLO, ST_AUTH, ST_READY };
 
+/* Why on_alloc handed libuv no buffer (read_cb then gets UV_ENOBUFS). */
+enum { NOBUF_OOM, NOBUF_PAUSE, NOBUF_FULL };
+
 struct conn {
     uv_tcp_t tcp;
     uv_timer_t timer;        /* a parked request's timeout; the grace of a final reply */
@@ -87,6 +99,11 @@ struct conn {
     uint8_t *in;             /* owned: unparsed input (an incomplete frame, or frames behind a
                                 wait) */
     size_t in_len, in_cap;
+    size_t in_charged;       /* of in_cap, what is charged against max_input_buffered */
+    size_t in_need;          /* while paused for the input budget: the frame's size */
+    int in_paused;           /* waiting in the server's queue for input budget (not read) */
+    int nobuf;               /* why on_alloc gave no buffer (NOBUF_*) */
+    conn *pprev, *pnext;     /* the input budget queue */
     dt_proto_buf out;        /* replies not yet written */
     size_t out_queued;       /* bytes handed to uv_write and not yet completed */
     int throttled;           /* over max_pending_output: input is not read nor processed */
@@ -140,6 +157,11 @@ struct dt_store_server {
     conn *conns;
     size_t nconns;
     conn *ready_head, *ready_tail;
+    /* input budget (max_input_buffered) */
+    size_t in_charged;       /* sum of the connections' in_charged */
+    size_t in_charged_peak;  /* highest in_charged since start */
+    conn *paused_head, *paused_tail; /* waiting for budget, first come first served */
+    size_t npaused;
     /* log rate limiting for misbehaving clients */
     double log_window;
     int log_count, log_dropped;
@@ -1042,7 +1064,26 @@ static size_t conn_process(conn *c, const uint8_t *data, size_t len)
         dt_proto_msg m;
         const char *why = NULL;
         const dt_proto_limits *lim = c->state == ST_READY ? &s->lim : &s->lim_auth;
-        ssize_t r = dt_proto_parse(data + off, len - off, lim, 0, &m, NULL, &why);
+        size_t need = 0;
+        ssize_t r = dt_proto_parse(data + off, len - off, lim, 0, &m, &need, &why);
+        if (r == 0 && need > READ_BUF_SIZE && need > s->o.max_input_buffered) {
+            /* It would have to be held whole, and it can never fit the budget. */
+            SRV_WARN(s, "store: %s sent a %zu-byte request, larger than max_input_buffered = "
+                     "%zu (the bytes of large requests the server holds for all clients "
+                     "together); refusing it and closing the connection",
+                     c->peer, need, s->o.max_input_buffered);
+            uint32_t id = len - off >= DT_PROTO_LEN_SIZE + 5
+                              ? dt_proto_rd32(data + off + DT_PROTO_LEN_SIZE + 1)
+                              : 0;
+            reply_error(c, id, DT_PROTO_E2BIG,
+                        "request of %zu bytes is larger than the server's max_input_buffered "
+                        "(%zu bytes); closing the connection",
+                        need, s->o.max_input_buffered);
+            c->close_after_flush = 1;
+            uv_timer_start(&c->timer, on_wait_timeout, CLOSE_GRACE_MS, 0);
+            off = len;
+            break;
+        }
         if (r == 0)
             break;
         if (r < 0) {
@@ -1064,17 +1105,99 @@ static size_t conn_process(conn *c, const uint8_t *data, size_t len)
     return off;
 }
 
+/* ---- the input buffer and the input budget ---- */
+
+static void conn_read_start(conn *c);
+static void budget_resume(dt_store_server *s);
+
+/* Resizes c's input buffer to exactly cap bytes (>= in_len; 0 frees it) and keeps the charge
+ * against max_input_buffered in step: a buffer over READ_BUF_SIZE holds one large frame and is
+ * charged whole. Frees budget for paused connections when the charge drops. 0 or -ENOMEM (then
+ * nothing changed). */
+static int in_resize(conn *c, size_t cap)
+{
+    dt_store_server *s = c->srv;
+    if (cap == c->in_cap)
+        return 0;
+    if (cap) {
+        uint8_t *p = realloc(c->in, cap);
+        if (!p)
+            return -ENOMEM;
+        c->in = p;
+    } else {
+        free(c->in);
+        c->in = NULL;
+    }
+    c->in_cap = cap;
+    size_t charge = cap > READ_BUF_SIZE ? cap : 0, old = c->in_charged;
+    s->in_charged = s->in_charged - old + charge;
+    c->in_charged = charge;
+    s->in_charged_peak = DT_MAX(s->in_charged_peak, s->in_charged);
+    if (charge < old)
+        budget_resume(s);
+    return 0;
+}
+
 static int in_reserve(conn *c, size_t want)
 {
-    if (c->in_cap >= want)
-        return 0;
-    size_t cap = DT_MAX(want, c->in_cap + c->in_cap / 2);
-    uint8_t *p = realloc(c->in, cap);
-    if (!p)
-        return -ENOMEM;
-    c->in = p;
-    c->in_cap = cap;
-    return 0;
+    return c->in_cap >= want ? 0 : in_resize(c, want);
+}
+
+static void budget_unqueue(dt_store_server *s, conn *c)
+{
+    if (!c->in_paused)
+        return;
+    if (c->pprev)
+        c->pprev->pnext = c->pnext;
+    else
+        s->paused_head = c->pnext;
+    if (c->pnext)
+        c->pnext->pprev = c->pprev;
+    else
+        s->paused_tail = c->pprev;
+    c->pprev = c->pnext = NULL;
+    c->in_paused = 0;
+    s->npaused--;
+}
+
+/* Queues c (not read meanwhile) until `need` bytes of budget are free for its frame. */
+static void budget_pause(conn *c, size_t need)
+{
+    dt_store_server *s = c->srv;
+    if (c->in_paused)
+        return;
+    c->in_paused = 1;
+    c->in_need = need;
+    c->pnext = NULL;
+    c->pprev = s->paused_tail;
+    if (s->paused_tail)
+        s->paused_tail->pnext = c;
+    else
+        s->paused_head = c;
+    s->paused_tail = c;
+    s->npaused++;
+    DT_DEBUG("store: %s waits for input budget: its %zu-byte request does not fit (%zu of "
+             "max_input_buffered = %zu bytes held; %zu connections waiting)",
+             c->peer, need, s->in_charged, s->o.max_input_buffered, s->npaused);
+}
+
+/* Grants budget to the paused connections, in order, while the first one's frame fits. */
+static void budget_resume(dt_store_server *s)
+{
+    conn *c;
+    while ((c = s->paused_head) && s->in_charged + c->in_need <= s->o.max_input_buffered) {
+        budget_unqueue(s, c);
+        if (c->closing)
+            continue;
+        if (in_reserve(c, c->in_need) < 0) {
+            SRV_WARN(s, "store: out of memory buffering a %zu-byte request from %s; "
+                     "disconnecting it", c->in_need, c->peer);
+            conn_close(c);
+            continue;
+        }
+        if (!c->reading && !c->blocked && !c->throttled && !c->close_after_flush)
+            conn_read_start(c);
+    }
 }
 
 /* Processes the connection's own buffer and keeps what is left. */
@@ -1087,18 +1210,15 @@ static void conn_drain_input(conn *c)
         return;
     if (used == c->in_len || c->close_after_flush) {
         c->in_len = 0;
-        if (c->in_cap > READ_BUF_SIZE) {
-            free(c->in);
-            c->in = NULL;
-            c->in_cap = 0;
-        }
+        if (c->in_cap > READ_BUF_SIZE)
+            in_resize(c, 0); /* releases its charge */
     } else if (used) {
         memmove(c->in, c->in + used, c->in_len - used);
         c->in_len -= used;
+        if (c->in_cap > READ_BUF_SIZE && c->in_len <= READ_BUF_SIZE)
+            in_resize(c, READ_BUF_SIZE); /* the large frame is done: release its charge */
     }
 }
-
-static void conn_read_start(conn *c);
 
 /* Runs the connections whose parked request just completed: their pipelined input was held.
  * Called at the end of every loop callback that may have completed one. */
@@ -1124,7 +1244,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     conn *c = h->data;
     dt_store_server *s = c->srv;
     (void)suggested;
-    if (c->in_len == 0) {
+    if (c->in_len == 0 || c->close_after_flush) { /* (after a fatal error input is dropped) */
         *buf = uv_buf_init((char *)s->rbuf, sizeof s->rbuf);
         return;
     }
@@ -1132,14 +1252,44 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
      * Until a connection is ready (handshake, AUTH) only a hello and an AUTH frame can come,
      * so a stranger cannot make the server reserve more than that (the parser refuses a
      * larger length prefix before any of it is buffered). */
-    size_t want = c->in_len + READ_BUF_SIZE;
+    size_t want = READ_BUF_SIZE;
+    c->nobuf = NOBUF_OOM;
     if (c->state != ST_READY) {
-        want = DT_MIN(want, DT_PROTO_HELLO_SIZE + DT_PROTO_LEN_SIZE + s->lim_auth.max_frame);
+        want = DT_MIN(c->in_len + READ_BUF_SIZE,
+                      DT_PROTO_HELLO_SIZE + DT_PROTO_LEN_SIZE + s->lim_auth.max_frame);
         want = DT_MAX(want, c->in_len + 1);
-    } else if (c->in_len >= DT_PROTO_LEN_SIZE) {
-        size_t total = DT_PROTO_LEN_SIZE + (size_t)dt_proto_rd32(c->in);
-        if (total > c->in_len && total <= DT_PROTO_LEN_SIZE + s->lim.max_frame)
-            want = DT_MAX(want, total);
+    } else {
+        size_t total = 0;
+        if (c->in_len >= DT_PROTO_LEN_SIZE) {
+            total = DT_PROTO_LEN_SIZE + (size_t)dt_proto_rd32(c->in);
+            if (total <= c->in_len || total > DT_PROTO_LEN_SIZE + s->lim.max_frame)
+                total = 0;
+        }
+        if (total > s->o.max_input_buffered && total > READ_BUF_SIZE) {
+            /* Cannot happen: conn_process refuses such a frame before anything reads more. */
+            SRV_WARN(s, "store: %s: a %zu-byte request over max_input_buffered; disconnecting",
+                     c->peer, total);
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        if (total > READ_BUF_SIZE && !c->blocked && !c->throttled) {
+            /* A large frame: a buffer of exactly its size, charged against the budget.
+             * (conn_process already refused one larger than the whole budget.) */
+            want = total;
+            if (c->in_cap < total &&
+                (s->paused_head || s->in_charged - c->in_charged + total >
+                                       s->o.max_input_buffered)) {
+                budget_pause(c, total);
+                c->nobuf = NOBUF_PAUSE;
+                *buf = uv_buf_init(NULL, 0); /* read_cb gets UV_ENOBUFS and stops reading */
+                return;
+            }
+        } else if (c->in_len >= READ_BUF_SIZE) {
+            /* Pipelined input behind a wait (or held while throttled): enough is buffered. */
+            c->nobuf = NOBUF_FULL;
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
     }
     if (in_reserve(c, want) < 0) {
         *buf = uv_buf_init(NULL, 0); /* read_cb gets UV_ENOBUFS */
@@ -1153,8 +1303,19 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     conn *c = st->data;
     dt_store_server *s = c->srv;
+    if (nread == UV_ENOBUFS && c->nobuf != NOBUF_OOM && !c->closing) {
+        /* Paused for the input budget (budget_resume restarts it), or blocked with enough
+         * pipelined input (run_ready restarts it): stop reading, keep the connection. */
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+        c->nobuf = NOBUF_OOM;
+        return;
+    }
     if (nread < 0) {
-        if (nread != UV_EOF)
+        if (nread == UV_ENOBUFS)
+            SRV_WARN(s, "store: out of memory buffering input from %s; disconnecting it",
+                     c->peer);
+        else if (nread != UV_EOF)
             DT_DEBUG("store: reading from %s: %s", c->peer, uv_strerror((int)nread));
         if (c->in_len && !c->close_after_flush)
             SRV_WARN(s, "store: %s disconnected in the middle of a frame (%zu bytes)", c->peer,
@@ -1191,7 +1352,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         conn_drain_input(c);
     }
     conn_flush(c);
-    if (!c->closing && c->blocked && c->in_len > BLOCKED_INPUT_MAX && c->reading) {
+    if (!c->closing && c->blocked && c->in_len >= BLOCKED_INPUT_MAX && c->reading) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->reading = 0;
     }
@@ -1200,6 +1361,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 
 static void conn_read_start(conn *c)
 {
+    if (c->in_paused || c->reading)
+        return; /* budget_resume starts it */
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
         c->reading = 1;
     else
@@ -1225,6 +1388,12 @@ static void conn_close(conn *c)
     c->closing = 1;
     wait_unlink(s, c);
     c->blocked = 0;
+    budget_unqueue(s, c);
+    if (c->in_charged) { /* the buffer goes with the handles; its budget goes now */
+        s->in_charged -= c->in_charged;
+        c->in_charged = 0;
+        budget_resume(s);
+    }
     uv_timer_stop(&c->timer);
     uv_timer_stop(&c->iotimer);
     if (c->prev)
@@ -1356,6 +1525,7 @@ void dt_store_server_opts_default(dt_store_server_opts *o)
     o->max_pending_output = 65u << 20;
     o->write_stall_ms = 10000;
     o->handshake_timeout_ms = 10000;
+    o->max_input_buffered = (size_t)1 << 30;
 }
 
 static void on_stop(uv_async_t *a)
@@ -1386,6 +1556,9 @@ static void on_stats(uv_async_t *a)
                                        uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp));
         st.throttled += c->throttled;
     }
+    st.input_charged = (int64_t)s->in_charged;
+    st.input_charged_peak = (int64_t)s->in_charged_peak;
+    st.input_paused = (int64_t)s->npaused;
     pthread_mutex_lock(&s->stats_mu);
     s->stats = st;
     s->stats_done = 1;
@@ -1522,6 +1695,8 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
         s->o.write_stall_ms = 10000;
     if (s->o.handshake_timeout_ms <= 0)
         s->o.handshake_timeout_ms = 10000;
+    if (!s->o.max_input_buffered)
+        s->o.max_input_buffered = (size_t)1 << 30;
     /* One item is at most 4 GiB - 1 on the wire, and a SET frame carries the key too. */
     if ((uint64_t)s->o.max_value_size + s->o.max_key_size + 2 * DT_PROTO_ITEM_OVERHEAD +
             DT_PROTO_HDR_SIZE > UINT32_MAX) {

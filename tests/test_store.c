@@ -920,6 +920,158 @@ static void test_cas_torch(void)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* The input budget (max_input_buffered)                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A SET frame of key = vlen bytes of `fill`. */
+static void set_frame(dt_proto_buf *b, uint32_t id, const char *key, size_t vlen, int fill)
+{
+    char *v = malloc(vlen);
+    DT_REQUIRE(v);
+    memset(v, fill, vlen);
+    size_t st = dt_proto_begin(b, DT_OP_SET, id, 0, 1, 1);
+    dt_proto_put_item(b, key, strlen(key));
+    dt_proto_put_item(b, v, vlen);
+    dt_proto_end(b, st);
+    free(v);
+}
+
+typedef struct raw_writer {
+    int fd;
+    const uint8_t *p;
+    size_t n;
+    int rc;
+} raw_writer;
+
+static void *raw_writer_main(void *arg)
+{
+    raw_writer *w = arg;
+    w->rc = dt_write_all(w->fd, w->p, w->n);
+    return NULL;
+}
+
+/* Polls the stats (bounded) until want(st) holds. */
+static bool stats_until(dt_store_server *srv, bool (*want)(const dt_store_server_stats *, size_t),
+                        size_t arg, dt_store_server_stats *st)
+{
+    for (int i = 0; i < 1000; i++) {
+        *st = stats_of(srv);
+        if (want(st, arg))
+            return true;
+        dt_sleep_ms(10);
+    }
+    return false;
+}
+static bool st_charged_is(const dt_store_server_stats *st, size_t n)
+{
+    return st->input_charged == (int64_t)n;
+}
+static bool st_paused_is(const dt_store_server_stats *st, size_t n)
+{
+    return st->input_paused == (int64_t)n;
+}
+
+static void check_value(dt_store *s, const char *key, size_t vlen, int fill)
+{
+    dt_err err_ = {0}, *err = &err_;
+    void *v = NULL;
+    size_t n = 0;
+    DT_REQUIRE_OK(dt_store_get(s, key, &v, &n, 0, err), err);
+    DT_CHECK_INT(n, vlen);
+    int same = n == vlen;
+    for (size_t i = 0; same && i < n; i++)
+        same = ((uint8_t *)v)[i] == (uint8_t)fill;
+    DT_CHECK_MSG(same, "value of %s is not what was set", key);
+    free(v);
+}
+
+/* Two clients whose large SETs together exceed the budget: the second is paused (not refused,
+ * not disconnected) while the first is held, small requests still flow, both succeed, and the
+ * charged total never goes over the limit. Then the same with the first client dying in the
+ * middle of its frame, and a frame larger than the whole budget (E2BIG, closed, logged). */
+static void test_input_budget(void)
+{
+    enum { CAP = 1 << 20, VLEN = 700 * 1024 };
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.max_input_buffered = CAP;
+    dt_store_server *srv = start_server(&o);
+    int port = dt_store_server_port(srv);
+    dt_store *s = connect_to(srv, NULL);
+    dt_err err_ = {0}, *err = &err_;
+    dt_store_server_stats st;
+    dt_proto_buf fa = {0}, fb = {0}, rep = {0};
+    set_frame(&fa, 1, "a", VLEN, 'a');
+    set_frame(&fb, 2, "b", VLEN, 'b');
+
+    for (int round = 0; round < 2; round++) {
+        /* A: half of its frame, then stops: its buffer (the whole frame) is charged. */
+        int a = raw_hello(port);
+        DT_REQUIRE(dt_write_all(a, fa.data, fa.len / 2) == 0);
+        bool charged = stats_until(srv, st_charged_is, fa.len, &st);
+        DT_CHECK_MSG(charged, "A's frame was never charged (input_charged %" PRId64 ")",
+                     st.input_charged);
+        DT_REQUIRE(charged);
+        /* B: its whole frame, from a thread (the server stops reading it). */
+        int b = raw_hello(port);
+        struct timeval tv = {.tv_sec = 20};
+        setsockopt(b, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        raw_writer w = {.fd = b, .p = fb.data, .n = fb.len, .rc = -1};
+        pthread_t th;
+        DT_REQUIRE(pthread_create(&th, NULL, raw_writer_main, &w) == 0);
+        DT_CHECK_MSG(stats_until(srv, st_paused_is, 1, &st), "B was never paused");
+        DT_CHECK(st.input_charged <= CAP);
+        DT_CHECK_INT(st.connections, 3);
+        /* Small requests are not held back by the budget. */
+        DT_CHECK_INT(dt_store_set(s, "small", "x", 1, err), 0);
+        DT_CHECK_INT(dt_store_ping(s, NULL, err), 0);
+        if (round == 0) { /* A finishes: A succeeds, then B resumes and succeeds */
+            DT_REQUIRE(dt_write_all(a, fa.data + fa.len / 2, fa.len - fa.len / 2) == 0);
+            DT_CHECK_INT(raw_reply(a, &rep), DT_PROTO_OK);
+        }
+        close(a); /* round 1: A dies in the middle of its frame, which frees its budget */
+        pthread_join(th, NULL);
+        DT_CHECK_INT(w.rc, 0);
+        DT_CHECK_INT(raw_reply(b, &rep), DT_PROTO_OK);
+        close(b);
+        DT_CHECK(stats_until(srv, st_charged_is, 0, &st));
+        DT_CHECK_INT(st.input_paused, 0);
+        if (round == 0)
+            check_value(s, "a", VLEN, 'a');
+        check_value(s, "b", VLEN, 'b');
+        DT_REQUIRE_OK(dt_store_delete(s, "b", NULL, err), err);
+    }
+    st = stats_of(srv);
+    DT_CHECK_MSG(st.input_charged_peak <= CAP, "peak %" PRId64 " over the cap %d",
+                 st.input_charged_peak, CAP);
+    DT_CHECK(st.input_charged_peak >= (int64_t)fa.len);
+
+    /* A frame larger than the whole budget: E2BIG, the connection closed, the client named. */
+    dt_proto_buf fc = {0};
+    set_frame(&fc, 7, "c", CAP + 1, 'c');
+    log_capture lc;
+    capture_start(&lc);
+    int c = raw_hello(port);
+    DT_REQUIRE(dt_write_all(c, fc.data, 64) == 0);
+    int status = raw_reply(c, &rep);
+    bool logged = capture_wait(&lc, "larger than max_input_buffered");
+    capture_stop(&lc);
+    DT_CHECK_INT(status, DT_PROTO_E2BIG);
+    DT_CHECK(logged);
+    DT_CHECK(raw_closed_by_server(c, 10000));
+    close(c);
+    DT_CHECK_INT(dt_store_get(s, "c", &(void *){NULL}, &(size_t){0}, 0, err), -ENOENT);
+    check_alive(srv);
+
+    dt_proto_buf_free(&fa);
+    dt_proto_buf_free(&fb);
+    dt_proto_buf_free(&fc);
+    dt_proto_buf_free(&rep);
+    dt_store_free(s);
+    dt_store_server_stop(srv);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Waiting: many keys, deletes in between, pipelining behind a wait                           */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1877,6 +2029,7 @@ static const dt_test tests[] = {
     {"concurrent_adds", test_concurrent_adds, 60},
     {"cas_race", test_cas_race, 60},
     {"cas_torch", test_cas_torch, 60},
+    {"input_budget", test_input_budget, 60},
     {"standalone", test_standalone, 60},
     {"wait_many_keys", test_wait_many_keys, 60},
     {"token", test_token, 60},
