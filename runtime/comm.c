@@ -228,3 +228,18 @@ int dt_comm_wait(dt_comm *c, dt_comm_work *work, dt_err *err)
         return 0;
     return c->ops->wait(c->self, work, err);
 }
+
+int dt_comm_mem_alloc(dt_comm *c, size_t bytes, void **out, dt_err *err)
+{
+    *out = NULL;
+    if (!c->ops->mem_alloc)
+        return dt_err_set(err, -ENOTSUP, "comm: the %s backend has no communicator memory",
+                          c->ops->name);
+    return c->ops->mem_alloc(c->self, bytes, out, err);
+}
+
+void dt_comm_mem_free(dt_comm *c, void *p)
+{
+    if (c && p && c->ops->mem_free)
+        c->ops->mem_free(c->self, p);
+}

@@ -92,6 +92,7 @@ static const char *kind_name(int k)
     case DT_COLL_ALLGATHER: return "allgather";
     case DT_COLL_REDUCE_SCATTER: return "reduce_scatter";
     case DT_COLL_BARRIER: return "barrier";
+    case DT_COLL_MEM_ALLOC: return "mem_alloc";
     default: return "unknown-collective";
     }
 }
@@ -102,6 +103,10 @@ const char *dt_coll_describe(const dt_coll_desc *d, char *buf, size_t cap)
     switch (d->kind) {
     case DT_COLL_BARRIER:
         snprintf(buf, cap, "barrier #%llu", (unsigned long long)d->seq);
+        break;
+    case DT_COLL_MEM_ALLOC:
+        snprintf(buf, cap, "mem_alloc #%llu (%llu bytes)", (unsigned long long)d->seq,
+                 (unsigned long long)d->count);
         break;
     case DT_COLL_BROADCAST:
         snprintf(buf, cap, "broadcast #%llu (%s x %llu from rank %d)", (unsigned long long)d->seq,
@@ -251,6 +256,26 @@ static int exec_barrier(cpu_comm *c, const dt_coll_ctx *x, dt_err *err)
     return rc;
 }
 
+/* Communicator memory: shared memory mapped by the host's ranks, or plain memory when this rank
+ * has no local peers. *(void **)w->recv receives it. */
+static int exec_mem_alloc(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *x, dt_err *err)
+{
+    void **out = w->recv, *p = NULL;
+    size_t bytes = w->desc.count;
+    if (c->shm) {
+        int rc = dt_shm_mem_alloc(c->shm, bytes, &p, x, err);
+        if (rc)
+            return rc;
+    } else {
+        size_t n = (DT_MAX(bytes, (size_t)1) + 63) / 64 * 64;
+        if (!(p = aligned_alloc(64, n)))
+            return dt_err_set(err, -ENOMEM, "mem_alloc: out of memory for %zu bytes", bytes);
+        memset(p, 0, n);
+    }
+    *out = p;
+    return 0;
+}
+
 /* Runs one collective; on failure makes the communicator unusable and tells the peers.
  * background: on the comm thread (the issuer is busy with other work meanwhile). */
 static void execute(cpu_comm *c, dt_comm_work *w, bool background)
@@ -279,6 +304,7 @@ static void execute(cpu_comm *c, dt_comm_work *w, bool background)
     case DT_COLL_BROADCAST: rc = exec_broadcast(c, w, &x, err); break;
     case DT_COLL_ALLGATHER: rc = exec_allgather(c, w, &x, err); break;
     case DT_COLL_REDUCE_SCATTER: rc = exec_reduce_scatter(c, w, &x, err); break;
+    case DT_COLL_MEM_ALLOC: rc = exec_mem_alloc(c, w, &x, err); break;
     default: rc = exec_barrier(c, &x, err); break;
     }
     w->rc = rc;
@@ -501,6 +527,32 @@ static int cpu_barrier(void *self, dt_err *err)
     return submit(self, w, NULL, err);
 }
 
+static int cpu_mem_alloc(void *self, size_t bytes, void **out, dt_err *err)
+{
+    dt_comm_work *w = new_work(DT_COLL_MEM_ALLOC, DT_FLOAT32, bytes, -1, -1, err);
+    if (!w)
+        return -ENOMEM;
+    w->recv = out;
+    return submit(self, w, NULL, err);
+}
+
+static void cpu_mem_free(void *self, void *p)
+{
+    cpu_comm *c = self;
+    if (!p)
+        return;
+    /* The comm thread reads the list of allocations while it runs a collective: free when it
+     * is idle (the caller promised no collective on p is in flight; others may be). */
+    pthread_mutex_lock(&c->mu);
+    while (c->busy || c->head)
+        pthread_cond_wait(&c->done_cv, &c->mu);
+    if (c->shm)
+        dt_shm_mem_free(c->shm, p);
+    else
+        free(p);
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void cpu_destroy(void *self)
 {
     cpu_comm *c = self;
@@ -539,6 +591,8 @@ static const dt_comm_backend_ops cpu_ops = {
     .barrier = cpu_barrier,
     .wait = cpu_wait,
     .destroy = cpu_destroy,
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
 };
 
 /* ---- bootstrap ---------------------------------------------------------------------------- */

@@ -28,6 +28,7 @@ typedef enum dt_coll_kind {
     DT_COLL_ALLGATHER = 3,
     DT_COLL_REDUCE_SCATTER = 4,
     DT_COLL_BARRIER = 5,
+    DT_COLL_MEM_ALLOC = 6, /* dt_comm_mem_alloc: count = bytes */
 } dt_coll_kind;
 
 typedef struct dt_coll_desc {

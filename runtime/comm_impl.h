@@ -23,6 +23,9 @@ typedef struct dt_comm_backend_ops {
     int (*barrier)(void *self, dt_err *err);
     int (*wait)(void *self, dt_comm_work *work, dt_err *err);
     void (*destroy)(void *self);
+    /* Optional (NULL: dt_comm_mem_alloc fails with -ENOTSUP): see dt_comm_mem_alloc. */
+    int (*mem_alloc)(void *self, size_t bytes, void **out, dt_err *err);
+    void (*mem_free)(void *self, void *p);
 } dt_comm_backend_ops;
 
 /* The NCCL backend in libdtrain_cuda.so exports these two symbols. comm.c calls the first on

@@ -67,5 +67,14 @@ int dt_shm_allgather(dt_shm *s, const void *send, void *recv, size_t bytes,
 int dt_shm_reduce_scatter(dt_shm *s, const void *send, void *recv, size_t count, dt_dtype t,
                           float scale, const dt_coll_ctx *ctx, dt_err *err);
 int dt_shm_barrier(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err);
+/* Communicator memory (see dt_comm_mem_alloc in comm.h): every local rank creates a
+ * shared-memory object of `bytes` (zero-filled, 64-byte aligned) and maps every peer's. A call on
+ * every local rank, like a collective (ctx->desc describes it, so ranks that ask for different
+ * sizes fail as a mismatch). *out = this rank's memory. dt_shm_allreduce of a range of it runs
+ * without staging copies. */
+int dt_shm_mem_alloc(dt_shm *s, size_t bytes, void **out, const dt_coll_ctx *ctx, dt_err *err);
+/* Unmaps p (from dt_shm_mem_alloc) and this rank's view of the peers' memory of the same
+ * allocation. Accepts NULL. */
+void dt_shm_mem_free(dt_shm *s, void *p);
 
 #endif

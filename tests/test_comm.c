@@ -379,10 +379,13 @@ typedef struct coll_arg {
     bool only_f32;
 } coll_arg;
 
-static void check_allreduce(dt_comm *c, int rank, int n, dt_dtype t, size_t count, dt_redop op)
+/* All-reduces `count` values of rank-dependent data in buf (NULL: a malloc'ed buffer) and
+ * checks the result against the exact sum. */
+static void check_allreduce_in(dt_comm *c, int rank, int n, dt_dtype t, size_t count, dt_redop op,
+                               void *in)
 {
     size_t es = dt_dtype_size(t);
-    char *buf = malloc(count * es + 1);
+    char *buf = in ? in : malloc(count * es + 1);
     fill(buf, t, count, rank);
     dt_err err = {0};
     int rc = dt_comm_allreduce(c, buf, count, t, op, NULL, &err);
@@ -405,7 +408,13 @@ static void check_allreduce(dt_comm *c, int rank, int n, dt_dtype t, size_t coun
     RCHECK(bad == 0, "allreduce %s %s x %zu on %d ranks: %zu wrong, first at %zu: %g", 
            op == DT_AVG ? "avg" : "sum", dt_dtype_name(t), count, n, bad, first,
            (double)get(buf, t, first));
-    free(buf);
+    if (!in)
+        free(buf);
+}
+
+static void check_allreduce(dt_comm *c, int rank, int n, dt_dtype t, size_t count, dt_redop op)
+{
+    check_allreduce_in(c, rank, n, t, count, op, NULL);
 }
 
 static void check_broadcast(dt_comm *c, int rank, int n, dt_dtype t, size_t count, int root)
@@ -803,6 +812,169 @@ static void test_shm_cleanup(void)
     shm_unlink(live);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Communicator memory                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct mem_arg {
+    const char *run_id; /* when set: no shared-memory name may stay linked while in use */
+    int mode;           /* 0 = correctness; M_PLAIN, M_SIZE: a rank deviates */
+} mem_arg;
+
+enum { M_PLAIN = 1, M_SIZE = 2 };
+
+static void mem_body(dt_comm *c, int rank, int n, void *argp)
+{
+    const mem_arg *a = argp;
+    dt_err err = {0};
+    enum { N = 1300001, OFF = 7 };
+    const size_t bytes = (N + 64) * sizeof(float);
+    float *m = NULL;
+    int rc = dt_comm_mem_alloc(c, bytes, (void **)&m, &err);
+    RCHECK(rc == 0 && m != NULL, "mem_alloc: %s", err.msg);
+    if (rc)
+        return;
+    RCHECK(((uintptr_t)m & 63) == 0, "communicator memory %p is not 64-byte aligned", (void *)m);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < N + 64; i++)
+        nonzero += m[i] != 0;
+    RCHECK(nonzero == 0, "communicator memory is not zero-filled: %zu values", nonzero);
+    if (a && a->run_id)
+        RCHECK(count_segments(a->run_id) == 0, "a shared-memory name is still linked in use");
+
+    /* Every size and type, at an odd offset, against the exact result; and the same bits as
+     * the staged path on a plain buffer. */
+    char *plain = malloc(bytes);
+    for (size_t d = 0; d < 2; d++) {
+        for (size_t k = 0; k < DT_ARRAY_LEN(sizes); k++) {
+            dt_dtype t = dtypes[d];
+            size_t es = dt_dtype_size(t), count = sizes[k];
+            if (count * es > (N - OFF) * sizeof(float))
+                continue;
+            for (int op = DT_SUM; op <= DT_AVG; op++) {
+                char *zc = (char *)(m + OFF);
+                check_allreduce_in(c, rank, n, t, count, (dt_redop)op, zc);
+                check_allreduce_in(c, rank, n, t, count, (dt_redop)op, plain);
+                RCHECK(memcmp(zc, plain, count * es) == 0,
+                       "%s %s x %zu: communicator memory and a plain buffer differ",
+                       op == DT_AVG ? "avg" : "sum", dt_dtype_name(t), count);
+            }
+        }
+    }
+    free(plain);
+
+    /* DDP's pattern: the ranges of one buffer all-reduced as buckets in flight together, and
+     * the buffer written again as soon as the last wait returns. A rank whose peers still read
+     * its memory after its wait returned would hand them the next round's values. */
+    for (int round = 0; round < 40; round++) {
+        enum { B = 4 };
+        dt_comm_work *w[B];
+        for (size_t i = 0; i < N; i++)
+            m[i] = val(rank, i + (size_t)round);
+        for (int b = 0; b < B; b++) {
+            size_t lo = (size_t)b * N / B, hi = (size_t)(b + 1) * N / B;
+            RCHECK(dt_comm_allreduce(c, m + lo, hi - lo, DT_FLOAT32, DT_SUM, &w[b], &err) == 0,
+                   "bucket %d: %s", b, err.msg);
+        }
+        for (int b = B - 1; b >= 0; b--)
+            RCHECK(dt_comm_wait(c, w[b], &err) == 0, "wait %d: %s", b, err.msg);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < N; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++)
+                want += val(r, i + (size_t)round);
+            if (m[i] != want && !bad++)
+                first = i;
+        }
+        RCHECK(bad == 0, "round %d: %zu wrong, first at %zu", round, bad, first);
+        if (bad)
+            break;
+    }
+    dt_comm_mem_free(c, m);
+    dt_comm_mem_free(c, NULL);
+    /* A second allocation after the first is gone. */
+    rc = dt_comm_mem_alloc(c, 4096, (void **)&m, &err);
+    RCHECK(rc == 0, "second mem_alloc: %s", err.msg);
+    if (!rc) {
+        m[0] = (float)rank;
+        RCHECK(dt_comm_allreduce(c, m, 1, DT_FLOAT32, DT_SUM, NULL, &err) == 0, "%s", err.msg);
+        RCHECK(m[0] == (float)(n * (n - 1) / 2), "second allocation: %g", (double)m[0]);
+    }
+}
+
+static void mem_mismatch_body(dt_comm *c, int rank, int n, void *argp)
+{
+    const mem_arg *a = argp;
+    dt_err err = {0};
+    const bool odd = rank == n - 1;
+    float *m = NULL, plain[100] = {0};
+    int rc = dt_comm_mem_alloc(c, a->mode == M_SIZE && odd ? 8192 : 4096, (void **)&m, &err);
+    if (a->mode == M_SIZE) {
+        if (!odd) {
+            RCHECK(rc == -EPROTO, "rc %d: %s", rc, err.msg);
+            RCHECK(strstr(err.msg, "mem_alloc #1 (4096 bytes)") != NULL, "%s", err.msg);
+            RCHECK(strstr(err.msg, "8192 bytes") != NULL, "%s", err.msg);
+        }
+        return;
+    }
+    RCHECK(rc == 0, "mem_alloc: %s", err.msg);
+    rc = dt_comm_allreduce(c, odd ? plain : m, 100, DT_FLOAT32, DT_SUM, NULL, &err);
+    if (!odd) {
+        RCHECK(rc == -EPROTO, "rc %d: %s", rc, err.msg);
+        RCHECK(strstr(err.msg, "allreduce #2") != NULL, "%s", err.msg);
+        RCHECK(strstr(err.msg, "a buffer of its own") != NULL, "%s", err.msg);
+        RCHECK(strstr(err.msg, "communicator memory at offset 0") != NULL, "%s", err.msg);
+    }
+}
+
+static void test_comm_mem(void)
+{
+    /* Shared memory (2 and 3 ranks; 16 KiB slices so that a collective has many steps), the TCP
+     * ring (plain memory), and two hosts of two ranks (shared memory on each, a ring between). */
+    group g = {.n = 2};
+    new_run_id(&g, "mem");
+    mem_arg a = {g.run_id, 0};
+    run_group(&g, mem_body, &a, 120);
+    DT_CHECK_INT(count_segments(g.run_id), 0);
+    group g3 = {.n = 3, .slot_kb = 16};
+    run_group(&g3, mem_body, NULL, 120);
+    group gt = {.n = 2, .transport = "tcp"};
+    run_group(&gt, mem_body, NULL, 120);
+    group gh = {.n = 4, .hosts = "A,B,A,B"};
+    run_group(&gh, mem_body, NULL, 120);
+    /* One rank: plain memory. */
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    o.run_id = "mem-one";
+    dt_comm *c = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_comm_init(&c, NULL, &o, &err), &err);
+    float *m = NULL;
+    DT_REQUIRE_OK(dt_comm_mem_alloc(c, 400, (void **)&m, &err), &err);
+    m[99] = 3;
+    DT_REQUIRE_OK(dt_comm_allreduce(c, m, 100, DT_FLOAT32, DT_AVG, NULL, &err), &err);
+    DT_CHECK(m[99] == 3);
+    dt_comm_mem_free(c, m);
+    dt_comm_free(c);
+}
+
+static void test_comm_mem_mismatch(void)
+{
+    int status[16];
+    mem_arg a = {NULL, M_PLAIN};
+    group g = {.n = 2, .timeout_ms = 20000};
+    run_group_status(&g, mem_mismatch_body, &a, 60, status);
+    DT_CHECK_MSG(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0,
+                 "rank 0 (comm memory vs plain buffer) failed its checks (status %d)", status[0]);
+    a.mode = M_SIZE;
+    group g3 = {.n = 3, .timeout_ms = 20000};
+    run_group_status(&g3, mem_mismatch_body, &a, 60, status);
+    for (int r = 0; r < 2; r++)
+        DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+                     "rank %d (mem_alloc sizes differ) failed its checks (status %d)", r,
+                     status[r]);
+}
+
 static void test_bootstrap_missing_rank(void)
 {
     /* Rank 1 never starts (it exits before comm init): rank 0 gives up within the timeout and
@@ -867,6 +1039,8 @@ int main(int argc, char **argv)
         {"stalled_peer", test_stalled_peer, 60},
         {"mismatch", test_mismatch, 90},
         {"shm_cleanup", test_shm_cleanup, 60},
+        {"comm_mem", test_comm_mem, 300},
+        {"comm_mem_mismatch", test_comm_mem_mismatch, 90},
         {"bootstrap_missing_rank", test_bootstrap_missing_rank, 30},
         {"nccl_unavailable", test_nccl_unavailable, 0},
     };
