@@ -10,6 +10,10 @@
  * memcpy line is one thread copying a 64 MiB buffer (best of several), the natural ceiling of a
  * shared-memory transport: a 2-rank all-reduce moves each byte through memory about as often as
  * one memcpy does.
+ *
+ * The buffer is communicator memory (dt_comm_mem_alloc), as DDP's gradients are: on one host the
+ * all-reduce then reads the peers' memory directly. --buffer plain measures a malloc'ed buffer,
+ * which the shared-memory transport stages through its own slices.
  */
 #include <math.h>
 #include <signal.h>
@@ -36,6 +40,7 @@ typedef struct bench_opts {
     double seconds;        /* target time per size */
     int warmup;
     const char *transport; /* DTRAIN_COMM_TRANSPORT for the ranks */
+    bool plain;            /* a malloc'ed buffer instead of communicator memory */
     /* child mode (set by the parent when it forks ranks) */
     int child_rank;
     char store_host[256];
@@ -49,7 +54,8 @@ static void usage(FILE *out)
             "usage: dtrain bench allreduce [--nproc N] [--min SIZE] [--max SIZE] [--dtype "
             "float32|bf16|fp16]\n"
             "                              [--op sum|avg] [--transport auto|shm|tcp] [--async] "
-            "[--seconds S]\n\n"
+            "[--seconds S]\n"
+            "                              [--buffer comm|plain]\n\n"
             "  --nproc N      ranks to fork on this host (default 2); under the launcher "
             "(RANK, WORLD_SIZE and\n"
             "                 DTRAIN_STORE_* set) the ranks are the launcher's workers instead\n"
@@ -57,7 +63,9 @@ static void usage(FILE *out)
             "  --transport    DTRAIN_COMM_TRANSPORT for the ranks (tcp: the TCP ring even on "
             "one host)\n"
             "  --async        issue each all-reduce with a work handle and wait (the DDP path)\n"
-            "  --seconds S    measuring time per size (default 0.2)\n");
+            "  --seconds S    measuring time per size (default 0.2)\n"
+            "  --buffer B     comm: communicator memory, as DDP's gradients (default); plain: a "
+            "malloc'ed buffer\n");
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -264,12 +272,16 @@ static int run_rank(const bench_opts *o, int rank, int world, int local_rank, in
     co.timeout_ms = 120000;
     if ((rc = dt_comm_init(&c, store, &co, &err)) != 0)
         goto out;
-    buf = malloc(o->max_bytes + 64);
-    if (!buf) {
-        rc = dt_err_set(&err, -ENOMEM, "cannot allocate %zu bytes", o->max_bytes);
+    if (o->plain) {
+        buf = malloc(o->max_bytes + 64);
+        if (!buf) {
+            rc = dt_err_set(&err, -ENOMEM, "cannot allocate %zu bytes", o->max_bytes);
+            goto out;
+        }
+        memset(buf, 0, o->max_bytes);
+    } else if ((rc = dt_comm_mem_alloc(c, o->max_bytes + 64, (void **)&buf, &err)) != 0) {
         goto out;
     }
-    memset(buf, 0, o->max_bytes);
     /* The reference, measured while the other ranks wait at the barrier. */
     double bw = 0;
     if ((rc = dt_comm_barrier(c, &err)) != 0)
@@ -280,9 +292,10 @@ static int run_rank(const bench_opts *o, int rank, int world, int local_rank, in
         goto out;
     if (rank == 0) {
         const char *tr = getenv("DTRAIN_COMM_TRANSPORT");
-        printf("# dtrain bench allreduce: %d ranks, %s, %s, %s calls, transport %s\n", world,
+        printf("# dtrain bench allreduce: %d ranks, %s, %s, %s calls, transport %s, %s\n", world,
                dt_dtype_name(o->dtype), o->op == DT_AVG ? "avg" : "sum",
-               o->async ? "async (handle + wait)" : "blocking", tr && *tr ? tr : "auto");
+               o->async ? "async (handle + wait)" : "blocking", tr && *tr ? tr : "auto",
+               o->plain ? "plain buffer" : "communicator memory");
         printf("# memcpy bandwidth (this machine, this run, one thread, 64 MiB): %.2f GB/s\n", bw);
         printf("# busbw = algbw * 2(n-1)/n from the mean time (nccl-tests); busbw(med) from the "
                "median iteration; ratio = busbw / memcpy bandwidth\n#\n");
@@ -325,7 +338,10 @@ static int run_rank(const bench_opts *o, int rank, int world, int local_rank, in
 out:
     if (rc && rc != -EIO)
         fprintf(stderr, "dtrain bench allreduce: rank %d: %s\n", rank, err.msg);
-    free(buf);
+    if (o->plain)
+        free(buf);
+    else
+        dt_comm_mem_free(c, buf);
     dt_comm_free(c);
     dt_store_free(store);
     return rc ? 1 : 0;
@@ -463,6 +479,12 @@ int dt_bench_allreduce(int argc, char **argv)
                 return 2;
             }
             o.transport = v;
+        } else if (!strcmp(a, "--buffer")) {
+            if (strcmp(v, "comm") && strcmp(v, "plain")) {
+                fprintf(stderr, "dtrain bench allreduce: --buffer %s: use comm or plain\n", v);
+                return 2;
+            }
+            o.plain = !strcmp(v, "plain");
         } else if (!strcmp(a, "--seconds")) {
             if (dt_parse_double(v, &o.seconds) || o.seconds <= 0) {
                 fprintf(stderr, "dtrain bench allreduce: --seconds %s: a positive number\n", v);

@@ -36,6 +36,8 @@ struct dt_ddp {
     int nb;
     int next;             /* next bucket to launch */
     uint16_t *comp;       /* (num_params) 16-bit payloads when compressing, owned */
+    void *cmem;           /* communicator memory holding comp or the gradients, or NULL */
+    float *own_grads;     /* the model's gradient buffer while m->grads points at cmem */
     float *scratch;       /* (scratch_n) backend memory for small collectives, owned */
     size_t scratch_n;
     int rc;               /* first error met in the hook */
@@ -433,6 +435,33 @@ void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *s) { *s = d->st; }
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
+/* Moves what the buckets all-reduce (the gradients, or the 16-bit payloads) into communicator
+ * memory, where the transport reads the peers' copies directly. Host memory only: the nccl
+ * backend has none (-ENOTSUP), and device gradients stay where they are. */
+static int use_comm_memory(dt_ddp *d, dt_err *err)
+{
+    dt_model *m = d->m;
+    if (d->world == 1 || !m->num_params || strcmp(m->be->name, "cpu") != 0)
+        return 0;
+    size_t bytes = m->num_params * (d->o.compress != DT_FLOAT32 ? sizeof *d->comp : sizeof(float));
+    int rc = dt_comm_mem_alloc(d->c, bytes, &d->cmem, err);
+    if (rc == -ENOTSUP)
+        return 0;
+    if (rc) {
+        dt_err_prefix(err, "DDP: ");
+        return rc;
+    }
+    d->st.comm_memory = true;
+    if (d->o.compress != DT_FLOAT32) {
+        d->comp = d->cmem;
+    } else {
+        memcpy(d->cmem, m->grads, bytes);
+        d->own_grads = m->grads;
+        m->grads = d->cmem;
+    }
+    return 0;
+}
+
 int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts, dt_err *err)
 {
     dt_ddp_opts def;
@@ -481,7 +510,9 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
         rc = dt_err_set(err, -ENOMEM, "DDP: out of memory");
         goto fail;
     }
-    if (d->o.compress != DT_FLOAT32 && m->num_params) {
+    if ((rc = use_comm_memory(d, err)))
+        goto fail;
+    if (d->o.compress != DT_FLOAT32 && m->num_params && !d->comp) {
         d->comp = malloc(m->num_params * sizeof *d->comp);
         if (!d->comp) {
             rc = dt_err_set(err, -ENOMEM, "DDP: out of memory for the compressed gradients");
@@ -507,7 +538,14 @@ void dt_ddp_free(dt_ddp *d)
             dt_comm_wait(d->c, d->b[i].work, NULL);
     if (d->scratch)
         d->m->be->free(d->m->be, d->scratch);
-    free(d->comp);
+    if (d->own_grads) {
+        memcpy(d->own_grads, d->m->grads, d->m->num_params * sizeof(float));
+        d->m->grads = d->own_grads;
+    }
+    if (d->cmem)
+        dt_comm_mem_free(d->c, d->cmem);
+    else
+        free(d->comp);
     free(d->rec);
     free(d->b);
     free(d);

@@ -26,6 +26,12 @@
  * all-reduce, and converted back after; the reduction itself accumulates in float32. Host memory
  * only (device = cpu).
  *
+ * Communicator memory: with more than one rank on a host-memory backend (device = cpu), the
+ * all-reduced buffer (the flat gradients, or the 16-bit payloads when compressing) lives in the
+ * communicator's memory (dt_comm_mem_alloc), so the ranks of a host reduce straight from each
+ * other's gradients instead of staging copies. While the reducer lives, m->grads points there;
+ * dt_ddp_free puts the model's own buffer back, with the current gradients.
+ *
  * All calls come from the thread that runs backward (the hook) and the trainer's thread, which
  * are the same thread in dtrain's worker.
  */
@@ -65,15 +71,17 @@ typedef struct dt_ddp_stats {
     uint64_t launched_early; /* buckets launched from the hook (overlapped with backward) */
     uint64_t launched_late;  /* buckets launched by dt_ddp_finish (not overlapped) */
     double wait_s;           /* total time dt_ddp_finish spent waiting */
+    bool comm_memory;        /* the buckets all-reduce communicator memory (see above) */
 } dt_ddp_stats;
 
-/* Creates the reducer of model m over comm c (both borrowed; they outlive it), checks the model
+/* Creates the reducer of model m over comm c (both borrowed; they outlive it: free the reducer
+ * first, see "Communicator memory" above), checks the model
  * against rank 0's (when o->check_consistency) and broadcasts rank 0's parameters and buffers.
  * Every rank must call it. opts may be NULL for the defaults. Fails with -EPROTO and a message
  * naming what differs when the models do not match. */
 int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts, dt_err *err);
 
-/* Waits for anything in flight. Accepts NULL. */
+/* Waits for anything in flight; gives the model its own gradient buffer back. Accepts NULL. */
 void dt_ddp_free(dt_ddp *d);
 
 /* The grad-ready hook (dt_grad_ready_fn) to pass to the model's backward with ctx = the dt_ddp:

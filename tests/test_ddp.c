@@ -298,6 +298,8 @@ static void rank_body(run_cfg *rc, int rank)
            (unsigned long long)st.launched_early, (unsigned long long)st.launched_late,
            (unsigned long long)st.bucket_syncs, rc->steps);
     RCHECK(st.rebuilt || rc->steps < 2, "the buckets were not rebuilt after the first step");
+    RCHECK(st.comm_memory == (rc->N > 1), "communicator memory %s with %d ranks",
+           st.comm_memory ? "used" : "not used", rc->N);
     /* Every model reports its gradients: every bucket goes out from backward. */
     RCHECK(st.launched_late == 0, "%llu buckets not launched from backward",
            (unsigned long long)st.launched_late);
