@@ -130,6 +130,8 @@ struct dt_shm {
     uint64_t step;   /* last step number used */
     bool failed;
     shm_region *regions; /* communicator memory */
+    long long mem_max;   /* bytes of it this rank may hold (<0 = no limit) */
+    size_t mem_used;
     unsigned nregions;   /* allocations made so far (names the next one) */
 };
 
@@ -685,6 +687,7 @@ int dt_shm_open(dt_shm **out, const dt_shm_opts *o, bool create, dt_err *err)
     s->slot = o->slot_bytes ? o->slot_bytes : DEFAULT_SLICE;
     s->slot = DT_MAX((size_t)16384, (s->slot + 4095) / 4096 * 4096);
     s->spin_ns = (uint64_t)(o->spin_us >= 0 ? o->spin_us : DEFAULT_SPIN_US) * 1000u;
+    s->mem_max = o->mem_max_bytes;
     dt_strlcpy(s->name, o->name, sizeof s->name);
     s->globals = calloc((size_t)s->n, sizeof *s->globals);
     s->pidfds = calloc((size_t)s->n, sizeof *s->pidfds);
@@ -845,9 +848,15 @@ static int region_map(dt_shm *s, shm_region *g, unsigned idx, int j, bool create
                             name);
     int rc = 0;
     struct stat st;
+    int e;
     if (create && ftruncate(fd, (off_t)g->map_bytes) != 0)
         rc = dt_err_errno(err, errno, "cannot size %s to %zu bytes (is /dev/shm large enough?)",
                           name, g->map_bytes);
+    /* Reserve the pages now: a tmpfs that runs full later (docker's 64 MiB /dev/shm) would
+     * kill the process with SIGBUS on first touch instead of failing here. */
+    else if (create && (e = posix_fallocate(fd, 0, (off_t)g->map_bytes)) != 0)
+        rc = dt_err_set(err, e == ENOSPC || e == ENOMEM || e == EFBIG ? -ENOSPC : -e,
+                        "/dev/shm has no room for %zu bytes (%s)", g->map_bytes, strerror(e));
     else if (!create && (fstat(fd, &st) != 0 || (size_t)st.st_size != g->map_bytes))
         rc = dt_err_set(err, -EPROTO, "%s has %lld bytes, expected %zu", name,
                         (long long)st.st_size, g->map_bytes);
@@ -893,11 +902,34 @@ int dt_shm_mem_alloc(dt_shm *s, size_t bytes, void **out, const dt_coll_ctx *ctx
     g->map_bytes = REGION_HDR + (DT_MAX(bytes, (size_t)1) + 4095) / 4096 * 4096;
     /* Everyone creates its object, then maps everyone else's, then the names are unlinked (the
      * mappings keep the memory; a crash in between leaves names for dt_shm_clean). The
-     * barriers check that every rank asks for the same size (ctx->desc). */
-    if ((rc = region_map(s, g, idx, s->me, true, &e)) != 0)
+     * collectives check that every rank asks for the same size (ctx->desc). A rank without
+     * room votes no, and then nobody keeps communicator memory. */
+    if (s->mem_max >= 0 && (long long)(s->mem_used + g->map_bytes) > s->mem_max)
+        rc = dt_err_set(&e, -ENOSPC, "%zu bytes would exceed DTRAIN_COMM_SHM_MEM_MB=%lld",
+                        g->map_bytes, s->mem_max >> 20);
+    else
+        rc = region_map(s, g, idx, s->me, true, &e);
+    if (rc && rc != -ENOSPC)
         goto fail;
-    if ((rc = run_op(s, &barrier, ctx, err)) != 0)
+    float vote[2] = {rc ? 1.0f : 0.0f, rc ? (float)(s->me + 1) : 0.0f}; /* no-votes, who + 1 */
+    shm_op agree = {.kind = DT_COLL_ALLREDUCE, .t = DT_FLOAT32, .es = sizeof(float), .count = 2,
+                    .per_step = s->slot / sizeof(float), .buf = (char *)vote, .scale = 1.0f};
+    if ((rc = run_op(s, &agree, ctx, err)) != 0)
         goto out;
+    if (vote[0] > 0) {
+        if (e.msg[0]) {
+            rc = dt_err_set(err, -ENOSPC, "communicator memory on rank %d: %s",
+                            s->globals[s->me], e.msg);
+            DT_WARN("comm: %s", err->msg);
+        }
+        else if (vote[0] == 1)
+            rc = dt_err_set(err, -ENOSPC, "communicator memory: rank %d has no room for it (see "
+                            "its log)", s->globals[(int)vote[1] - 1]);
+        else
+            rc = dt_err_set(err, -ENOSPC, "communicator memory: %d local ranks have no room for "
+                            "it", (int)vote[0]);
+        goto out;
+    }
     for (int j = 0; j < s->n; j++)
         if (j != s->me && (rc = region_map(s, g, idx, j, false, &e)) != 0)
             goto fail;
@@ -910,6 +942,7 @@ int dt_shm_mem_alloc(dt_shm *s, size_t bytes, void **out, const dt_coll_ctx *ctx
     }
     g->next = s->regions;
     s->regions = g;
+    s->mem_used += g->map_bytes;
     *out = g->peer[s->me];
     return 0;
 fail:
@@ -920,18 +953,20 @@ out:
     return rc;
 }
 
-void dt_shm_mem_free(dt_shm *s, void *p)
+bool dt_shm_mem_free(dt_shm *s, void *p)
 {
     if (!s || !p)
-        return;
+        return false;
     for (shm_region **pg = &s->regions; *pg; pg = &(*pg)->next) {
         if ((*pg)->peer[s->me] == p) {
             shm_region *g = *pg;
             *pg = g->next;
+            s->mem_used -= g->map_bytes;
             region_free(s, g);
-            return;
+            return true;
         }
     }
+    return false;
 }
 
 void dt_shm_close(dt_shm *s)

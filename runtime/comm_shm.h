@@ -31,6 +31,7 @@ typedef struct dt_shm_opts {
     const int *global_ranks;  /* (local_size) global rank of each local index (copied) */
     size_t slot_bytes;        /* staging bytes per rank and slice, 8 slices (0 = 512 KiB) */
     int spin_us;              /* spin before sleeping on a futex (<0 = default) */
+    long long mem_max_bytes;  /* communicator memory a rank may put in /dev/shm (<0 = no limit) */
 } dt_shm_opts;
 
 /* Writes the segment name for (run_id, attempt, communicator number gen, host index). */
@@ -71,10 +72,12 @@ int dt_shm_barrier(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err);
  * shared-memory object of `bytes` (zero-filled, 64-byte aligned) and maps every peer's. A call on
  * every local rank, like a collective (ctx->desc describes it, so ranks that ask for different
  * sizes fail as a mismatch). *out = this rank's memory. dt_shm_allreduce of a range of it runs
- * without staging copies. */
+ * without staging copies. -ENOSPC (the group stays usable) when /dev/shm cannot hold it on some
+ * local rank, or it exceeds opts.mem_max_bytes there: every local rank gets -ENOSPC, and
+ * err says which rank and why. */
 int dt_shm_mem_alloc(dt_shm *s, size_t bytes, void **out, const dt_coll_ctx *ctx, dt_err *err);
 /* Unmaps p (from dt_shm_mem_alloc) and this rank's view of the peers' memory of the same
- * allocation. Accepts NULL. */
-void dt_shm_mem_free(dt_shm *s, void *p);
+ * allocation; false when p is not such memory (or NULL). */
+bool dt_shm_mem_free(dt_shm *s, void *p);
 
 #endif

@@ -66,6 +66,7 @@ typedef struct group {
     int attempt;
     int slot_kb;            /* DTRAIN_COMM_SHM_SLOT_KB (0 = default) */
     int segment_kb;         /* DTRAIN_COMM_TCP_SEGMENT_KB (0 = default) */
+    int last_mem_mb;        /* DTRAIN_COMM_SHM_MEM_MB + 1 of the last rank (0 = unset) */
     char run_id[96];
     int port;               /* store */
 } group;
@@ -125,6 +126,11 @@ static void rank_env(const group *g, int rank)
     snprintf(v, sizeof v, "%d", g->segment_kb);
     if (g->segment_kb)
         setenv("DTRAIN_COMM_TCP_SEGMENT_KB", v, 1);
+    snprintf(v, sizeof v, "%d", g->last_mem_mb - 1);
+    if (g->last_mem_mb && rank == g->n - 1)
+        setenv("DTRAIN_COMM_SHM_MEM_MB", v, 1);
+    else
+        unsetenv("DTRAIN_COMM_SHM_MEM_MB");
     if (host[0])
         setenv("DTRAIN_COMM_HOST_ID", host, 1);
     else
@@ -821,7 +827,7 @@ typedef struct mem_arg {
     int mode;           /* 0 = correctness; M_PLAIN, M_SIZE: a rank deviates */
 } mem_arg;
 
-enum { M_PLAIN = 1, M_SIZE = 2 };
+enum { M_PLAIN = 1, M_SIZE = 2, M_FALLBACK = 3 };
 
 static void mem_body(dt_comm *c, int rank, int n, void *argp)
 {
@@ -841,6 +847,16 @@ static void mem_body(dt_comm *c, int rank, int n, void *argp)
     RCHECK(nonzero == 0, "communicator memory is not zero-filled: %zu values", nonzero);
     if (a && a->run_id)
         RCHECK(count_segments(a->run_id) == 0, "a shared-memory name is still linked in use");
+    if (a && a->mode == M_FALLBACK) {
+        /* The last rank may not hold this much: nobody got shared memory, so a plain buffer
+         * and this one run the same (staged) way; a mix would fail as a mismatch. */
+        float plain[64] = {0}, *p = rank % 2 ? plain : m;
+        for (int i = 0; i < 64; i++)
+            p[i] = (float)(rank + i);
+        RCHECK(dt_comm_allreduce(c, p, 64, DT_FLOAT32, DT_SUM, NULL, &err) == 0,
+               "plain and fallback memory together: %s", err.msg);
+        RCHECK(p[5] == (float)(n * 5 + n * (n - 1) / 2), "fallback: %g", (double)p[5]);
+    }
 
     /* Every size and type, at an odd offset, against the exact result; and the same bits as
      * the staged path on a plain buffer. */
@@ -942,6 +958,12 @@ static void test_comm_mem(void)
     run_group(&gt, mem_body, NULL, 120);
     group gh = {.n = 4, .hosts = "A,B,A,B"};
     run_group(&gh, mem_body, NULL, 120);
+    /* The last rank allows itself 1 MiB of /dev/shm: every rank falls back to plain memory. */
+    group gf = {.n = 3, .last_mem_mb = 1 + 1};
+    new_run_id(&gf, "memfb");
+    mem_arg af = {gf.run_id, M_FALLBACK};
+    run_group(&gf, mem_body, &af, 120);
+    DT_CHECK_INT(count_segments(gf.run_id), 0);
     /* One rank: plain memory. */
     dt_comm_opts o;
     dt_comm_opts_default(&o);
