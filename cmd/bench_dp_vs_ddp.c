@@ -33,6 +33,7 @@
 #include "runtime/dp.h"
 #include "runtime/model.h"
 #include "runtime/optim.h"
+#include "runtime/worker.h"
 
 #define MAX_REPLICAS 64
 
@@ -180,7 +181,8 @@ static int run_child(const bench_opts *o)
     bo.threads = job.threads;
     bo.device_index = is_ddp ? o->rank : 0;
     if (is_dp) {
-        dt_dp_opts dpo = {.replicas = K, .device = job.device, .backend = bo};
+        dt_dp_opts dpo = {.replicas = K, .device = job.device, .backend = bo,
+                          .cpu_bind = !strcmp(job.cpu_bind, "auto")};
         mc.sync_bn = false;
         if ((rc = dt_dp_create(&dp, &mc, &dpo, &err)))
             goto out;
@@ -190,6 +192,7 @@ static int run_child(const bench_opts *o)
         if ((rc = dt_backend_open(&be, job.device, &bo, &err)))
             goto out;
         if (is_ddp) {
+            dt_worker_bind_cpus(&job, be, o->rank, world);
             dt_store_opts so;
             dt_store_opts_default(&so);
             dt_comm_opts co;
@@ -507,9 +510,10 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     bool tokens = !strcmp(job.model_type, "gpt");
     printf("# dtrain bench dp-vs-ddp %s: model %s, %d replicas, batch %d per replica x accum %d, "
-           "%d timed steps (+%d warm-up), device %s, %d BLAS thread(s) per replica, %d cores\n",
+           "%d timed steps (+%d warm-up), device %s, %d BLAS thread(s) per replica, %d cores, "
+           "cpu_bind %s\n",
            o.job_path, job.model_type, o.nproc, job.batch_size, job.grad_accum, o.steps, o.warmup,
-           job.device, job.threads, cores);
+           job.device, job.threads, cores, job.cpu_bind);
     printf("# throughput in %s/s over all replicas; comm = per-step time DDP waits for its "
            "gradients, DP spends in the serial reduce\n",
            tokens ? "tokens" : "samples");

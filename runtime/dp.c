@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cpuset.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -26,6 +27,8 @@ typedef struct replica {
     dt_model *m;         /* owned */
     pthread_t thread;
     bool started;
+    bool bind;           /* run on cpus (opts.cpu_bind) */
+    cpu_set_t cpus;
     /* the job of the current pass */
     dt_batch batch;
     bool active;         /* has a non-empty chunk */
@@ -76,6 +79,9 @@ static void *replica_thread(void *arg)
     replica *r = arg;
     dt_dp *d = r->dp;
     uint64_t seen = 0;
+    dt_err e = {0};
+    if (r->bind && dt_cpuset_bind(&r->cpus, &e))
+        DT_DEBUG("DP replica %d: %s", r->k, e.msg);
     pthread_mutex_lock(&d->mu);
     for (;;) {
         while (!d->stop && d->gen == seen)
@@ -300,6 +306,19 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
         if ((rc = d->r[0].be->alloc(d->r[0].be, (void **)&d->dev_stage,
                                     m0->num_params * sizeof(float), err)) != 0)
             goto fail;
+    }
+    cpu_set_t base;
+    dt_err be = {0};
+    if (o->cpu_bind && d->host_mem && d->K > 1 && !dt_cpuset_current(&base, &be)) {
+        for (int k = 0; k < d->K; k++)
+            d->r[k].bind = !dt_cpuset_share(&base, k, d->K, &d->r[k].cpus, &be);
+        char list[256];
+        dt_cpuset_format(&d->r[0].cpus, list, sizeof list);
+        if (d->r[0].bind && !dt_cpuset_bind(&d->r[0].cpus, &be))
+            DT_DEBUG("DP: replica k runs on share k of %d of this process's CPUs (replica 0: %s)",
+                     d->K, list);
+        else
+            DT_DEBUG("DP: replicas not bound to CPUs (%s)", be.msg);
     }
     for (int k = 1; k < d->K; k++) {
         if ((rc = pthread_create(&d->r[k].thread, NULL, replica_thread, &d->r[k])) != 0) {

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cpuset.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -84,6 +85,27 @@ int dt_worker_env_read(dt_worker_env *e, dt_err *err)
  * called at one place in the loop; see worker.h for what each one is for. */
 
 static bool dp_mode(const dt_trainer *t) { return !strcmp(t->job.strategy, "dp"); }
+
+void dt_worker_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank, int local_world)
+{
+    cpu_set_t base, mine;
+    dt_err e = {0};
+    char all[256], list[256];
+    if (strcmp(j->cpu_bind, "auto") || strcmp(be->name, "cpu") || local_world < 2)
+        return;
+    if (dt_cpuset_current(&base, &e) || dt_cpuset_share(&base, local_rank, local_world, &mine, &e) ||
+        dt_cpuset_bind(&mine, &e)) {
+        DT_DEBUG("job.cpu_bind = auto: not bound to CPUs: %s", e.msg);
+        return;
+    }
+    dt_cpuset_format(&base, all, sizeof all);
+    dt_cpuset_format(&mine, list, sizeof list);
+    if (local_rank == 0)
+        DT_INFO("job.cpu_bind = auto: each of this node's %d workers runs on its own share of "
+                "CPUs %s (job.cpu_bind = none leaves it to the scheduler)",
+                local_world, all);
+    DT_DEBUG("local rank %d runs on CPU(s) %s", local_rank, list);
+}
 
 /* SEAM comm_init (DDP): create t->comm from the store; the reducer comes in after_build, once
  * the model exists. One worker needs no communicator; DP needs none either (one process). */
@@ -390,6 +412,7 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     parse_precision(j->precision, &bo.precision);
     if ((rc = dt_backend_open(&t->be, j->device, &bo, err)))
         goto fail;
+    dt_worker_bind_cpus(j, t->be, env->local_rank, env->local_world_size);
 
     /* communication before the model: SyncBatchNorm borrows t->comm */
     if ((rc = seam_comm_init(t, err)))
@@ -406,7 +429,8 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         if (mc.sync_bn && env->rank == 0)
             DT_WARN("model.sync_bn has no effect with job.strategy = dp (each replica normalises "
                     "its own chunk, as in torch DataParallel)");
-        dt_dp_opts dpo = {.replicas = j->dp_replicas, .device = j->device, .backend = bo};
+        dt_dp_opts dpo = {.replicas = j->dp_replicas, .device = j->device, .backend = bo,
+                          .cpu_bind = !strcmp(j->cpu_bind, "auto")};
         if ((rc = dt_dp_create(&t->dp, &mc, &dpo, err)))
             goto fail;
         dt_backend_close(t->be);

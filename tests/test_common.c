@@ -1,8 +1,11 @@
 /* test_common.c - common/: errors, logging, parsing, spelling suggestions, RNG, files. */
+#include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cpuset.h"
 #include "common/env.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -185,6 +188,56 @@ static void test_env_table(void)
     DT_CHECK(dt_env("DTRAIN_NOT_IN_TABLE") == NULL);
 }
 
+static void test_cpuset(void)
+{
+    /* CPUs that no machine here has: sysfs knows nothing of them, so the CPU number orders. */
+    cpu_set_t base, share[3], all;
+    CPU_ZERO(&base);
+    CPU_ZERO(&all);
+    for (int c = 500; c < 508; c++)
+        CPU_SET(c, &base);
+    dt_err err = {0};
+    const char *want[3] = {"500-501", "502-504", "505-507"};
+    for (int i = 0; i < 3; i++) {
+        DT_REQUIRE_OK(dt_cpuset_share(&base, i, 3, &share[i], &err), &err);
+        char list[64];
+        dt_cpuset_format(&share[i], list, sizeof list);
+        DT_CHECK_STR(list, want[i]);
+        cpu_set_t both;
+        CPU_AND(&both, &all, &share[i]);
+        DT_CHECK_INT(CPU_COUNT(&both), 0); /* disjoint */
+        CPU_OR(&all, &all, &share[i]);
+    }
+    DT_CHECK(CPU_EQUAL(&all, &base));
+    DT_CHECK_INT(dt_cpuset_share(&base, 0, 9, &share[0], &err), -ERANGE);
+    DT_CHECK_INT(dt_cpuset_share(&base, 3, 3, &share[0], &err), -ERANGE);
+    char list[64];
+    CPU_ZERO(&base);
+    dt_cpuset_format(&base, list, sizeof list);
+    DT_CHECK_STR(list, "");
+    CPU_SET(0, &base);
+    CPU_SET(2, &base);
+    CPU_SET(3, &base);
+    CPU_SET(5, &base);
+    dt_cpuset_format(&base, list, sizeof list);
+    DT_CHECK_STR(list, "0,2-3,5");
+    char tiny[4];
+    dt_cpuset_format(&base, tiny, sizeof tiny); /* truncated, still a string */
+    DT_CHECK(strlen(tiny) < sizeof tiny);
+    /* The real machine: shares of the CPUs this test may use cover them, and binding to one
+     * share shows in the affinity. */
+    cpu_set_t cur, mine, now;
+    DT_REQUIRE_OK(dt_cpuset_current(&cur, &err), &err);
+    DT_REQUIRE_OK(dt_cpuset_share(&cur, 0, 1, &mine, &err), &err);
+    DT_CHECK(CPU_EQUAL(&cur, &mine));
+    if (CPU_COUNT(&cur) >= 2) {
+        DT_REQUIRE_OK(dt_cpuset_share(&cur, 1, 2, &mine, &err), &err);
+        DT_REQUIRE_OK(dt_cpuset_bind(&mine, &err), &err);
+        DT_REQUIRE_OK(dt_cpuset_current(&now, &err), &err);
+        DT_CHECK(CPU_EQUAL(&now, &mine));
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -195,6 +248,7 @@ int main(int argc, char **argv)
         {"common_log_format", test_log_format, 0},
         {"common_files", test_files, 0},
         {"common_env_table", test_env_table, 0},
+        {"common_cpuset", test_cpuset, 0},
     };
     return dt_test_main("test_common", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,6 +337,45 @@ static void test_multi_rank_without_store(void)
     free(out);
 }
 
+/* ---- CPU binding ------------------------------------------------------------------------------ */
+
+/* The CPU list after "local rank R runs on CPU(s) " in out, or "" when absent. */
+static const char *bound_cpus(const char *out, int rank)
+{
+    const char *key = fmt("local rank %d runs on CPU(s) ", rank), *p = strstr(out, key);
+    if (!p)
+        return "";
+    p += strlen(key);
+    return fmt("%.*s", (int)strcspn(p, "\n"), p);
+}
+
+static void test_cpu_bind(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < 2)
+        DT_SKIP("needs at least 2 CPUs to bind 2 workers to");
+    for (int none = 0; none < 2; none++) {
+        char *out = NULL;
+        const char *cmd = fmt("cd '%s' && DTRAIN_LOG=debug '%s' --standalone --nproc-per-node=2 "
+                              "'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu "
+                              "train.steps=2 checkpoint.every=0 %s 2>&1",
+                              dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(),
+                              outdir(none ? "bind-none" : "bind"),
+                              none ? "job.cpu_bind=none" : "");
+        int rc = dt_test_run(cmd, &out, 120);
+        DT_REQUIRE(rc == 0 || (fprintf(stderr, "%s\n", out), 0));
+        const char *a = bound_cpus(out, 0), *b = bound_cpus(out, 1);
+        if (none) {
+            DT_CHECK_MSG(!*a && !*b, "job.cpu_bind=none, yet bound: \"%s\", \"%s\"", a, b);
+        } else {
+            /* Two disjoint, non-empty shares: on 2 CPUs "0" and "1". */
+            DT_CHECK_MSG(*a && *b && strcmp(a, b) != 0, "shares \"%s\" and \"%s\"", a, b);
+            DT_CHECK_CONTAINS(out, "job.cpu_bind = auto: each of this node's 2 workers");
+        }
+        free(out);
+    }
+}
+
 /* ---- signals, epochs, accumulation ------------------------------------------------------------ */
 
 static void test_sigterm_stops_at_step_boundary(void)
@@ -438,6 +478,7 @@ int main(int argc, char **argv)
         {"sigterm_twice_still_saves", test_sigterm_twice_still_saves, 120},
         {"agent_gone", test_agent_gone, 60},
         {"epochs_and_accumulation", test_epochs_and_accumulation, 120},
+        {"cpu_bind", test_cpu_bind, 240},
     };
     return dt_test_main("test_worker", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
