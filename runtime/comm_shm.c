@@ -581,14 +581,21 @@ static int run_op(dt_shm *s, const shm_op *o, const dt_coll_ctx *ctx, dt_err *er
         }
         if (progress)
             continue;
-        /* Nothing is ready: wait for the peer that holds up the oldest pending phase. */
+        /* Nothing was ready: wait for the peer that holds up the oldest pending phase. A peer
+         * may have moved since the phases were tried, so a phase found ready now means another
+         * round, never a wait further down: that wait could be for something this very rank
+         * must do first (waiting on the peer's `done` of step p - SLICES while our reduction of
+         * an earlier step, which the peer needs to get there, has just become possible). */
         int j;
-        if (three && c < r && (j = behind(s, W_REDUCED, c)) >= 0)
-            rc = wait_ge(s, j, W_REDUCED, c, ctx, err);
-        else if (r < p && (j = behind(s, W_POSTED, r)) >= 0)
-            rc = wait_ge(s, j, W_POSTED, r, ctx, err);
-        else if (p <= end && (j = behind(s, W_DONE, p - SLICES)) >= 0)
+        if (three && c < r) {
+            if ((j = behind(s, W_REDUCED, c)) >= 0)
+                rc = wait_ge(s, j, W_REDUCED, c, ctx, err);
+        } else if (r < p) {
+            if ((j = behind(s, W_POSTED, r)) >= 0)
+                rc = wait_ge(s, j, W_POSTED, r, ctx, err);
+        } else if (p <= end && (j = behind(s, W_DONE, p - SLICES)) >= 0) {
             rc = wait_ge(s, j, W_DONE, p - SLICES, ctx, err);
+        }
         if (rc)
             return rc;
     }
