@@ -38,6 +38,10 @@ static void usage(FILE *out)
             "                            reads no more of its requests until they drain, and a\n"
             "                            single larger reply is refused (65M; at least\n"
             "                            --max-value-size + 64K: raised with it when not given)\n"
+            "  --max-input-buffered N    bytes of large requests (over 64K) being received at\n"
+            "                            once, over all clients; a client whose request does not\n"
+            "                            fit waits its turn, one larger than N alone is refused\n"
+            "                            (1G)\n"
             "  --write-stall-ms N        disconnect a client whose replies pile up beyond\n"
             "                            --max-pending-output and take none for N ms (10000)\n"
             "  --handshake-timeout-ms N  close a connection that has not finished the handshake\n"
@@ -94,11 +98,13 @@ int dt_cmd_store(int argc, char **argv)
         {"--max-total-bytes", &o.max_total_bytes},
         {"--max-connections", &o.max_connections},
         {"--max-pending-output", &o.max_pending_output},
+        {"--max-input-buffered", &o.max_input_buffered},
     };
     static const char *const flags[] = {
         "--host", "--port", "--token-file", "--help", "--max-key-size", "--max-value-size",
         "--max-keys-per-request", "--max-total-bytes", "--max-connections",
-        "--max-pending-output", "--write-stall-ms", "--handshake-timeout-ms"};
+        "--max-pending-output", "--max-input-buffered", "--write-stall-ms",
+        "--handshake-timeout-ms"};
     int pending_given = 0;
 
     for (int i = 1; i < argc; i++) {

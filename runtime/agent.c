@@ -903,25 +903,29 @@ static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
     o->arg = a;
 }
 
-static void print_table(agent *a, const dt_rdzv_failure *f, int n, const char *headline)
+static void print_table(agent *a, const dt_rdzv_failure *f, int n, const char *headline,
+                        bool config)
 {
-    char head[512], foot[DT_PATH_MAX + 512], what[128];
+    char head[512], foot[DT_PATH_MAX + 512], what[128], why[96];
+    /* why the job ends here rather than restarts */
+    if (config)
+        snprintf(why, sizeof why, "attempt %d; not restarted: a configuration error",
+                 a->rd.attempt);
+    else
+        snprintf(why, sizeof why, "attempt %d; --max-restarts=%d spent", a->rd.attempt,
+                 a->rd.max_restarts);
     if (headline) {
         fmt(head, sizeof head, "%s", headline);
     } else if (n > 0) {
         dt_report_describe_status(f[0].exit_code, f[0].signal, what, sizeof what);
         if (f[0].rank >= 0)
-            snprintf(head, sizeof head,
-                     "dtrain: the job failed: rank %d on %s %s (attempt %d; --max-restarts=%d spent)",
-                     f[0].rank, f[0].host, what, a->rd.attempt, a->rd.max_restarts);
+            snprintf(head, sizeof head, "dtrain: the job failed: rank %d on %s %s (%s)",
+                     f[0].rank, f[0].host, what, why);
         else
-            snprintf(head, sizeof head,
-                     "dtrain: the job failed: node %d (%s) was lost (attempt %d; --max-restarts=%d "
-                     "spent)",
-                     f[0].node, f[0].host, a->rd.attempt, a->rd.max_restarts);
+            snprintf(head, sizeof head, "dtrain: the job failed: node %d (%s) was lost (%s)",
+                     f[0].node, f[0].host, why);
     } else {
-        snprintf(head, sizeof head, "dtrain: the job failed (attempt %d; --max-restarts=%d spent)",
-                 a->rd.attempt, a->rd.max_restarts);
+        snprintf(head, sizeof head, "dtrain: the job failed (%s)", why);
     }
     snprintf(foot, sizeof foot, "Logs: %s (events.jsonl; attempt_<k>/<rank>/)", a->run_dir);
     char *t = dt_report_table(f, n, head, foot);
@@ -1041,7 +1045,7 @@ static int run_rounds(agent *a)
                     "dtrain: the job failed: the restart after attempt %d could not gather every "
                     "node (see above); what ended attempt %d:",
                     prev_attempt, prev_attempt);
-                print_table(a, prev, prev_n, head);
+                print_table(a, prev, prev_n, head, false);
             }
             free(prev);
             emit_end(a, "rendezvous_failed", 1);
@@ -1206,7 +1210,7 @@ static int run_rounds(agent *a)
             dt_err fe = {0};
             if (dt_rdzv_failures(a->rz, &all, &n, &fe))
                 DT_WARN("cannot read the job's failures: %s", fe.msg);
-            print_table(a, all, n, NULL);
+            print_table(a, all, n, NULL, config);
             free(all);
             emit_end(a, "failed", config ? EXIT_CONFIG : 1);
             return config ? EXIT_CONFIG : 1;

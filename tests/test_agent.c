@@ -1121,6 +1121,9 @@ static void test_config_error_not_restarted(void)
     DT_CHECK_CONTAINS(out, "not restarting: the workers report a configuration error");
     DT_CHECK_CONTAINS(out, "nonexistent/step_5: cannot read the checkpoint directory");
     DT_CHECK(!strstr(out, "restarting every worker"));
+    /* the table's headline: nothing was spent */
+    DT_CHECK_CONTAINS(out, "(attempt 0; not restarted: a configuration error)");
+    DT_CHECK(!strstr(out, "spent)"));
     free(out);
     snprintf(ev, sizeof ev, "%s/ce/events.jsonl", TMP);
     char *events = dt_test_slurp(ev);

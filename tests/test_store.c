@@ -839,6 +839,18 @@ static void test_standalone(void)
     DT_CHECK_MSG(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
                  "dtrain store did not exit 0 on SIGINT (status %d)", st);
 
+    /* --max-input-buffered reaches the server: a request larger than it alone is refused. */
+    pid = spawn_store("--max-input-buffered 100K", &port, NULL);
+    DT_REQUIRE(port > 0);
+    DT_REQUIRE_OK(dt_store_connect(&s, "127.0.0.1", port, NULL, err), err);
+    char *big = calloc(1, 200 << 10);
+    DT_REQUIRE(big != NULL);
+    DT_CHECK(dt_store_set(s, "big", big, 200 << 10, err) != 0);
+    free(big);
+    dt_store_free(s);
+    kill(pid, SIGTERM);
+    wait_exit(pid, 10000);
+
     char *out = NULL;
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "'%s' store --help", dt_test_dtrain_bin());
