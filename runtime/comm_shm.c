@@ -829,6 +829,16 @@ static void region_name(char *buf, size_t cap, const dt_shm *s, unsigned idx, in
     snprintf(buf, cap, "%s.m%u.r%d", s->name, idx, j);
 }
 
+/* Unlinks the names of every local rank's object of allocation idx (ENOENT is fine). */
+static void unlink_region(const dt_shm *s, unsigned idx)
+{
+    for (int j = 0; j < s->n; j++) {
+        char name[300];
+        region_name(name, sizeof name, s, idx, j);
+        shm_unlink(name);
+    }
+}
+
 static void region_free(dt_shm *s, shm_region *g)
 {
     if (!g)
@@ -924,6 +934,7 @@ int dt_shm_mem_alloc(dt_shm *s, size_t bytes, void **out, const dt_coll_ctx *ctx
     if ((rc = run_op(s, &agree, ctx, err)) != 0)
         goto out;
     if (vote[0] > 0) {
+        unlink_region(s, idx); /* every object that will ever be created is: none stays */
         if (e.msg[0]) {
             rc = dt_err_set(err, -ENOSPC, "communicator memory on rank %d: %s",
                             s->globals[s->me], e.msg);
@@ -942,11 +953,7 @@ int dt_shm_mem_alloc(dt_shm *s, size_t bytes, void **out, const dt_coll_ctx *ctx
             goto fail;
     if ((rc = run_op(s, &barrier, ctx, err)) != 0)
         goto out;
-    for (int j = 0; j < s->n; j++) { /* all of them: none is linked once any rank returns */
-        char name[300];
-        region_name(name, sizeof name, s, idx, j);
-        shm_unlink(name);
-    }
+    unlink_region(s, idx); /* all of them: none is linked once any rank returns */
     g->next = s->regions;
     s->regions = g;
     s->mem_used += g->map_bytes;
