@@ -156,6 +156,13 @@ typedef struct dt_store_server_opts {
                                     answered with -E2BIG and its connection closed. Smaller
                                     requests (up to 64 KiB buffered per connection) never
                                     wait for it. (Added later; 0 = default.) */
+    int input_stall_ms;          /* a connection holding part of max_input_buffered for an
+                                    incomplete frame that delivers no byte for this long while
+                                    other connections wait for budget is disconnected (a
+                                    stalled or half-dead client must not hold the budget
+                                    forever); a sender whose bytes keep arriving, or one
+                                    nobody waits behind, is never cut (10000; added later,
+                                    0 = default) */
 } dt_store_server_opts;
 
 void dt_store_server_opts_default(dt_store_server_opts *o);
@@ -182,6 +189,7 @@ typedef struct dt_store_server_stats {
     int64_t input_charged;      /* bytes charged against max_input_buffered now */
     int64_t input_charged_peak; /* the most ever charged at once (never over the limit) */
     int64_t input_paused;       /* connections not read until budget frees for their frame */
+    int64_t input_stall_cuts;   /* connections cut by input_stall_ms since start (added later) */
 } dt_store_server_stats;
 
 /* Fills *out, computed on the server's loop thread (this call waits for it, up to 5 s).

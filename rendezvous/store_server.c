@@ -28,6 +28,11 @@
  * is processed, or its connection closes). Small requests never wait for the budget, and a
  * blocked or throttled connection never takes any, so the budget cannot hold back the SET that
  * a paused waiter needs. A frame larger than the whole budget is refused with E2BIG.
+ * A client that stops sending in the middle of a large frame (SIGSTOP, a hung read, a dead NIC
+ * without RST) would keep its charge forever and every large request behind it would wait: a
+ * charged connection that is read and has delivered no byte for input_stall_ms while others
+ * wait in the queue is disconnected (one server timer, armed only while the queue is not empty;
+ * a slow sender whose bytes keep arriving is never cut, nor is a silent one while nobody waits).
  *
  * Waiters. A waiting connection is linked on exactly one missing key (the first one it lacks;
  * that key has an "absent" entry in the table that exists only while someone waits on it).
@@ -104,6 +109,8 @@ struct conn {
     int in_paused;           /* waiting in the server's queue for input budget (not read) */
     int nobuf;               /* why on_alloc gave no buffer (NOBUF_*) */
     conn *pprev, *pnext;     /* the input budget queue */
+    conn *cprev, *cnext;     /* the connections with in_charged > 0 */
+    uint64_t last_rx;        /* loop time (ms) of its last byte received, or of its charge */
     dt_proto_buf out;        /* replies not yet written */
     size_t out_queued;       /* bytes handed to uv_write and not yet completed */
     int throttled;           /* over max_pending_output: input is not read nor processed */
@@ -162,6 +169,10 @@ struct dt_store_server {
     size_t in_charged_peak;  /* highest in_charged since start */
     conn *paused_head, *paused_tail; /* waiting for budget, first come first served */
     size_t npaused;
+    conn *charged;           /* connections holding a charge (list through cnext/cprev) */
+    uv_timer_t stall_timer;  /* while the queue is not empty: cuts stalled charged senders */
+    uint64_t paused_since;   /* loop time (ms) the queue last became non-empty */
+    uint64_t input_stall_cuts; /* connections cut by it */
     /* log rate limiting for misbehaving clients */
     double log_window;
     int log_count, log_dropped;
@@ -1109,6 +1120,33 @@ static size_t conn_process(conn *c, const uint8_t *data, size_t len)
 
 static void conn_read_start(conn *c);
 static void budget_resume(dt_store_server *s);
+static void charged_link(conn *c);
+static void charged_unlink(conn *c);
+
+/* The list of charged connections, which the stall timer scans. A charge starts the silence
+ * clock afresh: a connection granted budget after waiting in the queue has not stalled. */
+static void charged_link(conn *c)
+{
+    dt_store_server *s = c->srv;
+    c->cprev = NULL;
+    c->cnext = s->charged;
+    if (s->charged)
+        s->charged->cprev = c;
+    s->charged = c;
+    c->last_rx = uv_now(&s->loop);
+}
+
+static void charged_unlink(conn *c)
+{
+    dt_store_server *s = c->srv;
+    if (c->cprev)
+        c->cprev->cnext = c->cnext;
+    else
+        s->charged = c->cnext;
+    if (c->cnext)
+        c->cnext->cprev = c->cprev;
+    c->cprev = c->cnext = NULL;
+}
 
 /* Resizes c's input buffer to exactly cap bytes (>= in_len; 0 frees it) and keeps the charge
  * against max_input_buffered in step: a buffer over READ_BUF_SIZE holds one large frame and is
@@ -1132,6 +1170,10 @@ static int in_resize(conn *c, size_t cap)
     size_t charge = cap > READ_BUF_SIZE ? cap : 0, old = c->in_charged;
     s->in_charged = s->in_charged - old + charge;
     c->in_charged = charge;
+    if (charge && !old)
+        charged_link(c);
+    else if (!charge && old)
+        charged_unlink(c);
     s->in_charged_peak = DT_MAX(s->in_charged_peak, s->in_charged);
     if (charge < old)
         budget_resume(s);
@@ -1158,6 +1200,68 @@ static void budget_unqueue(dt_store_server *s, conn *c)
     c->pprev = c->pnext = NULL;
     c->in_paused = 0;
     s->npaused--;
+    if (!s->npaused)
+        uv_timer_stop(&s->stall_timer); /* nobody waits: a silent sender harms nobody */
+}
+
+/* Whether the peer of c has bytes waiting in the kernel that the loop has not read yet (a loop
+ * that was slow to get here must not take its own lag for the client's silence). */
+static int conn_has_unread(conn *c)
+{
+    uv_os_fd_t fd;
+    char b;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return 0;
+    ssize_t n;
+    do
+        n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    return n != 0 && !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
+/* The stall timer, armed while connections wait for input budget: a connection that holds a
+ * charge for an incomplete frame, is being read, and has delivered nothing for input_stall_ms
+ * of that wait keeps budget it may never use; it is disconnected (its charge goes back to the
+ * queue). Re-armed for the earliest next deadline. */
+static void on_input_stall_check(uv_timer_t *t)
+{
+    dt_store_server *s = t->data;
+    uint64_t stall = (uint64_t)s->o.input_stall_ms;
+    for (;;) {
+        if (!s->npaused)
+            return; /* budget_unqueue stopped the timer */
+        uint64_t now = uv_now(&s->loop), next = stall;
+        conn *cut = NULL;
+        uint64_t silent = 0;
+        for (conn *c = s->charged; c; c = c->cnext) {
+            if (c->closing || !c->reading || c->blocked || c->throttled || c->close_after_flush ||
+                c->in_len >= c->in_cap)
+                continue; /* not read, or its frame is complete: the silence is not its own */
+            uint64_t since = DT_MAX(c->last_rx, s->paused_since);
+            if (now - since < stall) {
+                next = DT_MIN(next, since + stall - now);
+            } else if (conn_has_unread(c)) {
+                c->last_rx = now; /* bytes arrived; the loop reads them next */
+                next = DT_MIN(next, stall);
+            } else {
+                cut = c;
+                silent = now - c->last_rx;
+                break;
+            }
+        }
+        if (!cut) {
+            uv_timer_start(t, on_input_stall_check, DT_MAX(next, (uint64_t)1), 0);
+            return;
+        }
+        s->input_stall_cuts++;
+        SRV_WARN(s, "store: %s stalled in the middle of a %zu-byte request (%zu of %zu bytes "
+                 "received, nothing for %" PRIu64 " ms) while %zu connections wait for input "
+                 "budget (max_input_buffered = %zu); disconnecting it (input_stall_ms = %d)",
+                 cut->peer, cut->in_cap, cut->in_len, cut->in_cap, silent, s->npaused,
+                 s->o.max_input_buffered, s->o.input_stall_ms);
+        conn_close(cut); /* releases its charge and resumes the queue */
+        run_ready(s);
+    }
 }
 
 /* Queues c (not read meanwhile) until `need` bytes of budget are free for its frame. */
@@ -1175,7 +1279,10 @@ static void budget_pause(conn *c, size_t need)
     else
         s->paused_head = c;
     s->paused_tail = c;
-    s->npaused++;
+    if (!s->npaused++) {
+        s->paused_since = uv_now(&s->loop);
+        uv_timer_start(&s->stall_timer, on_input_stall_check, (uint64_t)s->o.input_stall_ms, 0);
+    }
     DT_DEBUG("store: %s waits for input budget: its %zu-byte request does not fit (%zu of "
              "max_input_buffered = %zu bytes held; %zu connections waiting)",
              c->peer, need, s->in_charged, s->o.max_input_buffered, s->npaused);
@@ -1331,6 +1438,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread == 0 || c->closing)
         return;
+    c->last_rx = uv_now(&s->loop);
     if (c->close_after_flush) /* discard input after a fatal error */
         return;
     if (buf->base == (char *)s->rbuf) {
@@ -1392,6 +1500,7 @@ static void conn_close(conn *c)
     if (c->in_charged) { /* the buffer goes with the handles; its budget goes now */
         s->in_charged -= c->in_charged;
         c->in_charged = 0;
+        charged_unlink(c);
         budget_resume(s);
     }
     uv_timer_stop(&c->timer);
@@ -1526,6 +1635,7 @@ void dt_store_server_opts_default(dt_store_server_opts *o)
     o->write_stall_ms = 10000;
     o->handshake_timeout_ms = 10000;
     o->max_input_buffered = (size_t)1 << 30;
+    o->input_stall_ms = 10000;
 }
 
 static void on_stop(uv_async_t *a)
@@ -1537,6 +1647,7 @@ static void on_stop(uv_async_t *a)
         conn_close(s->conns);
     uv_close((uv_handle_t *)&s->stop_async, NULL);
     uv_close((uv_handle_t *)&s->stats_async, NULL);
+    uv_close((uv_handle_t *)&s->stall_timer, NULL);
 }
 
 /* On the loop thread: computes the snapshot and hands it to the waiting caller. */
@@ -1559,6 +1670,7 @@ static void on_stats(uv_async_t *a)
     st.input_charged = (int64_t)s->in_charged;
     st.input_charged_peak = (int64_t)s->in_charged_peak;
     st.input_paused = (int64_t)s->npaused;
+    st.input_stall_cuts = (int64_t)s->input_stall_cuts;
     pthread_mutex_lock(&s->stats_mu);
     s->stats = st;
     s->stats_done = 1;
@@ -1697,6 +1809,8 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
         s->o.handshake_timeout_ms = 10000;
     if (!s->o.max_input_buffered)
         s->o.max_input_buffered = (size_t)1 << 30;
+    if (s->o.input_stall_ms <= 0)
+        s->o.input_stall_ms = 10000;
     /* One item is at most 4 GiB - 1 on the wire, and a SET frame carries the key too. */
     if ((uint64_t)s->o.max_value_size + s->o.max_key_size + 2 * DT_PROTO_ITEM_OVERHEAD +
             DT_PROTO_HDR_SIZE > UINT32_MAX) {
@@ -1752,6 +1866,8 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     s->stop_async.data = s;
     uv_async_init(&s->loop, &s->stats_async, on_stats);
     s->stats_async.data = s;
+    uv_timer_init(&s->loop, &s->stall_timer);
+    s->stall_timer.data = s;
     if ((rc = bind_listener(s, err)) < 0)
         goto fail;
 
@@ -1775,6 +1891,7 @@ fail:
         uv_close((uv_handle_t *)&s->listener, NULL);
         uv_close((uv_handle_t *)&s->stop_async, NULL);
         uv_close((uv_handle_t *)&s->stats_async, NULL);
+        uv_close((uv_handle_t *)&s->stall_timer, NULL);
         uv_run(&s->loop, UV_RUN_DEFAULT);
         uv_loop_close(&s->loop);
     }
