@@ -45,7 +45,10 @@ static void usage(FILE *out)
             "  --write-stall-ms N        disconnect a client whose replies pile up beyond\n"
             "                            --max-pending-output and take none for N ms (10000)\n"
             "  --handshake-timeout-ms N  close a connection that has not finished the handshake\n"
-            "                            (and AUTH, with a token) N ms after it opened (10000)\n");
+            "                            (and AUTH, with a token) N ms after it opened (10000)\n"
+            "  --input-stall-ms N        disconnect a client that holds part of\n"
+            "                            --max-input-buffered for a request it stopped sending:\n"
+            "                            no byte for N ms while others wait for budget (10000)\n");
 }
 
 static int sig_pipe[2] = {-1, -1};
@@ -104,7 +107,7 @@ int dt_cmd_store(int argc, char **argv)
         "--host", "--port", "--token-file", "--help", "--max-key-size", "--max-value-size",
         "--max-keys-per-request", "--max-total-bytes", "--max-connections",
         "--max-pending-output", "--max-input-buffered", "--write-stall-ms",
-        "--handshake-timeout-ms"};
+        "--handshake-timeout-ms", "--input-stall-ms"};
     int pending_given = 0;
 
     for (int i = 1; i < argc; i++) {
@@ -151,8 +154,11 @@ int dt_cmd_store(int argc, char **argv)
             }
         } else if (!strcmp(name, "--token-file")) {
             token_file = val;
-        } else if (!strcmp(name, "--write-stall-ms") || !strcmp(name, "--handshake-timeout-ms")) {
-            int *dst = name[2] == 'w' ? &o.write_stall_ms : &o.handshake_timeout_ms;
+        } else if (!strcmp(name, "--write-stall-ms") || !strcmp(name, "--handshake-timeout-ms") ||
+                   !strcmp(name, "--input-stall-ms")) {
+            int *dst = name[2] == 'w'   ? &o.write_stall_ms
+                       : name[2] == 'h' ? &o.handshake_timeout_ms
+                                        : &o.input_stall_ms;
             if (dt_parse_int(val, dst) < 0 || *dst <= 0) {
                 fprintf(stderr, "dtrain store: %s %s: need a positive number of "
                         "milliseconds\n", name, val);
