@@ -856,6 +856,11 @@ static void test_standalone(void)
     snprintf(cmd, sizeof cmd, "'%s' store --help", dt_test_dtrain_bin());
     DT_CHECK_INT(dt_test_run(cmd, &out, 10), 0);
     DT_CHECK_CONTAINS(out, "--token-file");
+    DT_CHECK_CONTAINS(out, "--input-stall-ms");
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' store --input-stall-ms 0", dt_test_dtrain_bin());
+    DT_CHECK_INT(dt_test_run(cmd, &out, 10), 2);
+    DT_CHECK_CONTAINS(out, "positive number of milliseconds");
     free(out);
     snprintf(cmd, sizeof cmd, "'%s' store --prot 5", dt_test_dtrain_bin());
     DT_CHECK_INT(dt_test_run(cmd, &out, 10), 2);
@@ -1078,6 +1083,154 @@ static void test_input_budget(void)
     dt_proto_buf_free(&fa);
     dt_proto_buf_free(&fb);
     dt_proto_buf_free(&fc);
+    dt_proto_buf_free(&rep);
+    dt_store_free(s);
+    dt_store_server_stop(srv);
+}
+
+static bool st_cuts_is(const dt_store_server_stats *st, size_t n)
+{
+    return st->input_stall_cuts == (int64_t)n;
+}
+
+/* "127.0.0.1:PORT" of fd's own end: how the server names this client in its log. */
+static void local_name(int fd, char *out, size_t n)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    DT_REQUIRE(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    snprintf(out, n, "127.0.0.1:%d", ntohs(a.sin_port));
+}
+
+/* A client that stops in the middle of a large SET keeps its charge while nobody waits (it
+ * harms nobody: not cut, however long), but once another large SET waits behind it, it is
+ * disconnected after input_stall_ms of silence (counted, logged with its address and how much
+ * arrived); its charge goes to the waiter, whose SET then completes. */
+static void test_input_stall(void)
+{
+    enum { CAP = 1 << 20, VLEN = 700 * 1024, STALL_MS = 300 };
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.max_input_buffered = CAP;
+    o.input_stall_ms = STALL_MS;
+    dt_store_server *srv = start_server(&o);
+    int port = dt_store_server_port(srv);
+    dt_store *s = connect_to(srv, NULL);
+    dt_store_server_stats st;
+    dt_proto_buf fa = {0}, fb = {0}, rep = {0};
+    set_frame(&fa, 1, "a", VLEN, 'a');
+    set_frame(&fb, 2, "b", VLEN, 'b');
+
+    /* A: the header and part of its frame, then silence. Alone, it is not cut. */
+    int a = raw_hello(port);
+    DT_REQUIRE(dt_write_all(a, fa.data, fa.len / 3) == 0);
+    DT_REQUIRE(stats_until(srv, st_charged_is, fa.len, &st));
+    dt_sleep_ms(3 * STALL_MS);
+    st = stats_of(srv);
+    DT_CHECK_INT(st.input_stall_cuts, 0);
+    DT_CHECK_INT(st.connections, 2);
+    DT_CHECK_INT(st.input_charged, (int64_t)fa.len);
+
+    /* B: a whole 700 KiB SET, paused behind A; A is cut, B completes. */
+    char aname[64];
+    local_name(a, aname, sizeof aname);
+    log_capture lc;
+    capture_start(&lc);
+    int b = raw_hello(port);
+    struct timeval tv = {.tv_sec = 20};
+    setsockopt(b, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    raw_writer w = {.fd = b, .p = fb.data, .n = fb.len, .rc = -1};
+    pthread_t th;
+    DT_REQUIRE(pthread_create(&th, NULL, raw_writer_main, &w) == 0);
+    bool cut = stats_until(srv, st_cuts_is, 1, &st);
+    bool logged = cut && capture_wait(&lc, "stalled in the middle");
+    capture_stop(&lc);
+    DT_CHECK_MSG(cut, "the stalled client was never cut (input_stall_cuts %" PRId64
+                 ", input_paused %" PRId64 ")", st.input_stall_cuts, st.input_paused);
+    DT_REQUIRE(cut);
+    DT_CHECK(logged);
+    char *text = dt_test_slurp(lc.path);
+    DT_REQUIRE(text);
+    char want[128];
+    snprintf(want, sizeof want, "%zu of %zu bytes received", fa.len / 3, fa.len);
+    DT_CHECK_CONTAINS(text, aname);
+    DT_CHECK_CONTAINS(text, want);
+    DT_CHECK_CONTAINS(text, "input_stall_ms");
+    free(text);
+    DT_CHECK(raw_closed_by_server(a, 10000));
+    close(a);
+    pthread_join(th, NULL);
+    DT_CHECK_INT(w.rc, 0);
+    DT_CHECK_INT(raw_reply(b, &rep), DT_PROTO_OK);
+    close(b);
+    DT_CHECK(stats_until(srv, st_charged_is, 0, &st));
+    DT_CHECK_INT(st.input_paused, 0);
+    DT_CHECK_INT(st.input_stall_cuts, 1);
+    DT_CHECK(st.input_charged_peak <= CAP);
+    check_value(s, "b", VLEN, 'b');
+    DT_CHECK_INT(dt_store_get(s, "a", &(void *){NULL}, &(size_t){0}, 0, &(dt_err){0}), -ENOENT);
+    check_alive(srv);
+
+    dt_proto_buf_free(&fa);
+    dt_proto_buf_free(&fb);
+    dt_proto_buf_free(&rep);
+    dt_store_free(s);
+    dt_store_server_stop(srv);
+}
+
+/* A slow sender whose bytes keep arriving (24 KiB every 100 ms, for longer in all than
+ * input_stall_ms) is never cut, even with another large SET waiting behind it: both succeed. */
+static void test_input_stall_progress(void)
+{
+    enum { CAP = 1 << 20, VLEN = 700 * 1024, STALL_MS = 1200, FIRST = 100 << 10, CHUNK = 24 << 10 };
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.max_input_buffered = CAP;
+    o.input_stall_ms = STALL_MS;
+    dt_store_server *srv = start_server(&o);
+    int port = dt_store_server_port(srv);
+    dt_store *s = connect_to(srv, NULL);
+    dt_store_server_stats st;
+    dt_proto_buf fa = {0}, fb = {0}, rep = {0};
+    set_frame(&fa, 1, "a", VLEN, 'a');
+    set_frame(&fb, 2, "b", VLEN, 'b');
+
+    int a = raw_hello(port);
+    /* Over 64 KiB first: the server charges the frame on its next read after that. */
+    size_t sent = FIRST;
+    DT_REQUIRE(dt_write_all(a, fa.data, sent) == 0);
+    DT_REQUIRE(stats_until(srv, st_charged_is, fa.len, &st));
+    int b = raw_hello(port);
+    struct timeval tv = {.tv_sec = 30};
+    setsockopt(b, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    raw_writer w = {.fd = b, .p = fb.data, .n = fb.len, .rc = -1};
+    pthread_t th;
+    DT_REQUIRE(pthread_create(&th, NULL, raw_writer_main, &w) == 0);
+    DT_CHECK_MSG(stats_until(srv, st_paused_is, 1, &st), "B was never paused");
+    uint64_t t0 = dt_now_ns();
+    while (sent < fa.len) {
+        dt_sleep_ms(100);
+        size_t n = DT_MIN((size_t)CHUNK, fa.len - sent);
+        DT_REQUIRE(dt_write_all(a, fa.data + sent, n) == 0);
+        sent += n;
+    }
+    double secs = (double)(dt_now_ns() - t0) / 1e9;
+    DT_CHECK_MSG(secs * 1000 > STALL_MS, "the slow send took %.2f s, not longer than the stall "
+                 "timeout", secs);
+    DT_CHECK_INT(raw_reply(a, &rep), DT_PROTO_OK);
+    close(a);
+    pthread_join(th, NULL);
+    DT_CHECK_INT(w.rc, 0);
+    DT_CHECK_INT(raw_reply(b, &rep), DT_PROTO_OK);
+    close(b);
+    DT_CHECK(stats_until(srv, st_charged_is, 0, &st));
+    DT_CHECK_INT(st.input_stall_cuts, 0);
+    DT_CHECK_INT(st.input_paused, 0);
+    check_value(s, "a", VLEN, 'a');
+    check_value(s, "b", VLEN, 'b');
+
+    dt_proto_buf_free(&fa);
+    dt_proto_buf_free(&fb);
     dt_proto_buf_free(&rep);
     dt_store_free(s);
     dt_store_server_stop(srv);
@@ -2042,6 +2195,8 @@ static const dt_test tests[] = {
     {"cas_race", test_cas_race, 60},
     {"cas_torch", test_cas_torch, 60},
     {"input_budget", test_input_budget, 60},
+    {"input_stall", test_input_stall, 60},
+    {"input_stall_progress", test_input_stall_progress, 60},
     {"standalone", test_standalone, 60},
     {"wait_many_keys", test_wait_many_keys, 60},
     {"token", test_token, 60},
