@@ -58,7 +58,9 @@
  *   r<R>/done       success counter
  *   r<R>/end        "<kind> <node> <signal> <expect> <lost>|<why>", kind success|fail|regroup|
  *                   abort (signal -1: a configuration error), expect = the nodes of R that go on
- *                   to R+1, lost = the group ranks declared lost (first writer wins)
+ *                   to R+1, lost = the group ranks declared lost, every one of them, as
+ *                   ascending ranges ("-" none, "3-40,57"; a rack lost at once is one range;
+ *                   see dt_rdzv_ranks_encode) (first writer wins)
  *   r<R>/failures   JSON lines, one per failure (the root-cause table)
  *
  * Fencing. Every decision is a compare-and-set on a key of one round: "closed" (one closer
@@ -75,6 +77,8 @@
  * need not agree: every timeout is measured on the observer's own monotonic clock.
  */
 #include <cJSON.h>
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -98,8 +102,7 @@ typedef struct end_info {
     int node;      /* group rank that ended it (-1: a node outside the round) */
     int sig;       /* abort: the signal */
     int expect;    /* nodes of the round that go on to the next (-1 unknown) */
-    int lost[32];  /* group ranks declared lost (regroup) */
-    int n_lost;
+    dt_rdzv_ranks lost; /* group ranks declared lost (regroup; owned: end_free) */
     char why[256];
 } end_info;
 
@@ -227,37 +230,217 @@ static int add_i(dt_store *s, const char *key, int64_t d, int64_t *res, dt_err *
     return dt_store_add(s, key, d, res, err);
 }
 
-/* "<kind> <node> <sig> <expect> <lost>|<why>"; lost: "-" or the group ranks declared lost,
- * "g1,g2,..." (at most 32 listed). */
-static void end_encode(char *buf, size_t cap, end_kind kind, int node, int sig, int expect,
-                       const int *lost, int nl, const char *why)
+/* ---- sets of group ranks ("-" or "3-40,57") ------------------------------------------------ */
+
+static int cmp_int(const void *a, const void *b)
 {
-    static const char *names[] = {"none", "success", "fail", "regroup", "abort"};
-    char l[256] = "-";
-    size_t k = 0;
-    for (int i = 0; i < nl && i < 32; i++)
-        k += (size_t)snprintf(l + k, sizeof l - k, "%s%d", i ? "," : "", lost[i]);
-    snprintf(buf, cap, "%s %d %d %d %s|%s", names[kind], node, sig, expect, l, why);
+    int x = *(const int *)a, y = *(const int *)b;
+    return x < y ? -1 : x > y;
 }
 
-static void end_decode(const char *v, end_info *e)
+char *dt_rdzv_ranks_encode(const int *ranks, int n)
 {
-    char kind[16] = "", lost[256] = "";
+    if (n < 0 || (n > 0 && !ranks))
+        return NULL;
+    if (n == 0)
+        return strdup("-");
+    int *s = malloc(sizeof *s * (size_t)n);
+    /* a range is at most "2147483647-2147483647," (22): n ranges at most */
+    size_t cap = (size_t)n * 23 + 1, k = 0;
+    char *out = malloc(cap);
+    if (!s || !out)
+        goto fail;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0)
+            goto fail;
+        s[i] = ranks[i];
+    }
+    qsort(s, (size_t)n, sizeof *s, cmp_int);
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j + 1 < n && s[j + 1] - s[j] <= 1) /* both >= 0: no overflow */
+            j++;
+        k += (size_t)(s[i] == s[j] ? snprintf(out + k, cap - k, "%s%d", i ? "," : "", s[i])
+                                   : snprintf(out + k, cap - k, "%s%d-%d", i ? "," : "", s[i],
+                                              s[j]));
+        i = j + 1;
+    }
+    free(s);
+    return out;
+fail:
+    free(s);
+    free(out);
+    return NULL;
+}
+
+/* One decimal 0..INT_MAX at *p (digits only); advances *p. */
+static bool parse_rank(const char **p, const char *end, int *out)
+{
+    long long v = 0;
+    const char *q = *p;
+    if (q == end || *q < '0' || *q > '9')
+        return false;
+    for (; q < end && *q >= '0' && *q <= '9'; q++) {
+        v = v * 10 + (*q - '0');
+        if (v > INT_MAX)
+            return false;
+    }
+    *p = q;
+    *out = (int)v;
+    return true;
+}
+
+int dt_rdzv_ranks_decode(const char *s, size_t len, dt_rdzv_ranks *out, dt_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (len == 1 && s[0] == '-')
+        return 0;
+    const char *p = s, *end = s + len;
+    int cap = 0, shown = len > 80 ? 80 : (int)len;
+    const char *more = len > 80 ? "..." : "";
+    long long prev_hi = -1;
+    if (len == 0)
+        return dt_err_set(err, -EBADMSG, "an empty list of ranks (the empty set is \"-\")");
+    for (;;) {
+        int lo, hi;
+        size_t at = (size_t)(p - s);
+        if (!parse_rank(&p, end, &lo))
+            goto bad;
+        hi = lo;
+        if (p < end && *p == '-') {
+            p++;
+            at = (size_t)(p - s);
+            if (!parse_rank(&p, end, &hi))
+                goto bad;
+            if (hi < lo)
+                return dt_err_set(err, -EBADMSG,
+                                  "the range %d-%d runs backwards in the list of ranks \"%.*s%s\"",
+                                  lo, hi, shown, s, more);
+        }
+        if (lo <= prev_hi)
+            return dt_err_set(err, -EBADMSG,
+                              "rank %d is not above the ranks before it in the list of ranks "
+                              "\"%.*s%s\" (it must be ascending, without repeats)",
+                              lo, shown, s, more);
+        if (out->n == cap) {
+            cap = cap ? 2 * cap : 8;
+            void *r = realloc(out->r, sizeof *out->r * (size_t)cap);
+            if (!r)
+                return dt_err_set(err, -ENOMEM, "out of memory");
+            out->r = r;
+        }
+        out->r[out->n][0] = lo;
+        out->r[out->n][1] = hi;
+        out->n++;
+        out->count += (long long)hi - lo + 1;
+        prev_hi = hi;
+        if (p == end)
+            return 0;
+        at = (size_t)(p - s);
+        if (*p != ',' || ++p == end)
+            goto bad;
+        continue;
+    bad:
+        return dt_err_set(err, -EBADMSG,
+                          "a malformed list of ranks at offset %zu of \"%.*s%s\" (expected "
+                          "\"-\" or ascending items \"g\" or \"lo-hi\" separated by commas)",
+                          at, shown, s, more);
+    }
+}
+
+bool dt_rdzv_ranks_has(const dt_rdzv_ranks *set, int g)
+{
+    int a = 0, b = set ? set->n : 0;
+    while (a < b) {
+        int m = a + (b - a) / 2;
+        if (g < set->r[m][0])
+            b = m;
+        else if (g > set->r[m][1])
+            a = m + 1;
+        else
+            return true;
+    }
+    return false;
+}
+
+void dt_rdzv_ranks_free(dt_rdzv_ranks *set)
+{
+    if (!set)
+        return;
+    free(set->r);
+    memset(set, 0, sizeof *set);
+}
+
+/* ---- end records ------------------------------------------------------------------------------ */
+
+static const char *const end_names[] = {"none", "success", "fail", "regroup", "abort"};
+
+/* "<kind> <node> <sig> <expect> <lost>|<why>"; lost: the group ranks declared lost, "-" or
+ * "3-40,57" (dt_rdzv_ranks_encode: every one, however many). Returns a malloc'd record, or NULL
+ * when out of memory. */
+static char *end_encode(end_kind kind, int node, int sig, int expect, const int *lost, int nl,
+                        const char *why)
+{
+    char *l = dt_rdzv_ranks_encode(lost, nl);
+    if (!l)
+        return NULL;
+    int len = snprintf(NULL, 0, "%s %d %d %d %s|%s", end_names[kind], node, sig, expect, l, why);
+    char *v = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (v)
+        snprintf(v, (size_t)len + 1, "%s %d %d %d %s|%s", end_names[kind], node, sig, expect, l,
+                 why);
+    free(l);
+    return v;
+}
+
+static void end_free(end_info *e)
+{
+    dt_rdzv_ranks_free(&e->lost);
+}
+
+/* Decodes an end record (strictly: a damaged one is -EBADMSG with err saying what). e needs
+ * end_free, also after a failure. */
+static int end_decode(const char *v, end_info *e, dt_err *err)
+{
     memset(e, 0, sizeof *e);
     e->expect = -1;
-    sscanf(v, "%15s %d %d %d %255s", kind, &e->node, &e->sig, &e->expect, lost);
-    e->kind = !strcmp(kind, "success") ? END_SUCCESS
-              : !strcmp(kind, "fail")  ? END_FAIL
-              : !strcmp(kind, "abort") ? END_ABORT
-                                       : END_REGROUP;
-    for (char *p = lost; *p && *p != '|' && *p != '-' && e->n_lost < 32;) {
-        e->lost[e->n_lost++] = (int)strtol(p, &p, 10);
-        if (*p != ',')
-            break;
-        p++;
+    const char *bar = strchr(v, '|'), *p = v;
+    size_t kl = strcspn(v, " |");
+    for (int i = END_SUCCESS; i <= END_ABORT; i++)
+        if (strlen(end_names[i]) == kl && !strncmp(v, end_names[i], kl))
+            e->kind = (end_kind)i;
+    if (!bar || e->kind == END_NONE)
+        goto bad;
+    p += kl;
+    int *fields[3] = {&e->node, &e->sig, &e->expect};
+    for (int i = 0; i < 3; i++) {
+        if (*p != ' ' || !(p[1] == '-' || (p[1] >= '0' && p[1] <= '9')))
+            goto bad;
+        char *q;
+        errno = 0;
+        long x = strtol(p + 1, &q, 10);
+        if (q == p + 1 || errno || x < INT_MIN || x > INT_MAX)
+            goto bad;
+        *fields[i] = (int)x;
+        p = q;
     }
-    const char *bar = strchr(v, '|');
-    dt_strlcpy(e->why, bar ? bar + 1 : v, sizeof e->why);
+    if (*p != ' ' || p + 1 > bar)
+        goto bad;
+    p++;
+    int rc = dt_rdzv_ranks_decode(p, (size_t)(bar - p), &e->lost, err);
+    if (rc) {
+        if (err)
+            dt_err_prefix(err, "a round's end record lists the lost nodes wrongly (\"%.120s\"): ",
+                          v);
+        return rc;
+    }
+    dt_strlcpy(e->why, bar + 1, sizeof e->why);
+    return 0;
+bad:
+    return dt_err_set(err, -EBADMSG,
+                      "a round's end record is damaged: \"%.160s\" (expected \"<kind> <node> "
+                      "<signal> <expect> <lost>|<why>\")",
+                      v);
 }
 
 static void status_from_end(const end_info *e, dt_rdzv_status *st)
@@ -437,7 +620,7 @@ static void read_hosts(dt_store *s, int R, const char *tag, int n, char (*hosts)
 static void declare_lost(dt_rdzv_c10d *c, dt_store *s, int R, int me, int n, const char *tag,
                          const int *lost, const double *silent, int nl)
 {
-    char key[KEY_MAX], why[256], v[512], *cur = NULL;
+    char key[KEY_MAX], why[256], *v = NULL, *cur = NULL;
     kf(key, sizeof key, "r%d/end", R);
     if (get0(s, key, &cur, NULL) == 0) {
         free(cur); /* the round is over already: nothing to declare */
@@ -467,12 +650,16 @@ static void declare_lost(dt_rdzv_c10d *c, dt_store *s, int R, int me, int n, con
         snprintf(why, sizeof why, "%d nodes were lost (node %d (%s) and others): no heartbeat for "
                                   "%.1f s or more",
                  nl, lost[0], hosts[lost[0]], silent[0]);
-    end_encode(v, sizeof v, END_REGROUP, me, 0, n - nl, lost, nl, why);
+    if (!(v = end_encode(END_REGROUP, me, 0, n - nl, lost, nl, why))) {
+        DT_ERROR("out of memory: cannot declare %d lost node(s) of round %d", nl, R);
+        goto out;
+    }
     bool won = false;
     kf(key, sizeof key, "r%d/end", R);
     if (cas_new(s, key, v, &won, NULL, NULL) == 0 && won)
         DT_WARN("%s; the others re-rendezvous without it", why);
 out:
+    free(v);
     free(hosts);
     free(f);
 }
@@ -969,12 +1156,14 @@ static int cmp_joiner(const void *a, const void *b)
     return x->k < y->k ? -1 : x->k > y->k;
 }
 
-/* The attempt of round R: R-1's, plus one when R-1 failed. */
-static int round_attempt(dt_rdzv_c10d *c, int R)
+/* The attempt of round R: R-1's, plus one when R-1 failed. Returns 0, or -EBADMSG when R-1's
+ * end record is damaged (err says how). */
+static int round_attempt(dt_rdzv_c10d *c, int R, int *attempt, dt_err *err)
 {
     char key[KEY_MAX], *v = NULL;
     closed_info ci;
     end_info e;
+    *attempt = 0;
     if (R == 0)
         return 0;
     kf(key, sizeof key, "r%d/closed", R - 1);
@@ -984,12 +1173,18 @@ static int round_attempt(dt_rdzv_c10d *c, int R)
     free(v);
     kf(key, sizeof key, "r%d/end", R - 1);
     if (get0(c->ns, key, &v, NULL) == 0) {
-        end_decode(v, &e);
+        int rc = end_decode(v, &e, err);
         free(v);
+        end_free(&e);
+        if (rc) {
+            dt_err_prefix(err, "round %d: ", R - 1);
+            return rc;
+        }
         if (e.kind == END_FAIL)
             a++;
     }
-    return a;
+    *attempt = a;
+    return 0;
 }
 
 /* Tries to close round R with the nodes that joined so far: survivors of R-1 first (in their
@@ -1108,10 +1303,13 @@ static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
     free(akeys);
     if (rc)
         goto out;
+    int attempt = 0;
+    if ((rc = round_attempt(c, R, &attempt, err)))
+        goto out;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "n", n);
     cJSON_AddStringToObject(o, "tag", tag);
-    cJSON_AddNumberToObject(o, "attempt", round_attempt(c, R));
+    cJSON_AddNumberToObject(o, "attempt", attempt);
     cJSON_AddNumberToObject(o, "world", world);
     cJSON_AddStringToObject(o, "master_addr", js[0].addr);
     cJSON_AddNumberToObject(o, "master_port", js[0].port);
@@ -1242,15 +1440,20 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
         kf(key, sizeof key, "r%d/end", R - 1);
         if (get0(c->ns, key, &v, NULL) == 0) {
             end_info e;
-            end_decode(v, &e);
+            rc = end_decode(v, &e, err);
+            free(v);
+            if (rc) {
+                end_free(&e);
+                dt_err_prefix(err, "joining round %d: round %d: ", R, R - 1);
+                return rc;
+            }
             expect = e.expect;
             snprintf(prev_why, sizeof prev_why, "%s", e.why);
-            free(v);
             /* Declared lost in R-1: not one of the survivors the others wait for (the round
              * must not close early on this node's count); it comes back as a newcomer. */
-            for (int i = 0; i < e.n_lost && prev >= 0; i++)
-                if (e.lost[i] == prev)
-                    prev = -1;
+            if (prev >= 0 && dt_rdzv_ranks_has(&e.lost, prev))
+                prev = -1;
+            end_free(&e);
         }
     }
     kf(key, sizeof key, "r%d/count", R);
@@ -1442,15 +1645,18 @@ static int spare_wait(dt_rdzv_c10d *c, int R, const closed_info *ci, dt_rdzv_sta
             last = val;
             seen = now;
         } else if (now - seen > c->o.heartbeat_timeout) {
-            char why[256], ev[512];
+            char why[256];
             snprintf(why, sizeof why,
                      "node 0 of round %d was lost: no heartbeat for %.1f s (seen by a spare)", R,
                      now - seen);
             int zero = 0;
-            end_encode(ev, sizeof ev, END_REGROUP, -1, 0, ci->n - 1, &zero, 1, why);
+            char *ev = end_encode(END_REGROUP, -1, 0, ci->n - 1, &zero, 1, why);
+            if (!ev)
+                return dt_err_set(err, -ENOMEM, "out of memory");
             bool won = false;
             if (cas_new(c->ns, key, ev, &won, NULL, NULL) == 0 && won)
                 DT_WARN("%s", why);
+            free(ev);
         }
     }
 }
@@ -1515,8 +1721,13 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
         rc = get0(c->ns, key, &v, err);
         if (rc == 0) {
             end_info e;
-            end_decode(v, &e);
+            rc = end_decode(v, &e, err);
             free(v);
+            end_free(&e); /* only the kind is needed */
+            if (rc) {
+                dt_err_prefix(err, "joining the rendezvous: round %d: ", R);
+                return rc;
+            }
             if (end_is_final(c, &e, &ci, st)) {
                 mark_left(c);
                 return dt_err_set(err, -ECANCELED, "the job has ended: %s", st->why);
@@ -1528,16 +1739,20 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
             return store_gone(c, rc, err, "joining the rendezvous");
         /* Round R runs without this node. */
         if (ci.n < c->max) {
-            char why[600], ev[700];
+            char why[600];
             snprintf(why, sizeof why, "node %s (%s) joins the job, which runs on %d of at most %d",
                      c->local_addr, dt_hostname(), ci.n, c->max);
-            end_encode(ev, sizeof ev, END_REGROUP, -1, 0, ci.n, NULL, 0, why);
+            char *ev = end_encode(END_REGROUP, -1, 0, ci.n, NULL, 0, why);
+            if (!ev)
+                return dt_err_set(err, -ENOMEM, "out of memory");
             if (!announced)
                 DT_INFO("round %d runs with %d node(s): asking it to regroup so that this node "
                         "joins",
                         R, ci.n);
             announced = true;
-            if ((rc = cas_new(c->ns, key, ev, NULL, NULL, err)))
+            rc = cas_new(c->ns, key, ev, NULL, NULL, err);
+            free(ev);
+            if (rc)
                 return store_gone(c, rc, err, "joining the rendezvous");
             R++;
             continue;
@@ -1553,25 +1768,31 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
 
 /* ---- while a round runs --------------------------------------------------------------------- */
 
-static void cache_end(dt_rdzv_c10d *c, const char *v)
+/* Caches the end v of this node's round. Returns 0, or -EBADMSG when v is damaged (err says
+ * how; nothing cached). */
+static int cache_end(dt_rdzv_c10d *c, const char *v, dt_err *err)
 {
     end_info e;
-    end_decode(v, &e);
+    int rc = end_decode(v, &e, err);
+    if (rc) {
+        end_free(&e);
+        dt_err_prefix(err, "round %d: ", c->round);
+        return rc;
+    }
     status_from_end(&e, &c->ended);
-    for (int i = 0; i < e.n_lost; i++)
-        if (e.lost[i] == c->g) { /* frozen or cut off for too long: the others went on */
-            snprintf(c->ended.why, sizeof c->ended.why,
-                     "this node was declared lost by the others (%.150s); it rejoins the job as "
-                     "a new node",
-                     e.why);
-            break;
-        }
+    if (dt_rdzv_ranks_has(&e.lost, c->g)) /* frozen or cut off for too long: the others went on */
+        snprintf(c->ended.why, sizeof c->ended.why,
+                 "this node was declared lost by the others (%.150s); it rejoins the job as "
+                 "a new node",
+                 e.why);
     bool final = e.kind == END_SUCCESS || e.kind == END_ABORT ||
                  (e.kind == END_FAIL && c->attempt >= c->max_restarts);
     if (final && e.kind == END_FAIL)
         write_final(c, 1, "fail", e.node, 0, e.why);
     if (final)
         mark_left(c);
+    end_free(&e);
+    return 0;
 }
 
 int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
@@ -1611,8 +1832,10 @@ int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
         return 0;
     if (rc)
         return store_gone(c, rc, err, "checking the round");
-    cache_end(c, v);
+    rc = cache_end(c, v, err);
     free(v);
+    if (rc)
+        return rc;
     hb_assign(c, -1, 0, 0, NULL); /* nobody watches a round that ended */
     *st = c->ended;
     return 0;
@@ -1620,7 +1843,7 @@ int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
 
 int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
 {
-    char key[KEY_MAX], v[320], why[64];
+    char key[KEY_MAX], *v = NULL, why[64];
     int64_t d = 0;
     bool won = false;
     c->done = true;
@@ -1633,9 +1856,12 @@ int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
     if (d < c->n)
         return 0;
     snprintf(why, sizeof why, "every node succeeded");
-    end_encode(v, sizeof v, END_SUCCESS, c->g, 0, c->n, NULL, 0, why);
+    if (!(v = end_encode(END_SUCCESS, c->g, 0, c->n, NULL, 0, why)))
+        return dt_err_set(err, -ENOMEM, "out of memory");
     kf(key, sizeof key, "r%d/end", c->round);
-    if ((rc = cas_new(c->ns, key, v, &won, NULL, err)))
+    rc = cas_new(c->ns, key, v, &won, NULL, err);
+    free(v);
+    if (rc)
         return store_gone(c, rc, err, "reporting success");
     if (won) /* fenced: only the end of a live round may end the job */
         write_final(c, 0, "success", c->g, 0, why);
@@ -1658,7 +1884,7 @@ static int keep_failures(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_er
 
 int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err)
 {
-    char key[KEY_MAX], why[200], v[512], *cur = NULL;
+    char key[KEY_MAX], why[200], *v = NULL, *cur = NULL;
     int rc = 0;
     if ((rc = keep_failures(c, f, n, err)))
         return rc;
@@ -1676,20 +1902,25 @@ int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err
         }
         return 0;
     }
+    if (!(v = end_encode(END_FAIL, c->g, 0, c->n, NULL, 0, why)))
+        return dt_err_set(err, -ENOMEM, "out of memory");
     kf(key, sizeof key, "r%d/failures", c->round);
     rc = dt_rdzv_append_failures(c->ns, key, f, n, err);
-    end_encode(v, sizeof v, END_FAIL, c->g, 0, c->n, NULL, 0, why);
     bool won = false;
     kf(key, sizeof key, "r%d/end", c->round);
-    int rc2 = cas_new(c->ns, key, v, &won, &cur, err);
+    int rc2 = cas_new(c->ns, key, v, &won, &cur, err), rc3 = 0;
+    dt_err e3 = {0};
     if (rc2 == 0 && cur)
-        cache_end(c, cur);
+        rc3 = cache_end(c, cur, &e3); /* the end that won (maybe another node's) */
     else if (c->ended.state == DT_RDZV_RUNNING)
-        cache_end(c, v);
+        cache_end(c, v, NULL); /* this node's own: well formed */
     free(cur);
+    free(v);
     if (rc || rc2)
         return store_gone(c, rc ? rc : rc2, err, "reporting a failure");
-    return 0;
+    if (rc3 && err)
+        *err = e3;
+    return rc3;
 }
 
 /* Ends the job from this node: final (code, kind), this node's round and the latest one ended
@@ -1699,7 +1930,7 @@ int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err
 static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const char *why,
                     const dt_rdzv_status *ended)
 {
-    char v[512], key[KEY_MAX];
+    char *v = NULL, key[KEY_MAX];
     if (c->ended.state == DT_RDZV_RUNNING || c->ended.state == DT_RDZV_FAILED ||
         c->ended.state == DT_RDZV_REGROUP)
         c->ended = *ended;
@@ -1717,9 +1948,11 @@ static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const 
     if (get0(c->ns, "round", &h, NULL) == 0)
         latest = DT_MAX(latest, atoi(h));
     free(h);
-    end_encode(v, sizeof v, END_ABORT, c->round >= 0 ? c->g : -1, sig, c->n, NULL, 0, why);
+    v = end_encode(END_ABORT, c->round >= 0 ? c->g : -1, sig, c->n, NULL, 0, why);
+    if (!v)
+        DT_ERROR("out of memory: the end of round %d is not written", c->round);
     int ends[2] = {c->round, latest};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && v; i++) {
         if (ends[i] < 0 || (i == 1 && ends[1] == ends[0]))
             continue;
         kf(key, sizeof key, "r%d/end", ends[i]);
@@ -1729,6 +1962,7 @@ static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const 
         kf(key, sizeof key, "r%d/closed", latest + 1);
         cas_new(c->ns, key, "{\"final\":1}", NULL, NULL, NULL);
     }
+    free(v);
     mark_left(c);
 }
 
