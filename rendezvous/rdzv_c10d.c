@@ -643,21 +643,33 @@ static void declare_lost(dt_rdzv_c10d *c, dt_store *s, int R, int me, int n, con
     }
     kf(key, sizeof key, "r%d/failures", R);
     dt_rdzv_append_failures(s, key, f, nl, NULL);
+    double lo = silent[0], hi = silent[0];
+    for (int i = 1; i < nl; i++) {
+        lo = DT_MIN(lo, silent[i]);
+        hi = DT_MAX(hi, silent[i]);
+    }
     if (nl == 1)
         snprintf(why, sizeof why, "node %d (%s) was lost: no heartbeat for %.1f s", lost[0],
                  hosts[lost[0]], silent[0]);
     else
         snprintf(why, sizeof why, "%d nodes were lost (node %d (%s) and others): no heartbeat for "
-                                  "%.1f s or more",
-                 nl, lost[0], hosts[lost[0]], silent[0]);
+                                  "%.1f to %.1f s",
+                 nl, lost[0], hosts[lost[0]], lo, hi);
     if (!(v = end_encode(END_REGROUP, me, 0, n - nl, lost, nl, why))) {
         DT_ERROR("out of memory: cannot declare %d lost node(s) of round %d", nl, R);
         goto out;
     }
     bool won = false;
     kf(key, sizeof key, "r%d/end", R);
-    if (cas_new(s, key, v, &won, NULL, NULL) == 0 && won)
-        DT_WARN("%s; the others re-rendezvous without it", why);
+    if (cas_new(s, key, v, &won, NULL, NULL) == 0 && won) {
+        const char *l = strchr(v, ' ');
+        for (int i = 0; i < 3 && l; i++)
+            l = strchr(l + 1, ' ');
+        size_t ll = l ? strcspn(l + 1, "|") : 0;
+        DT_WARN("%s; the others re-rendezvous without %s (lost group ranks: %.*s%s)", why,
+                nl == 1 ? "it" : "them", (int)DT_MIN(ll, (size_t)200), l ? l + 1 : "",
+                ll > 200 ? "..." : "");
+    }
 out:
     free(v);
     free(hosts);
@@ -711,7 +723,12 @@ static void hb_tick(dt_rdzv_c10d *c, int R, int g, int n, const char *tag, bool 
     }
     if (dt_store_multi_get(c->hb_ns, kp, (size_t)cnt, vals, lens, 0, NULL) != 0)
         goto out; /* missing keys: the closer writes them all, so the round is being replaced */
+    /* Once one node is past heartbeat_timeout, every node silent for more than half of it is
+     * declared with it: nodes that went down together (a rack, a switch) stopped beating within
+     * about an interval of each other, and declaring them one regroup at a time would leave the
+     * next round waiting for the rest. A live node beats every interval. */
     now = dt_now_s();
+    bool past = false;
     for (int i = 0; i < cnt; i++) {
         int who = i;
         int64_t val = atoll(vals[i]);
@@ -721,12 +738,13 @@ static void hb_tick(dt_rdzv_c10d *c, int R, int g, int n, const char *tag, bool 
         if (val != c->hb_val[who]) {
             c->hb_val[who] = val;
             c->hb_seen[who] = now;
-        } else if (now - c->hb_seen[who] > c->o.heartbeat_timeout) {
+        } else if (now - c->hb_seen[who] > c->o.heartbeat_timeout / 2) {
+            past |= now - c->hb_seen[who] > c->o.heartbeat_timeout;
             lost[nl] = who;
             silent[nl++] = now - c->hb_seen[who];
         }
     }
-    if (nl > 0) {
+    if (past) {
         c->hb_declared = R;
         declare_lost(c, c->hb_ns, R, g, n, tag, lost, silent, nl);
     }
