@@ -17,11 +17,14 @@
  * prints the port, which the agents are then given. Every wait is bounded; every worker writes
  * its pid, and each test checks that none outlived its agent.
  */
+#include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -961,8 +964,342 @@ static void test_api_survivors_keep_order(void)
     dt_store_server_stop(srv);
 }
 
+/* ---- 35 of 40 nodes lost at once ---------------------------------------------------------- */
+
+/* The agents of api_many_lost_at_once are processes (so that they can be frozen), each running
+ * the rendezvous API; they report to the test over one pipe and take orders over their own. */
+#define ML_N 40
+#define ML_LOST_LO 1 /* group ranks ML_LOST_LO..ML_LOST_HI of round 0 are frozen */
+#define ML_LOST_HI 35
+
+enum { ML_FORMED = 1, ML_ENDED, ML_ERROR };
+
+#define ML_REQUIRE_MSG(cond, ...)                                                                  \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            dt_test_fail_at(__FILE__, __LINE__, __VA_ARGS__);                                      \
+            dt_test_stop();                                                                        \
+        }                                                                                          \
+    } while (0)
+
+typedef struct ml_msg {
+    int child, ev, round, g, n, attempt, state, declared;
+    char msg[256];
+} ml_msg; /* < PIPE_BUF: one write is atomic */
+
+static void ml_send(int fd, int child, int ev, const dt_rdzv_round *rd, const dt_rdzv_status *st,
+                    const char *msg)
+{
+    ml_msg m;
+    memset(&m, 0, sizeof m);
+    m.child = child;
+    m.ev = ev;
+    if (rd) {
+        m.round = rd->round;
+        m.g = rd->group_rank;
+        m.n = rd->group_world_size;
+        m.attempt = rd->attempt;
+    }
+    if (st) {
+        m.state = (int)st->state;
+        m.declared = strstr(st->why, "declared lost") != NULL;
+    }
+    dt_strlcpy(m.msg, msg ? msg : (st ? st->why : ""), sizeof m.msg);
+    if (write(fd, &m, sizeof m) != (ssize_t)sizeof m)
+        _exit(3);
+}
+
+/* One agent: gets the store's port, then: next (report FORMED), poll until the round ends
+ * (report ENDED; 's' meanwhile reports success), wait for an order: 'n' next again, 'x' exit. */
+static void ml_child(int k, int ctl, int res)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int port = 0;
+    if (read(ctl, &port, sizeof port) != (ssize_t)sizeof port)
+        _exit(1);
+    dt_rdzv_opts o;
+    memset(&o, 0, sizeof o);
+    dt_strlcpy(o.backend, "c10d", sizeof o.backend);
+    dt_strlcpy(o.nnodes, "5:40", sizeof o.nnodes);
+    dt_strlcpy(o.endpoint_host, "127.0.0.1", sizeof o.endpoint_host);
+    o.endpoint_port = port;
+    dt_strlcpy(o.run_id, "lost", sizeof o.run_id);
+    o.local_world_size = 1;
+    o.max_restarts = 1;
+    o.join_timeout = 60;
+    o.close_timeout = 2;
+    o.heartbeat_interval = 0.3;
+    o.heartbeat_timeout = 8; /* long: a loaded machine must not fake a loss */
+    o.last_call_timeout = 60; /* rounds close on MAX or on the survivors, never on the clock */
+    dt_rdzv *rz = NULL;
+    dt_err e = {0};
+    if (dt_rdzv_open(&rz, &o, &e)) {
+        ml_send(res, k, ML_ERROR, NULL, NULL, e.msg);
+        _exit(2);
+    }
+    char cmd = 'n';
+    while (cmd == 'n') {
+        dt_rdzv_round rd;
+        dt_rdzv_status st;
+        if (dt_rdzv_next(rz, &rd, &st, &e)) {
+            ml_send(res, k, ML_ERROR, NULL, NULL, e.msg);
+            _exit(2);
+        }
+        ml_send(res, k, ML_FORMED, &rd, NULL, "");
+        for (;;) {
+            struct pollfd pf = {.fd = ctl, .events = POLLIN};
+            if (poll(&pf, 1, 100) == 1) {
+                if (read(ctl, &cmd, 1) != 1)
+                    _exit(0);
+                if (cmd == 's' && dt_rdzv_succeeded(rz, &e)) {
+                    ml_send(res, k, ML_ERROR, NULL, NULL, e.msg);
+                    _exit(2);
+                }
+            }
+            if (dt_rdzv_poll(rz, &st, &e)) {
+                ml_send(res, k, ML_ERROR, NULL, NULL, e.msg);
+                _exit(2);
+            }
+            if (st.state != DT_RDZV_RUNNING)
+                break;
+        }
+        ml_send(res, k, ML_ENDED, &rd, &st, NULL);
+        if (read(ctl, &cmd, 1) != 1)
+            cmd = 'x';
+    }
+    dt_rdzv_close(rz);
+    _exit(0);
+}
+
+/* Reads the next message (bounded); an agent's error fails the test. */
+static void ml_read(int fd, ml_msg *m, double deadline, const char *waiting_for)
+{
+    for (;;) {
+        double left = deadline - dt_test_now();
+        if (left <= 0) {
+            dt_test_fail_at(__FILE__, __LINE__, "timed out waiting for %s", waiting_for);
+            dt_test_stop();
+        }
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int r = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (r == 1)
+            break;
+        DT_REQUIRE(r == 0 || errno == EINTR);
+    }
+    DT_REQUIRE(read(fd, m, sizeof *m) == (ssize_t)sizeof *m);
+    if (m->ev == ML_ERROR) {
+        dt_test_fail_at(__FILE__, __LINE__, "agent %d failed (waiting for %s): %s", m->child,
+                        waiting_for, m->msg);
+        dt_test_stop();
+    }
+}
+
+static void ml_order(int fd, char cmd)
+{
+    DT_REQUIRE(write(fd, &cmd, 1) == 1);
+}
+
+/* The value of counter key (0 when absent). */
+static int64_t ml_counter(dt_store *st, const char *key)
+{
+    int64_t v = 0;
+    dt_err e = {0};
+    DT_REQUIRE_OK(dt_store_add(st, key, 0, &v, &e), &e);
+    return v;
+}
+
+/* The lost set of an end record "<kind> <node> <sig> <expect> <lost>|<why>", read by the test
+ * itself (items "g" or "lo-hi", as listed; -1 in in[] marks a malformed list). */
+static int ml_parse_lost(const char *rec, bool *in, int n, int *expect)
+{
+    int node, sig, used = 0, count = 0;
+    char kind[16];
+    DT_REQUIRE(sscanf(rec, "%15s %d %d %d %n", kind, &node, &sig, expect, &used) == 4 && used);
+    for (const char *p = rec + used; *p && *p != '|';) {
+        char *q;
+        long lo = strtol(p, &q, 10), hi = lo;
+        if (q == p)
+            return -1;
+        if (*q == '-' && q[1] >= '0' && q[1] <= '9')
+            hi = strtol(q + 1, &q, 10);
+        for (long g = lo; g <= hi; g++) {
+            if (g < 0 || g >= n)
+                return -1;
+            in[g] = true;
+            count++;
+        }
+        p = *q == ',' ? q + 1 : q;
+    }
+    return count;
+}
+
+/* 40 nodes (5:40); group ranks 1..35 freeze at once (more than the 32 an end record used to
+ * hold). Group rank 0 declares every one of the 35 lost in the one end record, the 5 survivors
+ * regroup, and the 35 - once continued - are each told that they were declared lost and come
+ * back as newcomers: none counts as a survivor, so round 1 waits for the last real survivor
+ * (it does not close early on a lost node's count, which would make that survivor end it again)
+ * and forms with all 40, survivors first in their old order, in one regroup. */
+static void test_api_many_lost_at_once(void)
+{
+    int res[2], ctl[ML_N];
+    pid_t pid[ML_N];
+    DT_REQUIRE(pipe(res) == 0);
+    for (int k = 0; k < ML_N; k++) {
+        int p[2];
+        DT_REQUIRE(pipe(p) == 0);
+        pid[k] = fork();
+        DT_REQUIRE(pid[k] >= 0);
+        if (pid[k] == 0) {
+            close(res[0]);
+            close(p[1]);
+            for (int j = 0; j < k; j++)
+                close(ctl[j]);
+            ml_child(k, p[0], res[1]);
+        }
+        close(p[0]);
+        ctl[k] = p[1];
+    }
+    close(res[1]);
+    dt_store_server *srv = NULL;
+    dt_store_server_opts so;
+    dt_err e = {0};
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &e), &e);
+    int port = dt_store_server_port(srv);
+    for (int k = 0; k < ML_N; k++)
+        DT_REQUIRE(write(ctl[k], &port, sizeof port) == (ssize_t)sizeof port);
+
+    /* Round 0: all 40 (it closes when the 40th joins). */
+    int by_g[ML_N], g0[ML_N];
+    for (int g = 0; g < ML_N; g++)
+        by_g[g] = -1;
+    ml_msg m;
+    double deadline = dt_test_now() + 90;
+    for (int i = 0; i < ML_N; i++) {
+        ml_read(res[0], &m, deadline, "round 0 to form");
+        DT_REQUIRE(m.ev == ML_FORMED && m.round == 0 && m.n == ML_N);
+        DT_REQUIRE(m.g >= 0 && m.g < ML_N && by_g[m.g] < 0);
+        by_g[m.g] = m.child;
+        g0[m.child] = m.g;
+    }
+    /* A rack goes down: group ranks 1..35 stop at once. */
+    for (int g = ML_LOST_LO; g <= ML_LOST_HI; g++)
+        DT_REQUIRE(kill(pid[by_g[g]], SIGSTOP) == 0);
+    deadline = dt_test_now() + 60;
+    for (int i = 0; i < ML_N - (ML_LOST_HI - ML_LOST_LO + 1); i++) {
+        ml_read(res[0], &m, deadline, "the survivors to see the loss");
+        DT_REQUIRE(m.ev == ML_ENDED);
+        DT_CHECK_INT(m.state, DT_RDZV_REGROUP);
+        DT_CHECK_MSG(!m.declared, "survivor %d (group rank %d) was declared lost: %s", m.child,
+                     g0[m.child], m.msg);
+        DT_CHECK(g0[m.child] < ML_LOST_LO || g0[m.child] > ML_LOST_HI);
+    }
+    /* The end record: every one of the 35, nobody else; 5 go on. */
+    dt_store *st = NULL;
+    void *job = NULL, *rec = NULL;
+    size_t len = 0;
+    char key[200];
+    DT_REQUIRE_OK(dt_store_connect(&st, "127.0.0.1", port, NULL, &e), &e);
+    DT_REQUIRE_OK(dt_store_get(st, "dtrain/lost/job", &job, &len, 5000, &e), &e);
+    char J[64];
+    snprintf(J, sizeof J, "%.*s", (int)len, (char *)job);
+    free(job);
+    snprintf(key, sizeof key, "dtrain/lost/%s/r0/end", J);
+    DT_REQUIRE_OK(dt_store_get(st, key, &rec, &len, 0, &e), &e);
+    char *end = strndup(rec, len);
+    free(rec);
+    bool in[ML_N] = {false};
+    int expect = -1, nl = ml_parse_lost(end, in, ML_N, &expect);
+    DT_CHECK_MSG(nl == ML_LOST_HI - ML_LOST_LO + 1, "%d lost listed in \"%s\"", nl, end);
+    for (int g = 0; g < ML_N; g++)
+        DT_CHECK_MSG(in[g] == (g >= ML_LOST_LO && g <= ML_LOST_HI), "group rank %d %s in \"%s\"",
+                     g, in[g] ? "listed" : "not listed", end);
+    DT_CHECK_INT(expect, ML_N - (ML_LOST_HI - ML_LOST_LO + 1));
+    free(end);
+    /* The 35 come back: each is told it was declared lost. */
+    for (int g = ML_LOST_LO; g <= ML_LOST_HI; g++)
+        DT_REQUIRE(kill(pid[by_g[g]], SIGCONT) == 0);
+    deadline = dt_test_now() + 60;
+    for (int i = ML_LOST_LO; i <= ML_LOST_HI; i++) {
+        ml_read(res[0], &m, deadline, "the lost nodes to see the end");
+        DT_REQUIRE(m.ev == ML_ENDED);
+        DT_CHECK_INT(m.state, DT_RDZV_REGROUP);
+        DT_CHECK_MSG(m.declared, "group rank %d was not told it was declared lost: %s",
+                     g0[m.child], m.msg);
+    }
+    /* Four survivors rejoin (group ranks 0, 36, 37, 38); the last one (39) is held back. */
+    char surv[200], cnt[200], closed[200];
+    snprintf(surv, sizeof surv, "dtrain/lost/%s/r1/surv", J);
+    snprintf(cnt, sizeof cnt, "dtrain/lost/%s/r1/count", J);
+    snprintf(closed, sizeof closed, "dtrain/lost/%s/r1/closed", J);
+    ml_order(ctl[by_g[0]], 'n');
+    for (int g = ML_LOST_HI + 1; g < ML_N - 1; g++)
+        ml_order(ctl[by_g[g]], 'n');
+    deadline = dt_test_now() + 30;
+    while (ml_counter(st, surv) < 4) {
+        ML_REQUIRE_MSG(dt_test_now() < deadline, "4 survivors did not rejoin");
+        dt_sleep_ms(50);
+    }
+    /* The 35 rejoin too, as newcomers: they must not complete the survivors' count. */
+    for (int g = ML_LOST_LO; g <= ML_LOST_HI; g++)
+        ml_order(ctl[by_g[g]], 'n');
+    const char *ck = closed;
+    int exists = 0;
+    deadline = dt_test_now() + 30;
+    for (;;) {
+        DT_REQUIRE_OK(dt_store_check(st, &ck, 1, &exists, &e), &e);
+        if (exists || ml_counter(st, cnt) >= ML_N - 1)
+            break;
+        ML_REQUIRE_MSG(dt_test_now() < deadline, "the lost nodes did not rejoin");
+        dt_sleep_ms(50);
+    }
+    ML_REQUIRE_MSG(!exists, "round 1 closed before its last survivor came back: a node declared "
+                            "lost was counted as a survivor (survivors in: %lld)",
+                   (long long)ml_counter(st, surv));
+    DT_CHECK_INT(ml_counter(st, surv), 4);
+    /* The last survivor: round 1 forms with everyone, in one regroup. */
+    ml_order(ctl[by_g[ML_N - 1]], 'n');
+    deadline = dt_test_now() + 60;
+    for (int i = 0; i < ML_N; i++) {
+        ml_read(res[0], &m, deadline, "round 1 to form");
+        DT_REQUIRE(m.ev == ML_FORMED);
+        DT_CHECK_INT(m.round, 1);
+        DT_CHECK_INT(m.n, ML_N);
+        DT_CHECK_INT(m.attempt, 0);
+        int old = g0[m.child];
+        if (old == 0)
+            DT_CHECK_INT(m.g, 0);
+        else if (old > ML_LOST_HI)
+            DT_CHECK_INT(m.g, old - ML_LOST_HI); /* 36..39 -> 1..4: survivors first, in order */
+        else
+            DT_CHECK_MSG(m.g > ML_N - 1 - ML_LOST_HI, "lost node (was %d) ranked %d, among the "
+                                                       "survivors",
+                         old, m.g);
+    }
+    dt_store_free(st);
+    /* Success everywhere, then every agent exits. */
+    for (int k = 0; k < ML_N; k++)
+        ml_order(ctl[k], 's');
+    deadline = dt_test_now() + 60;
+    for (int i = 0; i < ML_N; i++) {
+        ml_read(res[0], &m, deadline, "the job to succeed");
+        DT_REQUIRE(m.ev == ML_ENDED);
+        DT_CHECK_INT(m.state, DT_RDZV_SUCCEEDED);
+    }
+    for (int k = 0; k < ML_N; k++) {
+        ml_order(ctl[k], 'x');
+        close(ctl[k]);
+    }
+    for (int k = 0; k < ML_N; k++)
+        DT_CHECK_INT(dt_test_wait_exit(pid[k], 30), 0);
+    close(res[0]);
+    dt_store_server_stop(srv);
+}
+
 static const dt_test tests[] = {
     {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
+    {"api_many_lost_at_once", test_api_many_lost_at_once, 240},
     {"random_order", test_random_order, 120},
     {"late_joiner_grows_job", test_late_joiner_grows_job, 90},
     {"ddp_job_regroups", test_ddp_job_regroups, 150},
