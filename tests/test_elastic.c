@@ -1297,9 +1297,50 @@ static void test_api_many_lost_at_once(void)
     dt_store_server_stop(srv);
 }
 
+/* A damaged end record (lost list "1,,2") is an error with a message from poll, not a crash or a
+ * shorter set. */
+static void test_api_damaged_end_record(void)
+{
+    dt_store_server *srv = NULL;
+    dt_store_server_opts so;
+    dt_err e = {0};
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &e), &e);
+    int port = dt_store_server_port(srv);
+    static inproc a[2];
+    inproc *all[2] = {&a[0], &a[1]};
+    for (int i = 0; i < 2; i++)
+        open_inproc(&a[i], port, "2:2");
+    next_all(all, 2);
+    dt_store *st = NULL;
+    void *job = NULL;
+    size_t len = 0;
+    char key[200];
+    DT_REQUIRE_OK(dt_store_connect(&st, "127.0.0.1", port, NULL, &e), &e);
+    DT_REQUIRE_OK(dt_store_get(st, "dtrain/api/job", &job, &len, 5000, &e), &e);
+    snprintf(key, sizeof key, "dtrain/api/%.*s/r0/end", (int)len, (char *)job);
+    free(job);
+    const char *bad = "regroup 0 0 1 1,,2|a damaged record";
+    DT_REQUIRE_OK(dt_store_set(st, key, bad, strlen(bad), &e), &e);
+    dt_store_free(st);
+    dt_rdzv_status s;
+    dt_err pe = {0};
+    int rc = dt_rdzv_poll(a[1].rz, &s, &pe);
+    DT_CHECK_INT(rc, -EBADMSG);
+    DT_CHECK_CONTAINS(pe.msg, "lost nodes");
+    DT_CHECK_CONTAINS(pe.msg, "1,,2");
+    for (int i = 0; i < 2; i++)
+        dt_rdzv_kill(a[i].rz);
+    for (int i = 0; i < 2; i++)
+        dt_rdzv_close(a[i].rz);
+    dt_store_server_stop(srv);
+}
+
 static const dt_test tests[] = {
     {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
     {"api_many_lost_at_once", test_api_many_lost_at_once, 240},
+    {"api_damaged_end_record", test_api_damaged_end_record, 60},
     {"random_order", test_random_order, 120},
     {"late_joiner_grows_job", test_late_joiner_grows_job, 90},
     {"ddp_job_regroups", test_ddp_job_regroups, 150},
