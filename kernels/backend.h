@@ -235,6 +235,12 @@ void dt_backend_close(dt_backend *be);
 /* Creates the CPU backend directly (kernels/cpu). */
 int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err *err);
 
+/* CPU backend: binds the BLAS library's own threads (started when a backend set the thread
+ * count, or at load) to the CPUs the calling thread may use now: call it after narrowing the
+ * caller's affinity (job.cpu_bind). Returns how many threads it bound; 0 when the library has
+ * no way to (then they run where the scheduler puts them). */
+int dt_cpu_backend_bind_blas_threads(void);
+
 /* The symbol libdtrain_cuda.so exports (kernels/cuda); same contract as above. */
 typedef int (*dt_cuda_backend_create_fn)(dt_backend **out, const dt_backend_opts *opts,
                                          dt_err *err);

@@ -98,6 +98,7 @@ void dt_worker_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank, 
         DT_DEBUG("job.cpu_bind = auto: not bound to CPUs: %s", e.msg);
         return;
     }
+    dt_cpu_backend_bind_blas_threads(); /* started before: at load or at the backend's open */
     dt_cpuset_format(&base, all, sizeof all);
     dt_cpuset_format(&mine, list, sizeof list);
     if (local_rank == 0)

@@ -11,7 +11,10 @@
  * with rtol 1e-3 for gradients (finite differences with h = 1e-3 on a double function are
  * exact to ~1e-7, so the error measured is the kernel's float32 rounding).
  */
+#include <dirent.h>
 #include <math.h>
+#include <sched.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1414,6 +1417,57 @@ static void *thr_run(void *p)
     return j;
 }
 
+/* job.cpu_bind narrows a worker's affinity after the backend started OpenBLAS's threads; the
+ * backend then binds those too, or they would run on every CPU. */
+static void test_blas_threads_bound(void)
+{
+    cpu_set_t all, one;
+    DT_REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+    if (CPU_COUNT(&all) < 2)
+        DT_SKIP("needs 2 CPUs");
+    dt_backend_opts o;
+    dt_backend_opts_default(&o);
+    o.threads = 2;
+    dt_backend *be = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_cpu_backend_create(&be, &o, &err), &err);
+    int last = -1;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all))
+            last = c;
+    CPU_ZERO(&one);
+    CPU_SET(last, &one);
+    DT_REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+    int n = dt_cpu_backend_bind_blas_threads();
+    DT_CHECK_MSG(n >= 1, "bound %d BLAS threads", n);
+    /* every thread of this process now runs on that CPU only */
+    char want[16];
+    snprintf(want, sizeof want, "%d", last);
+    DIR *d = opendir("/proc/self/task");
+    DT_REQUIRE(d != NULL);
+    struct dirent *e;
+    int tasks = 0;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], line[256], got[64] = "?";
+        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "Cpus_allowed_list: %63s", got) == 1)
+                break;
+        fclose(f);
+        tasks++;
+        DT_CHECK_MSG(!strcmp(got, want), "thread %s may run on CPUs %s, not only %s", e->d_name,
+                     got, want);
+    }
+    closedir(d);
+    DT_CHECK_MSG(tasks >= 2, "%d threads: OpenBLAS started none", tasks);
+    dt_backend_close(be);
+}
+
 static void test_instances_independent(void)
 {
     const int T = 64, B = 4, N = B * T, C = 48, OC = 3 * 32, NH = 4;
@@ -1463,6 +1517,7 @@ static const dt_test tests[] = {
     {"sumsq_nonfinite", test_sumsq_nonfinite, 0},
     {"memory_and_profile", test_memory_and_profile, 0},
     {"instances_independent", test_instances_independent, 0},
+    {"blas_threads_bound", test_blas_threads_bound, 0},
 };
 
 int main(int argc, char **argv)

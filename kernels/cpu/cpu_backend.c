@@ -11,12 +11,16 @@
  * different threads are safe. The non-GEMM loops are single-threaded.
  */
 #include <cblas.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "common/log.h"
 #include "kernels/cpu/cpu.h"
+
+/* OpenBLAS's pthreads build has it; another BLAS (or its OpenMP build) may not. */
+#pragma weak openblas_setaffinity
 
 #define ALLOC_ALIGN 64
 #define ALLOC_HEADER 64 /* bytes before the user pointer; the first 8 hold the size */
@@ -275,4 +279,15 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
 
     *out = be;
     return 0;
+}
+
+int dt_cpu_backend_bind_blas_threads(void)
+{
+    cpu_set_t set;
+    int n = 0;
+    if (!openblas_setaffinity || sched_getaffinity(0, sizeof set, &set) != 0)
+        return 0;
+    for (int i = 0; i < openblas_get_num_threads(); i++)
+        n += openblas_setaffinity(i, sizeof set, &set) == 0;
+    return n;
 }
