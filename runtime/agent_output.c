@@ -64,6 +64,12 @@ typedef struct console {
 } console;
 
 static console con[3]; /* indexed by fd: 1 stdout, 2 stderr */
+/* stdout and stderr are one file (`2>&1`, one terminal): everything goes through con[1], in
+ * order, so a line the reader took only part of is finished before the next line, whichever fd
+ * it was for (through two buffers, the agent's own lines could land inside a worker's). */
+static bool con_same;
+
+static int con_route(int fd) { return fd == 2 && con_same ? 1 : fd; }
 
 static double mono_s(void)
 {
@@ -156,6 +162,7 @@ static void con_report_drops(int fd)
  * room up to DT_OUT_CONSOLE_STALL_S without progress first. */
 static void con_put(int fd, const char *p, size_t n, bool worker)
 {
+    fd = con_route(fd);
     console *c = &con[fd];
     if (c->gone || n == 0)
         return;
@@ -228,6 +235,9 @@ static void con_put(int fd, const char *p, size_t n, bool worker)
 int dt_out_console_open(dt_err *err)
 {
     (void)err;
+    struct stat s1, s2;
+    con_same = fstat(1, &s1) == 0 && fstat(2, &s2) == 0 && s1.st_dev == s2.st_dev &&
+               s1.st_ino == s2.st_ino && !S_ISREG(s1.st_mode);
     for (int fd = 1; fd <= 2; fd++) {
         console *c = &con[fd];
         free(c->buf);
