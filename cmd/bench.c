@@ -1,6 +1,10 @@
 /* bench.c - `dtrain bench NAME [options]`: dispatch to the benchmarks, one file each. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cmd/cmd.h"
 #include "common/util.h"
@@ -19,6 +23,57 @@ static const struct {
     {"dp-vs-ddp", dt_bench_dp_vs_ddp, "DataParallel against DDP on one job"},
     {"ckpt", dt_bench_ckpt, "checkpoint size, throughput and how long training is held"},
 };
+
+int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_prefix, int n,
+                       int *status)
+{
+    enum { OUT_MAX = 1200 };
+    char(*ranks)[16] = calloc((size_t)n, sizeof *ranks);
+    char(*outs)[OUT_MAX] = out_slot >= 0 ? calloc((size_t)n, sizeof *outs) : NULL;
+    pid_t *pids = calloc((size_t)n, sizeof *pids);
+    int failed = 0, start = n;
+    if (!ranks || !pids || (out_slot >= 0 && !outs)) {
+        fprintf(stderr, "dtrain bench: out of memory\n");
+        failed = 1;
+        start = 0;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < start; r++) {
+        snprintf(ranks[r], sizeof ranks[r], "%d", r);
+        av[rank_slot] = ranks[r];
+        if (outs) {
+            snprintf(outs[r], OUT_MAX, "%s%d", out_prefix, r);
+            av[out_slot] = outs[r];
+        }
+        pids[r] = fork();
+        if (pids[r] < 0) {
+            perror("dtrain bench: fork");
+            failed = 1;
+            break;
+        }
+        if (pids[r] == 0) {
+            execv(av[0], av);
+            static const char msg[] = "dtrain bench: cannot exec the dtrain binary\n";
+            ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+            (void)w;
+            _exit(127);
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        status[r] = -1;
+        if (!pids || pids[r] <= 0)
+            continue;
+        while (waitpid(pids[r], &status[r], 0) < 0 && errno == EINTR)
+            ;
+        if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0)
+            failed = 1;
+    }
+    free(ranks);
+    free(outs);
+    free(pids);
+    return failed;
+}
 
 static void usage(FILE *out)
 {

@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cmd/cmd.h"
@@ -364,12 +363,6 @@ static int run_local(const bench_opts *o, int argc, char **argv)
     snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
     snprintf(run_id, sizeof run_id, "bench-allreduce-%d", (int)getpid());
     snprintf(world, sizeof world, "%d", o->nproc);
-    pid_t pids[256];
-    int failed = 0;
-    fflush(stdout);
-    /* Every rank's argv is built before fork: the child only execs (this process has the
-     * store's thread, so the child must not allocate). */
-    char ranks[256][16];
     char **av = calloc((size_t)argc + 16, sizeof *av);
     if (!av) {
         dt_store_server_stop(srv);
@@ -389,33 +382,9 @@ static int run_local(const bench_opts *o, int argc, char **argv)
     av[k++] = "--child-run-id";
     av[k++] = run_id;
     av[k] = NULL;
-    for (int r = 0; r < o->nproc; r++) {
-        snprintf(ranks[r], sizeof ranks[r], "%d", r);
-        av[rank_slot] = ranks[r];
-        pids[r] = fork();
-        if (pids[r] < 0) {
-            perror("fork");
-            failed = 1;
-            break;
-        }
-        if (pids[r] == 0) {
-            execv(av[0], av);
-            static const char msg[] = "dtrain bench allreduce: cannot exec the dtrain binary\n";
-            ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-            (void)w;
-            _exit(127);
-        }
-    }
+    int status[256];
+    int failed = dt_bench_run_ranks(av, rank_slot, -1, NULL, o->nproc, status);
     free(av);
-    for (int r = 0; r < o->nproc; r++) {
-        if (pids[r] <= 0)
-            continue;
-        int st = 0;
-        while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR)
-            ;
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            failed = 1;
-    }
     dt_store_server_stop(srv);
     return failed;
 }

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cmd/cmd.h"
@@ -341,12 +340,6 @@ static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode
         }
         snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
     }
-    pid_t pids[MAX_REPLICAS];
-    int failed = 0;
-    fflush(stdout);
-    /* Every replica's argv is built before fork: the child only execs (this process may have
-     * the store's thread, so the child must not allocate). */
-    char ranks[MAX_REPLICAS][16], outs[MAX_REPLICAS][1200];
     char **av = calloc((size_t)argc + 16, sizeof *av);
     if (!av) {
         dt_store_server_stop(srv);
@@ -368,32 +361,15 @@ static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode
     av[k++] = "--child-out";
     const int out_slot = k++;
     av[k] = NULL;
-    for (int r = 0; r < n; r++) {
-        snprintf(ranks[r], sizeof ranks[r], "%d", r);
-        snprintf(outs[r], sizeof outs[r], "%s/%s.%d", dir, mode, r);
-        av[rank_slot] = ranks[r];
-        av[out_slot] = outs[r];
-        pids[r] = fork();
-        if (pids[r] < 0) {
-            failed = 1;
-            break;
-        }
-        if (pids[r] == 0) {
-            execv(av[0], av);
-            _exit(127);
-        }
-    }
+    char prefix[1100];
+    int status[MAX_REPLICAS];
+    snprintf(prefix, sizeof prefix, "%s/%s.", dir, mode);
+    int failed = dt_bench_run_ranks(av, rank_slot, out_slot, prefix, n, status);
     free(av);
-    for (int r = 0; r < n; r++) {
-        int st = 0;
-        if (pids[r] <= 0)
-            continue;
-        while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR)
-            ;
+    for (int r = 0; r < n && !failed; r++) {
         char out[1200];
-        snprintf(out, sizeof out, "%s/%s.%d", dir, mode, r);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || read_result(out, &res[r]) != 0)
-            failed = 1;
+        snprintf(out, sizeof out, "%s%d", prefix, r);
+        failed = read_result(out, &res[r]) != 0;
     }
     dt_store_server_stop(srv);
     return failed;
