@@ -1944,14 +1944,19 @@ int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err
 /* Ends the job from this node: final (code, kind), this node's round and the latest one ended
  * with END_ABORT (sig; -1: a configuration error), the round being joined and the one after
  * the latest cancelled, so that every agent - running, between rounds, joining, spare - sees the
- * end. this->ended becomes `ended` unless the round had already ended for good. */
-static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const char *why,
-                    const dt_rdzv_status *ended)
+ * end. this->ended becomes that abort unless the round had already ended for good. */
+static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const char *why)
 {
     char *v = NULL, key[KEY_MAX];
     if (c->ended.state == DT_RDZV_RUNNING || c->ended.state == DT_RDZV_FAILED ||
-        c->ended.state == DT_RDZV_REGROUP)
-        c->ended = *ended;
+        c->ended.state == DT_RDZV_REGROUP) {
+        memset(&c->ended, 0, sizeof c->ended);
+        c->ended.state = DT_RDZV_ABORTED;
+        c->ended.node = c->round >= 0 ? c->g : -1;
+        c->ended.signal = sig > 0 ? sig : 0;
+        c->ended.setup_error = sig < 0;
+        dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
+    }
     if (!c->ns || c->gone)
         return;
     write_final(c, code, kind, c->round >= 0 ? c->g : -1, sig, why);
@@ -1991,13 +1996,7 @@ int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
         return 0;
     snprintf(why, sizeof why, "node %d's agent (%s) was stopped by signal %d", c->round >= 0 ? c->g : -1,
              dt_hostname(), sig);
-    dt_rdzv_status st;
-    memset(&st, 0, sizeof st);
-    st.state = DT_RDZV_ABORTED;
-    st.node = c->round >= 0 ? c->g : -1;
-    st.signal = sig;
-    dt_strlcpy(st.why, why, sizeof st.why);
-    end_job(c, 128 + sig, "abort", sig, why, &st);
+    end_job(c, 128 + sig, "abort", sig, why);
     (void)err;
     return 0;
 }
@@ -2017,13 +2016,7 @@ int dt_rdzv_c10d_abort_config(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, 
         if ((rc = dt_rdzv_append_failures(c->ns, key, f, n, err)))
             rc = store_gone(c, rc, err, "reporting a configuration error");
     }
-    dt_rdzv_status st;
-    memset(&st, 0, sizeof st);
-    st.state = DT_RDZV_ABORTED;
-    st.node = c->round >= 0 ? c->g : -1;
-    st.setup_error = true;
-    dt_strlcpy(st.why, why, sizeof st.why);
-    end_job(c, 2, "config", -1, why, &st);
+    end_job(c, 2, "config", -1, why);
     return rc;
 }
 
