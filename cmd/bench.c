@@ -1,5 +1,7 @@
 /* bench.c - `dtrain bench NAME [options]`: dispatch to the benchmarks, one file each. */
 #include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,14 +62,38 @@ int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_p
             _exit(127);
         }
     }
+    /* Reaped in the order they end: once one rank fails (or a fork did), the others are
+     * stopped, not left waiting for it until the communicator's timeout (or for ever). */
+    int left = 0;
     for (int r = 0; r < n; r++) {
         status[r] = -1;
-        if (!pids || pids[r] <= 0)
-            continue;
-        while (waitpid(pids[r], &status[r], 0) < 0 && errno == EINTR)
-            ;
-        if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0)
+        left += pids && pids[r] > 0;
+    }
+    bool stopped = false;
+    while (left > 0) {
+        if (failed && !stopped) {
+            for (int r = 0; r < n; r++)
+                if (pids[r] > 0)
+                    kill(pids[r], SIGTERM);
+            stopped = true;
+        }
+        int st;
+        pid_t p = waitpid(-1, &st, 0);
+        if (p < 0) {
+            if (errno == EINTR)
+                continue;
+            perror("dtrain bench: waitpid");
             failed = 1;
+            break;
+        }
+        for (int r = 0; r < n; r++)
+            if (pids[r] == p) {
+                status[r] = st;
+                pids[r] = 0;
+                left--;
+                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                    failed = 1;
+            }
     }
     free(ranks);
     free(outs);

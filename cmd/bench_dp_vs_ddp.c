@@ -4,9 +4,16 @@
  *   single  one process, one replica, batch B                     (the baseline)
  *   DP      one process driving N replicas on threads, batch N*B  (runtime/dp)
  *   DDP     N processes, one replica each, batch B each           (runtime/ddp over runtime/comm)
+ *   indep   N processes, one replica each, batch B each, never synchronised
  * DP and DDP see the same global batch per step, so their throughput compares directly, and
- * DDP's against the single worker's is its scaling. Every configuration runs in processes of
- * its own (fork + exec of this binary), so CPU time and memory are measured per configuration.
+ * DDP's against the single worker's is its scaling. "indep" is the ceiling for that scaling on
+ * this machine: N single workers bound like DDP's ranks, started together and kept busy until
+ * the last one has finished its timed steps, so each is timed under the same load; their
+ * throughput is the sum of theirs. What DDP gets below it is the price of synchronising (the
+ * all-reduce, and waiting for the slowest rank every step); what indep gets below N x single is
+ * the machine (shared caches, memory bandwidth, unequal cores). Every configuration runs in
+ * processes of its own (fork + exec of this binary), so CPU time and memory are measured per
+ * configuration.
  *
  * Per replica peak memory is what the replica's backend allocated at most (parameters,
  * gradients, activations, optimiser state: everything the replica holds); its spread (max - min)
@@ -44,7 +51,7 @@ typedef struct bench_opts {
     int steps, warmup;
     int repeat;          /* rounds of (single, DP, DDP); each row is the median round */
     /* child mode */
-    const char *child;   /* "single", "dp", "ddp" */
+    const char *child;   /* "single", "dp", "ddp", "indep" */
     int rank;
     int port;
     const char *run_id;
@@ -68,10 +75,10 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: dtrain bench dp-vs-ddp JOB.ini [--nproc N] [--steps S] [--warmup W] "
             "[--repeat R] [section.key=value ...]\n\n"
-            "  --nproc N    replicas for DP and ranks for DDP (default 2)\n"
+            "  --nproc N    replicas for DP, ranks for DDP, workers for indep (default 2)\n"
             "  --steps S    timed optimiser steps per configuration (default 20)\n"
             "  --warmup W   untimed steps first (default 3)\n"
-            "  --repeat R   rounds of the three, interleaved; each row is the median round "
+            "  --repeat R   rounds of the four, interleaved; each row is the median round "
             "(default 5)\n");
 }
 
@@ -135,8 +142,21 @@ static int load_job(const bench_opts *o, dt_job *job, dt_err *err)
     return rc;
 }
 
-/* One process of a configuration: "single" and "ddp" train one replica (ddp with the others
- * through a communicator), "dp" trains nproc replicas on threads. */
+/* indep: every worker adds 1 to `key`, then waits until all nproc have; the store wakes it. */
+static int store_gather(dt_store *store, const char *key, int n, dt_err *err)
+{
+    int64_t v = 0;
+    char go[64];
+    snprintf(go, sizeof go, "%s/go", key);
+    int rc = dt_store_add(store, key, 1, &v, err);
+    if (!rc && v == n)
+        rc = dt_store_set(store, go, "1", 1, err);
+    const char *keys[1] = {go};
+    return rc ? rc : dt_store_wait(store, keys, 1, 600000, err);
+}
+
+/* One process of a configuration: "single", "ddp" and "indep" train one replica (ddp with the
+ * others through a communicator), "dp" trains nproc replicas on threads. */
 static int run_child(const bench_opts *o)
 {
     static dt_job job;
@@ -156,14 +176,15 @@ static int run_child(const bench_opts *o)
     memset(&sampler, 0, sizeof sampler);
     memset(&batch, 0, sizeof batch);
     bool is_dp = !strcmp(o->child, "dp"), is_ddp = !strcmp(o->child, "ddp");
-    int world = is_ddp ? o->nproc : 1, K = is_dp ? o->nproc : 1;
+    int world = is_ddp || !strcmp(o->child, "indep") ? o->nproc : 1, K = is_dp ? o->nproc : 1;
+    bool is_indep = !is_ddp && world > 1; /* apart, but started and ended together */
     if ((rc = load_job(o, &job, &err)))
         goto out;
     if ((rc = dt_data_open(&data, &job, &err)))
         goto out;
     const dt_sample_shape *shape = &data->shape;
     int B = job.batch_size * K; /* per process per micro-step */
-    if ((rc = dt_sampler_init(&sampler, dt_dataset_size(data->train), is_ddp ? o->rank : 0, world,
+    if ((rc = dt_sampler_init(&sampler, dt_dataset_size(data->train), world > 1 ? o->rank : 0, world,
                               B, (uint64_t)job.seed, job.shuffle, job.drop_last, &err)) ||
         (rc = dt_batch_buf_init(&batch, shape, B, &err)))
         goto out;
@@ -178,7 +199,7 @@ static int run_child(const bench_opts *o)
     dt_backend_opts bo;
     dt_backend_opts_default(&bo);
     bo.threads = job.threads;
-    bo.device_index = is_ddp ? o->rank : 0;
+    bo.device_index = world > 1 ? o->rank : 0;
     if (is_dp) {
         dt_dp_opts dpo = {.replicas = K, .device = job.device, .backend = bo,
                           .cpu_bind = !strcmp(job.cpu_bind, "auto")};
@@ -190,10 +211,14 @@ static int run_child(const bench_opts *o)
     } else {
         if ((rc = dt_backend_open(&be, job.device, &bo, &err)))
             goto out;
-        if (is_ddp) {
+        if (world > 1) {
             dt_worker_bind_cpus(&job, be, o->rank, world);
             dt_store_opts so;
             dt_store_opts_default(&so);
+            if ((rc = dt_store_connect(&store, "127.0.0.1", o->port, &so, &err)))
+                goto out;
+        }
+        if (is_ddp) {
             dt_comm_opts co;
             dt_comm_opts_default(&co);
             co.backend = !strcmp(job.comm_backend, "nccl") ||
@@ -207,8 +232,7 @@ static int run_child(const bench_opts *o)
             co.run_id = o->run_id;
             co.device_index = o->rank;
             co.timeout_ms = (int)(job.comm_timeout * 1000);
-            if ((rc = dt_store_connect(&store, "127.0.0.1", o->port, &so, &err)) ||
-                (rc = dt_comm_init(&comm, store, &co, &err)))
+            if ((rc = dt_comm_init(&comm, store, &co, &err)))
                 goto out;
         } else {
             mc.sync_bn = false;
@@ -232,10 +256,28 @@ static int run_child(const bench_opts *o)
     memset(&res, 0, sizeof res);
     double t0 = 0, c0 = 0, comm0 = 0, loss_sum = 0;
     int64_t per_step = (int64_t)B * job.grad_accum * (shape->kind == DT_SAMPLE_TOKENS ? shape->seq_len : 1);
-    for (int step = 0; step < o->warmup + o->steps; step++) {
-        if (step == o->warmup) {
-            if (comm && (rc = dt_comm_barrier(comm, &err)))
+    bool timing = false;
+    for (int step = 0;; step++) {
+        if (step == o->warmup + o->steps) {
+            res.wall_s = dt_now_s() - t0;
+            res.cpu_s = cpu_now() - c0;
+            timing = false;
+            if (is_indep && (rc = dt_store_add(store, "end", 1, NULL, &err)))
                 goto out;
+        }
+        if (step >= o->warmup + o->steps) {
+            /* indep: keep the load on until every worker has finished its timed steps */
+            int64_t ended = o->nproc;
+            if (is_indep && (rc = dt_store_add(store, "end", 0, &ended, &err)))
+                goto out;
+            if (ended >= o->nproc)
+                break;
+        }
+        if (step == o->warmup) {
+            if ((comm && (rc = dt_comm_barrier(comm, &err))) ||
+                (is_indep && (rc = store_gather(store, "start", o->nproc, &err))))
+                goto out;
+            timing = true;
             t0 = dt_now_s();
             c0 = cpu_now();
             if (ddp) {
@@ -273,13 +315,11 @@ static int run_child(const bench_opts *o)
         dt_optim_clip(opt, m->grads);
         dt_optim_step(opt, m->params, m->grads, dt_lr_at(&sched, step));
         be->synchronize(be);
-        if (step >= o->warmup) {
+        if (timing) {
             loss_sum += loss;
             res.items += per_step;
         }
     }
-    res.wall_s = dt_now_s() - t0;
-    res.cpu_s = cpu_now() - c0;
     res.loss = loss_sum / o->steps;
     res.rss = max_rss();
     if (ddp) {
@@ -301,7 +341,7 @@ static int run_child(const bench_opts *o)
 out:
     if (rc)
         fprintf(stderr, "dtrain bench dp-vs-ddp (%s%s): %s\n", o->child,
-                is_ddp ? " rank" : "", err.msg);
+                world > 1 ? " rank" : "", err.msg);
     dt_optim_free(opt);
     dt_ddp_free(ddp);
     if (dp) {
@@ -328,7 +368,7 @@ static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode
     dt_store_server *srv = NULL;
     char port[16] = "0", run_id[64];
     snprintf(run_id, sizeof run_id, "bench-dpddp-%d-%s", (int)getpid(), mode);
-    if (!strcmp(mode, "ddp")) {
+    if (n > 1) { /* ddp's communicator, indep's start and end */
         dt_store_server_opts so;
         dt_store_server_opts_default(&so);
         so.host = "127.0.0.1";
@@ -375,26 +415,37 @@ static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode
     return failed;
 }
 
+/* Throughput of a configuration: what its processes did together over the slowest one's time,
+ * or (apart: the processes never wait for each other) the sum of each one's own throughput. */
+static double throughput(const result *res, int n, bool apart)
+{
+    double wall = 0, sum = 0;
+    int64_t items = 0;
+    for (int p = 0; p < n; p++) {
+        wall = DT_MAX(wall, res[p].wall_s);
+        items += res[p].items;
+        sum += res[p].wall_s > 0 ? (double)res[p].items / res[p].wall_s : 0;
+    }
+    return apart ? sum : wall > 0 ? (double)items / wall : 0;
+}
+
 static void print_row(const char *name, int replicas, const result *res, int nproc_rows,
-                      double base_tput, int steps, int cores)
+                      bool apart, double base_tput, int steps, int cores)
 {
     /* Wall time: the slowest process; CPU: all processes; memory: every replica. */
-    double wall = 0, cpu = 0, comm = 0, lo = 1e300, hi = 0, sum = 0;
-    int64_t items = 0;
+    double wall = 0, cpu = 0, comm = 0, lo = 1e300, hi = 0;
     int nrep = 0;
     for (int p = 0; p < nproc_rows; p++) {
         wall = DT_MAX(wall, res[p].wall_s);
         cpu += res[p].cpu_s;
         comm = DT_MAX(comm, res[p].comm_s);
-        items += res[p].items;
         for (int k = 0; k < res[p].replicas; k++) {
             lo = DT_MIN(lo, res[p].peak[k]);
             hi = DT_MAX(hi, res[p].peak[k]);
-            sum += res[p].peak[k];
             nrep++;
         }
     }
-    double tput = wall > 0 ? (double)items / wall : 0;
+    double tput = throughput(res, nproc_rows, apart);
     char mem[512];
     size_t k = 0;
     for (int p = 0; p < nproc_rows && k < sizeof mem; p++)
@@ -405,7 +456,6 @@ static void print_row(const char *name, int replicas, const result *res, int npr
            wall * 1e3 / steps, tput, base_tput > 0 ? tput / base_tput : 1.0,
            100.0 * cpu / (wall * cores), comm * 1e3 / steps,
            lo > 0 && nrep > 1 ? 100.0 * (hi - lo) / lo : 0.0, mem);
-    (void)sum;
 }
 
 int dt_bench_dp_vs_ddp(int argc, char **argv)
@@ -493,39 +543,36 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     printf("# throughput in %s/s over all replicas; comm = per-step time DDP waits for its "
            "gradients, DP spends in the serial reduce\n",
            tokens ? "tokens" : "samples");
+    printf("# indep: %d single workers at once, bound like DDP's ranks, never synchronised: the "
+           "ceiling for %d workers on this machine (throughput: the sum of theirs)\n",
+           o.nproc, o.nproc);
     printf("# peak memory: what each replica's backend allocated at most (MiB); spread = (max - "
            "min) / min\n#\n");
     printf("%-7s %8s %9s %12s %10s %11s %9s %12s  %s\n", "mode", "replicas", "step(ms)",
            "throughput", "speedup", "cpu util", "comm(ms)", "mem spread", "peak MiB per replica");
-    /* Rounds of (single, DP, DDP), interleaved so that a change in the machine's load hits
-     * every mode alike (DP and DDP swap places every other round); each mode's row is its
+    /* Rounds of (single, DP, DDP, indep), interleaved so that a change in the machine's load
+     * hits every mode alike (DP and DDP swap places every other round); each mode's row is its
      * median round by throughput, and DDP against DP is judged round by round. */
-    enum { SINGLE, DP, DDP, MODES };
-    static const char *const modes[MODES] = {"single", "dp", "ddp"};
-    static const char *const labels[MODES] = {"single", "DP", "DDP"};
+    enum { SINGLE, DP, DDP, INDEP, MODES };
+    static const char *const modes[MODES] = {"single", "dp", "ddp", "indep"};
+    static const char *const labels[MODES] = {"single", "DP", "DDP", "indep"};
     result *runs = calloc((size_t)o.repeat * MODES * MAX_REPLICAS, sizeof *runs);
     double *tput = calloc((size_t)o.repeat * MODES, sizeof *tput);
     int failed = !runs || !tput;
     for (int rep = 0; rep < o.repeat && !failed; rep++)
         for (int i = 0; i < MODES && !failed; i++) {
-            int m = rep % 2 && i > SINGLE ? DP + DDP - i : i;
-            int n = m == DDP ? o.nproc : 1;
+            int m = rep % 2 && (i == DP || i == DDP) ? DP + DDP - i : i;
+            int n = m == DDP || m == INDEP ? o.nproc : 1;
             result *res = runs + ((size_t)rep * MODES + (size_t)m) * MAX_REPLICAS;
             if (run_mode(&o, argc, argv, modes[m], n, dir, res) != 0) {
                 fprintf(stderr, "dtrain bench dp-vs-ddp: the %s run failed\n", labels[m]);
                 failed = 1;
                 break;
             }
-            double wall = 0;
-            int64_t items = 0;
-            for (int r = 0; r < n; r++) {
-                wall = DT_MAX(wall, res[r].wall_s);
-                items += res[r].items;
-            }
-            tput[rep * MODES + m] = wall > 0 ? (double)items / wall : 0;
+            tput[rep * MODES + m] = throughput(res, n, m == INDEP);
         }
-    double med[MODES] = {0, 0, 0}, spread[MODES] = {0, 0, 0};
-    const result *pick[MODES] = {NULL, NULL, NULL};
+    double med[MODES] = {0}, spread[MODES] = {0};
+    const result *pick[MODES] = {NULL};
     for (int m = 0; m < MODES && !failed; m++) {
         /* the median round: the one with as many rounds faster as slower */
         int best = 0;
@@ -542,8 +589,9 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
         pick[m] = runs + ((size_t)best * MODES + (size_t)m) * MAX_REPLICAS;
     }
     for (int m = 0; m < MODES && !failed; m++) {
-        int n = m == DDP ? o.nproc : 1;
-        print_row(labels[m], m == SINGLE ? 1 : o.nproc, pick[m], n, med[SINGLE], o.steps, cores);
+        int n = m == DDP || m == INDEP ? o.nproc : 1;
+        print_row(labels[m], m == SINGLE ? 1 : o.nproc, pick[m], n, m == INDEP, med[SINGLE],
+                  o.steps, cores);
         double lo = 1e300, hi = 0;
         for (int r = 0; r < n; r++)
             for (int k = 0; k < pick[m][r].replicas; k++) {
@@ -568,8 +616,11 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
                "faster in %d of %d rounds; memory spread DP %.1f MiB, DDP %.1f MiB\n",
                ratio[nr / 2], lo_r, hi_r, wins, nr, spread[DP] / (1024.0 * 1024.0),
                spread[DDP] / (1024.0 * 1024.0));
-        printf("# DDP scaling over one worker: %.2fx on %d ranks\n",
-               med[SINGLE] > 0 ? med[DDP] / med[SINGLE] : 0, o.nproc);
+        printf("# DDP scaling over one worker: %.2fx on %d ranks; %d unsynchronised workers "
+               "(indep) reach %.2fx, so DDP gets %.0f%% of this machine's ceiling\n",
+               med[SINGLE] > 0 ? med[DDP] / med[SINGLE] : 0, o.nproc, o.nproc,
+               med[SINGLE] > 0 ? med[INDEP] / med[SINGLE] : 0,
+               med[INDEP] > 0 ? 100.0 * med[DDP] / med[INDEP] : 0);
         if (o.repeat > 1) {
             printf("# median of %d interleaved rounds; throughput of every round:", o.repeat);
             for (int m = 0; m < MODES; m++) {

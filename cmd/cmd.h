@@ -26,9 +26,9 @@ const char *dt_cmd_self_path(void);
 /* The benches' ranks (cmd/bench.c): forks n processes that exec av (this binary's path first,
  * NULL-terminated, built by the caller before any fork: a child only execs, as the caller may
  * run a store thread) with av[rank_slot] = the rank "0".."n-1" and, when out_slot >= 0,
- * av[out_slot] = out_prefix followed by the rank; waits for all of them. status[r] gets each
- * waitpid status, or -1 for a rank that could not be started. Returns 0 when every rank exited
- * 0, else 1. */
+ * av[out_slot] = out_prefix followed by the rank; waits for all of them, and once one fails
+ * (or a fork did) stops the others with SIGTERM. status[r] gets each waitpid status, or -1 for
+ * a rank that could not be started. Returns 0 when every rank exited 0, else 1. */
 int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_prefix, int n,
                        int *status);
 
