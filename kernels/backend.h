@@ -147,11 +147,12 @@ struct dt_backend {
                           const int32_t *tokens, int B, int T, int C);
 
     /* ---- loss ---- */
-    /* Fused softmax + cross-entropy over logits (N,V) with targets (N) int32; a target < 0 is
-     * ignored (loss 0, gradient 0). losses (N) = -log softmax(logits)[target].
+    /* Fused softmax + cross-entropy over logits (N,V) with targets (N) int32; a target outside
+     * [0, V) is ignored (loss 0, gradient 0; models reject targets >= V before they get here).
+     * losses (N) = -log softmax(logits)[target].
      * When dlogits (N,V) != NULL it is SET (not accumulated) to
      * dloss * (softmax(logits) - onehot(target)); dlogits may alias logits.
-     * *valid_count (host, may be NULL) gets the number of targets >= 0. */
+     * *valid_count (host, may be NULL) gets the number of targets in [0, V). */
     void (*xent_fwd_bwd)(dt_backend *be, float *losses, float *dlogits, const float *logits,
                          const int32_t *targets, int N, int V, float dloss, int *valid_count);
 

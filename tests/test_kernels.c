@@ -831,7 +831,7 @@ static double xe_loss(void *p)
     xe_ctx *c = p;
     double s = 0;
     for (int i = 0; i < c->N; i++)
-        if (c->tgt[i] >= 0)
+        if (c->tgt[i] >= 0 && c->tgt[i] < c->V)
             s += c->dloss * ref_xent_row(c->logits + (size_t)i * c->V, c->V, c->tgt[i]);
     return s;
 }
@@ -847,25 +847,26 @@ static void test_xent(void)
     for (int i = 0; i < N; i++)
         tgt[i] = (int32_t)dt_rng_below(&r, V);
     tgt[3] = -1; /* ignored */
+    tgt[5] = V;  /* out of range: ignored too, never read past the row */
     const float dloss = 1.0f / 8;
     float *d_l = up(be, l, (size_t)N * V), *d_loss = dev_alloc(be, N * 4);
     float *d_dl = filled(be, (size_t)N * V, 77.0f); /* SET, not accumulated */
     int32_t *d_t = up_i(be, tgt, N);
     int valid = -1;
     be->xent_fwd_bwd(be, d_loss, d_dl, d_l, d_t, N, V, dloss, &valid);
-    DT_CHECK_INT(valid, N - 1);
+    DT_CHECK_INT(valid, N - 2);
     float *loss = down(be, d_loss, N), *dl = down(be, d_dl, (size_t)N * V);
     xe_ctx c = {tod(l, (size_t)N * V), tgt, N, V, dloss};
     double want[N];
     for (int i = 0; i < N; i++)
-        want[i] = tgt[i] < 0 ? 0.0 : ref_xent_row(c.logits + (size_t)i * V, V, tgt[i]);
+        want[i] = tgt[i] < 0 || tgt[i] >= V ? 0.0 : ref_xent_row(c.logits + (size_t)i * V, V, tgt[i]);
     check_close("xent losses", loss, want, N, 1e-5, 1e-5);
     for (size_t i = 0; i < (size_t)N * V; i++)
         dl[i] += PREFILL; /* check_fd subtracts the prefill */
     check_fd("xent dlogits", xe_loss, &c, c.logits, (size_t)N * V, dl, 1e-3, 1e-6, 400);
     int nz = 0;
     for (int j = 0; j < V; j++)
-        nz += dl[3 * V + j] != PREFILL;
+        nz += (dl[3 * V + j] != PREFILL) + (dl[5 * V + j] != PREFILL);
     DT_CHECK_MSG(nz == 0, "ignored target has a non-zero gradient");
 
     /* dlogits aliasing logits */

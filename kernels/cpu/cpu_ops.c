@@ -448,7 +448,7 @@ static int xent_rows(float *losses, float *dlogits, const float *logits, const i
     for (int i = 0; i < N; i++) {
         const float *l = logits + (size_t)i * V;
         int tgt = targets[i];
-        if (tgt < 0) {
+        if (tgt < 0 || tgt >= V) {
             losses[i] = 0.0f;
             if (dlogits)
                 memset(dlogits + (size_t)i * V, 0, sizeof(float) * V);
