@@ -84,6 +84,9 @@ struct dt_backend {
     void (*synchronize)(dt_backend *be);
     /* Peak bytes allocated through alloc since creation. */
     size_t (*peak_bytes)(dt_backend *be);
+    /* The PCI address ("0000:3B:00.0") of visible device `device` (any of them, not only this
+     * backend's), to bind workers near their GPU; 0 or a negative errno. NULL on the CPU. */
+    int (*device_pci_bus_id)(dt_backend *be, int device, char *buf, size_t cap);
     /* Per-op time accounting: profile_enable(true) resets and starts counting (it may
      * synchronise after every op, so it is for benchmarks only); profile_read copies up to max
      * stats and returns how many there are. Either may be NULL when unsupported. */

@@ -120,10 +120,12 @@ typedef struct dt_trainer {
     int64_t *idx;             /* (batch_size) sample indices */
 } dt_trainer;
 
-/* job.cpu_bind = auto on a cpu backend with local_world > 1: binds the calling thread, and the
- * threads it starts afterwards (comm, DP replicas), to share local_rank of local_world of the
- * CPUs it may use (common/cpuset.h), and says so in the log. Nothing otherwise, or when the
- * share cannot be had (fewer CPUs than workers: left to the scheduler, logged at debug). */
+/* job.cpu_bind = auto binds the calling thread, and the threads it starts afterwards (comm, DP
+ * replicas, NCCL's), and says so in the log (common/cpuset.h):
+ *   cpu backend, local_world > 1: to share local_rank of local_world of the CPUs it may use;
+ *   cuda backend: to its share of the CPUs near its GPU (device local_rank), from sysfs.
+ * Nothing otherwise, or when that cannot be had (fewer CPUs than workers, no NUMA information,
+ * a cgroup without the GPU's node): left to the scheduler, logged at debug. */
 void dt_worker_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank, int local_world);
 
 /* Builds everything for job on this worker: backend, data, model, optimiser, sampler, and the

@@ -427,3 +427,13 @@ int dt_test_main(const char *suite, const dt_test *tests, int n, int argc, char 
     printf("%s: %d passed, %d failed, %d skipped\n", suite, passed, failed, skipped);
     return failed ? 1 : 0;
 }
+
+int dt_test_write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -errno;
+    size_t n = strlen(text);
+    int ok = fwrite(text, 1, n, f) == n;
+    return fclose(f) == 0 && ok ? 0 : -EIO;
+}

@@ -38,6 +38,8 @@ void dt_test_stop(void) __attribute__((noreturn));
 const char *dt_test_dtrain_bin(void);
 /* A fresh temporary directory for this test (removed when the test ends if it passed). */
 const char *dt_test_tmpdir(void);
+/* Writes text to path (created or truncated); 0, or -errno. */
+int dt_test_write_file(const char *path, const char *text);
 
 #define DT_CHECK(cond)                                                                             \
     do {                                                                                           \

@@ -238,6 +238,81 @@ static void test_cpuset(void)
     }
 }
 
+static void check_list(const cpu_set_t *set, const char *want)
+{
+    char list[256];
+    dt_cpuset_format(set, list, sizeof list);
+    DT_CHECK_STR(list, want);
+}
+
+/* GPU workers: the CPUs sysfs lists as local to each GPU, shared out among the GPUs of a node. */
+static void test_cpuset_gpu(void)
+{
+    dt_err err = {0};
+    cpu_set_t set, near[4], out;
+    DT_REQUIRE_OK(dt_cpuset_parse("0-3,8,10-11\n", &set, &err), &err);
+    check_list(&set, "0-3,8,10-11");
+    DT_REQUIRE_OK(dt_cpuset_parse("", &set, &err), &err);
+    DT_CHECK_INT(CPU_COUNT(&set), 0);
+    DT_CHECK_INT(dt_cpuset_parse("3-1", &set, &err), -EINVAL);
+    DT_CHECK_INT(dt_cpuset_parse("1,,2", &set, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "offset 2");
+    DT_CHECK_INT(dt_cpuset_parse("0-x", &set, &err), -EINVAL);
+    DT_CHECK_INT(dt_cpuset_parse("99999", &set, &err), -EINVAL);
+
+    /* a fake sysfs with one GPU at 0000:3b:00.0 and one with no NUMA information */
+    char sys[256], dir[700], path[800];
+    snprintf(sys, sizeof sys, "%s/sysfs", dt_test_tmpdir());
+    snprintf(dir, sizeof dir, "mkdir -p '%s/bus/pci/devices/0000:3b:00.0' "
+                              "'%s/bus/pci/devices/0000:86:00.0'", sys, sys);
+    DT_REQUIRE(system(dir) == 0);
+    snprintf(path, sizeof path, "%s/bus/pci/devices/0000:3b:00.0/local_cpulist", sys);
+    DT_REQUIRE(dt_test_write_file(path, "500-503,508-511\n") == 0);
+    snprintf(path, sizeof path, "%s/bus/pci/devices/0000:86:00.0/local_cpulist", sys);
+    DT_REQUIRE(dt_test_write_file(path, "\n") == 0);
+    DT_REQUIRE_OK(dt_cpuset_pci_local(sys, "0000:3B:00.0", &set, &err), &err);
+    check_list(&set, "500-503,508-511");
+    DT_REQUIRE_OK(dt_cpuset_pci_local(sys, "00000000:3b:00.0", &set, &err), &err); /* NVML's */
+    check_list(&set, "500-503,508-511");
+    DT_CHECK_INT(dt_cpuset_pci_local(sys, "0000:3c:00.0", &set, &err), -ENOENT);
+    DT_CHECK_CONTAINS(err.msg, "0000:3c:00.0/local_cpulist");
+    DT_CHECK_INT(dt_cpuset_pci_local(sys, "0000:86:00.0", &set, &err), -ENODATA);
+    DT_CHECK_INT(dt_cpuset_pci_local(sys, "3b:00", &set, &err), -EINVAL);
+    DT_CHECK_INT(dt_cpuset_pci_local(sys, "0000:3b:00.0x", &set, &err), -EINVAL);
+
+    /* Two nodes (500-507, 508-515) with two GPUs each: disjoint halves of each node. */
+    cpu_set_t base;
+    DT_REQUIRE_OK(dt_cpuset_parse("500-515", &base, &err), &err);
+    DT_REQUIRE_OK(dt_cpuset_parse("500-507", &near[0], &err), &err);
+    near[1] = near[0];
+    DT_REQUIRE_OK(dt_cpuset_parse("508-515", &near[2], &err), &err);
+    near[3] = near[2];
+    const char *want[4] = {"500-503", "504-507", "508-511", "512-515"};
+    for (int k = 0; k < 4; k++) {
+        DT_REQUIRE_OK(dt_cpuset_near_share(&base, near, 4, k, &out, &err), &err);
+        check_list(&out, want[k]);
+    }
+    /* GPUs 0 and 2 on one node, 1 and 3 on the other: worker order within each node */
+    cpu_set_t mixed[4] = {near[0], near[2], near[0], near[2]};
+    DT_REQUIRE_OK(dt_cpuset_near_share(&base, mixed, 4, 2, &out, &err), &err);
+    check_list(&out, "504-507");
+    DT_REQUIRE_OK(dt_cpuset_near_share(&base, mixed, 4, 1, &out, &err), &err);
+    check_list(&out, "508-511");
+    /* a cgroup that leaves 2 CPUs of the first node: its 2 GPUs' workers get one each; with 4
+     * workers on it, they share both */
+    DT_REQUIRE_OK(dt_cpuset_parse("506-507,508-515", &base, &err), &err);
+    DT_REQUIRE_OK(dt_cpuset_near_share(&base, near, 4, 1, &out, &err), &err);
+    check_list(&out, "507");
+    cpu_set_t one[4] = {near[0], near[0], near[0], near[0]};
+    DT_REQUIRE_OK(dt_cpuset_near_share(&base, one, 4, 3, &out, &err), &err);
+    check_list(&out, "506-507");
+    /* a cgroup without the first node at all: its workers are not bound there */
+    DT_REQUIRE_OK(dt_cpuset_parse("508-515", &base, &err), &err);
+    DT_CHECK_INT(dt_cpuset_near_share(&base, near, 4, 0, &out, &err), -ENOENT);
+    DT_REQUIRE_OK(dt_cpuset_near_share(&base, near, 4, 3, &out, &err), &err);
+    check_list(&out, "512-515");
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -249,6 +324,7 @@ int main(int argc, char **argv)
         {"common_files", test_files, 0},
         {"common_env_table", test_env_table, 0},
         {"common_cpuset", test_cpuset, 0},
+        {"common_cpuset_gpu", test_cpuset_gpu, 0},
     };
     return dt_test_main("test_common", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

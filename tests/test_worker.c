@@ -14,7 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cpuset.h"
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "runtime/data.h"
 #include "runtime/worker.h"
 #include "tests/harness.h"
@@ -376,6 +378,56 @@ static void test_cpu_bind(void)
     }
 }
 
+/* GPU workers: a backend that names its GPUs' PCI addresses is bound near them. A cpu backend
+ * stands in for cuda (the glue is the same), with a sysfs of our own. */
+static int fake_bus_id(dt_backend *be, int device, char *buf, size_t cap)
+{
+    (void)be;
+    snprintf(buf, cap, "0000:%02X:00.0", 0x10 + device);
+    return 0;
+}
+
+static void test_cpu_bind_gpu(void)
+{
+    cpu_set_t cur, want, now;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_cpuset_current(&cur, &err), &err);
+    if (CPU_COUNT(&cur) < 2)
+        DT_SKIP("needs at least 2 CPUs to bind 2 workers to");
+    char list[256];
+    dt_cpuset_format(&cur, list, sizeof list);
+    const char *sys = fmt("%s/sys", dt_test_tmpdir());
+    for (int k = 0; k < 2; k++) {
+        const char *dir = fmt("%s/bus/pci/devices/0000:%02x:00.0", sys, 0x10 + k);
+        DT_REQUIRE(system(fmt("mkdir -p '%s'", dir)) == 0);
+        /* GPU 0 and 1 both near every CPU here */
+        DT_REQUIRE(dt_test_write_file(fmt("%s/local_cpulist", dir), fmt("%s\n", list)) == 0);
+    }
+    setenv("DTRAIN_SYSFS", sys, 1);
+    static dt_job job;
+    snprintf(job.cpu_bind, sizeof job.cpu_bind, "auto");
+    dt_backend *be = NULL;
+    dt_backend_opts bo;
+    dt_backend_opts_default(&bo);
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", &bo, &err), &err);
+    be->device_pci_bus_id = fake_bus_id;
+
+    /* no NUMA information for GPU 1's node: not bound at all */
+    DT_REQUIRE(dt_test_write_file(fmt("%s/bus/pci/devices/0000:11:00.0/local_cpulist", sys), "\n") == 0);
+    dt_worker_bind_cpus(&job, be, 1, 2);
+    DT_REQUIRE_OK(dt_cpuset_current(&now, &err), &err);
+    DT_CHECK(CPU_EQUAL(&now, &cur));
+
+    /* both GPUs near every CPU here: local rank 1 gets the second share */
+    DT_REQUIRE(dt_test_write_file(fmt("%s/bus/pci/devices/0000:11:00.0/local_cpulist", sys),
+                          fmt("%s\n", list)) == 0);
+    dt_worker_bind_cpus(&job, be, 1, 2);
+    DT_REQUIRE_OK(dt_cpuset_share(&cur, 1, 2, &want, &err), &err);
+    DT_REQUIRE_OK(dt_cpuset_current(&now, &err), &err);
+    DT_CHECK(CPU_EQUAL(&now, &want));
+    be->close(be);
+}
+
 /* ---- signals, epochs, accumulation ------------------------------------------------------------ */
 
 static void test_sigterm_stops_at_step_boundary(void)
@@ -479,6 +531,7 @@ int main(int argc, char **argv)
         {"agent_gone", test_agent_gone, 60},
         {"epochs_and_accumulation", test_epochs_and_accumulation, 120},
         {"cpu_bind", test_cpu_bind, 240},
+        {"cpu_bind_gpu", test_cpu_bind_gpu, 0},
     };
     return dt_test_main("test_worker", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -376,6 +376,21 @@ static void cu_synchronize(dt_backend *be)
 
 static size_t cu_peak_bytes(dt_backend *be) { return dt_cuda_of(be)->arena->peak; }
 
+// A device attribute: no context is created on `device`, and no error is left sticky.
+static int cu_device_pci_bus_id(dt_backend *be, int device, char *buf, size_t cap)
+{
+    (void)be;
+    if (!buf || cap < 13)
+        return -EINVAL;
+    cudaError_t crc = cudaDeviceGetPCIBusId(buf, cap < 64 ? (int)cap : 64, device);
+    if (crc != cudaSuccess) {
+        (void)cudaGetLastError();
+        buf[0] = '\0';
+        return crc == cudaErrorInvalidDevice ? -ENODEV : -EIO;
+    }
+    return 0;
+}
+
 // =============================================================================================
 // the compute-stream registry
 // =============================================================================================
@@ -501,6 +516,7 @@ static void fill_ops(dt_backend *be)
     be->memcpy_d2d = cu_memcpy_d2d;
     be->memset_zero = cu_memset_zero;
     be->synchronize = cu_synchronize;
+    be->device_pci_bus_id = cu_device_pci_bus_id;
     be->peak_bytes = cu_peak_bytes;
     be->profile_enable = cu_profile_enable;
     be->profile_read = cu_profile_read;
