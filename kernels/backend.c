@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -134,4 +135,24 @@ void dt_backend_close(dt_backend *be)
 {
     if (be && be->close)
         be->close(be);
+}
+
+int dt_backend_bind_set(const dt_backend *be, const cpu_set_t *base, int k, int n,
+                        cpu_set_t *out, dt_err *err)
+{
+    if (!be->device_pci_bus_id)
+        return dt_cpuset_share(base, k, n, out, err);
+    cpu_set_t *near = calloc((size_t)n, sizeof *near);
+    char bus[64];
+    int rc = near ? 0 : dt_err_set(err, -ENOMEM, "out of memory");
+    for (int d = 0; d < n && !rc; d++) {
+        if ((rc = be->device_pci_bus_id((dt_backend *)be, d, bus, sizeof bus)))
+            dt_err_set(err, rc, "no PCI address for GPU %d", d);
+        else
+            rc = dt_cpuset_pci_local(dt_env("DTRAIN_SYSFS"), bus, &near[d], err);
+    }
+    if (!rc)
+        rc = dt_cpuset_near_share(base, near, n, k, out, err);
+    free(near);
+    return rc;
 }

@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cpuset.h"
 #include "common/err.h"
 
 typedef struct dt_backend dt_backend;
@@ -235,6 +236,15 @@ int dt_backend_open(dt_backend **out, const char *device, const dt_backend_opts 
 
 /* Accepts NULL. */
 void dt_backend_close(dt_backend *be);
+
+/* The CPUs, within base, for local slot k of n (a node's worker k, or DP replica k), which
+ * runs on device k of be's kind (job.cpu_bind = auto): on the CPU, share k of n of base
+ * (dt_cpuset_share); on a GPU backend (device_pci_bus_id), its share of the CPUs near GPU k
+ * (dt_cpuset_near_share over devices 0..n-1, sysfs at DTRAIN_SYSFS). Fails, out untouched,
+ * when there is no such share (fewer CPUs than slots, no NUMA information, a cgroup without
+ * the GPU's node). */
+int dt_backend_bind_set(const dt_backend *be, const cpu_set_t *base, int k, int n,
+                        cpu_set_t *out, dt_err *err);
 
 /* Creates the CPU backend directly (kernels/cpu). */
 int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err *err);

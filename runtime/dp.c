@@ -309,14 +309,14 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
     }
     cpu_set_t base;
     dt_err be = {0};
-    if (o->cpu_bind && d->host_mem && d->K > 1 && !dt_cpuset_current(&base, &be)) {
+    if (o->cpu_bind && (d->K > 1 || !d->host_mem) && !dt_cpuset_current(&base, &be)) {
         for (int k = 0; k < d->K; k++)
-            d->r[k].bind = !dt_cpuset_share(&base, k, d->K, &d->r[k].cpus, &be);
+            d->r[k].bind = !dt_backend_bind_set(d->r[k].be, &base, k, d->K, &d->r[k].cpus, &be);
         char list[256];
         dt_cpuset_format(&d->r[0].cpus, list, sizeof list);
         if (d->r[0].bind && !dt_cpuset_bind(&d->r[0].cpus, &be))
-            DT_DEBUG("DP: replica k runs on share k of %d of this process's CPUs (replica 0: %s)",
-                     d->K, list);
+            DT_DEBUG("DP: replica k runs on share k of %d of this process's CPUs%s (replica 0: "
+                     "%s)", d->K, d->host_mem ? "" : " near GPU k", list);
         else
             DT_DEBUG("DP: replicas not bound to CPUs (%s)", be.msg);
     }

@@ -36,9 +36,9 @@ typedef struct dt_dp_opts {
     const char *device;      /* "cpu", "cuda" or "auto" (dt_backend_open); replica k uses
                                 device index k */
     dt_backend_opts backend; /* per replica (threads: BLAS threads of each replica) */
-    bool cpu_bind;           /* replicas on the cpu device: replica k's thread runs on share k of
-                                the caller's CPUs (common/cpuset.h); the caller's thread, which
-                                runs replica 0, is bound to share 0 */
+    bool cpu_bind;           /* replica k's thread runs on share k of the caller's CPUs, or on
+                                cuda its share of the CPUs near GPU k (dt_backend_bind_set); the
+                                caller's thread, which runs replica 0, is bound to share 0 */
 } dt_dp_opts;
 
 /* What one step cost, and where; cumulated since creation. */

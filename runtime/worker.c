@@ -86,64 +86,28 @@ int dt_worker_env_read(dt_worker_env *e, dt_err *err)
 
 static bool dp_mode(const dt_trainer *t) { return !strcmp(t->job.strategy, "dp"); }
 
-/* GPU workers: device k is local rank k's (dt_backend_opts.device_index). */
-static void bind_near_gpu(const dt_backend *be, int local_rank, int local_world)
-{
-    cpu_set_t base, mine, *near = calloc((size_t)local_world, sizeof *near);
-    char bus[64] = "", mybus[64] = "", list[256];
-    dt_err e = {0};
-    int rc = near ? 0 : dt_err_set(&e, -ENOMEM, "out of memory");
-    for (int k = 0; k < local_world && !rc; k++) {
-        rc = be->device_pci_bus_id((dt_backend *)be, k, bus, sizeof bus);
-        if (rc)
-            dt_err_set(&e, rc, "no PCI address for GPU %d", k);
-        else
-            rc = dt_cpuset_pci_local(dt_env("DTRAIN_SYSFS"), bus, &near[k], &e);
-        if (k == local_rank)
-            snprintf(mybus, sizeof mybus, "%s", bus);
-    }
-    if (rc || (rc = dt_cpuset_current(&base, &e)) ||
-        (rc = dt_cpuset_near_share(&base, near, local_world, local_rank, &mine, &e)) ||
-        (rc = dt_cpuset_bind(&mine, &e))) {
-        DT_DEBUG("job.cpu_bind = auto: not bound near GPU %d: %s", local_rank, e.msg);
-        free(near);
-        return;
-    }
-    dt_cpuset_format(&mine, list, sizeof list);
-    if (local_rank == 0)
-        DT_INFO("job.cpu_bind = auto: each of this node's %d workers runs on CPUs near its GPU "
-                "(its share of the GPU's NUMA node; GPU 0 at %s: CPUs %s; job.cpu_bind = none "
-                "leaves it to the scheduler)",
-                local_world, mybus, list);
-    DT_DEBUG("local rank %d (GPU at %s) runs on CPU(s) %s", local_rank, mybus, list);
-    free(near);
-}
-
 void dt_worker_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank, int local_world)
 {
     cpu_set_t base, mine;
     dt_err e = {0};
     char all[256], list[256];
-    if (strcmp(j->cpu_bind, "auto"))
+    bool gpu = be->device_pci_bus_id != NULL; /* device k is local rank k's */
+    if (strcmp(j->cpu_bind, "auto") || (!gpu && (strcmp(be->name, "cpu") || local_world < 2)))
         return;
-    if (be->device_pci_bus_id) {
-        bind_near_gpu(be, local_rank, local_world);
-        return;
-    }
-    if (strcmp(be->name, "cpu") || local_world < 2)
-        return;
-    if (dt_cpuset_current(&base, &e) || dt_cpuset_share(&base, local_rank, local_world, &mine, &e) ||
+    if (dt_cpuset_current(&base, &e) ||
+        dt_backend_bind_set(be, &base, local_rank, local_world, &mine, &e) ||
         dt_cpuset_bind(&mine, &e)) {
         DT_DEBUG("job.cpu_bind = auto: not bound to CPUs: %s", e.msg);
         return;
     }
-    dt_cpu_backend_bind_blas_threads(); /* started before: at load or at the backend's open */
+    if (!gpu)
+        dt_cpu_backend_bind_blas_threads(); /* started before: at load or at the backend's open */
     dt_cpuset_format(&base, all, sizeof all);
     dt_cpuset_format(&mine, list, sizeof list);
     if (local_rank == 0)
         DT_INFO("job.cpu_bind = auto: each of this node's %d workers runs on its own share of "
-                "CPUs %s (job.cpu_bind = none leaves it to the scheduler)",
-                local_world, all);
+                "%s %s (job.cpu_bind = none leaves it to the scheduler)",
+                local_world, gpu ? "the CPUs near its GPU, within" : "CPUs", all);
     DT_DEBUG("local rank %d runs on CPU(s) %s", local_rank, list);
 }
 

@@ -210,6 +210,9 @@ for prec in fp32 bf16; do
     add "quickstart $prec  loss@1 $(fmt "$first") (cpu $(fmt "$cpu_first"), rel $(reldiff "$first" "$cpu_first"))  loss@$QS_STEPS $(fmt "$last") (cpu $(fmt "$cpu_last"))  $(ktok "$(field "qs_$prec" tokens_per_s median)") tok/s  peak $(gib "$(field "qs_$prec" peak_mem_bytes last)")"
 done
 
+bind=$(grep -m1 -o 'job.cpu_bind = auto: .*' "$work/qs_fp32.log" | cut -c1-160)
+add "cpu binding      ${bind:-not bound near the GPU (rerun with DTRAIN_LOG=debug to see why)}"
+
 # ---- 3b. gpt2-124m ---------------------------------------------------------------------------
 gpt2=$work/gpt2.ini
 cat >"$gpt2" <<EOF
