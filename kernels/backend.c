@@ -63,7 +63,7 @@ double dt_bn_stats_combine(const float *parts, int R, int C, float *sum, float *
     return n;
 }
 
-static int cuda_lib_path(char *buf, size_t cap)
+int dt_cuda_lib_path(char *buf, size_t cap)
 {
     const char *env = dt_env("DTRAIN_CUDA_LIB");
     if (env)
@@ -87,7 +87,7 @@ static int cuda_lib_path(char *buf, size_t cap)
 static int open_cuda(dt_backend **out, const dt_backend_opts *opts, dt_err *err)
 {
     char path[PATH_MAX];
-    if (cuda_lib_path(path, sizeof path) != 0)
+    if (dt_cuda_lib_path(path, sizeof path) != 0)
         return dt_err_set(err, -ENOENT, "CUDA backend: cannot locate libdtrain_cuda.so "
                                         "(set DTRAIN_CUDA_LIB)");
     if (access(path, R_OK) != 0)

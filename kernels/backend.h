@@ -237,6 +237,11 @@ int dt_backend_open(dt_backend **out, const char *device, const dt_backend_opts 
 /* Accepts NULL. */
 void dt_backend_close(dt_backend *be);
 
+/* Where libdtrain_cuda.so (the CUDA backend and the NCCL comm backend) is: DTRAIN_CUDA_LIB, else
+ * next to the running binary (or one folder up, for the test binaries in build/tests). 0, or
+ * -ENOENT / -ENAMETOOLONG; the file may still be missing. */
+int dt_cuda_lib_path(char *buf, size_t cap);
+
 /* The CPUs, within base, for local slot k of n (a node's worker k, or DP replica k), which
  * runs on device k of be's kind (job.cpu_bind = auto): on the CPU, share k of n of base
  * (dt_cpuset_share); on a GPU backend (device_pci_bus_id), its share of the CPUs near GPU k

@@ -18,6 +18,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "runtime/comm_cpu.h"
 #include "runtime/comm_impl.h"
 
@@ -58,31 +59,11 @@ void dt_comm_opts_default(dt_comm_opts *o)
 
 /* ---- nccl: loaded from libdtrain_cuda.so ------------------------------------------------- */
 
-static int cuda_lib_path(char *buf, size_t cap)
-{
-    const char *env = dt_env("DTRAIN_CUDA_LIB");
-    if (env)
-        return dt_strlcpy(buf, env, cap) ? 0 : -ENAMETOOLONG;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return -ENOENT;
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash)
-        *slash = '\0';
-    char cand[PATH_MAX + 64];
-    snprintf(cand, sizeof cand, "%s/libdtrain_cuda.so", exe);
-    if (access(cand, R_OK) != 0) /* test binaries live in build/tests */
-        snprintf(cand, sizeof cand, "%s/../libdtrain_cuda.so", exe);
-    return dt_strlcpy(buf, cand, cap) ? 0 : -ENAMETOOLONG;
-}
-
 static int nccl_create(const dt_comm_opts *o, dt_store *ns, const dt_comm_backend_ops **ops,
                        void **self, dt_err *err)
 {
     char path[PATH_MAX];
-    if (cuda_lib_path(path, sizeof path) != 0 || access(path, R_OK) != 0)
+    if (dt_cuda_lib_path(path, sizeof path) != 0 || access(path, R_OK) != 0)
         return dt_err_set(err, -ENOENT,
                           "comm backend nccl: libdtrain_cuda.so not found (this dtrain was built "
                           "without nvcc, or set DTRAIN_CUDA_LIB); use ddp.backend = cpu");

@@ -278,29 +278,10 @@ static float *copy_host(const tp *t)
 
 /* ---- library (no GPU needed) ------------------------------------------------------------- */
 
-static const char *cuda_lib_path(char *buf, size_t cap)
-{
-    const char *env = dt_env("DTRAIN_CUDA_LIB");
-    if (env) {
-        snprintf(buf, cap, "%s", env);
-        return buf;
-    }
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
-        return NULL;
-    self[n] = '\0';
-    char *slash = strrchr(self, '/');
-    if (slash)
-        *slash = '\0';
-    snprintf(buf, cap, "%s/../libdtrain_cuda.so", self);
-    return buf;
-}
-
 static void *cuda_lib(void)
 {
     char path[PATH_MAX + 32];
-    if (!cuda_lib_path(path, sizeof path) || access(path, R_OK) != 0)
+    if (dt_cuda_lib_path(path, sizeof path) != 0 || access(path, R_OK) != 0)
         return NULL;
     return dlopen(path, RTLD_NOW | RTLD_LOCAL);
 }
@@ -308,7 +289,7 @@ static void *cuda_lib(void)
 static void test_library_symbols(void)
 {
     char path[PATH_MAX + 32];
-    if (!cuda_lib_path(path, sizeof path) || access(path, R_OK) != 0)
+    if (dt_cuda_lib_path(path, sizeof path) != 0 || access(path, R_OK) != 0)
         DT_SKIP("libdtrain_cuda.so not built (no nvcc, or CUDA=0)");
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
