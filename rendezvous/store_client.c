@@ -669,6 +669,22 @@ int dt_store_set(dt_store *s, const char *key, const void *val, size_t len, dt_e
     return rc;
 }
 
+/* The one value of a reply (GET, CAS), copied: *val (free()) and *len (may be NULL). */
+static int reply_value(call *c, const dt_proto_msg *m, void **val, size_t *len, dt_err *err)
+{
+    dt_proto_item it;
+    const uint8_t *cur = m->vals;
+    void *p = NULL;
+    if (m->nvals != 1 || dt_proto_next(&cur, m->end, &it) < 0)
+        return call_fail(c, err, -EPROTO, "malformed reply", NULL);
+    if (!(p = dup_item(&it)))
+        return call_fail(c, err, -ENOMEM, "out of memory", NULL);
+    *val = p;
+    if (len)
+        *len = it.len;
+    return 0;
+}
+
 int dt_store_get(dt_store *s, const char *key, void **val, size_t *len, int timeout_ms,
                  dt_err *err)
 {
@@ -678,20 +694,8 @@ int dt_store_get(dt_store *s, const char *key, void **val, size_t *len, int time
     call_begin(&c, s, DT_OP_GET, t, 1, 0, key);
     put_key(&c, key);
     int rc = call_run(&c, IDEMPOTENT, t, &m, err);
-    if (rc == 0) {
-        dt_proto_item it;
-        const uint8_t *cur = m.vals;
-        void *p = NULL;
-        if (m.nvals != 1 || dt_proto_next(&cur, m.end, &it) < 0)
-            rc = call_fail(&c, err, -EPROTO, "malformed reply", NULL);
-        else if (!(p = dup_item(&it)))
-            rc = call_fail(&c, err, -ENOMEM, "out of memory", NULL);
-        else {
-            *val = p;
-            if (len)
-                *len = it.len;
-        }
-    }
+    if (rc == 0)
+        rc = reply_value(&c, &m, val, len, err);
     call_end(&c);
     return rc;
 }
@@ -722,20 +726,8 @@ static int cas_call(dt_store *s, const char *key, const void *expected, size_t e
     int rc = call_run(&c, idempotent, -1, &m, err);
     if (rc == 0 && swapped)
         *swapped = m.num != 0;
-    if (rc == 0 && current) {
-        dt_proto_item it;
-        const uint8_t *cur = m.vals;
-        void *p = NULL;
-        if (m.nvals != 1 || dt_proto_next(&cur, m.end, &it) < 0)
-            rc = call_fail(&c, err, -EPROTO, "malformed reply", NULL);
-        else if (!(p = dup_item(&it)))
-            rc = call_fail(&c, err, -ENOMEM, "out of memory", NULL);
-        else {
-            *current = p;
-            if (current_len)
-                *current_len = it.len;
-        }
-    }
+    if (rc == 0 && current)
+        rc = reply_value(&c, &m, current, current_len, err);
     call_end(&c);
     return rc;
 }
