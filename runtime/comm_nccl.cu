@@ -234,8 +234,16 @@ static int nccl_wait_impl(nccl_comm *c, nccl_work *w, dt_err *err)
     int rc = 0;
     for (;;) {
         cudaError_t q = cudaEventQuery(w->done);
-        if (q == cudaSuccess)
+        if (q == cudaSuccess) {
+            // An abort (the watchdog's, on an async or remote error or a timeout) stops the
+            // kernels, which completes the event too: the data is then garbage, say so.
+            pthread_mutex_lock(&c->mu);
+            bool broken = c->broken;
+            pthread_mutex_unlock(&c->mu);
+            if (broken)
+                rc = broken_err(c, err);
             break;
+        }
         if (q != cudaErrorNotReady) {
             rc = dt_err_set(err, -EIO, "NCCL %s #%llu on rank %d: CUDA error: %s", w->op,
                             (unsigned long long)w->seq, c->rank, cudaGetErrorString(q));

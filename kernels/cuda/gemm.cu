@@ -195,7 +195,10 @@ static void gemm(dt_cuda *cu, const gemm_desc *g)
                      __LINE__);
         return;
     }
-    if (gemm_lt(cu, g, abt, cty, ct, A, B))
+    // cuBLASLt's alignment preferences do not cover the bias pointer: a fused-bias kernel may
+    // assume 16 bytes and fault on a parameter slice aligned to 4 (PyTorch hit this), so such a
+    // bias takes the cuBLAS path below.
+    if ((!g->bias || align_of(g->bias) >= 16) && gemm_lt(cu, g, abt, cty, ct, A, B))
         return;
     // Fallback: cuBLAS picks a kernel for any alignment; the bias goes on separately.
     cublasOperation_t opa = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;

@@ -348,9 +348,11 @@ void dt_cuda_layernorm_fwd(dt_backend *be, float *out, float *mean, float *rstd,
 {
     DT_CU_BEGIN(be);
     const int warps = THREADS / 32;
-    layernorm_fwd_kernel<<<(unsigned)((N + warps - 1) / warps), THREADS, 0, cu->stream>>>(
-        out, mean, rstd, inp, w, b, N, C, eps);
-    DT_CU_LAUNCHED(cu);
+    if (N > 0) { // a grid of 0 blocks is an invalid launch, which would fail the backend
+        layernorm_fwd_kernel<<<(unsigned)((N + warps - 1) / warps), THREADS, 0, cu->stream>>>(
+            out, mean, rstd, inp, w, b, N, C, eps);
+        DT_CU_LAUNCHED(cu);
+    }
     DT_CU_END(DT_CU_OP_LAYERNORM_FWD, 0);
 }
 
@@ -397,7 +399,7 @@ void dt_cuda_layernorm_bwd(dt_backend *be, float *dinp, float *dw, float *db, co
                            int N, int C)
 {
     DT_CU_BEGIN(be);
-    if (dinp) {
+    if (dinp && N > 0) {
         const int warps = THREADS / 32;
         layernorm_bwd_dinp_kernel<<<(unsigned)((N + warps - 1) / warps), THREADS, 0,
                                     cu->stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
