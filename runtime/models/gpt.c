@@ -54,7 +54,7 @@ typedef struct gpt {
     float *fch, *fch_gelu;   /* (L,B,T,4C) */
     float *res3;             /* (L,B,T,C) residual after the MLP (block output) */
     float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *logits;           /* (B,T,V); dlogits in place during backward */
+    float *logits;           /* (B,T,V); after a training forward softmax - onehot(target) */
     float *losses;           /* (B,T) */
     float *dres, *dC, *dqkv, *d4a, *d4b, *datt; /* backward scratch */
     int B, T, valid;         /* of the last training forward */
@@ -78,6 +78,7 @@ static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float 
                           "targets expected)",
                           B, T, g->Bmax, g->Tmax);
     const size_t N = (size_t)B * T;
+    int valid = 0; /* targets that count (>= 0), known here without asking the device */
     for (size_t i = 0; i < N; i++) {
         if (batch->tokens[i] < 0 || batch->tokens[i] >= V)
             return dt_err_set(err, -EINVAL, "gpt forward: token %d at position %zu is outside "
@@ -87,6 +88,7 @@ static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float 
             return dt_err_set(err, -EINVAL, "gpt forward: target %d at position %zu is outside "
                                             "the vocabulary (0..%d)",
                               batch->targets[i], i, V - 1);
+        valid += batch->targets[i] >= 0;
     }
     be->memcpy_h2d(be, g->tokens, batch->tokens, N * sizeof(int32_t));
     be->memcpy_h2d(be, g->targets, batch->targets, N * sizeof(int32_t));
@@ -121,8 +123,11 @@ static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float 
                       (int)N, C, LN_EPS);
     // logits (N,V) = lnf (N,C) @ wte^T
     be->matmul_fwd(be, g->logits, g->lnf, P(m, g->wte), NULL, (int)N, C, V);
-    int valid = 0;
-    be->xent_fwd_bwd(be, g->losses, NULL, g->logits, g->targets, (int)N, V, 1.0f, &valid);
+    // Training: the classifier's gradient (softmax - onehot, unscaled) replaces the logits in
+    // the same pass that computes the losses, so the (N,V) logits, the biggest tensor of the
+    // model, are read once per step, not once here and again in backward.
+    be->xent_fwd_bwd(be, g->losses, training ? g->logits : NULL, g->logits, g->targets, (int)N, V,
+                     1.0f, NULL);
     *loss = dt_models_mean_loss(m, g->losses, (int)N, valid);
     m->last_correct = 0;
     g->B = B;
@@ -146,10 +151,14 @@ static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, 
     const size_t NR = (size_t)g->Bmax * g->Tmax, NATT = (size_t)g->Bmax * NH * g->Tmax * g->Tmax;
     const size_t fN = N * sizeof(float);
 
+    /* d loss / d logits = dl * (softmax - onehot), the latter in g->logits since forward; dl
+     * goes on the (N,C) operands of the classifier GEMM instead of the (N,V) gradient:
+     * dwte += dlogits^T @ (dl * lnf) and dC = (dlogits @ wte) * dl. lnf is not read again. */
     float dl = g->valid > 0 ? dloss_scale / (float)g->valid : 0.0f;
-    be->xent_fwd_bwd(be, g->losses, g->logits, g->logits, g->targets, (int)N, V, dl, NULL);
+    be->scale(be, g->lnf, N * C, dl);
     be->memset_zero(be, g->dC, fN * C);
     be->matmul_bwd(be, g->dC, G(m, g->wte), NULL, g->logits, g->lnf, P(m, g->wte), (int)N, C, V);
+    be->scale(be, g->dC, N * C, dl);
     const float *res_last = g->L > 0 ? g->res3 + (size_t)(g->L - 1) * NC : g->encoded;
     be->memset_zero(be, g->dres, fN * C);
     be->layernorm_bwd(be, g->dres, G(m, g->lnfw), G(m, g->lnfb), g->dC, res_last, P(m, g->lnfw),

@@ -53,9 +53,9 @@ int dt_mlp_create(dt_model *m, dt_err *err);
 int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err);
 int dt_gpt_create(dt_model *m, dt_err *err);
 
-/* The logits (B,T,V) (device, row-major, rows b*T + t) of a gpt model's last forward, valid
- * until its next forward or backward (backward overwrites them with their gradient); NULL when m
- * is not a gpt. For tests (causality). */
+/* The logits (B,T,V) (device, row-major, rows b*T + t) of a gpt model's last evaluation forward
+ * (a training forward replaces them with their gradient), valid until its next forward; NULL
+ * when m is not a gpt. For tests (causality). */
 const float *dt_gpt_logits(const dt_model *m);
 
 #endif
