@@ -31,7 +31,8 @@
 # then skip, visibly) and says why nothing else ran; it exits 0 unless --require-gpu.
 #
 # Knobs (environment): GPT2_BATCH (16), GPT2_STEPS (30), QS_STEPS (100), KEEP=1 keeps the work
-# directory, DTRAIN_CUDA_GEMM=convert|fast (bf16 GEMM strategy, see kernels/cuda).
+# directory. The gpt2-124m rows set DTRAIN_CUDA_GEMM (convert|fast: the bf16 GEMM strategy, see
+# kernels/cuda) and DTRAIN_CUDA_ATTN (cublas|flash) themselves, one row per choice.
 # GPU_CHECK_DEVICE=cpu smoke-tests this script itself on a machine without a GPU: every "GPU"
 # run goes to the CPU (ddp.backend = cpu) as if there were one device; use it with small
 # GPT2_PRESET=gpt-tiny GPT2_BATCH=2 GPT2_STEPS=3 QS_STEPS=5. Its figures mean nothing.
@@ -262,15 +263,18 @@ else
 fi
 
 declare -A tps
-for cfg in fp32 bf16 bf16-flash; do
-    prec=${cfg%-flash}
-    attn=cublas
+# bf16-fast: cuBLAS converts fp32 operands inside the GEMM (DTRAIN_CUDA_GEMM=fast) instead of
+# dtrain converting every operand, weights included, before each GEMM (convert, the default)
+for cfg in fp32 bf16 bf16-flash bf16-fast; do
+    prec=${cfg%-*}
+    attn=cublas gemm=convert
     [ "$cfg" = bf16-flash ] && attn=flash
+    [ "$cfg" = bf16-fast ] && gemm=fast
     say "gpt2-124m on one GPU, $cfg, batch $GPT2_BATCH x 1024, $GPT2_STEPS steps"
-    export DTRAIN_CUDA_ATTN=$attn
+    export DTRAIN_CUDA_ATTN=$attn DTRAIN_CUDA_GEMM=$gemm
     run "g2_$cfg" 240 1 "$gpt2" train.precision="$prec"
     rc=$?
-    unset DTRAIN_CUDA_ATTN
+    unset DTRAIN_CUDA_ATTN DTRAIN_CUDA_GEMM
     label=$(printf '%-10s' "$cfg")
     if [ $rc -ne 0 ]; then
         fail "gpt2-124m $label FAILED (exit $rc): $(grep -m3 -E 'ERROR|error' "$work/g2_$cfg.log" | tr '\n' ' ')"
