@@ -908,48 +908,62 @@ static void apply_settings(parse_ctx *c, const dt_setting *settings, int n)
     }
 }
 
-int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settings, int n,
-                         dt_config_errors *errs, dt_err *err)
+/* The parse context of a load, reset: job at its defaults, errors into errs. One, static: it is
+ * large (seen tables), and loads are not re-entrant, like the command line. */
+static parse_ctx *load_begin(dt_job *job, dt_config_errors *errs)
 {
-    static parse_ctx c; /* large (seen tables); not re-entrant, like the command line */
-    dt_config_errors local = {0};
-    if (!errs)
-        errs = &local;
+    static parse_ctx c;
     memset(&c, 0, sizeof c);
     dt_job_defaults(job);
     c.job = job;
     c.errs = errs;
+    return &c;
+}
+
+/* "N error(s) <what><name>" when errs has any, else 0. */
+static int load_end(const dt_config_errors *errs, const char *what, const char *name, dt_err *err)
+{
+    if (errs->count)
+        return dt_err_set(err, -EINVAL, "%d error%s %s%s", errs->count, errs->count > 1 ? "s" : "",
+                          what, name);
+    return 0;
+}
+
+int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settings, int n,
+                         dt_config_errors *errs, dt_err *err)
+{
+    dt_config_errors local = {0};
+    if (!errs)
+        errs = &local;
+    parse_ctx *c = load_begin(job, errs);
     if (path) {
         struct stat st;
         dt_strlcpy(job->path, path, sizeof job->path);
-        c.where = path;
+        c->where = path;
         if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
             add_error(errs, path, 0, "cannot open job file: is a directory (give a .ini file)");
             return dt_err_set(err, -EISDIR, "no job loaded");
         }
-        c.fp = fopen(path, "r");
-        if (!c.fp) {
+        c->fp = fopen(path, "r");
+        if (!c->fp) {
             add_error(errs, path, 0, "cannot open job file: %s", strerror(errno));
             return dt_err_set(err, -ENOENT, "no job loaded");
         }
-        int rc = ini_parse_stream(line_reader, &c, on_ini_entry, &c);
-        fclose(c.fp);
+        int rc = ini_parse_stream(line_reader, c, on_ini_entry, c);
+        fclose(c->fp);
         if (rc < 0)
             add_error(errs, path, 0, "cannot read job file");
     }
-    apply_settings(&c, settings, n);
+    apply_settings(c, settings, n);
     for (int i = 0; i < dt_cfg_fields_count; i++)
-        if (dt_cfg_fields[i].required && !c.seen_required[i])
+        if (dt_cfg_fields[i].required && !c->seen_required[i])
             add_error(errs, path ? path : "job", 0,
                       "missing required key %s.%s (%s; one of %s)", dt_cfg_fields[i].section,
                       dt_cfg_fields[i].key, dt_cfg_fields[i].help,
                       dt_cfg_fields[i].choices ? dt_cfg_fields[i].choices : "see README");
     derive(job);
-    job_validate(job, &c, errs);
-    if (errs->count)
-        return dt_err_set(err, -EINVAL, "%d error%s loading %s", errs->count,
-                          errs->count > 1 ? "s" : "", path ? path : "the job");
-    return 0;
+    job_validate(job, c, errs);
+    return load_end(errs, "loading ", path ? path : "the job", err);
 }
 
 int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_overrides,
@@ -968,20 +982,13 @@ int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_ove
 int dt_launch_load(dt_job *job, const dt_setting *settings, int n, dt_config_errors *errs,
                    dt_err *err)
 {
-    static parse_ctx c;
     dt_config_errors local = {0};
     if (!errs)
         errs = &local;
-    memset(&c, 0, sizeof c);
-    dt_job_defaults(job);
-    c.job = job;
-    c.errs = errs;
-    apply_settings(&c, settings, n);
-    launch_validate(&job->launch, &c, "command line", errs);
-    if (errs->count)
-        return dt_err_set(err, -EINVAL, "%d error%s on the command line", errs->count,
-                          errs->count > 1 ? "s" : "");
-    return 0;
+    parse_ctx *c = load_begin(job, errs);
+    apply_settings(c, settings, n);
+    launch_validate(&job->launch, c, "command line", errs);
+    return load_end(errs, "on the command line", "", err);
 }
 
 /* ---- printing ---------------------------------------------------------------------------- */
