@@ -612,9 +612,18 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
             hi_r = DT_MAX(hi_r, ratio[rep]);
         }
         qsort(ratio, (size_t)nr, sizeof *ratio, dt_cmp_double);
+        /* Sign test: how likely so many wins (or more) are if neither were faster (p = 1/2). */
+        double p = 0, c = 1; /* c = C(nr, k) */
+        for (int k = 0; k <= nr; k++) {
+            if (k >= wins)
+                p += c;
+            c = c * (nr - k) / (k + 1);
+        }
+        p = ldexp(p, -nr);
         printf("#\n# DDP / DP throughput: %.2fx (median of the rounds' ratios; %.2f..%.2f), DDP "
-               "faster in %d of %d rounds; memory spread DP %.1f MiB, DDP %.1f MiB\n",
-               ratio[nr / 2], lo_r, hi_r, wins, nr, spread[DP] / (1024.0 * 1024.0),
+               "faster in %d of %d rounds (sign test p = %.2g: the odds of as many if equally fast); "
+               "memory spread DP %.1f MiB, DDP %.1f MiB\n",
+               ratio[nr / 2], lo_r, hi_r, wins, nr, p, spread[DP] / (1024.0 * 1024.0),
                spread[DDP] / (1024.0 * 1024.0));
         printf("# DDP scaling over one worker: %.2fx on %d ranks; %d unsynchronised workers "
                "(indep) reach %.2fx, so DDP gets %.0f%% of this machine's ceiling\n",
