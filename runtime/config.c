@@ -78,6 +78,8 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"train", "eval_every", DT_CFG_INT, J(eval_every), "0", 0, 1e9, NULL, false, "steps between validation passes (0 = at the end only)"},
     {"train", "eval_batches", DT_CFG_INT, J(eval_batches), "8", 1, 1e9, NULL, false, "batches per validation pass"},
     {"train", "precision", DT_CFG_ENUM, J(precision), "fp32", 0, 0, "fp32|bf16|fp16", false, "GEMM precision on cuda (cpu is always fp32)"},
+    {"train", "loss_scale", DT_CFG_DOUBLE, J(loss_scale), "65536", 1e-30, 1e38, NULL, false, "precision = fp16: the initial dynamic loss scale; a step with inf/NaN gradients is skipped and halves it"},
+    {"train", "loss_scale_window", DT_CFG_INT, J(loss_scale_window), "2000", 1, 1e9, NULL, false, "precision = fp16: clean steps in a row before the loss scale doubles"},
     {"train", "threads", DT_CFG_INT, J(threads), "1", 1, 1024, NULL, false, "BLAS threads per worker (cpu)"},
     /* [ddp] */
     {"ddp", "backend", DT_CFG_ENUM, J(comm_backend), "auto", 0, 0, "auto|cpu|nccl", false, "collectives: nccl on cuda, cpu otherwise (auto)"},

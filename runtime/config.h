@@ -109,6 +109,8 @@ typedef struct dt_job {
     int eval_every;                    /* 0 = only at the end */
     int eval_batches;
     char precision[DT_STR_SMALL];      /* fp32, bf16, fp16 */
+    double loss_scale;                 /* fp16: initial dynamic loss scale */
+    int loss_scale_window;             /* fp16: clean steps before the scale doubles */
     int threads;                       /* BLAS threads per worker */
 
     /* [ddp] */

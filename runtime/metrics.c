@@ -117,6 +117,10 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
         cJSON_AddNumberToObject(o, "loss", r->loss);
         cJSON_AddNumberToObject(o, "lr", r->lr);
         cJSON_AddNumberToObject(o, "grad_norm", r->grad_norm);
+        if (r->loss_scale > 0) {
+            cJSON_AddNumberToObject(o, "loss_scale", r->loss_scale);
+            cJSON_AddNumberToObject(o, "skipped_steps", (double)r->skipped_steps);
+        }
         cJSON_AddNumberToObject(o, m->tokens ? "tokens_per_s" : "samples_per_s", r->items_per_s);
         cJSON_AddNumberToObject(o, "step_time_s", r->step_time_s);
         cJSON_AddNumberToObject(o, "comm_time_s", r->comm_time_s);

@@ -28,6 +28,8 @@ typedef struct dt_step_record {
     double loss;          /* mean training loss of the step (over micro-steps and ranks) */
     double lr;
     double grad_norm;     /* before clipping */
+    double loss_scale;    /* fp16's dynamic loss scale after the step; 0 when not used */
+    int64_t skipped_steps;/* steps skipped for inf/NaN gradients so far (fp16) */
     double items_per_s;   /* tokens/s (language models) or samples/s, all ranks together */
     double step_time_s;   /* mean wall time per step over the logged window */
     double comm_time_s;   /* time waiting for gradient synchronisation per step */

@@ -165,3 +165,29 @@ void dt_optim_step(dt_optim *o, float *params, const float *grads, double lr)
         update_range(o, params, grads, start, len, decay, lr);
     o->t++;
 }
+
+void dt_loss_scaler_init(dt_loss_scaler *s, bool on, double scale, int window)
+{
+    memset(s, 0, sizeof *s);
+    s->on = on;
+    s->scale = on ? scale : 1.0;
+    s->window = window > 0 ? window : 1;
+}
+
+int dt_loss_scaler_update(dt_loss_scaler *s, bool finite)
+{
+    if (finite) {
+        s->skipped_in_row = 0;
+        if (s->on && ++s->clean >= s->window) {
+            s->scale *= 2.0;
+            s->clean = 0;
+        }
+        return 1;
+    }
+    if (!s->on || ++s->skipped_in_row >= DT_LOSS_SCALER_MAX_SKIPS)
+        return -EDOM;
+    s->scale *= 0.5;
+    s->clean = 0;
+    s->skipped++;
+    return 0;
+}

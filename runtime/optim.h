@@ -92,4 +92,30 @@ double dt_optim_clip(dt_optim *o, float *grads);
 /* One update of params from grads at learning rate lr; increments t. */
 void dt_optim_step(dt_optim *o, float *params, const float *grads, double lr);
 
+/* Dynamic loss scaling for train.precision = fp16, as torch's GradScaler: backward runs on
+ * loss * scale so that small gradients survive 16-bit storage, the trainer divides the
+ * gradients by scale again, and a step whose gradients hold inf or NaN (on every rank alike:
+ * they are all-reduced first) is skipped and halves the scale, while `window` clean steps in a
+ * row double it. */
+typedef struct dt_loss_scaler {
+    bool on;             /* off: scale 1, no step is ever skipped */
+    double scale;
+    int window;          /* clean steps in a row before the scale doubles */
+    int clean;           /* clean steps since the scale last changed */
+    int skipped_in_row;  /* overflowing steps in a row */
+    int64_t skipped;     /* steps skipped in this run */
+} dt_loss_scaler;
+
+/* Gives up when this many steps in a row overflow: the gradients are not finite at any scale
+ * (the scale is then 2^-32 of where it stood), so training has diverged. */
+#define DT_LOSS_SCALER_MAX_SKIPS 32
+
+void dt_loss_scaler_init(dt_loss_scaler *s, bool on, double scale, int window);
+
+/* After a step's gradients are final and unscaled: finite = whether their norm is. Returns 1
+ * when the optimiser should step, 0 when the step is skipped (the scale halved), -EDOM when
+ * DT_LOSS_SCALER_MAX_SKIPS steps in a row overflowed (or the scaler is off and the gradients
+ * are not finite). */
+int dt_loss_scaler_update(dt_loss_scaler *s, bool finite);
+
 #endif

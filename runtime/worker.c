@@ -241,6 +241,12 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     dt_sampler_set_state(&t->sampler, st.epoch, st.sample_pos);
     dt_ckpt_state_get_rng(&st, "trainer", &t->rng);
     t->optim->t = dt_ckpt_state_get_scalar(&st, "optim_t", &opt_t) == 0 ? (int64_t)opt_t : st.step;
+    double scale, clean;
+    if (t->scaler.on && dt_ckpt_state_get_scalar(&st, "loss_scale", &scale) == 0 && scale > 0) {
+        t->scaler.scale = scale; /* where the last run found it, not train.loss_scale again */
+        if (dt_ckpt_state_get_scalar(&st, "loss_scale_clean", &clean) == 0)
+            t->scaler.clean = (int)clean;
+    }
     t->last_saved_step = st.step;
     t->samples_seen = st.samples_seen;
     if (t->env.rank == 0)
@@ -278,6 +284,10 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
     int rc = dt_ckpt_state_set_rng(&st, "trainer", &t->rng);
     if (!rc)
         rc = dt_ckpt_state_set_scalar(&st, "optim_t", (double)t->optim->t);
+    if (!rc && t->scaler.on)
+        rc = dt_ckpt_state_set_scalar(&st, "loss_scale", t->scaler.scale);
+    if (!rc && t->scaler.on)
+        rc = dt_ckpt_state_set_scalar(&st, "loss_scale_clean", (double)t->scaler.clean);
     if (!rc)
         rc = dt_ckpt_save(t->ckpt, &st, err);
     else
@@ -450,6 +460,8 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     if ((rc = dt_optim_create(&t->optim, &oc, t->be, t->model->tensors, t->model->num_tensors,
                               t->model->num_params, err)))
         goto fail;
+    dt_loss_scaler_init(&t->scaler, bo.precision == DT_PREC_FP16, j->loss_scale,
+                        j->loss_scale_window);
 
     if ((rc = seam_after_build(t, err)))
         goto fail;
@@ -505,6 +517,9 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     /* a new accumulation: backward ops accumulate into the gradients */
     be->memset_zero(be, m->grads, sizeof(float) * m->num_params);
     double loss_sum = 0;
+    /* backward differentiates loss * scale / grad_accum (scale: fp16's loss scale, else 1) */
+    const float dloss = t->scaler.on ? (float)(t->scaler.scale / j->grad_accum)
+                                     : 1.0f / (float)j->grad_accum;
     for (int micro = 0; micro < j->grad_accum; micro++) {
         if ((rc = dt_sampler_next(&t->sampler, t->idx, err)) ||
             (rc = dt_dataset_fill(t->data->train, t->idx, j->batch_size, &t->batch, err)))
@@ -512,8 +527,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
         float loss = 0;
         bool last = micro == j->grad_accum - 1;
         if (t->dp) /* replicate, scatter, forward and backward on every replica, reduce */
-            rc = dt_dp_forward_backward(t->dp, &t->batch.batch, 1.0f / (float)j->grad_accum,
-                                        &loss, err);
+            rc = dt_dp_forward_backward(t->dp, &t->batch.batch, dloss, &loss, err);
         else
             rc = m->ops->forward(m, &t->batch.batch, true, &loss, err);
         if (rc)
@@ -524,8 +538,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
                               "diverged; %s", (double)loss, (long long)t->step + 1, micro,
                               dt_trainer_diverged_hint(j));
         loss_sum += loss;
-        if (!t->dp && (rc = m->ops->backward(m, 1.0f / (float)j->grad_accum,
-                                             last ? t->grad_ready : NULL,
+        if (!t->dp && (rc = m->ops->backward(m, dloss, last ? t->grad_ready : NULL,
                                              last ? t->grad_ready_ctx : NULL, err)))
             return rc;
     }
@@ -543,15 +556,28 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     double loss = v[0];
     t->stop_agreed = v[1] > 0;
     t->stop_self = t->stop && *t->stop;
+    double scale = t->scaler.scale;
+    if (t->scaler.on)
+        be->scale(be, m->grads, m->num_params, (float)(1.0 / scale));
     t->grad_norm = dt_optim_clip(t->optim, m->grads);
-    if (!isfinite(t->grad_norm))
-        return dt_err_set(err, -EDOM,
-                          "the gradient norm is %f at step %lld: training diverged; %s",
-                          t->grad_norm, (long long)t->step + 1, dt_trainer_diverged_hint(j));
+    int apply = dt_loss_scaler_update(&t->scaler, isfinite(t->grad_norm));
+    if (apply < 0) {
+        char why[128] = "";
+        if (t->scaler.on)
+            snprintf(why, sizeof why, ", as in the %d steps before it (loss scale now %g)",
+                     DT_LOSS_SCALER_MAX_SKIPS - 1, t->scaler.scale);
+        return dt_err_set(err, -EDOM, "the gradient norm is %f at step %lld%s: training "
+                                      "diverged; %s",
+                          t->grad_norm, (long long)t->step + 1, why, dt_trainer_diverged_hint(j));
+    }
+    if (!apply && t->env.rank == 0)
+        DT_INFO("step %lld: inf/NaN gradients at loss scale %g: step skipped, scale now %g",
+                (long long)t->step + 1, scale, t->scaler.scale);
     t->lr = dt_lr_at(&t->sched, t->step);
     if (t->ckpt) /* a background save may still be copying the parameters and moments */
         dt_ckpt_fence(t->ckpt);
-    dt_optim_step(t->optim, m->params, m->grads, t->lr);
+    if (apply)
+        dt_optim_step(t->optim, m->params, m->grads, t->lr);
     be->synchronize(be);
     t->loss = loss;
     t->step++;
@@ -696,6 +722,8 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 .loss = last_train,
                 .lr = t->lr,
                 .grad_norm = t->grad_norm,
+                .loss_scale = t->scaler.on ? t->scaler.scale : 0,
+                .skipped_steps = t->scaler.skipped,
                 .items_per_s = (double)t->items_per_step * win_n / win_time,
                 .step_time_s = win_time / win_n,
                 .comm_time_s = win_comm / win_n,

@@ -73,6 +73,7 @@ typedef struct dt_trainer {
     dt_optim *optim;          /* owned */
     dt_metrics *metrics;      /* owned; opened by dt_trainer_run (NULL in benchmarks) */
     dt_lr_schedule sched;     /* lr as a function of step */
+    dt_loss_scaler scaler;    /* train.precision = fp16: dynamic loss scale (checkpointed) */
     bool tokens;              /* language model: throughput in tokens */
     int64_t items_per_step;   /* tokens or samples per optimiser step, all ranks */
 

@@ -199,7 +199,7 @@ fi
 [ $rc -eq 0 ] || fail "quickstart cpu   FAILED (exit $rc): $(tail -n 3 "$work/qs_cpu.log" | tr '\n' ' ')"
 cpu_first=$(field qs_cpu loss first) cpu_last=$(field qs_cpu loss last)
 
-for prec in fp32 bf16; do
+for prec in fp32 bf16 fp16; do
     say "quickstart GPT on the GPU, $prec"
     run "qs_$prec" 180 1 "$qs" job.device="$dev" train.precision="$prec" "${qs_common[@]}"
     rc=$?
@@ -208,7 +208,9 @@ for prec in fp32 bf16; do
         continue
     fi
     first=$(field "qs_$prec" loss first) last=$(field "qs_$prec" loss last)
-    add "quickstart $prec  loss@1 $(fmt "$first") (cpu $(fmt "$cpu_first"), rel $(reldiff "$first" "$cpu_first"))  loss@$QS_STEPS $(fmt "$last") (cpu $(fmt "$cpu_last"))  $(ktok "$(field "qs_$prec" tokens_per_s median)") tok/s  peak $(gib "$(field "qs_$prec" peak_mem_bytes last)")"
+    skipped=$(field "qs_$prec" skipped_steps last)
+    [ -n "$skipped" ] && skipped="  fp16 loss scale $(field "qs_$prec" loss_scale last), $skipped steps skipped"
+    add "quickstart $prec  loss@1 $(fmt "$first") (cpu $(fmt "$cpu_first"), rel $(reldiff "$first" "$cpu_first"))  loss@$QS_STEPS $(fmt "$last") (cpu $(fmt "$cpu_last"))  $(ktok "$(field "qs_$prec" tokens_per_s median)") tok/s  peak $(gib "$(field "qs_$prec" peak_mem_bytes last)")${skipped}"
 done
 
 bind=$(grep -m1 -o 'job.cpu_bind = auto: .*' "$work/qs_fp32.log" | cut -c1-160)

@@ -453,15 +453,47 @@ static void check_accumulation(const char *type)
 static void test_accumulation_mlp(void) { check_accumulation("mlp"); }
 static void test_accumulation_gpt(void) { check_accumulation("gpt"); }
 
+/* fp16's dynamic loss scale: halved on an overflowing step (skipped), doubled after `window`
+ * clean steps in a row, and a run of DT_LOSS_SCALER_MAX_SKIPS overflows is divergence. */
+static void test_loss_scaler(void)
+{
+    dt_loss_scaler s;
+    dt_loss_scaler_init(&s, false, 1024, 3); /* off: scale 1, an overflow is an error */
+    DT_CHECK(s.scale == 1.0);
+    DT_CHECK_INT(dt_loss_scaler_update(&s, true), 1);
+    DT_CHECK(s.scale == 1.0);
+    DT_CHECK_INT(dt_loss_scaler_update(&s, false), -EDOM);
+
+    dt_loss_scaler_init(&s, true, 1024, 3);
+    DT_CHECK_INT(dt_loss_scaler_update(&s, false), 0);
+    DT_CHECK(s.scale == 512.0);
+    DT_CHECK_INT((int)s.skipped, 1);
+    DT_CHECK_INT(dt_loss_scaler_update(&s, true), 1);
+    DT_CHECK_INT(dt_loss_scaler_update(&s, true), 1);
+    DT_CHECK(s.scale == 512.0);
+    DT_CHECK_INT(dt_loss_scaler_update(&s, false), 0); /* an overflow restarts the window */
+    DT_CHECK(s.scale == 256.0);
+    for (int k = 0; k < 2; k++)
+        DT_CHECK_INT(dt_loss_scaler_update(&s, true), 1);
+    DT_CHECK(s.scale == 256.0);
+    DT_CHECK_INT(dt_loss_scaler_update(&s, true), 1); /* the third clean step in a row */
+    DT_CHECK(s.scale == 512.0);
+    DT_CHECK_INT((int)s.skipped, 2);
+    for (int k = 0; k < DT_LOSS_SCALER_MAX_SKIPS - 1; k++)
+        DT_CHECK_INT(dt_loss_scaler_update(&s, false), 0);
+    DT_CHECK_INT(dt_loss_scaler_update(&s, false), -EDOM);
+}
+
 int main(int argc, char **argv)
 {
-    static const dt_test tests[] = {
+static const dt_test tests[] = {
         {"schedules", test_schedules, 0},
         {"config_from_job", test_config_from_job, 0},
         {"adamw_ranges_and_decay", test_adamw_ranges_and_decay, 0},
         {"sgd_first_step_and_state", test_sgd_first_step_and_state, 0},
         {"table_must_cover", test_table_must_cover, 0},
         {"clip", test_clip, 0},
+        {"loss_scaler", test_loss_scaler, 0},
         {"cpu_numerics", test_cpu_numerics, 0},
         {"accumulation_mlp", test_accumulation_mlp, 0},
         {"accumulation_gpt", test_accumulation_gpt, 0},

@@ -18,6 +18,7 @@
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "runtime/data.h"
+#include "runtime/optim.h"
 #include "runtime/worker.h"
 #include "tests/harness.h"
 
@@ -428,6 +429,133 @@ static void test_cpu_bind_gpu(void)
     be->close(be);
 }
 
+/* ---- fp16 loss scaling (the CPU computes in fp32; the scaler runs all the same) --------- */
+
+/* A trainer of configs/mlp.ini on the CPU with extra overrides (NULL-terminated). */
+static void trainer_open(dt_trainer *t, const char *name, const char *const *more)
+{
+    static dt_job job;
+    dt_config_errors errs = {0};
+    dt_err err = {0};
+    char *ov[16];
+    int n = 0;
+    ov[n++] = (char *)fmt("job.output_dir=%s", outdir(name));
+    ov[n++] = "job.device=cpu";
+    ov[n++] = "checkpoint.resume=never";
+    ov[n++] = "checkpoint.every=0";
+    for (; more && *more && n < 16; more++)
+        ov[n++] = (char *)*more;
+    DT_REQUIRE_OK(dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), ov, n, &errs, &err),
+                  &err);
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.world_size = env.local_world_size = 1;
+    dt_strlcpy(env.run_id, name, sizeof env.run_id);
+    memset(t, 0, sizeof *t);
+    DT_REQUIRE_OK(dt_trainer_init(t, &job, &env, &err), &err);
+}
+
+/* Multiplies the model's last weight matrix (the classifier's) by f: its logits become huge
+ * but finite, and so does the loss, while the gradients reaching the hidden layers times a
+ * large loss scale overflow float. */
+static void blow_up_classifier(dt_trainer *t, float f)
+{
+    dt_model *m = t->model;
+    const dt_tensor_info *w = NULL;
+    for (int i = 0; i < m->num_tensors; i++)
+        if (m->tensors[i].ndim == 2)
+            w = &m->tensors[i];
+    DT_REQUIRE(w != NULL);
+    float *h = malloc(w->numel * sizeof *h);
+    DT_REQUIRE(h != NULL);
+    t->be->memcpy_d2h(t->be, h, m->params + w->offset, w->numel * sizeof *h);
+    for (size_t i = 0; i < w->numel; i++)
+        h[i] *= f;
+    t->be->memcpy_h2d(t->be, m->params + w->offset, h, w->numel * sizeof *h);
+    free(h);
+}
+
+static void test_fp16_loss_scaling(void)
+{
+    dt_err err = {0};
+    /* Scaling by a power of two is exact: fp16 (scale 2^16) trains bit for bit as fp32. */
+    dt_trainer a, b;
+    static const char *const fp16[] = {"train.precision=fp16", NULL};
+    trainer_open(&a, "fp32", NULL);
+    trainer_open(&b, "fp16", fp16);
+    DT_CHECK(!a.scaler.on && b.scaler.on && b.scaler.scale == 65536.0);
+    for (int s = 0; s < 4; s++) {
+        DT_REQUIRE_OK(dt_trainer_step(&a, &err), &err);
+        DT_REQUIRE_OK(dt_trainer_step(&b, &err), &err);
+        DT_CHECK_MSG(a.loss == b.loss && a.grad_norm == b.grad_norm,
+                     "step %d: fp32 loss %.9g norm %.9g, fp16 (scaled) loss %.9g norm %.9g", s,
+                     a.loss, a.grad_norm, b.loss, b.grad_norm);
+    }
+    dt_trainer_close(&a);
+    dt_trainer_close(&b);
+
+    /* Overflowing gradients: those steps are skipped (no update, the optimiser's count stays)
+     * and the scale halves until they fit; then training goes on. */
+    static const char *const big[] = {"train.precision=fp16", "train.loss_scale=1e12", NULL};
+    trainer_open(&a, "fp16-overflow", big);
+    blow_up_classifier(&a, 1e30f);
+    DT_REQUIRE_OK(dt_trainer_step(&a, &err), &err); /* overflows right away */
+    int steps = 1;
+    DT_CHECK_INT((int)a.scaler.skipped, 1);
+    DT_CHECK(a.scaler.scale == 5e11);
+    DT_CHECK_INT((int)a.optim->t, 0);
+    while (a.optim->t == 0 && steps < DT_LOSS_SCALER_MAX_SKIPS) {
+        DT_REQUIRE_OK(dt_trainer_step(&a, &err), &err);
+        steps++;
+    }
+    DT_CHECK_INT((int)a.optim->t, 1); /* the first step that fit updated */
+    DT_CHECK_INT((int)a.step, steps);
+    DT_CHECK_INT((int)a.scaler.skipped, steps - 1);
+    DT_CHECK(a.scaler.scale == ldexp(1e12, -(steps - 1)));
+    DT_CHECK(isfinite(a.grad_norm) && isfinite(a.loss));
+    dt_trainer_close(&a);
+
+    /* Gradients that overflow at every scale the scaler tries: divergence, said so. */
+    static const char *const huge[] = {"train.precision=fp16", "train.loss_scale=1e38", NULL};
+    trainer_open(&a, "fp16-diverged", huge);
+    blow_up_classifier(&a, 1e30f);
+    int rc = 0;
+    for (int s = 0; s < DT_LOSS_SCALER_MAX_SKIPS && !rc; s++)
+        rc = dt_trainer_step(&a, &err);
+    DT_CHECK_INT(rc, -EDOM);
+    DT_CHECK_CONTAINS(err.msg, fmt("as in the %d steps before it", DT_LOSS_SCALER_MAX_SKIPS - 1));
+    dt_trainer_close(&a);
+}
+
+/* The scale and its clean-step count travel in the checkpoint: a resumed run goes on from
+ * where the scale stood, not from train.loss_scale. */
+static void test_fp16_scale_resumes(void)
+{
+    const char *dir = outdir("fp16-resume");
+    const char *run = fmt("cd '%s' && '%s' --standalone '%s/configs/mlp.ini' job.output_dir='%s' "
+                          "job.device=cpu train.precision=fp16 train.loss_scale=1000 "
+                          "train.loss_scale_window=2 checkpoint.every=5 job.log_every=1 2>&1",
+                          dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), dir);
+    char *out = NULL;
+    DT_REQUIRE(dt_test_run(fmt("%s train.steps=5", run), &out, 120) == 0 ||
+               (fprintf(stderr, "%s\n", out), 0));
+    free(out);
+    out = NULL;
+    DT_REQUIRE(dt_test_run(fmt("%s train.steps=7", run), &out, 120) == 0 ||
+               (fprintf(stderr, "%s\n", out), 0));
+    DT_CHECK_CONTAINS(out, "resumed from");
+    free(out);
+    char *m = dt_test_slurp(fmt("%s/metrics.jsonl", dir));
+    DT_REQUIRE(m != NULL);
+    /* 1000 doubles after steps 2 and 4 (4000), and after 6 (8000): the count of clean steps
+     * (1 after step 5) came back too. From scratch, step 7 would have shown 2000. */
+    DT_CHECK_CONTAINS(m, "\"step\":5,");
+    const char *last = strstr(m, "\"step\":7,");
+    DT_REQUIRE(last != NULL);
+    DT_CHECK_CONTAINS(last, "\"loss_scale\":8000,");
+    free(m);
+}
+
 /* ---- signals, epochs, accumulation ------------------------------------------------------------ */
 
 static void test_sigterm_stops_at_step_boundary(void)
@@ -532,6 +660,8 @@ int main(int argc, char **argv)
         {"epochs_and_accumulation", test_epochs_and_accumulation, 120},
         {"cpu_bind", test_cpu_bind, 240},
         {"cpu_bind_gpu", test_cpu_bind_gpu, 0},
+        {"fp16_loss_scaling", test_fp16_loss_scaling, 60},
+        {"fp16_scale_resumes", test_fp16_scale_resumes, 240},
     };
     return dt_test_main("test_worker", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
