@@ -283,14 +283,20 @@ float dt_models_mean_loss(dt_model *m, const float *losses, int n, int valid)
 {
     if (valid <= 0)
         return 0.0f;
-    float buf[1024];
+    /* one read-back (each is a device synchronisation), in pieces only without the memory */
+    float small[1024], *buf = n > 1024 ? malloc((size_t)n * sizeof *buf) : NULL;
+    int piece = buf ? n : 1024;
+    if (!buf)
+        buf = small;
     double sum = 0;
-    for (int i = 0; i < n; i += 1024) {
-        int k = DT_MIN(1024, n - i);
+    for (int i = 0; i < n; i += piece) {
+        int k = DT_MIN(piece, n - i);
         m->be->memcpy_d2h(m->be, buf, losses + i, (size_t)k * sizeof(float));
         for (int j = 0; j < k; j++)
             sum += buf[j];
     }
+    if (buf != small)
+        free(buf);
     return (float)(sum / valid);
 }
 
