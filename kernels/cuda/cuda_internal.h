@@ -105,6 +105,23 @@ typedef struct dt_cu_conv_algo {
 
 #define DT_CU_CONV_CACHE 64
 
+// A cuBLASLt problem (everything the heuristic looks at) and the algorithm it chose; found =
+// false when it offered none (the cuBLAS fallback then). Keys are compared with memcmp: zeroed
+// before they are filled.
+typedef struct dt_cu_lt_key {
+    int ct, abt, cty, opa, opb, m, n, k, batch, bias;
+    int64_t lda, ldb, ldc, sA, sB, sC;
+    uint32_t al_a, al_b, al_c;
+} dt_cu_lt_key;
+
+typedef struct dt_cu_lt_algo {
+    dt_cu_lt_key key;
+    bool found;
+    cublasLtMatmulAlgo_t algo;
+} dt_cu_lt_algo;
+
+#define DT_CU_LT_CACHE 128
+
 typedef struct dt_cuda {
     int device;
     int sm_count;
@@ -130,6 +147,8 @@ typedef struct dt_cuda {
 
     dt_cu_conv_algo conv_cache[DT_CU_CONV_CACHE];
     int conv_cache_n;
+    dt_cu_lt_algo lt_cache[DT_CU_LT_CACHE]; // cuBLASLt heuristics: one query per problem
+    int lt_cache_n;
 
     bool failed;        // a CUDA call failed: see the file comment
     char fail_msg[DT_ERR_MSG_MAX + 512];

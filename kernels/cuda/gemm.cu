@@ -142,9 +142,39 @@ static bool gemm_lt(dt_cuda *cu, const gemm_desc *g, cudaDataType_t abt, cudaDat
                                             &al_c, sizeof al_c));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                             &al_c, sizeof al_c));
-    LT(cublasLtMatmulAlgoGetHeuristic(cu->lt, desc, la, lb, lc, lc, pref, 1, &heur, &nres));
-    if (nres < 1 || heur.state != CUBLAS_STATUS_SUCCESS)
-        goto done;
+    {
+        // The heuristic query costs tens of microseconds of host time, and a GPT step makes
+        // hundreds of GEMMs of a few dozen shapes: ask once per problem.
+        dt_cu_lt_key key;
+        memset(&key, 0, sizeof key);
+        key.ct = (int)ct, key.abt = (int)abt, key.cty = (int)cty, key.opa = (int)opa;
+        key.opb = (int)opb, key.m = g->m, key.n = g->n, key.k = g->k, key.batch = g->batch;
+        key.bias = g->bias != NULL, key.lda = g->lda, key.ldb = g->ldb, key.ldc = g->ldc;
+        if (g->batch > 1)
+            key.sA = g->sA, key.sB = g->sB, key.sC = g->sC;
+        key.al_a = al_a, key.al_b = al_b, key.al_c = al_c;
+        const dt_cu_lt_algo *hit = NULL;
+        for (int i = 0; i < cu->lt_cache_n && !hit; i++)
+            if (!memcmp(&cu->lt_cache[i].key, &key, sizeof key))
+                hit = &cu->lt_cache[i];
+        if (!hit) {
+            LT(cublasLtMatmulAlgoGetHeuristic(cu->lt, desc, la, lb, lc, lc, pref, 1, &heur,
+                                              &nres));
+            dt_cu_lt_algo a;
+            memset(&a, 0, sizeof a);
+            a.key = key;
+            a.found = nres >= 1 && heur.state == CUBLAS_STATUS_SUCCESS;
+            a.algo = heur.algo;
+            if (cu->lt_cache_n < DT_CU_LT_CACHE) // full: ask every time from then on
+                cu->lt_cache[cu->lt_cache_n++] = a;
+            if (!a.found)
+                goto done;
+        } else if (!hit->found) {
+            goto done;
+        } else {
+            heur.algo = hit->algo;
+        }
+    }
     LT(cublasLtMatmul(cu->lt, desc, &g->alpha, A, la, B, lb, &g->beta, g->C, lc, g->C, lc,
                       &heur.algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream));
     ok = true;
