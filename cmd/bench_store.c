@@ -118,8 +118,9 @@ static void *ops_thread(void *p)
     char key[64];
     snprintf(key, sizeof key, "bench/ops/%d", a->idx);
     uint8_t *val = calloc(1, b->value_size + 1);
-    memset(val, 'v', b->value_size);
-    if (s && dt_store_set(s, key, val, b->value_size, &err) < 0) {
+    if (val)
+        memset(val, 'v', b->value_size);
+    if (s && val && dt_store_set(s, key, val, b->value_size, &err) < 0) {
         dt_store_free(s);
         s = NULL;
     }
