@@ -478,21 +478,27 @@ static void blow_up_classifier(dt_trainer *t, float f)
 static void test_fp16_loss_scaling(void)
 {
     dt_err err = {0};
-    /* Scaling by a power of two is exact: fp16 (scale 2^16) trains bit for bit as fp32. */
+    /* Scaling by a power of two is exact: fp16 (scale 2^16) trains bit for bit as fp32, on one
+     * replica and through DP (whose reduce sums the scaled gradients of both replicas). */
     dt_trainer a, b;
-    static const char *const fp16[] = {"train.precision=fp16", NULL};
-    trainer_open(&a, "fp32", NULL);
-    trainer_open(&b, "fp16", fp16);
-    DT_CHECK(!a.scaler.on && b.scaler.on && b.scaler.scale == 65536.0);
-    for (int s = 0; s < 4; s++) {
-        DT_REQUIRE_OK(dt_trainer_step(&a, &err), &err);
-        DT_REQUIRE_OK(dt_trainer_step(&b, &err), &err);
-        DT_CHECK_MSG(a.loss == b.loss && a.grad_norm == b.grad_norm,
-                     "step %d: fp32 loss %.9g norm %.9g, fp16 (scaled) loss %.9g norm %.9g", s,
-                     a.loss, a.grad_norm, b.loss, b.grad_norm);
+    for (int dp = 0; dp < 2; dp++) {
+        const char *const fp32[] = {dp ? "job.strategy=dp" : NULL, NULL};
+        const char *const fp16[] = {"train.precision=fp16", dp ? "job.strategy=dp" : NULL, NULL};
+        trainer_open(&a, dp ? "fp32-dp" : "fp32", fp32);
+        trainer_open(&b, dp ? "fp16-dp" : "fp16", fp16);
+        DT_CHECK(!a.scaler.on && b.scaler.on && b.scaler.scale == 65536.0);
+        DT_CHECK((a.dp != NULL) == (dp == 1) && (b.dp != NULL) == (dp == 1));
+        for (int s = 0; s < 4; s++) {
+            DT_REQUIRE_OK(dt_trainer_step(&a, &err), &err);
+            DT_REQUIRE_OK(dt_trainer_step(&b, &err), &err);
+            DT_CHECK_MSG(a.loss == b.loss && a.grad_norm == b.grad_norm,
+                         "%s step %d: fp32 loss %.9g norm %.9g, fp16 (scaled) loss %.9g norm "
+                         "%.9g", dp ? "DP" : "one replica", s, a.loss, a.grad_norm, b.loss,
+                         b.grad_norm);
+        }
+        dt_trainer_close(&a);
+        dt_trainer_close(&b);
     }
-    dt_trainer_close(&a);
-    dt_trainer_close(&b);
 
     /* Overflowing gradients: those steps are skipped (no update, the optimiser's count stays)
      * and the scale halves until they fit; then training goes on. */
