@@ -68,8 +68,7 @@ struct dt_rdzv {
     double next_hb;               /* monotonic time of the next heartbeat */
     int64_t *hb_val;              /* nnodes: last counter seen */
     double *hb_seen;              /* nnodes: monotonic time it last changed */
-    dt_rdzv_failure *fails;       /* this node's failures of the current round (copy) */
-    int n_fails;
+    dt_rdzv_fail_list fails;      /* this node's failures of the current round */
 };
 
 /* ---- helpers ---------------------------------------------------------------------------- */
@@ -229,6 +228,43 @@ void dt_rdzv_sort_failures(dt_rdzv_failure *f, int n)
             f[j] = f[j - 1];
             f[j - 1] = t;
         }
+}
+
+int dt_rdzv_fail_list_add(dt_rdzv_fail_list *l, const dt_rdzv_failure *f, int n, dt_err *err)
+{
+    if (n <= 0)
+        return 0;
+    dt_rdzv_failure *grown = realloc(l->v, sizeof *grown * (size_t)(l->n + n));
+    if (!grown)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    l->v = grown;
+    memcpy(l->v + l->n, f, sizeof *f * (size_t)n);
+    l->n += n;
+    return 0;
+}
+
+int dt_rdzv_fail_list_copy(const dt_rdzv_fail_list *l, dt_rdzv_failure **out, int *n,
+                           dt_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    if (l->n == 0)
+        return 0;
+    dt_rdzv_failure *copy = malloc(sizeof *copy * (size_t)l->n);
+    if (!copy)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    memcpy(copy, l->v, sizeof *copy * (size_t)l->n);
+    dt_rdzv_sort_failures(copy, l->n);
+    *out = copy;
+    *n = l->n;
+    return 0;
+}
+
+void dt_rdzv_fail_list_clear(dt_rdzv_fail_list *l)
+{
+    free(l->v);
+    l->v = NULL;
+    l->n = 0;
 }
 
 int dt_rdzv_append_failures(dt_store *s, const char *key, const dt_rdzv_failure *f, int n,
@@ -819,9 +855,7 @@ int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
     int R = r->round + 1;
     r->done = false;
     memset(&r->ended, 0, sizeof r->ended);
-    free(r->fails);
-    r->fails = NULL;
-    r->n_fails = 0;
+    dt_rdzv_fail_list_clear(&r->fails);
 
     if (r->nnodes == 1) {
         r->round = R;
@@ -1045,25 +1079,11 @@ int dt_rdzv_succeeded(dt_rdzv *r, dt_err *err)
     return store_failed(r, set_str(r->ns, key, "1", err));
 }
 
-/* Keeps a copy of this node's failures (what dt_rdzv_failures returns without a store). */
-static int keep_failures(dt_rdzv *r, const dt_rdzv_failure *f, int n, dt_err *err)
-{
-    if (n <= 0)
-        return 0;
-    dt_rdzv_failure *grown = realloc(r->fails, sizeof *grown * (size_t)(r->n_fails + n));
-    if (!grown)
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    r->fails = grown;
-    memcpy(r->fails + r->n_fails, f, sizeof *f * (size_t)n);
-    r->n_fails += n;
-    return 0;
-}
-
 int dt_rdzv_failed(dt_rdzv *r, const dt_rdzv_failure *f, int n, dt_err *err)
 {
     if (r->c10d)
         return dt_rdzv_c10d_failed(r->c10d, f, n, err);
-    int rc = keep_failures(r, f, n, err);
+    int rc = dt_rdzv_fail_list_add(&r->fails, f, n, err);
     char key[64];
     if (rc)
         return rc;
@@ -1143,7 +1163,7 @@ int dt_rdzv_abort_config(dt_rdzv *r, const dt_rdzv_failure *f, int n, const char
         return 0;
     if (r->c10d)
         return dt_rdzv_c10d_abort_config(r->c10d, f, n, why, err);
-    int rc = keep_failures(r, f, n, err);
+    int rc = dt_rdzv_fail_list_add(&r->fails, f, n, err);
     if (rc)
         return rc;
     if (r->ended.state == DT_RDZV_RUNNING || r->ended.state == DT_RDZV_FAILED) {
@@ -1191,16 +1211,7 @@ int dt_rdzv_failures(dt_rdzv *r, dt_rdzv_failure **out, int *n, dt_err *err)
         if (rc != -ENOENT)
             DT_WARN("cannot read the job's failures from the store; showing this node's");
     }
-    if (r->n_fails == 0)
-        return 0;
-    dt_rdzv_failure *copy = malloc(sizeof *copy * (size_t)r->n_fails);
-    if (!copy)
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    memcpy(copy, r->fails, sizeof *copy * (size_t)r->n_fails);
-    dt_rdzv_sort_failures(copy, r->n_fails);
-    *out = copy;
-    *n = r->n_fails;
-    return 0;
+    return dt_rdzv_fail_list_copy(&r->fails, out, n, err);
 }
 
 /* The store host waits until every node still in the job has seen the outcome. */
@@ -1296,6 +1307,6 @@ void dt_rdzv_close(dt_rdzv *r)
     free(r->hosts);
     free(r->hb_val);
     free(r->hb_seen);
-    free(r->fails);
+    dt_rdzv_fail_list_clear(&r->fails);
     free(r);
 }

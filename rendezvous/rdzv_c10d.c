@@ -148,8 +148,7 @@ struct dt_rdzv_c10d {
     bool left, killed, opened;     /* left: a/<id> says "left" */
     bool gone;                     /* the store stopped answering: ask it nothing more */
     dt_rdzv_status ended;          /* cached end of `round` (RUNNING = not yet) */
-    dt_rdzv_failure *fails;        /* this node's failures of `round` (copy) */
-    int n_fails;
+    dt_rdzv_fail_list fails;       /* this node's failures of `round` */
 
     /* Heartbeat thread. hb_* under mu; the thread alone uses hb_base/hb_ns and the arrays. */
     pthread_t hb_thread;
@@ -1693,9 +1692,7 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
         return dt_err_set(err, -EINTR, "interrupted before the rendezvous");
     c->done = false;
     memset(&c->ended, 0, sizeof c->ended);
-    free(c->fails);
-    c->fails = NULL;
-    c->n_fails = 0;
+    dt_rdzv_fail_list_clear(&c->fails);
     hb_assign(c, -1, 0, 0, NULL); /* the old round is over: stop beating for it */
 
     int R = c->round + 1;
@@ -1886,25 +1883,11 @@ int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
     return 0;
 }
 
-/* Keeps a copy of this node's failures (what dt_rdzv_c10d_failures returns without a store). */
-static int keep_failures(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err)
-{
-    if (n <= 0)
-        return 0;
-    dt_rdzv_failure *grown = realloc(c->fails, sizeof *grown * (size_t)(c->n_fails + n));
-    if (!grown)
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    c->fails = grown;
-    memcpy(c->fails + c->n_fails, f, sizeof *f * (size_t)n);
-    c->n_fails += n;
-    return 0;
-}
-
 int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err)
 {
     char key[KEY_MAX], why[200], *v = NULL, *cur = NULL;
     int rc = 0;
-    if ((rc = keep_failures(c, f, n, err)))
+    if ((rc = dt_rdzv_fail_list_add(&c->fails, f, n, err)))
         return rc;
     if (n > 0 && f[0].rank >= 0)
         snprintf(why, sizeof why, "rank %d on node %d (%s) failed", f[0].rank, f[0].node, f[0].host);
@@ -2008,7 +1991,7 @@ int dt_rdzv_c10d_abort_config(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, 
     int rc = 0;
     if (c->killed)
         return 0;
-    if ((rc = keep_failures(c, f, n, err)))
+    if ((rc = dt_rdzv_fail_list_add(&c->fails, f, n, err)))
         return rc;
     /* The failures first: whoever sees the end can read the cause. */
     if (n > 0 && c->round >= 0 && c->ns && !c->gone) {
@@ -2033,16 +2016,7 @@ int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err
         if (rc != -ENOENT)
             DT_WARN("cannot read the job's failures from the store; showing this node's");
     }
-    if (c->n_fails == 0)
-        return 0;
-    dt_rdzv_failure *copy = malloc(sizeof *copy * (size_t)c->n_fails);
-    if (!copy)
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    memcpy(copy, c->fails, sizeof *copy * (size_t)c->n_fails);
-    dt_rdzv_sort_failures(copy, c->n_fails);
-    *out = copy;
-    *n = c->n_fails;
-    return 0;
+    return dt_rdzv_fail_list_copy(&c->fails, out, n, err);
 }
 
 /* ---- leaving -------------------------------------------------------------------------------- */
@@ -2108,6 +2082,6 @@ void dt_rdzv_c10d_close(dt_rdzv_c10d *c)
     pthread_cond_destroy(&c->cv);
     free(c->hb_val);
     free(c->hb_seen);
-    free(c->fails);
+    dt_rdzv_fail_list_clear(&c->fails);
     free(c);
 }

@@ -45,6 +45,21 @@ int dt_rdzv_read_failures(dt_store *s, const char *key, dt_rdzv_failure **out, i
 /* Stable sort by time (equal times keep the order they were recorded in). */
 void dt_rdzv_sort_failures(dt_rdzv_failure *f, int n);
 
+/* This node's failures of the current round (copies of what the agent reported), which
+ * dt_rdzv_failures returns when the store cannot tell the job's. Zeroed = empty. */
+typedef struct dt_rdzv_fail_list {
+    dt_rdzv_failure *v;
+    int n;
+} dt_rdzv_fail_list;
+
+/* Appends n failures (nothing when n <= 0). */
+int dt_rdzv_fail_list_add(dt_rdzv_fail_list *l, const dt_rdzv_failure *f, int n, dt_err *err);
+/* *out = a copy sorted by time (malloc'd; NULL and 0 when empty). */
+int dt_rdzv_fail_list_copy(const dt_rdzv_fail_list *l, dt_rdzv_failure **out, int *n,
+                           dt_err *err);
+/* Empties l (freeing its copies). */
+void dt_rdzv_fail_list_clear(dt_rdzv_fail_list *l);
+
 /* String and number members of a JSON object ("" and def when absent or of another type). */
 void dt_rdzv_json_str(const cJSON *o, const char *k, char *out, size_t cap);
 double dt_rdzv_json_num(const cJSON *o, const char *k, double def);
