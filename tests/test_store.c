@@ -1002,6 +1002,51 @@ static void check_value(dt_store *s, const char *key, size_t vlen, int fill)
     free(v);
 }
 
+/* The budget and stall tests: a server with an input budget, a well-behaved client, and two
+ * raw clients' large SET frames (A's "a" and B's "b"). */
+typedef struct budget_fix {
+    dt_store_server *srv;
+    int port;
+    dt_store *s;
+    dt_proto_buf fa, fb, rep; /* A's and B's frames; a reply buffer */
+} budget_fix;
+
+static void budget_begin(budget_fix *f, int64_t cap, int stall_ms, size_t vlen)
+{
+    dt_store_server_opts o;
+    dt_store_server_opts_default(&o);
+    o.max_input_buffered = cap;
+    if (stall_ms > 0)
+        o.input_stall_ms = stall_ms;
+    memset(f, 0, sizeof *f);
+    f->srv = start_server(&o);
+    f->port = dt_store_server_port(f->srv);
+    f->s = connect_to(f->srv, NULL);
+    set_frame(&f->fa, 1, "a", vlen, 'a');
+    set_frame(&f->fb, 2, "b", vlen, 'b');
+}
+
+static void budget_end(budget_fix *f)
+{
+    dt_proto_buf_free(&f->fa);
+    dt_proto_buf_free(&f->fb);
+    dt_proto_buf_free(&f->rep);
+    dt_store_free(f->s);
+    dt_store_server_stop(f->srv);
+}
+
+/* B: a new connection that sends its whole frame from a thread, since the server may stop
+ * reading it (its sends give up after timeout_s). Returns B's socket. */
+static int start_b(budget_fix *f, raw_writer *w, pthread_t *th, int timeout_s)
+{
+    int b = raw_hello(f->port);
+    struct timeval tv = {.tv_sec = timeout_s};
+    setsockopt(b, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    *w = (raw_writer){.fd = b, .p = f->fb.data, .n = f->fb.len, .rc = -1};
+    DT_REQUIRE(pthread_create(th, NULL, raw_writer_main, w) == 0);
+    return b;
+}
+
 /* Two clients whose large SETs together exceed the budget: the second is paused (not refused,
  * not disconnected) while the first is held, small requests still flow, both succeed, and the
  * charged total never goes over the limit. Then the same with the first client dying in the
@@ -1009,33 +1054,26 @@ static void check_value(dt_store *s, const char *key, size_t vlen, int fill)
 static void test_input_budget(void)
 {
     enum { CAP = 1 << 20, VLEN = 700 * 1024 };
-    dt_store_server_opts o;
-    dt_store_server_opts_default(&o);
-    o.max_input_buffered = CAP;
-    dt_store_server *srv = start_server(&o);
-    int port = dt_store_server_port(srv);
-    dt_store *s = connect_to(srv, NULL);
+    budget_fix f;
+    budget_begin(&f, CAP, 0, VLEN);
+    dt_store_server *srv = f.srv;
+    int port = f.port;
+    dt_store *s = f.s;
     dt_err err_ = {0}, *err = &err_;
     dt_store_server_stats st;
-    dt_proto_buf fa = {0}, fb = {0}, rep = {0};
-    set_frame(&fa, 1, "a", VLEN, 'a');
-    set_frame(&fb, 2, "b", VLEN, 'b');
 
     for (int round = 0; round < 2; round++) {
         /* A: half of its frame, then stops: its buffer (the whole frame) is charged. */
         int a = raw_hello(port);
-        DT_REQUIRE(dt_write_all(a, fa.data, fa.len / 2) == 0);
-        bool charged = stats_until(srv, st_charged_is, fa.len, &st);
+        DT_REQUIRE(dt_write_all(a, f.fa.data, f.fa.len / 2) == 0);
+        bool charged = stats_until(srv, st_charged_is, f.fa.len, &st);
         DT_CHECK_MSG(charged, "A's frame was never charged (input_charged %" PRId64 ")",
                      st.input_charged);
         DT_REQUIRE(charged);
         /* B: its whole frame, from a thread (the server stops reading it). */
-        int b = raw_hello(port);
-        struct timeval tv = {.tv_sec = 20};
-        setsockopt(b, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        raw_writer w = {.fd = b, .p = fb.data, .n = fb.len, .rc = -1};
+        raw_writer w;
         pthread_t th;
-        DT_REQUIRE(pthread_create(&th, NULL, raw_writer_main, &w) == 0);
+        int b = start_b(&f, &w, &th, 20);
         DT_CHECK_MSG(stats_until(srv, st_paused_is, 1, &st), "B was never paused");
         DT_CHECK(st.input_charged <= CAP);
         DT_CHECK_INT(st.connections, 3);
@@ -1043,13 +1081,13 @@ static void test_input_budget(void)
         DT_CHECK_INT(dt_store_set(s, "small", "x", 1, err), 0);
         DT_CHECK_INT(dt_store_ping(s, NULL, err), 0);
         if (round == 0) { /* A finishes: A succeeds, then B resumes and succeeds */
-            DT_REQUIRE(dt_write_all(a, fa.data + fa.len / 2, fa.len - fa.len / 2) == 0);
-            DT_CHECK_INT(raw_reply(a, &rep), DT_PROTO_OK);
+            DT_REQUIRE(dt_write_all(a, f.fa.data + f.fa.len / 2, f.fa.len - f.fa.len / 2) == 0);
+            DT_CHECK_INT(raw_reply(a, &f.rep), DT_PROTO_OK);
         }
         close(a); /* round 1: A dies in the middle of its frame, which frees its budget */
         pthread_join(th, NULL);
         DT_CHECK_INT(w.rc, 0);
-        DT_CHECK_INT(raw_reply(b, &rep), DT_PROTO_OK);
+        DT_CHECK_INT(raw_reply(b, &f.rep), DT_PROTO_OK);
         close(b);
         DT_CHECK(stats_until(srv, st_charged_is, 0, &st));
         DT_CHECK_INT(st.input_paused, 0);
@@ -1061,7 +1099,7 @@ static void test_input_budget(void)
     st = stats_of(srv);
     DT_CHECK_MSG(st.input_charged_peak <= CAP, "peak %" PRId64 " over the cap %d",
                  st.input_charged_peak, CAP);
-    DT_CHECK(st.input_charged_peak >= (int64_t)fa.len);
+    DT_CHECK(st.input_charged_peak >= (int64_t)f.fa.len);
 
     /* A frame larger than the whole budget: E2BIG, the connection closed, the client named. */
     dt_proto_buf fc = {0};
@@ -1070,7 +1108,7 @@ static void test_input_budget(void)
     capture_start(&lc);
     int c = raw_hello(port);
     DT_REQUIRE(dt_write_all(c, fc.data, 64) == 0);
-    int status = raw_reply(c, &rep);
+    int status = raw_reply(c, &f.rep);
     bool logged = capture_wait(&lc, "larger than max_input_buffered");
     capture_stop(&lc);
     DT_CHECK_INT(status, DT_PROTO_E2BIG);
@@ -1080,12 +1118,8 @@ static void test_input_budget(void)
     DT_CHECK_INT(dt_store_get(s, "c", &(void *){NULL}, &(size_t){0}, 0, err), -ENOENT);
     check_alive(srv);
 
-    dt_proto_buf_free(&fa);
-    dt_proto_buf_free(&fb);
     dt_proto_buf_free(&fc);
-    dt_proto_buf_free(&rep);
-    dt_store_free(s);
-    dt_store_server_stop(srv);
+    budget_end(&f);
 }
 
 static bool st_cuts_is(const dt_store_server_stats *st, size_t n)
@@ -1109,39 +1143,31 @@ static void local_name(int fd, char *out, size_t n)
 static void test_input_stall(void)
 {
     enum { CAP = 1 << 20, VLEN = 700 * 1024, STALL_MS = 300 };
-    dt_store_server_opts o;
-    dt_store_server_opts_default(&o);
-    o.max_input_buffered = CAP;
-    o.input_stall_ms = STALL_MS;
-    dt_store_server *srv = start_server(&o);
-    int port = dt_store_server_port(srv);
-    dt_store *s = connect_to(srv, NULL);
+    budget_fix f;
+    budget_begin(&f, CAP, STALL_MS, VLEN);
+    dt_store_server *srv = f.srv;
+    int port = f.port;
+    dt_store *s = f.s;
     dt_store_server_stats st;
-    dt_proto_buf fa = {0}, fb = {0}, rep = {0};
-    set_frame(&fa, 1, "a", VLEN, 'a');
-    set_frame(&fb, 2, "b", VLEN, 'b');
 
     /* A: the header and part of its frame, then silence. Alone, it is not cut. */
     int a = raw_hello(port);
-    DT_REQUIRE(dt_write_all(a, fa.data, fa.len / 3) == 0);
-    DT_REQUIRE(stats_until(srv, st_charged_is, fa.len, &st));
+    DT_REQUIRE(dt_write_all(a, f.fa.data, f.fa.len / 3) == 0);
+    DT_REQUIRE(stats_until(srv, st_charged_is, f.fa.len, &st));
     dt_sleep_ms(3 * STALL_MS);
     st = stats_of(srv);
     DT_CHECK_INT(st.input_stall_cuts, 0);
     DT_CHECK_INT(st.connections, 2);
-    DT_CHECK_INT(st.input_charged, (int64_t)fa.len);
+    DT_CHECK_INT(st.input_charged, (int64_t)f.fa.len);
 
     /* B: a whole 700 KiB SET, paused behind A; A is cut, B completes. */
     char aname[64];
     local_name(a, aname, sizeof aname);
     log_capture lc;
     capture_start(&lc);
-    int b = raw_hello(port);
-    struct timeval tv = {.tv_sec = 20};
-    setsockopt(b, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    raw_writer w = {.fd = b, .p = fb.data, .n = fb.len, .rc = -1};
+    raw_writer w;
     pthread_t th;
-    DT_REQUIRE(pthread_create(&th, NULL, raw_writer_main, &w) == 0);
+    int b = start_b(&f, &w, &th, 20);
     bool cut = stats_until(srv, st_cuts_is, 1, &st);
     bool logged = cut && capture_wait(&lc, "stalled in the middle");
     capture_stop(&lc);
@@ -1152,7 +1178,7 @@ static void test_input_stall(void)
     char *text = dt_test_slurp(lc.path);
     DT_REQUIRE(text);
     char want[128];
-    snprintf(want, sizeof want, "%zu of %zu bytes received", fa.len / 3, fa.len);
+    snprintf(want, sizeof want, "%zu of %zu bytes received", f.fa.len / 3, f.fa.len);
     DT_CHECK_CONTAINS(text, aname);
     DT_CHECK_CONTAINS(text, want);
     DT_CHECK_CONTAINS(text, "input_stall_ms");
@@ -1161,7 +1187,7 @@ static void test_input_stall(void)
     close(a);
     pthread_join(th, NULL);
     DT_CHECK_INT(w.rc, 0);
-    DT_CHECK_INT(raw_reply(b, &rep), DT_PROTO_OK);
+    DT_CHECK_INT(raw_reply(b, &f.rep), DT_PROTO_OK);
     close(b);
     DT_CHECK(stats_until(srv, st_charged_is, 0, &st));
     DT_CHECK_INT(st.input_paused, 0);
@@ -1171,11 +1197,7 @@ static void test_input_stall(void)
     DT_CHECK_INT(dt_store_get(s, "a", &(void *){NULL}, &(size_t){0}, 0, &(dt_err){0}), -ENOENT);
     check_alive(srv);
 
-    dt_proto_buf_free(&fa);
-    dt_proto_buf_free(&fb);
-    dt_proto_buf_free(&rep);
-    dt_store_free(s);
-    dt_store_server_stop(srv);
+    budget_end(&f);
 }
 
 /* A slow sender whose bytes keep arriving (24 KiB every 100 ms, for longer in all than
@@ -1183,45 +1205,37 @@ static void test_input_stall(void)
 static void test_input_stall_progress(void)
 {
     enum { CAP = 1 << 20, VLEN = 700 * 1024, STALL_MS = 1200, FIRST = 100 << 10, CHUNK = 24 << 10 };
-    dt_store_server_opts o;
-    dt_store_server_opts_default(&o);
-    o.max_input_buffered = CAP;
-    o.input_stall_ms = STALL_MS;
-    dt_store_server *srv = start_server(&o);
-    int port = dt_store_server_port(srv);
-    dt_store *s = connect_to(srv, NULL);
+    budget_fix f;
+    budget_begin(&f, CAP, STALL_MS, VLEN);
+    dt_store_server *srv = f.srv;
+    int port = f.port;
+    dt_store *s = f.s;
     dt_store_server_stats st;
-    dt_proto_buf fa = {0}, fb = {0}, rep = {0};
-    set_frame(&fa, 1, "a", VLEN, 'a');
-    set_frame(&fb, 2, "b", VLEN, 'b');
 
     int a = raw_hello(port);
     /* Over 64 KiB first: the server charges the frame on its next read after that. */
     size_t sent = FIRST;
-    DT_REQUIRE(dt_write_all(a, fa.data, sent) == 0);
-    DT_REQUIRE(stats_until(srv, st_charged_is, fa.len, &st));
-    int b = raw_hello(port);
-    struct timeval tv = {.tv_sec = 30};
-    setsockopt(b, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    raw_writer w = {.fd = b, .p = fb.data, .n = fb.len, .rc = -1};
+    DT_REQUIRE(dt_write_all(a, f.fa.data, sent) == 0);
+    DT_REQUIRE(stats_until(srv, st_charged_is, f.fa.len, &st));
+    raw_writer w;
     pthread_t th;
-    DT_REQUIRE(pthread_create(&th, NULL, raw_writer_main, &w) == 0);
+    int b = start_b(&f, &w, &th, 30);
     DT_CHECK_MSG(stats_until(srv, st_paused_is, 1, &st), "B was never paused");
     uint64_t t0 = dt_now_ns();
-    while (sent < fa.len) {
+    while (sent < f.fa.len) {
         dt_sleep_ms(100);
-        size_t n = DT_MIN((size_t)CHUNK, fa.len - sent);
-        DT_REQUIRE(dt_write_all(a, fa.data + sent, n) == 0);
+        size_t n = DT_MIN((size_t)CHUNK, f.fa.len - sent);
+        DT_REQUIRE(dt_write_all(a, f.fa.data + sent, n) == 0);
         sent += n;
     }
     double secs = (double)(dt_now_ns() - t0) / 1e9;
     DT_CHECK_MSG(secs * 1000 > STALL_MS, "the slow send took %.2f s, not longer than the stall "
                  "timeout", secs);
-    DT_CHECK_INT(raw_reply(a, &rep), DT_PROTO_OK);
+    DT_CHECK_INT(raw_reply(a, &f.rep), DT_PROTO_OK);
     close(a);
     pthread_join(th, NULL);
     DT_CHECK_INT(w.rc, 0);
-    DT_CHECK_INT(raw_reply(b, &rep), DT_PROTO_OK);
+    DT_CHECK_INT(raw_reply(b, &f.rep), DT_PROTO_OK);
     close(b);
     DT_CHECK(stats_until(srv, st_charged_is, 0, &st));
     DT_CHECK_INT(st.input_stall_cuts, 0);
@@ -1229,11 +1243,7 @@ static void test_input_stall_progress(void)
     check_value(s, "a", VLEN, 'a');
     check_value(s, "b", VLEN, 'b');
 
-    dt_proto_buf_free(&fa);
-    dt_proto_buf_free(&fb);
-    dt_proto_buf_free(&rep);
-    dt_store_free(s);
-    dt_store_server_stop(srv);
+    budget_end(&f);
 }
 
 /* ------------------------------------------------------------------------------------------ */
