@@ -1148,13 +1148,29 @@ static void charged_unlink(conn *c)
     c->cprev = c->cnext = NULL;
 }
 
+/* Sets what c holds of max_input_buffered (its charged-list membership with it); when that
+ * drops, the freed budget goes to the paused connections. */
+static void charge_set(conn *c, size_t charge)
+{
+    dt_store_server *s = c->srv;
+    size_t old = c->in_charged;
+    s->in_charged = s->in_charged - old + charge;
+    c->in_charged = charge;
+    if (charge && !old)
+        charged_link(c);
+    else if (!charge && old)
+        charged_unlink(c);
+    s->in_charged_peak = DT_MAX(s->in_charged_peak, s->in_charged);
+    if (charge < old)
+        budget_resume(s);
+}
+
 /* Resizes c's input buffer to exactly cap bytes (>= in_len; 0 frees it) and keeps the charge
  * against max_input_buffered in step: a buffer over READ_BUF_SIZE holds one large frame and is
  * charged whole. Frees budget for paused connections when the charge drops. 0 or -ENOMEM (then
  * nothing changed). */
 static int in_resize(conn *c, size_t cap)
 {
-    dt_store_server *s = c->srv;
     if (cap == c->in_cap)
         return 0;
     if (cap) {
@@ -1167,16 +1183,7 @@ static int in_resize(conn *c, size_t cap)
         c->in = NULL;
     }
     c->in_cap = cap;
-    size_t charge = cap > READ_BUF_SIZE ? cap : 0, old = c->in_charged;
-    s->in_charged = s->in_charged - old + charge;
-    c->in_charged = charge;
-    if (charge && !old)
-        charged_link(c);
-    else if (!charge && old)
-        charged_unlink(c);
-    s->in_charged_peak = DT_MAX(s->in_charged_peak, s->in_charged);
-    if (charge < old)
-        budget_resume(s);
+    charge_set(c, cap > READ_BUF_SIZE ? cap : 0);
     return 0;
 }
 
@@ -1497,12 +1504,7 @@ static void conn_close(conn *c)
     wait_unlink(s, c);
     c->blocked = 0;
     budget_unqueue(s, c);
-    if (c->in_charged) { /* the buffer goes with the handles; its budget goes now */
-        s->in_charged -= c->in_charged;
-        c->in_charged = 0;
-        charged_unlink(c);
-        budget_resume(s);
-    }
+    charge_set(c, 0); /* the buffer goes with the handles; its budget goes now */
     uv_timer_stop(&c->timer);
     uv_timer_stop(&c->iotimer);
     if (c->prev)
