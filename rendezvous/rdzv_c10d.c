@@ -661,13 +661,12 @@ static void declare_lost(dt_rdzv_c10d *c, dt_store *s, int R, int me, int n, con
     bool won = false;
     kf(key, sizeof key, "r%d/end", R);
     if (cas_new(s, key, v, &won, NULL, NULL) == 0 && won) {
-        const char *l = strchr(v, ' ');
-        for (int i = 0; i < 3 && l; i++)
-            l = strchr(l + 1, ' ');
-        size_t ll = l ? strcspn(l + 1, "|") : 0;
+        char *l = dt_rdzv_ranks_encode(lost, nl); /* as the record lists them */
+        size_t ll = l ? strlen(l) : 0;
         DT_WARN("%s; the others re-rendezvous without %s (lost group ranks: %.*s%s)", why,
-                nl == 1 ? "it" : "them", (int)DT_MIN(ll, (size_t)200), l ? l + 1 : "",
+                nl == 1 ? "it" : "them", (int)DT_MIN(ll, (size_t)200), l ? l : "?",
                 ll > 200 ? "..." : "");
+        free(l);
     }
 out:
     free(v);
