@@ -983,6 +983,13 @@ static int abort_code(const dt_rdzv_status *st)
     return st->setup_error ? EXIT_CONFIG : st->signal > 0 ? 128 + st->signal : 1;
 }
 
+/* The job ended as aborted (st): the end event, and this agent's exit code. */
+static int end_aborted(agent *a, const dt_rdzv_status *st)
+{
+    emit_end(a, st->setup_error ? "setup_error" : "aborted", abort_code(st));
+    return abort_code(st);
+}
+
 /* Whether every failed worker is the built-in worker reporting a configuration error (exit 2:
  * a bad job file, checkpoint.resume path or checkpoint directory), which a restart would only
  * repeat. */
@@ -1028,8 +1035,7 @@ static int run_rounds(agent *a)
         }
         if (rc == -ECANCELED) {
             DT_ERROR("%s", e.msg);
-            emit_end(a, st.setup_error ? "setup_error" : "aborted", abort_code(&st));
-            return abort_code(&st);
+            return end_aborted(a, &st);
         }
         if (rc == -EINVAL) { /* the nodes' settings disagree: a restart cannot help */
             DT_ERROR("%s", e.msg);
@@ -1160,8 +1166,7 @@ static int run_rounds(agent *a)
             if ((st.signal == SIGTERM || st.signal == SIGUSR1 || st.signal == SIGUSR2) &&
                 all_preempted(a))
                 return preempted(a, st.signal);
-            emit_end(a, st.setup_error ? "setup_error" : "aborted", abort_code(&st));
-            return abort_code(&st);
+            return end_aborted(a, &st);
         case OUT_LOST:
             stop_workers(a, SIGTERM);
             finish_outputs(a);
@@ -1185,8 +1190,7 @@ static int run_rounds(agent *a)
                     DT_ERROR("%s", ab.why);
                 else
                     DT_WARN("%s", ab.why);
-                emit_end(a, ab.setup_error ? "setup_error" : "aborted", abort_code(&ab));
-                return abort_code(&ab);
+                return end_aborted(a, &ab);
             }
         }
         if (out == OUT_REGROUP) {
