@@ -103,6 +103,14 @@ int dt_cmd_store(int argc, char **argv)
         {"--max-pending-output", &o.max_pending_output},
         {"--max-input-buffered", &o.max_input_buffered},
     };
+    struct {
+        const char *name;
+        int *dst;
+    } millis[] = {
+        {"--write-stall-ms", &o.write_stall_ms},
+        {"--handshake-timeout-ms", &o.handshake_timeout_ms},
+        {"--input-stall-ms", &o.input_stall_ms},
+    };
     static const char *const flags[] = {
         "--host", "--port", "--token-file", "--help", "--max-key-size", "--max-value-size",
         "--max-keys-per-request", "--max-total-bytes", "--max-connections",
@@ -145,6 +153,10 @@ int dt_cmd_store(int argc, char **argv)
             }
             val = argv[++i];
         }
+        int *ms = NULL;
+        for (size_t k = 0; k < DT_ARRAY_LEN(millis); k++)
+            if (!strcmp(name, millis[k].name))
+                ms = millis[k].dst;
         if (!strcmp(name, "--host")) {
             o.host = val;
         } else if (!strcmp(name, "--port")) {
@@ -154,12 +166,8 @@ int dt_cmd_store(int argc, char **argv)
             }
         } else if (!strcmp(name, "--token-file")) {
             token_file = val;
-        } else if (!strcmp(name, "--write-stall-ms") || !strcmp(name, "--handshake-timeout-ms") ||
-                   !strcmp(name, "--input-stall-ms")) {
-            int *dst = name[2] == 'w'   ? &o.write_stall_ms
-                       : name[2] == 'h' ? &o.handshake_timeout_ms
-                                        : &o.input_stall_ms;
-            if (dt_parse_int(val, dst) < 0 || *dst <= 0) {
+        } else if (ms) {
+            if (dt_parse_int(val, ms) < 0 || *ms <= 0) {
                 fprintf(stderr, "dtrain store: %s %s: need a positive number of "
                         "milliseconds\n", name, val);
                 return 2;
