@@ -839,11 +839,8 @@ static void poll_until(inproc *a, dt_rdzv_state state, double timeout_s)
     }
 }
 
-/* Four agents (3:5 nodes): ranks 0..3, worlds of 8. Group rank 1 dies: the three others keep
- * their order (0, 2, 3 -> 0, 1, 2) and the restart count. A fifth agent then arrives: the round
- * regroups and it is ranked last. Then rank 0 dies: ranks close up again, and the new rank 0
- * provides a MASTER_PORT. Finally the job succeeds. */
-static void test_api_survivors_keep_order(void)
+/* A store server in this process on 127.0.0.1 (default limits); *port gets its port. */
+static dt_store_server *local_store(int *port)
 {
     dt_store_server *srv = NULL;
     dt_store_server_opts so;
@@ -851,7 +848,19 @@ static void test_api_survivors_keep_order(void)
     dt_store_server_opts_default(&so);
     so.host = "127.0.0.1";
     DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &e), &e);
-    int port = dt_store_server_port(srv);
+    *port = dt_store_server_port(srv);
+    return srv;
+}
+
+/* Four agents (3:5 nodes): ranks 0..3, worlds of 8. Group rank 1 dies: the three others keep
+ * their order (0, 2, 3 -> 0, 1, 2) and the restart count. A fifth agent then arrives: the round
+ * regroups and it is ranked last. Then rank 0 dies: ranks close up again, and the new rank 0
+ * provides a MASTER_PORT. Finally the job succeeds. */
+static void test_api_survivors_keep_order(void)
+{
+    dt_err e = {0};
+    int port;
+    dt_store_server *srv = local_store(&port);
     static inproc a[5];
     inproc *all[5] = {&a[0], &a[1], &a[2], &a[3], &a[4]};
     for (int i = 0; i < 4; i++)
@@ -1160,13 +1169,9 @@ static void test_api_many_lost_at_once(void)
         ctl[k] = p[1];
     }
     close(res[1]);
-    dt_store_server *srv = NULL;
-    dt_store_server_opts so;
     dt_err e = {0};
-    dt_store_server_opts_default(&so);
-    so.host = "127.0.0.1";
-    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &e), &e);
-    int port = dt_store_server_port(srv);
+    int port;
+    dt_store_server *srv = local_store(&port);
     for (int k = 0; k < ML_N; k++)
         DT_REQUIRE(write(ctl[k], &port, sizeof port) == (ssize_t)sizeof port);
 
@@ -1301,13 +1306,9 @@ static void test_api_many_lost_at_once(void)
  * shorter set. */
 static void test_api_damaged_end_record(void)
 {
-    dt_store_server *srv = NULL;
-    dt_store_server_opts so;
     dt_err e = {0};
-    dt_store_server_opts_default(&so);
-    so.host = "127.0.0.1";
-    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &e), &e);
-    int port = dt_store_server_port(srv);
+    int port;
+    dt_store_server *srv = local_store(&port);
     static inproc a[2];
     inproc *all[2] = {&a[0], &a[1]};
     for (int i = 0; i < 2; i++)
