@@ -201,8 +201,9 @@ static int run_child(const bench_opts *o)
     bo.threads = job.threads;
     bo.device_index = world > 1 ? o->rank : 0;
     if (is_dp) {
-        dt_dp_opts dpo = {.replicas = K, .device = job.device, .backend = bo,
-                          .cpu_bind = !strcmp(job.cpu_bind, "auto")};
+        dt_dp_opts dpo;
+        dt_dp_opts_from_job(&dpo, &job, &bo);
+        dpo.replicas = K;
         mc.sync_bn = false;
         if ((rc = dt_dp_create(&dp, &mc, &dpo, &err)))
             goto out;

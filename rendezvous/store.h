@@ -13,6 +13,7 @@
 #ifndef DT_STORE_H
 #define DT_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -163,6 +164,8 @@ typedef struct dt_store_server_opts {
                                     forever); a sender whose bytes keep arriving, or one
                                     nobody waits behind, is never cut (10000; added later,
                                     0 = default) */
+    bool quiet;                  /* announce "listening on" at debug level instead of info
+                                    (a store private to one process; added later) */
 } dt_store_server_opts;
 
 void dt_store_server_opts_default(dt_store_server_opts *o);

@@ -1885,7 +1885,12 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
         goto fail;
     }
     s->thread_started = 1;
-    DT_INFO("store: listening on %s:%d%s", s->host, s->port, s->token ? " (token required)" : "");
+    if (s->o.quiet)
+        DT_DEBUG("store: listening on %s:%d%s", s->host, s->port,
+                 s->token ? " (token required)" : "");
+    else
+        DT_INFO("store: listening on %s:%d%s", s->host, s->port,
+                s->token ? " (token required)" : "");
     *out = s;
     return 0;
 fail:

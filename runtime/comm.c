@@ -55,6 +55,7 @@ void dt_comm_opts_default(dt_comm_opts *o)
     o->timeout_ms = 300000;
     o->local_addr = NULL;
     o->device_index = 0;
+    o->number = 0;
 }
 
 /* ---- nccl: loaded from libdtrain_cuda.so ------------------------------------------------- */
@@ -83,8 +84,12 @@ static int nccl_create(const dt_comm_opts *o, dt_store *ns, const dt_comm_backen
     unsigned char id[DT_NCCL_ID_BYTES];
     int rc;
     if (o->rank == 0) {
-        if ((rc = get_id(id, err)) != 0)
+        if ((rc = get_id(id, err)) != 0) {
+            /* an empty id tells the others at once, instead of at their timeout */
+            if (ns)
+                dt_store_set(ns, "nccl_id", "", 0, NULL);
             return rc;
+        }
         if (ns && (rc = dt_store_set(ns, "nccl_id", id, sizeof id, err)) != 0)
             return dt_err_prefix(err, "comm bootstrap: publishing the NCCL id: ");
     } else {
@@ -92,6 +97,11 @@ static int nccl_create(const dt_comm_opts *o, dt_store *ns, const dt_comm_backen
         size_t len = 0;
         if ((rc = dt_store_get(ns, "nccl_id", &v, &len, o->timeout_ms, err)) != 0)
             return dt_err_prefix(err, "comm bootstrap: waiting for rank 0's NCCL id: ");
+        if (len == 0) {
+            free(v);
+            return dt_err_set(err, -EIO, "comm bootstrap: rank 0 could not create the NCCL id "
+                                         "(its log says why)");
+        }
         if (len != sizeof id) {
             free(v);
             return dt_err_set(err, -EPROTO, "comm bootstrap: the NCCL id has %zu bytes, not %zu",
@@ -125,7 +135,7 @@ int dt_comm_init(dt_comm **out, dt_store *store, const dt_comm_opts *opts, dt_er
         return dt_err_set(err, -ENOMEM, "comm: out of memory");
     c->rank = o.rank;
     c->world = o.world_size;
-    uint64_t gen = atomic_fetch_add(&comm_counter, 1) + 1;
+    uint64_t gen = o.number ? o.number : atomic_fetch_add(&comm_counter, 1) + 1;
     dt_store *ns = NULL;
     int rc = 0;
     if (store) {
@@ -175,6 +185,19 @@ int dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_re
     if (work)
         *work = NULL;
     return c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
+}
+
+int dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_redop op, int root,
+                   dt_comm_work **work, dt_err *err)
+{
+    if (work)
+        *work = NULL;
+    if (root < 0 || root >= c->world)
+        return dt_err_set(err, -EINVAL, "reduce: root %d is not a rank (world size %d)", root,
+                          c->world);
+    if (!c->ops->reduce)
+        return c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
+    return c->ops->reduce(c->self, buf, count, dtype, op, root, work, err);
 }
 
 int dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int root,

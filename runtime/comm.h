@@ -44,6 +44,10 @@ typedef struct dt_comm_opts {
     int timeout_ms;         /* per collective (default 300000) */
     const char *local_addr; /* address peers use to reach this rank over TCP (NULL: hostname) */
     int device_index;       /* nccl: CUDA device (LOCAL_RANK) */
+    uint64_t number;        /* the communicator's number in the namespace; 0: this process's
+                               next (processes create their communicators in the same order).
+                               Set it (the same on every rank) when several ranks of one group
+                               live in one process, as DP's replica threads do. */
 } dt_comm_opts;
 
 void dt_comm_opts_default(dt_comm_opts *o);
@@ -62,6 +66,10 @@ int dt_comm_world_size(const dt_comm *c);
 /* In-place all-reduce of buf (count elements). */
 int dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_redop op,
                       dt_comm_work **work, dt_err *err);
+/* In-place reduction to root: root's buf gets the reduction over ranks; the other ranks' buf is
+ * unspecified afterwards (the cpu backend runs it as an all-reduce, nccl as ncclReduce). */
+int dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_redop op, int root,
+                   dt_comm_work **work, dt_err *err);
 /* In-place broadcast of buf from root. */
 int dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int root,
                       dt_comm_work **work, dt_err *err);

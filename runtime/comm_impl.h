@@ -26,6 +26,9 @@ typedef struct dt_comm_backend_ops {
     /* Optional (NULL: dt_comm_mem_alloc fails with -ENOTSUP): see dt_comm_mem_alloc. */
     int (*mem_alloc)(void *self, size_t bytes, void **out, dt_err *err);
     void (*mem_free)(void *self, void *p);
+    /* Optional (NULL: dt_comm_reduce runs allreduce, which leaves the root the same result). */
+    int (*reduce)(void *self, void *buf, size_t count, dt_dtype dtype, dt_redop op, int root,
+                  dt_comm_work **work, dt_err *err);
 } dt_comm_backend_ops;
 
 /* The NCCL backend in libdtrain_cuda.so exports these two symbols. comm.c calls the first on

@@ -351,6 +351,19 @@ static int nccl_allreduce(void *self, void *buf, size_t count, dt_dtype dtype, d
         work, err);
 }
 
+static int nccl_reduce(void *self, void *buf, size_t count, dt_dtype dtype, dt_redop op,
+                       int root, dt_comm_work **work, dt_err *err)
+{
+    ncclRedOp_t rop = op == DT_AVG ? ncclAvg : ncclSum;
+    ncclDataType_t t = nccl_type(dtype);
+    return issue(
+        (nccl_comm *)self, op == DT_AVG ? "reduce(avg)" : "reduce(sum)", count, dtype,
+        [=](ncclComm_t comm, cudaStream_t s) {
+            return ncclReduce(buf, buf, count, t, rop, root, comm, s);
+        },
+        work, err);
+}
+
 static int nccl_broadcast(void *self, void *buf, size_t count, dt_dtype dtype, int root,
                           dt_comm_work **work, dt_err *err)
 {
@@ -462,7 +475,8 @@ static void nccl_destroy(void *self) { comm_destroy((nccl_comm *)self); }
 
 static const dt_comm_backend_ops nccl_ops = {
     "nccl",         nccl_allreduce, nccl_broadcast, nccl_allgather, nccl_reduce_scatter,
-    nccl_barrier,   nccl_wait,      nccl_destroy,
+    nccl_barrier,   nccl_wait,      nccl_destroy,   NULL,           NULL,
+    nccl_reduce,
 };
 
 DT_CU_EXPORT int dt_nccl_get_unique_id(unsigned char id[DT_NCCL_ID_BYTES], dt_err *err)

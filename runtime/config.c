@@ -32,6 +32,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"job", "strategy", DT_CFG_ENUM, J(strategy), "ddp", 0, 0, "ddp|dp", false, "ddp: one process per device, ring all-reduce; dp: one process drives all replicas"},
     {"job", "cpu_bind", DT_CFG_ENUM, J(cpu_bind), "auto", 0, 0, "auto|none", false, "auto: on cpu each of a node's workers (strategy = dp: each replica thread) gets an equal share of the CPUs the launcher may use; on cuda each worker (each replica thread) runs on its share of the CPUs near its GPU (the GPU's NUMA node, from sysfs); none leaves placement to the scheduler"},
     {"job", "dp_replicas", DT_CFG_INT, J(dp_replicas), "2", 1, 1024, NULL, false, "strategy = dp: replicas the one process drives (threads on cpu, one GPU each on cuda); batch_size is per replica"},
+    {"job", "dp_transport", DT_CFG_ENUM, J(dp_transport), "auto", 0, 0, "auto|master|collectives", false, "strategy = dp: how parameters reach the replicas and gradients come back. master: the master copies to and sums from each replica in turn (through host memory between GPUs); collectives: broadcast and reduce over a communicator of the replicas (NCCL between GPUs, shared memory on cpu), as torch DataParallel on GPUs; auto: collectives on cuda (master if NCCL is unusable, with a warning), master on cpu"},
     {"job", "seed", DT_CFG_I64, J(seed), "1337", 0, BIG, NULL, false, "seed of initialisation, data order and synthetic data"},
     {"job", "log_every", DT_CFG_INT, J(log_every), "10", 1, 1e9, NULL, false, "steps between log lines"},
     /* [model] */

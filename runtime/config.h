@@ -68,6 +68,7 @@ typedef struct dt_job {
     char device[DT_STR_SMALL];         /* auto, cpu, cuda */
     char strategy[DT_STR_SMALL];       /* ddp, dp */
     int dp_replicas;                   /* strategy = dp: replicas driven by the one process */
+    char dp_transport[DT_STR_SMALL];   /* auto, master, collectives (runtime/dp.h) */
     char cpu_bind[DT_STR_SMALL];       /* auto, none: shares of the CPUs per worker / replica */
     int64_t seed;
     int log_every;                     /* steps between log lines / metrics records */

@@ -4,21 +4,33 @@
  * threads, which sleep on a condition variable between passes. A pass is published as a new
  * generation number; each replica thread runs its job and counts itself done.
  *
- * Memory across replicas: when every replica is a CPU backend, their buffers are all host memory
- * and the master copies and accumulates them directly; otherwise (one GPU per replica) every
- * copy goes through a host staging buffer and a staging buffer on the master's device, which is
- * what the master pays in memory for being the master.
+ * Memory across replicas (transport "master"): when every replica is a CPU backend, their
+ * buffers are all host memory and the master copies and accumulates them directly; otherwise (one
+ * GPU per replica) every copy goes through a host staging buffer and a staging buffer on the
+ * master's device, which is what the master pays in memory for being the master.
+ *
+ * Transport "collectives": each replica thread owns rank k of a communicator of the K replicas.
+ * The communicators are created by the replica threads themselves, at once (creation is
+ * collective), through a store server this process runs on 127.0.0.1 for the bootstrap only,
+ * under a run id of its own. A pass is then broadcast (parameters, buffers) -> forward ->
+ * backward -> reduce (gradients) on every replica, so no phase is serial on the master.
  */
 #include "runtime/dp.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "common/cpuset.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "rendezvous/store.h"
+#include "runtime/comm.h"
 
 typedef struct replica {
     struct dt_dp *dp;
@@ -38,12 +50,22 @@ typedef struct replica {
     int64_t correct;
     int rc;
     dt_err err;
+    dt_comm *comm;       /* collectives: rank k of the replicas' communicator, owned */
+    double t_bcast, t_compute, t_reduce; /* collectives: this pass's phases */
 } replica;
+
+enum { JOB_PASS, JOB_COMM_INIT };
 
 struct dt_dp {
     int K;
     replica *r;          /* (K) */
     bool host_mem;       /* every replica's memory is host memory */
+    bool coll;           /* transport collectives: replica k talks through r[k].comm */
+    int job;             /* what the next parallel() runs: JOB_PASS or JOB_COMM_INIT */
+    /* the bootstrap of the communicators (JOB_COMM_INIT) */
+    const char *comm_backend;
+    int timeout_ms, store_port;
+    char token[33], run_id[64];
     float *host_stage;   /* (num_params or num_buffers) host staging, when !host_mem */
     float *dev_stage;    /* (num_params) on the master's backend, when !host_mem */
     pthread_mutex_t mu;
@@ -56,22 +78,82 @@ struct dt_dp {
 
 /* ---- a replica's pass ---------------------------------------------------------------------- */
 
+/* JOB_COMM_INIT: rank k of the replicas' communicator, through the private store. */
+static void comm_init(replica *r)
+{
+    dt_dp *d = r->dp;
+    dt_store *st = NULL;
+    dt_store_opts so;
+    dt_store_opts_default(&so);
+    so.token = d->token;
+    so.timeout_ms = d->timeout_ms;
+    if ((r->rc = dt_store_connect(&st, "127.0.0.1", d->store_port, &so, &r->err)) == 0) {
+        dt_comm_opts co;
+        dt_comm_opts_default(&co);
+        co.backend = d->comm_backend;
+        co.rank = co.local_rank = r->k;
+        co.world_size = co.local_world_size = d->K;
+        co.run_id = d->run_id;
+        co.number = 1; /* one communicator under this run id, made by K threads of one process */
+        co.timeout_ms = d->timeout_ms;
+        co.local_addr = "127.0.0.1";
+        co.device_index = r->k;
+        r->rc = dt_comm_init(&r->comm, st, &co, &r->err);
+    }
+    dt_store_free(st);
+}
+
+/* Collectives: the master's parameters and buffers into this replica, by broadcast. */
+static int receive_params(replica *r)
+{
+    dt_model *m = r->m;
+    int rc = dt_comm_broadcast(r->comm, m->params, m->num_params, DT_FLOAT32, 0, NULL, &r->err);
+    if (!rc && m->num_buffers)
+        rc = dt_comm_broadcast(r->comm, m->buffers, m->num_buffers, DT_FLOAT32, 0, NULL, &r->err);
+    return rc;
+}
+
 static void run_job(replica *r)
 {
+    dt_dp *d = r->dp;
     dt_model *m = r->m;
     r->rc = 0;
     r->loss = 0;
     r->correct = 0;
-    if (!r->active)
+    if (d->job == JOB_COMM_INIT) {
+        comm_init(r);
         return;
-    if (r->training && r->k > 0) /* the master accumulates; the others start from zero */
+    }
+    /* With collectives every replica takes part in every broadcast and reduce, even one whose
+     * chunk is empty or whose forward failed, so that none is left waiting for it. */
+    double t0 = dt_now_s();
+    if (d->coll && (r->rc = receive_params(r)) != 0)
+        return;
+    double t1 = dt_now_s();
+    if (r->training && r->k > 0 && (r->active || d->coll)) /* the master accumulates; the others
+                                                              start from zero */
         r->be->memset_zero(r->be, m->grads, m->num_params * sizeof(float));
-    if ((r->rc = m->ops->forward(m, &r->batch, r->training, &r->loss, &r->err)) != 0)
+    if (r->active && (r->rc = m->ops->forward(m, &r->batch, r->training, &r->loss, &r->err)) == 0) {
+        r->correct = m->last_correct;
+        if (r->training)
+            r->rc = m->ops->backward(m, r->scale, NULL, NULL, &r->err);
+    }
+    if (!d->coll) {
+        r->be->synchronize(r->be);
         return;
-    r->correct = m->last_correct;
-    if (r->training)
-        r->rc = m->ops->backward(m, r->scale, NULL, NULL, &r->err);
-    r->be->synchronize(r->be);
+    }
+    double t2 = dt_now_s();
+    if (r->training) {
+        dt_err e = {0};
+        int rc = dt_comm_reduce(r->comm, m->grads, m->num_params, DT_FLOAT32, DT_SUM, 0, NULL, &e);
+        if (rc && !r->rc) {
+            r->rc = rc;
+            r->err = e;
+        }
+    }
+    r->t_bcast = t1 - t0;
+    r->t_compute = t2 - t1;
+    r->t_reduce = dt_now_s() - t2;
 }
 
 static void *replica_thread(void *arg)
@@ -155,9 +237,10 @@ static void scatter(dt_dp *d, const dt_batch *b, bool training, float dloss_scal
 }
 
 /* Runs every replica's job: 1..K-1 on their threads, 0 here; returns when all are done. */
-static void parallel(dt_dp *d)
+static void parallel(dt_dp *d, int job)
 {
     pthread_mutex_lock(&d->mu);
+    d->job = job;
     d->pending = d->K - 1;
     d->gen++;
     pthread_cond_broadcast(&d->go);
@@ -208,24 +291,32 @@ int dt_dp_forward_backward(dt_dp *d, const dt_batch *batch, float dloss_scale, f
         return dt_err_set(err, -EINVAL, "DP: batch of %d samples, room for %d", batch->B,
                           d->r[0].m->cfg.max_batch * d->K);
     double t0 = dt_now_s();
-    replicate(d);
+    if (!d->coll)
+        replicate(d);
     double t1 = dt_now_s();
     scatter(d, batch, true, dloss_scale);
-    parallel(d);
+    parallel(d, JOB_PASS);
     double t2 = dt_now_s();
     int rc = first_error(d, err);
     if (rc)
         return rc;
-    reduce(d);
+    if (!d->coll)
+        reduce(d);
     double t3 = dt_now_s();
     float l = 0;
     for (int k = 0; k < d->K; k++)
         if (d->r[k].active)
             l += d->r[k].loss * (float)d->r[k].batch.B / (float)batch->B;
     *loss = l;
-    d->st.replicate_s += t1 - t0;
-    d->st.compute_s += t2 - t1;
-    d->st.reduce_s += t3 - t2;
+    if (d->coll) {
+        d->st.replicate_s += d->r[0].t_bcast;
+        d->st.compute_s += d->r[0].t_compute;
+        d->st.reduce_s += d->r[0].t_reduce;
+    } else {
+        d->st.replicate_s += t1 - t0;
+        d->st.compute_s += t2 - t1;
+        d->st.reduce_s += t3 - t2;
+    }
     d->st.steps++;
     return 0;
 }
@@ -236,9 +327,10 @@ int dt_dp_forward_eval(dt_dp *d, const dt_batch *batch, float *loss, int64_t *co
     if (batch->B > d->r[0].m->cfg.max_batch * d->K)
         return dt_err_set(err, -EINVAL, "DP: batch of %d samples, room for %d", batch->B,
                           d->r[0].m->cfg.max_batch * d->K);
-    replicate(d);
+    if (!d->coll)
+        replicate(d);
     scatter(d, batch, false, 1.0f);
-    parallel(d);
+    parallel(d, JOB_PASS);
     int rc = first_error(d, err);
     if (rc)
         return rc;
@@ -257,10 +349,67 @@ int dt_dp_forward_eval(dt_dp *d, const dt_batch *batch, float *loss, int64_t *co
 
 /* ---- lifecycle ------------------------------------------------------------------------------- */
 
+void dt_dp_opts_from_job(dt_dp_opts *o, const dt_job *job, const dt_backend_opts *bo)
+{
+    memset(o, 0, sizeof *o);
+    o->replicas = job->dp_replicas;
+    o->device = job->device;
+    o->backend = *bo;
+    o->cpu_bind = !strcmp(job->cpu_bind, "auto");
+    o->transport = job->dp_transport;
+    o->timeout_ms = (int)DT_MIN(job->comm_timeout * 1000.0, 2e9);
+}
+
+static void free_comms(dt_dp *d)
+{
+    for (int k = 0; k < d->K; k++) {
+        dt_comm_free(d->r[k].comm);
+        d->r[k].comm = NULL;
+    }
+}
+
+/* Transport collectives: the replica threads create their communicator together, bootstrapped
+ * through a store server of this process that lives only as long as that takes. */
+static int start_collectives(dt_dp *d, const char *backend, int timeout_ms, dt_err *err)
+{
+    static _Atomic unsigned instances;
+    unsigned char rnd[16];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+        return dt_err_set(err, -EIO, "DP: getrandom: %s", strerror(errno));
+    for (size_t i = 0; i < sizeof rnd; i++)
+        snprintf(d->token + 2 * i, 3, "%02x", rnd[i]);
+    snprintf(d->run_id, sizeof d->run_id, "dp-%d-%u", (int)getpid(),
+             atomic_fetch_add(&instances, 1) + 1);
+    d->comm_backend = backend;
+    d->timeout_ms = timeout_ms > 0 ? timeout_ms : 300000;
+    dt_store_server *srv = NULL;
+    dt_store_server_opts so;
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    so.token = d->token;
+    so.quiet = true;
+    int rc = dt_store_server_start(&srv, &so, err);
+    if (rc)
+        return dt_err_prefix(err, "DP: the store for the replicas' communicator: ");
+    d->store_port = dt_store_server_port(srv);
+    parallel(d, JOB_COMM_INIT);
+    dt_store_server_stop(srv);
+    if ((rc = first_error(d, err)) != 0) {
+        free_comms(d);
+        return rc;
+    }
+    d->coll = true;
+    return 0;
+}
+
 int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, dt_err *err)
 {
     if (o->replicas < 1 || o->replicas > 1024)
         return dt_err_set(err, -EINVAL, "DP: %d replicas (1..1024)", o->replicas);
+    const char *tr = o->transport && *o->transport ? o->transport : "auto";
+    if (strcmp(tr, "auto") && strcmp(tr, "master") && strcmp(tr, "collectives"))
+        return dt_err_set(err, -EINVAL, "DP: transport \"%s\": use auto, master or collectives",
+                          tr);
     int rc = 0;
     dt_dp *d = calloc(1, sizeof *d);
     if (!d)
@@ -295,18 +444,9 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
             goto fail;
         }
     }
+    bool want_coll =
+        d->K > 1 && (!strcmp(tr, "collectives") || (!strcmp(tr, "auto") && !d->host_mem));
     dt_model *m0 = d->r[0].m;
-    if (!d->host_mem) {
-        size_t n = DT_MAX(m0->num_params, m0->num_buffers);
-        d->host_stage = malloc(n * sizeof(float) + 4);
-        if (!d->host_stage) {
-            rc = dt_err_set(err, -ENOMEM, "DP: out of memory");
-            goto fail;
-        }
-        if ((rc = d->r[0].be->alloc(d->r[0].be, (void **)&d->dev_stage,
-                                    m0->num_params * sizeof(float), err)) != 0)
-            goto fail;
-    }
     cpu_set_t base;
     dt_err be = {0};
     if (o->cpu_bind && (d->K > 1 || !d->host_mem) && !dt_cpuset_current(&base, &be)) {
@@ -327,9 +467,37 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
         }
         d->r[k].started = true;
     }
+    if (want_coll) {
+        const char *backend = d->host_mem ? "cpu" : "nccl";
+        dt_err ce = {0};
+        if ((rc = start_collectives(d, backend, o->timeout_ms, &ce)) != 0) {
+            if (strcmp(tr, "auto") != 0) {
+                *err = ce;
+                goto fail;
+            }
+            DT_WARN("DP: no %s communicator between the %d replicas (%s); the master copies "
+                    "parameters and gradients through host memory instead (transport master)",
+                    backend, d->K, ce.msg);
+            rc = 0;
+        }
+    }
+    if (!d->host_mem && !d->coll) {
+        size_t n = DT_MAX(m0->num_params, m0->num_buffers);
+        d->host_stage = malloc(n * sizeof(float) + 4);
+        if (!d->host_stage) {
+            rc = dt_err_set(err, -ENOMEM, "DP: out of memory");
+            goto fail;
+        }
+        if ((rc = d->r[0].be->alloc(d->r[0].be, (void **)&d->dev_stage,
+                                    m0->num_params * sizeof(float), err)) != 0)
+            goto fail;
+    }
     d->st.replicas = d->K;
-    DT_DEBUG("DP: %d replicas of %s on %s, %zu parameters each", d->K, cfg->type,
-             d->r[0].be->name, m0->num_params);
+    d->st.collectives = d->coll;
+    DT_DEBUG("DP: %d replicas of %s on %s, %zu parameters each, %s", d->K, cfg->type,
+             d->r[0].be->name, m0->num_params,
+             d->coll ? "broadcast and reduce through a communicator of the replicas"
+                     : "copies and sums by the master");
     *out = d;
     return 0;
 fail:
@@ -350,6 +518,8 @@ void dt_dp_free(dt_dp *d)
         if (r->started)
             pthread_join(r->thread, NULL);
     }
+    if (d->r)
+        free_comms(d);
     if (d->dev_stage)
         d->r[0].be->free(d->r[0].be, d->dev_stage);
     for (int k = 0; d->r && k < d->K; k++) {

@@ -15,6 +15,20 @@
  * reduction is a serial phase that grows with K while the other replicas idle: the two
  * well-known reasons DDP is faster.
  *
+ * Transport (opts.transport): how parameters go out and gradients come back.
+ *   - "master": the master copies, one replica after the other, as described above. Between
+ *     CPU replicas these are plain memory copies and sums; between GPUs each goes through a host
+ *     staging buffer (device -> host -> device), which is what DP does without a GPU-to-GPU
+ *     library.
+ *   - "collectives": a communicator of the K replicas, created in this process (replica k is its
+ *     rank k; bootstrapped through a private store on 127.0.0.1): every replica thread receives
+ *     the parameters by a broadcast from rank 0 and sends its gradients by a reduce to rank 0,
+ *     as torch DataParallel does on GPUs (broadcast_coalesced, reduce_add_coalesced over NCCL).
+ *     The backend is nccl for cuda replicas and cpu (shared memory) for cpu ones. The optimiser
+ *     still runs on the master alone.
+ *   - "auto" (NULL): collectives between GPUs, falling back to master with a warning when the
+ *     communicator cannot be created (no NCCL); master between CPU replicas.
+ *
  * BatchNorm: each replica normalises its chunk with its own statistics, and the buffers (running
  * statistics) of replica 0 are the ones kept, as in torch DataParallel (and as in DDP without
  * SyncBatchNorm, whose broadcast_buffers makes rank 0's the ones kept).
@@ -27,6 +41,7 @@
 
 #include "common/err.h"
 #include "kernels/backend.h"
+#include "runtime/config.h"
 #include "runtime/model.h"
 
 typedef struct dt_dp dt_dp;
@@ -39,14 +54,24 @@ typedef struct dt_dp_opts {
     bool cpu_bind;           /* replica k's thread runs on share k of the caller's CPUs, or on
                                 cuda its share of the CPUs near GPU k (dt_backend_bind_set); the
                                 caller's thread, which runs replica 0, is bound to share 0 */
+    const char *transport;   /* "auto" (NULL), "master" or "collectives"; see above */
+    int timeout_ms;          /* collectives: per collective and for the bootstrap (0: 300000) */
 } dt_dp_opts;
+
+/* The options of job (dp_replicas, device, cpu_bind, dp_transport, ddp.timeout), with replicas
+ * on backend bo each. */
+void dt_dp_opts_from_job(dt_dp_opts *o, const dt_job *job, const dt_backend_opts *bo);
 
 /* What one step cost, and where; cumulated since creation. */
 typedef struct dt_dp_stats {
     int replicas;
-    double replicate_s;      /* copying the master's parameters and buffers out */
-    double compute_s;        /* the parallel forward + backward (wall time) */
-    double reduce_s;         /* summing the replicas' gradients into the master */
+    bool collectives;        /* the transport is a communicator of the replicas */
+    double replicate_s;      /* copying the master's parameters and buffers out (collectives:
+                                the master's broadcast) */
+    double compute_s;        /* the parallel forward + backward (wall time; collectives: the
+                                master's) */
+    double reduce_s;         /* summing the replicas' gradients into the master (collectives:
+                                the master's reduce, waiting for the slowest replica included) */
     uint64_t steps;          /* forward-backward passes */
 } dt_dp_stats;
 

@@ -443,8 +443,8 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         if (mc.sync_bn && env->rank == 0)
             DT_WARN("model.sync_bn has no effect with job.strategy = dp (each replica normalises "
                     "its own chunk, as in torch DataParallel)");
-        dt_dp_opts dpo = {.replicas = j->dp_replicas, .device = j->device, .backend = bo,
-                          .cpu_bind = !strcmp(j->cpu_bind, "auto")};
+        dt_dp_opts dpo;
+        dt_dp_opts_from_job(&dpo, j, &bo);
         if ((rc = dt_dp_create(&t->dp, &mc, &dpo, err)))
             goto fail;
         dt_backend_close(t->be);

@@ -19,6 +19,9 @@
 #          (DTRAIN_CUDA_ATTN=flash) at batch $GPT2_BATCH for tokens/s, MFU and peak memory
 #   4. NCCL: the gpt2-124m bf16 run and quickstart on every GPU of the machine (one rank per
 #      GPU, ddp.backend = nccl): tokens/s and scaling against one GPU
+#   5. DP (job.strategy = dp) on every GPU when there are two or more: quickstart driven by one
+#      process, parameters and gradients through NCCL (dp_transport = collectives) and through
+#      host memory (master); loss against the DDP run of step 4, tokens/s
 #
 # MFU = tokens/s * FLOPs per token / peak. FLOPs per token = 6 N + 12 L C T (PaLM, appendix B;
 # N = all parameters, tied embedding counted once, the attention term for the full T x T scores
@@ -306,6 +309,26 @@ if [ $rc -eq 0 ]; then
     add "nccl x$ngpu gpt2 bf16 $(ktok "$t") tok/s ($scale one GPU)  comm $(fmt "$(field g2_nccl comm_time_s median)" 3) s/step  peak $(gib "$(field g2_nccl peak_mem_bytes last)")"
 else
     fail "nccl x$ngpu gpt2    FAILED (exit $rc): $(grep -m3 -E 'ERROR|error' "$work/g2_nccl.log" | tr '\n' ' ')"
+fi
+
+# ---- 5. DP: one process drives every GPU -----------------------------------------------------
+dpn=$ngpu
+[ "$dev" = cpu ] && dpn=2
+if [ "$dpn" -lt 2 ]; then
+    add "dp               skipped: one GPU (strategy = dp needs two or more)"
+else
+    for tr in collectives master; do
+        say "DP: quickstart, one process driving $dpn replicas, dp_transport = $tr"
+        run "qs_dp_$tr" 180 1 "$qs" job.device="$dev" job.strategy=dp job.dp_replicas="$dpn" \
+            job.dp_transport="$tr" "${qs_common[@]}"
+        rc=$?
+        label=$(printf '%-11s' "$tr")
+        if [ $rc -eq 0 ]; then
+            add "dp x$dpn $label loss@$QS_STEPS $(fmt "$(field "qs_dp_$tr" loss last)") (ddp $(fmt "$(field qs_nccl loss last)"))  $(ktok "$(field "qs_dp_$tr" tokens_per_s median)") tok/s  master peak $(gib "$(field "qs_dp_$tr" peak_mem_bytes last)")"
+        else
+            fail "dp x$dpn $label FAILED (exit $rc): $(grep -m3 -E 'ERROR|error|WARN' "$work/qs_dp_$tr.log" | tr '\n' ' ')"
+        fi
+    done
 fi
 
 finish

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "rendezvous/store.h"
 #include "runtime/comm.h"
 #include "runtime/comm_cpu.h"
@@ -440,6 +441,32 @@ static void check_broadcast(dt_comm *c, int rank, int n, dt_dtype t, size_t coun
     free(buf);
 }
 
+/* Sums rank-dependent data to root: root holds the exact sum (the others' buffers are left
+ * unspecified); a root outside the group is refused. */
+static void check_reduce(dt_comm *c, int rank, int n, dt_dtype t, size_t count, int root)
+{
+    size_t es = dt_dtype_size(t);
+    char *buf = malloc(count * es + 1);
+    fill(buf, t, count, rank);
+    dt_err err = {0};
+    int rc = dt_comm_reduce(c, buf, count, t, DT_SUM, root, NULL, &err);
+    RCHECK(rc == 0, "reduce: %s", err.msg);
+    size_t bad = 0;
+    for (size_t i = 0; i < count && rc == 0 && rank == root; i++) {
+        float sum = 0;
+        for (int r = 0; r < n; r++)
+            sum += val(r, i);
+        if (get(buf, t, i) != round_to(sum, t))
+            bad++;
+    }
+    RCHECK(bad == 0, "reduce %s x %zu to %d on %d ranks: %zu wrong", dt_dtype_name(t), count,
+           root, n, bad);
+    rc = dt_comm_reduce(c, buf, count, t, DT_SUM, n, NULL, &err);
+    RCHECK(rc == -EINVAL && strstr(err.msg, "root"), "reduce to rank %d of %d: %d %s", n, n, rc,
+           err.msg);
+    free(buf);
+}
+
 static void check_allgather(dt_comm *c, int rank, int n, dt_dtype t, size_t count)
 {
     size_t es = dt_dtype_size(t);
@@ -497,6 +524,7 @@ static void all_collectives(dt_comm *c, int rank, int n, void *argp)
             check_allreduce(c, rank, n, dtypes[d], count, DT_SUM);
             check_allreduce(c, rank, n, dtypes[d], count, DT_AVG);
             check_broadcast(c, rank, n, dtypes[d], count, (int)((s + d) % (size_t)n));
+            check_reduce(c, rank, n, dtypes[d], count, (int)((s + d + 1) % (size_t)n));
             check_allgather(c, rank, n, dtypes[d], count / 2 + 1);
             check_reduce_scatter(c, rank, n, dtypes[d], count / 3 + 1, s % 2 ? DT_AVG : DT_SUM);
         }
@@ -1082,6 +1110,48 @@ static void test_nccl_unavailable(void)
     DT_CHECK_CONTAINS(err.msg, "store");
 }
 
+/* Rank 0 that cannot make the NCCL id publishes an empty one: the other ranks fail at once with
+ * a message that points at rank 0, instead of waiting out their timeout. */
+static void test_nccl_rank0_failed(void)
+{
+    char lib[PATH_MAX];
+    if (dt_cuda_lib_path(lib, sizeof lib) != 0 || access(lib, R_OK) != 0)
+        DT_SKIP("no libdtrain_cuda.so in this build (no nvcc)");
+    dt_store_server *srv = NULL;
+    dt_store_server_opts so;
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    so.quiet = true;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_store_server_start(&srv, &so, &err), &err);
+    dt_store *st = NULL;
+    DT_REQUIRE_OK(dt_store_connect(&st, "127.0.0.1", dt_store_server_port(srv), NULL, &err), &err);
+    DT_REQUIRE_OK(dt_store_set(st, "comm/t-empty/0/7/nccl_id", "", 0, &err), &err);
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    o.backend = "nccl";
+    o.rank = 1;
+    o.world_size = 2;
+    o.run_id = "t-empty";
+    o.number = 7;
+    o.timeout_ms = 20000;
+    dt_comm *c = NULL;
+    double t0 = dt_now_s();
+    int rc = dt_comm_init(&c, st, &o, &err);
+    double took = dt_now_s() - t0;
+    if (rc != 0 && strstr(err.msg, "cannot load")) {
+        dt_store_free(st);
+        dt_store_server_stop(srv);
+        DT_SKIP("libdtrain_cuda.so does not load here");
+    }
+    DT_CHECK_MSG(rc == -EIO, "rc %d: %s", rc, err.msg);
+    DT_CHECK_CONTAINS(err.msg, "rank 0 could not create the NCCL id");
+    DT_CHECK_MSG(took < 5, "took %.1f s (timeout 20 s)", took);
+    dt_comm_free(c);
+    dt_store_free(st);
+    dt_store_server_stop(srv);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -1102,6 +1172,7 @@ int main(int argc, char **argv)
         {"pipeline_no_deadlock", test_pipeline_no_deadlock, 150},
         {"bootstrap_missing_rank", test_bootstrap_missing_rank, 30},
         {"nccl_unavailable", test_nccl_unavailable, 0},
+        {"nccl_rank0_failed", test_nccl_rank0_failed, 30},
     };
     return dt_test_main("test_comm", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

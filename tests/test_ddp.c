@@ -736,20 +736,22 @@ static int run_cmd(const char *cmd, char **out, int timeout_s)
 
 static void test_worker_ddp_dp_single(void)
 {
-    /* The same job three ways on the same global batch of 64 samples: one worker with batch 64,
-     * DDP on 2 workers with 32 each, DP with 2 replicas of 32. The distributed sampler gives the
-     * three the same samples per step, so the runs agree up to rounding. */
+    /* The same job four ways on the same global batch of 64 samples: one worker with batch 64,
+     * DDP on 2 workers with 32 each, DP with 2 replicas of 32 (both transports). The distributed
+     * sampler gives them the same samples per step, so the runs agree up to rounding. */
     const char *tmp = dt_test_tmpdir();
     const char *common = "configs/mlp.ini job.device=cpu train.steps=30 job.log_every=10 "
                          "checkpoint.every=0 train.eval_every=0";
     char cmd[4096], *out = NULL;
-    double loss[3], val[3];
-    const char *names[3] = {"single", "ddp", "dp"};
-    for (int k = 0; k < 3; k++) {
+    double loss[4], val[4];
+    const char *names[4] = {"single", "ddp", "dp", "dp-collectives"};
+    for (int k = 0; k < 4; k++) {
         const char *how = k == 0   ? "--nproc-per-node=1 %s train.batch_size=64"
                           : k == 1 ? "--nproc-per-node=2 %s train.batch_size=32"
+                          : k == 2 ? "--nproc-per-node=1 %s train.batch_size=32 job.strategy=dp "
+                                     "job.dp_replicas=2"
                                    : "--nproc-per-node=1 %s train.batch_size=32 job.strategy=dp "
-                                     "job.dp_replicas=2";
+                                     "job.dp_replicas=2 job.dp_transport=collectives";
         char args[1024];
         snprintf(args, sizeof args, how, common);
         snprintf(cmd, sizeof cmd, "%s --standalone --max-restarts=0 %s job.output_dir=%s/%s",
@@ -765,7 +767,7 @@ static void test_worker_ddp_dp_single(void)
         DT_CHECK_MSG(isfinite(loss[k]) && isfinite(val[k]), "%s: loss %g, val %g", names[k],
                      loss[k], val[k]);
     }
-    for (int k = 1; k < 3; k++) {
+    for (int k = 1; k < 4; k++) {
         DT_CHECK_MSG(fabs(loss[k] - loss[0]) <= 1e-3 * fabs(loss[0]),
                      "%s train loss %.7f vs single %.7f", names[k], loss[k], loss[0]);
         DT_CHECK_MSG(fabs(val[k] - val[0]) <= 1e-3 * fabs(val[0]),
@@ -892,9 +894,11 @@ static void test_launcher_restarts_after_kill(void)
 /* DataParallel                                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Trains K DP replicas on the same global batches as reference(); out (steps, per). */
-static void run_dp(const char *type, int K, int global, int steps, bool adamw, float *out,
-                   dt_dp_stats *stats)
+/* Trains K DP replicas on the same global batches as reference(), parameters and gradients
+ * going through `transport` (dt_dp_opts); out (steps, per); *eval (may be NULL) = the loss of an
+ * evaluation forward on the first batch after the last step. */
+static void run_dp(const char *type, int K, int global, int steps, const char *transport,
+                   float *out, dt_dp_stats *stats, float *eval)
 {
     dt_err err = {0};
     dt_model_config mc = model_cfg(type, global);
@@ -902,13 +906,15 @@ static void run_dp(const char *type, int K, int global, int steps, bool adamw, f
     memset(&o, 0, sizeof o);
     o.replicas = K;
     o.device = "cpu";
+    o.transport = transport;
+    o.timeout_ms = 60000;
     dt_backend_opts_default(&o.backend);
     dt_dp *d = NULL;
     DT_REQUIRE_OK(dt_dp_create(&d, &mc, &o, &err), &err);
     DT_CHECK_INT(dt_dp_replicas(d), K);
     dt_model *m = dt_dp_master(d);
     dt_backend *be = dt_dp_backend(d, 0);
-    dt_optim *opt = new_optim(be, m, adamw);
+    dt_optim *opt = new_optim(be, m, false);
     DT_REQUIRE(opt);
     size_t per = m->num_params + m->num_buffers;
     for (int step = 0; step < steps; step++) {
@@ -926,6 +932,13 @@ static void run_dp(const char *type, int K, int global, int steps, bool adamw, f
         if (m->num_buffers)
             be->memcpy_d2h(be, dst + m->num_params, m->buffers, m->num_buffers * sizeof(float));
     }
+    if (eval) {
+        gbatch g;
+        make_gbatch(&g, &mc, global, 0);
+        dt_batch b = slice(&g, 0, global);
+        DT_REQUIRE_OK(dt_dp_forward_eval(d, &b, eval, NULL, &err), &err);
+        free_gbatch(&g);
+    }
     if (stats)
         dt_dp_get_stats(d, stats);
     /* The master holds the optimiser state: more memory than any other replica. */
@@ -937,26 +950,67 @@ static void run_dp(const char *type, int K, int global, int steps, bool adamw, f
 
 static void test_dp_equals_single(void)
 {
+    /* Both transports: the master's copies and sums, and broadcast + reduce over a communicator
+     * of the replica threads (what NCCL does between GPUs; shared memory here). On 2 replicas the
+     * two sum the same two numbers per element, so they agree bit for bit. */
     const char *types[] = {"mlp", "gpt"};
+    const char *transports[] = {"master", "collectives"};
     for (int t = 0; t < 2; t++)
         for (int K = 1; K <= 4; K++) {
             int global = K * 2 + (K == 3); /* 7 on 3 replicas: unequal chunks (3, 3, 1) */
             float *ref = NULL;
             size_t per = reference(types[t], global, 3, false, &ref);
-            float *out = malloc(3 * per * sizeof(float));
-            dt_dp_stats st;
-            run_dp(types[t], K, global, 3, false, out, &st);
-            DT_CHECK_INT(st.steps, 3);
-            DT_CHECK_INT(st.replicas, K);
-            for (int s = 0; s < 3; s++) {
-                size_t where = 0;
-                double e = max_rel(out + (size_t)s * per, ref + (size_t)s * per, per, 0, &where);
-                DT_CHECK_MSG(e <= 1e-4, "DP %s, %d replicas, batch %d, step %d: error %.3g at %zu",
-                             types[t], K, global, s, e, where);
+            float *out[2];
+            for (int x = 0; x < 2; x++) {
+                out[x] = malloc(3 * per * sizeof(float));
+                dt_dp_stats st;
+                run_dp(types[t], K, global, 3, transports[x], out[x], &st, NULL);
+                DT_CHECK_INT(st.steps, 3);
+                DT_CHECK_INT(st.replicas, K);
+                DT_CHECK_MSG(st.collectives == (x == 1 && K > 1), "%s on %d replicas: collectives %d",
+                             transports[x], K, st.collectives);
+                for (int s = 0; s < 3; s++) {
+                    size_t where = 0;
+                    double e =
+                        max_rel(out[x] + (size_t)s * per, ref + (size_t)s * per, per, 0, &where);
+                    DT_CHECK_MSG(e <= 1e-4,
+                                 "DP (%s) %s, %d replicas, batch %d, step %d: error %.3g at %zu",
+                                 transports[x], types[t], K, global, s, e, where);
+                }
             }
-            free(out);
+            if (K <= 2)
+                DT_CHECK_MSG(!memcmp(out[0], out[1], 3 * per * sizeof(float)),
+                             "DP %s on %d replicas: master and collectives differ", types[t], K);
+            free(out[0]);
+            free(out[1]);
             free(ref);
         }
+}
+
+static void test_dp_transport_errors(void)
+{
+    dt_model_config mc = model_cfg("mlp", 4);
+    dt_dp_opts o;
+    memset(&o, 0, sizeof o);
+    o.replicas = 2;
+    o.device = "cpu";
+    o.transport = "nccl";
+    dt_backend_opts_default(&o.backend);
+    dt_dp *d = NULL;
+    dt_err err = {0};
+    DT_CHECK_INT(dt_dp_create(&d, &mc, &o, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "use auto, master or collectives");
+    DT_CHECK(d == NULL);
+    /* the job key reaches the options */
+    dt_job job;
+    dt_backend_opts bo;
+    dt_backend_opts_default(&bo);
+    dt_job_defaults(&job);
+    DT_CHECK_STR(job.dp_transport, "auto");
+    DT_REQUIRE_OK(dt_job_set(&job, "job.dp_transport=collectives", &err), &err);
+    dt_dp_opts_from_job(&o, &job, &bo);
+    DT_CHECK_STR(o.transport, "collectives");
+    DT_CHECK_INT(o.timeout_ms, 300000);
 }
 
 static void test_dp_equals_ddp(void)
@@ -982,12 +1036,21 @@ static void test_dp_equals_ddp(void)
         DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "rank %d: %d %s", r,
                      status[r], rc.msg_out + (size_t)r * 512);
     float *dp = malloc(3 * per * sizeof(float));
-    run_dp("resnet", 2, 4, 3, false, dp, NULL);
-    for (int s = 0; s < 3; s++) {
-        size_t where = 0;
-        double e = max_rel(dp + (size_t)s * per, rc.out + (size_t)s * per, per, 0, &where);
-        DT_CHECK_MSG(e <= 2e-4, "resnet DP vs DDP, step %d: error %.3g at %zu", s, e, where);
+    /* Evaluation normalises with the running statistics, which must reach replica 1 from the
+     * master (by broadcast with collectives): both transports evaluate alike. */
+    const char *transports[] = {"master", "collectives"};
+    float eval[2];
+    for (int x = 0; x < 2; x++) {
+        run_dp("resnet", 2, 4, 3, transports[x], dp, NULL, &eval[x]);
+        for (int s = 0; s < 3; s++) {
+            size_t where = 0;
+            double e = max_rel(dp + (size_t)s * per, rc.out + (size_t)s * per, per, 0, &where);
+            DT_CHECK_MSG(e <= 2e-4, "resnet DP (%s) vs DDP, step %d: error %.3g at %zu",
+                         transports[x], s, e, where);
+        }
     }
+    DT_CHECK_MSG(isfinite(eval[0]) && eval[0] == eval[1], "resnet DP eval loss: master %.9g, "
+                 "collectives %.9g", eval[0], eval[1]);
     free(dp);
     unmap_out(&rc);
 }
@@ -1006,6 +1069,7 @@ int main(int argc, char **argv)
         {"killed_peer", test_killed_peer, 60},
         {"dp_equals_single", test_dp_equals_single, 60},
         {"dp_equals_ddp_resnet", test_dp_equals_ddp, 60},
+        {"dp_transport_errors", test_dp_transport_errors, 30},
         {"worker_ddp_dp_single", test_worker_ddp_dp_single, 240},
         {"launcher_restarts_after_kill", test_launcher_restarts_after_kill, 240},
     };

@@ -1235,6 +1235,15 @@ static void *rank_main(void *arg)
     RJ_CHECK(j, ops->allreduce(self, buf, n, DT_FLOAT32, DT_AVG, NULL, &e) == 0, "avg: %s", e.msg);
     be->memcpy_d2h(be, h, buf, n * sizeof(float));
     RJ_CHECK(j, h[1] == W * (W + 1) / 2.0f + W, "rank %d: allreduce avg gave %g", r, h[1]);
+    /* reduce the sums (still W(W+1)/2 + W i on every rank) to the last rank: W times them. */
+    RJ_CHECK(j, ops->reduce != NULL, "nccl backend without reduce");
+    if (ops->reduce) {
+        RJ_CHECK(j, ops->reduce(self, buf, n, DT_FLOAT32, DT_SUM, W - 1, NULL, &e) == 0,
+                 "reduce: %s", e.msg);
+        be->memcpy_d2h(be, h, buf, n * sizeof(float));
+        RJ_CHECK(j, r != W - 1 || h[1] == W * (W * (W + 1) / 2.0f + W),
+                 "rank %d: reduce to root gave %g", r, h[1]);
+    }
     /* broadcast from the last rank. */
     for (size_t i = 0; i < n; i++)
         h[i] = (float)r;
