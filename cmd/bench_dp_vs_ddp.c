@@ -538,11 +538,12 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     bool tokens = !strcmp(job.model_type, "gpt");
     printf("# dtrain bench dp-vs-ddp %s: model %s, %d replicas, batch %d per replica x accum %d, "
            "%d timed steps (+%d warm-up), device %s, %d BLAS thread(s) per replica, %d cores, "
-           "cpu_bind %s\n",
+           "cpu_bind %s, dp_transport %s\n",
            o.job_path, job.model_type, o.nproc, job.batch_size, job.grad_accum, o.steps, o.warmup,
-           job.device, job.threads, cores, job.cpu_bind);
+           job.device, job.threads, cores, job.cpu_bind, job.dp_transport);
     printf("# throughput in %s/s over all replicas; comm = per-step time DDP waits for its "
-           "gradients, DP spends in the serial reduce\n",
+           "gradients, DP spends in the serial reduce (dp_transport = collectives: in its "
+           "reduce)\n",
            tokens ? "tokens" : "samples");
     printf("# indep: %d single workers at once, bound like DDP's ranks, never synchronised: the "
            "ceiling for %d workers on this machine (throughput: the sum of theirs)\n",
