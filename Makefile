@@ -100,6 +100,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_LIB := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(TEST_SRC),$(wildcard tests/*.c)))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_SO  := $(patsubst tests/fake/%.c,$(BUILD)/tests/libfake_%.so,$(wildcard tests/fake/*.c))
 CU_SRC   := $(wildcard kernels/cuda/*.cu runtime/*.cu)
 CU_CSRC  := $(wildcard kernels/cuda/*.c) common/err.c common/log.c common/util.c common/env.c
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o) $(CU_CSRC:%.c=$(BUILD)/cuda/%.o)
@@ -135,10 +136,16 @@ $(BUILD)/dtrain: $(BUILD)/obj/cmd/main.o $(BUILD)/libdtrain.a
 	@echo "  LD    $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(TEST_LIB) $(BUILD)/libdtrain.a $(BUILD)/.flags
+$(BUILD)/tests/%: tests/%.c $(TEST_LIB) $(BUILD)/libdtrain.a $(BUILD)/.flags | $(TEST_SO)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $@"
 	@$(CC) $(CFLAGS) -MMD -MP $(LDFLAGS) -o $@ $< $(TEST_LIB) $(BUILD)/libdtrain.a $(LDLIBS)
+
+# Stand-ins for driver libraries (tests/fake/NAME.c -> build/tests/libfake_NAME.so).
+$(BUILD)/tests/libfake_%.so: tests/fake/%.c $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	@echo "  CC    $@"
+	@$(CC) $(filter-out -fsanitize%,$(CFLAGS)) -fPIC -shared -o $@ $<
 
 # The CUDA backend: a shared object loaded at run time, so build/dtrain links no CUDA library.
 $(BUILD)/cuda/%.o: %.cu $(BUILD)/.flags

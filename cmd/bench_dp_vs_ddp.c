@@ -18,7 +18,9 @@
  * Per replica peak memory is what the replica's backend allocated at most (parameters,
  * gradients, activations, optimiser state: everything the replica holds); its spread (max - min)
  * is DP's master imbalance. CPU utilisation is CPU time over wall time over the cores of this
- * machine. GPU utilisation is not read (use nvidia-smi next to it on GPU nodes).
+ * machine. GPU utilisation is nvidia-smi's (the share of time a kernel ran, from the driver's
+ * samples over the timed steps, common/nvml.h), averaged over the replicas; "-" where it cannot
+ * be read (the CPU, no NVML).
  */
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +30,7 @@
 #include <unistd.h>
 
 #include "cmd/cmd.h"
+#include "common/nvml.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "kernels/backend.h"
@@ -67,6 +70,7 @@ typedef struct result {
     int64_t items;       /* tokens or samples processed in the timed steps (all replicas) */
     int replicas;        /* in this process */
     double peak[MAX_REPLICAS]; /* bytes per replica */
+    double gpu[MAX_REPLICAS];  /* GPU utilisation per replica over the timed steps (%), -1: none */
     double rss;          /* max resident set size of this process */
 } result;
 
@@ -105,7 +109,7 @@ static int write_result(const char *path, const result *r)
     fprintf(f, "%.9g %.9g %.9g %.9g %lld %d %.9g", r->wall_s, r->cpu_s, r->comm_s, r->loss,
             (long long)r->items, r->replicas, r->rss);
     for (int k = 0; k < r->replicas; k++)
-        fprintf(f, " %.9g", r->peak[k]);
+        fprintf(f, " %.9g %.9g", r->peak[k], r->gpu[k]);
     fprintf(f, "\n");
     fclose(f);
     return 0;
@@ -123,7 +127,7 @@ static int read_result(const char *path, result *r)
     r->items = items;
     int ok = n == 7 && r->replicas >= 1 && r->replicas <= MAX_REPLICAS;
     for (int k = 0; ok && k < r->replicas; k++)
-        ok = fscanf(f, "%lf", &r->peak[k]) == 1;
+        ok = fscanf(f, "%lf %lf", &r->peak[k], &r->gpu[k]) == 2;
     fclose(f);
     return ok ? 0 : -EPROTO;
 }
@@ -258,10 +262,15 @@ static int run_child(const bench_opts *o)
     double t0 = 0, c0 = 0, comm0 = 0, loss_sum = 0;
     int64_t per_step = (int64_t)B * job.grad_accum * (shape->kind == DT_SAMPLE_TOKENS ? shape->seq_len : 1);
     bool timing = false;
+    dt_gpu_busy gpu[MAX_REPLICAS];
+    bool gpu_on[MAX_REPLICAS] = {false};
     for (int step = 0;; step++) {
         if (step == o->warmup + o->steps) {
             res.wall_s = dt_now_s() - t0;
             res.cpu_s = cpu_now() - c0;
+            for (int k = 0; k < K; k++)
+                if (!gpu_on[k] || dt_gpu_busy_end(&gpu[k], &res.gpu[k], NULL) != 0)
+                    res.gpu[k] = -1;
             timing = false;
             if (is_indep && (rc = dt_store_add(store, "end", 1, NULL, &err)))
                 goto out;
@@ -279,6 +288,13 @@ static int run_child(const bench_opts *o)
                 (is_indep && (rc = store_gather(store, "start", o->nproc, &err))))
                 goto out;
             timing = true;
+            for (int k = 0; k < K; k++) { /* where NVML knows the replica's GPU */
+                dt_backend *bk = dp ? dt_dp_backend(dp, k) : be;
+                char bus[64];
+                gpu_on[k] = bk->device_pci_bus_id &&
+                            !bk->device_pci_bus_id(bk, dp ? k : bo.device_index, bus, sizeof bus) &&
+                            !dt_gpu_busy_begin(&gpu[k], bus, NULL);
+            }
             t0 = dt_now_s();
             c0 = cpu_now();
             if (ddp) {
@@ -434,8 +450,8 @@ static void print_row(const char *name, int replicas, const result *res, int npr
                       bool apart, double base_tput, int steps, int cores)
 {
     /* Wall time: the slowest process; CPU: all processes; memory: every replica. */
-    double wall = 0, cpu = 0, comm = 0, lo = 1e300, hi = 0;
-    int nrep = 0;
+    double wall = 0, cpu = 0, comm = 0, lo = 1e300, hi = 0, gpu = 0;
+    int nrep = 0, ngpu = 0;
     for (int p = 0; p < nproc_rows; p++) {
         wall = DT_MAX(wall, res[p].wall_s);
         cpu += res[p].cpu_s;
@@ -444,8 +460,15 @@ static void print_row(const char *name, int replicas, const result *res, int npr
             lo = DT_MIN(lo, res[p].peak[k]);
             hi = DT_MAX(hi, res[p].peak[k]);
             nrep++;
+            if (res[p].gpu[k] >= 0) {
+                gpu += res[p].gpu[k];
+                ngpu++;
+            }
         }
     }
+    char gpu_col[16] = "-";
+    if (ngpu)
+        snprintf(gpu_col, sizeof gpu_col, "%.1f%%", gpu / ngpu);
     double tput = throughput(res, nproc_rows, apart);
     char mem[512];
     size_t k = 0;
@@ -453,9 +476,9 @@ static void print_row(const char *name, int replicas, const result *res, int npr
         for (int j = 0; j < res[p].replicas && k < sizeof mem; j++)
             k += (size_t)snprintf(mem + k, sizeof mem - k, "%s%.1f", k ? " " : "",
                                   res[p].peak[j] / (1024.0 * 1024.0));
-    printf("%-7s %8d %9.1f %12.0f %9.2fx %10.1f%% %9.2f %11.1f%%  %s\n", name, replicas,
+    printf("%-7s %8d %9.1f %12.0f %9.2fx %10.1f%% %9s %9.2f %11.1f%%  %s\n", name, replicas,
            wall * 1e3 / steps, tput, base_tput > 0 ? tput / base_tput : 1.0,
-           100.0 * cpu / (wall * cores), comm * 1e3 / steps,
+           100.0 * cpu / (wall * cores), gpu_col, comm * 1e3 / steps,
            lo > 0 && nrep > 1 ? 100.0 * (hi - lo) / lo : 0.0, mem);
 }
 
@@ -550,8 +573,9 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
            o.nproc, o.nproc);
     printf("# peak memory: what each replica's backend allocated at most (MiB); spread = (max - "
            "min) / min\n#\n");
-    printf("%-7s %8s %9s %12s %10s %11s %9s %12s  %s\n", "mode", "replicas", "step(ms)",
-           "throughput", "speedup", "cpu util", "comm(ms)", "mem spread", "peak MiB per replica");
+    printf("%-7s %8s %9s %12s %10s %11s %9s %9s %12s  %s\n", "mode", "replicas", "step(ms)",
+           "throughput", "speedup", "cpu util", "gpu util", "comm(ms)", "mem spread",
+           "peak MiB per replica");
     /* Rounds of (single, DP, DDP, indep), interleaved so that a change in the machine's load
      * hits every mode alike (DP and DDP swap places every other round); each mode's row is its
      * median round by throughput, and DDP against DP is judged round by round. */

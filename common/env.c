@@ -16,6 +16,7 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_ROUND", "0", "rendezvous round of the workers: new on every restart and every membership change of an elastic job (namespace per-round state with it)"},
     {"DTRAIN_ERROR_FILE", NULL, "where a worker writes its JSON error record on a fatal error"},
     {"DTRAIN_CUDA_LIB", NULL, "path of libdtrain_cuda.so (default: next to the dtrain binary)"},
+    {"DTRAIN_NVML_LIB", NULL, "path of NVIDIA's management library, read for GPU counts and utilisation (default: libnvidia-ml.so.1)"},
     {"DTRAIN_CUDA_GEMM", "convert", "bf16/fp16 GEMMs on cuda: convert (operands rounded into a 16-bit scratch, native 16-bit GEMM) or fast (cuBLAS down-converts fp32 operands itself)"},
     {"DTRAIN_CUDA_ATTN", "cublas", "attention on cuda: cublas (batched GEMMs, probabilities kept) or flash (fused kernels, bf16/fp16 and head size 64 only; probabilities recomputed in backward)"},
     {"DTRAIN_CUDA_TF32", "0", "1: precision fp32 on cuda may use TF32 tensor cores (GEMMs and convolutions)"},

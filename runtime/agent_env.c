@@ -3,7 +3,6 @@
 
 #include <ctype.h>
 #include <dirent.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -12,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/nvml.h"
 #include "common/util.h"
 
 /* ---- environment builder ---------------------------------------------------------------- */
@@ -187,25 +187,6 @@ static bool is_nvidia_dev(const char *name)
 
 static bool is_pci_dir(const char *name) { return name[0] != '.'; }
 
-/* nvmlDeviceGetCount through dlopen: no CUDA context, no link-time dependency. */
-static int nvml_count(void)
-{
-    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        return 0;
-    int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");
-    int (*count)(unsigned *) = (int (*)(unsigned *))dlsym(h, "nvmlDeviceGetCount_v2");
-    int (*shutdown)(void) = (int (*)(void))dlsym(h, "nvmlShutdown");
-    unsigned n = 0;
-    if (init && count && shutdown && init() == 0) {
-        if (count(&n) != 0)
-            n = 0;
-        shutdown();
-    }
-    dlclose(h);
-    return (int)n;
-}
-
 int dt_agent_visible_gpus(const char *vis, int physical)
 {
     char buf[1024], *save = NULL;
@@ -234,7 +215,7 @@ int dt_agent_count_gpus(char *how, size_t cap)
     }
     if (n == 0) {
         src = "NVML";
-        n = nvml_count();
+        n = dt_nvml_device_count();
     }
     if (n == 0)
         src = "no NVIDIA driver found";

@@ -60,6 +60,8 @@ const char *dt_test_dtrain_bin(void)
     return path;
 }
 
+const char *dt_test_self_dir(void) { return self_dir; }
+
 const char *dt_test_tmpdir(void)
 {
     if (!tmpdir[0]) {

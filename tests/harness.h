@@ -36,6 +36,8 @@ void dt_test_skip(const char *why) __attribute__((noreturn));
 void dt_test_stop(void) __attribute__((noreturn));
 /* Path of build/dtrain (DTRAIN_BIN, else derived from the test binary's location). */
 const char *dt_test_dtrain_bin(void);
+/* The directory of the running test binary (build/tests), where the test stand-ins are. */
+const char *dt_test_self_dir(void);
 /* A fresh temporary directory for this test (removed when the test ends if it passed). */
 const char *dt_test_tmpdir(void);
 /* Writes text to path (created or truncated); 0, or -errno. */

@@ -70,6 +70,7 @@ static void test_dp_vs_ddp(void)
     DT_CHECK_CONTAINS(out, "DP ");
     DT_CHECK_CONTAINS(out, "DDP");
     DT_CHECK_CONTAINS(out, "memory spread");
+    DT_CHECK_CONTAINS(out, "gpu util");
     DT_CHECK_CONTAINS(out, "indep ");
     DT_CHECK_CONTAINS(out, "of this machine's ceiling");
 }

@@ -1,7 +1,10 @@
 /* test_common.c - common/: errors, logging, parsing, spelling suggestions, RNG, files. */
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -9,6 +12,7 @@
 #include "common/env.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/nvml.h"
 #include "common/rng.h"
 #include "common/util.h"
 #include "tests/harness.h"
@@ -313,10 +317,61 @@ static void test_cpuset_gpu(void)
     check_list(&out, "512-515");
 }
 
+/* common/nvml against a stand-in library: the mean of the samples taken inside the interval,
+ * every nvmlInit matched by a shutdown, and the errors a machine without the GPU gets. */
+static void test_gpu_busy(void)
+{
+    char lib[PATH_MAX + 32];
+    snprintf(lib, sizeof lib, "%s/libfake_nvml.so", dt_test_self_dir());
+    DT_CHECK_MSG(access(lib, R_OK) == 0, "%s missing: make builds it with the tests", lib);
+    DT_REQUIRE(access(lib, R_OK) == 0);
+    setenv("DTRAIN_NVML_LIB", lib, 1);
+    setenv("FAKE_NVML_SAMPLES", "100:90 200:95", 1);
+    DT_CHECK_INT(dt_nvml_device_count(), 1);
+    dt_gpu_busy b;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_gpu_busy_begin(&b, "0000:3b:00.0", &err), &err);
+    DT_CHECK(b.since == 200);
+    double pct = 0;
+    /* nothing new: the interval was shorter than a sampling period */
+    DT_CHECK_INT(dt_gpu_busy_end(&b, &pct, &err), -ENODATA);
+    DT_CHECK(pct == -1);
+    DT_REQUIRE_OK(dt_gpu_busy_begin(&b, "0000:3b:00.0", &err), &err);
+    setenv("FAKE_NVML_SAMPLES", "100:90 200:95 300:40 400:60 500:80", 1);
+    DT_REQUIRE_OK(dt_gpu_busy_end(&b, &pct, &err), &err);
+    DT_CHECK_NEAR(pct, 60, 1e-9);
+    int (*inits)(void) = NULL;
+    void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+    DT_REQUIRE(h);
+    *(void **)&inits = dlsym(h, "fake_nvml_inits");
+    DT_REQUIRE(inits);
+    DT_CHECK_INT(inits(), 0);
+    DT_CHECK_INT(dt_gpu_busy_begin(&b, "0000:af:00.0", &err), -ENOENT);
+    DT_CHECK_CONTAINS(err.msg, "0000:af:00.0");
+    DT_CHECK_CONTAINS(err.msg, "Not Found");
+    DT_CHECK_INT(inits(), 0);
+    DT_CHECK_INT(dt_gpu_busy_end(&b, &pct, &err), -EINVAL);
+    dlclose(h);
+}
+
+/* Without the library (a machine with no driver) every call says so and nothing fails hard;
+ * in a process of its own, since the library is loaded once per process. */
+static void test_gpu_busy_no_driver(void)
+{
+    setenv("DTRAIN_NVML_LIB", "/nonexistent/libnvidia-ml.so.1", 1);
+    DT_CHECK_INT(dt_nvml_device_count(), 0);
+    dt_gpu_busy b;
+    dt_err err = {0};
+    DT_CHECK_INT(dt_gpu_busy_begin(&b, "0000:3b:00.0", &err), -ENOENT);
+    DT_CHECK_CONTAINS(err.msg, "NVML not available");
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
         {"common_err", test_err, 0},
+        {"common_gpu_busy", test_gpu_busy, 0},
+        {"common_gpu_busy_no_driver", test_gpu_busy_no_driver, 0},
         {"common_parsing", test_parsing, 0},
         {"common_nearest", test_nearest, 0},
         {"common_rng_deterministic", test_rng_deterministic, 0},
