@@ -219,6 +219,15 @@ struct dt_backend {
     double (*sumsq)(dt_backend *be, const float *x, size_t n);
     /* Number of non-finite values in x (n) (waits); used for fp16 loss-scaling overflow. */
     size_t (*count_nonfinite)(dt_backend *be, const float *x, size_t n);
+
+    /* ---- 16-bit payloads (DDP gradient compression) ----
+     * to_half: half (n) = x (n) * scale, rounded to nearest even to bfloat16 (bf16) or float16
+     * (overflow becomes inf, NaN stays NaN); from_half: x (n) = half (n) widened, * scale. The
+     * roundings are common/half.h's, bit for bit (NaN payloads aside). */
+    void (*to_half)(dt_backend *be, uint16_t *half, const float *x, size_t n, float scale,
+                    bool bf16);
+    void (*from_half)(dt_backend *be, float *x, const uint16_t *half, size_t n, float scale,
+                      bool bf16);
 };
 
 /* Merges the BatchNorm statistics of R parts exactly (Chan et al.'s parallel variance; what

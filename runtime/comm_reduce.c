@@ -5,9 +5,7 @@
  * (converting) to the destinations. Each pass is a simple loop over restrict pointers that the
  * compiler vectorises, so the kernels run at memory speed for every dtype and any number of
  * sources, and a destination may alias a source.
- *
- * The float16 conversions are the branch-free IEEE algorithms of Marat Dukhan's FP16 library
- * (MIT): they rely on float arithmetic rounding to nearest even, which dtrain never changes.
+ * The scalar conversions are common/half.h's.
  */
 #include "runtime/comm_reduce.h"
 
@@ -25,69 +23,6 @@
 #define DT_VECTORIZE
 #endif
 
-static inline uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* ---- scalar conversions -------------------------------------------------------------------- */
-
-float dt_bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
-
-uint16_t dt_f32_to_bf16(float f)
-{
-    uint32_t u = f2u(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a (quiet) NaN after truncation */
-        return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
-    return (uint16_t)(u >> 16);
-}
-
-float dt_f16_to_f32(uint16_t h)
-{
-    const uint32_t w = (uint32_t)h << 16;
-    const uint32_t sign = w & 0x80000000u;
-    const uint32_t two_w = w + w;
-    const uint32_t exp_offset = 0xE0u << 23;
-    const float exp_scale = 0x1.0p-112f;
-    const float normalized = u2f((two_w >> 4) + exp_offset) * exp_scale;
-    const uint32_t magic_mask = 126u << 23;
-    const float magic_bias = 0.5f;
-    const float denormalized = u2f((two_w >> 17) | magic_mask) - magic_bias;
-    const uint32_t denormalized_cutoff = 1u << 27;
-    const uint32_t result =
-        sign | (two_w < denormalized_cutoff ? f2u(denormalized) : f2u(normalized));
-    return u2f(result);
-}
-
-uint16_t dt_f32_to_f16(float f)
-{
-    const float scale_to_inf = 0x1.0p+112f;
-    const float scale_to_zero = 0x1.0p-110f;
-    float base = (fabsf(f) * scale_to_inf) * scale_to_zero;
-    const uint32_t w = f2u(f);
-    const uint32_t shl1_w = w + w;
-    const uint32_t sign = w & 0x80000000u;
-    uint32_t bias = shl1_w & 0xFF000000u;
-    if (bias < 0x71000000u)
-        bias = 0x71000000u;
-    base = u2f((bias >> 1) + 0x07800000u) + base;
-    const uint32_t bits = f2u(base);
-    const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
-    const uint32_t mantissa_bits = bits & 0x00000FFFu;
-    const uint32_t nonsign = exp_bits + mantissa_bits;
-    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-
 /* ---- block kernels ------------------------------------------------------------------------- */
 
 DT_VECTORIZE static void load_block(float *restrict acc, const void *src, dt_dtype t, size_t n)
@@ -97,7 +32,7 @@ DT_VECTORIZE static void load_block(float *restrict acc, const void *src, dt_dty
     } else if (t == DT_BFLOAT16) {
         const uint16_t *restrict s = src;
         for (size_t i = 0; i < n; i++)
-            acc[i] = u2f((uint32_t)s[i] << 16);
+            acc[i] = dt_bits_f32((uint32_t)s[i] << 16);
     } else {
         const uint16_t *restrict s = src;
         for (size_t i = 0; i < n; i++)
@@ -114,7 +49,7 @@ DT_VECTORIZE static void add_block(float *restrict acc, const void *src, dt_dtyp
     } else if (t == DT_BFLOAT16) {
         const uint16_t *restrict s = src;
         for (size_t i = 0; i < n; i++)
-            acc[i] += u2f((uint32_t)s[i] << 16);
+            acc[i] += dt_bits_f32((uint32_t)s[i] << 16);
     } else {
         const uint16_t *restrict s = src;
         for (size_t i = 0; i < n; i++)

@@ -12,13 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/half.h" /* the scalar conversions */
 #include "runtime/comm.h"
 
-/* Scalar conversions (round to nearest even). */
-float dt_bf16_to_f32(uint16_t h);
-uint16_t dt_f32_to_bf16(float f);
-float dt_f16_to_f32(uint16_t h);
-uint16_t dt_f32_to_f16(float f);
 
 /* dst (n, dtype dt) = scale * src (n, dtype st). dst and src may be the same pointer only when
  * dt == st. */

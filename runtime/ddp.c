@@ -15,7 +15,6 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/comm_reduce.h"
 
 #define MIB (1024.0 * 1024.0)
 #define MSG_BYTES 256 /* per-rank consistency message */
@@ -35,7 +34,8 @@ struct dt_ddp {
     bucket *b;            /* (nb) from the end of the buffer to its start */
     int nb;
     int next;             /* next bucket to launch */
-    uint16_t *comp;       /* (num_params) 16-bit payloads when compressing, owned */
+    uint16_t *comp;       /* (num_params) 16-bit payloads when compressing (backend memory, or
+                             communicator memory), owned */
     void *cmem;           /* communicator memory holding comp or the gradients, or NULL */
     float *own_grads;     /* the model's gradient buffer while m->grads points at cmem */
     float *scratch;       /* (scratch_n) backend memory for small collectives, owned */
@@ -325,8 +325,9 @@ static void launch(dt_ddp *d, int i)
         return;
     int rc;
     if (d->comp) {
-        dt_dtype_convert(d->comp + b->lo, d->o.compress, d->m->grads + b->lo, DT_FLOAT32, n,
-                         1.0f / (float)d->world);
+        dt_backend *be = d->m->be;
+        be->to_half(be, d->comp + b->lo, d->m->grads + b->lo, n, 1.0f / (float)d->world,
+                    d->o.compress == DT_BFLOAT16);
         rc = dt_comm_allreduce(d->c, d->comp + b->lo, n, d->o.compress, DT_SUM, &b->work, &d->err);
     } else {
         rc = dt_comm_allreduce(d->c, d->m->grads + b->lo, n, DT_FLOAT32, DT_AVG, &b->work,
@@ -391,8 +392,8 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
             }
         }
         if (!rc && d->comp)
-            dt_dtype_convert(d->m->grads + b->lo, DT_FLOAT32, d->comp + b->lo, d->o.compress,
-                             b->hi - b->lo, 1.0f);
+            d->m->be->from_half(d->m->be, d->m->grads + b->lo, d->comp + b->lo, b->hi - b->lo,
+                                1.0f, d->o.compress == DT_BFLOAT16);
         b->ready = 0;
         b->launched = false;
     }
@@ -482,12 +483,6 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
                         "first_bucket_mb %g)", d->o.bucket_cap_mb, d->o.first_bucket_mb);
         goto fail;
     }
-    if (d->o.compress != DT_FLOAT32 && strcmp(m->be->name, "cpu") != 0) {
-        rc = dt_err_set(err, -ENOTSUP, "ddp.compress = %s works with device = cpu only (the "
-                        "%s backend has no conversion op); use ddp.compress = none",
-                        dt_dtype_name(d->o.compress), m->be->name);
-        goto fail;
-    }
     if ((rc = ensure_scratch(d, 64, err)))
         goto fail;
     if (d->world > 1) {
@@ -512,12 +507,10 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
     }
     if ((rc = use_comm_memory(d, err)))
         goto fail;
-    if (d->o.compress != DT_FLOAT32 && m->num_params && !d->comp) {
-        d->comp = malloc(m->num_params * sizeof *d->comp);
-        if (!d->comp) {
-            rc = dt_err_set(err, -ENOMEM, "DDP: out of memory for the compressed gradients");
-            goto fail;
-        }
+    if (d->o.compress != DT_FLOAT32 && m->num_params && !d->comp &&
+        (rc = m->be->alloc(m->be, (void **)&d->comp, m->num_params * sizeof *d->comp, err))) {
+        dt_err_prefix(err, "DDP: the compressed gradients: ");
+        goto fail;
     }
     DT_DEBUG("DDP: %d ranks, %zu parameters in %d buckets (first %.2f MiB, cap %.1f MiB)%s%s",
              d->world, m->num_params, d->nb, d->o.first_bucket_mb, d->o.bucket_cap_mb,
@@ -544,8 +537,8 @@ void dt_ddp_free(dt_ddp *d)
     }
     if (d->cmem)
         dt_comm_mem_free(d->c, d->cmem);
-    else
-        free(d->comp);
+    else if (d->comp)
+        d->m->be->free(d->m->be, d->comp);
     free(d->rec);
     free(d->b);
     free(d);

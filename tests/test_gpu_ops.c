@@ -1004,6 +1004,63 @@ static void test_reductions(void)
     ctx_close(&x);
 }
 
+/* DDP's 16-bit payloads: the CUDA conversions give the CPU's bits (NaN: a NaN), both ways, with
+ * the scale, over normal, subnormal, overflowing and special values. */
+static void test_half_payloads(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    size_t n = 100003;
+    tp a = tp_new(&x, n, 1);
+    for (size_t i = 0; i < n; i += 7)
+        a.h[i] *= (i % 3 == 0) ? 1e5f : (i % 3 == 1) ? 1e-6f : 3e-8f; /* fp16 overflow, subnormals */
+    a.h[1] = NAN;
+    a.h[2] = INFINITY;
+    a.h[3] = -0.0f;
+    tp_upload(&x, &a);
+    uint16_t *hc = dalloc(c, n * 2), *hg = dalloc(g, n * 2);
+    uint16_t *bc = malloc(n * 2), *bg = malloc(n * 2);
+    float *wc = malloc(n * 4), *wg = malloc(n * 4);
+    float *fc = dalloc(c, n * 4), *fg = dalloc(g, n * 4);
+    for (int bf = 0; bf < 2; bf++) {
+        const char *name = bf ? "bf16" : "fp16";
+        c->to_half(c, hc, a.c, n, 0.5f, bf);
+        g->to_half(g, hg, a.g, n, 0.5f, bf);
+        c->memcpy_d2h(c, bc, hc, n * 2);
+        g->memcpy_d2h(g, bg, hg, n * 2);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < n; i++) {
+            bool nan_c = (bc[i] & 0x7fff) > (bf ? 0x7f80 : 0x7c00);
+            bool nan_g = (bg[i] & 0x7fff) > (bf ? 0x7f80 : 0x7c00);
+            if (nan_c != nan_g || (!nan_c && bc[i] != bg[i]))
+                first = bad++ ? first : i;
+        }
+        DT_CHECK_MSG(bad == 0, "to_half %s: %zu of %zu differ, first at %zu: %g -> cpu %#x gpu %#x",
+                     name, bad, n, first, (double)a.h[first], bc[first], bg[first]);
+        c->from_half(c, fc, hc, n, 2.0f, bf);
+        g->from_half(g, fg, hg, n, 2.0f, bf);
+        c->memcpy_d2h(c, wc, fc, n * 4);
+        g->memcpy_d2h(g, wg, fg, n * 4);
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!(wc[i] == wg[i] || (isnan(wc[i]) && isnan(wg[i]))))
+                first = bad++ ? first : i;
+        DT_CHECK_MSG(bad == 0, "from_half %s: %zu of %zu differ, first at %zu: cpu %g gpu %g",
+                     name, bad, n, first, (double)wc[first], (double)wg[first]);
+    }
+    c->free(c, hc);
+    g->free(g, hg);
+    c->free(c, fc);
+    g->free(g, fg);
+    free(bc);
+    free(bg);
+    free(wc);
+    free(wg);
+    tp_free(&x, &a);
+    ctx_close(&x);
+}
+
 /* ---- whole models: forward loss and every gradient, CPU against CUDA -------------------- */
 
 /* Builds cfg on both backends (same seed: same parameters), runs forward and backward on the
@@ -1371,6 +1428,7 @@ int main(int argc, char **argv)
         {"gpu_pooling", test_pooling, 60},
         {"gpu_optimizers", test_optimizers, 60},
         {"gpu_reductions", test_reductions, 60},
+        {"gpu_half_payloads", test_half_payloads, 60},
         {"gpu_model_gpt_fp32", test_model_gpt_fp32, 180},
         {"gpu_model_gpt_bf16", test_model_gpt_bf16, 180},
         {"gpu_model_gpt_bf16_flash", test_model_gpt_bf16_flash, 180},

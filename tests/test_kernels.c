@@ -1326,6 +1326,68 @@ static void test_sumsq_nonfinite(void)
     free(x);
 }
 
+/* to_half / from_half: the roundings a 16-bit DDP payload gets, against values whose 16-bit
+ * forms are known, and a round trip (x * 1/4 -> bf16 -> * 4) within bfloat16's precision. */
+static void test_half_payloads(void)
+{
+    dt_backend *be = be_new();
+    /* ties to even: 1 + 2^-8 and 1 + 3*2^-8 for bfloat16 (7 mantissa bits), 1 + 2^-11 and
+     * 1 + 3*2^-11 for float16 (10); 70000 overflows float16; 2^-24 is float16's smallest
+     * subnormal; 65504 is float16's largest finite value and rounds up to 2^16 in bfloat16.
+     * (Expected bits from Python's struct 'e' and a plain RNE truncation.) */
+    const float x[] = {1.0f, -2.5f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 70000.0f, -0.0f,
+                       INFINITY, NAN, 0x1p-24f, 65504.0f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f};
+    const uint16_t want_bf16[] = {0x3f80, 0xc020, 0x3f80, 0x3f82, 0x4789, 0x8000,
+                                  0x7f80, 0,      0x3380, 0x4780, 0x3f80, 0x3f80};
+    const uint16_t want_f16[] = {0x3c00, 0xc100, 0x3c04, 0x3c0c, 0x7c00, 0x8000,
+                                 0x7c00, 0,      0x0001, 0x7bff, 0x3c00, 0x3c02};
+    const size_t n = sizeof x / sizeof x[0];
+    float *d = up(be, x, n);
+    uint16_t *h = NULL, got[16];
+    dt_err err = {0};
+    DT_REQUIRE_OK(be->alloc(be, (void **)&h, n * sizeof *h, &err), &err);
+    for (int bf = 0; bf < 2; bf++) {
+        const uint16_t *want = bf ? want_bf16 : want_f16;
+        be->to_half(be, h, d, n, 1.0f, bf);
+        be->memcpy_d2h(be, got, h, n * sizeof *h);
+        for (size_t i = 0; i < n; i++) {
+            if (isnan(x[i]))
+                DT_CHECK_MSG((got[i] & 0x7fff) > (bf ? 0x7f80 : 0x7c00), "%s NaN -> %#x",
+                             bf ? "bf16" : "fp16", got[i]);
+            else
+                DT_CHECK_MSG(got[i] == want[i], "%s(%a) = %#x, want %#x", bf ? "bf16" : "fp16",
+                             (double)x[i], got[i], want[i]);
+        }
+        float back[16];
+        float *db = NULL;
+        DT_REQUIRE_OK(be->alloc(be, (void **)&db, n * sizeof *db, &err), &err);
+        be->from_half(be, db, h, n, 2.0f, bf);
+        be->memcpy_d2h(be, back, db, n * sizeof *db);
+        DT_CHECK(back[0] == 2.0f && back[1] == -5.0f && back[5] == 0 && signbit(back[5]));
+        DT_CHECK(isinf(back[6]) && isnan(back[7]));
+        DT_CHECK(bf ? back[4] == 2 * 70144.0f : isinf(back[4])); /* 0x4789 = 70144 */
+        be->free(be, db);
+    }
+    /* scale on the way in: DDP's 1/world */
+    const size_t m = 4097;
+    float *y = malloc(m * sizeof *y), *r = malloc(m * sizeof *r);
+    for (size_t i = 0; i < m; i++)
+        y[i] = (float)sin((double)i) * 3.0f;
+    float *dy = up(be, y, m), *dr = NULL;
+    uint16_t *hy = NULL;
+    DT_REQUIRE_OK(be->alloc(be, (void **)&hy, m * sizeof *hy, &err), &err);
+    DT_REQUIRE_OK(be->alloc(be, (void **)&dr, m * sizeof *dr, &err), &err);
+    be->to_half(be, hy, dy, m, 0.25f, true);
+    be->from_half(be, dr, hy, m, 4.0f, true);
+    be->memcpy_d2h(be, r, dr, m * sizeof *r);
+    for (size_t i = 0; i < m; i++)
+        DT_CHECK_MSG(fabsf(r[i] - y[i]) <= fabsf(y[i]) * 0x1p-8f, "round trip %zu: %g -> %g", i,
+                     (double)y[i], (double)r[i]);
+    be->close(be);
+    free(y);
+    free(r);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* backend plumbing */
 
@@ -1516,6 +1578,7 @@ static const dt_test tests[] = {
     {"sgd_steps", test_sgd_steps, 0},
     {"adamw", test_adamw, 0},
     {"sumsq_nonfinite", test_sumsq_nonfinite, 0},
+    {"half_payloads", test_half_payloads, 0},
     {"memory_and_profile", test_memory_and_profile, 0},
     {"instances_independent", test_instances_independent, 0},
     {"blas_threads_bound", test_blas_threads_bound, 0},

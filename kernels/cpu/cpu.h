@@ -87,6 +87,8 @@ enum {
     DT_CPU_OP_ADAMW,
     DT_CPU_OP_SUMSQ,
     DT_CPU_OP_NONFINITE,
+    DT_CPU_OP_TO_HALF,
+    DT_CPU_OP_FROM_HALF,
     DT_CPU_OP_COUNT
 };
 
@@ -201,5 +203,9 @@ void dt_cpu_adamw_update(dt_backend *be, float *params, const float *grads, floa
                          float weight_decay, int64_t t);
 double dt_cpu_sumsq(dt_backend *be, const float *x, size_t n);
 size_t dt_cpu_count_nonfinite(dt_backend *be, const float *x, size_t n);
+void dt_cpu_to_half(dt_backend *be, uint16_t *half, const float *x, size_t n, float scale,
+                    bool bf16);
+void dt_cpu_from_half(dt_backend *be, float *x, const uint16_t *half, size_t n, float scale,
+                      bool bf16);
 
 #endif

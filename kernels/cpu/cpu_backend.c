@@ -68,6 +68,8 @@ static const struct {
     [DT_CPU_OP_ADAMW] = {"adamw_update", false},
     [DT_CPU_OP_SUMSQ] = {"sumsq", false},
     [DT_CPU_OP_NONFINITE] = {"count_nonfinite", false},
+    [DT_CPU_OP_TO_HALF] = {"to_half", false},
+    [DT_CPU_OP_FROM_HALF] = {"from_half", false},
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -276,6 +278,8 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     be->adamw_update = dt_cpu_adamw_update;
     be->sumsq = dt_cpu_sumsq;
     be->count_nonfinite = dt_cpu_count_nonfinite;
+    be->to_half = dt_cpu_to_half;
+    be->from_half = dt_cpu_from_half;
 
     *out = be;
     return 0;

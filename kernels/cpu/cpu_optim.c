@@ -6,6 +6,7 @@
  */
 #include <math.h>
 
+#include "common/half.h"
 #include "kernels/cpu/cpu.h"
 
 DT_CPU_OPTIMIZE
@@ -132,4 +133,30 @@ size_t dt_cpu_count_nonfinite(dt_backend *be, const float *x, size_t n)
         bad += !isfinite(x[i]);
     DT_CPU_PROF_END(be, DT_CPU_OP_NONFINITE, 0);
     return bad;
+}
+
+void dt_cpu_to_half(dt_backend *be, uint16_t *half, const float *x, size_t n, float scale,
+                    bool bf16)
+{
+    DT_CPU_PROF_BEGIN(be);
+    if (bf16)
+        for (size_t i = 0; i < n; i++)
+            half[i] = dt_f32_to_bf16(x[i] * scale);
+    else
+        for (size_t i = 0; i < n; i++)
+            half[i] = dt_f32_to_f16(x[i] * scale);
+    DT_CPU_PROF_END(be, DT_CPU_OP_TO_HALF, 0);
+}
+
+void dt_cpu_from_half(dt_backend *be, float *x, const uint16_t *half, size_t n, float scale,
+                      bool bf16)
+{
+    DT_CPU_PROF_BEGIN(be);
+    if (bf16)
+        for (size_t i = 0; i < n; i++)
+            x[i] = dt_bf16_to_f32(half[i]) * scale;
+    else
+        for (size_t i = 0; i < n; i++)
+            x[i] = dt_f16_to_f32(half[i]) * scale;
+    DT_CPU_PROF_END(be, DT_CPU_OP_FROM_HALF, 0);
 }

@@ -81,6 +81,8 @@ static const struct {
     /* DT_CU_OP_ADAMW */ {"adamw_update", false},
     /* DT_CU_OP_SUMSQ */ {"sumsq", false},
     /* DT_CU_OP_NONFINITE */ {"count_nonfinite", false},
+    /* DT_CU_OP_TO_HALF */ {"to_half", false},
+    /* DT_CU_OP_FROM_HALF */ {"from_half", false},
 };
 
 // =============================================================================================
@@ -553,6 +555,8 @@ static void fill_ops(dt_backend *be)
     be->adamw_update = dt_cuda_adamw_update;
     be->sumsq = dt_cuda_sumsq;
     be->count_nonfinite = dt_cuda_count_nonfinite;
+    be->to_half = dt_cuda_op_to_half;
+    be->from_half = dt_cuda_op_from_half;
 }
 
 DT_CU_EXPORT int dt_cuda_backend_create(dt_backend **out, const dt_backend_opts *opts,

@@ -79,6 +79,8 @@ enum {
     DT_CU_OP_ADAMW,
     DT_CU_OP_SUMSQ,
     DT_CU_OP_NONFINITE,
+    DT_CU_OP_TO_HALF,
+    DT_CU_OP_FROM_HALF,
     DT_CU_OP_COUNT
 };
 
@@ -296,6 +298,10 @@ void dt_cuda_adamw_update(dt_backend *be, float *params, const float *grads, flo
                           float weight_decay, int64_t t);
 double dt_cuda_sumsq(dt_backend *be, const float *x, size_t n);
 size_t dt_cuda_count_nonfinite(dt_backend *be, const float *x, size_t n);
+void dt_cuda_op_to_half(dt_backend *be, uint16_t *half, const float *x, size_t n, float scale,
+                        bool bf16);
+void dt_cuda_op_from_half(dt_backend *be, float *x, const uint16_t *half, size_t n, float scale,
+                          bool bf16);
 
 // ---- compute-stream registry (for the NCCL backend in the same library) -----------------------
 // Records `ev` on the compute stream of the newest live backend instance on `device` (under the

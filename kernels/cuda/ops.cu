@@ -276,6 +276,52 @@ void dt_cuda_to_half(dt_cuda *cu, void *dst, const float *x, size_t n, bool bf16
     DT_CU_LAUNCHED(cu);
 }
 
+// 16-bit payloads (DDP gradient compression): the same roundings as common/half.h (to nearest
+// even; overflow to inf; NaN stays NaN)
+__global__ static void to_half_kernel(uint16_t *dst, const float *x, size_t n, float scale,
+                                      bool bf16)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = x[i] * scale;
+        dst[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
+                      : __half_as_ushort(__float2half_rn(v));
+    }
+}
+
+__global__ static void from_half_kernel(float *x, const uint16_t *src, size_t n, float scale,
+                                        bool bf16)
+{
+    GRID_STRIDE(i, n)
+    x[i] = (bf16 ? __bfloat162float(__ushort_as_bfloat16(src[i]))
+                 : __half2float(__ushort_as_half(src[i]))) *
+           scale;
+}
+
+void dt_cuda_op_to_half(dt_backend *be, uint16_t *half, const float *x, size_t n, float scale,
+                        bool bf16)
+{
+    DT_CU_BEGIN(be);
+    if (n > 0) {
+        to_half_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>(half, x, n, scale,
+                                                                              bf16);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_TO_HALF, 0);
+}
+
+void dt_cuda_op_from_half(dt_backend *be, float *x, const uint16_t *half, size_t n, float scale,
+                          bool bf16)
+{
+    DT_CU_BEGIN(be);
+    if (n > 0) {
+        from_half_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>(x, half, n, scale,
+                                                                                bf16);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_FROM_HALF, 0);
+}
+
 // =============================================================================================
 // bias
 // =============================================================================================
