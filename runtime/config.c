@@ -423,7 +423,12 @@ typedef struct parse_ctx {
     int seq[256];         /* order of that assignment (0 = still the default) */
     bool bad[256];        /* the last value given for the field was rejected */
     int nseq;
+    char long_value[4096]; /* the value of a line too long for inih (see long_line) */
 } parse_ctx;
+
+/* What inih gets in place of a value too long for it; on_ini_entry swaps the value back. */
+#define LONG_MARK "\x1f"
+
 
 static void note_source(parse_ctx *c, int idx, bool ok)
 {
@@ -523,8 +528,54 @@ static int on_ini_entry(void *user, const char *section, const char *name, const
     }
     if (!known_section(section))
         return 1; /* reported at its header by line_reader */
+    if (c->long_value[0] && !strcmp(value, LONG_MARK))
+        value = c->long_value;
     assign(c, section, name, value);
+    c->long_value[0] = '\0';
     return 1;
+}
+
+/* inih reads at most INI_MAX_LINE (200 on Debian) bytes per line, far less than a path may
+ * take. A longer "key = value" line (str holds its first num - 1 bytes) is read whole here; its
+ * value, trimmed as inih trims values (leading and trailing blanks, an inline "; comment"), goes
+ * to c->long_value and inih gets "key=" LONG_MARK instead. Lines that are not a key at the start
+ * of the line, or longer than long_value, are reported. */
+static void long_line(parse_ctx *c, char *str, int num)
+{
+    char full[sizeof c->long_value + 256];
+    size_t len = strlen(str);
+    bool over = false;
+    memcpy(full, str, len + 1);
+    int ch;
+    while ((ch = fgetc(c->fp)) != EOF && ch != '\n') {
+        if (len + 1 < sizeof full)
+            full[len++] = (char)ch;
+        else
+            over = true;
+    }
+    full[len] = '\0';
+    char *eq = strpbrk(full, "=:");
+    bool key = !strchr(" \t;#[", full[0]) && eq && eq - full + 2 < num - 2;
+    char *v = eq ? eq + 1 : full;
+    while (*v == ' ' || *v == '\t')
+        v++;
+    for (char *p = v; *p; p++)
+        if (*p == ';' && p > v && isspace((unsigned char)p[-1])) {
+            *p = '\0';
+            break;
+        }
+    size_t n = strlen(v);
+    while (n && isspace((unsigned char)v[n - 1]))
+        v[--n] = '\0';
+    if (over || !key || n >= sizeof c->long_value) {
+        add_error(c->errs, c->where, c->line, "line longer than %zu characters",
+                  key ? sizeof c->long_value - 1 : (size_t)num - 2);
+        str[0] = '\n';
+        str[1] = '\0';
+        return;
+    }
+    memcpy(c->long_value, v, n + 1);
+    snprintf(str, (size_t)num, "%.*s=%s\n", (int)(eq - full), full, LONG_MARK);
 }
 
 /* inih's reader: counts lines and reports lines inih would silently treat as errors. */
@@ -539,13 +590,7 @@ static char *line_reader(char *str, int num, void *stream)
         memmove(str, str + 3, strlen(str + 3) + 1);
     size_t len = strlen(str);
     if (len == (size_t)num - 1 && str[len - 1] != '\n' && !feof(c->fp)) {
-        /* inih reads at most INI_MAX_LINE bytes per line: report and skip the rest. */
-        int ch;
-        while ((ch = fgetc(c->fp)) != EOF && ch != '\n')
-            ;
-        add_error(c->errs, c->where, c->line, "line longer than %d characters", num - 2);
-        str[0] = '\n';
-        str[1] = '\0';
+        long_line(c, str, num);
         return r;
     }
     const char *p = str;

@@ -288,6 +288,23 @@ static void test_print_config_every_shipped_file_round_trips(void)
     }
     free(list);
     DT_CHECK(n >= 1);
+    /* A value longer than inih's 200-byte line (a deep path on a cluster) round-trips too. */
+    char deep[400];
+    memset(deep, 'd', sizeof deep - 1);
+    deep[sizeof deep - 1] = '\0';
+    DT_REQUIRE(run("--print-config configs/quickstart.ini data.path=/%s/train.bin", deep) == 0);
+    char printed[1024];
+    snprintf(printed, sizeof printed, "%s/printed-long.ini", dt_test_tmpdir());
+    FILE *f = fopen(printed, "w");
+    DT_REQUIRE(f);
+    fputs(out, f);
+    fclose(f);
+    char *first = strdup(out);
+    DT_CHECK_MSG(run("--print-config %s", printed) == 0, "reprint failed: %s", out);
+    const char *a = strchr(first, '\n'), *b = strchr(out, '\n');
+    DT_CHECK_MSG(a && b && !strcmp(a, b), "a 400-character path does not round-trip");
+    DT_CHECK_CONTAINS(out, "/train.bin");
+    free(first);
 }
 
 static void test_subcommand_dispatch(void)
