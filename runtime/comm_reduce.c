@@ -34,9 +34,7 @@ DT_VECTORIZE static void load_block(float *restrict acc, const void *src, dt_dty
         for (size_t i = 0; i < n; i++)
             acc[i] = dt_bits_f32((uint32_t)s[i] << 16);
     } else {
-        const uint16_t *restrict s = src;
-        for (size_t i = 0; i < n; i++)
-            acc[i] = dt_f16_to_f32(s[i]);
+        dt_f16_to_f32_n(acc, src, n);
     }
 }
 
@@ -51,9 +49,10 @@ DT_VECTORIZE static void add_block(float *restrict acc, const void *src, dt_dtyp
         for (size_t i = 0; i < n; i++)
             acc[i] += dt_bits_f32((uint32_t)s[i] << 16);
     } else {
-        const uint16_t *restrict s = src;
+        float wide[BLOCK];
+        dt_f16_to_f32_n(wide, src, n);
         for (size_t i = 0; i < n; i++)
-            acc[i] += dt_f16_to_f32(s[i]);
+            acc[i] += wide[i];
     }
 }
 
@@ -72,9 +71,7 @@ DT_VECTORIZE static void store_block(void *dst, dt_dtype t, const float *restric
         for (size_t i = 0; i < n; i++)
             d[i] = dt_f32_to_bf16(acc[i]);
     } else {
-        uint16_t *restrict d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = dt_f32_to_f16(acc[i]);
+        dt_f32_to_f16_n(dst, acc, n);
     }
 }
 

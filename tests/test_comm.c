@@ -283,6 +283,39 @@ static void test_fp16_exhaustive(void)
     DT_CHECK_INT(dt_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02); /* tie: up to even */
     DT_CHECK_INT(dt_f32_to_f16(-0.0f), 0x8000);
     DT_CHECK_NEAR(dt_f16_to_f32(0x3555), 0.333251953125, 0);
+
+    /* The array forms (F16C where the CPU has it) give the scalar forms' bits: every half, and
+     * every 4099th float32 bit pattern (all exponents, both signs, NaNs and infinities), in a
+     * length that leaves a tail. */
+    enum { NF = 1048577 };
+    uint16_t *hs = malloc(65536 * sizeof *hs), *h2 = malloc(NF * sizeof *h2);
+    float *fs = malloc(NF * sizeof *fs), *f2 = malloc(65536 * sizeof *f2);
+    DT_REQUIRE(hs && h2 && fs && f2);
+    for (uint32_t h = 0; h < 65536; h++)
+        hs[h] = (uint16_t)h;
+    dt_f16_to_f32_n(f2, hs, 65536);
+    bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float want = dt_f16_to_f32((uint16_t)h);
+        if (!(want != want ? f2[h] != f2[h] : dt_f32_bits(f2[h]) == dt_f32_bits(want)))
+            bad++;
+    }
+    DT_CHECK_MSG(bad == 0, "dt_f16_to_f32_n: %d of 65536 halves differ from dt_f16_to_f32", bad);
+    for (uint32_t i = 0; i < NF; i++)
+        fs[i] = dt_bits_f32((uint32_t)((uint64_t)i * 4099u * 997u));
+    dt_f32_to_f16_n(h2, fs, NF);
+    bad = 0;
+    for (uint32_t i = 0; i < NF; i++) {
+        uint16_t want = dt_f32_to_f16(fs[i]);
+        bool nan = fs[i] != fs[i];
+        if (nan ? (h2[i] & 0x7c00) != 0x7c00 || !(h2[i] & 0x3ff) : h2[i] != want)
+            bad++;
+    }
+    DT_CHECK_MSG(bad == 0, "dt_f32_to_f16_n: %d of %d floats differ from dt_f32_to_f16", bad, NF);
+    free(hs);
+    free(h2);
+    free(fs);
+    free(f2);
 }
 
 static void test_bf16_rounding(void)
