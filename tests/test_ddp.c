@@ -987,6 +987,53 @@ static void test_dp_equals_single(void)
         }
 }
 
+/* Gradient accumulation through DP: two micro-steps of 4 samples at dloss_scale 1/2 leave the
+ * master the gradients one pass over all 8 gives, with either transport (the master accumulates,
+ * the other replicas start each pass from zero). */
+static void test_dp_accumulation(void)
+{
+    const char *transports[] = {"master", "collectives"};
+    for (int x = 0; x < 2; x++) {
+        dt_model_config mc = model_cfg("gpt", 8);
+        dt_dp_opts o;
+        memset(&o, 0, sizeof o);
+        o.replicas = 2;
+        o.device = "cpu";
+        o.transport = transports[x];
+        o.timeout_ms = 60000;
+        dt_backend_opts_default(&o.backend);
+        gbatch g;
+        make_gbatch(&g, &mc, 8, 0);
+        float *grads[2] = {NULL, NULL};
+        size_t n = 0;
+        for (int way = 0; way < 2; way++) {
+            dt_dp *d = NULL;
+            dt_err err = {0};
+            DT_REQUIRE_OK(dt_dp_create(&d, &mc, &o, &err), &err);
+            dt_model *m = dt_dp_master(d);
+            dt_backend *be = dt_dp_backend(d, 0);
+            n = m->num_params;
+            be->memset_zero(be, m->grads, n * sizeof(float));
+            float loss = 0;
+            for (int k = 0; k < (way ? 1 : 2); k++) {
+                dt_batch b = way ? slice(&g, 0, 8) : slice(&g, 4 * k, 4);
+                DT_REQUIRE_OK(dt_dp_forward_backward(d, &b, way ? 1.0f : 0.5f, &loss, &err),
+                              &err);
+            }
+            grads[way] = malloc(n * sizeof(float));
+            be->memcpy_d2h(be, grads[way], m->grads, n * sizeof(float));
+            dt_dp_free(d);
+        }
+        size_t where = 0;
+        double e = max_rel(grads[0], grads[1], n, 0, &where);
+        DT_CHECK_MSG(e <= 1e-5, "DP (%s): 2 micro-steps of 4 vs one of 8: error %.3g at %zu",
+                     transports[x], e, where);
+        free(grads[0]);
+        free(grads[1]);
+        free_gbatch(&g);
+    }
+}
+
 static void test_dp_transport_errors(void)
 {
     dt_model_config mc = model_cfg("mlp", 4);
@@ -1070,6 +1117,7 @@ int main(int argc, char **argv)
         {"dp_equals_single", test_dp_equals_single, 60},
         {"dp_equals_ddp_resnet", test_dp_equals_ddp, 60},
         {"dp_transport_errors", test_dp_transport_errors, 30},
+        {"dp_accumulation", test_dp_accumulation, 60},
         {"worker_ddp_dp_single", test_worker_ddp_dp_single, 240},
         {"launcher_restarts_after_kill", test_launcher_restarts_after_kill, 240},
     };
