@@ -180,6 +180,78 @@ bool dt_test_wait_text(const char *path, const char *needle, int times, double t
     return true;
 }
 
+void dt_test_group_init(dt_test_group *g)
+{
+    static int ids;
+    memset(g, 0, sizeof *g);
+    g->id = ids++;
+}
+
+void dt_test_group_spawn(dt_test_group *g, int k, const char *cmd, const char *outpath)
+{
+    if (k < 0 || k >= DT_TEST_GROUP_MAX) {
+        dt_test_fail_at(__FILE__, __LINE__, "process %d: a group holds %d", k, DT_TEST_GROUP_MAX);
+        dt_test_stop();
+    }
+    if (g->out[k] != outpath)
+        snprintf(g->out[k], sizeof g->out[k], "%s", outpath);
+    g->pid[k] = dt_test_spawn(cmd, g->out[k]);
+    g->done[k] = false;
+    if (k >= g->n)
+        g->n = k + 1;
+}
+
+void dt_test_group_wait(dt_test_group *g, double timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    for (int k = 0; k < g->n; k++) {
+        if (g->done[k])
+            continue;
+        double left = deadline - now_s();
+        g->code[k] = dt_test_wait_exit(g->pid[k], left > 0.1 ? left : 0.1);
+        g->done[k] = true;
+    }
+}
+
+void dt_test_group_kill(dt_test_group *g)
+{
+    for (int k = 0; k < g->n; k++)
+        if (!g->done[k] && g->pid[k] > 0) {
+            kill(g->pid[k], SIGCONT);
+            kill(g->pid[k], SIGKILL);
+            waitpid(g->pid[k], NULL, 0);
+            g->done[k] = true;
+        }
+    dt_test_store_stop(g->store);
+    g->store = 0;
+}
+
+void dt_test_group_dump(const dt_test_group *g)
+{
+    for (int k = 0; k < g->n; k++) {
+        char *o = dt_test_slurp(g->out[k]);
+        fprintf(stderr, "---- process %d (%s) ----\n%s\n", k, g->out[k], o ? o : "(none)");
+        free(o);
+    }
+}
+
+int dt_test_read_port(const char *path, const char *needle, double timeout_s)
+{
+    int port = 0;
+    if (dt_test_wait_text(path, needle, 1, timeout_s)) {
+        char *s = dt_test_slurp(path);
+        const char *p = s ? strstr(s, needle) : NULL;
+        port = p ? atoi(p + strlen(needle)) : 0;
+        free(s);
+    }
+    if (port <= 0) {
+        dt_test_fail_at(__FILE__, __LINE__, "%s does not say \"%s<port>\" within %.0f s", path,
+                        needle, timeout_s);
+        dt_test_stop();
+    }
+    return port;
+}
+
 pid_t dt_test_store_start(int *port)
 {
     int pfd[2];
@@ -246,7 +318,7 @@ bool dt_test_pid_gone(pid_t pid)
     return rp && (rp[2] == 'Z' || rp[2] == 'X');
 }
 
-static double timeout_scale(void)
+double dt_test_timeout_scale(void)
 {
     const char *s = getenv("DT_TEST_TIMEOUT_SCALE");
     double v = s ? atof(s) : 1.0;
@@ -275,7 +347,7 @@ int dt_test_run(const char *cmd, char **output, int timeout_s)
     close(pfd[1]);
     size_t cap = 65536, len = 0;
     char *buf = malloc(cap);
-    double deadline = now_s() + timeout_s * timeout_scale();
+    double deadline = now_s() + timeout_s * dt_test_timeout_scale();
     int timed_out = 0;
     for (;;) {
         int ms = (int)((deadline - now_s()) * 1000);
@@ -320,7 +392,7 @@ int dt_test_run(const char *cmd, char **output, int timeout_s)
 
 static int run_one(const dt_test *t)
 {
-    double limit = (t->timeout_s > 0 ? t->timeout_s : 30) * timeout_scale();
+    double limit = (t->timeout_s > 0 ? t->timeout_s : 30) * dt_test_timeout_scale();
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();

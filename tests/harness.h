@@ -110,6 +110,9 @@ int dt_test_write_file(const char *path, const char *text);
 
 /* CLOCK_MONOTONIC in seconds. */
 double dt_test_now(void);
+/* DT_TEST_TIMEOUT_SCALE (sanitizers, a loaded machine; 1 when unset): every test's time limit is
+ * multiplied by it, and so should the waits inside a test be. */
+double dt_test_timeout_scale(void);
 /* The whole file as a malloc'd string, or NULL when it cannot be read. */
 char *dt_test_slurp(const char *path);
 /* Starts `sh -c "exec CMD"` in the background with stdout and stderr to outpath (truncated);
@@ -131,6 +134,36 @@ bool dt_test_pid_gone(pid_t pid);
  * for one) would deadlock. Stop it with dt_test_store_stop. */
 pid_t dt_test_store_start(int *port);
 void dt_test_store_stop(pid_t pid);
+
+/* ---- a group of background processes (launcher agents) and the store they meet at ----
+ * What a test leaves running when it fails is killed with the test's process group. */
+
+#define DT_TEST_GROUP_MAX 8
+typedef struct dt_test_group {
+    int id;                             /* numbers the groups of a test binary (file names) */
+    int n;                              /* processes started: 0 .. n-1 */
+    pid_t pid[DT_TEST_GROUP_MAX];
+    char out[DT_TEST_GROUP_MAX][1024];  /* each one's stdout and stderr */
+    bool done[DT_TEST_GROUP_MAX];       /* waited for: code[k] is its exit code */
+    int code[DT_TEST_GROUP_MAX];
+    pid_t store;                        /* a store process the test started, or 0 */
+    int port;
+} dt_test_group;
+
+/* Empties g and gives it the next id. */
+void dt_test_group_init(dt_test_group *g);
+/* Starts process k (dt_test_spawn) writing to outpath, which g->out[k] keeps; n covers k. */
+void dt_test_group_spawn(dt_test_group *g, int k, const char *cmd, const char *outpath);
+/* Waits for every process not waited for yet, all within timeout_s (dt_test_wait_exit). */
+void dt_test_group_wait(dt_test_group *g, double timeout_s);
+/* Kills what still runs (continued first, in case the test stopped it) and the store, and reaps
+ * them. */
+void dt_test_group_kill(dt_test_group *g);
+/* Every process's output on stderr (after a failed check). */
+void dt_test_group_dump(const dt_test_group *g);
+/* Waits until the file says "<needle><port>" and returns the port (fails the test after
+ * timeout_s): the port an agent or store that bound port 0 prints. */
+int dt_test_read_port(const char *path, const char *needle, double timeout_s);
 
 /* Runs a shell command, captures stdout+stderr (malloc'd, caller frees) and returns the exit
  * status as the shell reports it (128+n for signal n), or -1 when it could not start or ran

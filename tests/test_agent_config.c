@@ -28,14 +28,6 @@
 #define BIN dt_test_dtrain_bin()
 #define TMP dt_test_tmpdir()
 
-/* DT_TEST_TIMEOUT_SCALE (sanitizers, a loaded machine) for the waits inside a test. */
-static double tscale(void)
-{
-    const char *s = getenv("DT_TEST_TIMEOUT_SCALE");
-    double v = s ? atof(s) : 1.0;
-    return v > 0 ? v : 1.0;
-}
-
 static const char *conf_static = "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=20,"
                                  "join_timeout=60,close_timeout=10 --stop-grace 5 "
                                  "--monitor-interval 0.05";
@@ -62,88 +54,23 @@ static void overrides(char *buf, size_t cap, int k, bool bad)
         snprintf(buf, cap, "job.output_dir=%s/out%d", TMP, k);
 }
 
-typedef struct job {
-    int n;
-    pid_t pid[3];
-    char out[3][1024];
-    int code[3];
-    pid_t store; /* c10d: the store the test runs (0: none) */
-    int port;
-} job;
-
-static job *g_job; /* for the cleanup at exit of a failed test */
-
-static void cleanup(void)
-{
-    job *j = g_job;
-    if (!j)
-        return;
-    for (int k = 0; k < j->n; k++)
-        if (j->pid[k] > 0) {
-            kill(j->pid[k], SIGKILL);
-            waitpid(j->pid[k], NULL, 0);
-            j->pid[k] = 0;
-        }
-    if (j->store > 0)
-        dt_test_store_stop(j->store);
-    j->store = 0;
-}
-
-static void job_init(job *j)
-{
-    static bool registered;
-    memset(j, 0, sizeof *j);
-    g_job = j;
-    if (!registered)
-        atexit(cleanup);
-    registered = true;
-}
-
-static void wait_job(job *j, double timeout_s)
-{
-    double deadline = dt_test_now() + timeout_s;
-    for (int k = 0; k < j->n; k++) {
-        double left = deadline - dt_test_now();
-        j->code[k] = dt_test_wait_exit(j->pid[k], left > 0.1 ? left : 0.1);
-        j->pid[k] = 0;
-    }
-    if (j->store > 0)
-        dt_test_store_stop(j->store);
-    j->store = 0;
-    g_job = NULL;
-}
-
-static void dump(job *j)
-{
-    for (int k = 0; k < j->n; k++) {
-        char *o = dt_test_slurp(j->out[k]);
-        fprintf(stderr, "---- agent %d ----\n%s\n", k, o ? o : "(none)");
-        free(o);
-    }
-}
+typedef dt_test_group job;
 
 /* Starts the agents of a static job with `nodes` nodes: node 0 first (store on port 0), then the
  * others on the port it printed. what(k) is node k's worker part of the command line. */
 static void start_static(job *j, int nodes, const char *id, const char *opts, char what[][2048])
 {
-    char line[8192];
-    j->n = nodes;
+    char line[8192], out[1024];
     for (int k = 0; k < nodes; k++) {
-        snprintf(j->out[k], sizeof j->out[k], "%s/%s_node%d.out", TMP, id, k);
-        if (k == 1) {
-            DT_REQUIRE(dt_test_wait_text(j->out[0], "hosting the rendezvous store at 127.0.0.1:", 1,
-                                         30 * tscale()));
-            char *s = dt_test_slurp(j->out[0]);
-            const char *p = s ? strstr(s, "hosting the rendezvous store at 127.0.0.1:") : NULL;
-            j->port = p ? atoi(p + strlen("hosting the rendezvous store at 127.0.0.1:")) : 0;
-            free(s);
-            DT_REQUIRE(j->port > 0);
-        }
+        if (k == 1)
+            j->port = dt_test_read_port(j->out[0], "hosting the rendezvous store at 127.0.0.1:",
+                                        30 * dt_test_timeout_scale());
+        snprintf(out, sizeof out, "%s/%s_node%d.out", TMP, id, k);
         snprintf(line, sizeof line,
                  "%s --nnodes %d --node-rank %d --master-addr 127.0.0.1 --master-port %d "
                  "--rdzv-id %s --log-dir %s/logs %s %s",
                  BIN, nodes, k, k == 0 ? 0 : j->port, id, TMP, opts, what[k]);
-        j->pid[k] = dt_test_spawn(line, j->out[k]);
+        dt_test_group_spawn(j, k, line, out);
     }
 }
 
@@ -151,19 +78,25 @@ static void start_static(job *j, int nodes, const char *id, const char *opts, ch
 static void start_c10d(job *j, int nodes, const char *id, const char *nn, const char *opts,
                        char what[][2048])
 {
-    char line[8192];
+    char line[8192], out[1024];
     j->store = dt_test_store_start(&j->port);
-    j->n = nodes;
     for (int k = 0; k < nodes; k++) {
-        snprintf(j->out[k], sizeof j->out[k], "%s/%s_agent%d.out", TMP, id, k);
+        snprintf(out, sizeof out, "%s/%s_agent%d.out", TMP, id, k);
         snprintf(line, sizeof line,
                  "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes %s "
                  "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=20,join_timeout=60,"
                  "last_call_timeout=3,close_timeout=10 --monitor-interval 0.05 --stop-grace 5 "
                  "--log-dir %s/logs %s %s",
                  BIN, j->port, id, nn, TMP, opts, what[k]);
-        j->pid[k] = dt_test_spawn(line, j->out[k]);
+        dt_test_group_spawn(j, k, line, out);
     }
+}
+
+/* Waits for the agents, then stops the store. */
+static void wait_job(job *j, double timeout_s)
+{
+    dt_test_group_wait(j, timeout_s);
+    dt_test_group_kill(j);
 }
 
 /* Every events*.jsonl of the run id, one after the other (malloc'd; "" when there is none). */
@@ -246,7 +179,7 @@ static void check_config_end(job *j, const char *id, const bool *told)
                  lines_with(ev, "\"event\":\"end\"", "\"exit_code\":2,"));
     free(ev);
     if (!ok)
-        dump(j);
+        dt_test_group_dump(j);
 }
 
 /* (a) Static, 2 nodes, --max-restarts=3, checkpoint.resume missing on both: both agents end
@@ -255,7 +188,7 @@ static void test_static_both_bad(void)
 {
     job j;
     char what[2][2048], ov[1024], opts[1024];
-    job_init(&j);
+    dt_test_group_init(&j);
     const char *ini = job_file();
     for (int k = 0; k < 2; k++) {
         overrides(ov, sizeof ov, k, true);
@@ -263,7 +196,7 @@ static void test_static_both_bad(void)
     }
     snprintf(opts, sizeof opts, "%s --nproc-per-node 1 --max-restarts 3", conf_static);
     start_static(&j, 2, "cs2", opts, what);
-    wait_job(&j, 120 * tscale());
+    wait_job(&j, 120 * dt_test_timeout_scale());
     check_config_end(&j, "cs2", NULL);
     for (int k = 0; k < 2; k++)
         DT_CHECK(dt_test_count_text(j.out[k], "nonexistent/step_5: cannot read the checkpoint "
@@ -276,7 +209,7 @@ static void test_static_one_bad(void)
 {
     job j;
     char what[2][2048], ov[1024], opts[1024];
-    job_init(&j);
+    dt_test_group_init(&j);
     const char *ini = job_file();
     for (int k = 0; k < 2; k++) {
         overrides(ov, sizeof ov, k, k == 1);
@@ -284,7 +217,7 @@ static void test_static_one_bad(void)
     }
     snprintf(opts, sizeof opts, "%s --nproc-per-node 1 --max-restarts 3", conf_static);
     start_static(&j, 2, "cs1", opts, what);
-    wait_job(&j, 120 * tscale());
+    wait_job(&j, 120 * dt_test_timeout_scale());
     DT_CHECK_INT(j.code[0], 2);
     DT_CHECK_INT(j.code[1], 2);
     DT_CHECK(dt_test_count_text(j.out[1], "nonexistent/step_5: cannot read the checkpoint "
@@ -296,7 +229,7 @@ static void test_static_one_bad(void)
     DT_CHECK_CONTAINS(o, "reports a configuration error (exit 2) in its workers: not restarting");
     free(o);
     if (j.code[0] != 2 || j.code[1] != 2)
-        dump(&j);
+        dt_test_group_dump(&j);
 }
 
 /* (b) Elastic (c10d, --nnodes=1:2), checkpoint.resume missing on both agents: both end with 2,
@@ -305,14 +238,14 @@ static void test_elastic_both_bad(void)
 {
     job j;
     char what[2][2048], ov[1024];
-    job_init(&j);
+    dt_test_group_init(&j);
     const char *ini = job_file();
     for (int k = 0; k < 2; k++) {
         overrides(ov, sizeof ov, k, true);
         snprintf(what[k], sizeof what[k], "%s %s", ini, ov);
     }
     start_c10d(&j, 2, "ce2", "1:2", "--nproc-per-node 1 --max-restarts 3", what);
-    wait_job(&j, 120 * tscale());
+    wait_job(&j, 120 * dt_test_timeout_scale());
     check_config_end(&j, "ce2", NULL);
 }
 
@@ -322,7 +255,7 @@ static void test_static_failure_restarts(void)
 {
     job j;
     char what[2][2048], opts[1024];
-    job_init(&j);
+    dt_test_group_init(&j);
     for (int k = 0; k < 2; k++)
         snprintf(what[k], sizeof what[k], "%s",
                  "-- sh -c 'echo attempt=$DTRAIN_ATTEMPT rank=$RANK; [ $GROUP_RANK = 1 ] || "
@@ -330,7 +263,7 @@ static void test_static_failure_restarts(void)
                  "exit 0'");
     snprintf(opts, sizeof opts, "%s --nproc-per-node 1 --max-restarts 3", conf_static);
     start_static(&j, 2, "cr2", opts, what);
-    wait_job(&j, 120 * tscale());
+    wait_job(&j, 120 * dt_test_timeout_scale());
     bool ok = true;
     for (int k = 0; k < 2; k++) {
         DT_CHECK_INT(j.code[k], 0);
@@ -342,7 +275,7 @@ static void test_static_failure_restarts(void)
     DT_CHECK_INT(count_of(ev, "\"event\":\"restart\""), 4); /* 2 per node */
     free(ev);
     if (!ok)
-        dump(&j);
+        dt_test_group_dump(&j);
 }
 
 /* ---- the rendezvous API with in-process agents ------------------------------------------- */

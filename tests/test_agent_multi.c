@@ -20,78 +20,40 @@
 
 #define BIN dt_test_dtrain_bin()
 #define TMP dt_test_tmpdir()
-#define MAXN 4
 
-/* Waits until the file contains needle; returns the text after it (in a static buffer). */
-static const char *wait_for_text(const char *path, const char *needle, double timeout_s)
+typedef dt_test_group job;
+
+/* Starts agent k of a static job with its own --nnodes (port: node 0's store, 0 for node 0). */
+static pid_t spawn_node(job *j, int k, int nnodes, const char *opts, const char *cmd)
 {
-    static char after[256];
-    double deadline = dt_test_now() + timeout_s;
-    for (;;) {
-        char *s = dt_test_slurp(path);
-        const char *p = s ? strstr(s, needle) : NULL;
-        if (p) {
-            snprintf(after, sizeof after, "%s", p + strlen(needle));
-            free(s);
-            return after;
-        }
-        free(s);
-        if (dt_test_now() > deadline)
-            return NULL;
-        dt_sleep_ms(10);
-    }
+    char line[8192];
+    snprintf(j->out[k], sizeof j->out[k], "%s/node%d.out", TMP, k);
+    snprintf(line, sizeof line,
+             "%s --nnodes %d --node-rank %d --master-addr 127.0.0.1 --master-port %d "
+             "--log-dir %s/logs %s -- %s",
+             BIN, nnodes, k, k == 0 ? 0 : j->port, TMP, opts, cmd);
+    dt_test_group_spawn(j, k, line, j->out[k]);
+    return j->pid[k];
 }
-
-typedef struct job {
-    int n;
-    pid_t pid[MAXN];
-    char out[MAXN][4096];
-    int port;
-} job;
 
 /* Starts n agents: node 0 first on port 0, then the others on the port it printed. `opts` are
  * common launcher options; `cmd` the worker command (quoted for sh). */
 static void start_job(job *j, int n, const char *opts, const char *cmd)
 {
-    char line[8192];
-    memset(j, 0, sizeof *j);
-    j->n = n;
+    dt_test_group_init(j);
     for (int k = 0; k < n; k++) {
-        snprintf(j->out[k], sizeof j->out[k], "%s/node%d.out", TMP, k);
-        if (k == 1) {
-            const char *p = wait_for_text(j->out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
-            if (!p) {
-                char *o = dt_test_slurp(j->out[0]);
-                fprintf(stderr, "node 0 output:\n%s\n", o ? o : "(none)");
-                free(o);
-                kill(j->pid[0], SIGKILL);
-            }
-            DT_REQUIRE(p != NULL);
-            j->port = atoi(p);
-            DT_REQUIRE(j->port > 0);
-        }
-        snprintf(line, sizeof line,
-                 "%s --nnodes %d --node-rank %d --master-addr 127.0.0.1 --master-port %d "
-                 "--log-dir %s/logs %s -- %s",
-                 BIN, n, k, k == 0 ? 0 : j->port, TMP, opts, cmd);
-        j->pid[k] = dt_test_spawn(line, j->out[k]);
+        if (k == 1)
+            j->port = dt_test_read_port(j->out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
+        spawn_node(j, k, n, opts, cmd);
     }
 }
 
 /* Waits for every agent; codes[k] = its exit code. */
 static void wait_job(job *j, int *codes, double timeout_s)
 {
+    dt_test_group_wait(j, timeout_s);
     for (int k = 0; k < j->n; k++)
-        codes[k] = dt_test_wait_exit(j->pid[k], timeout_s);
-}
-
-static void dump_outputs(job *j)
-{
-    for (int k = 0; k < j->n; k++) {
-        char *o = dt_test_slurp(j->out[k]);
-        fprintf(stderr, "---- node %d ----\n%s\n", k, o ? o : "(none)");
-        free(o);
-    }
+        codes[k] = j->code[k];
 }
 
 static const char *fast = "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=5,join_timeout=20,"
@@ -106,23 +68,20 @@ static void test_two_nodes_env(void)
                       "master=$MASTER_ADDR:$MASTER_PORT store=$DTRAIN_STORE_ADDR:$DTRAIN_STORE_PORT "
                       "run=$DTRAIN_RUN_ID/$TORCHELASTIC_RUN_ID attempt=$DTRAIN_ATTEMPT\"'";
     char line[8192];
-    memset(&j, 0, sizeof j);
-    j.n = 2;
+    dt_test_group_init(&j);
     snprintf(j.out[0], sizeof j.out[0], "%s/node0.out", TMP);
     snprintf(j.out[1], sizeof j.out[1], "%s/node1.out", TMP);
     snprintf(line, sizeof line,
              "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 0 "
              "--nproc-per-node 2 --rdzv-id envm --log-dir %s/logs %s -- %s",
              BIN, TMP, fast, cmd);
-    j.pid[0] = dt_test_spawn(line, j.out[0]);
-    const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
-    DT_REQUIRE(p != NULL);
-    j.port = atoi(p);
+    dt_test_group_spawn(&j, 0, line, j.out[0]);
+    j.port = dt_test_read_port(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
     snprintf(line, sizeof line,
              "%s --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port %d "
              "--nproc-per-node 3 --rdzv-id envm --log-dir %s/logs %s -- %s",
              BIN, j.port, TMP, fast, cmd);
-    j.pid[1] = dt_test_spawn(line, j.out[1]);
+    dt_test_group_spawn(&j, 1, line, j.out[1]);
     int codes[2];
     wait_job(&j, codes, 30);
     DT_CHECK_INT(codes[0], 0);
@@ -144,7 +103,7 @@ static void test_two_nodes_env(void)
         DT_CHECK_CONTAINS(node ? o1 : o0, want);
     }
     if (codes[0] || codes[1])
-        dump_outputs(&j);
+        dt_test_group_dump(&j);
     free(o0);
     free(o1);
 }
@@ -186,7 +145,7 @@ static void test_three_nodes_restart_all(void)
     DT_CHECK_CONTAINS(ev, "\"event\":\"failure\"");
     free(ev);
     if (codes[0] || codes[1] || codes[2])
-        dump_outputs(&j);
+        dt_test_group_dump(&j);
 }
 
 /* The budget is the job's: a rank on node 1 always fails; both nodes stop after one restart and
@@ -198,8 +157,7 @@ static void test_budget_is_job_wide(void)
     /* Node 1 is given a larger budget: node 0's is the job's. */
     snprintf(opts, sizeof opts, "%s --rdzv-id bw --nproc-per-node 1", fast);
     char line[8192];
-    memset(&j, 0, sizeof j);
-    j.n = 2;
+    dt_test_group_init(&j);
     const char *cmd = "sh -c '[ $GROUP_RANK = 1 ] && exit 3; exec sleep 60'";
     snprintf(j.out[0], sizeof j.out[0], "%s/node0.out", TMP);
     snprintf(j.out[1], sizeof j.out[1], "%s/node1.out", TMP);
@@ -207,15 +165,13 @@ static void test_budget_is_job_wide(void)
              "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 0 --max-restarts 1 "
              "--log-dir %s/logs %s -- %s",
              BIN, TMP, opts, cmd);
-    j.pid[0] = dt_test_spawn(line, j.out[0]);
-    const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
-    DT_REQUIRE(p != NULL);
-    j.port = atoi(p);
+    dt_test_group_spawn(&j, 0, line, j.out[0]);
+    j.port = dt_test_read_port(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
     snprintf(line, sizeof line,
              "%s --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port %d --max-restarts 5 "
              "--log-dir %s/logs %s -- %s",
              BIN, j.port, TMP, opts, cmd);
-    j.pid[1] = dt_test_spawn(line, j.out[1]);
+    dt_test_group_spawn(&j, 1, line, j.out[1]);
     int codes[2];
     wait_job(&j, codes, 60);
     DT_CHECK_INT(codes[0], 1);
@@ -232,7 +188,7 @@ static void test_budget_is_job_wide(void)
         free(o);
     }
     if (codes[0] != 1 || codes[1] != 1)
-        dump_outputs(&j);
+        dt_test_group_dump(&j);
 }
 
 /* A SIGKILLed agent (node 1): its workers die with it, the others notice the silence, stop and
@@ -280,7 +236,7 @@ static void test_sigkill_agent_detected(void)
         free(o);
     }
     if (codes[0] != 1 || codes[2] != 1)
-        dump_outputs(&j);
+        dt_test_group_dump(&j);
 }
 
 /* A node lost with budget left: the others try to restart, the lost node never comes back, and
@@ -313,7 +269,7 @@ static void test_lost_node_then_join_timeout(void)
     DT_CHECK_CONTAINS(o, "sent no heartbeat");
     free(o);
     if (codes[0] != 1)
-        dump_outputs(&j);
+        dt_test_group_dump(&j);
 }
 
 /* The store host (node 0) SIGKILLed: the other node loses the store, stops its workers and
@@ -353,7 +309,7 @@ static void test_store_host_killed(void)
     DT_CHECK(o && strstr(o, "lost the rendezvous"));
     free(o);
     if (codes[1] != 1)
-        dump_outputs(&j);
+        dt_test_group_dump(&j);
 }
 
 /* SIGTERM to one agent ends the job everywhere with 128+15. */
@@ -381,7 +337,7 @@ static void test_sigterm_one_agent_ends_all(void)
     DT_CHECK(o && !strstr(o, "restarting"));
     free(o);
     if (codes[0] != 128 + SIGTERM)
-        dump_outputs(&j);
+        dt_test_group_dump(&j);
 }
 
 /* A `dtrain store` already listening on the endpoint is used by every node, node 0 included. */
@@ -391,23 +347,16 @@ static void test_external_store(void)
     snprintf(outp, sizeof outp, "%s/store.out", TMP);
     snprintf(line, sizeof line, "%s store --host 0.0.0.0 --port 0", BIN);
     pid_t store = dt_test_spawn(line, outp);
-    const char *p = wait_for_text(outp, "listening on 0.0.0.0:", 20);
-    int port = p ? atoi(p) : 0;
-    if (!port) {
-        kill(store, SIGKILL);
-        waitpid(store, NULL, 0);
-        DT_REQUIRE(port > 0);
-    }
+    int port = dt_test_read_port(outp, "listening on 0.0.0.0:", 20);
     job j;
-    memset(&j, 0, sizeof j);
-    j.n = 2;
+    dt_test_group_init(&j);
     for (int k = 0; k < 2; k++) {
         snprintf(j.out[k], sizeof j.out[k], "%s/node%d.out", TMP, k);
         snprintf(line, sizeof line,
                  "%s --nnodes 2 --node-rank %d --rdzv-endpoint 127.0.0.1:%d --rdzv-id ext "
                  "--log-dir %s/logs %s -- sh -c 'echo store=$DTRAIN_STORE_PORT rank=$RANK'",
                  BIN, k, port, TMP, fast);
-        j.pid[k] = dt_test_spawn(line, j.out[k]);
+        dt_test_group_spawn(&j, k, line, j.out[k]);
     }
     int codes[2];
     wait_job(&j, codes, 30);
@@ -426,7 +375,7 @@ static void test_external_store(void)
     DT_CHECK(o && strstr(o, want));
     free(o);
     if (codes[0] || codes[1])
-        dump_outputs(&j);
+        dt_test_group_dump(&j);
 }
 
 /* Nodes that do not come: the rendezvous ends with a clear message after join_timeout. */
@@ -453,29 +402,6 @@ static void test_bad_node_rank(void)
     free(out);
 }
 
-/* DT_TEST_TIMEOUT_SCALE (sanitizers, a loaded machine) for the waits inside a test. */
-static double tscale(void)
-{
-    const char *s = getenv("DT_TEST_TIMEOUT_SCALE");
-    double v = s ? atof(s) : 1.0;
-    return v > 0 ? v : 1.0;
-}
-
-/* Starts agent k of a static job with its own --nnodes (port: node 0's store, 0 for node 0). */
-static pid_t spawn_node(job *j, int k, int nnodes, const char *opts, const char *cmd)
-{
-    char line[8192];
-    snprintf(j->out[k], sizeof j->out[k], "%s/node%d.out", TMP, k);
-    snprintf(line, sizeof line,
-             "%s --nnodes %d --node-rank %d --master-addr 127.0.0.1 --master-port %d "
-             "--log-dir %s/logs %s -- %s",
-             BIN, nnodes, k, k == 0 ? 0 : j->port, TMP, opts, cmd);
-    j->pid[k] = dt_test_spawn(line, j->out[k]);
-    if (j->n < k + 1)
-        j->n = k + 1;
-    return j->pid[k];
-}
-
 /* The exit code of a node that ended on a setup error: 2, as a usage error. */
 static bool setup_error_code(int code) { return code == 2; }
 
@@ -496,7 +422,7 @@ static void check_nnodes_mismatch(job *j, const int *codes, int a, int b)
         free(o);
     }
     if (!ok)
-        dump_outputs(j);
+        dt_test_group_dump(j);
 }
 
 /* Node 0 says --nnodes 2, node 1 --nnodes 3: both end at once (not at the join or heartbeat
@@ -505,17 +431,15 @@ static void test_nnodes_mismatch(void)
 {
     job j;
     char opts[1024];
-    memset(&j, 0, sizeof j);
+    dt_test_group_init(&j);
     snprintf(opts, sizeof opts,
              "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=60,join_timeout=60,"
              "close_timeout=10 --stop-grace 5 --monitor-interval 0.05 --rdzv-id nnm");
     spawn_node(&j, 0, 2, opts, "sleep 60");
-    const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
-    DT_REQUIRE(p != NULL);
-    j.port = atoi(p);
+    j.port = dt_test_read_port(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
     spawn_node(&j, 1, 3, opts, "sleep 60");
     int codes[2];
-    wait_job(&j, codes, 40 * tscale());
+    wait_job(&j, codes, 40 * dt_test_timeout_scale());
     check_nnodes_mismatch(&j, codes, 2, 3);
 }
 
@@ -525,26 +449,24 @@ static void test_nnodes_mismatch_late(void)
 {
     job j;
     char opts[1024], cmd[1024], path[4096];
-    memset(&j, 0, sizeof j);
+    dt_test_group_init(&j);
     snprintf(opts, sizeof opts,
              "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=60,join_timeout=60,"
              "close_timeout=10 --stop-grace 5 --monitor-interval 0.05 --rdzv-id nnl");
     snprintf(cmd, sizeof cmd, "sh -c 'touch %s/ready.$RANK; exec sleep 60'", TMP);
     spawn_node(&j, 0, 2, opts, cmd);
-    const char *p = wait_for_text(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
-    DT_REQUIRE(p != NULL);
-    j.port = atoi(p);
+    j.port = dt_test_read_port(j.out[0], "hosting the rendezvous store at 127.0.0.1:", 20);
     spawn_node(&j, 1, 2, opts, cmd);
     for (int r = 0; r < 2; r++) {
         snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
-        double deadline = dt_test_now() + 20 * tscale();
+        double deadline = dt_test_now() + 20 * dt_test_timeout_scale();
         while (access(path, F_OK) != 0 && dt_test_now() < deadline)
             dt_sleep_ms(10);
         DT_REQUIRE(access(path, F_OK) == 0);
     }
     spawn_node(&j, 2, 3, opts, cmd);
     int codes[3];
-    wait_job(&j, codes, 40 * tscale());
+    wait_job(&j, codes, 40 * dt_test_timeout_scale());
     check_nnodes_mismatch(&j, codes, 2, 3);
     snprintf(path, sizeof path, "%s/ready.2", TMP);
     DT_CHECK(access(path, F_OK) != 0); /* node 2 never ran a worker */

@@ -37,7 +37,6 @@
 
 #define BIN dt_test_dtrain_bin()
 #define TMP dt_test_tmpdir()
-#define MAXA 6
 
 /* Short timeouts; heartbeat_timeout is long where no loss is expected, so that a loaded machine
  * cannot fake one. */
@@ -46,50 +45,8 @@
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-/* A job: an external store (or none) and up to MAXA agents. */
-typedef struct cluster {
-    int id;                 /* names this cluster's files apart from an earlier one's */
-    pid_t store;
-    int port;
-    int n;
-    pid_t pid[MAXA];
-    char out[MAXA][1024];
-    bool done[MAXA];
-    int code[MAXA];
-} cluster;
-
-static cluster *g_cl; /* for the cleanup at exit of a failed test */
-
-static void cleanup(void)
-{
-    cluster *c = g_cl;
-    if (!c)
-        return;
-    for (int k = 0; k < c->n; k++)
-        if (!c->done[k] && c->pid[k] > 0) {
-            kill(c->pid[k], SIGCONT);
-            kill(c->pid[k], SIGKILL);
-            waitpid(c->pid[k], NULL, 0);
-            c->done[k] = true;
-        }
-    if (c->store > 0) {
-        kill(c->store, SIGKILL);
-        waitpid(c->store, NULL, 0);
-        c->store = 0;
-    }
-}
-
-static void cl_init(cluster *c)
-{
-    static int ids;
-    memset(c, 0, sizeof *c);
-    c->id = ids++;
-    g_cl = c;
-    static bool registered;
-    if (!registered)
-        atexit(cleanup);
-    registered = true;
-}
+/* A job: an external store (or none) and its agents. */
+typedef dt_test_group cluster;
 
 /* Starts `dtrain store --port 0` and reads the port it prints. */
 static void start_store(cluster *c)
@@ -98,12 +55,7 @@ static void start_store(cluster *c)
     snprintf(outp, sizeof outp, "%s/c%d_store.out", TMP, c->id);
     snprintf(line, sizeof line, "%s store --host 127.0.0.1 --port 0", BIN);
     c->store = dt_test_spawn(line, outp);
-    DT_REQUIRE(dt_test_wait_text(outp, "listening on 127.0.0.1:", 1, 20));
-    char *s = dt_test_slurp(outp);
-    const char *p = s ? strstr(s, "listening on 127.0.0.1:") : NULL;
-    c->port = p ? atoi(p + strlen("listening on 127.0.0.1:")) : 0;
-    free(s);
-    DT_REQUIRE(c->port > 0);
+    c->port = dt_test_read_port(outp, "listening on 127.0.0.1:", 20);
 }
 
 /* The worker: records its pid, prints what it got, then runs `then` (sh code). */
@@ -119,39 +71,26 @@ static void worker_cmd(char *buf, size_t cap, const char *then)
 static void start_agent(cluster *c, int k, const char *id, const char *nnodes, int nproc,
                         const char *conf, const char *extra, const char *then)
 {
-    char line[8192], cmd[4096];
+    char line[8192], cmd[4096], out[1024];
     worker_cmd(cmd, sizeof cmd, then);
-    snprintf(c->out[k], sizeof c->out[k], "%s/c%d_agent%d.out", TMP, c->id, k);
+    snprintf(out, sizeof out, "%s/c%d_agent%d.out", TMP, c->id, k);
     snprintf(line, sizeof line,
              "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes %s "
              "--nproc-per-node %d --rdzv-conf %s --monitor-interval 0.05 --stop-grace 3 "
              "--log-dir %s/logs %s -- %s",
              BIN, c->port, id, nnodes, nproc, conf, TMP, extra ? extra : "", cmd);
-    c->pid[k] = dt_test_spawn(line, c->out[k]);
-    if (k >= c->n)
-        c->n = k + 1;
-    c->done[k] = false;
+    dt_test_group_spawn(c, k, line, out);
 }
 
-static void dump(cluster *c)
+/* Starts agent k as the store's host (is_host=1, port 0) and reads the port it picked. */
+static void start_host_agent(cluster *c, int k, const char *id, const char *nnodes,
+                             const char *conf, const char *extra, const char *then)
 {
-    for (int k = 0; k < c->n; k++) {
-        char *o = dt_test_slurp(c->out[k]);
-        fprintf(stderr, "---- agent %d ----\n%s\n", k, o ? o : "(none)");
-        free(o);
-    }
-}
-
-static void wait_all(cluster *c, double timeout_s)
-{
-    double deadline = dt_test_now() + timeout_s;
-    for (int k = 0; k < c->n; k++) {
-        if (c->done[k])
-            continue;
-        double left = deadline - dt_test_now();
-        c->code[k] = dt_test_wait_exit(c->pid[k], left > 0.1 ? left : 0.1);
-        c->done[k] = true;
-    }
+    char conf2[512];
+    snprintf(conf2, sizeof conf2, "%s,is_host=1", conf);
+    c->port = 0;
+    start_agent(c, k, id, nnodes, 1, conf2, extra, then);
+    c->port = dt_test_read_port(c->out[k], "hosting the rendezvous store at 127.0.0.1:", 20);
 }
 
 /* Every worker that ever started has exited (the agents are gone by now). */
@@ -176,10 +115,8 @@ static void check_no_orphans(void)
 
 static void finish(cluster *c)
 {
-    cleanup();
+    dt_test_group_kill(c);
     check_no_orphans();
-    g_cl = NULL;
-    (void)c;
 }
 
 /* ---- tests: real agents ----------------------------------------------------------------- */
@@ -194,7 +131,7 @@ static void test_random_order(void)
     dt_rng_seed(&rng, 20240505);
     for (int n = 2; n <= 4; n++) {
         cluster c;
-        cl_init(&c);
+        dt_test_group_init(&c);
         start_store(&c);
         uint64_t order[4];
         dt_rng_permutation(&rng, order, (size_t)n);
@@ -211,7 +148,7 @@ static void test_random_order(void)
             start_agent(&c, k, id, nn, k + 1, conf, NULL, "exit 0");
             dt_sleep_ms((int)dt_rng_below(&rng, 400));
         }
-        wait_all(&c, 40);
+        dt_test_group_wait(&c, 40);
         for (int k = 0; k < n; k++) {
             DT_CHECK_INT(c.code[k], 0);
             /* k+1 workers, all in the one round, with contiguous ranks first..first+k */
@@ -241,7 +178,7 @@ static void test_random_order(void)
             DT_CHECK_MSG(times == 1, "%d agents: rank %d started %d times", n, r, times);
         }
         if (c.code[0] || c.code[n - 1])
-            dump(&c);
+            dt_test_group_dump(&c);
         finish(&c);
     }
 }
@@ -251,7 +188,7 @@ static void test_random_order(void)
 static void test_late_joiner_grows_job(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     const char *then = "[ $WORLD_SIZE -lt 3 ] && exec sleep 60; exit 0";
     start_agent(&c, 0, "grow", "2:3", 1, CONF_CALM, NULL, then);
@@ -259,7 +196,7 @@ static void test_late_joiner_grows_job(void)
     DT_REQUIRE(dt_test_wait_text(c.out[0], "world=2 groups=2 att=0 round=0", 1, 30));
     DT_REQUIRE(dt_test_wait_text(c.out[1], "world=2 groups=2 att=0 round=0", 1, 30));
     start_agent(&c, 2, "grow", "2:3", 1, CONF_CALM, NULL, then);
-    wait_all(&c, 40);
+    dt_test_group_wait(&c, 40);
     for (int k = 0; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 0);
         DT_CHECK_INT(dt_test_count_text(c.out[k], "world=3 groups=3 att=0 round=1"), 1);
@@ -273,7 +210,7 @@ static void test_late_joiner_grows_job(void)
     snprintf(path, sizeof path, "%s/logs/grow/events.jsonl", TMP);
     DT_CHECK(dt_test_count_text(path, "\"event\":\"regroup\"") >= 1);
     if (c.code[0] || c.code[1] || c.code[2])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -284,9 +221,9 @@ static void test_late_joiner_grows_job(void)
 static void test_ddp_job_regroups(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
-    char line[8192];
+    char line[8192], out[1024];
     for (int k = 0; k < 3; k++) {
         if (k == 2) { /* either of the first two may hold rank 0, which logs the steps */
             double deadline = dt_test_now() + 60;
@@ -295,7 +232,7 @@ static void test_ddp_job_regroups(void)
                 dt_sleep_ms(20);
             }
         }
-        snprintf(c.out[k], sizeof c.out[k], "%s/c%d_agent%d.out", TMP, c.id, k);
+        snprintf(out, sizeof out, "%s/c%d_agent%d.out", TMP, c.id, k);
         snprintf(line, sizeof line,
                  "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id ddpgrow "
                  "--nnodes 2:3 --nproc-per-node 1 --rdzv-conf %s --monitor-interval 0.05 "
@@ -303,10 +240,9 @@ static void test_ddp_job_regroups(void)
                  "train.batch_size=64 job.log_every=50 checkpoint.every=100 ddp.timeout=20 "
                  "train.eval_every=0",
                  BIN, c.port, CONF_CALM, TMP);
-        c.pid[k] = dt_test_spawn(line, c.out[k]);
-        c.n = k + 1;
+        dt_test_group_spawn(&c, k, line, out);
     }
-    wait_all(&c, 120);
+    dt_test_group_wait(&c, 120);
     int done = 0, world3 = 0;
     for (int k = 0; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 0);
@@ -317,7 +253,7 @@ static void test_ddp_job_regroups(void)
     DT_CHECK_INT(world3, 1);
     DT_CHECK(dt_test_count_text(c.out[0], "joining the next round (restart count unchanged)") >= 1);
     if (c.code[0] || c.code[1] || c.code[2])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -326,7 +262,7 @@ static void test_ddp_job_regroups(void)
 static void test_sigkill_shrinks_job(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     const char *then = "[ $WORLD_SIZE -gt 2 ] && exec sleep 60; exit 0";
     for (int k = 0; k < 3; k++)
@@ -334,7 +270,7 @@ static void test_sigkill_shrinks_job(void)
     for (int k = 0; k < 3; k++)
         DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
     kill(c.pid[1], SIGKILL);
-    wait_all(&c, 40);
+    dt_test_group_wait(&c, 40);
     DT_CHECK_INT(c.code[1], 128 + SIGKILL);
     for (int k = 0; k < 3; k += 2) {
         DT_CHECK_INT(c.code[k], 0);
@@ -342,7 +278,7 @@ static void test_sigkill_shrinks_job(void)
         DT_CHECK(dt_test_count_text(c.out[k], "was lost: no heartbeat") >= 1);
     }
     if (c.code[0] || c.code[2])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -352,7 +288,7 @@ static void test_sigkill_shrinks_job(void)
 static void test_sigstop_agent_fenced(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     const char *then = "[ $WORLD_SIZE -eq 3 ] && [ $DTRAIN_ROUND -gt 0 ] && exit 0; exec sleep 60";
     for (int k = 0; k < 3; k++)
@@ -364,7 +300,7 @@ static void test_sigstop_agent_fenced(void)
                   dt_test_wait_text(c.out[1], "world=2 groups=2 att=0 round=1", 1, 30);
     kill(c.pid[2], SIGCONT);
     DT_CHECK(shrunk);
-    wait_all(&c, 60);
+    dt_test_group_wait(&c, 60);
     for (int k = 0; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 0);
         DT_CHECK_INT(dt_test_count_text(c.out[k], "att=0 round=2"), 1);
@@ -373,7 +309,7 @@ static void test_sigstop_agent_fenced(void)
     DT_CHECK_INT(dt_test_count_text(c.out[2], "round=1"), 0);
     DT_CHECK_INT(dt_test_count_text(c.out[2], "this node was declared lost by the others"), 1);
     if (c.code[0] || c.code[1] || c.code[2])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -381,13 +317,13 @@ static void test_sigstop_agent_fenced(void)
 static void test_too_few_nodes_times_out(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     double t0 = dt_test_now();
     start_agent(&c, 0, "few", "2:3", 1,
                 "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=3,last_call_timeout=1",
                 NULL, "exit 0");
-    wait_all(&c, 30);
+    dt_test_group_wait(&c, 30);
     double took = dt_test_now() - t0;
     DT_CHECK_INT(c.code[0], 1);
     DT_CHECK(took >= 2.9);
@@ -403,7 +339,7 @@ static void test_too_few_nodes_times_out(void)
 static void test_below_min_after_loss_fails(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=4,"
                        "last_call_timeout=1,close_timeout=5";
@@ -412,7 +348,7 @@ static void test_below_min_after_loss_fails(void)
     for (int k = 0; k < 2; k++)
         DT_REQUIRE(dt_test_wait_text(c.out[k], "world=2 groups=2 att=0 round=0", 1, 30));
     kill(c.pid[1], SIGKILL);
-    wait_all(&c, 40);
+    dt_test_group_wait(&c, 40);
     DT_CHECK_INT(c.code[0], 1);
     DT_CHECK_INT(dt_test_count_text(c.out[0], "round 1 did not form"), 1);
     DT_CHECK_INT(dt_test_count_text(c.out[0], "MIN is 2 (the last round ended: node "), 1);
@@ -425,7 +361,7 @@ static void test_below_min_after_loss_fails(void)
 static void test_spare_takes_free_slot(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     const char *then = "[ $WORLD_SIZE -eq 2 ] && [ $DTRAIN_ROUND -gt 0 ] && exit 0; exec sleep 60";
     start_agent(&c, 0, "spare", "1:2", 1, CONF_LOSS, NULL, then);
@@ -436,14 +372,14 @@ static void test_spare_takes_free_slot(void)
     DT_REQUIRE(dt_test_wait_text(c.out[2], "waiting as a spare", 1, 30));
     DT_CHECK_INT(dt_test_count_text(c.out[2], "E node="), 0);
     kill(c.pid[1], SIGKILL);
-    wait_all(&c, 40);
+    dt_test_group_wait(&c, 40);
     DT_CHECK_INT(c.code[0], 0);
     DT_CHECK_INT(c.code[1], 128 + SIGKILL);
     DT_CHECK_INT(c.code[2], 0);
     DT_CHECK(dt_test_count_text(c.out[2], "world=2 groups=2 att=0 round=") == 1);
     DT_CHECK_INT(dt_test_count_text(c.out[2], "att=0 round=0"), 0);
     if (c.code[0] || c.code[2])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -452,7 +388,7 @@ static void test_same_exit_code_everywhere(void)
 {
     cluster c;
     char then[1024];
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     snprintf(then, sizeof then,
              "[ $GROUP_RANK = 0 ] || exec sleep 60; while [ ! -e %s/go ]; do sleep 0.05; done; "
@@ -469,14 +405,14 @@ static void test_same_exit_code_everywhere(void)
     FILE *f = fopen(path, "w");
     DT_REQUIRE(f != NULL);
     fclose(f);
-    wait_all(&c, 40);
+    dt_test_group_wait(&c, 40);
     for (int k = 0; k < 3; k++)
         DT_CHECK_INT(c.code[k], 1);
     for (int k = 0; k < 2; k++)
         DT_CHECK_INT(dt_test_count_text(c.out[k], "the job failed: rank 0 on "), 1);
     DT_CHECK_INT(dt_test_count_text(c.out[2], "the job has ended: rank 0 on node 0 ("), 1);
     if (c.code[0] != 1 || c.code[1] != 1 || c.code[2] != 1)
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -486,50 +422,43 @@ static void test_same_exit_code_everywhere(void)
 static void test_second_job_starts_clean(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     /* 1. hosted by agent 0 */
-    c.port = 0;
-    start_agent(&c, 0, "again", "2:2", 1, CONF_CALM ",is_host=1", NULL, "exit 0");
-    DT_REQUIRE(dt_test_wait_text(c.out[0], "hosting the rendezvous store at 127.0.0.1:", 1, 20));
-    char *s = dt_test_slurp(c.out[0]);
-    const char *p = s ? strstr(s, "hosting the rendezvous store at 127.0.0.1:") : NULL;
-    c.port = p ? atoi(p + strlen("hosting the rendezvous store at 127.0.0.1:")) : 0;
-    free(s);
-    DT_REQUIRE(c.port > 0);
+    start_host_agent(&c, 0, "again", "2:2", CONF_CALM, NULL, "exit 0");
     start_agent(&c, 1, "again", "2:2", 1, CONF_CALM, NULL, "exit 0");
-    wait_all(&c, 30);
+    dt_test_group_wait(&c, 30);
     DT_CHECK_INT(c.code[0], 0);
     DT_CHECK_INT(c.code[1], 0);
     /* the same endpoint and id again: whoever binds the port first hosts */
     for (int k = 2; k < 4; k++)
         start_agent(&c, k, "again", "2:2", 1, CONF_CALM, NULL, "exit 0");
-    wait_all(&c, 30);
+    dt_test_group_wait(&c, 30);
     for (int k = 2; k < 4; k++) {
         DT_CHECK_INT(c.code[k], 0);
         DT_CHECK_INT(dt_test_count_text(c.out[k], "world=2 groups=2 att=0 round=0"), 1);
     }
     if (c.code[0] || c.code[1] || c.code[2] || c.code[3])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 
     /* 2. an external store: job 1 fails, job 2 with the same id starts from round 0 */
     cluster d;
-    cl_init(&d);
+    dt_test_group_init(&d);
     start_store(&d);
     for (int k = 0; k < 2; k++)
         start_agent(&d, k, "reuse", "2:2", 1, CONF_CALM, "--max-restarts 0", "exit 5");
-    wait_all(&d, 30);
+    dt_test_group_wait(&d, 30);
     DT_CHECK_INT(d.code[0], 1);
     DT_CHECK_INT(d.code[1], 1);
     for (int k = 2; k < 4; k++)
         start_agent(&d, k, "reuse", "2:2", 1, CONF_CALM, "--max-restarts 0", "exit 0");
-    wait_all(&d, 30);
+    dt_test_group_wait(&d, 30);
     for (int k = 2; k < 4; k++) {
         DT_CHECK_INT(d.code[k], 0);
         DT_CHECK_INT(dt_test_count_text(d.out[k], "world=2 groups=2 att=0 round=0"), 1);
     }
     if (d.code[2] || d.code[3])
-        dump(&d);
+        dt_test_group_dump(&d);
     finish(&d);
 }
 
@@ -537,21 +466,14 @@ static void test_second_job_starts_clean(void)
 static void test_store_host_dies(void)
 {
     cluster c;
-    cl_init(&c);
-    c.port = 0;
-    start_agent(&c, 0, "hostdies", "2:3", 1, CONF_LOSS ",is_host=1", NULL, "exec sleep 60");
-    DT_REQUIRE(dt_test_wait_text(c.out[0], "hosting the rendezvous store at 127.0.0.1:", 1, 20));
-    char *s = dt_test_slurp(c.out[0]);
-    const char *p = s ? strstr(s, "hosting the rendezvous store at 127.0.0.1:") : NULL;
-    c.port = p ? atoi(p + strlen("hosting the rendezvous store at 127.0.0.1:")) : 0;
-    free(s);
-    DT_REQUIRE(c.port > 0);
+    dt_test_group_init(&c);
+    start_host_agent(&c, 0, "hostdies", "2:3", CONF_LOSS, NULL, "exec sleep 60");
     for (int k = 1; k < 3; k++)
         start_agent(&c, k, "hostdies", "2:3", 1, CONF_LOSS, NULL, "exec sleep 60");
     for (int k = 0; k < 3; k++)
         DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
     kill(c.pid[0], SIGKILL);
-    wait_all(&c, 40);
+    dt_test_group_wait(&c, 40);
     DT_CHECK_INT(c.code[0], 128 + SIGKILL);
     for (int k = 1; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 1);
@@ -559,25 +481,8 @@ static void test_store_host_dies(void)
         DT_CHECK_INT(dt_test_count_text(c.out[k], "is gone, so the job cannot go on"), 1);
     }
     if (c.code[1] != 1 || c.code[2] != 1)
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
-}
-
-/* Starts agent k as the store's host (is_host=1, port 0) and reads the port it picked. */
-static void start_host_agent(cluster *c, int k, const char *id, const char *nnodes,
-                             const char *conf, const char *extra, const char *then)
-{
-    char conf2[512];
-    snprintf(conf2, sizeof conf2, "%s,is_host=1", conf);
-    c->port = 0;
-    start_agent(c, k, id, nnodes, 1, conf2, extra, then);
-    const char *needle = "hosting the rendezvous store at 127.0.0.1:";
-    DT_REQUIRE(dt_test_wait_text(c->out[k], needle, 1, 20));
-    char *s = dt_test_slurp(c->out[k]);
-    const char *p = s ? strstr(s, needle) : NULL;
-    c->port = p ? atoi(p + strlen(needle)) : 0;
-    free(s);
-    DT_REQUIRE(c->port > 0);
 }
 
 /* Creates TMP/<name> (a go signal for workers that wait for it). */
@@ -597,7 +502,7 @@ static void touch(const char *name)
 static void test_lost_node_back_sees_success(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     const char *then = "[ $DTRAIN_ROUND -ge 1 ] && exit 0; exec sleep 60";
     start_host_agent(&c, 0, "back", "1:3", CONF_LOSS, NULL, then);
     start_agent(&c, 1, "back", "1:3", 1, CONF_LOSS, NULL, then);
@@ -609,13 +514,13 @@ static void test_lost_node_back_sees_success(void)
     bool shrunk = dt_test_wait_text(c.out[0], "world=2 groups=2 att=0 round=1", 1, 30);
     kill(c.pid[2], SIGCONT);
     DT_CHECK(shrunk);
-    wait_all(&c, 60);
+    dt_test_group_wait(&c, 60);
     for (int k = 0; k < 3; k++)
         DT_CHECK_INT(c.code[k], 0);
     DT_CHECK_INT(dt_test_count_text(c.out[2], "round=1"), 0);
     DT_CHECK_INT(dt_test_count_text(c.out[0], "did not confirm the end of the job"), 0);
     if (c.code[0] || c.code[1] || c.code[2])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -625,7 +530,7 @@ static void test_dead_spare_not_waited_for(void)
 {
     cluster c;
     char then[512];
-    cl_init(&c);
+    dt_test_group_init(&c);
     snprintf(then, sizeof then, "while [ ! -e %s/go ]; do sleep 0.05; done; exit 0", TMP);
     const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=30,"
                        "last_call_timeout=1,close_timeout=600";
@@ -637,13 +542,13 @@ static void test_dead_spare_not_waited_for(void)
     DT_REQUIRE(dt_test_wait_text(c.out[2], "waiting as a spare", 1, 30));
     kill(c.pid[2], SIGKILL);
     touch("go");
-    wait_all(&c, 60); /* well under close_timeout */
+    dt_test_group_wait(&c, 60); /* well under close_timeout */
     DT_CHECK_INT(c.code[0], 0);
     DT_CHECK_INT(c.code[1], 0);
     DT_CHECK_INT(c.code[2], 128 + SIGKILL);
     DT_CHECK_INT(dt_test_count_text(c.out[0], "did not confirm the end of the job"), 0);
     if (c.code[0] || c.code[1])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -653,7 +558,7 @@ static void test_dead_spare_not_waited_for(void)
 static void test_abandoned_job_replaced(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     for (int k = 0; k < 2; k++)
         start_agent(&c, k, "aband", "2:2", 1, CONF_LOSS, "--max-restarts 0", "exec sleep 60");
@@ -661,13 +566,13 @@ static void test_abandoned_job_replaced(void)
         DT_REQUIRE(dt_test_wait_text(c.out[k], "world=2 groups=2 att=0 round=0", 1, 30));
     for (int k = 0; k < 2; k++)
         kill(c.pid[k], SIGKILL);
-    wait_all(&c, 20);
+    dt_test_group_wait(&c, 20);
     /* The new job fails once (rank 1 of attempt 0) and succeeds on its restart: the budget is
      * its own (the dead job's was 0). */
     const char *then = "[ $GROUP_RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ] && exit 4; exit 0";
     for (int k = 2; k < 4; k++)
         start_agent(&c, k, "aband", "2:2", 1, CONF_LOSS, "--max-restarts 1", then);
-    wait_all(&c, 60);
+    dt_test_group_wait(&c, 60);
     for (int k = 2; k < 4; k++) {
         DT_CHECK_INT(c.code[k], 0);
         DT_CHECK_INT(dt_test_count_text(c.out[k], "world=2 groups=2 att=0 round=0"), 1);
@@ -675,7 +580,7 @@ static void test_abandoned_job_replaced(void)
     }
     DT_CHECK(dt_test_count_text(c.out[2], "was abandoned") + dt_test_count_text(c.out[3], "was abandoned") >= 1);
     if (c.code[2] || c.code[3])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -686,7 +591,7 @@ static void test_survivors_not_pushed_out(void)
 {
     cluster c;
     char then[512];
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     snprintf(then, sizeof then,
              "[ $TORCHELASTIC_RESTART_COUNT -ge 1 ] && exit 0; [ $GROUP_RANK = 1 ] || exec sleep "
@@ -701,14 +606,14 @@ static void test_survivors_not_pushed_out(void)
     start_agent(&c, 2, "push", "1:2", 1, conf, "--max-restarts 1", then);
     DT_REQUIRE(dt_test_wait_text(c.out[2], "waiting as a spare", 1, 30));
     touch("go");
-    wait_all(&c, 60);
+    dt_test_group_wait(&c, 60);
     for (int k = 0; k < 3; k++)
         DT_CHECK_INT(c.code[k], 0);
     for (int k = 0; k < 2; k++)
         DT_CHECK_INT(dt_test_count_text(c.out[k], "world=2 groups=2 att=1 round=1"), 1);
     DT_CHECK_INT(dt_test_count_text(c.out[2], "E node="), 0);
     if (c.code[0] || c.code[1] || c.code[2])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -720,7 +625,7 @@ static void test_survivors_not_pushed_out(void)
 static void test_lost_node_not_a_survivor(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=30,"
                        "last_call_timeout=15,close_timeout=5";
@@ -736,14 +641,14 @@ static void test_lost_node_not_a_survivor(void)
     bool lost = dt_test_wait_text(c.out[0], "was lost: no heartbeat", 1, 30);
     kill(c.pid[2], SIGCONT);
     DT_REQUIRE(lost);
-    wait_all(&c, 60);
+    dt_test_group_wait(&c, 60);
     for (int k = 0; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 0);
         DT_CHECK_INT(dt_test_count_text(c.out[k], "world=3 groups=3 att=0 round=1"), 1);
         DT_CHECK_INT(dt_test_count_text(c.out[k], "groups=2"), 0);
     }
     if (c.code[0] || c.code[1] || c.code[2])
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
@@ -751,21 +656,21 @@ static void test_lost_node_not_a_survivor(void)
 static void test_sigterm_one_agent(void)
 {
     cluster c;
-    cl_init(&c);
+    dt_test_group_init(&c);
     start_store(&c);
     for (int k = 0; k < 3; k++)
         start_agent(&c, k, "term", "2:3", 1, CONF_CALM, "--max-restarts 3", "exec sleep 60");
     for (int k = 0; k < 3; k++)
         DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
     kill(c.pid[1], SIGTERM);
-    wait_all(&c, 40);
+    dt_test_group_wait(&c, 40);
     for (int k = 0; k < 3; k++) {
         DT_CHECK_INT(c.code[k], 128 + SIGTERM);
         DT_CHECK_INT(dt_test_count_text(c.out[k], "att=1"), 0);
     }
     DT_CHECK(dt_test_count_text(c.out[0], "stopped by signal 15") >= 1);
     if (c.code[0] != 128 + SIGTERM || c.code[2] != 128 + SIGTERM)
-        dump(&c);
+        dt_test_group_dump(&c);
     finish(&c);
 }
 
