@@ -74,10 +74,13 @@ static inline uint16_t dt_f32_to_f16(float f)
     return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
 }
 
-/* Arrays: d (n) = converted s (n); the same results as the scalar functions (NaN: a NaN), on
- * x86-64 CPUs with F16C in hardware eight at a time (the scalar float16 forms do not vectorise
- * and cost several ns each). */
+/* Arrays: d (n) = converted s (n), bit for bit what the scalar functions give (a NaN's payload
+ * aside: a NaN stays a NaN), eight at a time on x86-64 CPUs with F16C (float16) or AVX2
+ * (bfloat16): the scalar forms do not vectorise and cost up to several ns each. */
 void dt_f32_to_f16_n(uint16_t *d, const float *s, size_t n);
 void dt_f16_to_f32_n(float *d, const uint16_t *s, size_t n);
+/* The same for bfloat16, with AVX2 where the CPU has it. */
+void dt_f32_to_bf16_n(uint16_t *d, const float *s, size_t n);
+void dt_bf16_to_f32_n(float *d, const uint16_t *s, size_t n);
 
 #endif

@@ -67,9 +67,7 @@ DT_VECTORIZE static void store_block(void *dst, dt_dtype t, const float *restric
     if (t == DT_FLOAT32) {
         memcpy(dst, acc, n * 4);
     } else if (t == DT_BFLOAT16) {
-        uint16_t *restrict d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = dt_f32_to_bf16(acc[i]);
+        dt_f32_to_bf16_n(dst, acc, n);
     } else {
         dt_f32_to_f16_n(dst, acc, n);
     }

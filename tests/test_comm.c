@@ -312,6 +312,23 @@ static void test_fp16_exhaustive(void)
             bad++;
     }
     DT_CHECK_MSG(bad == 0, "dt_f32_to_f16_n: %d of %d floats differ from dt_f32_to_f16", bad, NF);
+    /* bfloat16 likewise */
+    dt_f32_to_bf16_n(h2, fs, NF);
+    bad = 0;
+    for (uint32_t i = 0; i < NF; i++) {
+        uint16_t want = dt_f32_to_bf16(fs[i]);
+        bool nan = fs[i] != fs[i];
+        if (nan ? (h2[i] & 0x7f80) != 0x7f80 || !(h2[i] & 0x7f) : h2[i] != want)
+            bad++;
+    }
+    DT_CHECK_MSG(bad == 0, "dt_f32_to_bf16_n: %d of %d floats differ from dt_f32_to_bf16", bad,
+                 NF);
+    dt_bf16_to_f32_n(f2, hs, 65536);
+    bad = 0;
+    for (uint32_t h = 0; h < 65536; h++)
+        if (dt_f32_bits(f2[h]) != dt_f32_bits(dt_bf16_to_f32((uint16_t)h)))
+            bad++;
+    DT_CHECK_MSG(bad == 0, "dt_bf16_to_f32_n: %d of 65536 differ from dt_bf16_to_f32", bad);
     free(hs);
     free(h2);
     free(fs);

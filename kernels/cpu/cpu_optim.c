@@ -139,18 +139,16 @@ void dt_cpu_to_half(dt_backend *be, uint16_t *half, const float *x, size_t n, fl
                     bool bf16)
 {
     DT_CPU_PROF_BEGIN(be);
-    if (bf16) {
-        for (size_t i = 0; i < n; i++)
-            half[i] = dt_f32_to_bf16(x[i] * scale);
-    } else if (scale == 1.0f) {
-        dt_f32_to_f16_n(half, x, n);
+    void (*convert)(uint16_t *, const float *, size_t) = bf16 ? dt_f32_to_bf16_n : dt_f32_to_f16_n;
+    if (scale == 1.0f) {
+        convert(half, x, n);
     } else {
         float tmp[1024];
         for (size_t off = 0; off < n; off += 1024) {
             size_t m = n - off < 1024 ? n - off : 1024;
             for (size_t i = 0; i < m; i++)
                 tmp[i] = x[off + i] * scale;
-            dt_f32_to_f16_n(half + off, tmp, m);
+            convert(half + off, tmp, m);
         }
     }
     DT_CPU_PROF_END(be, DT_CPU_OP_TO_HALF, 0);
@@ -160,14 +158,9 @@ void dt_cpu_from_half(dt_backend *be, float *x, const uint16_t *half, size_t n, 
                       bool bf16)
 {
     DT_CPU_PROF_BEGIN(be);
-    if (bf16) {
+    (bf16 ? dt_bf16_to_f32_n : dt_f16_to_f32_n)(x, half, n);
+    if (scale != 1.0f)
         for (size_t i = 0; i < n; i++)
-            x[i] = dt_bf16_to_f32(half[i]) * scale;
-    } else {
-        dt_f16_to_f32_n(x, half, n);
-        if (scale != 1.0f)
-            for (size_t i = 0; i < n; i++)
-                x[i] *= scale;
-    }
+            x[i] *= scale;
     DT_CPU_PROF_END(be, DT_CPU_OP_FROM_HALF, 0);
 }
