@@ -429,7 +429,6 @@ typedef struct parse_ctx {
 /* What inih gets in place of a value too long for it; on_ini_entry swaps the value back. */
 #define LONG_MARK "\x1f"
 
-
 static void note_source(parse_ctx *c, int idx, bool ok)
 {
     if (c->line > 0)
