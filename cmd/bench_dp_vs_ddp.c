@@ -30,8 +30,8 @@
 #include <unistd.h>
 
 #include "cmd/cmd.h"
-#include "common/nvml.h"
 #include "common/log.h"
+#include "common/nvml.h"
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
