@@ -1715,40 +1715,89 @@ int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resu
     return resume_newest(c, NULL, st, resumed, path_out, size, err);
 }
 
-int dt_ckpt_agree(dt_comm *comm, dt_backend *be, int rank, int64_t step, const char *dir,
-                  dt_err *err)
+/* A broadcast from `root` of `bytes` (a multiple of 4) of host memory, or (recv != NULL) an
+ * all-gather of them into recv (world * bytes); through backend memory when the checkpointed
+ * buffers are device memory. */
+static int host_collective(dt_ckpt *c, dt_comm *comm, void *host, size_t bytes, int root,
+                           void *recv, dt_err *err)
 {
-    if (!comm || dt_comm_world_size(comm) < 2)
-        return 0;
-    /* step + 1 (0 = no checkpoint) in two floats that hold 20 and 24 bits exactly */
-    int64_t v = step + 1;
-    float mine[2] = {(float)(v & 0xFFFFF), (float)(v >> 20)}, got[2];
-    void *dev = NULL;
-    int rc = be->alloc(be, &dev, sizeof mine, err);
+    size_t n = bytes / 4, total = recv ? bytes * (size_t)dt_comm_world_size(comm) : 0;
+    if (!c->be)
+        return recv ? dt_comm_allgather(comm, host, recv, n, DT_FLOAT32, NULL, err)
+                    : dt_comm_broadcast(comm, host, n, DT_FLOAT32, root, NULL, err);
+    char *dev = NULL;
+    int rc = c->be->alloc(c->be, (void **)&dev, bytes + total, err);
     if (rc)
         return rc;
-    be->memcpy_h2d(be, dev, mine, sizeof mine);
-    rc = dt_comm_broadcast(comm, dev, 2, DT_FLOAT32, 0, NULL, err);
+    c->be->memcpy_h2d(c->be, dev, host, bytes);
+    rc = recv ? dt_comm_allgather(comm, dev, dev + bytes, n, DT_FLOAT32, NULL, err)
+              : dt_comm_broadcast(comm, dev, n, DT_FLOAT32, root, NULL, err);
     if (!rc)
-        be->memcpy_d2h(be, got, dev, sizeof got);
-    be->free(be, dev);
+        c->be->memcpy_d2h(c->be, recv ? recv : host, recv ? dev + bytes : dev, recv ? total : bytes);
+    c->be->free(c->be, dev);
+    return rc;
+}
+
+int dt_ckpt_sync(dt_ckpt *c, dt_comm *comm, int rank, dt_ckpt_state *st, bool *resumed,
+                 int *src_rank, int64_t *src_step, bool *adopted, dt_err *err)
+{
+    *adopted = false;
+    *src_rank = rank;
+    *src_step = *resumed ? st->step : -1;
+    int world = dt_comm_world_size(comm);
+    if (!comm || world < 2)
+        return 0;
+    /* every rank's step + 1 (0 = none), in two floats that hold 20 and 24 bits exactly (raw
+     * copies through a float32 all-gather) */
+    int64_t v = *resumed ? st->step + 1 : 0;
+    float mine[2] = {(float)(v & 0xFFFFF), (float)(v >> 20)};
+    float *all = calloc((size_t)world * 2, sizeof *all);
+    if (!all)
+        return dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
+    int rc = host_collective(c, comm, mine, sizeof mine, 0, all, err);
+    int64_t best = -1;
+    int src = 0;
+    bool alike = true;
+    for (int r = 0; r < world && !rc; r++) {
+        int64_t vr = (int64_t)all[2 * r] + ((int64_t)all[2 * r + 1] << 20);
+        alike = alike && (r == 0 || vr == best);
+        if (vr > best) {
+            best = vr;
+            src = r;
+        }
+    }
+    free(all);
     if (rc)
         return rc;
-    if (got[0] == mine[0] && got[1] == mine[1])
+    *src_rank = src;
+    *src_step = best - 1;
+    if (alike)
         return 0;
-    int64_t r0 = (int64_t)got[0] + ((int64_t)got[1] << 20) - 1;
-    char a[64], b[64];
-    if (step < 0)
-        snprintf(a, sizeof a, "found no checkpoint");
-    else
-        snprintf(a, sizeof a, "resumed at step %" PRId64, step);
-    if (r0 < 0)
-        snprintf(b, sizeof b, "found none");
-    else
-        snprintf(b, sizeof b, "resumed at step %" PRId64, r0);
-    return dt_err_set(err, -ESTALE, "rank %d %s but rank 0 %s: every rank must see the same "
-                      "checkpoint directory %s (on several nodes: a shared file system)", rank, a,
-                      b, dir);
+    /* Some rank did not see the newest checkpoint any rank found (a directory that is not shared
+     * between nodes, or holds other steps on some node): every rank takes that rank's state and
+     * buffers. */
+    union {
+        dt_ckpt_state s;
+        float words[(sizeof(dt_ckpt_state) + 3) / 4];
+    } u;
+    memset(&u, 0, sizeof u);
+    u.s = *st;
+    u.s.job = NULL; /* a pointer of the source rank's: not sent */
+    if ((rc = host_collective(c, comm, &u, sizeof u, src, NULL, err)))
+        return rc;
+    for (int i = 0; i < c->nbufs; i++)
+        if (c->bufs[i].numel &&
+            (rc = dt_comm_broadcast(comm, c->bufs[i].data, c->bufs[i].numel, DT_FLOAT32, src, NULL,
+                                    err)))
+            return dt_err_prefix(err, "checkpoint: taking rank %d's %s buffers: ", src,
+                                 c->bufs[i].file);
+    if (rank != src) {
+        dt_ckpt_state_clear(st);
+        *st = u.s;
+    }
+    *adopted = v != best;
+    *resumed = true;
+    return 0;
 }
 
 /* ================================================================================= tools === */

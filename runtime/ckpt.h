@@ -194,12 +194,16 @@ int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resu
 int dt_ckpt_resume_run(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool *resumed,
                        char *path_out, size_t size, dt_err *err);
 
-/* Every rank resumes on its own (each reads the checkpoint directory); this checks that they
- * agree with rank 0: step is what this rank resumed at (-1 for none). All ranks call it (a
- * broadcast through comm, using a small buffer of be). 0 when they agree or comm is NULL or has
- * one rank; -ESTALE with a message naming the rank, both steps and dir otherwise. */
-int dt_ckpt_agree(dt_comm *comm, dt_backend *be, int rank, int64_t step, const char *dir,
-                  dt_err *err);
+/* Makes every rank resume from the same checkpoint. Every rank first resumes on its own (each
+ * reads the checkpoint directory); then all ranks call this (collective through comm; nothing to
+ * do when comm is NULL or has one rank). The source is the rank that found the newest step (the
+ * lowest such rank): *src_rank, *src_step (-1: no rank found any). When every rank resumed at
+ * that step, or none found any, nothing more moves. Otherwise (a checkpoint directory that is
+ * not shared between nodes, or holds other steps on some node) every rank takes the source's
+ * state (*st, *resumed; st->job is not sent: NULL on the others) and the checkpointed buffers by
+ * broadcast, and *adopted tells the ranks whose own outcome differed. */
+int dt_ckpt_sync(dt_ckpt *c, dt_comm *comm, int rank, dt_ckpt_state *st, bool *resumed,
+                 int *src_rank, int64_t *src_step, bool *adopted, dt_err *err);
 
 /* ---- tools (no model needed) ---- */
 

@@ -179,6 +179,15 @@ static int ddp_start(dt_trainer *t, dt_err *err)
     return 0;
 }
 
+/* checkpoint.dir, else <job.output_dir>/checkpoints. */
+static void ckpt_dir(const dt_job *j, char *buf, size_t cap)
+{
+    if (j->ckpt_dir[0])
+        dt_strlcpy(buf, j->ckpt_dir, cap);
+    else
+        snprintf(buf, cap, "%s/checkpoints", j->output_dir);
+}
+
 /* The checkpoint of this trainer: the model's parameters and buffers, the optimiser's state. */
 static int ckpt_open(dt_trainer *t, dt_err *err)
 {
@@ -190,10 +199,7 @@ static int ckpt_open(dt_trainer *t, dt_err *err)
     } prefixes[] = {{"exp_avg", "exp_avg."}, {"exp_avg_sq", "exp_avg_sq."},
                     {"momentum_buffer", "momentum_buffer."}}; /* static: dt_ckpt keeps them */
     char dir[DT_PATH_MAX + 32];
-    if (j->ckpt_dir[0])
-        dt_strlcpy(dir, j->ckpt_dir, sizeof dir);
-    else
-        snprintf(dir, sizeof dir, "%s/checkpoints", j->output_dir);
+    ckpt_dir(j, dir, sizeof dir);
     dt_ckpt_buf bufs[4];
     int n = 0;
     bufs[n++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, m->params, m->num_params,
@@ -231,9 +237,24 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
         if (rc && rc != -ENOMEM && rc != -EIO && (rc == -EXDEV || strcmp(j->resume, "auto")))
             t->config_error = true;
     }
-    if (!rc) /* a rank that cannot see rank 0's checkpoint must not train from another state */
-        rc = dt_ckpt_agree(t->comm, t->be, t->env.rank, resumed ? st.step : -1,
-                           j->ckpt_dir[0] ? j->ckpt_dir : j->output_dir, err);
+    /* Every rank resumes from the newest checkpoint any rank found; a rank that could not see it
+     * (node-local disks) takes it over the network instead of training from another state. */
+    int64_t mine = resumed ? st.step : -1, src_step = mine;
+    int src = 0;
+    bool adopted = false;
+    if (!rc)
+        rc = dt_ckpt_sync(t->ckpt, t->comm, t->env.rank, &st, &resumed, &src, &src_step, &adopted,
+                          err);
+    if (!rc && adopted) {
+        char a[64] = "found no checkpoint", dir[DT_PATH_MAX + 32];
+        if (mine >= 0)
+            snprintf(a, sizeof a, "found step %lld", (long long)mine);
+        ckpt_dir(j, dir, sizeof dir);
+        DT_WARN("rank %d %s in %s but rank %d resumed at step %lld: it took rank %d's model and "
+                "optimiser state over the network (the checkpoint directory is not shared "
+                "between the nodes, or holds other steps on this one)",
+                t->env.rank, a, dir, src, (long long)src_step, src);
+    }
     if (rc || !resumed)
         goto out;
     double opt_t = 0;
@@ -249,6 +270,8 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     }
     t->last_saved_step = st.step;
     t->samples_seen = st.samples_seen;
+    if (adopted) /* rank 0 has no path of its own: say where the state came from */
+        snprintf(path, sizeof path, "rank %d's checkpoint, over the network", src);
     if (t->env.rank == 0)
         DT_INFO("resumed from %s: step %lld, epoch %lld, sample %lld (saved by %d rank%s)", path,
                 (long long)st.step, (long long)st.epoch, (long long)st.sample_pos, st.world_size,

@@ -11,6 +11,7 @@
  * driven through the rendezvous API with in-process agents, for both backends.
  */
 #include <dirent.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -278,6 +279,87 @@ static void test_static_failure_restarts(void)
         dt_test_group_dump(&j);
 }
 
+/* The loss of the last "train" record in DIR/metrics.jsonl (NAN when there is none). */
+static double last_loss(const char *dir)
+{
+    char path[2048];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    char *s = dt_test_slurp(path);
+    double loss = NAN;
+    for (char *line = s ? strtok(s, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        const char *p = strstr(line, "\"loss\":");
+        if (strstr(line, "\"type\":\"train\"") && p)
+            loss = strtod(p + 7, NULL);
+    }
+    free(s);
+    return loss;
+}
+
+/* Node-local checkpoint directories (no shared file system): each node's job.output_dir is its
+ * own, so only node 0's, where rank 0 saves, holds checkpoints. Launched again with more steps,
+ * node 1 finds none and takes rank 0's state over the network: the job resumes at step 20 on
+ * both nodes and ends bit for bit as the same job whose nodes share one directory. Then with the
+ * nodes swapped, rank 0 finds none and takes rank 1's. */
+static void test_unshared_checkpoint_dir(void)
+{
+    const char *ini = job_file();
+    char what[2][2048], opts[1024], dir[2][1024];
+    snprintf(opts, sizeof opts, "%s --nproc-per-node 1 --max-restarts 0", conf_static);
+    double loss[2];
+    for (int shared = 0; shared < 2; shared++) {
+        for (int k = 0; k < 2; k++)
+            snprintf(dir[k], sizeof dir[k], "%s/%s%d", TMP, shared ? "shared" : "local",
+                     shared ? 0 : k);
+        for (int run = 0; run < 2; run++) {
+            job j;
+            dt_test_group_init(&j);
+            for (int k = 0; k < 2; k++)
+                snprintf(what[k], sizeof what[k],
+                         "%.900s job.output_dir=%.900s train.steps=%d checkpoint.every=10 "
+                         "job.log_every=5 train.eval_every=0",
+                         ini, dir[k], run ? 30 : 20);
+            char id[32];
+            snprintf(id, sizeof id, "ul%d%d", shared, run);
+            start_static(&j, 2, id, opts, what);
+            wait_job(&j, 120 * dt_test_timeout_scale());
+            DT_CHECK_INT(j.code[0], 0);
+            DT_CHECK_INT(j.code[1], 0);
+            if (run == 1) {
+                DT_CHECK(dt_test_count_text(j.out[0], "resumed from") == 1);
+                int took = dt_test_count_text(j.out[1], "took rank 0's model and optimiser state");
+                DT_CHECK_MSG(took == !shared, "shared %d: node 1 adopted rank 0's state %d times",
+                             shared, took);
+                if (!shared)
+                    DT_CHECK(dt_test_count_text(j.out[1], "found no checkpoint") == 1);
+            }
+            if (j.code[0] || j.code[1])
+                dt_test_group_dump(&j);
+        }
+        loss[shared] = last_loss(dir[0]);
+    }
+    DT_CHECK_MSG(isfinite(loss[0]) && loss[0] == loss[1],
+                 "step 30 after resuming: node-local directories %.9g, shared %.9g", loss[0],
+                 loss[1]);
+    /* The nodes swapped (rank 0 now where no checkpoint is, as after a regroup): every rank takes
+     * rank 1's step 30 instead of starting over from rank 0's nothing. */
+    job j;
+    dt_test_group_init(&j);
+    for (int k = 0; k < 2; k++)
+        snprintf(what[k], sizeof what[k],
+                 "%.900s job.output_dir=%s/local%d train.steps=40 checkpoint.every=10 "
+                 "job.log_every=5 train.eval_every=0",
+                 ini, TMP, 1 - k);
+    start_static(&j, 2, "ulsw", opts, what);
+    wait_job(&j, 120 * dt_test_timeout_scale());
+    DT_CHECK_INT(j.code[0], 0);
+    DT_CHECK_INT(j.code[1], 0);
+    DT_CHECK_INT(dt_test_count_text(j.out[0], "resumed from rank 1's checkpoint, over the network: "
+                                              "step 30"), 1);
+    DT_CHECK_INT(dt_test_count_text(j.out[0], "done after 40 steps"), 1);
+    if (j.code[0] || j.code[1])
+        dt_test_group_dump(&j);
+}
+
 /* ---- the rendezvous API with in-process agents ------------------------------------------- */
 
 typedef struct inproc {
@@ -435,6 +517,7 @@ static const dt_test tests[] = {
     {"static_one_bad", test_static_one_bad, 180},
     {"elastic_both_bad", test_elastic_both_bad, 180},
     {"static_failure_restarts", test_static_failure_restarts, 180},
+    {"unshared_checkpoint_dir", test_unshared_checkpoint_dir, 240},
     {"api_races_static", test_api_races_static, 120},
     {"api_races_c10d", test_api_races_c10d, 120},
 };
