@@ -295,6 +295,25 @@ static double last_loss(const char *dir)
     return loss;
 }
 
+/* Runs the 2-node job `id` to `steps` steps, node k writing to dir[k]; both must succeed. */
+static void run_unshared(job *j, const char *id, char dir[][1024], int steps)
+{
+    char what[2][2048], opts[1024];
+    snprintf(opts, sizeof opts, "%s --nproc-per-node 1 --max-restarts 0", conf_static);
+    dt_test_group_init(j);
+    for (int k = 0; k < 2; k++)
+        snprintf(what[k], sizeof what[k],
+                 "%.900s job.output_dir=%.900s train.steps=%d checkpoint.every=10 "
+                 "job.log_every=5 train.eval_every=0",
+                 job_file(), dir[k], steps);
+    start_static(j, 2, id, opts, what);
+    wait_job(j, 120 * dt_test_timeout_scale());
+    DT_CHECK_INT(j->code[0], 0);
+    DT_CHECK_INT(j->code[1], 0);
+    if (j->code[0] || j->code[1])
+        dt_test_group_dump(j);
+}
+
 /* Node-local checkpoint directories (no shared file system): each node's job.output_dir is its
  * own, so only node 0's, where rank 0 saves, holds checkpoints. Launched again with more steps,
  * node 1 finds none and takes rank 0's state over the network: the job resumes at step 20 on
@@ -302,28 +321,17 @@ static double last_loss(const char *dir)
  * nodes swapped, rank 0 finds none and takes rank 1's. */
 static void test_unshared_checkpoint_dir(void)
 {
-    const char *ini = job_file();
-    char what[2][2048], opts[1024], dir[2][1024];
-    snprintf(opts, sizeof opts, "%s --nproc-per-node 1 --max-restarts 0", conf_static);
+    char dir[2][1024];
     double loss[2];
+    job j;
     for (int shared = 0; shared < 2; shared++) {
         for (int k = 0; k < 2; k++)
             snprintf(dir[k], sizeof dir[k], "%s/%s%d", TMP, shared ? "shared" : "local",
                      shared ? 0 : k);
         for (int run = 0; run < 2; run++) {
-            job j;
-            dt_test_group_init(&j);
-            for (int k = 0; k < 2; k++)
-                snprintf(what[k], sizeof what[k],
-                         "%.900s job.output_dir=%.900s train.steps=%d checkpoint.every=10 "
-                         "job.log_every=5 train.eval_every=0",
-                         ini, dir[k], run ? 30 : 20);
             char id[32];
             snprintf(id, sizeof id, "ul%d%d", shared, run);
-            start_static(&j, 2, id, opts, what);
-            wait_job(&j, 120 * dt_test_timeout_scale());
-            DT_CHECK_INT(j.code[0], 0);
-            DT_CHECK_INT(j.code[1], 0);
+            run_unshared(&j, id, dir, run ? 30 : 20);
             if (run == 1) {
                 DT_CHECK(dt_test_count_text(j.out[0], "resumed from") == 1);
                 int took = dt_test_count_text(j.out[1], "took rank 0's model and optimiser state");
@@ -332,8 +340,6 @@ static void test_unshared_checkpoint_dir(void)
                 if (!shared)
                     DT_CHECK(dt_test_count_text(j.out[1], "found no checkpoint") == 1);
             }
-            if (j.code[0] || j.code[1])
-                dt_test_group_dump(&j);
         }
         loss[shared] = last_loss(dir[0]);
     }
@@ -342,22 +348,12 @@ static void test_unshared_checkpoint_dir(void)
                  loss[1]);
     /* The nodes swapped (rank 0 now where no checkpoint is, as after a regroup): every rank takes
      * rank 1's step 30 instead of starting over from rank 0's nothing. */
-    job j;
-    dt_test_group_init(&j);
     for (int k = 0; k < 2; k++)
-        snprintf(what[k], sizeof what[k],
-                 "%.900s job.output_dir=%s/local%d train.steps=40 checkpoint.every=10 "
-                 "job.log_every=5 train.eval_every=0",
-                 ini, TMP, 1 - k);
-    start_static(&j, 2, "ulsw", opts, what);
-    wait_job(&j, 120 * dt_test_timeout_scale());
-    DT_CHECK_INT(j.code[0], 0);
-    DT_CHECK_INT(j.code[1], 0);
+        snprintf(dir[k], sizeof dir[k], "%s/local%d", TMP, 1 - k);
+    run_unshared(&j, "ulsw", dir, 40);
     DT_CHECK_INT(dt_test_count_text(j.out[0], "resumed from rank 1's checkpoint, over the network: "
                                               "step 30"), 1);
     DT_CHECK_INT(dt_test_count_text(j.out[0], "done after 40 steps"), 1);
-    if (j.code[0] || j.code[1])
-        dt_test_group_dump(&j);
 }
 
 /* ---- the rendezvous API with in-process agents ------------------------------------------- */
