@@ -230,8 +230,8 @@ void dt_cuda_colsum_acc(dt_cuda *cu, float *dbias, const float *x, int N, int C)
 void dt_cuda_channel_bias_add(dt_cuda *cu, float *out, const float *bias, int N, int K, int HW);
 // dbias (K) += sums of dout (N,K,HW) per channel.
 void dt_cuda_channel_sum_acc(dt_cuda *cu, float *dbias, const float *dout, int N, int K, int HW);
-// x (n) fp32 -> dst (n) bf16 (bf16 = true) or fp16.
-void dt_cuda_to_half(dt_cuda *cu, void *dst, const float *x, size_t n, bool bf16);
+// x (n) fp32 * scale -> dst (n) bf16 (bf16 = true) or fp16, rounded to nearest even.
+void dt_cuda_to_half(dt_cuda *cu, void *dst, const float *x, size_t n, float scale, bool bf16);
 
 // ---- op table entries ------------------------------------------------------------------------
 // gemm.cu

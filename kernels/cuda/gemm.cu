@@ -67,7 +67,7 @@ static const void *to16(dt_cuda *cu, int slot, const float *x, size_t n)
     void *dst = dt_cuda_scratch(cu, slot, n * 2);
     if (!dst)
         return NULL;
-    dt_cuda_to_half(cu, dst, x, n, cu->precision == DT_PREC_BF16);
+    dt_cuda_to_half(cu, dst, x, n, 1.0f, cu->precision == DT_PREC_BF16);
     return dst;
 }
 

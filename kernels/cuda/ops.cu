@@ -251,33 +251,10 @@ void dt_cuda_channel_bias_add(dt_cuda *cu, float *out, const float *bias, int N,
 }
 
 // =============================================================================================
-// conversions (GEMM operands in the 16-bit modes)
+// conversions: GEMM operands in the 16-bit modes (scale 1) and DDP's 16-bit gradient payloads,
+// with the roundings of common/half.h (to nearest even; overflow to inf; NaN stays NaN)
 // =============================================================================================
 
-__global__ static void to_bf16_kernel(__nv_bfloat16 *dst, const float *x, size_t n)
-{
-    GRID_STRIDE(i, n)
-    dst[i] = __float2bfloat16_rn(x[i]);
-}
-
-__global__ static void to_fp16_kernel(__half *dst, const float *x, size_t n)
-{
-    GRID_STRIDE(i, n)
-    dst[i] = __float2half_rn(x[i]);
-}
-
-void dt_cuda_to_half(dt_cuda *cu, void *dst, const float *x, size_t n, bool bf16)
-{
-    if (bf16)
-        to_bf16_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>(
-            (__nv_bfloat16 *)dst, x, n);
-    else
-        to_fp16_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>((__half *)dst, x, n);
-    DT_CU_LAUNCHED(cu);
-}
-
-// 16-bit payloads (DDP gradient compression): the same roundings as common/half.h (to nearest
-// even; overflow to inf; NaN stays NaN)
 __global__ static void to_half_kernel(uint16_t *dst, const float *x, size_t n, float scale,
                                       bool bf16)
 {
@@ -287,6 +264,15 @@ __global__ static void to_half_kernel(uint16_t *dst, const float *x, size_t n, f
         dst[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
                       : __half_as_ushort(__float2half_rn(v));
     }
+}
+
+void dt_cuda_to_half(dt_cuda *cu, void *dst, const float *x, size_t n, float scale, bool bf16)
+{
+    if (n == 0)
+        return;
+    to_half_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>((uint16_t *)dst, x, n,
+                                                                          scale, bf16);
+    DT_CU_LAUNCHED(cu);
 }
 
 __global__ static void from_half_kernel(float *x, const uint16_t *src, size_t n, float scale,
@@ -302,11 +288,7 @@ void dt_cuda_op_to_half(dt_backend *be, uint16_t *half, const float *x, size_t n
                         bool bf16)
 {
     DT_CU_BEGIN(be);
-    if (n > 0) {
-        to_half_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>(half, x, n, scale,
-                                                                              bf16);
-        DT_CU_LAUNCHED(cu);
-    }
+    dt_cuda_to_half(cu, half, x, n, scale, bf16);
     DT_CU_END(DT_CU_OP_TO_HALF, 0);
 }
 
