@@ -66,8 +66,8 @@ struct dt_dp {
     const char *comm_backend;
     int timeout_ms, store_port;
     char token[33], run_id[64];
-    float *host_stage;   /* (num_params or num_buffers) host staging, when !host_mem */
-    float *dev_stage;    /* (num_params) on the master's backend, when !host_mem */
+    float *host_stage;   /* (num_params or num_buffers) host staging, when !host_mem and !coll */
+    float *dev_stage;    /* (num_params) on the master's backend, when !host_mem and !coll */
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     uint64_t gen;
