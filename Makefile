@@ -57,7 +57,7 @@ CUDA_WHY  := no: disabled by CUDA=0
 else
 CUDA_WHY  := no: nvcc not found (looked in CUDA_HOME=$(or $(CUDA_HOME),unset), /usr/local/cuda and PATH)
 endif
-# The backend also needs cuDNN (kernels/cuda) and NCCL (runtime/comm_nccl.cu): each header and
+# The backend also needs cuDNN (kernels/cuda) and NCCL (runtime/comm/comm_nccl.cu): each header and
 # library is looked for under CUDNN_HOME / NCCL_HOME (when set), CUDA_HOME and the system
 # directories. Without either the CUDA backend is skipped with the reason; the build goes on.
 CUDA_SYS_INC ?= /usr/include /usr/include/x86_64-linux-gnu
@@ -95,13 +95,13 @@ CUDA_LIBS := $(addprefix -L,$(CUDA_XLIB)) -L$(CUDA_HOME)/lib64 -lcublasLt -lcubl
 
 # ---- sources -------------------------------------------------------------------------------
 LIB_SRC  := $(wildcard common/*.c rendezvous/*.c kernels/*.c kernels/cpu/*.c \
-                       runtime/*.c runtime/*/*.c) $(filter-out cmd/main.c,$(wildcard cmd/*.c))
+                       runtime/*/*.c runtime/*/*/*.c) $(filter-out cmd/main.c,$(wildcard cmd/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_LIB := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(TEST_SRC),$(wildcard tests/*.c)))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_SO  := $(patsubst tests/fake/%.c,$(BUILD)/tests/libfake_%.so,$(wildcard tests/fake/*.c))
-CU_SRC   := $(wildcard kernels/cuda/*.cu runtime/*.cu)
+CU_SRC   := $(wildcard kernels/cuda/*.cu runtime/comm/*.cu)
 CU_CSRC  := $(wildcard kernels/cuda/*.c) common/err.c common/log.c common/util.c common/env.c
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o) $(CU_CSRC:%.c=$(BUILD)/cuda/%.o)
 

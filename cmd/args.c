@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 
 enum { G_NODES, G_RDZV, G_RESTART, G_LOGS, G_OTHER };
 

@@ -18,7 +18,7 @@
 #include <stdio.h>
 
 #include "common/err.h"
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 
 typedef struct dt_args {
     const char *job_path;   /* JOB.ini, or NULL */

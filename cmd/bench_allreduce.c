@@ -27,8 +27,8 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
-#include "runtime/comm.h"
-#include "runtime/comm_reduce.h"
+#include "runtime/comm/comm.h"
+#include "runtime/comm/comm_reduce.h"
 
 typedef struct bench_opts {
     int nproc;

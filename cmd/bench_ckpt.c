@@ -32,9 +32,9 @@
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/util.h"
-#include "runtime/ckpt.h"
-#include "runtime/config.h"
-#include "runtime/worker.h"
+#include "runtime/train/ckpt.h"
+#include "runtime/job/config.h"
+#include "runtime/train/worker.h"
 
 typedef struct bench_ctx {
     dt_ckpt_buf bufs[8];

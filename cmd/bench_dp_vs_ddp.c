@@ -35,14 +35,14 @@
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
-#include "runtime/comm.h"
-#include "runtime/config.h"
-#include "runtime/data.h"
-#include "runtime/ddp.h"
-#include "runtime/dp.h"
-#include "runtime/model.h"
-#include "runtime/optim.h"
-#include "runtime/worker.h"
+#include "runtime/comm/comm.h"
+#include "runtime/job/config.h"
+#include "runtime/train/data.h"
+#include "runtime/train/ddp.h"
+#include "runtime/train/dp.h"
+#include "runtime/train/model.h"
+#include "runtime/train/optim.h"
+#include "runtime/train/worker.h"
 
 #define MAX_REPLICAS 64
 

@@ -23,7 +23,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/backend.h"
-#include "runtime/model.h"
+#include "runtime/train/model.h"
 
 typedef struct bench_opts {
     const char *device;

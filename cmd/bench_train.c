@@ -14,8 +14,8 @@
 #include "cmd/cmd.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/config.h"
-#include "runtime/worker.h"
+#include "runtime/job/config.h"
+#include "runtime/train/worker.h"
 
 static void usage(FILE *out)
 {

@@ -14,8 +14,8 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/agent.h"
-#include "runtime/config.h"
+#include "runtime/launch/agent.h"
+#include "runtime/job/config.h"
 
 #ifndef DT_VERSION
 #define DT_VERSION "0.0.0"

@@ -10,9 +10,9 @@
 #include "cmd/cmd.h"
 #include "common/env.h"
 #include "common/util.h"
-#include "runtime/config.h"
-#include "runtime/errfile.h"
-#include "runtime/worker.h"
+#include "runtime/job/config.h"
+#include "runtime/job/errfile.h"
+#include "runtime/train/worker.h"
 
 static void usage(FILE *out)
 {

@@ -1,6 +1,6 @@
 #!/bin/sh
 # update-readme-keys.sh - regenerates README.md's job file reference from the key table in
-# runtime/config.c (through `dtrain --help-config`), between the keys:begin/keys:end markers.
+# runtime/job/config.c (through `dtrain --help-config`), between the keys:begin/keys:end markers.
 # tests/test_config.c fails when the two differ.
 set -eu
 case "${1:-}" in -h|--help) echo "usage: scripts/update-readme-keys.sh  (after make)"; exit 0;; esac

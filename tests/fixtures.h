@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "runtime/model.h"
+#include "runtime/train/model.h"
 
 /* A random batch for a model config, in host memory (owned by the struct): token ids and
  * targets below the vocabulary with target 1 ignored (-1), or inputs in [-1, 1) with labels. */

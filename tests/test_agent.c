@@ -18,10 +18,10 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "runtime/agent_env.h"
-#include "runtime/agent_output.h"
-#include "runtime/agent_report.h"
-#include "runtime/worker_guard.h"
+#include "runtime/launch/agent_env.h"
+#include "runtime/launch/agent_output.h"
+#include "runtime/launch/agent_report.h"
+#include "runtime/train/worker_guard.h"
 #include "tests/harness.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */

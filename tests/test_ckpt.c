@@ -2,7 +2,7 @@
  * discovery past damaged checkpoints, full disks (a real tmpfs, and injected ENOSPC through the
  * system call table), and the `dtrain ckpt` tools against a standard-library Python reader.
  *
- * These tests use a small fake model (a few named tensors in flat host buffers, as runtime/model.h
+ * These tests use a small fake model (a few named tensors in flat host buffers, as runtime/train/model.h
  * lays them out) so they need neither the model zoo nor a worker. The end-to-end tests that drive
  * `dtrain worker` and the launcher live further down and skip, saying why, until those exist. */
 #include <dirent.h>
@@ -20,10 +20,10 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
-#include "runtime/ckpt.h"
-#include "runtime/comm.h"
-#include "runtime/safetensors.h"
-#include "runtime/xxh64.h"
+#include "runtime/train/ckpt.h"
+#include "runtime/comm/comm.h"
+#include "runtime/train/safetensors.h"
+#include "runtime/train/xxh64.h"
 #include "tests/harness.h"
 
 /* ================================================================================ helpers === */

@@ -21,10 +21,10 @@
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
-#include "runtime/comm.h"
-#include "runtime/comm_cpu.h"
-#include "runtime/comm_reduce.h"
-#include "runtime/comm_shm.h"
+#include "runtime/comm/comm.h"
+#include "runtime/comm/comm_cpu.h"
+#include "runtime/comm/comm_reduce.h"
+#include "runtime/comm/comm_shm.h"
 #include "tests/harness.h"
 
 /* ------------------------------------------------------------------------------------------ */

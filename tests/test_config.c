@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 #include "tests/harness.h"
 
 static const char *write_file(const char *name, const char *text)
@@ -437,7 +437,7 @@ static void test_reference_lists_every_key(void)
     char *readme = NULL;
     DT_REQUIRE(dt_read_file("README.md", &readme, NULL, NULL) == 0);
     DT_CHECK_MSG(strstr(readme, text) != NULL,
-                 "README.md's job file reference differs from the table in runtime/config.c; "
+                 "README.md's job file reference differs from the table in runtime/job/config.c; "
                  "regenerate it with scripts/update-readme-keys.sh");
     free(readme);
     free(text);

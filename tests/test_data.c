@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "runtime/config.h"
-#include "runtime/data.h"
+#include "runtime/job/config.h"
+#include "runtime/train/data.h"
 #include "tests/harness.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */

@@ -27,11 +27,11 @@
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
-#include "runtime/comm.h"
-#include "runtime/ddp.h"
-#include "runtime/dp.h"
-#include "runtime/model.h"
-#include "runtime/optim.h"
+#include "runtime/comm/comm.h"
+#include "runtime/train/ddp.h"
+#include "runtime/train/dp.h"
+#include "runtime/train/model.h"
+#include "runtime/train/optim.h"
 #include "tests/harness.h"
 
 /* ------------------------------------------------------------------------------------------ */

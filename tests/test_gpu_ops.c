@@ -35,8 +35,8 @@
 #include "common/env.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
-#include "runtime/comm_impl.h"
-#include "runtime/model.h"
+#include "runtime/comm/comm_impl.h"
+#include "runtime/train/model.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 

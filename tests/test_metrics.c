@@ -11,7 +11,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/metrics.h"
+#include "runtime/train/metrics.h"
 #include "tests/harness.h"
 
 static void test_records(void)

@@ -24,9 +24,9 @@
 #include <string.h>
 
 #include "common/rng.h"
-#include "runtime/config.h"
-#include "runtime/model.h"
-#include "runtime/models/models.h"
+#include "runtime/job/config.h"
+#include "runtime/train/model.h"
+#include "runtime/train/models/models.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/rng.h"
-#include "runtime/optim.h"
+#include "runtime/train/optim.h"
 #include "tests/harness.h"
 
 /* ---- a backend that records the calls the optimiser makes ------------------------------- */

@@ -17,9 +17,9 @@
 #include "common/cpuset.h"
 #include "common/util.h"
 #include "kernels/backend.h"
-#include "runtime/data.h"
-#include "runtime/optim.h"
-#include "runtime/worker.h"
+#include "runtime/train/data.h"
+#include "runtime/train/optim.h"
+#include "runtime/train/worker.h"
 #include "tests/harness.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */

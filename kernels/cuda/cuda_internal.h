@@ -7,7 +7,7 @@
 //                GEMMs around own permute/softmax kernels), conv2d (cuDNN)
 //   ops.cu       everything else: element-wise, LayerNorm, embeddings, the fused classifier,
 //                BatchNorm stages, pooling, optimisers, reductions
-//   ../../runtime/comm_nccl.cu   the NCCL comm backend (uses the stream registry below)
+//   ../../runtime/comm/comm_nccl.cu   the NCCL comm backend (uses the stream registry below)
 //
 // Precision (kernels/backend.h): every tensor the op table sees is float32. Precision only
 // changes how GEMMs compute:

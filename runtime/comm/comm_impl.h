@@ -1,0 +1,45 @@
+/* comm_impl.h - what a collective backend implements; internal to runtime/comm*.c and the NCCL
+ * backend in libdtrain_cuda.so. Everyone else uses runtime/comm/comm.h.
+ *
+ * runtime/comm/comm.c owns the dispatch: dt_comm_init picks the backend by opts->backend, does the
+ * store bootstrap, and forwards every dt_comm_* call to ops with `self`. A backend's work handles
+ * are its own type behind dt_comm_work.
+ */
+#ifndef DT_COMM_IMPL_H
+#define DT_COMM_IMPL_H
+
+#include "runtime/comm/comm.h"
+
+typedef struct dt_comm_backend_ops {
+    const char *name;
+    int (*allreduce)(void *self, void *buf, size_t count, dt_dtype dtype, dt_redop op,
+                     dt_comm_work **work, dt_err *err);
+    int (*broadcast)(void *self, void *buf, size_t count, dt_dtype dtype, int root,
+                     dt_comm_work **work, dt_err *err);
+    int (*allgather)(void *self, const void *send, void *recv, size_t count, dt_dtype dtype,
+                     dt_comm_work **work, dt_err *err);
+    int (*reduce_scatter)(void *self, const void *send, void *recv, size_t count, dt_dtype dtype,
+                          dt_redop op, dt_comm_work **work, dt_err *err);
+    int (*barrier)(void *self, dt_err *err);
+    int (*wait)(void *self, dt_comm_work *work, dt_err *err);
+    void (*destroy)(void *self);
+    /* Optional (NULL: dt_comm_mem_alloc fails with -ENOTSUP): see dt_comm_mem_alloc. */
+    int (*mem_alloc)(void *self, size_t bytes, void **out, dt_err *err);
+    void (*mem_free)(void *self, void *p);
+    /* Optional (NULL: dt_comm_reduce runs allreduce, which leaves the root the same result). */
+    int (*reduce)(void *self, void *buf, size_t count, dt_dtype dtype, dt_redop op, int root,
+                  dt_comm_work **work, dt_err *err);
+} dt_comm_backend_ops;
+
+/* The NCCL backend in libdtrain_cuda.so exports these two symbols. comm.c calls the first on
+ * rank 0, publishes the id through the store under the run/attempt namespace, and every rank then
+ * calls the second. */
+#define DT_NCCL_ID_BYTES 128
+#define DT_NCCL_GET_ID_SYMBOL "dt_nccl_get_unique_id"
+#define DT_NCCL_CREATE_SYMBOL "dt_nccl_comm_create"
+typedef int (*dt_nccl_get_unique_id_fn)(unsigned char id[DT_NCCL_ID_BYTES], dt_err *err);
+typedef int (*dt_nccl_comm_create_fn)(const dt_comm_opts *opts,
+                                      const unsigned char id[DT_NCCL_ID_BYTES],
+                                      const dt_comm_backend_ops **ops, void **self, dt_err *err);
+
+#endif

@@ -1,0 +1,570 @@
+// comm_nccl.cu - the "nccl" collective backend (runtime/comm/comm_impl.h), built into
+// libdtrain_cuda.so. runtime/comm/comm.c does the store bootstrap (rank 0 calls dt_nccl_get_unique_id,
+// publishes the id under the run/attempt namespace, every rank calls dt_nccl_comm_create) and
+// dispatches dt_comm_* calls to the vtable below.
+//
+// Design
+// - The communicator is created non-blocking (ncclConfig_t.blocking = 0): initialisation and
+//   every collective return at once (possibly ncclInProgress) and the backend polls
+//   ncclCommGetAsyncError with a deadline, so no NCCL call can hang the worker. A stalled or dead
+//   peer becomes -ETIMEDOUT after opts->timeout_ms, a remote or internal NCCL error becomes -EIO;
+//   either way the communicator is aborted (ncclCommAbort, which also stops its kernels) and
+//   unusable from then on, the worker exits non-zero and the agent restarts the job.
+// - A watchdog thread checks in-flight collectives every 100 ms for the same two conditions, so a
+//   collective nobody waits on yet still times out and its kernels are stopped. NCCL calls of the
+//   user's thread and the watchdog's abort are serialised by one mutex (abort frees the
+//   communicator).
+// - Collectives run on a dedicated high-priority comm stream. Before each one the comm stream
+//   waits for an event recorded on the compute stream of the CUDA backend on the same device
+//   (kernels/cuda/backend.cu keeps a registry), so a DDP bucket all-reduce starts as soon as the
+//   backward kernels that produced the bucket have run, and overlaps the rest of backward.
+//   wait() blocks the host until the collective has completed (polling its event, bounded by
+//   the timeout); compute work issued after wait() is therefore ordered after it.
+// - The device is opts->device_index (LOCAL_RANK). Data types: float32, bfloat16, float16;
+//   reductions: sum and avg (ncclAvg).
+// - Single-process data parallelism (one process driving K GPUs, job.strategy = dp) uses the same
+//   entry points from K threads: one dt_nccl_comm_create per replica thread with rank = replica,
+//   world_size = K, device_index = replica and one shared unique id. Each thread then issues its
+//   replica's collectives, which NCCL supports without group calls.
+//
+// Unlike the cpu backend, NCCL carries no per-message description, so ranks that issue different
+// collectives are not diagnosed by name: they stall and hit the timeout, whose message names this
+// rank's operation and sequence number.
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cuda/cuda_internal.h"
+
+extern "C" {
+#include "runtime/comm/comm_impl.h"
+}
+
+#define DT_CU_EXPORT extern "C" __attribute__((visibility("default")))
+
+static_assert(sizeof(ncclUniqueId) == DT_NCCL_ID_BYTES, "NCCL unique id size changed");
+
+typedef struct nccl_comm nccl_comm;
+
+// One collective in flight. Handed out as dt_comm_work*.
+typedef struct nccl_work {
+    nccl_comm *c;
+    cudaEvent_t done;   // recorded on the comm stream after the collective
+    uint64_t seq;
+    const char *op;     // static string
+    size_t count;
+    dt_dtype dtype;
+    double t0;          // when it was issued (monotonic seconds)
+    struct nccl_work *prev, *next; // the in-flight list, under c->mu
+} nccl_work;
+
+struct nccl_comm {
+    ncclComm_t comm;       // NULL once aborted or destroyed
+    int rank, world, device;
+    double timeout_s;
+    cudaStream_t stream;   // the comm stream
+    cudaEvent_t ready;     // recorded on the compute stream before each collective
+    float *barrier_buf;    // one float of device memory for barrier()
+
+    pthread_mutex_t mu;    // guards comm, the in-flight list, broken/err
+    pthread_cond_t cv;     // wakes the watchdog for shutdown
+    pthread_t watchdog;
+    bool watchdog_running, stopping;
+
+    bool broken;           // aborted: every call fails with err
+    int err_code;
+    char err_msg[DT_ERR_MSG_MAX];
+    uint64_t seq;          // collectives issued so far
+    nccl_work inflight;    // list sentinel
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void nap(double *delay)
+{
+    struct timespec ts = {0, (long)(*delay * 1e9)};
+    nanosleep(&ts, NULL);
+    if (*delay < 1e-3)
+        *delay *= 2;
+}
+
+static const char *dtype_name(dt_dtype t)
+{
+    return t == DT_BFLOAT16 ? "bfloat16" : t == DT_FLOAT16 ? "float16" : "float32";
+}
+
+static ncclDataType_t nccl_type(dt_dtype t)
+{
+    return t == DT_BFLOAT16 ? ncclBfloat16 : t == DT_FLOAT16 ? ncclFloat16 : ncclFloat32;
+}
+
+// Aborts the communicator (once) and records why. Caller holds c->mu.
+static void abort_locked(nccl_comm *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void abort_locked(nccl_comm *c, int code, const char *fmt, ...)
+{
+    if (c->broken)
+        return;
+    c->broken = true;
+    c->err_code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err_msg, sizeof c->err_msg, fmt, ap);
+    va_end(ap);
+    DT_ERROR("NCCL rank %d/%d: %s; aborting the communicator", c->rank, c->world, c->err_msg);
+    if (c->comm) {
+        ncclCommAbort(c->comm);
+        c->comm = NULL;
+    }
+}
+
+static int broken_err(nccl_comm *c, dt_err *err)
+{
+    pthread_mutex_lock(&c->mu);
+    int code = c->err_code ? c->err_code : -EIO;
+    dt_err_set(err, code, "%s", c->err_msg);
+    pthread_mutex_unlock(&c->mu);
+    return code;
+}
+
+// Polls the communicator until it leaves ncclInProgress. Caller holds c->mu. Returns the state
+// (ncclSuccess when fine); on a deadline, aborts and returns ncclInProgress.
+static ncclResult_t settle_locked(nccl_comm *c, const char *what, uint64_t seq)
+{
+    double t0 = now_s(), delay = 20e-6;
+    for (;;) {
+        ncclResult_t st = ncclSuccess;
+        if (!c->comm)
+            return ncclInvalidUsage;
+        ncclResult_t q = ncclCommGetAsyncError(c->comm, &st);
+        if (q != ncclSuccess)
+            st = q;
+        if (st != ncclInProgress)
+            return st;
+        if (now_s() - t0 > c->timeout_s) {
+            abort_locked(c, -ETIMEDOUT,
+                         "%s #%llu still in progress after %.0f s (a peer is dead, stalled, or "
+                         "issued a different collective)",
+                         what, (unsigned long long)seq, c->timeout_s);
+            return ncclInProgress;
+        }
+        pthread_mutex_unlock(&c->mu);
+        nap(&delay);
+        pthread_mutex_lock(&c->mu);
+    }
+}
+
+// =============================================================================================
+// watchdog
+// =============================================================================================
+
+static void *watchdog_main(void *arg)
+{
+    nccl_comm *c = (nccl_comm *)arg;
+    cudaSetDevice(c->device);
+    pthread_mutex_lock(&c->mu);
+    while (!c->stopping) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 100 * 1000 * 1000;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c->cv, &c->mu, &dl);
+        if (c->stopping || c->broken || !c->comm)
+            continue;
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st != ncclSuccess &&
+            st != ncclInProgress) {
+            abort_locked(c, st == ncclRemoteError ? -ECONNRESET : -EIO,
+                         "asynchronous NCCL error: %s (%s)", ncclGetErrorString(st),
+                         ncclGetLastError(c->comm));
+            continue;
+        }
+        double t = now_s();
+        for (nccl_work *w = c->inflight.next; w != &c->inflight; w = w->next) {
+            if (cudaEventQuery(w->done) != cudaErrorNotReady)
+                continue; // complete (or a CUDA error, which wait() reports)
+            if (t - w->t0 > c->timeout_s) {
+                abort_locked(c, -ETIMEDOUT,
+                             "%s #%llu (%zu x %s) timed out after %.0f s: a peer is dead, stalled "
+                             "or issued a different collective (ddp.timeout sets the limit)",
+                             w->op, (unsigned long long)w->seq, w->count, dtype_name(w->dtype),
+                             c->timeout_s);
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+// =============================================================================================
+// collectives
+// =============================================================================================
+
+static void work_free(nccl_work *w)
+{
+    if (!w)
+        return;
+    nccl_comm *c = w->c;
+    pthread_mutex_lock(&c->mu);
+    if (w->prev) {
+        w->prev->next = w->next;
+        w->next->prev = w->prev;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (w->done)
+        cudaEventDestroy(w->done);
+    free(w);
+}
+
+static int nccl_wait_impl(nccl_comm *c, nccl_work *w, dt_err *err)
+{
+    double delay = 20e-6;
+    int rc = 0;
+    for (;;) {
+        cudaError_t q = cudaEventQuery(w->done);
+        if (q == cudaSuccess) {
+            // An abort (the watchdog's, on an async or remote error or a timeout) stops the
+            // kernels, which completes the event too: the data is then garbage, say so.
+            pthread_mutex_lock(&c->mu);
+            bool broken = c->broken;
+            pthread_mutex_unlock(&c->mu);
+            if (broken)
+                rc = broken_err(c, err);
+            break;
+        }
+        if (q != cudaErrorNotReady) {
+            rc = dt_err_set(err, -EIO, "NCCL %s #%llu on rank %d: CUDA error: %s", w->op,
+                            (unsigned long long)w->seq, c->rank, cudaGetErrorString(q));
+            break;
+        }
+        pthread_mutex_lock(&c->mu);
+        if (!c->broken && now_s() - w->t0 > c->timeout_s)
+            abort_locked(c, -ETIMEDOUT,
+                         "%s #%llu (%zu x %s) timed out after %.0f s: a peer is dead, stalled or "
+                         "issued a different collective (ddp.timeout sets the limit)",
+                         w->op, (unsigned long long)w->seq, w->count, dtype_name(w->dtype),
+                         c->timeout_s);
+        bool broken = c->broken;
+        pthread_mutex_unlock(&c->mu);
+        if (broken) {
+            rc = broken_err(c, err);
+            break;
+        }
+        nap(&delay);
+    }
+    work_free(w);
+    return rc;
+}
+
+// Issues one collective: ordering after the compute stream, the NCCL call, settling, the
+// completion event. fn issues the NCCL call itself.
+template <typename Fn>
+static int issue(nccl_comm *c, const char *op, size_t count, dt_dtype dtype, Fn fn,
+                 dt_comm_work **work, dt_err *err)
+{
+    if (work)
+        *work = NULL;
+    cudaSetDevice(c->device);
+    nccl_work *w = (nccl_work *)calloc(1, sizeof *w);
+    if (!w)
+        return dt_err_set(err, -ENOMEM, "NCCL %s: out of host memory", op);
+    w->c = c;
+    w->op = op;
+    w->count = count;
+    w->dtype = dtype;
+    cudaError_t ce = cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming);
+    if (ce != cudaSuccess) {
+        free(w);
+        return dt_err_set(err, -EIO, "NCCL %s: cudaEventCreate: %s", op, cudaGetErrorString(ce));
+    }
+    // The data was produced on the compute stream: start after everything issued there so far.
+    if (dt_cuda_record_on_compute_stream(c->device, c->ready))
+        ce = cudaStreamWaitEvent(c->stream, c->ready, 0);
+    else
+        ce = cudaDeviceSynchronize(); // no backend instance on this device: be conservative
+    if (ce != cudaSuccess) {
+        work_free(w);
+        return dt_err_set(err, -EIO, "NCCL %s on rank %d: ordering after the compute stream: %s",
+                          op, c->rank, cudaGetErrorString(ce));
+    }
+
+    pthread_mutex_lock(&c->mu);
+    if (c->broken || !c->comm) {
+        pthread_mutex_unlock(&c->mu);
+        work_free(w);
+        return broken_err(c, err);
+    }
+    w->seq = ++c->seq;
+    w->t0 = now_s();
+    ncclResult_t r = fn(c->comm, c->stream);
+    if (r == ncclSuccess || r == ncclInProgress)
+        r = settle_locked(c, op, w->seq);
+    if (r != ncclSuccess) {
+        if (!c->broken)
+            abort_locked(c, -EIO, "%s #%llu (%zu x %s) failed: %s (%s)", op,
+                         (unsigned long long)w->seq, count, dtype_name(dtype),
+                         ncclGetErrorString(r), c->comm ? ncclGetLastError(c->comm) : "");
+        pthread_mutex_unlock(&c->mu);
+        work_free(w);
+        return broken_err(c, err);
+    }
+    ce = cudaEventRecord(w->done, c->stream);
+    // Into the in-flight list, where the watchdog sees it.
+    w->next = &c->inflight;
+    w->prev = c->inflight.prev;
+    c->inflight.prev->next = w;
+    c->inflight.prev = w;
+    pthread_mutex_unlock(&c->mu);
+    if (ce != cudaSuccess) {
+        work_free(w);
+        return dt_err_set(err, -EIO, "NCCL %s on rank %d: cudaEventRecord: %s", op, c->rank,
+                          cudaGetErrorString(ce));
+    }
+    if (!work)
+        return nccl_wait_impl(c, w, err);
+    *work = reinterpret_cast<dt_comm_work *>(w);
+    return 0;
+}
+
+static int nccl_allreduce(void *self, void *buf, size_t count, dt_dtype dtype, dt_redop op,
+                          dt_comm_work **work, dt_err *err)
+{
+    ncclRedOp_t rop = op == DT_AVG ? ncclAvg : ncclSum;
+    ncclDataType_t t = nccl_type(dtype);
+    return issue(
+        (nccl_comm *)self, op == DT_AVG ? "allreduce(avg)" : "allreduce(sum)", count, dtype,
+        [=](ncclComm_t comm, cudaStream_t s) {
+            return ncclAllReduce(buf, buf, count, t, rop, comm, s);
+        },
+        work, err);
+}
+
+static int nccl_reduce(void *self, void *buf, size_t count, dt_dtype dtype, dt_redop op,
+                       int root, dt_comm_work **work, dt_err *err)
+{
+    ncclRedOp_t rop = op == DT_AVG ? ncclAvg : ncclSum;
+    ncclDataType_t t = nccl_type(dtype);
+    return issue(
+        (nccl_comm *)self, op == DT_AVG ? "reduce(avg)" : "reduce(sum)", count, dtype,
+        [=](ncclComm_t comm, cudaStream_t s) {
+            return ncclReduce(buf, buf, count, t, rop, root, comm, s);
+        },
+        work, err);
+}
+
+static int nccl_broadcast(void *self, void *buf, size_t count, dt_dtype dtype, int root,
+                          dt_comm_work **work, dt_err *err)
+{
+    ncclDataType_t t = nccl_type(dtype);
+    return issue(
+        (nccl_comm *)self, "broadcast", count, dtype,
+        [=](ncclComm_t comm, cudaStream_t s) {
+            return ncclBroadcast(buf, buf, count, t, root, comm, s);
+        },
+        work, err);
+}
+
+static int nccl_allgather(void *self, const void *send, void *recv, size_t count, dt_dtype dtype,
+                          dt_comm_work **work, dt_err *err)
+{
+    ncclDataType_t t = nccl_type(dtype);
+    return issue(
+        (nccl_comm *)self, "allgather", count, dtype,
+        [=](ncclComm_t comm, cudaStream_t s) {
+            return ncclAllGather(send, recv, count, t, comm, s);
+        },
+        work, err);
+}
+
+static int nccl_reduce_scatter(void *self, const void *send, void *recv, size_t count,
+                               dt_dtype dtype, dt_redop op, dt_comm_work **work, dt_err *err)
+{
+    ncclRedOp_t rop = op == DT_AVG ? ncclAvg : ncclSum;
+    ncclDataType_t t = nccl_type(dtype);
+    return issue(
+        (nccl_comm *)self, "reduce_scatter", count, dtype,
+        [=](ncclComm_t comm, cudaStream_t s) {
+            return ncclReduceScatter(send, recv, count, t, rop, comm, s);
+        },
+        work, err);
+}
+
+static int nccl_barrier(void *self, dt_err *err)
+{
+    nccl_comm *c = (nccl_comm *)self;
+    float *b = c->barrier_buf;
+    return issue(
+        c, "barrier", 1, DT_FLOAT32,
+        [=](ncclComm_t comm, cudaStream_t s) {
+            return ncclAllReduce(b, b, 1, ncclFloat32, ncclSum, comm, s);
+        },
+        NULL, err);
+}
+
+static int nccl_wait(void *self, dt_comm_work *work, dt_err *err)
+{
+    (void)self;
+    if (!work)
+        return 0;
+    nccl_work *w = reinterpret_cast<nccl_work *>(work);
+    return nccl_wait_impl(w->c, w, err);
+}
+
+// =============================================================================================
+// lifecycle
+// =============================================================================================
+
+static void comm_destroy(nccl_comm *c)
+{
+    if (!c)
+        return;
+    cudaSetDevice(c->device);
+    pthread_mutex_lock(&c->mu);
+    c->stopping = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (c->watchdog_running)
+        pthread_join(c->watchdog, NULL);
+
+    // Outstanding work nobody waited for: wait (bounded), then drop the handles.
+    while (c->inflight.next != &c->inflight) {
+        nccl_work *w = c->inflight.next;
+        dt_err e = {};
+        if (nccl_wait_impl(c, w, &e) != 0)
+            DT_WARN("NCCL rank %d: at shutdown: %s", c->rank, e.msg);
+    }
+    pthread_mutex_lock(&c->mu);
+    if (c->comm) {
+        // Finalize flushes and waits for every rank (bounded); destroy then frees locally.
+        ncclResult_t r = ncclCommFinalize(c->comm);
+        if (r == ncclSuccess || r == ncclInProgress)
+            r = settle_locked(c, "finalize", c->seq);
+        if (c->comm) {
+            if (r == ncclSuccess)
+                ncclCommDestroy(c->comm);
+            else
+                ncclCommAbort(c->comm);
+            c->comm = NULL;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (c->barrier_buf)
+        cudaFree(c->barrier_buf);
+    if (c->ready)
+        cudaEventDestroy(c->ready);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static void nccl_destroy(void *self) { comm_destroy((nccl_comm *)self); }
+
+static const dt_comm_backend_ops nccl_ops = {
+    "nccl",         nccl_allreduce, nccl_broadcast, nccl_allgather, nccl_reduce_scatter,
+    nccl_barrier,   nccl_wait,      nccl_destroy,   NULL,           NULL,
+    nccl_reduce,
+};
+
+DT_CU_EXPORT int dt_nccl_get_unique_id(unsigned char id[DT_NCCL_ID_BYTES], dt_err *err)
+{
+    ncclUniqueId uid;
+    ncclResult_t r = ncclGetUniqueId(&uid);
+    if (r != ncclSuccess)
+        return dt_err_set(err, -EIO,
+                          "NCCL: ncclGetUniqueId: %s (%s); check that a network interface is up "
+                          "(NCCL_SOCKET_IFNAME) or use ddp.backend = cpu",
+                          ncclGetErrorString(r), ncclGetLastError(NULL));
+    memcpy(id, uid.internal, DT_NCCL_ID_BYTES);
+    return 0;
+}
+
+DT_CU_EXPORT int dt_nccl_comm_create(const dt_comm_opts *opts,
+                                     const unsigned char id[DT_NCCL_ID_BYTES],
+                                     const dt_comm_backend_ops **ops, void **self, dt_err *err)
+{
+    int ndev = 0, rc = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce != cudaSuccess || ndev == 0)
+        return dt_err_set(err, -ENODEV, "NCCL: no usable GPU (%s): use ddp.backend = cpu",
+                          ce != cudaSuccess ? cudaGetErrorString(ce) : "no device");
+    if (opts->device_index < 0 || opts->device_index >= ndev)
+        return dt_err_set(err, -ENODEV,
+                          "NCCL: rank %d wants device %d (LOCAL_RANK) but %d GPU(s) are visible",
+                          opts->rank, opts->device_index, ndev);
+    nccl_comm *c = (nccl_comm *)calloc(1, sizeof *c);
+    if (!c)
+        return dt_err_set(err, -ENOMEM, "NCCL: out of host memory");
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->inflight.next = c->inflight.prev = &c->inflight;
+    c->rank = opts->rank;
+    c->world = opts->world_size;
+    c->device = opts->device_index;
+    c->timeout_s = (opts->timeout_ms > 0 ? opts->timeout_ms : 300000) / 1000.0;
+
+    ncclUniqueId uid;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclResult_t r;
+    int lo = 0, hi = 0;
+    memcpy(uid.internal, id, DT_NCCL_ID_BYTES);
+    ce = cudaSetDevice(c->device);
+    if (ce != cudaSuccess) {
+        rc = dt_err_set(err, -EIO, "NCCL: cudaSetDevice(%d): %s", c->device,
+                        cudaGetErrorString(ce));
+        goto fail;
+    }
+    // Highest priority: comm kernels get scheduled as soon as they are ready, ahead of the
+    // backward kernels they overlap with.
+    cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    if ((ce = cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, hi)) != cudaSuccess ||
+        (ce = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming)) != cudaSuccess ||
+        (ce = cudaMalloc((void **)&c->barrier_buf, sizeof(float))) != cudaSuccess) {
+        rc = dt_err_set(err, -EIO, "NCCL: CUDA set-up on device %d: %s", c->device,
+                        cudaGetErrorString(ce));
+        goto fail;
+    }
+    cfg.blocking = 0;
+    pthread_mutex_lock(&c->mu);
+    r = ncclCommInitRankConfig(&c->comm, c->world, uid, c->rank, &cfg);
+    if (r == ncclSuccess || r == ncclInProgress)
+        r = settle_locked(c, "communicator initialisation", 0);
+    if (r != ncclSuccess && !c->broken)
+        abort_locked(c, -EIO, "ncclCommInitRankConfig: %s (%s)", ncclGetErrorString(r),
+                     c->comm ? ncclGetLastError(c->comm) : ncclGetLastError(NULL));
+    pthread_mutex_unlock(&c->mu);
+    if (c->broken) {
+        rc = dt_err_set(err, c->err_code,
+                        "NCCL: creating the communicator (rank %d of %d, device %d): %s. Set "
+                        "NCCL_DEBUG=INFO for details",
+                        c->rank, c->world, c->device, c->err_msg);
+        goto fail;
+    }
+    if (pthread_create(&c->watchdog, NULL, watchdog_main, c) != 0) {
+        rc = dt_err_set(err, -EAGAIN, "NCCL: cannot start the watchdog thread");
+        goto fail;
+    }
+    c->watchdog_running = true;
+    DT_DEBUG("NCCL %d.%d communicator: rank %d of %d on device %d, timeout %.0f s", NCCL_MAJOR,
+             NCCL_MINOR, c->rank, c->world, c->device, c->timeout_s);
+    *ops = &nccl_ops;
+    *self = c;
+    return 0;
+
+fail:
+    comm_destroy(c);
+    return rc;
+}

@@ -1,0 +1,1118 @@
+/* config.c - the job table and its INI parser (inih); see config.h.
+ *
+ * The table below is the single source of every key: type, default, range, help. The parser, the
+ * validator, --print-config and the README reference all walk it. Add a key here and nowhere
+ * else (plus the field in dt_job).
+ */
+#include "runtime/job/config.h"
+
+#include <ctype.h>
+#include <ini.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "common/util.h"
+#include "rendezvous/rdzv.h"
+
+#define J(f) offsetof(dt_job, f), sizeof(((dt_job *)0)->f)
+#define L(f) offsetof(dt_job, launch.f), sizeof(((dt_job *)0)->launch.f)
+#define BIG 1e18
+
+/* clang-format off */
+const dt_cfg_field dt_cfg_fields[] = {
+    /* [job] */
+    {"job", "name", DT_CFG_STR, J(name), "dtrain", 0, 0, NULL, false, "name of the job; names output_dir by default"},
+    {"job", "output_dir", DT_CFG_STR, J(output_dir), "", 0, 0, NULL, false, "where metrics.jsonl, checkpoints and logs go (\"\" = runs/<name>)"},
+    {"job", "device", DT_CFG_ENUM, J(device), "auto", 0, 0, "auto|cpu|cuda", false, "compute device: cuda when a GPU and libdtrain_cuda.so are usable (auto), else cpu"},
+    {"job", "strategy", DT_CFG_ENUM, J(strategy), "ddp", 0, 0, "ddp|dp", false, "ddp: one process per device, ring all-reduce; dp: one process drives all replicas"},
+    {"job", "cpu_bind", DT_CFG_ENUM, J(cpu_bind), "auto", 0, 0, "auto|none", false, "auto: on cpu each of a node's workers (strategy = dp: each replica thread) gets an equal share of the CPUs the launcher may use; on cuda each worker (each replica thread) runs on its share of the CPUs near its GPU (the GPU's NUMA node, from sysfs); none leaves placement to the scheduler"},
+    {"job", "dp_replicas", DT_CFG_INT, J(dp_replicas), "2", 1, 1024, NULL, false, "strategy = dp: replicas the one process drives (threads on cpu, one GPU each on cuda); batch_size is per replica"},
+    {"job", "dp_transport", DT_CFG_ENUM, J(dp_transport), "auto", 0, 0, "auto|master|collectives", false, "strategy = dp: how parameters reach the replicas and gradients come back. master: the master copies to and sums from each replica in turn (through host memory between GPUs); collectives: broadcast and reduce over a communicator of the replicas (NCCL between GPUs, shared memory on cpu), as torch DataParallel on GPUs; auto: collectives on cuda (master if NCCL is unusable, with a warning), master on cpu"},
+    {"job", "seed", DT_CFG_I64, J(seed), "1337", 0, BIG, NULL, false, "seed of initialisation, data order and synthetic data"},
+    {"job", "log_every", DT_CFG_INT, J(log_every), "10", 1, 1e9, NULL, false, "steps between log lines"},
+    /* [model] */
+    {"model", "type", DT_CFG_ENUM, J(model_type), "", 0, 0, "mlp|resnet|gpt", true, "model from the zoo"},
+    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, "none|gpt-tiny|gpt-mini|gpt2-124m", false, "gpt size preset; explicit n_layer/n_head/n_embd/block_size win"},
+    {"model", "n_layer", DT_CFG_INT, J(n_layer), "0", 0, 1000, NULL, false, "gpt: transformer blocks (0 = from preset)"},
+    {"model", "n_head", DT_CFG_INT, J(n_head), "0", 0, 1024, NULL, false, "gpt: attention heads (0 = from preset)"},
+    {"model", "n_embd", DT_CFG_INT, J(n_embd), "0", 0, 65536, NULL, false, "gpt: channels (0 = from preset)"},
+    {"model", "block_size", DT_CFG_INT, J(block_size), "0", 0, 1048576, NULL, false, "gpt: maximum sequence length (0 = from preset)"},
+    {"model", "hidden", DT_CFG_STR, J(hidden), "256,256", 0, 0, NULL, false, "mlp: comma-separated hidden widths"},
+    {"model", "depth", DT_CFG_INT, J(depth), "20", 8, 1202, NULL, false, "resnet: depth 6n+2 (20, 32, 44, 56, 110)"},
+    {"model", "width", DT_CFG_INT, J(width), "16", 1, 1024, NULL, false, "resnet: channels of the first stage (doubled per stage)"},
+    {"model", "sync_bn", DT_CFG_BOOL, J(sync_bn), "false", 0, 0, NULL, false, "resnet: SyncBatchNorm (statistics all-reduced across ranks)"},
+    /* [data] */
+    {"data", "type", DT_CFG_ENUM, J(data_type), "synthetic", 0, 0, "synthetic|text|tokens|cifar10|mnist", false, "dataset format"},
+    {"data", "path", DT_CFG_STR, J(data_path), "", 0, 0, NULL, false, "file, directory or glob of the training data (not for synthetic)"},
+    {"data", "val_path", DT_CFG_STR, J(val_path), "", 0, 0, NULL, false, "validation data (\"\" = split val_fraction off the training data)"},
+    {"data", "val_fraction", DT_CFG_DOUBLE, J(val_fraction), "0.1", 0, 0.9, NULL, false, "share of the data held out for validation when val_path is empty"},
+    {"data", "seq_len", DT_CFG_INT, J(seq_len), "0", 0, 1048576, NULL, false, "language modelling: tokens per sample (0 = model block_size)"},
+    {"data", "vocab_size", DT_CFG_INT, J(vocab_size), "0", 0, 16777216, NULL, false, "language modelling: vocabulary (0 = 256 for text, 50257 for tokens)"},
+    {"data", "shuffle", DT_CFG_BOOL, J(shuffle), "true", 0, 0, NULL, false, "new permutation every epoch (seeded by seed and epoch)"},
+    {"data", "drop_last", DT_CFG_BOOL, J(drop_last), "true", 0, 0, NULL, false, "drop the tail that does not fill every rank (else pad by repeating)"},
+    {"data", "synthetic_samples", DT_CFG_I64, J(synthetic_samples), "8192", 1, 1e12, NULL, false, "synthetic: number of samples"},
+    {"data", "synthetic_dim", DT_CFG_INT, J(synthetic_dim), "64", 1, 1e8, NULL, false, "synthetic vector: features per sample"},
+    {"data", "synthetic_classes", DT_CFG_INT, J(synthetic_classes), "10", 2, 1e6, NULL, false, "synthetic: classes"},
+    {"data", "synthetic_shape", DT_CFG_STR, J(synthetic_shape), "vector", 0, 0, NULL, false, "synthetic: vector, or an image shape CxHxW such as 3x32x32"},
+    /* [train] */
+    {"train", "batch_size", DT_CFG_INT, J(batch_size), "8", 1, 1e7, NULL, false, "samples per rank per micro-step"},
+    {"train", "grad_accum", DT_CFG_INT, J(grad_accum), "1", 1, 1e5, NULL, false, "micro-steps per optimiser step (DDP synchronises on the last only)"},
+    {"train", "steps", DT_CFG_I64, J(steps), "100", 0, 1e15, NULL, false, "optimiser steps (0 = run `epochs` epochs)"},
+    {"train", "epochs", DT_CFG_INT, J(epochs), "0", 0, 1e6, NULL, false, "epochs when steps = 0"},
+    {"train", "optimizer", DT_CFG_ENUM, J(optimizer), "adamw", 0, 0, "adamw|sgd", false, "optimiser"},
+    {"train", "lr", DT_CFG_DOUBLE, J(lr), "3e-4", 0, 100, NULL, false, "peak learning rate"},
+    {"train", "min_lr", DT_CFG_DOUBLE, J(min_lr), "0", 0, 100, NULL, false, "learning rate at the end of cosine or linear decay"},
+    {"train", "weight_decay", DT_CFG_DOUBLE, J(weight_decay), "0", 0, 10, NULL, false, "weight decay (never on biases and norm parameters)"},
+    {"train", "beta1", DT_CFG_DOUBLE, J(beta1), "0.9", 0, 0.999999, NULL, false, "adamw beta1"},
+    {"train", "beta2", DT_CFG_DOUBLE, J(beta2), "0.999", 0, 0.999999, NULL, false, "adamw beta2"},
+    {"train", "eps", DT_CFG_DOUBLE, J(eps), "1e-8", 1e-30, 1, NULL, false, "adamw epsilon"},
+    {"train", "momentum", DT_CFG_DOUBLE, J(momentum), "0.9", 0, 0.999999, NULL, false, "sgd momentum"},
+    {"train", "nesterov", DT_CFG_BOOL, J(nesterov), "false", 0, 0, NULL, false, "sgd: Nesterov momentum"},
+    {"train", "schedule", DT_CFG_ENUM, J(schedule), "constant", 0, 0, "constant|cosine|linear", false, "learning-rate schedule after warmup"},
+    {"train", "warmup_steps", DT_CFG_I64, J(warmup_steps), "0", 0, 1e15, NULL, false, "linear warmup steps"},
+    {"train", "grad_clip", DT_CFG_DOUBLE, J(grad_clip), "1.0", 0, 1e9, NULL, false, "clip by global gradient norm (0 = off)"},
+    {"train", "eval_every", DT_CFG_INT, J(eval_every), "0", 0, 1e9, NULL, false, "steps between validation passes (0 = at the end only)"},
+    {"train", "eval_batches", DT_CFG_INT, J(eval_batches), "8", 1, 1e9, NULL, false, "batches per validation pass"},
+    {"train", "precision", DT_CFG_ENUM, J(precision), "fp32", 0, 0, "fp32|bf16|fp16", false, "GEMM precision on cuda (cpu is always fp32)"},
+    {"train", "loss_scale", DT_CFG_DOUBLE, J(loss_scale), "65536", 1e-30, 1e38, NULL, false, "precision = fp16: the initial dynamic loss scale; a step with inf/NaN gradients is skipped and halves it"},
+    {"train", "loss_scale_window", DT_CFG_INT, J(loss_scale_window), "2000", 1, 1e9, NULL, false, "precision = fp16: clean steps in a row before the loss scale doubles"},
+    {"train", "threads", DT_CFG_INT, J(threads), "1", 1, 1024, NULL, false, "BLAS threads per worker (cpu)"},
+    /* [ddp] */
+    {"ddp", "backend", DT_CFG_ENUM, J(comm_backend), "auto", 0, 0, "auto|cpu|nccl", false, "collectives: nccl on cuda, cpu otherwise (auto)"},
+    {"ddp", "bucket_cap_mb", DT_CFG_DOUBLE, J(bucket_cap_mb), "25", 0.001, 1e6, NULL, false, "gradient bucket size (MiB)"},
+    {"ddp", "first_bucket_mb", DT_CFG_DOUBLE, J(first_bucket_mb), "1", 0.001, 1e6, NULL, false, "size of the first bucket (MiB), launched earliest"},
+    {"ddp", "compress", DT_CFG_ENUM, J(compress), "none", 0, 0, "none|bf16|fp16", false, "gradient payload compression for all-reduce"},
+    {"ddp", "timeout", DT_CFG_DURATION, J(comm_timeout), "300", 0.001, 1e7, NULL, false, "seconds a collective may wait for a peer before it fails"},
+    {"ddp", "broadcast_buffers", DT_CFG_BOOL, J(broadcast_buffers), "true", 0, 0, NULL, false, "broadcast buffers (BatchNorm statistics) from rank 0 every step"},
+    {"ddp", "check_consistency", DT_CFG_BOOL, J(check_consistency), "true", 0, 0, NULL, false, "verify that every rank built the same model at start"},
+    /* [checkpoint] */
+    {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
+    {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
+    {"checkpoint", "keep", DT_CFG_INT, J(ckpt_keep), "3", 1, 1e6, NULL, false, "newest checkpoints kept"},
+    {"checkpoint", "resume", DT_CFG_STR, J(resume), "auto", 0, 0, NULL, false, "auto (newest valid), never, or a checkpoint path"},
+    {"checkpoint", "async", DT_CFG_BOOL, J(ckpt_async), "true", 0, 0, NULL, false, "write in the background after copying the buffers"},
+    /* [elastic] */
+    {"elastic", "nnodes", DT_CFG_STR, L(nnodes), "1", 0, 0, NULL, false, "nodes: N, or MIN:MAX for an elastic job"},
+    {"elastic", "nproc_per_node", DT_CFG_STR, L(nproc_per_node), "1", 0, 0, NULL, false, "workers per node: N, auto, cpu or gpu"},
+    {"elastic", "max_restarts", DT_CFG_INT, L(max_restarts), "0", 0, 1e6, NULL, false, "restarts of the whole job after a failure"},
+    {"elastic", "monitor_interval", DT_CFG_DURATION, L(monitor_interval), "0.1", 0.001, 3600, NULL, false, "seconds between checks of remote state"},
+    {"elastic", "stop_grace", DT_CFG_DURATION, L(stop_grace), "30", 0, 3600, NULL, false, "seconds between SIGTERM and SIGKILL when workers are stopped"},
+    {"elastic", "role", DT_CFG_STR, L(role), "default", 0, 0, NULL, false, "the workers' ROLE_NAME (torchrun's --role)"},
+    {"elastic", "log_dir", DT_CFG_STR, L(log_dir), "", 0, 0, NULL, false, "worker logs and events.jsonl (\"\" = <output_dir>/logs)"},
+    {"elastic", "redirects", DT_CFG_STR, L(redirects), "0", 0, 0, NULL, false, "0 none, 1 stdout, 2 stderr, 3 both to files; or per local rank 0:3,1:1"},
+    {"elastic", "tee", DT_CFG_STR, L(tee), "0", 0, 0, NULL, false, "like redirects, but also to the console"},
+    {"elastic", "local_ranks_filter", DT_CFG_STR, L(local_ranks_filter), "", 0, 0, NULL, false, "local ranks whose output reaches the console, e.g. 0,2"},
+    /* [rendezvous] */
+    {"rendezvous", "backend", DT_CFG_ENUM, L(rdzv_backend), "static", 0, 0, "static|c10d", false, "static: fixed nodes and node ranks; c10d: elastic"},
+    {"rendezvous", "endpoint", DT_CFG_STR, L(rdzv_endpoint), "", 0, 0, NULL, false, "HOST[:PORT] of the store"},
+    {"rendezvous", "id", DT_CFG_STR, L(rdzv_id), "none", 0, 0, NULL, false, "run id shared by every node of a job"},
+    {"rendezvous", "conf", DT_CFG_STR, L(rdzv_conf), "", 0, 0, NULL, false, "extra k=v,... (join_timeout or timeout, last_call_timeout, close_timeout, heartbeat_interval or keep_alive_interval, heartbeat_timeout, keep_alive_max_attempt, read_timeout, is_host); folded into these keys where it is set"},
+    {"rendezvous", "join_timeout", DT_CFG_DURATION, L(join_timeout), "600", 0.001, 1e7, NULL, false, "seconds to wait for enough nodes to join"},
+    {"rendezvous", "last_call_timeout", DT_CFG_DURATION, L(last_call_timeout), "30", 0, 1e7, NULL, false, "seconds a round stays open after MIN nodes joined"},
+    {"rendezvous", "close_timeout", DT_CFG_DURATION, L(close_timeout), "60", 0.001, 1e7, NULL, false, "seconds the store host waits for others to see the end of a job"},
+    {"rendezvous", "read_timeout", DT_CFG_DURATION, L(read_timeout), "60", 0.001, 1e7, NULL, false, "the most seconds a rendezvous store call waits for its answer (capped by heartbeat_timeout)"},
+    {"rendezvous", "heartbeat_interval", DT_CFG_DURATION, L(heartbeat_interval), "5", 0.001, 1e6, NULL, false, "seconds between agent heartbeats"},
+    {"rendezvous", "heartbeat_timeout", DT_CFG_DURATION, L(heartbeat_timeout), "30", 0.001, 1e7, NULL, false, "seconds without a heartbeat before a node is declared dead"},
+    {"rendezvous", "is_host", DT_CFG_BOOL, L(is_host), "false", 0, 0, NULL, false, "this node hosts the store (c10d; default: the node whose address is the endpoint)"},
+    {"rendezvous", "node_rank", DT_CFG_INT, L(node_rank), "0", 0, 1e6, NULL, false, "static: rank of this node"},
+    {"rendezvous", "standalone", DT_CFG_BOOL, L(standalone), "false", 0, 0, NULL, false, "one node, store on a free local port"},
+    {"rendezvous", "master_addr", DT_CFG_STR, L(master_addr), "127.0.0.1", 0, 0, NULL, false, "static: address of node 0, which hosts the store"},
+    {"rendezvous", "master_port", DT_CFG_INT, L(master_port), "29500", 0, 65535, NULL, false, "static: port of the store on node 0"},
+    {"rendezvous", "local_addr", DT_CFG_STR, L(local_addr), "", 0, 0, NULL, false, "address of this node as others reach it (\"\" = host name)"},
+};
+/* clang-format on */
+const int dt_cfg_fields_count = (int)(sizeof dt_cfg_fields / sizeof dt_cfg_fields[0]);
+
+static const char *const sections[] = {"job",        "model",   "data",    "train",
+                                       "ddp",        "checkpoint", "elastic", "rendezvous"};
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+static void add_error(dt_config_errors *errs, const char *where, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void add_error(dt_config_errors *errs, const char *where, int line, const char *fmt, ...)
+{
+    if (!errs)
+        return;
+    if (errs->count >= (int)DT_ARRAY_LEN(errs->lines)) {
+        errs->count++;
+        return;
+    }
+    char *dst = errs->lines[errs->count++];
+    size_t cap = sizeof errs->lines[0];
+    int n = line > 0 ? snprintf(dst, cap, "%s:%d: ", where, line) : snprintf(dst, cap, "%s: ", where);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < cap)
+        vsnprintf(dst + n, cap - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- field access ------------------------------------------------------------------------ */
+
+static const dt_cfg_field *find_field(const char *section, const char *key)
+{
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (!strcasecmp(dt_cfg_fields[i].section, section) && !strcasecmp(dt_cfg_fields[i].key, key))
+            return &dt_cfg_fields[i];
+    return NULL;
+}
+
+static bool known_section(const char *s)
+{
+    for (size_t i = 0; i < DT_ARRAY_LEN(sections); i++)
+        if (!strcasecmp(sections[i], s))
+            return true;
+    return false;
+}
+
+static bool enum_has(const char *choices, const char *v)
+{
+    const char *p = choices;
+    size_t n = strlen(v);
+    while (p && *p) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncasecmp(p, v, n))
+            return true;
+        p = bar ? bar + 1 : NULL;
+    }
+    return false;
+}
+
+static const char *enum_nearest(const char *choices, const char *v, char *buf, size_t cap)
+{
+    const char *cands[32];
+    size_t n = 0;
+    dt_strlcpy(buf, choices, cap);
+    for (char *tok = strtok(buf, "|"); tok && n < 32; tok = strtok(NULL, "|"))
+        cands[n++] = tok;
+    return dt_nearest(v, cands, n);
+}
+
+/* A string a job file cannot hold: --print-config must read back to the same job. */
+static int check_writable(const dt_cfg_field *f, const char *v, char *why, size_t cap)
+{
+    for (const char *p = v; *p; p++) {
+        if (*p == '\n' || *p == '\r') {
+            snprintf(why, cap, "%s.%s: the value contains a line break, which a job file cannot hold",
+                     f->section, f->key);
+            return -EINVAL;
+        }
+        if (*p == ';' && p > v && (p[-1] == ' ' || p[-1] == '\t')) {
+            snprintf(why, cap,
+                     "%s.%s: \"%s\" contains \" ;\", which starts a comment in a job file",
+                     f->section, f->key, v);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+static int check_std_spec(const char *s)
+{
+    int a, b;
+    char tail;
+    if (sscanf(s, "%d%c", &a, &tail) == 1)
+        return a >= 0 && a <= 3 ? 0 : -EINVAL;
+    char buf[DT_STR_MID], *save = NULL;
+    int n = 0;
+    dt_strlcpy(buf, s, sizeof buf);
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), n++)
+        if (sscanf(tok, "%d:%d%c", &a, &b, &tail) != 2 || a < 0 || b < 0 || b > 3)
+            return -EINVAL;
+    return n ? 0 : -EINVAL;
+}
+
+/* Checks a string key whose form is known (launcher settings, names); fills why. */
+static int check_str(const dt_cfg_field *f, const char *v, char *why, size_t cap)
+{
+    char k[64];
+    int a, b;
+    char tail;
+    if (check_writable(f, v, why, cap))
+        return -EINVAL;
+    snprintf(k, sizeof k, "%s.%s", f->section, f->key);
+    if (!strcmp(k, "elastic.nnodes")) {
+        if (sscanf(v, "%d:%d%c", &a, &b, &tail) == 2) {
+            if (a < 1 || b < a) {
+                snprintf(why, cap, "%s: \"%s\" must be MIN:MAX with 1 <= MIN <= MAX", k, v);
+                return -EINVAL;
+            }
+        } else if (sscanf(v, "%d%c", &a, &tail) != 1 || a < 1) {
+            snprintf(why, cap, "%s: \"%s\" must be a number >= 1 or MIN:MAX", k, v);
+            return -EINVAL;
+        }
+    } else if (!strcmp(k, "elastic.nproc_per_node")) {
+        if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "gpu") &&
+            (sscanf(v, "%d%c", &a, &tail) != 1 || a < 1 || a > 4096)) {
+            snprintf(why, cap, "%s: \"%s\" must be a number from 1 to 4096, auto, cpu or gpu", k,
+                     v);
+            return -EINVAL;
+        }
+    } else if (!strcmp(k, "elastic.redirects") || !strcmp(k, "elastic.tee")) {
+        if (check_std_spec(v)) {
+            snprintf(why, cap,
+                     "%s: \"%s\" must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or "
+                     "LOCAL_RANK:MODE,... such as 0:3,1:1",
+                     k, v);
+            return -EINVAL;
+        }
+    } else if (!strcmp(k, "elastic.local_ranks_filter") && v[0]) {
+        char buf[DT_STR_MID], *save = NULL;
+        dt_strlcpy(buf, v, sizeof buf);
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            if (sscanf(tok, "%d%c", &a, &tail) != 1 || a < 0) {
+                snprintf(why, cap, "%s: \"%s\" must be local ranks such as 0,2", k, v);
+                return -EINVAL;
+            }
+    } else if (!strcmp(k, "rendezvous.endpoint") && v[0]) {
+        char host[DT_STR_MID];
+        int port = 0;
+        dt_err e = {0};
+        if (dt_rdzv_parse_endpoint(v, host, sizeof host, &port, &e)) {
+            snprintf(why, cap, "%s: %.300s (expected HOST[:PORT], e.g. node0:29400)", k, e.msg);
+            return -EINVAL;
+        }
+    } else if (!strcmp(k, "job.name") || !strcmp(k, "rendezvous.id")) {
+        if (!v[0] || strchr(v, '/')) {
+            snprintf(why, cap, "%s: \"%s\" must be a non-empty name without '/'", k, v);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* Parses value into the field of job; on failure fills why and returns -EINVAL. */
+static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char *why, size_t cap)
+{
+    char *base = (char *)job + f->offset;
+    double d = 0;
+    int rc = 0;
+    switch (f->type) {
+    case DT_CFG_INT: {
+        int v;
+        rc = dt_parse_int(value, &v);
+        if (rc == -ERANGE)
+            goto range;
+        if (rc) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not an integer", f->section, f->key, value);
+            return -EINVAL;
+        }
+        d = v;
+        if (d < f->min || d > f->max)
+            goto range;
+        *(int *)base = v;
+        return 0;
+    }
+    case DT_CFG_I64: {
+        int64_t v;
+        rc = dt_parse_i64(value, &v);
+        if (rc == -ERANGE)
+            goto range;
+        if (rc) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not an integer", f->section, f->key, value);
+            return -EINVAL;
+        }
+        d = (double)v;
+        if (d < f->min || d > f->max)
+            goto range;
+        *(int64_t *)base = v;
+        return 0;
+    }
+    case DT_CFG_DOUBLE:
+        if (dt_parse_double(value, &d)) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not a number", f->section, f->key, value);
+            return -EINVAL;
+        }
+        if (d < f->min || d > f->max)
+            goto range;
+        *(double *)base = d;
+        return 0;
+    case DT_CFG_DURATION:
+        if (dt_parse_duration(value, &d)) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not a duration (examples: 30, 30s, 500ms, 2m)",
+                     f->section, f->key, value);
+            return -EINVAL;
+        }
+        if (d < f->min || d > f->max)
+            goto range;
+        *(double *)base = d;
+        return 0;
+    case DT_CFG_BOOL: {
+        bool b;
+        if (dt_parse_bool(value, &b)) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not a boolean (use true or false)", f->section,
+                     f->key, value);
+            return -EINVAL;
+        }
+        *(bool *)base = b;
+        return 0;
+    }
+    case DT_CFG_ENUM:
+        if (!enum_has(f->choices, value)) {
+            char buf[256];
+            const char *near = enum_nearest(f->choices, value, buf, sizeof buf);
+            if (near)
+                snprintf(why, cap, "%s.%s: \"%s\" is not one of %s; did you mean \"%s\"?",
+                         f->section, f->key, value, f->choices, near);
+            else
+                snprintf(why, cap, "%s.%s: \"%s\" is not one of %s", f->section, f->key, value,
+                         f->choices);
+            return -EINVAL;
+        }
+        dt_strlcpy(base, value, f->size);
+        for (char *p = base; *p; p++)
+            *p = (char)tolower((unsigned char)*p);
+        return 0;
+    case DT_CFG_STR:
+        if (strlen(value) >= f->size) {
+            snprintf(why, cap, "%s.%s: value is longer than %zu characters", f->section, f->key,
+                     f->size - 1);
+            return -EINVAL;
+        }
+        if (check_str(f, value, why, cap))
+            return -EINVAL;
+        dt_strlcpy(base, value, f->size);
+        return 0;
+    }
+    return -EINVAL;
+range:
+    if (f->max >= BIG)
+        snprintf(why, cap, "%s.%s: %s is out of range (min %.15g)", f->section, f->key, value,
+                 f->min);
+    else
+        snprintf(why, cap, "%s.%s: %s is out of range (min %.15g, max %.15g)", f->section,
+                 f->key, value, f->min, f->max);
+    return -EINVAL;
+}
+
+void dt_launch_defaults(dt_launch *l)
+{
+    dt_job job;
+    dt_job_defaults(&job);
+    *l = job.launch;
+}
+
+void dt_job_defaults(dt_job *job)
+{
+    char why[256];
+    memset(job, 0, sizeof *job);
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (dt_cfg_fields[i].def[0] || dt_cfg_fields[i].type == DT_CFG_STR)
+            set_field(job, &dt_cfg_fields[i], dt_cfg_fields[i].def, why, sizeof why);
+}
+
+/* ---- parsing ----------------------------------------------------------------------------- */
+
+typedef struct parse_ctx {
+    dt_job *job;
+    dt_config_errors *errs;
+    const char *where;    /* file name (or the source of a setting) for messages */
+    int line;             /* current line (counted by the reader); 0 outside the file */
+    FILE *fp;
+    int seen_line[256];   /* line each field was set on (duplicate detection) */
+    bool seen_required[256];
+    char src[256][96];    /* where each field last got its value ("job.ini:12", "--nnodes") */
+    int seq[256];         /* order of that assignment (0 = still the default) */
+    bool bad[256];        /* the last value given for the field was rejected */
+    int nseq;
+    char long_value[4096]; /* the value of a line too long for inih (see long_line) */
+} parse_ctx;
+
+/* What inih gets in place of a value too long for it; on_ini_entry swaps the value back. */
+#define LONG_MARK "\x1f"
+
+static void note_source(parse_ctx *c, int idx, bool ok)
+{
+    if (c->line > 0)
+        snprintf(c->src[idx], sizeof c->src[idx], "%s:%d", c->where, c->line);
+    else
+        snprintf(c->src[idx], sizeof c->src[idx], "%s", c->where);
+    c->seq[idx] = ++c->nseq;
+    c->bad[idx] = !ok;
+}
+
+static void fold_rdzv_conf(parse_ctx *c, const char *value);
+
+static void report_unknown_key(parse_ctx *c, const char *section, const char *key)
+{
+    const char *cands[256];
+    int n = 0;
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (!strcasecmp(dt_cfg_fields[i].section, section))
+            cands[n++] = dt_cfg_fields[i].key;
+    const char *near = dt_nearest(key, cands, (size_t)n);
+    if (near) {
+        add_error(c->errs, c->where, c->line, "unknown key \"%s\" in [%s]; did you mean \"%s\"?",
+                  key, section, near);
+        return;
+    }
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (!strcasecmp(dt_cfg_fields[i].key, key)) {
+            add_error(c->errs, c->where, c->line,
+                      "unknown key \"%s\" in [%s]; it belongs in [%s]", key, section,
+                      dt_cfg_fields[i].section);
+            return;
+        }
+    add_error(c->errs, c->where, c->line,
+              "unknown key \"%s\" in [%s] (see the job file reference in README.md)", key,
+              section);
+}
+
+static int assign(parse_ctx *c, const char *section, const char *key, const char *value)
+{
+    const dt_cfg_field *f = find_field(section, key);
+    if (!f) {
+        report_unknown_key(c, section, key);
+        return 0;
+    }
+    int idx = (int)(f - dt_cfg_fields);
+    c->seen_required[idx] = true; /* present, even if its value is wrong */
+    if (c->seen_line[idx] > 0 && c->line) {
+        add_error(c->errs, c->where, c->line, "%s.%s is set twice (also on line %d)", f->section,
+                  f->key, c->seen_line[idx]);
+        return 0;
+    }
+    /* "x y" stands for x y: quotes keep spaces at either end (--print-config writes them). */
+    char unq[DT_PATH_MAX + 8];
+    size_t len = strlen(value);
+    if (len >= 2 && value[0] == '"' && value[len - 1] == '"' && len - 2 < sizeof unq) {
+        memcpy(unq, value + 1, len - 2);
+        unq[len - 2] = '\0';
+        value = unq;
+    }
+    c->seen_line[idx] = c->line > 0 ? c->line : -1;
+    if (!strcmp(f->section, "rendezvous") && !strcmp(f->key, "conf")) {
+        fold_rdzv_conf(c, value);
+        return 0;
+    }
+    char why[512];
+    if (set_field(c->job, f, value, why, sizeof why) != 0) {
+        add_error(c->errs, c->where, c->line, "%s", why);
+        note_source(c, idx, false);
+        return 0;
+    }
+    note_source(c, idx, true);
+    return 0;
+}
+
+static void report_unknown_section(parse_ctx *c, const char *section)
+{
+    const char *near = dt_nearest(section, sections, DT_ARRAY_LEN(sections));
+    if (near)
+        add_error(c->errs, c->where, c->line, "unknown section [%s]; did you mean [%s]?", section,
+                  near);
+    else
+        add_error(c->errs, c->where, c->line,
+                  "unknown section [%s] (sections: job, model, data, train, ddp, checkpoint, "
+                  "elastic, rendezvous)",
+                  section);
+}
+
+static int on_ini_entry(void *user, const char *section, const char *name, const char *value)
+{
+    parse_ctx *c = user;
+    if (!name)
+        return 1;
+    if (!section[0]) {
+        add_error(c->errs, c->where, c->line, "key \"%s\" is outside any [section]", name);
+        return 1;
+    }
+    if (!known_section(section))
+        return 1; /* reported at its header by line_reader */
+    if (c->long_value[0] && !strcmp(value, LONG_MARK))
+        value = c->long_value;
+    assign(c, section, name, value);
+    c->long_value[0] = '\0';
+    return 1;
+}
+
+/* inih reads at most INI_MAX_LINE (200 on Debian) bytes per line, far less than a path may
+ * take. A longer "key = value" line (str holds its first num - 1 bytes) is read whole here; its
+ * value, trimmed as inih trims values (leading and trailing blanks, an inline "; comment"), goes
+ * to c->long_value and inih gets "key=" LONG_MARK instead. Lines that are not a key at the start
+ * of the line, or longer than long_value, are reported. */
+static void long_line(parse_ctx *c, char *str, int num)
+{
+    char full[sizeof c->long_value + 256];
+    size_t len = strlen(str);
+    bool over = false;
+    memcpy(full, str, len + 1);
+    int ch;
+    while ((ch = fgetc(c->fp)) != EOF && ch != '\n') {
+        if (len + 1 < sizeof full)
+            full[len++] = (char)ch;
+        else
+            over = true;
+    }
+    full[len] = '\0';
+    char *eq = strpbrk(full, "=:");
+    bool key = !strchr(" \t;#[", full[0]) && eq && eq - full + 2 < num - 2;
+    char *v = eq ? eq + 1 : full;
+    while (*v == ' ' || *v == '\t')
+        v++;
+    for (char *p = v; *p; p++)
+        if (*p == ';' && p > v && isspace((unsigned char)p[-1])) {
+            *p = '\0';
+            break;
+        }
+    size_t n = strlen(v);
+    while (n && isspace((unsigned char)v[n - 1]))
+        v[--n] = '\0';
+    if (over || !key || n >= sizeof c->long_value) {
+        add_error(c->errs, c->where, c->line, "line longer than %zu characters",
+                  key ? sizeof c->long_value - 1 : (size_t)num - 2);
+        str[0] = '\n';
+        str[1] = '\0';
+        return;
+    }
+    memcpy(c->long_value, v, n + 1);
+    snprintf(str, (size_t)num, "%.*s=%s\n", (int)(eq - full), full, LONG_MARK);
+}
+
+/* inih's reader: counts lines and reports lines inih would silently treat as errors. */
+static char *line_reader(char *str, int num, void *stream)
+{
+    parse_ctx *c = stream;
+    char *r = fgets(str, num, c->fp);
+    if (!r)
+        return NULL;
+    c->line++;
+    if (c->line == 1 && !memcmp(str, "\xEF\xBB\xBF", 3)) /* a UTF-8 BOM */
+        memmove(str, str + 3, strlen(str + 3) + 1);
+    size_t len = strlen(str);
+    if (len == (size_t)num - 1 && str[len - 1] != '\n' && !feof(c->fp)) {
+        long_line(c, str, num);
+        return r;
+    }
+    const char *p = str;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p == '\0' || *p == '\n' || *p == '\r' || *p == ';' || *p == '#')
+        return r;
+    if (*p == '[') {
+        const char *end = strchr(p, ']');
+        if (!end) {
+            add_error(c->errs, c->where, c->line, "section header without closing ']'");
+            return r;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(end - p - 1), p + 1);
+        dt_trim(name);
+        if (!known_section(name))
+            report_unknown_section(c, name);
+        return r;
+    }
+    if (!strchr(p, '=') && !strchr(p, ':'))
+        add_error(c->errs, c->where, c->line,
+                  "expected \"key = value\" or \"[section]\", got \"%.60s\"", dt_trim(str));
+    return r;
+}
+
+static void apply_presets(dt_job *job)
+{
+    static const struct {
+        const char *name;
+        int L, H, C, T;
+    } presets[] = {
+        {"gpt-tiny", 4, 4, 128, 128},
+        {"gpt-mini", 6, 6, 384, 256},
+        {"gpt2-124m", 12, 12, 768, 1024},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(presets); i++) {
+        if (strcmp(job->preset, presets[i].name) != 0)
+            continue;
+        if (!job->n_layer)
+            job->n_layer = presets[i].L;
+        if (!job->n_head)
+            job->n_head = presets[i].H;
+        if (!job->n_embd)
+            job->n_embd = presets[i].C;
+        if (!job->block_size)
+            job->block_size = presets[i].T;
+    }
+}
+
+static int field_index(const char *section, const char *key)
+{
+    const dt_cfg_field *f = find_field(section, key);
+    return f ? (int)(f - dt_cfg_fields) : -1;
+}
+
+/* Folds rendezvous.conf ("k=v,...") into the typed [rendezvous] keys now, at the position of its
+ * source: what is set later beats it, what was set earlier loses. torchrun's names are mapped:
+ * timeout -> join_timeout, keep_alive_interval -> heartbeat_interval, keep_alive_max_attempt ->
+ * heartbeat_timeout = heartbeat_interval x attempts. */
+static void fold_rdzv_conf(parse_ctx *c, const char *value)
+{
+    static const char *const allowed[] = {
+        "join_timeout",      "last_call_timeout", "close_timeout",       "heartbeat_interval",
+        "heartbeat_timeout", "is_host",           "read_timeout",        "timeout",
+        "keep_alive_interval", "keep_alive_max_attempt"};
+    char buf[DT_STR_MID], *save = NULL;
+    int attempts = 0, attempts_bad = 0;
+    if (!dt_strlcpy(buf, value, sizeof buf)) {
+        add_error(c->errs, c->where, c->line, "rendezvous.conf: longer than %zu characters",
+                  sizeof buf - 1);
+        return;
+    }
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        tok = dt_trim(tok);
+        char *eq = strchr(tok, '=');
+        if (!*tok)
+            continue;
+        if (!eq) {
+            add_error(c->errs, c->where, c->line, "rendezvous.conf: \"%s\" is not key=value", tok);
+            continue;
+        }
+        *eq = '\0';
+        char *k = dt_trim(tok), *v = dt_trim(eq + 1);
+        bool ok = false;
+        for (size_t i = 0; i < DT_ARRAY_LEN(allowed); i++)
+            ok |= !strcmp(allowed[i], k);
+        if (!ok) {
+            const char *near = dt_nearest(k, allowed, DT_ARRAY_LEN(allowed));
+            add_error(c->errs, c->where, c->line, "rendezvous.conf: unknown key \"%s\"%s%s%s", k,
+                      near ? "; did you mean \"" : " (known: join_timeout, last_call_timeout, "
+                                                   "close_timeout, heartbeat_interval, "
+                                                   "heartbeat_timeout, read_timeout, is_host, "
+                                                   "timeout, keep_alive_interval, "
+                                                   "keep_alive_max_attempt)",
+                      near ? near : "", near ? "\"?" : "");
+            continue;
+        }
+        if (!strcmp(k, "keep_alive_max_attempt")) {
+            if (dt_parse_int(v, &attempts) || attempts < 1 || attempts > 1000000) {
+                add_error(c->errs, c->where, c->line,
+                          "rendezvous.conf: keep_alive_max_attempt: \"%s\" must be a whole "
+                          "number >= 1",
+                          v);
+                attempts = 0;
+                attempts_bad = 1;
+            }
+            continue;
+        }
+        if (!strcmp(k, "timeout"))
+            k = "join_timeout";
+        else if (!strcmp(k, "keep_alive_interval"))
+            k = "heartbeat_interval";
+        char why[512];
+        int idx = field_index("rendezvous", k);
+        bool good = set_field(c->job, &dt_cfg_fields[idx], v, why, sizeof why) == 0;
+        if (!good)
+            add_error(c->errs, c->where, c->line, "rendezvous.conf: %s", why);
+        note_source(c, idx, good);
+    }
+    int idx = field_index("rendezvous", "heartbeat_timeout");
+    if (attempts > 0) {
+        char v[64], why[512];
+        snprintf(v, sizeof v, "%.17g", c->job->launch.heartbeat_interval * attempts);
+        bool good = set_field(c->job, &dt_cfg_fields[idx], v, why, sizeof why) == 0;
+        if (!good)
+            add_error(c->errs, c->where, c->line,
+                      "rendezvous.conf: keep_alive_interval x keep_alive_max_attempt: %s", why);
+        note_source(c, idx, good);
+    } else if (attempts_bad) {
+        note_source(c, idx, false);
+    }
+}
+
+/* The source of whichever of keys ("section.key", NULL-terminated) was set last, else w. */
+static const char *where_of(const parse_ctx *c, const char *w, const char *const *keys)
+{
+    int best = 0;
+    const char *src = w;
+    for (; c && *keys; keys++) {
+        char sec[32];
+        const char *dot = strchr(*keys, '.');
+        snprintf(sec, sizeof sec, "%.*s", (int)(dot - *keys), *keys);
+        int idx = field_index(sec, dot + 1);
+        if (idx >= 0 && c->seq[idx] > best) {
+            best = c->seq[idx];
+            src = c->src[idx];
+        }
+    }
+    return src;
+}
+
+/* True when one of keys had a rejected value (a cross-key check on it would only add noise). */
+static bool any_bad(const parse_ctx *c, const char *const *keys)
+{
+    for (; c && *keys; keys++) {
+        char sec[32];
+        const char *dot = strchr(*keys, '.');
+        snprintf(sec, sizeof sec, "%.*s", (int)(dot - *keys), *keys);
+        int idx = field_index(sec, dot + 1);
+        if (idx >= 0 && c->bad[idx])
+            return true;
+    }
+    return false;
+}
+
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define AT(...) where_of(c, w, KEYS(__VA_ARGS__))
+#define BAD(...) any_bad(c, KEYS(__VA_ARGS__))
+
+static int launch_validate(const dt_launch *l, const parse_ctx *c, const char *w,
+                           dt_config_errors *errs)
+{
+    int before = errs ? errs->count : 0;
+    /* Per-key forms (already checked when a key is set; here for structs filled otherwise). */
+    static const struct {
+        const char *key;
+        size_t off;
+    } strs[] = {
+        {"nnodes", offsetof(dt_launch, nnodes)},
+        {"nproc_per_node", offsetof(dt_launch, nproc_per_node)},
+        {"redirects", offsetof(dt_launch, redirects)},
+        {"tee", offsetof(dt_launch, tee)},
+        {"local_ranks_filter", offsetof(dt_launch, local_ranks_filter)},
+        {"endpoint", offsetof(dt_launch, rdzv_endpoint)},
+        {"id", offsetof(dt_launch, rdzv_id)},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(strs); i++) {
+        const dt_cfg_field *f = find_field("elastic", strs[i].key);
+        if (!f)
+            f = find_field("rendezvous", strs[i].key);
+        char why[512], k[64];
+        if (f && check_str(f, (const char *)l + strs[i].off, why, sizeof why)) {
+            snprintf(k, sizeof k, "%s.%s", f->section, f->key);
+            add_error(errs, where_of(c, w, KEYS(k)), 0, "%s", why);
+        }
+    }
+    if (l->heartbeat_timeout <= l->heartbeat_interval &&
+        !BAD("rendezvous.heartbeat_timeout", "rendezvous.heartbeat_interval"))
+        add_error(errs, AT("rendezvous.heartbeat_timeout", "rendezvous.heartbeat_interval"), 0,
+                  "rendezvous.heartbeat_timeout (%g s) must be longer than heartbeat_interval "
+                  "(%g s): a node would be declared lost between two heartbeats",
+                  l->heartbeat_timeout, l->heartbeat_interval);
+    int a, b, max_nodes = 0;
+    char tail;
+    if (sscanf(l->nnodes, "%d:%d%c", &a, &b, &tail) == 2)
+        max_nodes = b;
+    else if (sscanf(l->nnodes, "%d%c", &a, &tail) == 1)
+        max_nodes = a;
+    if (!l->standalone && max_nodes > 0 && l->node_rank >= max_nodes &&
+        !BAD("rendezvous.node_rank", "elastic.nnodes"))
+        add_error(errs, AT("rendezvous.node_rank", "elastic.nnodes"), 0,
+                  "rendezvous.node_rank out of range (--node-rank=%d: must be 0..%d for "
+                  "--nnodes=%s)",
+                  l->node_rank, max_nodes - 1, l->nnodes);
+    return errs && errs->count > before ? -EINVAL : 0;
+}
+
+int dt_launch_validate(const dt_launch *l, const char *w, dt_config_errors *errs)
+{
+    return launch_validate(l, NULL, w, errs);
+}
+
+static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors *errs)
+{
+    int before = errs ? errs->count : 0;
+    const char *w = job->path[0] ? job->path : "job";
+    int a;
+    char tail;
+    launch_validate(&job->launch, c, w, errs);
+    if (!strcmp(job->model_type, "gpt") &&
+        !BAD("model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.preset")) {
+        if (job->n_layer <= 0 || job->n_head <= 0 || job->n_embd <= 0 || job->block_size <= 0)
+            add_error(errs, AT("model.type", "model.preset"), 0,
+                      "model: gpt needs n_layer, n_head, n_embd and block_size (or a preset: "
+                      "gpt-tiny, gpt-mini, gpt2-124m)");
+        else if (job->n_embd % job->n_head)
+            add_error(errs, AT("model.n_embd", "model.n_head"), 0,
+                      "model: n_embd (%d) must be divisible by n_head (%d)", job->n_embd,
+                      job->n_head);
+        if (job->seq_len > job->block_size && job->block_size > 0 && !BAD("data.seq_len"))
+            add_error(errs, AT("data.seq_len", "model.block_size"), 0,
+                      "data.seq_len (%d) must not exceed model.block_size (%d)", job->seq_len,
+                      job->block_size);
+    }
+    if (!strcmp(job->model_type, "resnet") && (job->depth - 2) % 6 && !BAD("model.depth"))
+        add_error(errs, AT("model.depth"), 0, "model.depth: %d is not 6n+2 (use 20, 32, 44, 56 or 110)",
+                  job->depth);
+    if (!strcmp(job->model_type, "mlp") && !BAD("model.hidden")) {
+        char buf[DT_STR_MID], *save = NULL;
+        int n = 0, wrong = 0;
+        dt_strlcpy(buf, job->hidden, sizeof buf);
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), n++)
+            if (dt_parse_int(dt_trim(tok), &a) || a < 1)
+                wrong = 1;
+        if (wrong || n == 0)
+            add_error(errs, AT("model.hidden"), 0,
+                      "model.hidden: \"%s\" must be positive widths such as 256,256", job->hidden);
+        if (n > 16)
+            add_error(errs, AT("model.hidden"), 0, "model.hidden: at most 16 hidden layers");
+    }
+    if (strcmp(job->data_type, "synthetic") && !job->data_path[0] && !BAD("data.path"))
+        add_error(errs, AT("data.type", "data.path"), 0, "data.path is required for data.type = %s",
+                  job->data_type);
+    if (!strcmp(job->data_type, "synthetic") && strcmp(job->synthetic_shape, "vector")) {
+        int ch, h, ww;
+        if (sscanf(job->synthetic_shape, "%dx%dx%d%c", &ch, &h, &ww, &tail) != 3 || ch < 1 ||
+            h < 1 || ww < 1)
+            add_error(errs, AT("data.synthetic_shape"), 0,
+                      "data.synthetic_shape: \"%s\" must be vector or CxHxW such as 3x32x32",
+                      job->synthetic_shape);
+    }
+    if (!strcmp(job->model_type, "gpt") &&
+        (!strcmp(job->data_type, "cifar10") || !strcmp(job->data_type, "mnist")))
+        add_error(errs, AT("model.type", "data.type"), 0,
+                  "model gpt needs token data (text, tokens or synthetic), not %s", job->data_type);
+    if ((!strcmp(job->model_type, "mlp") || !strcmp(job->model_type, "resnet")) &&
+        (!strcmp(job->data_type, "text") || !strcmp(job->data_type, "tokens")))
+        add_error(errs, AT("model.type", "data.type"), 0,
+                  "model %s needs classification data (synthetic, cifar10, mnist), not %s",
+                  job->model_type, job->data_type);
+    if (job->steps == 0 && job->epochs == 0 && !BAD("train.steps", "train.epochs"))
+        add_error(errs, AT("train.steps", "train.epochs"), 0, "train: set steps or epochs (both are 0)");
+    if (job->min_lr > job->lr && !BAD("train.min_lr", "train.lr"))
+        add_error(errs, AT("train.min_lr", "train.lr"), 0,
+                  "train.min_lr (%g) must not exceed train.lr (%g)", job->min_lr, job->lr);
+    if (strcmp(job->resume, "auto") && strcmp(job->resume, "never") && !job->resume[0])
+        add_error(errs, AT("checkpoint.resume"), 0, "checkpoint.resume: use auto, never or a path");
+    return errs && errs->count > before ? -EINVAL : 0;
+}
+
+int dt_job_validate(const dt_job *job, dt_config_errors *errs)
+{
+    return job_validate(job, NULL, errs);
+}
+
+static void derive(dt_job *job)
+{
+    apply_presets(job);
+    if (!job->output_dir[0])
+        snprintf(job->output_dir, sizeof job->output_dir, "runs/%.200s", job->name);
+    if (!strcmp(job->model_type, "gpt") && job->seq_len == 0)
+        job->seq_len = job->block_size;
+}
+
+static int parse_assignment(parse_ctx *c, const char *text)
+{
+    char buf[DT_PATH_MAX + 128];
+    dt_strlcpy(buf, text, sizeof buf);
+    char *eq = strchr(buf, '=');
+    char *dot = strchr(buf, '.');
+    if (!eq || !dot || dot > eq) {
+        add_error(c->errs, c->where, 0, "\"%s\" is not section.key=value (example: train.lr=1e-3)",
+                  text);
+        return -EINVAL;
+    }
+    *eq = '\0';
+    *dot = '\0';
+    char *section = dt_trim(buf), *key = dt_trim(dot + 1), *value = dt_trim(eq + 1);
+    if (!known_section(section)) {
+        const char *near = dt_nearest(section, sections, DT_ARRAY_LEN(sections));
+        add_error(c->errs, c->where, 0, "unknown section \"%s\" in \"%s\"%s%s%s", section, text,
+                  near ? "; did you mean \"" : "", near ? near : "", near ? "\"?" : "");
+        return -EINVAL;
+    }
+    int before = c->errs ? c->errs->count : 0;
+    assign(c, section, key, value);
+    return c->errs && c->errs->count > before ? -EINVAL : 0;
+}
+
+int dt_job_set(dt_job *job, const char *assignment, dt_err *err)
+{
+    dt_config_errors *errs = calloc(1, sizeof *errs);
+    parse_ctx *c = calloc(1, sizeof *c); /* large (source tables) */
+    int rc = 0;
+    if (!errs || !c) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory setting %.60s", assignment);
+        goto out;
+    }
+    c->job = job;
+    c->errs = errs;
+    c->where = "override";
+    if (parse_assignment(c, assignment) != 0)
+        rc = dt_err_set(err, -EINVAL, "%s", errs->lines[0]);
+out:
+    free(c);
+    free(errs);
+    return rc;
+}
+
+static void apply_settings(parse_ctx *c, const dt_setting *settings, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        char where[96];
+        if (settings[i].source)
+            snprintf(where, sizeof where, "%s", settings[i].source);
+        else
+            snprintf(where, sizeof where, "override %d (%.40s)", ++k, settings[i].text);
+        c->where = where;
+        c->line = 0;
+        parse_assignment(c, settings[i].text);
+    }
+}
+
+/* The parse context of a load, reset: job at its defaults, errors into errs. One, static: it is
+ * large (seen tables), and loads are not re-entrant, like the command line. */
+static parse_ctx *load_begin(dt_job *job, dt_config_errors *errs)
+{
+    static parse_ctx c;
+    memset(&c, 0, sizeof c);
+    dt_job_defaults(job);
+    c.job = job;
+    c.errs = errs;
+    return &c;
+}
+
+/* "N error(s) <what><name>" when errs has any, else 0. */
+static int load_end(const dt_config_errors *errs, const char *what, const char *name, dt_err *err)
+{
+    if (errs->count)
+        return dt_err_set(err, -EINVAL, "%d error%s %s%s", errs->count, errs->count > 1 ? "s" : "",
+                          what, name);
+    return 0;
+}
+
+int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settings, int n,
+                         dt_config_errors *errs, dt_err *err)
+{
+    dt_config_errors local = {0};
+    if (!errs)
+        errs = &local;
+    parse_ctx *c = load_begin(job, errs);
+    if (path) {
+        struct stat st;
+        dt_strlcpy(job->path, path, sizeof job->path);
+        c->where = path;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            add_error(errs, path, 0, "cannot open job file: is a directory (give a .ini file)");
+            return dt_err_set(err, -EISDIR, "no job loaded");
+        }
+        c->fp = fopen(path, "r");
+        if (!c->fp) {
+            add_error(errs, path, 0, "cannot open job file: %s", strerror(errno));
+            return dt_err_set(err, -ENOENT, "no job loaded");
+        }
+        int rc = ini_parse_stream(line_reader, c, on_ini_entry, c);
+        fclose(c->fp);
+        if (rc < 0)
+            add_error(errs, path, 0, "cannot read job file");
+    }
+    apply_settings(c, settings, n);
+    for (int i = 0; i < dt_cfg_fields_count; i++)
+        if (dt_cfg_fields[i].required && !c->seen_required[i])
+            add_error(errs, path ? path : "job", 0,
+                      "missing required key %s.%s (%s; one of %s)", dt_cfg_fields[i].section,
+                      dt_cfg_fields[i].key, dt_cfg_fields[i].help,
+                      dt_cfg_fields[i].choices ? dt_cfg_fields[i].choices : "see README");
+    derive(job);
+    job_validate(job, c, errs);
+    return load_end(errs, "loading ", path ? path : "the job", err);
+}
+
+int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_overrides,
+                dt_config_errors *errs, dt_err *err)
+{
+    dt_setting *s = n_overrides > 0 ? calloc((size_t)n_overrides, sizeof *s) : NULL;
+    if (n_overrides > 0 && !s)
+        return dt_err_set(err, -ENOMEM, "out of memory loading %s", path ? path : "the job");
+    for (int i = 0; i < n_overrides; i++)
+        s[i].text = overrides[i];
+    int rc = dt_job_load_settings(job, path, s, n_overrides, errs, err);
+    free(s);
+    return rc;
+}
+
+int dt_launch_load(dt_job *job, const dt_setting *settings, int n, dt_config_errors *errs,
+                   dt_err *err)
+{
+    dt_config_errors local = {0};
+    if (!errs)
+        errs = &local;
+    parse_ctx *c = load_begin(job, errs);
+    apply_settings(c, settings, n);
+    launch_validate(&job->launch, c, "command line", errs);
+    return load_end(errs, "on the command line", "", err);
+}
+
+/* ---- printing ---------------------------------------------------------------------------- */
+
+static void format_value(const dt_job *job, const dt_cfg_field *f, char *buf, size_t cap)
+{
+    const char *base = (const char *)job + f->offset;
+    switch (f->type) {
+    case DT_CFG_INT:
+        snprintf(buf, cap, "%d", *(const int *)base);
+        break;
+    case DT_CFG_I64:
+        snprintf(buf, cap, "%lld", (long long)*(const int64_t *)base);
+        break;
+    case DT_CFG_DOUBLE:
+    case DT_CFG_DURATION: {
+        /* The shortest form that reads back to the same double. */
+        double v = *(const double *)base;
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(buf, cap, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v)
+                break;
+        }
+        break;
+    }
+    case DT_CFG_BOOL:
+        snprintf(buf, cap, "%s", *(const bool *)base ? "true" : "false");
+        break;
+    case DT_CFG_STR:
+    case DT_CFG_ENUM: {
+        /* Quoted when the file would otherwise lose spaces at either end or a pair of quotes. */
+        size_t n = strlen(base);
+        bool quote = n > 0 && (isspace((unsigned char)base[0]) ||
+                               isspace((unsigned char)base[n - 1]) ||
+                               (n >= 2 && base[0] == '"' && base[n - 1] == '"'));
+        snprintf(buf, cap, quote ? "\"%s\"" : "%s", base);
+        break;
+    }
+    }
+}
+
+void dt_job_print(const dt_job *job, FILE *out)
+{
+    char val[DT_PATH_MAX + 32];
+    fprintf(out, "; dtrain job, fully resolved%s%s\n", job->path[0] ? " from " : "", job->path);
+    for (size_t s = 0; s < DT_ARRAY_LEN(sections); s++) {
+        fprintf(out, "\n[%s]\n", sections[s]);
+        for (int i = 0; i < dt_cfg_fields_count; i++) {
+            const dt_cfg_field *f = &dt_cfg_fields[i];
+            if (strcmp(f->section, sections[s]) != 0)
+                continue;
+            /* rendezvous.conf is already folded into the typed keys below it. */
+            if (!strcmp(f->section, "rendezvous") && !strcmp(f->key, "conf")) {
+                fprintf(out, "conf =\n");
+                continue;
+            }
+            format_value(job, f, val, sizeof val);
+            fprintf(out, "%s = %s\n", f->key, val);
+        }
+    }
+}
+
+void dt_job_print_reference(FILE *out)
+{
+    fprintf(out, "| key | type | default | meaning |\n|---|---|---|---|\n");
+    static const char *const tnames[] = {"int", "int", "number", "bool", "string", "choice", "seconds"};
+    for (int i = 0; i < dt_cfg_fields_count; i++) {
+        const dt_cfg_field *f = &dt_cfg_fields[i];
+        char type[160];
+        if (f->type == DT_CFG_ENUM)
+            snprintf(type, sizeof type, "%s", f->choices);
+        else
+            snprintf(type, sizeof type, "%s", tnames[f->type]);
+        for (char *p = type; *p; p++)
+            if (*p == '|')
+                *p = '/';
+        fprintf(out, "| `%s.%s` | %s | %s | %s |\n", f->section, f->key, type,
+                f->required ? "(required)" : (f->def[0] ? f->def : "\"\""), f->help);
+    }
+}

@@ -1,0 +1,206 @@
+/* config.h - the job: one typed, validated struct with a default for every key.
+ *
+ * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp]
+ * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in
+ * config.c, the file, PET_* variables, `section.key=value` overrides, then launcher flags (the
+ * order of dt_setting arrays; among settings of one kind the last one given wins). rendezvous.conf entries take effect where the
+ * conf itself is set (a later explicit key beats them; they beat earlier ones). That table is
+ * the single source of keys, types, defaults, ranges and help: the parser, --print-config and the
+ * README's key reference (tested against it) all come from it.
+ *
+ * A value in double quotes has them removed ("my job" is my job; quotes keep spaces at either
+ * end, and --print-config writes them where needed); a UTF-8 BOM at the start is skipped.
+ *
+ * Errors are collected, not stopped at: an unknown section or key (with the nearest valid name),
+ * a wrong type, a value out of range, a required key missing; each with file:line.
+ */
+#ifndef DT_CONFIG_H
+#define DT_CONFIG_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/err.h"
+
+#define DT_STR_SMALL 32
+#define DT_STR_MID 256
+#define DT_PATH_MAX 1024
+
+/* Launcher settings: from [elastic] and [rendezvous] in a job file, or from launcher flags. */
+typedef struct dt_launch {
+    /* [elastic] */
+    char nnodes[DT_STR_SMALL];         /* "N" or "MIN:MAX" */
+    char nproc_per_node[DT_STR_SMALL]; /* N, auto, cpu, gpu */
+    int max_restarts;                  /* job-wide restart budget */
+    double monitor_interval;           /* seconds: bound on how long a remote failure is unseen */
+    double stop_grace;                 /* seconds between SIGTERM and SIGKILL when stopping */
+    char log_dir[DT_PATH_MAX];         /* "" = <job.output_dir>/logs, or a temp dir for commands */
+    char redirects[DT_STR_MID];        /* 0-3 or "0:3,1:1" per local rank */
+    char tee[DT_STR_MID];              /* same forms */
+    char local_ranks_filter[DT_STR_MID]; /* "" = all; "0,2" shows only those on the console */
+    /* [rendezvous] */
+    char rdzv_backend[DT_STR_SMALL];   /* static or c10d */
+    char rdzv_endpoint[DT_STR_MID];    /* HOST[:PORT] */
+    char rdzv_id[DT_STR_MID];          /* run id */
+    char role[DT_STR_SMALL];           /* ROLE_NAME of the workers (torchrun's --role) */
+    char rdzv_conf[DT_STR_MID];        /* always "" once loaded: a conf "k=v,..." is folded into
+                                          the typed keys below where it is set */
+    double join_timeout, last_call_timeout, close_timeout;
+    double read_timeout;               /* seconds a store read waits (torchrun's read_timeout) */
+    double heartbeat_interval, heartbeat_timeout;
+    bool is_host;                      /* this agent hosts the store (c10d) */
+    /* flags only (no file key) */
+    int node_rank;                     /* -1 = assigned by the rendezvous */
+    bool standalone;
+    char master_addr[DT_STR_MID];
+    int master_port;                   /* 0 = choose */
+    char local_addr[DT_STR_MID];
+} dt_launch;
+
+typedef struct dt_job {
+    char path[DT_PATH_MAX];            /* the job file ("" when none) */
+
+    /* [job] */
+    char name[DT_STR_MID];
+    char output_dir[DT_PATH_MAX];      /* metrics.jsonl, checkpoints, logs */
+    char device[DT_STR_SMALL];         /* auto, cpu, cuda */
+    char strategy[DT_STR_SMALL];       /* ddp, dp */
+    int dp_replicas;                   /* strategy = dp: replicas driven by the one process */
+    char dp_transport[DT_STR_SMALL];   /* auto, master, collectives (runtime/train/dp.h) */
+    char cpu_bind[DT_STR_SMALL];       /* auto, none: shares of the CPUs per worker / replica */
+    int64_t seed;
+    int log_every;                     /* steps between log lines / metrics records */
+
+    /* [model] */
+    char model_type[DT_STR_SMALL];     /* mlp, resnet, gpt (required) */
+    char preset[DT_STR_SMALL];         /* gpt-tiny, gpt-mini, gpt2-124m, "" */
+    int n_layer, n_head, n_embd, block_size;
+    char hidden[DT_STR_MID];           /* mlp: "512,256" */
+    int depth, width;                  /* resnet */
+    bool sync_bn;
+
+    /* [data] */
+    char data_type[DT_STR_SMALL];      /* synthetic, text, tokens, cifar10, mnist */
+    char data_path[DT_PATH_MAX];       /* file, directory or glob */
+    char val_path[DT_PATH_MAX];        /* "" = split off val_fraction of the training data */
+    double val_fraction;
+    int seq_len;                       /* language modelling: T */
+    int vocab_size;                    /* 0 = from the data (256 for text, 50257 for tokens) */
+    bool shuffle;
+    bool drop_last;
+    int64_t synthetic_samples;         /* synthetic: dataset size */
+    int synthetic_dim;                 /* synthetic: features per sample */
+    int synthetic_classes;             /* synthetic: classes */
+    char synthetic_shape[DT_STR_SMALL];/* synthetic: vector or image ("3x32x32") */
+
+    /* [train] */
+    int batch_size;                    /* per rank, per micro-step */
+    int grad_accum;                    /* micro-steps per optimiser step */
+    int64_t steps;                     /* optimiser steps (0 = from epochs) */
+    int epochs;
+    char optimizer[DT_STR_SMALL];      /* adamw, sgd */
+    double lr, min_lr;
+    double weight_decay, beta1, beta2, eps, momentum;
+    bool nesterov;
+    char schedule[DT_STR_SMALL];       /* constant, cosine, linear */
+    int64_t warmup_steps;
+    double grad_clip;                  /* 0 = off */
+    int eval_every;                    /* 0 = only at the end */
+    int eval_batches;
+    char precision[DT_STR_SMALL];      /* fp32, bf16, fp16 */
+    double loss_scale;                 /* fp16: initial dynamic loss scale */
+    int loss_scale_window;             /* fp16: clean steps before the scale doubles */
+    int threads;                       /* BLAS threads per worker */
+
+    /* [ddp] */
+    char comm_backend[DT_STR_SMALL];   /* auto, cpu, nccl */
+    double bucket_cap_mb, first_bucket_mb;
+    char compress[DT_STR_SMALL];       /* none, bf16, fp16 */
+    double comm_timeout;               /* seconds per collective */
+    bool broadcast_buffers;
+    bool check_consistency;
+
+    /* [checkpoint] */
+    char ckpt_dir[DT_PATH_MAX];        /* "" = <output_dir>/checkpoints */
+    int ckpt_every;                    /* steps; 0 = only at the end and on preemption */
+    int ckpt_keep;
+    char resume[DT_PATH_MAX];          /* auto, never, or a path */
+    bool ckpt_async;
+
+    /* [elastic] and [rendezvous] */
+    dt_launch launch;
+} dt_job;
+
+/* Fills job with every default of the table (and launch with the launcher defaults). */
+void dt_job_defaults(dt_job *job);
+void dt_launch_defaults(dt_launch *l);
+
+/* A list of collected errors. Each entry is one line: "FILE:LINE: message". */
+typedef struct dt_config_errors {
+    int count;
+    char lines[64][DT_ERR_MSG_MAX / 2];
+} dt_config_errors;
+
+/* Loads defaults, then the file at path, then overrides ("section.key=value"), validates and
+ * derives (presets, dependent defaults). Returns 0, or -EINVAL with every error in errs (and a
+ * summary in err). The job is complete even on error (for diagnostics only). */
+int dt_job_load(dt_job *job, const char *path, char *const *overrides, int n_overrides,
+                dt_config_errors *errs, dt_err *err);
+
+/* One command-line setting, for dt_job_load_settings / dt_launch_load. */
+typedef struct dt_setting {
+    const char *text;   /* "section.key=value" (borrowed) */
+    const char *source; /* names it in messages: "--nnodes", "environment PET_NNODES"; NULL =
+                           "override N (text)" */
+} dt_setting;
+
+/* dt_job_load with settings that carry their source; applied in array order (later wins).
+ * Cross-key errors name the source (file:line, flag or override) of the key set last. */
+int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settings, int n,
+                         dt_config_errors *errs, dt_err *err);
+
+/* For `dtrain -- COMMAND` (no job file): defaults, then settings, then dt_launch_validate with
+ * the same sources in messages. Returns 0 or -EINVAL with every error in errs. */
+int dt_launch_load(dt_job *job, const dt_setting *settings, int n, dt_config_errors *errs,
+                   dt_err *err);
+
+/* Applies one "section.key=value" to an already loaded job (validates that key only). */
+int dt_job_set(dt_job *job, const char *assignment, dt_err *err);
+
+/* Validates cross-key constraints (e.g. n_embd divisible by n_head), launcher settings included.
+ * Appends to errs; returns -EINVAL when it added any. */
+int dt_job_validate(const dt_job *job, dt_config_errors *errs);
+
+/* Validates the launcher settings only (for `dtrain -- COMMAND`, which has no job). `where` names
+ * the source in messages. */
+int dt_launch_validate(const dt_launch *l, const char *where, dt_config_errors *errs);
+
+/* Writes the fully resolved job as INI that dt_job_load reads back to the same job. */
+void dt_job_print(const dt_job *job, FILE *out);
+
+/* Writes the key reference as a Markdown table (README's "Job file reference"). */
+void dt_job_print_reference(FILE *out);
+
+/* A field of the table, for tools that walk it (tests, --print-config). */
+typedef enum dt_cfg_type { DT_CFG_INT, DT_CFG_I64, DT_CFG_DOUBLE, DT_CFG_BOOL, DT_CFG_STR,
+                           DT_CFG_ENUM, DT_CFG_DURATION } dt_cfg_type;
+
+typedef struct dt_cfg_field {
+    const char *section;
+    const char *key;
+    dt_cfg_type type;
+    size_t offset;         /* into dt_job */
+    size_t size;           /* of a string field */
+    const char *def;       /* default, as text */
+    double min, max;       /* numeric range (inclusive) */
+    const char *choices;   /* enum: "a|b|c" */
+    bool required;
+    const char *help;
+} dt_cfg_field;
+
+extern const dt_cfg_field dt_cfg_fields[];
+extern const int dt_cfg_fields_count;
+
+#endif

@@ -1,0 +1,1358 @@
+/* agent.c - the per-node agent: rendezvous, workers, supervision, restarts. See agent.h.
+ *
+ * One thread does everything, driven by one epoll set:
+ *   - a signalfd for SIGCHLD and for the signals the agent acts on (INT TERM HUP QUIT USR1 USR2).
+ *     They are blocked first thing, before the store server's thread exists, so that thread
+ *     inherits the mask and no signal is ever delivered anywhere but to the signalfd;
+ *   - the read ends of the workers' stdout and stderr pipes.
+ * A worker's exit wakes the agent at once (no sleep loop). The only timed wake-ups are the
+ * rendezvous polls of a multi-node job (every --monitor-interval) and the deadlines of a stop.
+ *
+ * A round: join (rdzv) -> start nproc workers (fork+exec, one process group each) -> monitor ->
+ * stop -> decide. Decide: every node succeeded -> exit 0; a worker failed here or anywhere ->
+ * restart while the job-wide budget lasts, else print the root-cause table and exit 1; this
+ * agent got SIGINT/SIGTERM/SIGHUP/SIGQUIT -> forward it, stop, exit 128+n (and tell the other
+ * nodes, which end too). SIGUSR1/SIGUSR2 are forwarded and the job goes on.
+ *
+ * Stopping: the signal goes to every worker's process group; the agent then waits for each group
+ * to empty (it is the subreaper of the workers' orphaned children, so their exits reach it as
+ * SIGCHLD too) and sends SIGKILL to what is left after --stop-grace seconds, or at once on a
+ * second Ctrl-C.
+ *
+ * The agent never calls exit(): dt_agent_run returns the exit code and cmd/ exits with it.
+ */
+#include "runtime/launch/agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/env.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "rendezvous/rdzv.h"
+#include "runtime/launch/agent_env.h"
+#include "runtime/launch/agent_output.h"
+#include "runtime/launch/agent_proc.h"
+#include "runtime/launch/agent_report.h"
+#include "runtime/job/errfile.h"
+
+extern char **environ;
+
+enum wstate { W_NONE, W_RUNNING, W_SUCCEEDED, W_FAILED, W_STOPPED, W_PREEMPTED };
+
+/* The built-in worker's exit code after a stop signal: "checkpoint saved, run me again". */
+#define EXIT_PREEMPTED 75
+#define EXIT_CONFIG 2 /* the built-in worker's (and dtrain's) configuration error */
+
+/* How a round ended, as the monitor saw it. */
+enum outcome { OUT_SUCCEEDED, OUT_FAILED, OUT_REMOTE_FAILED, OUT_REGROUP, OUT_SIGNAL, OUT_ABORTED,
+               OUT_LOST, OUT_PREEMPTED };
+
+typedef struct worker {
+    int local_rank;
+    int rank;
+    pid_t pid;              /* leader pid == pgid; 0 when not started */
+    bool running;           /* the leader has not been reaped */
+    bool group;             /* its process group may still have members (the guardian knows it) */
+    enum wstate state;
+    int status;             /* wait status of the leader */
+    double t_start, t_end;  /* wall clock */
+    char dir[DT_PATH_MAX];  /* <log dir>/<run id>/attempt_<k>/<rank> */
+    char error_file[DT_PATH_MAX + 16];
+    char message[512];      /* why it could not be started, if so */
+    dt_out_stream out[2];   /* stdout, stderr */
+} worker;
+
+typedef struct agent {
+    const dt_agent_spec *spec;
+    dt_launch L;                /* copy of the launcher settings */
+    int nproc;                  /* workers on this node */
+    char prog[DT_PATH_MAX];     /* the program every worker execs (resolved once) */
+    int sfd;                    /* signalfd */
+    int epfd;
+    sigset_t oldmask;
+    struct sigaction oldpipe;
+    bool signals_set;
+    bool hup_ignored;           /* SIGHUP was ignored at start (nohup): it stays ignored */
+    dt_guard *guard;
+    dt_rdzv *rz;
+    dt_rdzv_round rd;           /* the current round */
+    worker *w;                  /* nproc of them */
+    int n_running;              /* leaders not yet reaped */
+    int n_groups;               /* process groups not yet empty */
+    int n_failed, n_succeeded;  /* of the current round, before any stop began */
+    int n_preempted;            /* of the current round: exited 75 after a forwarded USR1/USR2 */
+    int preempt_sig;            /* SIGUSR1/SIGUSR2 forwarded in this round, else 0 */
+    bool stopping;              /* a stop is under way: exits are no longer failures */
+    int first_signal;           /* the first INT/TERM/HUP/QUIT received (its 128+n is the code) */
+    bool kill_now;              /* a second Ctrl-C: SIGKILL without waiting */
+    bool omp_one;               /* give workers OMP_NUM_THREADS=1 */
+    char log_root[DT_PATH_MAX]; /* --log-dir, or the default */
+    bool log_tmp;               /* log_root is a temporary directory this agent made */
+    char run_dir[DT_PATH_MAX + 300]; /* <log_root>/<run id> */
+    dt_events ev;
+    bool closing;
+    bool out_paused;            /* the console is behind: workers' pipes are out of the epoll set */
+    bool con_watched[3];        /* console fd 1 / 2 is in the epoll set for EPOLLOUT */
+} agent;
+
+/* epoll tags of the console fds (data.ptr): &console_tag[1], &console_tag[2]. */
+static char console_tag[3];
+
+/* The agent's own log lines: queued on the console behind the workers' lines (so they are
+ * neither lost nor able to block the agent). Another thread (the store server's) writes
+ * directly: the console buffer is the agent thread's alone. */
+static pid_t agent_tid;
+
+/* Log lines of other threads (the store server's), queued for the agent's thread: written
+ * straight to the console they could land in the middle of a worker line that is only partly
+ * out. Bounded: lines that do not fit are dropped. */
+static pthread_mutex_t side_mu = PTHREAD_MUTEX_INITIALIZER;
+static char side_buf[64 * 1024];
+static size_t side_len;
+
+/* On the agent's thread: the queued lines of other threads to the console. */
+static void drain_side_logs(void)
+{
+    char copy[sizeof side_buf];
+    pthread_mutex_lock(&side_mu);
+    size_t n = side_len;
+    memcpy(copy, side_buf, n);
+    side_len = 0;
+    pthread_mutex_unlock(&side_mu);
+    if (n)
+        dt_out_console_write(STDERR_FILENO, copy, n);
+}
+
+static void agent_log_sink(const char *line, size_t len)
+{
+    if (gettid() == agent_tid) {
+        drain_side_logs();
+        dt_out_console_write(STDERR_FILENO, line, len);
+        return;
+    }
+    pthread_mutex_lock(&side_mu);
+    if (side_len + len <= sizeof side_buf) {
+        memcpy(side_buf + side_len, line, len);
+        side_len += len;
+    }
+    pthread_mutex_unlock(&side_mu);
+}
+
+/* snprintf for paths and messages: false (and a cut string) when it did not fit. Through
+ * vsnprintf so that the compiler's truncation guesses stay quiet where we check. */
+static bool fmt(char *dst, size_t cap, const char *f, ...) __attribute__((format(printf, 3, 4)));
+static bool fmt(char *dst, size_t cap, const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    int n = vsnprintf(dst, cap, f, ap);
+    va_end(ap);
+    return n >= 0 && (size_t)n < cap;
+}
+
+/* ---- signals and the event loop --------------------------------------------------------- */
+
+static const int handled_signals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+static int signals_init(agent *a, dt_err *err)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    /* Under nohup SIGHUP is ignored and must stay so: a hangup is not a stop. It is left out of
+     * the set, since Linux queues a blocked signal even when it is ignored. The other signals
+     * are acted on even when ignored at start (an agent started with & from a script has INT
+     * and QUIT ignored, and `kill -INT` must still stop the job). */
+    struct sigaction hup;
+    a->hup_ignored = sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler == SIG_IGN;
+    if (a->hup_ignored)
+        DT_DEBUG("SIGHUP is ignored (nohup): a hangup will not stop the job");
+    for (size_t i = 0; i < DT_ARRAY_LEN(handled_signals); i++)
+        if (!(handled_signals[i] == SIGHUP && a->hup_ignored))
+            sigaddset(&set, handled_signals[i]);
+    if (sigprocmask(SIG_BLOCK, &set, &a->oldmask) != 0)
+        return dt_err_errno(err, errno, "sigprocmask");
+    a->signals_set = true;
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ign, &a->oldpipe); /* a closed console must not kill the agent */
+    a->sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (a->sfd < 0)
+        return dt_err_errno(err, errno, "signalfd");
+    a->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (a->epfd < 0)
+        return dt_err_errno(err, errno, "epoll_create1");
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, a->sfd, &e) != 0)
+        return dt_err_errno(err, errno, "epoll_ctl");
+    return 0;
+}
+
+static void signals_restore(agent *a)
+{
+    if (a->sfd >= 0)
+        close(a->sfd);
+    if (a->epfd >= 0)
+        close(a->epfd);
+    if (a->signals_set) {
+        sigprocmask(SIG_SETMASK, &a->oldmask, NULL);
+        sigaction(SIGPIPE, &a->oldpipe, NULL);
+    }
+}
+
+static worker *find_worker(agent *a, pid_t pid)
+{
+    for (int i = 0; i < a->nproc; i++)
+        if (a->w[i].pid == pid)
+            return &a->w[i];
+    return NULL;
+}
+
+static void status_fields(cJSON *o, int status)
+{
+    char name[32];
+    if (WIFSIGNALED(status)) {
+        cJSON_AddNumberToObject(o, "exit_code", -WTERMSIG(status));
+        cJSON_AddStringToObject(o, "signal", dt_report_signame(WTERMSIG(status), name, sizeof name));
+    } else {
+        cJSON_AddNumberToObject(o, "exit_code", WEXITSTATUS(status));
+    }
+}
+
+/* Forgets process groups that have emptied. */
+static void refresh_groups(agent *a)
+{
+    for (int i = 0; i < a->nproc; i++) {
+        worker *w = &a->w[i];
+        if (w->group && !w->running && !dt_proc_group_alive(w->pid)) {
+            w->group = false;
+            a->n_groups--;
+            dt_guard_remove(a->guard, w->pid);
+        }
+    }
+}
+
+static void reap(agent *a)
+{
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid <= 0)
+            break;
+        if (pid == dt_guard_pid(a->guard)) {
+            dt_guard_reaped(a->guard);
+            if (!a->closing)
+                DT_WARN("the guardian process (pid %d) exited; workers may outlive a killed agent",
+                        (int)pid);
+            continue;
+        }
+        worker *w = find_worker(a, pid);
+        if (!w || !w->running)
+            continue; /* an orphaned grandchild we adopted as subreaper */
+        if (WIFSTOPPED(st) || WIFCONTINUED(st)) {
+            char sn[32];
+            cJSON *f = cJSON_CreateObject();
+            cJSON_AddNumberToObject(f, "rank", w->rank);
+            cJSON_AddNumberToObject(f, "pid", w->pid);
+            if (WIFSTOPPED(st)) {
+                dt_report_signame(WSTOPSIG(st), sn, sizeof sn);
+                DT_WARN("rank %d (local_rank %d, pid %d) was stopped by %s: the job waits until "
+                        "it is continued (kill -CONT %d)",
+                        w->rank, w->local_rank, (int)w->pid, sn, (int)w->pid);
+                cJSON_AddStringToObject(f, "signal", sn);
+            } else {
+                DT_INFO("rank %d (pid %d) continued", w->rank, (int)w->pid);
+            }
+            dt_events_emit(&a->ev, WIFSTOPPED(st) ? "stopped" : "continued", f);
+            continue;
+        }
+        w->running = false;
+        w->status = st;
+        w->t_end = dt_wall_s();
+        a->n_running--;
+        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (a->stopping) {
+            w->state = ok ? W_SUCCEEDED : W_STOPPED;
+        } else if (ok) {
+            w->state = W_SUCCEEDED;
+            a->n_succeeded++;
+        } else if (a->preempt_sig && WIFEXITED(st) && WEXITSTATUS(st) == EXIT_PREEMPTED) {
+            w->state = W_PREEMPTED; /* saved its checkpoint after USR1/USR2: a planned stop */
+            a->n_preempted++;
+        } else {
+            w->state = W_FAILED;
+            a->n_failed++;
+        }
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddNumberToObject(f, "rank", w->rank);
+        cJSON_AddNumberToObject(f, "local_rank", w->local_rank);
+        cJSON_AddNumberToObject(f, "pid", w->pid);
+        cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
+        status_fields(f, st);
+        cJSON_AddStringToObject(f, "state", w->state == W_SUCCEEDED   ? "succeeded"
+                                            : w->state == W_FAILED    ? "failed"
+                                            : w->state == W_PREEMPTED ? "preempted"
+                                                                      : "stopped");
+        cJSON_AddNumberToObject(f, "duration_s", (double)(int64_t)((w->t_end - w->t_start) * 1000) / 1000.0);
+        dt_events_emit(&a->ev, "exit", f);
+        if (w->state == W_FAILED) {
+            char what[128];
+            dt_report_describe_status(WIFEXITED(st) ? WEXITSTATUS(st) : 0,
+                                      WIFSIGNALED(st) ? WTERMSIG(st) : 0, what, sizeof what);
+            DT_WARN("rank %d (local_rank %d, pid %d) %s", w->rank, w->local_rank, (int)w->pid, what);
+        }
+    }
+    refresh_groups(a);
+}
+
+static void signal_groups(agent *a, int sig)
+{
+    for (int i = 0; i < a->nproc; i++)
+        if (a->w[i].group)
+            dt_proc_kill_group(a->w[i].pid, sig);
+}
+
+static void handle_signal(agent *a, int sig)
+{
+    char name[32];
+    if (sig == SIGCHLD) {
+        reap(a);
+        return;
+    }
+    dt_report_signame(sig, name, sizeof name);
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "signal", name);
+    if (sig == SIGUSR1 || sig == SIGUSR2) {
+        DT_INFO("%s received: forwarded to the workers", name);
+        a->preempt_sig = sig; /* workers exiting 75 now saved a checkpoint: not a failure */
+        signal_groups(a, sig);
+        cJSON_AddStringToObject(f, "action", "forwarded");
+        dt_events_emit(&a->ev, "signal", f);
+        return;
+    }
+    if (!a->first_signal) {
+        a->first_signal = sig;
+        DT_WARN("%s received: stopping the workers%s", name,
+                sig == SIGINT ? " (Ctrl-C again kills them at once)" : "");
+        cJSON_AddStringToObject(f, "action", "stop");
+    } else if (sig == SIGINT) {
+        if (!a->kill_now)
+            DT_WARN("%s received again: killing the workers now", name);
+        a->kill_now = true;
+        cJSON_AddStringToObject(f, "action", "kill");
+    } else {
+        cJSON_AddStringToObject(f, "action", "ignored (already stopping)");
+    }
+    dt_events_emit(&a->ev, "signal", f);
+}
+
+static void drain_signals(agent *a)
+{
+    struct signalfd_siginfo si;
+    for (;;) {
+        ssize_t n = read(a->sfd, &si, sizeof si);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n != (ssize_t)sizeof si)
+            break;
+        handle_signal(a, (int)si.ssi_signo);
+    }
+}
+
+/* Puts the workers' output pipes in or out of the epoll set. */
+static void watch_outputs(agent *a, bool on)
+{
+    for (int i = 0; i < a->nproc; i++)
+        for (int k = 0; k < 2; k++) {
+            dt_out_stream *s = &a->w[i].out[k];
+            if (s->fd < 0)
+                continue;
+            struct epoll_event ee = {.events = EPOLLIN, .data.ptr = s};
+            if (epoll_ctl(a->epfd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, s->fd, &ee) != 0 &&
+                errno != EEXIST && errno != ENOENT)
+                DT_WARN("epoll_ctl: %s; rank %d's output may stall", strerror(errno), a->w[i].rank);
+        }
+}
+
+/* Keeps the epoll set in step with the console (see agent_output.h): EPOLLOUT on a console fd
+ * with bytes waiting; the workers' pipes left unread while the console is behind. Returns the
+ * longest the next wait may last in ms (-1: no limit). */
+static int sync_console(agent *a)
+{
+    drain_side_logs();
+    int ms = dt_out_console_tick();
+    if (ms < 0 || ms > 200)
+        ms = 200; /* other threads' log lines wait at most this long (drain_side_logs) */
+    for (int fd = 1; fd <= 2; fd++) {
+        bool want = dt_out_console_pending(fd);
+        if (want == a->con_watched[fd])
+            continue;
+        struct epoll_event ee = {.events = EPOLLOUT, .data.ptr = &console_tag[fd]};
+        if (epoll_ctl(a->epfd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ee) == 0 || !want)
+            a->con_watched[fd] = want;
+        else
+            ms = ms < 0 || ms > 50 ? 50 : ms; /* cannot watch it: look again soon */
+    }
+    bool pause = dt_out_console_throttled();
+    if (pause != a->out_paused) {
+        watch_outputs(a, !pause);
+        a->out_paused = pause;
+    }
+    return ms;
+}
+
+/* Waits up to timeout_ms (-1 = no limit) for anything and handles it. */
+static void pump(agent *a, int timeout_ms)
+{
+    struct epoll_event evs[64];
+    int cms = sync_console(a);
+    if (cms >= 0 && (timeout_ms < 0 || cms < timeout_ms))
+        timeout_ms = cms;
+    int n = epoll_wait(a->epfd, evs, (int)DT_ARRAY_LEN(evs), timeout_ms);
+    if (n < 0) {
+        if (errno != EINTR)
+            DT_WARN("epoll_wait: %s", strerror(errno));
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        void *p = evs[i].data.ptr;
+        if (!p) {
+            drain_signals(a);
+            continue;
+        }
+        if (p == &console_tag[1] || p == &console_tag[2])
+            continue; /* writable: sync_console writes */
+        if (!a->out_paused && dt_out_console_throttled()) {
+            watch_outputs(a, false);
+            a->out_paused = true;
+        }
+        if (a->out_paused)
+            continue; /* the console is behind: the workers wait (level-triggered: not lost) */
+        dt_out_stream *s = p;
+        if (s->fd >= 0)
+            dt_out_pump(s); /* at end of file it closes the fd, which leaves the epoll set */
+    }
+    sync_console(a);
+}
+
+static bool rdzv_interrupted(void *arg)
+{
+    agent *a = arg;
+    drain_signals(a);
+    dt_out_console_tick(); /* what the last round left for the console goes out meanwhile */
+    return a->first_signal != 0;
+}
+
+/* ---- workers ---------------------------------------------------------------------------- */
+
+static void record_start_failure(agent *a, worker *w, const char *msg)
+{
+    w->state = W_FAILED;
+    w->status = 127 << 8; /* as a shell reports a command it could not run */
+    w->t_start = w->t_end = dt_wall_s();
+    dt_strlcpy(w->message, msg, sizeof w->message);
+    a->n_failed++;
+    DT_ERROR("rank %d could not be started: %s", w->rank, msg);
+}
+
+static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *err)
+{
+    int rc, cfd[2] = {-1, -1};
+    dt_envb env = {0};
+    if (!fmt(w->dir, sizeof w->dir, "%s/%d", attempt_dir, w->rank))
+        return dt_err_set(err, -ENAMETOOLONG, "log directory path too long: %s (use a shorter --log-dir)", w->dir);
+    if ((rc = dt_mkdir_p(w->dir, err)))
+        return rc;
+    snprintf(w->error_file, sizeof w->error_file, "%s/error.json", w->dir);
+    unlink(w->error_file); /* a relaunch with the same run id must not see an old record */
+
+    int redir = dt_out_mode_for(a->L.redirects, w->local_rank);
+    int tee = dt_out_mode_for(a->L.tee, w->local_rank);
+    bool shown = dt_out_rank_shown(a->L.local_ranks_filter, w->local_rank);
+    for (int k = 0; k < 2; k++) {
+        int bit = k + 1;
+        /* A rank the filter hides writes to its files: its crash must leave a trace. */
+        dt_out_plan plan = {.file = ((redir | tee) & bit) != 0 || !shown,
+                            .console = shown && (!(redir & bit) || (tee & bit))};
+        char path[DT_PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/%s.log", w->dir, k == 0 ? "stdout" : "stderr");
+        if ((rc = dt_out_prepare(&w->out[k], &plan, k + 1, w->rank, path, &cfd[k], err)))
+            goto fail;
+    }
+
+    dt_worker_env we = {
+        .rank = w->rank,
+        .local_rank = w->local_rank,
+        .world_size = a->rd.world_size,
+        .local_world_size = a->nproc,
+        .group_rank = a->rd.group_rank,
+        .group_world_size = a->rd.group_world_size,
+        .restart_count = a->rd.attempt,
+        .max_restarts = a->rd.max_restarts,
+        .run_id = a->rd.run_id,
+        .role = a->L.role,
+        .master_addr = a->rd.master_addr,
+        .master_port = a->rd.master_port,
+        .store_addr = a->rd.store_addr,
+        .store_port = a->rd.store_port,
+        .error_file = w->error_file,
+        .local_addr = a->rd.local_addr,
+        .omp_one = a->omp_one,
+        .agent_pid = (int)getpid(),
+        .round = a->rd.round,
+    };
+    if ((rc = dt_agent_env_build(&env, environ, &we, err)))
+        goto fail;
+    dt_proc_spec ps = {.path = a->prog, .argv = a->spec->argv, .envp = env.v,
+                       .fd_out = cfd[0], .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored};
+    dt_err e = {0};
+    pid_t pid;
+    w->t_start = dt_wall_s();
+    rc = dt_proc_spawn(&ps, &pid, &e);
+    close(cfd[0]);
+    close(cfd[1]);
+    cfd[0] = cfd[1] = -1;
+    dt_envb_free(&env);
+    if (rc) {
+        /* Not an agent error: the worker failed to start, which the restart policy handles. */
+        dt_out_finish(&w->out[0]);
+        dt_out_finish(&w->out[1]);
+        record_start_failure(a, w, e.msg);
+        return 0;
+    }
+    w->pid = pid;
+    w->running = w->group = true;
+    w->state = W_RUNNING;
+    a->n_running++;
+    a->n_groups++;
+    dt_guard_add(a->guard, pid);
+    for (int k = 0; k < 2; k++) {
+        if (w->out[k].fd < 0 || a->out_paused)
+            continue;
+        struct epoll_event ee = {.events = EPOLLIN, .data.ptr = &w->out[k]};
+        if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, w->out[k].fd, &ee) != 0)
+            DT_WARN("epoll_ctl: %s; rank %d's output is lost", strerror(errno), w->rank);
+    }
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "rank", w->rank);
+    cJSON_AddNumberToObject(f, "local_rank", w->local_rank);
+    cJSON_AddNumberToObject(f, "pid", pid);
+    cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
+    dt_events_emit(&a->ev, "start", f);
+    return 0;
+fail:
+    for (int k = 0; k < 2; k++) {
+        if (cfd[k] >= 0)
+            close(cfd[k]);
+        dt_out_finish(&w->out[k]);
+    }
+    dt_envb_free(&env);
+    return rc;
+}
+
+static int start_workers(agent *a, dt_err *err)
+{
+    int rc;
+    char attempt_dir[DT_PATH_MAX + 340];
+    a->n_running = a->n_groups = a->n_failed = a->n_succeeded = a->n_preempted = 0;
+    a->preempt_sig = 0;
+    a->stopping = false;
+    if (a->rd.round == a->rd.attempt)
+        snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, a->rd.attempt);
+    else /* an elastic job's membership changed: same attempt, new round */
+        snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d_round_%d", a->run_dir,
+                 a->rd.attempt, a->rd.round);
+    for (int i = 0; i < a->nproc; i++) {
+        worker *w = &a->w[i];
+        memset(w, 0, sizeof *w);
+        w->local_rank = i;
+        w->rank = a->rd.rank_base + i;
+        w->out[0].fd = w->out[1].fd = -1;
+        w->out[0].file_fd = w->out[1].file_fd = -1;
+    }
+    for (int i = 0; i < a->nproc; i++) {
+        if ((rc = start_worker(a, &a->w[i], attempt_dir, err)))
+            return rc;
+        if (a->n_failed)
+            break; /* one could not start: the others would fail the same way */
+    }
+    return 0;
+}
+
+/* Sends sig to every worker group, waits up to --stop-grace for them to empty, then SIGKILL. */
+static void stop_workers(agent *a, int sig)
+{
+    a->stopping = true;
+    reap(a);
+    if (a->n_groups == 0)
+        return;
+    char name[32];
+    dt_report_signame(sig, name, sizeof name);
+    signal_groups(a, sig);
+    if (sig != SIGKILL)
+        signal_groups(a, SIGCONT); /* a stopped worker acts on sig only once continued */
+    double deadline = dt_now_s() + a->L.stop_grace, hard = 0;
+    bool killed = false;
+    while (a->n_groups > 0) {
+        double now = dt_now_s();
+        if (!killed && (a->kill_now || now >= deadline)) {
+            if (!a->kill_now)
+                DT_WARN("%d worker process group%s still running %.3g s after %s: sending SIGKILL",
+                        a->n_groups, a->n_groups == 1 ? "" : "s", a->L.stop_grace, name);
+            signal_groups(a, SIGKILL);
+            killed = true;
+            hard = now + 10;
+        }
+        if (killed && now >= hard) {
+            DT_ERROR("%d worker process group%s survived SIGKILL for 10 s (stuck in the kernel?); "
+                     "giving up on them",
+                     a->n_groups, a->n_groups == 1 ? "" : "s");
+            break;
+        }
+        double until = killed ? hard : deadline;
+        int ms = (int)((until - now) * 1000) + 1;
+        pump(a, ms < 1 ? 1 : ms > 100 ? 100 : ms); /* 100 ms: re-check groups we get no SIGCHLD for */
+        refresh_groups(a);
+    }
+}
+
+/* Closes the streams of the round (printing what is left in the pipes). */
+static void finish_outputs(agent *a)
+{
+    for (int i = 0; i < a->nproc; i++)
+        for (int k = 0; k < 2; k++)
+            dt_out_finish(&a->w[i].out[k]);
+}
+
+/* This node's failures of the round, in the order they happened. */
+static int local_failures(agent *a, dt_rdzv_failure **out)
+{
+    int n = 0;
+    dt_rdzv_failure *f = calloc((size_t)a->nproc, sizeof *f);
+    if (!f)
+        return -ENOMEM;
+    for (int i = 0; i < a->nproc; i++) {
+        worker *w = &a->w[i];
+        if (w->state != W_FAILED)
+            continue;
+        dt_rdzv_failure *x = &f[n++];
+        x->time = w->t_end;
+        dt_strlcpy(x->host, dt_hostname(), sizeof x->host);
+        x->node = a->rd.group_rank;
+        x->rank = w->rank;
+        x->local_rank = w->local_rank;
+        x->pid = (int)w->pid;
+        x->signal = WIFSIGNALED(w->status) ? WTERMSIG(w->status) : 0;
+        x->exit_code = WIFEXITED(w->status) ? WEXITSTATUS(w->status) : 0;
+        char msg[sizeof x->message];
+        if (dt_errfile_read(w->error_file, msg, sizeof msg, NULL, NULL) == 0 && msg[0]) {
+            dt_strlcpy(x->message, msg, sizeof x->message);
+            dt_strlcpy(x->error_file, w->error_file, sizeof x->error_file);
+        } else if (w->message[0]) {
+            dt_strlcpy(x->message, w->message, sizeof x->message);
+        } else {
+            dt_report_describe_status(x->exit_code, x->signal, x->message, sizeof x->message);
+            size_t k = strlen(x->message);
+            int redir = dt_out_mode_for(a->L.redirects, w->local_rank);
+            if (!dt_out_rank_shown(a->L.local_ranks_filter, w->local_rank) || redir == 3)
+                snprintf(x->message + k, sizeof x->message - k,
+                         " (no error file; its output is in %s/stdout.log and stderr.log)", w->dir);
+            else
+                snprintf(x->message + k, sizeof x->message - k, " (no error file; %s)",
+                         a->spec->builtin_worker
+                             ? "see its output above"
+                             : "a PyTorch script writes one with @record, see "
+                               "https://pytorch.org/docs/stable/elastic/errors.html");
+        }
+    }
+    /* Insertion sort by exit time: at most nproc entries. */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && f[j - 1].time > f[j].time; j--) {
+            dt_rdzv_failure t = f[j];
+            f[j] = f[j - 1];
+            f[j - 1] = t;
+        }
+    *out = f;
+    return n;
+}
+
+/* ---- the round -------------------------------------------------------------------------- */
+
+static enum outcome monitor(agent *a, dt_rdzv_status *st)
+{
+    bool reported = false;
+    bool remote = a->rd.group_world_size > 1 || a->rd.elastic;
+    double next_poll = dt_now_s() + a->L.monitor_interval;
+    memset(st, 0, sizeof *st);
+    for (;;) {
+        if (a->first_signal)
+            return OUT_SIGNAL;
+        if (a->n_failed)
+            return OUT_FAILED;
+        if (a->n_preempted && a->n_preempted + a->n_succeeded == a->nproc)
+            return OUT_PREEMPTED;
+        if (!reported && a->n_succeeded == a->nproc) {
+            dt_err e = {0};
+            if (dt_rdzv_succeeded(a->rz, &e)) {
+                DT_ERROR("cannot report success to the rendezvous: %s", e.msg);
+                return OUT_LOST;
+            }
+            reported = true;
+            next_poll = 0;
+            if (remote)
+                DT_INFO("all %d workers of this node succeeded; waiting for the other nodes", a->nproc);
+        }
+        if (remote || reported) {
+            double now = dt_now_s();
+            if (now >= next_poll) {
+                dt_err e = {0};
+                if (dt_rdzv_poll(a->rz, st, &e)) {
+                    DT_ERROR("lost the rendezvous: %s", e.msg);
+                    fmt(st->why, sizeof st->why, "%s", e.msg);
+                    return OUT_LOST;
+                }
+                switch (st->state) {
+                case DT_RDZV_SUCCEEDED:
+                    return OUT_SUCCEEDED;
+                case DT_RDZV_FAILED:
+                    return OUT_REMOTE_FAILED;
+                case DT_RDZV_ABORTED:
+                    return OUT_ABORTED;
+                case DT_RDZV_REGROUP:
+                    return OUT_REGROUP;
+                case DT_RDZV_RUNNING:
+                    break;
+                }
+                next_poll = now + a->L.monitor_interval;
+            }
+        }
+        int ms = -1;
+        if (remote) {
+            ms = (int)((next_poll - dt_now_s()) * 1000) + 1;
+            if (ms < 0)
+                ms = 0;
+        }
+        pump(a, ms);
+    }
+}
+
+static void round_banner(agent *a, double took_s)
+{
+    const dt_rdzv_round *r = &a->rd;
+    char round_note[32] = "";
+    if (r->elastic)
+        snprintf(round_note, sizeof round_note, " (round %d)", r->round);
+    if (r->group_world_size > 1 || r->elastic)
+        DT_INFO("attempt %d%s: node %d of %d, ranks %d-%d of %d; MASTER_ADDR=%s MASTER_PORT=%d; "
+                "run id %s",
+                r->attempt, round_note, r->group_rank, r->group_world_size, r->rank_base,
+                r->rank_base + a->nproc - 1, r->world_size, r->master_addr, r->master_port,
+                r->run_id);
+    else
+        DT_INFO("attempt %d: starting %d worker%s (ranks 0-%d); run id %s", r->attempt, a->nproc,
+                a->nproc == 1 ? "" : "s", a->nproc - 1, r->run_id);
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "round", r->round);
+    cJSON_AddNumberToObject(f, "attempt", r->attempt);
+    cJSON_AddNumberToObject(f, "group_rank", r->group_rank);
+    cJSON_AddNumberToObject(f, "group_world_size", r->group_world_size);
+    cJSON_AddNumberToObject(f, "rank_base", r->rank_base);
+    cJSON_AddNumberToObject(f, "local_world_size", r->local_world_size);
+    cJSON_AddNumberToObject(f, "world_size", r->world_size);
+    cJSON_AddStringToObject(f, "master_addr", r->master_addr);
+    cJSON_AddNumberToObject(f, "master_port", r->master_port);
+    cJSON_AddStringToObject(f, "run_id", r->run_id);
+    cJSON_AddNumberToObject(f, "duration_s", (double)(int64_t)(took_s * 1000) / 1000.0);
+    dt_events_emit(&a->ev, "rendezvous", f);
+}
+
+/* Where logs go when --log-dir is not given: <output_dir>/logs for a job file, else a new
+ * temporary directory. */
+static int choose_log_root(agent *a, dt_err *err)
+{
+    if (a->L.log_dir[0]) {
+        dt_strlcpy(a->log_root, a->L.log_dir, sizeof a->log_root);
+        return 0;
+    }
+    const char *out = dt_env("DTRAIN_OUTPUT_DIR");
+    if (!out || !*out)
+        out = a->spec->output_dir;
+    if (a->spec->builtin_worker && out && *out) {
+        if (!fmt(a->log_root, sizeof a->log_root, "%s/logs", out))
+            return dt_err_set(err, -ENAMETOOLONG, "output_dir too long: %s", out);
+        return 0;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(a->log_root, sizeof a->log_root, "%s/dtrain-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(a->log_root))
+        return dt_err_errno(err, errno, "cannot create a log directory under %s (set --log-dir)",
+                            tmp && *tmp ? tmp : "/tmp");
+    a->log_tmp = true;
+    return 0;
+}
+
+/* Whether worker output goes to files: --redirects, --tee, or ranks that --local-ranks-filter
+ * hides (their output goes to their files, so that a crash leaves a trace). */
+static bool writes_files(const agent *a)
+{
+    return (a->L.redirects[0] && strcmp(a->L.redirects, "0")) ||
+           (a->L.tee[0] && strcmp(a->L.tee, "0")) || a->L.local_ranks_filter[0];
+}
+
+/* Creates <log_root>/<run id> and opens events.jsonl there (after the first rendezvous, which
+ * tells the run id). */
+static int open_run_dir(agent *a, dt_err *err)
+{
+    int rc;
+    char path[sizeof a->run_dir + 64];
+    if (a->run_dir[0])
+        return 0;
+    snprintf(a->run_dir, sizeof a->run_dir, "%s/%s", a->log_root, a->rd.run_id);
+    if ((rc = dt_mkdir_p(a->run_dir, err)))
+        return rc;
+    a->ev.node = a->rd.group_rank;
+    char name[256];
+    dt_events_filename(name, sizeof name, a->rd.group_rank, a->rd.elastic, a->rd.round,
+                       dt_hostname(), (int)getpid());
+    if (!fmt(path, sizeof path, "%s/%s", a->run_dir, name))
+        return dt_err_set(err, -ENAMETOOLONG, "events file path too long: %s", path);
+    if ((rc = dt_events_open(&a->ev, path, err)))
+        return rc;
+    if (!a->log_tmp)
+        DT_INFO("logs and events.jsonl: %s", a->run_dir);
+    else if (writes_files(a)) /* else the user would never learn where the files went */
+        DT_INFO("worker output files and events.jsonl go to %s", a->run_dir);
+    return 0;
+}
+
+/* Applies --rdzv-conf "k=v,..." onto the typed settings. A job file had it applied when it was
+ * loaded; a command line (no job file) had not. Applying twice changes nothing. */
+static int apply_rdzv_conf(agent *a, dt_err *err)
+{
+    static dt_job scratch; /* large; the agent runs once per process */
+    char buf[DT_STR_MID], *save = NULL;
+    if (!a->L.rdzv_conf[0])
+        return 0;
+    dt_job_defaults(&scratch);
+    scratch.launch = a->L;
+    dt_strlcpy(buf, a->L.rdzv_conf, sizeof buf);
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char assign[DT_STR_MID + 16];
+        tok = dt_trim(tok);
+        if (!*tok)
+            continue;
+        if (!strchr(tok, '='))
+            return dt_err_set(err, -EINVAL, "--rdzv-conf: \"%s\" is not key=value", tok);
+        fmt(assign, sizeof assign, "rendezvous.%s", tok);
+        if (dt_job_set(&scratch, assign, err))
+            return dt_err_prefix(err, "--rdzv-conf: ");
+    }
+    a->L = scratch.launch;
+    return 0;
+}
+
+static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
+{
+    const dt_launch *L = &a->L;
+    memset(o, 0, sizeof *o);
+    dt_strlcpy(o->backend, L->rdzv_backend, sizeof o->backend);
+    dt_strlcpy(o->nnodes, L->nnodes, sizeof o->nnodes);
+    o->node_rank = L->node_rank < 0 ? 0 : L->node_rank;
+    dt_strlcpy(o->endpoint_host, L->master_addr[0] ? L->master_addr : "127.0.0.1",
+               sizeof o->endpoint_host);
+    o->endpoint_port = L->master_port;
+    if (L->rdzv_endpoint[0])
+        dt_rdzv_parse_endpoint(L->rdzv_endpoint, o->endpoint_host, sizeof o->endpoint_host,
+                               &o->endpoint_port, NULL);
+    int n = 0;
+    if (L->standalone || (dt_parse_int(L->nnodes, &n) == 0 && n == 1 && !L->rdzv_endpoint[0])) {
+        /* One node: nobody needs to find the store, so it takes any free local port. */
+        dt_strlcpy(o->backend, "static", sizeof o->backend);
+        dt_strlcpy(o->nnodes, "1", sizeof o->nnodes);
+        o->node_rank = 0;
+        dt_strlcpy(o->endpoint_host, "127.0.0.1", sizeof o->endpoint_host);
+        o->endpoint_port = 0;
+    }
+    dt_strlcpy(o->run_id, L->rdzv_id, sizeof o->run_id);
+    dt_strlcpy(o->local_addr, L->local_addr, sizeof o->local_addr);
+    o->local_world_size = a->nproc;
+    o->max_restarts = L->max_restarts;
+    o->join_timeout = L->join_timeout;
+    o->close_timeout = L->close_timeout;
+    o->heartbeat_interval = L->heartbeat_interval;
+    o->heartbeat_timeout = L->heartbeat_timeout;
+    o->last_call_timeout = L->last_call_timeout;
+    o->read_timeout = L->read_timeout;
+    o->is_host = L->is_host;
+    o->interrupted = rdzv_interrupted;
+    o->arg = a;
+}
+
+static void print_table(agent *a, const dt_rdzv_failure *f, int n, const char *headline,
+                        bool config)
+{
+    char head[512], foot[DT_PATH_MAX + 512], what[128], why[96];
+    /* why the job ends here rather than restarts */
+    if (config)
+        snprintf(why, sizeof why, "attempt %d; not restarted: a configuration error",
+                 a->rd.attempt);
+    else
+        snprintf(why, sizeof why, "attempt %d; --max-restarts=%d spent", a->rd.attempt,
+                 a->rd.max_restarts);
+    if (headline) {
+        fmt(head, sizeof head, "%s", headline);
+    } else if (n > 0) {
+        dt_report_describe_status(f[0].exit_code, f[0].signal, what, sizeof what);
+        if (f[0].rank >= 0)
+            snprintf(head, sizeof head, "dtrain: the job failed: rank %d on %s %s (%s)",
+                     f[0].rank, f[0].host, what, why);
+        else
+            snprintf(head, sizeof head, "dtrain: the job failed: node %d (%s) was lost (%s)",
+                     f[0].node, f[0].host, why);
+    } else {
+        snprintf(head, sizeof head, "dtrain: the job failed (%s)", why);
+    }
+    snprintf(foot, sizeof foot, "Logs: %s (events.jsonl; attempt_<k>/<rank>/)", a->run_dir);
+    char *t = dt_report_table(f, n, head, foot);
+    if (t) {
+        dt_out_console_write(STDERR_FILENO, t, strlen(t));
+        free(t);
+    }
+}
+
+static void emit_end(agent *a, const char *result, int code)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "result", result);
+    cJSON_AddNumberToObject(f, "exit_code", code);
+    cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        cJSON_AddNumberToObject(f, "agent_max_rss_kb", (double)ru.ru_maxrss);
+    cJSON_AddNumberToObject(f, "console_lines_dropped", (double)dt_out_console_dropped());
+    dt_events_emit(&a->ev, "end", f);
+}
+
+/* Whether every worker of the round exited 0 or 75 (the built-in worker's "checkpoint saved"),
+ * at least one of them 75: the job was preempted, not failed. */
+static bool all_preempted(const agent *a)
+{
+    int n75 = 0;
+    for (int i = 0; i < a->nproc; i++) {
+        const worker *w = &a->w[i];
+        if (!w->pid || w->running || !WIFEXITED(w->status))
+            return false;
+        if (WEXITSTATUS(w->status) == EXIT_PREEMPTED)
+            n75++;
+        else if (WEXITSTATUS(w->status) != 0)
+            return false;
+    }
+    return n75 > 0;
+}
+
+static int preempted(agent *a, int sig)
+{
+    char name[32];
+    DT_WARN("preempted: workers saved their checkpoints (after %s); run the same command again to "
+            "resume (exit code %d)",
+            dt_report_signame(sig, name, sizeof name), EXIT_PREEMPTED);
+    emit_end(a, "preempted", EXIT_PREEMPTED);
+    return EXIT_PREEMPTED;
+}
+
+/* The exit code when another node ended the job: the same 128+n as the agent that was
+ * signalled (the job as a whole was stopped by signal n), or 1 when it ended for another reason
+ * (its rendezvous failed). */
+static int abort_code(const dt_rdzv_status *st)
+{
+    return st->setup_error ? EXIT_CONFIG : st->signal > 0 ? 128 + st->signal : 1;
+}
+
+/* The job ended as aborted (st): the end event, and this agent's exit code. */
+static int end_aborted(agent *a, const dt_rdzv_status *st)
+{
+    emit_end(a, st->setup_error ? "setup_error" : "aborted", abort_code(st));
+    return abort_code(st);
+}
+
+/* Whether every failed worker is the built-in worker reporting a configuration error (exit 2:
+ * a bad job file, checkpoint.resume path or checkpoint directory), which a restart would only
+ * repeat. */
+static bool config_error(const agent *a)
+{
+    int n = 0;
+    if (!a->spec->builtin_worker)
+        return false;
+    for (int i = 0; i < a->nproc; i++) {
+        const worker *w = &a->w[i];
+        if (w->state != W_FAILED)
+            continue;
+        if (!WIFEXITED(w->status) || WEXITSTATUS(w->status) != EXIT_CONFIG)
+            return false;
+        n++;
+    }
+    return n > 0;
+}
+
+/* Runs rounds until the job ends; returns the exit code. */
+static int run_rounds(agent *a)
+{
+    char name[32];
+    dt_rdzv_failure *prev = NULL; /* failures of the attempt before the rendezvous under way */
+    int prev_n = 0, prev_attempt = 0;
+    for (bool first = true;; first = false) {
+        dt_err e = {0};
+        dt_rdzv_status st;
+        double t0 = dt_now_s();
+        int rc = dt_rdzv_next(a->rz, &a->rd, &st, &e);
+        if (rc == -EINTR || rc == -ECANCELED)
+            free(prev);
+        if (rc == -EINTR) {
+            dt_err ae = {0};
+            dt_rdzv_abort(a->rz, a->first_signal, &ae);
+            emit_end(a, "signal", 128 + a->first_signal);
+            return 128 + a->first_signal;
+        }
+        if (rc == -ECANCELED && st.state == DT_RDZV_SUCCEEDED) { /* an elastic job's spare */
+            DT_INFO("%s", e.msg);
+            emit_end(a, "succeeded", 0);
+            return 0;
+        }
+        if (rc == -ECANCELED) {
+            DT_ERROR("%s", e.msg);
+            return end_aborted(a, &st);
+        }
+        if (rc == -EINVAL) { /* the nodes' settings disagree: a restart cannot help */
+            DT_ERROR("%s", e.msg);
+            free(prev);
+            emit_end(a, "setup_error", EXIT_CONFIG);
+            return EXIT_CONFIG;
+        }
+        if (rc) {
+            DT_ERROR("rendezvous failed: %s", e.msg);
+            if (prev_n > 0) { /* what made the restart necessary is the story */
+                char head[256];
+                fmt(head, sizeof head,
+                    "dtrain: the job failed: the restart after attempt %d could not gather every "
+                    "node (see above); what ended attempt %d:",
+                    prev_attempt, prev_attempt);
+                print_table(a, prev, prev_n, head, false);
+            }
+            free(prev);
+            emit_end(a, "rendezvous_failed", 1);
+            return 1;
+        }
+        free(prev);
+        prev = NULL;
+        prev_n = 0;
+        if (first) {
+            if (open_run_dir(a, &e))
+                DT_WARN("%s; continuing without events.jsonl", e.msg);
+        }
+        round_banner(a, dt_now_s() - t0);
+
+        enum outcome out;
+        if ((a->rd.group_world_size > 1 || a->rd.elastic) && dt_rdzv_poll(a->rz, &st, &e) == 0 &&
+            st.state != DT_RDZV_RUNNING) {
+            /* The round ended before it started here (this agent joined late): no workers. */
+            out = st.state == DT_RDZV_ABORTED ? OUT_ABORTED
+                  : st.state == DT_RDZV_REGROUP ? OUT_REGROUP
+                                                : OUT_REMOTE_FAILED;
+            goto decided;
+        }
+        if ((rc = start_workers(a, &e))) {
+            DT_ERROR("cannot start the workers: %s", e.msg);
+            stop_workers(a, SIGKILL);
+            finish_outputs(a);
+            dt_err ae = {0};
+            dt_rdzv_abort(a->rz, SIGTERM, &ae);
+            emit_end(a, "agent_error", 1);
+            return 1;
+        }
+        out = monitor(a, &st);
+    decided:;
+        dt_rdzv_failure *lf = NULL;
+        int nlf = 0;
+        bool config = false; /* this node's failed workers report a configuration error */
+        switch (out) {
+        case OUT_SUCCEEDED:
+            stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
+            finish_outputs(a);
+            DT_INFO("all workers succeeded%s", a->rd.group_world_size > 1 ? " on every node" : "");
+            emit_end(a, "succeeded", 0);
+            return 0;
+        case OUT_FAILED: {
+            nlf = local_failures(a, &lf);
+            dt_err fe = {0};
+            config = config_error(a);
+            if (config) {
+                /* A restart would repeat it, on whatever node: the job ends everywhere (as a
+                 * setup error), and the other nodes are told which node to look at. */
+                char why[256];
+                fmt(why, sizeof why,
+                    "node %d (%s:%d) reports a configuration error (exit %d) in its workers: "
+                    "not restarting; see that node's log",
+                    a->rd.group_rank, dt_hostname(), (int)getpid(), EXIT_CONFIG);
+                if (dt_rdzv_abort_config(a->rz, lf, nlf, why, &fe))
+                    DT_WARN("cannot record the configuration error in the rendezvous: %s", fe.msg);
+            } else if (nlf > 0 && dt_rdzv_failed(a->rz, lf, nlf, &fe)) {
+                DT_WARN("cannot record the failure in the rendezvous: %s", fe.msg);
+            }
+            cJSON *f = cJSON_CreateObject();
+            cJSON *arr = cJSON_AddArrayToObject(f, "failures");
+            for (int i = 0; i < nlf; i++)
+                cJSON_AddItemToArray(arr, dt_report_failure_json(&lf[i]));
+            cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
+            dt_events_emit(&a->ev, "failure", f);
+            free(lf);
+            /* Elastic: the round may have ended first for a membership change, which then
+             * decides (the failure does not spend the budget, as on every other node). */
+            if (!config && a->rd.elastic && dt_rdzv_poll(a->rz, &st, &fe) == 0 &&
+                st.state == DT_RDZV_REGROUP)
+                out = OUT_REGROUP;
+            DT_WARN("stopping the other workers%s", a->rd.group_world_size > 1 ? " on every node" : "");
+            stop_workers(a, SIGTERM);
+            break;
+        }
+        case OUT_REMOTE_FAILED:
+        case OUT_REGROUP:
+            DT_WARN("%s: stopping the workers of this node", st.why[0] ? st.why : "the round ended");
+            stop_workers(a, SIGTERM);
+            break;
+        case OUT_SIGNAL: {
+            dt_err ae = {0};
+            if (dt_rdzv_abort(a->rz, a->first_signal, &ae))
+                DT_DEBUG("abort: %s", ae.msg);
+            stop_workers(a, a->first_signal);
+            finish_outputs(a);
+            if (a->first_signal == SIGTERM && all_preempted(a))
+                return preempted(a, a->first_signal);
+            DT_WARN("stopped by %s", dt_report_signame(a->first_signal, name, sizeof name));
+            emit_end(a, "signal", 128 + a->first_signal);
+            return 128 + a->first_signal;
+        }
+        case OUT_PREEMPTED: {
+            dt_err ae = {0};
+            if (a->rd.group_world_size > 1 && dt_rdzv_abort(a->rz, a->preempt_sig, &ae))
+                DT_DEBUG("abort: %s", ae.msg);
+            stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
+            finish_outputs(a);
+            return preempted(a, a->preempt_sig);
+        }
+        case OUT_ABORTED:
+            if (st.setup_error) { /* the error is the news; stopping is routine */
+                DT_ERROR("%s", st.why);
+                DT_WARN("stopping the workers of this node");
+            } else {
+                DT_WARN("%s: stopping the workers of this node", st.why);
+            }
+            stop_workers(a, SIGTERM);
+            finish_outputs(a);
+            if ((st.signal == SIGTERM || st.signal == SIGUSR1 || st.signal == SIGUSR2) &&
+                all_preempted(a))
+                return preempted(a, st.signal);
+            return end_aborted(a, &st);
+        case OUT_LOST:
+            stop_workers(a, SIGTERM);
+            finish_outputs(a);
+            emit_end(a, "lost_rendezvous", 1);
+            return 1;
+        }
+        finish_outputs(a);
+        if (a->first_signal) { /* a signal arrived while the workers were stopping */
+            dt_err ae = {0};
+            dt_rdzv_abort(a->rz, a->first_signal, &ae);
+            emit_end(a, "signal", 128 + a->first_signal);
+            return 128 + a->first_signal;
+        }
+        if (!config && (a->rd.group_world_size > 1 || a->rd.elastic)) {
+            /* Another node may have ended the job meanwhile (its workers report a configuration
+             * error): that wins over the next attempt. */
+            dt_err pe = {0};
+            dt_rdzv_status ab;
+            if (dt_rdzv_poll(a->rz, &ab, &pe) == 0 && ab.state == DT_RDZV_ABORTED) {
+                if (ab.setup_error)
+                    DT_ERROR("%s", ab.why);
+                else
+                    DT_WARN("%s", ab.why);
+                return end_aborted(a, &ab);
+            }
+        }
+        if (out == OUT_REGROUP) {
+            DT_INFO("the job's nodes change: joining the next round (restart count unchanged)");
+            cJSON *f = cJSON_CreateObject();
+            cJSON_AddStringToObject(f, "why", st.why);
+            cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
+            dt_events_emit(&a->ev, "regroup", f);
+            continue;
+        }
+        bool final = a->rd.attempt >= a->rd.max_restarts;
+        if (!final && config)
+            DT_WARN("not restarting: the workers report a configuration error (exit %d), which a "
+                    "restart would repeat%s",
+                    EXIT_CONFIG, a->rd.group_world_size > 1 || a->rd.elastic
+                                     ? "; the job ends on every node"
+                                     : "");
+        if (final || config) {
+            dt_rdzv_failure *all = NULL;
+            int n = 0;
+            dt_err fe = {0};
+            if (dt_rdzv_failures(a->rz, &all, &n, &fe))
+                DT_WARN("cannot read the job's failures: %s", fe.msg);
+            print_table(a, all, n, NULL, config);
+            free(all);
+            emit_end(a, "failed", config ? EXIT_CONFIG : 1);
+            return config ? EXIT_CONFIG : 1;
+        }
+        dt_err fe = {0};
+        prev_attempt = a->rd.attempt;
+        if (dt_rdzv_failures(a->rz, &prev, &prev_n, &fe))
+            prev_n = 0;
+        DT_WARN("restarting every worker%s (restart %d of --max-restarts=%d)",
+                a->rd.group_world_size > 1 ? " on every node" : "", a->rd.attempt + 1,
+                a->rd.max_restarts);
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddNumberToObject(f, "attempt", a->rd.attempt + 1);
+        dt_events_emit(&a->ev, "restart", f);
+    }
+}
+
+/* Whether --nnodes (N or MIN:MAX) allows more than one node, which --standalone cannot give. */
+static bool standalone_conflict(const char *nnodes)
+{
+    const char *colon = strchr(nnodes, ':');
+    int max = 0;
+    if (!*nnodes)
+        return false;
+    if (colon ? dt_parse_int(colon + 1, &max) : dt_parse_int(nnodes, &max))
+        return false; /* not a number: the rendezvous says what is wrong with it */
+    return max > 1;
+}
+
+int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
+{
+    int code = 1, rc;
+    char why[512];
+    dt_err e = {0};
+    agent *a = calloc(1, sizeof *a);
+    if (!a)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    a->spec = spec;
+    a->L = spec->launch;
+    a->sfd = a->epfd = -1;
+    dt_events_init(&a->ev, a->L.node_rank > 0 ? a->L.node_rank : 0);
+
+    if (!spec->argv || !spec->argv[0]) {
+        fprintf(stderr, "dtrain: no command to run\n");
+        code = 2;
+        goto out;
+    }
+    if (apply_rdzv_conf(a, &e)) {
+        fprintf(stderr, "dtrain: %s\n", e.msg);
+        code = 2;
+        goto out;
+    }
+    if (a->L.standalone && standalone_conflict(a->L.nnodes)) {
+        fprintf(stderr,
+                "dtrain: --standalone runs a job on this one node, but --nnodes=%s asks for more: "
+                "drop --standalone and give every node --master-addr/--master-port (or "
+                "--rdzv-endpoint), or drop --nnodes\n",
+                a->L.nnodes);
+        code = 2;
+        goto out;
+    }
+    if (dt_agent_resolve_nproc(a->L.nproc_per_node, &a->nproc, why, sizeof why, &e)) {
+        fprintf(stderr, "dtrain: %s\n", e.msg);
+        code = 2;
+        goto out;
+    }
+    if (dt_proc_resolve(spec->argv[0], NULL, a->prog, sizeof a->prog, &e)) {
+        fprintf(stderr, "dtrain: %s\n", e.msg);
+        code = 2;
+        goto out;
+    }
+    if (!(a->w = calloc((size_t)a->nproc, sizeof *a->w))) {
+        code = dt_err_set(err, -ENOMEM, "out of memory for %d workers", a->nproc);
+        goto out;
+    }
+    /* Order matters: signals blocked before any thread exists; the guardian forked before the
+     * store's thread; then the rendezvous (which may start that thread). */
+    if ((rc = dt_out_console_open(err))) {
+        code = rc;
+        goto out;
+    }
+    agent_tid = gettid();
+    dt_log_set_sink(agent_log_sink);
+    if ((rc = signals_init(a, err)) || (rc = dt_guard_start(&a->guard, err)) ||
+        (rc = dt_proc_become_subreaper(err)) || (rc = choose_log_root(a, err))) {
+        code = rc;
+        goto out;
+    }
+    if (strcmp(a->L.nproc_per_node, "auto") == 0 || strcmp(a->L.nproc_per_node, "cpu") == 0 ||
+        strcmp(a->L.nproc_per_node, "gpu") == 0)
+        DT_INFO("--nproc-per-node=%s: %s", a->L.nproc_per_node, why);
+    a->omp_one = a->nproc > 1 && !getenv("OMP_NUM_THREADS");
+    if (a->omp_one)
+        DT_INFO("setting OMP_NUM_THREADS=1 for each of the %d workers to avoid oversubscribing "
+                "the CPUs; set it yourself to tune",
+                a->nproc);
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "pid", (int)getpid());
+    cJSON_AddStringToObject(f, "host", dt_hostname());
+    cJSON_AddNumberToObject(f, "nproc", a->nproc);
+    cJSON_AddStringToObject(f, "program", a->prog);
+    dt_events_emit(&a->ev, "agent_start", f);
+
+    dt_rdzv_opts ro;
+    fill_rdzv_opts(a, &ro);
+    rc = dt_rdzv_open(&a->rz, &ro, &e);
+    if (rc == -EINTR) {
+        code = 128 + a->first_signal;
+        goto out;
+    }
+    if (rc) {
+        fprintf(stderr, "dtrain: %s\n", e.msg);
+        code = rc == -EINVAL || rc == -ENOTSUP ? 2 : 1;
+        goto out;
+    }
+    code = run_rounds(a);
+
+out:
+    a->closing = true;
+    dt_rdzv_close(a->rz);
+    dt_events_close(&a->ev);
+    if (a->log_tmp && !a->run_dir[0])
+        rmdir(a->log_root); /* ended before the first round: nothing was written */
+    else if (a->log_tmp && code == 0 && !writes_files(a))
+        dt_rm_rf(a->log_root, NULL);
+    else if (a->log_tmp && code != 0)
+        DT_INFO("logs kept in %s", a->run_dir);
+    else if (a->log_tmp)
+        DT_INFO("worker output files kept in %s", a->run_dir);
+    if (a->guard) {
+        reap(a);
+        dt_guard_stop(a->guard);
+    }
+    drain_side_logs();
+    dt_log_set_sink(NULL);
+    dt_out_console_close(5.0);
+    signals_restore(a);
+    free(a->w);
+    free(a);
+    return code;
+}

@@ -1,0 +1,29 @@
+/* agent.h - the per-node agent: rendezvous, forking workers, supervising and restarting them.
+ *
+ * One agent runs on every node (`dtrain [launcher options] JOB.ini` or `... -- COMMAND`). It
+ * joins (or hosts) the store, takes part in the rendezvous, starts nproc workers with fork+exec
+ * and the torchrun environment, forwards their output line by line with a rank prefix, and on any
+ * failure stops every worker on every node and restarts the job while the restart budget lasts.
+ */
+#ifndef DT_AGENT_H
+#define DT_AGENT_H
+
+#include <stdbool.h>
+
+#include "common/err.h"
+#include "runtime/job/config.h"
+
+typedef struct dt_agent_spec {
+    dt_launch launch;          /* resolved launcher settings */
+    char *const *argv;         /* worker command, NULL-terminated; borrowed. For a job file this is
+                                  {<path of dtrain>, "worker", JOB.ini, overrides..., NULL} */
+    bool builtin_worker;       /* argv runs `dtrain worker` (job-file mode) */
+    char output_dir[DT_PATH_MAX]; /* the job's output_dir ("" for commands) */
+} dt_agent_spec;
+
+/* Runs the agent until the job ends. Returns the process exit code the README documents
+ * (0 success, 1 a worker failed and the budget is spent, 2 usage, 128+n killed by signal n), or a
+ * negative code with err set when the agent itself could not run (cmd/ prints it, exits 1). */
+int dt_agent_run(const dt_agent_spec *spec, dt_err *err);
+
+#endif

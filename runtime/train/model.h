@@ -1,0 +1,133 @@
+/* model.h - the interface of the model zoo (runtime/models): mlp, resnet, gpt.
+ *
+ * Models are written once, llm.c style, with explicit forward and backward passes against the
+ * op table of kernels/backend.h. All parameters live in one contiguous backend buffer and all
+ * gradients in another with the same layout, described by a table of named tensors; DDP buckets
+ * are slices of the gradient buffer, checkpoints are the parameter buffer plus the table, and the
+ * start-up broadcast is one call. Non-trained state (BatchNorm running statistics) lives in a
+ * third buffer with its own table.
+ *
+ * Tensor names follow the conventions of the wider ecosystem (GPT-2: wte, wpe, h.0.ln_1.weight,
+ * h.0.attn.c_attn.weight, ...; torchvision-like names for resnet) so that a safetensors file
+ * written by dtrain is readable by other tools.
+ */
+#ifndef DT_MODEL_H
+#define DT_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "kernels/backend.h"
+#include "runtime/comm/comm.h"
+
+#define DT_TENSOR_NAME_MAX 96
+#define DT_TENSOR_MAX_DIMS 4
+
+typedef struct dt_tensor_info {
+    char name[DT_TENSOR_NAME_MAX];
+    int ndim;
+    int64_t shape[DT_TENSOR_MAX_DIMS];
+    size_t offset;  /* in elements (float32) from the start of its buffer */
+    size_t numel;
+    bool no_decay;  /* biases and normalisation parameters: no weight decay */
+} dt_tensor_info;
+
+/* What one sample looks like; produced by the data module, consumed by model creation. */
+typedef enum dt_sample_kind { DT_SAMPLE_TOKENS = 0, DT_SAMPLE_VECTOR = 1, DT_SAMPLE_IMAGE = 2 }
+    dt_sample_kind;
+
+typedef struct dt_sample_shape {
+    dt_sample_kind kind;
+    int seq_len;     /* tokens: T (inputs and targets are T tokens each) */
+    int vocab_size;  /* tokens: token ids are < vocab_size */
+    int input_dim;   /* vector: features per sample */
+    int channels, height, width; /* image: (C,H,W) */
+    int n_classes;   /* vector and image: labels are < n_classes */
+} dt_sample_shape;
+
+/* A batch, in host memory; the model copies it to the device. */
+typedef struct dt_batch {
+    int B;                  /* samples */
+    int T;                  /* tokens per sample (tokens kind), else 0 */
+    const int32_t *tokens;  /* (B,T) inputs (tokens kind) */
+    const int32_t *targets; /* (B,T) next tokens (tokens kind) or (B) labels; < 0 = ignore */
+    const float *x;         /* (B, input numel) inputs (vector and image kinds) */
+} dt_batch;
+
+typedef struct dt_model_config {
+    char type[16];        /* "mlp", "resnet", "gpt" */
+    dt_sample_shape shape;
+    int max_batch;        /* activations are allocated for batches up to this size */
+    uint64_t seed;        /* initialisation */
+    /* gpt */
+    int n_layer, n_head, n_embd, block_size;
+    /* mlp: hidden widths */
+    int n_hidden;
+    int hidden[16];
+    /* resnet: depth = 6n+2 (20, 32, 44, 56, 110), width = channels of the first stage */
+    int depth, width;
+    bool sync_bn;         /* all-reduce BatchNorm statistics through `comm` */
+    float bn_momentum, bn_eps;
+} dt_model_config;
+
+/* Called by backward as soon as grads[offset, offset+numel) is final for this backward pass.
+ * Ranges are reported once each, together covering every gradient, in backward order. */
+typedef void (*dt_grad_ready_fn)(void *ctx, size_t offset, size_t numel);
+
+typedef struct dt_model dt_model;
+
+typedef struct dt_model_ops {
+    /* Forward on batch (batch->B <= max_batch). *loss (host) = mean loss over valid targets.
+     * training: BatchNorm uses batch statistics and updates running ones. */
+    int (*forward)(dt_model *m, const dt_batch *batch, bool training, float *loss, dt_err *err);
+    /* Backward of the last training forward: grads += d(dloss_scale * loss)/d(params). */
+    int (*backward)(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, void *ready_ctx,
+                    dt_err *err);
+    void (*free)(dt_model *m);
+} dt_model_ops;
+
+struct dt_model {
+    dt_model_config cfg;
+    dt_backend *be;            /* borrowed; outlives the model */
+    float *params;             /* (num_params) backend memory, owned */
+    float *grads;              /* (num_params) same layout, owned */
+    size_t num_params;
+    dt_tensor_info *tensors;   /* (num_tensors) host, owned, in buffer order */
+    int num_tensors;
+    float *buffers;            /* (num_buffers) non-trained state, owned; NULL when none */
+    size_t num_buffers;
+    dt_tensor_info *buffer_tensors;
+    int num_buffer_tensors;
+    double flops_per_sample;   /* forward + backward FLOPs for one sample (MFU, benchmarks) */
+    int64_t last_correct;      /* classification: correct predictions in the last forward */
+    const dt_model_ops *ops;
+    void *impl;
+};
+
+/* Builds a model from cfg on backend be, initialised deterministically from cfg->seed (GPT-2:
+ * normal(0, 0.02), residual projections scaled by 1/sqrt(2L); He for convolutions). comm is
+ * borrowed for SyncBatchNorm and may be NULL. */
+int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, dt_comm *comm,
+                    dt_err *err);
+
+/* Accepts NULL. */
+void dt_model_free(dt_model *m);
+
+/* Index of the tensor called name, or -1. */
+int dt_model_find_tensor(const dt_model *m, const char *name);
+
+struct dt_job;
+
+/* Fills cfg from the [model] keys of a loaded job (presets already applied by the config
+ * loader), the data's sample shape and [train] batch_size (max_batch) and [job] seed:
+ *   gpt:    n_layer, n_head, n_embd, block_size; needs token samples with seq_len <= block_size
+ *   mlp:    hidden "512,256" -> n_hidden, hidden[]; vector or image samples (images flattened)
+ *   resnet: depth (6n+2), width, sync_bn; image samples; BatchNorm momentum 0.1, eps 1e-5
+ * Returns 0, or -EINVAL with a message naming the [model] key or the data that does not fit
+ * (cfg is then partly filled). */
+int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
+                             const dt_sample_shape *shape, dt_err *err);
+
+#endif

@@ -1,0 +1,332 @@
+/* model.c - the model zoo's front door: configuration from a job, creation by type, the tensor
+ * table, and the helpers every model uses (see models.h). The models themselves are in mlp.c,
+ * resnet.c and gpt.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "runtime/job/config.h"
+#include "runtime/train/models/models.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* configuration */
+
+static int check_config(const dt_model_config *cfg, dt_err *err);
+
+static int parse_hidden(dt_model_config *cfg, const char *text, dt_err *err)
+{
+    cfg->n_hidden = 0;
+    const char *p = text;
+    while (*p) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (!*p)
+            break;
+        char *end = NULL;
+        long v = strtol(p, &end, 10);
+        if (end == p || v <= 0 || v > (1 << 24))
+            return dt_err_set(err, -EINVAL,
+                              "model.hidden: \"%s\" must be positive widths such as 256,256",
+                              text);
+        if (cfg->n_hidden == (int)DT_ARRAY_LEN(cfg->hidden))
+            return dt_err_set(err, -EINVAL, "model.hidden: at most %d hidden layers",
+                              (int)DT_ARRAY_LEN(cfg->hidden));
+        cfg->hidden[cfg->n_hidden++] = (int)v;
+        p = end;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return dt_err_set(err, -EINVAL,
+                              "model.hidden: \"%s\" must be positive widths such as 256,256",
+                              text);
+    }
+    return 0;
+}
+
+int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
+                             const dt_sample_shape *shape, dt_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    if (!dt_strlcpy(cfg->type, job->model_type, sizeof cfg->type))
+        return dt_err_set(err, -EINVAL, "model.type: unknown model \"%s\" (mlp, resnet, gpt)",
+                          job->model_type);
+    cfg->shape = *shape;
+    cfg->max_batch = job->batch_size;
+    cfg->seed = (uint64_t)job->seed;
+    cfg->bn_momentum = 0.1f;
+    cfg->bn_eps = 1e-5f;
+    if (!strcmp(cfg->type, "gpt")) {
+        cfg->n_layer = job->n_layer;
+        cfg->n_head = job->n_head;
+        cfg->n_embd = job->n_embd;
+        cfg->block_size = job->block_size;
+    } else if (!strcmp(cfg->type, "mlp")) {
+        int rc = parse_hidden(cfg, job->hidden, err);
+        if (rc)
+            return rc;
+    } else if (!strcmp(cfg->type, "resnet")) {
+        cfg->depth = job->depth;
+        cfg->width = job->width;
+        cfg->sync_bn = job->sync_bn;
+    }
+    return check_config(cfg, err);
+}
+
+static int check_config(const dt_model_config *cfg, dt_err *err)
+{
+    const dt_sample_shape *s = &cfg->shape;
+    if (cfg->max_batch <= 0)
+        return dt_err_set(err, -EINVAL, "model: batch size must be positive (got %d)",
+                          cfg->max_batch);
+    if (!strcmp(cfg->type, "gpt")) {
+        if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->block_size <= 0)
+            return dt_err_set(err, -EINVAL,
+                              "model: gpt needs n_layer, n_head, n_embd and block_size > 0 (or a "
+                              "preset: gpt-tiny, gpt-mini, gpt2-124m)");
+        if (cfg->n_embd % cfg->n_head)
+            return dt_err_set(err, -EINVAL, "model: n_embd (%d) must be divisible by n_head (%d)",
+                              cfg->n_embd, cfg->n_head);
+        if (s->kind != DT_SAMPLE_TOKENS)
+            return dt_err_set(err, -EINVAL, "model gpt needs token data (text, tokens or synthetic "
+                                            "tokens)");
+        if (s->seq_len <= 0 || s->seq_len > cfg->block_size)
+            return dt_err_set(err, -EINVAL,
+                              "model gpt: the data's sequence length %d must be in 1..block_size "
+                              "(%d): set data.seq_len or model.block_size",
+                              s->seq_len, cfg->block_size);
+        if (s->vocab_size <= 0)
+            return dt_err_set(err, -EINVAL, "model gpt: the data has no vocabulary size");
+        return 0;
+    }
+    if (!strcmp(cfg->type, "mlp")) {
+        if (s->kind == DT_SAMPLE_TOKENS)
+            return dt_err_set(err, -EINVAL, "model mlp needs vector or image samples, not tokens");
+        int in = s->kind == DT_SAMPLE_IMAGE && s->input_dim <= 0
+                     ? s->channels * s->height * s->width
+                     : s->input_dim;
+        if (in <= 0 || s->n_classes <= 0)
+            return dt_err_set(err, -EINVAL, "model mlp: the data has no input size or no classes");
+        for (int i = 0; i < cfg->n_hidden; i++)
+            if (cfg->hidden[i] <= 0)
+                return dt_err_set(err, -EINVAL, "model.hidden: widths must be positive");
+        if (cfg->n_hidden < 0 || cfg->n_hidden > (int)DT_ARRAY_LEN(cfg->hidden))
+            return dt_err_set(err, -EINVAL, "model.hidden: 0 to 16 hidden layers");
+        return 0;
+    }
+    if (!strcmp(cfg->type, "resnet")) {
+        if (cfg->depth < 8 || (cfg->depth - 2) % 6)
+            return dt_err_set(err, -EINVAL,
+                              "model.depth: %d is not 6n+2 with n >= 1 (use 20, 32, 44, 56 or 110)",
+                              cfg->depth);
+        if (cfg->width <= 0)
+            return dt_err_set(err, -EINVAL, "model.width must be positive");
+        if (s->kind != DT_SAMPLE_IMAGE || s->channels <= 0 || s->height <= 0 || s->width <= 0)
+            return dt_err_set(err, -EINVAL, "model resnet needs image samples (C,H,W)");
+        if (s->height < 4 || s->width < 4)
+            return dt_err_set(err, -EINVAL,
+                              "model resnet: images of %dx%d are too small (at least 4x4: two "
+                              "stride-2 stages)",
+                              s->height, s->width);
+        if (s->n_classes <= 0)
+            return dt_err_set(err, -EINVAL, "model resnet: the data has no classes");
+        return 0;
+    }
+    return dt_err_set(err, -EINVAL, "model.type: unknown model \"%s\" (mlp, resnet, gpt)",
+                      cfg->type);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* creation */
+
+int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, dt_comm *comm,
+                    dt_err *err)
+{
+    *out = NULL;
+    int rc = check_config(cfg, err);
+    if (rc)
+        return rc;
+    dt_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return dt_err_set(err, -ENOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    m->be = be;
+    if (!strcmp(cfg->type, "gpt"))
+        rc = dt_gpt_create(m, err);
+    else if (!strcmp(cfg->type, "mlp"))
+        rc = dt_mlp_create(m, err);
+    else
+        rc = dt_resnet_create(m, comm, err);
+    if (rc) {
+        dt_err_prefix(err, "creating model %s: ", cfg->type);
+        dt_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void dt_model_free(dt_model *m)
+{
+    if (!m)
+        return;
+    if (m->ops && m->ops->free)
+        m->ops->free(m);
+    if (m->be) {
+        m->be->free(m->be, m->params);
+        m->be->free(m->be, m->grads);
+        m->be->free(m->be, m->buffers);
+    }
+    free(m->tensors);
+    free(m->buffer_tensors);
+    free(m);
+}
+
+int dt_model_find_tensor(const dt_model *m, const char *name)
+{
+    for (int i = 0; i < m->num_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name))
+            return i;
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* helpers for the models */
+
+static int add_to(dt_tensor_info **table, int *count, size_t *total, bool no_decay, int ndim,
+                  const int64_t *shape, dt_err *err, const char *fmt, va_list ap)
+{
+    if (ndim < 1 || ndim > DT_TENSOR_MAX_DIMS)
+        return dt_err_set(err, -EINVAL, "tensor with %d dimensions", ndim);
+    dt_tensor_info *t = realloc(*table, sizeof **table * (size_t)(*count + 1));
+    if (!t)
+        return dt_err_set(err, -ENOMEM, "model: out of memory for the tensor table");
+    *table = t;
+    t += *count;
+    memset(t, 0, sizeof *t);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->numel *= (size_t)shape[i];
+    }
+    t->offset = *total;
+    t->no_decay = no_decay;
+    *total += t->numel;
+    return (*count)++;
+}
+
+int dt_models_add(dt_model *m, bool no_decay, int ndim, const int64_t *shape, dt_err *err,
+                  const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = add_to(&m->tensors, &m->num_tensors, &m->num_params, no_decay, ndim, shape, err, fmt,
+                    ap);
+    va_end(ap);
+    return rc;
+}
+
+int dt_models_add_buffer(dt_model *m, int ndim, const int64_t *shape, dt_err *err,
+                         const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = add_to(&m->buffer_tensors, &m->num_buffer_tensors, &m->num_buffers, true, ndim,
+                    shape, err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int dt_models_falloc(dt_model *m, float **p, size_t n, dt_err *err)
+{
+    return m->be->alloc(m->be, (void **)p, (n ? n : 1) * sizeof(float), err);
+}
+
+int dt_models_alloc(dt_model *m, dt_err *err)
+{
+    int rc = dt_models_falloc(m, &m->params, m->num_params, err);
+    if (!rc)
+        rc = dt_models_falloc(m, &m->grads, m->num_params, err);
+    if (!rc && m->num_buffers)
+        rc = dt_models_falloc(m, &m->buffers, m->num_buffers, err);
+    return rc;
+}
+
+void dt_models_init_normal(float *host, const dt_tensor_info *t, dt_rng *r, float std)
+{
+    dt_rng_fill_normal(r, host + t->offset, t->numel, 0.0f, std);
+}
+
+void dt_models_init_uniform(float *host, const dt_tensor_info *t, dt_rng *r, float bound)
+{
+    for (size_t i = 0; i < t->numel; i++)
+        host[t->offset + i] = (2.0f * dt_rng_uniform(r) - 1.0f) * bound;
+}
+
+void dt_models_init_const(float *host, const dt_tensor_info *t, float v)
+{
+    for (size_t i = 0; i < t->numel; i++)
+        host[t->offset + i] = v;
+}
+
+void dt_models_upload(dt_model *m, const float *host)
+{
+    m->be->memcpy_h2d(m->be, m->params, host, m->num_params * sizeof(float));
+}
+
+float dt_models_mean_loss(dt_model *m, const float *losses, int n, int valid)
+{
+    if (valid <= 0)
+        return 0.0f;
+    /* one read-back (each is a device synchronisation), in pieces only without the memory */
+    float small[1024], *buf = n > 1024 ? malloc((size_t)n * sizeof *buf) : NULL;
+    int piece = buf ? n : 1024;
+    if (!buf)
+        buf = small;
+    double sum = 0;
+    for (int i = 0; i < n; i += piece) {
+        int k = DT_MIN(piece, n - i);
+        m->be->memcpy_d2h(m->be, buf, losses + i, (size_t)k * sizeof(float));
+        for (int j = 0; j < k; j++)
+            sum += buf[j];
+    }
+    if (buf != small)
+        free(buf);
+    return (float)(sum / valid);
+}
+
+int64_t dt_models_count_correct(dt_model *m, const float *logits, const int32_t *targets, int N,
+                                int V)
+{
+    float *host = malloc((size_t)N * V * sizeof(float));
+    if (!host) /* accuracy is a statistic: without memory it is reported as 0 */
+        return 0;
+    m->be->memcpy_d2h(m->be, host, logits, (size_t)N * V * sizeof(float));
+    int64_t correct = 0;
+    for (int i = 0; i < N; i++) {
+        if (targets[i] < 0)
+            continue;
+        const float *row = host + (size_t)i * V;
+        int best = 0;
+        for (int j = 1; j < V; j++)
+            if (row[j] > row[best])
+                best = j;
+        correct += best == targets[i];
+    }
+    free(host);
+    return correct;
+}
+
+void dt_models_ready(const dt_model *m, int first, int last, dt_grad_ready_fn ready, void *ctx)
+{
+    if (!ready)
+        return;
+    size_t off = m->tensors[first].offset;
+    size_t end = m->tensors[last].offset + m->tensors[last].numel;
+    ready(ctx, off, end - off);
+}

@@ -1,0 +1,61 @@
+/* models.h - internals shared by the model zoo (mlp.c, resnet.c, gpt.c); everyone else uses
+ * runtime/train/model.h.
+ *
+ * A model is built in three steps: its create function declares every parameter tensor in
+ * buffer order with dt_models_add (the same for buffers with dt_models_add_buffer), then
+ * dt_models_alloc allocates the flat parameter, gradient and buffer storage, and the model
+ * initialises its parameters on the host (one dt_rng seeded with cfg.seed, tensors in table
+ * order) and uploads them with dt_models_upload. Activations are the model's own business.
+ */
+#ifndef DT_MODELS_H
+#define DT_MODELS_H
+
+#include <stdarg.h>
+
+#include "common/rng.h"
+#include "runtime/train/model.h"
+
+/* Appends a parameter tensor "fmt..." of ndim dims (shape) to m's table; no_decay for biases
+ * and normalisation parameters. Returns its index, or a negative error. */
+int dt_models_add(dt_model *m, bool no_decay, int ndim, const int64_t *shape, dt_err *err,
+                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The same for a non-trained buffer (BatchNorm running statistics). */
+int dt_models_add_buffer(dt_model *m, int ndim, const int64_t *shape, dt_err *err,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Allocates m->params, m->grads (zeroed) and m->buffers for the tables built so far. */
+int dt_models_alloc(dt_model *m, dt_err *err);
+
+/* Allocates n floats of zeroed backend memory into *p (for activations). */
+int dt_models_falloc(dt_model *m, float **p, size_t n, dt_err *err);
+
+/* Host-side initialisation helpers over a host copy of the parameter buffer (num_params). */
+void dt_models_init_normal(float *host, const dt_tensor_info *t, dt_rng *r, float std);
+void dt_models_init_uniform(float *host, const dt_tensor_info *t, dt_rng *r, float bound);
+void dt_models_init_const(float *host, const dt_tensor_info *t, float v);
+
+/* Copies host (num_params floats) into m->params. */
+void dt_models_upload(dt_model *m, const float *host);
+
+/* Mean of losses (n, device) over valid targets, on the host. */
+float dt_models_mean_loss(dt_model *m, const float *losses, int n, int valid);
+
+/* Count of rows of logits (N,V) (device) whose argmax equals targets[i] (host; < 0 ignored). */
+int64_t dt_models_count_correct(dt_model *m, const float *logits, const int32_t *targets, int N,
+                                int V);
+
+/* Reports the parameter range of tensors [first, last] (inclusive, contiguous) to ready. */
+void dt_models_ready(const dt_model *m, int first, int last, dt_grad_ready_fn ready, void *ctx);
+
+/* The zoo. Each fills m (already zeroed, cfg and be set) or returns an error; on error the
+ * caller frees m with dt_model_free. */
+int dt_mlp_create(dt_model *m, dt_err *err);
+int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err);
+int dt_gpt_create(dt_model *m, dt_err *err);
+
+/* The logits (B,T,V) (device, row-major, rows b*T + t) of a gpt model's last evaluation forward
+ * (a training forward replaces them with their gradient), valid until its next forward; NULL
+ * when m is not a gpt. For tests (causality). */
+const float *dt_gpt_logits(const dt_model *m);
+
+#endif

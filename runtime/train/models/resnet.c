@@ -1,0 +1,567 @@
+/* resnet.c - `resnet`: the CIFAR ResNet of He et al. (2016), depth 6n+2, with BatchNorm or
+ * SyncBatchNorm.
+ *
+ *   stem    conv3x3(C_in -> w) BN ReLU
+ *   stage 1 n BasicBlocks of width w        (stride 1)
+ *   stage 2 n BasicBlocks of width 2w       (the first with stride 2)
+ *   stage 3 n BasicBlocks of width 4w       (the first with stride 2)
+ *   head    global average pool, fc(4w -> classes), softmax cross-entropy
+ *
+ * BasicBlock: out = ReLU(BN(conv3x3(ReLU(BN(conv3x3(x, stride))))) + shortcut(x)), where the
+ * shortcut is the identity, or BN(conv1x1(x, stride)) when the shape changes (option B).
+ * Convolutions have no bias (BN follows). Names follow torchvision (conv1.weight, bn1.weight,
+ * layer2.0.conv1.weight, layer2.0.downsample.0.weight, layer2.0.downsample.1.bias, fc.weight,
+ * ...); BN running statistics are buffers (bn1.running_mean, ...). Initialisation as torchvision:
+ * convolutions He-normal over fan_out, BN weight 1 and bias 0, fc uniform(+-1/sqrt(fan_in)).
+ *
+ * SyncBatchNorm (cfg.sync_bn with a communicator of more than one rank): the batch statistics
+ * (per rank: sum, centred sum of squares and the sample count, 2C+1 floats, one all-gather)
+ * are merged exactly with dt_bn_stats_combine (as PyTorch's SyncBatchNorm gathers mean, var and
+ * count: summing E[x^2] would lose the variance when |mean| >> std) and, in backward,
+ * sum(dy) and sum(dy*xhat) (2C floats) are all-reduced, so every rank normalises with the
+ * statistics of the global batch; the BN weight and bias gradients stay local (DDP averages
+ * them). With one rank or no communicator it is plain BatchNorm.
+ *
+ * Backward reports gradients as final per unit, in backward order: fc, then each block from the
+ * last to the first, then the stem.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "runtime/train/models/models.h"
+
+typedef struct conv_layer {
+    int w;             /* tensor index of the weight (K,C,R,S) */
+    dt_conv2d_shape s; /* with N = max_batch; set per call */
+} conv_layer;
+
+typedef struct bn_layer {
+    int w, b;       /* tensor indices of weight and bias (C) */
+    int rm, rv;     /* buffer tensor indices of running_mean and running_var (C) */
+    int C, HW;
+    float *stats;   /* (2C+1) sum | sumsq (centred) | count, device */
+    float *gath;    /* (world * (2C+1)) every rank's stats, device; SyncBN only, else NULL */
+    float *mean;    /* (C) saved for backward */
+    float *rstd;    /* (C) */
+    float *red;     /* (2C) sum_dy | sum_dy_xhat */
+    double count;   /* samples*HW behind the statistics of the last training forward */
+} bn_layer;
+
+typedef struct block {
+    conv_layer c1, c2, cd;
+    bn_layer b1, b2, bd;
+    bool down;           /* projection shortcut */
+    const float *x;      /* (B,Cin,H,W) input: the previous block's out (borrowed) */
+    float *c1o, *a1;     /* (B,Cout,P,Q) conv1 output, ReLU(BN1) */
+    float *c2o;          /* (B,Cout,P,Q) conv2 output */
+    float *cdo;          /* (B,Cout,P,Q) shortcut conv output (down only) */
+    float *out;          /* (B,Cout,P,Q) block output */
+    int first, last;     /* tensor index range */
+} block;
+
+typedef struct resnet {
+    dt_comm *comm;       /* borrowed, may be NULL */
+    bool sync;
+    float *hgath;        /* (world * (2*C_last+1)) host, owned; SyncBN only */
+    float *hmerged;      /* (2*C_last) host, owned; SyncBN only */
+    conv_layer stem;
+    bn_layer stem_bn;
+    int stem_last;       /* last tensor of the stem (conv1, bn1) */
+    int nblocks;
+    block *blocks;       /* (nblocks) owned */
+    int fc_w, fc_b;
+    int C_last, HW_last, K;
+    float *x;            /* (B,C,H,W) input */
+    float *c0, *a0;      /* (B,w,H,W) stem conv output, ReLU(BN) */
+    float *pooled;       /* (B,C_last) */
+    float *logits;       /* (B,K) */
+    float *losses;       /* (B) */
+    int32_t *targets;    /* (B) device */
+    int32_t *targets_host;
+    float *tmp;          /* (max_act) forward scratch */
+    float *g[5];         /* (max_act) backward scratch */
+    float *dpooled;      /* (B,C_last) */
+    int B, valid;
+    bool can_backward;
+} resnet;
+
+static float *P(dt_model *m, int t) { return m->params + m->tensors[t].offset; }
+static float *G(dt_model *m, int t) { return m->grads + m->tensors[t].offset; }
+static float *BUF(dt_model *m, int t) { return m->buffers + m->buffer_tensors[t].offset; }
+
+static bool sync_active(const resnet *r)
+{
+    return r->sync && r->comm && dt_comm_world_size(r->comm) > 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* layers */
+
+static void conv_fwd(dt_model *m, conv_layer *c, float *out, const float *in, int B)
+{
+    dt_conv2d_shape s = c->s;
+    s.N = B;
+    m->be->conv2d_fwd(m->be, out, in, P(m, c->w), NULL, &s);
+}
+
+static void conv_bwd(dt_model *m, conv_layer *c, float *dinp, const float *dout, const float *in,
+                     int B)
+{
+    dt_conv2d_shape s = c->s;
+    s.N = B;
+    m->be->conv2d_bwd(m->be, dinp, G(m, c->w), NULL, dout, in, P(m, c->w), &s);
+}
+
+static int bn_fwd(dt_model *m, resnet *r, bn_layer *bn, float *out, const float *in, int B,
+                  bool training, dt_err *err)
+{
+    dt_backend *be = m->be;
+    const dt_model_config *cfg = &m->cfg;
+    if (!training) {
+        be->bn_fwd_eval(be, out, in, BUF(m, bn->rm), BUF(m, bn->rv), P(m, bn->w), P(m, bn->b), B,
+                        bn->C, bn->HW, cfg->bn_eps);
+        return 0;
+    }
+    float *sum = bn->stats, *sumsq = bn->stats + bn->C;
+    be->bn_stats(be, sum, sumsq, in, B, bn->C, bn->HW);
+    double count = (double)B * bn->HW;
+    if (sync_active(r)) {
+        const int R = dt_comm_world_size(r->comm);
+        const size_t per = 2 * (size_t)bn->C + 1;
+        float c = (float)count;
+        be->memcpy_h2d(be, bn->stats + 2 * bn->C, &c, sizeof c);
+        int rc = dt_comm_allgather(r->comm, bn->stats, bn->gath, per, DT_FLOAT32, NULL, err);
+        if (rc)
+            return dt_err_prefix(err, "SyncBatchNorm statistics: ");
+        be->memcpy_d2h(be, r->hgath, bn->gath, (size_t)R * per * sizeof(float));
+        count = dt_bn_stats_combine(r->hgath, R, bn->C, r->hmerged, r->hmerged + bn->C);
+        be->memcpy_h2d(be, bn->stats, r->hmerged, 2 * (size_t)bn->C * sizeof(float));
+    }
+    bn->count = count;
+    be->bn_fwd_apply(be, out, bn->mean, bn->rstd, BUF(m, bn->rm), BUF(m, bn->rv), in, P(m, bn->w),
+                     P(m, bn->b), sum, sumsq, count, B, bn->C, bn->HW, cfg->bn_momentum,
+                     cfg->bn_eps);
+    return 0;
+}
+
+/* dinp (zeroed by the caller) += gradient of BN from dout; accumulates dw and db. */
+static int bn_bwd(dt_model *m, resnet *r, bn_layer *bn, float *dinp, const float *dout,
+                  const float *in, int B, dt_err *err)
+{
+    dt_backend *be = m->be;
+    float *sdy = bn->red, *sdyx = bn->red + bn->C;
+    be->bn_bwd_reduce(be, G(m, bn->w), G(m, bn->b), sdy, sdyx, dout, in, bn->mean, bn->rstd, B,
+                      bn->C, bn->HW);
+    if (sync_active(r)) {
+        int rc = dt_comm_allreduce(r->comm, bn->red, 2 * (size_t)bn->C, DT_FLOAT32, DT_SUM, NULL,
+                                   err);
+        if (rc)
+            return dt_err_prefix(err, "SyncBatchNorm backward: ");
+    }
+    be->bn_bwd_apply(be, dinp, dout, in, P(m, bn->w), bn->mean, bn->rstd, sdy, sdyx, bn->count, B,
+                     bn->C, bn->HW);
+    return 0;
+}
+
+static void zero(dt_model *m, float *p, size_t n) { m->be->memset_zero(m->be, p, n * sizeof(float)); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* forward and backward */
+
+static size_t act_size(const conv_layer *c, int B) { return (size_t)B * c->s.K * c->s.P * c->s.Q; }
+static size_t in_size(const conv_layer *c, int B) { return (size_t)B * c->s.C * c->s.H * c->s.W; }
+
+static int resnet_forward(dt_model *m, const dt_batch *batch, bool training, float *loss,
+                          dt_err *err)
+{
+    resnet *r = m->impl;
+    dt_backend *be = m->be;
+    const int B = batch->B;
+    const dt_sample_shape *sh = &m->cfg.shape;
+    int rc;
+    r->can_backward = false;
+    if (B <= 0 || B > m->cfg.max_batch || !batch->x || !batch->targets)
+        return dt_err_set(err, -EINVAL, "resnet forward: batch of %d images (1..%d, with pixels "
+                                        "and labels expected)",
+                          B, m->cfg.max_batch);
+    for (int i = 0; i < B; i++)
+        if (batch->targets[i] >= r->K)
+            return dt_err_set(err, -EINVAL, "resnet forward: label %d of sample %d is not < %d "
+                                            "classes",
+                              batch->targets[i], i, r->K);
+    be->memcpy_h2d(be, r->x, batch->x,
+                   (size_t)B * sh->channels * sh->height * sh->width * sizeof(float));
+    be->memcpy_h2d(be, r->targets, batch->targets, (size_t)B * sizeof(int32_t));
+    memcpy(r->targets_host, batch->targets, (size_t)B * sizeof(int32_t));
+
+    conv_fwd(m, &r->stem, r->c0, r->x, B);
+    if ((rc = bn_fwd(m, r, &r->stem_bn, r->a0, r->c0, B, training, err)))
+        return rc;
+    be->relu_fwd(be, r->a0, r->a0, act_size(&r->stem, B));
+    const float *cur = r->a0;
+    for (int i = 0; i < r->nblocks; i++) {
+        block *k = &r->blocks[i];
+        size_t n = act_size(&k->c1, B);
+        k->x = cur;
+        conv_fwd(m, &k->c1, k->c1o, cur, B);
+        if ((rc = bn_fwd(m, r, &k->b1, k->a1, k->c1o, B, training, err)))
+            return rc;
+        be->relu_fwd(be, k->a1, k->a1, n);
+        conv_fwd(m, &k->c2, k->c2o, k->a1, B);
+        if ((rc = bn_fwd(m, r, &k->b2, k->out, k->c2o, B, training, err)))
+            return rc;
+        if (k->down) {
+            conv_fwd(m, &k->cd, k->cdo, cur, B);
+            if ((rc = bn_fwd(m, r, &k->bd, r->tmp, k->cdo, B, training, err)))
+                return rc;
+            be->accumulate(be, k->out, r->tmp, n);
+        } else {
+            be->accumulate(be, k->out, cur, n);
+        }
+        be->relu_fwd(be, k->out, k->out, n);
+        cur = k->out;
+    }
+    be->avgpool_fwd(be, r->pooled, cur, B, r->C_last, r->HW_last);
+    // logits (B,K) = pooled (B,C_last) @ fc^T + b
+    be->matmul_fwd(be, r->logits, r->pooled, P(m, r->fc_w), P(m, r->fc_b), B, r->C_last, r->K);
+    int valid = 0;
+    be->xent_fwd_bwd(be, r->losses, NULL, r->logits, r->targets, B, r->K, 1.0f, &valid);
+    *loss = dt_models_mean_loss(m, r->losses, B, valid);
+    m->last_correct = dt_models_count_correct(m, r->logits, r->targets_host, B, r->K);
+    r->B = B;
+    r->valid = valid;
+    r->can_backward = training;
+    return 0;
+}
+
+static int resnet_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, void *ctx,
+                           dt_err *err)
+{
+    resnet *r = m->impl;
+    dt_backend *be = m->be;
+    int rc;
+    if (!r->can_backward)
+        return dt_err_set(err, -EINVAL, "resnet backward: no training forward to differentiate "
+                                        "(call forward with training = true just before)");
+    r->can_backward = false;
+    const int B = r->B;
+    float dl = r->valid > 0 ? dloss_scale / (float)r->valid : 0.0f;
+    be->xent_fwd_bwd(be, r->losses, r->logits, r->logits, r->targets, B, r->K, dl, NULL);
+    zero(m, r->dpooled, (size_t)B * r->C_last);
+    be->matmul_bwd(be, r->dpooled, G(m, r->fc_w), G(m, r->fc_b), r->logits, r->pooled,
+                   P(m, r->fc_w), B, r->C_last, r->K);
+    dt_models_ready(m, r->fc_w, r->fc_b, ready, ctx);
+    int cur = 0; /* r->g[cur] holds the gradient of the current block output; cur is 0 or 4 */
+    zero(m, r->g[0], (size_t)B * r->C_last * r->HW_last);
+    be->avgpool_bwd(be, r->g[0], r->dpooled, B, r->C_last, r->HW_last);
+    for (int i = r->nblocks - 1; i >= 0; i--) {
+        block *k = &r->blocks[i];
+        size_t n = act_size(&k->c1, B), nin = in_size(&k->c1, B);
+        float *dout = r->g[cur], *dx = r->g[4 - cur];
+        float *dsum = r->g[1], *t2 = r->g[2], *t3 = r->g[3];
+        zero(m, dsum, n);
+        be->relu_bwd(be, dsum, k->out, dout, n);
+        zero(m, t2, n); /* dc2 */
+        if ((rc = bn_bwd(m, r, &k->b2, t2, dsum, k->c2o, B, err)))
+            return rc;
+        zero(m, t3, n); /* da1 */
+        conv_bwd(m, &k->c2, t3, t2, k->a1, B);
+        zero(m, t2, n); /* dbn1 */
+        be->relu_bwd(be, t2, k->a1, t3, n);
+        zero(m, t3, n); /* dc1 */
+        if ((rc = bn_bwd(m, r, &k->b1, t3, t2, k->c1o, B, err)))
+            return rc;
+        zero(m, dx, nin);
+        conv_bwd(m, &k->c1, dx, t3, k->x, B);
+        if (k->down) {
+            zero(m, t2, n); /* dcd */
+            if ((rc = bn_bwd(m, r, &k->bd, t2, dsum, k->cdo, B, err)))
+                return rc;
+            conv_bwd(m, &k->cd, dx, t2, k->x, B);
+        } else {
+            be->accumulate(be, dx, dsum, nin);
+        }
+        dt_models_ready(m, k->first, k->last, ready, ctx);
+        cur = 4 - cur;
+    }
+    size_t n0 = act_size(&r->stem, B);
+    zero(m, r->g[1], n0);
+    be->relu_bwd(be, r->g[1], r->a0, r->g[cur], n0);
+    zero(m, r->g[2], n0);
+    if ((rc = bn_bwd(m, r, &r->stem_bn, r->g[2], r->g[1], r->c0, B, err)))
+        return rc;
+    conv_bwd(m, &r->stem, NULL, r->g[2], r->x, B);
+    dt_models_ready(m, 0, r->stem_last, ready, ctx);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* construction */
+
+static void bn_free(dt_backend *be, bn_layer *bn)
+{
+    be->free(be, bn->stats);
+    be->free(be, bn->mean);
+    be->free(be, bn->rstd);
+    be->free(be, bn->red);
+    be->free(be, bn->gath);
+}
+
+static void resnet_free(dt_model *m)
+{
+    resnet *r = m->impl;
+    if (!r)
+        return;
+    dt_backend *be = m->be;
+    bn_free(be, &r->stem_bn);
+    for (int i = 0; r->blocks && i < r->nblocks; i++) {
+        block *k = &r->blocks[i];
+        bn_free(be, &k->b1);
+        bn_free(be, &k->b2);
+        bn_free(be, &k->bd);
+        be->free(be, k->c1o);
+        be->free(be, k->a1);
+        be->free(be, k->c2o);
+        be->free(be, k->cdo);
+        be->free(be, k->out);
+    }
+    free(r->blocks);
+    be->free(be, r->x);
+    be->free(be, r->c0);
+    be->free(be, r->a0);
+    be->free(be, r->pooled);
+    be->free(be, r->logits);
+    be->free(be, r->losses);
+    be->free(be, r->targets);
+    free(r->hgath);
+    free(r->hmerged);
+    be->free(be, r->tmp);
+    for (int i = 0; i < 5; i++)
+        be->free(be, r->g[i]);
+    be->free(be, r->dpooled);
+    free(r->targets_host);
+    free(r);
+    m->impl = NULL;
+}
+
+static const dt_model_ops resnet_ops = {resnet_forward, resnet_backward, resnet_free};
+
+/* Declares a conv weight "<prefix>.weight" (K,C,R,R) with its shape for input (C,H,W). */
+static int add_conv(dt_model *m, conv_layer *c, const char *name, int C, int H, int W, int K,
+                    int R, int stride, dt_err *err)
+{
+    int64_t shape[4] = {K, C, R, R};
+    int rc = dt_models_add(m, false, 4, shape, err, "%s.weight", name);
+    if (rc < 0)
+        return rc;
+    c->w = rc;
+    dt_conv2d_shape_init(&c->s, m->cfg.max_batch, C, H, W, K, R, R, stride, R / 2);
+    m->flops_per_sample += 6.0 * K * (double)C * R * R * c->s.P * c->s.Q;
+    return rc;
+}
+
+static int add_bn(dt_model *m, bn_layer *bn, const char *name, int C, int HW, dt_err *err)
+{
+    int64_t shape[1] = {C};
+    int rc;
+    if ((rc = dt_models_add(m, true, 1, shape, err, "%s.weight", name)) < 0)
+        return rc;
+    bn->w = rc;
+    if ((rc = dt_models_add(m, true, 1, shape, err, "%s.bias", name)) < 0)
+        return rc;
+    bn->b = rc;
+    if ((rc = dt_models_add_buffer(m, 1, shape, err, "%s.running_mean", name)) < 0)
+        return rc;
+    bn->rm = rc;
+    if ((rc = dt_models_add_buffer(m, 1, shape, err, "%s.running_var", name)) < 0)
+        return rc;
+    bn->rv = rc;
+    bn->C = C;
+    bn->HW = HW;
+    return bn->b;
+}
+
+static int bn_alloc(dt_model *m, bn_layer *bn, dt_err *err)
+{
+    const resnet *r = m->impl;
+    int rc = dt_models_falloc(m, &bn->stats, 2 * (size_t)bn->C + 1, err);
+    if (!rc && sync_active(r))
+        rc = dt_models_falloc(m, &bn->gath,
+                              (size_t)dt_comm_world_size(r->comm) * (2 * (size_t)bn->C + 1), err);
+    if (!rc)
+        rc = dt_models_falloc(m, &bn->mean, bn->C, err);
+    if (!rc)
+        rc = dt_models_falloc(m, &bn->rstd, bn->C, err);
+    if (!rc)
+        rc = dt_models_falloc(m, &bn->red, 2 * (size_t)bn->C, err);
+    return rc;
+}
+
+int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
+{
+    const dt_model_config *cfg = &m->cfg;
+    const dt_sample_shape *sh = &cfg->shape;
+    resnet *r = calloc(1, sizeof *r);
+    if (!r)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    m->impl = r;
+    m->ops = &resnet_ops;
+    r->comm = comm;
+    r->sync = cfg->sync_bn;
+    const int n = (cfg->depth - 2) / 6, w = cfg->width;
+    r->nblocks = 3 * n;
+    r->blocks = calloc((size_t)r->nblocks, sizeof *r->blocks);
+    if (!r->blocks)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    int rc;
+    char name[64];
+
+    /* the tensor table, in torchvision's order */
+    int H = sh->height, W = sh->width;
+    if ((rc = add_conv(m, &r->stem, "conv1", sh->channels, H, W, w, 3, 1, err)) < 0)
+        return rc;
+    if ((rc = add_bn(m, &r->stem_bn, "bn1", w, H * W, err)) < 0)
+        return rc;
+    r->stem_last = rc;
+    int C = w;
+    size_t max_act = (size_t)w * H * W;
+    for (int stage = 0; stage < 3; stage++) {
+        int K = w << stage;
+        for (int j = 0; j < n; j++) {
+            block *k = &r->blocks[stage * n + j];
+            int stride = (stage > 0 && j == 0) ? 2 : 1;
+            snprintf(name, sizeof name, "layer%d.%d.conv1", stage + 1, j);
+            if ((rc = add_conv(m, &k->c1, name, C, H, W, K, 3, stride, err)) < 0)
+                return rc;
+            k->first = rc;
+            int P = k->c1.s.P, Q = k->c1.s.Q;
+            snprintf(name, sizeof name, "layer%d.%d.bn1", stage + 1, j);
+            if ((rc = add_bn(m, &k->b1, name, K, P * Q, err)) < 0)
+                return rc;
+            snprintf(name, sizeof name, "layer%d.%d.conv2", stage + 1, j);
+            if ((rc = add_conv(m, &k->c2, name, K, P, Q, K, 3, 1, err)) < 0)
+                return rc;
+            snprintf(name, sizeof name, "layer%d.%d.bn2", stage + 1, j);
+            if ((rc = add_bn(m, &k->b2, name, K, P * Q, err)) < 0)
+                return rc;
+            k->last = rc;
+            k->down = stride != 1 || C != K;
+            if (k->down) {
+                snprintf(name, sizeof name, "layer%d.%d.downsample.0", stage + 1, j);
+                if ((rc = add_conv(m, &k->cd, name, C, H, W, K, 1, stride, err)) < 0)
+                    return rc;
+                snprintf(name, sizeof name, "layer%d.%d.downsample.1", stage + 1, j);
+                if ((rc = add_bn(m, &k->bd, name, K, P * Q, err)) < 0)
+                    return rc;
+                k->last = rc;
+            }
+            C = K;
+            H = P;
+            W = Q;
+            if ((size_t)K * P * Q > max_act)
+                max_act = (size_t)K * P * Q;
+        }
+    }
+    r->C_last = C;
+    r->HW_last = H * W;
+    r->K = sh->n_classes;
+    int64_t fw[2] = {r->K, C}, fb[1] = {r->K};
+    if ((rc = dt_models_add(m, false, 2, fw, err, "fc.weight")) < 0)
+        return rc;
+    r->fc_w = rc;
+    if ((rc = dt_models_add(m, true, 1, fb, err, "fc.bias")) < 0)
+        return rc;
+    r->fc_b = rc;
+    m->flops_per_sample += 6.0 * r->K * C;
+    if ((rc = dt_models_alloc(m, err)))
+        return rc;
+
+    /* activations */
+    const size_t B = (size_t)cfg->max_batch;
+    max_act *= B;
+    rc = dt_models_falloc(m, &r->x, B * sh->channels * sh->height * sh->width, err);
+    if (!rc)
+        rc = dt_models_falloc(m, &r->c0, act_size(&r->stem, (int)B), err);
+    if (!rc)
+        rc = dt_models_falloc(m, &r->a0, act_size(&r->stem, (int)B), err);
+    if (!rc)
+        rc = bn_alloc(m, &r->stem_bn, err);
+    for (int i = 0; i < r->nblocks && !rc; i++) {
+        block *k = &r->blocks[i];
+        size_t a = act_size(&k->c1, (int)B);
+        rc = dt_models_falloc(m, &k->c1o, a, err);
+        if (!rc)
+            rc = dt_models_falloc(m, &k->a1, a, err);
+        if (!rc)
+            rc = dt_models_falloc(m, &k->c2o, a, err);
+        if (!rc)
+            rc = dt_models_falloc(m, &k->out, a, err);
+        if (!rc)
+            rc = bn_alloc(m, &k->b1, err);
+        if (!rc)
+            rc = bn_alloc(m, &k->b2, err);
+        if (!rc && k->down)
+            rc = dt_models_falloc(m, &k->cdo, a, err);
+        if (!rc && k->down)
+            rc = bn_alloc(m, &k->bd, err);
+    }
+    if (!rc)
+        rc = dt_models_falloc(m, &r->pooled, B * r->C_last, err);
+    if (!rc)
+        rc = dt_models_falloc(m, &r->dpooled, B * r->C_last, err);
+    if (!rc)
+        rc = dt_models_falloc(m, &r->logits, B * r->K, err);
+    if (!rc)
+        rc = dt_models_falloc(m, &r->losses, B, err);
+    if (!rc)
+        rc = m->be->alloc(m->be, (void **)&r->targets, B * sizeof(int32_t), err);
+    if (!rc)
+        rc = dt_models_falloc(m, &r->tmp, max_act, err);
+    for (int i = 0; i < 5 && !rc; i++)
+        rc = dt_models_falloc(m, &r->g[i], max_act, err);
+    if (rc)
+        return rc;
+    r->targets_host = malloc(B * sizeof(int32_t));
+    if (!r->targets_host)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    if (sync_active(r)) { /* C_last = 4w is the widest BN */
+        size_t world = (size_t)dt_comm_world_size(r->comm);
+        r->hgath = malloc(world * (2 * (size_t)r->C_last + 1) * sizeof(float));
+        r->hmerged = malloc(2 * (size_t)r->C_last * sizeof(float));
+        if (!r->hgath || !r->hmerged)
+            return dt_err_set(err, -ENOMEM, "out of memory");
+    }
+
+    /* initialisation, in table order */
+    float *host = calloc(m->num_params, sizeof(float));
+    float *hbuf = calloc(m->num_buffers, sizeof(float));
+    if (!host || !hbuf) {
+        free(host);
+        free(hbuf);
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    }
+    dt_rng rng;
+    dt_rng_seed(&rng, cfg->seed);
+    for (int i = 0; i < m->num_tensors; i++) {
+        const dt_tensor_info *t = &m->tensors[i];
+        if (t->ndim == 4) { /* conv: kaiming_normal_(mode="fan_out", nonlinearity="relu") */
+            double fan_out = (double)t->shape[0] * t->shape[2] * t->shape[3];
+            dt_models_init_normal(host, t, &rng, (float)sqrt(2.0 / fan_out));
+        } else if (i == r->fc_w || i == r->fc_b) {
+            dt_models_init_uniform(host, t, &rng, 1.0f / sqrtf((float)r->C_last));
+        } else if (strstr(t->name, ".weight")) { /* BN */
+            dt_models_init_const(host, t, 1.0f);
+        }
+    }
+    for (int i = 0; i < m->num_buffer_tensors; i++)
+        if (strstr(m->buffer_tensors[i].name, "running_var"))
+            dt_models_init_const(hbuf, &m->buffer_tensors[i], 1.0f);
+    dt_models_upload(m, host);
+    m->be->memcpy_h2d(m->be, m->buffers, hbuf, m->num_buffers * sizeof(float));
+    free(host);
+    free(hbuf);
+    return 0;
+}

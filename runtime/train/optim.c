@@ -1,0 +1,193 @@
+/* optim.c - AdamW, SGD, schedules and clipping; see optim.h.
+ *
+ * An update walks the tensor table and merges neighbouring tensors with the same no_decay flag
+ * into one range, so a GPT-2 update is a handful of backend calls, not one per tensor. */
+#include "runtime/train/optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int dt_lr_kind_parse(const char *name, dt_lr_kind *out)
+{
+    if (!strcmp(name, "constant"))
+        *out = DT_LR_CONSTANT;
+    else if (!strcmp(name, "cosine"))
+        *out = DT_LR_COSINE;
+    else if (!strcmp(name, "linear"))
+        *out = DT_LR_LINEAR;
+    else
+        return -EINVAL;
+    return 0;
+}
+
+double dt_lr_at(const dt_lr_schedule *s, int64_t step)
+{
+    if (step < s->warmup_steps)
+        return s->lr * (double)(step + 1) / (double)s->warmup_steps;
+    if (s->kind == DT_LR_CONSTANT)
+        return s->lr;
+    int64_t span = s->total_steps - s->warmup_steps;
+    double p = span > 0 ? (double)(step - s->warmup_steps) / (double)span : 1.0;
+    if (p > 1.0)
+        p = 1.0;
+    if (p < 0.0)
+        p = 0.0;
+    if (s->kind == DT_LR_COSINE)
+        return s->min_lr + (s->lr - s->min_lr) * 0.5 * (1.0 + cos(M_PI * p));
+    return s->lr + (s->min_lr - s->lr) * p;
+}
+
+void dt_optim_config_from_job(dt_optim_config *c, dt_lr_schedule *s, const dt_job *job,
+                              int64_t total_steps)
+{
+    memset(c, 0, sizeof *c);
+    c->kind = !strcmp(job->optimizer, "sgd") ? DT_OPTIM_SGD : DT_OPTIM_ADAMW;
+    c->weight_decay = job->weight_decay;
+    c->beta1 = job->beta1;
+    c->beta2 = job->beta2;
+    c->eps = job->eps;
+    c->momentum = job->momentum;
+    c->nesterov = job->nesterov;
+    c->grad_clip = job->grad_clip;
+    memset(s, 0, sizeof *s);
+    if (dt_lr_kind_parse(job->schedule, &s->kind) != 0)
+        s->kind = DT_LR_CONSTANT;
+    s->lr = job->lr;
+    s->min_lr = job->min_lr;
+    s->warmup_steps = job->warmup_steps;
+    s->total_steps = total_steps;
+}
+
+int dt_optim_create(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
+                    const dt_tensor_info *tensors, int num_tensors, size_t num_params,
+                    dt_err *err)
+{
+    size_t covered = 0;
+    for (int i = 0; i < num_tensors; i++) {
+        if (tensors[i].offset != covered)
+            return dt_err_set(err, -EINVAL,
+                              "optimiser: tensor %s starts at %zu, expected %zu (the table must "
+                              "cover the parameter buffer in order)",
+                              tensors[i].name, tensors[i].offset, covered);
+        covered += tensors[i].numel;
+    }
+    if (covered != num_params)
+        return dt_err_set(err, -EINVAL, "optimiser: tensors cover %zu of %zu parameters", covered,
+                          num_params);
+    if (cfg->kind == DT_OPTIM_SGD && cfg->nesterov && cfg->momentum <= 0)
+        return dt_err_set(err, -EINVAL, "train.nesterov needs train.momentum > 0");
+    dt_optim *o = calloc(1, sizeof *o);
+    if (!o)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    o->cfg = *cfg;
+    o->be = be;
+    o->num_params = num_params;
+    o->tensors = tensors;
+    o->num_tensors = num_tensors;
+    if (cfg->kind == DT_OPTIM_ADAMW) {
+        o->num_states = 2;
+        o->state_names[0] = "exp_avg";
+        o->state_names[1] = "exp_avg_sq";
+    } else if (cfg->momentum > 0) {
+        o->num_states = 1;
+        o->state_names[0] = "momentum_buffer";
+    }
+    for (int i = 0; i < o->num_states; i++) {
+        int rc = be->alloc(be, (void **)&o->state[i], sizeof(float) * num_params, err);
+        if (rc) {
+            dt_err_prefix(err, "optimiser state (%s, %zu parameters): ", o->state_names[i],
+                          num_params);
+            dt_optim_free(o);
+            return rc;
+        }
+    }
+    *out = o;
+    return 0;
+}
+
+void dt_optim_free(dt_optim *o)
+{
+    if (!o)
+        return;
+    for (int i = 0; i < 2; i++)
+        if (o->state[i])
+            o->be->free(o->be, o->state[i]);
+    free(o);
+}
+
+double dt_optim_grad_norm(dt_optim *o, const float *grads)
+{
+    return sqrt(o->be->sumsq(o->be, grads, o->num_params));
+}
+
+double dt_optim_clip(dt_optim *o, float *grads)
+{
+    double norm = dt_optim_grad_norm(o, grads);
+    if (o->cfg.grad_clip > 0 && isfinite(norm) && norm > o->cfg.grad_clip)
+        o->be->scale(o->be, grads, o->num_params, (float)(o->cfg.grad_clip / (norm + 1e-6)));
+    return norm;
+}
+
+/* Updates params[off, off+n) with or without weight decay. */
+static void update_range(dt_optim *o, float *params, const float *grads, size_t off, size_t n,
+                         bool decay, double lr)
+{
+    const dt_optim_config *c = &o->cfg;
+    float wd = decay ? (float)c->weight_decay : 0.0f;
+    if (c->kind == DT_OPTIM_ADAMW)
+        o->be->adamw_update(o->be, params + off, grads + off, o->state[0] + off,
+                            o->state[1] + off, n, (float)lr, (float)c->beta1, (float)c->beta2,
+                            (float)c->eps, wd, o->t + 1);
+    else
+        o->be->sgd_update(o->be, params + off, grads + off, o->state[0] ? o->state[0] + off : NULL,
+                          n, (float)lr, (float)c->momentum, c->nesterov, wd, o->t == 0);
+}
+
+void dt_optim_step(dt_optim *o, float *params, const float *grads, double lr)
+{
+    size_t start = 0, len = 0;
+    bool decay = true;
+    for (int i = 0; i < o->num_tensors; i++) {
+        const dt_tensor_info *ti = &o->tensors[i];
+        bool d = !ti->no_decay;
+        if (len && d != decay) {
+            update_range(o, params, grads, start, len, decay, lr);
+            len = 0;
+        }
+        if (!len) {
+            start = ti->offset;
+            decay = d;
+        }
+        len += ti->numel;
+    }
+    if (len)
+        update_range(o, params, grads, start, len, decay, lr);
+    o->t++;
+}
+
+void dt_loss_scaler_init(dt_loss_scaler *s, bool on, double scale, int window)
+{
+    memset(s, 0, sizeof *s);
+    s->on = on;
+    s->scale = on ? scale : 1.0;
+    s->window = window > 0 ? window : 1;
+}
+
+int dt_loss_scaler_update(dt_loss_scaler *s, bool finite)
+{
+    if (finite) {
+        s->skipped_in_row = 0;
+        if (s->on && ++s->clean >= s->window) {
+            s->scale *= 2.0;
+            s->clean = 0;
+        }
+        return 1;
+    }
+    if (!s->on || ++s->skipped_in_row >= DT_LOSS_SCALER_MAX_SKIPS)
+        return -EDOM;
+    s->scale *= 0.5;
+    s->clean = 0;
+    s->skipped++;
+    return 0;
+}

@@ -1,0 +1,121 @@
+/* optim.h - optimisers over the flat parameter buffer, learning-rate schedules, clipping.
+ *
+ * AdamW (decoupled weight decay) and SGD (momentum, Nesterov) with PyTorch semantics, applied
+ * per run of tensors through the backend's adamw_update / sgd_update, so every backend updates
+ * the same way. Tensors marked no_decay (biases, normalisation parameters) get no weight decay.
+ * The state (AdamW: exp_avg and exp_avg_sq; SGD: momentum_buffer) are backend buffers with the
+ * parameter buffer's layout, exposed for checkpoints under PyTorch's names.
+ *
+ * Gradient accumulation and clipping are split between here and the trainer: the trainer zeroes
+ * the gradients at the start of an accumulation and scales each micro-step's backward by
+ * 1/grad_accum; dt_optim_clip measures the global norm and scales the gradients down to
+ * grad_clip; dt_optim_step applies one update at the learning rate it is given.
+ */
+#ifndef DT_OPTIM_H
+#define DT_OPTIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "kernels/backend.h"
+#include "runtime/job/config.h"
+#include "runtime/train/model.h"
+
+typedef enum dt_optim_kind { DT_OPTIM_ADAMW = 0, DT_OPTIM_SGD = 1 } dt_optim_kind;
+
+typedef enum dt_lr_kind { DT_LR_CONSTANT = 0, DT_LR_COSINE = 1, DT_LR_LINEAR = 2 } dt_lr_kind;
+
+/* The learning rate as a function of the (0-based) optimiser step:
+ *   warmup:  step < warmup_steps: lr * (step + 1) / warmup_steps
+ *   then, with p = (step - warmup) / (total_steps - warmup) clamped to [0, 1]:
+ *   constant: lr;  cosine: min_lr + (lr - min_lr) * (1 + cos(pi p)) / 2;
+ *   linear:   lr + (min_lr - lr) * p */
+typedef struct dt_lr_schedule {
+    dt_lr_kind kind;
+    double lr, min_lr;
+    int64_t warmup_steps;
+    int64_t total_steps;
+} dt_lr_schedule;
+
+double dt_lr_at(const dt_lr_schedule *s, int64_t step);
+
+/* Parses "constant", "cosine", "linear"; -EINVAL otherwise. */
+int dt_lr_kind_parse(const char *name, dt_lr_kind *out);
+
+typedef struct dt_optim_config {
+    dt_optim_kind kind;
+    double weight_decay;
+    double beta1, beta2, eps; /* adamw */
+    double momentum;          /* sgd; 0 = plain SGD (no buffer) */
+    bool nesterov;            /* sgd */
+    double grad_clip;         /* clip the global gradient norm to this (0 = off) */
+} dt_optim_config;
+
+/* The [train] keys of job as an optimiser config and a schedule over total_steps. */
+void dt_optim_config_from_job(dt_optim_config *c, dt_lr_schedule *s, const dt_job *job,
+                              int64_t total_steps);
+
+typedef struct dt_optim {
+    dt_optim_config cfg;
+    dt_backend *be;                /* borrowed */
+    size_t num_params;
+    const dt_tensor_info *tensors; /* borrowed (the model's table), (num_tensors) */
+    int num_tensors;
+    int64_t t;                     /* updates applied so far (AdamW's t is t+1 in the next) */
+    /* State, backend memory with the layout of the parameter buffer, owned:
+     *   adamw: state[0] = exp_avg (m), state[1] = exp_avg_sq (v)
+     *   sgd:   state[0] = momentum_buffer (NULL when momentum = 0) */
+    float *state[2];
+    const char *state_names[2];    /* PyTorch's names of state[i], NULL when absent */
+    int num_states;
+} dt_optim;
+
+/* Creates the optimiser for a model's parameter layout (tensors must cover [0, num_params) in
+ * order). State buffers start at zero. */
+int dt_optim_create(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
+                    const dt_tensor_info *tensors, int num_tensors, size_t num_params,
+                    dt_err *err);
+
+/* Accepts NULL. */
+void dt_optim_free(dt_optim *o);
+
+/* Global L2 norm of grads (num_params). */
+double dt_optim_grad_norm(dt_optim *o, const float *grads);
+
+/* Measures the global norm of grads and, when cfg.grad_clip > 0 and the norm exceeds it, scales
+ * grads by grad_clip / (norm + 1e-6) (PyTorch's clip_grad_norm_). Returns the norm before
+ * clipping (non-finite when a gradient is; nothing is scaled then). */
+double dt_optim_clip(dt_optim *o, float *grads);
+
+/* One update of params from grads at learning rate lr; increments t. */
+void dt_optim_step(dt_optim *o, float *params, const float *grads, double lr);
+
+/* Dynamic loss scaling for train.precision = fp16, as torch's GradScaler: backward runs on
+ * loss * scale so that small gradients survive 16-bit storage, the trainer divides the
+ * gradients by scale again, and a step whose gradients hold inf or NaN (on every rank alike:
+ * they are all-reduced first) is skipped and halves the scale, while `window` clean steps in a
+ * row double it. */
+typedef struct dt_loss_scaler {
+    bool on;             /* off: scale 1, no step is ever skipped */
+    double scale;
+    int window;          /* clean steps in a row before the scale doubles */
+    int clean;           /* clean steps since the scale last changed */
+    int skipped_in_row;  /* overflowing steps in a row */
+    int64_t skipped;     /* steps skipped in this run */
+} dt_loss_scaler;
+
+/* Gives up when this many steps in a row overflow: the gradients are not finite at any scale
+ * (the scale is then 2^-32 of where it stood), so training has diverged. */
+#define DT_LOSS_SCALER_MAX_SKIPS 32
+
+void dt_loss_scaler_init(dt_loss_scaler *s, bool on, double scale, int window);
+
+/* After a step's gradients are final and unscaled: finite = whether their norm is. Returns 1
+ * when the optimiser should step, 0 when the step is skipped (the scale halved), -EDOM when
+ * DT_LOSS_SCALER_MAX_SKIPS steps in a row overflowed (or the scaler is off and the gradients
+ * are not finite). */
+int dt_loss_scaler_update(dt_loss_scaler *s, bool finite);
+
+#endif

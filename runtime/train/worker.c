@@ -1,0 +1,869 @@
+/* worker.c - the training loop of `dtrain worker`; see worker.h.
+ *
+ * Reads top to bottom: the environment, the seams (DDP and checkpoints slot in there), building
+ * the trainer, one step, evaluation, the run with its metrics and summary, and the entry point
+ * with the error file. Only dt_worker_main decides an exit code; nothing here exits.
+ */
+#include "runtime/train/worker.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cpuset.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "runtime/train/ddp.h"
+#include "runtime/train/dp.h"
+#include "runtime/job/errfile.h"
+#include "runtime/train/worker_guard.h"
+
+/* ---- the environment ------------------------------------------------------------------------ */
+
+static int env_int(const char *name, int def, int min, int *out, dt_err *err)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) {
+        *out = def;
+        return 0;
+    }
+    if (dt_parse_int(v, out) != 0 || *out < min)
+        return dt_err_set(err, -EINVAL, "environment variable %s=\"%s\" is not a valid number",
+                          name, v);
+    return 0;
+}
+
+int dt_worker_env_read(dt_worker_env *e, dt_err *err)
+{
+    memset(e, 0, sizeof *e);
+    int rc;
+    if ((rc = env_int("RANK", 0, 0, &e->rank, err)) ||
+        (rc = env_int("LOCAL_RANK", 0, 0, &e->local_rank, err)) ||
+        (rc = env_int("WORLD_SIZE", 1, 1, &e->world_size, err)) ||
+        (rc = env_int("LOCAL_WORLD_SIZE", 1, 1, &e->local_world_size, err)) ||
+        (rc = env_int("GROUP_RANK", 0, 0, &e->group_rank, err)))
+        return rc;
+    if (e->rank >= e->world_size)
+        return dt_err_set(err, -EINVAL, "RANK=%d is not below WORLD_SIZE=%d", e->rank,
+                          e->world_size);
+    if (e->local_rank >= e->local_world_size)
+        return dt_err_set(err, -EINVAL, "LOCAL_RANK=%d is not below LOCAL_WORLD_SIZE=%d",
+                          e->local_rank, e->local_world_size);
+    const char *addr = dt_env("DTRAIN_STORE_ADDR");
+    dt_strlcpy(e->store_addr, addr ? addr : "", sizeof e->store_addr);
+    const char *port = dt_env("DTRAIN_STORE_PORT");
+    if (port && (dt_parse_int(port, &e->store_port) != 0 || e->store_port < 0 ||
+                 e->store_port > 65535))
+        return dt_err_set(err, -EINVAL, "environment variable DTRAIN_STORE_PORT=\"%s\" is not a "
+                                        "port", port);
+    const char *id = dt_env("DTRAIN_RUN_ID");
+    if (!id)
+        id = getenv("TORCHELASTIC_RUN_ID");
+    dt_strlcpy(e->run_id, id && *id ? id : "local", sizeof e->run_id);
+    const char *att = getenv("DTRAIN_ATTEMPT");
+    if (!att || !*att)
+        att = getenv("TORCHELASTIC_RESTART_COUNT");
+    if (att && *att && (dt_parse_int(att, &e->attempt) != 0 || e->attempt < 0))
+        return dt_err_set(err, -EINVAL, "environment variable DTRAIN_ATTEMPT=\"%s\" is not a "
+                                        "number", att);
+    /* The round changes on every restart AND every membership change of an elastic job (where the
+     * attempt stays): per-round state such as the communicator's store keys is namespaced by it. */
+    e->round = e->attempt; /* run without an agent that sets DTRAIN_ROUND */
+    const char *round = getenv("DTRAIN_ROUND") ? dt_env("DTRAIN_ROUND") : NULL;
+    if (round && (dt_parse_int(round, &e->round) != 0 || e->round < 0))
+        return dt_err_set(err, -EINVAL, "environment variable DTRAIN_ROUND=\"%s\" is not a "
+                                        "number", round);
+    return 0;
+}
+
+/* ---- seams ------------------------------------------------------------------------------------
+ * The DDP module (runtime/ddp) and the checkpoint module (runtime/ckpt) fill these in. Each is
+ * called at one place in the loop; see worker.h for what each one is for. */
+
+static bool dp_mode(const dt_trainer *t) { return !strcmp(t->job.strategy, "dp"); }
+
+void dt_worker_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank, int local_world)
+{
+    cpu_set_t base, mine;
+    dt_err e = {0};
+    char all[256], list[256];
+    bool gpu = be->device_pci_bus_id != NULL; /* device k is local rank k's */
+    if (strcmp(j->cpu_bind, "auto") || (!gpu && (strcmp(be->name, "cpu") || local_world < 2)))
+        return;
+    if (dt_cpuset_current(&base, &e) ||
+        dt_backend_bind_set(be, &base, local_rank, local_world, &mine, &e) ||
+        dt_cpuset_bind(&mine, &e)) {
+        DT_DEBUG("job.cpu_bind = auto: not bound to CPUs: %s", e.msg);
+        return;
+    }
+    if (!gpu)
+        dt_cpu_backend_bind_blas_threads(); /* started before: at load or at the backend's open */
+    dt_cpuset_format(&base, all, sizeof all);
+    dt_cpuset_format(&mine, list, sizeof list);
+    if (local_rank == 0)
+        DT_INFO("job.cpu_bind = auto: each of this node's %d workers runs on its own share of "
+                "%s %s (job.cpu_bind = none leaves it to the scheduler)",
+                local_world, gpu ? "the CPUs near its GPU, within" : "CPUs", all);
+    DT_DEBUG("local rank %d runs on CPU(s) %s", local_rank, list);
+}
+
+/* SEAM comm_init (DDP): create t->comm from the store; the reducer comes in after_build, once
+ * the model exists. One worker needs no communicator; DP needs none either (one process). */
+static int seam_comm_init(dt_trainer *t, dt_err *err)
+{
+    const dt_job *j = &t->job;
+    const dt_worker_env *e = &t->env;
+    if (dp_mode(t)) {
+        if (e->world_size > 1)
+            return dt_err_set(err, -EINVAL,
+                              "job.strategy = dp: one process drives all %d replicas "
+                              "(job.dp_replicas), but %d workers were started; run one worker "
+                              "(--nproc-per-node=1 on one node), or use job.strategy = ddp",
+                              j->dp_replicas, e->world_size);
+        return 0;
+    }
+    if (e->world_size == 1)
+        return 0;
+    if (!e->store_addr[0] || e->store_port <= 0)
+        return dt_err_set(err, -EINVAL,
+                          "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
+                          "start the workers with the dtrain launcher",
+                          e->world_size);
+    const char *backend = j->comm_backend;
+    if (!strcmp(backend, "auto"))
+        backend = !strcmp(t->be->name, "cuda") ? "nccl" : "cpu";
+    if (!strcmp(backend, "nccl") && strcmp(t->be->name, "cuda") != 0)
+        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
+                                        "runs on %s); use ddp.backend = cpu or auto",
+                          t->be->name);
+    dt_store *store = NULL;
+    dt_store_opts so;
+    dt_store_opts_default(&so);
+    int rc = dt_store_connect(&store, e->store_addr, e->store_port, &so, err);
+    if (rc)
+        return dt_err_prefix(err, "DDP: connecting to the store at %s:%d: ", e->store_addr,
+                             e->store_port);
+    dt_comm_opts co;
+    dt_comm_opts_default(&co);
+    co.backend = backend;
+    co.rank = e->rank;
+    co.world_size = e->world_size;
+    co.local_rank = e->local_rank;
+    co.local_world_size = e->local_world_size;
+    co.run_id = e->run_id;
+    co.attempt = e->round; /* namespace: unique per rendezvous round, restarts and regroups alike */
+    co.timeout_ms = (int)DT_MIN(j->comm_timeout * 1000.0, 2e9);
+    co.device_index = e->local_rank;
+    rc = dt_comm_init(&t->comm, store, &co, err); /* the store is needed for the bootstrap only */
+    dt_store_free(store);
+    if (rc)
+        return dt_err_prefix(err, "DDP: ");
+    return 0;
+}
+
+/* DDP: the reducer, which checks the model across ranks and broadcasts rank 0's parameters. */
+static int ddp_start(dt_trainer *t, dt_err *err)
+{
+    dt_ddp_opts o;
+    int rc = dt_ddp_opts_from_job(&o, &t->job, err);
+    if (!rc)
+        rc = dt_ddp_create((dt_ddp **)&t->ddp, t->model, t->comm, &o, err);
+    if (rc)
+        return rc;
+    t->grad_ready = dt_ddp_grad_ready;
+    t->grad_ready_ctx = t->ddp;
+    return 0;
+}
+
+/* checkpoint.dir, else <job.output_dir>/checkpoints. */
+static void ckpt_dir(const dt_job *j, char *buf, size_t cap)
+{
+    if (j->ckpt_dir[0])
+        dt_strlcpy(buf, j->ckpt_dir, cap);
+    else
+        snprintf(buf, cap, "%s/checkpoints", j->output_dir);
+}
+
+/* The checkpoint of this trainer: the model's parameters and buffers, the optimiser's state. */
+static int ckpt_open(dt_trainer *t, dt_err *err)
+{
+    const dt_job *j = &t->job;
+    dt_model *m = t->model;
+    dt_optim *o = t->optim;
+    static const struct {
+        const char *state, *prefix;
+    } prefixes[] = {{"exp_avg", "exp_avg."}, {"exp_avg_sq", "exp_avg_sq."},
+                    {"momentum_buffer", "momentum_buffer."}}; /* static: dt_ckpt keeps them */
+    char dir[DT_PATH_MAX + 32];
+    ckpt_dir(j, dir, sizeof dir);
+    dt_ckpt_buf bufs[4];
+    int n = 0;
+    bufs[n++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, m->params, m->num_params,
+                              false};
+    if (m->num_buffers) /* BatchNorm statistics change in the next forward: copied at once */
+        bufs[n++] = (dt_ckpt_buf){"model", "", m->buffer_tensors, m->num_buffer_tensors,
+                                  m->buffers, m->num_buffers, true};
+    for (int i = 0; i < o->num_states; i++)
+        for (size_t k = 0; k < DT_ARRAY_LEN(prefixes); k++)
+            if (!strcmp(o->state_names[i], prefixes[k].state))
+                bufs[n++] = (dt_ckpt_buf){"optim", prefixes[k].prefix, m->tensors,
+                                          m->num_tensors, o->state[i], m->num_params, false};
+    dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
+                       .concurrent_copy = j->ckpt_async && !strcmp(t->be->name, "cpu")};
+    return dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
+}
+
+/* Resumes from checkpoint.resume. A restart (attempt > 0) of a run that began from an explicit
+ * path continues from what this run saved since, not from that path again. */
+static int ckpt_resume(dt_trainer *t, dt_err *err)
+{
+    const dt_job *j = &t->job;
+    dt_ckpt_state st;
+    dt_ckpt_state_init(&st);
+    char path[DT_PATH_MAX + 64] = "";
+    bool resumed = false;
+    int rc = 0;
+    if (strcmp(j->resume, "auto") && strcmp(j->resume, "never") && t->env.attempt > 0)
+        rc = dt_ckpt_resume_run(t->ckpt, t->env.run_id, &st, &resumed, path, sizeof path, err);
+    if (!rc && !resumed) {
+        rc = dt_ckpt_resume(t->ckpt, j->resume, &st, &resumed, path, sizeof path, err);
+        /* A bad checkpoint.resume = PATH, or a checkpoint directory of another setup, fails the
+         * same way on every restart: a configuration error, which retry scripts must not
+         * retry (exit 2). Running out of memory or an I/O error is not. */
+        if (rc && rc != -ENOMEM && rc != -EIO && (rc == -EXDEV || strcmp(j->resume, "auto")))
+            t->config_error = true;
+    }
+    /* Every rank resumes from the newest checkpoint any rank found; a rank that could not see it
+     * (node-local disks) takes it over the network instead of training from another state. */
+    int64_t mine = resumed ? st.step : -1, src_step = mine;
+    int src = 0;
+    bool adopted = false;
+    if (!rc)
+        rc = dt_ckpt_sync(t->ckpt, t->comm, t->env.rank, &st, &resumed, &src, &src_step, &adopted,
+                          err);
+    if (!rc && adopted) {
+        char a[64] = "found no checkpoint", dir[DT_PATH_MAX + 32];
+        if (mine >= 0)
+            snprintf(a, sizeof a, "found step %lld", (long long)mine);
+        ckpt_dir(j, dir, sizeof dir);
+        DT_WARN("rank %d %s in %s but rank %d resumed at step %lld: it took rank %d's model and "
+                "optimiser state over the network (the checkpoint directory is not shared "
+                "between the nodes, or holds other steps on this one)",
+                t->env.rank, a, dir, src, (long long)src_step, src);
+    }
+    if (rc || !resumed)
+        goto out;
+    double opt_t = 0;
+    t->step = st.step;
+    dt_sampler_set_state(&t->sampler, st.epoch, st.sample_pos);
+    dt_ckpt_state_get_rng(&st, "trainer", &t->rng);
+    t->optim->t = dt_ckpt_state_get_scalar(&st, "optim_t", &opt_t) == 0 ? (int64_t)opt_t : st.step;
+    double scale, clean;
+    if (t->scaler.on && dt_ckpt_state_get_scalar(&st, "loss_scale", &scale) == 0 && scale > 0) {
+        t->scaler.scale = scale; /* where the last run found it, not train.loss_scale again */
+        if (dt_ckpt_state_get_scalar(&st, "loss_scale_clean", &clean) == 0)
+            t->scaler.clean = (int)clean;
+    }
+    t->last_saved_step = st.step;
+    t->samples_seen = st.samples_seen;
+    if (adopted) /* rank 0 has no path of its own: say where the state came from */
+        snprintf(path, sizeof path, "rank %d's checkpoint, over the network", src);
+    if (t->env.rank == 0)
+        DT_INFO("resumed from %s: step %lld, epoch %lld, sample %lld (saved by %d rank%s)", path,
+                (long long)st.step, (long long)st.epoch, (long long)st.sample_pos, st.world_size,
+                st.world_size == 1 ? "" : "s");
+out:
+    dt_ckpt_state_clear(&st);
+    return rc;
+}
+
+/* Saves the current step (rank 0; tensors are whole and identical on every rank). */
+static int ckpt_save(dt_trainer *t, dt_err *err)
+{
+    if (t->env.rank != 0 || !t->ckpt || t->last_saved_step == t->step)
+        return 0;
+    dt_ckpt_state st;
+    dt_ckpt_state_init(&st);
+    st.step = t->step;
+    st.epoch = t->sampler.epoch;
+    st.sample_pos = t->sampler.pos;
+    st.samples_seen = t->samples_seen;
+    st.world_size = t->env.world_size;
+    st.loss = t->loss;
+    st.lr = t->lr;
+    dt_strlcpy(st.run_id, t->env.run_id, sizeof st.run_id);
+    char *job = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&job, &len);
+    if (f) {
+        dt_job_print(&t->job, f);
+        fclose(f);
+    }
+    st.job = job;
+    int rc = dt_ckpt_state_set_rng(&st, "trainer", &t->rng);
+    if (!rc)
+        rc = dt_ckpt_state_set_scalar(&st, "optim_t", (double)t->optim->t);
+    if (!rc && t->scaler.on)
+        rc = dt_ckpt_state_set_scalar(&st, "loss_scale", t->scaler.scale);
+    if (!rc && t->scaler.on)
+        rc = dt_ckpt_state_set_scalar(&st, "loss_scale_clean", (double)t->scaler.clean);
+    if (!rc)
+        rc = dt_ckpt_save(t->ckpt, &st, err);
+    else
+        dt_err_set(err, rc, "checkpoint state table full");
+    free(job);
+    if (!rc)
+        t->last_saved_step = t->step;
+    return rc;
+}
+
+/* SEAM after_build (checkpoints: open and resume; then DDP: check the model across ranks and
+ * broadcast rank 0's parameters, so every rank starts from what rank 0 resumed). */
+static int seam_after_build(dt_trainer *t, dt_err *err)
+{
+    int rc = ckpt_open(t, err);
+    if (!rc)
+        rc = ckpt_resume(t, err);
+    if (!rc && t->comm)
+        rc = ddp_start(t, err);
+    return rc;
+}
+
+/* SEAM sync_grads (DDP: wait for the gradient all-reduces). */
+static int seam_sync_grads(dt_trainer *t, dt_err *err)
+{
+    return t->ddp ? dt_ddp_finish(t->ddp, err) : 0;
+}
+
+/* SEAM average (DDP: all-reduce mean of v[0..n) across ranks). */
+static int seam_average(dt_trainer *t, double *v, int n, dt_err *err)
+{
+    return t->ddp ? dt_ddp_average(t->ddp, v, n, err) : 0;
+}
+
+/* SEAM after_step (checkpoints: save every checkpoint.every steps). */
+static int seam_after_step(dt_trainer *t, dt_err *err)
+{
+    if (t->job.ckpt_every > 0 && t->step % t->job.ckpt_every == 0)
+        return ckpt_save(t, err);
+    return 0;
+}
+
+/* SEAM finish (checkpoints: save at the end, or when stopped by a signal, and wait for it). */
+static int seam_finish(dt_trainer *t, bool stopped, dt_err *err)
+{
+    if (stopped && t->env.rank == 0)
+        DT_INFO("stopped by a signal; saving step %lld", (long long)t->step);
+    int rc = ckpt_save(t, err);
+    if (!rc && t->ckpt) /* the save logs where it went */
+        rc = dt_ckpt_wait(t->ckpt, err);
+    /* Nobody leaves before rank 0's checkpoint is on disk: the agent stops every worker as soon
+     * as one exits non-zero (75 after a preemption), which must not cut rank 0's write short. */
+    if (t->comm && t->env.world_size > 1) {
+        dt_err berr = {0};
+        int brc = dt_comm_barrier(t->comm, &berr);
+        if (brc && !rc) {
+            rc = brc;
+            if (err)
+                *err = berr;
+        }
+    }
+    return rc;
+}
+
+/* SEAM close (DDP: free the reducer and t->comm; checkpoints: wait for a pending write). */
+static void seam_close(dt_trainer *t)
+{
+    dt_ckpt_close(t->ckpt);
+    t->ckpt = NULL;
+    dt_ddp_free(t->ddp);
+    t->ddp = NULL;
+    t->grad_ready = NULL;
+    t->grad_ready_ctx = NULL;
+    dt_comm_free(t->comm);
+    t->comm = NULL;
+}
+
+/* ---- building ------------------------------------------------------------------------------- */
+
+static int parse_precision(const char *s, dt_precision *p)
+{
+    if (!strcmp(s, "bf16"))
+        *p = DT_PREC_BF16;
+    else if (!strcmp(s, "fp16"))
+        *p = DT_PREC_FP16;
+    else
+        *p = DT_PREC_FP32;
+    return 0;
+}
+
+int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, dt_err *err)
+{
+    memset(t, 0, sizeof *t);
+    t->job = *job;
+    t->env = *env;
+    t->last_saved_step = -1;
+    dt_job *j = &t->job;
+    const char *outdir = dt_env("DTRAIN_OUTPUT_DIR");
+    if (outdir)
+        dt_strlcpy(j->output_dir, outdir, sizeof j->output_dir);
+    dt_rng_seed2(&t->rng, (uint64_t)j->seed, (uint64_t)env->rank + 1);
+    int rc;
+    /* DP: this one process takes the batch of all its replicas (batch_size is per replica). */
+    if (dp_mode(t))
+        j->batch_size *= j->dp_replicas;
+
+    /* data first: a bad file is the most likely error and costs nothing to find */
+    if ((rc = dt_data_open(&t->data, j, err)))
+        goto fail;
+    const dt_sample_shape *shape = &t->data->shape;
+    t->tokens = shape->kind == DT_SAMPLE_TOKENS;
+    if ((rc = dt_sampler_init(&t->sampler, dt_dataset_size(t->data->train), env->rank,
+                              env->world_size, j->batch_size, (uint64_t)j->seed, j->shuffle,
+                              j->drop_last, err))) {
+        dt_err_prefix(err, "%s: ", j->data_path[0] ? j->data_path : "synthetic data");
+        goto fail;
+    }
+    t->steps_per_epoch = dt_sampler_steps_per_epoch(&t->sampler) / j->grad_accum;
+    if (t->steps_per_epoch < 1)
+        t->steps_per_epoch = 1;
+    t->total_steps = j->steps > 0 ? j->steps : (int64_t)j->epochs * t->steps_per_epoch;
+    t->items_per_step = (int64_t)j->batch_size * (t->tokens ? shape->seq_len : 1) *
+                        j->grad_accum * env->world_size;
+    if ((rc = dt_batch_buf_init(&t->batch, shape, j->batch_size, err)))
+        goto fail;
+    if (!(t->idx = malloc(sizeof(int64_t) * (size_t)j->batch_size))) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+
+    /* backend */
+    dt_backend_opts bo;
+    dt_backend_opts_default(&bo);
+    bo.device_index = env->local_rank;
+    bo.threads = j->threads;
+    parse_precision(j->precision, &bo.precision);
+    if ((rc = dt_backend_open(&t->be, j->device, &bo, err)))
+        goto fail;
+    dt_worker_bind_cpus(j, t->be, env->local_rank, env->local_world_size);
+
+    /* communication before the model: SyncBatchNorm borrows t->comm */
+    if ((rc = seam_comm_init(t, err)))
+        goto fail;
+
+    /* model */
+    dt_model_config mc;
+    if ((rc = dt_model_config_from_job(&mc, j, shape, err)))
+        goto fail;
+    if (mc.max_batch < j->batch_size)
+        mc.max_batch = j->batch_size;
+    if (dp_mode(t)) {
+        /* DP: K replicas, each with a backend of its own; the master's are the trainer's. */
+        if (mc.sync_bn && env->rank == 0)
+            DT_WARN("model.sync_bn has no effect with job.strategy = dp (each replica normalises "
+                    "its own chunk, as in torch DataParallel)");
+        dt_dp_opts dpo;
+        dt_dp_opts_from_job(&dpo, j, &bo);
+        if ((rc = dt_dp_create(&t->dp, &mc, &dpo, err)))
+            goto fail;
+        dt_backend_close(t->be);
+        t->be = dt_dp_backend(t->dp, 0);
+        t->model = dt_dp_master(t->dp);
+    } else if ((rc = dt_model_create(&t->model, &mc, t->be, t->comm, err))) {
+        goto fail;
+    }
+
+    /* optimiser */
+    dt_optim_config oc;
+    dt_optim_config_from_job(&oc, &t->sched, j, t->total_steps);
+    if ((rc = dt_optim_create(&t->optim, &oc, t->be, t->model->tensors, t->model->num_tensors,
+                              t->model->num_params, err)))
+        goto fail;
+    dt_loss_scaler_init(&t->scaler, bo.precision == DT_PREC_FP16, j->loss_scale,
+                        j->loss_scale_window);
+
+    if ((rc = seam_after_build(t, err)))
+        goto fail;
+    return 0;
+fail:
+    dt_trainer_close(t);
+    return rc;
+}
+
+void dt_trainer_close(dt_trainer *t)
+{
+    if (!t)
+        return;
+    seam_close(t);
+    dt_metrics_close(t->metrics);
+    t->metrics = NULL;
+    dt_optim_free(t->optim);
+    t->optim = NULL;
+    if (t->dp) { /* it owns the model and the backend */
+        dt_dp_free(t->dp);
+        t->dp = NULL;
+        t->model = NULL;
+        t->be = NULL;
+    }
+    dt_model_free(t->model);
+    t->model = NULL;
+    dt_backend_close(t->be);
+    t->be = NULL;
+    dt_sampler_free(&t->sampler);
+    dt_batch_buf_free(&t->batch);
+    free(t->idx);
+    t->idx = NULL;
+    dt_data_free(t->data);
+    t->data = NULL;
+}
+
+/* ---- one step ------------------------------------------------------------------------------- */
+
+const char *dt_trainer_diverged_hint(const dt_job *j)
+{
+    if (j->grad_clip > 0)
+        return "lower train.lr or raise train.warmup_steps (train.grad_clip is already on)";
+    return "lower train.lr, or set train.grad_clip (e.g. 1.0)";
+}
+
+int dt_trainer_step(dt_trainer *t, dt_err *err)
+{
+    const dt_job *j = &t->job;
+    dt_model *m = t->model;
+    dt_backend *be = t->be;
+    double t0 = dt_now_s();
+    int rc;
+    /* a new accumulation: backward ops accumulate into the gradients */
+    be->memset_zero(be, m->grads, sizeof(float) * m->num_params);
+    double loss_sum = 0;
+    /* backward differentiates loss * scale / grad_accum (scale: fp16's loss scale, else 1) */
+    const float dloss = t->scaler.on ? (float)(t->scaler.scale / j->grad_accum)
+                                     : 1.0f / (float)j->grad_accum;
+    for (int micro = 0; micro < j->grad_accum; micro++) {
+        if ((rc = dt_sampler_next(&t->sampler, t->idx, err)) ||
+            (rc = dt_dataset_fill(t->data->train, t->idx, j->batch_size, &t->batch, err)))
+            return rc;
+        float loss = 0;
+        bool last = micro == j->grad_accum - 1;
+        if (t->dp) /* replicate, scatter, forward and backward on every replica, reduce */
+            rc = dt_dp_forward_backward(t->dp, &t->batch.batch, dloss, &loss, err);
+        else
+            rc = m->ops->forward(m, &t->batch.batch, true, &loss, err);
+        if (rc)
+            return rc;
+        if (!isfinite(loss))
+            return dt_err_set(err, -EDOM,
+                              "the training loss is %f at step %lld (micro-step %d): training "
+                              "diverged; %s", (double)loss, (long long)t->step + 1, micro,
+                              dt_trainer_diverged_hint(j));
+        loss_sum += loss;
+        if (!t->dp && (rc = m->ops->backward(m, dloss, last ? t->grad_ready : NULL,
+                                             last ? t->grad_ready_ctx : NULL, err)))
+            return rc;
+    }
+    double tc = dt_now_s();
+    if ((rc = seam_sync_grads(t, err)))
+        return rc;
+    t->comm_time_s = dt_now_s() - tc;
+    /* The loss mean and the stop request travel together: a signal reaches the ranks at
+     * different steps (or only one of them), and all must stop at the same step boundary, else
+     * the one that stops waits at the save's barrier while the others wait in the next step's
+     * all-reduce. The mean of 0/1 flags is > 0 when any rank was asked to stop. */
+    double v[2] = {loss_sum / j->grad_accum, t->stop && *t->stop ? 1.0 : 0.0};
+    if ((rc = seam_average(t, v, 2, err)))
+        return rc;
+    double loss = v[0];
+    t->stop_agreed = v[1] > 0;
+    t->stop_self = t->stop && *t->stop;
+    double scale = t->scaler.scale;
+    if (t->scaler.on)
+        be->scale(be, m->grads, m->num_params, (float)(1.0 / scale));
+    t->grad_norm = dt_optim_clip(t->optim, m->grads);
+    int apply = dt_loss_scaler_update(&t->scaler, isfinite(t->grad_norm));
+    if (apply < 0) {
+        char why[128] = "";
+        if (t->scaler.on)
+            snprintf(why, sizeof why, ", as in the %d steps before it (loss scale now %g)",
+                     DT_LOSS_SCALER_MAX_SKIPS - 1, t->scaler.scale);
+        return dt_err_set(err, -EDOM, "the gradient norm is %f at step %lld%s: training "
+                                      "diverged; %s",
+                          t->grad_norm, (long long)t->step + 1, why, dt_trainer_diverged_hint(j));
+    }
+    if (!apply && t->env.rank == 0)
+        DT_INFO("step %lld: inf/NaN gradients at loss scale %g: step skipped, scale now %g",
+                (long long)t->step + 1, scale, t->scaler.scale);
+    t->lr = dt_lr_at(&t->sched, t->step);
+    if (t->ckpt) /* a background save may still be copying the parameters and moments */
+        dt_ckpt_fence(t->ckpt);
+    if (apply)
+        dt_optim_step(t->optim, m->params, m->grads, t->lr);
+    be->synchronize(be);
+    t->loss = loss;
+    t->step++;
+    /* this step's global batch: the world size may have changed since the last resume */
+    t->samples_seen += (int64_t)j->batch_size * j->grad_accum * t->env.world_size;
+    t->step_time_s = dt_now_s() - t0;
+    return 0;
+}
+
+/* ---- evaluation ------------------------------------------------------------------------------ */
+
+int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err)
+{
+    const dt_dataset *val = t->data->val;
+    if (!val)
+        return dt_err_set(err, -ENOENT, "no validation data");
+    const dt_job *j = &t->job;
+    int64_t n = dt_dataset_size(val);
+    int64_t global = (int64_t)t->env.world_size * j->batch_size;
+    int64_t batches = DT_MIN((int64_t)j->eval_batches, (n + global - 1) / global);
+    double sums[3] = {0, 0, 0}; /* loss x samples, correct, samples */
+    int rc;
+    for (int64_t k = 0; k < batches; k++) {
+        dt_eval_indices(n, t->env.rank, t->env.world_size, j->batch_size, k, t->idx);
+        /* The last batch wraps around to the start of the set: only the samples before the
+         * wrap count, so every validation sample counts once (indices rise along the batch). */
+        int valid = 0;
+        while (valid < j->batch_size &&
+               k * global + (int64_t)valid * t->env.world_size + t->env.rank < n)
+            valid++;
+        if (valid == 0)
+            continue;
+        if ((rc = dt_dataset_fill(val, t->idx, valid, &t->batch, err)))
+            return rc;
+        float l = 0;
+        int64_t correct = 0;
+        if (t->dp)
+            rc = dt_dp_forward_eval(t->dp, &t->batch.batch, &l, &correct, err);
+        else if (!(rc = t->model->ops->forward(t->model, &t->batch.batch, false, &l, err)))
+            correct = t->model->last_correct;
+        if (rc)
+            return rc;
+        sums[0] += (double)l * valid;
+        sums[1] += (double)correct;
+        sums[2] += valid;
+    }
+    if ((rc = seam_average(t, sums, 3, err))) /* means of the sums: their ratios are exact */
+        return rc;
+    *loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
+    *acc = t->tokens || !(sums[2] > 0) ? -1.0 : sums[1] / sums[2];
+    return 0;
+}
+
+/* ---- the run ----------------------------------------------------------------------------------- */
+
+static void human_count(double v, char *buf, size_t cap)
+{
+    if (v >= 1e6)
+        snprintf(buf, cap, "%.2fM", v / 1e6);
+    else if (v >= 1e4)
+        snprintf(buf, cap, "%.1fk", v / 1e3);
+    else
+        snprintf(buf, cap, "%.1f", v);
+}
+
+static int do_eval(dt_trainer *t, double *val_loss, dt_err *err)
+{
+    double loss, acc;
+    int rc = dt_trainer_eval(t, &loss, &acc, err);
+    if (rc)
+        return dt_err_prefix(err, "evaluation at step %lld: ", (long long)t->step);
+    if (!isfinite(loss))
+        return dt_err_set(err, -EDOM, "the validation loss is %f at step %lld", loss,
+                          (long long)t->step);
+    dt_eval_record r = {.step = t->step, .val_loss = loss, .val_acc = acc};
+    dt_metrics_eval(t->metrics, &r);
+    *val_loss = loss;
+    return 0;
+}
+
+int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
+{
+    const dt_job *j = &t->job;
+    bool rank0 = t->env.rank == 0;
+    int rc;
+    if (stopped)
+        *stopped = false;
+    if ((rc = dt_metrics_open(&t->metrics, j->output_dir, rank0, t->tokens, t->env.attempt, err)))
+        return rc;
+    if (rank0) {
+        DT_INFO("data: %s", t->data->desc);
+        DT_INFO("model: %s, %zu parameters (%.2f MB) on %s; %lld steps of %lld %s (batch %d x "
+                "accum %d x %d ranks)%s",
+                t->model->cfg.type, t->model->num_params,
+                (double)t->model->num_params * 4 / 1e6, t->be->name, (long long)t->total_steps,
+                (long long)t->items_per_step, t->tokens ? "tokens" : "samples", j->batch_size,
+                j->grad_accum, t->env.world_size,
+                t->step ? " (resumed)" : "");
+        if (!t->data->val)
+            DT_INFO("no validation data (data.val_fraction = 0 and no data.val_path): no eval");
+        if (t->step >= t->total_steps)
+            DT_INFO("the run is already complete at step %lld (train.steps = %lld): raise "
+                    "train.steps to train on, or set checkpoint.resume = never to start over",
+                    (long long)t->step, (long long)t->total_steps);
+    }
+    double start = dt_now_s(), val_loss = NAN;
+    /* the log window: means since the last record */
+    double win_loss = 0, win_time = 0, win_comm = 0, last_train = NAN, train_time = 0;
+    int win_n = 0;
+    int64_t steps_run = 0;
+    bool evaluated_last = false;
+    while (t->step < t->total_steps) {
+        /* Several ranks stop only at the boundary they agreed on in the last step (see
+         * dt_trainer_step); one process stops at the first boundary after the signal. */
+        bool stop = t->ddp ? t->stop_agreed : t->stop && *t->stop;
+        if (stop) {
+            if (stopped)
+                *stopped = true;
+            break;
+        }
+        /* the agent re-arms nothing once it is gone: one getppid() a step says so */
+        if (!dt_worker_guard_agent_alive())
+            return dt_err_set(err, -ESRCH, "the dtrain agent that started this worker is gone "
+                              "(its parent is now pid %d); stopping at step %lld",
+                              (int)getppid(), (long long)t->step);
+        if ((rc = dt_trainer_step(t, err)))
+            return rc;
+        steps_run++;
+        train_time += t->step_time_s;
+        win_loss += t->loss;
+        win_time += t->step_time_s;
+        win_comm += t->comm_time_s;
+        win_n++;
+        evaluated_last = false;
+        bool last = t->step == t->total_steps;
+        if (t->step % j->log_every == 0 || t->step == 1 || last) {
+            last_train = win_loss / win_n;
+            dt_step_record r = {
+                .step = t->step,
+                .total_steps = t->total_steps,
+                .epoch = t->sampler.epoch,
+                .loss = last_train,
+                .lr = t->lr,
+                .grad_norm = t->grad_norm,
+                .loss_scale = t->scaler.on ? t->scaler.scale : 0,
+                .skipped_steps = t->scaler.skipped,
+                .items_per_s = (double)t->items_per_step * win_n / win_time,
+                .step_time_s = win_time / win_n,
+                .comm_time_s = win_comm / win_n,
+                .peak_mem_bytes = t->be->peak_bytes ? t->be->peak_bytes(t->be) : 0,
+                .max_rss_bytes = dt_metrics_max_rss(),
+            };
+            dt_metrics_step(t->metrics, &r);
+            win_loss = win_time = win_comm = 0;
+            win_n = 0;
+        }
+        if (t->data->val && j->eval_every > 0 && t->step % j->eval_every == 0) {
+            if ((rc = do_eval(t, &val_loss, err)))
+                return rc;
+            evaluated_last = true;
+        }
+        if ((rc = seam_after_step(t, err)))
+            return rc;
+    }
+    if (win_n)
+        last_train = win_loss / win_n;
+    bool was_stopped = stopped && *stopped;
+    if (t->data->val && !evaluated_last && !was_stopped && (rc = do_eval(t, &val_loss, err)))
+        return rc;
+    if ((rc = seam_finish(t, was_stopped, err)))
+        return rc;
+    dt_metrics_finish_line(t->metrics);
+    double wall = dt_now_s() - start;
+    if (rank0) {
+        char thr[32], vl[32] = "n/a", tl[32] = "n/a";
+        human_count(train_time > 0 ? (double)t->items_per_step * (double)steps_run / train_time
+                                   : 0,
+                    thr, sizeof thr);
+        if (isfinite(val_loss))
+            snprintf(vl, sizeof vl, "%.4f", val_loss);
+        if (isfinite(last_train)) /* n/a when a resumed run had no step left */
+            snprintf(tl, sizeof tl, "%.4f", last_train);
+        char how[48] = "";
+        if (dp_mode(t))
+            snprintf(how, sizeof how, ", DataParallel x %d", t->job.dp_replicas);
+        printf("dtrain: %s after %lld steps in %.1f s: train loss %s, val loss %s, %s %s/s "
+               "(%d rank%s%s)\n",
+               was_stopped ? "stopped" : "done", (long long)t->step, wall, tl, vl, thr,
+               t->tokens ? "tokens" : "samples", t->env.world_size,
+               t->env.world_size > 1 ? "s" : "", how);
+        if (dt_metrics_path(t->metrics)[0])
+            printf("dtrain: metrics in %s\n", dt_metrics_path(t->metrics));
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* ---- the entry point ---------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_flag;
+static volatile sig_atomic_t stop_signal;
+
+/* The first stop signal asks for a checkpoint at the next step boundary. Repeats are ignored:
+ * under Slurm every process gets SIGTERM and the agent forwards it again, and a second one must
+ * not cut the save short. The hard stop is the agent's SIGKILL after --stop-grace (or kill -9). */
+static void on_stop_signal(int sig)
+{
+    if (stop_flag) {
+        static const char msg[] = "dtrain worker: already stopping (saving a checkpoint at the "
+                                  "next step boundary); SIGKILL or Ctrl-\\ stops at once\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1); /* async-signal-safe */
+        (void)w;
+        return;
+    }
+    stop_flag = 1;
+    stop_signal = sig;
+}
+
+int dt_worker_main(const dt_job *job)
+{
+    static dt_trainer t; /* large (the job); one per process */
+    dt_err err = {0};
+    dt_worker_env env;
+    int code = 1;
+    bool stopped = false;
+    dt_log_set_role("worker");
+    /* first: a worker whose agent is already gone must not start training on its own */
+    if (dt_worker_guard_init(&err) != 0 || dt_worker_env_read(&env, &err) != 0)
+        goto fail;
+    dt_log_set_rank(env.world_size > 1 || getenv("RANK") ? env.rank : -1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL); /* the launcher stopping workers, schedulers preempting */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL); /* Slurm's --signal, "checkpoint and go" */
+    sigaction(SIGUSR2, &sa, NULL);
+    if (dt_trainer_init(&t, job, &env, &err) != 0)
+        goto fail;
+    t.stop = &stop_flag;
+    if (dt_trainer_run(&t, &stopped, &err) != 0)
+        goto fail;
+    dt_trainer_close(&t);
+    if (stopped) {
+        if (stop_signal && (t.env.world_size == 1 || t.stop_self))
+            DT_INFO("stopped by signal %d (%s) after step %lld; run the same command again to "
+                    "resume", (int)stop_signal, strsignal((int)stop_signal), (long long)t.step);
+        else /* another rank was signalled; all stopped at the same step */
+            DT_INFO("stopped with the other ranks (one of them was signalled) after step %lld; "
+                    "run the same command again to resume", (long long)t.step);
+        return DT_CKPT_EXIT_PREEMPTED;
+    }
+    return 0;
+fail:
+    if (t.config_error)
+        code = DT_WORKER_EXIT_CONFIG;
+    dt_metrics_finish_line(t.metrics);
+    DT_ERROR("%s%s", err.msg, t.config_error ? " (a configuration error: the same command "
+                                                "fails the same way until it is changed)" : "");
+    dt_err ferr = {0};
+    if (dt_errfile_write(NULL, env.rank, code, err.msg, &ferr) != 0)
+        DT_WARN("could not write the error file: %s", ferr.msg);
+    dt_trainer_close(&t);
+    return code;
+}
