@@ -11,6 +11,8 @@
 #ifndef DT_WORKENV_H
 #define DT_WORKENV_H
 
+#include "common/err.h"
+
 /* The exit codes of a worker, and of dtrain itself (README, "Exit codes"). */
 #define DT_EXIT_OK 0
 #define DT_EXIT_FAILED 1    /* a failure; the agent restarts the job while its budget lasts */
@@ -31,5 +33,9 @@ typedef struct dt_worker_env {
     int attempt;           /* DTRAIN_ATTEMPT, else TORCHELASTIC_RESTART_COUNT (0) */
     int round;             /* DTRAIN_ROUND (new on restarts and elastic regroups), else attempt */
 } dt_worker_env;
+
+/* Reads the environment; unset variables give a single process. Malformed values (not a
+ * number, RANK >= WORLD_SIZE, ...) are an error naming the variable. */
+int dt_workenv_read(dt_worker_env *e, dt_err *err);
 
 #endif

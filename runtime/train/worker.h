@@ -41,28 +41,11 @@
 #include "runtime/train/ckpt.h"
 #include "runtime/comm/comm.h"
 #include "runtime/job/config.h"
+#include "runtime/job/workenv.h"
 #include "runtime/train/data.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/model.h"
 #include "runtime/train/optim.h"
-
-/* The environment the agent gives a worker (torchrun's names plus DTRAIN_*). */
-typedef struct dt_worker_env {
-    int rank;              /* RANK (0) */
-    int local_rank;        /* LOCAL_RANK (0): device index */
-    int world_size;        /* WORLD_SIZE (1) */
-    int local_world_size;  /* LOCAL_WORLD_SIZE (1) */
-    int group_rank;        /* GROUP_RANK (0): node rank */
-    char store_addr[256];  /* DTRAIN_STORE_ADDR ("" when unset: single process) */
-    int store_port;        /* DTRAIN_STORE_PORT (0) */
-    char run_id[256];      /* DTRAIN_RUN_ID, else TORCHELASTIC_RUN_ID, else "local" */
-    int attempt;           /* DTRAIN_ATTEMPT, else TORCHELASTIC_RESTART_COUNT (0) */
-    int round;             /* DTRAIN_ROUND (new on restarts and elastic regroups), else attempt */
-} dt_worker_env;
-
-/* Reads the environment; unset variables give a single process. Malformed values (not a
- * number, RANK >= WORLD_SIZE, ...) are an error naming the variable. */
-int dt_worker_env_read(dt_worker_env *e, dt_err *err);
 
 typedef struct dt_trainer {
     dt_job job;               /* the resolved job (a copy; output_dir after DTRAIN_OUTPUT_DIR) */
