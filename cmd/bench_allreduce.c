@@ -169,16 +169,17 @@ static int one_size(dt_comm *c, const bench_opts *o, size_t bytes, char *buf, do
     fill(buf, o->dtype, count, rank);
     if ((rc = dt_comm_allreduce(c, buf, count, o->dtype, o->op, NULL, &err)) != 0)
         goto fail;
-    float wrong = (float)count_wrong(buf, o->dtype, count, world, o->op);
-    if ((rc = dt_comm_allreduce(c, &wrong, 1, DT_FLOAT32, DT_SUM, NULL, &err)) != 0)
+    int64_t wrong = (int64_t)count_wrong(buf, o->dtype, count, world, o->op);
+    if ((rc = dt_comm_allreduce(c, &wrong, 1, DT_INT64, DT_SUM, NULL, &err)) != 0)
         goto fail;
     /* Estimate an iteration count from the warm-up; rank 0's choice is everyone's. */
     double t0 = dt_now_s();
     for (int i = 0; i < o->warmup; i++)
         if ((rc = dt_comm_allreduce(c, buf, count, o->dtype, DT_AVG, NULL, &err)) != 0)
             goto fail;
-    float iters = (float)DT_MAX(3.0, DT_MIN(10000.0, o->seconds / ((dt_now_s() - t0) / o->warmup + 1e-9)));
-    if ((rc = dt_comm_broadcast(c, &iters, 1, DT_FLOAT32, 0, NULL, &err)) != 0)
+    double per_it = (dt_now_s() - t0) / o->warmup + 1e-9;
+    int32_t iters = (int32_t)DT_MAX(3.0, DT_MIN(10000.0, o->seconds / per_it));
+    if ((rc = dt_comm_broadcast(c, &iters, 1, DT_INT32, 0, NULL, &err)) != 0)
         goto fail;
     if ((rc = dt_comm_barrier(c, &err)) != 0)
         goto fail;

@@ -22,7 +22,6 @@
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
 #include "runtime/comm/comm.h"
-#include "runtime/comm/comm_cpu.h"
 #include "runtime/comm/comm_reduce.h"
 #include "runtime/comm/comm_shm.h"
 #include "tests/harness.h"
@@ -385,7 +384,7 @@ static void test_reduce_kernels(void)
                 srcs[j] = src[j];
             }
             float scale = k == 3 ? 0.5f : 1.0f;
-            dt_reduce_sum(out, out2, srcs, k, N, t, scale, k % 2 == 0);
+            dt_reduce(out, out2, srcs, k, N, t, DT_SUM, scale, k % 2 == 0);
             int bad = 0;
             for (size_t i = 0; i < N; i++) {
                 float want = 0;
@@ -397,7 +396,7 @@ static void test_reduce_kernels(void)
             }
             DT_CHECK_MSG(bad == 0, "%s, %d sources: %d wrong", dt_dtype_name(t), k, bad);
             /* In place into the first source. */
-            dt_reduce_sum(src[0], NULL, srcs, k, N, t, 1.0f, k % 2 == 1);
+            dt_reduce(src[0], NULL, srcs, k, N, t, DT_SUM, 1.0f, k % 2 == 1);
             dt_stream_fence();
             bad = 0;
             for (size_t i = 0; i < N; i++) {
@@ -425,6 +424,259 @@ static void test_reduce_kernels(void)
     DT_CHECK_INT(dt_dtype_size(DT_FLOAT32), 4);
     DT_CHECK_INT(dt_dtype_size(DT_BFLOAT16), 2);
     DT_CHECK_STR(dt_dtype_name(DT_FLOAT16), "float16");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Integer and byte types                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static const dt_dtype itypes[] = {DT_INT32, DT_INT64, DT_UINT8};
+
+/* The value v stored in type t, read back (int32 sign-extended, uint8 zero-extended). */
+static int64_t itrunc(dt_dtype t, uint64_t v)
+{
+    if (t == DT_INT32)
+        return (int64_t)(int32_t)(uint32_t)v;
+    if (t == DT_UINT8)
+        return (int64_t)(uint8_t)v;
+    return (int64_t)v;
+}
+
+/* Rank- and index-dependent values beyond float precision: int64 around +-(2^53 + 1) (a float32
+ * or float64 path loses the low bits), int32 near +-2^31 (sums of two ranks wrap), uint8 near
+ * 255 (sums wrap). */
+static int64_t ival(dt_dtype t, int rank, size_t i)
+{
+    int neg = (int)((i + (size_t)rank) & 1);
+    uint64_t mag;
+    if (t == DT_INT64)
+        mag = (1ull << 53) + 1 + (uint64_t)rank * 1000003u + (uint64_t)i;
+    else if (t == DT_INT32)
+        mag = 0x7ffffff0u - (uint64_t)rank * 3u - (uint64_t)(i % 5);
+    else
+        return itrunc(t, 200u + (uint64_t)rank * 31u + (uint64_t)i);
+    return itrunc(t, neg ? (uint64_t)0 - mag : mag);
+}
+
+static int64_t iget(const void *buf, dt_dtype t, size_t i)
+{
+    if (t == DT_INT32)
+        return ((const int32_t *)buf)[i];
+    if (t == DT_INT64)
+        return ((const int64_t *)buf)[i];
+    return ((const uint8_t *)buf)[i];
+}
+
+static void ifill(void *buf, dt_dtype t, size_t n, int rank)
+{
+    for (size_t i = 0; i < n; i++) {
+        int64_t v = ival(t, rank, i);
+        if (t == DT_INT32)
+            ((int32_t *)buf)[i] = (int32_t)v;
+        else if (t == DT_INT64)
+            ((int64_t *)buf)[i] = v;
+        else
+            ((uint8_t *)buf)[i] = (uint8_t)v;
+    }
+}
+
+/* The exact reduction over ranks 0..n-1 of element i (sums wrap in t). */
+static int64_t iwant(dt_dtype t, dt_redop op, int n, size_t i)
+{
+    uint64_t sum = 0;
+    int64_t best = ival(t, 0, i);
+    for (int r = 0; r < n; r++) {
+        int64_t v = ival(t, r, i);
+        sum += (uint64_t)v;
+        if (op == DT_MAX ? v > best : v < best)
+            best = v;
+    }
+    return op == DT_SUM ? itrunc(t, sum) : best;
+}
+
+static void test_int_kernels(void)
+{
+    enum { N = 5003 };
+    const dt_redop ops[] = {DT_SUM, DT_MAX, DT_MIN};
+    DT_CHECK_INT(dt_dtype_size(DT_INT32), 4);
+    DT_CHECK_INT(dt_dtype_size(DT_INT64), 8);
+    DT_CHECK_INT(dt_dtype_size(DT_UINT8), 1);
+    DT_CHECK_STR(dt_dtype_name(DT_INT64), "int64");
+    DT_CHECK_STR(dt_dtype_name(DT_UINT8), "uint8");
+    DT_CHECK(!dt_dtype_is_float(DT_INT32) && dt_dtype_is_float(DT_BFLOAT16));
+    DT_CHECK(!dt_dtype_valid(DT_DTYPE_COUNT) && !dt_dtype_valid(-1));
+    for (size_t d = 0; d < DT_ARRAY_LEN(itypes); d++) {
+        dt_dtype t = itypes[d];
+        size_t es = dt_dtype_size(t);
+        for (size_t o = 0; o < DT_ARRAY_LEN(ops); o++) {
+            for (int k = 1; k <= 4; k++) {
+                char *src[4], *out = malloc(N * es), *out2 = malloc(N * es);
+                const void *srcs[4];
+                for (int j = 0; j < k; j++) {
+                    src[j] = malloc(N * es);
+                    ifill(src[j], t, N, j);
+                    srcs[j] = src[j];
+                }
+                dt_reduce(out, out2, srcs, k, N, t, ops[o], 1.0f, k % 2 == 0);
+                /* in place into the first source, as the transports do */
+                dt_reduce(src[0], NULL, srcs, k, N, t, ops[o], 1.0f, false);
+                dt_stream_fence();
+                int bad = 0;
+                for (size_t i = 0; i < N; i++) {
+                    int64_t want = iwant(t, ops[o], k, i);
+                    bad += iget(out, t, i) != want || iget(out2, t, i) != want ||
+                           iget(src[0], t, i) != want;
+                }
+                DT_CHECK_MSG(bad == 0, "%s %s, %d sources: %d wrong", dt_redop_name(ops[o]),
+                             dt_dtype_name(t), k, bad);
+                for (int j = 0; j < k; j++)
+                    free(src[j]);
+                free(out);
+                free(out2);
+            }
+        }
+    }
+    /* 2^53 + 1 survives a sum: a float64 accumulator would give 2^54. */
+    int64_t a[1] = {(1ll << 53) + 1}, b[1] = {(1ll << 53) + 1}, r[1];
+    const void *ab[2] = {a, b};
+    dt_reduce(r, NULL, ab, 2, 1, DT_INT64, DT_SUM, 1.0f, false);
+    DT_CHECK(r[0] == (1ll << 54) + 2);
+    /* Floating max and min: the largest / smallest value, rounded to the type once. */
+    float x[3] = {1.5f, -2, 7}, y[3] = {-1, 3, 7.25f}, mx[3], mn[3];
+    const void *xy[2] = {x, y};
+    dt_reduce(mx, NULL, xy, 2, 3, DT_FLOAT32, DT_MAX, 0.5f, false);
+    dt_reduce(mn, NULL, xy, 2, 3, DT_FLOAT32, DT_MIN, 0.5f, false);
+    DT_CHECK(mx[0] == 1.5f && mx[1] == 3 && mx[2] == 7.25f);
+    DT_CHECK(mn[0] == -1 && mn[1] == -2 && mn[2] == 7);
+    uint16_t hx[3], hy[3], hm[3];
+    dt_dtype_convert(hx, DT_BFLOAT16, x, DT_FLOAT32, 3, 1.0f);
+    dt_dtype_convert(hy, DT_BFLOAT16, y, DT_FLOAT32, 3, 1.0f);
+    const void *hxy[2] = {hx, hy};
+    dt_reduce(hm, NULL, hxy, 2, 3, DT_BFLOAT16, DT_MAX, 1.0f, false);
+    DT_CHECK(dt_bf16_to_f32(hm[1]) == 3 && dt_bf16_to_f32(hm[2]) == 7.25f);
+}
+
+/* Every collective on every integer type, checked exactly; avg is refused. */
+static void int_collectives(dt_comm *c, int rank, int n, void *argp)
+{
+    (void)argp;
+    static const size_t isizes[] = {1, 7, 4097, 100003};
+    const dt_redop ops[] = {DT_SUM, DT_MAX, DT_MIN};
+    dt_err err = {0};
+    for (size_t d = 0; d < DT_ARRAY_LEN(itypes); d++) {
+        dt_dtype t = itypes[d];
+        size_t es = dt_dtype_size(t);
+        for (size_t s = 0; s < DT_ARRAY_LEN(isizes); s++) {
+            size_t count = isizes[s];
+            char *buf = malloc((size_t)n * count * es), *recv = malloc((size_t)n * count * es);
+            for (size_t o = 0; o < DT_ARRAY_LEN(ops); o++) {
+                ifill(buf, t, count, rank);
+                int rc = dt_comm_allreduce(c, buf, count, t, ops[o], NULL, &err);
+                RCHECK(rc == 0, "allreduce %s: %s", dt_dtype_name(t), err.msg);
+                size_t bad = 0;
+                for (size_t i = 0; i < count && !rc; i++)
+                    bad += iget(buf, t, i) != iwant(t, ops[o], n, i);
+                RCHECK(bad == 0, "allreduce %s %s x %zu on %d ranks: %zu wrong (first %lld, "
+                       "want %lld)", dt_redop_name(ops[o]), dt_dtype_name(t), count, n, bad,
+                       (long long)iget(buf, t, 0), (long long)iwant(t, ops[o], n, 0));
+            }
+            /* broadcast */
+            int root = (int)((s + d) % (size_t)n);
+            ifill(buf, t, count, rank);
+            int rc = dt_comm_broadcast(c, buf, count, t, root, NULL, &err);
+            RCHECK(rc == 0, "broadcast %s: %s", dt_dtype_name(t), err.msg);
+            size_t bad = 0;
+            for (size_t i = 0; i < count && !rc; i++)
+                bad += iget(buf, t, i) != ival(t, root, i);
+            RCHECK(bad == 0, "broadcast %s x %zu from %d: %zu wrong", dt_dtype_name(t), count,
+                   root, bad);
+            /* allgather */
+            ifill(buf, t, count, rank);
+            rc = dt_comm_allgather(c, buf, recv, count, t, NULL, &err);
+            RCHECK(rc == 0, "allgather %s: %s", dt_dtype_name(t), err.msg);
+            bad = 0;
+            for (int r = 0; r < n && !rc; r++)
+                for (size_t i = 0; i < count; i++)
+                    bad += iget(recv + (size_t)r * count * es, t, i) != ival(t, r, i);
+            RCHECK(bad == 0, "allgather %s x %zu: %zu wrong", dt_dtype_name(t), count, bad);
+            /* reduce-scatter, sum and max */
+            for (int o = 0; o < 2; o++) {
+                ifill(buf, t, (size_t)n * count, rank);
+                rc = dt_comm_reduce_scatter(c, buf, recv, count, t, ops[o], NULL, &err);
+                RCHECK(rc == 0, "reduce_scatter %s: %s", dt_dtype_name(t), err.msg);
+                bad = 0;
+                for (size_t i = 0; i < count && !rc; i++)
+                    bad += iget(recv, t, i) != iwant(t, ops[o], n, (size_t)rank * count + i);
+                RCHECK(bad == 0, "reduce_scatter %s %s x %zu: %zu wrong", dt_redop_name(ops[o]),
+                       dt_dtype_name(t), count, bad);
+            }
+            free(buf);
+            free(recv);
+        }
+        /* avg on integers is refused by every backend, before any communication */
+        int64_t v[2] = {1, 2};
+        int rc = dt_comm_allreduce(c, v, 1, t, DT_AVG, NULL, &err);
+        RCHECK(rc == -EINVAL && strstr(err.msg, "avg of") && strstr(err.msg, dt_dtype_name(t)),
+               "avg of %s: %d %s", dt_dtype_name(t), rc, err.msg);
+        rc = dt_comm_reduce_scatter(c, v, v + 1, 1, t, DT_AVG, NULL, &err);
+        RCHECK(rc == -EINVAL, "reduce_scatter avg of %s: %d %s", dt_dtype_name(t), rc, err.msg);
+    }
+    /* int64 in communicator memory: on one host the all-reduce reads the peers' memory. */
+    size_t count = 30011;
+    void *mem = NULL;
+    int rc = dt_comm_mem_alloc(c, count * sizeof(int64_t), &mem, &err);
+    RCHECK(rc == 0, "mem_alloc: %s", err.msg);
+    if (!rc) {
+        for (size_t o = 0; o < DT_ARRAY_LEN(ops); o++) {
+            ifill(mem, DT_INT64, count, rank);
+            rc = dt_comm_allreduce(c, mem, count, DT_INT64, ops[o], NULL, &err);
+            RCHECK(rc == 0, "allreduce in communicator memory: %s", err.msg);
+            size_t bad = 0;
+            for (size_t i = 0; i < count && !rc; i++)
+                bad += iget(mem, DT_INT64, i) != iwant(DT_INT64, ops[o], n, i);
+            RCHECK(bad == 0, "allreduce %s int64 in communicator memory: %zu wrong",
+                   dt_redop_name(ops[o]), bad);
+        }
+        dt_comm_mem_free(c, mem);
+    }
+    /* float max and min across ranks */
+    float f[3] = {(float)rank, -(float)rank, 0.5f * (float)rank};
+    RCHECK(dt_comm_allreduce(c, f, 3, DT_FLOAT32, DT_MAX, NULL, &err) == 0, "%s", err.msg);
+    RCHECK(f[0] == (float)(n - 1) && f[1] == 0 && f[2] == 0.5f * (float)(n - 1), "float max");
+    RCHECK(dt_comm_barrier(c, &err) == 0, "barrier: %s", err.msg);
+}
+
+static void test_int_one_rank(void)
+{
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    dt_comm *c = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_comm_init(&c, NULL, &o, &err), &err);
+    int_collectives(c, 0, 1, NULL);
+    DT_CHECK(!rank_failed);
+    dt_comm_free(c);
+}
+
+static void test_int_shm(void)
+{
+    for (int n = 2; n <= 3; n++) {
+        /* 16 KiB slices for 3 ranks: the larger sizes wrap the slices many times */
+        group g = {.n = n, .transport = "auto", .slot_kb = n == 3 ? 16 : 0};
+        run_group(&g, int_collectives, NULL, 90);
+    }
+}
+
+static void test_int_tcp(void)
+{
+    for (int n = 2; n <= 3; n++) {
+        /* 4 KiB segments for 3 ranks: 512 int64 per reduction unit */
+        group g = {.n = n, .transport = "tcp", .segment_kb = n == 3 ? 4 : 0};
+        run_group(&g, int_collectives, NULL, 90);
+    }
+    /* two hosts of two ranks: shared memory on each, the ring between them */
+    group h = {.n = 4, .hosts = "A,B,A,B"};
+    run_group(&h, int_collectives, NULL, 90);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1208,7 +1460,11 @@ int main(int argc, char **argv)
         {"fp16_exhaustive", test_fp16_exhaustive, 0},
         {"bf16_rounding", test_bf16_rounding, 0},
         {"reduce_kernels", test_reduce_kernels, 0},
+        {"int_kernels", test_int_kernels, 0},
         {"one_rank", test_one_rank, 0},
+        {"int_one_rank", test_int_one_rank, 0},
+        {"int_shm", test_int_shm, 120},
+        {"int_tcp", test_int_tcp, 150},
         {"shm_all_collectives", test_shm_all, 120},
         {"tcp_all_collectives", test_tcp_all, 120},
         {"hierarchical", test_hierarchical, 120},

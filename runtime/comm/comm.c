@@ -1,5 +1,6 @@
-/* comm.c - the collective-communication front end: options, dtype helpers, the store bootstrap
- * namespace, and dispatch to a backend ("cpu": runtime/comm/comm_cpu.c; "nccl": libdtrain_cuda.so).
+/* comm.c - the collective-communication front end: the store bootstrap namespace, the checks
+ * every backend shares (dtype, op, root), and dispatch to a backend ("cpu":
+ * runtime/comm/comm_cpu.c; "nccl": libdtrain_cuda.so).
  *
  * Every communicator gets its own store namespace, comm/<run id>/<attempt>/<n>/, where n counts
  * the communicators this process created (every rank creates them in the same order). Nothing
@@ -29,34 +30,6 @@ struct dt_comm {
 };
 
 static _Atomic uint64_t comm_counter;
-
-size_t dt_dtype_size(dt_dtype t) { return t == DT_FLOAT32 ? 4 : 2; }
-
-const char *dt_dtype_name(dt_dtype t)
-{
-    switch (t) {
-    case DT_FLOAT32: return "float32";
-    case DT_BFLOAT16: return "bfloat16";
-    case DT_FLOAT16: return "float16";
-    }
-    return "unknown-dtype";
-}
-
-void dt_comm_opts_default(dt_comm_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->backend = "cpu";
-    o->rank = 0;
-    o->world_size = 1;
-    o->local_rank = 0;
-    o->local_world_size = 1;
-    o->run_id = NULL;
-    o->attempt = 0;
-    o->timeout_ms = 300000;
-    o->local_addr = NULL;
-    o->device_index = 0;
-    o->number = 0;
-}
 
 /* ---- nccl: loaded from libdtrain_cuda.so ------------------------------------------------- */
 
@@ -179,11 +152,36 @@ int dt_comm_world_size(const dt_comm *c) { return c ? c->world : 1; }
 
 /* ---- dispatch ------------------------------------------------------------------------------ */
 
+/* The reduction op on t is one every backend runs: any op on floats, sum/max/min on integers. */
+static int check_reduction(const char *what, dt_dtype t, dt_redop op, dt_err *err)
+{
+    if (!dt_dtype_valid((int)t))
+        return dt_err_set(err, -EINVAL, "%s: unknown dtype %d", what, (int)t);
+    if (!dt_redop_valid((int)op))
+        return dt_err_set(err, -EINVAL, "%s: unknown reduction op %d", what, (int)op);
+    if (op == DT_AVG && !dt_dtype_is_float(t))
+        return dt_err_set(err, -EINVAL,
+                          "%s: avg of %s is not defined (it would have to round): reduce with "
+                          "sum and divide as needed",
+                          what, dt_dtype_name(t));
+    return 0;
+}
+
+static int check_dtype(const char *what, dt_dtype t, dt_err *err)
+{
+    if (!dt_dtype_valid((int)t))
+        return dt_err_set(err, -EINVAL, "%s: unknown dtype %d", what, (int)t);
+    return 0;
+}
+
 int dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_redop op,
                       dt_comm_work **work, dt_err *err)
 {
     if (work)
         *work = NULL;
+    int rc = check_reduction("allreduce", dtype, op, err);
+    if (rc)
+        return rc;
     return c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
 }
 
@@ -195,6 +193,9 @@ int dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_redop
     if (root < 0 || root >= c->world)
         return dt_err_set(err, -EINVAL, "reduce: root %d is not a rank (world size %d)", root,
                           c->world);
+    int rc = check_reduction("reduce", dtype, op, err);
+    if (rc)
+        return rc;
     if (!c->ops->reduce)
         return c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
     return c->ops->reduce(c->self, buf, count, dtype, op, root, work, err);
@@ -205,6 +206,9 @@ int dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int r
 {
     if (work)
         *work = NULL;
+    int rc = check_dtype("broadcast", dtype, err);
+    if (rc)
+        return rc;
     return c->ops->broadcast(c->self, buf, count, dtype, root, work, err);
 }
 
@@ -213,6 +217,9 @@ int dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt
 {
     if (work)
         *work = NULL;
+    int rc = check_dtype("allgather", dtype, err);
+    if (rc)
+        return rc;
     return c->ops->allgather(c->self, send, recv, count, dtype, work, err);
 }
 
@@ -221,6 +228,9 @@ int dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t coun
 {
     if (work)
         *work = NULL;
+    int rc = check_reduction("reduce_scatter", dtype, op, err);
+    if (rc)
+        return rc;
     return c->ops->reduce_scatter(c->self, send, recv, count, dtype, op, work, err);
 }
 

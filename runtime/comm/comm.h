@@ -1,9 +1,29 @@
 /* comm.h - the collective-communication interface shared by DDP, DP, SyncBatchNorm and the
- * trainer, with two backends: "cpu" (shared memory between ranks on one host, a pipelined TCP
- * ring between hosts, hierarchical when both) and "nccl" (in libdtrain_cuda.so).
+ * trainer.
  *
- * Both bootstrap through the dtrain store, under keys namespaced by run id and attempt, so a
- * worker of an earlier attempt can never be mixed into a new group.
+ * What runtime/comm/ is
+ *   - this interface (comm.h, comm.c: options, the store bootstrap namespace, dispatch);
+ *   - the element types and reduction ops (dtype.h) and the element kernels of the CPU
+ *     collectives (comm_reduce.h: conversions, n-way reductions, streaming copies);
+ *   - the "cpu" backend (comm_cpu.c): a comm thread that runs collectives in issue order over two
+ *     transports, shared memory between the ranks of one host (comm_shm.c) and a pipelined TCP
+ *     ring between hosts (comm_tcp.c), hierarchical when both; what they say about a collective
+ *     in execution is coll.h;
+ *   - the "nccl" backend (comm_nccl.cu, in libdtrain_cuda.so, loaded at run time by comm.c);
+ *   - comm_impl.h, the table of operations a backend implements, and comm_opts.h, the types
+ *     this interface and the backends share.
+ * Inside the folder dependencies point one way: comm.c -> backends -> transports -> coll.h,
+ * comm_reduce.h -> dtype.h; no file includes comm.h except comm.c and the users outside.
+ *
+ * What it may include: common/ (errors, logging, env, util, half), rendezvous/store.h (the store
+ * client, for the bootstrap only), kernels/backend.h (comm.c: where libdtrain_cuda.so is) and,
+ * in comm_nccl.cu only, kernels/cuda/cuda_internal.h (the CUDA backend's compute streams). Never runtime/train/ or runtime/launch/: the
+ * trainer uses comm/, not the other way round, and the launcher runs no collective.
+ *
+ * Backends: "cpu" (shared memory between ranks on one host, a pipelined TCP ring between hosts,
+ * hierarchical when both) and "nccl" (in libdtrain_cuda.so). Both bootstrap through the dtrain
+ * store, under keys namespaced by run id and attempt, so a worker of an earlier attempt can never
+ * be mixed into a new group.
  *
  * Every collective is asynchronous: it returns at once with a work handle (or, when `work` is
  * NULL, waits itself). Collectives are issued in the same order on every rank; each message
@@ -16,6 +36,12 @@
  *
  * Buffers are backend memory of the device the communicator was created for (host memory for
  * "cpu", device memory for "nccl"). Counts are in elements of dtype.
+ *
+ * Types (dtype.h): float32, bfloat16, float16 (reductions accumulate in float32) and int32,
+ * int64, uint8 (reductions exact in the type, wrapping on overflow): every collective takes every
+ * type, on both backends, so integers, flags and counters travel as what they are, never packed
+ * into floats. Reductions: sum, max, min on every type; avg on the floating types only (an
+ * integer avg is -EINVAL: sum, then divide as the caller needs).
  */
 #ifndef DT_COMM_H
 #define DT_COMM_H
@@ -25,32 +51,10 @@
 
 #include "common/err.h"
 #include "rendezvous/store.h"
+#include "runtime/comm/comm_opts.h" /* dt_comm_opts, dt_comm, dt_comm_work */
+#include "runtime/comm/dtype.h"     /* dt_dtype, dt_redop */
 
-typedef enum dt_dtype { DT_FLOAT32 = 0, DT_BFLOAT16 = 1, DT_FLOAT16 = 2 } dt_dtype;
-typedef enum dt_redop { DT_SUM = 0, DT_AVG = 1 } dt_redop;
-
-size_t dt_dtype_size(dt_dtype t);
-const char *dt_dtype_name(dt_dtype t);
-
-typedef struct dt_comm dt_comm;
-typedef struct dt_comm_work dt_comm_work;
-
-typedef struct dt_comm_opts {
-    const char *backend;    /* "cpu" or "nccl" */
-    int rank, world_size;   /* global */
-    int local_rank, local_world_size;
-    const char *run_id;     /* namespace for store keys and shared-memory names */
-    int attempt;            /* restart attempt; part of the namespace */
-    int timeout_ms;         /* per collective (default 300000) */
-    const char *local_addr; /* address peers use to reach this rank over TCP (NULL: hostname) */
-    int device_index;       /* nccl: CUDA device (LOCAL_RANK) */
-    uint64_t number;        /* the communicator's number in the namespace; 0: this process's
-                               next (processes create their communicators in the same order).
-                               Set it (the same on every rank) when several ranks of one group
-                               live in one process, as DP's replica threads do. */
-} dt_comm_opts;
-
-void dt_comm_opts_default(dt_comm_opts *o);
+/* dt_comm_opts and dt_comm_opts_default are in comm_opts.h. */
 
 /* Creates the communicator: every rank must call it with the same world_size, run_id and
  * attempt. store is borrowed for the bootstrap only (it may be freed afterwards). */

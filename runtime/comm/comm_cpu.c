@@ -29,6 +29,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "runtime/comm/coll.h"
 #include "runtime/comm/comm_reduce.h"
 #include "runtime/comm/comm_shm.h"
 #include "runtime/comm/comm_tcp.h"
@@ -82,55 +83,6 @@ typedef struct cpu_comm {
     dt_err first_err;
 } cpu_comm;
 
-/* ---- descriptions ------------------------------------------------------------------------- */
-
-static const char *kind_name(int k)
-{
-    switch (k) {
-    case DT_COLL_ALLREDUCE: return "allreduce";
-    case DT_COLL_BROADCAST: return "broadcast";
-    case DT_COLL_ALLGATHER: return "allgather";
-    case DT_COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case DT_COLL_BARRIER: return "barrier";
-    case DT_COLL_MEM_ALLOC: return "mem_alloc";
-    default: return "unknown-collective";
-    }
-}
-
-const char *dt_coll_describe(const dt_coll_desc *d, char *buf, size_t cap)
-{
-    const char *dt = d->dtype >= 0 && d->dtype <= 2 ? dt_dtype_name((dt_dtype)d->dtype) : "?";
-    switch (d->kind) {
-    case DT_COLL_BARRIER:
-        snprintf(buf, cap, "barrier #%llu", (unsigned long long)d->seq);
-        break;
-    case DT_COLL_MEM_ALLOC:
-        snprintf(buf, cap, "mem_alloc #%llu (%llu bytes)", (unsigned long long)d->seq,
-                 (unsigned long long)d->count);
-        break;
-    case DT_COLL_BROADCAST:
-        snprintf(buf, cap, "broadcast #%llu (%s x %llu from rank %d)", (unsigned long long)d->seq,
-                 dt, (unsigned long long)d->count, d->root);
-        break;
-    case DT_COLL_ALLGATHER:
-        snprintf(buf, cap, "allgather #%llu (%s x %llu per rank)", (unsigned long long)d->seq, dt,
-                 (unsigned long long)d->count);
-        break;
-    default:
-        snprintf(buf, cap, "%s #%llu (%s x %llu%s, %s)", kind_name(d->kind),
-                 (unsigned long long)d->seq, dt, (unsigned long long)d->count,
-                 d->kind == DT_COLL_REDUCE_SCATTER ? " per rank" : "",
-                 d->redop == DT_AVG ? "avg" : "sum");
-    }
-    return buf;
-}
-
-int dt_coll_same(const dt_coll_desc *a, const dt_coll_desc *b)
-{
-    return a->seq == b->seq && a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
-           a->root == b->root && a->redop == b->redop;
-}
-
 /* ---- execution ---------------------------------------------------------------------------- */
 
 static int ring_member_index(const cpu_comm *c) { return c->flat_tcp ? c->rank : c->host; }
@@ -138,17 +90,19 @@ static int ring_member_index(const cpu_comm *c) { return c->flat_tcp ? c->rank :
 static int exec_allreduce(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *x, dt_err *err)
 {
     dt_dtype t = (dt_dtype)w->desc.dtype;
+    dt_redop op = (dt_redop)w->desc.redop;
     size_t n = w->desc.count;
-    float scale = w->desc.redop == DT_AVG ? 1.0f / (float)c->world : 1.0f;
+    float scale = op == DT_AVG ? 1.0f / (float)c->world : 1.0f;
     int rc = 0;
     if (c->world == 1) {
         if (scale != 1.0f)
             dt_dtype_convert(w->buf, t, w->buf, t, n, scale);
         return 0;
     }
-    if (c->shm && (rc = dt_shm_allreduce(c->shm, w->buf, n, t, c->hier ? 1.0f : scale, x, err)))
+    if (c->shm &&
+        (rc = dt_shm_allreduce(c->shm, w->buf, n, t, op, c->hier ? 1.0f : scale, x, err)))
         return rc;
-    if (c->ring && (rc = dt_ring_allreduce(c->ring, w->buf, n, t, scale, x, err)))
+    if (c->ring && (rc = dt_ring_allreduce(c->ring, w->buf, n, t, op, scale, x, err)))
         return rc;
     if (c->hier && c->shm)
         rc = dt_shm_broadcast(c->shm, w->buf, n * dt_dtype_size(t), 0, x, err);
@@ -214,16 +168,17 @@ static int exec_allgather(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *x, dt
 static int exec_reduce_scatter(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *x, dt_err *err)
 {
     dt_dtype t = (dt_dtype)w->desc.dtype;
+    dt_redop op = (dt_redop)w->desc.redop;
     size_t n = w->desc.count, es = dt_dtype_size(t);
-    float scale = w->desc.redop == DT_AVG ? 1.0f / (float)c->world : 1.0f;
+    float scale = op == DT_AVG ? 1.0f / (float)c->world : 1.0f;
     if (c->world == 1) {
         dt_dtype_convert(w->recv, t, w->send, t, n, scale);
         return 0;
     }
     if (c->ring_only)
-        return dt_ring_reduce_scatter(c->ring, w->send, w->recv, n, t, scale, x, err);
+        return dt_ring_reduce_scatter(c->ring, w->send, w->recv, n, t, op, scale, x, err);
     if (!c->hier)
-        return dt_shm_reduce_scatter(c->shm, w->send, w->recv, n, t, scale, x, err);
+        return dt_shm_reduce_scatter(c->shm, w->send, w->recv, n, t, op, scale, x, err);
     /* Hierarchical: a full all-reduce of a copy, then each rank keeps its piece. Simple, and
      * reduce-scatter across hosts is not on any hot path of dtrain. */
     size_t total = (size_t)c->world * n;
@@ -233,9 +188,9 @@ static int exec_reduce_scatter(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *
     memcpy(tmp, w->send, total * es);
     int rc = 0;
     if (c->shm)
-        rc = dt_shm_allreduce(c->shm, tmp, total, t, 1.0f, x, err);
+        rc = dt_shm_allreduce(c->shm, tmp, total, t, op, 1.0f, x, err);
     if (!rc && c->ring)
-        rc = dt_ring_allreduce(c->ring, tmp, total, t, scale, x, err);
+        rc = dt_ring_allreduce(c->ring, tmp, total, t, op, scale, x, err);
     if (!rc && c->shm)
         rc = dt_shm_broadcast(c->shm, tmp, total * es, 0, x, err);
     if (!rc)
@@ -462,15 +417,21 @@ static dt_comm_work *new_work(int kind, dt_dtype t, size_t count, int root, int 
 
 static int check_dtype(dt_dtype t, dt_err *err)
 {
-    if (t != DT_FLOAT32 && t != DT_BFLOAT16 && t != DT_FLOAT16)
+    if (!dt_dtype_valid((int)t))
         return dt_err_set(err, -EINVAL, "comm: unknown dtype %d", (int)t);
     return 0;
+}
+
+/* Every op on every type, except avg on integers (comm.c rejects it first, with a message). */
+static bool op_ok(dt_dtype t, dt_redop op)
+{
+    return dt_redop_valid((int)op) && (op != DT_AVG || dt_dtype_is_float(t));
 }
 
 static int cpu_allreduce(void *self, void *buf, size_t count, dt_dtype t, dt_redop op,
                          dt_comm_work **work, dt_err *err)
 {
-    if (check_dtype(t, err) || (op != DT_SUM && op != DT_AVG))
+    if (check_dtype(t, err) || !op_ok(t, op))
         return dt_err_set(err, -EINVAL, "allreduce: invalid dtype %d or op %d", (int)t, (int)op);
     dt_comm_work *w = new_work(DT_COLL_ALLREDUCE, t, count, -1, op, err);
     if (!w)
@@ -511,7 +472,7 @@ static int cpu_allgather(void *self, const void *send, void *recv, size_t count,
 static int cpu_reduce_scatter(void *self, const void *send, void *recv, size_t count, dt_dtype t,
                               dt_redop op, dt_comm_work **work, dt_err *err)
 {
-    if (check_dtype(t, err) || (op != DT_SUM && op != DT_AVG))
+    if (check_dtype(t, err) || !op_ok(t, op))
         return dt_err_set(err, -EINVAL, "reduce_scatter: invalid dtype %d or op %d", (int)t,
                           (int)op);
     dt_comm_work *w = new_work(DT_COLL_REDUCE_SCATTER, t, count, -1, op, err);

@@ -1,5 +1,7 @@
-/* comm_impl.h - what a collective backend implements; internal to runtime/comm*.c and the NCCL
- * backend in libdtrain_cuda.so. Everyone else uses runtime/comm/comm.h.
+/* comm_impl.h - what a collective backend implements; internal to runtime/comm/ (comm.c, the cpu
+ * backend comm_cpu.c, the NCCL backend comm_nccl.cu in libdtrain_cuda.so). Everyone else uses
+ * runtime/comm/comm.h. It includes comm_opts.h, not comm.h, so that comm.c can include the
+ * backends without a loop.
  *
  * runtime/comm/comm.c owns the dispatch: dt_comm_init picks the backend by opts->backend, does the
  * store bootstrap, and forwards every dt_comm_* call to ops with `self`. A backend's work handles
@@ -8,7 +10,10 @@
 #ifndef DT_COMM_IMPL_H
 #define DT_COMM_IMPL_H
 
-#include "runtime/comm/comm.h"
+#include <stddef.h>
+
+#include "common/err.h"
+#include "runtime/comm/comm_opts.h"
 
 typedef struct dt_comm_backend_ops {
     const char *name;

@@ -20,8 +20,9 @@
 //   backward kernels that produced the bucket have run, and overlaps the rest of backward.
 //   wait() blocks the host until the collective has completed (polling its event, bounded by
 //   the timeout); compute work issued after wait() is therefore ordered after it.
-// - The device is opts->device_index (LOCAL_RANK). Data types: float32, bfloat16, float16;
-//   reductions: sum and avg (ncclAvg).
+// - The device is opts->device_index (LOCAL_RANK). Data types: float32, bfloat16, float16, int32,
+//   int64, uint8 (ncclInt32, ncclInt64, ncclUint8); reductions: sum, avg (ncclAvg), max, min.
+//   comm.c has already refused avg on the integer types and any value outside dtype.h.
 // - Single-process data parallelism (one process driving K GPUs, job.strategy = dp) uses the same
 //   entry points from K threads: one dt_nccl_comm_create per replica thread with rank = replica,
 //   world_size = K, device_index = replica and one shared unique id. Each thread then issues its
@@ -96,14 +97,40 @@ static void nap(double *delay)
         *delay *= 2;
 }
 
+// dtype.c is not linked into libdtrain_cuda.so (the CUDA build links common/ only), so the
+// names are spelled here; they match dt_dtype_name.
 static const char *dtype_name(dt_dtype t)
 {
-    return t == DT_BFLOAT16 ? "bfloat16" : t == DT_FLOAT16 ? "float16" : "float32";
+    switch (t) {
+    case DT_BFLOAT16: return "bfloat16";
+    case DT_FLOAT16: return "float16";
+    case DT_INT32: return "int32";
+    case DT_INT64: return "int64";
+    case DT_UINT8: return "uint8";
+    default: return "float32";
+    }
 }
 
 static ncclDataType_t nccl_type(dt_dtype t)
 {
-    return t == DT_BFLOAT16 ? ncclBfloat16 : t == DT_FLOAT16 ? ncclFloat16 : ncclFloat32;
+    switch (t) {
+    case DT_BFLOAT16: return ncclBfloat16;
+    case DT_FLOAT16: return ncclFloat16;
+    case DT_INT32: return ncclInt32;
+    case DT_INT64: return ncclInt64;
+    case DT_UINT8: return ncclUint8;
+    default: return ncclFloat32;
+    }
+}
+
+static ncclRedOp_t nccl_op(dt_redop op)
+{
+    switch (op) {
+    case DT_AVG: return ncclAvg;
+    case DT_MAX: return ncclMax;
+    case DT_MIN: return ncclMin;
+    default: return ncclSum;
+    }
 }
 
 // Aborts the communicator (once) and records why. Caller holds c->mu.
@@ -341,10 +368,12 @@ static int issue(nccl_comm *c, const char *op, size_t count, dt_dtype dtype, Fn 
 static int nccl_allreduce(void *self, void *buf, size_t count, dt_dtype dtype, dt_redop op,
                           dt_comm_work **work, dt_err *err)
 {
-    ncclRedOp_t rop = op == DT_AVG ? ncclAvg : ncclSum;
+    static const char *const names[] = {"allreduce(sum)", "allreduce(avg)", "allreduce(max)",
+                                        "allreduce(min)"};
+    ncclRedOp_t rop = nccl_op(op);
     ncclDataType_t t = nccl_type(dtype);
     return issue(
-        (nccl_comm *)self, op == DT_AVG ? "allreduce(avg)" : "allreduce(sum)", count, dtype,
+        (nccl_comm *)self, names[(unsigned)op < DT_REDOP_COUNT ? op : 0], count, dtype,
         [=](ncclComm_t comm, cudaStream_t s) {
             return ncclAllReduce(buf, buf, count, t, rop, comm, s);
         },
@@ -354,10 +383,12 @@ static int nccl_allreduce(void *self, void *buf, size_t count, dt_dtype dtype, d
 static int nccl_reduce(void *self, void *buf, size_t count, dt_dtype dtype, dt_redop op,
                        int root, dt_comm_work **work, dt_err *err)
 {
-    ncclRedOp_t rop = op == DT_AVG ? ncclAvg : ncclSum;
+    static const char *const names[] = {"reduce(sum)", "reduce(avg)", "reduce(max)",
+                                        "reduce(min)"};
+    ncclRedOp_t rop = nccl_op(op);
     ncclDataType_t t = nccl_type(dtype);
     return issue(
-        (nccl_comm *)self, op == DT_AVG ? "reduce(avg)" : "reduce(sum)", count, dtype,
+        (nccl_comm *)self, names[(unsigned)op < DT_REDOP_COUNT ? op : 0], count, dtype,
         [=](ncclComm_t comm, cudaStream_t s) {
             return ncclReduce(buf, buf, count, t, rop, root, comm, s);
         },
@@ -391,7 +422,7 @@ static int nccl_allgather(void *self, const void *send, void *recv, size_t count
 static int nccl_reduce_scatter(void *self, const void *send, void *recv, size_t count,
                                dt_dtype dtype, dt_redop op, dt_comm_work **work, dt_err *err)
 {
-    ncclRedOp_t rop = op == DT_AVG ? ncclAvg : ncclSum;
+    ncclRedOp_t rop = nccl_op(op);
     ncclDataType_t t = nccl_type(dtype);
     return issue(
         (nccl_comm *)self, "reduce_scatter", count, dtype,

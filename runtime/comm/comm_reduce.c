@@ -1,14 +1,18 @@
-/* comm_reduce.c - dtype conversion and n-way sums for the CPU collectives; see comm_reduce.h.
+/* comm_reduce.c - dtype conversion and n-way reductions for the CPU collectives; see
+ * comm_reduce.h.
  *
- * Everything works in blocks of BLOCK float32 values held in a stack buffer (16 KiB, in L1):
- * load (converting) the first source into the block, add each further source, scale, store
- * (converting) to the destinations. Each pass is a simple loop over restrict pointers that the
+ * Floating types work in blocks of BLOCK float32 values held in a stack buffer (16 KiB, in L1):
+ * load (converting) the first source into the block, add (or max, min) each further source,
+ * scale, store (converting) to the destinations. Integer types work the same way in blocks of
+ * their own type (sums in the unsigned type of the same width, which wraps without undefined
+ * behaviour). Each pass is a simple loop over restrict pointers that the
  * compiler vectorises, so the kernels run at memory speed for every dtype and any number of
  * sources, and a destination may alias a source.
  * The scalar conversions are common/half.h's.
  */
 #include "runtime/comm/comm_reduce.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -53,6 +57,26 @@ DT_VECTORIZE static void add_block(float *restrict acc, const void *src, dt_dtyp
         dt_f16_to_f32_n(wide, src, n);
         for (size_t i = 0; i < n; i++)
             acc[i] += wide[i];
+    }
+}
+
+/* acc = max(acc, src) (is_max) or min(acc, src), element by element; a NaN on either side
+ * stays NaN. */
+DT_VECTORIZE static void minmax_block(float *restrict acc, const void *src, dt_dtype t, size_t n,
+                                      bool is_max)
+{
+    float wide[BLOCK];
+    const float *s = wide;
+    if (t == DT_FLOAT32)
+        s = src;
+    else if (t == DT_BFLOAT16)
+        for (size_t i = 0; i < n; i++)
+            wide[i] = dt_bits_f32((uint32_t)((const uint16_t *)src)[i] << 16);
+    else
+        dt_f16_to_f32_n(wide, src, n);
+    for (size_t i = 0; i < n; i++) {
+        float a = acc[i], b = s[i];
+        acc[i] = a != a || b != b ? a + b : is_max ? (b > a ? b : a) : (b < a ? b : a);
     }
 }
 
@@ -126,6 +150,7 @@ void dt_dtype_convert(void *dst, dt_dtype dt, const void *src, dt_dtype st, size
             memmove(dst, src, n * des);
         return;
     }
+    assert(dt_dtype_is_float(dt) && dt_dtype_is_float(st) && "integer types convert only to themselves");
     for (size_t off = 0; off < n; off += BLOCK) {
         size_t m = DT_MIN((size_t)BLOCK, n - off);
         load_block(acc, (const char *)src + off * ses, st, m);
@@ -135,9 +160,49 @@ void dt_dtype_convert(void *dst, dt_dtype dt, const void *src, dt_dtype st, size
     }
 }
 
-void dt_reduce_sum(void *dst, void *dst2, const void *const *srcs, int k, size_t n, dt_dtype t,
-                   float scale, bool stream)
+/* The integer reductions, one per type: T the element type, U the unsigned type of its width
+ * (sums wrap in U), IBLOCK elements per block. */
+#define IBLOCK 2048
+#define DT_INT_REDUCE(name, T, U)                                                                 \
+    DT_VECTORIZE static void name(void *dst, void *dst2, const void *const *srcs, int k,         \
+                                  size_t n, dt_redop op, bool stream)                            \
+    {                                                                                             \
+        U acc[IBLOCK];                                                                            \
+        for (size_t off = 0; off < n; off += IBLOCK) {                                            \
+            size_t m = DT_MIN((size_t)IBLOCK, n - off);                                           \
+            memcpy(acc, (const T *)srcs[0] + off, m * sizeof(T));                                 \
+            for (int j = 1; j < k; j++) {                                                         \
+                const T *restrict s = (const T *)srcs[j] + off;                                   \
+                if (op == DT_MAX) {                                                               \
+                    for (size_t i = 0; i < m; i++)                                                \
+                        acc[i] = s[i] > (T)acc[i] ? (U)s[i] : acc[i];                             \
+                } else if (op == DT_MIN) {                                                        \
+                    for (size_t i = 0; i < m; i++)                                                \
+                        acc[i] = s[i] < (T)acc[i] ? (U)s[i] : acc[i];                             \
+                } else {                                                                          \
+                    for (size_t i = 0; i < m; i++)                                                \
+                        acc[i] += (U)s[i];                                                        \
+                }                                                                                 \
+            }                                                                                     \
+            dt_copy((T *)dst + off, acc, m * sizeof(T), stream);                                  \
+            if (dst2)                                                                             \
+                memcpy((T *)dst2 + off, acc, m * sizeof(T));                                      \
+        }                                                                                         \
+    }
+DT_INT_REDUCE(reduce_i32, int32_t, uint32_t)
+DT_INT_REDUCE(reduce_i64, int64_t, uint64_t)
+DT_INT_REDUCE(reduce_u8, uint8_t, uint8_t)
+
+void dt_reduce(void *dst, void *dst2, const void *const *srcs, int k, size_t n, dt_dtype t,
+               dt_redop op, float scale, bool stream)
 {
+    switch (t) {
+    case DT_INT32: reduce_i32(dst, dst2, srcs, k, n, op, stream); return;
+    case DT_INT64: reduce_i64(dst, dst2, srcs, k, n, op, stream); return;
+    case DT_UINT8: reduce_u8(dst, dst2, srcs, k, n, op, stream); return;
+    default: break;
+    }
+    const bool minmax = op == DT_MAX || op == DT_MIN;
     size_t es = dt_dtype_size(t);
     float acc[BLOCK];
     uint16_t half[BLOCK];
@@ -145,9 +210,13 @@ void dt_reduce_sum(void *dst, void *dst2, const void *const *srcs, int k, size_t
         size_t m = DT_MIN((size_t)BLOCK, n - off);
         size_t b = off * es;
         load_block(acc, (const char *)srcs[0] + b, t, m);
-        for (int j = 1; j < k; j++)
-            add_block(acc, (const char *)srcs[j] + b, t, m);
-        if (scale != 1.0f)
+        for (int j = 1; j < k; j++) {
+            if (minmax)
+                minmax_block(acc, (const char *)srcs[j] + b, t, m, op == DT_MAX);
+            else
+                add_block(acc, (const char *)srcs[j] + b, t, m);
+        }
+        if (scale != 1.0f && !minmax)
             scale_block(acc, m, scale);
         const void *out = acc;
         if (t != DT_FLOAT32) {

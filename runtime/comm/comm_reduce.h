@@ -1,9 +1,15 @@
 /* comm_reduce.h - element kernels of the CPU collectives: float32 <-> bfloat16 / float16
- * conversion and n-way reductions, internal to runtime/comm*.c and runtime/train/ddp.c.
+ * conversion, n-way reductions and streaming copies. Used by the cpu backend (comm_cpu.c), its
+ * transports (comm_shm.c, comm_tcp.c), `dtrain bench allreduce` (cmd/bench_allreduce.c) and
+ * tests/test_comm.c; nothing in runtime/train/ calls it (DDP converts through the backend's
+ * ops).
  *
- * Reductions always accumulate in float32, whatever the payload type, and round once when they
- * store: an n-way sum of bf16 or fp16 payloads is rounded once, not n-1 times. Conversions round
- * to nearest even, keep infinities and signed zeros, and turn NaN into a quiet NaN.
+ * Floating reductions always accumulate in float32, whatever the payload type, and round once
+ * when they store: an n-way sum of bf16 or fp16 payloads is rounded once, not n-1 times.
+ * Conversions round to nearest even, keep infinities and signed zeros, and turn NaN into a
+ * quiet NaN. Integer reductions (int32, int64, uint8) are exact in the payload's own type: sums
+ * wrap modulo 2^bits, as two's complement hardware (and NCCL) does; no value goes through a
+ * float, so int64 values beyond 2^53 survive.
  */
 #ifndef DT_COMM_REDUCE_H
 #define DT_COMM_REDUCE_H
@@ -13,19 +19,22 @@
 #include <stdint.h>
 
 #include "common/half.h" /* the scalar conversions */
-#include "runtime/comm/comm.h"
+#include "runtime/comm/dtype.h"
 
-
-/* dst (n, dtype dt) = scale * src (n, dtype st). dst and src may be the same pointer only when
- * dt == st. */
+/* dst (n, dtype dt) = scale * src (n, dtype st), for floating dt and st; for any dtype when
+ * dt == st and scale == 1 (a copy). dst and src may be the same pointer only when dt == st. */
 void dt_dtype_convert(void *dst, dt_dtype dt, const void *src, dt_dtype st, size_t n, float scale);
 
-/* dst (n) = scale * (srcs[0] + srcs[1] + ... + srcs[k-1]), all of dtype t, summed in float32 in
- * that order; dst2 (may be NULL) receives the same values. dst may be one of srcs (the sum is
- * computed in blocks, each read completely before it is written). k >= 1. stream: write dst
- * with non-temporal stores (see dt_copy). */
-void dt_reduce_sum(void *dst, void *dst2, const void *const *srcs, int k, size_t n, dt_dtype t,
-                   float scale, bool stream);
+/* dst (n) = op over srcs[0], srcs[1], ..., srcs[k-1], all of dtype t, element by element:
+ *   DT_SUM, DT_AVG: scale * (srcs[0] + ... + srcs[k-1]), summed in that order (floating types
+ *     in float32; integer types exactly, wrapping; scale must be 1 for integer types: an
+ *     average is the caller's division);
+ *   DT_MAX, DT_MIN: the largest / smallest (scale is ignored; a NaN in any source gives NaN).
+ * dst2 (may be NULL) receives the same values. dst may be one of srcs (the reduction is computed
+ * in blocks, each read completely before it is written). k >= 1. stream: write dst with
+ * non-temporal stores (see dt_copy). */
+void dt_reduce(void *dst, void *dst2, const void *const *srcs, int k, size_t n, dt_dtype t,
+               dt_redop op, float scale, bool stream);
 
 /* memcpy, or with stream = true a copy with non-temporal stores: for large results nobody reads
  * soon, it skips reading the destination lines first and leaves the cache to the data that is

@@ -411,6 +411,7 @@ static void chunk(size_t m, int n, int j, size_t *lo, size_t *hi)
 typedef struct shm_op {
     int kind;               /* dt_coll_kind */
     dt_dtype t;
+    dt_redop op;            /* reductions */
     size_t es;              /* element size (1 for byte-wise collectives) */
     size_t count;           /* elements (per rank for allgather, reduce_scatter; bytes for
                                broadcast and allgather) */
@@ -466,8 +467,8 @@ static void phase_reduce(dt_shm *s, const shm_op *o, uint64_t step, uint64_t i, 
                 srcs[k++] = o->zc ? o->zc->peer[j] + o->zoff + (off + lo) * o->es
                                   : slot_ptr(s, j, step) + lo * o->es;
         if (hi > lo)
-            dt_reduce_sum(o->buf + (off + lo) * o->es, o->zc ? NULL : mine + lo * o->es, srcs,
-                          s->n, hi - lo, o->t, o->scale, o->stream);
+            dt_reduce(o->buf + (off + lo) * o->es, o->zc ? NULL : mine + lo * o->es, srcs, s->n,
+                      hi - lo, o->t, o->op, o->scale, o->stream);
         if (o->zc && o->stream)
             dt_stream_fence(); /* the peers read this chunk once we publish */
         break;
@@ -486,7 +487,7 @@ static void phase_reduce(dt_shm *s, const shm_op *o, uint64_t step, uint64_t i, 
             if (j != s->me)
                 srcs[k++] = slot_ptr(s, j, step) + (size_t)s->me * o->per_step * o->es;
         if (m)
-            dt_reduce_sum(o->recv + off * o->es, NULL, srcs, s->n, m, o->t, o->scale, false);
+            dt_reduce(o->recv + off * o->es, NULL, srcs, s->n, m, o->t, o->op, o->scale, false);
         break;
     }
 }
@@ -611,11 +612,11 @@ static int run_op(dt_shm *s, const shm_op *o, const dt_coll_ctx *ctx, dt_err *er
 
 /* ---- collectives ------------------------------------------------------------------------- */
 
-int dt_shm_allreduce(dt_shm *s, void *buf, size_t count, dt_dtype t, float scale,
-                     const dt_coll_ctx *ctx, dt_err *err)
+int dt_shm_allreduce(dt_shm *s, void *buf, size_t count, dt_dtype t, dt_redop op,
+                     float scale, const dt_coll_ctx *ctx, dt_err *err)
 {
     size_t es = dt_dtype_size(t);
-    shm_op o = {.kind = DT_COLL_ALLREDUCE, .t = t, .es = es, .count = count,
+    shm_op o = {.kind = DT_COLL_ALLREDUCE, .t = t, .op = op, .es = es, .count = count,
                 .per_step = s->slot / es, .buf = buf, .scale = scale,
                 .stream = count * es >= STREAM_MIN_BYTES};
     for (const shm_region *g = s->regions; g && count; g = g->next) {
@@ -649,10 +650,10 @@ int dt_shm_allgather(dt_shm *s, const void *send, void *recv, size_t bytes,
 }
 
 int dt_shm_reduce_scatter(dt_shm *s, const void *send, void *recv, size_t count, dt_dtype t,
-                          float scale, const dt_coll_ctx *ctx, dt_err *err)
+                          dt_redop op, float scale, const dt_coll_ctx *ctx, dt_err *err)
 {
     size_t es = dt_dtype_size(t);
-    shm_op o = {.kind = DT_COLL_REDUCE_SCATTER, .t = t, .es = es, .count = count,
+    shm_op o = {.kind = DT_COLL_REDUCE_SCATTER, .t = t, .op = op, .es = es, .count = count,
                 .per_step = s->slot / ((size_t)s->n * es), .send = send, .recv = recv,
                 .scale = scale};
     return run_op(s, &o, ctx, err);
@@ -928,9 +929,10 @@ int dt_shm_mem_alloc(dt_shm *s, size_t bytes, void **out, const dt_coll_ctx *ctx
         rc = region_map(s, g, idx, s->me, true, &e);
     if (rc && rc != -ENOSPC)
         goto fail;
-    float vote[2] = {rc ? 1.0f : 0.0f, rc ? (float)(s->me + 1) : 0.0f}; /* no-votes, who + 1 */
-    shm_op agree = {.kind = DT_COLL_ALLREDUCE, .t = DT_FLOAT32, .es = sizeof(float), .count = 2,
-                    .per_step = s->slot / sizeof(float), .buf = (char *)vote, .scale = 1.0f};
+    int32_t vote[2] = {rc ? 1 : 0, rc ? s->me + 1 : 0}; /* no-votes, who + 1 */
+    shm_op agree = {.kind = DT_COLL_ALLREDUCE, .t = DT_INT32, .op = DT_SUM, .es = sizeof *vote,
+                    .count = 2, .per_step = s->slot / sizeof *vote, .buf = (char *)vote,
+                    .scale = 1.0f};
     if ((rc = run_op(s, &agree, ctx, err)) != 0)
         goto out;
     if (vote[0] > 0) {
@@ -942,10 +944,10 @@ int dt_shm_mem_alloc(dt_shm *s, size_t bytes, void **out, const dt_coll_ctx *ctx
         }
         else if (vote[0] == 1)
             rc = dt_err_set(err, -ENOSPC, "communicator memory: rank %d has no room for it (see "
-                            "its log)", s->globals[(int)vote[1] - 1]);
+                            "its log)", s->globals[vote[1] - 1]);
         else
             rc = dt_err_set(err, -ENOSPC, "communicator memory: %d local ranks have no room for "
-                            "it", (int)vote[0]);
+                            "it", vote[0]);
         goto out;
     }
     for (int j = 0; j < s->n; j++)

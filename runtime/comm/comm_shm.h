@@ -18,7 +18,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "runtime/comm/comm_cpu.h"
+#include "common/err.h"
+#include "runtime/comm/coll.h"
+#include "runtime/comm/dtype.h"
 
 #define DT_SHM_MAX_LOCAL 256
 
@@ -55,18 +57,18 @@ void dt_shm_close(dt_shm *s);
 /* Tells the peers that this rank failed with msg (they fail with it within a few ms). */
 void dt_shm_abort(dt_shm *s, const char *msg);
 
-/* buf (count of t) = scale * sum over local ranks. In place. */
-int dt_shm_allreduce(dt_shm *s, void *buf, size_t count, dt_dtype t, float scale,
-                     const dt_coll_ctx *ctx, dt_err *err);
+/* buf (count of t) = op over local ranks (sum: scale * the sum; see dt_reduce). In place. */
+int dt_shm_allreduce(dt_shm *s, void *buf, size_t count, dt_dtype t, dt_redop op,
+                     float scale, const dt_coll_ctx *ctx, dt_err *err);
 /* buf (bytes) from local index root to every local rank. */
 int dt_shm_broadcast(dt_shm *s, void *buf, size_t bytes, int root, const dt_coll_ctx *ctx,
                      dt_err *err);
 /* recv (local_size * bytes) = every local rank's send (bytes), in local index order. */
 int dt_shm_allgather(dt_shm *s, const void *send, void *recv, size_t bytes,
                      const dt_coll_ctx *ctx, dt_err *err);
-/* recv (count) = scale * sum over local ranks of send[local_rank*count ...]. */
+/* recv (count) = op over local ranks of send[local_rank*count ...] (as dt_shm_allreduce). */
 int dt_shm_reduce_scatter(dt_shm *s, const void *send, void *recv, size_t count, dt_dtype t,
-                          float scale, const dt_coll_ctx *ctx, dt_err *err);
+                          dt_redop op, float scale, const dt_coll_ctx *ctx, dt_err *err);
 int dt_shm_barrier(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err);
 /* Communicator memory (see dt_comm_mem_alloc in comm.h): every local rank creates a
  * shared-memory object of `bytes` (zero-filled, 64-byte aligned) and maps every peer's. A call on

@@ -136,8 +136,9 @@ static int salvage_mismatch(dt_ring *r, wire_hdr *in_h, size_t *got, const dt_co
 
 /* ---- the step engine --------------------------------------------------------------------- */
 
-static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, const dt_coll_ctx *ctx,
-               dt_err *err)
+/* Runs steps; a reduction step combines with op over elements of t. */
+static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, dt_redop op,
+               const dt_coll_ctx *ctx, dt_err *err)
 {
     if (r->failed || r->next_fd < 0)
         return fail(r, ctx, err, -EPIPE, "the TCP ring failed earlier");
@@ -248,8 +249,8 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, const
                     if (avail > 0 && (avail >= MIN_REDUCE_UNIT || st_fill == r->seg ||
                                       r_got == s->recv_bytes)) {
                         const void *srcs[2] = {s->addend + r_done, r->stage + st_used};
-                        dt_reduce_sum(s->recv + r_done, NULL, srcs, 2, avail / es, t, s->scale,
-                                      false);
+                        dt_reduce(s->recv + r_done, NULL, srcs, 2, avail / es, t, op, s->scale,
+                                  false);
                         st_used += avail;
                         r_done += avail;
                         if (st_used == st_fill)
@@ -322,8 +323,8 @@ static void chunk(size_t m, int n, int j, size_t *lo, size_t *hi)
 
 /* ---- collectives ------------------------------------------------------------------------- */
 
-int dt_ring_allreduce(dt_ring *r, void *buf, size_t count, dt_dtype t, float scale,
-                      const dt_coll_ctx *ctx, dt_err *err)
+int dt_ring_allreduce(dt_ring *r, void *buf, size_t count, dt_dtype t, dt_redop op,
+                      float scale, const dt_coll_ctx *ctx, dt_err *err)
 {
     const int M = r->n, me = r->idx;
     const size_t es = dt_dtype_size(t);
@@ -347,7 +348,7 @@ int dt_ring_allreduce(dt_ring *r, void *buf, size_t count, dt_dtype t, float sca
         steps[st] = (ring_step){b + slo * es, (shi - slo) * es, st - 1,
                                 b + rlo * es, (rhi - rlo) * es, NULL, 1.0f};
     }
-    int rc = run(r, steps, 2 * (M - 1), t, ctx, err);
+    int rc = run(r, steps, 2 * (M - 1), t, op, ctx, err);
     free(steps);
     return rc;
 }
@@ -363,7 +364,7 @@ int dt_ring_broadcast(dt_ring *r, void *buf, size_t bytes, int root, const dt_co
         steps[n++] = (ring_step){NULL, 0, -1, buf, bytes, NULL, 1.0f};
     if (d < M - 1) /* forward to the next one as it arrives */
         steps[n++] = (ring_step){buf, bytes, d > 0 ? 0 : -1, NULL, 0, NULL, 1.0f};
-    return run(r, steps, n, DT_FLOAT32, ctx, err);
+    return run(r, steps, n, DT_UINT8, DT_SUM, ctx, err); /* copies only */
 }
 
 int dt_ring_allgather(dt_ring *r, const void *send, void *recv, size_t bytes,
@@ -379,13 +380,13 @@ int dt_ring_allgather(dt_ring *r, const void *send, void *recv, size_t bytes,
     for (int k = 0; k < M - 1; k++)
         steps[k] = (ring_step){out + (size_t)mod(me - k, M) * bytes, bytes, k - 1,
                                out + (size_t)mod(me - k - 1, M) * bytes, bytes, NULL, 1.0f};
-    int rc = run(r, steps, M - 1, DT_FLOAT32, ctx, err);
+    int rc = run(r, steps, M - 1, DT_UINT8, DT_SUM, ctx, err); /* copies only */
     free(steps);
     return rc;
 }
 
 int dt_ring_reduce_scatter(dt_ring *r, const void *send, void *recv, size_t count, dt_dtype t,
-                           float scale, const dt_coll_ctx *ctx, dt_err *err)
+                           dt_redop op, float scale, const dt_coll_ctx *ctx, dt_err *err)
 {
     const int M = r->n, me = r->idx;
     const size_t es = dt_dtype_size(t), piece = count * es;
@@ -405,7 +406,7 @@ int dt_ring_reduce_scatter(dt_ring *r, const void *send, void *recv, size_t coun
         steps[k] = (ring_step){src, piece, k - 1, dst, piece,
                                in + (size_t)mod(me - k - 2, M) * piece, k == M - 2 ? scale : 1.0f};
     }
-    int rc = run(r, steps, M - 1, t, ctx, err);
+    int rc = run(r, steps, M - 1, t, op, ctx, err);
     free(steps);
     free(tmp);
     return rc;
@@ -416,7 +417,7 @@ int dt_ring_barrier(dt_ring *r, const dt_coll_ctx *ctx, dt_err *err)
     float z[16 * 64];
     size_t n = (size_t)16 * (size_t)DT_MIN(r->n, 64);
     memset(z, 0, sizeof z);
-    return dt_ring_allreduce(r, z, n, DT_FLOAT32, 1.0f, ctx, err);
+    return dt_ring_allreduce(r, z, n, DT_FLOAT32, DT_SUM, 1.0f, ctx, err);
 }
 
 /* ---- connections ------------------------------------------------------------------------- */

@@ -19,7 +19,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/comm/comm_cpu.h"
+#include "common/err.h"
+#include "runtime/comm/coll.h"
+#include "runtime/comm/dtype.h"
 
 typedef struct dt_ring dt_ring;
 
@@ -42,9 +44,9 @@ void dt_ring_close(dt_ring *r);
 /* Closes the connections now so that the neighbours fail promptly (after an error elsewhere). */
 void dt_ring_abort(dt_ring *r);
 
-/* buf (count of t) = scale * sum over members. In place. */
-int dt_ring_allreduce(dt_ring *r, void *buf, size_t count, dt_dtype t, float scale,
-                      const dt_coll_ctx *ctx, dt_err *err);
+/* buf (count of t) = op over members (sum: scale * the sum; see dt_reduce). In place. */
+int dt_ring_allreduce(dt_ring *r, void *buf, size_t count, dt_dtype t, dt_redop op,
+                      float scale, const dt_coll_ctx *ctx, dt_err *err);
 /* buf (bytes) from member root to all. */
 int dt_ring_broadcast(dt_ring *r, void *buf, size_t bytes, int root, const dt_coll_ctx *ctx,
                       dt_err *err);
@@ -52,9 +54,9 @@ int dt_ring_broadcast(dt_ring *r, void *buf, size_t bytes, int root, const dt_co
  * recv + index*bytes. */
 int dt_ring_allgather(dt_ring *r, const void *send, void *recv, size_t bytes,
                       const dt_coll_ctx *ctx, dt_err *err);
-/* recv (count) = scale * sum over members of send[index*count ...]. */
+/* recv (count) = op over members of send[index*count ...] (as dt_ring_allreduce). */
 int dt_ring_reduce_scatter(dt_ring *r, const void *send, void *recv, size_t count, dt_dtype t,
-                           float scale, const dt_coll_ctx *ctx, dt_err *err);
+                           dt_redop op, float scale, const dt_coll_ctx *ctx, dt_err *err);
 /* Returns when every member has entered. */
 int dt_ring_barrier(dt_ring *r, const dt_coll_ctx *ctx, dt_err *err);
 
