@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/train/models/gpt.h"
 #include "runtime/train/models/models.h"
 
 typedef struct gpt_layer {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/train/models/mlp.h"
 #include "runtime/train/models/models.h"
 
 #define MLP_MAX_LAYERS 17

@@ -1,14 +1,17 @@
-/* model.c - the model zoo's front door: configuration from a job, creation by type, the tensor
- * table, and the helpers every model uses (see models.h). The models themselves are in mlp.c,
- * resnet.c and gpt.c. */
-#include <math.h>
+/* model.c - the model zoo's registry, the implementation of runtime/train/model.h: configuration
+ * from a job, creation by type (dispatching to gpt.c, mlp.c, resnet.c through their headers),
+ * freeing, and tensor look-up. The helpers the models share are models.c (models.h); they never
+ * call back into this file, so the registry -> model -> helpers dependencies run one way. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
 #include "runtime/job/config.h"
-#include "runtime/train/models/models.h"
+#include "runtime/train/model.h"
+#include "runtime/train/models/gpt.h"
+#include "runtime/train/models/mlp.h"
+#include "runtime/train/models/resnet.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* configuration */
@@ -191,142 +194,4 @@ int dt_model_find_tensor(const dt_model *m, const char *name)
         if (!strcmp(m->tensors[i].name, name))
             return i;
     return -1;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* helpers for the models */
-
-static int add_to(dt_tensor_info **table, int *count, size_t *total, bool no_decay, int ndim,
-                  const int64_t *shape, dt_err *err, const char *fmt, va_list ap)
-{
-    if (ndim < 1 || ndim > DT_TENSOR_MAX_DIMS)
-        return dt_err_set(err, -EINVAL, "tensor with %d dimensions", ndim);
-    dt_tensor_info *t = realloc(*table, sizeof **table * (size_t)(*count + 1));
-    if (!t)
-        return dt_err_set(err, -ENOMEM, "model: out of memory for the tensor table");
-    *table = t;
-    t += *count;
-    memset(t, 0, sizeof *t);
-    vsnprintf(t->name, sizeof t->name, fmt, ap);
-    t->ndim = ndim;
-    t->numel = 1;
-    for (int i = 0; i < ndim; i++) {
-        t->shape[i] = shape[i];
-        t->numel *= (size_t)shape[i];
-    }
-    t->offset = *total;
-    t->no_decay = no_decay;
-    *total += t->numel;
-    return (*count)++;
-}
-
-int dt_models_add(dt_model *m, bool no_decay, int ndim, const int64_t *shape, dt_err *err,
-                  const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = add_to(&m->tensors, &m->num_tensors, &m->num_params, no_decay, ndim, shape, err, fmt,
-                    ap);
-    va_end(ap);
-    return rc;
-}
-
-int dt_models_add_buffer(dt_model *m, int ndim, const int64_t *shape, dt_err *err,
-                         const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = add_to(&m->buffer_tensors, &m->num_buffer_tensors, &m->num_buffers, true, ndim,
-                    shape, err, fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-int dt_models_falloc(dt_model *m, float **p, size_t n, dt_err *err)
-{
-    return m->be->alloc(m->be, (void **)p, (n ? n : 1) * sizeof(float), err);
-}
-
-int dt_models_alloc(dt_model *m, dt_err *err)
-{
-    int rc = dt_models_falloc(m, &m->params, m->num_params, err);
-    if (!rc)
-        rc = dt_models_falloc(m, &m->grads, m->num_params, err);
-    if (!rc && m->num_buffers)
-        rc = dt_models_falloc(m, &m->buffers, m->num_buffers, err);
-    return rc;
-}
-
-void dt_models_init_normal(float *host, const dt_tensor_info *t, dt_rng *r, float std)
-{
-    dt_rng_fill_normal(r, host + t->offset, t->numel, 0.0f, std);
-}
-
-void dt_models_init_uniform(float *host, const dt_tensor_info *t, dt_rng *r, float bound)
-{
-    for (size_t i = 0; i < t->numel; i++)
-        host[t->offset + i] = (2.0f * dt_rng_uniform(r) - 1.0f) * bound;
-}
-
-void dt_models_init_const(float *host, const dt_tensor_info *t, float v)
-{
-    for (size_t i = 0; i < t->numel; i++)
-        host[t->offset + i] = v;
-}
-
-void dt_models_upload(dt_model *m, const float *host)
-{
-    m->be->memcpy_h2d(m->be, m->params, host, m->num_params * sizeof(float));
-}
-
-float dt_models_mean_loss(dt_model *m, const float *losses, int n, int valid)
-{
-    if (valid <= 0)
-        return 0.0f;
-    /* one read-back (each is a device synchronisation), in pieces only without the memory */
-    float small[1024], *buf = n > 1024 ? malloc((size_t)n * sizeof *buf) : NULL;
-    int piece = buf ? n : 1024;
-    if (!buf)
-        buf = small;
-    double sum = 0;
-    for (int i = 0; i < n; i += piece) {
-        int k = DT_MIN(piece, n - i);
-        m->be->memcpy_d2h(m->be, buf, losses + i, (size_t)k * sizeof(float));
-        for (int j = 0; j < k; j++)
-            sum += buf[j];
-    }
-    if (buf != small)
-        free(buf);
-    return (float)(sum / valid);
-}
-
-int64_t dt_models_count_correct(dt_model *m, const float *logits, const int32_t *targets, int N,
-                                int V)
-{
-    float *host = malloc((size_t)N * V * sizeof(float));
-    if (!host) /* accuracy is a statistic: without memory it is reported as 0 */
-        return 0;
-    m->be->memcpy_d2h(m->be, host, logits, (size_t)N * V * sizeof(float));
-    int64_t correct = 0;
-    for (int i = 0; i < N; i++) {
-        if (targets[i] < 0)
-            continue;
-        const float *row = host + (size_t)i * V;
-        int best = 0;
-        for (int j = 1; j < V; j++)
-            if (row[j] > row[best])
-                best = j;
-        correct += best == targets[i];
-    }
-    free(host);
-    return correct;
-}
-
-void dt_models_ready(const dt_model *m, int first, int last, dt_grad_ready_fn ready, void *ctx)
-{
-    if (!ready)
-        return;
-    size_t off = m->tensors[first].offset;
-    size_t end = m->tensors[last].offset + m->tensors[last].numel;
-    ready(ctx, off, end - off);
 }

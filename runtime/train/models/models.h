@@ -1,5 +1,6 @@
-/* models.h - internals shared by the model zoo (mlp.c, resnet.c, gpt.c); everyone else uses
- * runtime/train/model.h.
+/* models.h - the helpers shared by the model zoo (mlp.c, resnet.c, gpt.c), implemented in
+ * models.c; everyone else uses runtime/train/model.h. Each model's create function is in its own
+ * header (gpt.h, mlp.h, resnet.h), which only the registry (model.c) and tests include.
  *
  * A model is built in three steps: its create function declares every parameter tensor in
  * buffer order with dt_models_add (the same for buffers with dt_models_add_buffer), then
@@ -46,16 +47,5 @@ int64_t dt_models_count_correct(dt_model *m, const float *logits, const int32_t 
 
 /* Reports the parameter range of tensors [first, last] (inclusive, contiguous) to ready. */
 void dt_models_ready(const dt_model *m, int first, int last, dt_grad_ready_fn ready, void *ctx);
-
-/* The zoo. Each fills m (already zeroed, cfg and be set) or returns an error; on error the
- * caller frees m with dt_model_free. */
-int dt_mlp_create(dt_model *m, dt_err *err);
-int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err);
-int dt_gpt_create(dt_model *m, dt_err *err);
-
-/* The logits (B,T,V) (device, row-major, rows b*T + t) of a gpt model's last evaluation forward
- * (a training forward replaces them with their gradient), valid until its next forward; NULL
- * when m is not a gpt. For tests (causality). */
-const float *dt_gpt_logits(const dt_model *m);
 
 #endif

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "runtime/train/models/resnet.h"
 #include "runtime/train/models/models.h"
 
 typedef struct conv_layer {

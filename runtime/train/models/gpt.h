@@ -1,0 +1,17 @@
+/* gpt.h - the GPT-2 model of the zoo (gpt.c); created through the registry, runtime/train/model.h
+ * (dt_model_create with cfg.type = "gpt"). Internal to runtime/train/models/ and its tests. */
+#ifndef DT_MODELS_GPT_H
+#define DT_MODELS_GPT_H
+
+#include "runtime/train/model.h"
+
+/* Fills m (already zeroed, cfg and be set) or returns an error; on error the caller frees m with
+ * dt_model_free. */
+int dt_gpt_create(dt_model *m, dt_err *err);
+
+/* The logits (B,T,V) (device, row-major, rows b*T + t) of a gpt model's last evaluation forward
+ * (a training forward replaces them with their gradient), valid until its next forward; NULL
+ * when m is not a gpt. For tests (causality). */
+const float *dt_gpt_logits(const dt_model *m);
+
+#endif
