@@ -291,10 +291,9 @@ static int run_rank(const bench_opts *o, int rank, int world, int local_rank, in
     if ((rc = dt_comm_barrier(c, &err)) != 0)
         goto out;
     if (rank == 0) {
-        const char *tr = getenv("DTRAIN_COMM_TRANSPORT");
         printf("# dtrain bench allreduce: %d ranks, %s, %s, %s calls, transport %s, %s\n", world,
-               dt_dtype_name(o->dtype), o->op == DT_AVG ? "avg" : "sum",
-               o->async ? "async (handle + wait)" : "blocking", tr && *tr ? tr : "auto",
+               dt_dtype_name(o->dtype), dt_redop_name(o->op),
+               o->async ? "async (handle + wait)" : "blocking", dt_env("DTRAIN_COMM_TRANSPORT"),
                o->plain ? "plain buffer" : "communicator memory");
         printf("# memcpy bandwidth (this machine, this run, one thread, 64 MiB): %.2f GB/s\n", bw);
         printf("# busbw = algbw * 2(n-1)/n from the mean time (nccl-tests); busbw(med) from the "

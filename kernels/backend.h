@@ -1,6 +1,6 @@
 /* backend.h - the op table every model is written against.
  *
- * Models (runtime/models) are written once, with explicit forward and backward passes, against
+ * Models (runtime/train/models) are written once, with explicit forward and backward passes, against
  * this table. kernels/cpu is the reference implementation (OpenBLAS GEMM, plain C loops);
  * kernels/cuda implements the same ops on the GPU and must match the CPU within stated
  * tolerances. The backend knows nothing about processes, sockets or files.
@@ -16,8 +16,10 @@
  *   "may be NULL" skip that output.
  * - Ops are asynchronous with respect to the host on devices that can be (CUDA: one compute
  *   stream per backend); memcpy_d2h and synchronize wait. The CPU backend is synchronous.
- * - Ops never fail at run time except through alloc; shape mistakes are programming errors
- *   (asserted in debug builds).
+ * - Ops never fail at run time except through alloc. Shape mistakes are programming errors
+ *   that no op checks, in any build (a wrong size reads or writes out of bounds): the callers
+ *   (runtime/train/models) must pass consistent sizes; tests/test_kernels.c and test_models.c
+ *   under SANITIZE=address,undefined are what catch them.
  * - One backend instance per thread that drives it: instances are independent (DP runs one per
  *   replica), and an instance is not safe for concurrent use.
  */
