@@ -51,8 +51,8 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: dtrain bench allreduce [--nproc N] [--min SIZE] [--max SIZE] [--dtype "
-            "float32|bf16|fp16]\n"
-            "                              [--op sum|avg] [--transport auto|shm|tcp] [--async] "
+            "float32|bf16|fp16|int32|int64|uint8]\n"
+            "                              [--op sum|avg|max|min] [--transport auto|shm|tcp] [--async] "
             "[--seconds S]\n"
             "                              [--buffer comm|plain]\n\n"
             "  --nproc N      ranks to fork on this host (default 2); under the launcher "
@@ -126,32 +126,55 @@ static double memcpy_bandwidth(void)
     return (double)n / best / 1e9;
 }
 
+/* The test value of element i on rank r: a small integer, exact in every dtype (uint8: 0..16). */
+static int value(int rank, size_t i) { return (int)((i * 7 + (size_t)rank * 13) % 17) - 8; }
+
 static void fill(void *buf, dt_dtype t, size_t n, int rank)
 {
     for (size_t i = 0; i < n; i++) {
-        float v = (float)((int)((i * 7 + (size_t)rank * 13) % 17) - 8);
-        if (t == DT_FLOAT32)
-            ((float *)buf)[i] = v;
-        else if (t == DT_BFLOAT16)
-            ((uint16_t *)buf)[i] = dt_f32_to_bf16(v);
-        else
-            ((uint16_t *)buf)[i] = dt_f32_to_f16(v);
+        int v = value(rank, i);
+        switch (t) {
+        case DT_FLOAT32: ((float *)buf)[i] = (float)v; break;
+        case DT_BFLOAT16: ((uint16_t *)buf)[i] = dt_f32_to_bf16((float)v); break;
+        case DT_FLOAT16: ((uint16_t *)buf)[i] = dt_f32_to_f16((float)v); break;
+        case DT_INT32: ((int32_t *)buf)[i] = v; break;
+        case DT_INT64: ((int64_t *)buf)[i] = v; break;
+        case DT_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(v + 8); break;
+        }
     }
 }
 
+static double element(const void *buf, dt_dtype t, size_t i)
+{
+    switch (t) {
+    case DT_FLOAT32: return ((const float *)buf)[i];
+    case DT_BFLOAT16: return dt_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DT_FLOAT16: return dt_f16_to_f32(((const uint16_t *)buf)[i]);
+    case DT_INT32: return ((const int32_t *)buf)[i];
+    case DT_INT64: return (double)((const int64_t *)buf)[i];
+    case DT_UINT8: return ((const uint8_t *)buf)[i];
+    }
+    return NAN;
+}
+
+/* Elements of the reduction of fill()'s data over world ranks that are wrong (integers exactly;
+ * uint8 sums modulo 256; floats within 1%). */
 static size_t count_wrong(const void *buf, dt_dtype t, size_t n, int world, dt_redop op)
 {
     size_t bad = 0;
+    const int off = t == DT_UINT8 ? 8 : 0;
     for (size_t i = 0; i < n; i++) {
-        float want = 0;
-        for (int r = 0; r < world; r++)
-            want += (float)((int)((i * 7 + (size_t)r * 13) % 17) - 8);
-        float got = t == DT_FLOAT32    ? ((const float *)buf)[i]
-                    : t == DT_BFLOAT16 ? dt_bf16_to_f32(((const uint16_t *)buf)[i])
-                                       : dt_f16_to_f32(((const uint16_t *)buf)[i]);
+        double want = op == DT_SUM || op == DT_AVG ? 0 : value(0, i) + off;
+        for (int r = 0; r < world; r++) {
+            double v = value(r, i) + off;
+            want = op == DT_MAX ? fmax(want, v) : op == DT_MIN ? fmin(want, v) : want + v;
+        }
         if (op == DT_AVG)
-            want /= (float)world;
-        if (fabsf(got - want) > fabsf(want) * 1e-2f + 1e-6f)
+            want /= world;
+        if (t == DT_UINT8)
+            want = fmod(want, 256.0);
+        double got = element(buf, t, i);
+        if (dt_dtype_is_float(t) ? fabs(got - want) > fabs(want) * 1e-2 + 1e-6 : got != want)
             bad++;
     }
     return bad;
@@ -163,6 +186,7 @@ static int one_size(dt_comm *c, const bench_opts *o, size_t bytes, char *buf, do
 {
     const int rank = dt_comm_rank(c), world = dt_comm_world_size(c);
     const size_t es = dt_dtype_size(o->dtype), count = bytes / es;
+    const dt_redop timed_op = dt_dtype_is_float(o->dtype) ? DT_AVG : DT_SUM;
     dt_err err = {0};
     int rc;
     /* Correctness first (on fresh data), then warm-up. */
@@ -175,7 +199,7 @@ static int one_size(dt_comm *c, const bench_opts *o, size_t bytes, char *buf, do
     /* Estimate an iteration count from the warm-up; rank 0's choice is everyone's. */
     double t0 = dt_now_s();
     for (int i = 0; i < o->warmup; i++)
-        if ((rc = dt_comm_allreduce(c, buf, count, o->dtype, DT_AVG, NULL, &err)) != 0)
+        if ((rc = dt_comm_allreduce(c, buf, count, o->dtype, timed_op, NULL, &err)) != 0)
             goto fail;
     double per_it = (dt_now_s() - t0) / o->warmup + 1e-9;
     int32_t iters = (int32_t)DT_MAX(3.0, DT_MIN(10000.0, o->seconds / per_it));
@@ -183,7 +207,8 @@ static int one_size(dt_comm *c, const bench_opts *o, size_t bytes, char *buf, do
         goto fail;
     if ((rc = dt_comm_barrier(c, &err)) != 0)
         goto fail;
-    /* Timed: AVG keeps the (already identical) values bounded; it costs what SUM costs. Each
+    /* Timed: AVG (floats) keeps the (already identical) values bounded; it costs what SUM costs
+     * (integers: SUM, whose wrapping is harmless). Each
      * iteration is timed too: on a shared machine the median shows what the transport does when
      * the ranks have their CPUs, the mean what this run got. */
     int n_it = (int)iters;
@@ -197,10 +222,10 @@ static int one_size(dt_comm *c, const bench_opts *o, size_t bytes, char *buf, do
         double ti = dt_now_s();
         if (o->async) {
             dt_comm_work *w = NULL;
-            if ((rc = dt_comm_allreduce(c, buf, count, o->dtype, DT_AVG, &w, &err)) != 0 ||
+            if ((rc = dt_comm_allreduce(c, buf, count, o->dtype, timed_op, &w, &err)) != 0 ||
                 (rc = dt_comm_wait(c, w, &err)) != 0)
                 break;
-        } else if ((rc = dt_comm_allreduce(c, buf, count, o->dtype, DT_AVG, NULL, &err)) != 0) {
+        } else if ((rc = dt_comm_allreduce(c, buf, count, o->dtype, timed_op, NULL, &err)) != 0) {
             break;
         }
         each[i] = dt_now_s() - ti;
@@ -432,16 +457,22 @@ int dt_bench_allreduce(int argc, char **argv)
                 o.dtype = DT_BFLOAT16;
             else if (!strcmp(v, "fp16") || !strcmp(v, "float16"))
                 o.dtype = DT_FLOAT16;
+            else if (!strcmp(v, "int32") || !strcmp(v, "int64") || !strcmp(v, "uint8"))
+                o.dtype = v[0] == 'u' ? DT_UINT8 : v[3] == '3' ? DT_INT32 : DT_INT64;
             else {
-                fprintf(stderr, "dtrain bench allreduce: --dtype %s: use float32, bf16 or fp16\n", v);
+                fprintf(stderr, "dtrain bench allreduce: --dtype %s: use float32, bf16, fp16, "
+                                "int32, int64 or uint8\n", v);
                 return 2;
             }
         } else if (!strcmp(a, "--op")) {
-            if (strcmp(v, "sum") && strcmp(v, "avg")) {
-                fprintf(stderr, "dtrain bench allreduce: --op %s: use sum or avg\n", v);
+            int k = 0;
+            while (k < DT_REDOP_COUNT && strcmp(v, dt_redop_name((dt_redop)k)))
+                k++;
+            if (k == DT_REDOP_COUNT) {
+                fprintf(stderr, "dtrain bench allreduce: --op %s: use sum, avg, max or min\n", v);
                 return 2;
             }
-            o.op = !strcmp(v, "avg") ? DT_AVG : DT_SUM;
+            o.op = (dt_redop)k;
         } else if (!strcmp(a, "--transport")) {
             if (strcmp(v, "auto") && strcmp(v, "shm") && strcmp(v, "tcp")) {
                 fprintf(stderr, "dtrain bench allreduce: --transport %s: use auto, shm or tcp\n", v);
@@ -475,6 +506,11 @@ int dt_bench_allreduce(int argc, char **argv)
         }
         if (take)
             i++;
+    }
+    if (o.op == DT_AVG && !dt_dtype_is_float(o.dtype)) {
+        fprintf(stderr, "dtrain bench allreduce: --op avg is for floating types; %s takes sum, "
+                        "max or min\n", dt_dtype_name(o.dtype));
+        return 2;
     }
     if (o.min_bytes > o.max_bytes) {
         fprintf(stderr, "dtrain bench allreduce: --min is larger than --max\n");
