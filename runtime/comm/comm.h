@@ -12,13 +12,15 @@
  *   - the "nccl" backend (comm_nccl.cu, in libdtrain_cuda.so, loaded at run time by comm.c);
  *   - comm_impl.h, the table of operations a backend implements, and comm_opts.h, the types
  *     this interface and the backends share.
- * Inside the folder dependencies point one way: comm.c -> backends -> transports -> coll.h,
- * comm_reduce.h -> dtype.h; no file includes comm.h except comm.c and the users outside.
+ * Inside the folder dependencies point one way: comm.c -> backends (comm_impl.h, comm_opts.h)
+ * -> transports -> coll.h, comm_reduce.h -> dtype.h; in the folder only comm.c includes comm.h
+ * (tools/module-loops.py finds no loop here).
  *
  * What it may include: common/ (errors, logging, env, util, half), rendezvous/store.h (the store
  * client, for the bootstrap only), kernels/backend.h (comm.c: where libdtrain_cuda.so is) and,
- * in comm_nccl.cu only, kernels/cuda/cuda_internal.h (the CUDA backend's compute streams). Never runtime/train/ or runtime/launch/: the
- * trainer uses comm/, not the other way round, and the launcher runs no collective.
+ * in comm_nccl.cu only, kernels/cuda/cuda_internal.h (the CUDA backend's compute streams).
+ * Never runtime/train/ or runtime/launch/: the trainer uses comm/, not the other way round, and
+ * the launcher runs no collective.
  *
  * Backends: "cpu" (shared memory between ranks on one host, a pipelined TCP ring between hosts,
  * hierarchical when both) and "nccl" (in libdtrain_cuda.so). Both bootstrap through the dtrain

@@ -5,7 +5,9 @@
  *
  * runtime/comm/comm.c owns the dispatch: dt_comm_init picks the backend by opts->backend, does the
  * store bootstrap, and forwards every dt_comm_* call to ops with `self`. A backend's work handles
- * are its own type behind dt_comm_work.
+ * are its own type behind dt_comm_work. Before forwarding, comm.c has checked what every backend
+ * would: the dtype is one of dtype.h's, the op too, avg only on floating types, and a reduce's
+ * root is a rank. A backend runs every (dtype, op) pair that passes.
  */
 #ifndef DT_COMM_IMPL_H
 #define DT_COMM_IMPL_H
