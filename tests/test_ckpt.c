@@ -914,6 +914,72 @@ static void test_ckpt_foreign_and_bad_path(void)
     fake_free(&big);
 }
 
+/* Which tensors are the model's and which an optimiser's state comes from what the caller
+ * registers (a buffer with a prefix holds per-parameter state under that prefix) and from what
+ * the checkpoint holds, not from built-in file or state names: here the model lives in
+ * "weights.safetensors" and the state is called "velocity." / "m.", names ckpt never heard of. */
+static void test_ckpt_foreign_names_from_caller(void)
+{
+    fake small, big;
+    fake_init(&small, 8);
+    fake_init(&big, 16);
+    dt_err err = {0};
+    dt_ckpt_opts o = {.dir = path_in("names"), .keep = 5, .async = false};
+    dt_ckpt_buf vel[3] = {{"weights", "", small.pt, 4, small.params, small.np, false},
+                          {"weights", "", small.bt, 1, small.bufs, small.nb, true},
+                          {"opt_state", "velocity.", small.pt, 4, small.m, small.np, false}};
+    dt_ckpt *c = NULL;
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, vel, 3, &err), &err);
+    save_step(c, &small, 3);
+    dt_ckpt_close(c);
+    dt_ckpt_state got;
+    dt_ckpt_state_init(&got);
+
+    /* Another model, same file and state names: "another model", not "another optimizer". */
+    dt_ckpt_buf bigv[3] = {{"weights", "", big.pt, 4, big.params, big.np, false},
+                           {"weights", "", big.bt, 1, big.bufs, big.nb, true},
+                           {"opt_state", "velocity.", big.pt, 4, big.m, big.np, false}};
+    o.dir = path_in("names2");
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, bigv, 3, &err), &err);
+    int rc = dt_ckpt_load(c, path_in("names/step_3"), &got, &err);
+    DT_CHECK_INT(rc, -EXDEV);
+    DT_CHECK_CONTAINS(err.msg, "written for another model: tensor wte is F32 (64, 8) in weights "
+                               "there, F32 (64, 16) in weights here");
+    DT_CHECK(!strstr(err.msg, "optimizer"));
+    dt_ckpt_close(c);
+
+    /* The same model, another optimiser's state (two buffers "m." and "v." where the file has
+     * "velocity."): "another optimizer", naming both sides' state from the prefixes. */
+    dt_ckpt_buf mv[4] = {vel[0], vel[1],
+                         {"opt_state", "m.", small.pt, 4, small.m, small.np, false},
+                         {"opt_state", "v.", small.pt, 4, small.v, small.np, false}};
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, mv, 4, &err), &err);
+    rc = dt_ckpt_load(c, path_in("names/step_3"), &got, &err);
+    DT_CHECK_INT(rc, -EXDEV);
+    DT_CHECK_CONTAINS(err.msg, "written with another optimizer (its optimizer state differs: "
+                               "it has no tensor m.wte");
+    DT_CHECK_CONTAINS(err.msg, "the checkpoint holds velocity, this job's optimizer keeps m, v");
+    DT_CHECK(!strstr(err.msg, "another model"));
+    dt_ckpt_close(c);
+
+    /* No state registered (SGD without momentum) against a checkpoint that has some. */
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, vel, 2, &err), &err);
+    rc = dt_ckpt_load(c, path_in("names/step_3"), &got, &err);
+    DT_CHECK_INT(rc, -EXDEV);
+    DT_CHECK_CONTAINS(err.msg, "written with another optimizer");
+    DT_CHECK_CONTAINS(err.msg, "the checkpoint holds velocity, this job's optimizer keeps none");
+    dt_ckpt_close(c);
+
+    /* And the same registration loads it. */
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, vel, 3, &err), &err);
+    DT_CHECK_MSG(dt_ckpt_load(c, path_in("names/step_3"), &got, &err) == 0, "%s", err.msg);
+    DT_CHECK_INT(got.step, 3);
+    dt_ckpt_close(c);
+    dt_ckpt_state_clear(&got);
+    fake_free(&small);
+    fake_free(&big);
+}
+
 /* ---- a kill in the middle of retention, and new directories made durable ---- */
 
 static char opened_dirs[16][4096];
@@ -2038,6 +2104,7 @@ int main(int argc, char **argv)
         {"ckpt_resume_run", test_ckpt_resume_run, 0},
         {"ckpt_power_cut", test_ckpt_power_cut, 60},
         {"ckpt_foreign_and_bad_path", test_ckpt_foreign_and_bad_path, 0},
+        {"ckpt_foreign_names_from_caller", test_ckpt_foreign_names_from_caller, 0},
         {"ckpt_injected_failures", test_ckpt_injected_failures, 60},
         {"ckpt_retention_crash", test_ckpt_retention_crash, 60},
         {"ckpt_full_disk_tmpfs", test_ckpt_full_disk_tmpfs, 0},

@@ -203,11 +203,12 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
     c->nbufs = nbufs;
     c->bufs = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->bufs);
     c->buf_stage_off = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->buf_stage_off);
+    c->prefixes = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->prefixes);
     int total = 0;
     for (int b = 0; b < nbufs; b++)
         total += bufs[b].num_tensors;
     c->entries = calloc((size_t)(total ? total : 1), sizeof *c->entries);
-    if (!c->bufs || !c->buf_stage_off || !c->entries) {
+    if (!c->bufs || !c->buf_stage_off || !c->prefixes || !c->entries) {
         rc = dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
         goto fail;
     }
@@ -219,6 +220,12 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
             rc = fi;
             goto fail;
         }
+        if (!(c->prefixes[b] = strdup(B->prefix ? B->prefix : ""))) {
+            rc = dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
+            goto fail;
+        }
+        c->bufs[b].file = c->files[fi]; /* the copies: the caller's strings may go */
+        c->bufs[b].prefix = c->prefixes[b];
         c->buf_stage_off[b] = c->staging_numel;
         for (int t = 0; t < B->num_tensors; t++) {
             const dt_tensor_info *ti = &B->tensors[t];
@@ -252,6 +259,7 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
             e->numel = numel;
             e->src_off = ti->offset;
             e->stage_off = c->staging_numel + ti->offset;
+            e->state = B->prefix && B->prefix[0];
         }
         c->staging_numel += B->numel;
     }
@@ -296,6 +304,9 @@ void dt_ckpt_close(dt_ckpt *c)
     for (int i = 0; i < c->nentries; i++)
         free(c->entries[i].name);
     free(c->entries);
+    for (int b = 0; c->prefixes && b < c->nbufs; b++)
+        free(c->prefixes[b]);
+    free(c->prefixes);
     free(c->bufs);
     free(c->buf_stage_off);
     free(c->staging);

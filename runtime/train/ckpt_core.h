@@ -37,6 +37,8 @@ typedef struct dt_ckpt_entry {
     size_t numel;
     size_t src_off;      /* elements into its buffer */
     size_t stage_off;    /* elements into the staging area */
+    bool state;          /* registered with a prefix: per-parameter state (an optimiser's, named
+                          * by the caller), not one of the model's own tensors */
 } dt_ckpt_entry;
 
 struct dt_ckpt {
@@ -46,7 +48,8 @@ struct dt_ckpt {
     bool concurrent;           /* async and host memory: the writer thread copies (see fence) */
     dt_backend *be;            /* borrowed; NULL = host memory */
     int nbufs;
-    dt_ckpt_buf *bufs;         /* copies; file and prefix strings borrowed from the caller */
+    dt_ckpt_buf *bufs;         /* copies; file points into files, prefix into prefixes */
+    char **prefixes;           /* (nbufs) owned copies of the buffers' prefixes */
     size_t *buf_stage_off;     /* (nbufs) where each buffer starts in staging, in elements */
     int nentries;
     dt_ckpt_entry *entries;    /* registration order */

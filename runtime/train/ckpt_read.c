@@ -392,16 +392,26 @@ static int read_files(const cJSON *root, dt_ckpt_file_desc *files, int *n, dt_er
     return 0;
 }
 
-/* The first difference between the checkpoint's table (d, n) and the registered tensors of the
- * file named `file` (NULL: of every file), written to msg; false when they are the same. */
-static bool table_diff(dt_ckpt *c, const dt_ckpt_tensor_desc *d, int n, const char *file,
+/* Whether file holds any of the model's own tensors (those registered without a prefix). */
+static bool is_model_file(dt_ckpt *c, const char *file)
+{
+    for (int i = 0; i < c->nentries; i++)
+        if (!c->entries[i].state && !strcmp(c->files[c->entries[i].file], file))
+            return true;
+    return false;
+}
+
+/* The first difference between the checkpoint's table (d, n) and the registered tensors, written
+ * to msg; false when they are the same. model_only: only the model's own tensors (registered
+ * without a prefix) against the checkpoint's tensors in the files that hold them here. */
+static bool table_diff(dt_ckpt *c, const dt_ckpt_tensor_desc *d, int n, bool model_only,
                        char *msg, size_t size)
 {
     char a[160], b[160];
     int here = 0, there = 0;
     for (int i = 0; i < c->nentries; i++) {
         const dt_ckpt_entry *e = &c->entries[i];
-        if (file && strcmp(c->files[e->file], file))
+        if (model_only && e->state)
             continue;
         here++;
         int j = 0;
@@ -424,26 +434,82 @@ static bool table_diff(dt_ckpt *c, const dt_ckpt_tensor_desc *d, int n, const ch
         }
     }
     for (int j = 0; j < n; j++)
-        there += !file || !strcmp(d[j].file, file);
+        there += !model_only || is_model_file(c, d[j].file);
     if (there != here) {
-        snprintf(msg, size, "%d %s%stensors there, %d here", there, file ? file : "",
-                 file ? " " : "", here);
+        snprintf(msg, size, "%d %stensors there, %d here", there, model_only ? "model " : "",
+                 here);
         return true;
     }
     return false;
 }
 
+/* Appends name[0..len) to the ", "-separated list out unless it is there already. */
+static void add_name(char *out, size_t size, const char *name, size_t len)
+{
+    for (const char *p = out; *p;) {
+        const char *end = strstr(p, ", ");
+        size_t l = end ? (size_t)(end - p) : strlen(p);
+        if (l == len && !strncmp(p, name, len))
+            return;
+        p += l + (end ? 2 : 0);
+    }
+    size_t o = strlen(out);
+    snprintf(out + o, size - o, "%s%.*s", o ? ", " : "", (int)len, name);
+}
+
+/* The per-parameter state each side keeps, by name, for the message about another optimizer:
+ * here the prefixes the caller registered, there the prefixes of the checkpoint's tensors
+ * outside the model's files (what precedes a model tensor's name: "exp_avg" of
+ * "exp_avg.h.0.mlp.weight"; else the name up to its first dot). Trailing dots dropped. */
+static void state_names(dt_ckpt *c, const dt_ckpt_tensor_desc *d, int n, char *there,
+                        char *here, size_t size)
+{
+    there[0] = here[0] = '\0';
+    for (int b = 0; b < c->nbufs; b++) {
+        const char *p = c->bufs[b].prefix;
+        size_t l = p ? strlen(p) : 0;
+        while (l > 0 && p[l - 1] == '.')
+            l--;
+        if (l)
+            add_name(here, size, p, l);
+    }
+    for (int j = 0; j < n; j++) {
+        if (is_model_file(c, d[j].file))
+            continue;
+        const char *name = d[j].name;
+        size_t len = strlen(name), best = 0;
+        for (int i = 0; i < c->nentries; i++) {
+            const dt_ckpt_entry *e = &c->entries[i];
+            size_t l = strlen(e->name);
+            if (!e->state && l < len && l > best && !strcmp(name + len - l, e->name))
+                best = l;
+        }
+        size_t l = best ? len - best : strcspn(name, ".");
+        while (l > 0 && name[l - 1] == '.')
+            l--;
+        add_name(there, size, name, l ? l : len);
+    }
+    if (!there[0])
+        dt_strlcpy(there, "none", size);
+    if (!here[0])
+        dt_strlcpy(here, "none", size);
+}
+
 /* -EXDEV when the checkpoint's table differs from the registered tensors: "written for another
- * model" when the model's tensors differ, "written with another optimizer" when only the
- * optimiser state does (train.optimizer changed). */
+ * model" when the model's own tensors differ, "written with another optimizer" when only the
+ * per-parameter state does (train.optimizer changed). Which tensors are the model's and which
+ * the optimiser's comes from the registration (prefix or none), never from built-in names. */
 static int check_foreign(dt_ckpt *c, const dt_ckpt_tensor_desc *d, int n, dt_err *err)
 {
-    char why[400];
-    if (table_diff(c, d, n, "model", why, sizeof why))
+    char why[400], there[160], here[160];
+    if (table_diff(c, d, n, true, why, sizeof why))
         return dt_err_set(err, -EXDEV, "written for another model: %s", why);
-    if (table_diff(c, d, n, NULL, why, sizeof why))
+    if (table_diff(c, d, n, false, why, sizeof why)) {
+        state_names(c, d, n, there, here, sizeof there);
         return dt_err_set(err, -EXDEV, "written with another optimizer (its optimizer state "
-                          "differs: %s)", why);
+                          "differs: %s; the checkpoint holds %s, this job's optimizer keeps %s)",
+                          why, there, here);
+    }
     return 0;
 }
 
@@ -498,8 +564,8 @@ int dt_ckpt_load(dt_ckpt *c, const char *path, dt_ckpt_state *st, dt_err *err)
                 rec = &files[k];
         if (!rec) {
             rc = dt_err_set(err, -EXDEV, "written %s: state.json lists no %s",
-                            strcmp(fname, "model.safetensors") ? "with another optimizer"
-                                                               : "for another model", fname);
+                            is_model_file(c, c->files[fi]) ? "for another model"
+                                                           : "with another optimizer", fname);
             goto out;
         }
         int nw = 0;
