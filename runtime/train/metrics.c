@@ -2,6 +2,7 @@
 #include "runtime/train/metrics.h"
 
 #include <cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,9 @@ struct dt_metrics {
     int fd;            /* metrics.jsonl, O_APPEND; -1 when disabled */
     char path[DT_PATH_MAX + 32];
     double t0;
+    int64_t records;   /* records handed to metrics.jsonl */
+    int64_t lost;      /* of which: not written (a full disk, an I/O error) */
+    int lost_errno;    /* why the last one was lost */
 };
 
 size_t dt_metrics_max_rss(void)
@@ -61,25 +65,37 @@ int dt_metrics_open(dt_metrics **out, const char *output_dir, bool enabled, bool
     return 0;
 }
 
+/* Counts a record that did not reach the file; the first loss (and a change of reason) is
+ * logged at once, the count at the end (dt_metrics_print_summary). */
+static void lose(dt_metrics *m, int e)
+{
+    if (!m->lost || e != m->lost_errno)
+        DT_WARN("cannot append to %s: %s; metrics are being lost (records that fail are "
+                "counted and reported at the end of the run)", m->path, strerror(e));
+    m->lost++;
+    m->lost_errno = e;
+}
+
 /* Writes one JSON object as one line with one write(2) (lines never tear, even when a
  * restarted job and a slow old writer overlap). */
 static void write_json(dt_metrics *m, cJSON *o)
 {
+    m->records++;
     cJSON_AddNumberToObject(o, "time", dt_wall_s());
     cJSON_AddNumberToObject(o, "attempt", m->attempt);
     char *text = cJSON_PrintUnformatted(o);
-    if (text) {
-        size_t n = strlen(text);
-        char *line = malloc(n + 2);
-        if (line) {
-            memcpy(line, text, n);
-            line[n] = '\n';
-            if (dt_write_all(m->fd, line, n + 1) != 0)
-                DT_WARN("cannot append to %s: %s", m->path, strerror(errno));
-            free(line);
-        }
-        free(text);
+    char *line = NULL;
+    size_t n = text ? strlen(text) : 0;
+    if (!text || !(line = malloc(n + 2))) {
+        lose(m, ENOMEM);
+    } else {
+        memcpy(line, text, n);
+        line[n] = '\n';
+        if (dt_write_all(m->fd, line, n + 1) != 0)
+            lose(m, errno);
     }
+    free(line);
+    free(text);
 }
 
 /* 12345 -> "12.3k" */
@@ -178,6 +194,25 @@ void dt_metrics_eval(dt_metrics *m, const dt_eval_record *r)
 }
 
 const char *dt_metrics_path(const dt_metrics *m) { return m && m->enabled ? m->path : ""; }
+
+int64_t dt_metrics_lost(const dt_metrics *m) { return m ? m->lost : 0; }
+
+void dt_metrics_print_summary(const dt_metrics *m, FILE *out)
+{
+    if (!m || !m->enabled)
+        return;
+    if (!m->lost) {
+        fprintf(out, "dtrain: metrics in %s\n", m->path);
+        return;
+    }
+    char msg[DT_PATH_MAX + 512];
+    snprintf(msg, sizeof msg, "%lld of %lld metrics records were lost: they could not be "
+             "appended to %s (last error: %s); that file is incomplete%s",
+             (long long)m->lost, (long long)m->records, m->path, strerror(m->lost_errno),
+             m->lost == m->records ? " (it holds none of this run's records)" : "");
+    DT_WARN("%s", msg);
+    fprintf(out, "dtrain: WARNING: %s\n", msg);
+}
 
 void dt_metrics_close(dt_metrics *m)
 {

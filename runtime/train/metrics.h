@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/err.h"
 
@@ -62,6 +63,16 @@ void dt_metrics_finish_line(dt_metrics *m);
 
 /* Path of metrics.jsonl ("" when disabled). */
 const char *dt_metrics_path(const dt_metrics *m);
+
+/* Records that could not be appended to metrics.jsonl (a full disk, an I/O error) since open;
+ * 0 when all were written, when disabled, and for NULL. The first loss is logged when it
+ * happens; the count belongs in the run's summary (dt_metrics_print_summary). */
+int64_t dt_metrics_lost(const dt_metrics *m);
+
+/* The summary's line about metrics, to out: "dtrain: metrics in <path>" when every record was
+ * written; else a warning (also logged) with how many of how many records were lost, where,
+ * and why, and no claim that the metrics are there. Nothing when disabled or NULL. */
+void dt_metrics_print_summary(const dt_metrics *m, FILE *out);
 
 /* Accepts NULL. */
 void dt_metrics_close(dt_metrics *m);

@@ -733,8 +733,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                was_stopped ? "stopped" : "done", (long long)t->step, wall, tl, vl, thr,
                t->tokens ? "tokens" : "samples", t->env.world_size,
                t->env.world_size > 1 ? "s" : "", how);
-        if (dt_metrics_path(t->metrics)[0])
-            printf("dtrain: metrics in %s\n", dt_metrics_path(t->metrics));
+        dt_metrics_print_summary(t->metrics, stdout); /* or how many records were lost */
         fflush(stdout);
     }
     return 0;
