@@ -92,27 +92,37 @@ static int cmd_list(int argc, char **argv)
                 stat(dir, &sb) != 0 ? strerror(errno) : "not a directory");
         return 1;
     }
-    int64_t *steps = NULL;
-    int n = 0;
+    int64_t *steps = NULL, *strays = NULL;
+    int n = 0, ns = 0;
     dt_err err = {0};
-    if (dt_ckpt_list(dir, &steps, &n, &err)) {
+    if (dt_ckpt_list(dir, &steps, &n, &err) || dt_ckpt_list_strays(dir, &strays, &ns, &err)) {
         fprintf(stderr, "dtrain ckpt list: %s\n", err.msg);
+        free(steps);
         return 1;
     }
-    if (n == 0) {
+    if (n == 0 && ns == 0) {
         if (is_one_checkpoint(dir))
             printf("no checkpoints under %s: it is a single checkpoint, not a directory of "
                    "them; see `dtrain ckpt show %s`\n", dir, dir);
         else
             printf("no checkpoints under %s\n", dir);
         free(steps);
+        free(strays);
         return 0;
     }
     printf("%-10s %6s %12s %10s %10s  %-19s  %s\n", "STEP", "EPOCH", "SAMPLES", "LOSS", "SIZE",
            "SAVED", "STATUS");
     bool first_valid = true;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0, k = 0; i < n || k < ns;) {
         char path[4096 + 32], when[32], loss[32];
+        if (k < ns && (i == n || strays[k] > steps[i])) { /* in step order, among the others */
+            printf("%-10" PRId64 " %6s %12s %10s %10s  %-19s  invalid: step_%" PRId64 " is not a "
+                   "directory (a file named like a checkpoint: resume skips it, a save of this "
+                   "step would fail; remove or rename it)\n", strays[k], "-", "-", "-", "-", "-",
+                   strays[k]);
+            k++;
+            continue;
+        }
         dt_ckpt_info in;
         dt_err e = {0};
         snprintf(path, sizeof path, "%s/step_%" PRId64, dir, steps[i]);
@@ -133,8 +143,10 @@ static int cmd_list(int argc, char **argv)
             first_valid = false;
         }
         dt_ckpt_info_free(&in);
+        i++;
     }
     free(steps);
+    free(strays);
     return 0;
 }
 

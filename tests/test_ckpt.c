@@ -980,6 +980,65 @@ static void test_ckpt_foreign_names_from_caller(void)
     fake_free(&big);
 }
 
+/* A file named like a checkpoint (step_40, a regular file) where checkpoints go: resume says so
+ * (naming it) instead of skipping it in silence, and open refuses the directory before any
+ * training (a save of that step would fail with "Not a directory" after all of it); so does
+ * open for a checkpoint.dir that is itself a file. `dtrain ckpt list` shows it. */
+static void test_ckpt_stray_step_file(void)
+{
+    fake f;
+    fake_init(&f, 8);
+    char dir[4096];
+    dt_strlcpy(dir, path_in("stray"), sizeof dir);
+    dt_ckpt *c = open_ckpt(&f, dir, 5, false);
+    save_step(c, &f, 20);
+    DT_REQUIRE(dt_test_write_file(path_in("stray/step_40"), "not a checkpoint\n") == 0);
+
+    dt_ckpt_state got;
+    dt_ckpt_state_init(&got);
+    bool resumed = false;
+    char from[4096];
+    dt_err err = {0};
+    capture_start();
+    int rc = dt_ckpt_resume(c, "auto", &got, &resumed, from, sizeof from, &err);
+    char *log = capture_end();
+    DT_CHECK_MSG(rc == 0 && resumed, "%d: %s", rc, err.msg);
+    DT_CHECK_CONTAINS(from, "step_20");
+    DT_CHECK_CONTAINS(log, "stray/step_40 is not a directory");
+    free(log);
+    dt_ckpt_close(c);
+
+    dt_ckpt_opts o = {.dir = dir, .keep = 5};
+    c = NULL;
+    rc = dt_ckpt_open(&c, &o, NULL, f.cb, 4, &err);
+    DT_CHECK_INT(rc, -ENOTDIR);
+    DT_CHECK(c == NULL);
+    DT_CHECK_CONTAINS(err.msg, "stray/step_40 is not a directory");
+    DT_CHECK_CONTAINS(err.msg, "a save of step 40 would fail");
+    DT_CHECK_CONTAINS(err.msg, "remove or rename it");
+    DT_CHECK(exists(path_in("stray/step_40")) && exists(path_in("stray/step_20/state.json")));
+
+    char cmd[8300];
+    int code;
+    snprintf(cmd, sizeof cmd, "%s ckpt list %s", dt_test_dtrain_bin(), dir);
+    char *out = run(cmd, &code);
+    DT_CHECK_INT(code, 0);
+    DT_CHECK_CONTAINS(out, "invalid: step_40 is not a directory");
+    DT_CHECK_CONTAINS(out, "(resume = auto loads this one)");
+    free(out);
+
+    o.dir = path_in("stray/step_40/ck"); /* below a file */
+    rc = dt_ckpt_open(&c, &o, NULL, f.cb, 4, &err);
+    DT_CHECK_INT(rc, -ENOTDIR);
+    o.dir = path_in("stray/step_40"); /* a file */
+    rc = dt_ckpt_open(&c, &o, NULL, f.cb, 4, &err);
+    DT_CHECK_INT(rc, -ENOTDIR);
+    DT_CHECK_CONTAINS(err.msg, "checkpoint directory");
+    DT_CHECK_CONTAINS(err.msg, "stray/step_40 is not a directory");
+    dt_ckpt_state_clear(&got);
+    fake_free(&f);
+}
+
 /* ---- a kill in the middle of retention, and new directories made durable ---- */
 
 static char opened_dirs[16][4096];
@@ -1861,6 +1920,27 @@ static void test_worker_foreign_dir(void)
     }
 }
 
+/* The worker, with a file step_<last> in its checkpoint directory: it stops before training,
+ * naming the file (a configuration error, exit 2), instead of failing the final save. */
+static void test_worker_stray_step_file(void)
+{
+    need_worker();
+    char out[4200], ck[4300], cmd[8500];
+    int code;
+    snprintf(out, sizeof out, "%s/strayw", dt_test_tmpdir());
+    snprintf(ck, sizeof ck, "%s/checkpoints", out);
+    DT_REQUIRE(dt_mkdir_p(ck, NULL) == 0);
+    snprintf(ck, sizeof ck, "%s/checkpoints/step_300", out);
+    DT_REQUIRE(dt_test_write_file(ck, "x") == 0);
+    snprintf(cmd, sizeof cmd, "%s worker %s job.output_dir=%s 2>&1", dt_test_dtrain_bin(),
+             e2e_job(), out);
+    char *o = run(cmd, &code);
+    DT_CHECK_MSG(code == 2, "exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "checkpoints/step_300 is not a directory");
+    DT_CHECK_MSG(!strstr(o, "step 1/"), "it trained first: %.3000s", o);
+    free(o);
+}
+
 /* The pids of pid's children. */
 static int children(pid_t parent, pid_t *out, int max)
 {
@@ -2105,6 +2185,7 @@ int main(int argc, char **argv)
         {"ckpt_power_cut", test_ckpt_power_cut, 60},
         {"ckpt_foreign_and_bad_path", test_ckpt_foreign_and_bad_path, 0},
         {"ckpt_foreign_names_from_caller", test_ckpt_foreign_names_from_caller, 0},
+        {"ckpt_stray_step_file", test_ckpt_stray_step_file, 0},
         {"ckpt_injected_failures", test_ckpt_injected_failures, 60},
         {"ckpt_retention_crash", test_ckpt_retention_crash, 60},
         {"ckpt_full_disk_tmpfs", test_ckpt_full_disk_tmpfs, 0},
@@ -2114,6 +2195,7 @@ int main(int argc, char **argv)
         {"worker_sigterm_resume", test_worker_sigterm_resume, 180},
         {"worker_skips_damaged", test_worker_skips_damaged, 120},
         {"worker_foreign_dir", test_worker_foreign_dir, 120},
+        {"worker_stray_step_file", test_worker_stray_step_file, 120},
         {"agent_kill9_bit_identical", test_agent_kill9_bit_identical, 300},
         {"resume_other_world_size", test_resume_other_world_size, 240},
         {"stop_signal_one_rank", test_stop_signal_one_rank, 240},

@@ -141,7 +141,9 @@ typedef struct dt_ckpt dt_ckpt;
 /* Registers the buffers a checkpoint consists of (bufs is copied, with its file and prefix
  * strings; the data pointers and tensor tables stay borrowed and must outlive the dt_ckpt). be
  * is the backend that owns the data (borrowed); NULL means plain host memory. Fails with -EINVAL
- * on a duplicate tensor name, a tensor outside its buffer, or a bad file name. */
+ * on a duplicate tensor name, a tensor outside its buffer, or a bad file name; with -ENOTDIR
+ * when a save could not succeed because of what is already on disk: opts->dir (or a part of
+ * its path) is a file, or it holds a step_<N> that is not a directory (the message names it). */
 int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const dt_ckpt_buf *bufs,
                  int nbufs, dt_err *err);
 
@@ -252,6 +254,11 @@ void dt_ckpt_info_free(dt_ckpt_info *info);
 /* The step_<N> directories under dir, newest first: *steps (malloc'd, caller frees) and *count.
  * A missing dir is an empty list. Directories not named step_<digits> are ignored. */
 int dt_ckpt_list(const char *dir, int64_t **steps, int *count, dt_err *err);
+
+/* The entries under dir named like a checkpoint (step_<digits>) that are not directories (a
+ * regular file, a dangling link), newest first, as dt_ckpt_list. Resume skips them with a
+ * warning; dt_ckpt_open refuses a directory that holds one. */
+int dt_ckpt_list_strays(const char *dir, int64_t **steps, int *count, dt_err *err);
 
 /* ---- the system calls, replaceable so tests can inject failures (as SQLite's VFS) ---- */
 

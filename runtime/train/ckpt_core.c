@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,6 +194,9 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
         rc = dt_err_set(err, -EINVAL, "checkpoint: no directory given (or path too long)");
         goto fail;
     }
+    /* A save that cannot succeed is refused now, not after the training up to it. */
+    if ((rc = dt_ckpt__check_dir(c->dir, err)))
+        goto fail;
     c->keep = opts->keep < 1 ? 1 : opts->keep;
     c->async = opts->async;
     c->be = be;
@@ -362,7 +366,9 @@ static int cmp_i64_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-int dt_ckpt_list(const char *dir, int64_t **steps, int *count, dt_err *err)
+/* The step_<digits> entries under dir that are directories (dirs) or that are not (!dirs),
+ * newest first. A missing dir is an empty list. */
+static int list_steps(const char *dir, bool dirs, int64_t **steps, int *count, dt_err *err)
 {
     *steps = NULL;
     *count = 0;
@@ -379,7 +385,7 @@ int dt_ckpt_list(const char *dir, int64_t **steps, int *count, dt_err *err)
         char p[PATH_MAX];
         struct stat st;
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))
+        if ((stat(p, &st) == 0 && S_ISDIR(st.st_mode)) != dirs)
             continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
@@ -401,4 +407,41 @@ int dt_ckpt_list(const char *dir, int64_t **steps, int *count, dt_err *err)
     return 0;
 }
 
-/* Removes step_*.tmp directories an interrupted save left behind. */
+int dt_ckpt_list(const char *dir, int64_t **steps, int *count, dt_err *err)
+{
+    return list_steps(dir, true, steps, count, err);
+}
+
+int dt_ckpt_list_strays(const char *dir, int64_t **steps, int *count, dt_err *err)
+{
+    return list_steps(dir, false, steps, count, err);
+}
+
+int dt_ckpt__check_dir(const char *dir, dt_err *err)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        if (errno == ENOTDIR)
+            return dt_err_set(err, -ENOTDIR, "the checkpoint directory %s cannot be created: a "
+                              "part of that path is a file, not a directory; set checkpoint.dir "
+                              "to a directory", dir);
+        return 0; /* created by the first save, or that save says what is wrong */
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return dt_err_set(err, -ENOTDIR, "the checkpoint directory %s is not a directory (a file "
+                          "is there); set checkpoint.dir to a directory, or move that file away",
+                          dir);
+    int64_t *strays = NULL;
+    int n = 0;
+    if (list_steps(dir, false, &strays, &n, NULL) != 0 || n == 0) {
+        free(strays);
+        return 0;
+    }
+    int64_t s = strays[n - 1]; /* the oldest: the first a run would meet */
+    free(strays);
+    return dt_err_set(err, -ENOTDIR, "%s/step_%" PRId64 " is not a directory, but is named like "
+                      "a checkpoint: a save of step %" PRId64 " would fail there (after all the "
+                      "training up to it), and resume skips it%s; remove or rename it, or set "
+                      "checkpoint.dir to another directory", dir, s, s,
+                      n > 1 ? " (and it is not the only one: see `dtrain ckpt list`)" : "");
+}

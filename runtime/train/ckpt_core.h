@@ -89,6 +89,12 @@ int dt_ckpt__fsync_path(const char *path, bool dir, dt_err *err);
 /* Whether name is "step_<digits><suffix>"; *step gets the number. */
 bool dt_ckpt__parse_step_name(const char *name, int64_t *step, const char *suffix);
 
+/* Whether saves into dir can succeed as far as the directory goes: -ENOTDIR when dir (or a
+ * part of its path) is a file, or dir holds an entry named like a checkpoint (step_<N>) that is
+ * not a directory (a save of step N would fail at its rename); err names it and what to do. A
+ * missing dir is fine (the first save creates it). */
+int dt_ckpt__check_dir(const char *dir, dt_err *err);
+
 /* Allocates the staging area on first use (-ENOMEM with the size in err). */
 int dt_ckpt__ensure_staging(dt_ckpt *c, dt_err *err);
 

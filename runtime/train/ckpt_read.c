@@ -620,6 +620,13 @@ static int resume_newest(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool
     int n = 0, skipped = 0, foreign = 0, rc;
     dt_err first_foreign = {0};
     *resumed = false;
+    if (dt_ckpt_list_strays(c->dir, &steps, &n, NULL) == 0)
+        for (int i = 0; i < n; i++)
+            DT_WARN("checkpoint: %s/step_%" PRId64 " is not a directory (a file named like a "
+                    "checkpoint): resume skips it, and a save of step %" PRId64 " would fail; "
+                    "remove or rename it", c->dir, steps[i], steps[i]);
+    free(steps);
+    steps = NULL;
     if ((rc = dt_ckpt_list(c->dir, &steps, &n, err)))
         return rc;
     for (int i = 0; i < n; i++) {

@@ -268,6 +268,8 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
 static int seam_after_build(dt_trainer *t, dt_err *err)
 {
     int rc = ckpt_open(t, err);
+    if (rc == -ENOTDIR) /* a file where checkpoints go: every restart fails the same way */
+        t->config_error = true;
     if (!rc)
         rc = ckpt_resume(t, err);
     if (!rc && t->comm)
