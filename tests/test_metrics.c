@@ -87,6 +87,52 @@ static void test_unwritable_dir(void)
     DT_CHECK_CONTAINS(err.msg, "output_dir");
 }
 
+/* The loss of a record is a mean over the steps since the last record (job.log_every), not
+ * the loss of the step it is logged at (which a checkpoint keeps): the log line and
+ * metrics.jsonl say over how many steps. */
+static void test_loss_is_a_window_mean(void)
+{
+    char dir[1024], errpath[1100];
+    snprintf(dir, sizeof dir, "%s/win", dt_test_tmpdir());
+    snprintf(errpath, sizeof errpath, "%s/stderr.txt", dt_test_tmpdir());
+    fflush(stderr);
+    int saved = dup(2), fd = open(errpath, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    DT_REQUIRE(saved >= 0 && fd >= 0 && dup2(fd, 2) == 2);
+    close(fd);
+    dt_metrics *m = NULL;
+    dt_err err = {0};
+    int rc = dt_metrics_open(&m, dir, true, true, 0, &err);
+    dt_step_record r = {.step = 1, .total_steps = 300, .loss = 2.5, .loss_steps = 1,
+                        .step_time_s = 0.01};
+    if (!rc) {
+        dt_metrics_step(m, &r);
+        r.step = 300;
+        r.loss = 2.3074;
+        r.loss_steps = 10;
+        dt_metrics_step(m, &r);
+        dt_metrics_close(m);
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    DT_REQUIRE_OK(rc, &err);
+    char *log = NULL, *text = NULL, path[1100];
+    size_t len;
+    DT_REQUIRE_OK(dt_read_file(errpath, &log, &len, &err), &err);
+    DT_CHECK_CONTAINS(log, "step 300/300 | loss 2.3074 (mean of 10 steps) |");
+    DT_CHECK_CONTAINS(log, "step 1/300 | loss 2.5000 |");
+    free(log);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    DT_REQUIRE_OK(dt_read_file(path, &text, &len, &err), &err);
+    char *second = strchr(text, '\n');
+    DT_REQUIRE(second);
+    cJSON *o = cJSON_Parse(second + 1);
+    DT_REQUIRE(o);
+    DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "loss_steps")), 10);
+    cJSON_Delete(o);
+    free(text);
+}
+
 /* ---- a full disk: lost records are counted and reported, never called saved ---- */
 
 /* output_dir/metrics.jsonl -> /dev/full: every append fails with ENOSPC. */
@@ -251,6 +297,7 @@ int main(int argc, char **argv)
         {"records", test_records, 0},
         {"other_ranks_write_nothing", test_other_ranks_write_nothing, 0},
         {"unwritable_dir", test_unwritable_dir, 0},
+        {"loss_is_a_window_mean", test_loss_is_a_window_mean, 0},
         {"full_disk_counts_lost", test_full_disk_counts_lost, 0},
         {"worker_full_disk", test_worker_full_disk, 60},
         {"progress_line_tty", test_progress_line_tty, 30},

@@ -131,6 +131,8 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
         cJSON_AddNumberToObject(o, "step", (double)r->step);
         cJSON_AddNumberToObject(o, "epoch", (double)r->epoch);
         cJSON_AddNumberToObject(o, "loss", r->loss);
+        if (r->loss_steps > 0)
+            cJSON_AddNumberToObject(o, "loss_steps", (double)r->loss_steps);
         cJSON_AddNumberToObject(o, "lr", r->lr);
         cJSON_AddNumberToObject(o, "grad_norm", r->grad_norm);
         if (r->loss_scale > 0) {
@@ -145,22 +147,28 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
         write_json(m, o);
         cJSON_Delete(o);
     }
-    char thr[32], eta[32], el[32];
+    char thr[32], eta[32], el[32], loss[64];
     human(r->items_per_s, thr, sizeof thr);
+    /* a mean over the window, not the loss of this step: say so (a checkpoint's is the step's) */
+    if (r->loss_steps > 1)
+        snprintf(loss, sizeof loss, "%.4f (mean of %lld steps)", r->loss,
+                 (long long)r->loss_steps);
+    else
+        snprintf(loss, sizeof loss, "%.4f", r->loss);
     clock_str(r->step_time_s * (double)(r->total_steps - r->step), eta, sizeof eta);
     clock_str(dt_now_s() - m->t0, el, sizeof el);
     if (m->tty) { /* common/log ends it before any other log line */
         char line[256];
         snprintf(line, sizeof line,
-                 "step %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
+                 "step %lld/%lld | loss %s | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
                  "%s elapsed, eta %s",
-                 (long long)r->step, (long long)r->total_steps, r->loss, r->lr, r->grad_norm, thr,
+                 (long long)r->step, (long long)r->total_steps, loss, r->lr, r->grad_norm, thr,
                  m->tokens ? "tok" : "samples", r->step_time_s * 1e3, el, eta);
         dt_log_progress(line);
     } else {
-        DT_INFO("step %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
+        DT_INFO("step %lld/%lld | loss %s | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
                 "eta %s",
-                (long long)r->step, (long long)r->total_steps, r->loss, r->lr, r->grad_norm, thr,
+                (long long)r->step, (long long)r->total_steps, loss, r->lr, r->grad_norm, thr,
                 m->tokens ? "tok" : "samples", r->step_time_s * 1e3, eta);
     }
 }

@@ -687,6 +687,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 .total_steps = t->total_steps,
                 .epoch = t->sampler.epoch,
                 .loss = last_train,
+                .loss_steps = win_n,
                 .lr = t->lr,
                 .grad_norm = t->grad_norm,
                 .loss_scale = t->scaler.on ? t->scaler.scale : 0,
