@@ -32,11 +32,14 @@
  * matches its own checksum; every file exists with the recorded size and XXH64; every
  * safetensors header is valid and lists exactly the registered tensors with their shapes. A
  * checkpoint written for another setup (another model: different tensors or shapes; another
- * optimizer: different per-parameter state, see dt_ckpt_buf) is "foreign". With resume=auto, discovery walks
- * step_<N> from newest to oldest and skips any that is incomplete or corrupt, logging a warning
- * that names the checkpoint and what is wrong; a foreign one is an error (-EXDEV: the directory
- * is another job's), and an explicit path that fails is an error. A save never replaces a
- * foreign checkpoint of the same step (-EEXIST), and retention never removes one.
+ * optimizer: different per-parameter state, see dt_ckpt_buf) is "foreign". With resume=auto,
+ * discovery walks step_<N> from newest to oldest and skips any that is incomplete or corrupt,
+ * logging a warning that names the checkpoint and what is wrong (and names any step_<N> that
+ * is not a directory); a foreign one is an error (-EXDEV: the directory is another job's), and
+ * an explicit path that fails is an error. A save never replaces a foreign checkpoint of the
+ * same step (-EEXIST), and retention never removes one. A directory where a save could not
+ * succeed (a file named step_<N>, or checkpoint.dir itself a file) is refused by dt_ckpt_open,
+ * before any training.
  *
  * World size. Tensors are whole and the data position is a global sample index, so a checkpoint
  * written by W ranks resumes on any number of ranks at the same step and sample position.
