@@ -63,7 +63,9 @@ static int cmd_list(int argc, char **argv)
         if (is_help(argv[i])) {
             printf("usage: dtrain ckpt list [--quick] DIR\n\n"
                    "Lists the step_<N> checkpoints under DIR (a job's checkpoint.dir), newest\n"
-                   "first: step, epoch, samples seen, loss, size, when saved, and whether it is\n"
+                   "first: step, epoch, samples seen, STEP_LOSS (the loss of that one step;\n"
+                   "log lines and metrics.jsonl show means over job.log_every steps, so they\n"
+                   "differ), size, when saved, and whether it is\n"
                    "valid: every file is read and checked as a resume would (checksums, headers).\n"
                    "The first valid one is what resume = auto loads (unless another setup's\n"
                    "checkpoint comes first). --quick checks only that state.json is intact and\n"
@@ -92,27 +94,39 @@ static int cmd_list(int argc, char **argv)
                 stat(dir, &sb) != 0 ? strerror(errno) : "not a directory");
         return 1;
     }
-    int64_t *steps = NULL;
-    int n = 0;
+    int64_t *steps = NULL, *strays = NULL;
+    int n = 0, ns = 0;
     dt_err err = {0};
-    if (dt_ckpt_list(dir, &steps, &n, &err)) {
+    if (dt_ckpt_list(dir, &steps, &n, &err) || dt_ckpt_list_strays(dir, &strays, &ns, &err)) {
         fprintf(stderr, "dtrain ckpt list: %s\n", err.msg);
+        free(steps);
         return 1;
     }
-    if (n == 0) {
+    if (n == 0 && ns == 0) {
         if (is_one_checkpoint(dir))
             printf("no checkpoints under %s: it is a single checkpoint, not a directory of "
                    "them; see `dtrain ckpt show %s`\n", dir, dir);
         else
             printf("no checkpoints under %s\n", dir);
         free(steps);
+        free(strays);
         return 0;
     }
-    printf("%-10s %6s %12s %10s %10s  %-19s  %s\n", "STEP", "EPOCH", "SAMPLES", "LOSS", "SIZE",
-           "SAVED", "STATUS");
+    /* STEP_LOSS: the loss of that step alone; log lines and metrics.jsonl show a mean over
+     * job.log_every steps, which differs */
+    printf("%-10s %6s %12s %10s %10s  %-19s  %s\n", "STEP", "EPOCH", "SAMPLES", "STEP_LOSS",
+           "SIZE", "SAVED", "STATUS");
     bool first_valid = true;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0, k = 0; i < n || k < ns;) {
         char path[4096 + 32], when[32], loss[32];
+        if (k < ns && (i == n || strays[k] > steps[i])) { /* in step order, among the others */
+            printf("%-10" PRId64 " %6s %12s %10s %10s  %-19s  invalid: step_%" PRId64 " is not a "
+                   "directory (a file named like a checkpoint: resume skips it, a save of this "
+                   "step would fail; remove or rename it)\n", strays[k], "-", "-", "-", "-", "-",
+                   strays[k]);
+            k++;
+            continue;
+        }
         dt_ckpt_info in;
         dt_err e = {0};
         snprintf(path, sizeof path, "%s/step_%" PRId64, dir, steps[i]);
@@ -133,8 +147,10 @@ static int cmd_list(int argc, char **argv)
             first_valid = false;
         }
         dt_ckpt_info_free(&in);
+        i++;
     }
     free(steps);
+    free(strays);
     return 0;
 }
 
@@ -146,11 +162,11 @@ static int cmd_show(int argc, char **argv)
         if (is_help(argv[i])) {
             printf("usage: dtrain ckpt show [--no-job] PATH\n\n"
                    "Prints what the checkpoint directory PATH (a step_<N>) holds: step, epoch,\n"
-                   "global sample position, loss, learning rate, the world size that wrote it,\n"
-                   "RNG states and other scalars, its files with sizes and checksums, every\n"
-                   "tensor with its shape, and the resolved job (unless --no-job). It reads\n"
-                   "state.json only; `dtrain ckpt verify` checks the files. Exit 0, or 1 when\n"
-                   "state.json is missing or corrupt.\n");
+                   "global sample position, the loss of that step alone, learning rate, the\n"
+                   "world size that wrote it, RNG states and other scalars, its files with sizes\n"
+                   "and checksums, every tensor with its shape, and the resolved job (unless\n"
+                   "--no-job). It reads state.json only; `dtrain ckpt verify` checks the files.\n"
+                   "Exit 0, or 1 when state.json is missing or corrupt.\n");
             return 0;
         }
         if (!strcmp(argv[i], "--no-job"))
@@ -190,7 +206,8 @@ static int cmd_show(int argc, char **argv)
     printf("sample_pos   %" PRId64 "  (global sample index in the epoch)\n", st->sample_pos);
     printf("samples_seen %" PRId64 "\n", st->samples_seen);
     if (isfinite(st->loss))
-        printf("loss         %.6f\n", st->loss);
+        printf("loss         %.6f  (of step %" PRId64 " alone; log lines and metrics.jsonl show "
+               "means over job.log_every steps)\n", st->loss, st->step);
     else
         printf("loss         -\n");
     printf("lr           %.6g\n", st->lr);

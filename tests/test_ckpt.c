@@ -2,9 +2,9 @@
  * discovery past damaged checkpoints, full disks (a real tmpfs, and injected ENOSPC through the
  * system call table), and the `dtrain ckpt` tools against a standard-library Python reader.
  *
- * These tests use a small fake model (a few named tensors in flat host buffers, as runtime/train/model.h
- * lays them out) so they need neither the model zoo nor a worker. The end-to-end tests that drive
- * `dtrain worker` and the launcher live further down and skip, saying why, until those exist. */
+ * These tests use a small fake model (a few named tensors in flat host buffers, as
+ * runtime/train/model.h lays them out) so they need neither the model zoo nor a worker. The
+ * end-to-end tests that drive `dtrain worker` and the launcher are in test_ckpt_e2e.c. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -914,6 +914,131 @@ static void test_ckpt_foreign_and_bad_path(void)
     fake_free(&big);
 }
 
+/* Which tensors are the model's and which an optimiser's state comes from what the caller
+ * registers (a buffer with a prefix holds per-parameter state under that prefix) and from what
+ * the checkpoint holds, not from built-in file or state names: here the model lives in
+ * "weights.safetensors" and the state is called "velocity." / "m.", names ckpt never heard of. */
+static void test_ckpt_foreign_names_from_caller(void)
+{
+    fake small, big;
+    fake_init(&small, 8);
+    fake_init(&big, 16);
+    dt_err err = {0};
+    dt_ckpt_opts o = {.dir = path_in("names"), .keep = 5, .async = false};
+    dt_ckpt_buf vel[3] = {{"weights", "", small.pt, 4, small.params, small.np, false},
+                          {"weights", "", small.bt, 1, small.bufs, small.nb, true},
+                          {"opt_state", "velocity.", small.pt, 4, small.m, small.np, false}};
+    dt_ckpt *c = NULL;
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, vel, 3, &err), &err);
+    save_step(c, &small, 3);
+    dt_ckpt_close(c);
+    dt_ckpt_state got;
+    dt_ckpt_state_init(&got);
+
+    /* Another model, same file and state names: "another model", not "another optimizer". */
+    dt_ckpt_buf bigv[3] = {{"weights", "", big.pt, 4, big.params, big.np, false},
+                           {"weights", "", big.bt, 1, big.bufs, big.nb, true},
+                           {"opt_state", "velocity.", big.pt, 4, big.m, big.np, false}};
+    o.dir = path_in("names2");
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, bigv, 3, &err), &err);
+    int rc = dt_ckpt_load(c, path_in("names/step_3"), &got, &err);
+    DT_CHECK_INT(rc, -EXDEV);
+    DT_CHECK_CONTAINS(err.msg, "written for another model: tensor wte is F32 (64, 8) in weights "
+                               "there, F32 (64, 16) in weights here");
+    DT_CHECK(!strstr(err.msg, "optimizer"));
+    dt_ckpt_close(c);
+
+    /* The same model, another optimiser's state (two buffers "m." and "v." where the file has
+     * "velocity."): "another optimizer", naming both sides' state from the prefixes. */
+    dt_ckpt_buf mv[4] = {vel[0], vel[1],
+                         {"opt_state", "m.", small.pt, 4, small.m, small.np, false},
+                         {"opt_state", "v.", small.pt, 4, small.v, small.np, false}};
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, mv, 4, &err), &err);
+    rc = dt_ckpt_load(c, path_in("names/step_3"), &got, &err);
+    DT_CHECK_INT(rc, -EXDEV);
+    DT_CHECK_CONTAINS(err.msg, "written with another optimizer (its optimizer state differs: "
+                               "it has no tensor m.wte");
+    DT_CHECK_CONTAINS(err.msg, "the checkpoint holds velocity, this job's optimizer keeps m, v");
+    DT_CHECK(!strstr(err.msg, "another model"));
+    dt_ckpt_close(c);
+
+    /* No state registered (SGD without momentum) against a checkpoint that has some. */
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, vel, 2, &err), &err);
+    rc = dt_ckpt_load(c, path_in("names/step_3"), &got, &err);
+    DT_CHECK_INT(rc, -EXDEV);
+    DT_CHECK_CONTAINS(err.msg, "written with another optimizer");
+    DT_CHECK_CONTAINS(err.msg, "the checkpoint holds velocity, this job's optimizer keeps none");
+    dt_ckpt_close(c);
+
+    /* And the same registration loads it. */
+    DT_REQUIRE_OK(dt_ckpt_open(&c, &o, NULL, vel, 3, &err), &err);
+    DT_CHECK_MSG(dt_ckpt_load(c, path_in("names/step_3"), &got, &err) == 0, "%s", err.msg);
+    DT_CHECK_INT(got.step, 3);
+    dt_ckpt_close(c);
+    dt_ckpt_state_clear(&got);
+    fake_free(&small);
+    fake_free(&big);
+}
+
+/* A file named like a checkpoint (step_40, a regular file) where checkpoints go: resume says so
+ * (naming it) instead of skipping it in silence, and open refuses the directory before any
+ * training (a save of that step would fail with "Not a directory" after all of it); so does
+ * open for a checkpoint.dir that is itself a file. `dtrain ckpt list` shows it. */
+static void test_ckpt_stray_step_file(void)
+{
+    fake f;
+    fake_init(&f, 8);
+    char dir[4096];
+    dt_strlcpy(dir, path_in("stray"), sizeof dir);
+    dt_ckpt *c = open_ckpt(&f, dir, 5, false);
+    save_step(c, &f, 20);
+    DT_REQUIRE(dt_test_write_file(path_in("stray/step_40"), "not a checkpoint\n") == 0);
+
+    dt_ckpt_state got;
+    dt_ckpt_state_init(&got);
+    bool resumed = false;
+    char from[4096];
+    dt_err err = {0};
+    capture_start();
+    int rc = dt_ckpt_resume(c, "auto", &got, &resumed, from, sizeof from, &err);
+    char *log = capture_end();
+    DT_CHECK_MSG(rc == 0 && resumed, "%d: %s", rc, err.msg);
+    DT_CHECK_CONTAINS(from, "step_20");
+    DT_CHECK_CONTAINS(log, "stray/step_40 is not a directory");
+    free(log);
+    dt_ckpt_close(c);
+
+    dt_ckpt_opts o = {.dir = dir, .keep = 5};
+    c = NULL;
+    rc = dt_ckpt_open(&c, &o, NULL, f.cb, 4, &err);
+    DT_CHECK_INT(rc, -ENOTDIR);
+    DT_CHECK(c == NULL);
+    DT_CHECK_CONTAINS(err.msg, "stray/step_40 is not a directory");
+    DT_CHECK_CONTAINS(err.msg, "a save of step 40 would fail");
+    DT_CHECK_CONTAINS(err.msg, "remove or rename it");
+    DT_CHECK(exists(path_in("stray/step_40")) && exists(path_in("stray/step_20/state.json")));
+
+    char cmd[8300];
+    int code;
+    snprintf(cmd, sizeof cmd, "%s ckpt list %s", dt_test_dtrain_bin(), dir);
+    char *out = run(cmd, &code);
+    DT_CHECK_INT(code, 0);
+    DT_CHECK_CONTAINS(out, "invalid: step_40 is not a directory");
+    DT_CHECK_CONTAINS(out, "(resume = auto loads this one)");
+    free(out);
+
+    o.dir = path_in("stray/step_40/ck"); /* below a file */
+    rc = dt_ckpt_open(&c, &o, NULL, f.cb, 4, &err);
+    DT_CHECK_INT(rc, -ENOTDIR);
+    o.dir = path_in("stray/step_40"); /* a file */
+    rc = dt_ckpt_open(&c, &o, NULL, f.cb, 4, &err);
+    DT_CHECK_INT(rc, -ENOTDIR);
+    DT_CHECK_CONTAINS(err.msg, "checkpoint directory");
+    DT_CHECK_CONTAINS(err.msg, "stray/step_40 is not a directory");
+    dt_ckpt_state_clear(&got);
+    fake_free(&f);
+}
+
 /* ---- a kill in the middle of retention, and new directories made durable ---- */
 
 static char opened_dirs[16][4096];
@@ -1238,7 +1363,21 @@ static void test_ckpt_full_disk_tmpfs(void)
 
 /* ---- every rank resumes from the same checkpoint ---- */
 
-static int wait_exit(pid_t pid, int timeout_s);
+/* Exit code (128+N for signal N), or -1 after timeout_s (the process group is then killed). */
+static int wait_exit(pid_t pid, int timeout_s)
+{
+    for (int i = 0; i < timeout_s * 20; i++) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        dt_sleep_ms(50);
+    }
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
 
 /* Rank body: joins a 2-rank cpu communicator with a checkpoint whose buffers hold this rank's
  * values (seed 100 + rank) and that "resumed" at steps[rank] (-1: none), calls dt_ckpt_sync and
@@ -1334,6 +1473,7 @@ static void test_cli_tools(void)
     out = run(cmd, &code);
     DT_CHECK_INT(code, 0);
     DT_CHECK_CONTAINS(out, "STEP");
+    DT_CHECK_CONTAINS(out, "STEP_LOSS"); /* the loss of that step, not a log_every mean */
     DT_CHECK_CONTAINS(out, "resume = auto loads this one");
     DT_CHECK(strstr(out, "14 ") && strstr(out, "7 ") && strstr(out, "14 ") < strstr(out, "\n7 "));
     free(out);
@@ -1342,7 +1482,8 @@ static void test_cli_tools(void)
     out = run(cmd, &code);
     DT_CHECK_INT(code, 0);
     DT_CHECK_CONTAINS(out, "step         14");
-    DT_CHECK_CONTAINS(out, "loss         0.333333");
+    DT_CHECK_CONTAINS(out, "loss         0.333333  (of step 14 alone; log lines and "
+                           "metrics.jsonl show means over job.log_every steps)");
     DT_CHECK_CONTAINS(out, "sample_pos   128");
     DT_CHECK_CONTAINS(out, "model  h.0.mlp.weight  F32  [8, 8]");
     DT_CHECK_CONTAINS(out, "optim  exp_avg_sq.wte  F32  [64, 8]");
@@ -1534,497 +1675,6 @@ static void test_python_reader_agrees(void)
     fake_free(&a);
 }
 
-/* ====================================================== end to end: the worker and the agent === */
-
-/* A job small enough to run 300 steps in a few seconds on a loaded machine, with state that
- * crosses epochs (128 steps per epoch) and AdamW moments, so a resume that is off in any of
- * them changes the final parameters. */
-static const char *e2e_job(void)
-{
-    static char path[4200];
-    snprintf(path, sizeof path, "%s/job.ini", dt_test_tmpdir());
-    FILE *f = fopen(path, "w");
-    fputs("[job]\nname = ck\nseed = 7\ndevice = cpu\nlog_every = 1\n\n"
-          "[model]\ntype = mlp\nhidden = 384,384\n\n"
-          "[data]\ntype = synthetic\nsynthetic_shape = vector\nsynthetic_samples = 8192\n"
-          "synthetic_dim = 64\nsynthetic_classes = 10\nval_fraction = 0\n\n"
-          "[train]\nbatch_size = 128\nsteps = 300\noptimizer = adamw\nlr = 1e-3\n"
-          "schedule = cosine\nwarmup_steps = 10\nthreads = 1\n\n"
-          "[checkpoint]\nevery = 50\nkeep = 2\n", f);
-    fclose(f);
-    return path;
-}
-
-static void need_worker(void)
-{
-    char cmd[4200];
-    int code;
-    snprintf(cmd, sizeof cmd, "%s worker --help", dt_test_dtrain_bin());
-    char *out = run(cmd, &code);
-    bool missing = code != 0 || strstr(out, "not available");
-    free(out);
-    if (missing)
-        DT_SKIP("`dtrain worker` is not in this build yet");
-}
-
-/* Starts `sh -c "exec CMD"` in its own process group, output to log; returns the pid. */
-static pid_t spawn(const char *cmd, const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        setpgid(0, 0);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        char full[8500];
-        snprintf(full, sizeof full, "exec %s", cmd);
-        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Exit code (128+N for signal N), or -1 after timeout_s (the process group is then killed). */
-static int wait_exit(pid_t pid, int timeout_s)
-{
-    for (int i = 0; i < timeout_s * 20; i++) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        dt_sleep_ms(50);
-    }
-    kill(-pid, SIGKILL);
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-}
-
-/* The last "step" of a metrics.jsonl (0 when none). */
-static int64_t last_step(const char *outdir)
-{
-    char p[4200], *text = NULL;
-    size_t len;
-    snprintf(p, sizeof p, "%s/metrics.jsonl", outdir);
-    if (dt_read_file(p, &text, &len, NULL) != 0)
-        return 0;
-    int64_t step = 0;
-    for (char *q = strstr(text, "\"step\":"); q; q = strstr(q + 1, "\"step\":"))
-        step = strtoll(q + 7, NULL, 10);
-    free(text);
-    return step;
-}
-
-/* Waits until outdir's metrics reach `step` (false when pid exits first or after timeout). */
-static bool wait_step(const char *outdir, int64_t step, pid_t pid, int timeout_s)
-{
-    for (int i = 0; i < timeout_s * 50; i++) {
-        if (last_step(outdir) >= step)
-            return true;
-        if (waitpid(pid, NULL, WNOHANG) == pid)
-            return false;
-        dt_sleep_ms(20);
-    }
-    return false;
-}
-
-static bool same_file(const char *a, const char *b)
-{
-    char *x = NULL, *y = NULL;
-    size_t xl = 0, yl = 0;
-    bool same = dt_read_file(a, &x, &xl, NULL) == 0 && dt_read_file(b, &y, &yl, NULL) == 0 &&
-                xl == yl && memcmp(x, y, xl) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
-/* The uninterrupted reference run (once per test process). */
-static const char *reference_run(void)
-{
-    static char out[4200];
-    if (out[0])
-        return out;
-    snprintf(out, sizeof out, "%s/ref", dt_test_tmpdir());
-    char cmd[8500];
-    int code;
-    snprintf(cmd, sizeof cmd, "%s worker %s job.output_dir=%s", dt_test_dtrain_bin(), e2e_job(),
-             out);
-    char *o = run(cmd, &code);
-    DT_CHECK_MSG(code == 0, "reference run failed (%d): %.2000s", code, o);
-    free(o);
-    return out;
-}
-
-static void check_final_identical(const char *outdir, const char *what)
-{
-    const char *ref = reference_run();
-    const char *files[] = {"model.safetensors", "optim.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        char a[4300], b[4300];
-        snprintf(a, sizeof a, "%s/checkpoints/step_300/%s", ref, files[i]);
-        snprintf(b, sizeof b, "%s/checkpoints/step_300/%s", outdir, files[i]);
-        DT_CHECK_MSG(same_file(a, b), "%s: %s differs from the uninterrupted run's", what,
-                     files[i]);
-    }
-}
-
-static void test_worker_sigterm_resume(void)
-{
-    need_worker();
-    const char *job = e2e_job();
-    char out[4200], cmd[8500], log[4300];
-    snprintf(out, sizeof out, "%s/sig", dt_test_tmpdir());
-    snprintf(log, sizeof log, "%s/sig.log", dt_test_tmpdir());
-    snprintf(cmd, sizeof cmd, "%s worker %s job.output_dir=%s", dt_test_dtrain_bin(), job, out);
-    const int sigs[] = {SIGTERM, SIGUSR1, SIGUSR2};
-    int64_t at = 0;
-    for (int k = 0; k < 3; k++) {
-        pid_t pid = spawn(cmd, log);
-        at += 20 + 30 * k;
-        bool reached = wait_step(out, at, pid, 60);
-        DT_REQUIRE(reached);
-        kill(pid, sigs[k]);
-        int code = wait_exit(pid, 60);
-        DT_CHECK_INT(code, DT_CKPT_EXIT_PREEMPTED);
-        /* A checkpoint of the step it stopped at: the newest, complete and valid. */
-        int64_t *steps = NULL;
-        int n = 0;
-        char dir[4300];
-        snprintf(dir, sizeof dir, "%s/checkpoints", out);
-        DT_REQUIRE(dt_ckpt_list(dir, &steps, &n, NULL) == 0 && n > 0);
-        int64_t stopped = last_step(out);
-        DT_CHECK_INT(steps[0], stopped);
-        DT_CHECK(steps[0] >= at);
-        char p[4400];
-        dt_ckpt_info info;
-        dt_err err = {0};
-        snprintf(p, sizeof p, "%s/step_%" PRId64, dir, steps[0]);
-        DT_CHECK_MSG(dt_ckpt_inspect(p, true, &info, &err) == 0, "%s", err.msg);
-        DT_CHECK_INT(info.state.step, steps[0]);
-        dt_ckpt_info_free(&info);
-        at = steps[0];
-        free(steps);
-    }
-    /* Re-launched, it resumes and finishes with the parameters of an uninterrupted run. */
-    char *o = run(cmd, &(int){0});
-    DT_CHECK_CONTAINS(o, "resumed from");
-    free(o);
-    char *text = NULL;
-    size_t len;
-    dt_read_file(log, &text, &len, NULL);
-    DT_CHECK_CONTAINS(text, "stopped by a signal; saving step");
-    free(text);
-    check_final_identical(out, "after SIGTERM, SIGUSR1 and SIGUSR2");
-}
-
-static void test_worker_skips_damaged(void)
-{
-    /* A finished run, then its newest checkpoint damaged as a power cut would: a longer run
-     * resumes from the one before, and says which one it skipped and why. */
-    need_worker();
-    const char *ref = reference_run();
-    char out[4200], cmd[8500];
-    snprintf(out, sizeof out, "%s/dmg", dt_test_tmpdir());
-    snprintf(cmd, sizeof cmd, "cp -r %s %s", ref, out);
-    int code;
-    free(run(cmd, &code));
-    DT_REQUIRE(code == 0);
-    char p[4400];
-    snprintf(p, sizeof p, "%s/checkpoints/step_300/model.safetensors", out);
-    DT_REQUIRE(truncate(p, 1000) == 0);
-    snprintf(cmd, sizeof cmd, "%s worker %s job.output_dir=%s train.steps=320",
-             dt_test_dtrain_bin(), e2e_job(), out);
-    char *o = run(cmd, &code);
-    DT_CHECK_INT(code, 0);
-    DT_CHECK_CONTAINS(o, "skipping checkpoint");
-    DT_CHECK_CONTAINS(o, "step_300: model.safetensors has 1000 bytes");
-    DT_CHECK_CONTAINS(o, "resumed from");
-    DT_CHECK_CONTAINS(o, "step_250");
-    free(o);
-    /* An explicit path to a damaged checkpoint is an error, not a fresh start. */
-    snprintf(p, sizeof p, "%s/checkpoints/step_320/optim.safetensors", out);
-    DT_REQUIRE(truncate(p, 10) == 0);
-    snprintf(cmd, sizeof cmd, "%s worker %s job.output_dir=%s checkpoint.resume=%s/checkpoints/"
-             "step_320", dt_test_dtrain_bin(), e2e_job(), out, out);
-    o = run(cmd, &code);
-    DT_CHECK_INT(code, 2); /* a configuration error: retry scripts do not retry it */
-    DT_CHECK_CONTAINS(o, "optim.safetensors has 10 bytes");
-    DT_CHECK_CONTAINS(o, "a configuration error");
-    free(o);
-}
-
-static void test_worker_foreign_dir(void)
-{
-    /* A job whose model or optimizer changed, pointed at the checkpoints of the old one: an
-     * error (exit 2) naming the difference, never a fresh start that later replaces or removes
-     * the user's checkpoints. */
-    need_worker();
-    const char *ref = reference_run();
-    char out[4200], cmd[8500];
-    int code;
-    snprintf(out, sizeof out, "%s/foreign", dt_test_tmpdir());
-    snprintf(cmd, sizeof cmd, "cp -r %s %s", ref, out);
-    free(run(cmd, &code));
-    DT_REQUIRE(code == 0);
-    const struct {
-        const char *change, *want, *not;
-    } cases[] = {
-        {"model.hidden=256,256 train.steps=350", "written for another model", NULL},
-        {"train.optimizer=sgd train.momentum=0.9 train.steps=350", "written with another "
-         "optimizer", "another model"},
-    };
-    for (size_t k = 0; k < DT_ARRAY_LEN(cases); k++) {
-        snprintf(cmd, sizeof cmd, "%s worker %s job.output_dir=%s %s", dt_test_dtrain_bin(),
-                 e2e_job(), out, cases[k].change);
-        char *o = run(cmd, &code);
-        DT_CHECK_MSG(code == 2, "%s: exit %d: %.3000s", cases[k].change, code, o);
-        DT_CHECK_CONTAINS(o, cases[k].want);
-        DT_CHECK_CONTAINS(o, "checkpoint.dir");
-        if (cases[k].not)
-            DT_CHECK(!strstr(o, cases[k].not));
-        free(o);
-    }
-    const char *files[] = {"step_250/model.safetensors", "step_300/model.safetensors",
-                           "step_300/optim.safetensors"};
-    for (size_t i = 0; i < DT_ARRAY_LEN(files); i++) {
-        char a[4400], b[4400];
-        snprintf(a, sizeof a, "%s/checkpoints/%s", ref, files[i]);
-        snprintf(b, sizeof b, "%s/checkpoints/%s", out, files[i]);
-        DT_CHECK_MSG(same_file(a, b), "%s changed", files[i]);
-    }
-}
-
-/* The pids of pid's children. */
-static int children(pid_t parent, pid_t *out, int max)
-{
-    DIR *d = opendir("/proc");
-    int n = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d)) && n < max) {
-        if (de->d_name[0] < '0' || de->d_name[0] > '9')
-            continue;
-        char p[300], buf[512];
-        snprintf(p, sizeof p, "/proc/%s/stat", de->d_name);
-        int fd = open(p, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        ssize_t r = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (r <= 0)
-            continue;
-        buf[r] = 0;
-        char *rp = strrchr(buf, ')'); /* the name may hold spaces */
-        int ppid = 0;
-        char state;
-        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
-            out[n++] = (pid_t)atoi(de->d_name);
-    }
-    if (d)
-        closedir(d);
-    return n;
-}
-
-static void test_agent_kill9_bit_identical(void)
-{
-    /* Under the launcher, kill -9 the worker at random steps, three times per trial: the agent
-     * restarts it, it resumes from the newest checkpoint (sometimes one whose write the kill
-     * cut short), and the job ends with the parameters of an uninterrupted run, bit for bit. */
-    need_worker();
-    const char *job = e2e_job();
-    dt_rng r;
-    dt_rng_seed(&r, (uint64_t)getpid());
-    for (int trial = 0; trial < 2; trial++) {
-        char out[4200], cmd[8500], log[4300];
-        snprintf(out, sizeof out, "%s/kill%d", dt_test_tmpdir(), trial);
-        snprintf(log, sizeof log, "%s/kill%d.log", dt_test_tmpdir(), trial);
-        snprintf(cmd, sizeof cmd, "%s --standalone --nproc-per-node=1 --max-restarts=5 %s "
-                 "job.output_dir=%s", dt_test_dtrain_bin(), job, out);
-        pid_t agent = spawn(cmd, log);
-        int64_t at = 0;
-        int kills = 0;
-        for (int k = 0; k < 3; k++) {
-            at += 10 + (int64_t)dt_rng_below(&r, 80);
-            if (!wait_step(out, at, agent, 90))
-                break;
-            pid_t kids[8];
-            int nk = children(agent, kids, 8);
-            for (int i = 0; i < nk; i++)
-                kill(kids[i], SIGKILL);
-            kills += nk > 0;
-            fprintf(stderr, "    trial %d: killed the worker at step %" PRId64 "\n", trial,
-                    last_step(out));
-            /* Wait for the restart to get past the kill point before the next one. */
-            dt_sleep_ms(200);
-        }
-        int code = wait_exit(agent, 120);
-        char *text = NULL;
-        size_t len;
-        dt_read_file(log, &text, &len, NULL);
-        DT_CHECK_MSG(code == 0, "trial %d: the job exited %d: %.3000s", trial, code,
-                     text ? text : "");
-        DT_CHECK_MSG(kills >= 2, "trial %d: only %d kills landed", trial, kills);
-        DT_CHECK_CONTAINS(text, "resumed from");
-        free(text);
-        check_final_identical(out, "after kill -9 under the launcher");
-    }
-}
-
-/* The value of RANK in pid's environment (-1 when unreadable). */
-static int rank_of(pid_t pid)
-{
-    char p[64], *text = NULL;
-    size_t len;
-    snprintf(p, sizeof p, "/proc/%d/environ", (int)pid);
-    if (dt_read_file(p, &text, &len, NULL) != 0)
-        return -1;
-    int rank = -1;
-    for (size_t o = 0; o < len; o += strlen(text + o) + 1)
-        if (!strncmp(text + o, "RANK=", 5))
-            rank = atoi(text + o + 5);
-    free(text);
-    return rank;
-}
-
-/* The step in rank r's "stopped ... after step N" line of a launcher log (-1 when none). */
-static int64_t stop_step(const char *log, int r)
-{
-    char tag[32];
-    int64_t step = -1;
-    snprintf(tag, sizeof tag, " r%d] ", r);
-    for (const char *l = log; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-        const char *e = strchr(l, '\n'), *a = strstr(l, "after step "), *t = strstr(l, tag);
-        if (!e)
-            e = l + strlen(l);
-        if (a && t && a < e && t < e && strstr(l, "INFO: stopped") &&
-            strstr(l, "INFO: stopped") < e)
-            step = strtoll(a + 11, NULL, 10);
-    }
-    return step;
-}
-
-static void test_stop_signal_one_rank(void)
-{
-    /* A stop signal that reaches only one of two ranks (or the ranks at different steps): they
-     * agree on one step boundary, rank 0 saves it, both stop there with exit 75. */
-    need_worker();
-    char out[4200], cmd[8500], log[4300];
-    snprintf(out, sizeof out, "%s/stop1", dt_test_tmpdir());
-    snprintf(log, sizeof log, "%s/stop1.log", dt_test_tmpdir());
-    snprintf(cmd, sizeof cmd, "%s --standalone --nproc-per-node=2 --max-restarts=0 %s "
-             "train.steps=100000 job.output_dir=%s", dt_test_dtrain_bin(), e2e_job(), out);
-    pid_t agent = spawn(cmd, log);
-    bool reached = wait_step(out, 20, agent, 90);
-    pid_t kids[8];
-    int nk = reached ? children(agent, kids, 8) : 0, signalled = 0;
-    for (int i = 0; i < nk; i++)
-        if (rank_of(kids[i]) == 1 && kill(kids[i], SIGTERM) == 0)
-            signalled++;
-    int code = wait_exit(agent, 120);
-    char *text = NULL;
-    size_t len;
-    dt_read_file(log, &text, &len, NULL);
-    if (!reached || signalled != 1) {
-        DT_CHECK_MSG(false, "the job did not reach step 20 with 2 workers: %.3000s",
-                     text ? text : "");
-        free(text);
-        return;
-    }
-    fprintf(stderr, "    the launcher exited %d\n", code);
-    int64_t s0 = stop_step(text, 0), s1 = stop_step(text, 1);
-    DT_CHECK_MSG(s0 > 0 && s0 == s1, "rank 0 stopped after step %" PRId64 ", rank 1 after %"
-                 PRId64 ": %.4000s", s0, s1, text ? text : "");
-    DT_CHECK_CONTAINS(text, "exited with code 75");
-    DT_CHECK(!strstr(text, "mismatch"));
-    free(text);
-    char p[4400];
-    dt_ckpt_info info;
-    dt_err err = {0};
-    snprintf(p, sizeof p, "%s/checkpoints/step_%" PRId64, out, s0);
-    DT_CHECK_MSG(dt_ckpt_inspect(p, true, &info, &err) == 0, "%s", err.msg);
-    DT_CHECK_INT(info.state.step, s0);
-    dt_ckpt_info_free(&info);
-}
-
-/* The train loss of `step` in outdir's metrics.jsonl (NAN when absent). */
-static double loss_at(const char *outdir, int64_t step)
-{
-    char p[4200], *text = NULL, key[64];
-    size_t len;
-    double loss = NAN;
-    snprintf(p, sizeof p, "%s/metrics.jsonl", outdir);
-    if (dt_read_file(p, &text, &len, NULL) != 0)
-        return NAN;
-    snprintf(key, sizeof key, "\"step\":%" PRId64 ",", step);
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        char *l = strstr(line, "\"loss\":");
-        if (strstr(line, key) && strstr(line, "\"train\"") && l)
-            loss = strtod(l + 7, NULL);
-    }
-    free(text);
-    return loss;
-}
-
-static void test_resume_other_world_size(void)
-{
-    /* A checkpoint written by 2 ranks resumes on 1, 2 and 3: same step, same global sample
-     * position, and the loss goes on from where it was. */
-    need_worker();
-    char out2[4200], cmd[32768];
-    int code;
-    snprintf(out2, sizeof out2, "%s/ws2", dt_test_tmpdir());
-    snprintf(cmd, sizeof cmd, "%s --standalone --nproc-per-node=2 --max-restarts=0 %s "
-             "train.steps=40 checkpoint.every=40 job.output_dir=%s", dt_test_dtrain_bin(),
-             e2e_job(), out2);
-    char *out = run(cmd, &code);
-    if (code != 0 && strstr(out, "DDP")) {
-        free(out);
-        DT_SKIP("multi-rank training (DDP) is not in this build yet: resume on 1, 2 and 3 ranks "
-                "from a checkpoint written by 2 is untested");
-    }
-    DT_REQUIRE_OK(code, (dt_err *)NULL);
-    free(out);
-    char ck[4300];
-    snprintf(ck, sizeof ck, "%s/checkpoints/step_40", out2);
-    dt_ckpt_info info;
-    dt_err err = {0};
-    DT_REQUIRE_OK(dt_ckpt_inspect(ck, true, &info, &err), &err);
-    DT_CHECK_INT(info.state.world_size, 2);
-    int64_t epoch = info.state.epoch, pos = info.state.sample_pos;
-    int64_t seen = info.state.samples_seen;
-    DT_CHECK_INT(seen, 40 * 2 * 128);
-    dt_ckpt_info_free(&info);
-    double before = loss_at(out2, 40);
-    DT_REQUIRE(isfinite(before));
-    for (int n = 1; n <= 3; n++) {
-        char outn[4200];
-        snprintf(outn, sizeof outn, "%s/ws2to%d", dt_test_tmpdir(), n);
-        snprintf(cmd, sizeof cmd, "mkdir -p %s/checkpoints && cp -r %s %s/checkpoints/ && "
-                 "%s --standalone --nproc-per-node=%d --max-restarts=0 %s train.steps=44 "
-                 "job.output_dir=%s", outn, ck, outn, dt_test_dtrain_bin(), n, e2e_job(), outn);
-        out = run(cmd, &code);
-        DT_CHECK_MSG(code == 0, "%d ranks: exit %d: %.3000s", n, code, out);
-        char want[256];
-        snprintf(want, sizeof want, "step 40, epoch %" PRId64 ", sample %" PRId64 " (saved by 2 "
-                 "ranks)", epoch, pos);
-        DT_CHECK_CONTAINS(out, want);
-        free(out);
-        double after = loss_at(outn, 41);
-        DT_CHECK_MSG(isfinite(after) && fabs(after - before) < 0.25 * before,
-                     "%d ranks: loss %.4f at step 41 after %.4f at step 40", n, after, before);
-        snprintf(ck, sizeof ck, "%s/checkpoints/step_44", outn);
-        DT_CHECK_MSG(dt_ckpt_inspect(ck, true, &info, &err) == 0, "%s", err.msg);
-        DT_CHECK_INT(info.state.world_size, n);
-        /* 4 more steps of n x 128 samples: the position and the count go on from step 40's */
-        DT_CHECK_INT(info.state.step, 44);
-        DT_CHECK_INT(info.state.epoch, epoch);
-        DT_CHECK_INT(info.state.sample_pos, pos + 4 * n * 128);
-        DT_CHECK_INT(info.state.samples_seen, seen + 4 * n * 128);
-        dt_ckpt_info_free(&info);
-        snprintf(ck, sizeof ck, "%s/checkpoints/step_40", out2);
-    }
-}
-
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -2038,18 +1688,14 @@ int main(int argc, char **argv)
         {"ckpt_resume_run", test_ckpt_resume_run, 0},
         {"ckpt_power_cut", test_ckpt_power_cut, 60},
         {"ckpt_foreign_and_bad_path", test_ckpt_foreign_and_bad_path, 0},
+        {"ckpt_foreign_names_from_caller", test_ckpt_foreign_names_from_caller, 0},
+        {"ckpt_stray_step_file", test_ckpt_stray_step_file, 0},
         {"ckpt_injected_failures", test_ckpt_injected_failures, 60},
         {"ckpt_retention_crash", test_ckpt_retention_crash, 60},
         {"ckpt_full_disk_tmpfs", test_ckpt_full_disk_tmpfs, 0},
         {"ranks_resume_alike", test_ranks_resume_alike, 60},
         {"cli_tools", test_cli_tools, 60},
         {"python_reader_agrees", test_python_reader_agrees, 0},
-        {"worker_sigterm_resume", test_worker_sigterm_resume, 180},
-        {"worker_skips_damaged", test_worker_skips_damaged, 120},
-        {"worker_foreign_dir", test_worker_foreign_dir, 120},
-        {"agent_kill9_bit_identical", test_agent_kill9_bit_identical, 300},
-        {"resume_other_world_size", test_resume_other_world_size, 240},
-        {"stop_signal_one_rank", test_stop_signal_one_rank, 240},
     };
     return dt_test_main("test_ckpt", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,6 +85,134 @@ static void test_unwritable_dir(void)
     dt_err err = {0};
     DT_CHECK(dt_metrics_open(&m, "/proc/version/x", true, true, 0, &err) < 0);
     DT_CHECK_CONTAINS(err.msg, "output_dir");
+}
+
+/* The loss of a record is a mean over the steps since the last record (job.log_every), not
+ * the loss of the step it is logged at (which a checkpoint keeps): the log line and
+ * metrics.jsonl say over how many steps. */
+static void test_loss_is_a_window_mean(void)
+{
+    char dir[1024], errpath[1100];
+    snprintf(dir, sizeof dir, "%s/win", dt_test_tmpdir());
+    snprintf(errpath, sizeof errpath, "%s/stderr.txt", dt_test_tmpdir());
+    fflush(stderr);
+    int saved = dup(2), fd = open(errpath, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    DT_REQUIRE(saved >= 0 && fd >= 0 && dup2(fd, 2) == 2);
+    close(fd);
+    dt_metrics *m = NULL;
+    dt_err err = {0};
+    int rc = dt_metrics_open(&m, dir, true, true, 0, &err);
+    dt_step_record r = {.step = 1, .total_steps = 300, .loss = 2.5, .loss_steps = 1,
+                        .step_time_s = 0.01};
+    if (!rc) {
+        dt_metrics_step(m, &r);
+        r.step = 300;
+        r.loss = 2.3074;
+        r.loss_steps = 10;
+        dt_metrics_step(m, &r);
+        dt_metrics_close(m);
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    DT_REQUIRE_OK(rc, &err);
+    char *log = NULL, *text = NULL, path[1100];
+    size_t len;
+    DT_REQUIRE_OK(dt_read_file(errpath, &log, &len, &err), &err);
+    DT_CHECK_CONTAINS(log, "step 300/300 | loss 2.3074 (mean of 10 steps) |");
+    DT_CHECK_CONTAINS(log, "step 1/300 | loss 2.5000 |");
+    free(log);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    DT_REQUIRE_OK(dt_read_file(path, &text, &len, &err), &err);
+    char *second = strchr(text, '\n');
+    DT_REQUIRE(second);
+    cJSON *o = cJSON_Parse(second + 1);
+    DT_REQUIRE(o);
+    DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "loss_steps")), 10);
+    cJSON_Delete(o);
+    free(text);
+}
+
+/* ---- a full disk: lost records are counted and reported, never called saved ---- */
+
+/* output_dir/metrics.jsonl -> /dev/full: every append fails with ENOSPC. */
+static const char *full_disk_dir(const char *name)
+{
+    static char dir[1024];
+    char link[1100];
+    snprintf(dir, sizeof dir, "%s/%s", dt_test_tmpdir(), name);
+    snprintf(link, sizeof link, "%s/metrics.jsonl", dir);
+    if (mkdir(dir, 0755) != 0 || symlink("/dev/full", link) != 0)
+        DT_SKIP("cannot link metrics.jsonl to /dev/full");
+    return dir;
+}
+
+static void test_full_disk_counts_lost(void)
+{
+    const char *dir = full_disk_dir("full");
+    dt_metrics *m = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_metrics_open(&m, dir, true, true, 0, &err), &err);
+    dt_step_record r = {.step = 1, .total_steps = 3, .loss = 2.5, .step_time_s = 0.01};
+    for (int s = 1; s <= 3; s++) {
+        r.step = s;
+        dt_metrics_step(m, &r);
+    }
+    dt_eval_record e = {.step = 3, .val_loss = 2.75, .val_acc = -1};
+    dt_metrics_eval(m, &e);
+    DT_CHECK_INT(dt_metrics_lost(m), 4);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    DT_REQUIRE(out);
+    dt_metrics_print_summary(m, out);
+    fclose(out);
+    DT_CHECK_MSG(!strstr(text, "metrics in"), "lost records reported as saved: %s", text);
+    DT_CHECK_CONTAINS(text, "WARNING");
+    DT_CHECK_CONTAINS(text, "4 of 4 metrics records were lost");
+    DT_CHECK_CONTAINS(text, "No space left on device");
+    DT_CHECK_CONTAINS(text, "/full/metrics.jsonl");
+    free(text);
+    dt_metrics_close(m);
+
+    /* All saved: the usual line, nothing lost. */
+    char ok[1100];
+    snprintf(ok, sizeof ok, "%s/ok", dt_test_tmpdir());
+    DT_REQUIRE_OK(dt_metrics_open(&m, ok, true, true, 0, &err), &err);
+    dt_metrics_step(m, &r);
+    DT_CHECK_INT(dt_metrics_lost(m), 0);
+    out = open_memstream(&text, &len);
+    dt_metrics_print_summary(m, out);
+    fclose(out);
+    DT_CHECK_CONTAINS(text, "dtrain: metrics in ");
+    DT_CHECK_CONTAINS(text, "/ok/metrics.jsonl");
+    DT_CHECK(!strstr(text, "lost"));
+    free(text);
+    dt_metrics_close(m);
+}
+
+/* The whole worker: the summary must not say "metrics in" for a file that holds nothing. */
+static void test_worker_full_disk(void)
+{
+    const char *dir = full_disk_dir("wfull");
+    char job[1100], cmd[4096];
+    snprintf(job, sizeof job, "%s/job.ini", dt_test_tmpdir());
+    DT_REQUIRE(dt_test_write_file(job, "[job]\nname = full\nseed = 1\ndevice = cpu\n"
+                                       "log_every = 2\n\n[model]\ntype = mlp\nhidden = 16\n\n"
+                                       "[data]\ntype = synthetic\nsynthetic_shape = vector\n"
+                                       "synthetic_samples = 256\nsynthetic_dim = 8\n"
+                                       "synthetic_classes = 4\nval_fraction = 0\n\n"
+                                       "[train]\nbatch_size = 16\nsteps = 6\nthreads = 1\n\n"
+                                       "[checkpoint]\nevery = 0\n") == 0);
+    snprintf(cmd, sizeof cmd, "%s worker %s job.output_dir=%s 2>&1", dt_test_dtrain_bin(), job,
+             dir);
+    char *out = NULL;
+    int code = dt_test_run(cmd, &out, 60);
+    DT_REQUIRE(out);
+    DT_CHECK_MSG(code == 0, "exit %d: %.3000s", code, out);
+    DT_CHECK_MSG(!strstr(out, "metrics in"), "lost records reported as saved: %.3000s", out);
+    DT_CHECK_CONTAINS(out, "of 4 metrics records were lost");
+    free(out);
 }
 
 /* ---- the progress line on a terminal ---- */
@@ -168,6 +297,9 @@ int main(int argc, char **argv)
         {"records", test_records, 0},
         {"other_ranks_write_nothing", test_other_ranks_write_nothing, 0},
         {"unwritable_dir", test_unwritable_dir, 0},
+        {"loss_is_a_window_mean", test_loss_is_a_window_mean, 0},
+        {"full_disk_counts_lost", test_full_disk_counts_lost, 0},
+        {"worker_full_disk", test_worker_full_disk, 60},
         {"progress_line_tty", test_progress_line_tty, 30},
     };
     return dt_test_main("test_metrics", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);

@@ -3,7 +3,8 @@
  * Layout (DESIGN.md, "Checkpoints"): a checkpoint is a directory <dir>/step_<N>/ holding
  *
  *     model.safetensors   the model's parameters and non-trained buffers (BatchNorm statistics)
- *     optim.safetensors   the optimiser state (AdamW moments, SGD momentum), whole, not per rank
+ *     optim.safetensors   the optimiser state (under the names the optimiser gives it), whole,
+ *                         not per rank
  *     state.json          step, epoch, global sample position, RNG states, schedule and other
  *                         scalars, the resolved job (INI), the tensor table, and the size and
  *                         XXH64 of every file; it also carries a checksum of itself
@@ -31,11 +32,14 @@
  * matches its own checksum; every file exists with the recorded size and XXH64; every
  * safetensors header is valid and lists exactly the registered tensors with their shapes. A
  * checkpoint written for another setup (another model: different tensors or shapes; another
- * optimizer: different optimiser state) is "foreign". With resume=auto, discovery walks
- * step_<N> from newest to oldest and skips any that is incomplete or corrupt, logging a warning
- * that names the checkpoint and what is wrong; a foreign one is an error (-EXDEV: the directory
- * is another job's), and an explicit path that fails is an error. A save never replaces a
- * foreign checkpoint of the same step (-EEXIST), and retention never removes one.
+ * optimizer: different per-parameter state, see dt_ckpt_buf) is "foreign". With resume=auto,
+ * discovery walks step_<N> from newest to oldest and skips any that is incomplete or corrupt,
+ * logging a warning that names the checkpoint and what is wrong (and names any step_<N> that
+ * is not a directory); a foreign one is an error (-EXDEV: the directory is another job's), and
+ * an explicit path that fails is an error. A save never replaces a foreign checkpoint of the
+ * same step (-EEXIST), and retention never removes one. A directory where a save could not
+ * succeed (a file named step_<N>, or checkpoint.dir itself a file) is refused by dt_ckpt_open,
+ * before any training.
  *
  * World size. Tensors are whole and the data position is a global sample index, so a checkpoint
  * written by W ranks resumes on any number of ranks at the same step and sample position.
@@ -66,10 +70,20 @@
 #define DT_CKPT_EXIT_PREEMPTED 75
 
 /* One flat float32 buffer saved as named tensors: a model's parameters or buffers, or an
- * optimiser state buffer laid out like the parameters. */
+ * optimiser state buffer laid out like the parameters.
+ *
+ * The prefix tells the two kinds apart: a buffer without one holds the model's own tensors, a
+ * buffer with one holds per-parameter state under names the caller chose (the optimiser owns
+ * them, e.g. "exp_avg." + "h.0.mlp.weight"). The checkpoint code knows no optimiser and no
+ * state name: when a checkpoint's table differs from the registration, it is "written for
+ * another model" when the model's own tensors (and the files that hold them) differ, and
+ * "written with another optimizer" when only the rest does; that message names the state each
+ * side keeps (the registered prefixes here, the prefixes of the checkpoint's other tensors
+ * there). Keep the model's tensors and the state in different files. */
 typedef struct dt_ckpt_buf {
-    const char *file;               /* "model" or "optim": <file>.safetensors (lower-case name) */
-    const char *prefix;             /* prepended to every tensor name ("" or e.g. "exp_avg.") */
+    const char *file;               /* <file>.safetensors: a-z and _, e.g. "model", "optim" */
+    const char *prefix;             /* prepended to every tensor name: "" (or NULL) for the
+                                     * model's own tensors, e.g. "exp_avg." for state */
     const dt_tensor_info *tensors;  /* (num_tensors) borrowed; offsets in elements into data */
     int num_tensors;
     float *data;                    /* (numel) backend memory of `be`, borrowed */
@@ -127,10 +141,12 @@ typedef struct dt_ckpt_opts {
 
 typedef struct dt_ckpt dt_ckpt;
 
-/* Registers the buffers a checkpoint consists of (bufs and their tables are copied; data
- * pointers and tensor tables stay borrowed and must outlive the dt_ckpt). be is the backend
- * that owns the data (borrowed); NULL means plain host memory. Fails with -EINVAL on a duplicate
- * tensor name, a tensor outside its buffer, or a bad file name. */
+/* Registers the buffers a checkpoint consists of (bufs is copied, with its file and prefix
+ * strings; the data pointers and tensor tables stay borrowed and must outlive the dt_ckpt). be
+ * is the backend that owns the data (borrowed); NULL means plain host memory. Fails with -EINVAL
+ * on a duplicate tensor name, a tensor outside its buffer, or a bad file name; with -ENOTDIR
+ * when a save could not succeed because of what is already on disk: opts->dir (or a part of
+ * its path) is a file, or it holds a step_<N> that is not a directory (the message names it). */
 int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const dt_ckpt_buf *bufs,
                  int nbufs, dt_err *err);
 
@@ -241,6 +257,11 @@ void dt_ckpt_info_free(dt_ckpt_info *info);
 /* The step_<N> directories under dir, newest first: *steps (malloc'd, caller frees) and *count.
  * A missing dir is an empty list. Directories not named step_<digits> are ignored. */
 int dt_ckpt_list(const char *dir, int64_t **steps, int *count, dt_err *err);
+
+/* The entries under dir named like a checkpoint (step_<digits>) that are not directories (a
+ * regular file, a dangling link), newest first, as dt_ckpt_list. Resume skips them with a
+ * warning; dt_ckpt_open refuses a directory that holds one. */
+int dt_ckpt_list_strays(const char *dir, int64_t **steps, int *count, dt_err *err);
 
 /* ---- the system calls, replaceable so tests can inject failures (as SQLite's VFS) ---- */
 

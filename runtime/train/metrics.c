@@ -2,6 +2,7 @@
 #include "runtime/train/metrics.h"
 
 #include <cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,9 @@ struct dt_metrics {
     int fd;            /* metrics.jsonl, O_APPEND; -1 when disabled */
     char path[DT_PATH_MAX + 32];
     double t0;
+    int64_t records;   /* records handed to metrics.jsonl */
+    int64_t lost;      /* of which: not written (a full disk, an I/O error) */
+    int lost_errno;    /* why the last one was lost */
 };
 
 size_t dt_metrics_max_rss(void)
@@ -61,25 +65,37 @@ int dt_metrics_open(dt_metrics **out, const char *output_dir, bool enabled, bool
     return 0;
 }
 
+/* Counts a record that did not reach the file; the first loss (and a change of reason) is
+ * logged at once, the count at the end (dt_metrics_print_summary). */
+static void lose(dt_metrics *m, int e)
+{
+    if (!m->lost || e != m->lost_errno)
+        DT_WARN("cannot append to %s: %s; metrics are being lost (records that fail are "
+                "counted and reported at the end of the run)", m->path, strerror(e));
+    m->lost++;
+    m->lost_errno = e;
+}
+
 /* Writes one JSON object as one line with one write(2) (lines never tear, even when a
  * restarted job and a slow old writer overlap). */
 static void write_json(dt_metrics *m, cJSON *o)
 {
+    m->records++;
     cJSON_AddNumberToObject(o, "time", dt_wall_s());
     cJSON_AddNumberToObject(o, "attempt", m->attempt);
     char *text = cJSON_PrintUnformatted(o);
-    if (text) {
-        size_t n = strlen(text);
-        char *line = malloc(n + 2);
-        if (line) {
-            memcpy(line, text, n);
-            line[n] = '\n';
-            if (dt_write_all(m->fd, line, n + 1) != 0)
-                DT_WARN("cannot append to %s: %s", m->path, strerror(errno));
-            free(line);
-        }
-        free(text);
+    char *line = NULL;
+    size_t n = text ? strlen(text) : 0;
+    if (!text || !(line = malloc(n + 2))) {
+        lose(m, ENOMEM);
+    } else {
+        memcpy(line, text, n);
+        line[n] = '\n';
+        if (dt_write_all(m->fd, line, n + 1) != 0)
+            lose(m, errno);
     }
+    free(line);
+    free(text);
 }
 
 /* 12345 -> "12.3k" */
@@ -115,6 +131,8 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
         cJSON_AddNumberToObject(o, "step", (double)r->step);
         cJSON_AddNumberToObject(o, "epoch", (double)r->epoch);
         cJSON_AddNumberToObject(o, "loss", r->loss);
+        if (r->loss_steps > 0)
+            cJSON_AddNumberToObject(o, "loss_steps", (double)r->loss_steps);
         cJSON_AddNumberToObject(o, "lr", r->lr);
         cJSON_AddNumberToObject(o, "grad_norm", r->grad_norm);
         if (r->loss_scale > 0) {
@@ -129,22 +147,28 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
         write_json(m, o);
         cJSON_Delete(o);
     }
-    char thr[32], eta[32], el[32];
+    char thr[32], eta[32], el[32], loss[64];
     human(r->items_per_s, thr, sizeof thr);
+    /* a mean over the window, not the loss of this step: say so (a checkpoint's is the step's) */
+    if (r->loss_steps > 1)
+        snprintf(loss, sizeof loss, "%.4f (mean of %lld steps)", r->loss,
+                 (long long)r->loss_steps);
+    else
+        snprintf(loss, sizeof loss, "%.4f", r->loss);
     clock_str(r->step_time_s * (double)(r->total_steps - r->step), eta, sizeof eta);
     clock_str(dt_now_s() - m->t0, el, sizeof el);
     if (m->tty) { /* common/log ends it before any other log line */
         char line[256];
         snprintf(line, sizeof line,
-                 "step %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
+                 "step %lld/%lld | loss %s | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
                  "%s elapsed, eta %s",
-                 (long long)r->step, (long long)r->total_steps, r->loss, r->lr, r->grad_norm, thr,
+                 (long long)r->step, (long long)r->total_steps, loss, r->lr, r->grad_norm, thr,
                  m->tokens ? "tok" : "samples", r->step_time_s * 1e3, el, eta);
         dt_log_progress(line);
     } else {
-        DT_INFO("step %lld/%lld | loss %.4f | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
+        DT_INFO("step %lld/%lld | loss %s | lr %.2e | norm %.2f | %s %s/s | %.1f ms/step | "
                 "eta %s",
-                (long long)r->step, (long long)r->total_steps, r->loss, r->lr, r->grad_norm, thr,
+                (long long)r->step, (long long)r->total_steps, loss, r->lr, r->grad_norm, thr,
                 m->tokens ? "tok" : "samples", r->step_time_s * 1e3, eta);
     }
 }
@@ -178,6 +202,25 @@ void dt_metrics_eval(dt_metrics *m, const dt_eval_record *r)
 }
 
 const char *dt_metrics_path(const dt_metrics *m) { return m && m->enabled ? m->path : ""; }
+
+int64_t dt_metrics_lost(const dt_metrics *m) { return m ? m->lost : 0; }
+
+void dt_metrics_print_summary(const dt_metrics *m, FILE *out)
+{
+    if (!m || !m->enabled)
+        return;
+    if (!m->lost) {
+        fprintf(out, "dtrain: metrics in %s\n", m->path);
+        return;
+    }
+    char msg[DT_PATH_MAX + 512];
+    snprintf(msg, sizeof msg, "%lld of %lld metrics records were lost: they could not be "
+             "appended to %s (last error: %s); that file is incomplete%s",
+             (long long)m->lost, (long long)m->records, m->path, strerror(m->lost_errno),
+             m->lost == m->records ? " (it holds none of this run's records)" : "");
+    DT_WARN("%s", msg);
+    fprintf(out, "dtrain: WARNING: %s\n", msg);
+}
 
 void dt_metrics_close(dt_metrics *m)
 {

@@ -3,10 +3,15 @@
  * Rank 0 appends one JSON object per logged step to <output_dir>/metrics.jsonl (appended, so a
  * restarted job continues the same file; "attempt" tells the attempts apart):
  *
- *   {"type":"train","step":10,"epoch":0,"loss":4.91,"lr":0.0015,"grad_norm":1.8,
+ *   {"type":"train","step":10,"epoch":0,"loss":4.91,"loss_steps":10,"lr":0.0015,"grad_norm":1.8,
  *    "tokens_per_s":20480,"step_time_s":0.025,"comm_time_s":0,"peak_mem_bytes":12345678,
  *    "max_rss_bytes":45678912,"time":1700000000.1,"attempt":0}
  *   {"type":"eval","step":50,"val_loss":3.2,"val_acc":0.51,"time":...,"attempt":0}
+ *
+ * "loss" (like step_time_s and comm_time_s) is a mean over the "loss_steps" steps since the
+ * previous record (job.log_every of them, fewer at the first and the last), and so is the loss
+ * of the log line ("loss 2.3074 (mean of 10 steps)"); a checkpoint keeps the loss of its step
+ * alone (`dtrain ckpt list`'s STEP_LOSS), so the two differ.
  *
  * Classification jobs report samples_per_s instead of tokens_per_s, and val_acc. On a terminal
  * stderr also shows one progress line that rewrites itself; otherwise (logs, pipes, the agent)
@@ -18,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/err.h"
 
@@ -25,7 +31,11 @@ typedef struct dt_step_record {
     int64_t step;         /* optimiser steps completed (1-based for the step just done) */
     int64_t total_steps;
     int64_t epoch;
-    double loss;          /* mean training loss of the step (over micro-steps and ranks) */
+    double loss;          /* mean training loss over the loss_steps steps up to this one (each
+                           * step's loss a mean over its micro-steps and ranks) */
+    int64_t loss_steps;   /* steps that loss, step_time_s and comm_time_s average over: those
+                           * since the last record (job.log_every; fewer at the first and the
+                           * last); 0 = not said */
     double lr;
     double grad_norm;     /* before clipping */
     double loss_scale;    /* fp16's dynamic loss scale after the step; 0 when not used */
@@ -62,6 +72,16 @@ void dt_metrics_finish_line(dt_metrics *m);
 
 /* Path of metrics.jsonl ("" when disabled). */
 const char *dt_metrics_path(const dt_metrics *m);
+
+/* Records that could not be appended to metrics.jsonl (a full disk, an I/O error) since open;
+ * 0 when all were written, when disabled, and for NULL. The first loss is logged when it
+ * happens; the count belongs in the run's summary (dt_metrics_print_summary). */
+int64_t dt_metrics_lost(const dt_metrics *m);
+
+/* The summary's line about metrics, to out: "dtrain: metrics in <path>" when every record was
+ * written; else a warning (also logged) with how many of how many records were lost, where,
+ * and why, and no claim that the metrics are there. Nothing when disabled or NULL. */
+void dt_metrics_print_summary(const dt_metrics *m, FILE *out);
 
 /* Accepts NULL. */
 void dt_metrics_close(dt_metrics *m);

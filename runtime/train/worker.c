@@ -268,6 +268,8 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
 static int seam_after_build(dt_trainer *t, dt_err *err)
 {
     int rc = ckpt_open(t, err);
+    if (rc == -ENOTDIR) /* a file where checkpoints go: every restart fails the same way */
+        t->config_error = true;
     if (!rc)
         rc = ckpt_resume(t, err);
     if (!rc && t->comm)
@@ -685,6 +687,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 .total_steps = t->total_steps,
                 .epoch = t->sampler.epoch,
                 .loss = last_train,
+                .loss_steps = win_n,
                 .lr = t->lr,
                 .grad_norm = t->grad_norm,
                 .loss_scale = t->scaler.on ? t->scaler.scale : 0,
@@ -733,8 +736,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                was_stopped ? "stopped" : "done", (long long)t->step, wall, tl, vl, thr,
                t->tokens ? "tokens" : "samples", t->env.world_size,
                t->env.world_size > 1 ? "s" : "", how);
-        if (dt_metrics_path(t->metrics)[0])
-            printf("dtrain: metrics in %s\n", dt_metrics_path(t->metrics));
+        dt_metrics_print_summary(t->metrics, stdout); /* or how many records were lost */
         fflush(stdout);
     }
     return 0;
