@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "runtime/job/workenv.h"
 #include "runtime/launch/agent_env.h"
 #include "runtime/launch/agent_output.h"
 #include "runtime/launch/agent_report.h"
@@ -97,12 +98,13 @@ static void test_env_build(void)
     char *base[] = {"PATH=/bin", "RANK=99", "KEEP=yes", NULL};
     dt_envb b;
     dt_worker_env w = {.rank = 5, .local_rank = 1, .world_size = 8, .local_world_size = 4,
-                       .group_rank = 1, .group_world_size = 2, .restart_count = 3,
+                       .group_rank = 1, .group_world_size = 2, .attempt = 3,
                        .max_restarts = 7, .run_id = "job1", .master_addr = "10.0.0.1",
                        .master_port = 1234, .store_addr = "10.0.0.1", .store_port = 29500,
-                       .error_file = "/x/error.json", .local_addr = "10.0.0.2", .omp_one = true,
-                       .agent_pid = 42};
-    DT_REQUIRE(dt_agent_env_build(&b, base, &w, NULL) == 0);
+                       .error_file = "/x/error.json", .local_addr = "10.0.0.2",
+                       .omp_num_threads = 1, .agent_pid = 42};
+    DT_REQUIRE(dt_envb_init(&b, base, NULL) == 0);
+    DT_REQUIRE(dt_workenv_export(&w, &b, NULL) == 0);
     DT_CHECK_STR(dt_envb_get(&b, "RANK"), "5");
     DT_CHECK_STR(dt_envb_get(&b, "KEEP"), "yes");
     DT_CHECK_STR(dt_envb_get(&b, "LOCAL_RANK"), "1");
@@ -137,8 +139,63 @@ static void test_env_build(void)
     dt_envb_free(&b);
     /* The user's own value wins. */
     char *mine[] = {"PATH=/bin", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0", NULL};
-    DT_REQUIRE(dt_agent_env_build(&b, mine, &w, NULL) == 0);
+    DT_REQUIRE(dt_envb_init(&b, mine, NULL) == 0);
+    DT_REQUIRE(dt_workenv_export(&w, &b, NULL) == 0);
     DT_CHECK_STR(dt_envb_get(&b, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
+    dt_envb_free(&b);
+}
+
+/* The contract's two halves agree: what dt_workenv_export writes, dt_workenv_read reads back as
+ * the same struct, field for field (the test runs in its own process: setenv is harmless). */
+static void test_workenv_round_trip(void)
+{
+    dt_worker_env w = {.rank = 6, .local_rank = 2, .world_size = 12, .local_world_size = 4,
+                       .group_rank = 1, .group_world_size = 3, .role = "trainer",
+                       .master_addr = "10.1.2.3", .master_port = 4321, .store_addr = "10.1.2.4",
+                       .store_port = 29501, .run_id = "rt-job", .attempt = 2, .max_restarts = 5,
+                       .round = 4, .error_file = "/logs/rt-job/attempt_2/6/error.json",
+                       .local_addr = "10.1.2.5", .agent_pid = 4242, .omp_num_threads = 1};
+    dt_envb b;
+    DT_REQUIRE(dt_envb_init(&b, NULL, NULL) == 0);
+    DT_REQUIRE(dt_workenv_export(&w, &b, NULL) == 0);
+    clearenv();
+    for (size_t i = 0; i < b.n; i++)
+        DT_REQUIRE(putenv(b.v[i]) == 0); /* b's strings outlive the read */
+    dt_worker_env r;
+    dt_err e = {0};
+    DT_REQUIRE_OK(dt_workenv_read(&r, &e), &e);
+    DT_CHECK_INT(r.rank, 6);
+    DT_CHECK_INT(r.group_world_size, 3);
+    DT_CHECK_STR(r.role, "trainer");
+    DT_CHECK_STR(r.error_file, w.error_file);
+    DT_CHECK_INT(r.agent_pid, 4242);
+    DT_CHECK_INT(r.round, 4);
+    DT_CHECK(memcmp(&r, &w, sizeof r) == 0); /* every field, including those added later */
+    /* A worker started by hand: a single process, with torchrun's fallbacks. */
+    clearenv();
+    setenv("TORCHELASTIC_RUN_ID", "torch-id", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "3", 1);
+    setenv("TORCHELASTIC_ERROR_FILE", "/tmp/e.json", 1);
+    setenv("OMP_NUM_THREADS", "4,2", 1); /* OpenMP's nested syntax is not an error */
+    DT_REQUIRE_OK(dt_workenv_read(&r, &e), &e);
+    DT_CHECK_INT(r.world_size, 1);
+    DT_CHECK_INT(r.group_world_size, 1);
+    DT_CHECK_STR(r.run_id, "torch-id");
+    DT_CHECK_INT(r.attempt, 3);
+    DT_CHECK_INT(r.round, 3);
+    DT_CHECK_STR(r.error_file, "/tmp/e.json");
+    DT_CHECK_STR(r.role, "default");
+    DT_CHECK_INT(r.omp_num_threads, 4);
+    DT_CHECK_INT(r.agent_pid, 0);
+    setenv("RANK", "2", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    DT_CHECK(dt_workenv_read(&r, &e) == -EINVAL);
+    DT_CHECK_CONTAINS(e.msg, "RANK=2 is not below WORLD_SIZE=2");
+    setenv("RANK", "0", 1);
+    setenv("MASTER_PORT", "x", 1);
+    DT_CHECK(dt_workenv_read(&r, &e) == -EINVAL);
+    DT_CHECK_CONTAINS(e.msg, "MASTER_PORT");
+    clearenv(); /* environ pointed into b */
     dt_envb_free(&b);
 }
 
@@ -1267,6 +1324,7 @@ static const dt_test tests[] = {
     {"events_filename", test_events_filename, 0},
     {"nproc_resolution", test_nproc_resolution, 0},
     {"output_lines", test_output_lines, 0},
+    {"workenv_round_trip", test_workenv_round_trip, 0},
     {"worker_guard", test_worker_guard, 0},
     {"report_table", test_report_table, 0},
     {"env_sh", test_env_sh, 30},

@@ -47,6 +47,7 @@
 #include "runtime/launch/agent_proc.h"
 #include "runtime/launch/agent_report.h"
 #include "runtime/job/errfile.h"
+#include "runtime/job/workenv.h"
 
 extern char **environ;
 
@@ -495,28 +496,33 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
             goto fail;
     }
 
-    dt_worker_env we = {
-        .rank = w->rank,
-        .local_rank = w->local_rank,
-        .world_size = a->rd.world_size,
-        .local_world_size = a->nproc,
-        .group_rank = a->rd.group_rank,
-        .group_world_size = a->rd.group_world_size,
-        .restart_count = a->rd.attempt,
-        .max_restarts = a->rd.max_restarts,
-        .run_id = a->rd.run_id,
-        .role = a->L.role,
-        .master_addr = a->rd.master_addr,
-        .master_port = a->rd.master_port,
-        .store_addr = a->rd.store_addr,
-        .store_port = a->rd.store_port,
-        .error_file = w->error_file,
-        .local_addr = a->rd.local_addr,
-        .omp_one = a->omp_one,
-        .agent_pid = (int)getpid(),
-        .round = a->rd.round,
-    };
-    if ((rc = dt_agent_env_build(&env, environ, &we, err)))
+    /* The contract (runtime/job/workenv.h): one struct, one writer. */
+    static dt_worker_env we; /* ~2.6 KB; the agent has one thread that starts workers */
+    memset(&we, 0, sizeof we);
+    we.rank = w->rank;
+    we.local_rank = w->local_rank;
+    we.world_size = a->rd.world_size;
+    we.local_world_size = a->nproc;
+    we.group_rank = a->rd.group_rank;
+    we.group_world_size = a->rd.group_world_size;
+    we.attempt = a->rd.attempt;
+    we.max_restarts = a->rd.max_restarts;
+    we.round = a->rd.round;
+    we.master_port = a->rd.master_port;
+    we.store_port = a->rd.store_port;
+    we.agent_pid = (int)getpid();
+    we.omp_num_threads = a->omp_one ? 1 : 0;
+    if (!dt_strlcpy(we.run_id, a->rd.run_id, sizeof we.run_id) ||
+        !dt_strlcpy(we.role, a->L.role, sizeof we.role) ||
+        !dt_strlcpy(we.master_addr, a->rd.master_addr, sizeof we.master_addr) ||
+        !dt_strlcpy(we.store_addr, a->rd.store_addr, sizeof we.store_addr) ||
+        !dt_strlcpy(we.local_addr, a->rd.local_addr, sizeof we.local_addr) ||
+        !dt_strlcpy(we.error_file, w->error_file, sizeof we.error_file)) {
+        rc = dt_err_set(err, -ENAMETOOLONG, "rank %d: a value of the worker's environment is "
+                        "too long (run id, role, address or %s)", w->rank, w->error_file);
+        goto fail;
+    }
+    if ((rc = dt_envb_init(&env, environ, err)) || (rc = dt_workenv_export(&we, &env, err)))
         goto fail;
     dt_proc_spec ps = {.path = a->prog, .argv = a->spec->argv, .envp = env.v,
                        .fd_out = cfd[0], .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored};
