@@ -1031,6 +1031,119 @@ static void test_sigkill_agent_no_orphans(void)
     }
 }
 
+/* ---- daemons the workers start ------------------------------------------------------------
+ * A worker that double-forks (`setsid sh -c 'sleep 300 &'`: the middle process leads a new
+ * session and exits) leaves a process outside its process group, re-parented to the agent. The
+ * README promises that nothing the workers started outlives the job. */
+
+/* Starts an agent with one worker that starts such a daemon (ignoring SIGTERM when
+ * ignore_term), writes its pid to <TMP>/daemon, then runs `then`; returns the agent's pid and
+ * the daemon's in *daemon. */
+static pid_t start_daemonising_agent(const char *extra, bool ignore_term, const char *then,
+                                     const char *outp, int *daemon)
+{
+    char cmd[20000], path[1024];
+    if (access("/usr/bin/setsid", X_OK) != 0 && access("/bin/setsid", X_OK) != 0)
+        DT_SKIP("setsid(1) is not installed (util-linux)");
+    snprintf(path, sizeof path, "%s/daemon", TMP);
+    snprintf(cmd, sizeof cmd,
+             "%s --nproc-per-node 1 --log-dir %s %s -- sh -c 'setsid sh -c \"%s sleep 300 & echo "
+             "\\$! > %s.tmp; mv %s.tmp %s\" </dev/null >/dev/null 2>&1; %s'",
+             BIN, TMP, extra, ignore_term ? "trap \\\"\\\" TERM;" : "", path, path, path, then);
+    pid_t agent = dt_test_spawn(cmd, outp);
+    if (!wait_for_file(path, 20)) {
+        kill(agent, SIGKILL);
+        dt_test_wait_exit(agent, 10);
+        char *o = dt_test_slurp(outp);
+        DT_CHECK_MSG(false, "the worker did not start its daemon; agent output:\n%s", o ? o : "");
+        free(o);
+        dt_test_stop();
+    }
+    *daemon = read_pid(path);
+    DT_REQUIRE(*daemon > 1);
+    return agent;
+}
+
+/* Waits up to timeout_s for pid to be gone; kills it when it is not (so that a failed test
+ * leaves nothing behind) and fails the test naming when. */
+static void check_daemon_gone(int pid, double timeout_s, const char *when)
+{
+    double deadline = dt_test_now() + timeout_s;
+    while (!dt_test_pid_gone(pid) && dt_test_now() < deadline)
+        dt_sleep_ms(20);
+    DT_CHECK_MSG(dt_test_pid_gone(pid), "the daemon (pid %d) a worker started outlived %s", pid,
+                 when);
+    if (!dt_test_pid_gone(pid))
+        kill(pid, SIGKILL);
+}
+
+/* The job ends normally: the daemon is stopped with it, with SIGKILL after --stop-grace when it
+ * ignores SIGTERM. */
+static void test_daemon_gone_after_job(void)
+{
+    char outp[4096];
+    int daemon = 0;
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    pid_t agent = start_daemonising_agent("--stop-grace 1", true, "exit 0", outp, &daemon);
+    int code = dt_test_wait_exit(agent, 30);
+    check_daemon_gone(daemon, 2, "the end of the job");
+    DT_CHECK_INT(code, 0);
+    char *out = dt_test_slurp(outp);
+    DT_CHECK_CONTAINS(out, "outside their process groups (daemons)");
+    DT_CHECK_CONTAINS(out, "all workers succeeded");
+    free(out);
+}
+
+/* SIGTERM to the agent: the stop reaches the daemon too. */
+static void test_daemon_gone_after_sigterm(void)
+{
+    char outp[4096];
+    int daemon = 0;
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    pid_t agent = start_daemonising_agent("--stop-grace 20", false, "exec sleep 300", outp,
+                                          &daemon);
+    DT_REQUIRE(!dt_test_pid_gone(daemon));
+    kill(agent, SIGTERM);
+    int code = dt_test_wait_exit(agent, 30);
+    check_daemon_gone(daemon, 2, "a SIGTERM of the agent");
+    DT_CHECK_INT(code, 128 + SIGTERM);
+}
+
+/* SIGKILL of the agent: the agent can do nothing; the guardian kills the workers' cgroup. Only
+ * where the agent could make one (a writable cgroup v2): elsewhere the README says the daemon
+ * survives, and the test is skipped with the agent's reason. */
+static void test_daemon_gone_after_sigkill(void)
+{
+    char outp[4096];
+    int daemon = 0;
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    setenv("DTRAIN_LOG", "debug", 1);
+    pid_t agent = start_daemonising_agent("", false, "exec sleep 300", outp, &daemon);
+    DT_REQUIRE(!dt_test_pid_gone(daemon));
+    char *out = dt_test_slurp(outp);
+    DT_REQUIRE(out != NULL);
+    const char *no = strstr(out, "no cgroup for the workers (");
+    const char *cg = strstr(out, "the workers' cgroup: ");
+    char path[4096] = "", why[512] = "";
+    if (cg)
+        sscanf(cg + strlen("the workers' cgroup: "), "%4095s", path);
+    else if (no)
+        snprintf(why, sizeof why, "%.*s", (int)strcspn(no, "\n"), no);
+    free(out);
+    kill(agent, SIGKILL);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 10), 128 + SIGKILL);
+    if (!path[0]) {
+        kill(daemon, SIGKILL);
+        DT_REQUIRE(no != NULL); /* the agent says which cgroup, or why none */
+        DT_SKIP(why[0] ? why : "the agent made no cgroup");
+    }
+    check_daemon_gone(daemon, 10, "a SIGKILL of the agent (in a cgroup)");
+    double deadline = dt_test_now() + 10;
+    while (access(path, F_OK) == 0 && dt_test_now() < deadline)
+        dt_sleep_ms(20);
+    DT_CHECK_MSG(access(path, F_OK) != 0, "the guardian left the cgroup %s behind", path);
+}
+
 /* Starts an agent (through the program `via` when not NULL, e.g. a wrapper that ignores
  * signals) whose workers trap signals and mark themselves ready; returns its pid. */
 static pid_t start_trapping_agent_via(const char *via, const char *trap, const char *extra,
@@ -1350,6 +1463,9 @@ static const dt_test tests[] = {
     {"console_stall_then_resume", test_console_stall_then_resume, 60},
     {"console_shared_pipe", test_console_shared_pipe, 30},
     {"sigkill_agent_no_orphans", test_sigkill_agent_no_orphans, 60},
+    {"daemon_gone_after_job", test_daemon_gone_after_job, 60},
+    {"daemon_gone_after_sigterm", test_daemon_gone_after_sigterm, 60},
+    {"daemon_gone_after_sigkill", test_daemon_gone_after_sigkill, 60},
     {"ctrl_c_once", test_ctrl_c_once, 60},
     {"ctrl_c_twice", test_ctrl_c_twice, 60},
     {"sigterm_forwarded", test_sigterm_forwarded, 60},

@@ -88,6 +88,7 @@ typedef struct agent {
     bool signals_set;
     bool hup_ignored;           /* SIGHUP was ignored at start (nohup): it stays ignored */
     dt_guard *guard;
+    dt_cgroup *cg;              /* the workers' cgroup v2, or NULL where none can be made */
     dt_rdzv *rz;
     dt_rdzv_round rd;           /* the current round */
     worker *w;                  /* nproc of them */
@@ -525,7 +526,7 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
     if ((rc = dt_envb_init(&env, environ, err)) || (rc = dt_workenv_export(&we, &env, err)))
         goto fail;
     dt_proc_spec ps = {.path = a->prog, .argv = a->spec->argv, .envp = env.v,
-                       .fd_out = cfd[0], .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored};
+                       .fd_out = cfd[0], .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored, .cgroup = a->cg};
     dt_err e = {0};
     pid_t pid;
     w->t_start = dt_wall_s();
@@ -600,40 +601,79 @@ static int start_workers(agent *a, dt_err *err)
     return 0;
 }
 
-/* Sends sig to every worker group, waits up to --stop-grace for them to empty, then SIGKILL. */
+/* Sends sig to the agent's descendants outside every worker's process group (a daemon a worker
+ * started: it left the group with setsid, and was re-parented to the agent, the subreaper) and
+ * returns how many there were; sig 0 only counts. The guardian is not one of them. */
+static int signal_strays(agent *a, int sig)
+{
+    pid_t *d = NULL;
+    int n = dt_proc_descendants(getpid(), &d), strays = 0;
+    for (int i = 0; i < n; i++) {
+        if (d[i] == dt_guard_pid(a->guard))
+            continue;
+        pid_t pg = getpgid(d[i]);
+        bool in_group = false;
+        for (int k = 0; k < a->nproc && !in_group; k++)
+            in_group = a->w[k].group && a->w[k].pid == pg;
+        if (in_group)
+            continue; /* the group's signal reaches it */
+        strays++;
+        if (sig)
+            kill(d[i], sig);
+    }
+    free(d);
+    return strays;
+}
+
+/* Sends sig to every worker group and to the processes the workers started outside them, waits
+ * up to --stop-grace for all of them to end, then SIGKILL. */
 static void stop_workers(agent *a, int sig)
 {
     a->stopping = true;
     reap(a);
-    if (a->n_groups == 0)
+    int strays = signal_strays(a, 0);
+    if (a->n_groups == 0 && strays == 0)
         return;
     char name[32];
     dt_report_signame(sig, name, sizeof name);
+    if (strays)
+        DT_INFO("%d process%s the workers started outside their process groups (daemons) still "
+                "run: sending %s",
+                strays, strays == 1 ? "" : "es", name);
     signal_groups(a, sig);
-    if (sig != SIGKILL)
+    signal_strays(a, sig);
+    if (sig != SIGKILL) {
         signal_groups(a, SIGCONT); /* a stopped worker acts on sig only once continued */
+        signal_strays(a, SIGCONT);
+    }
     double deadline = dt_now_s() + a->L.stop_grace, hard = 0;
     bool killed = false;
-    while (a->n_groups > 0) {
+    while (a->n_groups > 0 || strays > 0) {
         double now = dt_now_s();
         if (!killed && (a->kill_now || now >= deadline)) {
             if (!a->kill_now)
-                DT_WARN("%d worker process group%s still running %.3g s after %s: sending SIGKILL",
-                        a->n_groups, a->n_groups == 1 ? "" : "s", a->L.stop_grace, name);
-            signal_groups(a, SIGKILL);
+                DT_WARN("%d worker process group%s and %d other process%s still running %.3g s "
+                        "after %s: sending SIGKILL",
+                        a->n_groups, a->n_groups == 1 ? "" : "s", strays,
+                        strays == 1 ? "" : "es", a->L.stop_grace, name);
             killed = true;
             hard = now + 10;
         }
+        if (killed) { /* again on every pass: a stray may have forked meanwhile */
+            signal_groups(a, SIGKILL);
+            signal_strays(a, SIGKILL);
+        }
         if (killed && now >= hard) {
-            DT_ERROR("%d worker process group%s survived SIGKILL for 10 s (stuck in the kernel?); "
-                     "giving up on them",
-                     a->n_groups, a->n_groups == 1 ? "" : "s");
+            DT_ERROR("%d worker process group%s and %d other process%s survived SIGKILL for 10 s "
+                     "(stuck in the kernel?); giving up on them",
+                     a->n_groups, a->n_groups == 1 ? "" : "s", strays, strays == 1 ? "" : "es");
             break;
         }
         double until = killed ? hard : deadline;
         int ms = (int)((until - now) * 1000) + 1;
         pump(a, ms < 1 ? 1 : ms > 100 ? 100 : ms); /* 100 ms: re-check groups we get no SIGCHLD for */
-        refresh_groups(a);
+        reap(a);
+        strays = signal_strays(a, 0);
     }
 }
 
@@ -1304,7 +1344,18 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     }
     agent_tid = gettid();
     dt_log_set_sink(agent_log_sink);
-    if ((rc = signals_init(a, err)) || (rc = dt_guard_start(&a->guard, err)) ||
+    if ((rc = signals_init(a, err))) {
+        code = rc;
+        goto out;
+    }
+    char cgwhy[512];
+    if (dt_cgroup_open(&a->cg, cgwhy, sizeof cgwhy) == 0)
+        DT_DEBUG("the workers' cgroup: %s", dt_cgroup_path(a->cg));
+    else
+        DT_DEBUG("no cgroup for the workers (%s): a daemon a worker starts outlives a SIGKILL of "
+                 "the agent",
+                 cgwhy);
+    if ((rc = dt_guard_start(&a->guard, dt_cgroup_path(a->cg), err)) ||
         (rc = dt_proc_become_subreaper(err)) || (rc = choose_log_root(a, err))) {
         code = rc;
         goto out;
@@ -1351,9 +1402,16 @@ out:
     else if (a->log_tmp)
         DT_INFO("worker output files kept in %s", a->run_dir);
     if (a->guard) {
+        /* Every path out has stopped the workers; what is left is what escaped them. */
+        reap(a);
+        if (signal_strays(a, SIGKILL))
+            DT_DEBUG("killed processes the workers left behind");
+        dt_cgroup_close(a->cg);
+        a->cg = NULL;
         reap(a);
         dt_guard_stop(a->guard);
     }
+    dt_cgroup_close(a->cg);
     drain_side_logs();
     dt_log_set_sink(NULL);
     dt_out_console_close(5.0);
