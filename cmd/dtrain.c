@@ -14,6 +14,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "runtime/launch/agent.h"
 #include "runtime/job/config.h"
 
@@ -37,13 +38,11 @@ const char *dt_cmd_self_path(void)
 static void print_version(void)
 {
     char so[PATH_MAX];
-    snprintf(so, sizeof so, "%s", dt_cmd_self_path());
-    char *slash = strrchr(so, '/');
-    if (slash)
-        snprintf(slash + 1, sizeof so - (size_t)(slash + 1 - so), "libdtrain_cuda.so");
+    bool have = dt_cuda_lib_path(so, sizeof so) == 0 && access(so, R_OK) == 0;
     printf("dtrain %s\n", DT_VERSION);
     printf("CPU backend: built in (OpenBLAS)\n");
-    printf("CUDA backend: %s\n", access(so, R_OK) == 0 ? so : "not built (no nvcc at build time)");
+    printf("CUDA backend: %s%s\n", have ? so : "not built (no nvcc at build time): no ",
+           have ? "" : so);
 }
 
 static void print_env_help(void)
