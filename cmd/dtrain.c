@@ -17,6 +17,7 @@
 #include "kernels/backend.h"
 #include "runtime/launch/agent.h"
 #include "runtime/job/config.h"
+#include "runtime/job/workenv.h"
 
 #ifndef DT_VERSION
 #define DT_VERSION "0.0.0"
@@ -83,7 +84,7 @@ static int cmd_run(int argc, char **argv)
     dt_err err = {0};
     static dt_job job;
     static dt_config_errors errs;
-    int code = 2;
+    int code = DT_EXIT_CONFIG;
 
     if (dt_args_parse(&a, argc, argv, &err) != 0) {
         fprintf(stderr, "dtrain: %s\n", err.msg);
@@ -224,7 +225,7 @@ int dt_cmd_main(int argc, char **argv)
                 fprintf(stderr, "dtrain: unknown subcommand \"%s\"; did you mean %s? (see dtrain "
                                 "--help)\n",
                         word, near);
-                return 2;
+                return DT_EXIT_CONFIG;
             }
         }
     }

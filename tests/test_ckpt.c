@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
+#include "runtime/job/workenv.h"
 #include "runtime/train/ckpt.h"
 #include "runtime/comm/comm.h"
 #include "runtime/train/safetensors.h"
@@ -1686,7 +1687,7 @@ static void test_worker_sigterm_resume(void)
         DT_REQUIRE(reached);
         kill(pid, sigs[k]);
         int code = wait_exit(pid, 60);
-        DT_CHECK_INT(code, DT_CKPT_EXIT_PREEMPTED);
+        DT_CHECK_INT(code, DT_EXIT_PREEMPTED);
         /* A checkpoint of the step it stopped at: the newest, complete and valid. */
         int64_t *steps = NULL;
         int n = 0;

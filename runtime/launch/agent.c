@@ -53,9 +53,8 @@ extern char **environ;
 
 enum wstate { W_NONE, W_RUNNING, W_SUCCEEDED, W_FAILED, W_STOPPED, W_PREEMPTED };
 
-/* The built-in worker's exit code after a stop signal: "checkpoint saved, run me again". */
-#define EXIT_PREEMPTED 75
-#define EXIT_CONFIG 2 /* the built-in worker's (and dtrain's) configuration error */
+/* Exit codes (runtime/job/workenv.h): DT_EXIT_PREEMPTED, the built-in worker's "checkpoint
+ * saved, run me again" after a stop signal; DT_EXIT_CONFIG, a configuration error. */
 
 /* How a round ended, as the monitor saw it. */
 enum outcome { OUT_SUCCEEDED, OUT_FAILED, OUT_REMOTE_FAILED, OUT_REGROUP, OUT_SIGNAL, OUT_ABORTED,
@@ -293,7 +292,7 @@ static void reap(agent *a)
         } else if (ok) {
             w->state = W_SUCCEEDED;
             a->n_succeeded++;
-        } else if (a->preempt_sig && WIFEXITED(st) && WEXITSTATUS(st) == EXIT_PREEMPTED) {
+        } else if (a->preempt_sig && WIFEXITED(st) && WEXITSTATUS(st) == DT_EXIT_PREEMPTED) {
             w->state = W_PREEMPTED; /* saved its checkpoint after USR1/USR2: a planned stop */
             a->n_preempted++;
         } else {
@@ -1003,7 +1002,7 @@ static bool all_preempted(const agent *a)
         const worker *w = &a->w[i];
         if (!w->pid || w->running || !WIFEXITED(w->status))
             return false;
-        if (WEXITSTATUS(w->status) == EXIT_PREEMPTED)
+        if (WEXITSTATUS(w->status) == DT_EXIT_PREEMPTED)
             n75++;
         else if (WEXITSTATUS(w->status) != 0)
             return false;
@@ -1016,9 +1015,9 @@ static int preempted(agent *a, int sig)
     char name[32];
     DT_WARN("preempted: workers saved their checkpoints (after %s); run the same command again to "
             "resume (exit code %d)",
-            dt_report_signame(sig, name, sizeof name), EXIT_PREEMPTED);
-    emit_end(a, "preempted", EXIT_PREEMPTED);
-    return EXIT_PREEMPTED;
+            dt_report_signame(sig, name, sizeof name), DT_EXIT_PREEMPTED);
+    emit_end(a, "preempted", DT_EXIT_PREEMPTED);
+    return DT_EXIT_PREEMPTED;
 }
 
 /* The exit code when another node ended the job: the same 128+n as the agent that was
@@ -1026,7 +1025,7 @@ static int preempted(agent *a, int sig)
  * (its rendezvous failed). */
 static int abort_code(const dt_rdzv_status *st)
 {
-    return st->setup_error ? EXIT_CONFIG : st->signal > 0 ? 128 + st->signal : 1;
+    return st->setup_error ? DT_EXIT_CONFIG : st->signal > 0 ? 128 + st->signal : 1;
 }
 
 /* The job ended as aborted (st): the end event, and this agent's exit code. */
@@ -1048,7 +1047,7 @@ static bool config_error(const agent *a)
         const worker *w = &a->w[i];
         if (w->state != W_FAILED)
             continue;
-        if (!WIFEXITED(w->status) || WEXITSTATUS(w->status) != EXIT_CONFIG)
+        if (!WIFEXITED(w->status) || WEXITSTATUS(w->status) != DT_EXIT_CONFIG)
             return false;
         n++;
     }
@@ -1086,8 +1085,8 @@ static int run_rounds(agent *a)
         if (rc == -EINVAL) { /* the nodes' settings disagree: a restart cannot help */
             DT_ERROR("%s", e.msg);
             free(prev);
-            emit_end(a, "setup_error", EXIT_CONFIG);
-            return EXIT_CONFIG;
+            emit_end(a, "setup_error", DT_EXIT_CONFIG);
+            return DT_EXIT_CONFIG;
         }
         if (rc) {
             DT_ERROR("rendezvous failed: %s", e.msg);
@@ -1153,7 +1152,7 @@ static int run_rounds(agent *a)
                 fmt(why, sizeof why,
                     "node %d (%s:%d) reports a configuration error (exit %d) in its workers: "
                     "not restarting; see that node's log",
-                    a->rd.group_rank, dt_hostname(), (int)getpid(), EXIT_CONFIG);
+                    a->rd.group_rank, dt_hostname(), (int)getpid(), DT_EXIT_CONFIG);
                 if (dt_rdzv_abort_config(a->rz, lf, nlf, why, &fe))
                     DT_WARN("cannot record the configuration error in the rendezvous: %s", fe.msg);
             } else if (nlf > 0 && dt_rdzv_failed(a->rz, lf, nlf, &fe)) {
@@ -1251,7 +1250,7 @@ static int run_rounds(agent *a)
         if (!final && config)
             DT_WARN("not restarting: the workers report a configuration error (exit %d), which a "
                     "restart would repeat%s",
-                    EXIT_CONFIG, a->rd.group_world_size > 1 || a->rd.elastic
+                    DT_EXIT_CONFIG, a->rd.group_world_size > 1 || a->rd.elastic
                                      ? "; the job ends on every node"
                                      : "");
         if (final || config) {
@@ -1262,8 +1261,8 @@ static int run_rounds(agent *a)
                 DT_WARN("cannot read the job's failures: %s", fe.msg);
             print_table(a, all, n, NULL, config);
             free(all);
-            emit_end(a, "failed", config ? EXIT_CONFIG : 1);
-            return config ? EXIT_CONFIG : 1;
+            emit_end(a, "failed", config ? DT_EXIT_CONFIG : 1);
+            return config ? DT_EXIT_CONFIG : 1;
         }
         dt_err fe = {0};
         prev_attempt = a->rd.attempt;
@@ -1305,12 +1304,12 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
 
     if (!spec->argv || !spec->argv[0]) {
         fprintf(stderr, "dtrain: no command to run\n");
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (apply_rdzv_conf(a, &e)) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (a->L.standalone && standalone_conflict(a->L.nnodes)) {
@@ -1319,17 +1318,17 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
                 "drop --standalone and give every node --master-addr/--master-port (or "
                 "--rdzv-endpoint), or drop --nnodes\n",
                 a->L.nnodes);
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (dt_agent_resolve_nproc(a->L.nproc_per_node, &a->nproc, why, sizeof why, &e)) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (dt_proc_resolve(spec->argv[0], NULL, a->prog, sizeof a->prog, &e)) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (!(a->w = calloc((size_t)a->nproc, sizeof *a->w))) {
@@ -1384,7 +1383,7 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     }
     if (rc) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
-        code = rc == -EINVAL || rc == -ENOTSUP ? 2 : 1;
+        code = rc == -EINVAL || rc == -ENOTSUP ? DT_EXIT_CONFIG : DT_EXIT_FAILED;
         goto out;
     }
     code = run_rounds(a);

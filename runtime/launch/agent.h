@@ -36,8 +36,10 @@ typedef struct dt_agent_spec {
 } dt_agent_spec;
 
 /* Runs the agent until the job ends. Returns the process exit code the README documents
- * (0 success, 1 a worker failed and the budget is spent, 2 usage, 128+n killed by signal n), or a
- * negative code with err set when the agent itself could not run (cmd/ prints it, exits 1). */
+ * (runtime/job/workenv.h: DT_EXIT_OK; DT_EXIT_FAILED, a worker failed and the budget is spent;
+ * DT_EXIT_CONFIG, usage; DT_EXIT_PREEMPTED, every worker saved a checkpoint after a stop signal;
+ * 128+n, killed by signal n), or a negative code with err set when the agent itself could not run
+ * (cmd/ prints it, exits 1). */
 int dt_agent_run(const dt_agent_spec *spec, dt_err *err);
 
 #endif
