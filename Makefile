@@ -5,6 +5,11 @@
 #   make test-gpu     only the GPU tests, which then fail instead of skipping when no GPU is found
 #   make run          the quickstart job (configs/quickstart.ini)
 #   make deps         install the system packages (scripts/install-deps.sh)
+#   make install      copy what `make` built to $(DESTDIR)$(PREFIX): bin/dtrain and, when built,
+#                     lib/dtrain/libdtrain_cuda.so (where an installed dtrain looks for it);
+#                     PREFIX=/usr/local by default. It builds first only when build/dtrain is
+#                     missing, so `make && sudo make install` never compiles as root.
+#   make uninstall    removes those files again
 #   make clean
 #
 # Switches: SANITIZE=address,undefined (everything rebuilt under the sanitizers), WERROR=1,
@@ -18,12 +23,15 @@ VERSION := 0.1.0
 
 .DEFAULT_GOAL := all
 .SECONDARY:
-.PHONY: all test test-gpu run deps clean fuzz FORCE
+.PHONY: all test test-gpu run deps clean fuzz install uninstall FORCE
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
 
 # ---- system packages -----------------------------------------------------------------------
 # Every build target checks the libraries with pkg-config and runs scripts/install-deps.sh when
 # one is missing (it installs them as root, or prints the exact command and fails).
-ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
+ifeq ($(filter deps clean install uninstall,$(MAKECMDGOALS)),)
 DEPS_OK := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo yes)
 ifneq ($(DEPS_OK),yes)
 $(info dtrain: some of $(PKGS) not found by pkg-config; running scripts/install-deps.sh)
@@ -179,6 +187,24 @@ fuzz:
 
 deps:
 	scripts/install-deps.sh
+
+# Not a dependency on the build: its flag check would rebuild everything under other flags
+# (make WERROR=1, then make install). A missing binary is built with a plain make first.
+install:
+	@test -x $(BUILD)/dtrain || $(MAKE) --no-print-directory all
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(BUILD)/dtrain $(DESTDIR)$(PREFIX)/bin/dtrain
+	@if [ -f $(BUILD)/libdtrain_cuda.so ]; then \
+	    echo "install -d $(DESTDIR)$(PREFIX)/lib/dtrain"; install -d $(DESTDIR)$(PREFIX)/lib/dtrain && \
+	    echo "install -m 755 $(BUILD)/libdtrain_cuda.so $(DESTDIR)$(PREFIX)/lib/dtrain/"; \
+	    install -m 755 $(BUILD)/libdtrain_cuda.so $(DESTDIR)$(PREFIX)/lib/dtrain/libdtrain_cuda.so; \
+	else \
+	    echo "dtrain: no $(BUILD)/libdtrain_cuda.so (built without the CUDA backend): CPU only"; \
+	fi
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/dtrain $(DESTDIR)$(PREFIX)/lib/dtrain/libdtrain_cuda.so
+	rmdir $(DESTDIR)$(PREFIX)/lib/dtrain 2>/dev/null || true
 
 clean:
 	rm -rf $(BUILD)

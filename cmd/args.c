@@ -443,5 +443,7 @@ void dt_args_print_help(FILE *out)
     }
     fprintf(out,
             "\nExit codes: 0 success; 1 a worker failed and the restart budget is spent; 2 usage\n"
-            "or job-file error; 128+N the agent was killed by signal N.\n");
+            "or job-file error; 75 preempted (the workers saved a checkpoint after SIGTERM, SIGUSR1\n"
+            "or SIGUSR2: run the same command again to resume); 128+N the agent was killed by\n"
+            "signal N.\n");
 }

@@ -14,8 +14,10 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "runtime/launch/agent.h"
 #include "runtime/job/config.h"
+#include "runtime/job/workenv.h"
 
 #ifndef DT_VERSION
 #define DT_VERSION "0.0.0"
@@ -37,13 +39,11 @@ const char *dt_cmd_self_path(void)
 static void print_version(void)
 {
     char so[PATH_MAX];
-    snprintf(so, sizeof so, "%s", dt_cmd_self_path());
-    char *slash = strrchr(so, '/');
-    if (slash)
-        snprintf(slash + 1, sizeof so - (size_t)(slash + 1 - so), "libdtrain_cuda.so");
+    bool have = dt_cuda_lib_path(so, sizeof so) == 0 && access(so, R_OK) == 0;
     printf("dtrain %s\n", DT_VERSION);
     printf("CPU backend: built in (OpenBLAS)\n");
-    printf("CUDA backend: %s\n", access(so, R_OK) == 0 ? so : "not built (no nvcc at build time)");
+    printf("CUDA backend: %s%s\n", have ? so : "not built (no nvcc at build time): no ",
+           have ? "" : so);
 }
 
 static void print_env_help(void)
@@ -84,7 +84,7 @@ static int cmd_run(int argc, char **argv)
     dt_err err = {0};
     static dt_job job;
     static dt_config_errors errs;
-    int code = 2;
+    int code = DT_EXIT_CONFIG;
 
     if (dt_args_parse(&a, argc, argv, &err) != 0) {
         fprintf(stderr, "dtrain: %s\n", err.msg);
@@ -225,7 +225,7 @@ int dt_cmd_main(int argc, char **argv)
                 fprintf(stderr, "dtrain: unknown subcommand \"%s\"; did you mean %s? (see dtrain "
                                 "--help)\n",
                         word, near);
-                return 2;
+                return DT_EXIT_CONFIG;
             }
         }
     }

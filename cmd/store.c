@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
+#include "runtime/job/workenv.h"
 
 static void usage(FILE *out)
 {
@@ -144,12 +145,12 @@ int dt_cmd_store(int argc, char **argv)
             const char *near = dt_nearest(name, flags, DT_ARRAY_LEN(flags));
             fprintf(stderr, "dtrain store: unknown option \"%s\"%s%s%s (see dtrain store --help)\n",
                     a, near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
-            return 2;
+            return DT_EXIT_CONFIG;
         }
         if (!val) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "dtrain store: %s needs a value\n", name);
-                return 2;
+                return DT_EXIT_CONFIG;
             }
             val = argv[++i];
         }
@@ -162,7 +163,7 @@ int dt_cmd_store(int argc, char **argv)
         } else if (!strcmp(name, "--port")) {
             if (dt_parse_int(val, &o.port) < 0 || o.port < 0 || o.port > 65535) {
                 fprintf(stderr, "dtrain store: --port %s: need a port in 0..65535\n", val);
-                return 2;
+                return DT_EXIT_CONFIG;
             }
         } else if (!strcmp(name, "--token-file")) {
             token_file = val;
@@ -170,7 +171,7 @@ int dt_cmd_store(int argc, char **argv)
             if (dt_parse_int(val, ms) < 0 || *ms <= 0) {
                 fprintf(stderr, "dtrain store: %s %s: need a positive number of "
                         "milliseconds\n", name, val);
-                return 2;
+                return DT_EXIT_CONFIG;
             }
         } else {
             pending_given |= !strcmp(name, "--max-pending-output");
@@ -179,7 +180,7 @@ int dt_cmd_store(int argc, char **argv)
                     (parse_size(val, limits[k].dst) < 0 || *limits[k].dst == 0)) {
                     fprintf(stderr, "dtrain store: %s %s: need a positive size (e.g. 4096, 64M)\n",
                             name, val);
-                    return 2;
+                    return DT_EXIT_CONFIG;
                 }
         }
     }

@@ -12,6 +12,7 @@
 #include "common/util.h"
 #include "runtime/job/config.h"
 #include "runtime/job/errfile.h"
+#include "runtime/job/workenv.h"
 #include "runtime/train/worker.h"
 
 static void usage(FILE *out)
@@ -40,7 +41,7 @@ int dt_cmd_worker(int argc, char **argv)
         if (!strchr(argv[i], '=')) {
             fprintf(stderr, "dtrain worker: \"%s\" is not section.key=value\n", argv[i]);
             usage(stderr);
-            return 2;
+            return DT_EXIT_CONFIG;
         }
     if (dt_job_load(&job, argv[1], argv + 2, argc - 2, &errs, &err) != 0) {
         int shown = DT_MIN(errs.count, (int)DT_ARRAY_LEN(errs.lines));

@@ -76,12 +76,35 @@ int dt_cuda_lib_path(char *buf, size_t cap)
     char *slash = strrchr(exe, '/');
     if (slash)
         *slash = '\0';
-    /* Test binaries live in build/tests; the library in build. */
-    char cand[PATH_MAX + 64];
-    snprintf(cand, sizeof cand, "%s/libdtrain_cuda.so", exe);
-    if (access(cand, R_OK) != 0)
-        snprintf(cand, sizeof cand, "%s/../libdtrain_cuda.so", exe);
-    return dt_strlcpy(buf, cand, cap) ? 0 : -ENAMETOOLONG;
+    /* Where the library is, by layout: next to the binary (build/dtrain), one up for the test
+     * binaries (build/tests/), and <prefix>/lib/dtrain for an installed <prefix>/bin/dtrain
+     * (`make install`). The first that exists wins; when none does, the one this layout would
+     * use is named, as an absolute path without "..", so the message says where to put it. */
+    const char *base = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : exe;
+    static const char *const rel[] = {".", "..", "../lib/dtrain"};
+    int pick = !strcmp(base, "bin") ? 2 : !strcmp(base, "tests") ? 1 : 0;
+    for (int i = 0; i < 3; i++) {
+        char cand[PATH_MAX + 64];
+        snprintf(cand, sizeof cand, "%s/%s/libdtrain_cuda.so", exe, rel[i]);
+        if (access(cand, R_OK) == 0) {
+            pick = i;
+            break;
+        }
+    }
+    char real[PATH_MAX];
+    if (!realpath(exe, real))
+        dt_strlcpy(real, exe, sizeof real);
+    if (pick > 0) { /* one directory up, without ".." */
+        char *up = strrchr(real, '/');
+        if (up && up != real)
+            *up = '\0';
+        else if (up)
+            up[1] = '\0';
+    }
+    char out[PATH_MAX + 64];
+    snprintf(out, sizeof out, "%s%s/libdtrain_cuda.so", strcmp(real, "/") ? real : "",
+             pick == 2 ? "/lib/dtrain" : "");
+    return dt_strlcpy(buf, out, cap) ? 0 : -ENAMETOOLONG;
 }
 
 static int open_cuda(dt_backend **out, const dt_backend_opts *opts, dt_err *err)

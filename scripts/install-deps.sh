@@ -2,8 +2,10 @@
 # install-deps.sh - installs what dtrain needs to build on Debian: a C compiler and make
 # (build-essential), pkg-config, and the libraries it builds against.
 # Run by `make deps`, and by `make`, `make test` and `make run` when a pkg-config check fails;
-# on a fresh machine run it directly first (`sudo scripts/install-deps.sh`): make itself may be
-# missing. As root it installs with apt-get; otherwise it prints the exact command and fails.
+# on a fresh machine run it directly first, as root (`scripts/install-deps.sh` in a root shell,
+# or `sudo scripts/install-deps.sh` where sudo exists; minimal Debian has no sudo): make itself
+# may be missing. As root it installs with apt-get (no sudo needed); otherwise it prints the
+# exact command (with sudo when sudo is installed, else for a root shell) and fails.
 set -eu
 libs="libuv1-dev libcjson-dev libinih-dev libopenblas-dev"
 pkgs="build-essential pkg-config $libs"
@@ -26,8 +28,13 @@ if [ -z "$missing" ]; then
 fi
 echo "install-deps: missing:$missing"
 if [ "$(id -u)" -ne 0 ]; then
-    echo "install-deps: not root; run this, then make again:" >&2
-    echo "    sudo apt-get update && sudo apt-get install -y$missing" >&2
+    if command -v sudo >/dev/null 2>&1; then
+        echo "install-deps: not root; run this, then make again:" >&2
+        echo "    sudo apt-get update && sudo apt-get install -y$missing" >&2
+    else
+        echo "install-deps: not root (and no sudo here); as root (su -), run this, then make again:" >&2
+        echo "    apt-get update && apt-get install -y$missing" >&2
+    fi
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive

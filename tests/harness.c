@@ -2,6 +2,7 @@
 #include "tests/harness.h"
 
 #include "rendezvous/store.h"
+#include "runtime/launch/agent_proc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,6 +10,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -390,18 +392,123 @@ int dt_test_run(const char *cmd, char **output, int timeout_s)
     return 128 + WTERMSIG(status);
 }
 
-static int run_one(const dt_test *t)
+/* ---- running one test --------------------------------------------------------------------
+ * Each test runs in a forked child, in its own process group, with its stdout and stderr in a
+ * file that is shown only when the test fails (or with -v / DT_TEST_VERBOSE=1). The runner is
+ * the subreaper of everything a test starts: whatever a test left behind, in any process group or
+ * session, is still its descendant, and is killed when the test ends, passes or not, and when it
+ * runs out of time (a test whose own wait equals its time limit would otherwise leave the
+ * processes it waits for running). */
+
+static bool verbose;
+
+/* SIGKILLs every descendant of this process (the test's whole tree: its process group, other
+ * groups, daemons re-parented to us) until none is left, reaping them; bounded to ~10 s. */
+static void kill_tree(void)
 {
+    for (int pass = 0; pass < 1000; pass++) {
+        pid_t *d = NULL;
+        int n = dt_proc_descendants(getpid(), &d);
+        for (int i = 0; i < n; i++) {
+            kill(d[i], SIGCONT);
+            kill(d[i], SIGKILL);
+        }
+        free(d);
+        while (waitpid(-1, NULL, WNOHANG) > 0)
+            ;
+        if (n <= 0)
+            return;
+        sleep_ms(10);
+    }
+    fprintf(stdout, "    (processes of the test survived SIGKILL for 10 s)\n");
+}
+
+/* The captured output (fd, read from the start), malloc'd; "" when empty. */
+static char *read_capture(int fd)
+{
+    off_t size = lseek(fd, 0, SEEK_END);
+    if (size < 0)
+        size = 0;
+    char *buf = malloc((size_t)size + 1);
+    if (!buf)
+        return NULL;
+    size_t len = 0;
+    while (len < (size_t)size) {
+        ssize_t r = pread(fd, buf + len, (size_t)size - len, (off_t)len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+/* Prints the last max_lines lines of text, indented, saying how much came before. */
+static void print_tail(const char *text, int max_lines)
+{
+    size_t len = strlen(text);
+    if (len == 0) {
+        fprintf(stdout, "    (no output)\n");
+        return;
+    }
+    const char *start = text + len;
+    int lines = 0;
+    if (start > text && start[-1] == '\n')
+        start--;
+    while (start > text && lines < max_lines) {
+        start--;
+        if (*start == '\n')
+            lines++;
+    }
+    if (*start == '\n')
+        start++;
+    if (start > text) {
+        int before = 0;
+        for (const char *p = text; p < start; p++)
+            before += *p == '\n';
+        fprintf(stdout, "    ... (%d earlier lines not shown; run the binary with -v)\n", before);
+    }
+    for (const char *p = start; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t k = nl ? (size_t)(nl - p) : strlen(p);
+        fprintf(stdout, "    | %.*s\n", (int)k, p);
+        p += k + (nl ? 1 : 0);
+    }
+}
+
+/* Runs t; returns 0 (passed), SKIP_CODE or 1. *why gets a skip's reason or what ended a test
+ * that failed outside its checks; *out (malloc'd, NULL with -v) what it wrote. */
+static int run_one(const dt_test *t, char *why, size_t why_cap, char **out)
+{
+    *out = NULL;
     double limit = (t->timeout_s > 0 ? t->timeout_s : 30) * dt_test_timeout_scale();
+    char cap_path[PATH_MAX];
+    const char *base = getenv("TMPDIR");
+    snprintf(cap_path, sizeof cap_path, "%s/dtrain-test-out-XXXXXX", base && *base ? base : "/tmp");
+    int cfd = mkostemp(cap_path, O_APPEND | O_CLOEXEC);
+    if (cfd < 0) {
+        perror("mkostemp");
+        return 1;
+    }
+    unlink(cap_path); /* the open descriptor is all we need */
+    why[0] = '\0';
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
     if (pid < 0) {
         perror("fork");
+        close(cfd);
         return 1;
     }
     if (pid == 0) {
         setpgid(0, 0);
+        if (!verbose) {
+            dup2(cfd, STDOUT_FILENO);
+            dup2(cfd, STDERR_FILENO);
+        }
+        close(cfd);
         failures = 0;
         tmpdir[0] = '\0';
         t->fn();
@@ -417,32 +524,52 @@ static int run_one(const dt_test *t)
     }
     setpgid(pid, pid);
     double deadline = now_s() + limit;
-    int status = 0;
+    int status = 0, rc = -1;
+    bool timed_out = false;
     for (;;) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
+        int st;
+        pid_t r = waitpid(-1, &st, WNOHANG); /* also reaps what the test orphaned */
+        if (r == pid) {
+            status = st;
             break;
-        if (r < 0 && errno != EINTR) {
+        }
+        if (r < 0 && errno != EINTR && errno != ECHILD) {
             perror("waitpid");
-            return 1;
+            rc = 1;
+            break;
         }
+        if (r > 0)
+            continue;
         if (now_s() > deadline) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            fprintf(stderr, "    FAIL: timed out after %.0f s\n", limit);
-            return 1;
+            timed_out = true;
+            break;
         }
-        struct timespec ts = {0, 5 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+        sleep_ms(5);
     }
-    kill(-pid, SIGKILL); /* helpers a test left behind */
-    if (WIFSIGNALED(status)) {
-        fprintf(stderr, "    FAIL: killed by signal %d (%s)\n", WTERMSIG(status),
-                strsignal(WTERMSIG(status)));
+    kill(-pid, SIGKILL);
+    kill_tree(); /* the test's whole tree: helpers it left behind, other groups, daemons */
+    *out = verbose ? NULL : read_capture(cfd);
+    close(cfd);
+    if (timed_out) {
+        snprintf(why, why_cap, "timed out after %.0f s (every process it started was killed); "
+                               "what it wrote last:", limit);
         return 1;
     }
-    if (WEXITSTATUS(status) == SKIP_CODE)
+    if (rc >= 0)
+        return rc;
+    if (WIFSIGNALED(status)) {
+        snprintf(why, why_cap, "killed by signal %d (%s)", WTERMSIG(status),
+                 strsignal(WTERMSIG(status)));
+        return 1;
+    }
+    if (WEXITSTATUS(status) == SKIP_CODE) {
+        const char *sk = *out ? strstr(*out, "    SKIP: ") : NULL;
+        if (sk) {
+            sk += strlen("    SKIP: ");
+            snprintf(why, why_cap, "%.*s", (int)strcspn(sk, "\n"), sk);
+        }
         return SKIP_CODE;
+    }
     return WEXITSTATUS(status) ? 1 : 0;
 }
 
@@ -472,30 +599,45 @@ int dt_test_main(const char *suite, const dt_test *tests, int n, int argc, char 
     } else {
         snprintf(self_dir, sizeof self_dir, "build/tests");
     }
-    for (int i = 1; i < argc; i++)
+    const char *v = getenv("DT_TEST_VERBOSE");
+    verbose = v && *v && strcmp(v, "0");
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-l")) {
             for (int j = 0; j < n; j++)
                 printf("%s\n", tests[j].name);
             return 0;
         }
+        if (!strcmp(argv[i], "-v"))
+            verbose = true;
+    }
     signal(SIGPIPE, SIG_IGN);
+    /* What a test orphans is re-parented here, not to init: kill_tree finds all of it. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+        perror("prctl(PR_SET_CHILD_SUBREAPER)");
     int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < n; i++) {
         if (!selected(tests[i].name, argc, argv))
             continue;
         double t0 = now_s();
-        int rc = run_one(&tests[i]);
+        char why[256];
+        char *out = NULL;
+        int rc = run_one(&tests[i], why, sizeof why, &out);
         double dt = now_s() - t0;
         if (rc == 0) {
             passed++;
             printf("  ok   %-44s %6.2fs\n", tests[i].name, dt);
         } else if (rc == SKIP_CODE) {
             skipped++;
-            printf("  skip %-44s\n", tests[i].name);
+            printf("  skip %-44s %s\n", tests[i].name, why);
         } else {
             failed++;
             printf("  FAIL %-44s %6.2fs\n", tests[i].name, dt);
+            if (why[0])
+                printf("    FAIL: %s\n", why);
+            if (out)
+                print_tail(out, why[0] ? 40 : 200);
         }
+        free(out);
         fflush(stdout);
     }
     printf("%s: %d passed, %d failed, %d skipped\n", suite, passed, failed, skipped);

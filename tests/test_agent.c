@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "runtime/job/workenv.h"
 #include "runtime/launch/agent_env.h"
 #include "runtime/launch/agent_output.h"
 #include "runtime/launch/agent_report.h"
@@ -97,12 +98,13 @@ static void test_env_build(void)
     char *base[] = {"PATH=/bin", "RANK=99", "KEEP=yes", NULL};
     dt_envb b;
     dt_worker_env w = {.rank = 5, .local_rank = 1, .world_size = 8, .local_world_size = 4,
-                       .group_rank = 1, .group_world_size = 2, .restart_count = 3,
+                       .group_rank = 1, .group_world_size = 2, .attempt = 3,
                        .max_restarts = 7, .run_id = "job1", .master_addr = "10.0.0.1",
                        .master_port = 1234, .store_addr = "10.0.0.1", .store_port = 29500,
-                       .error_file = "/x/error.json", .local_addr = "10.0.0.2", .omp_one = true,
-                       .agent_pid = 42};
-    DT_REQUIRE(dt_agent_env_build(&b, base, &w, NULL) == 0);
+                       .error_file = "/x/error.json", .local_addr = "10.0.0.2",
+                       .omp_num_threads = 1, .agent_pid = 42};
+    DT_REQUIRE(dt_envb_init(&b, base, NULL) == 0);
+    DT_REQUIRE(dt_workenv_export(&w, &b, NULL) == 0);
     DT_CHECK_STR(dt_envb_get(&b, "RANK"), "5");
     DT_CHECK_STR(dt_envb_get(&b, "KEEP"), "yes");
     DT_CHECK_STR(dt_envb_get(&b, "LOCAL_RANK"), "1");
@@ -137,8 +139,63 @@ static void test_env_build(void)
     dt_envb_free(&b);
     /* The user's own value wins. */
     char *mine[] = {"PATH=/bin", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0", NULL};
-    DT_REQUIRE(dt_agent_env_build(&b, mine, &w, NULL) == 0);
+    DT_REQUIRE(dt_envb_init(&b, mine, NULL) == 0);
+    DT_REQUIRE(dt_workenv_export(&w, &b, NULL) == 0);
     DT_CHECK_STR(dt_envb_get(&b, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
+    dt_envb_free(&b);
+}
+
+/* The contract's two halves agree: what dt_workenv_export writes, dt_workenv_read reads back as
+ * the same struct, field for field (the test runs in its own process: setenv is harmless). */
+static void test_workenv_round_trip(void)
+{
+    dt_worker_env w = {.rank = 6, .local_rank = 2, .world_size = 12, .local_world_size = 4,
+                       .group_rank = 1, .group_world_size = 3, .role = "trainer",
+                       .master_addr = "10.1.2.3", .master_port = 4321, .store_addr = "10.1.2.4",
+                       .store_port = 29501, .run_id = "rt-job", .attempt = 2, .max_restarts = 5,
+                       .round = 4, .error_file = "/logs/rt-job/attempt_2/6/error.json",
+                       .local_addr = "10.1.2.5", .agent_pid = 4242, .omp_num_threads = 1};
+    dt_envb b;
+    DT_REQUIRE(dt_envb_init(&b, NULL, NULL) == 0);
+    DT_REQUIRE(dt_workenv_export(&w, &b, NULL) == 0);
+    clearenv();
+    for (size_t i = 0; i < b.n; i++)
+        DT_REQUIRE(putenv(b.v[i]) == 0); /* b's strings outlive the read */
+    dt_worker_env r;
+    dt_err e = {0};
+    DT_REQUIRE_OK(dt_workenv_read(&r, &e), &e);
+    DT_CHECK_INT(r.rank, 6);
+    DT_CHECK_INT(r.group_world_size, 3);
+    DT_CHECK_STR(r.role, "trainer");
+    DT_CHECK_STR(r.error_file, w.error_file);
+    DT_CHECK_INT(r.agent_pid, 4242);
+    DT_CHECK_INT(r.round, 4);
+    DT_CHECK(memcmp(&r, &w, sizeof r) == 0); /* every field, including those added later */
+    /* A worker started by hand: a single process, with torchrun's fallbacks. */
+    clearenv();
+    setenv("TORCHELASTIC_RUN_ID", "torch-id", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "3", 1);
+    setenv("TORCHELASTIC_ERROR_FILE", "/tmp/e.json", 1);
+    setenv("OMP_NUM_THREADS", "4,2", 1); /* OpenMP's nested syntax is not an error */
+    DT_REQUIRE_OK(dt_workenv_read(&r, &e), &e);
+    DT_CHECK_INT(r.world_size, 1);
+    DT_CHECK_INT(r.group_world_size, 1);
+    DT_CHECK_STR(r.run_id, "torch-id");
+    DT_CHECK_INT(r.attempt, 3);
+    DT_CHECK_INT(r.round, 3);
+    DT_CHECK_STR(r.error_file, "/tmp/e.json");
+    DT_CHECK_STR(r.role, "default");
+    DT_CHECK_INT(r.omp_num_threads, 4);
+    DT_CHECK_INT(r.agent_pid, 0);
+    setenv("RANK", "2", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    DT_CHECK(dt_workenv_read(&r, &e) == -EINVAL);
+    DT_CHECK_CONTAINS(e.msg, "RANK=2 is not below WORLD_SIZE=2");
+    setenv("RANK", "0", 1);
+    setenv("MASTER_PORT", "x", 1);
+    DT_CHECK(dt_workenv_read(&r, &e) == -EINVAL);
+    DT_CHECK_CONTAINS(e.msg, "MASTER_PORT");
+    clearenv(); /* environ pointed into b */
     dt_envb_free(&b);
 }
 
@@ -974,6 +1031,119 @@ static void test_sigkill_agent_no_orphans(void)
     }
 }
 
+/* ---- daemons the workers start ------------------------------------------------------------
+ * A worker that double-forks (`setsid sh -c 'sleep 300 &'`: the middle process leads a new
+ * session and exits) leaves a process outside its process group, re-parented to the agent. The
+ * README promises that nothing the workers started outlives the job. */
+
+/* Starts an agent with one worker that starts such a daemon (ignoring SIGTERM when
+ * ignore_term), writes its pid to <TMP>/daemon, then runs `then`; returns the agent's pid and
+ * the daemon's in *daemon. */
+static pid_t start_daemonising_agent(const char *extra, bool ignore_term, const char *then,
+                                     const char *outp, int *daemon)
+{
+    char cmd[20000], path[1024];
+    if (access("/usr/bin/setsid", X_OK) != 0 && access("/bin/setsid", X_OK) != 0)
+        DT_SKIP("setsid(1) is not installed (util-linux)");
+    snprintf(path, sizeof path, "%s/daemon", TMP);
+    snprintf(cmd, sizeof cmd,
+             "%s --nproc-per-node 1 --log-dir %s %s -- sh -c 'setsid sh -c \"%s sleep 300 & echo "
+             "\\$! > %s.tmp; mv %s.tmp %s\" </dev/null >/dev/null 2>&1; %s'",
+             BIN, TMP, extra, ignore_term ? "trap \\\"\\\" TERM;" : "", path, path, path, then);
+    pid_t agent = dt_test_spawn(cmd, outp);
+    if (!wait_for_file(path, 20)) {
+        kill(agent, SIGKILL);
+        dt_test_wait_exit(agent, 10);
+        char *o = dt_test_slurp(outp);
+        DT_CHECK_MSG(false, "the worker did not start its daemon; agent output:\n%s", o ? o : "");
+        free(o);
+        dt_test_stop();
+    }
+    *daemon = read_pid(path);
+    DT_REQUIRE(*daemon > 1);
+    return agent;
+}
+
+/* Waits up to timeout_s for pid to be gone; kills it when it is not (so that a failed test
+ * leaves nothing behind) and fails the test naming when. */
+static void check_daemon_gone(int pid, double timeout_s, const char *when)
+{
+    double deadline = dt_test_now() + timeout_s;
+    while (!dt_test_pid_gone(pid) && dt_test_now() < deadline)
+        dt_sleep_ms(20);
+    DT_CHECK_MSG(dt_test_pid_gone(pid), "the daemon (pid %d) a worker started outlived %s", pid,
+                 when);
+    if (!dt_test_pid_gone(pid))
+        kill(pid, SIGKILL);
+}
+
+/* The job ends normally: the daemon is stopped with it, with SIGKILL after --stop-grace when it
+ * ignores SIGTERM. */
+static void test_daemon_gone_after_job(void)
+{
+    char outp[4096];
+    int daemon = 0;
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    pid_t agent = start_daemonising_agent("--stop-grace 1", true, "exit 0", outp, &daemon);
+    int code = dt_test_wait_exit(agent, 30);
+    check_daemon_gone(daemon, 2, "the end of the job");
+    DT_CHECK_INT(code, 0);
+    char *out = dt_test_slurp(outp);
+    DT_CHECK_CONTAINS(out, "outside their process groups (daemons)");
+    DT_CHECK_CONTAINS(out, "all workers succeeded");
+    free(out);
+}
+
+/* SIGTERM to the agent: the stop reaches the daemon too. */
+static void test_daemon_gone_after_sigterm(void)
+{
+    char outp[4096];
+    int daemon = 0;
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    pid_t agent = start_daemonising_agent("--stop-grace 20", false, "exec sleep 300", outp,
+                                          &daemon);
+    DT_REQUIRE(!dt_test_pid_gone(daemon));
+    kill(agent, SIGTERM);
+    int code = dt_test_wait_exit(agent, 30);
+    check_daemon_gone(daemon, 2, "a SIGTERM of the agent");
+    DT_CHECK_INT(code, 128 + SIGTERM);
+}
+
+/* SIGKILL of the agent: the agent can do nothing; the guardian kills the workers' cgroup. Only
+ * where the agent could make one (a writable cgroup v2): elsewhere the README says the daemon
+ * survives, and the test is skipped with the agent's reason. */
+static void test_daemon_gone_after_sigkill(void)
+{
+    char outp[4096];
+    int daemon = 0;
+    snprintf(outp, sizeof outp, "%s/agent.out", TMP);
+    setenv("DTRAIN_LOG", "debug", 1);
+    pid_t agent = start_daemonising_agent("", false, "exec sleep 300", outp, &daemon);
+    DT_REQUIRE(!dt_test_pid_gone(daemon));
+    char *out = dt_test_slurp(outp);
+    DT_REQUIRE(out != NULL);
+    const char *no = strstr(out, "no cgroup for the workers (");
+    const char *cg = strstr(out, "the workers' cgroup: ");
+    char path[4096] = "", why[512] = "";
+    if (cg)
+        sscanf(cg + strlen("the workers' cgroup: "), "%4095s", path);
+    else if (no)
+        snprintf(why, sizeof why, "%.*s", (int)strcspn(no, "\n"), no);
+    free(out);
+    kill(agent, SIGKILL);
+    DT_CHECK_INT(dt_test_wait_exit(agent, 10), 128 + SIGKILL);
+    if (!path[0]) {
+        kill(daemon, SIGKILL);
+        DT_REQUIRE(no != NULL); /* the agent says which cgroup, or why none */
+        DT_SKIP(why[0] ? why : "the agent made no cgroup");
+    }
+    check_daemon_gone(daemon, 10, "a SIGKILL of the agent (in a cgroup)");
+    double deadline = dt_test_now() + 10;
+    while (access(path, F_OK) == 0 && dt_test_now() < deadline)
+        dt_sleep_ms(20);
+    DT_CHECK_MSG(access(path, F_OK) != 0, "the guardian left the cgroup %s behind", path);
+}
+
 /* Starts an agent (through the program `via` when not NULL, e.g. a wrapper that ignores
  * signals) whose workers trap signals and mark themselves ready; returns its pid. */
 static pid_t start_trapping_agent_via(const char *via, const char *trap, const char *extra,
@@ -1267,6 +1437,7 @@ static const dt_test tests[] = {
     {"events_filename", test_events_filename, 0},
     {"nproc_resolution", test_nproc_resolution, 0},
     {"output_lines", test_output_lines, 0},
+    {"workenv_round_trip", test_workenv_round_trip, 0},
     {"worker_guard", test_worker_guard, 0},
     {"report_table", test_report_table, 0},
     {"env_sh", test_env_sh, 30},
@@ -1292,6 +1463,9 @@ static const dt_test tests[] = {
     {"console_stall_then_resume", test_console_stall_then_resume, 60},
     {"console_shared_pipe", test_console_shared_pipe, 30},
     {"sigkill_agent_no_orphans", test_sigkill_agent_no_orphans, 60},
+    {"daemon_gone_after_job", test_daemon_gone_after_job, 60},
+    {"daemon_gone_after_sigterm", test_daemon_gone_after_sigterm, 60},
+    {"daemon_gone_after_sigkill", test_daemon_gone_after_sigkill, 60},
     {"ctrl_c_once", test_ctrl_c_once, 60},
     {"ctrl_c_twice", test_ctrl_c_twice, 60},
     {"sigterm_forwarded", test_sigterm_forwarded, 60},

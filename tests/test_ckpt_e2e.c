@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/util.h"
+#include "runtime/job/workenv.h"
 #include "runtime/train/ckpt.h"
 #include "tests/harness.h"
 
@@ -178,7 +179,7 @@ static void test_worker_sigterm_resume(void)
         DT_REQUIRE(reached);
         kill(pid, sigs[k]);
         int code = wait_exit(pid, 60);
-        DT_CHECK_INT(code, DT_CKPT_EXIT_PREEMPTED);
+        DT_CHECK_INT(code, DT_EXIT_PREEMPTED);
         /* A checkpoint of the step it stopped at: the newest, complete and valid. */
         int64_t *steps = NULL;
         int n = 0;

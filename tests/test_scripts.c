@@ -404,12 +404,107 @@ static void test_install_deps(void)
                       p, root),
                  1);
     DT_CHECK_CONTAINS(out, "install-deps: missing: build-essential pkg-config libinih-dev");
+    /* No sudo on this PATH (minimal Debian): the command is for a root shell. */
+    DT_CHECK_CONTAINS(out, "(and no sudo here)");
+    DT_CHECK_CONTAINS(out, "\n    apt-get update && apt-get install -y build-essential "
+                           "pkg-config libinih-dev\n");
+    free(out);
+    /* With sudo installed: the sudo form. */
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/sudo", p);
+    write_exec(path, "#!/bin/sh\nexit 1\n");
+    DT_CHECK_INT(runf(&out, 20,
+                      "INSTALLED='libuv1-dev libcjson-dev libopenblas-dev' PATH=%s /bin/sh "
+                      "%s/scripts/install-deps.sh",
+                      p, root),
+                 1);
     DT_CHECK_CONTAINS(out, "    sudo apt-get update && sudo apt-get install -y build-essential "
                            "pkg-config libinih-dev\n");
     free(out);
+    /* As root with no sudo anywhere: apt-get directly (a stand-in that logs its arguments). */
+    p = deps_path("deps-root", false);
+    snprintf(path, sizeof path, "%s/id", p);
+    write_exec(path, "#!/bin/sh\necho 0\n");
+    snprintf(path, sizeof path, "%s/apt-get", p);
+    write_exec(path, "#!/bin/sh\necho \"apt-get $*\" >> \"$APT_LOG\"\n");
+    DT_CHECK_INT(runf(&out, 20,
+                      "APT_LOG=%s/apt.log INSTALLED='libuv1-dev libcjson-dev libopenblas-dev "
+                      "libinih-dev' PATH=%s /bin/sh %s/scripts/install-deps.sh",
+                      p, p, root),
+                 0);
+    DT_CHECK_CONTAINS(out, "install-deps: installed: build-essential pkg-config\n");
+    free(out);
+    snprintf(path, sizeof path, "%s/apt.log", p);
+    char *log = dt_test_slurp(path);
+    DT_CHECK_CONTAINS(log, "apt-get update -qq\napt-get install -y -qq build-essential pkg-config\n");
+    free(log);
     DT_CHECK_INT(runf(&out, 20, "/bin/sh %s/scripts/install-deps.sh --help", root), 0);
     DT_CHECK_CONTAINS(out, "build-essential");
     free(out);
+}
+
+/* ---- make install ------------------------------------------------------------------------- */
+
+/* `make install` into a temporary DESTDIR: the installed binary runs, launches workers (which are
+ * itself, found through /proc/self/exe) and looks for the CUDA backend in <prefix>/lib/dtrain. */
+static void test_make_install(void)
+{
+    find_root();
+    char *out = NULL, build[PATH_MAX], dest[PATH_MAX + 16], inst[PATH_MAX + 64];
+    if (runf(&out, 10, "command -v make") != 0) {
+        free(out);
+        DT_SKIP("make is not installed");
+    }
+    free(out);
+    snprintf(build, sizeof build, "%s", bin);
+    *strrchr(build, '/') = '\0'; /* the build directory the tests run from */
+    snprintf(dest, sizeof dest, "%s/dest", TMP);
+    /* Installs what is built; builds nothing (the binary is there). */
+    /* The make running the tests passes its flags and jobserver down: not to this make. */
+    int rc = runf(&out, 120,
+                  "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C %s install BUILD=%s "
+                  "DESTDIR=%s PREFIX=/opt/dt",
+                  root, build, dest);
+    DT_CHECK_MSG(rc == 0, "make install: exit %d: %s", rc, out ? out : "");
+    free(out);
+    snprintf(inst, sizeof inst, "%s/opt/dt/bin/dtrain", dest);
+    DT_REQUIRE(access(inst, X_OK) == 0);
+    DT_CHECK_INT(runf(&out, 20, "%s --version", inst), 0);
+    char so[PATH_MAX + 128];
+    snprintf(so, sizeof so, "%s/opt/dt/lib/dtrain/libdtrain_cuda.so", dest);
+    DT_CHECK_CONTAINS(out, so); /* found there, or named as the place it would be */
+    free(out);
+    char built_so[PATH_MAX + 32];
+    snprintf(built_so, sizeof built_so, "%s/libdtrain_cuda.so", build);
+    DT_CHECK(access(so, R_OK) == 0 || access(built_so, R_OK) != 0); /* installed when built */
+    DT_CHECK_INT(runf(&out, 20, "%s --help", inst), 0);
+    DT_CHECK_CONTAINS(out, "75 preempted");
+    free(out);
+    DT_CHECK_INT(runf(&out, 60, "cd %s && %s --nproc-per-node 2 -- sh -c 'echo rank=$RANK' 2>&1",
+                      TMP, inst),
+                 0);
+    DT_CHECK_CONTAINS(out, "[0]:rank=0");
+    DT_CHECK_CONTAINS(out, "[1]:rank=1");
+    free(out);
+    /* The built-in worker is the installed binary too; without the library it says where. */
+    char job[PATH_MAX + 32];
+    snprintf(job, sizeof job, "%s/cuda.ini", TMP);
+    DT_REQUIRE(dt_test_write_file(job, "[job]\ndevice = cuda\noutput_dir = out\n"
+                                       "[model]\ntype = mlp\n[train]\nsteps = 1\n") == 0);
+    if (access(so, R_OK) != 0) {
+        DT_CHECK(runf(&out, 60, "cd %s && %s --max-restarts 0 %s 2>&1", TMP, inst, job) != 0);
+        char want[PATH_MAX + 200];
+        snprintf(want, sizeof want, "CUDA backend: %s not found", so);
+        DT_CHECK_CONTAINS(out, want);
+        free(out);
+    }
+    DT_CHECK_INT(runf(&out, 60,
+                      "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C %s uninstall BUILD=%s "
+                      "DESTDIR=%s PREFIX=/opt/dt",
+                      root, build, dest),
+                 0);
+    free(out);
+    DT_CHECK(access(inst, F_OK) != 0);
 }
 
 /* ---- plot-metrics.sh ------------------------------------------------------------------ */
@@ -461,6 +556,7 @@ static void test_plot_metrics(void)
 static const dt_test tests[] = {
     {"help", test_help, 0},
     {"install_deps", test_install_deps, 0},
+    {"make_install", test_make_install, 120},
     {"plot_metrics", test_plot_metrics, 60},
     {"retry_until_success", test_retry_until_success, 0},
     {"retry_limit_and_no_retry", test_retry_limit_and_no_retry, 0},

@@ -47,14 +47,14 @@
 #include "runtime/launch/agent_proc.h"
 #include "runtime/launch/agent_report.h"
 #include "runtime/job/errfile.h"
+#include "runtime/job/workenv.h"
 
 extern char **environ;
 
 enum wstate { W_NONE, W_RUNNING, W_SUCCEEDED, W_FAILED, W_STOPPED, W_PREEMPTED };
 
-/* The built-in worker's exit code after a stop signal: "checkpoint saved, run me again". */
-#define EXIT_PREEMPTED 75
-#define EXIT_CONFIG 2 /* the built-in worker's (and dtrain's) configuration error */
+/* Exit codes (runtime/job/workenv.h): DT_EXIT_PREEMPTED, the built-in worker's "checkpoint
+ * saved, run me again" after a stop signal; DT_EXIT_CONFIG, a configuration error. */
 
 /* How a round ended, as the monitor saw it. */
 enum outcome { OUT_SUCCEEDED, OUT_FAILED, OUT_REMOTE_FAILED, OUT_REGROUP, OUT_SIGNAL, OUT_ABORTED,
@@ -87,6 +87,7 @@ typedef struct agent {
     bool signals_set;
     bool hup_ignored;           /* SIGHUP was ignored at start (nohup): it stays ignored */
     dt_guard *guard;
+    dt_cgroup *cg;              /* the workers' cgroup v2, or NULL where none can be made */
     dt_rdzv *rz;
     dt_rdzv_round rd;           /* the current round */
     worker *w;                  /* nproc of them */
@@ -291,7 +292,7 @@ static void reap(agent *a)
         } else if (ok) {
             w->state = W_SUCCEEDED;
             a->n_succeeded++;
-        } else if (a->preempt_sig && WIFEXITED(st) && WEXITSTATUS(st) == EXIT_PREEMPTED) {
+        } else if (a->preempt_sig && WIFEXITED(st) && WEXITSTATUS(st) == DT_EXIT_PREEMPTED) {
             w->state = W_PREEMPTED; /* saved its checkpoint after USR1/USR2: a planned stop */
             a->n_preempted++;
         } else {
@@ -495,31 +496,36 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
             goto fail;
     }
 
-    dt_worker_env we = {
-        .rank = w->rank,
-        .local_rank = w->local_rank,
-        .world_size = a->rd.world_size,
-        .local_world_size = a->nproc,
-        .group_rank = a->rd.group_rank,
-        .group_world_size = a->rd.group_world_size,
-        .restart_count = a->rd.attempt,
-        .max_restarts = a->rd.max_restarts,
-        .run_id = a->rd.run_id,
-        .role = a->L.role,
-        .master_addr = a->rd.master_addr,
-        .master_port = a->rd.master_port,
-        .store_addr = a->rd.store_addr,
-        .store_port = a->rd.store_port,
-        .error_file = w->error_file,
-        .local_addr = a->rd.local_addr,
-        .omp_one = a->omp_one,
-        .agent_pid = (int)getpid(),
-        .round = a->rd.round,
-    };
-    if ((rc = dt_agent_env_build(&env, environ, &we, err)))
+    /* The contract (runtime/job/workenv.h): one struct, one writer. */
+    static dt_worker_env we; /* ~2.6 KB; the agent has one thread that starts workers */
+    memset(&we, 0, sizeof we);
+    we.rank = w->rank;
+    we.local_rank = w->local_rank;
+    we.world_size = a->rd.world_size;
+    we.local_world_size = a->nproc;
+    we.group_rank = a->rd.group_rank;
+    we.group_world_size = a->rd.group_world_size;
+    we.attempt = a->rd.attempt;
+    we.max_restarts = a->rd.max_restarts;
+    we.round = a->rd.round;
+    we.master_port = a->rd.master_port;
+    we.store_port = a->rd.store_port;
+    we.agent_pid = (int)getpid();
+    we.omp_num_threads = a->omp_one ? 1 : 0;
+    if (!dt_strlcpy(we.run_id, a->rd.run_id, sizeof we.run_id) ||
+        !dt_strlcpy(we.role, a->L.role, sizeof we.role) ||
+        !dt_strlcpy(we.master_addr, a->rd.master_addr, sizeof we.master_addr) ||
+        !dt_strlcpy(we.store_addr, a->rd.store_addr, sizeof we.store_addr) ||
+        !dt_strlcpy(we.local_addr, a->rd.local_addr, sizeof we.local_addr) ||
+        !dt_strlcpy(we.error_file, w->error_file, sizeof we.error_file)) {
+        rc = dt_err_set(err, -ENAMETOOLONG, "rank %d: a value of the worker's environment is "
+                        "too long (run id, role, address or %s)", w->rank, w->error_file);
+        goto fail;
+    }
+    if ((rc = dt_envb_init(&env, environ, err)) || (rc = dt_workenv_export(&we, &env, err)))
         goto fail;
     dt_proc_spec ps = {.path = a->prog, .argv = a->spec->argv, .envp = env.v,
-                       .fd_out = cfd[0], .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored};
+                       .fd_out = cfd[0], .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored, .cgroup = a->cg};
     dt_err e = {0};
     pid_t pid;
     w->t_start = dt_wall_s();
@@ -594,40 +600,79 @@ static int start_workers(agent *a, dt_err *err)
     return 0;
 }
 
-/* Sends sig to every worker group, waits up to --stop-grace for them to empty, then SIGKILL. */
+/* Sends sig to the agent's descendants outside every worker's process group (a daemon a worker
+ * started: it left the group with setsid, and was re-parented to the agent, the subreaper) and
+ * returns how many there were; sig 0 only counts. The guardian is not one of them. */
+static int signal_strays(agent *a, int sig)
+{
+    pid_t *d = NULL;
+    int n = dt_proc_descendants(getpid(), &d), strays = 0;
+    for (int i = 0; i < n; i++) {
+        if (d[i] == dt_guard_pid(a->guard))
+            continue;
+        pid_t pg = getpgid(d[i]);
+        bool in_group = false;
+        for (int k = 0; k < a->nproc && !in_group; k++)
+            in_group = a->w[k].group && a->w[k].pid == pg;
+        if (in_group)
+            continue; /* the group's signal reaches it */
+        strays++;
+        if (sig)
+            kill(d[i], sig);
+    }
+    free(d);
+    return strays;
+}
+
+/* Sends sig to every worker group and to the processes the workers started outside them, waits
+ * up to --stop-grace for all of them to end, then SIGKILL. */
 static void stop_workers(agent *a, int sig)
 {
     a->stopping = true;
     reap(a);
-    if (a->n_groups == 0)
+    int strays = signal_strays(a, 0);
+    if (a->n_groups == 0 && strays == 0)
         return;
     char name[32];
     dt_report_signame(sig, name, sizeof name);
+    if (strays)
+        DT_INFO("%d process%s the workers started outside their process groups (daemons) still "
+                "run: sending %s",
+                strays, strays == 1 ? "" : "es", name);
     signal_groups(a, sig);
-    if (sig != SIGKILL)
+    signal_strays(a, sig);
+    if (sig != SIGKILL) {
         signal_groups(a, SIGCONT); /* a stopped worker acts on sig only once continued */
+        signal_strays(a, SIGCONT);
+    }
     double deadline = dt_now_s() + a->L.stop_grace, hard = 0;
     bool killed = false;
-    while (a->n_groups > 0) {
+    while (a->n_groups > 0 || strays > 0) {
         double now = dt_now_s();
         if (!killed && (a->kill_now || now >= deadline)) {
             if (!a->kill_now)
-                DT_WARN("%d worker process group%s still running %.3g s after %s: sending SIGKILL",
-                        a->n_groups, a->n_groups == 1 ? "" : "s", a->L.stop_grace, name);
-            signal_groups(a, SIGKILL);
+                DT_WARN("%d worker process group%s and %d other process%s still running %.3g s "
+                        "after %s: sending SIGKILL",
+                        a->n_groups, a->n_groups == 1 ? "" : "s", strays,
+                        strays == 1 ? "" : "es", a->L.stop_grace, name);
             killed = true;
             hard = now + 10;
         }
+        if (killed) { /* again on every pass: a stray may have forked meanwhile */
+            signal_groups(a, SIGKILL);
+            signal_strays(a, SIGKILL);
+        }
         if (killed && now >= hard) {
-            DT_ERROR("%d worker process group%s survived SIGKILL for 10 s (stuck in the kernel?); "
-                     "giving up on them",
-                     a->n_groups, a->n_groups == 1 ? "" : "s");
+            DT_ERROR("%d worker process group%s and %d other process%s survived SIGKILL for 10 s "
+                     "(stuck in the kernel?); giving up on them",
+                     a->n_groups, a->n_groups == 1 ? "" : "s", strays, strays == 1 ? "" : "es");
             break;
         }
         double until = killed ? hard : deadline;
         int ms = (int)((until - now) * 1000) + 1;
         pump(a, ms < 1 ? 1 : ms > 100 ? 100 : ms); /* 100 ms: re-check groups we get no SIGCHLD for */
-        refresh_groups(a);
+        reap(a);
+        strays = signal_strays(a, 0);
     }
 }
 
@@ -957,7 +1002,7 @@ static bool all_preempted(const agent *a)
         const worker *w = &a->w[i];
         if (!w->pid || w->running || !WIFEXITED(w->status))
             return false;
-        if (WEXITSTATUS(w->status) == EXIT_PREEMPTED)
+        if (WEXITSTATUS(w->status) == DT_EXIT_PREEMPTED)
             n75++;
         else if (WEXITSTATUS(w->status) != 0)
             return false;
@@ -970,9 +1015,9 @@ static int preempted(agent *a, int sig)
     char name[32];
     DT_WARN("preempted: workers saved their checkpoints (after %s); run the same command again to "
             "resume (exit code %d)",
-            dt_report_signame(sig, name, sizeof name), EXIT_PREEMPTED);
-    emit_end(a, "preempted", EXIT_PREEMPTED);
-    return EXIT_PREEMPTED;
+            dt_report_signame(sig, name, sizeof name), DT_EXIT_PREEMPTED);
+    emit_end(a, "preempted", DT_EXIT_PREEMPTED);
+    return DT_EXIT_PREEMPTED;
 }
 
 /* The exit code when another node ended the job: the same 128+n as the agent that was
@@ -980,7 +1025,7 @@ static int preempted(agent *a, int sig)
  * (its rendezvous failed). */
 static int abort_code(const dt_rdzv_status *st)
 {
-    return st->setup_error ? EXIT_CONFIG : st->signal > 0 ? 128 + st->signal : 1;
+    return st->setup_error ? DT_EXIT_CONFIG : st->signal > 0 ? 128 + st->signal : 1;
 }
 
 /* The job ended as aborted (st): the end event, and this agent's exit code. */
@@ -1002,7 +1047,7 @@ static bool config_error(const agent *a)
         const worker *w = &a->w[i];
         if (w->state != W_FAILED)
             continue;
-        if (!WIFEXITED(w->status) || WEXITSTATUS(w->status) != EXIT_CONFIG)
+        if (!WIFEXITED(w->status) || WEXITSTATUS(w->status) != DT_EXIT_CONFIG)
             return false;
         n++;
     }
@@ -1040,8 +1085,8 @@ static int run_rounds(agent *a)
         if (rc == -EINVAL) { /* the nodes' settings disagree: a restart cannot help */
             DT_ERROR("%s", e.msg);
             free(prev);
-            emit_end(a, "setup_error", EXIT_CONFIG);
-            return EXIT_CONFIG;
+            emit_end(a, "setup_error", DT_EXIT_CONFIG);
+            return DT_EXIT_CONFIG;
         }
         if (rc) {
             DT_ERROR("rendezvous failed: %s", e.msg);
@@ -1107,7 +1152,7 @@ static int run_rounds(agent *a)
                 fmt(why, sizeof why,
                     "node %d (%s:%d) reports a configuration error (exit %d) in its workers: "
                     "not restarting; see that node's log",
-                    a->rd.group_rank, dt_hostname(), (int)getpid(), EXIT_CONFIG);
+                    a->rd.group_rank, dt_hostname(), (int)getpid(), DT_EXIT_CONFIG);
                 if (dt_rdzv_abort_config(a->rz, lf, nlf, why, &fe))
                     DT_WARN("cannot record the configuration error in the rendezvous: %s", fe.msg);
             } else if (nlf > 0 && dt_rdzv_failed(a->rz, lf, nlf, &fe)) {
@@ -1205,7 +1250,7 @@ static int run_rounds(agent *a)
         if (!final && config)
             DT_WARN("not restarting: the workers report a configuration error (exit %d), which a "
                     "restart would repeat%s",
-                    EXIT_CONFIG, a->rd.group_world_size > 1 || a->rd.elastic
+                    DT_EXIT_CONFIG, a->rd.group_world_size > 1 || a->rd.elastic
                                      ? "; the job ends on every node"
                                      : "");
         if (final || config) {
@@ -1216,8 +1261,8 @@ static int run_rounds(agent *a)
                 DT_WARN("cannot read the job's failures: %s", fe.msg);
             print_table(a, all, n, NULL, config);
             free(all);
-            emit_end(a, "failed", config ? EXIT_CONFIG : 1);
-            return config ? EXIT_CONFIG : 1;
+            emit_end(a, "failed", config ? DT_EXIT_CONFIG : 1);
+            return config ? DT_EXIT_CONFIG : 1;
         }
         dt_err fe = {0};
         prev_attempt = a->rd.attempt;
@@ -1259,12 +1304,12 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
 
     if (!spec->argv || !spec->argv[0]) {
         fprintf(stderr, "dtrain: no command to run\n");
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (apply_rdzv_conf(a, &e)) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (a->L.standalone && standalone_conflict(a->L.nnodes)) {
@@ -1273,17 +1318,17 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
                 "drop --standalone and give every node --master-addr/--master-port (or "
                 "--rdzv-endpoint), or drop --nnodes\n",
                 a->L.nnodes);
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (dt_agent_resolve_nproc(a->L.nproc_per_node, &a->nproc, why, sizeof why, &e)) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (dt_proc_resolve(spec->argv[0], NULL, a->prog, sizeof a->prog, &e)) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
-        code = 2;
+        code = DT_EXIT_CONFIG;
         goto out;
     }
     if (!(a->w = calloc((size_t)a->nproc, sizeof *a->w))) {
@@ -1298,7 +1343,18 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     }
     agent_tid = gettid();
     dt_log_set_sink(agent_log_sink);
-    if ((rc = signals_init(a, err)) || (rc = dt_guard_start(&a->guard, err)) ||
+    if ((rc = signals_init(a, err))) {
+        code = rc;
+        goto out;
+    }
+    char cgwhy[512];
+    if (dt_cgroup_open(&a->cg, cgwhy, sizeof cgwhy) == 0)
+        DT_DEBUG("the workers' cgroup: %s", dt_cgroup_path(a->cg));
+    else
+        DT_DEBUG("no cgroup for the workers (%s): a daemon a worker starts outlives a SIGKILL of "
+                 "the agent",
+                 cgwhy);
+    if ((rc = dt_guard_start(&a->guard, dt_cgroup_path(a->cg), err)) ||
         (rc = dt_proc_become_subreaper(err)) || (rc = choose_log_root(a, err))) {
         code = rc;
         goto out;
@@ -1327,7 +1383,7 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     }
     if (rc) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
-        code = rc == -EINVAL || rc == -ENOTSUP ? 2 : 1;
+        code = rc == -EINVAL || rc == -ENOTSUP ? DT_EXIT_CONFIG : DT_EXIT_FAILED;
         goto out;
     }
     code = run_rounds(a);
@@ -1345,9 +1401,16 @@ out:
     else if (a->log_tmp)
         DT_INFO("worker output files kept in %s", a->run_dir);
     if (a->guard) {
+        /* Every path out has stopped the workers; what is left is what escaped them. */
+        reap(a);
+        if (signal_strays(a, SIGKILL))
+            DT_DEBUG("killed processes the workers left behind");
+        dt_cgroup_close(a->cg);
+        a->cg = NULL;
         reap(a);
         dt_guard_stop(a->guard);
     }
+    dt_cgroup_close(a->cg);
     drain_side_logs();
     dt_log_set_sink(NULL);
     dt_out_console_close(5.0);

@@ -1,5 +1,19 @@
 /* agent.h - the per-node agent: rendezvous, forking workers, supervising and restarting them.
  *
+ * runtime/launch/ is the launcher layer: everything `dtrain [launcher options] JOB.ini` (or
+ * `-- COMMAND`) does on a node before, around and after the workers, and nothing of what a
+ * worker does. agent.c runs the rounds; agent_env counts the devices (--nproc-per-node);
+ * agent_proc forks, execs, signals and reaps the workers (process groups, the guardian, the
+ * descendants they leave behind); agent_output forwards their lines; agent_report writes
+ * events.jsonl and the root-cause table.
+ *
+ * What it may include: common/, rendezvous/ (the store and the rounds) and runtime/job/ (the job
+ * file's launcher settings, the worker-environment contract workenv.h with its exit codes, the
+ * error file). Never runtime/comm/, runtime/train/ or kernels/: the agent runs no model, opens
+ * no communicator and touches no device (a process that initialised CUDA must not fork the
+ * workers). What the agent and a worker share is the contract in runtime/job/workenv.h, not a
+ * header of the other side. (python3 /work/shared/tools/module-loops.py checks the direction.)
+ *
  * One agent runs on every node (`dtrain [launcher options] JOB.ini` or `... -- COMMAND`). It
  * joins (or hosts) the store, takes part in the rendezvous, starts nproc workers with fork+exec
  * and the torchrun environment, forwards their output line by line with a rank prefix, and on any
@@ -22,8 +36,10 @@ typedef struct dt_agent_spec {
 } dt_agent_spec;
 
 /* Runs the agent until the job ends. Returns the process exit code the README documents
- * (0 success, 1 a worker failed and the budget is spent, 2 usage, 128+n killed by signal n), or a
- * negative code with err set when the agent itself could not run (cmd/ prints it, exits 1). */
+ * (runtime/job/workenv.h: DT_EXIT_OK; DT_EXIT_FAILED, a worker failed and the budget is spent;
+ * DT_EXIT_CONFIG, usage; DT_EXIT_PREEMPTED, every worker saved a checkpoint after a stop signal;
+ * 128+n, killed by signal n), or a negative code with err set when the agent itself could not run
+ * (cmd/ prints it, exits 1). */
 int dt_agent_run(const dt_agent_spec *spec, dt_err *err);
 
 #endif

@@ -1,6 +1,7 @@
 /* agent_proc.c - see agent_proc.h. */
 #include "runtime/launch/agent_proc.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -11,10 +12,16 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
+
+struct dt_cgroup {
+    char path[4096];
+    int procs_fd; /* cgroup.procs, write-only, close-on-exec */
+};
 
 /* ---- exec ------------------------------------------------------------------------------- */
 
@@ -78,6 +85,11 @@ int dt_proc_spawn(const dt_proc_spec *s, pid_t *out, dt_err *err)
         /* Child: async-signal-safe calls only until exec (the agent may have threads). */
         close(ep[0]);
         setpgid(0, 0);
+        if (s->cgroup && s->cgroup->procs_fd >= 0) { /* "0": the writer itself; what it starts
+                                                         inherits the cgroup */
+            ssize_t cw = write(s->cgroup->procs_fd, "0", 1);
+            (void)cw; /* best effort: a worker outside it is still covered while the agent lives */
+        }
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) /* the agent died before prctl took effect */
             _exit(127);
@@ -155,6 +167,266 @@ int dt_proc_become_subreaper(dt_err *err)
     return 0;
 }
 
+/* ---- descendants ------------------------------------------------------------------------ */
+
+typedef struct pinfo {
+    pid_t pid, ppid;
+    bool mark;
+} pinfo;
+
+/* The parent and state of /proc/<pid>/stat: "pid (comm) S ppid ...", where comm may hold ") ". */
+static bool read_stat(pid_t pid, pid_t *ppid, char *state)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n;
+    do
+        n = read(fd, buf, sizeof buf - 1);
+    while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')');
+    int pp;
+    if (!rp || sscanf(rp + 1, " %c %d", state, &pp) != 2)
+        return false;
+    *ppid = pp;
+    return true;
+}
+
+int dt_proc_descendants(pid_t root, pid_t **out)
+{
+    *out = NULL;
+    DIR *d = opendir("/proc");
+    if (!d)
+        return -errno;
+    size_t n = 0, cap = 256;
+    pinfo *p = malloc(cap * sizeof *p);
+    struct dirent *e;
+    while (p && (e = readdir(d))) {
+        char *end;
+        long v = strtol(e->d_name, &end, 10);
+        char st;
+        pid_t pp;
+        if (*end || v <= 0 || !read_stat((pid_t)v, &pp, &st) || st == 'Z' || st == 'X')
+            continue;
+        if (n == cap) {
+            pinfo *q = realloc(p, 2 * cap * sizeof *p);
+            if (!q) {
+                free(p);
+                p = NULL;
+                break;
+            }
+            p = q;
+            cap *= 2;
+        }
+        p[n++] = (pinfo){.pid = (pid_t)v, .ppid = pp, .mark = false};
+    }
+    closedir(d);
+    if (!p)
+        return -ENOMEM;
+    /* Mark root's children, then their children, until a pass adds nothing (passes = depth). */
+    size_t found = 0;
+    for (bool more = true; more;) {
+        more = false;
+        for (size_t i = 0; i < n; i++) {
+            if (p[i].mark)
+                continue;
+            bool hit = p[i].ppid == root;
+            for (size_t j = 0; !hit && j < n; j++)
+                hit = p[j].mark && p[j].pid == p[i].ppid;
+            if (hit) {
+                p[i].mark = more = true;
+                found++;
+            }
+        }
+    }
+    pid_t *r = found ? malloc(found * sizeof *r) : NULL;
+    if (found && !r) {
+        free(p);
+        return -ENOMEM;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (p[i].mark)
+            r[k++] = p[i].pid;
+    free(p);
+    *out = r;
+    return (int)k;
+}
+
+/* ---- the workers' cgroup ---------------------------------------------------------------- */
+
+/* The cgroup v2 mount point and the root of the hierarchy it shows (mountinfo fields 5, 4). */
+static bool cgroup2_mount(char *mnt, size_t mcap, char *root, size_t rcap)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f)
+        return false;
+    char line[4096];
+    bool ok = false;
+    while (!ok && fgets(line, sizeof line, f)) {
+        const char *sep = strstr(line, " - ");
+        if (!sep || strncmp(sep + 3, "cgroup2 ", 8))
+            continue;
+        char r[2048], m[2048];
+        if (sscanf(line, "%*s %*s %*s %2047s %2047s", r, m) == 2)
+            ok = dt_strlcpy(mnt, m, mcap) && dt_strlcpy(root, r, rcap);
+    }
+    fclose(f);
+    return ok;
+}
+
+/* This process's cgroup v2 path ("0::/path" in /proc/self/cgroup). */
+static bool own_cgroup(char *out, size_t cap)
+{
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    if (!f)
+        return false;
+    char line[4096];
+    bool ok = false;
+    while (!ok && fgets(line, sizeof line, f))
+        if (!strncmp(line, "0::", 3)) {
+            line[strcspn(line, "\n")] = '\0';
+            ok = dt_strlcpy(out, line + 3, cap);
+        }
+    fclose(f);
+    return ok;
+}
+
+int dt_cgroup_open(dt_cgroup **out, char *why, size_t cap)
+{
+    char mnt[2048], root[2048], own[2048];
+    *out = NULL;
+    if (!cgroup2_mount(mnt, sizeof mnt, root, sizeof root)) {
+        snprintf(why, cap, "no cgroup v2 mounted");
+        return -ENOENT;
+    }
+    if (!own_cgroup(own, sizeof own)) {
+        snprintf(why, cap, "this process has no cgroup v2 path in /proc/self/cgroup");
+        return -ENOENT;
+    }
+    /* A bind mount shows a subtree: own is then relative to the mount's root. */
+    const char *rel = own;
+    size_t rl = strlen(root);
+    if (strcmp(root, "/") && !strncmp(own, root, rl) && (own[rl] == '/' || !own[rl]))
+        rel = own + rl;
+    if (!strcmp(rel, "/"))
+        rel = "";
+    dt_cgroup *cg = calloc(1, sizeof *cg);
+    if (!cg) {
+        snprintf(why, cap, "out of memory");
+        return -ENOMEM;
+    }
+    cg->procs_fd = -1;
+    int n = snprintf(cg->path, sizeof cg->path, "%s%s/dtrain-%d", mnt, rel, (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof cg->path) {
+        snprintf(why, cap, "cgroup path too long");
+        free(cg);
+        return -ENAMETOOLONG;
+    }
+    if (mkdir(cg->path, 0755) != 0 && errno != EEXIST) {
+        int e = errno;
+        snprintf(why, cap, "cannot create %s: %s", cg->path, strerror(e));
+        free(cg);
+        return -e;
+    }
+    char procs[sizeof cg->path + 16];
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", cg->path);
+    cg->procs_fd = open(procs, O_WRONLY | O_CLOEXEC);
+    if (cg->procs_fd < 0) {
+        int e = errno;
+        snprintf(why, cap, "cannot open %s: %s", procs, strerror(e));
+        rmdir(cg->path);
+        free(cg);
+        return -e;
+    }
+    *out = cg;
+    return 0;
+}
+
+const char *dt_cgroup_path(const dt_cgroup *cg) { return cg ? cg->path : ""; }
+
+/* Sends SIGKILL to every pid cgroup.procs lists; returns how many it listed (-1: unreadable,
+ * the cgroup is gone). No malloc: the guardian calls it. */
+static int kill_listed(const char *procs)
+{
+    int fd = open(procs, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char buf[4096];
+    int n = 0;
+    size_t have = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + have, sizeof buf - 1 - have);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        have += (size_t)r;
+        buf[have] = '\0';
+        char *line = buf, *nl;
+        while ((nl = strchr(line, '\n'))) {
+            *nl = '\0';
+            int pid = atoi(line);
+            if (pid > 1) {
+                kill(pid, SIGKILL);
+                n++;
+            }
+            line = nl + 1;
+        }
+        have = strlen(line);
+        memmove(buf, line, have);
+    }
+    close(fd);
+    return n;
+}
+
+int dt_cgroup_kill_path(const char *path, double timeout_s)
+{
+    if (!path || !*path)
+        return 0;
+    char kill_file[4096 + 16], procs[4096 + 16];
+    snprintf(kill_file, sizeof kill_file, "%s/cgroup.kill", path);
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", path);
+    int fd = open(kill_file, O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) { /* Linux 5.14+: the kernel kills them all, forks in flight included */
+        ssize_t w = write(fd, "1", 1);
+        (void)w;
+        close(fd);
+    }
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int left = kill_listed(procs); /* older kernels; finds nothing once cgroup.kill worked */
+        if (left < 0)
+            return 0; /* removed already */
+        if (left == 0 && (rmdir(path) == 0 || errno == ENOENT))
+            return 0;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9 > timeout_s)
+            return -EBUSY;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void dt_cgroup_close(dt_cgroup *cg)
+{
+    if (!cg)
+        return;
+    if (cg->procs_fd >= 0)
+        close(cg->procs_fd);
+    if (dt_cgroup_kill_path(cg->path, 5.0))
+        DT_WARN("processes of the workers' cgroup %s survived SIGKILL for 5 s; it is left behind",
+                cg->path);
+    free(cg);
+}
+
 /* ---- guardian --------------------------------------------------------------------------- */
 
 struct dt_guard {
@@ -164,7 +436,7 @@ struct dt_guard {
 };
 
 /* The guardian's whole life. Messages are int32: +pgid to watch, -pgid to forget. */
-static void __attribute__((noreturn)) guard_main(int rfd)
+static void __attribute__((noreturn)) guard_main(int rfd, const char *cgroup)
 {
     setpgid(0, 0); /* out of the agent's group: a terminal's Ctrl-C or kill -PGID misses it */
     prctl(PR_SET_NAME, "dtrain-guard");
@@ -216,10 +488,12 @@ static void __attribute__((noreturn)) guard_main(int rfd)
     /* The agent is gone (or closed the pipe at its end): nothing of its workers may survive. */
     for (size_t k = 0; k < n; k++)
         kill(-groups[k], SIGKILL);
+    /* And what left the groups (daemons): everything in the workers' cgroup. */
+    dt_cgroup_kill_path(cgroup, 10.0);
     _exit(0);
 }
 
-int dt_guard_start(dt_guard **out, dt_err *err)
+int dt_guard_start(dt_guard **out, const char *cgroup, dt_err *err)
 {
     *out = NULL;
     dt_guard *g = calloc(1, sizeof *g);
@@ -240,7 +514,7 @@ int dt_guard_start(dt_guard **out, dt_err *err)
     }
     if (pid == 0) {
         close(p[1]);
-        guard_main(p[0]);
+        guard_main(p[0], cgroup);
     }
     close(p[0]);
     g->pid = pid;

@@ -11,7 +11,17 @@
  *     agent holds. When the agent dies for any reason (SIGKILL included) the pipe reaches end of
  *     file and the guardian SIGKILLs every worker process group it was told about, then exits.
  *   - exec failures are reported back to the agent through a close-on-exec pipe (errno), never
- *     silently turned into an exit code.
+ *     silently turned into an exit code;
+ *   - what a worker started outside its process group (a daemon: fork, setsid, fork again) is
+ *     still a descendant of the agent, which is their subreaper: when the double fork's middle
+ *     process exits, the daemon is re-parented to the agent, not to init. dt_proc_descendants
+ *     walks /proc for them, and every stop of the workers signals them too;
+ *   - for the one case the agent cannot act in, its own SIGKILL, the workers run in a cgroup v2
+ *     of their own when one can be created under the agent's (dt_cgroup_open): a daemon cannot
+ *     leave it, and the guardian kills the whole cgroup (cgroup.kill) when the agent dies.
+ *     Without a writable cgroup v2 a daemon survives a SIGKILLed agent (the worker groups do
+ *     not); PR_SET_PDEATHSIG cannot help there, since a forked child does not inherit it and a
+ *     daemon re-parented to the agent never set it.
  *
  * Linux only (prctl). Not thread-safe: call from the agent's main thread, which must also be the
  * thread that forks, because PR_SET_PDEATHSIG fires when the forking THREAD exits.
@@ -25,6 +35,8 @@
 
 #include "common/err.h"
 
+typedef struct dt_cgroup dt_cgroup;
+
 typedef struct dt_proc_spec {
     const char *path;   /* program to exec (absolute or relative path, as dt_proc_resolve gives) */
     char *const *argv;  /* NULL-terminated; borrowed */
@@ -32,6 +44,8 @@ typedef struct dt_proc_spec {
     int fd_out;         /* becomes the child's stdout; -1 = inherit the agent's */
     int fd_err;         /* becomes the child's stderr; -1 = inherit the agent's */
     bool keep_hup_ignored; /* leave SIGHUP ignored when it is (the agent runs under nohup) */
+    const struct dt_cgroup *cgroup; /* the workers' cgroup, which the child joins before exec;
+                                       NULL = none; borrowed */
 } dt_proc_spec;
 
 /* Finds prog the way execvp would, using path_env (a PATH value; NULL = the agent's PATH) when
@@ -59,12 +73,39 @@ bool dt_proc_group_alive(pid_t pgid);
  * agent receives SIGCHLD for a worker's grandchildren once their parent exited. */
 int dt_proc_become_subreaper(dt_err *err);
 
+/* Every living descendant of root (children, their children, ...; zombies left out), read from
+ * /proc. *out (malloc'd, the caller frees; NULL when none) gets their pids. Returns how many, or
+ * a negative errno (then *out is NULL). A process that forks while the walk runs may be missed:
+ * callers walk again until the answer is empty. */
+int dt_proc_descendants(pid_t root, pid_t **out);
+
+/* ---- the workers' cgroup ------------------------------------------------------------------ */
+
+/* Creates a cgroup v2 for the workers below this process's own one (<mount><own>/dtrain-<pid>).
+ * Returns 0 with *out owning it, or a negative errno with why (cap bytes) saying why there is
+ * none: no cgroup v2 mounted, not writable (a container, no delegation), ... (not an error: the
+ * agent goes on without one). */
+int dt_cgroup_open(dt_cgroup **out, char *why, size_t cap);
+
+/* The cgroup's directory, or "" for NULL. */
+const char *dt_cgroup_path(const dt_cgroup *cg);
+
+/* SIGKILLs every process of the cgroup at path (cgroup.kill, else one by one from cgroup.procs
+ * until it is empty), waits up to timeout_s for it to empty and removes it. Async-signal-safe
+ * enough for the guardian (no malloc). Returns 0, or -EBUSY when processes were left. */
+int dt_cgroup_kill_path(const char *path, double timeout_s);
+
+/* Kills what is left in the cgroup (dt_cgroup_kill_path), removes it and frees. Accepts NULL. */
+void dt_cgroup_close(dt_cgroup *cg);
+
 /* ---- guardian ---------------------------------------------------------------------------- */
 
 typedef struct dt_guard dt_guard;
 
-/* Forks the guardian. Call before starting any thread. On success *out owns it. */
-int dt_guard_start(dt_guard **out, dt_err *err);
+/* Forks the guardian. Call before starting any thread. On success *out owns it. cgroup (may be
+ * NULL or "") is the workers' cgroup directory (dt_cgroup_path), which the guardian kills and
+ * removes when the agent dies. */
+int dt_guard_start(dt_guard **out, const char *cgroup, dt_err *err);
 
 /* Tells the guardian about a worker process group to kill if the agent dies / that it may forget
  * (the group is empty). Best effort: failures are logged, not returned. Accept NULL. */

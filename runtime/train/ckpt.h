@@ -65,9 +65,8 @@
 #define DT_CKPT_MAX_RNG 8
 #define DT_CKPT_MAX_SCALARS 32
 
-/* Exit code of a worker that stopped on SIGTERM, SIGUSR1 or SIGUSR2 after saving a checkpoint
- * (EX_TEMPFAIL of sysexits.h: "try again later"): running the same command again resumes. */
-#define DT_CKPT_EXIT_PREEMPTED 75
+/* A worker that stopped on SIGTERM, SIGUSR1 or SIGUSR2 after saving a checkpoint exits
+ * DT_EXIT_PREEMPTED (runtime/job/workenv.h): running the same command again resumes. */
 
 /* One flat float32 buffer saved as named tensors: a model's parameters or buffers, or an
  * optimiser state buffer laid out like the parameters.

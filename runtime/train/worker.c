@@ -796,12 +796,12 @@ int dt_worker_main(const dt_job *job)
         else /* another rank was signalled; all stopped at the same step */
             DT_INFO("stopped with the other ranks (one of them was signalled) after step %lld; "
                     "run the same command again to resume", (long long)t.step);
-        return DT_CKPT_EXIT_PREEMPTED;
+        return DT_EXIT_PREEMPTED;
     }
     return 0;
 fail:
     if (t.config_error)
-        code = DT_WORKER_EXIT_CONFIG;
+        code = DT_EXIT_CONFIG;
     dt_metrics_finish_line(t.metrics);
     DT_ERROR("%s%s", err.msg, t.config_error ? " (a configuration error: the same command "
                                                 "fails the same way until it is changed)" : "");

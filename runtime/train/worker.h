@@ -24,7 +24,7 @@
  *                background; dt_ckpt_fence before the next optimiser update).
  *   finish       Checkpoints (wired): save at the end, and when a signal (SIGTERM, SIGINT,
  *                SIGUSR1, SIGUSR2) stopped the loop; the worker then exits 75
- *                (DT_CKPT_EXIT_PREEMPTED) and running it again resumes.
+ *                (DT_EXIT_PREEMPTED) and running it again resumes.
  * grad_ready is passed to backward of the LAST micro-step of an accumulation only (DDP's
  * no_sync for the others); backward reports gradient ranges as they become final.
  */
@@ -95,7 +95,7 @@ typedef struct dt_trainer {
                                  several ranks, the loop stops on this, not on *stop) */
     bool config_error;        /* set when init failed on the configuration in a way every
                                  retry repeats (a bad checkpoint.resume path, checkpoints of
-                                 another setup): dt_worker_main exits DT_WORKER_EXIT_CONFIG */
+                                 another setup): dt_worker_main exits DT_EXIT_CONFIG */
     bool stop_self;           /* ... and this rank's own *stop was set then (it was signalled
                                  itself, not only told by another rank) */
 
@@ -136,14 +136,9 @@ const char *dt_trainer_diverged_hint(const dt_job *job);
 /* Accepts a zeroed or failed trainer. */
 void dt_trainer_close(dt_trainer *t);
 
-/* Exit code of a worker whose configuration cannot work, whatever the number of tries (README,
- * "Exit codes": 2 is a usage or job-file error): checkpoint.resume = PATH that does not load,
- * or a checkpoint directory that holds another setup's checkpoints. */
-#define DT_WORKER_EXIT_CONFIG 2
-
 /* `dtrain worker` without the argument parsing: runs the job, writes the error file on failure.
- * Returns the process exit code: 0, 1 on failure, DT_WORKER_EXIT_CONFIG (2) on a configuration
- * error found while starting, DT_CKPT_EXIT_PREEMPTED (75) when a signal stopped it after saving
+ * Returns the process exit code: 0, 1 on failure, DT_EXIT_CONFIG (2) on a configuration
+ * error found while starting, DT_EXIT_PREEMPTED (75) when a signal stopped it after saving
  * a checkpoint. */
 int dt_worker_main(const dt_job *job);
 
