@@ -49,15 +49,15 @@ static void test_defaults_and_minimal(void)
     if (rc)
         dump_errors();
     DT_REQUIRE(rc == 0);
-    DT_CHECK_STR(job.model_type, "mlp");
+    DT_CHECK(job.model_type == DT_MODEL_MLP);
     DT_CHECK_INT(job.batch_size, 8);
-    DT_CHECK_STR(job.optimizer, "adamw");
+    DT_CHECK(job.optimizer == DT_OPTIM_ADAMW);
     DT_CHECK_NEAR(job.bucket_cap_mb, 25, 0);
     DT_CHECK_NEAR(job.first_bucket_mb, 1, 0);
     DT_CHECK_STR(job.output_dir, "runs/dtrain");
-    DT_CHECK_STR(job.launch.rdzv_backend, "static");
+    DT_CHECK(job.launch.rdzv_backend == DT_RDZV_STATIC);
     DT_CHECK_INT(job.launch.master_port, 29500);
-    DT_CHECK_STR(job.resume, "auto");
+    DT_CHECK(job.resume == DT_RESUME_AUTO && !job.resume_path[0]);
 }
 
 static void test_every_field_has_valid_default(void)
@@ -397,6 +397,77 @@ static void test_long_line(void)
     DT_CHECK(has_error("job.ini:7: train.lr"));
 }
 
+/* Every choice is decoded once, into the enum of config.h, at its position in the key's list;
+ * the *_name functions and --print-config give the name back. */
+static void test_enums_decoded(void)
+{
+    char *ov[] = {"job.strategy=DP", "train.precision=bf16", "ddp.compress=fp16",
+                  "checkpoint.resume=/ckpt/step_5", "data.synthetic_shape=3x8x6",
+                  "rendezvous.backend=c10d", "rendezvous.endpoint=node0:29400",
+                  "train.schedule=cosine", "job.device=cpu", "model.preset=gpt-mini"};
+    int rc = load("[model]\ntype = resnet\n[data]\ntype = synthetic\n", ov, 10);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK(job.model_type == DT_MODEL_RESNET && job.strategy == DT_STRATEGY_DP);
+    DT_CHECK(job.precision == DT_PRECISION_BF16 && job.compress == DT_COMPRESS_FP16);
+    DT_CHECK(job.resume == DT_RESUME_PATH);
+    DT_CHECK_STR(job.resume_path, "/ckpt/step_5");
+    DT_CHECK(job.synthetic_shape[0] == 3 && job.synthetic_shape[1] == 8 &&
+             job.synthetic_shape[2] == 6);
+    DT_CHECK(job.launch.rdzv_backend == DT_RDZV_C10D && job.schedule == DT_LR_COSINE);
+    DT_CHECK(job.device == DT_DEVICE_CPU && job.preset == DT_PRESET_GPT_MINI);
+    DT_CHECK_STR(dt_strategy_name(job.strategy), "dp");
+    DT_CHECK_STR(dt_model_name(job.model_type), "resnet");
+    DT_CHECK_STR(dt_rdzv_backend_name(job.launch.rdzv_backend), "c10d");
+    DT_CHECK_STR(dt_preset_name(DT_PRESET_GPT2_124M), "gpt2-124m");
+    DT_CHECK_STR(dt_model_name(DT_MODEL_UNSET), "");
+    DT_CHECK_STR(dt_data_name((dt_data_kind)99), "");
+    /* printed and read back: the same job */
+    static dt_job first;
+    first = job;
+    char path[1024], *text = NULL;
+    snprintf(path, sizeof path, "%s/enums.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    dt_job_print(&first, f);
+    fclose(f);
+    DT_REQUIRE(dt_read_file(path, &text, NULL, NULL) == 0);
+    DT_CHECK_CONTAINS(text, "\nstrategy = dp\n");
+    DT_CHECK_CONTAINS(text, "\nresume = /ckpt/step_5\n");
+    DT_CHECK_CONTAINS(text, "\nsynthetic_shape = 3x8x6\n");
+    free(text);
+    memset(&errs, 0, sizeof errs);
+    dt_err err = {0};
+    DT_REQUIRE(dt_job_load(&job, path, NULL, 0, &errs, &err) == 0);
+    memset(first.path, 0, sizeof first.path);
+    memset(job.path, 0, sizeof job.path);
+    DT_CHECK(memcmp(&first, &job, sizeof job) == 0);
+    /* every choice of every enum key: its position, and back to its name */
+    for (int i = 0; i < dt_cfg_fields_count; i++) {
+        const dt_cfg_field *fd = &dt_cfg_fields[i];
+        if (fd->type != DT_CFG_ENUM)
+            continue;
+        DT_CHECK_INT((int)fd->size, (int)sizeof(int));
+        for (int k = 0; fd->choices[k]; k++) {
+            char set[128];
+            snprintf(set, sizeof set, "%s.%s=%s", fd->section, fd->key, fd->choices[k]);
+            dt_job_defaults(&job);
+            DT_REQUIRE_OK(dt_job_set(&job, set, &err), &err);
+            DT_CHECK_MSG(*(const int *)((const char *)&job + fd->offset) == k, "%s", set);
+        }
+    }
+    /* "never" and "auto" are no paths; a path is kept as given */
+    dt_job_defaults(&job);
+    DT_REQUIRE_OK(dt_job_set(&job, "checkpoint.resume=Never", &err), &err);
+    DT_CHECK(job.resume == DT_RESUME_NEVER && !job.resume_path[0]);
+    DT_CHECK(dt_job_set(&job, "checkpoint.resume=", &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "checkpoint.resume: use auto, never or a checkpoint path");
+    DT_REQUIRE_OK(dt_job_set(&job, "data.synthetic_shape=vector", &err), &err);
+    DT_CHECK(job.synthetic_shape[0] == 0);
+    DT_CHECK(dt_job_set(&job, "data.synthetic_shape=3x0x2", &err) == -EINVAL);
+}
+
 static void test_shipped_configs_load(void)
 {
     /* Every example job must load and validate as shipped. The test runs from the repository
@@ -521,6 +592,7 @@ int main(int argc, char **argv)
         {"config_print_exact_values", test_print_exact_values, 0},
         {"config_small_input_handling", test_small_input_handling, 0},
         {"config_long_line", test_long_line, 0},
+        {"config_enums_decoded", test_enums_decoded, 0},
         {"config_shipped_configs_load", test_shipped_configs_load, 0},
         {"config_reference_lists_every_key", test_reference_lists_every_key, 0},
         {"config_readme_quickstart_block", test_readme_quickstart_block_matches, 0},

@@ -870,7 +870,7 @@ static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
 {
     const dt_launch *L = &a->L;
     memset(o, 0, sizeof *o);
-    dt_strlcpy(o->backend, L->rdzv_backend, sizeof o->backend);
+    dt_strlcpy(o->backend, dt_rdzv_backend_name(L->rdzv_backend), sizeof o->backend);
     dt_strlcpy(o->nnodes, L->nnodes, sizeof o->nnodes);
     o->node_rank = L->node_rank < 0 ? 0 : L->node_rank;
     dt_strlcpy(o->endpoint_host, L->master_addr[0] ? L->master_addr : "127.0.0.1",
