@@ -1,12 +1,28 @@
 /* config.h - the job: one typed, validated struct with a default for every key.
  *
+ * runtime/job/ is the contract the launcher (runtime/launch) and the trainer (runtime/train)
+ * share: the job (this file), the worker's environment (workenv.h: what the agent sets, what
+ * the worker reads, the exit codes) and the error file (errfile.h). Both sides include it; it
+ * includes only common/ and rendezvous/rdzv.h (the rendezvous backends' names and endpoint
+ * form), never launch/, comm/, train/ or kernels/, so either side can change without the other.
+ *
  * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp]
  * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in
- * config.c, the file, PET_* variables, `section.key=value` overrides, then launcher flags (the
- * order of dt_setting arrays; among settings of one kind the last one given wins). rendezvous.conf entries take effect where the
+ * config.c, the file, PET_* variables and DTRAIN_OUTPUT_DIR (job.output_dir), `section.key=value`
+ * overrides, then launcher flags (the order of dt_setting arrays, which cmd/args.c makes; among
+ * settings of one kind the last one given wins). rendezvous.conf entries take effect where the
  * conf itself is set (a later explicit key beats them; they beat earlier ones). That table is
  * the single source of keys, types, defaults, ranges and help: the parser, --print-config and the
  * README's key reference (tested against it) all come from it.
+ *
+ * The job is decoded once, here: every key with a fixed set of values is a C enum below (the
+ * *_name functions give the names back for messages), checkpoint.resume is an enum plus a path,
+ * data.synthetic_shape three numbers. No other module compares the job's strings, and nobody
+ * edits a job after loading: the launcher resolves it once and writes it with dt_job_print to
+ * a private file (cmd/dtrain.c: $TMPDIR/dtrain-job-XXXXXX/job.ini, removed when the agent ends);
+ * every worker of every attempt runs `dtrain worker` on that file, which dt_job_load reads
+ * back to the same job (tested). The workers never read the user's job file or the
+ * environment's settings again.
  *
  * A value in double quotes has them removed ("my job" is my job; quotes keep spaces at either
  * end, and --print-config writes them where needed); a UTF-8 BOM at the start is skipped.

@@ -789,9 +789,7 @@ static int choose_log_root(agent *a, dt_err *err)
         dt_strlcpy(a->log_root, a->L.log_dir, sizeof a->log_root);
         return 0;
     }
-    const char *out = dt_env("DTRAIN_OUTPUT_DIR");
-    if (!out || !*out)
-        out = a->spec->output_dir;
+    const char *out = a->spec->output_dir; /* the resolved job's (DTRAIN_OUTPUT_DIR included) */
     if (a->spec->builtin_worker && out && *out) {
         if (!fmt(a->log_root, sizeof a->log_root, "%s/logs", out))
             return dt_err_set(err, -ENAMETOOLONG, "output_dir too long: %s", out);

@@ -358,9 +358,6 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     t->env = *env;
     t->last_saved_step = -1;
     dt_job *j = &t->job;
-    const char *outdir = dt_env("DTRAIN_OUTPUT_DIR");
-    if (outdir)
-        dt_strlcpy(j->output_dir, outdir, sizeof j->output_dir);
     dt_rng_seed2(&t->rng, (uint64_t)j->seed, (uint64_t)env->rank + 1);
     int rc;
     /* DP: this one process takes the batch of all its replicas (batch_size is per replica). */
