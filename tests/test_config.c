@@ -21,6 +21,20 @@ static const char *write_file(const char *name, const char *text)
 static dt_job job;
 static dt_config_errors errs;
 
+/* load() for text with NUL bytes in it: n bytes. */
+static int load_bytes(const char *text, size_t n)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/job.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    DT_REQUIRE(fwrite(text, 1, n, f) == n);
+    fclose(f);
+    memset(&errs, 0, sizeof errs);
+    dt_err err = {0};
+    return dt_job_load(&job, path, NULL, 0, &errs, &err);
+}
+
 static int load(const char *text, char *const *ov, int n)
 {
     const char *p = write_file("job.ini", text);
@@ -468,6 +482,86 @@ static void test_enums_decoded(void)
     DT_CHECK(dt_job_set(&job, "data.synthetic_shape=3x0x2", &err) == -EINVAL);
 }
 
+/* Issue 21: a NUL or another control byte is an error at its line, and the lines after it keep
+ * their numbers; in a comment too. */
+static void test_control_bytes(void)
+{
+    static const char nul[] = "[model]\ntype = mlp\n[job]\nname = ab\0cd\n[train]\nlr = x\n";
+    DT_CHECK(load_bytes(nul, sizeof nul - 1) == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: control character 0x00"));
+    DT_CHECK(has_error("job.ini:6: train.lr"));
+    DT_CHECK(!has_error("job.ini:5:"));
+    static const char nul_comment[] = "[model]\ntype = mlp\n; a \0 in a comment\n[train]\nlr = x\n";
+    DT_CHECK(load_bytes(nul_comment, sizeof nul_comment - 1) == -EINVAL);
+    DT_CHECK(has_error("job.ini:3: control character 0x00"));
+    DT_CHECK(has_error("job.ini:5: train.lr"));
+    /* ESC (a terminal colour code) and BEL in string values */
+    DT_CHECK(load("[model]\ntype = mlp\n[job]\nname = \x1b[31mred\n[data]\npath = a\ab\n", NULL,
+                  0) == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: control character 0x1b"));
+    DT_CHECK(has_error("job.ini:6: control character 0x07"));
+    /* a tab is white space, and CRLF line ends are fine */
+    int rc = load("[model]\r\ntype =\tmlp\r\n[job]\r\nname = a\tb\r\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_CHECK(rc == 0);
+    DT_CHECK_STR(job.name, "a\tb");
+    /* the same from the command line */
+    char *ov[] = {"job.name=a\x1b" "b"};
+    DT_CHECK(load("[model]\ntype = mlp\n", ov, 1) == -EINVAL);
+    DT_CHECK(has_error("job.name: the value contains control character 0x1b"));
+}
+
+/* Issue 21: integers are decimal; 010 is ten, 08 is eight, hex needs 0x. */
+static void test_integers_are_decimal(void)
+{
+    int rc = load("[model]\ntype = mlp\n[train]\nsteps = 010\nbatch_size = 08\n"
+                  "[rendezvous]\nmaster_port = 0x7530\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_INT((int)job.steps, 10);
+    DT_CHECK_INT(job.batch_size, 8);
+    DT_CHECK_INT(job.launch.master_port, 30000);
+}
+
+/* Issue 21: a value that opens a double quote must close it. */
+static void test_unterminated_quote(void)
+{
+    DT_CHECK(load("[model]\ntype = mlp\n[job]\nname = \"quick\n[data]\npath = \"\n", NULL, 0) ==
+             -EINVAL);
+    DT_CHECK(has_error("job.ini:4: job.name: unterminated double quote in \"quick"));
+    DT_CHECK(has_error("job.ini:6: data.path: unterminated double quote"));
+    char *ov[] = {"job.output_dir=\"runs/x"};
+    DT_CHECK(load("[model]\ntype = mlp\n", ov, 1) == -EINVAL);
+    DT_CHECK(has_error("override 1 (job.output_dir=\"runs/x): job.output_dir: unterminated double quote"));
+    /* closed, and a quote inside: fine */
+    int rc = load("[model]\ntype = mlp\n[job]\nname = \"quick\"\n[data]\npath = a\"b\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_CHECK(rc == 0);
+    DT_CHECK_STR(job.name, "quick");
+    DT_CHECK_STR(job.data_path, "a\"b");
+}
+
+/* Issue 21: a comment may be as long as it likes; line numbers stay right after it. */
+static void test_long_comment(void)
+{
+    char text[4000], note[600];
+    memset(note, 'c', sizeof note - 1);
+    note[sizeof note - 1] = '\0';
+    snprintf(text, sizeof text,
+             "; %s\n[model]\n  # %s\ntype = mlp ; %s\n[train]\n;%s\nlr = x\n", note, note, note,
+             note);
+    DT_CHECK(load(text, NULL, 0) == -EINVAL);
+    if (has_error("longer than"))
+        dump_errors();
+    DT_CHECK(!has_error("longer than"));
+    DT_CHECK(has_error("job.ini:7: train.lr"));
+    DT_CHECK(job.model_type == DT_MODEL_MLP);
+    DT_CHECK_INT(errs.count, 1);
+}
+
 static void test_shipped_configs_load(void)
 {
     /* Every example job must load and validate as shipped. The test runs from the repository
@@ -593,6 +687,10 @@ int main(int argc, char **argv)
         {"config_small_input_handling", test_small_input_handling, 0},
         {"config_long_line", test_long_line, 0},
         {"config_enums_decoded", test_enums_decoded, 0},
+        {"config_control_bytes", test_control_bytes, 0},
+        {"config_integers_are_decimal", test_integers_are_decimal, 0},
+        {"config_unterminated_quote", test_unterminated_quote, 0},
+        {"config_long_comment", test_long_comment, 0},
         {"config_shipped_configs_load", test_shipped_configs_load, 0},
         {"config_reference_lists_every_key", test_reference_lists_every_key, 0},
         {"config_readme_quickstart_block", test_readme_quickstart_block_matches, 0},

@@ -241,6 +241,13 @@ static int check_writable(const dt_cfg_field *f, const char *v, char *why, size_
                      f->section, f->key);
             return -EINVAL;
         }
+        if ((*p > 0 && *p < 0x20 && *p != '\t') || *p == 0x7f) {
+            snprintf(why, cap,
+                     "%s.%s: the value contains control character 0x%02x, which a job file "
+                     "cannot hold",
+                     f->section, f->key, (unsigned)*p);
+            return -EINVAL;
+        }
         if (*p == ';' && p > v && (p[-1] == ' ' || p[-1] == '\t')) {
             snprintf(why, cap,
                      "%s.%s: \"%s\" contains \" ;\", which starts a comment in a job file",
@@ -510,6 +517,7 @@ typedef struct parse_ctx {
     bool bad[256];        /* the last value given for the field was rejected */
     int nseq;
     char long_value[4096]; /* the value of a line too long for inih (see long_line) */
+    char full[4096 + 256]; /* the line being read (line_reader) */
 } parse_ctx;
 
 /* What inih gets in place of a value too long for it; on_ini_entry swaps the value back. */
@@ -569,6 +577,15 @@ static int assign(parse_ctx *c, const char *section, const char *key, const char
     /* "x y" stands for x y: quotes keep spaces at either end (--print-config writes them). */
     char unq[DT_PATH_MAX + 8];
     size_t len = strlen(value);
+    if (len >= 1 && value[0] == '"' && (len == 1 || value[len - 1] != '"')) {
+        add_error(c->errs, c->where, c->line,
+                  "%s.%s: unterminated double quote in %.200s (end the value with \", or remove "
+                  "the quote)",
+                  f->section, f->key, value);
+        c->seen_line[idx] = c->line > 0 ? c->line : -1;
+        note_source(c, idx, false);
+        return 0;
+    }
     if (len >= 2 && value[0] == '"' && value[len - 1] == '"' && len - 2 < sizeof unq) {
         memcpy(unq, value + 1, len - 2);
         unq[len - 2] = '\0';
@@ -621,24 +638,12 @@ static int on_ini_entry(void *user, const char *section, const char *name, const
 }
 
 /* inih reads at most INI_MAX_LINE (200 on Debian) bytes per line, far less than a path may
- * take. A longer "key = value" line (str holds its first num - 1 bytes) is read whole here; its
- * value, trimmed as inih trims values (leading and trailing blanks, an inline "; comment"), goes
- * to c->long_value and inih gets "key=" LONG_MARK instead. Lines that are not a key at the start
- * of the line, or longer than long_value, are reported. */
-static void long_line(parse_ctx *c, char *str, int num)
+ * take. A longer "key = value" line (full, len bytes) gets its value, trimmed as inih trims values
+ * (leading and trailing blanks, an inline "; comment"), into c->long_value, and inih gets
+ * "key=" LONG_MARK instead (in str, num bytes). Lines that are not a key at the start of the
+ * line, or longer than long_value, are reported and reach inih blank. */
+static void long_line(parse_ctx *c, char *full, bool over, char *str, int num)
 {
-    char full[sizeof c->long_value + 256];
-    size_t len = strlen(str);
-    bool over = false;
-    memcpy(full, str, len + 1);
-    int ch;
-    while ((ch = fgetc(c->fp)) != EOF && ch != '\n') {
-        if (len + 1 < sizeof full)
-            full[len++] = (char)ch;
-        else
-            over = true;
-    }
-    full[len] = '\0';
     char *eq = strpbrk(full, "=:");
     bool key = !strchr(" \t;#[", full[0]) && eq && eq - full + 2 < num - 2;
     char *v = eq ? eq + 1 : full;
@@ -655,51 +660,89 @@ static void long_line(parse_ctx *c, char *str, int num)
     if (over || !key || n >= sizeof c->long_value) {
         add_error(c->errs, c->where, c->line, "line longer than %zu characters",
                   key ? sizeof c->long_value - 1 : (size_t)num - 2);
-        str[0] = '\n';
-        str[1] = '\0';
+        snprintf(str, (size_t)num, "\n");
         return;
     }
     memcpy(c->long_value, v, n + 1);
     snprintf(str, (size_t)num, "%.*s=%s\n", (int)(eq - full), full, LONG_MARK);
 }
 
-/* inih's reader: counts lines and reports lines inih would silently treat as errors. */
+/* inih's reader. Reads one whole line byte by byte (a NUL is a byte like any other, so it can
+ * neither hide the rest of a line nor shift the numbers of the lines after it), counts it, and
+ * hands inih (str, num bytes) what it can parse: the line itself; a blank line for a comment of
+ * any length and for a line it reports (a control character, which no job file holds: NUL, ESC,
+ * BEL, a CR that does not end the line, ...); "key=" LONG_MARK for a key line longer than num
+ * (long_line). Reports too the lines inih would silently treat as errors. */
 static char *line_reader(char *str, int num, void *stream)
 {
     parse_ctx *c = stream;
-    char *r = fgets(str, num, c->fp);
-    if (!r)
-        return NULL;
-    c->line++;
-    if (c->line == 1 && !memcmp(str, "\xEF\xBB\xBF", 3)) /* a UTF-8 BOM */
-        memmove(str, str + 3, strlen(str + 3) + 1);
-    size_t len = strlen(str);
-    if (len == (size_t)num - 1 && str[len - 1] != '\n' && !feof(c->fp)) {
-        long_line(c, str, num);
-        return r;
+    char *full = c->full;
+    size_t len = 0, cols = 0, bad_col = 0;
+    bool over = false;
+    int ch, bad = -1;
+    while ((ch = getc(c->fp)) != EOF && ch != '\n') {
+        cols++;
+        if (len + 1 < sizeof c->full)
+            full[len++] = (char)ch;
+        else
+            over = true;
+        if (bad < 0 && ((ch < 0x20 && ch != '\t' && ch != '\r') || ch == 0x7f)) {
+            bad = ch;
+            bad_col = cols;
+        }
+        if (bad < 0 && ch == '\r') { /* only as the end of a CRLF line */
+            int next = getc(c->fp);
+            if (next != '\n' && next != EOF) {
+                bad = ch;
+                bad_col = cols;
+            }
+            if (next != EOF)
+                ungetc(next, c->fp);
+        }
     }
-    const char *p = str;
+    if (ch == EOF && cols == 0)
+        return NULL;
+    full[len] = '\0';
+    c->line++;
+    if (c->line == 1 && len >= 3 && !memcmp(full, "\xEF\xBB\xBF", 3)) { /* a UTF-8 BOM */
+        memmove(full, full + 3, len - 2);
+        len -= 3;
+    }
+    snprintf(str, (size_t)num, "\n");
+    if (bad >= 0) {
+        add_error(c->errs, c->where, c->line,
+                  "control character 0x%02x at column %zu: a job file is plain text (remove it; "
+                  "a value that needs spaces at either end goes in double quotes)",
+                  (unsigned)bad, bad_col);
+        return str;
+    }
+    const char *p = full;
     while (*p == ' ' || *p == '\t')
         p++;
-    if (*p == '\0' || *p == '\n' || *p == '\r' || *p == ';' || *p == '#')
-        return r;
+    if (*p == '\0' || *p == '\r' || *p == ';' || *p == '#')
+        return str; /* blank, or a comment: whatever its length */
+    if (len + 2 > (size_t)num) {
+        long_line(c, full, over, str, num);
+        return str;
+    }
+    snprintf(str, (size_t)num, "%s\n", full);
     if (*p == '[') {
         const char *end = strchr(p, ']');
         if (!end) {
             add_error(c->errs, c->where, c->line, "section header without closing ']'");
-            return r;
+            return str;
         }
         char name[64];
         snprintf(name, sizeof name, "%.*s", (int)(end - p - 1), p + 1);
         dt_trim(name);
         if (!known_section(name))
             report_unknown_section(c, name);
-        return r;
+        return str;
     }
     if (!strchr(p, '=') && !strchr(p, ':'))
         add_error(c->errs, c->where, c->line,
-                  "expected \"key = value\" or \"[section]\", got \"%.60s\"", dt_trim(str));
-    return r;
+                  "expected \"key = value\" or \"[section]\", got \"%.60s\"", dt_trim(full));
+    return str;
 }
 
 static void apply_presets(dt_job *job)
