@@ -193,6 +193,12 @@ static int take_env(dt_args *a, dt_err *err)
         if (push_key_from(a, o->key, v, src, err))
             return err ? err->code : -ENOMEM;
     }
+    /* DTRAIN_OUTPUT_DIR is job.output_dir at the rank of the environment: above the file, below
+     * overrides and flags. The workers get it in the job the launcher resolved, not from the
+     * environment again. */
+    const char *out = getenv("DTRAIN_OUTPUT_DIR");
+    if (out && *out && push_key_from(a, "job.output_dir", out, "environment DTRAIN_OUTPUT_DIR", err))
+        return err ? err->code : -ENOMEM;
     return 0;
 }
 

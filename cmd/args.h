@@ -8,8 +8,8 @@
  * --opt value, and from its PET_* environment variable as torchrun reads them. Each option is a
  * key of the job table ([elastic] or [rendezvous]), so the file, the overrides and the flags
  * share one parser and one validator. Precedence, lowest first: defaults, the job file, PET_*
- * variables (defaults under the flags, as torchrun reads them), then flags and section.key=value
- * overrides in command-line order: the last one given wins.
+ * variables (defaults under the flags, as torchrun reads them) and DTRAIN_OUTPUT_DIR (as
+ * job.output_dir), then section.key=value overrides, then flags (dt_args.settings' order).
  */
 #ifndef DT_ARGS_H
 #define DT_ARGS_H

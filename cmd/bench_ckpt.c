@@ -241,7 +241,8 @@ static int bench_job(const char *path, char **overrides, int n_over, int saves,
     made_dir = true;
     dt_strlcpy(job.output_dir, dir, sizeof job.output_dir);
     job.ckpt_dir[0] = '\0';
-    dt_strlcpy(job.resume, "never", sizeof job.resume);
+    job.resume = DT_RESUME_NEVER;
+    job.resume_path[0] = '\0';
     job.ckpt_keep = 1;
     if (job.steps < 1000000)
         job.steps = 1000000; /* the schedule must not end while we measure */
@@ -277,7 +278,7 @@ static int bench_job(const char *path, char **overrides, int n_over, int saves,
     double disk = (disk0 + disk1) / 2, mb = sync.bytes / 1e6;
     bool conc_real = strcmp(t.be->name, "cpu") == 0;
     printf("dtrain bench ckpt: %s (%s, %zu parameters, %s) on %s\n", path, t.model->cfg.type,
-           t.model->num_params, job.optimizer, t.be->name);
+           t.model->num_params, dt_optim_name(job.optimizer), t.be->name);
     printf("  directory                  %s\n", dir);
     printf("  checkpoint size            %.1f MB (model + optimiser + state.json)\n", mb);
     printf("  disk sequential write      %.0f MB/s (%.1f MB in 4 MiB blocks + fsync; %.0f before, "

@@ -214,7 +214,7 @@ static int run_child(const bench_opts *o)
         m = dt_dp_master(dp);
         be = dt_dp_backend(dp, 0);
     } else {
-        if ((rc = dt_backend_open(&be, job.device, &bo, &err)))
+        if ((rc = dt_backend_open(&be, dt_device_name(job.device), &bo, &err)))
             goto out;
         if (world > 1) {
             dt_worker_bind_cpus(&job, be, o->rank, world);
@@ -226,8 +226,9 @@ static int run_child(const bench_opts *o)
         if (is_ddp) {
             dt_comm_opts co;
             dt_comm_opts_default(&co);
-            co.backend = !strcmp(job.comm_backend, "nccl") ||
-                                 (!strcmp(job.comm_backend, "auto") && !strcmp(be->name, "cuda"))
+            co.backend = job.comm_backend == DT_COMM_BACKEND_NCCL ||
+                                 (job.comm_backend == DT_COMM_BACKEND_AUTO &&
+                                  !strcmp(be->name, "cuda"))
                              ? "nccl"
                              : "cpu";
             co.rank = o->rank;
@@ -558,12 +559,13 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
         return 1;
     }
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool tokens = !strcmp(job.model_type, "gpt");
+    bool tokens = job.model_type == DT_MODEL_GPT;
     printf("# dtrain bench dp-vs-ddp %s: model %s, %d replicas, batch %d per replica x accum %d, "
            "%d timed steps (+%d warm-up), device %s, %d BLAS thread(s) per replica, %d cores, "
            "cpu_bind %s, dp_transport %s\n",
-           o.job_path, job.model_type, o.nproc, job.batch_size, job.grad_accum, o.steps, o.warmup,
-           job.device, job.threads, cores, job.cpu_bind, job.dp_transport);
+           o.job_path, dt_model_name(job.model_type), o.nproc, job.batch_size, job.grad_accum, o.steps, o.warmup,
+           dt_device_name(job.device), job.threads, cores, dt_cpu_bind_name(job.cpu_bind),
+           dt_dp_transport_name(job.dp_transport));
     printf("# throughput in %s/s over all replicas; comm = per-step time DDP waits for its "
            "gradients, DP spends in the serial reduce (dp_transport = collectives: in its "
            "reduce)\n",

@@ -98,7 +98,8 @@ int dt_bench_train(int argc, char **argv)
         fprintf(stderr, "dtrain bench train: %s\n", err.msg);
         goto out;
     }
-    dt_strlcpy(job.resume, "never", sizeof job.resume);
+    job.resume = DT_RESUME_NEVER;
+    job.resume_path[0] = '\0';
     dt_worker_env env;
     memset(&env, 0, sizeof env);
     env.world_size = env.local_world_size = 1;
@@ -110,7 +111,7 @@ int dt_bench_train(int argc, char **argv)
     built = true;
     dt_backend *be = t.be;
     printf("bench train: %s | %s %s, %zu parameters | %s | batch %d x accum %d = %lld %s/step\n",
-           path, t.model->cfg.type, job.preset[0] && strcmp(job.preset, "none") ? job.preset : "",
+           path, t.model->cfg.type, job.preset != DT_PRESET_NONE ? dt_preset_name(job.preset) : "",
            t.model->num_params, be->name, job.batch_size, job.grad_accum,
            (long long)t.items_per_step, t.tokens ? "tokens" : "samples");
     double secs;

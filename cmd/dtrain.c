@@ -1,6 +1,7 @@
 /* dtrain.c - the dtrain command: subcommand dispatch and the default `run` (the launcher).
  *
  * cmd/ only parses and dispatches; the agent (runtime/agent) does the launching. */
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +78,37 @@ static bool is_program(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
 }
 
+/* Writes the resolved job (dt_job_print, which dt_job_load reads back to the same job) to
+ * <dir>/job.ini in a new private directory under $TMPDIR (mode 0700): what `dtrain worker`
+ * loads in every worker of this agent, on every attempt. dir and path get the names (the
+ * caller removes both). */
+static int write_resolved_job(const dt_job *job, char *dir, size_t dcap, char *path,
+                              size_t pcap, dt_err *err)
+{
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp)
+        tmp = "/tmp";
+    path[0] = '\0';
+    if ((size_t)snprintf(dir, dcap, "%s/dtrain-job-XXXXXX", tmp) + 16 >= DT_MIN(dcap, pcap)) {
+        dir[0] = '\0';
+        return dt_err_set(err, -ENAMETOOLONG, "TMPDIR is too long: %s", tmp);
+    }
+    if (!mkdtemp(dir)) {
+        dir[0] = '\0';
+        return dt_err_errno(err, errno, "cannot create a directory for the resolved job under "
+                                        "%s (set TMPDIR to a writable directory)", tmp);
+    }
+    snprintf(path, pcap, "%s/job.ini", dir);
+    FILE *f = fopen(path, "wx");
+    if (!f)
+        return dt_err_errno(err, errno, "cannot write the resolved job to %s", path);
+    dt_job_print(job, f);
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad)
+        return dt_err_errno(err, errno ? errno : EIO, "cannot write the resolved job to %s", path);
+    return 0;
+}
+
 /* The default subcommand: parse launcher options and the job, then run the agent. */
 static int cmd_run(int argc, char **argv)
 {
@@ -149,29 +181,23 @@ static int cmd_run(int argc, char **argv)
     dt_agent_spec spec;
     memset(&spec, 0, sizeof spec);
     spec.launch = job.launch;
-    char **wargv = NULL;
     if (a.job_path) {
-        char abs[PATH_MAX];
-        if (!realpath(a.job_path, abs))
-            dt_strlcpy(abs, a.job_path, sizeof abs);
-        /* The workers load the same job: the file, then every setting (PET_*, flags and
-         * overrides) in the same order, so their job is the agent's. */
-        wargv = calloc((size_t)a.n_settings + 4, sizeof(char *));
-        if (!wargv) {
-            code = 1;
-            goto out;
+        /* The workers load the job this agent resolved (file, PET_*, DTRAIN_OUTPUT_DIR,
+         * overrides, flags), written once; never the job file and the settings again. */
+        char dir[PATH_MAX], path[PATH_MAX + 16];
+        if (write_resolved_job(&job, dir, sizeof dir, path, sizeof path, &err) == 0) {
+            char *wargv[] = {(char *)dt_cmd_self_path(), "worker", path, NULL};
+            spec.argv = wargv;
+            spec.builtin_worker = true;
+            dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);
+            code = dt_agent_run(&spec, &err);
+        } else {
+            code = -1;
         }
-        int k = 0;
-        wargv[k++] = (char *)dt_cmd_self_path();
-        wargv[k++] = "worker";
-        wargv[k++] = abs;
-        for (int i = 0; i < a.n_settings; i++)
-            wargv[k++] = (char *)a.settings[i].text;
-        spec.argv = wargv;
-        spec.builtin_worker = true;
-        dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);
-        code = dt_agent_run(&spec, &err);
-        free(wargv);
+        if (path[0])
+            unlink(path);
+        if (dir[0])
+            rmdir(dir);
     } else {
         spec.argv = a.command;
         code = dt_agent_run(&spec, &err);

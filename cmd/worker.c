@@ -1,7 +1,9 @@
 /* worker.c - `dtrain worker JOB.ini [section.key=value ...]`: the built-in trainer.
  *
- * The agent runs this in every worker process with the torchrun environment; run by hand it
- * trains in one process. A configuration error is reported like any other fatal error: on
+ * The agent runs this in every worker process with the torchrun environment, on the job it
+ * resolved and wrote to a file (see runtime/job/config.h); run by hand it trains in one process
+ * (the file and the overrides given here; no PET_* or DTRAIN_OUTPUT_DIR: those are the
+ * launcher's). A configuration error is reported like any other fatal error: on
  * stderr, in the error file (DTRAIN_ERROR_FILE / TORCHELASTIC_ERROR_FILE), exit status 1. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -178,8 +178,15 @@ int dt_parse_i64(const char *s, int64_t *out)
     char *end;
     if (!s || !*s)
         return -EINVAL;
+    /* Decimal (010 is ten, not octal eight), or hexadecimal after an explicit 0x. */
+    const char *p = s;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (*p == '+' || *p == '-')
+        p++;
+    int base = p[0] == '0' && (p[1] == 'x' || p[1] == 'X') ? 16 : 10;
     errno = 0;
-    long long v = strtoll(s, &end, 0);
+    long long v = strtoll(s, &end, base);
     if (errno == ERANGE)
         return -ERANGE;
     if (*end != '\0' || end == s)

@@ -41,6 +41,8 @@ const char *dt_nearest(const char *word, const char *const *candidates, size_t n
 char *dt_trim(char *s);
 
 /* ---- numbers: whole string must parse, else -EINVAL (range errors -ERANGE) ---- */
+/* Integers are decimal whatever their leading zeros ("010" is 10, never octal), or hexadecimal
+ * with an explicit 0x ("0x1F"); an optional sign before either. */
 int dt_parse_i64(const char *s, int64_t *out);
 int dt_parse_int(const char *s, int *out);
 int dt_parse_double(const char *s, double *out);

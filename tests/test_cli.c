@@ -246,6 +246,52 @@ static void test_workers_get_the_flags(void)
     DT_CHECK_CONTAINS(out, "all workers succeeded");
 }
 
+/* The workers load the job the launcher resolved (written once to a private file under
+ * $TMPDIR, removed at the end), not the job file and the settings again: DTRAIN_OUTPUT_DIR is
+ * job.output_dir below overrides, and a job file that can be read only once still trains. */
+static void test_workers_load_the_resolved_job(void)
+{
+    const char *t = dt_test_tmpdir();
+    char path[1024], cmd[4096], dir[1200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/r.ini", t);
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    fprintf(f, "[model]\ntype = mlp\nhidden = 8\n[train]\nsteps = 2\n[job]\noutput_dir = %s/r-file\n", t);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/jobtmp", t);
+    DT_REQUIRE(system(cmd) == 0);
+    /* an override beats DTRAIN_OUTPUT_DIR, in the launcher and in every worker */
+    snprintf(cmd, sizeof cmd, "TMPDIR=%s/jobtmp DTRAIN_OUTPUT_DIR=%s/r-env %s %s job.output_dir=%s/r-ovr",
+             t, t, dt_test_dtrain_bin(), path, t);
+    free(out);
+    DT_CHECK_INT(dt_test_run(cmd, &out, 60), 0);
+    DT_CHECK_CONTAINS(out, "all workers succeeded");
+    snprintf(dir, sizeof dir, "%s/r-ovr/checkpoints", t);
+    DT_CHECK_MSG(stat(dir, &st) == 0, "no %s", dir);
+    snprintf(dir, sizeof dir, "%s/r-env", t);
+    DT_CHECK_MSG(stat(dir, &st) != 0, "%s exists: a worker took DTRAIN_OUTPUT_DIR", dir);
+    /* without the override DTRAIN_OUTPUT_DIR beats the file */
+    snprintf(cmd, sizeof cmd, "TMPDIR=%s/jobtmp DTRAIN_OUTPUT_DIR=%s/r-env %s --print-config %s", t,
+             t, dt_test_dtrain_bin(), path);
+    free(out);
+    DT_CHECK_INT(dt_test_run(cmd, &out, 20), 0);
+    char want[1200];
+    snprintf(want, sizeof want, "\noutput_dir = %s/r-env\n", t);
+    DT_CHECK_CONTAINS(out, want);
+    /* a job file that can be read once (a FIFO, like bash's <(...)) */
+    snprintf(cmd, sizeof cmd,
+             "rm -f %s/pipe.ini && mkfifo %s/pipe.ini && (cat %s > %s/pipe.ini &) && "
+             "TMPDIR=%s/jobtmp %s %s/pipe.ini job.output_dir=%s/r-fifo",
+             t, t, path, t, t, dt_test_dtrain_bin(), t, t);
+    free(out);
+    DT_CHECK_INT(dt_test_run(cmd, &out, 60), 0);
+    DT_CHECK_CONTAINS(out, "all workers succeeded");
+    /* the resolved job's private directory is gone */
+    snprintf(cmd, sizeof cmd, "rmdir %s/jobtmp", t);
+    DT_CHECK_MSG(system(cmd) == 0, "%s/jobtmp is not empty after the runs", t);
+}
+
 static void test_job_file_errors_exit_2(void)
 {
     char path[1024];
@@ -419,6 +465,7 @@ int main(int argc, char **argv)
         {"cli_rdzv_conf_and_endpoint", test_rdzv_conf_and_endpoint, 0},
         {"cli_torchrun_parity", test_torchrun_parity, 0},
         {"cli_workers_get_the_flags", test_workers_get_the_flags, 0},
+        {"cli_workers_load_the_resolved_job", test_workers_load_the_resolved_job, 120},
         {"cli_dtrain_log_levels", test_dtrain_log_levels, 0},
         {"cli_print_config_round_trips", test_print_config_every_shipped_file_round_trips, 0},
         {"cli_subcommand_dispatch", test_subcommand_dispatch, 0},

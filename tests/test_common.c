@@ -44,6 +44,16 @@ static void test_parsing(void)
     bool b;
     DT_CHECK(dt_parse_i64("42", &v) == 0 && v == 42);
     DT_CHECK(dt_parse_i64("0x10", &v) == 0 && v == 16);
+    /* decimal, whatever the leading zeros (never octal); hex only with 0x */
+    DT_CHECK(dt_parse_i64("010", &v) == 0 && v == 10);
+    DT_CHECK(dt_parse_i64("08", &v) == 0 && v == 8);
+    DT_CHECK(dt_parse_i64("-010", &v) == 0 && v == -10);
+    DT_CHECK(dt_parse_i64("+007", &v) == 0 && v == 7);
+    DT_CHECK(dt_parse_i64("0", &v) == 0 && v == 0);
+    DT_CHECK(dt_parse_i64("-0x1F", &v) == 0 && v == -31);
+    DT_CHECK(dt_parse_i64("0x", &v) == -EINVAL);
+    DT_CHECK(dt_parse_i64("0b11", &v) == -EINVAL);
+    DT_CHECK(dt_parse_int("0009", &i) == 0 && i == 9);
     DT_CHECK(dt_parse_i64("4x", &v) == -EINVAL);
     DT_CHECK(dt_parse_i64("", &v) == -EINVAL);
     DT_CHECK(dt_parse_i64("99999999999999999999", &v) == -ERANGE);

@@ -21,6 +21,20 @@ static const char *write_file(const char *name, const char *text)
 static dt_job job;
 static dt_config_errors errs;
 
+/* load() for text with NUL bytes in it: n bytes. */
+static int load_bytes(const char *text, size_t n)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/job.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    DT_REQUIRE(fwrite(text, 1, n, f) == n);
+    fclose(f);
+    memset(&errs, 0, sizeof errs);
+    dt_err err = {0};
+    return dt_job_load(&job, path, NULL, 0, &errs, &err);
+}
+
 static int load(const char *text, char *const *ov, int n)
 {
     const char *p = write_file("job.ini", text);
@@ -49,15 +63,15 @@ static void test_defaults_and_minimal(void)
     if (rc)
         dump_errors();
     DT_REQUIRE(rc == 0);
-    DT_CHECK_STR(job.model_type, "mlp");
+    DT_CHECK(job.model_type == DT_MODEL_MLP);
     DT_CHECK_INT(job.batch_size, 8);
-    DT_CHECK_STR(job.optimizer, "adamw");
+    DT_CHECK(job.optimizer == DT_OPTIM_ADAMW);
     DT_CHECK_NEAR(job.bucket_cap_mb, 25, 0);
     DT_CHECK_NEAR(job.first_bucket_mb, 1, 0);
     DT_CHECK_STR(job.output_dir, "runs/dtrain");
-    DT_CHECK_STR(job.launch.rdzv_backend, "static");
+    DT_CHECK(job.launch.rdzv_backend == DT_RDZV_STATIC);
     DT_CHECK_INT(job.launch.master_port, 29500);
-    DT_CHECK_STR(job.resume, "auto");
+    DT_CHECK(job.resume == DT_RESUME_AUTO && !job.resume_path[0]);
 }
 
 static void test_every_field_has_valid_default(void)
@@ -397,6 +411,157 @@ static void test_long_line(void)
     DT_CHECK(has_error("job.ini:7: train.lr"));
 }
 
+/* Every choice is decoded once, into the enum of config.h, at its position in the key's list;
+ * the *_name functions and --print-config give the name back. */
+static void test_enums_decoded(void)
+{
+    char *ov[] = {"job.strategy=DP", "train.precision=bf16", "ddp.compress=fp16",
+                  "checkpoint.resume=/ckpt/step_5", "data.synthetic_shape=3x8x6",
+                  "rendezvous.backend=c10d", "rendezvous.endpoint=node0:29400",
+                  "train.schedule=cosine", "job.device=cpu", "model.preset=gpt-mini"};
+    int rc = load("[model]\ntype = resnet\n[data]\ntype = synthetic\n", ov, 10);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK(job.model_type == DT_MODEL_RESNET && job.strategy == DT_STRATEGY_DP);
+    DT_CHECK(job.precision == DT_PRECISION_BF16 && job.compress == DT_COMPRESS_FP16);
+    DT_CHECK(job.resume == DT_RESUME_PATH);
+    DT_CHECK_STR(job.resume_path, "/ckpt/step_5");
+    DT_CHECK(job.synthetic_shape[0] == 3 && job.synthetic_shape[1] == 8 &&
+             job.synthetic_shape[2] == 6);
+    DT_CHECK(job.launch.rdzv_backend == DT_RDZV_C10D && job.schedule == DT_LR_COSINE);
+    DT_CHECK(job.device == DT_DEVICE_CPU && job.preset == DT_PRESET_GPT_MINI);
+    DT_CHECK_STR(dt_strategy_name(job.strategy), "dp");
+    DT_CHECK_STR(dt_model_name(job.model_type), "resnet");
+    DT_CHECK_STR(dt_rdzv_backend_name(job.launch.rdzv_backend), "c10d");
+    DT_CHECK_STR(dt_preset_name(DT_PRESET_GPT2_124M), "gpt2-124m");
+    DT_CHECK_STR(dt_model_name(DT_MODEL_UNSET), "");
+    DT_CHECK_STR(dt_data_name((dt_data_kind)99), "");
+    /* printed and read back: the same job */
+    static dt_job first;
+    first = job;
+    char path[1024], *text = NULL;
+    snprintf(path, sizeof path, "%s/enums.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    dt_job_print(&first, f);
+    fclose(f);
+    DT_REQUIRE(dt_read_file(path, &text, NULL, NULL) == 0);
+    DT_CHECK_CONTAINS(text, "\nstrategy = dp\n");
+    DT_CHECK_CONTAINS(text, "\nresume = /ckpt/step_5\n");
+    DT_CHECK_CONTAINS(text, "\nsynthetic_shape = 3x8x6\n");
+    free(text);
+    memset(&errs, 0, sizeof errs);
+    dt_err err = {0};
+    DT_REQUIRE(dt_job_load(&job, path, NULL, 0, &errs, &err) == 0);
+    memset(first.path, 0, sizeof first.path);
+    memset(job.path, 0, sizeof job.path);
+    DT_CHECK(memcmp(&first, &job, sizeof job) == 0);
+    /* every choice of every enum key: its position, and back to its name */
+    for (int i = 0; i < dt_cfg_fields_count; i++) {
+        const dt_cfg_field *fd = &dt_cfg_fields[i];
+        if (fd->type != DT_CFG_ENUM)
+            continue;
+        DT_CHECK_INT((int)fd->size, (int)sizeof(int));
+        for (int k = 0; fd->choices[k]; k++) {
+            char set[128];
+            snprintf(set, sizeof set, "%s.%s=%s", fd->section, fd->key, fd->choices[k]);
+            dt_job_defaults(&job);
+            DT_REQUIRE_OK(dt_job_set(&job, set, &err), &err);
+            DT_CHECK_MSG(*(const int *)((const char *)&job + fd->offset) == k, "%s", set);
+        }
+    }
+    /* "never" and "auto" are no paths; a path is kept as given */
+    dt_job_defaults(&job);
+    DT_REQUIRE_OK(dt_job_set(&job, "checkpoint.resume=Never", &err), &err);
+    DT_CHECK(job.resume == DT_RESUME_NEVER && !job.resume_path[0]);
+    DT_CHECK(dt_job_set(&job, "checkpoint.resume=", &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "checkpoint.resume: use auto, never or a checkpoint path");
+    DT_REQUIRE_OK(dt_job_set(&job, "data.synthetic_shape=vector", &err), &err);
+    DT_CHECK(job.synthetic_shape[0] == 0);
+    DT_CHECK(dt_job_set(&job, "data.synthetic_shape=3x0x2", &err) == -EINVAL);
+}
+
+/* Issue 21: a NUL or another control byte is an error at its line, and the lines after it keep
+ * their numbers; in a comment too. */
+static void test_control_bytes(void)
+{
+    static const char nul[] = "[model]\ntype = mlp\n[job]\nname = ab\0cd\n[train]\nlr = x\n";
+    DT_CHECK(load_bytes(nul, sizeof nul - 1) == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: control character 0x00"));
+    DT_CHECK(has_error("job.ini:6: train.lr"));
+    DT_CHECK(!has_error("job.ini:5:"));
+    static const char nul_comment[] = "[model]\ntype = mlp\n; a \0 in a comment\n[train]\nlr = x\n";
+    DT_CHECK(load_bytes(nul_comment, sizeof nul_comment - 1) == -EINVAL);
+    DT_CHECK(has_error("job.ini:3: control character 0x00"));
+    DT_CHECK(has_error("job.ini:5: train.lr"));
+    /* ESC (a terminal colour code) and BEL in string values */
+    DT_CHECK(load("[model]\ntype = mlp\n[job]\nname = \x1b[31mred\n[data]\npath = a\ab\n", NULL,
+                  0) == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: control character 0x1b"));
+    DT_CHECK(has_error("job.ini:6: control character 0x07"));
+    /* a tab is white space, and CRLF line ends are fine */
+    int rc = load("[model]\r\ntype =\tmlp\r\n[job]\r\nname = a\tb\r\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_CHECK(rc == 0);
+    DT_CHECK_STR(job.name, "a\tb");
+    /* the same from the command line */
+    char *ov[] = {"job.name=a\x1b" "b"};
+    DT_CHECK(load("[model]\ntype = mlp\n", ov, 1) == -EINVAL);
+    DT_CHECK(has_error("job.name: the value contains control character 0x1b"));
+}
+
+/* Issue 21: integers are decimal; 010 is ten, 08 is eight, hex needs 0x. */
+static void test_integers_are_decimal(void)
+{
+    int rc = load("[model]\ntype = mlp\n[train]\nsteps = 010\nbatch_size = 08\n"
+                  "[rendezvous]\nmaster_port = 0x7530\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK_INT((int)job.steps, 10);
+    DT_CHECK_INT(job.batch_size, 8);
+    DT_CHECK_INT(job.launch.master_port, 30000);
+}
+
+/* Issue 21: a value that opens a double quote must close it. */
+static void test_unterminated_quote(void)
+{
+    DT_CHECK(load("[model]\ntype = mlp\n[job]\nname = \"quick\n[data]\npath = \"\n", NULL, 0) ==
+             -EINVAL);
+    DT_CHECK(has_error("job.ini:4: job.name: unterminated double quote in \"quick"));
+    DT_CHECK(has_error("job.ini:6: data.path: unterminated double quote"));
+    char *ov[] = {"job.output_dir=\"runs/x"};
+    DT_CHECK(load("[model]\ntype = mlp\n", ov, 1) == -EINVAL);
+    DT_CHECK(has_error("override 1 (job.output_dir=\"runs/x): job.output_dir: unterminated double quote"));
+    /* closed, and a quote inside: fine */
+    int rc = load("[model]\ntype = mlp\n[job]\nname = \"quick\"\n[data]\npath = a\"b\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_CHECK(rc == 0);
+    DT_CHECK_STR(job.name, "quick");
+    DT_CHECK_STR(job.data_path, "a\"b");
+}
+
+/* Issue 21: a comment may be as long as it likes; line numbers stay right after it. */
+static void test_long_comment(void)
+{
+    char text[4000], note[600];
+    memset(note, 'c', sizeof note - 1);
+    note[sizeof note - 1] = '\0';
+    snprintf(text, sizeof text,
+             "; %s\n[model]\n  # %s\ntype = mlp ; %s\n[train]\n;%s\nlr = x\n", note, note, note,
+             note);
+    DT_CHECK(load(text, NULL, 0) == -EINVAL);
+    if (has_error("longer than"))
+        dump_errors();
+    DT_CHECK(!has_error("longer than"));
+    DT_CHECK(has_error("job.ini:7: train.lr"));
+    DT_CHECK(job.model_type == DT_MODEL_MLP);
+    DT_CHECK_INT(errs.count, 1);
+}
+
 static void test_shipped_configs_load(void)
 {
     /* Every example job must load and validate as shipped. The test runs from the repository
@@ -521,6 +686,11 @@ int main(int argc, char **argv)
         {"config_print_exact_values", test_print_exact_values, 0},
         {"config_small_input_handling", test_small_input_handling, 0},
         {"config_long_line", test_long_line, 0},
+        {"config_enums_decoded", test_enums_decoded, 0},
+        {"config_control_bytes", test_control_bytes, 0},
+        {"config_integers_are_decimal", test_integers_are_decimal, 0},
+        {"config_unterminated_quote", test_unterminated_quote, 0},
+        {"config_long_comment", test_long_comment, 0},
         {"config_shipped_configs_load", test_shipped_configs_load, 0},
         {"config_reference_lists_every_key", test_reference_lists_every_key, 0},
         {"config_readme_quickstart_block", test_readme_quickstart_block_matches, 0},

@@ -35,9 +35,13 @@ static char *tmp_path(const char *name)
 
 static void job_for(dt_job *job, const char *model, const char *type, const char *path)
 {
+    char set[96];
+    dt_err err = {0};
     dt_job_defaults(job);
-    dt_strlcpy(job->model_type, model, sizeof job->model_type);
-    dt_strlcpy(job->data_type, type, sizeof job->data_type);
+    snprintf(set, sizeof set, "model.type=%s", model);
+    DT_REQUIRE_OK(dt_job_set(job, set, &err), &err);
+    snprintf(set, sizeof set, "data.type=%s", type);
+    DT_REQUIRE_OK(dt_job_set(job, set, &err), &err);
     if (path)
         dt_strlcpy(job->data_path, path, sizeof job->data_path);
 }
@@ -599,10 +603,10 @@ static void test_synthetic_images_and_tokens(void)
 {
     dt_job job;
     job_for(&job, "resnet", "synthetic", NULL);
-    dt_strlcpy(job.synthetic_shape, "3x16x12", sizeof job.synthetic_shape);
-    job.synthetic_classes = 4;
     dt_data *d = NULL;
     dt_err err = {0};
+    DT_REQUIRE_OK(dt_job_set(&job, "data.synthetic_shape=3x16x12", &err), &err);
+    job.synthetic_classes = 4;
     DT_REQUIRE_OK(dt_data_open(&d, &job, &err), &err);
     DT_CHECK_INT(d->shape.kind, DT_SAMPLE_IMAGE);
     DT_CHECK_INT(d->shape.channels, 3);
@@ -624,7 +628,9 @@ static void test_synthetic_images_and_tokens(void)
     dt_batch_buf_free(&b);
     dt_data_free(d);
 
-    dt_strlcpy(job.synthetic_shape, "3x32", sizeof job.synthetic_shape);
+    DT_CHECK(dt_job_set(&job, "data.synthetic_shape=3x32", &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "must be vector or CxHxW");
+    job.synthetic_shape[2] = 0; /* a struct filled otherwise: the data still checks it */
     DT_CHECK_CONTAINS(open_fails(&job), "synthetic_shape");
 
     job_for(&job, "gpt", "synthetic", NULL);

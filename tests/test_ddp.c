@@ -673,7 +673,7 @@ static void test_opts_from_job(void)
     DT_CHECK_NEAR(o.bucket_cap_mb, 25, 0);
     DT_CHECK_NEAR(o.first_bucket_mb, 1, 0);
     DT_CHECK(o.compress == DT_FLOAT32 && o.broadcast_buffers && o.check_consistency);
-    dt_strlcpy(job.compress, "bf16", sizeof job.compress);
+    job.compress = DT_COMPRESS_BF16;
     DT_REQUIRE_OK(dt_ddp_opts_from_job(&o, &job, &err), &err);
     DT_CHECK(o.compress == DT_BFLOAT16);
 }
@@ -897,7 +897,7 @@ static void test_launcher_restarts_after_kill(void)
 /* Trains K DP replicas on the same global batches as reference(), parameters and gradients
  * going through `transport` (dt_dp_opts); out (steps, per); *eval (may be NULL) = the loss of an
  * evaluation forward on the first batch after the last step. */
-static void run_dp(const char *type, int K, int global, int steps, const char *transport,
+static void run_dp(const char *type, int K, int global, int steps, dt_dp_transport_kind transport,
                    float *out, dt_dp_stats *stats, float *eval)
 {
     dt_err err = {0};
@@ -954,7 +954,7 @@ static void test_dp_equals_single(void)
      * of the replica threads (what NCCL does between GPUs; shared memory here). On 2 replicas the
      * two sum the same two numbers per element, so they agree bit for bit. */
     const char *types[] = {"mlp", "gpt"};
-    const char *transports[] = {"master", "collectives"};
+    const dt_dp_transport_kind transports[] = {DT_DP_TRANSPORT_MASTER, DT_DP_TRANSPORT_COLLECTIVES};
     for (int t = 0; t < 2; t++)
         for (int K = 1; K <= 4; K++) {
             int global = K * 2 + (K == 3); /* 7 on 3 replicas: unequal chunks (3, 3, 1) */
@@ -968,14 +968,14 @@ static void test_dp_equals_single(void)
                 DT_CHECK_INT(st.steps, 3);
                 DT_CHECK_INT(st.replicas, K);
                 DT_CHECK_MSG(st.collectives == (x == 1 && K > 1), "%s on %d replicas: collectives %d",
-                             transports[x], K, st.collectives);
+                             dt_dp_transport_name(transports[x]), K, st.collectives);
                 for (int s = 0; s < 3; s++) {
                     size_t where = 0;
                     double e =
                         max_rel(out[x] + (size_t)s * per, ref + (size_t)s * per, per, 0, &where);
                     DT_CHECK_MSG(e <= 1e-4,
                                  "DP (%s) %s, %d replicas, batch %d, step %d: error %.3g at %zu",
-                                 transports[x], types[t], K, global, s, e, where);
+                                 dt_dp_transport_name(transports[x]), types[t], K, global, s, e, where);
                 }
             }
             if (K <= 2)
@@ -992,7 +992,7 @@ static void test_dp_equals_single(void)
  * the other replicas start each pass from zero). */
 static void test_dp_accumulation(void)
 {
-    const char *transports[] = {"master", "collectives"};
+    const dt_dp_transport_kind transports[] = {DT_DP_TRANSPORT_MASTER, DT_DP_TRANSPORT_COLLECTIVES};
     for (int x = 0; x < 2; x++) {
         dt_model_config mc = model_cfg("gpt", 8);
         dt_dp_opts o;
@@ -1027,7 +1027,7 @@ static void test_dp_accumulation(void)
         size_t where = 0;
         double e = max_rel(grads[0], grads[1], n, 0, &where);
         DT_CHECK_MSG(e <= 1e-5, "DP (%s): 2 micro-steps of 4 vs one of 8: error %.3g at %zu",
-                     transports[x], e, where);
+                     dt_dp_transport_name(transports[x]), e, where);
         free(grads[0]);
         free(grads[1]);
         free_gbatch(&g);
@@ -1041,7 +1041,7 @@ static void test_dp_transport_errors(void)
     memset(&o, 0, sizeof o);
     o.replicas = 2;
     o.device = "cpu";
-    o.transport = "nccl";
+    o.transport = (dt_dp_transport_kind)7; /* not a transport */
     dt_backend_opts_default(&o.backend);
     dt_dp *d = NULL;
     dt_err err = {0};
@@ -1053,10 +1053,10 @@ static void test_dp_transport_errors(void)
     dt_backend_opts bo;
     dt_backend_opts_default(&bo);
     dt_job_defaults(&job);
-    DT_CHECK_STR(job.dp_transport, "auto");
+    DT_CHECK(job.dp_transport == DT_DP_TRANSPORT_AUTO);
     DT_REQUIRE_OK(dt_job_set(&job, "job.dp_transport=collectives", &err), &err);
     dt_dp_opts_from_job(&o, &job, &bo);
-    DT_CHECK_STR(o.transport, "collectives");
+    DT_CHECK(o.transport == DT_DP_TRANSPORT_COLLECTIVES);
     DT_CHECK_INT(o.timeout_ms, 300000);
 }
 
@@ -1085,7 +1085,7 @@ static void test_dp_equals_ddp(void)
     float *dp = malloc(3 * per * sizeof(float));
     /* Evaluation normalises with the running statistics, which must reach replica 1 from the
      * master (by broadcast with collectives): both transports evaluate alike. */
-    const char *transports[] = {"master", "collectives"};
+    const dt_dp_transport_kind transports[] = {DT_DP_TRANSPORT_MASTER, DT_DP_TRANSPORT_COLLECTIVES};
     float eval[2];
     for (int x = 0; x < 2; x++) {
         run_dp("resnet", 2, 4, 3, transports[x], dp, NULL, &eval[x]);
@@ -1093,7 +1093,7 @@ static void test_dp_equals_ddp(void)
             size_t where = 0;
             double e = max_rel(dp + (size_t)s * per, rc.out + (size_t)s * per, per, 0, &where);
             DT_CHECK_MSG(e <= 2e-4, "resnet DP (%s) vs DDP, step %d: error %.3g at %zu",
-                         transports[x], s, e, where);
+                         dt_dp_transport_name(transports[x]), s, e, where);
         }
     }
     DT_CHECK_MSG(isfinite(eval[0]) && eval[0] == eval[1], "resnet DP eval loss: master %.9g, "

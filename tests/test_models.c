@@ -806,7 +806,7 @@ static void test_config_from_job(void)
     dt_model_config c;
     dt_err err = {0}, *e = &err;
     dt_sample_shape vec = {.kind = DT_SAMPLE_VECTOR, .input_dim = 20, .n_classes = 3};
-    strcpy(job.model_type, "mlp");
+    job.model_type = DT_MODEL_MLP;
     strcpy(job.hidden, "512, 256,64");
     job.batch_size = 32;
     job.seed = 5;
@@ -822,7 +822,7 @@ static void test_config_from_job(void)
     DT_CHECK_CONTAINS(err.msg, "model.hidden");
 
     dt_sample_shape tok = {.kind = DT_SAMPLE_TOKENS, .seq_len = 64, .vocab_size = 256};
-    strcpy(job.model_type, "gpt");
+    job.model_type = DT_MODEL_GPT;
     job.n_layer = 4;
     job.n_head = 4;
     job.n_embd = 128;
@@ -838,7 +838,7 @@ static void test_config_from_job(void)
 
     dt_sample_shape img = {.kind = DT_SAMPLE_IMAGE, .channels = 3, .height = 32, .width = 32,
                            .input_dim = 3072, .n_classes = 10};
-    strcpy(job.model_type, "resnet");
+    job.model_type = DT_MODEL_RESNET;
     job.depth = 20;
     job.width = 16;
     job.sync_bn = true;

@@ -112,19 +112,25 @@ static void test_schedules(void)
     s.warmup_steps = 0;
     DT_CHECK_NEAR(dt_lr_at(&s, 0), 1.0, 1e-12);
 
-    dt_lr_kind k;
-    DT_CHECK(dt_lr_kind_parse("cosine", &k) == 0 && k == DT_LR_COSINE);
-    DT_CHECK(dt_lr_kind_parse("linear", &k) == 0 && k == DT_LR_LINEAR);
-    DT_CHECK(dt_lr_kind_parse("constant", &k) == 0 && k == DT_LR_CONSTANT);
-    DT_CHECK(dt_lr_kind_parse("step", &k) == -EINVAL);
+    /* train.schedule decodes straight into dt_lr_kind (config.c). */
+    dt_job job;
+    dt_err err = {0};
+    dt_job_defaults(&job);
+    DT_CHECK(job.schedule == DT_LR_CONSTANT);
+    DT_REQUIRE_OK(dt_job_set(&job, "train.schedule=cosine", &err), &err);
+    DT_CHECK(job.schedule == DT_LR_COSINE);
+    DT_REQUIRE_OK(dt_job_set(&job, "train.schedule=LINEAR", &err), &err);
+    DT_CHECK(job.schedule == DT_LR_LINEAR);
+    DT_CHECK(dt_job_set(&job, "train.schedule=step", &err) == -EINVAL);
+    DT_CHECK_STR(dt_lr_name(DT_LR_COSINE), "cosine");
 }
 
 static void test_config_from_job(void)
 {
     dt_job job;
     dt_job_defaults(&job);
-    strcpy(job.optimizer, "sgd");
-    strcpy(job.schedule, "linear");
+    job.optimizer = DT_OPTIM_SGD;
+    job.schedule = DT_LR_LINEAR;
     job.lr = 0.5;
     job.min_lr = 0.05;
     job.warmup_steps = 7;
@@ -383,7 +389,9 @@ static void check_accumulation(const char *type)
     DT_REQUIRE_OK(dt_cpu_backend_create(&be, NULL, &err), &err);
     dt_job job;
     dt_job_defaults(&job);
-    strcpy(job.model_type, type);
+    char set[64];
+    snprintf(set, sizeof set, "model.type=%s", type);
+    DT_REQUIRE_OK(dt_job_set(&job, set, &err), &err);
     job.batch_size = B;
     job.seed = 5;
     dt_sample_shape shape = {0};

@@ -406,7 +406,7 @@ static void test_cpu_bind_gpu(void)
     }
     setenv("DTRAIN_SYSFS", sys, 1);
     static dt_job job;
-    snprintf(job.cpu_bind, sizeof job.cpu_bind, "auto");
+    job.cpu_bind = DT_CPU_BIND_AUTO;
     dt_backend *be = NULL;
     dt_backend_opts bo;
     dt_backend_opts_default(&bo);

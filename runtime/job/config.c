@@ -23,21 +23,62 @@
 #define L(f) offsetof(dt_job, launch.f), sizeof(((dt_job *)0)->launch.f)
 #define BIG 1e18
 
+/* The choices of each enum key, in the order of its enum in config.h. */
+static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
+static const char *const strategy_names[] = {"ddp", "dp", NULL};
+static const char *const dp_transport_names[] = {"auto", "master", "collectives", NULL};
+static const char *const cpu_bind_names[] = {"auto", "none", NULL};
+static const char *const model_names[] = {"mlp", "resnet", "gpt", NULL};
+static const char *const preset_names[] = {"none", "gpt-tiny", "gpt-mini", "gpt2-124m", NULL};
+static const char *const data_names[] = {"synthetic", "text", "tokens", "cifar10", "mnist", NULL};
+static const char *const optim_names[] = {"adamw", "sgd", NULL};
+static const char *const lr_names[] = {"constant", "cosine", "linear", NULL};
+static const char *const precision_names[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const comm_backend_names[] = {"auto", "cpu", "nccl", NULL};
+static const char *const compress_names[] = {"none", "bf16", "fp16", NULL};
+static const char *const resume_names[] = {"auto", "never", "path", NULL};
+static const char *const rdzv_backend_names[] = {"static", "c10d", NULL};
+
+static const char *name_of(const char *const *names, int v)
+{
+    for (int i = 0; names[i]; i++)
+        if (i == v)
+            return names[i];
+    return "";
+}
+
+#define NAME_FN(fn, type, names)                                                                   \
+    const char *fn(type v) { return name_of(names, (int)v); }
+NAME_FN(dt_device_name, dt_device_kind, device_names)
+NAME_FN(dt_strategy_name, dt_strategy_kind, strategy_names)
+NAME_FN(dt_dp_transport_name, dt_dp_transport_kind, dp_transport_names)
+NAME_FN(dt_cpu_bind_name, dt_cpu_bind_kind, cpu_bind_names)
+NAME_FN(dt_model_name, dt_model_kind, model_names)
+NAME_FN(dt_preset_name, dt_preset_kind, preset_names)
+NAME_FN(dt_data_name, dt_data_kind, data_names)
+NAME_FN(dt_optim_name, dt_optim_kind, optim_names)
+NAME_FN(dt_lr_name, dt_lr_kind, lr_names)
+NAME_FN(dt_precision_name, dt_precision_kind, precision_names)
+NAME_FN(dt_comm_backend_name, dt_comm_backend_kind, comm_backend_names)
+NAME_FN(dt_compress_name, dt_compress_kind, compress_names)
+NAME_FN(dt_resume_name, dt_resume_kind, resume_names)
+NAME_FN(dt_rdzv_backend_name, dt_rdzv_backend_kind, rdzv_backend_names)
+
 /* clang-format off */
 const dt_cfg_field dt_cfg_fields[] = {
     /* [job] */
     {"job", "name", DT_CFG_STR, J(name), "dtrain", 0, 0, NULL, false, "name of the job; names output_dir by default"},
     {"job", "output_dir", DT_CFG_STR, J(output_dir), "", 0, 0, NULL, false, "where metrics.jsonl, checkpoints and logs go (\"\" = runs/<name>)"},
-    {"job", "device", DT_CFG_ENUM, J(device), "auto", 0, 0, "auto|cpu|cuda", false, "compute device: cuda when a GPU and libdtrain_cuda.so are usable (auto), else cpu"},
-    {"job", "strategy", DT_CFG_ENUM, J(strategy), "ddp", 0, 0, "ddp|dp", false, "ddp: one process per device, ring all-reduce; dp: one process drives all replicas"},
-    {"job", "cpu_bind", DT_CFG_ENUM, J(cpu_bind), "auto", 0, 0, "auto|none", false, "auto: on cpu each of a node's workers (strategy = dp: each replica thread) gets an equal share of the CPUs the launcher may use; on cuda each worker (each replica thread) runs on its share of the CPUs near its GPU (the GPU's NUMA node, from sysfs); none leaves placement to the scheduler"},
+    {"job", "device", DT_CFG_ENUM, J(device), "auto", 0, 0, device_names, false, "compute device: cuda when a GPU and libdtrain_cuda.so are usable (auto), else cpu"},
+    {"job", "strategy", DT_CFG_ENUM, J(strategy), "ddp", 0, 0, strategy_names, false, "ddp: one process per device, ring all-reduce; dp: one process drives all replicas"},
+    {"job", "cpu_bind", DT_CFG_ENUM, J(cpu_bind), "auto", 0, 0, cpu_bind_names, false, "auto: on cpu each of a node's workers (strategy = dp: each replica thread) gets an equal share of the CPUs the launcher may use; on cuda each worker (each replica thread) runs on its share of the CPUs near its GPU (the GPU's NUMA node, from sysfs); none leaves placement to the scheduler"},
     {"job", "dp_replicas", DT_CFG_INT, J(dp_replicas), "2", 1, 1024, NULL, false, "strategy = dp: replicas the one process drives (threads on cpu, one GPU each on cuda); batch_size is per replica"},
-    {"job", "dp_transport", DT_CFG_ENUM, J(dp_transport), "auto", 0, 0, "auto|master|collectives", false, "strategy = dp: how parameters reach the replicas and gradients come back. master: the master copies to and sums from each replica in turn (through host memory between GPUs); collectives: broadcast and reduce over a communicator of the replicas (NCCL between GPUs, shared memory on cpu), as torch DataParallel on GPUs; auto: collectives on cuda (master if NCCL is unusable, with a warning), master on cpu"},
+    {"job", "dp_transport", DT_CFG_ENUM, J(dp_transport), "auto", 0, 0, dp_transport_names, false, "strategy = dp: how parameters reach the replicas and gradients come back. master: the master copies to and sums from each replica in turn (through host memory between GPUs); collectives: broadcast and reduce over a communicator of the replicas (NCCL between GPUs, shared memory on cpu), as torch DataParallel on GPUs; auto: collectives on cuda (master if NCCL is unusable, with a warning), master on cpu"},
     {"job", "seed", DT_CFG_I64, J(seed), "1337", 0, BIG, NULL, false, "seed of initialisation, data order and synthetic data"},
     {"job", "log_every", DT_CFG_INT, J(log_every), "10", 1, 1e9, NULL, false, "steps between log lines"},
     /* [model] */
-    {"model", "type", DT_CFG_ENUM, J(model_type), "", 0, 0, "mlp|resnet|gpt", true, "model from the zoo"},
-    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, "none|gpt-tiny|gpt-mini|gpt2-124m", false, "gpt size preset; explicit n_layer/n_head/n_embd/block_size win"},
+    {"model", "type", DT_CFG_ENUM, J(model_type), "", 0, 0, model_names, true, "model from the zoo"},
+    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, preset_names, false, "gpt size preset; explicit n_layer/n_head/n_embd/block_size win"},
     {"model", "n_layer", DT_CFG_INT, J(n_layer), "0", 0, 1000, NULL, false, "gpt: transformer blocks (0 = from preset)"},
     {"model", "n_head", DT_CFG_INT, J(n_head), "0", 0, 1024, NULL, false, "gpt: attention heads (0 = from preset)"},
     {"model", "n_embd", DT_CFG_INT, J(n_embd), "0", 0, 65536, NULL, false, "gpt: channels (0 = from preset)"},
@@ -47,7 +88,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"model", "width", DT_CFG_INT, J(width), "16", 1, 1024, NULL, false, "resnet: channels of the first stage (doubled per stage)"},
     {"model", "sync_bn", DT_CFG_BOOL, J(sync_bn), "false", 0, 0, NULL, false, "resnet: SyncBatchNorm (statistics all-reduced across ranks)"},
     /* [data] */
-    {"data", "type", DT_CFG_ENUM, J(data_type), "synthetic", 0, 0, "synthetic|text|tokens|cifar10|mnist", false, "dataset format"},
+    {"data", "type", DT_CFG_ENUM, J(data_type), "synthetic", 0, 0, data_names, false, "dataset format"},
     {"data", "path", DT_CFG_STR, J(data_path), "", 0, 0, NULL, false, "file, directory or glob of the training data (not for synthetic)"},
     {"data", "val_path", DT_CFG_STR, J(val_path), "", 0, 0, NULL, false, "validation data (\"\" = split val_fraction off the training data)"},
     {"data", "val_fraction", DT_CFG_DOUBLE, J(val_fraction), "0.1", 0, 0.9, NULL, false, "share of the data held out for validation when val_path is empty"},
@@ -58,13 +99,13 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"data", "synthetic_samples", DT_CFG_I64, J(synthetic_samples), "8192", 1, 1e12, NULL, false, "synthetic: number of samples"},
     {"data", "synthetic_dim", DT_CFG_INT, J(synthetic_dim), "64", 1, 1e8, NULL, false, "synthetic vector: features per sample"},
     {"data", "synthetic_classes", DT_CFG_INT, J(synthetic_classes), "10", 2, 1e6, NULL, false, "synthetic: classes"},
-    {"data", "synthetic_shape", DT_CFG_STR, J(synthetic_shape), "vector", 0, 0, NULL, false, "synthetic: vector, or an image shape CxHxW such as 3x32x32"},
+    {"data", "synthetic_shape", DT_CFG_SHAPE, J(synthetic_shape), "vector", 0, 0, NULL, false, "synthetic: vector, or an image shape CxHxW such as 3x32x32"},
     /* [train] */
     {"train", "batch_size", DT_CFG_INT, J(batch_size), "8", 1, 1e7, NULL, false, "samples per rank per micro-step"},
     {"train", "grad_accum", DT_CFG_INT, J(grad_accum), "1", 1, 1e5, NULL, false, "micro-steps per optimiser step (DDP synchronises on the last only)"},
     {"train", "steps", DT_CFG_I64, J(steps), "100", 0, 1e15, NULL, false, "optimiser steps (0 = run `epochs` epochs)"},
     {"train", "epochs", DT_CFG_INT, J(epochs), "0", 0, 1e6, NULL, false, "epochs when steps = 0"},
-    {"train", "optimizer", DT_CFG_ENUM, J(optimizer), "adamw", 0, 0, "adamw|sgd", false, "optimiser"},
+    {"train", "optimizer", DT_CFG_ENUM, J(optimizer), "adamw", 0, 0, optim_names, false, "optimiser"},
     {"train", "lr", DT_CFG_DOUBLE, J(lr), "3e-4", 0, 100, NULL, false, "peak learning rate"},
     {"train", "min_lr", DT_CFG_DOUBLE, J(min_lr), "0", 0, 100, NULL, false, "learning rate at the end of cosine or linear decay"},
     {"train", "weight_decay", DT_CFG_DOUBLE, J(weight_decay), "0", 0, 10, NULL, false, "weight decay (never on biases and norm parameters)"},
@@ -73,20 +114,20 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"train", "eps", DT_CFG_DOUBLE, J(eps), "1e-8", 1e-30, 1, NULL, false, "adamw epsilon"},
     {"train", "momentum", DT_CFG_DOUBLE, J(momentum), "0.9", 0, 0.999999, NULL, false, "sgd momentum"},
     {"train", "nesterov", DT_CFG_BOOL, J(nesterov), "false", 0, 0, NULL, false, "sgd: Nesterov momentum"},
-    {"train", "schedule", DT_CFG_ENUM, J(schedule), "constant", 0, 0, "constant|cosine|linear", false, "learning-rate schedule after warmup"},
+    {"train", "schedule", DT_CFG_ENUM, J(schedule), "constant", 0, 0, lr_names, false, "learning-rate schedule after warmup"},
     {"train", "warmup_steps", DT_CFG_I64, J(warmup_steps), "0", 0, 1e15, NULL, false, "linear warmup steps"},
     {"train", "grad_clip", DT_CFG_DOUBLE, J(grad_clip), "1.0", 0, 1e9, NULL, false, "clip by global gradient norm (0 = off)"},
     {"train", "eval_every", DT_CFG_INT, J(eval_every), "0", 0, 1e9, NULL, false, "steps between validation passes (0 = at the end only)"},
     {"train", "eval_batches", DT_CFG_INT, J(eval_batches), "8", 1, 1e9, NULL, false, "batches per validation pass"},
-    {"train", "precision", DT_CFG_ENUM, J(precision), "fp32", 0, 0, "fp32|bf16|fp16", false, "GEMM precision on cuda (cpu is always fp32)"},
+    {"train", "precision", DT_CFG_ENUM, J(precision), "fp32", 0, 0, precision_names, false, "GEMM precision on cuda (cpu is always fp32)"},
     {"train", "loss_scale", DT_CFG_DOUBLE, J(loss_scale), "65536", 1e-30, 1e38, NULL, false, "precision = fp16: the initial dynamic loss scale; a step with inf/NaN gradients is skipped and halves it"},
     {"train", "loss_scale_window", DT_CFG_INT, J(loss_scale_window), "2000", 1, 1e9, NULL, false, "precision = fp16: clean steps in a row before the loss scale doubles"},
     {"train", "threads", DT_CFG_INT, J(threads), "1", 1, 1024, NULL, false, "BLAS threads per worker (cpu)"},
     /* [ddp] */
-    {"ddp", "backend", DT_CFG_ENUM, J(comm_backend), "auto", 0, 0, "auto|cpu|nccl", false, "collectives: nccl on cuda, cpu otherwise (auto)"},
+    {"ddp", "backend", DT_CFG_ENUM, J(comm_backend), "auto", 0, 0, comm_backend_names, false, "collectives: nccl on cuda, cpu otherwise (auto)"},
     {"ddp", "bucket_cap_mb", DT_CFG_DOUBLE, J(bucket_cap_mb), "25", 0.001, 1e6, NULL, false, "gradient bucket size (MiB)"},
     {"ddp", "first_bucket_mb", DT_CFG_DOUBLE, J(first_bucket_mb), "1", 0.001, 1e6, NULL, false, "size of the first bucket (MiB), launched earliest"},
-    {"ddp", "compress", DT_CFG_ENUM, J(compress), "none", 0, 0, "none|bf16|fp16", false, "gradient payload compression for all-reduce"},
+    {"ddp", "compress", DT_CFG_ENUM, J(compress), "none", 0, 0, compress_names, false, "gradient payload compression for all-reduce"},
     {"ddp", "timeout", DT_CFG_DURATION, J(comm_timeout), "300", 0.001, 1e7, NULL, false, "seconds a collective may wait for a peer before it fails"},
     {"ddp", "broadcast_buffers", DT_CFG_BOOL, J(broadcast_buffers), "true", 0, 0, NULL, false, "broadcast buffers (BatchNorm statistics) from rank 0 every step"},
     {"ddp", "check_consistency", DT_CFG_BOOL, J(check_consistency), "true", 0, 0, NULL, false, "verify that every rank built the same model at start"},
@@ -94,7 +135,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
     {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
     {"checkpoint", "keep", DT_CFG_INT, J(ckpt_keep), "3", 1, 1e6, NULL, false, "newest checkpoints kept"},
-    {"checkpoint", "resume", DT_CFG_STR, J(resume), "auto", 0, 0, NULL, false, "auto (newest valid), never, or a checkpoint path"},
+    {"checkpoint", "resume", DT_CFG_RESUME, J(resume), "auto", 0, 0, NULL, false, "auto (newest valid), never, or a checkpoint path"},
     {"checkpoint", "async", DT_CFG_BOOL, J(ckpt_async), "true", 0, 0, NULL, false, "write in the background after copying the buffers"},
     /* [elastic] */
     {"elastic", "nnodes", DT_CFG_STR, L(nnodes), "1", 0, 0, NULL, false, "nodes: N, or MIN:MAX for an elastic job"},
@@ -108,7 +149,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"elastic", "tee", DT_CFG_STR, L(tee), "0", 0, 0, NULL, false, "like redirects, but also to the console"},
     {"elastic", "local_ranks_filter", DT_CFG_STR, L(local_ranks_filter), "", 0, 0, NULL, false, "local ranks whose output reaches the console, e.g. 0,2"},
     /* [rendezvous] */
-    {"rendezvous", "backend", DT_CFG_ENUM, L(rdzv_backend), "static", 0, 0, "static|c10d", false, "static: fixed nodes and node ranks; c10d: elastic"},
+    {"rendezvous", "backend", DT_CFG_ENUM, L(rdzv_backend), "static", 0, 0, rdzv_backend_names, false, "static: fixed nodes and node ranks; c10d: elastic"},
     {"rendezvous", "endpoint", DT_CFG_STR, L(rdzv_endpoint), "", 0, 0, NULL, false, "HOST[:PORT] of the store"},
     {"rendezvous", "id", DT_CFG_STR, L(rdzv_id), "none", 0, 0, NULL, false, "run id shared by every node of a job"},
     {"rendezvous", "conf", DT_CFG_STR, L(rdzv_conf), "", 0, 0, NULL, false, "extra k=v,... (join_timeout or timeout, last_call_timeout, close_timeout, heartbeat_interval or keep_alive_interval, heartbeat_timeout, keep_alive_max_attempt, read_timeout, is_host); folded into these keys where it is set"},
@@ -172,28 +213,23 @@ static bool known_section(const char *s)
     return false;
 }
 
-static bool enum_has(const char *choices, const char *v)
+/* The position of v (case-insensitive) among the NULL-terminated names, else -1. */
+static int enum_index(const char *const *names, const char *v)
 {
-    const char *p = choices;
-    size_t n = strlen(v);
-    while (p && *p) {
-        const char *bar = strchr(p, '|');
-        size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && !strncasecmp(p, v, n))
-            return true;
-        p = bar ? bar + 1 : NULL;
-    }
-    return false;
+    for (int i = 0; names[i]; i++)
+        if (!strcasecmp(names[i], v))
+            return i;
+    return -1;
 }
 
-static const char *enum_nearest(const char *choices, const char *v, char *buf, size_t cap)
+/* "a|b|c" of the names, for messages and the reference. */
+static const char *choices_text(const char *const *names, char *buf, size_t cap)
 {
-    const char *cands[32];
     size_t n = 0;
-    dt_strlcpy(buf, choices, cap);
-    for (char *tok = strtok(buf, "|"); tok && n < 32; tok = strtok(NULL, "|"))
-        cands[n++] = tok;
-    return dt_nearest(v, cands, n);
+    buf[0] = '\0';
+    for (int i = 0; names && names[i] && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "|" : "", names[i]);
+    return buf;
 }
 
 /* A string a job file cannot hold: --print-config must read back to the same job. */
@@ -203,6 +239,13 @@ static int check_writable(const dt_cfg_field *f, const char *v, char *why, size_
         if (*p == '\n' || *p == '\r') {
             snprintf(why, cap, "%s.%s: the value contains a line break, which a job file cannot hold",
                      f->section, f->key);
+            return -EINVAL;
+        }
+        if ((*p > 0 && *p < 0x20 && *p != '\t') || *p == 0x7f) {
+            snprintf(why, cap,
+                     "%s.%s: the value contains control character 0x%02x, which a job file "
+                     "cannot hold",
+                     f->section, f->key, (unsigned)*p);
             return -EINVAL;
         }
         if (*p == ';' && p > v && (p[-1] == ' ' || p[-1] == '\t')) {
@@ -355,22 +398,68 @@ static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char
         *(bool *)base = b;
         return 0;
     }
-    case DT_CFG_ENUM:
-        if (!enum_has(f->choices, value)) {
+    case DT_CFG_ENUM: {
+        int v = enum_index(f->choices, value);
+        if (v < 0) {
             char buf[256];
-            const char *near = enum_nearest(f->choices, value, buf, sizeof buf);
+            size_t n = 0;
+            while (f->choices[n])
+                n++;
+            const char *near = dt_nearest(value, f->choices, n);
+            choices_text(f->choices, buf, sizeof buf);
             if (near)
                 snprintf(why, cap, "%s.%s: \"%s\" is not one of %s; did you mean \"%s\"?",
-                         f->section, f->key, value, f->choices, near);
+                         f->section, f->key, value, buf, near);
             else
                 snprintf(why, cap, "%s.%s: \"%s\" is not one of %s", f->section, f->key, value,
-                         f->choices);
+                         buf);
             return -EINVAL;
         }
-        dt_strlcpy(base, value, f->size);
-        for (char *p = base; *p; p++)
-            *p = (char)tolower((unsigned char)*p);
+        *(int *)base = v;
         return 0;
+    }
+    case DT_CFG_RESUME: {
+        /* auto, never, or a path (which then goes to resume_path). */
+        char *path = (char *)job + offsetof(dt_job, resume_path);
+        int v = enum_index(resume_names, value);
+        if (v == DT_RESUME_AUTO || v == DT_RESUME_NEVER) {
+            *(int *)base = v;
+            path[0] = '\0';
+            return 0;
+        }
+        if (!value[0]) {
+            snprintf(why, cap, "%s.%s: use auto, never or a checkpoint path", f->section, f->key);
+            return -EINVAL;
+        }
+        if (strlen(value) >= sizeof job->resume_path) {
+            snprintf(why, cap, "%s.%s: value is longer than %zu characters", f->section, f->key,
+                     sizeof job->resume_path - 1);
+            return -EINVAL;
+        }
+        if (check_writable(f, value, why, cap))
+            return -EINVAL;
+        *(int *)base = DT_RESUME_PATH;
+        dt_strlcpy(path, value, sizeof job->resume_path);
+        return 0;
+    }
+    case DT_CFG_SHAPE: {
+        int *chw = (int *)base, c3, h, w;
+        char tail;
+        if (!strcasecmp(value, "vector")) {
+            chw[0] = chw[1] = chw[2] = 0;
+            return 0;
+        }
+        if (sscanf(value, "%dx%dx%d%c", &c3, &h, &w, &tail) != 3 || c3 < 1 || h < 1 || w < 1 ||
+            c3 > 4096 || h > 65536 || w > 65536) {
+            snprintf(why, cap, "%s.%s: \"%s\" must be vector or CxHxW such as 3x32x32",
+                     f->section, f->key, value);
+            return -EINVAL;
+        }
+        chw[0] = c3;
+        chw[1] = h;
+        chw[2] = w;
+        return 0;
+    }
     case DT_CFG_STR:
         if (strlen(value) >= f->size) {
             snprintf(why, cap, "%s.%s: value is longer than %zu characters", f->section, f->key,
@@ -404,9 +493,13 @@ void dt_job_defaults(dt_job *job)
 {
     char why[256];
     memset(job, 0, sizeof *job);
-    for (int i = 0; i < dt_cfg_fields_count; i++)
-        if (dt_cfg_fields[i].def[0] || dt_cfg_fields[i].type == DT_CFG_STR)
-            set_field(job, &dt_cfg_fields[i], dt_cfg_fields[i].def, why, sizeof why);
+    for (int i = 0; i < dt_cfg_fields_count; i++) {
+        const dt_cfg_field *f = &dt_cfg_fields[i];
+        if (f->def[0] || f->type == DT_CFG_STR)
+            set_field(job, f, f->def, why, sizeof why);
+        else if (f->type == DT_CFG_ENUM) /* a required choice: unset until given */
+            *(int *)((char *)job + f->offset) = -1;
+    }
 }
 
 /* ---- parsing ----------------------------------------------------------------------------- */
@@ -424,6 +517,7 @@ typedef struct parse_ctx {
     bool bad[256];        /* the last value given for the field was rejected */
     int nseq;
     char long_value[4096]; /* the value of a line too long for inih (see long_line) */
+    char full[4096 + 256]; /* the line being read (line_reader) */
 } parse_ctx;
 
 /* What inih gets in place of a value too long for it; on_ini_entry swaps the value back. */
@@ -483,6 +577,15 @@ static int assign(parse_ctx *c, const char *section, const char *key, const char
     /* "x y" stands for x y: quotes keep spaces at either end (--print-config writes them). */
     char unq[DT_PATH_MAX + 8];
     size_t len = strlen(value);
+    if (len >= 1 && value[0] == '"' && (len == 1 || value[len - 1] != '"')) {
+        add_error(c->errs, c->where, c->line,
+                  "%s.%s: unterminated double quote in %.200s (end the value with \", or remove "
+                  "the quote)",
+                  f->section, f->key, value);
+        c->seen_line[idx] = c->line > 0 ? c->line : -1;
+        note_source(c, idx, false);
+        return 0;
+    }
     if (len >= 2 && value[0] == '"' && value[len - 1] == '"' && len - 2 < sizeof unq) {
         memcpy(unq, value + 1, len - 2);
         unq[len - 2] = '\0';
@@ -535,24 +638,12 @@ static int on_ini_entry(void *user, const char *section, const char *name, const
 }
 
 /* inih reads at most INI_MAX_LINE (200 on Debian) bytes per line, far less than a path may
- * take. A longer "key = value" line (str holds its first num - 1 bytes) is read whole here; its
- * value, trimmed as inih trims values (leading and trailing blanks, an inline "; comment"), goes
- * to c->long_value and inih gets "key=" LONG_MARK instead. Lines that are not a key at the start
- * of the line, or longer than long_value, are reported. */
-static void long_line(parse_ctx *c, char *str, int num)
+ * take. A longer "key = value" line (full, len bytes) gets its value, trimmed as inih trims values
+ * (leading and trailing blanks, an inline "; comment"), into c->long_value, and inih gets
+ * "key=" LONG_MARK instead (in str, num bytes). Lines that are not a key at the start of the
+ * line, or longer than long_value, are reported and reach inih blank. */
+static void long_line(parse_ctx *c, char *full, bool over, char *str, int num)
 {
-    char full[sizeof c->long_value + 256];
-    size_t len = strlen(str);
-    bool over = false;
-    memcpy(full, str, len + 1);
-    int ch;
-    while ((ch = fgetc(c->fp)) != EOF && ch != '\n') {
-        if (len + 1 < sizeof full)
-            full[len++] = (char)ch;
-        else
-            over = true;
-    }
-    full[len] = '\0';
     char *eq = strpbrk(full, "=:");
     bool key = !strchr(" \t;#[", full[0]) && eq && eq - full + 2 < num - 2;
     char *v = eq ? eq + 1 : full;
@@ -569,65 +660,103 @@ static void long_line(parse_ctx *c, char *str, int num)
     if (over || !key || n >= sizeof c->long_value) {
         add_error(c->errs, c->where, c->line, "line longer than %zu characters",
                   key ? sizeof c->long_value - 1 : (size_t)num - 2);
-        str[0] = '\n';
-        str[1] = '\0';
+        snprintf(str, (size_t)num, "\n");
         return;
     }
     memcpy(c->long_value, v, n + 1);
     snprintf(str, (size_t)num, "%.*s=%s\n", (int)(eq - full), full, LONG_MARK);
 }
 
-/* inih's reader: counts lines and reports lines inih would silently treat as errors. */
+/* inih's reader. Reads one whole line byte by byte (a NUL is a byte like any other, so it can
+ * neither hide the rest of a line nor shift the numbers of the lines after it), counts it, and
+ * hands inih (str, num bytes) what it can parse: the line itself; a blank line for a comment of
+ * any length and for a line it reports (a control character, which no job file holds: NUL, ESC,
+ * BEL, a CR that does not end the line, ...); "key=" LONG_MARK for a key line longer than num
+ * (long_line). Reports too the lines inih would silently treat as errors. */
 static char *line_reader(char *str, int num, void *stream)
 {
     parse_ctx *c = stream;
-    char *r = fgets(str, num, c->fp);
-    if (!r)
-        return NULL;
-    c->line++;
-    if (c->line == 1 && !memcmp(str, "\xEF\xBB\xBF", 3)) /* a UTF-8 BOM */
-        memmove(str, str + 3, strlen(str + 3) + 1);
-    size_t len = strlen(str);
-    if (len == (size_t)num - 1 && str[len - 1] != '\n' && !feof(c->fp)) {
-        long_line(c, str, num);
-        return r;
+    char *full = c->full;
+    size_t len = 0, cols = 0, bad_col = 0;
+    bool over = false;
+    int ch, bad = -1;
+    while ((ch = getc(c->fp)) != EOF && ch != '\n') {
+        cols++;
+        if (len + 1 < sizeof c->full)
+            full[len++] = (char)ch;
+        else
+            over = true;
+        if (bad < 0 && ((ch < 0x20 && ch != '\t' && ch != '\r') || ch == 0x7f)) {
+            bad = ch;
+            bad_col = cols;
+        }
+        if (bad < 0 && ch == '\r') { /* only as the end of a CRLF line */
+            int next = getc(c->fp);
+            if (next != '\n' && next != EOF) {
+                bad = ch;
+                bad_col = cols;
+            }
+            if (next != EOF)
+                ungetc(next, c->fp);
+        }
     }
-    const char *p = str;
+    if (ch == EOF && cols == 0)
+        return NULL;
+    full[len] = '\0';
+    c->line++;
+    if (c->line == 1 && len >= 3 && !memcmp(full, "\xEF\xBB\xBF", 3)) { /* a UTF-8 BOM */
+        memmove(full, full + 3, len - 2);
+        len -= 3;
+    }
+    snprintf(str, (size_t)num, "\n");
+    if (bad >= 0) {
+        add_error(c->errs, c->where, c->line,
+                  "control character 0x%02x at column %zu: a job file is plain text (remove it; "
+                  "a value that needs spaces at either end goes in double quotes)",
+                  (unsigned)bad, bad_col);
+        return str;
+    }
+    const char *p = full;
     while (*p == ' ' || *p == '\t')
         p++;
-    if (*p == '\0' || *p == '\n' || *p == '\r' || *p == ';' || *p == '#')
-        return r;
+    if (*p == '\0' || *p == '\r' || *p == ';' || *p == '#')
+        return str; /* blank, or a comment: whatever its length */
+    if (len + 2 > (size_t)num) {
+        long_line(c, full, over, str, num);
+        return str;
+    }
+    snprintf(str, (size_t)num, "%s\n", full);
     if (*p == '[') {
         const char *end = strchr(p, ']');
         if (!end) {
             add_error(c->errs, c->where, c->line, "section header without closing ']'");
-            return r;
+            return str;
         }
         char name[64];
         snprintf(name, sizeof name, "%.*s", (int)(end - p - 1), p + 1);
         dt_trim(name);
         if (!known_section(name))
             report_unknown_section(c, name);
-        return r;
+        return str;
     }
     if (!strchr(p, '=') && !strchr(p, ':'))
         add_error(c->errs, c->where, c->line,
-                  "expected \"key = value\" or \"[section]\", got \"%.60s\"", dt_trim(str));
-    return r;
+                  "expected \"key = value\" or \"[section]\", got \"%.60s\"", dt_trim(full));
+    return str;
 }
 
 static void apply_presets(dt_job *job)
 {
     static const struct {
-        const char *name;
+        dt_preset_kind preset;
         int L, H, C, T;
     } presets[] = {
-        {"gpt-tiny", 4, 4, 128, 128},
-        {"gpt-mini", 6, 6, 384, 256},
-        {"gpt2-124m", 12, 12, 768, 1024},
+        {DT_PRESET_GPT_TINY, 4, 4, 128, 128},
+        {DT_PRESET_GPT_MINI, 6, 6, 384, 256},
+        {DT_PRESET_GPT2_124M, 12, 12, 768, 1024},
     };
     for (size_t i = 0; i < DT_ARRAY_LEN(presets); i++) {
-        if (strcmp(job->preset, presets[i].name) != 0)
+        if (job->preset != presets[i].preset)
             continue;
         if (!job->n_layer)
             job->n_layer = presets[i].L;
@@ -818,9 +947,8 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
     int before = errs ? errs->count : 0;
     const char *w = job->path[0] ? job->path : "job";
     int a;
-    char tail;
     launch_validate(&job->launch, c, w, errs);
-    if (!strcmp(job->model_type, "gpt") &&
+    if (job->model_type == DT_MODEL_GPT &&
         !BAD("model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.preset")) {
         if (job->n_layer <= 0 || job->n_head <= 0 || job->n_embd <= 0 || job->block_size <= 0)
             add_error(errs, AT("model.type", "model.preset"), 0,
@@ -835,10 +963,10 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                       "data.seq_len (%d) must not exceed model.block_size (%d)", job->seq_len,
                       job->block_size);
     }
-    if (!strcmp(job->model_type, "resnet") && (job->depth - 2) % 6 && !BAD("model.depth"))
+    if (job->model_type == DT_MODEL_RESNET && (job->depth - 2) % 6 && !BAD("model.depth"))
         add_error(errs, AT("model.depth"), 0, "model.depth: %d is not 6n+2 (use 20, 32, 44, 56 or 110)",
                   job->depth);
-    if (!strcmp(job->model_type, "mlp") && !BAD("model.hidden")) {
+    if (job->model_type == DT_MODEL_MLP && !BAD("model.hidden")) {
         char buf[DT_STR_MID], *save = NULL;
         int n = 0, wrong = 0;
         dt_strlcpy(buf, job->hidden, sizeof buf);
@@ -851,32 +979,31 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
         if (n > 16)
             add_error(errs, AT("model.hidden"), 0, "model.hidden: at most 16 hidden layers");
     }
-    if (strcmp(job->data_type, "synthetic") && !job->data_path[0] && !BAD("data.path"))
+    if (job->data_type != DT_DATA_SYNTHETIC && !job->data_path[0] && !BAD("data.path"))
         add_error(errs, AT("data.type", "data.path"), 0, "data.path is required for data.type = %s",
-                  job->data_type);
-    if (!strcmp(job->data_type, "synthetic") && strcmp(job->synthetic_shape, "vector")) {
-        int ch, h, ww;
-        if (sscanf(job->synthetic_shape, "%dx%dx%d%c", &ch, &h, &ww, &tail) != 3 || ch < 1 ||
-            h < 1 || ww < 1)
-            add_error(errs, AT("data.synthetic_shape"), 0,
-                      "data.synthetic_shape: \"%s\" must be vector or CxHxW such as 3x32x32",
-                      job->synthetic_shape);
-    }
-    if (!strcmp(job->model_type, "gpt") &&
-        (!strcmp(job->data_type, "cifar10") || !strcmp(job->data_type, "mnist")))
+                  dt_data_name(job->data_type));
+    const int *chw = job->synthetic_shape;
+    if (job->data_type == DT_DATA_SYNTHETIC && (chw[0] < 0 || chw[1] < 0 || chw[2] < 0 ||
+                                                (chw[0] > 0) != (chw[1] > 0 && chw[2] > 0)))
+        add_error(errs, AT("data.synthetic_shape"), 0,
+                  "data.synthetic_shape: %dx%dx%d must be vector or CxHxW such as 3x32x32",
+                  chw[0], chw[1], chw[2]);
+    if (job->model_type == DT_MODEL_GPT &&
+        (job->data_type == DT_DATA_CIFAR10 || job->data_type == DT_DATA_MNIST))
         add_error(errs, AT("model.type", "data.type"), 0,
-                  "model gpt needs token data (text, tokens or synthetic), not %s", job->data_type);
-    if ((!strcmp(job->model_type, "mlp") || !strcmp(job->model_type, "resnet")) &&
-        (!strcmp(job->data_type, "text") || !strcmp(job->data_type, "tokens")))
+                  "model gpt needs token data (text, tokens or synthetic), not %s",
+                  dt_data_name(job->data_type));
+    if ((job->model_type == DT_MODEL_MLP || job->model_type == DT_MODEL_RESNET) &&
+        (job->data_type == DT_DATA_TEXT || job->data_type == DT_DATA_TOKENS))
         add_error(errs, AT("model.type", "data.type"), 0,
                   "model %s needs classification data (synthetic, cifar10, mnist), not %s",
-                  job->model_type, job->data_type);
+                  dt_model_name(job->model_type), dt_data_name(job->data_type));
     if (job->steps == 0 && job->epochs == 0 && !BAD("train.steps", "train.epochs"))
         add_error(errs, AT("train.steps", "train.epochs"), 0, "train: set steps or epochs (both are 0)");
     if (job->min_lr > job->lr && !BAD("train.min_lr", "train.lr"))
         add_error(errs, AT("train.min_lr", "train.lr"), 0,
                   "train.min_lr (%g) must not exceed train.lr (%g)", job->min_lr, job->lr);
-    if (strcmp(job->resume, "auto") && strcmp(job->resume, "never") && !job->resume[0])
+    if (job->resume == DT_RESUME_PATH && !job->resume_path[0])
         add_error(errs, AT("checkpoint.resume"), 0, "checkpoint.resume: use auto, never or a path");
     return errs && errs->count > before ? -EINVAL : 0;
 }
@@ -891,7 +1018,7 @@ static void derive(dt_job *job)
     apply_presets(job);
     if (!job->output_dir[0])
         snprintf(job->output_dir, sizeof job->output_dir, "runs/%.200s", job->name);
-    if (!strcmp(job->model_type, "gpt") && job->seq_len == 0)
+    if (job->model_type == DT_MODEL_GPT && job->seq_len == 0)
         job->seq_len = job->block_size;
 }
 
@@ -1002,12 +1129,15 @@ int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settin
             add_error(errs, path, 0, "cannot read job file");
     }
     apply_settings(c, settings, n);
+    char choices[256];
     for (int i = 0; i < dt_cfg_fields_count; i++)
         if (dt_cfg_fields[i].required && !c->seen_required[i])
             add_error(errs, path ? path : "job", 0,
                       "missing required key %s.%s (%s; one of %s)", dt_cfg_fields[i].section,
                       dt_cfg_fields[i].key, dt_cfg_fields[i].help,
-                      dt_cfg_fields[i].choices ? dt_cfg_fields[i].choices : "see README");
+                      dt_cfg_fields[i].choices
+                          ? choices_text(dt_cfg_fields[i].choices, choices, sizeof choices)
+                          : "see README");
     derive(job);
     job_validate(job, c, errs);
     return load_end(errs, "loading ", path ? path : "the job", err);
@@ -1064,8 +1194,25 @@ static void format_value(const dt_job *job, const dt_cfg_field *f, char *buf, si
     case DT_CFG_BOOL:
         snprintf(buf, cap, "%s", *(const bool *)base ? "true" : "false");
         break;
-    case DT_CFG_STR:
-    case DT_CFG_ENUM: {
+    case DT_CFG_ENUM:
+        snprintf(buf, cap, "%s", name_of(f->choices, *(const int *)base));
+        break;
+    case DT_CFG_SHAPE: {
+        const int *chw = (const int *)base;
+        if (chw[0] > 0)
+            snprintf(buf, cap, "%dx%dx%d", chw[0], chw[1], chw[2]);
+        else
+            snprintf(buf, cap, "vector");
+        break;
+    }
+    case DT_CFG_RESUME:
+        if (*(const int *)base != DT_RESUME_PATH) {
+            snprintf(buf, cap, "%s", name_of(resume_names, *(const int *)base));
+            break;
+        }
+        base = job->resume_path;
+        __attribute__((fallthrough)); /* a path is written as a string */
+    case DT_CFG_STR: {
         /* Quoted when the file would otherwise lose spaces at either end or a pair of quotes. */
         size_t n = strlen(base);
         bool quote = n > 0 && (isspace((unsigned char)base[0]) ||
@@ -1101,12 +1248,15 @@ void dt_job_print(const dt_job *job, FILE *out)
 void dt_job_print_reference(FILE *out)
 {
     fprintf(out, "| key | type | default | meaning |\n|---|---|---|---|\n");
-    static const char *const tnames[] = {"int", "int", "number", "bool", "string", "choice", "seconds"};
+    /* checkpoint.resume and data.synthetic_shape read as strings (auto/never/PATH, vector/CxHxW:
+     * their help says which). */
+    static const char *const tnames[] = {"int",  "int",     "number", "bool",  "string",
+                                         "choice", "seconds", "string", "string"};
     for (int i = 0; i < dt_cfg_fields_count; i++) {
         const dt_cfg_field *f = &dt_cfg_fields[i];
         char type[160];
         if (f->type == DT_CFG_ENUM)
-            snprintf(type, sizeof type, "%s", f->choices);
+            choices_text(f->choices, type, sizeof type);
         else
             snprintf(type, sizeof type, "%s", tnames[f->type]);
         for (char *p = type; *p; p++)

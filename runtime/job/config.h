@@ -1,12 +1,28 @@
 /* config.h - the job: one typed, validated struct with a default for every key.
  *
+ * runtime/job/ is the contract the launcher (runtime/launch) and the trainer (runtime/train)
+ * share: the job (this file), the worker's environment (workenv.h: what the agent sets, what
+ * the worker reads, the exit codes) and the error file (errfile.h). Both sides include it; it
+ * includes only common/ and rendezvous/rdzv.h (the rendezvous backends' names and endpoint
+ * form), never launch/, comm/, train/ or kernels/, so either side can change without the other.
+ *
  * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp]
  * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in
- * config.c, the file, PET_* variables, `section.key=value` overrides, then launcher flags (the
- * order of dt_setting arrays; among settings of one kind the last one given wins). rendezvous.conf entries take effect where the
+ * config.c, the file, PET_* variables and DTRAIN_OUTPUT_DIR (job.output_dir), `section.key=value`
+ * overrides, then launcher flags (the order of dt_setting arrays, which cmd/args.c makes; among
+ * settings of one kind the last one given wins). rendezvous.conf entries take effect where the
  * conf itself is set (a later explicit key beats them; they beat earlier ones). That table is
  * the single source of keys, types, defaults, ranges and help: the parser, --print-config and the
  * README's key reference (tested against it) all come from it.
+ *
+ * The job is decoded once, here: every key with a fixed set of values is a C enum below (the
+ * *_name functions give the names back for messages), checkpoint.resume is an enum plus a path,
+ * data.synthetic_shape three numbers. No other module compares the job's strings, and nobody
+ * edits a job after loading: the launcher resolves it once and writes it with dt_job_print to
+ * a private file (cmd/dtrain.c: $TMPDIR/dtrain-job-XXXXXX/job.ini, removed when the agent ends);
+ * every worker of every attempt runs `dtrain worker` on that file, which dt_job_load reads
+ * back to the same job (tested). The workers never read the user's job file or the
+ * environment's settings again.
  *
  * A value in double quotes has them removed ("my job" is my job; quotes keep spaces at either
  * end, and --print-config writes them where needed); a UTF-8 BOM at the start is skipped.
@@ -28,6 +44,62 @@
 #define DT_STR_MID 256
 #define DT_PATH_MAX 1024
 
+/* ---- the job's choices, decoded once ------------------------------------------------------
+ * Every key with a fixed set of values is one of these enums in dt_job / dt_launch. The value
+ * of each constant is the position of its name in the key's list of choices (config.c's table);
+ * the *_name functions give the name back (for log lines), "" for a value out of range.
+ * Nothing outside config.c compares a job's strings to decode them again. */
+
+typedef enum dt_device_kind { DT_DEVICE_AUTO, DT_DEVICE_CPU, DT_DEVICE_CUDA } dt_device_kind;
+typedef enum dt_strategy_kind { DT_STRATEGY_DDP, DT_STRATEGY_DP } dt_strategy_kind;
+typedef enum dt_dp_transport_kind {
+    DT_DP_TRANSPORT_AUTO, DT_DP_TRANSPORT_MASTER, DT_DP_TRANSPORT_COLLECTIVES
+} dt_dp_transport_kind;
+typedef enum dt_cpu_bind_kind { DT_CPU_BIND_AUTO, DT_CPU_BIND_NONE } dt_cpu_bind_kind;
+/* model.type is required: DT_MODEL_UNSET only before a job file set it. */
+typedef enum dt_model_kind {
+    DT_MODEL_UNSET = -1, DT_MODEL_MLP, DT_MODEL_RESNET, DT_MODEL_GPT
+} dt_model_kind;
+typedef enum dt_preset_kind {
+    DT_PRESET_NONE, DT_PRESET_GPT_TINY, DT_PRESET_GPT_MINI, DT_PRESET_GPT2_124M
+} dt_preset_kind;
+typedef enum dt_data_kind {
+    DT_DATA_SYNTHETIC, DT_DATA_TEXT, DT_DATA_TOKENS, DT_DATA_CIFAR10, DT_DATA_MNIST
+} dt_data_kind;
+/* train.optimizer and train.schedule: the optimiser's own types (runtime/train/optim.h). */
+typedef enum dt_optim_kind { DT_OPTIM_ADAMW = 0, DT_OPTIM_SGD = 1 } dt_optim_kind;
+typedef enum dt_lr_kind { DT_LR_CONSTANT = 0, DT_LR_COSINE = 1, DT_LR_LINEAR = 2 } dt_lr_kind;
+/* train.precision (the trainer maps it to kernels/backend.h's dt_precision). */
+typedef enum dt_precision_kind {
+    DT_PRECISION_FP32, DT_PRECISION_BF16, DT_PRECISION_FP16
+} dt_precision_kind;
+typedef enum dt_comm_backend_kind {
+    DT_COMM_BACKEND_AUTO, DT_COMM_BACKEND_CPU, DT_COMM_BACKEND_NCCL
+} dt_comm_backend_kind;
+/* ddp.compress (DDP maps it to comm.h's dt_dtype of the payload). */
+typedef enum dt_compress_kind {
+    DT_COMPRESS_NONE, DT_COMPRESS_BF16, DT_COMPRESS_FP16
+} dt_compress_kind;
+/* checkpoint.resume: auto, never, or a path (then in dt_job.resume_path). */
+typedef enum dt_resume_kind { DT_RESUME_AUTO, DT_RESUME_NEVER, DT_RESUME_PATH } dt_resume_kind;
+/* rendezvous.backend (the names rendezvous/rdzv.h's dt_rdzv_opts.backend takes). */
+typedef enum dt_rdzv_backend_kind { DT_RDZV_STATIC, DT_RDZV_C10D } dt_rdzv_backend_kind;
+
+const char *dt_device_name(dt_device_kind v);
+const char *dt_strategy_name(dt_strategy_kind v);
+const char *dt_dp_transport_name(dt_dp_transport_kind v);
+const char *dt_cpu_bind_name(dt_cpu_bind_kind v);
+const char *dt_model_name(dt_model_kind v);
+const char *dt_preset_name(dt_preset_kind v);
+const char *dt_data_name(dt_data_kind v);
+const char *dt_optim_name(dt_optim_kind v);
+const char *dt_lr_name(dt_lr_kind v);
+const char *dt_precision_name(dt_precision_kind v);
+const char *dt_comm_backend_name(dt_comm_backend_kind v);
+const char *dt_compress_name(dt_compress_kind v);
+const char *dt_resume_name(dt_resume_kind v);
+const char *dt_rdzv_backend_name(dt_rdzv_backend_kind v);
+
 /* Launcher settings: from [elastic] and [rendezvous] in a job file, or from launcher flags. */
 typedef struct dt_launch {
     /* [elastic] */
@@ -41,7 +113,7 @@ typedef struct dt_launch {
     char tee[DT_STR_MID];              /* same forms */
     char local_ranks_filter[DT_STR_MID]; /* "" = all; "0,2" shows only those on the console */
     /* [rendezvous] */
-    char rdzv_backend[DT_STR_SMALL];   /* static or c10d */
+    dt_rdzv_backend_kind rdzv_backend;
     char rdzv_endpoint[DT_STR_MID];    /* HOST[:PORT] */
     char rdzv_id[DT_STR_MID];          /* run id */
     char role[DT_STR_SMALL];           /* ROLE_NAME of the workers (torchrun's --role) */
@@ -65,24 +137,24 @@ typedef struct dt_job {
     /* [job] */
     char name[DT_STR_MID];
     char output_dir[DT_PATH_MAX];      /* metrics.jsonl, checkpoints, logs */
-    char device[DT_STR_SMALL];         /* auto, cpu, cuda */
-    char strategy[DT_STR_SMALL];       /* ddp, dp */
+    dt_device_kind device;
+    dt_strategy_kind strategy;
     int dp_replicas;                   /* strategy = dp: replicas driven by the one process */
-    char dp_transport[DT_STR_SMALL];   /* auto, master, collectives (runtime/train/dp.h) */
-    char cpu_bind[DT_STR_SMALL];       /* auto, none: shares of the CPUs per worker / replica */
+    dt_dp_transport_kind dp_transport; /* runtime/train/dp.h */
+    dt_cpu_bind_kind cpu_bind;         /* shares of the CPUs per worker / replica, or none */
     int64_t seed;
     int log_every;                     /* steps between log lines / metrics records */
 
     /* [model] */
-    char model_type[DT_STR_SMALL];     /* mlp, resnet, gpt (required) */
-    char preset[DT_STR_SMALL];         /* gpt-tiny, gpt-mini, gpt2-124m, "" */
+    dt_model_kind model_type;          /* required */
+    dt_preset_kind preset;
     int n_layer, n_head, n_embd, block_size;
     char hidden[DT_STR_MID];           /* mlp: "512,256" */
     int depth, width;                  /* resnet */
     bool sync_bn;
 
     /* [data] */
-    char data_type[DT_STR_SMALL];      /* synthetic, text, tokens, cifar10, mnist */
+    dt_data_kind data_type;
     char data_path[DT_PATH_MAX];       /* file, directory or glob */
     char val_path[DT_PATH_MAX];        /* "" = split off val_fraction of the training data */
     double val_fraction;
@@ -93,31 +165,31 @@ typedef struct dt_job {
     int64_t synthetic_samples;         /* synthetic: dataset size */
     int synthetic_dim;                 /* synthetic: features per sample */
     int synthetic_classes;             /* synthetic: classes */
-    char synthetic_shape[DT_STR_SMALL];/* synthetic: vector or image ("3x32x32") */
+    int synthetic_shape[3];            /* synthetic: image C,H,W ("3x32x32"); 0,0,0 = vector */
 
     /* [train] */
     int batch_size;                    /* per rank, per micro-step */
     int grad_accum;                    /* micro-steps per optimiser step */
     int64_t steps;                     /* optimiser steps (0 = from epochs) */
     int epochs;
-    char optimizer[DT_STR_SMALL];      /* adamw, sgd */
+    dt_optim_kind optimizer;
     double lr, min_lr;
     double weight_decay, beta1, beta2, eps, momentum;
     bool nesterov;
-    char schedule[DT_STR_SMALL];       /* constant, cosine, linear */
+    dt_lr_kind schedule;
     int64_t warmup_steps;
     double grad_clip;                  /* 0 = off */
     int eval_every;                    /* 0 = only at the end */
     int eval_batches;
-    char precision[DT_STR_SMALL];      /* fp32, bf16, fp16 */
+    dt_precision_kind precision;
     double loss_scale;                 /* fp16: initial dynamic loss scale */
     int loss_scale_window;             /* fp16: clean steps before the scale doubles */
     int threads;                       /* BLAS threads per worker */
 
     /* [ddp] */
-    char comm_backend[DT_STR_SMALL];   /* auto, cpu, nccl */
+    dt_comm_backend_kind comm_backend;
     double bucket_cap_mb, first_bucket_mb;
-    char compress[DT_STR_SMALL];       /* none, bf16, fp16 */
+    dt_compress_kind compress;
     double comm_timeout;               /* seconds per collective */
     bool broadcast_buffers;
     bool check_consistency;
@@ -126,7 +198,8 @@ typedef struct dt_job {
     char ckpt_dir[DT_PATH_MAX];        /* "" = <output_dir>/checkpoints */
     int ckpt_every;                    /* steps; 0 = only at the end and on preemption */
     int ckpt_keep;
-    char resume[DT_PATH_MAX];          /* auto, never, or a path */
+    dt_resume_kind resume;
+    char resume_path[DT_PATH_MAX];     /* resume = DT_RESUME_PATH: the checkpoint, else "" */
     bool ckpt_async;
 
     /* [elastic] and [rendezvous] */
@@ -184,8 +257,12 @@ void dt_job_print(const dt_job *job, FILE *out);
 void dt_job_print_reference(FILE *out);
 
 /* A field of the table, for tools that walk it (tests, --print-config). */
+/* DT_CFG_ENUM: one of the enums above (an int), its choices in `choices`. DT_CFG_RESUME:
+ * checkpoint.resume (dt_resume_kind, and the path in resume_path). DT_CFG_SHAPE: int[3]
+ * (C, H, W; 0,0,0 written "vector"). */
 typedef enum dt_cfg_type { DT_CFG_INT, DT_CFG_I64, DT_CFG_DOUBLE, DT_CFG_BOOL, DT_CFG_STR,
-                           DT_CFG_ENUM, DT_CFG_DURATION } dt_cfg_type;
+                           DT_CFG_ENUM, DT_CFG_DURATION, DT_CFG_RESUME,
+                           DT_CFG_SHAPE } dt_cfg_type;
 
 typedef struct dt_cfg_field {
     const char *section;
@@ -195,7 +272,7 @@ typedef struct dt_cfg_field {
     size_t size;           /* of a string field */
     const char *def;       /* default, as text */
     double min, max;       /* numeric range (inclusive) */
-    const char *choices;   /* enum: "a|b|c" */
+    const char *const *choices; /* enum: the names, in the enum's order, NULL-terminated */
     bool required;
     const char *help;
 } dt_cfg_field;

@@ -834,9 +834,7 @@ static int choose_log_root(agent *a, dt_err *err)
         dt_strlcpy(a->log_root, a->L.log_dir, sizeof a->log_root);
         return 0;
     }
-    const char *out = dt_env("DTRAIN_OUTPUT_DIR");
-    if (!out || !*out)
-        out = a->spec->output_dir;
+    const char *out = a->spec->output_dir; /* the resolved job's (DTRAIN_OUTPUT_DIR included) */
     if (a->spec->builtin_worker && out && *out) {
         if (!fmt(a->log_root, sizeof a->log_root, "%s/logs", out))
             return dt_err_set(err, -ENAMETOOLONG, "output_dir too long: %s", out);
@@ -915,7 +913,7 @@ static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
 {
     const dt_launch *L = &a->L;
     memset(o, 0, sizeof *o);
-    dt_strlcpy(o->backend, L->rdzv_backend, sizeof o->backend);
+    dt_strlcpy(o->backend, dt_rdzv_backend_name(L->rdzv_backend), sizeof o->backend);
     dt_strlcpy(o->nnodes, L->nnodes, sizeof o->nnodes);
     o->node_rank = L->node_rank < 0 ? 0 : L->node_rank;
     dt_strlcpy(o->endpoint_host, L->master_addr[0] ? L->master_addr : "127.0.0.1",

@@ -205,7 +205,8 @@ int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resu
 
 /* "auto" limited to the checkpoints run run_id wrote (state.json's run_id). For restarts of a
  * job that began from an explicit checkpoint path: the checkpoints it has written since are
- * newer than that path, and a restart must not go back to it. */
+ * newer than that path, and a restart must not go back to it. run_id NULL: any run's, which is
+ * exactly "auto". */
 int dt_ckpt_resume_run(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool *resumed,
                        char *path_out, size_t size, dt_err *err);
 

@@ -1067,10 +1067,10 @@ static int open_path(const dt_job *job, const char *path, const dt_sample_shape 
     bool for_val = val_src == NULL;
     pathlist train = {0}, held = {0};
     int rc = 0;
-    const char *type = job->data_type;
+    dt_data_kind type = job->data_type;
     bool dir = is_dir(path);
     char img[DT_PATH_MAX + 64], lab[DT_PATH_MAX + 64];
-    if (!strcmp(type, "mnist")) {
+    if (type == DT_DATA_MNIST) {
         if (dir) {
             if ((!for_val || mnist_in_dir(path, true, img, lab, sizeof img, NULL) != 0) &&
                 (rc = mnist_in_dir(path, false, img, lab, sizeof img, err)))
@@ -1087,9 +1087,9 @@ static int open_path(const dt_job *job, const char *path, const dt_sample_shape 
         goto out;
     }
     if (dir) {
-        if (!strcmp(type, "tokens"))
+        if (type == DT_DATA_TOKENS)
             rc = split_dir(path, is_llmc_name, is_llmc_val, &train, &held, err);
-        else if (!strcmp(type, "cifar10")) {
+        else if (type == DT_DATA_CIFAR10) {
             rc = split_dir(path, is_cifar_train, is_cifar_val, &train, &held, err);
             if (!rc && train.n == 0) { /* no data_batch_* names: every file but test_batch */
                 pathlist_free(&held);
@@ -1100,9 +1100,9 @@ static int open_path(const dt_job *job, const char *path, const dt_sample_shape 
         if (!rc && train.n == 0 && !(for_val && held.n))
             rc = dt_err_set(err, -ENOENT, "data directory %s holds no %s files%s", path,
                             for_val ? "validation" : "training",
-                            !strcmp(type, "tokens")    ? " (expected llm.c .bin shards)"
-                            : !strcmp(type, "cifar10") ? " (expected data_batch_*.bin)"
-                                                       : "");
+                            type == DT_DATA_TOKENS    ? " (expected llm.c .bin shards)"
+                            : type == DT_DATA_CIFAR10 ? " (expected data_batch_*.bin)"
+                                                      : "");
     } else {
         rc = list_glob(path, &train, err);
     }
@@ -1113,13 +1113,13 @@ static int open_path(const dt_job *job, const char *path, const dt_sample_shape 
         train = held;
         held = t;
     }
-    if (!strcmp(type, "cifar10")) {
+    if (type == DT_DATA_CIFAR10) {
         if ((rc = source_cifar(src, &train, err)))
             goto out;
         if (!for_val && held.n)
             rc = source_cifar(val_src, &held, err);
     } else {
-        bool text = !strcmp(type, "text");
+        bool text = type == DT_DATA_TEXT;
         if ((rc = source_tokens(src, &train, text, shape->seq_len, shape->vocab_size, err)))
             goto out;
         if (!for_val && held.n)
@@ -1141,14 +1141,14 @@ static int open_synthetic(const dt_job *job, dt_sample_shape *shape, source **ou
     y->seed = (uint64_t)job->seed;
     y->classes = job->synthetic_classes;
     s->n = job->synthetic_samples;
-    if (!strcmp(job->model_type, "gpt")) {
+    if (job->model_type == DT_MODEL_GPT) {
         s->kind = SRC_SYN_TOKENS;
         y->T = s->T = shape->seq_len;
         y->vocab = s->vocab = shape->vocab_size;
         snprintf(s->what, sizeof s->what,
                  "synthetic token sequences (%lld, vocabulary %d; best loss ~1.09)",
                  (long long)s->n, y->vocab);
-    } else if (!strcmp(job->synthetic_shape, "vector")) {
+    } else if (job->synthetic_shape[0] == 0) { /* vector */
         s->kind = SRC_SYN_VEC;
         y->dim = job->synthetic_dim;
         shape->kind = DT_SAMPLE_VECTOR;
@@ -1159,12 +1159,14 @@ static int open_synthetic(const dt_job *job, dt_sample_shape *shape, source **ou
                  (long long)s->n, y->dim, y->classes);
     } else {
         s->kind = SRC_SYN_IMG;
-        char tail;
-        if (sscanf(job->synthetic_shape, "%dx%dx%d%c", &y->C, &y->H, &y->W, &tail) != 3 ||
-            y->C < 1 || y->H < 1 || y->W < 1) {
+        y->C = job->synthetic_shape[0];
+        y->H = job->synthetic_shape[1];
+        y->W = job->synthetic_shape[2];
+        if (y->C < 1 || y->H < 1 || y->W < 1) {
             rc = dt_err_set(err, -EINVAL,
-                            "data.synthetic_shape: \"%s\" must be vector or CxHxW such as 3x32x32",
-                            job->synthetic_shape);
+                            "data.synthetic_shape: %dx%dx%d must be vector or CxHxW such as "
+                            "3x32x32",
+                            y->C, y->H, y->W);
             goto out;
         }
         s->C = y->C;
@@ -1212,24 +1214,25 @@ int dt_data_open(dt_data **out, const dt_job *job, dt_err *err)
         rc = dt_err_set(err, -ENOMEM, "out of memory opening the data");
         goto fail;
     }
-    const char *type = job->data_type;
-    bool lm = !strcmp(type, "text") || !strcmp(type, "tokens") ||
-              (!strcmp(type, "synthetic") && !strcmp(job->model_type, "gpt"));
+    dt_data_kind type = job->data_type;
+    bool lm = type == DT_DATA_TEXT || type == DT_DATA_TOKENS ||
+              (type == DT_DATA_SYNTHETIC && job->model_type == DT_MODEL_GPT);
     dt_sample_shape *shape = &d->shape;
     if (lm) {
         shape->kind = DT_SAMPLE_TOKENS;
         shape->seq_len = job->seq_len > 0 ? job->seq_len : (job->block_size > 0 ? job->block_size : 64);
         shape->vocab_size = job->vocab_size > 0 ? job->vocab_size
-                            : !strcmp(type, "tokens") ? 50257
+                            : type == DT_DATA_TOKENS ? 50257
                                                       : 256;
     }
-    if (!strcmp(type, "synthetic")) {
+    if (type == DT_DATA_SYNTHETIC) {
         if (job->val_path[0])
             DT_WARN("data.val_path is ignored for synthetic data (val_fraction splits it)");
         rc = open_synthetic(job, shape, &im->src[0], err);
     } else {
         if (!job->data_path[0]) {
-            rc = dt_err_set(err, -EINVAL, "data.path is required for data.type = %s", type);
+            rc = dt_err_set(err, -EINVAL, "data.path is required for data.type = %s",
+                            dt_data_name(type));
             goto fail;
         }
         source *held = NULL;
@@ -1293,7 +1296,8 @@ int dt_data_open(dt_data **out, const dt_job *job, dt_err *err)
         snprintf(vdesc, sizeof vdesc, "val: %lld samples of %s", (long long)d->val->n,
                  d->val->src->what);
     snprintf(d->desc, sizeof d->desc, "%s%s%.200s: train %lld samples, %.200s",
-             strcmp(type, "synthetic") ? type : "", strcmp(type, "synthetic") ? " " : "", s->what,
+             type != DT_DATA_SYNTHETIC ? dt_data_name(type) : "",
+             type != DT_DATA_SYNTHETIC ? " " : "", s->what,
              (long long)d->train->n, vdesc);
     free(train);
     free(val);

@@ -65,15 +65,15 @@ int dt_ddp_opts_from_job(dt_ddp_opts *o, const dt_job *job, dt_err *err)
     o->first_bucket_mb = job->first_bucket_mb;
     o->broadcast_buffers = job->broadcast_buffers;
     o->check_consistency = job->check_consistency;
-    if (!strcmp(job->compress, "none"))
+    if (job->compress == DT_COMPRESS_NONE)
         o->compress = DT_FLOAT32;
-    else if (!strcmp(job->compress, "bf16"))
+    else if (job->compress == DT_COMPRESS_BF16)
         o->compress = DT_BFLOAT16;
-    else if (!strcmp(job->compress, "fp16"))
+    else if (job->compress == DT_COMPRESS_FP16)
         o->compress = DT_FLOAT16;
     else
-        return dt_err_set(err, -EINVAL, "ddp.compress = %s: use none, bf16 or fp16",
-                          job->compress);
+        return dt_err_set(err, -EINVAL, "ddp.compress = %d: use none, bf16 or fp16",
+                          (int)job->compress);
     return 0;
 }
 

@@ -353,9 +353,9 @@ void dt_dp_opts_from_job(dt_dp_opts *o, const dt_job *job, const dt_backend_opts
 {
     memset(o, 0, sizeof *o);
     o->replicas = job->dp_replicas;
-    o->device = job->device;
+    o->device = dt_device_name(job->device);
     o->backend = *bo;
-    o->cpu_bind = !strcmp(job->cpu_bind, "auto");
+    o->cpu_bind = job->cpu_bind == DT_CPU_BIND_AUTO;
     o->transport = job->dp_transport;
     o->timeout_ms = (int)DT_MIN(job->comm_timeout * 1000.0, 2e9);
 }
@@ -406,10 +406,11 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
 {
     if (o->replicas < 1 || o->replicas > 1024)
         return dt_err_set(err, -EINVAL, "DP: %d replicas (1..1024)", o->replicas);
-    const char *tr = o->transport && *o->transport ? o->transport : "auto";
-    if (strcmp(tr, "auto") && strcmp(tr, "master") && strcmp(tr, "collectives"))
-        return dt_err_set(err, -EINVAL, "DP: transport \"%s\": use auto, master or collectives",
-                          tr);
+    dt_dp_transport_kind tr = o->transport;
+    if (tr != DT_DP_TRANSPORT_AUTO && tr != DT_DP_TRANSPORT_MASTER &&
+        tr != DT_DP_TRANSPORT_COLLECTIVES)
+        return dt_err_set(err, -EINVAL, "DP: transport %d: use auto, master or collectives",
+                          (int)tr);
     int rc = 0;
     dt_dp *d = calloc(1, sizeof *d);
     if (!d)
@@ -445,7 +446,7 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
         }
     }
     bool want_coll =
-        d->K > 1 && (!strcmp(tr, "collectives") || (!strcmp(tr, "auto") && !d->host_mem));
+        d->K > 1 && (tr == DT_DP_TRANSPORT_COLLECTIVES || (tr == DT_DP_TRANSPORT_AUTO && !d->host_mem));
     dt_model *m0 = d->r[0].m;
     cpu_set_t base;
     dt_err be = {0};
@@ -471,7 +472,7 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
         const char *backend = d->host_mem ? "cpu" : "nccl";
         dt_err ce = {0};
         if ((rc = start_collectives(d, backend, o->timeout_ms, &ce)) != 0) {
-            if (strcmp(tr, "auto") != 0) {
+            if (tr != DT_DP_TRANSPORT_AUTO) {
                 *err = ce;
                 goto fail;
             }

@@ -54,7 +54,7 @@ typedef struct dt_dp_opts {
     bool cpu_bind;           /* replica k's thread runs on share k of the caller's CPUs, or on
                                 cuda its share of the CPUs near GPU k (dt_backend_bind_set); the
                                 caller's thread, which runs replica 0, is bound to share 0 */
-    const char *transport;   /* "auto" (NULL), "master" or "collectives"; see above */
+    dt_dp_transport_kind transport; /* auto (0), master or collectives (config.h); see above */
     int timeout_ms;          /* collectives: per collective and for the bootstrap (0: 300000) */
 } dt_dp_opts;
 

@@ -8,19 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int dt_lr_kind_parse(const char *name, dt_lr_kind *out)
-{
-    if (!strcmp(name, "constant"))
-        *out = DT_LR_CONSTANT;
-    else if (!strcmp(name, "cosine"))
-        *out = DT_LR_COSINE;
-    else if (!strcmp(name, "linear"))
-        *out = DT_LR_LINEAR;
-    else
-        return -EINVAL;
-    return 0;
-}
-
 double dt_lr_at(const dt_lr_schedule *s, int64_t step)
 {
     if (step < s->warmup_steps)
@@ -42,7 +29,7 @@ void dt_optim_config_from_job(dt_optim_config *c, dt_lr_schedule *s, const dt_jo
                               int64_t total_steps)
 {
     memset(c, 0, sizeof *c);
-    c->kind = !strcmp(job->optimizer, "sgd") ? DT_OPTIM_SGD : DT_OPTIM_ADAMW;
+    c->kind = job->optimizer;
     c->weight_decay = job->weight_decay;
     c->beta1 = job->beta1;
     c->beta2 = job->beta2;
@@ -51,8 +38,7 @@ void dt_optim_config_from_job(dt_optim_config *c, dt_lr_schedule *s, const dt_jo
     c->nesterov = job->nesterov;
     c->grad_clip = job->grad_clip;
     memset(s, 0, sizeof *s);
-    if (dt_lr_kind_parse(job->schedule, &s->kind) != 0)
-        s->kind = DT_LR_CONSTANT;
+    s->kind = job->schedule;
     s->lr = job->lr;
     s->min_lr = job->min_lr;
     s->warmup_steps = job->warmup_steps;

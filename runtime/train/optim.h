@@ -23,9 +23,8 @@
 #include "runtime/job/config.h"
 #include "runtime/train/model.h"
 
-typedef enum dt_optim_kind { DT_OPTIM_ADAMW = 0, DT_OPTIM_SGD = 1 } dt_optim_kind;
-
-typedef enum dt_lr_kind { DT_LR_CONSTANT = 0, DT_LR_COSINE = 1, DT_LR_LINEAR = 2 } dt_lr_kind;
+/* dt_optim_kind and dt_lr_kind are the job's (runtime/job/config.h): train.optimizer and
+ * train.schedule decode straight into them. */
 
 /* The learning rate as a function of the (0-based) optimiser step:
  *   warmup:  step < warmup_steps: lr * (step + 1) / warmup_steps
@@ -40,9 +39,6 @@ typedef struct dt_lr_schedule {
 } dt_lr_schedule;
 
 double dt_lr_at(const dt_lr_schedule *s, int64_t step);
-
-/* Parses "constant", "cosine", "linear"; -EINVAL otherwise. */
-int dt_lr_kind_parse(const char *name, dt_lr_kind *out);
 
 typedef struct dt_optim_config {
     dt_optim_kind kind;

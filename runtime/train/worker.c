@@ -26,7 +26,7 @@
  * The DDP module (runtime/ddp) and the checkpoint module (runtime/ckpt) fill these in. Each is
  * called at one place in the loop; see worker.h for what each one is for. */
 
-static bool dp_mode(const dt_trainer *t) { return !strcmp(t->job.strategy, "dp"); }
+static bool dp_mode(const dt_trainer *t) { return t->job.strategy == DT_STRATEGY_DP; }
 
 void dt_worker_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank, int local_world)
 {
@@ -34,7 +34,7 @@ void dt_worker_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank, 
     dt_err e = {0};
     char all[256], list[256];
     bool gpu = be->device_pci_bus_id != NULL; /* device k is local rank k's */
-    if (strcmp(j->cpu_bind, "auto") || (!gpu && (strcmp(be->name, "cpu") || local_world < 2)))
+    if (j->cpu_bind != DT_CPU_BIND_AUTO || (!gpu && (strcmp(be->name, "cpu") || local_world < 2)))
         return;
     if (dt_cpuset_current(&base, &e) ||
         dt_backend_bind_set(be, &base, local_rank, local_world, &mine, &e) ||
@@ -75,10 +75,11 @@ static int seam_comm_init(dt_trainer *t, dt_err *err)
                           "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
                           "start the workers with the dtrain launcher",
                           e->world_size);
-    const char *backend = j->comm_backend;
-    if (!strcmp(backend, "auto"))
-        backend = !strcmp(t->be->name, "cuda") ? "nccl" : "cpu";
-    if (!strcmp(backend, "nccl") && strcmp(t->be->name, "cuda") != 0)
+    dt_comm_backend_kind kind = j->comm_backend;
+    if (kind == DT_COMM_BACKEND_AUTO)
+        kind = !strcmp(t->be->name, "cuda") ? DT_COMM_BACKEND_NCCL : DT_COMM_BACKEND_CPU;
+    const char *backend = dt_comm_backend_name(kind);
+    if (kind == DT_COMM_BACKEND_NCCL && strcmp(t->be->name, "cuda") != 0)
         return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
                                         "runs on %s); use ddp.backend = cpu or auto",
                           t->be->name);
@@ -169,14 +170,18 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     char path[DT_PATH_MAX + 64] = "";
     bool resumed = false;
     int rc = 0;
-    if (strcmp(j->resume, "auto") && strcmp(j->resume, "never") && t->env.attempt > 0)
+    if (j->resume == DT_RESUME_PATH && t->env.attempt > 0)
         rc = dt_ckpt_resume_run(t->ckpt, t->env.run_id, &st, &resumed, path, sizeof path, err);
-    if (!rc && !resumed) {
-        rc = dt_ckpt_resume(t->ckpt, j->resume, &st, &resumed, path, sizeof path, err);
+    if (!rc && !resumed && j->resume != DT_RESUME_NEVER) {
+        /* auto: the newest checkpoint of any run under the directory (run_id NULL). */
+        if (j->resume == DT_RESUME_AUTO)
+            rc = dt_ckpt_resume_run(t->ckpt, NULL, &st, &resumed, path, sizeof path, err);
+        else
+            rc = dt_ckpt_resume(t->ckpt, j->resume_path, &st, &resumed, path, sizeof path, err);
         /* A bad checkpoint.resume = PATH, or a checkpoint directory of another setup, fails the
          * same way on every restart: a configuration error, which retry scripts must not
          * retry (exit 2). Running out of memory or an I/O error is not. */
-        if (rc && rc != -ENOMEM && rc != -EIO && (rc == -EXDEV || strcmp(j->resume, "auto")))
+        if (rc && rc != -ENOMEM && rc != -EIO && (rc == -EXDEV || j->resume != DT_RESUME_AUTO))
             t->config_error = true;
     }
     /* Every rank resumes from the newest checkpoint any rank found; a rank that could not see it
@@ -334,15 +339,18 @@ static void seam_close(dt_trainer *t)
 
 /* ---- building ------------------------------------------------------------------------------- */
 
-static int parse_precision(const char *s, dt_precision *p)
+/* train.precision as the backend's type. */
+static dt_precision backend_precision(dt_precision_kind p)
 {
-    if (!strcmp(s, "bf16"))
-        *p = DT_PREC_BF16;
-    else if (!strcmp(s, "fp16"))
-        *p = DT_PREC_FP16;
-    else
-        *p = DT_PREC_FP32;
-    return 0;
+    switch (p) {
+    case DT_PRECISION_BF16:
+        return DT_PREC_BF16;
+    case DT_PRECISION_FP16:
+        return DT_PREC_FP16;
+    case DT_PRECISION_FP32:
+        break;
+    }
+    return DT_PREC_FP32;
 }
 
 int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, dt_err *err)
@@ -352,9 +360,6 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     t->env = *env;
     t->last_saved_step = -1;
     dt_job *j = &t->job;
-    const char *outdir = dt_env("DTRAIN_OUTPUT_DIR");
-    if (outdir)
-        dt_strlcpy(j->output_dir, outdir, sizeof j->output_dir);
     dt_rng_seed2(&t->rng, (uint64_t)j->seed, (uint64_t)env->rank + 1);
     int rc;
     /* DP: this one process takes the batch of all its replicas (batch_size is per replica). */
@@ -390,8 +395,8 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     dt_backend_opts_default(&bo);
     bo.device_index = env->local_rank;
     bo.threads = j->threads;
-    parse_precision(j->precision, &bo.precision);
-    if ((rc = dt_backend_open(&t->be, j->device, &bo, err)))
+    bo.precision = backend_precision(j->precision);
+    if ((rc = dt_backend_open(&t->be, dt_device_name(j->device), &bo, err)))
         goto fail;
     dt_worker_bind_cpus(j, t->be, env->local_rank, env->local_world_size);
 

@@ -48,7 +48,7 @@
 #include "runtime/train/optim.h"
 
 typedef struct dt_trainer {
-    dt_job job;               /* the resolved job (a copy; output_dir after DTRAIN_OUTPUT_DIR) */
+    dt_job job;               /* the resolved job (a copy) */
     dt_worker_env env;
     dt_backend *be;           /* owned */
     dt_data *data;            /* owned */

@@ -54,24 +54,24 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
                              const dt_sample_shape *shape, dt_err *err)
 {
     memset(cfg, 0, sizeof *cfg);
-    if (!dt_strlcpy(cfg->type, job->model_type, sizeof cfg->type))
-        return dt_err_set(err, -EINVAL, "model.type: unknown model \"%s\" (mlp, resnet, gpt)",
-                          job->model_type);
+    if (!dt_model_name(job->model_type)[0])
+        return dt_err_set(err, -EINVAL, "model.type: not set (mlp, resnet, gpt)");
+    dt_strlcpy(cfg->type, dt_model_name(job->model_type), sizeof cfg->type);
     cfg->shape = *shape;
     cfg->max_batch = job->batch_size;
     cfg->seed = (uint64_t)job->seed;
     cfg->bn_momentum = 0.1f;
     cfg->bn_eps = 1e-5f;
-    if (!strcmp(cfg->type, "gpt")) {
+    if (job->model_type == DT_MODEL_GPT) {
         cfg->n_layer = job->n_layer;
         cfg->n_head = job->n_head;
         cfg->n_embd = job->n_embd;
         cfg->block_size = job->block_size;
-    } else if (!strcmp(cfg->type, "mlp")) {
+    } else if (job->model_type == DT_MODEL_MLP) {
         int rc = parse_hidden(cfg, job->hidden, err);
         if (rc)
             return rc;
-    } else if (!strcmp(cfg->type, "resnet")) {
+    } else if (job->model_type == DT_MODEL_RESNET) {
         cfg->depth = job->depth;
         cfg->width = job->width;
         cfg->sync_bn = job->sync_bn;
