@@ -40,6 +40,7 @@
 #include "common/util.h"
 #include "rendezvous/rdzv_impl.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 
 struct dt_rdzv {
     dt_rdzv_c10d *c10d;           /* the c10d backend, when chosen (owned); then nothing else */

@@ -13,6 +13,7 @@
 
 #include "rendezvous/rdzv.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 
 /* ---- helpers (rdzv.c) ------------------------------------------------------------------- */
 

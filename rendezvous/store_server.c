@@ -45,7 +45,7 @@
  *
  * Deliberately left out: persistence, replication, and fairness beyond per-read batching.
  */
-#include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 
 #include <errno.h>
 #include <inttypes.h>

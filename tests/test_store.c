@@ -20,6 +20,7 @@
 #include "common/util.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 #include "rendezvous/store_internal.h"
 #include "tests/harness.h"
 

@@ -13,7 +13,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 
 static void usage(FILE *out)
 {
