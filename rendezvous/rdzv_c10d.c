@@ -89,7 +89,11 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "rendezvous/rdzv_impl.h"
+#include "rendezvous/rdzv_c10d.h"
+#include "rendezvous/rdzv_common.h"
+#include "rendezvous/rdzv_ranks.h"
+#include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 
 #define KEY_MAX 160
 #define HB_STACK (256 * 1024)
@@ -121,7 +125,11 @@ typedef struct joiner {
     char addr[DT_RDZV_STR];
 } joiner;
 
-struct dt_rdzv_c10d {
+typedef struct c10d_rdzv c10d_rdzv;
+
+static void c10d_close(void *self);
+
+struct c10d_rdzv {
     dt_rdzv_opts o;
     int min, max;                  /* the job's (from conf) */
     int max_restarts;              /* the job's budget (from conf) */
@@ -227,147 +235,6 @@ static int cas_new(dt_store *s, const char *key, const char *desired, bool *won,
 static int add_i(dt_store *s, const char *key, int64_t d, int64_t *res, dt_err *err)
 {
     return dt_store_add(s, key, d, res, err);
-}
-
-/* ---- sets of group ranks ("-" or "3-40,57") ------------------------------------------------ */
-
-static int cmp_int(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return x < y ? -1 : x > y;
-}
-
-char *dt_rdzv_ranks_encode(const int *ranks, int n)
-{
-    if (n < 0 || (n > 0 && !ranks))
-        return NULL;
-    if (n == 0)
-        return strdup("-");
-    int *s = malloc(sizeof *s * (size_t)n);
-    /* a range is at most "2147483647-2147483647," (22): n ranges at most */
-    size_t cap = (size_t)n * 23 + 1, k = 0;
-    char *out = malloc(cap);
-    if (!s || !out)
-        goto fail;
-    for (int i = 0; i < n; i++) {
-        if (ranks[i] < 0)
-            goto fail;
-        s[i] = ranks[i];
-    }
-    qsort(s, (size_t)n, sizeof *s, cmp_int);
-    for (int i = 0; i < n;) {
-        int j = i;
-        while (j + 1 < n && s[j + 1] - s[j] <= 1) /* both >= 0: no overflow */
-            j++;
-        k += (size_t)(s[i] == s[j] ? snprintf(out + k, cap - k, "%s%d", i ? "," : "", s[i])
-                                   : snprintf(out + k, cap - k, "%s%d-%d", i ? "," : "", s[i],
-                                              s[j]));
-        i = j + 1;
-    }
-    free(s);
-    return out;
-fail:
-    free(s);
-    free(out);
-    return NULL;
-}
-
-/* One decimal 0..INT_MAX at *p (digits only); advances *p. */
-static bool parse_rank(const char **p, const char *end, int *out)
-{
-    long long v = 0;
-    const char *q = *p;
-    if (q == end || *q < '0' || *q > '9')
-        return false;
-    for (; q < end && *q >= '0' && *q <= '9'; q++) {
-        v = v * 10 + (*q - '0');
-        if (v > INT_MAX)
-            return false;
-    }
-    *p = q;
-    *out = (int)v;
-    return true;
-}
-
-int dt_rdzv_ranks_decode(const char *s, size_t len, dt_rdzv_ranks *out, dt_err *err)
-{
-    memset(out, 0, sizeof *out);
-    if (len == 1 && s[0] == '-')
-        return 0;
-    const char *p = s, *end = s + len;
-    int cap = 0, shown = len > 80 ? 80 : (int)len;
-    const char *more = len > 80 ? "..." : "";
-    long long prev_hi = -1;
-    if (len == 0)
-        return dt_err_set(err, -EBADMSG, "an empty list of ranks (the empty set is \"-\")");
-    for (;;) {
-        int lo, hi;
-        size_t at = (size_t)(p - s);
-        if (!parse_rank(&p, end, &lo))
-            goto bad;
-        hi = lo;
-        if (p < end && *p == '-') {
-            p++;
-            at = (size_t)(p - s);
-            if (!parse_rank(&p, end, &hi))
-                goto bad;
-            if (hi < lo)
-                return dt_err_set(err, -EBADMSG,
-                                  "the range %d-%d runs backwards in the list of ranks \"%.*s%s\"",
-                                  lo, hi, shown, s, more);
-        }
-        if (lo <= prev_hi)
-            return dt_err_set(err, -EBADMSG,
-                              "rank %d is not above the ranks before it in the list of ranks "
-                              "\"%.*s%s\" (it must be ascending, without repeats)",
-                              lo, shown, s, more);
-        if (out->n == cap) {
-            cap = cap ? 2 * cap : 8;
-            void *r = realloc(out->r, sizeof *out->r * (size_t)cap);
-            if (!r)
-                return dt_err_set(err, -ENOMEM, "out of memory");
-            out->r = r;
-        }
-        out->r[out->n][0] = lo;
-        out->r[out->n][1] = hi;
-        out->n++;
-        out->count += (long long)hi - lo + 1;
-        prev_hi = hi;
-        if (p == end)
-            return 0;
-        at = (size_t)(p - s);
-        if (*p != ',' || ++p == end)
-            goto bad;
-        continue;
-    bad:
-        return dt_err_set(err, -EBADMSG,
-                          "a malformed list of ranks at offset %zu of \"%.*s%s\" (expected "
-                          "\"-\" or ascending items \"g\" or \"lo-hi\" separated by commas)",
-                          at, shown, s, more);
-    }
-}
-
-bool dt_rdzv_ranks_has(const dt_rdzv_ranks *set, int g)
-{
-    int a = 0, b = set ? set->n : 0;
-    while (a < b) {
-        int m = a + (b - a) / 2;
-        if (g < set->r[m][0])
-            b = m;
-        else if (g > set->r[m][1])
-            a = m + 1;
-        else
-            return true;
-    }
-    return false;
-}
-
-void dt_rdzv_ranks_free(dt_rdzv_ranks *set)
-{
-    if (!set)
-        return;
-    free(set->r);
-    memset(set, 0, sizeof *set);
 }
 
 /* ---- end records ------------------------------------------------------------------------------ */
@@ -494,7 +361,7 @@ static int closed_decode(const char *v, closed_info *ci)
 /* An error of the store, reworded: the usual reason is that the store's host is gone. */
 /* An error of a store call, reworded. A connection error means the store's host is gone: then
  * nothing more is asked of the store (each call would wait out a timeout). */
-static int store_gone(dt_rdzv_c10d *c, int rc, dt_err *err, const char *what)
+static int store_gone(c10d_rdzv *c, int rc, dt_err *err, const char *what)
 {
     if (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -EPIPE ||
         rc == -EHOSTUNREACH || rc == -ENETUNREACH) {
@@ -509,13 +376,13 @@ static int store_gone(dt_rdzv_c10d *c, int rc, dt_err *err, const char *what)
     return dt_err_prefix(err, "%s: ", what);
 }
 
-static bool interrupted(dt_rdzv_c10d *c)
+static bool interrupted(c10d_rdzv *c)
 {
     return c->o.interrupted && c->o.interrupted(c->o.arg);
 }
 
 /* The job's final state, if set: fills st and returns true. */
-static bool job_final(dt_rdzv_c10d *c, dt_rdzv_status *st)
+static bool job_final(c10d_rdzv *c, dt_rdzv_status *st)
 {
     char *v = NULL;
     if (c->gone || get0(c->ns, "final", &v, NULL) != 0)
@@ -526,7 +393,7 @@ static bool job_final(dt_rdzv_c10d *c, dt_rdzv_status *st)
 }
 
 /* Records the job's final state (first writer wins). */
-static void write_final(dt_rdzv_c10d *c, int code, const char *kind, int node, int sig,
+static void write_final(c10d_rdzv *c, int code, const char *kind, int node, int sig,
                         const char *why)
 {
     char v[1024];
@@ -538,7 +405,7 @@ static void write_final(dt_rdzv_c10d *c, int code, const char *kind, int node, i
 
 /* This agent has seen the job's end: a/<id> becomes "left" (and the heartbeat thread stops
  * beating it), so the store host need not wait for it. */
-static void mark_left(dt_rdzv_c10d *c)
+static void mark_left(c10d_rdzv *c)
 {
     if (c->left || c->killed || c->gone || !c->ns || !c->opened)
         return;
@@ -552,7 +419,7 @@ static void mark_left(dt_rdzv_c10d *c)
 /* Bumps a/<id> and "pulse" (and, when rkey is not NULL, the round's heartbeat key to the same
  * value) in one request; only the round's key once this agent has left. Heartbeat thread only.
  * Returns the store's answer. */
-static int beat(dt_rdzv_c10d *c, const char *rkey, dt_err *err)
+static int beat(c10d_rdzv *c, const char *rkey, dt_err *err)
 {
     char v[32], pulse[80];
     pthread_mutex_lock(&c->beat_mu);
@@ -582,7 +449,7 @@ static int beat(dt_rdzv_c10d *c, const char *rkey, dt_err *err)
 /* ---- heartbeats ----------------------------------------------------------------------------- */
 
 /* Tells the heartbeat thread which round to beat for (R < 0: none). */
-static void hb_assign(dt_rdzv_c10d *c, int R, int g, int n, const char *tag)
+static void hb_assign(c10d_rdzv *c, int R, int g, int n, const char *tag)
 {
     pthread_mutex_lock(&c->mu);
     c->hb_round = R;
@@ -616,7 +483,7 @@ static void read_hosts(dt_store *s, int R, const char *tag, int n, char (*hosts)
 }
 
 /* Declares the nodes in lost[] (group ranks of round R) dead and ends the round. */
-static void declare_lost(dt_rdzv_c10d *c, dt_store *s, int R, int me, int n, const char *tag,
+static void declare_lost(c10d_rdzv *c, dt_store *s, int R, int me, int n, const char *tag,
                          const int *lost, const double *silent, int nl)
 {
     char key[KEY_MAX], why[256], *v = NULL, *cur = NULL;
@@ -676,7 +543,7 @@ out:
 
 /* One heartbeat: bump this node's counter, then check group rank 0's (everyone) or all (rank
  * 0). fresh: the round changed, so the watch starts over on this clock. */
-static void hb_tick(dt_rdzv_c10d *c, int R, int g, int n, const char *tag, bool fresh)
+static void hb_tick(c10d_rdzv *c, int R, int g, int n, const char *tag, bool fresh)
 {
     char key[KEY_MAX];
     double now = dt_now_s();
@@ -757,7 +624,7 @@ out:
 
 static void *hb_main(void *arg)
 {
-    dt_rdzv_c10d *c = arg;
+    c10d_rdzv *c = arg;
     pthread_mutex_lock(&c->mu);
     while (!c->hb_stop) {
         int R = c->hb_round, g = c->hb_g, n = c->hb_n;
@@ -786,7 +653,7 @@ static void *hb_main(void *arg)
     return NULL;
 }
 
-static void hb_stop(dt_rdzv_c10d *c)
+static void hb_stop(c10d_rdzv *c)
 {
     if (!c->hb_running)
         return;
@@ -934,7 +801,7 @@ static int watch_look(dt_store *s, const char *prefix, watch *w, const char *sel
  * abandoned one (every agent SIGKILLed, the store outliving them) costs a heartbeat_timeout,
  * once. A missing pulse counts as live until it has stayed missing that long (the agent that
  * just created the instance sets it right after). */
-static int instance_live(dt_rdzv_c10d *c, const char *J, bool *live)
+static int instance_live(c10d_rdzv *c, const char *J, bool *live)
 {
     char key[KEY_MAX], *first = NULL;
     kf(key, sizeof key, "%s/pulse", J);
@@ -967,7 +834,7 @@ static int instance_live(dt_rdzv_c10d *c, const char *J, bool *live)
 /* Finds the job instance under "dtrain/<id>/job": the current one, or a new one when there is
  * none, or the current one has finished, or it was abandoned (no agent of it is alive: they
  * were all killed before any could write the end). */
-static int resolve_job(dt_rdzv_c10d *c, dt_err *err)
+static int resolve_job(c10d_rdzv *c, dt_err *err)
 {
     char fresh[32], key[KEY_MAX], *cur = NULL, *fin = NULL;
     int rc;
@@ -1005,7 +872,7 @@ static int resolve_job(dt_rdzv_c10d *c, dt_err *err)
 }
 
 /* Agrees on the job's settings: the first agent's, recorded in "conf". */
-static int agree_conf(dt_rdzv_c10d *c, dt_err *err)
+static int agree_conf(c10d_rdzv *c, dt_err *err)
 {
     char run_id[DT_RDZV_STR];
     if (c->o.run_id[0] && strcmp(c->o.run_id, "none"))
@@ -1045,7 +912,7 @@ static int agree_conf(dt_rdzv_c10d *c, dt_err *err)
     return 0;
 }
 
-static int start_hb(dt_rdzv_c10d *c, dt_err *err)
+static int start_hb(c10d_rdzv *c, dt_err *err)
 {
     pthread_attr_t at;
     pthread_attr_init(&at);
@@ -1058,10 +925,10 @@ static int start_hb(dt_rdzv_c10d *c, dt_err *err)
     return 0;
 }
 
-int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
+static int c10d_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
 {
     int rc;
-    dt_rdzv_c10d *c = calloc(1, sizeof *c);
+    c10d_rdzv *c = calloc(1, sizeof *c);
     *out = NULL;
     if (!c)
         return dt_err_set(err, -ENOMEM, "out of memory");
@@ -1155,7 +1022,7 @@ int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
 fail:
     if (rc != -EINTR && rc != -EINVAL && c->base)
         store_gone(c, rc, err, "opening the rendezvous");
-    dt_rdzv_c10d_close(c);
+    c10d_close(c);
     return rc;
 }
 
@@ -1174,7 +1041,7 @@ static int cmp_joiner(const void *a, const void *b)
 
 /* The attempt of round R: R-1's, plus one when R-1 failed. Returns 0, or -EBADMSG when R-1's
  * end record is damaged (err says how). */
-static int round_attempt(dt_rdzv_c10d *c, int R, int *attempt, dt_err *err)
+static int round_attempt(c10d_rdzv *c, int R, int *attempt, dt_err *err)
 {
     char key[KEY_MAX], *v = NULL;
     closed_info ci;
@@ -1207,7 +1074,7 @@ static int round_attempt(dt_rdzv_c10d *c, int R, int *attempt, dt_err *err)
  * old order), then newcomers by join order, cut to MAX (a newcomer beyond it waits as a spare;
  * a survivor is never pushed out by a newcomer). Returns 0 (whether or not this call closed
  * it) or a store error. */
-static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
+static int try_close(c10d_rdzv *c, int R, dt_err *err)
 {
     char key[KEY_MAX];
     int64_t cnt = 0;
@@ -1366,7 +1233,7 @@ out:
 /* ---- joining -------------------------------------------------------------------------------- */
 
 /* Fills rd for membership of round R. */
-static void fill_round(dt_rdzv_c10d *c, const closed_info *ci, int R, int g, int base,
+static void fill_round(c10d_rdzv *c, const closed_info *ci, int R, int g, int base,
                        dt_rdzv_round *rd)
 {
     memset(rd, 0, sizeof *rd);
@@ -1388,7 +1255,7 @@ static void fill_round(dt_rdzv_c10d *c, const closed_info *ci, int R, int g, int
 }
 
 /* Cancels round R before it formed and ends the job (the first one to cancel writes final). */
-static void cancel_round(dt_rdzv_c10d *c, int R, int code, const char *kind, int sig,
+static void cancel_round(c10d_rdzv *c, int R, int code, const char *kind, int sig,
                          const char *why, bool *won)
 {
     char key[KEY_MAX];
@@ -1401,7 +1268,7 @@ static void cancel_round(dt_rdzv_c10d *c, int R, int code, const char *kind, int
 /* Rank 0 did not propose a MASTER_PORT (it was not the node expected to be rank 0): rank 0
  * picks one now and publishes it; the others wait for it. If the round ends meanwhile (rank 0
  * lost), the port stays 0 and the caller's first poll sees the end. */
-static int master_port(dt_rdzv_c10d *c, int R, int g, closed_info *ci, dt_err *err)
+static int master_port(c10d_rdzv *c, int R, int g, closed_info *ci, dt_err *err)
 {
     char key[KEY_MAX], endkey[KEY_MAX], v[32], *s = NULL;
     int rc, port = 0;
@@ -1443,7 +1310,7 @@ static int master_port(dt_rdzv_c10d *c, int R, int g, closed_info *ci, dt_err *e
 /* Joins round R (not closed when looked at). Returns 0 as a member with rd filled, 1 when the
  * round closed without this node, or an error: -EINTR, -ECANCELED (the job ended: st says how),
  * -ETIMEDOUT (too few nodes within the join timeout), a store error. */
-static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd,
+static int join_round(c10d_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
                       dt_rdzv_status *st, dt_err *err)
 {
     char key[KEY_MAX], *v = NULL, prev_why[256] = "";
@@ -1609,7 +1476,7 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
 }
 
 /* Whether round R's end (with its closed record) ends the job; fills st when it does. */
-static bool end_is_final(dt_rdzv_c10d *c, const end_info *e, const closed_info *ci,
+static bool end_is_final(c10d_rdzv *c, const end_info *e, const closed_info *ci,
                          dt_rdzv_status *st)
 {
     if (e->kind == END_SUCCESS || e->kind == END_ABORT ||
@@ -1622,7 +1489,7 @@ static bool end_is_final(dt_rdzv_c10d *c, const end_info *e, const closed_info *
 
 /* Waits as a spare while round R (full) runs: until it ends. Watches its group rank 0 meanwhile,
  * so that a round whose nodes all died cannot keep spares waiting forever. */
-static int spare_wait(dt_rdzv_c10d *c, int R, const closed_info *ci, dt_rdzv_status *st,
+static int spare_wait(c10d_rdzv *c, int R, const closed_info *ci, dt_rdzv_status *st,
                       dt_err *err)
 {
     char key[KEY_MAX], hbkey[KEY_MAX], *v = NULL;
@@ -1677,8 +1544,9 @@ static int spare_wait(dt_rdzv_c10d *c, int R, const closed_info *ci, dt_rdzv_sta
     }
 }
 
-int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
+static int c10d_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
 {
+    c10d_rdzv *c = self;
     dt_rdzv_status dummy;
     char key[KEY_MAX], *v = NULL;
     int rc;
@@ -1784,7 +1652,7 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
 
 /* Caches the end v of this node's round. Returns 0, or -EBADMSG when v is damaged (err says
  * how; nothing cached). */
-static int cache_end(dt_rdzv_c10d *c, const char *v, dt_err *err)
+static int cache_end(c10d_rdzv *c, const char *v, dt_err *err)
 {
     end_info e;
     int rc = end_decode(v, &e, err);
@@ -1809,8 +1677,9 @@ static int cache_end(dt_rdzv_c10d *c, const char *v, dt_err *err)
     return 0;
 }
 
-int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
+static int c10d_poll(void *self, dt_rdzv_status *st, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX], *v = NULL;
     memset(st, 0, sizeof *st);
     if (c->killed)
@@ -1855,8 +1724,9 @@ int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
     return 0;
 }
 
-int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
+static int c10d_succeeded(void *self, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX], *v = NULL, why[64];
     int64_t d = 0;
     bool won = false;
@@ -1882,8 +1752,9 @@ int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
     return 0;
 }
 
-int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err)
+static int c10d_failed(void *self, const dt_rdzv_failure *f, int n, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX], why[200], *v = NULL, *cur = NULL;
     int rc = 0;
     if ((rc = dt_rdzv_fail_list_add(&c->fails, f, n, err)))
@@ -1927,7 +1798,7 @@ int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err
  * with END_ABORT (sig; -1: a configuration error), the round being joined and the one after
  * the latest cancelled, so that every agent - running, between rounds, joining, spare - sees the
  * end. this->ended becomes that abort unless the round had already ended for good. */
-static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const char *why)
+static void end_job(c10d_rdzv *c, int code, const char *kind, int sig, const char *why)
 {
     char *v = NULL, key[KEY_MAX];
     if (c->ended.state == DT_RDZV_RUNNING || c->ended.state == DT_RDZV_FAILED ||
@@ -1971,8 +1842,9 @@ static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const 
     mark_left(c);
 }
 
-int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
+static int c10d_abort(void *self, int sig, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char why[200];
     if (c->killed)
         return 0;
@@ -1983,9 +1855,10 @@ int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
     return 0;
 }
 
-int dt_rdzv_c10d_abort_config(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, const char *why,
+static int c10d_abort_config(void *self, const dt_rdzv_failure *f, int n, const char *why,
                               dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX];
     int rc = 0;
     if (c->killed)
@@ -2002,8 +1875,9 @@ int dt_rdzv_c10d_abort_config(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, 
     return rc;
 }
 
-int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err *err)
+static int c10d_failures(void *self, dt_rdzv_failure **out, int *n, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX];
     *out = NULL;
     *n = 0;
@@ -2023,7 +1897,7 @@ int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err
 /* The store host waits until every agent of the job has seen the end (a/<id> = "left") or has
  * been silent for heartbeat_timeout (dead, frozen, cut off: a spare that died too), up to
  * close_timeout. Agents that open meanwhile (a late spare) are waited for too. */
-static void wait_others_left(dt_rdzv_c10d *c)
+static void wait_others_left(c10d_rdzv *c)
 {
     watch w = {0};
     double deadline = dt_now_s() + c->o.close_timeout;
@@ -2046,8 +1920,9 @@ static void wait_others_left(dt_rdzv_c10d *c)
     watch_free(&w);
 }
 
-void dt_rdzv_c10d_kill(dt_rdzv_c10d *c)
+static void c10d_kill(void *self)
 {
+    c10d_rdzv *c = self;
     if (!c || c->killed)
         return;
     hb_stop(c);
@@ -2060,8 +1935,9 @@ void dt_rdzv_c10d_kill(dt_rdzv_c10d *c)
     c->hb_ns = c->hb_base = c->ns = c->ns_id = c->base = NULL;
 }
 
-void dt_rdzv_c10d_close(dt_rdzv_c10d *c)
+static void c10d_close(void *self)
 {
+    c10d_rdzv *c = self;
     if (!c)
         return;
     hb_stop(c);
@@ -2084,3 +1960,17 @@ void dt_rdzv_c10d_close(dt_rdzv_c10d *c)
     dt_rdzv_fail_list_clear(&c->fails);
     free(c);
 }
+
+const dt_rdzv_ops dt_rdzv_c10d_ops = {
+    .name = "c10d",
+    .open = c10d_open,
+    .next = c10d_next,
+    .poll = c10d_poll,
+    .succeeded = c10d_succeeded,
+    .failed = c10d_failed,
+    .abort = c10d_abort,
+    .abort_config = c10d_abort_config,
+    .failures = c10d_failures,
+    .kill = c10d_kill,
+    .close = c10d_close,
+};
