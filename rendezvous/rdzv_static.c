@@ -26,6 +26,8 @@
 
 #include <cJSON.h>
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +68,16 @@ typedef struct static_rdzv {
     double *hb_seen;              /* nnodes: monotonic time it last changed */
     dt_rdzv_fail_list fails;      /* this node's failures of the current round */
 
+    /* Liveness from open to close (a thread with its own connection, so that it beats while
+     * the agent stops its workers or waits in a call): alive/<node> counts up every
+     * heartbeat_interval. The store host reads these at the end, so that it waits for no node
+     * whose agent is gone. alive_* under alive_mu; the thread alone uses alive_base/alive_ns. */
+    pthread_t alive_thread;
+    bool alive_running;
+    pthread_mutex_t alive_mu;
+    pthread_cond_t alive_cv;
+    bool alive_stop;
+    dt_store *alive_base, *alive_ns; /* owned */
 } static_rdzv;
 
 static int st_failed(void *self, const dt_rdzv_failure *f, int n, dt_err *err);
@@ -183,6 +195,74 @@ static int host_store(static_rdzv *r, const char *bind_host, int port, dt_err *e
     return dt_rdzv_host_store(&r->server, bind_host, port, err);
 }
 
+/* ---- liveness ---------------------------------------------------------------------------- */
+
+static void *alive_main(void *arg)
+{
+    static_rdzv *r = arg;
+    char key[32];
+    int64_t count = 0;
+    snprintf(key, sizeof key, "alive/%d", r->node);
+    pthread_mutex_lock(&r->alive_mu);
+    while (!r->alive_stop) {
+        pthread_mutex_unlock(&r->alive_mu);
+        char v[32];
+        snprintf(v, sizeof v, "%lld", (long long)++count);
+        dt_err e = {0};
+        if (set_str(r->alive_ns, key, v, &e))
+            DT_DEBUG("liveness beat: %s", e.msg);
+        pthread_mutex_lock(&r->alive_mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double at = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + r->o.heartbeat_interval;
+        ts.tv_sec = (time_t)at;
+        ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+        while (!r->alive_stop && pthread_cond_timedwait(&r->alive_cv, &r->alive_mu, &ts) == 0)
+            ;
+    }
+    pthread_mutex_unlock(&r->alive_mu);
+    return NULL;
+}
+
+/* Starts the liveness thread on a connection of its own to host:port (prefix: the job's). */
+static int alive_start(static_rdzv *r, const char *host, const char *prefix, dt_err *err)
+{
+    int rc;
+    pthread_condattr_t ca;
+    if ((rc = dt_rdzv_connect_store(&r->alive_base, &r->o, host, r->store_port, err)) ||
+        (rc = dt_store_prefixed(&r->alive_ns, r->alive_base, prefix, err)))
+        return rc;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&r->alive_mu, NULL);
+    pthread_cond_init(&r->alive_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if ((rc = pthread_create(&r->alive_thread, NULL, alive_main, r))) {
+        pthread_cond_destroy(&r->alive_cv);
+        pthread_mutex_destroy(&r->alive_mu);
+        return dt_err_errno(err, rc, "cannot start the liveness thread");
+    }
+    r->alive_running = true;
+    return 0;
+}
+
+static void alive_stop(static_rdzv *r)
+{
+    if (r->alive_running) {
+        pthread_mutex_lock(&r->alive_mu);
+        r->alive_stop = true;
+        pthread_cond_signal(&r->alive_cv);
+        pthread_mutex_unlock(&r->alive_mu);
+        pthread_join(r->alive_thread, NULL);
+        pthread_cond_destroy(&r->alive_cv);
+        pthread_mutex_destroy(&r->alive_mu);
+        r->alive_running = false;
+    }
+    dt_store_free(r->alive_ns);
+    dt_store_free(r->alive_base);
+    r->alive_ns = r->alive_base = NULL;
+}
+
 static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
 {
     int rc, nnodes = 0;
@@ -290,6 +370,8 @@ static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         if (rc)
             goto fail;
     }
+    if ((rc = alive_start(r, r->server ? "127.0.0.1" : ep, prefix, err)))
+        goto fail;
     *out = r;
     return 0;
 fail:
@@ -871,22 +953,31 @@ static int st_failures(void *self, dt_rdzv_failure **out, int *n, dt_err *err)
     return dt_rdzv_fail_list_copy(&r->fails, out, n, err);
 }
 
-/* The store host waits until every node still in the job has seen the outcome. */
+/* The store host waits until every node still in the job has seen the outcome (left/<k>), up
+ * to close_timeout. A node whose liveness counter (alive/<k>, beaten by its agent's thread until
+ * it closes) stands still for heartbeat_timeout has no agent left to confirm anything: it is
+ * waited for no longer, so that a job whose node died ends within about heartbeat_timeout. */
 static void wait_others_left(static_rdzv *r)
 {
-    int n = 0;
+    int n = 0, *who = calloc((size_t)r->nnodes, sizeof *who);
     char (*keys)[32] = calloc((size_t)r->nnodes, sizeof *keys);
     const char **kp = calloc((size_t)r->nnodes, sizeof *kp);
-    if (!keys || !kp)
+    int64_t *val = calloc((size_t)r->nnodes, sizeof *val);
+    double *seen = calloc((size_t)r->nnodes, sizeof *seen);
+    if (!who || !keys || !kp || !val || !seen)
         goto out;
+    double now = dt_now_s(), deadline = now + r->o.close_timeout, next_look = now;
     for (int i = 0; i < r->nnodes; i++)
         if (i != r->node && r->member[i]) {
-            snprintf(keys[n], sizeof keys[n], "left/%d", i);
-            kp[n] = keys[n];
-            n++;
+            who[n] = i;
+            val[n] = -1;
+            seen[n++] = now;
         }
-    double deadline = dt_now_s() + r->o.close_timeout;
     while (n > 0) {
+        for (int j = 0; j < n; j++) {
+            snprintf(keys[j], sizeof keys[j], "left/%d", who[j]);
+            kp[j] = keys[j];
+        }
         double left = deadline - dt_now_s();
         if (left <= 0) {
             DT_WARN("not every node confirmed the end of the job within close_timeout (%g s); "
@@ -895,16 +986,47 @@ static void wait_others_left(static_rdzv *r)
             break;
         }
         int rc = dt_store_wait(r->ns, kp, (size_t)n, left > 0.1 ? 100 : 20, NULL);
-        if (rc == 0)
-            break;
-        if (rc != -ETIMEDOUT)
+        if (rc == 0 || rc != -ETIMEDOUT)
             break;
         if (r->o.interrupted && r->o.interrupted(r->o.arg))
             break;
+        if ((now = dt_now_s()) < next_look)
+            continue;
+        next_look = now + DT_MIN(r->o.heartbeat_interval, 1.0);
+        for (int j = 0; j < n; j++) {
+            char key[32];
+            const char *lk = keys[j];
+            void *v = NULL;
+            size_t len;
+            int done = 0;
+            snprintf(key, sizeof key, "alive/%d", who[j]);
+            if (dt_store_check(r->ns, &lk, 1, &done, NULL) == 0 && done) {
+                who[j] = who[--n]; /* it has left: wait for the others */
+                val[j] = val[n];
+                seen[j--] = seen[n];
+                continue;
+            }
+            int64_t c = dt_store_get(r->ns, key, &v, &len, 0, NULL) == 0 ? atoll(v) : -1;
+            free(v);
+            if (c != val[j]) {
+                val[j] = c;
+                seen[j] = now;
+            } else if (now - seen[j] > r->o.heartbeat_timeout) {
+                DT_WARN("node %d (%s) sent no heartbeat for %.1f s (heartbeat_timeout) while the "
+                        "job ended: its agent is gone; not waiting for it to confirm the end",
+                        who[j], r->hosts[who[j]][0] ? r->hosts[who[j]] : "?", now - seen[j]);
+                who[j] = who[--n];
+                val[j] = val[n];
+                seen[j--] = seen[n];
+            }
+        }
     }
 out:
+    free(who);
     free(keys);
     free(kp);
+    free(val);
+    free(seen);
 }
 
 static void st_close(void *self)
@@ -947,6 +1069,7 @@ static void st_close(void *self)
             wait_others_left(r);
         }
     }
+    alive_stop(r);
     dt_store_free(r->ns);
     dt_store_free(r->base);
     dt_store_server_stop(r->server);
