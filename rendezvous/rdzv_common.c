@@ -295,10 +295,45 @@ bool dt_rdzv_is_local_host(const char *host)
     return local;
 }
 
+/* The cause in one of dt_store_connect's messages, without its own attempt count (which covers
+ * one try of about a second, not the whole wait): the text after "last error: " up to the
+ * closing parenthesis, else the whole message. */
+static void connect_cause(const char *msg, char *out, size_t cap)
+{
+    const char *p = strstr(msg, "last error: ");
+    if (!p) {
+        dt_strlcpy(out, msg, cap);
+        return;
+    }
+    p += strlen("last error: ");
+    const char *end = strstr(p, "); is it running");
+    snprintf(out, cap, "%.*s", end ? (int)(end - p) : (int)strlen(p), p);
+}
+
+/* Whether host resolves; when not, why in out. */
+static bool host_resolves(const char *host, char *out, size_t cap)
+{
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int g = getaddrinfo(host, NULL, &hints, &res);
+    if (g == 0) {
+        freeaddrinfo(res);
+        return true;
+    }
+    snprintf(out, cap, "cannot resolve \"%s\": %s", host,
+             g == EAI_SYSTEM ? strerror(errno) : gai_strerror(g));
+    return false;
+}
+
 int dt_rdzv_connect_store(dt_store **out, const dt_rdzv_opts *o, const char *host, int port,
                           dt_err *err)
 {
-    double deadline = dt_now_s() + o->join_timeout;
+    double t0 = dt_now_s(), deadline = t0 + o->join_timeout, next_line = t0 + 5;
+    int attempts = 0;
+    bool told = false;
+    char cause[DT_ERR_MSG_MAX / 2] = "";
     dt_store_opts so;
     dt_store_opts_default(&so);
     /* Calls fail over to "the store is gone" after about a heartbeat timeout, or read_timeout
@@ -309,18 +344,46 @@ int dt_rdzv_connect_store(dt_store **out, const dt_rdzv_opts *o, const char *hos
     so.timeout_ms = (int)(1000 * (t < 1 ? 1 : t > 30 ? 30 : t));
     for (;;) {
         double left = deadline - dt_now_s();
-        so.connect_timeout_ms = left > 1 ? 1000 : (int)(left * 1000) + 1;
-        dt_err e = {0};
-        int rc = dt_store_connect(out, host, port, &so, &e);
-        if (rc == 0)
-            return 0;
-        if (rc == -EPROTO || rc == -EACCES)
-            return dt_err_set(err, rc, "%s", e.msg);
+        attempts++;
+        if (!host_resolves(host, cause, sizeof cause)) {
+            /* Said at once: a typo in --master-addr should not look like a slow first node. */
+            if (!told)
+                DT_WARN("the rendezvous store's host %s (check --master-addr or "
+                        "--rdzv-endpoint); retrying until join_timeout (%g s)",
+                        cause, o->join_timeout);
+            told = true;
+            for (double until = dt_now_s() + DT_MIN(1.0, DT_MAX(left, 0.0));
+                 dt_now_s() < until && !(o->interrupted && o->interrupted(o->arg));)
+                dt_sleep_ms(50);
+        } else {
+            so.connect_timeout_ms = left > 1 ? 1000 : (int)(left * 1000) + 1;
+            dt_err e = {0};
+            int rc = dt_store_connect(out, host, port, &so, &e);
+            if (rc == 0) {
+                if (told)
+                    DT_INFO("reached the rendezvous store at %s:%d after %.1f s", host, port,
+                            dt_now_s() - t0);
+                return 0;
+            }
+            if (rc == -EPROTO || rc == -EACCES)
+                return dt_err_set(err, rc, "%s", e.msg);
+            connect_cause(e.msg, cause, sizeof cause);
+        }
         if (o->interrupted && o->interrupted(o->arg))
             return dt_err_set(err, -EINTR, "interrupted while connecting to the store");
-        if (dt_now_s() >= deadline)
-            return dt_err_set(err, -ETIMEDOUT, "%s (tried for the join timeout, %g s)", e.msg,
-                              o->join_timeout);
+        double now = dt_now_s();
+        if (now >= deadline)
+            return dt_err_set(err, -ETIMEDOUT,
+                              "cannot reach the rendezvous store at %s:%d: %d attempt%s over "
+                              "%.1f s (join_timeout %g s); last error: %s",
+                              host, port, attempts, attempts == 1 ? "" : "s", now - t0,
+                              o->join_timeout, cause);
+        if (now >= next_line) {
+            DT_INFO("still waiting for the rendezvous store at %s:%d (%.0f s of join_timeout "
+                    "%g s): %s",
+                    host, port, now - t0, o->join_timeout, cause);
+            next_line = now + 5;
+        }
     }
 }
 

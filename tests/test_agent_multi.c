@@ -517,6 +517,46 @@ static void test_dead_node_not_awaited_at_close(void)
         dt_test_group_dump(&j);
 }
 
+/* Issue 21 #9: a --master-addr that does not resolve is said at once (not after join_timeout),
+ * retried with a line every few seconds, and the final message's count and time are those of
+ * the whole wait. Nothing listens anywhere: the name never resolves (.invalid, RFC 6761). */
+static void test_unresolvable_master_addr(void)
+{
+    char line[4096], out[1024];
+    snprintf(out, sizeof out, "%s/node1.out", TMP);
+    snprintf(line, sizeof line,
+             "%s --nnodes 2 --node-rank 1 --master-addr no-such-host.invalid --master-port 29500 "
+             "--rdzv-conf join_timeout=12 --log-dir %s/logs -- true",
+             BIN, TMP);
+    pid_t pid = dt_test_spawn(line, out);
+    bool told = dt_test_wait_text(out, "cannot resolve", 1, 5);
+    bool again = dt_test_wait_text(out, "still waiting for the rendezvous store", 1, 10);
+    int code = dt_test_wait_exit(pid, 40);
+    DT_CHECK_MSG(told, "an address that does not resolve was not reported within 5 s");
+    DT_CHECK_MSG(again, "no line while waiting for the store");
+    DT_CHECK_INT(code, 1);
+    char *o = dt_test_slurp(out);
+    DT_REQUIRE(o != NULL);
+    const char *m = strstr(o, "attempts over ");
+    double secs = m ? atof(m + strlen("attempts over ")) : 0;
+    int attempts = 0;
+    if (m) {
+        const char *q = m;
+        while (q > o && q[-1] == ' ')
+            q--;
+        while (q > o && q[-1] >= '0' && q[-1] <= '9')
+            q--;
+        attempts = atoi(q);
+    }
+    DT_CHECK_MSG(m && secs >= 11 && secs < 20 && attempts >= 5,
+                 "the final message's counts disagree with the wait (12 s): %s",
+                 m ? m : "(no \"attempts over\")");
+    DT_CHECK_CONTAINS(o, "join_timeout 12 s");
+    if (!told || !again || code != 1 || !m)
+        fprintf(stderr, "%s", o);
+    free(o);
+}
+
 static const dt_test tests[] = {
     {"two_nodes_env", test_two_nodes_env, 60},
     {"three_nodes_restart_all", test_three_nodes_restart_all, 90},
@@ -528,6 +568,7 @@ static const dt_test tests[] = {
     {"sigterm_one_agent_ends_all", test_sigterm_one_agent_ends_all, 90},
     {"external_store", test_external_store, 60},
     {"join_timeout", test_join_timeout, 60},
+    {"unresolvable_master_addr", test_unresolvable_master_addr, 60},
     {"bad_node_rank", test_bad_node_rank, 0},
     {"nnodes_mismatch", test_nnodes_mismatch, 90},
     {"nnodes_mismatch_late", test_nnodes_mismatch_late, 90},
