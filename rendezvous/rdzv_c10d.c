@@ -128,6 +128,7 @@ typedef struct joiner {
 typedef struct c10d_rdzv c10d_rdzv;
 
 static void c10d_close(void *self);
+static int frozen_host(c10d_rdzv *c, dt_rdzv_status *st, dt_err *err);
 
 struct c10d_rdzv {
     dt_rdzv_opts o;
@@ -172,6 +173,10 @@ struct c10d_rdzv {
     double *hb_seen;               /* hb_n: monotonic time it last changed */
     int hb_cap;
     int hb_declared;               /* round whose loss this thread already declared */
+    double hb_gap;                 /* under mu: the longest the thread went without a tick, past
+                                      heartbeat_timeout, while beating for a round of 2 or more
+                                      nodes (s; 0 = never): this agent was frozen (SIGSTOP, a
+                                      hung host) long enough for the others to give it up */
     pthread_mutex_t beat_mu;       /* orders the thread's beats of a/<id> before "left" */
     bool beat_left;                /* under beat_mu: a/<id> is "left", beat it no more */
     char alive_key[64];            /* "a/<id>" */
@@ -625,9 +630,14 @@ out:
 static void *hb_main(void *arg)
 {
     c10d_rdzv *c = arg;
+    double last = dt_now_s();
     pthread_mutex_lock(&c->mu);
     while (!c->hb_stop) {
         int R = c->hb_round, g = c->hb_g, n = c->hb_n;
+        double now = dt_now_s();
+        if (R >= 0 && n >= 2 && now - last > c->o.heartbeat_timeout && now - last > c->hb_gap)
+            c->hb_gap = now - last;
+        last = now;
         char tag[64];
         bool fresh = c->hb_new;
         dt_strlcpy(tag, c->hb_tag, sizeof tag);
@@ -1411,6 +1421,8 @@ static int join_round(c10d_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
         if (job_final(c, st))
             return dt_err_set(err, -ECANCELED, "the job ended while this node waited: %s",
                               st->why);
+        if ((rc = frozen_host(c, st, err)))
+            return rc;
         now = dt_now_s();
         if (now >= close_at) {
             /* The last call is over (normally the MIN-th joiner closes first and nobody else
@@ -1544,6 +1556,34 @@ static int spare_wait(c10d_rdzv *c, int R, const closed_info *ci, dt_rdzv_status
     }
 }
 
+/* The store host was frozen (SIGSTOP, a hung host) for longer than heartbeat_timeout while a
+ * round of two or more nodes ran: the store froze with it, so every other agent's calls timed
+ * out and each ended its job ("the store cannot come back"). Nobody is left to join: rather than
+ * wait join_timeout for nobody, the job ends here at once (-ENOTCONN, and the job's final record
+ * for anyone who might still look). 0 when this is not the case. */
+static int frozen_host(c10d_rdzv *c, dt_rdzv_status *st, dt_err *err)
+{
+    if (!c->server || !c->hb_running)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    double gap = c->hb_gap;
+    pthread_mutex_unlock(&c->mu);
+    if (gap <= 0)
+        return 0;
+    char why[400];
+    snprintf(why, sizeof why,
+             "this agent hosts the rendezvous store and was stopped for %.1f s, longer than "
+             "heartbeat_timeout (%g s): every other agent lost the store and ended its job",
+             gap, c->o.heartbeat_timeout);
+    write_final(c, 1, "fail", c->round >= 0 ? c->g : -1, 0, why);
+    memset(st, 0, sizeof *st);
+    st->state = DT_RDZV_FAILED;
+    st->node = c->round >= 0 ? c->g : -1;
+    dt_strlcpy(st->why, why, sizeof st->why);
+    mark_left(c);
+    return dt_err_set(err, -ENOTCONN, "%s; nobody is left to join, so the job ends", why);
+}
+
 static int c10d_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
 {
     c10d_rdzv *c = self;
@@ -1561,6 +1601,8 @@ static int c10d_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *
     memset(&c->ended, 0, sizeof c->ended);
     dt_rdzv_fail_list_clear(&c->fails);
     hb_assign(c, -1, 0, 0, NULL); /* the old round is over: stop beating for it */
+    if ((rc = frozen_host(c, st, err)))
+        return rc;
 
     int R = c->round + 1;
     if (get0(c->ns, "round", &v, NULL) == 0) {
