@@ -27,7 +27,9 @@ typedef struct dt_store_server_opts {
     size_t max_keys_per_request; /* keys in one multi-get/set/check/wait (65536) */
     size_t max_total_bytes;      /* keys + values stored, plus DT_STORE_KEY_OVERHEAD bytes
                                     per key (1 GiB) */
-    size_t max_connections;      /* open client connections (65536) */
+    size_t max_connections;      /* open client connections (65536); never more than the
+                                    open-file limit (RLIMIT_NOFILE, raised toward this first)
+                                    allows, less a reserve for the rest of the process */
     size_t max_pending_output;   /* reply bytes buffered per client (65 MiB). Once more is
                                     queued, the server stops reading that client's requests
                                     until its replies drain (so a connection holds at most
@@ -41,7 +43,7 @@ typedef struct dt_store_server_opts {
     int handshake_timeout_ms;    /* a connection that has not completed the handshake (and
                                     AUTH, with a token) this long after it was accepted is
                                     closed, so silent sockets cannot hold connection slots
-                                    (10000) */
+                                    (3000) */
     size_t max_input_buffered;   /* bytes of partly received large requests (frames over
                                     64 KiB, each held in a buffer of its size) the server
                                     holds for all connections together (1 GiB). A connection
@@ -60,6 +62,11 @@ typedef struct dt_store_server_opts {
                                     0 = default) */
     bool quiet;                  /* announce "listening on" at debug level instead of info
                                     (a store private to one process; added later) */
+    size_t max_unauthenticated;  /* connections that have not completed the handshake and
+                                    AUTH at once (half of max_connections); a new one beyond
+                                    this closes the oldest of them, so that a flood of
+                                    connections that never authenticate cannot lock out a
+                                    client that holds the token (added later; 0 = default) */
 } dt_store_server_opts;
 
 void dt_store_server_opts_default(dt_store_server_opts *o);
