@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -400,5 +401,49 @@ int dt_rdzv_host_store(dt_store_server **out, const char *bind_host, int port, d
         return rc;
     if (rc)
         return dt_err_set(err, rc, "%s", e.msg);
+    return 0;
+}
+
+void dt_rdzv_keyf(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
+int dt_rdzv_get_str(dt_store *s, const char *key, char **out, int ms, dt_err *err)
+{
+    void *v = NULL;
+    size_t len = 0;
+    int rc = dt_store_get(s, key, &v, &len, ms, err);
+    *out = rc == 0 ? v : NULL;
+    return rc;
+}
+
+int dt_rdzv_set_str(dt_store *s, const char *key, const char *v, dt_err *err)
+{
+    return dt_store_set(s, key, v, strlen(v), err);
+}
+
+int dt_rdzv_cas_new(dt_store *s, const char *key, const char *desired, bool *won, char **cur,
+                    dt_err *err)
+{
+    void *v = NULL;
+    size_t len = 0;
+    int rc = dt_store_cas(s, key, NULL, 0, desired, strlen(desired), &v, &len, err);
+    if (rc) {
+        if (cur)
+            *cur = NULL;
+        return rc;
+    }
+    if (won)
+        *won = v && len == strlen(desired) && !memcmp(v, desired, len);
+    char *t = v ? strndup(v, len) : strdup("");
+    free(v);
+    if (cur)
+        *cur = t;
+    else
+        free(t);
     return 0;
 }

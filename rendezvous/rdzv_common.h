@@ -10,6 +10,7 @@
 #include <cJSON.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "rendezvous/rdzv_types.h"
@@ -81,5 +82,23 @@ void dt_rdzv_fail_list_clear(dt_rdzv_fail_list *l);
 /* String and number members of a JSON object ("" and def when absent or of another type). */
 void dt_rdzv_json_str(const cJSON *o, const char *k, char *out, size_t cap);
 double dt_rdzv_json_num(const cJSON *o, const char *k, double def);
+
+/* Store calls on text values (keys and values without NULs). */
+
+/* snprintf for keys ("r%d/hb/%d"): a key too long for buf is cut, which the store then reports
+ * as a missing key rather than touching another one. */
+void dt_rdzv_keyf(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Gets key, waiting up to ms (0 = not at all: -ENOENT when absent). *out is NUL-terminated
+ * (malloc'd, caller frees; NULL on failure). */
+int dt_rdzv_get_str(dt_store *s, const char *key, char **out, int ms, dt_err *err);
+
+/* Sets key to the string v. */
+int dt_rdzv_set_str(dt_store *s, const char *key, const char *v, dt_err *err);
+
+/* Compare-and-set from absent. *won (may be NULL): this call wrote desired. *cur (may be NULL):
+ * the value now (malloc'd, NUL-terminated). */
+int dt_rdzv_cas_new(dt_store *s, const char *key, const char *desired, bool *won, char **cur,
+                    dt_err *err);
 
 #endif
