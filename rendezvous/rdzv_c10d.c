@@ -47,6 +47,8 @@
  *                   too), or "left" once it has seen the job's end. The store host waits at the
  *                   end for every agent that is neither left nor silent for heartbeat_timeout;
  *                   a new job with the same id replaces an instance whose agents are all silent
+ *   l/<agent id>    "1": set with a/<agent id> = "left", so that the store host can wait for
+ *                   the agents to leave with one server-side wait instead of polling each
  *   r<R>/count      join counter: its value after a node's add is that node's join order k
  *   r<R>/surv       survivors of round R-1 that have joined R
  *   r<R>/j/<k>      the k-th joiner's record (JSON: id, host, addr, nproc, pid, prev, port)
@@ -198,7 +200,7 @@ static void mark_left(c10d_rdzv *c)
 {
     if (c->left || c->killed || c->gone || !c->ns || !c->opened)
         return;
-    if (dt_rdzv_c10d_hb_leave(c->hb, c->ns, c->alive_key, NULL) == 0)
+    if (dt_rdzv_c10d_hb_leave(c->hb, c->ns, c->id, NULL) == 0)
         c->left = true;
 }
 
@@ -1442,14 +1444,39 @@ static int c10d_failures(void *self, dt_rdzv_failure **out, int *n, dt_err *err)
 static void wait_others_left(c10d_rdzv *c)
 {
     watch w = {0};
-    double deadline = dt_now_s() + c->o.close_timeout;
+    char (*keys)[KEY_MAX] = NULL;
+    const char **kp = NULL;
+    int cap = 0, n = 0, live = 0;
+    /* Silence is looked for every half heartbeat interval (a live agent beats every interval);
+     * "left" is waited for server-side in between, so the end is seen as soon as it is set. */
+    double look_every = DT_MIN(DT_MAX(c->o.heartbeat_interval / 2, 0.05), 1.0);
+    double deadline = dt_now_s() + c->o.close_timeout, next_look = 0;
     for (;;) {
-        if (watch_list(c->ns, "", &w, dt_now_s()))
-            break;
-        int live = watch_look(c->ns, "", &w, c->id, c->o.heartbeat_timeout);
-        if (live == 0)
-            break;
-        if (dt_now_s() >= deadline) {
+        double now = dt_now_s();
+        if (now >= next_look) {
+            if (watch_list(c->ns, "", &w, now))
+                break;
+            if ((live = watch_look(c->ns, "", &w, c->id, c->o.heartbeat_timeout)) == 0)
+                break;
+            next_look = now + look_every;
+            if (cap < w.n) {
+                free(keys);
+                free(kp);
+                cap = w.n;
+                keys = calloc((size_t)cap, sizeof *keys);
+                kp = calloc((size_t)cap, sizeof *kp);
+                if (!keys || !kp)
+                    break;
+            }
+            n = 0;
+            for (int i = 0; i < w.n; i++)
+                if (!w.gone[i] && strcmp(w.ids[i], c->id)) {
+                    dt_rdzv_keyf(keys[n], sizeof keys[n], "l/%s", w.ids[i]);
+                    kp[n] = keys[n];
+                    n++;
+                }
+        }
+        if (now >= deadline) {
             DT_WARN("%d agent(s) did not confirm the end of the job within close_timeout (%g s); "
                     "closing the store",
                     live, c->o.close_timeout);
@@ -1457,8 +1484,16 @@ static void wait_others_left(c10d_rdzv *c)
         }
         if (interrupted(c))
             break;
-        dt_sleep_ms(50);
+        double left = DT_MIN(next_look, deadline) - now;
+        int ms = left > 0.1 ? 100 : left > 0.02 ? (int)(left * 1000) : 20;
+        int rc = dt_store_wait(c->ns, kp, (size_t)n, ms, NULL);
+        if (rc == 0)
+            break; /* every agent not yet gone has left */
+        if (rc != -ETIMEDOUT)
+            dt_sleep_ms(50); /* the store answers oddly: look again, without spinning */
     }
+    free(keys);
+    free(kp);
     watch_free(&w);
 }
 

@@ -349,13 +349,25 @@ fail:
     return rc;
 }
 
-int dt_rdzv_c10d_hb_leave(dt_rdzv_c10d_hb *c, dt_store *ns, const char *alive_key, dt_err *err)
+/* a/<id> = "left" and l/<id> = "1" in one request. */
+static int write_left(dt_store *ns, const char *id, dt_err *err)
+{
+    char ak[64], lk[64];
+    snprintf(ak, sizeof ak, "a/%s", id);
+    snprintf(lk, sizeof lk, "l/%s", id);
+    const char *k[2] = {ak, lk};
+    const void *v[2] = {"left", "1"};
+    size_t l[2] = {4, 1};
+    return dt_store_multi_set(ns, k, v, l, 2, err);
+}
+
+int dt_rdzv_c10d_hb_leave(dt_rdzv_c10d_hb *c, dt_store *ns, const char *id, dt_err *err)
 {
     if (!c)
-        return dt_rdzv_set_str(ns, alive_key, "left", err);
+        return write_left(ns, id, err);
     pthread_mutex_lock(&c->beat_mu);
     c->beat_left = true;
-    int rc = dt_rdzv_set_str(ns, alive_key, "left", err);
+    int rc = write_left(ns, id, err);
     pthread_mutex_unlock(&c->beat_mu);
     return rc;
 }

@@ -23,10 +23,11 @@ int dt_rdzv_c10d_hb_start(dt_rdzv_c10d_hb **out, const dt_rdzv_opts *o, const ch
  * n the round's nodes, tag its closer tag). */
 void dt_rdzv_c10d_hb_assign(dt_rdzv_c10d_hb *h, int R, int g, int n, const char *tag);
 
-/* This agent has seen the job's end: sets alive_key to "left" on ns, ordered after the thread's
- * last beat of it, which beats it no more. h may be NULL (no thread). Returns the store's
+/* This agent (node id `id`) has seen the job's end: sets a/<id> to "left" and l/<id> (which
+ * the store host waits for server-side) on ns in one request, ordered after the thread's last
+ * beat of a/<id>, which it beats no more. h may be NULL (no thread). Returns the store's
  * answer. */
-int dt_rdzv_c10d_hb_leave(dt_rdzv_c10d_hb *h, dt_store *ns, const char *alive_key, dt_err *err);
+int dt_rdzv_c10d_hb_leave(dt_rdzv_c10d_hb *h, dt_store *ns, const char *id, dt_err *err);
 
 /* The longest the thread went without a tick past heartbeat_timeout while it beat for a round
  * of two or more nodes (s), 0 = never. Accepts NULL. */
