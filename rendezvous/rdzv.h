@@ -61,7 +61,10 @@ int dt_rdzv_open(dt_rdzv **out, const dt_rdzv_opts *opts, dt_err *err);
  * nodes disagree on --nnodes; every node still joining ends with -EINVAL, a node whose round
  * already runs sees ABORTED with setup_error; err names both values), or a store error.
  * c10d: -ECANCELED also when the job ended while this node waited (a spare, a late joiner):
- * status.state is SUCCEEDED (exit 0), FAILED (the budget is spent) or ABORTED, with the why. */
+ * status.state is SUCCEEDED (exit 0), FAILED (the budget is spent) or ABORTED, with the why.
+ * c10d: -ENOTCONN when this agent hosts the store and was frozen (SIGSTOP, a hung host) past
+ * heartbeat_timeout while a round of two or more ran: every other agent lost the store and
+ * ended, so nobody is left to join (status FAILED, err says so). */
 int dt_rdzv_next(dt_rdzv *r, dt_rdzv_round *round, dt_rdzv_status *status, dt_err *err);
 
 /* Cheap check of the current round (one or two store round trips; heartbeats are sent and
@@ -104,9 +107,10 @@ int dt_rdzv_failures(dt_rdzv *r, dt_rdzv_failure **out, int *n, dt_err *err);
 void dt_rdzv_kill(dt_rdzv *r);
 
 /* Leaves the job. The store host waits (up to close_timeout) until every node still alive has
- * left, so nobody loses the store while reading the outcome, then stops the store. c10d: every
- * agent that opened counts (spares, and a node declared lost that came back) until it has left
- * or has been silent for heartbeat_timeout. Accepts NULL. */
+ * left, so nobody loses the store while reading the outcome, then stops the store. A node whose
+ * agent has been silent for heartbeat_timeout (its liveness is beaten by a thread from open to
+ * close) is not waited for. c10d: every agent that opened counts (spares, and a node declared
+ * lost that came back). Accepts NULL. */
 void dt_rdzv_close(dt_rdzv *r);
 
 #endif
