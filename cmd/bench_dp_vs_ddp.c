@@ -35,6 +35,7 @@
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 #include "runtime/comm/comm.h"
 #include "runtime/job/config.h"
 #include "runtime/train/data.h"

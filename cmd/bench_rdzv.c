@@ -36,7 +36,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/rdzv.h"
-#include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 
 #define MAX_SIZES 16
 #define NODE_STACK (256 * 1024)

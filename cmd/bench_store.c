@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 
 typedef struct bench {
     char host[256];

@@ -6,7 +6,7 @@
 
 int dt_cmd_main(int argc, char **argv);   /* cmd/dtrain.c: dispatch and the default `run` */
 int dt_cmd_worker(int argc, char **argv); /* cmd/worker.c: the built-in trainer */
-int dt_cmd_store(int argc, char **argv);  /* cmd/store.c: standalone store server */
+int dt_cmd_store(int argc, char **argv);  /* cmd/store_cmd.c: standalone store server */
 int dt_cmd_bench(int argc, char **argv);  /* cmd/bench.c: dispatches to dt_bench_* */
 int dt_cmd_ckpt(int argc, char **argv);   /* cmd/ckpt.c: list, show, verify */
 

@@ -1,7 +1,7 @@
 /* protocol.h - the dtrain store wire protocol: handshake, frames, op codes, limits.
  *
  * This header is the specification. Both the server (store_server.c) and the client
- * (store_client.c) encode and decode through the functions below, and the frame parser is a
+ * (store.c) encode and decode through the functions below, and the frame parser is a
  * pure function over a byte buffer (no I/O, no allocation, no global state) so that it can be
  * fuzzed (tests/fuzz/) and unit-tested byte by byte.
  *

@@ -47,6 +47,8 @@
  *                   too), or "left" once it has seen the job's end. The store host waits at the
  *                   end for every agent that is neither left nor silent for heartbeat_timeout;
  *                   a new job with the same id replaces an instance whose agents are all silent
+ *   l/<agent id>    "1": set with a/<agent id> = "left", so that the store host can wait for
+ *                   the agents to leave with one server-side wait instead of polling each
  *   r<R>/count      join counter: its value after a node's add is that node's join order k
  *   r<R>/surv       survivors of round R-1 that have joined R
  *   r<R>/j/<k>      the k-th joiner's record (JSON: id, host, addr, nproc, pid, prev, port)
@@ -73,14 +75,18 @@
  * every round.
  *
  * Limits. If the agent that hosts the store dies (or is frozen), the store is gone: the others'
- * calls time out after about heartbeat_timeout and they end with an error that says so. Clocks
- * need not agree: every timeout is measured on the observer's own monotonic clock.
+ * calls time out after about heartbeat_timeout and they end with an error that says so. A host
+ * that was frozen past heartbeat_timeout knows, when it resumes, that everyone else gave it up:
+ * it ends the job at once rather than wait join_timeout for nobody. Clocks need not agree:
+ * every timeout is measured on the observer's own monotonic clock.
+ *
+ * Files. This one is the round logic (open, join, close a round, poll, end, leave); the
+ * heartbeat thread that declares nodes lost is rdzv_c10d_hb.c, the records above as text are
+ * rdzv_c10d_records.c, the helpers every backend shares rdzv_common.c.
  */
 #include <cJSON.h>
 #include <errno.h>
 #include <limits.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,30 +95,15 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "rendezvous/rdzv_impl.h"
+#include "rendezvous/rdzv_c10d.h"
+#include "rendezvous/rdzv_c10d_hb.h"
+#include "rendezvous/rdzv_c10d_records.h"
+#include "rendezvous/rdzv_common.h"
+#include "rendezvous/rdzv_ranks.h"
+#include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 
 #define KEY_MAX 160
-#define HB_STACK (256 * 1024)
-
-typedef enum end_kind { END_NONE = 0, END_SUCCESS, END_FAIL, END_REGROUP, END_ABORT } end_kind;
-
-/* A round's end, decoded. */
-typedef struct end_info {
-    end_kind kind;
-    int node;      /* group rank that ended it (-1: a node outside the round) */
-    int sig;       /* abort: the signal */
-    int expect;    /* nodes of the round that go on to the next (-1 unknown) */
-    dt_rdzv_ranks lost; /* group ranks declared lost (regroup; owned: end_free) */
-    char why[256];
-} end_info;
-
-/* A round's "closed" record, decoded. */
-typedef struct closed_info {
-    bool cancelled; /* {"final":1}: the round never formed */
-    int n, attempt, world, master_port;
-    char tag[64];
-    char master_addr[DT_RDZV_STR];
-} closed_info;
 
 /* One joiner, as the closer sees it. */
 typedef struct joiner {
@@ -121,7 +112,12 @@ typedef struct joiner {
     char addr[DT_RDZV_STR];
 } joiner;
 
-struct dt_rdzv_c10d {
+typedef struct c10d_rdzv c10d_rdzv;
+
+static void c10d_close(void *self);
+static int frozen_host(c10d_rdzv *c, dt_rdzv_status *st, dt_err *err);
+
+struct c10d_rdzv {
     dt_rdzv_opts o;
     int min, max;                  /* the job's (from conf) */
     int max_restarts;              /* the job's budget (from conf) */
@@ -150,351 +146,13 @@ struct dt_rdzv_c10d {
     dt_rdzv_status ended;          /* cached end of `round` (RUNNING = not yet) */
     dt_rdzv_fail_list fails;       /* this node's failures of `round` */
 
-    /* Heartbeat thread. hb_* under mu; the thread alone uses hb_base/hb_ns and the arrays. */
-    pthread_t hb_thread;
-    bool hb_running;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool hb_stop, hb_new;
-    int hb_round, hb_g, hb_n;
-    char hb_tag[64];
-    dt_store *hb_base, *hb_ns;     /* owned */
-    int64_t hb_count;
-    int64_t *hb_val;               /* hb_n: last counter seen */
-    double *hb_seen;               /* hb_n: monotonic time it last changed */
-    int hb_cap;
-    int hb_declared;               /* round whose loss this thread already declared */
-    pthread_mutex_t beat_mu;       /* orders the thread's beats of a/<id> before "left" */
-    bool beat_left;                /* under beat_mu: a/<id> is "left", beat it no more */
+    dt_rdzv_c10d_hb *hb;           /* the heartbeat thread (owned; NULL until open starts it) */
     char alive_key[64];            /* "a/<id>" */
 };
 
-/* ---- small store helpers ------------------------------------------------------------------ */
-
-static void kf(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void kf(char *buf, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, cap, fmt, ap);
-    va_end(ap);
-}
-
-/* Gets key, waiting up to ms (0 = not at all: -ENOENT when absent). *out is NUL-terminated. */
-static int get_wait(dt_store *s, const char *key, char **out, int ms, dt_err *err)
-{
-    void *v = NULL;
-    size_t len = 0;
-    int rc = dt_store_get(s, key, &v, &len, ms, err);
-    *out = rc == 0 ? v : NULL;
-    return rc;
-}
-
-static int get0(dt_store *s, const char *key, char **out, dt_err *err)
-{
-    return get_wait(s, key, out, 0, err);
-}
-
-static int set_s(dt_store *s, const char *key, const char *v, dt_err *err)
-{
-    return dt_store_set(s, key, v, strlen(v), err);
-}
-
-/* Compare-and-set from absent. *won: this call wrote desired. *cur (may be NULL): the value now
- * (malloc'd, NUL-terminated). */
-static int cas_new(dt_store *s, const char *key, const char *desired, bool *won, char **cur,
-                   dt_err *err)
-{
-    void *v = NULL;
-    size_t len = 0;
-    int rc = dt_store_cas(s, key, NULL, 0, desired, strlen(desired), &v, &len, err);
-    if (rc) {
-        if (cur)
-            *cur = NULL;
-        return rc;
-    }
-    if (won)
-        *won = v && len == strlen(desired) && !memcmp(v, desired, len);
-    char *t = v ? strndup(v, len) : strdup("");
-    free(v);
-    if (cur)
-        *cur = t;
-    else
-        free(t);
-    return 0;
-}
-
-static int add_i(dt_store *s, const char *key, int64_t d, int64_t *res, dt_err *err)
-{
-    return dt_store_add(s, key, d, res, err);
-}
-
-/* ---- sets of group ranks ("-" or "3-40,57") ------------------------------------------------ */
-
-static int cmp_int(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return x < y ? -1 : x > y;
-}
-
-char *dt_rdzv_ranks_encode(const int *ranks, int n)
-{
-    if (n < 0 || (n > 0 && !ranks))
-        return NULL;
-    if (n == 0)
-        return strdup("-");
-    int *s = malloc(sizeof *s * (size_t)n);
-    /* a range is at most "2147483647-2147483647," (22): n ranges at most */
-    size_t cap = (size_t)n * 23 + 1, k = 0;
-    char *out = malloc(cap);
-    if (!s || !out)
-        goto fail;
-    for (int i = 0; i < n; i++) {
-        if (ranks[i] < 0)
-            goto fail;
-        s[i] = ranks[i];
-    }
-    qsort(s, (size_t)n, sizeof *s, cmp_int);
-    for (int i = 0; i < n;) {
-        int j = i;
-        while (j + 1 < n && s[j + 1] - s[j] <= 1) /* both >= 0: no overflow */
-            j++;
-        k += (size_t)(s[i] == s[j] ? snprintf(out + k, cap - k, "%s%d", i ? "," : "", s[i])
-                                   : snprintf(out + k, cap - k, "%s%d-%d", i ? "," : "", s[i],
-                                              s[j]));
-        i = j + 1;
-    }
-    free(s);
-    return out;
-fail:
-    free(s);
-    free(out);
-    return NULL;
-}
-
-/* One decimal 0..INT_MAX at *p (digits only); advances *p. */
-static bool parse_rank(const char **p, const char *end, int *out)
-{
-    long long v = 0;
-    const char *q = *p;
-    if (q == end || *q < '0' || *q > '9')
-        return false;
-    for (; q < end && *q >= '0' && *q <= '9'; q++) {
-        v = v * 10 + (*q - '0');
-        if (v > INT_MAX)
-            return false;
-    }
-    *p = q;
-    *out = (int)v;
-    return true;
-}
-
-int dt_rdzv_ranks_decode(const char *s, size_t len, dt_rdzv_ranks *out, dt_err *err)
-{
-    memset(out, 0, sizeof *out);
-    if (len == 1 && s[0] == '-')
-        return 0;
-    const char *p = s, *end = s + len;
-    int cap = 0, shown = len > 80 ? 80 : (int)len;
-    const char *more = len > 80 ? "..." : "";
-    long long prev_hi = -1;
-    if (len == 0)
-        return dt_err_set(err, -EBADMSG, "an empty list of ranks (the empty set is \"-\")");
-    for (;;) {
-        int lo, hi;
-        size_t at = (size_t)(p - s);
-        if (!parse_rank(&p, end, &lo))
-            goto bad;
-        hi = lo;
-        if (p < end && *p == '-') {
-            p++;
-            at = (size_t)(p - s);
-            if (!parse_rank(&p, end, &hi))
-                goto bad;
-            if (hi < lo)
-                return dt_err_set(err, -EBADMSG,
-                                  "the range %d-%d runs backwards in the list of ranks \"%.*s%s\"",
-                                  lo, hi, shown, s, more);
-        }
-        if (lo <= prev_hi)
-            return dt_err_set(err, -EBADMSG,
-                              "rank %d is not above the ranks before it in the list of ranks "
-                              "\"%.*s%s\" (it must be ascending, without repeats)",
-                              lo, shown, s, more);
-        if (out->n == cap) {
-            cap = cap ? 2 * cap : 8;
-            void *r = realloc(out->r, sizeof *out->r * (size_t)cap);
-            if (!r)
-                return dt_err_set(err, -ENOMEM, "out of memory");
-            out->r = r;
-        }
-        out->r[out->n][0] = lo;
-        out->r[out->n][1] = hi;
-        out->n++;
-        out->count += (long long)hi - lo + 1;
-        prev_hi = hi;
-        if (p == end)
-            return 0;
-        at = (size_t)(p - s);
-        if (*p != ',' || ++p == end)
-            goto bad;
-        continue;
-    bad:
-        return dt_err_set(err, -EBADMSG,
-                          "a malformed list of ranks at offset %zu of \"%.*s%s\" (expected "
-                          "\"-\" or ascending items \"g\" or \"lo-hi\" separated by commas)",
-                          at, shown, s, more);
-    }
-}
-
-bool dt_rdzv_ranks_has(const dt_rdzv_ranks *set, int g)
-{
-    int a = 0, b = set ? set->n : 0;
-    while (a < b) {
-        int m = a + (b - a) / 2;
-        if (g < set->r[m][0])
-            b = m;
-        else if (g > set->r[m][1])
-            a = m + 1;
-        else
-            return true;
-    }
-    return false;
-}
-
-void dt_rdzv_ranks_free(dt_rdzv_ranks *set)
-{
-    if (!set)
-        return;
-    free(set->r);
-    memset(set, 0, sizeof *set);
-}
-
-/* ---- end records ------------------------------------------------------------------------------ */
-
-static const char *const end_names[] = {"none", "success", "fail", "regroup", "abort"};
-
-/* "<kind> <node> <sig> <expect> <lost>|<why>"; lost: the group ranks declared lost, "-" or
- * "3-40,57" (dt_rdzv_ranks_encode: every one, however many). Returns a malloc'd record, or NULL
- * when out of memory. */
-static char *end_encode(end_kind kind, int node, int sig, int expect, const int *lost, int nl,
-                        const char *why)
-{
-    char *l = dt_rdzv_ranks_encode(lost, nl);
-    if (!l)
-        return NULL;
-    int len = snprintf(NULL, 0, "%s %d %d %d %s|%s", end_names[kind], node, sig, expect, l, why);
-    char *v = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (v)
-        snprintf(v, (size_t)len + 1, "%s %d %d %d %s|%s", end_names[kind], node, sig, expect, l,
-                 why);
-    free(l);
-    return v;
-}
-
-static void end_free(end_info *e)
-{
-    dt_rdzv_ranks_free(&e->lost);
-}
-
-/* Decodes an end record (strictly: a damaged one is -EBADMSG with err saying what). e needs
- * end_free, also after a failure. */
-static int end_decode(const char *v, end_info *e, dt_err *err)
-{
-    memset(e, 0, sizeof *e);
-    e->expect = -1;
-    const char *bar = strchr(v, '|'), *p = v;
-    size_t kl = strcspn(v, " |");
-    for (int i = END_SUCCESS; i <= END_ABORT; i++)
-        if (strlen(end_names[i]) == kl && !strncmp(v, end_names[i], kl))
-            e->kind = (end_kind)i;
-    if (!bar || e->kind == END_NONE)
-        goto bad;
-    p += kl;
-    int *fields[3] = {&e->node, &e->sig, &e->expect};
-    for (int i = 0; i < 3; i++) {
-        if (*p != ' ' || !(p[1] == '-' || (p[1] >= '0' && p[1] <= '9')))
-            goto bad;
-        char *q;
-        errno = 0;
-        long x = strtol(p + 1, &q, 10);
-        if (q == p + 1 || errno || x < INT_MIN || x > INT_MAX)
-            goto bad;
-        *fields[i] = (int)x;
-        p = q;
-    }
-    if (*p != ' ' || p + 1 > bar)
-        goto bad;
-    p++;
-    int rc = dt_rdzv_ranks_decode(p, (size_t)(bar - p), &e->lost, err);
-    if (rc) {
-        if (err)
-            dt_err_prefix(err, "a round's end record lists the lost nodes wrongly (\"%.120s\"): ",
-                          v);
-        return rc;
-    }
-    dt_strlcpy(e->why, bar + 1, sizeof e->why);
-    return 0;
-bad:
-    return dt_err_set(err, -EBADMSG,
-                      "a round's end record is damaged: \"%.160s\" (expected \"<kind> <node> "
-                      "<signal> <expect> <lost>|<why>\")",
-                      v);
-}
-
-static void status_from_end(const end_info *e, dt_rdzv_status *st)
-{
-    memset(st, 0, sizeof *st);
-    st->state = e->kind == END_SUCCESS ? DT_RDZV_SUCCEEDED
-                : e->kind == END_FAIL  ? DT_RDZV_FAILED
-                : e->kind == END_ABORT ? DT_RDZV_ABORTED
-                                       : DT_RDZV_REGROUP;
-    st->node = e->node;
-    st->signal = e->sig > 0 ? e->sig : 0;
-    st->setup_error = e->kind == END_ABORT && e->sig < 0;
-    dt_strlcpy(st->why, e->why, sizeof st->why);
-}
-
-/* final: "<code> <kind> <node> <sig>|<why>" -> a status: SUCCEEDED (code 0), ABORTED (by a
- * signal, a rendezvous that could not form, or a configuration error: setup_error), FAILED (the
- * budget is spent). */
-static void status_from_final(const char *v, dt_rdzv_status *st)
-{
-    int code = 1, node = -1, sig = 0;
-    char kind[16] = "";
-    memset(st, 0, sizeof *st);
-    sscanf(v, "%d %15s %d %d", &code, kind, &node, &sig);
-    st->state = code == 0                ? DT_RDZV_SUCCEEDED
-                : !strcmp(kind, "fail") ? DT_RDZV_FAILED
-                                         : DT_RDZV_ABORTED;
-    st->node = node;
-    st->signal = sig > 0 ? sig : 0;
-    st->setup_error = !strcmp(kind, "config");
-    const char *bar = strchr(v, '|');
-    dt_strlcpy(st->why, bar ? bar + 1 : v, sizeof st->why);
-}
-
-static int closed_decode(const char *v, closed_info *ci)
-{
-    memset(ci, 0, sizeof *ci);
-    cJSON *o = cJSON_Parse(v);
-    if (!o)
-        return -EBADMSG;
-    ci->cancelled = dt_rdzv_json_num(o, "final", 0) != 0;
-    ci->n = (int)dt_rdzv_json_num(o, "n", 0);
-    ci->attempt = (int)dt_rdzv_json_num(o, "attempt", 0);
-    ci->world = (int)dt_rdzv_json_num(o, "world", 0);
-    ci->master_port = (int)dt_rdzv_json_num(o, "master_port", 0);
-    dt_rdzv_json_str(o, "tag", ci->tag, sizeof ci->tag);
-    dt_rdzv_json_str(o, "master_addr", ci->master_addr, sizeof ci->master_addr);
-    cJSON_Delete(o);
-    return ci->cancelled || (ci->n > 0 && ci->tag[0]) ? 0 : -EBADMSG;
-}
-
-/* An error of the store, reworded: the usual reason is that the store's host is gone. */
 /* An error of a store call, reworded. A connection error means the store's host is gone: then
  * nothing more is asked of the store (each call would wait out a timeout). */
-static int store_gone(dt_rdzv_c10d *c, int rc, dt_err *err, const char *what)
+static int store_gone(c10d_rdzv *c, int rc, dt_err *err, const char *what)
 {
     if (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -EPIPE ||
         rc == -EHOSTUNREACH || rc == -ENETUNREACH) {
@@ -509,293 +167,41 @@ static int store_gone(dt_rdzv_c10d *c, int rc, dt_err *err, const char *what)
     return dt_err_prefix(err, "%s: ", what);
 }
 
-static bool interrupted(dt_rdzv_c10d *c)
+static bool interrupted(c10d_rdzv *c)
 {
     return c->o.interrupted && c->o.interrupted(c->o.arg);
 }
 
 /* The job's final state, if set: fills st and returns true. */
-static bool job_final(dt_rdzv_c10d *c, dt_rdzv_status *st)
+static bool job_final(c10d_rdzv *c, dt_rdzv_status *st)
 {
     char *v = NULL;
-    if (c->gone || get0(c->ns, "final", &v, NULL) != 0)
+    if (c->gone || dt_rdzv_get_str(c->ns, "final", &v, 0, NULL) != 0)
         return false;
-    status_from_final(v, st);
+    dt_rdzv_c10d_final_status(v, st);
     free(v);
     return true;
 }
 
 /* Records the job's final state (first writer wins). */
-static void write_final(dt_rdzv_c10d *c, int code, const char *kind, int node, int sig,
+static void write_final(c10d_rdzv *c, int code, const char *kind, int node, int sig,
                         const char *why)
 {
     char v[1024];
     if (c->gone)
         return;
     snprintf(v, sizeof v, "%d %s %d %d|%.900s", code, kind, node, sig, why);
-    cas_new(c->ns, "final", v, NULL, NULL, NULL);
+    dt_rdzv_cas_new(c->ns, "final", v, NULL, NULL, NULL);
 }
 
 /* This agent has seen the job's end: a/<id> becomes "left" (and the heartbeat thread stops
  * beating it), so the store host need not wait for it. */
-static void mark_left(dt_rdzv_c10d *c)
+static void mark_left(c10d_rdzv *c)
 {
     if (c->left || c->killed || c->gone || !c->ns || !c->opened)
         return;
-    pthread_mutex_lock(&c->beat_mu);
-    c->beat_left = true;
-    if (set_s(c->ns, c->alive_key, "left", NULL) == 0)
+    if (dt_rdzv_c10d_hb_leave(c->hb, c->ns, c->id, NULL) == 0)
         c->left = true;
-    pthread_mutex_unlock(&c->beat_mu);
-}
-
-/* Bumps a/<id> and "pulse" (and, when rkey is not NULL, the round's heartbeat key to the same
- * value) in one request; only the round's key once this agent has left. Heartbeat thread only.
- * Returns the store's answer. */
-static int beat(dt_rdzv_c10d *c, const char *rkey, dt_err *err)
-{
-    char v[32], pulse[80];
-    pthread_mutex_lock(&c->beat_mu);
-    snprintf(v, sizeof v, "%lld", (long long)++c->hb_count);
-    snprintf(pulse, sizeof pulse, "%s %s", c->id, v);
-    const char *k[3];
-    const void *vv[3];
-    size_t l[3], n = 0;
-    if (rkey) {
-        k[n] = rkey;
-        vv[n] = v;
-        l[n++] = strlen(v);
-    }
-    if (!c->beat_left) {
-        k[n] = c->alive_key;
-        vv[n] = v;
-        l[n++] = strlen(v);
-        k[n] = "pulse";
-        vv[n] = pulse;
-        l[n++] = strlen(pulse);
-    }
-    int rc = n ? dt_store_multi_set(c->hb_ns, k, vv, l, n, err) : 0;
-    pthread_mutex_unlock(&c->beat_mu);
-    return rc;
-}
-
-/* ---- heartbeats ----------------------------------------------------------------------------- */
-
-/* Tells the heartbeat thread which round to beat for (R < 0: none). */
-static void hb_assign(dt_rdzv_c10d *c, int R, int g, int n, const char *tag)
-{
-    pthread_mutex_lock(&c->mu);
-    c->hb_round = R;
-    c->hb_g = g;
-    c->hb_n = n;
-    dt_strlcpy(c->hb_tag, tag ? tag : "", sizeof c->hb_tag);
-    c->hb_new = true;
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Reads the member list of round R (closer tag) into hosts (n entries; "?" when unknown). */
-static void read_hosts(dt_store *s, int R, const char *tag, int n, char (*hosts)[64])
-{
-    char key[KEY_MAX], *v = NULL;
-    for (int i = 0; i < n; i++)
-        dt_strlcpy(hosts[i], "?", sizeof hosts[i]);
-    kf(key, sizeof key, "r%d/m/%s", R, tag);
-    if (get0(s, key, &v, NULL) != 0)
-        return;
-    for (char *line = v, *nl; line && *line; line = nl ? nl + 1 : NULL) {
-        nl = strchr(line, '\n');
-        if (nl)
-            *nl = '\0';
-        int g = -1, k, np;
-        char host[64];
-        if (sscanf(line, "%d %d %d %63s", &g, &k, &np, host) == 4 && g >= 0 && g < n)
-            dt_strlcpy(hosts[g], host, sizeof hosts[g]);
-    }
-    free(v);
-}
-
-/* Declares the nodes in lost[] (group ranks of round R) dead and ends the round. */
-static void declare_lost(dt_rdzv_c10d *c, dt_store *s, int R, int me, int n, const char *tag,
-                         const int *lost, const double *silent, int nl)
-{
-    char key[KEY_MAX], why[256], *v = NULL, *cur = NULL;
-    kf(key, sizeof key, "r%d/end", R);
-    if (get0(s, key, &cur, NULL) == 0) {
-        free(cur); /* the round is over already: nothing to declare */
-        return;
-    }
-    char (*hosts)[64] = calloc((size_t)n, sizeof *hosts);
-    dt_rdzv_failure *f = calloc((size_t)nl, sizeof *f);
-    if (!hosts || !f)
-        goto out;
-    read_hosts(s, R, tag, n, hosts);
-    for (int i = 0; i < nl; i++) {
-        f[i].time = dt_wall_s();
-        dt_strlcpy(f[i].host, hosts[lost[i]], sizeof f[i].host);
-        f[i].node = lost[i];
-        f[i].rank = f[i].local_rank = -1;
-        snprintf(f[i].message, sizeof f[i].message,
-                 "node %d (%s) sent no heartbeat for %.1f s (heartbeat_timeout): its agent died, "
-                 "hangs or cannot reach the store",
-                 lost[i], hosts[lost[i]], silent[i]);
-    }
-    kf(key, sizeof key, "r%d/failures", R);
-    dt_rdzv_append_failures(s, key, f, nl, NULL);
-    double lo = silent[0], hi = silent[0];
-    for (int i = 1; i < nl; i++) {
-        lo = DT_MIN(lo, silent[i]);
-        hi = DT_MAX(hi, silent[i]);
-    }
-    if (nl == 1)
-        snprintf(why, sizeof why, "node %d (%s) was lost: no heartbeat for %.1f s", lost[0],
-                 hosts[lost[0]], silent[0]);
-    else
-        snprintf(why, sizeof why, "%d nodes were lost (node %d (%s) and others): no heartbeat for "
-                                  "%.1f to %.1f s",
-                 nl, lost[0], hosts[lost[0]], lo, hi);
-    if (!(v = end_encode(END_REGROUP, me, 0, n - nl, lost, nl, why))) {
-        DT_ERROR("out of memory: cannot declare %d lost node(s) of round %d", nl, R);
-        goto out;
-    }
-    bool won = false;
-    kf(key, sizeof key, "r%d/end", R);
-    if (cas_new(s, key, v, &won, NULL, NULL) == 0 && won) {
-        char *l = dt_rdzv_ranks_encode(lost, nl); /* as the record lists them */
-        size_t ll = l ? strlen(l) : 0;
-        DT_WARN("%s; the others re-rendezvous without %s (lost group ranks: %.*s%s)", why,
-                nl == 1 ? "it" : "them", (int)DT_MIN(ll, (size_t)200), l ? l : "?",
-                ll > 200 ? "..." : "");
-        free(l);
-    }
-out:
-    free(v);
-    free(hosts);
-    free(f);
-}
-
-/* One heartbeat: bump this node's counter, then check group rank 0's (everyone) or all (rank
- * 0). fresh: the round changed, so the watch starts over on this clock. */
-static void hb_tick(dt_rdzv_c10d *c, int R, int g, int n, const char *tag, bool fresh)
-{
-    char key[KEY_MAX];
-    double now = dt_now_s();
-    if (fresh || c->hb_cap < n) {
-        if (c->hb_cap < n) {
-            int64_t *val = realloc(c->hb_val, sizeof *val * (size_t)n);
-            if (val)
-                c->hb_val = val;
-            double *seen = realloc(c->hb_seen, sizeof *seen * (size_t)n);
-            if (seen)
-                c->hb_seen = seen;
-            if (!val || !seen)
-                return;
-            c->hb_cap = n;
-        }
-        for (int i = 0; i < n; i++) {
-            c->hb_val[i] = -1;
-            c->hb_seen[i] = now;
-        }
-    }
-    kf(key, sizeof key, "r%d/hb/%d", R, g);
-    dt_err e = {0};
-    if (beat(c, key, &e)) {
-        DT_DEBUG("heartbeat: %s", e.msg);
-        return;
-    }
-    if (n < 2 || c->hb_declared == R)
-        return;
-    int cnt = g == 0 ? n : 1; /* rank 0 watches all; the others watch rank 0 */
-    char (*keys)[32] = calloc((size_t)cnt, sizeof *keys);
-    const char **kp = calloc((size_t)cnt, sizeof *kp);
-    void **vals = calloc((size_t)cnt, sizeof *vals);
-    size_t *lens = calloc((size_t)cnt, sizeof *lens);
-    int *lost = calloc((size_t)cnt, sizeof *lost);
-    double *silent = calloc((size_t)cnt, sizeof *silent);
-    int nl = 0;
-    if (!keys || !kp || !vals || !lens || !lost || !silent)
-        goto out;
-    for (int i = 0; i < cnt; i++) {
-        snprintf(keys[i], sizeof keys[i], "r%d/hb/%d", R, i);
-        kp[i] = keys[i];
-    }
-    if (dt_store_multi_get(c->hb_ns, kp, (size_t)cnt, vals, lens, 0, NULL) != 0)
-        goto out; /* missing keys: the closer writes them all, so the round is being replaced */
-    /* Once one node is past heartbeat_timeout, every node silent for more than half of it is
-     * declared with it: nodes that went down together (a rack, a switch) stopped beating within
-     * about an interval of each other, and declaring them one regroup at a time would leave the
-     * next round waiting for the rest. A live node beats every interval. */
-    now = dt_now_s();
-    bool past = false;
-    for (int i = 0; i < cnt; i++) {
-        int who = i;
-        int64_t val = atoll(vals[i]);
-        free(vals[i]);
-        if (who == g)
-            continue;
-        if (val != c->hb_val[who]) {
-            c->hb_val[who] = val;
-            c->hb_seen[who] = now;
-        } else if (now - c->hb_seen[who] > c->o.heartbeat_timeout / 2) {
-            past |= now - c->hb_seen[who] > c->o.heartbeat_timeout;
-            lost[nl] = who;
-            silent[nl++] = now - c->hb_seen[who];
-        }
-    }
-    if (past) {
-        c->hb_declared = R;
-        declare_lost(c, c->hb_ns, R, g, n, tag, lost, silent, nl);
-    }
-out:
-    free(keys);
-    free(kp);
-    free(vals);
-    free(lens);
-    free(lost);
-    free(silent);
-}
-
-static void *hb_main(void *arg)
-{
-    dt_rdzv_c10d *c = arg;
-    pthread_mutex_lock(&c->mu);
-    while (!c->hb_stop) {
-        int R = c->hb_round, g = c->hb_g, n = c->hb_n;
-        char tag[64];
-        bool fresh = c->hb_new;
-        dt_strlcpy(tag, c->hb_tag, sizeof tag);
-        c->hb_new = false;
-        pthread_mutex_unlock(&c->mu);
-        if (R >= 0)
-            hb_tick(c, R, g, n, tag, fresh);
-        else if (beat(c, NULL, NULL))
-            DT_DEBUG("heartbeat: the store does not answer");
-        pthread_mutex_lock(&c->mu);
-        if (c->hb_stop || c->hb_new)
-            continue;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + c->o.heartbeat_interval;
-        ts.tv_sec = (time_t)t;
-        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-        while (!c->hb_stop && !c->hb_new &&
-               pthread_cond_timedwait(&c->cv, &c->mu, &ts) == 0)
-            ;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return NULL;
-}
-
-static void hb_stop(dt_rdzv_c10d *c)
-{
-    if (!c->hb_running)
-        return;
-    pthread_mutex_lock(&c->mu);
-    c->hb_stop = true;
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    pthread_join(c->hb_thread, NULL);
-    c->hb_running = false;
 }
 
 /* ---- opening -------------------------------------------------------------------------------- */
@@ -822,7 +228,7 @@ static int read_agents(dt_store *s, const char *key, char **buf, char **ids, int
     char *v = NULL;
     int n = 0;
     *buf = NULL;
-    if (get0(s, key, &v, NULL) != 0)
+    if (dt_rdzv_get_str(s, key, &v, 0, NULL) != 0)
         return 0;
     for (char *p = v, *nl; *p && n < cap; p = nl + 1) {
         nl = strchr(p, '\n');
@@ -860,7 +266,7 @@ static void watch_free(watch *w)
 static int watch_list(dt_store *s, const char *prefix, watch *w, double now)
 {
     char key[KEY_MAX], *buf = NULL;
-    kf(key, sizeof key, "%sagents", prefix);
+    dt_rdzv_keyf(key, sizeof key, "%sagents", prefix);
     int cap = 1 << 16;
     char **ids = calloc((size_t)cap, sizeof *ids);
     if (!ids)
@@ -907,9 +313,9 @@ static int watch_look(dt_store *s, const char *prefix, watch *w, const char *sel
         if (w->gone[i] || (self && !strcmp(w->ids[i], self)))
             continue;
         char key[KEY_MAX], *v = NULL;
-        kf(key, sizeof key, "%sa/%s", prefix, w->ids[i]);
+        dt_rdzv_keyf(key, sizeof key, "%sa/%s", prefix, w->ids[i]);
         int64_t x = -2;
-        if (get0(s, key, &v, NULL) == 0)
+        if (dt_rdzv_get_str(s, key, &v, 0, NULL) == 0)
             x = !strcmp(v, "left") ? -1 : atoll(v);
         free(v);
         if (x == -1) {
@@ -934,18 +340,18 @@ static int watch_look(dt_store *s, const char *prefix, watch *w, const char *sel
  * abandoned one (every agent SIGKILLed, the store outliving them) costs a heartbeat_timeout,
  * once. A missing pulse counts as live until it has stayed missing that long (the agent that
  * just created the instance sets it right after). */
-static int instance_live(dt_rdzv_c10d *c, const char *J, bool *live)
+static int instance_live(c10d_rdzv *c, const char *J, bool *live)
 {
     char key[KEY_MAX], *first = NULL;
-    kf(key, sizeof key, "%s/pulse", J);
-    bool have = get0(c->ns_id, key, &first, NULL) == 0;
+    dt_rdzv_keyf(key, sizeof key, "%s/pulse", J);
+    bool have = dt_rdzv_get_str(c->ns_id, key, &first, 0, NULL) == 0;
     double deadline = dt_now_s() + c->o.heartbeat_timeout;
     int ms = (int)(c->o.heartbeat_interval * 250);
     ms = ms < 10 ? 10 : ms > 100 ? 100 : ms;
     *live = true;
     for (;;) {
         char *v = NULL;
-        bool now_have = get0(c->ns_id, key, &v, NULL) == 0;
+        bool now_have = dt_rdzv_get_str(c->ns_id, key, &v, 0, NULL) == 0;
         bool moved = now_have != have || (now_have && strcmp(v, first));
         free(v);
         if (moved)
@@ -967,16 +373,16 @@ static int instance_live(dt_rdzv_c10d *c, const char *J, bool *live)
 /* Finds the job instance under "dtrain/<id>/job": the current one, or a new one when there is
  * none, or the current one has finished, or it was abandoned (no agent of it is alive: they
  * were all killed before any could write the end). */
-static int resolve_job(dt_rdzv_c10d *c, dt_err *err)
+static int resolve_job(c10d_rdzv *c, dt_err *err)
 {
     char fresh[32], key[KEY_MAX], *cur = NULL, *fin = NULL;
     int rc;
     dt_rdzv_make_id(fresh, sizeof fresh);
-    if ((rc = get0(c->ns_id, "job", &cur, err)) == -ENOENT) {
-        rc = cas_new(c->ns_id, "job", fresh, NULL, &cur, err);
+    if ((rc = dt_rdzv_get_str(c->ns_id, "job", &cur, 0, err)) == -ENOENT) {
+        rc = dt_rdzv_cas_new(c->ns_id, "job", fresh, NULL, &cur, err);
     } else if (rc == 0) {
-        kf(key, sizeof key, "%s/final", cur);
-        bool over = get0(c->ns_id, key, &fin, NULL) == 0, live = true;
+        dt_rdzv_keyf(key, sizeof key, "%s/final", cur);
+        bool over = dt_rdzv_get_str(c->ns_id, key, &fin, 0, NULL) == 0, live = true;
         free(fin);
         if (!over && (rc = instance_live(c, cur, &live)) == -EINTR)
             rc = dt_err_set(err, rc, "interrupted while looking at the job on the store");
@@ -1005,7 +411,7 @@ static int resolve_job(dt_rdzv_c10d *c, dt_err *err)
 }
 
 /* Agrees on the job's settings: the first agent's, recorded in "conf". */
-static int agree_conf(dt_rdzv_c10d *c, dt_err *err)
+static int agree_conf(c10d_rdzv *c, dt_err *err)
 {
     char run_id[DT_RDZV_STR];
     if (c->o.run_id[0] && strcmp(c->o.run_id, "none"))
@@ -1021,7 +427,7 @@ static int agree_conf(dt_rdzv_c10d *c, dt_err *err)
     cJSON_Delete(o);
     if (!mine)
         return dt_err_set(err, -ENOMEM, "out of memory");
-    int rc = cas_new(c->ns, "conf", mine, NULL, &cur, err);
+    int rc = dt_rdzv_cas_new(c->ns, "conf", mine, NULL, &cur, err);
     free(mine);
     if (rc)
         return rc;
@@ -1045,38 +451,16 @@ static int agree_conf(dt_rdzv_c10d *c, dt_err *err)
     return 0;
 }
 
-static int start_hb(dt_rdzv_c10d *c, dt_err *err)
-{
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setstacksize(&at, HB_STACK);
-    int rc = pthread_create(&c->hb_thread, &at, hb_main, c);
-    pthread_attr_destroy(&at);
-    if (rc)
-        return dt_err_set(err, -rc, "cannot start the heartbeat thread: %s", strerror(rc));
-    c->hb_running = true;
-    return 0;
-}
-
-int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
+static int c10d_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
 {
     int rc;
-    dt_rdzv_c10d *c = calloc(1, sizeof *c);
+    c10d_rdzv *c = calloc(1, sizeof *c);
     *out = NULL;
     if (!c)
         return dt_err_set(err, -ENOMEM, "out of memory");
     c->o = *opts;
     c->round = c->joining = -1;
-    c->hb_round = -1;
-    c->hb_declared = -1;
     c->slice_ms = opts->interrupted ? 100 : 1000;
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_mutex_init(&c->beat_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cv, &ca);
-    pthread_condattr_destroy(&ca);
     dt_rdzv_make_id(c->id, sizeof c->id);
     if ((rc = parse_nnodes(opts->nnodes, &c->min, &c->max, err)))
         goto fail;
@@ -1115,8 +499,7 @@ int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
     dt_strlcpy(c->store_addr, ep, sizeof c->store_addr);
     c->store_port = c->server ? dt_store_server_port(c->server) : port;
     dt_strlcpy(c->store_conn, c->server ? "127.0.0.1" : ep, sizeof c->store_conn);
-    if ((rc = dt_rdzv_connect_store(&c->base, &c->o, c->store_conn, c->store_port, err)) ||
-        (rc = dt_rdzv_connect_store(&c->hb_base, &c->o, c->store_conn, c->store_port, err)))
+    if ((rc = dt_rdzv_connect_store(&c->base, &c->o, c->store_conn, c->store_port, err)))
         goto fail;
     if (opts->local_addr[0])
         dt_strlcpy(c->local_addr, opts->local_addr, sizeof c->local_addr);
@@ -1135,19 +518,19 @@ int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
         goto fail;
     snprintf(prefix, sizeof prefix, "dtrain/%s/%s/", opts->run_id[0] ? opts->run_id : "none",
              c->job);
-    if ((rc = dt_store_prefixed(&c->hb_ns, c->hb_base, prefix, err)) ||
-        (rc = agree_conf(c, err)))
+    if ((rc = agree_conf(c, err)))
         goto fail;
     /* Registered: alive first, then listed (whoever reads the list finds the key). */
     snprintf(c->alive_key, sizeof c->alive_key, "a/%s", c->id);
     char pulse[64], line[64];
     snprintf(pulse, sizeof pulse, "%s 0", c->id);
     snprintf(line, sizeof line, "%s\n", c->id);
-    if ((rc = set_s(c->ns, "pulse", pulse, err)) || (rc = set_s(c->ns, c->alive_key, "0", err)) ||
+    if ((rc = dt_rdzv_set_str(c->ns, "pulse", pulse, err)) || (rc = dt_rdzv_set_str(c->ns, c->alive_key, "0", err)) ||
         (rc = dt_store_append(c->ns, "agents", line, strlen(line), err)))
         goto fail;
     c->opened = true;
-    if ((rc = start_hb(c, err)))
+    if ((rc = dt_rdzv_c10d_hb_start(&c->hb, &c->o, c->store_conn, c->store_port, prefix, c->id,
+                                    err)))
         goto fail;
     DT_DEBUG("c10d: job instance %s, nodes %d:%d, node id %s", c->job, c->min, c->max, c->id);
     *out = c;
@@ -1155,7 +538,7 @@ int dt_rdzv_c10d_open(dt_rdzv_c10d **out, const dt_rdzv_opts *opts, dt_err *err)
 fail:
     if (rc != -EINTR && rc != -EINVAL && c->base)
         store_gone(c, rc, err, "opening the rendezvous");
-    dt_rdzv_c10d_close(c);
+    c10d_close(c);
     return rc;
 }
 
@@ -1174,29 +557,29 @@ static int cmp_joiner(const void *a, const void *b)
 
 /* The attempt of round R: R-1's, plus one when R-1 failed. Returns 0, or -EBADMSG when R-1's
  * end record is damaged (err says how). */
-static int round_attempt(dt_rdzv_c10d *c, int R, int *attempt, dt_err *err)
+static int round_attempt(c10d_rdzv *c, int R, int *attempt, dt_err *err)
 {
     char key[KEY_MAX], *v = NULL;
-    closed_info ci;
-    end_info e;
+    dt_rdzv_c10d_closed ci;
+    dt_rdzv_c10d_end e;
     *attempt = 0;
     if (R == 0)
         return 0;
-    kf(key, sizeof key, "r%d/closed", R - 1);
-    if (get0(c->ns, key, &v, NULL) != 0)
+    dt_rdzv_keyf(key, sizeof key, "r%d/closed", R - 1);
+    if (dt_rdzv_get_str(c->ns, key, &v, 0, NULL) != 0)
         return 0;
-    int a = closed_decode(v, &ci) == 0 ? ci.attempt : 0;
+    int a = dt_rdzv_c10d_closed_decode(v, &ci) == 0 ? ci.attempt : 0;
     free(v);
-    kf(key, sizeof key, "r%d/end", R - 1);
-    if (get0(c->ns, key, &v, NULL) == 0) {
-        int rc = end_decode(v, &e, err);
+    dt_rdzv_keyf(key, sizeof key, "r%d/end", R - 1);
+    if (dt_rdzv_get_str(c->ns, key, &v, 0, NULL) == 0) {
+        int rc = dt_rdzv_c10d_end_decode(v, &e, err);
         free(v);
-        end_free(&e);
+        dt_rdzv_c10d_end_free(&e);
         if (rc) {
             dt_err_prefix(err, "round %d: ", R - 1);
             return rc;
         }
-        if (e.kind == END_FAIL)
+        if (e.kind == DT_C10D_END_FAIL)
             a++;
     }
     *attempt = a;
@@ -1207,7 +590,7 @@ static int round_attempt(dt_rdzv_c10d *c, int R, int *attempt, dt_err *err)
  * old order), then newcomers by join order, cut to MAX (a newcomer beyond it waits as a spare;
  * a survivor is never pushed out by a newcomer). Returns 0 (whether or not this call closed
  * it) or a store error. */
-static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
+static int try_close(c10d_rdzv *c, int R, dt_err *err)
 {
     char key[KEY_MAX];
     int64_t cnt = 0;
@@ -1222,8 +605,8 @@ static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
     char (*avals)[48] = NULL;
     char *members = NULL, *closed = NULL;
 
-    kf(key, sizeof key, "r%d/count", R);
-    if ((rc = add_i(c->ns, key, 0, &cnt, err)))
+    dt_rdzv_keyf(key, sizeof key, "r%d/count", R);
+    if ((rc = dt_store_add(c->ns, key, 0, &cnt, err)))
         return rc;
     if (cnt < c->min)
         return 0;
@@ -1247,7 +630,7 @@ static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
     if (rc == -ETIMEDOUT || rc == -ENOENT) {
         for (int i = 0; i < nj; i++) {
             char *v = NULL;
-            vals[i] = get0(c->ns, kp[i], &v, NULL) == 0 ? v : NULL;
+            vals[i] = dt_rdzv_get_str(c->ns, kp[i], &v, 0, NULL) == 0 ? v : NULL;
         }
         rc = 0;
     }
@@ -1336,13 +719,13 @@ static int try_close(dt_rdzv_c10d *c, int R, dt_err *err)
         goto out;
     }
     bool won = false;
-    kf(key, sizeof key, "r%d/closed", R);
-    if ((rc = cas_new(c->ns, key, closed, &won, NULL, err)))
+    dt_rdzv_keyf(key, sizeof key, "r%d/closed", R);
+    if ((rc = dt_rdzv_cas_new(c->ns, key, closed, &won, NULL, err)))
         goto out;
     if (won) {
         char v[32];
         snprintf(v, sizeof v, "%d", R);
-        set_s(c->ns, "round", v, NULL);
+        dt_rdzv_set_str(c->ns, "round", v, NULL);
         DT_DEBUG("c10d: closed round %d with %d of %lld joined nodes (world %d)", R, n,
                  (long long)cnt, world);
     }
@@ -1366,7 +749,7 @@ out:
 /* ---- joining -------------------------------------------------------------------------------- */
 
 /* Fills rd for membership of round R. */
-static void fill_round(dt_rdzv_c10d *c, const closed_info *ci, int R, int g, int base,
+static void fill_round(c10d_rdzv *c, const dt_rdzv_c10d_closed *ci, int R, int g, int base,
                        dt_rdzv_round *rd)
 {
     memset(rd, 0, sizeof *rd);
@@ -1388,41 +771,41 @@ static void fill_round(dt_rdzv_c10d *c, const closed_info *ci, int R, int g, int
 }
 
 /* Cancels round R before it formed and ends the job (the first one to cancel writes final). */
-static void cancel_round(dt_rdzv_c10d *c, int R, int code, const char *kind, int sig,
+static void cancel_round(c10d_rdzv *c, int R, int code, const char *kind, int sig,
                          const char *why, bool *won)
 {
     char key[KEY_MAX];
-    kf(key, sizeof key, "r%d/closed", R);
+    dt_rdzv_keyf(key, sizeof key, "r%d/closed", R);
     *won = false;
-    if (cas_new(c->ns, key, "{\"final\":1}", won, NULL, NULL) == 0 && *won)
+    if (dt_rdzv_cas_new(c->ns, key, "{\"final\":1}", won, NULL, NULL) == 0 && *won)
         write_final(c, code, kind, -1, sig, why);
 }
 
 /* Rank 0 did not propose a MASTER_PORT (it was not the node expected to be rank 0): rank 0
  * picks one now and publishes it; the others wait for it. If the round ends meanwhile (rank 0
  * lost), the port stays 0 and the caller's first poll sees the end. */
-static int master_port(dt_rdzv_c10d *c, int R, int g, closed_info *ci, dt_err *err)
+static int master_port(c10d_rdzv *c, int R, int g, dt_rdzv_c10d_closed *ci, dt_err *err)
 {
     char key[KEY_MAX], endkey[KEY_MAX], v[32], *s = NULL;
     int rc, port = 0;
-    kf(key, sizeof key, "r%d/master_port", R);
+    dt_rdzv_keyf(key, sizeof key, "r%d/master_port", R);
     if (g == 0) {
         if ((rc = dt_rdzv_free_port(&port, err)))
             return rc;
         snprintf(v, sizeof v, "%d", port);
-        if ((rc = set_s(c->ns, key, v, err)))
+        if ((rc = dt_rdzv_set_str(c->ns, key, v, err)))
             return store_gone(c, rc, err, "publishing MASTER_PORT");
         ci->master_port = port;
         DT_DEBUG("c10d: round %d: MASTER_PORT %d picked by rank 0 after the round closed", R, port);
         return 0;
     }
-    kf(endkey, sizeof endkey, "r%d/end", R);
+    dt_rdzv_keyf(endkey, sizeof endkey, "r%d/end", R);
     double deadline = dt_now_s() + c->o.join_timeout;
     for (;;) {
         if (interrupted(c))
             return dt_err_set(err, -EINTR, "interrupted while waiting for MASTER_PORT");
         dt_err e = {0};
-        rc = get_wait(c->ns, key, &s, c->slice_ms, &e);
+        rc = dt_rdzv_get_str(c->ns, key, &s, c->slice_ms, &e);
         if (rc == 0) {
             ci->master_port = atoi(s);
             free(s);
@@ -1433,7 +816,7 @@ static int master_port(dt_rdzv_c10d *c, int R, int g, closed_info *ci, dt_err *e
                 *err = e;
             return store_gone(c, rc, err, "waiting for MASTER_PORT");
         }
-        if (get0(c->ns, endkey, &s, NULL) == 0 || dt_now_s() >= deadline) {
+        if (dt_rdzv_get_str(c->ns, endkey, &s, 0, NULL) == 0 || dt_now_s() >= deadline) {
             free(s);
             return 0; /* the round is over already (or rank 0 never answered) */
         }
@@ -1443,23 +826,23 @@ static int master_port(dt_rdzv_c10d *c, int R, int g, closed_info *ci, dt_err *e
 /* Joins round R (not closed when looked at). Returns 0 as a member with rd filled, 1 when the
  * round closed without this node, or an error: -EINTR, -ECANCELED (the job ended: st says how),
  * -ETIMEDOUT (too few nodes within the join timeout), a store error. */
-static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd,
+static int join_round(c10d_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
                       dt_rdzv_status *st, dt_err *err)
 {
     char key[KEY_MAX], *v = NULL, prev_why[256] = "";
     int rc, port = 0, expect = -1;
     int prev = c->round >= 0 && c->round == R - 1 ? c->g : -1;
     int64_t k = 0, s = 0, cnt = 0;
-    closed_info ci;
+    dt_rdzv_c10d_closed ci;
 
     if (R > 0) {
-        kf(key, sizeof key, "r%d/end", R - 1);
-        if (get0(c->ns, key, &v, NULL) == 0) {
-            end_info e;
-            rc = end_decode(v, &e, err);
+        dt_rdzv_keyf(key, sizeof key, "r%d/end", R - 1);
+        if (dt_rdzv_get_str(c->ns, key, &v, 0, NULL) == 0) {
+            dt_rdzv_c10d_end e;
+            rc = dt_rdzv_c10d_end_decode(v, &e, err);
             free(v);
             if (rc) {
-                end_free(&e);
+                dt_rdzv_c10d_end_free(&e);
                 dt_err_prefix(err, "joining round %d: round %d: ", R, R - 1);
                 return rc;
             }
@@ -1469,11 +852,11 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
              * must not close early on this node's count); it comes back as a newcomer. */
             if (prev >= 0 && dt_rdzv_ranks_has(&e.lost, prev))
                 prev = -1;
-            end_free(&e);
+            dt_rdzv_c10d_end_free(&e);
         }
     }
-    kf(key, sizeof key, "r%d/count", R);
-    if ((rc = add_i(c->ns, key, 1, &k, err)))
+    dt_rdzv_keyf(key, sizeof key, "r%d/count", R);
+    if ((rc = dt_store_add(c->ns, key, 1, &k, err)))
         return store_gone(c, rc, err, "joining the rendezvous");
     /* MASTER_PORT: proposed by the nodes likely to be group rank 0 (the previous rank 0, the
      * first joiner), so that one or two nodes probe for a free port, not every node; when rank
@@ -1492,8 +875,8 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
     cJSON_Delete(o);
     if (!rec)
         return dt_err_set(err, -ENOMEM, "out of memory");
-    kf(key, sizeof key, "r%d/j/%lld", R, (long long)k);
-    rc = set_s(c->ns, key, rec, err);
+    dt_rdzv_keyf(key, sizeof key, "r%d/j/%lld", R, (long long)k);
+    rc = dt_rdzv_set_str(c->ns, key, rec, err);
     free(rec);
     if (rc)
         return store_gone(c, rc, err, "joining the rendezvous");
@@ -1506,15 +889,15 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
      * survivor counts itself in whatever its join order, so the last one back closes. */
     bool surv_back = true;
     if (expect >= 0) {
-        kf(key, sizeof key, "r%d/surv", R);
-        surv_back = add_i(c->ns, key, prev >= 0 ? 1 : 0, &s, NULL) == 0 && s >= expect;
+        dt_rdzv_keyf(key, sizeof key, "r%d/surv", R);
+        surv_back = dt_store_add(c->ns, key, prev >= 0 ? 1 : 0, &s, NULL) == 0 && s >= expect;
     }
     bool can = false;
     if (surv_back && k == c->max)
         can = true;
     else if (surv_back && expect >= 0 && prev >= 0) {
-        kf(key, sizeof key, "r%d/count", R);
-        can = add_i(c->ns, key, 0, &cnt, NULL) == 0 && cnt >= c->min;
+        dt_rdzv_keyf(key, sizeof key, "r%d/count", R);
+        can = dt_store_add(c->ns, key, 0, &cnt, NULL) == 0 && cnt >= c->min;
     } else if (surv_back && expect >= 0 && k >= c->min) {
         can = true;
     }
@@ -1522,7 +905,7 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
         return store_gone(c, rc, err, "closing a rendezvous round");
     DT_DEBUG("c10d: joined round %d as #%lld (nodes %d:%d)", R, (long long)k, c->min, c->max);
 
-    kf(key, sizeof key, "r%d/closed", R);
+    dt_rdzv_keyf(key, sizeof key, "r%d/closed", R);
     double retry = 0.5;
     for (;;) {
         if (interrupted(c))
@@ -1533,7 +916,7 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
         if (ms < 20)
             ms = 20; /* the client rounds a tiny wait down to "do not wait" */
         dt_err e = {0};
-        rc = get_wait(c->ns, key, &v, ms, &e);
+        rc = dt_rdzv_get_str(c->ns, key, &v, ms, &e);
         if (rc == 0)
             break;
         if (rc != -ETIMEDOUT && rc != -ENOENT) {
@@ -1544,6 +927,8 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
         if (job_final(c, st))
             return dt_err_set(err, -ECANCELED, "the job ended while this node waited: %s",
                               st->why);
+        if ((rc = frozen_host(c, st, err)))
+            return rc;
         now = dt_now_s();
         if (now >= close_at) {
             /* The last call is over (normally the MIN-th joiner closes first and nobody else
@@ -1555,8 +940,8 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
             close_at = now + retry;
         }
         if (now >= deadline) {
-            kf(key, sizeof key, "r%d/count", R);
-            add_i(c->ns, key, 0, &cnt, NULL);
+            dt_rdzv_keyf(key, sizeof key, "r%d/count", R);
+            dt_store_add(c->ns, key, 0, &cnt, NULL);
             char why[700];
             snprintf(why, sizeof why,
                      "round %d did not form: %lld node(s) joined within the join timeout (%g s) "
@@ -1567,11 +952,11 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
             cancel_round(c, R, 1, "rdzv", 0, why, &won);
             if (won || job_final(c, st))
                 return dt_err_set(err, -ETIMEDOUT, "%s", why);
-            kf(key, sizeof key, "r%d/closed", R); /* it closed just now: read it */
+            dt_rdzv_keyf(key, sizeof key, "r%d/closed", R); /* it closed just now: read it */
             deadline = 1e300;
         }
     }
-    rc = closed_decode(v, &ci);
+    rc = dt_rdzv_c10d_closed_decode(v, &ci);
     free(v);
     if (rc)
         return dt_err_set(err, rc, "round %d's record in the store is damaged", R);
@@ -1582,8 +967,8 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
         }
         return dt_err_set(err, -ECANCELED, "the job ended while this node waited: %s", st->why);
     }
-    kf(key, sizeof key, "r%d/a/%s/%lld", R, ci.tag, (long long)k);
-    rc = get0(c->ns, key, &v, err);
+    dt_rdzv_keyf(key, sizeof key, "r%d/a/%s/%lld", R, ci.tag, (long long)k);
+    rc = dt_rdzv_get_str(c->ns, key, &v, 0, err);
     if (rc == -ENOENT) {
         c->joining = -1;
         return 1;
@@ -1601,7 +986,7 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
     c->n = ci.n;
     c->attempt = ci.attempt;
     dt_strlcpy(c->tag, ci.tag, sizeof c->tag);
-    hb_assign(c, R, g, ci.n, ci.tag);
+    dt_rdzv_c10d_hb_assign(c->hb, R, g, ci.n, ci.tag);
     if (ci.master_port == 0 && (rc = master_port(c, R, g, &ci, err)))
         return rc;
     fill_round(c, &ci, R, g, base, rd);
@@ -1609,12 +994,12 @@ static int join_round(dt_rdzv_c10d *c, int R, double deadline, dt_rdzv_round *rd
 }
 
 /* Whether round R's end (with its closed record) ends the job; fills st when it does. */
-static bool end_is_final(dt_rdzv_c10d *c, const end_info *e, const closed_info *ci,
+static bool end_is_final(c10d_rdzv *c, const dt_rdzv_c10d_end *e, const dt_rdzv_c10d_closed *ci,
                          dt_rdzv_status *st)
 {
-    if (e->kind == END_SUCCESS || e->kind == END_ABORT ||
-        (e->kind == END_FAIL && ci->attempt >= c->max_restarts)) {
-        status_from_end(e, st);
+    if (e->kind == DT_C10D_END_SUCCESS || e->kind == DT_C10D_END_ABORT ||
+        (e->kind == DT_C10D_END_FAIL && ci->attempt >= c->max_restarts)) {
+        dt_rdzv_c10d_end_status(e, st);
         return true;
     }
     return false;
@@ -1622,7 +1007,7 @@ static bool end_is_final(dt_rdzv_c10d *c, const end_info *e, const closed_info *
 
 /* Waits as a spare while round R (full) runs: until it ends. Watches its group rank 0 meanwhile,
  * so that a round whose nodes all died cannot keep spares waiting forever. */
-static int spare_wait(dt_rdzv_c10d *c, int R, const closed_info *ci, dt_rdzv_status *st,
+static int spare_wait(c10d_rdzv *c, int R, const dt_rdzv_c10d_closed *ci, dt_rdzv_status *st,
                       dt_err *err)
 {
     char key[KEY_MAX], hbkey[KEY_MAX], *v = NULL;
@@ -1630,13 +1015,13 @@ static int spare_wait(dt_rdzv_c10d *c, int R, const closed_info *ci, dt_rdzv_sta
     double seen = dt_now_s(), next_hb = seen;
     DT_INFO("round %d is full (%d of at most %d nodes): waiting as a spare until a slot frees", R,
             ci->n, c->max);
-    kf(key, sizeof key, "r%d/end", R);
-    kf(hbkey, sizeof hbkey, "r%d/hb/0", R);
+    dt_rdzv_keyf(key, sizeof key, "r%d/end", R);
+    dt_rdzv_keyf(hbkey, sizeof hbkey, "r%d/hb/0", R);
     for (;;) {
         if (interrupted(c))
             return dt_err_set(err, -EINTR, "interrupted while waiting as a spare");
         dt_err e = {0};
-        int rc = get_wait(c->ns, key, &v, c->slice_ms, &e);
+        int rc = dt_rdzv_get_str(c->ns, key, &v, c->slice_ms, &e);
         if (rc == 0) {
             free(v);
             return 0;
@@ -1653,7 +1038,7 @@ static int spare_wait(dt_rdzv_c10d *c, int R, const closed_info *ci, dt_rdzv_sta
         if (now < next_hb)
             continue;
         next_hb = now + c->o.heartbeat_interval;
-        if (get0(c->ns, hbkey, &v, NULL) != 0)
+        if (dt_rdzv_get_str(c->ns, hbkey, &v, 0, NULL) != 0)
             continue;
         int64_t val = atoll(v);
         free(v);
@@ -1666,19 +1051,44 @@ static int spare_wait(dt_rdzv_c10d *c, int R, const closed_info *ci, dt_rdzv_sta
                      "node 0 of round %d was lost: no heartbeat for %.1f s (seen by a spare)", R,
                      now - seen);
             int zero = 0;
-            char *ev = end_encode(END_REGROUP, -1, 0, ci->n - 1, &zero, 1, why);
+            char *ev = dt_rdzv_c10d_end_encode(DT_C10D_END_REGROUP, -1, 0, ci->n - 1, &zero, 1, why);
             if (!ev)
                 return dt_err_set(err, -ENOMEM, "out of memory");
             bool won = false;
-            if (cas_new(c->ns, key, ev, &won, NULL, NULL) == 0 && won)
+            if (dt_rdzv_cas_new(c->ns, key, ev, &won, NULL, NULL) == 0 && won)
                 DT_WARN("%s", why);
             free(ev);
         }
     }
 }
 
-int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
+/* The store host was frozen (SIGSTOP, a hung host) for longer than heartbeat_timeout while a
+ * round of two or more nodes ran: the store froze with it, so every other agent's calls timed
+ * out and each ended its job ("the store cannot come back"). Nobody is left to join: rather than
+ * wait join_timeout for nobody, the job ends here at once (-ENOTCONN, and the job's final record
+ * for anyone who might still look). 0 when this is not the case. */
+static int frozen_host(c10d_rdzv *c, dt_rdzv_status *st, dt_err *err)
 {
+    double gap = c->server ? dt_rdzv_c10d_hb_gap(c->hb) : 0;
+    if (gap <= 0)
+        return 0;
+    char why[400];
+    snprintf(why, sizeof why,
+             "this agent hosts the rendezvous store and was stopped for %.1f s, longer than "
+             "heartbeat_timeout (%g s): every other agent lost the store and ended its job",
+             gap, c->o.heartbeat_timeout);
+    write_final(c, 1, "fail", c->round >= 0 ? c->g : -1, 0, why);
+    memset(st, 0, sizeof *st);
+    st->state = DT_RDZV_FAILED;
+    st->node = c->round >= 0 ? c->g : -1;
+    dt_strlcpy(st->why, why, sizeof st->why);
+    mark_left(c);
+    return dt_err_set(err, -ENOTCONN, "%s; nobody is left to join, so the job ends", why);
+}
+
+static int c10d_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
+{
+    c10d_rdzv *c = self;
     dt_rdzv_status dummy;
     char key[KEY_MAX], *v = NULL;
     int rc;
@@ -1692,10 +1102,12 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
     c->done = false;
     memset(&c->ended, 0, sizeof c->ended);
     dt_rdzv_fail_list_clear(&c->fails);
-    hb_assign(c, -1, 0, 0, NULL); /* the old round is over: stop beating for it */
+    dt_rdzv_c10d_hb_assign(c->hb, -1, 0, 0, NULL); /* the old round is over: stop beating for it */
+    if ((rc = frozen_host(c, st, err)))
+        return rc;
 
     int R = c->round + 1;
-    if (get0(c->ns, "round", &v, NULL) == 0) {
+    if (dt_rdzv_get_str(c->ns, "round", &v, 0, NULL) == 0) {
         int hint = atoi(v);
         free(v);
         if (hint > R)
@@ -1710,8 +1122,8 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
             mark_left(c);
             return dt_err_set(err, -ECANCELED, "the job has ended: %s", st->why);
         }
-        kf(key, sizeof key, "r%d/closed", R);
-        rc = get0(c->ns, key, &v, err);
+        dt_rdzv_keyf(key, sizeof key, "r%d/closed", R);
+        rc = dt_rdzv_get_str(c->ns, key, &v, 0, err);
         if (rc == -ENOENT) {
             rc = join_round(c, R, deadline, rd, st, err);
             if (rc == -ECANCELED || rc == -ETIMEDOUT)
@@ -1722,8 +1134,8 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
         }
         if (rc)
             return store_gone(c, rc, err, "joining the rendezvous");
-        closed_info ci;
-        rc = closed_decode(v, &ci);
+        dt_rdzv_c10d_closed ci;
+        rc = dt_rdzv_c10d_closed_decode(v, &ci);
         free(v);
         if (rc)
             return dt_err_set(err, rc, "round %d's record in the store is damaged", R);
@@ -1731,13 +1143,13 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
             R++;
             continue; /* final is set too (checked above on the next turn) */
         }
-        kf(key, sizeof key, "r%d/end", R);
-        rc = get0(c->ns, key, &v, err);
+        dt_rdzv_keyf(key, sizeof key, "r%d/end", R);
+        rc = dt_rdzv_get_str(c->ns, key, &v, 0, err);
         if (rc == 0) {
-            end_info e;
-            rc = end_decode(v, &e, err);
+            dt_rdzv_c10d_end e;
+            rc = dt_rdzv_c10d_end_decode(v, &e, err);
             free(v);
-            end_free(&e); /* only the kind is needed */
+            dt_rdzv_c10d_end_free(&e); /* only the kind is needed */
             if (rc) {
                 dt_err_prefix(err, "joining the rendezvous: round %d: ", R);
                 return rc;
@@ -1756,7 +1168,7 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
             char why[600];
             snprintf(why, sizeof why, "node %s (%s) joins the job, which runs on %d of at most %d",
                      c->local_addr, dt_hostname(), ci.n, c->max);
-            char *ev = end_encode(END_REGROUP, -1, 0, ci.n, NULL, 0, why);
+            char *ev = dt_rdzv_c10d_end_encode(DT_C10D_END_REGROUP, -1, 0, ci.n, NULL, 0, why);
             if (!ev)
                 return dt_err_set(err, -ENOMEM, "out of memory");
             if (!announced)
@@ -1764,7 +1176,7 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
                         "joins",
                         R, ci.n);
             announced = true;
-            rc = cas_new(c->ns, key, ev, NULL, NULL, err);
+            rc = dt_rdzv_cas_new(c->ns, key, ev, NULL, NULL, err);
             free(ev);
             if (rc)
                 return store_gone(c, rc, err, "joining the rendezvous");
@@ -1784,33 +1196,34 @@ int dt_rdzv_c10d_next(dt_rdzv_c10d *c, dt_rdzv_round *rd, dt_rdzv_status *st, dt
 
 /* Caches the end v of this node's round. Returns 0, or -EBADMSG when v is damaged (err says
  * how; nothing cached). */
-static int cache_end(dt_rdzv_c10d *c, const char *v, dt_err *err)
+static int cache_end(c10d_rdzv *c, const char *v, dt_err *err)
 {
-    end_info e;
-    int rc = end_decode(v, &e, err);
+    dt_rdzv_c10d_end e;
+    int rc = dt_rdzv_c10d_end_decode(v, &e, err);
     if (rc) {
-        end_free(&e);
+        dt_rdzv_c10d_end_free(&e);
         dt_err_prefix(err, "round %d: ", c->round);
         return rc;
     }
-    status_from_end(&e, &c->ended);
+    dt_rdzv_c10d_end_status(&e, &c->ended);
     if (dt_rdzv_ranks_has(&e.lost, c->g)) /* frozen or cut off for too long: the others went on */
         snprintf(c->ended.why, sizeof c->ended.why,
                  "this node was declared lost by the others (%.150s); it rejoins the job as "
                  "a new node",
                  e.why);
-    bool final = e.kind == END_SUCCESS || e.kind == END_ABORT ||
-                 (e.kind == END_FAIL && c->attempt >= c->max_restarts);
-    if (final && e.kind == END_FAIL)
+    bool final = e.kind == DT_C10D_END_SUCCESS || e.kind == DT_C10D_END_ABORT ||
+                 (e.kind == DT_C10D_END_FAIL && c->attempt >= c->max_restarts);
+    if (final && e.kind == DT_C10D_END_FAIL)
         write_final(c, 1, "fail", e.node, 0, e.why);
     if (final)
         mark_left(c);
-    end_free(&e);
+    dt_rdzv_c10d_end_free(&e);
     return 0;
 }
 
-int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
+static int c10d_poll(void *self, dt_rdzv_status *st, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX], *v = NULL;
     memset(st, 0, sizeof *st);
     if (c->killed)
@@ -1836,12 +1249,12 @@ int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
      * timeout, a GET (a waiting call even with 0 ms) only after its grace period too. */
     const char *kp = key;
     int exists = 0;
-    kf(key, sizeof key, "r%d/end", c->round);
+    dt_rdzv_keyf(key, sizeof key, "r%d/end", c->round);
     int rc = dt_store_check(c->ns, &kp, 1, &exists, err);
     if (rc == 0 && !exists)
         return 0;
     if (rc == 0)
-        rc = get0(c->ns, key, &v, err);
+        rc = dt_rdzv_get_str(c->ns, key, &v, 0, err);
     if (rc == -ENOENT)
         return 0;
     if (rc)
@@ -1850,30 +1263,31 @@ int dt_rdzv_c10d_poll(dt_rdzv_c10d *c, dt_rdzv_status *st, dt_err *err)
     free(v);
     if (rc)
         return rc;
-    hb_assign(c, -1, 0, 0, NULL); /* nobody watches a round that ended */
+    dt_rdzv_c10d_hb_assign(c->hb, -1, 0, 0, NULL); /* nobody watches a round that ended */
     *st = c->ended;
     return 0;
 }
 
-int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
+static int c10d_succeeded(void *self, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX], *v = NULL, why[64];
     int64_t d = 0;
     bool won = false;
     c->done = true;
     if (c->round < 0 || c->killed || c->gone)
         return 0;
-    kf(key, sizeof key, "r%d/done", c->round);
-    int rc = add_i(c->ns, key, 1, &d, err);
+    dt_rdzv_keyf(key, sizeof key, "r%d/done", c->round);
+    int rc = dt_store_add(c->ns, key, 1, &d, err);
     if (rc)
         return store_gone(c, rc, err, "reporting success");
     if (d < c->n)
         return 0;
     snprintf(why, sizeof why, "every node succeeded");
-    if (!(v = end_encode(END_SUCCESS, c->g, 0, c->n, NULL, 0, why)))
+    if (!(v = dt_rdzv_c10d_end_encode(DT_C10D_END_SUCCESS, c->g, 0, c->n, NULL, 0, why)))
         return dt_err_set(err, -ENOMEM, "out of memory");
-    kf(key, sizeof key, "r%d/end", c->round);
-    rc = cas_new(c->ns, key, v, &won, NULL, err);
+    dt_rdzv_keyf(key, sizeof key, "r%d/end", c->round);
+    rc = dt_rdzv_cas_new(c->ns, key, v, &won, NULL, err);
     free(v);
     if (rc)
         return store_gone(c, rc, err, "reporting success");
@@ -1882,8 +1296,9 @@ int dt_rdzv_c10d_succeeded(dt_rdzv_c10d *c, dt_err *err)
     return 0;
 }
 
-int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err *err)
+static int c10d_failed(void *self, const dt_rdzv_failure *f, int n, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX], why[200], *v = NULL, *cur = NULL;
     int rc = 0;
     if ((rc = dt_rdzv_fail_list_add(&c->fails, f, n, err)))
@@ -1902,13 +1317,13 @@ int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err
         }
         return 0;
     }
-    if (!(v = end_encode(END_FAIL, c->g, 0, c->n, NULL, 0, why)))
+    if (!(v = dt_rdzv_c10d_end_encode(DT_C10D_END_FAIL, c->g, 0, c->n, NULL, 0, why)))
         return dt_err_set(err, -ENOMEM, "out of memory");
-    kf(key, sizeof key, "r%d/failures", c->round);
+    dt_rdzv_keyf(key, sizeof key, "r%d/failures", c->round);
     rc = dt_rdzv_append_failures(c->ns, key, f, n, err);
     bool won = false;
-    kf(key, sizeof key, "r%d/end", c->round);
-    int rc2 = cas_new(c->ns, key, v, &won, &cur, err), rc3 = 0;
+    dt_rdzv_keyf(key, sizeof key, "r%d/end", c->round);
+    int rc2 = dt_rdzv_cas_new(c->ns, key, v, &won, &cur, err), rc3 = 0;
     dt_err e3 = {0};
     if (rc2 == 0 && cur)
         rc3 = cache_end(c, cur, &e3); /* the end that won (maybe another node's) */
@@ -1924,10 +1339,10 @@ int dt_rdzv_c10d_failed(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, dt_err
 }
 
 /* Ends the job from this node: final (code, kind), this node's round and the latest one ended
- * with END_ABORT (sig; -1: a configuration error), the round being joined and the one after
+ * with DT_C10D_END_ABORT (sig; -1: a configuration error), the round being joined and the one after
  * the latest cancelled, so that every agent - running, between rounds, joining, spare - sees the
  * end. this->ended becomes that abort unless the round had already ended for good. */
-static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const char *why)
+static void end_job(c10d_rdzv *c, int code, const char *kind, int sig, const char *why)
 {
     char *v = NULL, key[KEY_MAX];
     if (c->ended.state == DT_RDZV_RUNNING || c->ended.state == DT_RDZV_FAILED ||
@@ -1943,36 +1358,37 @@ static void end_job(dt_rdzv_c10d *c, int code, const char *kind, int sig, const 
         return;
     write_final(c, code, kind, c->round >= 0 ? c->g : -1, sig, why);
     if (c->joining >= 0) {
-        kf(key, sizeof key, "r%d/closed", c->joining);
-        cas_new(c->ns, key, "{\"final\":1}", NULL, NULL, NULL);
+        dt_rdzv_keyf(key, sizeof key, "r%d/closed", c->joining);
+        dt_rdzv_cas_new(c->ns, key, "{\"final\":1}", NULL, NULL, NULL);
     }
     /* End this node's round, and the latest one (the others may have gone on without this
      * node), and cancel the one after it (survivors between rounds wait there). */
     int latest = c->round;
     char *h = NULL;
-    if (get0(c->ns, "round", &h, NULL) == 0)
+    if (dt_rdzv_get_str(c->ns, "round", &h, 0, NULL) == 0)
         latest = DT_MAX(latest, atoi(h));
     free(h);
-    v = end_encode(END_ABORT, c->round >= 0 ? c->g : -1, sig, c->n, NULL, 0, why);
+    v = dt_rdzv_c10d_end_encode(DT_C10D_END_ABORT, c->round >= 0 ? c->g : -1, sig, c->n, NULL, 0, why);
     if (!v)
         DT_ERROR("out of memory: the end of round %d is not written", c->round);
     int ends[2] = {c->round, latest};
     for (int i = 0; i < 2 && v; i++) {
         if (ends[i] < 0 || (i == 1 && ends[1] == ends[0]))
             continue;
-        kf(key, sizeof key, "r%d/end", ends[i]);
-        cas_new(c->ns, key, v, NULL, NULL, NULL);
+        dt_rdzv_keyf(key, sizeof key, "r%d/end", ends[i]);
+        dt_rdzv_cas_new(c->ns, key, v, NULL, NULL, NULL);
     }
     if (latest >= 0) {
-        kf(key, sizeof key, "r%d/closed", latest + 1);
-        cas_new(c->ns, key, "{\"final\":1}", NULL, NULL, NULL);
+        dt_rdzv_keyf(key, sizeof key, "r%d/closed", latest + 1);
+        dt_rdzv_cas_new(c->ns, key, "{\"final\":1}", NULL, NULL, NULL);
     }
     free(v);
     mark_left(c);
 }
 
-int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
+static int c10d_abort(void *self, int sig, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char why[200];
     if (c->killed)
         return 0;
@@ -1983,9 +1399,10 @@ int dt_rdzv_c10d_abort(dt_rdzv_c10d *c, int sig, dt_err *err)
     return 0;
 }
 
-int dt_rdzv_c10d_abort_config(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, const char *why,
+static int c10d_abort_config(void *self, const dt_rdzv_failure *f, int n, const char *why,
                               dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX];
     int rc = 0;
     if (c->killed)
@@ -1994,7 +1411,7 @@ int dt_rdzv_c10d_abort_config(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, 
         return rc;
     /* The failures first: whoever sees the end can read the cause. */
     if (n > 0 && c->round >= 0 && c->ns && !c->gone) {
-        kf(key, sizeof key, "r%d/failures", c->round);
+        dt_rdzv_keyf(key, sizeof key, "r%d/failures", c->round);
         if ((rc = dt_rdzv_append_failures(c->ns, key, f, n, err)))
             rc = store_gone(c, rc, err, "reporting a configuration error");
     }
@@ -2002,13 +1419,14 @@ int dt_rdzv_c10d_abort_config(dt_rdzv_c10d *c, const dt_rdzv_failure *f, int n, 
     return rc;
 }
 
-int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err *err)
+static int c10d_failures(void *self, dt_rdzv_failure **out, int *n, dt_err *err)
 {
+    c10d_rdzv *c = self;
     char key[KEY_MAX];
     *out = NULL;
     *n = 0;
     if (c->round >= 0 && c->ns && !c->killed && !c->gone) {
-        kf(key, sizeof key, "r%d/failures", c->round);
+        dt_rdzv_keyf(key, sizeof key, "r%d/failures", c->round);
         int rc = dt_rdzv_read_failures(c->ns, key, out, n, NULL);
         if (rc == 0)
             return 0;
@@ -2023,17 +1441,42 @@ int dt_rdzv_c10d_failures(dt_rdzv_c10d *c, dt_rdzv_failure **out, int *n, dt_err
 /* The store host waits until every agent of the job has seen the end (a/<id> = "left") or has
  * been silent for heartbeat_timeout (dead, frozen, cut off: a spare that died too), up to
  * close_timeout. Agents that open meanwhile (a late spare) are waited for too. */
-static void wait_others_left(dt_rdzv_c10d *c)
+static void wait_others_left(c10d_rdzv *c)
 {
     watch w = {0};
-    double deadline = dt_now_s() + c->o.close_timeout;
+    char (*keys)[KEY_MAX] = NULL;
+    const char **kp = NULL;
+    int cap = 0, n = 0, live = 0;
+    /* Silence is looked for every half heartbeat interval (a live agent beats every interval);
+     * "left" is waited for server-side in between, so the end is seen as soon as it is set. */
+    double look_every = DT_MIN(DT_MAX(c->o.heartbeat_interval / 2, 0.05), 1.0);
+    double deadline = dt_now_s() + c->o.close_timeout, next_look = 0;
     for (;;) {
-        if (watch_list(c->ns, "", &w, dt_now_s()))
-            break;
-        int live = watch_look(c->ns, "", &w, c->id, c->o.heartbeat_timeout);
-        if (live == 0)
-            break;
-        if (dt_now_s() >= deadline) {
+        double now = dt_now_s();
+        if (now >= next_look) {
+            if (watch_list(c->ns, "", &w, now))
+                break;
+            if ((live = watch_look(c->ns, "", &w, c->id, c->o.heartbeat_timeout)) == 0)
+                break;
+            next_look = now + look_every;
+            if (cap < w.n) {
+                free(keys);
+                free(kp);
+                cap = w.n;
+                keys = calloc((size_t)cap, sizeof *keys);
+                kp = calloc((size_t)cap, sizeof *kp);
+                if (!keys || !kp)
+                    break;
+            }
+            n = 0;
+            for (int i = 0; i < w.n; i++)
+                if (!w.gone[i] && strcmp(w.ids[i], c->id)) {
+                    dt_rdzv_keyf(keys[n], sizeof keys[n], "l/%s", w.ids[i]);
+                    kp[n] = keys[n];
+                    n++;
+                }
+        }
+        if (now >= deadline) {
             DT_WARN("%d agent(s) did not confirm the end of the job within close_timeout (%g s); "
                     "closing the store",
                     live, c->o.close_timeout);
@@ -2041,46 +1484,63 @@ static void wait_others_left(dt_rdzv_c10d *c)
         }
         if (interrupted(c))
             break;
-        dt_sleep_ms(50);
+        double left = DT_MIN(next_look, deadline) - now;
+        int ms = left > 0.1 ? 100 : left > 0.02 ? (int)(left * 1000) : 20;
+        int rc = dt_store_wait(c->ns, kp, (size_t)n, ms, NULL);
+        if (rc == 0)
+            break; /* every agent not yet gone has left */
+        if (rc != -ETIMEDOUT)
+            dt_sleep_ms(50); /* the store answers oddly: look again, without spinning */
     }
+    free(keys);
+    free(kp);
     watch_free(&w);
 }
 
-void dt_rdzv_c10d_kill(dt_rdzv_c10d *c)
+static void c10d_kill(void *self)
 {
+    c10d_rdzv *c = self;
     if (!c || c->killed)
         return;
-    hb_stop(c);
+    dt_rdzv_c10d_hb_free(c->hb);
+    c->hb = NULL;
     c->killed = true;
-    dt_store_free(c->hb_ns);
-    dt_store_free(c->hb_base);
     dt_store_free(c->ns);
     dt_store_free(c->ns_id);
     dt_store_free(c->base);
-    c->hb_ns = c->hb_base = c->ns = c->ns_id = c->base = NULL;
+    c->ns = c->ns_id = c->base = NULL;
 }
 
-void dt_rdzv_c10d_close(dt_rdzv_c10d *c)
+static void c10d_close(void *self)
 {
+    c10d_rdzv *c = self;
     if (!c)
         return;
-    hb_stop(c);
+    dt_rdzv_c10d_hb_stop(c->hb);
     if (c->ns && !c->killed && !c->gone && c->opened) {
         mark_left(c);
         if (c->server)
             wait_others_left(c);
     }
-    dt_store_free(c->hb_ns);
-    dt_store_free(c->hb_base);
+    dt_rdzv_c10d_hb_free(c->hb);
     dt_store_free(c->ns);
     dt_store_free(c->ns_id);
     dt_store_free(c->base);
     dt_store_server_stop(c->server);
-    pthread_mutex_destroy(&c->mu);
-    pthread_mutex_destroy(&c->beat_mu);
-    pthread_cond_destroy(&c->cv);
-    free(c->hb_val);
-    free(c->hb_seen);
     dt_rdzv_fail_list_clear(&c->fails);
     free(c);
 }
+
+const dt_rdzv_ops dt_rdzv_c10d_ops = {
+    .name = "c10d",
+    .open = c10d_open,
+    .next = c10d_next,
+    .poll = c10d_poll,
+    .succeeded = c10d_succeeded,
+    .failed = c10d_failed,
+    .abort = c10d_abort,
+    .abort_config = c10d_abort_config,
+    .failures = c10d_failures,
+    .kill = c10d_kill,
+    .close = c10d_close,
+};

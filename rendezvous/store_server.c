@@ -44,8 +44,17 @@
  * max_connections (up to the hard limit), since 1024 would cap a large job.
  *
  * Deliberately left out: persistence, replication, and fairness beyond per-read batching.
+ *
+ * Size. About 2,000 lines, one concern: the loop thread's state machine. The key table, the
+ * waiters, output flow control, the input budget and the connection lifecycle share one set of
+ * invariants (a present entry has no waiters; a charge is released exactly once; a closing
+ * connection leaves every list it is on), and each callback touches several of them. Split
+ * into files, the conn and entry structs would become a shared internal header and the files
+ * would call each other both ways (a reply wakes waiters, a wake writes replies, a write
+ * resumes reading), which is the loop this project's layering forbids; so it stays one file,
+ * in sections.
  */
-#include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -96,6 +105,8 @@ struct conn {
     uv_timer_t iotimer;      /* handshake deadline until ready; then write-stall watch */
     dt_store_server *srv;
     conn *prev, *next;       /* every connection */
+    conn *uprev, *unext;     /* while not ready: the unauthenticated list, oldest first */
+    int in_ulist;
     conn *rnext;             /* ready queue */
     int in_ready;
     int state;
@@ -163,6 +174,12 @@ struct dt_store_server {
     /* connections */
     conn *conns;
     size_t nconns;
+    size_t max_conns;        /* max_connections, capped by the open-file limit */
+    conn *uhead, *utail;     /* connections not ready yet (handshake, AUTH), oldest first */
+    size_t nunauth, max_unauth;
+    uint64_t evicted, evicted_logged;     /* unauthenticated connections closed for newer ones */
+    uint64_t accept_errs, accept_errs_logged;
+    double evict_log_at, accept_log_at;   /* when each was last said (once per burst) */
     conn *ready_head, *ready_tail;
     /* input budget (max_input_buffered) */
     size_t in_charged;       /* sum of the connections' in_charged */
@@ -969,9 +986,27 @@ static void op_multi_set(conn *c, const dt_proto_msg *m)
     }
 }
 
+static void unauth_unlink(dt_store_server *s, conn *c)
+{
+    if (!c->in_ulist)
+        return;
+    if (c->uprev)
+        c->uprev->unext = c->unext;
+    else
+        s->uhead = c->unext;
+    if (c->unext)
+        c->unext->uprev = c->uprev;
+    else
+        s->utail = c->uprev;
+    c->uprev = c->unext = NULL;
+    c->in_ulist = 0;
+    s->nunauth--;
+}
+
 /* The handshake (and AUTH) is complete: the connection may send anything. */
 static void conn_ready(conn *c)
 {
+    unauth_unlink(c->srv, c);
     c->state = ST_READY;
     uv_timer_stop(&c->iotimer);
 }
@@ -1502,6 +1537,7 @@ static void conn_close(conn *c)
         return;
     c->closing = 1;
     wait_unlink(s, c);
+    unauth_unlink(s, c);
     c->blocked = 0;
     budget_unqueue(s, c);
     charge_set(c, 0); /* the buffer goes with the handles; its budget goes now */
@@ -1562,11 +1598,46 @@ static void on_connection(uv_stream_t *ls, int status)
 {
     dt_store_server *s = ls->data;
     if (status < 0) {
-        SRV_WARN(s, "store: accepting a connection failed: %s", uv_strerror(status));
+        /* EMFILE/ENFILE: libuv has already done the reserve-descriptor trick (uv__server_io
+         * keeps loop->emfile_fd open, and on EMFILE closes it, accepts and closes what waits,
+         * and reopens it), so the clients got an EOF rather than hanging in the backlog. The
+         * limits below keep the store's own connections from getting here; say it once per
+         * burst (the first failure, then a count every 10 s while they go on). */
+        s->accept_errs++;
+        double now = dt_now_s();
+        if (now - s->accept_log_at >= 10) {
+            DT_WARN("store: accepting connections fails: %s (%llu time%s; %zu connections open, "
+                    "%zu of them unauthenticated): the process is out of file descriptors "
+                    "(ulimit -n)",
+                    uv_strerror(status),
+                    (unsigned long long)(s->accept_errs - s->accept_errs_logged),
+                    s->accept_errs - s->accept_errs_logged == 1 ? "" : "s", s->nconns,
+                    s->nunauth);
+            s->accept_log_at = now;
+            s->accept_errs_logged = s->accept_errs;
+        }
         return;
     }
     uint8_t hello[DT_PROTO_HELLO_SIZE];
-    if (s->nconns >= s->o.max_connections) {
+    if (s->nunauth >= s->max_unauth && s->uhead) {
+        /* A flood of connections that never authenticate must not lock out the clients that
+         * do: the oldest unauthenticated one makes room (a real client completes its handshake
+         * in a round trip, so it is never the oldest for long). */
+        conn *old = s->uhead;
+        s->evicted++;
+        double now = dt_now_s();
+        if (now - s->evict_log_at >= 10) {
+            DT_WARN("store: %zu connections have not authenticated (limit %zu): closing the "
+                    "oldest for newer ones (%llu so far; %s was the last) - is something "
+                    "flooding the store's port?",
+                    s->nunauth, s->max_unauth,
+                    (unsigned long long)(s->evicted - s->evicted_logged), old->peer);
+            s->evict_log_at = now;
+            s->evicted_logged = s->evicted;
+        }
+        conn_close(old);
+    }
+    if (s->nconns >= s->max_conns) {
         /* Accept, say why in the hello, and close: the client reports the limit. */
         uv_tcp_t *t = malloc(sizeof *t);
         if (!t || uv_tcp_init(&s->loop, t) < 0) {
@@ -1578,7 +1649,7 @@ static void on_connection(uv_stream_t *ls, int status)
             uv_buf_t b = uv_buf_init((char *)hello, sizeof hello);
             uv_try_write((uv_stream_t *)t, &b, 1);
             SRV_WARN(s, "store: refused a connection: %zu open, limit max_connections = %zu",
-                     s->nconns, s->o.max_connections);
+                     s->nconns, s->max_conns);
         }
         uv_close((uv_handle_t *)t, on_full_closed);
         return;
@@ -1607,6 +1678,14 @@ static void on_connection(uv_stream_t *ls, int status)
     peer_name(&c->tcp, c->peer, sizeof c->peer);
     DT_DEBUG("store: connection from %s (%zu open)", c->peer, s->nconns);
     c->state = ST_HELLO;
+    c->uprev = s->utail;
+    if (s->utail)
+        s->utail->unext = c;
+    else
+        s->uhead = c;
+    s->utail = c;
+    c->in_ulist = 1;
+    s->nunauth++;
     uv_timer_start(&c->iotimer, on_handshake_timeout, (uint64_t)s->o.handshake_timeout_ms, 0);
     dt_proto_hello_encode(hello, DT_PROTO_VERSION, s->token ? DT_PROTO_HELLO_AUTH : 0);
     if (dt_proto_reserve(&c->out, sizeof hello) == 0) {
@@ -1635,7 +1714,7 @@ void dt_store_server_opts_default(dt_store_server_opts *o)
     o->max_connections = 65536;
     o->max_pending_output = 65u << 20;
     o->write_stall_ms = 10000;
-    o->handshake_timeout_ms = 10000;
+    o->handshake_timeout_ms = 3000;
     o->max_input_buffered = (size_t)1 << 30;
     o->input_stall_ms = 10000;
 }
@@ -1787,6 +1866,28 @@ static void raise_nofile(size_t want)
                 (unsigned long long)rl.rlim_cur);
 }
 
+/* Descriptors kept out of max_connections for everything else in the process (the loop's own,
+ * the listener, a connection being refused, and, inside an agent, its workers' pipes and logs):
+ * 32 plus an eighth of the limit, at most FD_RESERVE_MAX. */
+#define FD_RESERVE_MAX 1280
+
+/* max_connections, or fewer when the open-file limit would run out first: a store that runs
+ * out of descriptors cannot even accept the client that would tell it to stop waiting. */
+static size_t conns_allowed(size_t want)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return want;
+    rlim_t reserve = DT_MIN((rlim_t)FD_RESERVE_MAX, 32 + rl.rlim_cur / 8);
+    size_t allowed = rl.rlim_cur > reserve ? (size_t)(rl.rlim_cur - reserve) : 1;
+    if (allowed >= want)
+        return want;
+    /* Debug only: raise_nofile has warned already when the limit is small enough to matter. */
+    DT_DEBUG("store: at most %zu connections (the open-file limit is %llu)", allowed,
+             (unsigned long long)rl.rlim_cur);
+    return allowed;
+}
+
 int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opts, dt_err *err)
 {
     dt_store_server *s = calloc(1, sizeof *s);
@@ -1808,7 +1909,7 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     if (s->o.write_stall_ms <= 0)
         s->o.write_stall_ms = 10000;
     if (s->o.handshake_timeout_ms <= 0)
-        s->o.handshake_timeout_ms = 10000;
+        s->o.handshake_timeout_ms = 3000;
     if (!s->o.max_input_buffered)
         s->o.max_input_buffered = (size_t)1 << 30;
     if (s->o.input_stall_ms <= 0)
@@ -1856,7 +1957,10 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     s->lim_auth.max_value = s->token_len + 4096;
     s->lim_auth.max_items = 1;
     s->lim_auth.max_frame = DT_PROTO_HDR_SIZE + DT_PROTO_ITEM_OVERHEAD + s->lim_auth.max_value;
-    raise_nofile(DT_MIN(s->o.max_connections, (size_t)1 << 20) + 256);
+    raise_nofile(DT_MIN(s->o.max_connections, (size_t)1 << 20) + FD_RESERVE_MAX);
+    s->max_conns = conns_allowed(s->o.max_connections);
+    s->max_unauth = s->o.max_unauthenticated ? DT_MIN(s->o.max_unauthenticated, s->max_conns)
+                                             : DT_MAX(s->max_conns / 2, (size_t)1);
     if ((rc = uv_loop_init(&s->loop)) < 0) {
         dt_err_set(err, rc, "store server: uv_loop_init: %s", uv_strerror(rc));
         goto fail;

@@ -1,7 +1,7 @@
 /* harness.c - fork-per-test runner with timeouts; see harness.h. */
 #include "tests/harness.h"
 
-#include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 #include "runtime/launch/agent_proc.h"
 
 #include <errno.h>

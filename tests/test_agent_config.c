@@ -23,7 +23,7 @@
 
 #include "common/util.h"
 #include "rendezvous/rdzv.h"
-#include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 #include "tests/harness.h"
 
 #define BIN dt_test_dtrain_bin()

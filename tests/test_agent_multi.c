@@ -472,6 +472,91 @@ static void test_nnodes_mismatch_late(void)
     DT_CHECK(access(path, F_OK) != 0); /* node 2 never ran a worker */
 }
 
+/* Issue 21 #4: node 1's agent SIGKILLed, and node 0's worker fails at once (as a collective with
+ * the dead node would): the round ends by that failure before anyone declares node 1 lost, so
+ * node 1 stays a member whose "left" node 0 waits for at the end. A node whose heartbeat is gone
+ * confirms nothing: node 0 ends within about heartbeat_timeout (2 s), not close_timeout (40 s). */
+static void test_dead_node_not_awaited_at_close(void)
+{
+    job j;
+    char opts[1024], cmd[1024], path[4096];
+    snprintf(opts, sizeof opts,
+             "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=2,join_timeout=20,"
+             "close_timeout=40 --stop-grace 5 --rdzv-id dn --nproc-per-node 1 --monitor-interval 0.05");
+    snprintf(cmd, sizeof cmd,
+             "sh -c 'touch %s/ready.$RANK; if [ $RANK = 0 ]; then "
+             "while [ ! -e %s/dead ]; do sleep 0.02; done; exit 3; fi; exec sleep 60'",
+             TMP, TMP);
+    start_job(&j, 2, opts, cmd);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
+        double deadline = dt_test_now() + 20;
+        while (access(path, F_OK) != 0 && dt_test_now() < deadline)
+            dt_sleep_ms(10);
+        DT_REQUIRE(access(path, F_OK) == 0);
+    }
+    double t0 = dt_test_now();
+    kill(j.pid[1], SIGKILL);
+    snprintf(path, sizeof path, "%s/dead", TMP);
+    int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    DT_REQUIRE(fd >= 0);
+    close(fd);
+    int codes[2];
+    wait_job(&j, codes, 60);
+    double took = dt_test_now() - t0;
+    printf("node 0 ended %.1f s after node 1's agent was killed (heartbeat_timeout 2 s, "
+           "close_timeout 40 s)\n", took);
+    DT_CHECK_INT(codes[0], 1);
+    DT_CHECK_INT(codes[1], 128 + SIGKILL);
+    DT_CHECK_MSG(took < 20, "node 0 waited %.1f s for a dead node to confirm the end", took);
+    char *o = dt_test_slurp(j.out[0]);
+    DT_REQUIRE(o != NULL);
+    DT_CHECK_CONTAINS(o, "the job failed");
+    free(o);
+    if (codes[0] != 1 || took >= 20)
+        dt_test_group_dump(&j);
+}
+
+/* Issue 21 #9: a --master-addr that does not resolve is said at once (not after join_timeout),
+ * retried with a line every few seconds, and the final message's count and time are those of
+ * the whole wait. Nothing listens anywhere: the name never resolves (.invalid, RFC 6761). */
+static void test_unresolvable_master_addr(void)
+{
+    char line[4096], out[1024];
+    snprintf(out, sizeof out, "%s/node1.out", TMP);
+    snprintf(line, sizeof line,
+             "%s --nnodes 2 --node-rank 1 --master-addr no-such-host.invalid --master-port 29500 "
+             "--rdzv-conf join_timeout=12 --log-dir %s/logs -- true",
+             BIN, TMP);
+    pid_t pid = dt_test_spawn(line, out);
+    bool told = dt_test_wait_text(out, "cannot resolve", 1, 5);
+    bool again = dt_test_wait_text(out, "still waiting for the rendezvous store", 1, 10);
+    int code = dt_test_wait_exit(pid, 40);
+    DT_CHECK_MSG(told, "an address that does not resolve was not reported within 5 s");
+    DT_CHECK_MSG(again, "no line while waiting for the store");
+    DT_CHECK_INT(code, 1);
+    char *o = dt_test_slurp(out);
+    DT_REQUIRE(o != NULL);
+    const char *m = strstr(o, "attempts over ");
+    double secs = m ? atof(m + strlen("attempts over ")) : 0;
+    int attempts = 0;
+    if (m) {
+        const char *q = m;
+        while (q > o && q[-1] == ' ')
+            q--;
+        while (q > o && q[-1] >= '0' && q[-1] <= '9')
+            q--;
+        attempts = atoi(q);
+    }
+    DT_CHECK_MSG(m && secs >= 11 && secs < 20 && attempts >= 5,
+                 "the final message's counts disagree with the wait (12 s): %s",
+                 m ? m : "(no \"attempts over\")");
+    DT_CHECK_CONTAINS(o, "join_timeout 12 s");
+    if (!told || !again || code != 1 || !m)
+        fprintf(stderr, "%s", o);
+    free(o);
+}
+
 static const dt_test tests[] = {
     {"two_nodes_env", test_two_nodes_env, 60},
     {"three_nodes_restart_all", test_three_nodes_restart_all, 90},
@@ -479,9 +564,11 @@ static const dt_test tests[] = {
     {"sigkill_agent_detected", test_sigkill_agent_detected, 90},
     {"lost_node_then_join_timeout", test_lost_node_then_join_timeout, 90},
     {"store_host_killed", test_store_host_killed, 90},
+    {"dead_node_not_awaited_at_close", test_dead_node_not_awaited_at_close, 90},
     {"sigterm_one_agent_ends_all", test_sigterm_one_agent_ends_all, 90},
     {"external_store", test_external_store, 60},
     {"join_timeout", test_join_timeout, 60},
+    {"unresolvable_master_addr", test_unresolvable_master_addr, 60},
     {"bad_node_rank", test_bad_node_rank, 0},
     {"nnodes_mismatch", test_nnodes_mismatch, 90},
     {"nnodes_mismatch_late", test_nnodes_mismatch_late, 90},

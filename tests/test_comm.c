@@ -21,6 +21,7 @@
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 #include "runtime/comm/comm.h"
 #include "runtime/comm/comm_reduce.h"
 #include "runtime/comm/comm_shm.h"

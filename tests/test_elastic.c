@@ -33,6 +33,7 @@
 #include "common/util.h"
 #include "rendezvous/rdzv.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 #include "tests/harness.h"
 
 #define BIN dt_test_dtrain_bin()
@@ -481,6 +482,41 @@ static void test_store_host_dies(void)
         DT_CHECK_INT(dt_test_count_text(c.out[k], "is gone, so the job cannot go on"), 1);
     }
     if (c.code[1] != 1 || c.code[2] != 1)
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
+/* Issue 21 #8: the store's host (agent 0) frozen past heartbeat_timeout: the others lose the
+ * store and end (exit 1). Continued, the host finds its round over and nobody left: it ends at
+ * once (exit 1, saying why) instead of waiting join_timeout (60 s here) for nobody. */
+static void test_frozen_host_ends_at_once(void)
+{
+    cluster c;
+    const char *conf = "heartbeat_interval=0.2,heartbeat_timeout=3,join_timeout=60,"
+                       "last_call_timeout=1,close_timeout=5";
+    dt_test_group_init(&c);
+    start_host_agent(&c, 0, "frozenhost", "2:3", conf, NULL, "exec sleep 90");
+    for (int k = 1; k < 3; k++)
+        start_agent(&c, k, "frozenhost", "2:3", 1, conf, NULL, "exec sleep 90");
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE(dt_test_wait_text(c.out[k], "world=3 groups=3 att=0 round=0", 1, 30));
+    kill(c.pid[0], SIGSTOP);
+    bool others_gone = true;
+    for (int k = 1; k < 3; k++)
+        others_gone &= dt_test_wait_text(c.out[k], "is gone, so the job cannot go on", 1, 40);
+    dt_sleep_ms(300); /* their connections are closed by now */
+    double t0 = dt_test_now();
+    kill(c.pid[0], SIGCONT);
+    DT_CHECK(others_gone);
+    dt_test_group_wait(&c, 90);
+    double took = dt_test_now() - t0;
+    printf("the host ended %.1f s after SIGCONT (join_timeout 60 s, stop-grace 3 s)\n", took);
+    DT_CHECK_INT(c.code[0], 1);
+    for (int k = 1; k < 3; k++)
+        DT_CHECK_INT(c.code[k], 1);
+    DT_CHECK_MSG(took < 20, "the host waited %.1f s for nobody", took);
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "longer than heartbeat_timeout"), 1);
+    if (c.code[0] != 1 || took >= 20)
         dt_test_group_dump(&c);
     finish(&c);
 }
@@ -1258,6 +1294,7 @@ static const dt_test tests[] = {
     {"same_exit_code_everywhere", test_same_exit_code_everywhere, 90},
     {"second_job_starts_clean", test_second_job_starts_clean, 120},
     {"store_host_dies", test_store_host_dies, 90},
+    {"frozen_host_ends_at_once", test_frozen_host_ends_at_once, 180},
     {"lost_node_back_sees_success", test_lost_node_back_sees_success, 90},
     {"dead_spare_not_waited_for", test_dead_spare_not_waited_for, 90},
     {"abandoned_job_replaced", test_abandoned_job_replaced, 90},

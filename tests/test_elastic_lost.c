@@ -8,7 +8,7 @@
 
 #include "common/rng.h"
 #include "common/util.h"
-#include "rendezvous/rdzv_impl.h"
+#include "rendezvous/rdzv_ranks.h"
 #include "tests/harness.h"
 
 /* Encodes ranks, decodes the result, and checks the set is exactly the distinct ranks. */

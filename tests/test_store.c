@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include "common/util.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 #include "rendezvous/store_internal.h"
 #include "tests/harness.h"
 
@@ -1805,6 +1807,141 @@ static void test_handshake_timeout(void)
     dt_store_server_stop(srv);
 }
 
+/* Issue 21 #5: a flood of connections that send a hello and never authenticate must not lock out
+ * a client that holds the token. The server runs in a child whose open-file limit is lowered to
+ * 96 (setrlimit), so that a few hundred connections would exhaust it; a thread here keeps
+ * opening such connections (closing its oldest) while a client with the token connects, sets
+ * and gets, and one connected before the flood keeps working. The server says what happens. */
+typedef struct flood {
+    int port;
+    volatile int stop;
+    long opened;
+} flood;
+
+static void *flood_main(void *arg)
+{
+    flood *f = arg;
+    enum { RING = 300 };
+    int fds[RING];
+    for (int i = 0; i < RING; i++)
+        fds[i] = -1;
+    double end = dt_test_now() + 30; /* a bound of its own, whatever the test does */
+    for (int i = 0; !f->stop && dt_test_now() < end; i = (i + 1) % RING) {
+        if (fds[i] >= 0)
+            close(fds[i]);
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fds[i] < 0)
+            break;
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        struct timeval tv = {.tv_sec = 1};
+        setsockopt(fds[i], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (connect(fds[i], (struct sockaddr *)&a, sizeof a) == 0) {
+            uint8_t h[DT_PROTO_HELLO_SIZE];
+            dt_proto_hello_encode(h, DT_PROTO_VERSION, 0);
+            if (write(fds[i], h, sizeof h) == (ssize_t)sizeof h)
+                f->opened++;
+        }
+        dt_sleep_ms(2);
+    }
+    for (int i = 0; i < RING; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    return NULL;
+}
+
+static void test_unauthenticated_flood(void)
+{
+    char outp[1024];
+    int pfd[2];
+    snprintf(outp, sizeof outp, "%s/flood_server.out", dt_test_tmpdir());
+    DT_REQUIRE(pipe(pfd) == 0);
+    pid_t child = fork();
+    DT_REQUIRE(child >= 0);
+    if (child == 0) {
+        int out = open(outp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+        if (out >= 0) {
+            dup2(out, 1);
+            dup2(out, 2);
+            close(out);
+        }
+        close(pfd[0]);
+        struct rlimit rl = {.rlim_cur = 96, .rlim_max = 96};
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            _exit(3);
+        dt_store_server_opts o;
+        dt_store_server_opts_default(&o);
+        o.host = "127.0.0.1";
+        o.token = "tok";
+        dt_store_server *srv = NULL;
+        dt_err e = {0};
+        if (dt_store_server_start(&srv, &o, &e) != 0) {
+            fprintf(stderr, "server: %s\n", e.msg);
+            _exit(4);
+        }
+        int port = dt_store_server_port(srv);
+        if (write(pfd[1], &port, sizeof port) != (ssize_t)sizeof port)
+            _exit(5);
+        alarm(60); /* never outlives the test */
+        for (;;)
+            pause();
+    }
+    close(pfd[1]);
+    int port = 0;
+    bool got = read(pfd[0], &port, sizeof port) == (ssize_t)sizeof port;
+    close(pfd[0]);
+    if (!got) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        char *o = dt_test_slurp(outp);
+        DT_CHECK_MSG(false, "the server did not start: %s", o ? o : "");
+        free(o);
+        return;
+    }
+    dt_store_opts co;
+    dt_store_opts_default(&co);
+    co.connect_timeout_ms = 5000;
+    co.timeout_ms = 5000;
+    co.token = "tok";
+    dt_err err_ = {0}, *err = &err_;
+    dt_store *before = NULL, *during = NULL;
+    int rc0 = dt_store_connect(&before, "127.0.0.1", port, &co, err);
+    flood f = {.port = port};
+    pthread_t th;
+    DT_REQUIRE(pthread_create(&th, NULL, flood_main, &f) == 0);
+    for (double until = dt_test_now() + 10; f.opened < 400 && dt_test_now() < until;)
+        dt_sleep_ms(10);
+    double t0 = dt_test_now();
+    int rc = dt_store_connect(&during, "127.0.0.1", port, &co, err);
+    double took = dt_test_now() - t0;
+    int rc1 = rc == 0 ? dt_store_set(during, "k", "v", 1, err) : rc;
+    void *v = NULL;
+    size_t len = 0;
+    int rc2 = rc1 == 0 ? dt_store_get(during, "k", &v, &len, 0, err) : rc1;
+    int rc3 = rc0 == 0 ? dt_store_ping(before, NULL, err) : rc0;
+    long opened = f.opened;
+    f.stop = 1;
+    pthread_join(th, NULL);
+    printf("flood: %ld unauthenticated connections; the client with the token connected in "
+           "%.2f s\n", opened, took);
+    DT_CHECK_MSG(rc0 == 0, "the first client could not connect: %s", err->msg);
+    DT_CHECK_MSG(rc == 0, "a client with the token was locked out by the flood: %s", err->msg);
+    DT_CHECK_INT(rc1, 0);
+    DT_CHECK_INT(rc2, 0);
+    DT_CHECK(len == 1 && v && !memcmp(v, "v", 1));
+    DT_CHECK_MSG(rc3 == 0, "the client connected before the flood was cut off");
+    DT_CHECK_MSG(opened >= 400, "the flood opened only %ld connections", opened);
+    free(v);
+    dt_store_free(during);
+    dt_store_free(before);
+    kill(child, SIGTERM);
+    waitpid(child, NULL, 0);
+    char *o = dt_test_slurp(outp);
+    DT_CHECK_MSG(o && strstr(o, "have not authenticated"), "the server said nothing: %s",
+                 o ? o : "(no output)");
+    free(o);
+}
+
 static void test_storm(void)
 {
     dt_store_server_opts o;
@@ -2216,6 +2353,7 @@ static const dt_test tests[] = {
     {"slow_reader", test_slow_reader, 60},
     {"big_replies", test_big_replies, 60},
     {"handshake_timeout", test_handshake_timeout, 60},
+    {"unauthenticated_flood", test_unauthenticated_flood, 90},
     {"storm", test_storm, 60},
     {"backoff_jitter", test_backoff_jitter, 0},
     {"connect_retry", test_connect_retry, 60},

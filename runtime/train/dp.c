@@ -30,6 +30,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 #include "runtime/comm/comm.h"
 
 typedef struct replica {

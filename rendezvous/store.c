@@ -1,4 +1,4 @@
-/* store_client.c - the blocking store client (see store.h for the contract, protocol.h for
+/* store.c - the blocking store client (see store.h for the contract, protocol.h for
  * the bytes).
  *
  * One TCP connection per base handle, one request in flight, a mutex around each call so that

@@ -13,7 +13,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "rendezvous/store.h"
+#include "rendezvous/store_server.h"
 #include "runtime/job/workenv.h"
 
 static void usage(FILE *out)
@@ -34,7 +34,10 @@ static void usage(FILE *out)
             "  --max-keys-per-request N  keys in one multi-get/set/check/wait (65536)\n"
             "  --max-total-bytes N       keys + values stored, each key charged 112 bytes more\n"
             "                            for the server's bookkeeping (1G)\n"
-            "  --max-connections N       open client connections (65536)\n"
+            "  --max-connections N       open client connections (65536, or fewer when the\n"
+            "                            open-file limit, ulimit -n, allows fewer)\n"
+            "  --max-unauthenticated N   connections still in the handshake or AUTH; a new one\n"
+            "                            beyond N closes the oldest (half of --max-connections)\n"
             "  --max-pending-output N    reply bytes buffered per client; beyond it the server\n"
             "                            reads no more of its requests until they drain, and a\n"
             "                            single larger reply is refused (65M; at least\n"
@@ -46,7 +49,7 @@ static void usage(FILE *out)
             "  --write-stall-ms N        disconnect a client whose replies pile up beyond\n"
             "                            --max-pending-output and take none for N ms (10000)\n"
             "  --handshake-timeout-ms N  close a connection that has not finished the handshake\n"
-            "                            (and AUTH, with a token) N ms after it opened (10000)\n"
+            "                            (and AUTH, with a token) N ms after it opened (3000)\n"
             "  --input-stall-ms N        disconnect a client that holds part of\n"
             "                            --max-input-buffered for a request it stopped sending:\n"
             "                            no byte for N ms while others wait for budget (10000)\n");
@@ -101,6 +104,7 @@ int dt_cmd_store(int argc, char **argv)
         {"--max-keys-per-request", &o.max_keys_per_request},
         {"--max-total-bytes", &o.max_total_bytes},
         {"--max-connections", &o.max_connections},
+        {"--max-unauthenticated", &o.max_unauthenticated},
         {"--max-pending-output", &o.max_pending_output},
         {"--max-input-buffered", &o.max_input_buffered},
     };
@@ -114,7 +118,7 @@ int dt_cmd_store(int argc, char **argv)
     };
     static const char *const flags[] = {
         "--host", "--port", "--token-file", "--help", "--max-key-size", "--max-value-size",
-        "--max-keys-per-request", "--max-total-bytes", "--max-connections",
+        "--max-keys-per-request", "--max-total-bytes", "--max-connections", "--max-unauthenticated",
         "--max-pending-output", "--max-input-buffered", "--write-stall-ms",
         "--handshake-timeout-ms", "--input-stall-ms"};
     int pending_given = 0;
