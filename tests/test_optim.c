@@ -166,10 +166,12 @@ static void test_adamw_ranges_and_decay(void)
     dt_err err = {0};
     DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
     DT_CHECK_INT(o->num_states, 2);
-    DT_CHECK_STR(o->state_names[0], "exp_avg");
-    DT_CHECK_STR(o->state_names[1], "exp_avg_sq");
+    DT_CHECK_STR(o->states[0].name, "exp_avg");
+    DT_CHECK_STR(o->states[1].name, "exp_avg_sq");
+    DT_CHECK_STR(o->states[0].prefix, "exp_avg."); /* the checkpoint's names: PyTorch's */
+    DT_CHECK_STR(o->states[1].prefix, "exp_avg_sq.");
     for (int i = 0; i < NPARAMS; i++)
-        DT_CHECK(o->state[0][i] == 0 && o->state[1][i] == 0);
+        DT_CHECK(o->states[0].buf[i] == 0 && o->states[1].buf[i] == 0);
     dt_optim_step(o, params, grads, 1e-3);
     dt_optim_step(o, params, grads, 2e-3);
     DT_CHECK_INT(o->t, 2);
@@ -202,7 +204,9 @@ static void test_sgd_first_step_and_state(void)
     dt_err err = {0};
     DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
     DT_CHECK_INT(o->num_states, 1);
-    DT_CHECK_STR(o->state_names[0], "momentum_buffer");
+    DT_CHECK_STR(o->states[0].name, "momentum_buffer");
+    DT_CHECK_STR(o->states[0].prefix, "momentum_buffer.");
+    DT_CHECK(o->states[0].buf != NULL);
     dt_optim_step(o, params, grads, 0.1);
     dt_optim_step(o, params, grads, 0.1);
     DT_REQUIRE(ncalls == 8);
@@ -221,7 +225,7 @@ static void test_sgd_first_step_and_state(void)
     ncalls = 0;
     DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
     DT_CHECK_INT(o->num_states, 0);
-    DT_CHECK(o->state[0] == NULL);
+    DT_CHECK(o->states[0].buf == NULL);
     dt_optim_step(o, params, grads, 0.1);
     DT_CHECK(ncalls == 4 && !calls[0].has_state);
     dt_optim_free(o);

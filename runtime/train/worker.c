@@ -131,30 +131,25 @@ static void ckpt_dir(const dt_job *j, char *buf, size_t cap)
         snprintf(buf, cap, "%s/checkpoints", j->output_dir);
 }
 
-/* The checkpoint of this trainer: the model's parameters and buffers, the optimiser's state. */
+/* The checkpoint of this trainer: the model's parameters and buffers, the optimiser's state
+ * (its table of states names them). */
 static int ckpt_open(dt_trainer *t, dt_err *err)
 {
     const dt_job *j = &t->job;
     dt_model *m = t->model;
     dt_optim *o = t->optim;
-    static const struct {
-        const char *state, *prefix;
-    } prefixes[] = {{"exp_avg", "exp_avg."}, {"exp_avg_sq", "exp_avg_sq."},
-                    {"momentum_buffer", "momentum_buffer."}}; /* static: dt_ckpt keeps them */
     char dir[DT_PATH_MAX + 32];
     ckpt_dir(j, dir, sizeof dir);
-    dt_ckpt_buf bufs[4];
+    dt_ckpt_buf bufs[2 + DT_OPTIM_MAX_STATES];
     int n = 0;
     bufs[n++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, m->params, m->num_params,
                               false};
     if (m->num_buffers) /* BatchNorm statistics change in the next forward: copied at once */
         bufs[n++] = (dt_ckpt_buf){"model", "", m->buffer_tensors, m->num_buffer_tensors,
                                   m->buffers, m->num_buffers, true};
-    for (int i = 0; i < o->num_states; i++)
-        for (size_t k = 0; k < DT_ARRAY_LEN(prefixes); k++)
-            if (!strcmp(o->state_names[i], prefixes[k].state))
-                bufs[n++] = (dt_ckpt_buf){"optim", prefixes[k].prefix, m->tensors,
-                                          m->num_tensors, o->state[i], m->num_params, false};
+    for (int i = 0; i < o->num_states; i++) /* under the names the optimiser gives them */
+        bufs[n++] = (dt_ckpt_buf){"optim", o->states[i].prefix, m->tensors, m->num_tensors,
+                                  o->states[i].buf, m->num_params, false};
     dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
                        .concurrent_copy = j->ckpt_async && !strcmp(t->be->name, "cpu")};
     return dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
