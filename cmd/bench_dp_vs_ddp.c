@@ -42,6 +42,7 @@
 #include "runtime/train/dp.h"
 #include "runtime/train/model.h"
 #include "runtime/train/optim.h"
+#include "runtime/train/strategy.h"
 #include "runtime/train/worker.h"
 
 #define MAX_REPLICAS 64
@@ -217,7 +218,7 @@ static int run_child(const bench_opts *o)
         if ((rc = dt_backend_open(&be, dt_device_name(job.device), &bo, &err)))
             goto out;
         if (world > 1) {
-            dt_worker_bind_cpus(&job, be, o->rank, world);
+            dt_strategy_bind_cpus(&job, be, o->rank, world);
             dt_store_opts so;
             dt_store_opts_default(&so);
             if ((rc = dt_store_connect(&store, "127.0.0.1", o->port, &so, &err)))
