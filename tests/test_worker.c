@@ -717,6 +717,28 @@ static void test_dp_checkpoint_job_reads_back(void)
     free(text);
 }
 
+/* Running a finished run again (`make run`, then the README's next command) trains nothing, and
+ * says so with what to do, instead of a summary of zeros. */
+static void test_complete_run_says_what_to_do(void)
+{
+    const char *args = fmt("'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu "
+                           "train.steps=3 checkpoint.every=0 train.eval_every=0",
+                           repo_dir(), outdir("complete"));
+    char *out = NULL;
+    int rc = worker(NULL, args, &out, 120);
+    DT_CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    DT_CHECK_CONTAINS(out, "dtrain: done after 3 steps");
+    free(out);
+    rc = worker(NULL, args, &out, 120);
+    DT_CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    DT_CHECK_CONTAINS(out, "dtrain: already complete at step 3 (train.steps = 3) (its val loss ");
+    DT_CHECK_CONTAINS(out, "): nothing to train; raise train.steps to train on");
+    DT_CHECK_CONTAINS(out, "checkpoint.resume=never");
+    DT_CHECK_MSG(!strstr(out, "done after") && !strstr(out, "0.0 samples/s"),
+                 "a summary of a run that trained nothing: %s", out);
+    free(out);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -736,6 +758,7 @@ int main(int argc, char **argv)
         {"fp16_loss_scaling", test_fp16_loss_scaling, 60},
         {"fp16_scale_resumes", test_fp16_scale_resumes, 240},
         {"dp_checkpoint_job_reads_back", test_dp_checkpoint_job_reads_back, 120},
+        {"complete_run_says_what_to_do", test_complete_run_says_what_to_do, 240},
     };
     return dt_test_main("test_worker", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -460,10 +460,6 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 t->step ? " (resumed)" : "");
         if (!t->data->val)
             DT_INFO("no validation data (data.val_fraction = 0 and no data.val_path): no eval");
-        if (t->step >= t->total_steps)
-            DT_INFO("the run is already complete at step %lld (train.steps = %lld): raise "
-                    "train.steps to train on, or set checkpoint.resume = never to start over",
-                    (long long)t->step, (long long)t->total_steps);
     }
     double start = dt_now_s(), val_loss = NAN;
     /* the log window: means since the last record */
@@ -527,20 +523,37 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
     if (win_n)
         last_train = win_loss / win_n;
     bool was_stopped = stopped && *stopped;
+    /* complete before it began (resumed at its last step): evaluates what it resumed */
+    bool complete = steps_run == 0 && !was_stopped;
     if (t->data->val && !evaluated_last && !was_stopped && (rc = do_eval(t, &val_loss, err)))
         return rc;
     if ((rc = ckpt_finish(t, was_stopped, err)))
         return rc;
     dt_metrics_finish_line(t->metrics);
     double wall = dt_now_s() - start;
-    if (rank0) {
+    if (rank0 && complete) {
+        /* Said last, where the summary would be: zeros there would read as a broken run. */
+        char what[96], vl[48] = "";
+        if (j->steps > 0)
+            snprintf(what, sizeof what, "train.steps = %lld", (long long)j->steps);
+        else
+            snprintf(what, sizeof what, "train.epochs = %d: %lld steps", j->epochs,
+                     (long long)t->total_steps);
+        if (isfinite(val_loss))
+            snprintf(vl, sizeof vl, " (its val loss %.4f)", val_loss);
+        printf("dtrain: already complete at step %lld (%s)%s: nothing to train; raise "
+               "train.steps to train on, or start over with checkpoint.resume=never (or "
+               "another job.output_dir)\n",
+               (long long)t->step, what, vl);
+        fflush(stdout);
+    } else if (rank0) {
         char thr[32], vl[32] = "n/a", tl[32] = "n/a";
         human_count(train_time > 0 ? (double)t->items_per_step * (double)steps_run / train_time
                                    : 0,
                     thr, sizeof thr);
         if (isfinite(val_loss))
             snprintf(vl, sizeof vl, "%.4f", val_loss);
-        if (isfinite(last_train)) /* n/a when a resumed run had no step left */
+        if (isfinite(last_train)) /* n/a when stopped before its first step */
             snprintf(tl, sizeof tl, "%.4f", last_train);
         char how[64] = "";
         if (t->s->summary[0])
