@@ -118,15 +118,15 @@ static void update_range(dt_optim *o, float *params, const float *grads, size_t 
                          bool decay, double lr)
 {
     const dt_optim_config *c = &o->cfg;
-    float wd = decay ? (float)c->weight_decay : 0.0f;
+    double wd = decay ? c->weight_decay : 0.0;
     if (c->kind == DT_OPTIM_ADAMW)
         o->be->adamw_update(o->be, params + off, grads + off, o->states[0].buf + off,
-                            o->states[1].buf + off, n, (float)lr, (float)c->beta1, (float)c->beta2,
-                            (float)c->eps, wd, o->t + 1);
+                            o->states[1].buf + off, n, lr, c->beta1, c->beta2, c->eps, wd,
+                            o->t + 1);
     else
         o->be->sgd_update(o->be, params + off, grads + off,
                           o->num_states ? o->states[0].buf + off : NULL,
-                          n, (float)lr, (float)c->momentum, c->nesterov, wd, o->t == 0);
+                          n, (float)lr, (float)c->momentum, c->nesterov, (float)wd, o->t == 0);
 }
 
 void dt_optim_step(dt_optim *o, float *params, const float *grads, double lr)
