@@ -87,7 +87,7 @@ typedef struct dt_trainer {
     double grad_norm;         /* before clipping */
     double lr;
     double step_time_s;
-    double comm_time_s;       /* spent in sync_grads */
+    double comm_time_s;       /* synchronising gradients (the strategy's s->comm_time_s) */
 
     /* ---- checkpoints and stopping ---- */
     dt_ckpt *ckpt;            /* checkpoints, owned; opened by dt_trainer_init */
