@@ -338,6 +338,12 @@ static void test_multi_rank_without_store(void)
     DT_CHECK_INT(worker("RANK=2 WORLD_SIZE=2", args, &out, 30), 1);
     DT_CHECK_CONTAINS(out, "RANK=2 is not below WORLD_SIZE=2");
     free(out);
+    /* DP is one process: several workers of it are a mistake the DP strategy names */
+    const char *dp = fmt("'%s/configs/mlp-dp.ini' job.output_dir='%s' job.device=cpu",
+                         repo_dir(), outdir("mr-dp"));
+    DT_CHECK_INT(worker("RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2", dp, &out, 60), 1);
+    DT_CHECK_CONTAINS(out, "job.strategy = dp: one process drives all 2 replicas");
+    free(out);
 }
 
 /* ---- CPU binding ------------------------------------------------------------------------------ */
