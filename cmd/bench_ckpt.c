@@ -147,7 +147,6 @@ typedef struct result {
  * registers (model parameters and buffers, optimiser state under PyTorch's names). */
 static int job_writer(dt_trainer *t, const char *dir, int mode, dt_err *err)
 {
-    static char prefixes[2][64];
     dt_model *m = t->model;
     dt_optim *o = t->optim;
     dt_ckpt_buf bufs[4];
@@ -159,12 +158,10 @@ static int job_writer(dt_trainer *t, const char *dir, int mode, dt_err *err)
         bufs[n++] = (dt_ckpt_buf){.file = "model", .prefix = "", .tensors = m->buffer_tensors,
                                   .num_tensors = m->num_buffer_tensors, .data = m->buffers,
                                   .numel = m->num_buffers, .copy_at_save = true};
-    for (int i = 0; i < o->num_states && i < 2; i++) {
-        snprintf(prefixes[i], sizeof prefixes[i], "%s.", o->state_names[i]);
-        bufs[n++] = (dt_ckpt_buf){.file = "optim", .prefix = prefixes[i], .tensors = m->tensors,
-                                  .num_tensors = m->num_tensors, .data = o->state[i],
-                                  .numel = m->num_params};
-    }
+    for (int i = 0; i < o->num_states && i < 2; i++)
+        bufs[n++] = (dt_ckpt_buf){.file = "optim", .prefix = o->states[i].prefix,
+                                  .tensors = m->tensors, .num_tensors = m->num_tensors,
+                                  .data = o->states[i].buf, .numel = m->num_params};
     dt_ckpt_opts co = {.dir = dir, .keep = 1, .async = mode != MODE_SYNC,
                        .concurrent_copy = mode == MODE_CONC};
     dt_ckpt_close(t->ckpt);

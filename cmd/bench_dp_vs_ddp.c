@@ -2,9 +2,11 @@
  * on the same job, side by side, with a single worker as the baseline.
  *
  *   single  one process, one replica, batch B                     (the baseline)
- *   DP      one process driving N replicas on threads, batch N*B  (runtime/dp)
- *   DDP     N processes, one replica each, batch B each           (runtime/ddp over runtime/comm)
+ *   DP      one process driving N replicas on threads, batch N*B  (strategy dp, train/dp.c)
+ *   DDP     N processes, one replica each, batch B each           (strategy ddp, train/ddp.c)
  *   indep   N processes, one replica each, batch B each, never synchronised
+ * Every configuration runs the real trainer (worker.h: dt_trainer_init, dt_trainer_step), so what
+ * is measured is what `dtrain` runs: the same step, through the strategy interface.
  * DP and DDP see the same global batch per step, so their throughput compares directly, and
  * DDP's against the single worker's is its scaling. "indep" is the ceiling for that scaling on
  * this machine: N single workers bound like DDP's ranks, started together and kept busy until
@@ -33,16 +35,11 @@
 #include "common/log.h"
 #include "common/nvml.h"
 #include "common/util.h"
-#include "kernels/backend.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_server.h"
 #include "runtime/comm/comm.h"
 #include "runtime/job/config.h"
-#include "runtime/train/data.h"
-#include "runtime/train/ddp.h"
-#include "runtime/train/dp.h"
-#include "runtime/train/model.h"
-#include "runtime/train/optim.h"
+#include "runtime/train/strategy.h"
 #include "runtime/train/worker.h"
 
 #define MAX_REPLICAS 64
@@ -135,15 +132,22 @@ static int read_result(const char *path, result *r)
 
 /* ---- the children ---------------------------------------------------------------------------- */
 
-static int load_job(const bench_opts *o, dt_job *job, dt_err *err)
+static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
+                    dt_err *err)
 {
     dt_config_errors errs;
     memset(&errs, 0, sizeof errs);
-    int rc = dt_job_load(job, o->job_path, o->overrides, o->n_overrides, &errs, err);
+    char **ov = calloc((size_t)(o->n_overrides + n_more) + 1, sizeof *ov);
+    if (!ov)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    memcpy(ov, o->overrides, sizeof *ov * (size_t)o->n_overrides);
+    memcpy(ov + o->n_overrides, more, sizeof *ov * (size_t)n_more); /* later ones win */
+    int rc = dt_job_load(job, o->job_path, ov, o->n_overrides + n_more, &errs, err);
     if (rc) {
         for (int i = 0; i < errs.count && i < 64; i++)
             fprintf(stderr, "%s\n", errs.lines[i]);
     }
+    free(ov);
     return rc;
 }
 
@@ -160,109 +164,58 @@ static int store_gather(dt_store *store, const char *key, int n, dt_err *err)
     return rc ? rc : dt_store_wait(store, keys, 1, 600000, err);
 }
 
-/* One process of a configuration: "single", "ddp" and "indep" train one replica (ddp with the
- * others through a communicator), "dp" trains nproc replicas on threads. */
+/* One process of a configuration, the real trainer (worker.c's dt_trainer_step, through the
+ * strategy interface): "single" and "indep" train one replica (strategy single), "ddp" one
+ * replica with the others through a communicator (strategy ddp), "dp" nproc replicas on threads
+ * (strategy dp). Each runs the job as given, with train.steps = warm-up + timed steps (the
+ * schedule), no checkpoint and no metrics file. */
 static int run_child(const bench_opts *o)
 {
     static dt_job job;
+    static dt_trainer t;
     dt_err err = {0};
-    dt_data *data = NULL;
-    dt_backend *be = NULL;
-    dt_model *m = NULL;
-    dt_dp *dp = NULL;
-    dt_optim *opt = NULL;
     dt_store *store = NULL;
-    dt_comm *comm = NULL;
-    dt_ddp *ddp = NULL;
-    dt_sampler sampler;
-    dt_batch_buf batch;
-    int64_t *idx = NULL;
+    bool built = false;
     int rc;
-    memset(&sampler, 0, sizeof sampler);
-    memset(&batch, 0, sizeof batch);
     bool is_dp = !strcmp(o->child, "dp"), is_ddp = !strcmp(o->child, "ddp");
-    int world = is_ddp || !strcmp(o->child, "indep") ? o->nproc : 1, K = is_dp ? o->nproc : 1;
+    int world = is_ddp || !strcmp(o->child, "indep") ? o->nproc : 1;
     bool is_indep = !is_ddp && world > 1; /* apart, but started and ended together */
-    if ((rc = load_job(o, &job, &err)))
+    char steps[32], replicas[32], outdir[1300];
+    snprintf(steps, sizeof steps, "train.steps=%d", o->warmup + o->steps);
+    snprintf(replicas, sizeof replicas, "job.dp_replicas=%d", o->nproc);
+    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", o->out);
+    char *more[] = {steps, outdir, "checkpoint.resume=never", "checkpoint.every=0",
+                    is_dp ? "job.strategy=dp" : "job.strategy=ddp", replicas};
+    if ((rc = load_job(o, more, is_dp ? 6 : 5, &job, &err)))
         goto out;
-    if ((rc = dt_data_open(&data, &job, &err)))
-        goto out;
-    const dt_sample_shape *shape = &data->shape;
-    int B = job.batch_size * K; /* per process per micro-step */
-    if ((rc = dt_sampler_init(&sampler, dt_dataset_size(data->train), world > 1 ? o->rank : 0, world,
-                              B, (uint64_t)job.seed, job.shuffle, job.drop_last, &err)) ||
-        (rc = dt_batch_buf_init(&batch, shape, B, &err)))
-        goto out;
-    if (!(idx = malloc(sizeof *idx * (size_t)B))) {
-        rc = dt_err_set(&err, -ENOMEM, "out of memory");
-        goto out;
+    /* DDP's ranks are the trainer's; indep's workers are single ones, bound like DDP's ranks */
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.world_size = is_ddp ? world : 1;
+    env.rank = is_ddp ? o->rank : 0;
+    env.local_world_size = world;
+    env.local_rank = world > 1 ? o->rank : 0;
+    dt_strlcpy(env.run_id, o->run_id ? o->run_id : "bench-dpddp", sizeof env.run_id);
+    if (is_ddp) {
+        dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
+        env.store_port = o->port;
     }
-    dt_model_config mc;
-    if ((rc = dt_model_config_from_job(&mc, &job, shape, &err)))
-        goto out;
-    mc.max_batch = B;
-    dt_backend_opts bo;
-    dt_backend_opts_default(&bo);
-    bo.threads = job.threads;
-    bo.device_index = world > 1 ? o->rank : 0;
-    if (is_dp) {
-        dt_dp_opts dpo;
-        dt_dp_opts_from_job(&dpo, &job, &bo);
-        dpo.replicas = K;
-        mc.sync_bn = false;
-        if ((rc = dt_dp_create(&dp, &mc, &dpo, &err)))
+    if (is_indep) {
+        dt_store_opts so;
+        dt_store_opts_default(&so);
+        if ((rc = dt_store_connect(&store, "127.0.0.1", o->port, &so, &err)))
             goto out;
-        m = dt_dp_master(dp);
-        be = dt_dp_backend(dp, 0);
-    } else {
-        if ((rc = dt_backend_open(&be, dt_device_name(job.device), &bo, &err)))
-            goto out;
-        if (world > 1) {
-            dt_worker_bind_cpus(&job, be, o->rank, world);
-            dt_store_opts so;
-            dt_store_opts_default(&so);
-            if ((rc = dt_store_connect(&store, "127.0.0.1", o->port, &so, &err)))
-                goto out;
-        }
-        if (is_ddp) {
-            dt_comm_opts co;
-            dt_comm_opts_default(&co);
-            co.backend = job.comm_backend == DT_COMM_BACKEND_NCCL ||
-                                 (job.comm_backend == DT_COMM_BACKEND_AUTO &&
-                                  !strcmp(be->name, "cuda"))
-                             ? "nccl"
-                             : "cpu";
-            co.rank = o->rank;
-            co.world_size = world;
-            co.local_rank = o->rank;
-            co.local_world_size = world;
-            co.run_id = o->run_id;
-            co.device_index = o->rank;
-            co.timeout_ms = (int)(job.comm_timeout * 1000);
-            if ((rc = dt_comm_init(&comm, store, &co, &err)))
-                goto out;
-        } else {
-            mc.sync_bn = false;
-        }
-        if ((rc = dt_model_create(&m, &mc, be, comm, &err)))
-            goto out;
-        if (is_ddp) {
-            dt_ddp_opts dopt;
-            if ((rc = dt_ddp_opts_from_job(&dopt, &job, &err)) ||
-                (rc = dt_ddp_create(&ddp, m, comm, &dopt, &err)))
-                goto out;
-        }
     }
-    dt_optim_config oc;
-    dt_lr_schedule sched;
-    dt_optim_config_from_job(&oc, &sched, &job, o->warmup + o->steps);
-    if ((rc = dt_optim_create(&opt, &oc, be, m->tensors, m->num_tensors, m->num_params, &err)))
+    if ((rc = dt_trainer_init(&t, &job, &env, &err)))
         goto out;
+    built = true;
+    dt_strategy *s = t.s;
+    int K = s->replicas;
 
     result res;
     memset(&res, 0, sizeof res);
-    double t0 = 0, c0 = 0, comm0 = 0, loss_sum = 0;
-    int64_t per_step = (int64_t)B * job.grad_accum * (shape->kind == DT_SAMPLE_TOKENS ? shape->seq_len : 1);
+    double t0 = 0, c0 = 0, loss_sum = 0;
+    int64_t per_step = t.items_per_step / t.env.world_size; /* this process's */
     bool timing = false;
     dt_gpu_busy gpu[MAX_REPLICAS];
     bool gpu_on[MAX_REPLICAS] = {false};
@@ -286,73 +239,34 @@ static int run_child(const bench_opts *o)
                 break;
         }
         if (step == o->warmup) {
-            if ((comm && (rc = dt_comm_barrier(comm, &err))) ||
+            if ((s->comm && (rc = dt_comm_barrier(s->comm, &err))) ||
                 (is_indep && (rc = store_gather(store, "start", o->nproc, &err))))
                 goto out;
             timing = true;
             for (int k = 0; k < K; k++) { /* where NVML knows the replica's GPU */
-                dt_backend *bk = dp ? dt_dp_backend(dp, k) : be;
+                dt_backend *bk = s->ops->replica_backend(s, k);
                 char bus[64];
                 gpu_on[k] = bk->device_pci_bus_id &&
-                            !bk->device_pci_bus_id(bk, dp ? k : bo.device_index, bus, sizeof bus) &&
+                            !bk->device_pci_bus_id(bk, K > 1 ? k : env.local_rank, bus,
+                                                   sizeof bus) &&
                             !dt_gpu_busy_begin(&gpu[k], bus, NULL);
             }
             t0 = dt_now_s();
             c0 = cpu_now();
-            if (ddp) {
-                dt_ddp_stats st;
-                dt_ddp_get_stats(ddp, &st);
-                comm0 = st.wait_s;
-            } else if (dp) {
-                dt_dp_stats st;
-                dt_dp_get_stats(dp, &st);
-                comm0 = st.reduce_s;
-            }
         }
-        be->memset_zero(be, m->grads, m->num_params * sizeof(float));
-        double loss = 0;
-        for (int k = 0; k < job.grad_accum; k++) {
-            float l = 0;
-            bool last = k == job.grad_accum - 1;
-            if ((rc = dt_sampler_next(&sampler, idx, &err)) ||
-                (rc = dt_dataset_fill(data->train, idx, B, &batch, &err)))
-                goto out;
-            if (dp) {
-                rc = dt_dp_forward_backward(dp, &batch.batch, 1.0f / (float)job.grad_accum, &l,
-                                            &err);
-            } else if (!(rc = m->ops->forward(m, &batch.batch, true, &l, &err))) {
-                rc = m->ops->backward(m, 1.0f / (float)job.grad_accum,
-                                      last && ddp ? dt_ddp_grad_ready : NULL,
-                                      last && ddp ? ddp : NULL, &err);
-            }
-            if (rc)
-                goto out;
-            loss += l / job.grad_accum;
-        }
-        if (ddp && (rc = dt_ddp_finish(ddp, &err)))
+        if ((rc = dt_trainer_step(&t, &err)))
             goto out;
-        dt_optim_clip(opt, m->grads);
-        dt_optim_step(opt, m->params, m->grads, dt_lr_at(&sched, step));
-        be->synchronize(be);
         if (timing) {
-            loss_sum += loss;
+            loss_sum += t.loss;
             res.items += per_step;
+            res.comm_s += t.comm_time_s;
         }
     }
     res.loss = loss_sum / o->steps;
     res.rss = max_rss();
-    if (ddp) {
-        dt_ddp_stats st;
-        dt_ddp_get_stats(ddp, &st);
-        res.comm_s = st.wait_s - comm0;
-    } else if (dp) {
-        dt_dp_stats st;
-        dt_dp_get_stats(dp, &st);
-        res.comm_s = st.reduce_s - comm0;
-    }
     res.replicas = K;
     for (int k = 0; k < K; k++) {
-        dt_backend *bk = dp ? dt_dp_backend(dp, k) : be;
+        dt_backend *bk = s->ops->replica_backend(s, k);
         res.peak[k] = bk->peak_bytes ? (double)bk->peak_bytes(bk) : 0;
     }
     if ((rc = write_result(o->out, &res)) != 0)
@@ -361,20 +275,9 @@ out:
     if (rc)
         fprintf(stderr, "dtrain bench dp-vs-ddp (%s%s): %s\n", o->child,
                 world > 1 ? " rank" : "", err.msg);
-    dt_optim_free(opt);
-    dt_ddp_free(ddp);
-    if (dp) {
-        dt_dp_free(dp);
-    } else {
-        dt_model_free(m);
-        dt_backend_close(be);
-    }
-    dt_comm_free(comm);
+    if (built)
+        dt_trainer_close(&t);
     dt_store_free(store);
-    free(idx);
-    dt_batch_buf_free(&batch);
-    dt_sampler_free(&sampler);
-    dt_data_free(data);
     return rc ? 1 : 0;
 }
 
@@ -548,7 +451,7 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
 
     static dt_job job;
     dt_err err = {0};
-    if (load_job(&o, &job, &err) != 0) {
+    if (load_job(&o, NULL, 0, &job, &err) != 0) {
         fprintf(stderr, "dtrain bench dp-vs-ddp: %s\n", err.msg);
         free(ovr);
         return 1;
@@ -564,9 +467,9 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     printf("# dtrain bench dp-vs-ddp %s: model %s, %d replicas, batch %d per replica x accum %d, "
            "%d timed steps (+%d warm-up), device %s, %d BLAS thread(s) per replica, %d cores, "
            "cpu_bind %s, dp_transport %s\n",
-           o.job_path, dt_model_name(job.model_type), o.nproc, job.batch_size, job.grad_accum, o.steps, o.warmup,
-           dt_device_name(job.device), job.threads, cores, dt_cpu_bind_name(job.cpu_bind),
-           dt_dp_transport_name(job.dp_transport));
+           o.job_path, dt_model_name(job.model_type), o.nproc, job.batch_size, job.grad_accum,
+           o.steps, o.warmup, dt_device_name(job.device), job.threads, cores,
+           dt_cpu_bind_name(job.cpu_bind), dt_dp_transport_name(job.dp_transport));
     printf("# throughput in %s/s over all replicas; comm = per-step time DDP waits for its "
            "gradients, DP spends in the serial reduce (dp_transport = collectives: in its "
            "reduce)\n",

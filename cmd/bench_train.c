@@ -120,7 +120,8 @@ int dt_bench_train(int argc, char **argv)
         goto out;
     }
     double step_s = secs / steps, rate = (double)t.items_per_step / step_s;
-    double flops = t.model->flops_per_sample * job.batch_size * job.grad_accum / step_s;
+    /* the rank's batch: DP's covers all its replicas */
+    double flops = t.model->flops_per_sample * t.batch * job.grad_accum / step_s;
     printf("throughput: %.1f %s/s, %.2f ms/step, %.2f GFLOP/s of model FLOPs (%d steps)\n", rate,
            t.tokens ? "tokens" : "samples", step_s * 1e3, flops / 1e9, steps);
 

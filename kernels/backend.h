@@ -213,10 +213,14 @@ struct dt_backend {
                        size_t n, float lr, float momentum, bool nesterov, float weight_decay,
                        bool first_step);
     /* AdamW (decoupled weight decay, PyTorch semantics): t is the 1-based step count.
-     * m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2; p -= lr*(mhat/(sqrt(vhat)+eps) + wd*p). */
+     * m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2; p -= lr*(mhat/(sqrt(vhat)+eps) + wd*p).
+     * The hyper-parameters are doubles, as PyTorch's Python floats are: the coefficients
+     * (1 - b1, 1 - b2, 1 - lr*wd, lr / (1 - b1^t), sqrt(1 - b2^t)) are formed in double on the
+     * host and rounded to float once, as torch.optim.AdamW does (1 - b2 from a float-rounded b2
+     * would be 1.3e-5 off at b2 = 0.999). */
     void (*adamw_update)(dt_backend *be, float *params, const float *grads, float *m, float *v,
-                         size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, int64_t t);
+                         size_t n, double lr, double beta1, double beta2, double eps,
+                         double weight_decay, int64_t t);
     /* Sum of squares of x (n), accumulated in double, returned to the host (waits). */
     double (*sumsq)(dt_backend *be, const float *x, size_t n);
     /* Number of non-finite values in x (n) (waits); used for fp16 loss-scaling overflow. */

@@ -46,7 +46,7 @@ static void rec_scale(dt_backend *be, float *x, size_t n, float s)
     calls[ncalls++] = (call){.op = 'c', .n = n, .arg = s};
 }
 static void rec_adamw(dt_backend *be, float *params, const float *grads, float *m, float *v,
-                      size_t n, float lr, float b1, float b2, float eps, float wd, int64_t t)
+                      size_t n, double lr, double b1, double b2, double eps, double wd, int64_t t)
 {
     calls[ncalls++] = (call){.op = 'a', .off = (size_t)(params - base), .n = n, .lr = lr,
                              .wd = wd, .t = t, .has_state = m && v};
@@ -166,10 +166,12 @@ static void test_adamw_ranges_and_decay(void)
     dt_err err = {0};
     DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
     DT_CHECK_INT(o->num_states, 2);
-    DT_CHECK_STR(o->state_names[0], "exp_avg");
-    DT_CHECK_STR(o->state_names[1], "exp_avg_sq");
+    DT_CHECK_STR(o->states[0].name, "exp_avg");
+    DT_CHECK_STR(o->states[1].name, "exp_avg_sq");
+    DT_CHECK_STR(o->states[0].prefix, "exp_avg."); /* the checkpoint's names: PyTorch's */
+    DT_CHECK_STR(o->states[1].prefix, "exp_avg_sq.");
     for (int i = 0; i < NPARAMS; i++)
-        DT_CHECK(o->state[0][i] == 0 && o->state[1][i] == 0);
+        DT_CHECK(o->states[0].buf[i] == 0 && o->states[1].buf[i] == 0);
     dt_optim_step(o, params, grads, 1e-3);
     dt_optim_step(o, params, grads, 2e-3);
     DT_CHECK_INT(o->t, 2);
@@ -202,7 +204,9 @@ static void test_sgd_first_step_and_state(void)
     dt_err err = {0};
     DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
     DT_CHECK_INT(o->num_states, 1);
-    DT_CHECK_STR(o->state_names[0], "momentum_buffer");
+    DT_CHECK_STR(o->states[0].name, "momentum_buffer");
+    DT_CHECK_STR(o->states[0].prefix, "momentum_buffer.");
+    DT_CHECK(o->states[0].buf != NULL);
     dt_optim_step(o, params, grads, 0.1);
     dt_optim_step(o, params, grads, 0.1);
     DT_REQUIRE(ncalls == 8);
@@ -221,7 +225,7 @@ static void test_sgd_first_step_and_state(void)
     ncalls = 0;
     DT_REQUIRE_OK(dt_optim_create(&o, &c, &rec_backend, table, 6, NPARAMS, &err), &err);
     DT_CHECK_INT(o->num_states, 0);
-    DT_CHECK(o->state[0] == NULL);
+    DT_CHECK(o->states[0].buf == NULL);
     dt_optim_step(o, params, grads, 0.1);
     DT_CHECK(ncalls == 4 && !calls[0].has_state);
     dt_optim_free(o);
@@ -341,6 +345,41 @@ static void test_cpu_numerics(void)
     }
     DT_CHECK_NEAR(dt_optim_clip(o, g), sqrt(ss), 1e-6 * sqrt(ss));
     DT_CHECK_NEAR(dt_optim_grad_norm(o, g), 0.5, 1e-5);
+    dt_optim_free(o);
+    be->free(be, p);
+    be->free(be, g);
+    dt_backend_close(be);
+}
+
+/* AdamW's coefficients are formed in double and rounded once, as torch.optim.AdamW does with its
+ * Python floats: after one step at beta2 = 0.999, exp_avg_sq is float((1 - 0.999) * g) * g to the
+ * rounding of float, where 1.0f - 0.999f (a float-rounded beta2) was 1.3e-5 relatively off. */
+static void test_adamw_coefficients_in_double(void)
+{
+    dt_backend *be = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_cpu_backend_create(&be, NULL, &err), &err);
+    float *p = NULL, *g = NULL;
+    DT_REQUIRE_OK(be->alloc(be, (void **)&p, sizeof(float) * NPARAMS, &err), &err);
+    DT_REQUIRE_OK(be->alloc(be, (void **)&g, sizeof(float) * NPARAMS, &err), &err);
+    for (int i = 0; i < NPARAMS; i++) {
+        p[i] = 0.5f;
+        g[i] = (float)(0.37 * (i + 1) - 4.0); /* ranges of 10, 2, 10, 6: AVX and scalar tails */
+    }
+    dt_optim_config c = {.kind = DT_OPTIM_ADAMW, .weight_decay = 0.1, .beta1 = 0.9,
+                         .beta2 = 0.999, .eps = 1e-8};
+    dt_optim *o = NULL;
+    DT_REQUIRE_OK(dt_optim_create(&o, &c, be, table, 6, NPARAMS, &err), &err);
+    dt_optim_step(o, p, g, 1e-3);
+    double worst_v = 0, worst_m = 0;
+    for (int i = 0; i < NPARAMS; i++) {
+        double gi = g[i], v = (1 - 0.999) * gi * gi, m = (1 - 0.9) * gi;
+        worst_v = fmax(worst_v, fabs(o->states[1].buf[i] - v) / v);
+        worst_m = fmax(worst_m, fabs(o->states[0].buf[i] - m) / fabs(m));
+    }
+    /* two float roundings (the coefficient, each product) at most: 2 x 2^-24 each */
+    DT_CHECK_MSG(worst_v < 3e-7, "exp_avg_sq %.3g relatively off (1 - beta2)*g^2", worst_v);
+    DT_CHECK_MSG(worst_m < 2e-7, "exp_avg %.3g relatively off (1 - beta1)*g", worst_m);
     dt_optim_free(o);
     be->free(be, p);
     be->free(be, g);
@@ -503,6 +542,7 @@ static const dt_test tests[] = {
         {"clip", test_clip, 0},
         {"loss_scaler", test_loss_scaler, 0},
         {"cpu_numerics", test_cpu_numerics, 0},
+        {"adamw_coefficients_in_double", test_adamw_coefficients_in_double, 0},
         {"accumulation_mlp", test_accumulation_mlp, 0},
         {"accumulation_gpt", test_accumulation_gpt, 0},
     };

@@ -338,6 +338,12 @@ static void test_multi_rank_without_store(void)
     DT_CHECK_INT(worker("RANK=2 WORLD_SIZE=2", args, &out, 30), 1);
     DT_CHECK_CONTAINS(out, "RANK=2 is not below WORLD_SIZE=2");
     free(out);
+    /* DP is one process: several workers of it are a mistake the DP strategy names */
+    const char *dp = fmt("'%s/configs/mlp-dp.ini' job.output_dir='%s' job.device=cpu",
+                         repo_dir(), outdir("mr-dp"));
+    DT_CHECK_INT(worker("RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2", dp, &out, 60), 1);
+    DT_CHECK_CONTAINS(out, "job.strategy = dp: one process drives all 2 replicas");
+    free(out);
 }
 
 /* ---- CPU binding ------------------------------------------------------------------------------ */
@@ -415,14 +421,14 @@ static void test_cpu_bind_gpu(void)
 
     /* no NUMA information for GPU 1's node: not bound at all */
     DT_REQUIRE(dt_test_write_file(fmt("%s/bus/pci/devices/0000:11:00.0/local_cpulist", sys), "\n") == 0);
-    dt_worker_bind_cpus(&job, be, 1, 2);
+    dt_strategy_bind_cpus(&job, be, 1, 2);
     DT_REQUIRE_OK(dt_cpuset_current(&now, &err), &err);
     DT_CHECK(CPU_EQUAL(&now, &cur));
 
     /* both GPUs near every CPU here: local rank 1 gets the second share */
     DT_REQUIRE(dt_test_write_file(fmt("%s/bus/pci/devices/0000:11:00.0/local_cpulist", sys),
                           fmt("%s\n", list)) == 0);
-    dt_worker_bind_cpus(&job, be, 1, 2);
+    dt_strategy_bind_cpus(&job, be, 1, 2);
     DT_REQUIRE_OK(dt_cpuset_share(&cur, 1, 2, &want, &err), &err);
     DT_REQUIRE_OK(dt_cpuset_current(&now, &err), &err);
     DT_CHECK(CPU_EQUAL(&now, &want));
@@ -487,7 +493,8 @@ static void test_fp16_loss_scaling(void)
         trainer_open(&a, dp ? "fp32-dp" : "fp32", fp32);
         trainer_open(&b, dp ? "fp16-dp" : "fp16", fp16);
         DT_CHECK(!a.scaler.on && b.scaler.on && b.scaler.scale == 65536.0);
-        DT_CHECK((a.dp != NULL) == (dp == 1) && (b.dp != NULL) == (dp == 1));
+        DT_CHECK_STR(a.s->ops->name, dp ? "dp" : "single");
+        DT_CHECK_STR(b.s->ops->name, dp ? "dp" : "single");
         for (int s = 0; s < 4; s++) {
             DT_REQUIRE_OK(dt_trainer_step(&a, &err), &err);
             DT_REQUIRE_OK(dt_trainer_step(&b, &err), &err);
@@ -650,6 +657,94 @@ static void test_epochs_and_accumulation(void)
     DT_CHECK_INT(m.ntrain, 28);
 }
 
+/* ---- the job is read only ----------------------------------------------------------------- */
+
+/* The job text after its first line (which names the file it was read from). */
+static const char *job_body(const char *text)
+{
+    const char *nl = strchr(text, '\n');
+    return nl ? nl + 1 : text;
+}
+
+/* A DP job draws dp_replicas x batch_size samples per micro-step, but its checkpoint records the
+ * job as it was written (batch_size per replica), and that job reads back to the same job: the
+ * trainer derives the rank's batch instead of writing it into the job. */
+static void test_dp_checkpoint_job_reads_back(void)
+{
+    const char *od = outdir("dp-job");
+    char *out = NULL;
+    const char *ov[] = {"job.device=cpu", "train.steps=2", "train.batch_size=48",
+                        "job.dp_replicas=2", "checkpoint.every=0", "train.eval_every=0",
+                        fmt("job.output_dir=%s", od)};
+    int rc = worker(NULL, fmt("'%s/configs/mlp-dp.ini' %s %s %s %s %s %s '%s'", repo_dir(), ov[0],
+                              ov[1], ov[2], ov[3], ov[4], ov[5], ov[6]), &out, 120);
+    DT_CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    DT_CHECK_CONTAINS(out, "batch 96 x accum 1 x 1 ranks"); /* the rank's batch: 2 x 48 */
+    DT_CHECK_CONTAINS(out, "DataParallel x 2");
+    free(out);
+    char *text = NULL;
+    size_t len;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_read_file(fmt("%s/checkpoints/step_2/state.json", od), &text, &len, &err),
+                  &err);
+    cJSON *st = cJSON_Parse(text);
+    DT_REQUIRE(st);
+    const char *saved = cJSON_GetStringValue(cJSON_GetObjectItem(st, "job"));
+    DT_REQUIRE(saved);
+    DT_CHECK_CONTAINS(saved, "\nbatch_size = 48\n");
+    DT_CHECK_CONTAINS(saved, "\ndp_replicas = 2\n");
+    /* the job as loaded from the file with the same overrides prints the same text */
+    static dt_job a, b;
+    dt_config_errors errs = {0};
+    DT_REQUIRE_OK(dt_job_load(&a, fmt("%s/configs/mlp-dp.ini", repo_dir()), (char **)ov,
+                              (int)DT_ARRAY_LEN(ov), &errs, &err), &err);
+    char *printed = NULL;
+    size_t plen = 0;
+    FILE *f = open_memstream(&printed, &plen);
+    DT_REQUIRE(f);
+    dt_job_print(&a, f);
+    fclose(f);
+    DT_CHECK_STR(job_body(saved), job_body(printed));
+    /* and the recorded job, read back as a job file, is that job again */
+    const char *copy = fmt("%s/dp-job.ini", dt_test_tmpdir());
+    DT_REQUIRE(dt_test_write_file(copy, saved) == 0);
+    DT_REQUIRE_OK(dt_job_load(&b, copy, NULL, 0, &errs, &err), &err);
+    DT_CHECK_INT(b.batch_size, 48);
+    DT_CHECK_INT(b.dp_replicas, 2);
+    char *again = NULL;
+    f = open_memstream(&again, &plen);
+    DT_REQUIRE(f);
+    dt_job_print(&b, f);
+    fclose(f);
+    DT_CHECK_STR(job_body(again), job_body(printed));
+    free(again);
+    free(printed);
+    cJSON_Delete(st);
+    free(text);
+}
+
+/* Running a finished run again (`make run`, then the README's next command) trains nothing, and
+ * says so with what to do, instead of a summary of zeros. */
+static void test_complete_run_says_what_to_do(void)
+{
+    const char *args = fmt("'%s/configs/mlp.ini' job.output_dir='%s' job.device=cpu "
+                           "train.steps=3 checkpoint.every=0 train.eval_every=0",
+                           repo_dir(), outdir("complete"));
+    char *out = NULL;
+    int rc = worker(NULL, args, &out, 120);
+    DT_CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    DT_CHECK_CONTAINS(out, "dtrain: done after 3 steps");
+    free(out);
+    rc = worker(NULL, args, &out, 120);
+    DT_CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    DT_CHECK_CONTAINS(out, "dtrain: already complete at step 3 (train.steps = 3) (its val loss ");
+    DT_CHECK_CONTAINS(out, "): nothing to train; raise train.steps to train on");
+    DT_CHECK_CONTAINS(out, "checkpoint.resume=never");
+    DT_CHECK_MSG(!strstr(out, "done after") && !strstr(out, "0.0 samples/s"),
+                 "a summary of a run that trained nothing: %s", out);
+    free(out);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -668,6 +763,8 @@ int main(int argc, char **argv)
         {"cpu_bind_gpu", test_cpu_bind_gpu, 0},
         {"fp16_loss_scaling", test_fp16_loss_scaling, 60},
         {"fp16_scale_resumes", test_fp16_scale_resumes, 240},
+        {"dp_checkpoint_job_reads_back", test_dp_checkpoint_job_reads_back, 120},
+        {"complete_run_says_what_to_do", test_complete_run_says_what_to_do, 240},
     };
     return dt_test_main("test_worker", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -38,15 +38,17 @@ void dt_cpu_sgd_update(dt_backend *be, float *params, const float *grads, float 
 /* AdamW, one element at a time: the reference, and the tail of the vector path. Written without
  * fused multiply-adds so that both paths round identically. (GCC does not vectorise this loop:
  * sqrtf keeps its errno branch even under the file's -fno-math-errno pragma.) */
+/* The update with its coefficients formed on the host (dt_cpu_adamw_update): a = 1 - b1,
+ * b2, c = 1 - b2, decay = 1 - lr*wd, step_size = lr / (1 - b1^t), sqrt_bc2 = sqrt(1 - b2^t). */
 static void adamw_scalar(float *p, const float *g, float *m, float *v, size_t i0, size_t n,
-                         float b1, float b2, float eps, float decay, float step_size,
+                         float a, float b2, float c, float eps, float decay, float step_size,
                          float sqrt_bc2)
 {
     for (size_t i = i0; i < n; i++) {
         float gi = g[i];
-        float pi = p[i] * decay;                     /* decoupled decay: p *= 1 - lr*wd */
-        float mi = m[i] + (1.0f - b1) * (gi - m[i]); /* m.lerp_(g, 1-b1) */
-        float vi = v[i] * b2 + (1.0f - b2) * gi * gi;
+        float pi = p[i] * decay;           /* decoupled decay: p *= 1 - lr*wd */
+        float mi = m[i] + a * (gi - m[i]); /* m.lerp_(g, 1-b1) */
+        float vi = v[i] * b2 + c * gi * gi; /* v.mul_(b2).addcmul_(g, g, 1-b2) */
         m[i] = mi;
         v[i] = vi;
         p[i] = pi - step_size * (mi / (sqrtf(vi) / sqrt_bc2 + eps));
@@ -59,12 +61,12 @@ static void adamw_scalar(float *p, const float *g, float *m, float *v, size_t i0
 /* The same arithmetic eight lanes at a time (AVX: no FMA, the same correctly rounded sqrt and
  * division), so its results are bit-identical to adamw_scalar's. Returns elements done. */
 __attribute__((target("avx"))) static size_t adamw_avx(float *p, const float *g, float *m,
-                                                       float *v, size_t n, float b1, float b2,
-                                                       float eps, float decay, float step_size,
-                                                       float sqrt_bc2)
+                                                       float *v, size_t n, float a, float b2,
+                                                       float c, float eps, float decay,
+                                                       float step_size, float sqrt_bc2)
 {
-    const __m256 vdecay = _mm256_set1_ps(decay), va = _mm256_set1_ps(1.0f - b1);
-    const __m256 vb2 = _mm256_set1_ps(b2), vc = _mm256_set1_ps(1.0f - b2);
+    const __m256 vdecay = _mm256_set1_ps(decay), va = _mm256_set1_ps(a);
+    const __m256 vb2 = _mm256_set1_ps(b2), vc = _mm256_set1_ps(c);
     const __m256 vstep = _mm256_set1_ps(step_size), vbc = _mm256_set1_ps(sqrt_bc2);
     const __m256 veps = _mm256_set1_ps(eps);
     size_t i = 0;
@@ -85,21 +87,24 @@ __attribute__((target("avx"))) static size_t adamw_avx(float *p, const float *g,
 #endif
 
 void dt_cpu_adamw_update(dt_backend *be, float *params, const float *grads, float *m, float *v,
-                         size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, int64_t t)
+                         size_t n, double lr, double beta1, double beta2, double eps,
+                         double weight_decay, int64_t t)
 {
     DT_CPU_PROF_BEGIN(be);
-    double bc1 = 1.0 - pow((double)beta1, (double)t);
-    double bc2 = 1.0 - pow((double)beta2, (double)t);
-    float step_size = (float)((double)lr / bc1);
+    /* in double, rounded once: torch.optim.AdamW's Python-float arithmetic */
+    double bc1 = 1.0 - pow(beta1, (double)t);
+    double bc2 = 1.0 - pow(beta2, (double)t);
+    float a = (float)(1.0 - beta1), b2 = (float)beta2, c = (float)(1.0 - beta2);
+    float step_size = (float)(lr / bc1);
     float sqrt_bc2 = (float)sqrt(bc2);
-    float decay = 1.0f - lr * weight_decay;
+    float decay = (float)(1.0 - lr * weight_decay);
     size_t done = 0;
 #ifdef HAVE_ADAMW_AVX
     if (__builtin_cpu_supports("avx"))
-        done = adamw_avx(params, grads, m, v, n, beta1, beta2, eps, decay, step_size, sqrt_bc2);
+        done = adamw_avx(params, grads, m, v, n, a, b2, c, (float)eps, decay, step_size,
+                         sqrt_bc2);
 #endif
-    adamw_scalar(params, grads, m, v, done, n, beta1, beta2, eps, decay, step_size, sqrt_bc2);
+    adamw_scalar(params, grads, m, v, done, n, a, b2, c, (float)eps, decay, step_size, sqrt_bc2);
     DT_CPU_PROF_END(be, DT_CPU_OP_ADAMW, 0);
 }
 

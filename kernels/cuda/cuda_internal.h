@@ -294,8 +294,8 @@ void dt_cuda_sgd_update(dt_backend *be, float *params, const float *grads, float
                         size_t n, float lr, float momentum, bool nesterov, float weight_decay,
                         bool first_step);
 void dt_cuda_adamw_update(dt_backend *be, float *params, const float *grads, float *m, float *v,
-                          size_t n, float lr, float beta1, float beta2, float eps,
-                          float weight_decay, int64_t t);
+                          size_t n, double lr, double beta1, double beta2, double eps,
+                          double weight_decay, int64_t t);
 double dt_cuda_sumsq(dt_backend *be, const float *x, size_t n);
 size_t dt_cuda_count_nonfinite(dt_backend *be, const float *x, size_t n);
 void dt_cuda_op_to_half(dt_backend *be, uint16_t *half, const float *x, size_t n, float scale,

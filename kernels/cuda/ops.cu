@@ -1008,16 +1008,17 @@ __global__ static void sgd_kernel(float *p, const float *grads, float *buf, size
 
 // PyTorch's AdamW order (as the CPU reference): p *= 1 - lr*wd; m = lerp(m, g, 1-b1);
 // v = b2 v + (1-b2) g^2; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
+/* a = 1 - b1, c = 1 - b2, decay, step_size and sqrt_bc2 formed in double on the host. */
 __global__ static void adamw_kernel(float *p, const float *grads, float *m, float *v, size_t n,
-                                    float b1, float b2, float eps, float decay, float step_size,
-                                    float sqrt_bc2)
+                                    float a, float b2, float c, float eps, float decay,
+                                    float step_size, float sqrt_bc2)
 {
     GRID_STRIDE(i, n)
     {
         float g = grads[i];
         float pi = p[i] * decay;
-        float mi = m[i] + (1.0f - b1) * (g - m[i]);
-        float vi = v[i] * b2 + (1.0f - b2) * g * g;
+        float mi = m[i] + a * (g - m[i]);
+        float vi = v[i] * b2 + c * g * g;
         m[i] = mi;
         v[i] = vi;
         p[i] = pi - step_size * (mi / (sqrtf(vi) / sqrt_bc2 + eps));
@@ -1035,15 +1036,17 @@ void dt_cuda_sgd_update(dt_backend *be, float *params, const float *grads, float
 }
 
 void dt_cuda_adamw_update(dt_backend *be, float *params, const float *grads, float *m, float *v,
-                          size_t n, float lr, float beta1, float beta2, float eps,
-                          float weight_decay, int64_t t)
+                          size_t n, double lr, double beta1, double beta2, double eps,
+                          double weight_decay, int64_t t)
 {
     DT_CU_BEGIN(be);
-    double bc1 = 1.0 - pow((double)beta1, (double)t);
-    double bc2 = 1.0 - pow((double)beta2, (double)t);
-    float step_size = (float)((double)lr / bc1), sqrt_bc2 = (float)sqrt(bc2);
-    float decay = 1.0f - lr * weight_decay;
-    EW_LAUNCH(adamw_kernel, n, params, grads, m, v, n, beta1, beta2, eps, decay, step_size,
+    /* in double, rounded once: torch.optim.AdamW's Python-float arithmetic */
+    double bc1 = 1.0 - pow(beta1, (double)t);
+    double bc2 = 1.0 - pow(beta2, (double)t);
+    float a = (float)(1.0 - beta1), b2 = (float)beta2, c = (float)(1.0 - beta2);
+    float step_size = (float)(lr / bc1), sqrt_bc2 = (float)sqrt(bc2);
+    float decay = (float)(1.0 - lr * weight_decay);
+    EW_LAUNCH(adamw_kernel, n, params, grads, m, v, n, a, b2, c, (float)eps, decay, step_size,
               sqrt_bc2);
     DT_CU_END(DT_CU_OP_ADAMW, 0);
 }

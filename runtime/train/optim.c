@@ -72,17 +72,15 @@ int dt_optim_create(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
     o->tensors = tensors;
     o->num_tensors = num_tensors;
     if (cfg->kind == DT_OPTIM_ADAMW) {
-        o->num_states = 2;
-        o->state_names[0] = "exp_avg";
-        o->state_names[1] = "exp_avg_sq";
+        o->states[o->num_states++] = (dt_optim_state){"exp_avg", "exp_avg.", NULL};
+        o->states[o->num_states++] = (dt_optim_state){"exp_avg_sq", "exp_avg_sq.", NULL};
     } else if (cfg->momentum > 0) {
-        o->num_states = 1;
-        o->state_names[0] = "momentum_buffer";
+        o->states[o->num_states++] = (dt_optim_state){"momentum_buffer", "momentum_buffer.", NULL};
     }
     for (int i = 0; i < o->num_states; i++) {
-        int rc = be->alloc(be, (void **)&o->state[i], sizeof(float) * num_params, err);
+        int rc = be->alloc(be, (void **)&o->states[i].buf, sizeof(float) * num_params, err);
         if (rc) {
-            dt_err_prefix(err, "optimiser state (%s, %zu parameters): ", o->state_names[i],
+            dt_err_prefix(err, "optimiser state (%s, %zu parameters): ", o->states[i].name,
                           num_params);
             dt_optim_free(o);
             return rc;
@@ -96,9 +94,9 @@ void dt_optim_free(dt_optim *o)
 {
     if (!o)
         return;
-    for (int i = 0; i < 2; i++)
-        if (o->state[i])
-            o->be->free(o->be, o->state[i]);
+    for (int i = 0; i < o->num_states; i++)
+        if (o->states[i].buf)
+            o->be->free(o->be, o->states[i].buf);
     free(o);
 }
 
@@ -120,14 +118,15 @@ static void update_range(dt_optim *o, float *params, const float *grads, size_t 
                          bool decay, double lr)
 {
     const dt_optim_config *c = &o->cfg;
-    float wd = decay ? (float)c->weight_decay : 0.0f;
+    double wd = decay ? c->weight_decay : 0.0;
     if (c->kind == DT_OPTIM_ADAMW)
-        o->be->adamw_update(o->be, params + off, grads + off, o->state[0] + off,
-                            o->state[1] + off, n, (float)lr, (float)c->beta1, (float)c->beta2,
-                            (float)c->eps, wd, o->t + 1);
+        o->be->adamw_update(o->be, params + off, grads + off, o->states[0].buf + off,
+                            o->states[1].buf + off, n, lr, c->beta1, c->beta2, c->eps, wd,
+                            o->t + 1);
     else
-        o->be->sgd_update(o->be, params + off, grads + off, o->state[0] ? o->state[0] + off : NULL,
-                          n, (float)lr, (float)c->momentum, c->nesterov, wd, o->t == 0);
+        o->be->sgd_update(o->be, params + off, grads + off,
+                          o->num_states ? o->states[0].buf + off : NULL,
+                          n, (float)lr, (float)c->momentum, c->nesterov, (float)wd, o->t == 0);
 }
 
 void dt_optim_step(dt_optim *o, float *params, const float *grads, double lr)

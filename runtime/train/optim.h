@@ -3,8 +3,10 @@
  * AdamW (decoupled weight decay) and SGD (momentum, Nesterov) with PyTorch semantics, applied
  * per run of tensors through the backend's adamw_update / sgd_update, so every backend updates
  * the same way. Tensors marked no_decay (biases, normalisation parameters) get no weight decay.
- * The state (AdamW: exp_avg and exp_avg_sq; SGD: momentum_buffer) are backend buffers with the
- * parameter buffer's layout, exposed for checkpoints under PyTorch's names.
+ * The optimiser owns its state: AdamW's exp_avg and exp_avg_sq, SGD's momentum_buffer, backend
+ * buffers with the parameter buffer's layout, listed in dt_optim.states with PyTorch's names and
+ * the tensor-name prefix a checkpoint saves them under ("exp_avg." + the parameter's name, in
+ * optim.safetensors). Whoever saves or loads them walks that table; nobody else names them.
  *
  * Gradient accumulation and clipping are split between here and the trainer: the trainer zeroes
  * the gradients at the start of an accumulation and scales each micro-step's backward by
@@ -53,6 +55,15 @@ typedef struct dt_optim_config {
 void dt_optim_config_from_job(dt_optim_config *c, dt_lr_schedule *s, const dt_job *job,
                               int64_t total_steps);
 
+/* One state tensor of the optimiser, per parameter (the parameter buffer's layout). */
+typedef struct dt_optim_state {
+    const char *name;   /* PyTorch's name: "exp_avg", "exp_avg_sq", "momentum_buffer" (static) */
+    const char *prefix; /* its checkpoint tensors: prefix + parameter name, "exp_avg." (static) */
+    float *buf;         /* (num_params) backend memory of the optimiser's backend, owned */
+} dt_optim_state;
+
+#define DT_OPTIM_MAX_STATES 2
+
 typedef struct dt_optim {
     dt_optim_config cfg;
     dt_backend *be;                /* borrowed */
@@ -60,11 +71,9 @@ typedef struct dt_optim {
     const dt_tensor_info *tensors; /* borrowed (the model's table), (num_tensors) */
     int num_tensors;
     int64_t t;                     /* updates applied so far (AdamW's t is t+1 in the next) */
-    /* State, backend memory with the layout of the parameter buffer, owned:
-     *   adamw: state[0] = exp_avg (m), state[1] = exp_avg_sq (v)
-     *   sgd:   state[0] = momentum_buffer (NULL when momentum = 0) */
-    float *state[2];
-    const char *state_names[2];    /* PyTorch's names of state[i], NULL when absent */
+    /* The state tensors, states[0..num_states):
+     *   adamw: exp_avg (m), exp_avg_sq (v);  sgd: momentum_buffer (none when momentum = 0) */
+    dt_optim_state states[DT_OPTIM_MAX_STATES];
     int num_states;
 } dt_optim;
 

@@ -7,25 +7,33 @@
  *               for this rank
  *   start       after a checkpoint was loaded into the model and the optimiser: make every rank
  *               agree (DDP: check the model, broadcast rank 0's parameters, build the buckets)
+ *   zero_grads  the start of an accumulation: the gradients this rank accumulates into are zero
  *   micro_step  forward and backward of one micro-batch; `last` = the last micro-step of the
  *               accumulation (gradients are synchronised only then: DDP's no_sync for the rest)
  *   sync_grads  after the last micro-step: wait until this rank's gradients are final
  *               (all-reduced, reduced to the master, reduce-scattered, ...)
  *   average     the mean of a few doubles over the ranks (loss, stop flags, eval sums)
- *   clip        the global gradient norm (over shards and stages where the strategy splits the
- *               gradients), clipping when train.grad_clip is set
+ *   clip        unscale (fp16), then the global gradient norm (over shards and stages where the
+ *               strategy splits the gradients), clipping when train.grad_clip is set
  *   optim_step  the optimiser update of what this rank owns (and whatever must follow it: the
  *               all-gather of updated shards, ...)
  *   eval_step   forward only, for evaluation
  *   state       the tensors a checkpoint holds, whole, under their usual names
  *   close       tear-down; accepts a strategy whose open failed half way
  *
- * Implementations: single (one process, one replica), ddp (strategy_ddp.c: DistributedDataParallel,
- * one replica per process) and dp (strategy_dp.c: DataParallel, replicas driven by one process);
- * ZeRO, tensor and pipeline parallelism plug in beside them. strategies.h picks one from the job.
+ * So one optimiser step, in the trainer, is:
+ *
+ *   zero_grads; micro_step x grad_accum (last = true on the last); sync_grads;
+ *   average(loss, stop flag); clip; optim_step (unless fp16 skips it); s->be->synchronize
+ *
+ * Implementations: single (strategy_single.c: one process, one replica), ddp (strategy_ddp.c:
+ * DistributedDataParallel, one replica per process, over ddp.c's reducer) and dp (strategy_dp.c:
+ * DataParallel, replicas driven by one process, over dp.c); ZeRO, tensor and pipeline
+ * parallelism plug in beside them. strategies.h picks one from the job.
  *
  * An implementation includes this header and what it drives (comm/, the model, the optimiser);
- * it never includes worker.h: what it needs from the trainer comes in dt_strategy_ctx.
+ * it never includes worker.h or strategies.h: what it needs from the trainer comes in
+ * dt_strategy_ctx, and the helpers below (strategy.c) are what implementations share.
  */
 #ifndef DT_STRATEGY_H
 #define DT_STRATEGY_H
@@ -44,10 +52,11 @@
 
 /* What the trainer gives a strategy to open it with. All borrowed; they outlive the strategy. */
 typedef struct dt_strategy_ctx {
-    const dt_job *job;              /* the resolved job, read only */
+    const dt_job *job;              /* the job as loaded, read only */
     const dt_worker_env *env;       /* rank, world, store address, run id, round */
     const dt_backend_opts *be_opts; /* device index, threads, precision */
-    const dt_model_config *model;   /* the model to build (max_batch = the rank's batch) */
+    const dt_model_config *model;   /* the model to build (max_batch = the rank's batch, see
+                                       rank_batch) */
     const dt_optim_config *optim;   /* the optimiser to build over what this rank updates */
 } dt_strategy_ctx;
 
@@ -55,38 +64,107 @@ typedef struct dt_strategy dt_strategy;
 
 typedef struct dt_strategy_ops {
     const char *name; /* "single", "ddp", "dp" */
+    /* Samples this rank's process draws from the data per micro-step (its sampler's batch),
+     * derived from the job: train.batch_size for one replica per process, batch_size x
+     * job.dp_replicas for DP (batch_size is per replica). Called before open. */
+    int (*rank_batch)(const dt_job *job);
     /* Builds s->be, s->model, s->optim and s->comm (NULL with one rank). -errno and err on
      * failure; close is still called. */
     int (*open)(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
     /* After the trainer resumed the model and the optimiser from a checkpoint (or did not). */
     int (*start)(dt_strategy *s, dt_err *err);
-    /* One micro-batch: forward and backward of loss x dloss (dloss: 1/accum, times the fp16
-     * loss scale). *loss gets this rank's mean loss over the batch. */
+    /* Zeroes the gradients the next micro-steps accumulate into. */
+    void (*zero_grads)(dt_strategy *s);
+    /* One micro-batch of rank_batch samples: forward and backward of loss x dloss (dloss:
+     * 1/accum, times the fp16 loss scale); the gradients accumulate (+=). *loss gets this
+     * rank's mean loss over the batch. */
     int (*micro_step)(dt_strategy *s, const dt_batch *batch, float dloss, bool last, float *loss,
                       dt_err *err);
+    /* Waits until the gradients are final; s->comm_time_s is the time it waited. */
     int (*sync_grads)(dt_strategy *s, dt_err *err);
+    /* Replaces v[0..n) by its mean over the ranks (unchanged with one rank). */
     int (*average)(dt_strategy *s, double *v, int n, dt_err *err);
-    /* Returns the global norm before clipping (non-finite: nothing was scaled). */
-    double (*clip)(dt_strategy *s);
+    /* Multiplies the gradients by unscale when it is not 1 (fp16: 1 / the loss scale), then
+     * clips (train.grad_clip). Returns the global norm before clipping (non-finite: nothing
+     * was clipped). */
+    double (*clip)(dt_strategy *s, double unscale);
+    /* One optimiser update at learning rate lr. */
     void (*optim_step)(dt_strategy *s, double lr);
-    /* Forward only; *loss the batch mean, *correct the correct predictions (classifiers). */
+    /* Forward only, of up to rank_batch samples; *loss the batch mean, *correct the correct
+     * predictions (classifiers). */
     int (*eval_step)(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
                      dt_err *err);
     /* Fills bufs[0..*n) (cap entries) with what a checkpoint saves and loads: whole tensors under
-     * their usual names (the model's parameters and buffers, the optimiser's state). */
+     * their usual names (the model's parameters and buffers, the optimiser's state). The
+     * buffers are the strategy's; they live until close. -ENOSPC when cap is too small. */
     int (*state)(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
+    /* Replica k's backend, k < s->replicas (k = 0: s->be): for memory and utilisation
+     * figures per replica. */
+    dt_backend *(*replica_backend)(dt_strategy *s, int k);
+    /* Frees what open built (s->impl included); the registry frees s itself. */
     void (*close)(dt_strategy *s);
 } dt_strategy_ops;
 
 /* A strategy: the public part every implementation fills, then its own state (impl). */
 struct dt_strategy {
     const dt_strategy_ops *ops;
-    dt_backend *be;    /* this rank's (master) backend; owned by the strategy */
-    dt_model *model;   /* this rank's (master) model; owned by the strategy */
-    dt_comm *comm;     /* the world communicator, or NULL with one rank; owned by the strategy */
-    dt_optim *optim;   /* the optimiser of what this rank updates; owned by the strategy */
-    double comm_time_s;/* time spent in the last sync_grads */
-    void *impl;        /* the implementation's state */
+    dt_backend *be;     /* this rank's (master) backend; owned by the strategy */
+    dt_model *model;    /* this rank's (master) model; owned by the strategy */
+    dt_comm *comm;      /* the world communicator, or NULL with one rank; owned by the strategy.
+                           The trainer borrows it for what is not a step: agreeing on the
+                           checkpoint to resume, the barrier before leaving */
+    dt_optim *optim;    /* the optimiser of what this rank updates; owned by the strategy */
+    double comm_time_s; /* the last step's time synchronising gradients: DDP waiting in
+                           sync_grads, DP its reduce to the master (in micro_step) */
+    int replicas;       /* model replicas this process drives (DP: job.dp_replicas; else 1) */
+    char summary[48];   /* for the run's summary line, "" or e.g. "DataParallel x 2" */
+    void *impl;         /* the implementation's state */
 };
+
+/* ---- helpers the implementations share (strategy.c) ---------------------------------------- */
+
+/* job.cpu_bind = auto binds the calling thread, and the threads it starts afterwards (comm, DP
+ * replicas, NCCL's), and says so in the log (common/cpuset.h):
+ *   cpu backend, local_world > 1: to share local_rank of local_world of the CPUs it may use;
+ *   cuda backend: to its share of the CPUs near its GPU (device local_rank), from sysfs.
+ * Nothing otherwise, or when that cannot be had (fewer CPUs than workers, no NUMA information,
+ * a cgroup without the GPU's node): left to the scheduler, logged at debug. */
+void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank,
+                           int local_world);
+
+/* Opens ctx's backend (job.device, ctx->be_opts) into s->be and binds the CPUs (above). */
+int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
+
+/* The world communicator of ctx->env's ranks over `backend` ("cpu", "nccl"), bootstrapped
+ * through the dtrain store (DTRAIN_STORE_ADDR/PORT), namespaced by the run id and the
+ * rendezvous round, with job.comm_timeout. */
+int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char *backend,
+                           dt_err *err);
+
+/* Builds s->optim over s->model's parameters on s->be from ctx->optim. */
+int dt_strategy_open_optim(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
+
+/* The ops of a strategy whose rank holds the whole model, its whole gradient and the whole
+ * optimiser state in s->model and s->optim (single, DDP, DP's master). */
+
+/* state: s->model's parameters, its buffers (BatchNorm statistics, copied at save), and each of
+ * s->optim's states under the prefix the optimiser gives it. */
+int dt_strategy_state_whole(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
+
+/* eval_step: s->model's forward; *correct its last_correct. */
+int dt_strategy_eval_whole(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
+                           dt_err *err);
+
+/* Unscale, then clip s->model's gradients with s->optim (the whole gradient lives here). */
+double dt_strategy_clip_whole(dt_strategy *s, double unscale);
+
+/* s->optim's update of s->model's parameters. */
+void dt_strategy_optim_step_whole(dt_strategy *s, double lr);
+
+/* Zeroes s->model's gradients on s->be. */
+void dt_strategy_zero_grads_whole(dt_strategy *s);
+
+/* replica_backend of one replica per process: s->be. */
+dt_backend *dt_strategy_backend_one(dt_strategy *s, int k);
 
 #endif

@@ -1,8 +1,10 @@
 /* worker.c - the training loop of `dtrain worker`; see worker.h.
  *
- * Reads top to bottom: the environment, the seams (DDP and checkpoints slot in there), building
+ * Reads top to bottom: checkpoints (open with the strategy's buffers, resume, save), building
  * the trainer, one step, evaluation, the run with its metrics and summary, and the entry point
- * with the error file. Only dt_worker_main decides an exit code; nothing here exits.
+ * with the error file. How a step is spread over ranks is the strategy's (strategy.h): the loop
+ * calls its ops and never asks which one runs. Only dt_worker_main decides an exit code;
+ * nothing here exits.
  */
 #include "runtime/train/worker.h"
 
@@ -13,148 +15,35 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/cpuset.h"
-#include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/train/ddp.h"
-#include "runtime/train/dp.h"
 #include "runtime/job/errfile.h"
+#include "runtime/train/strategies.h"
 #include "runtime/train/worker_guard.h"
 
-/* ---- seams ------------------------------------------------------------------------------------
- * The DDP module (runtime/ddp) and the checkpoint module (runtime/ckpt) fill these in. Each is
- * called at one place in the loop; see worker.h for what each one is for. */
+/* ---- checkpoints ------------------------------------------------------------------------------ */
 
-static bool dp_mode(const dt_trainer *t) { return t->job.strategy == DT_STRATEGY_DP; }
-
-void dt_worker_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank, int local_world)
+/* checkpoint.dir, else <output dir>/checkpoints. */
+static void ckpt_dir(const dt_trainer *t, char *buf, size_t cap)
 {
-    cpu_set_t base, mine;
-    dt_err e = {0};
-    char all[256], list[256];
-    bool gpu = be->device_pci_bus_id != NULL; /* device k is local rank k's */
-    if (j->cpu_bind != DT_CPU_BIND_AUTO || (!gpu && (strcmp(be->name, "cpu") || local_world < 2)))
-        return;
-    if (dt_cpuset_current(&base, &e) ||
-        dt_backend_bind_set(be, &base, local_rank, local_world, &mine, &e) ||
-        dt_cpuset_bind(&mine, &e)) {
-        DT_DEBUG("job.cpu_bind = auto: not bound to CPUs: %s", e.msg);
-        return;
-    }
-    if (!gpu)
-        dt_cpu_backend_bind_blas_threads(); /* started before: at load or at the backend's open */
-    dt_cpuset_format(&base, all, sizeof all);
-    dt_cpuset_format(&mine, list, sizeof list);
-    if (local_rank == 0)
-        DT_INFO("job.cpu_bind = auto: each of this node's %d workers runs on its own share of "
-                "%s %s (job.cpu_bind = none leaves it to the scheduler)",
-                local_world, gpu ? "the CPUs near its GPU, within" : "CPUs", all);
-    DT_DEBUG("local rank %d runs on CPU(s) %s", local_rank, list);
-}
-
-/* SEAM comm_init (DDP): create t->comm from the store; the reducer comes in after_build, once
- * the model exists. One worker needs no communicator; DP needs none either (one process). */
-static int seam_comm_init(dt_trainer *t, dt_err *err)
-{
-    const dt_job *j = &t->job;
-    const dt_worker_env *e = &t->env;
-    if (dp_mode(t)) {
-        if (e->world_size > 1)
-            return dt_err_set(err, -EINVAL,
-                              "job.strategy = dp: one process drives all %d replicas "
-                              "(job.dp_replicas), but %d workers were started; run one worker "
-                              "(--nproc-per-node=1 on one node), or use job.strategy = ddp",
-                              j->dp_replicas, e->world_size);
-        return 0;
-    }
-    if (e->world_size == 1)
-        return 0;
-    if (!e->store_addr[0] || e->store_port <= 0)
-        return dt_err_set(err, -EINVAL,
-                          "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
-                          "start the workers with the dtrain launcher",
-                          e->world_size);
-    dt_comm_backend_kind kind = j->comm_backend;
-    if (kind == DT_COMM_BACKEND_AUTO)
-        kind = !strcmp(t->be->name, "cuda") ? DT_COMM_BACKEND_NCCL : DT_COMM_BACKEND_CPU;
-    const char *backend = dt_comm_backend_name(kind);
-    if (kind == DT_COMM_BACKEND_NCCL && strcmp(t->be->name, "cuda") != 0)
-        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
-                                        "runs on %s); use ddp.backend = cpu or auto",
-                          t->be->name);
-    dt_store *store = NULL;
-    dt_store_opts so;
-    dt_store_opts_default(&so);
-    int rc = dt_store_connect(&store, e->store_addr, e->store_port, &so, err);
-    if (rc)
-        return dt_err_prefix(err, "DDP: connecting to the store at %s:%d: ", e->store_addr,
-                             e->store_port);
-    dt_comm_opts co;
-    dt_comm_opts_default(&co);
-    co.backend = backend;
-    co.rank = e->rank;
-    co.world_size = e->world_size;
-    co.local_rank = e->local_rank;
-    co.local_world_size = e->local_world_size;
-    co.run_id = e->run_id;
-    co.attempt = e->round; /* namespace: unique per rendezvous round, restarts and regroups alike */
-    co.timeout_ms = (int)DT_MIN(j->comm_timeout * 1000.0, 2e9);
-    co.device_index = e->local_rank;
-    rc = dt_comm_init(&t->comm, store, &co, err); /* the store is needed for the bootstrap only */
-    dt_store_free(store);
-    if (rc)
-        return dt_err_prefix(err, "DDP: ");
-    return 0;
-}
-
-/* DDP: the reducer, which checks the model across ranks and broadcasts rank 0's parameters. */
-static int ddp_start(dt_trainer *t, dt_err *err)
-{
-    dt_ddp_opts o;
-    int rc = dt_ddp_opts_from_job(&o, &t->job, err);
-    if (!rc)
-        rc = dt_ddp_create((dt_ddp **)&t->ddp, t->model, t->comm, &o, err);
-    if (rc)
-        return rc;
-    t->grad_ready = dt_ddp_grad_ready;
-    t->grad_ready_ctx = t->ddp;
-    return 0;
-}
-
-/* checkpoint.dir, else <job.output_dir>/checkpoints. */
-static void ckpt_dir(const dt_job *j, char *buf, size_t cap)
-{
-    if (j->ckpt_dir[0])
-        dt_strlcpy(buf, j->ckpt_dir, cap);
+    if (t->job.ckpt_dir[0])
+        dt_strlcpy(buf, t->job.ckpt_dir, cap);
     else
-        snprintf(buf, cap, "%s/checkpoints", j->output_dir);
+        snprintf(buf, cap, "%s/checkpoints", t->job.output_dir);
 }
 
-/* The checkpoint of this trainer: the model's parameters and buffers, the optimiser's state. */
+/* The checkpoint of this trainer: what the strategy says a checkpoint holds (the model's
+ * parameters and buffers, the optimiser's state under the optimiser's names). */
 static int ckpt_open(dt_trainer *t, dt_err *err)
 {
     const dt_job *j = &t->job;
-    dt_model *m = t->model;
-    dt_optim *o = t->optim;
-    static const struct {
-        const char *state, *prefix;
-    } prefixes[] = {{"exp_avg", "exp_avg."}, {"exp_avg_sq", "exp_avg_sq."},
-                    {"momentum_buffer", "momentum_buffer."}}; /* static: dt_ckpt keeps them */
     char dir[DT_PATH_MAX + 32];
-    ckpt_dir(j, dir, sizeof dir);
-    dt_ckpt_buf bufs[4];
+    ckpt_dir(t, dir, sizeof dir);
+    dt_ckpt_buf bufs[8];
     int n = 0;
-    bufs[n++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, m->params, m->num_params,
-                              false};
-    if (m->num_buffers) /* BatchNorm statistics change in the next forward: copied at once */
-        bufs[n++] = (dt_ckpt_buf){"model", "", m->buffer_tensors, m->num_buffer_tensors,
-                                  m->buffers, m->num_buffers, true};
-    for (int i = 0; i < o->num_states; i++)
-        for (size_t k = 0; k < DT_ARRAY_LEN(prefixes); k++)
-            if (!strcmp(o->state_names[i], prefixes[k].state))
-                bufs[n++] = (dt_ckpt_buf){"optim", prefixes[k].prefix, m->tensors,
-                                          m->num_tensors, o->state[i], m->num_params, false};
+    int rc = t->s->ops->state(t->s, bufs, (int)DT_ARRAY_LEN(bufs), &n, err);
+    if (rc)
+        return rc;
     dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
                        .concurrent_copy = j->ckpt_async && !strcmp(t->be->name, "cpu")};
     return dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
@@ -190,13 +79,13 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     int src = 0;
     bool adopted = false;
     if (!rc)
-        rc = dt_ckpt_sync(t->ckpt, t->comm, t->env.rank, &st, &resumed, &src, &src_step, &adopted,
+        rc = dt_ckpt_sync(t->ckpt, t->s->comm, t->env.rank, &st, &resumed, &src, &src_step, &adopted,
                           err);
     if (!rc && adopted) {
         char a[64] = "found no checkpoint", dir[DT_PATH_MAX + 32];
         if (mine >= 0)
             snprintf(a, sizeof a, "found step %lld", (long long)mine);
-        ckpt_dir(j, dir, sizeof dir);
+        ckpt_dir(t, dir, sizeof dir);
         DT_WARN("rank %d %s in %s but rank %d resumed at step %lld: it took rank %d's model and "
                 "optimiser state over the network (the checkpoint directory is not shared "
                 "between the nodes, or holds other steps on this one)",
@@ -268,42 +157,16 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
     return rc;
 }
 
-/* SEAM after_build (checkpoints: open and resume; then DDP: check the model across ranks and
- * broadcast rank 0's parameters, so every rank starts from what rank 0 resumed). */
-static int seam_after_build(dt_trainer *t, dt_err *err)
-{
-    int rc = ckpt_open(t, err);
-    if (rc == -ENOTDIR) /* a file where checkpoints go: every restart fails the same way */
-        t->config_error = true;
-    if (!rc)
-        rc = ckpt_resume(t, err);
-    if (!rc && t->comm)
-        rc = ddp_start(t, err);
-    return rc;
-}
-
-/* SEAM sync_grads (DDP: wait for the gradient all-reduces). */
-static int seam_sync_grads(dt_trainer *t, dt_err *err)
-{
-    return t->ddp ? dt_ddp_finish(t->ddp, err) : 0;
-}
-
-/* SEAM average (DDP: all-reduce mean of v[0..n) across ranks). */
-static int seam_average(dt_trainer *t, double *v, int n, dt_err *err)
-{
-    return t->ddp ? dt_ddp_average(t->ddp, v, n, err) : 0;
-}
-
-/* SEAM after_step (checkpoints: save every checkpoint.every steps). */
-static int seam_after_step(dt_trainer *t, dt_err *err)
+/* Saves every checkpoint.every steps. */
+static int ckpt_after_step(dt_trainer *t, dt_err *err)
 {
     if (t->job.ckpt_every > 0 && t->step % t->job.ckpt_every == 0)
         return ckpt_save(t, err);
     return 0;
 }
 
-/* SEAM finish (checkpoints: save at the end, or when stopped by a signal, and wait for it). */
-static int seam_finish(dt_trainer *t, bool stopped, dt_err *err)
+/* Saves at the end, or when stopped by a signal, and waits for it. */
+static int ckpt_finish(dt_trainer *t, bool stopped, dt_err *err)
 {
     if (stopped && t->env.rank == 0)
         DT_INFO("stopped by a signal; saving step %lld", (long long)t->step);
@@ -312,9 +175,9 @@ static int seam_finish(dt_trainer *t, bool stopped, dt_err *err)
         rc = dt_ckpt_wait(t->ckpt, err);
     /* Nobody leaves before rank 0's checkpoint is on disk: the agent stops every worker as soon
      * as one exits non-zero (75 after a preemption), which must not cut rank 0's write short. */
-    if (t->comm && t->env.world_size > 1) {
+    if (t->s->comm && t->env.world_size > 1) {
         dt_err berr = {0};
-        int brc = dt_comm_barrier(t->comm, &berr);
+        int brc = dt_comm_barrier(t->s->comm, &berr);
         if (brc && !rc) {
             rc = brc;
             if (err)
@@ -322,19 +185,6 @@ static int seam_finish(dt_trainer *t, bool stopped, dt_err *err)
         }
     }
     return rc;
-}
-
-/* SEAM close (DDP: free the reducer and t->comm; checkpoints: wait for a pending write). */
-static void seam_close(dt_trainer *t)
-{
-    dt_ckpt_close(t->ckpt);
-    t->ckpt = NULL;
-    dt_ddp_free(t->ddp);
-    t->ddp = NULL;
-    t->grad_ready = NULL;
-    t->grad_ready_ctx = NULL;
-    dt_comm_free(t->comm);
-    t->comm = NULL;
 }
 
 /* ---- building ------------------------------------------------------------------------------- */
@@ -359,12 +209,12 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     t->job = *job;
     t->env = *env;
     t->last_saved_step = -1;
-    dt_job *j = &t->job;
+    const dt_job *j = &t->job;
     dt_rng_seed2(&t->rng, (uint64_t)j->seed, (uint64_t)env->rank + 1);
     int rc;
-    /* DP: this one process takes the batch of all its replicas (batch_size is per replica). */
-    if (dp_mode(t))
-        j->batch_size *= j->dp_replicas;
+    /* the strategy decides how many samples this rank draws per micro-step */
+    const dt_strategy_ops *ops = dt_strategy_pick(j, env->world_size);
+    t->batch = ops->rank_batch(j);
 
     /* data first: a bad file is the most likely error and costs nothing to find */
     if ((rc = dt_data_open(&t->data, j, err)))
@@ -372,7 +222,7 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     const dt_sample_shape *shape = &t->data->shape;
     t->tokens = shape->kind == DT_SAMPLE_TOKENS;
     if ((rc = dt_sampler_init(&t->sampler, dt_dataset_size(t->data->train), env->rank,
-                              env->world_size, j->batch_size, (uint64_t)j->seed, j->shuffle,
+                              env->world_size, t->batch, (uint64_t)j->seed, j->shuffle,
                               j->drop_last, err))) {
         dt_err_prefix(err, "%s: ", j->data_path[0] ? j->data_path : "synthetic data");
         goto fail;
@@ -381,61 +231,45 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     if (t->steps_per_epoch < 1)
         t->steps_per_epoch = 1;
     t->total_steps = j->steps > 0 ? j->steps : (int64_t)j->epochs * t->steps_per_epoch;
-    t->items_per_step = (int64_t)j->batch_size * (t->tokens ? shape->seq_len : 1) *
-                        j->grad_accum * env->world_size;
-    if ((rc = dt_batch_buf_init(&t->batch, shape, j->batch_size, err)))
+    t->items_per_step = (int64_t)t->batch * (t->tokens ? shape->seq_len : 1) * j->grad_accum *
+                        env->world_size;
+    if ((rc = dt_batch_buf_init(&t->batch_buf, shape, t->batch, err)))
         goto fail;
-    if (!(t->idx = malloc(sizeof(int64_t) * (size_t)j->batch_size))) {
+    if (!(t->idx = malloc(sizeof(int64_t) * (size_t)t->batch))) {
         rc = dt_err_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
 
-    /* backend */
+    /* the strategy: backend, communicator, model, optimiser */
     dt_backend_opts bo;
     dt_backend_opts_default(&bo);
     bo.device_index = env->local_rank;
     bo.threads = j->threads;
     bo.precision = backend_precision(j->precision);
-    if ((rc = dt_backend_open(&t->be, dt_device_name(j->device), &bo, err)))
-        goto fail;
-    dt_worker_bind_cpus(j, t->be, env->local_rank, env->local_world_size);
-
-    /* communication before the model: SyncBatchNorm borrows t->comm */
-    if ((rc = seam_comm_init(t, err)))
-        goto fail;
-
-    /* model */
     dt_model_config mc;
     if ((rc = dt_model_config_from_job(&mc, j, shape, err)))
         goto fail;
-    if (mc.max_batch < j->batch_size)
-        mc.max_batch = j->batch_size;
-    if (dp_mode(t)) {
-        /* DP: K replicas, each with a backend of its own; the master's are the trainer's. */
-        if (mc.sync_bn && env->rank == 0)
-            DT_WARN("model.sync_bn has no effect with job.strategy = dp (each replica normalises "
-                    "its own chunk, as in torch DataParallel)");
-        dt_dp_opts dpo;
-        dt_dp_opts_from_job(&dpo, j, &bo);
-        if ((rc = dt_dp_create(&t->dp, &mc, &dpo, err)))
-            goto fail;
-        dt_backend_close(t->be);
-        t->be = dt_dp_backend(t->dp, 0);
-        t->model = dt_dp_master(t->dp);
-    } else if ((rc = dt_model_create(&t->model, &mc, t->be, t->comm, err))) {
-        goto fail;
-    }
-
-    /* optimiser */
+    if (mc.max_batch < t->batch)
+        mc.max_batch = t->batch;
     dt_optim_config oc;
     dt_optim_config_from_job(&oc, &t->sched, j, t->total_steps);
-    if ((rc = dt_optim_create(&t->optim, &oc, t->be, t->model->tensors, t->model->num_tensors,
-                              t->model->num_params, err)))
+    dt_strategy_ctx ctx = {.job = j, .env = env, .be_opts = &bo, .model = &mc, .optim = &oc};
+    if ((rc = dt_strategy_open(&t->s, ops, &ctx, err)))
         goto fail;
+    t->be = t->s->be;
+    t->model = t->s->model;
+    t->optim = t->s->optim;
     dt_loss_scaler_init(&t->scaler, bo.precision == DT_PREC_FP16, j->loss_scale,
                         j->loss_scale_window);
 
-    if ((rc = seam_after_build(t, err)))
+    /* checkpoints: open and resume; then the strategy makes the ranks agree (DDP: checks the
+     * model across ranks and broadcasts rank 0's parameters, which rank 0 just resumed) */
+    if ((rc = ckpt_open(t, err))) {
+        if (rc == -ENOTDIR) /* a file where checkpoints go: every restart fails the same way */
+            t->config_error = true;
+        goto fail;
+    }
+    if ((rc = ckpt_resume(t, err)) || (rc = t->s->ops->start(t->s, err)))
         goto fail;
     return 0;
 fail:
@@ -447,23 +281,17 @@ void dt_trainer_close(dt_trainer *t)
 {
     if (!t)
         return;
-    seam_close(t);
+    dt_ckpt_close(t->ckpt); /* waits for a pending write of the strategy's buffers */
+    t->ckpt = NULL;
     dt_metrics_close(t->metrics);
     t->metrics = NULL;
-    dt_optim_free(t->optim);
-    t->optim = NULL;
-    if (t->dp) { /* it owns the model and the backend */
-        dt_dp_free(t->dp);
-        t->dp = NULL;
-        t->model = NULL;
-        t->be = NULL;
-    }
-    dt_model_free(t->model);
-    t->model = NULL;
-    dt_backend_close(t->be);
+    dt_strategy_close(t->s);
+    t->s = NULL;
     t->be = NULL;
+    t->model = NULL;
+    t->optim = NULL;
     dt_sampler_free(&t->sampler);
-    dt_batch_buf_free(&t->batch);
+    dt_batch_buf_free(&t->batch_buf);
     free(t->idx);
     t->idx = NULL;
     dt_data_free(t->data);
@@ -482,27 +310,22 @@ const char *dt_trainer_diverged_hint(const dt_job *j)
 int dt_trainer_step(dt_trainer *t, dt_err *err)
 {
     const dt_job *j = &t->job;
-    dt_model *m = t->model;
-    dt_backend *be = t->be;
+    dt_strategy *s = t->s;
     double t0 = dt_now_s();
     int rc;
     /* a new accumulation: backward ops accumulate into the gradients */
-    be->memset_zero(be, m->grads, sizeof(float) * m->num_params);
+    s->ops->zero_grads(s);
     double loss_sum = 0;
     /* backward differentiates loss * scale / grad_accum (scale: fp16's loss scale, else 1) */
     const float dloss = t->scaler.on ? (float)(t->scaler.scale / j->grad_accum)
                                      : 1.0f / (float)j->grad_accum;
     for (int micro = 0; micro < j->grad_accum; micro++) {
         if ((rc = dt_sampler_next(&t->sampler, t->idx, err)) ||
-            (rc = dt_dataset_fill(t->data->train, t->idx, j->batch_size, &t->batch, err)))
+            (rc = dt_dataset_fill(t->data->train, t->idx, t->batch, &t->batch_buf, err)))
             return rc;
         float loss = 0;
         bool last = micro == j->grad_accum - 1;
-        if (t->dp) /* replicate, scatter, forward and backward on every replica, reduce */
-            rc = dt_dp_forward_backward(t->dp, &t->batch.batch, dloss, &loss, err);
-        else
-            rc = m->ops->forward(m, &t->batch.batch, true, &loss, err);
-        if (rc)
+        if ((rc = s->ops->micro_step(s, &t->batch_buf.batch, dloss, last, &loss, err)))
             return rc;
         if (!isfinite(loss))
             return dt_err_set(err, -EDOM,
@@ -510,28 +333,22 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
                               "diverged; %s", (double)loss, (long long)t->step + 1, micro,
                               dt_trainer_diverged_hint(j));
         loss_sum += loss;
-        if (!t->dp && (rc = m->ops->backward(m, dloss, last ? t->grad_ready : NULL,
-                                             last ? t->grad_ready_ctx : NULL, err)))
-            return rc;
     }
-    double tc = dt_now_s();
-    if ((rc = seam_sync_grads(t, err)))
+    if ((rc = s->ops->sync_grads(s, err)))
         return rc;
-    t->comm_time_s = dt_now_s() - tc;
+    t->comm_time_s = s->comm_time_s;
     /* The loss mean and the stop request travel together: a signal reaches the ranks at
      * different steps (or only one of them), and all must stop at the same step boundary, else
      * the one that stops waits at the save's barrier while the others wait in the next step's
      * all-reduce. The mean of 0/1 flags is > 0 when any rank was asked to stop. */
     double v[2] = {loss_sum / j->grad_accum, t->stop && *t->stop ? 1.0 : 0.0};
-    if ((rc = seam_average(t, v, 2, err)))
+    if ((rc = s->ops->average(s, v, 2, err)))
         return rc;
     double loss = v[0];
     t->stop_agreed = v[1] > 0;
     t->stop_self = t->stop && *t->stop;
     double scale = t->scaler.scale;
-    if (t->scaler.on)
-        be->scale(be, m->grads, m->num_params, (float)(1.0 / scale));
-    t->grad_norm = dt_optim_clip(t->optim, m->grads);
+    t->grad_norm = s->ops->clip(s, t->scaler.on ? 1.0 / scale : 1.0);
     int apply = dt_loss_scaler_update(&t->scaler, isfinite(t->grad_norm));
     if (apply < 0) {
         char why[128] = "";
@@ -549,12 +366,12 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     if (t->ckpt) /* a background save may still be copying the parameters and moments */
         dt_ckpt_fence(t->ckpt);
     if (apply)
-        dt_optim_step(t->optim, m->params, m->grads, t->lr);
-    be->synchronize(be);
+        s->ops->optim_step(s, t->lr);
+    s->be->synchronize(s->be);
     t->loss = loss;
     t->step++;
     /* this step's global batch: the world size may have changed since the last resume */
-    t->samples_seen += (int64_t)j->batch_size * j->grad_accum * t->env.world_size;
+    t->samples_seen += (int64_t)t->batch * j->grad_accum * t->env.world_size;
     t->step_time_s = dt_now_s() - t0;
     return 0;
 }
@@ -568,35 +385,32 @@ int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err)
         return dt_err_set(err, -ENOENT, "no validation data");
     const dt_job *j = &t->job;
     int64_t n = dt_dataset_size(val);
-    int64_t global = (int64_t)t->env.world_size * j->batch_size;
+    int64_t global = (int64_t)t->env.world_size * t->batch;
     int64_t batches = DT_MIN((int64_t)j->eval_batches, (n + global - 1) / global);
     double sums[3] = {0, 0, 0}; /* loss x samples, correct, samples */
     int rc;
     for (int64_t k = 0; k < batches; k++) {
-        dt_eval_indices(n, t->env.rank, t->env.world_size, j->batch_size, k, t->idx);
+        dt_eval_indices(n, t->env.rank, t->env.world_size, t->batch, k, t->idx);
         /* The last batch wraps around to the start of the set: only the samples before the
          * wrap count, so every validation sample counts once (indices rise along the batch). */
         int valid = 0;
-        while (valid < j->batch_size &&
+        while (valid < t->batch &&
                k * global + (int64_t)valid * t->env.world_size + t->env.rank < n)
             valid++;
         if (valid == 0)
             continue;
-        if ((rc = dt_dataset_fill(val, t->idx, valid, &t->batch, err)))
+        if ((rc = dt_dataset_fill(val, t->idx, valid, &t->batch_buf, err)))
             return rc;
         float l = 0;
         int64_t correct = 0;
-        if (t->dp)
-            rc = dt_dp_forward_eval(t->dp, &t->batch.batch, &l, &correct, err);
-        else if (!(rc = t->model->ops->forward(t->model, &t->batch.batch, false, &l, err)))
-            correct = t->model->last_correct;
-        if (rc)
+        if ((rc = t->s->ops->eval_step(t->s, &t->batch_buf.batch, &l, &correct, err)))
             return rc;
         sums[0] += (double)l * valid;
         sums[1] += (double)correct;
         sums[2] += valid;
     }
-    if ((rc = seam_average(t, sums, 3, err))) /* means of the sums: their ratios are exact */
+    /* means of the sums: their ratios are exact */
+    if ((rc = t->s->ops->average(t->s, sums, 3, err)))
         return rc;
     *loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
     *acc = t->tokens || !(sums[2] > 0) ? -1.0 : sums[1] / sums[2];
@@ -645,15 +459,11 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 "accum %d x %d ranks)%s",
                 t->model->cfg.type, t->model->num_params,
                 (double)t->model->num_params * 4 / 1e6, t->be->name, (long long)t->total_steps,
-                (long long)t->items_per_step, t->tokens ? "tokens" : "samples", j->batch_size,
+                (long long)t->items_per_step, t->tokens ? "tokens" : "samples", t->batch,
                 j->grad_accum, t->env.world_size,
                 t->step ? " (resumed)" : "");
         if (!t->data->val)
             DT_INFO("no validation data (data.val_fraction = 0 and no data.val_path): no eval");
-        if (t->step >= t->total_steps)
-            DT_INFO("the run is already complete at step %lld (train.steps = %lld): raise "
-                    "train.steps to train on, or set checkpoint.resume = never to start over",
-                    (long long)t->step, (long long)t->total_steps);
     }
     double start = dt_now_s(), val_loss = NAN;
     /* the log window: means since the last record */
@@ -664,7 +474,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
     while (t->step < t->total_steps) {
         /* Several ranks stop only at the boundary they agreed on in the last step (see
          * dt_trainer_step); one process stops at the first boundary after the signal. */
-        bool stop = t->ddp ? t->stop_agreed : t->stop && *t->stop;
+        bool stop = t->stop_agreed || (t->env.world_size == 1 && t->stop && *t->stop);
         if (stop) {
             if (stopped)
                 *stopped = true;
@@ -712,30 +522,47 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 return rc;
             evaluated_last = true;
         }
-        if ((rc = seam_after_step(t, err)))
+        if ((rc = ckpt_after_step(t, err)))
             return rc;
     }
     if (win_n)
         last_train = win_loss / win_n;
     bool was_stopped = stopped && *stopped;
+    /* complete before it began (resumed at its last step): evaluates what it resumed */
+    bool complete = steps_run == 0 && !was_stopped;
     if (t->data->val && !evaluated_last && !was_stopped && (rc = do_eval(t, &val_loss, err)))
         return rc;
-    if ((rc = seam_finish(t, was_stopped, err)))
+    if ((rc = ckpt_finish(t, was_stopped, err)))
         return rc;
     dt_metrics_finish_line(t->metrics);
     double wall = dt_now_s() - start;
-    if (rank0) {
+    if (rank0 && complete) {
+        /* Said last, where the summary would be: zeros there would read as a broken run. */
+        char what[96], vl[48] = "";
+        if (j->steps > 0)
+            snprintf(what, sizeof what, "train.steps = %lld", (long long)j->steps);
+        else
+            snprintf(what, sizeof what, "train.epochs = %d: %lld steps", j->epochs,
+                     (long long)t->total_steps);
+        if (isfinite(val_loss))
+            snprintf(vl, sizeof vl, " (its val loss %.4f)", val_loss);
+        printf("dtrain: already complete at step %lld (%s)%s: nothing to train; raise "
+               "train.steps to train on, or start over with checkpoint.resume=never (or "
+               "another job.output_dir)\n",
+               (long long)t->step, what, vl);
+        fflush(stdout);
+    } else if (rank0) {
         char thr[32], vl[32] = "n/a", tl[32] = "n/a";
         human_count(train_time > 0 ? (double)t->items_per_step * (double)steps_run / train_time
                                    : 0,
                     thr, sizeof thr);
         if (isfinite(val_loss))
             snprintf(vl, sizeof vl, "%.4f", val_loss);
-        if (isfinite(last_train)) /* n/a when a resumed run had no step left */
+        if (isfinite(last_train)) /* n/a when stopped before its first step */
             snprintf(tl, sizeof tl, "%.4f", last_train);
-        char how[48] = "";
-        if (dp_mode(t))
-            snprintf(how, sizeof how, ", DataParallel x %d", t->job.dp_replicas);
+        char how[64] = "";
+        if (t->s->summary[0])
+            snprintf(how, sizeof how, ", %s", t->s->summary);
         printf("dtrain: %s after %lld steps in %.1f s: train loss %s, val loss %s, %s %s/s "
                "(%d rank%s%s)\n",
                was_stopped ? "stopped" : "done", (long long)t->step, wall, tl, vl, thr,

@@ -1,0 +1,43 @@
+/* strategies.c - the registry of strategies; see strategies.h. The only file that knows the
+ * implementations by name. */
+#include "runtime/train/strategies.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#include "runtime/train/strategy_ddp.h"
+#include "runtime/train/strategy_dp.h"
+#include "runtime/train/strategy_single.h"
+
+const dt_strategy_ops *dt_strategy_pick(const dt_job *job, int world_size)
+{
+    if (job->strategy == DT_STRATEGY_DP)
+        return &dt_strategy_dp_ops;
+    return world_size > 1 ? &dt_strategy_ddp_ops : &dt_strategy_single_ops;
+}
+
+int dt_strategy_open(dt_strategy **out, const dt_strategy_ops *ops, const dt_strategy_ctx *ctx,
+                     dt_err *err)
+{
+    *out = NULL;
+    dt_strategy *s = calloc(1, sizeof *s);
+    if (!s)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    s->ops = ops;
+    s->replicas = 1;
+    int rc = ops->open(s, ctx, err);
+    if (rc) {
+        dt_strategy_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void dt_strategy_close(dt_strategy *s)
+{
+    if (!s)
+        return;
+    s->ops->close(s);
+    free(s);
+}
