@@ -96,6 +96,10 @@ struct entry {
 
 enum { ST_HELLO, ST_AUTH, ST_READY };
 
+/* An unauthenticated connection younger than this is never closed to make room for newer ones:
+ * on loopback or a cluster network a real handshake completes well within it. */
+#define EVICT_GRACE_MS 200
+
 /* Why on_alloc handed libuv no buffer (read_cb then gets UV_ENOBUFS). */
 enum { NOBUF_OOM, NOBUF_PAUSE, NOBUF_FULL };
 
@@ -106,6 +110,7 @@ struct conn {
     dt_store_server *srv;
     conn *prev, *next;       /* every connection */
     conn *uprev, *unext;     /* while not ready: the unauthenticated list, oldest first */
+    uint64_t accepted_at;    /* loop time (ms) it was accepted */
     int in_ulist;
     conn *rnext;             /* ready queue */
     int in_ready;
@@ -1619,10 +1624,13 @@ static void on_connection(uv_stream_t *ls, int status)
         return;
     }
     uint8_t hello[DT_PROTO_HELLO_SIZE];
-    if (s->nunauth >= s->max_unauth && s->uhead) {
+    if (s->nunauth >= s->max_unauth && s->uhead &&
+        uv_now(&s->loop) - s->uhead->accepted_at >= EVICT_GRACE_MS) {
         /* A flood of connections that never authenticate must not lock out the clients that
          * do: the oldest unauthenticated one makes room (a real client completes its handshake
-         * in a round trip, so it is never the oldest for long). */
+         * in a round trip, so it is never the oldest for long). One still within its first
+         * EVICT_GRACE_MS is a handshake in flight, not a flood: it is kept, and the newcomer
+         * counts against max_connections like any other. */
         conn *old = s->uhead;
         s->evicted++;
         double now = dt_now_s();
@@ -1658,6 +1666,7 @@ static void on_connection(uv_stream_t *ls, int status)
     if (!c)
         return;
     c->srv = s;
+    c->accepted_at = uv_now(&s->loop);
     uv_tcp_init(&s->loop, &c->tcp);
     uv_timer_init(&s->loop, &c->timer);
     uv_timer_init(&s->loop, &c->iotimer);

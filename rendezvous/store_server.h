@@ -63,7 +63,8 @@ typedef struct dt_store_server_opts {
     bool quiet;                  /* announce "listening on" at debug level instead of info
                                     (a store private to one process; added later) */
     size_t max_unauthenticated;  /* connections that have not completed the handshake and
-                                    AUTH at once (half of max_connections); a new one beyond
+                                    AUTH at once (half of max_connections, at least 64 or
+                                    max_connections when that is less); a new one beyond
                                     this closes the oldest of them, so that a flood of
                                     connections that never authenticate cannot lock out a
                                     client that holds the token (added later; 0 = default) */
