@@ -22,7 +22,7 @@
 #include "runtime/launch/agent_env.h"
 #include "runtime/launch/agent_output.h"
 #include "runtime/launch/agent_report.h"
-#include "runtime/train/worker_guard.h"
+#include "runtime/job/worker_guard.h"
 #include "tests/harness.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */

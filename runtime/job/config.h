@@ -2,9 +2,10 @@
  *
  * runtime/job/ is the contract the launcher (runtime/launch) and the trainer (runtime/train)
  * share: the job (this file), the worker's environment (workenv.h: what the agent sets, what
- * the worker reads, the exit codes) and the error file (errfile.h). Both sides include it; it
- * includes only common/ and rendezvous/rdzv.h (the rendezvous backends' names and endpoint
- * form), never launch/, comm/, train/ or kernels/, so either side can change without the other.
+ * the worker reads, the exit codes), the error file (errfile.h) and the worker's guard against
+ * outliving its agent (worker_guard.h). Both sides include it; it includes only common/ and
+ * rendezvous/rdzv.h (the rendezvous backends' names and endpoint form), never launch/, comm/,
+ * train/ or kernels/, so either side can change without the other.
  *
  * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp]
  * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in

@@ -20,7 +20,7 @@
 #include "runtime/train/ddp.h"
 #include "runtime/train/dp.h"
 #include "runtime/job/errfile.h"
-#include "runtime/train/worker_guard.h"
+#include "runtime/job/worker_guard.h"
 
 /* ---- seams ------------------------------------------------------------------------------------
  * The DDP module (runtime/ddp) and the checkpoint module (runtime/ckpt) fill these in. Each is
