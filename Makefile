@@ -110,7 +110,8 @@ TEST_LIB := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(TEST_SRC),$(wildcard 
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_SO  := $(patsubst tests/fake/%.c,$(BUILD)/tests/libfake_%.so,$(wildcard tests/fake/*.c))
 CU_SRC   := $(wildcard kernels/cuda/*.cu runtime/comm/*.cu)
-CU_CSRC  := $(wildcard kernels/cuda/*.c) common/err.c common/log.c common/util.c common/env.c
+CU_CSRC  := $(wildcard kernels/cuda/*.c) kernels/backend_ops.c common/err.c common/log.c \
+            common/util.c common/env.c
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o) $(CU_CSRC:%.c=$(BUILD)/cuda/%.o)
 
 TARGETS  := $(BUILD)/dtrain $(if $(NVCC),$(BUILD)/libdtrain_cuda.so,)

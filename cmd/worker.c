@@ -3,8 +3,9 @@
  * The agent runs this in every worker process with the torchrun environment, on the job it
  * resolved and wrote to a file (see runtime/job/config.h); run by hand it trains in one process
  * (the file and the overrides given here; no PET_* or DTRAIN_OUTPUT_DIR: those are the
- * launcher's). A configuration error is reported like any other fatal error: on
- * stderr, in the error file (DTRAIN_ERROR_FILE / TORCHELASTIC_ERROR_FILE), exit status 1. */
+ * launcher's). A job file that does not load is reported like any other fatal error, on stderr
+ * and in the error file (DTRAIN_ERROR_FILE / TORCHELASTIC_ERROR_FILE), but with exit status
+ * DT_EXIT_CONFIG (2): the agent then ends the job instead of restarting it into the same error. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,8 +57,8 @@ int dt_cmd_worker(int argc, char **argv)
         int r = 0;
         if (rank)
             dt_parse_int(rank, &r);
-        dt_errfile_write(NULL, r, 1, msg, NULL);
-        return 1;
+        dt_errfile_write(NULL, r, DT_EXIT_CONFIG, msg, NULL);
+        return DT_EXIT_CONFIG;
     }
     return dt_worker_main(&job);
 }

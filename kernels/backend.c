@@ -1,4 +1,5 @@
-/* backend.c - opening a backend by name; the CUDA one is loaded from libdtrain_cuda.so. */
+/* backend.c - opening a backend by name; the CUDA one is loaded from libdtrain_cuda.so. The op
+ * table's helpers (options, shapes, BatchNorm merge) are in backend_ops.c. */
 #include "kernels/backend.h"
 
 #include <dlfcn.h>
@@ -12,56 +13,6 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
-
-void dt_backend_opts_default(dt_backend_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->threads = 1;
-    o->precision = DT_PREC_FP32;
-}
-
-void dt_conv2d_shape_init(dt_conv2d_shape *s, int N, int C, int H, int W, int K, int R, int S,
-                          int stride, int pad)
-{
-    s->N = N;
-    s->C = C;
-    s->H = H;
-    s->W = W;
-    s->K = K;
-    s->R = R;
-    s->S = S;
-    s->stride = stride;
-    s->pad = pad;
-    s->P = (H + 2 * pad - R) / stride + 1;
-    s->Q = (W + 2 * pad - S) / stride + 1;
-}
-
-double dt_bn_stats_combine(const float *parts, int R, int C, float *sum, float *sumsq)
-{
-    const size_t stride = 2 * (size_t)C + 1;
-    double n = 0.0;
-    for (int r = 0; r < R; r++)
-        n += (double)parts[r * stride + 2 * (size_t)C];
-    for (int c = 0; c < C; c++) {
-        double s = 0.0;
-        for (int r = 0; r < R; r++)
-            s += (double)parts[r * stride + c];
-        const double mean = n > 0.0 ? s / n : 0.0;
-        /* M2 = sum_r M2_r + sum_r n_r (mean_r - mean)^2 */
-        double m2 = 0.0;
-        for (int r = 0; r < R; r++) {
-            const float *p = parts + r * stride;
-            const double nr = (double)p[2 * (size_t)C];
-            if (nr <= 0.0)
-                continue;
-            const double d = (double)p[c] / nr - mean;
-            m2 += (double)p[C + c] + nr * d * d;
-        }
-        sum[c] = (float)s;
-        sumsq[c] = (float)m2;
-    }
-    return n;
-}
 
 int dt_cuda_lib_path(char *buf, size_t cap)
 {

@@ -22,7 +22,7 @@
 #include "runtime/launch/agent_env.h"
 #include "runtime/launch/agent_output.h"
 #include "runtime/launch/agent_report.h"
-#include "runtime/train/worker_guard.h"
+#include "runtime/job/worker_guard.h"
 #include "tests/harness.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
@@ -220,15 +220,17 @@ static void test_nproc_resolution(void)
 {
     int n = 0;
     dt_err e;
-    DT_REQUIRE(dt_agent_resolve_nproc("3", &n, NULL, 0, &e) == 0);
+    const dt_nproc three = {DT_NPROC_NUMBER, 3}, cpu = {DT_NPROC_CPU, 0},
+                   autom = {DT_NPROC_AUTO, 0}, gpu = {DT_NPROC_GPU, 0}, zero = {DT_NPROC_NUMBER, 0};
+    DT_REQUIRE(dt_agent_resolve_nproc(&three, &n, NULL, 0, &e) == 0);
     DT_CHECK_INT(n, 3);
-    DT_REQUIRE(dt_agent_resolve_nproc("cpu", &n, NULL, 0, &e) == 0);
+    DT_REQUIRE(dt_agent_resolve_nproc(&cpu, &n, NULL, 0, &e) == 0);
     DT_CHECK_INT(n, dt_agent_count_cpus());
     int gpus = dt_agent_count_gpus(NULL, 0);
-    DT_REQUIRE(dt_agent_resolve_nproc("auto", &n, NULL, 0, &e) == 0);
+    DT_REQUIRE(dt_agent_resolve_nproc(&autom, &n, NULL, 0, &e) == 0);
     DT_CHECK_INT(n, gpus > 0 ? gpus : dt_agent_count_cpus());
     if (gpus == 0)
-        DT_CHECK(dt_agent_resolve_nproc("gpu", &n, NULL, 0, &e) == -ENODEV);
+        DT_CHECK(dt_agent_resolve_nproc(&gpu, &n, NULL, 0, &e) == -ENODEV);
     DT_CHECK_INT(dt_agent_visible_gpus("0,1", 8), 2);
     DT_CHECK_INT(dt_agent_visible_gpus("3, 1 ,7", 8), 3);
     DT_CHECK_INT(dt_agent_visible_gpus("0,9,1", 8), 1);   /* cut at the invalid 9 */
@@ -238,7 +240,8 @@ static void test_nproc_resolution(void)
     DT_CHECK_INT(dt_agent_visible_gpus("0,1,2,3", 2), 2);  /* indexes past the count end it */
     setenv("CUDA_VISIBLE_DEVICES", "", 1);
     DT_CHECK_INT(dt_agent_count_gpus(NULL, 0), 0);
-    DT_CHECK(dt_agent_resolve_nproc("0", &n, NULL, 0, &e) == -EINVAL);
+    DT_CHECK(dt_agent_resolve_nproc(&zero, &n, NULL, 0, &e) == -EINVAL);
+    DT_CHECK_CONTAINS(e.msg, "--nproc-per-node: 0 must be a number from 1 to 4096");
 }
 
 /* Lines through a pipe into dt_out_pump, with the agent's stdout pointed at a file. */

@@ -1422,6 +1422,11 @@ static void sync_rank(int port, const char *run_id, int rank, const int64_t *ste
     bool ok = rc == 0 && got_src == src && got_step == steps[src] && adopted == (step != steps[src]) &&
               resumed == (steps[src] >= 0) && fake_equal(&f, &want) &&
               (!resumed || st.step == steps[src]) && (rank == src || !differ || st.job == NULL);
+    double t = -1;
+    ok = ok && (!resumed || (st.samples_seen == steps[src] * 32 && st.epoch == steps[src] / 10 &&
+                             !strcmp(st.run_id, "test-run") &&
+                             dt_ckpt_state_get_scalar(&st, "optim.t", &t) == 0 &&
+                             t == (double)steps[src]));
     if (!ok)
         fprintf(stderr, "rank %d: rc %d (%s) src %d step %lld adopted %d resumed %d step %lld "
                 "equal %d\n", rank, rc, err.msg, got_src, (long long)got_step, adopted, resumed,
@@ -1434,9 +1439,13 @@ static void test_ranks_resume_alike(void)
     int port;
     pid_t srv = dt_test_store_start(&port);
     /* both at 40; rank 1 without a checkpoint (node-local disks); rank 0 without one (rank 0 on
-     * another node after a regroup); rank 1 with an older step; neither */
-    const int64_t cases[5][2] = {{40, 40}, {40, -1}, {-1, 40}, {40, 30}, {-1, -1}};
-    for (int k = 0; k < 5; k++) {
+     * another node after a regroup); rank 1 with an older step; neither; then steps far past
+     * 2^44 (what the float32 pair they once travelled in held exactly) that differ only in
+     * their low bits: steps and state must travel exactly */
+    const int64_t big = (INT64_C(1) << 50) + (INT64_C(1) << 21) + 5;
+    const int64_t cases[][2] = {{40, 40}, {40, -1}, {-1, 40}, {40, 30}, {-1, -1},
+                                {big, big - 2}, {big - 2, big}, {-1, big}};
+    for (int k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
         char run_id[64];
         snprintf(run_id, sizeof run_id, "sync-%d-%d", (int)getpid(), k);
         pid_t pids[2];

@@ -304,6 +304,26 @@ static void test_job_file_errors_exit_2(void)
     DT_CHECK_CONTAINS(out, "bad.ini:2: model.type: \"gtp\" is not one of mlp|resnet|gpt; did you mean \"gpt\"?");
     DT_CHECK_CONTAINS(out, "bad.ini:4: train.lr: \"fast\" is not a number");
     DT_CHECK_CONTAINS(out, "nothing was started");
+    /* `dtrain worker` on a job that does not load: exit 2 too (a configuration error the agent
+     * does not restart), and the error file says so */
+    char errfile[1100], cmd[4096];
+    snprintf(errfile, sizeof errfile, "%s/worker-error.json", dt_test_tmpdir());
+    remove(errfile);
+    snprintf(cmd, sizeof cmd, "RANK=1 WORLD_SIZE=2 DTRAIN_ERROR_FILE=%s %s worker %s", errfile,
+             dt_test_dtrain_bin(), path);
+    free(out);
+    out = NULL;
+    DT_CHECK_INT(dt_test_run(cmd, &out, 20), 2);
+    DT_CHECK_CONTAINS(out, "dtrain worker: ");
+    DT_CHECK_CONTAINS(out, "bad.ini:2: model.type: \"gtp\" is not one of mlp|resnet|gpt");
+    char *rec = dt_test_slurp(errfile);
+    DT_CHECK_MSG(rec, "no error file %s", errfile);
+    if (rec) {
+        DT_CHECK_CONTAINS(rec, "\"exit_code\":2");
+        DT_CHECK_CONTAINS(rec, "\"rank\":1");
+        DT_CHECK_CONTAINS(rec, "bad.ini:2: model.type");
+    }
+    free(rec);
     DT_CHECK_INT(run("/nonexistent/job.ini"), 2);
     DT_CHECK_CONTAINS(out, "/nonexistent/job.ini: cannot open job file");
     DT_CHECK_INT(run("configs"), 2);

@@ -482,6 +482,78 @@ static void test_enums_decoded(void)
     DT_CHECK(dt_job_set(&job, "data.synthetic_shape=3x0x2", &err) == -EINVAL);
 }
 
+/* elastic.nproc_per_node is decoded once into a dt_nproc (issue 16): a number or auto|cpu|gpu,
+ * exactly as written; errors at their line; printed back as given. */
+static void test_nproc_decoded(void)
+{
+    int rc = load("[model]\ntype = mlp\n[elastic]\nnproc_per_node = auto\n", NULL, 0);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+    DT_CHECK(job.launch.nproc_per_node.kind == DT_NPROC_AUTO);
+    DT_CHECK_STR(dt_nproc_name(job.launch.nproc_per_node.kind), "auto");
+    dt_err err = {0};
+    static const struct {
+        const char *text;
+        dt_nproc_kind kind;
+        int n;
+    } good[] = {{"7", DT_NPROC_NUMBER, 7}, {"cpu", DT_NPROC_CPU, 0}, {"gpu", DT_NPROC_GPU, 0},
+                {"auto", DT_NPROC_AUTO, 0}, {"4096", DT_NPROC_NUMBER, 4096}};
+    for (size_t i = 0; i < DT_ARRAY_LEN(good); i++) {
+        char set[64], back[32];
+        snprintf(set, sizeof set, "elastic.nproc_per_node=%s", good[i].text);
+        dt_job_defaults(&job);
+        DT_REQUIRE_OK(dt_job_set(&job, set, &err), &err);
+        DT_CHECK_MSG(job.launch.nproc_per_node.kind == good[i].kind &&
+                         job.launch.nproc_per_node.n == good[i].n,
+                     "%s", set);
+        DT_CHECK_STR(dt_nproc_format(&job.launch.nproc_per_node, back, sizeof back), good[i].text);
+    }
+    static const char *const bad[] = {"0", "4097", "-1", "many", "Auto", "", "2 workers"};
+    for (size_t i = 0; i < DT_ARRAY_LEN(bad); i++) {
+        char set[64], want[128];
+        snprintf(set, sizeof set, "elastic.nproc_per_node=%s", bad[i]);
+        snprintf(want, sizeof want,
+                 "elastic.nproc_per_node: \"%s\" must be a number from 1 to 4096, auto, cpu or gpu",
+                 bad[i]);
+        dt_job_defaults(&job);
+        DT_CHECK_MSG(dt_job_set(&job, set, &err) == -EINVAL, "%s accepted", set);
+        DT_CHECK_CONTAINS(err.msg, want);
+        DT_CHECK(job.launch.nproc_per_node.kind == DT_NPROC_NUMBER &&
+                 job.launch.nproc_per_node.n == 1); /* the default stays */
+    }
+    rc = load("[model]\ntype = mlp\n[elastic]\nnproc_per_node = 0\n", NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: elastic.nproc_per_node: \"0\" must be a number from 1 to "
+                       "4096, auto, cpu or gpu"));
+    /* printed and read back: the same job, and the line --print-config always wrote */
+    char *ov[] = {"elastic.nproc_per_node=gpu"};
+    DT_REQUIRE(load("[model]\ntype = mlp\n", ov, 1) == 0);
+    static dt_job first;
+    first = job;
+    char path[1024], *text = NULL;
+    snprintf(path, sizeof path, "%s/nproc.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    dt_job_print(&first, f);
+    fclose(f);
+    DT_REQUIRE(dt_read_file(path, &text, NULL, NULL) == 0);
+    DT_CHECK_CONTAINS(text, "\n[elastic]\nnnodes = 1\nnproc_per_node = gpu\n");
+    free(text);
+    memset(&errs, 0, sizeof errs);
+    DT_REQUIRE(dt_job_load(&job, path, NULL, 0, &errs, &err) == 0);
+    memset(first.path, 0, sizeof first.path);
+    memset(job.path, 0, sizeof job.path);
+    DT_CHECK(memcmp(&first, &job, sizeof job) == 0);
+    /* a struct filled otherwise is checked too */
+    dt_launch l;
+    dt_launch_defaults(&l);
+    l.nproc_per_node = (dt_nproc){DT_NPROC_NUMBER, 0};
+    memset(&errs, 0, sizeof errs);
+    DT_CHECK(dt_launch_validate(&l, "flags", &errs) == -EINVAL);
+    DT_CHECK(has_error("flags: elastic.nproc_per_node: \"0\" must be a number from 1 to 4096"));
+}
+
 /* Issue 21: a NUL or another control byte is an error at its line, and the lines after it keep
  * their numbers; in a comment too. */
 static void test_control_bytes(void)
@@ -687,6 +759,7 @@ int main(int argc, char **argv)
         {"config_small_input_handling", test_small_input_handling, 0},
         {"config_long_line", test_long_line, 0},
         {"config_enums_decoded", test_enums_decoded, 0},
+        {"config_nproc_decoded", test_nproc_decoded, 0},
         {"config_control_bytes", test_control_bytes, 0},
         {"config_integers_are_decimal", test_integers_are_decimal, 0},
         {"config_unterminated_quote", test_unterminated_quote, 0},

@@ -306,7 +306,7 @@ static void test_bad_job(void)
     const char *errfile = fmt("%s/error.json", dt_test_tmpdir());
     const char *env = fmt("TORCHELASTIC_ERROR_FILE='%s'", errfile);
     const char *args = fmt("'%s/configs/mlp.ini' train.lrr=1", repo_dir());
-    DT_CHECK_INT(worker(env, args, &out, 30), 1);
+    DT_CHECK_INT(worker(env, args, &out, 30), 2); /* DT_EXIT_CONFIG: the agent won't restart */
     DT_CHECK_CONTAINS(out, "train.lr");
     free(out);
     char *rec = NULL;
@@ -314,6 +314,7 @@ static void test_bad_job(void)
     dt_err err = {0};
     DT_REQUIRE_OK(dt_read_file(errfile, &rec, &len, &err), &err);
     DT_CHECK_CONTAINS(rec, "lrr");
+    DT_CHECK_CONTAINS(rec, "\"exit_code\":2");
     free(rec);
     /* usage */
     DT_CHECK_INT(worker(NULL, "", &out, 30), 2);
@@ -322,7 +323,7 @@ static void test_bad_job(void)
     DT_CHECK_INT(worker(NULL, "--help", &out, 30), 0);
     free(out);
     /* a missing job file */
-    DT_CHECK_INT(worker(NULL, "no-such-job.ini", &out, 30), 1);
+    DT_CHECK_INT(worker(NULL, "no-such-job.ini", &out, 30), 2);
     DT_CHECK_CONTAINS(out, "no-such-job.ini");
     free(out);
 }

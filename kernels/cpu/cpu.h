@@ -1,6 +1,6 @@
 /* cpu.h - internals of the CPU backend (kernels/cpu), shared by its source files only.
  *
- * The CPU backend is the reference implementation of kernels/backend.h: float32 throughout,
+ * The CPU backend is the reference implementation of kernels/backend_ops.h: float32 throughout,
  * GEMMs through OpenBLAS (cblas_sgemm), everything else plain loops. Its files:
  *
  *   cpu_backend.c  lifecycle, memory, profiling, the op table
@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/backend.h"
+#include "kernels/backend_ops.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__OPTIMIZE__)
 #define DT_CPU_OPTIMIZE _Pragma("GCC optimize(\"O3\", \"no-trapping-math\", \"no-math-errno\", \"fp-contract=fast\")")

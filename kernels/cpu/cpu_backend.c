@@ -18,6 +18,7 @@
 
 #include "common/log.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_backend.h"
 
 /* OpenBLAS's pthreads build has it; another BLAS (or its OpenMP build) may not. */
 #pragma weak openblas_setaffinity

@@ -1,4 +1,4 @@
-// backend.cu - the CUDA backend of kernels/backend.h, built as libdtrain_cuda.so.
+// backend.cu - the CUDA backend of kernels/backend_ops.h, built as libdtrain_cuda.so.
 //
 // The dtrain binary links no CUDA library: it dlopen()s this object when device = cuda (or auto)
 // and calls dt_cuda_backend_create. This file holds the instance lifecycle, device memory, copies,
@@ -562,11 +562,9 @@ static void fill_ops(dt_backend *be)
 DT_CU_EXPORT int dt_cuda_backend_create(dt_backend **out, const dt_backend_opts *opts,
                                         dt_err *err)
 {
-    dt_backend_opts def; // dt_backend_opts_default lives in the dtrain binary, not here
+    dt_backend_opts def; // kernels/backend_ops.c is compiled into this library too
     if (!opts) {
-        memset(&def, 0, sizeof def);
-        def.threads = 1;
-        def.precision = DT_PREC_FP32;
+        dt_backend_opts_default(&def);
         opts = &def;
     }
     int n = 0, rc = 0;

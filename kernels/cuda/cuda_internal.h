@@ -9,7 +9,7 @@
 //                BatchNorm stages, pooling, optimisers, reductions
 //   ../../runtime/comm/comm_nccl.cu   the NCCL comm backend (uses the stream registry below)
 //
-// Precision (kernels/backend.h): every tensor the op table sees is float32. Precision only
+// Precision (kernels/backend_ops.h): every tensor the op table sees is float32. Precision only
 // changes how GEMMs compute:
 //   fp32  true fp32 (CUBLAS_COMPUTE_32F, cuDNN FMA math), so the CUDA backend matches the CPU
 //         reference closely; DTRAIN_CUDA_TF32=1 allows TF32 tensor cores instead.
@@ -21,7 +21,7 @@
 //   fp16  as bf16 with float16 (values beyond 65504 become inf: the worker's loss scaling and
 //         count_nonfinite handle that).
 //
-// Errors: ops cannot return errors (kernels/backend.h). The first CUDA/cuBLAS/cuDNN failure is
+// Errors: ops cannot return errors (kernels/backend_ops.h). The first CUDA/cuBLAS/cuDNN failure is
 // logged once with file and line, the backend is marked failed, and from then on every read back
 // to the host (memcpy_d2h, sumsq, count_nonfinite, xent's valid_count) returns NaN / all-ones
 // bytes, so the worker sees a non-finite loss and stops instead of training on garbage.
@@ -39,7 +39,7 @@
 extern "C" {
 #include "common/err.h"
 #include "common/log.h"
-#include "kernels/backend.h"
+#include "kernels/backend_ops.h"
 }
 
 // ---- profiled entries (profile_read reports them in this order) ------------------------------

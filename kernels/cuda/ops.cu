@@ -2,7 +2,7 @@
 // classifier, BatchNorm stages, pooling, optimisers and reductions.
 //
 // Every kernel is fp32 in and out (cuda_internal.h: precision only changes GEMMs). Shapes and
-// semantics are kernels/backend.h's; backward kernels accumulate (+=). Reductions that many
+// semantics are kernels/backend_ops.h's; backward kernels accumulate (+=). Reductions that many
 // blocks share (column sums, per-channel sums, embedding scatter, max-pool scatter) use
 // atomicAdd, so their results are not bit-reproducible from run to run (the order of additions
 // varies); they match the CPU reference within the test tolerances. Per-channel BatchNorm sums
@@ -703,7 +703,7 @@ void dt_cuda_xent_fwd_bwd(dt_backend *be, float *losses, float *dlogits, const f
 }
 
 // =============================================================================================
-// BatchNorm stages (kernels/backend.h: SyncBatchNorm all-reduces between them)
+// BatchNorm stages (kernels/backend_ops.h: SyncBatchNorm all-reduces between them)
 // =============================================================================================
 
 // Shifted values d = x - K, K = the channel's first value (sample 0, position 0): sum(d) and

@@ -64,6 +64,35 @@ NAME_FN(dt_compress_name, dt_compress_kind, compress_names)
 NAME_FN(dt_resume_name, dt_resume_kind, resume_names)
 NAME_FN(dt_rdzv_backend_name, dt_rdzv_backend_kind, rdzv_backend_names)
 
+/* elastic.nproc_per_node's names, at their dt_nproc_kind; a number (index 0) has none. */
+static const char *const nproc_names[] = {"", "auto", "cpu", "gpu", NULL};
+
+const char *dt_nproc_name(dt_nproc_kind v)
+{
+    return name_of(nproc_names, (int)v);
+}
+
+const char *dt_nproc_format(const dt_nproc *v, char *buf, size_t cap)
+{
+    if (v->kind == DT_NPROC_NUMBER)
+        snprintf(buf, cap, "%d", v->n);
+    else
+        snprintf(buf, cap, "%s", dt_nproc_name(v->kind));
+    return buf;
+}
+
+/* A valid elastic.nproc_per_node, else fills why (the key and the value as given). */
+static int check_nproc(const dt_nproc *v, const char *given, char *why, size_t cap)
+{
+    bool ok = v->kind == DT_NPROC_NUMBER ? v->n >= 1 && v->n <= DT_NPROC_MAX
+                                         : dt_nproc_name(v->kind)[0] != '\0';
+    if (!ok)
+        snprintf(why, cap,
+                 "elastic.nproc_per_node: \"%s\" must be a number from 1 to %d, auto, cpu or gpu",
+                 given, DT_NPROC_MAX);
+    return ok ? 0 : -EINVAL;
+}
+
 /* clang-format off */
 const dt_cfg_field dt_cfg_fields[] = {
     /* [job] */
@@ -139,7 +168,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"checkpoint", "async", DT_CFG_BOOL, J(ckpt_async), "true", 0, 0, NULL, false, "write in the background after copying the buffers"},
     /* [elastic] */
     {"elastic", "nnodes", DT_CFG_STR, L(nnodes), "1", 0, 0, NULL, false, "nodes: N, or MIN:MAX for an elastic job"},
-    {"elastic", "nproc_per_node", DT_CFG_STR, L(nproc_per_node), "1", 0, 0, NULL, false, "workers per node: N, auto, cpu or gpu"},
+    {"elastic", "nproc_per_node", DT_CFG_NPROC, L(nproc_per_node), "1", 0, 0, NULL, false, "workers per node: N, auto, cpu or gpu"},
     {"elastic", "max_restarts", DT_CFG_INT, L(max_restarts), "0", 0, 1e6, NULL, false, "restarts of the whole job after a failure"},
     {"elastic", "monitor_interval", DT_CFG_DURATION, L(monitor_interval), "0.1", 0.001, 3600, NULL, false, "seconds between checks of remote state"},
     {"elastic", "stop_grace", DT_CFG_DURATION, L(stop_grace), "30", 0, 3600, NULL, false, "seconds between SIGTERM and SIGKILL when workers are stopped"},
@@ -290,13 +319,6 @@ static int check_str(const dt_cfg_field *f, const char *v, char *why, size_t cap
             }
         } else if (sscanf(v, "%d%c", &a, &tail) != 1 || a < 1) {
             snprintf(why, cap, "%s: \"%s\" must be a number >= 1 or MIN:MAX", k, v);
-            return -EINVAL;
-        }
-    } else if (!strcmp(k, "elastic.nproc_per_node")) {
-        if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "gpu") &&
-            (sscanf(v, "%d%c", &a, &tail) != 1 || a < 1 || a > 4096)) {
-            snprintf(why, cap, "%s: \"%s\" must be a number from 1 to 4096, auto, cpu or gpu", k,
-                     v);
             return -EINVAL;
         }
     } else if (!strcmp(k, "elastic.redirects") || !strcmp(k, "elastic.tee")) {
@@ -458,6 +480,21 @@ static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char
         chw[0] = c3;
         chw[1] = h;
         chw[2] = w;
+        return 0;
+    }
+    case DT_CFG_NPROC: {
+        /* auto, cpu, gpu (as written: no other case), or a number (as the int keys read) */
+        dt_nproc v = {DT_NPROC_NUMBER, 0};
+        int k = 1;
+        while (nproc_names[k] && strcmp(nproc_names[k], value))
+            k++;
+        if (nproc_names[k])
+            v.kind = (dt_nproc_kind)k;
+        else if (dt_parse_int(value, &v.n))
+            v.n = 0; /* not a number: rejected below */
+        if (check_nproc(&v, value, why, cap))
+            return -EINVAL;
+        *(dt_nproc *)base = v;
         return 0;
     }
     case DT_CFG_STR:
@@ -899,7 +936,6 @@ static int launch_validate(const dt_launch *l, const parse_ctx *c, const char *w
         size_t off;
     } strs[] = {
         {"nnodes", offsetof(dt_launch, nnodes)},
-        {"nproc_per_node", offsetof(dt_launch, nproc_per_node)},
         {"redirects", offsetof(dt_launch, redirects)},
         {"tee", offsetof(dt_launch, tee)},
         {"local_ranks_filter", offsetof(dt_launch, local_ranks_filter)},
@@ -916,6 +952,10 @@ static int launch_validate(const dt_launch *l, const parse_ctx *c, const char *w
             add_error(errs, where_of(c, w, KEYS(k)), 0, "%s", why);
         }
     }
+    char why[512], given[32];
+    if (check_nproc(&l->nproc_per_node, dt_nproc_format(&l->nproc_per_node, given, sizeof given),
+                    why, sizeof why))
+        add_error(errs, AT("elastic.nproc_per_node"), 0, "%s", why);
     if (l->heartbeat_timeout <= l->heartbeat_interval &&
         !BAD("rendezvous.heartbeat_timeout", "rendezvous.heartbeat_interval"))
         add_error(errs, AT("rendezvous.heartbeat_timeout", "rendezvous.heartbeat_interval"), 0,
@@ -1205,6 +1245,9 @@ static void format_value(const dt_job *job, const dt_cfg_field *f, char *buf, si
             snprintf(buf, cap, "vector");
         break;
     }
+    case DT_CFG_NPROC:
+        dt_nproc_format((const dt_nproc *)base, buf, cap);
+        break;
     case DT_CFG_RESUME:
         if (*(const int *)base != DT_RESUME_PATH) {
             snprintf(buf, cap, "%s", name_of(resume_names, *(const int *)base));
@@ -1248,10 +1291,10 @@ void dt_job_print(const dt_job *job, FILE *out)
 void dt_job_print_reference(FILE *out)
 {
     fprintf(out, "| key | type | default | meaning |\n|---|---|---|---|\n");
-    /* checkpoint.resume and data.synthetic_shape read as strings (auto/never/PATH, vector/CxHxW:
-     * their help says which). */
-    static const char *const tnames[] = {"int",  "int",     "number", "bool",  "string",
-                                         "choice", "seconds", "string", "string"};
+    /* checkpoint.resume, data.synthetic_shape and elastic.nproc_per_node read as strings
+     * (auto/never/PATH, vector/CxHxW, N/auto/cpu/gpu: their help says which). */
+    static const char *const tnames[] = {"int",    "int",     "number", "bool",   "string",
+                                         "choice", "seconds", "string", "string", "string"};
     for (int i = 0; i < dt_cfg_fields_count; i++) {
         const dt_cfg_field *f = &dt_cfg_fields[i];
         char type[160];

@@ -2,9 +2,10 @@
  *
  * runtime/job/ is the contract the launcher (runtime/launch) and the trainer (runtime/train)
  * share: the job (this file), the worker's environment (workenv.h: what the agent sets, what
- * the worker reads, the exit codes) and the error file (errfile.h). Both sides include it; it
- * includes only common/ and rendezvous/rdzv.h (the rendezvous backends' names and endpoint
- * form), never launch/, comm/, train/ or kernels/, so either side can change without the other.
+ * the worker reads, the exit codes), the error file (errfile.h) and the worker's guard against
+ * outliving its agent (worker_guard.h). Both sides include it; it includes only common/ and
+ * rendezvous/rdzv.h (the rendezvous backends' names and endpoint form), never launch/, comm/,
+ * train/ or kernels/, so either side can change without the other.
  *
  * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp]
  * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in
@@ -84,6 +85,15 @@ typedef enum dt_compress_kind {
 typedef enum dt_resume_kind { DT_RESUME_AUTO, DT_RESUME_NEVER, DT_RESUME_PATH } dt_resume_kind;
 /* rendezvous.backend (the names rendezvous/rdzv.h's dt_rdzv_opts.backend takes). */
 typedef enum dt_rdzv_backend_kind { DT_RDZV_STATIC, DT_RDZV_C10D } dt_rdzv_backend_kind;
+/* elastic.nproc_per_node: a number of workers, or one the agent counts when it starts (auto:
+ * the GPUs if any, else the CPUs, as torchrun; cpu: the CPUs; gpu: the GPUs, an error when
+ * there are none); runtime/launch/agent_env.h's dt_agent_resolve_nproc does the counting. */
+typedef enum dt_nproc_kind { DT_NPROC_NUMBER, DT_NPROC_AUTO, DT_NPROC_CPU, DT_NPROC_GPU } dt_nproc_kind;
+#define DT_NPROC_MAX 4096
+typedef struct dt_nproc {
+    dt_nproc_kind kind;
+    int n; /* DT_NPROC_NUMBER: 1..DT_NPROC_MAX; 0 for the others */
+} dt_nproc;
 
 const char *dt_device_name(dt_device_kind v);
 const char *dt_strategy_name(dt_strategy_kind v);
@@ -99,12 +109,16 @@ const char *dt_comm_backend_name(dt_comm_backend_kind v);
 const char *dt_compress_name(dt_compress_kind v);
 const char *dt_resume_name(dt_resume_kind v);
 const char *dt_rdzv_backend_name(dt_rdzv_backend_kind v);
+/* "auto", "cpu", "gpu"; "" for DT_NPROC_NUMBER (a number has no name) and out of range. */
+const char *dt_nproc_name(dt_nproc_kind v);
+/* The value as a job file writes it ("4", "auto"): into buf (cap bytes), which it returns. */
+const char *dt_nproc_format(const dt_nproc *v, char *buf, size_t cap);
 
 /* Launcher settings: from [elastic] and [rendezvous] in a job file, or from launcher flags. */
 typedef struct dt_launch {
     /* [elastic] */
     char nnodes[DT_STR_SMALL];         /* "N" or "MIN:MAX" */
-    char nproc_per_node[DT_STR_SMALL]; /* N, auto, cpu, gpu */
+    dt_nproc nproc_per_node;           /* N, auto, cpu, gpu */
     int max_restarts;                  /* job-wide restart budget */
     double monitor_interval;           /* seconds: bound on how long a remote failure is unseen */
     double stop_grace;                 /* seconds between SIGTERM and SIGKILL when stopping */
@@ -259,10 +273,10 @@ void dt_job_print_reference(FILE *out);
 /* A field of the table, for tools that walk it (tests, --print-config). */
 /* DT_CFG_ENUM: one of the enums above (an int), its choices in `choices`. DT_CFG_RESUME:
  * checkpoint.resume (dt_resume_kind, and the path in resume_path). DT_CFG_SHAPE: int[3]
- * (C, H, W; 0,0,0 written "vector"). */
+ * (C, H, W; 0,0,0 written "vector"). DT_CFG_NPROC: a dt_nproc (elastic.nproc_per_node). */
 typedef enum dt_cfg_type { DT_CFG_INT, DT_CFG_I64, DT_CFG_DOUBLE, DT_CFG_BOOL, DT_CFG_STR,
                            DT_CFG_ENUM, DT_CFG_DURATION, DT_CFG_RESUME,
-                           DT_CFG_SHAPE } dt_cfg_type;
+                           DT_CFG_SHAPE, DT_CFG_NPROC } dt_cfg_type;
 
 typedef struct dt_cfg_field {
     const char *section;

@@ -1319,7 +1319,7 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
         code = DT_EXIT_CONFIG;
         goto out;
     }
-    if (dt_agent_resolve_nproc(a->L.nproc_per_node, &a->nproc, why, sizeof why, &e)) {
+    if (dt_agent_resolve_nproc(&a->L.nproc_per_node, &a->nproc, why, sizeof why, &e)) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
         code = DT_EXIT_CONFIG;
         goto out;
@@ -1357,9 +1357,8 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
         code = rc;
         goto out;
     }
-    if (strcmp(a->L.nproc_per_node, "auto") == 0 || strcmp(a->L.nproc_per_node, "cpu") == 0 ||
-        strcmp(a->L.nproc_per_node, "gpu") == 0)
-        DT_INFO("--nproc-per-node=%s: %s", a->L.nproc_per_node, why);
+    if (a->L.nproc_per_node.kind != DT_NPROC_NUMBER) /* a count the agent made: say which */
+        DT_INFO("--nproc-per-node=%s: %s", dt_nproc_name(a->L.nproc_per_node.kind), why);
     a->omp_one = a->nproc > 1 && !getenv("OMP_NUM_THREADS");
     if (a->omp_one)
         DT_INFO("setting OMP_NUM_THREADS=1 for each of the %d workers to avoid oversubscribing "

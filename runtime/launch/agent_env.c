@@ -98,11 +98,12 @@ int dt_agent_count_cpus(void)
     return n > 0 ? (int)n : 1;
 }
 
-int dt_agent_resolve_nproc(const char *spec, int *nproc, char *why, size_t cap, dt_err *err)
+int dt_agent_resolve_nproc(const dt_nproc *spec, int *nproc, char *why, size_t cap, dt_err *err)
 {
     char how[256] = "";
     int n;
-    if (!strcmp(spec, "gpu") || !strcmp(spec, "auto")) {
+    bool automatic = spec->kind == DT_NPROC_AUTO;
+    if (spec->kind == DT_NPROC_GPU || automatic) {
         n = dt_agent_count_gpus(how, sizeof how);
         if (n > 0) {
             *nproc = n;
@@ -110,24 +111,24 @@ int dt_agent_resolve_nproc(const char *spec, int *nproc, char *why, size_t cap, 
                 snprintf(why, cap, "%d GPU%s (%s)", n, n == 1 ? "" : "s", how);
             return 0;
         }
-        if (!strcmp(spec, "gpu"))
+        if (!automatic)
             return dt_err_set(err, -ENODEV,
                               "--nproc-per-node=gpu: no GPU visible (%s); use a number, cpu or auto",
                               how);
     }
-    if (!strcmp(spec, "cpu") || !strcmp(spec, "auto")) {
+    if (spec->kind == DT_NPROC_CPU || automatic) {
         *nproc = dt_agent_count_cpus();
         if (why)
             snprintf(why, cap, "%d CPU%s%s", *nproc, *nproc == 1 ? "" : "s",
-                     !strcmp(spec, "auto") ? " (no GPU found)" : "");
+                     automatic ? " (no GPU found)" : "");
         return 0;
     }
-    if (dt_parse_int(spec, &n) || n < 1 || n > 4096)
+    if (spec->kind != DT_NPROC_NUMBER || spec->n < 1 || spec->n > DT_NPROC_MAX)
         return dt_err_set(err, -EINVAL,
-                          "--nproc-per-node: \"%s\" must be a number from 1 to 4096, auto, cpu or gpu",
-                          spec);
-    *nproc = n;
+                          "--nproc-per-node: %d must be a number from 1 to %d, auto, cpu or gpu",
+                          spec->n, DT_NPROC_MAX);
+    *nproc = spec->n;
     if (why)
-        snprintf(why, cap, "%d", n);
+        snprintf(why, cap, "%d", spec->n);
     return 0;
 }

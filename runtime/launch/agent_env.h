@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "common/err.h"
+#include "runtime/job/config.h"
 
 /* GPUs visible to this process without initialising CUDA (CUDA_VISIBLE_DEVICES applied). *how
  * (may be NULL) gets where the count came from. Never fails: 0 when nothing is found. */
@@ -25,9 +26,10 @@ int dt_agent_visible_gpus(const char *vis, int physical);
 /* CPUs this process may run on (its affinity mask). */
 int dt_agent_count_cpus(void);
 
-/* Resolves --nproc-per-node: a number; gpu (GPUs, an error when there are none); cpu (CPUs);
- * auto (GPUs if any, else CPUs, as torchrun). *why (may be NULL) gets a phrase for the log
+/* Resolves --nproc-per-node (elastic.nproc_per_node, decoded by runtime/job/config.c): a number
+ * (-EINVAL outside 1..DT_NPROC_MAX); gpu (GPUs, -ENODEV when there are none); cpu (CPUs); auto
+ * (GPUs if any, else CPUs, as torchrun). *why (may be NULL) gets a phrase for the log
  * ("2 GPUs (from /dev/nvidia*)"). */
-int dt_agent_resolve_nproc(const char *spec, int *nproc, char *why, size_t cap, dt_err *err);
+int dt_agent_resolve_nproc(const dt_nproc *spec, int *nproc, char *why, size_t cap, dt_err *err);
 
 #endif

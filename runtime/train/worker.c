@@ -18,8 +18,8 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/job/errfile.h"
+#include "runtime/job/worker_guard.h"
 #include "runtime/train/strategies.h"
-#include "runtime/train/worker_guard.h"
 
 /* ---- checkpoints ------------------------------------------------------------------------------ */
 

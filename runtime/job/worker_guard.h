@@ -1,5 +1,8 @@
 /* worker_guard.h - the worker's half of "workers never outlive their agent".
  *
+ * Part of the agent-worker contract (runtime/job/): the agent's half is in runtime/launch, the
+ * variable it sets is workenv.h's.
+ *
  * The agent starts every worker with PR_SET_PDEATHSIG(SIGKILL) and DTRAIN_AGENT_PID set to its
  * own pid. A worker calls dt_worker_guard_init() first thing: it re-arms the parent-death signal
  * (harmless when already set, needed after an exec of a setuid helper cleared it) and checks that

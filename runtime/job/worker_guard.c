@@ -1,5 +1,5 @@
 /* worker_guard.c - see worker_guard.h. */
-#include "runtime/train/worker_guard.h"
+#include "runtime/job/worker_guard.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -8,7 +8,10 @@
 #include "common/env.h"
 #include "common/util.h"
 
-/* The agent's pid from DTRAIN_AGENT_PID, or 0 when not started by an agent. */
+/* The agent's pid from DTRAIN_AGENT_PID, or 0 when not started by an agent. The contract's
+ * reader is workenv.c (dt_workenv_read: dt_worker_env.agent_pid, the writer's round trip tested);
+ * the guard reads this one variable itself because it runs first, before the worker reads (and
+ * validates) the rest of its environment. */
 static int agent_pid(void)
 {
     const char *s = dt_env("DTRAIN_AGENT_PID");

@@ -1,0 +1,258 @@
+/* backend_ops.h - the op table every model is written against, and the types around it.
+ *
+ * A leaf of kernels/ (it includes common/err.h only): the backends (kernels/cpu, kernels/cuda)
+ * include it to fill the table in, and kernels/backend.h, which opens them by name, includes
+ * it back for everyone else, so that no backend ever includes backend.h. Users outside
+ * kernels/ include kernels/backend.h, not this file.
+ *
+ * Models (runtime/train/models) are written once, with explicit forward and backward passes, against
+ * this table. kernels/cpu is the reference implementation (OpenBLAS GEMM, plain C loops);
+ * kernels/cuda implements the same ops on the GPU and must match the CPU within stated
+ * tolerances. The backend knows nothing about processes, sockets or files.
+ *
+ * Conventions
+ * - Every float pointer is backend memory ("device memory": host memory on the CPU backend)
+ *   obtained from alloc; int32 pointers (tokens, targets, labels, pooling indices) likewise.
+ * - Row-major. Shapes in comments use llm.c letters: B batch, T time, C channels, V vocabulary,
+ *   NH heads, N rows (= B*T or B), OC output channels; images are (N,C,H,W).
+ * - Backward ops ACCUMULATE (+=) into every gradient they write, parameter and input gradients
+ *   alike, so gradient accumulation over micro-steps and residual branches need no extra op.
+ *   The caller zeroes gradients when a new accumulation starts. Pointers documented as
+ *   "may be NULL" skip that output.
+ * - Ops are asynchronous with respect to the host on devices that can be (CUDA: one compute
+ *   stream per backend); memcpy_d2h and synchronize wait. The CPU backend is synchronous.
+ * - Ops never fail at run time except through alloc. Shape mistakes are programming errors
+ *   that no op checks, in any build (a wrong size reads or writes out of bounds): the callers
+ *   (runtime/train/models) must pass consistent sizes; tests/test_kernels.c and test_models.c
+ *   under SANITIZE=address,undefined are what catch them.
+ * - One backend instance per thread that drives it: instances are independent (DP runs one per
+ *   replica), and an instance is not safe for concurrent use.
+ */
+#ifndef DT_BACKEND_OPS_H
+#define DT_BACKEND_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct dt_backend dt_backend;
+
+/* Shape of a 2-D convolution: input (N,C,H,W), weight (K,C,R,S), output (N,K,P,Q) with
+ * P = (H + 2*pad - R)/stride + 1 and Q = (W + 2*pad - S)/stride + 1. */
+typedef struct dt_conv2d_shape {
+    int N, C, H, W;   /* input */
+    int K, R, S;      /* output channels, kernel height, kernel width */
+    int stride, pad;
+    int P, Q;         /* output height and width: filled by dt_conv2d_shape_init */
+} dt_conv2d_shape;
+
+void dt_conv2d_shape_init(dt_conv2d_shape *s, int N, int C, int H, int W, int K, int R, int S,
+                          int stride, int pad);
+
+typedef enum dt_precision {
+    DT_PREC_FP32 = 0, /* everything float32 */
+    DT_PREC_BF16 = 1, /* GEMMs in bfloat16 with fp32 accumulation; master weights fp32 */
+    DT_PREC_FP16 = 2, /* GEMMs in float16 (the caller does loss scaling) */
+} dt_precision;
+
+/* Time accounting per op, for `dtrain bench train` and `dtrain bench kernels`. */
+typedef struct dt_op_stat {
+    const char *name;  /* op name, e.g. "matmul_fwd" (static string) */
+    bool gemm;         /* GEMM-bound (matmul, attention GEMMs, conv) */
+    uint64_t calls;
+    double seconds;    /* wall time inside the op (after synchronising on devices) */
+    double flops;      /* floating-point operations counted for GEMM-bound ops, else 0 */
+} dt_op_stat;
+
+typedef struct dt_backend_opts {
+    int device_index;     /* CUDA device ordinal (LOCAL_RANK); ignored on the CPU */
+    int threads;          /* CPU: BLAS/compute threads for this instance (1) */
+    dt_precision precision;
+} dt_backend_opts;
+
+void dt_backend_opts_default(dt_backend_opts *o);
+
+struct dt_backend {
+    const char *name;  /* "cpu" or "cuda" */
+    void *impl;        /* backend private state */
+    dt_precision precision;
+
+    /* ---- lifecycle and memory ---- */
+    void (*close)(dt_backend *be); /* frees impl and be itself */
+    /* Allocates `bytes` of zeroed backend memory. */
+    int (*alloc)(dt_backend *be, void **p, size_t bytes, dt_err *err);
+    void (*free)(dt_backend *be, void *p); /* accepts NULL */
+    void (*memcpy_h2d)(dt_backend *be, void *dst, const void *src, size_t bytes);
+    void (*memcpy_d2h)(dt_backend *be, void *dst, const void *src, size_t bytes); /* waits */
+    void (*memcpy_d2d)(dt_backend *be, void *dst, const void *src, size_t bytes);
+    void (*memset_zero)(dt_backend *be, void *p, size_t bytes);
+    void (*synchronize)(dt_backend *be);
+    /* Peak bytes allocated through alloc since creation. */
+    size_t (*peak_bytes)(dt_backend *be);
+    /* The PCI address ("0000:3B:00.0") of visible device `device` (any of them, not only this
+     * backend's), to bind workers near their GPU; 0 or a negative errno. NULL on the CPU. */
+    int (*device_pci_bus_id)(dt_backend *be, int device, char *buf, size_t cap);
+    /* Per-op time accounting: profile_enable(true) resets and starts counting (it may
+     * synchronise after every op, so it is for benchmarks only); profile_read copies up to max
+     * stats and returns how many there are. Either may be NULL when unsupported. */
+    void (*profile_enable)(dt_backend *be, bool on);
+    int (*profile_read)(dt_backend *be, dt_op_stat *out, int max);
+
+    /* ---- GEMM-bound ---- */
+    /* out (N,OC) = inp (N,C) @ w^T, w (OC,C); + bias (OC) when bias != NULL. */
+    void (*matmul_fwd)(dt_backend *be, float *out, const float *inp, const float *w,
+                       const float *bias, int N, int C, int OC);
+    /* dinp (N,C) += dout (N,OC) @ w (OC,C); dw (OC,C) += dout^T @ inp;
+     * dbias (OC) += column sums of dout. dinp, dw, dbias may each be NULL. */
+    void (*matmul_bwd)(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                       const float *inp, const float *w, int N, int C, int OC);
+    /* Causal multi-head self-attention.
+     * qkv (B,T,3C): per position [q (NH,hs) | k (NH,hs) | v (NH,hs)], hs = C/NH.
+     * out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v, heads concatenated.
+     * att (B,NH,T,T): saved softmax probabilities, written by fwd, read by bwd. */
+    void (*attention_fwd)(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
+                          int C, int NH);
+    /* dqkv (B,T,3C) += gradient; datt (B,NH,T,T) is scratch (overwritten). */
+    void (*attention_bwd)(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                          const float *qkv, const float *att, int B, int T, int C, int NH);
+    /* out (N,K,P,Q) = conv(inp (N,C,H,W), w (K,C,R,S)) + bias (K) when bias != NULL. */
+    void (*conv2d_fwd)(dt_backend *be, float *out, const float *inp, const float *w,
+                       const float *bias, const dt_conv2d_shape *s);
+    /* dinp, dw, dbias (each may be NULL) += gradients from dout (N,K,P,Q). */
+    void (*conv2d_bwd)(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                       const float *inp, const float *w, const dt_conv2d_shape *s);
+
+    /* ---- element-wise and normalisation ---- */
+    /* out (N,C) += bias (C) broadcast over rows. */
+    void (*bias_add)(dt_backend *be, float *out, const float *bias, int N, int C);
+    /* dbias (C) += column sums of dout (N,C). */
+    void (*bias_bwd)(dt_backend *be, float *dbias, const float *dout, int N, int C);
+    /* LayerNorm over the last dim: out (N,C), saves mean (N) and rstd (N); w, b (C). */
+    void (*layernorm_fwd)(dt_backend *be, float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int N, int C, float eps);
+    void (*layernorm_bwd)(dt_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean, const float *rstd,
+                          int N, int C);
+    /* GELU, tanh approximation: out (n) = gelu(inp). */
+    void (*gelu_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
+    void (*gelu_bwd)(dt_backend *be, float *dinp, const float *inp, const float *dout, size_t n);
+    /* ReLU: out = max(inp, 0); bwd uses the forward OUTPUT (out > 0). out may alias inp. */
+    void (*relu_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
+    void (*relu_bwd)(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);
+    /* out (n) = a + b (residual add); its backward is accumulate() into both inputs. */
+    void (*residual_fwd)(dt_backend *be, float *out, const float *a, const float *b, size_t n);
+    /* dst (n) += src. */
+    void (*accumulate)(dt_backend *be, float *dst, const float *src, size_t n);
+    /* x (n) *= s. */
+    void (*scale)(dt_backend *be, float *x, size_t n, float s);
+
+    /* ---- embeddings ---- */
+    /* out (B,T,C) = wte[tokens[b,t]] + wpe[t] (wpe (maxT,C) may be NULL); tokens (B,T) int32. */
+    void (*embedding_fwd)(dt_backend *be, float *out, const int32_t *tokens, const float *wte,
+                          const float *wpe, int B, int T, int C);
+    /* dwte (V,C) and dwpe (maxT,C) (may be NULL) += scatter of dout (B,T,C). */
+    void (*embedding_bwd)(dt_backend *be, float *dwte, float *dwpe, const float *dout,
+                          const int32_t *tokens, int B, int T, int C);
+
+    /* ---- loss ---- */
+    /* Fused softmax + cross-entropy over logits (N,V) with targets (N) int32; a target outside
+     * [0, V) is ignored (loss 0, gradient 0; models reject targets >= V before they get here).
+     * losses (N) = -log softmax(logits)[target].
+     * When dlogits (N,V) != NULL it is SET (not accumulated) to
+     * dloss * (softmax(logits) - onehot(target)); dlogits may alias logits.
+     * *valid_count (host, may be NULL) gets the number of targets in [0, V). */
+    void (*xent_fwd_bwd)(dt_backend *be, float *losses, float *dlogits, const float *logits,
+                         const int32_t *targets, int N, int V, float dloss, int *valid_count);
+
+    /* ---- BatchNorm, in stages so that SyncBatchNorm can all-reduce between them ----
+     * inp (N,C,HW). Training forward:
+     *   bn_stats: sum (C) = sum(x) and sumsq (C) = sum((x - mean)^2) over N*HW: the CENTRED
+     *     sum of squares (M2, about this call's own mean), computed stably (shifted sums in
+     *     double), so that the variance keeps its precision when |mean| >> std
+     *     (SyncBN: all-gather sum | sumsq | count per rank and merge with dt_bn_stats_combine;
+     *     M2s are not additive across ranks)
+     *   bn_fwd_apply: mean = sum/count, var = sumsq/count, rstd (C), from the (merged) statistics
+     *     and their count; updates running_mean and running_var (unbiased) with momentum;
+     *     out = w * (x - mean) * rstd + b
+     * Eval forward: bn_fwd_eval from the running statistics.
+     * Backward:
+     *   bn_bwd_reduce: dw (C) += sum dout*xhat, db (C) += sum dout, and sets sum_dy (C),
+     *     sum_dy_xhat (C) (local)                     (SyncBN: all-reduce sum_dy, sum_dy_xhat)
+     *   bn_bwd_apply: dinp += w*rstd*(dout - sum_dy/count - xhat*sum_dy_xhat/count) */
+    void (*bn_stats)(dt_backend *be, float *sum, float *sumsq, const float *inp, int N, int C,
+                     int HW);
+    void (*bn_fwd_apply)(dt_backend *be, float *out, float *mean, float *rstd, float *running_mean,
+                         float *running_var, const float *inp, const float *w, const float *b,
+                         const float *sum, const float *sumsq, double count, int N, int C, int HW,
+                         float momentum, float eps);
+    void (*bn_fwd_eval)(dt_backend *be, float *out, const float *inp, const float *running_mean,
+                        const float *running_var, const float *w, const float *b, int N, int C,
+                        int HW, float eps);
+    void (*bn_bwd_reduce)(dt_backend *be, float *dw, float *db, float *sum_dy, float *sum_dy_xhat,
+                          const float *dout, const float *inp, const float *mean,
+                          const float *rstd, int N, int C, int HW);
+    void (*bn_bwd_apply)(dt_backend *be, float *dinp, const float *dout, const float *inp,
+                         const float *w, const float *mean, const float *rstd,
+                         const float *sum_dy, const float *sum_dy_xhat, double count, int N, int C,
+                         int HW);
+
+    /* ---- pooling ---- */
+    /* Max pooling k x k, stride, pad: out (N,C,P,Q), idx (N,C,P,Q) int32 argmax within the
+     * input plane (saved for bwd). */
+    void (*maxpool_fwd)(dt_backend *be, float *out, int32_t *idx, const float *inp, int N, int C,
+                        int H, int W, int k, int stride, int pad);
+    void (*maxpool_bwd)(dt_backend *be, float *dinp, const float *dout, const int32_t *idx, int N,
+                        int C, int H, int W, int P, int Q);
+    /* Global average pooling: out (N,C) = mean over HW of inp (N,C,HW). */
+    void (*avgpool_fwd)(dt_backend *be, float *out, const float *inp, int N, int C, int HW);
+    void (*avgpool_bwd)(dt_backend *be, float *dinp, const float *dout, int N, int C, int HW);
+
+    /* ---- optimisers (on a contiguous range of the flat parameter buffer) ---- */
+    /* SGD with momentum (PyTorch semantics, dampening 0): g = grad + wd*p; buf = momentum*buf + g
+     * (buf = g on the first step, signalled by first_step); step = nesterov ? g + momentum*buf
+     * : buf (or g when momentum == 0, buf may then be NULL); p -= lr * step. */
+    void (*sgd_update)(dt_backend *be, float *params, const float *grads, float *momentum_buf,
+                       size_t n, float lr, float momentum, bool nesterov, float weight_decay,
+                       bool first_step);
+    /* AdamW (decoupled weight decay, PyTorch semantics): t is the 1-based step count.
+     * m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2; p -= lr*(mhat/(sqrt(vhat)+eps) + wd*p).
+     * The hyper-parameters are doubles, as PyTorch's Python floats are: the coefficients
+     * (1 - b1, 1 - b2, 1 - lr*wd, lr / (1 - b1^t), sqrt(1 - b2^t)) are formed in double on the
+     * host and rounded to float once, as torch.optim.AdamW does (1 - b2 from a float-rounded b2
+     * would be 1.3e-5 off at b2 = 0.999). */
+    void (*adamw_update)(dt_backend *be, float *params, const float *grads, float *m, float *v,
+                         size_t n, double lr, double beta1, double beta2, double eps,
+                         double weight_decay, int64_t t);
+    /* Sum of squares of x (n), accumulated in double, returned to the host (waits). */
+    double (*sumsq)(dt_backend *be, const float *x, size_t n);
+    /* Number of non-finite values in x (n) (waits); used for fp16 loss-scaling overflow. */
+    size_t (*count_nonfinite)(dt_backend *be, const float *x, size_t n);
+
+    /* ---- 16-bit payloads (DDP gradient compression) ----
+     * to_half: half (n) = x (n) * scale, rounded to nearest even to bfloat16 (bf16) or float16
+     * (overflow becomes inf, NaN stays NaN); from_half: x (n) = half (n) widened, * scale. The
+     * roundings are common/half.h's, bit for bit (NaN payloads aside). */
+    void (*to_half)(dt_backend *be, uint16_t *half, const float *x, size_t n, float scale,
+                    bool bf16);
+    void (*from_half)(dt_backend *be, float *x, const uint16_t *half, size_t n, float scale,
+                      bool bf16);
+};
+
+/* Merges the BatchNorm statistics of R parts exactly (Chan et al.'s parallel variance; what
+ * SyncBatchNorm does after an all-gather): parts (R * (2C+1)) host, part r = sum (C) | sumsq (C)
+ * | count (1), as bn_stats writes them (sumsq centred on the part's own mean) followed by the
+ * part's sample count. Writes the merged sum (C) and centred sumsq (C) (host) and returns the
+ * total count. Computed in double; parts with count 0 are ignored. */
+double dt_bn_stats_combine(const float *parts, int R, int C, float *sum, float *sumsq);
+
+/* Every backend's create function has this contract: *out gets a new instance (free it with
+ * its close, or dt_backend_close) filled in for opts (NULL: dt_backend_opts_default), or an
+ * error is returned (negative errno, err says what). libdtrain_cuda.so exports one under
+ * DT_CUDA_BACKEND_CREATE_SYMBOL (kernels/cuda), which kernels/backend.c looks up. */
+typedef int (*dt_cuda_backend_create_fn)(dt_backend **out, const dt_backend_opts *opts,
+                                         dt_err *err);
+#define DT_CUDA_BACKEND_CREATE_SYMBOL "dt_cuda_backend_create"
+
+#endif
