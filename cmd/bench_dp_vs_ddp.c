@@ -140,8 +140,10 @@ static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *
     char **ov = calloc((size_t)(o->n_overrides + n_more) + 1, sizeof *ov);
     if (!ov)
         return dt_err_set(err, -ENOMEM, "out of memory");
-    memcpy(ov, o->overrides, sizeof *ov * (size_t)o->n_overrides);
-    memcpy(ov + o->n_overrides, more, sizeof *ov * (size_t)n_more); /* later ones win */
+    for (int i = 0; i < o->n_overrides; i++)
+        ov[i] = o->overrides[i];
+    for (int i = 0; i < n_more; i++) /* later ones win */
+        ov[o->n_overrides + i] = more[i];
     int rc = dt_job_load(job, o->job_path, ov, o->n_overrides + n_more, &errs, err);
     if (rc) {
         for (int i = 0; i < errs.count && i < 64; i++)
