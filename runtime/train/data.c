@@ -1052,14 +1052,13 @@ int dt_gbatch_init(dt_gbatch *g, int64_t global, int world, int cap, dt_err *err
 
 int64_t dt_gbatch_micro_size(const dt_gbatch *g, int m)
 {
-    int64_t q = g->global / g->micro_steps, r = g->global % g->micro_steps;
-    return q + (m < r ? 1 : 0);
+    int64_t full = (int64_t)g->world * g->cap;
+    return m < g->micro_steps - 1 ? full : g->global - full * (g->micro_steps - 1);
 }
 
 int64_t dt_gbatch_micro_offset(const dt_gbatch *g, int m)
 {
-    int64_t q = g->global / g->micro_steps, r = g->global % g->micro_steps;
-    return (int64_t)m * q + DT_MIN((int64_t)m, r);
+    return (int64_t)m * g->world * g->cap;
 }
 
 int dt_gbatch_rank_count(const dt_gbatch *g, int m, int rank)
