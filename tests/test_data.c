@@ -835,13 +835,20 @@ static void test_gbatch_split(void)
                         /* a prefix: nothing after a micro-step without samples */
                         DT_CHECK(c > 0 || m >= dt_gbatch_rank_micro_steps(&g, r));
                         DT_CHECK(c == 0 || m < dt_gbatch_rank_micro_steps(&g, r));
-                        if (m < g.micro_steps - 1 || G == per * g.micro_steps)
-                            DT_CHECK_INT(c, B); /* full micro-steps but the last */
-                        if (G % W == 0) /* then every rank runs every micro-step */
-                            DT_CHECK(c > 0);
+                        if (G == per * g.micro_steps)
+                            DT_CHECK_INT(c, B);
+                        if (B > 1 || G % W == 0) /* then every rank runs every micro-step */
+                            DT_CHECK_MSG(c > 0, "G=%lld W=%d B=%d: rank %d has nothing in "
+                                         "micro-step %d", (long long)G, W, B, r, m);
                         gm += c;
                     }
                     DT_CHECK_INT(gm, dt_gbatch_micro_size(&g, m));
+                    /* even (sizes differ by at most one), or full but the last (B = 1) */
+                    int64_t g0 = dt_gbatch_micro_size(&g, 0);
+                    if (B > 1)
+                        DT_CHECK(gm == g0 || gm == g0 - 1);
+                    else if (m < g.micro_steps - 1)
+                        DT_CHECK_INT(gm, W);
                     off += gm;
                     total += gm;
                 }
@@ -856,24 +863,29 @@ static void test_gbatch_split(void)
                 checked++;
             }
     DT_CHECK(checked > 1000);
-    /* the case: 24 over 2 ranks of 8: micro-steps of 16 and 8, 8 then 4 per rank */
+    /* the case: 24 over 2 ranks of 8: micro-steps of 12 and 12, 6 per rank each */
     dt_gbatch g;
     DT_REQUIRE_OK(dt_gbatch_init(&g, 24, 2, 8, &err), &err);
     DT_CHECK_INT(g.micro_steps, 2);
-    DT_CHECK_INT(dt_gbatch_rank_count(&g, 0, 1), 8);
-    DT_CHECK_INT(dt_gbatch_rank_count(&g, 1, 0), 4);
-    DT_CHECK_INT(dt_gbatch_rank_count(&g, 1, 1), 4);
-    /* unequal shares: 23 over 3 ranks of 5: micro-steps of 15 and 8; 8, 8, 7 per rank */
+    DT_CHECK_INT(dt_gbatch_rank_count(&g, 0, 1), 6);
+    DT_CHECK_INT(dt_gbatch_rank_count(&g, 1, 0), 6);
+    DT_CHECK_INT(dt_gbatch_micro_offset(&g, 1), 12);
+    /* unequal shares: 23 over 3 ranks of 5: micro-steps of 12 and 11; 8, 8, 7 per rank */
     DT_REQUIRE_OK(dt_gbatch_init(&g, 23, 3, 5, &err), &err);
     DT_CHECK_INT(g.micro_steps, 2);
-    DT_CHECK_INT(dt_gbatch_micro_size(&g, 1), 8);
+    DT_CHECK_INT(dt_gbatch_micro_size(&g, 1), 11);
     DT_CHECK_INT(dt_gbatch_rank_samples(&g, 0), 8);
     DT_CHECK_INT(dt_gbatch_rank_samples(&g, 2), 7);
-    /* 24 over 5 ranks of 4: micro-steps of 20 and 4; rank 4 runs only the first */
+    /* 24 over 5 ranks of 4: 12 and 12, every rank in both (3, 3, 2, 2, 2 each) */
     DT_REQUIRE_OK(dt_gbatch_init(&g, 24, 5, 4, &err), &err);
-    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 3), 2);
-    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 4), 1);
-    /* tiny batches: 3 over 2 ranks of 1: rank 1 runs one micro-step, rank 0 two */
+    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 4), 2);
+    DT_CHECK_INT(dt_gbatch_rank_count(&g, 1, 4), 2);
+    /* batch 1: 4 over 3 ranks: 3 then 1 (an even 2 + 2 would leave rank 2 nothing) */
+    DT_REQUIRE_OK(dt_gbatch_init(&g, 4, 3, 1, &err), &err);
+    DT_CHECK_INT(dt_gbatch_micro_size(&g, 0), 3);
+    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 0), 2);
+    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 2), 1);
+    /* 3 over 2 ranks of 1: rank 1 runs one micro-step, rank 0 two */
     DT_REQUIRE_OK(dt_gbatch_init(&g, 3, 2, 1, &err), &err);
     DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 0), 2);
     DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 1), 1);

@@ -884,9 +884,10 @@ static double gb_state(const char *name, int64_t step, const char *key)
     return v;
 }
 
-/* train.global_batch = 24 with batch_size 8: one process runs 3 micro-steps, 2 DDP ranks 16 + 8
- * samples (8 + 4 each), 3 ranks of batch 5 run 15 + 9 (5 + 3 each), 5 ranks of batch 4 run
- * 20 + 4 (the last rank one micro-step, the others two); 23 samples give the ranks
+/* train.global_batch = 24 with batch_size 8: one process runs 3 micro-steps, 2 DDP ranks 12 + 12
+ * samples (6 + 6 each), 3 ranks of batch 5 run 12 + 12 (4 + 4 each), 5 ranks of batch 4 run
+ * 12 + 12; batch 1 with G = 7 on 3 ranks runs 3 + 3 + 1 (ranks on different micro-step
+ * counts); 23 samples give the ranks
  * unequal shares (12 + 11 over 2 ranks, 8 + 8 + 7 over 3). Whatever the world, every step has
  * the same losses, learning rates, weights and sample position as one process. And a G that
  * divides evenly is grad_accum under another name: the same weights, bit for bit. */
@@ -896,8 +897,11 @@ static void test_global_batch_any_world(void)
     gb_run("gb24-1", 1, S, "train.batch_size=8 train.global_batch=24");
     gb_run("gb24-2", 2, S, "train.batch_size=8 train.global_batch=24");
     gb_run("gb24-3", 3, S, "train.batch_size=5 train.global_batch=24");
-    /* 5 ranks of 4: micro-steps of 20 and 4, so rank 4 runs one micro-step, the others two */
+    /* 5 ranks of 4: micro-steps of 12 and 12 (3, 3, 2, 2, 2 per rank) */
     gb_run("gb24-5", 5, S, "train.batch_size=4 train.global_batch=24");
+    /* batch 1: 7 over 3 ranks in micro-steps of 3, 3 and 1: ranks 1 and 2 run two of them */
+    gb_run("gb7-1", 1, S, "train.batch_size=1 train.global_batch=7");
+    gb_run("gb7-3", 3, S, "train.batch_size=1 train.global_batch=7");
     gb_run("gb23-1", 1, S, "train.batch_size=8 train.global_batch=23");
     gb_run("gb23-2", 2, S, "train.batch_size=8 train.global_batch=23");
     gb_run("gb23-3", 3, S, "train.batch_size=5 train.global_batch=23");
@@ -905,11 +909,13 @@ static void test_global_batch_any_world(void)
     gb_check_losses("gb24-2", "gb24-1", 1, S, 1e-5);
     gb_check_losses("gb24-3", "gb24-1", 1, S, 1e-5);
     gb_check_losses("gb24-5", "gb24-1", 1, S, 1e-5);
+    gb_check_losses("gb7-3", "gb7-1", 1, S, 1e-5);
     gb_check_losses("gb23-2", "gb23-1", 1, S, 1e-5);
     gb_check_losses("gb23-3", "gb23-1", 1, S, 1e-5);
     gb_check_weights("gb24-2", "gb24-1", S, 1e-5);
     gb_check_weights("gb24-3", "gb24-1", S, 1e-5);
     gb_check_weights("gb24-5", "gb24-1", S, 1e-5);
+    gb_check_weights("gb7-3", "gb7-1", S, 1e-5);
     gb_check_weights("gb23-2", "gb23-1", S, 1e-5);
     gb_check_weights("gb23-3", "gb23-1", S, 1e-5);
     /* 24 and 23 samples are different steps (the test can tell) */
@@ -984,17 +990,18 @@ static void test_global_batch_config_errors(void)
     DT_CHECK_CONTAINS(out, "train.global_batch = 2 is smaller than the 3 data-parallel ranks");
     DT_CHECK_CONTAINS(out, "raise train.global_batch to at least 3");
     free(out);
-    /* SyncBatchNorm with ranks on different micro-step counts (17 over 2 of 8: 16 + 1) */
+    /* SyncBatchNorm with ranks on different micro-step counts (3 over 2 of 1: 2 + 1) */
     cmd = fmt("cd '%s' && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE "
               "-u DTRAIN_STORE_ADDR -u DTRAIN_STORE_PORT -u DTRAIN_OUTPUT_DIR '%s' --standalone "
               "--max-restarts=0 --nproc-per-node=2 '%s/configs/mlp.ini' job.device=cpu "
               "model.type=resnet model.depth=8 data.synthetic_shape=3x8x8 model.sync_bn=true "
-              "train.steps=2 train.batch_size=8 train.global_batch=17 job.output_dir='%s'",
+              "train.steps=2 train.batch_size=1 train.global_batch=3 job.output_dir='%s'",
               dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), outdir("gb-syncbn"));
     rc = dt_test_run(cmd, &out, 120);
     DT_CHECK_MSG(rc == 2, "sync_bn with 2 or 1 micro-steps: exit %d: %s", rc, out);
     DT_CHECK_CONTAINS(out, "gives the ranks 1 or 2 micro-steps, and model.sync_bn's collectives");
-    DT_CHECK_CONTAINS(out, "make train.global_batch a multiple of the world size (2)");
+    DT_CHECK_CONTAINS(out, "make train.global_batch a multiple of the world size (2), raise "
+                           "train.batch_size above 1");
     free(out);
 }
 

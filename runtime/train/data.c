@@ -1050,14 +1050,27 @@ int dt_gbatch_init(dt_gbatch *g, int64_t global, int world, int cap, dt_err *err
     return 0;
 }
 
+/* Whether the micro-steps split G evenly (every one of them then has at least W samples: always
+ * unless batch_size is 1 and W does not divide G), or are full but the last. */
+static bool gbatch_even(const dt_gbatch *g)
+{
+    return g->global / g->micro_steps >= g->world;
+}
+
 int64_t dt_gbatch_micro_size(const dt_gbatch *g, int m)
 {
+    if (gbatch_even(g))
+        return g->global / g->micro_steps + (m < g->global % g->micro_steps ? 1 : 0);
     int64_t full = (int64_t)g->world * g->cap;
     return m < g->micro_steps - 1 ? full : g->global - full * (g->micro_steps - 1);
 }
 
 int64_t dt_gbatch_micro_offset(const dt_gbatch *g, int m)
 {
+    if (gbatch_even(g)) {
+        int64_t q = g->global / g->micro_steps, r = g->global % g->micro_steps;
+        return (int64_t)m * q + DT_MIN((int64_t)m, r);
+    }
     return (int64_t)m * g->world * g->cap;
 }
 

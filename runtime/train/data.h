@@ -94,12 +94,14 @@ int dt_dataset_fill(const dt_dataset *ds, const int64_t *indices, int n, dt_batc
 /* ---- a global batch (train.global_batch) --------------------------------------------------
  * A step of G samples over W data-parallel ranks whose micro-batches hold at most B samples
  * each (B: the rank's batch). It runs in M = ceil(G / (W*B)) micro-steps, the fewest that hold
- * G: every micro-step but the last takes g_m = W*B samples, B per rank, and the last takes the
- * rest, g = G - (M-1)*W*B (1..W*B), rank r taking floor(g/W) of them, one more when r < g mod W.
- * So when W*B*M = G the layout is that of the plain sampler with grad_accum = M, and every rank
- * has at least one sample when G >= W. When the last g < W, ranks r >= g have nothing in it
- * and run M-1 micro-steps (never when G is a multiple of W): a rank's micro-steps are always a
- * prefix 0..M_r-1.
+ * G, split as evenly as they go: micro-step m takes g_m = floor(G/M) samples, one more for the
+ * first G mod M of them, and rank r takes floor(g_m/W) of those, one more when r < g_m mod W
+ * (never more than B). Then every g_m >= W, so every rank runs all M micro-steps, unless B = 1
+ * and W does not divide G: there an even split could leave a rank with nothing, so the
+ * micro-steps are full (W samples) but the last, which takes the rest, and the ranks past the
+ * rest run M-1 micro-steps (a rank's micro-steps are always a prefix 0..M_r-1). When W*B*M = G
+ * every micro-step is W*B samples, B per rank: the layout of the plain sampler with
+ * grad_accum = M. Every rank has at least one sample per step when G >= W.
  *
  * The gradient is the mean over exactly the G samples: a rank's micro-step of n samples
  * differentiates its mean loss times n*W/G, and DDP's all-reduce averages over the W ranks, so

@@ -244,7 +244,8 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
                             "train.global_batch = %lld over %d ranks of batch_size %d gives the "
                             "ranks %d or %d micro-steps, and model.sync_bn's collectives need "
                             "the same number on every rank; make train.global_batch a "
-                            "multiple of the world size (%d), or turn model.sync_bn off",
+                            "multiple of the world size (%d), raise train.batch_size above 1, "
+                            "or turn model.sync_bn off",
                             (long long)j->global_batch, env->world_size, t->batch, fewest,
                             t->gb.micro_steps, env->world_size);
             goto fail;
