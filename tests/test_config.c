@@ -159,6 +159,35 @@ static void test_cross_key_validation(void)
     DT_CHECK(has_error("rendezvous.conf: unknown key \"hartbeat_timeout\"; did you mean \"heartbeat_timeout\"?"));
 }
 
+/* train.global_batch: a number of samples (0 = off); beside grad_accum it is an error that says
+ * which to drop, with the line of the key, from the file or from an override. */
+static void test_global_batch(void)
+{
+    int rc = load("[model]\ntype = mlp\n", NULL, 0);
+    DT_CHECK(rc == 0);
+    DT_CHECK_INT(job.global_batch, 0);
+    rc = load("[model]\ntype = mlp\n[train]\nbatch_size = 8\nglobal_batch = 24\n", NULL, 0);
+    DT_CHECK(rc == 0);
+    DT_CHECK_INT(job.global_batch, 24);
+    DT_CHECK_INT(job.grad_accum, 1);
+    rc = load("[model]\ntype = mlp\n[train]\nglobal_batch = -3\n", NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("train.global_batch"));
+    rc = load("[model]\ntype = mlp\n[train]\ngrad_accum = 4\nglobal_batch = 64\n", NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:5: train.grad_accum = 4 and train.global_batch = 64 both set"));
+    DT_CHECK(has_error("drop train.grad_accum"));
+    char *ov[] = {"train.global_batch=64"};
+    rc = load("[model]\ntype = mlp\n[train]\ngrad_accum = 2\n", ov, 1);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("drop train.grad_accum"));
+    char *ov1[] = {"train.global_batch=64", "train.grad_accum=1"};
+    rc = load("[model]\ntype = mlp\n[train]\ngrad_accum = 2\n", ov1, 2);
+    DT_CHECK(rc == 0);
+    if (rc)
+        dump_errors();
+}
+
 /* Every error at once: cross-key errors come with the file:line of the key involved, even when
  * other keys have errors too; a rejected key does not add noise from its default. */
 static void test_cross_key_errors_with_lines(void)
@@ -749,6 +778,7 @@ int main(int argc, char **argv)
         {"config_missing_required_and_syntax", test_missing_required_and_syntax, 0},
         {"config_duplicate_key", test_duplicate_key, 0},
         {"config_cross_key_validation", test_cross_key_validation, 0},
+        {"config_global_batch", test_global_batch, 0},
         {"config_presets", test_presets_and_explicit_values, 0},
         {"config_cross_key_errors_with_lines", test_cross_key_errors_with_lines, 0},
         {"config_rdzv_conf_position", test_rdzv_conf_position, 0},

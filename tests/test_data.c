@@ -808,6 +808,220 @@ static void test_eval_indices(void)
     DT_CHECK(!memcmp(a, ea1, sizeof a));
 }
 
+/* ---- the global batch ------------------------------------------------------------------------ */
+
+/* The split of G over W ranks and micro-steps of at most B: every share fits B, the shares add
+ * up to G, a rank's micro-steps are a prefix, M is the fewest micro-steps that can hold G, and
+ * when W x B x M = G every share is B (the layout of grad_accum = M). */
+static void test_gbatch_split(void)
+{
+    dt_err err = {0};
+    int checked = 0;
+    for (int W = 1; W <= 7; W++)
+        for (int B = 1; B <= 9; B++)
+            for (int64_t G = W; G <= 80; G++) {
+                dt_gbatch g;
+                DT_REQUIRE_OK(dt_gbatch_init(&g, G, W, B, &err), &err);
+                int64_t per = (int64_t)W * B;
+                DT_CHECK_INT(g.micro_steps, (G + per - 1) / per);
+                int64_t total = 0, off = 0;
+                for (int m = 0; m < g.micro_steps; m++) {
+                    DT_CHECK_INT(dt_gbatch_micro_offset(&g, m), off);
+                    int64_t gm = 0;
+                    for (int r = 0; r < W; r++) {
+                        int c = dt_gbatch_rank_count(&g, m, r);
+                        DT_CHECK_MSG(c >= 0 && c <= B, "G=%lld W=%d B=%d m=%d r=%d: %d",
+                                     (long long)G, W, B, m, r, c);
+                        /* a prefix: nothing after a micro-step without samples */
+                        DT_CHECK(c > 0 || m >= dt_gbatch_rank_micro_steps(&g, r));
+                        DT_CHECK(c == 0 || m < dt_gbatch_rank_micro_steps(&g, r));
+                        if (G == per * g.micro_steps)
+                            DT_CHECK_INT(c, B);
+                        if (B > 1 || G % W == 0) /* then every rank runs every micro-step */
+                            DT_CHECK_MSG(c > 0, "G=%lld W=%d B=%d: rank %d has nothing in "
+                                         "micro-step %d", (long long)G, W, B, r, m);
+                        gm += c;
+                    }
+                    DT_CHECK_INT(gm, dt_gbatch_micro_size(&g, m));
+                    /* even (sizes differ by at most one), or full but the last (B = 1) */
+                    int64_t g0 = dt_gbatch_micro_size(&g, 0);
+                    if (B > 1)
+                        DT_CHECK(gm == g0 || gm == g0 - 1);
+                    else if (m < g.micro_steps - 1)
+                        DT_CHECK_INT(gm, W);
+                    off += gm;
+                    total += gm;
+                }
+                DT_CHECK_INT(total, G);
+                int64_t by_rank = 0;
+                for (int r = 0; r < W; r++) {
+                    int64_t n = dt_gbatch_rank_samples(&g, r);
+                    DT_CHECK(n >= 1); /* G >= W: every rank has a sample */
+                    by_rank += n;
+                }
+                DT_CHECK_INT(by_rank, G);
+                checked++;
+            }
+    DT_CHECK(checked > 1000);
+    /* the case: 24 over 2 ranks of 8: micro-steps of 12 and 12, 6 per rank each */
+    dt_gbatch g;
+    DT_REQUIRE_OK(dt_gbatch_init(&g, 24, 2, 8, &err), &err);
+    DT_CHECK_INT(g.micro_steps, 2);
+    DT_CHECK_INT(dt_gbatch_rank_count(&g, 0, 1), 6);
+    DT_CHECK_INT(dt_gbatch_rank_count(&g, 1, 0), 6);
+    DT_CHECK_INT(dt_gbatch_micro_offset(&g, 1), 12);
+    /* unequal shares: 23 over 3 ranks of 5: micro-steps of 12 and 11; 8, 8, 7 per rank */
+    DT_REQUIRE_OK(dt_gbatch_init(&g, 23, 3, 5, &err), &err);
+    DT_CHECK_INT(g.micro_steps, 2);
+    DT_CHECK_INT(dt_gbatch_micro_size(&g, 1), 11);
+    DT_CHECK_INT(dt_gbatch_rank_samples(&g, 0), 8);
+    DT_CHECK_INT(dt_gbatch_rank_samples(&g, 2), 7);
+    /* 24 over 5 ranks of 4: 12 and 12, every rank in both (3, 3, 2, 2, 2 each) */
+    DT_REQUIRE_OK(dt_gbatch_init(&g, 24, 5, 4, &err), &err);
+    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 4), 2);
+    DT_CHECK_INT(dt_gbatch_rank_count(&g, 1, 4), 2);
+    /* batch 1: 4 over 3 ranks: 3 then 1 (an even 2 + 2 would leave rank 2 nothing) */
+    DT_REQUIRE_OK(dt_gbatch_init(&g, 4, 3, 1, &err), &err);
+    DT_CHECK_INT(dt_gbatch_micro_size(&g, 0), 3);
+    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 0), 2);
+    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 2), 1);
+    /* 3 over 2 ranks of 1: rank 1 runs one micro-step, rank 0 two */
+    DT_REQUIRE_OK(dt_gbatch_init(&g, 3, 2, 1, &err), &err);
+    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 0), 2);
+    DT_CHECK_INT(dt_gbatch_rank_micro_steps(&g, 1), 1);
+    /* fewer samples than ranks: an error that says what to change */
+    DT_CHECK(dt_gbatch_init(&g, 3, 4, 8, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "train.global_batch = 3 is smaller than the 4 data-parallel ranks");
+    DT_CHECK_CONTAINS(err.msg, "raise train.global_batch to at least 4");
+}
+
+/* One step of every rank of a world W in global-batch mode: the union of the ranks' indices. */
+static void gbatch_world_step(int64_t n, int W, int B, int64_t G, bool shuffle, bool drop_last,
+                              int64_t *epoch, int64_t *pos, int64_t *out, int64_t *nout)
+{
+    dt_err err = {0};
+    int64_t e = 0, p = 0;
+    *nout = 0;
+    for (int r = 0; r < W; r++) {
+        dt_sampler s;
+        dt_gbatch g;
+        DT_REQUIRE_OK(dt_sampler_init(&s, n, r, W, B, 42, shuffle, drop_last, &err), &err);
+        DT_REQUIRE_OK(dt_gbatch_init(&g, G, W, B, &err), &err);
+        DT_REQUIRE_OK(dt_sampler_set_global(&s, &g, &err), &err);
+        dt_sampler_set_state(&s, *epoch, *pos);
+        int64_t *idx = malloc(sizeof(int64_t) * (size_t)(g.micro_steps * B));
+        DT_REQUIRE(idx);
+        DT_REQUIRE_OK(dt_sampler_next_step(&s, idx, &err), &err);
+        int64_t k = dt_gbatch_rank_samples(&g, r);
+        memcpy(out + *nout, idx, sizeof(int64_t) * (size_t)k);
+        *nout += k;
+        e = s.epoch;
+        p = s.pos;
+        free(idx);
+        dt_sampler_free(&s);
+    }
+    *epoch = e;
+    *pos = p;
+}
+
+/* Over an epoch, whatever the world size (and the world changing between steps), every step
+ * takes exactly G samples, the position moves by exactly G, and no sample is skipped or seen
+ * twice; with drop_last the tail shorter than G is dropped, without it the last step is
+ * completed from the start of the same order. Each world's step is the same set of samples. */
+static void test_sampler_global_batch_coverage(void)
+{
+    const int64_t N = 101, G = 24;
+    const int worlds[] = {1, 2, 3, 5, 2, 4, 1};
+    for (int drop = 0; drop <= 1; drop++) {
+        int64_t epoch = 0, pos = 0;
+        int seen[101] = {0};
+        int64_t steps = drop ? N / G : (N + G - 1) / G;
+        for (int64_t st = 0; st < steps; st++) {
+            int64_t out[64], nout = 0, ref[64], nref = 0;
+            int W = worlds[st % (int64_t)DT_ARRAY_LEN(worlds)];
+            int B = 3 + (int)st % 4;
+            int64_t e0 = epoch, p0 = pos;
+            /* the reference: one rank drawing the whole step */
+            int64_t re = epoch, rp = pos;
+            gbatch_world_step(N, 1, (int)G, G, true, drop, &re, &rp, ref, &nref);
+            gbatch_world_step(N, W, B, G, true, drop, &epoch, &pos, out, &nout);
+            DT_CHECK_INT(nout, G);
+            DT_CHECK_INT(epoch, 0);
+            DT_CHECK_INT(pos, p0 + G);
+            DT_CHECK_INT(re, e0);
+            DT_CHECK_INT(rp, pos);
+            /* the same samples as the one rank's step (in another order) */
+            int a[101] = {0};
+            for (int64_t i = 0; i < nref; i++)
+                a[ref[i]]++;
+            for (int64_t i = 0; i < nout; i++)
+                a[out[i]]--;
+            for (int i = 0; i < N; i++)
+                DT_CHECK_MSG(a[i] == 0, "step %lld W=%d: sample %d differs", (long long)st, W, i);
+            for (int64_t i = 0; i < nout; i++)
+                seen[out[i]]++;
+        }
+        int once = 0, twice = 0;
+        for (int i = 0; i < N; i++) {
+            once += seen[i] == 1;
+            twice += seen[i] == 2;
+            DT_CHECK(seen[i] <= 2);
+        }
+        if (drop) { /* 4 steps of 24 = 96 distinct samples, the last 5 dropped */
+            DT_CHECK_INT(once, 96);
+            DT_CHECK_INT(twice, 0);
+        } else { /* 5 steps = 120 draws: all 101, the first 19 of the order twice (padding) */
+            DT_CHECK_INT(once, 101 - 19);
+            DT_CHECK_INT(twice, 19);
+        }
+        /* the next step starts the next epoch */
+        int64_t out[64], nout = 0;
+        gbatch_world_step(N, 3, 5, G, true, drop, &epoch, &pos, out, &nout);
+        DT_CHECK_INT(epoch, 1);
+        DT_CHECK_INT(pos, G);
+    }
+    /* With W x B x M = G the step is exactly M plain micro-steps of the plain sampler, rank by
+     * rank: a global batch that divides evenly changes nothing but how it is said. */
+    dt_err err = {0};
+    for (int r = 0; r < 2; r++) {
+        dt_sampler a, b;
+        dt_gbatch g;
+        DT_REQUIRE_OK(dt_sampler_init(&a, 1000, r, 2, 4, 9, true, true, &err), &err);
+        DT_REQUIRE_OK(dt_sampler_init(&b, 1000, r, 2, 4, 9, true, true, &err), &err);
+        DT_REQUIRE_OK(dt_gbatch_init(&g, 24, 2, 4, &err), &err);
+        DT_REQUIRE_OK(dt_sampler_set_global(&b, &g, &err), &err);
+        DT_CHECK_INT(dt_sampler_steps_per_epoch(&b), 1000 / 24);
+        /* 1000 = 41 x 24 + 16: the plain sampler starts epoch 1 within step 42 (its third
+         * micro-step would pass the end), the global batch at step 42's start (the step would) */
+        for (int st = 0; st < 41; st++) {
+            int64_t x[12], y[12];
+            for (int m = 0; m < 3; m++)
+                DT_REQUIRE_OK(dt_sampler_next(&a, x + 4 * m, &err), &err);
+            DT_REQUIRE_OK(dt_sampler_next_step(&b, y, &err), &err);
+            for (int i = 0; i < 12; i++)
+                DT_CHECK_INT(y[i], x[i]);
+            DT_CHECK_INT(b.pos, a.pos);
+            DT_CHECK_INT(b.epoch, a.epoch);
+        }
+        int64_t y[12];
+        DT_REQUIRE_OK(dt_sampler_next_step(&b, y, &err), &err);
+        DT_CHECK_INT(b.epoch, 1);
+        DT_CHECK_INT(b.pos, 24);
+        dt_sampler_free(&a);
+        dt_sampler_free(&b);
+    }
+    /* with drop_last an epoch must hold one step */
+    dt_sampler s;
+    dt_gbatch g;
+    DT_REQUIRE_OK(dt_sampler_init(&s, 20, 0, 2, 8, 9, true, true, &err), &err);
+    DT_REQUIRE_OK(dt_gbatch_init(&g, 24, 2, 8, &err), &err);
+    DT_CHECK(dt_sampler_set_global(&s, &g, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "fewer than one step needs (train.global_batch = 24)");
+    int64_t x[16];
+    DT_CHECK(dt_sampler_next_step(&s, x, &err) == -EINVAL); /* not in global mode */
+    dt_sampler_free(&s);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -825,6 +1039,8 @@ int main(int argc, char **argv)
         {"sampler_deterministic_and_shuffled", test_sampler_deterministic_and_shuffled, 0},
         {"sampler_resume_other_world_size", test_sampler_resume_other_world_size, 0},
         {"eval_indices", test_eval_indices, 0},
+        {"gbatch_split", test_gbatch_split, 0},
+        {"sampler_global_batch_coverage", test_sampler_global_batch_coverage, 0},
     };
     return dt_test_main("test_data", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -29,11 +29,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cJSON.h>
+#include <math.h>
+
 #include "common/rng.h"
 #include "common/util.h"
 #include "rendezvous/rdzv.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_server.h"
+#include "runtime/train/safetensors.h"
 #include "tests/harness.h"
 
 #define BIN dt_test_dtrain_bin()
@@ -253,6 +257,17 @@ static void test_ddp_job_regroups(void)
     DT_CHECK_INT(done, 1);
     DT_CHECK_INT(world3, 1);
     DT_CHECK(dt_test_count_text(c.out[0], "joining the next round (restart count unchanged)") >= 1);
+    /* without train.global_batch the step grows with the world, and every agent says so */
+    for (int k = 0; k < 2; k++)
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "global batch: 128 samples per step over 2 ranks "
+                                                   "(batch 64 x accum 1 x 2 ranks); set "
+                                                   "train.global_batch to keep it fixed"), 1);
+    for (int k = 0; k < 3; k++)
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "global batch: now 192 samples per step over 3 "
+                                                   "ranks (was 2 ranks) (batch 64 x accum 1 x 3 "
+                                                   "ranks)"), k < 2 ? 1 : 0);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "global batch: 192 samples per step over 3 ranks "
+                                               "(batch 64"), 1);
     if (c.code[0] || c.code[1] || c.code[2])
         dt_test_group_dump(&c);
     finish(&c);
@@ -1279,6 +1294,218 @@ static void test_api_damaged_end_record(void)
     dt_store_server_stop(srv);
 }
 
+/* ---- a global batch across a membership change ---------------------------------------------- */
+
+/* The built-in trainer's job for the global-batch tests: mlp, G = 24 of batch 8 (3 ranks: one
+ * micro-step of 8 each; 2 ranks: 8 then 4 each), a checkpoint every 25 steps. */
+#define GB_STEPS 300
+#define GB_JOB                                                                                     \
+    "configs/mlp.ini job.device=cpu model.hidden=64,64 data.synthetic_samples=4096 "             \
+    "train.batch_size=8 train.global_batch=24 train.warmup_steps=10 job.log_every=1 "            \
+    "checkpoint.every=25 checkpoint.keep=100 ddp.timeout=20 train.eval_every=0"
+
+static void gb_agent(cluster *c, int k, const char *id, const char *nnodes, const char *outdir)
+{
+    char line[8192], out[1024];
+    snprintf(out, sizeof out, "%s/c%d_agent%d.out", TMP, c->id, k);
+    snprintf(line, sizeof line,
+             "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes %s "
+             "--nproc-per-node 1 --rdzv-conf %s --monitor-interval 0.05 --stop-grace 5 "
+             "--max-restarts 3 %s train.steps=%d job.output_dir=%s",
+             BIN, c->port, id, nnodes, CONF_LOSS, GB_JOB, GB_STEPS, outdir);
+    dt_test_group_spawn(c, k, line, out);
+}
+
+/* metrics.jsonl's train losses by step (the last record of a step: after a resume, the steps
+ * trained again are the new world's). */
+static void gb_losses(const char *outdir, double *loss, int cap)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", outdir);
+    char *text = dt_test_slurp(path);
+    DT_REQUIRE(text);
+    for (int k = 0; k < cap; k++)
+        loss[k] = NAN;
+    char *save = NULL;
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(l);
+        if (!o)
+            continue; /* a line cut by a SIGKILL */
+        const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(o, "type"));
+        int step = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "step"));
+        if (type && !strcmp(type, "train") && step > 0 && step < cap)
+            loss[step] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "loss"));
+        cJSON_Delete(o);
+    }
+    free(text);
+}
+
+/* The step of the last "resumed from ...: step N" in an agent's output (-1: none). */
+static int gb_resumed_step(const char *path)
+{
+    char *text = dt_test_slurp(path);
+    int step = -1;
+    for (char *p = text; p && (p = strstr(p, "resumed from ")); p++) {
+        char *q = strstr(p, ": step ");
+        char *nl = strchr(p, '\n');
+        if (q && (!nl || q < nl))
+            step = atoi(q + 7);
+    }
+    free(text);
+    return step;
+}
+
+/* The issue's acceptance: a 3-node elastic job (c10d, the built-in trainer, train.global_batch
+ * = 24) loses a node (SIGKILL of an agent that does not hold rank 0) and goes on as 2 nodes
+ * with the same G from its last checkpoint; the agents say the global batch is kept. A 2-node
+ * job resumed from that same checkpoint with the same G then has the same losses after the
+ * change (1e-5 relative) and the same final weights. */
+static void test_global_batch_survives_lost_node(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024];
+    snprintf(run, sizeof run, "%s/gb-run", TMP);
+    for (int k = 0; k < 3; k++)
+        gb_agent(&c, k, "gbshrink", "2:3", run);
+    /* rank 0 (which logs the steps) is on one of them; the victim is another, once the job is
+     * past two checkpoints */
+    int host0 = -1;
+    double deadline = dt_test_now() + 60 * dt_test_timeout_scale();
+    while (host0 < 0) {
+        for (int k = 0; k < 3 && host0 < 0; k++)
+            if (dt_test_count_text(c.out[k], "[0]:") && dt_test_count_text(c.out[k], "step 60/"))
+                host0 = k;
+        if (host0 < 0 && dt_test_now() > deadline) {
+            dt_test_group_dump(&c);
+            DT_REQUIRE(!"the 3-node job did not reach step 60");
+        }
+        dt_sleep_ms(20);
+    }
+    int victim = (host0 + 1) % 3;
+    kill(c.pid[victim], SIGKILL);
+    dt_test_group_wait(&c, 150);
+    int said = 0, resumed = -1;
+    for (int k = 0; k < 3; k++) {
+        if (k == victim)
+            continue;
+        DT_CHECK_INT(c.code[k], 0);
+        said += dt_test_count_text(c.out[k],
+                                   "global batch: 24 samples per step over 2 ranks (was 3 ranks), "
+                                   "kept by train.global_batch: 2 micro-steps of up to 8 samples "
+                                   "per rank");
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "global batch: 24 samples per step over 3 ranks, "
+                                                   "kept by train.global_batch: 1 micro-step of "
+                                                   "up to 8 samples per rank"), 1);
+        int r = gb_resumed_step(c.out[k]);
+        if (r > resumed)
+            resumed = r;
+    }
+    DT_CHECK_INT(said, 2);
+    DT_CHECK_MSG(resumed >= 50 && resumed < GB_STEPS && resumed % 25 == 0,
+                 "the 2-node world resumed at step %d", resumed);
+    int done = 0;
+    for (int k = 0; k < 3; k++)
+        done += dt_test_count_text(c.out[k], "done after 300 steps");
+    DT_CHECK_INT(done, 1);
+    if (c.code[(victim + 1) % 3] || c.code[(victim + 2) % 3] || resumed < 0) {
+        dt_test_group_dump(&c);
+        finish(&c);
+        return;
+    }
+    finish(&c);
+
+    /* The references: 2 nodes, and 3 nodes, from that same checkpoint (only that one) with the
+     * same G. The 3-node one shows that G was kept: without it 2 nodes would train on 16
+     * samples a step and 3 on 24. */
+    static double a[GB_STEPS + 1], b[GB_STEPS + 1];
+    gb_losses(run, a, GB_STEPS + 1);
+    for (int nodes = 2; nodes <= 3; nodes++) {
+        char ref[1024], cmd[4096], id[32], nn[8], *out = NULL;
+        snprintf(ref, sizeof ref, "%s/gb-ref%d", TMP, nodes);
+        snprintf(id, sizeof id, "gbref%d", nodes);
+        snprintf(nn, sizeof nn, "%d:%d", nodes, nodes);
+        snprintf(cmd, sizeof cmd,
+                 "mkdir -p '%s/checkpoints' && cp -r '%s/checkpoints/step_%d' '%s/checkpoints/'",
+                 ref, run, resumed, ref);
+        DT_REQUIRE(dt_test_run(cmd, &out, 30) == 0);
+        free(out);
+        cluster r;
+        dt_test_group_init(&r);
+        start_store(&r);
+        for (int k = 0; k < nodes; k++)
+            gb_agent(&r, k, id, nn, ref);
+        dt_test_group_wait(&r, 150);
+        int ref_resumed = -1;
+        for (int k = 0; k < nodes; k++) {
+            DT_CHECK_INT(r.code[k], 0);
+            int s = gb_resumed_step(r.out[k]);
+            if (s > ref_resumed)
+                ref_resumed = s;
+        }
+        DT_CHECK_INT(ref_resumed, resumed);
+        bool bad = false;
+        for (int k = 0; k < nodes; k++)
+            bad |= r.code[k] != 0;
+        if (bad)
+            dt_test_group_dump(&r);
+        finish(&r);
+        if (bad)
+            return;
+        gb_losses(ref, b, GB_STEPS + 1);
+        double worst = 0;
+        for (int k = resumed + 1; k <= GB_STEPS; k++) {
+            DT_CHECK_MSG(isfinite(a[k]) && isfinite(b[k]), "step %d: no loss (%g, %g)", k, a[k],
+                         b[k]);
+            double d = fabs(a[k] - b[k]) / fabs(b[k]);
+            DT_CHECK_MSG(d <= 1e-5, "step %d: the elastic job's loss %.9g, the %d-node job's %.9g",
+                         k, a[k], nodes, b[k]);
+            if (d > worst)
+                worst = d;
+        }
+        fprintf(stderr, "    | steps %d-%d after the change vs %d nodes from the same "
+                        "checkpoint: losses within %.2g relative\n",
+                resumed + 1, GB_STEPS, nodes, worst);
+        /* and the weights at the end */
+        dt_st_file *fa = NULL, *fb = NULL;
+        dt_err err = {0};
+        char pa[1100], pb[1100];
+        snprintf(pa, sizeof pa, "%s/checkpoints/step_%d/model.safetensors", run, GB_STEPS);
+        snprintf(pb, sizeof pb, "%s/checkpoints/step_%d/model.safetensors", ref, GB_STEPS);
+        DT_REQUIRE_OK(dt_st_open(pa, true, &fa, &err), &err);
+        DT_REQUIRE_OK(dt_st_open(pb, true, &fb, &err), &err);
+        double wworst = 0;
+        for (int i = 0; i < fa->num_tensors; i++) {
+            const dt_st_tensor *ta = &fa->tensors[i], *tb = dt_st_find(fb, ta->name);
+            DT_REQUIRE(tb && tb->end - tb->begin == ta->end - ta->begin && ta->dtype == DT_ST_F32);
+            const float *x = ta->data, *y = tb->data;
+            double d2 = 0, n2 = 0;
+            for (size_t k = 0; k < (ta->end - ta->begin) / 4; k++) {
+                d2 += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
+                n2 += (double)y[k] * y[k];
+            }
+            double rr = n2 > 0 ? sqrt(d2 / n2) : sqrt(d2);
+            DT_CHECK_MSG(rr <= 1e-5, "%s vs %d nodes: %.3g relative", ta->name, nodes, rr);
+            wworst = fmax(wworst, rr);
+        }
+        fprintf(stderr, "    | weights at step %d vs %d nodes: within %.2g relative\n", GB_STEPS,
+                nodes, wworst);
+        dt_st_free(fa);
+        dt_st_free(fb);
+        /* every step was G samples: the run's count says so */
+        snprintf(cmd, sizeof cmd, "%s/checkpoints/step_%d/state.json", ref, GB_STEPS);
+        char *st = dt_test_slurp(cmd);
+        DT_CHECK_CONTAINS(st, "\"samples_seen\":\t7200,");
+        free(st);
+    }
+    char path[1100];
+    snprintf(path, sizeof path, "%s/checkpoints/step_%d/state.json", run, GB_STEPS);
+    char *st = dt_test_slurp(path);
+    DT_CHECK_CONTAINS(st, "\"samples_seen\":\t7200,"); /* 300 steps x 24 */
+    free(st);
+}
+
 static const dt_test tests[] = {
     {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
     {"api_many_lost_at_once", test_api_many_lost_at_once, 240},
@@ -1301,6 +1528,7 @@ static const dt_test tests[] = {
     {"survivors_not_pushed_out", test_survivors_not_pushed_out, 90},
     {"lost_node_not_a_survivor", test_lost_node_not_a_survivor, 90},
     {"sigterm_one_agent", test_sigterm_one_agent, 60},
+    {"global_batch_survives_lost_node", test_global_batch_survives_lost_node, 400},
 };
 
 int main(int argc, char **argv)

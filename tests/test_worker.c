@@ -19,6 +19,7 @@
 #include "kernels/backend.h"
 #include "runtime/train/data.h"
 #include "runtime/train/optim.h"
+#include "runtime/train/safetensors.h"
 #include "runtime/train/worker.h"
 #include "tests/harness.h"
 
@@ -746,6 +747,264 @@ static void test_complete_run_says_what_to_do(void)
     free(out);
 }
 
+/* ---- a global batch that survives a change of world size ---------------------------------- */
+
+/* A small configs/mlp.ini (cosine schedule with warmup) under `dtrain --standalone` with nproc
+ * workers, into outdir(name); more: extra overrides. */
+static void gb_run(const char *name, int nproc, int64_t steps, const char *more)
+{
+    const char *cmd = fmt(
+        "cd '%s' && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE "
+        "-u DTRAIN_STORE_ADDR -u DTRAIN_STORE_PORT -u DTRAIN_OUTPUT_DIR '%s' --standalone "
+        "--max-restarts=0 --nproc-per-node=%d '%s/configs/mlp.ini' job.device=cpu "
+        "job.log_every=1 train.eval_every=0 checkpoint.every=0 model.hidden=64,64 "
+        "data.synthetic_samples=4096 train.schedule=cosine train.warmup_steps=3 "
+        "train.steps=%lld job.output_dir='%s' %s",
+        dt_test_tmpdir(), dt_test_dtrain_bin(), nproc, repo_dir(), (long long)steps,
+        outdir(name), more);
+    char *out = NULL;
+    int rc = dt_test_run(cmd, &out, 240);
+    DT_CHECK_MSG(rc == 0, "%s: exit %d: %.3000s", name, rc, out ? out : "");
+    free(out);
+}
+
+typedef struct gb_steps {
+    double loss[64], lr[64]; /* by step (1-based); the last record of a step wins */
+    int64_t last;
+} gb_steps;
+
+static void gb_read(const char *name, gb_steps *g)
+{
+    memset(g, 0, sizeof *g);
+    char *text = NULL;
+    size_t len;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_read_file(fmt("%s/metrics.jsonl", outdir(name)), &text, &len, &err), &err);
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(line);
+        DT_REQUIRE(o);
+        const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(o, "type"));
+        int64_t step = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "step"));
+        if (type && !strcmp(type, "train") && step >= 1 && step < 64) {
+            g->loss[step] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "loss"));
+            g->lr[step] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "lr"));
+            if (step > g->last)
+                g->last = step;
+        }
+        cJSON_Delete(o);
+    }
+    free(text);
+}
+
+/* What a comparison found, for the log of the run (the margins the tolerances leave). */
+static void gb_note(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static void gb_note(const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    fputs("    | ", stderr);
+    vfprintf(stderr, f, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
+
+/* Steps from..to of a and b: the same losses within tol relative, the same learning rates. */
+static void gb_check_losses(const char *an, const char *bn, int64_t from, int64_t to, double tol)
+{
+    gb_steps a, b;
+    gb_read(an, &a);
+    gb_read(bn, &b);
+    DT_CHECK_INT(a.last, to);
+    DT_CHECK_INT(b.last, to);
+    double worst = 0;
+    for (int64_t k = from; k <= to && k < 64; k++) {
+        DT_CHECK_MSG(isfinite(a.loss[k]) && a.loss[k] > 0, "%s step %lld: loss %g", an,
+                     (long long)k, a.loss[k]);
+        DT_CHECK_MSG(rel(a.loss[k], b.loss[k]) <= tol, "step %lld: %s loss %.9g, %s %.9g",
+                     (long long)k, an, a.loss[k], bn, b.loss[k]);
+        DT_CHECK_MSG(rel(a.lr[k], b.lr[k]) <= 1e-12, "step %lld: %s lr %.9g, %s %.9g",
+                     (long long)k, an, a.lr[k], bn, b.lr[k]);
+        worst = fmax(worst, rel(a.loss[k], b.loss[k]));
+    }
+    gb_note("%s vs %s, steps %lld-%lld: losses within %.2g relative", an, bn,
+                (long long)from, (long long)to, worst);
+}
+
+/* The weights of step `step`'s checkpoints of a and b: every tensor within tol (relative to
+ * its norm, and per element relative to the larger of the element and 1e-3). */
+static void gb_check_weights(const char *an, const char *bn, int64_t step, double tol)
+{
+    dt_st_file *fa = NULL, *fb = NULL;
+    dt_err err = {0};
+    const char *pa = fmt("%s/checkpoints/step_%lld/model.safetensors", outdir(an), (long long)step);
+    const char *pb = fmt("%s/checkpoints/step_%lld/model.safetensors", outdir(bn), (long long)step);
+    DT_REQUIRE_OK(dt_st_open(pa, true, &fa, &err), &err);
+    DT_REQUIRE_OK(dt_st_open(pb, true, &fb, &err), &err);
+    DT_CHECK_INT(fa->num_tensors, fb->num_tensors);
+    double worst = 0, worst_el = 0;
+    for (int i = 0; i < fa->num_tensors; i++) {
+        const dt_st_tensor *ta = &fa->tensors[i], *tb = dt_st_find(fb, ta->name);
+        DT_REQUIRE(tb && ta->dtype == DT_ST_F32 && tb->end - tb->begin == ta->end - ta->begin);
+        size_t n = (ta->end - ta->begin) / 4;
+        const float *x = ta->data, *y = tb->data;
+        double d2 = 0, n2 = 0, el = 0;
+        for (size_t k = 0; k < n; k++) {
+            d2 += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
+            n2 += (double)y[k] * y[k];
+            el = fmax(el, fabs((double)x[k] - y[k]) / fmax(fabs((double)y[k]), 1e-3));
+        }
+        double r = n2 > 0 ? sqrt(d2 / n2) : sqrt(d2);
+        DT_CHECK_MSG(r <= tol && el <= 10 * tol, "%s: %s vs %s at step %lld: %.3g relative "
+                     "(norm), %.3g (element)", ta->name, an, bn, (long long)step, r, el);
+        worst = fmax(worst, r);
+        worst_el = fmax(worst_el, el);
+    }
+    gb_note("%s vs %s, step %lld weights: within %.2g relative (norm per tensor), %.2g per "
+            "element", an, bn, (long long)step, worst, worst_el);
+    dt_st_free(fa);
+    dt_st_free(fb);
+}
+
+/* state.json's key of step `step`'s checkpoint of name. */
+static double gb_state(const char *name, int64_t step, const char *key)
+{
+    char *text = NULL;
+    size_t len;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_read_file(fmt("%s/checkpoints/step_%lld/state.json", outdir(name),
+                                   (long long)step), &text, &len, &err), &err);
+    cJSON *st = cJSON_Parse(text);
+    DT_REQUIRE(st);
+    double v = cJSON_GetNumberValue(cJSON_GetObjectItem(st, key));
+    cJSON_Delete(st);
+    free(text);
+    return v;
+}
+
+/* train.global_batch = 24 with batch_size 8: one process runs 3 micro-steps, 2 DDP ranks 12 + 12
+ * samples (6 + 6 each), 3 ranks of batch 5 run 12 + 12 (4 + 4 each), 5 ranks of batch 4 run
+ * 12 + 12; batch 1 with G = 7 on 3 ranks runs 3 + 3 + 1 (ranks on different micro-step
+ * counts); 23 samples give the ranks
+ * unequal shares (12 + 11 over 2 ranks, 8 + 8 + 7 over 3). Whatever the world, every step has
+ * the same losses, learning rates, weights and sample position as one process. And a G that
+ * divides evenly is grad_accum under another name: the same weights, bit for bit. */
+static void test_global_batch_any_world(void)
+{
+    const int64_t S = 12;
+    gb_run("gb24-1", 1, S, "train.batch_size=8 train.global_batch=24");
+    gb_run("gb24-2", 2, S, "train.batch_size=8 train.global_batch=24");
+    gb_run("gb24-3", 3, S, "train.batch_size=5 train.global_batch=24");
+    /* 5 ranks of 4: micro-steps of 12 and 12 (3, 3, 2, 2, 2 per rank) */
+    gb_run("gb24-5", 5, S, "train.batch_size=4 train.global_batch=24");
+    /* batch 1: 7 over 3 ranks in micro-steps of 3, 3 and 1: ranks 1 and 2 run two of them */
+    gb_run("gb7-1", 1, S, "train.batch_size=1 train.global_batch=7");
+    gb_run("gb7-3", 3, S, "train.batch_size=1 train.global_batch=7");
+    gb_run("gb23-1", 1, S, "train.batch_size=8 train.global_batch=23");
+    gb_run("gb23-2", 2, S, "train.batch_size=8 train.global_batch=23");
+    gb_run("gb23-3", 3, S, "train.batch_size=5 train.global_batch=23");
+    gb_run("accum3", 1, S, "train.batch_size=8 train.grad_accum=3");
+    gb_check_losses("gb24-2", "gb24-1", 1, S, 1e-5);
+    gb_check_losses("gb24-3", "gb24-1", 1, S, 1e-5);
+    gb_check_losses("gb24-5", "gb24-1", 1, S, 1e-5);
+    gb_check_losses("gb7-3", "gb7-1", 1, S, 1e-5);
+    gb_check_losses("gb23-2", "gb23-1", 1, S, 1e-5);
+    gb_check_losses("gb23-3", "gb23-1", 1, S, 1e-5);
+    gb_check_weights("gb24-2", "gb24-1", S, 1e-5);
+    gb_check_weights("gb24-3", "gb24-1", S, 1e-5);
+    gb_check_weights("gb24-5", "gb24-1", S, 1e-5);
+    gb_check_weights("gb7-3", "gb7-1", S, 1e-5);
+    gb_check_weights("gb23-2", "gb23-1", S, 1e-5);
+    gb_check_weights("gb23-3", "gb23-1", S, 1e-5);
+    /* 24 and 23 samples are different steps (the test can tell) */
+    gb_steps a, b;
+    gb_read("gb24-1", &a);
+    gb_read("gb23-1", &b);
+    DT_CHECK_MSG(rel(a.loss[S], b.loss[S]) > 1e-4, "G=24 and G=23 agree: %.9g %.9g", a.loss[S],
+                 b.loss[S]);
+    const char *runs[] = {"gb24-1", "gb24-2", "gb24-3", "gb23-1", "gb23-2", "gb23-3"};
+    for (int k = 0; k < 6; k++) {
+        double g = k < 3 ? 24 : 23;
+        DT_CHECK_MSG(gb_state(runs[k], S, "sample_pos") == g * S, "%s: sample_pos %g", runs[k],
+                     gb_state(runs[k], S, "sample_pos"));
+        DT_CHECK_MSG(gb_state(runs[k], S, "samples_seen") == g * S, "%s: samples_seen %g",
+                     runs[k], gb_state(runs[k], S, "samples_seen"));
+    }
+    /* grad_accum = 3 x batch 8 on one process: the same micro-batches with the same weights */
+    gb_check_losses("gb24-1", "accum3", 1, S, 1e-12);
+    char *out = NULL;
+    int rc = dt_test_run(fmt("cmp '%s/checkpoints/step_%lld/model.safetensors' "
+                             "'%s/checkpoints/step_%lld/model.safetensors'",
+                             outdir("gb24-1"), (long long)S, outdir("accum3"), (long long)S),
+                         &out, 30);
+    DT_CHECK_MSG(rc == 0, "global_batch 24 and grad_accum 3 differ: %s", out);
+    free(out);
+}
+
+/* The issue's acceptance at the trainer: 3 ranks train 6 steps of G = 24 and checkpoint; from
+ * that checkpoint 3 ranks and 2 ranks (and 1) continue with the same G: steps 7-12 have the
+ * same losses (1e-5 relative), learning rates, weights and sample positions. */
+static void test_global_batch_resume_other_world(void)
+{
+    const char *g = "train.batch_size=8 train.global_batch=24";
+    gb_run("gbr-first", 3, 6, g);
+    const char *copies[] = {"gbr-3", "gbr-2", "gbr-1"};
+    for (int k = 0; k < 3; k++) {
+        char *out = NULL;
+        int rc = dt_test_run(fmt("rm -rf '%s' && cp -r '%s' '%s'", outdir(copies[k]),
+                                 outdir("gbr-first"), outdir(copies[k])), &out, 30);
+        DT_REQUIRE(rc == 0);
+        free(out);
+    }
+    gb_run("gbr-3", 3, 12, g);
+    gb_run("gbr-2", 2, 12, g);
+    gb_run("gbr-1", 1, 12, g);
+    gb_check_losses("gbr-2", "gbr-3", 7, 12, 1e-5);
+    gb_check_losses("gbr-1", "gbr-3", 7, 12, 1e-5);
+    gb_check_weights("gbr-2", "gbr-3", 12, 1e-5);
+    gb_check_weights("gbr-1", "gbr-3", 12, 1e-5);
+    for (int k = 0; k < 3; k++)
+        DT_CHECK_MSG(gb_state(copies[k], 12, "sample_pos") == 24 * 12, "%s: sample_pos %g",
+                     copies[k], gb_state(copies[k], 12, "sample_pos"));
+    /* the steps before the change are the first run's */
+    gb_steps a;
+    gb_read("gbr-first", &a);
+    DT_CHECK_INT(a.last, 6);
+}
+
+/* G smaller than the world, or model.sync_bn with ranks on different micro-step counts: a
+ * configuration error (exit 2) that names the fix. */
+static void test_global_batch_config_errors(void)
+{
+    const char *cmd = fmt(
+        "cd '%s' && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE "
+        "-u DTRAIN_STORE_ADDR -u DTRAIN_STORE_PORT -u DTRAIN_OUTPUT_DIR '%s' --standalone "
+        "--max-restarts=0 --nproc-per-node=3 '%s/configs/mlp.ini' job.device=cpu "
+        "train.steps=2 train.global_batch=2 job.output_dir='%s'",
+        dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), outdir("gb-small"));
+    char *out = NULL;
+    int rc = dt_test_run(cmd, &out, 120);
+    DT_CHECK_MSG(rc == 2, "G=2 over 3 ranks: exit %d (not 2, a configuration error): %s", rc, out);
+    DT_CHECK_CONTAINS(out, "train.global_batch = 2 is smaller than the 3 data-parallel ranks");
+    DT_CHECK_CONTAINS(out, "raise train.global_batch to at least 3");
+    free(out);
+    /* SyncBatchNorm with ranks on different micro-step counts (3 over 2 of 1: 2 + 1) */
+    cmd = fmt("cd '%s' && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE "
+              "-u DTRAIN_STORE_ADDR -u DTRAIN_STORE_PORT -u DTRAIN_OUTPUT_DIR '%s' --standalone "
+              "--max-restarts=0 --nproc-per-node=2 '%s/configs/mlp.ini' job.device=cpu "
+              "model.type=resnet model.depth=8 data.synthetic_shape=3x8x8 model.sync_bn=true "
+              "train.steps=2 train.batch_size=1 train.global_batch=3 job.output_dir='%s'",
+              dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), outdir("gb-syncbn"));
+    rc = dt_test_run(cmd, &out, 120);
+    DT_CHECK_MSG(rc == 2, "sync_bn with 2 or 1 micro-steps: exit %d: %s", rc, out);
+    DT_CHECK_CONTAINS(out, "gives the ranks 1 or 2 micro-steps, and model.sync_bn's collectives");
+    DT_CHECK_CONTAINS(out, "make train.global_batch a multiple of the world size (2), raise "
+                           "train.batch_size above 1");
+    free(out);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -766,6 +1025,9 @@ int main(int argc, char **argv)
         {"fp16_scale_resumes", test_fp16_scale_resumes, 240},
         {"dp_checkpoint_job_reads_back", test_dp_checkpoint_job_reads_back, 120},
         {"complete_run_says_what_to_do", test_complete_run_says_what_to_do, 240},
+        {"global_batch_any_world", test_global_batch_any_world, 600},
+        {"global_batch_resume_other_world", test_global_batch_resume_other_world, 600},
+        {"global_batch_config_errors", test_global_batch_config_errors, 120},
     };
     return dt_test_main("test_worker", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -132,6 +132,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     /* [train] */
     {"train", "batch_size", DT_CFG_INT, J(batch_size), "8", 1, 1e7, NULL, false, "samples per rank per micro-step"},
     {"train", "grad_accum", DT_CFG_INT, J(grad_accum), "1", 1, 1e5, NULL, false, "micro-steps per optimiser step (DDP synchronises on the last only)"},
+    {"train", "global_batch", DT_CFG_I64, J(global_batch), "0", 0, 1e12, NULL, false, "samples per optimiser step over all data-parallel ranks, kept when the world changes: the micro-steps are derived from it at every start (0 = off: batch_size x grad_accum x world)"},
     {"train", "steps", DT_CFG_I64, J(steps), "100", 0, 1e15, NULL, false, "optimiser steps (0 = run `epochs` epochs)"},
     {"train", "epochs", DT_CFG_INT, J(epochs), "0", 0, 1e6, NULL, false, "epochs when steps = 0"},
     {"train", "optimizer", DT_CFG_ENUM, J(optimizer), "adamw", 0, 0, optim_names, false, "optimiser"},
@@ -1043,6 +1044,14 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
     if (job->min_lr > job->lr && !BAD("train.min_lr", "train.lr"))
         add_error(errs, AT("train.min_lr", "train.lr"), 0,
                   "train.min_lr (%g) must not exceed train.lr (%g)", job->min_lr, job->lr);
+    /* global_batch derives the accumulation from the world size at every start: a fixed
+     * grad_accum beside it would say two things about the same step */
+    if (job->global_batch > 0 && job->grad_accum != 1 && !BAD("train.global_batch", "train.grad_accum"))
+        add_error(errs, AT("train.global_batch", "train.grad_accum"), 0,
+                  "train.grad_accum = %d and train.global_batch = %lld both set the samples per "
+                  "step: with global_batch the micro-steps are derived from it, batch_size and the "
+                  "world size at every start; drop train.grad_accum (or set it to 1)",
+                  job->grad_accum, (long long)job->global_batch);
     if (job->resume == DT_RESUME_PATH && !job->resume_path[0])
         add_error(errs, AT("checkpoint.resume"), 0, "checkpoint.resume: use auto, never or a path");
     return errs && errs->count > before ? -EINVAL : 0;

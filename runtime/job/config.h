@@ -184,6 +184,9 @@ typedef struct dt_job {
     /* [train] */
     int batch_size;                    /* per rank, per micro-step */
     int grad_accum;                    /* micro-steps per optimiser step */
+    int64_t global_batch;              /* samples per optimiser step over all data-parallel
+                                          ranks, kept whatever the world size (0 = off: the
+                                          step is batch_size x grad_accum x world) */
     int64_t steps;                     /* optimiser steps (0 = from epochs) */
     int epochs;
     dt_optim_kind optimizer;

@@ -46,6 +46,7 @@
 #include "runtime/launch/agent_output.h"
 #include "runtime/launch/agent_proc.h"
 #include "runtime/launch/agent_report.h"
+#include "runtime/job/config.h"
 #include "runtime/job/errfile.h"
 #include "runtime/job/workenv.h"
 
@@ -107,6 +108,7 @@ typedef struct agent {
     bool closing;
     bool out_paused;            /* the console is behind: workers' pipes are out of the epoll set */
     bool con_watched[3];        /* console fd 1 / 2 is in the epoll set for EPOLLOUT */
+    int batch_world;            /* the world size of the last global batch said (0 = none) */
 } agent;
 
 /* epoll tags of the console fds (data.ptr): &console_tag[1], &console_tag[2]. */
@@ -796,6 +798,51 @@ static enum outcome monitor(agent *a, dt_rdzv_status *st)
     }
 }
 
+/* An elastic job's samples per optimiser step, said when its world size is new (the first round
+ * and every membership change), so that a change is no surprise: the built-in worker's step is
+ * batch_size x grad_accum x world unless train.global_batch keeps it fixed (the worker derives
+ * its micro-steps from it; this line says how many). Read from the resolved job the workers
+ * load (argv[2]). */
+static void log_global_batch(agent *a)
+{
+    const dt_rdzv_round *r = &a->rd;
+    if (!r->elastic || !a->spec->builtin_worker || r->world_size == a->batch_world ||
+        !a->spec->argv[1] || !a->spec->argv[2])
+        return;
+    int before = a->batch_world;
+    a->batch_world = r->world_size;
+    dt_job *j = malloc(sizeof *j);
+    dt_config_errors errs;
+    dt_err err = {0};
+    memset(&errs, 0, sizeof errs);
+    if (!j || dt_job_load(j, a->spec->argv[2], NULL, 0, &errs, &err) != 0) {
+        free(j);
+        return; /* the workers say what is wrong with it */
+    }
+    int64_t per_rank = (int64_t)j->batch_size * (j->strategy == DT_STRATEGY_DP ? j->dp_replicas : 1);
+    int64_t w = r->world_size;
+    char was[48] = "";
+    if (before > 0)
+        snprintf(was, sizeof was, " (was %d ranks)", before);
+    if (j->global_batch > 0 && j->global_batch < w) {
+        DT_WARN("global batch: train.global_batch = %lld is smaller than the %lld ranks of this "
+                "round%s: the workers will stop; raise it to at least %lld or run fewer ranks",
+                (long long)j->global_batch, (long long)w, was, (long long)w);
+    } else if (j->global_batch > 0) {
+        int64_t micro = (j->global_batch + w * per_rank - 1) / (w * per_rank);
+        DT_INFO("global batch: %lld samples per step over %lld ranks%s, kept by "
+                "train.global_batch: %lld micro-step%s of up to %lld samples per rank",
+                (long long)j->global_batch, (long long)w, was, (long long)micro,
+                micro == 1 ? "" : "s", (long long)per_rank);
+    } else {
+        DT_INFO("global batch: %s%lld samples per step over %lld ranks%s (batch %lld x accum %d x "
+                "%lld ranks); set train.global_batch to keep it fixed when the world changes",
+                before > 0 ? "now " : "", (long long)(per_rank * j->grad_accum * w),
+                (long long)w, was, (long long)per_rank, j->grad_accum, (long long)w);
+    }
+    free(j);
+}
+
 static void round_banner(agent *a, double took_s)
 {
     const dt_rdzv_round *r = &a->rd;
@@ -811,6 +858,7 @@ static void round_banner(agent *a, double took_s)
     else
         DT_INFO("attempt %d: starting %d worker%s (ranks 0-%d); run id %s", r->attempt, a->nproc,
                 a->nproc == 1 ? "" : "s", a->nproc - 1, r->run_id);
+    log_global_batch(a);
     cJSON *f = cJSON_CreateObject();
     cJSON_AddNumberToObject(f, "round", r->round);
     cJSON_AddNumberToObject(f, "attempt", r->attempt);

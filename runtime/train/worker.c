@@ -227,15 +227,44 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         dt_err_prefix(err, "%s: ", j->data_path[0] ? j->data_path : "synthetic data");
         goto fail;
     }
-    t->steps_per_epoch = dt_sampler_steps_per_epoch(&t->sampler) / j->grad_accum;
+    size_t nidx = (size_t)t->batch;
+    if (j->global_batch > 0) {
+        /* the step is G samples whatever the world: its micro-steps and this rank's share of
+         * each follow from G, the rank's batch and the world size of this start */
+        if ((rc = dt_gbatch_init(&t->gb, j->global_batch, env->world_size, t->batch, err)) ||
+            (rc = dt_sampler_set_global(&t->sampler, &t->gb, err))) {
+            t->config_error = true; /* every restart with this world fails the same way */
+            goto fail;
+        }
+        t->micro_steps = dt_gbatch_rank_micro_steps(&t->gb, env->rank);
+        int fewest = dt_gbatch_rank_micro_steps(&t->gb, env->world_size - 1);
+        if (j->sync_bn && env->world_size > 1 && fewest != t->gb.micro_steps) {
+            t->config_error = true;
+            rc = dt_err_set(err, -EINVAL,
+                            "train.global_batch = %lld over %d ranks of batch_size %d gives the "
+                            "ranks %d or %d micro-steps, and model.sync_bn's collectives need "
+                            "the same number on every rank; make train.global_batch a "
+                            "multiple of the world size (%d), raise train.batch_size above 1, "
+                            "or turn model.sync_bn off",
+                            (long long)j->global_batch, env->world_size, t->batch, fewest,
+                            t->gb.micro_steps, env->world_size);
+            goto fail;
+        }
+        t->steps_per_epoch = dt_sampler_steps_per_epoch(&t->sampler);
+        t->items_per_step = j->global_batch * (t->tokens ? shape->seq_len : 1);
+        nidx *= (size_t)t->gb.micro_steps;
+    } else {
+        t->micro_steps = j->grad_accum;
+        t->steps_per_epoch = dt_sampler_steps_per_epoch(&t->sampler) / j->grad_accum;
+        t->items_per_step = (int64_t)t->batch * (t->tokens ? shape->seq_len : 1) *
+                            j->grad_accum * env->world_size;
+    }
     if (t->steps_per_epoch < 1)
         t->steps_per_epoch = 1;
     t->total_steps = j->steps > 0 ? j->steps : (int64_t)j->epochs * t->steps_per_epoch;
-    t->items_per_step = (int64_t)t->batch * (t->tokens ? shape->seq_len : 1) * j->grad_accum *
-                        env->world_size;
     if ((rc = dt_batch_buf_init(&t->batch_buf, shape, t->batch, err)))
         goto fail;
-    if (!(t->idx = malloc(sizeof(int64_t) * (size_t)t->batch))) {
+    if (!(t->idx = malloc(sizeof(int64_t) * nidx))) {
         rc = dt_err_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
@@ -317,14 +346,33 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     s->ops->zero_grads(s);
     double loss_sum = 0;
     /* backward differentiates loss * scale / grad_accum (scale: fp16's loss scale, else 1) */
-    const float dloss = t->scaler.on ? (float)(t->scaler.scale / j->grad_accum)
-                                     : 1.0f / (float)j->grad_accum;
-    for (int micro = 0; micro < j->grad_accum; micro++) {
-        if ((rc = dt_sampler_next(&t->sampler, t->idx, err)) ||
-            (rc = dt_dataset_fill(t->data->train, t->idx, t->batch, &t->batch_buf, err)))
+    const float dloss_accum = t->scaler.on ? (float)(t->scaler.scale / j->grad_accum)
+                                           : 1.0f / (float)j->grad_accum;
+    /* With a global batch of G the whole step's indices are drawn at once (the position moves
+     * by exactly G), and a micro-step of n samples differentiates its mean loss x n x W / G:
+     * DDP averages over the W ranks, so the gradient is the mean over exactly G samples however
+     * they are shared (see dt_gbatch in data.h). Its loss counts n/G likewise. */
+    const bool gb = t->gb.global > 0;
+    const double world = t->env.world_size, scale0 = t->scaler.on ? t->scaler.scale : 1.0;
+    if (gb && (rc = dt_sampler_next_step(&t->sampler, t->idx, err)))
+        return rc;
+    int64_t off = 0;
+    for (int micro = 0; micro < t->micro_steps; micro++) {
+        int n = t->batch;
+        float dloss = dloss_accum;
+        const int64_t *idx = t->idx;
+        if (gb) {
+            n = dt_gbatch_rank_count(&t->gb, micro, t->env.rank);
+            idx = t->idx + off;
+            off += n;
+            dloss = (float)(scale0 * n * world / (double)t->gb.global);
+        } else if ((rc = dt_sampler_next(&t->sampler, t->idx, err))) {
+            return rc;
+        }
+        if ((rc = dt_dataset_fill(t->data->train, idx, n, &t->batch_buf, err)))
             return rc;
         float loss = 0;
-        bool last = micro == j->grad_accum - 1;
+        bool last = micro == t->micro_steps - 1;
         if ((rc = s->ops->micro_step(s, &t->batch_buf.batch, dloss, last, &loss, err)))
             return rc;
         if (!isfinite(loss))
@@ -332,7 +380,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
                               "the training loss is %f at step %lld (micro-step %d): training "
                               "diverged; %s", (double)loss, (long long)t->step + 1, micro,
                               dt_trainer_diverged_hint(j));
-        loss_sum += loss;
+        loss_sum += gb ? (double)loss * n : (double)loss;
     }
     if ((rc = s->ops->sync_grads(s, err)))
         return rc;
@@ -341,7 +389,8 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
      * different steps (or only one of them), and all must stop at the same step boundary, else
      * the one that stops waits at the save's barrier while the others wait in the next step's
      * all-reduce. The mean of 0/1 flags is > 0 when any rank was asked to stop. */
-    double v[2] = {loss_sum / j->grad_accum, t->stop && *t->stop ? 1.0 : 0.0};
+    double v[2] = {gb ? loss_sum * world / (double)t->gb.global : loss_sum / j->grad_accum,
+                   t->stop && *t->stop ? 1.0 : 0.0};
     if ((rc = s->ops->average(s, v, 2, err)))
         return rc;
     double loss = v[0];
@@ -371,7 +420,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     t->loss = loss;
     t->step++;
     /* this step's global batch: the world size may have changed since the last resume */
-    t->samples_seen += (int64_t)t->batch * j->grad_accum * t->env.world_size;
+    t->samples_seen += gb ? t->gb.global : (int64_t)t->batch * j->grad_accum * t->env.world_size;
     t->step_time_s = dt_now_s() - t0;
     return 0;
 }
@@ -454,13 +503,29 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
     if ((rc = dt_metrics_open(&t->metrics, j->output_dir, rank0, t->tokens, t->env.attempt, err)))
         return rc;
     if (rank0) {
+        char how[160];
+        if (t->gb.global > 0) {
+            /* rank 0 has the largest share; the last rank the smallest */
+            int64_t most = dt_gbatch_rank_samples(&t->gb, 0),
+                    least = dt_gbatch_rank_samples(&t->gb, t->env.world_size - 1);
+            char share[48];
+            if (most == least)
+                snprintf(share, sizeof share, "%lld", (long long)most);
+            else
+                snprintf(share, sizeof share, "%lld or %lld", (long long)least, (long long)most);
+            snprintf(how, sizeof how, "global batch %lld: %s per rank x %d ranks in %d "
+                     "micro-step%s of up to %d", (long long)t->gb.global, share,
+                     t->env.world_size, t->gb.micro_steps, t->gb.micro_steps == 1 ? "" : "s",
+                     t->batch);
+        } else {
+            snprintf(how, sizeof how, "batch %d x accum %d x %d ranks", t->batch, j->grad_accum,
+                     t->env.world_size);
+        }
         DT_INFO("data: %s", t->data->desc);
-        DT_INFO("model: %s, %zu parameters (%.2f MB) on %s; %lld steps of %lld %s (batch %d x "
-                "accum %d x %d ranks)%s",
+        DT_INFO("model: %s, %zu parameters (%.2f MB) on %s; %lld steps of %lld %s (%s)%s",
                 t->model->cfg.type, t->model->num_params,
                 (double)t->model->num_params * 4 / 1e6, t->be->name, (long long)t->total_steps,
-                (long long)t->items_per_step, t->tokens ? "tokens" : "samples", t->batch,
-                j->grad_accum, t->env.world_size,
+                (long long)t->items_per_step, t->tokens ? "tokens" : "samples", how,
                 t->step ? " (resumed)" : "");
         if (!t->data->val)
             DT_INFO("no validation data (data.val_fraction = 0 and no data.val_path): no eval");

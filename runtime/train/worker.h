@@ -60,6 +60,11 @@ typedef struct dt_trainer {
     dt_worker_env env;
     int batch;                /* samples this rank draws per micro-step (the strategy's
                                  rank_batch: batch_size, x dp_replicas for DP) */
+    dt_gbatch gb;             /* train.global_batch over this run's world and `batch`: the
+                                 micro-steps and this rank's share of each (gb.global = 0: off,
+                                 grad_accum micro-steps of `batch`) */
+    int micro_steps;          /* micro-steps this rank runs per step (gb: its M_r; else
+                                 grad_accum) */
     dt_strategy *s;           /* owned: the backend, model, optimiser and communicator */
     dt_backend *be;           /* s->be, borrowed: this rank's (master) backend */
     dt_model *model;          /* s->model, borrowed */
@@ -76,7 +81,8 @@ typedef struct dt_trainer {
     dt_sampler sampler;       /* training order: sampler.epoch and sampler.pos */
     dt_rng rng;               /* trainer RNG, seeded from (seed, rank); for run-time randomness */
     int64_t samples_seen;     /* samples trained on since the start, all ranks: each step adds
-                                 its global batch (batch x accum x world size at the time) */
+                                 its global batch (train.global_batch, else batch x accum x
+                                 world size at the time) */
     /* (and optim->t, optim->states[], model->params, model->buffers) */
 
     int64_t total_steps;      /* train.steps, or epochs x steps per epoch */
@@ -106,7 +112,7 @@ typedef struct dt_trainer {
 
     /* ---- scratch ---- */
     dt_batch_buf batch_buf;   /* host batch of `batch` samples */
-    int64_t *idx;             /* (batch) sample indices */
+    int64_t *idx;             /* (batch) sample indices; with gb, (M x batch): a whole step's */
 } dt_trainer;
 
 /* Builds everything for job on this worker: the data and its sampler, the strategy (backend,
@@ -115,8 +121,10 @@ typedef struct dt_trainer {
  * (dt_trainer_close is safe). */
 int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, dt_err *err);
 
-/* One optimiser step (grad_accum micro-steps); fills loss, grad_norm, lr, step_time_s. Fails on
- * a non-finite loss or gradient, and on any data or strategy error. */
+/* One optimiser step (grad_accum micro-steps, or with train.global_batch this rank's share of
+ * exactly global_batch samples, see dt_gbatch in data.h); fills loss (the mean over the step's
+ * samples), grad_norm, lr, step_time_s. Fails on a non-finite loss or gradient, and on any
+ * data or strategy error. */
 int dt_trainer_step(dt_trainer *t, dt_err *err);
 
 /* Mean validation loss over eval_batches batches (all ranks); *acc gets the classification
