@@ -37,6 +37,7 @@ struct dt_ddp {
     uint16_t *comp;       /* (num_params) 16-bit payloads when compressing (backend memory, or
                              communicator memory), owned */
     void *cmem;           /* communicator memory holding comp or the gradients, or NULL */
+    size_t cmem_bytes;    /* its size, charged to the backend's DT_MEM_COMM */
     float *own_grads;     /* the model's gradient buffer while m->grads points at cmem */
     float *scratch;       /* (scratch_n) backend memory for small collectives, owned */
     size_t scratch_n;
@@ -110,7 +111,9 @@ static int ensure_scratch(dt_ddp *d, size_t n, dt_err *err)
     be->free(be, d->scratch);
     d->scratch = NULL;
     d->scratch_n = 0;
+    dt_mem_cat old = dt_mem_tag(be, DT_MEM_COMM);
     int rc = be->alloc(be, (void **)&d->scratch, n * sizeof(float), err);
+    dt_mem_tag(be, old);
     if (rc == 0)
         d->scratch_n = n;
     return rc;
@@ -448,6 +451,8 @@ static int use_comm_memory(dt_ddp *d, dt_err *err)
         return rc;
     }
     d->st.comm_memory = true;
+    d->cmem_bytes = bytes;
+    dt_mem_external(m->be, DT_MEM_COMM, bytes, true);
     if (d->o.compress != DT_FLOAT32) {
         d->comp = d->cmem;
     } else {
@@ -502,10 +507,14 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
     }
     if ((rc = use_comm_memory(d, err)))
         goto fail;
-    if (d->o.compress != DT_FLOAT32 && m->num_params && !d->comp &&
-        (rc = m->be->alloc(m->be, (void **)&d->comp, m->num_params * sizeof *d->comp, err))) {
-        dt_err_prefix(err, "DDP: the compressed gradients: ");
-        goto fail;
+    if (d->o.compress != DT_FLOAT32 && m->num_params && !d->comp) {
+        dt_mem_cat old = dt_mem_tag(m->be, DT_MEM_COMM);
+        rc = m->be->alloc(m->be, (void **)&d->comp, m->num_params * sizeof *d->comp, err);
+        dt_mem_tag(m->be, old);
+        if (rc) {
+            dt_err_prefix(err, "DDP: the compressed gradients: ");
+            goto fail;
+        }
     }
     DT_DEBUG("DDP: %d ranks, %zu parameters in %d buckets (first %.2f MiB, cap %.1f MiB)%s%s",
              d->world, m->num_params, d->nb, d->o.first_bucket_mb, d->o.bucket_cap_mb,
@@ -530,8 +539,10 @@ void dt_ddp_free(dt_ddp *d)
         memcpy(d->own_grads, d->m->grads, d->m->num_params * sizeof(float));
         d->m->grads = d->own_grads;
     }
-    if (d->cmem)
+    if (d->cmem) {
+        dt_mem_external(d->m->be, DT_MEM_COMM, d->cmem_bytes, false);
         dt_comm_mem_free(d->c, d->cmem);
+    }
     else if (d->comp)
         d->m->be->free(d->m->be, d->comp);
     free(d->rec);
