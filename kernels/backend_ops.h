@@ -80,7 +80,8 @@ typedef enum dt_mem_cat {
 } dt_mem_cat;
 #define DT_MEM_CAT_COUNT 6
 
-/* Bytes per category. cur: resident now (allocated, minus what mem_release gave back);
+/* Bytes per category (cpu: the bytes alloc was asked for; cuda: the arena's blocks, rounded up
+ * to 256 bytes, and the backend's own scratch and workspaces as DT_MEM_OTHER). cur: resident now (allocated, minus what mem_release gave back);
  * peak: the largest cur each category reached; total: the sum of cur; total_peak: the largest
  * total reached (not the sum of the peaks, which may come at different times). */
 typedef struct dt_mem_stats {
