@@ -24,6 +24,7 @@ static const struct {
     {"allreduce", dt_bench_allreduce, "all-reduce algbw/busbw table (nccl-tests style)"},
     {"dp-vs-ddp", dt_bench_dp_vs_ddp, "DataParallel against DDP on one job"},
     {"ckpt", dt_bench_ckpt, "checkpoint size, throughput and how long training is held"},
+    {"memory", dt_bench_memory, "memory by category per ZeRO stage and recompute mode"},
 };
 
 int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_prefix, int n,

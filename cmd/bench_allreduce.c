@@ -52,7 +52,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: dtrain bench allreduce [--nproc N] [--min SIZE] [--max SIZE] [--dtype "
-            "float32|bf16|fp16|int32|int64|uint8]\n"
+            "float32|bf16|fp16|float64|int32|int64|uint8]\n"
             "                              [--op sum|avg|max|min] [--transport auto|shm|tcp] [--async] "
             "[--seconds S]\n"
             "                              [--buffer comm|plain]\n\n"
@@ -141,6 +141,7 @@ static void fill(void *buf, dt_dtype t, size_t n, int rank)
         case DT_INT32: ((int32_t *)buf)[i] = v; break;
         case DT_INT64: ((int64_t *)buf)[i] = v; break;
         case DT_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(v + 8); break;
+        case DT_FLOAT64: ((double *)buf)[i] = v; break;
         }
     }
 }
@@ -154,6 +155,7 @@ static double element(const void *buf, dt_dtype t, size_t i)
     case DT_INT32: return ((const int32_t *)buf)[i];
     case DT_INT64: return (double)((const int64_t *)buf)[i];
     case DT_UINT8: return ((const uint8_t *)buf)[i];
+    case DT_FLOAT64: return ((const double *)buf)[i];
     }
     return NAN;
 }
@@ -458,11 +460,13 @@ int dt_bench_allreduce(int argc, char **argv)
                 o.dtype = DT_BFLOAT16;
             else if (!strcmp(v, "fp16") || !strcmp(v, "float16"))
                 o.dtype = DT_FLOAT16;
+            else if (!strcmp(v, "float64") || !strcmp(v, "fp64"))
+                o.dtype = DT_FLOAT64;
             else if (!strcmp(v, "int32") || !strcmp(v, "int64") || !strcmp(v, "uint8"))
                 o.dtype = v[0] == 'u' ? DT_UINT8 : v[3] == '3' ? DT_INT32 : DT_INT64;
             else {
                 fprintf(stderr, "dtrain bench allreduce: --dtype %s: use float32, bf16, fp16, "
-                                "int32, int64 or uint8\n", v);
+                                "float64, int32, int64 or uint8\n", v);
                 return 2;
             }
         } else if (!strcmp(a, "--op")) {

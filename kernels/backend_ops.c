@@ -54,3 +54,58 @@ double dt_bn_stats_combine(const float *parts, int R, int C, float *sum, float *
     }
     return n;
 }
+
+const char *dt_mem_cat_name(dt_mem_cat c)
+{
+    switch (c) {
+    case DT_MEM_OTHER: return "other";
+    case DT_MEM_PARAMS: return "params";
+    case DT_MEM_GRADS: return "grads";
+    case DT_MEM_OPTIM: return "optim";
+    case DT_MEM_ACTS: return "activations";
+    case DT_MEM_COMM: return "comm";
+    }
+    return "unknown";
+}
+
+static int cat_index(dt_mem_cat c)
+{
+    return (int)c >= 0 && (int)c < DT_MEM_CAT_COUNT ? (int)c : (int)DT_MEM_OTHER;
+}
+
+void dt_mem_stats_add(dt_mem_stats *s, dt_mem_cat c, size_t bytes)
+{
+    int i = cat_index(c);
+    s->cur[i] += bytes;
+    if (s->cur[i] > s->peak[i])
+        s->peak[i] = s->cur[i];
+    s->total += bytes;
+    if (s->total > s->total_peak)
+        s->total_peak = s->total;
+}
+
+void dt_mem_stats_sub(dt_mem_stats *s, dt_mem_cat c, size_t bytes)
+{
+    int i = cat_index(c);
+    size_t b = bytes < s->cur[i] ? bytes : s->cur[i];
+    s->cur[i] -= b;
+    s->total -= b < s->total ? b : s->total;
+}
+
+dt_mem_cat dt_mem_tag(dt_backend *be, dt_mem_cat cat)
+{
+    return be && be->mem_category ? be->mem_category(be, cat) : DT_MEM_OTHER;
+}
+
+void dt_mem_read(dt_backend *be, dt_mem_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (be && be->mem_stats)
+        be->mem_stats(be, out);
+}
+
+void dt_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add)
+{
+    if (be && be->mem_external)
+        be->mem_external(be, cat, bytes, add);
+}

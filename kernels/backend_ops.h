@@ -66,6 +66,46 @@ typedef struct dt_op_stat {
     double flops;      /* floating-point operations counted for GEMM-bound ops, else 0 */
 } dt_op_stat;
 
+/* Memory accounting by category (issue 17). Every byte alloc hands out is charged to the
+ * backend's current category (mem_category; DT_MEM_OTHER until someone sets another), and the
+ * backend keeps, per category, the bytes resident now and their peak, and the peak of the total.
+ * The values travel nowhere (append, never renumber anyway). */
+typedef enum dt_mem_cat {
+    DT_MEM_OTHER = 0,  /* everything untagged: model buffers, checkpoint staging, backend scratch */
+    DT_MEM_PARAMS = 1, /* model parameters (master weights) */
+    DT_MEM_GRADS = 2,  /* parameter gradients */
+    DT_MEM_OPTIM = 3,  /* optimiser state (AdamW m and v, SGD momentum) */
+    DT_MEM_ACTS = 4,   /* activations, their gradients, inputs and targets of a step */
+    DT_MEM_COMM = 5,   /* communication buffers (DDP scratch, compressed payloads, staging) */
+} dt_mem_cat;
+#define DT_MEM_CAT_COUNT 6
+
+/* Bytes per category (cpu: the bytes alloc was asked for; cuda: the arena's blocks, rounded up
+ * to 256 bytes, and the backend's own scratch and workspaces as DT_MEM_OTHER). cur: resident now (allocated, minus what mem_release gave back);
+ * peak: the largest cur each category reached; total: the sum of cur; total_peak: the largest
+ * total reached (not the sum of the peaks, which may come at different times). */
+typedef struct dt_mem_stats {
+    size_t cur[DT_MEM_CAT_COUNT];
+    size_t peak[DT_MEM_CAT_COUNT];
+    size_t total, total_peak;
+} dt_mem_stats;
+
+/* "other", "params", "grads", "optim", "activations", "comm"; "unknown" otherwise. */
+const char *dt_mem_cat_name(dt_mem_cat c);
+/* The bookkeeping both backends share: charge / give back bytes of category c (a value outside
+ * the enum counts as DT_MEM_OTHER); sub never goes below 0. */
+void dt_mem_stats_add(dt_mem_stats *s, dt_mem_cat c, size_t bytes);
+void dt_mem_stats_sub(dt_mem_stats *s, dt_mem_cat c, size_t bytes);
+/* Sets be's current category and returns the previous one, for a caller that brackets its
+ * allocations: `dt_mem_cat old = dt_mem_tag(be, DT_MEM_PARAMS); ...alloc...; dt_mem_tag(be,
+ * old);`. A backend without accounting (mem_category NULL) ignores it and returns
+ * DT_MEM_OTHER. */
+dt_mem_cat dt_mem_tag(dt_backend *be, dt_mem_cat cat);
+/* be's statistics; all zero for a backend without accounting (mem_stats NULL). */
+void dt_mem_read(dt_backend *be, dt_mem_stats *out);
+/* be->mem_external when be has it. */
+void dt_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add);
+
 typedef struct dt_backend_opts {
     int device_index;     /* CUDA device ordinal (LOCAL_RANK); ignored on the CPU */
     int threads;          /* CPU: BLAS/compute threads for this instance (1) */
@@ -89,8 +129,33 @@ struct dt_backend {
     void (*memcpy_d2d)(dt_backend *be, void *dst, const void *src, size_t bytes);
     void (*memset_zero)(dt_backend *be, void *p, size_t bytes);
     void (*synchronize)(dt_backend *be);
-    /* Peak bytes allocated through alloc since creation. */
+    /* Peak bytes allocated since creation: mem_stats' total_peak (cuda: the arena's, which
+     * includes the backend's own scratch and workspaces, counted as DT_MEM_OTHER). */
     size_t (*peak_bytes)(dt_backend *be);
+    /* ---- memory accounting (see dt_mem_cat) ----
+     * mem_category: later allocs are charged to cat; returns the previous current category
+     * (use dt_mem_tag, which accepts a backend without accounting). Free gives the bytes back to
+     * the category the allocation was charged to, whatever is current then.
+     * mem_stats: copies the statistics.
+     * mem_release: gives the memory of bytes [offset, offset + bytes) of the allocation base
+     * (a pointer alloc returned; the range must lie inside it) back to the system early, keeping the allocation (ZeRO-2/3 drop gradient / parameter shards they
+     * do not own); the contents of the range are undefined afterwards. mem_commit: makes such a
+     * range usable again (contents undefined; the caller writes before it reads); 0, or -ENOMEM
+     * (err says so). Both adjust the charged category's resident bytes by what they really
+     * release or take back, and releasing or committing twice counts once.
+     *   cpu: madvise(MADV_DONTNEED) on the whole pages inside the range (allocations of 64 KiB
+     *        and more are page-aligned, so a range that is most of one releases most of it);
+     *        the bytes counted are those pages'. A range smaller than a page releases nothing.
+     *   cuda: the arena cannot return part of a block: release is a no-op that leaves the count
+     *        as it is (the memory stays resident, and the statistics say so), commit returns 0. */
+    dt_mem_cat (*mem_category)(dt_backend *be, dt_mem_cat cat);
+    void (*mem_stats)(dt_backend *be, dt_mem_stats *out);
+    /* mem_external: charges (add) or gives back (!add) bytes of category cat that this
+     * instance's device holds outside alloc (communicator memory: dt_comm_mem_alloc's shared
+     * memory), so that the statistics cover them; the caller pairs every add with one !add. */
+    void (*mem_external)(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add);
+    void (*mem_release)(dt_backend *be, void *base, size_t offset, size_t bytes);
+    int (*mem_commit)(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err);
     /* The PCI address ("0000:3B:00.0") of visible device `device` (any of them, not only this
      * backend's), to bind workers near their GPU; 0 or a negative errno. NULL on the CPU. */
     int (*device_pci_bus_id)(dt_backend *be, int device, char *buf, size_t cap);

@@ -83,6 +83,45 @@ static void test_ckpt(void)
     DT_CHECK_CONTAINS(out, "training held per save");
 }
 
+/* The model states of stage 0 are measured exactly: params 4Ψ, grads 4Ψ, AdamW state 8Ψ on
+ * every rank; every other configuration is either measured or said to be not supported. */
+static void test_memory(void)
+{
+    DT_CHECK_INT(bench(180, "memory configs/quickstart.ini --nproc 2 --steps 2 job.device=cpu "
+                            "train.batch_size=2"), 0);
+    DT_REQUIRE(out != NULL);
+    const char *psi_at = strstr(out, "# \u03a8 = ");
+    unsigned long long psi = 0;
+    DT_REQUIRE(psi_at && sscanf(psi_at, "# \u03a8 = %llu parameters", &psi) == 1);
+    DT_CHECK_INT(psi, 834304); /* gpt-tiny, vocabulary 256, block 64: the model's own count */
+    for (int r = 0; r < 2; r++) {
+        char key[64];
+        snprintf(key, sizeof key, "# zero=0 recompute=none rank %d: ", r);
+        const char *at = strstr(out, key);
+        double p = 0, g = 0, o = 0, pp = 0, pg = 0, po = 0;
+        DT_REQUIRE(at);
+        DT_REQUIRE(sscanf(at + strlen(key), "%lf %lf %lf; predicted %lf %lf %lf", &p, &g, &o,
+                          &pp, &pg, &po) == 6);
+        DT_CHECK(p == 4.0 * (double)psi && g == 4.0 * (double)psi && o == 8.0 * (double)psi);
+        DT_CHECK(pp == p && pg == g && po == o);
+    }
+    DT_CHECK_CONTAINS(out, "configuration");
+    DT_CHECK_CONTAINS(out, "p.optim");
+    static const char *const recs[] = {"none", "block"};
+    for (int k = 0; k < 4; k++)
+        for (int x = 0; x < 2; x++) {
+            char row[64], bytes[64];
+            snprintf(row, sizeof row, "zero=%d recompute=%s", k, recs[x]);
+            snprintf(bytes, sizeof bytes, "# zero=%d recompute=%s rank 1: ", k, recs[x]);
+            const char *at = strstr(out, row), *after = at ? at + strlen(row) : NULL;
+            while (after && *after == ' ')
+                after++;
+            DT_CHECK_MSG(at && (strstr(out, bytes) ||
+                                !strncmp(after, "not supported: ", 15)),
+                         "%s: neither measured nor said to be unsupported", row);
+        }
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -93,6 +132,7 @@ int main(int argc, char **argv)
         {"bench_allreduce", test_allreduce, 150},
         {"bench_dp_vs_ddp", test_dp_vs_ddp, 200},
         {"bench_ckpt", test_ckpt, 150},
+        {"bench_memory", test_memory, 200},
     };
     return dt_test_main("test_bench", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

@@ -680,6 +680,149 @@ static void test_int_tcp(void)
     run_group(&h, int_collectives, NULL, 90);
 }
 
+/* ---- float64 ---------------------------------------------------------------------------- */
+
+/* Element i of rank r: 2^24 + 1 + i + r, none of them a float32 (2^24 + 1 is the first integer
+ * float32 cannot hold), plus a fraction, so that a float32 sum or a float32 1/world scale is
+ * visibly wrong while double sums of these stay exact. */
+static double dval(int rank, size_t i) { return 16777217.0 + (double)(i % 1000) + rank + 0.25 * (rank % 3); }
+
+static double dsum(int n, size_t i)
+{
+    double s = 0;
+    for (int r = 0; r < n; r++)
+        s += dval(r, i);
+    return s;
+}
+
+static void test_f64_kernels(void)
+{
+    enum { N = 5003 };
+    DT_CHECK_INT(dt_dtype_size(DT_FLOAT64), 8);
+    DT_CHECK_STR(dt_dtype_name(DT_FLOAT64), "float64");
+    DT_CHECK(dt_dtype_is_float(DT_FLOAT64) && dt_dtype_valid(DT_FLOAT64));
+    for (int k = 1; k <= 4; k++) {
+        double *src[4], *out = malloc(N * 8), *out2 = malloc(N * 8), *mx = malloc(N * 8);
+        const void *srcs[4];
+        for (int j = 0; j < k; j++) {
+            src[j] = malloc(N * 8);
+            for (size_t i = 0; i < N; i++)
+                src[j][i] = dval(j, i) * (j % 2 ? -1 : 1);
+            srcs[j] = src[j];
+        }
+        dt_reduce(out, out2, srcs, k, N, DT_FLOAT64, DT_SUM, 1.0f, k % 2 == 0);
+        dt_reduce(mx, NULL, srcs, k, N, DT_FLOAT64, DT_MAX, 1.0f, false);
+        dt_stream_fence();
+        int bad = 0;
+        for (size_t i = 0; i < N; i++) {
+            double want = 0, best = src[0][i];
+            for (int j = 0; j < k; j++) {
+                want += src[j][i];
+                best = src[j][i] > best ? src[j][i] : best;
+            }
+            bad += out[i] != want || out2[i] != want || mx[i] != best;
+        }
+        DT_CHECK_MSG(bad == 0, "float64, %d sources: %d wrong", k, bad);
+        for (int j = 0; j < k; j++)
+            free(src[j]);
+        free(out);
+        free(out2);
+        free(mx);
+    }
+    /* the case that motivated float64: float32 rounds 2^24 + 1 away, double keeps it */
+    double a[1] = {16777216.0}, b[1] = {1.0}, r[1];
+    const void *ab[2] = {a, b};
+    dt_reduce(r, NULL, ab, 2, 1, DT_FLOAT64, DT_SUM, 1.0f, false);
+    DT_CHECK(r[0] == 16777217.0 && (double)(float)r[0] != r[0]);
+    double x[2] = {3.0, 5.0};
+    dt_dtype_convert(x, DT_FLOAT64, x, DT_FLOAT64, 2, 0.5f);
+    DT_CHECK(x[0] == 1.5 && x[1] == 2.5);
+}
+
+/* Every collective on float64; sums and averages checked exactly (== against double). */
+static void f64_collectives(dt_comm *c, int rank, int n, void *argp)
+{
+    (void)argp;
+    static const size_t fsizes[] = {1, 7, 4097, 100003};
+    dt_err err = {0};
+    for (size_t s = 0; s < DT_ARRAY_LEN(fsizes); s++) {
+        size_t count = fsizes[s], bad = 0;
+        double *buf = malloc((size_t)n * count * 8), *recv = malloc((size_t)n * count * 8);
+        const dt_redop ops[] = {DT_SUM, DT_AVG, DT_MAX};
+        for (size_t o = 0; o < DT_ARRAY_LEN(ops); o++) {
+            for (size_t i = 0; i < count; i++)
+                buf[i] = dval(rank, i);
+            int rc = dt_comm_allreduce(c, buf, count, DT_FLOAT64, ops[o], NULL, &err);
+            RCHECK(rc == 0, "allreduce float64: %s", err.msg);
+            bad = 0;
+            for (size_t i = 0; i < count && !rc; i++) {
+                double want = ops[o] == DT_SUM   ? dsum(n, i)
+                              : ops[o] == DT_AVG ? dsum(n, i) / n
+                                                 : dval(n - 1, i);
+                bad += buf[i] != want;
+            }
+            RCHECK(bad == 0, "allreduce %s float64 x %zu on %d ranks: %zu wrong (first %.17g, "
+                   "want %.17g)", dt_redop_name(ops[o]), count, n, bad, buf[0],
+                   ops[o] == DT_SUM ? dsum(n, 0) : ops[o] == DT_AVG ? dsum(n, 0) / n : dval(n - 1, 0));
+        }
+        int root = (int)(s % (size_t)n);
+        for (size_t i = 0; i < count; i++)
+            buf[i] = dval(rank, i);
+        int rc = dt_comm_broadcast(c, buf, count, DT_FLOAT64, root, NULL, &err);
+        RCHECK(rc == 0, "broadcast float64: %s", err.msg);
+        bad = 0;
+        for (size_t i = 0; i < count && !rc; i++)
+            bad += buf[i] != dval(root, i);
+        RCHECK(bad == 0, "broadcast float64 x %zu: %zu wrong", count, bad);
+        for (size_t i = 0; i < count; i++)
+            buf[i] = dval(rank, i);
+        rc = dt_comm_allgather(c, buf, recv, count, DT_FLOAT64, NULL, &err);
+        RCHECK(rc == 0, "allgather float64: %s", err.msg);
+        bad = 0;
+        for (int r = 0; r < n && !rc; r++)
+            for (size_t i = 0; i < count; i++)
+                bad += recv[(size_t)r * count + i] != dval(r, i);
+        RCHECK(bad == 0, "allgather float64 x %zu: %zu wrong", count, bad);
+        for (int o = 0; o < 2; o++) {
+            for (size_t i = 0; i < (size_t)n * count; i++)
+                buf[i] = dval(rank, i);
+            rc = dt_comm_reduce_scatter(c, buf, recv, count, DT_FLOAT64, o ? DT_AVG : DT_SUM,
+                                        NULL, &err);
+            RCHECK(rc == 0, "reduce_scatter float64: %s", err.msg);
+            bad = 0;
+            for (size_t i = 0; i < count && !rc; i++) {
+                double sum = dsum(n, (size_t)rank * count + i);
+                bad += recv[i] != (o ? sum / n : sum);
+            }
+            RCHECK(bad == 0, "reduce_scatter %s float64 x %zu: %zu wrong", o ? "avg" : "sum",
+                   count, bad);
+        }
+        free(buf);
+        free(recv);
+    }
+    RCHECK(dt_comm_barrier(c, &err) == 0, "barrier: %s", err.msg);
+}
+
+static void test_f64_collectives(void)
+{
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    dt_comm *c = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_comm_init(&c, NULL, &o, &err), &err);
+    f64_collectives(c, 0, 1, NULL);
+    DT_CHECK(!rank_failed);
+    dt_comm_free(c);
+    for (int n = 2; n <= 3; n++) {
+        group g = {.n = n, .transport = "auto", .slot_kb = n == 3 ? 16 : 0};
+        run_group(&g, f64_collectives, NULL, 90);
+    }
+    group t = {.n = 3, .transport = "tcp", .segment_kb = 4};
+    run_group(&t, f64_collectives, NULL, 90);
+    group h = {.n = 4, .hosts = "A,B,A,B"};
+    run_group(&h, f64_collectives, NULL, 90);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Every collective                                                                           */
 /* ------------------------------------------------------------------------------------------ */
@@ -1462,6 +1605,8 @@ int main(int argc, char **argv)
         {"bf16_rounding", test_bf16_rounding, 0},
         {"reduce_kernels", test_reduce_kernels, 0},
         {"int_kernels", test_int_kernels, 0},
+        {"f64_kernels", test_f64_kernels, 0},
+        {"f64_collectives", test_f64_collectives, 150},
         {"one_rank", test_one_rank, 0},
         {"int_one_rank", test_int_one_rank, 0},
         {"int_shm", test_int_shm, 120},

@@ -26,6 +26,11 @@ static void test_records(void)
         dt_step_record r = {.step = 10, .total_steps = 100, .epoch = 0, .loss = 2.5, .lr = 1e-3,
                             .grad_norm = 0.7, .items_per_s = 12345, .step_time_s = 0.02,
                             .peak_mem_bytes = 1 << 20, .max_rss_bytes = dt_metrics_max_rss()};
+        if (attempt == 1) { /* the allocator's accounting, when there is one, is what counts */
+            r.mem.peak[DT_MEM_PARAMS] = 1000;
+            r.mem.peak[DT_MEM_ACTS] = 2500;
+            r.mem.total_peak = 3000;
+        }
         dt_metrics_step(m, &r);
         dt_eval_record e = {.step = 10, .val_loss = 2.75, .val_acc = attempt ? 0.5 : -1};
         dt_metrics_eval(m, &e);
@@ -53,6 +58,17 @@ static void test_records(void)
             DT_CHECK(cJSON_GetObjectItem(o, "step_time_s"));
             DT_CHECK(cJSON_GetObjectItem(o, "comm_time_s"));
             DT_CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "max_rss_bytes")) > 0);
+            cJSON *mp = cJSON_GetObjectItem(o, "mem_peak_bytes");
+            DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "peak_mem_bytes")),
+                         attempt ? 3000 : 1 << 20);
+            DT_CHECK((mp != NULL) == (attempt == 1));
+            if (mp) {
+                DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(mp, "params")), 1000);
+                DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(mp, "activations")), 2500);
+                DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(mp, "grads")), 0);
+                DT_CHECK(cJSON_GetObjectItem(mp, "optim") && cJSON_GetObjectItem(mp, "comm") &&
+                         cJSON_GetObjectItem(mp, "other"));
+            }
         } else {
             DT_CHECK_STR(type, "eval");
             DT_CHECK_NEAR(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "val_loss")), 2.75, 1e-12);

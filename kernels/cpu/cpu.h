@@ -94,7 +94,9 @@ enum {
 
 typedef struct dt_cpu {
     int threads;
-    size_t cur_bytes, peak_bytes;
+    size_t cur_bytes, peak_bytes; /* resident bytes (all categories) now, and their peak */
+    dt_mem_stats mem;             /* the same by category */
+    dt_mem_cat mem_cat;           /* what alloc charges now */
     /* conv2d scratch (im2col columns), grown on demand, owned */
     float *scratch;
     size_t scratch_cap; /* floats */

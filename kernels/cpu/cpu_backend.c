@@ -1,7 +1,9 @@
 /* cpu_backend.c - the CPU backend: lifecycle, memory, profiling and the op table (see cpu.h).
  *
- * Memory is host memory, 64-byte aligned, with a small header that remembers the size so that
- * peak_bytes can be tracked. Every op is synchronous, so synchronize is a no-op and profiling
+ * Memory is host memory, 64-byte aligned (page-aligned from 64 KiB, so that mem_release can
+ * give most of a big buffer back), with a header just before the user pointer that remembers
+ * the size, the category it was charged to and which of its pages mem_release gave back, so
+ * that the statistics by category (dt_mem_stats) count resident bytes exactly. Every op is synchronous, so synchronize is a no-op and profiling
  * needs no barriers.
  *
  * Threads: OpenBLAS keeps ONE thread count for the whole process (openblas_set_num_threads), so
@@ -12,6 +14,8 @@
  */
 #include <cblas.h>
 #include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -24,7 +28,30 @@
 #pragma weak openblas_setaffinity
 
 #define ALLOC_ALIGN 64
-#define ALLOC_HEADER 64 /* bytes before the user pointer; the first 8 hold the size */
+#define ALLOC_HEADER 64            /* bytes before the user pointer, holding a cpu_hdr */
+#define ALLOC_PAGE_FROM (64 << 10) /* allocations this large start on a page */
+
+typedef struct cpu_hdr {
+    size_t bytes;    /* as asked */
+    size_t lead;     /* user pointer - what posix_memalign returned */
+    size_t released; /* bytes of the pages marked in rel */
+    uint8_t *rel;    /* bitmap of the pages given back by mem_release (page k: the k-th page
+                        from the one holding the user pointer), or NULL; owned */
+    dt_mem_cat cat;  /* charged to */
+} cpu_hdr;
+_Static_assert(sizeof(cpu_hdr) <= ALLOC_HEADER, "cpu_hdr fits the header");
+
+static size_t page_size(void)
+{
+    static size_t ps;
+    if (!ps) {
+        long v = sysconf(_SC_PAGESIZE);
+        ps = v > 0 ? (size_t)v : 4096;
+    }
+    return ps;
+}
+
+static cpu_hdr *hdr_of(void *p) { return (cpu_hdr *)((char *)p - ALLOC_HEADER); }
 
 static const struct {
     const char *name;
@@ -140,24 +167,37 @@ static void cpu_close(dt_backend *be)
     free(be);
 }
 
+static void charge(dt_cpu *c, dt_mem_cat cat, size_t bytes)
+{
+    dt_mem_stats_add(&c->mem, cat, bytes);
+    c->cur_bytes = c->mem.total;
+    c->peak_bytes = c->mem.total_peak;
+}
+
+static void uncharge(dt_cpu *c, dt_mem_cat cat, size_t bytes)
+{
+    dt_mem_stats_sub(&c->mem, cat, bytes);
+    c->cur_bytes = c->mem.total;
+}
+
 static int cpu_alloc(dt_backend *be, void **p, size_t bytes, dt_err *err)
 {
     dt_cpu *c = dt_cpu_of(be);
     void *raw = NULL;
-    if (bytes > SIZE_MAX - ALLOC_HEADER ||
-        posix_memalign(&raw, ALLOC_ALIGN, ALLOC_HEADER + bytes) != 0) {
+    size_t lead = bytes >= ALLOC_PAGE_FROM ? page_size() : ALLOC_HEADER;
+    if (bytes > SIZE_MAX - lead ||
+        posix_memalign(&raw, lead == ALLOC_HEADER ? ALLOC_ALIGN : lead, lead + bytes) != 0) {
         *p = NULL;
         return dt_err_set(err, -ENOMEM,
                           "cpu backend: cannot allocate %zu bytes (%.1f MiB; %.1f MiB in use): "
                           "use a smaller batch or model",
                           bytes, (double)bytes / 1048576.0, (double)c->cur_bytes / 1048576.0);
     }
-    memcpy(raw, &bytes, sizeof bytes);
-    memset((char *)raw + ALLOC_HEADER, 0, bytes);
-    c->cur_bytes += bytes;
-    if (c->cur_bytes > c->peak_bytes)
-        c->peak_bytes = c->cur_bytes;
-    *p = (char *)raw + ALLOC_HEADER;
+    char *user = (char *)raw + lead;
+    memset(user, 0, bytes);
+    *hdr_of(user) = (cpu_hdr){.bytes = bytes, .lead = lead, .cat = c->mem_cat};
+    charge(c, c->mem_cat, bytes);
+    *p = user;
     return 0;
 }
 
@@ -166,11 +206,105 @@ static void cpu_free(dt_backend *be, void *p)
     if (!p)
         return;
     dt_cpu *c = dt_cpu_of(be);
-    char *raw = (char *)p - ALLOC_HEADER;
-    size_t bytes;
-    memcpy(&bytes, raw, sizeof bytes);
-    c->cur_bytes -= bytes;
-    free(raw);
+    cpu_hdr h = *hdr_of(p);
+    uncharge(c, h.cat, h.bytes - h.released);
+    free(h.rel);
+    free((char *)p - h.lead);
+}
+
+static dt_mem_cat cpu_mem_category(dt_backend *be, dt_mem_cat cat)
+{
+    dt_cpu *c = dt_cpu_of(be);
+    dt_mem_cat old = c->mem_cat;
+    c->mem_cat = cat;
+    return old;
+}
+
+static void cpu_mem_stats(dt_backend *be, dt_mem_stats *out) { *out = dt_cpu_of(be)->mem; }
+
+static void cpu_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add)
+{
+    if (add)
+        charge(dt_cpu_of(be), cat, bytes);
+    else
+        uncharge(dt_cpu_of(be), cat, bytes);
+}
+
+/* The pages of the allocation base (numbered from the one holding base) that lie wholly inside
+ * [offset, offset + bytes) (inner) or touch it (!inner): [*k0, *k1). */
+static void page_span(const void *base, const cpu_hdr *h, size_t offset, size_t bytes, bool inner,
+                      size_t *k0, size_t *k1)
+{
+    const size_t ps = page_size();
+    uintptr_t first = (uintptr_t)base / ps * ps;
+    size_t end = offset + bytes < h->bytes ? offset + bytes : h->bytes;
+    uintptr_t lo = (uintptr_t)base + (offset < end ? offset : end), hi = (uintptr_t)base + end;
+    if (inner) {
+        lo = (lo + ps - 1) / ps * ps;
+        hi = hi / ps * ps;
+    } else {
+        lo = lo / ps * ps;
+        hi = (hi + ps - 1) / ps * ps;
+    }
+    *k0 = (lo - first) / ps;
+    *k1 = hi > lo ? (hi - first) / ps : *k0;
+}
+
+static void cpu_mem_release(dt_backend *be, void *base, size_t offset, size_t bytes)
+{
+    if (!base || !bytes)
+        return;
+    dt_cpu *c = dt_cpu_of(be);
+    cpu_hdr *h = hdr_of(base);
+    const size_t ps = page_size();
+    size_t k0, k1;
+    page_span(base, h, offset, bytes, true, &k0, &k1);
+    if (k1 <= k0)
+        return;
+    if (!h->rel) {
+        size_t npages = ((uintptr_t)base % ps + h->bytes + ps - 1) / ps;
+        if (!(h->rel = calloc((npages + 7) / 8, 1)))
+            return; /* without the bitmap nothing is released, and nothing is counted */
+    }
+    char *first = (char *)((uintptr_t)base / ps * ps);
+    if (madvise(first + k0 * ps, (k1 - k0) * ps, MADV_DONTNEED) != 0) {
+        DT_WARN("cpu backend: madvise(MADV_DONTNEED) of %zu bytes failed: %s", (k1 - k0) * ps,
+                strerror(errno));
+        return;
+    }
+    size_t n = 0;
+    for (size_t k = k0; k < k1; k++) {
+        if (!(h->rel[k / 8] & (1u << (k % 8)))) {
+            h->rel[k / 8] |= (uint8_t)(1u << (k % 8));
+            n += ps;
+        }
+    }
+    h->released += n;
+    uncharge(c, h->cat, n);
+}
+
+static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err)
+{
+    (void)err;
+    if (!base || !bytes)
+        return 0;
+    dt_cpu *c = dt_cpu_of(be);
+    cpu_hdr *h = hdr_of(base);
+    if (!h->rel)
+        return 0;
+    const size_t ps = page_size();
+    size_t k0, k1, n = 0;
+    page_span(base, h, offset, bytes, false, &k0, &k1);
+    /* the pages fault back in (zero-filled) when they are touched: nothing to do but count */
+    for (size_t k = k0; k < k1; k++) {
+        if (h->rel[k / 8] & (1u << (k % 8))) {
+            h->rel[k / 8] &= (uint8_t) ~(1u << (k % 8));
+            n += ps;
+        }
+    }
+    h->released -= n;
+    charge(c, h->cat, n);
+    return 0;
 }
 
 static void cpu_memcpy(dt_backend *be, void *dst, const void *src, size_t bytes)
@@ -241,6 +375,11 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     be->memset_zero = cpu_memset_zero;
     be->synchronize = cpu_synchronize;
     be->peak_bytes = cpu_peak_bytes;
+    be->mem_category = cpu_mem_category;
+    be->mem_stats = cpu_mem_stats;
+    be->mem_external = cpu_mem_external;
+    be->mem_release = cpu_mem_release;
+    be->mem_commit = cpu_mem_commit;
     be->profile_enable = cpu_profile_enable;
     be->profile_read = cpu_profile_read;
 

@@ -173,6 +173,7 @@ static int cu_profile_read(dt_backend *be, dt_op_stat *out, int max)
 struct dt_cu_block {
     size_t size;
     bool used;
+    dt_mem_cat cat; // what a used block is charged to
 };
 
 struct dt_cu_chunk {
@@ -184,12 +185,16 @@ struct dt_cu_chunk {
 struct dt_cu_arena {
     std::vector<dt_cu_chunk> chunks;
     size_t in_use = 0, peak = 0, reserved = 0;
+    // By category (dt_mem_stats): used blocks, counted at their carved (256-byte rounded) size,
+    // so that the total is in_use; the backend's own scratch and workspaces are DT_MEM_OTHER.
+    dt_mem_stats mem = {};
+    dt_mem_cat cur_cat = DT_MEM_OTHER; // what cu_alloc charges now
 };
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Best fit over every free block; NULL when nothing fits.
-static void *arena_carve(dt_cu_arena *a, size_t bytes)
+static void *arena_carve(dt_cu_arena *a, size_t bytes, dt_mem_cat cat)
 {
     dt_cu_chunk *best_c = NULL;
     size_t best_off = 0, best_size = (size_t)-1;
@@ -206,21 +211,23 @@ static void *arena_carve(dt_cu_arena *a, size_t bytes)
         return NULL;
     dt_cu_block &b = best_c->blocks[best_off];
     if (b.size - bytes >= ARENA_ALIGN) {
-        best_c->blocks[best_off + bytes] = dt_cu_block{b.size - bytes, false};
+        best_c->blocks[best_off + bytes] = dt_cu_block{b.size - bytes, false, DT_MEM_OTHER};
         b.size = bytes;
     }
     b.used = true;
+    b.cat = cat;
+    dt_mem_stats_add(&a->mem, cat, b.size);
     a->in_use += b.size;
     if (a->in_use > a->peak)
         a->peak = a->in_use;
     return best_c->base + best_off;
 }
 
-static int arena_alloc(dt_cuda *cu, void **out, size_t bytes, dt_err *err)
+static int arena_alloc(dt_cuda *cu, void **out, size_t bytes, dt_mem_cat cat, dt_err *err)
 {
     dt_cu_arena *a = cu->arena;
     bytes = round_up(bytes ? bytes : 1, ARENA_ALIGN);
-    void *p = arena_carve(a, bytes);
+    void *p = arena_carve(a, bytes, cat);
     if (!p) {
         size_t chunk = round_up(bytes, ARENA_CHUNK_ROUND);
         if (chunk < ARENA_CHUNK_MIN)
@@ -247,10 +254,10 @@ static int arena_alloc(dt_cuda *cu, void **out, size_t bytes, dt_err *err)
         dt_cu_chunk c;
         c.base = (char *)base;
         c.size = chunk;
-        c.blocks[0] = dt_cu_block{chunk, false};
+        c.blocks[0] = dt_cu_block{chunk, false, DT_MEM_OTHER};
         a->chunks.push_back(c);
         a->reserved += chunk;
-        p = arena_carve(a, bytes);
+        p = arena_carve(a, bytes, cat);
     }
     *out = p;
     return 0;
@@ -268,6 +275,7 @@ static void arena_release(dt_cu_arena *a, void *p)
         }
         it->second.used = false;
         a->in_use -= it->second.size;
+        dt_mem_stats_sub(&a->mem, it->second.cat, it->second.size);
         auto next = std::next(it);
         if (next != c.blocks.end() && !next->second.used) {
             it->second.size += next->second.size;
@@ -299,7 +307,7 @@ void *dt_cuda_scratch(dt_cuda *cu, int slot, size_t bytes)
     size_t want = round_up(bytes + bytes / 8, ARENA_ALIGN); // some headroom against regrowth
     dt_err err = {};
     void *p = NULL;
-    if (arena_alloc(cu, &p, want, &err) != 0) {
+    if (arena_alloc(cu, &p, want, DT_MEM_OTHER, &err) != 0) {
         dt_cuda_note(cu, false, "scratch allocation", err.msg, __FILE__, __LINE__);
         return NULL;
     }
@@ -318,7 +326,7 @@ static int cu_alloc(dt_backend *be, void **p, size_t bytes, dt_err *err)
     if (cu->failed)
         return dt_err_set(err, -EIO, "CUDA backend unusable after an earlier error: %s",
                           cu->fail_msg);
-    int rc = arena_alloc(cu, p, bytes, err);
+    int rc = arena_alloc(cu, p, bytes, cu->arena->cur_cat, err);
     if (rc != 0)
         return rc;
     DT_CU_CHECK(cu, cudaMemsetAsync(*p, 0, bytes, cu->stream));
@@ -377,6 +385,48 @@ static void cu_synchronize(dt_backend *be)
 }
 
 static size_t cu_peak_bytes(dt_backend *be) { return dt_cuda_of(be)->arena->peak; }
+
+static dt_mem_cat cu_mem_category(dt_backend *be, dt_mem_cat cat)
+{
+    dt_cu_arena *a = dt_cuda_of(be)->arena;
+    dt_mem_cat old = a->cur_cat;
+    a->cur_cat = cat;
+    return old;
+}
+
+static void cu_mem_stats(dt_backend *be, dt_mem_stats *out) { *out = dt_cuda_of(be)->arena->mem; }
+
+// Outside the arena (no user on CUDA today: NCCL has no communicator memory); counted in the
+// statistics only, so in_use and peak_bytes (the arena's) do not include it.
+static void cu_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add)
+{
+    dt_cu_arena *a = dt_cuda_of(be)->arena;
+    if (add)
+        dt_mem_stats_add(&a->mem, cat, bytes);
+    else
+        dt_mem_stats_sub(&a->mem, cat, bytes);
+}
+
+// The arena hands out whole blocks and cannot give part of one back to the device: release is
+// a no-op that leaves the statistics as they are (the memory is still resident), and commit
+// has nothing to take back (see backend_ops.h).
+static void cu_mem_release(dt_backend *be, void *base, size_t offset, size_t bytes)
+{
+    (void)be;
+    (void)base;
+    (void)offset;
+    (void)bytes;
+}
+
+static int cu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err)
+{
+    (void)be;
+    (void)base;
+    (void)offset;
+    (void)bytes;
+    (void)err;
+    return 0;
+}
 
 // A device attribute: no context is created on `device`, and no error is left sticky.
 static int cu_device_pci_bus_id(dt_backend *be, int device, char *buf, size_t cap)
@@ -520,6 +570,11 @@ static void fill_ops(dt_backend *be)
     be->synchronize = cu_synchronize;
     be->device_pci_bus_id = cu_device_pci_bus_id;
     be->peak_bytes = cu_peak_bytes;
+    be->mem_category = cu_mem_category;
+    be->mem_stats = cu_mem_stats;
+    be->mem_external = cu_mem_external;
+    be->mem_release = cu_mem_release;
+    be->mem_commit = cu_mem_commit;
     be->profile_enable = cu_profile_enable;
     be->profile_read = cu_profile_read;
     be->matmul_fwd = dt_cuda_matmul_fwd;
@@ -635,7 +690,7 @@ DT_CU_EXPORT int dt_cuda_backend_create(dt_backend **out, const dt_backend_opts 
         ds = cudnnSetStream(cu->cudnn, cu->stream);
         CREATE_CHECK(ds == CUDNN_STATUS_SUCCESS, "cuDNN: cudnnSetStream: %s",
                      cudnnGetErrorString(ds));
-        rc = arena_alloc(cu, &cu->lt_ws, LT_WORKSPACE, err);
+        rc = arena_alloc(cu, &cu->lt_ws, LT_WORKSPACE, DT_MEM_OTHER, err);
         if (rc != 0)
             goto fail;
         cu->lt_ws_bytes = LT_WORKSPACE;

@@ -39,8 +39,9 @@
  * Buffers are backend memory of the device the communicator was created for (host memory for
  * "cpu", device memory for "nccl"). Counts are in elements of dtype.
  *
- * Types (dtype.h): float32, bfloat16, float16 (reductions accumulate in float32) and int32,
- * int64, uint8 (reductions exact in the type, wrapping on overflow): every collective takes every
+ * Types (dtype.h): float32, bfloat16, float16 (reductions accumulate in float32), float64
+ * (reductions in double; avg divides the sum by the world in double) and int32, int64, uint8
+ * (reductions exact in the type, wrapping on overflow): every collective takes every
  * type, on both backends, so integers, flags and counters travel as what they are, never packed
  * into floats. Reductions: sum, max, min on every type; avg on the floating types only (an
  * integer avg is -EINVAL: sum, then divide as the caller needs).

@@ -92,6 +92,11 @@ static int exec_allreduce(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *x, dt
     dt_dtype t = (dt_dtype)w->desc.dtype;
     dt_redop op = (dt_redop)w->desc.redop;
     size_t n = w->desc.count;
+    /* float64 averages are sums divided by the world in double (1/world as a float scale is
+     * inexact unless the world is a power of two) */
+    const bool f64_avg = t == DT_FLOAT64 && op == DT_AVG;
+    if (f64_avg)
+        op = DT_SUM;
     float scale = op == DT_AVG ? 1.0f / (float)c->world : 1.0f;
     int rc = 0;
     if (c->world == 1) {
@@ -106,6 +111,8 @@ static int exec_allreduce(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *x, dt
         return rc;
     if (c->hier && c->shm)
         rc = dt_shm_broadcast(c->shm, w->buf, n * dt_dtype_size(t), 0, x, err);
+    if (!rc && f64_avg)
+        dt_f64_divide(w->buf, n, (double)c->world);
     return rc;
 }
 
@@ -170,15 +177,24 @@ static int exec_reduce_scatter(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *
     dt_dtype t = (dt_dtype)w->desc.dtype;
     dt_redop op = (dt_redop)w->desc.redop;
     size_t n = w->desc.count, es = dt_dtype_size(t);
+    const bool f64_avg = t == DT_FLOAT64 && op == DT_AVG; /* see exec_allreduce */
+    if (f64_avg)
+        op = DT_SUM;
     float scale = op == DT_AVG ? 1.0f / (float)c->world : 1.0f;
+    int rc = 0;
     if (c->world == 1) {
         dt_dtype_convert(w->recv, t, w->send, t, n, scale);
         return 0;
     }
     if (c->ring_only)
-        return dt_ring_reduce_scatter(c->ring, w->send, w->recv, n, t, op, scale, x, err);
-    if (!c->hier)
-        return dt_shm_reduce_scatter(c->shm, w->send, w->recv, n, t, op, scale, x, err);
+        rc = dt_ring_reduce_scatter(c->ring, w->send, w->recv, n, t, op, scale, x, err);
+    else if (!c->hier)
+        rc = dt_shm_reduce_scatter(c->shm, w->send, w->recv, n, t, op, scale, x, err);
+    if (c->ring_only || !c->hier) {
+        if (!rc && f64_avg)
+            dt_f64_divide(w->recv, n, (double)c->world);
+        return rc;
+    }
     /* Hierarchical: a full all-reduce of a copy, then each rank keeps its piece. Simple, and
      * reduce-scatter across hosts is not on any hot path of dtrain. */
     size_t total = (size_t)c->world * n;
@@ -186,7 +202,6 @@ static int exec_reduce_scatter(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *
     if (!tmp)
         return dt_err_set(err, -ENOMEM, "reduce_scatter: out of memory for %zu bytes", total * es);
     memcpy(tmp, w->send, total * es);
-    int rc = 0;
     if (c->shm)
         rc = dt_shm_allreduce(c->shm, tmp, total, t, op, 1.0f, x, err);
     if (!rc && c->ring)
@@ -195,6 +210,8 @@ static int exec_reduce_scatter(cpu_comm *c, dt_comm_work *w, const dt_coll_ctx *
         rc = dt_shm_broadcast(c->shm, tmp, total * es, 0, x, err);
     if (!rc)
         memcpy(w->recv, tmp + (size_t)c->rank * n * es, n * es);
+    if (!rc && f64_avg)
+        dt_f64_divide(w->recv, n, (double)c->world);
     free(tmp);
     return rc;
 }

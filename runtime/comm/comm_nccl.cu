@@ -21,7 +21,8 @@
 //   wait() blocks the host until the collective has completed (polling its event, bounded by
 //   the timeout); compute work issued after wait() is therefore ordered after it.
 // - The device is opts->device_index (LOCAL_RANK). Data types: float32, bfloat16, float16, int32,
-//   int64, uint8 (ncclInt32, ncclInt64, ncclUint8); reductions: sum, avg (ncclAvg), max, min.
+//   int64, uint8, float64 (ncclInt32, ncclInt64, ncclUint8, ncclFloat64); reductions: sum, avg
+//   (ncclAvg), max, min.
 //   comm.c has already refused avg on the integer types and any value outside dtype.h.
 // - Single-process data parallelism (one process driving K GPUs, job.strategy = dp) uses the same
 //   entry points from K threads: one dt_nccl_comm_create per replica thread with rank = replica,
@@ -107,6 +108,7 @@ static const char *dtype_name(dt_dtype t)
     case DT_INT32: return "int32";
     case DT_INT64: return "int64";
     case DT_UINT8: return "uint8";
+    case DT_FLOAT64: return "float64";
     default: return "float32";
     }
 }
@@ -119,6 +121,7 @@ static ncclDataType_t nccl_type(dt_dtype t)
     case DT_INT32: return ncclInt32;
     case DT_INT64: return ncclInt64;
     case DT_UINT8: return ncclUint8;
+    case DT_FLOAT64: return ncclFloat64;
     default: return ncclFloat32;
     }
 }

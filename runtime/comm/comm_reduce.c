@@ -5,7 +5,7 @@
  * load (converting) the first source into the block, add (or max, min) each further source,
  * scale, store (converting) to the destinations. Integer types work the same way in blocks of
  * their own type (sums in the unsigned type of the same width, which wraps without undefined
- * behaviour). Each pass is a simple loop over restrict pointers that the
+ * behaviour); float64 in blocks of doubles. Each pass is a simple loop over restrict pointers that the
  * compiler vectorises, so the kernels run at memory speed for every dtype and any number of
  * sources, and a destination may alias a source.
  * The scalar conversions are common/half.h's.
@@ -150,6 +150,14 @@ void dt_dtype_convert(void *dst, dt_dtype dt, const void *src, dt_dtype st, size
             memmove(dst, src, n * des);
         return;
     }
+    if (dt == DT_FLOAT64 && st == DT_FLOAT64) {
+        const double *s = src;
+        double *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = s[i] * (double)scale;
+        return;
+    }
+    assert(dt != DT_FLOAT64 && st != DT_FLOAT64 && "float64 converts only to itself");
     assert(dt_dtype_is_float(dt) && dt_dtype_is_float(st) && "integer types convert only to themselves");
     for (size_t off = 0; off < n; off += BLOCK) {
         size_t m = DT_MIN((size_t)BLOCK, n - off);
@@ -193,6 +201,43 @@ DT_INT_REDUCE(reduce_i32, int32_t, uint32_t)
 DT_INT_REDUCE(reduce_i64, int64_t, uint64_t)
 DT_INT_REDUCE(reduce_u8, uint8_t, uint8_t)
 
+/* float64: accumulates in double, in source order, like the float32 path; NaN as minmax_block. */
+DT_VECTORIZE static void reduce_f64(void *dst, void *dst2, const void *const *srcs, int k,
+                                    size_t n, dt_redop op, double scale, bool stream)
+{
+    double acc[IBLOCK];
+    for (size_t off = 0; off < n; off += IBLOCK) {
+        size_t m = DT_MIN((size_t)IBLOCK, n - off);
+        memcpy(acc, (const double *)srcs[0] + off, m * sizeof(double));
+        for (int j = 1; j < k; j++) {
+            const double *restrict s = (const double *)srcs[j] + off;
+            if (op == DT_MAX || op == DT_MIN) {
+                for (size_t i = 0; i < m; i++) {
+                    double a = acc[i], b = s[i];
+                    acc[i] = a != a || b != b ? a + b
+                             : op == DT_MAX   ? (b > a ? b : a)
+                                              : (b < a ? b : a);
+                }
+            } else {
+                for (size_t i = 0; i < m; i++)
+                    acc[i] += s[i];
+            }
+        }
+        if (scale != 1.0 && op != DT_MAX && op != DT_MIN)
+            for (size_t i = 0; i < m; i++)
+                acc[i] *= scale;
+        dt_copy((double *)dst + off, acc, m * sizeof(double), stream);
+        if (dst2)
+            memcpy((double *)dst2 + off, acc, m * sizeof(double));
+    }
+}
+
+void dt_f64_divide(double *x, size_t n, double d)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] /= d;
+}
+
 void dt_reduce(void *dst, void *dst2, const void *const *srcs, int k, size_t n, dt_dtype t,
                dt_redop op, float scale, bool stream)
 {
@@ -200,6 +245,7 @@ void dt_reduce(void *dst, void *dst2, const void *const *srcs, int k, size_t n, 
     case DT_INT32: reduce_i32(dst, dst2, srcs, k, n, op, stream); return;
     case DT_INT64: reduce_i64(dst, dst2, srcs, k, n, op, stream); return;
     case DT_UINT8: reduce_u8(dst, dst2, srcs, k, n, op, stream); return;
+    case DT_FLOAT64: reduce_f64(dst, dst2, srcs, k, n, op, (double)scale, stream); return;
     default: break;
     }
     const bool minmax = op == DT_MAX || op == DT_MIN;

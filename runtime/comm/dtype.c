@@ -10,6 +10,7 @@ size_t dt_dtype_size(dt_dtype t)
     case DT_INT32: return 4;
     case DT_INT64: return 8;
     case DT_UINT8: return 1;
+    case DT_FLOAT64: return 8;
     }
     return 0;
 }
@@ -23,6 +24,7 @@ const char *dt_dtype_name(dt_dtype t)
     case DT_INT32: return "int32";
     case DT_INT64: return "int64";
     case DT_UINT8: return "uint8";
+    case DT_FLOAT64: return "float64";
     }
     return "unknown-dtype";
 }
@@ -31,7 +33,7 @@ bool dt_dtype_valid(int t) { return t >= 0 && t < DT_DTYPE_COUNT; }
 
 bool dt_dtype_is_float(dt_dtype t)
 {
-    return t == DT_FLOAT32 || t == DT_BFLOAT16 || t == DT_FLOAT16;
+    return t == DT_FLOAT32 || t == DT_BFLOAT16 || t == DT_FLOAT16 || t == DT_FLOAT64;
 }
 
 const char *dt_redop_name(dt_redop op)

@@ -37,6 +37,7 @@ struct dt_ddp {
     uint16_t *comp;       /* (num_params) 16-bit payloads when compressing (backend memory, or
                              communicator memory), owned */
     void *cmem;           /* communicator memory holding comp or the gradients, or NULL */
+    size_t cmem_bytes;    /* its size, charged to the backend's DT_MEM_COMM */
     float *own_grads;     /* the model's gradient buffer while m->grads points at cmem */
     float *scratch;       /* (scratch_n) backend memory for small collectives, owned */
     size_t scratch_n;
@@ -79,25 +80,26 @@ int dt_ddp_opts_from_job(dt_ddp_opts *o, const dt_job *job, dt_err *err)
 
 /* ---- small collectives through backend memory ---------------------------------------------- */
 
-/* host (n floats) -> every rank's host (n floats) from rank 0, or allgathered (recv n*world). */
-static int small_broadcast(dt_ddp *d, void *host, size_t n, dt_err *err)
+/* host (bytes) -> every rank's host from rank 0, or allgathered (recv bytes*world): raw bytes,
+ * moved as DT_UINT8, through the scratch (whose capacity is counted in floats). */
+static int small_broadcast(dt_ddp *d, void *host, size_t bytes, dt_err *err)
 {
     dt_backend *be = d->m->be;
-    be->memcpy_h2d(be, d->scratch, host, n * sizeof(float));
-    int rc = dt_comm_broadcast(d->c, d->scratch, n, DT_FLOAT32, 0, NULL, err);
+    be->memcpy_h2d(be, d->scratch, host, bytes);
+    int rc = dt_comm_broadcast(d->c, d->scratch, bytes, DT_UINT8, 0, NULL, err);
     if (rc == 0)
-        be->memcpy_d2h(be, host, d->scratch, n * sizeof(float));
+        be->memcpy_d2h(be, host, d->scratch, bytes);
     return rc;
 }
 
-static int small_allgather(dt_ddp *d, const void *send, void *recv, size_t n, dt_err *err)
+static int small_allgather(dt_ddp *d, const void *send, void *recv, size_t bytes, dt_err *err)
 {
     dt_backend *be = d->m->be;
-    float *out = d->scratch + n;
-    be->memcpy_h2d(be, d->scratch, send, n * sizeof(float));
-    int rc = dt_comm_allgather(d->c, d->scratch, out, n, DT_FLOAT32, NULL, err);
+    char *out = (char *)d->scratch + bytes;
+    be->memcpy_h2d(be, d->scratch, send, bytes);
+    int rc = dt_comm_allgather(d->c, d->scratch, out, bytes, DT_UINT8, NULL, err);
     if (rc == 0)
-        be->memcpy_d2h(be, recv, out, n * (size_t)d->world * sizeof(float));
+        be->memcpy_d2h(be, recv, out, bytes * (size_t)d->world);
     return rc;
 }
 
@@ -109,7 +111,9 @@ static int ensure_scratch(dt_ddp *d, size_t n, dt_err *err)
     be->free(be, d->scratch);
     d->scratch = NULL;
     d->scratch_n = 0;
+    dt_mem_cat old = dt_mem_tag(be, DT_MEM_COMM);
     int rc = be->alloc(be, (void **)&d->scratch, n * sizeof(float), err);
+    dt_mem_tag(be, old);
     if (rc == 0)
         d->scratch_n = n;
     return rc;
@@ -123,7 +127,7 @@ typedef struct tensor_rec {
     int32_t buffer; /* 0: parameter, 1: buffer */
     int64_t shape[DT_TENSOR_MAX_DIMS];
     uint64_t numel;
-} tensor_rec; /* 144 bytes: a whole number of float32 words */
+} tensor_rec;
 
 static void shape_str(const tensor_rec *r, char *buf, size_t cap)
 {
@@ -156,14 +160,14 @@ static int check_consistency(dt_ddp *d, dt_err *err)
     int rc;
     tensor_rec *recs = NULL;
     char *msgs = NULL, mine[MSG_BYTES];
-    if ((rc = ensure_scratch(d, 16, err)) || (rc = small_broadcast(d, h0, 8, err)))
+    if ((rc = ensure_scratch(d, 16, err)) || (rc = small_broadcast(d, h0, sizeof h0, err)))
         goto out;
     int64_t n0 = h0[1] + h0[3];
     if (n0 < 0 || n0 > 100000000) {
         rc = dt_err_set(err, -EPROTO, "model check: rank 0 announced %lld tensors", (long long)n0);
         goto out;
     }
-    size_t words = (size_t)n0 * sizeof(tensor_rec) / sizeof(float);
+    size_t rec_bytes = (size_t)n0 * sizeof(tensor_rec);
     recs = calloc((size_t)n0 + 1, sizeof *recs);
     msgs = calloc((size_t)d->world, MSG_BYTES);
     if (!recs || !msgs) {
@@ -176,9 +180,9 @@ static int check_consistency(dt_ddp *d, dt_err *err)
         for (int i = 0; i < m->num_buffer_tensors; i++)
             fill_rec(&recs[m->num_tensors + i], &m->buffer_tensors[i], 1);
     }
-    size_t need = DT_MAX(words, (size_t)MSG_BYTES / 4 * (size_t)(d->world + 1));
-    if ((rc = ensure_scratch(d, need + 16, err)) ||
-        (words && (rc = small_broadcast(d, recs, words, err))))
+    size_t need = DT_MAX(rec_bytes, (size_t)MSG_BYTES * (size_t)(d->world + 1));
+    if ((rc = ensure_scratch(d, need / sizeof(float) + 16, err)) ||
+        (rec_bytes && (rc = small_broadcast(d, recs, rec_bytes, err))))
         goto out;
 
     /* What differs here from rank 0, in one line (empty when nothing does). */
@@ -210,7 +214,7 @@ static int check_consistency(dt_ddp *d, dt_err *err)
             dt_strlcpy(mine, line, sizeof mine);
         }
     }
-    if ((rc = small_allgather(d, mine, msgs, MSG_BYTES / 4, err)))
+    if ((rc = small_allgather(d, mine, msgs, MSG_BYTES, err)))
         goto out;
     int differ = 0;
     const char *first = NULL;
@@ -301,8 +305,7 @@ static int rebuild(dt_ddp *d, dt_err *err)
     free(d->rec);
     d->rec = NULL;
     if (d->world > 1) {
-        /* a raw 64-bit word through a float32 broadcast: a copy, bit for bit */
-        if ((rc = small_broadcast(d, &split, 2, err)))
+        if ((rc = small_broadcast(d, &split, sizeof split, err)))
             return rc;
     }
     if (split == 0 || split >= m->num_params)
@@ -414,20 +417,15 @@ int dt_ddp_average(dt_ddp *d, double *v, int n, dt_err *err)
 {
     if (n <= 0 || d->world == 1)
         return 0;
-    float tmp[64];
     int rc = 0;
-    for (int k = 0; k < n && !rc; k += 64) {
-        int m = DT_MIN(64, n - k);
-        for (int i = 0; i < m; i++)
-            tmp[i] = (float)v[k + i];
-        dt_backend *be = d->m->be;
-        be->memcpy_h2d(be, d->scratch, tmp, (size_t)m * sizeof(float));
-        rc = dt_comm_allreduce(d->c, d->scratch, (size_t)m, DT_FLOAT32, DT_AVG, NULL, err);
-        if (!rc) {
-            be->memcpy_d2h(be, tmp, d->scratch, (size_t)m * sizeof(float));
-            for (int i = 0; i < m; i++)
-                v[k + i] = tmp[i];
-        }
+    dt_backend *be = d->m->be;
+    /* the scratch holds at least 64 floats: 32 doubles a piece */
+    for (int k = 0; k < n && !rc; k += 32) {
+        int m = DT_MIN(32, n - k);
+        be->memcpy_h2d(be, d->scratch, v + k, (size_t)m * sizeof(double));
+        rc = dt_comm_allreduce(d->c, d->scratch, (size_t)m, DT_FLOAT64, DT_AVG, NULL, err);
+        if (!rc)
+            be->memcpy_d2h(be, v + k, d->scratch, (size_t)m * sizeof(double));
     }
     return rc;
 }
@@ -453,6 +451,8 @@ static int use_comm_memory(dt_ddp *d, dt_err *err)
         return rc;
     }
     d->st.comm_memory = true;
+    d->cmem_bytes = bytes;
+    dt_mem_external(m->be, DT_MEM_COMM, bytes, true);
     if (d->o.compress != DT_FLOAT32) {
         d->comp = d->cmem;
     } else {
@@ -507,10 +507,14 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
     }
     if ((rc = use_comm_memory(d, err)))
         goto fail;
-    if (d->o.compress != DT_FLOAT32 && m->num_params && !d->comp &&
-        (rc = m->be->alloc(m->be, (void **)&d->comp, m->num_params * sizeof *d->comp, err))) {
-        dt_err_prefix(err, "DDP: the compressed gradients: ");
-        goto fail;
+    if (d->o.compress != DT_FLOAT32 && m->num_params && !d->comp) {
+        dt_mem_cat old = dt_mem_tag(m->be, DT_MEM_COMM);
+        rc = m->be->alloc(m->be, (void **)&d->comp, m->num_params * sizeof *d->comp, err);
+        dt_mem_tag(m->be, old);
+        if (rc) {
+            dt_err_prefix(err, "DDP: the compressed gradients: ");
+            goto fail;
+        }
     }
     DT_DEBUG("DDP: %d ranks, %zu parameters in %d buckets (first %.2f MiB, cap %.1f MiB)%s%s",
              d->world, m->num_params, d->nb, d->o.first_bucket_mb, d->o.bucket_cap_mb,
@@ -535,8 +539,10 @@ void dt_ddp_free(dt_ddp *d)
         memcpy(d->own_grads, d->m->grads, d->m->num_params * sizeof(float));
         d->m->grads = d->own_grads;
     }
-    if (d->cmem)
+    if (d->cmem) {
+        dt_mem_external(d->m->be, DT_MEM_COMM, d->cmem_bytes, false);
         dt_comm_mem_free(d->c, d->cmem);
+    }
     else if (d->comp)
         d->m->be->free(d->m->be, d->comp);
     free(d->rec);

@@ -94,7 +94,8 @@ void dt_ddp_grad_ready(void *ctx, size_t offset, size_t numel);
  * the gradients averaged over ranks, and the reducer is ready for the next backward. */
 int dt_ddp_finish(dt_ddp *d, dt_err *err);
 
-/* Mean of v[0..n) over ranks (float32 on the wire; for metrics: losses, eval sums). */
+/* Mean of v[0..n) over ranks (float64 on the wire, summed in double: eval counts stay exact to
+ * 2^53; for metrics: losses, eval sums). */
 int dt_ddp_average(dt_ddp *d, double *v, int n, dt_err *err);
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *s);

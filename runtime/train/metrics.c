@@ -142,8 +142,16 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
         cJSON_AddNumberToObject(o, m->tokens ? "tokens_per_s" : "samples_per_s", r->items_per_s);
         cJSON_AddNumberToObject(o, "step_time_s", r->step_time_s);
         cJSON_AddNumberToObject(o, "comm_time_s", r->comm_time_s);
-        cJSON_AddNumberToObject(o, "peak_mem_bytes", (double)r->peak_mem_bytes);
+        cJSON_AddNumberToObject(o, "peak_mem_bytes",
+                                (double)(r->mem.total_peak ? r->mem.total_peak
+                                                           : r->peak_mem_bytes));
         cJSON_AddNumberToObject(o, "max_rss_bytes", (double)r->max_rss_bytes);
+        cJSON *mp = r->mem.total_peak ? cJSON_AddObjectToObject(o, "mem_peak_bytes") : NULL;
+        static const dt_mem_cat order[] = {DT_MEM_PARAMS, DT_MEM_GRADS, DT_MEM_OPTIM,
+                                           DT_MEM_ACTS,   DT_MEM_COMM,  DT_MEM_OTHER};
+        for (size_t i = 0; mp && i < sizeof order / sizeof order[0]; i++)
+            cJSON_AddNumberToObject(mp, dt_mem_cat_name(order[i]),
+                                    (double)r->mem.peak[order[i]]);
         write_json(m, o);
         cJSON_Delete(o);
     }

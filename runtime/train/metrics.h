@@ -5,13 +5,19 @@
  *
  *   {"type":"train","step":10,"epoch":0,"loss":4.91,"loss_steps":10,"lr":0.0015,"grad_norm":1.8,
  *    "tokens_per_s":20480,"step_time_s":0.025,"comm_time_s":0,"peak_mem_bytes":12345678,
- *    "max_rss_bytes":45678912,"time":1700000000.1,"attempt":0}
+ *    "max_rss_bytes":45678912,"mem_peak_bytes":{"params":..,"grads":..,"optim":..,
+ *    "activations":..,"comm":..,"other":..},"time":1700000000.1,"attempt":0}
  *   {"type":"eval","step":50,"val_loss":3.2,"val_acc":0.51,"time":...,"attempt":0}
  *
  * "loss" (like step_time_s and comm_time_s) is a mean over the "loss_steps" steps since the
  * previous record (job.log_every of them, fewer at the first and the last), and so is the loss
  * of the log line ("loss 2.3074 (mean of 10 steps)"); a checkpoint keeps the loss of its step
  * alone (`dtrain ckpt list`'s STEP_LOSS), so the two differ.
+ *
+ * peak_mem_bytes is the backend allocator's peak of all categories together (the largest total
+ * ever resident, kernels/backend_ops.h's dt_mem_stats.total_peak); mem_peak_bytes is each
+ * category's own peak (they need not add up to peak_mem_bytes: the peaks may come at different
+ * times). mem_peak_bytes is left out for a backend without accounting.
  *
  * Classification jobs report samples_per_s instead of tokens_per_s, and val_acc. On a terminal
  * stderr also shows one progress line that rewrites itself; otherwise (logs, pipes, the agent)
@@ -26,6 +32,7 @@
 #include <stdio.h>
 
 #include "common/err.h"
+#include "kernels/backend.h" /* dt_mem_stats */
 
 typedef struct dt_step_record {
     int64_t step;         /* optimiser steps completed (1-based for the step just done) */
@@ -43,7 +50,8 @@ typedef struct dt_step_record {
     double items_per_s;   /* tokens/s (language models) or samples/s, all ranks together */
     double step_time_s;   /* mean wall time per step over the logged window */
     double comm_time_s;   /* time waiting for gradient synchronisation per step */
-    size_t peak_mem_bytes;/* backend allocations, peak */
+    size_t peak_mem_bytes;/* backend allocations, peak (mem.total_peak when mem is filled) */
+    dt_mem_stats mem;     /* the backend's accounting by category (dt_mem_read); all zero: none */
     size_t max_rss_bytes; /* process resident set, peak */
 } dt_step_record;
 

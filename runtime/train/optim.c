@@ -78,7 +78,9 @@ int dt_optim_create(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
         o->states[o->num_states++] = (dt_optim_state){"momentum_buffer", "momentum_buffer.", NULL};
     }
     for (int i = 0; i < o->num_states; i++) {
+        dt_mem_cat old_cat = dt_mem_tag(be, DT_MEM_OPTIM);
         int rc = be->alloc(be, (void **)&o->states[i].buf, sizeof(float) * num_params, err);
+        dt_mem_tag(be, old_cat);
         if (rc) {
             dt_err_prefix(err, "optimiser state (%s, %zu parameters): ", o->states[i].name,
                           num_params);

@@ -578,6 +578,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 .peak_mem_bytes = t->be->peak_bytes ? t->be->peak_bytes(t->be) : 0,
                 .max_rss_bytes = dt_metrics_max_rss(),
             };
+            dt_mem_read(t->be, &r.mem);
             dt_metrics_step(t->metrics, &r);
             win_loss = win_time = win_comm = 0;
             win_n = 0;

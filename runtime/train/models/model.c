@@ -157,12 +157,16 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
         return dt_err_set(err, -ENOMEM, "model: out of memory");
     m->cfg = *cfg;
     m->be = be;
+    /* what a model allocates besides its parameters, gradients and buffers (dt_models_alloc
+     * tags those) is what a step works in: activations, inputs, targets */
+    dt_mem_cat old_cat = dt_mem_tag(be, DT_MEM_ACTS);
     if (!strcmp(cfg->type, "gpt"))
         rc = dt_gpt_create(m, err);
     else if (!strcmp(cfg->type, "mlp"))
         rc = dt_mlp_create(m, err);
     else
         rc = dt_resnet_create(m, comm, err);
+    dt_mem_tag(be, old_cat);
     if (rc) {
         dt_err_prefix(err, "creating model %s: ", cfg->type);
         dt_model_free(m);

@@ -56,18 +56,27 @@ int dt_models_add_buffer(dt_model *m, int ndim, const int64_t *shape, dt_err *er
     return rc;
 }
 
+/* n floats charged to memory category cat (kernels/backend_ops.h). */
+static int falloc_as(dt_model *m, float **p, size_t n, dt_mem_cat cat, dt_err *err)
+{
+    dt_mem_cat old = dt_mem_tag(m->be, cat);
+    int rc = m->be->alloc(m->be, (void **)p, (n ? n : 1) * sizeof(float), err);
+    dt_mem_tag(m->be, old);
+    return rc;
+}
+
 int dt_models_falloc(dt_model *m, float **p, size_t n, dt_err *err)
 {
-    return m->be->alloc(m->be, (void **)p, (n ? n : 1) * sizeof(float), err);
+    return falloc_as(m, p, n, DT_MEM_ACTS, err);
 }
 
 int dt_models_alloc(dt_model *m, dt_err *err)
 {
-    int rc = dt_models_falloc(m, &m->params, m->num_params, err);
+    int rc = falloc_as(m, &m->params, m->num_params, DT_MEM_PARAMS, err);
     if (!rc)
-        rc = dt_models_falloc(m, &m->grads, m->num_params, err);
-    if (!rc && m->num_buffers)
-        rc = dt_models_falloc(m, &m->buffers, m->num_buffers, err);
+        rc = falloc_as(m, &m->grads, m->num_params, DT_MEM_GRADS, err);
+    if (!rc && m->num_buffers) /* BatchNorm running statistics: not model state ZeRO counts */
+        rc = falloc_as(m, &m->buffers, m->num_buffers, DT_MEM_OTHER, err);
     return rc;
 }
 

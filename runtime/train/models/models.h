@@ -24,10 +24,12 @@ int dt_models_add(dt_model *m, bool no_decay, int ndim, const int64_t *shape, dt
 int dt_models_add_buffer(dt_model *m, int ndim, const int64_t *shape, dt_err *err,
                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* Allocates m->params, m->grads (zeroed) and m->buffers for the tables built so far. */
+/* Allocates m->params, m->grads (zeroed) and m->buffers for the tables built so far, charged to
+ * the memory categories params, grads and other. */
 int dt_models_alloc(dt_model *m, dt_err *err);
 
-/* Allocates n floats of zeroed backend memory into *p (for activations). */
+/* Allocates n floats of zeroed backend memory into *p (for activations: charged to
+ * DT_MEM_ACTS, as is everything else a model's create function allocates, see model.c). */
 int dt_models_falloc(dt_model *m, float **p, size_t n, dt_err *err);
 
 /* Host-side initialisation helpers over a host copy of the parameter buffer (num_params). */

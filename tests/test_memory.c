@@ -1,0 +1,306 @@
+/* test_memory.c - memory accounting by category (kernels/backend_ops.h, dt_mem_stats): what the
+ * CPU backend's allocator charges to each category, its peaks, mem_release / mem_commit, and
+ * the categories the model zoo and the optimiser tag their allocations with. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "runtime/train/model.h"
+#include "runtime/train/optim.h"
+#include "tests/harness.h"
+
+static dt_backend *cpu(void)
+{
+    dt_backend *be = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    return be;
+}
+
+static size_t sum_cur(const dt_mem_stats *s)
+{
+    size_t t = 0;
+    for (int i = 0; i < DT_MEM_CAT_COUNT; i++)
+        t += s->cur[i];
+    return t;
+}
+
+static void test_names(void)
+{
+    DT_CHECK_STR(dt_mem_cat_name(DT_MEM_PARAMS), "params");
+    DT_CHECK_STR(dt_mem_cat_name(DT_MEM_GRADS), "grads");
+    DT_CHECK_STR(dt_mem_cat_name(DT_MEM_OPTIM), "optim");
+    DT_CHECK_STR(dt_mem_cat_name(DT_MEM_ACTS), "activations");
+    DT_CHECK_STR(dt_mem_cat_name(DT_MEM_COMM), "comm");
+    DT_CHECK_STR(dt_mem_cat_name(DT_MEM_OTHER), "other");
+    DT_CHECK_STR(dt_mem_cat_name((dt_mem_cat)99), "unknown");
+}
+
+/* Categories add up to the total, each keeps its own peak, the total's peak is the largest sum
+ * at one time (not the sum of the peaks), free gives back to the category charged at alloc. */
+static void test_categories_and_peaks(void)
+{
+    dt_backend *be = cpu();
+    dt_err err = {0};
+    dt_mem_stats s;
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.total, 0);
+    DT_CHECK_INT(s.total_peak, 0);
+
+    void *other = NULL, *p = NULL, *g = NULL, *a1 = NULL, *a2 = NULL;
+    DT_REQUIRE_OK(be->alloc(be, &other, 100, &err), &err); /* untagged: other */
+    DT_CHECK_INT(dt_mem_tag(be, DT_MEM_PARAMS), DT_MEM_OTHER);
+    DT_REQUIRE_OK(be->alloc(be, &p, 1000, &err), &err);
+    DT_CHECK_INT(dt_mem_tag(be, DT_MEM_GRADS), DT_MEM_PARAMS);
+    DT_REQUIRE_OK(be->alloc(be, &g, 1000, &err), &err);
+    dt_mem_tag(be, DT_MEM_ACTS);
+    DT_REQUIRE_OK(be->alloc(be, &a1, 300000, &err), &err); /* page-aligned size class */
+    dt_mem_tag(be, DT_MEM_OTHER);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_OTHER], 100);
+    DT_CHECK_INT(s.cur[DT_MEM_PARAMS], 1000);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], 1000);
+    DT_CHECK_INT(s.cur[DT_MEM_ACTS], 300000);
+    DT_CHECK_INT(s.cur[DT_MEM_OPTIM], 0);
+    DT_CHECK_INT(s.cur[DT_MEM_COMM], 0);
+    DT_CHECK_INT(s.total, 302100);
+    DT_CHECK_INT(sum_cur(&s), s.total);
+    DT_CHECK_INT(s.total_peak, 302100);
+    DT_CHECK_INT(be->peak_bytes(be), 302100);
+
+    /* the current category does not matter at free: a1 goes back to activations */
+    dt_mem_tag(be, DT_MEM_COMM);
+    be->free(be, a1);
+    DT_REQUIRE_OK(be->alloc(be, &a2, 5000, &err), &err); /* comm */
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_ACTS], 0);
+    DT_CHECK_INT(s.peak[DT_MEM_ACTS], 300000);
+    DT_CHECK_INT(s.cur[DT_MEM_COMM], 5000);
+    DT_CHECK_INT(s.total, 7100);
+    DT_CHECK_INT(sum_cur(&s), s.total);
+    DT_CHECK_INT(s.total_peak, 302100); /* the peak stays */
+    /* peaks at different times: the total's peak is less than the sum of the peaks */
+    size_t sum_peaks = 0;
+    for (int i = 0; i < DT_MEM_CAT_COUNT; i++)
+        sum_peaks += s.peak[i];
+    DT_CHECK_INT(sum_peaks, 307100);
+    DT_CHECK(s.total_peak < sum_peaks);
+
+    /* external memory (communicator memory) is counted, and given back */
+    dt_mem_external(be, DT_MEM_COMM, 1 << 20, true);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_COMM], 5000 + (1 << 20));
+    DT_CHECK_INT(s.total_peak, 302100 > 7100 + (1 << 20) ? 302100 : 7100 + (1 << 20));
+    dt_mem_external(be, DT_MEM_COMM, 1 << 20, false);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_COMM], 5000);
+
+    be->free(be, other);
+    be->free(be, p);
+    be->free(be, g);
+    be->free(be, a2);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.total, 0);
+    for (int i = 0; i < DT_MEM_CAT_COUNT; i++)
+        DT_CHECK_INT(s.cur[i], 0);
+    dt_backend_close(be);
+}
+
+/* Resident set of this process in pages (statm), for "really released". */
+static long rss_pages(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, rss = -1;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &size, &rss) != 2)
+            rss = -1;
+        fclose(f);
+    }
+    return rss;
+}
+
+/* mem_release gives whole pages back (counted once however often), mem_commit takes them back;
+ * free of a partly released allocation gives back only what is still resident. */
+static void test_release_commit(void)
+{
+    dt_backend *be = cpu();
+    dt_err err = {0};
+    const size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t bytes = 64 * ps + 100;
+    float *x = NULL;
+    dt_mem_tag(be, DT_MEM_GRADS);
+    DT_REQUIRE_OK(be->alloc(be, (void **)&x, bytes, &err), &err);
+    DT_CHECK((uintptr_t)x % ps == 0); /* large allocations start on a page */
+    memset(x, 1, bytes);              /* resident */
+    dt_mem_stats s;
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], bytes);
+
+    /* pages 8..39 (32 pages), given as a range with ragged ends: only whole pages inside count */
+    be->mem_release(be, x, 8 * ps - 10, 32 * ps + 20);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], bytes - 32 * ps);
+    DT_CHECK_INT(s.total, bytes - 32 * ps);
+    DT_CHECK_INT(s.peak[DT_MEM_GRADS], bytes);
+    /* released pages read as zero (anonymous memory after MADV_DONTNEED) */
+    DT_CHECK(((unsigned char *)x)[9 * ps] == 0 && ((unsigned char *)x)[7 * ps] == 1);
+
+    /* releasing again, and an overlapping range, counts only the new pages (40..47) */
+    be->mem_release(be, x, 8 * ps, 40 * ps);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], bytes - 40 * ps);
+    /* a range inside one page releases nothing */
+    be->mem_release(be, x, 50 * ps + 1, ps - 2);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], bytes - 40 * ps);
+
+    /* commit a range touching pages 10..11 (ragged): both come back */
+    DT_REQUIRE_OK(be->mem_commit(be, x, 10 * ps + 5, ps, &err), &err);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], bytes - 38 * ps);
+    memset((char *)x + 10 * ps, 2, 2 * ps); /* usable again */
+    /* committing resident pages counts nothing */
+    DT_REQUIRE_OK(be->mem_commit(be, x, 0, 4 * ps, &err), &err);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], bytes - 38 * ps);
+    DT_CHECK_INT(s.peak[DT_MEM_GRADS], bytes);
+
+    /* free gives back what is resident; nothing is left */
+    be->free(be, x);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], 0);
+    DT_CHECK_INT(s.total, 0);
+
+    /* the memory really goes back: 8 MiB released, the resident set drops by most of it
+     * (other pages of the process may come and go meanwhile: stdio, sanitizer shadow) */
+    char *big = NULL;
+    const size_t npages = (8u << 20) / ps;
+    DT_REQUIRE_OK(be->alloc(be, (void **)&big, npages * ps, &err), &err);
+    memset(big, 3, npages * ps);
+    rss_pages(); /* stdio's buffers, once */
+    long before = rss_pages();
+    be->mem_release(be, big, 0, npages * ps);
+    long after = rss_pages();
+    if (before > 0 && after > 0)
+        DT_CHECK_MSG(before - after >= (long)npages * 3 / 4, "rss %ld -> %ld pages (%zu released)",
+                     before, after, npages);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], 0);
+    be->free(be, big);
+
+    /* a small (heap, 64-byte aligned) allocation: only the pages wholly inside */
+    char *y = NULL;
+    DT_REQUIRE_OK(be->alloc(be, (void **)&y, 3 * ps, &err), &err);
+    be->mem_release(be, y, 0, 3 * ps);
+    dt_mem_read(be, &s);
+    size_t inner = ((uintptr_t)y % ps == 0 ? 3 : 2) * ps;
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], 3 * ps - inner);
+    DT_REQUIRE_OK(be->mem_commit(be, y, 0, 3 * ps, &err), &err);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], 3 * ps);
+    be->free(be, y);
+    dt_backend_close(be);
+}
+
+static dt_model_config gpt_cfg(void)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "gpt");
+    c.shape.kind = DT_SAMPLE_TOKENS;
+    c.shape.seq_len = 10;
+    c.shape.vocab_size = 23;
+    c.max_batch = 2;
+    c.seed = 42;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 16;
+    c.block_size = 12;
+    return c;
+}
+
+static dt_model_config resnet_cfg(void)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "resnet");
+    c.shape.kind = DT_SAMPLE_IMAGE;
+    c.shape.channels = 3;
+    c.shape.height = 8;
+    c.shape.width = 8;
+    c.shape.input_dim = 3 * 8 * 8;
+    c.shape.n_classes = 4;
+    c.max_batch = 4;
+    c.seed = 44;
+    c.depth = 8;
+    c.width = 4;
+    c.bn_momentum = 0.1f;
+    c.bn_eps = 1e-5f;
+    return c;
+}
+
+/* A model's parameters are 4 x num_params bytes, its gradients the same, its buffers other,
+ * the rest activations; AdamW's state is 8 x num_params, SGD with momentum's 4 x. */
+static void check_model(const dt_model_config *cfg)
+{
+    dt_backend *be = cpu();
+    dt_err err = {0};
+    dt_model *m = NULL;
+    DT_REQUIRE_OK(dt_model_create(&m, cfg, be, NULL, &err), &err);
+    dt_mem_stats s;
+    dt_mem_read(be, &s);
+    DT_CHECK_MSG(s.cur[DT_MEM_PARAMS] == 4 * m->num_params, "%s: params %zu bytes for %zu",
+                 cfg->type, s.cur[DT_MEM_PARAMS], m->num_params);
+    DT_CHECK_INT(s.cur[DT_MEM_GRADS], 4 * m->num_params);
+    DT_CHECK_INT(s.cur[DT_MEM_OTHER], 4 * m->num_buffers);
+    DT_CHECK(s.cur[DT_MEM_ACTS] > 0);
+    DT_CHECK_INT(s.cur[DT_MEM_OPTIM], 0);
+    DT_CHECK_INT(s.cur[DT_MEM_COMM], 0);
+    DT_CHECK_INT(dt_mem_tag(be, DT_MEM_OTHER), DT_MEM_OTHER); /* create restored it */
+
+    dt_optim_config oc = {.kind = DT_OPTIM_ADAMW, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    dt_optim *o = NULL;
+    DT_REQUIRE_OK(dt_optim_create(&o, &oc, be, m->tensors, m->num_tensors, m->num_params, &err),
+                  &err);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_OPTIM], 8 * m->num_params);
+    dt_optim_free(o);
+    oc = (dt_optim_config){.kind = DT_OPTIM_SGD, .momentum = 0.9};
+    DT_REQUIRE_OK(dt_optim_create(&o, &oc, be, m->tensors, m->num_tensors, m->num_params, &err),
+                  &err);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_OPTIM], 4 * m->num_params);
+    DT_CHECK_INT(s.peak[DT_MEM_OPTIM], 8 * m->num_params);
+    DT_CHECK_INT(sum_cur(&s), s.total);
+    dt_optim_free(o);
+    dt_model_free(m);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.total, 0);
+    dt_backend_close(be);
+}
+
+static void test_gpt_tags(void)
+{
+    dt_model_config c = gpt_cfg();
+    check_model(&c);
+}
+
+static void test_resnet_tags(void)
+{
+    dt_model_config c = resnet_cfg();
+    check_model(&c);
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"names", test_names, 0},
+        {"categories_and_peaks", test_categories_and_peaks, 0},
+        {"release_commit", test_release_commit, 0},
+        {"gpt_tags", test_gpt_tags, 0},
+        {"resnet_tags", test_resnet_tags, 0},
+    };
+    return dt_test_main("test_memory", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
