@@ -1,6 +1,6 @@
 /* dtrain.c - the dtrain command: subcommand dispatch and the default `run` (the launcher).
  *
- * cmd/ only parses and dispatches; the agent (runtime/agent) does the launching. */
+ * cmd/ only parses and dispatches; the agent (runtime/launch/agent) does the launching. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>

@@ -15,7 +15,7 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_ATTEMPT", "0", "restart attempt of the workers (same as TORCHELASTIC_RESTART_COUNT)"},
     {"DTRAIN_ROUND", "0", "rendezvous round of the workers: new on every restart and every membership change of an elastic job (namespace per-round state with it)"},
     {"DTRAIN_ERROR_FILE", NULL, "where a worker writes its JSON error record on a fatal error"},
-    {"DTRAIN_CUDA_LIB", NULL, "path of libdtrain_cuda.so (default: next to the dtrain binary)"},
+    {"DTRAIN_CUDA_LIB", NULL, "path of libdtrain_cuda.so (default: next to the dtrain binary, else <prefix>/lib/dtrain beside an installed one)"},
     {"DTRAIN_NVML_LIB", NULL, "path of NVIDIA's management library, read for GPU counts and utilisation (default: libnvidia-ml.so.1)"},
     {"DTRAIN_CUDA_GEMM", "convert", "bf16/fp16 GEMMs on cuda: convert (operands rounded into a 16-bit scratch, native 16-bit GEMM) or fast (cuBLAS down-converts fp32 operands itself)"},
     {"DTRAIN_CUDA_ATTN", "cublas", "attention on cuda: cublas (batched GEMMs, probabilities kept) or flash (fused kernels, bf16/fp16 and head size 64 only; probabilities recomputed in backward)"},

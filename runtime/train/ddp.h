@@ -23,8 +23,9 @@
  *
  * Compression (ddp.compress = bf16 | fp16): each bucket is converted to 16 bits (pre-divided by
  * the world size, so an fp16 sum cannot overflow where the average would not) before the
- * all-reduce, and converted back after; the reduction itself accumulates in float32. Host memory
- * only (device = cpu).
+ * all-reduce, and converted back after; the reduction itself accumulates in float32 on the CPU
+ * collectives (NCCL sums in the 16-bit type); on CUDA the conversions are backend ops, so the
+ * payloads stay in device memory.
  *
  * Communicator memory: with more than one rank on a host-memory backend (device = cpu), the
  * all-reduced buffer (the flat gradients, or the 16-bit payloads when compressing) lives in the

@@ -3,7 +3,7 @@
  * Rank 0 appends one JSON object per logged step to <output_dir>/metrics.jsonl (appended, so a
  * restarted job continues the same file; "attempt" tells the attempts apart):
  *
- *   {"type":"train","step":10,"epoch":0,"loss":4.91,"loss_steps":10,"lr":0.0015,"grad_norm":1.8,
+ *   {"type":"train","step":20,"epoch":0,"loss":4.91,"loss_steps":10,"lr":0.0015,"grad_norm":1.8,
  *    "tokens_per_s":20480,"step_time_s":0.025,"comm_time_s":0,"peak_mem_bytes":12345678,
  *    "max_rss_bytes":45678912,"mem_peak_bytes":{"params":..,"grads":..,"optim":..,
  *    "activations":..,"comm":..,"other":..},"time":1700000000.1,"attempt":0}

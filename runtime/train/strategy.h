@@ -23,7 +23,8 @@
  *
  * So one optimiser step, in the trainer, is:
  *
- *   zero_grads; micro_step x grad_accum (last = true on the last); sync_grads;
+ *   zero_grads; micro_step x micro-steps (grad_accum, or derived from train.global_batch;
+ *   last = true on the last); sync_grads;
  *   average(loss, stop flag); clip; optim_step (unless fp16 skips it); s->be->synchronize
  *
  * Implementations: single (strategy_single.c: one process, one replica), ddp (strategy_ddp.c:
@@ -75,9 +76,13 @@ typedef struct dt_strategy_ops {
     int (*start)(dt_strategy *s, dt_err *err);
     /* Zeroes the gradients the next micro-steps accumulate into. */
     void (*zero_grads)(dt_strategy *s);
-    /* One micro-batch of rank_batch samples: forward and backward of loss x dloss (dloss:
-     * 1/accum, times the fp16 loss scale); the gradients accumulate (+=). *loss gets this
-     * rank's mean loss over the batch. */
+    /* One micro-batch of at most rank_batch samples (fewer under train.global_batch, which
+     * gives ranks and micro-steps unequal shares): forward and backward of loss x dloss (dloss:
+     * 1/accum, or the micro-batch's weight n x world / global_batch, times the fp16 loss scale);
+     * the gradients accumulate (+=). *loss gets this rank's mean loss over the batch. With
+     * global_batch and batch_size = 1, ranks may run different numbers of micro-steps: a
+     * strategy that communicates inside micro_step other than on the last must not rely on
+     * equal counts (the trainer refuses model.sync_bn in that case). */
     int (*micro_step)(dt_strategy *s, const dt_batch *batch, float dloss, bool last, float *loss,
                       dt_err *err);
     /* Waits until the gradients are final; s->comm_time_s is the time it waited. */
