@@ -366,26 +366,36 @@ static void launch(dt_ddp *d, int i)
 /* ---- releasing gradient pages (opts.release) --------------------------------------------- */
 
 /* Bytes of m->grads resident in memory now (mincore), for the stats. */
-static size_t grads_resident(dt_ddp *d)
+static size_t resident_bytes(dt_ddp *d, const void *p, size_t bytes)
 {
-    uintptr_t a = (uintptr_t)d->m->grads & ~(uintptr_t)(d->page - 1);
-    uintptr_t e = (uintptr_t)(d->m->grads + d->m->num_params);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(d->page - 1), e = (uintptr_t)p + bytes;
     size_t pages = (e - a + d->page - 1) / d->page;
     if (!d->vec || mincore((void *)a, e - a, d->vec) != 0)
-        return d->m->num_params * sizeof(float);
+        return bytes;
     size_t n = 0;
     for (size_t i = 0; i < pages; i++)
         n += d->vec[i] & 1;
     return n * d->page;
 }
 
-/* Gives back the whole pages of grads[lo, hi); with edges, zeroes the partial pages at both
- * ends as well (only when no one else's gradients live there: the whole buffer). */
-static void release_range(dt_ddp *d, size_t lo, size_t hi, bool edges)
+/* Bytes of m->grads and of the 16-bit payloads resident in memory now, for the stats; the
+ * first goes to st.grads_resident, the second to st.payload_bytes. */
+static size_t grads_resident(dt_ddp *d)
 {
-    if (hi <= lo)
+    size_t g = resident_bytes(d, d->m->grads, d->m->num_params * sizeof(float)), p = 0;
+    if (d->comp)
+        p = resident_bytes(d, d->comp, d->m->num_params * sizeof *d->comp);
+    d->st.grads_resident = g;
+    d->st.payload_bytes = p + (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
+    return g + p;
+}
+
+/* Gives back the whole pages of [p, e); with edges, zeroes the partial pages at both ends as
+ * well (only when nothing else lives there). */
+static void release_bytes(dt_ddp *d, char *p, char *e, bool edges)
+{
+    if (e <= p)
         return;
-    char *p = (char *)(d->m->grads + lo), *e = (char *)(d->m->grads + hi);
     char *a = (char *)(((uintptr_t)p + d->page - 1) & ~(uintptr_t)(d->page - 1));
     char *z = (char *)((uintptr_t)e & ~(uintptr_t)(d->page - 1));
     if (a < z)
@@ -398,6 +408,15 @@ static void release_range(dt_ddp *d, size_t lo, size_t hi, bool edges)
             memset(z, 0, (size_t)(e - z));
         }
     }
+}
+
+/* Gives back grads[lo, hi) (release_bytes), and the 16-bit payloads of the range when
+ * compressing: neither is read again before the next backward writes it. */
+static void release_range(dt_ddp *d, size_t lo, size_t hi, bool edges)
+{
+    release_bytes(d, (char *)(d->m->grads + lo), (char *)(d->m->grads + hi), edges);
+    if (d->comp)
+        release_bytes(d, (char *)(d->comp + lo), (char *)(d->comp + hi), edges);
 }
 
 /* Waits for bucket i (launched) and, with release, gives its pages back. An error is kept for
@@ -418,6 +437,8 @@ static void settle(dt_ddp *d, int i)
         size_t now = grads_resident(d);
         if (now > d->st.grads_resident_peak)
             d->st.grads_resident_peak = now;
+        DT_DEBUG("ZeRO-2: bucket %d [%zu, %zu) reduced: %zu bytes of gradients resident before "
+                 "it is given back", i, b->lo, b->hi, now);
         release_range(d, b->lo, b->hi, false);
         b->released = true;
     }
@@ -425,8 +446,10 @@ static void settle(dt_ddp *d, int i)
 
 void dt_ddp_release_grads(dt_ddp *d)
 {
-    if (d->o.release)
-        release_range(d, 0, d->m->num_params, true);
+    if (!d->o.release)
+        return;
+    release_range(d, 0, d->m->num_params, true);
+    d->st.grads_resident_peak = grads_resident(d); /* a new accumulation */
 }
 
 void dt_ddp_grad_ready(void *ctx, size_t offset, size_t numel)
@@ -515,7 +538,7 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
     }
     if (!rc && d->o.release) {
         release_range(d, 0, d->m->num_params, true);
-        d->st.grads_resident = grads_resident(d);
+        grads_resident(d);
     }
     d->next = 0;
     d->rc = 0;
@@ -782,7 +805,6 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
                 goto fail;
             }
             release_range(d, 0, m->num_params, true);
-            d->st.grads_resident = grads_resident(d);
         }
     }
     d->rec_cap = 2 * m->num_tensors + 16;
@@ -798,6 +820,11 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
         dt_err_prefix(err, "DDP: the compressed gradients: ");
         goto fail;
     }
+    if (d->o.shard && !d->o.release)
+        d->st.payload_bytes = (d->comp ? m->num_params * sizeof *d->comp : 0) +
+                              (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
+    if (d->o.release)
+        grads_resident(d);
     DT_DEBUG("DDP: %d ranks, %zu parameters in %d buckets (first %.2f MiB, cap %.1f MiB)%s%s",
              d->world, m->num_params, d->nb, d->o.first_bucket_mb, d->o.bucket_cap_mb,
              d->comp ? ", compressed to " : "", d->comp ? dt_dtype_name(d->o.compress) : "");

@@ -103,9 +103,15 @@ typedef struct dt_ddp_stats {
     double wait_s;           /* total time dt_ddp_finish spent waiting */
     bool comm_memory;        /* the buckets all-reduce communicator memory (see above) */
     size_t shard_numel;      /* shard: elements of this rank's shard layout (padding included) */
-    size_t grads_resident_peak; /* release: most bytes of m->grads resident in memory (mincore)
-                                   seen during the last synchronised backward and finish */
-    size_t grads_resident;   /* release: bytes of m->grads resident after the last finish */
+    size_t grads_resident_peak; /* release: most bytes of m->grads (and of the 16-bit payloads
+                                   when compressing) resident in memory (mincore), seen at each
+                                   bucket released and at dt_ddp_finish since the last
+                                   dt_ddp_release_grads (the accumulation's micro-steps
+                                   included: their gradients are still resident then) */
+    size_t grads_resident;   /* release: bytes of m->grads resident after the last finish or
+                                release */
+    size_t payload_bytes;    /* shard: bytes of the 16-bit payload buffers held (release: the
+                                resident part of the whole-buffer one), 0 without compress */
 } dt_ddp_stats;
 
 /* Creates the reducer of model m over comm c (both borrowed; they outlive it: free the reducer

@@ -300,6 +300,7 @@ void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)
         dt_ddp_get_stats(z->ddp, &st);
         size_t shard = st.shard_numel * sizeof(float);
         out->zero_stage = z->stage;
+        out->comm = st.payload_bytes;
         if (z->stage == 2) {
             out->grads = st.grads_resident + shard;
             out->grads_peak = DT_MAX(st.grads_resident_peak, st.grads_resident) + shard;

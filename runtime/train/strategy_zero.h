@@ -51,10 +51,12 @@ typedef struct dt_strategy_mem {
     size_t params;          /* parameters (whole at stages 0-2) */
     size_t grads;           /* gradients held now (after a step): the flat buffer's resident
                                bytes (stage 2: mincore; else its size) + the reduced shard */
-    size_t grads_peak;      /* stage 2: the most the gradients held during the last
-                               synchronised backward (resident pages, measured at each bucket,
-                               + the shard); else = grads */
+    size_t grads_peak;      /* stage 2: the most the gradients (and the 16-bit payloads) held
+                               since the step began (resident pages, measured at each bucket
+                               released, + the shard); else = grads */
     size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
+    size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
+                               resident part); other strategies: not reported here (0) */
     size_t ckpt_staging;    /* checkpoint staging held now (full-size optimiser state between
                                a save and the next update on cpu; always on cuda) */
 } dt_strategy_mem;
