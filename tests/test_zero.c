@@ -77,6 +77,8 @@ typedef struct rank_out {
     size_t num_params;
     int num_states;
     dt_strategy_mem mem;
+    bool have_stats;
+    dt_ddp_stats st;              /* zero: the reducer's */
     float params[MAX_PER];
     float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
 } rank_out;
@@ -163,6 +165,7 @@ static void record_end(dt_trainer *t, rank_out *o)
     o->step = t->step;
     o->num_params = t->model->num_params;
     dt_strategy_get_mem(s, &o->mem);
+    o->have_stats = dt_strategy_zero_stats(s, &o->st) == 0;
     if (o->num_params > MAX_PER) {
         snprintf(o->msg, sizeof o->msg, "model of %zu parameters: raise MAX_PER", o->num_params);
         o->status = 2;
@@ -379,6 +382,15 @@ static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zr
                 DT_CHECK_MSG(first_diff(zr.out[r].state[i], a->state[i], n) == n,
                              "%s: rank %d's gathered optimiser state differs", zr.name, r);
         }
+        /* the buckets went out from backward (overlapped), and were rebuilt from the ready
+         * order after the first step (the optimiser state moved with the shards) */
+        DT_CHECK(a->have_stats);
+        DT_CHECK_MSG(a->st.launched_late == 0 && a->st.launched_early == a->st.bucket_syncs,
+                     "%s: %llu buckets launched after backward, %llu from it, %llu due", zr.name,
+                     (unsigned long long)a->st.launched_late,
+                     (unsigned long long)a->st.launched_early,
+                     (unsigned long long)a->st.bucket_syncs);
+        DT_CHECK_MSG(a->st.rebuilt, "%s: the buckets were not rebuilt", zr.name);
         /* the shards held: 1/N of the state (plus at most N-1 padding per bucket) */
         const dt_strategy_mem *m = &a->mem;
         DT_CHECK_INT(m->zero_stage, zero);

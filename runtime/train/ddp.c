@@ -59,6 +59,7 @@ struct dt_ddp {
     size_t shard_n;       /* elements of the shard layout */
     float *sg;            /* (shard_n) backend memory: the averaged shard, owned */
     uint16_t *sg16;       /* (shard_n) compress: the 16-bit shard received, owned */
+    size_t pending_split; /* shard: the rebuild's split, waiting for dt_ddp_relayout (0: none) */
     size_t page;          /* release: the page size */
     unsigned char *vec;   /* release: mincore's answer, one byte per page of m->grads */
     dt_ddp_stats st;
@@ -322,6 +323,10 @@ static int rebuild(dt_ddp *d, dt_err *err)
     }
     if (split == 0 || split >= m->num_params)
         return 0;
+    if (d->o.shard) { /* the shards move only when the caller says so: dt_ddp_relayout */
+        d->pending_split = (size_t)split;
+        return 0;
+    }
     int before = d->nb;
     if ((rc = build_buckets(d, (size_t)split, err)))
         return rc;
@@ -543,7 +548,7 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
     d->next = 0;
     d->rc = 0;
     d->st.bucket_syncs += (uint64_t)d->nb;
-    if (!rc && !d->rebuilt && d->rec && !d->o.shard)
+    if (!rc && !d->rebuilt && d->rec)
         rc = rebuild(d, err);
     if (!rc && d->o.broadcast_buffers && d->m->num_buffers > 0)
         rc = dt_comm_broadcast(d->c, d->m->buffers, d->m->num_buffers, DT_FLOAT32, 0, NULL, err);
@@ -663,6 +668,38 @@ int dt_ddp_sum_double(dt_ddp *d, double v, double *sum, dt_err *err)
     if (vals != all)
         free(vals);
     return rc;
+}
+
+static int build_shards(dt_ddp *d, dt_err *err);
+
+bool dt_ddp_relayout_pending(const dt_ddp *d) { return d->pending_split > 0; }
+
+int dt_ddp_relayout(dt_ddp *d, dt_err *err)
+{
+    dt_backend *be = d->m->be;
+    int before = d->nb, rc;
+    size_t split = d->pending_split;
+    d->pending_split = 0;
+    if (!split)
+        return 0;
+    if ((rc = build_buckets(d, split, err)) || (rc = build_shards(d, err)))
+        return rc;
+    be->free(be, d->sg);
+    d->sg = NULL;
+    if (d->sg16)
+        be->free(be, d->sg16);
+    d->sg16 = NULL;
+    if ((rc = be->alloc(be, (void **)&d->sg, d->shard_n * sizeof(float), err)) ||
+        (d->o.compress != DT_FLOAT32 &&
+         (rc = be->alloc(be, (void **)&d->sg16, d->shard_n * sizeof *d->sg16, err))))
+        return dt_err_prefix(err, "ZeRO: the gradient shard: ");
+    if (!d->o.release)
+        d->st.payload_bytes = (d->comp ? d->m->num_params * sizeof *d->comp : 0) +
+                              (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
+    d->st.rebuilt = true;
+    DT_DEBUG("ZeRO: buckets rebuilt from the ready order: %d buckets (%d before), the last one "
+             "[0, %zu); this rank's shard now %zu elements", d->nb, before, split, d->shard_n);
+    return 0;
 }
 
 /* The shard layout: bucket 0 (the end of the buffer) cut to a multiple of the world size so that

@@ -40,8 +40,8 @@
  *     the last chunk is padded to c: the reduce-scatter reads N*c elements from lo, up to N-1
  *     past hi, i.e. from the bucket above, whose sums land only in padding and are dropped
  *     (zeroed). The bucket at the end of the buffer is cut to a multiple of N (what it leaves
- *     goes to the next bucket), so no read leaves the buffer. Buckets are fixed at creation (no
- *     rebuild: the shards must not move once the optimiser state lives on them);
+ *     goes to the next bucket), so no read leaves the buffer. The rebuild after the first
+ *     backward moves the shards, so it waits for the caller (dt_ddp_relayout below);
  *   - the rank's chunks, packed in bucket order, form its shard layout: dt_ddp_shard_ranges
  *     gives them as optimiser ranges, and after dt_ddp_finish dt_ddp_shard_grads holds this
  *     rank's averaged gradients in that layout (the padding zero), while m->grads holds only
@@ -145,6 +145,15 @@ void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *s);
  * layout), one per bucket (some may be empty): *ranges borrowed from the reducer, *n of them;
  * *numel = elements of the shard layout. */
 void dt_ddp_shard_ranges(const dt_ddp *d, const dt_optim_range **ranges, int *n, size_t *numel);
+
+/* The rebuild (see above) in sharding mode: after the first synchronised backward the buckets
+ * would move, and the shards with them, but this backward's shard and the optimiser's state are
+ * in the old layout. So dt_ddp_finish only plans it, and the caller applies it once the
+ * optimiser stepped on the old layout: gather what lives in the old layout
+ * (dt_ddp_gather_shards), dt_ddp_relayout (buckets, ranges and the gradient shard anew: ranges
+ * and shard pointers given before are stale), then slice into the new (dt_ddp_slice_shard). */
+bool dt_ddp_relayout_pending(const dt_ddp *d);
+int dt_ddp_relayout(dt_ddp *d, dt_err *err);
 
 /* This rank's averaged gradients in the shard layout (backend memory, shard numel), valid after
  * dt_ddp_finish until the next backward's hook. */

@@ -116,6 +116,36 @@ int dt_optim_create_ranges(dt_optim **out, const dt_optim_config *cfg, dt_backen
     return 0;
 }
 
+int dt_optim_set_ranges(dt_optim *o, const dt_optim_range *ranges, int num_ranges,
+                        size_t state_numel, dt_err *err)
+{
+    for (int k = 0; k < num_ranges; k++)
+        if (ranges[k].off + ranges[k].n > o->num_params || ranges[k].at + ranges[k].n > state_numel)
+            return dt_err_set(err, -EINVAL, "optimiser: range %d [%zu, %zu) at %zu is outside "
+                              "the %zu parameters or %zu state elements", k, ranges[k].off,
+                              ranges[k].off + ranges[k].n, ranges[k].at, o->num_params,
+                              state_numel);
+    dt_optim_range *r = malloc(sizeof *r * (size_t)(num_ranges ? num_ranges : 1));
+    if (!r)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    memcpy(r, ranges, sizeof *r * (size_t)num_ranges);
+    free(o->ranges);
+    o->ranges = r;
+    o->num_ranges = num_ranges;
+    for (int i = 0; i < o->num_states; i++) {
+        o->be->free(o->be, o->states[i].buf);
+        o->states[i].buf = NULL;
+    }
+    o->state_numel = state_numel;
+    for (int i = 0; i < o->num_states; i++) {
+        int rc = o->be->alloc(o->be, (void **)&o->states[i].buf, sizeof(float) * state_numel, err);
+        if (rc)
+            return dt_err_prefix(err, "optimiser state (%s, %zu parameters): ", o->states[i].name,
+                                 state_numel);
+    }
+    return 0;
+}
+
 void dt_optim_free(dt_optim *o)
 {
     if (!o)

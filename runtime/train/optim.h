@@ -109,6 +109,12 @@ int dt_optim_create_ranges(dt_optim **out, const dt_optim_config *cfg, dt_backen
                            const dt_optim_range *ranges, int num_ranges, size_t state_numel,
                            dt_err *err);
 
+/* Gives the optimiser other ranges (as dt_optim_create_ranges) and new state buffers of
+ * state_numel elements, zeroed: the caller moves the state over (ZeRO's relayout). t stays. On
+ * failure the optimiser keeps its ranges but may have no state buffers: free it. */
+int dt_optim_set_ranges(dt_optim *o, const dt_optim_range *ranges, int num_ranges,
+                        size_t state_numel, dt_err *err);
+
 /* Accepts NULL. */
 void dt_optim_free(dt_optim *o);
 

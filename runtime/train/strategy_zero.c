@@ -206,13 +206,40 @@ static int zero_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
     return 0;
 }
 
+/* The reducer rebuilt its buckets from the first backward's ready order (ddp.h): the state
+ * moves from the old shards to the new ones through the full-size staging. */
+static int relayout(dt_strategy *s, zero_impl *z, dt_err *err)
+{
+    dt_optim *o = s->optim;
+    int rc = 0;
+    z->staged = true;
+    for (int i = 0; i < o->num_states && !rc; i++)
+        rc = dt_ddp_gather_shards(z->ddp, o->states[i].buf, z->full[i], err);
+    if (rc)
+        return dt_err_prefix(err, "ZeRO: moving the optimiser state to the rebuilt buckets: ");
+    const dt_optim_range *ranges;
+    int nr;
+    size_t numel;
+    if ((rc = dt_ddp_relayout(z->ddp, err)))
+        return rc;
+    dt_ddp_shard_ranges(z->ddp, &ranges, &nr, &numel);
+    if ((rc = dt_optim_set_ranges(o, ranges, nr, numel, err)))
+        return rc;
+    for (int i = 0; i < o->num_states; i++)
+        dt_ddp_slice_shard(z->ddp, z->full[i], o->states[i].buf);
+    release_staging(s, z);
+    return 0;
+}
+
 static int zero_optim_step(dt_strategy *s, double lr, dt_err *err)
 {
     zero_impl *z = s->impl;
     release_staging(s, z); /* the trainer fenced the last save's copy before this */
     dt_optim_step(s->optim, s->model->params, dt_ddp_shard_grads(z->ddp), lr);
     int rc = dt_ddp_gather_params(z->ddp, err);
-    return rc ? dt_err_prefix(err, "ZeRO: gathering the updated parameters: ") : 0;
+    if (rc)
+        return dt_err_prefix(err, "ZeRO: gathering the updated parameters: ");
+    return dt_ddp_relayout_pending(z->ddp) ? relayout(s, z, err) : 0;
 }
 
 static int zero_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
@@ -312,6 +339,14 @@ void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)
     }
     if (!out->grads_peak)
         out->grads_peak = out->grads;
+}
+
+int dt_strategy_zero_stats(dt_strategy *s, dt_ddp_stats *out)
+{
+    if (s->ops != &dt_strategy_zero_ops || !s->impl || !((zero_impl *)s->impl)->ddp)
+        return -EINVAL;
+    dt_ddp_get_stats(((zero_impl *)s->impl)->ddp, out);
+    return 0;
 }
 
 const dt_strategy_ops dt_strategy_zero_ops = {

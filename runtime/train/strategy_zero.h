@@ -63,4 +63,9 @@ typedef struct dt_strategy_mem {
 
 void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out);
 
+struct dt_ddp_stats;
+/* The ZeRO strategy's reducer figures (ddp.h's dt_ddp_stats: buckets, rebuilt, launches early
+ * and late, shard size, resident gradients). -EINVAL when s is not the zero strategy. */
+int dt_strategy_zero_stats(dt_strategy *s, struct dt_ddp_stats *out);
+
 #endif
