@@ -661,10 +661,11 @@ static void test_memory(void)
     int st[MAX_RANKS];
     for (int zero = 0; zero <= 2; zero++) {
         z[zero] = base("mlp.ini", 2, zero, fmt("mem-z%d", zero));
-        add(&z[zero], "model.hidden=96,96,96,96,96"); /* 52138 parameters in 12 tensors */
+        /* 14 layers of about 4k parameters, a bucket each: a few are in flight at a time */
+        add(&z[zero], "model.hidden=64,64,64,64,64,64,64,64,64,64,64,64,64");
         add(&z[zero], "train.batch_size=4");
         add(&z[zero], "ddp.first_bucket_mb=0.01");
-        add(&z[zero], "ddp.bucket_cap_mb=0.04");
+        add(&z[zero], "ddp.bucket_cap_mb=0.01");
         z[zero].steps = 2;
         run(&z[zero], st);
         all_ok(&z[zero], st);
@@ -680,8 +681,11 @@ static void test_memory(void)
     DT_CHECK_MSG(m1->grads >= P + P / 2, "stage 1 grads %zu", m1->grads);
     DT_CHECK_MSG(m2->grads <= P / 2 + P / 4, "stage 2 grads after the step %zu (whole: %zu)",
                  m2->grads, P);
-    DT_CHECK_MSG(m2->grads_peak < P + P / 2 && m2->grads_peak >= m2->grads,
-                 "stage 2 grads peak %zu (stage 1 %zu)", m2->grads_peak, m1->grads);
+    /* during backward, pages were given back before the last bucket was reduced */
+    size_t shard = m2->optim / 2;
+    DT_CHECK_MSG(m2->grads_peak >= m2->grads && m2->grads_peak - shard < P * 60 / 100,
+                 "stage 2 grads peak %zu, of which resident %zu of the %zu-byte buffer",
+                 m2->grads_peak, m2->grads_peak - shard, P);
     DT_CHECK_INT(m1->ckpt_staging, 0); /* reserved, not resident, between saves */
     printf("    memory (2 ranks, %zu parameters): optim %zu / %zu / %zu bytes, grads %zu / %zu / "
            "%zu (stage 2 peak %zu)\n",
