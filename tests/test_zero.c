@@ -77,13 +77,15 @@ typedef struct rank_out {
     size_t num_params;
     int num_states;
     dt_strategy_mem mem;
+    int64_t skipped, optim_t;     /* the loss scaler's skipped steps, the optimiser's t */
+    double scale;
     bool have_stats;
     dt_ddp_stats st;              /* zero: the reducer's */
     float params[MAX_PER];
     float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
 } rank_out;
 
-typedef enum mode { STEPS, RUN, KILL_IN_GATHER, KILL_BETWEEN_STEPS } mode;
+typedef enum mode { STEPS, RUN, KILL_IN_GATHER, KILL_BETWEEN_STEPS, OVERFLOW_ON_ONE } mode;
 
 typedef struct zrun {
     const char *config;           /* configs/<config> */
@@ -218,6 +220,21 @@ static void rank_body(zrun *z, int rank)
     if (dt_trainer_init(&t, &job, &env, &err) != 0)
         goto fail;
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
+    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank) {
+        /* this rank's classifier x 1e30: its gradients times the loss scale overflow, the
+         * others' do not */
+        dt_model *m = t.model;
+        const dt_tensor_info *w = NULL;
+        for (int i = 0; i < m->num_tensors; i++)
+            if (m->tensors[i].ndim == 2)
+                w = &m->tensors[i];
+        float *h = malloc(w->numel * sizeof *h);
+        t.be->memcpy_d2h(t.be, h, m->params + w->offset, w->numel * sizeof *h);
+        for (size_t i = 0; i < w->numel; i++)
+            h[i] *= 1e30f;
+        t.be->memcpy_h2d(t.be, m->params + w->offset, h, w->numel * sizeof *h);
+        free(h);
+    }
     if (z->mode == RUN) {
         if (dt_trainer_run(&t, NULL, &err) != 0)
             goto fail;
@@ -252,6 +269,9 @@ static void rank_body(zrun *z, int rank)
             }
         }
     }
+    o->skipped = t.scaler.skipped;
+    o->optim_t = t.optim->t;
+    o->scale = t.scaler.scale;
     record_end(&t, o);
     dt_trainer_close(&t);
     _exit(o->status);
@@ -622,6 +642,32 @@ static void test_killed_rank(void)
     }
 }
 
+/* fp16: an overflow in one rank's gradients skips the step on every rank */
+static void test_overflow_skips_everywhere(void)
+{
+    for (int zero = 1; zero <= 2; zero++) {
+        zrun z = base("mlp.ini", 3, zero, fmt("overflow-z%d", zero));
+        tiny_mlp(&z);
+        add(&z, "train.precision=fp16");
+        add(&z, "train.loss_scale=1e12");
+        z.mode = OVERFLOW_ON_ONE;
+        z.kill_rank = 1;
+        z.steps = 1;
+        int st[MAX_RANKS];
+        run(&z, st);
+        if (all_ok(&z, st))
+            for (int r = 0; r < 3; r++) {
+                DT_CHECK_MSG(z.out[r].skipped == 1 && z.out[r].optim_t == 0 &&
+                                 z.out[r].scale == 5e11,
+                             "zero %d rank %d: %lld skipped, t %lld, scale %g", zero, r,
+                             (long long)z.out[r].skipped, (long long)z.out[r].optim_t,
+                             z.out[r].scale);
+                DT_CHECK_MSG(!isfinite(z.out[r].norm[0]), "rank %d: norm %g", r, z.out[r].norm[0]);
+            }
+        unmap(&z);
+    }
+}
+
 /* ---- configuration -------------------------------------------------------------------------- */
 
 static void test_config_errors(void)
@@ -706,6 +752,7 @@ int main(int argc, char **argv)
         {"clip_is_active", test_clip_is_active, 60},
         {"resume_across_stages", test_resume_across_stages, 300},
         {"killed_rank", test_killed_rank, 120},
+        {"fp16_overflow_on_one_rank_skips_everywhere", test_overflow_skips_everywhere, 60},
         {"memory", test_memory, 120},
     };
     return dt_test_main("test_zero", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
