@@ -16,6 +16,11 @@
  *     micro-steps accumulate the whole gradient locally (no synchronisation: DDP's no_sync), so
  *     during those the whole buffer is resident at stage 2 as well; the pages are given back
  *     during the last micro-step's backward.
+ *   - after the first step the buckets are rebuilt from backward's ready order, as DDP's are
+ *     (GPT's tied embedding gets the last bucket to itself); the shards move with them, the
+ *     optimiser state through the checkpoint staging, once, at the end of the first update;
+ *   - s->comm_time_s is the wait for the reduce-scatters (sync_grads), as DDP's; the
+ *     parameters' all-gather in optim_step counts in the step time only.
  * Per rank (Ψ parameters, N ranks, fp32 AdamW): stage 0 4Ψ + 4Ψ + 8Ψ; stage 1 4Ψ + 4Ψ + 4Ψ/N
  * (the gradient shard) + 8Ψ/N; stage 2 4Ψ + (about two buckets + 4Ψ/N) + 8Ψ/N.
  *
