@@ -72,6 +72,8 @@ void dt_ddp_opts_default(dt_ddp_opts *o)
     o->compress = DT_FLOAT32;
     o->broadcast_buffers = true;
     o->check_consistency = true;
+    o->shard = false;
+    o->release = false;
 }
 
 int dt_ddp_opts_from_job(dt_ddp_opts *o, const dt_job *job, dt_err *err)
