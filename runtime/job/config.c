@@ -1053,7 +1053,7 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
     if (job->zero == 3 && !BAD("parallel.zero"))
         add_error(errs, AT("parallel.zero"), 0,
                   "parallel.zero = 3 (parameters sharded, FSDP full-shard) is not supported yet: "
-                  "it needs per-block parameter hooks in the models; use parallel.zero = 1 or 2");
+                  "no strategy gathers parameters block by block; use parallel.zero = 1 or 2");
     if (job->resume == DT_RESUME_PATH && !job->resume_path[0])
         add_error(errs, AT("checkpoint.resume"), 0, "checkpoint.resume: use auto, never or a path");
     return errs && errs->count > before ? -EINVAL : 0;
