@@ -22,7 +22,10 @@
  *              slices; publish done = s.
  * Per rank that moves the buffer through memory about once each way, and every chunk is summed
  * by exactly one rank, so every rank ends with bit-identical results. Broadcast, all-gather and
- * reduce-scatter are the same steps without phase 3.
+ * reduce-scatter are the same steps without phase 3. Reductions add the ranks' values in rank
+ * order (0, 1, ..., n-1) whichever rank sums an element, so an element's result does not depend
+ * on how the collective was cut into chunks: an all-reduce and a reduce-scatter (ZeRO's) of the
+ * same data give the same bits.
  *
  * The steps are pipelined, not lock-step: a rank does whatever phase of whatever step is ready
  * (posting up to K steps ahead) and blocks only when nothing is. Ranks share CPUs with compute
@@ -460,12 +463,12 @@ static void phase_reduce(dt_shm *s, const shm_op *o, uint64_t step, uint64_t i, 
     const void *srcs[DT_SHM_MAX_LOCAL];
     switch (o->kind) {
     case DT_COLL_ALLREDUCE:
+        /* summed in rank order, whoever owns the chunk: the same bits as a reduce-scatter */
         chunk(m, s->n, s->me, &lo, &hi);
-        srcs[0] = o->buf + (off + lo) * o->es;
-        for (int j = 0, k = 1; j < s->n; j++)
-            if (j != s->me)
-                srcs[k++] = o->zc ? o->zc->peer[j] + o->zoff + (off + lo) * o->es
-                                  : slot_ptr(s, j, step) + lo * o->es;
+        for (int j = 0; j < s->n; j++)
+            srcs[j] = j == s->me ? o->buf + (off + lo) * o->es
+                      : o->zc    ? o->zc->peer[j] + o->zoff + (off + lo) * o->es
+                                 : slot_ptr(s, j, step) + lo * o->es;
         if (hi > lo)
             dt_reduce(o->buf + (off + lo) * o->es, o->zc ? NULL : mine + lo * o->es, srcs, s->n,
                       hi - lo, o->t, o->op, o->scale, o->stream);
@@ -482,10 +485,9 @@ static void phase_reduce(dt_shm *s, const shm_op *o, uint64_t step, uint64_t i, 
                 memcpy(o->recv + (size_t)j * o->count + off, slot_ptr(s, j, step), m);
         break;
     case DT_COLL_REDUCE_SCATTER:
-        srcs[0] = o->send + ((size_t)s->me * o->count + off) * o->es;
-        for (int j = 0, k = 1; j < s->n; j++)
-            if (j != s->me)
-                srcs[k++] = slot_ptr(s, j, step) + (size_t)s->me * o->per_step * o->es;
+        for (int j = 0; j < s->n; j++) /* rank order, as the all-reduce */
+            srcs[j] = j == s->me ? o->send + ((size_t)s->me * o->count + off) * o->es
+                                 : slot_ptr(s, j, step) + (size_t)s->me * o->per_step * o->es;
         if (m)
             dt_reduce(o->recv + off * o->es, NULL, srcs, s->n, m, o->t, o->op, o->scale, false);
         break;

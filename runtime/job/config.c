@@ -161,6 +161,8 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"ddp", "timeout", DT_CFG_DURATION, J(comm_timeout), "300", 0.001, 1e7, NULL, false, "seconds a collective may wait for a peer before it fails"},
     {"ddp", "broadcast_buffers", DT_CFG_BOOL, J(broadcast_buffers), "true", 0, 0, NULL, false, "broadcast buffers (BatchNorm statistics) from rank 0 every step"},
     {"ddp", "check_consistency", DT_CFG_BOOL, J(check_consistency), "true", 0, 0, NULL, false, "verify that every rank built the same model at start"},
+    /* [parallel] */
+    {"parallel", "zero", DT_CFG_INT, J(zero), "0", 0, 3, NULL, false, "ZeRO stage over the data-parallel ranks: 0 = DDP (every rank holds everything); 1 = optimiser state sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded as well (cpu: a bucket's gradient pages are given back once it is reduce-scattered); 3 = parameters sharded as well (not supported yet). One rank: ignored"},
     /* [checkpoint] */
     {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
     {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
@@ -200,7 +202,7 @@ const dt_cfg_field dt_cfg_fields[] = {
 const int dt_cfg_fields_count = (int)(sizeof dt_cfg_fields / sizeof dt_cfg_fields[0]);
 
 static const char *const sections[] = {"job",        "model",   "data",    "train",
-                                       "ddp",        "checkpoint", "elastic", "rendezvous"};
+                                       "ddp",        "parallel", "checkpoint", "elastic", "rendezvous"};
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
@@ -652,8 +654,8 @@ static void report_unknown_section(parse_ctx *c, const char *section)
                   near);
     else
         add_error(c->errs, c->where, c->line,
-                  "unknown section [%s] (sections: job, model, data, train, ddp, checkpoint, "
-                  "elastic, rendezvous)",
+                  "unknown section [%s] (sections: job, model, data, train, ddp, parallel, "
+                  "checkpoint, elastic, rendezvous)",
                   section);
 }
 
@@ -1052,6 +1054,15 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                   "step: with global_batch the micro-steps are derived from it, batch_size and the "
                   "world size at every start; drop train.grad_accum (or set it to 1)",
                   job->grad_accum, (long long)job->global_batch);
+    if (job->zero > 0 && job->strategy == DT_STRATEGY_DP && !BAD("parallel.zero", "job.strategy"))
+        add_error(errs, AT("parallel.zero", "job.strategy"), 0,
+                  "parallel.zero = %d shards state across worker processes, but job.strategy = dp "
+                  "drives all replicas from one process: use job.strategy = ddp (one worker per "
+                  "device) with parallel.zero, or parallel.zero = 0 with dp", job->zero);
+    if (job->zero == 3 && !BAD("parallel.zero"))
+        add_error(errs, AT("parallel.zero"), 0,
+                  "parallel.zero = 3 (parameters sharded, FSDP full-shard) is not supported yet: "
+                  "no strategy gathers parameters block by block; use parallel.zero = 1 or 2");
     if (job->resume == DT_RESUME_PATH && !job->resume_path[0])
         add_error(errs, AT("checkpoint.resume"), 0, "checkpoint.resume: use auto, never or a path");
     return errs && errs->count > before ? -EINVAL : 0;

@@ -211,6 +211,9 @@ typedef struct dt_job {
     bool broadcast_buffers;
     bool check_consistency;
 
+    /* [parallel] */
+    int zero;                          /* ZeRO stage 0..3 (0 = DDP; 3 is refused by validation) */
+
     /* [checkpoint] */
     char ckpt_dir[DT_PATH_MAX];        /* "" = <output_dir>/checkpoints */
     int ckpt_every;                    /* steps; 0 = only at the end and on preemption */

@@ -9,21 +9,28 @@
  */
 #include "runtime/train/ddp.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
 
 #define MIB (1024.0 * 1024.0)
 #define MSG_BYTES 256 /* per-rank consistency message */
+#define DT_DDP_MAX_RANKS_SUM 64 /* dt_ddp_sum_double: ranks gathered on the stack */
 
 typedef struct bucket {
     size_t lo, hi;        /* [lo, hi) of the flat gradient buffer, in elements */
     size_t ready;         /* elements reported final in this backward */
     bool launched;
+    bool released;        /* release: its pages were given back in this backward */
     dt_comm_work *work;   /* in flight, owned until waited */
+    size_t chunk;         /* shard: elements per rank, ceil((hi - lo) / world) */
+    size_t at;            /* shard: where this rank's chunk starts in the shard layout */
 } bucket;
 
 struct dt_ddp {
@@ -47,6 +54,15 @@ struct dt_ddp {
     bool rebuilt;         /* the rebuild happened (or was declined); no more recording */
     size_t *rec;          /* (rec_cap) pairs (offset, numel) in report order */
     int rec_n, rec_cap;   /* pairs recorded; rec_n > rec_cap means overflowed */
+    /* Sharding (ddp.h, "Sharding"). */
+    int rank;
+    dt_optim_range *ranges; /* (nb) this rank's range of each bucket, owned */
+    size_t shard_n;       /* elements of the shard layout */
+    float *sg;            /* (shard_n) backend memory: the averaged shard, owned */
+    uint16_t *sg16;       /* (shard_n) compress: the 16-bit shard received, owned */
+    size_t pending_split; /* shard: the rebuild's split, waiting for dt_ddp_relayout (0: none) */
+    size_t page;          /* release: the page size */
+    unsigned char *vec;   /* release: mincore's answer, one byte per page of m->grads */
     dt_ddp_stats st;
 };
 
@@ -57,6 +73,8 @@ void dt_ddp_opts_default(dt_ddp_opts *o)
     o->compress = DT_FLOAT32;
     o->broadcast_buffers = true;
     o->check_consistency = true;
+    o->shard = false;
+    o->release = false;
 }
 
 int dt_ddp_opts_from_job(dt_ddp_opts *o, const dt_job *job, dt_err *err)
@@ -310,6 +328,10 @@ static int rebuild(dt_ddp *d, dt_err *err)
     }
     if (split == 0 || split >= m->num_params)
         return 0;
+    if (d->o.shard) { /* the shards move only when the caller says so: dt_ddp_relayout */
+        d->pending_split = (size_t)split;
+        return 0;
+    }
     int before = d->nb;
     if ((rc = build_buckets(d, (size_t)split, err)))
         return rc;
@@ -327,7 +349,16 @@ static void launch(dt_ddp *d, int i)
     if (d->rc)
         return;
     int rc;
-    if (d->comp) {
+    if (d->o.shard && d->comp) {
+        dt_backend *be = d->m->be;
+        be->to_half(be, d->comp + b->lo, d->m->grads + b->lo, n, 1.0f / (float)d->world,
+                    d->o.compress == DT_BFLOAT16);
+        rc = dt_comm_reduce_scatter(d->c, d->comp + b->lo, d->sg16 + b->at, b->chunk,
+                                    d->o.compress, DT_SUM, &b->work, &d->err);
+    } else if (d->o.shard) {
+        rc = dt_comm_reduce_scatter(d->c, d->m->grads + b->lo, d->sg + b->at, b->chunk,
+                                    DT_FLOAT32, DT_AVG, &b->work, &d->err);
+    } else if (d->comp) {
         dt_backend *be = d->m->be;
         be->to_half(be, d->comp + b->lo, d->m->grads + b->lo, n, 1.0f / (float)d->world,
                     d->o.compress == DT_BFLOAT16);
@@ -340,6 +371,95 @@ static void launch(dt_ddp *d, int i)
         d->rc = rc;
         b->work = NULL;
     }
+}
+
+/* ---- releasing gradient pages (opts.release) --------------------------------------------- */
+
+/* Bytes of m->grads resident in memory now (mincore), for the stats. */
+static size_t resident_bytes(dt_ddp *d, const void *p, size_t bytes)
+{
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(d->page - 1), e = (uintptr_t)p + bytes;
+    size_t pages = (e - a + d->page - 1) / d->page;
+    if (!d->vec || mincore((void *)a, e - a, d->vec) != 0)
+        return bytes;
+    size_t n = 0;
+    for (size_t i = 0; i < pages; i++)
+        n += d->vec[i] & 1;
+    return n * d->page;
+}
+
+/* Bytes of m->grads and of the 16-bit payloads resident in memory now, for the stats; the
+ * first goes to st.grads_resident, the second to st.payload_bytes. */
+static size_t grads_resident(dt_ddp *d)
+{
+    size_t g = resident_bytes(d, d->m->grads, d->m->num_params * sizeof(float)), p = 0;
+    if (d->comp)
+        p = resident_bytes(d, d->comp, d->m->num_params * sizeof *d->comp);
+    d->st.grads_resident = g;
+    d->st.payload_bytes = p + (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
+    return g + p;
+}
+
+/* Gives back the whole pages of [p, e); with edges, zeroes the partial pages at both ends as
+ * well (only when nothing else lives there). */
+static void release_bytes(dt_ddp *d, char *p, char *e, bool edges)
+{
+    if (e <= p)
+        return;
+    char *a = (char *)(((uintptr_t)p + d->page - 1) & ~(uintptr_t)(d->page - 1));
+    char *z = (char *)((uintptr_t)e & ~(uintptr_t)(d->page - 1));
+    if (a < z)
+        madvise(a, (size_t)(z - a), MADV_DONTNEED);
+    if (edges) {
+        if (a >= z) {
+            memset(p, 0, (size_t)(e - p));
+        } else {
+            memset(p, 0, (size_t)(a - p));
+            memset(z, 0, (size_t)(e - z));
+        }
+    }
+}
+
+/* Gives back grads[lo, hi) (release_bytes), and the 16-bit payloads of the range when
+ * compressing: neither is read again before the next backward writes it. */
+static void release_range(dt_ddp *d, size_t lo, size_t hi, bool edges)
+{
+    release_bytes(d, (char *)(d->m->grads + lo), (char *)(d->m->grads + hi), edges);
+    if (d->comp)
+        release_bytes(d, (char *)(d->comp + lo), (char *)(d->comp + hi), edges);
+}
+
+/* Waits for bucket i (launched) and, with release, gives its pages back. An error is kept for
+ * dt_ddp_finish. */
+static void settle(dt_ddp *d, int i)
+{
+    bucket *b = &d->b[i];
+    if (b->work) {
+        dt_err e = {0};
+        int rc = dt_comm_wait(d->c, b->work, &e);
+        b->work = NULL;
+        if (rc && !d->rc) {
+            d->rc = rc;
+            d->err = e;
+        }
+    }
+    if (d->o.release && !b->released && !d->rc) {
+        size_t now = grads_resident(d);
+        if (now > d->st.grads_resident_peak)
+            d->st.grads_resident_peak = now;
+        DT_DEBUG("ZeRO-2: bucket %d [%zu, %zu) reduced: %zu bytes of gradients resident before "
+                 "it is given back", i, b->lo, b->hi, now);
+        release_range(d, b->lo, b->hi, false);
+        b->released = true;
+    }
+}
+
+void dt_ddp_release_grads(dt_ddp *d)
+{
+    if (!d->o.release)
+        return;
+    release_range(d, 0, d->m->num_params, true);
+    d->st.grads_resident_peak = grads_resident(d); /* a new accumulation */
 }
 
 void dt_ddp_grad_ready(void *ctx, size_t offset, size_t numel)
@@ -369,7 +489,25 @@ void dt_ddp_grad_ready(void *ctx, size_t offset, size_t numel)
     while (d->next < d->nb && d->b[d->next].ready >= d->b[d->next].hi - d->b[d->next].lo) {
         launch(d, d->next++);
         d->st.launched_early++;
+        /* release: the bucket two before the one just launched is (nearly always) reduced by
+         * now; wait for it and give its pages back, so about two buckets are held in flight */
+        if (d->o.release && d->next >= 3)
+            settle(d, d->next - 3);
     }
+}
+
+/* Bucket i's shard is reduced: widen it (compress) and zero the padding past this rank's
+ * range, which holds sums of the bucket above (see "Sharding"). */
+static void finish_shard(dt_ddp *d, int i)
+{
+    dt_backend *be = d->m->be;
+    const bucket *b = &d->b[i];
+    const dt_optim_range *r = &d->ranges[i];
+    if (d->comp)
+        be->from_half(be, d->sg + b->at, d->sg16 + b->at, b->chunk, 1.0f,
+                      d->o.compress == DT_BFLOAT16);
+    if (r->n < b->chunk)
+        be->memset_zero(be, d->sg + b->at + r->n, (b->chunk - r->n) * sizeof(float));
 }
 
 int dt_ddp_finish(dt_ddp *d, dt_err *err)
@@ -382,6 +520,11 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
     int rc = d->rc;
     if (rc && err)
         *err = d->err;
+    if (d->o.release && !rc) {
+        size_t now = grads_resident(d);
+        if (now > d->st.grads_resident_peak)
+            d->st.grads_resident_peak = now;
+    }
     for (int i = 0; i < d->nb; i++) {
         bucket *b = &d->b[i];
         if (b->work) {
@@ -394,11 +537,18 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
                     *err = e;
             }
         }
-        if (!rc && d->comp)
+        if (!rc && d->o.shard)
+            finish_shard(d, i);
+        else if (!rc && d->comp)
             d->m->be->from_half(d->m->be, d->m->grads + b->lo, d->comp + b->lo, b->hi - b->lo,
                                 1.0f, d->o.compress == DT_BFLOAT16);
         b->ready = 0;
         b->launched = false;
+        b->released = false;
+    }
+    if (!rc && d->o.release) {
+        release_range(d, 0, d->m->num_params, true);
+        grads_resident(d);
     }
     d->next = 0;
     d->rc = 0;
@@ -431,6 +581,174 @@ int dt_ddp_average(dt_ddp *d, double *v, int n, dt_err *err)
 }
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *s) { *s = d->st; }
+
+/* ---- sharding ------------------------------------------------------------------------------ */
+
+void dt_ddp_shard_ranges(const dt_ddp *d, const dt_optim_range **ranges, int *n, size_t *numel)
+{
+    *ranges = d->ranges;
+    *n = d->ranges ? d->nb : 0;
+    *numel = d->shard_n;
+}
+
+float *dt_ddp_shard_grads(dt_ddp *d) { return d->sg; }
+
+int dt_ddp_gather_params(dt_ddp *d, dt_err *err)
+{
+    float *p = d->m->params;
+    int rc = 0;
+    /* from the end of the buffer: a chunk's padding reads and writes the bucket above, which
+     * every rank holds alike once its own gather is done (collectives run in issue order) */
+    for (int i = 0; i < d->nb && !rc; i++) {
+        bucket *b = &d->b[i];
+        rc = dt_comm_allgather(d->c, p + b->lo + (size_t)d->rank * b->chunk, p + b->lo, b->chunk,
+                               DT_FLOAT32, &b->work, err);
+        if (rc)
+            b->work = NULL;
+    }
+    for (int i = 0; i < d->nb; i++) {
+        bucket *b = &d->b[i];
+        if (b->work) {
+            dt_err e = {0};
+            int wrc = dt_comm_wait(d->c, b->work, &e);
+            b->work = NULL;
+            if (wrc && !rc) {
+                rc = wrc;
+                if (err)
+                    *err = e;
+            }
+        }
+    }
+    return rc;
+}
+
+int dt_ddp_gather_shards(dt_ddp *d, const float *shard, float *full, dt_err *err)
+{
+    int rc = 0;
+    /* from the start of the buffer: a chunk's padding lands in the bucket above, which is
+     * gathered (and so overwritten with its own values) afterwards */
+    for (int i = d->nb - 1; i >= 0 && !rc; i--) {
+        bucket *b = &d->b[i];
+        rc = dt_comm_allgather(d->c, shard + b->at, full + b->lo, b->chunk, DT_FLOAT32, NULL, err);
+    }
+    return rc;
+}
+
+void dt_ddp_slice_shard(dt_ddp *d, const float *full, float *shard)
+{
+    dt_backend *be = d->m->be;
+    be->memset_zero(be, shard, d->shard_n * sizeof(float));
+    for (int i = 0; i < d->nb; i++) {
+        const dt_optim_range *r = &d->ranges[i];
+        if (r->n)
+            be->memcpy_d2d(be, shard + r->at, full + r->off, r->n * sizeof(float));
+    }
+}
+
+int dt_ddp_sum_double(dt_ddp *d, double v, double *sum, dt_err *err)
+{
+    if (d->world == 1) {
+        *sum = v;
+        return 0;
+    }
+    double all[DT_DDP_MAX_RANKS_SUM];
+    double *vals = d->world <= DT_DDP_MAX_RANKS_SUM ? all : malloc(sizeof(double) * (size_t)d->world);
+    if (!vals)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    /* a double is two float32 words: an all-gather copies them bit for bit */
+    int rc = ensure_scratch(d, 2 + 2 * (size_t)d->world, err);
+    if (!rc)
+        rc = small_allgather(d, &v, vals, 2, err);
+    if (!rc) {
+        double s = 0;
+        for (int r = 0; r < d->world; r++)
+            s += vals[r];
+        *sum = s;
+    }
+    if (vals != all)
+        free(vals);
+    return rc;
+}
+
+static int build_shards(dt_ddp *d, dt_err *err);
+
+bool dt_ddp_relayout_pending(const dt_ddp *d) { return d->pending_split > 0; }
+
+int dt_ddp_relayout(dt_ddp *d, dt_err *err)
+{
+    dt_backend *be = d->m->be;
+    int before = d->nb, rc;
+    size_t split = d->pending_split;
+    d->pending_split = 0;
+    if (!split)
+        return 0;
+    if ((rc = build_buckets(d, split, err)) || (rc = build_shards(d, err)))
+        return rc;
+    be->free(be, d->sg);
+    d->sg = NULL;
+    if (d->sg16)
+        be->free(be, d->sg16);
+    d->sg16 = NULL;
+    if ((rc = be->alloc(be, (void **)&d->sg, d->shard_n * sizeof(float), err)) ||
+        (d->o.compress != DT_FLOAT32 &&
+         (rc = be->alloc(be, (void **)&d->sg16, d->shard_n * sizeof *d->sg16, err))))
+        return dt_err_prefix(err, "ZeRO: the gradient shard: ");
+    if (!d->o.release)
+        d->st.payload_bytes = (d->comp ? d->m->num_params * sizeof *d->comp : 0) +
+                              (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
+    d->st.rebuilt = true;
+    DT_DEBUG("ZeRO: buckets rebuilt from the ready order: %d buckets (%d before), the last one "
+             "[0, %zu); this rank's shard now %zu elements", d->nb, before, split, d->shard_n);
+    return 0;
+}
+
+/* The shard layout: bucket 0 (the end of the buffer) cut to a multiple of the world size so that
+ * no padded read leaves the buffer (what it leaves goes to the bucket below, or to a new last
+ * bucket), then each bucket's chunk and this rank's range. */
+static int build_shards(dt_ddp *d, dt_err *err)
+{
+    const size_t N = (size_t)d->world;
+    if (d->m->num_params < N)
+        return dt_err_set(err, -EINVAL, "ZeRO: %zu parameters cannot be sharded over %d ranks",
+                          d->m->num_params, d->world);
+    if (d->nb > 0) {
+        bucket *b0 = &d->b[0];
+        size_t n0 = b0->hi - b0->lo, rem = n0 % N;
+        if (rem && n0 > rem) {
+            if (d->nb > 1) {
+                d->b[1].hi += rem;
+            } else {
+                d->b[1] = (bucket){.lo = b0->lo, .hi = b0->lo + rem};
+                d->nb = 2;
+            }
+            b0->lo += rem;
+        } else if (rem) { /* smaller than N: it joins the bucket below (there is one: n >= N) */
+            d->b[1].hi = b0->hi;
+            memmove(d->b, d->b + 1, sizeof *d->b * (size_t)(d->nb - 1));
+            d->nb--;
+        }
+    }
+    free(d->ranges);
+    if (!(d->ranges = calloc((size_t)d->nb + 1, sizeof *d->ranges)))
+        return dt_err_set(err, -ENOMEM, "ZeRO: out of memory");
+    size_t at = 0;
+    d->st.largest_bucket = 0;
+    for (int i = 0; i < d->nb; i++) {
+        bucket *b = &d->b[i];
+        size_t n = b->hi - b->lo, c = (n + N - 1) / N, mine = (size_t)d->rank * c;
+        b->chunk = c;
+        b->at = at;
+        d->ranges[i] = (dt_optim_range){.off = b->lo + DT_MIN(mine, n),
+                                        .n = mine < n ? DT_MIN(c, n - mine) : 0,
+                                        .at = at};
+        at += c;
+        d->st.largest_bucket = DT_MAX(d->st.largest_bucket, n);
+    }
+    d->st.num_buckets = d->nb;
+    d->shard_n = at;
+    d->st.shard_numel = at;
+    return 0;
+}
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
@@ -478,6 +796,8 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
     d->c = c;
     d->o = *opts;
     d->world = dt_comm_world_size(c);
+    d->rank = dt_comm_rank(c);
+    d->o.release = d->o.release && d->o.shard;
     if (d->o.bucket_cap_mb <= 0 || d->o.first_bucket_mb <= 0) {
         rc = dt_err_set(err, -EINVAL, "DDP: bucket sizes must be positive (bucket_cap_mb %g, "
                         "first_bucket_mb %g)", d->o.bucket_cap_mb, d->o.first_bucket_mb);
@@ -500,12 +820,39 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
     }
     if ((rc = build_buckets(d, 0, err)))
         goto fail;
+    if (d->o.shard) {
+        if ((rc = build_shards(d, err)))
+            goto fail;
+        if ((rc = m->be->alloc(m->be, (void **)&d->sg, d->shard_n * sizeof(float), err)) ||
+            (d->o.compress != DT_FLOAT32 &&
+             (rc = m->be->alloc(m->be, (void **)&d->sg16, d->shard_n * sizeof *d->sg16, err)))) {
+            dt_err_prefix(err, "ZeRO: the gradient shard: ");
+            goto fail;
+        }
+        if (d->o.release) {
+            if (strcmp(m->be->name, "cpu") != 0) {
+                rc = dt_err_set(err, -ENOTSUP,
+                                "ZeRO-2 gives gradient pages back on device = cpu only (this "
+                                "worker runs on %s): use parallel.zero = 1 there",
+                                m->be->name);
+                goto fail;
+            }
+            d->page = (size_t)sysconf(_SC_PAGESIZE);
+            size_t pages = (m->num_params * sizeof(float) + 2 * d->page) / d->page + 1;
+            if (!(d->vec = malloc(pages))) {
+                rc = dt_err_set(err, -ENOMEM, "ZeRO: out of memory");
+                goto fail;
+            }
+            release_range(d, 0, m->num_params, true);
+        }
+    }
     d->rec_cap = 2 * m->num_tensors + 16;
     if (!(d->rec = calloc((size_t)d->rec_cap * 2, sizeof *d->rec))) {
         rc = dt_err_set(err, -ENOMEM, "DDP: out of memory");
         goto fail;
     }
-    if ((rc = use_comm_memory(d, err)))
+    /* sharding reduce-scatters through the staging slices: communicator memory buys nothing */
+    if (!d->o.shard && (rc = use_comm_memory(d, err)))
         goto fail;
     if (d->o.compress != DT_FLOAT32 && m->num_params && !d->comp) {
         dt_mem_cat old = dt_mem_tag(m->be, DT_MEM_COMM);
@@ -516,6 +863,11 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
             goto fail;
         }
     }
+    if (d->o.shard && !d->o.release)
+        d->st.payload_bytes = (d->comp ? m->num_params * sizeof *d->comp : 0) +
+                              (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
+    if (d->o.release)
+        grads_resident(d);
     DT_DEBUG("DDP: %d ranks, %zu parameters in %d buckets (first %.2f MiB, cap %.1f MiB)%s%s",
              d->world, m->num_params, d->nb, d->o.first_bucket_mb, d->o.bucket_cap_mb,
              d->comp ? ", compressed to " : "", d->comp ? dt_dtype_name(d->o.compress) : "");
@@ -545,6 +897,12 @@ void dt_ddp_free(dt_ddp *d)
     }
     else if (d->comp)
         d->m->be->free(d->m->be, d->comp);
+    if (d->sg)
+        d->m->be->free(d->m->be, d->sg);
+    if (d->sg16)
+        d->m->be->free(d->m->be, d->sg16);
+    free(d->vec);
+    free(d->ranges);
     free(d->rec);
     free(d->b);
     free(d);

@@ -33,6 +33,33 @@
  * other's gradients instead of staging copies. While the reducer lives, m->grads points there;
  * dt_ddp_free puts the model's own buffer back, with the current gradients.
  *
+ * Sharding (opts.shard: ZeRO stages 1 and 2, see strategy_zero.h). Instead of all-reducing a
+ * bucket, the reducer reduce-scatters it (averaged, or 16-bit with compress, as above) and each
+ * rank keeps its shard of the result:
+ *   - bucket b = [lo, hi) of n elements is cut into N chunks of c = ceil(n / N) elements; rank r
+ *     owns [lo + r*c, min(lo + (r+1)*c, hi)) (empty for ranks past the end when n < N*c - c);
+ *     the last chunk is padded to c: the reduce-scatter reads N*c elements from lo, up to N-1
+ *     past hi, i.e. from the bucket above, whose sums land only in padding and are dropped
+ *     (zeroed). The bucket at the end of the buffer is cut to a multiple of N (what it leaves
+ *     goes to the next bucket), so no read leaves the buffer. The rebuild after the first
+ *     backward moves the shards, so it waits for the caller (dt_ddp_relayout below);
+ *   - the rank's chunks, packed in bucket order, form its shard layout: dt_ddp_shard_ranges
+ *     gives them as optimiser ranges, and after dt_ddp_finish dt_ddp_shard_grads holds this
+ *     rank's averaged gradients in that layout (the padding zero), while m->grads holds only
+ *     this rank's own, unreduced gradients;
+ *   - the reduction is the all-reduce's (comm_shm.c sums every element in rank order whichever
+ *     rank sums it), so on one host a shard holds the bits DDP's all-reduce gives; between
+ *     hosts (the TCP ring, hierarchical) the order differs and so may the last bits;
+ *   - dt_ddp_gather_params all-gathers the updated chunks into every rank's m->params, in place,
+ *     bucket after bucket from the end of the buffer (a chunk's padding then reads, and writes
+ *     back, values of the bucket above that every rank already holds alike);
+ *   - opts.release (host memory only, ZeRO-2): once a bucket's reduce-scatter is done, the whole
+ *     pages of m->grads inside it are given back to the system (madvise MADV_DONTNEED: they read
+ *     as zero again, which is what the next backward accumulates into). From the hook, a bucket
+ *     is waited for and released when the bucket two after it is launched, so about two buckets
+ *     are in flight; dt_ddp_finish releases the rest. The resident pages are measured (mincore),
+ *     not assumed: see dt_ddp_stats.grads_resident_peak.
+ *
  * All calls come from the thread that runs backward (the hook) and the trainer's thread, which
  * are the same thread in dtrain's worker.
  */
@@ -46,6 +73,7 @@
 #include "runtime/comm/comm.h"
 #include "runtime/job/config.h"
 #include "runtime/train/model.h"
+#include "runtime/train/optim.h"
 
 typedef struct dt_ddp_opts {
     double bucket_cap_mb;   /* bucket size in MiB (25) */
@@ -53,6 +81,8 @@ typedef struct dt_ddp_opts {
     dt_dtype compress;      /* payload dtype: DT_FLOAT32 = no compression */
     bool broadcast_buffers; /* dt_ddp_finish also broadcasts the model's buffers from rank 0 */
     bool check_consistency; /* compare the model across ranks at creation */
+    bool shard;             /* reduce-scatter instead of all-reduce (ZeRO; see "Sharding") */
+    bool release;           /* shard: give back a bucket's gradient pages once reduced (cpu) */
 } dt_ddp_opts;
 
 void dt_ddp_opts_default(dt_ddp_opts *o);
@@ -73,6 +103,16 @@ typedef struct dt_ddp_stats {
     uint64_t launched_late;  /* buckets launched by dt_ddp_finish (not overlapped) */
     double wait_s;           /* total time dt_ddp_finish spent waiting */
     bool comm_memory;        /* the buckets all-reduce communicator memory (see above) */
+    size_t shard_numel;      /* shard: elements of this rank's shard layout (padding included) */
+    size_t grads_resident_peak; /* release: most bytes of m->grads (and of the 16-bit payloads
+                                   when compressing) resident in memory (mincore), seen at each
+                                   bucket released and at dt_ddp_finish since the last
+                                   dt_ddp_release_grads (the accumulation's micro-steps
+                                   included: their gradients are still resident then) */
+    size_t grads_resident;   /* release: bytes of m->grads resident after the last finish or
+                                release */
+    size_t payload_bytes;    /* shard: bytes of the 16-bit payload buffers held (release: the
+                                resident part of the whole-buffer one), 0 without compress */
 } dt_ddp_stats;
 
 /* Creates the reducer of model m over comm c (both borrowed; they outlive it: free the reducer
@@ -100,5 +140,44 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err);
 int dt_ddp_average(dt_ddp *d, double *v, int n, dt_err *err);
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *s);
+
+/* ---- sharding (opts.shard) ---- */
+
+/* This rank's ranges of the parameter buffer, as optimiser ranges (at = offset in the shard
+ * layout), one per bucket (some may be empty): *ranges borrowed from the reducer, *n of them;
+ * *numel = elements of the shard layout. */
+void dt_ddp_shard_ranges(const dt_ddp *d, const dt_optim_range **ranges, int *n, size_t *numel);
+
+/* The rebuild (see above) in sharding mode: after the first synchronised backward the buckets
+ * would move, and the shards with them, but this backward's shard and the optimiser's state are
+ * in the old layout. So dt_ddp_finish only plans it, and the caller applies it once the
+ * optimiser stepped on the old layout: gather what lives in the old layout
+ * (dt_ddp_gather_shards), dt_ddp_relayout (buckets, ranges and the gradient shard anew: ranges
+ * and shard pointers given before are stale), then slice into the new (dt_ddp_slice_shard). */
+bool dt_ddp_relayout_pending(const dt_ddp *d);
+int dt_ddp_relayout(dt_ddp *d, dt_err *err);
+
+/* This rank's averaged gradients in the shard layout (backend memory, shard numel), valid after
+ * dt_ddp_finish until the next backward's hook. */
+float *dt_ddp_shard_grads(dt_ddp *d);
+
+/* All-gathers every rank's ranges of m->params into every rank's m->params (after the
+ * optimiser updated this rank's). Collective. */
+int dt_ddp_gather_params(dt_ddp *d, dt_err *err);
+
+/* full (num_params, backend memory) = every rank's shard (shard numel, in the shard layout)
+ * put in place. Collective. */
+int dt_ddp_gather_shards(dt_ddp *d, const float *shard, float *full, dt_err *err);
+
+/* shard (shard numel) = this rank's ranges of full (num_params); the padding is zeroed. Local. */
+void dt_ddp_slice_shard(dt_ddp *d, const float *full, float *shard);
+
+/* Sum over the ranks of one double per rank, exactly the same on every rank (every rank's value
+ * is gathered and they are added in rank order, in double). Collective. */
+int dt_ddp_sum_double(dt_ddp *d, double v, double *sum, dt_err *err);
+
+/* release: gives back the pages of m->grads and zeroes its partial first and last pages, so the
+ * whole buffer reads as zero (the start of an accumulation, without touching every page). */
+void dt_ddp_release_grads(dt_ddp *d);
 
 #endif

@@ -49,6 +49,16 @@ int dt_optim_create(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
                     const dt_tensor_info *tensors, int num_tensors, size_t num_params,
                     dt_err *err)
 {
+    dt_optim_range all = {0, num_params, 0};
+    return dt_optim_create_ranges(out, cfg, be, tensors, num_tensors, num_params, &all, 1,
+                                  num_params, err);
+}
+
+int dt_optim_create_ranges(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
+                           const dt_tensor_info *tensors, int num_tensors, size_t num_params,
+                           const dt_optim_range *ranges, int num_ranges, size_t state_numel,
+                           dt_err *err)
+{
     size_t covered = 0;
     for (int i = 0; i < num_tensors; i++) {
         if (tensors[i].offset != covered)
@@ -63,6 +73,14 @@ int dt_optim_create(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
                           num_params);
     if (cfg->kind == DT_OPTIM_SGD && cfg->nesterov && cfg->momentum <= 0)
         return dt_err_set(err, -EINVAL, "train.nesterov needs train.momentum > 0");
+    for (int k = 0; k < num_ranges; k++) {
+        const dt_optim_range *r = &ranges[k];
+        if (r->off + r->n > num_params || r->at + r->n > state_numel)
+            return dt_err_set(err, -EINVAL,
+                              "optimiser: range %d [%zu, %zu) at %zu is outside the %zu "
+                              "parameters or %zu state elements",
+                              k, r->off, r->off + r->n, r->at, num_params, state_numel);
+    }
     dt_optim *o = calloc(1, sizeof *o);
     if (!o)
         return dt_err_set(err, -ENOMEM, "out of memory");
@@ -71,6 +89,14 @@ int dt_optim_create(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
     o->num_params = num_params;
     o->tensors = tensors;
     o->num_tensors = num_tensors;
+    o->state_numel = state_numel;
+    o->num_ranges = num_ranges;
+    if (num_ranges && !(o->ranges = malloc(sizeof *ranges * (size_t)num_ranges))) {
+        free(o);
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    }
+    if (num_ranges)
+        memcpy(o->ranges, ranges, sizeof *ranges * (size_t)num_ranges);
     if (cfg->kind == DT_OPTIM_ADAMW) {
         o->states[o->num_states++] = (dt_optim_state){"exp_avg", "exp_avg.", NULL};
         o->states[o->num_states++] = (dt_optim_state){"exp_avg_sq", "exp_avg_sq.", NULL};
@@ -79,16 +105,46 @@ int dt_optim_create(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
     }
     for (int i = 0; i < o->num_states; i++) {
         dt_mem_cat old_cat = dt_mem_tag(be, DT_MEM_OPTIM);
-        int rc = be->alloc(be, (void **)&o->states[i].buf, sizeof(float) * num_params, err);
+        int rc = be->alloc(be, (void **)&o->states[i].buf, sizeof(float) * state_numel, err);
         dt_mem_tag(be, old_cat);
         if (rc) {
             dt_err_prefix(err, "optimiser state (%s, %zu parameters): ", o->states[i].name,
-                          num_params);
+                          state_numel);
             dt_optim_free(o);
             return rc;
         }
     }
     *out = o;
+    return 0;
+}
+
+int dt_optim_set_ranges(dt_optim *o, const dt_optim_range *ranges, int num_ranges,
+                        size_t state_numel, dt_err *err)
+{
+    for (int k = 0; k < num_ranges; k++)
+        if (ranges[k].off + ranges[k].n > o->num_params || ranges[k].at + ranges[k].n > state_numel)
+            return dt_err_set(err, -EINVAL, "optimiser: range %d [%zu, %zu) at %zu is outside "
+                              "the %zu parameters or %zu state elements", k, ranges[k].off,
+                              ranges[k].off + ranges[k].n, ranges[k].at, o->num_params,
+                              state_numel);
+    dt_optim_range *r = malloc(sizeof *r * (size_t)(num_ranges ? num_ranges : 1));
+    if (!r)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    memcpy(r, ranges, sizeof *r * (size_t)num_ranges);
+    free(o->ranges);
+    o->ranges = r;
+    o->num_ranges = num_ranges;
+    for (int i = 0; i < o->num_states; i++) {
+        o->be->free(o->be, o->states[i].buf);
+        o->states[i].buf = NULL;
+    }
+    o->state_numel = state_numel;
+    for (int i = 0; i < o->num_states; i++) {
+        int rc = o->be->alloc(o->be, (void **)&o->states[i].buf, sizeof(float) * state_numel, err);
+        if (rc)
+            return dt_err_prefix(err, "optimiser state (%s, %zu parameters): ", o->states[i].name,
+                                 state_numel);
+    }
     return 0;
 }
 
@@ -99,57 +155,72 @@ void dt_optim_free(dt_optim *o)
     for (int i = 0; i < o->num_states; i++)
         if (o->states[i].buf)
             o->be->free(o->be, o->states[i].buf);
+    free(o->ranges);
     free(o);
 }
 
 double dt_optim_grad_norm(dt_optim *o, const float *grads)
 {
-    return sqrt(o->be->sumsq(o->be, grads, o->num_params));
+    return sqrt(o->be->sumsq(o->be, grads, o->state_numel));
 }
 
 double dt_optim_clip(dt_optim *o, float *grads)
 {
     double norm = dt_optim_grad_norm(o, grads);
     if (o->cfg.grad_clip > 0 && isfinite(norm) && norm > o->cfg.grad_clip)
-        o->be->scale(o->be, grads, o->num_params, (float)(o->cfg.grad_clip / (norm + 1e-6)));
+        o->be->scale(o->be, grads, o->state_numel, (float)(o->cfg.grad_clip / (norm + 1e-6)));
     return norm;
 }
 
-/* Updates params[off, off+n) with or without weight decay. */
-static void update_range(dt_optim *o, float *params, const float *grads, size_t off, size_t n,
-                         bool decay, double lr)
+/* Updates params[off, off+n) from grads and state at [at, at+n), with or without weight decay. */
+static void update_range(dt_optim *o, float *params, const float *grads, size_t off, size_t at,
+                         size_t n, bool decay, double lr)
 {
     const dt_optim_config *c = &o->cfg;
     double wd = decay ? c->weight_decay : 0.0;
     if (c->kind == DT_OPTIM_ADAMW)
-        o->be->adamw_update(o->be, params + off, grads + off, o->states[0].buf + off,
-                            o->states[1].buf + off, n, lr, c->beta1, c->beta2, c->eps, wd,
+        o->be->adamw_update(o->be, params + off, grads + at, o->states[0].buf + at,
+                            o->states[1].buf + at, n, lr, c->beta1, c->beta2, c->eps, wd,
                             o->t + 1);
     else
-        o->be->sgd_update(o->be, params + off, grads + off,
-                          o->num_states ? o->states[0].buf + off : NULL,
+        o->be->sgd_update(o->be, params + off, grads + at,
+                          o->num_states ? o->states[0].buf + at : NULL,
                           n, (float)lr, (float)c->momentum, c->nesterov, (float)wd, o->t == 0);
+}
+
+/* One range: the tensors it crosses, neighbours with the same no_decay flag merged into one
+ * update. */
+static void step_range(dt_optim *o, float *params, const float *grads, const dt_optim_range *r,
+                       double lr)
+{
+    size_t start = 0, len = 0, end = r->off + r->n;
+    bool decay = true;
+    for (int i = 0; i < o->num_tensors; i++) {
+        const dt_tensor_info *ti = &o->tensors[i];
+        size_t lo = ti->offset > r->off ? ti->offset : r->off;
+        size_t hi = ti->offset + ti->numel < end ? ti->offset + ti->numel : end;
+        if (lo >= hi)
+            continue;
+        bool d = !ti->no_decay;
+        if (len && d != decay) {
+            update_range(o, params, grads, start, r->at + (start - r->off), len, decay, lr);
+            len = 0;
+        }
+        if (!len) {
+            start = lo;
+            decay = d;
+        }
+        len += hi - lo;
+    }
+    if (len)
+        update_range(o, params, grads, start, r->at + (start - r->off), len, decay, lr);
 }
 
 void dt_optim_step(dt_optim *o, float *params, const float *grads, double lr)
 {
-    size_t start = 0, len = 0;
-    bool decay = true;
-    for (int i = 0; i < o->num_tensors; i++) {
-        const dt_tensor_info *ti = &o->tensors[i];
-        bool d = !ti->no_decay;
-        if (len && d != decay) {
-            update_range(o, params, grads, start, len, decay, lr);
-            len = 0;
-        }
-        if (!len) {
-            start = ti->offset;
-            decay = d;
-        }
-        len += ti->numel;
-    }
-    if (len)
-        update_range(o, params, grads, start, len, decay, lr);
+    for (int k = 0; k < o->num_ranges; k++)
+        if (o->ranges[k].n)
+            step_range(o, params, grads, &o->ranges[k], lr);
     o->t++;
 }
 

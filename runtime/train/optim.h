@@ -64,6 +64,15 @@ typedef struct dt_optim_state {
 
 #define DT_OPTIM_MAX_STATES 2
 
+/* A range of the parameter buffer an optimiser updates: params[off, off+n), whose gradient and
+ * state live at [at, at+n) of the optimiser's state layout. A whole optimiser has one range
+ * {0, num_params, 0}; a sharded one (ZeRO) the ranges its rank owns, packed one after the other
+ * in its state buffers (state_numel elements, which may include gaps no range covers). */
+typedef struct dt_optim_range {
+    size_t off, n; /* in the parameter buffer */
+    size_t at;     /* in the state layout (and the gradient passed to dt_optim_step) */
+} dt_optim_range;
+
 typedef struct dt_optim {
     dt_optim_config cfg;
     dt_backend *be;                /* borrowed */
@@ -75,6 +84,12 @@ typedef struct dt_optim {
      *   adamw: exp_avg (m), exp_avg_sq (v);  sgd: momentum_buffer (none when momentum = 0) */
     dt_optim_state states[DT_OPTIM_MAX_STATES];
     int num_states;
+    /* What this optimiser updates: ranges[0..num_ranges) (owned; one range over the whole
+     * buffer unless created with dt_optim_create_ranges), and the elements of each state
+     * buffer (num_params for a whole optimiser). */
+    dt_optim_range *ranges;
+    int num_ranges;
+    size_t state_numel;
 } dt_optim;
 
 /* Creates the optimiser for a model's parameter layout (tensors must cover [0, num_params) in
@@ -83,18 +98,38 @@ int dt_optim_create(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
                     const dt_tensor_info *tensors, int num_tensors, size_t num_params,
                     dt_err *err);
 
+/* An optimiser of part of the parameters (ZeRO's shard): it updates params[r.off, r.off+r.n)
+ * for each of ranges[0..num_ranges) (copied; disjoint, in any order, inside [0, num_params),
+ * their [at, at+n) disjoint inside [0, state_numel)), with state buffers of state_numel
+ * elements: the per-parameter state exists only for what this optimiser updates. Each tensor's
+ * no_decay flag applies to its part of a range, exactly as for a whole optimiser, so the
+ * elements a sharded optimiser updates change bit for bit as a whole one's would. */
+int dt_optim_create_ranges(dt_optim **out, const dt_optim_config *cfg, dt_backend *be,
+                           const dt_tensor_info *tensors, int num_tensors, size_t num_params,
+                           const dt_optim_range *ranges, int num_ranges, size_t state_numel,
+                           dt_err *err);
+
+/* Gives the optimiser other ranges (as dt_optim_create_ranges) and new state buffers of
+ * state_numel elements, zeroed: the caller moves the state over (ZeRO's relayout). t stays. On
+ * failure the optimiser keeps its ranges but may have no state buffers: free it. */
+int dt_optim_set_ranges(dt_optim *o, const dt_optim_range *ranges, int num_ranges,
+                        size_t state_numel, dt_err *err);
+
 /* Accepts NULL. */
 void dt_optim_free(dt_optim *o);
 
-/* Global L2 norm of grads (num_params). */
+/* L2 norm of grads (state_numel elements: the whole gradient of a whole optimiser; only this
+ * rank's part for a sharded one, whose global norm the caller combines over ranks). */
 double dt_optim_grad_norm(dt_optim *o, const float *grads);
 
-/* Measures the global norm of grads and, when cfg.grad_clip > 0 and the norm exceeds it, scales
- * grads by grad_clip / (norm + 1e-6) (PyTorch's clip_grad_norm_). Returns the norm before
- * clipping (non-finite when a gradient is; nothing is scaled then). */
+/* Measures the norm of grads (as dt_optim_grad_norm) and, when cfg.grad_clip > 0 and the norm
+ * exceeds it, scales grads by grad_clip / (norm + 1e-6) (PyTorch's clip_grad_norm_). Returns
+ * the norm before clipping (non-finite when a gradient is; nothing is scaled then). */
 double dt_optim_clip(dt_optim *o, float *grads);
 
-/* One update of params from grads at learning rate lr; increments t. */
+/* One update at learning rate lr of the ranges this optimiser owns: params is the whole
+ * parameter buffer (num_params), grads is laid out like the state (state_numel: for a whole
+ * optimiser, the whole gradient buffer). Increments t. */
 void dt_optim_step(dt_optim *o, float *params, const float *grads, double lr);
 
 /* Dynamic loss scaling for train.precision = fp16, as torch's GradScaler: backward runs on

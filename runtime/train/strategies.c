@@ -5,15 +5,22 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "common/log.h"
 #include "runtime/train/strategy_ddp.h"
 #include "runtime/train/strategy_dp.h"
 #include "runtime/train/strategy_single.h"
+#include "runtime/train/strategy_zero.h"
 
 const dt_strategy_ops *dt_strategy_pick(const dt_job *job, int world_size)
 {
     if (job->strategy == DT_STRATEGY_DP)
-        return &dt_strategy_dp_ops;
-    return world_size > 1 ? &dt_strategy_ddp_ops : &dt_strategy_single_ops;
+        return &dt_strategy_dp_ops; /* with parallel.zero > 0 the job does not validate */
+    if (world_size > 1)
+        return job->zero > 0 ? &dt_strategy_zero_ops : &dt_strategy_ddp_ops;
+    if (job->zero > 0)
+        DT_INFO("parallel.zero = %d with one rank: nothing to shard, training as a single "
+                "process", job->zero);
+    return &dt_strategy_single_ops;
 }
 
 int dt_strategy_open(dt_strategy **out, const dt_strategy_ops *ops, const dt_strategy_ctx *ctx,

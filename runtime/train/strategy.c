@@ -113,17 +113,21 @@ int dt_strategy_eval_whole(dt_strategy *s, const dt_batch *batch, float *loss, i
     return rc;
 }
 
-double dt_strategy_clip_whole(dt_strategy *s, double unscale)
+int dt_strategy_clip_whole(dt_strategy *s, double unscale, double *norm, dt_err *err)
 {
+    (void)err;
     dt_model *m = s->model;
     if (unscale != 1.0)
         s->be->scale(s->be, m->grads, m->num_params, (float)unscale);
-    return dt_optim_clip(s->optim, m->grads);
+    *norm = dt_optim_clip(s->optim, m->grads);
+    return 0;
 }
 
-void dt_strategy_optim_step_whole(dt_strategy *s, double lr)
+int dt_strategy_optim_step_whole(dt_strategy *s, double lr, dt_err *err)
 {
+    (void)err;
     dt_optim_step(s->optim, s->model->params, s->model->grads, lr);
+    return 0;
 }
 
 void dt_strategy_zero_grads_whole(dt_strategy *s)

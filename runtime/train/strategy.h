@@ -19,6 +19,10 @@
  *               all-gather of updated shards, ...)
  *   eval_step   forward only, for evaluation
  *   state       the tensors a checkpoint holds, whole, under their usual names
+ *   gather_state  before a checkpoint is saved (every rank, collectively): make the buffers
+ *               `state` handed out hold the whole tensors (ZeRO: all-gather the optimiser's
+ *               shards); NULL where they always do. After a load the trainer calls start, which
+ *               takes this rank's part of what the load put there
  *   close       tear-down; accepts a strategy whose open failed half way
  *
  * So one optimiser step, in the trainer, is:
@@ -27,10 +31,14 @@
  *   last = true on the last); sync_grads;
  *   average(loss, stop flag); clip; optim_step (unless fp16 skips it); s->be->synchronize
  *
+ * and a checkpoint, between steps, is gather_state (every rank) then rank 0's save; a resume is
+ * every rank's load (open's `state` buffers) and then start.
+ *
  * Implementations: single (strategy_single.c: one process, one replica), ddp (strategy_ddp.c:
- * DistributedDataParallel, one replica per process, over ddp.c's reducer) and dp (strategy_dp.c:
- * DataParallel, replicas driven by one process, over dp.c); ZeRO, tensor and pipeline
- * parallelism plug in beside them. strategies.h picks one from the job.
+ * DistributedDataParallel, one replica per process, over ddp.c's reducer), dp (strategy_dp.c:
+ * DataParallel, replicas driven by one process, over dp.c) and zero (strategy_zero.c: ZeRO
+ * stages 1 and 2, over ddp.c's reducer in its sharding mode); tensor and pipeline parallelism
+ * plug in beside them. strategies.h picks one from the job.
  *
  * An implementation includes this header and what it drives (comm/, the model, the optimiser);
  * it never includes worker.h or strategies.h: what it needs from the trainer comes in
@@ -64,7 +72,7 @@ typedef struct dt_strategy_ctx {
 typedef struct dt_strategy dt_strategy;
 
 typedef struct dt_strategy_ops {
-    const char *name; /* "single", "ddp", "dp" */
+    const char *name; /* "single", "ddp", "dp", "zero" */
     /* Samples this rank's process draws from the data per micro-step (its sampler's batch),
      * derived from the job: train.batch_size for one replica per process, batch_size x
      * job.dp_replicas for DP (batch_size is per replica). Called before open. */
@@ -90,11 +98,12 @@ typedef struct dt_strategy_ops {
     /* Replaces v[0..n) by its mean over the ranks (unchanged with one rank). */
     int (*average)(dt_strategy *s, double *v, int n, dt_err *err);
     /* Multiplies the gradients by unscale when it is not 1 (fp16: 1 / the loss scale), then
-     * clips (train.grad_clip). Returns the global norm before clipping (non-finite: nothing
-     * was clipped). */
-    double (*clip)(dt_strategy *s, double unscale);
-    /* One optimiser update at learning rate lr. */
-    void (*optim_step)(dt_strategy *s, double lr);
+     * clips (train.grad_clip). *norm = the global norm before clipping (non-finite: nothing
+     * was clipped). -errno and err when a collective it needs failed. */
+    int (*clip)(dt_strategy *s, double unscale, double *norm, dt_err *err);
+    /* One optimiser update at learning rate lr (and what must follow it: ZeRO's all-gather of
+     * the updated parameters). -errno and err when a collective failed. */
+    int (*optim_step)(dt_strategy *s, double lr, dt_err *err);
     /* Forward only, of up to rank_batch samples; *loss the batch mean, *correct the correct
      * predictions (classifiers). */
     int (*eval_step)(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
@@ -103,6 +112,10 @@ typedef struct dt_strategy_ops {
      * their usual names (the model's parameters and buffers, the optimiser's state). The
      * buffers are the strategy's; they live until close. -ENOSPC when cap is too small. */
     int (*state)(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
+    /* Before a save, on every rank at the same step (collective): afterwards the buffers state
+     * gave hold the whole tensors until the next optim_step (by which time the trainer has
+     * fenced the save's copy). NULL: they always hold them (single, ddp, dp). */
+    int (*gather_state)(dt_strategy *s, dt_err *err);
     /* Replica k's backend, k < s->replicas (k = 0: s->be): for memory and utilisation
      * figures per replica. */
     dt_backend *(*replica_backend)(dt_strategy *s, int k);
@@ -161,10 +174,10 @@ int dt_strategy_eval_whole(dt_strategy *s, const dt_batch *batch, float *loss, i
                            dt_err *err);
 
 /* Unscale, then clip s->model's gradients with s->optim (the whole gradient lives here). */
-double dt_strategy_clip_whole(dt_strategy *s, double unscale);
+int dt_strategy_clip_whole(dt_strategy *s, double unscale, double *norm, dt_err *err);
 
 /* s->optim's update of s->model's parameters. */
-void dt_strategy_optim_step_whole(dt_strategy *s, double lr);
+int dt_strategy_optim_step_whole(dt_strategy *s, double lr, dt_err *err);
 
 /* Zeroes s->model's gradients on s->be. */
 void dt_strategy_zero_grads_whole(dt_strategy *s);

@@ -117,11 +117,19 @@ out:
     return rc;
 }
 
-/* Saves the current step (rank 0; tensors are whole and identical on every rank). */
+/* Saves the current step (rank 0; tensors are whole and identical on every rank, once the
+ * strategy gathered them: every rank comes here at the same steps and takes part). */
 static int ckpt_save(dt_trainer *t, dt_err *err)
 {
-    if (t->env.rank != 0 || !t->ckpt || t->last_saved_step == t->step)
+    if (!t->ckpt || t->last_saved_step == t->step)
         return 0;
+    int rc;
+    if (t->s->ops->gather_state && (rc = t->s->ops->gather_state(t->s, err)))
+        return dt_err_prefix(err, "gathering the checkpoint of step %lld: ", (long long)t->step);
+    if (t->env.rank != 0) {
+        t->last_saved_step = t->step; /* as rank 0's, so every rank gathers at the same steps */
+        return 0;
+    }
     dt_ckpt_state st;
     dt_ckpt_state_init(&st);
     st.step = t->step;
@@ -140,7 +148,7 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
         fclose(f);
     }
     st.job = job;
-    int rc = dt_ckpt_state_set_rng(&st, "trainer", &t->rng);
+    rc = dt_ckpt_state_set_rng(&st, "trainer", &t->rng);
     if (!rc)
         rc = dt_ckpt_state_set_scalar(&st, "optim_t", (double)t->optim->t);
     if (!rc && t->scaler.on)
@@ -397,7 +405,8 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     t->stop_agreed = v[1] > 0;
     t->stop_self = t->stop && *t->stop;
     double scale = t->scaler.scale;
-    t->grad_norm = s->ops->clip(s, t->scaler.on ? 1.0 / scale : 1.0);
+    if ((rc = s->ops->clip(s, t->scaler.on ? 1.0 / scale : 1.0, &t->grad_norm, err)))
+        return rc;
     int apply = dt_loss_scaler_update(&t->scaler, isfinite(t->grad_norm));
     if (apply < 0) {
         char why[128] = "";
@@ -414,8 +423,8 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     t->lr = dt_lr_at(&t->sched, t->step);
     if (t->ckpt) /* a background save may still be copying the parameters and moments */
         dt_ckpt_fence(t->ckpt);
-    if (apply)
-        s->ops->optim_step(s, t->lr);
+    if (apply && (rc = s->ops->optim_step(s, t->lr, err)))
+        return rc;
     s->be->synchronize(s->be);
     t->loss = loss;
     t->step++;

@@ -1,0 +1,368 @@
+/* strategy_zero.c - ZeRO stages 1 and 2 over ddp.c's reducer in its sharding mode; see
+ * strategy_zero.h.
+ *
+ * open builds the world communicator, the model, and the reducer (which checks the model across
+ * ranks and fixes the shard layout: it depends on the model and the bucket sizes only), then the
+ * optimiser over this rank's ranges and the full-size staging the checkpoint reads and writes.
+ * start, after the trainer resumed (or not), takes rank 0's parameters and buffers (as DDP) and
+ * this rank's slice of whatever the load put in the staging. */
+#include "runtime/train/strategy_zero.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "runtime/train/ddp.h"
+
+typedef struct zero_impl {
+    dt_ddp *ddp;                         /* the reducer (sharding mode), owned */
+    const dt_job *job;                   /* borrowed */
+    int stage;                           /* 1 or 2 */
+    float *full[DT_OPTIM_MAX_STATES];    /* (num_params) checkpoint staging per state, owned */
+    bool mapped;                         /* full[] are mappings of our own (cpu), else backend
+                                            memory */
+    size_t full_bytes;                   /* bytes of each full[] mapping */
+    bool staged;                         /* full[] hold data (a save or a load): give back */
+} zero_impl;
+
+static int zero_rank_batch(const dt_job *job) { return job->batch_size; }
+
+/* Full-size staging of the optimiser state for checkpoints. On the cpu: reserved address space
+ * (MAP_NORESERVE) whose pages exist only once written, given back after use; elsewhere backend
+ * memory (held: the checkpoint copies from backend memory of its one backend). */
+static int alloc_staging(dt_strategy *s, zero_impl *z, dt_err *err)
+{
+    size_t n = s->model->num_params;
+    z->mapped = !strcmp(s->be->name, "cpu");
+    z->full_bytes = n * sizeof(float);
+    for (int i = 0; i < s->optim->num_states; i++) {
+        if (z->mapped) {
+            void *p = mmap(NULL, z->full_bytes ? z->full_bytes : 1, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED)
+                return dt_err_set(err, -ENOMEM, "ZeRO: cannot reserve %zu bytes of checkpoint "
+                                  "staging", z->full_bytes);
+            z->full[i] = p;
+        } else {
+            int rc = s->be->alloc(s->be, (void **)&z->full[i], z->full_bytes, err);
+            if (rc)
+                return dt_err_prefix(err, "ZeRO: checkpoint staging: ");
+        }
+    }
+    return 0;
+}
+
+/* The staging's pages go back to the system (they read as zero again). */
+static void release_staging(dt_strategy *s, zero_impl *z)
+{
+    if (!z->staged)
+        return;
+    for (int i = 0; i < s->optim->num_states && z->mapped; i++)
+        madvise(z->full[i], z->full_bytes, MADV_DONTNEED);
+    z->staged = false;
+}
+
+static int zero_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
+{
+    const dt_worker_env *e = ctx->env;
+    zero_impl *z = calloc(1, sizeof *z);
+    if (!z)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    s->impl = z;
+    z->job = ctx->job;
+    z->stage = ctx->job->zero;
+    if (z->stage < 1 || z->stage > 2)
+        return dt_err_set(err, -EINVAL,
+                          "parallel.zero = %d: this strategy runs stages 1 and 2 (stage 3 is "
+                          "not supported yet; 0 is DDP)", z->stage);
+    int rc = dt_strategy_open_backend(s, ctx, err);
+    if (rc)
+        return rc;
+    if (!e->store_addr[0] || e->store_port <= 0)
+        return dt_err_set(err, -EINVAL,
+                          "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
+                          "start the workers with the dtrain launcher",
+                          e->world_size);
+    dt_comm_backend_kind kind = ctx->job->comm_backend;
+    if (kind == DT_COMM_BACKEND_AUTO)
+        kind = !strcmp(s->be->name, "cuda") ? DT_COMM_BACKEND_NCCL : DT_COMM_BACKEND_CPU;
+    if (kind == DT_COMM_BACKEND_NCCL && strcmp(s->be->name, "cuda") != 0)
+        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
+                                        "runs on %s); use ddp.backend = cpu or auto",
+                          s->be->name);
+    if (z->stage == 2 && strcmp(s->be->name, "cpu") != 0)
+        return dt_err_set(err, -ENOTSUP,
+                          "parallel.zero = 2 gives gradient memory back on device = cpu only so "
+                          "far (this worker runs on %s): use parallel.zero = 1",
+                          s->be->name);
+    if ((rc = dt_strategy_world_comm(&s->comm, ctx, dt_comm_backend_name(kind), err)))
+        return dt_err_prefix(err, "ZeRO: ");
+    if ((rc = dt_model_create(&s->model, ctx->model, s->be, s->comm, err)))
+        return rc;
+    dt_ddp_opts o;
+    if ((rc = dt_ddp_opts_from_job(&o, ctx->job, err)))
+        return rc;
+    o.shard = true;
+    o.release = z->stage == 2;
+    if ((rc = dt_ddp_create(&z->ddp, s->model, s->comm, &o, err)))
+        return rc;
+    const dt_optim_range *ranges;
+    int nr;
+    size_t numel;
+    dt_ddp_shard_ranges(z->ddp, &ranges, &nr, &numel);
+    const dt_model *m = s->model;
+    if ((rc = dt_optim_create_ranges(&s->optim, ctx->optim, s->be, m->tensors, m->num_tensors,
+                                     m->num_params, ranges, nr, numel, err)))
+        return rc;
+    if ((rc = alloc_staging(s, z, err)))
+        return rc;
+    snprintf(s->summary, sizeof s->summary, "ZeRO-%d over %d ranks", z->stage, e->world_size);
+    if (e->rank == 0)
+        DT_INFO("ZeRO stage %d: %zu parameters, this rank's shard %zu (%.1f%%), optimiser state "
+                "%.2f MB per rank (%.2f MB whole)",
+                z->stage, m->num_params, numel, 100.0 * (double)numel / (double)m->num_params,
+                (double)numel * 4 * s->optim->num_states / 1e6,
+                (double)m->num_params * 4 * s->optim->num_states / 1e6);
+    return 0;
+}
+
+static int zero_start(dt_strategy *s, dt_err *err)
+{
+    zero_impl *z = s->impl;
+    dt_model *m = s->model;
+    int rc;
+    /* rank 0's parameters and buffers, as DDP (the reducer took them at open, before resume) */
+    if ((rc = dt_comm_broadcast(s->comm, m->params, m->num_params, DT_FLOAT32, 0, NULL, err)))
+        return dt_err_prefix(err, "ZeRO: broadcasting rank 0's parameters: ");
+    if (m->num_buffers &&
+        (rc = dt_comm_broadcast(s->comm, m->buffers, m->num_buffers, DT_FLOAT32, 0, NULL, err)))
+        return dt_err_prefix(err, "ZeRO: broadcasting rank 0's buffers: ");
+    /* this rank's slice of what a load put in the staging (zeros when nothing was loaded) */
+    z->staged = true;
+    for (int i = 0; i < s->optim->num_states; i++)
+        dt_ddp_slice_shard(z->ddp, z->full[i], s->optim->states[i].buf);
+    release_staging(s, z);
+    return 0;
+}
+
+static void zero_zero_grads(dt_strategy *s)
+{
+    zero_impl *z = s->impl;
+    if (z->stage == 2)
+        dt_ddp_release_grads(z->ddp); /* the pages read as zero: nothing is touched */
+    else
+        dt_strategy_zero_grads_whole(s);
+}
+
+static int zero_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
+                           float *loss, dt_err *err)
+{
+    zero_impl *z = s->impl;
+    dt_model *m = s->model;
+    int rc = m->ops->forward(m, batch, true, loss, err);
+    if (rc)
+        return rc;
+    /* the reducer hears of finished gradients on the last micro-step only (no_sync before) */
+    return m->ops->backward(m, dloss, last ? dt_ddp_grad_ready : NULL, last ? z->ddp : NULL,
+                            err);
+}
+
+static int zero_sync_grads(dt_strategy *s, dt_err *err)
+{
+    zero_impl *z = s->impl;
+    double t0 = dt_now_s();
+    int rc = dt_ddp_finish(z->ddp, err);
+    s->comm_time_s = dt_now_s() - t0;
+    return rc;
+}
+
+static int zero_average(dt_strategy *s, double *v, int n, dt_err *err)
+{
+    zero_impl *z = s->impl;
+    return dt_ddp_average(z->ddp, v, n, err);
+}
+
+/* The global norm over the shards: each rank's sum of squares of its shard (the padding is
+ * zero), the ranks' sums added in rank order on every rank; then clip_grad_norm_'s scaling. */
+static int zero_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
+{
+    zero_impl *z = s->impl;
+    dt_optim *o = s->optim;
+    float *g = dt_ddp_shard_grads(z->ddp);
+    if (unscale != 1.0)
+        s->be->scale(s->be, g, o->state_numel, (float)unscale);
+    double sum = 0;
+    int rc = dt_ddp_sum_double(z->ddp, s->be->sumsq(s->be, g, o->state_numel), &sum, err);
+    if (rc)
+        return dt_err_prefix(err, "ZeRO: the global gradient norm: ");
+    *norm = sqrt(sum);
+    if (o->cfg.grad_clip > 0 && isfinite(*norm) && *norm > o->cfg.grad_clip)
+        s->be->scale(s->be, g, o->state_numel, (float)(o->cfg.grad_clip / (*norm + 1e-6)));
+    return 0;
+}
+
+/* The reducer rebuilt its buckets from the first backward's ready order (ddp.h): the state
+ * moves from the old shards to the new ones through the full-size staging. */
+static int relayout(dt_strategy *s, zero_impl *z, dt_err *err)
+{
+    dt_optim *o = s->optim;
+    int rc = 0;
+    z->staged = true;
+    for (int i = 0; i < o->num_states && !rc; i++)
+        rc = dt_ddp_gather_shards(z->ddp, o->states[i].buf, z->full[i], err);
+    if (rc)
+        return dt_err_prefix(err, "ZeRO: moving the optimiser state to the rebuilt buckets: ");
+    const dt_optim_range *ranges;
+    int nr;
+    size_t numel;
+    if ((rc = dt_ddp_relayout(z->ddp, err)))
+        return rc;
+    dt_ddp_shard_ranges(z->ddp, &ranges, &nr, &numel);
+    if ((rc = dt_optim_set_ranges(o, ranges, nr, numel, err)))
+        return rc;
+    for (int i = 0; i < o->num_states; i++)
+        dt_ddp_slice_shard(z->ddp, z->full[i], o->states[i].buf);
+    release_staging(s, z);
+    return 0;
+}
+
+static int zero_optim_step(dt_strategy *s, double lr, dt_err *err)
+{
+    zero_impl *z = s->impl;
+    release_staging(s, z); /* the trainer fenced the last save's copy before this */
+    dt_optim_step(s->optim, s->model->params, dt_ddp_shard_grads(z->ddp), lr);
+    int rc = dt_ddp_gather_params(z->ddp, err);
+    if (rc)
+        return dt_err_prefix(err, "ZeRO: gathering the updated parameters: ");
+    return dt_ddp_relayout_pending(z->ddp) ? relayout(s, z, err) : 0;
+}
+
+static int zero_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
+{
+    zero_impl *z = s->impl;
+    dt_model *m = s->model;
+    dt_optim *o = s->optim;
+    int k = 0;
+    if (cap < 2 + o->num_states)
+        return dt_err_set(err, -ENOSPC, "checkpoint buffers: room for %d, %d needed", cap,
+                          2 + o->num_states);
+    bufs[k++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, m->params, m->num_params,
+                              false};
+    if (m->num_buffers) /* BatchNorm statistics change in the next forward: copied at once */
+        bufs[k++] = (dt_ckpt_buf){"model", "", m->buffer_tensors, m->num_buffer_tensors,
+                                  m->buffers, m->num_buffers, true};
+    for (int i = 0; i < o->num_states; i++)
+        bufs[k++] = (dt_ckpt_buf){"optim", o->states[i].prefix, m->tensors, m->num_tensors,
+                                  z->full[i], m->num_params, false};
+    *n = k;
+    return 0;
+}
+
+static int zero_gather_state(dt_strategy *s, dt_err *err)
+{
+    zero_impl *z = s->impl;
+    z->staged = true;
+    for (int i = 0; i < s->optim->num_states; i++) {
+        int rc = dt_ddp_gather_shards(z->ddp, s->optim->states[i].buf, z->full[i], err);
+        if (rc)
+            return dt_err_prefix(err, "ZeRO: gathering %s: ", s->optim->states[i].name);
+    }
+    return 0;
+}
+
+/* The reducer first, then the communicator, then what they served. */
+static void zero_close(dt_strategy *s)
+{
+    zero_impl *z = s->impl;
+    if (z) {
+        dt_ddp_free(z->ddp);
+        for (int i = 0; i < DT_OPTIM_MAX_STATES; i++) {
+            if (!z->full[i])
+                continue;
+            if (z->mapped)
+                munmap(z->full[i], z->full_bytes ? z->full_bytes : 1);
+            else
+                s->be->free(s->be, z->full[i]);
+        }
+    }
+    dt_comm_free(s->comm);
+    s->comm = NULL;
+    dt_optim_free(s->optim);
+    dt_model_free(s->model);
+    dt_backend_close(s->be);
+    free(z);
+}
+
+/* Resident bytes of a mapping of ours (mincore). */
+static size_t resident(const void *p, size_t bytes)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = (bytes + page - 1) / page, n = 0;
+    unsigned char *vec = malloc(pages ? pages : 1);
+    if (!vec || mincore((void *)p, bytes, vec) != 0) {
+        free(vec);
+        return bytes;
+    }
+    for (size_t i = 0; i < pages; i++)
+        n += vec[i] & 1;
+    free(vec);
+    return n * page;
+}
+
+void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)
+{
+    memset(out, 0, sizeof *out);
+    const dt_model *m = s->model;
+    const dt_optim *o = s->optim;
+    out->params = m->num_params * sizeof(float);
+    out->grads = m->num_params * sizeof(float);
+    out->optim = (size_t)o->num_states * o->state_numel * sizeof(float);
+    if (s->ops == &dt_strategy_zero_ops && s->impl) {
+        zero_impl *z = s->impl;
+        dt_ddp_stats st;
+        dt_ddp_get_stats(z->ddp, &st);
+        size_t shard = st.shard_numel * sizeof(float);
+        out->zero_stage = z->stage;
+        out->comm = st.payload_bytes;
+        if (z->stage == 2) {
+            out->grads = st.grads_resident + shard;
+            out->grads_peak = DT_MAX(st.grads_resident_peak, st.grads_resident) + shard;
+        } else {
+            out->grads += shard;
+        }
+        for (int i = 0; i < o->num_states; i++)
+            out->ckpt_staging += z->mapped ? resident(z->full[i], z->full_bytes) : z->full_bytes;
+    }
+    if (!out->grads_peak)
+        out->grads_peak = out->grads;
+}
+
+int dt_strategy_zero_stats(dt_strategy *s, dt_ddp_stats *out)
+{
+    if (s->ops != &dt_strategy_zero_ops || !s->impl || !((zero_impl *)s->impl)->ddp)
+        return -EINVAL;
+    dt_ddp_get_stats(((zero_impl *)s->impl)->ddp, out);
+    return 0;
+}
+
+const dt_strategy_ops dt_strategy_zero_ops = {
+    .name = "zero",
+    .rank_batch = zero_rank_batch,
+    .open = zero_open,
+    .start = zero_start,
+    .zero_grads = zero_zero_grads,
+    .micro_step = zero_micro_step,
+    .sync_grads = zero_sync_grads,
+    .average = zero_average,
+    .clip = zero_clip,
+    .optim_step = zero_optim_step,
+    .eval_step = dt_strategy_eval_whole,
+    .state = zero_state,
+    .gather_state = zero_gather_state,
+    .replica_backend = dt_strategy_backend_one,
+    .close = zero_close,
+};

@@ -1,0 +1,759 @@
+/* test_zero.c - ZeRO stages 1 and 2 (strategy_zero.c over ddp.c's sharding mode) against DDP.
+ *
+ * Every run is N forked ranks driving the real trainer (dt_trainer_init / dt_trainer_step /
+ * dt_trainer_run with a job loaded from configs/ plus overrides), meeting at a store process on
+ * 127.0.0.1, so what is tested is the strategy the job picks. Each rank writes its per-step
+ * loss and gradient norm, its final parameters and the whole optimiser state (gathered through
+ * the strategy's gather_state + state ops, as a checkpoint takes it) into shared memory; the
+ * parent compares a ZeRO run with the DDP run (parallel.zero = 0) of the same job and world
+ * size: bit for bit where the reduction order is the same (one host), which is every case here.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "runtime/job/config.h"
+#include "runtime/train/ddp.h"
+#include "runtime/train/strategy_zero.h"
+#include "runtime/train/worker.h"
+#include "tests/harness.h"
+
+#define MAX_RANKS 4
+#define MAX_STEPS 8
+#define MAX_PER (64 * 1024) /* parameters of the models here (checked) */
+
+static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static const char *fmt(const char *f, ...)
+{
+    static char *ring[32];
+    static int k;
+    char *s = NULL;
+    va_list ap;
+    va_start(ap, f);
+    if (vasprintf(&s, f, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    DT_REQUIRE(s);
+    free(ring[k]);
+    ring[k] = s;
+    k = (k + 1) % 32;
+    return s;
+}
+
+static const char *repo_dir(void)
+{
+    static char dir[PATH_MAX];
+    if (!dir[0]) {
+        char bin[PATH_MAX];
+        if (!realpath(dt_test_dtrain_bin(), bin))
+            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
+        for (int i = 0; i < 2; i++) {
+            char *s = strrchr(bin, '/');
+            if (s)
+                *s = '\0';
+        }
+        dt_strlcpy(dir, bin, sizeof dir);
+        if (access(fmt("%s/configs", dir), F_OK) != 0 && !getcwd(dir, sizeof dir))
+            dir[0] = '\0';
+    }
+    return dir;
+}
+
+/* What every rank of a run reports (shared memory). */
+typedef struct rank_out {
+    int status;                   /* 0 ok, 2 failed (msg) */
+    char msg[1200];
+    char strategy[16];
+    double loss[MAX_STEPS], norm[MAX_STEPS];
+    int64_t step;                 /* the trainer's step at the end */
+    size_t num_params;
+    int num_states;
+    dt_strategy_mem mem;
+    int64_t skipped, optim_t;     /* the loss scaler's skipped steps, the optimiser's t */
+    double scale;
+    bool have_stats;
+    dt_ddp_stats st;              /* zero: the reducer's */
+    float params[MAX_PER];
+    float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
+} rank_out;
+
+typedef enum mode { STEPS, RUN, KILL_IN_GATHER, KILL_BETWEEN_STEPS, OVERFLOW_ON_ONE } mode;
+
+typedef struct zrun {
+    const char *config;           /* configs/<config> */
+    const char *ov[24];           /* overrides */
+    int nov;
+    int N;
+    int steps;                    /* STEPS: dt_trainer_step this often */
+    mode mode;
+    int kill_rank;
+    char name[64];
+    char dir[PATH_MAX];           /* the test's temporary directory (the parent's) */
+    int port;
+    rank_out *out;                /* (N) shared */
+} zrun;
+
+static void add(zrun *z, const char *ov) { z->ov[z->nov++] = ov; }
+
+static zrun base(const char *config, int N, int zero, const char *name)
+{
+    zrun z;
+    memset(&z, 0, sizeof z);
+    z.config = config;
+    z.N = N;
+    z.steps = 4;
+    z.kill_rank = -1;
+    snprintf(z.name, sizeof z.name, "%s", name);
+    add(&z, "job.device=cpu");
+    add(&z, "train.threads=1");
+    add(&z, "job.cpu_bind=none");
+    add(&z, "checkpoint.resume=never");
+    add(&z, "checkpoint.every=0");
+    add(&z, "checkpoint.async=false");
+    add(&z, "ddp.timeout=20");
+    add(&z, zero == 0 ? "parallel.zero=0" : zero == 1 ? "parallel.zero=1" : "parallel.zero=2");
+    return z;
+}
+
+static void tiny_mlp(zrun *z)
+{
+    /* 64*13+13 + 13*7+7 + 7*10+10 = 1023 parameters: odd, 3 divides it, 2 and 4 do not */
+    add(z, "model.hidden=13,7");
+    add(z, "train.batch_size=4");
+    add(z, "train.warmup_steps=1");
+    add(z, "train.lr=0.01");
+}
+
+static void tiny_gpt(zrun *z)
+{
+    add(z, "model.n_layer=2");
+    add(z, "model.n_head=2");
+    add(z, "model.n_embd=16");
+    add(z, "model.block_size=16");
+    add(z, "data.seq_len=16");
+    add(z, "train.batch_size=2");
+    add(z, "train.warmup_steps=1");
+}
+
+static void tiny_resnet(zrun *z)
+{
+    add(z, "model.depth=8");
+    add(z, "model.width=4");
+    add(z, "data.synthetic_shape=3x8x8");
+    add(z, "data.synthetic_samples=512");
+    add(z, "train.batch_size=4");
+    add(z, "train.warmup_steps=1");
+}
+
+/* Small buckets: several per model, tensors of every size between them. */
+static void small_buckets(zrun *z)
+{
+    add(z, "ddp.first_bucket_mb=0.001");
+    add(z, "ddp.bucket_cap_mb=0.004");
+}
+
+static void record_end(dt_trainer *t, rank_out *o)
+{
+    dt_strategy *s = t->s;
+    dt_err err = {0};
+    o->step = t->step;
+    o->num_params = t->model->num_params;
+    dt_strategy_get_mem(s, &o->mem);
+    o->have_stats = dt_strategy_zero_stats(s, &o->st) == 0;
+    if (o->num_params > MAX_PER) {
+        snprintf(o->msg, sizeof o->msg, "model of %zu parameters: raise MAX_PER", o->num_params);
+        o->status = 2;
+        return;
+    }
+    t->be->memcpy_d2h(t->be, o->params, t->model->params, o->num_params * sizeof(float));
+    if (s->ops->gather_state && s->ops->gather_state(s, &err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "gather_state: %.1000s", err.msg);
+        o->status = 2;
+        return;
+    }
+    dt_ckpt_buf bufs[8];
+    int n = 0;
+    if (s->ops->state(s, bufs, 8, &n, &err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "state: %.1000s", err.msg);
+        o->status = 2;
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (!strcmp(bufs[i].file, "optim") && o->num_states < 2)
+            t->be->memcpy_d2h(t->be, o->state[o->num_states++], bufs[i].data,
+                              bufs[i].numel * sizeof(float));
+}
+
+static void rank_body(zrun *z, int rank)
+{
+    static dt_job job;
+    static dt_trainer t;
+    rank_out *o = &z->out[rank];
+    dt_config_errors errs = {0};
+    dt_err err = {0};
+    const char *ov[32];
+    int n = 0;
+    for (int i = 0; i < z->nov; i++)
+        ov[n++] = z->ov[i];
+    ov[n++] = fmt("job.output_dir=%s/%s", z->dir, z->name); /* the parent's tmpdir */
+    if (dt_job_load(&job, fmt("%s/configs/%s", repo_dir(), z->config), (char **)ov, n, &errs,
+                    &err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "job: %.500s %.500s", err.msg, errs.count ? errs.lines[0] : "");
+        o->status = 2;
+        _exit(2);
+    }
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.rank = env.local_rank = rank;
+    env.world_size = env.local_world_size = z->N;
+    dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
+    env.store_port = z->port;
+    snprintf(env.run_id, sizeof env.run_id, "%s-%d", z->name, (int)getppid());
+    if (dt_trainer_init(&t, &job, &env, &err) != 0)
+        goto fail;
+    dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
+    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank) {
+        /* this rank's classifier x 1e30: its gradients times the loss scale overflow, the
+         * others' do not */
+        dt_model *m = t.model;
+        const dt_tensor_info *w = NULL;
+        for (int i = 0; i < m->num_tensors; i++)
+            if (m->tensors[i].ndim == 2)
+                w = &m->tensors[i];
+        float *h = malloc(w->numel * sizeof *h);
+        t.be->memcpy_d2h(t.be, h, m->params + w->offset, w->numel * sizeof *h);
+        for (size_t i = 0; i < w->numel; i++)
+            h[i] *= 1e30f;
+        t.be->memcpy_h2d(t.be, m->params + w->offset, h, w->numel * sizeof *h);
+        free(h);
+    }
+    if (z->mode == RUN) {
+        if (dt_trainer_run(&t, NULL, &err) != 0)
+            goto fail;
+    } else if (z->mode == KILL_IN_GATHER) {
+        /* one step through the strategy's ops; the victim dies between the gradients'
+         * reduce-scatter and the parameters' all-gather */
+        dt_strategy *s = t.s;
+        if (dt_trainer_step(&t, &err) != 0)
+            goto fail;
+        s->ops->zero_grads(s);
+        if (dt_sampler_next(&t.sampler, t.idx, &err) != 0 ||
+            dt_dataset_fill(t.data->train, t.idx, t.batch, &t.batch_buf, &err) != 0)
+            goto fail;
+        float loss;
+        double norm;
+        if (s->ops->micro_step(s, &t.batch_buf.batch, 1.0f, true, &loss, &err) != 0 ||
+            s->ops->sync_grads(s, &err) != 0 || s->ops->clip(s, 1.0, &norm, &err) != 0)
+            goto fail;
+        if (rank == z->kill_rank)
+            kill(getpid(), SIGKILL);
+        if (s->ops->optim_step(s, 1e-3, &err) != 0)
+            goto fail;
+    } else {
+        for (int k = 0; k < z->steps; k++) {
+            if (z->mode == KILL_BETWEEN_STEPS && rank == z->kill_rank && k == 1)
+                kill(getpid(), SIGKILL);
+            if (dt_trainer_step(&t, &err) != 0)
+                goto fail;
+            if (k < MAX_STEPS) {
+                o->loss[k] = t.loss;
+                o->norm[k] = t.grad_norm;
+            }
+        }
+    }
+    o->skipped = t.scaler.skipped;
+    o->optim_t = t.optim->t;
+    o->scale = t.scaler.scale;
+    record_end(&t, o);
+    dt_trainer_close(&t);
+    _exit(o->status);
+fail:
+    dt_strlcpy(o->msg, err.msg, sizeof o->msg);
+    o->status = 2;
+    _exit(2);
+}
+
+/* Runs z's ranks; status[r] as waitpid gives it. */
+static void run(zrun *z, int *status)
+{
+    DT_REQUIRE(z->N <= MAX_RANKS && z->steps <= MAX_STEPS);
+    size_t bytes = sizeof(rank_out) * (size_t)z->N;
+    z->out = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    DT_REQUIRE(z->out != MAP_FAILED);
+    dt_strlcpy(z->dir, dt_test_tmpdir(), sizeof z->dir); /* made here, not in each child */
+    pid_t srv = dt_test_store_start(&z->port);
+    pid_t pids[MAX_RANKS];
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < z->N; r++) {
+        pids[r] = fork();
+        DT_REQUIRE(pids[r] >= 0);
+        if (pids[r] == 0)
+            rank_body(z, r);
+    }
+    uint64_t deadline = dt_now_ns() + 150ull * 1000000000ull;
+    for (int r = 0; r < z->N; r++) {
+        for (;;) {
+            if (waitpid(pids[r], &status[r], WNOHANG) == pids[r])
+                break;
+            if (dt_now_ns() > deadline) {
+                for (int q = 0; q < z->N; q++)
+                    kill(pids[q], SIGKILL);
+                waitpid(pids[r], &status[r], 0);
+                dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d hung", z->name, r);
+                break;
+            }
+            dt_sleep_ms(5);
+        }
+    }
+    dt_test_store_stop(srv);
+}
+
+static void unmap(zrun *z)
+{
+    munmap(z->out, sizeof(rank_out) * (size_t)z->N);
+    z->out = NULL;
+}
+
+/* Every rank exited 0; the message of the first that did not. */
+static bool all_ok(const zrun *z, const int *status)
+{
+    bool ok = true;
+    for (int r = 0; r < z->N; r++)
+        if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) {
+            dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d: status %d: %s", z->name, r,
+                            status[r], z->out[r].msg);
+            ok = false;
+        }
+    return ok;
+}
+
+static size_t first_diff(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+            return i;
+    return n;
+}
+
+/* Runs the job at stage `zero` and at stage 0 (DDP) and compares them: the strategy each
+ * picked, every step's loss, the final parameters and optimiser state (bit for bit), every rank
+ * against rank 0, and the gradient norm (bit for bit when norm_exact, else within 1e-12
+ * relative). */
+static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zrun *),
+                             const char *const *more, bool norm_exact)
+{
+    const char *config = !strcmp(what, "gpt")      ? "quickstart.ini"
+                         : !strcmp(what, "resnet") ? "resnet.ini"
+                                                   : "mlp.ini";
+    zrun zr = base(config, N, zero, fmt("%s-z%d-n%d", what, zero, N));
+    zrun dd = base(config, N, 0, fmt("%s-ddp-n%d", what, N));
+    setup(&zr);
+    setup(&dd);
+    for (; more && *more; more++) {
+        add(&zr, *more);
+        add(&dd, *more);
+    }
+    int sz[MAX_RANKS], sd[MAX_RANKS];
+    run(&zr, sz);
+    run(&dd, sd);
+    if (all_ok(&zr, sz) && all_ok(&dd, sd)) {
+        const rank_out *a = &zr.out[0], *b = &dd.out[0];
+        DT_CHECK_STR(a->strategy, "zero");
+        DT_CHECK_STR(b->strategy, "ddp");
+        DT_CHECK_INT(a->num_params, b->num_params);
+        DT_CHECK_INT(a->num_states, b->num_states);
+        DT_CHECK(a->num_states >= 1);
+        DT_CHECK_INT(a->step, zr.steps);
+        printf("    %-22s %zu parameters, loss %.6f -> %.6f, norm %.6g -> %.6g, norm %s DDP's\n",
+               zr.name, a->num_params, a->loss[0], a->loss[zr.steps - 1], a->norm[0],
+               a->norm[zr.steps - 1], memcmp(a->norm, b->norm, sizeof a->norm) ? "differs from"
+                                                                           : "bit for bit");
+        for (int k = 0; k < zr.steps; k++) {
+            DT_CHECK_MSG(a->loss[k] == b->loss[k], "%s: step %d loss %.17g vs DDP %.17g",
+                         zr.name, k + 1, a->loss[k], b->loss[k]);
+            double rel = fabs(a->norm[k] - b->norm[k]) / fmax(fabs(b->norm[k]), 1e-30);
+            DT_CHECK_MSG(norm_exact ? a->norm[k] == b->norm[k] : rel <= 1e-12,
+                         "%s: step %d grad norm %.17g vs DDP %.17g", zr.name, k + 1, a->norm[k],
+                         b->norm[k]);
+        }
+        size_t n = a->num_params;
+        size_t d = first_diff(a->params, b->params, n);
+        DT_CHECK_MSG(d == n, "%s: parameter %zu of %zu: %.9g vs DDP %.9g", zr.name, d, n,
+                     (double)a->params[d < n ? d : 0], (double)b->params[d < n ? d : 0]);
+        for (int i = 0; i < a->num_states && i < b->num_states; i++) {
+            d = first_diff(a->state[i], b->state[i], n);
+            DT_CHECK_MSG(d == n, "%s: optimiser state %d, element %zu of %zu: %.9g vs DDP %.9g",
+                         zr.name, i, d, n, (double)a->state[i][d < n ? d : 0],
+                         (double)b->state[i][d < n ? d : 0]);
+        }
+        for (int r = 1; r < N; r++) {
+            DT_CHECK_MSG(first_diff(zr.out[r].params, a->params, n) == n,
+                         "%s: rank %d's parameters differ from rank 0's", zr.name, r);
+            for (int i = 0; i < a->num_states; i++)
+                DT_CHECK_MSG(first_diff(zr.out[r].state[i], a->state[i], n) == n,
+                             "%s: rank %d's gathered optimiser state differs", zr.name, r);
+        }
+        /* the buckets went out from backward (overlapped), and were rebuilt from the ready
+         * order after the first step (the optimiser state moved with the shards) */
+        DT_CHECK(a->have_stats);
+        DT_CHECK_MSG(a->st.launched_late == 0 && a->st.launched_early == a->st.bucket_syncs,
+                     "%s: %llu buckets launched after backward, %llu from it, %llu due", zr.name,
+                     (unsigned long long)a->st.launched_late,
+                     (unsigned long long)a->st.launched_early,
+                     (unsigned long long)a->st.bucket_syncs);
+        DT_CHECK_MSG(a->st.rebuilt, "%s: the buckets were not rebuilt", zr.name);
+        /* the shards held: 1/N of the state (plus at most N-1 padding per bucket) */
+        const dt_strategy_mem *m = &a->mem;
+        DT_CHECK_INT(m->zero_stage, zero);
+        DT_CHECK_MSG(m->optim * N >= b->mem.optim && m->optim * N < b->mem.optim * 11 / 10,
+                     "%s: optimiser state %zu bytes per rank, DDP %zu", zr.name, m->optim,
+                     b->mem.optim);
+    }
+    unmap(&zr);
+    unmap(&dd);
+}
+
+static void test_mlp_stages(void)
+{
+    for (int zero = 1; zero <= 2; zero++)
+        for (int N = 2; N <= 4; N++) {
+            compare_with_ddp("mlp", zero, N, tiny_mlp, NULL, false);
+            const char *const buckets[] = {"ddp.first_bucket_mb=0.001", "ddp.bucket_cap_mb=0.004",
+                                           NULL};
+            compare_with_ddp("mlp", zero, N, tiny_mlp, buckets, false);
+        }
+}
+
+static void test_gpt_stages(void)
+{
+    const char *const buckets[] = {"ddp.first_bucket_mb=0.002", "ddp.bucket_cap_mb=0.01", NULL};
+    for (int zero = 1; zero <= 2; zero++)
+        for (int N = 2; N <= 4; N++)
+            compare_with_ddp("gpt", zero, N, tiny_gpt, buckets, false);
+}
+
+static void test_resnet_stages(void)
+{
+    const char *const buckets[] = {"ddp.first_bucket_mb=0.002", "ddp.bucket_cap_mb=0.01", NULL};
+    for (int zero = 1; zero <= 2; zero++)
+        for (int N = 2; N <= 4; N += 1)
+            compare_with_ddp("resnet", zero, N, tiny_resnet, buckets, false);
+}
+
+/* grad_clip active (mlp.ini's 1.0 against a tiny lr-high model: checked to clip), fp16 loss
+ * scaling, grad_accum = 2, compress = bf16 and fp16, SGD with momentum. */
+static void test_options(void)
+{
+    const char *const clip[] = {"train.grad_clip=0.05", NULL};
+    const char *const fp16[] = {"train.precision=fp16", NULL};
+    const char *const accum[] = {"train.grad_accum=2", NULL};
+    const char *const bf16[] = {"ddp.compress=bf16", "ddp.first_bucket_mb=0.001",
+                                "ddp.bucket_cap_mb=0.004", NULL};
+    const char *const f16[] = {"ddp.compress=fp16", NULL};
+    const char *const sgd[] = {"train.optimizer=sgd", "train.momentum=0.9", "train.nesterov=true",
+                               NULL};
+    for (int zero = 1; zero <= 2; zero++) {
+        compare_with_ddp("mlp", zero, 3, tiny_mlp, clip, false);
+        compare_with_ddp("mlp", zero, 2, tiny_mlp, fp16, false);
+        compare_with_ddp("mlp", zero, 4, tiny_mlp, accum, false);
+        compare_with_ddp("gpt", zero, 3, tiny_gpt, bf16, false);
+        compare_with_ddp("mlp", zero, 3, tiny_mlp, f16, false);
+        compare_with_ddp("mlp", zero, 3, tiny_mlp, sgd, false);
+    }
+}
+
+/* The clipping test above must clip: the norms it compares are above grad_clip. */
+static void test_clip_is_active(void)
+{
+    zrun z = base("mlp.ini", 2, 1, "clip-active");
+    tiny_mlp(&z);
+    add(&z, "train.grad_clip=0.05");
+    int st[MAX_RANKS];
+    run(&z, st);
+    if (all_ok(&z, st))
+        for (int k = 0; k < z.steps; k++)
+            DT_CHECK_MSG(z.out[0].norm[k] > 0.05, "step %d: norm %g does not clip", k + 1,
+                         z.out[0].norm[k]);
+    unmap(&z);
+}
+
+/* ---- checkpoints across stages and world sizes --------------------------------------------- */
+
+/* Trains `steps` with dt_trainer_run (which saves at the end) and returns rank 0's output. */
+static void train_run(zrun *z, int steps, const char *resume)
+{
+    add(z, fmt("train.steps=%d", steps));
+    add(z, "train.eval_every=0");
+    add(z, "data.val_fraction=0");
+    if (resume) {
+        z->ov[3] = fmt("checkpoint.resume=%s", resume); /* replaces base's resume=never */
+    }
+    z->mode = RUN;
+    int st[MAX_RANKS];
+    run(z, st);
+    all_ok(z, st);
+}
+
+static const char *ckpt_of(const zrun *z, int step)
+{
+    return fmt("%s/%s/checkpoints/step_%d", dt_test_tmpdir(), z->name, step);
+}
+
+static bool same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        if (ca != cb)
+            same = false;
+        if (ca == EOF || cb == EOF)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
+static void check_same_params(const zrun *a, const zrun *b)
+{
+    size_t n = a->out[0].num_params;
+    DT_CHECK_INT(a->out[0].num_params, b->out[0].num_params);
+    DT_CHECK_INT(a->out[0].step, b->out[0].step);
+    size_t d = first_diff(a->out[0].params, b->out[0].params, n);
+    DT_CHECK_MSG(d == n, "%s vs %s: parameter %zu of %zu differs", a->name, b->name, d, n);
+    for (int i = 0; i < a->out[0].num_states; i++)
+        DT_CHECK_MSG(first_diff(a->out[0].state[i], b->out[0].state[i], n) == n,
+                     "%s vs %s: optimiser state %d differs", a->name, b->name, i);
+}
+
+static void test_resume_across_stages(void)
+{
+    /* A checkpoint written at stage 1 on 2 ranks is the one DDP writes on 2 ranks, file for
+     * file (whole tensors, same names, same bits)... */
+    zrun z1 = base("mlp.ini", 2, 1, "ck-z1-n2"), d0 = base("mlp.ini", 2, 0, "ck-ddp-n2");
+    tiny_mlp(&z1);
+    tiny_mlp(&d0);
+    small_buckets(&z1);
+    train_run(&z1, 3, NULL);
+    train_run(&d0, 3, NULL);
+    DT_CHECK_STR(z1.out[0].strategy, "zero");
+    for (int f = 0; f < 2; f++) {
+        const char *file = f ? "optim.safetensors" : "model.safetensors";
+        DT_CHECK_MSG(same_file(fmt("%s/%s", ckpt_of(&z1, 3), file),
+                               fmt("%s/%s", ckpt_of(&d0, 3), file)),
+                     "%s of ZeRO-1 and DDP differ", file);
+    }
+    /* ... so it resumes at stage 0 on 1 rank exactly as DDP's does */
+    zrun a = base("mlp.ini", 1, 0, "ck-z1-to-single"), b = base("mlp.ini", 1, 0, "ck-ddp-to-single");
+    tiny_mlp(&a);
+    tiny_mlp(&b);
+    train_run(&a, 5, ckpt_of(&z1, 3));
+    train_run(&b, 5, ckpt_of(&d0, 3));
+    DT_CHECK_STR(a.out[0].strategy, "single");
+    DT_CHECK_INT(a.out[0].step, 5);
+    check_same_params(&a, &b);
+    /* The reverse: one process's checkpoint resumed at stage 1 on 2 ranks, and at stage 2 on 3,
+     * equals DDP resuming it on as many ranks. */
+    zrun s = base("mlp.ini", 1, 0, "ck-single");
+    tiny_mlp(&s);
+    train_run(&s, 3, NULL);
+    const int stage[2] = {1, 2}, ranks[2] = {2, 3};
+    for (int k = 0; k < 2; k++) {
+        zrun zz = base("mlp.ini", ranks[k], stage[k], fmt("ck-single-to-z%d", stage[k]));
+        zrun dd = base("mlp.ini", ranks[k], 0, fmt("ck-single-to-ddp%d", ranks[k]));
+        tiny_mlp(&zz);
+        tiny_mlp(&dd);
+        small_buckets(&zz);
+        train_run(&zz, 5, ckpt_of(&s, 3));
+        train_run(&dd, 5, ckpt_of(&s, 3));
+        DT_CHECK_STR(zz.out[0].strategy, "zero");
+        DT_CHECK_INT(zz.out[0].step, 5);
+        check_same_params(&zz, &dd);
+        unmap(&zz);
+        unmap(&dd);
+    }
+    /* and stage 1 on 2 ranks resumed at stage 2 on 3 ranks equals DDP on 3 ranks */
+    zrun e = base("mlp.ini", 3, 2, "ck-z1-to-z2"), f = base("mlp.ini", 3, 0, "ck-z1-to-ddp3");
+    tiny_mlp(&e);
+    tiny_mlp(&f);
+    train_run(&e, 5, ckpt_of(&z1, 3));
+    train_run(&f, 5, ckpt_of(&z1, 3));
+    check_same_params(&e, &f);
+    unmap(&z1);
+    unmap(&d0);
+    unmap(&a);
+    unmap(&b);
+    unmap(&s);
+    unmap(&e);
+    unmap(&f);
+}
+
+/* ---- failures ------------------------------------------------------------------------------ */
+
+static void check_killed(zrun *z, const int *st, const char *coll, double took)
+{
+    DT_CHECK(WIFSIGNALED(st[z->kill_rank]) && WTERMSIG(st[z->kill_rank]) == SIGKILL);
+    for (int r = 0; r < z->N; r++) {
+        if (r == z->kill_rank)
+            continue;
+        DT_CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 2, "rank %d: status %d", r, st[r]);
+        DT_CHECK_CONTAINS(z->out[r].msg, coll);
+        DT_CHECK_CONTAINS(z->out[r].msg, fmt("rank %d", z->kill_rank));
+    }
+    DT_CHECK_MSG(took < 15, "the survivors took %.1f s to notice", took);
+}
+
+static void test_killed_rank(void)
+{
+    for (int zero = 1; zero <= 2; zero++) {
+        /* dies before a step: the others fail in the gradients' reduce-scatter */
+        zrun a = base("mlp.ini", 3, zero, fmt("kill-scatter-z%d", zero));
+        tiny_mlp(&a);
+        a.mode = KILL_BETWEEN_STEPS;
+        a.kill_rank = 2;
+        int st[MAX_RANKS];
+        uint64_t t0 = dt_now_ns();
+        run(&a, st);
+        check_killed(&a, st, "reduce_scatter #", (double)(dt_now_ns() - t0) / 1e9);
+        unmap(&a);
+        /* dies after the reduce-scatter: the others fail in the parameters' all-gather */
+        zrun b = base("mlp.ini", 3, zero, fmt("kill-gather-z%d", zero));
+        tiny_mlp(&b);
+        b.mode = KILL_IN_GATHER;
+        b.kill_rank = 1;
+        t0 = dt_now_ns();
+        run(&b, st);
+        check_killed(&b, st, "allgather #", (double)(dt_now_ns() - t0) / 1e9);
+        for (int r = 0; r < 3; r += 2)
+            DT_CHECK_CONTAINS(b.out[r].msg, "gathering the updated parameters");
+        unmap(&b);
+    }
+}
+
+/* fp16: an overflow in one rank's gradients skips the step on every rank */
+static void test_overflow_skips_everywhere(void)
+{
+    for (int zero = 1; zero <= 2; zero++) {
+        zrun z = base("mlp.ini", 3, zero, fmt("overflow-z%d", zero));
+        tiny_mlp(&z);
+        add(&z, "train.precision=fp16");
+        add(&z, "train.loss_scale=1e12");
+        z.mode = OVERFLOW_ON_ONE;
+        z.kill_rank = 1;
+        z.steps = 1;
+        int st[MAX_RANKS];
+        run(&z, st);
+        if (all_ok(&z, st))
+            for (int r = 0; r < 3; r++) {
+                DT_CHECK_MSG(z.out[r].skipped == 1 && z.out[r].optim_t == 0 &&
+                                 z.out[r].scale == 5e11,
+                             "zero %d rank %d: %lld skipped, t %lld, scale %g", zero, r,
+                             (long long)z.out[r].skipped, (long long)z.out[r].optim_t,
+                             z.out[r].scale);
+                DT_CHECK_MSG(!isfinite(z.out[r].norm[0]), "rank %d: norm %g", r, z.out[r].norm[0]);
+            }
+        unmap(&z);
+    }
+}
+
+/* ---- configuration -------------------------------------------------------------------------- */
+
+static void test_config_errors(void)
+{
+    static dt_job job;
+    dt_config_errors errs = {0};
+    dt_err err = {0};
+    char *dp[] = {"job.strategy=dp", "parallel.zero=1"};
+    DT_CHECK(dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), dp, 2, &errs, &err) != 0);
+    DT_CHECK(errs.count >= 1);
+    DT_CHECK_CONTAINS(errs.lines[0], "parallel.zero = 1");
+    DT_CHECK_CONTAINS(errs.lines[0], "job.strategy = ddp");
+    memset(&errs, 0, sizeof errs);
+    char *z3[] = {"parallel.zero=3"};
+    DT_CHECK(dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), z3, 1, &errs, &err) != 0);
+    DT_CHECK(errs.count >= 1);
+    DT_CHECK_CONTAINS(errs.lines[0], "parallel.zero = 3");
+    DT_CHECK_CONTAINS(errs.lines[0], "not supported yet");
+    memset(&errs, 0, sizeof errs);
+    char *z4[] = {"parallel.zero=4"};
+    DT_CHECK(dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), z4, 1, &errs, &err) != 0);
+    DT_CHECK_CONTAINS(errs.lines[0], "parallel.zero");
+    /* one rank: plain single */
+    memset(&errs, 0, sizeof errs);
+    char *z1[] = {"parallel.zero=2"};
+    DT_REQUIRE(dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), z1, 1, &errs, &err) == 0);
+    DT_CHECK_INT(job.zero, 2);
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+/* What each stage holds on 2 ranks, measured: optimiser state 1/N of DDP's (within 2%), stage
+ * 2's gradients given back after the step and, during it, well under the whole buffer. */
+static void test_memory(void)
+{
+    zrun z[3];
+    int st[MAX_RANKS];
+    for (int zero = 0; zero <= 2; zero++) {
+        z[zero] = base("mlp.ini", 2, zero, fmt("mem-z%d", zero));
+        /* 14 layers of about 4k parameters, a bucket each: a few are in flight at a time */
+        add(&z[zero], "model.hidden=64,64,64,64,64,64,64,64,64,64,64,64,64");
+        add(&z[zero], "train.batch_size=4");
+        add(&z[zero], "ddp.first_bucket_mb=0.01");
+        add(&z[zero], "ddp.bucket_cap_mb=0.01");
+        z[zero].steps = 2;
+        run(&z[zero], st);
+        all_ok(&z[zero], st);
+    }
+    const dt_strategy_mem *m0 = &z[0].out[0].mem, *m1 = &z[1].out[0].mem, *m2 = &z[2].out[0].mem;
+    size_t P = z[0].out[0].num_params * 4;
+    DT_CHECK_INT(m0->optim, 2 * P);
+    double r1 = (double)m1->optim / (double)m0->optim;
+    DT_CHECK_MSG(fabs(r1 - 0.5) <= 0.01, "stage 1 optimiser state %zu vs %zu: ratio %.4f",
+                 m1->optim, m0->optim, r1);
+    DT_CHECK_INT(m2->optim, m1->optim);
+    /* stage 1: the whole gradient plus the shard; stage 2: the shard plus what is resident */
+    DT_CHECK_MSG(m1->grads >= P + P / 2, "stage 1 grads %zu", m1->grads);
+    DT_CHECK_MSG(m2->grads <= P / 2 + P / 4, "stage 2 grads after the step %zu (whole: %zu)",
+                 m2->grads, P);
+    /* during backward, pages were given back before the last bucket was reduced */
+    size_t shard = m2->optim / 2;
+    DT_CHECK_MSG(m2->grads_peak >= m2->grads && m2->grads_peak - shard < P * 60 / 100,
+                 "stage 2 grads peak %zu, of which resident %zu of the %zu-byte buffer",
+                 m2->grads_peak, m2->grads_peak - shard, P);
+    DT_CHECK_INT(m1->ckpt_staging, 0); /* reserved, not resident, between saves */
+    printf("    memory (2 ranks, %zu parameters): optim %zu / %zu / %zu bytes, grads %zu / %zu / "
+           "%zu (stage 2 peak %zu)\n",
+           z[0].out[0].num_params, m0->optim, m1->optim, m2->optim, m0->grads, m1->grads,
+           m2->grads, m2->grads_peak);
+    for (int k = 0; k < 3; k++)
+        unmap(&z[k]);
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"config_errors", test_config_errors, 30},
+        {"mlp_stages_2_to_4_ranks", test_mlp_stages, 300},
+        {"gpt_stages_2_to_4_ranks", test_gpt_stages, 300},
+        {"resnet_stages_2_to_4_ranks", test_resnet_stages, 300},
+        {"options_clip_fp16_accum_compress_sgd", test_options, 300},
+        {"clip_is_active", test_clip_is_active, 60},
+        {"resume_across_stages", test_resume_across_stages, 300},
+        {"killed_rank", test_killed_rank, 120},
+        {"fp16_overflow_on_one_rank_skips_everywhere", test_overflow_skips_everywhere, 60},
+        {"memory", test_memory, 120},
+    };
+    return dt_test_main("test_zero", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
