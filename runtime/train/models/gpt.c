@@ -17,9 +17,11 @@
  * transpose). Initialisation as GPT-2: normal(0, 0.02), the two residual projections (c_proj)
  * scaled by 1/sqrt(2L), LayerNorm weight 1, biases 0.
  *
- * Backward reports, in order: ln_f, then each block from h.{L-1} to h.0, then wte and wpe
- * together last (wte's gradient is only final after the embedding backward, as it is tied to
- * the output projection).
+ * Blocks (model.h): 0 "embed" (wte, wpe), 1+l "h.l", L+1 "ln_f". Backward reports, in order:
+ * ln_f, then each block from h.{L-1} to h.0, then wte and wpe together last (wte's gradient is
+ * only final after the embedding backward, as it is tied to the output projection). Block
+ * events: forward embed, h.0 .. h.{L-1}, ln_f, embed (head); backward embed (head), ln_f,
+ * h.{L-1} .. h.0, embed.
  *
  * Activations are kept per layer as in llm.c (about L*B*T*(16C + NH*T) floats); the backward
  * needs only a few (B,T,C)/(B,T,4C) scratch buffers besides. Where the GEMM time goes: every
@@ -96,7 +98,10 @@ static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float 
 
     const size_t NC = (size_t)g->Bmax * g->Tmax * C, NR = (size_t)g->Bmax * g->Tmax;
     const size_t NATT = (size_t)g->Bmax * NH * g->Tmax * g->Tmax;
+    const int bl_lnf = g->L + 1; /* blocks: 0 embed, 1 + l h.l, L + 1 ln_f */
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_FORWARD);
     be->embedding_fwd(be, g->encoded, g->tokens, P(m, g->wte), P(m, g->wpe), B, T, C);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_FORWARD);
     const float *res = g->encoded;
     for (int l = 0; l < g->L; l++) {
         const gpt_layer *w = &g->layers[l];
@@ -106,6 +111,7 @@ static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float 
         float *ln2m = g->ln2_mean + l * NR, *ln2r = g->ln2_rstd + l * NR;
         float *fch = g->fch + l * 4 * NC, *fchg = g->fch_gelu + l * 4 * NC;
         float *res3 = g->res3 + l * NC;
+        dt_models_event(m, 1 + l, DT_BLOCK_BEFORE_FORWARD);
         be->layernorm_fwd(be, ln1, ln1m, ln1r, res, P(m, w->ln1w), P(m, w->ln1b), (int)N, C,
                           LN_EPS);
         be->matmul_fwd(be, qkv, ln1, P(m, w->qkvw), P(m, w->qkvb), (int)N, C, 3 * C);
@@ -118,12 +124,17 @@ static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float 
         be->gelu_fwd(be, fchg, fch, N * 4 * C);
         be->matmul_fwd(be, res3, fchg, P(m, w->fcprojw), P(m, w->fcprojb), (int)N, 4 * C, C);
         be->accumulate(be, res3, res2, N * C); // res3 = res2 + mlp
+        dt_models_event(m, 1 + l, DT_BLOCK_AFTER_FORWARD);
         res = res3;
     }
+    dt_models_event(m, bl_lnf, DT_BLOCK_BEFORE_FORWARD);
     be->layernorm_fwd(be, g->lnf, g->lnf_mean, g->lnf_rstd, res, P(m, g->lnfw), P(m, g->lnfb),
                       (int)N, C, LN_EPS);
-    // logits (N,V) = lnf (N,C) @ wte^T
+    dt_models_event(m, bl_lnf, DT_BLOCK_AFTER_FORWARD);
+    // logits (N,V) = lnf (N,C) @ wte^T: the tied head, block 0's second window
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_FORWARD);
     be->matmul_fwd(be, g->logits, g->lnf, P(m, g->wte), NULL, (int)N, C, V);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_FORWARD);
     // Training: the classifier's gradient (softmax - onehot, unscaled) replaces the logits in
     // the same pass that computes the losses, so the (N,V) logits, the biggest tensor of the
     // model, are read once per step, not once here and again in backward.
@@ -155,16 +166,21 @@ static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, 
     /* d loss / d logits = dl * (softmax - onehot), the latter in g->logits since forward; dl
      * goes on the (N,C) operands of the classifier GEMM instead of the (N,V) gradient:
      * dwte += dlogits^T @ (dl * lnf) and dC = (dlogits @ wte) * dl. lnf is not read again. */
+    const int bl_lnf = g->L + 1; /* blocks: 0 embed, 1 + l h.l, L + 1 ln_f */
     float dl = g->valid > 0 ? dloss_scale / (float)g->valid : 0.0f;
     be->scale(be, g->lnf, N * C, dl);
     be->memset_zero(be, g->dC, fN * C);
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD); /* the tied head */
     be->matmul_bwd(be, g->dC, G(m, g->wte), NULL, g->logits, g->lnf, P(m, g->wte), (int)N, C, V);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_BACKWARD);
     be->scale(be, g->dC, N * C, dl);
     const float *res_last = g->L > 0 ? g->res3 + (size_t)(g->L - 1) * NC : g->encoded;
     be->memset_zero(be, g->dres, fN * C);
+    dt_models_event(m, bl_lnf, DT_BLOCK_BEFORE_BACKWARD);
     be->layernorm_bwd(be, g->dres, G(m, g->lnfw), G(m, g->lnfb), g->dC, res_last, P(m, g->lnfw),
                       g->lnf_mean, g->lnf_rstd, (int)N, C);
     dt_models_ready(m, g->lnfw, g->lnfb, ready, ctx);
+    dt_models_event(m, bl_lnf, DT_BLOCK_AFTER_BACKWARD);
 
     for (int l = g->L - 1; l >= 0; l--) {
         const gpt_layer *w = &g->layers[l];
@@ -176,6 +192,7 @@ static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, 
         float *fch = g->fch + l * 4 * NC, *fchg = g->fch_gelu + l * 4 * NC;
         /* g->dres: gradient of this block's output (res3) */
         be->memset_zero(be, g->d4a, fN * 4 * C);
+        dt_models_event(m, 1 + l, DT_BLOCK_BEFORE_BACKWARD);
         be->matmul_bwd(be, g->d4a, G(m, w->fcprojw), G(m, w->fcprojb), g->dres, fchg,
                        P(m, w->fcprojw), (int)N, 4 * C, C);
         be->memset_zero(be, g->d4b, fN * 4 * C);
@@ -198,9 +215,12 @@ static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, 
                           ln1m, ln1r, (int)N, C);
         /* g->dres: gradient of this block's input */
         dt_models_ready(m, w->ln1w, w->fcprojb, ready, ctx);
+        dt_models_event(m, 1 + l, DT_BLOCK_AFTER_BACKWARD);
     }
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD);
     be->embedding_bwd(be, G(m, g->wte), G(m, g->wpe), g->dres, g->tokens, B, T, C);
     dt_models_ready(m, g->wte, g->wpe, ready, ctx);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_BACKWARD);
     return 0;
 }
 
@@ -291,6 +311,16 @@ int dt_gpt_create(dt_model *m, dt_err *err)
     if ((rc = add_tensor(m, &g->lnfw, true, C, 0, "ln_f.weight", err)) ||
         (rc = add_tensor(m, &g->lnfb, true, C, 0, "ln_f.bias", err)))
         return rc;
+    /* blocks (model.h): the embeddings, each transformer block, ln_f; the embeddings have a
+     * second window per pass for the tied output projection */
+    if ((rc = dt_models_add_block(m, g->wte, g->wpe, 2, err, "embed")) < 0)
+        return rc;
+    for (int l = 0; l < L; l++)
+        if ((rc = dt_models_add_block(m, g->layers[l].ln1w, g->layers[l].fcprojb, 1, err, "h.%d",
+                                      l)) < 0)
+            return rc;
+    if ((rc = dt_models_add_block(m, g->lnfw, g->lnfb, 1, err, "ln_f")) < 0)
+        return rc;
     if ((rc = dt_models_alloc(m, err)))
         return rc;
 
@@ -321,9 +351,9 @@ int dt_gpt_create(dt_model *m, dt_err *err)
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
         if ((rc = dt_models_falloc(m, acts[i].p, acts[i].n, err)))
             return rc;
-    if ((rc = m->be->alloc(m->be, (void **)&g->tokens, NR * sizeof(int32_t), err)))
+    if ((rc = dt_models_ialloc(m, &g->tokens, NR, err)))
         return rc;
-    if ((rc = m->be->alloc(m->be, (void **)&g->targets, NR * sizeof(int32_t), err)))
+    if ((rc = dt_models_ialloc(m, &g->targets, NR, err)))
         return rc;
 
     /* initialisation, in table order */

@@ -11,6 +11,7 @@
 #include "runtime/train/model.h"
 #include "runtime/train/models/gpt.h"
 #include "runtime/train/models/mlp.h"
+#include "runtime/train/models/models.h"
 #include "runtime/train/models/resnet.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -163,6 +164,8 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
         rc = dt_mlp_create(m, err);
     else
         rc = dt_resnet_create(m, comm, err);
+    if (!rc)
+        rc = dt_models_check_blocks(m, err);
     if (rc) {
         dt_err_prefix(err, "creating model %s: ", cfg->type);
         dt_model_free(m);
@@ -185,6 +188,7 @@ void dt_model_free(dt_model *m)
     }
     free(m->tensors);
     free(m->buffer_tensors);
+    free(m->blocks);
     free(m);
 }
 
@@ -194,4 +198,15 @@ int dt_model_find_tensor(const dt_model *m, const char *name)
         if (!strcmp(m->tensors[i].name, name))
             return i;
     return -1;
+}
+
+void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx)
+{
+    m->block_hook = fn;
+    m->block_hook_ctx = fn ? ctx : NULL;
+}
+
+size_t dt_model_activation_bytes(const dt_model *m)
+{
+    return m ? m->activation_bytes : 0;
 }

@@ -22,8 +22,9 @@
  * statistics of the global batch; the BN weight and bias gradients stay local (DDP averages
  * them). With one rank or no communicator it is plain BatchNorm.
  *
- * Backward reports gradients as final per unit, in backward order: fc, then each block from the
- * last to the first, then the stem.
+ * Blocks (model.h): 0 "stem" (conv1, bn1), 1+i "layer{s}.{j}" (one BasicBlock), nblocks+1 "fc".
+ * Backward reports gradients as final per block, in backward order: fc, then each BasicBlock
+ * from the last to the first, then the stem.
  */
 #include <math.h>
 #include <stdio.h>
@@ -198,15 +199,19 @@ static int resnet_forward(dt_model *m, const dt_batch *batch, bool training, flo
     be->memcpy_h2d(be, r->targets, batch->targets, (size_t)B * sizeof(int32_t));
     memcpy(r->targets_host, batch->targets, (size_t)B * sizeof(int32_t));
 
+    const int bl_fc = r->nblocks + 1; /* blocks: 0 stem, 1 + i layer, nblocks + 1 fc */
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_FORWARD);
     conv_fwd(m, &r->stem, r->c0, r->x, B);
     if ((rc = bn_fwd(m, r, &r->stem_bn, r->a0, r->c0, B, training, err)))
         return rc;
+    dt_models_event(m, 0, DT_BLOCK_AFTER_FORWARD);
     be->relu_fwd(be, r->a0, r->a0, act_size(&r->stem, B));
     const float *cur = r->a0;
     for (int i = 0; i < r->nblocks; i++) {
         block *k = &r->blocks[i];
         size_t n = act_size(&k->c1, B);
         k->x = cur;
+        dt_models_event(m, 1 + i, DT_BLOCK_BEFORE_FORWARD);
         conv_fwd(m, &k->c1, k->c1o, cur, B);
         if ((rc = bn_fwd(m, r, &k->b1, k->a1, k->c1o, B, training, err)))
             return rc;
@@ -222,12 +227,15 @@ static int resnet_forward(dt_model *m, const dt_batch *batch, bool training, flo
         } else {
             be->accumulate(be, k->out, cur, n);
         }
+        dt_models_event(m, 1 + i, DT_BLOCK_AFTER_FORWARD);
         be->relu_fwd(be, k->out, k->out, n);
         cur = k->out;
     }
     be->avgpool_fwd(be, r->pooled, cur, B, r->C_last, r->HW_last);
     // logits (B,K) = pooled (B,C_last) @ fc^T + b
+    dt_models_event(m, bl_fc, DT_BLOCK_BEFORE_FORWARD);
     be->matmul_fwd(be, r->logits, r->pooled, P(m, r->fc_w), P(m, r->fc_b), B, r->C_last, r->K);
+    dt_models_event(m, bl_fc, DT_BLOCK_AFTER_FORWARD);
     int valid = 0;
     be->xent_fwd_bwd(be, r->losses, NULL, r->logits, r->targets, B, r->K, 1.0f, &valid);
     *loss = dt_models_mean_loss(m, r->losses, B, valid);
@@ -252,9 +260,12 @@ static int resnet_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn read
     float dl = r->valid > 0 ? dloss_scale / (float)r->valid : 0.0f;
     be->xent_fwd_bwd(be, r->losses, r->logits, r->logits, r->targets, B, r->K, dl, NULL);
     zero(m, r->dpooled, (size_t)B * r->C_last);
+    const int bl_fc = r->nblocks + 1; /* blocks: 0 stem, 1 + i layer, nblocks + 1 fc */
+    dt_models_event(m, bl_fc, DT_BLOCK_BEFORE_BACKWARD);
     be->matmul_bwd(be, r->dpooled, G(m, r->fc_w), G(m, r->fc_b), r->logits, r->pooled,
                    P(m, r->fc_w), B, r->C_last, r->K);
     dt_models_ready(m, r->fc_w, r->fc_b, ready, ctx);
+    dt_models_event(m, bl_fc, DT_BLOCK_AFTER_BACKWARD);
     int cur = 0; /* r->g[cur] holds the gradient of the current block output; cur is 0 or 4 */
     zero(m, r->g[0], (size_t)B * r->C_last * r->HW_last);
     be->avgpool_bwd(be, r->g[0], r->dpooled, B, r->C_last, r->HW_last);
@@ -263,6 +274,7 @@ static int resnet_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn read
         size_t n = act_size(&k->c1, B), nin = in_size(&k->c1, B);
         float *dout = r->g[cur], *dx = r->g[4 - cur];
         float *dsum = r->g[1], *t2 = r->g[2], *t3 = r->g[3];
+        dt_models_event(m, 1 + i, DT_BLOCK_BEFORE_BACKWARD);
         zero(m, dsum, n);
         be->relu_bwd(be, dsum, k->out, dout, n);
         zero(m, t2, n); /* dc2 */
@@ -286,16 +298,19 @@ static int resnet_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn read
             be->accumulate(be, dx, dsum, nin);
         }
         dt_models_ready(m, k->first, k->last, ready, ctx);
+        dt_models_event(m, 1 + i, DT_BLOCK_AFTER_BACKWARD);
         cur = 4 - cur;
     }
     size_t n0 = act_size(&r->stem, B);
     zero(m, r->g[1], n0);
     be->relu_bwd(be, r->g[1], r->a0, r->g[cur], n0);
     zero(m, r->g[2], n0);
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD);
     if ((rc = bn_bwd(m, r, &r->stem_bn, r->g[2], r->g[1], r->c0, B, err)))
         return rc;
     conv_bwd(m, &r->stem, NULL, r->g[2], r->x, B);
     dt_models_ready(m, 0, r->stem_last, ready, ctx);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_BACKWARD);
     return 0;
 }
 
@@ -477,6 +492,15 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
         return rc;
     r->fc_b = rc;
     m->flops_per_sample += 6.0 * r->K * C;
+    /* blocks (model.h): the stem, each BasicBlock, the classifier */
+    if ((rc = dt_models_add_block(m, 0, r->stem_last, 1, err, "stem")) < 0)
+        return rc;
+    for (int i = 0; i < r->nblocks; i++)
+        if ((rc = dt_models_add_block(m, r->blocks[i].first, r->blocks[i].last, 1, err,
+                                      "layer%d.%d", i / n + 1, i % n)) < 0)
+            return rc;
+    if ((rc = dt_models_add_block(m, r->fc_w, r->fc_b, 1, err, "fc")) < 0)
+        return rc;
     if ((rc = dt_models_alloc(m, err)))
         return rc;
 
@@ -518,7 +542,7 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
     if (!rc)
         rc = dt_models_falloc(m, &r->losses, B, err);
     if (!rc)
-        rc = m->be->alloc(m->be, (void **)&r->targets, B * sizeof(int32_t), err);
+        rc = dt_models_ialloc(m, &r->targets, B, err);
     if (!rc)
         rc = dt_models_falloc(m, &r->tmp, max_act, err);
     for (int i = 0; i < 5 && !rc; i++)
