@@ -13,6 +13,8 @@
  * - Blocks (ZeRO-3 units) tile the parameter buffer; with a block hook that NaN-poisons every
  *   block's parameters and gradients outside its windows, training is bit-identical to no hook
  *   (the windows cover every use), and the events come in the documented order.
+ * - train.recompute: block (gpt, resnet) and selective (gpt) train bit-identically to none, with
+ *   and without the block hook, and allocate what they promise (exact for gpt).
  * - Loss falls on a tiny overfit task, for each model.
  * - Initialisation: every tensor (and buffer) of each model's table against the rule in the
  *   model's header comment (normal with the right std and shape, uniform within its bound,
@@ -560,6 +562,97 @@ static void test_block_hooks(void)
     check_against(&c, &c, 4, true);
     c.depth = 14; /* two blocks per stage: identity shortcuts after projections */
     check_against(&c, &c, 4, true);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* activation recomputation */
+
+/* recompute = block (and selective) against none: bit-identical losses, gradients, parameters
+ * and running statistics over several steps, with and without the poisoning block hook. */
+static void test_recompute_bitwise(void)
+{
+    const dt_recompute modes[] = {DT_RECOMPUTE_BLOCK, DT_RECOMPUTE_SELECTIVE};
+    for (int i = 0; i < 2; i++)
+        for (int hook = 0; hook < 2; hook++) {
+            dt_model_config ref = gpt_cfg(), c = ref;
+            ref.n_layer = c.n_layer = 3;
+            c.recompute = modes[i];
+            check_against(&ref, &c, 2, hook);
+        }
+    for (int depth = 8; depth <= 14; depth += 6)
+        for (int hook = 0; hook < 2; hook++) {
+            dt_model_config ref = resnet_cfg(), c = ref;
+            ref.depth = c.depth = depth;
+            c.recompute = DT_RECOMPUTE_BLOCK;
+            check_against(&ref, &c, 4, hook);
+        }
+    dt_model_config ref = mlp_cfg(), c = ref;
+    c.recompute = DT_RECOMPUTE_BLOCK;
+    check_against(&ref, &c, 6, true);
+}
+
+static size_t act_bytes(const dt_model_config *cfg)
+{
+    dt_backend *be = be_new();
+    dt_model *m = model_new(be, cfg);
+    size_t n = dt_model_activation_bytes(m);
+    dt_model_free(m);
+    be->close(be);
+    return n;
+}
+
+/* With recompute = block, gpt allocates one layer of intermediates instead of L: the saving is
+ * exactly (L-1) layers of everything but the block outputs (15C + 4 floats per token plus the
+ * attention probabilities); selective saves (L-1) layers of attention probabilities. resnet
+ * keeps one set of conv/BN intermediates instead of one per BasicBlock. */
+static void test_recompute_memory(void)
+{
+    dt_model_config c = gpt_cfg();
+    c.n_layer = 4;
+    const size_t NR = (size_t)c.max_batch * c.shape.seq_len, C = (size_t)c.n_embd;
+    const size_t NATT = (size_t)c.max_batch * c.n_head * c.shape.seq_len * c.shape.seq_len;
+    size_t none = act_bytes(&c);
+    c.recompute = DT_RECOMPUTE_BLOCK;
+    size_t block = act_bytes(&c);
+    c.recompute = DT_RECOMPUTE_SELECTIVE;
+    size_t sel = act_bytes(&c);
+    DT_CHECK_INT(none - block, (size_t)(c.n_layer - 1) * (NR * (15 * C + 4) + NATT) * 4);
+    DT_CHECK_INT(none - sel, (size_t)(c.n_layer - 1) * NATT * 4);
+    DT_CHECK(none > 0 && block < none / 2);
+
+    /* resnet: per BasicBlock, conv1 out, ReLU(BN1), conv2 out (and the shortcut conv's output
+     * with a projection) are no longer allocated; four buffers of the largest activation and
+     * 2*C_last floats of discarded running statistics are */
+    dt_model_config r = resnet_cfg();
+    r.depth = 20;
+    r.max_batch = 8;
+    none = act_bytes(&r);
+    r.recompute = DT_RECOMPUTE_BLOCK;
+    block = act_bytes(&r);
+    const int n = (r.depth - 2) / 6;
+    size_t saved = 0, max_act = (size_t)r.width * r.shape.height * r.shape.width;
+    int H = r.shape.height, W = r.shape.width;
+    for (int stage = 0; stage < 3; stage++)
+        for (int j = 0; j < n; j++) {
+            bool down = stage > 0 && j == 0;
+            if (down) {
+                H = (H - 1) / 2 + 1;
+                W = (W - 1) / 2 + 1;
+            }
+            size_t a = (size_t)(r.width << stage) * H * W;
+            saved += (down ? 4 : 3) * a;
+            max_act = a > max_act ? a : max_act;
+        }
+    saved *= (size_t)r.max_batch;
+    size_t added = 4 * max_act * (size_t)r.max_batch + 2 * (size_t)(4 * r.width);
+    DT_CHECK_INT(none - block, (saved - added) * 4);
+    DT_CHECK(block < none);
+
+    /* mlp keeps only each layer's input already: block changes nothing */
+    dt_model_config p = mlp_cfg();
+    none = act_bytes(&p);
+    p.recompute = DT_RECOMPUTE_BLOCK;
+    DT_CHECK_INT(act_bytes(&p), none);
 }
 
 /* The block tables tile the parameter buffer, in order, on tensor boundaries. */
@@ -1146,6 +1239,19 @@ static void test_config_from_job(void)
     DT_CHECK_INT(c.shape.seq_len, 64);
     DT_CHECK(dt_model_config_from_job(&c, &job, &vec, &err) == -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "token");
+    DT_CHECK_INT(c.recompute, DT_RECOMPUTE_NONE);
+    job.recompute = DT_RECOMP_BLOCK;
+    DT_REQUIRE_OK(dt_model_config_from_job(&c, &job, &tok, e), e);
+    DT_CHECK_INT(c.recompute, DT_RECOMPUTE_BLOCK);
+    job.recompute = DT_RECOMP_SELECTIVE;
+    DT_REQUIRE_OK(dt_model_config_from_job(&c, &job, &tok, e), e);
+    DT_CHECK_INT(c.recompute, DT_RECOMPUTE_SELECTIVE);
+    job.model_type = DT_MODEL_MLP;
+    strcpy(job.hidden, "16");
+    DT_CHECK(dt_model_config_from_job(&c, &job, &vec, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "train.recompute = selective");
+    job.model_type = DT_MODEL_GPT;
+    job.recompute = DT_RECOMP_NONE;
     tok.seq_len = 129;
     DT_CHECK(dt_model_config_from_job(&c, &job, &tok, &err) == -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "block_size");
@@ -1169,6 +1275,8 @@ static const dt_test tests[] = {
     {"ready_ranges", test_ready_ranges, 0},
     {"block_tables", test_block_tables, 0},
     {"block_hooks", test_block_hooks, 0},
+    {"recompute_bitwise", test_recompute_bitwise, 0},
+    {"recompute_memory", test_recompute_memory, 0},
     {"determinism", test_determinism, 0},
     {"overfit_gpt", test_overfit_gpt, 0},
     {"overfit_mlp", test_overfit_mlp, 0},

@@ -56,6 +56,20 @@ typedef struct dt_batch {
     const float *x;         /* (B, input numel) inputs (vector and image kinds) */
 } dt_batch;
 
+/* train.recompute: which activations backward recomputes instead of keeping them from forward.
+ * Gradients are bit-identical to DT_RECOMPUTE_NONE on the same backend: the recomputation
+ * runs the same ops on the same inputs, and backward then runs the same ops in the same order. */
+typedef enum dt_recompute {
+    DT_RECOMPUTE_NONE = 0,      /* keep every layer's activations (fastest, most memory) */
+    DT_RECOMPUTE_BLOCK = 1,     /* keep each block's input (gpt: the residual stream; resnet:
+                                 * each BasicBlock's output), recompute the block's forward at
+                                 * the start of its backward: one block's intermediates are
+                                 * allocated instead of one per block */
+    DT_RECOMPUTE_SELECTIVE = 2, /* gpt only (Megatron's selective mode): keep everything but the
+                                 * attention probabilities (B,NH,T,T) per layer, recompute them
+                                 * from the saved q,k,v in backward */
+} dt_recompute;
+
 typedef struct dt_model_config {
     char type[16];        /* "mlp", "resnet", "gpt" */
     dt_sample_shape shape;
@@ -70,6 +84,8 @@ typedef struct dt_model_config {
     int depth, width;
     bool sync_bn;         /* all-reduce BatchNorm statistics through `comm` */
     float bn_momentum, bn_eps;
+    dt_recompute recompute; /* gpt: all three; resnet: none, block; mlp: none, block (an mlp
+                             * keeps only each layer's input already: block is none) */
 } dt_model_config;
 
 /* Called by backward as soon as grads[offset, offset+numel) is final for this backward pass.
@@ -99,7 +115,9 @@ typedef void (*dt_grad_ready_fn)(void *ctx, size_t offset, size_t numel);
  *     followed by the AFTER of the same block and pass before any other event.
  *   - Order, per forward (training or not): BEFORE_FORWARD/AFTER_FORWARD for blocks 0, 1, ...,
  *     num_blocks-1, in buffer order; per backward: BEFORE_BACKWARD/AFTER_BACKWARD for blocks
- *     num_blocks-1, ..., 1, 0; plus the extra windows of tied blocks (below).
+ *     num_blocks-1, ..., 1, 0; plus the extra windows of tied blocks (below). With
+ *     cfg.recompute, a block's backward window also holds the recomputation of its forward
+ *     (no extra events: the parameters are read again inside BEFORE/AFTER_BACKWARD).
  *   - Tied weights: a block may have more than one window per pass; blocks[b].windows says
  *     how many. Only gpt's "embed" has two: the output projection is wte again, so a gpt
  *     forward is embed, h.0 .. h.{L-1}, ln_f, embed (the head); a gpt backward is embed (the
@@ -185,7 +203,7 @@ void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx);
 
 /* Bytes of backend memory m holds for activations, their backward scratch and its batch
  * inputs (tokens, targets, images): everything it allocated besides the parameter, gradient and
- * buffer storage. Sized at creation for (max_batch, seq_len). */
+ * buffer storage. Sized at creation for (max_batch, seq_len) and cfg.recompute. */
 size_t dt_model_activation_bytes(const dt_model *m);
 
 struct dt_job;
@@ -195,6 +213,7 @@ struct dt_job;
  *   gpt:    n_layer, n_head, n_embd, block_size; needs token samples with seq_len <= block_size
  *   mlp:    hidden "512,256" -> n_hidden, hidden[]; vector or image samples (images flattened)
  *   resnet: depth (6n+2), width, sync_bn; image samples; BatchNorm momentum 0.1, eps 1e-5
+ *   all:    [train] recompute (selective: gpt only)
  * Returns 0, or -EINVAL with a message naming the [model] key or the data that does not fit
  * (cfg is then partly filled). */
 int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,

@@ -63,6 +63,9 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
     cfg->seed = (uint64_t)job->seed;
     cfg->bn_momentum = 0.1f;
     cfg->bn_eps = 1e-5f;
+    cfg->recompute = job->recompute == DT_RECOMP_BLOCK       ? DT_RECOMPUTE_BLOCK
+                     : job->recompute == DT_RECOMP_SELECTIVE ? DT_RECOMPUTE_SELECTIVE
+                                                             : DT_RECOMPUTE_NONE;
     if (job->model_type == DT_MODEL_GPT) {
         cfg->n_layer = job->n_layer;
         cfg->n_head = job->n_head;
@@ -86,6 +89,14 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
     if (cfg->max_batch <= 0)
         return dt_err_set(err, -EINVAL, "model: batch size must be positive (got %d)",
                           cfg->max_batch);
+    if (cfg->recompute != DT_RECOMPUTE_NONE && cfg->recompute != DT_RECOMPUTE_BLOCK &&
+        cfg->recompute != DT_RECOMPUTE_SELECTIVE)
+        return dt_err_set(err, -EINVAL, "model: unknown recompute mode %d", (int)cfg->recompute);
+    if (cfg->recompute == DT_RECOMPUTE_SELECTIVE && strcmp(cfg->type, "gpt") != 0)
+        return dt_err_set(err, -EINVAL,
+                          "train.recompute = selective recomputes attention, which only gpt has "
+                          "(model %s: use none or block)",
+                          cfg->type);
     if (!strcmp(cfg->type, "gpt")) {
         if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->block_size <= 0)
             return dt_err_set(err, -EINVAL,
