@@ -57,8 +57,9 @@ typedef struct dt_batch {
 } dt_batch;
 
 /* train.recompute: which activations backward recomputes instead of keeping them from forward.
- * Gradients are bit-identical to DT_RECOMPUTE_NONE on the same backend: the recomputation
- * runs the same ops on the same inputs, and backward then runs the same ops in the same order. */
+ * The recomputation runs the same ops on the same inputs, and backward then runs the same ops in
+ * the same order, so gradients are bit-identical to DT_RECOMPUTE_NONE on the cpu backend
+ * (tests/test_models.c) and on any backend whose ops are deterministic run to run. */
 typedef enum dt_recompute {
     DT_RECOMPUTE_NONE = 0,      /* keep every layer's activations (fastest, most memory) */
     DT_RECOMPUTE_BLOCK = 1,     /* keep each block's input (gpt: the residual stream; resnet:
