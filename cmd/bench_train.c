@@ -5,6 +5,8 @@
  * profiling on for the breakdown: the share of step time spent in GEMM-bound ops (matmul,
  * attention GEMMs, conv) against everything else (element-wise ops, normalisation, softmax,
  * the optimiser, data). The issue's target: a gpt-tiny step spends >= 70% of its time in GEMM.
+ * It also prints the model's activation bytes (dt_model_activation_bytes), so that
+ * train.recompute=none and =block can be compared run against run.
  */
 #include <math.h>
 #include <stdio.h>
@@ -114,6 +116,9 @@ int dt_bench_train(int argc, char **argv)
            path, t.model->cfg.type, job.preset != DT_PRESET_NONE ? dt_preset_name(job.preset) : "",
            t.model->num_params, be->name, job.batch_size, job.grad_accum,
            (long long)t.items_per_step, t.tokens ? "tokens" : "samples");
+    printf("activations: %.1f MiB allocated by the model (train.recompute = %s)\n",
+           (double)dt_model_activation_bytes(t.model) / (1024.0 * 1024.0),
+           dt_recompute_name(job.recompute));
     double secs;
     if (run_steps(&t, warmup, &secs, &err) || run_steps(&t, steps, &secs, &err)) {
         fprintf(stderr, "dtrain bench train: %s\n", err.msg);

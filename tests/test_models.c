@@ -10,6 +10,11 @@
  * - Same seed, same job: bit-identical parameters and losses over a few steps.
  * - The grad-ready hook: ranges cover the gradient buffer exactly once, in backward order
  *   (from the end of the buffer to its start), and each range is final when reported.
+ * - Blocks (ZeRO-3 units) tile the parameter buffer; with a block hook that NaN-poisons every
+ *   block's parameters and gradients outside its windows, training is bit-identical to no hook
+ *   (the windows cover every use), and the events come in the documented order.
+ * - train.recompute: block (gpt, resnet) and selective (gpt) train bit-identically to none, with
+ *   and without the block hook, and allocate what they promise (exact for gpt).
  * - Loss falls on a tiny overfit task, for each model.
  * - Initialisation: every tensor (and buffer) of each model's table against the rule in the
  *   model's header comment (normal with the right std and shape, uniform within its bound,
@@ -289,6 +294,408 @@ static void test_ready_ranges(void)
     check_ready(&c, 6);
     c = resnet_cfg();
     check_ready(&c, 4);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* blocks and block hooks (ZeRO-3) */
+
+/* A ZeRO-3 stand-in: outside its windows every block's parameters and gradients on the device
+ * are NaN; the real values live on the host (p, g) and are put back at BEFORE, taken back (g)
+ * at AFTER. Any read of a parameter outside its window turns loss or gradients into NaN, and
+ * any gradient written outside its window is lost, so bit-identical results against a model
+ * without the hook prove the windows. It also checks the protocol: no nesting, AFTER matches
+ * BEFORE, parameters untouched inside windows, ready ranges = the block's, inside its window. */
+typedef struct hook_state {
+    dt_model *m;
+    float *p, *g; /* (num_params) host: the real parameters and gradients */
+    float *nan;   /* (num_params) host NaNs */
+    int open;     /* block of the open window, or -1 */
+    dt_block_event open_ev;
+    int nev;
+    int ev_block[4096];
+    dt_block_event ev[4096];
+    int bad;
+    int nready;
+    int ready_block[256];
+} hook_state;
+
+static void hook_fail(hook_state *h, const char *what, int b)
+{
+    if (h->bad++ < 5)
+        dt_test_fail_at(__FILE__, __LINE__, "%s: block hook: %s (block %d, event %d)",
+                        h->m->cfg.type, what, b, h->nev);
+}
+
+static void on_block(void *ctx, int b, dt_block_event ev)
+{
+    hook_state *h = ctx;
+    dt_model *m = h->m;
+    dt_backend *be = m->be;
+    if (b < 0 || b >= m->num_blocks) {
+        hook_fail(h, "block index out of range", b);
+        return;
+    }
+    if (h->nev < 4096) {
+        h->ev_block[h->nev] = b;
+        h->ev[h->nev] = ev;
+    }
+    h->nev++;
+    const dt_block *k = &m->blocks[b];
+    size_t bytes = k->numel * sizeof(float);
+    if (ev == DT_BLOCK_BEFORE_FORWARD || ev == DT_BLOCK_BEFORE_BACKWARD) {
+        if (h->open != -1)
+            hook_fail(h, "BEFORE while another window is open", b);
+        h->open = b;
+        h->open_ev = ev;
+        be->memcpy_h2d(be, m->params + k->offset, h->p + k->offset, bytes);
+        be->memcpy_h2d(be, m->grads + k->offset, h->g + k->offset, bytes);
+        return;
+    }
+    if (h->open != b || ev != h->open_ev + 1)
+        hook_fail(h, "AFTER without its BEFORE", b);
+    h->open = -1;
+    float *now = host_copy(be, m->params + k->offset, k->numel);
+    if (memcmp(now, h->p + k->offset, bytes) != 0)
+        hook_fail(h, "parameters changed inside the window", b);
+    free(now);
+    be->memcpy_d2h(be, h->g + k->offset, m->grads + k->offset, bytes);
+    be->memcpy_h2d(be, m->params + k->offset, h->nan, bytes);
+    be->memcpy_h2d(be, m->grads + k->offset, h->nan, bytes);
+}
+
+static void on_block_ready(void *ctx, size_t offset, size_t numel)
+{
+    hook_state *h = ctx;
+    int b = h->open;
+    if (b < 0 || h->open_ev != DT_BLOCK_BEFORE_BACKWARD || h->m->blocks[b].offset != offset ||
+        h->m->blocks[b].numel != numel)
+        hook_fail(h, "ready range outside its block's backward window", b);
+    if (h->nready < 256)
+        h->ready_block[h->nready] = b;
+    h->nready++;
+}
+
+/* The block order model.h promises for one forward (bwd false) or backward of m. */
+static int expected_events(const dt_model *m, bool bwd, int *seq)
+{
+    int n = 0, nb = m->num_blocks;
+    bool gpt = !strcmp(m->cfg.type, "gpt");
+    if (!bwd) {
+        for (int b = 0; b < nb; b++)
+            seq[n++] = b;
+        if (gpt)
+            seq[n++] = 0; /* the tied head */
+    } else {
+        if (gpt)
+            seq[n++] = 0;
+        for (int b = nb - 1; b >= 0; b--)
+            seq[n++] = b;
+    }
+    return n;
+}
+
+static void check_event_order(hook_state *h, bool bwd)
+{
+    int seq[512];
+    int n = expected_events(h->m, bwd, seq);
+    DT_CHECK_MSG(h->nev == 2 * n, "%s: %d block events in a %s, expected %d", h->m->cfg.type,
+                 h->nev, bwd ? "backward" : "forward", 2 * n);
+    for (int i = 0; i < n && 2 * i + 1 < h->nev && 2 * i + 1 < 4096; i++) {
+        dt_block_event before = bwd ? DT_BLOCK_BEFORE_BACKWARD : DT_BLOCK_BEFORE_FORWARD;
+        DT_CHECK_MSG(h->ev_block[2 * i] == seq[i] && h->ev[2 * i] == before &&
+                         h->ev_block[2 * i + 1] == seq[i] && h->ev[2 * i + 1] == before + 1,
+                     "%s: window %d is block %d (event %d), expected block %d", h->m->cfg.type,
+                     i, h->ev_block[2 * i], (int)h->ev[2 * i], seq[i]);
+    }
+    /* windows per block and pass: blocks[b].windows */
+    for (int b = 0; b < h->m->num_blocks; b++) {
+        int w = 0;
+        for (int i = 0; i < n; i++)
+            w += seq[i] == b;
+        DT_CHECK_INT(w, h->m->blocks[b].windows);
+    }
+    h->nev = 0;
+}
+
+static void poison_all(hook_state *h)
+{
+    dt_model *m = h->m;
+    m->be->memcpy_h2d(m->be, m->params, h->nan, m->num_params * sizeof(float));
+    m->be->memcpy_h2d(m->be, m->grads, h->nan, m->num_params * sizeof(float));
+}
+
+/* Trains a model of cfg (with the poisoning block hook when hook) and a reference model of
+ * ref_cfg without hook side by side for a few steps (one with two accumulated micro-steps, one
+ * on a smaller batch, an evaluation forward) and wants bit-identical losses, gradients,
+ * parameters and buffers. */
+static void check_against(const dt_model_config *ref_cfg, const dt_model_config *cfg, int B,
+                          bool hook)
+{
+    dt_backend *be = be_new();
+    dt_model *ref = model_new(be, ref_cfg), *m = model_new(be, cfg);
+    const size_t n = m->num_params;
+    DT_REQUIRE(n == ref->num_params && m->num_buffers == ref->num_buffers);
+    hook_state *h = calloc(1, sizeof *h);
+    h->m = m;
+    h->open = -1;
+    h->p = host_copy(be, m->params, n);
+    h->g = calloc(n, sizeof(float));
+    h->nan = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        h->nan[i] = NAN;
+    if (hook) {
+        dt_model_set_block_hook(m, on_block, h);
+        poison_all(h);
+    }
+    float *pr = host_copy(be, ref->params, n);
+    DT_REQUIRE(memcmp(pr, h->p, n * sizeof(float)) == 0);
+    /* move off the initialisation (GELU, softmax and ReLU outside their linear ranges) */
+    dt_rng nr;
+    dt_rng_seed(&nr, 97);
+    for (size_t i = 0; i < n; i++)
+        h->p[i] = pr[i] += 0.1f * dt_rng_normal(&nr);
+    be->memcpy_h2d(be, ref->params, pr, n * sizeof(float));
+    if (!hook)
+        be->memcpy_h2d(be, m->params, pr, n * sizeof(float));
+    free(pr);
+
+    const int steps = 4;
+    for (int s = 0; s < steps; s++) {
+        /* step 1: two micro-steps accumulated; step 2: a smaller batch (and shorter sequences) */
+        dt_model_config bc = *cfg;
+        int Bs = B;
+        if (s == 2) {
+            Bs = B > 1 ? B - 1 : 1;
+            if (bc.shape.kind == DT_SAMPLE_TOKENS)
+                bc.shape.seq_len -= 3;
+        }
+        dt_test_batch hb;
+        dt_test_batch_make(&hb, &bc, Bs, 20 + (uint64_t)s);
+        be->memset_zero(be, ref->grads, n * sizeof(float));
+        memset(h->g, 0, n * sizeof(float));
+        if (!hook)
+            be->memset_zero(be, m->grads, n * sizeof(float));
+        for (int micro = 0; micro < (s == 1 ? 2 : 1); micro++) {
+            float lr = fwd(ref, &hb.b, true), lm = fwd(m, &hb.b, true);
+            DT_CHECK_MSG(memcmp(&lr, &lm, sizeof lr) == 0, "%s step %d: loss %.9g, reference %.9g",
+                         cfg->type, s, lm, lr);
+            if (hook)
+                check_event_order(h, false);
+            h->nready = 0;
+            bwd(ref, 0.5f, NULL, NULL);
+            bwd(m, 0.5f, hook ? on_block_ready : NULL, h);
+            if (hook) {
+                check_event_order(h, true);
+                DT_CHECK_INT(h->nready, m->num_blocks);
+                for (int i = 0; i < h->nready && i < 256; i++)
+                    DT_CHECK_INT(h->ready_block[i], m->num_blocks - 1 - i);
+            }
+        }
+        float *gr = host_copy(be, ref->grads, n);
+        float *gm = hook ? h->g : host_copy(be, m->grads, n);
+        size_t diff = 0, first = n;
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&gr[i], &gm[i], sizeof(float)) != 0) {
+                diff++;
+                if (first == n)
+                    first = i;
+            }
+        DT_CHECK_MSG(diff == 0, "%s step %d: %zu gradients differ from the reference (first at "
+                                "%zu: %.9g vs %.9g)",
+                     cfg->type, s, diff, first, first < n ? gm[first] : 0.0, first < n ? gr[first] : 0.0);
+        if (hook) { /* every block's memory is poisoned again between passes */
+            float *pm = host_copy(be, m->params, n);
+            size_t finite = 0;
+            for (size_t i = 0; i < n; i++)
+                finite += !isnan(pm[i]);
+            DT_CHECK_INT(finite, 0);
+            free(pm);
+        }
+        /* an SGD step on the host, the same for both */
+        float *p = host_copy(be, ref->params, n);
+        for (size_t i = 0; i < n; i++)
+            p[i] -= 0.05f * gr[i];
+        be->memcpy_h2d(be, ref->params, p, n * sizeof(float));
+        memcpy(h->p, p, n * sizeof(float));
+        if (!hook)
+            be->memcpy_h2d(be, m->params, p, n * sizeof(float));
+        free(p);
+        free(gr);
+        if (!hook)
+            free(gm);
+        dt_test_batch_free(&hb);
+    }
+    /* evaluation forward, then the buffers (BatchNorm running statistics) */
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, cfg, B, 30);
+    float lr = fwd(ref, &hb.b, false), lm = fwd(m, &hb.b, false);
+    DT_CHECK_MSG(memcmp(&lr, &lm, sizeof lr) == 0, "%s eval: loss %.9g, reference %.9g",
+                 cfg->type, lm, lr);
+    if (hook)
+        check_event_order(h, false);
+    DT_CHECK_INT(h->bad, 0);
+    if (m->num_buffers) {
+        float *br = host_copy(be, ref->buffers, m->num_buffers);
+        float *bm = host_copy(be, m->buffers, m->num_buffers);
+        DT_CHECK_MSG(memcmp(br, bm, m->num_buffers * sizeof(float)) == 0,
+                     "%s: running statistics differ from the reference", cfg->type);
+        free(br);
+        free(bm);
+    }
+    dt_test_batch_free(&hb);
+    free(h->p);
+    free(h->g);
+    free(h->nan);
+    free(h);
+    dt_model_free(m);
+    dt_model_free(ref);
+    be->close(be);
+}
+
+static void test_block_hooks(void)
+{
+    dt_model_config c = gpt_cfg();
+    check_against(&c, &c, 2, true);
+    c = mlp_cfg();
+    check_against(&c, &c, 6, true);
+    c = resnet_cfg();
+    check_against(&c, &c, 4, true);
+    c.depth = 14; /* two blocks per stage: identity shortcuts after projections */
+    check_against(&c, &c, 4, true);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* activation recomputation */
+
+/* recompute = block (and selective) against none: bit-identical losses, gradients, parameters
+ * and running statistics over several steps, with and without the poisoning block hook. */
+static void test_recompute_bitwise(void)
+{
+    const dt_recompute modes[] = {DT_RECOMPUTE_BLOCK, DT_RECOMPUTE_SELECTIVE};
+    for (int i = 0; i < 2; i++)
+        for (int hook = 0; hook < 2; hook++) {
+            dt_model_config ref = gpt_cfg(), c = ref;
+            ref.n_layer = c.n_layer = 3;
+            c.recompute = modes[i];
+            check_against(&ref, &c, 2, hook);
+        }
+    for (int depth = 8; depth <= 14; depth += 6)
+        for (int hook = 0; hook < 2; hook++) {
+            dt_model_config ref = resnet_cfg(), c = ref;
+            ref.depth = c.depth = depth;
+            c.recompute = DT_RECOMPUTE_BLOCK;
+            check_against(&ref, &c, 4, hook);
+        }
+    dt_model_config ref = mlp_cfg(), c = ref;
+    c.recompute = DT_RECOMPUTE_BLOCK;
+    check_against(&ref, &c, 6, true);
+}
+
+static size_t act_bytes(const dt_model_config *cfg)
+{
+    dt_backend *be = be_new();
+    dt_model *m = model_new(be, cfg);
+    size_t n = dt_model_activation_bytes(m);
+    dt_model_free(m);
+    be->close(be);
+    return n;
+}
+
+/* With recompute = block, gpt allocates one layer of intermediates instead of L: the saving is
+ * exactly (L-1) layers of everything but the block outputs (15C + 4 floats per token plus the
+ * attention probabilities); selective saves (L-1) layers of attention probabilities. resnet
+ * keeps one set of conv/BN intermediates instead of one per BasicBlock. */
+static void test_recompute_memory(void)
+{
+    dt_model_config c = gpt_cfg();
+    c.n_layer = 4;
+    const size_t NR = (size_t)c.max_batch * c.shape.seq_len, C = (size_t)c.n_embd;
+    const size_t NATT = (size_t)c.max_batch * c.n_head * c.shape.seq_len * c.shape.seq_len;
+    size_t none = act_bytes(&c);
+    c.recompute = DT_RECOMPUTE_BLOCK;
+    size_t block = act_bytes(&c);
+    c.recompute = DT_RECOMPUTE_SELECTIVE;
+    size_t sel = act_bytes(&c);
+    DT_CHECK_INT(none - block, (size_t)(c.n_layer - 1) * (NR * (15 * C + 4) + NATT) * 4);
+    DT_CHECK_INT(none - sel, (size_t)(c.n_layer - 1) * NATT * 4);
+    DT_CHECK(none > 0 && block < none / 2);
+
+    /* resnet: per BasicBlock, conv1 out, ReLU(BN1), conv2 out (and the shortcut conv's output
+     * with a projection) are no longer allocated; four buffers of the largest activation and
+     * 2*C_last floats of discarded running statistics are */
+    dt_model_config r = resnet_cfg();
+    r.depth = 20;
+    r.max_batch = 8;
+    none = act_bytes(&r);
+    r.recompute = DT_RECOMPUTE_BLOCK;
+    block = act_bytes(&r);
+    const int n = (r.depth - 2) / 6;
+    size_t saved = 0, max_act = (size_t)r.width * r.shape.height * r.shape.width;
+    int H = r.shape.height, W = r.shape.width;
+    for (int stage = 0; stage < 3; stage++)
+        for (int j = 0; j < n; j++) {
+            bool down = stage > 0 && j == 0;
+            if (down) {
+                H = (H - 1) / 2 + 1;
+                W = (W - 1) / 2 + 1;
+            }
+            size_t a = (size_t)(r.width << stage) * H * W;
+            saved += (down ? 4 : 3) * a;
+            max_act = a > max_act ? a : max_act;
+        }
+    saved *= (size_t)r.max_batch;
+    size_t added = 4 * max_act * (size_t)r.max_batch + 2 * (size_t)(4 * r.width);
+    DT_CHECK_INT(none - block, (saved - added) * 4);
+    DT_CHECK(block < none);
+
+    /* mlp keeps only each layer's input already: block changes nothing */
+    dt_model_config p = mlp_cfg();
+    none = act_bytes(&p);
+    p.recompute = DT_RECOMPUTE_BLOCK;
+    DT_CHECK_INT(act_bytes(&p), none);
+}
+
+/* The block tables tile the parameter buffer, in order, on tensor boundaries. */
+static void check_blocks(const dt_model_config *cfg, const char *const *names, int nnames)
+{
+    dt_backend *be = be_new();
+    dt_model *m = model_new(be, cfg);
+    DT_REQUIRE(m->num_blocks >= 2);
+    size_t off = 0;
+    int t = 0;
+    for (int b = 0; b < m->num_blocks; b++) {
+        const dt_block *k = &m->blocks[b];
+        DT_CHECK_INT(k->offset, off);
+        DT_CHECK_INT(k->first_tensor, t);
+        DT_CHECK_INT(k->offset, m->tensors[k->first_tensor].offset);
+        DT_CHECK_INT(k->offset + k->numel,
+                     m->tensors[k->last_tensor].offset + m->tensors[k->last_tensor].numel);
+        DT_CHECK(k->windows == (strcmp(cfg->type, "gpt") == 0 && b == 0 ? 2 : 1));
+        off += k->numel;
+        t = k->last_tensor + 1;
+    }
+    DT_CHECK_INT(off, m->num_params);
+    DT_CHECK_INT(t, m->num_tensors);
+    DT_CHECK_INT(m->num_blocks, nnames);
+    for (int b = 0; b < nnames && b < m->num_blocks; b++)
+        DT_CHECK_STR(m->blocks[b].name, names[b]);
+    dt_model_free(m);
+    be->close(be);
+}
+
+static void test_block_tables(void)
+{
+    dt_model_config c = gpt_cfg();
+    const char *gpt[] = {"embed", "h.0", "h.1", "ln_f"};
+    check_blocks(&c, gpt, 4);
+    c = mlp_cfg();
+    const char *mlp[] = {"fc.0", "fc.1", "fc.2"};
+    check_blocks(&c, mlp, 3);
+    c = resnet_cfg();
+    c.depth = 14;
+    const char *res[] = {"stem",     "layer1.0", "layer1.1", "layer2.0",
+                         "layer2.1", "layer3.0", "layer3.1", "fc"};
+    check_blocks(&c, res, 8);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -832,6 +1239,19 @@ static void test_config_from_job(void)
     DT_CHECK_INT(c.shape.seq_len, 64);
     DT_CHECK(dt_model_config_from_job(&c, &job, &vec, &err) == -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "token");
+    DT_CHECK_INT(c.recompute, DT_RECOMPUTE_NONE);
+    job.recompute = DT_RECOMP_BLOCK;
+    DT_REQUIRE_OK(dt_model_config_from_job(&c, &job, &tok, e), e);
+    DT_CHECK_INT(c.recompute, DT_RECOMPUTE_BLOCK);
+    job.recompute = DT_RECOMP_SELECTIVE;
+    DT_REQUIRE_OK(dt_model_config_from_job(&c, &job, &tok, e), e);
+    DT_CHECK_INT(c.recompute, DT_RECOMPUTE_SELECTIVE);
+    job.model_type = DT_MODEL_MLP;
+    strcpy(job.hidden, "16");
+    DT_CHECK(dt_model_config_from_job(&c, &job, &vec, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "train.recompute = selective");
+    job.model_type = DT_MODEL_GPT;
+    job.recompute = DT_RECOMP_NONE;
     tok.seq_len = 129;
     DT_CHECK(dt_model_config_from_job(&c, &job, &tok, &err) == -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "block_size");
@@ -853,6 +1273,10 @@ static const dt_test tests[] = {
     {"mlp_grads", test_mlp_grads, 0},
     {"resnet_grads", test_resnet_grads, 0},
     {"ready_ranges", test_ready_ranges, 0},
+    {"block_tables", test_block_tables, 0},
+    {"block_hooks", test_block_hooks, 0},
+    {"recompute_bitwise", test_recompute_bitwise, 0},
+    {"recompute_memory", test_recompute_memory, 0},
     {"determinism", test_determinism, 0},
     {"overfit_gpt", test_overfit_gpt, 0},
     {"overfit_mlp", test_overfit_mlp, 0},

@@ -34,6 +34,7 @@ static const char *const data_names[] = {"synthetic", "text", "tokens", "cifar10
 static const char *const optim_names[] = {"adamw", "sgd", NULL};
 static const char *const lr_names[] = {"constant", "cosine", "linear", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const recompute_names[] = {"none", "block", "selective", NULL};
 static const char *const comm_backend_names[] = {"auto", "cpu", "nccl", NULL};
 static const char *const compress_names[] = {"none", "bf16", "fp16", NULL};
 static const char *const resume_names[] = {"auto", "never", "path", NULL};
@@ -59,6 +60,7 @@ NAME_FN(dt_data_name, dt_data_kind, data_names)
 NAME_FN(dt_optim_name, dt_optim_kind, optim_names)
 NAME_FN(dt_lr_name, dt_lr_kind, lr_names)
 NAME_FN(dt_precision_name, dt_precision_kind, precision_names)
+NAME_FN(dt_recompute_name, dt_recompute_kind, recompute_names)
 NAME_FN(dt_comm_backend_name, dt_comm_backend_kind, comm_backend_names)
 NAME_FN(dt_compress_name, dt_compress_kind, compress_names)
 NAME_FN(dt_resume_name, dt_resume_kind, resume_names)
@@ -153,6 +155,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"train", "loss_scale", DT_CFG_DOUBLE, J(loss_scale), "65536", 1e-30, 1e38, NULL, false, "precision = fp16: the initial dynamic loss scale; a step with inf/NaN gradients is skipped and halves it"},
     {"train", "loss_scale_window", DT_CFG_INT, J(loss_scale_window), "2000", 1, 1e9, NULL, false, "precision = fp16: clean steps in a row before the loss scale doubles"},
     {"train", "threads", DT_CFG_INT, J(threads), "1", 1, 1024, NULL, false, "BLAS threads per worker (cpu)"},
+    {"train", "recompute", DT_CFG_ENUM, J(recompute), "none", 0, 0, recompute_names, false, "activation recomputation in backward (same gradients): none; block (gpt, resnet: keep only each block's input, recompute the block's forward in its backward: far less activation memory for about one more forward); selective (gpt only: recompute only the attention probabilities)"},
     /* [ddp] */
     {"ddp", "backend", DT_CFG_ENUM, J(comm_backend), "auto", 0, 0, comm_backend_names, false, "collectives: nccl on cuda, cpu otherwise (auto)"},
     {"ddp", "bucket_cap_mb", DT_CFG_DOUBLE, J(bucket_cap_mb), "25", 0.001, 1e6, NULL, false, "gradient bucket size (MiB)"},

@@ -74,6 +74,10 @@ typedef enum dt_lr_kind { DT_LR_CONSTANT = 0, DT_LR_COSINE = 1, DT_LR_LINEAR = 2
 typedef enum dt_precision_kind {
     DT_PRECISION_FP32, DT_PRECISION_BF16, DT_PRECISION_FP16
 } dt_precision_kind;
+/* train.recompute (models/model.c maps it to runtime/train/model.h's dt_recompute). */
+typedef enum dt_recompute_kind {
+    DT_RECOMP_NONE, DT_RECOMP_BLOCK, DT_RECOMP_SELECTIVE
+} dt_recompute_kind;
 typedef enum dt_comm_backend_kind {
     DT_COMM_BACKEND_AUTO, DT_COMM_BACKEND_CPU, DT_COMM_BACKEND_NCCL
 } dt_comm_backend_kind;
@@ -105,6 +109,7 @@ const char *dt_data_name(dt_data_kind v);
 const char *dt_optim_name(dt_optim_kind v);
 const char *dt_lr_name(dt_lr_kind v);
 const char *dt_precision_name(dt_precision_kind v);
+const char *dt_recompute_name(dt_recompute_kind v);
 const char *dt_comm_backend_name(dt_comm_backend_kind v);
 const char *dt_compress_name(dt_compress_kind v);
 const char *dt_resume_name(dt_resume_kind v);
@@ -202,6 +207,7 @@ typedef struct dt_job {
     double loss_scale;                 /* fp16: initial dynamic loss scale */
     int loss_scale_window;             /* fp16: clean steps before the scale doubles */
     int threads;                       /* BLAS threads per worker */
+    dt_recompute_kind recompute;       /* activation recomputation in backward */
 
     /* [ddp] */
     dt_comm_backend_kind comm_backend;

@@ -655,10 +655,10 @@ int dt_ddp_sum_double(dt_ddp *d, double v, double *sum, dt_err *err)
     double *vals = d->world <= DT_DDP_MAX_RANKS_SUM ? all : malloc(sizeof(double) * (size_t)d->world);
     if (!vals)
         return dt_err_set(err, -ENOMEM, "out of memory");
-    /* a double is two float32 words: an all-gather copies them bit for bit */
-    int rc = ensure_scratch(d, 2 + 2 * (size_t)d->world, err);
+    /* the bytes of each rank's double, gathered bit for bit and added in rank order */
+    int rc = ensure_scratch(d, 2 + 2 * (size_t)d->world, err); /* floats: (1 + world) doubles */
     if (!rc)
-        rc = small_allgather(d, &v, vals, 2, err);
+        rc = small_allgather(d, &v, vals, sizeof v, err);
     if (!rc) {
         double s = 0;
         for (int r = 0; r < d->world; r++)

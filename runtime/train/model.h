@@ -56,6 +56,21 @@ typedef struct dt_batch {
     const float *x;         /* (B, input numel) inputs (vector and image kinds) */
 } dt_batch;
 
+/* train.recompute: which activations backward recomputes instead of keeping them from forward.
+ * The recomputation runs the same ops on the same inputs, and backward then runs the same ops in
+ * the same order, so gradients are bit-identical to DT_RECOMPUTE_NONE on the cpu backend
+ * (tests/test_models.c) and on any backend whose ops are deterministic run to run. */
+typedef enum dt_recompute {
+    DT_RECOMPUTE_NONE = 0,      /* keep every layer's activations (fastest, most memory) */
+    DT_RECOMPUTE_BLOCK = 1,     /* keep each block's input (gpt: the residual stream; resnet:
+                                 * each BasicBlock's output), recompute the block's forward at
+                                 * the start of its backward: one block's intermediates are
+                                 * allocated instead of one per block */
+    DT_RECOMPUTE_SELECTIVE = 2, /* gpt only (Megatron's selective mode): keep everything but the
+                                 * attention probabilities (B,NH,T,T) per layer, recompute them
+                                 * from the saved q,k,v in backward */
+} dt_recompute;
+
 typedef struct dt_model_config {
     char type[16];        /* "mlp", "resnet", "gpt" */
     dt_sample_shape shape;
@@ -70,11 +85,72 @@ typedef struct dt_model_config {
     int depth, width;
     bool sync_bn;         /* all-reduce BatchNorm statistics through `comm` */
     float bn_momentum, bn_eps;
+    dt_recompute recompute; /* gpt: all three; resnet: none, block; mlp: none, block (an mlp
+                             * keeps only each layer's input already: block is none) */
 } dt_model_config;
 
 /* Called by backward as soon as grads[offset, offset+numel) is final for this backward pass.
- * Ranges are reported once each, together covering every gradient, in backward order. */
+ * Ranges are reported once each, together covering every gradient, in backward order. Each
+ * range is exactly one block's range (see dt_block below). */
 typedef void (*dt_grad_ready_fn)(void *ctx, size_t offset, size_t numel);
+
+/* ---- blocks and block hooks (ZeRO-3 / FSDP) ----------------------------------------------
+ *
+ * A model's parameter buffer is cut into blocks: contiguous ranges that tile it exactly, in
+ * buffer order, each a whole number of tensors, each the unit a ZeRO-3 strategy gathers:
+ *   gpt:    "embed" (wte, wpe), "h.0" ... "h.{L-1}" (one transformer block each), "ln_f"
+ *   resnet: "stem" (conv1, bn1), "layer1.0" ... "layer3.{n-1}" (one BasicBlock each), "fc"
+ *   mlp:    "fc.0" ... "fc.{K}" (one Linear each)
+ * The gradient buffer has the same layout, so a block's range is also its gradient range.
+ *
+ * When m->block_hook is set, forward and backward bracket every use of a block's parameters
+ * and gradients with events: hook(ctx, b, BEFORE_x) just before the first op that reads block b's
+ * parameters (or accumulates into its gradients), hook(ctx, b, AFTER_x) just after the last
+ * such op of that use. Between the two is a "window". The contract:
+ *   - Outside its windows, a block's parameter memory and gradient memory are neither read nor
+ *     written by the model: they may hold garbage (a ZeRO-3 strategy gathers the parameters at
+ *     BEFORE and may drop them at AFTER; it may also keep the gradients elsewhere between
+ *     windows, restoring them at BEFORE_BACKWARD). Buffers (BatchNorm running statistics) are
+ *     not covered: they are not sharded.
+ *   - Windows never nest or overlap: at most one is open at a time, and a BEFORE is always
+ *     followed by the AFTER of the same block and pass before any other event.
+ *   - Order, per forward (training or not): BEFORE_FORWARD/AFTER_FORWARD for blocks 0, 1, ...,
+ *     num_blocks-1, in buffer order; per backward: BEFORE_BACKWARD/AFTER_BACKWARD for blocks
+ *     num_blocks-1, ..., 1, 0; plus the extra windows of tied blocks (below). With
+ *     cfg.recompute, a block's backward window also holds the recomputation of its forward
+ *     (no extra events: the parameters are read again inside BEFORE/AFTER_BACKWARD).
+ *   - Tied weights: a block may have more than one window per pass; blocks[b].windows says
+ *     how many. Only gpt's "embed" has two: the output projection is wte again, so a gpt
+ *     forward is embed, h.0 .. h.{L-1}, ln_f, embed (the head); a gpt backward is embed (the
+ *     head: reads wte, accumulates into wte's gradient), ln_f, h.{L-1} .. h.0, embed (the
+ *     embedding backward, which reads no parameter but accumulates into wte's and wpe's
+ *     gradients).
+ *   - Gradients: a block's gradients are final at its last AFTER_BACKWARD of the backward pass.
+ *     The grad-ready callback of backward reports exactly blocks[b]'s range once, inside that
+ *     last window, just before its AFTER_BACKWARD (so ready ranges come in block order
+ *     num_blocks-1 .. 0).
+ *   - A forward or backward that fails before its first event emits none; one that fails in a
+ *     window (SyncBatchNorm's collectives) returns without the AFTER.
+ * The hook runs on the thread that calls forward/backward; on an asynchronous backend (CUDA)
+ * the events are in the order ops are enqueued on the compute stream, so a strategy that
+ * gathers on another stream orders them with events against that stream. */
+typedef enum dt_block_event {
+    DT_BLOCK_BEFORE_FORWARD = 0,
+    DT_BLOCK_AFTER_FORWARD = 1,
+    DT_BLOCK_BEFORE_BACKWARD = 2,
+    DT_BLOCK_AFTER_BACKWARD = 3,
+} dt_block_event;
+
+#define DT_BLOCK_NAME_MAX 32
+
+typedef struct dt_block {
+    char name[DT_BLOCK_NAME_MAX]; /* "embed", "h.3", "ln_f", "stem", "layer2.0", "fc", "fc.1" */
+    size_t offset, numel;         /* elements, in the parameter (and gradient) buffer */
+    int first_tensor, last_tensor; /* m->tensors[first..last] (inclusive) */
+    int windows;                  /* windows per forward and per backward pass (1; gpt embed 2) */
+} dt_block;
+
+typedef void (*dt_block_hook_fn)(void *ctx, int block, dt_block_event ev);
 
 typedef struct dt_model dt_model;
 
@@ -102,6 +178,11 @@ struct dt_model {
     int num_buffer_tensors;
     double flops_per_sample;   /* forward + backward FLOPs for one sample (MFU, benchmarks) */
     int64_t last_correct;      /* classification: correct predictions in the last forward */
+    dt_block *blocks;          /* (num_blocks) host, owned: tiles the parameter buffer */
+    int num_blocks;
+    dt_block_hook_fn block_hook; /* NULL: no events; set by the strategy before forward */
+    void *block_hook_ctx;
+    size_t activation_bytes;   /* backend memory the model holds besides params, grads, buffers */
     const dt_model_ops *ops;
     void *impl;
 };
@@ -118,6 +199,14 @@ void dt_model_free(dt_model *m);
 /* Index of the tensor called name, or -1. */
 int dt_model_find_tensor(const dt_model *m, const char *name);
 
+/* Installs (fn, ctx) as m's block hook (fn NULL: none); see dt_block_event for the contract. */
+void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx);
+
+/* Bytes of backend memory m holds for activations, their backward scratch and its batch
+ * inputs (tokens, targets, images): everything it allocated besides the parameter, gradient and
+ * buffer storage. Sized at creation for (max_batch, seq_len) and cfg.recompute. */
+size_t dt_model_activation_bytes(const dt_model *m);
+
 struct dt_job;
 
 /* Fills cfg from the [model] keys of a loaded job (presets already applied by the config
@@ -125,6 +214,7 @@ struct dt_job;
  *   gpt:    n_layer, n_head, n_embd, block_size; needs token samples with seq_len <= block_size
  *   mlp:    hidden "512,256" -> n_hidden, hidden[]; vector or image samples (images flattened)
  *   resnet: depth (6n+2), width, sync_bn; image samples; BatchNorm momentum 0.1, eps 1e-5
+ *   all:    [train] recompute (selective: gpt only)
  * Returns 0, or -EINVAL with a message naming the [model] key or the data that does not fit
  * (cfg is then partly filled). */
 int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,

@@ -17,12 +17,18 @@
  * transpose). Initialisation as GPT-2: normal(0, 0.02), the two residual projections (c_proj)
  * scaled by 1/sqrt(2L), LayerNorm weight 1, biases 0.
  *
- * Backward reports, in order: ln_f, then each block from h.{L-1} to h.0, then wte and wpe
- * together last (wte's gradient is only final after the embedding backward, as it is tied to
- * the output projection).
+ * Blocks (model.h): 0 "embed" (wte, wpe), 1+l "h.l", L+1 "ln_f". Backward reports, in order:
+ * ln_f, then each block from h.{L-1} to h.0, then wte and wpe together last (wte's gradient is
+ * only final after the embedding backward, as it is tied to the output projection). Block
+ * events: forward embed, h.0 .. h.{L-1}, ln_f, embed (head); backward embed (head), ln_f,
+ * h.{L-1} .. h.0, embed.
  *
  * Activations are kept per layer as in llm.c (about L*B*T*(16C + NH*T) floats); the backward
- * needs only a few (B,T,C)/(B,T,4C) scratch buffers besides. Where the GEMM time goes: every
+ * needs only a few (B,T,C)/(B,T,4C) scratch buffers besides. cfg.recompute (model.h): `block`
+ * keeps only each block's output (L*B*T*C, the residual stream) plus one layer's intermediates,
+ * and recomputes block l's forward (all but its last projection) at the start of its backward,
+ * inside its backward window; `selective` keeps everything but the attention probabilities
+ * (one (B,NH,T,T) slot instead of L), recomputed by attention_fwd just before attention_bwd. Where the GEMM time goes: every
  * projection is one matmul over all B*T rows, and attention is the backend's batched GEMMs, so
  * the non-GEMM work is O(B*T*C) per layer plus the O(B*NH*T*T) softmax.
  */
@@ -31,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util.h"
 #include "runtime/train/models/gpt.h"
 #include "runtime/train/models/models.h"
 
@@ -45,15 +52,19 @@ typedef struct gpt {
     gpt_layer *layers;       /* (L) owned */
     int32_t *tokens;         /* (B,T) device */
     int32_t *targets;        /* (B,T) device */
+    dt_recompute recompute;
+    int Lk, La;              /* layers of intermediates kept (L, or 1 with recompute = block)
+                              * and of attention probabilities (L, or 1 with any recompute) */
     float *encoded;          /* (B,T,C) */
-    float *ln1, *ln1_mean, *ln1_rstd; /* (L,B,T,C), (L,B,T), (L,B,T) */
-    float *qkv;              /* (L,B,T,3C) */
-    float *atty;             /* (L,B,T,C) */
-    float *att;              /* (L,B,NH,T,T) */
-    float *res2;             /* (L,B,T,C) residual after attention */
+    float *ln1, *ln1_mean, *ln1_rstd; /* (Lk,B,T,C), (Lk,B,T), (Lk,B,T) */
+    float *qkv;              /* (Lk,B,T,3C) */
+    float *atty;             /* (Lk,B,T,C) */
+    float *att;              /* (La,B,NH,T,T) */
+    float *res2;             /* (Lk,B,T,C) residual after attention */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu;   /* (L,B,T,4C) */
-    float *res3;             /* (L,B,T,C) residual after the MLP (block output) */
+    float *fch, *fch_gelu;   /* (Lk,B,T,4C) */
+    float *res3;             /* (L,B,T,C) residual after the MLP (block output), always kept:
+                              * block l's output is block l+1's input */
     float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
     float *logits;           /* (B,T,V); after a training forward softmax - onehot(target) */
     float *losses;           /* (B,T) */
@@ -67,11 +78,62 @@ static float *G(dt_model *m, int t) { return m->grads + m->tensors[t].offset; }
 
 #define LN_EPS 1e-5f
 
+/* Where layer l's activations live: its own slot, or the one shared slot when they are
+ * recomputed (sizes are for (Bmax,Tmax); a smaller batch uses the start of each slot). */
+typedef struct gpt_acts {
+    float *ln1, *ln1m, *ln1r, *qkv, *atty, *att, *res2, *ln2, *ln2m, *ln2r, *fch, *fchg, *res3;
+} gpt_acts;
+
+static void acts_of(const gpt *g, int l, gpt_acts *a)
+{
+    const size_t NR = (size_t)g->Bmax * g->Tmax, NC = NR * g->C;
+    const size_t NATT = (size_t)g->Bmax * g->NH * g->Tmax * g->Tmax;
+    const size_t k = g->Lk == g->L ? (size_t)l : 0, ka = g->La == g->L ? (size_t)l : 0;
+    a->ln1 = g->ln1 + k * NC;
+    a->ln1m = g->ln1_mean + k * NR;
+    a->ln1r = g->ln1_rstd + k * NR;
+    a->qkv = g->qkv + k * 3 * NC;
+    a->atty = g->atty + k * NC;
+    a->att = g->att + ka * NATT;
+    a->res2 = g->res2 + k * NC;
+    a->ln2 = g->ln2 + k * NC;
+    a->ln2m = g->ln2_mean + k * NR;
+    a->ln2r = g->ln2_rstd + k * NR;
+    a->fch = g->fch + k * 4 * NC;
+    a->fchg = g->fch_gelu + k * 4 * NC;
+    a->res3 = g->res3 + (size_t)l * NC;
+}
+
+/* Transformer block l on its input res (B,T,C) into a; without output, the last projection and
+ * residual (res3, kept from forward) are skipped: that is the recomputation in backward. */
+static void block_fwd(dt_model *m, const gpt *g, int l, const float *res, const gpt_acts *a,
+                      int B, int T, bool output)
+{
+    dt_backend *be = m->be;
+    const gpt_layer *w = &g->layers[l];
+    const int C = g->C, NH = g->NH;
+    const size_t N = (size_t)B * T;
+    be->layernorm_fwd(be, a->ln1, a->ln1m, a->ln1r, res, P(m, w->ln1w), P(m, w->ln1b), (int)N, C,
+                      LN_EPS);
+    be->matmul_fwd(be, a->qkv, a->ln1, P(m, w->qkvw), P(m, w->qkvb), (int)N, C, 3 * C);
+    be->attention_fwd(be, a->atty, a->att, a->qkv, B, T, C, NH);
+    be->matmul_fwd(be, a->res2, a->atty, P(m, w->projw), P(m, w->projb), (int)N, C, C);
+    be->accumulate(be, a->res2, res, N * C); // res2 = res + attn
+    be->layernorm_fwd(be, a->ln2, a->ln2m, a->ln2r, a->res2, P(m, w->ln2w), P(m, w->ln2b), (int)N,
+                      C, LN_EPS);
+    be->matmul_fwd(be, a->fch, a->ln2, P(m, w->fcw), P(m, w->fcb), (int)N, C, 4 * C);
+    be->gelu_fwd(be, a->fchg, a->fch, N * 4 * C);
+    if (!output)
+        return;
+    be->matmul_fwd(be, a->res3, a->fchg, P(m, w->fcprojw), P(m, w->fcprojb), (int)N, 4 * C, C);
+    be->accumulate(be, a->res3, a->res2, N * C); // res3 = res2 + mlp
+}
+
 static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float *loss, dt_err *err)
 {
     gpt *g = m->impl;
     dt_backend *be = m->be;
-    const int B = batch->B, T = batch->T, C = g->C, V = g->V, NH = g->NH;
+    const int B = batch->B, T = batch->T, C = g->C, V = g->V;
     g->can_backward = false;
     if (B <= 0 || B > g->Bmax || T <= 0 || T > g->Tmax || !batch->tokens || !batch->targets)
         return dt_err_set(err, -EINVAL,
@@ -94,36 +156,27 @@ static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float 
     be->memcpy_h2d(be, g->tokens, batch->tokens, N * sizeof(int32_t));
     be->memcpy_h2d(be, g->targets, batch->targets, N * sizeof(int32_t));
 
-    const size_t NC = (size_t)g->Bmax * g->Tmax * C, NR = (size_t)g->Bmax * g->Tmax;
-    const size_t NATT = (size_t)g->Bmax * NH * g->Tmax * g->Tmax;
+    const int bl_lnf = g->L + 1; /* blocks: 0 embed, 1 + l h.l, L + 1 ln_f */
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_FORWARD);
     be->embedding_fwd(be, g->encoded, g->tokens, P(m, g->wte), P(m, g->wpe), B, T, C);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_FORWARD);
     const float *res = g->encoded;
     for (int l = 0; l < g->L; l++) {
-        const gpt_layer *w = &g->layers[l];
-        float *ln1 = g->ln1 + l * NC, *ln1m = g->ln1_mean + l * NR, *ln1r = g->ln1_rstd + l * NR;
-        float *qkv = g->qkv + l * 3 * NC, *atty = g->atty + l * NC, *att = g->att + l * NATT;
-        float *res2 = g->res2 + l * NC, *ln2 = g->ln2 + l * NC;
-        float *ln2m = g->ln2_mean + l * NR, *ln2r = g->ln2_rstd + l * NR;
-        float *fch = g->fch + l * 4 * NC, *fchg = g->fch_gelu + l * 4 * NC;
-        float *res3 = g->res3 + l * NC;
-        be->layernorm_fwd(be, ln1, ln1m, ln1r, res, P(m, w->ln1w), P(m, w->ln1b), (int)N, C,
-                          LN_EPS);
-        be->matmul_fwd(be, qkv, ln1, P(m, w->qkvw), P(m, w->qkvb), (int)N, C, 3 * C);
-        be->attention_fwd(be, atty, att, qkv, B, T, C, NH);
-        be->matmul_fwd(be, res2, atty, P(m, w->projw), P(m, w->projb), (int)N, C, C);
-        be->accumulate(be, res2, res, N * C); // res2 = res + attn
-        be->layernorm_fwd(be, ln2, ln2m, ln2r, res2, P(m, w->ln2w), P(m, w->ln2b), (int)N, C,
-                          LN_EPS);
-        be->matmul_fwd(be, fch, ln2, P(m, w->fcw), P(m, w->fcb), (int)N, C, 4 * C);
-        be->gelu_fwd(be, fchg, fch, N * 4 * C);
-        be->matmul_fwd(be, res3, fchg, P(m, w->fcprojw), P(m, w->fcprojb), (int)N, 4 * C, C);
-        be->accumulate(be, res3, res2, N * C); // res3 = res2 + mlp
-        res = res3;
+        gpt_acts a;
+        acts_of(g, l, &a);
+        dt_models_event(m, 1 + l, DT_BLOCK_BEFORE_FORWARD);
+        block_fwd(m, g, l, res, &a, B, T, true);
+        dt_models_event(m, 1 + l, DT_BLOCK_AFTER_FORWARD);
+        res = a.res3;
     }
+    dt_models_event(m, bl_lnf, DT_BLOCK_BEFORE_FORWARD);
     be->layernorm_fwd(be, g->lnf, g->lnf_mean, g->lnf_rstd, res, P(m, g->lnfw), P(m, g->lnfb),
                       (int)N, C, LN_EPS);
-    // logits (N,V) = lnf (N,C) @ wte^T
+    dt_models_event(m, bl_lnf, DT_BLOCK_AFTER_FORWARD);
+    // logits (N,V) = lnf (N,C) @ wte^T: the tied head, block 0's second window
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_FORWARD);
     be->matmul_fwd(be, g->logits, g->lnf, P(m, g->wte), NULL, (int)N, C, V);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_FORWARD);
     // Training: the classifier's gradient (softmax - onehot, unscaled) replaces the logits in
     // the same pass that computes the losses, so the (N,V) logits, the biggest tensor of the
     // model, are read once per step, not once here and again in backward.
@@ -149,31 +202,38 @@ static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, 
     g->can_backward = false;
     const int B = g->B, T = g->T, C = g->C, V = g->V, NH = g->NH;
     const size_t N = (size_t)B * T, NC = (size_t)g->Bmax * g->Tmax * C;
-    const size_t NR = (size_t)g->Bmax * g->Tmax, NATT = (size_t)g->Bmax * NH * g->Tmax * g->Tmax;
     const size_t fN = N * sizeof(float);
 
     /* d loss / d logits = dl * (softmax - onehot), the latter in g->logits since forward; dl
      * goes on the (N,C) operands of the classifier GEMM instead of the (N,V) gradient:
      * dwte += dlogits^T @ (dl * lnf) and dC = (dlogits @ wte) * dl. lnf is not read again. */
+    const int bl_lnf = g->L + 1; /* blocks: 0 embed, 1 + l h.l, L + 1 ln_f */
     float dl = g->valid > 0 ? dloss_scale / (float)g->valid : 0.0f;
     be->scale(be, g->lnf, N * C, dl);
     be->memset_zero(be, g->dC, fN * C);
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD); /* the tied head */
     be->matmul_bwd(be, g->dC, G(m, g->wte), NULL, g->logits, g->lnf, P(m, g->wte), (int)N, C, V);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_BACKWARD);
     be->scale(be, g->dC, N * C, dl);
     const float *res_last = g->L > 0 ? g->res3 + (size_t)(g->L - 1) * NC : g->encoded;
     be->memset_zero(be, g->dres, fN * C);
+    dt_models_event(m, bl_lnf, DT_BLOCK_BEFORE_BACKWARD);
     be->layernorm_bwd(be, g->dres, G(m, g->lnfw), G(m, g->lnfb), g->dC, res_last, P(m, g->lnfw),
                       g->lnf_mean, g->lnf_rstd, (int)N, C);
     dt_models_ready(m, g->lnfw, g->lnfb, ready, ctx);
+    dt_models_event(m, bl_lnf, DT_BLOCK_AFTER_BACKWARD);
 
     for (int l = g->L - 1; l >= 0; l--) {
         const gpt_layer *w = &g->layers[l];
         const float *res = l == 0 ? g->encoded : g->res3 + (size_t)(l - 1) * NC;
-        float *ln1 = g->ln1 + l * NC, *ln1m = g->ln1_mean + l * NR, *ln1r = g->ln1_rstd + l * NR;
-        float *qkv = g->qkv + l * 3 * NC, *atty = g->atty + l * NC, *att = g->att + l * NATT;
-        float *res2 = g->res2 + l * NC, *ln2 = g->ln2 + l * NC;
-        float *ln2m = g->ln2_mean + l * NR, *ln2r = g->ln2_rstd + l * NR;
-        float *fch = g->fch + l * 4 * NC, *fchg = g->fch_gelu + l * 4 * NC;
+        gpt_acts a;
+        acts_of(g, l, &a);
+        float *ln1 = a.ln1, *ln1m = a.ln1m, *ln1r = a.ln1r, *qkv = a.qkv, *atty = a.atty;
+        float *att = a.att, *res2 = a.res2, *ln2 = a.ln2, *ln2m = a.ln2m, *ln2r = a.ln2r;
+        float *fch = a.fch, *fchg = a.fchg;
+        dt_models_event(m, 1 + l, DT_BLOCK_BEFORE_BACKWARD);
+        if (g->recompute == DT_RECOMPUTE_BLOCK) /* the block's intermediates, from its input */
+            block_fwd(m, g, l, res, &a, B, T, false);
         /* g->dres: gradient of this block's output (res3) */
         be->memset_zero(be, g->d4a, fN * 4 * C);
         be->matmul_bwd(be, g->d4a, G(m, w->fcprojw), G(m, w->fcprojb), g->dres, fchg,
@@ -189,6 +249,8 @@ static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, 
         be->memset_zero(be, g->dC, fN * C);
         be->matmul_bwd(be, g->dC, G(m, w->projw), G(m, w->projb), g->dres, atty, P(m, w->projw),
                        (int)N, C, C);
+        if (g->recompute == DT_RECOMPUTE_SELECTIVE) /* the probabilities, from the kept q,k,v */
+            be->attention_fwd(be, g->dqkv, att, qkv, B, T, C, NH); /* dqkv: scratch for y */
         be->memset_zero(be, g->dqkv, fN * 3 * C);
         be->attention_bwd(be, g->dqkv, g->datt, g->dC, qkv, att, B, T, C, NH);
         be->memset_zero(be, g->dC, fN * C);
@@ -198,9 +260,12 @@ static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, 
                           ln1m, ln1r, (int)N, C);
         /* g->dres: gradient of this block's input */
         dt_models_ready(m, w->ln1w, w->fcprojb, ready, ctx);
+        dt_models_event(m, 1 + l, DT_BLOCK_AFTER_BACKWARD);
     }
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD);
     be->embedding_bwd(be, G(m, g->wte), G(m, g->wpe), g->dres, g->tokens, B, T, C);
     dt_models_ready(m, g->wte, g->wpe, ready, ctx);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_BACKWARD);
     return 0;
 }
 
@@ -251,6 +316,9 @@ int dt_gpt_create(dt_model *m, dt_err *err)
     g->maxT = cfg->block_size;
     g->Bmax = cfg->max_batch;
     g->Tmax = cfg->shape.seq_len;
+    g->recompute = cfg->recompute;
+    g->Lk = g->recompute == DT_RECOMPUTE_BLOCK ? DT_MIN(g->L, 1) : g->L;
+    g->La = g->recompute == DT_RECOMPUTE_NONE ? g->L : DT_MIN(g->L, 1);
     g->layers = calloc((size_t)g->L, sizeof *g->layers);
     if (!g->layers)
         return dt_err_set(err, -ENOMEM, "out of memory");
@@ -291,6 +359,16 @@ int dt_gpt_create(dt_model *m, dt_err *err)
     if ((rc = add_tensor(m, &g->lnfw, true, C, 0, "ln_f.weight", err)) ||
         (rc = add_tensor(m, &g->lnfb, true, C, 0, "ln_f.bias", err)))
         return rc;
+    /* blocks (model.h): the embeddings, each transformer block, ln_f; the embeddings have a
+     * second window per pass for the tied output projection */
+    if ((rc = dt_models_add_block(m, g->wte, g->wpe, 2, err, "embed")) < 0)
+        return rc;
+    for (int l = 0; l < L; l++)
+        if ((rc = dt_models_add_block(m, g->layers[l].ln1w, g->layers[l].fcprojb, 1, err, "h.%d",
+                                      l)) < 0)
+            return rc;
+    if ((rc = dt_models_add_block(m, g->lnfw, g->lnfb, 1, err, "ln_f")) < 0)
+        return rc;
     if ((rc = dt_models_alloc(m, err)))
         return rc;
 
@@ -301,18 +379,20 @@ int dt_gpt_create(dt_model *m, dt_err *err)
                  L * 2.0 * C * T * (T + 1);
     m->flops_per_sample = 3.0 * fwd;
 
-    /* activations */
+    /* activations: recompute = block keeps one layer of intermediates (and every layer's
+     * output res3, the next one's input); selective keeps all but the attention probabilities */
     const size_t NR = (size_t)g->Bmax * g->Tmax, NC = NR * C;
     const size_t NATT = (size_t)g->Bmax * g->NH * g->Tmax * g->Tmax;
+    const size_t Lk = (size_t)g->Lk, La = (size_t)g->La;
     struct {
         float **p;
         size_t n;
     } acts[] = {
-        {&g->encoded, NC},       {&g->ln1, L * NC},        {&g->ln1_mean, L * NR},
-        {&g->ln1_rstd, L * NR},  {&g->qkv, 3 * L * NC},    {&g->atty, L * NC},
-        {&g->att, L * NATT},     {&g->res2, L * NC},       {&g->ln2, L * NC},
-        {&g->ln2_mean, L * NR},  {&g->ln2_rstd, L * NR},   {&g->fch, 4 * L * NC},
-        {&g->fch_gelu, 4 * L * NC}, {&g->res3, L * NC},    {&g->lnf, NC},
+        {&g->encoded, NC},        {&g->ln1, Lk * NC},       {&g->ln1_mean, Lk * NR},
+        {&g->ln1_rstd, Lk * NR},  {&g->qkv, 3 * Lk * NC},   {&g->atty, Lk * NC},
+        {&g->att, La * NATT},     {&g->res2, Lk * NC},      {&g->ln2, Lk * NC},
+        {&g->ln2_mean, Lk * NR},  {&g->ln2_rstd, Lk * NR},  {&g->fch, 4 * Lk * NC},
+        {&g->fch_gelu, 4 * Lk * NC}, {&g->res3, (size_t)L * NC}, {&g->lnf, NC},
         {&g->lnf_mean, NR},      {&g->lnf_rstd, NR},       {&g->logits, NR * g->V},
         {&g->losses, NR},        {&g->dres, NC},           {&g->dC, NC},
         {&g->dqkv, 3 * NC},      {&g->d4a, 4 * NC},        {&g->d4b, 4 * NC},
@@ -321,9 +401,9 @@ int dt_gpt_create(dt_model *m, dt_err *err)
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
         if ((rc = dt_models_falloc(m, acts[i].p, acts[i].n, err)))
             return rc;
-    if ((rc = m->be->alloc(m->be, (void **)&g->tokens, NR * sizeof(int32_t), err)))
+    if ((rc = dt_models_ialloc(m, &g->tokens, NR, err)))
         return rc;
-    if ((rc = m->be->alloc(m->be, (void **)&g->targets, NR * sizeof(int32_t), err)))
+    if ((rc = dt_models_ialloc(m, &g->targets, NR, err)))
         return rc;
 
     /* initialisation, in table order */

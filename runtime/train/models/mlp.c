@@ -4,8 +4,8 @@
  * Parameters, in buffer order: fc.0.weight (H0,D), fc.0.bias (H0), fc.1.weight (H1,H0), ...,
  * fc.K.weight (classes,H_{K-1}), fc.K.bias. Hidden layers are He-initialised (normal, std
  * sqrt(2/fan_in)) for ReLU; the classifier uses PyTorch's default, uniform(+-1/sqrt(fan_in));
- * biases start at zero. Backward reports each layer (weight and bias) as soon as it is done,
- * last layer first.
+ * biases start at zero. Blocks (model.h): one per Linear, "fc.i". Backward reports each layer
+ * (weight and bias) as soon as it is done, last layer first.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -54,8 +54,10 @@ static int mlp_forward(dt_model *m, const dt_batch *batch, bool training, float 
     for (int i = 0; i < n->L; i++) {
         const float *in = i == 0 ? n->x : n->act[i - 1];
         // act[i] (B,dims[i+1]) = in (B,dims[i]) @ W^T + b
+        dt_models_event(m, i, DT_BLOCK_BEFORE_FORWARD);
         be->matmul_fwd(be, n->act[i], in, P(m, n->w[i]), P(m, n->b[i]), B, n->dims[i],
                        n->dims[i + 1]);
+        dt_models_event(m, i, DT_BLOCK_AFTER_FORWARD);
         if (i < n->L - 1)
             be->relu_fwd(be, n->act[i], n->act[i], (size_t)B * n->dims[i + 1]);
     }
@@ -90,9 +92,11 @@ static int mlp_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, 
             dinp = n->dbuf[0];
             be->memset_zero(be, dinp, (size_t)B * n->dims[i] * sizeof(float));
         }
+        dt_models_event(m, i, DT_BLOCK_BEFORE_BACKWARD);
         be->matmul_bwd(be, dinp, G(m, n->w[i]), G(m, n->b[i]), dout, in, P(m, n->w[i]), B,
                        n->dims[i], n->dims[i + 1]);
         dt_models_ready(m, n->w[i], n->b[i], ready, ctx);
+        dt_models_event(m, i, DT_BLOCK_AFTER_BACKWARD);
         if (i > 0) {
             size_t cnt = (size_t)B * n->dims[i];
             be->memset_zero(be, n->dbuf[1], cnt * sizeof(float));
@@ -152,13 +156,16 @@ int dt_mlp_create(dt_model *m, dt_err *err)
             maxw = n->dims[i + 1];
     }
     m->flops_per_sample = flops;
+    for (int i = 0; i < n->L; i++) /* blocks (model.h): one per Linear */
+        if ((rc = dt_models_add_block(m, n->w[i], n->b[i], 1, err, "fc.%d", i)) < 0)
+            return rc;
     if ((rc = dt_models_alloc(m, err)))
         return rc;
 
     const size_t B = (size_t)cfg->max_batch;
     rc = dt_models_falloc(m, &n->x, B * n->dims[0], err);
     if (!rc)
-        rc = m->be->alloc(m->be, (void **)&n->targets, B * sizeof(int32_t), err);
+        rc = dt_models_ialloc(m, &n->targets, B, err);
     if (!rc)
         rc = dt_models_falloc(m, &n->losses, B, err);
     for (int i = 0; i < n->L && !rc; i++)

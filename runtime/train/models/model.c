@@ -11,6 +11,7 @@
 #include "runtime/train/model.h"
 #include "runtime/train/models/gpt.h"
 #include "runtime/train/models/mlp.h"
+#include "runtime/train/models/models.h"
 #include "runtime/train/models/resnet.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -62,6 +63,9 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
     cfg->seed = (uint64_t)job->seed;
     cfg->bn_momentum = 0.1f;
     cfg->bn_eps = 1e-5f;
+    cfg->recompute = job->recompute == DT_RECOMP_BLOCK       ? DT_RECOMPUTE_BLOCK
+                     : job->recompute == DT_RECOMP_SELECTIVE ? DT_RECOMPUTE_SELECTIVE
+                                                             : DT_RECOMPUTE_NONE;
     if (job->model_type == DT_MODEL_GPT) {
         cfg->n_layer = job->n_layer;
         cfg->n_head = job->n_head;
@@ -85,6 +89,14 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
     if (cfg->max_batch <= 0)
         return dt_err_set(err, -EINVAL, "model: batch size must be positive (got %d)",
                           cfg->max_batch);
+    if (cfg->recompute != DT_RECOMPUTE_NONE && cfg->recompute != DT_RECOMPUTE_BLOCK &&
+        cfg->recompute != DT_RECOMPUTE_SELECTIVE)
+        return dt_err_set(err, -EINVAL, "model: unknown recompute mode %d", (int)cfg->recompute);
+    if (cfg->recompute == DT_RECOMPUTE_SELECTIVE && strcmp(cfg->type, "gpt") != 0)
+        return dt_err_set(err, -EINVAL,
+                          "train.recompute = selective recomputes attention, which only gpt has "
+                          "(model %s: use none or block)",
+                          cfg->type);
     if (!strcmp(cfg->type, "gpt")) {
         if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->block_size <= 0)
             return dt_err_set(err, -EINVAL,
@@ -167,6 +179,8 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
     else
         rc = dt_resnet_create(m, comm, err);
     dt_mem_tag(be, old_cat);
+    if (!rc)
+        rc = dt_models_check_blocks(m, err);
     if (rc) {
         dt_err_prefix(err, "creating model %s: ", cfg->type);
         dt_model_free(m);
@@ -189,6 +203,7 @@ void dt_model_free(dt_model *m)
     }
     free(m->tensors);
     free(m->buffer_tensors);
+    free(m->blocks);
     free(m);
 }
 
@@ -198,4 +213,15 @@ int dt_model_find_tensor(const dt_model *m, const char *name)
         if (!strcmp(m->tensors[i].name, name))
             return i;
     return -1;
+}
+
+void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx)
+{
+    m->block_hook = fn;
+    m->block_hook_ctx = fn ? ctx : NULL;
+}
+
+size_t dt_model_activation_bytes(const dt_model *m)
+{
+    return m ? m->activation_bytes : 0;
 }

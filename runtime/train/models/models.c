@@ -67,7 +67,21 @@ static int falloc_as(dt_model *m, float **p, size_t n, dt_mem_cat cat, dt_err *e
 
 int dt_models_falloc(dt_model *m, float **p, size_t n, dt_err *err)
 {
-    return falloc_as(m, p, n, DT_MEM_ACTS, err);
+    int rc = falloc_as(m, p, n, DT_MEM_ACTS, err);
+    if (!rc)
+        m->activation_bytes += (n ? n : 1) * sizeof(float);
+    return rc;
+}
+
+int dt_models_ialloc(dt_model *m, int32_t **p, size_t n, dt_err *err)
+{
+    size_t bytes = (n ? n : 1) * sizeof(int32_t);
+    dt_mem_cat old = dt_mem_tag(m->be, DT_MEM_ACTS);
+    int rc = m->be->alloc(m->be, (void **)p, bytes, err);
+    dt_mem_tag(m->be, old);
+    if (!rc)
+        m->activation_bytes += bytes;
+    return rc;
 }
 
 int dt_models_alloc(dt_model *m, dt_err *err)
@@ -78,6 +92,45 @@ int dt_models_alloc(dt_model *m, dt_err *err)
     if (!rc && m->num_buffers) /* BatchNorm running statistics: not model state ZeRO counts */
         rc = falloc_as(m, &m->buffers, m->num_buffers, DT_MEM_OTHER, err);
     return rc;
+}
+
+int dt_models_add_block(dt_model *m, int first, int last, int windows, dt_err *err,
+                        const char *fmt, ...)
+{
+    if (first < 0 || last < first || last >= m->num_tensors || windows < 1)
+        return dt_err_set(err, -EINVAL, "model: block of tensors %d..%d (of %d)", first, last,
+                          m->num_tensors);
+    size_t off = m->tensors[first].offset;
+    size_t end = m->tensors[last].offset + m->tensors[last].numel;
+    const dt_block *prev = m->num_blocks ? &m->blocks[m->num_blocks - 1] : NULL;
+    if (prev ? first != prev->last_tensor + 1 : first != 0)
+        return dt_err_set(err, -EINVAL, "model: block from tensor %d does not follow the "
+                                        "previous one",
+                          first);
+    dt_block *b = realloc(m->blocks, sizeof *b * (size_t)(m->num_blocks + 1));
+    if (!b)
+        return dt_err_set(err, -ENOMEM, "model: out of memory for the block table");
+    m->blocks = b;
+    b += m->num_blocks;
+    memset(b, 0, sizeof *b);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->name, sizeof b->name, fmt, ap);
+    va_end(ap);
+    b->offset = off;
+    b->numel = end - off;
+    b->first_tensor = first;
+    b->last_tensor = last;
+    b->windows = windows;
+    return m->num_blocks++;
+}
+
+int dt_models_check_blocks(const dt_model *m, dt_err *err)
+{
+    if (m->num_blocks < 1 || m->blocks[m->num_blocks - 1].last_tensor != m->num_tensors - 1)
+        return dt_err_set(err, -EINVAL, "model: its %d blocks do not cover its %d tensors",
+                          m->num_blocks, m->num_tensors);
+    return 0;
 }
 
 void dt_models_init_normal(float *host, const dt_tensor_info *t, dt_rng *r, float std)

@@ -28,9 +28,27 @@ int dt_models_add_buffer(dt_model *m, int ndim, const int64_t *shape, dt_err *er
  * the memory categories params, grads and other. */
 int dt_models_alloc(dt_model *m, dt_err *err);
 
-/* Allocates n floats of zeroed backend memory into *p (for activations: charged to
- * DT_MEM_ACTS, as is everything else a model's create function allocates, see model.c). */
+/* Allocates n floats of zeroed backend memory into *p (for activations): charged to
+ * DT_MEM_ACTS and counted in m->activation_bytes. */
 int dt_models_falloc(dt_model *m, float **p, size_t n, dt_err *err);
+/* The same for n int32 (tokens, targets). */
+int dt_models_ialloc(dt_model *m, int32_t **p, size_t n, dt_err *err);
+
+/* Appends block "fmt..." = tensors [first, last] (inclusive; it must start where the previous
+ * block ended) with `windows` windows per pass (see dt_block in model.h). Call after the tensor
+ * table is complete; the blocks must end up tiling the parameter buffer. */
+int dt_models_add_block(dt_model *m, int first, int last, int windows, dt_err *err,
+                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Checks that the blocks tile the parameter buffer (a programming error otherwise). */
+int dt_models_check_blocks(const dt_model *m, dt_err *err);
+
+/* Emits block event ev for block b through m's hook, if any. */
+static inline void dt_models_event(dt_model *m, int b, dt_block_event ev)
+{
+    if (m->block_hook)
+        m->block_hook(m->block_hook_ctx, b, ev);
+}
 
 /* Host-side initialisation helpers over a host copy of the parameter buffer (num_params). */
 void dt_models_init_normal(float *host, const dt_tensor_info *t, dt_rng *r, float std);

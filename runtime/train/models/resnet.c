@@ -22,8 +22,15 @@
  * statistics of the global batch; the BN weight and bias gradients stay local (DDP averages
  * them). With one rank or no communicator it is plain BatchNorm.
  *
- * Backward reports gradients as final per unit, in backward order: fc, then each block from the
- * last to the first, then the stem.
+ * Activations: each BasicBlock keeps its conv1 output, ReLU(BN1), conv2 output, shortcut conv
+ * output and its output. cfg.recompute = block keeps only each block's output (the next one's
+ * input) and one shared set of the others, recomputed at the start of the block's backward
+ * (inside its backward window) by the same convolutions and bn_fwd_apply on the statistics saved
+ * by forward, so no SyncBatchNorm collective runs again and running statistics move once.
+ *
+ * Blocks (model.h): 0 "stem" (conv1, bn1), 1+i "layer{s}.{j}" (one BasicBlock), nblocks+1 "fc".
+ * Backward reports gradients as final per block, in backward order: fc, then each BasicBlock
+ * from the last to the first, then the stem.
  */
 #include <math.h>
 #include <stdio.h>
@@ -56,10 +63,11 @@ typedef struct block {
     bn_layer b1, b2, bd;
     bool down;           /* projection shortcut */
     const float *x;      /* (B,Cin,H,W) input: the previous block's out (borrowed) */
+    /* intermediates: owned per block, or with recompute = block borrowed from resnet.shared */
     float *c1o, *a1;     /* (B,Cout,P,Q) conv1 output, ReLU(BN1) */
     float *c2o;          /* (B,Cout,P,Q) conv2 output */
     float *cdo;          /* (B,Cout,P,Q) shortcut conv output (down only) */
-    float *out;          /* (B,Cout,P,Q) block output */
+    float *out;          /* (B,Cout,P,Q) block output, always kept (the next block's input) */
     int first, last;     /* tensor index range */
 } block;
 
@@ -85,6 +93,9 @@ typedef struct resnet {
     float *tmp;          /* (max_act) forward scratch */
     float *g[5];         /* (max_act) backward scratch */
     float *dpooled;      /* (B,C_last) */
+    bool recompute;      /* cfg.recompute == DT_RECOMPUTE_BLOCK */
+    float *shared[4];    /* (max_act) c1o, a1, c2o, cdo of whichever block runs; recompute only */
+    float *run_scratch;  /* (2*C_last) running statistics a recomputed BN updates, discarded */
     int B, valid;
     bool can_backward;
 } resnet;
@@ -167,12 +178,35 @@ static int bn_bwd(dt_model *m, resnet *r, bn_layer *bn, float *dinp, const float
     return 0;
 }
 
+static size_t act_size(const conv_layer *c, int B) { return (size_t)B * c->s.K * c->s.P * c->s.Q; }
+
 static void zero(dt_model *m, float *p, size_t n) { m->be->memset_zero(m->be, p, n * sizeof(float)); }
+
+/* BN's training output again, from the statistics of the last training forward (bn->stats,
+ * merged over ranks with SyncBN, and bn->count): the same bn_fwd_apply on the same inputs, so
+ * the same bits; no collective, and the real running statistics are left alone. */
+static void bn_refwd(dt_model *m, resnet *r, bn_layer *bn, float *out, const float *in, int B)
+{
+    m->be->bn_fwd_apply(m->be, out, bn->mean, bn->rstd, r->run_scratch, r->run_scratch + bn->C,
+                        in, P(m, bn->w), P(m, bn->b), bn->stats, bn->stats + bn->C, bn->count, B,
+                        bn->C, bn->HW, m->cfg.bn_momentum, m->cfg.bn_eps);
+}
+
+/* Recomputes block k's intermediates (c1o, a1, c2o, cdo) from its input, as its forward made
+ * them; its output is kept from forward. */
+static void block_refwd(dt_model *m, resnet *r, block *k, int B)
+{
+    conv_fwd(m, &k->c1, k->c1o, k->x, B);
+    bn_refwd(m, r, &k->b1, k->a1, k->c1o, B);
+    m->be->relu_fwd(m->be, k->a1, k->a1, act_size(&k->c1, B));
+    conv_fwd(m, &k->c2, k->c2o, k->a1, B);
+    if (k->down)
+        conv_fwd(m, &k->cd, k->cdo, k->x, B);
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* forward and backward */
 
-static size_t act_size(const conv_layer *c, int B) { return (size_t)B * c->s.K * c->s.P * c->s.Q; }
 static size_t in_size(const conv_layer *c, int B) { return (size_t)B * c->s.C * c->s.H * c->s.W; }
 
 static int resnet_forward(dt_model *m, const dt_batch *batch, bool training, float *loss,
@@ -198,15 +232,19 @@ static int resnet_forward(dt_model *m, const dt_batch *batch, bool training, flo
     be->memcpy_h2d(be, r->targets, batch->targets, (size_t)B * sizeof(int32_t));
     memcpy(r->targets_host, batch->targets, (size_t)B * sizeof(int32_t));
 
+    const int bl_fc = r->nblocks + 1; /* blocks: 0 stem, 1 + i layer, nblocks + 1 fc */
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_FORWARD);
     conv_fwd(m, &r->stem, r->c0, r->x, B);
     if ((rc = bn_fwd(m, r, &r->stem_bn, r->a0, r->c0, B, training, err)))
         return rc;
+    dt_models_event(m, 0, DT_BLOCK_AFTER_FORWARD);
     be->relu_fwd(be, r->a0, r->a0, act_size(&r->stem, B));
     const float *cur = r->a0;
     for (int i = 0; i < r->nblocks; i++) {
         block *k = &r->blocks[i];
         size_t n = act_size(&k->c1, B);
         k->x = cur;
+        dt_models_event(m, 1 + i, DT_BLOCK_BEFORE_FORWARD);
         conv_fwd(m, &k->c1, k->c1o, cur, B);
         if ((rc = bn_fwd(m, r, &k->b1, k->a1, k->c1o, B, training, err)))
             return rc;
@@ -222,12 +260,15 @@ static int resnet_forward(dt_model *m, const dt_batch *batch, bool training, flo
         } else {
             be->accumulate(be, k->out, cur, n);
         }
+        dt_models_event(m, 1 + i, DT_BLOCK_AFTER_FORWARD);
         be->relu_fwd(be, k->out, k->out, n);
         cur = k->out;
     }
     be->avgpool_fwd(be, r->pooled, cur, B, r->C_last, r->HW_last);
     // logits (B,K) = pooled (B,C_last) @ fc^T + b
+    dt_models_event(m, bl_fc, DT_BLOCK_BEFORE_FORWARD);
     be->matmul_fwd(be, r->logits, r->pooled, P(m, r->fc_w), P(m, r->fc_b), B, r->C_last, r->K);
+    dt_models_event(m, bl_fc, DT_BLOCK_AFTER_FORWARD);
     int valid = 0;
     be->xent_fwd_bwd(be, r->losses, NULL, r->logits, r->targets, B, r->K, 1.0f, &valid);
     *loss = dt_models_mean_loss(m, r->losses, B, valid);
@@ -252,9 +293,12 @@ static int resnet_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn read
     float dl = r->valid > 0 ? dloss_scale / (float)r->valid : 0.0f;
     be->xent_fwd_bwd(be, r->losses, r->logits, r->logits, r->targets, B, r->K, dl, NULL);
     zero(m, r->dpooled, (size_t)B * r->C_last);
+    const int bl_fc = r->nblocks + 1; /* blocks: 0 stem, 1 + i layer, nblocks + 1 fc */
+    dt_models_event(m, bl_fc, DT_BLOCK_BEFORE_BACKWARD);
     be->matmul_bwd(be, r->dpooled, G(m, r->fc_w), G(m, r->fc_b), r->logits, r->pooled,
                    P(m, r->fc_w), B, r->C_last, r->K);
     dt_models_ready(m, r->fc_w, r->fc_b, ready, ctx);
+    dt_models_event(m, bl_fc, DT_BLOCK_AFTER_BACKWARD);
     int cur = 0; /* r->g[cur] holds the gradient of the current block output; cur is 0 or 4 */
     zero(m, r->g[0], (size_t)B * r->C_last * r->HW_last);
     be->avgpool_bwd(be, r->g[0], r->dpooled, B, r->C_last, r->HW_last);
@@ -263,6 +307,9 @@ static int resnet_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn read
         size_t n = act_size(&k->c1, B), nin = in_size(&k->c1, B);
         float *dout = r->g[cur], *dx = r->g[4 - cur];
         float *dsum = r->g[1], *t2 = r->g[2], *t3 = r->g[3];
+        dt_models_event(m, 1 + i, DT_BLOCK_BEFORE_BACKWARD);
+        if (r->recompute)
+            block_refwd(m, r, k, B);
         zero(m, dsum, n);
         be->relu_bwd(be, dsum, k->out, dout, n);
         zero(m, t2, n); /* dc2 */
@@ -286,16 +333,19 @@ static int resnet_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn read
             be->accumulate(be, dx, dsum, nin);
         }
         dt_models_ready(m, k->first, k->last, ready, ctx);
+        dt_models_event(m, 1 + i, DT_BLOCK_AFTER_BACKWARD);
         cur = 4 - cur;
     }
     size_t n0 = act_size(&r->stem, B);
     zero(m, r->g[1], n0);
     be->relu_bwd(be, r->g[1], r->a0, r->g[cur], n0);
     zero(m, r->g[2], n0);
+    dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD);
     if ((rc = bn_bwd(m, r, &r->stem_bn, r->g[2], r->g[1], r->c0, B, err)))
         return rc;
     conv_bwd(m, &r->stem, NULL, r->g[2], r->x, B);
     dt_models_ready(m, 0, r->stem_last, ready, ctx);
+    dt_models_event(m, 0, DT_BLOCK_AFTER_BACKWARD);
     return 0;
 }
 
@@ -323,12 +373,17 @@ static void resnet_free(dt_model *m)
         bn_free(be, &k->b1);
         bn_free(be, &k->b2);
         bn_free(be, &k->bd);
-        be->free(be, k->c1o);
-        be->free(be, k->a1);
-        be->free(be, k->c2o);
-        be->free(be, k->cdo);
+        if (!r->recompute) {
+            be->free(be, k->c1o);
+            be->free(be, k->a1);
+            be->free(be, k->c2o);
+            be->free(be, k->cdo);
+        }
         be->free(be, k->out);
     }
+    for (int i = 0; i < 4; i++)
+        be->free(be, r->shared[i]);
+    be->free(be, r->run_scratch);
     free(r->blocks);
     be->free(be, r->x);
     be->free(be, r->c0);
@@ -412,6 +467,7 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
     m->ops = &resnet_ops;
     r->comm = comm;
     r->sync = cfg->sync_bn;
+    r->recompute = cfg->recompute == DT_RECOMPUTE_BLOCK;
     const int n = (cfg->depth - 2) / 6, w = cfg->width;
     r->nblocks = 3 * n;
     r->blocks = calloc((size_t)r->nblocks, sizeof *r->blocks);
@@ -477,6 +533,15 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
         return rc;
     r->fc_b = rc;
     m->flops_per_sample += 6.0 * r->K * C;
+    /* blocks (model.h): the stem, each BasicBlock, the classifier */
+    if ((rc = dt_models_add_block(m, 0, r->stem_last, 1, err, "stem")) < 0)
+        return rc;
+    for (int i = 0; i < r->nblocks; i++)
+        if ((rc = dt_models_add_block(m, r->blocks[i].first, r->blocks[i].last, 1, err,
+                                      "layer%d.%d", i / n + 1, i % n)) < 0)
+            return rc;
+    if ((rc = dt_models_add_block(m, r->fc_w, r->fc_b, 1, err, "fc")) < 0)
+        return rc;
     if ((rc = dt_models_alloc(m, err)))
         return rc;
 
@@ -490,22 +555,34 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
         rc = dt_models_falloc(m, &r->a0, act_size(&r->stem, (int)B), err);
     if (!rc)
         rc = bn_alloc(m, &r->stem_bn, err);
+    /* recompute = block: one set of intermediates for all blocks (sized for the largest) */
+    for (int i = 0; i < 4 && r->recompute && !rc; i++)
+        rc = dt_models_falloc(m, &r->shared[i], max_act, err);
+    if (!rc && r->recompute)
+        rc = dt_models_falloc(m, &r->run_scratch, 2 * (size_t)r->C_last, err);
     for (int i = 0; i < r->nblocks && !rc; i++) {
         block *k = &r->blocks[i];
         size_t a = act_size(&k->c1, (int)B);
-        rc = dt_models_falloc(m, &k->c1o, a, err);
-        if (!rc)
-            rc = dt_models_falloc(m, &k->a1, a, err);
-        if (!rc)
-            rc = dt_models_falloc(m, &k->c2o, a, err);
+        if (r->recompute) {
+            k->c1o = r->shared[0];
+            k->a1 = r->shared[1];
+            k->c2o = r->shared[2];
+            k->cdo = k->down ? r->shared[3] : NULL;
+        } else {
+            rc = dt_models_falloc(m, &k->c1o, a, err);
+            if (!rc)
+                rc = dt_models_falloc(m, &k->a1, a, err);
+            if (!rc)
+                rc = dt_models_falloc(m, &k->c2o, a, err);
+            if (!rc && k->down)
+                rc = dt_models_falloc(m, &k->cdo, a, err);
+        }
         if (!rc)
             rc = dt_models_falloc(m, &k->out, a, err);
         if (!rc)
             rc = bn_alloc(m, &k->b1, err);
         if (!rc)
             rc = bn_alloc(m, &k->b2, err);
-        if (!rc && k->down)
-            rc = dt_models_falloc(m, &k->cdo, a, err);
         if (!rc && k->down)
             rc = bn_alloc(m, &k->bd, err);
     }
@@ -518,7 +595,7 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
     if (!rc)
         rc = dt_models_falloc(m, &r->losses, B, err);
     if (!rc)
-        rc = m->be->alloc(m->be, (void **)&r->targets, B * sizeof(int32_t), err);
+        rc = dt_models_ialloc(m, &r->targets, B, err);
     if (!rc)
         rc = dt_models_falloc(m, &r->tmp, max_act, err);
     for (int i = 0; i < 5 && !rc; i++)
