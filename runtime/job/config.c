@@ -37,7 +37,7 @@ static const char *const precision_names[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const comm_backend_names[] = {"auto", "cpu", "nccl", NULL};
 static const char *const compress_names[] = {"none", "bf16", "fp16", NULL};
 static const char *const resume_names[] = {"auto", "never", "path", NULL};
-static const char *const rdzv_backend_names[] = {"static", "c10d", NULL};
+static const char *const rdzv_backend_names[] = {"static", "c10d", "etcd", NULL};
 
 static const char *name_of(const char *const *names, int v)
 {
@@ -178,8 +178,8 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"elastic", "tee", DT_CFG_STR, L(tee), "0", 0, 0, NULL, false, "like redirects, but also to the console"},
     {"elastic", "local_ranks_filter", DT_CFG_STR, L(local_ranks_filter), "", 0, 0, NULL, false, "local ranks whose output reaches the console, e.g. 0,2"},
     /* [rendezvous] */
-    {"rendezvous", "backend", DT_CFG_ENUM, L(rdzv_backend), "static", 0, 0, rdzv_backend_names, false, "static: fixed nodes and node ranks; c10d: elastic"},
-    {"rendezvous", "endpoint", DT_CFG_STR, L(rdzv_endpoint), "", 0, 0, NULL, false, "HOST[:PORT] of the store"},
+    {"rendezvous", "backend", DT_CFG_ENUM, L(rdzv_backend), "static", 0, 0, rdzv_backend_names, false, "static: fixed nodes and node ranks; c10d: elastic; etcd: elastic on an etcd cluster"},
+    {"rendezvous", "endpoint", DT_CFG_STR, L(rdzv_endpoint), "", 0, 0, NULL, false, "HOST[:PORT] of the store (etcd: HOST:PORT,HOST:PORT,... of the etcd members)"},
     {"rendezvous", "id", DT_CFG_STR, L(rdzv_id), "none", 0, 0, NULL, false, "run id shared by every node of a job"},
     {"rendezvous", "conf", DT_CFG_STR, L(rdzv_conf), "", 0, 0, NULL, false, "extra k=v,... (join_timeout or timeout, last_call_timeout, close_timeout, heartbeat_interval or keep_alive_interval, heartbeat_timeout, keep_alive_max_attempt, read_timeout, is_host); folded into these keys where it is set"},
     {"rendezvous", "join_timeout", DT_CFG_DURATION, L(join_timeout), "600", 0.001, 1e7, NULL, false, "seconds to wait for enough nodes to join"},
@@ -341,10 +341,15 @@ static int check_str(const dt_cfg_field *f, const char *v, char *why, size_t cap
         char host[DT_STR_MID];
         int port = 0;
         dt_err e = {0};
-        if (dt_rdzv_parse_endpoint(v, host, sizeof host, &port, &e)) {
-            snprintf(why, cap, "%s: %.300s (expected HOST[:PORT], e.g. node0:29400)", k, e.msg);
-            return -EINVAL;
-        }
+        /* A comma-separated list names the members of an etcd cluster: each one is checked. */
+        char list[DT_STR_MID], *save = NULL;
+        dt_strlcpy(list, v, sizeof list);
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            if (dt_rdzv_parse_endpoint(dt_trim(tok), host, sizeof host, &port, &e)) {
+                snprintf(why, cap, "%s: %.300s (expected HOST[:PORT], e.g. node0:29400, or for "
+                         "etcd HOST:PORT,HOST:PORT,...)", k, e.msg);
+                return -EINVAL;
+            }
     } else if (!strcmp(k, "job.name") || !strcmp(k, "rendezvous.id")) {
         if (!v[0] || strchr(v, '/')) {
             snprintf(why, cap, "%s: \"%s\" must be a non-empty name without '/'", k, v);

@@ -84,7 +84,7 @@ typedef enum dt_compress_kind {
 /* checkpoint.resume: auto, never, or a path (then in dt_job.resume_path). */
 typedef enum dt_resume_kind { DT_RESUME_AUTO, DT_RESUME_NEVER, DT_RESUME_PATH } dt_resume_kind;
 /* rendezvous.backend (the names rendezvous/rdzv.h's dt_rdzv_opts.backend takes). */
-typedef enum dt_rdzv_backend_kind { DT_RDZV_STATIC, DT_RDZV_C10D } dt_rdzv_backend_kind;
+typedef enum dt_rdzv_backend_kind { DT_RDZV_STATIC, DT_RDZV_C10D, DT_RDZV_ETCD } dt_rdzv_backend_kind;
 /* elastic.nproc_per_node: a number of workers, or one the agent counts when it starts (auto:
  * the GPUs if any, else the CPUs, as torchrun; cpu: the CPUs; gpu: the GPUs, an error when
  * there are none); runtime/launch/agent_env.h's dt_agent_resolve_nproc does the counting. */

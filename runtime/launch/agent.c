@@ -919,6 +919,7 @@ static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
     dt_strlcpy(o->endpoint_host, L->master_addr[0] ? L->master_addr : "127.0.0.1",
                sizeof o->endpoint_host);
     o->endpoint_port = L->master_port;
+    dt_strlcpy(o->endpoints, L->rdzv_endpoint, sizeof o->endpoints);
     if (L->rdzv_endpoint[0])
         dt_rdzv_parse_endpoint(L->rdzv_endpoint, o->endpoint_host, sizeof o->endpoint_host,
                                &o->endpoint_port, NULL);
