@@ -1308,8 +1308,8 @@ static void end_job(etcd_rdzv *c, int code, const char *kind, int sig, const cha
         c->ended.setup_error = sig < 0;
         dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
     }
-    if (!c->ec || c->killed)
-        return;
+    if (!c->ec || c->killed || dt_etcd_unreachable(c->ec))
+        return; /* nobody could read it: the others lose the cluster too */
     write_final(c, code, kind, c->round >= 0 ? c->g : -1, sig, why);
     if (c->joining >= 0) {
         keyf(c, k, "r%d/closed", c->joining);
@@ -1368,7 +1368,7 @@ static int etcd_failures(void *self, dt_rdzv_failure **out, int *n, dt_err *err)
     char k[KEY_MAX];
     *out = NULL;
     *n = 0;
-    if (c->round >= 0 && !c->killed) {
+    if (c->round >= 0 && !c->killed && !dt_etcd_unreachable(c->ec)) {
         dt_etcd_kv *kv = NULL;
         int nk = 0;
         keyf(c, k, "r%d/f/", c->round);
@@ -1418,7 +1418,8 @@ static void etcd_close(void *self)
     if (!c)
         return;
     stop_hb(c);
-    if (c->ec && c->lease && !c->killed) /* this agent's keys go at once, not after a TTL */
+    if (c->ec && c->lease && !c->killed && !dt_etcd_unreachable(c->ec))
+        /* this agent's keys go at once, not after a TTL */
         dt_etcd_lease_revoke(c->ec, c->lease, NULL);
     dt_store_server_stop(c->server);
     dt_etcd_free(c->ec);

@@ -22,6 +22,7 @@ struct dt_etcd {
     double budget_s;
     dt_etcd_tls tls;
     char token[512]; /* auth token ("" = none) */
+    bool unreachable; /* the last call found no member that could serve it */
     bool (*interrupted)(void *);
     void *arg;
 };
@@ -297,6 +298,11 @@ void dt_etcd_free(dt_etcd *e)
     free(e);
 }
 
+bool dt_etcd_unreachable(const dt_etcd *e)
+{
+    return e->unreachable;
+}
+
 const char *dt_etcd_endpoints(const dt_etcd *e)
 {
     return e->list;
@@ -415,6 +421,7 @@ static int call(dt_etcd *e, const char *path, const cJSON *body, cJSON **resp, b
             break;
     }
     free(text);
+    e->unreachable = rc == -EAGAIN;
     if (rc == -EINTR)
         return dt_err_set(err, -EINTR, "interrupted");
     if (rc == -EAGAIN) {

@@ -45,6 +45,9 @@ int dt_etcd_open(dt_etcd **out, const char *endpoints, double budget_s, const dt
 void dt_etcd_free(dt_etcd *e);
 /* "host:port,host:port" as given (for messages). */
 const char *dt_etcd_endpoints(const dt_etcd *e);
+/* Whether the last call failed because no member could serve it (quorum lost, all down): then
+ * what is left to say (the end of a job) is not worth another call's budget. */
+bool dt_etcd_unreachable(const dt_etcd *e);
 /* How many members the client knows. */
 int dt_etcd_count(const dt_etcd *e);
 /* Polled between tries (and during watches): when it returns true the call gives up, -EINTR. */
