@@ -1310,6 +1310,9 @@ static void end_job(etcd_rdzv *c, int code, const char *kind, int sig, const cha
     }
     if (!c->ec || c->killed || dt_etcd_unreachable(c->ec))
         return; /* nobody could read it: the others lose the cluster too */
+    /* Said even when this agent was interrupted (a signal is what ends the job here): each call
+     * is still bounded by the client's budget. */
+    dt_etcd_set_interrupt(c->ec, NULL, NULL);
     write_final(c, code, kind, c->round >= 0 ? c->g : -1, sig, why);
     if (c->joining >= 0) {
         keyf(c, k, "r%d/closed", c->joining);
@@ -1418,6 +1421,8 @@ static void etcd_close(void *self)
     if (!c)
         return;
     stop_hb(c);
+    if (c->ec)
+        dt_etcd_set_interrupt(c->ec, NULL, NULL); /* leaving is said even after a signal */
     if (c->ec && c->lease && !c->killed && !dt_etcd_unreachable(c->ec))
         /* this agent's keys go at once, not after a TTL */
         dt_etcd_lease_revoke(c->ec, c->lease, NULL);

@@ -359,6 +359,59 @@ static void test_quorum_lost(void)
     cluster_stop(&ec);
 }
 
+/* (6) A worker that keeps failing spends the job-wide budget (--max-restarts=1): a restart with
+ * the restart count 1, then exit 1 on both nodes, each printing the root cause that node 1
+ * recorded in etcd (node 0 reads it from there). */
+static void test_failure_spends_budget(void)
+{
+    skip_without_etcd();
+    etcd_cluster ec;
+    cluster_start(&ec, MEMBERS);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    char conf[256];
+    snprintf(conf, sizeof conf, "%s --max-restarts 1", CONF); /* one more launcher option */
+    for (int k = 0; k < 2; k++)
+        start_agent(&g, k, ec.endpoints, "budget", "2", conf,
+                    "sleep 0.3; [ $RANK = 1 ] && exit 3; sleep 30");
+    dt_test_group_wait(&g, 60 * dt_test_timeout_scale());
+    for (int k = 0; k < 2; k++) {
+        DT_CHECK_INT(g.code[k], 1);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "att=0 round=0"), 1);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "att=1 round=1"), 1);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "--max-restarts=1 spent"), 1);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "exit code  : 3"), 1);
+        DT_CHECK(dt_test_count_text(g.out[k], "(node 1)") >= 1); /* the root cause's node */
+    }
+    if (g.code[0] != 1 || g.code[1] != 1 || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
+/* (7) SIGTERM to one agent ends the job on every node with 128+15. */
+static void test_sigterm_one_agent(void)
+{
+    skip_without_etcd();
+    etcd_cluster ec;
+    cluster_start(&ec, MEMBERS);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    for (int k = 0; k < 2; k++)
+        start_agent(&g, k, ec.endpoints, "sigterm", "2", CONF, "sleep 60");
+    for (int k = 0; k < 2; k++)
+        DT_REQUIRE(dt_test_wait_text(g.out[k], "att=0 round=0", 1, 30 * dt_test_timeout_scale()));
+    kill(g.pid[1], SIGTERM);
+    dt_test_group_wait(&g, 30 * dt_test_timeout_scale());
+    DT_CHECK_INT(g.code[0], 128 + SIGTERM);
+    DT_CHECK_INT(g.code[1], 128 + SIGTERM);
+    DT_CHECK(dt_test_count_text(g.out[0], "stopped by signal 15") >= 1);
+    if (g.code[0] != 143 || g.code[1] != 143 || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
 /* ---- an endpoint that is not etcd ---------------------------------------------------------- */
 
 static void *http_server(void *arg)
@@ -411,6 +464,8 @@ static const dt_test tests[] = {
     {"leader_killed_mid_job", test_leader_killed_mid_job, 120},
     {"first_agent_killed", test_first_agent_killed, 120},
     {"quorum_lost", test_quorum_lost, 120},
+    {"failure_spends_budget", test_failure_spends_budget, 120},
+    {"sigterm_one_agent", test_sigterm_one_agent, 90},
     {"not_etcd", test_not_etcd, 60},
 };
 
