@@ -79,6 +79,7 @@ typedef struct member {
 
 typedef struct etcd_rdzv {
     dt_rdzv_opts o;
+    dt_etcd_tls tls;          /* TLS files and credentials, for every client */
     int min, max, max_restarts;
     char run_id[DT_RDZV_STR];
     dt_etcd *ec;              /* the main thread's client */
@@ -147,7 +148,7 @@ static void *hb_main(void *arg)
     etcd_rdzv *c = arg;
     dt_etcd *ec = NULL;
     dt_err e = {0};
-    if (dt_etcd_open(&ec, c->o.endpoints, DT_MAX(c->o.heartbeat_interval, 1.0), NULL, &e)) {
+    if (dt_etcd_open(&ec, c->o.endpoints, DT_MAX(c->o.heartbeat_interval, 1.0), &c->tls, &e)) {
         pthread_mutex_lock(&c->hb_mu);
         dt_strlcpy(c->hb_why, e.msg, sizeof c->hb_why);
         pthread_mutex_unlock(&c->hb_mu);
@@ -491,6 +492,32 @@ static int agree_conf(etcd_rdzv *c, dt_err *err)
     return 0;
 }
 
+/* TLS files and credentials from the options (the password from its file, first line). */
+static int load_tls(etcd_rdzv *c, dt_err *err)
+{
+    const char *files[3] = {c->o.cacert, c->o.cert, c->o.key};
+    for (int i = 0; i < 3; i++)
+        if (files[i][0] && access(files[i], R_OK) != 0)
+            return dt_err_set(err, -errno, "rendezvous.%s: cannot read %s: %s",
+                              i == 0 ? "cacert" : i == 1 ? "cert" : "key", files[i],
+                              strerror(errno));
+    dt_strlcpy(c->tls.cacert, c->o.cacert, sizeof c->tls.cacert);
+    dt_strlcpy(c->tls.cert, c->o.cert, sizeof c->tls.cert);
+    dt_strlcpy(c->tls.key, c->o.key, sizeof c->tls.key);
+    dt_strlcpy(c->tls.user, c->o.user, sizeof c->tls.user);
+    if (c->o.password_file[0]) {
+        FILE *f = fopen(c->o.password_file, "r");
+        if (!f)
+            return dt_err_set(err, -errno, "rendezvous.password_file: cannot read %s: %s",
+                              c->o.password_file, strerror(errno));
+        if (!fgets(c->tls.password, sizeof c->tls.password, f))
+            c->tls.password[0] = '\0';
+        fclose(f);
+        c->tls.password[strcspn(c->tls.password, "\r\n")] = '\0';
+    }
+    return 0;
+}
+
 static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
 {
     int rc;
@@ -519,7 +546,7 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     double budget = DT_MAX(c->o.heartbeat_timeout / 2, 2.0);
     if (c->o.read_timeout > 0)
         budget = DT_MIN(budget, DT_MAX(c->o.read_timeout, 0.5));
-    if ((rc = dt_etcd_open(&c->ec, opts->endpoints, budget, NULL, err)))
+    if ((rc = load_tls(c, err)) || (rc = dt_etcd_open(&c->ec, opts->endpoints, budget, &c->tls, err)))
         goto fail;
     dt_etcd_set_interrupt(c->ec, interrupted, c);
     if (opts->local_addr[0]) {

@@ -23,9 +23,12 @@ struct dt_etcd {
     dt_etcd_tls tls;
     char token[512]; /* auth token ("" = none) */
     bool unreachable; /* the last call found no member that could serve it */
+    bool stale_token; /* the member said the token is no longer valid */
     bool (*interrupted)(void *);
     void *arg;
 };
+
+static int authenticate(dt_etcd *e, dt_err *err);
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void)
@@ -268,18 +271,7 @@ int dt_etcd_open(dt_etcd **out, const char *endpoints, double budget_s, const dt
         return dt_err_set(err, -ENOMEM, "libcurl: cannot make a handle");
     }
     if (e->tls.user[0]) {
-        cJSON *b = cJSON_CreateObject(), *r = NULL;
-        cJSON_AddStringToObject(b, "name", e->tls.user);
-        cJSON_AddStringToObject(b, "password", e->tls.password);
-        int rc = dt_etcd_call(e, "/v3/auth/authenticate", b, &r, err);
-        cJSON_Delete(b);
-        const cJSON *t = r ? cJSON_GetObjectItemCaseSensitive(r, "token") : NULL;
-        if (!rc && !cJSON_IsString(t))
-            rc = dt_err_set(err, -EACCES, "etcd at %s: authentication as \"%s\" gave no token",
-                            e->list, e->tls.user);
-        if (!rc)
-            dt_strlcpy(e->token, t->valuestring, sizeof e->token);
-        cJSON_Delete(r);
+        int rc = authenticate(e, err);
         if (rc) {
             dt_etcd_free(e);
             return rc;
@@ -287,6 +279,28 @@ int dt_etcd_open(dt_etcd **out, const char *endpoints, double budget_s, const dt
     }
     *out = e;
     return 0;
+}
+
+/* A token for the user (/v3/auth/authenticate), sent on every call from now on. */
+static int authenticate(dt_etcd *e, dt_err *err)
+{
+    cJSON *b = cJSON_CreateObject(), *r = NULL;
+    cJSON_AddStringToObject(b, "name", e->tls.user);
+    cJSON_AddStringToObject(b, "password", e->tls.password);
+    e->token[0] = '\0';
+    int rc = dt_etcd_call(e, "/v3/auth/authenticate", b, &r, err);
+    cJSON_Delete(b);
+    const cJSON *t = r ? cJSON_GetObjectItemCaseSensitive(r, "token") : NULL;
+    if (!rc && !cJSON_IsString(t))
+        rc = dt_err_set(err, -EACCES, "etcd at %s: authentication as \"%s\" gave no token (is "
+                        "authentication enabled there?)",
+                        e->list, e->tls.user);
+    if (!rc)
+        dt_strlcpy(e->token, t->valuestring, sizeof e->token);
+    else if (rc == -EIO || rc == -EACCES)
+        dt_err_prefix(err, "authenticating as \"%s\": ", e->tls.user);
+    cJSON_Delete(r);
+    return rc;
 }
 
 void dt_etcd_free(dt_etcd *e)
@@ -369,6 +383,20 @@ static int judge(dt_etcd *e, int m, long http, buf *b, cJSON **resp, bool *retry
         cJSON_Delete(o);
         return -EAGAIN;
     }
+    if (strstr(s, "user name is empty") || (strstr(s, "invalid auth token") && !e->tls.user[0])) {
+        dt_err_set(err, -EACCES,
+                   "etcd at %s requires authentication: give --rdzv-conf "
+                   "user=NAME,password_file=FILE",
+                   e->name[m]);
+        cJSON_Delete(o);
+        return -EACCES;
+    }
+    if (strstr(s, "invalid auth token")) { /* expired: the caller authenticates again */
+        e->stale_token = true;
+        dt_err_set(err, -EACCES, "etcd at %s: %s", e->name[m], s);
+        cJSON_Delete(o);
+        return -EACCES;
+    }
     int code = (int)dt_etcd_json_i64(o, "code", 0);
     int rc = strstr(s, "lease not found") ? -ENOENT
              : code == 16 || code == 7   ? -EACCES
@@ -381,6 +409,8 @@ static int judge(dt_etcd *e, int m, long http, buf *b, cJSON **resp, bool *retry
 static int call(dt_etcd *e, const char *path, const cJSON *body, cJSON **resp, bool watch,
                 int watch_ms, bool *event, dt_err *err)
 {
+    bool again = false;
+retry:;
     char *text = cJSON_PrintUnformatted(body);
     char why[MAX_MEMBERS][160];
     memset(why, 0, sizeof why);
@@ -422,6 +452,13 @@ static int call(dt_etcd *e, const char *path, const cJSON *body, cJSON **resp, b
     }
     free(text);
     e->unreachable = rc == -EAGAIN;
+    if (rc == -EACCES && e->stale_token && !again && e->tls.user[0] && strcmp(path, "/v3/auth/authenticate")) {
+        e->stale_token = false;
+        again = true;
+        if ((rc = authenticate(e, err)) == 0)
+            goto retry;
+        return rc;
+    }
     if (rc == -EINTR)
         return dt_err_set(err, -EINTR, "interrupted");
     if (rc == -EAGAIN) {

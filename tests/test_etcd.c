@@ -9,7 +9,8 @@
  * rank 0, which hosts the workers' store): the others re-form without it and finish; two of
  * three members killed: every agent says the rendezvous lost quorum, naming the endpoints, and
  * ends with exit 1 within the heartbeat timeout; an endpoint that answers HTTP but is not etcd:
- * a clear error naming it.
+ * a clear error naming it; etcd authentication (user, password_file) passed through --rdzv-conf;
+ * the restart budget and the root cause read back from etcd; SIGTERM to one agent.
  *
  * Without `etcd` on the PATH (scripts/install-deps.sh installs etcd-server) every test SKIPs,
  * saying so. Every wait is bounded.
@@ -412,6 +413,56 @@ static void test_sigterm_one_agent(void)
     cluster_stop(&ec);
 }
 
+/* (8) etcd with authentication on: agents given user and password_file (--rdzv-conf) form a
+ * round; one without them is told the cluster requires authentication; a wrong password is
+ * named as such. */
+static void test_auth(void)
+{
+    skip_without_etcd();
+    etcd_cluster ec;
+    cluster_start(&ec, 1);
+    dt_etcd *e = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_etcd_open(&e, ec.endpoints, 5, NULL, &err), &err);
+    static const char *const calls[][2] = {
+        {"/v3/auth/user/add", "{\"name\":\"root\",\"password\":\"s3cret\"}"},
+        {"/v3/auth/user/grant", "{\"user\":\"root\",\"role\":\"root\"}"},
+        {"/v3/auth/enable", "{}"},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(calls); i++) {
+        cJSON *b = cJSON_Parse(calls[i][1]), *r = NULL;
+        DT_REQUIRE_OK(dt_etcd_call(e, calls[i][0], b, &r, &err), &err);
+        cJSON_Delete(b);
+        cJSON_Delete(r);
+    }
+    dt_etcd_free(e);
+    char pw[1024], bad[1024], conf[2048];
+    snprintf(pw, sizeof pw, "%s/pw", TMP);
+    snprintf(bad, sizeof bad, "%s/bad", TMP);
+    DT_REQUIRE(dt_test_write_file(pw, "s3cret\n") == 0);
+    DT_REQUIRE(dt_test_write_file(bad, "nope\n") == 0);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    snprintf(conf, sizeof conf, "%s,user=root,password_file=%s", CONF, pw);
+    for (int k = 0; k < 2; k++)
+        start_agent(&g, k, ec.endpoints, "auth", "2", conf, "exit 0");
+    start_agent(&g, 2, ec.endpoints, "auth", "2", CONF, "exit 0");
+    snprintf(conf, sizeof conf, "%s,user=root,password_file=%s", CONF, bad);
+    start_agent(&g, 3, ec.endpoints, "auth", "2", conf, "exit 0");
+    dt_test_group_wait(&g, 40 * dt_test_timeout_scale());
+    DT_CHECK_INT(g.code[0], 0);
+    DT_CHECK_INT(g.code[1], 0);
+    DT_CHECK_INT(dt_test_count_text(g.out[0], "world=2 groups=2"), 1);
+    DT_CHECK_INT(g.code[2], 1);
+    DT_CHECK(dt_test_count_text(g.out[2], "requires authentication") == 1);
+    DT_CHECK_INT(g.code[3], 1);
+    DT_CHECK(dt_test_count_text(g.out[3], "invalid user ID or password") == 1);
+    if (g.code[0] || g.code[1] || g.code[2] != 1 || g.code[3] != 1 || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
 /* ---- an endpoint that is not etcd ---------------------------------------------------------- */
 
 static void *http_server(void *arg)
@@ -466,6 +517,7 @@ static const dt_test tests[] = {
     {"quorum_lost", test_quorum_lost, 120},
     {"failure_spends_budget", test_failure_spends_budget, 120},
     {"sigterm_one_agent", test_sigterm_one_agent, 90},
+    {"auth", test_auth, 90},
     {"not_etcd", test_not_etcd, 60},
 };
 

@@ -137,6 +137,12 @@ typedef struct dt_launch {
     double read_timeout;               /* seconds a store read waits (torchrun's read_timeout) */
     double heartbeat_interval, heartbeat_timeout;
     bool is_host;                      /* this agent hosts the store (c10d) */
+    /* etcd backend: TLS and authentication, passed to libcurl ("" = not used) */
+    char rdzv_cacert[DT_STR_MID];      /* CA bundle that signed the etcd members' certificates */
+    char rdzv_cert[DT_STR_MID];        /* client certificate (PEM) */
+    char rdzv_key[DT_STR_MID];         /* its private key (PEM) */
+    char rdzv_user[DT_STR_MID];        /* etcd user (a token from /v3/auth/authenticate) */
+    char rdzv_password_file[DT_STR_MID]; /* file holding that user's password */
     /* flags only (no file key) */
     int node_rank;                     /* -1 = assigned by the rendezvous */
     bool standalone;
