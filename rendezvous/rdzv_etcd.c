@@ -88,7 +88,7 @@ typedef struct etcd_rdzv {
     char job[32];
     char id[40];
     char local_addr[DT_RDZV_STR];
-    int64_t lease;
+    _Atomic int64_t lease;    /* read by the heartbeat thread too */
     int slice_ms;
 
     int round, joining, g, n, attempt;
@@ -157,13 +157,14 @@ static void *hb_main(void *arg)
     }
     double last_ok = dt_now_s();
     while (!atomic_load(&c->hb_stop)) {
-        int64_t ttl = 0;
+        int64_t ttl = 0, id = atomic_load(&c->lease);
         dt_err ke = {0};
-        int rc = dt_etcd_lease_keepalive(ec, c->lease, &ttl, &ke);
+        int rc = dt_etcd_lease_keepalive(ec, id, &ttl, &ke);
         double now = dt_now_s();
         if (rc == 0 && ttl > 0) {
             last_ok = now;
-        } else if (rc == 0 || rc == -ENOENT) {
+        } else if ((rc == 0 || rc == -ENOENT) && id == atomic_load(&c->lease)) {
+            /* (an old lease that the main thread has replaced since is no news) */
             atomic_store(&c->hb_expired, true);
         } else if (now - last_ok >= c->o.heartbeat_timeout) {
             pthread_mutex_lock(&c->hb_mu);
@@ -188,7 +189,7 @@ static int renew_lease(etcd_rdzv *c, dt_err *err)
     int rc = dt_etcd_lease_grant(c->ec, (int64_t)(c->o.heartbeat_timeout + 0.999), &id, err);
     if (rc)
         return rc;
-    c->lease = id;
+    atomic_store(&c->lease, id);
     atomic_store(&c->hb_expired, false);
     keyf(c, k, "a/%s", c->id);
     return dt_etcd_put(c->ec, k, "1", c->lease, err);
@@ -397,7 +398,7 @@ static int resolve_job(etcd_rdzv *c, dt_err *err)
         if (interrupted(c))
             return dt_err_set(err, -EINTR, "interrupted while opening the rendezvous");
         char *J = NULL;
-        int64_t mod = 0;
+        int64_t mod = 0, old_live = 0;
         int rc = dt_etcd_get(c->ec, jk, &J, &mod, err);
         if (rc && rc != -ENOENT)
             return rc;
@@ -411,6 +412,7 @@ static int resolve_job(etcd_rdzv *c, dt_err *err)
             snprintf(pk, sizeof pk, "%s%s/a/", c->base, J);
             if ((rc = dt_etcd_range(c->ec, pk, true, true, true, NULL, NULL, &live, NULL, err)))
                 goto out;
+            old_live = live;
             if (fin == 0 && live > 0) {
                 dt_strlcpy(c->job, J, sizeof c->job);
                 free(J);
@@ -433,11 +435,14 @@ static int resolve_job(etcd_rdzv *c, dt_err *err)
         if (rc)
             goto out;
         if (ok) {
-            if (J) { /* the old instance's keys are of no use to anyone now */
+            if (J && old_live == 0) {
+                /* the old instance's keys are of no use to anyone now (an agent of it that is
+                 * still reading the outcome keeps them: they are left, a few small keys) */
                 snprintf(pk, sizeof pk, "%s%s/", c->base, J);
                 dt_etcd_delete(c->ec, pk, true, NULL);
-                DT_INFO("etcd: the last job with this id has ended; starting a new one");
             }
+            if (J)
+                DT_INFO("etcd: the last job with this id has ended; starting a new one");
             free(J);
             dt_strlcpy(c->job, nj, sizeof c->job);
             snprintf(c->ns, sizeof c->ns, "%s%s/", c->base, c->job);
@@ -561,7 +566,9 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     /* The lease first: every key of this agent is bound to it. */
     double deadline = dt_now_s() + opts->join_timeout;
     for (;;) {
-        rc = dt_etcd_lease_grant(c->ec, (int64_t)(opts->heartbeat_timeout + 0.999), &c->lease, err);
+        int64_t id = 0;
+        rc = dt_etcd_lease_grant(c->ec, (int64_t)(opts->heartbeat_timeout + 0.999), &id, err);
+        atomic_store(&c->lease, id);
         if (rc != -ETIMEDOUT || dt_now_s() >= deadline)
             break;
     }
@@ -580,7 +587,7 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     }
     c->hb_started = true;
     DT_DEBUG("etcd: job instance %s at %s, nodes %d:%d, node id %s, lease %" PRIx64, c->job,
-             opts->endpoints, c->min, c->max, c->id, (uint64_t)c->lease);
+             opts->endpoints, c->min, c->max, c->id, (uint64_t)atomic_load(&c->lease));
     *out = c;
     return 0;
 fail:
@@ -821,8 +828,6 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
             free(v);
         }
     }
-    if (prev < 0 && expect >= 0 && c->round != R - 1)
-        prev = -1;
     int attempt = round_attempt(c, R);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", c->id);
@@ -837,6 +842,12 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
         return dt_err_set(err, -ENOMEM, "out of memory");
     keyf(c, jk, "r%d/j/%s", R, c->id);
     rc = dt_etcd_put(c->ec, jk, rec, c->lease, err);
+    if (rc == -ENOENT) {
+        /* the lease expired (this agent was cut off, or frozen, for heartbeat_timeout) before
+         * the heartbeat thread noticed: a new one, and this node joins as a newcomer */
+        if ((rc = renew_lease(c, err)) == 0)
+            rc = dt_etcd_put(c->ec, jk, rec, c->lease, err);
+    }
     free(rec);
     if (rc)
         return dt_err_prefix(err, "joining the rendezvous: ");

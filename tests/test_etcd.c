@@ -463,6 +463,42 @@ static void test_auth(void)
     cluster_stop(&ec);
 }
 
+/* (9) An agent frozen (SIGSTOP) past heartbeat_timeout: its lease expires, the two others
+ * re-form without it (round 1, two nodes); continued, it finds its lease gone, never runs in
+ * round 1, and rejoins as a newcomer (round 2, three nodes); all finish with 0, no restart
+ * spent. */
+static void test_frozen_agent_rejoins(void)
+{
+    skip_without_etcd();
+    etcd_cluster ec;
+    cluster_start(&ec, MEMBERS);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    const char *then = "if [ \"$DTRAIN_ROUND\" -lt 2 ]; then sleep 60; fi; exit 0";
+    for (int k = 0; k < 3; k++)
+        start_agent(&g, k, ec.endpoints, "frozen", "2:3", CONF, then);
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE(dt_test_wait_text(g.out[k], "groups=3 att=0 round=0", 1,
+                                     30 * dt_test_timeout_scale()));
+    kill(g.pid[2], SIGSTOP);
+    for (int k = 0; k < 2; k++)
+        DT_CHECK(dt_test_wait_text(g.out[k], "groups=2 att=0 round=1", 1,
+                                   30 * dt_test_timeout_scale()));
+    dt_sleep_ms(1000);
+    kill(g.pid[2], SIGCONT);
+    dt_test_group_wait(&g, 60 * dt_test_timeout_scale());
+    for (int k = 0; k < 3; k++) {
+        DT_CHECK_INT(g.code[k], 0);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "groups=3 att=0 round=2"), 1);
+    }
+    DT_CHECK_INT(dt_test_count_text(g.out[2], "round=1"), 0);
+    if (g.code[0] || g.code[1] || g.code[2] || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    kill_workers();
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
 /* ---- an endpoint that is not etcd ---------------------------------------------------------- */
 
 static void *http_server(void *arg)
@@ -517,6 +553,7 @@ static const dt_test tests[] = {
     {"quorum_lost", test_quorum_lost, 120},
     {"failure_spends_budget", test_failure_spends_budget, 120},
     {"sigterm_one_agent", test_sigterm_one_agent, 90},
+    {"frozen_agent_rejoins", test_frozen_agent_rejoins, 120},
     {"auth", test_auth, 90},
     {"not_etcd", test_not_etcd, 60},
 };
