@@ -775,10 +775,9 @@ static int host_round(etcd_rdzv *c, int R, cJSON **host, dt_err *err)
  * did not come (the round's end is then seen by the first poll). */
 static int wait_host(etcd_rdzv *c, int R, double deadline, cJSON **host, dt_err *err)
 {
-    char k[KEY_MAX], ek[KEY_MAX], pk[KEY_MAX];
+    char k[KEY_MAX], ek[KEY_MAX];
     keyf(c, k, "r%d/host", R);
     keyf(c, ek, "r%d/end", R);
-    keyf(c, pk, "r%d/", R);
     *host = NULL;
     for (;;) {
         int64_t rev = 0;
@@ -802,8 +801,8 @@ static int wait_host(etcd_rdzv *c, int R, double deadline, cJSON **host, dt_err 
         if (interrupted(c))
             return dt_err_set(err, -EINTR, "interrupted while waiting for node 0");
         bool ch = false;
-        if ((rc = dt_etcd_watch(c->ec, pk, true, rev + 1, c->slice_ms, &ch, err)))
-            return rc;
+        if ((rc = dt_etcd_watch(c->ec, k, false, rev + 1, c->slice_ms, &ch, err)))
+            return rc; /* (the end is looked at between slices) */
     }
 }
 
@@ -811,7 +810,8 @@ static int wait_host(etcd_rdzv *c, int R, double deadline, cJSON **host, dt_err 
 static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
                       dt_rdzv_status *st, dt_err *err)
 {
-    char k[KEY_MAX], jk[KEY_MAX], pk[KEY_MAX], *v = NULL, prev_why[256] = "";
+    char k[KEY_MAX], jk[KEY_MAX], sk[KEY_MAX], pk[KEY_MAX], spk[KEY_MAX], *v = NULL,
+        prev_why[256] = "";
     int rc, expect = -1;
     int prev = c->round >= 0 && c->round == R - 1 ? c->g : -1;
     if (R > 0) {
@@ -841,23 +841,57 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
     if (!rec)
         return dt_err_set(err, -ENOMEM, "out of memory");
     keyf(c, jk, "r%d/j/%s", R, c->id);
-    rc = dt_etcd_put(c->ec, jk, rec, c->lease, err);
-    if (rc == -ENOENT) {
+    keyf(c, sk, "r%d/s/%s", R, c->id);
+    for (int tries = 0;; tries++) {
+        /* the join record, and for a survivor of R-1 its mark (counted apart, so that the last
+         * survivor back can close the round at once), in one transaction */
+        cJSON *succ = cJSON_CreateArray();
+        cJSON_AddItemToArray(succ, dt_etcd_op_put(jk, rec, c->lease));
+        if (prev >= 0)
+            cJSON_AddItemToArray(succ, dt_etcd_op_put(sk, "1", c->lease));
+        rc = dt_etcd_txn(c->ec, NULL, succ, NULL, NULL, NULL, err);
+        if (rc != -ENOENT || tries > 0)
+            break;
         /* the lease expired (this agent was cut off, or frozen, for heartbeat_timeout) before
          * the heartbeat thread noticed: a new one, and this node joins as a newcomer */
-        if ((rc = renew_lease(c, err)) == 0)
-            rc = dt_etcd_put(c->ec, jk, rec, c->lease, err);
+        if ((rc = renew_lease(c, err)))
+            break;
     }
     free(rec);
     if (rc)
         return dt_err_prefix(err, "joining the rendezvous: ");
     c->joining = R;
-    DT_DEBUG("etcd: joined round %d (nodes %d:%d, prev %d, expect %d)", R, c->min, c->max, prev,
-             expect);
     keyf(c, k, "r%d/closed", R);
-    keyf(c, pk, "r%d/", R);
-    double min_at = 0, retry = 0;
+    keyf(c, pk, "r%d/j/", R);
+    keyf(c, spk, "r%d/s/", R);
+    /* Who closes (as c10d): the MAX-th joiner; with every survivor of R-1 back, a survivor (the
+     * last one back) or a newcomer once MIN are in; else whoever's last call (counted from its
+     * own join, MIN or more in) runs out first. Each node counts once when it joins (count-only
+     * ranges, O(1) answers) and then watches only r<R>/closed: a join wakes nobody, so a round
+     * of N nodes costs O(N) requests, not O(N^2). */
+    int64_t cnt = 0, surv = 0;
+    if ((rc = dt_etcd_range(c->ec, pk, true, true, true, NULL, NULL, &cnt, NULL, err)) ||
+        (expect >= 0 && (rc = dt_etcd_range(c->ec, spk, true, true, true, NULL, NULL, &surv,
+                                            NULL, err))))
+        return dt_err_prefix(err, "joining the rendezvous: ");
+    bool surv_back = expect < 0 || surv >= expect;
+    bool can = (surv_back && cnt >= c->max) ||
+               (surv_back && expect >= 0 && cnt >= c->min);
+    double t_join = dt_now_s(), close_at = cnt >= c->min ? t_join + c->o.last_call_timeout : 1e300;
+    double next_count = t_join + 1.0, next_final = t_join + 2.0, retry = 0.5;
+    DT_DEBUG("etcd: joined round %d as #%lld (nodes %d:%d, prev %d, expect %d, survivors back "
+             "%lld)", R, (long long)cnt, c->min, c->max, prev, expect, (long long)surv);
     for (;;) {
+        if (can) {
+            member *j = NULL;
+            int nj = 0;
+            if ((rc = read_joiners(c, R, &j, &nj, NULL, err)) == 0 && nj >= c->min)
+                rc = close_round(c, R, j, nj, attempt, err);
+            free(j);
+            if (rc)
+                return dt_err_prefix(err, "closing a rendezvous round: ");
+            can = false;
+        }
         if (interrupted(c))
             return dt_err_set(err, -EINTR, "interrupted while waiting for the other nodes");
         if ((rc = cluster_lost(c, err)))
@@ -873,40 +907,36 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
             dt_etcd_kvs_free(kv, n);
             break;
         }
-        if (job_final(c, st))
-            return dt_err_set(err, -ECANCELED, "the job ended while this node waited: %s",
-                              st->why);
-        member *j = NULL;
-        int nj = 0;
-        if ((rc = read_joiners(c, R, &j, &nj, NULL, err)))
-            return dt_err_prefix(err, "waiting for the round to form: ");
-        int surv = 0;
-        for (int i = 0; i < nj; i++)
-            surv += j[i].prev >= 0;
         double now = dt_now_s();
-        bool surv_back = expect < 0 || surv >= expect;
-        if (nj >= c->min && min_at == 0)
-            min_at = now;
-        if (nj < c->min)
-            min_at = 0;
-        bool can = (surv_back && nj >= c->max) || (surv_back && expect >= 0 && nj >= c->min) ||
-                   (min_at > 0 && now >= min_at + c->o.last_call_timeout && now >= retry);
-        if (can) {
-            rc = close_round(c, R, j, nj, attempt, err);
-            retry = now + 0.5;
+        if (now >= next_final) { /* (a cancel also writes r<R>/closed; this is the backstop) */
+            next_final = now + 2.0;
+            if (job_final(c, st))
+                return dt_err_set(err, -ECANCELED, "the job ended while this node waited: %s",
+                                  st->why);
         }
-        free(j);
-        if (rc)
-            return dt_err_prefix(err, "closing a rendezvous round: ");
-        if (can)
-            continue; /* read what was decided */
+        if (now >= next_count || now >= close_at || now >= deadline) {
+            next_count = now + 1.0;
+            if ((rc = dt_etcd_range(c->ec, pk, true, true, true, NULL, NULL, &cnt, NULL, err)))
+                return dt_err_prefix(err, "waiting for the round to form: ");
+            if (cnt >= c->min && close_at > 1e299)
+                close_at = now + c->o.last_call_timeout;
+            if (now >= close_at) {
+                /* the last call is over (normally the first such node closes and nobody
+                 * else gets here); fewer than MIN left (a joiner died): look again later */
+                can = cnt >= c->min;
+                retry = DT_MIN(2 * retry, 8.0);
+                close_at = now + retry;
+                continue;
+            }
+        }
         if (now >= deadline) {
             char why[700];
             snprintf(why, sizeof why,
-                     "round %d did not form: %d node(s) joined within the join timeout (%g s) "
+                     "round %d did not form: %lld node(s) joined within the join timeout (%g s) "
                      "and MIN is %d%s%s%s",
-                     R, nj, c->o.join_timeout, c->min, prev_why[0] ? " (the last round ended: " : "",
-                     prev_why, prev_why[0] ? ")" : "");
+                     R, (long long)cnt, c->o.join_timeout, c->min,
+                     prev_why[0] ? " (the last round ended: " : "", prev_why,
+                     prev_why[0] ? ")" : "");
             bool won = false;
             cancel_round(c, R, 1, "rdzv", why, &won);
             if (won || job_final(c, st))
@@ -914,11 +944,10 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
             deadline = 1e300; /* it closed just now: read it */
             continue;
         }
-        double until = DT_MIN(deadline, min_at > 0 ? min_at + c->o.last_call_timeout : 1e300);
+        double until = DT_MIN(DT_MIN(deadline, close_at), DT_MIN(next_count, next_final));
         int ms = (int)DT_MIN((until - now) * 1000 + 5, (double)c->slice_ms);
         bool ch = false;
-        /* Wait for anything under the instance (a join, the close, the end of the job). */
-        if ((rc = dt_etcd_watch(c->ec, c->ns, true, rev + 1, DT_MAX(ms, 20), &ch, err)))
+        if ((rc = dt_etcd_watch(c->ec, k, false, rev + 1, DT_MAX(ms, 20), &ch, err)))
             return dt_err_prefix(err, "waiting for the round to form: ");
     }
     closed_rec ci;
@@ -1028,7 +1057,7 @@ static int spare_wait(etcd_rdzv *c, int R, const closed_rec *ci, dt_rdzv_status 
             }
         }
         bool ch = false;
-        if ((rc = dt_etcd_watch(c->ec, c->ns, true, rev + 1, c->slice_ms, &ch, err)))
+        if ((rc = dt_etcd_watch(c->ec, ek, false, rev + 1, c->slice_ms, &ch, err)))
             return dt_err_prefix(err, "waiting as a spare: ");
     }
 }
