@@ -499,6 +499,41 @@ static void test_frozen_agent_rejoins(void)
     cluster_stop(&ec);
 }
 
+/* (10) MAX is 2, three agents: the third waits as a spare; when a member is killed, the spare
+ * takes its slot (round 1, two nodes) and all finish. */
+static void test_spare_takes_slot(void)
+{
+    skip_without_etcd();
+    etcd_cluster ec;
+    cluster_start(&ec, MEMBERS);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    const char *then = "if [ \"$DTRAIN_ROUND\" = 0 ]; then sleep 60; fi; exit 0";
+    for (int k = 0; k < 2; k++)
+        start_agent(&g, k, ec.endpoints, "spare", "1:2", CONF, then);
+    for (int k = 0; k < 2; k++)
+        DT_REQUIRE(dt_test_wait_text(g.out[k], "groups=2 att=0 round=0", 1,
+                                     30 * dt_test_timeout_scale()));
+    start_agent(&g, 2, ec.endpoints, "spare", "1:2", CONF, then);
+    DT_REQUIRE(dt_test_wait_text(g.out[2], "waiting as a spare", 1, 30 * dt_test_timeout_scale()));
+    DT_CHECK_INT(dt_test_count_text(g.out[2], "E node="), 0);
+    kill(g.pid[1], SIGKILL);
+    dt_test_wait_exit(g.pid[1], 5);
+    g.done[1] = true;
+    for (int k = 0; k < 3; k += 2) {
+        g.code[k] = dt_test_wait_exit(g.pid[k], 40 * dt_test_timeout_scale());
+        g.done[k] = true;
+        DT_CHECK_INT(g.code[k], 0);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "groups=2 att=0 round=1"), 1);
+    }
+    DT_CHECK_INT(dt_test_count_text(g.out[2], "round=0"), 0);
+    if (g.code[0] || g.code[2] || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    kill_workers();
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
 /* ---- an endpoint that is not etcd ---------------------------------------------------------- */
 
 static void *http_server(void *arg)
@@ -554,6 +589,7 @@ static const dt_test tests[] = {
     {"failure_spends_budget", test_failure_spends_budget, 120},
     {"sigterm_one_agent", test_sigterm_one_agent, 90},
     {"frozen_agent_rejoins", test_frozen_agent_rejoins, 120},
+    {"spare_takes_slot", test_spare_takes_slot, 120},
     {"auth", test_auth, 90},
     {"not_etcd", test_not_etcd, 60},
 };
