@@ -682,30 +682,6 @@ static int close_round(etcd_rdzv *c, int R, const member *j, int n, int attempt,
     return rc;
 }
 
-/* The attempt of round R: R-1's, plus one when R-1 failed. */
-static int round_attempt(etcd_rdzv *c, int R)
-{
-    char k[KEY_MAX], *v = NULL;
-    closed_rec ci;
-    end_rec e;
-    if (R == 0)
-        return 0;
-    keyf(c, k, "r%d/closed", R - 1);
-    if (get(c, k, &v, NULL))
-        return 0;
-    int a = closed_decode(v, &ci) == 0 ? ci.attempt : 0;
-    free(ci.m);
-    free(v);
-    keyf(c, k, "r%d/end", R - 1);
-    if (get(c, k, &v, NULL) == 0) {
-        if (end_decode(v, &e) == 0 && e.kind == END_FAIL)
-            a++;
-        free(e.lost);
-        free(v);
-    }
-    return a;
-}
-
 static void cancel_round(etcd_rdzv *c, int R, int code, const char *kind, const char *why,
                          bool *won)
 {
@@ -813,22 +789,41 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
     char k[KEY_MAX], jk[KEY_MAX], sk[KEY_MAX], pk[KEY_MAX], spk[KEY_MAX], *v = NULL,
         prev_why[256] = "";
     int rc, expect = -1;
-    int prev = c->round >= 0 && c->round == R - 1 ? c->g : -1;
+    int prev = c->round >= 0 && c->round == R - 1 ? c->g : -1, attempt = 0;
     if (R > 0) {
+        /* R-1's end (survivors, lost nodes) and closed record (the attempt): one request */
+        char ck[KEY_MAX], *cv = NULL;
+        cJSON *resp = NULL, *ops = cJSON_CreateArray();
         keyf(c, k, "r%d/end", R - 1);
-        if (get(c, k, &v, NULL) == 0) {
+        keyf(c, ck, "r%d/closed", R - 1);
+        cJSON_AddItemToArray(ops, dt_etcd_op_range(k));
+        cJSON_AddItemToArray(ops, dt_etcd_op_range(ck));
+        if ((rc = dt_etcd_txn(c->ec, NULL, ops, NULL, NULL, &resp, err)))
+            return dt_err_prefix(err, "joining the rendezvous: ");
+        dt_etcd_txn_range(resp, 0, &v, NULL);
+        dt_etcd_txn_range(resp, 1, &cv, NULL);
+        cJSON_Delete(resp);
+        closed_rec pc;
+        if (cv && closed_decode(cv, &pc) == 0)
+            attempt = pc.attempt;
+        if (cv)
+            free(pc.m);
+        free(cv);
+        if (v) {
             end_rec e;
             if (end_decode(v, &e) == 0) {
                 expect = e.expect;
                 dt_strlcpy(prev_why, e.why, sizeof prev_why);
                 if (prev >= 0 && end_has_lost(&e, prev))
                     prev = -1;
+                if (e.kind == END_FAIL)
+                    attempt++;
             }
             free(e.lost);
             free(v);
+            v = NULL;
         }
     }
-    int attempt = round_attempt(c, R);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", c->id);
     cJSON_AddStringToObject(o, "host", dt_hostname());
@@ -842,14 +837,25 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
         return dt_err_set(err, -ENOMEM, "out of memory");
     keyf(c, jk, "r%d/j/%s", R, c->id);
     keyf(c, sk, "r%d/s/%s", R, c->id);
+    keyf(c, pk, "r%d/j/", R);
+    keyf(c, spk, "r%d/s/", R);
+    int64_t cnt = 0, surv = 0;
     for (int tries = 0;; tries++) {
         /* the join record, and for a survivor of R-1 its mark (counted apart, so that the last
-         * survivor back can close the round at once), in one transaction */
-        cJSON *succ = cJSON_CreateArray();
+         * survivor back can close the round at once), then how many are in: one request */
+        cJSON *succ = cJSON_CreateArray(), *resp = NULL;
         cJSON_AddItemToArray(succ, dt_etcd_op_put(jk, rec, c->lease));
         if (prev >= 0)
             cJSON_AddItemToArray(succ, dt_etcd_op_put(sk, "1", c->lease));
-        rc = dt_etcd_txn(c->ec, NULL, succ, NULL, NULL, NULL, err);
+        cJSON_AddItemToArray(succ, dt_etcd_op_count(pk));
+        cJSON_AddItemToArray(succ, dt_etcd_op_count(spk));
+        rc = dt_etcd_txn(c->ec, NULL, succ, NULL, NULL, &resp, err);
+        if (rc == 0) {
+            int at = prev >= 0 ? 2 : 1;
+            dt_etcd_txn_range(resp, at, NULL, &cnt);
+            dt_etcd_txn_range(resp, at + 1, NULL, &surv);
+        }
+        cJSON_Delete(resp);
         if (rc != -ENOENT || tries > 0)
             break;
         /* the lease expired (this agent was cut off, or frozen, for heartbeat_timeout) before
@@ -862,18 +868,11 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
         return dt_err_prefix(err, "joining the rendezvous: ");
     c->joining = R;
     keyf(c, k, "r%d/closed", R);
-    keyf(c, pk, "r%d/j/", R);
-    keyf(c, spk, "r%d/s/", R);
     /* Who closes (as c10d): the MAX-th joiner; with every survivor of R-1 back, a survivor (the
      * last one back) or a newcomer once MIN are in; else whoever's last call (counted from its
      * own join, MIN or more in) runs out first. Each node counts once when it joins (count-only
      * ranges, O(1) answers) and then watches only r<R>/closed: a join wakes nobody, so a round
      * of N nodes costs O(N) requests, not O(N^2). */
-    int64_t cnt = 0, surv = 0;
-    if ((rc = dt_etcd_range(c->ec, pk, true, true, true, NULL, NULL, &cnt, NULL, err)) ||
-        (expect >= 0 && (rc = dt_etcd_range(c->ec, spk, true, true, true, NULL, NULL, &surv,
-                                            NULL, err))))
-        return dt_err_prefix(err, "joining the rendezvous: ");
     bool surv_back = expect < 0 || surv >= expect;
     bool can = (surv_back && cnt >= c->max) ||
                (surv_back && expect >= 0 && cnt >= c->min);

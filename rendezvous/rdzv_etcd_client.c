@@ -620,6 +620,40 @@ cJSON *dt_etcd_op_range(const char *key)
     return op;
 }
 
+cJSON *dt_etcd_op_count(const char *prefix)
+{
+    cJSON *op = cJSON_CreateObject();
+    cJSON_AddItemToObject(op, "request_range", range_body(prefix, true, true, true));
+    return op;
+}
+
+int dt_etcd_txn_range(const cJSON *resp, int i, char **val, int64_t *count)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(resp, "responses");
+    const cJSON *rr = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(rs, i),
+                                                       "response_range");
+    if (val)
+        *val = NULL;
+    if (count)
+        *count = 0;
+    if (!rr)
+        return -EPROTO;
+    if (count)
+        *count = dt_etcd_json_i64(rr, "count", 0);
+    if (val) {
+        dt_etcd_kv *kv = NULL;
+        int n = 0;
+        if (decode_kvs(rr, &kv, &n))
+            return -ENOMEM;
+        if (n > 0) {
+            *val = kv[0].value;
+            kv[0].value = NULL;
+        }
+        dt_etcd_kvs_free(kv, n);
+    }
+    return 0;
+}
+
 cJSON *dt_etcd_cmp(const char *key, const char *target, const char *result, int64_t num)
 {
     cJSON *c = cJSON_CreateObject();

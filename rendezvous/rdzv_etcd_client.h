@@ -80,6 +80,11 @@ int dt_etcd_create(dt_etcd *e, const char *key, const char *val, int64_t lease, 
 cJSON *dt_etcd_cmp(const char *key, const char *target, const char *result, int64_t num);
 cJSON *dt_etcd_op_put(const char *key, const char *val, int64_t lease);
 cJSON *dt_etcd_op_range(const char *key);
+/* A count-only range of every key with the prefix key. */
+cJSON *dt_etcd_op_count(const char *prefix);
+/* From the answer of a txn: the value of the i-th op's range (malloc'd; NULL when absent) and
+ * its count. */
+int dt_etcd_txn_range(const cJSON *resp, int i, char **val, int64_t *count);
 /* Runs a transaction (compare, success, failure are arrays, consumed). *ok: it succeeded. */
 int dt_etcd_txn(dt_etcd *e, cJSON *compare, cJSON *success, cJSON *failure, bool *ok,
                 cJSON **resp, dt_err *err);
