@@ -131,16 +131,6 @@ static int get(etcd_rdzv *c, const char *k, char **v, dt_err *err)
     return dt_etcd_get(c->ec, k, v, NULL, err);
 }
 
-static cJSON *get_json(etcd_rdzv *c, const char *k)
-{
-    char *v = NULL;
-    if (get(c, k, &v, NULL))
-        return NULL;
-    cJSON *o = cJSON_Parse(v);
-    free(v);
-    return o;
-}
-
 /* ---- heartbeat: the lease ------------------------------------------------------------------ */
 
 static void *hb_main(void *arg)
@@ -211,11 +201,10 @@ static int cluster_lost(etcd_rdzv *c, dt_err *err)
 
 /* ---- records -------------------------------------------------------------------------------- */
 
-static bool job_final(etcd_rdzv *c, dt_rdzv_status *st)
+/* A final record -> st (false when v is NULL or not JSON). */
+static bool final_status(const char *v, dt_rdzv_status *st)
 {
-    char k[KEY_MAX];
-    keyf(c, k, "final");
-    cJSON *o = get_json(c, k);
+    cJSON *o = v ? cJSON_Parse(v) : NULL;
     if (!o)
         return false;
     char kind[16];
@@ -231,6 +220,17 @@ static bool job_final(etcd_rdzv *c, dt_rdzv_status *st)
     dt_rdzv_json_str(o, "why", st->why, sizeof st->why);
     cJSON_Delete(o);
     return true;
+}
+
+static bool job_final(etcd_rdzv *c, dt_rdzv_status *st)
+{
+    char k[KEY_MAX], *v = NULL;
+    keyf(c, k, "final");
+    if (get(c, k, &v, NULL))
+        return false;
+    bool fin = final_status(v, st);
+    free(v);
+    return fin;
 }
 
 static void write_final(etcd_rdzv *c, int code, const char *kind, int node, int sig,
@@ -1083,23 +1083,51 @@ static int etcd_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *
         return rc;
 
     int R = c->round + 1;
-    keyf(c, k, "round");
-    if (get(c, k, &v, NULL) == 0) {
-        int hint = atoi(v);
-        free(v);
-        if (hint > R)
-            R = hint;
-    }
+    bool hinted = false;
     double deadline = dt_now_s() + c->o.join_timeout;
     bool announced = false;
     for (;;) {
         if (interrupted(c))
             return dt_err_set(err, -EINTR, "interrupted while joining the rendezvous");
-        if (job_final(c, st))
-            return dt_err_set(err, -ECANCELED, "the job has ended: %s", st->why);
+        /* The job's end, the last round that closed (a newcomer's hint), round R's closed and end
+         * records: one request. */
+        char fk[KEY_MAX], hk[KEY_MAX], ek[KEY_MAX], *fv = NULL, *hv = NULL, *ev = NULL;
+        cJSON *ops = cJSON_CreateArray(), *resp = NULL;
+        keyf(c, fk, "final");
+        keyf(c, hk, "round");
         keyf(c, k, "r%d/closed", R);
-        rc = get(c, k, &v, err);
+        keyf(c, ek, "r%d/end", R);
+        cJSON_AddItemToArray(ops, dt_etcd_op_range(fk));
+        cJSON_AddItemToArray(ops, dt_etcd_op_range(hk));
+        cJSON_AddItemToArray(ops, dt_etcd_op_range(k));
+        cJSON_AddItemToArray(ops, dt_etcd_op_range(ek));
+        if ((rc = dt_etcd_txn(c->ec, NULL, ops, NULL, NULL, &resp, err)))
+            return dt_err_prefix(err, "joining the rendezvous: ");
+        dt_etcd_txn_range(resp, 0, &fv, NULL);
+        dt_etcd_txn_range(resp, 1, &hv, NULL);
+        dt_etcd_txn_range(resp, 2, &v, NULL);
+        dt_etcd_txn_range(resp, 3, &ev, NULL);
+        cJSON_Delete(resp);
+        bool fin = final_status(fv, st);
+        int hint = hv ? atoi(hv) : -1;
+        free(fv);
+        free(hv);
+        if (fin) {
+            free(v);
+            free(ev);
+            return dt_err_set(err, -ECANCELED, "the job has ended: %s", st->why);
+        }
+        if (!hinted && c->round < 0 && hint > R) {
+            hinted = true; /* rounds before the last closed one are over */
+            free(v);
+            free(ev);
+            R = hint;
+            continue;
+        }
+        hinted = true;
+        rc = v ? 0 : -ENOENT;
         if (rc == -ENOENT) {
+            free(ev);
             rc = join_round(c, R, deadline, rd, st, err);
             if (rc <= 0)
                 return rc;
@@ -1110,22 +1138,25 @@ static int etcd_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *
         closed_rec ci;
         rc = closed_decode(v, &ci);
         free(v);
-        if (rc)
+        if (rc) {
+            free(ev);
             return dt_err_set(err, rc, "round %d's record in etcd is damaged", R);
+        }
         if (ci.cancelled) {
+            free(ev);
             R++;
             continue;
         }
-        keyf(c, k, "r%d/end", R);
-        rc = get(c, k, &v, err);
+        v = ev;
+        rc = v ? 0 : -ENOENT;
         if (rc == 0) {
             end_rec e;
             rc = end_decode(v, &e);
             free(v);
-            bool fin = rc == 0 && end_is_final(c, &e, ci.attempt, st);
+            bool over = rc == 0 && end_is_final(c, &e, ci.attempt, st);
             free(e.lost);
             free(ci.m);
-            if (fin)
+            if (over)
                 return dt_err_set(err, -ECANCELED, "the job has ended: %s", st->why);
             R++;
             continue;
@@ -1138,15 +1169,15 @@ static int etcd_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *
             char why[600];
             snprintf(why, sizeof why, "node %s (%s) joins the job, which runs on %d of at most %d",
                      c->local_addr, dt_hostname(), ci.n, c->max);
-            char *ev = end_encode(END_REGROUP, -1, 0, ci.n, NULL, 0, why);
+            char *rv = end_encode(END_REGROUP, -1, 0, ci.n, NULL, 0, why);
             if (!announced)
                 DT_INFO("round %d runs with %d node(s): asking it to regroup so that this node "
                         "joins",
                         R, ci.n);
             announced = true;
-            rc = ev ? create_end(c, R, ev, NULL, NULL, err)
+            rc = rv ? create_end(c, R, rv, NULL, NULL, err)
                     : dt_err_set(err, -ENOMEM, "out of memory");
-            free(ev);
+            free(rv);
             free(ci.m);
             if (rc)
                 return dt_err_prefix(err, "joining the rendezvous: ");
