@@ -131,7 +131,7 @@ typedef struct buf {
     char *p;
     size_t n, cap;
     /* watch: stop once an event arrived */
-    bool watch, created, event;
+    bool watch, created, event, connected;
 } buf;
 
 static size_t on_data(char *data, size_t size, size_t nmemb, void *arg)
@@ -208,11 +208,19 @@ static int post(dt_etcd *e, int m, const char *path, const char *body, buf *b, l
         curl_easy_setopt(e->curl, CURLOPT_SSLKEY, e->tls.key);
     CURLcode rc = curl_easy_perform(e->curl);
     curl_slist_free_all(h);
+    if (b->watch) {
+        curl_off_t up = 0;
+        curl_easy_getinfo(e->curl, CURLINFO_SIZE_UPLOAD_T, &up);
+        b->connected = up > 0; /* the request reached the member */
+    }
     if (rc == CURLE_ABORTED_BY_CALLBACK)
         return -EINTR;
     if (b->watch && (rc == CURLE_WRITE_ERROR || rc == CURLE_OPERATION_TIMEDOUT) &&
-        (b->event || b->created))
-        return 0; /* the watch ended as meant: an event, or its time with none */
+        (b->event || b->created || (rc == CURLE_OPERATION_TIMEDOUT && b->connected)))
+        /* the watch ended as meant: an event, or its time with none; also when a member that
+         * took the connection was too busy to confirm the watch in time (the caller reads the
+         * state again, with failover, before it waits any more) */
+        return 0;
     if (rc != CURLE_OK) {
         snprintf(why, cap, "%s", rc == CURLE_OPERATION_TIMEDOUT ? "no answer in time"
                                  : rc == CURLE_COULDNT_CONNECT ? "connection refused"
