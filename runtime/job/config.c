@@ -968,6 +968,12 @@ static int launch_validate(const dt_launch *l, const parse_ctx *c, const char *w
     if (check_nproc(&l->nproc_per_node, dt_nproc_format(&l->nproc_per_node, given, sizeof given),
                     why, sizeof why))
         add_error(errs, AT("elastic.nproc_per_node"), 0, "%s", why);
+    if (l->rdzv_backend != DT_RDZV_ETCD && strchr(l->rdzv_endpoint, ',') &&
+        !BAD("rendezvous.endpoint"))
+        add_error(errs, AT("rendezvous.endpoint", "rendezvous.backend"), 0,
+                  "rendezvous.endpoint: a list (%s) names the members of an etcd cluster: it is "
+                  "for --rdzv-backend=etcd; %s takes one HOST[:PORT]",
+                  l->rdzv_endpoint, dt_rdzv_backend_name(l->rdzv_backend));
     if (l->rdzv_backend != DT_RDZV_ETCD &&
         (l->rdzv_cacert[0] || l->rdzv_cert[0] || l->rdzv_key[0] || l->rdzv_user[0] ||
          l->rdzv_password_file[0]))
