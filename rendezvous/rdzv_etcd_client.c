@@ -221,10 +221,26 @@ static int post(dt_etcd *e, int m, const char *path, const char *body, buf *b, l
          * took the connection was too busy to confirm the watch in time (the caller reads the
          * state again, with failover, before it waits any more) */
         return 0;
+    bool https = !strncmp(e->url[m], "https://", 8);
+    if (rc == CURLE_SSL_CONNECT_ERROR || rc == CURLE_PEER_FAILED_VERIFICATION ||
+        rc == CURLE_SSL_CERTPROBLEM || rc == CURLE_SSL_CIPHER || rc == CURLE_SSL_CACERT_BADFILE ||
+        rc == CURLE_SSL_ENGINE_NOTFOUND || rc == CURLE_SSL_ISSUER_ERROR ||
+        rc == CURLE_SSL_CRL_BADFILE || rc == CURLE_SSL_PINNEDPUBKEYNOTMATCH) {
+        /* a member that answers but that TLS cannot agree with: no other member will differ */
+        snprintf(why, cap, "TLS with etcd member %s failed: %s (check rendezvous.cacert, cert "
+                 "and key, and that the member's certificate names this address)",
+                 e->name[m], curl_easy_strerror(rc));
+        return -EPERM;
+    }
     if (rc != CURLE_OK) {
-        snprintf(why, cap, "%s", rc == CURLE_OPERATION_TIMEDOUT ? "no answer in time"
-                                 : rc == CURLE_COULDNT_CONNECT ? "connection refused"
-                                                               : curl_easy_strerror(rc));
+        snprintf(why, cap, "%s%s", rc == CURLE_OPERATION_TIMEDOUT ? "no answer in time"
+                                   : rc == CURLE_COULDNT_CONNECT ? "connection refused"
+                                                                 : curl_easy_strerror(rc),
+                 https && (rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR ||
+                           rc == CURLE_GOT_NOTHING)
+                     ? "; over TLS this is also how a member refuses a connection without the "
+                       "client certificate it requires (rendezvous.cert and key)"
+                     : "");
         return -EAGAIN;
     }
     curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, http);
@@ -420,7 +436,7 @@ static int call(dt_etcd *e, const char *path, const cJSON *body, cJSON **resp, b
     bool again = false;
 retry:;
     char *text = cJSON_PrintUnformatted(body);
-    char why[MAX_MEMBERS][160];
+    char why[MAX_MEMBERS][400];
     memset(why, 0, sizeof why);
     if (!text)
         return dt_err_set(err, -ENOMEM, "out of memory");
@@ -443,6 +459,11 @@ retry:;
             break;
         }
         bool retry = false;
+        if (rc == -EPERM) {
+            free(b.p);
+            free(text);
+            return dt_err_set(err, -EACCES, "%s", why[m]);
+        }
         if (rc == 0)
             rc = judge(e, m, http, &b, resp, &retry, why[m], sizeof why[m], err);
         free(b.p);
@@ -470,10 +491,10 @@ retry:;
     if (rc == -EINTR)
         return dt_err_set(err, -EINTR, "interrupted");
     if (rc == -EAGAIN) {
-        char all[1200] = "";
+        char all[2000] = "";
         for (int i = 0; i < e->n; i++) {
             size_t l = strlen(all);
-            snprintf(all + l, sizeof all - l, "%s%.200s (%.150s)", i ? ", " : "", e->name[i],
+            snprintf(all + l, sizeof all - l, "%s%.200s (%.300s)", i ? ", " : "", e->name[i],
                      why[i][0] ? why[i] : "not tried");
         }
         return dt_err_set(err, -ETIMEDOUT,
@@ -493,7 +514,7 @@ int dt_etcd_call(dt_etcd *e, const char *path, const cJSON *body, cJSON **resp, 
 int dt_etcd_call_one(dt_etcd *e, int member, const char *path, const cJSON *body, cJSON **resp,
                      double timeout_s, dt_err *err)
 {
-    char why[160] = "";
+    char why[400] = "";
     char *text = cJSON_PrintUnformatted(body);
     buf b = {0};
     long http = 0;
@@ -503,6 +524,8 @@ int dt_etcd_call_one(dt_etcd *e, int member, const char *path, const cJSON *body
         return dt_err_set(err, -ENOMEM, "out of memory");
     int rc = post(e, member, path, text, &b, &http, timeout_s, why, sizeof why);
     free(text);
+    if (rc == -EPERM)
+        return dt_err_set(err, -EACCES, "%s", why);
     if (rc == 0)
         rc = judge(e, member, http, &b, resp, &retry, why, sizeof why, err);
     free(b.p);

@@ -534,6 +534,109 @@ static void test_spare_takes_slot(void)
     cluster_stop(&ec);
 }
 
+/* (11) Too few nodes: one agent of --nnodes=2 ends after the join timeout with exit 1 and says
+ * why. */
+static void test_too_few_nodes(void)
+{
+    skip_without_etcd();
+    etcd_cluster ec;
+    cluster_start(&ec, 1);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    double t0 = dt_test_now();
+    start_agent(&g, 0, ec.endpoints, "few", "2",
+                "heartbeat_interval=0.3,heartbeat_timeout=6,join_timeout=3,last_call_timeout=1",
+                "exit 0");
+    dt_test_group_wait(&g, 30 * dt_test_timeout_scale());
+    double took = dt_test_now() - t0;
+    DT_CHECK_INT(g.code[0], 1);
+    DT_CHECK(took >= 3 && took < 15 * dt_test_timeout_scale());
+    DT_CHECK(dt_test_count_text(g.out[0], "round 0 did not form: 1 node(s) joined within the "
+                                          "join timeout (3 s) and MIN is 2") == 1);
+    if (g.code[0] != 1 || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
+/* Runs an openssl command line in dir; false when it fails. */
+static bool openssl(const char *dir, const char *args)
+{
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd, "cd %s && openssl %s", dir, args);
+    int rc = dt_test_run(cmd, &out, 30);
+    if (rc != 0)
+        fprintf(stderr, "openssl %s: %s\n", args, out ? out : "");
+    free(out);
+    return rc == 0;
+}
+
+/* (12) TLS with client certificates: one etcd member on https://127.0.0.1 that requires a client
+ * certificate signed by a CA made here; agents given cacert, cert and key (--rdzv-conf) form a
+ * round; one given only the CA is refused (the member wants its certificate). */
+static void test_tls_client_cert(void)
+{
+    skip_without_etcd();
+    char *where = NULL;
+    if (dt_test_run("command -v openssl", &where, 10) != 0) {
+        free(where);
+        DT_SKIP("openssl is not on the PATH (needed to make the test's certificates)");
+    }
+    free(where);
+    const char *d = TMP;
+    char ext[1024];
+    snprintf(ext, sizeof ext, "%s/ext", d);
+    DT_REQUIRE(dt_test_write_file(ext, "subjectAltName=IP:127.0.0.1\n"
+                                       "extendedKeyUsage=serverAuth,clientAuth\n") == 0);
+    DT_REQUIRE(openssl(d, "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 "
+                          "-subj /CN=dtrain-test-ca 2>&1"));
+    DT_REQUIRE(openssl(d, "req -newkey rsa:2048 -nodes -keyout node.key -out node.csr "
+                          "-subj /CN=127.0.0.1 2>&1"));
+    DT_REQUIRE(openssl(d, "x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+                          "-out node.pem -days 1 -extfile ext 2>&1"));
+    etcd_cluster ec;
+    memset(&ec, 0, sizeof ec);
+    dt_err e = {0};
+    ec.n = 1;
+    DT_REQUIRE_OK(dt_rdzv_free_port(&ec.client[0], &e), &e);
+    DT_REQUIRE_OK(dt_rdzv_free_port(&ec.peer[0], &e), &e);
+    live_cluster = &ec;
+    atexit(at_exit_stop);
+    char line[4096], out[1024];
+    snprintf(out, sizeof out, "%s/etcd-tls.log", d);
+    snprintf(line, sizeof line,
+             "etcd --name m0 --data-dir %s/etcd-tls --listen-client-urls https://127.0.0.1:%d "
+             "--advertise-client-urls https://127.0.0.1:%d --listen-peer-urls "
+             "http://127.0.0.1:%d --initial-advertise-peer-urls http://127.0.0.1:%d "
+             "--initial-cluster m0=http://127.0.0.1:%d --cert-file %s/node.pem --key-file "
+             "%s/node.key --client-cert-auth --trusted-ca-file %s/ca.pem",
+             d, ec.client[0], ec.client[0], ec.peer[0], ec.peer[0], ec.peer[0], d, d, d);
+    ec.pid[0] = dt_test_spawn(line, out);
+    DT_REQUIRE(dt_test_wait_text(out, "ready to serve client requests", 1,
+                                 20 * dt_test_timeout_scale()));
+    char eps[128], conf[4096];
+    snprintf(eps, sizeof eps, "https://127.0.0.1:%d", ec.client[0]);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    snprintf(conf, sizeof conf, "%s,cacert=%s/ca.pem,cert=%s/node.pem,key=%s/node.key", CONF, d,
+             d, d);
+    for (int k = 0; k < 2; k++)
+        start_agent(&g, k, eps, "tls", "2", conf, "exit 0");
+    snprintf(conf, sizeof conf, "%s,cacert=%s/ca.pem,join_timeout=3", CONF, d);
+    start_agent(&g, 2, eps, "tls", "2", conf, "exit 0");
+    dt_test_group_wait(&g, 40 * dt_test_timeout_scale());
+    DT_CHECK_INT(g.code[0], 0);
+    DT_CHECK_INT(g.code[1], 0);
+    DT_CHECK_INT(dt_test_count_text(g.out[0], "world=2 groups=2"), 1);
+    DT_CHECK_INT(g.code[2], 1);
+    DT_CHECK(dt_test_count_text(g.out[2], eps + 8) >= 1); /* names the member */
+    DT_CHECK(dt_test_count_text(g.out[2], "client certificate") >= 1);
+    if (g.code[0] || g.code[1] || g.code[2] != 1 || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
 /* ---- an endpoint that is not etcd ---------------------------------------------------------- */
 
 static void *http_server(void *arg)
@@ -590,6 +693,8 @@ static const dt_test tests[] = {
     {"sigterm_one_agent", test_sigterm_one_agent, 90},
     {"frozen_agent_rejoins", test_frozen_agent_rejoins, 120},
     {"spare_takes_slot", test_spare_takes_slot, 120},
+    {"too_few_nodes", test_too_few_nodes, 60},
+    {"tls_client_cert", test_tls_client_cert, 90},
     {"auth", test_auth, 90},
     {"not_etcd", test_not_etcd, 60},
 };
