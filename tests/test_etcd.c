@@ -637,6 +637,25 @@ static void test_tls_client_cert(void)
     cluster_stop(&ec);
 }
 
+/* (13) `dtrain bench rdzv --backend etcd` starts its own member, forms a round of 8 simulated
+ * agents, recovers from one's death and prints the figures. */
+static void test_bench_rdzv_etcd(void)
+{
+    skip_without_etcd();
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "TMPDIR=%s %s bench rdzv --backend etcd --nodes 8 --hb-interval 0.3 --hb-timeout 3 "
+             "--poll 0.1 2>&1",
+             TMP, BIN);
+    int rc = dt_test_run(cmd, &out, (int)(60 * dt_test_timeout_scale()));
+    DT_CHECK_INT(rc, 0);
+    DT_CHECK_CONTAINS(out, "etcd rendezvous");
+    DT_CHECK_CONTAINS(out, "(started here)");
+    DT_CHECK_CONTAINS(out, "recovery_s");
+    DT_CHECK_CONTAINS(out, "\n      8 ");
+    free(out);
+}
+
 /* ---- an endpoint that is not etcd ---------------------------------------------------------- */
 
 static void *http_server(void *arg)
@@ -696,6 +715,7 @@ static const dt_test tests[] = {
     {"too_few_nodes", test_too_few_nodes, 60},
     {"tls_client_cert", test_tls_client_cert, 90},
     {"auth", test_auth, 90},
+    {"bench_rdzv_etcd", test_bench_rdzv_etcd, 90},
     {"not_etcd", test_not_etcd, 60},
 };
 
