@@ -16,7 +16,9 @@
  *   round         the last round that closed (a hint for newcomers)
  *   a/<id>        this agent is alive (lease)
  *   r<R>/j/<id>   join record {id, host, addr, nproc, prev} (lease); its create_revision is
- *                 the join order
+ *                 the join order; its presence is the node's liveness in round R
+ *   r<R>/s/<id>   "1" (lease): the joiner is a survivor of R-1 (counted, to close at once when
+ *                 every survivor is back)
  *   r<R>/closed   {n, attempt, world, members: [[id, nproc, host, addr], ...] in group rank
  *                 order}, or {"final":1} when the round was cancelled before it formed
  *   r<R>/host     {master_addr, master_port, store_addr, store_port}: written by group rank 0,
@@ -30,10 +32,12 @@
  *            (mod_revision == the one read), together with this agent's a/<id>, so that an
  *            instance is never seen without a live agent;
  *   conf     create (create_revision == 0), else read the job's;
+ *   join     one txn: put j/<id> (and s/<id>), then count j/ and s/ (count-only ranges);
  *   close    create r<R>/closed (create_revision == 0) together with "round"; the members are
- *            read from the j/ records (one range) by whoever sees the round complete: MAX in
- *            (every survivor back), MIN in with every survivor back, or MIN in and the last
- *            call over (on that node's clock);
+ *            read from the j/ records (one range) by whoever sees the round complete from the
+ *            counts of its join: MAX in (every survivor back), MIN in with every survivor
+ *            back, or MIN in and the last call over (on that node's clock); waiters watch only
+ *            r<R>/closed, so a join wakes nobody;
  *   end      create r<R>/end; final likewise, written only by the winner of an end (or of a
  *            cancel), so a stale node's writes are never read.
  * Agents wait on watches (/v3/watch from the revision they last read) instead of polling.
