@@ -18,7 +18,7 @@
 
 BUILD   := build
 CC      ?= cc
-PKGS    := libuv libcjson inih openblas
+PKGS    := libuv libcjson inih openblas libcurl
 VERSION := 0.1.0
 
 .DEFAULT_GOAL := all

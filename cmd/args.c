@@ -28,7 +28,7 @@ static const opt opts[] = {
     {"master-addr", 0, "rendezvous.master_addr", true, G_NODES, NULL, "HOST"},
     {"master-port", 0, "rendezvous.master_port", true, G_NODES, NULL, "PORT"},
     {"local-addr", 0, "rendezvous.local_addr", true, G_NODES, NULL, "HOST"},
-    {"rdzv-backend", 0, "rendezvous.backend", true, G_RDZV, NULL, "static|c10d"},
+    {"rdzv-backend", 0, "rendezvous.backend", true, G_RDZV, NULL, "static|c10d|etcd"},
     {"rdzv-endpoint", 0, "rendezvous.endpoint", true, G_RDZV, NULL, "HOST[:PORT]"},
     {"rdzv-id", 0, "rendezvous.id", true, G_RDZV, NULL, "ID"},
     {"rdzv-conf", 0, "rendezvous.conf", true, G_RDZV, NULL, "K=V,..."},

@@ -3,6 +3,13 @@
  *
  *   dtrain bench rdzv [--nodes N]... [--hb-interval S] [--hb-timeout S] [--poll S]
  *                     [--last-call S] [--kill-rank G] [--json]
+ *                     [--backend c10d|etcd] [--endpoints H:P,...] [--etcd-members 1|3]
+ *
+ * --backend etcd: the agents run the etcd rendezvous (rdzv_etcd.c) against the etcd members at
+ * --endpoints, or, without it, against --etcd-members (default 1) etcd processes this command
+ * starts on 127.0.0.1 (free ports, a temporary data directory; `etcd` must be on the PATH) and
+ * kills at the end. Each agent then holds two HTTP connections (its own and its heartbeat
+ * thread's) instead of two store connections.
  *
  * Each simulated agent is a thread running the real c10d rendezvous (rendezvous/rdzv.h) with
  * its own store connections and heartbeat thread, against one store server in this process
@@ -28,14 +35,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cmd/cmd.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/rdzv.h"
+#include "rendezvous/rdzv_etcd_client.h"
 #include "rendezvous/store_server.h"
 
 #define MAX_SIZES 16
@@ -57,6 +67,8 @@ typedef struct node {
 
 struct bench {
     int n, port, kill_rank;
+    const char *backend;     /* "c10d" or "etcd" */
+    char endpoints[1024];    /* etcd: the members */
     double hb_interval, hb_timeout, poll, last_call;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -97,11 +109,12 @@ static void *node_main(void *arg)
      * is per thread on Linux and inherited by the heartbeat thread the rendezvous starts). */
     setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
     memset(&o, 0, sizeof o);
-    dt_strlcpy(o.backend, "c10d", sizeof o.backend);
+    dt_strlcpy(o.backend, b->backend, sizeof o.backend);
     snprintf(o.nnodes, sizeof o.nnodes, "1:%d", b->n);
     dt_strlcpy(o.endpoint_host, "127.0.0.1", sizeof o.endpoint_host);
     o.endpoint_port = b->port;
-    dt_strlcpy(o.run_id, "bench", sizeof o.run_id);
+    dt_strlcpy(o.endpoints, b->endpoints, sizeof o.endpoints);
+    snprintf(o.run_id, sizeof o.run_id, "bench-%d-%d", b->n, (int)getpid());
     dt_strlcpy(o.local_addr, "127.0.0.1", sizeof o.local_addr);
     o.local_world_size = 8;
     o.max_restarts = 3;
@@ -231,11 +244,11 @@ static void run_size(bench *b, result *r)
     so.host = "127.0.0.1";
     so.port = 0;
     so.max_connections = (size_t)4 * (size_t)b->n + 64;
-    if (dt_store_server_start(&srv, &so, &e)) {
+    if (strcmp(b->backend, "etcd") && dt_store_server_start(&srv, &so, &e)) {
         snprintf(r->why, sizeof r->why, "store: %.900s", e.msg);
         return;
     }
-    b->port = dt_store_server_port(srv);
+    b->port = srv ? dt_store_server_port(srv) : 0;
     b->nodes = calloc((size_t)b->n, sizeof *b->nodes);
     if (!b->nodes) {
         snprintf(r->why, sizeof r->why, "out of memory");
@@ -339,6 +352,97 @@ done:
     dt_store_server_stop(srv);
 }
 
+/* ---- etcd members started here -------------------------------------------------------- */
+
+#define ETCD_MAX 3
+static pid_t etcd_pid[ETCD_MAX];
+static char etcd_dir[256];
+
+static void etcd_stop(void)
+{
+    for (int i = 0; i < ETCD_MAX; i++)
+        if (etcd_pid[i] > 0) {
+            kill(etcd_pid[i], SIGKILL);
+            waitpid(etcd_pid[i], NULL, 0);
+            etcd_pid[i] = 0;
+        }
+    if (etcd_dir[0]) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", etcd_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "dtrain bench rdzv: could not remove %s\n", etcd_dir);
+        etcd_dir[0] = '\0';
+    }
+}
+
+/* Starts m members on 127.0.0.1 (free ports) and waits (20 s at most) until they answer with a
+ * leader; fills endpoints. */
+static int etcd_start(int m, char *endpoints, size_t cap, dt_err *err)
+{
+    int client[ETCD_MAX], peer[ETCD_MAX], rc;
+    char initial[512] = "";
+    snprintf(etcd_dir, sizeof etcd_dir, "%s/dtrain-bench-etcd-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(etcd_dir)) {
+        etcd_dir[0] = '\0';
+        return dt_err_set(err, -errno, "mkdtemp: %s", strerror(errno));
+    }
+    endpoints[0] = '\0';
+    for (int i = 0; i < m; i++) {
+        if ((rc = dt_rdzv_free_port(&client[i], err)) || (rc = dt_rdzv_free_port(&peer[i], err)))
+            return rc;
+        snprintf(initial + strlen(initial), sizeof initial - strlen(initial),
+                 "%sm%d=http://127.0.0.1:%d", i ? "," : "", i, peer[i]);
+        snprintf(endpoints + strlen(endpoints), cap - strlen(endpoints), "%s127.0.0.1:%d",
+                 i ? "," : "", client[i]);
+    }
+    for (int i = 0; i < m; i++) {
+        char a[8][256], log[300];
+        snprintf(a[0], sizeof a[0], "m%d", i);
+        snprintf(a[1], sizeof a[1], "%.200s/m%d", etcd_dir, i);
+        snprintf(a[2], sizeof a[2], "http://127.0.0.1:%d", client[i]);
+        snprintf(a[3], sizeof a[3], "http://127.0.0.1:%d", peer[i]);
+        snprintf(log, sizeof log, "%.200s/m%d.log", etcd_dir, i);
+        pid_t pid = fork();
+        if (pid < 0)
+            return dt_err_set(err, -errno, "fork: %s", strerror(errno));
+        if (pid == 0) {
+            FILE *f = freopen(log, "w", stdout);
+            (void)f;
+            dup2(1, 2);
+            execlp("etcd", "etcd", "--name", a[0], "--data-dir", a[1], "--listen-client-urls",
+                   a[2], "--advertise-client-urls", a[2], "--listen-peer-urls", a[3],
+                   "--initial-advertise-peer-urls", a[3], "--initial-cluster", initial,
+                   "--initial-cluster-state", "new", "--max-txn-ops", "1024", (char *)NULL);
+            _exit(127);
+        }
+        etcd_pid[i] = pid;
+    }
+    double deadline = dt_now_s() + 20;
+    for (;;) {
+        dt_etcd *ec = NULL;
+        char *v = NULL;
+        bool ok = dt_etcd_open(&ec, endpoints, 1, NULL, NULL) == 0;
+        int grc = ok ? dt_etcd_get(ec, "dtrain-bench", &v, NULL, NULL) : -1;
+        ok = grc == 0 || grc == -ENOENT; /* a linearizable read: there is a leader */
+        free(v);
+        dt_etcd_free(ec);
+        if (ok)
+            return 0;
+        for (int i = 0; i < m; i++)
+            if (waitpid(etcd_pid[i], NULL, WNOHANG) == etcd_pid[i]) {
+                etcd_pid[i] = 0;
+                return dt_err_set(err, -ECHILD,
+                                  "etcd exited at start (is etcd on the PATH? see %s/m%d.log)",
+                                  etcd_dir, i);
+            }
+        if (dt_now_s() >= deadline)
+            return dt_err_set(err, -ETIMEDOUT, "etcd did not answer within 20 s (see %s)",
+                              etcd_dir);
+        dt_sleep_ms(100);
+    }
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -353,14 +457,19 @@ static void usage(FILE *f)
             "  --poll S         how often each agent checks its round (0.25)\n"
             "  --last-call S    last-call window (60: rounds close on MAX or returning survivors)\n"
             "  --kill-rank G    group rank of the node that dies (default N/2)\n"
-            "  --json           one JSON object per size instead of the table\n");
+            "  --json           one JSON object per size instead of the table\n"
+            "  --backend B      c10d (default: one in-process store) or etcd\n"
+            "  --endpoints L    etcd: the members, HOST:PORT,... (default: start them here)\n"
+            "  --etcd-members M etcd: how many members to start on 127.0.0.1 (1 or 3; default 1;\n"
+            "                   `etcd` on the PATH)\n");
 }
 
 int dt_bench_rdzv(int argc, char **argv)
 {
-    int sizes[MAX_SIZES], ns = 0, json = 0;
+    int sizes[MAX_SIZES], ns = 0, json = 0, members = 0;
     bench b;
     memset(&b, 0, sizeof b);
+    b.backend = "c10d";
     b.hb_interval = 0.5;
     b.hb_timeout = 2;
     b.poll = 0.25;
@@ -379,6 +488,16 @@ int dt_bench_rdzv(int argc, char **argv)
         } else if (!strcmp(a, "--nodes") && v && dt_parse_int(v, &n) == 0 && n >= 1 &&
                    ns < MAX_SIZES) {
             sizes[ns++] = n;
+            i++;
+        } else if (!strcmp(a, "--backend") && v && (!strcmp(v, "c10d") || !strcmp(v, "etcd"))) {
+            b.backend = !strcmp(v, "etcd") ? "etcd" : "c10d";
+            i++;
+        } else if (!strcmp(a, "--endpoints") && v) {
+            dt_strlcpy(b.endpoints, v, sizeof b.endpoints);
+            i++;
+        } else if (!strcmp(a, "--etcd-members") && v && dt_parse_int(v, &n) == 0 &&
+                   (n == 1 || n == 3)) {
+            members = n;
             i++;
         } else if (!strcmp(a, "--kill-rank") && v && dt_parse_int(v, &n) == 0) {
             b.kill_rank = n;
@@ -410,6 +529,26 @@ int dt_bench_rdzv(int argc, char **argv)
         sizes[ns++] = 1024;
         sizes[ns++] = 4096;
     }
+    bool etcd = !strcmp(b.backend, "etcd");
+    if (!etcd && (b.endpoints[0] || members)) {
+        fprintf(stderr, "dtrain bench rdzv: --endpoints and --etcd-members are for --backend "
+                        "etcd\n");
+        return 2;
+    }
+    if (etcd && b.endpoints[0] && members) {
+        fprintf(stderr, "dtrain bench rdzv: --endpoints (members running) or --etcd-members "
+                        "(members started here), not both\n");
+        return 2;
+    }
+    if (etcd && !b.endpoints[0]) {
+        dt_err e = {0};
+        if (etcd_start(members ? members : 1, b.endpoints, sizeof b.endpoints, &e)) {
+            fprintf(stderr, "dtrain bench rdzv: cannot start etcd: %s\n", e.msg);
+            etcd_stop();
+            return 1;
+        }
+        atexit(etcd_stop); /* the return below, and the exit of a size that stops */
+    }
     pthread_mutex_init(&b.mu, NULL);
     pthread_cond_init(&b.cv, NULL);
     if (dt_log_level == DT_LOG_INFO && !getenv("DTRAIN_LOG"))
@@ -428,8 +567,14 @@ int dt_bench_rdzv(int argc, char **argv)
 
     int code = 0;
     if (!json) {
-        printf("dtrain bench rdzv: c10d rendezvous, N simulated agents (threads at nice 10, 2 store "
-               "connections and a heartbeat thread each) on one in-process store (nice 0)\n");
+        if (etcd)
+            printf("dtrain bench rdzv: etcd rendezvous, N simulated agents (threads at nice 10, 2 "
+                   "HTTP connections and a heartbeat thread each) on etcd at %s%s\n",
+                   b.endpoints, etcd_pid[0] ? " (started here)" : "");
+        else
+            printf("dtrain bench rdzv: c10d rendezvous, N simulated agents (threads at nice 10, 2 "
+                   "store connections and a heartbeat thread each) on one in-process store (nice "
+                   "0)\n");
         printf("heartbeat %g s, timeout %g s; poll %g s; last call %g s; file descriptors %llu, "
                "threads (RLIMIT_NPROC) %llu\n\n",
                b.hb_interval, b.hb_timeout, b.poll, b.last_call, (unsigned long long)rl.rlim_cur,

@@ -9,10 +9,12 @@
 
 #include "rendezvous/rdzv_backend.h"
 #include "rendezvous/rdzv_c10d.h"
+#include "rendezvous/rdzv_etcd.h"
 #include "rendezvous/rdzv_static.h"
 
 /* Every backend, in the order the error message lists them. */
-static const dt_rdzv_ops *const backends[] = {&dt_rdzv_static_ops, &dt_rdzv_c10d_ops};
+static const dt_rdzv_ops *const backends[] = {&dt_rdzv_static_ops, &dt_rdzv_c10d_ops,
+                                                  &dt_rdzv_etcd_ops};
 
 struct dt_rdzv {
     const dt_rdzv_ops *ops; /* the chosen backend */

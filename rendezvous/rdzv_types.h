@@ -13,11 +13,17 @@
 
 /* The agent fills this from its launcher settings (rendezvous/ knows nothing of runtime/). */
 typedef struct dt_rdzv_opts {
-    char backend[32];              /* "static" or "c10d" (rdzv.c lists the backends) */
+    char backend[32];              /* "static", "c10d" or "etcd" (rdzv.c lists the backends) */
     char nnodes[32];               /* "N" (static), or "MIN:MAX" (c10d) */
     int node_rank;                 /* static: this node's rank, 0 <= node_rank < N */
     char endpoint_host[DT_RDZV_STR]; /* the store's host as every node reaches it */
     int endpoint_port;             /* the store's port; 0 = any free port (one node only) */
+    char endpoints[1024];          /* etcd: --rdzv-endpoint as given (HOST:PORT,HOST:PORT,...) */
+    char cacert[DT_RDZV_STR];      /* etcd: TLS CA file, client certificate and key, user and */
+    char cert[DT_RDZV_STR];        /* password file ("" = not used) */
+    char key[DT_RDZV_STR];
+    char user[DT_RDZV_STR];
+    char password_file[DT_RDZV_STR];
     char run_id[DT_RDZV_STR];      /* --rdzv-id; "none" or "" = node 0 makes a fresh one */
     char local_addr[DT_RDZV_STR];  /* this node's address for others; "" = the route to node 0 */
     int local_world_size;          /* workers this node runs (--nproc-per-node resolved) */

@@ -1,14 +1,15 @@
 #!/bin/sh
 # install-deps.sh - installs what dtrain needs to build on Debian: a C compiler and make
-# (build-essential), pkg-config, and the libraries it builds against.
+# (build-essential), pkg-config, the libraries it builds against, and etcd (etcd-server: the
+# etcd rendezvous backend's tests start a three-member cluster on 127.0.0.1).
 # Run by `make deps`, and by `make`, `make test` and `make run` when a pkg-config check fails;
 # on a fresh machine run it directly first, as root (`scripts/install-deps.sh` in a root shell,
 # or `sudo scripts/install-deps.sh` where sudo exists; minimal Debian has no sudo): make itself
 # may be missing. As root it installs with apt-get (no sudo needed); otherwise it prints the
 # exact command (with sudo when sudo is installed, else for a root shell) and fails.
 set -eu
-libs="libuv1-dev libcjson-dev libinih-dev libopenblas-dev"
-pkgs="build-essential pkg-config $libs"
+libs="libuv1-dev libcjson-dev libinih-dev libopenblas-dev libcurl4-openssl-dev"
+pkgs="build-essential pkg-config $libs etcd-server"
 case "${1:-}" in
     -h|--help)
         echo "usage: scripts/install-deps.sh   (installs: $pkgs)"
@@ -19,6 +20,7 @@ missing=""
 { command -v make >/dev/null 2>&1 && { command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; }; } ||
     missing=" build-essential"
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
+command -v etcd >/dev/null 2>&1 || missing="$missing etcd-server"
 for p in $libs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done

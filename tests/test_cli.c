@@ -61,8 +61,8 @@ static void test_bad_flags_exit_2_with_suggestion(void)
     DT_CHECK_CONTAINS(out, "MIN:MAX");
     DT_CHECK_INT(run("--nproc-per-node=lots configs/quickstart.ini"), 2);
     DT_CHECK_CONTAINS(out, "auto, cpu or gpu");
-    DT_CHECK_INT(run("--rdzv-backend=etcd configs/quickstart.ini"), 2);
-    DT_CHECK_CONTAINS(out, "static|c10d");
+    DT_CHECK_INT(run("--rdzv-backend=zookeeper configs/quickstart.ini"), 2);
+    DT_CHECK_CONTAINS(out, "static|c10d|etcd");
     DT_CHECK_INT(run("--master-port=70000 configs/quickstart.ini"), 2);
     DT_CHECK_CONTAINS(out, "--master-port");
     DT_CHECK_INT(run("--monitor-interval=soon configs/quickstart.ini"), 2);
@@ -434,7 +434,7 @@ static void test_args_parser_unit(void)
         {{"--nnodes=0", "j.ini"}, "--nnodes: "},
         {{"--master-port", "70000", "j.ini"}, "--master-port: 70000 is out of range"},
         {{"-r", "9", "j.ini"}, "-r/--redirects: "},
-        {{"--rdzv-backend=etcd", "j.ini"}, "--rdzv-backend: \"etcd\" is not one of static|c10d"},
+        {{"--rdzv-backend=zookeeper", "j.ini"}, "--rdzv-backend: \"zookeeper\" is not one of static|c10d|etcd"},
         {{"--rdzv-endpoint=h:x", "j.ini"}, "--rdzv-endpoint: endpoint \"h:x\""},
         {{"--rdzv-conf=bogus=1", "j.ini"}, "--rdzv-conf: unknown key \"bogus\""},
         {{"--standalone=maybe", "j.ini"}, "--standalone takes no value (or true/false)"},

@@ -352,7 +352,8 @@ static void test_slurm(void)
 /* ---- install-deps.sh ------------------------------------------------------------------ */
 
 /* A PATH of stand-ins: dpkg-query reports the packages in $INSTALLED as installed, id says
- * uid 1000 (not root), grep is the real one; make, cc and pkg-config only when asked for. */
+ * uid 1000 (not root), grep is the real one; make, cc, pkg-config and etcd only when asked
+ * for. */
 static const char *deps_path(const char *name, bool tools)
 {
     static char dir[PATH_MAX];
@@ -377,7 +378,7 @@ static const char *deps_path(const char *name, bool tools)
         DT_REQUIRE(symlink(where, path) == 0);
         free(where);
     }
-    const char *tool[] = {"make", "cc", "pkg-config"};
+    const char *tool[] = {"make", "cc", "pkg-config", "etcd"};
     for (size_t i = 0; tools && i < DT_ARRAY_LEN(tool); i++) {
         snprintf(path, sizeof path, "%s/%s", dir, tool[i]);
         write_exec(path, "#!/bin/sh\nexit 0\n");
@@ -389,37 +390,38 @@ static void test_install_deps(void)
 {
     find_root();
     char *out = NULL;
-    const char *all = "libuv1-dev libcjson-dev libinih-dev libopenblas-dev";
+    const char *all = "libuv1-dev libcjson-dev libinih-dev libopenblas-dev libcurl4-openssl-dev";
     const char *p = deps_path("deps-all", true);
     DT_CHECK_INT(runf(&out, 20, "INSTALLED='%s' PATH=%s /bin/sh %s/scripts/install-deps.sh", all, p,
                       root),
                  0);
     DT_CHECK_CONTAINS(out, "install-deps: all present: build-essential pkg-config libuv1-dev");
     free(out);
-    /* A fresh machine: no compiler, make or pkg-config, one library missing. */
+    /* A fresh machine: no compiler, make, pkg-config or etcd, one library missing. */
     p = deps_path("deps-fresh", false);
     DT_CHECK_INT(runf(&out, 20,
-                      "INSTALLED='libuv1-dev libcjson-dev libopenblas-dev' PATH=%s /bin/sh "
-                      "%s/scripts/install-deps.sh",
+                      "INSTALLED='libuv1-dev libcjson-dev libopenblas-dev libcurl4-openssl-dev' "
+                      "PATH=%s /bin/sh %s/scripts/install-deps.sh",
                       p, root),
                  1);
-    DT_CHECK_CONTAINS(out, "install-deps: missing: build-essential pkg-config libinih-dev");
+    DT_CHECK_CONTAINS(out, "install-deps: missing: build-essential pkg-config etcd-server "
+                           "libinih-dev");
     /* No sudo on this PATH (minimal Debian): the command is for a root shell. */
     DT_CHECK_CONTAINS(out, "(and no sudo here)");
     DT_CHECK_CONTAINS(out, "\n    apt-get update && apt-get install -y build-essential "
-                           "pkg-config libinih-dev\n");
+                           "pkg-config etcd-server libinih-dev\n");
     free(out);
     /* With sudo installed: the sudo form. */
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/sudo", p);
     write_exec(path, "#!/bin/sh\nexit 1\n");
     DT_CHECK_INT(runf(&out, 20,
-                      "INSTALLED='libuv1-dev libcjson-dev libopenblas-dev' PATH=%s /bin/sh "
-                      "%s/scripts/install-deps.sh",
+                      "INSTALLED='libuv1-dev libcjson-dev libopenblas-dev libcurl4-openssl-dev' "
+                      "PATH=%s /bin/sh %s/scripts/install-deps.sh",
                       p, root),
                  1);
     DT_CHECK_CONTAINS(out, "    sudo apt-get update && sudo apt-get install -y build-essential "
-                           "pkg-config libinih-dev\n");
+                           "pkg-config etcd-server libinih-dev\n");
     free(out);
     /* As root with no sudo anywhere: apt-get directly (a stand-in that logs its arguments). */
     p = deps_path("deps-root", false);
@@ -429,14 +431,15 @@ static void test_install_deps(void)
     write_exec(path, "#!/bin/sh\necho \"apt-get $*\" >> \"$APT_LOG\"\n");
     DT_CHECK_INT(runf(&out, 20,
                       "APT_LOG=%s/apt.log INSTALLED='libuv1-dev libcjson-dev libopenblas-dev "
-                      "libinih-dev' PATH=%s /bin/sh %s/scripts/install-deps.sh",
+                      "libinih-dev libcurl4-openssl-dev' PATH=%s /bin/sh %s/scripts/install-deps.sh",
                       p, p, root),
                  0);
-    DT_CHECK_CONTAINS(out, "install-deps: installed: build-essential pkg-config\n");
+    DT_CHECK_CONTAINS(out, "install-deps: installed: build-essential pkg-config etcd-server\n");
     free(out);
     snprintf(path, sizeof path, "%s/apt.log", p);
     char *log = dt_test_slurp(path);
-    DT_CHECK_CONTAINS(log, "apt-get update -qq\napt-get install -y -qq build-essential pkg-config\n");
+    DT_CHECK_CONTAINS(log, "apt-get update -qq\napt-get install -y -qq build-essential pkg-config "
+                           "etcd-server\n");
     free(log);
     DT_CHECK_INT(runf(&out, 20, "/bin/sh %s/scripts/install-deps.sh --help", root), 0);
     DT_CHECK_CONTAINS(out, "build-essential");

@@ -38,7 +38,7 @@ static const char *const recompute_names[] = {"none", "block", "selective", NULL
 static const char *const comm_backend_names[] = {"auto", "cpu", "nccl", NULL};
 static const char *const compress_names[] = {"none", "bf16", "fp16", NULL};
 static const char *const resume_names[] = {"auto", "never", "path", NULL};
-static const char *const rdzv_backend_names[] = {"static", "c10d", NULL};
+static const char *const rdzv_backend_names[] = {"static", "c10d", "etcd", NULL};
 
 static const char *name_of(const char *const *names, int v)
 {
@@ -184,10 +184,10 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"elastic", "tee", DT_CFG_STR, L(tee), "0", 0, 0, NULL, false, "like redirects, but also to the console"},
     {"elastic", "local_ranks_filter", DT_CFG_STR, L(local_ranks_filter), "", 0, 0, NULL, false, "local ranks whose output reaches the console, e.g. 0,2"},
     /* [rendezvous] */
-    {"rendezvous", "backend", DT_CFG_ENUM, L(rdzv_backend), "static", 0, 0, rdzv_backend_names, false, "static: fixed nodes and node ranks; c10d: elastic"},
-    {"rendezvous", "endpoint", DT_CFG_STR, L(rdzv_endpoint), "", 0, 0, NULL, false, "HOST[:PORT] of the store"},
+    {"rendezvous", "backend", DT_CFG_ENUM, L(rdzv_backend), "static", 0, 0, rdzv_backend_names, false, "static: fixed nodes and node ranks; c10d: elastic; etcd: elastic on an etcd cluster"},
+    {"rendezvous", "endpoint", DT_CFG_STR, L(rdzv_endpoint), "", 0, 0, NULL, false, "HOST[:PORT] of the store (etcd: HOST:PORT,HOST:PORT,... of the etcd members)"},
     {"rendezvous", "id", DT_CFG_STR, L(rdzv_id), "none", 0, 0, NULL, false, "run id shared by every node of a job"},
-    {"rendezvous", "conf", DT_CFG_STR, L(rdzv_conf), "", 0, 0, NULL, false, "extra k=v,... (join_timeout or timeout, last_call_timeout, close_timeout, heartbeat_interval or keep_alive_interval, heartbeat_timeout, keep_alive_max_attempt, read_timeout, is_host); folded into these keys where it is set"},
+    {"rendezvous", "conf", DT_CFG_STR, L(rdzv_conf), "", 0, 0, NULL, false, "extra k=v,... (join_timeout or timeout, last_call_timeout, close_timeout, heartbeat_interval or keep_alive_interval, heartbeat_timeout, keep_alive_max_attempt, read_timeout, is_host; etcd: cacert, cert, key, user, password_file); folded into these keys where it is set"},
     {"rendezvous", "join_timeout", DT_CFG_DURATION, L(join_timeout), "600", 0.001, 1e7, NULL, false, "seconds to wait for enough nodes to join"},
     {"rendezvous", "last_call_timeout", DT_CFG_DURATION, L(last_call_timeout), "30", 0, 1e7, NULL, false, "seconds a round stays open after MIN nodes joined"},
     {"rendezvous", "close_timeout", DT_CFG_DURATION, L(close_timeout), "60", 0.001, 1e7, NULL, false, "seconds the store host waits for others to see the end of a job"},
@@ -195,6 +195,11 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"rendezvous", "heartbeat_interval", DT_CFG_DURATION, L(heartbeat_interval), "5", 0.001, 1e6, NULL, false, "seconds between agent heartbeats"},
     {"rendezvous", "heartbeat_timeout", DT_CFG_DURATION, L(heartbeat_timeout), "30", 0.001, 1e7, NULL, false, "seconds without a heartbeat before a node is declared dead"},
     {"rendezvous", "is_host", DT_CFG_BOOL, L(is_host), "false", 0, 0, NULL, false, "this node hosts the store (c10d; default: the node whose address is the endpoint)"},
+    {"rendezvous", "cacert", DT_CFG_STR, L(rdzv_cacert), "", 0, 0, NULL, false, "etcd: CA certificate file for https:// members (TLS)"},
+    {"rendezvous", "cert", DT_CFG_STR, L(rdzv_cert), "", 0, 0, NULL, false, "etcd: client certificate file (TLS client authentication)"},
+    {"rendezvous", "key", DT_CFG_STR, L(rdzv_key), "", 0, 0, NULL, false, "etcd: the client certificate's private key file"},
+    {"rendezvous", "user", DT_CFG_STR, L(rdzv_user), "", 0, 0, NULL, false, "etcd: user name (etcd authentication; needs password_file)"},
+    {"rendezvous", "password_file", DT_CFG_STR, L(rdzv_password_file), "", 0, 0, NULL, false, "etcd: file whose first line is the user's password (not on the command line, where ps shows it)"},
     {"rendezvous", "node_rank", DT_CFG_INT, L(node_rank), "0", 0, 1e6, NULL, false, "static: rank of this node"},
     {"rendezvous", "standalone", DT_CFG_BOOL, L(standalone), "false", 0, 0, NULL, false, "one node, store on a free local port"},
     {"rendezvous", "master_addr", DT_CFG_STR, L(master_addr), "127.0.0.1", 0, 0, NULL, false, "static: address of node 0, which hosts the store"},
@@ -347,10 +352,15 @@ static int check_str(const dt_cfg_field *f, const char *v, char *why, size_t cap
         char host[DT_STR_MID];
         int port = 0;
         dt_err e = {0};
-        if (dt_rdzv_parse_endpoint(v, host, sizeof host, &port, &e)) {
-            snprintf(why, cap, "%s: %.300s (expected HOST[:PORT], e.g. node0:29400)", k, e.msg);
-            return -EINVAL;
-        }
+        /* A comma-separated list names the members of an etcd cluster: each one is checked. */
+        char list[DT_STR_MID], *save = NULL;
+        dt_strlcpy(list, v, sizeof list);
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            if (dt_rdzv_parse_endpoint(dt_trim(tok), host, sizeof host, &port, &e)) {
+                snprintf(why, cap, "%s: %.300s (expected HOST[:PORT], e.g. node0:29400, or for "
+                         "etcd HOST:PORT,HOST:PORT,...)", k, e.msg);
+                return -EINVAL;
+            }
     } else if (!strcmp(k, "job.name") || !strcmp(k, "rendezvous.id")) {
         if (!v[0] || strchr(v, '/')) {
             snprintf(why, cap, "%s: \"%s\" must be a non-empty name without '/'", k, v);
@@ -827,7 +837,8 @@ static void fold_rdzv_conf(parse_ctx *c, const char *value)
     static const char *const allowed[] = {
         "join_timeout",      "last_call_timeout", "close_timeout",       "heartbeat_interval",
         "heartbeat_timeout", "is_host",           "read_timeout",        "timeout",
-        "keep_alive_interval", "keep_alive_max_attempt"};
+        "keep_alive_interval", "keep_alive_max_attempt", "cacert", "cert", "key", "user",
+        "password_file"};
     char buf[DT_STR_MID], *save = NULL;
     int attempts = 0, attempts_bad = 0;
     if (!dt_strlcpy(buf, value, sizeof buf)) {
@@ -856,7 +867,8 @@ static void fold_rdzv_conf(parse_ctx *c, const char *value)
                                                    "close_timeout, heartbeat_interval, "
                                                    "heartbeat_timeout, read_timeout, is_host, "
                                                    "timeout, keep_alive_interval, "
-                                                   "keep_alive_max_attempt)",
+                                                   "keep_alive_max_attempt; etcd: cacert, "
+                                                   "cert, key, user, password_file)",
                       near ? near : "", near ? "\"?" : "");
             continue;
         }
@@ -962,6 +974,27 @@ static int launch_validate(const dt_launch *l, const parse_ctx *c, const char *w
     if (check_nproc(&l->nproc_per_node, dt_nproc_format(&l->nproc_per_node, given, sizeof given),
                     why, sizeof why))
         add_error(errs, AT("elastic.nproc_per_node"), 0, "%s", why);
+    if (l->rdzv_backend != DT_RDZV_ETCD && strchr(l->rdzv_endpoint, ',') &&
+        !BAD("rendezvous.endpoint"))
+        add_error(errs, AT("rendezvous.endpoint", "rendezvous.backend"), 0,
+                  "rendezvous.endpoint: a list (%s) names the members of an etcd cluster: it is "
+                  "for --rdzv-backend=etcd; %s takes one HOST[:PORT]",
+                  l->rdzv_endpoint, dt_rdzv_backend_name(l->rdzv_backend));
+    if (l->rdzv_backend != DT_RDZV_ETCD &&
+        (l->rdzv_cacert[0] || l->rdzv_cert[0] || l->rdzv_key[0] || l->rdzv_user[0] ||
+         l->rdzv_password_file[0]))
+        add_error(errs, AT("rendezvous.cacert", "rendezvous.cert", "rendezvous.key",
+                           "rendezvous.user", "rendezvous.password_file"),
+                  0, "rendezvous.cacert, cert, key, user and password_file are for "
+                     "--rdzv-backend=etcd only (the dtrain store has --token instead)");
+    if (l->rdzv_backend == DT_RDZV_ETCD && !l->rdzv_user[0] != !l->rdzv_password_file[0])
+        add_error(errs, AT("rendezvous.user", "rendezvous.password_file"), 0,
+                  "rendezvous.user and rendezvous.password_file go together (etcd "
+                  "authentication)");
+    if (l->rdzv_backend == DT_RDZV_ETCD && !l->rdzv_cert[0] != !l->rdzv_key[0])
+        add_error(errs, AT("rendezvous.cert", "rendezvous.key"), 0,
+                  "rendezvous.cert and rendezvous.key go together (a TLS client certificate "
+                  "and its key)");
     if (l->heartbeat_timeout <= l->heartbeat_interval &&
         !BAD("rendezvous.heartbeat_timeout", "rendezvous.heartbeat_interval"))
         add_error(errs, AT("rendezvous.heartbeat_timeout", "rendezvous.heartbeat_interval"), 0,

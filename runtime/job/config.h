@@ -88,7 +88,7 @@ typedef enum dt_compress_kind {
 /* checkpoint.resume: auto, never, or a path (then in dt_job.resume_path). */
 typedef enum dt_resume_kind { DT_RESUME_AUTO, DT_RESUME_NEVER, DT_RESUME_PATH } dt_resume_kind;
 /* rendezvous.backend (the names rendezvous/rdzv.h's dt_rdzv_opts.backend takes). */
-typedef enum dt_rdzv_backend_kind { DT_RDZV_STATIC, DT_RDZV_C10D } dt_rdzv_backend_kind;
+typedef enum dt_rdzv_backend_kind { DT_RDZV_STATIC, DT_RDZV_C10D, DT_RDZV_ETCD } dt_rdzv_backend_kind;
 /* elastic.nproc_per_node: a number of workers, or one the agent counts when it starts (auto:
  * the GPUs if any, else the CPUs, as torchrun; cpu: the CPUs; gpu: the GPUs, an error when
  * there are none); runtime/launch/agent_env.h's dt_agent_resolve_nproc does the counting. */
@@ -142,6 +142,12 @@ typedef struct dt_launch {
     double read_timeout;               /* seconds a store read waits (torchrun's read_timeout) */
     double heartbeat_interval, heartbeat_timeout;
     bool is_host;                      /* this agent hosts the store (c10d) */
+    /* etcd backend: TLS and authentication, passed to libcurl ("" = not used) */
+    char rdzv_cacert[DT_STR_MID];      /* CA bundle that signed the etcd members' certificates */
+    char rdzv_cert[DT_STR_MID];        /* client certificate (PEM) */
+    char rdzv_key[DT_STR_MID];         /* its private key (PEM) */
+    char rdzv_user[DT_STR_MID];        /* etcd user (a token from /v3/auth/authenticate) */
+    char rdzv_password_file[DT_STR_MID]; /* file holding that user's password */
     /* flags only (no file key) */
     int node_rank;                     /* -1 = assigned by the rendezvous */
     bool standalone;

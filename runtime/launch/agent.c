@@ -967,6 +967,12 @@ static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
     dt_strlcpy(o->endpoint_host, L->master_addr[0] ? L->master_addr : "127.0.0.1",
                sizeof o->endpoint_host);
     o->endpoint_port = L->master_port;
+    dt_strlcpy(o->endpoints, L->rdzv_endpoint, sizeof o->endpoints);
+    dt_strlcpy(o->cacert, L->rdzv_cacert, sizeof o->cacert);
+    dt_strlcpy(o->cert, L->rdzv_cert, sizeof o->cert);
+    dt_strlcpy(o->key, L->rdzv_key, sizeof o->key);
+    dt_strlcpy(o->user, L->rdzv_user, sizeof o->user);
+    dt_strlcpy(o->password_file, L->rdzv_password_file, sizeof o->password_file);
     if (L->rdzv_endpoint[0])
         dt_rdzv_parse_endpoint(L->rdzv_endpoint, o->endpoint_host, sizeof o->endpoint_host,
                                &o->endpoint_port, NULL);
