@@ -191,10 +191,7 @@ static int run_child(const bench_opts *o)
     }
     if ((rc = dt_trainer_init(&t, &job, &env, &err)))
         goto out;
-    built = true;
-    /* the peaks of the training steps: set-up's transients (the model zero-fills its gradient
-     * buffer, which ZeRO-2 gives back at once) are not what a stage holds while it trains */
-    dt_mem_reset_peak(t.be);
+    built = true; /* the trainer reset the peaks: set-up's transients are left out */
     result res;
     memset(&res, 0, sizeof res);
     double timed = 0;

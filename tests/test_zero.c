@@ -77,7 +77,8 @@ typedef struct rank_out {
     size_t num_params;
     int num_states;
     dt_strategy_mem mem;
-    dt_mem_stats alloc;           /* the backend's statistics at the end (peaks: since set-up) */
+    dt_mem_stats alloc;           /* the backend's statistics at the end (peaks: since training
+                                   * started, as dt_trainer_init resets them) */
     int64_t skipped, optim_t;     /* the loss scaler's skipped steps, the optimiser's t */
     double scale;
     bool have_stats;
@@ -221,7 +222,6 @@ static void rank_body(zrun *z, int rank)
     snprintf(env.run_id, sizeof env.run_id, "%s-%d", z->name, (int)getppid());
     if (dt_trainer_init(&t, &job, &env, &err) != 0)
         goto fail;
-    dt_mem_reset_peak(t.be); /* the peaks of the steps, as `dtrain bench memory` takes them */
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
     if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank) {
         /* this rank's classifier x 1e30: its gradients times the loss scale overflow, the
