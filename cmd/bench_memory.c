@@ -24,6 +24,7 @@
  *   block's parameters: the one computed and the one prefetched).
  * The ratio column is measured / predicted for the model states (params + grads + optim).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@
 #include "runtime/train/worker.h"
 
 #define MAX_RANKS 64
+#define MAX_REPEAT 16
 #define MIB (1024.0 * 1024.0)
 
 typedef struct bench_opts {
@@ -46,6 +48,7 @@ typedef struct bench_opts {
     int n_overrides;
     int nproc;
     int steps;
+    int repeat;        /* passes over the configurations, interleaved (step time: median) */
     /* child mode */
     const char *child; /* "1" */
     int rank;
@@ -59,8 +62,9 @@ typedef struct result {
     uint64_t num_params;   /* Ψ: the whole model's (its tensor table), not a shard */
     uint64_t block_params; /* the largest block's parameters (tensors named "a.N.*") */
     double step_s;         /* mean step time after the first step */
-    double peak[DT_MEM_CAT_COUNT];
+    double peak[DT_MEM_CAT_COUNT]; /* over the steps after the first (all, with one step) */
     double total_peak;
+    double first_total_peak;       /* over the first step: ZeRO moves its shards then */
 } result;
 
 static void usage(FILE *out)
@@ -70,6 +74,10 @@ static void usage(FILE *out)
             "\n"
             "  --nproc N   ranks per configuration (default 2)\n"
             "  --steps S   training steps per configuration (default 3; the first is not timed)\n"
+            "  --repeat R  run all the configurations R times, one pass after the other, so\n"
+            "              that a slow phase of a shared machine hits every configuration alike;\n"
+            "              step time is the median of the passes, beside their min and max\n"
+            "              (default 1)\n"
             "\n"
             "Runs the job for every parallel.zero (0..3) x train.recompute (none, block) the\n"
             "configuration accepts and prints each rank's memory by category, measured by the\n"
@@ -125,8 +133,8 @@ static int write_result(const char *path, const result *r)
     FILE *f = fopen(path, "w");
     if (!f)
         return -errno;
-    fprintf(f, "%llu %llu %.9g %.17g", (unsigned long long)r->num_params,
-            (unsigned long long)r->block_params, r->step_s, r->total_peak);
+    fprintf(f, "%llu %llu %.9g %.17g %.17g", (unsigned long long)r->num_params,
+            (unsigned long long)r->block_params, r->step_s, r->total_peak, r->first_total_peak);
     for (int c = 0; c < DT_MEM_CAT_COUNT; c++)
         fprintf(f, " %.17g", r->peak[c]);
     fprintf(f, "\n");
@@ -140,7 +148,8 @@ static int read_result(const char *path, result *r)
     if (!f)
         return -ENOENT;
     unsigned long long np = 0, bp = 0;
-    int ok = fscanf(f, "%llu %llu %lf %lf", &np, &bp, &r->step_s, &r->total_peak) == 4;
+    int ok = fscanf(f, "%llu %llu %lf %lf %lf", &np, &bp, &r->step_s, &r->total_peak,
+                    &r->first_total_peak) == 5;
     for (int c = 0; ok && c < DT_MEM_CAT_COUNT; c++)
         ok = fscanf(f, "%lf", &r->peak[c]) == 1;
     fclose(f);
@@ -182,22 +191,32 @@ static int run_child(const bench_opts *o)
     }
     if ((rc = dt_trainer_init(&t, &job, &env, &err)))
         goto out;
-    built = true;
+    built = true; /* the trainer reset the peaks: set-up's transients are left out */
     result res;
     memset(&res, 0, sizeof res);
     double timed = 0;
+    dt_mem_stats ms;
     for (int step = 0; step < o->steps; step++) {
         if ((rc = dt_trainer_step(&t, &err)))
             goto out;
         if (step > 0)
             timed += t.step_time_s;
+        if (step == 0 && o->steps > 1) {
+            /* the first step builds what the rest reuse (ZeRO rebuilds its buckets from the
+             * ready order and moves the shards through full-size staging): its peak is kept
+             * apart, and the columns are the steady state, as the step time is */
+            dt_mem_read(t.be, &ms);
+            res.first_total_peak = (double)ms.total_peak;
+            dt_mem_reset_peak(t.be);
+        }
     }
     res.step_s = o->steps > 1 ? timed / (o->steps - 1) : t.step_time_s;
     for (int i = 0; i < t.model->num_tensors; i++)
         res.num_params += t.model->tensors[i].numel;
     res.block_params = largest_block(t.model);
-    dt_mem_stats ms;
     dt_mem_read(t.be, &ms);
+    if (o->steps == 1)
+        res.first_total_peak = (double)ms.total_peak;
     for (int c = 0; c < DT_MEM_CAT_COUNT; c++)
         res.peak[c] = (double)ms.peak[c];
     res.total_peak = (double)ms.total_peak;
@@ -331,7 +350,7 @@ static void predict(uint64_t psi, uint64_t block, int k_optim, int stage, int n,
 
 int dt_bench_memory(int argc, char **argv)
 {
-    bench_opts o = {.nproc = 2, .steps = 3};
+    bench_opts o = {.nproc = 2, .steps = 3, .repeat = 1};
     char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
     if (!ovr)
         return 1;
@@ -344,6 +363,7 @@ int dt_bench_memory(int argc, char **argv)
         }
         int *ip = !strcmp(a, "--nproc")        ? &o.nproc
                   : !strcmp(a, "--steps")      ? &o.steps
+                  : !strcmp(a, "--repeat")     ? &o.repeat
                   : !strcmp(a, "--child-rank") ? &o.rank
                   : !strcmp(a, "--child-port") ? &o.port
                                                : NULL;
@@ -377,7 +397,8 @@ int dt_bench_memory(int argc, char **argv)
         }
     }
     o.overrides = ovr;
-    if (!o.job_path || o.nproc < 1 || o.nproc > MAX_RANKS || o.steps < 1) {
+    if (!o.job_path || o.nproc < 1 || o.nproc > MAX_RANKS || o.steps < 1 || o.repeat < 1 ||
+        o.repeat > MAX_REPEAT) {
         usage(stderr);
         free(ovr);
         return 2;
@@ -411,8 +432,11 @@ int dt_bench_memory(int argc, char **argv)
            "configuration (step time: mean after the first), device %s, optimizer %s\n",
            o.job_path, dt_model_name(job.model_type), o.nproc, job.batch_size, o.steps,
            dt_device_name(job.device), dt_optim_name(job.optimizer));
-    printf("# MiB per rank, peak of each category as the backend's allocator measured it; "
-           "comm = communication buffers (DDP staging, communicator memory)\n");
+    printf("# MiB per rank, peak of each category as the backend's allocator measured it over the "
+           "steps after the first (set-up excluded); comm = communication buffers (DDP staging, "
+           "communicator memory); other = the rest (ZeRO's checkpoint staging while it holds "
+           "data); 1st step = the total's peak in the first step, when ZeRO rebuilds its buckets "
+           "and moves the shards through full-size staging\n");
     printf("# predicted (ZeRO paper, fp32 master weights and gradients as dtrain keeps them): "
            "params 4Ψ, grads 4Ψ, optim %dΨ; stage 1 divides optim by N, stage 2 also grads, "
            "stage 3 also params (+ 2 blocks of 4 x block params gathered)\n",
@@ -420,44 +444,86 @@ int dt_bench_memory(int argc, char **argv)
 
     static const char *const recs[2] = {"none", "block"};
     enum { NCONF = 8 };
-    result *res = calloc((size_t)NCONF * MAX_RANKS, sizeof *res);
-    bool ran[NCONF] = {false};
+    /* res[(rep * NCONF + ci) * MAX_RANKS + rank] */
+    result *res = calloc((size_t)o.repeat * NCONF * MAX_RANKS, sizeof *res);
+    bool ran[NCONF] = {false}, ok[NCONF] = {false};
+    char zbufs[NCONF][32], rbufs[NCONF][48], *cfgs[NCONF][2], why[NCONF][2048];
+    int ncfgs[NCONF] = {0};
     int failed = !res;
-    double base_step = 0; /* stage 0, recompute none: the mean over ranks */
-    bool notes_zero = false, notes_rec = false, header = false;
+    bool notes_zero = false, notes_rec = false;
+    for (int ci = 0; ci < NCONF && !failed; ci++) {
+        bool dz = false, dr = false;
+        ok[ci] = resolve_config(&o, ci / 2, recs[ci % 2], zbufs[ci], rbufs[ci], cfgs[ci],
+                                &ncfgs[ci], why[ci], sizeof why[ci], &dz, &dr) == 0;
+        notes_zero |= ok[ci] && dz;
+        notes_rec |= ok[ci] && dr;
+    }
+    /* the passes: every supported configuration once per pass, in the same order */
+    for (int rep = 0; rep < o.repeat && !failed; rep++) {
+        for (int ci = 0; ci < NCONF && !failed; ci++) {
+            if (!ok[ci])
+                continue;
+            if (o.repeat > 1)
+                fprintf(stderr, "dtrain bench memory: pass %d/%d, zero=%d recompute=%s\n",
+                        rep + 1, o.repeat, ci / 2, recs[ci % 2]);
+            result *r = res + ((size_t)rep * NCONF + (size_t)ci) * MAX_RANKS;
+            if (run_config(&o, cfgs[ci], ncfgs[ci], dir, rep * NCONF + ci, r) != 0) {
+                printf("zero=%d recompute=%-6s FAILED: the run did not complete (its ranks' "
+                       "messages are above)\n", ci / 2, recs[ci % 2]);
+                failed = 1;
+                break;
+            }
+            ran[ci] = rep == o.repeat - 1;
+        }
+    }
+    /* per configuration and rank: the largest peaks of the passes (they differ only where
+     * timing moves them: stage 2's gradient pages in flight), the median, min and max of the
+     * step times */
+    static result fin[NCONF][MAX_RANKS];
+    static double med[NCONF][MAX_RANKS], lo[NCONF][MAX_RANKS], hi[NCONF][MAX_RANKS];
+    double conf_step[NCONF] = {0}; /* the mean over ranks of each rank's median */
+    for (int ci = 0; ci < NCONF && !failed; ci++) {
+        if (!ran[ci])
+            continue;
+        for (int k = 0; k < o.nproc; k++) {
+            double v[MAX_REPEAT];
+            for (int rep = 0; rep < o.repeat; rep++)
+                v[rep] = res[((size_t)rep * NCONF + (size_t)ci) * MAX_RANKS + (size_t)k].step_s;
+            qsort(v, (size_t)o.repeat, sizeof *v, dt_cmp_double);
+            med[ci][k] = o.repeat % 2 ? v[o.repeat / 2]
+                                      : 0.5 * (v[o.repeat / 2 - 1] + v[o.repeat / 2]);
+            lo[ci][k] = v[0];
+            hi[ci][k] = v[o.repeat - 1];
+            fin[ci][k] = res[(size_t)ci * MAX_RANKS + (size_t)k];
+            for (int rep = 1; rep < o.repeat; rep++) {
+                const result *x = &res[((size_t)rep * NCONF + (size_t)ci) * MAX_RANKS + (size_t)k];
+                for (int c = 0; c < DT_MEM_CAT_COUNT; c++)
+                    fin[ci][k].peak[c] = DT_MAX(fin[ci][k].peak[c], x->peak[c]);
+                fin[ci][k].total_peak = DT_MAX(fin[ci][k].total_peak, x->total_peak);
+                fin[ci][k].first_total_peak =
+                    DT_MAX(fin[ci][k].first_total_peak, x->first_total_peak);
+            }
+            conf_step[ci] += med[ci][k] / o.nproc;
+        }
+    }
+    const double base_step = conf_step[0]; /* stage 0, recompute none */
+    bool header = false;
     for (int ci = 0; ci < NCONF && !failed; ci++) {
         int stage = ci / 2;
-        const char *rec = recs[ci % 2];
-        char zbuf[32], rbuf[48], why[2048], *cfg[2];
-        int ncfg = 0;
-        bool dz = false, dr = false;
         char label[64];
-        snprintf(label, sizeof label, "zero=%d recompute=%s", stage, rec);
-        if (resolve_config(&o, stage, rec, zbuf, rbuf, cfg, &ncfg, why, sizeof why, &dz, &dr)) {
-            printf("%-26s not supported: %s\n", label, why);
+        snprintf(label, sizeof label, "zero=%d recompute=%s", stage, recs[ci % 2]);
+        if (!ok[ci]) {
+            printf("%-26s not supported: %s\n", label, why[ci]);
             continue;
         }
-        notes_zero |= dz;
-        notes_rec |= dr;
-        result *r = res + (size_t)ci * MAX_RANKS;
-        if (run_config(&o, cfg, ncfg, dir, ci, r) != 0) {
-            printf("%-26s FAILED: the run did not complete (its ranks' messages are above)\n",
-                   label);
-            failed = 1;
-            break;
-        }
-        ran[ci] = true;
-        double mean_step = 0;
-        for (int k = 0; k < o.nproc; k++)
-            mean_step += r[k].step_s / o.nproc;
-        if (ci == 0)
-            base_step = mean_step;
+        const result *r = fin[ci];
         if (!header) {
-            printf("# Ψ = %llu parameters; largest block %llu parameters\n#\n",
+            printf("# \u03a8 = %llu parameters; largest block %llu parameters\n#\n",
                    (unsigned long long)r[0].num_params, (unsigned long long)r[0].block_params);
-            printf("%-26s %4s %9s %9s %9s %9s %9s %9s %9s | %9s %9s %9s %7s | %9s %7s\n",
+            printf("%-26s %4s %9s %9s %9s %9s %9s %9s %9s %9s | %9s %9s %9s %7s | %9s %17s %7s\n",
                    "configuration", "rank", "params", "grads", "optim", "acts", "comm", "other",
-                   "total", "p.params", "p.grads", "p.optim", "ratio", "step(ms)", "vs z0");
+                   "total", "1st step", "p.params", "p.grads", "p.optim", "ratio", "step(ms)",
+                   o.repeat > 1 ? "min-max(ms)" : "", "vs z0");
             header = true;
         }
         for (int k = 0; k < o.nproc; k++) {
@@ -466,18 +532,57 @@ int dt_bench_memory(int argc, char **argv)
             double states = r[k].peak[DT_MEM_PARAMS] + r[k].peak[DT_MEM_GRADS] +
                             r[k].peak[DT_MEM_OPTIM];
             double pstates = pred[0] + pred[1] + pred[2];
-            char vs[16] = "-";
+            char vs[16] = "-", range[32] = "";
             if (base_step > 0)
-                snprintf(vs, sizeof vs, "%.2fx", r[k].step_s / base_step);
-            printf("%-26s %4d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f "
-                   "%7.4f | %9.2f %7s\n",
+                snprintf(vs, sizeof vs, "%.2fx", med[ci][k] / base_step);
+            if (o.repeat > 1)
+                snprintf(range, sizeof range, "%.0f-%.0f", lo[ci][k] * 1e3, hi[ci][k] * 1e3);
+            printf("%-26s %4d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f | %9.3f %9.3f "
+                   "%9.3f %7.4f | %9.2f %17s %7s\n",
                    k == 0 ? label : "", k, r[k].peak[DT_MEM_PARAMS] / MIB,
                    r[k].peak[DT_MEM_GRADS] / MIB, r[k].peak[DT_MEM_OPTIM] / MIB,
                    r[k].peak[DT_MEM_ACTS] / MIB, r[k].peak[DT_MEM_COMM] / MIB,
-                   r[k].peak[DT_MEM_OTHER] / MIB, r[k].total_peak / MIB, pred[0] / MIB,
+                   r[k].peak[DT_MEM_OTHER] / MIB, r[k].total_peak / MIB,
+                   r[k].first_total_peak / MIB, pred[0] / MIB,
                    pred[1] / MIB, pred[2] / MIB, pstates > 0 ? states / pstates : 0,
-                   r[k].step_s * 1e3, vs);
+                   med[ci][k] * 1e3, range, vs);
         }
+    }
+    /* the issue's targets, as ratios of what ran (rank 0's memory; step times: the mean over
+     * ranks of the medians) */
+    if (!failed) {
+        printf("#\n# ratios (issue 17's targets in brackets):\n");
+        if (ran[0] && ran[2] && fin[0][0].peak[DT_MEM_OPTIM] > 0)
+            printf("#   optimiser state, stage 1 / stage 0: %.4f (1/N = %.4f, within 2%%: %s)\n",
+                   fin[2][0].peak[DT_MEM_OPTIM] / fin[0][0].peak[DT_MEM_OPTIM], 1.0 / o.nproc,
+                   fabs(fin[2][0].peak[DT_MEM_OPTIM] / fin[0][0].peak[DT_MEM_OPTIM] * o.nproc -
+                        1.0) <= 0.02 ? "yes" : "no");
+        for (int st = 0; st < 4; st++) {
+            int a = 2 * st, b = 2 * st + 1;
+            if (!ran[a] || !ran[b] || fin[a][0].peak[DT_MEM_ACTS] <= 0 || conf_step[a] <= 0)
+                continue;
+            double dm = 1.0 - fin[b][0].peak[DT_MEM_ACTS] / fin[a][0].peak[DT_MEM_ACTS];
+            double dt = conf_step[b] / conf_step[a] - 1.0;
+            printf("#   zero=%d, recompute block vs none: activations -%.1f%% (>= 50%%: %s), "
+                   "step time %+.1f%% (<= +35%%: %s)\n",
+                   st, 100.0 * dm, dm >= 0.5 ? "yes" : "no", 100.0 * dt,
+                   dt <= 0.35 ? "yes" : "no");
+        }
+        for (int st = 1; st < 4; st++) {
+            for (int x = 0; x < 2; x++) {
+                int c = 2 * st + x, c0 = x;
+                if (!ran[c] || !ran[c0] || conf_step[c0] <= 0)
+                    continue;
+                double dt = conf_step[c] / conf_step[c0] - 1.0, lim = st == 3 ? 0.20 : 0.05;
+                printf("#   zero=%d vs zero=0 (recompute %s): step time %+.1f%% (within %.0f%%: "
+                       "%s)\n",
+                       st, recs[x], 100.0 * dt, 100.0 * lim, fabs(dt) <= lim ? "yes" : "no");
+            }
+        }
+        if (o.repeat < 3)
+            printf("#   (step times from %d pass(es): on a shared machine use --repeat 3 or "
+                   "more and read the min-max spread before trusting a few per cent)\n",
+                   o.repeat);
     }
     if (!failed) {
         /* exact bytes of the model states of every rank that ran, for scripts and tests */
@@ -485,7 +590,7 @@ int dt_bench_memory(int argc, char **argv)
         for (int ci = 0; ci < NCONF; ci++) {
             if (!ran[ci])
                 continue;
-            const result *r = res + (size_t)ci * MAX_RANKS;
+            const result *r = fin[ci];
             for (int k = 0; k < o.nproc; k++) {
                 double pred[3];
                 predict(r[k].num_params, r[k].block_params, k_optim, ci / 2, o.nproc, pred);

@@ -105,6 +105,8 @@ dt_mem_cat dt_mem_tag(dt_backend *be, dt_mem_cat cat);
 void dt_mem_read(dt_backend *be, dt_mem_stats *out);
 /* be->mem_external when be has it. */
 void dt_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add);
+/* be->mem_reset_peak when be has it: from now on the peaks are those of what follows. */
+void dt_mem_reset_peak(dt_backend *be);
 
 typedef struct dt_backend_opts {
     int device_index;     /* CUDA device ordinal (LOCAL_RANK); ignored on the CPU */
@@ -156,6 +158,11 @@ struct dt_backend {
     void (*mem_external)(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add);
     void (*mem_release)(dt_backend *be, void *base, size_t offset, size_t bytes);
     int (*mem_commit)(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err);
+    /* mem_reset_peak: every category's peak, the total's peak and peak_bytes become what is
+     * resident now (torch.cuda.reset_peak_memory_stats), so that a caller measures the peaks of
+     * a phase (the training steps) without the set-up's transients: the model zero-fills its
+     * gradient buffer, which ZeRO-2 then gives back at once. */
+    void (*mem_reset_peak)(dt_backend *be);
     /* The PCI address ("0000:3B:00.0") of visible device `device` (any of them, not only this
      * backend's), to bind workers near their GPU; 0 or a negative errno. NULL on the CPU. */
     int (*device_pci_bus_id)(dt_backend *be, int device, char *buf, size_t cap);

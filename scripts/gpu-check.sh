@@ -18,7 +18,12 @@
 #          for the loss comparison, then fp32, bf16 and bf16 with the flash attention kernels
 #          (DTRAIN_CUDA_ATTN=flash) at batch $GPT2_BATCH for tokens/s, MFU and peak memory
 #   4. NCCL: the gpt2-124m bf16 run and quickstart on every GPU of the machine (one rank per
-#      GPU, ddp.backend = nccl): tokens/s and scaling against one GPU
+#      GPU, ddp.backend = nccl): tokens/s and scaling against one GPU; then the same gpt2-124m
+#      bf16 run with ZeRO and activation recomputation (parallel.zero = 1: stage 2 gives memory
+#      back on the cpu only and stage 3 is not there yet; train.recompute = block): tokens/s and
+#      the peak memory by category (metrics.jsonl's mem_peak_bytes) beside the DDP run's. On
+#      one GPU that run is one rank, where ZeRO-1 trains as a single process: the row then
+#      measures recomputation only, and says so
 #   5. DP (job.strategy = dp) on every GPU when there are two or more: quickstart driven by one
 #      process, parameters and gradients through NCCL (dp_transport = collectives) and through
 #      host memory (master); loss against the DDP run of step 4, tokens/s
@@ -309,6 +314,24 @@ if [ $rc -eq 0 ]; then
     add "nccl x$ngpu gpt2 bf16 $(ktok "$t") tok/s ($scale one GPU)  comm $(fmt "$(field g2_nccl comm_time_s median)" 3) s/step  peak $(gib "$(field g2_nccl peak_mem_bytes last)")"
 else
     fail "nccl x$ngpu gpt2    FAILED (exit $rc): $(grep -m3 -E 'ERROR|error' "$work/g2_nccl.log" | tr '\n' ' ')"
+fi
+
+# ZeRO-1 + recompute = block, the same job and ranks as g2_nccl (one rank per GPU: dtrain binds
+# LOCAL_RANK to its GPU, so a GPU never holds two ranks)
+say "ZeRO-1 + recompute = block: gpt2-124m bf16 on $ngpu GPU(s)"
+run g2_zero 240 "$ngpu" "$gpt2" train.precision=bf16 ddp.backend="$comm" parallel.zero=1 \
+    train.recompute=block train.steps=$(( GPT2_STEPS / 2 > 5 ? GPT2_STEPS / 2 : 5 ))
+rc=$?
+if [ $rc -eq 0 ]; then
+    t=$(field g2_zero tokens_per_s median)
+    t0=$(field g2_nccl tokens_per_s median)
+    what="zero1+block x$ngpu"
+    [ "$ngpu" -eq 1 ] && what="zero1+block x1 (one rank: ZeRO-1 trains as single; recompute only)"
+    rel=$(awk -v a="$t" -v b="$t0" 'BEGIN { if (a == "" || b == "") print "?"; else printf "%.2fx", a / b }')
+    add "$what gpt2 bf16 $(ktok "$t") tok/s ($rel ddp)  peak $(gib "$(field g2_zero peak_mem_bytes last)") (ddp $(gib "$(field g2_nccl peak_mem_bytes last)"))"
+    add "                 optim $(gib "$(field g2_zero optim last)") (ddp $(gib "$(field g2_nccl optim last)"))  grads $(gib "$(field g2_zero grads last)") (ddp $(gib "$(field g2_nccl grads last)"))  activations $(gib "$(field g2_zero activations last)") (ddp $(gib "$(field g2_nccl activations last)"))"
+else
+    fail "zero1+block x$ngpu gpt2 FAILED (exit $rc): $(grep -m3 -E 'ERROR|error' "$work/g2_zero.log" | tr '\n' ' ')"
 fi
 
 # ---- 5. DP: one process drives every GPU -----------------------------------------------------

@@ -77,6 +77,8 @@ typedef struct rank_out {
     size_t num_params;
     int num_states;
     dt_strategy_mem mem;
+    dt_mem_stats alloc;           /* the backend's statistics at the end (peaks: since training
+                                   * started, as dt_trainer_init resets them) */
     int64_t skipped, optim_t;     /* the loss scaler's skipped steps, the optimiser's t */
     double scale;
     bool have_stats;
@@ -167,6 +169,7 @@ static void record_end(dt_trainer *t, rank_out *o)
     o->step = t->step;
     o->num_params = t->model->num_params;
     dt_strategy_get_mem(s, &o->mem);
+    dt_mem_read(t->be, &o->alloc);
     o->have_stats = dt_strategy_zero_stats(s, &o->st) == 0;
     if (o->num_params > MAX_PER) {
         snprintf(o->msg, sizeof o->msg, "model of %zu parameters: raise MAX_PER", o->num_params);
@@ -733,10 +736,23 @@ static void test_memory(void)
                  "stage 2 grads peak %zu, of which resident %zu of the %zu-byte buffer",
                  m2->grads_peak, m2->grads_peak - shard, P);
     DT_CHECK_INT(m1->ckpt_staging, 0); /* reserved, not resident, between saves */
+    /* the allocator sees it too (mem_release / mem_commit): stage 2's gradient bytes at their
+     * peak over the steps are what was resident, well below stage 1's whole buffer, and about
+     * what mincore measured */
+    const dt_mem_stats *a1 = &z[1].out[0].alloc, *a2 = &z[2].out[0].alloc;
+    size_t g1 = a1->peak[DT_MEM_GRADS], g2 = a2->peak[DT_MEM_GRADS];
+    DT_CHECK_MSG(g1 >= P, "stage 1: the allocator's gradient peak %zu, whole buffer %zu", g1, P);
+    DT_CHECK_MSG(g2 < g1 && g2 < P * 60 / 100 + shard,
+                 "stage 2: the allocator's gradient peak %zu vs stage 1's %zu (buffer %zu)", g2,
+                 g1, P);
+    DT_CHECK_MSG(a2->cur[DT_MEM_GRADS] < g2, "stage 2: gradient bytes after the step %zu, peak %zu",
+                 a2->cur[DT_MEM_GRADS], g2);
+    DT_CHECK_MSG(a2->total_peak < a1->total_peak, "total peak: stage 2 %zu, stage 1 %zu",
+                 a2->total_peak, a1->total_peak);
     printf("    memory (2 ranks, %zu parameters): optim %zu / %zu / %zu bytes, grads %zu / %zu / "
-           "%zu (stage 2 peak %zu)\n",
+           "%zu (stage 2 peak %zu); allocator's grads peak %zu / %zu / %zu\n",
            z[0].out[0].num_params, m0->optim, m1->optim, m2->optim, m0->grads, m1->grads,
-           m2->grads, m2->grads_peak);
+           m2->grads, m2->grads_peak, (size_t)z[0].out[0].alloc.peak[DT_MEM_GRADS], g1, g2);
     for (int k = 0; k < 3; k++)
         unmap(&z[k]);
 }

@@ -307,6 +307,14 @@ static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t byte
     return 0;
 }
 
+static void cpu_mem_reset_peak(dt_backend *be)
+{
+    dt_cpu *c = dt_cpu_of(be);
+    memcpy(c->mem.peak, c->mem.cur, sizeof c->mem.peak);
+    c->mem.total_peak = c->mem.total;
+    c->peak_bytes = c->mem.total_peak;
+}
+
 static void cpu_memcpy(dt_backend *be, void *dst, const void *src, size_t bytes)
 {
     DT_CPU_PROF_BEGIN(be);
@@ -380,6 +388,7 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     be->mem_external = cpu_mem_external;
     be->mem_release = cpu_mem_release;
     be->mem_commit = cpu_mem_commit;
+    be->mem_reset_peak = cpu_mem_reset_peak;
     be->profile_enable = cpu_profile_enable;
     be->profile_read = cpu_profile_read;
 

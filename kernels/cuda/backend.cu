@@ -428,6 +428,14 @@ static int cu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes
     return 0;
 }
 
+static void cu_mem_reset_peak(dt_backend *be)
+{
+    dt_cu_arena *a = dt_cuda_of(be)->arena;
+    memcpy(a->mem.peak, a->mem.cur, sizeof a->mem.peak);
+    a->mem.total_peak = a->mem.total;
+    a->peak = a->in_use;
+}
+
 // A device attribute: no context is created on `device`, and no error is left sticky.
 static int cu_device_pci_bus_id(dt_backend *be, int device, char *buf, size_t cap)
 {
@@ -575,6 +583,7 @@ static void fill_ops(dt_backend *be)
     be->mem_external = cu_mem_external;
     be->mem_release = cu_mem_release;
     be->mem_commit = cu_mem_commit;
+    be->mem_reset_peak = cu_mem_reset_peak;
     be->profile_enable = cu_profile_enable;
     be->profile_read = cu_profile_read;
     be->matmul_fwd = dt_cuda_matmul_fwd;

@@ -375,16 +375,35 @@ static void launch(dt_ddp *d, int i)
 
 /* ---- releasing gradient pages (opts.release) --------------------------------------------- */
 
-/* Bytes of m->grads resident in memory now (mincore), for the stats. */
-static size_t resident_bytes(dt_ddp *d, const void *p, size_t bytes)
+/* Bytes of the allocation base (m->grads or the 16-bit payloads: backend memory) resident now
+ * (mincore), for the stats. The pages backward wrote since they were given back are committed
+ * again (mem_commit; committing twice counts once), so the allocator's statistics count them
+ * from here on: they are sampled where the resident peak is. */
+static size_t resident_bytes(dt_ddp *d, void *base, size_t bytes)
 {
-    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(d->page - 1), e = (uintptr_t)p + bytes;
+    dt_backend *be = d->m->be;
+    uintptr_t a = (uintptr_t)base & ~(uintptr_t)(d->page - 1), e = (uintptr_t)base + bytes;
     size_t pages = (e - a + d->page - 1) / d->page;
     if (!d->vec || mincore((void *)a, e - a, d->vec) != 0)
         return bytes;
     size_t n = 0;
-    for (size_t i = 0; i < pages; i++)
-        n += d->vec[i] & 1;
+    for (size_t i = 0; i < pages;) {
+        if (!(d->vec[i] & 1)) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < pages && (d->vec[j] & 1))
+            j++;
+        n += j - i;
+        uintptr_t lo = DT_MAX(a + i * d->page, (uintptr_t)base), hi = DT_MIN(a + j * d->page, e);
+        if (be->mem_commit && hi > lo) {
+            dt_err err = {0};
+            if (be->mem_commit(be, base, lo - (uintptr_t)base, hi - lo, &err) != 0)
+                DT_WARN("ZeRO-2: counting resident gradient pages: %s", err.msg);
+        }
+        i = j;
+    }
     return n * d->page;
 }
 
@@ -400,16 +419,18 @@ static size_t grads_resident(dt_ddp *d)
     return g + p;
 }
 
-/* Gives back the whole pages of [p, e); with edges, zeroes the partial pages at both ends as
- * well (only when nothing else lives there). */
-static void release_bytes(dt_ddp *d, char *p, char *e, bool edges)
+/* Gives back the whole pages of [p, e) of the allocation base through the backend
+ * (mem_release: madvise on the cpu, and the category's resident bytes go down by as much); with
+ * edges, zeroes the partial pages at both ends as well (only when nothing else lives there). */
+static void release_bytes(dt_ddp *d, char *base, char *p, char *e, bool edges)
 {
     if (e <= p)
         return;
+    dt_backend *be = d->m->be;
     char *a = (char *)(((uintptr_t)p + d->page - 1) & ~(uintptr_t)(d->page - 1));
     char *z = (char *)((uintptr_t)e & ~(uintptr_t)(d->page - 1));
-    if (a < z)
-        madvise(a, (size_t)(z - a), MADV_DONTNEED);
+    if (a < z && be->mem_release)
+        be->mem_release(be, base, (size_t)(a - base), (size_t)(z - a));
     if (edges) {
         if (a >= z) {
             memset(p, 0, (size_t)(e - p));
@@ -424,9 +445,10 @@ static void release_bytes(dt_ddp *d, char *p, char *e, bool edges)
  * compressing: neither is read again before the next backward writes it. */
 static void release_range(dt_ddp *d, size_t lo, size_t hi, bool edges)
 {
-    release_bytes(d, (char *)(d->m->grads + lo), (char *)(d->m->grads + hi), edges);
+    char *g = (char *)d->m->grads;
+    release_bytes(d, g, (char *)(d->m->grads + lo), (char *)(d->m->grads + hi), edges);
     if (d->comp)
-        release_bytes(d, (char *)(d->comp + lo), (char *)(d->comp + hi), edges);
+        release_bytes(d, (char *)d->comp, (char *)(d->comp + lo), (char *)(d->comp + hi), edges);
 }
 
 /* Waits for bucket i (launched) and, with release, gives its pages back. An error is kept for
@@ -458,6 +480,7 @@ void dt_ddp_release_grads(dt_ddp *d)
 {
     if (!d->o.release)
         return;
+    grads_resident(d); /* counts what was written since dt_ddp_finish before it goes */
     release_range(d, 0, d->m->num_params, true);
     d->st.grads_resident_peak = grads_resident(d); /* a new accumulation */
 }
@@ -689,9 +712,14 @@ int dt_ddp_relayout(dt_ddp *d, dt_err *err)
     if (d->sg16)
         be->free(be, d->sg16);
     d->sg16 = NULL;
-    if ((rc = be->alloc(be, (void **)&d->sg, d->shard_n * sizeof(float), err)) ||
-        (d->o.compress != DT_FLOAT32 &&
-         (rc = be->alloc(be, (void **)&d->sg16, d->shard_n * sizeof *d->sg16, err))))
+    dt_mem_cat old = dt_mem_tag(be, DT_MEM_GRADS); /* the shard is the stage's gradients */
+    if (!(rc = be->alloc(be, (void **)&d->sg, d->shard_n * sizeof(float), err)) &&
+        d->o.compress != DT_FLOAT32) {
+        dt_mem_tag(be, DT_MEM_COMM);
+        rc = be->alloc(be, (void **)&d->sg16, d->shard_n * sizeof *d->sg16, err);
+    }
+    dt_mem_tag(be, old);
+    if (rc)
         return dt_err_prefix(err, "ZeRO: the gradient shard: ");
     if (!d->o.release)
         d->st.payload_bytes = (d->comp ? d->m->num_params * sizeof *d->comp : 0) +
@@ -823,9 +851,14 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
     if (d->o.shard) {
         if ((rc = build_shards(d, err)))
             goto fail;
-        if ((rc = m->be->alloc(m->be, (void **)&d->sg, d->shard_n * sizeof(float), err)) ||
-            (d->o.compress != DT_FLOAT32 &&
-             (rc = m->be->alloc(m->be, (void **)&d->sg16, d->shard_n * sizeof *d->sg16, err)))) {
+        dt_mem_cat old = dt_mem_tag(m->be, DT_MEM_GRADS); /* the shard is the stage's grads */
+        if (!(rc = m->be->alloc(m->be, (void **)&d->sg, d->shard_n * sizeof(float), err)) &&
+            d->o.compress != DT_FLOAT32) {
+            dt_mem_tag(m->be, DT_MEM_COMM);
+            rc = m->be->alloc(m->be, (void **)&d->sg16, d->shard_n * sizeof *d->sg16, err);
+        }
+        dt_mem_tag(m->be, old);
+        if (rc) {
             dt_err_prefix(err, "ZeRO: the gradient shard: ");
             goto fail;
         }

@@ -54,8 +54,11 @@
  *     bucket after bucket from the end of the buffer (a chunk's padding then reads, and writes
  *     back, values of the bucket above that every rank already holds alike);
  *   - opts.release (host memory only, ZeRO-2): once a bucket's reduce-scatter is done, the whole
- *     pages of m->grads inside it are given back to the system (madvise MADV_DONTNEED: they read
- *     as zero again, which is what the next backward accumulates into). From the hook, a bucket
+ *     pages of m->grads inside it are given back to the system through the backend's
+ *     mem_release (madvise MADV_DONTNEED on the cpu: they read as zero again, which is what the
+ *     next backward accumulates into), so the allocator's DT_MEM_GRADS bytes go down with them;
+ *     the pages backward wrote again are committed back (mem_commit) where residency is
+ *     sampled, before each release. From the hook, a bucket
  *     is waited for and released when the bucket two after it is launched, so about two buckets
  *     are in flight; dt_ddp_finish releases the rest. The resident pages are measured (mincore),
  *     not assumed: see dt_ddp_stats.grads_resident_peak.

@@ -140,7 +140,9 @@ int dt_optim_set_ranges(dt_optim *o, const dt_optim_range *ranges, int num_range
     }
     o->state_numel = state_numel;
     for (int i = 0; i < o->num_states; i++) {
+        dt_mem_cat old_cat = dt_mem_tag(o->be, DT_MEM_OPTIM); /* as dt_optim_create's */
         int rc = o->be->alloc(o->be, (void **)&o->states[i].buf, sizeof(float) * state_numel, err);
+        dt_mem_tag(o->be, old_cat);
         if (rc)
             return dt_err_prefix(err, "optimiser state (%s, %zu parameters): ", o->states[i].name,
                                  state_numel);

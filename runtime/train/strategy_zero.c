@@ -28,7 +28,11 @@ typedef struct zero_impl {
                                             memory */
     size_t full_bytes;                   /* bytes of each full[] mapping */
     bool staged;                         /* full[] hold data (a save or a load): give back */
+    size_t charged;                      /* mapped: bytes of full[] charged to the backend's
+                                            statistics (DT_MEM_OTHER, mem_external) */
 } zero_impl;
+
+static size_t resident(const void *p, size_t bytes);
 
 static int zero_rank_batch(const dt_job *job) { return job->batch_size; }
 
@@ -57,13 +61,34 @@ static int alloc_staging(dt_strategy *s, zero_impl *z, dt_err *err)
     return 0;
 }
 
-/* The staging's pages go back to the system (they read as zero again). */
+/* Mapped staging is memory outside the backend's allocator: the pages a save, a load or a
+ * relayout wrote (mincore) are charged to its statistics (mem_external, as DT_MEM_OTHER, the
+ * category of checkpoint staging) once they are written, until release_staging. */
+static void count_staging(dt_strategy *s, zero_impl *z)
+{
+    if (!z->mapped)
+        return;
+    size_t now = 0;
+    for (int i = 0; i < s->optim->num_states; i++)
+        now += resident(z->full[i], z->full_bytes);
+    if (now > z->charged) {
+        dt_mem_external(s->be, DT_MEM_OTHER, now - z->charged, true);
+        z->charged = now;
+    }
+}
+
+/* The staging's pages go back to the system (they read as zero again), and out of the
+ * statistics. */
 static void release_staging(dt_strategy *s, zero_impl *z)
 {
     if (!z->staged)
         return;
+    count_staging(s, z);
     for (int i = 0; i < s->optim->num_states && z->mapped; i++)
         madvise(z->full[i], z->full_bytes, MADV_DONTNEED);
+    if (z->charged)
+        dt_mem_external(s->be, DT_MEM_OTHER, z->charged, false);
+    z->charged = 0;
     z->staged = false;
 }
 
@@ -272,6 +297,7 @@ static int zero_gather_state(dt_strategy *s, dt_err *err)
         if (rc)
             return dt_err_prefix(err, "ZeRO: gathering %s: ", s->optim->states[i].name);
     }
+    count_staging(s, z);
     return 0;
 }
 

@@ -308,6 +308,9 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     }
     if ((rc = ckpt_resume(t, err)) || (rc = t->s->ops->start(t->s, err)))
         goto fail;
+    /* metrics' peaks are training's: set-up's transients (a resume's staging, the gradient
+     * buffer the model zero-fills and ZeRO-2 gives back at once) are not what a step holds */
+    dt_mem_reset_peak(t->be);
     return 0;
 fail:
     dt_trainer_close(t);
