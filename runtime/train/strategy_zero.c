@@ -316,6 +316,10 @@ static size_t resident(const void *p, size_t bytes)
 void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)
 {
     memset(out, 0, sizeof *out);
+    if (s->ops == &dt_strategy_zero3_ops && s->impl) {
+        dt_strategy_zero3_mem(s, out);
+        return;
+    }
     const dt_model *m = s->model;
     const dt_optim *o = s->optim;
     out->params = m->num_params * sizeof(float);
@@ -339,6 +343,7 @@ void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)
     }
     if (!out->grads_peak)
         out->grads_peak = out->grads;
+    out->params_peak = out->params;
 }
 
 int dt_strategy_zero_stats(dt_strategy *s, dt_ddp_stats *out)

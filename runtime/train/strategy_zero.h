@@ -48,12 +48,18 @@
 #include "runtime/train/strategy.h"
 
 extern const dt_strategy_ops dt_strategy_zero_ops;
+/* Stage 3 (strategy_zero3.c; see "Stage 3" above): its own ops, also named "zero". */
+extern const dt_strategy_ops dt_strategy_zero3_ops;
 
 /* What one rank's strategy holds, in bytes, measured where it can be (for `dtrain bench
  * memory`). Any strategy: single, ddp and dp (the master) hold everything whole. */
 typedef struct dt_strategy_mem {
     int zero_stage;         /* 0 for strategies other than zero */
-    size_t params;          /* parameters (whole at stages 0-2) */
+    size_t params;          /* parameters (whole at stages 0-2; stage 3: the allocator's
+                               resident parameter bytes now: shard, gather staging and the
+                               flat buffer's pages held) */
+    size_t params_peak;     /* stage 3: the allocator's peak of parameter bytes (the model's
+                               whole initial buffer included); else = params */
     size_t grads;           /* gradients held now (after a step): the flat buffer's resident
                                bytes (stage 2: mincore; else its size) + the reduced shard */
     size_t grads_peak;      /* stage 2: the most the gradients (and the 16-bit payloads) held
@@ -67,6 +73,8 @@ typedef struct dt_strategy_mem {
 } dt_strategy_mem;
 
 void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out);
+/* Stage 3's figures (called by dt_strategy_get_mem): from the allocator's categories. */
+void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out);
 
 struct dt_ddp_stats;
 /* The ZeRO strategy's reducer figures (ddp.h's dt_ddp_stats: buckets, rebuilt, launches early
