@@ -74,6 +74,7 @@ typedef struct rank_out {
     char msg[1200];
     char strategy[16];
     double loss[MAX_STEPS], norm[MAX_STEPS];
+    double eval_loss, eval_acc;   /* EVAL */
     int64_t step;                 /* the trainer's step at the end */
     size_t num_params;
     int num_states;
@@ -86,7 +87,8 @@ typedef struct rank_out {
     float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
 } rank_out;
 
-typedef enum mode { STEPS, RUN, KILL_IN_GATHER, KILL_BETWEEN_STEPS, OVERFLOW_ON_ONE } mode;
+typedef enum mode { STEPS, RUN, KILL_IN_GATHER, KILL_BETWEEN_STEPS, OVERFLOW_ON_ONE,
+                    KILL_IN_FORWARD, EVAL } mode;
 
 typedef struct zrun {
     const char *config;           /* configs/<config> */
@@ -197,6 +199,35 @@ static void record_end(dt_trainer *t, rank_out *o)
                               bufs[i].numel * sizeof(float));
 }
 
+/* KILL_IN_FORWARD: the victim's model hook, around the strategy's: it dies just before block 1's
+ * forward window of the second step, so its peers are in (or about to issue) that block's
+ * all-gather. */
+static dt_block_hook_fn inner_hook;
+static void *inner_ctx;
+static int hook_step;
+static void killing_hook(void *ctx, int block, dt_block_event ev)
+{
+    (void)ctx;
+    if (hook_step == 1 && block == 1 && ev == DT_BLOCK_BEFORE_FORWARD)
+        kill(getpid(), SIGKILL);
+    inner_hook(inner_ctx, block, ev);
+}
+
+/* OVERFLOW_ON_ONE at stage 3: the last block (the classifier) x 1e30 in each of its windows. */
+static dt_model *scaled_model;
+static void scaling_hook(void *ctx, int block, dt_block_event ev)
+{
+    (void)ctx;
+    inner_hook(inner_ctx, block, ev);
+    dt_model *m = scaled_model;
+    if (block != m->num_blocks - 1 ||
+        (ev != DT_BLOCK_BEFORE_FORWARD && ev != DT_BLOCK_BEFORE_BACKWARD))
+        return;
+    const dt_block *b = &m->blocks[block];
+    for (size_t i = 0; i < b->numel; i++)
+        m->params[b->offset + i] *= 1e30f; /* cpu: backend memory is host memory */
+}
+
 static void rank_body(zrun *z, int rank)
 {
     static dt_job job;
@@ -225,7 +256,14 @@ static void rank_body(zrun *z, int rank)
     if (dt_trainer_init(&t, &job, &env, &err) != 0)
         goto fail;
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
-    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank) {
+    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank && t.model->block_hook) {
+        /* stage 3: the flat buffer holds a block only inside its windows: scale the
+         * classifier there, each time it is gathered */
+        inner_hook = t.model->block_hook;
+        inner_ctx = t.model->block_hook_ctx;
+        scaled_model = t.model;
+        dt_model_set_block_hook(t.model, scaling_hook, NULL);
+    } else if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank) {
         /* this rank's classifier x 1e30: its gradients times the loss scale overflow, the
          * others' do not */
         dt_model *m = t.model;
@@ -240,7 +278,19 @@ static void rank_body(zrun *z, int rank)
         t.be->memcpy_h2d(t.be, m->params + w->offset, h, w->numel * sizeof *h);
         free(h);
     }
-    if (z->mode == RUN) {
+    if (z->mode == KILL_IN_FORWARD && rank == z->kill_rank) {
+        inner_hook = t.model->block_hook;
+        inner_ctx = t.model->block_hook_ctx;
+        DT_REQUIRE(inner_hook);
+        dt_model_set_block_hook(t.model, killing_hook, NULL);
+    }
+    if (z->mode == EVAL) {
+        for (int k = 0; k < z->steps; k++)
+            if (dt_trainer_step(&t, &err) != 0)
+                goto fail;
+        if (dt_trainer_eval(&t, &o->eval_loss, &o->eval_acc, &err) != 0)
+            goto fail;
+    } else if (z->mode == RUN) {
         if (dt_trainer_run(&t, NULL, &err) != 0)
             goto fail;
     } else if (z->mode == KILL_IN_GATHER) {
@@ -266,6 +316,7 @@ static void rank_body(zrun *z, int rank)
         for (int k = 0; k < z->steps; k++) {
             if (z->mode == KILL_BETWEEN_STEPS && rank == z->kill_rank && k == 1)
                 kill(getpid(), SIGKILL);
+            hook_step = k;
             if (dt_trainer_step(&t, &err) != 0)
                 goto fail;
             if (k < MAX_STEPS) {
@@ -687,10 +738,76 @@ static void test_killed_rank(void)
     }
 }
 
+/* Stage 3: a rank that dies as block 1's forward begins (its peers in that block's gather, or
+ * about to issue the next one) fails the step on every other rank with the collective and the
+ * rank named, within ddp.timeout; one that dies between steps fails the first gather. */
+static void test_stage3_killed_rank(void)
+{
+    const char *cfg[2] = {"mlp.ini", "quickstart.ini"};
+    void (*setup[2])(zrun *) = {tiny_mlp, tiny_gpt};
+    for (int m = 0; m < 2; m++) {
+        zrun a = base(cfg[m], 3, 3, fmt("kill-forward-z3-%d", m));
+        setup[m](&a);
+        a.mode = KILL_IN_FORWARD;
+        a.kill_rank = 1;
+        int st[MAX_RANKS];
+        uint64_t t0 = dt_now_ns();
+        run(&a, st);
+        check_killed(&a, st, "allgather #", (double)(dt_now_ns() - t0) / 1e9);
+        for (int r = 0; r < 3; r += 2)
+            DT_CHECK_CONTAINS(a.out[r].msg, "ZeRO-3: ");
+        printf("    %s: rank 0 said: %.300s\n", a.name, a.out[0].msg);
+        unmap(&a);
+    }
+    zrun b = base("mlp.ini", 4, 3, "kill-between-z3");
+    tiny_mlp(&b);
+    b.mode = KILL_BETWEEN_STEPS;
+    b.kill_rank = 3;
+    int st[MAX_RANKS];
+    uint64_t t0 = dt_now_ns();
+    run(&b, st);
+    check_killed(&b, st, "allgather #", (double)(dt_now_ns() - t0) / 1e9);
+    DT_CHECK_CONTAINS(b.out[0].msg, "before its forward) the parameters of fc.0");
+    unmap(&b);
+}
+
+/* Stage 3 evaluation: forward windows only, every rank running as many forwards even when the
+ * validation set leaves some ranks without samples in the last batch; equals DDP's. */
+static void test_stage3_eval(void)
+{
+    const char *cfg[3] = {"mlp.ini", "quickstart.ini", "resnet.ini"};
+    void (*setup[3])(zrun *) = {tiny_mlp, tiny_gpt, tiny_resnet};
+    for (int m = 0; m < 3; m++) {
+        zrun z = base(cfg[m], 3, 3, fmt("eval-z3-%d", m)), d = base(cfg[m], 3, 0, fmt("eval-ddp-%d", m));
+        zrun *both[2] = {&z, &d};
+        for (int k = 0; k < 2; k++) {
+            setup[m](both[k]);
+            add(both[k], "train.eval_batches=1000");
+            if (m != 1) /* 10% of 490: 49 = 4 batches of 3 x 4 + 1: ranks 1 and 2 run out */
+                add(both[k], "data.synthetic_samples=490");
+            both[k]->mode = EVAL;
+            both[k]->steps = 3;
+            int st[MAX_RANKS];
+            run(both[k], st);
+            all_ok(both[k], st);
+        }
+        printf("    %s: eval loss %.9g (DDP %.9g), accuracy %g (DDP %g)\n", z.name,
+               z.out[0].eval_loss, d.out[0].eval_loss, z.out[0].eval_acc, d.out[0].eval_acc);
+        DT_CHECK_MSG(isfinite(z.out[0].eval_loss) && z.out[0].eval_loss == d.out[0].eval_loss,
+                     "%s: eval loss %.17g vs DDP %.17g", z.name, z.out[0].eval_loss,
+                     d.out[0].eval_loss);
+        DT_CHECK(z.out[0].eval_acc == d.out[0].eval_acc);
+        for (int r = 1; r < 3; r++)
+            DT_CHECK(z.out[r].eval_loss == z.out[0].eval_loss);
+        unmap(&z);
+        unmap(&d);
+    }
+}
+
 /* fp16: an overflow in one rank's gradients skips the step on every rank */
 static void test_overflow_skips_everywhere(void)
 {
-    for (int zero = 1; zero <= 2; zero++) {
+    for (int zero = 1; zero <= 3; zero++) {
         zrun z = base("mlp.ini", 3, zero, fmt("overflow-z%d", zero));
         tiny_mlp(&z);
         add(&z, "train.precision=fp16");
@@ -805,6 +922,8 @@ int main(int argc, char **argv)
         {"resume_across_stages", test_resume_across_stages, 300},
         {"killed_rank", test_killed_rank, 120},
         {"fp16_overflow_on_one_rank_skips_everywhere", test_overflow_skips_everywhere, 60},
+        {"stage3_killed_rank", test_stage3_killed_rank, 120},
+        {"stage3_eval", test_stage3_eval, 120},
         {"memory", test_memory, 120},
     };
     return dt_test_main("test_zero", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
