@@ -696,6 +696,73 @@ static void test_resume_across_stages(void)
     unmap(&f);
 }
 
+/* Stage 3: its checkpoint is DDP's file for file (mlp on 3 ranks, gpt on 4), resumes at stage 0
+ * on 1 rank and at stage 1 on 2; one process's resumes at stage 3 on 4 ranks, stage 1's (2
+ * ranks) at stage 3 on 3, each as DDP resuming it. */
+static void test_stage3_resume(void)
+{
+    const char *cfg[2] = {"mlp.ini", "quickstart.ini"};
+    void (*setup[2])(zrun *) = {tiny_mlp, tiny_gpt};
+    const int ranks[2] = {3, 4};
+    for (int m = 0; m < 2; m++) {
+        zrun z3 = base(cfg[m], ranks[m], 3, fmt("ck3-z3-%d", m));
+        zrun d0 = base(cfg[m], ranks[m], 0, fmt("ck3-ddp-%d", m));
+        setup[m](&z3);
+        setup[m](&d0);
+        train_run(&z3, 3, NULL);
+        train_run(&d0, 3, NULL);
+        DT_CHECK_STR(z3.out[0].strategy, "zero");
+        for (int f = 0; f < 2; f++) {
+            const char *file = f ? "optim.safetensors" : "model.safetensors";
+            DT_CHECK_MSG(same_file(fmt("%s/%s", ckpt_of(&z3, 3), file),
+                                   fmt("%s/%s", ckpt_of(&d0, 3), file)),
+                         "%s of ZeRO-3 and DDP differ (%s)", file, cfg[m]);
+        }
+        /* resumed on 1 rank (stage 0) and at stage 1 on 2 ranks, against DDP's checkpoint */
+        const int to_n[2] = {1, 2}, to_z[2] = {0, 1};
+        for (int k = 0; k < 2; k++) {
+            zrun a = base(cfg[m], to_n[k], to_z[k], fmt("ck3-z3-to-%d-%d", k, m));
+            zrun b = base(cfg[m], to_n[k], to_z[k], fmt("ck3-ddp-to-%d-%d", k, m));
+            setup[m](&a);
+            setup[m](&b);
+            train_run(&a, 5, ckpt_of(&z3, 3));
+            train_run(&b, 5, ckpt_of(&d0, 3));
+            DT_CHECK_INT(a.out[0].step, 5);
+            check_same_params(&a, &b);
+            unmap(&a);
+            unmap(&b);
+        }
+        unmap(&z3);
+        unmap(&d0);
+    }
+    /* the reverse: one process's checkpoint at stage 3 on 4 ranks; stage 1's (2 ranks) on 3 */
+    zrun s = base("mlp.ini", 1, 0, "ck3-single"), z1 = base("mlp.ini", 2, 1, "ck3-z1");
+    tiny_mlp(&s);
+    tiny_mlp(&z1);
+    train_run(&s, 3, NULL);
+    train_run(&z1, 3, NULL);
+    const zrun *src[2] = {&s, &z1};
+    const int n3[2] = {4, 3};
+    for (int k = 0; k < 2; k++) {
+        zrun a = base("mlp.ini", n3[k], 3, fmt("ck3-to-z3-%d", k));
+        zrun b = base("mlp.ini", n3[k], 0, fmt("ck3-to-ddp-%d", k));
+        tiny_mlp(&a);
+        tiny_mlp(&b);
+        train_run(&a, 5, ckpt_of(src[k], 3));
+        train_run(&b, 5, ckpt_of(src[k], 3));
+        DT_CHECK_STR(a.out[0].strategy, "zero");
+        DT_CHECK_INT(a.out[0].step, 5);
+        check_same_params(&a, &b);
+        for (int r = 1; r < n3[k]; r++)
+            DT_CHECK(first_diff(a.out[r].params, a.out[0].params, a.out[0].num_params) ==
+                     a.out[0].num_params);
+        unmap(&a);
+        unmap(&b);
+    }
+    unmap(&s);
+    unmap(&z1);
+}
+
 /* ---- failures ------------------------------------------------------------------------------ */
 
 static void check_killed(zrun *z, const int *st, const char *coll, double took)
@@ -923,6 +990,7 @@ int main(int argc, char **argv)
         {"killed_rank", test_killed_rank, 120},
         {"fp16_overflow_on_one_rank_skips_everywhere", test_overflow_skips_everywhere, 60},
         {"stage3_killed_rank", test_stage3_killed_rank, 120},
+        {"stage3_resume_across_stages", test_stage3_resume, 300},
         {"stage3_eval", test_stage3_eval, 120},
         {"memory", test_memory, 120},
     };
