@@ -58,11 +58,13 @@ typedef struct dt_strategy_mem {
     size_t params;          /* parameters (whole at stages 0-2; stage 3: the allocator's
                                resident parameter bytes now: shard, gather staging and the
                                flat buffer's pages held) */
-    size_t params_peak;     /* stage 3: the allocator's peak of parameter bytes (the model's
-                               whole initial buffer included); else = params */
+    size_t params_peak;     /* stage 3: the most parameter bytes resident during the steps
+                               (the allocator's count, seen at every window's start, where it
+                               only grows); else = params */
     size_t grads;           /* gradients held now (after a step): the flat buffer's resident
                                bytes (stage 2: mincore; else its size) + the reduced shard */
-    size_t grads_peak;      /* stage 2: the most the gradients (and the 16-bit payloads) held
+    size_t grads_peak;      /* stage 3: as params_peak, for gradients;
+                               stage 2: the most the gradients (and the 16-bit payloads) held
                                since the step began (resident pages, measured at each bucket
                                released, + the shard); else = grads */
     size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */

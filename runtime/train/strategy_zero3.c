@@ -82,7 +82,8 @@ typedef struct z3_impl {
     size_t full_bytes;
     bool staged;
     size_t page;
-    double comm_wait_s;        /* waits for reduce-scatters in this step */
+    size_t pk_params, pk_grads; /* the most parameter / gradient bytes resident (allocator's
+                                   categories) seen right after each window took its pages */
 } z3_impl;
 
 static dt_backend *be_of(dt_strategy *s) { return s->be; }
@@ -206,9 +207,7 @@ static void wait_send(dt_strategy *s, z3_impl *z, int i)
     if (!z->send_work[i])
         return;
     dt_err e = {0};
-    double t0 = dt_now_s();
     int rc = dt_comm_wait(s->comm, z->send_work[i], &e);
-    z->comm_wait_s += dt_now_s() - t0;
     z->send_work[i] = NULL;
     if (rc)
         fail_at(z, rc, &e, "reduce-scattering the gradients of", "a block");
@@ -281,6 +280,11 @@ static void hook(void *ctx, int k, dt_block_event ev)
         int nx = next_window(z);
         if (nx >= 0 && nx != k && !z->valid[nx] && z->pf_block < 0 && !z->rc)
             issue_gather(s, z, nx, true, "prefetching the parameters of");
+        /* resident bytes only grow at a window's start (commits): the peaks are seen here */
+        dt_mem_stats ms;
+        dt_mem_read(be_of(s), &ms);
+        z->pk_params = DT_MAX(z->pk_params, ms.cur[DT_MEM_PARAMS]);
+        z->pk_grads = DT_MAX(z->pk_grads, ms.cur[DT_MEM_GRADS]);
         return;
     }
     int nx = next_window(z);
@@ -785,13 +789,14 @@ static void z3_close(dt_strategy *s)
 
 void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out)
 {
+    const z3_impl *z = s->impl;
     dt_mem_stats ms;
     dt_mem_read(s->be, &ms);
     out->zero_stage = 3;
     out->params = ms.cur[DT_MEM_PARAMS];
-    out->params_peak = ms.peak[DT_MEM_PARAMS];
+    out->params_peak = DT_MAX(z->pk_params, out->params);
     out->grads = ms.cur[DT_MEM_GRADS];
-    out->grads_peak = ms.peak[DT_MEM_GRADS];
+    out->grads_peak = DT_MAX(z->pk_grads, out->grads);
     out->optim = (size_t)s->optim->num_states * s->optim->state_numel * sizeof(float);
     out->comm = ms.cur[DT_MEM_COMM];
 }
