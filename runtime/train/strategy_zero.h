@@ -39,6 +39,23 @@
  *
  * A rank that dies mid reduce-scatter or all-gather fails the step with the comm layer's error
  * (naming the collective, its sequence number and the rank) within ddp.timeout.
+ *
+ * Stage 3 (parallel.zero = 3, strategy_zero3.c, device = cpu): the parameters are sharded too,
+ * per block of the model (model.h: buckets = blocks, each cut into N chunks of ceil(n/N), the
+ * last padded; rank r keeps chunk r of every block in its persistent shard). The model's block
+ * hook gathers a block into the flat parameter buffer at BEFORE_FORWARD / BEFORE_BACKWARD
+ * (through a padded staging buffer, prefetched one window ahead once the window order was seen
+ * in the first step) and gives its pages back (mem_release) at AFTER; a block's gradients are
+ * reduce-scattered at its last AFTER_BACKWARD of the last micro-step and their pages given back
+ * (earlier micro-steps of an accumulation keep the whole gradient buffer, as stage 2). The
+ * optimiser steps the shard in place (a tensor table of the shard layout). Per rank: 4Ψ/N +
+ * about two blocks of parameters, 4Ψ/N + about one block of gradients, 8Ψ/N of AdamW state.
+ * Bit for bit DDP's on one host (the same reductions, the same element-wise update); the norm
+ * as stages 1-2. Checkpoints through full-size staging as above, the parameters included: a
+ * save gathers them, a load is sliced at start. Every micro-step communicates, so
+ * train.global_batch (unequal micro-steps across ranks) is refused, and every rank must run
+ * as many eval forwards (the trainer does). dt_strategy_zero_stats is -EINVAL for it (no
+ * reducer); dt_strategy_get_mem reports its allocator figures.
  */
 #ifndef DT_STRATEGY_ZERO_H
 #define DT_STRATEGY_ZERO_H
