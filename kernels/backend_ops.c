@@ -109,3 +109,9 @@ void dt_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add)
     if (be && be->mem_external)
         be->mem_external(be, cat, bytes, add);
 }
+
+void dt_mem_reset_peak(dt_backend *be)
+{
+    if (be && be->mem_reset_peak)
+        be->mem_reset_peak(be);
+}

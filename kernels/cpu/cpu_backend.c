@@ -171,7 +171,8 @@ static void charge(dt_cpu *c, dt_mem_cat cat, size_t bytes)
 {
     dt_mem_stats_add(&c->mem, cat, bytes);
     c->cur_bytes = c->mem.total;
-    c->peak_bytes = c->mem.total_peak;
+    if (c->mem.total_peak > c->peak_bytes) /* the statistics' peak may have been reset */
+        c->peak_bytes = c->mem.total_peak;
 }
 
 static void uncharge(dt_cpu *c, dt_mem_cat cat, size_t bytes)
@@ -327,6 +328,13 @@ static void cpu_synchronize(dt_backend *be) { (void)be; }
 
 static size_t cpu_peak_bytes(dt_backend *be) { return dt_cpu_of(be)->peak_bytes; }
 
+static void cpu_mem_reset_peak(dt_backend *be)
+{
+    dt_mem_stats *m = &dt_cpu_of(be)->mem;
+    memcpy(m->peak, m->cur, sizeof m->peak);
+    m->total_peak = m->total;
+}
+
 bool dt_cpu_scratch_reserve(dt_cpu *c, size_t n)
 {
     if (n <= c->scratch_cap)
@@ -380,6 +388,7 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     be->mem_external = cpu_mem_external;
     be->mem_release = cpu_mem_release;
     be->mem_commit = cpu_mem_commit;
+    be->mem_reset_peak = cpu_mem_reset_peak;
     be->profile_enable = cpu_profile_enable;
     be->profile_read = cpu_profile_read;
 

@@ -396,6 +396,14 @@ static dt_mem_cat cu_mem_category(dt_backend *be, dt_mem_cat cat)
 
 static void cu_mem_stats(dt_backend *be, dt_mem_stats *out) { *out = dt_cuda_of(be)->arena->mem; }
 
+// The statistics' peaks start again from what is in use now; the arena's peak (peak_bytes) stays.
+static void cu_mem_reset_peak(dt_backend *be)
+{
+    dt_mem_stats *m = &dt_cuda_of(be)->arena->mem;
+    memcpy(m->peak, m->cur, sizeof m->peak);
+    m->total_peak = m->total;
+}
+
 // Outside the arena (no user on CUDA today: NCCL has no communicator memory); counted in the
 // statistics only, so in_use and peak_bytes (the arena's) do not include it.
 static void cu_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add)
@@ -575,6 +583,7 @@ static void fill_ops(dt_backend *be)
     be->mem_external = cu_mem_external;
     be->mem_release = cu_mem_release;
     be->mem_commit = cu_mem_commit;
+    be->mem_reset_peak = cu_mem_reset_peak;
     be->profile_enable = cu_profile_enable;
     be->profile_read = cu_profile_read;
     be->matmul_fwd = dt_cuda_matmul_fwd;
