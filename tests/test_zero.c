@@ -542,7 +542,8 @@ static void test_stage3_models(void)
     }
 }
 
-/* Stage 3 with clipping, fp16 loss scaling, grad_accum = 2, compress, SGD, recompute. */
+/* Stage 3 with clipping, fp16 loss scaling, grad_accum = 2, compress, SGD, recompute,
+ * SyncBatchNorm. */
 static void test_stage3_options(void)
 {
     const char *const clip[] = {"train.grad_clip=0.05", NULL};
@@ -563,8 +564,11 @@ static void test_stage3_options(void)
     compare_with_ddp("gpt", 3, 3, tiny_gpt, bf16, false);
     compare_with_ddp("mlp", 3, 3, tiny_mlp, f16, false);
     compare_with_ddp("mlp", 3, 3, tiny_mlp, sgd, false);
+    const char *const sbn[] = {"model.sync_bn=true", NULL};
     compare_with_ddp("gpt", 3, 2, tiny_gpt, rec, false);
     compare_with_ddp("resnet", 3, 3, tiny_resnet, rec, false);
+    /* SyncBatchNorm's collectives inside the windows, among the prefetched gathers */
+    compare_with_ddp("resnet", 3, 3, tiny_resnet, sbn, false);
 }
 
 /* The clipping test above must clip: the norms it compares are above grad_clip. */
