@@ -471,6 +471,17 @@ static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zr
                          (unsigned long long)a->st.bucket_syncs);
             DT_CHECK_MSG(a->st.rebuilt, "%s: the buckets were not rebuilt", zr.name);
         }
+        if (zero == 3) {
+            /* every gather after the first step came from a prefetch, except each forward's
+             * first window (nothing runs before it); the backward's first is forward's last */
+            const dt_strategy_mem *m3 = &a->mem;
+            DT_CHECK_MSG(m3->gathers_sync == m3->windows + m3->forwards - 1 &&
+                             m3->gathers_prefetched > 0,
+                         "%s: %llu gathers waited for at once, %llu prefetched, %llu windows, "
+                         "%llu forwards", zr.name, (unsigned long long)m3->gathers_sync,
+                         (unsigned long long)m3->gathers_prefetched,
+                         (unsigned long long)m3->windows, (unsigned long long)m3->forwards);
+        }
         /* the shards held: 1/N of the state (plus at most N-1 padding per bucket) */
         const dt_strategy_mem *m = &a->mem;
         DT_CHECK_INT(m->zero_stage, zero);

@@ -87,6 +87,10 @@ typedef struct dt_strategy_mem {
     size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
     size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
                                resident part); other strategies: not reported here (0) */
+    /* stage 3: block gathers waited for at once (the first step's, the first window of each
+     * forward) and served by a prefetch; the windows of a forward and a backward as recorded;
+     * forward passes run */
+    uint64_t gathers_sync, gathers_prefetched, windows, forwards;
     size_t ckpt_staging;    /* checkpoint staging held now (full-size optimiser state between
                                a save and the next update on cpu; always on cuda) */
 } dt_strategy_mem;

@@ -59,12 +59,15 @@ typedef struct z3_impl {
     float *stg;                /* (max_pad) gather staging, owned (DT_MEM_PARAMS) */
     void *send[2];             /* (max_pad) gradient send buffers (float or 16-bit), owned */
     dt_comm_work *send_work[2];
+    int send_block[2];         /* the block each send buffer carries (for messages) */
     int send_next;
     dt_tensor_info *st;        /* (nst) the shard layout's tensor table, owned */
     int nst;
     /* the window order, recorded on the first forward and backward */
-    int *fseq, nf, *bseq, nbw; /* (nb * 2 + 4) each */
+    int *fseq, nf, *bseq, nbw; /* (seq_cap) each */
+    int seq_cap;               /* the windows of a pass (sum of blocks' windows) + 4 */
     bool frec, brec;           /* recorded */
+    bool fbad, bbad;           /* a pass had more windows than seq_cap: never recorded */
     bool in_bwd, training;     /* the pass running */
     int pos;                   /* windows of this pass seen */
     bool *valid;               /* (nb) the flat buffer holds block k's parameters */
@@ -82,6 +85,8 @@ typedef struct z3_impl {
     size_t full_bytes;
     bool staged;
     size_t page;
+    uint64_t g_sync, g_pref, forwards; /* gathers waited for at once, served by a prefetch;
+                                          forward passes */
     size_t pk_params, pk_grads; /* the most parameter / gradient bytes resident (allocator's
                                    categories) seen right after each window took its pages */
 } z3_impl;
@@ -151,6 +156,8 @@ static void issue_gather(dt_strategy *s, z3_impl *z, int k, bool async, const ch
     }
     z->pf_block = k;
     z->pf_ready = !async;
+    if (!async)
+        z->g_sync++;
 }
 
 /* The flat buffer gets block k's parameters (from the prefetch, or gathered now). */
@@ -163,6 +170,7 @@ static void bring_in(dt_strategy *s, z3_impl *z, int k, const char *why)
         pf_drop(s, z); /* a guess that missed (a pass unlike the recorded one) */
         issue_gather(s, z, k, false, why);
     } else if (!z->pf_ready) {
+        z->g_pref++;
         dt_err e = {0};
         int rc = dt_comm_wait(s->comm, z->pf_work, &e);
         z->pf_work = NULL;
@@ -210,7 +218,8 @@ static void wait_send(dt_strategy *s, z3_impl *z, int i)
     int rc = dt_comm_wait(s->comm, z->send_work[i], &e);
     z->send_work[i] = NULL;
     if (rc)
-        fail_at(z, rc, &e, "reduce-scattering the gradients of", "a block");
+        fail_at(z, rc, &e, "reduce-scattering the gradients of",
+                s->model->blocks[z->send_block[i]].name);
 }
 
 static void scatter_grads(dt_strategy *s, z3_impl *z, int k)
@@ -224,6 +233,7 @@ static void scatter_grads(dt_strategy *s, z3_impl *z, int k)
         return;
     size_t pad = (size_t)z->N * b->c;
     float *g = s->model->grads + b->lo;
+    z->send_block[i] = k;
     dt_err e = {0};
     int rc;
     if (z->sg16) {
@@ -263,10 +273,18 @@ static void hook(void *ctx, int k, dt_block_event ev)
             z->in_bwd = bwd;
             z->pos = 0;
         }
-        if (bwd && !z->brec)
-            z->bseq[z->nbw++] = k;
-        if (!bwd && !z->frec)
-            z->fseq[z->nf++] = k;
+        if (bwd && !z->brec) {
+            if (z->nbw < z->seq_cap)
+                z->bseq[z->nbw++] = k;
+            else
+                z->bbad = true;
+        }
+        if (!bwd && !z->frec) {
+            if (z->nf < z->seq_cap)
+                z->fseq[z->nf++] = k;
+            else
+                z->fbad = true;
+        }
         /* consistency: the recorded order holds, else no more guessing */
         int *seq = bwd ? z->bseq : z->fseq;
         int len = bwd ? z->nbw : z->nf;
@@ -295,23 +313,28 @@ static void hook(void *ctx, int k, dt_block_event ev)
         scatter_grads(s, z, k);
 }
 
-/* A pass begins (forward) or ends: what it recorded is the order from now on. */
+/* A pass begins (forward): the windows count from the start again. */
 static void pass_begin(z3_impl *z, bool training)
 {
+    z->forwards++;
     z->in_bwd = false;
     z->pos = 0;
     z->training = training;
 }
 
-static void pass_end(dt_strategy *s, z3_impl *z, bool bwd)
+/* A pass ended: when it was the first of its kind and went through (rc 0), its windows are the
+ * order the next passes prefetch by; a failed one is recorded again next time. */
+static void pass_end(z3_impl *z, bool bwd, int rc)
 {
-    if (bwd) {
-        if (z->nbw)
-            z->brec = true;
-    } else if (z->nf) {
-        z->frec = true;
+    if (bwd && !z->brec) {
+        z->brec = !rc && !z->rc && z->nbw > 0 && !z->bbad;
+        if (!z->brec)
+            z->nbw = 0;
+    } else if (!bwd && !z->frec) {
+        z->frec = !rc && !z->rc && z->nf > 0 && !z->fbad;
+        if (!z->frec)
+            z->nf = 0;
     }
-    (void)s;
 }
 
 /* Every block's flat parameters given back, any prefetch waited for. */
@@ -384,10 +407,13 @@ static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
     if (m->num_blocks < 1)
         return dt_err_set(err, -EINVAL, "ZeRO-3: the model has no blocks to gather");
     z->nb = m->num_blocks;
+    z->seq_cap = 4;
+    for (int k = 0; k < z->nb; k++)
+        z->seq_cap += DT_MAX(1, m->blocks[k].windows);
     if (!(z->b = calloc((size_t)z->nb, sizeof *z->b)) ||
         !(z->st = calloc((size_t)(m->num_tensors + 2 * z->nb), sizeof *z->st)) ||
-        !(z->fseq = calloc((size_t)z->nb * 2 + 4, sizeof *z->fseq)) ||
-        !(z->bseq = calloc((size_t)z->nb * 2 + 4, sizeof *z->bseq)) ||
+        !(z->fseq = calloc((size_t)z->seq_cap, sizeof *z->fseq)) ||
+        !(z->bseq = calloc((size_t)z->seq_cap, sizeof *z->bseq)) ||
         !(z->valid = calloc((size_t)z->nb, sizeof *z->valid)) ||
         !(z->bw_seen = calloc((size_t)z->nb, sizeof *z->bw_seen)))
         return dt_err_set(err, -ENOMEM, "ZeRO-3: out of memory");
@@ -603,7 +629,7 @@ static int z3_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, boo
     z->last = last;
     pass_begin(z, true);
     int rc = m->ops->forward(m, batch, true, loss, err);
-    pass_end(s, z, false);
+    pass_end(z, false, rc);
     if (!rc && z->rc)
         rc = z->rc, *err = z->err;
     if (rc) {
@@ -612,7 +638,7 @@ static int z3_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, boo
     }
     memset(z->bw_seen, 0, sizeof *z->bw_seen * (size_t)z->nb);
     rc = m->ops->backward(m, dloss, NULL, NULL, err);
-    pass_end(s, z, true);
+    pass_end(z, true, rc);
     z->in_bwd = false;
     drop_all(s, z);
     if (!rc && z->rc)
@@ -699,7 +725,7 @@ static int z3_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int6
     dt_model *m = s->model;
     pass_begin(z, false);
     int rc = m->ops->forward(m, batch, false, loss, err);
-    pass_end(s, z, false);
+    pass_end(z, false, rc);
     drop_all(s, z);
     if (!rc && z->rc) {
         rc = z->rc;
@@ -799,6 +825,10 @@ void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out)
     out->grads_peak = DT_MAX(z->pk_grads, out->grads);
     out->optim = (size_t)s->optim->num_states * s->optim->state_numel * sizeof(float);
     out->comm = ms.cur[DT_MEM_COMM];
+    out->gathers_sync = z->g_sync;
+    out->gathers_prefetched = z->g_pref;
+    out->windows = (uint64_t)(z->nf + z->nbw);
+    out->forwards = z->forwards;
 }
 
 const dt_strategy_ops dt_strategy_zero3_ops = {
