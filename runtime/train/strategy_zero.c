@@ -79,7 +79,7 @@ static int zero_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if (z->stage < 1 || z->stage > 2)
         return dt_err_set(err, -EINVAL,
                           "parallel.zero = %d: this strategy runs stages 1 and 2 (stage 3 is "
-                          "not supported yet; 0 is DDP)", z->stage);
+                          "dt_strategy_zero3_ops; 0 is DDP)", z->stage);
     int rc = dt_strategy_open_backend(s, ctx, err);
     if (rc)
         return rc;
