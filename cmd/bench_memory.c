@@ -7,8 +7,9 @@
  * ranks, processes of their own (fork + exec of this binary, as `bench dp-vs-ddp` runs its DDP
  * ranks) with a communicator over an in-process store, for a few steps. Each rank reports the
  * peak bytes of each category (parameters, gradients, optimiser state, activations,
- * communication buffers, other), the peak of the total, and its mean step time after the first
- * step.
+ * communication buffers, other) during the steps (the peaks are reset once the trainer is set
+ * up: ZeRO-3 initialises the whole model before it keeps its shard), the peak of the total, and
+ * its mean step time after the first step.
  *
  * The configurations are asked of the configuration itself: the bench passes
  * `parallel.zero=K train.recompute=X` as overrides, and a combination the job file loader

@@ -105,7 +105,8 @@ dt_mem_cat dt_mem_tag(dt_backend *be, dt_mem_cat cat);
 void dt_mem_read(dt_backend *be, dt_mem_stats *out);
 /* be->mem_external when be has it. */
 void dt_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add);
-/* be->mem_reset_peak when be has it: from now on the peaks are those of what follows. */
+/* be->mem_reset_peak when be has it: the statistics' peaks start again from what is resident
+ * now (peak_bytes, the whole run's peak, is left alone). */
 void dt_mem_reset_peak(dt_backend *be);
 
 typedef struct dt_backend_opts {
@@ -158,10 +159,9 @@ struct dt_backend {
     void (*mem_external)(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add);
     void (*mem_release)(dt_backend *be, void *base, size_t offset, size_t bytes);
     int (*mem_commit)(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err);
-    /* mem_reset_peak: every category's peak, the total's peak and peak_bytes become what is
-     * resident now (torch.cuda.reset_peak_memory_stats), so that a caller measures the peaks of
-     * a phase (the training steps) without the set-up's transients: the model zero-fills its
-     * gradient buffer, which ZeRO-2 then gives back at once. */
+    /* mem_reset_peak: mem_stats' peak[] and total_peak become cur[] and total (what a
+     * measurement of the steps alone starts from, after set-up freed or gave back what it
+     * needed only once: ZeRO-3's whole initial parameters); peak_bytes is not reset. */
     void (*mem_reset_peak)(dt_backend *be);
     /* The PCI address ("0000:3B:00.0") of visible device `device` (any of them, not only this
      * backend's), to bind workers near their GPU; 0 or a negative errno. NULL on the CPU. */

@@ -105,6 +105,22 @@ static void test_memory(void)
         DT_CHECK(p == 4.0 * (double)psi && g == 4.0 * (double)psi && o == 8.0 * (double)psi);
         DT_CHECK(pp == p && pg == g && po == o);
     }
+    /* stage 3, measured over the steps: parameters within 10% of 1/N plus two blocks, the
+     * optimiser state 1/N (its padding: under 1%) */
+    for (int r = 0; r < 2; r++) {
+        char key[64];
+        snprintf(key, sizeof key, "# zero=3 recompute=none rank %d: ", r);
+        const char *at = strstr(out, key);
+        double p = 0, g = 0, o = 0, pp = 0, pg = 0, po = 0;
+        DT_REQUIRE(at);
+        DT_REQUIRE(sscanf(at + strlen(key), "%lf %lf %lf; predicted %lf %lf %lf", &p, &g, &o,
+                          &pp, &pg, &po) == 6);
+        printf("    zero=3 rank %d: params %.0f (predicted %.0f), grads %.0f (%.0f), optim %.0f "
+               "(%.0f)\n", r, p, pp, g, pg, o, po);
+        DT_CHECK_MSG(p >= pp * 0.9 && p <= pp * 1.1, "zero=3: params %.0f, predicted %.0f", p, pp);
+        DT_CHECK_MSG(o >= po && o <= po * 1.01, "zero=3: optim %.0f, predicted %.0f", o, po);
+        DT_CHECK_MSG(g >= pg && g < 4.0 * (double)psi, "zero=3: grads %.0f, predicted %.0f", g, pg);
+    }
     DT_CHECK_CONTAINS(out, "configuration");
     DT_CHECK_CONTAINS(out, "p.optim");
     static const char *const recs[] = {"none", "block"};

@@ -167,6 +167,17 @@ static void test_release_commit(void)
     DT_CHECK_INT(s.cur[DT_MEM_GRADS], bytes - 38 * ps);
     DT_CHECK_INT(s.peak[DT_MEM_GRADS], bytes);
 
+    /* the statistics' peaks start again from what is resident; peak_bytes (the run's) stays */
+    size_t run_peak = be->peak_bytes(be);
+    dt_mem_reset_peak(be);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.peak[DT_MEM_GRADS], bytes - 38 * ps);
+    DT_CHECK_INT(s.total_peak, s.total);
+    DT_REQUIRE_OK(be->mem_commit(be, x, 12 * ps, ps, &err), &err); /* page 12 comes back */
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.peak[DT_MEM_GRADS], bytes - 37 * ps);
+    DT_CHECK_INT(be->peak_bytes(be), run_peak);
+
     /* free gives back what is resident; nothing is left */
     be->free(be, x);
     dt_mem_read(be, &s);

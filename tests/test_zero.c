@@ -27,8 +27,9 @@
 #include "tests/harness.h"
 
 #define MAX_RANKS 4
-#define MAX_STEPS 8
-#define MAX_PER (64 * 1024) /* parameters of the models here (checked) */
+#define MAX_STEPS 50
+#define MAX_PER (512 * 1024)
+#define Z3_STEPS 50 /* stage 3 against DDP: the issue's 50 steps */ /* parameters of the models here (checked) */
 
 static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 static const char *fmt(const char *f, ...)
@@ -73,6 +74,7 @@ typedef struct rank_out {
     char msg[1200];
     char strategy[16];
     double loss[MAX_STEPS], norm[MAX_STEPS];
+    double eval_loss, eval_acc;   /* EVAL */
     int64_t step;                 /* the trainer's step at the end */
     size_t num_params;
     int num_states;
@@ -87,7 +89,8 @@ typedef struct rank_out {
     float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
 } rank_out;
 
-typedef enum mode { STEPS, RUN, KILL_IN_GATHER, KILL_BETWEEN_STEPS, OVERFLOW_ON_ONE } mode;
+typedef enum mode { STEPS, RUN, KILL_IN_GATHER, KILL_BETWEEN_STEPS, OVERFLOW_ON_ONE,
+                    KILL_IN_FORWARD, EVAL } mode;
 
 typedef struct zrun {
     const char *config;           /* configs/<config> */
@@ -121,7 +124,7 @@ static zrun base(const char *config, int N, int zero, const char *name)
     add(&z, "checkpoint.every=0");
     add(&z, "checkpoint.async=false");
     add(&z, "ddp.timeout=20");
-    add(&z, zero == 0 ? "parallel.zero=0" : zero == 1 ? "parallel.zero=1" : "parallel.zero=2");
+    add(&z, fmt("parallel.zero=%d", zero));
     return z;
 }
 
@@ -176,7 +179,6 @@ static void record_end(dt_trainer *t, rank_out *o)
         o->status = 2;
         return;
     }
-    t->be->memcpy_d2h(t->be, o->params, t->model->params, o->num_params * sizeof(float));
     if (s->ops->gather_state && s->ops->gather_state(s, &err) != 0) {
         snprintf(o->msg, sizeof o->msg, "gather_state: %.1000s", err.msg);
         o->status = 2;
@@ -189,10 +191,44 @@ static void record_end(dt_trainer *t, rank_out *o)
         o->status = 2;
         return;
     }
+    /* the parameters as a checkpoint takes them (stage 3's flat buffer holds none now) */
+    for (int i = 0; i < n; i++)
+        if (!strcmp(bufs[i].file, "model") && !bufs[i].copy_at_save &&
+            bufs[i].numel == o->num_params)
+            t->be->memcpy_d2h(t->be, o->params, bufs[i].data, o->num_params * sizeof(float));
     for (int i = 0; i < n; i++)
         if (!strcmp(bufs[i].file, "optim") && o->num_states < 2)
             t->be->memcpy_d2h(t->be, o->state[o->num_states++], bufs[i].data,
                               bufs[i].numel * sizeof(float));
+}
+
+/* KILL_IN_FORWARD: the victim's model hook, around the strategy's: it dies just before block 1's
+ * forward window of the second step, so its peers are in (or about to issue) that block's
+ * all-gather. */
+static dt_block_hook_fn inner_hook;
+static void *inner_ctx;
+static int hook_step;
+static void killing_hook(void *ctx, int block, dt_block_event ev)
+{
+    (void)ctx;
+    if (hook_step == 1 && block == 1 && ev == DT_BLOCK_BEFORE_FORWARD)
+        kill(getpid(), SIGKILL);
+    inner_hook(inner_ctx, block, ev);
+}
+
+/* OVERFLOW_ON_ONE at stage 3: the last block (the classifier) x 1e30 in each of its windows. */
+static dt_model *scaled_model;
+static void scaling_hook(void *ctx, int block, dt_block_event ev)
+{
+    (void)ctx;
+    inner_hook(inner_ctx, block, ev);
+    dt_model *m = scaled_model;
+    if (block != m->num_blocks - 1 ||
+        (ev != DT_BLOCK_BEFORE_FORWARD && ev != DT_BLOCK_BEFORE_BACKWARD))
+        return;
+    const dt_block *b = &m->blocks[block];
+    for (size_t i = 0; i < b->numel; i++)
+        m->params[b->offset + i] *= 1e30f; /* cpu: backend memory is host memory */
 }
 
 static void rank_body(zrun *z, int rank)
@@ -223,7 +259,14 @@ static void rank_body(zrun *z, int rank)
     if (dt_trainer_init(&t, &job, &env, &err) != 0)
         goto fail;
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
-    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank) {
+    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank && t.model->block_hook) {
+        /* stage 3: the flat buffer holds a block only inside its windows: scale the
+         * classifier there, each time it is gathered */
+        inner_hook = t.model->block_hook;
+        inner_ctx = t.model->block_hook_ctx;
+        scaled_model = t.model;
+        dt_model_set_block_hook(t.model, scaling_hook, NULL);
+    } else if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank) {
         /* this rank's classifier x 1e30: its gradients times the loss scale overflow, the
          * others' do not */
         dt_model *m = t.model;
@@ -238,7 +281,19 @@ static void rank_body(zrun *z, int rank)
         t.be->memcpy_h2d(t.be, m->params + w->offset, h, w->numel * sizeof *h);
         free(h);
     }
-    if (z->mode == RUN) {
+    if (z->mode == KILL_IN_FORWARD && rank == z->kill_rank) {
+        inner_hook = t.model->block_hook;
+        inner_ctx = t.model->block_hook_ctx;
+        DT_REQUIRE(inner_hook);
+        dt_model_set_block_hook(t.model, killing_hook, NULL);
+    }
+    if (z->mode == EVAL) {
+        for (int k = 0; k < z->steps; k++)
+            if (dt_trainer_step(&t, &err) != 0)
+                goto fail;
+        if (dt_trainer_eval(&t, &o->eval_loss, &o->eval_acc, &err) != 0)
+            goto fail;
+    } else if (z->mode == RUN) {
         if (dt_trainer_run(&t, NULL, &err) != 0)
             goto fail;
     } else if (z->mode == KILL_IN_GATHER) {
@@ -264,6 +319,7 @@ static void rank_body(zrun *z, int rank)
         for (int k = 0; k < z->steps; k++) {
             if (z->mode == KILL_BETWEEN_STEPS && rank == z->kill_rank && k == 1)
                 kill(getpid(), SIGKILL);
+            hook_step = k;
             if (dt_trainer_step(&t, &err) != 0)
                 goto fail;
             if (k < MAX_STEPS) {
@@ -361,6 +417,8 @@ static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zr
     zrun dd = base(config, N, 0, fmt("%s-ddp-n%d", what, N));
     setup(&zr);
     setup(&dd);
+    if (zero == 3) /* the issue's acceptance: 50 steps */
+        zr.steps = dd.steps = Z3_STEPS;
     for (; more && *more; more++) {
         add(&zr, *more);
         add(&dd, *more);
@@ -407,13 +465,26 @@ static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zr
         }
         /* the buckets went out from backward (overlapped), and were rebuilt from the ready
          * order after the first step (the optimiser state moved with the shards) */
-        DT_CHECK(a->have_stats);
-        DT_CHECK_MSG(a->st.launched_late == 0 && a->st.launched_early == a->st.bucket_syncs,
-                     "%s: %llu buckets launched after backward, %llu from it, %llu due", zr.name,
-                     (unsigned long long)a->st.launched_late,
-                     (unsigned long long)a->st.launched_early,
-                     (unsigned long long)a->st.bucket_syncs);
-        DT_CHECK_MSG(a->st.rebuilt, "%s: the buckets were not rebuilt", zr.name);
+        DT_CHECK(a->have_stats == (zero < 3));
+        if (zero < 3) {
+            DT_CHECK_MSG(a->st.launched_late == 0 && a->st.launched_early == a->st.bucket_syncs,
+                         "%s: %llu buckets launched after backward, %llu from it, %llu due",
+                         zr.name, (unsigned long long)a->st.launched_late,
+                         (unsigned long long)a->st.launched_early,
+                         (unsigned long long)a->st.bucket_syncs);
+            DT_CHECK_MSG(a->st.rebuilt, "%s: the buckets were not rebuilt", zr.name);
+        }
+        if (zero == 3) {
+            /* every gather after the first step came from a prefetch, except each forward's
+             * first window (nothing runs before it); the backward's first is forward's last */
+            const dt_strategy_mem *m3 = &a->mem;
+            DT_CHECK_MSG(m3->gathers_sync == m3->windows + m3->forwards - 1 &&
+                             m3->gathers_prefetched > 0,
+                         "%s: %llu gathers waited for at once, %llu prefetched, %llu windows, "
+                         "%llu forwards", zr.name, (unsigned long long)m3->gathers_sync,
+                         (unsigned long long)m3->gathers_prefetched,
+                         (unsigned long long)m3->windows, (unsigned long long)m3->forwards);
+        }
         /* the shards held: 1/N of the state (plus at most N-1 padding per bucket) */
         const dt_strategy_mem *m = &a->mem;
         DT_CHECK_INT(m->zero_stage, zero);
@@ -472,6 +543,46 @@ static void test_options(void)
         compare_with_ddp("mlp", zero, 3, tiny_mlp, f16, false);
         compare_with_ddp("mlp", zero, 3, tiny_mlp, sgd, false);
     }
+}
+
+/* Stage 3 against DDP over 50 steps: mlp (1023 parameters: 2 and 4 do not divide it), gpt and
+ * resnet, at 2, 3 and 4 ranks. */
+static void test_stage3_models(void)
+{
+    for (int N = 2; N <= 4; N++) {
+        compare_with_ddp("mlp", 3, N, tiny_mlp, NULL, false);
+        compare_with_ddp("gpt", 3, N, tiny_gpt, NULL, false);
+        compare_with_ddp("resnet", 3, N, tiny_resnet, NULL, false);
+    }
+}
+
+/* Stage 3 with clipping, fp16 loss scaling, grad_accum = 2, compress, SGD, recompute,
+ * SyncBatchNorm. */
+static void test_stage3_options(void)
+{
+    const char *const clip[] = {"train.grad_clip=0.05", NULL};
+    const char *const fp16[] = {"train.precision=fp16", NULL};
+    const char *const accum[] = {"train.grad_accum=2", NULL};
+    const char *const bf16[] = {"ddp.compress=bf16", NULL};
+    const char *const f16[] = {"ddp.compress=fp16", NULL};
+    const char *const sgd[] = {"train.optimizer=sgd", "train.momentum=0.9", "train.nesterov=true",
+                               NULL};
+    const char *const rec[] = {"train.recompute=block", NULL};
+    compare_with_ddp("mlp", 3, 3, tiny_mlp, clip, false);
+    compare_with_ddp("gpt", 3, 2, tiny_gpt, clip, false);
+    compare_with_ddp("mlp", 3, 2, tiny_mlp, fp16, false);
+    compare_with_ddp("gpt", 3, 3, tiny_gpt, fp16, false);
+    compare_with_ddp("mlp", 3, 4, tiny_mlp, accum, false);
+    compare_with_ddp("gpt", 3, 3, tiny_gpt, accum, false);
+    compare_with_ddp("resnet", 3, 2, tiny_resnet, accum, false);
+    compare_with_ddp("gpt", 3, 3, tiny_gpt, bf16, false);
+    compare_with_ddp("mlp", 3, 3, tiny_mlp, f16, false);
+    compare_with_ddp("mlp", 3, 3, tiny_mlp, sgd, false);
+    const char *const sbn[] = {"model.sync_bn=true", NULL};
+    compare_with_ddp("gpt", 3, 2, tiny_gpt, rec, false);
+    compare_with_ddp("resnet", 3, 3, tiny_resnet, rec, false);
+    /* SyncBatchNorm's collectives inside the windows, among the prefetched gathers */
+    compare_with_ddp("resnet", 3, 3, tiny_resnet, sbn, false);
 }
 
 /* The clipping test above must clip: the norms it compares are above grad_clip. */
@@ -603,6 +714,73 @@ static void test_resume_across_stages(void)
     unmap(&f);
 }
 
+/* Stage 3: its checkpoint is DDP's file for file (mlp on 3 ranks, gpt on 4), resumes at stage 0
+ * on 1 rank and at stage 1 on 2; one process's resumes at stage 3 on 4 ranks, stage 1's (2
+ * ranks) at stage 3 on 3, each as DDP resuming it. */
+static void test_stage3_resume(void)
+{
+    const char *cfg[2] = {"mlp.ini", "quickstart.ini"};
+    void (*setup[2])(zrun *) = {tiny_mlp, tiny_gpt};
+    const int ranks[2] = {3, 4};
+    for (int m = 0; m < 2; m++) {
+        zrun z3 = base(cfg[m], ranks[m], 3, fmt("ck3-z3-%d", m));
+        zrun d0 = base(cfg[m], ranks[m], 0, fmt("ck3-ddp-%d", m));
+        setup[m](&z3);
+        setup[m](&d0);
+        train_run(&z3, 3, NULL);
+        train_run(&d0, 3, NULL);
+        DT_CHECK_STR(z3.out[0].strategy, "zero");
+        for (int f = 0; f < 2; f++) {
+            const char *file = f ? "optim.safetensors" : "model.safetensors";
+            DT_CHECK_MSG(same_file(fmt("%s/%s", ckpt_of(&z3, 3), file),
+                                   fmt("%s/%s", ckpt_of(&d0, 3), file)),
+                         "%s of ZeRO-3 and DDP differ (%s)", file, cfg[m]);
+        }
+        /* resumed on 1 rank (stage 0) and at stage 1 on 2 ranks, against DDP's checkpoint */
+        const int to_n[2] = {1, 2}, to_z[2] = {0, 1};
+        for (int k = 0; k < 2; k++) {
+            zrun a = base(cfg[m], to_n[k], to_z[k], fmt("ck3-z3-to-%d-%d", k, m));
+            zrun b = base(cfg[m], to_n[k], to_z[k], fmt("ck3-ddp-to-%d-%d", k, m));
+            setup[m](&a);
+            setup[m](&b);
+            train_run(&a, 5, ckpt_of(&z3, 3));
+            train_run(&b, 5, ckpt_of(&d0, 3));
+            DT_CHECK_INT(a.out[0].step, 5);
+            check_same_params(&a, &b);
+            unmap(&a);
+            unmap(&b);
+        }
+        unmap(&z3);
+        unmap(&d0);
+    }
+    /* the reverse: one process's checkpoint at stage 3 on 4 ranks; stage 1's (2 ranks) on 3 */
+    zrun s = base("mlp.ini", 1, 0, "ck3-single"), z1 = base("mlp.ini", 2, 1, "ck3-z1");
+    tiny_mlp(&s);
+    tiny_mlp(&z1);
+    train_run(&s, 3, NULL);
+    train_run(&z1, 3, NULL);
+    const zrun *src[2] = {&s, &z1};
+    const int n3[2] = {4, 3};
+    for (int k = 0; k < 2; k++) {
+        zrun a = base("mlp.ini", n3[k], 3, fmt("ck3-to-z3-%d", k));
+        zrun b = base("mlp.ini", n3[k], 0, fmt("ck3-to-ddp-%d", k));
+        tiny_mlp(&a);
+        tiny_mlp(&b);
+        train_run(&a, 5, ckpt_of(src[k], 3));
+        train_run(&b, 5, ckpt_of(src[k], 3));
+        DT_CHECK_STR(a.out[0].strategy, "zero");
+        DT_CHECK_INT(a.out[0].step, 5);
+        check_same_params(&a, &b);
+        for (int r = 1; r < n3[k]; r++)
+            DT_CHECK(first_diff(a.out[r].params, a.out[0].params, a.out[0].num_params) ==
+                     a.out[0].num_params);
+        unmap(&a);
+        unmap(&b);
+    }
+    unmap(&s);
+    unmap(&z1);
+}
+
 /* ---- failures ------------------------------------------------------------------------------ */
 
 static void check_killed(zrun *z, const int *st, const char *coll, double took)
@@ -645,10 +823,76 @@ static void test_killed_rank(void)
     }
 }
 
+/* Stage 3: a rank that dies as block 1's forward begins (its peers in that block's gather, or
+ * about to issue the next one) fails the step on every other rank with the collective and the
+ * rank named, within ddp.timeout; one that dies between steps fails the first gather. */
+static void test_stage3_killed_rank(void)
+{
+    const char *cfg[2] = {"mlp.ini", "quickstart.ini"};
+    void (*setup[2])(zrun *) = {tiny_mlp, tiny_gpt};
+    for (int m = 0; m < 2; m++) {
+        zrun a = base(cfg[m], 3, 3, fmt("kill-forward-z3-%d", m));
+        setup[m](&a);
+        a.mode = KILL_IN_FORWARD;
+        a.kill_rank = 1;
+        int st[MAX_RANKS];
+        uint64_t t0 = dt_now_ns();
+        run(&a, st);
+        check_killed(&a, st, "allgather #", (double)(dt_now_ns() - t0) / 1e9);
+        for (int r = 0; r < 3; r += 2)
+            DT_CHECK_CONTAINS(a.out[r].msg, "ZeRO-3: ");
+        printf("    %s: rank 0 said: %.300s\n", a.name, a.out[0].msg);
+        unmap(&a);
+    }
+    zrun b = base("mlp.ini", 4, 3, "kill-between-z3");
+    tiny_mlp(&b);
+    b.mode = KILL_BETWEEN_STEPS;
+    b.kill_rank = 3;
+    int st[MAX_RANKS];
+    uint64_t t0 = dt_now_ns();
+    run(&b, st);
+    check_killed(&b, st, "allgather #", (double)(dt_now_ns() - t0) / 1e9);
+    DT_CHECK_CONTAINS(b.out[0].msg, "before its forward) the parameters of fc.0");
+    unmap(&b);
+}
+
+/* Stage 3 evaluation: forward windows only, every rank running as many forwards even when the
+ * validation set leaves some ranks without samples in the last batch; equals DDP's. */
+static void test_stage3_eval(void)
+{
+    const char *cfg[3] = {"mlp.ini", "quickstart.ini", "resnet.ini"};
+    void (*setup[3])(zrun *) = {tiny_mlp, tiny_gpt, tiny_resnet};
+    for (int m = 0; m < 3; m++) {
+        zrun z = base(cfg[m], 3, 3, fmt("eval-z3-%d", m)), d = base(cfg[m], 3, 0, fmt("eval-ddp-%d", m));
+        zrun *both[2] = {&z, &d};
+        for (int k = 0; k < 2; k++) {
+            setup[m](both[k]);
+            add(both[k], "train.eval_batches=1000");
+            if (m != 1) /* 10% of 490: 49 = 4 batches of 3 x 4 + 1: ranks 1 and 2 run out */
+                add(both[k], "data.synthetic_samples=490");
+            both[k]->mode = EVAL;
+            both[k]->steps = 3;
+            int st[MAX_RANKS];
+            run(both[k], st);
+            all_ok(both[k], st);
+        }
+        printf("    %s: eval loss %.9g (DDP %.9g), accuracy %g (DDP %g)\n", z.name,
+               z.out[0].eval_loss, d.out[0].eval_loss, z.out[0].eval_acc, d.out[0].eval_acc);
+        DT_CHECK_MSG(isfinite(z.out[0].eval_loss) && z.out[0].eval_loss == d.out[0].eval_loss,
+                     "%s: eval loss %.17g vs DDP %.17g", z.name, z.out[0].eval_loss,
+                     d.out[0].eval_loss);
+        DT_CHECK(z.out[0].eval_acc == d.out[0].eval_acc);
+        for (int r = 1; r < 3; r++)
+            DT_CHECK(z.out[r].eval_loss == z.out[0].eval_loss);
+        unmap(&z);
+        unmap(&d);
+    }
+}
+
 /* fp16: an overflow in one rank's gradients skips the step on every rank */
 static void test_overflow_skips_everywhere(void)
 {
-    for (int zero = 1; zero <= 2; zero++) {
+    for (int zero = 1; zero <= 3; zero++) {
         zrun z = base("mlp.ini", 3, zero, fmt("overflow-z%d", zero));
         tiny_mlp(&z);
         add(&z, "train.precision=fp16");
@@ -685,10 +929,15 @@ static void test_config_errors(void)
     DT_CHECK_CONTAINS(errs.lines[0], "job.strategy = ddp");
     memset(&errs, 0, sizeof errs);
     char *z3[] = {"parallel.zero=3"};
-    DT_CHECK(dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), z3, 1, &errs, &err) != 0);
+    DT_CHECK(dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), z3, 1, &errs, &err) == 0);
+    DT_CHECK_INT(job.zero, 3);
+    /* stage 3 gathers in every micro-step: a global batch's unequal micro-steps would not meet */
+    memset(&errs, 0, sizeof errs);
+    char *z3g[] = {"parallel.zero=3", "train.global_batch=64"};
+    DT_CHECK(dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), z3g, 2, &errs, &err) != 0);
     DT_CHECK(errs.count >= 1);
     DT_CHECK_CONTAINS(errs.lines[0], "parallel.zero = 3");
-    DT_CHECK_CONTAINS(errs.lines[0], "not supported yet");
+    DT_CHECK_CONTAINS(errs.lines[0], "train.global_batch");
     memset(&errs, 0, sizeof errs);
     char *z4[] = {"parallel.zero=4"};
     DT_CHECK(dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), z4, 1, &errs, &err) != 0);
@@ -757,6 +1006,49 @@ static void test_memory(void)
         unmap(&z[k]);
 }
 
+/* Stage 3 on 2 ranks, 7 blocks (the largest 65,792 parameters): the parameters resident during
+ * the steps (allocator's count at every window) within 10% of 1/N of the model plus two blocks
+ * (the one computed, the one prefetched), and after a step about 1/N plus the gather staging;
+ * the gradients likewise; the optimiser state 1/N. With grad_accum = 2 the whole gradient
+ * buffer is resident during the accumulation (the documented cost). */
+static void test_stage3_memory(void)
+{
+    zrun z[3];
+    int st[MAX_RANKS];
+    for (int k = 0; k < 3; k++) {
+        z[k] = base("mlp.ini", 2, k ? 3 : 0, fmt("mem3-%d", k));
+        add(&z[k], "model.hidden=256,256,256,256,256,256");
+        add(&z[k], "train.batch_size=4");
+        if (k == 2)
+            add(&z[k], "train.grad_accum=2");
+        z[k].steps = 2;
+        run(&z[k], st);
+        all_ok(&z[k], st);
+    }
+    const dt_strategy_mem *m0 = &z[0].out[0].mem, *m3 = &z[1].out[0].mem, *ma = &z[2].out[0].mem;
+    double P = (double)z[0].out[0].num_params * 4, blk = 65792.0 * 4, N = 2;
+    DT_CHECK_INT(m3->zero_stage, 3);
+    DT_CHECK_MSG(m3->params_peak <= 1.10 * (P / N + 2 * blk) && m3->params_peak >= P / N + blk,
+                 "stage 3 parameters peak %zu bytes, 1/N + 2 blocks = %.0f", m3->params_peak,
+                 P / N + 2 * blk);
+    DT_CHECK_MSG(m3->params <= 1.05 * (P / N + blk), "stage 3 parameters after a step %zu bytes",
+                 m3->params);
+    DT_CHECK_MSG(m3->grads_peak <= 1.10 * (P / N + 2 * blk) && m3->grads <= 1.05 * P / N,
+                 "stage 3 gradients %zu bytes after a step, %zu at their peak", m3->grads,
+                 m3->grads_peak);
+    DT_CHECK_MSG(fabs((double)m3->optim / (double)m0->optim - 0.5) < 0.01,
+                 "stage 3 optimiser state %zu vs %zu", m3->optim, m0->optim);
+    DT_CHECK_MSG(ma->grads_peak >= P && ma->grads <= 1.05 * P / N,
+                 "stage 3 with grad_accum = 2: gradients peak %zu (whole %.0f), after %zu",
+                 ma->grads_peak, P, ma->grads);
+    printf("    stage 3 memory (2 ranks, %zu parameters, largest block %.0f bytes): params %zu "
+           "peak %zu (stage 0 %zu), grads %zu peak %zu (accum 2: peak %zu), optim %zu (%zu)\n",
+           z[0].out[0].num_params, blk, m3->params, m3->params_peak, m0->params, m3->grads,
+           m3->grads_peak, ma->grads_peak, m3->optim, m0->optim);
+    for (int k = 0; k < 3; k++)
+        unmap(&z[k]);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -765,11 +1057,17 @@ int main(int argc, char **argv)
         {"gpt_stages_2_to_4_ranks", test_gpt_stages, 300},
         {"resnet_stages_2_to_4_ranks", test_resnet_stages, 300},
         {"options_clip_fp16_accum_compress_sgd", test_options, 300},
+        {"stage3_mlp_gpt_resnet_2_to_4_ranks", test_stage3_models, 300},
+        {"stage3_options_clip_fp16_accum_compress_sgd_recompute", test_stage3_options, 300},
         {"clip_is_active", test_clip_is_active, 60},
         {"resume_across_stages", test_resume_across_stages, 300},
         {"killed_rank", test_killed_rank, 120},
         {"fp16_overflow_on_one_rank_skips_everywhere", test_overflow_skips_everywhere, 60},
+        {"stage3_killed_rank", test_stage3_killed_rank, 120},
+        {"stage3_resume_across_stages", test_stage3_resume, 300},
+        {"stage3_eval", test_stage3_eval, 120},
         {"memory", test_memory, 120},
+        {"stage3_memory", test_stage3_memory, 120},
     };
     return dt_test_main("test_zero", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

@@ -171,7 +171,8 @@ static void charge(dt_cpu *c, dt_mem_cat cat, size_t bytes)
 {
     dt_mem_stats_add(&c->mem, cat, bytes);
     c->cur_bytes = c->mem.total;
-    c->peak_bytes = c->mem.total_peak;
+    if (c->mem.total_peak > c->peak_bytes) /* the statistics' peak may have been reset */
+        c->peak_bytes = c->mem.total_peak;
 }
 
 static void uncharge(dt_cpu *c, dt_mem_cat cat, size_t bytes)
@@ -307,14 +308,6 @@ static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t byte
     return 0;
 }
 
-static void cpu_mem_reset_peak(dt_backend *be)
-{
-    dt_cpu *c = dt_cpu_of(be);
-    memcpy(c->mem.peak, c->mem.cur, sizeof c->mem.peak);
-    c->mem.total_peak = c->mem.total;
-    c->peak_bytes = c->mem.total_peak;
-}
-
 static void cpu_memcpy(dt_backend *be, void *dst, const void *src, size_t bytes)
 {
     DT_CPU_PROF_BEGIN(be);
@@ -334,6 +327,13 @@ static void cpu_memset_zero(dt_backend *be, void *p, size_t bytes)
 static void cpu_synchronize(dt_backend *be) { (void)be; }
 
 static size_t cpu_peak_bytes(dt_backend *be) { return dt_cpu_of(be)->peak_bytes; }
+
+static void cpu_mem_reset_peak(dt_backend *be)
+{
+    dt_mem_stats *m = &dt_cpu_of(be)->mem;
+    memcpy(m->peak, m->cur, sizeof m->peak);
+    m->total_peak = m->total;
+}
 
 bool dt_cpu_scratch_reserve(dt_cpu *c, size_t n)
 {

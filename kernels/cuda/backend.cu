@@ -396,6 +396,14 @@ static dt_mem_cat cu_mem_category(dt_backend *be, dt_mem_cat cat)
 
 static void cu_mem_stats(dt_backend *be, dt_mem_stats *out) { *out = dt_cuda_of(be)->arena->mem; }
 
+// The statistics' peaks start again from what is in use now; the arena's peak (peak_bytes) stays.
+static void cu_mem_reset_peak(dt_backend *be)
+{
+    dt_mem_stats *m = &dt_cuda_of(be)->arena->mem;
+    memcpy(m->peak, m->cur, sizeof m->peak);
+    m->total_peak = m->total;
+}
+
 // Outside the arena (no user on CUDA today: NCCL has no communicator memory); counted in the
 // statistics only, so in_use and peak_bytes (the arena's) do not include it.
 static void cu_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add)
@@ -426,14 +434,6 @@ static int cu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes
     (void)bytes;
     (void)err;
     return 0;
-}
-
-static void cu_mem_reset_peak(dt_backend *be)
-{
-    dt_cu_arena *a = dt_cuda_of(be)->arena;
-    memcpy(a->mem.peak, a->mem.cur, sizeof a->mem.peak);
-    a->mem.total_peak = a->mem.total;
-    a->peak = a->in_use;
 }
 
 // A device attribute: no context is created on `device`, and no error is left sticky.

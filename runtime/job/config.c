@@ -165,7 +165,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"ddp", "broadcast_buffers", DT_CFG_BOOL, J(broadcast_buffers), "true", 0, 0, NULL, false, "broadcast buffers (BatchNorm statistics) from rank 0 every step"},
     {"ddp", "check_consistency", DT_CFG_BOOL, J(check_consistency), "true", 0, 0, NULL, false, "verify that every rank built the same model at start"},
     /* [parallel] */
-    {"parallel", "zero", DT_CFG_INT, J(zero), "0", 0, 3, NULL, false, "ZeRO stage over the data-parallel ranks: 0 = DDP (every rank holds everything); 1 = optimiser state sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded as well (cpu: a bucket's gradient pages are given back once it is reduce-scattered); 3 = parameters sharded as well (not supported yet). One rank: ignored"},
+    {"parallel", "zero", DT_CFG_INT, J(zero), "0", 0, 3, NULL, false, "ZeRO stage over the data-parallel ranks: 0 = DDP (every rank holds everything); 1 = optimiser state sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded as well (cpu: a bucket's gradient pages are given back once it is reduce-scattered); 3 = parameters sharded as well (FSDP full-shard: each block's parameters all-gathered before its forward and its backward, given back after; device = cpu only, not with train.global_batch). One rank: ignored"},
     /* [checkpoint] */
     {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
     {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
@@ -1095,10 +1095,12 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                   "parallel.zero = %d shards state across worker processes, but job.strategy = dp "
                   "drives all replicas from one process: use job.strategy = ddp (one worker per "
                   "device) with parallel.zero, or parallel.zero = 0 with dp", job->zero);
-    if (job->zero == 3 && !BAD("parallel.zero"))
-        add_error(errs, AT("parallel.zero"), 0,
-                  "parallel.zero = 3 (parameters sharded, FSDP full-shard) is not supported yet: "
-                  "no strategy gathers parameters block by block; use parallel.zero = 1 or 2");
+    if (job->zero == 3 && job->global_batch > 0 && !BAD("parallel.zero", "train.global_batch"))
+        add_error(errs, AT("parallel.zero", "train.global_batch"), 0,
+                  "parallel.zero = 3 gathers parameters in every micro-step, so every rank must "
+                  "run as many micro-steps, which train.global_batch does not promise: use "
+                  "train.grad_accum with parallel.zero = 3, or parallel.zero = 1 or 2 with "
+                  "train.global_batch");
     if (job->resume == DT_RESUME_PATH && !job->resume_path[0])
         add_error(errs, AT("checkpoint.resume"), 0, "checkpoint.resume: use auto, never or a path");
     return errs && errs->count > before ? -EINVAL : 0;

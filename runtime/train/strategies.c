@@ -16,7 +16,9 @@ const dt_strategy_ops *dt_strategy_pick(const dt_job *job, int world_size)
     if (job->strategy == DT_STRATEGY_DP)
         return &dt_strategy_dp_ops; /* with parallel.zero > 0 the job does not validate */
     if (world_size > 1)
-        return job->zero > 0 ? &dt_strategy_zero_ops : &dt_strategy_ddp_ops;
+        return job->zero == 3  ? &dt_strategy_zero3_ops
+               : job->zero > 0 ? &dt_strategy_zero_ops
+                               : &dt_strategy_ddp_ops;
     if (job->zero > 0)
         DT_INFO("parallel.zero = %d with one rank: nothing to shard, training as a single "
                 "process", job->zero);

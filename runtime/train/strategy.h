@@ -37,7 +37,8 @@
  * Implementations: single (strategy_single.c: one process, one replica), ddp (strategy_ddp.c:
  * DistributedDataParallel, one replica per process, over ddp.c's reducer), dp (strategy_dp.c:
  * DataParallel, replicas driven by one process, over dp.c) and zero (strategy_zero.c: ZeRO
- * stages 1 and 2, over ddp.c's reducer in its sharding mode); tensor and pipeline parallelism
+ * stages 1 and 2, over ddp.c's reducer in its sharding mode; strategy_zero3.c: stage 3, over the
+ * model's block hook); tensor and pipeline parallelism
  * plug in beside them. strategies.h picks one from the job.
  *
  * An implementation includes this header and what it drives (comm/, the model, the optimiser);

@@ -104,7 +104,7 @@ static int zero_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if (z->stage < 1 || z->stage > 2)
         return dt_err_set(err, -EINVAL,
                           "parallel.zero = %d: this strategy runs stages 1 and 2 (stage 3 is "
-                          "not supported yet; 0 is DDP)", z->stage);
+                          "dt_strategy_zero3_ops; 0 is DDP)", z->stage);
     int rc = dt_strategy_open_backend(s, ctx, err);
     if (rc)
         return rc;
@@ -342,6 +342,10 @@ static size_t resident(const void *p, size_t bytes)
 void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)
 {
     memset(out, 0, sizeof *out);
+    if (s->ops == &dt_strategy_zero3_ops && s->impl) {
+        dt_strategy_zero3_mem(s, out);
+        return;
+    }
     const dt_model *m = s->model;
     const dt_optim *o = s->optim;
     out->params = m->num_params * sizeof(float);
@@ -365,6 +369,7 @@ void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)
     }
     if (!out->grads_peak)
         out->grads_peak = out->grads;
+    out->params_peak = out->params;
 }
 
 int dt_strategy_zero_stats(dt_strategy *s, dt_ddp_stats *out)

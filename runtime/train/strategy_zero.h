@@ -39,6 +39,23 @@
  *
  * A rank that dies mid reduce-scatter or all-gather fails the step with the comm layer's error
  * (naming the collective, its sequence number and the rank) within ddp.timeout.
+ *
+ * Stage 3 (parallel.zero = 3, strategy_zero3.c, device = cpu): the parameters are sharded too,
+ * per block of the model (model.h: buckets = blocks, each cut into N chunks of ceil(n/N), the
+ * last padded; rank r keeps chunk r of every block in its persistent shard). The model's block
+ * hook gathers a block into the flat parameter buffer at BEFORE_FORWARD / BEFORE_BACKWARD
+ * (through a padded staging buffer, prefetched one window ahead once the window order was seen
+ * in the first step) and gives its pages back (mem_release) at AFTER; a block's gradients are
+ * reduce-scattered at its last AFTER_BACKWARD of the last micro-step and their pages given back
+ * (earlier micro-steps of an accumulation keep the whole gradient buffer, as stage 2). The
+ * optimiser steps the shard in place (a tensor table of the shard layout). Per rank: 4Ψ/N +
+ * about two blocks of parameters, 4Ψ/N + about one block of gradients, 8Ψ/N of AdamW state.
+ * Bit for bit DDP's on one host (the same reductions, the same element-wise update); the norm
+ * as stages 1-2. Checkpoints through full-size staging as above, the parameters included: a
+ * save gathers them, a load is sliced at start. Every micro-step communicates, so
+ * train.global_batch (unequal micro-steps across ranks) is refused, and every rank must run
+ * as many eval forwards (the trainer does). dt_strategy_zero_stats is -EINVAL for it (no
+ * reducer); dt_strategy_get_mem reports its allocator figures.
  */
 #ifndef DT_STRATEGY_ZERO_H
 #define DT_STRATEGY_ZERO_H
@@ -48,25 +65,39 @@
 #include "runtime/train/strategy.h"
 
 extern const dt_strategy_ops dt_strategy_zero_ops;
+/* Stage 3 (strategy_zero3.c; see "Stage 3" above): its own ops, also named "zero". */
+extern const dt_strategy_ops dt_strategy_zero3_ops;
 
 /* What one rank's strategy holds, in bytes, measured where it can be (for `dtrain bench
  * memory`). Any strategy: single, ddp and dp (the master) hold everything whole. */
 typedef struct dt_strategy_mem {
     int zero_stage;         /* 0 for strategies other than zero */
-    size_t params;          /* parameters (whole at stages 0-2) */
+    size_t params;          /* parameters (whole at stages 0-2; stage 3: the allocator's
+                               resident parameter bytes now: shard, gather staging and the
+                               flat buffer's pages held) */
+    size_t params_peak;     /* stage 3: the most parameter bytes resident during the steps
+                               (the allocator's count, seen at every window's start, where it
+                               only grows); else = params */
     size_t grads;           /* gradients held now (after a step): the flat buffer's resident
                                bytes (stage 2: mincore; else its size) + the reduced shard */
-    size_t grads_peak;      /* stage 2: the most the gradients (and the 16-bit payloads) held
+    size_t grads_peak;      /* stage 3: as params_peak, for gradients;
+                               stage 2: the most the gradients (and the 16-bit payloads) held
                                since the step began (resident pages, measured at each bucket
                                released, + the shard); else = grads */
     size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
     size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
                                resident part); other strategies: not reported here (0) */
+    /* stage 3: block gathers waited for at once (the first step's, the first window of each
+     * forward) and served by a prefetch; the windows of a forward and a backward as recorded;
+     * forward passes run */
+    uint64_t gathers_sync, gathers_prefetched, windows, forwards;
     size_t ckpt_staging;    /* checkpoint staging held now (full-size optimiser state between
                                a save and the next update on cpu; always on cuda) */
 } dt_strategy_mem;
 
 void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out);
+/* Stage 3's figures (called by dt_strategy_get_mem): from the allocator's categories. */
+void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out);
 
 struct dt_ddp_stats;
 /* The ZeRO strategy's reducer figures (ddp.h's dt_ddp_stats: buckets, rebuilt, launches early

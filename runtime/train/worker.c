@@ -458,14 +458,17 @@ int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err)
         while (valid < t->batch &&
                k * global + (int64_t)valid * t->env.world_size + t->env.rank < n)
             valid++;
-        if (valid == 0)
-            continue;
-        if ((rc = dt_dataset_fill(val, t->idx, valid, &t->batch_buf, err)))
+        /* A rank with nothing left still runs the forward (of one wrapped sample, not
+         * counted): every rank runs as many eval steps, which a strategy that communicates in
+         * its forward (ZeRO-3's gathers) needs. */
+        if ((rc = dt_dataset_fill(val, t->idx, valid ? valid : 1, &t->batch_buf, err)))
             return rc;
         float l = 0;
         int64_t correct = 0;
         if ((rc = t->s->ops->eval_step(t->s, &t->batch_buf.batch, &l, &correct, err)))
             return rc;
+        if (valid == 0)
+            continue;
         sums[0] += (double)l * valid;
         sums[1] += (double)correct;
         sums[2] += valid;

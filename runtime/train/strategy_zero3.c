@@ -1,0 +1,850 @@
+/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on the cpu backend; see strategy_zero.h.
+ *
+ * Layout: buckets = the model's blocks (model.h). Block k = [lo, lo + n) is cut into N chunks of
+ * c = ceil(n / N) elements; rank r owns [lo + r*c, min(lo + (r+1)*c, lo + n)). The rank's chunks
+ * of every block, packed in block order (at_k = sum of the earlier c_j), are its shard layout:
+ *   ps  (shard_n) the rank's parameters, persistent;
+ *   sg  (shard_n) the rank's averaged gradients after sync_grads;
+ *   the optimiser's state (shard_n each), over a tensor table of the shard layout (the parts of
+ *   the model's tensors this rank owns, and the padding as tensors of their own), so it updates
+ *   ps in place with each tensor's no_decay as a whole optimiser would.
+ * The model's flat parameter buffer keeps its pages only inside a window (model.h's block
+ * hook): BEFORE gathers the block's chunks into `stg` (N*c, the padded block) and copies the n
+ * elements into the flat buffer; AFTER gives its pages back (backend mem_release), unless the
+ * next window is the same block's (gpt's head: the last forward window and the first backward
+ * one). The order of windows is recorded on the first forward and the first backward; from then
+ * on, at each BEFORE the next window's block is gathered into stg asynchronously (one prefetch
+ * in flight), and waited for at its BEFORE. So about two blocks of parameters are resident: the
+ * one computed and the one prefetched.
+ * Gradients: at a block's last AFTER_BACKWARD of the last micro-step (its gradients final), its
+ * range of the flat gradient buffer is copied into one of two padded send buffers (16-bit with
+ * ddp.compress, pre-divided by N), its pages given back (the partial pages at its ends zeroed,
+ * so it reads as zero for the next step), and the send buffer reduce-scattered (averaged) into
+ * sg asynchronously; a send buffer is waited for before it is reused, the rest in sync_grads.
+ * With train.grad_accum = k the earlier micro-steps accumulate into the flat gradient buffer as
+ * DDP's no_sync does (the pages of a block are taken back at its BEFORE_BACKWARD and kept), so
+ * during an accumulation the whole gradient buffer is resident, as at stage 2.
+ */
+#include "runtime/train/strategy_zero.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "runtime/train/ddp.h"
+#include "runtime/train/xxh64.h"
+
+typedef struct z3_block {
+    size_t lo, n;   /* the block's range of the flat buffers */
+    size_t c;       /* chunk: ceil(n / N) */
+    size_t at;      /* where this rank's chunk starts in the shard layout */
+    size_t off, mn; /* this rank's part: [off, off + mn) of the flat buffer (mn may be < c) */
+} z3_block;
+
+typedef struct z3_impl {
+    const dt_job *job;         /* borrowed */
+    dt_ddp_opts o;             /* the [ddp] keys (compress, broadcast_buffers, ...) */
+    int N, rank;
+    z3_block *b;               /* (nb) */
+    int nb;
+    size_t shard_n, max_pad;   /* shard layout elements; the largest N*c */
+    float *ps;                 /* (shard_n) parameters, owned (DT_MEM_PARAMS) */
+    float *sg;                 /* (shard_n) averaged gradients, owned (DT_MEM_GRADS) */
+    uint16_t *sg16;            /* (shard_n) compress: the 16-bit shard received, owned */
+    float *stg;                /* (max_pad) gather staging, owned (DT_MEM_PARAMS) */
+    void *send[2];             /* (max_pad) gradient send buffers (float or 16-bit), owned */
+    dt_comm_work *send_work[2];
+    int send_block[2];         /* the block each send buffer carries (for messages) */
+    int send_next;
+    dt_tensor_info *st;        /* (nst) the shard layout's tensor table, owned */
+    int nst;
+    /* the window order, recorded on the first forward and backward */
+    int *fseq, nf, *bseq, nbw; /* (seq_cap) each */
+    int seq_cap;               /* the windows of a pass (sum of blocks' windows) + 4 */
+    bool frec, brec;           /* recorded */
+    bool fbad, bbad;           /* a pass had more windows than seq_cap: never recorded */
+    bool in_bwd, training;     /* the pass running */
+    int pos;                   /* windows of this pass seen */
+    bool *valid;               /* (nb) the flat buffer holds block k's parameters */
+    int *bw_seen;              /* (nb) backward windows of block k in this backward */
+    int pf_block;              /* block being prefetched into stg, -1 none */
+    bool pf_ready;             /* stg holds pf_block (gathered synchronously or waited) */
+    dt_comm_work *pf_work;
+    bool last;                 /* this micro-step is the accumulation's last */
+    int rc;                    /* first error in a hook, with err */
+    dt_err err;
+    float *dscratch;           /* (4 * world + 16) doubles' room for small collectives */
+    /* checkpoint staging: whole parameters and optimiser states (reserved address space) */
+    float *fullp;
+    float *full[DT_OPTIM_MAX_STATES];
+    size_t full_bytes;
+    bool staged;
+    size_t page;
+    uint64_t g_sync, g_pref, forwards; /* gathers waited for at once, served by a prefetch;
+                                          forward passes */
+    size_t pk_params, pk_grads; /* the most parameter / gradient bytes resident (allocator's
+                                   categories) seen right after each window took its pages */
+} z3_impl;
+
+static dt_backend *be_of(dt_strategy *s) { return s->be; }
+
+/* ---- memory helpers ----------------------------------------------------------------------- */
+
+/* Gives back the whole pages of flat[lo, lo+n) and zeroes what is left of the range (the
+ * partial pages at its ends, which neighbouring blocks share), so it reads as zero. */
+static void release_zero(dt_backend *be, z3_impl *z, float *flat, size_t lo, size_t n)
+{
+    if (!n)
+        return;
+    be->mem_release(be, flat, lo * sizeof(float), n * sizeof(float));
+    uintptr_t p = (uintptr_t)(flat + lo), e = (uintptr_t)(flat + lo + n);
+    uintptr_t a = (p + z->page - 1) / z->page * z->page, q = e / z->page * z->page;
+    if (a >= q) {
+        memset((void *)p, 0, e - p);
+    } else {
+        memset((void *)p, 0, a - p);
+        memset((void *)q, 0, e - q);
+    }
+}
+
+static int commit(dt_backend *be, z3_impl *z, float *flat, size_t lo, size_t n)
+{
+    if (!n || z->rc)
+        return z->rc;
+    int rc = be->mem_commit(be, flat, lo * sizeof(float), n * sizeof(float), &z->err);
+    if (rc)
+        z->rc = rc;
+    return rc;
+}
+
+static void fail_at(z3_impl *z, int rc, const dt_err *e, const char *what, const char *block)
+{
+    if (z->rc)
+        return;
+    z->rc = rc;
+    z->err = *e;
+    dt_err_prefix(&z->err, "ZeRO-3: %s %s: ", what, block);
+}
+
+/* ---- parameter gathers -------------------------------------------------------------------- */
+
+static void pf_drop(dt_strategy *s, z3_impl *z)
+{
+    if (z->pf_work) {
+        dt_comm_wait(s->comm, z->pf_work, NULL);
+        z->pf_work = NULL;
+    }
+    z->pf_block = -1;
+    z->pf_ready = false;
+}
+
+static void issue_gather(dt_strategy *s, z3_impl *z, int k, bool async, const char *why)
+{
+    const z3_block *b = &z->b[k];
+    dt_err e = {0};
+    int rc = dt_comm_allgather(s->comm, z->ps + b->at, z->stg, b->c, DT_FLOAT32,
+                               async ? &z->pf_work : NULL, &e);
+    if (rc) {
+        z->pf_work = NULL;
+        fail_at(z, rc, &e, why, s->model->blocks[k].name);
+        return;
+    }
+    z->pf_block = k;
+    z->pf_ready = !async;
+    if (!async)
+        z->g_sync++;
+}
+
+/* The flat buffer gets block k's parameters (from the prefetch, or gathered now). */
+static void bring_in(dt_strategy *s, z3_impl *z, int k, const char *why)
+{
+    dt_backend *be = be_of(s);
+    if (z->valid[k] || z->rc)
+        return;
+    if (z->pf_block != k) {
+        pf_drop(s, z); /* a guess that missed (a pass unlike the recorded one) */
+        issue_gather(s, z, k, false, why);
+    } else if (!z->pf_ready) {
+        z->g_pref++;
+        dt_err e = {0};
+        int rc = dt_comm_wait(s->comm, z->pf_work, &e);
+        z->pf_work = NULL;
+        if (rc)
+            fail_at(z, rc, &e, why, s->model->blocks[k].name);
+        z->pf_ready = true;
+    }
+    if (z->rc || commit(be, z, s->model->params, z->b[k].lo, z->b[k].n))
+        return;
+    be->memcpy_d2d(be, s->model->params + z->b[k].lo, z->stg, z->b[k].n * sizeof(float));
+    z->valid[k] = true;
+    z->pf_block = -1;
+    z->pf_ready = false;
+}
+
+/* The block of the window after the current one (pos), or -1. */
+static int next_window(const z3_impl *z)
+{
+    if (!z->in_bwd) {
+        if (!z->frec)
+            return -1;
+        if (z->pos < z->nf)
+            return z->fseq[z->pos];
+        return z->training && z->brec && z->nbw ? z->bseq[0] : -1;
+    }
+    return z->brec && z->pos < z->nbw ? z->bseq[z->pos] : -1;
+}
+
+static void release_params(dt_strategy *s, z3_impl *z, int k)
+{
+    if (!z->valid[k])
+        return;
+    be_of(s)->mem_release(be_of(s), s->model->params, z->b[k].lo * sizeof(float),
+                          z->b[k].n * sizeof(float));
+    z->valid[k] = false;
+}
+
+/* ---- gradients ---------------------------------------------------------------------------- */
+
+static void wait_send(dt_strategy *s, z3_impl *z, int i)
+{
+    if (!z->send_work[i])
+        return;
+    dt_err e = {0};
+    int rc = dt_comm_wait(s->comm, z->send_work[i], &e);
+    z->send_work[i] = NULL;
+    if (rc)
+        fail_at(z, rc, &e, "reduce-scattering the gradients of",
+                s->model->blocks[z->send_block[i]].name);
+}
+
+static void scatter_grads(dt_strategy *s, z3_impl *z, int k)
+{
+    dt_backend *be = be_of(s);
+    const z3_block *b = &z->b[k];
+    int i = z->send_next;
+    z->send_next ^= 1;
+    wait_send(s, z, i);
+    if (z->rc)
+        return;
+    size_t pad = (size_t)z->N * b->c;
+    float *g = s->model->grads + b->lo;
+    z->send_block[i] = k;
+    dt_err e = {0};
+    int rc;
+    if (z->sg16) {
+        uint16_t *h = z->send[i];
+        be->to_half(be, h, g, b->n, 1.0f / (float)z->N, z->o.compress == DT_BFLOAT16);
+        if (pad > b->n)
+            be->memset_zero(be, h + b->n, (pad - b->n) * sizeof *h);
+        rc = dt_comm_reduce_scatter(s->comm, h, z->sg16 + b->at, b->c, z->o.compress, DT_SUM,
+                                    &z->send_work[i], &e);
+    } else {
+        float *f = z->send[i];
+        be->memcpy_d2d(be, f, g, b->n * sizeof(float));
+        if (pad > b->n)
+            be->memset_zero(be, f + b->n, (pad - b->n) * sizeof *f);
+        rc = dt_comm_reduce_scatter(s->comm, f, z->sg + b->at, b->c, DT_FLOAT32, DT_AVG,
+                                    &z->send_work[i], &e);
+    }
+    if (rc) {
+        z->send_work[i] = NULL;
+        fail_at(z, rc, &e, "reduce-scattering the gradients of", s->model->blocks[k].name);
+    }
+    release_zero(be, z, s->model->grads, b->lo, b->n);
+}
+
+/* ---- the block hook ----------------------------------------------------------------------- */
+
+static void hook(void *ctx, int k, dt_block_event ev)
+{
+    dt_strategy *s = ctx;
+    z3_impl *z = s->impl;
+    if (k < 0 || k >= z->nb)
+        return;
+    bool before = ev == DT_BLOCK_BEFORE_FORWARD || ev == DT_BLOCK_BEFORE_BACKWARD;
+    bool bwd = ev == DT_BLOCK_BEFORE_BACKWARD || ev == DT_BLOCK_AFTER_BACKWARD;
+    if (before) {
+        if (bwd != z->in_bwd) { /* the backward's first window */
+            z->in_bwd = bwd;
+            z->pos = 0;
+        }
+        if (bwd && !z->brec) {
+            if (z->nbw < z->seq_cap)
+                z->bseq[z->nbw++] = k;
+            else
+                z->bbad = true;
+        }
+        if (!bwd && !z->frec) {
+            if (z->nf < z->seq_cap)
+                z->fseq[z->nf++] = k;
+            else
+                z->fbad = true;
+        }
+        /* consistency: the recorded order holds, else no more guessing */
+        int *seq = bwd ? z->bseq : z->fseq;
+        int len = bwd ? z->nbw : z->nf;
+        if ((bwd ? z->brec : z->frec) && (z->pos >= len || seq[z->pos] != k))
+            pf_drop(s, z);
+        z->pos++;
+        bring_in(s, z, k, bwd ? "gathering (before its backward) the parameters of"
+                          : "gathering (before its forward) the parameters of");
+        if (bwd)
+            commit(be_of(s), z, s->model->grads, z->b[k].lo, z->b[k].n);
+        int nx = next_window(z);
+        if (nx >= 0 && nx != k && !z->valid[nx] && z->pf_block < 0 && !z->rc)
+            issue_gather(s, z, nx, true, "prefetching the parameters of");
+        /* resident bytes only grow at a window's start (commits): the peaks are seen here */
+        dt_mem_stats ms;
+        dt_mem_read(be_of(s), &ms);
+        z->pk_params = DT_MAX(z->pk_params, ms.cur[DT_MEM_PARAMS]);
+        z->pk_grads = DT_MAX(z->pk_grads, ms.cur[DT_MEM_GRADS]);
+        return;
+    }
+    int nx = next_window(z);
+    if (nx != k)
+        release_params(s, z, k);
+    if (ev == DT_BLOCK_AFTER_BACKWARD && ++z->bw_seen[k] == s->model->blocks[k].windows &&
+        z->last)
+        scatter_grads(s, z, k);
+}
+
+/* A pass begins (forward): the windows count from the start again. */
+static void pass_begin(z3_impl *z, bool training)
+{
+    z->forwards++;
+    z->in_bwd = false;
+    z->pos = 0;
+    z->training = training;
+}
+
+/* A pass ended: when it was the first of its kind and went through (rc 0), its windows are the
+ * order the next passes prefetch by; a failed one is recorded again next time. */
+static void pass_end(z3_impl *z, bool bwd, int rc)
+{
+    if (bwd && !z->brec) {
+        z->brec = !rc && !z->rc && z->nbw > 0 && !z->bbad;
+        if (!z->brec)
+            z->nbw = 0;
+    } else if (!bwd && !z->frec) {
+        z->frec = !rc && !z->rc && z->nf > 0 && !z->fbad;
+        if (!z->frec)
+            z->nf = 0;
+    }
+}
+
+/* Every block's flat parameters given back, any prefetch waited for. */
+static void drop_all(dt_strategy *s, z3_impl *z)
+{
+    pf_drop(s, z);
+    for (int k = 0; k < z->nb; k++)
+        release_params(s, z, k);
+}
+
+/* ---- small collectives -------------------------------------------------------------------- */
+
+/* One double per rank, gathered bit for bit, summed in rank order. */
+static int sum_double(dt_strategy *s, z3_impl *z, double v, double *sum, dt_err *err)
+{
+    dt_backend *be = be_of(s);
+    char *out = (char *)z->dscratch + sizeof v;
+    be->memcpy_h2d(be, z->dscratch, &v, sizeof v);
+    int rc = dt_comm_allgather(s->comm, z->dscratch, out, sizeof v, DT_UINT8, NULL, err);
+    if (rc)
+        return rc;
+    double all[64];
+    double acc = 0;
+    for (int r = 0; r < z->N; r += 64) {
+        int m = DT_MIN(64, z->N - r);
+        be->memcpy_d2h(be, all, out + (size_t)r * sizeof v, (size_t)m * sizeof v);
+        for (int q = 0; q < m; q++)
+            acc += all[q];
+    }
+    *sum = acc;
+    return 0;
+}
+
+/* Every rank built the same model: the digest of its tensor table and blocks, compared. */
+static int check_model(dt_strategy *s, z3_impl *z, dt_err *err)
+{
+    const dt_model *m = s->model;
+    uint64_t h = dt_xxh64(&m->num_params, sizeof m->num_params, (uint64_t)m->num_tensors);
+    for (int i = 0; i < m->num_tensors; i++) {
+        h = dt_xxh64(m->tensors[i].name, strlen(m->tensors[i].name), h);
+        h = dt_xxh64(&m->tensors[i].numel, sizeof m->tensors[i].numel, h);
+    }
+    for (int k = 0; k < m->num_blocks; k++)
+        h = dt_xxh64(&m->blocks[k].numel, sizeof m->blocks[k].numel, h);
+    dt_backend *be = be_of(s);
+    char *out = (char *)z->dscratch + sizeof h;
+    be->memcpy_h2d(be, z->dscratch, &h, sizeof h);
+    int rc = dt_comm_allgather(s->comm, z->dscratch, out, sizeof h, DT_UINT8, NULL, err);
+    if (rc)
+        return dt_err_prefix(err, "ZeRO-3: comparing the model across ranks: ");
+    for (int r = 0; r < z->N; r++) {
+        uint64_t o;
+        be->memcpy_d2h(be, &o, out + (size_t)r * sizeof o, sizeof o);
+        if (o != h)
+            return dt_err_set(err, -EPROTO,
+                              "ZeRO-3: rank %d built another model than rank %d (%zu "
+                              "parameters in %d tensors here): every rank must build the same "
+                              "model from the same job file",
+                              r, z->rank, m->num_params, m->num_tensors);
+    }
+    return 0;
+}
+
+/* ---- layout ------------------------------------------------------------------------------- */
+
+static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
+{
+    const dt_model *m = s->model;
+    const size_t N = (size_t)z->N;
+    if (m->num_blocks < 1)
+        return dt_err_set(err, -EINVAL, "ZeRO-3: the model has no blocks to gather");
+    z->nb = m->num_blocks;
+    z->seq_cap = 4;
+    for (int k = 0; k < z->nb; k++)
+        z->seq_cap += DT_MAX(1, m->blocks[k].windows);
+    if (!(z->b = calloc((size_t)z->nb, sizeof *z->b)) ||
+        !(z->st = calloc((size_t)(m->num_tensors + 2 * z->nb), sizeof *z->st)) ||
+        !(z->fseq = calloc((size_t)z->seq_cap, sizeof *z->fseq)) ||
+        !(z->bseq = calloc((size_t)z->seq_cap, sizeof *z->bseq)) ||
+        !(z->valid = calloc((size_t)z->nb, sizeof *z->valid)) ||
+        !(z->bw_seen = calloc((size_t)z->nb, sizeof *z->bw_seen)))
+        return dt_err_set(err, -ENOMEM, "ZeRO-3: out of memory");
+    size_t at = 0;
+    for (int k = 0; k < z->nb; k++) {
+        const dt_block *mb = &m->blocks[k];
+        z3_block *b = &z->b[k];
+        size_t c = (mb->numel + N - 1) / N, mine = (size_t)z->rank * c;
+        *b = (z3_block){.lo = mb->offset, .n = mb->numel, .c = c, .at = at,
+                        .off = mb->offset + DT_MIN(mine, mb->numel),
+                        .mn = mine < mb->numel ? DT_MIN(c, mb->numel - mine) : 0};
+        /* the shard's tensor table: this rank's part of each tensor of the block, then the
+         * padding */
+        size_t got = 0;
+        for (int t = mb->first_tensor; t <= mb->last_tensor; t++) {
+            const dt_tensor_info *ti = &m->tensors[t];
+            size_t lo = DT_MAX(ti->offset, b->off), hi = DT_MIN(ti->offset + ti->numel,
+                                                                b->off + b->mn);
+            if (lo >= hi)
+                continue;
+            dt_tensor_info *o = &z->st[z->nst++];
+            *o = *ti;
+            o->ndim = 1;
+            o->shape[0] = (int64_t)(hi - lo);
+            o->offset = at + (lo - b->off);
+            o->numel = hi - lo;
+            got += hi - lo;
+        }
+        if (got < c) {
+            dt_tensor_info *o = &z->st[z->nst++];
+            memset(o, 0, sizeof *o);
+            snprintf(o->name, sizeof o->name, "%s.padding", mb->name);
+            o->ndim = 1;
+            o->shape[0] = (int64_t)(c - got);
+            o->offset = at + got;
+            o->numel = c - got;
+            o->no_decay = true;
+        }
+        at += c;
+        z->max_pad = DT_MAX(z->max_pad, N * c);
+    }
+    z->shard_n = at;
+    return 0;
+}
+
+/* shard (shard layout) = this rank's parts of full (num_params); padding zero. */
+static void slice(dt_strategy *s, z3_impl *z, const float *full, float *shard)
+{
+    dt_backend *be = be_of(s);
+    be->memset_zero(be, shard, z->shard_n * sizeof(float));
+    for (int k = 0; k < z->nb; k++)
+        if (z->b[k].mn)
+            be->memcpy_d2d(be, shard + z->b[k].at, full + z->b[k].off,
+                           z->b[k].mn * sizeof(float));
+}
+
+/* full (num_params + N slack) = every rank's shard put in place, block by block in buffer order
+ * (a block's padding lands in the next block, gathered afterwards, or in the slack). */
+static int unslice(dt_strategy *s, z3_impl *z, const float *shard, float *full, dt_err *err)
+{
+    for (int k = 0; k < z->nb; k++) {
+        int rc = dt_comm_allgather(s->comm, shard + z->b[k].at, full + z->b[k].lo, z->b[k].c,
+                                   DT_FLOAT32, NULL, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void release_staging(z3_impl *z, int nstates)
+{
+    if (!z->staged)
+        return;
+    madvise(z->fullp, z->full_bytes, MADV_DONTNEED);
+    for (int i = 0; i < nstates; i++)
+        madvise(z->full[i], z->full_bytes, MADV_DONTNEED);
+    z->staged = false;
+}
+
+/* ---- the ops ------------------------------------------------------------------------------ */
+
+static int z3_rank_batch(const dt_job *job) { return job->batch_size; }
+
+static int balloc(dt_backend *be, void **p, size_t bytes, dt_mem_cat cat, dt_err *err)
+{
+    dt_mem_cat old = dt_mem_tag(be, cat);
+    int rc = be->alloc(be, p, bytes ? bytes : 4, err);
+    dt_mem_tag(be, old);
+    return rc;
+}
+
+static void *reserve(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static int z3_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
+{
+    const dt_worker_env *e = ctx->env;
+    z3_impl *z = calloc(1, sizeof *z);
+    if (!z)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    s->impl = z;
+    z->job = ctx->job;
+    z->pf_block = -1;
+    z->page = (size_t)sysconf(_SC_PAGESIZE);
+    int rc = dt_strategy_open_backend(s, ctx, err);
+    if (rc)
+        return rc;
+    if (strcmp(s->be->name, "cpu") != 0)
+        return dt_err_set(err, -ENOTSUP,
+                          "parallel.zero = 3 runs on device = cpu only so far (this worker runs "
+                          "on %s): use parallel.zero = 1 there",
+                          s->be->name);
+    if (!e->store_addr[0] || e->store_port <= 0)
+        return dt_err_set(err, -EINVAL,
+                          "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
+                          "start the workers with the dtrain launcher",
+                          e->world_size);
+    dt_comm_backend_kind kind = ctx->job->comm_backend;
+    if (kind == DT_COMM_BACKEND_NCCL)
+        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
+                                        "runs on %s); use ddp.backend = cpu or auto",
+                          s->be->name);
+    if ((rc = dt_strategy_world_comm(&s->comm, ctx, "cpu", err)))
+        return dt_err_prefix(err, "ZeRO-3: ");
+    z->N = dt_comm_world_size(s->comm);
+    z->rank = dt_comm_rank(s->comm);
+    if ((rc = dt_model_create(&s->model, ctx->model, s->be, s->comm, err)))
+        return rc;
+    if ((rc = dt_ddp_opts_from_job(&z->o, ctx->job, err)))
+        return rc;
+    dt_model *m = s->model;
+    dt_backend *be = s->be;
+    if (m->num_params < (size_t)z->N)
+        return dt_err_set(err, -EINVAL, "ZeRO-3: %zu parameters cannot be sharded over %d ranks",
+                          m->num_params, z->N);
+    if ((rc = balloc(be, (void **)&z->dscratch, sizeof(double) * (2 * (size_t)z->N + 4),
+                     DT_MEM_COMM, err)) ||
+        (rc = check_model(s, z, err)) || (rc = build_layout(s, z, err)))
+        return rc;
+    bool half = z->o.compress != DT_FLOAT32;
+    size_t esz = half ? sizeof(uint16_t) : sizeof(float);
+    if ((rc = balloc(be, (void **)&z->ps, z->shard_n * sizeof(float), DT_MEM_PARAMS, err)) ||
+        (rc = balloc(be, (void **)&z->stg, z->max_pad * sizeof(float), DT_MEM_PARAMS, err)) ||
+        (rc = balloc(be, (void **)&z->sg, z->shard_n * sizeof(float), DT_MEM_GRADS, err)) ||
+        (half && (rc = balloc(be, (void **)&z->sg16, z->shard_n * sizeof(uint16_t), DT_MEM_COMM,
+                              err))) ||
+        (rc = balloc(be, &z->send[0], z->max_pad * esz, DT_MEM_COMM, err)) ||
+        (rc = balloc(be, &z->send[1], z->max_pad * esz, DT_MEM_COMM, err)))
+        return dt_err_prefix(err, "ZeRO-3: ");
+    dt_optim_range all = {0, z->shard_n, 0};
+    if ((rc = dt_optim_create_ranges(&s->optim, ctx->optim, be, z->st, z->nst, z->shard_n, &all,
+                                     1, z->shard_n, err)))
+        return rc;
+    /* checkpoint staging; the model's initial parameters wait there for start (a resume
+     * overwrites them), and the flat buffers give their pages back */
+    z->full_bytes = (m->num_params + (size_t)z->N) * sizeof(float);
+    if (!(z->fullp = reserve(z->full_bytes)))
+        return dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint staging",
+                          z->full_bytes);
+    for (int i = 0; i < s->optim->num_states; i++)
+        if (!(z->full[i] = reserve(z->full_bytes)))
+            return dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint "
+                              "staging", z->full_bytes);
+    memcpy(z->fullp, m->params, m->num_params * sizeof(float));
+    z->staged = true;
+    be->mem_release(be, m->params, 0, m->num_params * sizeof(float));
+    release_zero(be, z, m->grads, 0, m->num_params);
+    dt_model_set_block_hook(m, hook, s);
+    snprintf(s->summary, sizeof s->summary, "ZeRO-3 over %d ranks", z->N);
+    if (z->rank == 0)
+        DT_INFO("ZeRO stage 3: %zu parameters in %d blocks, this rank's shard %zu (%.1f%%); "
+                "gathered per block (largest padded block %zu)",
+                m->num_params, z->nb, z->shard_n,
+                100.0 * (double)z->shard_n / (double)m->num_params, z->max_pad);
+    return 0;
+}
+
+static int z3_start(dt_strategy *s, dt_err *err)
+{
+    z3_impl *z = s->impl;
+    dt_model *m = s->model;
+    int rc;
+    drop_all(s, z);
+    /* rank 0's parameters and buffers (its initialisation, or what every rank loaded) */
+    if ((rc = dt_comm_broadcast(s->comm, z->fullp, m->num_params, DT_FLOAT32, 0, NULL, err)))
+        return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's parameters: ");
+    if (m->num_buffers &&
+        (rc = dt_comm_broadcast(s->comm, m->buffers, m->num_buffers, DT_FLOAT32, 0, NULL, err)))
+        return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's buffers: ");
+    z->staged = true;
+    slice(s, z, z->fullp, z->ps);
+    for (int i = 0; i < s->optim->num_states; i++)
+        slice(s, z, z->full[i], s->optim->states[i].buf);
+    release_staging(z, s->optim->num_states);
+    return 0;
+}
+
+static void z3_zero_grads(dt_strategy *s)
+{
+    z3_impl *z = s->impl;
+    release_zero(s->be, z, s->model->grads, 0, s->model->num_params);
+}
+
+static int z3_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
+                         float *loss, dt_err *err)
+{
+    z3_impl *z = s->impl;
+    dt_model *m = s->model;
+    z->last = last;
+    pass_begin(z, true);
+    int rc = m->ops->forward(m, batch, true, loss, err);
+    pass_end(z, false, rc);
+    if (!rc && z->rc)
+        rc = z->rc, *err = z->err;
+    if (rc) {
+        drop_all(s, z);
+        return rc;
+    }
+    memset(z->bw_seen, 0, sizeof *z->bw_seen * (size_t)z->nb);
+    rc = m->ops->backward(m, dloss, NULL, NULL, err);
+    pass_end(z, true, rc);
+    z->in_bwd = false;
+    drop_all(s, z);
+    if (!rc && z->rc)
+        rc = z->rc, *err = z->err;
+    return rc;
+}
+
+static int z3_sync_grads(dt_strategy *s, dt_err *err)
+{
+    z3_impl *z = s->impl;
+    dt_backend *be = s->be;
+    double t0 = dt_now_s();
+    wait_send(s, z, 0);
+    wait_send(s, z, 1);
+    s->comm_time_s = dt_now_s() - t0;
+    int rc = z->rc;
+    if (rc) {
+        *err = z->err;
+        z->rc = 0;
+        return rc;
+    }
+    for (int k = 0; k < z->nb; k++) {
+        const z3_block *b = &z->b[k];
+        if (z->sg16)
+            be->from_half(be, z->sg + b->at, z->sg16 + b->at, b->c, 1.0f,
+                          z->o.compress == DT_BFLOAT16);
+        if (b->mn < b->c)
+            be->memset_zero(be, z->sg + b->at + b->mn, (b->c - b->mn) * sizeof(float));
+    }
+    if (z->o.broadcast_buffers && s->model->num_buffers &&
+        (rc = dt_comm_broadcast(s->comm, s->model->buffers, s->model->num_buffers, DT_FLOAT32, 0,
+                                NULL, err)))
+        return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's buffers: ");
+    return 0;
+}
+
+/* Mean over the ranks, as DDP's (float64 all-reduce, averaged by the collective). */
+static int z3_average(dt_strategy *s, double *v, int n, dt_err *err)
+{
+    z3_impl *z = s->impl;
+    dt_backend *be = s->be;
+    for (int k = 0; k < n; k += 2) {
+        int m = DT_MIN(2, n - k);
+        be->memcpy_h2d(be, z->dscratch, v + k, (size_t)m * sizeof(double));
+        int rc = dt_comm_allreduce(s->comm, z->dscratch, (size_t)m, DT_FLOAT64, DT_AVG, NULL,
+                                   err);
+        if (rc)
+            return rc;
+        be->memcpy_d2h(be, v + k, z->dscratch, (size_t)m * sizeof(double));
+    }
+    return 0;
+}
+
+static int z3_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
+{
+    z3_impl *z = s->impl;
+    dt_optim *o = s->optim;
+    if (unscale != 1.0)
+        s->be->scale(s->be, z->sg, z->shard_n, (float)unscale);
+    double sum = 0;
+    int rc = sum_double(s, z, s->be->sumsq(s->be, z->sg, z->shard_n), &sum, err);
+    if (rc)
+        return dt_err_prefix(err, "ZeRO-3: the global gradient norm: ");
+    *norm = sqrt(sum);
+    if (o->cfg.grad_clip > 0 && isfinite(*norm) && *norm > o->cfg.grad_clip)
+        s->be->scale(s->be, z->sg, z->shard_n, (float)(o->cfg.grad_clip / (*norm + 1e-6)));
+    return 0;
+}
+
+static int z3_optim_step(dt_strategy *s, double lr, dt_err *err)
+{
+    (void)err;
+    z3_impl *z = s->impl;
+    release_staging(z, s->optim->num_states); /* the trainer fenced the last save's copy */
+    drop_all(s, z);
+    dt_optim_step(s->optim, z->ps, z->sg, lr);
+    return 0;
+}
+
+static int z3_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
+                        dt_err *err)
+{
+    z3_impl *z = s->impl;
+    dt_model *m = s->model;
+    pass_begin(z, false);
+    int rc = m->ops->forward(m, batch, false, loss, err);
+    pass_end(z, false, rc);
+    drop_all(s, z);
+    if (!rc && z->rc) {
+        rc = z->rc;
+        *err = z->err;
+        z->rc = 0;
+    }
+    if (!rc)
+        *correct = m->last_correct;
+    return rc;
+}
+
+static int z3_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
+{
+    z3_impl *z = s->impl;
+    dt_model *m = s->model;
+    dt_optim *o = s->optim;
+    int k = 0;
+    if (cap < 2 + o->num_states)
+        return dt_err_set(err, -ENOSPC, "checkpoint buffers: room for %d, %d needed", cap,
+                          2 + o->num_states);
+    bufs[k++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, z->fullp, m->num_params,
+                              false};
+    if (m->num_buffers)
+        bufs[k++] = (dt_ckpt_buf){"model", "", m->buffer_tensors, m->num_buffer_tensors,
+                                  m->buffers, m->num_buffers, true};
+    for (int i = 0; i < o->num_states; i++)
+        bufs[k++] = (dt_ckpt_buf){"optim", o->states[i].prefix, m->tensors, m->num_tensors,
+                                  z->full[i], m->num_params, false};
+    *n = k;
+    return 0;
+}
+
+static int z3_gather_state(dt_strategy *s, dt_err *err)
+{
+    z3_impl *z = s->impl;
+    z->staged = true;
+    int rc = unslice(s, z, z->ps, z->fullp, err);
+    if (rc)
+        return dt_err_prefix(err, "ZeRO-3: gathering the parameters: ");
+    for (int i = 0; i < s->optim->num_states; i++)
+        if ((rc = unslice(s, z, s->optim->states[i].buf, z->full[i], err)))
+            return dt_err_prefix(err, "ZeRO-3: gathering %s: ", s->optim->states[i].name);
+    return 0;
+}
+
+static void z3_close(dt_strategy *s)
+{
+    z3_impl *z = s->impl;
+    if (z) {
+        pf_drop(s, z);
+        for (int i = 0; i < 2; i++)
+            if (z->send_work[i])
+                dt_comm_wait(s->comm, z->send_work[i], NULL);
+        dt_backend *be = s->be;
+        if (be) {
+            be->free(be, z->ps);
+            be->free(be, z->sg);
+            be->free(be, z->sg16);
+            be->free(be, z->stg);
+            be->free(be, z->send[0]);
+            be->free(be, z->send[1]);
+            be->free(be, z->dscratch);
+        }
+        if (z->fullp)
+            munmap(z->fullp, z->full_bytes);
+        for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
+            if (z->full[i])
+                munmap(z->full[i], z->full_bytes);
+        free(z->b);
+        free(z->st);
+        free(z->fseq);
+        free(z->bseq);
+        free(z->valid);
+        free(z->bw_seen);
+    }
+    if (s->model)
+        dt_model_set_block_hook(s->model, NULL, NULL);
+    dt_comm_free(s->comm);
+    s->comm = NULL;
+    dt_optim_free(s->optim);
+    dt_model_free(s->model);
+    dt_backend_close(s->be);
+    free(z);
+}
+
+/* ---- figures ------------------------------------------------------------------------------ */
+
+void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out)
+{
+    const z3_impl *z = s->impl;
+    dt_mem_stats ms;
+    dt_mem_read(s->be, &ms);
+    out->zero_stage = 3;
+    out->params = ms.cur[DT_MEM_PARAMS];
+    out->params_peak = DT_MAX(z->pk_params, out->params);
+    out->grads = ms.cur[DT_MEM_GRADS];
+    out->grads_peak = DT_MAX(z->pk_grads, out->grads);
+    out->optim = (size_t)s->optim->num_states * s->optim->state_numel * sizeof(float);
+    out->comm = ms.cur[DT_MEM_COMM];
+    out->gathers_sync = z->g_sync;
+    out->gathers_prefetched = z->g_pref;
+    out->windows = (uint64_t)(z->nf + z->nbw);
+    out->forwards = z->forwards;
+}
+
+const dt_strategy_ops dt_strategy_zero3_ops = {
+    .name = "zero",
+    .rank_batch = z3_rank_batch,
+    .open = z3_open,
+    .start = z3_start,
+    .zero_grads = z3_zero_grads,
+    .micro_step = z3_micro_step,
+    .sync_grads = z3_sync_grads,
+    .average = z3_average,
+    .clip = z3_clip,
+    .optim_step = z3_optim_step,
+    .eval_step = z3_eval_step,
+    .state = z3_state,
+    .gather_state = z3_gather_state,
+    .replica_backend = dt_strategy_backend_one,
+    .close = z3_close,
+};
