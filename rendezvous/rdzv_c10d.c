@@ -413,42 +413,16 @@ static int resolve_job(c10d_rdzv *c, dt_err *err)
 /* Agrees on the job's settings: the first agent's, recorded in "conf". */
 static int agree_conf(c10d_rdzv *c, dt_err *err)
 {
-    char run_id[DT_RDZV_STR];
-    if (c->o.run_id[0] && strcmp(c->o.run_id, "none"))
-        dt_strlcpy(run_id, c->o.run_id, sizeof run_id);
-    else
-        dt_rdzv_make_id(run_id, sizeof run_id);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "run_id", run_id);
-    cJSON_AddNumberToObject(o, "max_restarts", c->o.max_restarts);
-    cJSON_AddNumberToObject(o, "min", c->min);
-    cJSON_AddNumberToObject(o, "max", c->max);
-    char *mine = cJSON_PrintUnformatted(o), *cur = NULL;
-    cJSON_Delete(o);
+    char *mine = dt_rdzv_conf_propose(&c->o, c->min, c->max), *cur = NULL;
     if (!mine)
         return dt_err_set(err, -ENOMEM, "out of memory");
     int rc = dt_rdzv_cas_new(c->ns, "conf", mine, NULL, &cur, err);
     free(mine);
-    if (rc)
-        return rc;
-    o = cJSON_Parse(cur);
+    if (!rc)
+        rc = dt_rdzv_conf_adopt(cur, "the store", &c->o, &c->min, &c->max, &c->max_restarts,
+                                c->run_id, sizeof c->run_id, err);
     free(cur);
-    if (!o)
-        return dt_err_set(err, -EBADMSG, "the job's settings in the store are not JSON");
-    int min = (int)dt_rdzv_json_num(o, "min", c->min), max = (int)dt_rdzv_json_num(o, "max", c->max);
-    int mr = (int)dt_rdzv_json_num(o, "max_restarts", c->o.max_restarts);
-    dt_rdzv_json_str(o, "run_id", c->run_id, sizeof c->run_id);
-    cJSON_Delete(o);
-    if (min != c->min || max != c->max)
-        DT_WARN("--nnodes=%s here, but the job was started with --nnodes=%d:%d: using the job's",
-                c->o.nnodes, min, max);
-    if (mr != c->o.max_restarts)
-        DT_WARN("--max-restarts=%d here, but the job was started with %d: the job's budget is %d",
-                c->o.max_restarts, mr, mr);
-    c->min = min;
-    c->max = max;
-    c->max_restarts = mr;
-    return 0;
+    return rc;
 }
 
 static int c10d_open(void **out, const dt_rdzv_opts *opts, dt_err *err)

@@ -447,3 +447,44 @@ int dt_rdzv_cas_new(dt_store *s, const char *key, const char *desired, bool *won
         free(t);
     return 0;
 }
+
+char *dt_rdzv_conf_propose(const dt_rdzv_opts *o, int min, int max)
+{
+    char run_id[DT_RDZV_STR];
+    if (o->run_id[0] && strcmp(o->run_id, "none"))
+        dt_strlcpy(run_id, o->run_id, sizeof run_id);
+    else
+        dt_rdzv_make_id(run_id, sizeof run_id);
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return NULL;
+    cJSON_AddStringToObject(j, "run_id", run_id);
+    cJSON_AddNumberToObject(j, "max_restarts", o->max_restarts);
+    cJSON_AddNumberToObject(j, "min", min);
+    cJSON_AddNumberToObject(j, "max", max);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return text;
+}
+
+int dt_rdzv_conf_adopt(const char *cur, const char *where, const dt_rdzv_opts *o, int *min,
+                       int *max, int *max_restarts, char *run_id, size_t cap, dt_err *err)
+{
+    cJSON *j = cur ? cJSON_Parse(cur) : NULL;
+    if (!j)
+        return dt_err_set(err, -EBADMSG, "the job's settings in %s are not JSON", where);
+    int jmin = (int)dt_rdzv_json_num(j, "min", *min), jmax = (int)dt_rdzv_json_num(j, "max", *max);
+    int mr = (int)dt_rdzv_json_num(j, "max_restarts", o->max_restarts);
+    dt_rdzv_json_str(j, "run_id", run_id, cap);
+    cJSON_Delete(j);
+    if (jmin != *min || jmax != *max)
+        DT_WARN("--nnodes=%s here, but the job was started with --nnodes=%d:%d: using the job's",
+                o->nnodes, jmin, jmax);
+    if (mr != o->max_restarts)
+        DT_WARN("--max-restarts=%d here, but the job was started with %d: the job's budget is %d",
+                o->max_restarts, mr, mr);
+    *min = jmin;
+    *max = jmax;
+    *max_restarts = mr;
+    return 0;
+}

@@ -83,6 +83,15 @@ void dt_rdzv_fail_list_clear(dt_rdzv_fail_list *l);
 void dt_rdzv_json_str(const cJSON *o, const char *k, char *out, size_t cap);
 double dt_rdzv_json_num(const cJSON *o, const char *k, double def);
 
+/* The job's settings, agreed once per job instance: the first agent's proposal (JSON: run id,
+ * restart budget, MIN and MAX nodes; the run id is o->run_id, or a fresh one for "" / "none";
+ * malloc'd, NULL when out of memory) is stored by the backend if none is, and every agent adopts
+ * what is stored (cur), warning where its own flags differ. where names the backend's state in
+ * messages ("the store", "etcd"). */
+char *dt_rdzv_conf_propose(const dt_rdzv_opts *o, int min, int max);
+int dt_rdzv_conf_adopt(const char *cur, const char *where, const dt_rdzv_opts *o, int *min,
+                       int *max, int *max_restarts, char *run_id, size_t cap, dt_err *err);
+
 /* Store calls on text values (keys and values without NULs). */
 
 /* snprintf for keys ("r%d/hb/%d"): a key too long for buf is cut, which the store then reports

@@ -462,43 +462,18 @@ static int resolve_job(etcd_rdzv *c, dt_err *err)
 
 static int agree_conf(etcd_rdzv *c, dt_err *err)
 {
-    char run_id[DT_RDZV_STR], k[KEY_MAX];
-    if (c->o.run_id[0] && strcmp(c->o.run_id, "none"))
-        dt_strlcpy(run_id, c->o.run_id, sizeof run_id);
-    else
-        dt_rdzv_make_id(run_id, sizeof run_id);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "run_id", run_id);
-    cJSON_AddNumberToObject(o, "max_restarts", c->o.max_restarts);
-    cJSON_AddNumberToObject(o, "min", c->min);
-    cJSON_AddNumberToObject(o, "max", c->max);
-    char *mine = cJSON_PrintUnformatted(o), *cur = NULL;
-    cJSON_Delete(o);
+    char k[KEY_MAX];
+    char *mine = dt_rdzv_conf_propose(&c->o, c->min, c->max), *cur = NULL;
     if (!mine)
         return dt_err_set(err, -ENOMEM, "out of memory");
     keyf(c, k, "conf");
     int rc = dt_etcd_create(c->ec, k, mine, 0, NULL, &cur, err);
     free(mine);
-    if (rc)
-        return rc;
-    o = cJSON_Parse(cur);
+    if (!rc)
+        rc = dt_rdzv_conf_adopt(cur, "etcd", &c->o, &c->min, &c->max, &c->max_restarts,
+                                c->run_id, sizeof c->run_id, err);
     free(cur);
-    if (!o)
-        return dt_err_set(err, -EBADMSG, "the job's settings in etcd are not JSON");
-    int min = (int)dt_rdzv_json_num(o, "min", c->min), max = (int)dt_rdzv_json_num(o, "max", c->max);
-    int mr = (int)dt_rdzv_json_num(o, "max_restarts", c->o.max_restarts);
-    dt_rdzv_json_str(o, "run_id", c->run_id, sizeof c->run_id);
-    cJSON_Delete(o);
-    if (min != c->min || max != c->max)
-        DT_WARN("--nnodes=%s here, but the job was started with --nnodes=%d:%d: using the job's",
-                c->o.nnodes, min, max);
-    if (mr != c->o.max_restarts)
-        DT_WARN("--max-restarts=%d here, but the job was started with %d: the job's budget is %d",
-                c->o.max_restarts, mr, mr);
-    c->min = min;
-    c->max = max;
-    c->max_restarts = mr;
-    return 0;
+    return rc;
 }
 
 /* TLS files and credentials from the options (the password from its file, first line). */

@@ -83,24 +83,30 @@ int dt_strategy_open_optim(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *e
                            m->num_params, err);
 }
 
-int dt_strategy_state_whole(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
+int dt_strategy_state_bufs(const dt_strategy *s, float *params, float *const *states,
+                           dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
 {
-    dt_model *m = s->model;
-    dt_optim *o = s->optim;
+    const dt_model *m = s->model;
+    const dt_optim *o = s->optim;
     int k = 0;
     if (cap < 2 + o->num_states)
         return dt_err_set(err, -ENOSPC, "checkpoint buffers: room for %d, %d needed", cap,
                           2 + o->num_states);
-    bufs[k++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, m->params, m->num_params,
+    bufs[k++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, params, m->num_params,
                               false};
     if (m->num_buffers) /* BatchNorm statistics change in the next forward: copied at once */
         bufs[k++] = (dt_ckpt_buf){"model", "", m->buffer_tensors, m->num_buffer_tensors,
                                   m->buffers, m->num_buffers, true};
     for (int i = 0; i < o->num_states; i++)
         bufs[k++] = (dt_ckpt_buf){"optim", o->states[i].prefix, m->tensors, m->num_tensors,
-                                  o->states[i].buf, m->num_params, false};
+                                  states ? states[i] : o->states[i].buf, m->num_params, false};
     *n = k;
     return 0;
+}
+
+int dt_strategy_state_whole(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
+{
+    return dt_strategy_state_bufs(s, s->model->params, NULL, bufs, cap, n, err);
 }
 
 int dt_strategy_eval_whole(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,

@@ -170,6 +170,11 @@ int dt_strategy_open_optim(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *e
  * s->optim's states under the prefix the optimiser gives it. */
 int dt_strategy_state_whole(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
 
+/* The same table with whole-size buffers of the caller's (a sharding strategy's staging): params
+ * (num_params floats) for the parameters, states[i] (NULL: the optimiser's own) for state i. */
+int dt_strategy_state_bufs(const dt_strategy *s, float *params, float *const *states,
+                           dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
+
 /* eval_step: s->model's forward; *correct its last_correct. */
 int dt_strategy_eval_whole(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
                            dt_err *err);

@@ -270,22 +270,7 @@ static int zero_optim_step(dt_strategy *s, double lr, dt_err *err)
 static int zero_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
 {
     zero_impl *z = s->impl;
-    dt_model *m = s->model;
-    dt_optim *o = s->optim;
-    int k = 0;
-    if (cap < 2 + o->num_states)
-        return dt_err_set(err, -ENOSPC, "checkpoint buffers: room for %d, %d needed", cap,
-                          2 + o->num_states);
-    bufs[k++] = (dt_ckpt_buf){"model", "", m->tensors, m->num_tensors, m->params, m->num_params,
-                              false};
-    if (m->num_buffers) /* BatchNorm statistics change in the next forward: copied at once */
-        bufs[k++] = (dt_ckpt_buf){"model", "", m->buffer_tensors, m->num_buffer_tensors,
-                                  m->buffers, m->num_buffers, true};
-    for (int i = 0; i < o->num_states; i++)
-        bufs[k++] = (dt_ckpt_buf){"optim", o->states[i].prefix, m->tensors, m->num_tensors,
-                                  z->full[i], m->num_params, false};
-    *n = k;
-    return 0;
+    return dt_strategy_state_bufs(s, s->model->params, z->full, bufs, cap, n, err);
 }
 
 static int zero_gather_state(dt_strategy *s, dt_err *err)
