@@ -49,6 +49,27 @@ int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err 
     return 0;
 }
 
+int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
+                             const char **backend, dt_err *err)
+{
+    const dt_worker_env *e = ctx->env;
+    if (!e->store_addr[0] || e->store_port <= 0)
+        return dt_err_set(err, -EINVAL,
+                          "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
+                          "start the workers with the dtrain launcher",
+                          e->world_size);
+    bool cuda = !strcmp(s->be->name, "cuda");
+    dt_comm_backend_kind kind = ctx->job->comm_backend;
+    if (kind == DT_COMM_BACKEND_AUTO)
+        kind = cuda ? DT_COMM_BACKEND_NCCL : DT_COMM_BACKEND_CPU;
+    if (kind == DT_COMM_BACKEND_NCCL && !cuda)
+        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
+                                        "runs on %s); use ddp.backend = cpu or auto",
+                          s->be->name);
+    *backend = dt_comm_backend_name(kind);
+    return 0;
+}
+
 int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char *backend,
                            dt_err *err)
 {

@@ -154,6 +154,12 @@ void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank
 /* Opens ctx's backend (job.device, ctx->be_opts) into s->be and binds the CPUs (above). */
 int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
 
+/* The comm backend for s->be from ddp.backend (auto: nccl on cuda, else cpu) into *backend, after
+ * checking that the launcher gave the store's address; -EINVAL with the fix otherwise (nccl
+ * without cuda, no DTRAIN_STORE_ADDR/PORT). */
+int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
+                             const char **backend, dt_err *err);
+
 /* The world communicator of ctx->env's ranks over `backend` ("cpu", "nccl"), bootstrapped
  * through the dtrain store (DTRAIN_STORE_ADDR/PORT), namespaced by the run id and the
  * rendezvous round, with job.comm_timeout. */

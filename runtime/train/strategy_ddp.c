@@ -23,7 +23,6 @@ static int ddp_rank_batch(const dt_job *job) { return job->batch_size; }
 
 static int ddp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
-    const dt_worker_env *e = ctx->env;
     ddp_impl *d = calloc(1, sizeof *d);
     if (!d)
         return dt_err_set(err, -ENOMEM, "out of memory");
@@ -32,19 +31,9 @@ static int ddp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     int rc = dt_strategy_open_backend(s, ctx, err);
     if (rc)
         return rc;
-    if (!e->store_addr[0] || e->store_port <= 0)
-        return dt_err_set(err, -EINVAL,
-                          "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
-                          "start the workers with the dtrain launcher",
-                          e->world_size);
-    dt_comm_backend_kind kind = ctx->job->comm_backend;
-    if (kind == DT_COMM_BACKEND_AUTO)
-        kind = !strcmp(s->be->name, "cuda") ? DT_COMM_BACKEND_NCCL : DT_COMM_BACKEND_CPU;
-    const char *backend = dt_comm_backend_name(kind);
-    if (kind == DT_COMM_BACKEND_NCCL && strcmp(s->be->name, "cuda") != 0)
-        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
-                                        "runs on %s); use ddp.backend = cpu or auto",
-                          s->be->name);
+    const char *backend;
+    if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
+        return rc;
     /* communication before the model: SyncBatchNorm borrows the communicator */
     if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
         return dt_err_prefix(err, "DDP: ");

@@ -108,24 +108,15 @@ static int zero_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     int rc = dt_strategy_open_backend(s, ctx, err);
     if (rc)
         return rc;
-    if (!e->store_addr[0] || e->store_port <= 0)
-        return dt_err_set(err, -EINVAL,
-                          "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
-                          "start the workers with the dtrain launcher",
-                          e->world_size);
-    dt_comm_backend_kind kind = ctx->job->comm_backend;
-    if (kind == DT_COMM_BACKEND_AUTO)
-        kind = !strcmp(s->be->name, "cuda") ? DT_COMM_BACKEND_NCCL : DT_COMM_BACKEND_CPU;
-    if (kind == DT_COMM_BACKEND_NCCL && strcmp(s->be->name, "cuda") != 0)
-        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
-                                        "runs on %s); use ddp.backend = cpu or auto",
-                          s->be->name);
+    const char *backend;
+    if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
+        return rc;
     if (z->stage == 2 && strcmp(s->be->name, "cpu") != 0)
         return dt_err_set(err, -ENOTSUP,
                           "parallel.zero = 2 gives gradient memory back on device = cpu only so "
                           "far (this worker runs on %s): use parallel.zero = 1",
                           s->be->name);
-    if ((rc = dt_strategy_world_comm(&s->comm, ctx, dt_comm_backend_name(kind), err)))
+    if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
         return dt_err_prefix(err, "ZeRO: ");
     if ((rc = dt_model_create(&s->model, ctx->model, s->be, s->comm, err)))
         return rc;

@@ -514,7 +514,6 @@ static void *reserve(size_t bytes)
 
 static int z3_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
-    const dt_worker_env *e = ctx->env;
     z3_impl *z = calloc(1, sizeof *z);
     if (!z)
         return dt_err_set(err, -ENOMEM, "out of memory");
@@ -530,17 +529,10 @@ static int z3_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
                           "parallel.zero = 3 runs on device = cpu only so far (this worker runs "
                           "on %s): use parallel.zero = 1 there",
                           s->be->name);
-    if (!e->store_addr[0] || e->store_port <= 0)
-        return dt_err_set(err, -EINVAL,
-                          "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
-                          "start the workers with the dtrain launcher",
-                          e->world_size);
-    dt_comm_backend_kind kind = ctx->job->comm_backend;
-    if (kind == DT_COMM_BACKEND_NCCL)
-        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
-                                        "runs on %s); use ddp.backend = cpu or auto",
-                          s->be->name);
-    if ((rc = dt_strategy_world_comm(&s->comm, ctx, "cpu", err)))
+    const char *backend; /* cpu: the backend is */
+    if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
+        return rc;
+    if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
         return dt_err_prefix(err, "ZeRO-3: ");
     z->N = dt_comm_world_size(s->comm);
     z->rank = dt_comm_rank(s->comm);
