@@ -127,3 +127,41 @@ int dt_cmd_bench(int argc, char **argv)
     usage(stderr);
     return 2;
 }
+
+int dt_bench_parse_args(int argc, char **argv, const char *name, const dt_bench_opt *opts,
+                        int nopts, const char **job_path, char **ovr, int *n_ovr,
+                        void (*print_usage)(FILE *out))
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            print_usage(stdout);
+            return 1;
+        }
+        const dt_bench_opt *opt = NULL;
+        for (int k = 0; k < nopts && !opt; k++)
+            if (!strcmp(a, opts[k].flag))
+                opt = &opts[k];
+        if (opt) {
+            if (!v || (opt->ival && (dt_parse_int(v, opt->ival) || *opt->ival < 0))) {
+                fprintf(stderr, "%s: %s needs a %s\n", name, a, opt->ival ? "number" : "value");
+                return 2;
+            }
+            if (opt->sval)
+                *opt->sval = v;
+            i++;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "%s: unknown option %s\n", name, a);
+            print_usage(stderr);
+            return 2;
+        } else if (strchr(a, '=')) {
+            ovr[(*n_ovr)++] = (char *)a;
+        } else if (!*job_path) {
+            *job_path = a;
+        } else {
+            fprintf(stderr, "%s: one job file only (%s, %s)\n", name, *job_path, a);
+            return 2;
+        }
+    }
+    return 0;
+}

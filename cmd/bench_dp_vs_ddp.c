@@ -393,49 +393,24 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
 {
     bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .repeat = 5, .rank = 0};
     char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            free(ovr);
-            return 0;
-        }
-        int *ip = !strcmp(a, "--nproc")        ? &o.nproc
-                  : !strcmp(a, "--steps")      ? &o.steps
-                  : !strcmp(a, "--warmup")     ? &o.warmup
-                  : !strcmp(a, "--repeat")     ? &o.repeat
-                  : !strcmp(a, "--child-rank") ? &o.rank
-                  : !strcmp(a, "--child-port") ? &o.port
-                                               : NULL;
-        const char **sp = !strcmp(a, "--child")          ? &o.child
-                          : !strcmp(a, "--child-run-id") ? &o.run_id
-                          : !strcmp(a, "--child-out")    ? &o.out
-                                                         : NULL;
-        if (ip || sp) {
-            if (!v || (ip && (dt_parse_int(v, ip) || *ip < 0))) {
-                fprintf(stderr, "dtrain bench dp-vs-ddp: %s needs a %s\n", a,
-                        ip ? "number" : "value");
-                free(ovr);
-                return 2;
-            }
-            if (sp)
-                *sp = v;
-            i++;
-        } else if (a[0] == '-') {
-            fprintf(stderr, "dtrain bench dp-vs-ddp: unknown option %s\n", a);
-            usage(stderr);
-            free(ovr);
-            return 2;
-        } else if (strchr(a, '=')) {
-            ovr[o.n_overrides++] = (char *)a;
-        } else if (!o.job_path) {
-            o.job_path = a;
-        } else {
-            fprintf(stderr, "dtrain bench dp-vs-ddp: one job file only (%s, %s)\n", o.job_path,
-                    a);
-            free(ovr);
-            return 2;
-        }
+    if (!ovr)
+        return 1;
+    const dt_bench_opt opts[] = {
+        {"--nproc", &o.nproc, NULL},
+        {"--steps", &o.steps, NULL},
+        {"--warmup", &o.warmup, NULL},
+        {"--repeat", &o.repeat, NULL},
+        {"--child-rank", &o.rank, NULL},
+        {"--child-port", &o.port, NULL},
+        {"--child", NULL, &o.child},
+        {"--child-run-id", NULL, &o.run_id},
+        {"--child-out", NULL, &o.out},
+    };
+    int prc = dt_bench_parse_args(argc, argv, "dtrain bench dp-vs-ddp", opts, (int)DT_ARRAY_LEN(opts), &o.job_path,
+                                  ovr, &o.n_overrides, usage);
+    if (prc) {
+        free(ovr);
+        return prc == 1 ? 0 : 2;
     }
     o.overrides = ovr;
     if (!o.job_path || o.nproc < 1 || o.nproc > MAX_REPLICAS || o.steps < 1 || o.repeat < 1) {

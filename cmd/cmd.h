@@ -4,6 +4,8 @@
 #ifndef DT_CMD_H
 #define DT_CMD_H
 
+#include <stdio.h>
+
 int dt_cmd_main(int argc, char **argv);   /* cmd/dtrain.c: dispatch and the default `run` */
 int dt_cmd_worker(int argc, char **argv); /* cmd/worker.c: the built-in trainer */
 int dt_cmd_store(int argc, char **argv);  /* cmd/store_cmd.c: standalone store server */
@@ -23,6 +25,20 @@ int dt_bench_memory(int argc, char **argv);
 
 /* The absolute path of the running dtrain binary (for exec of `dtrain worker`). */
 const char *dt_cmd_self_path(void);
+
+/* A bench's command line (cmd/bench.c): options that take a value (an int >= 0 into ival, or a
+ * string into sval; exactly one of the two is set), `section.key=value` overrides appended to
+ * ovr[*n_ovr] (room for argc), and one job file into *job_path. Returns 0; 1 after
+ * print_usage(stdout) for --help/-h (the caller exits 0); 2 after saying what is wrong (name,
+ * "dtrain bench NAME", starts the message), with print_usage(stderr) for an unknown option. */
+typedef struct dt_bench_opt {
+    const char *flag;
+    int *ival;
+    const char **sval;
+} dt_bench_opt;
+int dt_bench_parse_args(int argc, char **argv, const char *name, const dt_bench_opt *opts,
+                        int nopts, const char **job_path, char **ovr, int *n_ovr,
+                        void (*print_usage)(FILE *out));
 
 /* The benches' ranks (cmd/bench.c): forks n processes that exec av (this binary's path first,
  * NULL-terminated, built by the caller before any fork: a child only execs, as the caller may
