@@ -106,4 +106,51 @@ int dt_comm_mem_alloc(dt_comm *c, size_t bytes, void **out, dt_err *err);
  * NULL. */
 void dt_comm_mem_free(dt_comm *c, void *p);
 
+/* ---- groups and point-to-point (tensor and pipeline parallelism) --------------------------
+ *
+ * dt_comm_split: like MPI_Comm_split / ncclCommSplit. Collective over c: every rank of c calls
+ * it, in the same order relative to c's other collectives. Ranks that pass the same color >= 0
+ * form one new communicator, ranked by (key, rank in c); a rank that passes color < 0 joins none
+ * and gets *out = NULL. The new communicator has c's backend, timeout and device, its own store
+ * namespace (derived from c's and the split's sequence number, so two splits never mix) and its
+ * own progress: collectives on different communicators may be in flight at the same time, on
+ * the same or different ranks, without interfering or deadlocking each other. A rank that dies
+ * fails every communicator it belongs to within the timeout, with an error naming the rank
+ * (its rank in c's world, the "global" rank, as well as in the group). store: borrowed for the
+ * bootstrap of the new communicator only (the cpu backend finds its peers through it; may be NULL
+ * where the backend needs none, nccl with ncclCommSplit). A group of one is a valid communicator
+ * (its collectives are copies). Free groups with dt_comm_free, before their parent. */
+int dt_comm_split(dt_comm *c, dt_store *store, int color, int key, dt_comm **out, dt_err *err);
+
+/* The rank in the world c was split from (c's first ancestor) of c's rank r; r for a world. */
+int dt_comm_global_rank(const dt_comm *c, int r);
+
+/* Point-to-point. A batch of sends and receives (NCCL: one ncclGroupStart/End; Megatron's
+ * batch_isend_irecv) progresses together, so one batch may send to a peer and receive from it
+ * (or from another) without deadlock whatever the sizes. Matching: the k-th send from A to B on
+ * c matches B's k-th receive from A on c (count and dtype must agree: a mismatch is an error on
+ * both sides naming the two, like a mismatched collective). A send completes once its buffer may
+ * be reused; it may wait for the matching receive to be posted (as NCCL's does), so a rank must
+ * never wait on a send before posting the receives its peers' sends need. Point-to-point ops do
+ * not take part in c's collective sequence: use a communicator for point-to-point only (the
+ * pipeline group), or issue collectives and point-to-point in an order every rank agrees on.
+ * A dead peer fails the batch within the timeout with an error naming the peer, the op and its
+ * count. A send or receive to oneself is -EINVAL. */
+typedef enum dt_p2p_kind { DT_P2P_SEND = 0, DT_P2P_RECV = 1 } dt_p2p_kind;
+
+typedef struct dt_p2p_op {
+    dt_p2p_kind kind;
+    void *buf;       /* send: read; recv: written (backend memory, as for collectives) */
+    size_t count;    /* elements of dtype */
+    dt_dtype dtype;
+    int peer;        /* rank in c */
+} dt_p2p_op;
+
+int dt_comm_p2p(dt_comm *c, const dt_p2p_op *ops, int n, dt_comm_work **work, dt_err *err);
+/* One send or one receive: a batch of one. */
+int dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype dtype, int peer,
+                 dt_comm_work **work, dt_err *err);
+int dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int peer,
+                 dt_comm_work **work, dt_err *err);
+
 #endif

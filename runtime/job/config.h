@@ -85,6 +85,9 @@ typedef enum dt_comm_backend_kind {
 typedef enum dt_compress_kind {
     DT_COMPRESS_NONE, DT_COMPRESS_BF16, DT_COMPRESS_FP16
 } dt_compress_kind;
+/* parallel.schedule: the order of a pipeline's micro-batches (1F1B = PipeDream-Flush). */
+typedef enum dt_pp_schedule_kind { DT_PP_1F1B = 0, DT_PP_GPIPE = 1 } dt_pp_schedule_kind;
+#define DT_MAX_STAGES 64
 /* checkpoint.resume: auto, never, or a path (then in dt_job.resume_path). */
 typedef enum dt_resume_kind { DT_RESUME_AUTO, DT_RESUME_NEVER, DT_RESUME_PATH } dt_resume_kind;
 /* rendezvous.backend (the names rendezvous/rdzv.h's dt_rdzv_opts.backend takes). */
@@ -224,7 +227,13 @@ typedef struct dt_job {
     bool check_consistency;
 
     /* [parallel] */
-    int zero;                          /* ZeRO stage 0..3 (0 = DDP; 3 is refused by validation) */
+    int zero;                          /* ZeRO stage 0..3 (0 = DDP) */
+    int tensor;                        /* tensor-parallel degree T (>= 1; gpt only) */
+    int pipeline;                      /* pipeline stages P (>= 1) */
+    int micro_batches;                 /* pipeline micro-batches M per rank batch (>= 1) */
+    dt_pp_schedule_kind pp_schedule;   /* pipeline schedule */
+    int n_stage_blocks;                /* parallel.stages: 0 = balanced, else P entries */
+    int stage_blocks[DT_MAX_STAGES];   /* blocks per stage (gpt: transformer blocks) */
 
     /* [checkpoint] */
     char ckpt_dir[DT_PATH_MAX];        /* "" = <output_dir>/checkpoints */

@@ -32,7 +32,27 @@ typedef struct dt_tensor_info {
     size_t offset;  /* in elements (float32) from the start of its buffer */
     size_t numel;
     bool no_decay;  /* biases and normalisation parameters: no weight decay */
+    /* Tensor parallelism (cfg.tp_size > 1): how this rank's tensor (shape) is a slice of the
+     * whole one (whole_shape, the tensor as one process holds it and a checkpoint saves it).
+     * tp_parts == 0: replicated, every rank of the tensor group holds the whole tensor
+     * (whole_shape == shape). Else dimension tp_dim of the whole tensor is tp_parts equal parts
+     * (gpt's c_attn: 3, q k v; otherwise 1); chunk = shape[tp_dim] / tp_parts, and this rank
+     * holds, of every part in turn, the chunk elements from tp_rank * chunk within the part.
+     * Indices past the part's end (a vocabulary padded to a multiple of the tensor size) are
+     * padding: zero in the parameters, never trained, not saved. */
+    int tp_dim, tp_parts;
+    int64_t whole_shape[DT_TENSOR_MAX_DIMS];
 } dt_tensor_info;
+
+/* Elements of t's whole tensor (whole_shape; numel when replicated). */
+size_t dt_tensor_whole_numel(const dt_tensor_info *t);
+
+/* Host copy between t's whole tensor (whole_shape, row-major) and the slice rank tp_rank holds
+ * (shape, as t describes it; a plain copy when replicated). to_whole: local -> its elements of
+ * whole (the padding is dropped, the rest of whole untouched); else whole -> local (the padding
+ * zeroed). Checkpoints gather with it on save and slice with it on load. */
+void dt_tensor_tp_copy(const dt_tensor_info *t, int tp_rank, float *whole, float *local,
+                       bool to_whole);
 
 /* What one sample looks like; produced by the data module, consumed by model creation. */
 typedef enum dt_sample_kind { DT_SAMPLE_TOKENS = 0, DT_SAMPLE_VECTOR = 1, DT_SAMPLE_IMAGE = 2 }
@@ -87,6 +107,15 @@ typedef struct dt_model_config {
     float bn_momentum, bn_eps;
     dt_recompute recompute; /* gpt: all three; resnet: none, block; mlp: none, block (an mlp
                              * keeps only each layer's input already: block is none) */
+    /* Tensor parallelism (gpt only; 0 or 1: none): this rank is tp_rank of tp_size and holds
+     * 1/tp_size of every attention and MLP block (Megatron: c_attn and c_fc column-parallel,
+     * the c_proj's row-parallel) and of the vocabulary (wte: vocab-parallel embedding, tied
+     * head and cross-entropy); LayerNorms, wpe and the row-parallel biases are replicated. The
+     * comm given to dt_model_create is then the tensor group (tp_size ranks), which forward
+     * and backward all-reduce over. Initialisation draws every whole tensor from the same
+     * stream as tp_size = 1 and keeps this rank's slice, so every layout starts bit-identical.
+     * Tensor tables (m->tensors) describe the local slices, with tp_dim/tp_parts/whole_shape. */
+    int tp_size, tp_rank;
 } dt_model_config;
 
 /* Called by backward as soon as grads[offset, offset+numel) is final for this backward pass.
