@@ -71,6 +71,8 @@ typedef struct dt_trainer {
     dt_optim *optim;          /* s->optim, borrowed */
     dt_data *data;            /* owned */
     dt_metrics *metrics;      /* owned; opened by dt_trainer_run (NULL in benchmarks) */
+    bool trace_owned;         /* dt_trainer_run opened the process's trace (train.trace,
+                                 runtime/train/trace.h); dt_trainer_close closes it */
     dt_lr_schedule sched;     /* lr as a function of step */
     dt_loss_scaler scaler;    /* train.precision = fp16: dynamic loss scale (checkpointed) */
     bool tokens;              /* language model: throughput in tokens */
