@@ -582,6 +582,57 @@ static void test_ddp_run_traced(void)
     cJSON_Delete(doc);
 }
 
+/* ZeRO-2's reducer traces reduce-scatters and all-gathers; DP's replica threads trace their
+ * forward and backward on tracks of their own. */
+static void test_zero_and_dp_traced(void)
+{
+    const char *out = fmt("%s/zero", dt_test_tmpdir());
+    char *log = NULL;
+    int rc = run_ddp(out, "parallel.zero=2 train.trace=3", &log);
+    DT_CHECK_MSG(rc == 0, "exit %d: %.3000s", rc, log ? log : "");
+    free(log);
+    DT_REQUIRE(rc == 0);
+    cJSON *doc = parse_file(fmt("%s/trace/trace.json", out));
+    cJSON *evs = events_of(doc);
+    check_events(evs);
+    for (int r = 0; r < 2; r++) {
+        DT_CHECK_INT(count_x(evs, "step", r, -1), 1);
+        DT_CHECK_INT(count_x(evs, "all-reduce", r, -1), 0);
+        DT_CHECK(count_x(evs, "reduce-scatter", r, 3) >= 2);
+        DT_CHECK(count_x(evs, "all-gather", r, 3) >= 2);
+    }
+    cJSON_Delete(doc);
+
+    out = fmt("%s/dp", dt_test_tmpdir());
+    const char *cmd = fmt(
+        "cd '%s' && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE "
+        "-u DTRAIN_OUTPUT_DIR '%s' worker '%s/configs/mlp.ini' job.device=cpu job.strategy=dp "
+        "job.dp_replicas=2 model.hidden=64,64 data.synthetic_samples=1024 train.steps=3 "
+        "train.eval_every=0 train.eval_batches=1 checkpoint.every=0 train.trace=2-3 "
+        "job.output_dir='%s'",
+        dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), out);
+    rc = dt_test_run(cmd, &log, 240);
+    DT_CHECK_MSG(rc == 0, "exit %d: %.3000s", rc, log ? log : "");
+    free(log);
+    DT_REQUIRE(rc == 0);
+    doc = parse_file(fmt("%s/trace/trace.json", out));
+    evs = events_of(doc);
+    check_events(evs);
+    int replica1 = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, evs)
+    {
+        if (!strcmp(str_of(e, "ph"), "X") && !strcmp(str_of(e, "name"), "backward") &&
+            arg_of(e, "replica") == 1) {
+            DT_CHECK_STR(track_name(evs, 0, (int)num_of(e, "tid")), "replica 1");
+            replica1++;
+        }
+    }
+    DT_CHECK_INT(replica1, 2);
+    DT_CHECK_INT(count_x(evs, "step", 0, -1), 2);
+    cJSON_Delete(doc);
+}
+
 static void test_ddp_run_untraced(void)
 {
     const char *out = fmt("%s/run", dt_test_tmpdir());
@@ -693,6 +744,7 @@ int main(int argc, char **argv)
         {"empty_trace", test_empty_trace, 0},
         {"merge", test_merge, 0},
         {"ddp_run_traced", test_ddp_run_traced, 240},
+        {"zero_and_dp_traced", test_zero_and_dp_traced, 240},
         {"ddp_run_untraced", test_ddp_run_untraced, 240},
         {"png_script", test_png_script, 60},
     };

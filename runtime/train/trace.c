@@ -13,6 +13,7 @@
  */
 #include "runtime/train/trace.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -361,6 +362,32 @@ static void assign_lanes(const size_t *order, int *lanes)
     }
 }
 
+/* Names in natural order: "replica 2" before "replica 10". */
+static int natural_cmp(const char *a, const char *b)
+{
+    while (*a && *b) {
+        if (isdigit((unsigned char)*a) && isdigit((unsigned char)*b)) {
+            char *ea, *eb;
+            unsigned long long x = strtoull(a, &ea, 10), y = strtoull(b, &eb, 10);
+            if (x != y)
+                return x < y ? -1 : 1;
+            a = ea;
+            b = eb;
+            continue;
+        }
+        if (*a != *b)
+            return (unsigned char)*a - (unsigned char)*b;
+        a++;
+        b++;
+    }
+    return (unsigned char)*a - (unsigned char)*b;
+}
+
+static int by_track_name(const void *x, const void *y)
+{
+    return natural_cmp(g.track[*(const int *)x], g.track[*(const int *)y]);
+}
+
 /* The metadata of a track: its name and its place. */
 static void write_track_meta(FILE *f, int pid, int tid, const char *name)
 {
@@ -381,13 +408,19 @@ static void write_file(FILE *f, const size_t *order, const int *lanes)
     for (size_t k = 0; k < g.n; k++)
         if (g.ev[k].track >= 0)
             used[g.ev[k].track] = true;
-    thread_tid[0] = 1;
     for (int gi = 0; gi < g.ngroups; gi++) {
         group_tid[gi] = next;
         next += lanes[gi];
     }
+    int others[MAX_TRACKS], nothers = 0; /* the other threads, by name */
     for (int i = 1; i < g.ntracks; i++)
-        thread_tid[i] = used[i] ? next++ : 0;
+        if (used[i])
+            others[nothers++] = i;
+    qsort(others, (size_t)nothers, sizeof *others, by_track_name);
+    for (int i = 0; i < g.ntracks; i++)
+        thread_tid[i] = i == 0 ? 1 : 0;
+    for (int i = 0; i < nothers; i++)
+        thread_tid[others[i]] = next++;
 
     fputs(HEADER, f);
     fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":"
