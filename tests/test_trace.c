@@ -633,6 +633,43 @@ static void test_zero_and_dp_traced(void)
     cJSON_Delete(doc);
 }
 
+/* A resumed run that no longer trains the traced steps leaves the trace of the run that did;
+ * a range past the end is a warning that names the steps to choose, and writes nothing. */
+static void test_resume_keeps_trace(void)
+{
+    const char *out = fmt("%s/run", dt_test_tmpdir());
+    const char *base = fmt(
+        "cd '%s' && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE "
+        "-u DTRAIN_OUTPUT_DIR '%s' worker '%s/configs/mlp.ini' job.device=cpu model.hidden=32 "
+        "data.synthetic_samples=512 train.eval_every=0 train.eval_batches=1 job.output_dir='%s'",
+        dt_test_tmpdir(), dt_test_dtrain_bin(), repo_dir(), out);
+    char *log = NULL;
+    int rc = dt_test_run(fmt("%s train.steps=3 train.trace=2-3", base), &log, 120);
+    DT_CHECK_MSG(rc == 0, "exit %d: %.3000s", rc, log ? log : "");
+    free(log);
+    const char *rank0 = fmt("%s/trace/rank0.json", out);
+    char *before = dt_test_slurp(rank0);
+    DT_REQUIRE(before);
+    rc = dt_test_run(fmt("%s train.steps=5 train.trace=2-3", base), &log, 120);
+    DT_CHECK_MSG(rc == 0, "exit %d: %.3000s", rc, log ? log : "");
+    DT_CHECK_CONTAINS(log, "trains steps 4 to 5, so nothing is traced");
+    DT_CHECK_CONTAINS(log, "train.trace = 4-5");
+    free(log);
+    char *after = dt_test_slurp(rank0);
+    DT_CHECK(after && !strcmp(before, after));
+    free(before);
+    free(after);
+
+    const char *out2 = fmt("%s/past", dt_test_tmpdir());
+    rc = dt_test_run(fmt("%s train.steps=2 train.trace=5-6 job.output_dir='%s'", base, out2), &log,
+                     120);
+    DT_CHECK_MSG(rc == 0, "exit %d: %.3000s", rc, log ? log : "");
+    DT_CHECK_CONTAINS(log, "nothing is traced");
+    free(log);
+    DT_CHECK(access(fmt("%s/metrics.jsonl", out2), F_OK) == 0);
+    DT_CHECK(access(fmt("%s/trace", out2), F_OK) != 0);
+}
+
 static void test_ddp_run_untraced(void)
 {
     const char *out = fmt("%s/run", dt_test_tmpdir());
@@ -745,6 +782,7 @@ int main(int argc, char **argv)
         {"merge", test_merge, 0},
         {"ddp_run_traced", test_ddp_run_traced, 240},
         {"zero_and_dp_traced", test_zero_and_dp_traced, 240},
+        {"resume_keeps_trace", test_resume_keeps_trace, 240},
         {"ddp_run_untraced", test_ddp_run_untraced, 240},
         {"png_script", test_png_script, 60},
     };

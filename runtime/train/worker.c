@@ -530,20 +530,24 @@ static int trace_open(dt_trainer *t, dt_err *err)
         return 0; /* off (the job's loader rejected anything else) */
     char dir[DT_PATH_MAX + 16];
     trace_dir(t, dir, sizeof dir);
+    /* Steps this run does not train (a restart resumed past them): no trace, so the files an
+     * earlier attempt wrote of them stay. Every rank resumed the same step and decides alike. */
+    if (first > t->total_steps || last <= t->step) {
+        if (t->env.rank == 0 && t->step < t->total_steps)
+            DT_WARN("train.trace = %s: this run trains steps %lld to %lld, so nothing is "
+                    "traced%s; choose steps in that range (e.g. train.trace = %lld-%lld)",
+                    t->job.trace, (long long)t->step + 1, (long long)t->total_steps,
+                    last <= t->step ? " (an earlier attempt's trace, if any, stays)" : "",
+                    (long long)t->step + 1, (long long)DT_MIN(t->step + 3, t->total_steps));
+        return 0;
+    }
     dt_trace_opts o = {.dir = dir, .rank = t->env.rank, .world_size = t->env.world_size,
                        .first_step = first, .last_step = last};
     int rc = dt_trace_open(&o, err);
     if (rc)
         return rc;
     t->trace_owned = true;
-    if (t->env.rank != 0)
-        return 0;
-    if (first > t->total_steps || last <= t->step)
-        DT_WARN("train.trace = %s: this run trains steps %lld to %lld, so nothing is traced; "
-                "choose steps in that range (e.g. train.trace = %lld-%lld)", t->job.trace,
-                (long long)t->step + 1, (long long)t->total_steps, (long long)t->step + 1,
-                (long long)DT_MIN(t->step + 3, t->total_steps));
-    else
+    if (t->env.rank == 0)
         DT_INFO("trace: train.trace = %s; each rank's spans go to %s/rank<N>.json at the end, "
                 "all ranks to %s/trace.json", t->job.trace, dir, dir);
     return 0;
