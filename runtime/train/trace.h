@@ -37,7 +37,22 @@
  * file's otherData and in dt_trace_dropped). Narrow the step range rather than raise the cap.
  *
  * Names and argument keys are kept by pointer: pass string literals (or strings that outlive
- * the trace). The one trace is per process: dt_trace_open once, dt_trace_close at the end.
+ * the trace). The one trace is per process: dt_trace_open once, dt_trace_close at the end
+ * (dt_trainer_run does both, and writes the files); code that adds spans never checks whether
+ * tracing is on: it calls
+ *
+ *     uint64_t ts = dt_trace_begin();                       // a span on this thread's track
+ *     rc = m->ops->forward(m, batch, true, &loss, err);
+ *     dt_trace_end_arg(ts, DT_TRACE_FORWARD, "forward", "mb", k);
+ *
+ *     w->t0 = dt_trace_begin();                             // an operation in flight:
+ *     dt_comm_send(c, buf, n, DT_FLOAT32, peer, &w->work, err);      // issued here ...
+ *     ...
+ *     dt_comm_wait(c, w->work, err);                        // ... seen done here
+ *     dt_trace_end_async(w->t0, "p2p", DT_TRACE_COMM, "send", "mb", k, "bytes", n * 4);
+ *
+ * A span ends where the code learns it is over: a collective's "end" is the wait that returned
+ * (the comm layer does not say when it finished before that), so it is an upper bound.
  */
 #ifndef DT_TRACE_H
 #define DT_TRACE_H

@@ -10,6 +10,7 @@
  *   ckpt         checkpoints (safetensors + state.json), saved in the background, resumed
  *   data         datasets, the distributed sampler, batches
  *   metrics      metrics.jsonl and the progress line
+ *   trace        the timeline of train.trace: spans per rank as a Chrome trace (trace.h)
  *   safetensors  the file format of checkpoints' tensors
  *   models/      the model zoo (mlp, resnet, gpt) against kernels/backend.h
  * It may include common/, kernels/, runtime/comm/, runtime/job/ and the rendezvous store's
