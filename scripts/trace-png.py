@@ -221,7 +221,8 @@ def fmt_ms(v):
 
 
 def draw(events, width, title, steps):
-    spans = [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    spans = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))
+             and isinstance(e.get("dur"), (int, float))]
     if steps:
         lo, hi = steps
         spans = [e for e in spans if lo <= (e.get("args") or {}).get("step", -1) <= hi]
@@ -244,7 +245,10 @@ def draw(events, width, title, steps):
     rows = {}
     for e in spans:
         rows.setdefault((e.get("pid", 0), e.get("tid", 0)), []).append(e)
-    order = sorted(rows, key=lambda k: (k[0], sort.get(k, k[1]), k[1]))
+    def ordered(v):  # pids and tids are numbers in dtrain's traces, strings in some others'
+        return (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+
+    order = sorted(rows, key=lambda k: (ordered(k[0]), ordered(sort.get(k, k[1])), ordered(k[1])))
     depth_of = {}
     for k in order:
         stack, deepest = [], 0
