@@ -118,10 +118,10 @@ out:
     return rc;
 }
 
-/* Saves the current step (rank 0; tensors are whole and identical on every rank, once the
- * strategy gathered them: every rank comes here at the same steps and takes part). */
 static int ckpt_save_now(dt_trainer *t, dt_err *err);
 
+/* Saves the current step unless it is saved already, as a "checkpoint" span of the timeline
+ * (the copy the training waits for; a background write goes on after it). */
 static int ckpt_save(dt_trainer *t, dt_err *err)
 {
     if (!t->ckpt || t->last_saved_step == t->step)
@@ -132,6 +132,8 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
     return rc;
 }
 
+/* Saves the current step (rank 0; tensors are whole and identical on every rank, once the
+ * strategy gathered them: every rank comes here at the same steps and takes part). */
 static int ckpt_save_now(dt_trainer *t, dt_err *err)
 {
     int rc;
