@@ -13,7 +13,9 @@
  *   magnitude; the replicated tensors' parameters and gradients are bit-identical on every rank
  *   (they are not all-reduced: gpt.c's header says why); the padding rows of wte stay zero; all
  *   that for recompute none, block and selective; then three SGD steps on both, losses and
- *   final parameters compared again.
+ *   final parameters compared again; and on every rank, a model under a block hook that
+ *   NaN-poisons each block's parameters and gradients outside its windows trains bit-identically
+ *   to one without (the windows cover every use under tensor parallelism, for ZeRO-3).
  * - The tensor table under TP: same names and order as TP = 1, whole_shape = TP = 1's shape,
  *   local shapes the documented slices, the same blocks; activations and FLOPs shrink.
  * - Bad configurations: tp_size > 1 on an mlp, n_head not divisible, no communicator, a
@@ -378,6 +380,88 @@ static void check_table(const dt_model *m)
     dt_model_free(m1);
 }
 
+/* A block hook that keeps every block's parameters and gradients on the host and NaN-poisons
+ * them in the model outside the block's windows (model.h's contract, as ZeRO-3 uses it). */
+typedef struct poison {
+    dt_model *m;
+    float *p, *g, *nan; /* host (num_params) */
+    int open, bad, events;
+} poison;
+
+static void on_block(void *ctx, int b, dt_block_event ev)
+{
+    poison *h = ctx;
+    dt_backend *be = h->m->be;
+    const dt_block *k = &h->m->blocks[b];
+    const size_t off = k->offset, bytes = k->numel * sizeof(float);
+    h->events++;
+    if (ev == DT_BLOCK_BEFORE_FORWARD || ev == DT_BLOCK_BEFORE_BACKWARD) {
+        h->bad += h->open != -1;
+        h->open = b;
+        be->memcpy_h2d(be, h->m->params + off, h->p + off, bytes);
+        be->memcpy_h2d(be, h->m->grads + off, h->g + off, bytes);
+    } else {
+        h->bad += h->open != b;
+        h->open = -1;
+        be->memcpy_d2h(be, h->g + off, h->m->grads + off, bytes);
+        be->memcpy_h2d(be, h->m->params + off, h->nan + off, bytes);
+        be->memcpy_h2d(be, h->m->grads + off, h->nan + off, bytes);
+    }
+}
+
+/* A second model with the poisoning hook trains one step from m's parameters: its loss and
+ * gradients must be m's bit for bit, so the windows cover every use of the parameters under
+ * tensor parallelism too (the all-reduces read only activations). Collective. */
+static void check_hooked(dt_model *m, dt_comm *comm)
+{
+    dt_backend *be = m->be;
+    dt_err err = {0};
+    dt_model *m2 = NULL;
+    if (dt_model_create(&m2, &m->cfg, be, comm, &err)) {
+        rank_fail(__LINE__, "second model: %s", err.msg);
+        return;
+    }
+    const size_t n = m->num_params, bytes = n * sizeof(float);
+    poison h = {.m = m2, .open = -1};
+    h.p = malloc(bytes);
+    h.g = calloc(n, sizeof(float));
+    h.nan = malloc(bytes);
+    float *gm = malloc(bytes);
+    if (!h.p || !h.g || !h.nan || !gm)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        h.nan[i] = NAN;
+    be->memcpy_d2h(be, h.p, m->params, bytes);
+    be->memcpy_h2d(be, m2->params, h.nan, bytes);
+    be->memcpy_h2d(be, m2->grads, h.nan, bytes);
+    dt_model_set_block_hook(m2, on_block, &h);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &m->cfg, m->cfg.max_batch, 78);
+    float l1 = 0, l2 = 0;
+    be->memset_zero(be, m->grads, bytes);
+    RCHECK(m->ops->forward(m, &hb.b, true, &l1, &err) == 0, "forward: %s", err.msg);
+    RCHECK(m->ops->backward(m, 1.0f, NULL, NULL, &err) == 0, "backward: %s", err.msg);
+    RCHECK(m2->ops->forward(m2, &hb.b, true, &l2, &err) == 0, "forward: %s", err.msg);
+    RCHECK(m2->ops->backward(m2, 1.0f, NULL, NULL, &err) == 0, "backward: %s", err.msg);
+    RCHECK(!memcmp(&l1, &l2, sizeof l1), "hooked loss %.9g, unhooked %.9g", l2, l1);
+    be->memcpy_d2h(be, gm, m->grads, bytes);
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++)
+        diff += memcmp(&gm[i], &h.g[i], sizeof(float)) != 0;
+    RCHECK(diff == 0, "%zu of %zu gradients differ with the poisoning block hook", diff, n);
+    /* windows per pass: embed twice, every other block once; 2 passes, 2 events each */
+    RCHECK(h.bad == 0 && h.open == -1 && h.events == 2 * 2 * (m->num_blocks + 1),
+           "block events: %d out of order, %d events, block %d left open", h.bad, h.events,
+           h.open);
+    dt_test_batch_free(&hb);
+out:
+    free(h.p);
+    free(h.g);
+    free(h.nan);
+    free(gm);
+    dt_model_free(m2);
+}
+
 static void tp_rank_main(const tp_job *j, int rank)
 {
     dt_err err = {0};
@@ -411,6 +495,7 @@ static void tp_rank_main(const tp_job *j, int rank)
     }
     check_table(m);
     train_and_report(m, comm, j->res, rank == 0);
+    check_hooked(m, comm);
     dt_model_free(m);
     dt_backend_close(be);
     dt_comm_free(comm);
