@@ -655,6 +655,88 @@ static void test_p2p_dead_peer(void)
     run_world(&d, stalled_rank, NULL, 30);
 }
 
+/* Every rank sends 1 MiB to every other and receives from every other, in one batch, twice
+ * (the second time in the reverse op order): many pairs in flight at once, mixed transports. */
+static void alltoall_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    const size_t n = (1u << 20) / 4;
+    int32_t *s = malloc(n * 4 * (size_t)x->n), *r = malloc(n * 4 * (size_t)x->n);
+    dt_p2p_op ops[16];
+    for (int round = 0; round < 2; round++) {
+        int m = 0;
+        for (int q = 0; q < x->n; q++) {
+            if (q == x->rank)
+                continue;
+            for (size_t i = 0; i < n; i++)
+                s[(size_t)q * n + i] = pv(x->rank, q, i + (size_t)round);
+            ops[m++] = (dt_p2p_op){DT_P2P_SEND, s + (size_t)q * n, n, DT_INT32, q};
+            ops[m++] = (dt_p2p_op){DT_P2P_RECV, r + (size_t)q * n, n, DT_INT32, q};
+        }
+        if (round == 1)
+            for (int i = 0; i < m / 2; i++) {
+                dt_p2p_op t = ops[i];
+                ops[i] = ops[m - 1 - i];
+                ops[m - 1 - i] = t;
+            }
+        int rc = dt_comm_p2p(x->c, ops, m, NULL, &err);
+        RCHECK(rc == 0, "rank %d round %d: %s", x->rank, round, err.msg);
+        for (int q = 0; q < x->n && rc == 0; q++)
+            for (size_t i = 0; q != x->rank && i < n; i++)
+                if (r[(size_t)q * n + i] != pv(q, x->rank, i + (size_t)round)) {
+                    RCHECK(false, "rank %d round %d: from %d [%zu] = %d", x->rank, round, q, i,
+                           r[(size_t)q * n + i]);
+                    break;
+                }
+    }
+    free(s);
+    free(r);
+}
+
+static void test_p2p_all_pairs(void)
+{
+    world a = {.n = 4, .hosts = "a,a,b,b"};
+    run_world(&a, alltoall_rank, NULL, 40);
+    world b = {.n = 3};
+    run_world(&b, alltoall_rank, NULL, 40);
+}
+
+/* Collectives on a group {global 1, global 3}: global 3 exits after one all-reduce, and global
+ * 1's next all-reduce fails within the timeout naming global rank 3. */
+static void group_dead_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    dt_comm *g = NULL;
+    int rc = dt_comm_split(x->c, x->store, x->rank % 2, x->rank, &g, &err);
+    RCHECK(rc == 0 && g, "split: %s", err.msg);
+    if (x->rank % 2 == 0 || !g) {
+        dt_comm_free(g);
+        return;
+    }
+    float v[64] = {0};
+    rc = dt_comm_allreduce(g, v, 64, DT_FLOAT32, DT_SUM, NULL, &err);
+    RCHECK(rc == 0, "allreduce: %s", err.msg);
+    if (x->rank == 3)
+        _exit(rank_failed ? 1 : 0);
+    double t0 = dt_now_s();
+    rc = dt_comm_allreduce(g, v, 64, DT_FLOAT32, DT_SUM, NULL, &err);
+    double t = dt_now_s() - t0;
+    RCHECK(rc != 0, "allreduce with a dead peer succeeded");
+    RCHECK(strstr(err.msg, "rank 3"), "message does not name global rank 3: %s", err.msg);
+    RCHECK(t < 7.0, "took %.1f s (timeout 8 s)", t);
+    dt_comm_free(g);
+}
+
+static void test_group_dead_peer(void)
+{
+    world a = {.n = 4, .timeout_ms = 8000};
+    run_world(&a, group_dead_rank, NULL, 40);
+    world b = {.n = 4, .hosts = "a,a,b,b", .timeout_ms = 8000};
+    run_world(&b, group_dead_rank, NULL, 40);
+}
+
 /* A pipeline-like group: p2p on a split group while the world runs collectives. */
 static void pipe_rank(rank_ctx *x, void *arg)
 {
@@ -759,6 +841,8 @@ int main(int argc, char **argv)
         {"p2p_mismatch", test_p2p_mismatch, 60},
         {"p2p_dead_peer", test_p2p_dead_peer, 90},
         {"p2p_on_groups", test_p2p_on_groups, 60},
+        {"p2p_all_pairs", test_p2p_all_pairs, 60},
+        {"group_dead_peer", test_group_dead_peer, 60},
         {"split_shapes", test_split_shapes, 90},
         {"split_hosts", test_split_hosts, 120},
         {"concurrent_groups", test_concurrent_groups, 90},

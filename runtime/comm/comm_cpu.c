@@ -301,7 +301,7 @@ static void execute(cpu_comm *c, dt_comm_work *w, bool background)
         c->first_err = *err;
     }
     pthread_mutex_unlock(&c->mu);
-    DT_ERROR("comm: rank %d: %s", c->rank, err->msg);
+    DT_ERROR("comm: rank %d: %s", c->global_of[c->rank], err->msg);
 }
 
 static void *comm_thread(void *arg)

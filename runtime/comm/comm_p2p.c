@@ -234,8 +234,9 @@ static void close_pair(dt_p2p *p, pair *c, bool aborting)
     c->open = false;
 }
 
-/* Fails the engine (first error wins): every batch not done gets the error; peers are told. */
-static void fail_all(dt_p2p *p, int code, const char *msg)
+/* Fails the engine (first error wins): every batch not done gets the error; peers are told.
+ * log: the error is this engine's own (not another part of the communicator's, logged there). */
+static void fail_all(dt_p2p *p, int code, const char *msg, bool log)
 {
     pthread_mutex_lock(&p->mu);
     bool first = !p->failed;
@@ -252,7 +253,7 @@ static void fail_all(dt_p2p *p, int code, const char *msg)
         }
     pthread_cond_broadcast(&p->done_cv);
     pthread_mutex_unlock(&p->mu);
-    if (first)
+    if (first && log)
         DT_ERROR("comm: rank %d: %s", p->peers[p->rank].global, msg);
 }
 
@@ -265,7 +266,7 @@ static int failf(dt_p2p *p, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fail_all(p, code, msg);
+    fail_all(p, code, msg, true);
     return code;
 }
 
@@ -842,7 +843,7 @@ static void *progress_thread(void *arg)
     int idle = 0;
     struct pollfd *fds = calloc((size_t)p->world + 2, sizeof *fds);
     if (!fds) {
-        fail_all(p, -ENOMEM, "point-to-point: out of memory");
+        fail_all(p, -ENOMEM, "point-to-point: out of memory", true);
         return NULL;
     }
     for (;;) {
@@ -864,7 +865,8 @@ static void *progress_thread(void *arg)
             pthread_mutex_lock(&p->mu);
             dt_strlcpy(msg, p->abort_msg, sizeof msg);
             pthread_mutex_unlock(&p->mu);
-            rc = failf(p, -EPIPE, "%s", msg);
+            fail_all(p, -EPIPE, msg, false);
+            rc = -EPIPE;
         } else if (failed) {
             continue; /* the batches of `in` were failed with the rest */
         }
@@ -1047,7 +1049,7 @@ void dt_p2p_abort(dt_p2p *p, const char *msg)
     }
     pthread_mutex_unlock(&p->mu);
     if (!running) { /* no pair is open, no request posted */
-        fail_all(p, -EPIPE, msg);
+        fail_all(p, -EPIPE, msg, false);
         pthread_mutex_lock(&p->mu);
         p->settled = true;
         pthread_mutex_unlock(&p->mu);
