@@ -11,6 +11,12 @@
  * sequence number, count, dtype, sender's rank), a DATA frame followed by its payload. Frames
  * of both directions' requests share a stream (an RTS of my k-th send, the CTS of my j-th
  * receive), never interleaved inside a frame. Same-architecture peers only, like the ring.
+ *
+ * Numbers (test_comm_groups p2p_bidirectional, 2 ranks on a shared, loaded 2-core VM): 16 MiB one
+ * way through shared memory in 1.7-4.3 ms (4-10 GB/s: two copies, pipelined across the two
+ * ranks' threads), both ways at once in one batch in 6-12 ms (one thread per rank does both of
+ * its copies); TCP loopback 5-9 ms one way; a blocking 4-byte round trip 35-90 us (shared
+ * memory: a spin of SPIN_PASSES yields, then 1 ms naps) and 120-280 us (TCP).
  */
 #include "runtime/comm/comm_p2p.h"
 
