@@ -248,10 +248,17 @@ static void split_rank(rank_ctx *x, void *arg)
     dt_err err = {0};
     int ident[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     RCHECK(dt_comm_global_rank(x->c, x->rank) == x->rank, "world global rank");
+    /* a collective of the parent still in flight: the split runs after it, in issue order */
+    int64_t before = x->rank;
+    dt_comm_work *wb = NULL;
+    int rc = dt_comm_allreduce(x->c, &before, 1, DT_INT64, DT_SUM, &wb, &err);
+    RCHECK(rc == 0, "async allreduce: %s", err.msg);
     dt_comm *g = NULL;
-    int rc = dt_comm_split(x->c, x->store, sc->rule.color[x->rank], sc->rule.key[x->rank], &g,
-                           &err);
+    rc = dt_comm_split(x->c, x->store, sc->rule.color[x->rank], sc->rule.key[x->rank], &g, &err);
     RCHECK(rc == 0, "rank %d: split: %s", x->rank, err.msg);
+    rc = dt_comm_wait(x->c, wb, &err);
+    RCHECK(rc == 0 && before == (int64_t)x->n * (x->n - 1) / 2, "allreduce before split: %lld %s",
+           (long long)before, err.msg);
     check_group(x, g, &sc->rule, x->n, x->rank, ident);
     /* The world still works, and a second split of it gets a namespace of its own. */
     int64_t one = 1;
