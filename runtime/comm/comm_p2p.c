@@ -3,9 +3,11 @@
  * Threads: the issuing threads only queue requests (dt_p2p_start) and wait on batches
  * (dt_p2p_wait), under p->mu. Everything else (connections, queues, the streams) belongs to the
  * progress thread, which runs passes over the pairs with pending requests: read everything that
- * arrived, answer, write as far as the stream takes, check deadlines and peers. It sleeps in
- * poll(2) (TCP sockets, the listening socket, a wake pipe) when a pass moved nothing, after a
- * short spin while a shared-memory pair is active (shared rings have no file descriptor).
+ * arrived, answer, write as far as the stream takes, check deadlines and peers. When a pass
+ * moved nothing it spins briefly (SPIN_PASSES yields) while a shared-memory pair is active, then
+ * sleeps: on futex doorbells (futex_waitv over the pairs' bells, which the peers ring after they
+ * move, and a post bell) when only mapped shared-memory pairs are pending; else in poll(2) (TCP
+ * sockets, the listening socket, a wake pipe), for at most 1 ms while a shared pair is active.
  *
  * Wire (both transports, one stream per direction of a pair): 32-byte frames (magic, type,
  * sequence number, count, dtype, sender's rank), a DATA frame followed by its payload. Frames
@@ -15,8 +17,10 @@
  * Numbers (test_comm_groups p2p_bidirectional, 2 ranks on a shared, loaded 2-core VM): 16 MiB one
  * way through shared memory in 1.7-4.3 ms (4-10 GB/s: two copies, pipelined across the two
  * ranks' threads), both ways at once in one batch in 6-12 ms (one thread per rank does both of
- * its copies); TCP loopback 5-9 ms one way; a blocking 4-byte round trip 35-90 us (shared
- * memory: a spin of SPIN_PASSES yields, then 1 ms naps) and 120-280 us (TCP).
+ * its copies); TCP loopback 5-9 ms one way; a blocking 4-byte round trip 35-140 us (shared
+ * memory) and 120-280 us (TCP). A receive posted ~3 ms before its send completes ~0.1 ms after
+ * the send starts: the idle thread sleeps on futex doorbells in the pair segments (1.5-2 ms with
+ * the 1 ms naps it takes when a TCP pair is pending too, or without futex_waitv).
  */
 #include "runtime/comm/comm_p2p.h"
 
