@@ -539,7 +539,11 @@ static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char
                 else
                     v[n++] = b;
             }
-            if (!ok || n == 0 || value[strlen(value) - 1] == ',' || strstr(value, ",,")) {
+            size_t len = strlen(value);
+            while (len > 0 && (value[len - 1] == ' ' || value[len - 1] == '\t'))
+                len--;
+            /* strtok_r skips empty entries: ",4", "4," and "2,,2" are refused here */
+            if (!ok || n == 0 || *p == ',' || value[len - 1] == ',' || strstr(value, ",,")) {
                 snprintf(why, cap,
                          "%s.%s: \"%s\" must be blocks per stage such as 4,4,2,2 (whole numbers "
                          ">= 1, one per stage, at most %d stages), or \"\" for a balanced split",
