@@ -59,6 +59,16 @@
  * only under sequence parallelism). With recompute = block the recomputation repeats the
  * forward's all-reduce of attn.c_proj inside the block's backward window. TP = 1 runs exactly
  * the ops it always ran.
+ * Per step and rank: 4L + 2 all-reduces of B*T*C floats (the layers', the embedding's, the head
+ * input's gradient; (4L+2)*B*T*C*4 bytes, Megatron's volume) and two of B*T and 2*B*T floats
+ * for the loss; nothing (B,T,V)-sized is ever communicated or copied. The embedding's partial
+ * sums hold one non-zero term per element besides wpe, so the all-reduced embedding is the
+ * bits TP = 1 computes; everything after it matches TP = 1 to float32 rounding (different
+ * summation orders in the split GEMMs).
+ * For readers adding stages (pipeline parallelism): forward is embed_fwd, block_fwd per layer,
+ * ln_f, head_fwd; backward is the head and ln_f, then block_bwd per layer (after the
+ * recomputation), then the embedding's backward; each takes and leaves the residual stream in
+ * g->encoded / g->res3 / g->dres.
  */
 #include <math.h>
 #include <stdio.h>
