@@ -591,6 +591,8 @@ static void test_killed_rank(void)
         }
         DT_CHECK_CONTAINS(z.out[N - 2].msg, fmt("rank %d", N - 1));
         DT_CHECK_CONTAINS(z.out[N - 2].msg, "all-reduce");
+        if (N == 4) /* rank 1 (tp 1) lost rank 3, its data-parallel peer, in the gradients' */
+            DT_CHECK_CONTAINS(z.out[1].msg, "rank 3");
         unmap(&z);
     }
 }

@@ -337,6 +337,9 @@ static int tp_sync_grads(dt_strategy *s, dt_err *err)
     int rc = dt_ddp_finish(t->ddp, err);
     s->comm_time_s = dt_now_s() - t0;
     t->dp_wait_s += s->comm_time_s;
+    if (rc)
+        dt_err_prefix(err, "tensor parallelism, the gradients of tp %d over its data-parallel "
+                      "group: ", t->grid.tp);
     return rc;
 }
 
