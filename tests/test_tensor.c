@@ -597,6 +597,32 @@ static void test_killed_rank(void)
     }
 }
 
+/* ---- the launcher -------------------------------------------------------------------------- */
+
+/* `dtrain --nproc-per-node=2 JOB parallel.tensor=2` as a user runs it: the agent starts two
+ * workers, they pick the tensor strategy, train, save a checkpoint of whole tensors and exit 0;
+ * the summary names the layout. */
+static void test_dtrain_binary(void)
+{
+    char *out = NULL;
+    const char *dir = fmt("%s/e2e", dt_test_tmpdir());
+    int rc = dt_test_run(
+        fmt("%s --standalone --nproc-per-node=2 --max-restarts=0 %s/configs/quickstart.ini "
+            "parallel.tensor=2 job.device=cpu job.cpu_bind=none model.n_layer=2 model.n_head=4 "
+            "model.n_embd=16 model.block_size=16 data.seq_len=16 train.batch_size=4 "
+            "train.steps=8 train.eval_every=4 checkpoint.every=4 job.output_dir=%s 2>&1",
+            dt_test_dtrain_bin(), repo_dir(), dir),
+        &out, 90);
+    DT_CHECK_MSG(rc == 0, "dtrain exited %d: %.4000s", rc, out ? out : "");
+    if (out) {
+        DT_CHECK_CONTAINS(out, "tensor 2 x data 1");
+        DT_CHECK_CONTAINS(out, "done after 8 steps");
+    }
+    DT_CHECK(access(fmt("%s/checkpoints/step_8/model.safetensors", dir), F_OK) == 0);
+    DT_CHECK(access(fmt("%s/metrics.jsonl", dir), F_OK) == 0);
+    free(out);
+}
+
 /* ---- configuration ------------------------------------------------------------------------ */
 
 /* parallel.tensor with a model that has no tensor-parallel form fails at open, naming the key. */
@@ -625,6 +651,7 @@ int main(int argc, char **argv)
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
         {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
         {"killed_rank", test_killed_rank, 60},
+        {"dtrain_binary", test_dtrain_binary, 120},
     };
     return dt_test_main("test_tensor", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }
