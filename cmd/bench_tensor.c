@@ -544,6 +544,21 @@ int dt_bench_tensor(int argc, char **argv)
         if (o.repeat < 3)
             printf("# (from %d pass(es): on a shared machine use --repeat 3 or more)\n",
                    o.repeat);
+        /* exact figures of every rank, for scripts and tests */
+        printf("#\n# per rank: parameter bytes (allocator; predicted), floats all-reduced per "
+               "step (Megatron's), parameters held of the whole model's:\n");
+        for (int ci = 0; ci < nc; ci++) {
+            if (!confs[ci].ok)
+                continue;
+            for (int k = 0; k < confs[ci].ranks; k++) {
+                const result *r =
+                    &res[((size_t)(o.repeat - 1) * MAX_CONF + (size_t)ci) * MAX_RANKS + k];
+                printf("# %s rank %d: params %.0f predicted %.0f; all-reduce %.0f megatron %.0f; "
+                       "holds %lld of %lld\n",
+                       confs[ci].label, k, r->params_bytes, r->pred_params, r->ar_floats,
+                       r->megatron, r->local_params, r->whole_params);
+            }
+        }
     }
     free(res);
     char cmd[64];
