@@ -464,6 +464,7 @@ int dt_bench_tensor(int argc, char **argv)
     /* per configuration, the median over the passes of: the mean over ranks of the wall-clock
      * figures; the largest rank's CPU time per step (the slowest rank sets the pace) */
     double step[MAX_CONF] = {0}, cpu[MAX_CONF] = {0}, prof[MAX_CONF] = {0}, ops[MAX_CONF] = {0};
+    double cpu_lo[MAX_CONF] = {0}, cpu_hi[MAX_CONF] = {0};
     for (int ci = 0; ci < nc && !failed; ci++) {
         if (!ran[ci])
             continue;
@@ -481,13 +482,15 @@ int dt_bench_tensor(int argc, char **argv)
         step[ci] = median(v[0], o.repeat);
         prof[ci] = median(v[1], o.repeat);
         ops[ci] = median(v[2], o.repeat);
-        cpu[ci] = median(v[3], o.repeat);
+        cpu[ci] = median(v[3], o.repeat); /* sorts v[3] */
+        cpu_lo[ci] = v[3][0];
+        cpu_hi[ci] = v[3][o.repeat - 1];
     }
     if (!failed) {
-        printf("%-16s %5s %5s %9s %10s %6s %9s %10s %6s %8s %10s %10s %10s %10s\n",
+        printf("%-16s %5s %5s %9s %10s %6s %9s %13s %10s %6s %8s %10s %10s %10s %10s\n",
                "configuration", "ranks", "batch", "step(ms)", "tokens/s", "vs T=1", "cpu(ms)",
-               "tok/s/cpu", "vs T=1", "outside", "AR MiB", "Megatron", "params MiB",
-               "predicted");
+               o.repeat > 1 ? "cpu min-max" : "", "tok/s/cpu", "vs T=1", "outside", "AR MiB",
+               "Megatron", "params MiB", "predicted");
         double base_tps = 0, base_cpu = 0, t2_wall = 0, t2_cpu = 0;
         for (int ci = 0; ci < nc; ci++) {
             const conf *c = &confs[ci];
@@ -515,10 +518,13 @@ int dt_bench_tensor(int argc, char **argv)
                          100.0 * fmax(0.0, prof[ci] - ops[ci]) / prof[ci]);
             if (r->megatron > 0)
                 snprintf(meg, sizeof meg, "%.3f", r->megatron * 4 / MIB);
-            printf("%-16s %5d %5d %9.2f %10.0f %6s %9.2f %10.0f %6s %8s %10.3f %10s %10.3f "
-                   "%10.3f\n",
-                   c->label, c->ranks, c->batch, step[ci] * 1e3, tps, vs, cpu[ci] * 1e3, tpc, vc,
-                   outside, r->ar_floats * 4 / MIB, meg, r->params_bytes / MIB,
+            char range[32] = "";
+            if (o.repeat > 1)
+                snprintf(range, sizeof range, "%.0f-%.0f", cpu_lo[ci] * 1e3, cpu_hi[ci] * 1e3);
+            printf("%-16s %5d %5d %9.2f %10.0f %6s %9.2f %13s %10.0f %6s %8s %10.3f %10s "
+                   "%10.3f %10.3f\n",
+                   c->label, c->ranks, c->batch, step[ci] * 1e3, tps, vs, cpu[ci] * 1e3, range,
+                   tpc, vc, outside, r->ar_floats * 4 / MIB, meg, r->params_bytes / MIB,
                    r->pred_params / MIB);
         }
         printf("#\n# step(ms), tokens/s: wall clock (the global batch's tokens over the ranks' "
