@@ -248,10 +248,17 @@ static void split_rank(rank_ctx *x, void *arg)
     dt_err err = {0};
     int ident[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     RCHECK(dt_comm_global_rank(x->c, x->rank) == x->rank, "world global rank");
+    /* a collective of the parent still in flight: the split runs after it, in issue order */
+    int64_t before = x->rank;
+    dt_comm_work *wb = NULL;
+    int rc = dt_comm_allreduce(x->c, &before, 1, DT_INT64, DT_SUM, &wb, &err);
+    RCHECK(rc == 0, "async allreduce: %s", err.msg);
     dt_comm *g = NULL;
-    int rc = dt_comm_split(x->c, x->store, sc->rule.color[x->rank], sc->rule.key[x->rank], &g,
-                           &err);
+    rc = dt_comm_split(x->c, x->store, sc->rule.color[x->rank], sc->rule.key[x->rank], &g, &err);
     RCHECK(rc == 0, "rank %d: split: %s", x->rank, err.msg);
+    rc = dt_comm_wait(x->c, wb, &err);
+    RCHECK(rc == 0 && before == (int64_t)x->n * (x->n - 1) / 2, "allreduce before split: %lld %s",
+           (long long)before, err.msg);
     check_group(x, g, &sc->rule, x->n, x->rank, ident);
     /* The world still works, and a second split of it gets a namespace of its own. */
     int64_t one = 1;
@@ -449,10 +456,10 @@ static void bidir_rank(rank_ctx *x, void *arg)
     dt_p2p_op ops[2] = {{DT_P2P_SEND, s, n, DT_INT32, peer}, {DT_P2P_RECV, r, n, DT_INT32, peer}};
     double best = 1e9;
     for (int it = 0; it < 3; it++) {
+        memset(r, 0, n * 4);
         int rc = dt_comm_barrier(x->c, &err);
         RCHECK(rc == 0, "barrier: %s", err.msg);
         double t0 = dt_now_s();
-        memset(r, 0, n * 4);
         rc = dt_comm_p2p(x->c, ops, 2, NULL, &err);
         double t = dt_now_s() - t0;
         best = DT_MIN(best, t);
@@ -481,6 +488,63 @@ static void bidir_rank(rank_ctx *x, void *arg)
     if (x->rank == 0)
         printf("    p2p %s: 16 MiB one way in %.1f ms (best of 3, with a barrier): %.2f GB/s\n",
                label, best * 1e3, (double)(n * 4) / best / 1e9);
+    /* the same volume as two one-way transfers in a row, for comparison */
+    for (int it = 0; it < 3; it++) {
+        dt_comm_barrier(x->c, &err);
+        double t0 = dt_now_s();
+        int rc = x->rank == 0 ? dt_comm_send(x->c, s, n, DT_INT32, 1, NULL, &err)
+                              : dt_comm_recv(x->c, r, n, DT_INT32, 0, NULL, &err);
+        rc = rc ? rc
+                : x->rank == 0 ? dt_comm_recv(x->c, r, n, DT_INT32, 1, NULL, &err)
+                               : dt_comm_send(x->c, s, n, DT_INT32, 0, NULL, &err);
+        RCHECK(rc == 0, "two-way in a row: %s", err.msg);
+        double t = dt_now_s() - t0;
+        if (it == 0 || t < best)
+            best = t;
+    }
+    if (x->rank == 0)
+        printf("    p2p %s: 16 MiB one way then back in %.1f ms (best of 3)\n", label,
+               best * 1e3);
+    /* latency: 200 blocking round trips of one int32 */
+    dt_comm_barrier(x->c, &err);
+    double t0 = dt_now_s();
+    for (int k = 0; k < 200; k++) {
+        int32_t v = k, got = -1;
+        int rc = x->rank == 0 ? dt_comm_send(x->c, &v, 1, DT_INT32, 1, NULL, &err)
+                              : dt_comm_recv(x->c, &got, 1, DT_INT32, 0, NULL, &err);
+        rc = rc ? rc
+                : x->rank == 0 ? dt_comm_recv(x->c, &got, 1, DT_INT32, 1, NULL, &err)
+                               : dt_comm_send(x->c, &got, 1, DT_INT32, 0, NULL, &err);
+        RCHECK(rc == 0 && (x->rank == 1 || got == k), "round trip %d: got %d: %s", k, got,
+               err.msg);
+        if (rc)
+            break;
+    }
+    if (x->rank == 0)
+        printf("    p2p %s: %.0f us per round trip of 4 bytes (200 blocking send+recv)\n", label,
+               (dt_now_s() - t0) / 200 * 1e6);
+    /* delivery after a wait: rank 1's receive is posted ~3 ms before rank 0 sends; the message
+     * carries its send time (CLOCK_MONOTONIC is one clock for both processes) */
+    double worst = 0, sum = 0;
+    for (int k = 0; k < 20; k++) {
+        double stamp = 0;
+        int rc;
+        if (x->rank == 0) {
+            dt_sleep_ms(3);
+            stamp = dt_now_s();
+            rc = dt_comm_send(x->c, &stamp, 1, DT_FLOAT64, 1, NULL, &err);
+        } else {
+            rc = dt_comm_recv(x->c, &stamp, 1, DT_FLOAT64, 0, NULL, &err);
+            double d = dt_now_s() - stamp;
+            sum += d;
+            worst = DT_MAX(worst, d);
+        }
+        RCHECK(rc == 0, "wait %d: %s", k, err.msg);
+    }
+    if (x->rank == 1)
+        printf("    p2p %s: a receive waiting ~3 ms gets its 8 bytes %.0f us after the send "
+               "starts (mean of 20, worst %.0f us)\n",
+               label, sum / 20 * 1e6, worst * 1e6);
     fflush(stdout);
     free(s);
     free(r);
@@ -564,6 +628,43 @@ static void test_p2p_many_small(void)
     run_world(&b, small_rank, NULL, 60);
 }
 
+/* Rank 0 posts a 4 MiB send and frees the communicator without waiting for it: the free lets
+ * it finish (rank 1 receives it whole), as it does for collectives. */
+static void unwaited_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    const size_t n = (4u << 20) / 4;
+    int32_t *buf = malloc(n * 4);
+    if (x->rank == 0) {
+        for (size_t i = 0; i < n; i++)
+            buf[i] = pv(0, 1, i);
+        dt_comm_work *w = NULL;
+        int rc = dt_comm_send(x->c, buf, n, DT_INT32, 1, &w, &err);
+        RCHECK(rc == 0 && w, "send: %s", err.msg);
+        dt_comm_free(x->c); /* must not return before the data is out */
+        x->c = NULL;
+    } else {
+        dt_sleep_ms(200); /* the sender is in dt_comm_free by now */
+        int rc = dt_comm_recv(x->c, buf, n, DT_INT32, 0, NULL, &err);
+        RCHECK(rc == 0, "recv: %s", err.msg);
+        for (size_t i = 0; i < n && rc == 0; i++)
+            if (buf[i] != pv(0, 1, i)) {
+                RCHECK(false, "[%zu] = %d", i, buf[i]);
+                break;
+            }
+    }
+    free(buf);
+}
+
+static void test_p2p_unwaited(void)
+{
+    world a = {.n = 2};
+    run_world(&a, unwaited_rank, NULL, 30);
+    world b = {.n = 2, .hosts = "a,b"};
+    run_world(&b, unwaited_rank, NULL, 30);
+}
+
 /* Rank 0 sends 100 floats, rank 1 expects 200: both fail naming both ranks and both counts. */
 static void mismatch_rank(rank_ctx *x, void *arg)
 {
@@ -586,8 +687,23 @@ static void mismatch_rank(rank_ctx *x, void *arg)
     RCHECK(rc != 0 && strstr(err.msg, "failed earlier"), "after failure: rc %d %s", rc, err.msg);
 }
 
+/* Same count, other dtype: float32 sent, int32 expected. */
+static void dtype_mismatch_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    int32_t buf[100] = {0};
+    int rc = x->rank == 0 ? dt_comm_send(x->c, buf, 100, DT_FLOAT32, 1, NULL, &err)
+                          : dt_comm_recv(x->c, buf, 100, DT_INT32, 0, NULL, &err);
+    RCHECK(rc == -EPROTO, "rank %d: rc %d (%s)", x->rank, rc, err.msg);
+    RCHECK(strstr(err.msg, "float32 x 100") && strstr(err.msg, "int32 x 100"), "rank %d: %s",
+           x->rank, err.msg);
+}
+
 static void test_p2p_mismatch(void)
 {
+    world d = {.n = 2, .timeout_ms = 15000};
+    run_world(&d, dtype_mismatch_rank, NULL, 30);
     world a = {.n = 2, .timeout_ms = 15000};
     run_world(&a, mismatch_rank, NULL, 30);
     world b = {.n = 2, .hosts = "a,b", .timeout_ms = 15000};
@@ -620,7 +736,9 @@ static void dead_rank(rank_ctx *x, void *arg)
     rc = dt_comm_recv(g, &got, 1, DT_INT32, peer, NULL, &err);
     double t = dt_now_s() - t0;
     RCHECK(rc != 0, "receive from a dead peer succeeded");
-    RCHECK(strstr(err.msg, "rank 0 (global rank 3)"), "message: %s", err.msg);
+    RCHECK(strstr(err.msg, "rank 0 (global rank 3)") &&
+               strstr(err.msg, "receive #2 (int32 x 1) from rank 0"),
+           "message: %s", err.msg);
     RCHECK(t < 4.0, "took %.1f s (timeout %d ms)", t, x->w->timeout_ms);
     dt_comm_free(g);
 }
@@ -839,6 +957,7 @@ int main(int argc, char **argv)
         {"p2p_bidirectional", test_p2p_bidirectional, 90},
         {"p2p_many_small", test_p2p_many_small, 90},
         {"p2p_mismatch", test_p2p_mismatch, 60},
+        {"p2p_unwaited", test_p2p_unwaited, 60},
         {"p2p_dead_peer", test_p2p_dead_peer, 90},
         {"p2p_on_groups", test_p2p_on_groups, 60},
         {"p2p_all_pairs", test_p2p_all_pairs, 60},
