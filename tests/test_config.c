@@ -746,13 +746,15 @@ static void test_parallel_keys(void)
     memset(job.path, 0, sizeof job.path);
     DT_CHECK(memcmp(&first, &job, sizeof job) == 0);
 
-    /* an explicit micro_batches is kept; 0 is derived (1 without a pipeline) */
+    /* an explicit micro_batches is kept, 1 included; dt_job_defaults gives 1 */
     char *ov[] = {"parallel.pipeline=2", "parallel.micro_batches=4", "elastic.nproc_per_node=2"};
     load_ok(GPT_MINI, ov, 3);
     DT_CHECK_INT(job.micro_batches, 4);
-    char *ov0[] = {"parallel.micro_batches=0"};
-    load_ok(GPT_MINI, ov0, 1);
+    char *ov1[] = {"parallel.micro_batches=1", "parallel.pipeline=2", "elastic.nproc_per_node=2"};
+    load_ok(GPT_MINI, ov1, 3);
     DT_CHECK_INT(job.micro_batches, 1);
+    dt_job_defaults(&job);
+    DT_CHECK(job.micro_batches == 1 && job.tensor == 1 && job.pipeline == 1);
     /* the balanced split: earlier stages take one more */
     char *ov4[] = {"parallel.pipeline=4", "elastic.nproc_per_node=4"};
     load_ok(GPT_MINI, ov4, 2);
@@ -788,13 +790,13 @@ static void test_parallel_keys(void)
 /* Each error of the keys themselves, with its line. */
 static void test_parallel_key_forms(void)
 {
-    int rc = load(GPT_MINI "[parallel]\ntensor = 0\npipeline = 65\nmicro_batches = -1\n"
+    int rc = load(GPT_MINI "[parallel]\ntensor = 0\npipeline = 65\nmicro_batches = 0\n"
                   "schedule = pipedream\nstages = 2,,2\n",
                   NULL, 0);
     DT_CHECK(rc == -EINVAL);
     DT_CHECK(has_error("job.ini:5: parallel.tensor: 0 is out of range (min 1, max 1024)"));
     DT_CHECK(has_error("job.ini:6: parallel.pipeline: 65 is out of range (min 1, max 64)"));
-    DT_CHECK(has_error("job.ini:7: parallel.micro_batches: -1 is out of range"));
+    DT_CHECK(has_error("job.ini:7: parallel.micro_batches: 0 is out of range (min 1, max 1000000)"));
     DT_CHECK(has_error("job.ini:8: parallel.schedule: \"pipedream\" is not one of 1f1b|gpipe"));
     DT_CHECK(has_error("job.ini:9: parallel.stages: \"2,,2\" must be blocks per stage such as "
                        "4,4,2,2"));
