@@ -436,6 +436,30 @@ static void test_tensor_equals_one_process(void)
     unmap(&one);
 }
 
+/* A vocabulary that T does not divide (258 at T = 4: padded to 260, the padding rows zero, out
+ * of the loss and of the checkpoint): still one process's training, and the gathered wte is
+ * (258, C) as one process's. */
+static void test_padded_vocabulary(void)
+{
+    trun one = base(1, 1, 4, "one-v258"), t4 = base(4, 4, 4, "t4-v258");
+    add(&one, "data.vocab_size=258");
+    add(&t4, "data.vocab_size=258");
+    one.steps = t4.steps = 10;
+    int st[MAX_RANKS];
+    run(&one, st);
+    DT_REQUIRE(all_ok(&one, st));
+    run(&t4, st);
+    if (all_ok(&t4, st)) {
+        DT_CHECK_STR(t4.out[0].t_name[0], "wte.weight");
+        DT_CHECK_INT(t4.out[0].t_n[0], 258 * 16);
+        /* each rank holds 65 rows of wte (260 / 4), the last rank's two of them padding */
+        DT_CHECK_INT(t4.out[0].st.split_local * 4 - t4.out[0].st.split_whole, 2 * 16);
+        compare(&t4, &one, 10, 1e-5);
+    }
+    unmap(&one);
+    unmap(&t4);
+}
+
 /* D = 2 x T = 2 on 4 ranks equals one process on the same global batch (2 x 4 samples): the
  * data-parallel reducer averages each shard's gradients over its data-parallel group. */
 static void test_data_x_tensor(void)
@@ -674,6 +698,7 @@ int main(int argc, char **argv)
     static const dt_test tests[] = {
         {"config_errors", test_config_errors, 60},
         {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
+        {"padded_vocabulary", test_padded_vocabulary, 120},
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
         {"accumulation_and_global_batch", test_accumulation, 120},
         {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
