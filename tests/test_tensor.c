@@ -485,17 +485,19 @@ static void test_data_x_tensor(void)
     unmap(&dt);
 }
 
-/* Gradient accumulation (2 micro-steps: the data-parallel reducer hears of the last one only)
- * and global_batch (micro-steps of unequal shares) at D = 2 x T = 2 against one process. */
+/* Gradient accumulation (2 micro-steps: the data-parallel reducer hears of the last one only),
+ * global_batch (micro-steps of unequal shares) and fp16 loss scaling (clip unscales the slices)
+ * at D = 2 x T = 2 against one process. */
 static void test_accumulation(void)
 {
-    const char *const more[2][2] = {{"train.grad_accum=2", "train.grad_accum=2"},
-                                    {"train.global_batch=12", "train.global_batch=12"}};
-    const char *names[2] = {"accum", "gbatch"};
-    for (int k = 0; k < 2; k++) {
-        /* accum: one process draws each micro-step's 2 x 4 samples itself; global_batch: 12
-         * samples a step whoever draws them (one process: 3 micro-steps of 4) */
-        trun one = base(1, 1, k == 0 ? 8 : 4, fmt("one-%s", names[k]));
+    const char *const more[3][2] = {{"train.grad_accum=2", "train.grad_accum=2"},
+                                    {"train.global_batch=12", "train.global_batch=12"},
+                                    {"train.precision=fp16", "train.precision=fp16"}};
+    const char *names[3] = {"accum", "gbatch", "fp16"};
+    for (int k = 0; k < 3; k++) {
+        /* accum, fp16: one process draws each micro-step's 2 x 4 samples itself; global_batch:
+         * 12 samples a step whoever draws them (one process: 3 micro-steps of 4) */
+        trun one = base(1, 1, k == 1 ? 4 : 8, fmt("one-%s", names[k]));
         trun dt = base(4, 2, 4, fmt("d2xt2-%s", names[k]));
         one.steps = dt.steps = 10;
         add(&one, more[k][0]);
@@ -700,7 +702,7 @@ int main(int argc, char **argv)
         {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
         {"padded_vocabulary", test_padded_vocabulary, 120},
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
-        {"accumulation_and_global_batch", test_accumulation, 120},
+        {"accumulation_global_batch_fp16", test_accumulation, 120},
         {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
         {"killed_rank", test_killed_rank, 60},
         {"dtrain_binary", test_dtrain_binary, 120},
