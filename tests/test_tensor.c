@@ -97,7 +97,7 @@ typedef struct rank_out {
     int num_tensors;              /* the whole table, as the checkpoint's */
     size_t t_off[MAX_TENSORS], t_n[MAX_TENSORS];
     char t_name[MAX_TENSORS][48];
-    double took;                  /* KILL: seconds from the start of the failing step to its error */
+    double took;                  /* seconds from the failing step's start to its error */
     float params[MAX_PER];
     float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
 } rank_out;
@@ -145,7 +145,7 @@ static trun base(int N, int T, int B, const char *name)
     add(&z, fmt("train.batch_size=%d", B));
     add(&z, "train.warmup_steps=2");
     add(&z, "train.optimizer=adamw");
-    add(&z, "train.schedule=constant"); /* a run stopped at step 3 continues as one that did not */
+    add(&z, "train.schedule=constant"); /* stopped at step 3, a run goes on as one that did not */
     add(&z, "train.grad_clip=0.5");
     add(&z, "train.eval_every=0");
     add(&z, "data.val_fraction=0");
@@ -513,7 +513,7 @@ static void test_accumulation(void)
     }
 }
 
-/* ---- checkpoints ------------------------------------------------------------------------------ */
+/* ---- checkpoints ----------------------------------------------------------------------------*/
 
 static void train_run(trun *z, int steps, const char *resume)
 {

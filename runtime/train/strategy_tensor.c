@@ -247,7 +247,7 @@ static int slice_staging(dt_strategy *s, tp_impl *t, dt_err *err)
     return 0;
 }
 
-/* ---- the ops ---------------------------------------------------------------------------------- */
+/* ---- the ops --------------------------------------------------------------------------------*/
 
 static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
