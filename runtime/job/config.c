@@ -39,6 +39,7 @@ static const char *const comm_backend_names[] = {"auto", "cpu", "nccl", NULL};
 static const char *const compress_names[] = {"none", "bf16", "fp16", NULL};
 static const char *const resume_names[] = {"auto", "never", "path", NULL};
 static const char *const rdzv_backend_names[] = {"static", "c10d", "etcd", NULL};
+static const char *const pp_schedule_names[] = {"1f1b", "gpipe", NULL};
 
 static const char *name_of(const char *const *names, int v)
 {
@@ -65,6 +66,7 @@ NAME_FN(dt_comm_backend_name, dt_comm_backend_kind, comm_backend_names)
 NAME_FN(dt_compress_name, dt_compress_kind, compress_names)
 NAME_FN(dt_resume_name, dt_resume_kind, resume_names)
 NAME_FN(dt_rdzv_backend_name, dt_rdzv_backend_kind, rdzv_backend_names)
+NAME_FN(dt_pp_schedule_name, dt_pp_schedule_kind, pp_schedule_names)
 
 /* elastic.nproc_per_node's names, at their dt_nproc_kind; a number (index 0) has none. */
 static const char *const nproc_names[] = {"", "auto", "cpu", "gpu", NULL};
@@ -166,6 +168,11 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"ddp", "check_consistency", DT_CFG_BOOL, J(check_consistency), "true", 0, 0, NULL, false, "verify that every rank built the same model at start"},
     /* [parallel] */
     {"parallel", "zero", DT_CFG_INT, J(zero), "0", 0, 3, NULL, false, "ZeRO stage over the data-parallel ranks: 0 = DDP (every rank holds everything); 1 = optimiser state sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded as well (cpu: a bucket's gradient pages are given back once it is reduce-scattered); 3 = parameters sharded as well (FSDP full-shard: each block's parameters all-gathered before its forward and its backward, given back after; device = cpu only, not with train.global_batch). One rank: ignored"},
+    {"parallel", "tensor", DT_CFG_INT, J(tensor), "1", 1, 1024, NULL, false, "tensor-parallel degree T (Megatron-LM: attention heads and the MLP split over T ranks, vocab-parallel embedding and loss; model gpt only, with model.n_head divisible by T). The world is a grid data x tensor x pipeline: D = world / (T x P) data-parallel replicas, rank = (pp x D + dp) x T + tp, so a tensor group is T consecutive ranks (keep T <= nproc_per_node to stay inside a node); the world size must be a multiple of T x P. Needs job.strategy = ddp and parallel.zero = 0"},
+    {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; mlp: its Linear layers; not resnet) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp and parallel.zero = 0"},
+    {"parallel", "micro_batches", DT_CFG_INT, J(micro_batches), "0", 0, 1e6, NULL, false, "pipeline micro-batches M: each micro-step's batch (train.batch_size, which M must divide) is cut into M micro-batches that flow through the stages; the idle share of the pipeline (the bubble) is (P-1)/(M+P-1). 0 = derived at load: 1 when parallel.pipeline = 1, else parallel.pipeline"},
+    {"parallel", "schedule", DT_CFG_ENUM, J(pp_schedule), "1f1b", 0, 0, pp_schedule_names, false, "pipeline schedule: 1f1b (PipeDream-Flush: after a warm-up each stage alternates one forward and one backward, so at most P micro-batches' activations are kept) or gpipe (all forwards, then all backwards: M micro-batches' activations); the same gradients either way"},
+    {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced: as even as possible, earlier stages taking one more when P does not divide the blocks (the embedding and the loss sit on the first and the last stage besides their blocks)"},
     /* [checkpoint] */
     {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
     {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
@@ -513,6 +520,38 @@ static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char
         *(dt_nproc *)base = v;
         return 0;
     }
+    case DT_CFG_STAGES: {
+        /* "" (balanced), or blocks per stage "4,4,2,2"; the count goes to n_stage_blocks (this
+         * field), the numbers to stage_blocks. Their sum is checked against the model at load. */
+        int *count = (int *)base, *blocks = (int *)((char *)job + offsetof(dt_job, stage_blocks));
+        int v[DT_MAX_STAGES], n = 0;
+        const char *p = value;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p) {
+            char buf[DT_STR_MID], *save = NULL;
+            bool ok = dt_strlcpy(buf, value, sizeof buf) != 0;
+            for (char *tok = ok ? strtok_r(buf, ",", &save) : NULL; ok && tok;
+                 tok = strtok_r(NULL, ",", &save)) {
+                int b;
+                if (n == DT_MAX_STAGES || dt_parse_int(dt_trim(tok), &b) || b < 1)
+                    ok = false;
+                else
+                    v[n++] = b;
+            }
+            if (!ok || n == 0 || value[strlen(value) - 1] == ',' || strstr(value, ",,")) {
+                snprintf(why, cap,
+                         "%s.%s: \"%s\" must be blocks per stage such as 4,4,2,2 (whole numbers "
+                         ">= 1, one per stage, at most %d stages), or \"\" for a balanced split",
+                         f->section, f->key, value, DT_MAX_STAGES);
+                return -EINVAL;
+            }
+        }
+        *count = n;
+        memset(blocks, 0, sizeof job->stage_blocks);
+        memcpy(blocks, v, sizeof v[0] * (size_t)n);
+        return 0;
+    }
     case DT_CFG_STR:
         if (strlen(value) >= f->size) {
             snprintf(why, cap, "%s.%s: value is longer than %zu characters", f->section, f->key,
@@ -568,6 +607,7 @@ typedef struct parse_ctx {
     char src[256][96];    /* where each field last got its value ("job.ini:12", "--nnodes") */
     int seq[256];         /* order of that assignment (0 = still the default) */
     bool bad[256];        /* the last value given for the field was rejected */
+    bool derived_micro_batches; /* parallel.micro_batches was 0 and derive() set it */
     int nseq;
     char long_value[4096]; /* the value of a line too long for inih (see long_line) */
     char full[4096 + 256]; /* the line being read (line_reader) */
@@ -1021,6 +1061,217 @@ int dt_launch_validate(const dt_launch *l, const char *w, dt_config_errors *errs
     return launch_validate(l, NULL, w, errs);
 }
 
+/* ---- [parallel] ----------------------------------------------------------------------------- */
+
+static void format_value(const dt_job *job, const dt_cfg_field *f, char *buf, size_t cap);
+
+int dt_parallel_check_world(int world, int tensor, int pipeline, dt_err *err)
+{
+    if (world < 1 || tensor < 1 || pipeline < 1)
+        return dt_err_set(err, -EINVAL,
+                          "world size %d with parallel.tensor = %d and parallel.pipeline = %d: "
+                          "all three must be >= 1",
+                          world, tensor, pipeline);
+    int tp = tensor * pipeline;
+    if (world % tp == 0)
+        return 0;
+    char sizes[96];
+    snprintf(sizes, sizeof sizes, "%d, %d, %d, ...", tp, 2 * tp, 3 * tp);
+    return dt_err_set(err, -EINVAL,
+                      "world size %d is not divisible by parallel.tensor x parallel.pipeline = "
+                      "%d x %d = %d (the ranks of one data-parallel replica): run a multiple of "
+                      "%d ranks (%s), or change parallel.tensor or parallel.pipeline",
+                      world, tensor, pipeline, tp, tp, sizes);
+}
+
+/* model.hidden's widths (0 when it is not a list of widths). */
+static int mlp_hidden_count(const char *hidden)
+{
+    char buf[DT_STR_MID], *save = NULL;
+    int n = 0, w;
+    dt_strlcpy(buf, hidden, sizeof buf);
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), n++)
+        if (dt_parse_int(dt_trim(tok), &w) || w < 1)
+            return 0;
+    return n;
+}
+
+int dt_job_pipeline_blocks(const dt_job *job)
+{
+    switch (job->model_type) {
+    case DT_MODEL_GPT:
+        return job->n_layer > 0 ? job->n_layer : 0;
+    case DT_MODEL_MLP: {
+        int h = mlp_hidden_count(job->hidden);
+        return h > 0 ? h + 1 : 0;
+    }
+    case DT_MODEL_RESNET:
+    case DT_MODEL_UNSET:
+        break;
+    }
+    return 0;
+}
+
+/* What the blocks are called in messages. */
+static const char *blocks_what(const dt_job *job)
+{
+    return job->model_type == DT_MODEL_GPT ? "transformer blocks (model.n_layer)"
+                                           : "Linear layers (model.hidden's widths + 1)";
+}
+
+int dt_job_stage_blocks(const dt_job *job, int *blocks, dt_err *err)
+{
+    int P = job->pipeline, total = dt_job_pipeline_blocks(job);
+    if (P < 1 || P > DT_MAX_STAGES)
+        return dt_err_set(err, -EINVAL, "parallel.pipeline = %d: use 1 to %d", P, DT_MAX_STAGES);
+    if (P > 1 && total == 0)
+        return dt_err_set(err, -EINVAL,
+                          "parallel.pipeline = %d: pipeline parallelism is not supported for "
+                          "this model (%s); use parallel.pipeline = 1",
+                          P, dt_model_name(job->model_type));
+    if (total > 0 && P > total)
+        return dt_err_set(err, -EINVAL,
+                          "parallel.pipeline = %d is more than the model's %d %s: every stage "
+                          "needs a block; use at most %d",
+                          P, total, blocks_what(job), total);
+    if (job->n_stage_blocks > 0) {
+        int sum = 0;
+        for (int i = 0; i < job->n_stage_blocks; i++)
+            sum += job->stage_blocks[i];
+        if (job->n_stage_blocks != P || (total > 0 && sum != total))
+            return dt_err_set(err, -EINVAL,
+                              "parallel.stages: %d stages of %d blocks in all, but "
+                              "parallel.pipeline = %d and the model has %d",
+                              job->n_stage_blocks, sum, P, total);
+        memcpy(blocks, job->stage_blocks, sizeof blocks[0] * (size_t)P);
+        return P;
+    }
+    for (int i = 0; i < P; i++)
+        blocks[i] = total / P + (i < total % P);
+    return P;
+}
+
+/* The [parallel] keys against each other, the model, the strategy and a world size known at
+ * load (fixed nodes x a number of workers per node). */
+static void parallel_validate(const dt_job *job, const parse_ctx *c, const char *w,
+                              dt_config_errors *errs)
+{
+    const int T = job->tensor, P = job->pipeline;
+    const bool model_bad = BAD("model.type", "model.n_layer", "model.n_head", "model.preset",
+                               "model.hidden");
+    if (BAD("parallel.tensor", "parallel.pipeline"))
+        return; /* every check below is about them */
+    if (T > 1 && job->model_type != DT_MODEL_GPT && !model_bad)
+        add_error(errs, AT("parallel.tensor", "model.type"), 0,
+                  "parallel.tensor = %d: tensor parallelism (Megatron-LM's column and row "
+                  "splits) is supported for model gpt only, not %s; use parallel.tensor = 1 "
+                  "(and parallel.pipeline or more data-parallel ranks)",
+                  T, dt_model_name(job->model_type));
+    if (T > 1 && job->model_type == DT_MODEL_GPT && job->n_head > 0 && job->n_head % T &&
+        !model_bad) {
+        char divs[256];
+        size_t n = 0;
+        int k = 0, count = 0;
+        for (int d = 1; d <= job->n_head; d++)
+            count += job->n_head % d == 0;
+        divs[0] = '\0';
+        for (int d = 1; d <= job->n_head && n < sizeof divs; d++)
+            if (job->n_head % d == 0) {
+                k++;
+                n += (size_t)snprintf(divs + n, sizeof divs - n, "%s%d",
+                                      k == 1 ? "" : k == count ? " or " : ", ", d);
+            }
+        add_error(errs, AT("parallel.tensor", "model.n_head", "model.preset"), 0,
+                  "model.n_head = %d is not divisible by parallel.tensor = %d (each tensor rank "
+                  "takes whole attention heads): use %s",
+                  job->n_head, T, divs);
+    }
+    int total = dt_job_pipeline_blocks(job);
+    if (P > 1 && job->model_type == DT_MODEL_RESNET && !model_bad)
+        add_error(errs, AT("parallel.pipeline", "model.type"), 0,
+                  "parallel.pipeline = %d: pipeline parallelism is not supported for this model "
+                  "(resnet); use parallel.pipeline = 1 (models gpt and mlp split into stages)",
+                  P);
+    else if (P > 1 && total > 0 && P > total && !model_bad)
+        add_error(errs, AT("parallel.pipeline", "model.n_layer", "model.hidden", "model.preset"),
+                  0,
+                  "parallel.pipeline = %d is more than the model's %d %s: every stage needs at "
+                  "least one; use parallel.pipeline = %d or fewer, or a deeper model",
+                  P, total, blocks_what(job), total);
+    if (job->n_stage_blocks > 0 && !BAD("parallel.stages") && !model_bad) {
+        int sum = 0;
+        char given[DT_STR_MID];
+        format_value(job, &dt_cfg_fields[field_index("parallel", "stages")], given,
+                     sizeof given);
+        for (int i = 0; i < job->n_stage_blocks; i++)
+            sum += job->stage_blocks[i];
+        if (job->n_stage_blocks != P)
+            add_error(errs, AT("parallel.stages", "parallel.pipeline"), 0,
+                      "parallel.stages = %s gives %d stage%s but parallel.pipeline = %d: give "
+                      "the blocks of each of the %d stages, or leave parallel.stages empty for "
+                      "a balanced split",
+                      given, job->n_stage_blocks, job->n_stage_blocks == 1 ? "" : "s", P, P);
+        else if (job->model_type == DT_MODEL_RESNET)
+            ; /* said above (P > 1), or one stage of a model that has no blocks to count */
+        else if (total > 0 && sum != total)
+            add_error(errs, AT("parallel.stages", "model.n_layer", "model.hidden",
+                               "model.preset"),
+                      0,
+                      "parallel.stages = %s adds up to %d blocks, but the model has %d %s: "
+                      "make the stages' blocks add up to %d",
+                      given, sum, total, blocks_what(job), total);
+    }
+    const int M = job->micro_batches;
+    /* derived at this load (left at 0: parallel.pipeline's value), or as given */
+    bool derived = c && c->derived_micro_batches;
+    if (M > 0 && job->batch_size % M && !BAD("parallel.micro_batches", "train.batch_size"))
+        add_error(errs, AT("parallel.micro_batches", "train.batch_size", "parallel.pipeline"), 0,
+                  "parallel.micro_batches = %d%s does not divide train.batch_size = %d (a rank's "
+                  "batch is cut into micro-batches of equal size): set parallel.micro_batches "
+                  "to a divisor of %d, or train.batch_size to a multiple of %d",
+                  M, derived ? " (its default: parallel.pipeline)" : "", job->batch_size,
+                  job->batch_size, M);
+    if ((T > 1 || P > 1) && job->strategy == DT_STRATEGY_DP && !BAD("job.strategy"))
+        add_error(errs, AT("job.strategy", "parallel.tensor", "parallel.pipeline"), 0,
+                  "parallel.tensor = %d and parallel.pipeline = %d need one worker process per "
+                  "device, but job.strategy = dp drives every replica from one process: use "
+                  "job.strategy = ddp",
+                  T, P);
+    if ((T > 1 || P > 1) && job->zero > 0 && !BAD("parallel.zero"))
+        add_error(errs, AT("parallel.zero", "parallel.tensor", "parallel.pipeline"), 0,
+                  "parallel.zero = %d: ZeRO with tensor/pipeline parallelism is not supported "
+                  "yet; set parallel.zero = 0 (or parallel.tensor = parallel.pipeline = 1)",
+                  job->zero);
+    /* The world, where the job alone fixes it; else the agent checks it after the rendezvous. */
+    const dt_launch *l = &job->launch;
+    int lo, hi;
+    char tail;
+    if ((T > 1 || P > 1) && l->nproc_per_node.kind == DT_NPROC_NUMBER &&
+        !BAD("elastic.nnodes", "elastic.nproc_per_node")) {
+        int n = l->nproc_per_node.n;
+        dt_err e = {0};
+        if (sscanf(l->nnodes, "%d%c", &lo, &tail) == 1 && lo >= 1 &&
+            dt_parallel_check_world(lo * n, T, P, &e))
+            add_error(errs, AT("elastic.nnodes", "elastic.nproc_per_node", "parallel.tensor",
+                               "parallel.pipeline"),
+                      0, "elastic.nnodes = %d x elastic.nproc_per_node = %d: %s", lo, n, e.msg);
+        else if (sscanf(l->nnodes, "%d:%d%c", &lo, &hi, &tail) == 2 && lo >= 1 && hi >= lo) {
+            int k = lo;
+            while (k <= hi && (k * n) % (T * P))
+                k++;
+            if (k > hi)
+                add_error(errs, AT("elastic.nnodes", "elastic.nproc_per_node",
+                                   "parallel.tensor", "parallel.pipeline"),
+                          0,
+                          "elastic.nnodes = %s x elastic.nproc_per_node = %d: none of the world "
+                          "sizes %d to %d is a multiple of parallel.tensor x parallel.pipeline = "
+                          "%d x %d = %d; change the node range, the workers per node, or "
+                          "parallel.tensor or parallel.pipeline",
+                          l->nnodes, n, lo * n, hi * n, T, P, T * P);
+        }
+    }
+}
+
 static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors *errs)
 {
     int before = errs ? errs->count : 0;
@@ -1101,6 +1352,7 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                   "run as many micro-steps, which train.global_batch does not promise: use "
                   "train.grad_accum with parallel.zero = 3, or parallel.zero = 1 or 2 with "
                   "train.global_batch");
+    parallel_validate(job, c, w, errs);
     if (job->resume == DT_RESUME_PATH && !job->resume_path[0])
         add_error(errs, AT("checkpoint.resume"), 0, "checkpoint.resume: use auto, never or a path");
     return errs && errs->count > before ? -EINVAL : 0;
@@ -1118,6 +1370,10 @@ static void derive(dt_job *job)
         snprintf(job->output_dir, sizeof job->output_dir, "runs/%.200s", job->name);
     if (job->model_type == DT_MODEL_GPT && job->seq_len == 0)
         job->seq_len = job->block_size;
+    /* parallel.micro_batches = 0: one micro-batch per stage keeps the bubble at
+     * (P-1)/(2P-1) without asking for a batch the user did not size */
+    if (job->micro_batches == 0)
+        job->micro_batches = job->pipeline > 1 ? job->pipeline : 1;
 }
 
 static int parse_assignment(parse_ctx *c, const char *text)
@@ -1236,6 +1492,7 @@ int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settin
                       dt_cfg_fields[i].choices
                           ? choices_text(dt_cfg_fields[i].choices, choices, sizeof choices)
                           : "see README");
+    c->derived_micro_batches = job->micro_batches == 0;
     derive(job);
     job_validate(job, c, errs);
     return load_end(errs, "loading ", path ? path : "the job", err);
@@ -1306,6 +1563,15 @@ static void format_value(const dt_job *job, const dt_cfg_field *f, char *buf, si
     case DT_CFG_NPROC:
         dt_nproc_format((const dt_nproc *)base, buf, cap);
         break;
+    case DT_CFG_STAGES: {
+        int n = *(const int *)base;
+        size_t len = 0;
+        buf[0] = '\0';
+        for (int i = 0; i < n && i < DT_MAX_STAGES && len < cap; i++)
+            len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "",
+                                    job->stage_blocks[i]);
+        break;
+    }
     case DT_CFG_RESUME:
         if (*(const int *)base != DT_RESUME_PATH) {
             snprintf(buf, cap, "%s", name_of(resume_names, *(const int *)base));
@@ -1349,10 +1615,12 @@ void dt_job_print(const dt_job *job, FILE *out)
 void dt_job_print_reference(FILE *out)
 {
     fprintf(out, "| key | type | default | meaning |\n|---|---|---|---|\n");
-    /* checkpoint.resume, data.synthetic_shape and elastic.nproc_per_node read as strings
-     * (auto/never/PATH, vector/CxHxW, N/auto/cpu/gpu: their help says which). */
+    /* checkpoint.resume, data.synthetic_shape, elastic.nproc_per_node and parallel.stages read
+     * as strings (auto/never/PATH, vector/CxHxW, N/auto/cpu/gpu, B,B,...: their help says
+     * which). */
     static const char *const tnames[] = {"int",    "int",     "number", "bool",   "string",
-                                         "choice", "seconds", "string", "string", "string"};
+                                         "choice", "seconds", "string", "string", "string",
+                                         "string"};
     for (int i = 0; i < dt_cfg_fields_count; i++) {
         const dt_cfg_field *f = &dt_cfg_fields[i];
         char type[160];

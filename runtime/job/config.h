@@ -7,7 +7,7 @@
  * rendezvous/rdzv.h (the rendezvous backends' names and endpoint form), never launch/, comm/,
  * train/ or kernels/, so either side can change without the other.
  *
- * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp]
+ * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp] [parallel]
  * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in
  * config.c, the file, PET_* variables and DTRAIN_OUTPUT_DIR (job.output_dir), `section.key=value`
  * overrides, then launcher flags (the order of dt_setting arrays, which cmd/args.c makes; among
@@ -117,6 +117,7 @@ const char *dt_comm_backend_name(dt_comm_backend_kind v);
 const char *dt_compress_name(dt_compress_kind v);
 const char *dt_resume_name(dt_resume_kind v);
 const char *dt_rdzv_backend_name(dt_rdzv_backend_kind v);
+const char *dt_pp_schedule_name(dt_pp_schedule_kind v);
 /* "auto", "cpu", "gpu"; "" for DT_NPROC_NUMBER (a number has no name) and out of range. */
 const char *dt_nproc_name(dt_nproc_kind v);
 /* The value as a job file writes it ("4", "auto"): into buf (cap bytes), which it returns. */
@@ -230,7 +231,8 @@ typedef struct dt_job {
     int zero;                          /* ZeRO stage 0..3 (0 = DDP) */
     int tensor;                        /* tensor-parallel degree T (>= 1; gpt only) */
     int pipeline;                      /* pipeline stages P (>= 1) */
-    int micro_batches;                 /* pipeline micro-batches M per rank batch (>= 1) */
+    int micro_batches;                 /* pipeline micro-batches M per rank batch (>= 1 once
+                                          loaded: 0 in a file is derived, 1 or P) */
     dt_pp_schedule_kind pp_schedule;   /* pipeline schedule */
     int n_stage_blocks;                /* parallel.stages: 0 = balanced, else P entries */
     int stage_blocks[DT_MAX_STAGES];   /* blocks per stage (gpt: transformer blocks) */
@@ -291,6 +293,32 @@ int dt_job_validate(const dt_job *job, dt_config_errors *errs);
  * the source in messages. */
 int dt_launch_validate(const dt_launch *l, const char *where, dt_config_errors *errs);
 
+/* ---- the [parallel] layout -----------------------------------------------------------------
+ * The world is a grid data x tensor x pipeline (runtime/train/grid.h): D = world / (T x P) with
+ * T = parallel.tensor, P = parallel.pipeline. A loaded job has been checked against what it
+ * knows: the model (T divides gpt's n_head; P at most the model's blocks; parallel.stages sums to
+ * them) and, when both are fixed numbers, elastic.nnodes x elastic.nproc_per_node. Where the
+ * world is only known after the rendezvous (MIN:MAX nodes, nproc auto/cpu/gpu) the agent checks
+ * it with dt_parallel_check_world before it starts any worker (exit DT_EXIT_CONFIG), and the
+ * workers' dt_grid_init once more. */
+
+/* 0 when world ranks (>= 1) can be laid out with tensor x pipeline ranks per data-parallel
+ * replica (tensor x pipeline divides world), else -EINVAL with a message naming
+ * parallel.tensor, parallel.pipeline and the valid world sizes (the multiples of their product).
+ * The launcher, the agent and the workers all say it with this one message. */
+int dt_parallel_check_world(int world, int tensor, int pipeline, dt_err *err);
+
+/* The model's blocks that parallel.pipeline splits into stages: gpt's n_layer transformer
+ * blocks, mlp's Linear layers (model.hidden's widths + 1); 0 for a model without a pipeline
+ * form (resnet) or one not configured yet. */
+int dt_job_pipeline_blocks(const dt_job *job);
+
+/* The blocks of each of the job's parallel.pipeline stages into blocks[0..P): parallel.stages as
+ * given, else the balanced split (blocks / P each, the first blocks % P stages one more).
+ * Returns P, or -EINVAL (with a message) when the job's model cannot be split so (the load's
+ * validation refuses such jobs). */
+int dt_job_stage_blocks(const dt_job *job, int *blocks, dt_err *err);
+
 /* Writes the fully resolved job as INI that dt_job_load reads back to the same job. */
 void dt_job_print(const dt_job *job, FILE *out);
 
@@ -300,10 +328,12 @@ void dt_job_print_reference(FILE *out);
 /* A field of the table, for tools that walk it (tests, --print-config). */
 /* DT_CFG_ENUM: one of the enums above (an int), its choices in `choices`. DT_CFG_RESUME:
  * checkpoint.resume (dt_resume_kind, and the path in resume_path). DT_CFG_SHAPE: int[3]
- * (C, H, W; 0,0,0 written "vector"). DT_CFG_NPROC: a dt_nproc (elastic.nproc_per_node). */
+ * (C, H, W; 0,0,0 written "vector"). DT_CFG_NPROC: a dt_nproc (elastic.nproc_per_node).
+ * DT_CFG_STAGES: parallel.stages, the count in n_stage_blocks (the field's offset) and the
+ * blocks in stage_blocks (written "4,4,2,2"; "" when the count is 0). */
 typedef enum dt_cfg_type { DT_CFG_INT, DT_CFG_I64, DT_CFG_DOUBLE, DT_CFG_BOOL, DT_CFG_STR,
                            DT_CFG_ENUM, DT_CFG_DURATION, DT_CFG_RESUME,
-                           DT_CFG_SHAPE, DT_CFG_NPROC } dt_cfg_type;
+                           DT_CFG_SHAPE, DT_CFG_NPROC, DT_CFG_STAGES } dt_cfg_type;
 
 typedef struct dt_cfg_field {
     const char *section;
