@@ -7,12 +7,19 @@
  * operations the idle fraction of every stage is (P-1)/(M+P-1); and the lists run to the end on
  * a model of the strictest backend, one that runs each rank's p2p batches one after the other
  * and completes a send only when its receive is posted (NCCL's stream, a comm thread).
+ *
+ * Model stages (model.h's stage_forward/stage_backward, mlp): P stages chained by hand start
+ * with the whole model's parameters bit for bit, and compute its loss and gradients: bit for
+ * bit with one micro-batch, within 1e-5 relative with several (only the sums over the batch
+ * are split).
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/train/model.h"
 #include "runtime/train/pp_schedule.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 static const dt_pp_schedule_kind kinds[] = {DT_PP_GPIPE, DT_PP_1F1B};
@@ -268,27 +275,194 @@ static void test_schedule_no_deadlock(void)
                              kind_name(kinds[ki]), P, M);
 }
 
-static void test_partition(void)
+/* ---- model stages --------------------------------------------------------------------------- */
+
+static dt_model_config mlp_cfg(int B)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "mlp");
+    c.shape.kind = DT_SAMPLE_VECTOR;
+    c.shape.input_dim = 7;
+    c.shape.n_classes = 5;
+    c.max_batch = B;
+    c.seed = 43;
+    c.n_hidden = 3;
+    c.hidden[0] = 9;
+    c.hidden[1] = 6;
+    c.hidden[2] = 8;
+    return c;
+}
+
+/* The largest |a - b| over the tensor, relative to the largest |b|. */
+static double rel_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0, mx = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        mx = fmax(mx, fabs((double)b[i]));
+    }
+    return d / mx;
+}
+
+/* Whole model vs P stages chained by hand (GPipe order, M micro-batches in M slots). */
+static void chain(int P, int M, const int *counts)
+{
+    const int B = 8, L = 4;
+    dt_err err = {0};
+    dt_backend *be = NULL;
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    dt_model_config wc = mlp_cfg(B);
+    dt_model *whole = NULL, *st[4] = {0};
+    DT_REQUIRE_OK(dt_model_create(&whole, &wc, be, NULL, &err), &err);
+    DT_REQUIRE(whole->stage && whole->stage->stage_forward && whole->stage->stage_backward);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &wc, B, 7);
+    hb.targets[3] = -1; /* ignored: micro-batches count different numbers of targets */
+    float wloss = 0;
+    DT_REQUIRE_OK(whole->ops->forward(whole, &hb.b, true, &wloss, &err), &err);
+    DT_REQUIRE_OK(whole->ops->backward(whole, 1.0f, NULL, NULL, &err), &err);
+
+    int at = 0, mb = B / M;
+    for (int s = 0; s < P; s++) {
+        dt_model_config c = mlp_cfg(mb);
+        c.pp_size = P;
+        c.pp_rank = s;
+        c.pp_first = at;
+        c.pp_count = counts[s];
+        c.pp_slots = M;
+        at += counts[s];
+        DT_REQUIRE_OK(dt_model_create(&st[s], &c, be, NULL, &err), &err);
+        DT_CHECK_INT(st[s]->pp_in_numel, s == 0 ? 0 : (size_t)(s ? (c.pp_first == 1 ? 9
+                                                                       : c.pp_first == 2 ? 6
+                                                                                         : 8)
+                                                               : 0));
+        DT_CHECK(s == P - 1 ? st[s]->pp_out_numel == 0 : st[s]->pp_out_numel > 0);
+        /* a stage is driven through its stage ops only */
+        float l;
+        DT_CHECK_INT(st[s]->ops->forward(st[s], &hb.b, true, &l, &err), -EINVAL);
+        /* its tensors: the whole model's, under the same names, initialised bit for bit */
+        for (int t = 0; t < st[s]->num_tensors; t++) {
+            const dt_tensor_info *ti = &st[s]->tensors[t];
+            int w = dt_model_find_tensor(whole, ti->name);
+            DT_REQUIRE(w >= 0);
+            DT_CHECK_INT(whole->tensors[w].numel, ti->numel);
+            DT_CHECK_MSG(!memcmp(whole->params + whole->tensors[w].offset,
+                                 st[s]->params + ti->offset, ti->numel * sizeof(float)),
+                         "P=%d stage %d: %s starts unlike the whole model's", P, s, ti->name);
+        }
+    }
+    DT_CHECK_INT(at, L);
+
+    /* valid targets per micro-batch: each micro-batch's loss weighs valid_k / valid */
+    int valid[16] = {0}, total = 0;
+    for (int k = 0; k < M; k++)
+        for (int i = 0; i < mb; i++)
+            if (hb.targets[k * mb + i] >= 0)
+                valid[k]++, total++;
+    float *dbuf[4][16] = {{0}};
+    double loss = 0;
+    for (int k = 0; k < M; k++) {
+        dt_batch b = {.B = mb, .x = hb.x + (size_t)k * mb * 7, .targets = hb.targets + k * mb};
+        const float *in = NULL;
+        for (int s = 0; s < P; s++) {
+            float *out = NULL, l = -1;
+            DT_REQUIRE_OK(st[s]->stage->stage_forward(st[s], k, &b, in, true, &out, &l, &err),
+                          &err);
+            DT_CHECK(s == P - 1 ? out == NULL : out != NULL);
+            if (s == P - 1)
+                loss += (double)l * valid[k] / total;
+            in = out;
+        }
+    }
+    for (int k = 0; k < M; k++) {
+        const float *dout = NULL;
+        for (int s = P - 1; s >= 0; s--) {
+            float *din = NULL;
+            if (s > 0) {
+                dbuf[s][k] = calloc((size_t)mb * st[s]->pp_in_numel, sizeof(float));
+                din = dbuf[s][k];
+            }
+            DT_REQUIRE_OK(st[s]->stage->stage_backward(st[s], k, (float)valid[k] / (float)total,
+                                                     dout, din, NULL, NULL, &err),
+                          &err);
+            dout = din;
+        }
+    }
+    double worst = 0;
+    for (int s = 0; s < P; s++)
+        for (int t = 0; t < st[s]->num_tensors; t++) {
+            const dt_tensor_info *ti = &st[s]->tensors[t];
+            int w = dt_model_find_tensor(whole, ti->name);
+            const float *a = st[s]->grads + ti->offset, *g = whole->grads + whole->tensors[w].offset;
+            double r = rel_diff(a, g, ti->numel);
+            worst = fmax(worst, r);
+            if (M == 1)
+                DT_CHECK_MSG(!memcmp(a, g, ti->numel * sizeof(float)),
+                             "P=%d M=1: gradient of %s differs from the whole model's (%.3g)", P,
+                             ti->name, r);
+            else
+                DT_CHECK_MSG(r <= 1e-5, "P=%d M=%d: gradient of %s differs by %.3g relative", P,
+                             M, ti->name, r);
+        }
+    if (M == 1)
+        DT_CHECK_MSG(loss == (double)wloss, "P=%d: loss %.9g vs %.9g", P, loss, (double)wloss);
+    else
+        DT_CHECK_MSG(fabs(loss - wloss) <= 1e-6 * fabs(wloss), "P=%d M=%d: loss %.9g vs %.9g", P,
+                     M, loss, (double)wloss);
+    printf("    P=%d M=%d: loss %.7f (whole %.7f), gradients within %.2g\n", P, M, loss,
+           (double)wloss, worst);
+    for (int s = 0; s < P; s++) {
+        for (int k = 0; k < M; k++)
+            free(dbuf[s][k]);
+        dt_model_free(st[s]);
+    }
+    dt_model_free(whole);
+    dt_test_batch_free(&hb);
+    dt_backend_close(be);
+}
+
+static void test_mlp_stages(void)
+{
+    int two[2] = {2, 2}, three[3] = {1, 2, 1}, four[4] = {1, 1, 1, 1}, lop[2] = {3, 1};
+    chain(2, 1, two);
+    chain(2, 4, two);
+    chain(2, 2, lop);
+    chain(3, 4, three);
+    chain(4, 1, four);
+    chain(4, 8, four);
+}
+
+/* What a stage refuses: a backward without its forward, a slot it does not have, a middle
+ * stage's forward without the previous stage's output, a bad layer range. */
+static void test_mlp_stage_errors(void)
 {
     dt_err err = {0};
-    int first[8], count[8];
-    DT_REQUIRE_OK(dt_pp_partition(7, 3, NULL, 0, "layers", first, count, &err), &err);
-    DT_CHECK(count[0] == 3 && count[1] == 2 && count[2] == 2);
-    DT_CHECK(first[0] == 0 && first[1] == 3 && first[2] == 5);
-    int ex[3] = {1, 1, 5};
-    DT_REQUIRE_OK(dt_pp_partition(7, 3, ex, 3, "layers", first, count, &err), &err);
-    DT_CHECK(first[2] == 2 && count[2] == 5);
-    DT_CHECK_INT(dt_pp_partition(3, 4, NULL, 0, "mlp layers", first, count, &err), -EINVAL);
-    DT_CHECK_CONTAINS(err.msg, "parallel.pipeline = 4");
-    DT_CHECK_CONTAINS(err.msg, "at most 3");
-    int bad[3] = {2, 2, 2};
-    DT_CHECK_INT(dt_pp_partition(7, 3, bad, 3, "layers", first, count, &err), -EINVAL);
-    DT_CHECK_CONTAINS(err.msg, "parallel.stages adds up to 6");
-    DT_CHECK_INT(dt_pp_partition(7, 3, bad, 2, "layers", first, count, &err), -EINVAL);
-    DT_CHECK_CONTAINS(err.msg, "parallel.pipeline = 3");
-    int zero[3] = {0, 2, 5};
-    DT_CHECK_INT(dt_pp_partition(7, 3, zero, 3, "layers", first, count, &err), -EINVAL);
-    DT_CHECK_CONTAINS(err.msg, "stage 0 has 0");
+    dt_backend *be = NULL;
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    dt_model_config c = mlp_cfg(4);
+    c.pp_size = 2;
+    c.pp_rank = 1;
+    c.pp_first = 2;
+    c.pp_count = 2;
+    c.pp_slots = 2;
+    dt_model *m = NULL;
+    DT_REQUIRE_OK(dt_model_create(&m, &c, be, NULL, &err), &err);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &c, 4, 3);
+    float *out, l;
+    DT_CHECK_INT(m->stage->stage_forward(m, 0, &hb.b, NULL, true, &out, &l, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "previous stage's output");
+    DT_CHECK_INT(m->stage->stage_forward(m, 2, &hb.b, NULL, true, &out, &l, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "slot 2 of 2");
+    DT_CHECK_INT(m->stage->stage_backward(m, 1, 1.0f, NULL, NULL, NULL, NULL, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "slot 1");
+    dt_model_free(m);
+    c.pp_first = 1; /* the last stage must end at the last layer */
+    DT_CHECK(dt_model_create(&m, &c, be, NULL, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "last end at layer 3");
+    dt_test_batch_free(&hb);
+    dt_backend_close(be);
 }
 
 int main(int argc, char **argv)
@@ -299,7 +473,8 @@ int main(int argc, char **argv)
         {"schedule_in_flight", test_schedule_in_flight, 0},
         {"schedule_bubble", test_schedule_bubble, 0},
         {"schedule_no_deadlock", test_schedule_no_deadlock, 0},
-        {"partition", test_partition, 0},
+        {"mlp_stages", test_mlp_stages, 0},
+        {"mlp_stage_errors", test_mlp_stage_errors, 0},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

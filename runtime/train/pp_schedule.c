@@ -1,5 +1,5 @@
-/* pp_schedule.c - GPipe and 1F1B as per-stage action lists, their replay with unit-time
- * operations, and the stage partition of a model's layers; see pp_schedule.h. */
+/* pp_schedule.c - GPipe and 1F1B as per-stage action lists, and their replay with unit-time
+ * operations; see pp_schedule.h. */
 #include "runtime/train/pp_schedule.h"
 
 #include <errno.h>
@@ -178,39 +178,4 @@ out:
     free(clock);
     free(busy);
     return rc;
-}
-
-int dt_pp_partition(int n_layers, int P, const int *explicit_counts, int n_explicit,
-                    const char *what, int *first, int *count, dt_err *err)
-{
-    if (P < 1 || P > n_layers)
-        return dt_err_set(err, -EINVAL, "parallel.pipeline = %d: the model has %d %s, and each "
-                                        "stage needs at least one; set parallel.pipeline to "
-                                        "at most %d",
-                          P, n_layers, what, n_layers);
-    if (n_explicit > 0) {
-        if (n_explicit != P)
-            return dt_err_set(err, -EINVAL, "parallel.stages lists %d stages but "
-                                            "parallel.pipeline = %d: give one count per stage",
-                              n_explicit, P);
-        int sum = 0;
-        for (int s = 0; s < P; s++) {
-            if (explicit_counts[s] < 1)
-                return dt_err_set(err, -EINVAL, "parallel.stages: stage %d has %d %s; every "
-                                                "stage needs at least one",
-                                  s, explicit_counts[s], what);
-            sum += explicit_counts[s];
-        }
-        if (sum != n_layers)
-            return dt_err_set(err, -EINVAL, "parallel.stages adds up to %d %s but the model "
-                                            "has %d: make the counts add up to %d",
-                              sum, what, n_layers, n_layers);
-    }
-    int at = 0;
-    for (int s = 0; s < P; s++) {
-        count[s] = n_explicit > 0 ? explicit_counts[s] : n_layers / P + (s < n_layers % P);
-        first[s] = at;
-        at += count[s];
-    }
-    return 0;
 }

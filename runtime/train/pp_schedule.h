@@ -1,7 +1,8 @@
 /* pp_schedule.h - pipeline schedules as data: for stage s of P and M micro-batches, the ordered
  * list of what that stage does in one step (forward of micro-batch k, backward of k, and the
  * sends and receives of activations and their gradients between adjacent stages), for GPipe and
- * 1F1B (PipeDream-Flush, Megatron-LM's default), and the stage partition of a model's layers.
+ * 1F1B (PipeDream-Flush, Megatron-LM's default). (Which blocks each stage holds is the job's:
+ * dt_job_stage_blocks in runtime/job/config.h.)
  *
  * Pure functions, no communication: strategy_pipeline.c executes a list, tests check its
  * counts, order and memory bound, and dt_pp_simulate replays every stage's list with unit-time
@@ -74,13 +75,5 @@ int dt_pp_simulate(dt_pp_schedule_kind kind, int P, int M, double tf, double tb,
 
 /* The bubble the formula predicts: (P-1)/(M+P-1). */
 double dt_pp_bubble_formula(int P, int M);
-
-/* Partitions n_layers layers into P stages: first[s], count[s] (P entries each). explicit_counts
- * (n_explicit entries, the job's parallel.stages; n_explicit 0: balanced) must have P entries of
- * at least 1 that add up to n_layers; balanced gives the first n_layers % P stages one more.
- * -EINVAL naming parallel.pipeline or parallel.stages and the fix when P > n_layers or the
- * explicit list does not fit. what names the layers in messages ("mlp layers"). */
-int dt_pp_partition(int n_layers, int P, const int *explicit_counts, int n_explicit,
-                    const char *what, int *first, int *count, dt_err *err);
 
 #endif
