@@ -333,11 +333,9 @@ static void chain(int P, int M, const int *counts)
         c.pp_slots = M;
         at += counts[s];
         DT_REQUIRE_OK(dt_model_create(&st[s], &c, be, NULL, &err), &err);
-        DT_CHECK_INT(st[s]->pp_in_numel, s == 0 ? 0 : (size_t)(s ? (c.pp_first == 1 ? 9
-                                                                       : c.pp_first == 2 ? 6
-                                                                                         : 8)
-                                                               : 0));
-        DT_CHECK(s == P - 1 ? st[s]->pp_out_numel == 0 : st[s]->pp_out_numel > 0);
+        static const int dims[5] = {7, 9, 6, 8, 5}; /* input, hidden..., classes */
+        DT_CHECK_INT(st[s]->pp_in_numel, s == 0 ? 0 : dims[c.pp_first]);
+        DT_CHECK_INT(st[s]->pp_out_numel, s == P - 1 ? 0 : dims[c.pp_first + c.pp_count]);
         /* a stage is driven through its stage ops only */
         float l;
         DT_CHECK_INT(st[s]->ops->forward(st[s], &hb.b, true, &l, &err), -EINVAL);
