@@ -1,0 +1,732 @@
+/* strategy_pipeline.c - pipeline parallelism: GPipe and 1F1B (PipeDream-Flush) over the
+ * pipeline group of the data x tensor x pipeline grid, DDP over the data-parallel group when
+ * D > 1; see strategy_pipeline.h.
+ *
+ * open: the world communicator, the grid (grid.h) and its groups, this rank's stage (the blocks
+ * dt_job_stage_blocks gives stage pp), the model built as that stage (model.h's pp_* fields)
+ * with as many activation slots as the schedule keeps micro-batches alive (GPipe M, 1F1B
+ * min(P - stage, M)), micro-batches of batch_size / M samples, the optimiser over the stage's
+ * tensors, the p2p buffers, and the whole-model view a checkpoint needs: the stages' tensor
+ * tables all-gathered over the pipeline group into one table under the usual names (a name an
+ * earlier stage holds too, the tied wte of gpt's last stage, is that stage's), and whole-size
+ * staging of the parameters and the optimiser state on every rank, filled with the stages'
+ * initial parameters.
+ * start: every stage takes its tensors from the staging (what a resume loaded into it, or the
+ * initial values open put there), then DDP's reducer over the data-parallel group (D > 1).
+ *
+ * micro_step(batch): the rank's batch (the same samples on every stage of a pipeline: the
+ * sampler draws by the data-parallel coordinate) is cut into M micro-batches of near-equal size,
+ * and the stage runs its list of pp_schedule.h: consecutive sends and receives go out as one
+ * dt_comm_p2p batch, posted at once without waiting; before each forward or backward the
+ * stage waits for everything it has posted (Megatron-LM's order with batched p2p, which
+ * pp_schedule's tests show cannot deadlock on a backend that runs each rank's batches one
+ * after the other; sends overlap the next compute only where the schedule puts no compute in
+ * between, which is the main thing left to gain). Micro-batch k's backward runs with dloss x
+ * valid_k / valid (valid: targets not ignored), so the gradient is exactly the one-process
+ * gradient of the batch mean; the last stage's loss, the same weighted sum, is broadcast over
+ * the pipeline group, so every rank returns the number one process logs. The DDP reducer hears
+ * of finished gradients in the last micro-batch's backward of the last micro-step.
+ * clip: the sum of squares of each stage's gradient, all-reduced over the pipeline group (an
+ * inf or NaN anywhere makes every rank's norm non-finite, so fp16's skip is everywhere).
+ * gather_state: every stage's parameters and optimiser state all-gathered over the pipeline
+ * group into the staging, so rank 0 writes whole tensors and any layout resumes them.
+ *
+ * Left for later (issue 19): tensor parallelism inside a stage (parallel.tensor > 1 with
+ * pipeline > 1 is refused here), gpt's stages and the tied-embedding all-reduce over the
+ * embedding group, overlap of receives with compute beyond the batched order, the staging on
+ * every rank (a whole model's parameters and optimiser state: a memory cost the mix of large
+ * models will not want), and resharding between layouts other than through whole tensors.
+ */
+#include "runtime/train/strategy_pipeline.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "rendezvous/store.h"
+#include "runtime/train/ddp.h"
+#include "runtime/train/grid.h"
+#include "runtime/train/pp_schedule.h"
+
+typedef struct pipe_impl {
+    const dt_job *job;              /* borrowed */
+    dt_groups g;                    /* grid and groups (pp: this pipeline; dp: D > 1) */
+    bool groups_open;
+    dt_ddp *ddp;                    /* over g.dp when D > 1, owned; NULL otherwise */
+    int P, M, stage, slots;
+    dt_pp_schedule_kind kind;
+    dt_pp_action *list;             /* (nlist) this stage's schedule, owned */
+    int nlist;
+    dt_p2p_op *ops;                 /* (nlist) scratch for one p2p batch */
+    dt_comm_work **works;           /* (nlist) posted and not yet waited */
+    int nworks;
+    int mb_cap;                     /* samples per micro-batch (the model's max_batch) */
+    size_t x_numel;                 /* input floats per sample (vector and image data) */
+    int *mb_from, *mb_size;         /* (M) the current batch's micro-batches */
+    int64_t *mb_valid;              /* (M) their targets that count (>= 0) */
+    float **recv_act;               /* (slots) (mb_cap, pp_in_numel) backend, stage > 0 */
+    float **out;                    /* (slots) the model's output of the slot's micro-batch */
+    float *grad_out;                /* (mb_cap, pp_out_numel) received, stage < P-1 */
+    float *grad_in;                 /* (mb_cap, pp_in_numel) sent, stage > 0 */
+    double *scalars;                /* (8) backend memory for small collectives */
+    /* the whole model, as a checkpoint holds it */
+    dt_tensor_info *whole;          /* (nwhole) owned, offsets into the staging */
+    int nwhole;
+    size_t whole_numel;
+    dt_tensor_info *tables;         /* (P * maxn) every stage's table, owned */
+    int *counts;                    /* (P) tensors per stage */
+    int maxn;
+    size_t maxp;                    /* the largest stage's parameters */
+    int *tensor_at;                 /* (P * maxn) index in whole of each stage's tensor */
+    float *wparams;                 /* (whole_numel) backend, owned */
+    float *wstates[DT_OPTIM_MAX_STATES];
+    dt_pp_stats st;
+} pipe_impl;
+
+static int pipe_rank_batch(const dt_job *job) { return job->batch_size; }
+
+/* ---- the whole-model view ------------------------------------------------------------------ */
+
+/* Every stage's tensor table, all-gathered over the pipeline group, and the whole table. */
+static int gather_tables(dt_strategy *s, pipe_impl *p, dt_err *err)
+{
+    dt_backend *be = s->be;
+    const dt_model *m = s->model;
+    int32_t *cnt = NULL;
+    uint8_t *send = NULL, *recv = NULL;
+    int rc = be->alloc(be, (void **)&cnt, sizeof(int32_t) * (size_t)(p->P + 1), err);
+    if (rc)
+        return rc;
+    int32_t mine = m->num_tensors;
+    be->memcpy_h2d(be, cnt + p->P, &mine, sizeof mine);
+    if ((rc = dt_comm_allgather(p->g.pp, cnt + p->P, cnt, 1, DT_INT32, NULL, err)))
+        goto out;
+    int32_t counts[DT_MAX_STAGES];
+    be->memcpy_d2h(be, counts, cnt, sizeof(int32_t) * (size_t)p->P);
+    p->maxn = 0;
+    for (int i = 0; i < p->P; i++)
+        p->maxn = DT_MAX(p->maxn, counts[i]);
+    size_t row = sizeof(dt_tensor_info) * (size_t)p->maxn;
+    if ((rc = be->alloc(be, (void **)&send, row, err)) ||
+        (rc = be->alloc(be, (void **)&recv, row * (size_t)p->P, err)))
+        goto out;
+    be->memset_zero(be, send, row);
+    be->memcpy_h2d(be, send, m->tensors, sizeof(dt_tensor_info) * (size_t)m->num_tensors);
+    if ((rc = dt_comm_allgather(p->g.pp, send, recv, row, DT_UINT8, NULL, err)))
+        goto out;
+    p->tables = malloc(row * (size_t)p->P);
+    p->counts = malloc(sizeof(int) * (size_t)p->P);
+    p->tensor_at = malloc(sizeof(int) * (size_t)p->P * (size_t)p->maxn);
+    size_t total = 0;
+    for (int i = 0; i < p->P; i++)
+        total += (size_t)counts[i];
+    p->whole = calloc(total ? total : 1, sizeof(dt_tensor_info));
+    if (!p->tables || !p->counts || !p->tensor_at || !p->whole) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    be->memcpy_d2h(be, p->tables, recv, row * (size_t)p->P);
+    p->nwhole = 0;
+    p->whole_numel = 0;
+    p->maxp = 0;
+    for (int i = 0; i < p->P; i++) {
+        p->counts[i] = counts[i];
+        size_t numel = 0;
+        for (int t = 0; t < counts[i]; t++) {
+            const dt_tensor_info *ti = &p->tables[(size_t)i * p->maxn + t];
+            numel = DT_MAX(numel, ti->offset + ti->numel);
+            int w = -1;
+            for (int k = 0; k < p->nwhole && w < 0; k++)
+                if (!strcmp(p->whole[k].name, ti->name))
+                    w = k; /* a tied copy: the earlier stage's is the checkpoint's */
+            if (w < 0) {
+                w = p->nwhole++;
+                p->whole[w] = *ti;
+                p->whole[w].offset = p->whole_numel;
+                p->whole_numel += ti->numel;
+            }
+            p->tensor_at[(size_t)i * p->maxn + t] = w;
+        }
+        p->maxp = DT_MAX(p->maxp, numel);
+    }
+out:
+    be->free(be, cnt);
+    be->free(be, send);
+    be->free(be, recv);
+    return rc ? dt_err_prefix(err, "pipeline: the stages' tensor tables: ") : 0;
+}
+
+/* whole (whole_numel) <- every stage's local (its num_params), all-gathered over the pipeline
+ * group; a tensor that several stages hold is taken from the first. */
+static int gather_whole(dt_strategy *s, pipe_impl *p, const float *local, float *whole,
+                        dt_err *err)
+{
+    dt_backend *be = s->be;
+    float *send = NULL, *recv = NULL;
+    int rc = be->alloc(be, (void **)&send, sizeof(float) * p->maxp, err);
+    if (!rc)
+        rc = be->alloc(be, (void **)&recv, sizeof(float) * p->maxp * (size_t)p->P, err);
+    if (rc)
+        goto out;
+    be->memset_zero(be, send, sizeof(float) * p->maxp);
+    be->memcpy_d2d(be, send, local, sizeof(float) * s->model->num_params);
+    if ((rc = dt_comm_allgather(p->g.pp, send, recv, p->maxp, DT_FLOAT32, NULL, err)))
+        goto out;
+    for (int i = p->P - 1; i >= 0; i--) /* the first stage's copy last: it wins */
+        for (int t = 0; t < p->counts[i]; t++) {
+            const dt_tensor_info *ti = &p->tables[(size_t)i * p->maxn + t];
+            const dt_tensor_info *w = &p->whole[p->tensor_at[(size_t)i * p->maxn + t]];
+            be->memcpy_d2d(be, whole + w->offset, recv + (size_t)i * p->maxp + ti->offset,
+                           sizeof(float) * ti->numel);
+        }
+out:
+    be->free(be, send);
+    be->free(be, recv);
+    return rc;
+}
+
+/* local (this stage's num_params) <- its tensors of whole. */
+static void take_local(dt_strategy *s, pipe_impl *p, const float *whole, float *local)
+{
+    for (int t = 0; t < p->counts[p->stage]; t++) {
+        const dt_tensor_info *ti = &s->model->tensors[t];
+        const dt_tensor_info *w = &p->whole[p->tensor_at[(size_t)p->stage * p->maxn + t]];
+        s->be->memcpy_d2d(s->be, local + ti->offset, whole + w->offset,
+                          sizeof(float) * ti->numel);
+    }
+}
+
+/* ---- open, start ---------------------------------------------------------------------------- */
+
+static int open_groups(dt_strategy *s, pipe_impl *p, const dt_strategy_ctx *ctx, dt_err *err)
+{
+    const dt_worker_env *e = ctx->env;
+    dt_grid grid;
+    int rc = dt_grid_init(&grid, e->rank, e->world_size, ctx->job->tensor, ctx->job->pipeline,
+                          err);
+    if (rc)
+        return rc;
+    if (grid.T > 1)
+        return dt_err_set(err, -ENOTSUP, "parallel.tensor = %d with parallel.pipeline = %d: "
+                                         "tensor parallelism inside pipeline stages is not "
+                                         "built yet; use parallel.tensor = 1 (or pipeline = 1)",
+                          grid.T, grid.P);
+    dt_store *store = NULL;
+    dt_store_opts so;
+    dt_store_opts_default(&so);
+    if ((rc = dt_store_connect(&store, e->store_addr, e->store_port, &so, err)))
+        return dt_err_prefix(err, "pipeline: connecting to the store at %s:%d: ", e->store_addr,
+                             e->store_port);
+    rc = dt_groups_open(&p->g, s->comm, store, &grid, err);
+    dt_store_free(store);
+    if (rc)
+        return dt_err_prefix(err, "pipeline: process groups: ");
+    p->groups_open = true;
+    return 0;
+}
+
+static int alloc_floats(dt_backend *be, float **p, size_t n, dt_err *err)
+{
+    int rc = be->alloc(be, (void **)p, sizeof(float) * (n ? n : 1), err);
+    if (!rc)
+        be->memset_zero(be, *p, sizeof(float) * (n ? n : 1));
+    return rc;
+}
+
+static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
+{
+    const dt_job *j = ctx->job;
+    const dt_worker_env *e = ctx->env;
+    pipe_impl *p = calloc(1, sizeof *p);
+    if (!p)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    s->impl = p;
+    p->job = j;
+    p->P = j->pipeline;
+    p->M = j->micro_batches > 0 ? j->micro_batches : 1;
+    p->kind = j->pp_schedule;
+    int rc = dt_strategy_open_backend(s, ctx, err);
+    if (rc)
+        return rc;
+    const char *backend;
+    if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
+        return rc;
+    if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
+        return dt_err_prefix(err, "pipeline: ");
+    if ((rc = open_groups(s, p, ctx, err)))
+        return rc;
+    p->stage = p->g.grid.pp;
+    if (p->P != p->g.grid.P || !p->g.pp)
+        return dt_err_set(err, -EINVAL, "pipeline: parallel.pipeline = %d but the grid has %d "
+                                        "stages",
+                          p->P, p->g.grid.P);
+
+    /* this stage's schedule, and the slots it keeps alive */
+    int cap = dt_pp_schedule_cap(p->M);
+    p->list = calloc((size_t)cap, sizeof *p->list);
+    p->ops = calloc((size_t)cap, sizeof *p->ops);
+    p->works = calloc((size_t)cap, sizeof *p->works);
+    p->mb_from = calloc((size_t)p->M, sizeof(int));
+    p->mb_size = calloc((size_t)p->M, sizeof(int));
+    p->mb_valid = calloc((size_t)p->M, sizeof(int64_t));
+    if (!p->list || !p->ops || !p->works || !p->mb_from || !p->mb_size || !p->mb_valid)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    if ((rc = dt_pp_schedule_build(p->kind, p->P, p->M, p->stage, p->list, cap, &p->nlist, err)))
+        return rc;
+    p->slots = dt_pp_max_in_flight(p->list, p->nlist);
+
+    /* the model as this stage */
+    int blocks[DT_MAX_STAGES];
+    if ((rc = dt_job_stage_blocks(j, blocks, err)) < 0)
+        return rc;
+    dt_model_config mc = *ctx->model;
+    mc.pp_size = p->P;
+    mc.pp_rank = p->stage;
+    mc.pp_first = 0;
+    for (int i = 0; i < p->stage; i++)
+        mc.pp_first += blocks[i];
+    mc.pp_count = blocks[p->stage];
+    mc.pp_slots = p->slots;
+    p->mb_cap = (ctx->model->max_batch + p->M - 1) / p->M;
+    mc.max_batch = p->mb_cap;
+    const dt_sample_shape *sh = &ctx->model->shape;
+    p->x_numel = sh->kind == DT_SAMPLE_VECTOR  ? (size_t)sh->input_dim
+                 : sh->kind == DT_SAMPLE_IMAGE ? (size_t)sh->channels * sh->height * sh->width
+                                               : 0;
+    if ((rc = dt_model_create(&s->model, &mc, s->be, NULL, err)))
+        return rc;
+    dt_model *m = s->model;
+    if (!m->stage || m->num_buffers)
+        return dt_err_set(err, -ENOTSUP, "parallel.pipeline = %d: model %s has no pipeline "
+                                         "stages yet (mlp has); use parallel.pipeline = 1",
+                          p->P, mc.type);
+    if ((rc = dt_strategy_open_optim(s, ctx, err)))
+        return rc;
+
+    /* p2p buffers */
+    dt_backend *be = s->be;
+    p->recv_act = calloc((size_t)p->slots, sizeof(float *));
+    p->out = calloc((size_t)p->slots, sizeof(float *));
+    if (!p->recv_act || !p->out)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    size_t in_n = (size_t)p->mb_cap * m->pp_in_numel, out_n = (size_t)p->mb_cap * m->pp_out_numel;
+    for (int k = 0; k < p->slots && !rc && p->stage > 0; k++)
+        rc = alloc_floats(be, &p->recv_act[k], in_n, err);
+    if (!rc && p->stage > 0)
+        rc = alloc_floats(be, &p->grad_in, in_n, err);
+    if (!rc && p->stage < p->P - 1)
+        rc = alloc_floats(be, &p->grad_out, out_n, err);
+    if (!rc)
+        rc = be->alloc(be, (void **)&p->scalars, 8 * sizeof(double), err);
+    if (rc)
+        return dt_err_prefix(err, "pipeline buffers: ");
+    p->st.act_bytes = m->activation_bytes +
+                      sizeof(float) * (in_n * (size_t)(p->stage > 0 ? p->slots + 1 : 0) +
+                                       (p->stage < p->P - 1 ? out_n : 0));
+
+    /* the whole model for checkpoints */
+    if ((rc = gather_tables(s, p, err)))
+        return rc;
+    if ((rc = alloc_floats(be, &p->wparams, p->whole_numel, err)))
+        return dt_err_prefix(err, "pipeline: checkpoint staging: ");
+    for (int i = 0; i < s->optim->num_states; i++)
+        if ((rc = alloc_floats(be, &p->wstates[i], p->whole_numel, err)))
+            return dt_err_prefix(err, "pipeline: checkpoint staging: ");
+    if ((rc = gather_whole(s, p, m->params, p->wparams, err)))
+        return dt_err_prefix(err, "pipeline: the initial parameters: ");
+
+    p->st.P = p->P;
+    p->st.M = p->M;
+    p->st.stage = p->stage;
+    p->st.slots = p->slots;
+    p->st.slot_bytes = m->pp_slot_bytes;
+    snprintf(s->summary, sizeof s->summary, "pipeline %d x %d micro-batches (%s)", p->P, p->M,
+             dt_pp_schedule_name(p->kind));
+    const dt_block *b0 = &m->blocks[0], *b1 = &m->blocks[m->num_blocks - 1];
+    DT_DEBUG("pipeline stage %d of %d (rank %d): %s..%s, %zu parameters, %d activation slot%s "
+             "of %d samples",
+             p->stage, p->P, e->rank, b0->name, b1->name, m->num_params, p->slots,
+             p->slots == 1 ? "" : "s", p->mb_cap);
+    if (e->rank == 0)
+        DT_INFO("pipeline: %d stages (blocks %s), %d micro-batches of %d samples, schedule %s, "
+                "%d data-parallel replica%s; %zu parameters in all",
+                p->P, j->n_stage_blocks ? "as parallel.stages" : "balanced", p->M, p->mb_cap,
+                dt_pp_schedule_name(p->kind), p->g.grid.D, p->g.grid.D == 1 ? "" : "s",
+                p->whole_numel);
+    return 0;
+}
+
+static int pipe_start(dt_strategy *s, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    /* what a resume loaded into the staging, or the initial parameters open put there */
+    take_local(s, p, p->wparams, s->model->params);
+    for (int i = 0; i < s->optim->num_states; i++)
+        take_local(s, p, p->wstates[i], s->optim->states[i].buf);
+    if (!p->g.dp)
+        return 0;
+    dt_ddp_opts o;
+    int rc = dt_ddp_opts_from_job(&o, p->job, err);
+    if (!rc)
+        rc = dt_ddp_create(&p->ddp, s->model, p->g.dp, &o, err);
+    return rc ? dt_err_prefix(err, "pipeline stage %d: DDP over its %d replicas: ", p->stage,
+                              p->g.grid.D)
+              : 0;
+}
+
+/* ---- a step -------------------------------------------------------------------------------- */
+
+/* Micro-batch of b: samples [from, from + count). */
+static dt_batch slice(const pipe_impl *p, const dt_batch *b, int from, int count)
+{
+    dt_batch o = *b;
+    size_t per = b->T > 0 ? (size_t)b->T : 1;
+    o.B = count;
+    if (b->tokens)
+        o.tokens = b->tokens + (size_t)from * per;
+    if (b->targets)
+        o.targets = b->targets + (size_t)from * per;
+    if (b->x)
+        o.x = b->x + (size_t)from * p->x_numel;
+    return o;
+}
+
+/* Cuts b into nmb micro-batches of near-equal size (the first ones one larger) and counts
+ * their targets that count. */
+static void split(pipe_impl *p, const dt_batch *b, int nmb)
+{
+    size_t per = b->T > 0 ? (size_t)b->T : 1;
+    for (int k = 0, at = 0; k < nmb; k++) {
+        p->mb_from[k] = at;
+        p->mb_size[k] = b->B / nmb + (k < b->B % nmb);
+        p->mb_valid[k] = 0;
+        for (size_t i = (size_t)at * per; b->targets && i < (size_t)(at + p->mb_size[k]) * per;
+             i++)
+            p->mb_valid[k] += b->targets[i] >= 0;
+        at += p->mb_size[k];
+    }
+}
+
+/* Waits for every posted p2p batch (and frees their handles); a failure names the stage, the
+ * rank and the micro-batch the stage was about to compute. */
+static int wait_all(dt_strategy *s, pipe_impl *p, const char *what, int mb, dt_err *err)
+{
+    int rc = 0;
+    for (int i = 0; i < p->nworks; i++) {
+        dt_err e2 = {0};
+        int r = dt_comm_wait(p->g.pp, p->works[i], rc ? &e2 : err);
+        if (r && !rc) {
+            rc = r;
+            dt_err_prefix(err, "pipeline stage %d of %d (rank %d), %s micro-batch %d: ",
+                          p->stage, p->P, p->g.grid.rank, what, mb);
+        }
+    }
+    p->nworks = 0;
+    (void)s;
+    return rc;
+}
+
+/* The p2p operation of comm action a. */
+static dt_p2p_op p2p_op(const pipe_impl *p, const dt_model *m, dt_pp_action a)
+{
+    int slot = a.mb % p->slots, n = p->mb_size[a.mb];
+    switch (a.op) {
+    case DT_PP_SEND_ACT:
+        return (dt_p2p_op){DT_P2P_SEND, p->out[slot], (size_t)n * m->pp_out_numel, DT_FLOAT32,
+                           p->stage + 1};
+    case DT_PP_RECV_ACT:
+        return (dt_p2p_op){DT_P2P_RECV, p->recv_act[slot], (size_t)n * m->pp_in_numel,
+                           DT_FLOAT32, p->stage - 1};
+    case DT_PP_SEND_GRAD:
+        return (dt_p2p_op){DT_P2P_SEND, p->grad_in, (size_t)n * m->pp_in_numel, DT_FLOAT32,
+                           p->stage - 1};
+    default: /* DT_PP_RECV_GRAD */
+        return (dt_p2p_op){DT_P2P_RECV, p->grad_out, (size_t)n * m->pp_out_numel, DT_FLOAT32,
+                           p->stage + 1};
+    }
+}
+
+/* v[0..n) (n <= 8) from the last stage to every stage of the pipeline. */
+static int from_last_stage(dt_strategy *s, pipe_impl *p, double *v, int n, dt_err *err)
+{
+    s->be->memcpy_h2d(s->be, p->scalars, v, sizeof(double) * (size_t)n);
+    int rc = dt_comm_broadcast(p->g.pp, p->scalars, (size_t)n, DT_FLOAT64, p->P - 1, NULL, err);
+    if (rc)
+        return dt_err_prefix(err, "pipeline stage %d (rank %d): the loss from the last stage: ",
+                             p->stage, p->g.grid.rank);
+    s->be->memcpy_d2h(s->be, v, p->scalars, sizeof(double) * (size_t)n);
+    return 0;
+}
+
+static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
+                           float *loss, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    dt_model *m = s->model;
+    const dt_model_stage_ops *so = m->stage;
+    if (batch->B < p->M)
+        return dt_err_set(err, -EINVAL, "pipeline: a micro-step of %d samples cannot be cut into "
+                                        "parallel.micro_batches = %d micro-batches; lower "
+                                        "parallel.micro_batches or raise train.batch_size",
+                          batch->B, p->M);
+    split(p, batch, p->M);
+    int64_t valid = 0;
+    for (int k = 0; k < p->M; k++)
+        valid += p->mb_valid[k];
+    double t0 = dt_now_s(), compute = 0, loss_sum = 0;
+    int live = 0, peak = 0, rc = 0, nops = 0;
+    for (int i = 0; i < p->nlist && !rc; i++) {
+        dt_pp_action a = p->list[i];
+        if (dt_pp_op_is_comm(a.op)) {
+            p->ops[nops++] = p2p_op(p, m, a);
+            if (i + 1 < p->nlist && dt_pp_op_is_comm(p->list[i + 1].op))
+                continue;
+            if ((rc = dt_comm_p2p(p->g.pp, p->ops, nops, &p->works[p->nworks], err)))
+                dt_err_prefix(err, "pipeline stage %d of %d (rank %d), micro-batch %d: ",
+                              p->stage, p->P, p->g.grid.rank, a.mb);
+            else
+                p->nworks++;
+            nops = 0;
+            continue;
+        }
+        bool fwd = a.op == DT_PP_FWD;
+        if ((rc = wait_all(s, p, fwd ? "forward of" : "backward of", a.mb, err)))
+            break;
+        int slot = a.mb % p->slots;
+        dt_batch mb = slice(p, batch, p->mb_from[a.mb], p->mb_size[a.mb]);
+        double t1 = dt_now_s();
+        if (fwd) {
+            float l = 0;
+            rc = so->stage_forward(m, slot, &mb, p->stage > 0 ? p->recv_act[slot] : NULL, true,
+                                   &p->out[slot], &l, err);
+            loss_sum += (double)l * (double)p->mb_valid[a.mb];
+            peak = DT_MAX(peak, ++live);
+        } else {
+            float dl = valid > 0 ? (float)((double)dloss * (double)p->mb_valid[a.mb] /
+                                           (double)valid)
+                                 : 0.0f;
+            /* DDP's no_sync: the reducer hears of the gradients in the step's last backward */
+            bool hook = p->ddp && last && a.mb == p->M - 1;
+            rc = so->stage_backward(m, slot, dl, p->stage < p->P - 1 ? p->grad_out : NULL,
+                                    p->stage > 0 ? p->grad_in : NULL,
+                                    hook ? dt_ddp_grad_ready : NULL, hook ? p->ddp : NULL, err);
+            live--;
+        }
+        s->be->synchronize(s->be);
+        compute += dt_now_s() - t1;
+        if (rc)
+            dt_err_prefix(err, "pipeline stage %d of %d (rank %d), %s of micro-batch %d: ",
+                          p->stage, p->P, p->g.grid.rank, fwd ? "forward" : "backward", a.mb);
+    }
+    if (rc) {
+        dt_err ignored = {0};
+        wait_all(s, p, "after", -1, &ignored);
+        return rc;
+    }
+    if ((rc = wait_all(s, p, "the end of", p->M - 1, err)))
+        return rc;
+    double v = valid > 0 ? loss_sum / (double)valid : 0.0;
+    if ((rc = from_last_stage(s, p, &v, 1, err)))
+        return rc;
+    *loss = (float)v;
+    p->st.step_s = dt_now_s() - t0;
+    p->st.compute_s = compute;
+    p->st.idle = p->st.step_s > 0 ? 1.0 - compute / p->st.step_s : 0;
+    p->st.peak_in_flight = peak;
+    p->st.peak_act_bytes = (size_t)peak * m->pp_slot_bytes;
+    return 0;
+}
+
+static int pipe_sync_grads(dt_strategy *s, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    s->comm_time_s = 0;
+    if (!p->ddp)
+        return 0;
+    double t0 = dt_now_s();
+    int rc = dt_ddp_finish(p->ddp, err);
+    s->comm_time_s = dt_now_s() - t0;
+    return rc;
+}
+
+/* The mean over every rank of the world (each stage of a pipeline holds the same loss). */
+static int pipe_average(dt_strategy *s, double *v, int n, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    if (n > 8)
+        return dt_err_set(err, -EINVAL, "pipeline: average of %d values (8 at most)", n);
+    s->be->memcpy_h2d(s->be, p->scalars, v, sizeof(double) * (size_t)n);
+    int rc = dt_comm_allreduce(s->comm, p->scalars, (size_t)n, DT_FLOAT64, DT_AVG, NULL, err);
+    if (rc)
+        return dt_err_prefix(err, "pipeline: averaging over the %d ranks: ", p->g.grid.world);
+    s->be->memcpy_d2h(s->be, v, p->scalars, sizeof(double) * (size_t)n);
+    return 0;
+}
+
+/* The global norm: the stages' sums of squares added over the pipeline group (the replicas of
+ * a stage hold the same all-reduced gradient), then clip_grad_norm_'s scaling. */
+static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    dt_model *m = s->model;
+    if (unscale != 1.0)
+        s->be->scale(s->be, m->grads, m->num_params, (float)unscale);
+    double sum = s->be->sumsq(s->be, m->grads, m->num_params);
+    s->be->memcpy_h2d(s->be, p->scalars, &sum, sizeof sum);
+    int rc = dt_comm_allreduce(p->g.pp, p->scalars, 1, DT_FLOAT64, DT_SUM, NULL, err);
+    if (rc)
+        return dt_err_prefix(err, "pipeline stage %d: the global gradient norm: ", p->stage);
+    s->be->memcpy_d2h(s->be, &sum, p->scalars, sizeof sum);
+    *norm = sqrt(sum);
+    double clip = s->optim->cfg.grad_clip;
+    if (clip > 0 && isfinite(*norm) && *norm > clip)
+        s->be->scale(s->be, m->grads, m->num_params, (float)(clip / (*norm + 1e-6)));
+    return 0;
+}
+
+/* Forward only, micro-batch after micro-batch (one slot), each send and receive waited at
+ * once: the last stage's loss and correct count go to every stage. */
+static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
+                          dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    dt_model *m = s->model;
+    int nmb = (batch->B + p->mb_cap - 1) / p->mb_cap;
+    if (nmb > p->M)
+        return dt_err_set(err, -EINVAL, "pipeline: an evaluation batch of %d samples (%d at "
+                                        "most)",
+                          batch->B, p->M * p->mb_cap);
+    split(p, batch, nmb);
+    double sums[3] = {0, 0, 0}; /* loss x valid, correct, valid */
+    int rc = 0;
+    for (int k = 0; k < nmb && !rc; k++) {
+        dt_batch mb = slice(p, batch, p->mb_from[k], p->mb_size[k]);
+        dt_pp_action a = {DT_PP_RECV_ACT, k};
+        dt_p2p_op op;
+        if (p->stage > 0) {
+            op = p2p_op(p, m, a);
+            op.buf = p->recv_act[0];
+            rc = dt_comm_p2p(p->g.pp, &op, 1, NULL, err);
+        }
+        float l = 0;
+        if (!rc)
+            rc = m->stage->stage_forward(m, 0, &mb, p->stage > 0 ? p->recv_act[0] : NULL, false,
+                                         &p->out[0], &l, err);
+        if (!rc && p->stage < p->P - 1) {
+            a.op = DT_PP_SEND_ACT;
+            op = p2p_op(p, m, a);
+            op.buf = p->out[0];
+            rc = dt_comm_p2p(p->g.pp, &op, 1, NULL, err);
+        }
+        if (rc)
+            return dt_err_prefix(err, "pipeline stage %d of %d (rank %d), evaluation of "
+                                      "micro-batch %d: ",
+                                 p->stage, p->P, p->g.grid.rank, k);
+        sums[0] += (double)l * (double)p->mb_valid[k];
+        sums[1] += (double)m->last_correct;
+        sums[2] += (double)p->mb_valid[k];
+    }
+    if ((rc = from_last_stage(s, p, sums, 3, err)))
+        return rc;
+    *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : 0.0f;
+    *correct = (int64_t)sums[1];
+    return 0;
+}
+
+/* ---- checkpoints --------------------------------------------------------------------------- */
+
+static int pipe_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    const dt_optim *o = s->optim;
+    if (cap < 1 + o->num_states)
+        return dt_err_set(err, -ENOSPC, "checkpoint buffers: room for %d, %d needed", cap,
+                          1 + o->num_states);
+    int k = 0;
+    bufs[k++] = (dt_ckpt_buf){"model", "", p->whole, p->nwhole, p->wparams, p->whole_numel,
+                              false};
+    for (int i = 0; i < o->num_states; i++)
+        bufs[k++] = (dt_ckpt_buf){"optim", o->states[i].prefix, p->whole, p->nwhole,
+                                  p->wstates[i], p->whole_numel, false};
+    *n = k;
+    return 0;
+}
+
+static int pipe_gather_state(dt_strategy *s, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    int rc = gather_whole(s, p, s->model->params, p->wparams, err);
+    for (int i = 0; i < s->optim->num_states && !rc; i++)
+        rc = gather_whole(s, p, s->optim->states[i].buf, p->wstates[i], err);
+    return rc ? dt_err_prefix(err, "pipeline stage %d: gathering the stages' tensors: ",
+                              p->stage)
+              : 0;
+}
+
+/* The reducer, the groups, then the world and what they served. */
+static void pipe_close(dt_strategy *s)
+{
+    pipe_impl *p = s->impl;
+    if (p) {
+        dt_ddp_free(p->ddp);
+        if (p->groups_open)
+            dt_groups_close(&p->g);
+        if (s->be) {
+            for (int k = 0; k < p->slots && p->recv_act; k++)
+                s->be->free(s->be, p->recv_act[k]);
+            s->be->free(s->be, p->grad_in);
+            s->be->free(s->be, p->grad_out);
+            s->be->free(s->be, p->scalars);
+            s->be->free(s->be, p->wparams);
+            for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
+                s->be->free(s->be, p->wstates[i]);
+        }
+        free(p->recv_act);
+        free(p->out);
+        free(p->list);
+        free(p->ops);
+        free(p->works);
+        free(p->mb_from);
+        free(p->mb_size);
+        free(p->mb_valid);
+        free(p->whole);
+        free(p->tables);
+        free(p->counts);
+        free(p->tensor_at);
+    }
+    dt_comm_free(s->comm);
+    s->comm = NULL;
+    dt_optim_free(s->optim);
+    dt_model_free(s->model);
+    dt_backend_close(s->be);
+    free(p);
+}
+
+int dt_strategy_pipeline_stats(const dt_strategy *s, dt_pp_stats *out)
+{
+    if (!s || s->ops != &dt_strategy_pipeline_ops || !s->impl)
+        return -EINVAL;
+    *out = ((const pipe_impl *)s->impl)->st;
+    return 0;
+}
+
+const dt_strategy_ops dt_strategy_pipeline_ops = {
+    .name = "pipeline",
+    .rank_batch = pipe_rank_batch,
+    .open = pipe_open,
+    .start = pipe_start,
+    .zero_grads = dt_strategy_zero_grads_whole,
+    .micro_step = pipe_micro_step,
+    .sync_grads = pipe_sync_grads,
+    .average = pipe_average,
+    .clip = pipe_clip,
+    .optim_step = dt_strategy_optim_step_whole,
+    .eval_step = pipe_eval_step,
+    .state = pipe_state,
+    .gather_state = pipe_gather_state,
+    .replica_backend = dt_strategy_backend_one,
+    .close = pipe_close,
+};
