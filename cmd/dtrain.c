@@ -189,6 +189,8 @@ static int cmd_run(int argc, char **argv)
             char *wargv[] = {(char *)dt_cmd_self_path(), "worker", path, NULL};
             spec.argv = wargv;
             spec.builtin_worker = true;
+            spec.tensor = job.tensor;
+            spec.pipeline = job.pipeline;
             dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);
             code = dt_agent_run(&spec, &err);
         } else {

@@ -9,6 +9,10 @@
  * generous, and the checks are on behaviour (exit codes, log lines, events), not on speed.
  * The races (a node that already saw the round fail, one already joining the next round) are
  * driven through the rendezvous API with in-process agents, for both backends.
+ *
+ * A world that parallel.tensor x parallel.pipeline does not divide is a configuration error
+ * too: refused at load when the job fixes the world, by the agent before any worker starts when
+ * only the rendezvous knows it (an elastic job's round).
  */
 #include <dirent.h>
 #include <math.h>
@@ -508,6 +512,95 @@ static void test_api_races_c10d(void)
     api_races("c10d", "3:3", -ECANCELED);
 }
 
+/* ---- the data x tensor x pipeline layout against the world ----------------------------------- */
+
+/* A world fixed by the job (nodes x a number of workers) that parallel.tensor x
+ * parallel.pipeline does not divide is refused at load: exit 2, the message naming the keys and
+ * the valid world sizes, and nothing started (no events, no worker line). */
+static void test_layout_fixed_world_refused(void)
+{
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s --nproc-per-node 3 --log-dir %s/logs --rdzv-id lf3 %s job.output_dir=%s/lf3 "
+             "parallel.pipeline=2",
+             BIN, TMP, job_file(), TMP);
+    int rc = dt_test_run(cmd, &out, 60);
+    DT_CHECK_INT(rc, 2);
+    DT_CHECK_CONTAINS(out, "elastic.nnodes = 1 x elastic.nproc_per_node = 3: world size 3 is not "
+                           "divisible by parallel.tensor x parallel.pipeline = 1 x 2 = 2");
+    DT_CHECK_CONTAINS(out, "run a multiple of 2 ranks (2, 4, 6, ...)");
+    DT_CHECK_CONTAINS(out, "nothing was started");
+    DT_CHECK(!strstr(out, "layout:") && !strstr(out, "[0]:"));
+    char *ev = all_events("lf3");
+    DT_REQUIRE(ev != NULL);
+    DT_CHECK_STR(ev, ""); /* no agent ran */
+    free(ev);
+    free(out);
+}
+
+/* An elastic job (c10d, --nnodes=1:2, one worker per node) with parallel.pipeline = 2 loads (a
+ * world of 2 is within reach), but the round closes with one node: a world of 1, which the
+ * agent refuses before it starts a worker, with exit 2 and the same message. */
+static void test_layout_elastic_world_refused_by_agent(void)
+{
+    job j;
+    char what[1][2048];
+    dt_test_group_init(&j);
+    snprintf(what[0], sizeof what[0], "%s job.output_dir=%s/le1 parallel.pipeline=2",
+             job_file(), TMP);
+    start_c10d(&j, 1, "le1", "1:2", "--nproc-per-node 1 --max-restarts 3", what);
+    wait_job(&j, 120 * dt_test_timeout_scale());
+    DT_CHECK_INT(j.code[0], 2);
+    char *o = dt_test_slurp(j.out[0]);
+    DT_REQUIRE(o != NULL);
+    DT_CHECK_CONTAINS(o, "this round gathered 1 node: world size 1 is not divisible by "
+                         "parallel.tensor x parallel.pipeline = 1 x 2 = 2");
+    DT_CHECK_CONTAINS(o, "run a multiple of 2 ranks (2, 4, 6, ...)");
+    DT_CHECK_CONTAINS(o, "no worker was started");
+    DT_CHECK(!strstr(o, "layout:") && !strstr(o, "[0]:"));
+    DT_CHECK(!strstr(o, "restarting every worker"));
+    char *ev = all_events("le1");
+    DT_REQUIRE(ev != NULL);
+    DT_CHECK_INT(count_of(ev, "\"event\":\"rendezvous\""), 1);
+    DT_CHECK_INT(count_of(ev, "\"event\":\"start\""), 0);
+    DT_CHECK_INT(lines_with(ev, "\"event\":\"end\"", "\"exit_code\":2,"), 1);
+    if (j.code[0] != 2)
+        dt_test_group_dump(&j);
+    free(ev);
+    free(o);
+}
+
+/* The same elastic job with two workers per node: the round's world of 2 holds one pipeline of
+ * 2 stages, so the workers start, each logs its coordinates, and metrics.jsonl records the
+ * layout (D = 1, re-derived from the world at the start). */
+static void test_layout_elastic_world_accepted(void)
+{
+    job j;
+    char what[1][2048], path[2048];
+    dt_test_group_init(&j);
+    snprintf(what[0], sizeof what[0],
+             "%s job.output_dir=%s/la2 parallel.pipeline=2 checkpoint.resume=never "
+             "train.eval_every=0",
+             job_file(), TMP);
+    start_c10d(&j, 1, "la2", "1:2", "--nproc-per-node 2 --max-restarts 0", what);
+    wait_job(&j, 120 * dt_test_timeout_scale());
+    DT_CHECK_INT(j.code[0], 0);
+    char *o = dt_test_slurp(j.out[0]);
+    DT_REQUIRE(o != NULL);
+    DT_CHECK_CONTAINS(o, "layout: data 1 x tensor 1 x pipeline 2; this rank: dp 0, tp 0, pp 0");
+    DT_CHECK_CONTAINS(o, "layout: data 1 x tensor 1 x pipeline 2; this rank: dp 0, tp 0, pp 1");
+    DT_CHECK(!strstr(o, "is not divisible"));
+    snprintf(path, sizeof path, "%s/la2/metrics.jsonl", TMP);
+    char *m = dt_test_slurp(path);
+    DT_REQUIRE(m != NULL);
+    DT_CHECK(!strncmp(m, "{\"type\":\"layout\",\"world_size\":2,\"dp\":1,\"tp\":1,\"pp\":2,",
+                      strlen("{\"type\":\"layout\",\"world_size\":2,\"dp\":1,\"tp\":1,\"pp\":2,")));
+    if (j.code[0] != 0)
+        dt_test_group_dump(&j);
+    free(m);
+    free(o);
+}
+
 static const dt_test tests[] = {
     {"static_both_bad", test_static_both_bad, 180},
     {"static_one_bad", test_static_one_bad, 180},
@@ -516,6 +609,9 @@ static const dt_test tests[] = {
     {"unshared_checkpoint_dir", test_unshared_checkpoint_dir, 240},
     {"api_races_static", test_api_races_static, 120},
     {"api_races_c10d", test_api_races_c10d, 120},
+    {"layout_fixed_world_refused", test_layout_fixed_world_refused, 90},
+    {"layout_elastic_world_refused_by_agent", test_layout_elastic_world_refused_by_agent, 180},
+    {"layout_elastic_world_accepted", test_layout_elastic_world_accepted, 180},
 };
 
 int main(int argc, char **argv)

@@ -820,25 +820,31 @@ static void log_global_batch(agent *a)
         return; /* the workers say what is wrong with it */
     }
     int64_t per_rank = (int64_t)j->batch_size * (j->strategy == DT_STRATEGY_DP ? j->dp_replicas : 1);
-    int64_t w = r->world_size;
+    /* the data-parallel ranks share the batch (D = world / (T x P); the world itself without
+     * tensor or pipeline parallelism) */
+    int64_t w = r->world_size, tp = (int64_t)j->tensor * j->pipeline;
+    if (tp > 1 && w % tp == 0)
+        w /= tp;
     char was[48] = "";
+    const char *dpr = tp > 1 ? "data-parallel " : "";
     if (before > 0)
         snprintf(was, sizeof was, " (was %d ranks)", before);
     if (j->global_batch > 0 && j->global_batch < w) {
-        DT_WARN("global batch: train.global_batch = %lld is smaller than the %lld ranks of this "
-                "round%s: the workers will stop; raise it to at least %lld or run fewer ranks",
-                (long long)j->global_batch, (long long)w, was, (long long)w);
+        DT_WARN("global batch: train.global_batch = %lld is smaller than the %lld %sranks of "
+                "this round%s: the workers will stop; raise it to at least %lld or run fewer "
+                "ranks",
+                (long long)j->global_batch, (long long)w, dpr, was, (long long)w);
     } else if (j->global_batch > 0) {
         int64_t micro = (j->global_batch + w * per_rank - 1) / (w * per_rank);
-        DT_INFO("global batch: %lld samples per step over %lld ranks%s, kept by "
+        DT_INFO("global batch: %lld samples per step over %lld %sranks%s, kept by "
                 "train.global_batch: %lld micro-step%s of up to %lld samples per rank",
-                (long long)j->global_batch, (long long)w, was, (long long)micro,
+                (long long)j->global_batch, (long long)w, dpr, was, (long long)micro,
                 micro == 1 ? "" : "s", (long long)per_rank);
     } else {
-        DT_INFO("global batch: %s%lld samples per step over %lld ranks%s (batch %lld x accum %d x "
-                "%lld ranks); set train.global_batch to keep it fixed when the world changes",
+        DT_INFO("global batch: %s%lld samples per step over %lld %sranks%s (batch %lld x accum %d "
+                "x %lld %sranks); set train.global_batch to keep it fixed when the world changes",
                 before > 0 ? "now " : "", (long long)(per_rank * j->grad_accum * w),
-                (long long)w, was, (long long)per_rank, j->grad_accum, (long long)w);
+                (long long)w, dpr, was, (long long)per_rank, j->grad_accum, (long long)w, dpr);
     }
     free(j);
 }
@@ -1106,6 +1112,31 @@ static bool config_error(const agent *a)
     return n > 0;
 }
 
+/* The world this round gathered against parallel.tensor x parallel.pipeline (job-file mode):
+ * where the world is only known now (MIN:MAX nodes, nproc auto/cpu/gpu) the job's load could
+ * not check it. Every node of the round sees the same world and refuses it alike; the job ends
+ * as a configuration error (no restart can change the world a round gathered into one that
+ * fits, and an elastic job that can hold T x P again re-derives D = world / (T x P) at the next
+ * start). Returns 0, or the agent's exit code. */
+static int check_world_layout(agent *a)
+{
+    int T = a->spec->tensor > 0 ? a->spec->tensor : 1;
+    int P = a->spec->pipeline > 0 ? a->spec->pipeline : 1;
+    dt_err e = {0};
+    if (dt_parallel_check_world(a->rd.world_size, T, P, &e) == 0)
+        return 0;
+    char why[DT_ERR_MSG_MAX + 128];
+    fmt(why, sizeof why, "%s %d node%s: %s; no worker was started",
+        a->rd.elastic ? "this round gathered" : "the job has", a->rd.group_world_size,
+        a->rd.group_world_size == 1 ? "" : "s", e.msg);
+    DT_ERROR("%s", why);
+    dt_err fe = {0};
+    if (dt_rdzv_abort_config(a->rz, NULL, 0, why, &fe))
+        DT_DEBUG("cannot record the configuration error in the rendezvous: %s", fe.msg);
+    emit_end(a, "setup_error", DT_EXIT_CONFIG);
+    return DT_EXIT_CONFIG;
+}
+
 /* Runs rounds until the job ends; returns the exit code. */
 static int run_rounds(agent *a)
 {
@@ -1162,6 +1193,8 @@ static int run_rounds(agent *a)
                 DT_WARN("%s; continuing without events.jsonl", e.msg);
         }
         round_banner(a, dt_now_s() - t0);
+        if ((rc = check_world_layout(a)))
+            return rc;
 
         enum outcome out;
         if ((a->rd.group_world_size > 1 || a->rd.elastic) && dt_rdzv_poll(a->rz, &st, &e) == 0 &&

@@ -33,6 +33,11 @@ typedef struct dt_agent_spec {
                                   {<path of dtrain>, "worker", JOB.ini, overrides..., NULL} */
     bool builtin_worker;       /* argv runs `dtrain worker` (job-file mode) */
     char output_dir[DT_PATH_MAX]; /* the job's output_dir ("" for commands) */
+    int tensor, pipeline;      /* job-file mode: parallel.tensor and parallel.pipeline. Every
+                                  round's world size must be a multiple of their product
+                                  (dt_parallel_check_world): a round whose world is not ends the
+                                  job as a configuration error (DT_EXIT_CONFIG) before any
+                                  worker starts. 0 (commands) counts as 1 */
 } dt_agent_spec;
 
 /* Runs the agent until the job ends. Returns the process exit code the README documents

@@ -25,6 +25,8 @@ struct dt_metrics {
     int64_t records;   /* records handed to metrics.jsonl */
     int64_t lost;      /* of which: not written (a full disk, an I/O error) */
     int lost_errno;    /* why the last one was lost */
+    int layout[4];     /* world, data, tensor, pipeline (dt_metrics_layout); [0] = 0: none */
+    bool layout_written; /* the layout record went out, before this attempt's first record */
 };
 
 size_t dt_metrics_max_rss(void)
@@ -78,8 +80,40 @@ static void lose(dt_metrics *m, int e)
 
 /* Writes one JSON object as one line with one write(2) (lines never tear, even when a
  * restarted job and a slow old writer overlap). */
+static void write_json(dt_metrics *m, cJSON *o);
+
+/* The layout record, once per open, just before the first other record (not at open: a file
+ * that is not empty says a step was recorded, and tests and scripts wait for that). */
+static void write_layout(dt_metrics *m)
+{
+    if (m->layout_written || m->layout[0] <= 0)
+        return;
+    m->layout_written = true;
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return;
+    cJSON_AddStringToObject(o, "type", "layout");
+    cJSON_AddNumberToObject(o, "world_size", m->layout[0]);
+    cJSON_AddNumberToObject(o, "dp", m->layout[1]);
+    cJSON_AddNumberToObject(o, "tp", m->layout[2]);
+    cJSON_AddNumberToObject(o, "pp", m->layout[3]);
+    write_json(m, o);
+    cJSON_Delete(o);
+}
+
+void dt_metrics_layout(dt_metrics *m, int world, int dp, int tp, int pp)
+{
+    if (!m || !m->enabled)
+        return;
+    m->layout[0] = world;
+    m->layout[1] = dp;
+    m->layout[2] = tp;
+    m->layout[3] = pp;
+}
+
 static void write_json(dt_metrics *m, cJSON *o)
 {
+    write_layout(m);
     m->records++;
     cJSON_AddNumberToObject(o, "time", dt_wall_s());
     cJSON_AddNumberToObject(o, "attempt", m->attempt);

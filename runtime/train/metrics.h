@@ -9,6 +9,12 @@
  *    "activations":..,"comm":..,"other":..},"time":1700000000.1,"attempt":0}
  *   {"type":"eval","step":50,"val_loss":3.2,"val_acc":0.51,"time":...,"attempt":0}
  *
+ * Each attempt's records start with its layout (dt_metrics_layout; an elastic job's data
+ * degree changes with its world): the world size and the degrees of the data x tensor x
+ * pipeline grid (runtime/train/grid.h), dp x tp x pp = world_size:
+ *
+ *   {"type":"layout","world_size":8,"dp":2,"tp":2,"pp":2,"time":...,"attempt":0}
+ *
  * "loss" (like step_time_s and comm_time_s) is a mean over the "loss_steps" steps since the
  * previous record (job.log_every of them, fewer at the first and the last), and so is the loss
  * of the log line ("loss 2.3074 (mean of 10 steps)"); a checkpoint keeps the loss of its step
@@ -68,6 +74,10 @@ typedef struct dt_metrics dt_metrics;
  * recorded in every line. */
 int dt_metrics_open(dt_metrics **out, const char *output_dir, bool enabled, bool tokens,
                     int attempt, dt_err *err);
+
+/* The run's layout (world size and the grid's data, tensor and pipeline degrees), recorded
+ * once, just before the first train or eval record of this open. Accepts NULL. */
+void dt_metrics_layout(dt_metrics *m, int world, int dp, int tp, int pp);
 
 /* Appends a train record and shows it (progress line or log line). */
 void dt_metrics_step(dt_metrics *m, const dt_step_record *r);

@@ -220,6 +220,17 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     const dt_job *j = &t->job;
     dt_rng_seed2(&t->rng, (uint64_t)j->seed, (uint64_t)env->rank + 1);
     int rc;
+    /* the grid: which samples this rank draws is the data-parallel rank's (dp of D); the ranks
+     * of one tensor group and the stages of one pipeline draw the same. With T = P = 1, dp is
+     * the rank and D the world. The agent checked the world already; this says it again for a
+     * worker started otherwise. */
+    if ((rc = dt_grid_init(&t->grid, env->rank, env->world_size, j->tensor, j->pipeline, err))) {
+        t->config_error = true; /* every restart with this world fails the same way */
+        goto fail;
+    }
+    const dt_grid *g = &t->grid;
+    DT_INFO("layout: data %d x tensor %d x pipeline %d; this rank: dp %d, tp %d, pp %d", g->D,
+            g->T, g->P, g->dp, g->tp, g->pp);
     /* the strategy decides how many samples this rank draws per micro-step */
     const dt_strategy_ops *ops = dt_strategy_pick(j, env->world_size);
     t->batch = ops->rank_batch(j);
@@ -229,24 +240,23 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         goto fail;
     const dt_sample_shape *shape = &t->data->shape;
     t->tokens = shape->kind == DT_SAMPLE_TOKENS;
-    if ((rc = dt_sampler_init(&t->sampler, dt_dataset_size(t->data->train), env->rank,
-                              env->world_size, t->batch, (uint64_t)j->seed, j->shuffle,
-                              j->drop_last, err))) {
+    if ((rc = dt_sampler_init(&t->sampler, dt_dataset_size(t->data->train), g->dp, g->D,
+                              t->batch, (uint64_t)j->seed, j->shuffle, j->drop_last, err))) {
         dt_err_prefix(err, "%s: ", j->data_path[0] ? j->data_path : "synthetic data");
         goto fail;
     }
     size_t nidx = (size_t)t->batch;
     if (j->global_batch > 0) {
         /* the step is G samples whatever the world: its micro-steps and this rank's share of
-         * each follow from G, the rank's batch and the world size of this start */
-        if ((rc = dt_gbatch_init(&t->gb, j->global_batch, env->world_size, t->batch, err)) ||
+         * each follow from G, the rank's batch and the data-parallel ranks of this start */
+        if ((rc = dt_gbatch_init(&t->gb, j->global_batch, g->D, t->batch, err)) ||
             (rc = dt_sampler_set_global(&t->sampler, &t->gb, err))) {
             t->config_error = true; /* every restart with this world fails the same way */
             goto fail;
         }
-        t->micro_steps = dt_gbatch_rank_micro_steps(&t->gb, env->rank);
-        int fewest = dt_gbatch_rank_micro_steps(&t->gb, env->world_size - 1);
-        if (j->sync_bn && env->world_size > 1 && fewest != t->gb.micro_steps) {
+        t->micro_steps = dt_gbatch_rank_micro_steps(&t->gb, g->dp);
+        int fewest = dt_gbatch_rank_micro_steps(&t->gb, g->D - 1);
+        if (j->sync_bn && g->D > 1 && fewest != t->gb.micro_steps) {
             t->config_error = true;
             rc = dt_err_set(err, -EINVAL,
                             "train.global_batch = %lld over %d ranks of batch_size %d gives the "
@@ -254,8 +264,8 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
                             "the same number on every rank; make train.global_batch a "
                             "multiple of the world size (%d), raise train.batch_size above 1, "
                             "or turn model.sync_bn off",
-                            (long long)j->global_batch, env->world_size, t->batch, fewest,
-                            t->gb.micro_steps, env->world_size);
+                            (long long)j->global_batch, g->D, t->batch, fewest,
+                            t->gb.micro_steps, g->D);
             goto fail;
         }
         t->steps_per_epoch = dt_sampler_steps_per_epoch(&t->sampler);
@@ -265,7 +275,7 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         t->micro_steps = j->grad_accum;
         t->steps_per_epoch = dt_sampler_steps_per_epoch(&t->sampler) / j->grad_accum;
         t->items_per_step = (int64_t)t->batch * (t->tokens ? shape->seq_len : 1) *
-                            j->grad_accum * env->world_size;
+                            j->grad_accum * g->D;
     }
     if (t->steps_per_epoch < 1)
         t->steps_per_epoch = 1;
@@ -360,11 +370,12 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     const float dloss_accum = t->scaler.on ? (float)(t->scaler.scale / j->grad_accum)
                                            : 1.0f / (float)j->grad_accum;
     /* With a global batch of G the whole step's indices are drawn at once (the position moves
-     * by exactly G), and a micro-step of n samples differentiates its mean loss x n x W / G:
-     * DDP averages over the W ranks, so the gradient is the mean over exactly G samples however
-     * they are shared (see dt_gbatch in data.h). Its loss counts n/G likewise. */
+     * by exactly G), and a micro-step of n samples differentiates its mean loss x n x D / G:
+     * gradients are averaged over the D data-parallel ranks (DDP: W = D ranks), so the gradient
+     * is the mean over exactly G samples however they are shared (see dt_gbatch in data.h).
+     * Its loss counts n/G likewise. */
     const bool gb = t->gb.global > 0;
-    const double world = t->env.world_size, scale0 = t->scaler.on ? t->scaler.scale : 1.0;
+    const double world = t->grid.D, scale0 = t->scaler.on ? t->scaler.scale : 1.0;
     if (gb && (rc = dt_sampler_next_step(&t->sampler, t->idx, err)))
         return rc;
     int64_t off = 0;
@@ -373,7 +384,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
         float dloss = dloss_accum;
         const int64_t *idx = t->idx;
         if (gb) {
-            n = dt_gbatch_rank_count(&t->gb, micro, t->env.rank);
+            n = dt_gbatch_rank_count(&t->gb, micro, t->grid.dp);
             idx = t->idx + off;
             off += n;
             dloss = (float)(scale0 * n * world / (double)t->gb.global);
@@ -432,7 +443,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     t->loss = loss;
     t->step++;
     /* this step's global batch: the world size may have changed since the last resume */
-    t->samples_seen += gb ? t->gb.global : (int64_t)t->batch * j->grad_accum * t->env.world_size;
+    t->samples_seen += gb ? t->gb.global : (int64_t)t->batch * j->grad_accum * t->grid.D;
     t->step_time_s = dt_now_s() - t0;
     return 0;
 }
@@ -446,17 +457,19 @@ int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err)
         return dt_err_set(err, -ENOENT, "no validation data");
     const dt_job *j = &t->job;
     int64_t n = dt_dataset_size(val);
-    int64_t global = (int64_t)t->env.world_size * t->batch;
+    /* the data-parallel ranks split the set (a tensor group's ranks share their rank's part) */
+    const int dp = t->grid.dp, D = t->grid.D;
+    int64_t global = (int64_t)D * t->batch;
     int64_t batches = DT_MIN((int64_t)j->eval_batches, (n + global - 1) / global);
     double sums[3] = {0, 0, 0}; /* loss x samples, correct, samples */
     int rc;
     for (int64_t k = 0; k < batches; k++) {
-        dt_eval_indices(n, t->env.rank, t->env.world_size, t->batch, k, t->idx);
+        dt_eval_indices(n, dp, D, t->batch, k, t->idx);
         /* The last batch wraps around to the start of the set: only the samples before the
          * wrap count, so every validation sample counts once (indices rise along the batch). */
         int valid = 0;
         while (valid < t->batch &&
-               k * global + (int64_t)valid * t->env.world_size + t->env.rank < n)
+               k * global + (int64_t)valid * D + dp < n)
             valid++;
         /* A rank with nothing left still runs the forward (of one wrapped sample, not
          * counted): every rank runs as many eval steps, which a strategy that communicates in
@@ -517,24 +530,26 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
         *stopped = false;
     if ((rc = dt_metrics_open(&t->metrics, j->output_dir, rank0, t->tokens, t->env.attempt, err)))
         return rc;
+    dt_metrics_layout(t->metrics, t->grid.world, t->grid.D, t->grid.T, t->grid.P);
     if (rank0) {
-        char how[160];
+        char how[192];
+        const bool dp_only = t->grid.T * t->grid.P == 1; /* the data-parallel ranks are all */
         if (t->gb.global > 0) {
             /* rank 0 has the largest share; the last rank the smallest */
             int64_t most = dt_gbatch_rank_samples(&t->gb, 0),
-                    least = dt_gbatch_rank_samples(&t->gb, t->env.world_size - 1);
+                    least = dt_gbatch_rank_samples(&t->gb, t->grid.D - 1);
             char share[48];
             if (most == least)
                 snprintf(share, sizeof share, "%lld", (long long)most);
             else
                 snprintf(share, sizeof share, "%lld or %lld", (long long)least, (long long)most);
-            snprintf(how, sizeof how, "global batch %lld: %s per rank x %d ranks in %d "
-                     "micro-step%s of up to %d", (long long)t->gb.global, share,
-                     t->env.world_size, t->gb.micro_steps, t->gb.micro_steps == 1 ? "" : "s",
-                     t->batch);
+            snprintf(how, sizeof how, "global batch %lld: %s per rank x %d %sranks in %d "
+                     "micro-step%s of up to %d", (long long)t->gb.global, share, t->grid.D,
+                     dp_only ? "" : "data-parallel ", t->gb.micro_steps,
+                     t->gb.micro_steps == 1 ? "" : "s", t->batch);
         } else {
-            snprintf(how, sizeof how, "batch %d x accum %d x %d ranks", t->batch, j->grad_accum,
-                     t->env.world_size);
+            snprintf(how, sizeof how, "batch %d x accum %d x %d %sranks", t->batch,
+                     j->grad_accum, t->grid.D, dp_only ? "" : "data-parallel ");
         }
         DT_INFO("data: %s", t->data->desc);
         DT_INFO("model: %s, %zu parameters (%.2f MB) on %s; %lld steps of %lld %s (%s)%s",

@@ -50,6 +50,7 @@
 #include "runtime/job/config.h"
 #include "runtime/job/workenv.h"
 #include "runtime/train/data.h"
+#include "runtime/train/grid.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/model.h"
 #include "runtime/train/optim.h"
@@ -58,6 +59,9 @@
 typedef struct dt_trainer {
     dt_job job;               /* the resolved job (a copy, never written after init) */
     dt_worker_env env;
+    dt_grid grid;             /* this rank in the data x tensor x pipeline grid of env's world
+                                 (parallel.tensor, parallel.pipeline): the data shard is the
+                                 one of data-parallel rank grid.dp of grid.D */
     int batch;                /* samples this rank draws per micro-step (the strategy's
                                  rank_batch: batch_size, x dp_replicas for DP) */
     dt_gbatch gb;             /* train.global_batch over this run's world and `batch`: the
@@ -74,7 +78,7 @@ typedef struct dt_trainer {
     dt_lr_schedule sched;     /* lr as a function of step */
     dt_loss_scaler scaler;    /* train.precision = fp16: dynamic loss scale (checkpointed) */
     bool tokens;              /* language model: throughput in tokens */
-    int64_t items_per_step;   /* tokens or samples per optimiser step, all ranks */
+    int64_t items_per_step;   /* tokens or samples per optimiser step, all data-parallel ranks */
 
     /* ---- state a checkpoint saves and restores ---- */
     int64_t step;             /* optimiser steps completed */
@@ -82,7 +86,7 @@ typedef struct dt_trainer {
     dt_rng rng;               /* trainer RNG, seeded from (seed, rank); for run-time randomness */
     int64_t samples_seen;     /* samples trained on since the start, all ranks: each step adds
                                  its global batch (train.global_batch, else batch x accum x
-                                 world size at the time) */
+                                 data-parallel ranks, grid.D, at the time) */
     /* (and optim->t, optim->states[], model->params, model->buffers) */
 
     int64_t total_steps;      /* train.steps, or epochs x steps per epoch */
