@@ -12,13 +12,30 @@
  * with the whole model's parameters bit for bit, and compute its loss and gradients: bit for
  * bit with one micro-batch, within 1e-5 relative with several (only the sums over the batch
  * are split).
+ *
+ * End to end: N forked ranks drive the real trainer (dt_trainer_init/step/run with
+ * configs/mlp.ini and overrides) at a store process on 127.0.0.1, each recording its per-step
+ * loss and gradient norm and the whole model and optimiser state as a checkpoint takes them
+ * (gather_state + state) in shared memory; P = 2 and 4 with M = 4, both schedules, against one
+ * process on the same global batch (20 steps, 1e-5 relative on the loss and every tensor);
+ * a checkpoint written at P = 2 resumed by one process, and the other way round.
  */
 #include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "common/util.h"
+#include "runtime/job/config.h"
 #include "runtime/train/model.h"
 #include "runtime/train/pp_schedule.h"
+#include "runtime/train/strategy_pipeline.h"
+#include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 
@@ -463,6 +480,375 @@ static void test_mlp_stage_errors(void)
     dt_backend_close(be);
 }
 
+/* ---- end to end through the trainer ----------------------------------------------------------- */
+
+#define MAX_RANKS 4
+#define MAX_STEPS 24
+#define MAX_PER 8192
+
+static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static const char *fmt(const char *f, ...)
+{
+    static char *ring[64];
+    static int k;
+    char *r = NULL;
+    va_list ap;
+    va_start(ap, f);
+    if (vasprintf(&r, f, ap) < 0)
+        r = NULL;
+    va_end(ap);
+    DT_REQUIRE(r);
+    free(ring[k]);
+    ring[k] = r;
+    k = (k + 1) % 64;
+    return r;
+}
+
+static const char *repo_dir(void)
+{
+    static char dir[PATH_MAX];
+    if (!dir[0]) {
+        char bin[PATH_MAX];
+        if (!realpath(dt_test_dtrain_bin(), bin))
+            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
+        for (int i = 0; i < 2; i++) {
+            char *sl = strrchr(bin, '/');
+            if (sl)
+                *sl = '\0';
+        }
+        dt_strlcpy(dir, bin, sizeof dir);
+        if (access(fmt("%s/configs", dir), F_OK) != 0 && !getcwd(dir, sizeof dir))
+            dir[0] = '\0';
+    }
+    return dir;
+}
+
+typedef struct rank_out {
+    int status;                    /* 0 ok, 2 failed (msg) */
+    char msg[1200];
+    char strategy[16];
+    double loss[MAX_STEPS], norm[MAX_STEPS];
+    double eval_loss, eval_acc;
+    int64_t step, start_step;      /* at the end; right after init (a resume's) */
+    size_t numel;                  /* of the whole model, as the checkpoint holds it */
+    int num_states;
+    dt_pp_stats st;
+    bool have_st;
+    float start_params[MAX_PER];   /* right after init (a resume's parameters) */
+    float params[MAX_PER];         /* at the end, whole */
+    float state[2][MAX_PER];
+} rank_out;
+
+typedef struct prun {
+    const char *ov[32];
+    int nov;
+    int N;
+    int steps;
+    bool run;                      /* dt_trainer_run (checkpoints) instead of steps x step */
+    bool eval;                     /* an evaluation after the steps */
+    char name[64];
+    char dir[PATH_MAX];
+    int port;
+    rank_out *out;
+} prun;
+
+static void padd(prun *r, const char *ov) { r->ov[r->nov++] = ov; }
+
+static prun pbase(int N, int P, int M, const char *sched, const char *name)
+{
+    prun r;
+    memset(&r, 0, sizeof r);
+    r.N = N;
+    r.steps = 20;
+    snprintf(r.name, sizeof r.name, "%s", name);
+    padd(&r, "job.device=cpu");
+    padd(&r, "train.threads=1");
+    padd(&r, "job.cpu_bind=none");
+    padd(&r, "checkpoint.resume=never");
+    padd(&r, "checkpoint.every=0");
+    padd(&r, "checkpoint.async=false");
+    padd(&r, "ddp.timeout=30");
+    padd(&r, "model.hidden=13,11,7");  /* 4 Linear layers: 4 stages at most */
+    padd(&r, "train.batch_size=8");
+    padd(&r, "train.warmup_steps=2");
+    padd(&r, "train.lr=0.01");
+    padd(&r, "train.grad_clip=0.5");   /* the global norm, across the stages, clips */
+    padd(&r, fmt("parallel.pipeline=%d", P));
+    padd(&r, fmt("parallel.micro_batches=%d", M));
+    padd(&r, fmt("parallel.schedule=%s", sched));
+    return r;
+}
+
+/* The whole model and optimiser state as a checkpoint takes them. */
+static void record_state(dt_trainer *t, rank_out *o, float *params, bool states)
+{
+    dt_strategy *s = t->s;
+    dt_err err = {0};
+    if (s->ops->gather_state && s->ops->gather_state(s, &err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "gather_state: %.1000s", err.msg);
+        o->status = 2;
+        return;
+    }
+    dt_ckpt_buf bufs[8];
+    int n = 0;
+    if (s->ops->state(s, bufs, 8, &n, &err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "state: %.1000s", err.msg);
+        o->status = 2;
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (bufs[i].numel > MAX_PER) {
+            snprintf(o->msg, sizeof o->msg, "%zu elements: raise MAX_PER", bufs[i].numel);
+            o->status = 2;
+            return;
+        }
+        if (!strcmp(bufs[i].file, "model")) {
+            o->numel = bufs[i].numel;
+            t->be->memcpy_d2h(t->be, params, bufs[i].data, bufs[i].numel * sizeof(float));
+        } else if (states && !strcmp(bufs[i].file, "optim") && o->num_states < 2) {
+            t->be->memcpy_d2h(t->be, o->state[o->num_states++], bufs[i].data,
+                              bufs[i].numel * sizeof(float));
+        }
+    }
+}
+
+static void rank_body(prun *r, int rank)
+{
+    static dt_job job;
+    static dt_trainer t;
+    rank_out *o = &r->out[rank];
+    dt_config_errors errs = {0};
+    dt_err err = {0};
+    const char *ov[40];
+    int n = 0;
+    for (int i = 0; i < r->nov; i++)
+        ov[n++] = r->ov[i];
+    ov[n++] = fmt("job.output_dir=%s/%s", r->dir, r->name);
+    if (dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), (char **)ov, n, &errs,
+                    &err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "job: %.500s %.500s", err.msg,
+                 errs.count ? errs.lines[0] : "");
+        o->status = 2;
+        _exit(2);
+    }
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.rank = env.local_rank = rank;
+    env.world_size = env.local_world_size = r->N;
+    dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
+    env.store_port = r->port;
+    snprintf(env.run_id, sizeof env.run_id, "%s-%d", r->name, (int)getppid());
+    if (dt_trainer_init(&t, &job, &env, &err) != 0)
+        goto fail;
+    dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
+    o->start_step = t.step;
+    record_state(&t, o, o->start_params, false);
+    if (o->status)
+        _exit(2);
+    if (r->run) {
+        if (dt_trainer_run(&t, NULL, &err) != 0)
+            goto fail;
+    } else {
+        for (int k = 0; k < r->steps; k++) {
+            if (dt_trainer_step(&t, &err) != 0)
+                goto fail;
+            o->loss[k] = t.loss;
+            o->norm[k] = t.grad_norm;
+        }
+    }
+    if (r->eval && dt_trainer_eval(&t, &o->eval_loss, &o->eval_acc, &err) != 0)
+        goto fail;
+    o->have_st = dt_strategy_pipeline_stats(t.s, &o->st) == 0;
+    o->step = t.step;
+    record_state(&t, o, o->params, true);
+    dt_trainer_close(&t);
+    _exit(o->status);
+fail:
+    dt_strlcpy(o->msg, err.msg, sizeof o->msg);
+    o->status = 2;
+    _exit(2);
+}
+
+/* Runs r's ranks; true when every one exited 0 (else a failure naming the first that did not). */
+static bool prun_run(prun *r)
+{
+    DT_REQUIRE(r->N <= MAX_RANKS && r->steps <= MAX_STEPS);
+    size_t bytes = sizeof(rank_out) * (size_t)r->N;
+    r->out = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    DT_REQUIRE(r->out != MAP_FAILED);
+    if (!r->dir[0])
+        dt_strlcpy(r->dir, dt_test_tmpdir(), sizeof r->dir);
+    pid_t srv = dt_test_store_start(&r->port);
+    pid_t pids[MAX_RANKS];
+    int status[MAX_RANKS];
+    fflush(stdout);
+    fflush(stderr);
+    for (int k = 0; k < r->N; k++) {
+        pids[k] = fork();
+        DT_REQUIRE(pids[k] >= 0);
+        if (pids[k] == 0)
+            rank_body(r, k);
+    }
+    double deadline = dt_test_now() + 150 * dt_test_timeout_scale();
+    for (int k = 0; k < r->N; k++)
+        for (;;) {
+            if (waitpid(pids[k], &status[k], WNOHANG) == pids[k])
+                break;
+            if (dt_test_now() > deadline) {
+                for (int q = 0; q < r->N; q++)
+                    kill(pids[q], SIGKILL);
+                waitpid(pids[k], &status[k], 0);
+                dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d hung", r->name, k);
+                break;
+            }
+            dt_sleep_ms(5);
+        }
+    dt_test_store_stop(srv);
+    bool ok = true;
+    for (int k = 0; k < r->N; k++)
+        if (!WIFEXITED(status[k]) || WEXITSTATUS(status[k]) != 0) {
+            dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d: status %d: %s", r->name, k,
+                            status[k], r->out[k].msg);
+            ok = false;
+        }
+    return ok;
+}
+
+static void prun_free(prun *r)
+{
+    if (r->out)
+        munmap(r->out, sizeof(rank_out) * (size_t)r->N);
+    r->out = NULL;
+}
+
+/* The largest |a - b| of the whole parameter vector relative to its largest |b|. */
+static double vec_rel(const float *a, const float *b, size_t n) { return rel_diff(a, b, n); }
+
+/* P stages x M micro-batches of `sched` against one process, 20 steps. */
+static void against_one(int P, int M, const char *sched)
+{
+    prun one = pbase(1, 1, 1, "1f1b", fmt("one-%d-%s", P, sched));
+    prun pp = pbase(P, P, M, sched, fmt("p%d-m%d-%s", P, M, sched));
+    one.eval = pp.eval = true;
+    if (!prun_run(&one) || !prun_run(&pp))
+        goto out;
+    const rank_out *a = &pp.out[0], *b = &one.out[0];
+    DT_CHECK_STR(a->strategy, "pipeline");
+    DT_CHECK_STR(b->strategy, "single");
+    DT_REQUIRE(a->numel == b->numel && a->numel > 0);
+    /* every layout starts bit-identical to one process */
+    DT_CHECK_MSG(!memcmp(a->start_params, b->start_params, a->numel * sizeof(float)),
+                 "%s: the initial parameters differ from one process's", pp.name);
+    double worst_loss = 0;
+    for (int k = 0; k < pp.steps; k++) {
+        double rel = fabs(a->loss[k] - b->loss[k]) / fabs(b->loss[k]);
+        worst_loss = fmax(worst_loss, rel);
+        DT_CHECK_MSG(rel <= 1e-5, "%s: step %d loss %.9g vs one process %.9g", pp.name, k + 1,
+                     a->loss[k], b->loss[k]);
+        DT_CHECK_MSG(fabs(a->norm[k] - b->norm[k]) <= 1e-5 * b->norm[k],
+                     "%s: step %d gradient norm %.9g vs %.9g", pp.name, k + 1, a->norm[k],
+                     b->norm[k]);
+        for (int q = 1; q < P; q++) /* every stage logs the same loss */
+            DT_CHECK(pp.out[q].loss[k] == a->loss[k]);
+    }
+    double wp = vec_rel(a->params, b->params, a->numel);
+    DT_CHECK_MSG(wp <= 1e-5, "%s: weights after %d steps differ by %.3g relative", pp.name,
+                 pp.steps, wp);
+    for (int q = 1; q < P; q++)
+        DT_CHECK_MSG(!memcmp(pp.out[q].params, a->params, a->numel * sizeof(float)),
+                     "%s: rank %d gathered other weights than rank 0", pp.name, q);
+    DT_CHECK_INT(a->num_states, b->num_states);
+    double ws = 0;
+    for (int i = 0; i < a->num_states && i < b->num_states; i++)
+        ws = fmax(ws, vec_rel(a->state[i], b->state[i], a->numel));
+    DT_CHECK_MSG(ws <= 1e-4, "%s: optimiser state differs by %.3g relative", pp.name, ws);
+    DT_CHECK_MSG(fabs(a->eval_loss - b->eval_loss) <= 1e-5 * b->eval_loss,
+                 "%s: eval loss %.9g vs %.9g", pp.name, a->eval_loss, b->eval_loss);
+    DT_CHECK_NEAR(a->eval_acc, b->eval_acc, 1e-12);
+    /* the schedule's memory: 1F1B keeps min(P - s, M) micro-batches alive on stage s */
+    for (int q = 0; q < P; q++) {
+        const rank_out *o = &pp.out[q];
+        DT_REQUIRE(o->have_st);
+        int want = !strcmp(sched, "gpipe") ? M : (P - o->st.stage < M ? P - o->st.stage : M);
+        DT_CHECK_INT(o->st.peak_in_flight, want);
+        DT_CHECK_INT(o->st.slots, want);
+    }
+    printf("    %-18s loss %.6f -> %.6f (one process %.6f), loss within %.2g, weights %.2g, "
+           "state %.2g\n",
+           pp.name, a->loss[0], a->loss[pp.steps - 1], b->loss[pp.steps - 1], worst_loss, wp,
+           ws);
+out:
+    prun_free(&one);
+    prun_free(&pp);
+}
+
+static void test_p2_1f1b(void) { against_one(2, 4, "1f1b"); }
+static void test_p2_gpipe(void) { against_one(2, 4, "gpipe"); }
+static void test_p4_1f1b(void) { against_one(4, 4, "1f1b"); }
+static void test_p4_gpipe(void) { against_one(4, 4, "gpipe"); }
+
+/* A checkpoint of P = 2 holds whole tensors: one process resumes it (bit for bit the gathered
+ * state) and goes on as the pipeline would have; and a checkpoint of one process resumes at
+ * P = 2. */
+static void test_ckpt_resume(void)
+{
+    const char *dir = dt_test_tmpdir();
+    prun a = pbase(2, 2, 4, "1f1b", "ckpt-p2");
+    padd(&a, fmt("checkpoint.dir=%s/ck", dir));
+    padd(&a, "train.steps=3");
+    a.run = true;
+    prun b = pbase(1, 1, 1, "1f1b", "ckpt-one");
+    padd(&b, fmt("checkpoint.dir=%s/ck", dir));
+    padd(&b, "checkpoint.resume=auto");
+    padd(&b, "train.steps=6");
+    b.steps = 3;
+    prun c = pbase(2, 2, 4, "gpipe", "ckpt-p2-again");
+    padd(&c, fmt("checkpoint.dir=%s/ck2", dir));
+    padd(&c, "checkpoint.resume=never");
+    padd(&c, "train.steps=6");
+    c.steps = 6;
+    prun d = pbase(1, 1, 1, "1f1b", "ckpt-one-save");
+    padd(&d, fmt("checkpoint.dir=%s/ck3", dir));
+    padd(&d, "train.steps=3");
+    d.run = true;
+    prun e = pbase(2, 2, 2, "gpipe", "ckpt-p2-resume");
+    padd(&e, fmt("checkpoint.dir=%s/ck3", dir));
+    padd(&e, "checkpoint.resume=auto");
+    padd(&e, "train.steps=6");
+    e.steps = 3;
+    if (!prun_run(&a) || !prun_run(&b) || !prun_run(&c) || !prun_run(&d) || !prun_run(&e))
+        goto out;
+    DT_CHECK_INT(a.out[0].step, 3);
+    DT_CHECK_INT(b.out[0].start_step, 3);
+    DT_CHECK_STR(b.out[0].strategy, "single");
+    DT_CHECK_MSG(!memcmp(b.out[0].start_params, a.out[0].params, a.out[0].numel * sizeof(float)),
+                 "one process resumed other parameters than P = 2 saved");
+    DT_CHECK_INT(b.out[0].step, 6);
+    /* the resumed run's last 3 steps against 6 uninterrupted pipeline steps */
+    for (int k = 0; k < 3; k++)
+        DT_CHECK_MSG(fabs(b.out[0].loss[k] - c.out[0].loss[k + 3]) <= 1e-5 * c.out[0].loss[k + 3],
+                     "resumed step %d: loss %.9g vs %.9g", k + 4, b.out[0].loss[k],
+                     c.out[0].loss[k + 3]);
+    DT_CHECK(vec_rel(b.out[0].params, c.out[0].params, c.out[0].numel) <= 1e-5);
+    /* and the reverse: one process's checkpoint resumed by two stages */
+    DT_CHECK_INT(e.out[0].start_step, 3);
+    DT_CHECK_STR(e.out[0].strategy, "pipeline");
+    for (int q = 0; q < 2; q++)
+        DT_CHECK_MSG(!memcmp(e.out[q].start_params, d.out[0].params,
+                             d.out[0].numel * sizeof(float)),
+                     "rank %d of P = 2 resumed other parameters than one process saved", q);
+    for (int k = 0; k < 3; k++)
+        DT_CHECK_MSG(fabs(e.out[0].loss[k] - c.out[0].loss[k + 3]) <= 1e-5 * c.out[0].loss[k + 3],
+                     "P = 2 resumed step %d: loss %.9g vs %.9g", k + 4, e.out[0].loss[k],
+                     c.out[0].loss[k + 3]);
+out:
+    prun_free(&a);
+    prun_free(&b);
+    prun_free(&c);
+    prun_free(&d);
+    prun_free(&e);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -473,6 +859,11 @@ int main(int argc, char **argv)
         {"schedule_no_deadlock", test_schedule_no_deadlock, 0},
         {"mlp_stages", test_mlp_stages, 0},
         {"mlp_stage_errors", test_mlp_stage_errors, 0},
+        {"p2_1f1b", test_p2_1f1b, 180},
+        {"p2_gpipe", test_p2_gpipe, 180},
+        {"p4_1f1b", test_p4_1f1b, 180},
+        {"p4_gpipe", test_p4_gpipe, 180},
+        {"ckpt_resume", test_ckpt_resume, 300},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
