@@ -5,6 +5,15 @@
  * Every communicator gets its own store namespace, comm/<run id>/<attempt>/<n>/, where n counts
  * the communicators this process created (every rank creates them in the same order). Nothing
  * an earlier attempt or another communicator left in the store can be read by a new one.
+ *
+ * Groups (dt_comm_split): the ranks allgather (color, key) over the parent, each computes its
+ * group's members ranked by (key, parent rank), and the group is bootstrapped as a communicator
+ * of its own under <parent's namespace>split/<s>/<color>/, where s counts the parent's splits
+ * (every rank splits in the same order): the cpu backend's topology (shared memory per host,
+ * TCP ring) is derived among the members alone, with its own comm thread and point-to-point
+ * engine. Its number (shared-memory names, ring tag) is a hash of that namespace, never one of
+ * the per-process counter. A backend that splits itself (nccl: ncclCommSplit) does so instead.
+ * Each communicator keeps the global rank of each of its ranks (dt_comm_global_rank).
  */
 #include "runtime/comm/comm.h"
 
@@ -27,6 +36,11 @@ struct dt_comm {
     const dt_comm_backend_ops *ops;
     void *self;
     int rank, world;
+    int *global;         /* (world) global rank of each rank; NULL in a world (identity) */
+    dt_comm_opts opts;   /* as created (strings below), for the groups split from it */
+    char *backend, *run_id, *local_addr;
+    char prefix[512];    /* store namespace */
+    uint64_t nsplits;
 };
 
 static _Atomic uint64_t comm_counter;
@@ -88,6 +102,32 @@ static int nccl_create(const dt_comm_opts *o, dt_store *ns, const dt_comm_backen
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
+static void free_comm(dt_comm *c)
+{
+    if (!c)
+        return;
+    free(c->global);
+    free(c->backend);
+    free(c->run_id);
+    free(c->local_addr);
+    free(c);
+}
+
+/* Keeps o (its strings copied) for the groups split from c. */
+static int keep_opts(dt_comm *c, const dt_comm_opts *o, dt_err *err)
+{
+    c->opts = *o;
+    c->backend = strdup(o->backend ? o->backend : "cpu");
+    c->run_id = strdup(o->run_id ? o->run_id : "none");
+    c->local_addr = o->local_addr ? strdup(o->local_addr) : NULL;
+    if (!c->backend || !c->run_id || (o->local_addr && !c->local_addr))
+        return dt_err_set(err, -ENOMEM, "comm: out of memory");
+    c->opts.backend = c->backend;
+    c->opts.run_id = c->run_id;
+    c->opts.local_addr = c->local_addr;
+    return 0;
+}
+
 int dt_comm_init(dt_comm **out, dt_store *store, const dt_comm_opts *opts, dt_err *err)
 {
     dt_comm_opts o = *opts;
@@ -111,15 +151,14 @@ int dt_comm_init(dt_comm **out, dt_store *store, const dt_comm_opts *opts, dt_er
     uint64_t gen = o.number ? o.number : atomic_fetch_add(&comm_counter, 1) + 1;
     dt_store *ns = NULL;
     int rc = 0;
-    if (store) {
-        char prefix[512];
-        snprintf(prefix, sizeof prefix, "comm/%s/%d/%llu/", o.run_id ? o.run_id : "none",
-                 o.attempt, (unsigned long long)gen);
-        if ((rc = dt_store_prefixed(&ns, store, prefix, err)) != 0)
-            goto fail;
-    }
+    snprintf(c->prefix, sizeof c->prefix, "comm/%s/%d/%llu/", o.run_id ? o.run_id : "none",
+             o.attempt, (unsigned long long)gen);
+    if ((rc = keep_opts(c, &o, err)) != 0)
+        goto fail;
+    if (store && (rc = dt_store_prefixed(&ns, store, c->prefix, err)) != 0)
+        goto fail;
     if (!strcmp(o.backend, "cpu"))
-        rc = dt_comm_cpu_create(&o, ns, gen, &c->ops, &c->self, err);
+        rc = dt_comm_cpu_create(&o, ns, gen, NULL, &c->ops, &c->self, err);
     else if (!strcmp(o.backend, "nccl"))
         rc = nccl_create(&o, ns, &c->ops, &c->self, err);
     else
@@ -133,7 +172,7 @@ int dt_comm_init(dt_comm **out, dt_store *store, const dt_comm_opts *opts, dt_er
     return 0;
 fail:
     dt_store_free(ns);
-    free(c);
+    free_comm(c);
     return rc;
 }
 
@@ -143,7 +182,7 @@ void dt_comm_free(dt_comm *c)
         return;
     if (c->ops && c->ops->destroy)
         c->ops->destroy(c->self);
-    free(c);
+    free_comm(c);
 }
 
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
@@ -256,4 +295,185 @@ void dt_comm_mem_free(dt_comm *c, void *p)
 {
     if (c && p && c->ops->mem_free)
         c->ops->mem_free(c->self, p);
+}
+
+/* ---- groups and point-to-point ---------------------------------------------------------------- */
+
+int dt_comm_global_rank(const dt_comm *c, int r)
+{
+    if (!c || r < 0 || r >= c->world)
+        return -1;
+    return c->global ? c->global[r] : r;
+}
+
+static uint64_t fnv1a64(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+int dt_comm_split(dt_comm *c, dt_store *store, int color, int key, dt_comm **out, dt_err *err)
+{
+    *out = NULL;
+    const int n = c->world;
+    if (color < 0)
+        color = -1;
+    int32_t mine[2] = {color, key};
+    int32_t *all = malloc((size_t)n * 2 * sizeof *all);
+    int *members = malloc((size_t)n * sizeof *members);
+    dt_comm *g = calloc(1, sizeof *g);
+    int rc = 0;
+    dt_store *ns = NULL;
+    if (!all || !members || !g) {
+        rc = dt_err_set(err, -ENOMEM, "comm split: out of memory");
+        goto out;
+    }
+    /* Every rank of c takes part, whatever its color: the split is a collective of c. */
+    if ((rc = dt_comm_allgather(c, mine, all, 2, DT_INT32, NULL, err)) != 0) {
+        dt_err_prefix(err, "comm split (global rank %d): exchanging colors and keys: ",
+                      dt_comm_global_rank(c, c->rank));
+        goto out;
+    }
+    const uint64_t split_no = ++c->nsplits;
+    /* Members: ranks of my color, ordered by (key, rank in c) (insertion sort: stable). */
+    int m = 0, me = -1;
+    if (color >= 0)
+        for (int r = 0; r < n; r++) {
+            if (all[2 * r] != color)
+                continue;
+            int i = m++;
+            while (i > 0 && all[2 * members[i - 1] + 1] > all[2 * r + 1]) {
+                members[i] = members[i - 1];
+                i--;
+            }
+            members[i] = r;
+        }
+    for (int i = 0; i < m; i++)
+        if (members[i] == c->rank)
+            me = i;
+    if (color >= 0 && me < 0) { /* cannot happen: my own entry has my color */
+        rc = dt_err_set(err, -EPROTO, "comm split: rank %d is missing from its own group",
+                        c->rank);
+        goto out;
+    }
+    dt_comm_opts o = c->opts;
+    o.rank = color >= 0 ? me : 0;
+    o.world_size = color >= 0 ? m : 1;
+    o.number = 0;
+    if ((rc = keep_opts(g, &o, err)) != 0)
+        goto out;
+    g->rank = o.rank;
+    g->world = o.world_size;
+    int pn = snprintf(g->prefix, sizeof g->prefix, "%ssplit/%llu/%d/", c->prefix,
+                      (unsigned long long)split_no, color);
+    if (pn < 0 || (size_t)pn >= sizeof g->prefix) {
+        rc = dt_err_set(err, -ENAMETOOLONG, "comm split: groups nested too deep (store "
+                        "namespace over %zu bytes)", sizeof g->prefix);
+        goto out;
+    }
+    if (color >= 0) {
+        if (!(g->global = malloc((size_t)m * sizeof *g->global))) {
+            rc = dt_err_set(err, -ENOMEM, "comm split: out of memory");
+            goto out;
+        }
+        for (int i = 0; i < m; i++)
+            g->global[i] = dt_comm_global_rank(c, members[i]);
+    }
+    if (c->ops->split) {
+        rc = c->ops->split(c->self, color, key, &g->opts, &g->ops, &g->self, err);
+        if (rc) {
+            dt_err_prefix(err, "comm split (global rank %d, color %d): ",
+                          dt_comm_global_rank(c, c->rank), color);
+            goto out;
+        }
+        if (color < 0) {
+            if (g->self && g->ops && g->ops->destroy)
+                g->ops->destroy(g->self);
+            goto out;
+        }
+    } else {
+        if (color < 0)
+            goto out;
+        if (strcmp(g->opts.backend, "cpu") != 0) {
+            rc = dt_err_set(err, -ENOTSUP, "comm split: the %s backend cannot split",
+                            g->opts.backend);
+            goto out;
+        }
+        if (m > 1 && !store) {
+            rc = dt_err_set(err, -EINVAL,
+                            "comm split: the cpu backend bootstraps a group of %d ranks through "
+                            "the store: pass the store the world was created with",
+                            m);
+            goto out;
+        }
+        if (m > 1 && (rc = dt_store_prefixed(&ns, store, g->prefix, err)) != 0)
+            goto out;
+        /* The top bit keeps the number apart from the per-process counter's. */
+        uint64_t gen = fnv1a64(g->prefix) | (1ull << 63);
+        if ((rc = dt_comm_cpu_create(&g->opts, ns, gen, g->global, &g->ops, &g->self, err))) {
+            dt_err_prefix(err, "comm split (global rank %d, color %d, rank %d of %d in the "
+                               "group): ",
+                          dt_comm_global_rank(c, c->rank), color, me, m);
+            goto out;
+        }
+    }
+    DT_DEBUG("comm: split %llu: global rank %d is rank %d of %d in group %d",
+             (unsigned long long)split_no, dt_comm_global_rank(c, c->rank), g->rank, g->world,
+             color);
+    *out = g;
+    g = NULL;
+out:
+    dt_store_free(ns);
+    free_comm(g);
+    free(all);
+    free(members);
+    return rc;
+}
+
+int dt_comm_p2p(dt_comm *c, const dt_p2p_op *ops, int n, dt_comm_work **work, dt_err *err)
+{
+    if (work)
+        *work = NULL;
+    if (n < 0 || (n > 0 && !ops))
+        return dt_err_set(err, -EINVAL, "p2p: %d operations", n);
+    for (int i = 0; i < n; i++) {
+        const dt_p2p_op *o = &ops[i];
+        const char *what = o->kind == DT_P2P_SEND ? "send" : "receive";
+        if (o->kind != DT_P2P_SEND && o->kind != DT_P2P_RECV)
+            return dt_err_set(err, -EINVAL,
+                              "p2p: operation %d has kind %d (use DT_P2P_SEND or DT_P2P_RECV)", i,
+                              (int)o->kind);
+        if (o->peer < 0 || o->peer >= c->world)
+            return dt_err_set(err, -EINVAL,
+                              "p2p: %s %d names peer %d, not a rank of this communicator of %d",
+                              what, i, o->peer, c->world);
+        if (o->peer == c->rank)
+            return dt_err_set(err, -EINVAL,
+                              "p2p: %s %d names rank %d (global rank %d), the caller itself: copy "
+                              "instead",
+                              what, i, c->rank, dt_comm_global_rank(c, c->rank));
+        if (!dt_dtype_valid((int)o->dtype))
+            return dt_err_set(err, -EINVAL, "p2p: %s %d has unknown dtype %d", what, i,
+                              (int)o->dtype);
+    }
+    if (!c->ops->p2p)
+        return dt_err_set(err, -ENOTSUP, "p2p: the %s backend has no point-to-point",
+                          c->ops->name);
+    return c->ops->p2p(c->self, ops, n, work, err);
+}
+
+int dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype dtype, int peer,
+                 dt_comm_work **work, dt_err *err)
+{
+    dt_p2p_op op = {DT_P2P_SEND, (void *)(uintptr_t)buf, count, dtype, peer};
+    return dt_comm_p2p(c, &op, 1, work, err);
+}
+
+int dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int peer,
+                 dt_comm_work **work, dt_err *err)
+{
+    dt_p2p_op op = {DT_P2P_RECV, buf, count, dtype, peer};
+    return dt_comm_p2p(c, &op, 1, work, err);
 }

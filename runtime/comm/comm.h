@@ -136,16 +136,7 @@ int dt_comm_global_rank(const dt_comm *c, int r);
  * pipeline group), or issue collectives and point-to-point in an order every rank agrees on.
  * A dead peer fails the batch within the timeout with an error naming the peer, the op and its
  * count. A send or receive to oneself is -EINVAL. */
-typedef enum dt_p2p_kind { DT_P2P_SEND = 0, DT_P2P_RECV = 1 } dt_p2p_kind;
-
-typedef struct dt_p2p_op {
-    dt_p2p_kind kind;
-    void *buf;       /* send: read; recv: written (backend memory, as for collectives) */
-    size_t count;    /* elements of dtype */
-    dt_dtype dtype;
-    int peer;        /* rank in c */
-} dt_p2p_op;
-
+/* dt_p2p_kind and dt_p2p_op (one send or receive of a batch) are in comm_opts.h. */
 int dt_comm_p2p(dt_comm *c, const dt_p2p_op *ops, int n, dt_comm_work **work, dt_err *err);
 /* One send or one receive: a batch of one. */
 int dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype dtype, int peer,

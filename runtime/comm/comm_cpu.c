@@ -30,6 +30,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/comm/coll.h"
+#include "runtime/comm/comm_p2p.h"
 #include "runtime/comm/comm_reduce.h"
 #include "runtime/comm/comm_shm.h"
 #include "runtime/comm/comm_tcp.h"
@@ -40,6 +41,7 @@ struct dt_comm_work {
     void *buf;          /* allreduce, broadcast: in place */
     const void *send;   /* allgather, reduce_scatter */
     void *recv;
+    dt_p2p_batch *batch; /* a point-to-point batch (comm_p2p.c runs it; nothing else is set) */
     int state;          /* 0 queued, 1 running, 2 finished */
     int rc;
     dt_err err;
@@ -52,6 +54,7 @@ typedef struct peer {
     char host[160];
     char addr[256];
     int port;
+    int p2p_port;
     int pid;
 } peer;
 
@@ -70,6 +73,8 @@ typedef struct cpu_comm {
     bool hier;               /* shared memory on hosts + ring between hosts */
     dt_shm *shm;             /* NULL when alone on the host or flat_tcp */
     dt_ring *ring;           /* NULL when not a ring member or the ring has one member */
+    dt_p2p *p2p;             /* point-to-point engine (its own thread, started on first use) */
+    int *global_of;          /* (world) global rank of each rank (the world's, for a group) */
     /* queue */
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
@@ -289,6 +294,7 @@ static void execute(cpu_comm *c, dt_comm_work *w, bool background)
         dt_shm_abort(c->shm, err->msg);
     if (c->ring)
         dt_ring_abort(c->ring);
+    dt_p2p_abort(c->p2p, err->msg);
     pthread_mutex_lock(&c->mu);
     if (!c->failed) {
         c->failed = true;
@@ -368,6 +374,18 @@ static int cpu_wait(void *self, dt_comm_work *w, dt_err *err)
     cpu_comm *c = self;
     if (!w)
         return 0;
+    if (w->batch) {
+        int rc = dt_p2p_wait(c->p2p, w->batch, &w->err);
+        pthread_mutex_lock(&c->mu);
+        unlink_handle(c, w);
+        if (rc && !c->failed) { /* the communicator is unusable after any failure */
+            c->failed = true;
+            c->first_err = w->err;
+        }
+        pthread_mutex_unlock(&c->mu);
+        w->rc = rc;
+        return reap(w, err);
+    }
     pthread_mutex_lock(&c->mu);
     atomic_fetch_add(&c->waiters, 1);
     while (w->state != 2) {
@@ -517,6 +535,38 @@ static int cpu_mem_alloc(void *self, size_t bytes, void **out, dt_err *err)
     return submit(self, w, NULL, err);
 }
 
+/* Point-to-point runs on the engine's own thread, beside (not in) the collective queue. */
+static int cpu_p2p(void *self, const dt_p2p_op *ops, int n, dt_comm_work **work, dt_err *err)
+{
+    cpu_comm *c = self;
+    pthread_mutex_lock(&c->mu);
+    bool failed = c->failed;
+    dt_err first = c->first_err;
+    pthread_mutex_unlock(&c->mu);
+    if (failed)
+        return dt_err_set(err, first.code ? first.code : -EPIPE,
+                          "p2p: the communicator failed earlier: %s", first.msg);
+    dt_comm_work *w = calloc(1, sizeof *w);
+    if (!w)
+        return dt_err_set(err, -ENOMEM, "p2p: out of memory");
+    int rc = dt_p2p_start(c->p2p, ops, n, &w->batch, err);
+    if (rc) {
+        free(w);
+        return rc;
+    }
+    if (!work)
+        return cpu_wait(c, w, err);
+    pthread_mutex_lock(&c->mu);
+    w->all_next = c->all;
+    if (c->all)
+        c->all->all_prev = &w->all_next;
+    w->all_prev = &c->all;
+    c->all = w;
+    pthread_mutex_unlock(&c->mu);
+    *work = w;
+    return 0;
+}
+
 static void cpu_mem_free(void *self, void *p)
 {
     cpu_comm *c = self;
@@ -544,6 +594,7 @@ static void cpu_destroy(void *self)
         pthread_mutex_unlock(&c->mu);
         pthread_join(c->thread, NULL); /* it drains the queue first; each item is bounded */
     }
+    dt_p2p_close(c->p2p); /* frees the batches of unwaited point-to-point handles */
     while (c->all) { /* handles the caller never waited for */
         dt_comm_work *w = c->all;
         unlink_handle(c, w);
@@ -552,6 +603,7 @@ static void cpu_destroy(void *self)
     dt_shm_close(c->shm);
     dt_ring_close(c->ring);
     free(c->host_of);
+    free(c->global_of);
     free(c->local_of);
     free(c->host_ranks);
     free(c->host_size);
@@ -572,6 +624,7 @@ static const dt_comm_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
+    .p2p = cpu_p2p,
 };
 
 /* ---- bootstrap ---------------------------------------------------------------------------- */
@@ -645,10 +698,11 @@ static int listen_any(int *fd_out, int *port_out, dt_err *err)
 static int parse_peer(const char *text, peer *p)
 {
     memset(p, 0, sizeof *p);
-    /* "host=<id>\naddr=<addr>\nport=<n>\npid=<n>\n" */
+    /* "host=<id>\naddr=<addr>\nport=<n>\np2p=<n>\npid=<n>\n" */
     const char *h = strstr(text, "host="), *a = strstr(text, "\naddr="),
-               *po = strstr(text, "\nport="), *pi = strstr(text, "\npid=");
-    if (!h || !a || !po || !pi)
+               *po = strstr(text, "\nport="), *pp = strstr(text, "\np2p="),
+               *pi = strstr(text, "\npid=");
+    if (!h || !a || !po || !pp || !pi)
         return -EPROTO;
     size_t hl = (size_t)(a - (h + 5));
     const char *ae = strchr(a + 6, '\n');
@@ -657,6 +711,7 @@ static int parse_peer(const char *text, peer *p)
     memcpy(p->host, h + 5, hl);
     memcpy(p->addr, a + 6, (size_t)(ae - (a + 6)));
     p->port = atoi(po + 6);
+    p->p2p_port = atoi(pp + 5);
     p->pid = atoi(pi + 5);
     return 0;
 }
@@ -679,10 +734,11 @@ static int env_int(const char *name, int def)
     return v && dt_parse_int(v, &x) == 0 ? x : def;
 }
 
-int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
+int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen, const int *globals,
                        const dt_comm_backend_ops **ops, void **self, dt_err *err)
 {
-    int rc = 0, lfd = -1, port = 0;
+    int rc = 0, lfd = -1, port = 0, pfd = -1, p2p_port = 0;
+    int *host_globals = NULL;
     peer *peers = NULL;
     char **keys = NULL;
     void **vals = NULL;
@@ -701,11 +757,14 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
     c->host_of = calloc((size_t)world, sizeof *c->host_of);
     c->local_of = calloc((size_t)world, sizeof *c->local_of);
     c->host_size = calloc((size_t)world, sizeof *c->host_size);
+    c->global_of = calloc((size_t)world, sizeof *c->global_of);
     peers = calloc((size_t)world, sizeof *peers);
-    if (!c->host_of || !c->local_of || !c->host_size || !peers) {
+    if (!c->host_of || !c->local_of || !c->host_size || !c->global_of || !peers) {
         rc = dt_err_set(err, -ENOMEM, "comm: out of memory");
         goto fail;
     }
+    for (int r = 0; r < world; r++)
+        c->global_of[r] = globals ? globals[r] : r;
     const char *transport = dt_env("DTRAIN_COMM_TRANSPORT");
     if (strcmp(transport, "auto") && strcmp(transport, "shm") && strcmp(transport, "tcp")) {
         rc = dt_err_set(err, -EINVAL, "DTRAIN_COMM_TRANSPORT=%s: use auto, shm or tcp", transport);
@@ -718,13 +777,14 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
             rc = dt_err_set(err, -EINVAL, "comm: %d ranks need a store for the bootstrap", world);
             goto fail;
         }
-        if ((rc = listen_any(&lfd, &port, err)) != 0)
+        if ((rc = listen_any(&lfd, &port, err)) != 0 ||
+            (rc = listen_any(&pfd, &p2p_port, err)) != 0)
             goto fail;
-        char me[640], host[160], key[64];
+        char me[660], host[160], key[64];
         host_identity(host, sizeof host);
         const char *addr = o->local_addr && *o->local_addr ? o->local_addr : dt_hostname();
-        int n = snprintf(me, sizeof me, "host=%s\naddr=%s\nport=%d\npid=%d\n", host, addr, port,
-                         (int)getpid());
+        int n = snprintf(me, sizeof me, "host=%s\naddr=%s\nport=%d\np2p=%d\npid=%d\n", host,
+                         addr, port, p2p_port, (int)getpid());
         snprintf(key, sizeof key, "peer/%d", rank);
         if ((rc = dt_store_set(store, key, me, (size_t)n, err)) != 0) {
             dt_err_prefix(err, "comm bootstrap: publishing rank %d: ", rank);
@@ -781,8 +841,15 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
         rc = dt_err_set(err, -ENOMEM, "comm: out of memory");
         goto fail;
     }
-    for (int r = 0; r < world; r++)
+    host_globals = calloc((size_t)c->nhosts * (size_t)c->max_local, sizeof *host_globals);
+    if (!host_globals) {
+        rc = dt_err_set(err, -ENOMEM, "comm: out of memory");
+        goto fail;
+    }
+    for (int r = 0; r < world; r++) {
         c->host_ranks[c->host_of[r] * c->max_local + c->local_of[r]] = r;
+        host_globals[c->host_of[r] * c->max_local + c->local_of[r]] = c->global_of[r];
+    }
     c->host = c->host_of[rank];
     c->local_rank = c->local_of[rank];
     c->local_size = c->host_size[c->host];
@@ -814,7 +881,7 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
         dt_shm_opts so = {.name = name,
                           .local_rank = c->local_rank,
                           .local_size = c->local_size,
-                          .global_ranks = &c->host_ranks[c->host * c->max_local],
+                          .global_ranks = &host_globals[c->host * c->max_local],
                           .slot_bytes = (size_t)env_int("DTRAIN_COMM_SHM_SLOT_KB", 0) * 1024u,
                           .spin_us = env_int("DTRAIN_COMM_SPIN_US", -1),
                           .mem_max_bytes = (long long)env_int("DTRAIN_COMM_SHM_MEM_MB", -1) *
@@ -837,13 +904,13 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
             if ((rc = dt_store_get(store, key, &v, &len, left, err)) != 0) {
                 dt_err_prefix(err, "comm bootstrap: waiting for rank %d to create the shared "
                                    "memory of this host: ",
-                              c->host_ranks[c->host * c->max_local]);
+                              host_globals[c->host * c->max_local]);
                 goto fail;
             }
             if (v && ((char *)v)[0] == '!') {
                 rc = dt_err_set(err, -EIO, "comm bootstrap: rank %d could not create the shared "
                                 "memory of this host: %s",
-                                c->host_ranks[c->host * c->max_local], (char *)v + 1);
+                                host_globals[c->host * c->max_local], (char *)v + 1);
                 free(v);
                 goto fail;
             }
@@ -861,17 +928,17 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
     bool member = c->flat_tcp || c->local_rank == 0;
     if (members > 1 && member) {
         int idx = ring_member_index(c);
-        int *globals = calloc((size_t)members, sizeof *globals);
-        if (!globals) {
+        int *ring_globals = calloc((size_t)members, sizeof *ring_globals);
+        if (!ring_globals) {
             rc = dt_err_set(err, -ENOMEM, "comm: out of memory");
             goto fail;
         }
         for (int i = 0; i < members; i++)
-            globals[i] = c->flat_tcp ? i : c->host_ranks[i * c->max_local];
-        int nr = globals[(idx + 1) % members];
+            ring_globals[i] = c->global_of[c->flat_tcp ? i : c->host_ranks[i * c->max_local]];
+        int nx = (idx + 1) % members, nr = c->flat_tcp ? nx : c->host_ranks[nx * c->max_local];
         dt_ring_opts ro = {.index = idx,
                            .size = members,
-                           .global_ranks = globals,
+                           .global_ranks = ring_globals,
                            .next_host = strcmp(peers[nr].host, peers[rank].host) ? peers[nr].addr
                                                                                  : "127.0.0.1",
                            .next_port = peers[nr].port,
@@ -880,7 +947,7 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
                            .segment_bytes =
                                (size_t)env_int("DTRAIN_COMM_TCP_SEGMENT_KB", 0) * 1024u};
         rc = dt_ring_connect(&c->ring, &ro, deadline, err);
-        free(globals);
+        free(ring_globals);
         if (rc) {
             dt_err_prefix(err, "comm bootstrap: ");
             goto fail;
@@ -889,6 +956,37 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen,
     if (lfd >= 0)
         close(lfd);
     lfd = -1;
+
+    /* ---- point-to-point: pairs open on first use (see comm_p2p.h) ---- */
+    {
+        dt_p2p_peer *pp = calloc((size_t)world, sizeof *pp);
+        if (!pp) {
+            rc = dt_err_set(err, -ENOMEM, "comm: out of memory");
+            goto fail;
+        }
+        for (int r = 0; r < world; r++) {
+            bool same = world > 1 && !strcmp(peers[r].host, peers[rank].host);
+            pp[r].global = c->global_of[r];
+            pp[r].shm = same && strcmp(transport, "tcp") != 0;
+            pp[r].addr = world == 1 ? "127.0.0.1" : same ? "127.0.0.1" : peers[r].addr;
+            pp[r].port = peers[r].p2p_port;
+            pp[r].pid = peers[r].pid;
+        }
+        char base[200];
+        dt_shm_name(base, sizeof base, o->run_id, o->attempt, gen, 0);
+        dt_p2p_opts po = {.rank = rank,
+                          .world = world,
+                          .peers = pp,
+                          .listen_fd = pfd,
+                          .tag = group_tag(o, gen) ^ 0x7032703270327032ull,
+                          .shm_base = base,
+                          .timeout_ms = o->timeout_ms};
+        pfd = -1; /* the engine owns it now */
+        rc = dt_p2p_create(&c->p2p, &po, err);
+        free(pp);
+        if (rc)
+            goto fail;
+    }
 
     if ((rc = pthread_create(&c->thread, NULL, comm_thread, c)) != 0) {
         rc = dt_err_set(err, -rc, "comm: cannot start the comm thread: %s", strerror(rc));
@@ -904,6 +1002,9 @@ fail:
 out:
     if (lfd >= 0)
         close(lfd);
+    if (pfd >= 0)
+        close(pfd);
+    free(host_globals);
     if (keys)
         for (int r = 0; r < world; r++)
             free(keys[r]);

@@ -36,6 +36,16 @@ typedef struct dt_comm_backend_ops {
     /* Optional (NULL: dt_comm_reduce runs allreduce, which leaves the root the same result). */
     int (*reduce)(void *self, void *buf, size_t count, dt_dtype dtype, dt_redop op, int root,
                   dt_comm_work **work, dt_err *err);
+    /* Optional (NULL: dt_comm_p2p fails with -ENOTSUP): a point-to-point batch, see dt_comm_p2p.
+     * comm.c has checked every op (kind, peer a rank other than self, dtype). Its work handle
+     * is waited with wait, like a collective's. */
+    int (*p2p)(void *self, const dt_p2p_op *ops, int n, dt_comm_work **work, dt_err *err);
+    /* Optional: the backend splits itself (nccl: ncclCommSplit), collectively over self; every
+     * rank calls it, also with color < 0 (then *child_self = NULL). child: the new group's
+     * options (rank and world_size in the group, the parent's backend, timeout and device).
+     * NULL: comm.c bootstraps each group as a new communicator through the store (cpu). */
+    int (*split)(void *self, int color, int key, const dt_comm_opts *child,
+                 const struct dt_comm_backend_ops **ops, void **child_self, dt_err *err);
 } dt_comm_backend_ops;
 
 /* The NCCL backend in libdtrain_cuda.so exports these two symbols. comm.c calls the first on

@@ -6,6 +6,7 @@
 #ifndef DT_COMM_OPTS_H
 #define DT_COMM_OPTS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "runtime/comm/dtype.h"
@@ -27,6 +28,17 @@ typedef struct dt_comm_opts {
                                Set it (the same on every rank) when several ranks of one group
                                live in one process, as DP's replica threads do. */
 } dt_comm_opts;
+
+/* One operation of a point-to-point batch (dt_comm_p2p in comm.h). */
+typedef enum dt_p2p_kind { DT_P2P_SEND = 0, DT_P2P_RECV = 1 } dt_p2p_kind;
+
+typedef struct dt_p2p_op {
+    dt_p2p_kind kind;
+    void *buf;       /* send: read; recv: written (backend memory, as for collectives) */
+    size_t count;    /* elements of dtype */
+    dt_dtype dtype;
+    int peer;        /* rank in c */
+} dt_p2p_op;
 
 /* Fills o with the defaults: backend "cpu", rank 0 of 1, timeout 300 s, everything else 0/NULL. */
 void dt_comm_opts_default(dt_comm_opts *o);

@@ -437,7 +437,7 @@ static int wait_fd(int fd, short events, uint64_t deadline_ns)
     }
 }
 
-static int io_all(int fd, void *buf, size_t n, bool out, uint64_t deadline_ns)
+int dt_tcp_io_all(int fd, void *buf, size_t n, bool out, uint64_t deadline_ns)
 {
     char *p = buf;
     while (n > 0) {
@@ -458,14 +458,14 @@ static int io_all(int fd, void *buf, size_t n, bool out, uint64_t deadline_ns)
     return 0;
 }
 
-static void tune(int fd)
+void dt_tcp_tune(int fd)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     dt_set_nonblock(fd, true);
 }
 
-static int connect_next(const char *host, int port, uint64_t deadline_ns, int *out, dt_err *err)
+int dt_tcp_connect(const char *host, int port, uint64_t deadline_ns, int *out, dt_err *err)
 {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
@@ -535,12 +535,12 @@ int dt_ring_connect(dt_ring **out, const dt_ring_opts *o, uint64_t deadline_ns, 
 
     /* Connect first, then accept: every connect completes through the listen backlog, so the
      * order cannot deadlock. */
-    if ((rc = connect_next(o->next_host, o->next_port, deadline_ns, &r->next_fd, err)) != 0) {
+    if ((rc = dt_tcp_connect(o->next_host, o->next_port, deadline_ns, &r->next_fd, err)) != 0) {
         dt_err_prefix(err, "TCP ring: connecting to rank %d: ", next);
         goto fail;
     }
     hello h = {HELLO_MAGIC, WIRE_VERSION, o->tag, r->idx, r->n};
-    if ((rc = io_all(r->next_fd, &h, sizeof h, true, deadline_ns)) != 0) {
+    if ((rc = dt_tcp_io_all(r->next_fd, &h, sizeof h, true, deadline_ns)) != 0) {
         rc = dt_err_set(err, rc, "TCP ring: greeting rank %d at %s:%d: %s", next, o->next_host,
                         o->next_port, strerror(-rc));
         goto fail;
@@ -556,7 +556,7 @@ int dt_ring_connect(dt_ring **out, const dt_ring_opts *o, uint64_t deadline_ns, 
             continue;
         hello in;
         uint64_t hd = DT_MIN(deadline_ns, dt_now_ns() + 10000000000ull);
-        if (io_all(fd, &in, sizeof in, false, hd) != 0 || in.magic != HELLO_MAGIC ||
+        if (dt_tcp_io_all(fd, &in, sizeof in, false, hd) != 0 || in.magic != HELLO_MAGIC ||
             in.version != WIRE_VERSION || in.tag != o->tag || in.size != r->n ||
             in.from != mod(r->idx - 1, r->n)) {
             DT_WARN("comm: refused a connection that is not from rank %d of this group "
@@ -567,8 +567,8 @@ int dt_ring_connect(dt_ring **out, const dt_ring_opts *o, uint64_t deadline_ns, 
         }
         r->prev_fd = fd;
     }
-    tune(r->next_fd);
-    tune(r->prev_fd);
+    dt_tcp_tune(r->next_fd);
+    dt_tcp_tune(r->prev_fd);
     *out = r;
     return 0;
 fail:

@@ -16,6 +16,7 @@
 #ifndef DT_COMM_TCP_H
 #define DT_COMM_TCP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,5 +60,16 @@ int dt_ring_reduce_scatter(dt_ring *r, const void *send, void *recv, size_t coun
                            dt_redop op, float scale, const dt_coll_ctx *ctx, dt_err *err);
 /* Returns when every member has entered. */
 int dt_ring_barrier(dt_ring *r, const dt_coll_ctx *ctx, dt_err *err);
+
+/* ---- helpers shared with the point-to-point engine (comm_p2p.c) ---- */
+
+/* A blocking-style connect to host:port (retried with backoff until deadline_ns); *out is a
+ * non-blocking socket. Errors name host and port. */
+int dt_tcp_connect(const char *host, int port, uint64_t deadline_ns, int *out, dt_err *err);
+/* Sends (out) or receives exactly n bytes on a non-blocking socket until deadline_ns: 0,
+ * -ETIMEDOUT, -ECONNRESET (closed) or -errno. */
+int dt_tcp_io_all(int fd, void *buf, size_t n, bool out, uint64_t deadline_ns);
+/* TCP_NODELAY and non-blocking. */
+void dt_tcp_tune(int fd);
 
 #endif

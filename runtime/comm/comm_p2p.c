@@ -1,0 +1,1164 @@
+/* comm_p2p.c - the point-to-point engine of the cpu comm backend; see comm_p2p.h.
+ *
+ * Threads: the issuing threads only queue requests (dt_p2p_start) and wait on batches
+ * (dt_p2p_wait), under p->mu. Everything else (connections, queues, the streams) belongs to the
+ * progress thread, which runs passes over the pairs with pending requests: read everything that
+ * arrived, answer, write as far as the stream takes, check deadlines and peers. It sleeps in
+ * poll(2) (TCP sockets, the listening socket, a wake pipe) when a pass moved nothing, after a
+ * short spin while a shared-memory pair is active (shared rings have no file descriptor).
+ *
+ * Wire (both transports, one stream per direction of a pair): 32-byte frames (magic, type,
+ * sequence number, count, dtype, sender's rank), a DATA frame followed by its payload. Frames
+ * of both directions' requests share a stream (an RTS of my k-th send, the CTS of my j-th
+ * receive), never interleaved inside a frame. Same-architecture peers only, like the ring.
+ */
+#include "runtime/comm/comm_p2p.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "runtime/comm/comm_tcp.h"
+#include "runtime/comm/dtype.h"
+
+#define FRAME_MAGIC 0x70327066u /* "fp2p" */
+#define HELLO_MAGIC 0x6c656870u
+#define PAIR_MAGIC 0x7269617070327064ull
+#define PAIR_VERSION 1u
+#define RING_CAP ((size_t)4 << 20)   /* bytes per direction of a shared-memory pair */
+#define RING_CHUNK ((size_t)256 << 10) /* published in pieces, so the reader starts early */
+#define PAIR_HDR 4096
+#define SPIN_PASSES 200
+#define PEER_CHECK_NS 50000000ull
+
+enum { F_RTS = 1, F_CTS = 2, F_NAK = 3, F_DATA = 4 };
+
+typedef struct frame {
+    uint32_t magic, type;
+    uint64_t seq;   /* k: the k-th send from the sender to the receiver */
+    uint64_t count;
+    int32_t dtype;
+    int32_t from;   /* the frame's writer, rank in the communicator */
+} frame;
+
+typedef struct hello {
+    uint32_t magic, pad;
+    uint64_t tag;
+    int32_t from, world;
+} hello;
+
+/* ---- shared-memory pairs ---- */
+
+typedef struct ring_ctl {
+    _Atomic uint64_t head; /* bytes written, ever (the producer's) */
+    char pad0[56];
+    _Atomic uint64_t tail; /* bytes read, ever (the consumer's) */
+    char pad1[56];
+} ring_ctl;
+
+/* The first fields mirror comm_shm.c's header up to creator_pid, so that dt_shm_clean (names
+ * share its prefix) removes a pair whose creator died before its peer mapped it. */
+typedef struct pair_hdr {
+    _Atomic uint64_t magic; /* set last by the creator */
+    uint32_t version;
+    int32_t pad0;
+    uint64_t cap;
+    uint64_t total_bytes;
+    _Atomic int32_t creator_pid;
+    _Atomic int32_t attached;
+    _Atomic int32_t abort[2]; /* side 0 (lower rank) / 1 (higher rank) failed */
+    char pad1[64];
+    ring_ctl ring[2];         /* ring[s]: written by side s */
+} pair_hdr;
+
+_Static_assert(sizeof(pair_hdr) <= PAIR_HDR, "pair header fits its page");
+
+/* ---- requests and batches ---- */
+
+enum { S_RTS = 1, S_READY, R_WAIT, R_CTS, Q_DONE };
+
+typedef struct req {
+    dt_p2p_batch *b;
+    int kind, peer;
+    char *buf;
+    uint64_t count;
+    int32_t dtype;
+    size_t bytes, done;
+    uint64_t seq;
+    int state;
+    struct req *next;  /* the pair's list of its kind */
+    struct req *dnext; /* the pair's data queue (sends with CTS) */
+    struct req *inext; /* the engine's incoming list */
+} req;
+
+struct dt_p2p_batch {
+    int n, left;
+    int rc;
+    dt_err err;
+    bool done;
+    uint64_t deadline_ns;
+    req *reqs;
+    struct dt_p2p_batch *next, **prev; /* the engine's batches not yet waited */
+};
+
+typedef struct rts {
+    uint64_t seq, count;
+    int32_t dtype;
+} rts;
+
+typedef struct pair {
+    int peer;
+    bool shm;
+    bool open;
+    /* TCP */
+    int fd;
+    /* shared memory */
+    pair_hdr *h;
+    size_t map_bytes;
+    char *out_data, *in_data;
+    ring_ctl *out, *in;
+    int side;
+    bool creator, unlinked;
+    char name[256];
+    int pidfd;         /* the peer's process (same host), -1 until first needed or unavailable */
+    bool pidfd_tried;
+    uint64_t next_peer_check;
+    /* requests, in issue order */
+    req *sends, *sends_tail, *send_wait; /* send_wait: the first send still waiting for CTS */
+    req *recvs, *recvs_tail, *recv_match; /* recv_match: the first receive without an RTS */
+    uint64_t nsend, nrecv, nrts;
+    rts *rq;                              /* RTS received, not yet matched */
+    size_t rq_head, rq_n, rq_cap;
+    frame *cq;                            /* control frames to write */
+    size_t cq_head, cq_n, cq_cap;
+    req *dq, *dq_tail;                    /* sends with CTS, to stream */
+    /* the frame being written */
+    int out_kind; /* 0 none, 1 control, 2 data */
+    frame out_f;
+    size_t out_off;
+    req *out_req;
+    /* the frame being read */
+    frame in_f;
+    size_t in_got;
+    req *in_req;
+    int pending; /* requests not done */
+} pair;
+
+struct dt_p2p {
+    int rank, world, timeout_ms;
+    dt_p2p_peer *peers;
+    char **addrs;
+    int listen_fd;
+    uint64_t tag;
+    char shm_base[200];
+    pair *pairs;
+    int wake[2];
+    /* shared with the issuing threads, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv, done_cv;
+    pthread_t thread;
+    bool thread_started, stop;
+    req *incoming, *incoming_tail;
+    dt_p2p_batch *batches;
+    bool failed;
+    dt_err first_err;
+    bool settled;      /* after a failure: the thread no longer touches any request */
+    bool abort_req;    /* dt_p2p_abort asked the thread to fail the engine */
+    char abort_msg[DT_ERR_MSG_MAX];
+    /* the progress thread's */
+    int pending;
+};
+
+/* ---- names ---------------------------------------------------------------------------- */
+
+/* "rank 3" or "rank 1 (global rank 5)". */
+static const char *who(const dt_p2p *p, int r, char *buf, size_t cap)
+{
+    int g = p->peers[r].global;
+    if (g == r)
+        snprintf(buf, cap, "rank %d", r);
+    else
+        snprintf(buf, cap, "rank %d (global rank %d)", r, g);
+    return buf;
+}
+
+static const char *tname(int32_t t)
+{
+    return dt_dtype_valid(t) ? dt_dtype_name((dt_dtype)t) : "?";
+}
+
+/* "send #3 (float32 x 1000) to rank 1" */
+static const char *describe(const dt_p2p *p, const req *q, char *buf, size_t cap)
+{
+    char w[64];
+    snprintf(buf, cap, "%s #%llu (%s x %llu) %s %s", q->kind == DT_P2P_SEND ? "send" : "receive",
+             (unsigned long long)q->seq, tname(q->dtype), (unsigned long long)q->count,
+             q->kind == DT_P2P_SEND ? "to" : "from", who(p, q->peer, w, sizeof w));
+    return buf;
+}
+
+/* ---- failure ---------------------------------------------------------------------------- */
+
+static void close_pair(dt_p2p *p, pair *c, bool aborting)
+{
+    (void)p;
+    if (c->fd >= 0) {
+        if (aborting)
+            shutdown(c->fd, SHUT_RDWR);
+        close(c->fd);
+        c->fd = -1;
+    }
+    if (c->h) {
+        if (aborting)
+            atomic_store(&c->h->abort[c->side], 1);
+        if (c->creator && !c->unlinked)
+            shm_unlink(c->name);
+        munmap(c->h, c->map_bytes);
+        c->h = NULL;
+    }
+    c->open = false;
+}
+
+/* Fails the engine (first error wins): every batch not done gets the error; peers are told. */
+static void fail_all(dt_p2p *p, int code, const char *msg)
+{
+    pthread_mutex_lock(&p->mu);
+    bool first = !p->failed;
+    if (first) {
+        p->failed = true;
+        p->first_err.code = code;
+        dt_strlcpy(p->first_err.msg, msg, sizeof p->first_err.msg);
+    }
+    for (dt_p2p_batch *b = p->batches; b; b = b->next)
+        if (!b->done) {
+            b->done = true;
+            b->rc = p->first_err.code;
+            b->err = p->first_err;
+        }
+    pthread_cond_broadcast(&p->done_cv);
+    pthread_mutex_unlock(&p->mu);
+    if (first)
+        DT_ERROR("comm: rank %d: %s", p->peers[p->rank].global, msg);
+}
+
+static int failf(dt_p2p *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int failf(dt_p2p *p, int code, const char *fmt, ...)
+{
+    char msg[DT_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fail_all(p, code, msg);
+    return code;
+}
+
+/* ---- streams ------------------------------------------------------------------------------ */
+
+/* Bytes written (0: the stream is full), or -errno. */
+static ssize_t stream_write(pair *c, const void *src, size_t n)
+{
+    if (!c->shm) {
+        ssize_t k = send(c->fd, src, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k >= 0)
+            return k;
+        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -errno;
+    }
+    uint64_t head = atomic_load_explicit(&c->out->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&c->out->tail, memory_order_acquire);
+    size_t k = DT_MIN(DT_MIN(n, RING_CAP - (size_t)(head - tail)), RING_CHUNK);
+    if (k == 0)
+        return 0;
+    size_t off = (size_t)(head % RING_CAP), first = DT_MIN(k, RING_CAP - off);
+    memcpy(c->out_data + off, src, first);
+    memcpy(c->out_data, (const char *)src + first, k - first);
+    atomic_store_explicit(&c->out->head, head + k, memory_order_release);
+    return (ssize_t)k;
+}
+
+/* Bytes read (0: nothing yet), or -errno (-ECONNRESET: the peer closed). */
+static ssize_t stream_read(pair *c, void *dst, size_t n)
+{
+    if (!c->shm) {
+        ssize_t k = recv(c->fd, dst, n, MSG_DONTWAIT);
+        if (k > 0)
+            return k;
+        if (k == 0)
+            return -ECONNRESET;
+        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -errno;
+    }
+    uint64_t tail = atomic_load_explicit(&c->in->tail, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&c->in->head, memory_order_acquire);
+    size_t k = DT_MIN(DT_MIN(n, (size_t)(head - tail)), RING_CHUNK);
+    if (k == 0)
+        return 0;
+    size_t off = (size_t)(tail % RING_CAP), first = DT_MIN(k, RING_CAP - off);
+    memcpy(dst, c->in_data + off, first);
+    memcpy((char *)dst + first, c->in_data, k - first);
+    atomic_store_explicit(&c->in->tail, tail + k, memory_order_release);
+    return (ssize_t)k;
+}
+
+static int lost(dt_p2p *p, pair *c, ssize_t rc, bool writing)
+{
+    char w[64];
+    who(p, c->peer, w, sizeof w);
+    if (rc == -ECONNRESET || rc == -EPIPE)
+        return failf(p, -ECONNRESET,
+                     "point-to-point: %s closed its connection (it failed or exited; its own log "
+                     "says why)",
+                     w);
+    return failf(p, (int)rc, "point-to-point: %s the connection to %s: %s",
+                 writing ? "writing to" : "reading from", w, strerror((int)-rc));
+}
+
+/* ---- connections ---------------------------------------------------------------------------- */
+
+static void pair_map(pair *c, void *m)
+{
+    c->h = m;
+    c->out = &c->h->ring[c->side];
+    c->in = &c->h->ring[1 - c->side];
+    c->out_data = (char *)m + PAIR_HDR + (size_t)c->side * RING_CAP;
+    c->in_data = (char *)m + PAIR_HDR + (size_t)(1 - c->side) * RING_CAP;
+    c->open = true;
+}
+
+/* Opens the pair's stream when it is not open yet: 0 (open, or not yet: try again later) or
+ * the engine's failure. */
+static int pair_open(dt_p2p *p, pair *c, uint64_t deadline_ns)
+{
+    char w[64];
+    if (c->open)
+        return 0;
+    if (c->shm) {
+        c->map_bytes = PAIR_HDR + 2 * RING_CAP;
+        if (c->side == 0) { /* the lower rank creates */
+            int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+            if (fd < 0 && errno == EEXIST) { /* left by a dead process of the same identity */
+                shm_unlink(c->name);
+                fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+            }
+            if (fd < 0)
+                return failf(p, -errno, "point-to-point: creating shared memory %s for %s: %s",
+                             c->name, who(p, c->peer, w, sizeof w), strerror(errno));
+            if (ftruncate(fd, (off_t)c->map_bytes) != 0) {
+                int e = errno;
+                close(fd);
+                shm_unlink(c->name);
+                return failf(p, -e,
+                             "point-to-point: sizing shared memory %s to %zu bytes for %s: %s "
+                             "(is /dev/shm full?)",
+                             c->name, c->map_bytes, who(p, c->peer, w, sizeof w), strerror(e));
+            }
+            void *m = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+            if (m == MAP_FAILED) {
+                shm_unlink(c->name);
+                return failf(p, -errno, "point-to-point: mapping %s: %s", c->name,
+                             strerror(errno));
+            }
+            pair_hdr *h = m;
+            atomic_store(&h->creator_pid, (int32_t)getpid());
+            h->version = PAIR_VERSION;
+            h->cap = RING_CAP;
+            h->total_bytes = c->map_bytes;
+            atomic_store(&h->attached, 1);
+            atomic_store(&h->magic, PAIR_MAGIC);
+            c->creator = true;
+            pair_map(c, m);
+            return 0;
+        }
+        int fd = shm_open(c->name, O_RDWR | O_CLOEXEC, 0);
+        if (fd < 0)
+            return 0; /* not created yet */
+        struct stat st;
+        if (fstat(fd, &st) != 0 || (size_t)st.st_size < c->map_bytes) {
+            close(fd);
+            return 0;
+        }
+        void *m = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED)
+            return failf(p, -errno, "point-to-point: mapping %s: %s", c->name, strerror(errno));
+        pair_hdr *h = m;
+        if (atomic_load(&h->magic) != PAIR_MAGIC) {
+            munmap(m, c->map_bytes);
+            return 0;
+        }
+        atomic_fetch_add(&h->attached, 1);
+        shm_unlink(c->name); /* both mapped it: nothing to leave behind */
+        c->unlinked = true;
+        pair_map(c, m);
+        return 0;
+    }
+    if (p->rank > c->peer)
+        return 0; /* the lower rank connects; accept_pending files the connection */
+    const dt_p2p_peer *pe = &p->peers[c->peer];
+    dt_err e = {0};
+    int fd = -1, rc = dt_tcp_connect(pe->addr, pe->port, deadline_ns, &fd, &e);
+    if (rc)
+        return failf(p, rc, "point-to-point: connecting to %s: %s",
+                     who(p, c->peer, w, sizeof w), e.msg);
+    hello hl = {HELLO_MAGIC, 0, p->tag, p->rank, p->world};
+    if ((rc = dt_tcp_io_all(fd, &hl, sizeof hl, true, deadline_ns)) != 0) {
+        close(fd);
+        return failf(p, rc, "point-to-point: greeting %s at %s:%d: %s",
+                     who(p, c->peer, w, sizeof w), pe->addr, pe->port, strerror(-rc));
+    }
+    dt_tcp_tune(fd);
+    c->fd = fd;
+    c->open = true;
+    return 0;
+}
+
+/* Files the connections higher... lower ranks made to us. */
+static void accept_pending(dt_p2p *p)
+{
+    if (p->listen_fd < 0)
+        return;
+    for (;;) {
+        int fd = accept4(p->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+            return;
+        hello in;
+        uint64_t hd = dt_now_ns() + 5000000000ull;
+        if (dt_tcp_io_all(fd, &in, sizeof in, false, hd) != 0 || in.magic != HELLO_MAGIC ||
+            in.tag != p->tag || in.world != p->world || in.from < 0 || in.from >= p->rank ||
+            p->pairs[in.from].shm || p->pairs[in.from].open) {
+            DT_WARN("comm: rank %d refused a point-to-point connection that is not from a lower "
+                    "rank of this communicator (another job or an earlier attempt?)",
+                    p->peers[p->rank].global);
+            close(fd);
+            continue;
+        }
+        dt_tcp_tune(fd);
+        p->pairs[in.from].fd = fd;
+        p->pairs[in.from].open = true;
+    }
+}
+
+/* ---- the protocol ---------------------------------------------------------------------------- */
+
+static int push_ctl(dt_p2p *p, pair *c, uint32_t type, uint64_t seq, uint64_t count,
+                    int32_t dtype)
+{
+    if (c->cq_head + c->cq_n == c->cq_cap) {
+        if (c->cq_head > 0) {
+            memmove(c->cq, c->cq + c->cq_head, c->cq_n * sizeof *c->cq);
+            c->cq_head = 0;
+        }
+        if (c->cq_n == c->cq_cap) {
+            size_t cap = c->cq_cap ? c->cq_cap * 2 : 16;
+            frame *q = realloc(c->cq, cap * sizeof *q);
+            if (!q)
+                return failf(p, -ENOMEM, "point-to-point: out of memory");
+            c->cq = q;
+            c->cq_cap = cap;
+        }
+    }
+    frame f = {FRAME_MAGIC, type, seq, count, dtype, p->rank};
+    c->cq[c->cq_head + c->cq_n++] = f;
+    return 0;
+}
+
+/* A request finished: its batch may be done. */
+static void complete(dt_p2p *p, pair *c, req *q)
+{
+    q->state = Q_DONE;
+    c->pending--;
+    p->pending--;
+    pthread_mutex_lock(&p->mu);
+    if (--q->b->left == 0 && !q->b->done) {
+        q->b->done = true;
+        pthread_cond_broadcast(&p->done_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void pop_done(pair *c)
+{
+    while (c->sends && c->sends->state == Q_DONE) {
+        c->sends = c->sends->next;
+        if (!c->sends)
+            c->sends_tail = NULL;
+    }
+    while (c->recvs && c->recvs->state == Q_DONE) {
+        c->recvs = c->recvs->next;
+        if (!c->recvs)
+            c->recvs_tail = NULL;
+    }
+}
+
+/* Writes as much as the stream takes; *moved when anything went. */
+static int pair_write(dt_p2p *p, pair *c, bool *moved)
+{
+    for (;;) {
+        if (c->out_kind == 0) {
+            if (c->cq_n > 0) {
+                c->out_f = c->cq[c->cq_head++];
+                c->cq_n--;
+                if (c->cq_n == 0)
+                    c->cq_head = 0;
+                c->out_kind = 1;
+            } else if (c->dq) {
+                req *q = c->dq;
+                c->dq = q->dnext;
+                if (!c->dq)
+                    c->dq_tail = NULL;
+                frame f = {FRAME_MAGIC, F_DATA, q->seq, q->count, q->dtype, p->rank};
+                c->out_f = f;
+                c->out_req = q;
+                c->out_kind = 2;
+            } else {
+                return 0;
+            }
+            c->out_off = 0;
+        }
+        size_t payload = c->out_kind == 2 ? c->out_req->bytes : 0, total = sizeof(frame) + payload;
+        ssize_t k;
+        if (c->out_off < sizeof(frame))
+            k = stream_write(c, (char *)&c->out_f + c->out_off, sizeof(frame) - c->out_off);
+        else
+            k = stream_write(c, c->out_req->buf + (c->out_off - sizeof(frame)), total - c->out_off);
+        if (k < 0)
+            return lost(p, c, k, true);
+        if (k == 0)
+            return 0;
+        *moved = true;
+        c->out_off += (size_t)k;
+        if (c->out_off == total) {
+            if (c->out_kind == 2) {
+                c->out_req->done = c->out_req->bytes;
+                complete(p, c, c->out_req);
+                pop_done(c);
+            }
+            c->out_kind = 0;
+            c->out_req = NULL;
+        }
+    }
+}
+
+/* Matches received RTS with posted receives, in order: CTS when they agree, else NAK and fail. */
+static int match(dt_p2p *p, pair *c)
+{
+    while (c->recv_match && c->rq_n > 0) {
+        req *q = c->recv_match;
+        rts x = c->rq[c->rq_head];
+        char d[200], w[64];
+        if (x.seq != q->seq)
+            return failf(p, -EPROTO, "point-to-point: %s: %s announced send #%llu (protocol "
+                                     "error)",
+                         describe(p, q, d, sizeof d), who(p, c->peer, w, sizeof w),
+                         (unsigned long long)x.seq);
+        c->rq_head++;
+        c->rq_n--;
+        if (c->rq_n == 0)
+            c->rq_head = 0;
+        if (x.count != q->count || x.dtype != q->dtype) {
+            /* Tell the sender first (best effort, briefly), then fail here. */
+            int rc = push_ctl(p, c, F_NAK, q->seq, q->count, q->dtype);
+            uint64_t until = dt_now_ns() + 200000000ull;
+            bool moved = false;
+            while (!rc && (c->cq_n > 0 || c->out_kind) && dt_now_ns() < until) {
+                if ((rc = pair_write(p, c, &moved)) != 0)
+                    break;
+                if (c->cq_n > 0 || c->out_kind)
+                    sched_yield();
+            }
+            return failf(p, -EPROTO,
+                         "point-to-point: %s does not match %s's send #%llu (%s x %llu): both "
+                         "sides must agree on count and dtype",
+                         describe(p, q, d, sizeof d), who(p, c->peer, w, sizeof w),
+                         (unsigned long long)x.seq, tname(x.dtype), (unsigned long long)x.count);
+        }
+        int rc = push_ctl(p, c, F_CTS, q->seq, q->count, q->dtype);
+        if (rc)
+            return rc;
+        q->state = R_CTS;
+        c->recv_match = q->next;
+    }
+    return 0;
+}
+
+/* One frame has arrived in c->in_f. */
+static int on_frame(dt_p2p *p, pair *c)
+{
+    frame *f = &c->in_f;
+    char d[200], w[64];
+    who(p, c->peer, w, sizeof w);
+    if (f->magic != FRAME_MAGIC || f->from != c->peer)
+        return failf(p, -EPROTO, "point-to-point: garbage from %s (magic %08x, from %d)", w,
+                     f->magic, f->from);
+    switch (f->type) {
+    case F_RTS: {
+        if (f->seq != c->nrts + 1)
+            return failf(p, -EPROTO, "point-to-point: %s announced send #%llu, expected #%llu",
+                         w, (unsigned long long)f->seq, (unsigned long long)(c->nrts + 1));
+        c->nrts++;
+        if (c->rq_head + c->rq_n == c->rq_cap) {
+            if (c->rq_head > 0) {
+                memmove(c->rq, c->rq + c->rq_head, c->rq_n * sizeof *c->rq);
+                c->rq_head = 0;
+            }
+            if (c->rq_n == c->rq_cap) {
+                size_t cap = c->rq_cap ? c->rq_cap * 2 : 16;
+                rts *q = realloc(c->rq, cap * sizeof *q);
+                if (!q)
+                    return failf(p, -ENOMEM, "point-to-point: out of memory");
+                c->rq = q;
+                c->rq_cap = cap;
+            }
+        }
+        rts x = {f->seq, f->count, f->dtype};
+        c->rq[c->rq_head + c->rq_n++] = x;
+        return match(p, c);
+    }
+    case F_CTS: {
+        req *q = c->send_wait;
+        if (!q || q->seq != f->seq)
+            return failf(p, -EPROTO, "point-to-point: %s cleared send #%llu to go, which is not "
+                                     "the next send waiting (protocol error)",
+                         w, (unsigned long long)f->seq);
+        q->state = S_READY;
+        c->send_wait = q->next;
+        q->dnext = NULL;
+        if (c->dq_tail)
+            c->dq_tail->dnext = q;
+        else
+            c->dq = q;
+        c->dq_tail = q;
+        return 0;
+    }
+    case F_NAK: {
+        req *q = c->send_wait;
+        if (!q || q->seq != f->seq)
+            return failf(p, -EPROTO, "point-to-point: %s refused send #%llu, which is not the "
+                                     "next send waiting (protocol error)",
+                         w, (unsigned long long)f->seq);
+        return failf(p, -EPROTO,
+                     "point-to-point: %s does not match %s's receive #%llu (%s x %llu): both "
+                     "sides must agree on count and dtype",
+                     describe(p, q, d, sizeof d), w, (unsigned long long)f->seq, tname(f->dtype),
+                     (unsigned long long)f->count);
+    }
+    case F_DATA: {
+        req *q = c->recvs;
+        if (!q || q->state != R_CTS || q->seq != f->seq || q->count != f->count)
+            return failf(p, -EPROTO,
+                         "point-to-point: %s sent the data of send #%llu (%llu elements), which "
+                         "no cleared receive waits for (protocol error)",
+                         w, (unsigned long long)f->seq, (unsigned long long)f->count);
+        if (q->bytes == 0) {
+            complete(p, c, q);
+            pop_done(c);
+        } else {
+            c->in_req = q;
+        }
+        return 0;
+    }
+    default:
+        return failf(p, -EPROTO, "point-to-point: %s sent frame type %u", w, f->type);
+    }
+}
+
+/* Reads everything that arrived while requests with the peer are pending (an end of stream
+ * after the last one is the peer finishing, not failing); *moved when anything did. */
+static int pair_read(dt_p2p *p, pair *c, bool *moved)
+{
+    while (c->pending > 0) {
+        ssize_t k;
+        if (c->in_req) {
+            req *q = c->in_req;
+            k = stream_read(c, q->buf + q->done, q->bytes - q->done);
+            if (k < 0)
+                return lost(p, c, k, false);
+            if (k == 0)
+                return 0;
+            *moved = true;
+            q->done += (size_t)k;
+            if (q->done == q->bytes) {
+                c->in_req = NULL;
+                complete(p, c, q);
+                pop_done(c);
+            }
+            continue;
+        }
+        k = stream_read(c, (char *)&c->in_f + c->in_got, sizeof(frame) - c->in_got);
+        if (k < 0)
+            return lost(p, c, k, false);
+        if (k == 0)
+            return 0;
+        *moved = true;
+        c->in_got += (size_t)k;
+        if (c->in_got < sizeof(frame))
+            continue;
+        c->in_got = 0;
+        int rc = on_frame(p, c);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int open_pidfd(int pid)
+{
+#ifdef SYS_pidfd_open
+    int fd = pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+    if (fd >= 0)
+        dt_set_cloexec(fd);
+    return fd;
+#else
+    (void)pid;
+    return -1;
+#endif
+}
+
+/* Has the peer's process exited? A pidfd sees an exited process that its parent has not reaped
+ * yet (kill(pid, 0) still finds a zombie); kill is the fallback. */
+static bool peer_exited(dt_p2p *p, pair *c)
+{
+    int pid = p->peers[c->peer].pid;
+    if (!c->pidfd_tried) {
+        c->pidfd_tried = true;
+        c->pidfd = open_pidfd(pid);
+        if (c->pidfd < 0 && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
+            return true;
+    }
+    if (c->pidfd >= 0) {
+        struct pollfd pf = {c->pidfd, POLLIN, 0};
+        return poll(&pf, 1, 0) > 0 && (pf.revents & POLLIN);
+    }
+    return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Same-host peers: has the process exited, or did it report a failure? */
+static int check_peer(dt_p2p *p, pair *c, uint64_t now)
+{
+    if (!c->shm || now < c->next_peer_check)
+        return 0;
+    c->next_peer_check = now + PEER_CHECK_NS;
+    char w[64];
+    if (c->h && atomic_load(&c->h->abort[1 - c->side]))
+        return failf(p, -ECONNRESET, "point-to-point: %s failed (its own log says why)",
+                     who(p, c->peer, w, sizeof w));
+    bool moved = false;
+    if (peer_exited(p, c) && c->open && (pair_read(p, c, &moved) || c->pending == 0))
+        return p->failed ? -ECONNRESET : 0; /* it finished writing what we wait for first */
+    if (peer_exited(p, c))
+        return failf(p, -ECONNRESET, "point-to-point: %s (pid %d) exited", who(p, c->peer, w,
+                     sizeof w), p->peers[c->peer].pid);
+    return 0;
+}
+
+static int post(dt_p2p *p, req *q)
+{
+    pair *c = &p->pairs[q->peer];
+    q->next = NULL;
+    c->pending++;
+    p->pending++;
+    if (q->kind == DT_P2P_SEND) {
+        q->seq = ++c->nsend;
+        q->state = S_RTS;
+        if (c->sends_tail)
+            c->sends_tail->next = q;
+        else
+            c->sends = q;
+        c->sends_tail = q;
+        if (!c->send_wait)
+            c->send_wait = q;
+        return push_ctl(p, c, F_RTS, q->seq, q->count, q->dtype);
+    }
+    {
+        q->seq = ++c->nrecv;
+        q->state = R_WAIT;
+        if (c->recvs_tail)
+            c->recvs_tail->next = q;
+        else
+            c->recvs = q;
+        c->recvs_tail = q;
+        if (!c->recv_match)
+            c->recv_match = q;
+        return match(p, c);
+    }
+}
+
+/* The earliest unfinished request of a batch past its deadline, as a failure. */
+static int check_deadlines(dt_p2p *p, uint64_t now)
+{
+    pthread_mutex_lock(&p->mu);
+    dt_p2p_batch *late = NULL;
+    for (dt_p2p_batch *b = p->batches; b && !late; b = b->next)
+        if (!b->done && now > b->deadline_ns)
+            late = b;
+    req *q = NULL;
+    if (late)
+        for (int i = 0; i < late->n && !q; i++)
+            if (late->reqs[i].state != Q_DONE)
+                q = &late->reqs[i];
+    pthread_mutex_unlock(&p->mu);
+    if (!q)
+        return 0;
+    char d[200], w[64];
+    const pair *c = &p->pairs[q->peer];
+    const char *why = !c->open                          ? "no connection to it yet"
+                      : q->state == S_RTS                ? "it has not posted the matching receive"
+                      : q->state == R_WAIT               ? "it has not posted the matching send"
+                      : q->done < q->bytes && q->done > 0 ? "the transfer stalled"
+                                                          : "waiting for its data";
+    return failf(p, -ETIMEDOUT,
+                 "point-to-point: %s timed out after %d ms (%s; %zu of %zu bytes moved): %s is "
+                 "stalled, dead, or the ranks disagree on the order of sends and receives",
+                 describe(p, q, d, sizeof d), p->timeout_ms, why, q->done, q->bytes,
+                 who(p, q->peer, w, sizeof w));
+}
+
+static void drain_wake(dt_p2p *p)
+{
+    char buf[64];
+    while (read(p->wake[0], buf, sizeof buf) > 0) {
+    }
+}
+
+static void *progress_thread(void *arg)
+{
+    dt_p2p *p = arg;
+    int idle = 0;
+    struct pollfd *fds = calloc((size_t)p->world + 2, sizeof *fds);
+    if (!fds) {
+        fail_all(p, -ENOMEM, "point-to-point: out of memory");
+        return NULL;
+    }
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->stop && !p->incoming && !(p->abort_req && !p->settled) &&
+               (p->pending == 0 || p->failed))
+            pthread_cond_wait(&p->cv, &p->mu);
+        if (p->stop) {
+            pthread_mutex_unlock(&p->mu);
+            break;
+        }
+        req *in = p->incoming;
+        p->incoming = p->incoming_tail = NULL;
+        bool failed = p->failed, abort_req = p->abort_req && !p->settled;
+        pthread_mutex_unlock(&p->mu);
+        int rc = 0;
+        if (abort_req) {
+            char msg[DT_ERR_MSG_MAX];
+            pthread_mutex_lock(&p->mu);
+            dt_strlcpy(msg, p->abort_msg, sizeof msg);
+            pthread_mutex_unlock(&p->mu);
+            rc = failf(p, -EPIPE, "%s", msg);
+        } else if (failed) {
+            continue; /* the batches of `in` were failed with the rest */
+        }
+        for (req *q = in, *nx; q && !rc; q = nx) {
+            nx = q->inext;
+            rc = post(p, q);
+        }
+        bool moved = false, shm_active = false;
+        uint64_t now = dt_now_ns();
+        if (!rc)
+            accept_pending(p);
+        for (int r = 0; r < p->world && !rc; r++) {
+            pair *c = &p->pairs[r];
+            if (r == p->rank || c->pending == 0)
+                continue;
+            if (!c->open && (rc = pair_open(p, c, now + (uint64_t)p->timeout_ms * 1000000ull)))
+                break;
+            if (c->shm)
+                shm_active = true;
+            if (!c->open) {
+                rc = check_peer(p, c, now);
+                continue;
+            }
+            if ((rc = pair_read(p, c, &moved)) || (rc = pair_write(p, c, &moved)))
+                break;
+            rc = check_peer(p, c, now);
+        }
+        if (!rc)
+            rc = check_deadlines(p, now);
+        if (rc) {
+            for (int r = 0; r < p->world; r++)
+                if (r != p->rank)
+                    close_pair(p, &p->pairs[r], true);
+            pthread_mutex_lock(&p->mu);
+            p->pending = 0;
+            p->settled = true; /* from here on no request is touched: waiters may free them */
+            pthread_cond_broadcast(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+            continue;
+        }
+        if (moved) {
+            idle = 0;
+            continue;
+        }
+        if (shm_active && ++idle < SPIN_PASSES) {
+            sched_yield();
+            continue;
+        }
+        /* Sleep until a socket moves, a request arrives, or (shared memory) a short while. */
+        int nf = 0;
+        fds[nf++] = (struct pollfd){p->wake[0], POLLIN, 0};
+        if (p->listen_fd >= 0)
+            fds[nf++] = (struct pollfd){p->listen_fd, POLLIN, 0};
+        for (int r = 0; r < p->world; r++) {
+            pair *c = &p->pairs[r];
+            if (r != p->rank && !c->shm && c->open && c->pending > 0)
+                fds[nf++] = (struct pollfd){c->fd, (short)(POLLIN | (c->out_kind || c->cq_n ||
+                                                                     c->dq ? POLLOUT : 0)),
+                                            0};
+        }
+        poll(fds, (nfds_t)nf, shm_active ? 1 : 50);
+        drain_wake(p);
+    }
+    free(fds);
+    return NULL;
+}
+
+/* ---- the interface ---------------------------------------------------------------------------- */
+
+int dt_p2p_create(dt_p2p **out, const dt_p2p_opts *o, dt_err *err)
+{
+    dt_p2p *p = calloc(1, sizeof *p);
+    if (!p) {
+        if (o->listen_fd >= 0)
+            close(o->listen_fd);
+        return dt_err_set(err, -ENOMEM, "comm: out of memory");
+    }
+    p->rank = o->rank;
+    p->world = o->world;
+    p->timeout_ms = o->timeout_ms;
+    p->listen_fd = o->listen_fd;
+    if (p->listen_fd >= 0)
+        dt_set_nonblock(p->listen_fd, true); /* accepted between passes, never waited on */
+    p->tag = o->tag;
+    p->wake[0] = p->wake[1] = -1;
+    dt_strlcpy(p->shm_base, o->shm_base ? o->shm_base : "/dtrain.p2p", sizeof p->shm_base);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    p->peers = calloc((size_t)o->world, sizeof *p->peers);
+    p->addrs = calloc((size_t)o->world, sizeof *p->addrs);
+    p->pairs = calloc((size_t)o->world, sizeof *p->pairs);
+    if (!p->peers || !p->addrs || !p->pairs) {
+        dt_p2p_close(p);
+        return dt_err_set(err, -ENOMEM, "comm: out of memory");
+    }
+    for (int r = 0; r < o->world; r++) {
+        p->peers[r] = o->peers[r];
+        p->addrs[r] = strdup(o->peers[r].addr ? o->peers[r].addr : "127.0.0.1");
+        if (!p->addrs[r]) {
+            dt_p2p_close(p);
+            return dt_err_set(err, -ENOMEM, "comm: out of memory");
+        }
+        p->peers[r].addr = p->addrs[r];
+        pair *c = &p->pairs[r];
+        c->peer = r;
+        c->fd = -1;
+        c->pidfd = -1;
+        c->shm = o->peers[r].shm;
+        c->side = p->rank < r ? 0 : 1;
+        snprintf(c->name, sizeof c->name, "%s.p%d.%d", p->shm_base, DT_MIN(p->rank, r),
+                 DT_MAX(p->rank, r));
+    }
+    if (pipe2(p->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        int e = errno;
+        dt_p2p_close(p);
+        return dt_err_errno(err, e, "comm: point-to-point wake pipe");
+    }
+    *out = p;
+    return 0;
+}
+
+void dt_p2p_close(dt_p2p *p)
+{
+    if (!p)
+        return;
+    if (p->thread_started) {
+        pthread_mutex_lock(&p->mu);
+        p->stop = true;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        if (write(p->wake[1], "x", 1) < 0) {
+        } /* the thread may sleep in poll */
+        pthread_join(p->thread, NULL);
+    }
+    if (p->pairs)
+        for (int r = 0; r < p->world; r++) {
+            if (r != p->rank)
+                close_pair(p, &p->pairs[r], false);
+            free(p->pairs[r].rq);
+            free(p->pairs[r].cq);
+            if (p->pairs[r].pidfd >= 0)
+                close(p->pairs[r].pidfd);
+        }
+    while (p->batches) {
+        dt_p2p_batch *b = p->batches;
+        p->batches = b->next;
+        free(b->reqs);
+        free(b);
+    }
+    if (p->addrs)
+        for (int r = 0; r < p->world; r++)
+            free(p->addrs[r]);
+    if (p->listen_fd >= 0)
+        close(p->listen_fd);
+    if (p->wake[0] >= 0)
+        close(p->wake[0]);
+    if (p->wake[1] >= 0)
+        close(p->wake[1]);
+    free(p->addrs);
+    free(p->peers);
+    free(p->pairs);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    pthread_cond_destroy(&p->done_cv);
+    free(p);
+}
+
+void dt_p2p_abort(dt_p2p *p, const char *msg)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    bool running = p->thread_started;
+    if (running && !p->failed) {
+        /* The thread owns the requests: it fails them and closes the pairs itself. */
+        p->abort_req = true;
+        dt_strlcpy(p->abort_msg, msg, sizeof p->abort_msg);
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (!running) { /* no pair is open, no request posted */
+        fail_all(p, -EPIPE, msg);
+        pthread_mutex_lock(&p->mu);
+        p->settled = true;
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
+    if (write(p->wake[1], "x", 1) < 0) {
+    } /* it may sleep in poll */
+}
+
+int dt_p2p_start(dt_p2p *p, const dt_p2p_op *ops, int n, dt_p2p_batch **out, dt_err *err)
+{
+    *out = NULL;
+    if (n < 0 || (n > 0 && !ops))
+        return dt_err_set(err, -EINVAL, "p2p: %d operations", n);
+    for (int i = 0; i < n; i++) {
+        const dt_p2p_op *o = &ops[i];
+        if (o->kind != DT_P2P_SEND && o->kind != DT_P2P_RECV)
+            return dt_err_set(err, -EINVAL, "p2p: operation %d has kind %d (use DT_P2P_SEND or "
+                                            "DT_P2P_RECV)",
+                              i, (int)o->kind);
+        if (o->peer < 0 || o->peer >= p->world)
+            return dt_err_set(err, -EINVAL, "p2p: operation %d names peer %d, not a rank of this "
+                                            "communicator of %d",
+                              i, o->peer, p->world);
+        if (o->peer == p->rank)
+            return dt_err_set(err, -EINVAL, "p2p: operation %d %s rank %d itself (a send or "
+                                            "receive to oneself is not allowed: copy instead)",
+                              i, o->kind == DT_P2P_SEND ? "sends to" : "receives from", p->rank);
+        if (!dt_dtype_valid((int)o->dtype))
+            return dt_err_set(err, -EINVAL, "p2p: operation %d has unknown dtype %d", i,
+                              (int)o->dtype);
+        if (o->count > 0 && !o->buf)
+            return dt_err_set(err, -EINVAL, "p2p: operation %d has no buffer for %zu elements",
+                              i, o->count);
+    }
+    dt_p2p_batch *b = calloc(1, sizeof *b);
+    if (!b || !(b->reqs = calloc((size_t)DT_MAX(n, 1), sizeof *b->reqs))) {
+        free(b);
+        return dt_err_set(err, -ENOMEM, "p2p: out of memory");
+    }
+    b->n = b->left = n;
+    b->deadline_ns = dt_now_ns() + (uint64_t)p->timeout_ms * 1000000ull;
+    for (int i = 0; i < n; i++) {
+        req *q = &b->reqs[i];
+        q->b = b;
+        q->kind = ops[i].kind;
+        q->peer = ops[i].peer;
+        q->buf = ops[i].buf;
+        q->count = ops[i].count;
+        q->dtype = (int32_t)ops[i].dtype;
+        q->bytes = ops[i].count * dt_dtype_size(ops[i].dtype);
+        q->inext = i + 1 < n ? &b->reqs[i + 1] : NULL;
+    }
+    pthread_mutex_lock(&p->mu);
+    b->next = p->batches;
+    if (p->batches)
+        p->batches->prev = &b->next;
+    b->prev = &p->batches;
+    p->batches = b;
+    if (p->failed) {
+        b->done = true;
+        b->rc = p->first_err.code ? p->first_err.code : -EPIPE;
+        dt_err_set(&b->err, b->rc, "p2p: the communicator failed earlier: %s", p->first_err.msg);
+    } else if (n == 0) {
+        b->done = true;
+    } else {
+        if (p->incoming_tail)
+            p->incoming_tail->inext = &b->reqs[0];
+        else
+            p->incoming = &b->reqs[0];
+        p->incoming_tail = &b->reqs[n - 1];
+        if (!p->thread_started) {
+            int rc = pthread_create(&p->thread, NULL, progress_thread, p);
+            if (rc) {
+                p->incoming = p->incoming_tail = NULL;
+                *b->prev = b->next;
+                if (b->next)
+                    b->next->prev = b->prev;
+                pthread_mutex_unlock(&p->mu);
+                free(b->reqs);
+                free(b);
+                return dt_err_set(err, -rc, "p2p: cannot start the progress thread: %s",
+                                  strerror(rc));
+            }
+            p->thread_started = true;
+        }
+        pthread_cond_signal(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (write(p->wake[1], "x", 1) < 0) {
+    } /* full pipe: the thread is awake anyway */
+    *out = b;
+    return 0;
+}
+
+int dt_p2p_wait(dt_p2p *p, dt_p2p_batch *b, dt_err *err)
+{
+    if (!b)
+        return 0;
+    pthread_mutex_lock(&p->mu);
+    /* A failed batch may still be referenced by the thread until it settles. */
+    while (!b->done || (b->rc && p->failed && p->thread_started && !p->settled))
+        pthread_cond_wait(&p->done_cv, &p->mu);
+    *b->prev = b->next;
+    if (b->next)
+        b->next->prev = b->prev;
+    pthread_mutex_unlock(&p->mu);
+    int rc = b->rc;
+    if (rc && err)
+        *err = b->err;
+    free(b->reqs);
+    free(b);
+    return rc;
+}
