@@ -567,12 +567,13 @@ static prun pbase(int N, int P, int M, const char *sched, const char *name)
     padd(&r, "checkpoint.resume=never");
     padd(&r, "checkpoint.every=0");
     padd(&r, "checkpoint.async=false");
-    padd(&r, "ddp.timeout=30");
+    padd(&r, "ddp.timeout=10");
     padd(&r, "model.hidden=13,11,7");  /* 4 Linear layers: 4 stages at most */
     padd(&r, "train.batch_size=8");
     padd(&r, "train.warmup_steps=2");
     padd(&r, "train.lr=0.01");
     padd(&r, "train.grad_clip=0.5");   /* the global norm, across the stages, clips */
+    padd(&r, fmt("elastic.nproc_per_node=%d", N)); /* the world the layout is checked against */
     padd(&r, fmt("parallel.pipeline=%d", P));
     padd(&r, fmt("parallel.micro_batches=%d", M));
     padd(&r, fmt("parallel.schedule=%s", sched));
@@ -689,7 +690,7 @@ static bool prun_run(prun *r)
         if (pids[k] == 0)
             rank_body(r, k);
     }
-    double deadline = dt_test_now() + 150 * dt_test_timeout_scale();
+    double deadline = dt_test_now() + 40 * dt_test_timeout_scale();
     for (int k = 0; k < r->N; k++)
         for (;;) {
             if (waitpid(pids[k], &status[k], WNOHANG) == pids[k])

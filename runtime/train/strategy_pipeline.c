@@ -53,8 +53,7 @@
 
 typedef struct pipe_impl {
     const dt_job *job;              /* borrowed */
-    dt_groups g;                    /* grid and groups (pp: this pipeline; dp: D > 1) */
-    bool groups_open;
+    dt_groups g;                    /* grid and groups (pp: this pipeline; dp: D > 1), owned */
     dt_ddp *ddp;                    /* over g.dp when D > 1, owned; NULL otherwise */
     int P, M, stage, slots;
     dt_pp_schedule_kind kind;
@@ -201,31 +200,44 @@ static void take_local(dt_strategy *s, pipe_impl *p, const float *whole, float *
 
 /* ---- open, start ---------------------------------------------------------------------------- */
 
+/* The data-parallel group (D > 1) and the pipeline group of this rank, split from the world in
+ * grid.h's order (tensor, data, pipeline; every rank makes the same splits), ranked by dp and
+ * by pp. grid.h's dt_groups_open is to do this for every strategy; until it is there, these are
+ * the splits it documents, for T = 1. */
+static int split_groups(dt_strategy *s, pipe_impl *p, dt_store *store, dt_err *err)
+{
+    const dt_grid *g = &p->g.grid;
+    int rc = 0;
+    p->g.world = s->comm;
+    if (g->D > 1 && (rc = dt_comm_split(s->comm, store, g->pp * g->T + g->tp, g->dp, &p->g.dp,
+                                        err)))
+        return dt_err_prefix(err, "the data-parallel group: ");
+    if ((rc = dt_comm_split(s->comm, store, g->dp * g->T + g->tp, g->pp, &p->g.pp, err)))
+        return dt_err_prefix(err, "the pipeline group: ");
+    return 0;
+}
+
 static int open_groups(dt_strategy *s, pipe_impl *p, const dt_strategy_ctx *ctx, dt_err *err)
 {
     const dt_worker_env *e = ctx->env;
-    dt_grid grid;
-    int rc = dt_grid_init(&grid, e->rank, e->world_size, ctx->job->tensor, ctx->job->pipeline,
-                          err);
+    int rc = dt_grid_init(&p->g.grid, e->rank, e->world_size, ctx->job->tensor,
+                          ctx->job->pipeline, err);
     if (rc)
         return rc;
-    if (grid.T > 1)
+    if (p->g.grid.T > 1)
         return dt_err_set(err, -ENOTSUP, "parallel.tensor = %d with parallel.pipeline = %d: "
                                          "tensor parallelism inside pipeline stages is not "
                                          "built yet; use parallel.tensor = 1 (or pipeline = 1)",
-                          grid.T, grid.P);
+                          p->g.grid.T, p->g.grid.P);
     dt_store *store = NULL;
     dt_store_opts so;
     dt_store_opts_default(&so);
     if ((rc = dt_store_connect(&store, e->store_addr, e->store_port, &so, err)))
         return dt_err_prefix(err, "pipeline: connecting to the store at %s:%d: ", e->store_addr,
                              e->store_port);
-    rc = dt_groups_open(&p->g, s->comm, store, &grid, err);
-    dt_store_free(store);
-    if (rc)
-        return dt_err_prefix(err, "pipeline: process groups: ");
-    p->groups_open = true;
-    return 0;
+    rc = split_groups(s, p, store, err);
+    dt_store_free(store); /* the bootstrap's only */
+    return rc ? dt_err_prefix(err, "pipeline: process groups: ") : 0;
 }
 
 static int alloc_floats(dt_backend *be, float **p, size_t n, dt_err *err)
@@ -503,7 +515,8 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
             rc = so->stage_forward(m, slot, &mb, p->stage > 0 ? p->recv_act[slot] : NULL, true,
                                    &p->out[slot], &l, err);
             loss_sum += (double)l * (double)p->mb_valid[a.mb];
-            peak = DT_MAX(peak, ++live);
+            live++; /* DT_MAX evaluates its arguments twice */
+            peak = DT_MAX(peak, live);
         } else {
             float dl = valid > 0 ? (float)((double)dloss * (double)p->mb_valid[a.mb] /
                                            (double)valid)
@@ -672,8 +685,8 @@ static void pipe_close(dt_strategy *s)
     pipe_impl *p = s->impl;
     if (p) {
         dt_ddp_free(p->ddp);
-        if (p->groups_open)
-            dt_groups_close(&p->g);
+        dt_comm_free(p->g.dp);
+        dt_comm_free(p->g.pp);
         if (s->be) {
             for (int k = 0; k < p->slots && p->recv_act; k++)
                 s->be->free(s->be, p->recv_act[k]);
