@@ -481,6 +481,24 @@ static void bidir_rank(rank_ctx *x, void *arg)
     if (x->rank == 0)
         printf("    p2p %s: 16 MiB one way in %.1f ms (best of 3, with a barrier): %.2f GB/s\n",
                label, best * 1e3, (double)(n * 4) / best / 1e9);
+    /* latency: 200 blocking round trips of one int32 */
+    dt_comm_barrier(x->c, &err);
+    double t0 = dt_now_s();
+    for (int k = 0; k < 200; k++) {
+        int32_t v = k, got = -1;
+        int rc = x->rank == 0 ? dt_comm_send(x->c, &v, 1, DT_INT32, 1, NULL, &err)
+                              : dt_comm_recv(x->c, &got, 1, DT_INT32, 0, NULL, &err);
+        rc = rc ? rc
+                : x->rank == 0 ? dt_comm_recv(x->c, &got, 1, DT_INT32, 1, NULL, &err)
+                               : dt_comm_send(x->c, &got, 1, DT_INT32, 0, NULL, &err);
+        RCHECK(rc == 0 && (x->rank == 1 || got == k), "round trip %d: got %d: %s", k, got,
+               err.msg);
+        if (rc)
+            break;
+    }
+    if (x->rank == 0)
+        printf("    p2p %s: %.0f us per round trip of 4 bytes (200 blocking send+recv)\n", label,
+               (dt_now_s() - t0) / 200 * 1e6);
     fflush(stdout);
     free(s);
     free(r);

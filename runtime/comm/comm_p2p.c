@@ -479,20 +479,6 @@ static int push_ctl(dt_p2p *p, pair *c, uint32_t type, uint64_t seq, uint64_t co
     return 0;
 }
 
-/* A request finished: its batch may be done. */
-static void complete(dt_p2p *p, pair *c, req *q)
-{
-    q->state = Q_DONE;
-    c->pending--;
-    p->pending--;
-    pthread_mutex_lock(&p->mu);
-    if (--q->b->left == 0 && !q->b->done) {
-        q->b->done = true;
-        pthread_cond_broadcast(&p->done_cv);
-    }
-    pthread_mutex_unlock(&p->mu);
-}
-
 static void pop_done(pair *c)
 {
     while (c->sends && c->sends->state == Q_DONE) {
@@ -505,6 +491,24 @@ static void pop_done(pair *c)
         if (!c->recvs)
             c->recvs_tail = NULL;
     }
+}
+
+/* A request finished: off the pair's lists first, then its batch may be done. Once the batch
+ * is done its waiter may free it (and reuse the memory for its next batch) at any moment, so
+ * this thread must not touch q afterwards. */
+static void complete(dt_p2p *p, pair *c, req *q)
+{
+    q->state = Q_DONE;
+    c->pending--;
+    p->pending--;
+    pop_done(c);
+    dt_p2p_batch *b = q->b;
+    pthread_mutex_lock(&p->mu);
+    if (--b->left == 0 && !b->done) {
+        b->done = true;
+        pthread_cond_broadcast(&p->done_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* Writes as much as the stream takes; *moved when anything went. */
@@ -548,7 +552,6 @@ static int pair_write(dt_p2p *p, pair *c, bool *moved)
             if (c->out_kind == 2) {
                 c->out_req->done = c->out_req->bytes;
                 complete(p, c, c->out_req);
-                pop_done(c);
             }
             c->out_kind = 0;
             c->out_req = NULL;
@@ -668,7 +671,6 @@ static int on_frame(dt_p2p *p, pair *c)
                          w, (unsigned long long)f->seq, (unsigned long long)f->count);
         if (q->bytes == 0) {
             complete(p, c, q);
-            pop_done(c);
         } else {
             c->in_req = q;
         }
@@ -697,7 +699,6 @@ static int pair_read(dt_p2p *p, pair *c, bool *moved)
             if (q->done == q->bytes) {
                 c->in_req = NULL;
                 complete(p, c, q);
-                pop_done(c);
             }
             continue;
         }
