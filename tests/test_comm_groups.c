@@ -599,6 +599,43 @@ static void test_p2p_many_small(void)
     run_world(&b, small_rank, NULL, 60);
 }
 
+/* Rank 0 posts a 4 MiB send and frees the communicator without waiting for it: the free lets
+ * it finish (rank 1 receives it whole), as it does for collectives. */
+static void unwaited_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    const size_t n = (4u << 20) / 4;
+    int32_t *buf = malloc(n * 4);
+    if (x->rank == 0) {
+        for (size_t i = 0; i < n; i++)
+            buf[i] = pv(0, 1, i);
+        dt_comm_work *w = NULL;
+        int rc = dt_comm_send(x->c, buf, n, DT_INT32, 1, &w, &err);
+        RCHECK(rc == 0 && w, "send: %s", err.msg);
+        dt_comm_free(x->c); /* must not return before the data is out */
+        x->c = NULL;
+    } else {
+        dt_sleep_ms(200); /* the sender is in dt_comm_free by now */
+        int rc = dt_comm_recv(x->c, buf, n, DT_INT32, 0, NULL, &err);
+        RCHECK(rc == 0, "recv: %s", err.msg);
+        for (size_t i = 0; i < n && rc == 0; i++)
+            if (buf[i] != pv(0, 1, i)) {
+                RCHECK(false, "[%zu] = %d", i, buf[i]);
+                break;
+            }
+    }
+    free(buf);
+}
+
+static void test_p2p_unwaited(void)
+{
+    world a = {.n = 2};
+    run_world(&a, unwaited_rank, NULL, 30);
+    world b = {.n = 2, .hosts = "a,b"};
+    run_world(&b, unwaited_rank, NULL, 30);
+}
+
 /* Rank 0 sends 100 floats, rank 1 expects 200: both fail naming both ranks and both counts. */
 static void mismatch_rank(rank_ctx *x, void *arg)
 {
@@ -874,6 +911,7 @@ int main(int argc, char **argv)
         {"p2p_bidirectional", test_p2p_bidirectional, 90},
         {"p2p_many_small", test_p2p_many_small, 90},
         {"p2p_mismatch", test_p2p_mismatch, 60},
+        {"p2p_unwaited", test_p2p_unwaited, 60},
         {"p2p_dead_peer", test_p2p_dead_peer, 90},
         {"p2p_on_groups", test_p2p_on_groups, 60},
         {"p2p_all_pairs", test_p2p_all_pairs, 60},

@@ -996,6 +996,18 @@ void dt_p2p_close(dt_p2p *p)
         return;
     if (p->thread_started) {
         pthread_mutex_lock(&p->mu);
+        /* Outstanding batches (handles never waited) finish first, each bounded by its
+         * deadline, which the thread enforces. */
+        for (;;) {
+            bool busy = false;
+            for (dt_p2p_batch *b = p->batches; b && !busy; b = b->next)
+                busy = !b->done;
+            if (!busy)
+                break;
+            pthread_cond_wait(&p->done_cv, &p->mu);
+        }
+        while (p->failed && !p->settled)
+            pthread_cond_wait(&p->done_cv, &p->mu);
         p->stop = true;
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
