@@ -449,10 +449,10 @@ static void bidir_rank(rank_ctx *x, void *arg)
     dt_p2p_op ops[2] = {{DT_P2P_SEND, s, n, DT_INT32, peer}, {DT_P2P_RECV, r, n, DT_INT32, peer}};
     double best = 1e9;
     for (int it = 0; it < 3; it++) {
+        memset(r, 0, n * 4);
         int rc = dt_comm_barrier(x->c, &err);
         RCHECK(rc == 0, "barrier: %s", err.msg);
         double t0 = dt_now_s();
-        memset(r, 0, n * 4);
         rc = dt_comm_p2p(x->c, ops, 2, NULL, &err);
         double t = dt_now_s() - t0;
         best = DT_MIN(best, t);
@@ -481,6 +481,41 @@ static void bidir_rank(rank_ctx *x, void *arg)
     if (x->rank == 0)
         printf("    p2p %s: 16 MiB one way in %.1f ms (best of 3, with a barrier): %.2f GB/s\n",
                label, best * 1e3, (double)(n * 4) / best / 1e9);
+    /* the same volume as two one-way transfers in a row, for comparison */
+    for (int it = 0; it < 3; it++) {
+        dt_comm_barrier(x->c, &err);
+        double t0 = dt_now_s();
+        int rc = x->rank == 0 ? dt_comm_send(x->c, s, n, DT_INT32, 1, NULL, &err)
+                              : dt_comm_recv(x->c, r, n, DT_INT32, 0, NULL, &err);
+        rc = rc ? rc
+                : x->rank == 0 ? dt_comm_recv(x->c, r, n, DT_INT32, 1, NULL, &err)
+                               : dt_comm_send(x->c, s, n, DT_INT32, 0, NULL, &err);
+        RCHECK(rc == 0, "two-way in a row: %s", err.msg);
+        double t = dt_now_s() - t0;
+        if (it == 0 || t < best)
+            best = t;
+    }
+    if (x->rank == 0)
+        printf("    p2p %s: 16 MiB one way then back in %.1f ms (best of 3)\n", label,
+               best * 1e3);
+    /* latency: 200 blocking round trips of one int32 */
+    dt_comm_barrier(x->c, &err);
+    double t0 = dt_now_s();
+    for (int k = 0; k < 200; k++) {
+        int32_t v = k, got = -1;
+        int rc = x->rank == 0 ? dt_comm_send(x->c, &v, 1, DT_INT32, 1, NULL, &err)
+                              : dt_comm_recv(x->c, &got, 1, DT_INT32, 0, NULL, &err);
+        rc = rc ? rc
+                : x->rank == 0 ? dt_comm_recv(x->c, &got, 1, DT_INT32, 1, NULL, &err)
+                               : dt_comm_send(x->c, &got, 1, DT_INT32, 0, NULL, &err);
+        RCHECK(rc == 0 && (x->rank == 1 || got == k), "round trip %d: got %d: %s", k, got,
+               err.msg);
+        if (rc)
+            break;
+    }
+    if (x->rank == 0)
+        printf("    p2p %s: %.0f us per round trip of 4 bytes (200 blocking send+recv)\n", label,
+               (dt_now_s() - t0) / 200 * 1e6);
     fflush(stdout);
     free(s);
     free(r);
@@ -562,6 +597,43 @@ static void test_p2p_many_small(void)
     run_world(&a, small_rank, NULL, 60);
     world b = {.n = 2, .hosts = "a,b"};
     run_world(&b, small_rank, NULL, 60);
+}
+
+/* Rank 0 posts a 4 MiB send and frees the communicator without waiting for it: the free lets
+ * it finish (rank 1 receives it whole), as it does for collectives. */
+static void unwaited_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    const size_t n = (4u << 20) / 4;
+    int32_t *buf = malloc(n * 4);
+    if (x->rank == 0) {
+        for (size_t i = 0; i < n; i++)
+            buf[i] = pv(0, 1, i);
+        dt_comm_work *w = NULL;
+        int rc = dt_comm_send(x->c, buf, n, DT_INT32, 1, &w, &err);
+        RCHECK(rc == 0 && w, "send: %s", err.msg);
+        dt_comm_free(x->c); /* must not return before the data is out */
+        x->c = NULL;
+    } else {
+        dt_sleep_ms(200); /* the sender is in dt_comm_free by now */
+        int rc = dt_comm_recv(x->c, buf, n, DT_INT32, 0, NULL, &err);
+        RCHECK(rc == 0, "recv: %s", err.msg);
+        for (size_t i = 0; i < n && rc == 0; i++)
+            if (buf[i] != pv(0, 1, i)) {
+                RCHECK(false, "[%zu] = %d", i, buf[i]);
+                break;
+            }
+    }
+    free(buf);
+}
+
+static void test_p2p_unwaited(void)
+{
+    world a = {.n = 2};
+    run_world(&a, unwaited_rank, NULL, 30);
+    world b = {.n = 2, .hosts = "a,b"};
+    run_world(&b, unwaited_rank, NULL, 30);
 }
 
 /* Rank 0 sends 100 floats, rank 1 expects 200: both fail naming both ranks and both counts. */
@@ -653,6 +725,88 @@ static void test_p2p_dead_peer(void)
     run_world(&c, stalled_rank, NULL, 30);
     world d = {.n = 2, .hosts = "a,b", .timeout_ms = 1000};
     run_world(&d, stalled_rank, NULL, 30);
+}
+
+/* Every rank sends 1 MiB to every other and receives from every other, in one batch, twice
+ * (the second time in the reverse op order): many pairs in flight at once, mixed transports. */
+static void alltoall_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    const size_t n = (1u << 20) / 4;
+    int32_t *s = malloc(n * 4 * (size_t)x->n), *r = malloc(n * 4 * (size_t)x->n);
+    dt_p2p_op ops[16];
+    for (int round = 0; round < 2; round++) {
+        int m = 0;
+        for (int q = 0; q < x->n; q++) {
+            if (q == x->rank)
+                continue;
+            for (size_t i = 0; i < n; i++)
+                s[(size_t)q * n + i] = pv(x->rank, q, i + (size_t)round);
+            ops[m++] = (dt_p2p_op){DT_P2P_SEND, s + (size_t)q * n, n, DT_INT32, q};
+            ops[m++] = (dt_p2p_op){DT_P2P_RECV, r + (size_t)q * n, n, DT_INT32, q};
+        }
+        if (round == 1)
+            for (int i = 0; i < m / 2; i++) {
+                dt_p2p_op t = ops[i];
+                ops[i] = ops[m - 1 - i];
+                ops[m - 1 - i] = t;
+            }
+        int rc = dt_comm_p2p(x->c, ops, m, NULL, &err);
+        RCHECK(rc == 0, "rank %d round %d: %s", x->rank, round, err.msg);
+        for (int q = 0; q < x->n && rc == 0; q++)
+            for (size_t i = 0; q != x->rank && i < n; i++)
+                if (r[(size_t)q * n + i] != pv(q, x->rank, i + (size_t)round)) {
+                    RCHECK(false, "rank %d round %d: from %d [%zu] = %d", x->rank, round, q, i,
+                           r[(size_t)q * n + i]);
+                    break;
+                }
+    }
+    free(s);
+    free(r);
+}
+
+static void test_p2p_all_pairs(void)
+{
+    world a = {.n = 4, .hosts = "a,a,b,b"};
+    run_world(&a, alltoall_rank, NULL, 40);
+    world b = {.n = 3};
+    run_world(&b, alltoall_rank, NULL, 40);
+}
+
+/* Collectives on a group {global 1, global 3}: global 3 exits after one all-reduce, and global
+ * 1's next all-reduce fails within the timeout naming global rank 3. */
+static void group_dead_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    dt_comm *g = NULL;
+    int rc = dt_comm_split(x->c, x->store, x->rank % 2, x->rank, &g, &err);
+    RCHECK(rc == 0 && g, "split: %s", err.msg);
+    if (x->rank % 2 == 0 || !g) {
+        dt_comm_free(g);
+        return;
+    }
+    float v[64] = {0};
+    rc = dt_comm_allreduce(g, v, 64, DT_FLOAT32, DT_SUM, NULL, &err);
+    RCHECK(rc == 0, "allreduce: %s", err.msg);
+    if (x->rank == 3)
+        _exit(rank_failed ? 1 : 0);
+    double t0 = dt_now_s();
+    rc = dt_comm_allreduce(g, v, 64, DT_FLOAT32, DT_SUM, NULL, &err);
+    double t = dt_now_s() - t0;
+    RCHECK(rc != 0, "allreduce with a dead peer succeeded");
+    RCHECK(strstr(err.msg, "rank 3"), "message does not name global rank 3: %s", err.msg);
+    RCHECK(t < 7.0, "took %.1f s (timeout 8 s)", t);
+    dt_comm_free(g);
+}
+
+static void test_group_dead_peer(void)
+{
+    world a = {.n = 4, .timeout_ms = 8000};
+    run_world(&a, group_dead_rank, NULL, 40);
+    world b = {.n = 4, .hosts = "a,a,b,b", .timeout_ms = 8000};
+    run_world(&b, group_dead_rank, NULL, 40);
 }
 
 /* A pipeline-like group: p2p on a split group while the world runs collectives. */
@@ -757,8 +911,11 @@ int main(int argc, char **argv)
         {"p2p_bidirectional", test_p2p_bidirectional, 90},
         {"p2p_many_small", test_p2p_many_small, 90},
         {"p2p_mismatch", test_p2p_mismatch, 60},
+        {"p2p_unwaited", test_p2p_unwaited, 60},
         {"p2p_dead_peer", test_p2p_dead_peer, 90},
         {"p2p_on_groups", test_p2p_on_groups, 60},
+        {"p2p_all_pairs", test_p2p_all_pairs, 60},
+        {"group_dead_peer", test_group_dead_peer, 60},
         {"split_shapes", test_split_shapes, 90},
         {"split_hosts", test_split_hosts, 120},
         {"concurrent_groups", test_concurrent_groups, 90},

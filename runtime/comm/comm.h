@@ -8,7 +8,7 @@
  *   - the "cpu" backend (comm_cpu.c): a comm thread that runs collectives in issue order over two
  *     transports, shared memory between the ranks of one host (comm_shm.c) and a pipelined TCP
  *     ring between hosts (comm_tcp.c), hierarchical when both; what they say about a collective
- *     in execution is coll.h;
+ *     in execution is coll.h; point-to-point runs on an engine of its own (comm_p2p.c);
  *   - the "nccl" backend (comm_nccl.cu, in libdtrain_cuda.so, loaded at run time by comm.c);
  *   - comm_impl.h, the table of operations a backend implements, and comm_opts.h, the types
  *     this interface and the backends share.
@@ -118,8 +118,13 @@ void dt_comm_mem_free(dt_comm *c, void *p);
  * fails every communicator it belongs to within the timeout, with an error naming the rank
  * (its rank in c's world, the "global" rank, as well as in the group). store: borrowed for the
  * bootstrap of the new communicator only (the cpu backend finds its peers through it; may be NULL
- * where the backend needs none, nccl with ncclCommSplit). A group of one is a valid communicator
- * (its collectives are copies). Free groups with dt_comm_free, before their parent. */
+ * where the backend needs none, nccl with ncclCommSplit, or for a group of one). A group of one
+ * is a valid communicator (its collectives are copies). Groups may be split again (nested).
+ * Free groups with dt_comm_free, before their parent.
+ * cpu: the group is a communicator of its own (its topology, shared memory per host and TCP
+ * ring, derived among its members alone; its own comm thread and point-to-point engine) under
+ * the store namespace <parent's>split/<n>/<color>/. nccl: ncclCommSplit, with its own stream
+ * and watchdog. Transport errors of a group name its members by global rank. */
 int dt_comm_split(dt_comm *c, dt_store *store, int color, int key, dt_comm **out, dt_err *err);
 
 /* The rank in the world c was split from (c's first ancestor) of c's rank r; r for a world. */
@@ -135,7 +140,25 @@ int dt_comm_global_rank(const dt_comm *c, int r);
  * not take part in c's collective sequence: use a communicator for point-to-point only (the
  * pipeline group), or issue collectives and point-to-point in an order every rank agrees on.
  * A dead peer fails the batch within the timeout with an error naming the peer, the op and its
- * count. A send or receive to oneself is -EINVAL. */
+ * count. A send or receive to oneself is -EINVAL. An empty batch (n = 0) is done at once.
+ *
+ * What each backend does:
+ *   - cpu: point-to-point runs on the communicator's point-to-point engine, its own thread,
+ *     beside (never queued behind) the communicator's collectives, so the two never wait on each
+ *     other on the cpu backend (do not rely on it: nccl orders them). All posted ops progress
+ *     together, across batches, in issue order per (sender, receiver). A pair of ranks on one
+ *     host talks through a shared-memory segment (two rings), ranks on different hosts (or with
+ *     DTRAIN_COMM_TRANSPORT=tcp) over a direct TCP connection. Each send is announced, the
+ *     receiver answers when its matching receive is posted (a count or dtype mismatch fails both
+ *     sides with -EPROTO, each naming both ops), and the data follows: a send completes when the
+ *     receive is posted and its last byte is in the shared ring or socket buffer; a receive when
+ *     its last byte has arrived. A peer that exits or closes its connection fails the batch at
+ *     once (-ECONNRESET); one that never posts its side fails it after the timeout (-ETIMEDOUT),
+ *     counted from the batch's posting. After any failure (of point-to-point or a collective)
+ *     the communicator is unusable.
+ *   - nccl: one ncclGroupStart, ncclSend/ncclRecv per op, ncclGroupEnd on the communicator's
+ *     stream, in issue order with its collectives; a send waits for the matching receive. NCCL
+ *     does not detect a count mismatch (undefined there). */
 /* dt_p2p_kind and dt_p2p_op (one send or receive of a batch) are in comm_opts.h. */
 int dt_comm_p2p(dt_comm *c, const dt_p2p_op *ops, int n, dt_comm_work **work, dt_err *err);
 /* One send or one receive: a batch of one. */

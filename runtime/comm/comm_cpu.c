@@ -2,8 +2,9 @@
  * composition of the shared-memory and TCP-ring transports; see comm_cpu.h.
  *
  * Bootstrap (through the store view comm.c hands us, already namespaced by run id, attempt and
- * communicator number): every rank opens a listening TCP socket, publishes "host id, address,
- * port, pid" under peer/<rank>, and reads everyone's. Ranks with the same host id (host name +
+ * communicator number): every rank opens two listening TCP sockets (the ring's and the
+ * point-to-point engine's), publishes "host id, address, ports, pid" under peer/<rank>, and reads
+ * everyone's. Ranks with the same host id (host name +
  * kernel boot id, or DTRAIN_COMM_HOST_ID) share a segment created by the host's first rank
  * (announced under shm/<host>); the first rank of each host joins the ring between hosts.
  *
@@ -301,7 +302,7 @@ static void execute(cpu_comm *c, dt_comm_work *w, bool background)
         c->first_err = *err;
     }
     pthread_mutex_unlock(&c->mu);
-    DT_ERROR("comm: rank %d: %s", c->rank, err->msg);
+    DT_ERROR("comm: rank %d: %s", c->global_of[c->rank], err->msg);
 }
 
 static void *comm_thread(void *arg)

@@ -29,6 +29,19 @@
 //   world_size = K, device_index = replica and one shared unique id. Each thread then issues its
 //   replica's collectives, which NCCL supports without group calls.
 //
+// - Groups (dt_comm_split): ncclCommSplit of the parent, non-blocking like the initialisation,
+//   under the parent's mutex and bounded by the timeout; every rank of the parent calls it, a rank
+//   with color < 0 passes NCCL_SPLIT_NOCOLOR and gets no communicator. The group gets its own comm
+//   stream, watchdog and in-flight list, so its collectives progress independently of the
+//   parent's and of other groups' (NCCL kernels of different communicators run concurrently).
+// - Point-to-point (dt_comm_p2p): one ncclGroupStart, ncclSend/ncclRecv per op, ncclGroupEnd on
+//   the comm stream, issued like a collective (ordered after the compute stream, settled, an
+//   event, the watchdog, the same timeout and abort). Point-to-point and collectives of one
+//   communicator therefore run in issue order on its stream; a send completes when NCCL has
+//   handed its data to the receiver (it waits for the matching receive). NCCL does not check
+//   that a send and its receive agree on the count: a mismatch is undefined there (and diagnosed
+//   by the cpu backend).
+//
 // Unlike the cpu backend, NCCL carries no per-message description, so ranks that issue different
 // collectives are not diagnosed by name: they stall and hit the timeout, whose message names this
 // rank's operation and sequence number.
@@ -57,6 +70,7 @@ typedef struct nccl_work {
     cudaEvent_t done;   // recorded on the comm stream after the collective
     uint64_t seq;
     const char *op;     // static string
+    int peer;           // point-to-point: the peer of the batch's first op; else -1
     size_t count;
     dt_dtype dtype;
     double t0;          // when it was issued (monotonic seconds)
@@ -66,6 +80,7 @@ typedef struct nccl_work {
 struct nccl_comm {
     ncclComm_t comm;       // NULL once aborted or destroyed
     int rank, world, device;
+    int grank;             // global rank (the world's rank of this process), for messages
     double timeout_s;
     cudaStream_t stream;   // the comm stream
     cudaEvent_t ready;     // recorded on the compute stream before each collective
@@ -149,7 +164,8 @@ static void abort_locked(nccl_comm *c, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(c->err_msg, sizeof c->err_msg, fmt, ap);
     va_end(ap);
-    DT_ERROR("NCCL rank %d/%d: %s; aborting the communicator", c->rank, c->world, c->err_msg);
+    DT_ERROR("NCCL rank %d/%d (global rank %d): %s; aborting the communicator", c->rank, c->world,
+             c->grank, c->err_msg);
     if (c->comm) {
         ncclCommAbort(c->comm);
         c->comm = NULL;
@@ -192,6 +208,19 @@ static ncclResult_t settle_locked(nccl_comm *c, const char *what, uint64_t seq)
     }
 }
 
+// ", peer rank 3" for a point-to-point batch, "" for a collective.
+struct peer_buf {
+    char s[48];
+};
+static peer_buf peer_text(const nccl_work *w)
+{
+    peer_buf b;
+    b.s[0] = '\0';
+    if (w->peer >= 0)
+        snprintf(b.s, sizeof b.s, ", peer rank %d", w->peer);
+    return b;
+}
+
 // =============================================================================================
 // watchdog
 // =============================================================================================
@@ -226,10 +255,11 @@ static void *watchdog_main(void *arg)
                 continue; // complete (or a CUDA error, which wait() reports)
             if (t - w->t0 > c->timeout_s) {
                 abort_locked(c, -ETIMEDOUT,
-                             "%s #%llu (%zu x %s) timed out after %.0f s: a peer is dead, stalled "
-                             "or issued a different collective (ddp.timeout sets the limit)",
+                             "%s #%llu (%zu x %s%s) timed out after %.0f s: a peer is dead, "
+                             "stalled or issued a different operation (ddp.timeout sets the "
+                             "limit)",
                              w->op, (unsigned long long)w->seq, w->count, dtype_name(w->dtype),
-                             c->timeout_s);
+                             peer_text(w).s, c->timeout_s);
                 break;
             }
         }
@@ -282,10 +312,10 @@ static int nccl_wait_impl(nccl_comm *c, nccl_work *w, dt_err *err)
         pthread_mutex_lock(&c->mu);
         if (!c->broken && now_s() - w->t0 > c->timeout_s)
             abort_locked(c, -ETIMEDOUT,
-                         "%s #%llu (%zu x %s) timed out after %.0f s: a peer is dead, stalled or "
-                         "issued a different collective (ddp.timeout sets the limit)",
+                         "%s #%llu (%zu x %s%s) timed out after %.0f s: a peer is dead, stalled "
+                         "or issued a different operation (ddp.timeout sets the limit)",
                          w->op, (unsigned long long)w->seq, w->count, dtype_name(w->dtype),
-                         c->timeout_s);
+                         peer_text(w).s, c->timeout_s);
         bool broken = c->broken;
         pthread_mutex_unlock(&c->mu);
         if (broken) {
@@ -302,7 +332,7 @@ static int nccl_wait_impl(nccl_comm *c, nccl_work *w, dt_err *err)
 // completion event. fn issues the NCCL call itself.
 template <typename Fn>
 static int issue(nccl_comm *c, const char *op, size_t count, dt_dtype dtype, Fn fn,
-                 dt_comm_work **work, dt_err *err)
+                 dt_comm_work **work, dt_err *err, int peer = -1)
 {
     if (work)
         *work = NULL;
@@ -312,6 +342,7 @@ static int issue(nccl_comm *c, const char *op, size_t count, dt_dtype dtype, Fn 
         return dt_err_set(err, -ENOMEM, "NCCL %s: out of host memory", op);
     w->c = c;
     w->op = op;
+    w->peer = peer;
     w->count = count;
     w->dtype = dtype;
     cudaError_t ce = cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming);
@@ -343,8 +374,8 @@ static int issue(nccl_comm *c, const char *op, size_t count, dt_dtype dtype, Fn 
         r = settle_locked(c, op, w->seq);
     if (r != ncclSuccess) {
         if (!c->broken)
-            abort_locked(c, -EIO, "%s #%llu (%zu x %s) failed: %s (%s)", op,
-                         (unsigned long long)w->seq, count, dtype_name(dtype),
+            abort_locked(c, -EIO, "%s #%llu (%zu x %s%s) failed: %s (%s)", op,
+                         (unsigned long long)w->seq, count, dtype_name(dtype), peer_text(w).s,
                          ncclGetErrorString(r), c->comm ? ncclGetLastError(c->comm) : "");
         pthread_mutex_unlock(&c->mu);
         work_free(w);
@@ -447,6 +478,46 @@ static int nccl_barrier(void *self, dt_err *err)
         NULL, err);
 }
 
+// A batch of sends and receives: one NCCL group, so a batch that sends to a peer and receives
+// from it progresses together. The group is ended even when an op inside it fails.
+static int nccl_p2p(void *self, const dt_p2p_op *ops, int n, dt_comm_work **work, dt_err *err)
+{
+    nccl_comm *c = (nccl_comm *)self;
+    if (work)
+        *work = NULL;
+    if (n == 0)
+        return 0; // nothing to wait for: a NULL handle waits as done
+    bool all_send = true, all_recv = true;
+    for (int i = 0; i < n; i++) {
+        all_send = all_send && ops[i].kind == DT_P2P_SEND;
+        all_recv = all_recv && ops[i].kind == DT_P2P_RECV;
+    }
+    const char *name = n == 1 ? (all_send ? "send" : "recv")
+                       : all_send ? "send batch"
+                       : all_recv ? "recv batch"
+                                  : "send/recv batch";
+    return issue(
+        c, name, ops[0].count, ops[0].dtype,
+        [=](ncclComm_t comm, cudaStream_t s) {
+            ncclResult_t first = ncclGroupStart();
+            if (first != ncclSuccess)
+                return first;
+            for (int i = 0; i < n; i++) {
+                const dt_p2p_op *o = &ops[i];
+                ncclResult_t r = o->kind == DT_P2P_SEND
+                                     ? ncclSend(o->buf, o->count, nccl_type(o->dtype), o->peer,
+                                                comm, s)
+                                     : ncclRecv(o->buf, o->count, nccl_type(o->dtype), o->peer,
+                                                comm, s);
+                if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess)
+                    first = r;
+            }
+            ncclResult_t e = ncclGroupEnd();
+            return first != ncclSuccess ? first : e;
+        },
+        work, err, ops[0].peer);
+}
+
 static int nccl_wait(void *self, dt_comm_work *work, dt_err *err)
 {
     (void)self;
@@ -507,11 +578,137 @@ static void comm_destroy(nccl_comm *c)
 
 static void nccl_destroy(void *self) { comm_destroy((nccl_comm *)self); }
 
+static int nccl_split(void *self, int color, int key, const dt_comm_opts *child,
+                      const dt_comm_backend_ops **ops, void **child_self, dt_err *err);
+
 static const dt_comm_backend_ops nccl_ops = {
     "nccl",         nccl_allreduce, nccl_broadcast, nccl_allgather, nccl_reduce_scatter,
     nccl_barrier,   nccl_wait,      nccl_destroy,   NULL,           NULL,
-    nccl_reduce,
+    nccl_reduce,    nccl_p2p,       nccl_split,
 };
+
+// A communicator's host and CUDA state (no NCCL communicator yet): the comm stream, the ordering
+// event, the barrier's float.
+static int comm_new(int rank, int world, int grank, int device, int timeout_ms, nccl_comm **out,
+                    dt_err *err)
+{
+    *out = NULL;
+    nccl_comm *c = (nccl_comm *)calloc(1, sizeof *c);
+    if (!c)
+        return dt_err_set(err, -ENOMEM, "NCCL: out of host memory");
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->inflight.next = c->inflight.prev = &c->inflight;
+    c->rank = rank;
+    c->world = world;
+    c->grank = grank;
+    c->device = device;
+    c->timeout_s = (timeout_ms > 0 ? timeout_ms : 300000) / 1000.0;
+    int lo = 0, hi = 0;
+    cudaError_t ce = cudaSetDevice(c->device);
+    if (ce != cudaSuccess) {
+        int rc = dt_err_set(err, -EIO, "NCCL: cudaSetDevice(%d): %s", c->device,
+                            cudaGetErrorString(ce));
+        comm_destroy(c);
+        return rc;
+    }
+    // Highest priority: comm kernels get scheduled as soon as they are ready, ahead of the
+    // backward kernels they overlap with.
+    cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    if ((ce = cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, hi)) != cudaSuccess ||
+        (ce = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming)) != cudaSuccess ||
+        (ce = cudaMalloc((void **)&c->barrier_buf, sizeof(float))) != cudaSuccess) {
+        int rc = dt_err_set(err, -EIO, "NCCL: CUDA set-up on device %d: %s", c->device,
+                            cudaGetErrorString(ce));
+        comm_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+static int start_watchdog(nccl_comm *c, dt_err *err)
+{
+    if (pthread_create(&c->watchdog, NULL, watchdog_main, c) != 0)
+        return dt_err_set(err, -EAGAIN, "NCCL: cannot start the watchdog thread");
+    c->watchdog_running = true;
+    return 0;
+}
+
+// ncclCommSplit of the parent (collective over it: every rank of the parent calls it).
+static int nccl_split(void *self, int color, int key, const dt_comm_opts *child,
+                      const dt_comm_backend_ops **ops, void **child_self, dt_err *err)
+{
+    nccl_comm *p = (nccl_comm *)self;
+    *child_self = NULL;
+    nccl_comm *c = NULL;
+    int rc;
+    if (color >= 0 &&
+        (rc = comm_new(child->rank, child->world_size, p->grank, p->device,
+                       (int)(p->timeout_s * 1000.0), &c, err)) != 0)
+        return rc;
+    cudaSetDevice(p->device);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t nc = NULL;
+    pthread_mutex_lock(&p->mu);
+    if (p->broken || !p->comm) {
+        pthread_mutex_unlock(&p->mu);
+        comm_destroy(c);
+        return broken_err(p, err);
+    }
+    uint64_t seq = ++p->seq;
+    ncclResult_t r = ncclCommSplit(p->comm, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, &nc,
+                                   &cfg);
+    // The split is an operation of the parent (settle it there: it aborts the parent on its
+    // deadline), then the new communicator finishes its own initialisation.
+    if (r == ncclSuccess || r == ncclInProgress)
+        r = settle_locked(p, "split", seq);
+    if (r != ncclSuccess && !p->broken)
+        abort_locked(p, -EIO, "split #%llu (color %d, key %d) failed: %s (%s)",
+                     (unsigned long long)seq, color, key, ncclGetErrorString(r),
+                     p->comm ? ncclGetLastError(p->comm) : "");
+    bool broken = p->broken;
+    pthread_mutex_unlock(&p->mu);
+    if (broken) {
+        if (nc)
+            ncclCommAbort(nc);
+        comm_destroy(c);
+        return broken_err(p, err);
+    }
+    if (color < 0) { // NCCL_SPLIT_NOCOLOR: no communicator for this rank
+        if (nc)
+            ncclCommDestroy(nc);
+        return 0;
+    }
+    if (!nc) {
+        comm_destroy(c);
+        return dt_err_set(err, -EIO, "NCCL: ncclCommSplit (color %d) gave rank %d no "
+                          "communicator", color, p->grank);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->comm = nc;
+    r = settle_locked(c, "group initialisation", 0);
+    if (r != ncclSuccess && !c->broken)
+        abort_locked(c, -EIO, "ncclCommSplit: %s (%s)", ncclGetErrorString(r),
+                     c->comm ? ncclGetLastError(c->comm) : "");
+    pthread_mutex_unlock(&c->mu);
+    if (c->broken) {
+        rc = dt_err_set(err, c->err_code, "NCCL: creating group %d (rank %d of %d): %s", color,
+                        c->rank, c->world, c->err_msg);
+        comm_destroy(c);
+        return rc;
+    }
+    if ((rc = start_watchdog(c, err)) != 0) {
+        comm_destroy(c);
+        return rc;
+    }
+    DT_DEBUG("NCCL group %d: rank %d of %d (global rank %d) on device %d", color, c->rank,
+             c->world, c->grank, c->device);
+    *ops = &nccl_ops;
+    *child_self = c;
+    return 0;
+}
 
 DT_CU_EXPORT int dt_nccl_get_unique_id(unsigned char id[DT_NCCL_ID_BYTES], dt_err *err)
 {
@@ -539,38 +736,15 @@ DT_CU_EXPORT int dt_nccl_comm_create(const dt_comm_opts *opts,
         return dt_err_set(err, -ENODEV,
                           "NCCL: rank %d wants device %d (LOCAL_RANK) but %d GPU(s) are visible",
                           opts->rank, opts->device_index, ndev);
-    nccl_comm *c = (nccl_comm *)calloc(1, sizeof *c);
-    if (!c)
-        return dt_err_set(err, -ENOMEM, "NCCL: out of host memory");
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    c->inflight.next = c->inflight.prev = &c->inflight;
-    c->rank = opts->rank;
-    c->world = opts->world_size;
-    c->device = opts->device_index;
-    c->timeout_s = (opts->timeout_ms > 0 ? opts->timeout_ms : 300000) / 1000.0;
+    nccl_comm *c = NULL;
+    if ((rc = comm_new(opts->rank, opts->world_size, opts->rank, opts->device_index,
+                       opts->timeout_ms, &c, err)) != 0)
+        return rc;
 
     ncclUniqueId uid;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     ncclResult_t r;
-    int lo = 0, hi = 0;
     memcpy(uid.internal, id, DT_NCCL_ID_BYTES);
-    ce = cudaSetDevice(c->device);
-    if (ce != cudaSuccess) {
-        rc = dt_err_set(err, -EIO, "NCCL: cudaSetDevice(%d): %s", c->device,
-                        cudaGetErrorString(ce));
-        goto fail;
-    }
-    // Highest priority: comm kernels get scheduled as soon as they are ready, ahead of the
-    // backward kernels they overlap with.
-    cudaDeviceGetStreamPriorityRange(&lo, &hi);
-    if ((ce = cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, hi)) != cudaSuccess ||
-        (ce = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming)) != cudaSuccess ||
-        (ce = cudaMalloc((void **)&c->barrier_buf, sizeof(float))) != cudaSuccess) {
-        rc = dt_err_set(err, -EIO, "NCCL: CUDA set-up on device %d: %s", c->device,
-                        cudaGetErrorString(ce));
-        goto fail;
-    }
     cfg.blocking = 0;
     pthread_mutex_lock(&c->mu);
     r = ncclCommInitRankConfig(&c->comm, c->world, uid, c->rank, &cfg);
@@ -587,11 +761,8 @@ DT_CU_EXPORT int dt_nccl_comm_create(const dt_comm_opts *opts,
                         c->rank, c->world, c->device, c->err_msg);
         goto fail;
     }
-    if (pthread_create(&c->watchdog, NULL, watchdog_main, c) != 0) {
-        rc = dt_err_set(err, -EAGAIN, "NCCL: cannot start the watchdog thread");
+    if ((rc = start_watchdog(c, err)) != 0)
         goto fail;
-    }
-    c->watchdog_running = true;
     DT_DEBUG("NCCL %d.%d communicator: rank %d of %d on device %d, timeout %.0f s", NCCL_MAJOR,
              NCCL_MINOR, c->rank, c->world, c->device, c->timeout_s);
     *ops = &nccl_ops;

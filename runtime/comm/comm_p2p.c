@@ -234,8 +234,9 @@ static void close_pair(dt_p2p *p, pair *c, bool aborting)
     c->open = false;
 }
 
-/* Fails the engine (first error wins): every batch not done gets the error; peers are told. */
-static void fail_all(dt_p2p *p, int code, const char *msg)
+/* Fails the engine (first error wins): every batch not done gets the error; peers are told.
+ * log: the error is this engine's own (not another part of the communicator's, logged there). */
+static void fail_all(dt_p2p *p, int code, const char *msg, bool log)
 {
     pthread_mutex_lock(&p->mu);
     bool first = !p->failed;
@@ -252,7 +253,7 @@ static void fail_all(dt_p2p *p, int code, const char *msg)
         }
     pthread_cond_broadcast(&p->done_cv);
     pthread_mutex_unlock(&p->mu);
-    if (first)
+    if (first && log)
         DT_ERROR("comm: rank %d: %s", p->peers[p->rank].global, msg);
 }
 
@@ -265,7 +266,7 @@ static int failf(dt_p2p *p, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fail_all(p, code, msg);
+    fail_all(p, code, msg, true);
     return code;
 }
 
@@ -478,20 +479,6 @@ static int push_ctl(dt_p2p *p, pair *c, uint32_t type, uint64_t seq, uint64_t co
     return 0;
 }
 
-/* A request finished: its batch may be done. */
-static void complete(dt_p2p *p, pair *c, req *q)
-{
-    q->state = Q_DONE;
-    c->pending--;
-    p->pending--;
-    pthread_mutex_lock(&p->mu);
-    if (--q->b->left == 0 && !q->b->done) {
-        q->b->done = true;
-        pthread_cond_broadcast(&p->done_cv);
-    }
-    pthread_mutex_unlock(&p->mu);
-}
-
 static void pop_done(pair *c)
 {
     while (c->sends && c->sends->state == Q_DONE) {
@@ -504,6 +491,24 @@ static void pop_done(pair *c)
         if (!c->recvs)
             c->recvs_tail = NULL;
     }
+}
+
+/* A request finished: off the pair's lists first, then its batch may be done. Once the batch
+ * is done its waiter may free it (and reuse the memory for its next batch) at any moment, so
+ * this thread must not touch q afterwards. */
+static void complete(dt_p2p *p, pair *c, req *q)
+{
+    q->state = Q_DONE;
+    c->pending--;
+    p->pending--;
+    pop_done(c);
+    dt_p2p_batch *b = q->b;
+    pthread_mutex_lock(&p->mu);
+    if (--b->left == 0 && !b->done) {
+        b->done = true;
+        pthread_cond_broadcast(&p->done_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* Writes as much as the stream takes; *moved when anything went. */
@@ -547,7 +552,6 @@ static int pair_write(dt_p2p *p, pair *c, bool *moved)
             if (c->out_kind == 2) {
                 c->out_req->done = c->out_req->bytes;
                 complete(p, c, c->out_req);
-                pop_done(c);
             }
             c->out_kind = 0;
             c->out_req = NULL;
@@ -667,7 +671,6 @@ static int on_frame(dt_p2p *p, pair *c)
                          w, (unsigned long long)f->seq, (unsigned long long)f->count);
         if (q->bytes == 0) {
             complete(p, c, q);
-            pop_done(c);
         } else {
             c->in_req = q;
         }
@@ -696,7 +699,6 @@ static int pair_read(dt_p2p *p, pair *c, bool *moved)
             if (q->done == q->bytes) {
                 c->in_req = NULL;
                 complete(p, c, q);
-                pop_done(c);
             }
             continue;
         }
@@ -842,7 +844,7 @@ static void *progress_thread(void *arg)
     int idle = 0;
     struct pollfd *fds = calloc((size_t)p->world + 2, sizeof *fds);
     if (!fds) {
-        fail_all(p, -ENOMEM, "point-to-point: out of memory");
+        fail_all(p, -ENOMEM, "point-to-point: out of memory", true);
         return NULL;
     }
     for (;;) {
@@ -864,7 +866,8 @@ static void *progress_thread(void *arg)
             pthread_mutex_lock(&p->mu);
             dt_strlcpy(msg, p->abort_msg, sizeof msg);
             pthread_mutex_unlock(&p->mu);
-            rc = failf(p, -EPIPE, "%s", msg);
+            fail_all(p, -EPIPE, msg, false);
+            rc = -EPIPE;
         } else if (failed) {
             continue; /* the batches of `in` were failed with the rest */
         }
@@ -993,6 +996,18 @@ void dt_p2p_close(dt_p2p *p)
         return;
     if (p->thread_started) {
         pthread_mutex_lock(&p->mu);
+        /* Outstanding batches (handles never waited) finish first, each bounded by its
+         * deadline, which the thread enforces. */
+        for (;;) {
+            bool busy = false;
+            for (dt_p2p_batch *b = p->batches; b && !busy; b = b->next)
+                busy = !b->done;
+            if (!busy)
+                break;
+            pthread_cond_wait(&p->done_cv, &p->mu);
+        }
+        while (p->failed && !p->settled)
+            pthread_cond_wait(&p->done_cv, &p->mu);
         p->stop = true;
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
@@ -1047,7 +1062,7 @@ void dt_p2p_abort(dt_p2p *p, const char *msg)
     }
     pthread_mutex_unlock(&p->mu);
     if (!running) { /* no pair is open, no request posted */
-        fail_all(p, -EPIPE, msg);
+        fail_all(p, -EPIPE, msg, false);
         pthread_mutex_lock(&p->mu);
         p->settled = true;
         pthread_mutex_unlock(&p->mu);

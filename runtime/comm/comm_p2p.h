@@ -56,8 +56,8 @@ typedef struct dt_p2p_opts {
 /* Creates the engine (no thread, no connection yet). Takes listen_fd even on failure. */
 int dt_p2p_create(dt_p2p **out, const dt_p2p_opts *opts, dt_err *err);
 
-/* Stops the thread (pending batches fail), closes everything, frees every batch not yet waited.
- * Accepts NULL. */
+/* Lets outstanding batches finish (each bounded by its deadline), stops the thread, closes
+ * everything, frees every batch not yet waited. Accepts NULL. */
 void dt_p2p_close(dt_p2p *p);
 
 /* Fails the engine with msg (another part of the communicator failed) and tells the peers. */
