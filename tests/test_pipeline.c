@@ -571,7 +571,7 @@ static prun pbase(int N, int P, int M, const char *sched, const char *name)
     padd(&r, "model.hidden=13,11,7");  /* 4 Linear layers: 4 stages at most */
     padd(&r, "train.batch_size=8");
     padd(&r, "train.warmup_steps=2");
-    padd(&r, "train.lr=0.01");
+    padd(&r, "train.lr=0.003");
     padd(&r, "train.grad_clip=0.5");   /* the global norm, across the stages, clips */
     padd(&r, fmt("elastic.nproc_per_node=%d", N)); /* the world the layout is checked against */
     padd(&r, fmt("parallel.pipeline=%d", P));
@@ -783,6 +783,34 @@ out:
     prun_free(&pp);
 }
 
+/* D = 2 x P = 2 (4 ranks): DDP over each stage's two replicas, against plain DDP on 2 ranks
+ * (the same global batch, the same shards). */
+static void test_d2_p2(void)
+{
+    prun ddp = pbase(2, 1, 1, "1f1b", "ddp-2");
+    prun pp = pbase(4, 2, 4, "1f1b", "d2-p2-1f1b");
+    pp.steps = ddp.steps = 10;
+    if (!prun_run(&ddp) || !prun_run(&pp))
+        goto out;
+    const rank_out *a = &pp.out[0], *b = &ddp.out[0];
+    DT_CHECK_STR(a->strategy, "pipeline");
+    DT_CHECK_STR(b->strategy, "ddp");
+    for (int k = 0; k < pp.steps; k++)
+        DT_CHECK_MSG(fabs(a->loss[k] - b->loss[k]) <= 1e-5 * fabs(b->loss[k]),
+                     "%s: step %d loss %.9g vs DDP %.9g", pp.name, k + 1, a->loss[k],
+                     b->loss[k]);
+    double wp = vec_rel(a->params, b->params, a->numel);
+    DT_CHECK_MSG(wp <= 1e-5, "%s: weights differ from DDP's by %.3g relative", pp.name, wp);
+    for (int q = 1; q < 4; q++)
+        DT_CHECK_MSG(!memcmp(pp.out[q].params, a->params, a->numel * sizeof(float)),
+                     "%s: rank %d gathered other weights than rank 0", pp.name, q);
+    printf("    %-18s loss %.6f -> %.6f (DDP %.6f), weights within %.2g\n", pp.name, a->loss[0],
+           a->loss[pp.steps - 1], b->loss[pp.steps - 1], wp);
+out:
+    prun_free(&ddp);
+    prun_free(&pp);
+}
+
 static void test_p2_1f1b(void) { against_one(2, 4, "1f1b"); }
 static void test_p2_gpipe(void) { against_one(2, 4, "gpipe"); }
 static void test_p4_1f1b(void) { against_one(4, 4, "1f1b"); }
@@ -864,6 +892,7 @@ int main(int argc, char **argv)
         {"p2_gpipe", test_p2_gpipe, 180},
         {"p4_1f1b", test_p4_1f1b, 180},
         {"p4_gpipe", test_p4_gpipe, 180},
+        {"d2_p2", test_d2_p2, 180},
         {"ckpt_resume", test_ckpt_resume, 300},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
