@@ -878,6 +878,28 @@ out:
     prun_free(&e);
 }
 
+/* `dtrain bench pipeline` on a tiny job: it runs both schedules, prints the formula, and 1F1B's
+ * stage-0 activation peak is exactly P/M of GPipe's (slots of equal size: P of M). */
+static void test_bench(void)
+{
+    const char *out = fmt("%s/bench.txt", dt_test_tmpdir());
+    pid_t pid = dt_test_spawn(
+        fmt("%s bench pipeline %s/configs/mlp.ini job.device=cpu train.threads=1 "
+            "job.cpu_bind=none model.hidden=16,16,16 train.batch_size=16 --stages 2,4 "
+            "--micro 1,8 --steps 2",
+            dt_test_dtrain_bin(), repo_dir()),
+        out);
+    int code = dt_test_wait_exit(pid, 100 * dt_test_timeout_scale());
+    char *text = dt_test_slurp(out);
+    DT_CHECK_MSG(code == 0, "bench pipeline exited %d: %.2000s", code, text ? text : "");
+    DT_CHECK_CONTAINS(text, "formula: (P-1)/(M+P-1)");
+    DT_CHECK_CONTAINS(text, " 2   8 1f1b");
+    DT_CHECK_CONTAINS(text, "0.250 (P/M 0.250)");
+    DT_CHECK_CONTAINS(text, "0.500 (P/M 0.500)"); /* P = 4, M = 8 */
+    DT_CHECK_CONTAINS(text, "0.750"); /* the formula at P = 4, M = 1 */
+    free(text);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -894,6 +916,7 @@ int main(int argc, char **argv)
         {"p4_gpipe", test_p4_gpipe, 180},
         {"d2_p2", test_d2_p2, 180},
         {"ckpt_resume", test_ckpt_resume, 300},
+        {"bench", test_bench, 120},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
