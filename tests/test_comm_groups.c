@@ -692,7 +692,9 @@ static void dead_rank(rank_ctx *x, void *arg)
     rc = dt_comm_recv(g, &got, 1, DT_INT32, peer, NULL, &err);
     double t = dt_now_s() - t0;
     RCHECK(rc != 0, "receive from a dead peer succeeded");
-    RCHECK(strstr(err.msg, "rank 0 (global rank 3)"), "message: %s", err.msg);
+    RCHECK(strstr(err.msg, "rank 0 (global rank 3)") &&
+               strstr(err.msg, "receive #2 (int32 x 1) from rank 0"),
+           "message: %s", err.msg);
     RCHECK(t < 4.0, "took %.1f s (timeout %d ms)", t, x->w->timeout_ms);
     dt_comm_free(g);
 }

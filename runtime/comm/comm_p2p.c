@@ -316,16 +316,27 @@ static ssize_t stream_read(pair *c, void *dst, size_t n)
     return (ssize_t)k;
 }
 
+/* "receive #2 (int32 x 1) from rank 3": the first op still pending with c's peer. */
+static const char *pending_op(const dt_p2p *p, const pair *c, char *buf, size_t cap)
+{
+    const req *q = c->recvs ? c->recvs : c->sends;
+    if (!q)
+        snprintf(buf, cap, "point-to-point");
+    else
+        describe(p, q, buf, cap);
+    return buf;
+}
+
 static int lost(dt_p2p *p, pair *c, ssize_t rc, bool writing)
 {
-    char w[64];
+    char w[64], d[200];
     who(p, c->peer, w, sizeof w);
+    pending_op(p, c, d, sizeof d);
     if (rc == -ECONNRESET || rc == -EPIPE)
         return failf(p, -ECONNRESET,
-                     "point-to-point: %s closed its connection (it failed or exited; its own log "
-                     "says why)",
-                     w);
-    return failf(p, (int)rc, "point-to-point: %s the connection to %s: %s",
+                     "%s: %s closed its connection (it failed or exited; its own log says why)",
+                     d, w);
+    return failf(p, (int)rc, "%s: %s the connection to %s: %s", d,
                  writing ? "writing to" : "reading from", w, strerror((int)-rc));
 }
 
@@ -756,16 +767,17 @@ static int check_peer(dt_p2p *p, pair *c, uint64_t now)
     if (!c->shm || now < c->next_peer_check)
         return 0;
     c->next_peer_check = now + PEER_CHECK_NS;
-    char w[64];
+    char w[64], d[200];
     if (c->h && atomic_load(&c->h->abort[1 - c->side]))
-        return failf(p, -ECONNRESET, "point-to-point: %s failed (its own log says why)",
-                     who(p, c->peer, w, sizeof w));
+        return failf(p, -ECONNRESET, "%s: %s failed (its own log says why)",
+                     pending_op(p, c, d, sizeof d), who(p, c->peer, w, sizeof w));
     bool moved = false;
     if (peer_exited(p, c) && c->open && (pair_read(p, c, &moved) || c->pending == 0))
         return p->failed ? -ECONNRESET : 0; /* it finished writing what we wait for first */
     if (peer_exited(p, c))
-        return failf(p, -ECONNRESET, "point-to-point: %s (pid %d) exited", who(p, c->peer, w,
-                     sizeof w), p->peers[c->peer].pid);
+        return failf(p, -ECONNRESET, "%s: %s (pid %d, this host) exited",
+                     pending_op(p, c, d, sizeof d), who(p, c->peer, w, sizeof w),
+                     p->peers[c->peer].pid);
     return 0;
 }
 
