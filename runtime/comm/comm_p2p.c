@@ -370,14 +370,19 @@ static int pair_open(dt_p2p *p, pair *c, uint64_t deadline_ns)
             if (fd < 0)
                 return failf(p, -errno, "point-to-point: creating shared memory %s for %s: %s",
                              c->name, who(p, c->peer, w, sizeof w), strerror(errno));
-            if (ftruncate(fd, (off_t)c->map_bytes) != 0) {
-                int e = errno;
+            /* Reserve the pages now: a tmpfs that runs full later (docker's 64 MiB /dev/shm)
+             * would kill the process with SIGBUS on first touch instead of failing here. */
+            int e = ftruncate(fd, (off_t)c->map_bytes) != 0 ? errno
+                                                            : posix_fallocate(fd, 0,
+                                                                              (off_t)c->map_bytes);
+            if (e != 0) {
                 close(fd);
                 shm_unlink(c->name);
-                return failf(p, -e,
-                             "point-to-point: sizing shared memory %s to %zu bytes for %s: %s "
-                             "(is /dev/shm full?)",
-                             c->name, c->map_bytes, who(p, c->peer, w, sizeof w), strerror(e));
+                return failf(p, e == ENOSPC || e == ENOMEM || e == EFBIG ? -ENOSPC : -e,
+                             "point-to-point: /dev/shm has no room for the %zu bytes shared with "
+                             "%s (%s): give it more (docker run --shm-size) or set "
+                             "DTRAIN_COMM_TRANSPORT=tcp",
+                             c->map_bytes, who(p, c->peer, w, sizeof w), strerror(e));
             }
             void *m = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             close(fd);
