@@ -445,7 +445,7 @@ static int pair_open(dt_p2p *p, pair *c, uint64_t deadline_ns)
     return 0;
 }
 
-/* Files the connections higher... lower ranks made to us. */
+/* Files the connections that lower ranks made to us (one per pair, greeted with the tag). */
 static void accept_pending(dt_p2p *p)
 {
     if (p->listen_fd < 0)
@@ -862,6 +862,10 @@ static void *progress_thread(void *arg)
     struct pollfd *fds = calloc((size_t)p->world + 2, sizeof *fds);
     if (!fds) {
         fail_all(p, -ENOMEM, "point-to-point: out of memory", true);
+        pthread_mutex_lock(&p->mu);
+        p->settled = true; /* no request was touched */
+        pthread_cond_broadcast(&p->done_cv);
+        pthread_mutex_unlock(&p->mu);
         return NULL;
     }
     for (;;) {
