@@ -982,9 +982,13 @@ int dt_p2p_create(dt_p2p **out, const dt_p2p_opts *o, dt_err *err)
     p->addrs = calloc((size_t)o->world, sizeof *p->addrs);
     p->pairs = calloc((size_t)o->world, sizeof *p->pairs);
     if (!p->peers || !p->addrs || !p->pairs) {
+        free(p->pairs); /* nothing in it to close yet */
+        p->pairs = NULL;
         dt_p2p_close(p);
         return dt_err_set(err, -ENOMEM, "comm: out of memory");
     }
+    for (int r = 0; r < o->world; r++) /* before anything can fail: close() reads them */
+        p->pairs[r].fd = p->pairs[r].pidfd = -1;
     for (int r = 0; r < o->world; r++) {
         p->peers[r] = o->peers[r];
         p->addrs[r] = strdup(o->peers[r].addr ? o->peers[r].addr : "127.0.0.1");
@@ -995,8 +999,6 @@ int dt_p2p_create(dt_p2p **out, const dt_p2p_opts *o, dt_err *err)
         p->peers[r].addr = p->addrs[r];
         pair *c = &p->pairs[r];
         c->peer = r;
-        c->fd = -1;
-        c->pidfd = -1;
         c->shm = o->peers[r].shm;
         c->side = p->rank < r ? 0 : 1;
         snprintf(c->name, sizeof c->name, "%s.p%d.%d", p->shm_base, DT_MIN(p->rank, r),
