@@ -590,6 +590,8 @@ static void test_layout_elastic_world_accepted(void)
     DT_CHECK_CONTAINS(o, "layout: data 1 x tensor 1 x pipeline 2; this rank: dp 0, tp 0, pp 0");
     DT_CHECK_CONTAINS(o, "layout: data 1 x tensor 1 x pipeline 2; this rank: dp 0, tp 0, pp 1");
     DT_CHECK(!strstr(o, "is not divisible"));
+    /* both stages draw data-parallel rank 0's samples: a step is one rank's batch */
+    DT_CHECK_CONTAINS(o, "5 steps of 8 samples (batch 8 x accum 1 x 1 data-parallel ranks)");
     snprintf(path, sizeof path, "%s/la2/metrics.jsonl", TMP);
     char *m = dt_test_slurp(path);
     DT_REQUIRE(m != NULL);

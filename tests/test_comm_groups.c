@@ -658,8 +658,23 @@ static void mismatch_rank(rank_ctx *x, void *arg)
     RCHECK(rc != 0 && strstr(err.msg, "failed earlier"), "after failure: rc %d %s", rc, err.msg);
 }
 
+/* Same count, other dtype: float32 sent, int32 expected. */
+static void dtype_mismatch_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    int32_t buf[100] = {0};
+    int rc = x->rank == 0 ? dt_comm_send(x->c, buf, 100, DT_FLOAT32, 1, NULL, &err)
+                          : dt_comm_recv(x->c, buf, 100, DT_INT32, 0, NULL, &err);
+    RCHECK(rc == -EPROTO, "rank %d: rc %d (%s)", x->rank, rc, err.msg);
+    RCHECK(strstr(err.msg, "float32 x 100") && strstr(err.msg, "int32 x 100"), "rank %d: %s",
+           x->rank, err.msg);
+}
+
 static void test_p2p_mismatch(void)
 {
+    world d = {.n = 2, .timeout_ms = 15000};
+    run_world(&d, dtype_mismatch_rank, NULL, 30);
     world a = {.n = 2, .timeout_ms = 15000};
     run_world(&a, mismatch_rank, NULL, 30);
     world b = {.n = 2, .hosts = "a,b", .timeout_ms = 15000};
@@ -692,7 +707,9 @@ static void dead_rank(rank_ctx *x, void *arg)
     rc = dt_comm_recv(g, &got, 1, DT_INT32, peer, NULL, &err);
     double t = dt_now_s() - t0;
     RCHECK(rc != 0, "receive from a dead peer succeeded");
-    RCHECK(strstr(err.msg, "rank 0 (global rank 3)"), "message: %s", err.msg);
+    RCHECK(strstr(err.msg, "rank 0 (global rank 3)") &&
+               strstr(err.msg, "receive #2 (int32 x 1) from rank 0"),
+           "message: %s", err.msg);
     RCHECK(t < 4.0, "took %.1f s (timeout %d ms)", t, x->w->timeout_ms);
     dt_comm_free(g);
 }

@@ -684,6 +684,260 @@ static void test_shipped_configs_load(void)
     DT_CHECK(n >= 1);
 }
 
+/* ---- [parallel]: tensor, pipeline, micro_batches, schedule, stages ------------------------- */
+
+#define GPT_MINI "[model]\ntype = gpt\npreset = gpt-mini\n" /* 6 blocks, 6 heads */
+
+/* Loads text (with overrides) expecting success, and says why not. */
+static void load_ok(const char *text, char **ov, int n)
+{
+    int rc = load(text, ov, n);
+    if (rc)
+        dump_errors();
+    DT_REQUIRE(rc == 0);
+}
+
+/* Every key: defaults, values, the derived micro_batches, printing and reading back, and the
+ * helpers that count a model's blocks and split them into stages. */
+static void test_parallel_keys(void)
+{
+    load_ok("[model]\ntype = mlp\n", NULL, 0);
+    DT_CHECK_INT(job.tensor, 1);
+    DT_CHECK_INT(job.pipeline, 1);
+    DT_CHECK_INT(job.micro_batches, 1); /* derived: no pipeline */
+    DT_CHECK(job.pp_schedule == DT_PP_1F1B);
+    DT_CHECK_INT(job.n_stage_blocks, 0);
+    DT_CHECK_INT(dt_job_pipeline_blocks(&job), 3); /* hidden 256,256: three Linear layers */
+    DT_CHECK_STR(dt_pp_schedule_name(DT_PP_1F1B), "1f1b");
+    DT_CHECK_STR(dt_pp_schedule_name(DT_PP_GPIPE), "gpipe");
+    DT_CHECK_STR(dt_pp_schedule_name((dt_pp_schedule_kind)7), "");
+
+    /* 12 ranks = data 1 x tensor 2 x pipeline 3 on gpt-mini */
+    load_ok(GPT_MINI "[train]\nbatch_size = 6\n[parallel]\ntensor = 2\npipeline = 3\n"
+            "schedule = GPipe\nstages = 1, 2,3\n[elastic]\nnproc_per_node = 6\n",
+            NULL, 0);
+    DT_CHECK_INT(job.tensor, 2);
+    DT_CHECK_INT(job.pipeline, 3);
+    DT_CHECK_INT(job.micro_batches, 3); /* derived: = pipeline */
+    DT_CHECK(job.pp_schedule == DT_PP_GPIPE);
+    DT_CHECK_INT(job.n_stage_blocks, 3);
+    DT_CHECK(job.stage_blocks[0] == 1 && job.stage_blocks[1] == 2 && job.stage_blocks[2] == 3 &&
+             job.stage_blocks[3] == 0);
+    int blocks[DT_MAX_STAGES];
+    dt_err err = {0};
+    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), 3);
+    DT_CHECK(blocks[0] == 1 && blocks[1] == 2 && blocks[2] == 3);
+    /* printed and read back: the same job, micro_batches as derived */
+    static dt_job first;
+    first = job;
+    char path[1024], *text = NULL;
+    snprintf(path, sizeof path, "%s/parallel.ini", dt_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    DT_REQUIRE(f);
+    dt_job_print(&first, f);
+    fclose(f);
+    DT_REQUIRE(dt_read_file(path, &text, NULL, NULL) == 0);
+    DT_CHECK_CONTAINS(text, "\n[parallel]\nzero = 0\ntensor = 2\npipeline = 3\nmicro_batches = 3\n"
+                            "schedule = gpipe\nstages = 1,2,3\n");
+    free(text);
+    memset(&errs, 0, sizeof errs);
+    DT_REQUIRE(dt_job_load(&job, path, NULL, 0, &errs, &err) == 0);
+    memset(first.path, 0, sizeof first.path);
+    memset(job.path, 0, sizeof job.path);
+    DT_CHECK(memcmp(&first, &job, sizeof job) == 0);
+
+    /* an explicit micro_batches is kept, 1 included; dt_job_defaults gives 1 */
+    char *ov[] = {"parallel.pipeline=2", "parallel.micro_batches=4", "elastic.nproc_per_node=2"};
+    load_ok(GPT_MINI, ov, 3);
+    DT_CHECK_INT(job.micro_batches, 4);
+    char *ov1[] = {"parallel.micro_batches=1", "parallel.pipeline=2", "elastic.nproc_per_node=2"};
+    load_ok(GPT_MINI, ov1, 3);
+    DT_CHECK_INT(job.micro_batches, 1);
+    dt_job_defaults(&job);
+    DT_CHECK(job.micro_batches == 1 && job.tensor == 1 && job.pipeline == 1);
+    /* the balanced split: earlier stages take one more */
+    char *ov4[] = {"parallel.pipeline=4", "elastic.nproc_per_node=4"};
+    load_ok(GPT_MINI, ov4, 2);
+    DT_CHECK_INT(job.micro_batches, 4);
+    DT_CHECK_INT(dt_job_pipeline_blocks(&job), 6);
+    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), 4);
+    DT_CHECK(blocks[0] == 2 && blocks[1] == 2 && blocks[2] == 1 && blocks[3] == 1);
+    /* mlp: its Linear layers are the blocks */
+    char *ovm[] = {"parallel.pipeline=3", "model.hidden=32,16", "train.batch_size=9",
+                   "elastic.nproc_per_node=3"};
+    load_ok("[model]\ntype = mlp\n", ovm, 4);
+    DT_CHECK_INT(dt_job_pipeline_blocks(&job), 3);
+    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), 3);
+    DT_CHECK(blocks[0] == 1 && blocks[1] == 1 && blocks[2] == 1);
+    /* stages = "" goes back to balanced */
+    DT_REQUIRE_OK(dt_job_set(&job, "parallel.stages=2,1", &err), &err);
+    DT_CHECK_INT(job.n_stage_blocks, 2);
+    DT_REQUIRE_OK(dt_job_set(&job, "parallel.stages=", &err), &err);
+    DT_CHECK(job.n_stage_blocks == 0 && job.stage_blocks[0] == 0);
+    /* resnet has no blocks to pipeline */
+    load_ok("[model]\ntype = resnet\n", NULL, 0);
+    DT_CHECK_INT(dt_job_pipeline_blocks(&job), 0);
+    job.pipeline = 2;
+    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "not supported for this model (resnet)");
+    /* a world only the rendezvous knows is not checked at load: the agent does */
+    char *ove[] = {"parallel.tensor=2", "elastic.nnodes=1:4"};
+    load_ok(GPT_MINI, ove, 2); /* 2 or 4 nodes of one worker fit */
+    char *ova[] = {"parallel.tensor=3", "elastic.nproc_per_node=auto"};
+    load_ok(GPT_MINI, ova, 2);
+}
+
+/* Each error of the keys themselves, with its line. */
+static void test_parallel_key_forms(void)
+{
+    int rc = load(GPT_MINI "[parallel]\ntensor = 0\npipeline = 65\nmicro_batches = 0\n"
+                  "schedule = pipedream\nstages = 2,,2\n",
+                  NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:5: parallel.tensor: 0 is out of range (min 1, max 1024)"));
+    DT_CHECK(has_error("job.ini:6: parallel.pipeline: 65 is out of range (min 1, max 64)"));
+    DT_CHECK(has_error("job.ini:7: parallel.micro_batches: 0 is out of range (min 1, max 1000000)"));
+    DT_CHECK(has_error("job.ini:8: parallel.schedule: \"pipedream\" is not one of 1f1b|gpipe"));
+    DT_CHECK(has_error("job.ini:9: parallel.stages: \"2,,2\" must be blocks per stage such as "
+                       "4,4,2,2"));
+    if (errs.count != 5)
+        dump_errors();
+    DT_CHECK_INT(errs.count, 5);
+    static const char *const bad[] = {"0,4", "a", "4,", ",4", "3,-1", "1.5,2", "2 3"};
+    for (size_t i = 0; i < DT_ARRAY_LEN(bad); i++) {
+        char set[64];
+        dt_err err = {0};
+        snprintf(set, sizeof set, "parallel.stages=%s", bad[i]);
+        dt_job_defaults(&job);
+        DT_CHECK_MSG(dt_job_set(&job, set, &err) == -EINVAL, "%s accepted", set);
+        DT_CHECK_CONTAINS(err.msg, "must be blocks per stage");
+        DT_CHECK_INT(job.n_stage_blocks, 0);
+    }
+    /* 65 stages is one more than DT_MAX_STAGES */
+    char many[256] = "parallel.stages=1";
+    for (int i = 1; i < 65; i++)
+        strcat(many, ",1");
+    dt_err err = {0};
+    DT_CHECK(dt_job_set(&job, many, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "at most 64 stages");
+}
+
+/* The layout against the model, the strategy, ZeRO, the batch and a world fixed at load: each
+ * error names the keys, the file:line of the key set last, and the fix. */
+static void test_parallel_errors(void)
+{
+    /* tensor: gpt only, whole heads per rank */
+    int rc = load("[model]\ntype = gpt\npreset = gpt2-124m\n[parallel]\ntensor = 5\n"
+                  "[elastic]\nnproc_per_node = 5\n",
+                  NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:5: model.n_head = 12 is not divisible by parallel.tensor = 5 "
+                       "(each tensor rank takes whole attention heads): use 1, 2, 3, 4, 6 or 12"));
+    DT_CHECK_INT(errs.count, 1);
+    rc = load("[model]\ntype = mlp\n[parallel]\ntensor = 2\n[elastic]\nnproc_per_node = 2\n",
+              NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: parallel.tensor = 2: tensor parallelism (Megatron-LM's column "
+                       "and row splits) is supported for model gpt only, not mlp; use "
+                       "parallel.tensor = 1"));
+    /* pipeline: not resnet; at most the model's blocks */
+    rc = load("[model]\ntype = resnet\n[parallel]\npipeline = 2\n[elastic]\nnproc_per_node = 2\n",
+              NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: parallel.pipeline = 2: pipeline parallelism is not supported "
+                       "for this model (resnet); use parallel.pipeline = 1"));
+    DT_CHECK_INT(errs.count, 1);
+    char *ov7[] = {"parallel.pipeline=7", "train.batch_size=7", "elastic.nproc_per_node=7"};
+    rc = load(GPT_MINI, ov7, 3);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("override 1 (parallel.pipeline=7): parallel.pipeline = 7 is more than the "
+                       "model's 6 transformer blocks (model.n_layer): every stage needs at least "
+                       "one; use parallel.pipeline = 6 or fewer"));
+    DT_CHECK_INT(errs.count, 1);
+    rc = load("[model]\ntype = mlp\nhidden = 64\n[parallel]\npipeline = 3\n[train]\n"
+              "batch_size = 3\n[elastic]\nnproc_per_node = 3\n",
+              NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("parallel.pipeline = 3 is more than the model's 2 Linear layers "
+                       "(model.hidden's widths + 1)"));
+    /* stages: one per stage, adding up to the blocks */
+    rc = load(GPT_MINI "[parallel]\npipeline = 2\nstages = 2,2,2\n[elastic]\nnproc_per_node = 2\n",
+              NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:6: parallel.stages = 2,2,2 gives 3 stages but parallel.pipeline "
+                       "= 2: give the blocks of each of the 2 stages"));
+    DT_CHECK_INT(errs.count, 1);
+    rc = load(GPT_MINI "[parallel]\npipeline = 2\nstages = 4,3\n[elastic]\nnproc_per_node = 2\n",
+              NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:6: parallel.stages = 4,3 adds up to 7 blocks, but the model has 6 "
+                       "transformer blocks (model.n_layer): make the stages' blocks add up to 6"));
+    DT_CHECK_INT(errs.count, 1);
+    /* micro_batches divides the rank's batch: given, or derived from the pipeline */
+    rc = load(GPT_MINI "[parallel]\nmicro_batches = 3\n", NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:5: parallel.micro_batches = 3 does not divide train.batch_size = 8 "
+                       "(a rank's batch is cut into micro-batches of equal size): set "
+                       "parallel.micro_batches to a divisor of 8, or train.batch_size to a "
+                       "multiple of 3"));
+    rc = load(GPT_MINI "[parallel]\npipeline = 3\n[elastic]\nnproc_per_node = 3\n", NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:5: parallel.micro_batches = 3 (its default: parallel.pipeline) "
+                       "does not divide train.batch_size = 8"));
+    DT_CHECK_INT(errs.count, 1);
+    /* one worker per device; no ZeRO yet */
+    rc = load(GPT_MINI "[job]\nstrategy = dp\n[parallel]\ntensor = 2\n[elastic]\n"
+              "nproc_per_node = 2\n",
+              NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:7: parallel.tensor = 2 and parallel.pipeline = 1 need one worker "
+                       "process per device, but job.strategy = dp drives every replica from one "
+                       "process: use job.strategy = ddp"));
+    DT_CHECK_INT(errs.count, 1);
+    rc = load(GPT_MINI "[parallel]\nzero = 1\npipeline = 2\n[elastic]\nnproc_per_node = 2\n",
+              NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("job.ini:6: parallel.zero = 1: ZeRO with tensor/pipeline parallelism is "
+                       "not supported yet; set parallel.zero = 0"));
+    DT_CHECK_INT(errs.count, 1);
+    /* a world fixed at load: nodes x workers must be a multiple of T x P */
+    char *ovw[] = {"parallel.tensor=2", "parallel.pipeline=2", "train.batch_size=4"};
+    rc = load(GPT_MINI "[elastic]\nnnodes = 2\nnproc_per_node = 3\n", ovw, 3);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("override 2 (parallel.pipeline=2): elastic.nnodes = 2 x "
+                       "elastic.nproc_per_node = 3: world size 6 is not divisible by "
+                       "parallel.tensor x parallel.pipeline = 2 x 2 = 4 (the ranks of one "
+                       "data-parallel replica): run a multiple of 4 ranks (4, 8, 12, ...), or "
+                       "change parallel.tensor or parallel.pipeline"));
+    DT_CHECK_INT(errs.count, 1);
+    char *ovw2[] = {"parallel.tensor=2", "parallel.pipeline=2", "train.batch_size=4",
+                    "elastic.nproc_per_node=2"};
+    load_ok(GPT_MINI "[elastic]\nnnodes = 2\nnproc_per_node = 3\n", ovw2, 4);
+    /* an elastic range none of whose worlds fits */
+    char *ovr[] = {"parallel.tensor=3", "elastic.nnodes=1:2", "elastic.nproc_per_node=2"};
+    rc = load(GPT_MINI, ovr, 3);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("elastic.nnodes = 1:2 x elastic.nproc_per_node = 2: none of the world sizes "
+                       "2 to 4 is a multiple of parallel.tensor x parallel.pipeline = 3 x 1 = 3"));
+    DT_CHECK_INT(errs.count, 1);
+    /* all of them at once, each once */
+    rc = load("[model]\ntype = resnet\n[job]\nstrategy = dp\n[parallel]\ntensor = 2\n"
+              "pipeline = 2\nzero = 2\n[train]\nbatch_size = 5\n",
+              NULL, 0);
+    DT_CHECK(rc == -EINVAL);
+    DT_CHECK(has_error("supported for model gpt only, not resnet"));
+    DT_CHECK(has_error("not supported for this model (resnet)"));
+    DT_CHECK(has_error("micro_batches = 2 (its default: parallel.pipeline) does not divide"));
+    DT_CHECK(has_error("job.strategy = dp drives every replica"));
+    DT_CHECK(has_error("ZeRO with tensor/pipeline parallelism is not supported yet"));
+    DT_CHECK(has_error("world size 1 is not divisible"));
+    /* parallel.zero with job.strategy = dp is the older message, said too */
+    DT_CHECK(has_error("parallel.zero = 2 shards state across worker processes"));
+    if (errs.count != 7)
+        dump_errors();
+    DT_CHECK_INT(errs.count, 7);
+}
+
 static void test_reference_lists_every_key(void)
 {
     char path[1024];
@@ -795,6 +1049,9 @@ int main(int argc, char **argv)
         {"config_unterminated_quote", test_unterminated_quote, 0},
         {"config_long_comment", test_long_comment, 0},
         {"config_shipped_configs_load", test_shipped_configs_load, 0},
+        {"config_parallel_keys", test_parallel_keys, 0},
+        {"config_parallel_key_forms", test_parallel_key_forms, 0},
+        {"config_parallel_errors", test_parallel_errors, 0},
         {"config_reference_lists_every_key", test_reference_lists_every_key, 0},
         {"config_readme_quickstart_block", test_readme_quickstart_block_matches, 0},
     };

@@ -1,10 +1,19 @@
 /* test_grid.c - the data x tensor x pipeline grid (runtime/train/grid.h): every rank's
  * coordinates and dt_grid_rank_of for many layouts, checked against Megatron-LM's order
  * (tp fastest, then dp, then pp) computed independently here, and layouts that do not fit the
- * world, with their message. */
+ * world, with their message. Then the groups (dt_groups_open) on 1, 4 and 8 forked ranks over
+ * the cpu backend and a real store on an ephemeral port: every group's members, in order
+ * (dt_comm_global_rank), against the grid, and an all-reduce of the global ranks over each
+ * group, which must give their sum. */
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "common/util.h"
+#include "rendezvous/store.h"
 #include "runtime/job/config.h"
 #include "runtime/train/grid.h"
 #include "tests/harness.h"
@@ -135,12 +144,213 @@ static void test_invalid_layouts(void)
     DT_CHECK_INT(dt_parallel_check_world(8, 2, 2, &e2), 0);
 }
 
+/* ---- the groups, on forked ranks ------------------------------------------------------------- */
+
+static int rank_failed; /* in a rank process */
+
+/* A check inside a rank process: one line on stderr (one write, so ranks never interleave),
+ * and the rank exits 1. */
+static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+{
+    char buf[1600];
+    int n = snprintf(buf, sizeof buf, "    rank check failed at %s:%d: %s: ", file, line, cond);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && n < (int)sizeof buf)
+        vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    dt_strlcpy(buf + DT_MIN(strlen(buf), sizeof buf - 2), "\n", 2);
+    if (write(2, buf, strlen(buf)) < 0)
+        rank_failed = 1;
+    rank_failed = 1;
+}
+
+#define RCHECK(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            rank_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                     \
+    } while (0)
+
+typedef struct layout {
+    int W, T, P;
+    char run_id[96];
+    int port;
+} layout;
+
+/* One group of this rank against the members it must have, in order (members[0..n)), and an
+ * all-reduce of the global ranks over it, which must give their sum. */
+static void check_group(dt_comm *c, const char *what, const int *members, int n, int me,
+                        const dt_grid *g)
+{
+    if (n == 1) {
+        RCHECK(c == NULL, "rank %d: the %s group of one must be NULL", g->rank, what);
+        return;
+    }
+    RCHECK(c != NULL, "rank %d (W %d T %d P %d): no %s group (expected %d ranks)", g->rank,
+           g->world, g->T, g->P, what, n);
+    if (!c)
+        return;
+    RCHECK(dt_comm_world_size(c) == n, "rank %d: %s group of %d ranks, expected %d", g->rank,
+           what, dt_comm_world_size(c), n);
+    RCHECK(dt_comm_rank(c) == me, "rank %d: rank %d in its %s group, expected %d", g->rank,
+           dt_comm_rank(c), what, me);
+    int sum = 0;
+    for (int k = 0; k < n && k < dt_comm_world_size(c); k++) {
+        RCHECK(dt_comm_global_rank(c, k) == members[k],
+               "rank %d: member %d of the %s group is global rank %d, expected %d", g->rank, k,
+               what, dt_comm_global_rank(c, k), members[k]);
+        sum += members[k];
+    }
+    float v[2] = {(float)g->rank, 1.0f};
+    dt_err err = {0};
+    int rc = dt_comm_allreduce(c, v, 2, DT_FLOAT32, DT_SUM, NULL, &err);
+    RCHECK(rc == 0, "rank %d: all-reduce over the %s group: %s", g->rank, what, err.msg);
+    RCHECK(v[0] == (float)sum && v[1] == (float)n,
+           "rank %d: all-reduce of the global ranks over the %s group gave %g over %g ranks, "
+           "expected %d over %d", g->rank, what, (double)v[0], (double)v[1], sum, n);
+}
+
+static void groups_rank(const layout *L, int rank)
+{
+    dt_err err = {0};
+    dt_store *store = NULL;
+    dt_comm *world = NULL;
+    dt_groups gs;
+    dt_grid g;
+    dt_store_opts so;
+    dt_store_opts_default(&so);
+    so.connect_timeout_ms = 10000;
+    so.timeout_ms = 30000;
+    if (dt_store_connect(&store, "127.0.0.1", L->port, &so, &err) != 0) {
+        fprintf(stderr, "    rank %d: store: %s\n", rank, err.msg);
+        _exit(2);
+    }
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    o.rank = rank;
+    o.world_size = L->W;
+    o.local_rank = rank;
+    o.local_world_size = L->W;
+    o.run_id = L->run_id;
+    o.timeout_ms = 30000;
+    o.local_addr = "127.0.0.1";
+    if (dt_comm_init(&world, store, &o, &err) != 0) {
+        fprintf(stderr, "    rank %d: comm init: %s\n", rank, err.msg);
+        _exit(3);
+    }
+    if (dt_grid_init(&g, rank, L->W, L->T, L->P, &err) != 0 ||
+        dt_groups_open(&gs, world, store, &g, &err) != 0) {
+        fprintf(stderr, "    rank %d: groups: %s\n", rank, err.msg);
+        _exit(4);
+    }
+    RCHECK(gs.world == world && gs.grid.rank == rank && gs.grid.D == g.D, "rank %d: groups",
+           rank);
+    int m[512];
+    for (int k = 0; k < g.T; k++)
+        m[k] = dt_grid_rank_of(&g, g.dp, k, g.pp);
+    check_group(gs.tp, "tensor", m, g.T, g.tp, &g);
+    for (int k = 0; k < g.D; k++)
+        m[k] = dt_grid_rank_of(&g, k, g.tp, g.pp);
+    check_group(gs.dp, "data", m, g.D, g.dp, &g);
+    /* with T = P = 1 the data group is the world, borrowed */
+    if (g.T * g.P == 1 && g.D > 1)
+        RCHECK(gs.dp == world, "rank %d: T = P = 1, but the data group is not the world", rank);
+    for (int k = 0; k < g.P; k++)
+        m[k] = dt_grid_rank_of(&g, g.dp, g.tp, k);
+    check_group(gs.pp, "pipeline", m, g.P, g.pp, &g);
+    bool ends = g.P > 1 && (g.pp == 0 || g.pp == g.P - 1);
+    if (ends) {
+        m[0] = dt_grid_rank_of(&g, g.dp, g.tp, 0);
+        m[1] = dt_grid_rank_of(&g, g.dp, g.tp, g.P - 1);
+        check_group(gs.embed, "embedding", m, 2, g.pp == 0 ? 0 : 1, &g);
+    } else {
+        RCHECK(gs.embed == NULL, "rank %d (pp %d of %d): an embedding group off the first and "
+               "the last stage", rank, g.pp, g.P);
+    }
+    /* the world still works after the splits, and the groups close without touching it */
+    float one = 1.0f;
+    RCHECK(dt_comm_allreduce(world, &one, 1, DT_FLOAT32, DT_SUM, NULL, &err) == 0 &&
+               one == (float)L->W,
+           "rank %d: world all-reduce after the splits: %s", rank, err.msg);
+    dt_groups_close(&gs);
+    RCHECK(gs.tp == NULL && gs.pp == NULL && gs.embed == NULL, "rank %d: close", rank);
+    dt_groups_close(&gs); /* twice: a closed struct */
+    dt_comm_free(world);
+    dt_store_free(store);
+    _exit(rank_failed ? 1 : 0);
+}
+
+/* Runs groups_rank on W forked ranks against a fresh store; every rank must exit 0. */
+static void run_groups(int W, int T, int P)
+{
+    static int counter;
+    layout L = {.W = W, .T = T, .P = P};
+    snprintf(L.run_id, sizeof L.run_id, "grid-%d-%d", (int)getpid(), ++counter);
+    pid_t srv = dt_test_store_start(&L.port);
+    pid_t pids[16];
+    DT_REQUIRE(W <= 16);
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < W; r++) {
+        pids[r] = fork();
+        DT_REQUIRE(pids[r] >= 0);
+        if (pids[r] == 0)
+            groups_rank(&L, r);
+    }
+    double deadline = dt_test_now() + 90 * dt_test_timeout_scale();
+    for (int r = 0; r < W; r++) {
+        int st = 0;
+        for (;;) {
+            if (waitpid(pids[r], &st, WNOHANG) == pids[r])
+                break;
+            if (dt_test_now() > deadline) {
+                for (int q = 0; q < W; q++)
+                    kill(pids[q], SIGKILL);
+                waitpid(pids[r], &st, 0);
+                dt_test_fail_at(__FILE__, __LINE__, "W %d T %d P %d: rank %d still running", W,
+                                T, P, r);
+                break;
+            }
+            dt_sleep_ms(5);
+        }
+        DT_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                     "W %d T %d P %d: rank %d ended with status %d", W, T, P, r, st);
+    }
+    dt_test_store_stop(srv);
+}
+
+static void test_groups_4(void)
+{
+    static const int layouts[][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}, {4, 1}, {1, 4}};
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++)
+        run_groups(4, layouts[i][0], layouts[i][1]);
+}
+
+static void test_groups_8(void)
+{
+    static const int layouts[][2] = {{2, 2}, {2, 4}, {4, 2}, {2, 1}, {1, 2}, {1, 1}};
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++)
+        run_groups(8, layouts[i][0], layouts[i][1]);
+}
+
+/* One rank: no group at all (the data group of one is NULL too). */
+static void test_groups_1(void)
+{
+    run_groups(1, 1, 1);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
         {"grid_layouts", test_layouts, 0},
         {"grid_data_parallel_only", test_data_parallel_only, 0},
         {"grid_invalid_layouts", test_invalid_layouts, 0},
+        {"groups_1", test_groups_1, 60},
+        {"groups_4", test_groups_4, 180},
+        {"groups_8", test_groups_8, 300},
     };
     return dt_test_main("test_grid", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -227,7 +227,8 @@ static void test_worker_full_disk(void)
     DT_REQUIRE(out);
     DT_CHECK_MSG(code == 0, "exit %d: %.3000s", code, out);
     DT_CHECK_MSG(!strstr(out, "metrics in"), "lost records reported as saved: %.3000s", out);
-    DT_CHECK_CONTAINS(out, "of 4 metrics records were lost");
+    /* the layout record and the train records of steps 1, 2, 4 and 6 */
+    DT_CHECK_CONTAINS(out, "5 of 5 metrics records were lost");
     free(out);
 }
 
@@ -307,9 +308,62 @@ static void test_progress_line_tty(void)
                  "the last progress line was not ended: %.600s", out);
 }
 
+/* The layout record: once per open, just before the first train or eval record (an open that
+ * records nothing leaves the file empty), with the grid's degrees; none when never set. */
+static void test_layout_record(void)
+{
+    char dir[1024], path[1100], *text = NULL;
+    snprintf(dir, sizeof dir, "%s/lay", dt_test_tmpdir());
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    dt_metrics *m = NULL;
+    dt_err err = {0};
+    dt_step_record r = {.step = 1, .total_steps = 3, .loss = 2.0};
+    DT_REQUIRE_OK(dt_metrics_open(&m, dir, true, true, 0, &err), &err);
+    dt_metrics_layout(m, 8, 2, 2, 2);
+    DT_REQUIRE_OK(dt_read_file(path, &text, NULL, &err), &err);
+    DT_CHECK_STR(text, ""); /* nothing recorded yet */
+    free(text);
+    dt_metrics_step(m, &r);
+    r.step = 2;
+    dt_metrics_step(m, &r);
+    dt_metrics_close(m);
+    /* a second attempt on another world (an elastic job), and an open that sets none */
+    DT_REQUIRE_OK(dt_metrics_open(&m, dir, true, true, 1, &err), &err);
+    dt_metrics_layout(m, 4, 1, 2, 2);
+    dt_eval_record e = {.step = 2, .val_loss = 1.5, .val_acc = -1};
+    dt_metrics_eval(m, &e);
+    dt_metrics_close(m);
+    DT_REQUIRE_OK(dt_metrics_open(&m, dir, true, true, 2, &err), &err);
+    dt_metrics_step(m, &r);
+    dt_metrics_close(m);
+    dt_metrics_layout(NULL, 1, 1, 1, 1); /* accepts NULL */
+    DT_REQUIRE_OK(dt_read_file(path, &text, NULL, &err), &err);
+    const char *want[] = {"layout", "train", "train", "layout", "eval", "train"};
+    const int world[] = {8, 0, 0, 4, 0, 0}, dp[] = {2, 0, 0, 1, 0, 0};
+    int n = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save), n++) {
+        cJSON *o = cJSON_Parse(line);
+        DT_REQUIRE(o && n < 6);
+        DT_CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItem(o, "type")), want[n]);
+        if (!strcmp(want[n], "layout")) {
+            DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "world_size")), world[n]);
+            DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "dp")), dp[n]);
+            DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "tp")), 2);
+            DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "pp")), 2);
+            DT_CHECK_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "attempt")), n ? 1 : 0);
+            DT_CHECK(cJSON_GetObjectItem(o, "step") == NULL); /* not a step's record */
+        }
+        cJSON_Delete(o);
+    }
+    DT_CHECK_INT(n, 6);
+    free(text);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
+        {"layout_record", test_layout_record, 0},
         {"records", test_records, 0},
         {"other_ranks_write_nothing", test_other_ranks_write_nothing, 0},
         {"unwritable_dir", test_unwritable_dir, 0},

@@ -316,16 +316,27 @@ static ssize_t stream_read(pair *c, void *dst, size_t n)
     return (ssize_t)k;
 }
 
+/* "receive #2 (int32 x 1) from rank 3": the first op still pending with c's peer. */
+static const char *pending_op(const dt_p2p *p, const pair *c, char *buf, size_t cap)
+{
+    const req *q = c->recvs ? c->recvs : c->sends;
+    if (!q)
+        snprintf(buf, cap, "point-to-point");
+    else
+        describe(p, q, buf, cap);
+    return buf;
+}
+
 static int lost(dt_p2p *p, pair *c, ssize_t rc, bool writing)
 {
-    char w[64];
+    char w[64], d[200];
     who(p, c->peer, w, sizeof w);
+    pending_op(p, c, d, sizeof d);
     if (rc == -ECONNRESET || rc == -EPIPE)
         return failf(p, -ECONNRESET,
-                     "point-to-point: %s closed its connection (it failed or exited; its own log "
-                     "says why)",
-                     w);
-    return failf(p, (int)rc, "point-to-point: %s the connection to %s: %s",
+                     "%s: %s closed its connection (it failed or exited; its own log says why)",
+                     d, w);
+    return failf(p, (int)rc, "%s: %s the connection to %s: %s", d,
                  writing ? "writing to" : "reading from", w, strerror((int)-rc));
 }
 
@@ -359,14 +370,19 @@ static int pair_open(dt_p2p *p, pair *c, uint64_t deadline_ns)
             if (fd < 0)
                 return failf(p, -errno, "point-to-point: creating shared memory %s for %s: %s",
                              c->name, who(p, c->peer, w, sizeof w), strerror(errno));
-            if (ftruncate(fd, (off_t)c->map_bytes) != 0) {
-                int e = errno;
+            /* Reserve the pages now: a tmpfs that runs full later (docker's 64 MiB /dev/shm)
+             * would kill the process with SIGBUS on first touch instead of failing here. */
+            int e = ftruncate(fd, (off_t)c->map_bytes) != 0 ? errno
+                                                            : posix_fallocate(fd, 0,
+                                                                              (off_t)c->map_bytes);
+            if (e != 0) {
                 close(fd);
                 shm_unlink(c->name);
-                return failf(p, -e,
-                             "point-to-point: sizing shared memory %s to %zu bytes for %s: %s "
-                             "(is /dev/shm full?)",
-                             c->name, c->map_bytes, who(p, c->peer, w, sizeof w), strerror(e));
+                return failf(p, e == ENOSPC || e == ENOMEM || e == EFBIG ? -ENOSPC : -e,
+                             "point-to-point: /dev/shm has no room for the %zu bytes shared with "
+                             "%s (%s): give it more (docker run --shm-size) or set "
+                             "DTRAIN_COMM_TRANSPORT=tcp",
+                             c->map_bytes, who(p, c->peer, w, sizeof w), strerror(e));
             }
             void *m = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             close(fd);
@@ -429,7 +445,7 @@ static int pair_open(dt_p2p *p, pair *c, uint64_t deadline_ns)
     return 0;
 }
 
-/* Files the connections higher... lower ranks made to us. */
+/* Files the connections that lower ranks made to us (one per pair, greeted with the tag). */
 static void accept_pending(dt_p2p *p)
 {
     if (p->listen_fd < 0)
@@ -756,16 +772,17 @@ static int check_peer(dt_p2p *p, pair *c, uint64_t now)
     if (!c->shm || now < c->next_peer_check)
         return 0;
     c->next_peer_check = now + PEER_CHECK_NS;
-    char w[64];
+    char w[64], d[200];
     if (c->h && atomic_load(&c->h->abort[1 - c->side]))
-        return failf(p, -ECONNRESET, "point-to-point: %s failed (its own log says why)",
-                     who(p, c->peer, w, sizeof w));
+        return failf(p, -ECONNRESET, "%s: %s failed (its own log says why)",
+                     pending_op(p, c, d, sizeof d), who(p, c->peer, w, sizeof w));
     bool moved = false;
     if (peer_exited(p, c) && c->open && (pair_read(p, c, &moved) || c->pending == 0))
         return p->failed ? -ECONNRESET : 0; /* it finished writing what we wait for first */
     if (peer_exited(p, c))
-        return failf(p, -ECONNRESET, "point-to-point: %s (pid %d) exited", who(p, c->peer, w,
-                     sizeof w), p->peers[c->peer].pid);
+        return failf(p, -ECONNRESET, "%s: %s (pid %d, this host) exited",
+                     pending_op(p, c, d, sizeof d), who(p, c->peer, w, sizeof w),
+                     p->peers[c->peer].pid);
     return 0;
 }
 
@@ -845,6 +862,10 @@ static void *progress_thread(void *arg)
     struct pollfd *fds = calloc((size_t)p->world + 2, sizeof *fds);
     if (!fds) {
         fail_all(p, -ENOMEM, "point-to-point: out of memory", true);
+        pthread_mutex_lock(&p->mu);
+        p->settled = true; /* no request was touched */
+        pthread_cond_broadcast(&p->done_cv);
+        pthread_mutex_unlock(&p->mu);
         return NULL;
     }
     for (;;) {
@@ -961,9 +982,13 @@ int dt_p2p_create(dt_p2p **out, const dt_p2p_opts *o, dt_err *err)
     p->addrs = calloc((size_t)o->world, sizeof *p->addrs);
     p->pairs = calloc((size_t)o->world, sizeof *p->pairs);
     if (!p->peers || !p->addrs || !p->pairs) {
+        free(p->pairs); /* nothing in it to close yet */
+        p->pairs = NULL;
         dt_p2p_close(p);
         return dt_err_set(err, -ENOMEM, "comm: out of memory");
     }
+    for (int r = 0; r < o->world; r++) /* before anything can fail: close() reads them */
+        p->pairs[r].fd = p->pairs[r].pidfd = -1;
     for (int r = 0; r < o->world; r++) {
         p->peers[r] = o->peers[r];
         p->addrs[r] = strdup(o->peers[r].addr ? o->peers[r].addr : "127.0.0.1");
@@ -974,8 +999,6 @@ int dt_p2p_create(dt_p2p **out, const dt_p2p_opts *o, dt_err *err)
         p->peers[r].addr = p->addrs[r];
         pair *c = &p->pairs[r];
         c->peer = r;
-        c->fd = -1;
-        c->pidfd = -1;
         c->shm = o->peers[r].shm;
         c->side = p->rank < r ? 0 : 1;
         snprintf(c->name, sizeof c->name, "%s.p%d.%d", p->shm_base, DT_MIN(p->rank, r),

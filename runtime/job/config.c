@@ -170,7 +170,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"parallel", "zero", DT_CFG_INT, J(zero), "0", 0, 3, NULL, false, "ZeRO stage over the data-parallel ranks: 0 = DDP (every rank holds everything); 1 = optimiser state sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded as well (cpu: a bucket's gradient pages are given back once it is reduce-scattered); 3 = parameters sharded as well (FSDP full-shard: each block's parameters all-gathered before its forward and its backward, given back after; device = cpu only, not with train.global_batch). One rank: ignored"},
     {"parallel", "tensor", DT_CFG_INT, J(tensor), "1", 1, 1024, NULL, false, "tensor-parallel degree T (Megatron-LM: attention heads and the MLP split over T ranks, vocab-parallel embedding and loss; model gpt only, with model.n_head divisible by T). The world is a grid data x tensor x pipeline: D = world / (T x P) data-parallel replicas, rank = (pp x D + dp) x T + tp, so a tensor group is T consecutive ranks (keep T <= nproc_per_node to stay inside a node); the world size must be a multiple of T x P. Needs job.strategy = ddp and parallel.zero = 0"},
     {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; mlp: its Linear layers; not resnet) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp and parallel.zero = 0"},
-    {"parallel", "micro_batches", DT_CFG_INT, J(micro_batches), "0", 0, 1e6, NULL, false, "pipeline micro-batches M: each micro-step's batch (train.batch_size, which M must divide) is cut into M micro-batches that flow through the stages; the idle share of the pipeline (the bubble) is (P-1)/(M+P-1). 0 = derived at load: 1 when parallel.pipeline = 1, else parallel.pipeline"},
+    {"parallel", "micro_batches", DT_CFG_INT, J(micro_batches), "1", 1, 1e6, NULL, false, "pipeline micro-batches M: each micro-step's batch (train.batch_size, which M must divide) is cut into M micro-batches that flow through the stages; the idle share of the pipeline (the bubble) is (P-1)/(M+P-1). When not given: 1 without a pipeline, else parallel.pipeline (resolved at load: --print-config shows the number)"},
     {"parallel", "schedule", DT_CFG_ENUM, J(pp_schedule), "1f1b", 0, 0, pp_schedule_names, false, "pipeline schedule: 1f1b (PipeDream-Flush: after a warm-up each stage alternates one forward and one backward, so at most P micro-batches' activations are kept) or gpipe (all forwards, then all backwards: M micro-batches' activations); the same gradients either way"},
     {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced: as even as possible, earlier stages taking one more when P does not divide the blocks (the embedding and the loss sit on the first and the last stage besides their blocks)"},
     /* [checkpoint] */
@@ -539,7 +539,11 @@ static int set_field(dt_job *job, const dt_cfg_field *f, const char *value, char
                 else
                     v[n++] = b;
             }
-            if (!ok || n == 0 || value[strlen(value) - 1] == ',' || strstr(value, ",,")) {
+            size_t len = strlen(value);
+            while (len > 0 && (value[len - 1] == ' ' || value[len - 1] == '\t'))
+                len--;
+            /* strtok_r skips empty entries: ",4", "4," and "2,,2" are refused here */
+            if (!ok || n == 0 || *p == ',' || value[len - 1] == ',' || strstr(value, ",,")) {
                 snprintf(why, cap,
                          "%s.%s: \"%s\" must be blocks per stage such as 4,4,2,2 (whole numbers "
                          ">= 1, one per stage, at most %d stages), or \"\" for a balanced split",
@@ -607,7 +611,7 @@ typedef struct parse_ctx {
     char src[256][96];    /* where each field last got its value ("job.ini:12", "--nnodes") */
     int seq[256];         /* order of that assignment (0 = still the default) */
     bool bad[256];        /* the last value given for the field was rejected */
-    bool derived_micro_batches; /* parallel.micro_batches was 0 and derive() set it */
+    bool derived_micro_batches; /* parallel.micro_batches not given: = parallel.pipeline */
     int nseq;
     char long_value[4096]; /* the value of a line too long for inih (see long_line) */
     char full[4096 + 256]; /* the line being read (line_reader) */
@@ -1222,7 +1226,7 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
                       given, sum, total, blocks_what(job), total);
     }
     const int M = job->micro_batches;
-    /* derived at this load (left at 0: parallel.pipeline's value), or as given */
+    /* derived at this load (not given: parallel.pipeline's value), or as given */
     bool derived = c && c->derived_micro_batches;
     if (M > 0 && job->batch_size % M && !BAD("parallel.micro_batches", "train.batch_size"))
         add_error(errs, AT("parallel.micro_batches", "train.batch_size", "parallel.pipeline"), 0,
@@ -1370,10 +1374,6 @@ static void derive(dt_job *job)
         snprintf(job->output_dir, sizeof job->output_dir, "runs/%.200s", job->name);
     if (job->model_type == DT_MODEL_GPT && job->seq_len == 0)
         job->seq_len = job->block_size;
-    /* parallel.micro_batches = 0: one micro-batch per stage keeps the bubble at
-     * (P-1)/(2P-1) without asking for a batch the user did not size */
-    if (job->micro_batches == 0)
-        job->micro_batches = job->pipeline > 1 ? job->pipeline : 1;
 }
 
 static int parse_assignment(parse_ctx *c, const char *text)
@@ -1492,8 +1492,13 @@ int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settin
                       dt_cfg_fields[i].choices
                           ? choices_text(dt_cfg_fields[i].choices, choices, sizeof choices)
                           : "see README");
-    c->derived_micro_batches = job->micro_batches == 0;
     derive(job);
+    /* parallel.micro_batches not given: one micro-batch per stage keeps the bubble at
+     * (P-1)/(2P-1) without asking for a batch the user did not size */
+    int mb = field_index("parallel", "micro_batches");
+    c->derived_micro_batches = c->seq[mb] == 0 && job->pipeline > 1;
+    if (c->derived_micro_batches)
+        job->micro_batches = job->pipeline;
     job_validate(job, c, errs);
     return load_end(errs, "loading ", path ? path : "the job", err);
 }

@@ -231,8 +231,8 @@ typedef struct dt_job {
     int zero;                          /* ZeRO stage 0..3 (0 = DDP) */
     int tensor;                        /* tensor-parallel degree T (>= 1; gpt only) */
     int pipeline;                      /* pipeline stages P (>= 1) */
-    int micro_batches;                 /* pipeline micro-batches M per rank batch (>= 1 once
-                                          loaded: 0 in a file is derived, 1 or P) */
+    int micro_batches;                 /* pipeline micro-batches M per rank batch (>= 1; not
+                                          given: P, resolved at load; 1 in dt_job_defaults) */
     dt_pp_schedule_kind pp_schedule;   /* pipeline schedule */
     int n_stage_blocks;                /* parallel.stages: 0 = balanced, else P entries */
     int stage_blocks[DT_MAX_STAGES];   /* blocks per stage (gpt: transformer blocks) */

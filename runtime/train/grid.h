@@ -19,6 +19,17 @@
  * communicate: callers skip the collective), so with T = P = 1 only dp is set (= world, borrowed)
  * when world > 1.
  *
+ * The splits, in this order on every rank (one dt_comm_split each; a kind whose groups would all
+ * be of one rank is not split at all, on any rank):
+ *
+ *     tensor     color = pp * D + dp (= rank / T)   key = tp   (T > 1)
+ *     data       color = pp * T + tp                key = dp   (D > 1 and T x P > 1)
+ *     pipeline   color = dp * T + tp                key = pp   (P > 1)
+ *     embedding  color = dp * T + tp on stages 0 and P-1, -1 elsewhere; key = pp   (P > 1)
+ *
+ * Whether T x P divides the world is config.h's dt_parallel_check_world, the message the
+ * launcher gives at load and the agent after a rendezvous; dt_grid_init gives it once more.
+ *
  * What it may include: comm/, job/config.h, common/. Used by the strategies and worker.c.
  */
 #ifndef DT_GRID_H
@@ -35,10 +46,10 @@ typedef struct dt_grid {
 
 /* Lays out world ranks with T and P (>= 1). -EINVAL with a message naming parallel.tensor and
  * parallel.pipeline and the valid world sizes (the multiples of T x P) when T x P does not divide
- * world. */
+ * world, or when rank is not in 0..world-1; g is left untouched on failure. */
 int dt_grid_init(dt_grid *g, int rank, int world, int T, int P, dt_err *err);
 
-/* The rank at (dp, tp, pp). */
+/* The rank at (dp, tp, pp); -1 when a coordinate is out of range. */
 int dt_grid_rank_of(const dt_grid *g, int dp, int tp, int pp);
 
 typedef struct dt_groups {
