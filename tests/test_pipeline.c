@@ -546,10 +546,12 @@ typedef struct prun {
     int steps;
     bool run;                      /* dt_trainer_run (checkpoints) instead of steps x step */
     bool eval;                     /* an evaluation after the steps */
+    int kill_rank, kill_step;      /* that rank dies (SIGKILL) before that step; -1: none */
     char name[64];
     char dir[PATH_MAX];
     int port;
     rank_out *out;
+    int status[MAX_RANKS];         /* as waitpid gave them */
 } prun;
 
 static void padd(prun *r, const char *ov) { r->ov[r->nov++] = ov; }
@@ -560,6 +562,7 @@ static prun pbase(int N, int P, int M, const char *sched, const char *name)
     memset(&r, 0, sizeof r);
     r.N = N;
     r.steps = 20;
+    r.kill_rank = -1;
     snprintf(r.name, sizeof r.name, "%s", name);
     padd(&r, "job.device=cpu");
     padd(&r, "train.threads=1");
@@ -651,6 +654,8 @@ static void rank_body(prun *r, int rank)
             goto fail;
     } else {
         for (int k = 0; k < r->steps; k++) {
+            if (rank == r->kill_rank && k == r->kill_step)
+                kill(getpid(), SIGKILL);
             if (dt_trainer_step(&t, &err) != 0)
                 goto fail;
             o->loss[k] = t.loss;
@@ -706,12 +711,16 @@ static bool prun_run(prun *r)
         }
     dt_test_store_stop(srv);
     bool ok = true;
-    for (int k = 0; k < r->N; k++)
+    for (int k = 0; k < r->N; k++) {
+        r->status[k] = status[k];
+        if (r->kill_rank >= 0)
+            continue; /* the caller looks at each rank's end */
         if (!WIFEXITED(status[k]) || WEXITSTATUS(status[k]) != 0) {
             dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d: status %d: %s", r->name, k,
                             status[k], r->out[k].msg);
             ok = false;
         }
+    }
     return ok;
 }
 
@@ -878,6 +887,35 @@ out:
     prun_free(&e);
 }
 
+/* A stage that dies mid-step ends the step on the others with an error naming the stage, the
+ * rank and the micro-batch, within ddp.timeout (every stage of P = 4, the dead one's neighbours
+ * and the stages behind them). */
+static void test_dead_stage(void)
+{
+    prun r = pbase(4, 4, 4, "1f1b", "dead-stage");
+    r.kill_rank = 2;
+    r.kill_step = 2;
+    r.steps = 4;
+    double t0 = dt_test_now();
+    prun_run(&r);
+    double took = dt_test_now() - t0;
+    DT_CHECK(WIFSIGNALED(r.status[2]) && WTERMSIG(r.status[2]) == SIGKILL);
+    for (int q = 0; q < 4; q++) {
+        if (q == 2)
+            continue;
+        DT_CHECK_MSG(WIFEXITED(r.status[q]) && WEXITSTATUS(r.status[q]) == 2,
+                     "rank %d: status %d", q, r.status[q]);
+        DT_CHECK_CONTAINS(r.out[q].msg, fmt("pipeline stage %d of 4 (rank %d)", q, q));
+    }
+    /* its neighbours name the micro-batch they were at */
+    DT_CHECK_CONTAINS(r.out[1].msg, "micro-batch");
+    DT_CHECK_CONTAINS(r.out[3].msg, "micro-batch");
+    DT_CHECK_MSG(took < 35 * dt_test_timeout_scale(), "the stages took %.1f s to give up (ddp.timeout"
+                 " = 10)", took);
+    printf("    ended in %.1f s; rank 1: %.300s\n", took, r.out[1].msg);
+    prun_free(&r);
+}
+
 /* `dtrain bench pipeline` on a tiny job: it runs both schedules, prints the formula, and 1F1B's
  * stage-0 activation peak is exactly P/M of GPipe's (slots of equal size: P of M). */
 static void test_bench(void)
@@ -916,6 +954,7 @@ int main(int argc, char **argv)
         {"p4_gpipe", test_p4_gpipe, 180},
         {"d2_p2", test_d2_p2, 180},
         {"ckpt_resume", test_ckpt_resume, 300},
+        {"dead_stage", test_dead_stage, 120},
         {"bench", test_bench, 120},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
