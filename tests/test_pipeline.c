@@ -534,6 +534,8 @@ typedef struct rank_out {
     int num_states;
     dt_pp_stats st;
     bool have_st;
+    int64_t skipped, optim_t;      /* the loss scaler's skipped steps, the optimiser's t */
+    double scale;
     float start_params[MAX_PER];   /* right after init (a resume's parameters) */
     float params[MAX_PER];         /* at the end, whole */
     float state[2][MAX_PER];
@@ -547,6 +549,7 @@ typedef struct prun {
     bool run;                      /* dt_trainer_run (checkpoints) instead of steps x step */
     bool eval;                     /* an evaluation after the steps */
     int kill_rank, kill_step;      /* that rank dies (SIGKILL) before that step; -1: none */
+    int overflow_rank;             /* its stage's weights named fc.3.weight x 1e30; -1: none */
     char name[64];
     char dir[PATH_MAX];
     int port;
@@ -563,6 +566,7 @@ static prun pbase(int N, int P, int M, const char *sched, const char *name)
     r.N = N;
     r.steps = 20;
     r.kill_rank = -1;
+    r.overflow_rank = -1;
     snprintf(r.name, sizeof r.name, "%s", name);
     padd(&r, "job.device=cpu");
     padd(&r, "train.threads=1");
@@ -646,6 +650,12 @@ static void rank_body(prun *r, int rank)
         goto fail;
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
     o->start_step = t.step;
+    int w = rank == r->overflow_rank ? dt_model_find_tensor(t.model, "fc.3.weight") : -1;
+    if (w >= 0) { /* cpu: backend memory is host memory */
+        const dt_tensor_info *ti = &t.model->tensors[w];
+        for (size_t i = 0; i < ti->numel; i++)
+            t.model->params[ti->offset + i] *= 1e30f;
+    }
     record_state(&t, o, o->start_params, false);
     if (o->status)
         _exit(2);
@@ -665,6 +675,9 @@ static void rank_body(prun *r, int rank)
     if (r->eval && dt_trainer_eval(&t, &o->eval_loss, &o->eval_acc, &err) != 0)
         goto fail;
     o->have_st = dt_strategy_pipeline_stats(t.s, &o->st) == 0;
+    o->skipped = t.scaler.skipped;
+    o->optim_t = t.optim->t;
+    o->scale = t.scaler.scale;
     o->step = t.step;
     record_state(&t, o, o->params, true);
     dt_trainer_close(&t);
@@ -734,12 +747,18 @@ static void prun_free(prun *r)
 /* The largest |a - b| of the whole parameter vector relative to its largest |b|. */
 static double vec_rel(const float *a, const float *b, size_t n) { return rel_diff(a, b, n); }
 
-/* P stages x M micro-batches of `sched` against one process, 20 steps. */
-static void against_one(int P, int M, const char *sched)
+/* P stages x M micro-batches of `sched` against one process, 20 steps; more: overrides for
+ * both (NULL-terminated), tag: their name in the runs' names. */
+static void against_one_with(int P, int M, const char *sched, const char *const *more,
+                             const char *tag)
 {
-    prun one = pbase(1, 1, 1, "1f1b", fmt("one-%d-%s", P, sched));
-    prun pp = pbase(P, P, M, sched, fmt("p%d-m%d-%s", P, M, sched));
+    prun one = pbase(1, 1, 1, "1f1b", fmt("one-%d-%s%s", P, sched, tag));
+    prun pp = pbase(P, P, M, sched, fmt("p%d-m%d-%s%s", P, M, sched, tag));
     one.eval = pp.eval = true;
+    for (; more && *more; more++) {
+        padd(&one, *more);
+        padd(&pp, *more);
+    }
     if (!prun_run(&one) || !prun_run(&pp))
         goto out;
     const rank_out *a = &pp.out[0], *b = &one.out[0];
@@ -792,6 +811,43 @@ out:
     prun_free(&pp);
 }
 
+/* Gradient accumulation, fp16 loss scaling, SGD with momentum, a global batch, and a batch that
+ * M does not divide into equal micro-batches (under train.global_batch the micro-steps differ). */
+static void test_options(void)
+{
+    const char *const accum[] = {"train.grad_accum=3", NULL};
+    const char *const fp16[] = {"train.precision=fp16", NULL};
+    const char *const sgd[] = {"train.optimizer=sgd", "train.momentum=0.9", NULL};
+    const char *const gb[] = {"train.global_batch=20", NULL}; /* micro-steps of 8, 8 and 4 */
+    against_one_with(2, 4, "1f1b", accum, "-accum");
+    against_one_with(3, 2, "gpipe", fp16, "-fp16");
+    against_one_with(2, 4, "gpipe", sgd, "-sgd");
+    against_one_with(2, 4, "1f1b", gb, "-gb");
+}
+
+/* fp16: an overflow in one stage's gradients skips the step on every stage. The last stage's
+ * classifier x 1e30 (rank 1 only): its own weight gradients stay finite (they do not scale with
+ * the weights), the input gradient it sends back overflows, so stage 0's gradients are inf and
+ * stage 1 must learn of it through the global norm. */
+static void test_overflow_skips_everywhere(void)
+{
+    prun r = pbase(2, 2, 4, "1f1b", "overflow");
+    padd(&r, "train.precision=fp16");
+    padd(&r, "train.loss_scale=1e12");
+    r.overflow_rank = 1;
+    r.steps = 1;
+    if (prun_run(&r))
+        for (int q = 0; q < 2; q++) {
+            DT_CHECK_MSG(r.out[q].skipped == 1 && r.out[q].optim_t == 0 &&
+                             r.out[q].scale == 5e11,
+                         "rank %d: %lld skipped, t %lld, scale %g", q,
+                         (long long)r.out[q].skipped, (long long)r.out[q].optim_t,
+                         r.out[q].scale);
+            DT_CHECK_MSG(!isfinite(r.out[q].norm[0]), "rank %d: norm %g", q, r.out[q].norm[0]);
+        }
+    prun_free(&r);
+}
+
 /* D = 2 x P = 2 (4 ranks): DDP over each stage's two replicas, against plain DDP on 2 ranks
  * (the same global batch, the same shards). */
 static void test_d2_p2(void)
@@ -818,6 +874,11 @@ static void test_d2_p2(void)
 out:
     prun_free(&ddp);
     prun_free(&pp);
+}
+
+static void against_one(int P, int M, const char *sched)
+{
+    against_one_with(P, M, sched, NULL, "");
 }
 
 static void test_p2_1f1b(void) { against_one(2, 4, "1f1b"); }
@@ -952,6 +1013,8 @@ int main(int argc, char **argv)
         {"p2_gpipe", test_p2_gpipe, 180},
         {"p4_1f1b", test_p4_1f1b, 180},
         {"p4_gpipe", test_p4_gpipe, 180},
+        {"options", test_options, 300},
+        {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
         {"d2_p2", test_d2_p2, 180},
         {"ckpt_resume", test_ckpt_resume, 300},
         {"dead_stage", test_dead_stage, 120},
