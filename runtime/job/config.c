@@ -158,6 +158,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"train", "loss_scale_window", DT_CFG_INT, J(loss_scale_window), "2000", 1, 1e9, NULL, false, "precision = fp16: clean steps in a row before the loss scale doubles"},
     {"train", "threads", DT_CFG_INT, J(threads), "1", 1, 1024, NULL, false, "BLAS threads per worker (cpu)"},
     {"train", "recompute", DT_CFG_ENUM, J(recompute), "none", 0, 0, recompute_names, false, "activation recomputation in backward (same gradients): none; block (gpt, resnet: keep only each block's input, recompute the block's forward in its backward: far less activation memory for about one more forward); selective (gpt only: recompute only the attention probabilities)"},
+    {"train", "trace", DT_CFG_STR, J(trace), "off", 0, 0, NULL, false, "write a timeline of these steps (forward, backward, data, each DDP bucket's all-reduce, optimiser step, checkpoint, eval) per rank to <output_dir>/trace/rank<N>.json and all ranks to trace.json (Chrome trace: open in ui.perfetto.dev; scripts/trace-png.py draws it): off, on (every step, up to 100000 spans per rank), N, A-B (e.g. 10-12) or A- (from A on)"},
     /* [ddp] */
     {"ddp", "backend", DT_CFG_ENUM, J(comm_backend), "auto", 0, 0, comm_backend_names, false, "collectives: nccl on cuda, cpu otherwise (auto)"},
     {"ddp", "bucket_cap_mb", DT_CFG_DOUBLE, J(bucket_cap_mb), "25", 0.001, 1e6, NULL, false, "gradient bucket size (MiB)"},
@@ -321,6 +322,42 @@ static int check_std_spec(const char *s)
 }
 
 /* Checks a string key whose form is known (launcher settings, names); fills why. */
+int dt_job_trace_steps(const char *spec, int64_t *first, int64_t *last)
+{
+    static const char *const off[] = {"off", "false", "no", "none", NULL};
+    static const char *const all[] = {"on", "true", "yes", "all", NULL};
+    *first = *last = 0;
+    if (enum_index(off, spec) >= 0)
+        return 0;
+    if (enum_index(all, spec) >= 0) {
+        *first = 1;
+        *last = INT64_MAX;
+        return 0;
+    }
+    char buf[DT_STR_SMALL], *dash;
+    if (!dt_strlcpy(buf, spec, sizeof buf))
+        return -EINVAL;
+    int64_t a, b = 0;
+    if ((dash = strchr(buf, '-')) && dash != buf) {
+        *dash = '\0';
+        if (dt_parse_i64(dt_trim(buf), &a))
+            return -EINVAL;
+        if (!*dt_trim(dash + 1))
+            b = INT64_MAX;
+        else if (dt_parse_i64(dt_trim(dash + 1), &b))
+            return -EINVAL;
+    } else if (dt_parse_i64(dt_trim(buf), &a)) {
+        return -EINVAL;
+    } else {
+        b = a;
+    }
+    if (a < 1 || b < a)
+        return -EINVAL;
+    *first = a;
+    *last = b;
+    return 0;
+}
+
 static int check_str(const dt_cfg_field *f, const char *v, char *why, size_t cap)
 {
     char k[64];
@@ -337,6 +374,13 @@ static int check_str(const dt_cfg_field *f, const char *v, char *why, size_t cap
             }
         } else if (sscanf(v, "%d%c", &a, &tail) != 1 || a < 1) {
             snprintf(why, cap, "%s: \"%s\" must be a number >= 1 or MIN:MAX", k, v);
+            return -EINVAL;
+        }
+    } else if (!strcmp(k, "train.trace")) {
+        int64_t first, last;
+        if (dt_job_trace_steps(v, &first, &last)) {
+            snprintf(why, cap, "%s: \"%s\" must be off, on, a step N, or steps A-B or A- "
+                     "(steps count from 1), e.g. 10-12", k, v);
             return -EINVAL;
         }
     } else if (!strcmp(k, "elastic.redirects") || !strcmp(k, "elastic.tee")) {

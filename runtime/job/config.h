@@ -218,6 +218,8 @@ typedef struct dt_job {
     int loss_scale_window;             /* fp16: clean steps before the scale doubles */
     int threads;                       /* BLAS threads per worker */
     dt_recompute_kind recompute;       /* activation recomputation in backward */
+    char trace[DT_STR_SMALL];          /* steps traced (runtime/train/trace.h): "off", "on",
+                                          "N", "A-B" or "A-"; see dt_job_trace_steps */
 
     /* [ddp] */
     dt_comm_backend_kind comm_backend;
@@ -324,6 +326,12 @@ void dt_job_print(const dt_job *job, FILE *out);
 
 /* Writes the key reference as a Markdown table (README's "Job file reference"). */
 void dt_job_print_reference(FILE *out);
+
+/* train.trace's steps: off (also false, no, none); on (also true, yes, all: every step, up to
+ * the trace's cap on spans); N (step N alone); A-B (steps A to B, inclusive); A- (step A to the
+ * end). Steps count from 1, as the logs and metrics.jsonl do. 0 and *first = *last = 0 when off;
+ * else 0 and the range (*last = INT64_MAX to the end); -EINVAL when spec is none of these. */
+int dt_job_trace_steps(const char *spec, int64_t *first, int64_t *last);
 
 /* A field of the table, for tools that walk it (tests, --print-config). */
 /* DT_CFG_ENUM: one of the enums above (an int), its choices in `choices`. DT_CFG_RESUME:

@@ -18,6 +18,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "runtime/train/trace.h"
 
 #define MIB (1024.0 * 1024.0)
 #define MSG_BYTES 256 /* per-rank consistency message */
@@ -29,6 +30,7 @@ typedef struct bucket {
     bool launched;
     bool released;        /* release: its pages were given back in this backward */
     dt_comm_work *work;   /* in flight, owned until waited */
+    uint64_t trace_t0;    /* train.trace: when its collective was launched (0: not traced) */
     size_t chunk;         /* shard: elements per rank, ceil((hi - lo) / world) */
     size_t at;            /* shard: where this rank's chunk starts in the shard layout */
 } bucket;
@@ -341,6 +343,20 @@ static int rebuild(dt_ddp *d, dt_err *err)
     return 0;
 }
 
+/* The timeline (trace.h): bucket i's collective from its launch to the wait that saw it done,
+ * on the "ddp buckets" lanes (buckets in flight together overlap). */
+static void trace_bucket(dt_ddp *d, int i, const char *what)
+{
+    bucket *b = &d->b[i];
+    if (!b->trace_t0)
+        return;
+    size_t n = d->o.shard ? b->chunk * (size_t)d->world : b->hi - b->lo;
+    size_t bytes = n * (d->comp && strcmp(what, "all-gather") ? sizeof(uint16_t) : sizeof(float));
+    dt_trace_end_async(b->trace_t0, "ddp buckets", DT_TRACE_COMM, what, "bucket", i, "bytes",
+                       (int64_t)bytes);
+    b->trace_t0 = 0;
+}
+
 static void launch(dt_ddp *d, int i)
 {
     bucket *b = &d->b[i];
@@ -348,6 +364,7 @@ static void launch(dt_ddp *d, int i)
     b->launched = true;
     if (d->rc)
         return;
+    b->trace_t0 = dt_trace_begin();
     int rc;
     if (d->o.shard && d->comp) {
         dt_backend *be = d->m->be;
@@ -370,6 +387,7 @@ static void launch(dt_ddp *d, int i)
     if (rc) {
         d->rc = rc;
         b->work = NULL;
+        b->trace_t0 = 0;
     }
 }
 
@@ -460,6 +478,8 @@ static void settle(dt_ddp *d, int i)
         dt_err e = {0};
         int rc = dt_comm_wait(d->c, b->work, &e);
         b->work = NULL;
+        if (!rc)
+            trace_bucket(d, i, d->o.shard ? "reduce-scatter" : "all-reduce");
         if (rc && !d->rc) {
             d->rc = rc;
             d->err = e;
@@ -554,12 +574,15 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
             dt_err e = {0};
             int wrc = dt_comm_wait(d->c, b->work, &e);
             b->work = NULL;
+            if (!wrc)
+                trace_bucket(d, i, d->o.shard ? "reduce-scatter" : "all-reduce");
             if (wrc && !rc) {
                 rc = wrc;
                 if (err)
                     *err = e;
             }
         }
+        b->trace_t0 = 0;
         if (!rc && d->o.shard)
             finish_shard(d, i);
         else if (!rc && d->comp)
@@ -624,6 +647,7 @@ int dt_ddp_gather_params(dt_ddp *d, dt_err *err)
      * every rank holds alike once its own gather is done (collectives run in issue order) */
     for (int i = 0; i < d->nb && !rc; i++) {
         bucket *b = &d->b[i];
+        b->trace_t0 = dt_trace_begin();
         rc = dt_comm_allgather(d->c, p + b->lo + (size_t)d->rank * b->chunk, p + b->lo, b->chunk,
                                DT_FLOAT32, &b->work, err);
         if (rc)
@@ -635,6 +659,8 @@ int dt_ddp_gather_params(dt_ddp *d, dt_err *err)
             dt_err e = {0};
             int wrc = dt_comm_wait(d->c, b->work, &e);
             b->work = NULL;
+            if (!wrc)
+                trace_bucket(d, i, "all-gather");
             if (wrc && !rc) {
                 rc = wrc;
                 if (err)

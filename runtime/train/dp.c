@@ -32,6 +32,7 @@
 #include "rendezvous/store.h"
 #include "rendezvous/store_server.h"
 #include "runtime/comm/comm.h"
+#include "runtime/train/trace.h"
 
 typedef struct replica {
     struct dt_dp *dp;
@@ -128,16 +129,27 @@ static void run_job(replica *r)
     /* With collectives every replica takes part in every broadcast and reduce, even one whose
      * chunk is empty or whose forward failed, so that none is left waiting for it. */
     double t0 = dt_now_s();
+    uint64_t ts = dt_trace_begin(); /* train.trace: replica 0 on the caller's track */
+    if (ts && r->k > 0) {
+        char name[32];
+        snprintf(name, sizeof name, "replica %d", r->k);
+        dt_trace_thread_name(name);
+    }
     if (d->coll && (r->rc = receive_params(r)) != 0)
         return;
+    dt_trace_end(d->coll ? ts : 0, DT_TRACE_COMM, "broadcast params");
     double t1 = dt_now_s();
     if (r->training && r->k > 0 && (r->active || d->coll)) /* the master accumulates; the others
                                                               start from zero */
         r->be->memset_zero(r->be, m->grads, m->num_params * sizeof(float));
+    ts = dt_trace_begin();
     if (r->active && (r->rc = m->ops->forward(m, &r->batch, r->training, &r->loss, &r->err)) == 0) {
+        dt_trace_end_arg(ts, DT_TRACE_FORWARD, "forward", "replica", r->k);
         r->correct = m->last_correct;
+        ts = dt_trace_begin();
         if (r->training)
             r->rc = m->ops->backward(m, r->scale, NULL, NULL, &r->err);
+        dt_trace_end_arg(r->training ? ts : 0, DT_TRACE_BACKWARD, "backward", "replica", r->k);
     }
     if (!d->coll) {
         r->be->synchronize(r->be);
@@ -146,7 +158,9 @@ static void run_job(replica *r)
     double t2 = dt_now_s();
     if (r->training) {
         dt_err e = {0};
+        ts = dt_trace_begin();
         int rc = dt_comm_reduce(r->comm, m->grads, m->num_params, DT_FLOAT32, DT_SUM, 0, NULL, &e);
+        dt_trace_end(rc ? 0 : ts, DT_TRACE_COMM, "reduce grads");
         if (rc && !r->rc) {
             r->rc = rc;
             r->err = e;
@@ -292,8 +306,10 @@ int dt_dp_forward_backward(dt_dp *d, const dt_batch *batch, float dloss_scale, f
         return dt_err_set(err, -EINVAL, "DP: batch of %d samples, room for %d", batch->B,
                           d->r[0].m->cfg.max_batch * d->K);
     double t0 = dt_now_s();
+    uint64_t ts = d->coll ? 0 : dt_trace_begin();
     if (!d->coll)
         replicate(d);
+    dt_trace_end(ts, DT_TRACE_COMM, "replicate params");
     double t1 = dt_now_s();
     scatter(d, batch, true, dloss_scale);
     parallel(d, JOB_PASS);
@@ -301,8 +317,10 @@ int dt_dp_forward_backward(dt_dp *d, const dt_batch *batch, float dloss_scale, f
     int rc = first_error(d, err);
     if (rc)
         return rc;
+    ts = d->coll ? 0 : dt_trace_begin();
     if (!d->coll)
         reduce(d);
+    dt_trace_end(ts, DT_TRACE_COMM, "reduce grads");
     double t3 = dt_now_s();
     float l = 0;
     for (int k = 0; k < d->K; k++)

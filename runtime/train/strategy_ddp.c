@@ -13,6 +13,7 @@
 
 #include "common/util.h"
 #include "runtime/train/ddp.h"
+#include "runtime/train/trace.h"
 
 typedef struct ddp_impl {
     dt_ddp *ddp;           /* the reducer, owned; NULL before start */
@@ -55,12 +56,16 @@ static int ddp_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bo
 {
     ddp_impl *d = s->impl;
     dt_model *m = s->model;
+    uint64_t ts = dt_trace_begin();
     int rc = m->ops->forward(m, batch, true, loss, err);
+    dt_trace_end(ts, DT_TRACE_FORWARD, "forward");
     if (rc)
         return rc;
     /* the reducer hears of finished gradients on the last micro-step only (no_sync before) */
-    return m->ops->backward(m, dloss, last ? dt_ddp_grad_ready : NULL, last ? d->ddp : NULL,
-                            err);
+    ts = dt_trace_begin();
+    rc = m->ops->backward(m, dloss, last ? dt_ddp_grad_ready : NULL, last ? d->ddp : NULL, err);
+    dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");
+    return rc;
 }
 
 static int ddp_sync_grads(dt_strategy *s, dt_err *err)

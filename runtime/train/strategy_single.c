@@ -4,6 +4,7 @@
 #include "runtime/train/strategy_single.h"
 
 #include "runtime/train/model.h"
+#include "runtime/train/trace.h"
 
 static int single_rank_batch(const dt_job *job) { return job->batch_size; }
 
@@ -29,8 +30,15 @@ static int single_micro_step(dt_strategy *s, const dt_batch *batch, float dloss,
 {
     (void)last;
     dt_model *m = s->model;
+    uint64_t ts = dt_trace_begin();
     int rc = m->ops->forward(m, batch, true, loss, err);
-    return rc ? rc : m->ops->backward(m, dloss, NULL, NULL, err);
+    dt_trace_end(ts, DT_TRACE_FORWARD, "forward");
+    if (rc)
+        return rc;
+    ts = dt_trace_begin();
+    rc = m->ops->backward(m, dloss, NULL, NULL, err);
+    dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");
+    return rc;
 }
 
 static int single_sync_grads(dt_strategy *s, dt_err *err)

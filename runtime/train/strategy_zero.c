@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/train/ddp.h"
+#include "runtime/train/trace.h"
 
 typedef struct zero_impl {
     dt_ddp *ddp;                         /* the reducer (sharding mode), owned */
@@ -180,12 +181,16 @@ static int zero_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
 {
     zero_impl *z = s->impl;
     dt_model *m = s->model;
+    uint64_t ts = dt_trace_begin();
     int rc = m->ops->forward(m, batch, true, loss, err);
+    dt_trace_end(ts, DT_TRACE_FORWARD, "forward");
     if (rc)
         return rc;
     /* the reducer hears of finished gradients on the last micro-step only (no_sync before) */
-    return m->ops->backward(m, dloss, last ? dt_ddp_grad_ready : NULL, last ? z->ddp : NULL,
-                            err);
+    ts = dt_trace_begin();
+    rc = m->ops->backward(m, dloss, last ? dt_ddp_grad_ready : NULL, last ? z->ddp : NULL, err);
+    dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");
+    return rc;
 }
 
 static int zero_sync_grads(dt_strategy *s, dt_err *err)

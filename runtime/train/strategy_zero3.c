@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/train/ddp.h"
+#include "runtime/train/trace.h"
 #include "runtime/train/xxh64.h"
 
 typedef struct z3_block {
@@ -620,7 +621,9 @@ static int z3_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, boo
     dt_model *m = s->model;
     z->last = last;
     pass_begin(z, true);
+    uint64_t ts = dt_trace_begin();
     int rc = m->ops->forward(m, batch, true, loss, err);
+    dt_trace_end(ts, DT_TRACE_FORWARD, "forward");
     pass_end(z, false, rc);
     if (!rc && z->rc)
         rc = z->rc, *err = z->err;
@@ -629,7 +632,9 @@ static int z3_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, boo
         return rc;
     }
     memset(z->bw_seen, 0, sizeof *z->bw_seen * (size_t)z->nb);
+    ts = dt_trace_begin();
     rc = m->ops->backward(m, dloss, NULL, NULL, err);
+    dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");
     pass_end(z, true, rc);
     z->in_bwd = false;
     drop_all(s, z);

@@ -20,6 +20,7 @@
 #include "runtime/job/errfile.h"
 #include "runtime/job/worker_guard.h"
 #include "runtime/train/strategies.h"
+#include "runtime/train/trace.h"
 
 /* ---- checkpoints ------------------------------------------------------------------------------ */
 
@@ -117,12 +118,24 @@ out:
     return rc;
 }
 
-/* Saves the current step (rank 0; tensors are whole and identical on every rank, once the
- * strategy gathered them: every rank comes here at the same steps and takes part). */
+static int ckpt_save_now(dt_trainer *t, dt_err *err);
+
+/* Saves the current step unless it is saved already, as a "checkpoint" span of the timeline
+ * (the copy the training waits for; a background write goes on after it). */
 static int ckpt_save(dt_trainer *t, dt_err *err)
 {
     if (!t->ckpt || t->last_saved_step == t->step)
         return 0;
+    uint64_t ts = dt_trace_begin();
+    int rc = ckpt_save_now(t, err);
+    dt_trace_end(ts, DT_TRACE_CKPT, "checkpoint");
+    return rc;
+}
+
+/* Saves the current step (rank 0; tensors are whole and identical on every rank, once the
+ * strategy gathered them: every rank comes here at the same steps and takes part). */
+static int ckpt_save_now(dt_trainer *t, dt_err *err)
+{
     int rc;
     if (t->s->ops->gather_state && (rc = t->s->ops->gather_state(t->s, err)))
         return dt_err_prefix(err, "gathering the checkpoint of step %lld: ", (long long)t->step);
@@ -333,6 +346,9 @@ void dt_trainer_close(dt_trainer *t)
         return;
     dt_ckpt_close(t->ckpt); /* waits for a pending write of the strategy's buffers */
     t->ckpt = NULL;
+    if (t->trace_owned)
+        dt_trace_close();
+    t->trace_owned = false;
     dt_metrics_close(t->metrics);
     t->metrics = NULL;
     dt_strategy_close(t->s);
@@ -363,6 +379,10 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     dt_strategy *s = t->s;
     double t0 = dt_now_s();
     int rc;
+    /* the timeline (train.trace): this step's spans, when it is in the traced range */
+    dt_trace_step(t->step + 1);
+    const uint64_t ts_step = dt_trace_begin();
+    uint64_t ts;
     /* a new accumulation: backward ops accumulate into the gradients */
     s->ops->zero_grads(s);
     double loss_sum = 0;
@@ -376,11 +396,16 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
      * Its loss counts n/G likewise. */
     const bool gb = t->gb.global > 0;
     const double world = t->grid.D, scale0 = t->scaler.on ? t->scaler.scale : 1.0;
-    if (gb && (rc = dt_sampler_next_step(&t->sampler, t->idx, err)))
-        return rc;
+    if (gb) {
+        ts = dt_trace_begin();
+        if ((rc = dt_sampler_next_step(&t->sampler, t->idx, err)))
+            return rc;
+        dt_trace_end(ts, DT_TRACE_DATA, "sample step");
+    }
     int64_t off = 0;
     for (int micro = 0; micro < t->micro_steps; micro++) {
         int n = t->batch;
+        ts = dt_trace_begin();
         float dloss = dloss_accum;
         const int64_t *idx = t->idx;
         if (gb) {
@@ -393,6 +418,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
         }
         if ((rc = dt_dataset_fill(t->data->train, idx, n, &t->batch_buf, err)))
             return rc;
+        dt_trace_end_arg(ts, DT_TRACE_DATA, "data", "micro_step", micro);
         float loss = 0;
         bool last = micro == t->micro_steps - 1;
         if ((rc = s->ops->micro_step(s, &t->batch_buf.batch, dloss, last, &loss, err)))
@@ -404,8 +430,10 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
                               dt_trainer_diverged_hint(j));
         loss_sum += gb ? (double)loss * n : (double)loss;
     }
+    ts = dt_trace_begin();
     if ((rc = s->ops->sync_grads(s, err)))
         return rc;
+    dt_trace_end(ts, DT_TRACE_COMM, "gradient sync");
     t->comm_time_s = s->comm_time_s;
     /* The loss mean and the stop request travel together: a signal reaches the ranks at
      * different steps (or only one of them), and all must stop at the same step boundary, else
@@ -413,14 +441,18 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
      * all-reduce. The mean of 0/1 flags is > 0 when any rank was asked to stop. */
     double v[2] = {gb ? loss_sum * world / (double)t->gb.global : loss_sum / j->grad_accum,
                    t->stop && *t->stop ? 1.0 : 0.0};
+    ts = dt_trace_begin();
     if ((rc = s->ops->average(s, v, 2, err)))
         return rc;
+    dt_trace_end(ts, DT_TRACE_COMM, "loss average");
     double loss = v[0];
     t->stop_agreed = v[1] > 0;
     t->stop_self = t->stop && *t->stop;
     double scale = t->scaler.scale;
+    ts = dt_trace_begin();
     if ((rc = s->ops->clip(s, t->scaler.on ? 1.0 / scale : 1.0, &t->grad_norm, err)))
         return rc;
+    dt_trace_end(ts, DT_TRACE_OPTIM, "clip");
     int apply = dt_loss_scaler_update(&t->scaler, isfinite(t->grad_norm));
     if (apply < 0) {
         char why[128] = "";
@@ -437,14 +469,17 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     t->lr = dt_lr_at(&t->sched, t->step);
     if (t->ckpt) /* a background save may still be copying the parameters and moments */
         dt_ckpt_fence(t->ckpt);
+    ts = dt_trace_begin();
     if (apply && (rc = s->ops->optim_step(s, t->lr, err)))
         return rc;
     s->be->synchronize(s->be);
+    dt_trace_end(ts, DT_TRACE_OPTIM, "optimizer");
     t->loss = loss;
     t->step++;
     /* this step's global batch: the world size may have changed since the last resume */
     t->samples_seen += gb ? t->gb.global : (int64_t)t->batch * j->grad_accum * t->grid.D;
     t->step_time_s = dt_now_s() - t0;
+    dt_trace_end(ts_step, DT_TRACE_STEP, "step");
     return 0;
 }
 
@@ -494,6 +529,85 @@ int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err)
     return 0;
 }
 
+/* ---- the timeline (train.trace) ------------------------------------------------------------ */
+
+/* <output_dir>/trace */
+static void trace_dir(const dt_trainer *t, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/trace", t->job.output_dir);
+}
+
+/* Opens the trace when train.trace asks for one (trace.h); nothing is recorded otherwise. */
+static int trace_open(dt_trainer *t, dt_err *err)
+{
+    int64_t first, last;
+    if (dt_job_trace_steps(t->job.trace, &first, &last) || first == 0)
+        return 0; /* off (the job's loader rejected anything else) */
+    char dir[DT_PATH_MAX + 16];
+    trace_dir(t, dir, sizeof dir);
+    /* Steps this run does not train (a restart resumed past them): no trace, so the files an
+     * earlier attempt wrote of them stay. Every rank resumed the same step and decides alike. */
+    if (first > t->total_steps || last <= t->step) {
+        if (t->env.rank == 0 && t->step < t->total_steps)
+            DT_WARN("train.trace = %s: this run trains steps %lld to %lld, so nothing is "
+                    "traced%s; choose steps in that range (e.g. train.trace = %lld-%lld)",
+                    t->job.trace, (long long)t->step + 1, (long long)t->total_steps,
+                    last <= t->step ? " (an earlier attempt's trace, if any, stays)" : "",
+                    (long long)t->step + 1, (long long)DT_MIN(t->step + 3, t->total_steps));
+        return 0;
+    }
+    dt_trace_opts o = {.dir = dir, .rank = t->env.rank, .world_size = t->env.world_size,
+                       .first_step = first, .last_step = last};
+    int rc = dt_trace_open(&o, err);
+    if (rc)
+        return rc;
+    t->trace_owned = true;
+    if (t->env.rank == 0)
+        DT_INFO("trace: train.trace = %s; each rank's spans go to %s/rank<N>.json at the end, "
+                "all ranks to %s/trace.json", t->job.trace, dir, dir);
+    return 0;
+}
+
+/* Writes this rank's trace; once every rank wrote its own, rank 0 merges them into trace.json.
+ * A trace that cannot be written is a warning, not a failed run; only the barrier's error (a
+ * rank gone) is returned. */
+static int trace_finish(dt_trainer *t, dt_err *err)
+{
+    if (!t->trace_owned)
+        return 0;
+    char path[DT_PATH_MAX + 64], dir[DT_PATH_MAX + 16], merged[DT_PATH_MAX + 32];
+    dt_err werr = {0};
+    size_t dropped = dt_trace_dropped();
+    if (dt_trace_write(path, sizeof path, &werr))
+        DT_WARN("rank %d: %s", t->env.rank, werr.msg);
+    dt_trace_close();
+    t->trace_owned = false;
+    if (t->s->comm && t->env.world_size > 1) {
+        int rc = dt_comm_barrier(t->s->comm, err);
+        if (rc)
+            return dt_err_prefix(err, "after writing the trace: ");
+    }
+    if (t->env.rank != 0)
+        return 0;
+    trace_dir(t, dir, sizeof dir);
+    snprintf(merged, sizeof merged, "%s/trace.json", dir);
+    int found = 0;
+    if (dt_trace_merge(dir, t->env.world_size, merged, &found, &werr)) {
+        DT_WARN("%s", werr.msg);
+        return 0;
+    }
+    if (found < t->env.world_size)
+        DT_WARN("trace: %s holds %d of the %d ranks: the others wrote rank<N>.json under their "
+                "own host's %s; copy them here and run scripts/trace-png.py %s to merge", merged,
+                found, t->env.world_size, dir, dir);
+    printf("dtrain: trace in %s (%d rank%s%s; open it in https://ui.perfetto.dev or draw it "
+           "with scripts/trace-png.py)\n",
+           merged, found, found == 1 ? "" : "s",
+           dropped ? ", rank 0 dropped spans past the cap" : "");
+    fflush(stdout);
+    return 0;
+}
+
 /* ---- the run ----------------------------------------------------------------------------------- */
 
 static void human_count(double v, char *buf, size_t cap)
@@ -509,7 +623,9 @@ static void human_count(double v, char *buf, size_t cap)
 static int do_eval(dt_trainer *t, double *val_loss, dt_err *err)
 {
     double loss, acc;
+    uint64_t ts = dt_trace_begin();
     int rc = dt_trainer_eval(t, &loss, &acc, err);
+    dt_trace_end(ts, DT_TRACE_EVAL, "eval");
     if (rc)
         return dt_err_prefix(err, "evaluation at step %lld: ", (long long)t->step);
     if (!isfinite(loss))
@@ -531,6 +647,8 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
     if ((rc = dt_metrics_open(&t->metrics, j->output_dir, rank0, t->tokens, t->env.attempt, err)))
         return rc;
     dt_metrics_layout(t->metrics, t->grid.world, t->grid.D, t->grid.T, t->grid.P);
+    if ((rc = trace_open(t, err)))
+        return rc;
     if (rank0) {
         char how[192];
         const bool dp_only = t->grid.T * t->grid.P == 1; /* the data-parallel ranks are all */
@@ -667,7 +785,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
         dt_metrics_print_summary(t->metrics, stdout); /* or how many records were lost */
         fflush(stdout);
     }
-    return 0;
+    return trace_finish(t, err);
 }
 
 /* ---- the entry point ---------------------------------------------------------------------------- */
@@ -733,6 +851,12 @@ fail:
     dt_metrics_finish_line(t.metrics);
     DT_ERROR("%s%s", err.msg, t.config_error ? " (a configuration error: the same command "
                                                 "fails the same way until it is changed)" : "");
+    if (t.trace_owned) { /* what this rank did up to the failure, no merge: others may be gone */
+        char tpath[DT_PATH_MAX + 64];
+        dt_err terr = {0};
+        if (dt_trace_write(tpath, sizeof tpath, &terr) == 0)
+            DT_INFO("trace of this rank up to the failure: %s", tpath);
+    }
     dt_err ferr = {0};
     if (dt_errfile_write(NULL, env.rank, code, err.msg, &ferr) != 0)
         DT_WARN("could not write the error file: %s", ferr.msg);

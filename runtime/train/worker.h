@@ -10,6 +10,7 @@
  *   ckpt         checkpoints (safetensors + state.json), saved in the background, resumed
  *   data         datasets, the distributed sampler, batches
  *   metrics      metrics.jsonl and the progress line
+ *   trace        the timeline of train.trace: spans per rank as a Chrome trace (trace.h)
  *   safetensors  the file format of checkpoints' tensors
  *   models/      the model zoo (mlp, resnet, gpt) against kernels/backend.h
  * It may include common/, kernels/, runtime/comm/, runtime/job/ and the rendezvous store's
@@ -75,6 +76,8 @@ typedef struct dt_trainer {
     dt_optim *optim;          /* s->optim, borrowed */
     dt_data *data;            /* owned */
     dt_metrics *metrics;      /* owned; opened by dt_trainer_run (NULL in benchmarks) */
+    bool trace_owned;         /* dt_trainer_run opened the process's trace (train.trace,
+                                 runtime/train/trace.h); dt_trainer_close closes it */
     dt_lr_schedule sched;     /* lr as a function of step */
     dt_loss_scaler scaler;    /* train.precision = fp16: dynamic loss scale (checkpointed) */
     bool tokens;              /* language model: throughput in tokens */
