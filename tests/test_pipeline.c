@@ -977,6 +977,44 @@ static void test_dead_stage(void)
     prun_free(&r);
 }
 
+/* train.trace: each stage's forward and backward of every micro-batch and its p2p batches, in
+ * the merged Chrome trace rank 0 writes. */
+static void test_trace(void)
+{
+    prun r = pbase(2, 2, 4, "gpipe", "trace");
+    padd(&r, "train.trace=on");
+    padd(&r, "train.steps=2");
+    padd(&r, "train.eval_every=0");
+    r.run = true;
+    if (prun_run(&r)) {
+        char *text = dt_test_slurp(fmt("%s/trace/trace.json", fmt("%s/%s", r.dir, r.name)));
+        DT_REQUIRE(text);
+        int fwd = 0, bwd = 0, p2p = 0, want = 0;
+        for (const char *q = text; (q = strstr(q, "\"name\":\"forward\"")); q++)
+            fwd++;
+        for (const char *q = text; (q = strstr(q, "\"name\":\"backward\"")); q++)
+            bwd++;
+        static const char *const names[] = {"\"name\":\"send\"", "\"name\":\"recv\"",
+                                            "\"name\":\"send+recv\""};
+        for (int k = 0; k < 3; k++)
+            for (const char *q = text; (q = strstr(q, names[k])); q++)
+                p2p++;
+        /* one span per p2p batch: the maximal runs of sends and receives in each list */
+        dt_pp_action a[6 * 4];
+        for (int st = 0; st < 2; st++) {
+            int n = build(DT_PP_GPIPE, 2, 4, st, a);
+            for (int i = 0; i < n; i++)
+                want += dt_pp_op_is_comm(a[i].op) && (i + 1 == n || !dt_pp_op_is_comm(a[i + 1].op));
+        }
+        /* 2 stages x 2 steps x 4 micro-batches */
+        DT_CHECK_MSG(fwd == 16 && bwd == 16, "%d forward and %d backward spans", fwd, bwd);
+        DT_CHECK_MSG(p2p == 2 * want, "%d p2p spans, %d expected", p2p, 2 * want);
+        DT_CHECK_CONTAINS(text, "\"mb\":3");
+        free(text);
+    }
+    prun_free(&r);
+}
+
 /* `dtrain bench pipeline` on a tiny job: it runs both schedules, prints the formula, and 1F1B's
  * stage-0 activation peak is exactly P/M of GPipe's (slots of equal size: P of M). */
 static void test_bench(void)
@@ -1018,6 +1056,7 @@ int main(int argc, char **argv)
         {"d2_p2", test_d2_p2, 180},
         {"ckpt_resume", test_ckpt_resume, 300},
         {"dead_stage", test_dead_stage, 120},
+        {"trace", test_trace, 120},
         {"bench", test_bench, 120},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);

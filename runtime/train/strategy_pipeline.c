@@ -50,6 +50,7 @@
 #include "runtime/train/ddp.h"
 #include "runtime/train/grid.h"
 #include "runtime/train/pp_schedule.h"
+#include "runtime/train/trace.h"
 
 typedef struct pipe_impl {
     const dt_job *job;              /* borrowed */
@@ -61,6 +62,10 @@ typedef struct pipe_impl {
     int nlist;
     dt_p2p_op *ops;                 /* (nlist) scratch for one p2p batch */
     dt_comm_work **works;           /* (nlist) posted and not yet waited */
+    uint64_t *work_t0;              /* (nlist) their trace starts */
+    int *work_mb;                   /* (nlist) the micro-batch of their first operation */
+    const char **work_name;         /* (nlist) "send", "recv", "send+recv" (literals) */
+    int64_t *work_bytes;            /* (nlist) their bytes, both ways */
     int nworks;
     int mb_cap;                     /* samples per micro-batch (the model's max_batch) */
     size_t x_numel;                 /* input floats per sample (vector and image data) */
@@ -281,10 +286,15 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->list = calloc((size_t)cap, sizeof *p->list);
     p->ops = calloc((size_t)cap, sizeof *p->ops);
     p->works = calloc((size_t)cap, sizeof *p->works);
+    p->work_t0 = calloc((size_t)cap, sizeof *p->work_t0);
+    p->work_mb = calloc((size_t)cap, sizeof *p->work_mb);
+    p->work_name = calloc((size_t)cap, sizeof *p->work_name);
+    p->work_bytes = calloc((size_t)cap, sizeof *p->work_bytes);
     p->mb_from = calloc((size_t)p->M, sizeof(int));
     p->mb_size = calloc((size_t)p->M, sizeof(int));
     p->mb_valid = calloc((size_t)p->M, sizeof(int64_t));
-    if (!p->list || !p->ops || !p->works || !p->mb_from || !p->mb_size || !p->mb_valid)
+    if (!p->list || !p->ops || !p->works || !p->work_t0 || !p->work_mb || !p->work_name ||
+        !p->work_bytes || !p->mb_from || !p->mb_size || !p->mb_valid)
         return dt_err_set(err, -ENOMEM, "out of memory");
     if ((rc = dt_pp_schedule_build(p->kind, p->P, p->M, p->stage, p->list, cap, &p->nlist, err)))
         return rc;
@@ -430,6 +440,8 @@ static int wait_all(dt_strategy *s, pipe_impl *p, const char *what, int mb, dt_e
     for (int i = 0; i < p->nworks; i++) {
         dt_err e2 = {0};
         int r = dt_comm_wait(p->g.pp, p->works[i], rc ? &e2 : err);
+        dt_trace_end_async(p->work_t0[i], "p2p", DT_TRACE_COMM, p->work_name[i], "mb",
+                           p->work_mb[i], "bytes", p->work_bytes[i]);
         if (r && !rc) {
             rc = r;
             dt_err_prefix(err, "pipeline stage %d of %d (rank %d), %s micro-batch %d: ",
@@ -464,8 +476,10 @@ static dt_p2p_op p2p_op(const pipe_impl *p, const dt_model *m, dt_pp_action a)
 /* v[0..n) (n <= 8) from the last stage to every stage of the pipeline. */
 static int from_last_stage(dt_strategy *s, pipe_impl *p, double *v, int n, dt_err *err)
 {
+    uint64_t ts = dt_trace_begin();
     s->be->memcpy_h2d(s->be, p->scalars, v, sizeof(double) * (size_t)n);
     int rc = dt_comm_broadcast(p->g.pp, p->scalars, (size_t)n, DT_FLOAT64, p->P - 1, NULL, err);
+    dt_trace_end(ts, DT_TRACE_COMM, "loss from the last stage");
     if (rc)
         return dt_err_prefix(err, "pipeline stage %d (rank %d): the loss from the last stage: ",
                              p->stage, p->g.grid.rank);
@@ -496,6 +510,17 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
             p->ops[nops++] = p2p_op(p, m, a);
             if (i + 1 < p->nlist && dt_pp_op_is_comm(p->list[i + 1].op))
                 continue;
+            bool sends = false, recvs = false;
+            int64_t bytes = 0;
+            for (int k = 0; k < nops; k++) {
+                sends |= p->ops[k].kind == DT_P2P_SEND;
+                recvs |= p->ops[k].kind == DT_P2P_RECV;
+                bytes += (int64_t)(p->ops[k].count * sizeof(float));
+            }
+            p->work_t0[p->nworks] = dt_trace_begin();
+            p->work_mb[p->nworks] = p->list[i + 1 - nops].mb;
+            p->work_name[p->nworks] = sends && recvs ? "send+recv" : sends ? "send" : "recv";
+            p->work_bytes[p->nworks] = bytes;
             if ((rc = dt_comm_p2p(p->g.pp, p->ops, nops, &p->works[p->nworks], err)))
                 dt_err_prefix(err, "pipeline stage %d of %d (rank %d), micro-batch %d: ",
                               p->stage, p->P, p->g.grid.rank, a.mb);
@@ -510,6 +535,7 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
         int slot = a.mb % p->slots;
         dt_batch mb = slice(p, batch, p->mb_from[a.mb], p->mb_size[a.mb]);
         double t1 = dt_now_s();
+        uint64_t ts = dt_trace_begin();
         if (fwd) {
             float l = 0;
             rc = so->stage_forward(m, slot, &mb, p->stage > 0 ? p->recv_act[slot] : NULL, true,
@@ -530,6 +556,8 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
         }
         s->be->synchronize(s->be);
         compute += dt_now_s() - t1;
+        dt_trace_end_arg(ts, fwd ? DT_TRACE_FORWARD : DT_TRACE_BACKWARD,
+                         fwd ? "forward" : "backward", "mb", a.mb);
         if (rc)
             dt_err_prefix(err, "pipeline stage %d of %d (rank %d), %s of micro-batch %d: ",
                           p->stage, p->P, p->g.grid.rank, fwd ? "forward" : "backward", a.mb);
@@ -702,6 +730,10 @@ static void pipe_close(dt_strategy *s)
         free(p->list);
         free(p->ops);
         free(p->works);
+        free(p->work_t0);
+        free(p->work_mb);
+        free(p->work_name);
+        free(p->work_bytes);
         free(p->mb_from);
         free(p->mb_size);
         free(p->mb_valid);

@@ -299,11 +299,12 @@ int dt_mlp_create(dt_model *m, dt_err *err)
     }
     if (!rc)
         rc = dt_models_falloc(m, &n->losses, B, err);
-    int wscratch = maxw > n->dims[n->lo] ? maxw : n->dims[n->lo];
+    /* dbuf[0]: the gradient of a hidden layer's output inside the stage; dbuf[1]: after its
+     * ReLU (and the stage output's, dims[hi]): widths of this stage's outputs, at most maxw */
     if (!rc)
-        rc = dt_models_falloc(m, &n->dbuf[0], B * wscratch, err);
+        rc = dt_models_falloc(m, &n->dbuf[0], B * maxw, err);
     if (!rc)
-        rc = dt_models_falloc(m, &n->dbuf[1], B * wscratch, err);
+        rc = dt_models_falloc(m, &n->dbuf[1], B * maxw, err);
     if (rc)
         return rc;
     n->targets_host = malloc(B * sizeof(int32_t));
