@@ -228,6 +228,41 @@ struct dt_backend {
     void (*embedding_bwd)(dt_backend *be, float *dwte, float *dwpe, const float *dout,
                           const int32_t *tokens, int B, int T, int C);
 
+    /* ---- vocabulary-parallel embedding (tensor parallelism, Megatron's VocabParallelEmbedding)
+     * wte (Vl,C) holds rows [v0, v0+Vl) of the whole table (a tensor-parallel rank's slice).
+     * fwd: out (B,T,C) = (v0 <= tokens[b,t] < v0+Vl ? wte[tokens[b,t] - v0] : 0) + wpe[t]
+     * (wpe (maxT,C) may be NULL): a partial sum the caller all-reduces over the vocabulary's
+     * ranks (one rank passing wpe, so that it is added once). bwd: dwte (Vl,C) += the rows of
+     * dout (B,T,C) whose token is in the range; dwpe (maxT,C) (may be NULL; dwte likewise)
+     * += scatter of every row. With v0 = 0 and Vl >= every token they are embedding_fwd/bwd. */
+    void (*embedding_vp_fwd)(dt_backend *be, float *out, const int32_t *tokens, const float *wte,
+                             const float *wpe, int B, int T, int C, int v0, int Vl);
+    void (*embedding_vp_bwd)(dt_backend *be, float *dwte, float *dwpe, const float *dout,
+                             const int32_t *tokens, int B, int T, int C, int v0, int Vl);
+
+    /* ---- vocabulary-parallel cross-entropy (Megatron's vocab_parallel_cross_entropy) ----
+     * logits (N,Vl) are columns [v0, v0+Vl) of the whole (N,V) logits; only the first nv
+     * columns are real (nv <= Vl; the rest are the padding of a vocabulary padded to a multiple
+     * of the rank count: never part of the softmax, the loss or a maximum). In three stages,
+     * with all-reduces over the vocabulary's ranks between them, so the whole logits are never
+     * gathered:
+     *   xent_vp_max:    maxes (N) = max over the nv real columns of each row (-INFINITY when
+     *                   nv == 0)                                          (all-reduce max)
+     *   xent_vp_sums:   sums (2N): sums[i] = sum over the real columns of exp(logit - maxes[i]),
+     *                   sums[N + i] = the logit of targets[i] when it is one of this slice's
+     *                   real columns, else 0                               (all-reduce sum)
+     *   xent_vp_finish: losses (N) = log(sums[i]) + maxes[i] - sums[N + i] for targets[i] >= 0,
+     *                   0 for ignored targets (< 0); when dlogits (N,Vl) != NULL it is SET to
+     *                   dloss * (softmax - onehot) on the real columns of valid rows and 0
+     *                   everywhere else (padding, ignored rows); dlogits may alias logits.
+     * Targets >= V are the caller's to reject (as for xent_fwd_bwd). */
+    void (*xent_vp_max)(dt_backend *be, float *maxes, const float *logits, int N, int Vl, int nv);
+    void (*xent_vp_sums)(dt_backend *be, float *sums, const float *logits, const float *maxes,
+                         const int32_t *targets, int N, int Vl, int nv, int v0);
+    void (*xent_vp_finish)(dt_backend *be, float *losses, float *dlogits, const float *logits,
+                           const float *maxes, const float *sums, const int32_t *targets, int N,
+                           int Vl, int nv, int v0, float dloss);
+
     /* ---- loss ---- */
     /* Fused softmax + cross-entropy over logits (N,V) with targets (N) int32; a target outside
      * [0, V) is ignored (loss 0, gradient 0; models reject targets >= V before they get here).

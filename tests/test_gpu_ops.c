@@ -711,6 +711,93 @@ static void test_embedding(void)
     ctx_close(&x);
 }
 
+/* Vocabulary-parallel embedding: slice k of R (rows [k*Vl, (k+1)*Vl), the last one padded). */
+static void test_embedding_vp(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    const int V = 50, B = 4, T = 9, C = 24, maxT = 16, R = 3, Vl = 17; /* 50 -> 51 */
+    ti tok = ti_new(&x, (size_t)B * T, 0, V);
+    tp wpe = tp_new(&x, (size_t)maxT * C, 1), out = tp_new(&x, (size_t)B * T * C, 0);
+    for (int k = 0; k < R; k++) {
+        tp wte = tp_new(&x, (size_t)Vl * C, 1);
+        c->embedding_vp_fwd(c, out.c, tok.c, wte.c, k == 0 ? wpe.c : NULL, B, T, C, k * Vl, Vl);
+        g->embedding_vp_fwd(g, out.g, tok.g, wte.g, k == 0 ? wpe.g : NULL, B, T, C, k * Vl, Vl);
+        check(&x, "embedding_vp_fwd", &out, 0);
+        tp dout = tp_new(&x, out.n, 1), dwte = tp_new(&x, wte.n, 1), dwpe = tp_new(&x, wpe.n, 1);
+        float *dwte0 = copy_host(&dwte), *dwpe0 = copy_host(&dwpe);
+        c->embedding_vp_bwd(c, dwte.c, dwpe.c, dout.c, tok.c, B, T, C, k * Vl, Vl);
+        g->embedding_vp_bwd(g, dwte.g, dwpe.g, dout.g, tok.g, B, T, C, k * Vl, Vl);
+        check_added(&x, "embedding_vp_bwd dwte", &dwte, dwte0, TOL32);
+        check_added(&x, "embedding_vp_bwd dwpe", &dwpe, dwpe0, TOL32);
+        free(dwte0);
+        free(dwpe0);
+        tp_free(&x, &wte);
+        tp_free(&x, &dout);
+        tp_free(&x, &dwte);
+        tp_free(&x, &dwpe);
+    }
+    tp_free(&x, &wpe);
+    tp_free(&x, &out);
+    ctx_close(&x);
+}
+
+/* The three vocabulary-parallel cross-entropy stages on one slice of Vl columns of which nv are
+ * real (the rest garbage), the all-reduces standing in by giving both backends the CPU's
+ * statistics between the stages. */
+static void xent_vp_case(ctx *x, int N, int Vl, int nv, int v0, bool alias)
+{
+    dt_backend *c = x->cpu, *g = x->gpu;
+    tp logits = tp_new(x, (size_t)N * Vl, 3), maxes = tp_new(x, (size_t)N, 0),
+       sums = tp_new(x, 2 * (size_t)N, 0), losses = tp_new(x, (size_t)N, 0),
+       dl = tp_new(x, (size_t)N * Vl, 0);
+    for (int i = 0; i < N; i++)
+        for (int j = nv; j < Vl; j++)
+            logits.h[(size_t)i * Vl + j] = 1e4f; /* padding: never read as a logit */
+    tp_upload(x, &logits);
+    ti tgt = ti_new(x, (size_t)N, v0 > 0 ? v0 - 3 : 0, v0 + nv + 3); /* in and out of the slice */
+    tgt.h[0] = -1;
+    ti_upload(x, &tgt);
+    c->xent_vp_max(c, maxes.c, logits.c, N, Vl, nv);
+    g->xent_vp_max(g, maxes.g, logits.g, N, Vl, nv);
+    check(x, "xent_vp_max", &maxes, 0);
+    /* the "all-reduced" maxima: this slice's, raised a little on some rows */
+    c->memcpy_d2h(c, maxes.h, maxes.c, (size_t)N * sizeof(float));
+    for (int i = 0; i < N; i += 2)
+        maxes.h[i] += 0.5f;
+    tp_upload(x, &maxes);
+    c->xent_vp_sums(c, sums.c, logits.c, maxes.c, tgt.c, N, Vl, nv, v0);
+    g->xent_vp_sums(g, sums.g, logits.g, maxes.g, tgt.g, N, Vl, nv, v0);
+    check(x, "xent_vp_sums", &sums, TOL32);
+    c->memcpy_d2h(c, sums.h, sums.c, 2 * (size_t)N * sizeof(float));
+    for (int i = 0; i < N; i++)
+        sums.h[i] += 1.0f; /* the other slices' share */
+    tp_upload(x, &sums);
+    float dloss = 1.0f / N;
+    float *dlc = alias ? logits.c : dl.c, *dlg = alias ? logits.g : dl.g;
+    c->xent_vp_finish(c, losses.c, dlc, logits.c, maxes.c, sums.c, tgt.c, N, Vl, nv, v0, dloss);
+    g->xent_vp_finish(g, losses.g, dlg, logits.g, maxes.g, sums.g, tgt.g, N, Vl, nv, v0, dloss);
+    check(x, "xent_vp_finish losses", &losses, TOL32);
+    check(x, alias ? "xent_vp_finish dlogits (in place)" : "xent_vp_finish dlogits",
+          alias ? &logits : &dl, 1e-4);
+    tp_free(x, &logits);
+    tp_free(x, &maxes);
+    tp_free(x, &sums);
+    tp_free(x, &losses);
+    tp_free(x, &dl);
+}
+
+static void test_xent_vp(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    xent_vp_case(&x, 33, 10, 10, 0, false);
+    xent_vp_case(&x, 64, 256, 250, 256, true);       /* padded last slice */
+    xent_vp_case(&x, 4, 25129, 25128, 25129, false); /* GPT-2's vocabulary over 2 ranks */
+    ctx_close(&x);
+}
+
 static void xent_case(ctx *x, int N, int V, bool ignore_some, bool alias)
 {
     dt_backend *c = x->cpu, *g = x->gpu;
@@ -1423,6 +1510,8 @@ int main(int argc, char **argv)
         {"gpu_elementwise", test_elementwise, 60},
         {"gpu_embedding", test_embedding, 60},
         {"gpu_xent", test_xent, 60},
+        {"gpu_embedding_vp", test_embedding_vp, 60},
+        {"gpu_xent_vp", test_xent_vp, 60},
         {"gpu_batchnorm", test_batchnorm, 60},
         {"gpu_batchnorm_offset", test_batchnorm_offset, 60},
         {"gpu_pooling", test_pooling, 60},

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "common/rng.h"
+#include "common/util.h"
 #include "kernels/backend.h"
 #include "tests/harness.h"
 
@@ -880,6 +881,165 @@ static void test_xent(void)
     free(l); free(loss); free(dl); free(dl2); free(loss2); free(c.logits);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* vocabulary-parallel embedding and cross-entropy (tensor parallelism) */
+
+/* The vocabulary V = 7 padded to 9 over R = 3 slices of 3 rows (the last: row 6 and two padding
+ * rows): the slices' partial sums (rank 0 adding wpe) add up to embedding_fwd bit for bit, and
+ * the slices' gradients are embedding_bwd's rows of their range. */
+static void test_embedding_vp(void)
+{
+    dt_backend *be = be_new();
+    const int B = 3, T = 5, C = 12, V = 7, maxT = 8, R = 3, Vl = 3;
+    dt_rng r;
+    dt_rng_seed(&r, 32);
+    int32_t tok[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)dt_rng_below(&r, V);
+    tok[1] = tok[0];
+    tok[2] = V - 1; /* the last real row, next to the padding */
+    float *wte = randf(&r, (size_t)R * Vl * C, -1, 1), *wpe = randf(&r, (size_t)maxT * C, -1, 1);
+    for (size_t i = (size_t)V * C; i < (size_t)R * Vl * C; i++)
+        wte[i] = 0.0f; /* padding rows */
+    float *dy = randf(&r, (size_t)B * T * C, -1, 1);
+    int32_t *d_tok = up_i(be, tok, B * T);
+    float *d_wte = up(be, wte, (size_t)V * C), *d_wpe = up(be, wpe, (size_t)maxT * C);
+    float *d_dy = up(be, dy, (size_t)B * T * C), *d_o = dev_alloc(be, sizeof(float) * B * T * C);
+    be->embedding_fwd(be, d_o, d_tok, d_wte, d_wpe, B, T, C);
+    float *want = down(be, d_o, (size_t)B * T * C);
+    float *sum = calloc((size_t)B * T * C, sizeof(float));
+    float *gte = filled(be, (size_t)V * C, PREFILL), *gpe = filled(be, (size_t)maxT * C, PREFILL);
+    be->embedding_bwd(be, gte, gpe, d_dy, d_tok, B, T, C);
+    float *hte = down(be, gte, (size_t)V * C), *hpe = down(be, gpe, (size_t)maxT * C);
+    for (int k = 0; k < R; k++) {
+        float *d_slice = up(be, wte + (size_t)k * Vl * C, (size_t)Vl * C);
+        be->embedding_vp_fwd(be, d_o, d_tok, d_slice, k == 0 ? d_wpe : NULL, B, T, C, k * Vl, Vl);
+        float *o = down(be, d_o, (size_t)B * T * C);
+        int outside = 0;
+        for (int i = 0; i < B * T; i++)
+            for (int c = 0; c < C; c++) {
+                sum[i * C + c] += o[i * C + c];
+                bool mine = tok[i] >= k * Vl && tok[i] < (k + 1) * Vl;
+                outside += k > 0 && !mine && o[i * C + c] != 0.0f; /* zero for other tokens */
+            }
+        DT_CHECK_MSG(outside == 0, "slice %d: %d non-zero values for tokens outside it", k,
+                     outside);
+        float *gs = filled(be, (size_t)Vl * C, PREFILL), *gp = filled(be, (size_t)maxT * C, PREFILL);
+        be->embedding_vp_bwd(be, gs, gp, d_dy, d_tok, B, T, C, k * Vl, Vl);
+        be->embedding_vp_bwd(be, NULL, NULL, d_dy, d_tok, B, T, C, k * Vl, Vl); /* skipped */
+        float *hs = down(be, gs, (size_t)Vl * C), *hp = down(be, gp, (size_t)maxT * C);
+        int bad = 0;
+        for (int row = 0; row < Vl; row++)
+            for (int c = 0; c < C; c++) {
+                int v = k * Vl + row;
+                float w = v < V ? hte[v * C + c] : PREFILL; /* padding rows get nothing */
+                bad += hs[row * C + c] != w;
+            }
+        DT_CHECK_MSG(bad == 0, "slice %d: %d dwte values differ from embedding_bwd's", k, bad);
+        DT_CHECK(memcmp(hp, hpe, sizeof(float) * maxT * C) == 0);
+        be->free(be, d_slice);
+        be->free(be, gs);
+        be->free(be, gp);
+        free(o); free(hs); free(hp);
+    }
+    DT_CHECK_MSG(memcmp(sum, want, sizeof(float) * B * T * C) == 0,
+                 "the slices' sum differs from embedding_fwd");
+    be->close(be);
+    free(wte); free(wpe); free(dy); free(want); free(sum); free(hte); free(hpe);
+}
+
+/* xent_vp_* over R slices of Vl columns of logits (N,V), the all-reduces done here on the host,
+ * against xent_fwd_bwd on the whole logits. Padding columns hold garbage that must be ignored. */
+static void xent_vp_case(int N, int V, int R, uint64_t seed)
+{
+    dt_backend *be = be_new();
+    const int Vl = (V + R - 1) / R;
+    dt_rng r;
+    dt_rng_seed(&r, seed);
+    float *l = randf(&r, (size_t)N * V, -4, 4);
+    int32_t tgt[64];
+    DT_REQUIRE(N <= 64);
+    for (int i = 0; i < N; i++)
+        tgt[i] = (int32_t)dt_rng_below(&r, V);
+    tgt[1] = -1; /* ignored */
+    tgt[2] = V - 1;
+    const float dloss = 1.0f / 8;
+    float *d_l = up(be, l, (size_t)N * V), *d_loss = dev_alloc(be, N * 4);
+    float *d_dl = dev_alloc(be, (size_t)N * V * 4);
+    int32_t *d_t = up_i(be, tgt, N);
+    be->xent_fwd_bwd(be, d_loss, d_dl, d_l, d_t, N, V, dloss, NULL);
+    float *want_loss = down(be, d_loss, N), *want_dl = down(be, d_dl, (size_t)N * V);
+
+    float *slice = malloc(sizeof(float) * N * Vl), *mx = malloc(sizeof(float) * N);
+    float *sums = calloc((size_t)2 * N, sizeof(float)), *part = malloc(sizeof(float) * 2 * N);
+    float *d_s[16], *d_mx = dev_alloc(be, N * 4), *d_sums = dev_alloc(be, 2 * N * 4);
+    DT_REQUIRE(R <= 16);
+    for (int i = 0; i < N; i++)
+        mx[i] = -INFINITY;
+    for (int k = 0; k < R; k++) { /* slices, with garbage in the padding */
+        int nv = DT_MAX(0, DT_MIN(Vl, V - k * Vl));
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < Vl; j++)
+                slice[i * Vl + j] = j < nv ? l[i * V + k * Vl + j] : 1e4f;
+        d_s[k] = up(be, slice, (size_t)N * Vl);
+        be->xent_vp_max(be, d_mx, d_s[k], N, Vl, nv);
+        float *m = down(be, d_mx, N);
+        for (int i = 0; i < N; i++) { /* all-reduce max */
+            if (nv == 0)
+                DT_CHECK(m[i] == -INFINITY);
+            mx[i] = m[i] > mx[i] ? m[i] : mx[i];
+        }
+        free(m);
+    }
+    be->memcpy_h2d(be, d_mx, mx, N * 4);
+    for (int k = 0; k < R; k++) {
+        int nv = DT_MAX(0, DT_MIN(Vl, V - k * Vl));
+        be->xent_vp_sums(be, d_sums, d_s[k], d_mx, d_t, N, Vl, nv, k * Vl);
+        be->memcpy_d2h(be, part, d_sums, 2 * N * 4);
+        for (int i = 0; i < 2 * N; i++) /* all-reduce sum */
+            sums[i] += part[i];
+    }
+    be->memcpy_h2d(be, d_sums, sums, 2 * N * 4);
+    for (int k = 0; k < R; k++) {
+        int nv = DT_MAX(0, DT_MIN(Vl, V - k * Vl));
+        float *d_g = filled(be, (size_t)N * Vl, 77.0f); /* SET, not accumulated */
+        be->xent_vp_finish(be, d_loss, d_g, d_s[k], d_mx, d_sums, d_t, N, Vl, nv, k * Vl, dloss);
+        float *loss = down(be, d_loss, N), *g = down(be, d_g, (size_t)N * Vl);
+        for (int i = 0; i < N; i++)
+            DT_CHECK_MSG(fabsf(loss[i] - want_loss[i]) <= 1e-5f * (1.0f + fabsf(want_loss[i])),
+                         "V %d R %d slice %d row %d: loss %.8g, xent_fwd_bwd %.8g", V, R, k, i,
+                         loss[i], want_loss[i]);
+        int bad = 0;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < Vl; j++) {
+                float w = j < nv && tgt[i] >= 0 ? want_dl[i * V + k * Vl + j] : 0.0f;
+                bad += !(fabsf(g[i * Vl + j] - w) <= 1e-6f);
+            }
+        DT_CHECK_MSG(bad == 0, "V %d R %d slice %d: %d dlogits off", V, R, k, bad);
+        /* in place (dlogits = logits), and without a gradient: the same losses */
+        be->xent_vp_finish(be, d_loss, d_s[k], d_s[k], d_mx, d_sums, d_t, N, Vl, nv, k * Vl,
+                           dloss);
+        float *g2 = down(be, d_s[k], (size_t)N * Vl);
+        DT_CHECK(memcmp(g2, g, sizeof(float) * N * Vl) == 0);
+        be->xent_vp_finish(be, d_loss, NULL, d_s[k], d_mx, d_sums, d_t, N, Vl, nv, k * Vl, dloss);
+        float *loss2 = down(be, d_loss, N);
+        DT_CHECK(memcmp(loss2, loss, sizeof(float) * N) == 0);
+        DT_CHECK(loss[1] == 0.0f);
+        be->free(be, d_g);
+        free(loss); free(g); free(g2); free(loss2);
+    }
+    be->close(be);
+    free(l); free(want_loss); free(want_dl); free(slice); free(mx); free(sums); free(part);
+}
+
+static void test_xent_vp(void)
+{
+    xent_vp_case(9, 37, 4, 51);   /* 37 -> 40: the last slice has 7 real columns */
+    xent_vp_case(6, 37, 1, 52);   /* one slice: the whole vocabulary */
+    xent_vp_case(5, 5, 4, 53);    /* 5 -> 8: slice 2 has 1 real column, slice 3 none */
+    xent_vp_case(7, 130, 2, 54);  /* even split, rows longer than 8-wide partial sums */
+}
+
 /* Cross-entropy of uniform logits is ln V whatever the target. */
 static void test_xent_uniform(void)
 {
@@ -1569,6 +1729,8 @@ static const dt_test tests[] = {
     {"embedding", test_embedding, 0},
     {"xent", test_xent, 0},
     {"xent_uniform", test_xent_uniform, 0},
+    {"embedding_vp", test_embedding_vp, 0},
+    {"xent_vp", test_xent_vp, 0},
     {"batchnorm", test_batchnorm, 0},
     {"batchnorm_offset", test_batchnorm_offset, 0},
     {"batchnorm_split", test_batchnorm_split, 0},

@@ -89,6 +89,9 @@ enum {
     DT_CPU_OP_NONFINITE,
     DT_CPU_OP_TO_HALF,
     DT_CPU_OP_FROM_HALF,
+    DT_CPU_OP_EMBEDDING_VP_FWD,
+    DT_CPU_OP_EMBEDDING_VP_BWD,
+    DT_CPU_OP_XENT_VP,
     DT_CPU_OP_COUNT
 };
 
@@ -173,6 +176,17 @@ void dt_cpu_embedding_bwd(dt_backend *be, float *dwte, float *dwpe, const float 
                           const int32_t *tokens, int B, int T, int C);
 void dt_cpu_xent_fwd_bwd(dt_backend *be, float *losses, float *dlogits, const float *logits,
                          const int32_t *targets, int N, int V, float dloss, int *valid_count);
+void dt_cpu_embedding_vp_fwd(dt_backend *be, float *out, const int32_t *tokens,
+                             const float *wte, const float *wpe, int B, int T, int C, int v0,
+                             int Vl);
+void dt_cpu_embedding_vp_bwd(dt_backend *be, float *dwte, float *dwpe, const float *dout,
+                             const int32_t *tokens, int B, int T, int C, int v0, int Vl);
+void dt_cpu_xent_vp_max(dt_backend *be, float *maxes, const float *logits, int N, int Vl, int nv);
+void dt_cpu_xent_vp_sums(dt_backend *be, float *sums, const float *logits, const float *maxes,
+                         const int32_t *targets, int N, int Vl, int nv, int v0);
+void dt_cpu_xent_vp_finish(dt_backend *be, float *losses, float *dlogits, const float *logits,
+                           const float *maxes, const float *sums, const int32_t *targets, int N,
+                           int Vl, int nv, int v0, float dloss);
 void dt_cpu_bn_stats(dt_backend *be, float *sum, float *sumsq, const float *inp, int N, int C,
                      int HW);
 void dt_cpu_bn_fwd_apply(dt_backend *be, float *out, float *mean, float *rstd,

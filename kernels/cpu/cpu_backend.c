@@ -98,6 +98,9 @@ static const struct {
     [DT_CPU_OP_NONFINITE] = {"count_nonfinite", false},
     [DT_CPU_OP_TO_HALF] = {"to_half", false},
     [DT_CPU_OP_FROM_HALF] = {"from_half", false},
+    [DT_CPU_OP_EMBEDDING_VP_FWD] = {"embedding_vp_fwd", false},
+    [DT_CPU_OP_EMBEDDING_VP_BWD] = {"embedding_vp_bwd", false},
+    [DT_CPU_OP_XENT_VP] = {"xent_vp", false},
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -413,6 +416,11 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     be->embedding_fwd = dt_cpu_embedding_fwd;
     be->embedding_bwd = dt_cpu_embedding_bwd;
     be->xent_fwd_bwd = dt_cpu_xent_fwd_bwd;
+    be->embedding_vp_fwd = dt_cpu_embedding_vp_fwd;
+    be->embedding_vp_bwd = dt_cpu_embedding_vp_bwd;
+    be->xent_vp_max = dt_cpu_xent_vp_max;
+    be->xent_vp_sums = dt_cpu_xent_vp_sums;
+    be->xent_vp_finish = dt_cpu_xent_vp_finish;
     be->bn_stats = dt_cpu_bn_stats;
     be->bn_fwd_apply = dt_cpu_bn_fwd_apply;
     be->bn_fwd_eval = dt_cpu_bn_fwd_eval;

@@ -437,6 +437,46 @@ void dt_cpu_embedding_bwd(dt_backend *be, float *dwte, float *dwpe, const float 
     DT_CPU_PROF_END(be, DT_CPU_OP_EMBEDDING_BWD, 0);
 }
 
+/* Vocabulary-parallel: this slice holds rows [v0, v0+Vl) of the table. */
+void dt_cpu_embedding_vp_fwd(dt_backend *be, float *out, const int32_t *tokens,
+                             const float *wte, const float *wpe, int B, int T, int C, int v0,
+                             int Vl)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *o = out + ((size_t)b * T + t) * C;
+            int row = tokens[b * T + t] - v0;
+            const float *e = row >= 0 && row < Vl ? wte + (size_t)row * C : NULL;
+            const float *p = wpe ? wpe + (size_t)t * C : NULL;
+            for (int i = 0; i < C; i++)
+                o[i] = (e ? e[i] : 0.0f) + (p ? p[i] : 0.0f);
+        }
+    DT_CPU_PROF_END(be, DT_CPU_OP_EMBEDDING_VP_FWD, 0);
+}
+
+void dt_cpu_embedding_vp_bwd(dt_backend *be, float *dwte, float *dwpe, const float *dout,
+                             const int32_t *tokens, int B, int T, int C, int v0, int Vl)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *d = dout + ((size_t)b * T + t) * C;
+            int row = tokens[b * T + t] - v0;
+            if (dwte && row >= 0 && row < Vl) {
+                float *e = dwte + (size_t)row * C;
+                for (int i = 0; i < C; i++)
+                    e[i] += d[i];
+            }
+            if (dwpe) {
+                float *p = dwpe + (size_t)t * C;
+                for (int i = 0; i < C; i++)
+                    p[i] += d[i];
+            }
+        }
+    DT_CPU_PROF_END(be, DT_CPU_OP_EMBEDDING_VP_BWD, 0);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* softmax + cross-entropy */
 
@@ -484,6 +524,76 @@ void dt_cpu_xent_fwd_bwd(dt_backend *be, float *losses, float *dlogits, const fl
     if (valid_count)
         *valid_count = valid;
     DT_CPU_PROF_END(be, DT_CPU_OP_XENT, 0);
+}
+
+/* Vocabulary-parallel cross-entropy (backend_ops.h): the three stages around the all-reduces.
+ * The same arithmetic as xent_rows (eight partial sums of dt_expf, lse = max + log(sum),
+ * gradient exp(logit - lse)), so a slice that holds the whole vocabulary matches it. */
+void dt_cpu_xent_vp_max(dt_backend *be, float *maxes, const float *logits, int N, int Vl, int nv)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int i = 0; i < N; i++)
+        maxes[i] = max8(logits + (size_t)i * Vl, nv);
+    DT_CPU_PROF_END(be, DT_CPU_OP_XENT_VP, 0);
+}
+
+DT_CPU_CLONES
+static void xent_vp_sum_rows(float *sums, const float *logits, const float *maxes,
+                             const int32_t *targets, int N, int Vl, int nv, int v0)
+{
+    for (int i = 0; i < N; i++) {
+        const float *l = logits + (size_t)i * Vl;
+        float m = maxes[i];
+        float acc[8] = {0};
+        int j = 0;
+        for (; j + 8 <= nv; j += 8)
+            for (int k = 0; k < 8; k++)
+                acc[k] += dt_expf(l[j + k] - m);
+        float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; j < nv; j++)
+            sum += dt_expf(l[j] - m);
+        sums[i] = sum;
+        int col = targets[i] - v0;
+        sums[N + i] = targets[i] >= 0 && col >= 0 && col < nv ? l[col] : 0.0f;
+    }
+}
+
+void dt_cpu_xent_vp_sums(dt_backend *be, float *sums, const float *logits, const float *maxes,
+                         const int32_t *targets, int N, int Vl, int nv, int v0)
+{
+    DT_CPU_PROF_BEGIN(be);
+    xent_vp_sum_rows(sums, logits, maxes, targets, N, Vl, nv, v0);
+    DT_CPU_PROF_END(be, DT_CPU_OP_XENT_VP, 0);
+}
+
+void dt_cpu_xent_vp_finish(dt_backend *be, float *losses, float *dlogits, const float *logits,
+                           const float *maxes, const float *sums, const int32_t *targets, int N,
+                           int Vl, int nv, int v0, float dloss)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (int i = 0; i < N; i++) {
+        int tgt = targets[i];
+        float *d = dlogits ? dlogits + (size_t)i * Vl : NULL;
+        if (tgt < 0) {
+            losses[i] = 0.0f;
+            if (d)
+                memset(d, 0, sizeof(float) * Vl);
+            continue;
+        }
+        float lse = maxes[i] + logf(sums[i]);
+        losses[i] = lse - sums[N + i];
+        if (!d)
+            continue;
+        const float *l = logits + (size_t)i * Vl; /* may alias d: read before written */
+        for (int j = 0; j < nv; j++)
+            d[j] = dloss * dt_expf(l[j] - lse);
+        for (int j = nv; j < Vl; j++)
+            d[j] = 0.0f;
+        int col = tgt - v0;
+        if (col >= 0 && col < nv)
+            d[col] -= dloss;
+    }
+    DT_CPU_PROF_END(be, DT_CPU_OP_XENT_VP, 0);
 }
 
 /* ------------------------------------------------------------------------------------------ */

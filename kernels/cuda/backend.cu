@@ -83,6 +83,9 @@ static const struct {
     /* DT_CU_OP_NONFINITE */ {"count_nonfinite", false},
     /* DT_CU_OP_TO_HALF */ {"to_half", false},
     /* DT_CU_OP_FROM_HALF */ {"from_half", false},
+    /* DT_CU_OP_EMBEDDING_VP_FWD */ {"embedding_vp_fwd", false},
+    /* DT_CU_OP_EMBEDDING_VP_BWD */ {"embedding_vp_bwd", false},
+    /* DT_CU_OP_XENT_VP */ {"xent_vp", false},
 };
 
 // =============================================================================================
@@ -606,6 +609,11 @@ static void fill_ops(dt_backend *be)
     be->embedding_fwd = dt_cuda_embedding_fwd;
     be->embedding_bwd = dt_cuda_embedding_bwd;
     be->xent_fwd_bwd = dt_cuda_xent_fwd_bwd;
+    be->embedding_vp_fwd = dt_cuda_embedding_vp_fwd;
+    be->embedding_vp_bwd = dt_cuda_embedding_vp_bwd;
+    be->xent_vp_max = dt_cuda_xent_vp_max;
+    be->xent_vp_sums = dt_cuda_xent_vp_sums;
+    be->xent_vp_finish = dt_cuda_xent_vp_finish;
     be->bn_stats = dt_cuda_bn_stats;
     be->bn_fwd_apply = dt_cuda_bn_fwd_apply;
     be->bn_fwd_eval = dt_cuda_bn_fwd_eval;

@@ -607,6 +607,178 @@ void dt_cuda_embedding_bwd(dt_backend *be, float *dwte, float *dwpe, const float
     DT_CU_END(DT_CU_OP_EMBEDDING_BWD, 0);
 }
 
+// Vocabulary-parallel (backend_ops.h): this slice holds rows [v0, v0+Vl) of the table.
+__global__ static void embedding_vp_fwd_kernel(float *out, const int32_t *tokens,
+                                               const float *wte, const float *wpe, int B, int T,
+                                               int C, int v0, int Vl)
+{
+    size_t n = (size_t)B * T * C;
+    GRID_STRIDE(i, n)
+    {
+        size_t bt = i / C;
+        int c = (int)(i % C), t = (int)(bt % T);
+        int row = tokens[bt] - v0;
+        float v = row >= 0 && row < Vl ? wte[(size_t)row * C + c] : 0.0f;
+        if (wpe)
+            v += wpe[(size_t)t * C + c];
+        out[i] = v;
+    }
+}
+
+__global__ static void embedding_vp_bwd_kernel(float *dwte, float *dwpe, const float *dout,
+                                               const int32_t *tokens, int B, int T, int C,
+                                               int v0, int Vl)
+{
+    size_t n = (size_t)B * T * C;
+    GRID_STRIDE(i, n)
+    {
+        size_t bt = i / C;
+        int c = (int)(i % C), t = (int)(bt % T);
+        int row = tokens[bt] - v0;
+        float g = dout[i];
+        if (dwte && row >= 0 && row < Vl)
+            atomicAdd(dwte + (size_t)row * C + c, g);
+        if (dwpe)
+            atomicAdd(dwpe + (size_t)t * C + c, g);
+    }
+}
+
+void dt_cuda_embedding_vp_fwd(dt_backend *be, float *out, const int32_t *tokens,
+                              const float *wte, const float *wpe, int B, int T, int C, int v0,
+                              int Vl)
+{
+    DT_CU_BEGIN(be);
+    size_t n = (size_t)B * T * C;
+    EW_LAUNCH(embedding_vp_fwd_kernel, n, out, tokens, wte, wpe, B, T, C, v0, Vl);
+    DT_CU_END(DT_CU_OP_EMBEDDING_VP_FWD, 0);
+}
+
+void dt_cuda_embedding_vp_bwd(dt_backend *be, float *dwte, float *dwpe, const float *dout,
+                              const int32_t *tokens, int B, int T, int C, int v0, int Vl)
+{
+    DT_CU_BEGIN(be);
+    size_t n = (size_t)B * T * C;
+    EW_LAUNCH(embedding_vp_bwd_kernel, n, dwte, dwpe, dout, tokens, B, T, C, v0, Vl);
+    DT_CU_END(DT_CU_OP_EMBEDDING_VP_BWD, 0);
+}
+
+// =============================================================================================
+// vocabulary-parallel cross-entropy: three stages around the caller's all-reduces, one block
+// per row for the two row reductions, element-wise for the loss and the gradient
+// =============================================================================================
+
+#define XENT_VP_THREADS 256
+
+__global__ static void __launch_bounds__(XENT_VP_THREADS)
+    xent_vp_max_kernel(float *maxes, const float *logits, int Vl, int nv)
+{
+    __shared__ float part[XENT_VP_THREADS / 32];
+    const float *x = logits + (size_t)blockIdx.x * Vl;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x)
+        m = fmaxf(m, x[j]);
+    for (int off = 16; off > 0; off >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0)
+        part[warp] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < XENT_VP_THREADS / 32; w++)
+            m = fmaxf(m, part[w]);
+        maxes[blockIdx.x] = m;
+    }
+}
+
+__global__ static void __launch_bounds__(XENT_VP_THREADS)
+    xent_vp_sums_kernel(float *sums, const float *logits, const float *maxes,
+                        const int32_t *targets, int N, int Vl, int nv, int v0)
+{
+    __shared__ float part[XENT_VP_THREADS / 32];
+    size_t row = blockIdx.x;
+    const float *x = logits + row * Vl;
+    float m = maxes[row], s = 0.0f;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x)
+        s += expf(x[j] - m);
+    s = warp_sum(s);
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0)
+        part[warp] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < XENT_VP_THREADS / 32; w++)
+            s += part[w];
+        sums[row] = s;
+        int tgt = targets[row], col = tgt - v0;
+        sums[(size_t)N + row] = tgt >= 0 && col >= 0 && col < nv ? x[col] : 0.0f;
+    }
+}
+
+__global__ static void xent_vp_loss_kernel(float *losses, const float *maxes, const float *sums,
+                                           const int32_t *targets, int N)
+{
+    GRID_STRIDE(i, (size_t)N)
+    {
+        losses[i] = targets[i] >= 0 ? maxes[i] + logf(sums[i]) - sums[(size_t)N + i] : 0.0f;
+    }
+}
+
+// dlogits may alias logits: each element is read, then written, by the same thread.
+__global__ static void xent_vp_grad_kernel(float *dlogits, const float *logits,
+                                           const float *maxes, const float *sums,
+                                           const int32_t *targets, int N, int Vl, int nv, int v0,
+                                           float dloss)
+{
+    size_t n = (size_t)N * Vl;
+    GRID_STRIDE(k, n)
+    {
+        size_t i = k / Vl;
+        int j = (int)(k % Vl), tgt = targets[i];
+        float d = 0.0f;
+        if (tgt >= 0 && j < nv) {
+            float lse = maxes[i] + logf(sums[i]);
+            d = dloss * (expf(logits[k] - lse) - (j == tgt - v0 ? 1.0f : 0.0f));
+        }
+        dlogits[k] = d;
+    }
+}
+
+void dt_cuda_xent_vp_max(dt_backend *be, float *maxes, const float *logits, int N, int Vl, int nv)
+{
+    DT_CU_BEGIN(be);
+    if (N > 0) {
+        xent_vp_max_kernel<<<(unsigned)N, XENT_VP_THREADS, 0, cu->stream>>>(maxes, logits, Vl,
+                                                                           nv);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_XENT_VP, 0);
+}
+
+void dt_cuda_xent_vp_sums(dt_backend *be, float *sums, const float *logits, const float *maxes,
+                          const int32_t *targets, int N, int Vl, int nv, int v0)
+{
+    DT_CU_BEGIN(be);
+    if (N > 0) {
+        xent_vp_sums_kernel<<<(unsigned)N, XENT_VP_THREADS, 0, cu->stream>>>(
+            sums, logits, maxes, targets, N, Vl, nv, v0);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_XENT_VP, 0);
+}
+
+void dt_cuda_xent_vp_finish(dt_backend *be, float *losses, float *dlogits, const float *logits,
+                            const float *maxes, const float *sums, const int32_t *targets,
+                            int N, int Vl, int nv, int v0, float dloss)
+{
+    DT_CU_BEGIN(be);
+    // the losses first: they read only maxes and sums, never the logits dlogits may overwrite
+    EW_LAUNCH(xent_vp_loss_kernel, (size_t)N, losses, maxes, sums, targets, N);
+    if (dlogits)
+        EW_LAUNCH(xent_vp_grad_kernel, (size_t)N * Vl, dlogits, logits, maxes, sums, targets, N,
+                  Vl, nv, v0, dloss);
+    DT_CU_END(DT_CU_OP_XENT_VP, 0);
+}
+
 // =============================================================================================
 // the fused classifier: softmax + cross-entropy + gradient, one block per row
 // =============================================================================================

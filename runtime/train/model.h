@@ -275,7 +275,10 @@ struct dt_model {
 
 /* Builds a model from cfg on backend be, initialised deterministically from cfg->seed (GPT-2:
  * normal(0, 0.02), residual projections scaled by 1/sqrt(2L); He for convolutions). comm is
- * borrowed for SyncBatchNorm and may be NULL. */
+ * borrowed (it must outlive the model): SyncBatchNorm's (may be NULL), or, with cfg->tp_size >
+ * 1, the tensor group, required, of tp_size ranks of which this is tp_rank. -EINVAL, naming
+ * the setting to change, for tp_size > 1 on a model other than gpt, an n_head tp_size does not
+ * divide, tp_rank outside 0..tp_size-1, no comm or a comm of another size or rank. */
 int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, dt_comm *comm,
                     dt_err *err);
 

@@ -86,6 +86,11 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
 static int check_config(const dt_model_config *cfg, dt_err *err)
 {
     const dt_sample_shape *s = &cfg->shape;
+    if (cfg->tp_size < 0 || (cfg->tp_size > 1 && (cfg->tp_rank < 0 || cfg->tp_rank >= cfg->tp_size)))
+        return dt_err_set(err, -EINVAL,
+                          "model: tensor-parallel rank %d of %d (tp_rank must be in 0..tp_size-1, "
+                          "tp_size >= 0; 0 and 1 mean no tensor parallelism)",
+                          cfg->tp_rank, cfg->tp_size);
     if (cfg->max_batch <= 0)
         return dt_err_set(err, -EINVAL, "model: batch size must be positive (got %d)",
                           cfg->max_batch);
@@ -115,8 +120,20 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
                               s->seq_len, cfg->block_size);
         if (s->vocab_size <= 0)
             return dt_err_set(err, -EINVAL, "model gpt: the data has no vocabulary size");
+        if (cfg->tp_size > 1 && cfg->n_head % cfg->tp_size)
+            return dt_err_set(err, -EINVAL,
+                              "model gpt: parallel.tensor = %d must divide model.n_head (%d): "
+                              "each rank holds n_head / tensor attention heads; choose a "
+                              "divisor of n_head",
+                              cfg->tp_size, cfg->n_head);
         return 0;
     }
+    if (cfg->tp_size > 1)
+        return dt_err_set(err, -EINVAL,
+                          "parallel.tensor = %d: tensor parallelism splits gpt's attention, MLP "
+                          "and vocabulary only; model %s has no tensor-parallel form (set "
+                          "parallel.tensor = 1)",
+                          cfg->tp_size, cfg->type);
     if (!strcmp(cfg->type, "mlp")) {
         if (s->kind == DT_SAMPLE_TOKENS)
             return dt_err_set(err, -EINVAL, "model mlp needs vector or image samples, not tokens");
@@ -164,6 +181,19 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
     int rc = check_config(cfg, err);
     if (rc)
         return rc;
+    if (cfg->tp_size > 1 && !comm)
+        return dt_err_set(err, -EINVAL,
+                          "creating model %s: tensor parallelism (tp_size %d) needs the tensor "
+                          "group's communicator, and none was given",
+                          cfg->type, cfg->tp_size);
+    if (cfg->tp_size > 1 &&
+        (dt_comm_world_size(comm) != cfg->tp_size || dt_comm_rank(comm) != cfg->tp_rank))
+        return dt_err_set(err, -EINVAL,
+                          "creating model %s: tensor-parallel rank %d of %d, but the communicator "
+                          "given is rank %d of %d: pass the tensor group (dt_groups_open's tp), "
+                          "not the world",
+                          cfg->type, cfg->tp_rank, cfg->tp_size, dt_comm_rank(comm),
+                          dt_comm_world_size(comm));
     dt_model *m = calloc(1, sizeof *m);
     if (!m)
         return dt_err_set(err, -ENOMEM, "model: out of memory");
@@ -173,7 +203,7 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
      * tags those) is what a step works in: activations, inputs, targets */
     dt_mem_cat old_cat = dt_mem_tag(be, DT_MEM_ACTS);
     if (!strcmp(cfg->type, "gpt"))
-        rc = dt_gpt_create(m, err);
+        rc = dt_gpt_create(m, comm, err);
     else if (!strcmp(cfg->type, "mlp"))
         rc = dt_mlp_create(m, err);
     else
@@ -189,6 +219,62 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
     *out = m;
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* tensor-parallel slices */
+
+size_t dt_tensor_whole_numel(const dt_tensor_info *t)
+{
+    if (t->tp_parts <= 0)
+        return t->numel;
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= (size_t)t->whole_shape[i];
+    return n;
+}
+
+void dt_tensor_tp_copy(const dt_tensor_info *t, int tp_rank, float *whole, float *local,
+                       bool to_whole)
+{
+    if (t->tp_parts <= 0) {
+        if (to_whole)
+            memcpy(whole, local, t->numel * sizeof(float));
+        else
+            memcpy(local, whole, t->numel * sizeof(float));
+        return;
+    }
+    /* rows of `inner` contiguous elements: outer x (tp_dim) x inner, the same outer and inner
+     * in the whole and the local tensor, which differ along tp_dim only */
+    const int d = t->tp_dim;
+    size_t outer = 1, inner = 1;
+    for (int i = 0; i < d; i++)
+        outer *= (size_t)t->shape[i];
+    for (int i = d + 1; i < t->ndim; i++)
+        inner *= (size_t)t->shape[i];
+    const size_t parts = (size_t)t->tp_parts;
+    const size_t chunk = (size_t)t->shape[d] / parts;      /* per part, on this rank */
+    const size_t part = (size_t)t->whole_shape[d] / parts; /* per part, whole */
+    const size_t first = (size_t)tp_rank * chunk;          /* this rank's offset in a part */
+    const size_t ldim = (size_t)t->shape[d], wdim = (size_t)t->whole_shape[d];
+    for (size_t o = 0; o < outer; o++)
+        for (size_t p = 0; p < parts; p++)
+            for (size_t k = 0; k < chunk; k++) {
+                float *l = local + ((o * ldim) + p * chunk + k) * inner;
+                if (first + k >= part) { /* padding: not in the whole tensor */
+                    if (!to_whole)
+                        memset(l, 0, inner * sizeof(float));
+                    continue;
+                }
+                float *w = whole + ((o * wdim) + p * part + first + k) * inner;
+                if (to_whole)
+                    memcpy(w, l, inner * sizeof(float));
+                else
+                    memcpy(l, w, inner * sizeof(float));
+            }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* freeing and look-up */
 
 void dt_model_free(dt_model *m)
 {

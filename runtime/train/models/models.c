@@ -26,6 +26,7 @@ static int add_to(dt_tensor_info **table, int *count, size_t *total, bool no_dec
     t->numel = 1;
     for (int i = 0; i < ndim; i++) {
         t->shape[i] = shape[i];
+        t->whole_shape[i] = shape[i]; /* replicated until a model says otherwise */
         t->numel *= (size_t)shape[i];
     }
     t->offset = *total;

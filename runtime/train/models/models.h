@@ -17,7 +17,9 @@
 #include "runtime/train/model.h"
 
 /* Appends a parameter tensor "fmt..." of ndim dims (shape) to m's table; no_decay for biases
- * and normalisation parameters. Returns its index, or a negative error. */
+ * and normalisation parameters. It is replicated (tp_parts 0, whole_shape = shape): a model
+ * that splits it for tensor parallelism sets tp_dim, tp_parts and whole_shape afterwards.
+ * Returns its index, or a negative error. */
 int dt_models_add(dt_model *m, bool no_decay, int ndim, const int64_t *shape, dt_err *err,
                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* The same for a non-trained buffer (BatchNorm running statistics). */
