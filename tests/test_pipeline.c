@@ -484,7 +484,7 @@ static void test_mlp_stage_errors(void)
 
 #define MAX_RANKS 4
 #define MAX_STEPS 24
-#define MAX_PER 8192
+#define MAX_PER 32768
 
 static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 static const char *fmt(const char *f, ...)
@@ -555,6 +555,7 @@ typedef struct prun {
     int port;
     rank_out *out;
     int status[MAX_RANKS];         /* as waitpid gave them */
+    const char *config;            /* configs/<config> */
 } prun;
 
 static void padd(prun *r, const char *ov) { r->ov[r->nov++] = ov; }
@@ -567,6 +568,7 @@ static prun pbase(int N, int P, int M, const char *sched, const char *name)
     r.steps = 20;
     r.kill_rank = -1;
     r.overflow_rank = -1;
+    r.config = "mlp.ini";
     snprintf(r.name, sizeof r.name, "%s", name);
     padd(&r, "job.device=cpu");
     padd(&r, "train.threads=1");
@@ -575,7 +577,6 @@ static prun pbase(int N, int P, int M, const char *sched, const char *name)
     padd(&r, "checkpoint.every=0");
     padd(&r, "checkpoint.async=false");
     padd(&r, "ddp.timeout=10");
-    padd(&r, "model.hidden=13,11,7");  /* 4 Linear layers: 4 stages at most */
     padd(&r, "train.batch_size=8");
     padd(&r, "train.warmup_steps=2");
     padd(&r, "train.lr=0.003");
@@ -584,6 +585,21 @@ static prun pbase(int N, int P, int M, const char *sched, const char *name)
     padd(&r, fmt("parallel.pipeline=%d", P));
     padd(&r, fmt("parallel.micro_batches=%d", M));
     padd(&r, fmt("parallel.schedule=%s", sched));
+    padd(&r, "model.hidden=13,11,7"); /* 4 Linear layers: 4 stages at most */
+    return r;
+}
+
+/* The same with a tiny gpt on bytes of text (configs/quickstart.ini): 4 transformer blocks. */
+static prun pgpt(int N, int P, int M, const char *sched, const char *name)
+{
+    prun r = pbase(N, P, M, sched, name);
+    r.nov--; /* not the mlp's widths */
+    r.config = "quickstart.ini";
+    padd(&r, "model.n_layer=4");
+    padd(&r, "model.n_head=2");
+    padd(&r, "model.n_embd=16");
+    padd(&r, "model.block_size=16");
+    padd(&r, "data.seq_len=16");
     return r;
 }
 
@@ -632,7 +648,7 @@ static void rank_body(prun *r, int rank)
     for (int i = 0; i < r->nov; i++)
         ov[n++] = r->ov[i];
     ov[n++] = fmt("job.output_dir=%s/%s", r->dir, r->name);
-    if (dt_job_load(&job, fmt("%s/configs/mlp.ini", repo_dir()), (char **)ov, n, &errs,
+    if (dt_job_load(&job, fmt("%s/configs/%s", repo_dir(), r->config), (char **)ov, n, &errs,
                     &err) != 0) {
         snprintf(o->msg, sizeof o->msg, "job: %.500s %.500s", err.msg,
                  errs.count ? errs.lines[0] : "");
@@ -749,11 +765,12 @@ static double vec_rel(const float *a, const float *b, size_t n) { return rel_dif
 
 /* P stages x M micro-batches of `sched` against one process, 20 steps; more: overrides for
  * both (NULL-terminated), tag: their name in the runs' names. */
-static void against_one_with(int P, int M, const char *sched, const char *const *more,
-                             const char *tag)
+static void against_one_model(bool gpt, int P, int M, const char *sched,
+                              const char *const *more, const char *tag)
 {
-    prun one = pbase(1, 1, 1, "1f1b", fmt("one-%d-%s%s", P, sched, tag));
-    prun pp = pbase(P, P, M, sched, fmt("p%d-m%d-%s%s", P, M, sched, tag));
+    prun (*make)(int, int, int, const char *, const char *) = gpt ? pgpt : pbase;
+    prun one = make(1, 1, 1, "1f1b", fmt("one-%d-%s%s", P, sched, tag));
+    prun pp = make(P, P, M, sched, fmt("p%d-m%d-%s%s", P, M, sched, tag));
     one.eval = pp.eval = true;
     for (; more && *more; more++) {
         padd(&one, *more);
@@ -809,6 +826,17 @@ static void against_one_with(int P, int M, const char *sched, const char *const 
 out:
     prun_free(&one);
     prun_free(&pp);
+}
+
+static void against_one_with(int P, int M, const char *sched, const char *const *more,
+                             const char *tag)
+{
+    against_one_model(false, P, M, sched, more, tag);
+}
+
+static void against_one(int P, int M, const char *sched)
+{
+    against_one_with(P, M, sched, NULL, "");
 }
 
 /* Gradient accumulation, fp16 loss scaling, SGD with momentum, a global batch, and a batch that
@@ -876,9 +904,20 @@ out:
     prun_free(&pp);
 }
 
-static void against_one(int P, int M, const char *sched)
+
+/* gpt: the embeddings on stage 0, ln_f and the tied head on the last, the two copies of wte
+ * kept equal by the embedding group's all-reduce. */
+static void test_gpt_p2(void)
 {
-    against_one_with(P, M, sched, NULL, "");
+    against_one_model(true, 2, 4, "1f1b", NULL, "-gpt");
+    against_one_model(true, 2, 2, "gpipe", NULL, "-gpt");
+}
+
+static void test_gpt_p4(void)
+{
+    const char *const rec[] = {"train.recompute=block", NULL};
+    against_one_model(true, 4, 4, "gpipe", NULL, "-gpt");
+    against_one_model(true, 4, 4, "1f1b", rec, "-gpt-rec");
 }
 
 static void test_p2_1f1b(void) { against_one(2, 4, "1f1b"); }
@@ -1051,6 +1090,8 @@ int main(int argc, char **argv)
         {"p2_gpipe", test_p2_gpipe, 180},
         {"p4_1f1b", test_p4_1f1b, 180},
         {"p4_gpipe", test_p4_gpipe, 180},
+        {"gpt_p2", test_gpt_p2, 240},
+        {"gpt_p4", test_gpt_p4, 240},
         {"options", test_options, 300},
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
         {"d2_p2", test_d2_p2, 180},

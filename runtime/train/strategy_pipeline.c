@@ -85,6 +85,11 @@ typedef struct pipe_impl {
     int maxn;
     size_t maxp;                    /* the largest stage's parameters */
     int *tensor_at;                 /* (P * maxn) index in whole of each stage's tensor */
+    int *tied;                      /* (ntied) this stage's tensors another stage holds too
+                                       (gpt's wte on the first and the last stage) */
+    int ntied;
+    bool tied_copy;                 /* this stage's tied tensors are the later copies: left
+                                       out of the norm (the first stage counts them) */
     float *wparams;                 /* (whole_numel) backend, owned */
     float *wstates[DT_OPTIM_MAX_STATES];
     dt_pp_stats st;
@@ -156,6 +161,32 @@ static int gather_tables(dt_strategy *s, pipe_impl *p, dt_err *err)
         }
         p->maxp = DT_MAX(p->maxp, numel);
     }
+    /* tensors of this stage that another stage holds too: their gradients are summed over the
+     * embedding group (Megatron's tied embedding), and counted once in the norm */
+    p->tied = calloc((size_t)p->maxn + 1, sizeof(int));
+    if (!p->tied) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int t = 0; t < counts[p->stage]; t++) {
+        int w = p->tensor_at[(size_t)p->stage * p->maxn + t], holders = 0, first = -1;
+        for (int i = 0; i < p->P; i++)
+            for (int u = 0; u < counts[i]; u++)
+                if (p->tensor_at[(size_t)i * p->maxn + u] == w) {
+                    holders++;
+                    first = first < 0 ? i : first;
+                }
+        if (holders < 2)
+            continue;
+        if (holders != 2 || !p->g.embed) {
+            rc = dt_err_set(err, -EINVAL, "tensor %s is held by %d stages; only the first and "
+                                          "the last stage may share one (the tied embedding)",
+                            p->whole[w].name, holders);
+            goto out;
+        }
+        p->tied[p->ntied++] = t;
+        p->tied_copy = first != p->stage;
+    }
 out:
     be->free(be, cnt);
     be->free(be, send);
@@ -219,6 +250,10 @@ static int split_groups(dt_strategy *s, pipe_impl *p, dt_store *store, dt_err *e
         return dt_err_prefix(err, "the data-parallel group: ");
     if ((rc = dt_comm_split(s->comm, store, g->dp * g->T + g->tp, g->pp, &p->g.pp, err)))
         return dt_err_prefix(err, "the pipeline group: ");
+    bool ends = g->pp == 0 || g->pp == g->P - 1;
+    if ((rc = dt_comm_split(s->comm, store, ends ? g->dp * g->T + g->tp : -1, g->pp, &p->g.embed,
+                            err)))
+        return dt_err_prefix(err, "the embedding group: ");
     return 0;
 }
 
@@ -323,7 +358,7 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     dt_model *m = s->model;
     if (!m->stage || m->num_buffers)
         return dt_err_set(err, -ENOTSUP, "parallel.pipeline = %d: model %s has no pipeline "
-                                         "stages yet (mlp has); use parallel.pipeline = 1",
+                                         "stages (mlp and gpt have); use parallel.pipeline = 1",
                           p->P, mc.type);
     if ((rc = dt_strategy_open_optim(s, ctx, err)))
         return rc;
@@ -581,14 +616,24 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
     return 0;
 }
 
+/* DDP's buckets over the stage's replicas (D > 1), then the tied tensors' gradients summed
+ * between the first and the last stage (the embedding group), so both copies take the same
+ * update and stay equal. */
 static int pipe_sync_grads(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    s->comm_time_s = 0;
-    if (!p->ddp)
-        return 0;
     double t0 = dt_now_s();
-    int rc = dt_ddp_finish(p->ddp, err);
+    int rc = p->ddp ? dt_ddp_finish(p->ddp, err) : 0;
+    for (int i = 0; i < p->ntied && !rc; i++) {
+        const dt_tensor_info *ti = &s->model->tensors[p->tied[i]];
+        uint64_t ts = dt_trace_begin();
+        if ((rc = dt_comm_allreduce(p->g.embed, s->model->grads + ti->offset, ti->numel,
+                                    DT_FLOAT32, DT_SUM, NULL, err)))
+            dt_err_prefix(err, "pipeline stage %d (rank %d): the tied %s's gradient over the "
+                               "embedding group: ",
+                          p->stage, p->g.grid.rank, ti->name);
+        dt_trace_end(ts, DT_TRACE_COMM, "tied embedding all-reduce");
+    }
     s->comm_time_s = dt_now_s() - t0;
     return rc;
 }
@@ -615,7 +660,20 @@ static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
     dt_model *m = s->model;
     if (unscale != 1.0)
         s->be->scale(s->be, m->grads, m->num_params, (float)unscale);
-    double sum = s->be->sumsq(s->be, m->grads, m->num_params);
+    double sum = 0;
+    if (!p->tied_copy) {
+        sum = s->be->sumsq(s->be, m->grads, m->num_params);
+    } else { /* the runs of tensors between the tied copies (the first stage counts those) */
+        size_t from = 0;
+        for (int i = 0; i <= p->ntied; i++) {
+            const dt_tensor_info *ti = i < p->ntied ? &m->tensors[p->tied[i]] : NULL;
+            size_t to = ti ? ti->offset : m->num_params;
+            if (to > from)
+                sum += s->be->sumsq(s->be, m->grads + from, to - from);
+            if (ti)
+                from = ti->offset + ti->numel;
+        }
+    }
     s->be->memcpy_h2d(s->be, p->scalars, &sum, sizeof sum);
     int rc = dt_comm_allreduce(p->g.pp, p->scalars, 1, DT_FLOAT64, DT_SUM, NULL, err);
     if (rc)
@@ -713,6 +771,7 @@ static void pipe_close(dt_strategy *s)
     pipe_impl *p = s->impl;
     if (p) {
         dt_ddp_free(p->ddp);
+        dt_comm_free(p->g.embed);
         dt_comm_free(p->g.dp);
         dt_comm_free(p->g.pp);
         if (s->be) {
@@ -741,6 +800,7 @@ static void pipe_close(dt_strategy *s)
         free(p->tables);
         free(p->counts);
         free(p->tensor_at);
+        free(p->tied);
     }
     dt_comm_free(s->comm);
     s->comm = NULL;
