@@ -26,6 +26,7 @@ static const struct {
     {"ckpt", dt_bench_ckpt, "checkpoint size, throughput and how long training is held"},
     {"memory", dt_bench_memory, "memory by category per ZeRO stage and recompute mode"},
     {"pipeline", dt_bench_pipeline, "pipeline bubble, throughput, activation memory: GPipe vs 1F1B"},
+    {"tensor", dt_bench_tensor, "tensor parallelism (T = 1, 2, 4) against one process and DDP"},
 };
 
 int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_prefix, int n,

@@ -138,6 +138,39 @@ static void test_memory(void)
         }
 }
 
+/* Tensor parallelism: one process, DDP x 4, T = 2 and T = 4 all run; each tensor rank holds
+ * exactly its slices (the allocator's parameter bytes = 4 x (split / T + replicated)), under
+ * 0.6 (T = 2) and 0.35 (T = 4) of the whole model, and all-reduces more than Megatron's
+ * 4 x L x B x T x C (the embedding's, ln_f's and the cross-entropy's on top). */
+static void test_tensor(void)
+{
+    DT_CHECK_INT(bench(180, "tensor configs/quickstart.ini --nproc 4 --steps 1 job.device=cpu "
+                            "model.n_layer=2 model.n_head=4 model.n_embd=32 model.block_size=32 "
+                            "data.seq_len=32 train.batch_size=4"), 0);
+    DT_REQUIRE(out != NULL);
+    double whole = 0;
+    const char *at = strstr(out, "# T=1 (1 process) rank 0: params ");
+    DT_REQUIRE(at && sscanf(at, "# T=1 (1 process) rank 0: params %lf", &whole) == 1);
+    const int Ts[2] = {2, 4};
+    const double most[2] = {0.6, 0.35};
+    for (int i = 0; i < 2; i++)
+        for (int r = 0; r < Ts[i]; r++) {
+            char key[64];
+            snprintf(key, sizeof key, "# T=%d rank %d: ", Ts[i], r);
+            at = strstr(out, key);
+            double p = 0, pp = 0, ar = 0, meg = 0;
+            DT_REQUIRE(at);
+            DT_REQUIRE(sscanf(at + strlen(key), "params %lf predicted %lf; all-reduce %lf "
+                              "megatron %lf", &p, &pp, &ar, &meg) == 4);
+            DT_CHECK_MSG(p == pp, "T=%d rank %d: params %.0f, predicted %.0f", Ts[i], r, p, pp);
+            DT_CHECK_MSG(p < most[i] * whole, "T=%d: params %.0f of %.0f", Ts[i], p, whole);
+            DT_CHECK_MSG(meg > 0 && ar > meg, "T=%d: all-reduce %.0f, Megatron %.0f", Ts[i], ar,
+                         meg);
+        }
+    DT_CHECK_CONTAINS(out, "DDP x 4 rank 3: ");
+    DT_CHECK_CONTAINS(out, "T=2 vs T=1 (one process): ");
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -149,6 +182,7 @@ int main(int argc, char **argv)
         {"bench_dp_vs_ddp", test_dp_vs_ddp, 200},
         {"bench_ckpt", test_ckpt, 150},
         {"bench_memory", test_memory, 200},
+        {"bench_tensor", test_tensor, 200},
     };
     return dt_test_main("test_bench", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

@@ -4,6 +4,8 @@
  *   job.strategy = ddp, several ranks ddp     (strategy_ddp.c)
  *     and parallel.zero = 1 or 2      zero    (strategy_zero.c; one rank: single, said once)
  *   job.strategy = dp                 dp      (strategy_dp.c; one rank only; no zero)
+ *   parallel.tensor > 1, pipeline 1   tensor  (strategy_tensor.c; DDP over the data-parallel
+ *                                              groups when world > tensor)
  *
  * The trainer picks (dt_strategy_pick) before it builds anything, to learn the rank's batch
  * (ops->rank_batch), then opens the strategy once the data has told it the model's shape. */

@@ -1,6 +1,6 @@
 /* strategy.c - what the strategies share: binding the worker to its CPUs, the backend, the
- * world communicator, the optimiser, a whole model's checkpoint buffers, and the clip, update
- * and zeroing of a gradient that lives whole on this rank; see strategy.h.
+ * world communicator, the grid's groups, the optimiser, a whole model's checkpoint buffers, and
+ * the clip, update and zeroing of a gradient that lives whole on this rank; see strategy.h.
  *
  * Nothing here knows which strategy runs; the registry (strategies.c) chooses, the
  * implementations (strategy_*.c) call these. */
@@ -93,6 +93,26 @@ int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char
     co.timeout_ms = (int)DT_MIN(ctx->job->comm_timeout * 1000.0, 2e9);
     co.device_index = e->local_rank;
     rc = dt_comm_init(out, store, &co, err); /* the store is needed for the bootstrap only */
+    dt_store_free(store);
+    return rc;
+}
+
+int dt_strategy_open_groups(dt_groups *out, dt_comm *world, const dt_strategy_ctx *ctx,
+                            dt_err *err)
+{
+    const dt_worker_env *e = ctx->env;
+    memset(out, 0, sizeof *out);
+    dt_grid g;
+    int rc = dt_grid_init(&g, e->rank, e->world_size, ctx->job->tensor, ctx->job->pipeline, err);
+    if (rc)
+        return rc;
+    dt_store *store = NULL;
+    dt_store_opts so;
+    dt_store_opts_default(&so);
+    if ((rc = dt_store_connect(&store, e->store_addr, e->store_port, &so, err)))
+        return dt_err_prefix(err, "connecting to the store at %s:%d to split the groups: ",
+                             e->store_addr, e->store_port);
+    rc = dt_groups_open(out, world, store, &g, err); /* the store serves the bootstrap only */
     dt_store_free(store);
     return rc;
 }

@@ -57,6 +57,7 @@
 #include "runtime/job/config.h"
 #include "runtime/job/workenv.h"
 #include "runtime/train/ckpt.h"
+#include "runtime/train/grid.h"
 #include "runtime/train/model.h"
 #include "runtime/train/optim.h"
 
@@ -165,6 +166,14 @@ int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
  * rendezvous round, with job.comm_timeout. */
 int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char *backend,
                            dt_err *err);
+
+/* The grid of ctx's world laid out with parallel.tensor and parallel.pipeline (dt_grid_init:
+ * -EINVAL naming the keys and the valid world sizes), then its groups split from world
+ * (dt_groups_open), bootstrapped through a store connection of its own (DTRAIN_STORE_ADDR/PORT,
+ * closed before it returns). Collective over world: every rank calls it at the same point. On
+ * failure nothing is left open. */
+int dt_strategy_open_groups(dt_groups *out, dt_comm *world, const dt_strategy_ctx *ctx,
+                            dt_err *err);
 
 /* Builds s->optim over s->model's parameters on s->be from ctx->optim. */
 int dt_strategy_open_optim(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);

@@ -1,0 +1,576 @@
+/* bench_tensor.c - `dtrain bench tensor JOB.ini [--nproc N] [--steps S] [--repeat R] [overrides]`:
+ * tensor parallelism (parallel.tensor = T, strategy_tensor.c) of a gpt job against one process
+ * and against DDP, at the same global batch, in one run.
+ *
+ * The configurations, each the real trainer (worker.h) on its ranks, processes of their own
+ * (fork + exec of this binary, as `bench memory` runs them) over an in-process store:
+ *   T = 1, one process: the whole global batch G (the job's train.batch_size) on one rank: the
+ *     baseline the issue's target is stated against ("T = 2 reaches 1.6x the tokens/s of T =
+ *     1": the same GEMMs, halved over two cores, against one core doing them whole);
+ *   DDP on N ranks: G / N samples each (the other way to use the same N cores);
+ *   T = 2, 4, ... up to N (D = 1): every rank the whole batch, 1/T of every block.
+ * A configuration that cannot run (n_head or a world the job's loader refuses) is printed with
+ * the loader's or the model's reason.
+ *
+ * Each rank reports its mean step time after one warm-up step; then the same number of steps
+ * with the backend's per-op profiler on, whose op seconds are the compute: what is left of the
+ * step is "outside ops", the all-reduces and the waits for the other ranks (plus the host's own
+ * overhead, which the one-process row shows by itself). Its parameter bytes are the allocator's
+ * (DT_MEM_PARAMS), beside the prediction 4 x (the split tensors' whole elements / T + the
+ * replicated tensors' elements), from the strategy's table (dt_strategy_tensor_stats).
+ *
+ * All-reduce volume per rank and step, in the model's own schedule (gpt.c, "Tensor parallelism":
+ * every collective an all-reduce of a contiguous buffer): per layer 2 in forward (after each
+ * row-parallel c_proj) and 2 in backward (the gradients of ln_1's and ln_2's outputs), each B x
+ * T x C floats; the embedding's partial sums (B x T x C) and ln_f's gradient (B x T x C); the
+ * vocabulary-parallel cross-entropy's row maxima and sums (3 x B x T). Megatron's count is the
+ * first part alone: 4 all-reduces of B x T x C per layer. B is the rank's samples per step. DDP's
+ * row shows its gradient all-reduce (4 bytes x parameters) instead.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cmd/cmd.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "rendezvous/store_server.h"
+#include "runtime/job/config.h"
+#include "runtime/train/strategy_tensor.h"
+#include "runtime/train/worker.h"
+
+#define MAX_RANKS 64
+#define MAX_REPEAT 16
+#define MAX_CONF 8
+#define MIB (1024.0 * 1024.0)
+
+typedef struct bench_opts {
+    const char *job_path;
+    char **overrides; /* the user's, then (children) the configuration's */
+    int n_overrides;
+    int nproc;        /* parent: the most ranks a configuration uses; child: this one's */
+    int steps;
+    int repeat;
+    /* child mode */
+    const char *child;
+    int rank;
+    int port;
+    const char *run_id;
+    const char *out;
+} bench_opts;
+
+/* What one rank measured. */
+typedef struct result {
+    double step_s;      /* mean step time after the warm-up step */
+    double cpu_s;       /* the process's CPU time per step over the same steps (all threads) */
+    double prof_step_s; /* mean step time of the profiled steps */
+    double ops_s;       /* of which inside the backend's ops, per step */
+    double params_bytes; /* the allocator's parameter bytes (peak) */
+    double pred_params; /* predicted parameter bytes of this rank */
+    double ar_floats;   /* floats all-reduced per step: the tensor group's (or DDP's gradients) */
+    double megatron;    /* Megatron's 4 x L x B x T x C floats (tensor ranks), else 0 */
+    double tokens;      /* tokens per step, all ranks together (the global batch) */
+    long long local_params, whole_params;
+} result;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: dtrain bench tensor JOB.ini [--nproc N] [--steps S] [--repeat R] "
+            "[section.key=value ...]\n"
+            "\n"
+            "  --nproc N   the most ranks a configuration uses (default 2)\n"
+            "  --steps S   timed steps per configuration (default 5), after one warm-up step,\n"
+            "              then S more with the backend's op profiler on\n"
+            "  --repeat R  run all the configurations R times, interleaved; step times are the\n"
+            "              median of the passes (default 1)\n"
+            "\n"
+            "For a gpt job: one process (T = 1), DDP on N ranks and parallel.tensor = 2, 4, ...\n"
+            "up to N, all at the same global batch (the job's train.batch_size): tokens/s and its\n"
+            "ratio to T = 1, the floats each rank all-reduces per step beside Megatron's count,\n"
+            "the share of the step outside the compute ops (communication and waiting), and each\n"
+            "rank's parameter bytes beside 1/T of the split tensors plus the replicated ones.\n");
+}
+
+/* ---- the children ---------------------------------------------------------------------------- */
+
+static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
+                    dt_config_errors *errs, dt_err *err)
+{
+    memset(errs, 0, sizeof *errs);
+    char **ov = calloc((size_t)(o->n_overrides + n_more) + 1, sizeof *ov);
+    if (!ov)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    memcpy(ov, o->overrides, sizeof *ov * (size_t)o->n_overrides);
+    if (n_more)
+        memcpy(ov + o->n_overrides, more, sizeof *ov * (size_t)n_more); /* later ones win */
+    int rc = dt_job_load(job, o->job_path, ov, o->n_overrides + n_more, errs, err);
+    free(ov);
+    return rc;
+}
+
+static int write_result(const char *path, const result *r)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -errno;
+    fprintf(f, "%.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %lld %lld\n", r->step_s,
+            r->cpu_s,
+            r->prof_step_s, r->ops_s, r->params_bytes, r->pred_params, r->ar_floats,
+            r->megatron, r->tokens, r->local_params, r->whole_params);
+    return fclose(f) ? -errno : 0;
+}
+
+static int read_result(const char *path, result *r)
+{
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -ENOENT;
+    int ok = fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lld %lld", &r->step_s, &r->cpu_s,
+                    &r->prof_step_s, &r->ops_s, &r->params_bytes, &r->pred_params,
+                    &r->ar_floats, &r->megatron, &r->tokens, &r->local_params,
+                    &r->whole_params) == 11;
+    fclose(f);
+    return ok ? 0 : -EPROTO;
+}
+
+static double cpu_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* n steps: *secs of wall-clock time, *cpu of this process's CPU time (every thread's). */
+static int run_steps(dt_trainer *t, int n, double *secs, double *cpu, dt_err *err)
+{
+    double t0 = dt_now_s(), c0 = cpu_now_s();
+    for (int i = 0; i < n; i++) {
+        int rc = dt_trainer_step(t, err);
+        if (rc)
+            return rc;
+    }
+    *secs = dt_now_s() - t0;
+    *cpu = cpu_now_s() - c0;
+    return 0;
+}
+
+/* One rank of one configuration (its overrides already in o->overrides). */
+static int run_child(const bench_opts *o)
+{
+    static dt_job job;
+    static dt_trainer t;
+    static dt_config_errors errs;
+    dt_err err = {0};
+    bool built = false;
+    int rc;
+    char outdir[1300];
+    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", o->out);
+    char *more[] = {outdir, "checkpoint.resume=never", "checkpoint.every=0", "train.eval_every=0"};
+    if ((rc = load_job(o, more, 4, &job, &errs, &err))) {
+        for (int i = 0; i < errs.count && i < 64; i++)
+            fprintf(stderr, "%s\n", errs.lines[i]);
+        goto out;
+    }
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.world_size = env.local_world_size = o->nproc;
+    env.rank = env.local_rank = o->rank;
+    dt_strlcpy(env.run_id, o->run_id ? o->run_id : "bench-tensor", sizeof env.run_id);
+    if (o->nproc > 1) {
+        dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
+        env.store_port = o->port;
+    }
+    if ((rc = dt_trainer_init(&t, &job, &env, &err)))
+        goto out;
+    built = true;
+    result res;
+    memset(&res, 0, sizeof res);
+    double secs, cpu;
+    if ((rc = run_steps(&t, 1, &secs, &cpu, &err)) ||
+        (rc = run_steps(&t, o->steps, &secs, &cpu, &err)))
+        goto out;
+    res.step_s = secs / o->steps;
+    res.cpu_s = cpu / o->steps;
+    dt_backend *be = t.be;
+    if (be->profile_enable && be->profile_read) {
+        be->profile_enable(be, true);
+        if ((rc = run_steps(&t, o->steps, &secs, &cpu, &err)))
+            goto out;
+        dt_op_stat st[128];
+        int n = DT_MIN(be->profile_read(be, st, (int)DT_ARRAY_LEN(st)), (int)DT_ARRAY_LEN(st));
+        be->profile_enable(be, false);
+        for (int i = 0; i < n; i++)
+            res.ops_s += st[i].seconds;
+        res.ops_s /= o->steps;
+        res.prof_step_s = secs / o->steps;
+    }
+    dt_mem_stats ms;
+    dt_mem_read(be, &ms);
+    res.params_bytes = (double)ms.peak[DT_MEM_PARAMS];
+    const dt_model_config *mc = &t.model->cfg;
+    double btc = (double)t.batch * job.grad_accum * mc->shape.seq_len * mc->n_embd;
+    double bt = (double)t.batch * job.grad_accum * mc->shape.seq_len;
+    res.tokens = (double)t.items_per_step;
+    dt_tensor_stats ts;
+    res.local_params = (long long)t.model->num_params;
+    res.whole_params = res.local_params;
+    res.pred_params = 4.0 * (double)t.model->num_params;
+    if (dt_strategy_tensor_stats(t.s, &ts) == 0) {
+        res.whole_params = (long long)ts.whole_params;
+        res.pred_params = 4.0 * ((double)ts.split_whole / ts.T + (double)ts.replicated);
+        res.ar_floats = (4.0 * mc->n_layer + 2.0) * btc + 3.0 * bt;
+        res.megatron = 4.0 * mc->n_layer * btc;
+        /* the trainer counts every rank's batch; a tensor group's ranks share theirs */
+        res.tokens = (double)t.batch * job.grad_accum * mc->shape.seq_len * ts.D;
+    } else if (o->nproc > 1) {
+        res.ar_floats = (double)t.model->num_params; /* DDP: the gradients */
+    }
+    if ((rc = write_result(o->out, &res)) != 0)
+        dt_err_errno(&err, -rc, "writing %s", o->out);
+out:
+    if (rc)
+        fprintf(stderr, "dtrain bench tensor (rank %d): %s\n", o->rank, err.msg);
+    if (built)
+        dt_trainer_close(&t);
+    return rc ? 1 : 0;
+}
+
+/* ---- the parent ------------------------------------------------------------------------------ */
+
+typedef struct conf {
+    char label[32];
+    int ranks, T, batch;
+    char ov[3][48];   /* parallel.tensor, train.batch_size, elastic.nproc_per_node */
+    bool ok;
+    char why[1024];
+} conf;
+
+/* Runs configuration c on its ranks; res[0..ranks). */
+static int run_config(const bench_opts *o, const conf *c, const char *dir, int index,
+                      result *res)
+{
+    dt_store_server *srv = NULL;
+    char port[16] = "0", run_id[64], steps[16], nproc[16];
+    snprintf(run_id, sizeof run_id, "bench-tensor-%d-%d", (int)getpid(), index);
+    snprintf(steps, sizeof steps, "%d", o->steps);
+    snprintf(nproc, sizeof nproc, "%d", c->ranks);
+    if (c->ranks > 1) {
+        dt_store_server_opts so;
+        dt_store_server_opts_default(&so);
+        so.host = "127.0.0.1";
+        so.port = 0;
+        dt_err err = {0};
+        if (dt_store_server_start(&srv, &so, &err) != 0) {
+            fprintf(stderr, "dtrain bench tensor: %s\n", err.msg);
+            return 1;
+        }
+        snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
+    }
+    char **av = calloc((size_t)o->n_overrides + 32, sizeof *av);
+    if (!av) {
+        dt_store_server_stop(srv);
+        return 1;
+    }
+    int k = 0;
+    av[k++] = (char *)dt_cmd_self_path();
+    av[k++] = "bench";
+    av[k++] = "tensor";
+    av[k++] = (char *)o->job_path;
+    for (int i = 0; i < o->n_overrides; i++)
+        av[k++] = o->overrides[i];
+    for (int i = 0; i < 3; i++)
+        av[k++] = (char *)c->ov[i];
+    av[k++] = "--nproc";
+    av[k++] = nproc;
+    av[k++] = "--steps";
+    av[k++] = steps;
+    av[k++] = "--child";
+    av[k++] = "1";
+    av[k++] = "--child-rank";
+    const int rank_slot = k++;
+    av[k++] = "--child-port";
+    av[k++] = port;
+    av[k++] = "--child-run-id";
+    av[k++] = run_id;
+    av[k++] = "--child-out";
+    const int out_slot = k++;
+    av[k] = NULL;
+    char prefix[1100];
+    int status[MAX_RANKS];
+    snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
+    int failed = dt_bench_run_ranks(av, rank_slot, out_slot, prefix, c->ranks, status);
+    free(av);
+    for (int r = 0; r < c->ranks && !failed; r++) {
+        char out[1200];
+        snprintf(out, sizeof out, "%s%d", prefix, r);
+        failed = read_result(out, &res[r]) != 0;
+    }
+    dt_store_server_stop(srv);
+    return failed;
+}
+
+/* c's overrides, and whether the job loads with them (else the loader's reason in c->why). */
+static void make_conf(const bench_opts *o, conf *c, const char *label, int ranks, int T,
+                      int batch, const dt_job *base)
+{
+    static dt_job job;
+    static dt_config_errors errs;
+    dt_err err = {0};
+    memset(c, 0, sizeof *c);
+    snprintf(c->label, sizeof c->label, "%s", label);
+    c->ranks = ranks;
+    c->T = T;
+    c->batch = batch;
+    snprintf(c->ov[0], sizeof c->ov[0], "parallel.tensor=%d", T);
+    snprintf(c->ov[1], sizeof c->ov[1], "train.batch_size=%d", batch);
+    snprintf(c->ov[2], sizeof c->ov[2], "elastic.nproc_per_node=%d", ranks);
+    if (batch < 1) {
+        snprintf(c->why, sizeof c->why, "train.batch_size = %d does not split over %d ranks",
+                 base->batch_size, ranks);
+        return;
+    }
+    if (T > 1 && base->n_head % T) {
+        snprintf(c->why, sizeof c->why, "model.n_head = %d is not a multiple of %d (each rank "
+                 "holds n_head / T whole heads)", base->n_head, T);
+        return;
+    }
+    char *cfg[3] = {c->ov[0], c->ov[1], c->ov[2]};
+    if (load_job(o, cfg, 3, &job, &errs, &err) != 0) {
+        size_t k = 0;
+        for (int i = 0; i < errs.count && i < 8 && k < sizeof c->why; i++)
+            k += (size_t)snprintf(c->why + k, sizeof c->why - k, "%s%s", i ? "; " : "",
+                                  errs.lines[i]);
+        if (!errs.count)
+            snprintf(c->why, sizeof c->why, "%s", err.msg);
+        return;
+    }
+    c->ok = true;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, dt_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int dt_bench_tensor(int argc, char **argv)
+{
+    bench_opts o = {.nproc = 2, .steps = 5, .repeat = 1};
+    char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
+    if (!ovr)
+        return 1;
+    const dt_bench_opt opts[] = {
+        {"--nproc", &o.nproc, NULL},
+        {"--steps", &o.steps, NULL},
+        {"--repeat", &o.repeat, NULL},
+        {"--child-rank", &o.rank, NULL},
+        {"--child-port", &o.port, NULL},
+        {"--child", NULL, &o.child},
+        {"--child-run-id", NULL, &o.run_id},
+        {"--child-out", NULL, &o.out},
+    };
+    int prc = dt_bench_parse_args(argc, argv, "dtrain bench tensor", opts,
+                                  (int)DT_ARRAY_LEN(opts), &o.job_path, ovr, &o.n_overrides,
+                                  usage);
+    if (prc) {
+        free(ovr);
+        return prc == 1 ? 0 : 2;
+    }
+    o.overrides = ovr;
+    if (!o.job_path || o.nproc < 1 || o.nproc > MAX_RANKS || o.steps < 1 || o.repeat < 1 ||
+        o.repeat > MAX_REPEAT) {
+        usage(stderr);
+        free(ovr);
+        return 2;
+    }
+    dt_log_init();
+    if (o.child) {
+        dt_log_set_rank(o.rank);
+        int rc = run_child(&o);
+        free(ovr);
+        return rc;
+    }
+
+    static dt_job job;
+    static dt_config_errors errs;
+    dt_err err = {0};
+    if (load_job(&o, NULL, 0, &job, &errs, &err) != 0) {
+        for (int i = 0; i < errs.count && i < 64; i++)
+            fprintf(stderr, "%s\n", errs.lines[i]);
+        fprintf(stderr, "dtrain bench tensor: %s\n", err.msg);
+        free(ovr);
+        return 1;
+    }
+    if (job.model_type != DT_MODEL_GPT) {
+        fprintf(stderr, "dtrain bench tensor: %s is a %s job; tensor parallelism splits gpt "
+                "only (model.type = gpt)\n", o.job_path, dt_model_name(job.model_type));
+        free(ovr);
+        return 2;
+    }
+    const int G = job.batch_size, N = o.nproc;
+    conf confs[MAX_CONF];
+    int nc = 0;
+    make_conf(&o, &confs[nc++], "T=1 (1 process)", 1, 1, G, &job);
+    if (N > 1) {
+        char l[32];
+        snprintf(l, sizeof l, "DDP x %d", N);
+        make_conf(&o, &confs[nc++], l, N, 1, G % N ? 0 : G / N, &job);
+    }
+    for (int T = 2; T <= N && nc < MAX_CONF; T *= 2) {
+        char l[32];
+        snprintf(l, sizeof l, "T=%d", T);
+        make_conf(&o, &confs[nc++], l, T, T, G, &job);
+    }
+    char dir[] = "/tmp/dtrain-tensor-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        free(ovr);
+        return 1;
+    }
+    printf("# dtrain bench tensor %s: gpt L=%d NH=%d C=%d, seq %d, global batch %d x accum %d "
+           "(train.batch_size: every configuration's), device %s, %d step(s) per configuration "
+           "after a warm-up step (and as many profiled), %d pass(es)\n",
+           o.job_path, job.n_layer, job.n_head, job.n_embd, job.seq_len, G, job.grad_accum,
+           dt_device_name(job.device), o.steps, o.repeat);
+    printf("# baseline: T=1 is one process doing the whole global batch (the same GEMMs that T "
+           "ranks split, on one core); DDP x %d is the other way to use the same %d cores\n",
+           N, N);
+    result *res = calloc((size_t)o.repeat * MAX_CONF * MAX_RANKS, sizeof *res);
+    bool ran[MAX_CONF] = {false};
+    int failed = !res;
+    for (int rep = 0; rep < o.repeat && !failed; rep++) {
+        for (int ci = 0; ci < nc && !failed; ci++) {
+            if (!confs[ci].ok)
+                continue;
+            if (o.repeat > 1)
+                fprintf(stderr, "dtrain bench tensor: pass %d/%d, %s\n", rep + 1, o.repeat,
+                        confs[ci].label);
+            result *r = res + ((size_t)rep * MAX_CONF + (size_t)ci) * MAX_RANKS;
+            if (run_config(&o, &confs[ci], dir, rep * MAX_CONF + ci, r) != 0) {
+                printf("%s FAILED: the run did not complete (its ranks' messages are above)\n",
+                       confs[ci].label);
+                failed = 1;
+                break;
+            }
+            ran[ci] = rep == o.repeat - 1;
+        }
+    }
+    /* per configuration, the median over the passes of: the mean over ranks of the wall-clock
+     * figures; the largest rank's CPU time per step (the slowest rank sets the pace) */
+    double step[MAX_CONF] = {0}, cpu[MAX_CONF] = {0}, prof[MAX_CONF] = {0}, ops[MAX_CONF] = {0};
+    double cpu_lo[MAX_CONF] = {0}, cpu_hi[MAX_CONF] = {0};
+    for (int ci = 0; ci < nc && !failed; ci++) {
+        if (!ran[ci])
+            continue;
+        double v[4][MAX_REPEAT];
+        for (int rep = 0; rep < o.repeat; rep++) {
+            v[0][rep] = v[1][rep] = v[2][rep] = v[3][rep] = 0;
+            for (int k = 0; k < confs[ci].ranks; k++) {
+                const result *x = &res[((size_t)rep * MAX_CONF + (size_t)ci) * MAX_RANKS + k];
+                v[0][rep] += x->step_s / confs[ci].ranks;
+                v[1][rep] += x->prof_step_s / confs[ci].ranks;
+                v[2][rep] += x->ops_s / confs[ci].ranks;
+                v[3][rep] = fmax(v[3][rep], x->cpu_s);
+            }
+        }
+        step[ci] = median(v[0], o.repeat);
+        prof[ci] = median(v[1], o.repeat);
+        ops[ci] = median(v[2], o.repeat);
+        cpu[ci] = median(v[3], o.repeat); /* sorts v[3] */
+        cpu_lo[ci] = v[3][0];
+        cpu_hi[ci] = v[3][o.repeat - 1];
+    }
+    if (!failed) {
+        printf("%-16s %5s %5s %9s %10s %6s %9s %13s %10s %6s %8s %10s %10s %10s %10s\n",
+               "configuration", "ranks", "batch", "step(ms)", "tokens/s", "vs T=1", "cpu(ms)",
+               o.repeat > 1 ? "cpu min-max" : "", "tok/s/cpu", "vs T=1", "outside", "AR MiB",
+               "Megatron", "params MiB", "predicted");
+        double base_tps = 0, base_cpu = 0, t2_wall = 0, t2_cpu = 0;
+        for (int ci = 0; ci < nc; ci++) {
+            const conf *c = &confs[ci];
+            if (!c->ok) {
+                printf("%-16s not run: %s\n", c->label, c->why);
+                continue;
+            }
+            const result *r = &res[((size_t)(o.repeat - 1) * MAX_CONF + (size_t)ci) * MAX_RANKS];
+            double tps = r->tokens / step[ci], tpc = cpu[ci] > 0 ? r->tokens / cpu[ci] : 0;
+            if (ci == 0) {
+                base_tps = tps;
+                base_cpu = tpc;
+            }
+            char vs[16] = "-", vc[16] = "-", outside[24] = "n/a", meg[24] = "-";
+            if (base_tps > 0)
+                snprintf(vs, sizeof vs, "%.2fx", tps / base_tps);
+            if (base_cpu > 0)
+                snprintf(vc, sizeof vc, "%.2fx", tpc / base_cpu);
+            if (c->T == 2) {
+                t2_wall = base_tps > 0 ? tps / base_tps : 0;
+                t2_cpu = base_cpu > 0 ? tpc / base_cpu : 0;
+            }
+            if (prof[ci] > 0)
+                snprintf(outside, sizeof outside, "%.1f%%",
+                         100.0 * fmax(0.0, prof[ci] - ops[ci]) / prof[ci]);
+            if (r->megatron > 0)
+                snprintf(meg, sizeof meg, "%.3f", r->megatron * 4 / MIB);
+            char range[32] = "";
+            if (o.repeat > 1)
+                snprintf(range, sizeof range, "%.0f-%.0f", cpu_lo[ci] * 1e3, cpu_hi[ci] * 1e3);
+            printf("%-16s %5d %5d %9.2f %10.0f %6s %9.2f %13s %10.0f %6s %8s %10.3f %10s "
+                   "%10.3f %10.3f\n",
+                   c->label, c->ranks, c->batch, step[ci] * 1e3, tps, vs, cpu[ci] * 1e3, range,
+                   tpc, vc, outside, r->ar_floats * 4 / MIB, meg, r->params_bytes / MIB,
+                   r->pred_params / MIB);
+        }
+        printf("#\n# step(ms), tokens/s: wall clock (the global batch's tokens over the ranks' "
+               "mean step time, median of the passes); vs T=1: against one process\n"
+               "# cpu(ms): CPU time per step of the busiest rank (all its threads: compute and "
+               "the communicator's); tok/s/cpu: tokens over it, the rate with a core per rank "
+               "and nothing else running (waits for a peer are not CPU time: a slight "
+               "overestimate where ranks are unequal); the figure to read on a shared machine, "
+               "where other processes take the cores\n"
+               "# outside: the share of a profiled step (wall clock) outside the backend's "
+               "compute ops: the all-reduces and the waits for the other ranks, plus the host "
+               "overhead the one-process row shows alone\n"
+               "# AR MiB: what each rank all-reduces per step (tensor ranks: gpt's schedule, "
+               "(4L + 2) x B x T x C + 3 x B x T floats; DDP: its gradients); Megatron: 4 x L x "
+               "B x T x C floats\n"
+               "# params MiB: the allocator's parameter bytes per rank; predicted: 4 x (split "
+               "tensors' whole elements / T + replicated elements)\n");
+        if (t2_cpu > 0)
+            printf("# T=2 vs T=1 (one process): %.2fx the tokens/s per busiest rank's CPU "
+                   "second, %.2fx wall clock (issue 18's target on 2 free cores, gpt-mini: >= "
+                   "1.6x: %s by CPU time)\n",
+                   t2_cpu, t2_wall, t2_cpu >= 1.6 ? "yes" : "no");
+        if (o.repeat < 3)
+            printf("# (from %d pass(es): on a shared machine use --repeat 3 or more)\n",
+                   o.repeat);
+        /* exact figures of every rank, for scripts and tests */
+        printf("#\n# per rank: parameter bytes (allocator; predicted), floats all-reduced per "
+               "step (Megatron's), parameters held of the whole model's:\n");
+        for (int ci = 0; ci < nc; ci++) {
+            if (!confs[ci].ok)
+                continue;
+            for (int k = 0; k < confs[ci].ranks; k++) {
+                const result *r =
+                    &res[((size_t)(o.repeat - 1) * MAX_CONF + (size_t)ci) * MAX_RANKS + k];
+                printf("# %s rank %d: params %.0f predicted %.0f; all-reduce %.0f megatron %.0f; "
+                       "holds %lld of %lld\n",
+                       confs[ci].label, k, r->params_bytes, r->pred_params, r->ar_floats,
+                       r->megatron, r->local_params, r->whole_params);
+            }
+        }
+    }
+    free(res);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "dtrain bench tensor: could not remove %s\n", dir);
+    free(ovr);
+    return failed;
+}

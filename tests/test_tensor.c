@@ -1,0 +1,684 @@
+/* test_tensor.c - tensor parallelism (strategy_tensor.c over the gpt model's tensor-parallel
+ * slices) against one process.
+ *
+ * Every run is N forked ranks driving the real trainer (dt_trainer_init / dt_trainer_step /
+ * dt_trainer_run with configs/quickstart.ini shrunk to a tiny gpt plus overrides), meeting at a
+ * store process on 127.0.0.1, so what is tested is the strategy the job picks (parallel.tensor =
+ * T). Each rank writes its per-step loss and gradient norm, and the whole parameters and optimiser
+ * state as a checkpoint takes them (gather_state + state: whole tensors assembled from the
+ * tensor group's slices) into shared memory; the parent compares a run at T = 2, T = 4 and D = 2 x
+ * T = 2 with one process (T = 1) on the same global batch.
+ *
+ * Tolerances. A tensor-parallel step sums the row-parallel GEMMs' partial products with an
+ * all-reduce, the vocabulary-parallel cross-entropy its max and sum-of-exp, and the norm its
+ * squares in other orders than one process does, so the runs agree to float rounding, not bit
+ * for bit: every step's loss and gradient norm within 1e-5 relative, the final weights and each
+ * optimiser state within 1e-5 relative as vectors (2-norm of the difference over the 2-norm).
+ * Per tensor most differ by an ulp or two; the one that stands out is c_attn.bias, whose key
+ * part has a gradient that is zero in exact arithmetic (softmax ignores a shift shared by a
+ * row's scores), so it is rounding noise that AdamW normalises into steps of about lr: it moves
+ * the weights a few 1e-5 of that tensor's largest and the loss not at all. Where the order is the
+ * same (a checkpoint written at T = 2 resumed at T = 2, against the run that did not stop) the
+ * comparison is bit for bit; across layouts (T = 2's checkpoint resumed at T = 1, T = 4 or as
+ * DDP) it is the 1e-5 above.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "runtime/job/config.h"
+#include "runtime/train/strategy_tensor.h"
+#include "runtime/train/worker.h"
+#include "tests/harness.h"
+
+#define MAX_RANKS 4
+#define MAX_STEPS 24
+#define MAX_PER (64 * 1024)
+#define MAX_TENSORS 64
+#define STEPS 20 /* the issue's 20 steps */
+
+static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static const char *fmt(const char *f, ...)
+{
+    static char *ring[32];
+    static int k;
+    char *s = NULL;
+    va_list ap;
+    va_start(ap, f);
+    if (vasprintf(&s, f, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    DT_REQUIRE(s);
+    free(ring[k]);
+    ring[k] = s;
+    k = (k + 1) % 32;
+    return s;
+}
+
+static const char *repo_dir(void)
+{
+    static char dir[PATH_MAX];
+    if (!dir[0]) {
+        char bin[PATH_MAX];
+        if (!realpath(dt_test_dtrain_bin(), bin))
+            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
+        for (int i = 0; i < 2; i++) {
+            char *s = strrchr(bin, '/');
+            if (s)
+                *s = '\0';
+        }
+        dt_strlcpy(dir, bin, sizeof dir);
+        if (access(fmt("%s/configs", dir), F_OK) != 0 && !getcwd(dir, sizeof dir))
+            dir[0] = '\0';
+    }
+    return dir;
+}
+
+/* What every rank of a run reports (shared memory). */
+typedef struct rank_out {
+    int status;                   /* 0 ok, 2 failed (msg) */
+    char msg[1200];
+    char strategy[16];
+    double loss[MAX_STEPS], norm[MAX_STEPS];
+    int64_t step;                 /* the trainer's step at the end */
+    size_t local_params;          /* this rank's model buffer */
+    size_t whole;                 /* elements of the whole parameters, as a checkpoint holds them */
+    int num_states;
+    bool have_stats;
+    dt_tensor_stats st;
+    int num_tensors;              /* the whole table, as the checkpoint's */
+    size_t t_off[MAX_TENSORS], t_n[MAX_TENSORS];
+    char t_name[MAX_TENSORS][48];
+    double took;                  /* KILL: seconds from the start of the failing step to its error */
+    float params[MAX_PER];
+    float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
+} rank_out;
+
+typedef enum mode { STEPS_MODE, RUN, KILL_IN_FORWARD } mode;
+
+typedef struct trun {
+    const char *ov[32];           /* overrides */
+    int nov;
+    int N;
+    int steps;                    /* STEPS_MODE: dt_trainer_step this often */
+    mode mode;
+    int kill_rank;
+    char name[64];
+    char dir[PATH_MAX];           /* the test's temporary directory (the parent's) */
+    int port;
+    rank_out *out;                /* (N) shared */
+} trun;
+
+static void add(trun *z, const char *ov) { z->ov[z->nov++] = ov; }
+
+/* A tiny gpt (4 heads: T = 4 divides them; vocabulary 256 bytes) on N ranks at tensor degree T,
+ * B samples per data-parallel rank, AdamW with clipping on (and active: checked below). */
+static trun base(int N, int T, int B, const char *name)
+{
+    trun z;
+    memset(&z, 0, sizeof z);
+    z.N = N;
+    z.steps = STEPS;
+    z.kill_rank = -1;
+    snprintf(z.name, sizeof z.name, "%s", name);
+    add(&z, "job.device=cpu");
+    add(&z, "train.threads=1");
+    add(&z, "job.cpu_bind=none");
+    add(&z, "checkpoint.resume=never"); /* index 3: train_run replaces it */
+    add(&z, "checkpoint.every=0");
+    add(&z, "checkpoint.async=false");
+    add(&z, "ddp.timeout=5");
+    add(&z, fmt("parallel.tensor=%d", T));
+    add(&z, "model.n_layer=2");
+    add(&z, "model.n_head=4");
+    add(&z, "model.n_embd=16");
+    add(&z, "model.block_size=16");
+    add(&z, "data.seq_len=16");
+    add(&z, fmt("train.batch_size=%d", B));
+    add(&z, "train.warmup_steps=2");
+    add(&z, "train.optimizer=adamw");
+    add(&z, "train.schedule=constant"); /* a run stopped at step 3 continues as one that did not */
+    add(&z, "train.grad_clip=0.5");
+    add(&z, "train.eval_every=0");
+    add(&z, "data.val_fraction=0");
+    add(&z, fmt("elastic.nproc_per_node=%d", N)); /* the world the loader checks T against */
+    return z;
+}
+
+static void record_end(dt_trainer *t, rank_out *o)
+{
+    dt_strategy *s = t->s;
+    dt_err err = {0};
+    o->step = t->step;
+    o->local_params = t->model->num_params;
+    o->have_stats = dt_strategy_tensor_stats(s, &o->st) == 0;
+    if (s->ops->gather_state && s->ops->gather_state(s, &err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "gather_state: %.1000s", err.msg);
+        o->status = 2;
+        return;
+    }
+    dt_ckpt_buf bufs[8];
+    int n = 0;
+    if (s->ops->state(s, bufs, 8, &n, &err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "state: %.1000s", err.msg);
+        o->status = 2;
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (bufs[i].numel > MAX_PER || bufs[i].num_tensors > MAX_TENSORS) {
+            snprintf(o->msg, sizeof o->msg, "checkpoint buffer of %zu elements, %d tensors: "
+                     "raise MAX_PER / MAX_TENSORS", bufs[i].numel, bufs[i].num_tensors);
+            o->status = 2;
+            return;
+        }
+        if (!strcmp(bufs[i].file, "model")) {
+            o->whole = bufs[i].numel;
+            t->be->memcpy_d2h(t->be, o->params, bufs[i].data, bufs[i].numel * sizeof(float));
+            o->num_tensors = bufs[i].num_tensors;
+            for (int k = 0; k < bufs[i].num_tensors; k++) {
+                o->t_off[k] = bufs[i].tensors[k].offset;
+                o->t_n[k] = bufs[i].tensors[k].numel;
+                dt_strlcpy(o->t_name[k], bufs[i].tensors[k].name, sizeof o->t_name[k]);
+            }
+        } else if (!strcmp(bufs[i].file, "optim") && o->num_states < 2) {
+            t->be->memcpy_d2h(t->be, o->state[o->num_states++], bufs[i].data,
+                              bufs[i].numel * sizeof(float));
+        }
+    }
+}
+
+/* KILL_IN_FORWARD: the victim dies just before block 1's forward of the second step, so its
+ * tensor group is in (or about to issue) that block's all-reduces. */
+static int hook_step;
+static void killing_hook(void *ctx, int block, dt_block_event ev)
+{
+    (void)ctx;
+    if (hook_step == 1 && block == 1 && ev == DT_BLOCK_BEFORE_FORWARD)
+        kill(getpid(), SIGKILL);
+}
+
+static void rank_body(trun *z, int rank)
+{
+    static dt_job job;
+    static dt_trainer t;
+    rank_out *o = &z->out[rank];
+    dt_config_errors errs = {0};
+    dt_err err = {0};
+    const char *ov[40];
+    int n = 0;
+    for (int i = 0; i < z->nov; i++)
+        ov[n++] = z->ov[i];
+    ov[n++] = fmt("job.output_dir=%s/%s", z->dir, z->name); /* the parent's tmpdir */
+    if (dt_job_load(&job, fmt("%s/configs/quickstart.ini", repo_dir()), (char **)ov, n, &errs,
+                    &err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "job: %.500s %.500s", err.msg,
+                 errs.count ? errs.lines[0] : "");
+        o->status = 2;
+        _exit(2);
+    }
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.rank = env.local_rank = rank;
+    env.world_size = env.local_world_size = z->N;
+    dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
+    env.store_port = z->port;
+    snprintf(env.run_id, sizeof env.run_id, "%s-%d", z->name, (int)getppid());
+    if (dt_trainer_init(&t, &job, &env, &err) != 0)
+        goto fail;
+    dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
+    if (z->mode == KILL_IN_FORWARD && rank == z->kill_rank)
+        dt_model_set_block_hook(t.model, killing_hook, NULL);
+    if (z->mode == RUN) {
+        if (dt_trainer_run(&t, NULL, &err) != 0)
+            goto fail;
+    } else {
+        for (int k = 0; k < z->steps; k++) {
+            hook_step = k;
+            double t0 = dt_now_s();
+            if (dt_trainer_step(&t, &err) != 0) {
+                o->took = dt_now_s() - t0;
+                goto fail;
+            }
+            if (k < MAX_STEPS) {
+                o->loss[k] = t.loss;
+                o->norm[k] = t.grad_norm;
+            }
+        }
+    }
+    record_end(&t, o);
+    dt_trainer_close(&t);
+    _exit(o->status);
+fail:
+    dt_strlcpy(o->msg, err.msg, sizeof o->msg);
+    o->status = 2;
+    _exit(2);
+}
+
+/* Runs z's ranks; status[r] as waitpid gives it. */
+static void run(trun *z, int *status)
+{
+    DT_REQUIRE(z->N <= MAX_RANKS && z->steps <= MAX_STEPS);
+    size_t bytes = sizeof(rank_out) * (size_t)z->N;
+    z->out = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    DT_REQUIRE(z->out != MAP_FAILED);
+    dt_strlcpy(z->dir, dt_test_tmpdir(), sizeof z->dir); /* made here, not in each child */
+    pid_t srv = dt_test_store_start(&z->port);
+    pid_t pids[MAX_RANKS];
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < z->N; r++) {
+        pids[r] = fork();
+        DT_REQUIRE(pids[r] >= 0);
+        if (pids[r] == 0)
+            rank_body(z, r);
+    }
+    uint64_t deadline = dt_now_ns() + 100ull * 1000000000ull;
+    for (int r = 0; r < z->N; r++) {
+        for (;;) {
+            if (waitpid(pids[r], &status[r], WNOHANG) == pids[r])
+                break;
+            if (dt_now_ns() > deadline) {
+                for (int q = 0; q < z->N; q++)
+                    kill(pids[q], SIGKILL);
+                waitpid(pids[r], &status[r], 0);
+                dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d hung", z->name, r);
+                break;
+            }
+            dt_sleep_ms(5);
+        }
+    }
+    dt_test_store_stop(srv);
+}
+
+static void unmap(trun *z)
+{
+    munmap(z->out, sizeof(rank_out) * (size_t)z->N);
+    z->out = NULL;
+}
+
+/* Every rank exited 0; the message of the first that did not. */
+static bool all_ok(const trun *z, const int *status)
+{
+    bool ok = true;
+    for (int r = 0; r < z->N; r++)
+        if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) {
+            dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d: status %d: %s", z->name, r,
+                            status[r], z->out[r].msg);
+            ok = false;
+        }
+    return ok;
+}
+
+/* Largest |a - b| / max |b| over each tensor of the whole table (a's), the worst tensor's. */
+static double worst_rel(const rank_out *ref, const float *a, const float *b, int *which)
+{
+    double worst = 0;
+    *which = 0;
+    for (int k = 0; k < ref->num_tensors; k++) {
+        double d = 0, m = 0;
+        for (size_t i = ref->t_off[k]; i < ref->t_off[k] + ref->t_n[k]; i++) {
+            d = fmax(d, fabs((double)a[i] - (double)b[i]));
+            m = fmax(m, fabs((double)b[i]));
+        }
+        double rel = m > 0 ? d / m : d;
+        if (rel > worst) {
+            worst = rel;
+            *which = k;
+        }
+    }
+    return worst;
+}
+
+/* |a - b| / |b| over n elements (2-norms, in double). */
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - (double)b[i];
+        d += e * e;
+        m += (double)b[i] * (double)b[i];
+    }
+    return m > 0 ? sqrt(d / m) : sqrt(d);
+}
+
+/* Compares run a (tensor-parallel) with r (one process): every step's loss and gradient norm
+ * within tol relative, the final whole weights and each optimiser state within tol relative as
+ * vectors (2-norms); and every rank of a against its rank 0 (bit for bit: the gathered
+ * checkpoint is the same everywhere). */
+static void compare(const trun *a, const trun *r, int steps, double tol)
+{
+    const rank_out *x = &a->out[0], *y = &r->out[0];
+    DT_CHECK_INT(x->whole, y->whole);
+    DT_CHECK_INT(x->num_tensors, y->num_tensors);
+    DT_CHECK_INT(x->num_states, y->num_states);
+    DT_CHECK_INT(x->step, y->step);
+    for (int k = 0; k < x->num_tensors && k < y->num_tensors; k++) {
+        DT_CHECK_STR(x->t_name[k], y->t_name[k]);
+        DT_CHECK_INT(x->t_n[k], y->t_n[k]);
+    }
+    double worst_loss = 0;
+    for (int k = 0; k < steps; k++) {
+        double rel = fabs(x->loss[k] - y->loss[k]) / fmax(fabs(y->loss[k]), 1e-30);
+        worst_loss = fmax(worst_loss, rel);
+        DT_CHECK_MSG(rel <= tol, "%s: step %d loss %.9g vs one process %.9g (%.2e relative)",
+                     a->name, k + 1, x->loss[k], y->loss[k], rel);
+        double nrel = fabs(x->norm[k] - y->norm[k]) / fmax(fabs(y->norm[k]), 1e-30);
+        DT_CHECK_MSG(nrel <= tol, "%s: step %d grad norm %.9g vs one process %.9g", a->name,
+                     k + 1, x->norm[k], y->norm[k]);
+    }
+    /* the weights and each optimiser state as vectors: |a - b| / |b| (2-norms) */
+    int which = 0;
+    bool same = x->whole == y->whole;
+    double wp = same ? rel_l2(x->params, y->params, y->whole) : 1;
+    double wt = same ? worst_rel(y, x->params, y->params, &which) : 1;
+    DT_CHECK_MSG(wp <= tol, "%s: weights differ from one process's by %.2e (2-norm relative; "
+                 "worst tensor %s, %.2e of its largest)", a->name, wp, y->t_name[which], wt);
+    double ws = 0;
+    for (int i = 0; i < x->num_states && i < y->num_states && same; i++) {
+        double s = rel_l2(x->state[i], y->state[i], y->whole);
+        DT_CHECK_MSG(s <= tol, "%s: optimiser state %d differs from one process's by %.2e",
+                     a->name, i, s);
+        ws = fmax(ws, s);
+    }
+    for (int q = 1; q < a->N; q++)
+        DT_CHECK_MSG(!memcmp(a->out[q].params, x->params, x->whole * sizeof(float)),
+                     "%s: rank %d's gathered weights differ from rank 0's", a->name, q);
+    printf("    %-10s %zu of %zu parameters per rank, loss %.5f -> %.5f; relative to one "
+           "process: loss %.1e, weights %.1e (worst tensor %s: %.1e of its largest), optimiser "
+           "state %.1e\n",
+           a->name, x->local_params, x->whole, x->loss[0], x->loss[steps - 1], worst_loss, wp,
+           y->t_name[which], wt, ws);
+}
+
+/* ---- against one process -------------------------------------------------------------------- */
+
+/* T = 2 on 2 ranks and T = 4 on 4 ranks (D = 1) equal one process on the same batch. */
+static void test_tensor_equals_one_process(void)
+{
+    trun one = base(1, 1, 4, "one");
+    int st[MAX_RANKS];
+    run(&one, st);
+    DT_REQUIRE(all_ok(&one, st));
+    DT_CHECK_STR(one.out[0].strategy, "single");
+    /* the clip is active: the norm exceeds grad_clip on most steps */
+    int clipped = 0;
+    for (int k = 0; k < STEPS; k++)
+        clipped += one.out[0].norm[k] > 0.5;
+    DT_CHECK_MSG(clipped >= STEPS / 2, "grad_clip = 0.5 clipped %d of %d steps", clipped, STEPS);
+    for (int T = 2; T <= 4; T += 2) {
+        trun tp = base(T, T, 4, fmt("t%d", T));
+        run(&tp, st);
+        if (all_ok(&tp, st)) {
+            DT_CHECK_STR(tp.out[0].strategy, "tensor");
+            DT_REQUIRE(tp.out[0].have_stats);
+            const dt_tensor_stats *s = &tp.out[0].st;
+            DT_CHECK_INT(s->T, T);
+            DT_CHECK_INT(s->D, 1);
+            /* each rank holds 1/T of the split tensors, the replicated ones whole */
+            DT_CHECK_INT(s->split_local * T, s->split_whole);
+            DT_CHECK_INT(s->split_whole + s->replicated, s->whole_params);
+            DT_CHECK_INT(s->local_params, s->split_local + s->replicated);
+            DT_CHECK_INT(s->whole_params, one.out[0].whole);
+            for (int q = 0; q < T; q++)
+                DT_CHECK_INT(tp.out[q].st.tp, q);
+            compare(&tp, &one, STEPS, 1e-5);
+        }
+        unmap(&tp);
+    }
+    unmap(&one);
+}
+
+/* D = 2 x T = 2 on 4 ranks equals one process on the same global batch (2 x 4 samples): the
+ * data-parallel reducer averages each shard's gradients over its data-parallel group. */
+static void test_data_x_tensor(void)
+{
+    trun one = base(1, 1, 8, "one-b8");
+    trun dt = base(4, 2, 4, "d2xt2");
+    add(&dt, "ddp.first_bucket_mb=0.002"); /* several buckets, overlapped with backward */
+    add(&dt, "ddp.bucket_cap_mb=0.01");
+    int st[MAX_RANKS];
+    run(&one, st);
+    DT_REQUIRE(all_ok(&one, st));
+    run(&dt, st);
+    if (all_ok(&dt, st)) {
+        DT_CHECK_STR(dt.out[0].strategy, "tensor");
+        for (int q = 0; q < 4; q++) {
+            DT_CHECK_INT(dt.out[q].st.D, 2);
+            DT_CHECK_INT(dt.out[q].st.dp, q / 2); /* tensor groups are consecutive ranks */
+            DT_CHECK_INT(dt.out[q].st.tp, q % 2);
+        }
+        compare(&dt, &one, STEPS, 1e-5);
+    }
+    unmap(&one);
+    unmap(&dt);
+}
+
+/* Gradient accumulation (2 micro-steps: the data-parallel reducer hears of the last one only)
+ * and global_batch (micro-steps of unequal shares) at D = 2 x T = 2 against one process. */
+static void test_accumulation(void)
+{
+    const char *const more[2][2] = {{"train.grad_accum=2", "train.grad_accum=2"},
+                                    {"train.global_batch=12", "train.global_batch=12"}};
+    const char *names[2] = {"accum", "gbatch"};
+    for (int k = 0; k < 2; k++) {
+        /* accum: one process draws each micro-step's 2 x 4 samples itself; global_batch: 12
+         * samples a step whoever draws them (one process: 3 micro-steps of 4) */
+        trun one = base(1, 1, k == 0 ? 8 : 4, fmt("one-%s", names[k]));
+        trun dt = base(4, 2, 4, fmt("d2xt2-%s", names[k]));
+        one.steps = dt.steps = 10;
+        add(&one, more[k][0]);
+        add(&dt, more[k][1]);
+        int st[MAX_RANKS];
+        run(&one, st);
+        DT_REQUIRE(all_ok(&one, st));
+        run(&dt, st);
+        if (all_ok(&dt, st))
+            compare(&dt, &one, 10, 1e-5);
+        unmap(&one);
+        unmap(&dt);
+    }
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------ */
+
+static void train_run(trun *z, int steps, const char *resume)
+{
+    add(z, fmt("train.steps=%d", steps));
+    if (resume)
+        z->ov[3] = fmt("checkpoint.resume=%s", resume); /* replaces base's resume=never */
+    z->mode = RUN;
+    int st[MAX_RANKS];
+    run(z, st);
+    all_ok(z, st);
+}
+
+static const char *ckpt_of(const trun *z, int step)
+{
+    return fmt("%s/%s/checkpoints/step_%d", dt_test_tmpdir(), z->name, step);
+}
+
+/* What an independent reader (tests/safetensors_read.py, the standard library only) lists of a
+ * safetensors file: one line per tensor, name, dtype, shape. */
+static char *listing(const char *file)
+{
+    char *out = NULL;
+    int rc = dt_test_run(fmt("python3 '%s/tests/safetensors_read.py' '%s'", repo_dir(), file),
+                         &out, 30);
+    DT_CHECK_MSG(rc == 0, "safetensors_read.py %s: exit %d: %s", file, rc, out ? out : "");
+    return out;
+}
+
+/* A checkpoint written at T = 2 holds whole tensors under the names and shapes one process
+ * writes (an independent reader lists the same tensors), and resumes: at T = 2, bit for bit as
+ * the run that did not stop; at T = 1 and T = 4, and as plain DDP on 2 ranks, within 1e-5 of it
+ * (the reduction orders differ). One process's checkpoint resumes at T = 2 likewise. */
+static void test_checkpoint_across_layouts(void)
+{
+    trun t2 = base(2, 2, 4, "ck-t2"), one = base(1, 1, 4, "ck-one");
+    train_run(&t2, 3, NULL);
+    train_run(&one, 3, NULL);
+    DT_CHECK_STR(t2.out[0].strategy, "tensor");
+    for (int f = 0; f < 2; f++) {
+        const char *file = f ? "optim.safetensors" : "model.safetensors";
+        char *a = listing(fmt("%s/%s", ckpt_of(&t2, 3), file));
+        char *b = listing(fmt("%s/%s", ckpt_of(&one, 3), file));
+        if (a && b) {
+            DT_CHECK_MSG(!strcmp(a, b), "%s at T = 2 lists\n%s\nand one process's\n%s", file, a,
+                         b);
+            DT_CHECK_CONTAINS(a, f ? "exp_avg.h.0.attn.c_attn.weight" : "h.1.mlp.c_fc.weight");
+        }
+        free(a);
+        free(b);
+    }
+    /* the run that does not stop */
+    trun straight = base(2, 2, 4, "ck-t2-straight");
+    train_run(&straight, 6, NULL);
+    trun same = base(2, 2, 4, "ck-t2-to-t2");
+    train_run(&same, 6, ckpt_of(&t2, 3));
+    DT_CHECK_INT(same.out[0].step, 6);
+    DT_CHECK_MSG(!memcmp(same.out[0].params, straight.out[0].params,
+                         straight.out[0].whole * sizeof(float)),
+                 "T = 2 resumed at T = 2 differs from the run that did not stop");
+    for (int i = 0; i < straight.out[0].num_states; i++)
+        DT_CHECK_MSG(!memcmp(same.out[0].state[i], straight.out[0].state[i],
+                             straight.out[0].whole * sizeof(float)),
+                     "optimiser state %d: T = 2 resumed at T = 2 differs", i);
+    /* other layouts */
+    const int to_n[3] = {1, 4, 2}, to_t[3] = {1, 4, 1};
+    const char *const to_s[3] = {"single", "tensor", "ddp"};
+    for (int k = 0; k < 3; k++) {
+        trun x = base(to_n[k], to_t[k], 4, fmt("ck-t2-to-n%d-t%d", to_n[k], to_t[k]));
+        if (to_n[k] == 2) /* plain DDP: 2 ranks of 2 samples, the same global batch of 4 */
+            x.ov[13] = "train.batch_size=2";
+        train_run(&x, 6, ckpt_of(&t2, 3));
+        DT_CHECK_STR(x.out[0].strategy, to_s[k]);
+        DT_CHECK_INT(x.out[0].step, 6);
+        int which = 0;
+        double w = worst_rel(&straight.out[0], x.out[0].params, straight.out[0].params, &which);
+        double l2 = rel_l2(x.out[0].params, straight.out[0].params, straight.out[0].whole);
+        DT_CHECK_MSG(l2 <= 1e-5, "T = 2's checkpoint resumed on %d rank(s) at T = %d: weights "
+                     "differ from T = 2's by %.2e (worst tensor %s)", to_n[k], to_t[k], l2,
+                     straight.out[0].t_name[which]);
+        printf("    T = 2's step 3 resumed on %d rank(s) at T = %d (%s): step 6 weights within "
+               "%.1e of T = 2's (worst tensor %s: %.1e of its largest)\n", to_n[k], to_t[k],
+               to_s[k], l2, straight.out[0].t_name[which], w);
+        unmap(&x);
+    }
+    /* the reverse: one process's checkpoint at T = 2 */
+    trun rev = base(2, 2, 4, "ck-one-to-t2"), cont = base(1, 1, 4, "ck-one-straight");
+    train_run(&rev, 6, ckpt_of(&one, 3));
+    train_run(&cont, 6, NULL);
+    DT_CHECK_STR(rev.out[0].strategy, "tensor");
+    int which = 0;
+    double w = worst_rel(&cont.out[0], rev.out[0].params, cont.out[0].params, &which);
+    double l2 = rel_l2(rev.out[0].params, cont.out[0].params, cont.out[0].whole);
+    DT_CHECK_MSG(l2 <= 1e-5, "one process's checkpoint resumed at T = 2: weights differ by %.2e "
+                 "(worst tensor %s: %.1e of its largest)", l2, cont.out[0].t_name[which], w);
+    unmap(&t2);
+    unmap(&one);
+    unmap(&straight);
+    unmap(&same);
+    unmap(&rev);
+    unmap(&cont);
+}
+
+/* ---- failures ------------------------------------------------------------------------------ */
+
+/* A rank killed as block 1's forward begins: its tensor peers are in (or about to issue) that
+ * block's all-reduces. On 2 ranks (T = 2) the survivor's step fails within ddp.timeout (5 s)
+ * with an error naming the dead rank. On 4 (D = 2 x T = 2, rank 3 killed) every other rank's
+ * step fails within it too: rank 2's (its tensor peer) naming rank 3; ranks 0 and 1 as their
+ * groups fall (rank 2's exit ends the data-parallel group of tp 0, rank 3's that of tp 1). */
+static void test_killed_rank(void)
+{
+    for (int N = 2; N <= 4; N += 2) {
+        trun z = base(N, 2, 4, fmt("kill-n%d", N));
+        z.mode = KILL_IN_FORWARD;
+        z.kill_rank = N - 1;
+        z.steps = 4;
+        int st[MAX_RANKS];
+        run(&z, st);
+        DT_CHECK(WIFSIGNALED(st[N - 1]) && WTERMSIG(st[N - 1]) == SIGKILL);
+        for (int r = 0; r < N - 1; r++) {
+            DT_CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 2, "%s: rank %d: status %d",
+                         z.name, r, st[r]);
+            DT_CHECK_MSG(z.out[r].took < 5.0 + 2, "%s: rank %d took %.1f s to fail (ddp.timeout "
+                         "5)", z.name, r, z.out[r].took);
+            printf("    %s: rank %d failed after %.2f s: %.300s\n", z.name, r, z.out[r].took,
+                   z.out[r].msg);
+        }
+        DT_CHECK_CONTAINS(z.out[N - 2].msg, fmt("rank %d", N - 1));
+        DT_CHECK_CONTAINS(z.out[N - 2].msg, "all-reduce");
+        if (N == 4) /* rank 1 (tp 1) lost rank 3, its data-parallel peer, in the gradients' */
+            DT_CHECK_CONTAINS(z.out[1].msg, "rank 3");
+        unmap(&z);
+    }
+}
+
+/* ---- the launcher -------------------------------------------------------------------------- */
+
+/* `dtrain --nproc-per-node=2 JOB parallel.tensor=2` as a user runs it: the agent starts two
+ * workers, they pick the tensor strategy, train, save a checkpoint of whole tensors and exit 0;
+ * the summary names the layout. */
+static void test_dtrain_binary(void)
+{
+    char *out = NULL;
+    const char *dir = fmt("%s/e2e", dt_test_tmpdir());
+    int rc = dt_test_run(
+        fmt("%s --standalone --nproc-per-node=2 --max-restarts=0 %s/configs/quickstart.ini "
+            "parallel.tensor=2 job.device=cpu job.cpu_bind=none model.n_layer=2 model.n_head=4 "
+            "model.n_embd=16 model.block_size=16 data.seq_len=16 train.batch_size=4 "
+            "train.steps=8 train.eval_every=4 checkpoint.every=4 job.output_dir=%s 2>&1",
+            dt_test_dtrain_bin(), repo_dir(), dir),
+        &out, 90);
+    DT_CHECK_MSG(rc == 0, "dtrain exited %d: %.4000s", rc, out ? out : "");
+    if (out) {
+        DT_CHECK_CONTAINS(out, "tensor 2 x data 1");
+        DT_CHECK_CONTAINS(out, "done after 8 steps");
+    }
+    DT_CHECK(access(fmt("%s/checkpoints/step_8/model.safetensors", dir), F_OK) == 0);
+    DT_CHECK(access(fmt("%s/metrics.jsonl", dir), F_OK) == 0);
+    free(out);
+}
+
+/* ---- configuration ------------------------------------------------------------------------ */
+
+/* parallel.tensor with a model that has no tensor-parallel form fails at open, naming the key. */
+static void test_config_errors(void)
+{
+    trun z = base(2, 2, 4, "cfg-mlp");
+    add(&z, "model.type=mlp");
+    add(&z, "data.type=synthetic");
+    add(&z, "model.hidden=8");
+    z.steps = 1;
+    int st[MAX_RANKS];
+    run(&z, st);
+    for (int r = 0; r < 2; r++) {
+        DT_CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 2, "rank %d: status %d", r,
+                     st[r]);
+        DT_CHECK_CONTAINS(z.out[r].msg, "parallel.tensor");
+    }
+    unmap(&z);
+}
+
+int main(int argc, char **argv)
+{
+    static const dt_test tests[] = {
+        {"config_errors", test_config_errors, 60},
+        {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
+        {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
+        {"accumulation_and_global_batch", test_accumulation, 120},
+        {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
+        {"killed_rank", test_killed_rank, 60},
+        {"dtrain_binary", test_dtrain_binary, 120},
+    };
+    return dt_test_main("test_tensor", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
+}
