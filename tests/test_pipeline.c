@@ -482,7 +482,7 @@ static void test_mlp_stage_errors(void)
 
 /* ---- end to end through the trainer ----------------------------------------------------------- */
 
-#define MAX_RANKS 4
+#define MAX_RANKS 8
 #define MAX_STEPS 24
 #define MAX_PER 32768
 
@@ -765,13 +765,18 @@ static double vec_rel(const float *a, const float *b, size_t n) { return rel_dif
 
 /* P stages x M micro-batches of `sched` against one process, 20 steps; more: overrides for
  * both (NULL-terminated), tag: their name in the runs' names. */
-static void against_one_model(bool gpt, int P, int M, const char *sched,
-                              const char *const *more, const char *tag)
+/* D x T x P ranks (D data-parallel replicas of batch 8 / D, T tensor ranks, P stages of M
+ * micro-batches) against one process of batch 8, 20 steps. */
+static void against_one_layout(bool gpt, int D, int T, int P, int M, const char *sched,
+                               const char *const *more, const char *tag)
 {
     prun (*make)(int, int, int, const char *, const char *) = gpt ? pgpt : pbase;
+    const int N = D * T * P;
     prun one = make(1, 1, 1, "1f1b", fmt("one-%d-%s%s", P, sched, tag));
-    prun pp = make(P, P, M, sched, fmt("p%d-m%d-%s%s", P, M, sched, tag));
+    prun pp = make(N, P, M, sched, fmt("p%d-m%d-%s%s", P, M, sched, tag));
     one.eval = pp.eval = true;
+    padd(&pp, fmt("parallel.tensor=%d", T));
+    padd(&pp, fmt("train.batch_size=%d", 8 / D));
     for (; more && *more; more++) {
         padd(&one, *more);
         padd(&pp, *more);
@@ -794,13 +799,13 @@ static void against_one_model(bool gpt, int P, int M, const char *sched,
         DT_CHECK_MSG(fabs(a->norm[k] - b->norm[k]) <= 1e-5 * b->norm[k],
                      "%s: step %d gradient norm %.9g vs %.9g", pp.name, k + 1, a->norm[k],
                      b->norm[k]);
-        for (int q = 1; q < P; q++) /* every stage logs the same loss */
+        for (int q = 1; q < N; q++) /* every rank logs the same loss */
             DT_CHECK(pp.out[q].loss[k] == a->loss[k]);
     }
     double wp = vec_rel(a->params, b->params, a->numel);
     DT_CHECK_MSG(wp <= 1e-5, "%s: weights after %d steps differ by %.3g relative", pp.name,
                  pp.steps, wp);
-    for (int q = 1; q < P; q++)
+    for (int q = 1; q < N; q++)
         DT_CHECK_MSG(!memcmp(pp.out[q].params, a->params, a->numel * sizeof(float)),
                      "%s: rank %d gathered other weights than rank 0", pp.name, q);
     DT_CHECK_INT(a->num_states, b->num_states);
@@ -812,9 +817,10 @@ static void against_one_model(bool gpt, int P, int M, const char *sched,
                  "%s: eval loss %.9g vs %.9g", pp.name, a->eval_loss, b->eval_loss);
     DT_CHECK_NEAR(a->eval_acc, b->eval_acc, 1e-12);
     /* the schedule's memory: 1F1B keeps min(P - s, M) micro-batches alive on stage s */
-    for (int q = 0; q < P; q++) {
+    for (int q = 0; q < N; q++) {
         const rank_out *o = &pp.out[q];
         DT_REQUIRE(o->have_st);
+        DT_CHECK_INT(o->st.stage, q / (D * T)); /* rank = (pp * D + dp) * T + tp */
         int want = !strcmp(sched, "gpipe") ? M : (P - o->st.stage < M ? P - o->st.stage : M);
         DT_CHECK_INT(o->st.peak_in_flight, want);
         DT_CHECK_INT(o->st.slots, want);
@@ -826,6 +832,12 @@ static void against_one_model(bool gpt, int P, int M, const char *sched,
 out:
     prun_free(&one);
     prun_free(&pp);
+}
+
+static void against_one_model(bool gpt, int P, int M, const char *sched,
+                              const char *const *more, const char *tag)
+{
+    against_one_layout(gpt, 1, 1, P, M, sched, more, tag);
 }
 
 static void against_one_with(int P, int M, const char *sched, const char *const *more,
@@ -911,6 +923,15 @@ static void test_gpt_p2(void)
 {
     against_one_model(true, 2, 4, "1f1b", NULL, "-gpt");
     against_one_model(true, 2, 2, "gpipe", NULL, "-gpt");
+}
+
+/* The mix: tensor parallelism inside each stage (T = 2 x P = 2 on 4 ranks), and D = 2 x T = 2 x
+ * P = 2 on 8 ranks (a tiny gpt), each equal to one process on the same global batch. */
+static void test_gpt_t2_p2(void) { against_one_layout(true, 1, 2, 2, 4, "1f1b", NULL, "-t2"); }
+
+static void test_gpt_d2_t2_p2(void)
+{
+    against_one_layout(true, 2, 2, 2, 2, "1f1b", NULL, "-d2-t2");
 }
 
 static void test_gpt_p4(void)
@@ -1092,6 +1113,8 @@ int main(int argc, char **argv)
         {"p4_gpipe", test_p4_gpipe, 180},
         {"gpt_p2", test_gpt_p2, 240},
         {"gpt_p4", test_gpt_p4, 240},
+        {"gpt_t2_p2", test_gpt_t2_p2, 240},
+        {"gpt_d2_t2_p2", test_gpt_d2_t2_p2, 300},
         {"options", test_options, 300},
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
         {"d2_p2", test_d2_p2, 180},

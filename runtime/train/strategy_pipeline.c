@@ -83,8 +83,11 @@ typedef struct pipe_impl {
     dt_tensor_info *tables;         /* (P * maxn) every stage's table, owned */
     int *counts;                    /* (P) tensors per stage */
     int maxn;
-    size_t maxp;                    /* the largest stage's parameters */
     int *tensor_at;                 /* (P * maxn) index in whole of each stage's tensor */
+    size_t *sw_at;                  /* (P * maxn) offset of each stage's tensor, whole (not
+                                       its tensor-parallel slice), in that stage's tensors
+                                       laid one after the other */
+    size_t maxsw;                   /* the largest stage's whole tensors, in elements */
     int *tied;                      /* (ntied) this stage's tensors another stage holds too
                                        (gpt's wte on the first and the last stage) */
     int ntied;
@@ -129,37 +132,44 @@ static int gather_tables(dt_strategy *s, pipe_impl *p, dt_err *err)
     p->tables = malloc(row * (size_t)p->P);
     p->counts = malloc(sizeof(int) * (size_t)p->P);
     p->tensor_at = malloc(sizeof(int) * (size_t)p->P * (size_t)p->maxn);
+    p->sw_at = malloc(sizeof(size_t) * (size_t)p->P * (size_t)p->maxn);
     size_t total = 0;
     for (int i = 0; i < p->P; i++)
         total += (size_t)counts[i];
     p->whole = calloc(total ? total : 1, sizeof(dt_tensor_info));
-    if (!p->tables || !p->counts || !p->tensor_at || !p->whole) {
+    if (!p->tables || !p->counts || !p->tensor_at || !p->sw_at || !p->whole) {
         rc = dt_err_set(err, -ENOMEM, "out of memory");
         goto out;
     }
     be->memcpy_d2h(be, p->tables, recv, row * (size_t)p->P);
     p->nwhole = 0;
     p->whole_numel = 0;
-    p->maxp = 0;
+    p->maxsw = 0;
     for (int i = 0; i < p->P; i++) {
         p->counts[i] = counts[i];
-        size_t numel = 0;
+        size_t sw = 0;
         for (int t = 0; t < counts[i]; t++) {
             const dt_tensor_info *ti = &p->tables[(size_t)i * p->maxn + t];
-            numel = DT_MAX(numel, ti->offset + ti->numel);
+            size_t n = dt_tensor_whole_numel(ti);
+            p->sw_at[(size_t)i * p->maxn + t] = sw;
+            sw += n;
             int w = -1;
             for (int k = 0; k < p->nwhole && w < 0; k++)
                 if (!strcmp(p->whole[k].name, ti->name))
                     w = k; /* a tied copy: the earlier stage's is the checkpoint's */
-            if (w < 0) {
+            if (w < 0) { /* the whole tensor, as one process holds it */
                 w = p->nwhole++;
-                p->whole[w] = *ti;
-                p->whole[w].offset = p->whole_numel;
-                p->whole_numel += ti->numel;
+                dt_tensor_info *wt = &p->whole[w];
+                *wt = *ti;
+                memcpy(wt->shape, ti->whole_shape, sizeof wt->shape);
+                wt->tp_dim = wt->tp_parts = 0;
+                wt->numel = n;
+                wt->offset = p->whole_numel;
+                p->whole_numel += n;
             }
             p->tensor_at[(size_t)i * p->maxn + t] = w;
         }
-        p->maxp = DT_MAX(p->maxp, numel);
+        p->maxsw = DT_MAX(p->maxsw, sw);
     }
     /* tensors of this stage that another stage holds too: their gradients are summed over the
      * embedding group (Megatron's tied embedding), and counted once in the norm */
@@ -194,57 +204,82 @@ out:
     return rc ? dt_err_prefix(err, "pipeline: the stages' tensor tables: ") : 0;
 }
 
-/* whole (whole_numel) <- every stage's local (its num_params), all-gathered over the pipeline
- * group; a tensor that several stages hold is taken from the first. */
+/* whole (whole_numel) <- every rank's local (its num_params): first the slices of the tensor
+ * group assembled into this stage's whole tensors (T > 1: all-gathered, dt_tensor_tp_copy on
+ * host memory, the cpu backend's), then every stage's all-gathered over the pipeline group; a
+ * tensor that several stages hold is taken from the first. */
 static int gather_whole(dt_strategy *s, pipe_impl *p, const float *local, float *whole,
                         dt_err *err)
 {
     dt_backend *be = s->be;
-    float *send = NULL, *recv = NULL;
-    int rc = be->alloc(be, (void **)&send, sizeof(float) * p->maxp, err);
+    const dt_model *m = s->model;
+    const int T = p->g.grid.T;
+    float *send = NULL, *recv = NULL, *slices = NULL;
+    int rc = be->alloc(be, (void **)&send, sizeof(float) * DT_MAX(p->maxsw, (size_t)1), err);
     if (!rc)
-        rc = be->alloc(be, (void **)&recv, sizeof(float) * p->maxp * (size_t)p->P, err);
+        rc = be->alloc(be, (void **)&recv, sizeof(float) * p->maxsw * (size_t)p->P + 1, err);
+    if (!rc && T > 1)
+        rc = be->alloc(be, (void **)&slices, sizeof(float) * m->num_params * (size_t)T + 1, err);
     if (rc)
         goto out;
-    be->memset_zero(be, send, sizeof(float) * p->maxp);
-    be->memcpy_d2d(be, send, local, sizeof(float) * s->model->num_params);
-    if ((rc = dt_comm_allgather(p->g.pp, send, recv, p->maxp, DT_FLOAT32, NULL, err)))
+    be->memset_zero(be, send, sizeof(float) * DT_MAX(p->maxsw, (size_t)1));
+    if (T == 1) { /* the stage's tensors are whole already, laid out the same */
+        be->memcpy_d2d(be, send, local, sizeof(float) * m->num_params);
+    } else {
+        if ((rc = dt_comm_allgather(p->g.tp, local, slices, m->num_params, DT_FLOAT32, NULL,
+                                    err)))
+            goto out;
+        for (int t = 0; t < m->num_tensors; t++)
+            for (int q = 0; q < T; q++)
+                dt_tensor_tp_copy(&m->tensors[t], q,
+                                  send + p->sw_at[(size_t)p->stage * p->maxn + t],
+                                  slices + (size_t)q * m->num_params + m->tensors[t].offset,
+                                  true);
+    }
+    if ((rc = dt_comm_allgather(p->g.pp, send, recv, p->maxsw, DT_FLOAT32, NULL, err)))
         goto out;
     for (int i = p->P - 1; i >= 0; i--) /* the first stage's copy last: it wins */
         for (int t = 0; t < p->counts[i]; t++) {
-            const dt_tensor_info *ti = &p->tables[(size_t)i * p->maxn + t];
             const dt_tensor_info *w = &p->whole[p->tensor_at[(size_t)i * p->maxn + t]];
-            be->memcpy_d2d(be, whole + w->offset, recv + (size_t)i * p->maxp + ti->offset,
-                           sizeof(float) * ti->numel);
+            be->memcpy_d2d(be, whole + w->offset,
+                           recv + (size_t)i * p->maxsw + p->sw_at[(size_t)i * p->maxn + t],
+                           sizeof(float) * w->numel);
         }
 out:
     be->free(be, send);
     be->free(be, recv);
+    be->free(be, slices);
     return rc;
 }
 
-/* local (this stage's num_params) <- its tensors of whole. */
-static void take_local(dt_strategy *s, pipe_impl *p, const float *whole, float *local)
+/* local (this rank's num_params) <- its tensors of whole (its slices when T > 1). */
+static void take_local(dt_strategy *s, pipe_impl *p, float *whole, float *local)
 {
     for (int t = 0; t < p->counts[p->stage]; t++) {
         const dt_tensor_info *ti = &s->model->tensors[t];
         const dt_tensor_info *w = &p->whole[p->tensor_at[(size_t)p->stage * p->maxn + t]];
-        s->be->memcpy_d2d(s->be, local + ti->offset, whole + w->offset,
-                          sizeof(float) * ti->numel);
+        if (p->g.grid.T > 1)
+            dt_tensor_tp_copy(ti, p->g.grid.tp, whole + w->offset, local + ti->offset, false);
+        else
+            s->be->memcpy_d2d(s->be, local + ti->offset, whole + w->offset,
+                              sizeof(float) * ti->numel);
     }
 }
 
 /* ---- open, start ---------------------------------------------------------------------------- */
 
-/* The data-parallel group (D > 1) and the pipeline group of this rank, split from the world in
- * grid.h's order (tensor, data, pipeline; every rank makes the same splits), ranked by dp and
- * by pp. grid.h's dt_groups_open is to do this for every strategy; until it is there, these are
- * the splits it documents, for T = 1. */
+/* This rank's tensor (T > 1), data-parallel (D > 1), pipeline and embedding groups, split from
+ * the world in grid.h's order with its colors and keys (every rank makes the same splits).
+ * grid.h's dt_groups_open is to do this for every strategy; until it is there, these are the
+ * splits it documents. */
 static int split_groups(dt_strategy *s, pipe_impl *p, dt_store *store, dt_err *err)
 {
     const dt_grid *g = &p->g.grid;
     int rc = 0;
     p->g.world = s->comm;
+    if (g->T > 1 && (rc = dt_comm_split(s->comm, store, g->pp * g->D + g->dp, g->tp, &p->g.tp,
+                                        err)))
+        return dt_err_prefix(err, "the tensor group: ");
     if (g->D > 1 && (rc = dt_comm_split(s->comm, store, g->pp * g->T + g->tp, g->dp, &p->g.dp,
                                         err)))
         return dt_err_prefix(err, "the data-parallel group: ");
@@ -264,11 +299,6 @@ static int open_groups(dt_strategy *s, pipe_impl *p, const dt_strategy_ctx *ctx,
                           ctx->job->pipeline, err);
     if (rc)
         return rc;
-    if (p->g.grid.T > 1)
-        return dt_err_set(err, -ENOTSUP, "parallel.tensor = %d with parallel.pipeline = %d: "
-                                         "tensor parallelism inside pipeline stages is not "
-                                         "built yet; use parallel.tensor = 1 (or pipeline = 1)",
-                          p->g.grid.T, p->g.grid.P);
     dt_store *store = NULL;
     dt_store_opts so;
     dt_store_opts_default(&so);
@@ -347,13 +377,21 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         mc.pp_first += blocks[i];
     mc.pp_count = blocks[p->stage];
     mc.pp_slots = p->slots;
+    mc.tp_size = p->g.grid.T;
+    mc.tp_rank = p->g.grid.tp;
     p->mb_cap = (ctx->model->max_batch + p->M - 1) / p->M;
     mc.max_batch = p->mb_cap;
     const dt_sample_shape *sh = &ctx->model->shape;
     p->x_numel = sh->kind == DT_SAMPLE_VECTOR  ? (size_t)sh->input_dim
                  : sh->kind == DT_SAMPLE_IMAGE ? (size_t)sh->channels * sh->height * sh->width
                                                : 0;
-    if ((rc = dt_model_create(&s->model, &mc, s->be, NULL, err)))
+    if (p->g.grid.T > 1 && strcmp(s->be->name, "cpu") != 0)
+        return dt_err_set(err, -ENOTSUP, "parallel.tensor = %d with parallel.pipeline = %d runs "
+                                         "on device = cpu only so far (the checkpoint's slices "
+                                         "are assembled in host memory); use device = cpu, or "
+                                         "one of the two",
+                          p->g.grid.T, p->P);
+    if ((rc = dt_model_create(&s->model, &mc, s->be, p->g.tp, err)))
         return rc;
     dt_model *m = s->model;
     if (!m->stage || m->num_buffers)
@@ -652,8 +690,10 @@ static int pipe_average(dt_strategy *s, double *v, int n, dt_err *err)
     return 0;
 }
 
-/* The global norm: the stages' sums of squares added over the pipeline group (the replicas of
- * a stage hold the same all-reduced gradient), then clip_grad_norm_'s scaling. */
+/* The global norm: each rank's sum of squares of what it alone holds (its slices of the split
+ * tensors; the replicated ones on tensor rank 0 only; a tied tensor on the first stage that
+ * holds it), added over the tensor group and then over the pipeline group (the replicas of a
+ * stage hold the same all-reduced gradient); then clip_grad_norm_'s scaling. */
 static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
 {
     pipe_impl *p = s->impl;
@@ -661,21 +701,30 @@ static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
     if (unscale != 1.0)
         s->be->scale(s->be, m->grads, m->num_params, (float)unscale);
     double sum = 0;
-    if (!p->tied_copy) {
-        sum = s->be->sumsq(s->be, m->grads, m->num_params);
-    } else { /* the runs of tensors between the tied copies (the first stage counts those) */
-        size_t from = 0;
-        for (int i = 0; i <= p->ntied; i++) {
-            const dt_tensor_info *ti = i < p->ntied ? &m->tensors[p->tied[i]] : NULL;
-            size_t to = ti ? ti->offset : m->num_params;
-            if (to > from)
-                sum += s->be->sumsq(s->be, m->grads + from, to - from);
-            if (ti)
-                from = ti->offset + ti->numel;
+    size_t from = 0, to = 0; /* the run of counted tensors being summed */
+    for (int t = 0; t <= m->num_tensors; t++) {
+        const dt_tensor_info *ti = t < m->num_tensors ? &m->tensors[t] : NULL;
+        bool counted = ti != NULL;
+        for (int i = 0; counted && p->tied_copy && i < p->ntied; i++)
+            counted = p->tied[i] != t;
+        if (counted && ti->tp_parts == 0 && p->g.grid.tp != 0)
+            counted = false;
+        if (counted && ti->offset == to) {
+            to = ti->offset + ti->numel;
+            continue;
         }
+        if (to > from)
+            sum += s->be->sumsq(s->be, m->grads + from, to - from);
+        from = to = counted ? ti->offset : 0;
+        if (counted)
+            to = ti->offset + ti->numel;
     }
     s->be->memcpy_h2d(s->be, p->scalars, &sum, sizeof sum);
-    int rc = dt_comm_allreduce(p->g.pp, p->scalars, 1, DT_FLOAT64, DT_SUM, NULL, err);
+    int rc = 0;
+    if (p->g.tp)
+        rc = dt_comm_allreduce(p->g.tp, p->scalars, 1, DT_FLOAT64, DT_SUM, NULL, err);
+    if (!rc)
+        rc = dt_comm_allreduce(p->g.pp, p->scalars, 1, DT_FLOAT64, DT_SUM, NULL, err);
     if (rc)
         return dt_err_prefix(err, "pipeline stage %d: the global gradient norm: ", p->stage);
     s->be->memcpy_d2h(s->be, &sum, p->scalars, sizeof sum);
@@ -772,6 +821,7 @@ static void pipe_close(dt_strategy *s)
     if (p) {
         dt_ddp_free(p->ddp);
         dt_comm_free(p->g.embed);
+        dt_comm_free(p->g.tp);
         dt_comm_free(p->g.dp);
         dt_comm_free(p->g.pp);
         if (s->be) {
@@ -800,6 +850,7 @@ static void pipe_close(dt_strategy *s)
         free(p->tables);
         free(p->counts);
         free(p->tensor_at);
+        free(p->sw_at);
         free(p->tied);
     }
     dt_comm_free(s->comm);

@@ -65,14 +65,15 @@
  * sums hold one non-zero term per element besides wpe, so the all-reduced embedding is the
  * bits TP = 1 computes; everything after it matches TP = 1 to float32 rounding (different
  * summation orders in the split GEMMs).
- * Pipeline stages (model.h, cfg.pp_size > 1; tensor parallelism not at the same time yet): the
+ * Pipeline stages (model.h, cfg.pp_size > 1; with or without tensor parallelism): the
  * stage holds transformer blocks [lo, hi); stage 0 also the embeddings (wte, wpe), the last
  * stage ln_f and the head with its own copy of the tied wte (the strategy all-reduces the two
  * copies' gradients over the embedding group, so they stay equal). Tables, in buffer order:
  * stage 0 wte, wpe, h.lo..; a middle stage h.lo..h.{hi-1}; the last h.., ln_f, then wte when it
  * is not also stage 0 (one stage: the table above). Blocks likewise: "embed" (two windows when
  * the stage also holds the head), "h.l", "ln_f", and "head" (wte, the last stage's). A stage's
- * input and output are the residual stream (B,T,C). Initialisation draws the whole model's
+ * input and output are the residual stream (B,T,C), whole on every rank of a tensor group (the
+ * stage's tensors are then its slices, as above). Initialisation draws the whole model's
  * stream and keeps the stage's tensors (wte on both ends). Activations are per slot (model.h):
  * each slot has its own set of everything forward keeps (tokens, targets, the per-layer
  * activations of the stage's layers, ln_f's and the logits on the last stage); the backward
@@ -707,11 +708,6 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
     g->lo = 0;
     g->hi = L;
     if (cfg->pp_size > 1) {
-        if (g->tp > 1)
-            return dt_err_set(err, -ENOTSUP, "gpt: tensor parallelism inside a pipeline stage is "
-                                             "not built yet (parallel.tensor = %d with "
-                                             "parallel.pipeline = %d)",
-                              g->tp, cfg->pp_size);
         if (cfg->pp_rank < 0 || cfg->pp_rank >= cfg->pp_size || cfg->pp_first < 0 ||
             cfg->pp_count < 1 || cfg->pp_first + cfg->pp_count > L ||
             (cfg->pp_rank == 0) != (cfg->pp_first == 0) ||
