@@ -1008,6 +1008,64 @@ out:
     prun_free(&e);
 }
 
+/* Checkpoints reshard through whole tensors: D2 x T2 x P2 (8 ranks, tiny gpt) saves, and one
+ * process, T2 x P2 and plain DDP on 2 ranks resume its parameters bit for bit; one process
+ * saves, and D2 x T2 x P2 and T2 x P2 resume it bit for bit. */
+static prun gpt_layout(int D, int T, int P, const char *name, const char *ck, bool save)
+{
+    prun r = pgpt(D * T * P, P, 2, "1f1b", name);
+    padd(&r, fmt("parallel.tensor=%d", T));
+    padd(&r, fmt("train.batch_size=%d", 8 / D));
+    padd(&r, fmt("checkpoint.dir=%s", ck));
+    if (save) {
+        padd(&r, "train.steps=3");
+        r.run = true;
+    } else {
+        padd(&r, "checkpoint.resume=auto");
+        padd(&r, "train.steps=5");
+        r.steps = 2;
+    }
+    return r;
+}
+
+static void test_ckpt_layouts(void)
+{
+    const char *ck = fmt("%s/ck", dt_test_tmpdir()), *ck2 = fmt("%s/ck2", dt_test_tmpdir());
+    struct {
+        int D, T, P;
+    } from[2] = {{2, 2, 2}, {1, 1, 1}}, to[2][3] = {{{1, 1, 1}, {1, 2, 2}, {2, 1, 1}},
+                                                   {{2, 2, 2}, {1, 2, 2}, {1, 1, 2}}};
+    for (int f = 0; f < 2; f++) {
+        const char *dir = f ? ck2 : ck;
+        prun w = gpt_layout(from[f].D, from[f].T, from[f].P,
+                            fmt("save-d%dt%dp%d", from[f].D, from[f].T, from[f].P), dir, true);
+        if (!prun_run(&w)) {
+            prun_free(&w);
+            return;
+        }
+        DT_CHECK_INT(w.out[0].step, 3);
+        for (int k = 0; k < 3; k++) {
+            prun r = gpt_layout(to[f][k].D, to[f][k].T, to[f][k].P,
+                                fmt("resume-d%dt%dp%d-from-d%dt%dp%d", to[f][k].D, to[f][k].T,
+                                    to[f][k].P, from[f].D, from[f].T, from[f].P),
+                                dir, false);
+            if (prun_run(&r)) {
+                for (int q = 0; q < r.N; q++) {
+                    DT_CHECK_INT(r.out[q].start_step, 3);
+                    DT_CHECK_INT(r.out[q].numel, w.out[0].numel);
+                    DT_CHECK_MSG(!memcmp(r.out[q].start_params, w.out[0].params,
+                                         w.out[0].numel * sizeof(float)),
+                                 "%s: rank %d resumed other parameters than were saved", r.name,
+                                 q);
+                }
+                DT_CHECK_INT(r.out[0].step, 5);
+            }
+            prun_free(&r);
+        }
+        prun_free(&w);
+    }
+}
+
 /* A stage that dies mid-step ends the step on the others with an error naming the stage, the
  * rank and the micro-batch, within ddp.timeout (every stage of P = 4, the dead one's neighbours
  * and the stages behind them). */
@@ -1119,6 +1177,7 @@ int main(int argc, char **argv)
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
         {"d2_p2", test_d2_p2, 180},
         {"ckpt_resume", test_ckpt_resume, 300},
+        {"ckpt_layouts", test_ckpt_layouts, 300},
         {"dead_stage", test_dead_stage, 120},
         {"trace", test_trace, 120},
         {"bench", test_bench, 120},
