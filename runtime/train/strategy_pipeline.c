@@ -2,15 +2,16 @@
  * pipeline group of the data x tensor x pipeline grid, DDP over the data-parallel group when
  * D > 1; see strategy_pipeline.h.
  *
- * open: the world communicator, the grid (grid.h) and its groups, this rank's stage (the blocks
- * dt_job_stage_blocks gives stage pp), the model built as that stage (model.h's pp_* fields)
- * with as many activation slots as the schedule keeps micro-batches alive (GPipe M, 1F1B
- * min(P - stage, M)), micro-batches of batch_size / M samples, the optimiser over the stage's
- * tensors, the p2p buffers, and the whole-model view a checkpoint needs: the stages' tensor
- * tables all-gathered over the pipeline group into one table under the usual names (a name an
- * earlier stage holds too, the tied wte of gpt's last stage, is that stage's), and whole-size
- * staging of the parameters and the optimiser state on every rank, filled with the stages'
- * initial parameters.
+ * open: the world communicator, the grid (grid.h) and its groups (tensor, data, pipeline,
+ * embedding), this rank's stage (the blocks dt_job_stage_blocks gives stage pp), the model built
+ * as that stage (model.h's pp_* fields) with as many activation slots as the schedule keeps
+ * micro-batches alive (GPipe M, 1F1B min(P - stage, M)) and, when T > 1, its tensor-parallel
+ * slices (the model's comm is the tensor group); micro-batches of batch_size / M samples, the
+ * optimiser over the stage's tensors, the p2p buffers, and the whole-model view a checkpoint
+ * needs: the stages' tensor tables all-gathered over the pipeline group into one table of whole
+ * tensors under the usual names (a name an earlier stage holds too, the tied wte of gpt's last
+ * stage, is that stage's), and whole-size staging of the parameters and the optimiser state,
+ * filled with the initial parameters.
  * start: every stage takes its tensors from the staging (what a resume loaded into it, or the
  * initial values open put there), then DDP's reducer over the data-parallel group (D > 1).
  *
@@ -26,16 +27,24 @@
  * gradient of the batch mean; the last stage's loss, the same weighted sum, is broadcast over
  * the pipeline group, so every rank returns the number one process logs. The DDP reducer hears
  * of finished gradients in the last micro-batch's backward of the last micro-step.
- * clip: the sum of squares of each stage's gradient, all-reduced over the pipeline group (an
- * inf or NaN anywhere makes every rank's norm non-finite, so fp16's skip is everywhere).
- * gather_state: every stage's parameters and optimiser state all-gathered over the pipeline
- * group into the staging, so rank 0 writes whole tensors and any layout resumes them.
+ * sync_grads: DDP's buckets (D > 1), then the tied wte's two copies' gradients summed over the
+ * embedding group (stages 0 and P-1), so both take the same update.
+ * clip: each rank's sum of squares of what it alone holds, all-reduced over the tensor group
+ * and then the pipeline group (an inf or NaN anywhere makes every rank's norm non-finite, so
+ * fp16's skip is everywhere).
+ * gather_state: every rank's parameters and optimiser state assembled over the tensor group
+ * (T > 1) and all-gathered over the pipeline group into the staging, so rank 0 writes whole
+ * tensors and any layout resumes them (start slices them again).
  *
- * Left for later (issue 19): tensor parallelism inside a stage (parallel.tensor > 1 with
- * pipeline > 1 is refused here), gpt's stages and the tied-embedding all-reduce over the
- * embedding group, overlap of receives with compute beyond the batched order, the staging on
- * every rank (a whole model's parameters and optimiser state: a memory cost the mix of large
- * models will not want), and resharding between layouts other than through whole tensors.
+ * The staging is whole-model sized on every rank, but on the cpu its pages exist only while it
+ * holds data (from open to start, from a save's gather to the next optimiser step), as ZeRO's.
+ *
+ * Left for later (issue 19): overlap of receives with compute beyond the batched order (a
+ * compute waits for every batch posted before it, sends included), tensor x pipeline
+ * checkpoints on device = cuda (the slices are assembled in host memory; refused at open),
+ * ZeRO over the data-parallel group, balancing gpt's stages with the embedding and the head
+ * counted (parallel.stages balances the transformer blocks only), interleaved (virtual-stage)
+ * schedules.
  */
 #include "runtime/train/strategy_pipeline.h"
 
@@ -43,6 +52,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -93,8 +103,12 @@ typedef struct pipe_impl {
     int ntied;
     bool tied_copy;                 /* this stage's tied tensors are the later copies: left
                                        out of the norm (the first stage counts them) */
-    float *wparams;                 /* (whole_numel) backend, owned */
+    float *wparams;                 /* (whole_numel) staging, owned */
     float *wstates[DT_OPTIM_MAX_STATES];
+    bool mapped;                    /* the staging is mappings of ours (cpu: pages exist only
+                                       while they hold data), else backend memory */
+    bool staged;                    /* the staging holds data (open to start, a save's gather
+                                       to the next optim_step): give the pages back after */
     dt_pp_stats st;
 } pipe_impl;
 
@@ -310,6 +324,47 @@ static int open_groups(dt_strategy *s, pipe_impl *p, const dt_strategy_ctx *ctx,
     return rc ? dt_err_prefix(err, "pipeline: process groups: ") : 0;
 }
 
+/* Whole-model staging of n floats: on the cpu reserved address space (MAP_NORESERVE) whose
+ * pages exist only once written and go back after use (release_staging), as ZeRO's; elsewhere
+ * backend memory, held. */
+static int alloc_staging(dt_strategy *s, pipe_impl *p, float **out, size_t n, dt_err *err)
+{
+    if (!p->mapped) {
+        int rc = s->be->alloc(s->be, (void **)out, sizeof(float) * (n ? n : 1), err);
+        return rc ? dt_err_prefix(err, "pipeline: checkpoint staging: ") : 0;
+    }
+    void *m = mmap(NULL, sizeof(float) * (n ? n : 1), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return dt_err_set(err, -ENOMEM, "pipeline: cannot reserve %zu bytes of checkpoint "
+                                        "staging",
+                          sizeof(float) * n);
+    *out = m;
+    return 0;
+}
+
+/* The staging's pages back to the system (they read as zero again). */
+static void release_staging(dt_strategy *s, pipe_impl *p)
+{
+    if (!p->staged || !p->mapped)
+        return;
+    size_t bytes = sizeof(float) * (p->whole_numel ? p->whole_numel : 1);
+    madvise(p->wparams, bytes, MADV_DONTNEED);
+    for (int i = 0; i < s->optim->num_states; i++)
+        madvise(p->wstates[i], bytes, MADV_DONTNEED);
+    p->staged = false;
+}
+
+static void free_staging(dt_strategy *s, pipe_impl *p, float *buf)
+{
+    if (!buf)
+        return;
+    if (p->mapped)
+        munmap(buf, sizeof(float) * (p->whole_numel ? p->whole_numel : 1));
+    else
+        s->be->free(s->be, buf);
+}
+
 static int alloc_floats(dt_backend *be, float **p, size_t n, dt_err *err)
 {
     int rc = be->alloc(be, (void **)p, sizeof(float) * (n ? n : 1), err);
@@ -425,11 +480,16 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     /* the whole model for checkpoints */
     if ((rc = gather_tables(s, p, err)))
         return rc;
-    if ((rc = alloc_floats(be, &p->wparams, p->whole_numel, err)))
-        return dt_err_prefix(err, "pipeline: checkpoint staging: ");
+    p->mapped = !strcmp(be->name, "cpu");
+    if ((rc = alloc_staging(s, p, &p->wparams, p->whole_numel, err)))
+        return rc;
     for (int i = 0; i < s->optim->num_states; i++)
-        if ((rc = alloc_floats(be, &p->wstates[i], p->whole_numel, err)))
-            return dt_err_prefix(err, "pipeline: checkpoint staging: ");
+        if ((rc = alloc_staging(s, p, &p->wstates[i], p->whole_numel, err)))
+            return rc;
+    if (!p->mapped) /* backend memory is not zeroed: the optimiser state starts at zero */
+        for (int i = 0; i < s->optim->num_states; i++)
+            be->memset_zero(be, p->wstates[i], sizeof(float) * p->whole_numel);
+    p->staged = true;
     if ((rc = gather_whole(s, p, m->params, p->wparams, err)))
         return dt_err_prefix(err, "pipeline: the initial parameters: ");
 
@@ -461,6 +521,7 @@ static int pipe_start(dt_strategy *s, dt_err *err)
     take_local(s, p, p->wparams, s->model->params);
     for (int i = 0; i < s->optim->num_states; i++)
         take_local(s, p, p->wstates[i], s->optim->states[i].buf);
+    release_staging(s, p);
     if (!p->g.dp)
         return 0;
     dt_ddp_opts o;
@@ -784,6 +845,13 @@ static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, in
     return 0;
 }
 
+/* The staging a save read is free again (the trainer fenced the save's copy before this). */
+static int pipe_optim_step(dt_strategy *s, double lr, dt_err *err)
+{
+    release_staging(s, s->impl);
+    return dt_strategy_optim_step_whole(s, lr, err);
+}
+
 /* ---- checkpoints --------------------------------------------------------------------------- */
 
 static int pipe_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
@@ -806,6 +874,7 @@ static int pipe_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err
 static int pipe_gather_state(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
+    p->staged = true;
     int rc = gather_whole(s, p, s->model->params, p->wparams, err);
     for (int i = 0; i < s->optim->num_states && !rc; i++)
         rc = gather_whole(s, p, s->optim->states[i].buf, p->wstates[i], err);
@@ -830,9 +899,9 @@ static void pipe_close(dt_strategy *s)
             s->be->free(s->be, p->grad_in);
             s->be->free(s->be, p->grad_out);
             s->be->free(s->be, p->scalars);
-            s->be->free(s->be, p->wparams);
+            free_staging(s, p, p->wparams);
             for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
-                s->be->free(s->be, p->wstates[i]);
+                free_staging(s, p, p->wstates[i]);
         }
         free(p->recv_act);
         free(p->out);
@@ -879,7 +948,7 @@ const dt_strategy_ops dt_strategy_pipeline_ops = {
     .sync_grads = pipe_sync_grads,
     .average = pipe_average,
     .clip = pipe_clip,
-    .optim_step = dt_strategy_optim_step_whole,
+    .optim_step = pipe_optim_step,
     .eval_step = pipe_eval_step,
     .state = pipe_state,
     .gather_state = pipe_gather_state,
