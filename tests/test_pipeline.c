@@ -197,8 +197,9 @@ static void test_schedule_bubble(void)
  * communication actions) one after the other; an operation of the running batch completes when
  * the peer's matching operation (the k-th send from A to B with B's k-th receive from A) is in
  * the peer's running batch or already done; a batch completes when all its operations have.
- * The executor posts a batch without waiting and, before each compute action, waits for every
- * batch posted before it. Every rank must reach the end of its list. */
+ * The executor posts a batch without waiting and, before each compute action, waits for the
+ * batches up to the one holding what dt_pp_wait_before names (all of them: lazy = false). Every
+ * rank must reach the end of its list. */
 typedef struct sim_op {
     int batch;     /* batch index on its rank */
     bool send;
@@ -207,7 +208,7 @@ typedef struct sim_op {
     bool done;
 } sim_op;
 
-static bool run_strict(dt_pp_schedule_kind kind, int P, int M)
+static bool run_strict(dt_pp_schedule_kind kind, int P, int M, bool lazy)
 {
     enum { CAP = 6 * 16 };
     dt_pp_action a[8][CAP];
@@ -235,6 +236,9 @@ static bool run_strict(dt_pp_schedule_kind kind, int P, int M)
             nops[s]++;
         }
     }
+    int slots[8];
+    for (int s = 0; s < P; s++)
+        slots[s] = dt_pp_max_in_flight(a[s], n[s]);
     int pos[8] = {0}, posted[8] = {0}, running[8] = {0}; /* running: first batch not done */
     for (bool moved = true; moved;) {
         moved = false;
@@ -245,11 +249,18 @@ static bool run_strict(dt_pp_schedule_kind kind, int P, int M)
                     posted[s] = batch_of[s][pos[s]] + 1;
                     pos[s]++;
                     moved = true;
-                } else if (running[s] >= posted[s]) {
+                } else {
+                    /* the batches this compute waits for: all posted, or up to the one with
+                     * the action dt_pp_wait_before names */
+                    int need = posted[s];
+                    if (lazy) {
+                        int j = dt_pp_wait_before(a[s], pos[s], slots[s]);
+                        need = j < 0 ? 0 : batch_of[s][j] + 1;
+                    }
+                    if (running[s] < need)
+                        break;
                     pos[s]++;
                     moved = true;
-                } else {
-                    break;
                 }
             }
             /* the backend: progress the running batch */
@@ -288,8 +299,41 @@ static void test_schedule_no_deadlock(void)
     for (int ki = 0; ki < 2; ki++)
         for (int P = 1; P <= 8; P++)
             for (int M = 1; M <= 16; M++)
-                DT_CHECK_MSG(run_strict(kinds[ki], P, M), "%s P=%d M=%d deadlocks",
-                             kind_name(kinds[ki]), P, M);
+                for (int lazy = 0; lazy < 2; lazy++)
+                    DT_CHECK_MSG(run_strict(kinds[ki], P, M, lazy), "%s P=%d M=%d deadlocks%s",
+                                 kind_name(kinds[ki]), P, M,
+                                 lazy ? " (waits as dt_pp_wait_before says)" : "");
+}
+
+/* What a compute waits for: its input's receive, and the sends of the buffers it overwrites;
+ * GPipe's stage 0 then runs its forwards, and its last stage its backwards, back to back. */
+static void test_wait_before(void)
+{
+    dt_pp_action a[6 * 8];
+    for (int ki = 0; ki < 2; ki++)
+        for (int P = 1; P <= 5; P++)
+            for (int M = 1; M <= 8; M++)
+                for (int s = 0; s < P; s++) {
+                    int n = build(kinds[ki], P, M, s, a), slots = dt_pp_max_in_flight(a, n);
+                    for (int i = 0; i < n; i++) {
+                        if (dt_pp_op_is_comm(a[i].op))
+                            continue;
+                        int j = dt_pp_wait_before(a, i, slots);
+                        DT_REQUIRE(j < i);
+                        dt_pp_op in = a[i].op == DT_PP_FWD ? DT_PP_RECV_ACT : DT_PP_RECV_GRAD;
+                        for (int k = 0; k < i; k++) /* the input's receive is covered */
+                            if (a[k].op == in && a[k].mb == a[i].mb)
+                                DT_CHECK(j >= k);
+                    }
+                }
+    int n = build(DT_PP_GPIPE, 3, 4, 0, a);
+    for (int i = 0; i < n; i++)
+        if (a[i].op == DT_PP_FWD)
+            DT_CHECK_INT(dt_pp_wait_before(a, i, 4), -1);
+    n = build(DT_PP_GPIPE, 3, 4, 2, a);
+    for (int i = 0; i < n; i++)
+        if (a[i].op == DT_PP_BWD && a[i].mb >= 2) /* the send of mb - 2's gradient, in flight */
+            DT_CHECK(a[dt_pp_wait_before(a, i, 4)].op == DT_PP_SEND_GRAD);
 }
 
 /* ---- model stages --------------------------------------------------------------------------- */
@@ -1163,6 +1207,7 @@ int main(int argc, char **argv)
         {"schedule_in_flight", test_schedule_in_flight, 0},
         {"schedule_bubble", test_schedule_bubble, 0},
         {"schedule_no_deadlock", test_schedule_no_deadlock, 0},
+        {"wait_before", test_wait_before, 0},
         {"mlp_stages", test_mlp_stages, 0},
         {"mlp_stage_errors", test_mlp_stage_errors, 0},
         {"p2_1f1b", test_p2_1f1b, 180},

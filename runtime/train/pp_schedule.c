@@ -98,6 +98,24 @@ int dt_pp_max_in_flight(const dt_pp_action *list, int n)
     return most;
 }
 
+int dt_pp_wait_before(const dt_pp_action *list, int i, int slots)
+{
+    const dt_pp_action c = list[i];
+    for (int j = i - 1; j >= 0; j--) {
+        const dt_pp_action a = list[j];
+        bool need = false;
+        if (c.op == DT_PP_FWD)
+            need = (a.op == DT_PP_RECV_ACT && a.mb == c.mb) ||
+                   (a.op == DT_PP_SEND_ACT && a.mb != c.mb && a.mb % slots == c.mb % slots);
+        else if (c.op == DT_PP_BWD)
+            need = (a.op == DT_PP_RECV_GRAD && a.mb == c.mb) ||
+                   (a.op == DT_PP_SEND_GRAD && a.mb != c.mb && a.mb % 2 == c.mb % 2);
+        if (need)
+            return j;
+    }
+    return -1;
+}
+
 double dt_pp_bubble_formula(int P, int M) { return (double)(P - 1) / (double)(M + P - 1); }
 
 int dt_pp_simulate(dt_pp_schedule_kind kind, int P, int M, double tf, double tb,

@@ -65,6 +65,19 @@ int dt_pp_schedule_build(dt_pp_schedule_kind kind, int P, int M, int stage, dt_p
  * activation slots the stage needs (1F1B: min(P - stage, M); GPipe: M). */
 int dt_pp_max_in_flight(const dt_pp_action *list, int n);
 
+/* What compute action list[i] (FWD or BWD) must wait for, as the index of the last send or
+ * receive before it in the list that has to be complete (-1: none), for an executor that posts
+ * each p2p batch without waiting and keeps slots activation slots (micro-batch k in slot
+ * k % slots) and two input-gradient buffers (micro-batch j's in buffer j % 2):
+ *   FWD k: the receive of k's input; a send of micro-batch k' != k from the same slot (the
+ *          forward overwrites the slot's output);
+ *   BWD j: the receive of j's output gradient; a send of the input gradient of j' != j with
+ *          j' % 2 == j % 2 (the backward overwrites that buffer).
+ * Everything posted before that action is then waited for too (batches complete in order).
+ * Sends the compute does not touch stay in flight: stage 0's forwards and the last stage's
+ * backwards of GPipe run back to back. */
+int dt_pp_wait_before(const dt_pp_action *list, int i, int slots);
+
 /* Replays every stage's list of kind with forward time tf and backward time tb per micro-batch
  * (communication free and instant; a FWD of stage s > 0 waits for the same micro-batch's FWD on
  * s-1, a BWD of s < P-1 for its BWD on s+1). *makespan = when the last stage finishes; idle[s]

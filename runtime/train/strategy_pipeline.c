@@ -18,11 +18,13 @@
  * micro_step(batch): the rank's batch (the same samples on every stage of a pipeline: the
  * sampler draws by the data-parallel coordinate) is cut into M micro-batches of near-equal size,
  * and the stage runs its list of pp_schedule.h: consecutive sends and receives go out as one
- * dt_comm_p2p batch, posted at once without waiting; before each forward or backward the
- * stage waits for everything it has posted (Megatron-LM's order with batched p2p, which
- * pp_schedule's tests show cannot deadlock on a backend that runs each rank's batches one
- * after the other; sends overlap the next compute only where the schedule puts no compute in
- * between, which is the main thing left to gain). Micro-batch k's backward runs with dloss x
+ * dt_comm_p2p batch, posted at once without waiting (Megatron-LM's order with batched p2p);
+ * before each forward or backward the stage waits, in order, for the batches up to the one
+ * holding what that compute reads or overwrites (dt_pp_wait_before: its input's receive, a
+ * send still reading the slot's output or the input-gradient buffer, two of which alternate),
+ * so the sends it does not touch stay in flight while it computes (GPipe's stage 0 runs its
+ * forwards back to back). pp_schedule's tests replay this on a backend that runs each rank's
+ * batches one after the other: it cannot deadlock. Micro-batch k's backward runs with dloss x
  * valid_k / valid (valid: targets not ignored), so the gradient is exactly the one-process
  * gradient of the batch mean; the last stage's loss, the same weighted sum, is broadcast over
  * the pipeline group, so every rank returns the number one process logs. The DDP reducer hears
@@ -39,8 +41,8 @@
  * The staging is whole-model sized on every rank, but on the cpu its pages exist only while it
  * holds data (from open to start, from a save's gather to the next optimiser step), as ZeRO's.
  *
- * Left for later (issue 19): overlap of receives with compute beyond the batched order (a
- * compute waits for every batch posted before it, sends included), tensor x pipeline
+ * Left for later (issue 19): receives posted earlier than Megatron's batched order puts them
+ * (a receive batched with a send is waited together with it), tensor x pipeline
  * checkpoints on device = cuda (the slices are assembled in host memory; refused at open),
  * ZeRO over the data-parallel group, balancing gpt's stages with the embedding and the head
  * counted (parallel.stages balances the transformer blocks only), interleaved (virtual-stage)
@@ -49,6 +51,7 @@
 #include "runtime/train/strategy_pipeline.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,15 +79,17 @@ typedef struct pipe_impl {
     int *work_mb;                   /* (nlist) the micro-batch of their first operation */
     const char **work_name;         /* (nlist) "send", "recv", "send+recv" (literals) */
     int64_t *work_bytes;            /* (nlist) their bytes, both ways */
-    int nworks;
+    int *work_first;                /* (nlist) the list index of their first action */
+    int nworks, wfront;             /* posted this step; works[wfront..nworks) not waited */
     int mb_cap;                     /* samples per micro-batch (the model's max_batch) */
     size_t x_numel;                 /* input floats per sample (vector and image data) */
     int *mb_from, *mb_size;         /* (M) the current batch's micro-batches */
     int64_t *mb_valid;              /* (M) their targets that count (>= 0) */
     float **recv_act;               /* (slots) (mb_cap, pp_in_numel) backend, stage > 0 */
     float **out;                    /* (slots) the model's output of the slot's micro-batch */
-    float *grad_out;                /* (mb_cap, pp_out_numel) received, stage < P-1 */
-    float *grad_in;                 /* (mb_cap, pp_in_numel) sent, stage > 0 */
+    float *grad_out[2];             /* (mb_cap, pp_out_numel) received for micro-batch j in
+                                       [j % 2], stage < P-1 */
+    float *grad_in[2];              /* (mb_cap, pp_in_numel) sent, likewise, stage > 0 */
     double *scalars;                /* (8) backend memory for small collectives */
     /* the whole model, as a checkpoint holds it */
     dt_tensor_info *whole;          /* (nwhole) owned, offsets into the staging */
@@ -410,11 +415,12 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->work_mb = calloc((size_t)cap, sizeof *p->work_mb);
     p->work_name = calloc((size_t)cap, sizeof *p->work_name);
     p->work_bytes = calloc((size_t)cap, sizeof *p->work_bytes);
+    p->work_first = calloc((size_t)cap, sizeof *p->work_first);
     p->mb_from = calloc((size_t)p->M, sizeof(int));
     p->mb_size = calloc((size_t)p->M, sizeof(int));
     p->mb_valid = calloc((size_t)p->M, sizeof(int64_t));
     if (!p->list || !p->ops || !p->works || !p->work_t0 || !p->work_mb || !p->work_name ||
-        !p->work_bytes || !p->mb_from || !p->mb_size || !p->mb_valid)
+        !p->work_bytes || !p->work_first || !p->mb_from || !p->mb_size || !p->mb_valid)
         return dt_err_set(err, -ENOMEM, "out of memory");
     if ((rc = dt_pp_schedule_build(p->kind, p->P, p->M, p->stage, p->list, cap, &p->nlist, err)))
         return rc;
@@ -465,17 +471,19 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     size_t in_n = (size_t)p->mb_cap * m->pp_in_numel, out_n = (size_t)p->mb_cap * m->pp_out_numel;
     for (int k = 0; k < p->slots && !rc && p->stage > 0; k++)
         rc = alloc_floats(be, &p->recv_act[k], in_n, err);
-    if (!rc && p->stage > 0)
-        rc = alloc_floats(be, &p->grad_in, in_n, err);
-    if (!rc && p->stage < p->P - 1)
-        rc = alloc_floats(be, &p->grad_out, out_n, err);
+    for (int k = 0; k < 2 && !rc; k++) {
+        if (p->stage > 0)
+            rc = alloc_floats(be, &p->grad_in[k], in_n, err);
+        if (!rc && p->stage < p->P - 1)
+            rc = alloc_floats(be, &p->grad_out[k], out_n, err);
+    }
     if (!rc)
         rc = be->alloc(be, (void **)&p->scalars, 8 * sizeof(double), err);
     if (rc)
         return dt_err_prefix(err, "pipeline buffers: ");
     p->st.act_bytes = m->activation_bytes +
-                      sizeof(float) * (in_n * (size_t)(p->stage > 0 ? p->slots + 1 : 0) +
-                                       (p->stage < p->P - 1 ? out_n : 0));
+                      sizeof(float) * (in_n * (size_t)(p->stage > 0 ? p->slots + 2 : 0) +
+                                       (p->stage < p->P - 1 ? 2 * out_n : 0));
 
     /* the whole model for checkpoints */
     if ((rc = gather_tables(s, p, err)))
@@ -566,12 +574,14 @@ static void split(pipe_impl *p, const dt_batch *b, int nmb)
     }
 }
 
-/* Waits for every posted p2p batch (and frees their handles); a failure names the stage, the
- * rank and the micro-batch the stage was about to compute. */
-static int wait_all(dt_strategy *s, pipe_impl *p, const char *what, int mb, dt_err *err)
+/* Waits for the posted p2p batches, in order, up to the one that holds list action `upto`
+ * (INT_MAX: all), and frees their handles; a failure names the stage, the rank and the
+ * micro-batch the stage was about to compute. */
+static int wait_upto(pipe_impl *p, int upto, const char *what, int mb, dt_err *err)
 {
     int rc = 0;
-    for (int i = 0; i < p->nworks; i++) {
+    for (; p->wfront < p->nworks && p->work_first[p->wfront] <= upto; p->wfront++) {
+        const int i = p->wfront;
         dt_err e2 = {0};
         int r = dt_comm_wait(p->g.pp, p->works[i], rc ? &e2 : err);
         dt_trace_end_async(p->work_t0[i], "p2p", DT_TRACE_COMM, p->work_name[i], "mb",
@@ -582,8 +592,8 @@ static int wait_all(dt_strategy *s, pipe_impl *p, const char *what, int mb, dt_e
                           p->stage, p->P, p->g.grid.rank, what, mb);
         }
     }
-    p->nworks = 0;
-    (void)s;
+    if (p->wfront == p->nworks)
+        p->wfront = p->nworks = 0;
     return rc;
 }
 
@@ -599,10 +609,12 @@ static dt_p2p_op p2p_op(const pipe_impl *p, const dt_model *m, dt_pp_action a)
         return (dt_p2p_op){DT_P2P_RECV, p->recv_act[slot], (size_t)n * m->pp_in_numel,
                            DT_FLOAT32, p->stage - 1};
     case DT_PP_SEND_GRAD:
-        return (dt_p2p_op){DT_P2P_SEND, p->grad_in, (size_t)n * m->pp_in_numel, DT_FLOAT32,
+        return (dt_p2p_op){DT_P2P_SEND, p->grad_in[a.mb % 2], (size_t)n * m->pp_in_numel,
+                           DT_FLOAT32,
                            p->stage - 1};
     default: /* DT_PP_RECV_GRAD */
-        return (dt_p2p_op){DT_P2P_RECV, p->grad_out, (size_t)n * m->pp_out_numel, DT_FLOAT32,
+        return (dt_p2p_op){DT_P2P_RECV, p->grad_out[a.mb % 2], (size_t)n * m->pp_out_numel,
+                           DT_FLOAT32,
                            p->stage + 1};
     }
 }
@@ -655,6 +667,7 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
             p->work_mb[p->nworks] = p->list[i + 1 - nops].mb;
             p->work_name[p->nworks] = sends && recvs ? "send+recv" : sends ? "send" : "recv";
             p->work_bytes[p->nworks] = bytes;
+            p->work_first[p->nworks] = i + 1 - nops;
             if ((rc = dt_comm_p2p(p->g.pp, p->ops, nops, &p->works[p->nworks], err)))
                 dt_err_prefix(err, "pipeline stage %d of %d (rank %d), micro-batch %d: ",
                               p->stage, p->P, p->g.grid.rank, a.mb);
@@ -664,7 +677,9 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
             continue;
         }
         bool fwd = a.op == DT_PP_FWD;
-        if ((rc = wait_all(s, p, fwd ? "forward of" : "backward of", a.mb, err)))
+        /* what this compute reads, or overwrites while a send still reads it */
+        if ((rc = wait_upto(p, dt_pp_wait_before(p->list, i, p->slots),
+                            fwd ? "forward of" : "backward of", a.mb, err)))
             break;
         int slot = a.mb % p->slots;
         dt_batch mb = slice(p, batch, p->mb_from[a.mb], p->mb_size[a.mb]);
@@ -683,8 +698,9 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
                                  : 0.0f;
             /* DDP's no_sync: the reducer hears of the gradients in the step's last backward */
             bool hook = p->ddp && last && a.mb == p->M - 1;
-            rc = so->stage_backward(m, slot, dl, p->stage < p->P - 1 ? p->grad_out : NULL,
-                                    p->stage > 0 ? p->grad_in : NULL,
+            rc = so->stage_backward(m, slot, dl,
+                                    p->stage < p->P - 1 ? p->grad_out[a.mb % 2] : NULL,
+                                    p->stage > 0 ? p->grad_in[a.mb % 2] : NULL,
                                     hook ? dt_ddp_grad_ready : NULL, hook ? p->ddp : NULL, err);
             live--;
         }
@@ -698,10 +714,10 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
     }
     if (rc) {
         dt_err ignored = {0};
-        wait_all(s, p, "after", -1, &ignored);
+        wait_upto(p, INT_MAX, "after", -1, &ignored);
         return rc;
     }
-    if ((rc = wait_all(s, p, "the end of", p->M - 1, err)))
+    if ((rc = wait_upto(p, INT_MAX, "the end of", p->M - 1, err)))
         return rc;
     double v = valid > 0 ? loss_sum / (double)valid : 0.0;
     if ((rc = from_last_stage(s, p, &v, 1, err)))
@@ -896,8 +912,10 @@ static void pipe_close(dt_strategy *s)
         if (s->be) {
             for (int k = 0; k < p->slots && p->recv_act; k++)
                 s->be->free(s->be, p->recv_act[k]);
-            s->be->free(s->be, p->grad_in);
-            s->be->free(s->be, p->grad_out);
+            for (int k = 0; k < 2; k++) {
+                s->be->free(s->be, p->grad_in[k]);
+                s->be->free(s->be, p->grad_out[k]);
+            }
             s->be->free(s->be, p->scalars);
             free_staging(s, p, p->wparams);
             for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
@@ -912,6 +930,7 @@ static void pipe_close(dt_strategy *s)
         free(p->work_mb);
         free(p->work_name);
         free(p->work_bytes);
+        free(p->work_first);
         free(p->mb_from);
         free(p->mb_size);
         free(p->mb_valid);
