@@ -1177,6 +1177,43 @@ static void test_trace(void)
     prun_free(&r);
 }
 
+/* The dtrain binary as a user runs it: 4 workers, a tiny gpt in 2 stages x 2 tensor ranks,
+ * trains, evaluates, saves whole tensors, and logs the layout; then one process resumes it. */
+static void test_dtrain_binary(void)
+{
+    char *out = NULL;
+    const char *dir = fmt("%s/e2e", dt_test_tmpdir());
+    const char *common = "job.device=cpu job.cpu_bind=none model.n_layer=2 model.n_head=2 "
+                         "model.n_embd=16 model.block_size=16 data.seq_len=16 train.batch_size=4 "
+                         "train.eval_every=4 checkpoint.every=4";
+    int rc = dt_test_run(fmt("%s --standalone --nproc-per-node=4 --max-restarts=0 "
+                             "%s/configs/quickstart.ini parallel.pipeline=2 parallel.tensor=2 "
+                             "parallel.micro_batches=2 train.steps=8 %s job.output_dir=%s 2>&1",
+                             dt_test_dtrain_bin(), repo_dir(), common, dir),
+                         &out, 120);
+    DT_CHECK_MSG(rc == 0, "dtrain exited %d: %.4000s", rc, out ? out : "");
+    if (out) {
+        DT_CHECK_CONTAINS(out, "pipeline: 2 stages");
+        DT_CHECK_CONTAINS(out, "pipeline 2");
+        DT_CHECK_CONTAINS(out, "done after 8 steps");
+    }
+    free(out);
+    out = NULL;
+    DT_CHECK(access(fmt("%s/checkpoints/step_8/model.safetensors", dir), F_OK) == 0);
+    rc = dt_test_run(fmt("%s --standalone --nproc-per-node=1 --max-restarts=0 "
+                         "%s/configs/quickstart.ini train.steps=10 %s job.output_dir=%s "
+                         "checkpoint.resume=auto 2>&1",
+                         dt_test_dtrain_bin(), repo_dir(), common, dir),
+                     &out, 120);
+    DT_CHECK_MSG(rc == 0, "dtrain (one process) exited %d: %.4000s", rc, out ? out : "");
+    if (out) {
+        DT_CHECK_CONTAINS(out, "resumed from");
+        DT_CHECK_CONTAINS(out, "step 8");
+        DT_CHECK_CONTAINS(out, "done after 10 steps");
+    }
+    free(out);
+}
+
 /* `dtrain bench pipeline` on a tiny job: it runs both schedules, prints the formula, and 1F1B's
  * stage-0 activation peak is exactly P/M of GPipe's (slots of equal size: P of M). */
 static void test_bench(void)
@@ -1225,6 +1262,7 @@ int main(int argc, char **argv)
         {"ckpt_layouts", test_ckpt_layouts, 300},
         {"dead_stage", test_dead_stage, 120},
         {"trace", test_trace, 120},
+        {"dtrain_binary", test_dtrain_binary, 300},
         {"bench", test_bench, 120},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
