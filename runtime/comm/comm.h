@@ -127,7 +127,8 @@ void dt_comm_mem_free(dt_comm *c, void *p);
  * and watchdog. Transport errors of a group name its members by global rank. */
 int dt_comm_split(dt_comm *c, dt_store *store, int color, int key, dt_comm **out, dt_err *err);
 
-/* The rank in the world c was split from (c's first ancestor) of c's rank r; r for a world. */
+/* The rank in the world c was split from (c's first ancestor) of c's rank r; r for a world;
+ * -1 when r is not a rank of c. */
 int dt_comm_global_rank(const dt_comm *c, int r);
 
 /* Point-to-point. A batch of sends and receives (NCCL: one ncclGroupStart/End; Megatron's
