@@ -72,6 +72,7 @@ typedef struct pipe_impl {
     int P, M, stage, slots;
     dt_pp_schedule_kind kind;
     dt_pp_action *list;             /* (nlist) this stage's schedule, owned */
+    dt_pp_action *eval_list;        /* (6M) scratch for evaluation's forward-only list */
     int nlist;
     dt_p2p_op *ops;                 /* (nlist) scratch for one p2p batch */
     dt_comm_work **works;           /* (nlist) posted and not yet waited */
@@ -409,6 +410,7 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     /* this stage's schedule, and the slots it keeps alive */
     int cap = dt_pp_schedule_cap(p->M);
     p->list = calloc((size_t)cap, sizeof *p->list);
+    p->eval_list = calloc((size_t)cap, sizeof *p->eval_list);
     p->ops = calloc((size_t)cap, sizeof *p->ops);
     p->works = calloc((size_t)cap, sizeof *p->works);
     p->work_t0 = calloc((size_t)cap, sizeof *p->work_t0);
@@ -419,7 +421,7 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->mb_from = calloc((size_t)p->M, sizeof(int));
     p->mb_size = calloc((size_t)p->M, sizeof(int));
     p->mb_valid = calloc((size_t)p->M, sizeof(int64_t));
-    if (!p->list || !p->ops || !p->works || !p->work_t0 || !p->work_mb || !p->work_name ||
+    if (!p->list || !p->eval_list || !p->ops || !p->works || !p->work_t0 || !p->work_mb || !p->work_name ||
         !p->work_bytes || !p->work_first || !p->mb_from || !p->mb_size || !p->mb_valid)
         return dt_err_set(err, -ENOMEM, "out of memory");
     if ((rc = dt_pp_schedule_build(p->kind, p->P, p->M, p->stage, p->list, cap, &p->nlist, err)))
@@ -633,28 +635,31 @@ static int from_last_stage(dt_strategy *s, pipe_impl *p, double *v, int n, dt_er
     return 0;
 }
 
-static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
-                           float *loss, dt_err *err)
+/* What one run of a list gives back. */
+typedef struct run_out {
+    double loss_sum; /* last stage: the micro-batches' losses x their valid targets */
+    int64_t correct; /* last stage: correct predictions */
+    double compute;  /* seconds in stage_forward/stage_backward */
+    int peak;        /* most micro-batches alive at once */
+} run_out;
+
+/* Runs list[0..n) on batch (split into p->mb_* already): p2p batches posted as they come,
+ * each compute after wait_upto what it needs; training: backward too, micro-batch k's with
+ * dloss x valid_k / valid (last: the step's last micro-step, DDP hears of the gradients in its
+ * last backward). Waits for everything before it returns. */
+static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int n,
+                    const dt_batch *batch, bool training, float dloss, bool last, int64_t valid,
+                    int last_mb, run_out *o, dt_err *err)
 {
-    pipe_impl *p = s->impl;
     dt_model *m = s->model;
     const dt_model_stage_ops *so = m->stage;
-    if (batch->B < p->M)
-        return dt_err_set(err, -EINVAL, "pipeline: a micro-step of %d samples cannot be cut into "
-                                        "parallel.micro_batches = %d micro-batches; lower "
-                                        "parallel.micro_batches or raise train.batch_size",
-                          batch->B, p->M);
-    split(p, batch, p->M);
-    int64_t valid = 0;
-    for (int k = 0; k < p->M; k++)
-        valid += p->mb_valid[k];
-    double t0 = dt_now_s(), compute = 0, loss_sum = 0;
-    int live = 0, peak = 0, rc = 0, nops = 0;
-    for (int i = 0; i < p->nlist && !rc; i++) {
-        dt_pp_action a = p->list[i];
+    int live = 0, rc = 0, nops = 0;
+    memset(o, 0, sizeof *o);
+    for (int i = 0; i < n && !rc; i++) {
+        dt_pp_action a = list[i];
         if (dt_pp_op_is_comm(a.op)) {
             p->ops[nops++] = p2p_op(p, m, a);
-            if (i + 1 < p->nlist && dt_pp_op_is_comm(p->list[i + 1].op))
+            if (i + 1 < n && dt_pp_op_is_comm(list[i + 1].op))
                 continue;
             bool sends = false, recvs = false;
             int64_t bytes = 0;
@@ -664,7 +669,7 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
                 bytes += (int64_t)(p->ops[k].count * sizeof(float));
             }
             p->work_t0[p->nworks] = dt_trace_begin();
-            p->work_mb[p->nworks] = p->list[i + 1 - nops].mb;
+            p->work_mb[p->nworks] = list[i + 1 - nops].mb;
             p->work_name[p->nworks] = sends && recvs ? "send+recv" : sends ? "send" : "recv";
             p->work_bytes[p->nworks] = bytes;
             p->work_first[p->nworks] = i + 1 - nops;
@@ -678,7 +683,7 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
         }
         bool fwd = a.op == DT_PP_FWD;
         /* what this compute reads, or overwrites while a send still reads it */
-        if ((rc = wait_upto(p, dt_pp_wait_before(p->list, i, p->slots),
+        if ((rc = wait_upto(p, dt_pp_wait_before(list, i, p->slots),
                             fwd ? "forward of" : "backward of", a.mb, err)))
             break;
         int slot = a.mb % p->slots;
@@ -687,17 +692,18 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
         uint64_t ts = dt_trace_begin();
         if (fwd) {
             float l = 0;
-            rc = so->stage_forward(m, slot, &mb, p->stage > 0 ? p->recv_act[slot] : NULL, true,
-                                   &p->out[slot], &l, err);
-            loss_sum += (double)l * (double)p->mb_valid[a.mb];
+            rc = so->stage_forward(m, slot, &mb, p->stage > 0 ? p->recv_act[slot] : NULL,
+                                   training, &p->out[slot], &l, err);
+            o->loss_sum += (double)l * (double)p->mb_valid[a.mb];
+            o->correct += m->last_correct;
             live++; /* DT_MAX evaluates its arguments twice */
-            peak = DT_MAX(peak, live);
+            o->peak = DT_MAX(o->peak, live);
         } else {
             float dl = valid > 0 ? (float)((double)dloss * (double)p->mb_valid[a.mb] /
                                            (double)valid)
                                  : 0.0f;
             /* DDP's no_sync: the reducer hears of the gradients in the step's last backward */
-            bool hook = p->ddp && last && a.mb == p->M - 1;
+            bool hook = p->ddp && last && a.mb == last_mb;
             rc = so->stage_backward(m, slot, dl,
                                     p->stage < p->P - 1 ? p->grad_out[a.mb % 2] : NULL,
                                     p->stage > 0 ? p->grad_in[a.mb % 2] : NULL,
@@ -705,7 +711,7 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
             live--;
         }
         s->be->synchronize(s->be);
-        compute += dt_now_s() - t1;
+        o->compute += dt_now_s() - t1;
         dt_trace_end_arg(ts, fwd ? DT_TRACE_FORWARD : DT_TRACE_BACKWARD,
                          fwd ? "forward" : "backward", "mb", a.mb);
         if (rc)
@@ -717,17 +723,37 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
         wait_upto(p, INT_MAX, "after", -1, &ignored);
         return rc;
     }
-    if ((rc = wait_upto(p, INT_MAX, "the end of", p->M - 1, err)))
+    return wait_upto(p, INT_MAX, "the end of", last_mb, err);
+}
+
+static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
+                           float *loss, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    if (batch->B < p->M)
+        return dt_err_set(err, -EINVAL, "pipeline: a micro-step of %d samples cannot be cut into "
+                                        "parallel.micro_batches = %d micro-batches; lower "
+                                        "parallel.micro_batches or raise train.batch_size",
+                          batch->B, p->M);
+    split(p, batch, p->M);
+    int64_t valid = 0;
+    for (int k = 0; k < p->M; k++)
+        valid += p->mb_valid[k];
+    double t0 = dt_now_s();
+    run_out o;
+    int rc = run_list(s, p, p->list, p->nlist, batch, true, dloss, last, valid, p->M - 1, &o,
+                      err);
+    if (rc)
         return rc;
-    double v = valid > 0 ? loss_sum / (double)valid : 0.0;
+    double v = valid > 0 ? o.loss_sum / (double)valid : 0.0;
     if ((rc = from_last_stage(s, p, &v, 1, err)))
         return rc;
     *loss = (float)v;
     p->st.step_s = dt_now_s() - t0;
-    p->st.compute_s = compute;
-    p->st.idle = p->st.step_s > 0 ? 1.0 - compute / p->st.step_s : 0;
-    p->st.peak_in_flight = peak;
-    p->st.peak_act_bytes = (size_t)peak * m->pp_slot_bytes;
+    p->st.compute_s = o.compute;
+    p->st.idle = p->st.step_s > 0 ? 1.0 - o.compute / p->st.step_s : 0;
+    p->st.peak_in_flight = o.peak;
+    p->st.peak_act_bytes = (size_t)o.peak * s->model->pp_slot_bytes;
     return 0;
 }
 
@@ -812,52 +838,38 @@ static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
     return 0;
 }
 
-/* Forward only, micro-batch after micro-batch (one slot), each send and receive waited at
- * once: the last stage's loss and correct count go to every stage. */
+/* Forward only: the forward half of GPipe's list over up to M micro-batches (in the slots
+ * training uses, pipelined as training's forwards are); the last stage's loss and correct
+ * count go to every stage. */
 static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
                           dt_err *err)
 {
     pipe_impl *p = s->impl;
-    dt_model *m = s->model;
     int nmb = (batch->B + p->mb_cap - 1) / p->mb_cap;
     if (nmb > p->M)
         return dt_err_set(err, -EINVAL, "pipeline: an evaluation batch of %d samples (%d at "
                                         "most)",
                           batch->B, p->M * p->mb_cap);
     split(p, batch, nmb);
-    double sums[3] = {0, 0, 0}; /* loss x valid, correct, valid */
-    int rc = 0;
-    for (int k = 0; k < nmb && !rc; k++) {
-        dt_batch mb = slice(p, batch, p->mb_from[k], p->mb_size[k]);
-        dt_pp_action a = {DT_PP_RECV_ACT, k};
-        dt_p2p_op op;
-        if (p->stage > 0) {
-            op = p2p_op(p, m, a);
-            op.buf = p->recv_act[0];
-            rc = dt_comm_p2p(p->g.pp, &op, 1, NULL, err);
-        }
-        float l = 0;
-        if (!rc)
-            rc = m->stage->stage_forward(m, 0, &mb, p->stage > 0 ? p->recv_act[0] : NULL, false,
-                                         &p->out[0], &l, err);
-        if (!rc && p->stage < p->P - 1) {
-            a.op = DT_PP_SEND_ACT;
-            op = p2p_op(p, m, a);
-            op.buf = p->out[0];
-            rc = dt_comm_p2p(p->g.pp, &op, 1, NULL, err);
-        }
-        if (rc)
-            return dt_err_prefix(err, "pipeline stage %d of %d (rank %d), evaluation of "
-                                      "micro-batch %d: ",
-                                 p->stage, p->P, p->g.grid.rank, k);
-        sums[0] += (double)l * (double)p->mb_valid[k];
-        sums[1] += (double)m->last_correct;
-        sums[2] += (double)p->mb_valid[k];
-    }
-    if ((rc = from_last_stage(s, p, sums, 3, err)))
+    int n = 0, rc = dt_pp_schedule_build(DT_PP_GPIPE, p->P, nmb, p->stage, p->eval_list,
+                                         dt_pp_schedule_cap(p->M), &n, err);
+    if (rc)
         return rc;
-    *loss = sums[2] > 0 ? (float)(sums[0] / sums[2]) : 0.0f;
-    *correct = (int64_t)sums[1];
+    int nf = 0; /* the forward half: everything before the first backward's actions */
+    while (nf < n && p->eval_list[nf].op != DT_PP_BWD && p->eval_list[nf].op != DT_PP_RECV_GRAD &&
+           p->eval_list[nf].op != DT_PP_SEND_GRAD)
+        nf++;
+    int64_t valid = 0;
+    for (int k = 0; k < nmb; k++)
+        valid += p->mb_valid[k];
+    run_out o;
+    if ((rc = run_list(s, p, p->eval_list, nf, batch, false, 0, false, valid, nmb - 1, &o, err)))
+        return dt_err_prefix(err, "evaluation: ");
+    double v[2] = {valid > 0 ? o.loss_sum / (double)valid : 0.0, (double)o.correct};
+    if ((rc = from_last_stage(s, p, v, 2, err)))
+        return rc;
+    *loss = (float)v[0];
+    *correct = (int64_t)v[1];
     return 0;
 }
 
@@ -924,6 +936,7 @@ static void pipe_close(dt_strategy *s)
         free(p->recv_act);
         free(p->out);
         free(p->list);
+        free(p->eval_list);
         free(p->ops);
         free(p->works);
         free(p->work_t0);
