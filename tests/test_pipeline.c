@@ -981,8 +981,10 @@ static void test_gpt_d2_t2_p2(void)
 static void test_gpt_p4(void)
 {
     const char *const rec[] = {"train.recompute=block", NULL};
+    const char *const sel[] = {"train.recompute=selective", NULL};
     against_one_model(true, 4, 4, "gpipe", NULL, "-gpt");
     against_one_model(true, 4, 4, "1f1b", rec, "-gpt-rec");
+    against_one_model(true, 4, 2, "1f1b", sel, "-gpt-sel");
 }
 
 static void test_p2_1f1b(void) { against_one(2, 4, "1f1b"); }
