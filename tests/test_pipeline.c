@@ -492,6 +492,53 @@ static void test_mlp_stages(void)
     chain(4, 8, four);
 }
 
+/* A gpt stage's slots: each further slot adds pp_slot_bytes; what backward recomputes
+ * (recompute = block: a layer's intermediates) is one copy for every slot, so a slot costs
+ * less under recompute. */
+static void test_gpt_slot_memory(void)
+{
+    dt_err err = {0};
+    dt_backend *be = NULL;
+    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    size_t slot_bytes[2] = {0};
+    for (int rec = 0; rec < 2; rec++) {
+        size_t acts[2] = {0};
+        for (int k = 0; k < 2; k++) {
+            dt_model_config c;
+            memset(&c, 0, sizeof c);
+            strcpy(c.type, "gpt");
+            c.shape.kind = DT_SAMPLE_TOKENS;
+            c.shape.seq_len = 8;
+            c.shape.vocab_size = 32;
+            c.max_batch = 2;
+            c.seed = 5;
+            c.n_layer = 4;
+            c.n_head = 2;
+            c.n_embd = 16;
+            c.block_size = 8;
+            c.recompute = rec ? DT_RECOMPUTE_BLOCK : DT_RECOMPUTE_NONE;
+            c.pp_size = 2;
+            c.pp_rank = 0;
+            c.pp_first = 0;
+            c.pp_count = 2;
+            c.pp_slots = k ? 4 : 1;
+            dt_model *m = NULL;
+            DT_REQUIRE_OK(dt_model_create(&m, &c, be, NULL, &err), &err);
+            DT_CHECK_INT(m->pp_in_numel, 0);
+            DT_CHECK_INT(m->pp_out_numel, 8 * 16);
+            acts[k] = dt_model_activation_bytes(m);
+            slot_bytes[rec] = m->pp_slot_bytes;
+            dt_model_free(m);
+        }
+        DT_CHECK_MSG(acts[1] - acts[0] == 3 * slot_bytes[rec],
+                     "recompute %d: 4 slots hold %zu bytes more than 1, 3 x %zu expected", rec,
+                     acts[1] - acts[0], slot_bytes[rec]);
+    }
+    DT_CHECK_MSG(slot_bytes[1] < slot_bytes[0], "a slot: %zu bytes with recompute, %zu without",
+                 slot_bytes[1], slot_bytes[0]);
+    dt_backend_close(be);
+}
+
 /* What a stage refuses: a backward without its forward, a slot it does not have, a middle
  * stage's forward without the previous stage's output, a bad layer range. */
 static void test_mlp_stage_errors(void)
@@ -1250,6 +1297,7 @@ int main(int argc, char **argv)
         {"wait_before", test_wait_before, 0},
         {"mlp_stages", test_mlp_stages, 0},
         {"mlp_stage_errors", test_mlp_stage_errors, 0},
+        {"gpt_slot_memory", test_gpt_slot_memory, 0},
         {"p2_1f1b", test_p2_1f1b, 180},
         {"p2_gpipe", test_p2_gpipe, 180},
         {"p4_1f1b", test_p4_1f1b, 180},

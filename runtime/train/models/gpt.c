@@ -550,8 +550,17 @@ static void gpt_free(dt_model *m)
                         s->ln2,      s->ln2_mean, s->ln2_rstd, s->fch,     s->fch_gelu,
                         s->res3,     s->lnf,      s->lnf_mean, s->lnf_rstd, s->logits,
                         s->losses};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-            be->free(be, bufs[i]);
+        const gpt_slot *s0 = &g->slots[0];
+        const void *shared[] = {s0->ln1,      s0->ln1_mean, s0->ln1_rstd, s0->qkv,
+                                s0->atty,     s0->att,      s0->res2,     s0->ln2,
+                                s0->ln2_mean, s0->ln2_rstd, s0->fch,      s0->fch_gelu};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+            bool theirs = false; /* slot 0's, shared: freed with slot 0 */
+            for (size_t j = 0; k > 0 && bufs[i] && j < sizeof shared / sizeof shared[0]; j++)
+                theirs = theirs || bufs[i] == shared[j];
+            if (!theirs)
+                be->free(be, bufs[i]);
+        }
     }
     void *bufs[] = {g->dres, g->dC, g->dqkv, g->d4a, g->d4b, g->datt, g->xmax, g->xsums};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -800,30 +809,45 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
     for (int k = 0; k < g->nslots; k++) {
         gpt_slot *sl = &g->slots[k];
         const size_t fst = g->first, lst = g->last;
+        /* what backward recomputes is scratch between forward and backward: one copy serves
+         * every slot (shared: slot 0's); block: a layer's intermediates; any recompute: the
+         * attention probabilities */
+        const bool rb = g->recompute == DT_RECOMPUTE_BLOCK, ra = g->La < g->Ls || rb;
         struct {
             float **p;
             size_t n;
+            bool shared;
         } acts[] = {
-            {&sl->encoded, fst * NC},        {&sl->ln1, Lk * NC},
-            {&sl->ln1_mean, Lk * NR},        {&sl->ln1_rstd, Lk * NR},
-            {&sl->qkv, 3 * Lk * NCl},        {&sl->atty, Lk * NCl},
-            {&sl->att, La * NATT},           {&sl->res2, Lk * NC},
-            {&sl->ln2, Lk * NC},             {&sl->ln2_mean, Lk * NR},
-            {&sl->ln2_rstd, Lk * NR},        {&sl->fch, 4 * Lk * NCl},
-            {&sl->fch_gelu, 4 * Lk * NCl},   {&sl->res3, (size_t)g->Ls * NC},
-            {&sl->lnf, lst * NC},            {&sl->lnf_mean, lst * NR},
-            {&sl->lnf_rstd, lst * NR},       {&sl->logits, lst * NR * g->Vl},
-            {&sl->losses, lst * NR},
+            {&sl->encoded, fst * NC, false},      {&sl->ln1, Lk * NC, rb},
+            {&sl->ln1_mean, Lk * NR, rb},         {&sl->ln1_rstd, Lk * NR, rb},
+            {&sl->qkv, 3 * Lk * NCl, rb},         {&sl->atty, Lk * NCl, rb},
+            {&sl->att, La * NATT, ra},            {&sl->res2, Lk * NC, rb},
+            {&sl->ln2, Lk * NC, rb},              {&sl->ln2_mean, Lk * NR, rb},
+            {&sl->ln2_rstd, Lk * NR, rb},         {&sl->fch, 4 * Lk * NCl, rb},
+            {&sl->fch_gelu, 4 * Lk * NCl, rb},    {&sl->res3, (size_t)g->Ls * NC, false},
+            {&sl->lnf, lst * NC, false},          {&sl->lnf_mean, lst * NR, false},
+            {&sl->lnf_rstd, lst * NR, false},     {&sl->logits, lst * NR * g->Vl, false},
+            {&sl->losses, lst * NR, false},
         };
-        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
-            if (acts[i].n && (rc = dt_models_falloc(m, acts[i].p, acts[i].n, err)))
+        size_t shared_bytes = 0;
+        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+            if (!acts[i].n)
+                continue;
+            if (acts[i].shared && k > 0) { /* slot 0's: the same field of g->slots[0] */
+                size_t field = (size_t)((char *)acts[i].p - (char *)sl);
+                *acts[i].p = *(float **)((char *)&g->slots[0] + field);
+                continue;
+            }
+            if ((rc = dt_models_falloc(m, acts[i].p, acts[i].n, err)))
                 return rc;
+            shared_bytes += acts[i].shared ? acts[i].n * sizeof(float) : 0;
+        }
         if (g->first && (rc = dt_models_ialloc(m, &sl->tokens, NR, err)))
             return rc;
         if (g->last && (rc = dt_models_ialloc(m, &sl->targets, NR, err)))
             return rc;
-        if (k == 0)
-            m->pp_slot_bytes = m->activation_bytes - before;
+        if (k == 0) /* what each further slot adds */
+            m->pp_slot_bytes = m->activation_bytes - before - shared_bytes;
     }
     struct {
         float **p;
