@@ -453,7 +453,8 @@ static void chain(int P, int M, const int *counts)
         for (int t = 0; t < st[s]->num_tensors; t++) {
             const dt_tensor_info *ti = &st[s]->tensors[t];
             int w = dt_model_find_tensor(whole, ti->name);
-            const float *a = st[s]->grads + ti->offset, *g = whole->grads + whole->tensors[w].offset;
+            const float *a = st[s]->grads + ti->offset;
+            const float *g = whole->grads + whole->tensors[w].offset;
             double r = rel_diff(a, g, ti->numel);
             worst = fmax(worst, r);
             if (M == 1)
@@ -571,7 +572,7 @@ static void test_mlp_stage_errors(void)
     dt_backend_close(be);
 }
 
-/* ---- end to end through the trainer ----------------------------------------------------------- */
+/* ---- end to end through the trainer ------------------------------------------------------- */
 
 #define MAX_RANKS 8
 #define MAX_STEPS 24
@@ -1182,8 +1183,8 @@ static void test_dead_stage(void)
     /* its neighbours name the micro-batch they were at */
     DT_CHECK_CONTAINS(r.out[1].msg, "micro-batch");
     DT_CHECK_CONTAINS(r.out[3].msg, "micro-batch");
-    DT_CHECK_MSG(took < 35 * dt_test_timeout_scale(), "the stages took %.1f s to give up (ddp.timeout"
-                 " = 10)", took);
+    DT_CHECK_MSG(took < 35 * dt_test_timeout_scale(),
+                 "the stages took %.1f s to give up (ddp.timeout = 10)", took);
     printf("    ended in %.1f s; rank 1: %.300s\n", took, r.out[1].msg);
     prun_free(&r);
 }

@@ -421,8 +421,9 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->mb_from = calloc((size_t)p->M, sizeof(int));
     p->mb_size = calloc((size_t)p->M, sizeof(int));
     p->mb_valid = calloc((size_t)p->M, sizeof(int64_t));
-    if (!p->list || !p->eval_list || !p->ops || !p->works || !p->work_t0 || !p->work_mb || !p->work_name ||
-        !p->work_bytes || !p->work_first || !p->mb_from || !p->mb_size || !p->mb_valid)
+    if (!p->list || !p->eval_list || !p->ops || !p->works || !p->work_t0 || !p->work_mb ||
+        !p->work_name || !p->work_bytes || !p->work_first || !p->mb_from || !p->mb_size ||
+        !p->mb_valid)
         return dt_err_set(err, -ENOMEM, "out of memory");
     if ((rc = dt_pp_schedule_build(p->kind, p->P, p->M, p->stage, p->list, cap, &p->nlist, err)))
         return rc;
