@@ -1,24 +1,30 @@
-/* test_pipeline.c - pipeline parallelism: the schedules (pp_schedule.c) as data, and the
- * pipeline strategy end to end through the trainer against one process.
+/* test_pipeline.c - pipeline parallelism: the schedules (pp_schedule.c) as data, the model
+ * stages (model.h), and the pipeline strategy end to end through the trainer against one
+ * process.
  *
  * Schedules: every stage forwards and backwards each micro-batch once, in order; every send
  * has its receive on the neighbour in the same order (p2p matching is by order); 1F1B holds at
  * most min(P - s, M) micro-batches' activations where GPipe holds M; replayed with unit-time
  * operations the idle fraction of every stage is (P-1)/(M+P-1); and the lists run to the end on
  * a model of the strictest backend, one that runs each rank's p2p batches one after the other
- * and completes a send only when its receive is posted (NCCL's stream, a comm thread).
+ * and completes a send only when its receive is posted (NCCL's stream, a comm thread), both
+ * when every compute waits for all it posted and when it waits as dt_pp_wait_before says.
  *
- * Model stages (model.h's stage_forward/stage_backward, mlp): P stages chained by hand start
- * with the whole model's parameters bit for bit, and compute its loss and gradients: bit for
- * bit with one micro-batch, within 1e-5 relative with several (only the sums over the batch
- * are split).
+ * Model stages (model.h's stage ops): mlp stages chained by hand start with the whole model's
+ * parameters bit for bit, and compute its loss and gradients: bit for bit with one
+ * micro-batch, within 1e-5 relative with several (only the sums over the batch are split);
+ * what a stage refuses; a gpt stage's slot memory (recomputed intermediates shared).
  *
  * End to end: N forked ranks drive the real trainer (dt_trainer_init/step/run with
- * configs/mlp.ini and overrides) at a store process on 127.0.0.1, each recording its per-step
- * loss and gradient norm and the whole model and optimiser state as a checkpoint takes them
- * (gather_state + state) in shared memory; P = 2 and 4 with M = 4, both schedules, against one
- * process on the same global batch (20 steps, 1e-5 relative on the loss and every tensor);
- * a checkpoint written at P = 2 resumed by one process, and the other way round.
+ * configs/mlp.ini or quickstart.ini and overrides) at a store process on 127.0.0.1, each
+ * recording its per-step loss and gradient norm and the whole model and optimiser state as a
+ * checkpoint takes them (gather_state + state) in shared memory: P = 2 and 4 with M = 4, both
+ * schedules, mlp and gpt (tied wte), against one process on the same global batch (20 steps,
+ * 1e-5 relative on the loss and the weights; eval loss and accuracy too); grad_accum, fp16,
+ * SGD, a global batch, recompute; an fp16 overflow on one stage skipping the step on all;
+ * D2 x P2 against DDP; T2 x P2 and D2 x T2 x P2 against one process; checkpoints resharded
+ * between layouts bit for bit; a stage killed mid-step; the trace's spans; the dtrain binary
+ * with 4 workers; and `dtrain bench pipeline`.
  */
 #include <errno.h>
 #include <limits.h>

@@ -209,7 +209,7 @@ typedef struct dt_model_ops {
  * m->stage is NULL in a model without a stage form (resnet): the pipeline strategy refuses
  * it. A model with a stage form runs them for pp_size <= 1 too, as the one stage of one
  * (forward and backward are then slot 0 of it). The contract, for whoever writes a model's
- * stages (mlp.c is the example; gpt next):
+ * stages (mlp.c and gpt.c implement them):
  *   - A micro-batch's forward on stage s runs in one of cfg.pp_slots slots, which keeps its
  *     activations until that slot's stage_backward (or the slot's next forward, which
  *     discards them). Slots are independent: forwards of several micro-batches may run
@@ -233,6 +233,8 @@ typedef struct dt_model_ops {
  *     that gradient's pull-back (dloss_scale is ignored). din (backend memory, (B,
  *     m->pp_in_numel)) is overwritten with the gradient with respect to the slot's `in`;
  *     NULL on stage 0. ready reports this stage's blocks exactly as backward does.
+ *   - Memory the backward recomputes anyway (gpt's recompute modes) may be one copy for all
+ *     slots; pp_slot_bytes is what each slot beyond the first adds.
  *   - The stages of one model, chained (stage s's *out as stage s+1's in, stage s+1's din
  *     as stage s's dout), compute what forward and backward of the whole model compute, to
  *     rounding: same ops, same per-sample order; only sums over the batch split into
@@ -266,8 +268,9 @@ struct dt_model {
     size_t pp_in_numel;        /* pipeline stage: elements per sample of the activation it
                                   receives (0 on stage 0, which reads the batch) */
     size_t pp_out_numel;       /* ... and of the one it sends (0 on the last stage) */
-    size_t pp_slot_bytes;      /* backend memory of one slot's activations (part of
-                                  activation_bytes, which also counts what the slots share) */
+    size_t pp_slot_bytes;      /* backend memory each activation slot beyond the first adds
+                                  (part of activation_bytes, which also counts what the slots
+                                  share) */
     const dt_model_ops *ops;
     const dt_model_stage_ops *stage; /* pipeline stages; NULL: the model has no stage form */
     void *impl;
