@@ -957,10 +957,12 @@ static void test_options(void)
     const char *const fp16[] = {"train.precision=fp16", NULL};
     const char *const sgd[] = {"train.optimizer=sgd", "train.momentum=0.9", NULL};
     const char *const gb[] = {"train.global_batch=20", NULL}; /* micro-steps of 8, 8 and 4 */
+    const char *const gb8[] = {"train.global_batch=19", NULL}; /* 8, 8 and 3 < M = 8 */
     against_one_with(2, 4, "1f1b", accum, "-accum");
     against_one_with(3, 2, "gpipe", fp16, "-fp16");
     against_one_with(2, 4, "gpipe", sgd, "-sgd");
     against_one_with(2, 4, "1f1b", gb, "-gb");
+    against_one_with(3, 8, "1f1b", gb8, "-gb-short");
 }
 
 /* fp16: an overflow in one stage's gradients skips the step on every stage. The last stage's

@@ -731,20 +731,26 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
                            float *loss, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    if (batch->B < p->M)
-        return dt_err_set(err, -EINVAL, "pipeline: a micro-step of %d samples cannot be cut into "
-                                        "parallel.micro_batches = %d micro-batches; lower "
-                                        "parallel.micro_batches or raise train.batch_size",
-                          batch->B, p->M);
-    split(p, batch, p->M);
+    /* a micro-step of fewer than M samples (train.global_batch's last share) runs as many
+     * micro-batches of one as it has samples, through the same schedule for that many (every
+     * stage of a pipeline draws the same samples, so all build the same lists) */
+    int nmb = DT_MIN(p->M, batch->B), n = p->nlist, rc;
+    const dt_pp_action *list = p->list;
+    if (nmb < 1)
+        return dt_err_set(err, -EINVAL, "pipeline: an empty micro-step");
+    if (nmb < p->M) {
+        if ((rc = dt_pp_schedule_build(p->kind, p->P, nmb, p->stage, p->eval_list,
+                                       dt_pp_schedule_cap(p->M), &n, err)))
+            return rc;
+        list = p->eval_list;
+    }
+    split(p, batch, nmb);
     int64_t valid = 0;
-    for (int k = 0; k < p->M; k++)
+    for (int k = 0; k < nmb; k++)
         valid += p->mb_valid[k];
     double t0 = dt_now_s();
     run_out o;
-    int rc = run_list(s, p, p->list, p->nlist, batch, true, dloss, last, valid, p->M - 1, &o,
-                      err);
-    if (rc)
+    if ((rc = run_list(s, p, list, n, batch, true, dloss, last, valid, nmb - 1, &o, err)))
         return rc;
     double v = valid > 0 ? o.loss_sum / (double)valid : 0.0;
     if ((rc = from_last_stage(s, p, &v, 1, err)))
