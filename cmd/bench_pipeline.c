@@ -9,7 +9,9 @@
  * time in its stage's forward and backward / the time of the micro-step: the bubble, plus the
  * waits for its neighbours and for the CPU), the step time, and its activation memory: the
  * slots it holds and the micro-batches that were alive at once x one micro-batch's
- * activations. Printed: the idle fraction of every stage beside (P-1)/(M+P-1), samples or
+ * activations. Printed: the idle fraction of every stage beside (P-1)/(M+P-1) and beside the
+ * schedule replayed with the stages' measured forward and backward times (pp_schedule.h's
+ * dt_pp_simulate_stages: the bubble uneven stages make, communication free), samples or
  * tokens per second, and stage 0's peak activation memory under each schedule with 1F1B's
  * share of GPipe's beside P/M.
  *
@@ -20,6 +22,7 @@
  * message.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +57,7 @@ typedef struct bench_opts {
 typedef struct result {
     int stage, slots, peak_in_flight;
     double idle, step_s, items_per_s;
+    double fwd_s, bwd_s;   /* the stage's forwards and backwards per micro-step */
     double slot_bytes, act_bytes, peak_act_bytes;
 } result;
 
@@ -155,11 +159,15 @@ static int run_child(const bench_opts *o)
         if (step == 0 && o->steps > 1)
             continue;
         res.idle += st.idle;
+        res.fwd_s += st.fwd_s;
+        res.bwd_s += st.bwd_s;
         res.step_s += t.step_time_s;
         res.items_per_s += (double)t.items_per_step / t.step_time_s;
         counted++;
     }
     res.idle /= counted;
+    res.fwd_s /= counted;
+    res.bwd_s /= counted;
     res.step_s /= counted;
     res.items_per_s /= counted;
     FILE *f = fopen(o->out, "w");
@@ -167,9 +175,9 @@ static int run_child(const bench_opts *o)
         rc = dt_err_errno(&err, errno, "writing %s", o->out);
         goto out;
     }
-    fprintf(f, "%d %d %d %.17g %.17g %.17g %.17g %.17g %.17g\n", res.stage, res.slots,
-            res.peak_in_flight, res.idle, res.step_s, res.items_per_s, res.slot_bytes,
-            res.act_bytes, res.peak_act_bytes);
+    fprintf(f, "%d %d %d %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g\n", res.stage,
+            res.slots, res.peak_in_flight, res.idle, res.step_s, res.items_per_s,
+            res.slot_bytes, res.act_bytes, res.peak_act_bytes, res.fwd_s, res.bwd_s);
     if (fclose(f))
         rc = dt_err_errno(&err, errno, "writing %s", o->out);
 out:
@@ -186,9 +194,9 @@ static int read_result(const char *path, result *r)
     FILE *f = fopen(path, "r");
     if (!f)
         return -ENOENT;
-    int ok = fscanf(f, "%d %d %d %lf %lf %lf %lf %lf %lf", &r->stage, &r->slots,
+    int ok = fscanf(f, "%d %d %d %lf %lf %lf %lf %lf %lf %lf %lf", &r->stage, &r->slots,
                     &r->peak_in_flight, &r->idle, &r->step_s, &r->items_per_s, &r->slot_bytes,
-                    &r->act_bytes, &r->peak_act_bytes) == 9;
+                    &r->act_bytes, &r->peak_act_bytes, &r->fwd_s, &r->bwd_s) == 11;
     fclose(f);
     return ok ? 0 : -EPROTO;
 }
@@ -323,11 +331,13 @@ int dt_bench_pipeline(int argc, char **argv)
            o.job_path, dt_model_name(job.model_type), job.batch_size, o.steps,
            dt_device_name(job.device));
     printf("# idle: 1 - (time in the stage's forward and backward) / (micro-step time), per "
-           "stage; formula: (P-1)/(M+P-1); act: stage 0's activations alive at once "
-           "(micro-batches x one micro-batch's), MiB\n");
-    printf("%2s %3s %-6s %-31s %8s %11s %7s %9s %9s %12s\n", "P", "M", "sched",
-           "idle per stage", "formula", tokens ? "tokens/s" : "samples/s", "slots0", "act0",
-           "act0 all", "1f1b/gpipe");
+           "stage; formula: (P-1)/(M+P-1), stages of equal cost; simulated: the schedule "
+           "replayed with each stage's measured forward and backward times and free "
+           "communication (what uneven stages alone make); act0: stage 0's activations alive "
+           "at once (micro-batches x one micro-batch's), MiB; act0 all: all it allocated\n");
+    printf("%2s %3s %-6s %-27s %-27s %8s %11s %6s %8s %8s %12s\n", "P", "M", "sched",
+           "idle per stage", "simulated", "formula", tokens ? "tokens/s" : "samples/s", "slots0",
+           "act0", "act0 all", "1f1b/gpipe");
     int failed = 0, index = 0;
     static const char *const scheds[2] = {"gpipe", "1f1b"};
     for (int pi = 0; pi < nP && !failed; pi++)
@@ -355,11 +365,22 @@ int dt_bench_pipeline(int argc, char **argv)
                     failed = 1;
                     break;
                 }
-                char idle[64] = "";
-                size_t n = 0;
-                for (int s = 0; s < P && n < sizeof idle; s++)
+                char idle[64] = "", sim[64] = "";
+                double tf[MAX_P], tb[MAX_P], span = 0, sidle[MAX_P];
+                for (int s = 0; s < P; s++) {
+                    tf[s] = res[s].fwd_s / M;
+                    tb[s] = res[s].bwd_s / M;
+                }
+                dt_err serr = {0};
+                bool simulated = dt_pp_simulate_stages(si == 0 ? DT_PP_GPIPE : DT_PP_1F1B, P, M,
+                                                       tf, tb, &span, sidle, &serr) == 0;
+                size_t n = 0, n2 = 0;
+                for (int s = 0; s < P && n < sizeof idle && n2 < sizeof sim; s++) {
                     n += (size_t)snprintf(idle + n, sizeof idle - n, "%s%.3f", s ? " " : "",
                                           res[s].idle);
+                    n2 += (size_t)snprintf(sim + n2, sizeof sim - n2, "%s%.3f", s ? " " : "",
+                                           simulated ? sidle[s] : NAN);
+                }
                 char ratio[32] = "";
                 if (si == 0)
                     gpipe_act0 = res[0].peak_act_bytes;
@@ -367,10 +388,10 @@ int dt_bench_pipeline(int argc, char **argv)
                     snprintf(ratio, sizeof ratio, "%.3f (P/M %.3f)",
                              res[0].peak_act_bytes / gpipe_act0,
                              (double)P / (double)M > 1 ? 1.0 : (double)P / (double)M);
-                printf("%2d %3d %-6s %-31s %8.3f %11.1f %7d %9.3f %9.3f %12s\n", P, M,
-                       scheds[si], idle, dt_pp_bubble_formula(P, M), res[P - 1].items_per_s,
-                       res[0].peak_in_flight, res[0].peak_act_bytes / MIB,
-                       res[0].act_bytes / MIB, ratio);
+                printf("%2d %3d %-6s %-27s %-27s %8.3f %11.1f %6d %8.3f %8.3f %12s\n", P, M,
+                       scheds[si], idle, sim, dt_pp_bubble_formula(P, M),
+                       res[P - 1].items_per_s, res[0].peak_in_flight,
+                       res[0].peak_act_bytes / MIB, res[0].act_bytes / MIB, ratio);
                 fflush(stdout);
             }
         }

@@ -196,6 +196,14 @@ static void test_schedule_bubble(void)
                                      dt_pp_bubble_formula(P, M));
                 }
     DT_CHECK_NEAR(dt_pp_bubble_formula(4, 4), 3.0 / 7.0, 1e-15);
+    /* uneven stages: stage 1 twice as slow; GPipe, P = 2, M = 4, by hand: stage 1 forwards at
+     * 1..9 and backwards at 9..17, stage 0 backwards after each of them: 11, 13, 15, 17..18 */
+    const double tf[2] = {1, 2}, tb[2] = {1, 2};
+    double span = 0;
+    DT_REQUIRE_OK(dt_pp_simulate_stages(DT_PP_GPIPE, 2, 4, tf, tb, &span, idle, &err), &err);
+    DT_CHECK_NEAR(span, 18, 1e-12);
+    DT_CHECK_NEAR(idle[0], 10.0 / 18, 1e-12);
+    DT_CHECK_NEAR(idle[1], 2.0 / 18, 1e-12);
     DT_CHECK_NEAR(dt_pp_bubble_formula(1, 8), 0.0, 0);
 }
 

@@ -121,6 +121,17 @@ double dt_pp_bubble_formula(int P, int M) { return (double)(P - 1) / (double)(M 
 int dt_pp_simulate(dt_pp_schedule_kind kind, int P, int M, double tf, double tb,
                    double *makespan, double *idle, dt_err *err)
 {
+    if (P < 1 || P > 1024)
+        return dt_err_set(err, -EINVAL, "pipeline simulation: %d stages", P);
+    double f[1024], b[1024];
+    for (int s = 0; s < P; s++)
+        f[s] = tf, b[s] = tb;
+    return dt_pp_simulate_stages(kind, P, M, f, b, makespan, idle, err);
+}
+
+int dt_pp_simulate_stages(dt_pp_schedule_kind kind, int P, int M, const double *tf,
+                          const double *tb, double *makespan, double *idle, dt_err *err)
+{
     int cap = dt_pp_schedule_cap(M), rc = 0;
     dt_pp_action *lists = calloc((size_t)P * (size_t)cap, sizeof *lists);
     int *len = calloc((size_t)P, sizeof *len), *pos = calloc((size_t)P, sizeof *pos);
@@ -164,7 +175,7 @@ int dt_pp_simulate(dt_pp_schedule_kind kind, int P, int M, double tf, double tb,
                         break;
                     ready = d > ready ? d : ready;
                 }
-                double t = a.op == DT_PP_FWD ? tf : tb;
+                double t = a.op == DT_PP_FWD ? tf[s] : tb[s];
                 clock[s] = ready + t;
                 busy[s] += t;
                 (a.op == DT_PP_FWD ? fdone : bdone)[s * M + a.mb] = clock[s];

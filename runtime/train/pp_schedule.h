@@ -86,6 +86,11 @@ int dt_pp_wait_before(const dt_pp_action *list, int i, int slots);
 int dt_pp_simulate(dt_pp_schedule_kind kind, int P, int M, double tf, double tb,
                    double *makespan, double *idle, dt_err *err);
 
+/* The same with each stage's own times: tf[s], tb[s] (P entries) per micro-batch on stage s,
+ * e.g. measured ones, so that stages of unequal cost show the bubble they make. */
+int dt_pp_simulate_stages(dt_pp_schedule_kind kind, int P, int M, const double *tf,
+                          const double *tb, double *makespan, double *idle, dt_err *err);
+
 /* The bubble the formula predicts: (P-1)/(M+P-1). */
 double dt_pp_bubble_formula(int P, int M);
 

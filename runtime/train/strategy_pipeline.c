@@ -641,6 +641,7 @@ typedef struct run_out {
     double loss_sum; /* last stage: the micro-batches' losses x their valid targets */
     int64_t correct; /* last stage: correct predictions */
     double compute;  /* seconds in stage_forward/stage_backward */
+    double fwd, bwd; /* ... in forwards, in backwards */
     int peak;        /* most micro-batches alive at once */
 } run_out;
 
@@ -712,7 +713,9 @@ static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int 
             live--;
         }
         s->be->synchronize(s->be);
-        o->compute += dt_now_s() - t1;
+        double dt = dt_now_s() - t1;
+        o->compute += dt;
+        *(fwd ? &o->fwd : &o->bwd) += dt;
         dt_trace_end_arg(ts, fwd ? DT_TRACE_FORWARD : DT_TRACE_BACKWARD,
                          fwd ? "forward" : "backward", "mb", a.mb);
         if (rc)
@@ -758,6 +761,8 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
     *loss = (float)v;
     p->st.step_s = dt_now_s() - t0;
     p->st.compute_s = o.compute;
+    p->st.fwd_s = o.fwd;
+    p->st.bwd_s = o.bwd;
     p->st.idle = p->st.step_s > 0 ? 1.0 - o.compute / p->st.step_s : 0;
     p->st.peak_in_flight = o.peak;
     p->st.peak_act_bytes = (size_t)o.peak * s->model->pp_slot_bytes;

@@ -15,6 +15,7 @@ typedef struct dt_pp_stats {
     int peak_in_flight;      /* most micro-batches whose activations were alive at once */
     double step_s;           /* wall time of the last micro_step (the schedule, the loss) */
     double compute_s;        /* of which in the model's stage_forward/stage_backward */
+    double fwd_s, bwd_s;     /* ... split into forwards and backwards */
     double idle;             /* 1 - compute_s / step_s: this stage's bubble plus its waits */
     size_t slot_bytes;       /* one micro-batch's activations on this stage (the model's) */
     size_t act_bytes;        /* the model's activation memory plus the strategy's p2p buffers */
