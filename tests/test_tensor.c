@@ -97,7 +97,7 @@ typedef struct rank_out {
     int num_tensors;              /* the whole table, as the checkpoint's */
     size_t t_off[MAX_TENSORS], t_n[MAX_TENSORS];
     char t_name[MAX_TENSORS][48];
-    double took;                  /* KILL: seconds from the start of the failing step to its error */
+    double took;                  /* seconds from the failing step's start to its error */
     float params[MAX_PER];
     float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
 } rank_out;
@@ -145,7 +145,7 @@ static trun base(int N, int T, int B, const char *name)
     add(&z, fmt("train.batch_size=%d", B));
     add(&z, "train.warmup_steps=2");
     add(&z, "train.optimizer=adamw");
-    add(&z, "train.schedule=constant"); /* a run stopped at step 3 continues as one that did not */
+    add(&z, "train.schedule=constant"); /* stopped at step 3, a run goes on as one that did not */
     add(&z, "train.grad_clip=0.5");
     add(&z, "train.eval_every=0");
     add(&z, "data.val_fraction=0");
@@ -436,6 +436,30 @@ static void test_tensor_equals_one_process(void)
     unmap(&one);
 }
 
+/* A vocabulary that T does not divide (258 at T = 4: padded to 260, the padding rows zero, out
+ * of the loss and of the checkpoint): still one process's training, and the gathered wte is
+ * (258, C) as one process's. */
+static void test_padded_vocabulary(void)
+{
+    trun one = base(1, 1, 4, "one-v258"), t4 = base(4, 4, 4, "t4-v258");
+    add(&one, "data.vocab_size=258");
+    add(&t4, "data.vocab_size=258");
+    one.steps = t4.steps = 10;
+    int st[MAX_RANKS];
+    run(&one, st);
+    DT_REQUIRE(all_ok(&one, st));
+    run(&t4, st);
+    if (all_ok(&t4, st)) {
+        DT_CHECK_STR(t4.out[0].t_name[0], "wte.weight");
+        DT_CHECK_INT(t4.out[0].t_n[0], 258 * 16);
+        /* each rank holds 65 rows of wte (260 / 4), the last rank's two of them padding */
+        DT_CHECK_INT(t4.out[0].st.split_local * 4 - t4.out[0].st.split_whole, 2 * 16);
+        compare(&t4, &one, 10, 1e-5);
+    }
+    unmap(&one);
+    unmap(&t4);
+}
+
 /* D = 2 x T = 2 on 4 ranks equals one process on the same global batch (2 x 4 samples): the
  * data-parallel reducer averages each shard's gradients over its data-parallel group. */
 static void test_data_x_tensor(void)
@@ -461,17 +485,19 @@ static void test_data_x_tensor(void)
     unmap(&dt);
 }
 
-/* Gradient accumulation (2 micro-steps: the data-parallel reducer hears of the last one only)
- * and global_batch (micro-steps of unequal shares) at D = 2 x T = 2 against one process. */
+/* Gradient accumulation (2 micro-steps: the data-parallel reducer hears of the last one only),
+ * global_batch (micro-steps of unequal shares) and fp16 loss scaling (clip unscales the slices)
+ * at D = 2 x T = 2 against one process. */
 static void test_accumulation(void)
 {
-    const char *const more[2][2] = {{"train.grad_accum=2", "train.grad_accum=2"},
-                                    {"train.global_batch=12", "train.global_batch=12"}};
-    const char *names[2] = {"accum", "gbatch"};
-    for (int k = 0; k < 2; k++) {
-        /* accum: one process draws each micro-step's 2 x 4 samples itself; global_batch: 12
-         * samples a step whoever draws them (one process: 3 micro-steps of 4) */
-        trun one = base(1, 1, k == 0 ? 8 : 4, fmt("one-%s", names[k]));
+    const char *const more[3][2] = {{"train.grad_accum=2", "train.grad_accum=2"},
+                                    {"train.global_batch=12", "train.global_batch=12"},
+                                    {"train.precision=fp16", "train.precision=fp16"}};
+    const char *names[3] = {"accum", "gbatch", "fp16"};
+    for (int k = 0; k < 3; k++) {
+        /* accum, fp16: one process draws each micro-step's 2 x 4 samples itself; global_batch:
+         * 12 samples a step whoever draws them (one process: 3 micro-steps of 4) */
+        trun one = base(1, 1, k == 1 ? 4 : 8, fmt("one-%s", names[k]));
         trun dt = base(4, 2, 4, fmt("d2xt2-%s", names[k]));
         one.steps = dt.steps = 10;
         add(&one, more[k][0]);
@@ -487,7 +513,7 @@ static void test_accumulation(void)
     }
 }
 
-/* ---- checkpoints ------------------------------------------------------------------------------ */
+/* ---- checkpoints ----------------------------------------------------------------------------*/
 
 static void train_run(trun *z, int steps, const char *resume)
 {
@@ -674,8 +700,9 @@ int main(int argc, char **argv)
     static const dt_test tests[] = {
         {"config_errors", test_config_errors, 60},
         {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
+        {"padded_vocabulary", test_padded_vocabulary, 120},
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
-        {"accumulation_and_global_batch", test_accumulation, 120},
+        {"accumulation_global_batch_fp16", test_accumulation, 120},
         {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
         {"killed_rank", test_killed_rank, 60},
         {"dtrain_binary", test_dtrain_binary, 120},

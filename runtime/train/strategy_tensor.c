@@ -14,7 +14,10 @@
  * as it was built and a resumed one as the checkpoint holds it. The staging is backend memory
  * charged as "other" (checkpoint staging); on the cpu its pages go back to the system (mem_release)
  * once start sliced it and after each save (at the next optim_step, when the trainer has fenced
- * the save's copy), so between checkpoints a rank holds its slices only.
+ * the save's copy), so between checkpoints a rank holds its slices only. While a save gathers, a
+ * rank holds the staging (whole model x (1 + optimiser states)) and T x its local buffer of
+ * gathered slices; on the cpu the tensors are assembled in place, on a device through host
+ * copies (checkpoints only: no step pays for them).
  *
  * Numerics against one process (T = 1) on the same global batch: the model's all-reduces sum
  * partial products in another order than one GEMM does, and the norm adds its squares in another
@@ -139,8 +142,13 @@ static float *local_buf(dt_strategy *s, int k)
     return k == 0 ? s->model->params : s->optim->states[k - 1].buf;
 }
 
-/* stage[k] = the whole tensors of local buffer k, assembled from the tensor group's slices.
- * Collective over the tensor group. */
+/* Backend memory the host can address (the cpu backend's): assembled in place, no copies. */
+static bool host_memory(const dt_backend *be) { return !strcmp(be->name, "cpu"); }
+
+/* stage[k] = the whole tensors of local buffer k, assembled from the tensor group's slices
+ * gathered into gdev (T x num_params, backend memory); ghost and whost are host copies of gdev
+ * and of the staging, or gdev and the staging themselves on host memory. Collective over the
+ * tensor group. */
 static int gather_one(dt_strategy *s, tp_impl *t, int k, float *gdev, float *ghost, float *whost,
                       dt_err *err)
 {
@@ -151,7 +159,11 @@ static int gather_one(dt_strategy *s, tp_impl *t, int k, float *gdev, float *gho
     int rc = dt_comm_allgather(t->tp, local_buf(s, k), gdev, n, DT_FLOAT32, NULL, err);
     if (rc)
         return rc;
-    be->memcpy_d2h(be, ghost, gdev, (size_t)T * n * sizeof(float)); /* (T, num_params) */
+    bool host = host_memory(be);
+    if (!host)
+        be->memcpy_d2h(be, ghost, gdev, (size_t)T * n * sizeof(float)); /* (T, num_params) */
+    else
+        whost = t->stage[k];
     for (int i = 0; i < m->num_tensors; i++) {
         const dt_tensor_info *l = &m->tensors[i];
         float *w = whost + t->whole[i].offset;
@@ -162,7 +174,8 @@ static int gather_one(dt_strategy *s, tp_impl *t, int k, float *gdev, float *gho
         for (int r = 0; r < T; r++)
             dt_tensor_tp_copy(l, r, w, ghost + (size_t)r * n + l->offset, true);
     }
-    be->memcpy_h2d(be, t->stage[k], whost, t->whole_numel * sizeof(float));
+    if (!host)
+        be->memcpy_h2d(be, t->stage[k], whost, t->whole_numel * sizeof(float));
     return 0;
 }
 
@@ -172,53 +185,69 @@ static int gather_staging(dt_strategy *s, tp_impl *t, int upto, dt_err *err)
     dt_backend *be = s->be;
     const int T = t->grid.T;
     size_t n = s->model->num_params;
-    float *gdev = NULL, *ghost = malloc((size_t)T * n * sizeof(float) + sizeof(float)),
-          *whost = malloc(t->whole_numel * sizeof(float) + sizeof(float));
+    bool host = host_memory(be);
+    float *gdev = NULL, *ghost = NULL, *whost = NULL;
     int rc = commit_staging(s, t, err);
-    if (!rc && (!ghost || !whost))
-        rc = dt_err_set(err, -ENOMEM, "out of memory (%zu floats of gathered slices)",
-                        (size_t)T * n);
     if (!rc) {
         dt_mem_cat old = dt_mem_tag(be, DT_MEM_OTHER);
         rc = be->alloc(be, (void **)&gdev, (size_t)T * n * sizeof(float) + sizeof(float), err);
         dt_mem_tag(be, old);
+    }
+    if (!rc && host) {
+        ghost = gdev;
+    } else if (!rc) {
+        ghost = malloc((size_t)T * n * sizeof(float) + sizeof(float));
+        whost = malloc(t->whole_numel * sizeof(float) + sizeof(float));
+        if (!ghost || !whost)
+            rc = dt_err_set(err, -ENOMEM, "out of memory (%zu floats of gathered slices)",
+                            (size_t)T * n);
     }
     for (int k = 0; k < upto && !rc; k++)
         if ((rc = gather_one(s, t, k, gdev, ghost, whost, err)))
             dt_err_prefix(err, "tensor parallelism: gathering %s over the tensor group: ",
                           k ? s->optim->states[k - 1].name : "the parameters");
     be->free(be, gdev);
-    free(ghost);
-    free(whost);
+    if (!host) {
+        free(ghost);
+        free(whost);
+    }
     return rc;
 }
 
-/* Every local buffer sliced from its staging (whole -> this rank's slices). Local. */
+/* Every local buffer sliced from its staging (whole -> this rank's slices), through host copies
+ * where the backend's memory is not the host's. Local. */
 static int slice_staging(dt_strategy *s, tp_impl *t, dt_err *err)
 {
     const dt_model *m = s->model;
     dt_backend *be = s->be;
     size_t n = m->num_params;
-    float *whost = malloc(t->whole_numel * sizeof(float) + sizeof(float)),
-          *lhost = malloc(n * sizeof(float) + sizeof(float));
-    if (!whost || !lhost) {
-        free(whost);
-        free(lhost);
-        return dt_err_set(err, -ENOMEM, "out of memory");
+    bool host = host_memory(be);
+    float *whost = NULL, *lhost = NULL;
+    if (!host) {
+        whost = malloc(t->whole_numel * sizeof(float) + sizeof(float));
+        lhost = malloc(n * sizeof(float) + sizeof(float));
+        if (!whost || !lhost) {
+            free(whost);
+            free(lhost);
+            return dt_err_set(err, -ENOMEM, "out of memory");
+        }
     }
     for (int k = 0; k < t->nstage; k++) {
-        be->memcpy_d2h(be, whost, t->stage[k], t->whole_numel * sizeof(float));
+        float *w = host ? t->stage[k] : whost, *l = host ? local_buf(s, k) : lhost;
+        if (!host)
+            be->memcpy_d2h(be, whost, t->stage[k], t->whole_numel * sizeof(float));
         for (int i = 0; i < m->num_tensors; i++)
-            dt_tensor_tp_copy(&m->tensors[i], t->grid.tp, whost + t->whole[i].offset,
-                              lhost + m->tensors[i].offset, false);
-        be->memcpy_h2d(be, local_buf(s, k), lhost, n * sizeof(float));
+            dt_tensor_tp_copy(&m->tensors[i], t->grid.tp, w + t->whole[i].offset,
+                              l + m->tensors[i].offset, false);
+        if (!host)
+            be->memcpy_h2d(be, local_buf(s, k), lhost, n * sizeof(float));
     }
     free(whost);
     free(lhost);
     return 0;
 }
 
-/* ---- the ops ---------------------------------------------------------------------------------- */
+/* ---- the ops --------------------------------------------------------------------------------*/
 
 static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
