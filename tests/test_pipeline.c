@@ -655,6 +655,8 @@ typedef struct prun {
     bool run;                      /* dt_trainer_run (checkpoints) instead of steps x step */
     bool eval;                     /* an evaluation after the steps */
     int kill_rank, kill_step;      /* that rank dies (SIGKILL) before that step; -1: none */
+    bool stall;                    /* ... it stops (SIGSTOP) instead: killed once the others
+                                      have ended */
     int overflow_rank;             /* its stage's weights named fc.3.weight x 1e30; -1: none */
     char name[64];
     char dir[PATH_MAX];
@@ -787,7 +789,7 @@ static void rank_body(prun *r, int rank)
     } else {
         for (int k = 0; k < r->steps; k++) {
             if (rank == r->kill_rank && k == r->kill_step)
-                kill(getpid(), SIGKILL);
+                kill(getpid(), r->stall ? SIGSTOP : SIGKILL);
             if (dt_trainer_step(&t, &err) != 0)
                 goto fail;
             o->loss[k] = t.loss;
@@ -831,10 +833,21 @@ static bool prun_run(prun *r)
             rank_body(r, k);
     }
     double deadline = dt_test_now() + 40 * dt_test_timeout_scale();
+    int ended = 0;
     for (int k = 0; k < r->N; k++)
         for (;;) {
-            if (waitpid(pids[k], &status[k], WNOHANG) == pids[k])
+            if (waitpid(pids[k], &status[k], WNOHANG) == pids[k]) {
+                ended++;
                 break;
+            }
+            if (r->stall && k == r->kill_rank) {
+                /* the stopped rank waits for the others to give up on it */
+                int others = 0;
+                for (int q = 0; q < r->N; q++)
+                    others += q != k && dt_test_pid_gone(pids[q]);
+                if (others == r->N - 1)
+                    kill(pids[k], SIGKILL);
+            }
             if (dt_test_now() > deadline) {
                 for (int q = 0; q < r->N; q++)
                     kill(pids[q], SIGKILL);
@@ -1205,6 +1218,34 @@ static void test_dead_stage(void)
     prun_free(&r);
 }
 
+/* A stage that hangs (stopped) mid-step: the others give up within ddp.timeout (10 s here)
+ * with an error naming their stage and rank, and its neighbours the micro-batch and the wait. */
+static void test_stalled_stage(void)
+{
+    prun r = pbase(4, 4, 4, "gpipe", "stalled-stage");
+    r.kill_rank = 1;
+    r.kill_step = 1;
+    r.stall = true;
+    r.steps = 3;
+    double t0 = dt_test_now();
+    prun_run(&r);
+    double took = dt_test_now() - t0;
+    for (int q = 0; q < 4; q++) {
+        if (q == 1)
+            continue;
+        DT_CHECK_MSG(WIFEXITED(r.status[q]) && WEXITSTATUS(r.status[q]) == 2,
+                     "rank %d: status %d", q, r.status[q]);
+        DT_CHECK_CONTAINS(r.out[q].msg, fmt("pipeline stage %d of 4 (rank %d)", q, q));
+    }
+    DT_CHECK_CONTAINS(r.out[0].msg, "micro-batch");
+    DT_CHECK_CONTAINS(r.out[2].msg, "micro-batch");
+    DT_CHECK_CONTAINS(r.out[2].msg, "timed out");
+    DT_CHECK_MSG(took < 35 * dt_test_timeout_scale(),
+                 "the stages took %.1f s to give up (ddp.timeout = 10)", took);
+    printf("    ended in %.1f s; rank 2: %.300s\n", took, r.out[2].msg);
+    prun_free(&r);
+}
+
 /* train.trace: each stage's forward and backward of every micro-batch and its p2p batches, in
  * the merged Chrome trace rank 0 writes. */
 static void test_trace(void)
@@ -1329,6 +1370,7 @@ int main(int argc, char **argv)
         {"ckpt_resume", test_ckpt_resume, 300},
         {"ckpt_layouts", test_ckpt_layouts, 300},
         {"dead_stage", test_dead_stage, 120},
+        {"stalled_stage", test_stalled_stage, 120},
         {"trace", test_trace, 120},
         {"dtrain_binary", test_dtrain_binary, 300},
         {"bench", test_bench, 120},
