@@ -25,6 +25,7 @@ static const struct {
     {"dp-vs-ddp", dt_bench_dp_vs_ddp, "DataParallel against DDP on one job"},
     {"ckpt", dt_bench_ckpt, "checkpoint size, throughput and how long training is held"},
     {"memory", dt_bench_memory, "memory by category per ZeRO stage and recompute mode"},
+    {"pipeline", dt_bench_pipeline, "pipeline bubble, throughput, activation memory: GPipe vs 1F1B"},
     {"tensor", dt_bench_tensor, "tensor parallelism (T = 1, 2, 4) against one process and DDP"},
 };
 

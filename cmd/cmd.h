@@ -22,6 +22,7 @@ int dt_bench_allreduce(int argc, char **argv);
 int dt_bench_dp_vs_ddp(int argc, char **argv);
 int dt_bench_ckpt(int argc, char **argv);
 int dt_bench_memory(int argc, char **argv);
+int dt_bench_pipeline(int argc, char **argv);
 int dt_bench_tensor(int argc, char **argv);
 
 /* The absolute path of the running dtrain binary (for exec of `dtrain worker`). */

@@ -116,6 +116,18 @@ typedef struct dt_model_config {
      * stream as tp_size = 1 and keeps this rank's slice, so every layout starts bit-identical.
      * Tensor tables (m->tensors) describe the local slices, with tp_dim/tp_parts/whole_shape. */
     int tp_size, tp_rank;
+    /* Pipeline parallelism (pp_size 0 or 1: none): this model is stage pp_rank of pp_size and
+     * holds the run [pp_first, pp_first + pp_count) of the model's pipeline blocks, the units
+     * runtime/job/config.h's dt_job_stage_blocks counts (mlp: the Linear layers fc.i; gpt: the
+     * transformer blocks h.i, with the embedding (wte, wpe) on stage 0 and ln_f and the head on
+     * the last stage, which holds its own copy of the tied wte). Tensors keep their whole-model
+     * names (fc.3.weight on whichever stage holds layer 3); initialisation draws every tensor of
+     * the whole model from the same stream as pp_size = 1 and keeps this stage's, so a pipeline
+     * starts bit-identical to one process. pp_slots (0 or 1: one): how many micro-batches'
+     * activations the stage keeps at once (GPipe: M; 1F1B: min(P - pp_rank, M)), each in its
+     * slot; max_batch is then the micro-batch size. Such a model is driven through m->stage
+     * (dt_model_stage_ops, below); its forward/backward refuse to run. */
+    int pp_size, pp_rank, pp_first, pp_count, pp_slots;
 } dt_model_config;
 
 /* Called by backward as soon as grads[offset, offset+numel) is final for this backward pass.
@@ -193,6 +205,47 @@ typedef struct dt_model_ops {
     void (*free)(dt_model *m);
 } dt_model_ops;
 
+/* ---- pipeline stages (cfg.pp_size > 1) --------------------------------------------------------
+ * m->stage is NULL in a model without a stage form (resnet): the pipeline strategy refuses
+ * it. A model with a stage form runs them for pp_size <= 1 too, as the one stage of one
+ * (forward and backward are then slot 0 of it). The contract, for whoever writes a model's
+ * stages (mlp.c and gpt.c implement them):
+ *   - A micro-batch's forward on stage s runs in one of cfg.pp_slots slots, which keeps its
+ *     activations until that slot's stage_backward (or the slot's next forward, which
+ *     discards them). Slots are independent: forwards of several micro-batches may run
+ *     before their backwards, in any order, and backwards in any order of their own.
+ *   - stage_forward(m, slot, batch, in, training, out, loss, err): batch is the
+ *     micro-batch (batch->B <= cfg.max_batch samples, host memory): stage 0 reads its inputs
+ *     (tokens or x), the last stage its targets, every stage its B (and T). in (backend
+ *     memory, (B, m->pp_in_numel)) is the previous stage's output for this micro-batch,
+ *     NULL on stage 0; it is borrowed until the slot's stage_backward, which reads it again,
+ *     and must not change meanwhile. *out (backend memory of the model, (B,
+ *     m->pp_out_numel)) is this stage's output, what the next stage gets as `in`: valid and
+ *     unchanged until this slot's next stage_forward; NULL on the last stage. *loss is the
+ *     micro-batch's mean loss over its valid targets on the last stage (and last_correct
+ *     its correct predictions), 0 elsewhere. Block events as forward, for this stage's
+ *     blocks (indices into m->blocks, which lists this stage's blocks only).
+ *   - stage_backward(m, slot, dloss_scale, dout, din, ready, ctx, err): the backward of
+ *     the slot's last training forward. On the last stage dout is NULL and the gradients
+ *     accumulate d(dloss_scale x loss)/d(params), as backward; elsewhere dout (backend
+ *     memory, (B, m->pp_out_numel), read only) is the gradient of the step's objective
+ *     with respect to the slot's *out (the next stage's din) and the gradients accumulate
+ *     that gradient's pull-back (dloss_scale is ignored). din (backend memory, (B,
+ *     m->pp_in_numel)) is overwritten with the gradient with respect to the slot's `in`;
+ *     NULL on stage 0. ready reports this stage's blocks exactly as backward does.
+ *   - Memory the backward recomputes anyway (gpt's recompute modes) may be one copy for all
+ *     slots; pp_slot_bytes is what each slot beyond the first adds.
+ *   - The stages of one model, chained (stage s's *out as stage s+1's in, stage s+1's din
+ *     as stage s's dout), compute what forward and backward of the whole model compute, to
+ *     rounding: same ops, same per-sample order; only sums over the batch split into
+ *     micro-batches differ. */
+typedef struct dt_model_stage_ops {
+    int (*stage_forward)(dt_model *m, int slot, const dt_batch *batch, const float *in,
+                         bool training, float **out, float *loss, dt_err *err);
+    int (*stage_backward)(dt_model *m, int slot, float dloss_scale, const float *dout,
+                          float *din, dt_grad_ready_fn ready, void *ready_ctx, dt_err *err);
+} dt_model_stage_ops;
+
 struct dt_model {
     dt_model_config cfg;
     dt_backend *be;            /* borrowed; outlives the model */
@@ -212,7 +265,14 @@ struct dt_model {
     dt_block_hook_fn block_hook; /* NULL: no events; set by the strategy before forward */
     void *block_hook_ctx;
     size_t activation_bytes;   /* backend memory the model holds besides params, grads, buffers */
+    size_t pp_in_numel;        /* pipeline stage: elements per sample of the activation it
+                                  receives (0 on stage 0, which reads the batch) */
+    size_t pp_out_numel;       /* ... and of the one it sends (0 on the last stage) */
+    size_t pp_slot_bytes;      /* backend memory each activation slot beyond the first adds
+                                  (part of activation_bytes, which also counts what the slots
+                                  share) */
     const dt_model_ops *ops;
+    const dt_model_stage_ops *stage; /* pipeline stages; NULL: the model has no stage form */
     void *impl;
 };
 

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "runtime/train/strategy_ddp.h"
 #include "runtime/train/strategy_dp.h"
+#include "runtime/train/strategy_pipeline.h"
 #include "runtime/train/strategy_single.h"
 #include "runtime/train/strategy_tensor.h"
 #include "runtime/train/strategy_zero.h"
@@ -16,6 +17,8 @@ const dt_strategy_ops *dt_strategy_pick(const dt_job *job, int world_size)
 {
     if (job->strategy == DT_STRATEGY_DP)
         return &dt_strategy_dp_ops; /* with parallel.zero > 0 the job does not validate */
+    if (job->pipeline > 1)
+        return &dt_strategy_pipeline_ops; /* with DP or ZeRO the job does not validate */
     if (job->tensor > 1 && job->pipeline <= 1)
         return &dt_strategy_tensor_ops; /* DDP over the data-parallel groups when D > 1 */
     if (world_size > 1)

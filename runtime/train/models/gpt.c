@@ -65,12 +65,22 @@
  * sums hold one non-zero term per element besides wpe, so the all-reduced embedding is the
  * bits TP = 1 computes; everything after it matches TP = 1 to float32 rounding (different
  * summation orders in the split GEMMs).
- * For readers adding stages (pipeline parallelism): forward is embed_fwd, block_fwd per layer,
- * ln_f, head_fwd; backward is the head and ln_f, then block_bwd per layer (after the
- * recomputation), then the embedding's backward; each takes and leaves the residual stream in
- * g->encoded / g->res3 / g->dres.
+ * Pipeline stages (model.h, cfg.pp_size > 1; with or without tensor parallelism): the
+ * stage holds transformer blocks [lo, hi); stage 0 also the embeddings (wte, wpe), the last
+ * stage ln_f and the head with its own copy of the tied wte (the strategy all-reduces the two
+ * copies' gradients over the embedding group, so they stay equal). Tables, in buffer order:
+ * stage 0 wte, wpe, h.lo..; a middle stage h.lo..h.{hi-1}; the last h.., ln_f, then wte when it
+ * is not also stage 0 (one stage: the table above). Blocks likewise: "embed" (two windows when
+ * the stage also holds the head), "h.l", "ln_f", and "head" (wte, the last stage's). A stage's
+ * input and output are the residual stream (B,T,C), whole on every rank of a tensor group (the
+ * stage's tensors are then its slices, as above). Initialisation draws the whole model's
+ * stream and keeps the stage's tensors (wte on both ends). Activations are per slot (model.h):
+ * each slot has its own set of everything forward keeps (tokens, targets, the per-layer
+ * activations of the stage's layers, ln_f's and the logits on the last stage); the backward
+ * scratch is shared. One stage of one is the whole model with one slot: the same ops as ever.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,9 +123,52 @@ typedef struct gpt {
     float *logits;           /* (B,T,Vl); after a training forward softmax - onehot(target) */
     float *losses;           /* (B,T) */
     float *dres, *dC, *dqkv, *d4a, *d4b, *datt; /* backward scratch */
-    int B, T, valid;         /* of the last training forward */
-    bool can_backward;
+    /* pipeline stage (model.h): transformer blocks [lo, hi) (Ls of them), the embeddings on
+     * the first stage, ln_f and the head on the last; block indices of h.lo, ln_f, the head */
+    int lo, hi, Ls;
+    bool first, last;
+    int bl_h0, bl_lnf, bl_head;
+    int nslots;
+    struct gpt_slot *slots;  /* (nslots) owned: the pointers above (tokens .. losses) point
+                              * into the slot in use (use_slot) */
 } gpt;
+
+/* One micro-batch's activations (model.h's slots): what the gpt fields of the same names point
+ * to while it is in use. */
+typedef struct gpt_slot {
+    int32_t *tokens, *targets;
+    float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean,
+        *ln2_rstd, *fch, *fch_gelu, *res3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
+    const float *in;         /* (B,T,C) borrowed: the previous stage's output (stage > 0) */
+    int B, T, valid;         /* of the slot's last training forward */
+    bool can_backward;
+} gpt_slot;
+
+static void use_slot(gpt *g, int k)
+{
+    gpt_slot *s = &g->slots[k];
+    g->tokens = s->tokens;
+    g->targets = s->targets;
+    g->encoded = s->encoded;
+    g->ln1 = s->ln1;
+    g->ln1_mean = s->ln1_mean;
+    g->ln1_rstd = s->ln1_rstd;
+    g->qkv = s->qkv;
+    g->atty = s->atty;
+    g->att = s->att;
+    g->res2 = s->res2;
+    g->ln2 = s->ln2;
+    g->ln2_mean = s->ln2_mean;
+    g->ln2_rstd = s->ln2_rstd;
+    g->fch = s->fch;
+    g->fch_gelu = s->fch_gelu;
+    g->res3 = s->res3;
+    g->lnf = s->lnf;
+    g->lnf_mean = s->lnf_mean;
+    g->lnf_rstd = s->lnf_rstd;
+    g->logits = s->logits;
+    g->losses = s->losses;
+}
 
 static float *P(dt_model *m, int t) { return m->params + m->tensors[t].offset; }
 static float *G(dt_model *m, int t) { return m->grads + m->tensors[t].offset; }
@@ -132,7 +185,8 @@ static void acts_of(const gpt *g, int l, gpt_acts *a)
 {
     const size_t NR = (size_t)g->Bmax * g->Tmax, NC = NR * g->C, NCl = NR * g->Cl;
     const size_t NATT = (size_t)g->Bmax * g->NHl * g->Tmax * g->Tmax;
-    const size_t k = g->Lk == g->L ? (size_t)l : 0, ka = g->La == g->L ? (size_t)l : 0;
+    const size_t ll = (size_t)(l - g->lo); /* the stage's layer l: its slot's index */
+    const size_t k = g->Lk == g->Ls ? ll : 0, ka = g->La == g->Ls ? ll : 0;
     a->ln1 = g->ln1 + k * NC;
     a->ln1m = g->ln1_mean + k * NR;
     a->ln1r = g->ln1_rstd + k * NR;
@@ -145,7 +199,7 @@ static void acts_of(const gpt *g, int l, gpt_acts *a)
     a->ln2r = g->ln2_rstd + k * NR;
     a->fch = g->fch + k * 4 * NCl;
     a->fchg = g->fch_gelu + k * 4 * NCl;
-    a->res3 = g->res3 + (size_t)l * NC;
+    a->res3 = g->res3 + ll * NC;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -285,9 +339,9 @@ static int head_fwd(dt_model *m, gpt *g, int N, bool training, dt_err *err)
 {
     dt_backend *be = m->be;
     const int C = g->C, Vl = g->Vl;
-    dt_models_event(m, 0, DT_BLOCK_BEFORE_FORWARD);
+    dt_models_event(m, g->bl_head, DT_BLOCK_BEFORE_FORWARD);
     be->matmul_fwd(be, g->logits, g->lnf, P(m, g->wte), NULL, N, C, Vl);
-    dt_models_event(m, 0, DT_BLOCK_AFTER_FORWARD);
+    dt_models_event(m, g->bl_head, DT_BLOCK_AFTER_FORWARD);
     float *dlogits = training ? g->logits : NULL;
     if (g->tp == 1) {
         be->xent_fwd_bwd(be, g->losses, dlogits, g->logits, g->targets, N, Vl, 1.0f, NULL);
@@ -309,112 +363,149 @@ static int head_fwd(dt_model *m, gpt *g, int N, bool training, dt_err *err)
 /* ------------------------------------------------------------------------------------------ */
 /* forward and backward */
 
-static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float *loss, dt_err *err)
+static int gpt_stage_forward(dt_model *m, int slot, const dt_batch *batch, const float *in,
+                             bool training, float **out, float *loss, dt_err *err)
 {
     gpt *g = m->impl;
     dt_backend *be = m->be;
     const int B = batch->B, T = batch->T, C = g->C, V = g->V;
-    g->can_backward = false;
-    if (B <= 0 || B > g->Bmax || T <= 0 || T > g->Tmax || !batch->tokens || !batch->targets)
+    if (slot < 0 || slot >= g->nslots)
+        return dt_err_set(err, -EINVAL, "gpt forward: slot %d of %d", slot, g->nslots);
+    gpt_slot *sl = &g->slots[slot];
+    sl->can_backward = false;
+    use_slot(g, slot);
+    if (B <= 0 || B > g->Bmax || T <= 0 || T > g->Tmax || (g->first && !batch->tokens) ||
+        (g->last && !batch->targets) || (!g->first && !in))
         return dt_err_set(err, -EINVAL,
-                          "gpt forward: batch of %dx%d tokens (at most %dx%d, with inputs and "
-                          "targets expected)",
-                          B, T, g->Bmax, g->Tmax);
+                          "gpt forward: batch of %dx%d tokens (at most %dx%d, with %s%s "
+                          "expected)",
+                          B, T, g->Bmax, g->Tmax,
+                          g->first ? "inputs" : "the previous stage's output",
+                          g->last ? " and targets" : "");
     const size_t N = (size_t)B * T;
     int valid = 0; /* targets that count (>= 0), known here without asking the device */
     for (size_t i = 0; i < N; i++) {
-        if (batch->tokens[i] < 0 || batch->tokens[i] >= V)
+        if (g->first && (batch->tokens[i] < 0 || batch->tokens[i] >= V))
             return dt_err_set(err, -EINVAL, "gpt forward: token %d at position %zu is outside "
                                             "the vocabulary (0..%d)",
                               batch->tokens[i], i, V - 1);
+        if (!g->last)
+            continue;
         if (batch->targets[i] >= V)
             return dt_err_set(err, -EINVAL, "gpt forward: target %d at position %zu is outside "
                                             "the vocabulary (0..%d)",
                               batch->targets[i], i, V - 1);
         valid += batch->targets[i] >= 0;
     }
-    be->memcpy_h2d(be, g->tokens, batch->tokens, N * sizeof(int32_t));
-    be->memcpy_h2d(be, g->targets, batch->targets, N * sizeof(int32_t));
+    if (g->first)
+        be->memcpy_h2d(be, g->tokens, batch->tokens, N * sizeof(int32_t));
+    if (g->last)
+        be->memcpy_h2d(be, g->targets, batch->targets, N * sizeof(int32_t));
 
-    const int bl_lnf = g->L + 1; /* blocks: 0 embed, 1 + l h.l, L + 1 ln_f */
     int rc;
-    if ((rc = embed_fwd(m, g, B, T, err)))
+    if (g->first && (rc = embed_fwd(m, g, B, T, err)))
         return rc;
-    const float *res = g->encoded;
-    for (int l = 0; l < g->L; l++) {
+    const float *res = g->first ? g->encoded : in;
+    for (int l = g->lo; l < g->hi; l++) {
         gpt_acts a;
         acts_of(g, l, &a);
-        dt_models_event(m, 1 + l, DT_BLOCK_BEFORE_FORWARD);
+        dt_models_event(m, g->bl_h0 + l - g->lo, DT_BLOCK_BEFORE_FORWARD);
         if ((rc = block_fwd(m, g, l, res, &a, B, T, true, err)))
             return rc;
-        dt_models_event(m, 1 + l, DT_BLOCK_AFTER_FORWARD);
+        dt_models_event(m, g->bl_h0 + l - g->lo, DT_BLOCK_AFTER_FORWARD);
         res = a.res3;
     }
-    dt_models_event(m, bl_lnf, DT_BLOCK_BEFORE_FORWARD);
-    be->layernorm_fwd(be, g->lnf, g->lnf_mean, g->lnf_rstd, res, P(m, g->lnfw), P(m, g->lnfb),
-                      (int)N, C, LN_EPS);
-    dt_models_event(m, bl_lnf, DT_BLOCK_AFTER_FORWARD);
-    if ((rc = head_fwd(m, g, (int)N, training, err)))
-        return rc;
-    *loss = dt_models_mean_loss(m, g->losses, (int)N, valid);
+    *loss = 0;
+    if (out)
+        *out = g->last ? NULL : (float *)res;
+    if (g->last) {
+        dt_models_event(m, g->bl_lnf, DT_BLOCK_BEFORE_FORWARD);
+        be->layernorm_fwd(be, g->lnf, g->lnf_mean, g->lnf_rstd, res, P(m, g->lnfw),
+                          P(m, g->lnfb), (int)N, C, LN_EPS);
+        dt_models_event(m, g->bl_lnf, DT_BLOCK_AFTER_FORWARD);
+        if ((rc = head_fwd(m, g, (int)N, training, err)))
+            return rc;
+        *loss = dt_models_mean_loss(m, g->losses, (int)N, valid);
+    }
     m->last_correct = 0;
-    g->B = B;
-    g->T = T;
-    g->valid = valid;
-    g->can_backward = training;
+    sl->in = in;
+    sl->B = B;
+    sl->T = T;
+    sl->valid = valid;
+    sl->can_backward = training;
     return 0;
 }
 
-static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, void *ctx,
-                        dt_err *err)
+static int gpt_stage_backward(dt_model *m, int slot, float dloss_scale, const float *dout,
+                              float *din, dt_grad_ready_fn ready, void *ctx, dt_err *err)
 {
     gpt *g = m->impl;
     dt_backend *be = m->be;
-    if (!g->can_backward)
-        return dt_err_set(err, -EINVAL, "gpt backward: no training forward to differentiate "
-                                        "(call forward with training = true just before)");
-    g->can_backward = false;
-    const int B = g->B, T = g->T, C = g->C;
+    if (slot < 0 || slot >= g->nslots)
+        return dt_err_set(err, -EINVAL, "gpt backward: slot %d of %d", slot, g->nslots);
+    gpt_slot *sl = &g->slots[slot];
+    if (!sl->can_backward)
+        return dt_err_set(err, -EINVAL, "gpt backward: no training forward to differentiate in "
+                                        "slot %d (call forward with training = true before)",
+                          slot);
+    if (!g->last && !dout)
+        return dt_err_set(err, -EINVAL, "gpt backward: stage %d of %d needs the next stage's "
+                                        "gradient",
+                          m->cfg.pp_rank, m->cfg.pp_size);
+    sl->can_backward = false;
+    use_slot(g, slot);
+    const int B = sl->B, T = sl->T, C = g->C;
     const size_t N = (size_t)B * T, NC = (size_t)g->Bmax * g->Tmax * C;
     const size_t fN = N * sizeof(float);
+    const float *in0 = g->first ? g->encoded : sl->in; /* the stage's input */
     int rc;
 
-    /* d loss / d logits = dl * (softmax - onehot), the latter in g->logits since forward; dl
-     * goes on the (N,C) operands of the classifier GEMM instead of the (N,V) gradient:
-     * dwte += dlogits^T @ (dl * lnf) and dC = (dlogits @ wte) * dl. lnf is not read again.
-     * TP > 1: dC is this rank's vocabulary's share, all-reduced (the head's f). */
-    const int bl_lnf = g->L + 1; /* blocks: 0 embed, 1 + l h.l, L + 1 ln_f */
-    float dl = g->valid > 0 ? dloss_scale / (float)g->valid : 0.0f;
-    be->scale(be, g->lnf, N * C, dl);
-    be->memset_zero(be, g->dC, fN * C);
-    dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD); /* the tied head */
-    be->matmul_bwd(be, g->dC, G(m, g->wte), NULL, g->logits, g->lnf, P(m, g->wte), (int)N, C,
-                   g->Vl);
-    dt_models_event(m, 0, DT_BLOCK_AFTER_BACKWARD);
-    if ((rc = tp_allreduce(g, g->dC, N * C, DT_SUM, "the gradient of ln_f's output", err)))
-        return rc;
-    be->scale(be, g->dC, N * C, dl);
-    const float *res_last = g->L > 0 ? g->res3 + (size_t)(g->L - 1) * NC : g->encoded;
-    be->memset_zero(be, g->dres, fN * C);
-    dt_models_event(m, bl_lnf, DT_BLOCK_BEFORE_BACKWARD);
-    be->layernorm_bwd(be, g->dres, G(m, g->lnfw), G(m, g->lnfb), g->dC, res_last, P(m, g->lnfw),
-                      g->lnf_mean, g->lnf_rstd, (int)N, C);
-    dt_models_ready(m, g->lnfw, g->lnfb, ready, ctx);
-    dt_models_event(m, bl_lnf, DT_BLOCK_AFTER_BACKWARD);
+    if (g->last) {
+        /* d loss / d logits = dl * (softmax - onehot), the latter in g->logits since forward;
+         * dl goes on the (N,C) operands of the classifier GEMM instead of the (N,V) gradient:
+         * dwte += dlogits^T @ (dl * lnf) and dC = (dlogits @ wte) * dl. lnf is not read again.
+         * TP > 1: dC is this rank's vocabulary's share, all-reduced (the head's f). */
+        float dl = sl->valid > 0 ? dloss_scale / (float)sl->valid : 0.0f;
+        be->scale(be, g->lnf, N * C, dl);
+        be->memset_zero(be, g->dC, fN * C);
+        dt_models_event(m, g->bl_head, DT_BLOCK_BEFORE_BACKWARD); /* the tied head */
+        be->matmul_bwd(be, g->dC, G(m, g->wte), NULL, g->logits, g->lnf, P(m, g->wte), (int)N,
+                       C, g->Vl);
+        if (!g->first) /* the last stage's copy of wte: final now */
+            dt_models_ready(m, g->wte, g->wte, ready, ctx);
+        dt_models_event(m, g->bl_head, DT_BLOCK_AFTER_BACKWARD);
+        if ((rc = tp_allreduce(g, g->dC, N * C, DT_SUM, "the gradient of ln_f's output", err)))
+            return rc;
+        be->scale(be, g->dC, N * C, dl);
+        const float *res_last = g->hi > g->lo ? g->res3 + (size_t)(g->Ls - 1) * NC : in0;
+        be->memset_zero(be, g->dres, fN * C);
+        dt_models_event(m, g->bl_lnf, DT_BLOCK_BEFORE_BACKWARD);
+        be->layernorm_bwd(be, g->dres, G(m, g->lnfw), G(m, g->lnfb), g->dC, res_last,
+                          P(m, g->lnfw), g->lnf_mean, g->lnf_rstd, (int)N, C);
+        dt_models_ready(m, g->lnfw, g->lnfb, ready, ctx);
+        dt_models_event(m, g->bl_lnf, DT_BLOCK_AFTER_BACKWARD);
+    } else {
+        be->memcpy_d2d(be, g->dres, dout, fN * C); /* the gradient of the stage's output */
+    }
 
-    for (int l = g->L - 1; l >= 0; l--) {
+    for (int l = g->hi - 1; l >= g->lo; l--) {
         const gpt_layer *w = &g->layers[l];
-        const float *res = l == 0 ? g->encoded : g->res3 + (size_t)(l - 1) * NC;
+        const float *res = l == g->lo ? in0 : g->res3 + (size_t)(l - 1 - g->lo) * NC;
         gpt_acts a;
         acts_of(g, l, &a);
-        dt_models_event(m, 1 + l, DT_BLOCK_BEFORE_BACKWARD);
+        dt_models_event(m, g->bl_h0 + l - g->lo, DT_BLOCK_BEFORE_BACKWARD);
         if (g->recompute == DT_RECOMPUTE_BLOCK && /* the block's intermediates, from its input */
             (rc = block_fwd(m, g, l, res, &a, B, T, false, err)))
             return rc;
         if ((rc = block_bwd(m, g, l, res, &a, B, T, err)))
             return rc;
         dt_models_ready(m, w->ln1w, w->fcprojb, ready, ctx);
-        dt_models_event(m, 1 + l, DT_BLOCK_AFTER_BACKWARD);
+        dt_models_event(m, g->bl_h0 + l - g->lo, DT_BLOCK_AFTER_BACKWARD);
+    }
+    if (!g->first) {
+        if (din) /* the gradient of the stage's input, for the previous stage */
+            be->memcpy_d2d(be, din, g->dres, fN * C);
+        return 0;
     }
     dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD);
     if (g->tp == 1)
@@ -427,25 +518,61 @@ static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, 
     return 0;
 }
 
+static int gpt_forward(dt_model *m, const dt_batch *batch, bool training, float *loss, dt_err *err)
+{
+    if (m->cfg.pp_size > 1)
+        return dt_err_set(err, -EINVAL, "gpt forward: this model is pipeline stage %d of %d: "
+                                        "drive it with its stage ops",
+                          m->cfg.pp_rank, m->cfg.pp_size);
+    return gpt_stage_forward(m, 0, batch, NULL, training, NULL, loss, err);
+}
+
+static int gpt_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn ready, void *ctx,
+                        dt_err *err)
+{
+    if (m->cfg.pp_size > 1)
+        return dt_err_set(err, -EINVAL, "gpt backward: this model is pipeline stage %d of %d: "
+                                        "drive it with its stage ops",
+                          m->cfg.pp_rank, m->cfg.pp_size);
+    return gpt_stage_backward(m, 0, dloss_scale, NULL, NULL, ready, ctx, err);
+}
+
 static void gpt_free(dt_model *m)
 {
     gpt *g = m->impl;
     if (!g)
         return;
     dt_backend *be = m->be;
-    void *bufs[] = {g->tokens,   g->targets,  g->encoded, g->ln1,      g->ln1_mean, g->ln1_rstd,
-                    g->qkv,      g->atty,     g->att,     g->res2,     g->ln2,      g->ln2_mean,
-                    g->ln2_rstd, g->fch,      g->fch_gelu, g->res3,    g->lnf,      g->lnf_mean,
-                    g->lnf_rstd, g->logits,   g->losses,  g->dres,     g->dC,       g->dqkv,
-                    g->d4a,      g->d4b,      g->datt,    g->xmax,     g->xsums};
+    for (int k = 0; k < g->nslots && g->slots; k++) {
+        gpt_slot *s = &g->slots[k];
+        void *bufs[] = {s->tokens,   s->targets,  s->encoded, s->ln1,      s->ln1_mean,
+                        s->ln1_rstd, s->qkv,      s->atty,    s->att,      s->res2,
+                        s->ln2,      s->ln2_mean, s->ln2_rstd, s->fch,     s->fch_gelu,
+                        s->res3,     s->lnf,      s->lnf_mean, s->lnf_rstd, s->logits,
+                        s->losses};
+        const gpt_slot *s0 = &g->slots[0];
+        const void *shared[] = {s0->ln1,      s0->ln1_mean, s0->ln1_rstd, s0->qkv,
+                                s0->atty,     s0->att,      s0->res2,     s0->ln2,
+                                s0->ln2_mean, s0->ln2_rstd, s0->fch,      s0->fch_gelu};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+            bool theirs = false; /* slot 0's, shared: freed with slot 0 */
+            for (size_t j = 0; k > 0 && bufs[i] && j < sizeof shared / sizeof shared[0]; j++)
+                theirs = theirs || bufs[i] == shared[j];
+            if (!theirs)
+                be->free(be, bufs[i]);
+        }
+    }
+    void *bufs[] = {g->dres, g->dC, g->dqkv, g->d4a, g->d4b, g->datt, g->xmax, g->xsums};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->free(be, bufs[i]);
+    free(g->slots);
     free(g->layers);
     free(g);
     m->impl = NULL;
 }
 
 static const dt_model_ops gpt_ops = {gpt_forward, gpt_backward, gpt_free};
+static const dt_model_stage_ops gpt_stage_ops = {gpt_stage_forward, gpt_stage_backward};
 
 /* How a tensor is split under tensor parallelism (model.h's dt_tensor_info). */
 typedef enum gpt_split {
@@ -481,14 +608,52 @@ static int add_tensor(dt_model *m, const gpt *g, int *dst, bool no_decay, gpt_sp
     return 0;
 }
 
-/* Draws every whole tensor from one stream seeded with cfg.seed, in table order (GPT-2's rules,
- * the header comment), and keeps this rank's slice: every tensor-parallel layout starts from the
- * bits TP = 1 starts from. Uploads the result. */
+/* A transformer block's tensors, in table order (whole shapes in units of C; d1 0: a vector). */
+static const struct {
+    size_t at;           /* offsetof(gpt_layer, ...): where its index goes */
+    bool no_decay;
+    gpt_split split;
+    int d0, d1;          /* x C */
+    const char *name;
+} layer_tensors[] = {
+    {offsetof(gpt_layer, ln1w), true, SPLIT_NONE, 1, 0, "ln_1.weight"},
+    {offsetof(gpt_layer, ln1b), true, SPLIT_NONE, 1, 0, "ln_1.bias"},
+    {offsetof(gpt_layer, qkvw), false, SPLIT_QKV, 3, 1, "attn.c_attn.weight"},
+    {offsetof(gpt_layer, qkvb), true, SPLIT_QKV, 3, 0, "attn.c_attn.bias"},
+    {offsetof(gpt_layer, projw), false, SPLIT_COLS, 1, 1, "attn.c_proj.weight"},
+    {offsetof(gpt_layer, projb), true, SPLIT_NONE, 1, 0, "attn.c_proj.bias"},
+    {offsetof(gpt_layer, ln2w), true, SPLIT_NONE, 1, 0, "ln_2.weight"},
+    {offsetof(gpt_layer, ln2b), true, SPLIT_NONE, 1, 0, "ln_2.bias"},
+    {offsetof(gpt_layer, fcw), false, SPLIT_ROWS, 4, 1, "mlp.c_fc.weight"},
+    {offsetof(gpt_layer, fcb), true, SPLIT_ROWS, 4, 0, "mlp.c_fc.bias"},
+    {offsetof(gpt_layer, fcprojw), false, SPLIT_COLS, 1, 4, "mlp.c_proj.weight"},
+    {offsetof(gpt_layer, fcprojb), true, SPLIT_NONE, 1, 0, "mlp.c_proj.bias"},
+};
+
+/* Draws whole tensor `name` of n elements (a matrix when matrix) from r by GPT-2's rules (the
+ * header comment) into whole, and keeps this rank's slice when the model holds the tensor. */
+static void init_one(dt_model *m, const gpt *g, dt_rng *r, float *whole, float *host,
+                     const char *name, size_t n, bool matrix)
+{
+    const float proj_std = 0.02f / sqrtf(2.0f * (float)g->L);
+    if (matrix)
+        dt_rng_fill_normal(r, whole, n, 0.0f, strstr(name, "c_proj") ? proj_std : 0.02f);
+    else
+        for (size_t k = 0; k < n; k++)
+            whole[k] = strstr(name, "ln_") && strstr(name, ".weight") ? 1.0f : 0.0f;
+    int i = dt_model_find_tensor(m, name);
+    if (i >= 0)
+        dt_tensor_tp_copy(&m->tensors[i], g->tpr, whole, host + m->tensors[i].offset, false);
+}
+
+/* Draws every whole tensor of the whole model from one stream seeded with cfg.seed, in the
+ * whole model's table order, and keeps what this rank holds (its tensor-parallel slices, its
+ * pipeline stage's tensors): every layout starts from the bits one process starts from.
+ * Uploads the result. */
 static int init_params(dt_model *m, const gpt *g, dt_err *err)
 {
-    size_t max_whole = 0;
-    for (int i = 0; i < m->num_tensors; i++)
-        max_whole = DT_MAX(max_whole, dt_tensor_whole_numel(&m->tensors[i]));
+    const size_t C = (size_t)g->C;
+    size_t max_whole = DT_MAX(DT_MAX((size_t)g->V, (size_t)g->maxT), 4 * C) * C;
     float *host = calloc(m->num_params, sizeof(float));
     float *whole = malloc(DT_MAX(max_whole, (size_t)1) * sizeof(float));
     if (!host || !whole) {
@@ -498,17 +663,18 @@ static int init_params(dt_model *m, const gpt *g, dt_err *err)
     }
     dt_rng r;
     dt_rng_seed(&r, m->cfg.seed);
-    const float proj_std = 0.02f / sqrtf(2.0f * (float)g->L);
-    for (int i = 0; i < m->num_tensors; i++) {
-        dt_tensor_info *t = &m->tensors[i];
-        size_t n = dt_tensor_whole_numel(t);
-        if (t->ndim == 2)
-            dt_rng_fill_normal(&r, whole, n, 0.0f, strstr(t->name, "c_proj") ? proj_std : 0.02f);
-        else
-            for (size_t k = 0; k < n; k++)
-                whole[k] = strstr(t->name, "ln_") && strstr(t->name, ".weight") ? 1.0f : 0.0f;
-        dt_tensor_tp_copy(t, g->tpr, whole, host + t->offset, false);
-    }
+    char nm[DT_TENSOR_NAME_MAX];
+    init_one(m, g, &r, whole, host, "wte.weight", (size_t)g->V * C, true);
+    init_one(m, g, &r, whole, host, "wpe.weight", (size_t)g->maxT * C, true);
+    for (int l = 0; l < g->L; l++)
+        for (size_t i = 0; i < DT_ARRAY_LEN(layer_tensors); i++) {
+            snprintf(nm, sizeof nm, "h.%d.%s", l, layer_tensors[i].name);
+            size_t d1 = (size_t)layer_tensors[i].d1;
+            init_one(m, g, &r, whole, host, nm,
+                     (size_t)layer_tensors[i].d0 * C * (d1 ? d1 * C : 1), d1 > 0);
+        }
+    init_one(m, g, &r, whole, host, "ln_f.weight", C, false);
+    init_one(m, g, &r, whole, host, "ln_f.bias", C, false);
     dt_models_upload(m, host);
     free(host);
     free(whole);
@@ -547,52 +713,69 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
         return dt_err_set(err, -ENOMEM, "out of memory");
     const int C = g->C, L = g->L;
     int rc;
+    /* the pipeline stage: blocks [lo, hi) */
+    g->lo = 0;
+    g->hi = L;
+    if (cfg->pp_size > 1) {
+        if (cfg->pp_rank < 0 || cfg->pp_rank >= cfg->pp_size || cfg->pp_first < 0 ||
+            cfg->pp_count < 1 || cfg->pp_first + cfg->pp_count > L ||
+            (cfg->pp_rank == 0) != (cfg->pp_first == 0) ||
+            (cfg->pp_rank == cfg->pp_size - 1) != (cfg->pp_first + cfg->pp_count == L))
+            return dt_err_set(err, -EINVAL, "gpt: pipeline stage %d of %d with blocks %d..%d of "
+                                            "the model's %d (the first stage starts at h.0, the "
+                                            "last ends at h.%d; parallel.stages)",
+                              cfg->pp_rank, cfg->pp_size, cfg->pp_first,
+                              cfg->pp_first + cfg->pp_count - 1, L, L - 1);
+        g->lo = cfg->pp_first;
+        g->hi = cfg->pp_first + cfg->pp_count;
+    }
+    g->Ls = g->hi - g->lo;
+    g->first = g->lo == 0;
+    g->last = g->hi == L;
+    g->Lk = g->recompute == DT_RECOMPUTE_BLOCK ? DT_MIN(g->Ls, 1) : g->Ls;
+    g->La = g->recompute == DT_RECOMPUTE_NONE ? g->Ls : DT_MIN(g->Ls, 1);
 
     char nm[DT_TENSOR_NAME_MAX];
-    if ((rc = add_tensor(m, g, &g->wte, false, SPLIT_ROWS, g->V, C, "wte.weight", err)) ||
-        (rc = add_tensor(m, g, &g->wpe, false, SPLIT_NONE, g->maxT, C, "wpe.weight", err)))
+    if (g->first &&
+        ((rc = add_tensor(m, g, &g->wte, false, SPLIT_ROWS, g->V, C, "wte.weight", err)) ||
+         (rc = add_tensor(m, g, &g->wpe, false, SPLIT_NONE, g->maxT, C, "wpe.weight", err))))
         return rc;
-    for (int l = 0; l < L; l++) {
-        gpt_layer *w = &g->layers[l];
-        const struct {
-            int *dst;
-            bool no_decay;
-            gpt_split split;
-            int64_t d0, d1;
-            const char *name;
-        } t[] = {
-            {&w->ln1w, true, SPLIT_NONE, C, 0, "ln_1.weight"},
-            {&w->ln1b, true, SPLIT_NONE, C, 0, "ln_1.bias"},
-            {&w->qkvw, false, SPLIT_QKV, 3 * C, C, "attn.c_attn.weight"},
-            {&w->qkvb, true, SPLIT_QKV, 3 * C, 0, "attn.c_attn.bias"},
-            {&w->projw, false, SPLIT_COLS, C, C, "attn.c_proj.weight"},
-            {&w->projb, true, SPLIT_NONE, C, 0, "attn.c_proj.bias"},
-            {&w->ln2w, true, SPLIT_NONE, C, 0, "ln_2.weight"},
-            {&w->ln2b, true, SPLIT_NONE, C, 0, "ln_2.bias"},
-            {&w->fcw, false, SPLIT_ROWS, 4 * C, C, "mlp.c_fc.weight"},
-            {&w->fcb, true, SPLIT_ROWS, 4 * C, 0, "mlp.c_fc.bias"},
-            {&w->fcprojw, false, SPLIT_COLS, C, 4 * C, "mlp.c_proj.weight"},
-            {&w->fcprojb, true, SPLIT_NONE, C, 0, "mlp.c_proj.bias"},
-        };
-        for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
-            snprintf(nm, sizeof nm, "h.%d.%s", l, t[i].name);
-            if ((rc = add_tensor(m, g, t[i].dst, t[i].no_decay, t[i].split, t[i].d0, t[i].d1, nm,
-                                 err)))
+    for (int l = g->lo; l < g->hi; l++)
+        for (size_t i = 0; i < DT_ARRAY_LEN(layer_tensors); i++) {
+            snprintf(nm, sizeof nm, "h.%d.%s", l, layer_tensors[i].name);
+            int *dst = (int *)((char *)&g->layers[l] + layer_tensors[i].at);
+            if ((rc = add_tensor(m, g, dst, layer_tensors[i].no_decay, layer_tensors[i].split,
+                                 (int64_t)layer_tensors[i].d0 * C,
+                                 (int64_t)layer_tensors[i].d1 * C, nm, err)))
                 return rc;
         }
-    }
-    if ((rc = add_tensor(m, g, &g->lnfw, true, SPLIT_NONE, C, 0, "ln_f.weight", err)) ||
-        (rc = add_tensor(m, g, &g->lnfb, true, SPLIT_NONE, C, 0, "ln_f.bias", err)))
+    if (g->last &&
+        ((rc = add_tensor(m, g, &g->lnfw, true, SPLIT_NONE, C, 0, "ln_f.weight", err)) ||
+         (rc = add_tensor(m, g, &g->lnfb, true, SPLIT_NONE, C, 0, "ln_f.bias", err))))
         return rc;
-    /* blocks (model.h): the embeddings, each transformer block, ln_f; the embeddings have a
-     * second window per pass for the tied output projection */
-    if ((rc = dt_models_add_block(m, g->wte, g->wpe, 2, err, "embed")) < 0)
+    /* the last stage's copy of the tied wte, when stage 0 holds the other */
+    if (g->last && !g->first &&
+        (rc = add_tensor(m, g, &g->wte, false, SPLIT_ROWS, g->V, C, "wte.weight", err)))
         return rc;
-    for (int l = 0; l < L; l++)
+    /* blocks (model.h): the embeddings (a second window per pass for the tied output
+     * projection when this stage also has the head), each transformer block, ln_f, and the
+     * last stage's own wte (the head) */
+    int nb = 0;
+    if (g->first && (rc = dt_models_add_block(m, g->wte, g->wpe, g->last ? 2 : 1, err,
+                                              "embed")) < 0)
+        return rc;
+    nb += g->first;
+    g->bl_h0 = nb;
+    for (int l = g->lo; l < g->hi; l++, nb++)
         if ((rc = dt_models_add_block(m, g->layers[l].ln1w, g->layers[l].fcprojb, 1, err, "h.%d",
                                       l)) < 0)
             return rc;
-    if ((rc = dt_models_add_block(m, g->lnfw, g->lnfb, 1, err, "ln_f")) < 0)
+    g->bl_lnf = nb;
+    if (g->last && (rc = dt_models_add_block(m, g->lnfw, g->lnfb, 1, err, "ln_f")) < 0)
+        return rc;
+    nb += g->last;
+    g->bl_head = g->first ? 0 : nb;
+    if (g->last && !g->first && (rc = dt_models_add_block(m, g->wte, g->wte, 1, err, "head")) < 0)
         return rc;
     if ((rc = dt_models_alloc(m, err)))
         return rc;
@@ -601,44 +784,88 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
      * plus causal attention (2*C*T*(T+1) per layer per sample); backward = 2x forward. Under
      * tensor parallelism this rank's share: 12C^2/TP per layer, 2C*Vp/TP for its logits (the
      * padding included: it is computed) and its heads' attention; the LayerNorms and the other
-     * O(C) work every rank repeats are not counted, as they are not at TP = 1. */
-    const double T = g->Tmax, tp = g->tp;
-    double fwd = T * (2.0 * 12.0 * C * (double)C * L / tp + 2.0 * C * (double)g->Vl) +
-                 L * 2.0 * C * T * (T + 1) / tp;
+     * O(C) work every rank repeats are not counted, as they are not at TP = 1. A pipeline
+     * stage: its layers, and the head on the last. */
+    const double T = g->Tmax, tp = g->tp, Ls = g->Ls;
+    double fwd = T * (2.0 * 12.0 * C * (double)C * Ls / tp +
+                      (g->last ? 2.0 * C * (double)g->Vl : 0.0)) +
+                 Ls * 2.0 * C * T * (T + 1) / tp;
     m->flops_per_sample = 3.0 * fwd;
 
     /* activations: recompute = block keeps one layer of intermediates (and every layer's
      * output res3, the next one's input); selective keeps all but the attention probabilities.
      * Under tensor parallelism the attention and MLP intermediates and the logits are this
      * rank's share (Cl = C/TP, NHl = NH/TP heads, Vl vocabulary rows); the residual stream and
-     * the LayerNorms' are whole on every rank. */
+     * the LayerNorms' are whole on every rank. Per slot: the stage's layers; the embeddings'
+     * output and the tokens on the first stage, ln_f's, the logits and the targets on the
+     * last. */
     const size_t NR = (size_t)g->Bmax * g->Tmax, NC = NR * C, NCl = NR * g->Cl;
     const size_t NATT = (size_t)g->Bmax * g->NHl * g->Tmax * g->Tmax;
     const size_t Lk = (size_t)g->Lk, La = (size_t)g->La;
+    g->nslots = cfg->pp_size > 1 && cfg->pp_slots > 1 ? cfg->pp_slots : 1;
+    if (!(g->slots = calloc((size_t)g->nslots, sizeof *g->slots)))
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    size_t before = m->activation_bytes;
+    for (int k = 0; k < g->nslots; k++) {
+        gpt_slot *sl = &g->slots[k];
+        const size_t fst = g->first, lst = g->last;
+        /* what backward recomputes is scratch between forward and backward: one copy serves
+         * every slot (shared: slot 0's); block: a layer's intermediates; any recompute: the
+         * attention probabilities */
+        const bool rb = g->recompute == DT_RECOMPUTE_BLOCK, ra = g->La < g->Ls || rb;
+        struct {
+            float **p;
+            size_t n;
+            bool shared;
+        } acts[] = {
+            {&sl->encoded, fst * NC, false},      {&sl->ln1, Lk * NC, rb},
+            {&sl->ln1_mean, Lk * NR, rb},         {&sl->ln1_rstd, Lk * NR, rb},
+            {&sl->qkv, 3 * Lk * NCl, rb},         {&sl->atty, Lk * NCl, rb},
+            {&sl->att, La * NATT, ra},            {&sl->res2, Lk * NC, rb},
+            {&sl->ln2, Lk * NC, rb},              {&sl->ln2_mean, Lk * NR, rb},
+            {&sl->ln2_rstd, Lk * NR, rb},         {&sl->fch, 4 * Lk * NCl, rb},
+            {&sl->fch_gelu, 4 * Lk * NCl, rb},    {&sl->res3, (size_t)g->Ls * NC, false},
+            {&sl->lnf, lst * NC, false},          {&sl->lnf_mean, lst * NR, false},
+            {&sl->lnf_rstd, lst * NR, false},     {&sl->logits, lst * NR * g->Vl, false},
+            {&sl->losses, lst * NR, false},
+        };
+        size_t shared_bytes = 0;
+        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+            if (!acts[i].n)
+                continue;
+            if (acts[i].shared && k > 0) { /* slot 0's: the same field of g->slots[0] */
+                size_t field = (size_t)((char *)acts[i].p - (char *)sl);
+                *acts[i].p = *(float **)((char *)&g->slots[0] + field);
+                continue;
+            }
+            if ((rc = dt_models_falloc(m, acts[i].p, acts[i].n, err)))
+                return rc;
+            shared_bytes += acts[i].shared ? acts[i].n * sizeof(float) : 0;
+        }
+        if (g->first && (rc = dt_models_ialloc(m, &sl->tokens, NR, err)))
+            return rc;
+        if (g->last && (rc = dt_models_ialloc(m, &sl->targets, NR, err)))
+            return rc;
+        if (k == 0) /* what each further slot adds */
+            m->pp_slot_bytes = m->activation_bytes - before - shared_bytes;
+    }
     struct {
         float **p;
         size_t n;
-    } acts[] = {
-        {&g->encoded, NC},        {&g->ln1, Lk * NC},       {&g->ln1_mean, Lk * NR},
-        {&g->ln1_rstd, Lk * NR},  {&g->qkv, 3 * Lk * NCl},  {&g->atty, Lk * NCl},
-        {&g->att, La * NATT},     {&g->res2, Lk * NC},      {&g->ln2, Lk * NC},
-        {&g->ln2_mean, Lk * NR},  {&g->ln2_rstd, Lk * NR},  {&g->fch, 4 * Lk * NCl},
-        {&g->fch_gelu, 4 * Lk * NCl}, {&g->res3, (size_t)L * NC}, {&g->lnf, NC},
-        {&g->lnf_mean, NR},      {&g->lnf_rstd, NR},       {&g->logits, NR * g->Vl},
-        {&g->losses, NR},        {&g->dres, NC},           {&g->dC, NC},
-        {&g->dqkv, 3 * NCl},     {&g->d4a, 4 * NCl},       {&g->d4b, 4 * NCl},
-        {&g->datt, NATT},
+    } scratch[] = {
+        {&g->dres, NC}, {&g->dC, NC}, {&g->dqkv, 3 * NCl}, {&g->d4a, 4 * NCl},
+        {&g->d4b, 4 * NCl}, {&g->datt, NATT},
     };
-    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
-        if ((rc = dt_models_falloc(m, acts[i].p, acts[i].n, err)))
+    for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++)
+        if ((rc = dt_models_falloc(m, scratch[i].p, scratch[i].n, err)))
             return rc;
     if (g->tp > 1 && ((rc = dt_models_falloc(m, &g->xmax, NR, err)) ||
                       (rc = dt_models_falloc(m, &g->xsums, 2 * NR, err))))
         return rc;
-    if ((rc = dt_models_ialloc(m, &g->tokens, NR, err)))
-        return rc;
-    if ((rc = dt_models_ialloc(m, &g->targets, NR, err)))
-        return rc;
+    use_slot(g, 0);
+    m->stage = &gpt_stage_ops;
+    m->pp_in_numel = g->first ? 0 : (size_t)g->Tmax * C;
+    m->pp_out_numel = g->last ? 0 : (size_t)g->Tmax * C;
     return init_params(m, g, err);
 }
 

@@ -1,0 +1,404 @@
+/* bench_pipeline.c - `dtrain bench pipeline JOB.ini [--steps S] [--stages 2,4] [--micro
+ * 1,2,4,8,16] [overrides]`: the pipeline bubble, throughput and activation memory of GPipe and
+ * 1F1B, measured on the real trainer, beside what the formulas predict.
+ *
+ * For every P stages x M micro-batches x schedule the job runs on P ranks (processes of their
+ * own, fork + exec of this binary with a store in this process, as `bench memory` runs its
+ * ranks), D = 1, for S steps; the first step is not counted. Each rank reports, from the
+ * pipeline strategy's statistics (strategy_pipeline.h, dt_pp_stats), its idle fraction (1 - the
+ * time in its stage's forward and backward / the time of the micro-step: the bubble, plus the
+ * waits for its neighbours and for the CPU), the step time, and its activation memory: the
+ * slots it holds and the micro-batches that were alive at once x one micro-batch's
+ * activations. Printed: the idle fraction of every stage beside (P-1)/(M+P-1) and beside the
+ * schedule replayed with the stages' measured forward and backward times (pp_schedule.h's
+ * dt_pp_simulate_stages: the bubble uneven stages make, communication free), samples or
+ * tokens per second, and stage 0's peak activation memory under each schedule with 1F1B's
+ * share of GPipe's beside P/M.
+ *
+ * The formula assumes stages of equal cost; a job whose stages are uneven (mlp's first layer
+ * is wider than its last) or a machine with fewer cores than P ranks measures more idle time.
+ * Train.batch_size must be a multiple of every M (the loader says so otherwise); a (P, M) the
+ * loader refuses (P larger than the model's blocks) is printed as not supported, with its
+ * message.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cmd/cmd.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "rendezvous/store_server.h"
+#include "runtime/job/config.h"
+#include "runtime/train/pp_schedule.h"
+#include "runtime/train/strategy_pipeline.h"
+#include "runtime/train/worker.h"
+
+#define MAX_P 8
+#define MAX_LIST 8
+#define MIB (1024.0 * 1024.0)
+
+typedef struct bench_opts {
+    const char *job_path;
+    char **overrides;
+    int n_overrides;
+    int steps;
+    const char *stages, *micro;
+    /* child mode */
+    const char *child;
+    int rank, nproc, port;
+    const char *run_id, *out;
+} bench_opts;
+
+/* What one rank measured (means over the counted steps). */
+typedef struct result {
+    int stage, slots, peak_in_flight;
+    double idle, step_s, items_per_s;
+    double fwd_s, bwd_s;   /* the stage's forwards and backwards per micro-step */
+    double slot_bytes, act_bytes, peak_act_bytes;
+} result;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: dtrain bench pipeline JOB.ini [--steps S] [--stages 2,4] "
+            "[--micro 1,2,4,8,16] [section.key=value ...]\n"
+            "\n"
+            "  --steps S     training steps per configuration (default 4; the first is not "
+            "counted)\n"
+            "  --stages L    pipeline stages to run, a comma list (default 2,4)\n"
+            "  --micro L     micro-batches per rank batch, a comma list (default 1,2,4,8,16)\n"
+            "\n"
+            "Runs the job with every parallel.pipeline x parallel.micro_batches x "
+            "parallel.schedule\n(gpipe, 1f1b) on P ranks and prints each stage's idle fraction "
+            "beside (P-1)/(M+P-1),\nthroughput, and stage 0's peak activation memory per "
+            "schedule (1F1B holds at most P\nmicro-batches, GPipe M).\n");
+}
+
+static int parse_list(const char *s, int *out, int cap)
+{
+    int n = 0;
+    char buf[128];
+    dt_strlcpy(buf, s, sizeof buf);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t && n < cap; t = strtok_r(NULL, ",", &save)) {
+        int v;
+        if (dt_parse_int(dt_trim(t), &v) || v < 1)
+            return -EINVAL;
+        out[n++] = v;
+    }
+    return n > 0 ? n : -EINVAL;
+}
+
+static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
+                    dt_config_errors *errs, dt_err *err)
+{
+    memset(errs, 0, sizeof *errs);
+    char **ov = calloc((size_t)(o->n_overrides + n_more) + 1, sizeof *ov);
+    if (!ov)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    memcpy(ov, o->overrides, sizeof *ov * (size_t)o->n_overrides);
+    if (n_more)
+        memcpy(ov + o->n_overrides, more, sizeof *ov * (size_t)n_more);
+    int rc = dt_job_load(job, o->job_path, ov, o->n_overrides + n_more, errs, err);
+    free(ov);
+    return rc;
+}
+
+/* ---- a rank ---------------------------------------------------------------------------------- */
+
+static int run_child(const bench_opts *o)
+{
+    static dt_job job;
+    static dt_trainer t;
+    static dt_config_errors errs;
+    dt_err err = {0};
+    bool built = false;
+    int rc;
+    char steps[32], outdir[1300];
+    snprintf(steps, sizeof steps, "train.steps=%d", o->steps);
+    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", o->out);
+    char *more[] = {steps, outdir, "checkpoint.resume=never", "checkpoint.every=0",
+                    "train.eval_every=0"};
+    if ((rc = load_job(o, more, 5, &job, &errs, &err))) {
+        for (int i = 0; i < errs.count && i < 64; i++)
+            fprintf(stderr, "%s\n", errs.lines[i]);
+        goto out;
+    }
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.world_size = env.local_world_size = o->nproc;
+    env.rank = env.local_rank = o->rank;
+    dt_strlcpy(env.run_id, o->run_id ? o->run_id : "bench-pipeline", sizeof env.run_id);
+    dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
+    env.store_port = o->port;
+    if ((rc = dt_trainer_init(&t, &job, &env, &err)))
+        goto out;
+    built = true;
+    result res;
+    memset(&res, 0, sizeof res);
+    int counted = 0;
+    for (int step = 0; step < o->steps; step++) {
+        if ((rc = dt_trainer_step(&t, &err)))
+            goto out;
+        dt_pp_stats st;
+        if (dt_strategy_pipeline_stats(t.s, &st) != 0) {
+            rc = dt_err_set(&err, -EINVAL, "the job did not run the pipeline strategy (%s)",
+                            t.s->ops->name);
+            goto out;
+        }
+        res.stage = st.stage;
+        res.slots = st.slots;
+        res.peak_in_flight = DT_MAX(res.peak_in_flight, st.peak_in_flight);
+        res.slot_bytes = (double)st.slot_bytes;
+        res.act_bytes = (double)st.act_bytes;
+        res.peak_act_bytes = DT_MAX(res.peak_act_bytes, (double)st.peak_act_bytes);
+        if (step == 0 && o->steps > 1)
+            continue;
+        res.idle += st.idle;
+        res.fwd_s += st.fwd_s;
+        res.bwd_s += st.bwd_s;
+        res.step_s += t.step_time_s;
+        res.items_per_s += (double)t.items_per_step / t.step_time_s;
+        counted++;
+    }
+    res.idle /= counted;
+    res.fwd_s /= counted;
+    res.bwd_s /= counted;
+    res.step_s /= counted;
+    res.items_per_s /= counted;
+    FILE *f = fopen(o->out, "w");
+    if (!f) {
+        rc = dt_err_errno(&err, errno, "writing %s", o->out);
+        goto out;
+    }
+    fprintf(f, "%d %d %d %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g\n", res.stage,
+            res.slots, res.peak_in_flight, res.idle, res.step_s, res.items_per_s,
+            res.slot_bytes, res.act_bytes, res.peak_act_bytes, res.fwd_s, res.bwd_s);
+    if (fclose(f))
+        rc = dt_err_errno(&err, errno, "writing %s", o->out);
+out:
+    if (rc)
+        fprintf(stderr, "dtrain bench pipeline (rank %d): %s\n", o->rank, err.msg);
+    if (built)
+        dt_trainer_close(&t);
+    return rc ? 1 : 0;
+}
+
+static int read_result(const char *path, result *r)
+{
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -ENOENT;
+    int ok = fscanf(f, "%d %d %d %lf %lf %lf %lf %lf %lf %lf %lf", &r->stage, &r->slots,
+                    &r->peak_in_flight, &r->idle, &r->step_s, &r->items_per_s, &r->slot_bytes,
+                    &r->act_bytes, &r->peak_act_bytes, &r->fwd_s, &r->bwd_s) == 11;
+    fclose(f);
+    return ok ? 0 : -EPROTO;
+}
+
+/* ---- the parent ------------------------------------------------------------------------------ */
+
+/* One configuration on P ranks into res[0..P). */
+static int run_config(const bench_opts *o, int P, char *const *cfg, int ncfg, const char *dir,
+                      int index, result *res)
+{
+    dt_store_server *srv = NULL;
+    dt_store_server_opts so;
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    so.port = 0;
+    dt_err err = {0};
+    if (dt_store_server_start(&srv, &so, &err) != 0) {
+        fprintf(stderr, "dtrain bench pipeline: %s\n", err.msg);
+        return 1;
+    }
+    char port[16], run_id[64], steps[16], nproc[16];
+    snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
+    snprintf(run_id, sizeof run_id, "bench-pipeline-%d-%d", (int)getpid(), index);
+    snprintf(steps, sizeof steps, "%d", o->steps);
+    snprintf(nproc, sizeof nproc, "%d", P);
+    char **av = calloc((size_t)(o->n_overrides + ncfg) + 24, sizeof *av);
+    if (!av) {
+        dt_store_server_stop(srv);
+        return 1;
+    }
+    int k = 0;
+    av[k++] = (char *)dt_cmd_self_path();
+    av[k++] = "bench";
+    av[k++] = "pipeline";
+    av[k++] = (char *)o->job_path;
+    for (int i = 0; i < o->n_overrides; i++)
+        av[k++] = o->overrides[i];
+    for (int i = 0; i < ncfg; i++)
+        av[k++] = cfg[i];
+    av[k++] = "--steps";
+    av[k++] = steps;
+    av[k++] = "--child";
+    av[k++] = "1";
+    av[k++] = "--child-nproc";
+    av[k++] = nproc;
+    av[k++] = "--child-rank";
+    const int rank_slot = k++;
+    av[k++] = "--child-port";
+    av[k++] = port;
+    av[k++] = "--child-run-id";
+    av[k++] = run_id;
+    av[k++] = "--child-out";
+    const int out_slot = k++;
+    av[k] = NULL;
+    char prefix[1100];
+    int status[MAX_P];
+    snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
+    int failed = dt_bench_run_ranks(av, rank_slot, out_slot, prefix, P, status);
+    free(av);
+    for (int r = 0; r < P && !failed; r++) {
+        char out[1200];
+        snprintf(out, sizeof out, "%s%d", prefix, r);
+        result x;
+        failed = read_result(out, &x) != 0;
+        if (!failed && x.stage >= 0 && x.stage < P)
+            res[x.stage] = x;
+    }
+    dt_store_server_stop(srv);
+    return failed;
+}
+
+int dt_bench_pipeline(int argc, char **argv)
+{
+    bench_opts o = {.steps = 4, .stages = "2,4", .micro = "1,2,4,8,16"};
+    char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
+    if (!ovr)
+        return 1;
+    const dt_bench_opt opts[] = {
+        {"--steps", &o.steps, NULL},          {"--stages", NULL, &o.stages},
+        {"--micro", NULL, &o.micro},          {"--child", NULL, &o.child},
+        {"--child-nproc", &o.nproc, NULL},    {"--child-rank", &o.rank, NULL},
+        {"--child-port", &o.port, NULL},      {"--child-run-id", NULL, &o.run_id},
+        {"--child-out", NULL, &o.out},
+    };
+    int prc = dt_bench_parse_args(argc, argv, "dtrain bench pipeline", opts,
+                                  (int)DT_ARRAY_LEN(opts), &o.job_path, ovr, &o.n_overrides,
+                                  usage);
+    if (prc) {
+        free(ovr);
+        return prc == 1 ? 0 : 2;
+    }
+    o.overrides = ovr;
+    int Ps[MAX_LIST], Ms[MAX_LIST];
+    int nP = parse_list(o.stages, Ps, MAX_LIST), nM = parse_list(o.micro, Ms, MAX_LIST);
+    if (!o.job_path || o.steps < 1 || nP < 0 || nM < 0) {
+        usage(stderr);
+        free(ovr);
+        return 2;
+    }
+    for (int i = 0; i < nP; i++)
+        if (Ps[i] < 2 || Ps[i] > MAX_P) {
+            fprintf(stderr, "dtrain bench pipeline: --stages %d: use 2 to %d\n", Ps[i], MAX_P);
+            free(ovr);
+            return 2;
+        }
+    dt_log_init();
+    if (o.child) {
+        dt_log_set_rank(o.rank);
+        int rc = run_child(&o);
+        free(ovr);
+        return rc;
+    }
+    static dt_job job;
+    static dt_config_errors errs;
+    dt_err err = {0};
+    if (load_job(&o, NULL, 0, &job, &errs, &err) != 0) {
+        for (int i = 0; i < errs.count && i < 64; i++)
+            fprintf(stderr, "%s\n", errs.lines[i]);
+        fprintf(stderr, "dtrain bench pipeline: %s\n", err.msg);
+        free(ovr);
+        return 1;
+    }
+    char dir[] = "/tmp/dtrain-pipeline-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        free(ovr);
+        return 1;
+    }
+    bool tokens = job.model_type == DT_MODEL_GPT;
+    printf("# dtrain bench pipeline %s: model %s, batch %d per pipeline, %d step(s) per "
+           "configuration (the first not counted), device %s\n",
+           o.job_path, dt_model_name(job.model_type), job.batch_size, o.steps,
+           dt_device_name(job.device));
+    printf("# idle: 1 - (time in the stage's forward and backward) / (micro-step time), per "
+           "stage; formula: (P-1)/(M+P-1), stages of equal cost; simulated: the schedule "
+           "replayed with each stage's measured forward and backward times and free "
+           "communication (what uneven stages alone make); act0: stage 0's activations alive "
+           "at once (micro-batches x one micro-batch's), MiB; act0 all: all it allocated\n");
+    printf("%2s %3s %-6s %-27s %-27s %8s %11s %6s %8s %8s %12s\n", "P", "M", "sched",
+           "idle per stage", "simulated", "formula", tokens ? "tokens/s" : "samples/s", "slots0",
+           "act0", "act0 all", "1f1b/gpipe");
+    int failed = 0, index = 0;
+    static const char *const scheds[2] = {"gpipe", "1f1b"};
+    for (int pi = 0; pi < nP && !failed; pi++)
+        for (int mi = 0; mi < nM && !failed; mi++) {
+            int P = Ps[pi], M = Ms[mi];
+            double gpipe_act0 = 0;
+            for (int si = 0; si < 2 && !failed; si++) {
+                char pb[32], mb[40], sb[40], nb[40];
+                snprintf(pb, sizeof pb, "parallel.pipeline=%d", P);
+                snprintf(nb, sizeof nb, "elastic.nproc_per_node=%d", P);
+                snprintf(mb, sizeof mb, "parallel.micro_batches=%d", M);
+                snprintf(sb, sizeof sb, "parallel.schedule=%s", scheds[si]);
+                char *cfg[4] = {pb, mb, sb, nb};
+                static dt_job cj;
+                if (load_job(&o, cfg, 4, &cj, &errs, &err) != 0) {
+                    printf("%2d %3d %-6s not supported: %s\n", P, M, scheds[si],
+                           errs.count ? errs.lines[0] : err.msg);
+                    continue;
+                }
+                result res[MAX_P];
+                memset(res, 0, sizeof res);
+                if (run_config(&o, P, cfg, 4, dir, index++, res) != 0) {
+                    printf("%2d %3d %-6s FAILED: the run did not complete (its ranks' messages "
+                           "are above)\n", P, M, scheds[si]);
+                    failed = 1;
+                    break;
+                }
+                char idle[64] = "", sim[64] = "";
+                double tf[MAX_P], tb[MAX_P], span = 0, sidle[MAX_P];
+                for (int s = 0; s < P; s++) {
+                    tf[s] = res[s].fwd_s / M;
+                    tb[s] = res[s].bwd_s / M;
+                }
+                dt_err serr = {0};
+                bool simulated = dt_pp_simulate_stages(si == 0 ? DT_PP_GPIPE : DT_PP_1F1B, P, M,
+                                                       tf, tb, &span, sidle, &serr) == 0;
+                size_t n = 0, n2 = 0;
+                for (int s = 0; s < P && n < sizeof idle && n2 < sizeof sim; s++) {
+                    n += (size_t)snprintf(idle + n, sizeof idle - n, "%s%.3f", s ? " " : "",
+                                          res[s].idle);
+                    n2 += (size_t)snprintf(sim + n2, sizeof sim - n2, "%s%.3f", s ? " " : "",
+                                           simulated ? sidle[s] : NAN);
+                }
+                char ratio[32] = "";
+                if (si == 0)
+                    gpipe_act0 = res[0].peak_act_bytes;
+                else if (gpipe_act0 > 0)
+                    snprintf(ratio, sizeof ratio, "%.3f (P/M %.3f)",
+                             res[0].peak_act_bytes / gpipe_act0,
+                             (double)P / (double)M > 1 ? 1.0 : (double)P / (double)M);
+                printf("%2d %3d %-6s %-27s %-27s %8.3f %11.1f %6d %8.3f %8.3f %12s\n", P, M,
+                       scheds[si], idle, sim, dt_pp_bubble_formula(P, M),
+                       res[P - 1].items_per_s, res[0].peak_in_flight,
+                       res[0].peak_act_bytes / MIB, res[0].act_bytes / MIB, ratio);
+                fflush(stdout);
+            }
+        }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "dtrain bench pipeline: could not remove %s\n", dir);
+    free(ovr);
+    return failed;
+}
