@@ -3,7 +3,8 @@
  * and ranks for every split shape, collectives on groups, groups in flight at once in opposite
  * orders, groups across emulated hosts (shared memory, TCP ring, hierarchical, flat TCP), and
  * point-to-point rings, bidirectional batches of 16 MiB, ordering of many small messages,
- * mismatched counts, dead and stalled peers; the per-communicator counters (dt_comm_stats).
+ * mismatched counts, dead and stalled peers; the per-communicator counters (dt_comm_stats) and
+ * completion times (dt_comm_wait_done).
  *
  * Ranks are forked processes that bootstrap through a real store server on 127.0.0.1; hosts are
  * emulated with DTRAIN_COMM_HOST_ID (a comma-separated host id per rank), DTRAIN_COMM_TRANSPORT
@@ -1066,6 +1067,48 @@ static void test_stats(void)
     dt_comm_free(c);
 }
 
+/* dt_comm_wait_done: an all-reduce and a p2p batch waited on 300 ms after their issue report
+ * a completion time between the issue and the wait (the cpu backend stamps them when its comm
+ * thread or point-to-point engine finishes them; 300 ms leaves a loaded machine ample time to
+ * run a collective of 64 bytes), and a NULL handle the time of the call. */
+static void wait_done_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    float v[16] = {0};
+    float pv2[8] = {0};
+    dt_comm_work *wa = NULL, *wp = NULL;
+    RCHECK(dt_comm_barrier(x->c, &err) == 0, "%s", err.msg);
+    uint64_t t_issue = dt_now_ns();
+    RCHECK(dt_comm_allreduce(x->c, v, 16, DT_FLOAT32, DT_SUM, &wa, &err) == 0, "%s", err.msg);
+    dt_p2p_op op = {x->rank == 0 ? DT_P2P_SEND : DT_P2P_RECV, pv2, 8, DT_FLOAT32, 1 - x->rank};
+    RCHECK(dt_comm_p2p(x->c, &op, 1, &wp, &err) == 0, "%s", err.msg);
+    dt_sleep_ms(300);
+    uint64_t t_wait = dt_now_ns(), done_a = 0, done_p = 0, done_n = 0;
+    RCHECK(dt_comm_wait_done(x->c, wa, &done_a, &err) == 0, "%s", err.msg);
+    RCHECK(dt_comm_wait_done(x->c, wp, &done_p, &err) == 0, "%s", err.msg);
+    uint64_t t_end = dt_now_ns();
+    RCHECK(done_a >= t_issue && done_a < t_wait,
+           "rank %d: the all-reduce done %.3f ms after its issue, the wait began at %.3f ms",
+           x->rank, (double)(done_a - t_issue) * 1e-6, (double)(t_wait - t_issue) * 1e-6);
+    RCHECK(done_p >= t_issue && done_p < t_wait,
+           "rank %d: the p2p batch done %.3f ms after its issue, the wait began at %.3f ms",
+           x->rank, (double)(done_p - t_issue) * 1e-6, (double)(t_wait - t_issue) * 1e-6);
+    RCHECK(dt_comm_wait_done(x->c, NULL, &done_n, &err) == 0 && done_n >= t_end,
+           "a NULL handle");
+    dt_comm_stats st;
+    dt_comm_stats_get(x->c, &st);
+    RCHECK(st.calls[DT_COMM_OP_ALLREDUCE] == 1 && st.calls[DT_COMM_OP_BARRIER] == 1 &&
+               st.bytes[x->rank == 0 ? DT_COMM_OP_SEND : DT_COMM_OP_RECV] == 32,
+           "rank %d: counters", x->rank);
+}
+
+static void test_wait_done(void)
+{
+    world w = {.n = 2};
+    run_world(&w, wait_done_rank, NULL, 30);
+}
+
 /* One process: a world of one, its split, a group of one, invalid p2p arguments. */
 static void test_one_rank(void)
 {
@@ -1119,6 +1162,7 @@ int main(int argc, char **argv)
         {"split_hosts", test_split_hosts, 120},
         {"concurrent_groups", test_concurrent_groups, 90},
         {"stats", test_stats, 60},
+        {"wait_done", test_wait_done, 40},
     };
     return dt_test_main("test_comm_groups", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

@@ -382,6 +382,23 @@ int dt_comm_wait(dt_comm *c, dt_comm_work *work, dt_err *err)
     return rc;
 }
 
+int dt_comm_wait_done(dt_comm *c, dt_comm_work *work, uint64_t *done_ns, dt_err *err)
+{
+    uint64_t t0 = dt_now_ns();
+    if (!work) {
+        *done_ns = t0;
+        return 0;
+    }
+    uint64_t done = 0;
+    int rc = c->ops->wait_done ? c->ops->wait_done(c->self, work, &done, err)
+                               : c->ops->wait(c->self, work, err);
+    uint64_t t1 = dt_now_ns();
+    atomic_fetch_add_explicit(&c->wait_ns, t1 - t0, memory_order_relaxed);
+    /* a backend that could not tell, or a failure: when the wait returned */
+    *done_ns = rc == 0 && done != 0 && done <= t1 ? done : t1;
+    return rc;
+}
+
 int dt_comm_mem_alloc(dt_comm *c, size_t bytes, void **out, dt_err *err)
 {
     *out = NULL;

@@ -92,6 +92,16 @@ int dt_comm_barrier(dt_comm *c, dt_err *err);
 /* Waits for one piece of work and frees its handle (also on failure). */
 int dt_comm_wait(dt_comm *c, dt_comm_work *work, dt_err *err);
 
+/* dt_comm_wait, and *done_ns = when the work finished, on dt_now_ns's clock (CLOCK_MONOTONIC
+ * nanoseconds, the clock trace.h's spans use), which may be well before the wait: a timeline can
+ * end an overlapped collective's span where it ended rather than where it was waited on.
+ *   cpu: when the comm thread (or the caller that ran it in place) finished the collective;
+ *        for a point-to-point batch, when the engine completed its last send or receive.
+ *   nccl: when the wait saw the collective's event complete (the same upper bound as the
+ *        return of dt_comm_wait: the host learns of a stream's progress only by asking).
+ * A NULL work, or work that failed, gives the time the wait returned. */
+int dt_comm_wait_done(dt_comm *c, dt_comm_work *work, uint64_t *done_ns, dt_err *err);
+
 /* Communicator memory: host memory (64-byte aligned, zero-filled) that the communicator's
  * transport can read and write in place, like NCCL's registered user buffers. On the cpu backend
  * it is shared memory mapped by every rank of the host, and an all-reduce of a range of it (the
