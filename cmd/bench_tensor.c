@@ -19,13 +19,23 @@
  * (DT_MEM_PARAMS), beside the prediction 4 x (the split tensors' whole elements / T + the
  * replicated tensors' elements), from the strategy's table (dt_strategy_tensor_stats).
  *
- * All-reduce volume per rank and step, in the model's own schedule (gpt.c, "Tensor parallelism":
- * every collective an all-reduce of a contiguous buffer): per layer 2 in forward (after each
- * row-parallel c_proj) and 2 in backward (the gradients of ln_1's and ln_2's outputs), each B x
- * T x C floats; the embedding's partial sums (B x T x C) and ln_f's gradient (B x T x C); the
- * vocabulary-parallel cross-entropy's row maxima and sums (3 x B x T). Megatron's count is the
- * first part alone: 4 all-reduces of B x T x C per layer. B is the rank's samples per step. DDP's
- * row shows its gradient all-reduce (4 bytes x parameters) instead.
+ * All-reduce volume per rank and step is measured, not computed: the bytes the tensor group's
+ * communicator counted (comm.h's dt_comm_stats, nccl-tests' size: count x 4 for a float
+ * all-reduce) over the timed steps, divided by their number; DDP's row, the world's (its
+ * gradients). Beside it, two predictions:
+ *   - the schedule's, from the model's own (gpt.c, "Tensor parallelism": every collective an
+ *     all-reduce of a contiguous buffer): per layer 2 in forward (after each row-parallel
+ *     c_proj) and 2 in backward (the gradients of ln_1's and ln_2's outputs), each B x T x C
+ *     floats; the embedding's partial sums (B x T x C) and ln_f's gradient (B x T x C); the
+ *     vocabulary-parallel cross-entropy's row maxima and sums (3 x B x T); then the step's two
+ *     scalars all-reduces (strategy_tensor.c): the norm's double over the tensor group and, when
+ *     D = 1 (the tensor group is the world), the loss and stop flag's two doubles. So
+ *     4 x accum x ((4L + 2) x B x T x C + 3 x B x T) + 8 (+ 16) bytes, B the rank's samples per
+ *     micro-step. The collectives are deterministic, so measured and predicted agree exactly;
+ *     tests/test_bench.c checks that they do.
+ *   - Megatron's: 4 all-reduces of B x T x C floats per layer, 4 x L x B x T x C x 4 bytes (per
+ *     micro-step). DDP's reference is its gradients, parameters x 4 bytes (its schedule adds
+ *     the loss's 16 bytes, and halves the gradients under ddp.compress).
  */
 #include <math.h>
 #include <stdio.h>
@@ -71,8 +81,12 @@ typedef struct result {
     double ops_s;       /* of which inside the backend's ops, per step */
     double params_bytes; /* the allocator's parameter bytes (peak) */
     double pred_params; /* predicted parameter bytes of this rank */
-    double ar_floats;   /* floats all-reduced per step: the tensor group's (or DDP's gradients) */
-    double megatron;    /* Megatron's 4 x L x B x T x C floats (tensor ranks), else 0 */
+    double ar_bytes;    /* measured: all-reduce bytes per step, the tensor group's (DDP: the
+                           world's), counted by the communicator over the timed steps */
+    double ar_calls;    /* all-reduce calls per step, likewise */
+    double sched_bytes; /* the schedule's prediction of ar_bytes (see the top of this file) */
+    double ref_bytes;   /* Megatron's 4 x L x B x T x C floats (tensor ranks; DDP: parameters)
+                           x 4 bytes; 0 for one process */
     double tokens;      /* tokens per step, all ranks together (the global batch) */
     long long local_params, whole_params;
 } result;
@@ -91,7 +105,8 @@ static void usage(FILE *out)
             "\n"
             "For a gpt job: one process (T = 1), DDP on N ranks and parallel.tensor = 2, 4, ...\n"
             "up to N, all at the same global batch (the job's train.batch_size): tokens/s and its\n"
-            "ratio to T = 1, the floats each rank all-reduces per step beside Megatron's count,\n"
+            "ratio to T = 1, the bytes each rank all-reduced per step (counted by the tensor\n"
+            "group's communicator) beside the schedule's prediction and Megatron's count,\n"
             "the share of the step outside the compute ops (communication and waiting), and each\n"
             "rank's parameter bytes beside 1/T of the split tensors plus the replicated ones.\n");
 }
@@ -118,10 +133,10 @@ static int write_result(const char *path, const result *r)
     FILE *f = fopen(path, "w");
     if (!f)
         return -errno;
-    fprintf(f, "%.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %lld %lld\n", r->step_s,
-            r->cpu_s,
-            r->prof_step_s, r->ops_s, r->params_bytes, r->pred_params, r->ar_floats,
-            r->megatron, r->tokens, r->local_params, r->whole_params);
+    fprintf(f, "%.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %lld %lld\n",
+            r->step_s, r->cpu_s, r->prof_step_s, r->ops_s, r->params_bytes, r->pred_params,
+            r->ar_bytes, r->ar_calls, r->sched_bytes, r->ref_bytes, r->tokens, r->local_params,
+            r->whole_params);
     return fclose(f) ? -errno : 0;
 }
 
@@ -131,10 +146,10 @@ static int read_result(const char *path, result *r)
     FILE *f = fopen(path, "r");
     if (!f)
         return -ENOENT;
-    int ok = fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lld %lld", &r->step_s, &r->cpu_s,
-                    &r->prof_step_s, &r->ops_s, &r->params_bytes, &r->pred_params,
-                    &r->ar_floats, &r->megatron, &r->tokens, &r->local_params,
-                    &r->whole_params) == 11;
+    int ok = fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lld %lld", &r->step_s,
+                    &r->cpu_s, &r->prof_step_s, &r->ops_s, &r->params_bytes, &r->pred_params,
+                    &r->ar_bytes, &r->ar_calls, &r->sched_bytes, &r->ref_bytes, &r->tokens,
+                    &r->local_params, &r->whole_params) == 13;
     fclose(f);
     return ok ? 0 : -EPROTO;
 }
@@ -158,6 +173,17 @@ static int run_steps(dt_trainer *t, int n, double *secs, double *cpu, dt_err *er
     *secs = dt_now_s() - t0;
     *cpu = cpu_now_s() - c0;
     return 0;
+}
+
+/* The counters of the group whose all-reduces the bench reports: the tensor group (tensor
+ * strategy), else the strategy's world (DDP's gradients; zeros for one process, which has none). */
+static void group_stats(dt_trainer *t, dt_comm_stats *out)
+{
+    dt_tensor_stats ts;
+    if (dt_strategy_tensor_stats(t->s, &ts) == 0)
+        *out = ts.tp_comm;
+    else
+        dt_comm_stats_get(t->s->comm, out);
 }
 
 /* One rank of one configuration (its overrides already in o->overrides). */
@@ -192,9 +218,16 @@ static int run_child(const bench_opts *o)
     result res;
     memset(&res, 0, sizeof res);
     double secs, cpu;
-    if ((rc = run_steps(&t, 1, &secs, &cpu, &err)) ||
-        (rc = run_steps(&t, o->steps, &secs, &cpu, &err)))
+    dt_comm_stats c0, c1, dc;
+    if ((rc = run_steps(&t, 1, &secs, &cpu, &err)))
         goto out;
+    group_stats(&t, &c0);
+    if ((rc = run_steps(&t, o->steps, &secs, &cpu, &err)))
+        goto out;
+    group_stats(&t, &c1);
+    dt_comm_stats_sub(&c1, &c0, &dc);
+    res.ar_bytes = (double)dc.bytes[DT_COMM_OP_ALLREDUCE] / o->steps;
+    res.ar_calls = (double)dc.calls[DT_COMM_OP_ALLREDUCE] / o->steps;
     res.step_s = secs / o->steps;
     res.cpu_s = cpu / o->steps;
     dt_backend *be = t.be;
@@ -224,12 +257,17 @@ static int run_child(const bench_opts *o)
     if (dt_strategy_tensor_stats(t.s, &ts) == 0) {
         res.whole_params = (long long)ts.whole_params;
         res.pred_params = 4.0 * ((double)ts.split_whole / ts.T + (double)ts.replicated);
-        res.ar_floats = (4.0 * mc->n_layer + 2.0) * btc + 3.0 * bt;
-        res.megatron = 4.0 * mc->n_layer * btc;
+        /* the model's, the norm's double, and (D = 1) the loss and stop flag's two doubles */
+        res.sched_bytes = 4.0 * ((4.0 * mc->n_layer + 2.0) * btc + 3.0 * bt) + 8.0 +
+                          (ts.D == 1 ? 16.0 : 0.0);
+        res.ref_bytes = 4.0 * 4.0 * mc->n_layer * btc;
         /* the trainer counts every rank's batch; a tensor group's ranks share theirs */
         res.tokens = (double)t.batch * job.grad_accum * mc->shape.seq_len * ts.D;
     } else if (o->nproc > 1) {
-        res.ar_floats = (double)t.model->num_params; /* DDP: the gradients */
+        /* DDP: the gradients (16-bit payloads under ddp.compress), then the loss's two doubles */
+        double payload = job.compress == DT_COMPRESS_NONE ? 4.0 : 2.0;
+        res.sched_bytes = payload * (double)t.model->num_params + 16.0;
+        res.ref_bytes = 4.0 * (double)t.model->num_params;
     }
     if ((rc = write_result(o->out, &res)) != 0)
         dt_err_errno(&err, -rc, "writing %s", o->out);
@@ -487,10 +525,11 @@ int dt_bench_tensor(int argc, char **argv)
         cpu_hi[ci] = v[3][o.repeat - 1];
     }
     if (!failed) {
-        printf("%-16s %5s %5s %9s %10s %6s %9s %13s %10s %6s %8s %10s %10s %10s %10s\n",
+        printf("%-16s %5s %5s %9s %10s %6s %9s %13s %10s %6s %8s %10s %10s %13s %7s %10s "
+               "%10s\n",
                "configuration", "ranks", "batch", "step(ms)", "tokens/s", "vs T=1", "cpu(ms)",
                o.repeat > 1 ? "cpu min-max" : "", "tok/s/cpu", "vs T=1", "outside", "AR MiB",
-               "Megatron", "params MiB", "predicted");
+               "schedule", "Megatron", "vs Meg", "params MiB", "predicted");
         double base_tps = 0, base_cpu = 0, t2_wall = 0, t2_cpu = 0;
         for (int ci = 0; ci < nc; ci++) {
             const conf *c = &confs[ci];
@@ -504,7 +543,7 @@ int dt_bench_tensor(int argc, char **argv)
                 base_tps = tps;
                 base_cpu = tpc;
             }
-            char vs[16] = "-", vc[16] = "-", outside[24] = "n/a", meg[24] = "-";
+            char vs[16] = "-", vc[16] = "-", outside[24] = "n/a", meg[24] = "-", ratio[16] = "-";
             if (base_tps > 0)
                 snprintf(vs, sizeof vs, "%.2fx", tps / base_tps);
             if (base_cpu > 0)
@@ -516,16 +555,18 @@ int dt_bench_tensor(int argc, char **argv)
             if (prof[ci] > 0)
                 snprintf(outside, sizeof outside, "%.1f%%",
                          100.0 * fmax(0.0, prof[ci] - ops[ci]) / prof[ci]);
-            if (r->megatron > 0)
-                snprintf(meg, sizeof meg, "%.3f", r->megatron * 4 / MIB);
+            if (r->ref_bytes > 0) {
+                snprintf(meg, sizeof meg, "%.3f%s", r->ref_bytes / MIB, c->T > 1 ? "" : " grads");
+                snprintf(ratio, sizeof ratio, "%.3f", r->ar_bytes / r->ref_bytes);
+            }
             char range[32] = "";
             if (o.repeat > 1)
                 snprintf(range, sizeof range, "%.0f-%.0f", cpu_lo[ci] * 1e3, cpu_hi[ci] * 1e3);
-            printf("%-16s %5d %5d %9.2f %10.0f %6s %9.2f %13s %10.0f %6s %8s %10.3f %10s "
-                   "%10.3f %10.3f\n",
+            printf("%-16s %5d %5d %9.2f %10.0f %6s %9.2f %13s %10.0f %6s %8s %10.3f %10.3f %13s "
+                   "%7s %10.3f %10.3f\n",
                    c->label, c->ranks, c->batch, step[ci] * 1e3, tps, vs, cpu[ci] * 1e3, range,
-                   tpc, vc, outside, r->ar_floats * 4 / MIB, meg, r->params_bytes / MIB,
-                   r->pred_params / MIB);
+                   tpc, vc, outside, r->ar_bytes / MIB, r->sched_bytes / MIB, meg, ratio,
+                   r->params_bytes / MIB, r->pred_params / MIB);
         }
         printf("#\n# step(ms), tokens/s: wall clock (the global batch's tokens over the ranks' "
                "mean step time, median of the passes); vs T=1: against one process\n"
@@ -537,9 +578,12 @@ int dt_bench_tensor(int argc, char **argv)
                "# outside: the share of a profiled step (wall clock) outside the backend's "
                "compute ops: the all-reduces and the waits for the other ranks, plus the host "
                "overhead the one-process row shows alone\n"
-               "# AR MiB: what each rank all-reduces per step (tensor ranks: gpt's schedule, "
-               "(4L + 2) x B x T x C + 3 x B x T floats; DDP: its gradients); Megatron: 4 x L x "
-               "B x T x C floats\n"
+               "# AR MiB: what each rank all-reduced per timed step, counted by the communicator "
+               "(tensor ranks: the tensor group's; DDP: the world's), in nccl-tests' sizes; "
+               "schedule: its prediction (tensor ranks: 4 x ((4L + 2) x B x T x C + 3 x B x T) "
+               "bytes per micro-step, + 8 for the norm, + 16 for the loss when D = 1; DDP: its "
+               "gradients + 16 for the loss); Megatron: 4 x L x B x T x C floats (DDP: its "
+               "gradients, parameters x 4 bytes); vs Meg: AR / Megatron\n"
                "# params MiB: the allocator's parameter bytes per rank; predicted: 4 x (split "
                "tensors' whole elements / T + replicated elements)\n");
         if (t2_cpu > 0)
@@ -551,18 +595,20 @@ int dt_bench_tensor(int argc, char **argv)
             printf("# (from %d pass(es): on a shared machine use --repeat 3 or more)\n",
                    o.repeat);
         /* exact figures of every rank, for scripts and tests */
-        printf("#\n# per rank: parameter bytes (allocator; predicted), floats all-reduced per "
-               "step (Megatron's), parameters held of the whole model's:\n");
+        printf("#\n# per rank: parameter bytes (allocator; predicted), bytes all-reduced per "
+               "step as counted (calls; the schedule's prediction; Megatron's or DDP's "
+               "gradients), parameters held of the whole model's:\n");
         for (int ci = 0; ci < nc; ci++) {
             if (!confs[ci].ok)
                 continue;
             for (int k = 0; k < confs[ci].ranks; k++) {
                 const result *r =
                     &res[((size_t)(o.repeat - 1) * MAX_CONF + (size_t)ci) * MAX_RANKS + k];
-                printf("# %s rank %d: params %.0f predicted %.0f; all-reduce %.0f megatron %.0f; "
-                       "holds %lld of %lld\n",
-                       confs[ci].label, k, r->params_bytes, r->pred_params, r->ar_floats,
-                       r->megatron, r->local_params, r->whole_params);
+                printf("# %s rank %d: params %.0f predicted %.0f; all-reduce bytes %.0f calls %.0f "
+                       "schedule %.0f reference %.0f; holds %lld of %lld\n",
+                       confs[ci].label, k, r->params_bytes, r->pred_params, r->ar_bytes,
+                       r->ar_calls, r->sched_bytes, r->ref_bytes, r->local_params,
+                       r->whole_params);
             }
         }
     }

@@ -140,17 +140,27 @@ static void test_memory(void)
 
 /* Tensor parallelism: one process, DDP x 4, T = 2 and T = 4 all run; each tensor rank holds
  * exactly its slices (the allocator's parameter bytes = 4 x (split / T + replicated)), under
- * 0.6 (T = 2) and 0.35 (T = 4) of the whole model, and all-reduces more than Megatron's
- * 4 x L x B x T x C (the embedding's, ln_f's and the cross-entropy's on top). */
+ * 0.6 (T = 2) and 0.35 (T = 4) of the whole model. The all-reduce bytes are counted by the
+ * communicators (comm.h's dt_comm_stats) and deterministic, so they equal the schedule's
+ * prediction exactly: at T = 2 and 4, 4 x ((4L + 2) x B x T x C + 3 x B x T) + 8 (the norm) + 16
+ * (the loss: D = 1) bytes in 4L + 2 + 2 + 2 all-reduces, within 5% of Megatron's 4 x L x B x T x C
+ * floats at L = 12 (above it by 2 / 4L + 3 / 4LC: the embedding's, ln_f's and the loss's); DDP's
+ * its gradients plus the loss's two doubles. */
 static void test_tensor(void)
 {
-    DT_CHECK_INT(bench(180, "tensor configs/quickstart.ini --nproc 4 --steps 1 job.device=cpu "
-                            "model.n_layer=2 model.n_head=4 model.n_embd=32 model.block_size=32 "
-                            "data.seq_len=32 train.batch_size=4"), 0);
+    enum { L = 12, B = 4, T = 32, C = 32 };
+    DT_CHECK_INT(bench(180, "tensor configs/quickstart.ini --nproc 4 --steps 2 job.device=cpu "
+                            "model.n_layer=12 model.n_head=4 model.n_embd=32 model.block_size=32 "
+                            "data.seq_len=32 train.batch_size=4 train.grad_accum=1"), 0);
     DT_REQUIRE(out != NULL);
     double whole = 0;
+    long long whole_n = 0;
     const char *at = strstr(out, "# T=1 (1 process) rank 0: params ");
     DT_REQUIRE(at && sscanf(at, "# T=1 (1 process) rank 0: params %lf", &whole) == 1);
+    at = strstr(at, "holds ");
+    DT_REQUIRE(at && sscanf(at, "holds %lld", &whole_n) == 1);
+    const double model_bytes = 4.0 * ((4 * L + 2) * (double)B * T * C + 3.0 * B * T);
+    const double want_ar = model_bytes + 8 + 16, want_meg = 4.0 * 4 * L * B * T * C;
     const int Ts[2] = {2, 4};
     const double most[2] = {0.6, 0.35};
     for (int i = 0; i < 2; i++)
@@ -158,16 +168,35 @@ static void test_tensor(void)
             char key[64];
             snprintf(key, sizeof key, "# T=%d rank %d: ", Ts[i], r);
             at = strstr(out, key);
-            double p = 0, pp = 0, ar = 0, meg = 0;
+            double p = 0, pp = 0, ar = 0, calls = 0, sched = 0, meg = 0;
             DT_REQUIRE(at);
-            DT_REQUIRE(sscanf(at + strlen(key), "params %lf predicted %lf; all-reduce %lf "
-                              "megatron %lf", &p, &pp, &ar, &meg) == 4);
+            DT_REQUIRE(sscanf(at + strlen(key), "params %lf predicted %lf; all-reduce bytes %lf "
+                              "calls %lf schedule %lf reference %lf", &p, &pp, &ar, &calls,
+                              &sched, &meg) == 6);
             DT_CHECK_MSG(p == pp, "T=%d rank %d: params %.0f, predicted %.0f", Ts[i], r, p, pp);
             DT_CHECK_MSG(p < most[i] * whole, "T=%d: params %.0f of %.0f", Ts[i], p, whole);
-            DT_CHECK_MSG(meg > 0 && ar > meg, "T=%d: all-reduce %.0f, Megatron %.0f", Ts[i], ar,
-                         meg);
+            DT_CHECK_MSG(ar == sched && ar == want_ar,
+                         "T=%d rank %d: all-reduced %.0f bytes a step, the schedule %.0f, want "
+                         "%.0f", Ts[i], r, ar, sched, want_ar);
+            DT_CHECK_MSG(calls == 4 * L + 2 + 2 + 2, "T=%d rank %d: %.0f all-reduces a step",
+                         Ts[i], r, calls);
+            DT_CHECK_MSG(meg == want_meg && ar > meg && ar / meg < 1.05,
+                         "T=%d rank %d: all-reduced %.0f bytes, Megatron %.0f (want %.0f): %.4f",
+                         Ts[i], r, ar, meg, want_meg, meg > 0 ? ar / meg : 0);
         }
-    DT_CHECK_CONTAINS(out, "DDP x 4 rank 3: ");
+    for (int r = 0; r < 4; r++) {
+        char key[64];
+        snprintf(key, sizeof key, "# DDP x 4 rank %d: ", r);
+        at = strstr(out, key);
+        double p = 0, pp = 0, ar = 0, calls = 0, sched = 0, ref = 0;
+        DT_REQUIRE(at);
+        DT_REQUIRE(sscanf(at + strlen(key), "params %lf predicted %lf; all-reduce bytes %lf "
+                          "calls %lf schedule %lf reference %lf", &p, &pp, &ar, &calls, &sched,
+                          &ref) == 6);
+        DT_CHECK_MSG(ref == 4.0 * (double)whole_n && ar == sched && ar == ref + 16,
+                     "DDP rank %d: all-reduced %.0f bytes, schedule %.0f, gradients %.0f (%lld "
+                     "parameters)", r, ar, sched, ref, whole_n);
+    }
     DT_CHECK_CONTAINS(out, "T=2 vs T=1 (one process): ");
 }
 

@@ -3,7 +3,8 @@
  * and ranks for every split shape, collectives on groups, groups in flight at once in opposite
  * orders, groups across emulated hosts (shared memory, TCP ring, hierarchical, flat TCP), and
  * point-to-point rings, bidirectional batches of 16 MiB, ordering of many small messages,
- * mismatched counts, dead and stalled peers.
+ * mismatched counts, dead and stalled peers; the per-communicator counters (dt_comm_stats) and
+ * completion times (dt_comm_wait_done).
  *
  * Ranks are forked processes that bootstrap through a real store server on 127.0.0.1; hosts are
  * emulated with DTRAIN_COMM_HOST_ID (a comma-separated host id per rank), DTRAIN_COMM_TRANSPORT
@@ -913,6 +914,201 @@ static void test_p2p_on_groups(void)
     run_world(&a, pipe_rank, NULL, 40);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Counters (dt_comm_stats)                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* want[op] = {calls, bytes}; every op not listed must be zero. */
+static void check_stats(rank_ctx *x, const char *what, const dt_comm *c,
+                        const uint64_t want[DT_COMM_OP_COUNT][2])
+{
+    dt_comm_stats st;
+    dt_comm_stats_get(c, &st);
+    for (int op = 0; op < DT_COMM_OP_COUNT; op++)
+        RCHECK(st.calls[op] == want[op][0] && st.bytes[op] == want[op][1],
+               "rank %d, %s: %s counted %llu calls, %llu bytes; want %llu, %llu", x->rank, what,
+               dt_comm_op_name((dt_comm_op)op), (unsigned long long)st.calls[op],
+               (unsigned long long)st.bytes[op], (unsigned long long)want[op][0],
+               (unsigned long long)want[op][1]);
+}
+
+/* 4 ranks: a world and two groups {0, 1}, {2, 3}; collectives and p2p of known sizes on each,
+ * counted exactly (nccl-tests' sizes), each communicator apart, reset, and a snapshot
+ * difference. */
+static void stats_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    const int n = x->n;
+    uint64_t w[DT_COMM_OP_COUNT][2] = {{0}};
+    check_stats(x, "world at init (the bootstrap is not a collective)", x->c, w);
+    float f[10] = {0};
+    double d[3] = {0};
+    int32_t i32[5] = {0};
+    float ag_in[6] = {0}, ag_out[4 * 6];
+    int64_t rs_in[4 * 2] = {0}, rs_out[2];
+    uint8_t u8[7] = {0};
+    dt_comm_work *wk = NULL;
+    RCHECK(dt_comm_allreduce(x->c, f, 10, DT_FLOAT32, DT_SUM, NULL, &err) == 0, "%s", err.msg);
+    RCHECK(dt_comm_allreduce(x->c, d, 3, DT_FLOAT64, DT_AVG, &wk, &err) == 0, "%s", err.msg);
+    RCHECK(dt_comm_wait(x->c, wk, &err) == 0, "%s", err.msg);
+    RCHECK(dt_comm_broadcast(x->c, i32, 5, DT_INT32, 1, NULL, &err) == 0, "%s", err.msg);
+    RCHECK(dt_comm_allgather(x->c, ag_in, ag_out, 6, DT_FLOAT32, NULL, &err) == 0, "%s",
+           err.msg);
+    RCHECK(dt_comm_reduce_scatter(x->c, rs_in, rs_out, 2, DT_INT64, DT_SUM, NULL, &err) == 0,
+           "%s", err.msg);
+    RCHECK(dt_comm_reduce(x->c, u8, 7, DT_UINT8, DT_MAX, 3, NULL, &err) == 0, "%s", err.msg);
+    RCHECK(dt_comm_barrier(x->c, &err) == 0, "%s", err.msg);
+    /* refused before it reaches the backend: not counted */
+    RCHECK(dt_comm_allreduce(x->c, i32, 5, DT_INT32, DT_AVG, NULL, &err) == -EINVAL,
+           "an integer avg was accepted");
+    w[DT_COMM_OP_ALLREDUCE][0] = 2, w[DT_COMM_OP_ALLREDUCE][1] = 10 * 4 + 3 * 8;
+    w[DT_COMM_OP_BROADCAST][0] = 1, w[DT_COMM_OP_BROADCAST][1] = 5 * 4;
+    w[DT_COMM_OP_ALLGATHER][0] = 1, w[DT_COMM_OP_ALLGATHER][1] = (uint64_t)n * 6 * 4;
+    w[DT_COMM_OP_REDUCE_SCATTER][0] = 1, w[DT_COMM_OP_REDUCE_SCATTER][1] = (uint64_t)n * 2 * 8;
+    w[DT_COMM_OP_REDUCE][0] = 1, w[DT_COMM_OP_REDUCE][1] = 7;
+    w[DT_COMM_OP_BARRIER][0] = 1;
+    check_stats(x, "world", x->c, w);
+    dt_comm_stats before;
+    dt_comm_stats_get(x->c, &before);
+    RCHECK(before.wait_s > 0, "rank %d: blocking calls and a wait, %g s waited", x->rank,
+           before.wait_s);
+
+    /* the split's exchange (2 int32 per rank, allgathered) is the parent's */
+    dt_comm *g = NULL;
+    RCHECK(dt_comm_split(x->c, x->store, x->rank / 2, 0, &g, &err) == 0 && g, "split: %s",
+           err.msg);
+    if (!g)
+        return;
+    w[DT_COMM_OP_ALLGATHER][0] += 1, w[DT_COMM_OP_ALLGATHER][1] += (uint64_t)n * 2 * 4;
+    check_stats(x, "world after the split", x->c, w);
+    uint64_t gw[DT_COMM_OP_COUNT][2] = {{0}};
+    check_stats(x, "a new group", g, gw);
+
+    /* on the group: an all-reduce whose size differs per group (they count apart), and one
+     * p2p batch: 9 floats one way, 4 int64 the other */
+    const size_t ar = x->rank < 2 ? 100 : 33;
+    float *buf = calloc(ar, sizeof *buf);
+    float s9[9] = {0};
+    int64_t r4[4] = {0};
+    RCHECK(buf && dt_comm_allreduce(g, buf, ar, DT_FLOAT32, DT_SUM, NULL, &err) == 0, "%s",
+           err.msg);
+    free(buf);
+    const int gr = dt_comm_rank(g), peer = 1 - gr;
+    dt_p2p_op ops[2];
+    if (gr == 0) {
+        ops[0] = (dt_p2p_op){DT_P2P_SEND, s9, 9, DT_FLOAT32, peer};
+        ops[1] = (dt_p2p_op){DT_P2P_RECV, r4, 4, DT_INT64, peer};
+    } else {
+        ops[0] = (dt_p2p_op){DT_P2P_RECV, s9, 9, DT_FLOAT32, peer};
+        ops[1] = (dt_p2p_op){DT_P2P_SEND, r4, 4, DT_INT64, peer};
+    }
+    RCHECK(dt_comm_p2p(g, ops, 2, &wk, &err) == 0, "p2p: %s", err.msg);
+    RCHECK(dt_comm_wait(g, wk, &err) == 0, "p2p wait: %s", err.msg);
+    gw[DT_COMM_OP_ALLREDUCE][0] = 1, gw[DT_COMM_OP_ALLREDUCE][1] = ar * 4;
+    gw[gr == 0 ? DT_COMM_OP_SEND : DT_COMM_OP_RECV][0] = 1;
+    gw[gr == 0 ? DT_COMM_OP_SEND : DT_COMM_OP_RECV][1] = 9 * 4;
+    gw[gr == 0 ? DT_COMM_OP_RECV : DT_COMM_OP_SEND][0] = 1;
+    gw[gr == 0 ? DT_COMM_OP_RECV : DT_COMM_OP_SEND][1] = 4 * 8;
+    check_stats(x, "the group", g, gw);
+    check_stats(x, "world after the group's work", x->c, w);
+
+    /* a snapshot difference: exactly what ran between the two */
+    int64_t one = 1;
+    RCHECK(dt_comm_allreduce(x->c, &one, 1, DT_INT64, DT_SUM, NULL, &err) == 0, "%s", err.msg);
+    dt_comm_stats after, diff;
+    dt_comm_stats_get(x->c, &after);
+    dt_comm_stats_sub(&after, &before, &diff);
+    for (int op = 0; op < DT_COMM_OP_COUNT; op++) {
+        uint64_t wc = op == DT_COMM_OP_ALLREDUCE || op == DT_COMM_OP_ALLGATHER ? 1 : 0;
+        uint64_t wb = op == DT_COMM_OP_ALLREDUCE ? 8 : op == DT_COMM_OP_ALLGATHER ? n * 8 : 0;
+        RCHECK(diff.calls[op] == wc && diff.bytes[op] == wb,
+               "rank %d: %s between the snapshots: %llu calls, %llu bytes", x->rank,
+               dt_comm_op_name((dt_comm_op)op), (unsigned long long)diff.calls[op],
+               (unsigned long long)diff.bytes[op]);
+    }
+
+    /* reset: the group's counters only */
+    dt_comm_stats_reset(g);
+    uint64_t zero[DT_COMM_OP_COUNT][2] = {{0}};
+    check_stats(x, "the group after a reset", g, zero);
+    dt_comm_stats gs;
+    dt_comm_stats_get(g, &gs);
+    RCHECK(gs.wait_s == 0, "wait_s %g after a reset", gs.wait_s);
+    RCHECK(dt_comm_barrier(g, &err) == 0, "%s", err.msg);
+    zero[DT_COMM_OP_BARRIER][0] = 1;
+    check_stats(x, "the group after a reset and a barrier", g, zero);
+    w[DT_COMM_OP_ALLREDUCE][0] += 1, w[DT_COMM_OP_ALLREDUCE][1] += 8;
+    check_stats(x, "world after the group's reset", x->c, w);
+    dt_comm_free(g);
+}
+
+static void test_stats(void)
+{
+    world w = {.n = 4};
+    run_world(&w, stats_rank, NULL, 40);
+    /* a world of one and NULL */
+    dt_err err = {0};
+    dt_comm_opts o;
+    dt_comm_opts_default(&o);
+    o.run_id = "tg-stats-one";
+    dt_comm *c = NULL;
+    DT_REQUIRE_OK(dt_comm_init(&c, NULL, &o, &err), &err);
+    double v[4] = {1, 2, 3, 4};
+    DT_CHECK_INT(dt_comm_allreduce(c, v, 4, DT_FLOAT64, DT_SUM, NULL, &err), 0);
+    dt_comm_stats st;
+    dt_comm_stats_get(c, &st);
+    DT_CHECK(st.calls[DT_COMM_OP_ALLREDUCE] == 1 && st.bytes[DT_COMM_OP_ALLREDUCE] == 32);
+    dt_comm_stats_get(NULL, &st);
+    DT_CHECK(st.calls[DT_COMM_OP_ALLREDUCE] == 0 && st.wait_s == 0);
+    dt_comm_stats_reset(NULL);
+    DT_CHECK_STR(dt_comm_op_name(DT_COMM_OP_REDUCE_SCATTER), "reduce_scatter");
+    DT_CHECK_STR(dt_comm_op_name(DT_COMM_OP_COUNT), "?");
+    dt_comm_free(c);
+}
+
+/* dt_comm_wait_done: an all-reduce and a p2p batch waited on 300 ms after their issue report
+ * a completion time between the issue and the wait (the cpu backend stamps them when its comm
+ * thread or point-to-point engine finishes them; 300 ms leaves a loaded machine ample time to
+ * run a collective of 64 bytes), and a NULL handle the time of the call. */
+static void wait_done_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    float v[16] = {0};
+    float pv2[8] = {0};
+    dt_comm_work *wa = NULL, *wp = NULL;
+    RCHECK(dt_comm_barrier(x->c, &err) == 0, "%s", err.msg);
+    uint64_t t_issue = dt_now_ns();
+    RCHECK(dt_comm_allreduce(x->c, v, 16, DT_FLOAT32, DT_SUM, &wa, &err) == 0, "%s", err.msg);
+    dt_p2p_op op = {x->rank == 0 ? DT_P2P_SEND : DT_P2P_RECV, pv2, 8, DT_FLOAT32, 1 - x->rank};
+    RCHECK(dt_comm_p2p(x->c, &op, 1, &wp, &err) == 0, "%s", err.msg);
+    dt_sleep_ms(300);
+    uint64_t t_wait = dt_now_ns(), done_a = 0, done_p = 0, done_n = 0;
+    RCHECK(dt_comm_wait_done(x->c, wa, &done_a, &err) == 0, "%s", err.msg);
+    RCHECK(dt_comm_wait_done(x->c, wp, &done_p, &err) == 0, "%s", err.msg);
+    uint64_t t_end = dt_now_ns();
+    RCHECK(done_a >= t_issue && done_a < t_wait,
+           "rank %d: the all-reduce done %.3f ms after its issue, the wait began at %.3f ms",
+           x->rank, (double)(done_a - t_issue) * 1e-6, (double)(t_wait - t_issue) * 1e-6);
+    RCHECK(done_p >= t_issue && done_p < t_wait,
+           "rank %d: the p2p batch done %.3f ms after its issue, the wait began at %.3f ms",
+           x->rank, (double)(done_p - t_issue) * 1e-6, (double)(t_wait - t_issue) * 1e-6);
+    RCHECK(dt_comm_wait_done(x->c, NULL, &done_n, &err) == 0 && done_n >= t_end,
+           "a NULL handle");
+    dt_comm_stats st;
+    dt_comm_stats_get(x->c, &st);
+    RCHECK(st.calls[DT_COMM_OP_ALLREDUCE] == 1 && st.calls[DT_COMM_OP_BARRIER] == 1 &&
+               st.bytes[x->rank == 0 ? DT_COMM_OP_SEND : DT_COMM_OP_RECV] == 32,
+           "rank %d: counters", x->rank);
+}
+
+static void test_wait_done(void)
+{
+    world w = {.n = 2};
+    run_world(&w, wait_done_rank, NULL, 30);
+}
+
 /* One process: a world of one, its split, a group of one, invalid p2p arguments. */
 static void test_one_rank(void)
 {
@@ -965,6 +1161,8 @@ int main(int argc, char **argv)
         {"split_shapes", test_split_shapes, 90},
         {"split_hosts", test_split_hosts, 120},
         {"concurrent_groups", test_concurrent_groups, 90},
+        {"stats", test_stats, 60},
+        {"wait_done", test_wait_done, 40},
     };
     return dt_test_main("test_comm_groups", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

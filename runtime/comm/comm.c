@@ -14,12 +14,18 @@
  * engine. Its number (shared-memory names, ring tag) is a hash of that namespace, never one of
  * the per-process counter. A backend that splits itself (nccl: ncclCommSplit) does so instead.
  * Each communicator keeps the global rank of each of its ranks (dt_comm_global_rank).
+ *
+ * Counters (dt_comm_stats): every dt_comm_* call that reaches a backend goes through the
+ * dispatch below, which counts it (calls and nccl-tests' size in bytes, per op) after the backend
+ * accepted it, and adds the time a blocking call or a wait held its caller. Relaxed atomics in
+ * the dt_comm itself: no lock, and nothing a backend has to do.
  */
 #include "runtime/comm/comm.h"
 
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +47,10 @@ struct dt_comm {
     char *backend, *run_id, *local_addr;
     char prefix[512];    /* store namespace */
     uint64_t nsplits;
+    /* counters (see dt_comm_stats): relaxed atomics, zeroed by calloc */
+    _Atomic uint64_t calls[DT_COMM_OP_COUNT];
+    _Atomic uint64_t bytes[DT_COMM_OP_COUNT];
+    _Atomic uint64_t wait_ns;
 };
 
 static _Atomic uint64_t comm_counter;
@@ -189,6 +199,76 @@ int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 
 int dt_comm_world_size(const dt_comm *c) { return c ? c->world : 1; }
 
+/* ---- counters ------------------------------------------------------------------------------ */
+
+static const char *const op_names[DT_COMM_OP_COUNT] = {
+    [DT_COMM_OP_ALLREDUCE] = "allreduce", [DT_COMM_OP_REDUCE] = "reduce",
+    [DT_COMM_OP_BROADCAST] = "broadcast", [DT_COMM_OP_ALLGATHER] = "allgather",
+    [DT_COMM_OP_REDUCE_SCATTER] = "reduce_scatter", [DT_COMM_OP_BARRIER] = "barrier",
+    [DT_COMM_OP_SEND] = "send", [DT_COMM_OP_RECV] = "recv",
+};
+
+const char *dt_comm_op_name(dt_comm_op op)
+{
+    return (int)op >= 0 && op < DT_COMM_OP_COUNT ? op_names[op] : "?";
+}
+
+static void count_op(dt_comm *c, dt_comm_op op, uint64_t bytes)
+{
+    atomic_fetch_add_explicit(&c->calls[op], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->bytes[op], bytes, memory_order_relaxed);
+}
+
+/* The dispatch's epilogue: counts an accepted call (rc == 0), and for a blocking one (no work
+ * handle) the time since t0 it held its caller. Returns rc. */
+static int counted(dt_comm *c, int rc, dt_comm_op op, uint64_t bytes, bool blocking, uint64_t t0)
+{
+    if (rc == 0)
+        count_op(c, op, bytes);
+    if (blocking)
+        atomic_fetch_add_explicit(&c->wait_ns, dt_now_ns() - t0, memory_order_relaxed);
+    return rc;
+}
+
+static uint64_t size_of(size_t count, dt_dtype t) { return (uint64_t)count * dt_dtype_size(t); }
+
+void dt_comm_stats_get(const dt_comm *c, dt_comm_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!c)
+        return;
+    /* the counters are only ever read here: casting const away for the atomic loads is safe */
+    dt_comm *m = (dt_comm *)(uintptr_t)c;
+    for (int i = 0; i < DT_COMM_OP_COUNT; i++) {
+        out->calls[i] = atomic_load_explicit(&m->calls[i], memory_order_relaxed);
+        out->bytes[i] = atomic_load_explicit(&m->bytes[i], memory_order_relaxed);
+    }
+    out->wait_s = (double)atomic_load_explicit(&m->wait_ns, memory_order_relaxed) * 1e-9;
+}
+
+void dt_comm_stats_reset(dt_comm *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < DT_COMM_OP_COUNT; i++) {
+        atomic_store_explicit(&c->calls[i], 0, memory_order_relaxed);
+        atomic_store_explicit(&c->bytes[i], 0, memory_order_relaxed);
+    }
+    atomic_store_explicit(&c->wait_ns, 0, memory_order_relaxed);
+}
+
+void dt_comm_stats_sub(const dt_comm_stats *after, const dt_comm_stats *before,
+                       dt_comm_stats *out)
+{
+    dt_comm_stats d;
+    for (int i = 0; i < DT_COMM_OP_COUNT; i++) {
+        d.calls[i] = after->calls[i] - before->calls[i];
+        d.bytes[i] = after->bytes[i] - before->bytes[i];
+    }
+    d.wait_s = after->wait_s - before->wait_s;
+    *out = d;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------------ */
 
 /* The reduction op on t is one every backend runs: any op on floats, sum/max/min on integers. */
@@ -221,7 +301,9 @@ int dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_re
     int rc = check_reduction("allreduce", dtype, op, err);
     if (rc)
         return rc;
-    return c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
+    uint64_t t0 = work ? 0 : dt_now_ns();
+    rc = c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
+    return counted(c, rc, DT_COMM_OP_ALLREDUCE, size_of(count, dtype), !work, t0);
 }
 
 int dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_redop op, int root,
@@ -235,9 +317,12 @@ int dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_redop
     int rc = check_reduction("reduce", dtype, op, err);
     if (rc)
         return rc;
+    uint64_t t0 = work ? 0 : dt_now_ns();
     if (!c->ops->reduce)
-        return c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
-    return c->ops->reduce(c->self, buf, count, dtype, op, root, work, err);
+        rc = c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
+    else
+        rc = c->ops->reduce(c->self, buf, count, dtype, op, root, work, err);
+    return counted(c, rc, DT_COMM_OP_REDUCE, size_of(count, dtype), !work, t0);
 }
 
 int dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int root,
@@ -248,7 +333,9 @@ int dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int r
     int rc = check_dtype("broadcast", dtype, err);
     if (rc)
         return rc;
-    return c->ops->broadcast(c->self, buf, count, dtype, root, work, err);
+    uint64_t t0 = work ? 0 : dt_now_ns();
+    rc = c->ops->broadcast(c->self, buf, count, dtype, root, work, err);
+    return counted(c, rc, DT_COMM_OP_BROADCAST, size_of(count, dtype), !work, t0);
 }
 
 int dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype dtype,
@@ -259,7 +346,10 @@ int dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt
     int rc = check_dtype("allgather", dtype, err);
     if (rc)
         return rc;
-    return c->ops->allgather(c->self, send, recv, count, dtype, work, err);
+    uint64_t t0 = work ? 0 : dt_now_ns();
+    rc = c->ops->allgather(c->self, send, recv, count, dtype, work, err);
+    return counted(c, rc, DT_COMM_OP_ALLGATHER, (uint64_t)c->world * size_of(count, dtype),
+                   !work, t0);
 }
 
 int dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count,
@@ -270,16 +360,43 @@ int dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t coun
     int rc = check_reduction("reduce_scatter", dtype, op, err);
     if (rc)
         return rc;
-    return c->ops->reduce_scatter(c->self, send, recv, count, dtype, op, work, err);
+    uint64_t t0 = work ? 0 : dt_now_ns();
+    rc = c->ops->reduce_scatter(c->self, send, recv, count, dtype, op, work, err);
+    return counted(c, rc, DT_COMM_OP_REDUCE_SCATTER, (uint64_t)c->world * size_of(count, dtype),
+                   !work, t0);
 }
 
-int dt_comm_barrier(dt_comm *c, dt_err *err) { return c->ops->barrier(c->self, err); }
+int dt_comm_barrier(dt_comm *c, dt_err *err)
+{
+    uint64_t t0 = dt_now_ns();
+    return counted(c, c->ops->barrier(c->self, err), DT_COMM_OP_BARRIER, 0, true, t0);
+}
 
 int dt_comm_wait(dt_comm *c, dt_comm_work *work, dt_err *err)
 {
     if (!work)
         return 0;
-    return c->ops->wait(c->self, work, err);
+    uint64_t t0 = dt_now_ns();
+    int rc = c->ops->wait(c->self, work, err);
+    atomic_fetch_add_explicit(&c->wait_ns, dt_now_ns() - t0, memory_order_relaxed);
+    return rc;
+}
+
+int dt_comm_wait_done(dt_comm *c, dt_comm_work *work, uint64_t *done_ns, dt_err *err)
+{
+    uint64_t t0 = dt_now_ns();
+    if (!work) {
+        *done_ns = t0;
+        return 0;
+    }
+    uint64_t done = 0;
+    int rc = c->ops->wait_done ? c->ops->wait_done(c->self, work, &done, err)
+                               : c->ops->wait(c->self, work, err);
+    uint64_t t1 = dt_now_ns();
+    atomic_fetch_add_explicit(&c->wait_ns, t1 - t0, memory_order_relaxed);
+    /* a backend that could not tell, or a failure: when the wait returned */
+    *done_ns = rc == 0 && done != 0 && done <= t1 ? done : t1;
+    return rc;
 }
 
 int dt_comm_mem_alloc(dt_comm *c, size_t bytes, void **out, dt_err *err)
@@ -461,7 +578,15 @@ int dt_comm_p2p(dt_comm *c, const dt_p2p_op *ops, int n, dt_comm_work **work, dt
     if (!c->ops->p2p)
         return dt_err_set(err, -ENOTSUP, "p2p: the %s backend has no point-to-point",
                           c->ops->name);
-    return c->ops->p2p(c->self, ops, n, work, err);
+    uint64_t t0 = work ? 0 : dt_now_ns();
+    int rc = c->ops->p2p(c->self, ops, n, work, err);
+    if (rc == 0)
+        for (int i = 0; i < n; i++)
+            count_op(c, ops[i].kind == DT_P2P_SEND ? DT_COMM_OP_SEND : DT_COMM_OP_RECV,
+                     size_of(ops[i].count, ops[i].dtype));
+    if (!work)
+        atomic_fetch_add_explicit(&c->wait_ns, dt_now_ns() - t0, memory_order_relaxed);
+    return rc;
 }
 
 int dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype dtype, int peer,

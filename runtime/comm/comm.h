@@ -92,6 +92,16 @@ int dt_comm_barrier(dt_comm *c, dt_err *err);
 /* Waits for one piece of work and frees its handle (also on failure). */
 int dt_comm_wait(dt_comm *c, dt_comm_work *work, dt_err *err);
 
+/* dt_comm_wait, and *done_ns = when the work finished, on dt_now_ns's clock (CLOCK_MONOTONIC
+ * nanoseconds, the clock trace.h's spans use), which may be well before the wait: a timeline can
+ * end an overlapped collective's span where it ended rather than where it was waited on.
+ *   cpu: when the comm thread (or the caller that ran it in place) finished the collective;
+ *        for a point-to-point batch, when the engine completed its last send or receive.
+ *   nccl: when the wait saw the collective's event complete (the same upper bound as the
+ *        return of dt_comm_wait: the host learns of a stream's progress only by asking).
+ * A NULL work, or work that failed, gives the time the wait returned. */
+int dt_comm_wait_done(dt_comm *c, dt_comm_work *work, uint64_t *done_ns, dt_err *err);
+
 /* Communicator memory: host memory (64-byte aligned, zero-filled) that the communicator's
  * transport can read and write in place, like NCCL's registered user buffers. On the cpu backend
  * it is shared memory mapped by every rank of the host, and an all-reduce of a range of it (the
@@ -105,6 +115,67 @@ int dt_comm_mem_alloc(dt_comm *c, size_t bytes, void **out, dt_err *err);
 /* Releases communicator memory (not collective; no collective on it may be in flight). Accepts
  * NULL. */
 void dt_comm_mem_free(dt_comm *c, void *p);
+
+/* ---- counters: what a communicator moved ---------------------------------------------------
+ *
+ * Every communicator (a world or a group) counts, per operation, the calls issued on it and
+ * their bytes, in comm.c's dispatch: one place for every backend, so a strategy or a benchmark
+ * reads what really went through the groups it owns (dt_comm_stats_get on its tensor, data or
+ * pipeline group) instead of computing it from a schedule. A call is counted when the backend
+ * accepts it (an argument error is not counted; an op that fails later is). Counters are
+ * relaxed atomics: several threads may issue on one communicator (DP's replicas, DDP's reducer
+ * beside the trainer) and each increment costs one uncontended atomic add.
+ *
+ * Bytes are nccl-tests' "size" of the op (its algorithm bandwidth is bytes / time), on every
+ * rank alike:
+ *   allreduce, reduce, broadcast   count x dtype size (the buffer)
+ *   allgather                      world x count x dtype size (the whole output; count is each
+ *                                  rank's part)
+ *   reduce_scatter                 world x count x dtype size (the whole input; count is each
+ *                                  rank's output)
+ *   barrier                        0 (calls only)
+ *   send, recv                     count x dtype size per op, sends and receives apart; calls
+ *                                  count ops, not batches
+ * The bytes a rank puts on the wire depend on the algorithm (a ring all-reduce sends 2 (n-1)/n of
+ * its size: nccl-tests' bus bandwidth factor); these are the sizes, not the wire bytes.
+ * dt_comm_split's own exchange (an allgather of two int32 per rank) is counted on the parent. */
+typedef enum dt_comm_op {
+    DT_COMM_OP_ALLREDUCE = 0,
+    DT_COMM_OP_REDUCE,
+    DT_COMM_OP_BROADCAST,
+    DT_COMM_OP_ALLGATHER,
+    DT_COMM_OP_REDUCE_SCATTER,
+    DT_COMM_OP_BARRIER,
+    DT_COMM_OP_SEND,
+    DT_COMM_OP_RECV,
+    DT_COMM_OP_COUNT
+} dt_comm_op;
+
+typedef struct dt_comm_stats {
+    uint64_t calls[DT_COMM_OP_COUNT]; /* ops issued (p2p: sends and receives, not batches) */
+    uint64_t bytes[DT_COMM_OP_COUNT]; /* their sizes, as above */
+    double wait_s; /* seconds callers were blocked in this communicator: dt_comm_wait from entry
+                      to return, and blocking calls (work = NULL, barrier) from issue to return;
+                      summed over threads (two waiting at once count twice). Asynchronous
+                      collectives that finish before they are waited on cost (almost) none. */
+} dt_comm_stats;
+
+/* "allreduce", "reduce", "broadcast", "allgather", "reduce_scatter", "barrier", "send", "recv";
+ * "?" for anything else. */
+const char *dt_comm_op_name(dt_comm_op op);
+
+/* Copies c's counters into *out (zeroes when c is NULL). Each field is read atomically, the
+ * whole not: read them when no other thread is issuing on c for figures that add up. */
+void dt_comm_stats_get(const dt_comm *c, dt_comm_stats *out);
+
+/* Zeroes c's counters (accepts NULL). Increments racing with it may survive or be lost: reset
+ * when no other thread is issuing on c. Taking the difference of two dt_comm_stats_get (what
+ * dt_comm_stats_sub does) needs no reset and no write access. */
+void dt_comm_stats_reset(dt_comm *c);
+
+/* *out = *after - *before, field by field (counts of the calls between the two snapshots). */
+void dt_comm_stats_sub(const dt_comm_stats *after, const dt_comm_stats *before,
+                       dt_comm_stats *out);
 
 /* ---- groups and point-to-point (tensor and pipeline parallelism) --------------------------
  *

@@ -44,6 +44,7 @@ struct dt_comm_work {
     void *recv;
     dt_p2p_batch *batch; /* a point-to-point batch (comm_p2p.c runs it; nothing else is set) */
     int state;          /* 0 queued, 1 running, 2 finished */
+    uint64_t done_ns;   /* when it finished (dt_now_ns; written before state = 2, under mu) */
     int rc;
     dt_err err;
     struct dt_comm_work *next;     /* queue */
@@ -324,6 +325,7 @@ static void *comm_thread(void *arg)
         c->busy = true;
         pthread_mutex_unlock(&c->mu);
         execute(c, w, true);
+        w->done_ns = dt_now_ns();
         pthread_mutex_lock(&c->mu);
         c->busy = false;
         w->state = 2;
@@ -353,6 +355,7 @@ static void run_here(cpu_comm *c, dt_comm_work *w)
     c->busy = true;
     pthread_mutex_unlock(&c->mu);
     execute(c, w, false);
+    w->done_ns = dt_now_ns();
     pthread_mutex_lock(&c->mu);
     c->busy = false;
     w->state = 2;
@@ -370,13 +373,17 @@ static int reap(dt_comm_work *w, dt_err *err)
     return rc;
 }
 
-static int cpu_wait(void *self, dt_comm_work *w, dt_err *err)
+/* Waits for w and frees it; *done_ns (may be NULL): when it finished (see dt_comm_wait_done). */
+static int cpu_wait_done(void *self, dt_comm_work *w, uint64_t *done_ns, dt_err *err)
 {
     cpu_comm *c = self;
-    if (!w)
+    if (!w) {
+        if (done_ns)
+            *done_ns = dt_now_ns();
         return 0;
+    }
     if (w->batch) {
-        int rc = dt_p2p_wait(c->p2p, w->batch, &w->err);
+        int rc = dt_p2p_wait(c->p2p, w->batch, done_ns, &w->err);
         pthread_mutex_lock(&c->mu);
         unlink_handle(c, w);
         if (rc && !c->failed) { /* the communicator is unusable after any failure */
@@ -404,7 +411,14 @@ static int cpu_wait(void *self, dt_comm_work *w, dt_err *err)
     atomic_fetch_sub(&c->waiters, 1);
     unlink_handle(c, w);
     pthread_mutex_unlock(&c->mu);
+    if (done_ns)
+        *done_ns = w->done_ns;
     return reap(w, err);
+}
+
+static int cpu_wait(void *self, dt_comm_work *w, dt_err *err)
+{
+    return cpu_wait_done(self, w, NULL, err);
 }
 
 /* Queues w (or runs it here when it is blocking and nothing is queued or running). */
@@ -626,6 +640,7 @@ static const dt_comm_backend_ops cpu_ops = {
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
     .p2p = cpu_p2p,
+    .wait_done = cpu_wait_done,
 };
 
 /* ---- bootstrap ---------------------------------------------------------------------------- */

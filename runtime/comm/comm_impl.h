@@ -13,6 +13,7 @@
 #define DT_COMM_IMPL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "runtime/comm/comm_opts.h"
@@ -46,6 +47,10 @@ typedef struct dt_comm_backend_ops {
      * NULL: comm.c bootstraps each group as a new communicator through the store (cpu). */
     int (*split)(void *self, int color, int key, const dt_comm_opts *child,
                  const struct dt_comm_backend_ops **ops, void **child_self, dt_err *err);
+    /* Optional: wait, and *done_ns (never NULL) = when the backend finished the work, on
+     * dt_now_ns's clock (see dt_comm_wait_done). NULL: comm.c calls wait and takes the time it
+     * returned. Last in the table, so that positional tables (comm_nccl.cu) stay valid. */
+    int (*wait_done)(void *self, dt_comm_work *work, uint64_t *done_ns, dt_err *err);
 } dt_comm_backend_ops;
 
 /* The NCCL backend in libdtrain_cuda.so exports these two symbols. comm.c calls the first on

@@ -581,10 +581,12 @@ static void nccl_destroy(void *self) { comm_destroy((nccl_comm *)self); }
 static int nccl_split(void *self, int color, int key, const dt_comm_opts *child,
                       const dt_comm_backend_ops **ops, void **child_self, dt_err *err);
 
+// wait_done NULL: the host learns a stream's progress only by polling the event, so comm.c's
+// fallback (the time wait returned) is as good as anything this backend could stamp.
 static const dt_comm_backend_ops nccl_ops = {
     "nccl",         nccl_allreduce, nccl_broadcast, nccl_allgather, nccl_reduce_scatter,
     nccl_barrier,   nccl_wait,      nccl_destroy,   NULL,           NULL,
-    nccl_reduce,    nccl_p2p,       nccl_split,
+    nccl_reduce,    nccl_p2p,       nccl_split,     NULL,
 };
 
 // A communicator's host and CUDA state (no NCCL communicator yet): the comm stream, the ordering

@@ -127,6 +127,7 @@ struct dt_p2p_batch {
     int rc;
     dt_err err;
     bool done;
+    uint64_t done_ns;  /* when its last op completed (dt_now_ns); 0: failed, or not yet */
     uint64_t deadline_ns;
     req *reqs;
     struct dt_p2p_batch *next, **prev; /* the engine's batches not yet waited */
@@ -569,6 +570,7 @@ static void complete(dt_p2p *p, pair *c, req *q)
     pthread_mutex_lock(&p->mu);
     if (--b->left == 0 && !b->done) {
         b->done = true;
+        b->done_ns = dt_now_ns();
         pthread_cond_broadcast(&p->done_cv);
     }
     pthread_mutex_unlock(&p->mu);
@@ -1284,6 +1286,7 @@ int dt_p2p_start(dt_p2p *p, const dt_p2p_op *ops, int n, dt_p2p_batch **out, dt_
         dt_err_set(&b->err, b->rc, "p2p: the communicator failed earlier: %s", p->first_err.msg);
     } else if (n == 0) {
         b->done = true;
+        b->done_ns = dt_now_ns();
     } else {
         if (p->incoming_tail)
             p->incoming_tail->inext = &b->reqs[0];
@@ -1315,10 +1318,13 @@ int dt_p2p_start(dt_p2p *p, const dt_p2p_op *ops, int n, dt_p2p_batch **out, dt_
     return 0;
 }
 
-int dt_p2p_wait(dt_p2p *p, dt_p2p_batch *b, dt_err *err)
+int dt_p2p_wait(dt_p2p *p, dt_p2p_batch *b, uint64_t *done_ns, dt_err *err)
 {
-    if (!b)
+    if (!b) {
+        if (done_ns)
+            *done_ns = dt_now_ns();
         return 0;
+    }
     pthread_mutex_lock(&p->mu);
     /* A failed batch may still be referenced by the thread until it settles. */
     while (!b->done || (b->rc && p->failed && p->thread_started && !p->settled))
@@ -1326,7 +1332,10 @@ int dt_p2p_wait(dt_p2p *p, dt_p2p_batch *b, dt_err *err)
     *b->prev = b->next;
     if (b->next)
         b->next->prev = b->prev;
+    uint64_t done = b->done_ns;
     pthread_mutex_unlock(&p->mu);
+    if (done_ns)
+        *done_ns = done ? done : dt_now_ns();
     int rc = b->rc;
     if (rc && err)
         *err = b->err;

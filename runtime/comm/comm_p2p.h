@@ -67,7 +67,9 @@ void dt_p2p_abort(dt_p2p *p, const char *msg);
  * *out is the batch to wait for. */
 int dt_p2p_start(dt_p2p *p, const dt_p2p_op *ops, int n, dt_p2p_batch **out, dt_err *err);
 
-/* Waits for the batch (bounded by its deadline) and frees it; its result. */
-int dt_p2p_wait(dt_p2p *p, dt_p2p_batch *b, dt_err *err);
+/* Waits for the batch (bounded by its deadline) and frees it; its result. done_ns (may be NULL):
+ * when the engine completed the batch's last op (dt_now_ns's clock), or, for a failed batch,
+ * when this wait returned. */
+int dt_p2p_wait(dt_p2p *p, dt_p2p_batch *b, uint64_t *done_ns, dt_err *err);
 
 #endif

@@ -501,6 +501,8 @@ int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out)
     out->split_whole = t->split_whole;
     out->dp_wait_s = t->dp_wait_s;
     out->clips = t->clips;
+    dt_comm_stats_get(t->tp, &out->tp_comm);
+    dt_comm_stats_get(t->dp, &out->dp_comm);
     return 0;
 }
 

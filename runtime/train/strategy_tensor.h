@@ -52,6 +52,8 @@ typedef struct dt_tensor_stats {
     size_t split_whole;       /* whole elements of the tensors that are split */
     double dp_wait_s;         /* total time sync_grads waited for the data-parallel reducer */
     uint64_t clips;           /* clip calls (each one all-reduce of one double when T > 1) */
+    dt_comm_stats tp_comm;    /* the tensor group's counters (the world's when D = 1) */
+    dt_comm_stats dp_comm;    /* the data-parallel group's (zero when D = 1) */
 } dt_tensor_stats;
 
 /* -EINVAL when s is not the tensor strategy (or is not open). */
