@@ -343,17 +343,18 @@ static int rebuild(dt_ddp *d, dt_err *err)
     return 0;
 }
 
-/* The timeline (trace.h): bucket i's collective from its launch to the wait that saw it done,
- * on the "ddp buckets" lanes (buckets in flight together overlap). */
-static void trace_bucket(dt_ddp *d, int i, const char *what)
+/* The timeline (trace.h): bucket i's collective from its launch to done_ns, when the
+ * communicator saw it complete (dt_comm_wait_done), on the "ddp buckets" lanes (buckets in
+ * flight together overlap). */
+static void trace_bucket(dt_ddp *d, int i, const char *what, uint64_t done_ns)
 {
     bucket *b = &d->b[i];
     if (!b->trace_t0)
         return;
     size_t n = d->o.shard ? b->chunk * (size_t)d->world : b->hi - b->lo;
     size_t bytes = n * (d->comp && strcmp(what, "all-gather") ? sizeof(uint16_t) : sizeof(float));
-    dt_trace_end_async(b->trace_t0, "ddp buckets", DT_TRACE_COMM, what, "bucket", i, "bytes",
-                       (int64_t)bytes);
+    dt_trace_end_async_at(b->trace_t0, done_ns, "ddp buckets", DT_TRACE_COMM, what, "bucket", i,
+                          "bytes", (int64_t)bytes);
     b->trace_t0 = 0;
 }
 
@@ -476,10 +477,11 @@ static void settle(dt_ddp *d, int i)
     bucket *b = &d->b[i];
     if (b->work) {
         dt_err e = {0};
-        int rc = dt_comm_wait(d->c, b->work, &e);
+        uint64_t done = 0;
+        int rc = dt_comm_wait_done(d->c, b->work, &done, &e);
         b->work = NULL;
         if (!rc)
-            trace_bucket(d, i, d->o.shard ? "reduce-scatter" : "all-reduce");
+            trace_bucket(d, i, d->o.shard ? "reduce-scatter" : "all-reduce", done);
         if (rc && !d->rc) {
             d->rc = rc;
             d->err = e;
@@ -572,10 +574,11 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
         bucket *b = &d->b[i];
         if (b->work) {
             dt_err e = {0};
-            int wrc = dt_comm_wait(d->c, b->work, &e);
+            uint64_t done = 0;
+            int wrc = dt_comm_wait_done(d->c, b->work, &done, &e);
             b->work = NULL;
             if (!wrc)
-                trace_bucket(d, i, d->o.shard ? "reduce-scatter" : "all-reduce");
+                trace_bucket(d, i, d->o.shard ? "reduce-scatter" : "all-reduce", done);
             if (wrc && !rc) {
                 rc = wrc;
                 if (err)
@@ -657,10 +660,11 @@ int dt_ddp_gather_params(dt_ddp *d, dt_err *err)
         bucket *b = &d->b[i];
         if (b->work) {
             dt_err e = {0};
-            int wrc = dt_comm_wait(d->c, b->work, &e);
+            uint64_t done = 0;
+            int wrc = dt_comm_wait_done(d->c, b->work, &done, &e);
             b->work = NULL;
             if (!wrc)
-                trace_bucket(d, i, "all-gather");
+                trace_bucket(d, i, "all-gather", done);
             if (wrc && !rc) {
                 rc = wrc;
                 if (err)

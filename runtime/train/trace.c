@@ -290,15 +290,23 @@ void dt_trace_end_arg(uint64_t t0, dt_trace_cat cat, const char *name, const cha
     dt_trace_add(&s);
 }
 
-void dt_trace_end_async(uint64_t t0, const char *track, dt_trace_cat cat, const char *name,
-                        const char *key, int64_t value, const char *key2, int64_t value2)
+void dt_trace_end_async_at(uint64_t t0, uint64_t t1, const char *track, dt_trace_cat cat,
+                           const char *name, const char *key, int64_t value, const char *key2,
+                           int64_t value2)
 {
     if (!t0)
         return;
-    dt_trace_span s = {.t0 = t0, .t1 = dt_trace_now(), .cat = cat, .name = name,
+    dt_trace_span s = {.t0 = t0, .t1 = t1 < t0 ? t0 : t1, .cat = cat, .name = name,
                        .track = track ? track : "async", .key = {key, key2},
                        .value = {value, value2}};
     dt_trace_add(&s);
+}
+
+void dt_trace_end_async(uint64_t t0, const char *track, dt_trace_cat cat, const char *name,
+                        const char *key, int64_t value, const char *key2, int64_t value2)
+{
+    if (t0)
+        dt_trace_end_async_at(t0, dt_trace_now(), track, cat, name, key, value, key2, value2);
 }
 
 /* ---- writing ------------------------------------------------------------------------------- */

@@ -124,6 +124,11 @@ void dt_trace_end_arg(uint64_t t0, dt_trace_cat cat, const char *name, const cha
  * (key NULL: none). */
 void dt_trace_end_async(uint64_t t0, const char *track, dt_trace_cat cat, const char *name,
                         const char *key, int64_t value, const char *key2, int64_t value2);
+/* ... ending at t1 (>= t0, on the same clock) instead of now: an operation whose completion time
+ * is known, e.g. a collective's from dt_comm_wait_done. */
+void dt_trace_end_async_at(uint64_t t0, uint64_t t1, const char *track, dt_trace_cat cat,
+                           const char *name, const char *key, int64_t value, const char *key2,
+                           int64_t value2);
 
 /* Any span, with both ends given (t0 from dt_trace_begin, t1 >= t0 from dt_trace_now). */
 typedef struct dt_trace_span {
