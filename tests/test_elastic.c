@@ -1506,6 +1506,322 @@ static void test_global_batch_survives_lost_node(void)
     free(st);
 }
 
+/* ---- tensor and pipeline parallelism across a membership change ----------------------------- */
+
+/* A tiny gpt on the GPL text (configs/quickstart.ini made smaller): a step is a few ms, so the
+ * job is past a checkpoint within a second. train.global_batch = 8 keeps the step's samples
+ * whatever D is (D = 2: one micro-step of 4 per data-parallel rank; D = 1: two), and a constant
+ * learning rate after the warm-up: the steps a job trains again after a resume in another layout
+ * see the same samples, the same weights and the same learning rate as before the change, so
+ * their losses are the same numbers (to rounding: the sums run in another order). */
+#define LAY_STEPS 600
+#define LAY_EVERY 50 /* checkpoint.every; the victim dies once rank 0 is half-way to the next */
+#define LAY_JOB                                                                                    \
+    "configs/quickstart.ini job.device=cpu job.cpu_bind=none model.n_layer=2 model.n_head=4 "    \
+    "model.n_embd=16 model.block_size=16 data.seq_len=16 train.batch_size=4 "                    \
+    "train.global_batch=8 train.schedule=constant job.log_every=1 checkpoint.keep=100 "          \
+    "train.eval_every=0 ddp.timeout=20"
+
+static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *outdir,
+                      const char *parallel)
+{
+    char line[8192], out[1024];
+    snprintf(out, sizeof out, "%s/c%d_agent%d.out", TMP, c->id, k);
+    snprintf(line, sizeof line,
+             "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes 1:2 "
+             "--nproc-per-node %d --rdzv-conf %s --monitor-interval 0.05 --stop-grace 5 "
+             "--max-restarts 3 --log-dir %s/logs %s train.steps=%d checkpoint.every=%d "
+             "job.output_dir=%s %s",
+             BIN, c->port, id, nproc, CONF_LOSS, TMP, LAY_JOB, LAY_STEPS, LAY_EVERY, outdir,
+             parallel);
+    dt_test_group_spawn(c, k, line, out);
+}
+
+/* The agent whose output holds rank 0's "step N/" line (rank 0 logs the steps), waiting for it
+ * up to timeout_s; -1 when none does by then. */
+static int lay_rank0_at(cluster *c, int n, int step, double timeout_s)
+{
+    char want[32];
+    snprintf(want, sizeof want, "step %d/", step);
+    double deadline = dt_test_now() + timeout_s * dt_test_timeout_scale();
+    for (;;) {
+        for (int k = 0; k < n; k++)
+            if (dt_test_count_text(c->out[k], "[0]:") && dt_test_count_text(c->out[k], want))
+                return k;
+        if (dt_test_now() > deadline)
+            return -1;
+        dt_sleep_ms(20);
+    }
+}
+
+/* Every worker an agent's output names ("[R]:dtrain[HOST:PID rR]") is gone within 10 s: a
+ * SIGKILLed agent's workers do not outlive it. Returns how many it named (distinct pids). */
+static int lay_workers_gone(const char *path)
+{
+    char *text = dt_test_slurp(path);
+    long seen[16];
+    int n = 0;
+    double deadline = dt_test_now() + 10;
+    for (char *p = text; p && (p = strstr(p, "]:dtrain[")); p++) {
+        char *colon = strchr(p + 9, ':'), *end = NULL;
+        if (!colon)
+            break;
+        long pid = strtol(colon + 1, &end, 10);
+        if (pid <= 1 || strncmp(end, " r", 2))
+            continue;
+        int i = 0;
+        while (i < n && seen[i] != pid)
+            i++;
+        if (i < n)
+            continue;
+        DT_REQUIRE(n < (int)DT_ARRAY_LEN(seen));
+        seen[n++] = pid;
+        while (!dt_test_pid_gone((pid_t)pid) && dt_test_now() < deadline)
+            dt_sleep_ms(20);
+        DT_CHECK_MSG(dt_test_pid_gone((pid_t)pid), "worker pid %ld outlived its SIGKILLed agent",
+                     pid);
+    }
+    free(text);
+    return n;
+}
+
+/* metrics.jsonl read as layouts: the layout records in order, and after each one the train
+ * losses by step until the next (seg[i][step], NaN where none); first[i] and last[i] the
+ * lowest and highest step of segment i (0: none). */
+#define LAY_SEGS 4
+typedef struct {
+    int n;
+    int world[LAY_SEGS], dp[LAY_SEGS], tp[LAY_SEGS], pp[LAY_SEGS], attempt[LAY_SEGS];
+    int first[LAY_SEGS], last[LAY_SEGS], gaps[LAY_SEGS];
+    double seg[LAY_SEGS][LAY_STEPS + 1];
+} lay_metrics;
+
+static void lay_read(const char *outdir, lay_metrics *m)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", outdir);
+    char *text = dt_test_slurp(path);
+    DT_REQUIRE(text);
+    memset(m, 0, sizeof *m);
+    for (int i = 0; i < LAY_SEGS; i++)
+        for (int k = 0; k <= LAY_STEPS; k++)
+            m->seg[i][k] = NAN;
+    char *save = NULL;
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(l);
+        if (!o)
+            continue; /* a line cut by a SIGKILL */
+        const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(o, "type"));
+        int i = m->n - 1;
+        if (type && !strcmp(type, "layout") && m->n < LAY_SEGS) {
+            i = m->n++;
+            m->world[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "world_size"));
+            m->dp[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "dp"));
+            m->tp[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "tp"));
+            m->pp[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "pp"));
+            m->attempt[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "attempt"));
+        } else if (type && !strcmp(type, "train") && i >= 0) {
+            int step = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "step"));
+            if (step > 0 && step <= LAY_STEPS) {
+                if (m->last[i] && step != m->last[i] + 1)
+                    m->gaps[i]++;
+                if (!m->first[i])
+                    m->first[i] = step;
+                m->last[i] = step;
+                m->seg[i][step] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "loss"));
+            }
+        }
+        cJSON_Delete(o);
+    }
+    free(text);
+}
+
+/* Issue 19's elastic promise, end to end: a job on 2 nodes x 2 workers with T x P = 2 (D = 2)
+ * loses a node (its agent SIGKILLed between two checkpoints) and goes on alone as D = 1 with
+ * the same T and P, from its last checkpoint, to the end. Its workers log the new layout and
+ * metrics.jsonl records one layout per attempt; the steps after the checkpoint that the old
+ * layout had trained already come out with the same losses, the first one trained anew is the
+ * checkpoint's next (no restart from step 0), every step is recorded once after the change, and
+ * the last checkpoint counts every step's 8 samples. kill_host0: the victim is the node of rank
+ * 0 (the checkpoint writer, the first pipeline stage), else the other one. */
+static void lay_shrinks(const char *id, int T, int P, const char *parallel, bool kill_host0,
+                        const char *summary)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024];
+    snprintf(run, sizeof run, "%s/%s", TMP, id);
+    for (int k = 0; k < 2; k++)
+        lay_agent(&c, k, id, 2, run, parallel);
+    int host0 = lay_rank0_at(&c, 2, LAY_EVERY + LAY_EVERY / 2, 40);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node job did not reach its step 75");
+    }
+    int victim = kill_host0 ? host0 : 1 - host0, survivor = 1 - victim;
+    kill(c.pid[victim], SIGKILL);
+    dt_test_group_wait(&c, 60 * dt_test_timeout_scale());
+    DT_CHECK_INT(c.code[victim], 128 + SIGKILL);
+    DT_CHECK_INT(c.code[survivor], 0);
+    DT_CHECK_INT(lay_workers_gone(c.out[victim]), 2);
+
+    /* the layouts: 2 x T x P on both nodes, then 1 x T x P on the survivor only */
+    char before[128], after[128], gb[256];
+    snprintf(before, sizeof before, "layout: data 2 x tensor %d x pipeline %d; this rank:", T, P);
+    snprintf(after, sizeof after, "layout: data 1 x tensor %d x pipeline %d; this rank:", T, P);
+    for (int k = 0; k < 2; k++) {
+        DT_CHECK_INT(dt_test_count_text(c.out[k], before), 2);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], after), k == survivor ? 2 : 0);
+    }
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "layout: data 1 x tensor"), 2);
+    /* the agent counts the data-parallel ranks, before the change as after */
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor],
+                                    "global batch: 8 samples per step over 2 data-parallel "
+                                    "ranks, kept by train.global_batch: 1 micro-step of up to 4 "
+                                    "samples per rank"),
+                 1);
+    snprintf(gb, sizeof gb,
+             "global batch: 8 samples per step over 1 data-parallel ranks (was 2 data-parallel "
+             "ranks), kept by train.global_batch: 2 micro-steps of up to 4 samples per rank");
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], gb), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "done after 600 steps"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], summary), 1);
+    int resumed = gb_resumed_step(c.out[survivor]);
+    DT_CHECK_MSG(resumed >= LAY_EVERY && resumed % LAY_EVERY == 0 && resumed < LAY_STEPS,
+                 "the 1-node world resumed at step %d", resumed);
+
+    lay_metrics *m = calloc(1, sizeof *m);
+    DT_REQUIRE(m);
+    lay_read(run, m);
+    DT_CHECK_INT(m->n, 2);
+    if (m->n == 2 && resumed > 0) {
+        DT_CHECK_MSG(m->world[0] == 4 && m->dp[0] == 2 && m->tp[0] == T && m->pp[0] == P,
+                     "first layout: world %d, dp %d, tp %d, pp %d", m->world[0], m->dp[0],
+                     m->tp[0], m->pp[0]);
+        DT_CHECK_MSG(m->world[1] == 2 && m->dp[1] == 1 && m->tp[1] == T && m->pp[1] == P,
+                     "second layout: world %d, dp %d, tp %d, pp %d", m->world[1], m->dp[1],
+                     m->tp[1], m->pp[1]);
+        DT_CHECK(m->attempt[1] > m->attempt[0]);
+        /* the old layout trained from step 1 past the checkpoint; the new one from the
+         * checkpoint's next step to the end, each step once */
+        DT_CHECK_INT(m->first[0], 1);
+        DT_CHECK(m->last[0] >= LAY_EVERY + LAY_EVERY / 2);
+        DT_CHECK_INT(m->gaps[0], 0);
+        DT_CHECK_INT(m->first[1], resumed + 1);
+        DT_CHECK_INT(m->last[1], LAY_STEPS);
+        DT_CHECK_INT(m->gaps[1], 0);
+        int same = 0;
+        double worst = 0;
+        for (int s = resumed + 1; s <= m->last[0] && s <= LAY_STEPS; s++) {
+            double a = m->seg[0][s], b = m->seg[1][s];
+            double d = fabs(a - b) / fabs(a);
+            DT_CHECK_MSG(isfinite(a) && isfinite(b) && d <= 1e-4,
+                         "step %d: loss %.9g in the old layout, %.9g in the new", s, a, b);
+            worst = fmax(worst, d);
+            same++;
+        }
+        DT_CHECK_MSG(same >= 1, "no step after the checkpoint (%d) was trained in both layouts "
+                                "(the old one stopped at %d)", resumed, m->last[0]);
+        fprintf(stderr, "    | resumed at step %d; steps %d-%d trained in both layouts: losses "
+                        "within %.2g relative\n",
+                resumed, resumed + 1, resumed + same, worst);
+        /* and it goes on learning: the last 20 steps below the 20 before the change */
+        double early = 0, late = 0;
+        for (int k = 0; k < 20; k++) {
+            early += m->seg[0][resumed - k];
+            late += m->seg[1][LAY_STEPS - k];
+        }
+        DT_CHECK_MSG(late < early - 0.1 * 20, "mean loss %.4f before the change, %.4f at the end",
+                     early / 20, late / 20);
+    }
+    free(m);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/checkpoints/step_%d/state.json", run, LAY_STEPS);
+    char *st = dt_test_slurp(path);
+    DT_CHECK_CONTAINS(st, "\"samples_seen\":\t4800,"); /* 600 steps x 8 */
+    free(st);
+    if (c.code[survivor] || resumed < 0)
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
+/* T = 2: each node holds one tensor group (ranks 2k, 2k+1); the node without rank 0 dies. */
+static void test_tensor_job_shrinks(void)
+{
+    lay_shrinks("tpshrink", 2, 1, "parallel.tensor=2", false, "(2 ranks, tensor 2 x data 1)");
+}
+
+/* P = 2: the stages span the nodes (stage 0 on node 0: ranks 0 and 1 are pp 0, dp 0 and 1); the
+ * node of rank 0 dies, with the first stage and the checkpoint writer. */
+static void test_pipeline_job_shrinks(void)
+{
+    lay_shrinks("ppshrink", 1, 2, "parallel.pipeline=2 parallel.micro_batches=2", true,
+                "(2 ranks, pipeline 2 x 2 micro-batches (1f1b))");
+}
+
+/* T = 2 over 2 nodes of one worker (nnodes 1:2: a world of 2 is within reach, so the job
+ * loads): one node dies, and the world of 1 that the survivor gathers cannot hold one tensor
+ * group. The survivor's workers fail at the lost peer, its restart ends at the agent's check
+ * of the new round: exit 2 (DT_EXIT_CONFIG), the message naming parallel.tensor and the world
+ * sizes that would do, no worker started in it, within seconds of the loss. */
+static void test_world_too_small_for_tensor(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024];
+    snprintf(run, sizeof run, "%s/tpsmall", TMP);
+    for (int k = 0; k < 2; k++)
+        lay_agent(&c, k, "tpsmall", 1, run, "parallel.tensor=2");
+    int host0 = lay_rank0_at(&c, 2, 20, 40);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node job did not reach its step 20");
+    }
+    int victim = 1 - host0, survivor = host0;
+    double t0 = dt_test_now();
+    kill(c.pid[victim], SIGKILL);
+    dt_test_group_wait(&c, 30 * dt_test_timeout_scale());
+    double took = dt_test_now() - t0;
+    DT_CHECK_INT(c.code[victim], 128 + SIGKILL);
+    DT_CHECK_INT(c.code[survivor], 2);
+    /* the survivor does not wait out a timeout: the failure, a round of 1 node after the last
+     * call, the check (heartbeat_timeout is 3 s, last_call_timeout 1 s) */
+    DT_CHECK_MSG(took < 15 * dt_test_timeout_scale(), "the survivor ended %.1f s after the loss",
+                 took);
+    char *o = dt_test_slurp(c.out[survivor]);
+    DT_REQUIRE(o != NULL);
+    DT_CHECK_CONTAINS(o, "this round gathered 1 node: world size 1 is not divisible by "
+                         "parallel.tensor x parallel.pipeline = 2 x 1 = 2");
+    DT_CHECK_CONTAINS(o, "run a multiple of 2 ranks (2, 4, 6, ...), or change parallel.tensor "
+                         "or parallel.pipeline; no worker was started");
+    free(o);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "layout: "), 1); /* attempt 0's only */
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "layout: data 1 x tensor 2 x pipeline 1"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "restarting every worker") +
+                     dt_test_count_text(c.out[survivor], "joining the next round"),
+                 1);
+    /* the line about the global batch is for a world that runs */
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "global batch: "), 1);
+    DT_CHECK_INT(lay_workers_gone(c.out[victim]), 1);
+    lay_metrics *m = calloc(1, sizeof *m);
+    DT_REQUIRE(m);
+    lay_read(run, m);
+    DT_CHECK_INT(m->n, 1);
+    DT_CHECK(m->world[0] == 2 && m->dp[0] == 1 && m->tp[0] == 2 && m->pp[0] == 1);
+    free(m);
+    /* the survivor's end, in its events: a setup error, exit 2 */
+    char cmd[1100], *ev = NULL;
+    snprintf(cmd, sizeof cmd, "cat %s/logs/tpsmall/events*.jsonl", TMP);
+    DT_REQUIRE(dt_test_run(cmd, &ev, 30) == 0);
+    DT_CHECK_CONTAINS(ev, "\"event\":\"end\",\"result\":\"setup_error\",\"exit_code\":2,");
+    free(ev);
+    if (c.code[survivor] != 2)
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
 static const dt_test tests[] = {
     {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
     {"api_many_lost_at_once", test_api_many_lost_at_once, 240},
@@ -1529,6 +1845,9 @@ static const dt_test tests[] = {
     {"lost_node_not_a_survivor", test_lost_node_not_a_survivor, 90},
     {"sigterm_one_agent", test_sigterm_one_agent, 60},
     {"global_batch_survives_lost_node", test_global_batch_survives_lost_node, 400},
+    {"tensor_job_shrinks", test_tensor_job_shrinks, 150},
+    {"pipeline_job_shrinks", test_pipeline_job_shrinks, 150},
+    {"world_too_small_for_tensor", test_world_too_small_for_tensor, 90},
 };
 
 int main(int argc, char **argv)
