@@ -11,7 +11,10 @@
  * whose agents were all killed; survivors keep their order and their slots (a spare never
  * pushes one out); a node declared lost and continued is no survivor, and when the job ends
  * while it is frozen it still sees the end (exit 0); a dead spare does not hold up the store's
- * host at the end; SIGTERM to one agent ends the job with 128+15 everywhere.
+ * host at the end; SIGTERM to one agent ends the job with 128+15 everywhere. The built-in
+ * trainer: a DDP job regroups; a global batch survives a lost node; a job with parallel.tensor
+ * or parallel.pipeline = 2 that loses a node goes on with D re-derived from the new world, from
+ * its checkpoint; one whose new world cannot hold T x P ends as a configuration error.
  *
  * No fixed ports: an external `dtrain store --port 0` (or an agent with is_host=1 and port 0)
  * prints the port, which the agents are then given. Every wait is bounded; every worker writes
@@ -1515,7 +1518,7 @@ static void test_global_batch_survives_lost_node(void)
  * see the same samples, the same weights and the same learning rate as before the change, so
  * their losses are the same numbers (to rounding: the sums run in another order). */
 #define LAY_STEPS 600
-#define LAY_EVERY 50 /* checkpoint.every; the victim dies once rank 0 is half-way to the next */
+#define LAY_EVERY 50 /* checkpoint.every: the victim dies once the first is saved, at step >= 60 */
 #define LAY_JOB                                                                                    \
     "configs/quickstart.ini job.device=cpu job.cpu_bind=none model.n_layer=2 model.n_head=4 "    \
     "model.n_embd=16 model.block_size=16 data.seq_len=16 train.batch_size=4 "                    \
@@ -1537,16 +1540,19 @@ static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *
     dt_test_group_spawn(c, k, line, out);
 }
 
-/* The agent whose output holds rank 0's "step N/" line (rank 0 logs the steps), waiting for it
- * up to timeout_s; -1 when none does by then. */
-static int lay_rank0_at(cluster *c, int n, int step, double timeout_s)
+/* The agent whose output holds rank 0's "step N/" line (rank 0 logs the steps, and writes
+ * metrics.jsonl before it) and, unless NULL, `also` (a line of rank 0's: its checkpoint writer
+ * says "saved" once the checkpoint is complete), waiting for them up to timeout_s; -1 when none
+ * does by then. */
+static int lay_rank0_at(cluster *c, int n, int step, const char *also, double timeout_s)
 {
     char want[32];
     snprintf(want, sizeof want, "step %d/", step);
     double deadline = dt_test_now() + timeout_s * dt_test_timeout_scale();
     for (;;) {
         for (int k = 0; k < n; k++)
-            if (dt_test_count_text(c->out[k], "[0]:") && dt_test_count_text(c->out[k], want))
+            if (dt_test_count_text(c->out[k], "[0]:") && dt_test_count_text(c->out[k], want) &&
+                (!also || dt_test_count_text(c->out[k], also)))
                 return k;
         if (dt_test_now() > deadline)
             return -1;
@@ -1637,27 +1643,32 @@ static void lay_read(const char *outdir, lay_metrics *m)
 }
 
 /* Issue 19's elastic promise, end to end: a job on 2 nodes x 2 workers with T x P = 2 (D = 2)
- * loses a node (its agent SIGKILLed between two checkpoints) and goes on alone as D = 1 with
- * the same T and P, from its last checkpoint, to the end. Its workers log the new layout and
- * metrics.jsonl records one layout per attempt; the steps after the checkpoint that the old
- * layout had trained already come out with the same losses, the first one trained anew is the
- * checkpoint's next (no restart from step 0), every step is recorded once after the change, and
- * the last checkpoint counts every step's 8 samples. kill_host0: the victim is the node of rank
- * 0 (the checkpoint writer, the first pipeline stage), else the other one. */
-static void lay_shrinks(const char *id, int T, int P, const char *parallel, bool kill_host0,
+ * loses a node (its agent SIGKILLed some steps past a saved checkpoint) and goes on alone as
+ * D = 1 with the same T and P, from its last checkpoint, to the end. Its workers log the new
+ * layout and metrics.jsonl records one layout per attempt; the steps after the checkpoint that
+ * the old layout had trained already come out with the same losses, the first one trained anew
+ * is the checkpoint's next (no restart from step 0), every step is recorded once after the
+ * change, and the last checkpoint counts every step's 8 samples. kill_host0: the victim is the
+ * node of rank 0 (the checkpoint writer, the first pipeline stage), else the other one. */
+static void lay_shrinks(const char *name, int T, int P, const char *parallel, bool kill_host0,
                         const char *summary)
 {
     cluster c;
     dt_test_group_init(&c);
     start_store(&c);
-    char run[1024];
-    snprintf(run, sizeof run, "%s/%s", TMP, id);
+    /* the run id names the jobs' shared-memory segments: unique on this host */
+    char run[1024], id[64], saved[1100];
+    snprintf(run, sizeof run, "%s/%s", TMP, name);
+    snprintf(id, sizeof id, "%s-%d", name, (int)getpid());
     for (int k = 0; k < 2; k++)
         lay_agent(&c, k, id, 2, run, parallel);
-    int host0 = lay_rank0_at(&c, 2, LAY_EVERY + LAY_EVERY / 2, 40);
+    /* killed before the first checkpoint is complete, the job would rightly start over: wait for
+     * it (rank 0 may be many steps on by then on a loaded machine) */
+    snprintf(saved, sizeof saved, "checkpoint: saved %s/checkpoints/step_%d (", run, LAY_EVERY);
+    int host0 = lay_rank0_at(&c, 2, LAY_EVERY + 10, saved, 40);
     if (host0 < 0) {
         dt_test_group_dump(&c);
-        DT_REQUIRE(!"the 2-node job did not reach its step 75");
+        DT_REQUIRE(!"the 2-node job did not reach step 60 with its step 50 saved");
     }
     int victim = kill_host0 ? host0 : 1 - host0, survivor = 1 - victim;
     kill(c.pid[victim], SIGKILL);
@@ -1706,7 +1717,7 @@ static void lay_shrinks(const char *id, int T, int P, const char *parallel, bool
         /* the old layout trained from step 1 past the checkpoint; the new one from the
          * checkpoint's next step to the end, each step once */
         DT_CHECK_INT(m->first[0], 1);
-        DT_CHECK(m->last[0] >= LAY_EVERY + LAY_EVERY / 2);
+        DT_CHECK(m->last[0] >= LAY_EVERY + 10);
         DT_CHECK_INT(m->gaps[0], 0);
         DT_CHECK_INT(m->first[1], resumed + 1);
         DT_CHECK_INT(m->last[1], LAY_STEPS);
@@ -1770,11 +1781,12 @@ static void test_world_too_small_for_tensor(void)
     cluster c;
     dt_test_group_init(&c);
     start_store(&c);
-    char run[1024];
+    char run[1024], id[64];
     snprintf(run, sizeof run, "%s/tpsmall", TMP);
+    snprintf(id, sizeof id, "tpsmall-%d", (int)getpid());
     for (int k = 0; k < 2; k++)
-        lay_agent(&c, k, "tpsmall", 1, run, "parallel.tensor=2");
-    int host0 = lay_rank0_at(&c, 2, 20, 40);
+        lay_agent(&c, k, id, 1, run, "parallel.tensor=2");
+    int host0 = lay_rank0_at(&c, 2, 20, NULL, 40);
     if (host0 < 0) {
         dt_test_group_dump(&c);
         DT_REQUIRE(!"the 2-node job did not reach its step 20");
@@ -1813,7 +1825,7 @@ static void test_world_too_small_for_tensor(void)
     free(m);
     /* the survivor's end, in its events: a setup error, exit 2 */
     char cmd[1100], *ev = NULL;
-    snprintf(cmd, sizeof cmd, "cat %s/logs/tpsmall/events*.jsonl", TMP);
+    snprintf(cmd, sizeof cmd, "cat %s/logs/%s/events*.jsonl", TMP, id);
     DT_REQUIRE(dt_test_run(cmd, &ev, 30) == 0);
     DT_CHECK_CONTAINS(ev, "\"event\":\"end\",\"result\":\"setup_error\",\"exit_code\":2,");
     free(ev);
