@@ -1642,7 +1642,7 @@ static void lay_read(const char *outdir, lay_metrics *m)
     free(text);
 }
 
-/* Issue 19's elastic promise, end to end: a job on 2 nodes x 2 workers with T x P = 2 (D = 2)
+/* Issue 19's elastic promise, end to end: a job on 2 nodes of T x P workers (D = 2)
  * loses a node (its agent SIGKILLed some steps past a saved checkpoint) and goes on alone as
  * D = 1 with the same T and P, from its last checkpoint, to the end. Its workers log the new
  * layout and metrics.jsonl records one layout per attempt; the steps after the checkpoint that
@@ -1661,7 +1661,7 @@ static void lay_shrinks(const char *name, int T, int P, const char *parallel, bo
     snprintf(run, sizeof run, "%s/%s", TMP, name);
     snprintf(id, sizeof id, "%s-%d", name, (int)getpid());
     for (int k = 0; k < 2; k++)
-        lay_agent(&c, k, id, 2, run, parallel);
+        lay_agent(&c, k, id, T * P, run, parallel);
     /* killed before the first checkpoint is complete, the job would rightly start over: wait for
      * it (rank 0 may be many steps on by then on a loaded machine) */
     snprintf(saved, sizeof saved, "checkpoint: saved %s/checkpoints/step_%d (", run, LAY_EVERY);
@@ -1675,17 +1675,17 @@ static void lay_shrinks(const char *name, int T, int P, const char *parallel, bo
     dt_test_group_wait(&c, 60 * dt_test_timeout_scale());
     DT_CHECK_INT(c.code[victim], 128 + SIGKILL);
     DT_CHECK_INT(c.code[survivor], 0);
-    DT_CHECK_INT(lay_workers_gone(c.out[victim]), 2);
+    DT_CHECK_INT(lay_workers_gone(c.out[victim]), T * P);
 
     /* the layouts: 2 x T x P on both nodes, then 1 x T x P on the survivor only */
     char before[128], after[128], gb[256];
     snprintf(before, sizeof before, "layout: data 2 x tensor %d x pipeline %d; this rank:", T, P);
     snprintf(after, sizeof after, "layout: data 1 x tensor %d x pipeline %d; this rank:", T, P);
     for (int k = 0; k < 2; k++) {
-        DT_CHECK_INT(dt_test_count_text(c.out[k], before), 2);
-        DT_CHECK_INT(dt_test_count_text(c.out[k], after), k == survivor ? 2 : 0);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], before), T * P);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], after), k == survivor ? T * P : 0);
     }
-    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "layout: data 1 x tensor"), 2);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "layout: data 1 x tensor"), T * P);
     /* the agent counts the data-parallel ranks, before the change as after */
     DT_CHECK_INT(dt_test_count_text(c.out[survivor],
                                     "global batch: 8 samples per step over 2 data-parallel "
@@ -1707,10 +1707,10 @@ static void lay_shrinks(const char *name, int T, int P, const char *parallel, bo
     lay_read(run, m);
     DT_CHECK_INT(m->n, 2);
     if (m->n == 2 && resumed > 0) {
-        DT_CHECK_MSG(m->world[0] == 4 && m->dp[0] == 2 && m->tp[0] == T && m->pp[0] == P,
+        DT_CHECK_MSG(m->world[0] == 2 * T * P && m->dp[0] == 2 && m->tp[0] == T && m->pp[0] == P,
                      "first layout: world %d, dp %d, tp %d, pp %d", m->world[0], m->dp[0],
                      m->tp[0], m->pp[0]);
-        DT_CHECK_MSG(m->world[1] == 2 && m->dp[1] == 1 && m->tp[1] == T && m->pp[1] == P,
+        DT_CHECK_MSG(m->world[1] == T * P && m->dp[1] == 1 && m->tp[1] == T && m->pp[1] == P,
                      "second layout: world %d, dp %d, tp %d, pp %d", m->world[1], m->dp[1],
                      m->tp[1], m->pp[1]);
         DT_CHECK(m->attempt[1] > m->attempt[0]);
@@ -1769,6 +1769,14 @@ static void test_pipeline_job_shrinks(void)
 {
     lay_shrinks("ppshrink", 1, 2, "parallel.pipeline=2 parallel.micro_batches=2", true,
                 "(2 ranks, pipeline 2 x 2 micro-batches (1f1b))");
+}
+
+/* T = 2 x P = 2 (the full mix, 8 ranks): node 0 holds stage 0 of both replicas, node 1 stage 1
+ * (rank = (pp x D + dp) x T + tp); afterwards one replica, ranks pp x 2 + tp. */
+static void test_tensor_pipeline_job_shrinks(void)
+{
+    lay_shrinks("tppshrink", 2, 2, "parallel.tensor=2 parallel.pipeline=2 parallel.micro_batches=2",
+                false, "(4 ranks, tensor 2 x pipeline 2 x 2 micro-batches (1f1b))");
 }
 
 /* T = 2 over 2 nodes of one worker (nnodes 1:2: a world of 2 is within reach, so the job
@@ -1859,6 +1867,7 @@ static const dt_test tests[] = {
     {"global_batch_survives_lost_node", test_global_batch_survives_lost_node, 400},
     {"tensor_job_shrinks", test_tensor_job_shrinks, 150},
     {"pipeline_job_shrinks", test_pipeline_job_shrinks, 150},
+    {"tensor_pipeline_job_shrinks", test_tensor_pipeline_job_shrinks, 180},
     {"world_too_small_for_tensor", test_world_too_small_for_tensor, 90},
 };
 
