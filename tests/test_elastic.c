@@ -1516,17 +1516,20 @@ static void test_global_batch_survives_lost_node(void)
  * whatever D is (D = 2: one micro-step of 4 per data-parallel rank; D = 1: two), and a constant
  * learning rate after the warm-up: the steps a job trains again after a resume in another layout
  * see the same samples, the same weights and the same learning rate as before the change, so
- * their losses are the same numbers (to rounding: the sums run in another order). */
+ * their losses are the same numbers (to rounding: the sums run in another order). Checkpoints
+ * are written before the next step (checkpoint.async = false): in the background, on a loaded
+ * machine, a save can end 50 steps later, right before the next one, which leaves a victim
+ * killed "after step 50 is saved" no step past the checkpoint it resumes from. */
 #define LAY_STEPS 600
 #define LAY_EVERY 50 /* checkpoint.every: the victim dies once the first is saved, at step >= 60 */
 #define LAY_JOB                                                                                    \
     "configs/quickstart.ini job.device=cpu job.cpu_bind=none model.n_layer=2 model.n_head=4 "    \
     "model.n_embd=16 model.block_size=16 data.seq_len=16 train.batch_size=4 "                    \
     "train.global_batch=8 train.schedule=constant job.log_every=1 checkpoint.keep=100 "          \
-    "train.eval_every=0 ddp.timeout=20"
+    "checkpoint.async=false train.eval_every=0 ddp.timeout=20"
 
 static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *outdir,
-                      const char *parallel)
+                      const char *parallel, const char *conf)
 {
     char line[8192], out[1024];
     snprintf(out, sizeof out, "%s/c%d_agent%d.out", TMP, c->id, k);
@@ -1535,7 +1538,7 @@ static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *
              "--nproc-per-node %d --rdzv-conf %s --monitor-interval 0.05 --stop-grace 5 "
              "--max-restarts 3 --log-dir %s/logs %s train.steps=%d checkpoint.every=%d "
              "job.output_dir=%s %s",
-             BIN, c->port, id, nproc, CONF_LOSS, TMP, LAY_JOB, LAY_STEPS, LAY_EVERY, outdir,
+             BIN, c->port, id, nproc, conf, TMP, LAY_JOB, LAY_STEPS, LAY_EVERY, outdir,
              parallel);
     dt_test_group_spawn(c, k, line, out);
 }
@@ -1642,6 +1645,76 @@ static void lay_read(const char *outdir, lay_metrics *m)
     free(text);
 }
 
+/* The run's metrics.jsonl after one change of layout, D0 x T x P then D1 x T x P (attempt
+ * restarted: a later attempt, else the same one, the restart count unchanged by a regroup): the
+ * old layout trained from step 1 to at least `resumed`, the new one from resumed + 1 to the end,
+ * each step once; the steps both trained have the same losses; the loss before the change is
+ * not the loss of a fresh model, and the end is below it. Then the last checkpoint's count of
+ * samples: every step had the global batch. Returns how many steps both layouts trained. */
+static int lay_check_run(const char *run, int resumed, int D0, int D1, int T, int P,
+                         bool restarted)
+{
+    int same = 0;
+    lay_metrics *m = calloc(1, sizeof *m);
+    DT_REQUIRE(m);
+    lay_read(run, m);
+    DT_CHECK_INT(m->n, 2);
+    if (m->n == 2 && resumed > 20) {
+        DT_CHECK_MSG(m->world[0] == D0 * T * P && m->dp[0] == D0 && m->tp[0] == T &&
+                         m->pp[0] == P,
+                     "first layout: world %d, dp %d, tp %d, pp %d", m->world[0], m->dp[0],
+                     m->tp[0], m->pp[0]);
+        DT_CHECK_MSG(m->world[1] == D1 * T * P && m->dp[1] == D1 && m->tp[1] == T &&
+                         m->pp[1] == P,
+                     "second layout: world %d, dp %d, tp %d, pp %d", m->world[1], m->dp[1],
+                     m->tp[1], m->pp[1]);
+        if (restarted)
+            DT_CHECK(m->attempt[1] > m->attempt[0]);
+        else
+            DT_CHECK_INT(m->attempt[1], m->attempt[0]);
+        DT_CHECK_INT(m->first[0], 1);
+        DT_CHECK(m->last[0] >= resumed);
+        DT_CHECK_INT(m->gaps[0], 0);
+        DT_CHECK_INT(m->first[1], resumed + 1);
+        DT_CHECK_INT(m->last[1], LAY_STEPS);
+        DT_CHECK_INT(m->gaps[1], 0);
+        double worst = 0;
+        for (int s = resumed + 1; s <= m->last[0] && s <= LAY_STEPS; s++) {
+            double a = m->seg[0][s], b = m->seg[1][s];
+            double d = fabs(a - b) / fabs(a);
+            DT_CHECK_MSG(isfinite(a) && isfinite(b) && d <= 1e-4,
+                         "step %d: loss %.9g in the old layout, %.9g in the new", s, a, b);
+            worst = fmax(worst, d);
+            same++;
+        }
+        if (same)
+            fprintf(stderr, "    | resumed at step %d; steps %d-%d trained in both layouts: "
+                            "losses within %.2g relative\n",
+                    resumed, resumed + 1, resumed + same, worst);
+        else
+            fprintf(stderr, "    | resumed at step %d, where the old layout stopped\n", resumed);
+        /* the 20 steps before the change and after it, and the last 20: after it the loss goes
+         * on falling (or stays) from where it was, far below a fresh model's */
+        double before = 0, after = 0, end = 0;
+        for (int k = 0; k < 20; k++) {
+            before += m->seg[0][resumed - k] / 20;
+            after += m->seg[1][resumed + 1 + k] / 20;
+            end += m->seg[1][LAY_STEPS - k] / 20;
+        }
+        DT_CHECK_MSG(after < m->seg[0][1] - 1 && after < before + 0.15 && end < before - 0.1,
+                     "mean losses: %.4f before the change, %.4f after it, %.4f at the end (step "
+                     "1: %.4f)",
+                     before, after, end, m->seg[0][1]);
+    }
+    free(m);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/checkpoints/step_%d/state.json", run, LAY_STEPS);
+    char *st = dt_test_slurp(path);
+    DT_CHECK_CONTAINS(st, "\"samples_seen\":\t4800,"); /* 600 steps x 8 */
+    free(st);
+    return same;
+}
+
 /* Issue 19's elastic promise, end to end: a job on 2 nodes of T x P workers (D = 2)
  * loses a node (its agent SIGKILLed some steps past a saved checkpoint) and goes on alone as
  * D = 1 with the same T and P, from its last checkpoint, to the end. Its workers log the new
@@ -1661,9 +1734,9 @@ static void lay_shrinks(const char *name, int T, int P, const char *parallel, bo
     snprintf(run, sizeof run, "%s/%s", TMP, name);
     snprintf(id, sizeof id, "%s-%d", name, (int)getpid());
     for (int k = 0; k < 2; k++)
-        lay_agent(&c, k, id, T * P, run, parallel);
+        lay_agent(&c, k, id, T * P, run, parallel, CONF_LOSS);
     /* killed before the first checkpoint is complete, the job would rightly start over: wait for
-     * it (rank 0 may be many steps on by then on a loaded machine) */
+     * it (written before step 51, so step 60 is past it) */
     snprintf(saved, sizeof saved, "checkpoint: saved %s/checkpoints/step_%d (", run, LAY_EVERY);
     int host0 = lay_rank0_at(&c, 2, LAY_EVERY + 10, saved, 40);
     if (host0 < 0) {
@@ -1702,56 +1775,10 @@ static void lay_shrinks(const char *name, int T, int P, const char *parallel, bo
     DT_CHECK_MSG(resumed >= LAY_EVERY && resumed % LAY_EVERY == 0 && resumed < LAY_STEPS,
                  "the 1-node world resumed at step %d", resumed);
 
-    lay_metrics *m = calloc(1, sizeof *m);
-    DT_REQUIRE(m);
-    lay_read(run, m);
-    DT_CHECK_INT(m->n, 2);
-    if (m->n == 2 && resumed > 0) {
-        DT_CHECK_MSG(m->world[0] == 2 * T * P && m->dp[0] == 2 && m->tp[0] == T && m->pp[0] == P,
-                     "first layout: world %d, dp %d, tp %d, pp %d", m->world[0], m->dp[0],
-                     m->tp[0], m->pp[0]);
-        DT_CHECK_MSG(m->world[1] == T * P && m->dp[1] == 1 && m->tp[1] == T && m->pp[1] == P,
-                     "second layout: world %d, dp %d, tp %d, pp %d", m->world[1], m->dp[1],
-                     m->tp[1], m->pp[1]);
-        DT_CHECK(m->attempt[1] > m->attempt[0]);
-        /* the old layout trained from step 1 past the checkpoint; the new one from the
-         * checkpoint's next step to the end, each step once */
-        DT_CHECK_INT(m->first[0], 1);
-        DT_CHECK(m->last[0] >= LAY_EVERY + 10);
-        DT_CHECK_INT(m->gaps[0], 0);
-        DT_CHECK_INT(m->first[1], resumed + 1);
-        DT_CHECK_INT(m->last[1], LAY_STEPS);
-        DT_CHECK_INT(m->gaps[1], 0);
-        int same = 0;
-        double worst = 0;
-        for (int s = resumed + 1; s <= m->last[0] && s <= LAY_STEPS; s++) {
-            double a = m->seg[0][s], b = m->seg[1][s];
-            double d = fabs(a - b) / fabs(a);
-            DT_CHECK_MSG(isfinite(a) && isfinite(b) && d <= 1e-4,
-                         "step %d: loss %.9g in the old layout, %.9g in the new", s, a, b);
-            worst = fmax(worst, d);
-            same++;
-        }
-        DT_CHECK_MSG(same >= 1, "no step after the checkpoint (%d) was trained in both layouts "
-                                "(the old one stopped at %d)", resumed, m->last[0]);
-        fprintf(stderr, "    | resumed at step %d; steps %d-%d trained in both layouts: losses "
-                        "within %.2g relative\n",
-                resumed, resumed + 1, resumed + same, worst);
-        /* and it goes on learning: the last 20 steps below the 20 before the change */
-        double early = 0, late = 0;
-        for (int k = 0; k < 20; k++) {
-            early += m->seg[0][resumed - k];
-            late += m->seg[1][LAY_STEPS - k];
-        }
-        DT_CHECK_MSG(late < early - 0.1 * 20, "mean loss %.4f before the change, %.4f at the end",
-                     early / 20, late / 20);
-    }
-    free(m);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/checkpoints/step_%d/state.json", run, LAY_STEPS);
-    char *st = dt_test_slurp(path);
-    DT_CHECK_CONTAINS(st, "\"samples_seen\":\t4800,"); /* 600 steps x 8 */
-    free(st);
+    /* killed at step 60 or later, with step 50 saved: the new layout trained some steps again */
+    int same = lay_check_run(run, resumed, 2, 1, T, P, true);
+    DT_CHECK_MSG(same >= 1, "no step after the checkpoint (%d) was trained in both layouts",
+                 resumed);
     if (c.code[survivor] || resumed < 0)
         dt_test_group_dump(&c);
     finish(&c);
@@ -1779,6 +1806,59 @@ static void test_tensor_pipeline_job_shrinks(void)
                 false, "(4 ranks, tensor 2 x pipeline 2 x 2 micro-batches (1f1b))");
 }
 
+/* The other way: a T = 2 job running alone on one node of 2 workers (nnodes 1:2, D = 1) is
+ * joined by a second node; it stops (saving the step it is at), regroups with the restart count
+ * unchanged, and goes on as D = 2 from that step, the new node's workers logging their
+ * coordinates too. */
+static void test_tensor_job_grows(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024], id[64];
+    snprintf(run, sizeof run, "%s/tpgrow", TMP);
+    snprintf(id, sizeof id, "tpgrow-%d", (int)getpid());
+    lay_agent(&c, 0, id, 2, run, "parallel.tensor=2", CONF_CALM);
+    if (lay_rank0_at(&c, 1, LAY_EVERY + 10, NULL, 40) != 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 1-node job did not reach step 60");
+    }
+    lay_agent(&c, 1, id, 2, run, "parallel.tensor=2", CONF_CALM);
+    dt_test_group_wait(&c, 60 * dt_test_timeout_scale());
+    for (int k = 0; k < 2; k++)
+        DT_CHECK_INT(c.code[k], 0);
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "layout: data 1 x tensor 2 x pipeline 1; this "
+                                              "rank:"),
+                 2);
+    DT_CHECK_INT(dt_test_count_text(c.out[1], "layout: data 1 x tensor"), 0);
+    for (int k = 0; k < 2; k++)
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "layout: data 2 x tensor 2 x pipeline 1; this "
+                                                  "rank:"),
+                     2);
+    DT_CHECK(dt_test_count_text(c.out[0], "joining the next round (restart count unchanged)") >=
+             1);
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "global batch: 8 samples per step over 2 "
+                                              "data-parallel ranks (was 1 data-parallel ranks), "
+                                              "kept by train.global_batch: 1 micro-step of up "
+                                              "to 4 samples per rank"),
+                 1);
+    int done = 0, resumed = -1;
+    for (int k = 0; k < 2; k++) {
+        done += dt_test_count_text(c.out[k], "done after 600 steps");
+        done += 10 * dt_test_count_text(c.out[k], "(4 ranks, tensor 2 x data 2)");
+        int r = gb_resumed_step(c.out[k]);
+        if (r > resumed)
+            resumed = r;
+    }
+    DT_CHECK_INT(done, 11);
+    DT_CHECK_MSG(resumed >= LAY_EVERY + 10 && resumed < LAY_STEPS,
+                 "the 2-node world resumed at step %d", resumed);
+    lay_check_run(run, resumed, 1, 2, 2, 1, false);
+    if (c.code[0] || c.code[1] || resumed < 0)
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
 /* T = 2 over 2 nodes of one worker (nnodes 1:2: a world of 2 is within reach, so the job
  * loads): one node dies, and the world of 1 that the survivor gathers cannot hold one tensor
  * group. The survivor's workers fail at the lost peer, its restart ends at the agent's check
@@ -1793,7 +1873,7 @@ static void test_world_too_small_for_tensor(void)
     snprintf(run, sizeof run, "%s/tpsmall", TMP);
     snprintf(id, sizeof id, "tpsmall-%d", (int)getpid());
     for (int k = 0; k < 2; k++)
-        lay_agent(&c, k, id, 1, run, "parallel.tensor=2");
+        lay_agent(&c, k, id, 1, run, "parallel.tensor=2", CONF_LOSS);
     int host0 = lay_rank0_at(&c, 2, 20, NULL, 40);
     if (host0 < 0) {
         dt_test_group_dump(&c);
@@ -1868,6 +1948,7 @@ static const dt_test tests[] = {
     {"tensor_job_shrinks", test_tensor_job_shrinks, 150},
     {"pipeline_job_shrinks", test_pipeline_job_shrinks, 150},
     {"tensor_pipeline_job_shrinks", test_tensor_pipeline_job_shrinks, 180},
+    {"tensor_job_grows", test_tensor_job_grows, 150},
     {"world_too_small_for_tensor", test_world_too_small_for_tensor, 90},
 };
 
