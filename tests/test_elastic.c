@@ -11,7 +11,10 @@
  * whose agents were all killed; survivors keep their order and their slots (a spare never
  * pushes one out); a node declared lost and continued is no survivor, and when the job ends
  * while it is frozen it still sees the end (exit 0); a dead spare does not hold up the store's
- * host at the end; SIGTERM to one agent ends the job with 128+15 everywhere.
+ * host at the end; SIGTERM to one agent ends the job with 128+15 everywhere. The built-in
+ * trainer: a DDP job regroups; a global batch survives a lost node; a job with parallel.tensor
+ * or parallel.pipeline = 2 that loses a node goes on with D re-derived from the new world, from
+ * its checkpoint; one whose new world cannot hold T x P ends as a configuration error.
  *
  * No fixed ports: an external `dtrain store --port 0` (or an agent with is_host=1 and port 0)
  * prints the port, which the agents are then given. Every wait is bounded; every worker writes
@@ -1506,6 +1509,419 @@ static void test_global_batch_survives_lost_node(void)
     free(st);
 }
 
+/* ---- tensor and pipeline parallelism across a membership change ----------------------------- */
+
+/* A tiny gpt on the GPL text (configs/quickstart.ini made smaller): a step is a few ms, so the
+ * job is past a checkpoint within a second. train.global_batch = 8 keeps the step's samples
+ * whatever D is (D = 2: one micro-step of 4 per data-parallel rank; D = 1: two), and a constant
+ * learning rate after the warm-up: the steps a job trains again after a resume in another layout
+ * see the same samples, the same weights and the same learning rate as before the change, so
+ * their losses are the same numbers (to rounding: the sums run in another order). Checkpoints
+ * are written before the next step (checkpoint.async = false): in the background, on a loaded
+ * machine, a save can end 50 steps later, right before the next one, which leaves a victim
+ * killed "after step 50 is saved" no step past the checkpoint it resumes from. */
+#define LAY_STEPS 600
+#define LAY_EVERY 50 /* checkpoint.every: the victim dies once the first is saved, at step >= 60 */
+#define LAY_JOB                                                                                    \
+    "configs/quickstart.ini job.device=cpu job.cpu_bind=none model.n_layer=2 model.n_head=4 "    \
+    "model.n_embd=16 model.block_size=16 data.seq_len=16 train.batch_size=4 "                    \
+    "train.global_batch=8 train.schedule=constant job.log_every=1 checkpoint.keep=100 "          \
+    "checkpoint.async=false train.eval_every=0 ddp.timeout=20"
+
+static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *outdir,
+                      const char *parallel, const char *conf)
+{
+    char line[8192], out[1024];
+    snprintf(out, sizeof out, "%s/c%d_agent%d.out", TMP, c->id, k);
+    snprintf(line, sizeof line,
+             "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes 1:2 "
+             "--nproc-per-node %d --rdzv-conf %s --monitor-interval 0.05 --stop-grace 5 "
+             "--max-restarts 3 --log-dir %s/logs %s train.steps=%d checkpoint.every=%d "
+             "job.output_dir=%s %s",
+             BIN, c->port, id, nproc, conf, TMP, LAY_JOB, LAY_STEPS, LAY_EVERY, outdir,
+             parallel);
+    dt_test_group_spawn(c, k, line, out);
+}
+
+/* The agent whose output holds rank 0's "step N/" line (rank 0 logs the steps, and writes
+ * metrics.jsonl before it) and, unless NULL, `also` (a line of rank 0's: its checkpoint writer
+ * says "saved" once the checkpoint is complete), waiting for them up to timeout_s; -1 when none
+ * does by then. */
+static int lay_rank0_at(cluster *c, int n, int step, const char *also, double timeout_s)
+{
+    char want[32];
+    snprintf(want, sizeof want, "step %d/", step);
+    double deadline = dt_test_now() + timeout_s * dt_test_timeout_scale();
+    for (;;) {
+        for (int k = 0; k < n; k++)
+            if (dt_test_count_text(c->out[k], "[0]:") && dt_test_count_text(c->out[k], want) &&
+                (!also || dt_test_count_text(c->out[k], also)))
+                return k;
+        if (dt_test_now() > deadline)
+            return -1;
+        dt_sleep_ms(20);
+    }
+}
+
+/* Every worker an agent's output names ("[R]:dtrain[HOST:PID rR]") is gone within 10 s: a
+ * SIGKILLed agent's workers do not outlive it. Returns how many it named (distinct pids). */
+static int lay_workers_gone(const char *path)
+{
+    char *text = dt_test_slurp(path);
+    long seen[16];
+    int n = 0;
+    double deadline = dt_test_now() + 10;
+    for (char *p = text; p && (p = strstr(p, "]:dtrain[")); p++) {
+        char *colon = strchr(p + 9, ':'), *end = NULL;
+        if (!colon)
+            break;
+        long pid = strtol(colon + 1, &end, 10);
+        if (pid <= 1 || strncmp(end, " r", 2))
+            continue;
+        int i = 0;
+        while (i < n && seen[i] != pid)
+            i++;
+        if (i < n)
+            continue;
+        DT_REQUIRE(n < (int)DT_ARRAY_LEN(seen));
+        seen[n++] = pid;
+        while (!dt_test_pid_gone((pid_t)pid) && dt_test_now() < deadline)
+            dt_sleep_ms(20);
+        DT_CHECK_MSG(dt_test_pid_gone((pid_t)pid), "worker pid %ld outlived its SIGKILLed agent",
+                     pid);
+    }
+    free(text);
+    return n;
+}
+
+/* metrics.jsonl read as layouts: the layout records in order, and after each one the train
+ * losses by step until the next (seg[i][step], NaN where none); first[i] and last[i] the
+ * lowest and highest step of segment i (0: none). */
+#define LAY_SEGS 4
+typedef struct {
+    int n;
+    int world[LAY_SEGS], dp[LAY_SEGS], tp[LAY_SEGS], pp[LAY_SEGS], attempt[LAY_SEGS];
+    int first[LAY_SEGS], last[LAY_SEGS], gaps[LAY_SEGS];
+    double seg[LAY_SEGS][LAY_STEPS + 1];
+} lay_metrics;
+
+static void lay_read(const char *outdir, lay_metrics *m)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", outdir);
+    char *text = dt_test_slurp(path);
+    DT_REQUIRE(text);
+    memset(m, 0, sizeof *m);
+    for (int i = 0; i < LAY_SEGS; i++)
+        for (int k = 0; k <= LAY_STEPS; k++)
+            m->seg[i][k] = NAN;
+    char *save = NULL;
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(l);
+        if (!o)
+            continue; /* a line cut by a SIGKILL */
+        const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(o, "type"));
+        int i = m->n - 1;
+        if (type && !strcmp(type, "layout") && m->n < LAY_SEGS) {
+            i = m->n++;
+            m->world[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "world_size"));
+            m->dp[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "dp"));
+            m->tp[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "tp"));
+            m->pp[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "pp"));
+            m->attempt[i] = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "attempt"));
+        } else if (type && !strcmp(type, "train") && i >= 0) {
+            int step = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(o, "step"));
+            if (step > 0 && step <= LAY_STEPS) {
+                if (m->last[i] && step != m->last[i] + 1)
+                    m->gaps[i]++;
+                if (!m->first[i])
+                    m->first[i] = step;
+                m->last[i] = step;
+                m->seg[i][step] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "loss"));
+            }
+        }
+        cJSON_Delete(o);
+    }
+    free(text);
+}
+
+/* The run's metrics.jsonl after one change of layout, D0 x T x P then D1 x T x P (attempt
+ * restarted: a later attempt, else the same one, the restart count unchanged by a regroup): the
+ * old layout trained from step 1 to at least `resumed`, the new one from resumed + 1 to the end,
+ * each step once; the steps both trained have the same losses; the loss before the change is
+ * not the loss of a fresh model, and the end is below it. Then the last checkpoint's count of
+ * samples: every step had the global batch. Returns how many steps both layouts trained. */
+static int lay_check_run(const char *run, int resumed, int D0, int D1, int T, int P,
+                         bool restarted)
+{
+    int same = 0;
+    lay_metrics *m = calloc(1, sizeof *m);
+    DT_REQUIRE(m);
+    lay_read(run, m);
+    DT_CHECK_INT(m->n, 2);
+    if (m->n == 2 && resumed > 20) {
+        DT_CHECK_MSG(m->world[0] == D0 * T * P && m->dp[0] == D0 && m->tp[0] == T &&
+                         m->pp[0] == P,
+                     "first layout: world %d, dp %d, tp %d, pp %d", m->world[0], m->dp[0],
+                     m->tp[0], m->pp[0]);
+        DT_CHECK_MSG(m->world[1] == D1 * T * P && m->dp[1] == D1 && m->tp[1] == T &&
+                         m->pp[1] == P,
+                     "second layout: world %d, dp %d, tp %d, pp %d", m->world[1], m->dp[1],
+                     m->tp[1], m->pp[1]);
+        if (restarted)
+            DT_CHECK(m->attempt[1] > m->attempt[0]);
+        else
+            DT_CHECK_INT(m->attempt[1], m->attempt[0]);
+        DT_CHECK_INT(m->first[0], 1);
+        DT_CHECK(m->last[0] >= resumed);
+        DT_CHECK_INT(m->gaps[0], 0);
+        DT_CHECK_INT(m->first[1], resumed + 1);
+        DT_CHECK_INT(m->last[1], LAY_STEPS);
+        DT_CHECK_INT(m->gaps[1], 0);
+        double worst = 0;
+        for (int s = resumed + 1; s <= m->last[0] && s <= LAY_STEPS; s++) {
+            double a = m->seg[0][s], b = m->seg[1][s];
+            double d = fabs(a - b) / fabs(a);
+            DT_CHECK_MSG(isfinite(a) && isfinite(b) && d <= 1e-4,
+                         "step %d: loss %.9g in the old layout, %.9g in the new", s, a, b);
+            worst = fmax(worst, d);
+            same++;
+        }
+        if (same)
+            fprintf(stderr, "    | resumed at step %d; steps %d-%d trained in both layouts: "
+                            "losses within %.2g relative\n",
+                    resumed, resumed + 1, resumed + same, worst);
+        else
+            fprintf(stderr, "    | resumed at step %d, where the old layout stopped\n", resumed);
+        /* the 20 steps before the change and after it, and the last 20: after it the loss goes
+         * on falling (or stays) from where it was, far below a fresh model's */
+        double before = 0, after = 0, end = 0;
+        for (int k = 0; k < 20; k++) {
+            before += m->seg[0][resumed - k] / 20;
+            after += m->seg[1][resumed + 1 + k] / 20;
+            end += m->seg[1][LAY_STEPS - k] / 20;
+        }
+        DT_CHECK_MSG(after < m->seg[0][1] - 1 && after < before + 0.15 && end < before - 0.1,
+                     "mean losses: %.4f before the change, %.4f after it, %.4f at the end (step "
+                     "1: %.4f)",
+                     before, after, end, m->seg[0][1]);
+    }
+    free(m);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/checkpoints/step_%d/state.json", run, LAY_STEPS);
+    char *st = dt_test_slurp(path);
+    DT_CHECK_CONTAINS(st, "\"samples_seen\":\t4800,"); /* 600 steps x 8 */
+    free(st);
+    return same;
+}
+
+/* Issue 19's elastic promise, end to end: a job on 2 nodes of T x P workers (D = 2)
+ * loses a node (its agent SIGKILLed some steps past a saved checkpoint) and goes on alone as
+ * D = 1 with the same T and P, from its last checkpoint, to the end. Its workers log the new
+ * layout and metrics.jsonl records one layout per attempt; the steps after the checkpoint that
+ * the old layout had trained already come out with the same losses, the first one trained anew
+ * is the checkpoint's next (no restart from step 0), every step is recorded once after the
+ * change, and the last checkpoint counts every step's 8 samples. kill_host0: the victim is the
+ * node of rank 0 (the checkpoint writer, the first pipeline stage), else the other one. */
+static void lay_shrinks(const char *name, int T, int P, const char *parallel, bool kill_host0,
+                        const char *summary)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    /* the run id names the jobs' shared-memory segments: unique on this host */
+    char run[1024], id[64], saved[1100];
+    snprintf(run, sizeof run, "%s/%s", TMP, name);
+    snprintf(id, sizeof id, "%s-%d", name, (int)getpid());
+    for (int k = 0; k < 2; k++)
+        lay_agent(&c, k, id, T * P, run, parallel, CONF_LOSS);
+    /* killed before the first checkpoint is complete, the job would rightly start over: wait for
+     * it (written before step 51, so step 60 is past it) */
+    snprintf(saved, sizeof saved, "checkpoint: saved %s/checkpoints/step_%d (", run, LAY_EVERY);
+    int host0 = lay_rank0_at(&c, 2, LAY_EVERY + 10, saved, 40);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node job did not reach step 60 with its step 50 saved");
+    }
+    int victim = kill_host0 ? host0 : 1 - host0, survivor = 1 - victim;
+    kill(c.pid[victim], SIGKILL);
+    dt_test_group_wait(&c, 60 * dt_test_timeout_scale());
+    DT_CHECK_INT(c.code[victim], 128 + SIGKILL);
+    DT_CHECK_INT(c.code[survivor], 0);
+    DT_CHECK_INT(lay_workers_gone(c.out[victim]), T * P);
+
+    /* the layouts: 2 x T x P on both nodes, then 1 x T x P on the survivor only */
+    char before[128], after[128], gb[256];
+    snprintf(before, sizeof before, "layout: data 2 x tensor %d x pipeline %d; this rank:", T, P);
+    snprintf(after, sizeof after, "layout: data 1 x tensor %d x pipeline %d; this rank:", T, P);
+    for (int k = 0; k < 2; k++) {
+        DT_CHECK_INT(dt_test_count_text(c.out[k], before), T * P);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], after), k == survivor ? T * P : 0);
+    }
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "layout: data 1 x tensor"), T * P);
+    /* the agent counts the data-parallel ranks, before the change as after */
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor],
+                                    "global batch: 8 samples per step over 2 data-parallel "
+                                    "ranks, kept by train.global_batch: 1 micro-step of up to 4 "
+                                    "samples per rank"),
+                 1);
+    snprintf(gb, sizeof gb,
+             "global batch: 8 samples per step over 1 data-parallel ranks (was 2 data-parallel "
+             "ranks), kept by train.global_batch: 2 micro-steps of up to 4 samples per rank");
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], gb), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "done after 600 steps"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], summary), 1);
+    int resumed = gb_resumed_step(c.out[survivor]);
+    DT_CHECK_MSG(resumed >= LAY_EVERY && resumed % LAY_EVERY == 0 && resumed < LAY_STEPS,
+                 "the 1-node world resumed at step %d", resumed);
+
+    /* killed at step 60 or later, with step 50 saved: the new layout trained some steps again */
+    int same = lay_check_run(run, resumed, 2, 1, T, P, true);
+    DT_CHECK_MSG(same >= 1, "no step after the checkpoint (%d) was trained in both layouts",
+                 resumed);
+    if (c.code[survivor] || resumed < 0)
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
+/* T = 2: each node holds one tensor group (ranks 2k, 2k+1); the node without rank 0 dies. */
+static void test_tensor_job_shrinks(void)
+{
+    lay_shrinks("tpshrink", 2, 1, "parallel.tensor=2", false, "(2 ranks, tensor 2 x data 1)");
+}
+
+/* P = 2: the stages span the nodes (stage 0 on node 0: ranks 0 and 1 are pp 0, dp 0 and 1); the
+ * node of rank 0 dies, with the first stage and the checkpoint writer. */
+static void test_pipeline_job_shrinks(void)
+{
+    lay_shrinks("ppshrink", 1, 2, "parallel.pipeline=2 parallel.micro_batches=2", true,
+                "(2 ranks, pipeline 2 x 2 micro-batches (1f1b))");
+}
+
+/* T = 2 x P = 2 (the full mix, 8 ranks): node 0 holds stage 0 of both replicas, node 1 stage 1
+ * (rank = (pp x D + dp) x T + tp); afterwards one replica, ranks pp x 2 + tp. */
+static void test_tensor_pipeline_job_shrinks(void)
+{
+    lay_shrinks("tppshrink", 2, 2, "parallel.tensor=2 parallel.pipeline=2 parallel.micro_batches=2",
+                false, "(4 ranks, tensor 2 x pipeline 2 x 2 micro-batches (1f1b))");
+}
+
+/* The other way: a T = 2 job running alone on one node of 2 workers (nnodes 1:2, D = 1) is
+ * joined by a second node; it stops (saving the step it is at), regroups with the restart count
+ * unchanged, and goes on as D = 2 from that step, the new node's workers logging their
+ * coordinates too. */
+static void test_tensor_job_grows(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024], id[64];
+    snprintf(run, sizeof run, "%s/tpgrow", TMP);
+    snprintf(id, sizeof id, "tpgrow-%d", (int)getpid());
+    lay_agent(&c, 0, id, 2, run, "parallel.tensor=2", CONF_CALM);
+    if (lay_rank0_at(&c, 1, LAY_EVERY + 10, NULL, 40) != 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 1-node job did not reach step 60");
+    }
+    lay_agent(&c, 1, id, 2, run, "parallel.tensor=2", CONF_CALM);
+    dt_test_group_wait(&c, 60 * dt_test_timeout_scale());
+    for (int k = 0; k < 2; k++)
+        DT_CHECK_INT(c.code[k], 0);
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "layout: data 1 x tensor 2 x pipeline 1; this "
+                                              "rank:"),
+                 2);
+    DT_CHECK_INT(dt_test_count_text(c.out[1], "layout: data 1 x tensor"), 0);
+    for (int k = 0; k < 2; k++)
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "layout: data 2 x tensor 2 x pipeline 1; this "
+                                                  "rank:"),
+                     2);
+    DT_CHECK(dt_test_count_text(c.out[0], "joining the next round (restart count unchanged)") >=
+             1);
+    DT_CHECK_INT(dt_test_count_text(c.out[0], "global batch: 8 samples per step over 2 "
+                                              "data-parallel ranks (was 1 data-parallel ranks), "
+                                              "kept by train.global_batch: 1 micro-step of up "
+                                              "to 4 samples per rank"),
+                 1);
+    int done = 0, resumed = -1;
+    for (int k = 0; k < 2; k++) {
+        done += dt_test_count_text(c.out[k], "done after 600 steps");
+        done += 10 * dt_test_count_text(c.out[k], "(4 ranks, tensor 2 x data 2)");
+        int r = gb_resumed_step(c.out[k]);
+        if (r > resumed)
+            resumed = r;
+    }
+    DT_CHECK_INT(done, 11);
+    DT_CHECK_MSG(resumed >= LAY_EVERY + 10 && resumed < LAY_STEPS,
+                 "the 2-node world resumed at step %d", resumed);
+    lay_check_run(run, resumed, 1, 2, 2, 1, false);
+    if (c.code[0] || c.code[1] || resumed < 0)
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
+/* T = 2 over 2 nodes of one worker (nnodes 1:2: a world of 2 is within reach, so the job
+ * loads): one node dies, and the world of 1 that the survivor gathers cannot hold one tensor
+ * group. The survivor's workers fail at the lost peer, its restart ends at the agent's check
+ * of the new round: exit 2 (DT_EXIT_CONFIG), the message naming parallel.tensor and the world
+ * sizes that would do, no worker started in it, within seconds of the loss. */
+static void test_world_too_small_for_tensor(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024], id[64];
+    snprintf(run, sizeof run, "%s/tpsmall", TMP);
+    snprintf(id, sizeof id, "tpsmall-%d", (int)getpid());
+    for (int k = 0; k < 2; k++)
+        lay_agent(&c, k, id, 1, run, "parallel.tensor=2", CONF_LOSS);
+    int host0 = lay_rank0_at(&c, 2, 20, NULL, 40);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node job did not reach its step 20");
+    }
+    int victim = 1 - host0, survivor = host0;
+    double t0 = dt_test_now();
+    kill(c.pid[victim], SIGKILL);
+    dt_test_group_wait(&c, 30 * dt_test_timeout_scale());
+    double took = dt_test_now() - t0;
+    DT_CHECK_INT(c.code[victim], 128 + SIGKILL);
+    DT_CHECK_INT(c.code[survivor], 2);
+    /* the survivor does not wait out a timeout: the failure, a round of 1 node after the last
+     * call, the check (heartbeat_timeout is 3 s, last_call_timeout 1 s) */
+    DT_CHECK_MSG(took < 15 * dt_test_timeout_scale(), "the survivor ended %.1f s after the loss",
+                 took);
+    char *o = dt_test_slurp(c.out[survivor]);
+    DT_REQUIRE(o != NULL);
+    DT_CHECK_CONTAINS(o, "this round gathered 1 node: world size 1 is not divisible by "
+                         "parallel.tensor x parallel.pipeline = 2 x 1 = 2");
+    DT_CHECK_CONTAINS(o, "run a multiple of 2 ranks (2, 4, 6, ...), or change parallel.tensor "
+                         "or parallel.pipeline; no worker was started");
+    free(o);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "layout: "), 1); /* attempt 0's only */
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "layout: data 1 x tensor 2 x pipeline 1"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "restarting every worker") +
+                     dt_test_count_text(c.out[survivor], "joining the next round"),
+                 1);
+    /* the line about the global batch is for a world that runs */
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "global batch: "), 1);
+    DT_CHECK_INT(lay_workers_gone(c.out[victim]), 1);
+    lay_metrics *m = calloc(1, sizeof *m);
+    DT_REQUIRE(m);
+    lay_read(run, m);
+    DT_CHECK_INT(m->n, 1);
+    DT_CHECK(m->world[0] == 2 && m->dp[0] == 1 && m->tp[0] == 2 && m->pp[0] == 1);
+    free(m);
+    /* the survivor's end, in its events: a setup error, exit 2 */
+    char cmd[1100], *ev = NULL;
+    snprintf(cmd, sizeof cmd, "cat %s/logs/%s/events*.jsonl", TMP, id);
+    DT_REQUIRE(dt_test_run(cmd, &ev, 30) == 0);
+    DT_CHECK_CONTAINS(ev, "\"event\":\"end\",\"result\":\"setup_error\",\"exit_code\":2,");
+    free(ev);
+    if (c.code[survivor] != 2)
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
 static const dt_test tests[] = {
     {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
     {"api_many_lost_at_once", test_api_many_lost_at_once, 240},
@@ -1529,6 +1945,11 @@ static const dt_test tests[] = {
     {"lost_node_not_a_survivor", test_lost_node_not_a_survivor, 90},
     {"sigterm_one_agent", test_sigterm_one_agent, 60},
     {"global_batch_survives_lost_node", test_global_batch_survives_lost_node, 400},
+    {"tensor_job_shrinks", test_tensor_job_shrinks, 150},
+    {"pipeline_job_shrinks", test_pipeline_job_shrinks, 150},
+    {"tensor_pipeline_job_shrinks", test_tensor_pipeline_job_shrinks, 180},
+    {"tensor_job_grows", test_tensor_job_grows, 150},
+    {"world_too_small_for_tensor", test_world_too_small_for_tensor, 90},
 };
 
 int main(int argc, char **argv)

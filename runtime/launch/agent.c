@@ -823,12 +823,17 @@ static void log_global_batch(agent *a)
     /* the data-parallel ranks share the batch (D = world / (T x P); the world itself without
      * tensor or pipeline parallelism) */
     int64_t w = r->world_size, tp = (int64_t)j->tensor * j->pipeline;
-    if (tp > 1 && w % tp == 0)
+    if (tp > 1 && w % tp) { /* check_world_layout refuses this round next: no step to speak of */
+        free(j);
+        return;
+    }
+    if (tp > 1)
         w /= tp;
-    char was[48] = "";
+    char was[64] = "";
     const char *dpr = tp > 1 ? "data-parallel " : "";
-    if (before > 0)
-        snprintf(was, sizeof was, " (was %d ranks)", before);
+    if (before > 0) /* the world before held T x P (it ran), so this divides */
+        snprintf(was, sizeof was, " (was %lld %sranks)", (long long)(tp > 1 ? before / tp : before),
+                 dpr);
     if (j->global_batch > 0 && j->global_batch < w) {
         DT_WARN("global batch: train.global_batch = %lld is smaller than the %lld %sranks of "
                 "this round%s: the workers will stop; raise it to at least %lld or run fewer "

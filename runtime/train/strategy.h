@@ -137,7 +137,7 @@ struct dt_strategy {
     double comm_time_s; /* the last step's time synchronising gradients: DDP waiting in
                            sync_grads, DP its reduce to the master (in micro_step) */
     int replicas;       /* model replicas this process drives (DP: job.dp_replicas; else 1) */
-    char summary[48];   /* for the run's summary line, "" or e.g. "DataParallel x 2" */
+    char summary[64];   /* for the run's summary line, "" or e.g. "DataParallel x 2" */
     void *impl;         /* the implementation's state */
 };
 

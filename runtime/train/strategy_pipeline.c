@@ -509,8 +509,11 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->st.stage = p->stage;
     p->st.slots = p->slots;
     p->st.slot_bytes = m->pp_slot_bytes;
-    snprintf(s->summary, sizeof s->summary, "pipeline %d x %d micro-batches (%s)", p->P, p->M,
-             dt_pp_schedule_name(p->kind));
+    char tp[32] = ""; /* the run's last line names every factor but data's */
+    if (p->g.grid.T > 1)
+        snprintf(tp, sizeof tp, "tensor %d x ", p->g.grid.T);
+    snprintf(s->summary, sizeof s->summary, "%spipeline %d x %d micro-batches (%s)", tp, p->P,
+             p->M, dt_pp_schedule_name(p->kind));
     const dt_block *b0 = &m->blocks[0], *b1 = &m->blocks[m->num_blocks - 1];
     DT_DEBUG("pipeline stage %d of %d (rank %d): %s..%s, %zu parameters, %d activation slot%s "
              "of %d samples",

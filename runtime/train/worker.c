@@ -774,7 +774,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             snprintf(vl, sizeof vl, "%.4f", val_loss);
         if (isfinite(last_train)) /* n/a when stopped before its first step */
             snprintf(tl, sizeof tl, "%.4f", last_train);
-        char how[64] = "";
+        char how[sizeof t->s->summary + 2] = "";
         if (t->s->summary[0])
             snprintf(how, sizeof how, ", %s", t->s->summary);
         printf("dtrain: %s after %lld steps in %.1f s: train loss %s, val loss %s, %s %s/s "
