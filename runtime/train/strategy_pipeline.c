@@ -38,28 +38,25 @@
  * (T > 1) and all-gathered over the pipeline group into the staging, so rank 0 writes whole
  * tensors and any layout resumes them (start slices them again).
  *
- * The staging is whole-model sized on every rank, but on the cpu its pages exist only while it
- * holds data (from open to start, from a save's gather to the next optimiser step), as ZeRO's.
+ * The staging (strategy.h's dt_strategy_staging, as the tensor strategy's) is whole-model sized
+ * on every rank, but on the cpu its pages exist only while it holds data (from open to start,
+ * from a save's gather to the next optimiser step). The groups are grid.h's (dt_groups_open
+ * through dt_strategy_open_groups), the tensor group's gather and slice and the norm over split
+ * tensors strategy.c's, all shared with strategy_tensor.c.
  *
  * Left for later (issue 19): receives posted earlier than Megatron's batched order puts them
- * (a receive batched with a send is waited together with it), tensor x pipeline
- * checkpoints on device = cuda (the slices are assembled in host memory; refused at open),
- * ZeRO over the data-parallel group, balancing gpt's stages with the embedding and the head
- * counted (parallel.stages balances the transformer blocks only), interleaved (virtual-stage)
- * schedules.
+ * (a receive batched with a send is waited together with it), ZeRO over the data-parallel
+ * group, interleaved (virtual-stage) schedules.
  */
 #include "runtime/train/strategy_pipeline.h"
 
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "common/log.h"
 #include "common/util.h"
-#include "rendezvous/store.h"
 #include "runtime/train/ddp.h"
 #include "runtime/train/grid.h"
 #include "runtime/train/pp_schedule.h"
@@ -109,12 +106,10 @@ typedef struct pipe_impl {
     int ntied;
     bool tied_copy;                 /* this stage's tied tensors are the later copies: left
                                        out of the norm (the first stage counts them) */
-    float *wparams;                 /* (whole_numel) staging, owned */
-    float *wstates[DT_OPTIM_MAX_STATES];
-    bool mapped;                    /* the staging is mappings of ours (cpu: pages exist only
-                                       while they hold data), else backend memory */
-    bool staged;                    /* the staging holds data (open to start, a save's gather
-                                       to the next optim_step): give the pages back after */
+    size_t *own_off;                /* (this stage's tensors) offset of each in whole */
+    dt_strategy_staging stg;        /* (whole_numel) params, then each optimiser state; owned.
+                                       Resident from open to start and from a save's gather to
+                                       the next optim_step */
     dt_pp_stats st;
 } pipe_impl;
 
@@ -194,12 +189,14 @@ static int gather_tables(dt_strategy *s, pipe_impl *p, dt_err *err)
     /* tensors of this stage that another stage holds too: their gradients are summed over the
      * embedding group (Megatron's tied embedding), and counted once in the norm */
     p->tied = calloc((size_t)p->maxn + 1, sizeof(int));
-    if (!p->tied) {
+    p->own_off = calloc((size_t)p->maxn + 1, sizeof(size_t));
+    if (!p->tied || !p->own_off) {
         rc = dt_err_set(err, -ENOMEM, "out of memory");
         goto out;
     }
     for (int t = 0; t < counts[p->stage]; t++) {
         int w = p->tensor_at[(size_t)p->stage * p->maxn + t], holders = 0, first = -1;
+        p->own_off[t] = p->whole[w].offset;
         for (int i = 0; i < p->P; i++)
             for (int u = 0; u < counts[i]; u++)
                 if (p->tensor_at[(size_t)i * p->maxn + u] == w) {
@@ -225,37 +222,23 @@ out:
 }
 
 /* whole (whole_numel) <- every rank's local (its num_params): first the slices of the tensor
- * group assembled into this stage's whole tensors (T > 1: all-gathered, dt_tensor_tp_copy on
- * host memory, the cpu backend's), then every stage's all-gathered over the pipeline group; a
- * tensor that several stages hold is taken from the first. */
+ * group assembled into this stage's whole tensors (dt_strategy_tp_gather; T = 1: a copy), then
+ * every stage's all-gathered over the pipeline group; a tensor that several stages hold is taken
+ * from the first. */
 static int gather_whole(dt_strategy *s, pipe_impl *p, const float *local, float *whole,
                         dt_err *err)
 {
     dt_backend *be = s->be;
-    const dt_model *m = s->model;
-    const int T = p->g.grid.T;
-    float *send = NULL, *recv = NULL, *slices = NULL;
+    float *send = NULL, *recv = NULL;
     int rc = be->alloc(be, (void **)&send, sizeof(float) * DT_MAX(p->maxsw, (size_t)1), err);
     if (!rc)
         rc = be->alloc(be, (void **)&recv, sizeof(float) * p->maxsw * (size_t)p->P + 1, err);
-    if (!rc && T > 1)
-        rc = be->alloc(be, (void **)&slices, sizeof(float) * m->num_params * (size_t)T + 1, err);
     if (rc)
         goto out;
     be->memset_zero(be, send, sizeof(float) * DT_MAX(p->maxsw, (size_t)1));
-    if (T == 1) { /* the stage's tensors are whole already, laid out the same */
-        be->memcpy_d2d(be, send, local, sizeof(float) * m->num_params);
-    } else {
-        if ((rc = dt_comm_allgather(p->g.tp, local, slices, m->num_params, DT_FLOAT32, NULL,
-                                    err)))
-            goto out;
-        for (int t = 0; t < m->num_tensors; t++)
-            for (int q = 0; q < T; q++)
-                dt_tensor_tp_copy(&m->tensors[t], q,
-                                  send + p->sw_at[(size_t)p->stage * p->maxn + t],
-                                  slices + (size_t)q * m->num_params + m->tensors[t].offset,
-                                  true);
-    }
+    if ((rc = dt_strategy_tp_gather(s, p->g.tp, p->g.grid.T, p->g.grid.tp, local, send,
+                                    p->sw_at + (size_t)p->stage * p->maxn, err)))
+        goto out;
     if ((rc = dt_comm_allgather(p->g.pp, send, recv, p->maxsw, DT_FLOAT32, NULL, err)))
         goto out;
     for (int i = p->P - 1; i >= 0; i--) /* the first stage's copy last: it wins */
@@ -268,108 +251,10 @@ static int gather_whole(dt_strategy *s, pipe_impl *p, const float *local, float 
 out:
     be->free(be, send);
     be->free(be, recv);
-    be->free(be, slices);
     return rc;
 }
 
-/* local (this rank's num_params) <- its tensors of whole (its slices when T > 1). */
-static void take_local(dt_strategy *s, pipe_impl *p, float *whole, float *local)
-{
-    for (int t = 0; t < p->counts[p->stage]; t++) {
-        const dt_tensor_info *ti = &s->model->tensors[t];
-        const dt_tensor_info *w = &p->whole[p->tensor_at[(size_t)p->stage * p->maxn + t]];
-        if (p->g.grid.T > 1)
-            dt_tensor_tp_copy(ti, p->g.grid.tp, whole + w->offset, local + ti->offset, false);
-        else
-            s->be->memcpy_d2d(s->be, local + ti->offset, whole + w->offset,
-                              sizeof(float) * ti->numel);
-    }
-}
-
 /* ---- open, start ---------------------------------------------------------------------------- */
-
-/* This rank's tensor (T > 1), data-parallel (D > 1), pipeline and embedding groups, split from
- * the world in grid.h's order with its colors and keys (every rank makes the same splits).
- * grid.h's dt_groups_open is to do this for every strategy; until it is there, these are the
- * splits it documents. */
-static int split_groups(dt_strategy *s, pipe_impl *p, dt_store *store, dt_err *err)
-{
-    const dt_grid *g = &p->g.grid;
-    int rc = 0;
-    p->g.world = s->comm;
-    if (g->T > 1 && (rc = dt_comm_split(s->comm, store, g->pp * g->D + g->dp, g->tp, &p->g.tp,
-                                        err)))
-        return dt_err_prefix(err, "the tensor group: ");
-    if (g->D > 1 && (rc = dt_comm_split(s->comm, store, g->pp * g->T + g->tp, g->dp, &p->g.dp,
-                                        err)))
-        return dt_err_prefix(err, "the data-parallel group: ");
-    if ((rc = dt_comm_split(s->comm, store, g->dp * g->T + g->tp, g->pp, &p->g.pp, err)))
-        return dt_err_prefix(err, "the pipeline group: ");
-    bool ends = g->pp == 0 || g->pp == g->P - 1;
-    if ((rc = dt_comm_split(s->comm, store, ends ? g->dp * g->T + g->tp : -1, g->pp, &p->g.embed,
-                            err)))
-        return dt_err_prefix(err, "the embedding group: ");
-    return 0;
-}
-
-static int open_groups(dt_strategy *s, pipe_impl *p, const dt_strategy_ctx *ctx, dt_err *err)
-{
-    const dt_worker_env *e = ctx->env;
-    int rc = dt_grid_init(&p->g.grid, e->rank, e->world_size, ctx->job->tensor,
-                          ctx->job->pipeline, err);
-    if (rc)
-        return rc;
-    dt_store *store = NULL;
-    dt_store_opts so;
-    dt_store_opts_default(&so);
-    if ((rc = dt_store_connect(&store, e->store_addr, e->store_port, &so, err)))
-        return dt_err_prefix(err, "pipeline: connecting to the store at %s:%d: ", e->store_addr,
-                             e->store_port);
-    rc = split_groups(s, p, store, err);
-    dt_store_free(store); /* the bootstrap's only */
-    return rc ? dt_err_prefix(err, "pipeline: process groups: ") : 0;
-}
-
-/* Whole-model staging of n floats: on the cpu reserved address space (MAP_NORESERVE) whose
- * pages exist only once written and go back after use (release_staging), as ZeRO's; elsewhere
- * backend memory, held. */
-static int alloc_staging(dt_strategy *s, pipe_impl *p, float **out, size_t n, dt_err *err)
-{
-    if (!p->mapped) {
-        int rc = s->be->alloc(s->be, (void **)out, sizeof(float) * (n ? n : 1), err);
-        return rc ? dt_err_prefix(err, "pipeline: checkpoint staging: ") : 0;
-    }
-    void *m = mmap(NULL, sizeof(float) * (n ? n : 1), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED)
-        return dt_err_set(err, -ENOMEM, "pipeline: cannot reserve %zu bytes of checkpoint "
-                                        "staging",
-                          sizeof(float) * n);
-    *out = m;
-    return 0;
-}
-
-/* The staging's pages back to the system (they read as zero again). */
-static void release_staging(dt_strategy *s, pipe_impl *p)
-{
-    if (!p->staged || !p->mapped)
-        return;
-    size_t bytes = sizeof(float) * (p->whole_numel ? p->whole_numel : 1);
-    madvise(p->wparams, bytes, MADV_DONTNEED);
-    for (int i = 0; i < s->optim->num_states; i++)
-        madvise(p->wstates[i], bytes, MADV_DONTNEED);
-    p->staged = false;
-}
-
-static void free_staging(dt_strategy *s, pipe_impl *p, float *buf)
-{
-    if (!buf)
-        return;
-    if (p->mapped)
-        munmap(buf, sizeof(float) * (p->whole_numel ? p->whole_numel : 1));
-    else
-        s->be->free(s->be, buf);
-}
 
 static int alloc_floats(dt_backend *be, float **p, size_t n, dt_err *err)
 {
@@ -391,16 +276,11 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->P = j->pipeline;
     p->M = j->micro_batches > 0 ? j->micro_batches : 1;
     p->kind = j->pp_schedule;
-    int rc = dt_strategy_open_backend(s, ctx, err);
+    int rc = dt_strategy_open_world(s, ctx, err);
     if (rc)
-        return rc;
-    const char *backend;
-    if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
-        return rc;
-    if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
         return dt_err_prefix(err, "pipeline: ");
-    if ((rc = open_groups(s, p, ctx, err)))
-        return rc;
+    if ((rc = dt_strategy_open_groups(&p->g, s->comm, ctx, err)))
+        return dt_err_prefix(err, "pipeline: process groups: ");
     p->stage = p->g.grid.pp;
     if (p->P != p->g.grid.P || !p->g.pp)
         return dt_err_set(err, -EINVAL, "pipeline: parallel.pipeline = %d but the grid has %d "
@@ -449,12 +329,6 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->x_numel = sh->kind == DT_SAMPLE_VECTOR  ? (size_t)sh->input_dim
                  : sh->kind == DT_SAMPLE_IMAGE ? (size_t)sh->channels * sh->height * sh->width
                                                : 0;
-    if (p->g.grid.T > 1 && strcmp(s->be->name, "cpu") != 0)
-        return dt_err_set(err, -ENOTSUP, "parallel.tensor = %d with parallel.pipeline = %d runs "
-                                         "on device = cpu only so far (the checkpoint's slices "
-                                         "are assembled in host memory); use device = cpu, or "
-                                         "one of the two",
-                          p->g.grid.T, p->P);
     if ((rc = dt_model_create(&s->model, &mc, s->be, p->g.tp, err)))
         return rc;
     dt_model *m = s->model;
@@ -491,17 +365,10 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     /* the whole model for checkpoints */
     if ((rc = gather_tables(s, p, err)))
         return rc;
-    p->mapped = !strcmp(be->name, "cpu");
-    if ((rc = alloc_staging(s, p, &p->wparams, p->whole_numel, err)))
-        return rc;
-    for (int i = 0; i < s->optim->num_states; i++)
-        if ((rc = alloc_staging(s, p, &p->wstates[i], p->whole_numel, err)))
-            return rc;
-    if (!p->mapped) /* backend memory is not zeroed: the optimiser state starts at zero */
-        for (int i = 0; i < s->optim->num_states; i++)
-            be->memset_zero(be, p->wstates[i], sizeof(float) * p->whole_numel);
-    p->staged = true;
-    if ((rc = gather_whole(s, p, m->params, p->wparams, err)))
+    if ((rc = dt_strategy_staging_alloc(&p->stg, be, 1 + s->optim->num_states, p->whole_numel,
+                                        err)))
+        return dt_err_prefix(err, "pipeline: ");
+    if ((rc = gather_whole(s, p, m->params, p->stg.buf[0], err)))
         return dt_err_prefix(err, "pipeline: the initial parameters: ");
 
     p->st.P = p->P;
@@ -529,14 +396,18 @@ static int pipe_start(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
     /* what a resume loaded into the staging, or the initial parameters open put there */
-    take_local(s, p, p->wparams, s->model->params);
-    for (int i = 0; i < s->optim->num_states; i++)
-        take_local(s, p, p->wstates[i], s->optim->states[i].buf);
-    release_staging(s, p);
+    int rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[0], p->own_off, s->model->params,
+                                  err);
+    for (int i = 0; i < s->optim->num_states && !rc; i++)
+        rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[1 + i], p->own_off,
+                                  s->optim->states[i].buf, err);
+    if (rc)
+        return dt_err_prefix(err, "pipeline stage %d: ", p->stage);
+    dt_strategy_staging_release(&p->stg, s->be);
     if (!p->g.dp)
         return 0;
     dt_ddp_opts o;
-    int rc = dt_ddp_opts_from_job(&o, p->job, err);
+    rc = dt_ddp_opts_from_job(&o, p->job, err);
     if (!rc)
         rc = dt_ddp_create(&p->ddp, s->model, p->g.dp, &o, err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: DDP over its %d replicas: ", p->stage,
@@ -805,49 +676,19 @@ static int pipe_average(dt_strategy *s, double *v, int n, dt_err *err)
     return 0;
 }
 
-/* The global norm: each rank's sum of squares of what it alone holds (its slices of the split
- * tensors; the replicated ones on tensor rank 0 only; a tied tensor on the first stage that
- * holds it), added over the tensor group and then over the pipeline group (the replicas of a
- * stage hold the same all-reduced gradient); then clip_grad_norm_'s scaling. */
+/* The global norm (dt_strategy_clip_split): each rank's sum of squares of what it alone holds
+ * (its slices of the split tensors; the replicated ones on tensor rank 0 only; a tied tensor on
+ * the first stage that holds it), added over the tensor group and then over the pipeline group
+ * (the replicas of a stage hold the same all-reduced gradient); then clip_grad_norm_'s
+ * scaling. */
 static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    dt_model *m = s->model;
-    if (unscale != 1.0)
-        s->be->scale(s->be, m->grads, m->num_params, (float)unscale);
-    double sum = 0;
-    size_t from = 0, to = 0; /* the run of counted tensors being summed */
-    for (int t = 0; t <= m->num_tensors; t++) {
-        const dt_tensor_info *ti = t < m->num_tensors ? &m->tensors[t] : NULL;
-        bool counted = ti != NULL;
-        for (int i = 0; counted && p->tied_copy && i < p->ntied; i++)
-            counted = p->tied[i] != t;
-        if (counted && ti->tp_parts == 0 && p->g.grid.tp != 0)
-            counted = false;
-        if (counted && ti->offset == to) {
-            to = ti->offset + ti->numel;
-            continue;
-        }
-        if (to > from)
-            sum += s->be->sumsq(s->be, m->grads + from, to - from);
-        from = to = counted ? ti->offset : 0;
-        if (counted)
-            to = ti->offset + ti->numel;
-    }
-    s->be->memcpy_h2d(s->be, p->scalars, &sum, sizeof sum);
-    int rc = 0;
-    if (p->g.tp)
-        rc = dt_comm_allreduce(p->g.tp, p->scalars, 1, DT_FLOAT64, DT_SUM, NULL, err);
-    if (!rc)
-        rc = dt_comm_allreduce(p->g.pp, p->scalars, 1, DT_FLOAT64, DT_SUM, NULL, err);
-    if (rc)
-        return dt_err_prefix(err, "pipeline stage %d: the global gradient norm: ", p->stage);
-    s->be->memcpy_d2h(s->be, &sum, p->scalars, sizeof sum);
-    *norm = sqrt(sum);
-    double clip = s->optim->cfg.grad_clip;
-    if (clip > 0 && isfinite(*norm) && *norm > clip)
-        s->be->scale(s->be, m->grads, m->num_params, (float)(clip / (*norm + 1e-6)));
-    return 0;
+    dt_comm *const groups[2] = {p->g.tp, p->g.pp};
+    int rc = dt_strategy_clip_split(s, unscale, p->g.grid.tp, p->tied_copy ? p->tied : NULL,
+                                    p->tied_copy ? p->ntied : 0, groups, 2, p->scalars, norm,
+                                    err);
+    return rc ? dt_err_prefix(err, "pipeline stage %d: ", p->stage) : 0;
 }
 
 /* Forward only: the forward half of GPipe's list over up to M micro-batches (in the slots
@@ -888,7 +729,8 @@ static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, in
 /* The staging a save read is free again (the trainer fenced the save's copy before this). */
 static int pipe_optim_step(dt_strategy *s, double lr, dt_err *err)
 {
-    release_staging(s, s->impl);
+    pipe_impl *p = s->impl;
+    dt_strategy_staging_release(&p->stg, s->be);
     return dt_strategy_optim_step_whole(s, lr, err);
 }
 
@@ -897,27 +739,17 @@ static int pipe_optim_step(dt_strategy *s, double lr, dt_err *err)
 static int pipe_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    const dt_optim *o = s->optim;
-    if (cap < 1 + o->num_states)
-        return dt_err_set(err, -ENOSPC, "checkpoint buffers: room for %d, %d needed", cap,
-                          1 + o->num_states);
-    int k = 0;
-    bufs[k++] = (dt_ckpt_buf){"model", "", p->whole, p->nwhole, p->wparams, p->whole_numel,
-                              false};
-    for (int i = 0; i < o->num_states; i++)
-        bufs[k++] = (dt_ckpt_buf){"optim", o->states[i].prefix, p->whole, p->nwhole,
-                                  p->wstates[i], p->whole_numel, false};
-    *n = k;
-    return 0;
+    return dt_strategy_state_staged(s, p->whole, p->nwhole, &p->stg, bufs, cap, n, err);
 }
 
 static int pipe_gather_state(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    p->staged = true;
-    int rc = gather_whole(s, p, s->model->params, p->wparams, err);
+    int rc = dt_strategy_staging_commit(&p->stg, s->be, err);
+    if (!rc)
+        rc = gather_whole(s, p, s->model->params, p->stg.buf[0], err);
     for (int i = 0; i < s->optim->num_states && !rc; i++)
-        rc = gather_whole(s, p, s->optim->states[i].buf, p->wstates[i], err);
+        rc = gather_whole(s, p, s->optim->states[i].buf, p->stg.buf[1 + i], err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: gathering the stages' tensors: ",
                               p->stage)
               : 0;
@@ -929,10 +761,7 @@ static void pipe_close(dt_strategy *s)
     pipe_impl *p = s->impl;
     if (p) {
         dt_ddp_free(p->ddp);
-        dt_comm_free(p->g.embed);
-        dt_comm_free(p->g.tp);
-        dt_comm_free(p->g.dp);
-        dt_comm_free(p->g.pp);
+        dt_groups_close(&p->g);
         if (s->be) {
             for (int k = 0; k < p->slots && p->recv_act; k++)
                 s->be->free(s->be, p->recv_act[k]);
@@ -941,10 +770,8 @@ static void pipe_close(dt_strategy *s)
                 s->be->free(s->be, p->grad_out[k]);
             }
             s->be->free(s->be, p->scalars);
-            free_staging(s, p, p->wparams);
-            for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
-                free_staging(s, p, p->wstates[i]);
         }
+        dt_strategy_staging_free(&p->stg, s->be);
         free(p->recv_act);
         free(p->out);
         free(p->list);
@@ -965,6 +792,7 @@ static void pipe_close(dt_strategy *s)
         free(p->tensor_at);
         free(p->sw_at);
         free(p->tied);
+        free(p->own_off);
     }
     dt_comm_free(s->comm);
     s->comm = NULL;
