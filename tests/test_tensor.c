@@ -98,6 +98,9 @@ typedef struct rank_out {
     size_t t_off[MAX_TENSORS], t_n[MAX_TENSORS];
     char t_name[MAX_TENSORS][48];
     double took;                  /* seconds from the failing step's start to its error */
+    size_t optim_bytes;           /* the backend's DT_MEM_OPTIM bytes at the end (this rank's
+                                     optimiser state, as test_memory and bench memory count) */
+    char summary[48];             /* the strategy's summary */
     float params[MAX_PER];
     float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
 } rank_out;
@@ -160,6 +163,10 @@ static void record_end(dt_trainer *t, rank_out *o)
     o->step = t->step;
     o->local_params = t->model->num_params;
     o->have_stats = dt_strategy_tensor_stats(s, &o->st) == 0;
+    dt_mem_stats ms;
+    dt_mem_read(t->be, &ms);
+    o->optim_bytes = ms.cur[DT_MEM_OPTIM];
+    dt_strlcpy(o->summary, s->summary, sizeof o->summary);
     if (s->ops->gather_state && s->ops->gather_state(s, &err) != 0) {
         snprintf(o->msg, sizeof o->msg, "gather_state: %.1000s", err.msg);
         o->status = 2;
@@ -485,6 +492,47 @@ static void test_data_x_tensor(void)
     unmap(&dt);
 }
 
+/* ZeRO stages 1 and 2 over the data-parallel groups of D = 2 x T = 2 (each rank shards its own
+ * slices' optimiser state, and at stage 2 its gradients, with its data-parallel peer) equal one
+ * process on the same global batch over 20 steps, within 1e-5 as DDP's D2 x T2 does; and each
+ * rank's optimiser state, as the backend's allocator counts it (DT_MEM_OPTIM), is half of what
+ * the same layout holds at zero = 0 (within 2%: the shards' chunks are padded to ceil(n / 2)). */
+static void test_data_x_tensor_zero(void)
+{
+    trun one = base(1, 1, 8, "one-b8-z");
+    trun ddp = base(4, 2, 4, "d2xt2-z0");
+    int st[MAX_RANKS];
+    run(&one, st);
+    DT_REQUIRE(all_ok(&one, st));
+    run(&ddp, st);
+    DT_REQUIRE(all_ok(&ddp, st));
+    for (int zero = 1; zero <= 2; zero++) {
+        trun z = base(4, 2, 4, fmt("d2xt2-zero%d", zero));
+        add(&z, fmt("parallel.zero=%d", zero));
+        add(&z, "ddp.first_bucket_mb=0.002"); /* several buckets, overlapped with backward */
+        add(&z, "ddp.bucket_cap_mb=0.01");
+        run(&z, st);
+        if (all_ok(&z, st)) {
+            DT_CHECK_STR(z.out[0].strategy, "tensor");
+            DT_CHECK_CONTAINS(z.out[0].summary, fmt("ZeRO-%d", zero));
+            compare(&z, &one, STEPS, 1e-5);
+            for (int q = 0; q < 4; q++) {
+                double half = (double)ddp.out[q].optim_bytes / 2;
+                double rel = fabs((double)z.out[q].optim_bytes - half) / half;
+                DT_CHECK_MSG(ddp.out[q].optim_bytes > 0 && rel <= 0.02,
+                             "zero = %d, rank %d: optimiser state %zu bytes, zero = 0's %zu "
+                             "(%.2f%% off half)", zero, q, z.out[q].optim_bytes,
+                             ddp.out[q].optim_bytes, 100 * rel);
+            }
+            printf("    zero = %d: optimiser state per rank %zu bytes, zero = 0's %zu\n", zero,
+                   z.out[0].optim_bytes, ddp.out[0].optim_bytes);
+        }
+        unmap(&z);
+    }
+    unmap(&one);
+    unmap(&ddp);
+}
+
 /* Gradient accumulation (2 micro-steps: the data-parallel reducer hears of the last one only),
  * global_batch (micro-steps of unequal shares) and fp16 loss scaling (clip unscales the slices)
  * at D = 2 x T = 2 against one process. */
@@ -616,6 +664,72 @@ static void test_checkpoint_across_layouts(void)
     unmap(&cont);
 }
 
+/* A checkpoint written at D = 2 x T = 2 with zero = 1 (shards gathered over the data-parallel
+ * group, then slices over the tensor group) holds what one process's does and resumes: at
+ * D2 x T2 zero = 1 bit for bit as the run that did not stop; as one process within 1e-5 of it.
+ * The reverse: one process's checkpoint resumed at D2 x T2 with zero = 2 trains on within 1e-5
+ * of one process that did not stop. */
+static void test_checkpoint_zero(void)
+{
+    trun z1 = base(4, 2, 4, "ckz-d2t2"), one = base(1, 1, 8, "ckz-one");
+    add(&z1, "parallel.zero=1");
+    train_run(&z1, 3, NULL);
+    train_run(&one, 3, NULL);
+    DT_CHECK_STR(z1.out[0].strategy, "tensor");
+    for (int f = 0; f < 2; f++) {
+        const char *file = f ? "optim.safetensors" : "model.safetensors";
+        char *a = listing(fmt("%s/%s", ckpt_of(&z1, 3), file));
+        char *b = listing(fmt("%s/%s", ckpt_of(&one, 3), file));
+        if (a && b)
+            DT_CHECK_MSG(!strcmp(a, b), "%s at D2 x T2 zero = 1 lists\n%s\nand one process's\n%s",
+                         file, a, b);
+        free(a);
+        free(b);
+    }
+    trun straight = base(4, 2, 4, "ckz-d2t2-straight");
+    add(&straight, "parallel.zero=1");
+    train_run(&straight, 6, NULL);
+    trun same = base(4, 2, 4, "ckz-d2t2-to-d2t2");
+    add(&same, "parallel.zero=1");
+    train_run(&same, 6, ckpt_of(&z1, 3));
+    DT_CHECK_INT(same.out[0].step, 6);
+    DT_CHECK_MSG(!memcmp(same.out[0].params, straight.out[0].params,
+                         straight.out[0].whole * sizeof(float)),
+                 "D2 x T2 zero = 1 resumed at the same layout differs from the run that did not "
+                 "stop");
+    for (int i = 0; i < straight.out[0].num_states; i++)
+        DT_CHECK_MSG(!memcmp(same.out[0].state[i], straight.out[0].state[i],
+                             straight.out[0].whole * sizeof(float)),
+                     "optimiser state %d: D2 x T2 zero = 1 resumed at the same layout differs", i);
+    trun to1 = base(1, 1, 8, "ckz-d2t2-to-one");
+    train_run(&to1, 6, ckpt_of(&z1, 3));
+    DT_CHECK_STR(to1.out[0].strategy, "single");
+    DT_CHECK_INT(to1.out[0].step, 6);
+    double l2 = rel_l2(to1.out[0].params, straight.out[0].params, straight.out[0].whole);
+    double s2 = rel_l2(to1.out[0].state[1], straight.out[0].state[1], straight.out[0].whole);
+    DT_CHECK_MSG(l2 <= 1e-5 && s2 <= 1e-5, "D2 x T2 zero = 1's checkpoint resumed as one process: "
+                 "weights %.2e, exp_avg_sq %.2e off the run that did not stop", l2, s2);
+    trun rev = base(4, 2, 4, "ckz-one-to-d2t2"), cont = base(1, 1, 8, "ckz-one-straight");
+    add(&rev, "parallel.zero=2");
+    train_run(&rev, 6, ckpt_of(&one, 3));
+    train_run(&cont, 6, NULL);
+    DT_CHECK_STR(rev.out[0].strategy, "tensor");
+    DT_CHECK_INT(rev.out[0].step, 6);
+    double r2 = rel_l2(rev.out[0].params, cont.out[0].params, cont.out[0].whole);
+    double rs = rel_l2(rev.out[0].state[1], cont.out[0].state[1], cont.out[0].whole);
+    DT_CHECK_MSG(r2 <= 1e-5 && rs <= 1e-5, "one process's checkpoint resumed at D2 x T2 zero = 2: "
+                 "weights %.2e, exp_avg_sq %.2e off one process", r2, rs);
+    printf("    D2 x T2 zero = 1 -> one process: weights %.1e, exp_avg_sq %.1e; one process -> "
+           "D2 x T2 zero = 2: %.1e, %.1e\n", l2, s2, r2, rs);
+    unmap(&z1);
+    unmap(&one);
+    unmap(&straight);
+    unmap(&same);
+    unmap(&to1);
+    unmap(&rev);
+    unmap(&cont);
+}
+
 /* ---- failures ------------------------------------------------------------------------------ */
 
 /* A rank killed as block 1's forward begins: its tensor peers are in (or about to issue) that
@@ -702,8 +816,10 @@ int main(int argc, char **argv)
         {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
         {"padded_vocabulary", test_padded_vocabulary, 120},
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
+        {"data_2_x_tensor_2_zero_1_and_2", test_data_x_tensor_zero, 180},
         {"accumulation_global_batch_fp16", test_accumulation, 120},
         {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
+        {"checkpoint_zero_across_layouts", test_checkpoint_zero, 240},
         {"killed_rank", test_killed_rank, 60},
         {"dtrain_binary", test_dtrain_binary, 120},
     };

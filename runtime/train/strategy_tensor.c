@@ -1,9 +1,20 @@
 /* strategy_tensor.c - tensor parallelism (Megatron-LM's column/row splits, in the gpt model) with
- * DDP over the data-parallel groups; see strategy_tensor.h.
+ * DDP, or ZeRO stages 1-2, over the data-parallel groups; see strategy_tensor.h.
  *
  * The model does the tensor-parallel work (its forward and backward all-reduce over the tensor
  * group); what is left here is what spans the step: the groups, the data-parallel reducer, the
  * norm over slices, and checkpoints of whole tensors.
+ *
+ * ZeRO (parallel.zero = 1 | 2, D > 1): instead of DDP's reducer the strategy holds
+ * strategy_zero.h's dt_zero over the data-parallel group: the same reducer in its sharding mode
+ * over this rank's slices (reduce-scattered buckets), the optimiser over its shard of them
+ * (stage 2: the gradient pages given back as the buckets are reduced), the updated slices
+ * all-gathered over the group. The norm is the shards' counted squares summed over dp, then
+ * over the tensor group (dt_zero_clip_split). A checkpoint goes through both stagings: the
+ * optimiser state all-gathered over dp into the slices' layout (dt_zero_gather_state), then
+ * assembled over the tensor group as without ZeRO; a load the reverse (dt_zero_take_state), so
+ * the checkpoint is the one T = 1 or one process writes. D = 1 has nothing to shard: DDP's
+ * layout (no reducer) is what runs.
  *
  * Checkpoint staging. state hands out full-size buffers laid out by a "whole" tensor table (the
  * model's table with whole_shape, packed in the same order), one for the parameters and one per
@@ -35,6 +46,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/train/ddp.h"
+#include "runtime/train/strategy_zero.h"
 
 typedef struct tp_impl {
     const dt_job *job;         /* borrowed */
@@ -43,7 +55,9 @@ typedef struct tp_impl {
     bool groups_open;
     dt_comm *tp;               /* the tensor group: groups.tp, or s->comm when D = 1 (borrowed) */
     dt_comm *dp;               /* the data-parallel group (groups.dp) or NULL when D = 1 */
-    dt_ddp *ddp;               /* the reducer over dp (D > 1), owned; NULL before start */
+    dt_ddp *ddp;               /* the reducer over dp (D > 1, zero = 0), owned; NULL before
+                                  start */
+    dt_zero *zero;             /* ZeRO 1-2 over dp (D > 1, zero > 0), owned, from open */
     double *scratch;           /* (32) backend memory for the scalar collectives, owned */
     /* checkpoint staging */
     dt_tensor_info *whole;     /* (num_tensors) host, owned: shapes whole, packed offsets */
@@ -91,19 +105,29 @@ static int build_whole(const dt_model *m, tp_impl *t, dt_err *err)
     return 0;
 }
 
-/* The local buffer k (0: parameters, else optimiser state k-1). */
-static float *local_buf(dt_strategy *s, int k)
+/* The local buffer k (0: parameters, else optimiser state k-1), in the model's layout
+ * (num_params floats): under ZeRO the state's staging in that layout (dt_zero_local_state). */
+static float *local_buf(dt_strategy *s, tp_impl *t, int k)
 {
-    return k == 0 ? s->model->params : s->optim->states[k - 1].buf;
+    if (k == 0)
+        return s->model->params;
+    return t->zero ? dt_zero_local_state(t->zero, k - 1) : s->optim->states[k - 1].buf;
 }
 
-/* The staging buffers k < upto filled with the whole tensors of the local ones. Collective over
- * the tensor group. */
+/* The reducer the backward's hook feeds and sync_grads waits for (NULL when D = 1). */
+static dt_ddp *reducer(tp_impl *t) { return t->zero ? dt_zero_ddp(t->zero) : t->ddp; }
+
+/* The staging buffers k < upto filled with the whole tensors of the local ones (ZeRO: the
+ * optimiser state first gathered over dp). Collective over the tensor (and data-parallel)
+ * group. */
 static int gather_staging(dt_strategy *s, tp_impl *t, int upto, dt_err *err)
 {
     int rc = dt_strategy_staging_commit(&t->stg, s->be, err);
+    if (!rc && t->zero && upto > 1 && (rc = dt_zero_gather_state(t->zero, err)))
+        return dt_err_prefix(err, "tensor parallelism, data-parallel group of tp %d: ",
+                             t->grid.tp);
     for (int k = 0; k < upto && !rc; k++)
-        if ((rc = dt_strategy_tp_gather(s, t->tp, t->grid.T, t->grid.tp, local_buf(s, k),
+        if ((rc = dt_strategy_tp_gather(s, t->tp, t->grid.T, t->grid.tp, local_buf(s, t, k),
                                         t->stg.buf[k], t->whole_off, err)))
             dt_err_prefix(err, "tensor parallelism: gathering %s over the tensor group: ",
                           k ? s->optim->states[k - 1].name : "the parameters");
@@ -130,11 +154,10 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         return dt_err_set(err, -EINVAL,
                           "parallel.pipeline = %d: the tensor strategy runs one stage (the "
                           "pipeline strategy runs parallel.pipeline > 1)", j->pipeline);
-    if (j->zero > 0)
+    if (j->zero > 2)
         return dt_err_set(err, -EINVAL,
-                          "parallel.zero = %d with parallel.tensor = %d: ZeRO over the "
-                          "data-parallel groups of a tensor-parallel job is not built yet; use "
-                          "parallel.zero = 0 (DDP over each shard's data-parallel group)",
+                          "parallel.zero = %d with parallel.tensor = %d: ZeRO stage 3 with "
+                          "tensor parallelism is not supported yet; use parallel.zero = 1 or 2",
                           j->zero, j->tensor);
     int rc = dt_grid_init(&t->grid, e->rank, e->world_size, j->tensor, 1, err);
     if (rc)
@@ -159,8 +182,16 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if (m->num_buffers)
         return dt_err_set(err, -EINVAL, "tensor parallelism: model %s has non-trained buffers, "
                           "which this strategy does not gather", mc.type);
-    if ((rc = dt_strategy_open_optim(s, ctx, err)))
+    if (j->zero > 0 && t->dp) { /* the reducer now: the optimiser is over its shard */
+        if ((rc = dt_zero_open(&t->zero, s, ctx, t->dp, err)))
+            return dt_err_prefix(err, "tensor parallelism, ZeRO over the data-parallel group of "
+                                 "tp %d: ", t->grid.tp);
+    } else if ((rc = dt_strategy_open_optim(s, ctx, err))) {
         return rc;
+    }
+    if (j->zero > 0 && !t->dp && e->rank == 0)
+        DT_INFO("parallel.zero = %d with D = 1: nothing to shard over, every rank of the tensor "
+                "group keeps its slices' optimiser state", j->zero);
     dt_mem_cat old = dt_mem_tag(s->be, DT_MEM_COMM);
     rc = s->be->alloc(s->be, (void **)&t->scratch, 32 * sizeof(double), err);
     dt_mem_tag(s->be, old);
@@ -171,7 +202,11 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     /* the initial parameters, whole: what start slices back when no checkpoint was loaded */
     if ((rc = gather_staging(s, t, 1, err)))
         return rc;
-    snprintf(s->summary, sizeof s->summary, "tensor %d x data %d", t->grid.T, t->grid.D);
+    if (t->zero)
+        snprintf(s->summary, sizeof s->summary, "tensor %d x data %d, ZeRO-%d", t->grid.T,
+                 t->grid.D, dt_zero_stage(t->zero));
+    else
+        snprintf(s->summary, sizeof s->summary, "tensor %d x data %d", t->grid.T, t->grid.D);
     DT_DEBUG("tensor parallelism: rank %d is (dp %d, tp %d, pp 0) of %d x %d x 1", e->rank,
              t->grid.dp, t->grid.tp, t->grid.D, t->grid.T);
     if (e->rank == 0)
@@ -188,12 +223,19 @@ static int tp_start(dt_strategy *s, dt_err *err)
     /* whole -> local: the checkpoint a load put in the staging, or the initial parameters */
     int rc = 0;
     for (int k = 0; k < t->stg.n && !rc; k++)
-        rc = dt_strategy_tp_slice(s, t->grid.tp, t->stg.buf[k], t->whole_off, local_buf(s, k),
-                                  err);
+        rc = dt_strategy_tp_slice(s, t->grid.tp, t->stg.buf[k], t->whole_off,
+                                  local_buf(s, t, k), err);
     if (rc)
         return dt_err_prefix(err, "tensor parallelism: ");
     dt_strategy_staging_release(&t->stg, s->be);
-    if (t->dp) {
+    if (t->zero) {
+        /* the slices of data-parallel rank 0, as DDP; this rank's shard of the state */
+        if ((rc = dt_comm_broadcast(t->dp, s->model->params, s->model->num_params, DT_FLOAT32,
+                                    0, NULL, err)))
+            return dt_err_prefix(err, "tensor parallelism, data-parallel group of tp %d: ",
+                                 t->grid.tp);
+        dt_zero_take_state(t->zero);
+    } else if (t->dp) {
         dt_ddp_opts o;
         if ((rc = dt_ddp_opts_from_job(&o, t->job, err)))
             return rc;
@@ -214,19 +256,27 @@ static int tp_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, boo
     if (rc)
         return rc;
     /* the reducer hears of finished gradients on the last micro-step only (no_sync before) */
-    bool hook = last && t->ddp;
-    return m->ops->backward(m, dloss, hook ? dt_ddp_grad_ready : NULL, hook ? t->ddp : NULL,
-                            err);
+    dt_ddp *d = last ? reducer(t) : NULL;
+    return m->ops->backward(m, dloss, d ? dt_ddp_grad_ready : NULL, d, err);
+}
+
+static void tp_zero_grads(dt_strategy *s)
+{
+    tp_impl *t = s->impl;
+    if (t->zero)
+        dt_zero_zero_grads(t->zero); /* stage 2: the pages given back read as zero */
+    else
+        dt_strategy_zero_grads_whole(s);
 }
 
 static int tp_sync_grads(dt_strategy *s, dt_err *err)
 {
     tp_impl *t = s->impl;
     s->comm_time_s = 0;
-    if (!t->ddp)
+    if (!reducer(t))
         return 0;
     double t0 = dt_now_s();
-    int rc = dt_ddp_finish(t->ddp, err);
+    int rc = dt_ddp_finish(reducer(t), err);
     s->comm_time_s = dt_now_s() - t0;
     t->dp_wait_s += s->comm_time_s;
     if (rc)
@@ -255,13 +305,16 @@ static int tp_average(dt_strategy *s, double *v, int n, dt_err *err)
 /* The global gradient norm: the split tensors' squares summed over the tensor group, the
  * replicated tensors' (the same on every rank of the group: the model all-reduces them) counted
  * once, from tp rank 0 (dt_strategy_clip_split); the data-parallel replicas hold the same
- * all-reduced gradient, so the tensor group's sum is the world's. */
+ * all-reduced gradient, so the tensor group's sum is the world's. Under ZeRO each holds a shard
+ * of it: the shards' sums are added over dp first (dt_zero_clip_split). */
 static int tp_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
 {
     tp_impl *t = s->impl;
     t->clips++;
-    int rc = dt_strategy_clip_split(s, unscale, t->grid.tp, NULL, 0, &t->tp, 1, t->scratch, norm,
-                                    err);
+    int rc = t->zero ? dt_zero_clip_split(t->zero, unscale, t->grid.tp, NULL, 0, &t->tp, 1,
+                                          t->scratch, norm, err)
+                     : dt_strategy_clip_split(s, unscale, t->grid.tp, NULL, 0, &t->tp, 1,
+                                              t->scratch, norm, err);
     return rc ? dt_err_prefix(err, "tensor parallelism: ") : 0;
 }
 
@@ -269,6 +322,8 @@ static int tp_optim_step(dt_strategy *s, double lr, dt_err *err)
 {
     tp_impl *t = s->impl;
     dt_strategy_staging_release(&t->stg, s->be); /* the trainer fenced the save's copy */
+    if (t->zero)
+        return dt_zero_step(t->zero, lr, err); /* the shard, then the slices all-gathered */
     return dt_strategy_optim_step_whole(s, lr, err);
 }
 
@@ -293,6 +348,7 @@ static void tp_close(dt_strategy *s)
     tp_impl *t = s->impl;
     if (t) {
         dt_ddp_free(t->ddp);
+        dt_zero_free(t->zero);
         dt_strategy_staging_free(&t->stg, s->be);
         if (s->be)
             s->be->free(s->be, t->scratch);
@@ -334,7 +390,7 @@ const dt_strategy_ops dt_strategy_tensor_ops = {
     .rank_batch = tp_rank_batch,
     .open = tp_open,
     .start = tp_start,
-    .zero_grads = dt_strategy_zero_grads_whole,
+    .zero_grads = tp_zero_grads,
     .micro_step = tp_micro_step,
     .sync_grads = tp_sync_grads,
     .average = tp_average,

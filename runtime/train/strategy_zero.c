@@ -213,6 +213,43 @@ int dt_zero_sumsq(dt_zero *z, const unsigned char *counted, double *sum, dt_err 
     return dt_ddp_sum_double(z->ddp, mine, sum, err);
 }
 
+int dt_zero_clip_split(dt_zero *z, double unscale, int tp_rank, const int *skip, int nskip,
+                       dt_comm *const *groups, int ngroups, double *scratch, double *norm,
+                       dt_err *err)
+{
+    dt_strategy *s = z->s;
+    const dt_model *m = s->model;
+    dt_backend *be = s->be;
+    size_t n;
+    float *g = dt_zero_grads(z, &n);
+    if (unscale != 1.0)
+        be->scale(be, g, n, (float)unscale);
+    unsigned char *counted = malloc((size_t)m->num_tensors + 1);
+    if (!counted)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    for (int t = 0; t < m->num_tensors; t++) {
+        counted[t] = m->tensors[t].tp_parts > 0 || tp_rank == 0;
+        for (int i = 0; counted[t] && i < nskip; i++)
+            counted[t] = skip[i] != t;
+    }
+    double sum = 0;
+    int rc = dt_zero_sumsq(z, counted, &sum, err);
+    free(counted);
+    if (!rc)
+        be->memcpy_h2d(be, scratch, &sum, sizeof sum);
+    for (int k = 0; k < ngroups && !rc; k++)
+        if (groups[k])
+            rc = dt_comm_allreduce(groups[k], scratch, 1, DT_FLOAT64, DT_SUM, NULL, err);
+    if (rc)
+        return dt_err_prefix(err, "ZeRO: the global gradient norm: ");
+    be->memcpy_d2h(be, &sum, scratch, sizeof sum);
+    *norm = sqrt(sum);
+    double clip = s->optim->cfg.grad_clip;
+    if (clip > 0 && isfinite(*norm) && *norm > clip)
+        be->scale(be, g, n, (float)(clip / (*norm + 1e-6)));
+    return 0;
+}
+
 /* The reducer rebuilt its buckets from the first backward's ready order (ddp.h): the state
  * moves from the old shards to the new ones through the full-size staging. */
 static int relayout(dt_zero *z, dt_err *err)

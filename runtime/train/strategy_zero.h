@@ -146,6 +146,15 @@ float *dt_zero_grads(dt_zero *z, size_t *numel);
  * sums added in rank order on every rank (the same double everywhere). Collective over dp. */
 int dt_zero_sumsq(dt_zero *z, const unsigned char *counted, double *sum, dt_err *err);
 
+/* dt_strategy_clip_split (strategy.h) for a sharded gradient: unscale the shard; the sum of
+ * squares of the tensors split over the tensor group (on every rank) and of the replicated ones
+ * (on tensor rank 0 only), none of skip[0..nskip), over the shards (dt_zero_sumsq, collective
+ * over dp), then all-reduced over each non-NULL groups[g] in turn (tensor, pipeline) in scratch
+ * (one double of backend memory); *norm its square root, the clip scaling on the shard. */
+int dt_zero_clip_split(dt_zero *z, double unscale, int tp_rank, const int *skip, int nskip,
+                       dt_comm *const *groups, int ngroups, double *scratch, double *norm,
+                       dt_err *err);
+
 /* The optimiser step on the shard at lr, then the all-gather of the updated parameters over
  * dp; after the first step, the move of the shards to the rebuilt buckets. Collective. */
 int dt_zero_step(dt_zero *z, double lr, dt_err *err);
