@@ -642,6 +642,9 @@ typedef struct rank_out {
     bool have_st;
     int64_t skipped, optim_t;      /* the loss scaler's skipped steps, the optimiser's t */
     double scale;
+    char summary[64];              /* the strategy's summary line */
+    size_t optim_bytes;            /* the backend's DT_MEM_OPTIM bytes at the end (this rank's
+                                      optimiser state, as test_memory and bench memory count) */
     float start_params[MAX_PER];   /* right after init (a resume's parameters) */
     float params[MAX_PER];         /* at the end, whole */
     float state[2][MAX_PER];
@@ -799,6 +802,10 @@ static void rank_body(prun *r, int rank)
     if (r->eval && dt_trainer_eval(&t, &o->eval_loss, &o->eval_acc, &err) != 0)
         goto fail;
     o->have_st = dt_strategy_pipeline_stats(t.s, &o->st) == 0;
+    dt_strlcpy(o->summary, t.s->summary, sizeof o->summary);
+    dt_mem_stats ms;
+    dt_mem_read(t.be, &ms);
+    o->optim_bytes = ms.cur[DT_MEM_OPTIM];
     o->skipped = t.scaler.skipped;
     o->optim_t = t.optim->t;
     o->scale = t.scaler.scale;
@@ -896,14 +903,19 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
     one.eval = pp.eval = true;
     padd(&pp, fmt("parallel.tensor=%d", T));
     padd(&pp, fmt("train.batch_size=%d", 8 / D));
+    int zero = 0; /* one process ignores parallel.zero; the layout must run it */
     for (; more && *more; more++) {
         padd(&one, *more);
         padd(&pp, *more);
+        if (!strncmp(*more, "parallel.zero=", 14))
+            zero = atoi(*more + 14);
     }
     if (!prun_run(&one) || !prun_run(&pp))
         goto out;
     const rank_out *a = &pp.out[0], *b = &one.out[0];
     DT_CHECK_STR(a->strategy, "pipeline");
+    if (zero > 0 && D > 1)
+        DT_CHECK_CONTAINS(a->summary, fmt("ZeRO-%d", zero));
     DT_CHECK_STR(b->strategy, "single");
     DT_REQUIRE(a->numel == b->numel && a->numel > 0);
     /* every layout starts bit-identical to one process */
@@ -1037,6 +1049,44 @@ out:
     prun_free(&pp);
 }
 
+
+/* ZeRO 1-2 over each stage's data-parallel group against one process on the same global batch
+ * over 20 steps: mlp at D2 x P2 (zero = 1 under 1F1B, zero = 2 under GPipe), gpt at D2 x P2 with
+ * the tied wte (its two copies sharded differently, summed over the embedding group before the
+ * reduce-scatter) at zero = 1 and 2, and gpt at D2 x T2 x P2 (8 ranks) at zero = 1. Then each
+ * rank's optimiser state (the allocator's DT_MEM_OPTIM bytes) at D2 x P2 with zero = 1 against
+ * zero = 0: half, within 2% (chunks padded to ceil(n / 2)). */
+static void test_d2_p2_zero(void)
+{
+    const char *const z1[] = {"parallel.zero=1", "ddp.first_bucket_mb=0.001",
+                              "ddp.bucket_cap_mb=0.004", NULL};
+    const char *const z2[] = {"parallel.zero=2", "ddp.first_bucket_mb=0.001",
+                              "ddp.bucket_cap_mb=0.004", NULL};
+    against_one_layout(false, 2, 1, 2, 4, "1f1b", z1, "-d2-zero1");
+    against_one_layout(false, 2, 1, 2, 4, "gpipe", z2, "-d2-zero2");
+    against_one_layout(true, 2, 1, 2, 4, "1f1b", z1, "-gpt-d2-zero1");
+    against_one_layout(true, 2, 1, 2, 2, "gpipe", z2, "-gpt-d2-zero2");
+    against_one_layout(true, 2, 2, 2, 2, "1f1b", z1, "-gpt-d2-t2-zero1");
+    prun r[2];
+    for (int zero = 0; zero < 2; zero++) {
+        r[zero] = pgpt(4, 2, 2, "1f1b", fmt("gpt-d2-p2-mem-zero%d", zero));
+        padd(&r[zero], "train.batch_size=4");
+        padd(&r[zero], fmt("parallel.zero=%d", zero));
+        r[zero].steps = 2;
+    }
+    if (prun_run(&r[0]) && prun_run(&r[1]))
+        for (int q = 0; q < 4; q++) {
+            double half = (double)r[0].out[q].optim_bytes / 2;
+            double rel = fabs((double)r[1].out[q].optim_bytes - half) / half;
+            DT_CHECK_MSG(half > 0 && rel <= 0.02, "rank %d (stage %d): optimiser state %zu bytes "
+                         "at zero = 1, %zu at zero = 0 (%.2f%% off half)", q, q / 2,
+                         r[1].out[q].optim_bytes, r[0].out[q].optim_bytes, 100 * rel);
+            printf("    rank %d (stage %d): optimiser state %zu bytes at zero = 1, %zu at zero "
+                   "= 0\n", q, q / 2, r[1].out[q].optim_bytes, r[0].out[q].optim_bytes);
+        }
+    prun_free(&r[0]);
+    prun_free(&r[1]);
+}
 
 /* gpt: the embeddings on stage 0, ln_f and the tied head on the last, the two copies of wte
  * kept equal by the embedding group's all-reduce. */
@@ -1187,6 +1237,68 @@ static void test_ckpt_layouts(void)
         }
         prun_free(&w);
     }
+}
+
+/* gpt_layout's run of 5 steps from the start, without checkpoints. */
+static prun straight_layout(int D, int T, int P, const char *name)
+{
+    prun r = pgpt(D * T * P, P, 2, "1f1b", name);
+    padd(&r, fmt("parallel.tensor=%d", T));
+    padd(&r, fmt("train.batch_size=%d", 8 / D));
+    padd(&r, "train.steps=5"); /* the learning-rate schedule of the resumed runs */
+    r.steps = 5;
+    return r;
+}
+
+/* Checkpoints with ZeRO: gpt at D2 x P2 with zero = 1 saves at step 3 (the optimiser shards
+ * gathered over each stage's replicas, then the stages over the pipeline group); one process
+ * resumes the parameters it saved bit for bit and trains on as the uninterrupted D2 x P2 run
+ * does (within 1e-5: the optimiser state came back whole). The reverse: one process saves, D2
+ * x T2 x P2 with zero = 2 resumes and trains on as one process does. */
+static void test_ckpt_zero(void)
+{
+    const char *ck = fmt("%s/ckz", dt_test_tmpdir()), *ck2 = fmt("%s/ckz2", dt_test_tmpdir());
+    prun w = gpt_layout(2, 1, 2, "ckz-save-d2p2", ck, true);
+    padd(&w, "parallel.zero=1");
+    prun straight = straight_layout(2, 1, 2, "ckz-straight-d2p2");
+    padd(&straight, "parallel.zero=1");
+    prun one = gpt_layout(1, 1, 1, "ckz-resume-one", ck, false);
+    prun w1 = gpt_layout(1, 1, 1, "ckz-save-one", ck2, true);
+    prun straight1 = straight_layout(1, 1, 1, "ckz-straight-one");
+    prun r = gpt_layout(2, 2, 2, "ckz-resume-d2t2p2", ck2, false);
+    padd(&r, "parallel.zero=2");
+    if (!prun_run(&w) || !prun_run(&straight) || !prun_run(&one) || !prun_run(&w1) ||
+        !prun_run(&straight1) || !prun_run(&r))
+        goto out;
+    DT_CHECK_CONTAINS(w.out[0].summary, "ZeRO-1");
+    DT_CHECK_CONTAINS(r.out[0].summary, "ZeRO-2");
+    DT_CHECK_INT(one.out[0].start_step, 3);
+    DT_CHECK_MSG(!memcmp(one.out[0].start_params, w.out[0].params, w.out[0].numel * 4),
+                 "one process resumed other parameters than D2 x P2 zero = 1 saved");
+    const struct {
+        const prun *x, *ref;
+    } pairs[2] = {{&one, &straight}, {&r, &straight1}};
+    for (int k = 0; k < 2; k++) {
+        const rank_out *a = &pairs[k].x->out[0], *b = &pairs[k].ref->out[0];
+        DT_CHECK_INT(a->step, 5);
+        for (int i = 0; i < 2; i++)
+            DT_CHECK_MSG(fabs(a->loss[i] - b->loss[i + 3]) <= 1e-5 * b->loss[i + 3],
+                         "%s: step %d loss %.9g vs %s's %.9g", pairs[k].x->name, i + 4,
+                         a->loss[i], pairs[k].ref->name, b->loss[i + 3]);
+        double wp = vec_rel(a->params, b->params, b->numel);
+        double ws = vec_rel(a->state[1], b->state[1], b->numel);
+        DT_CHECK_MSG(wp <= 1e-5 && ws <= 1e-5, "%s: weights %.3g, exp_avg_sq %.3g off %s",
+                     pairs[k].x->name, wp, ws, pairs[k].ref->name);
+        printf("    %-18s step 5 weights within %.2g, exp_avg_sq %.2g of %s\n", pairs[k].x->name,
+               wp, ws, pairs[k].ref->name);
+    }
+out:
+    prun_free(&w);
+    prun_free(&straight);
+    prun_free(&one);
+    prun_free(&w1);
+    prun_free(&straight1);
+    prun_free(&r);
 }
 
 /* A stage that dies mid-step ends the step on the others with an error naming the stage, the
@@ -1369,6 +1481,8 @@ int main(int argc, char **argv)
         {"d2_p2", test_d2_p2, 180},
         {"ckpt_resume", test_ckpt_resume, 300},
         {"ckpt_layouts", test_ckpt_layouts, 300},
+        {"d2_p2_zero", test_d2_p2_zero, 400},
+        {"ckpt_zero", test_ckpt_zero, 300},
         {"dead_stage", test_dead_stage, 120},
         {"stalled_stage", test_stalled_stage, 120},
         {"trace", test_trace, 120},

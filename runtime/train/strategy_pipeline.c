@@ -44,9 +44,23 @@
  * through dt_strategy_open_groups), the tensor group's gather and slice and the norm over split
  * tensors strategy.c's, all shared with strategy_tensor.c.
  *
+ * ZeRO (parallel.zero = 1 | 2, D > 1): strategy_zero.h's dt_zero over the data-parallel group
+ * takes the place of DDP's reducer, from open (the optimiser is over its shard): the stage's
+ * buckets are reduce-scattered over its replicas, each rank updates its shard of the stage
+ * (stage 2: the gradient pages given back as buckets are reduced) and the updated stage is
+ * all-gathered; the norm adds the shards over dp, then over the tensor and pipeline groups
+ * (dt_zero_clip_split, the same counting as above); a save gathers the optimiser state over dp
+ * into the stage's layout first (dt_zero_gather_state), then as above; a load the reverse. The
+ * tied wte: the two stages' replicas shard it differently (their buckets differ), so its
+ * gradient is summed over the embedding group before it is reduced, not after: the backward's
+ * hook (zero_ready) passes every range to the reducer but the tied tensors', which sync_grads
+ * reports once the embedding group's all-reduce summed them (the buckets after the tied one
+ * wait with it, strictly in order: on the last stage, whose wte is its first bucket, the
+ * reduce-scatters start after backward).
+ *
  * Left for later (issue 19): receives posted earlier than Megatron's batched order puts them
- * (a receive batched with a send is waited together with it), ZeRO over the data-parallel
- * group, interleaved (virtual-stage) schedules.
+ * (a receive batched with a send is waited together with it), ZeRO stage 3 over the
+ * data-parallel group, interleaved (virtual-stage) schedules.
  */
 #include "runtime/train/strategy_pipeline.h"
 
@@ -60,12 +74,15 @@
 #include "runtime/train/ddp.h"
 #include "runtime/train/grid.h"
 #include "runtime/train/pp_schedule.h"
+#include "runtime/train/strategy_zero.h"
 #include "runtime/train/trace.h"
 
 typedef struct pipe_impl {
     const dt_job *job;              /* borrowed */
     dt_groups g;                    /* grid and groups (pp: this pipeline; dp: D > 1), owned */
-    dt_ddp *ddp;                    /* over g.dp when D > 1, owned; NULL otherwise */
+    dt_ddp *ddp;                    /* over g.dp when D > 1 and zero = 0, owned; else NULL */
+    dt_zero *zero;                  /* ZeRO 1-2 over g.dp (D > 1, zero > 0), owned; else NULL */
+    dt_strategy *self;              /* borrowed: the ready hook's way back (zero_ready) */
     int P, M, stage, slots;
     dt_pp_schedule_kind kind;
     dt_pp_action *list;             /* (nlist) this stage's schedule, owned */
@@ -114,6 +131,15 @@ typedef struct pipe_impl {
 } pipe_impl;
 
 static int pipe_rank_batch(const dt_job *job) { return job->batch_size; }
+
+/* The reducer the last backward feeds and sync_grads waits for (NULL when D = 1). */
+static dt_ddp *reducer(pipe_impl *p) { return p->zero ? dt_zero_ddp(p->zero) : p->ddp; }
+
+/* Optimiser state i in the stage's layout (num_params floats): under ZeRO its staging there. */
+static float *local_state(dt_strategy *s, pipe_impl *p, int i)
+{
+    return p->zero ? dt_zero_local_state(p->zero, i) : s->optim->states[i].buf;
+}
 
 /* ---- the whole-model view ------------------------------------------------------------------ */
 
@@ -336,8 +362,19 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         return dt_err_set(err, -ENOTSUP, "parallel.pipeline = %d: model %s has no pipeline "
                                          "stages (mlp and gpt have); use parallel.pipeline = 1",
                           p->P, mc.type);
-    if ((rc = dt_strategy_open_optim(s, ctx, err)))
+    p->self = s;
+    if (j->zero > 2)
+        return dt_err_set(err, -EINVAL, "parallel.zero = %d with parallel.pipeline = %d: ZeRO "
+                                        "stage 3 with pipeline parallelism is not supported "
+                                        "yet; use parallel.zero = 1 or 2",
+                          j->zero, p->P);
+    if (j->zero > 0 && p->g.dp) { /* the reducer now: the optimiser is over its shard */
+        if ((rc = dt_zero_open(&p->zero, s, ctx, p->g.dp, err)))
+            return dt_err_prefix(err, "pipeline stage %d: ZeRO over its %d replicas: ", p->stage,
+                                 p->g.grid.D);
+    } else if ((rc = dt_strategy_open_optim(s, ctx, err))) {
         return rc;
+    }
 
     /* p2p buffers */
     dt_backend *be = s->be;
@@ -376,8 +413,9 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->st.stage = p->stage;
     p->st.slots = p->slots;
     p->st.slot_bytes = m->pp_slot_bytes;
-    snprintf(s->summary, sizeof s->summary, "pipeline %d x %d micro-batches (%s)", p->P, p->M,
-             dt_pp_schedule_name(p->kind));
+    snprintf(s->summary, sizeof s->summary, "pipeline %d x %d micro-batches (%s)%s", p->P, p->M,
+             dt_pp_schedule_name(p->kind),
+             !p->zero ? "" : dt_zero_stage(p->zero) == 1 ? ", ZeRO-1" : ", ZeRO-2");
     const dt_block *b0 = &m->blocks[0], *b1 = &m->blocks[m->num_blocks - 1];
     DT_DEBUG("pipeline stage %d of %d (rank %d): %s..%s, %zu parameters, %d activation slot%s "
              "of %d samples",
@@ -400,10 +438,18 @@ static int pipe_start(dt_strategy *s, dt_err *err)
                                   err);
     for (int i = 0; i < s->optim->num_states && !rc; i++)
         rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[1 + i], p->own_off,
-                                  s->optim->states[i].buf, err);
+                                  local_state(s, p, i), err);
     if (rc)
         return dt_err_prefix(err, "pipeline stage %d: ", p->stage);
     dt_strategy_staging_release(&p->stg, s->be);
+    if (p->zero) { /* the stage of data-parallel rank 0, as DDP; this rank's shard of the state */
+        if ((rc = dt_comm_broadcast(p->g.dp, s->model->params, s->model->num_params, DT_FLOAT32,
+                                    0, NULL, err)))
+            return dt_err_prefix(err, "pipeline stage %d: broadcasting over its replicas: ",
+                                 p->stage);
+        dt_zero_take_state(p->zero);
+        return 0;
+    }
     if (!p->g.dp)
         return 0;
     dt_ddp_opts o;
@@ -507,6 +553,29 @@ static int from_last_stage(dt_strategy *s, pipe_impl *p, double *v, int n, dt_er
     return 0;
 }
 
+/* ZeRO's ready hook (ctx: the pipe_impl): every final range to the reducer except the parts
+ * that are tied tensors, whose gradients sync_grads first sums over the embedding group. */
+static void zero_ready(void *ctx, size_t offset, size_t numel)
+{
+    pipe_impl *p = ctx;
+    const dt_model *m = p->self->model;
+    size_t lo = offset, hi = offset + numel;
+    while (lo < hi) {
+        size_t cut = hi, next = hi; /* [lo, cut) is passed on, [cut, next) held back */
+        for (int i = 0; i < p->ntied; i++) {
+            const dt_tensor_info *ti = &m->tensors[p->tied[i]];
+            size_t a = ti->offset, b = ti->offset + ti->numel;
+            if (b <= lo || a >= hi || a >= cut)
+                continue;
+            cut = DT_MAX(a, lo);
+            next = DT_MIN(b, hi);
+        }
+        if (cut > lo)
+            dt_ddp_grad_ready(dt_zero_ddp(p->zero), lo, cut - lo);
+        lo = next;
+    }
+}
+
 /* What one run of a list gives back. */
 typedef struct run_out {
     double loss_sum; /* last stage: the micro-batches' losses x their valid targets */
@@ -575,12 +644,15 @@ static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int 
             float dl = valid > 0 ? (float)((double)dloss * (double)p->mb_valid[a.mb] /
                                            (double)valid)
                                  : 0.0f;
-            /* DDP's no_sync: the reducer hears of the gradients in the step's last backward */
-            bool hook = p->ddp && last && a.mb == last_mb;
+            /* DDP's no_sync: the reducer hears of the gradients in the step's last backward
+             * (ZeRO with tied tensors: through zero_ready) */
+            bool hook = reducer(p) && last && a.mb == last_mb;
+            bool held = p->zero && p->ntied > 0;
+            dt_grad_ready_fn fn = !hook ? NULL : held ? zero_ready : dt_ddp_grad_ready;
+            void *fctx = !hook ? NULL : held ? (void *)p : (void *)reducer(p);
             rc = so->stage_backward(m, slot, dl,
                                     p->stage < p->P - 1 ? p->grad_out[a.mb % 2] : NULL,
-                                    p->stage > 0 ? p->grad_in[a.mb % 2] : NULL,
-                                    hook ? dt_ddp_grad_ready : NULL, hook ? p->ddp : NULL, err);
+                                    p->stage > 0 ? p->grad_in[a.mb % 2] : NULL, fn, fctx, err);
             live--;
         }
         s->be->synchronize(s->be);
@@ -642,7 +714,8 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
 
 /* DDP's buckets over the stage's replicas (D > 1), then the tied tensors' gradients summed
  * between the first and the last stage (the embedding group), so both copies take the same
- * update and stay equal. */
+ * update and stay equal. ZeRO: the tied sums first (on this rank's own gradients), handed to
+ * the reducer then (zero_ready held them back), then its reduce-scatters. */
 static int pipe_sync_grads(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
@@ -657,7 +730,11 @@ static int pipe_sync_grads(dt_strategy *s, dt_err *err)
                                "embedding group: ",
                           p->stage, p->g.grid.rank, ti->name);
         dt_trace_end(ts, DT_TRACE_COMM, "tied embedding all-reduce");
+        if (!rc && p->zero)
+            dt_ddp_grad_ready(dt_zero_ddp(p->zero), ti->offset, ti->numel);
     }
+    if (!rc && p->zero)
+        rc = dt_ddp_finish(dt_zero_ddp(p->zero), err);
     s->comm_time_s = dt_now_s() - t0;
     return rc;
 }
@@ -685,9 +762,11 @@ static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
 {
     pipe_impl *p = s->impl;
     dt_comm *const groups[2] = {p->g.tp, p->g.pp};
-    int rc = dt_strategy_clip_split(s, unscale, p->g.grid.tp, p->tied_copy ? p->tied : NULL,
-                                    p->tied_copy ? p->ntied : 0, groups, 2, p->scalars, norm,
-                                    err);
+    const int *skip = p->tied_copy ? p->tied : NULL, nskip = p->tied_copy ? p->ntied : 0;
+    int rc = p->zero ? dt_zero_clip_split(p->zero, unscale, p->g.grid.tp, skip, nskip, groups, 2,
+                                          p->scalars, norm, err)
+                     : dt_strategy_clip_split(s, unscale, p->g.grid.tp, skip, nskip, groups, 2,
+                                              p->scalars, norm, err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: ", p->stage) : 0;
 }
 
@@ -726,11 +805,22 @@ static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, in
     return 0;
 }
 
+static void pipe_zero_grads(dt_strategy *s)
+{
+    pipe_impl *p = s->impl;
+    if (p->zero)
+        dt_zero_zero_grads(p->zero); /* stage 2: the pages given back read as zero */
+    else
+        dt_strategy_zero_grads_whole(s);
+}
+
 /* The staging a save read is free again (the trainer fenced the save's copy before this). */
 static int pipe_optim_step(dt_strategy *s, double lr, dt_err *err)
 {
     pipe_impl *p = s->impl;
     dt_strategy_staging_release(&p->stg, s->be);
+    if (p->zero)
+        return dt_zero_step(p->zero, lr, err); /* the shard, then the stage all-gathered */
     return dt_strategy_optim_step_whole(s, lr, err);
 }
 
@@ -746,10 +836,12 @@ static int pipe_gather_state(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
     int rc = dt_strategy_staging_commit(&p->stg, s->be, err);
+    if (!rc && p->zero) /* the shards over dp into the stage's layout first */
+        rc = dt_zero_gather_state(p->zero, err);
     if (!rc)
         rc = gather_whole(s, p, s->model->params, p->stg.buf[0], err);
     for (int i = 0; i < s->optim->num_states && !rc; i++)
-        rc = gather_whole(s, p, s->optim->states[i].buf, p->stg.buf[1 + i], err);
+        rc = gather_whole(s, p, local_state(s, p, i), p->stg.buf[1 + i], err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: gathering the stages' tensors: ",
                               p->stage)
               : 0;
@@ -761,6 +853,7 @@ static void pipe_close(dt_strategy *s)
     pipe_impl *p = s->impl;
     if (p) {
         dt_ddp_free(p->ddp);
+        dt_zero_free(p->zero);
         dt_groups_close(&p->g);
         if (s->be) {
             for (int k = 0; k < p->slots && p->recv_act; k++)
@@ -815,7 +908,7 @@ const dt_strategy_ops dt_strategy_pipeline_ops = {
     .rank_batch = pipe_rank_batch,
     .open = pipe_open,
     .start = pipe_start,
-    .zero_grads = dt_strategy_zero_grads_whole,
+    .zero_grads = pipe_zero_grads,
     .micro_step = pipe_micro_step,
     .sync_grads = pipe_sync_grads,
     .average = pipe_average,
