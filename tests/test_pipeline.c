@@ -1021,6 +1021,31 @@ static void test_overflow_skips_everywhere(void)
     prun_free(&r);
 }
 
+/* The same under ZeRO-1 at D = 2 x P = 2: rank 2 (stage 1, data-parallel rank 0) alone
+ * overflows; the shards' sums carry the inf to every rank's norm, and all four skip. */
+static void test_overflow_skips_everywhere_zero(void)
+{
+    prun r = pbase(4, 2, 4, "1f1b", "overflow-zero");
+    padd(&r, "train.precision=fp16");
+    padd(&r, "train.loss_scale=1e12");
+    padd(&r, "train.batch_size=4");
+    padd(&r, "parallel.zero=1");
+    r.overflow_rank = 2;
+    r.steps = 1;
+    if (prun_run(&r)) {
+        DT_CHECK_CONTAINS(r.out[0].summary, "ZeRO-1");
+        for (int q = 0; q < 4; q++) {
+            DT_CHECK_MSG(r.out[q].skipped == 1 && r.out[q].optim_t == 0 &&
+                             r.out[q].scale == 5e11,
+                         "rank %d: %lld skipped, t %lld, scale %g", q,
+                         (long long)r.out[q].skipped, (long long)r.out[q].optim_t,
+                         r.out[q].scale);
+            DT_CHECK_MSG(!isfinite(r.out[q].norm[0]), "rank %d: norm %g", q, r.out[q].norm[0]);
+        }
+    }
+    prun_free(&r);
+}
+
 /* D = 2 x P = 2 (4 ranks): DDP over each stage's two replicas, against plain DDP on 2 ranks
  * (the same global batch, the same shards). */
 static void test_d2_p2(void)
@@ -1053,7 +1078,8 @@ out:
 /* ZeRO 1-2 over each stage's data-parallel group against one process on the same global batch
  * over 20 steps: mlp at D2 x P2 (zero = 1 under 1F1B, zero = 2 under GPipe), gpt at D2 x P2 with
  * the tied wte (its two copies sharded differently, summed over the embedding group before the
- * reduce-scatter) at zero = 1 and 2, and gpt at D2 x T2 x P2 (8 ranks) at zero = 1. Then each
+ * reduce-scatter) at zero = 1 and 2, and gpt at D2 x T2 x P2 (8 ranks) at zero = 1; with
+ * accumulation, fp16 and a global batch. Then each
  * rank's optimiser state (the allocator's DT_MEM_OPTIM bytes) at D2 x P2 with zero = 1 against
  * zero = 0: half, within 2% (chunks padded to ceil(n / 2)). */
 static void test_d2_p2_zero(void)
@@ -1067,6 +1093,14 @@ static void test_d2_p2_zero(void)
     against_one_layout(true, 2, 1, 2, 4, "1f1b", z1, "-gpt-d2-zero1");
     against_one_layout(true, 2, 1, 2, 2, "gpipe", z2, "-gpt-d2-zero2");
     against_one_layout(true, 2, 2, 2, 2, "1f1b", z1, "-gpt-d2-t2-zero1");
+    /* accumulation (stage 2: the earlier micro-steps keep the whole gradient), fp16 (the
+     * shards unscaled; an overflow anywhere skips everywhere), a global batch of unequal shares */
+    const char *const acc[] = {"parallel.zero=2", "train.grad_accum=3", NULL};
+    const char *const f16[] = {"parallel.zero=1", "train.precision=fp16", NULL};
+    const char *const gb[] = {"parallel.zero=2", "train.global_batch=20", NULL};
+    against_one_layout(false, 2, 1, 2, 4, "1f1b", acc, "-d2-zero2-accum");
+    against_one_layout(true, 2, 1, 2, 2, "1f1b", f16, "-gpt-d2-zero1-fp16");
+    against_one_layout(false, 2, 1, 2, 2, "gpipe", gb, "-d2-zero2-gb");
     prun r[2];
     for (int zero = 0; zero < 2; zero++) {
         r[zero] = pgpt(4, 2, 2, "1f1b", fmt("gpt-d2-p2-mem-zero%d", zero));
@@ -1478,6 +1512,7 @@ int main(int argc, char **argv)
         {"gpt_d2_t2_p2", test_gpt_d2_t2_p2, 300},
         {"options", test_options, 300},
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
+        {"overflow_skips_everywhere_zero", test_overflow_skips_everywhere_zero, 120},
         {"d2_p2", test_d2_p2, 180},
         {"ckpt_resume", test_ckpt_resume, 300},
         {"ckpt_layouts", test_ckpt_layouts, 300},

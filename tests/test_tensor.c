@@ -561,6 +561,37 @@ static void test_accumulation(void)
     }
 }
 
+/* The same options at D = 2 x T = 2 with ZeRO: accumulation at stage 2 (the earlier micro-step
+ * keeps the whole gradient, the last one's pages are given back as its buckets are reduced),
+ * global_batch at stage 1, fp16 (clip unscales the shards) at stage 2, against one process. */
+static void test_accumulation_zero(void)
+{
+    const char *const more[3] = {"train.grad_accum=2", "train.global_batch=12",
+                                 "train.precision=fp16"};
+    const char *names[3] = {"accum", "gbatch", "fp16"};
+    const int zero[3] = {2, 1, 2};
+    for (int k = 0; k < 3; k++) {
+        trun one = base(1, 1, k == 1 ? 4 : 8, fmt("one-z-%s", names[k]));
+        trun dt = base(4, 2, 4, fmt("d2xt2-zero%d-%s", zero[k], names[k]));
+        one.steps = dt.steps = 10;
+        add(&one, more[k]);
+        add(&dt, more[k]);
+        add(&dt, fmt("parallel.zero=%d", zero[k]));
+        add(&dt, "ddp.first_bucket_mb=0.002");
+        add(&dt, "ddp.bucket_cap_mb=0.01");
+        int st[MAX_RANKS];
+        run(&one, st);
+        DT_REQUIRE(all_ok(&one, st));
+        run(&dt, st);
+        if (all_ok(&dt, st)) {
+            DT_CHECK_CONTAINS(dt.out[0].summary, fmt("ZeRO-%d", zero[k]));
+            compare(&dt, &one, 10, 1e-5);
+        }
+        unmap(&one);
+        unmap(&dt);
+    }
+}
+
 /* ---- checkpoints ----------------------------------------------------------------------------*/
 
 static void train_run(trun *z, int steps, const char *resume)
@@ -818,6 +849,7 @@ int main(int argc, char **argv)
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
         {"data_2_x_tensor_2_zero_1_and_2", test_data_x_tensor_zero, 180},
         {"accumulation_global_batch_fp16", test_accumulation, 120},
+        {"accumulation_global_batch_fp16_zero", test_accumulation_zero, 120},
         {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
         {"checkpoint_zero_across_layouts", test_checkpoint_zero, 240},
         {"killed_rank", test_killed_rank, 60},
