@@ -371,6 +371,7 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if ((rc = gather_whole(s, p, m->params, p->stg.buf[0], err)))
         return dt_err_prefix(err, "pipeline: the initial parameters: ");
 
+    s->whole_params = p->whole_numel;
     p->st.P = p->P;
     p->st.M = p->M;
     p->st.stage = p->stage;

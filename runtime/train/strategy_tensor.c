@@ -171,6 +171,7 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     /* the initial parameters, whole: what start slices back when no checkpoint was loaded */
     if ((rc = gather_staging(s, t, 1, err)))
         return rc;
+    s->whole_params = t->whole_numel;
     snprintf(s->summary, sizeof s->summary, "tensor %d x data %d", t->grid.T, t->grid.D);
     DT_DEBUG("tensor parallelism: rank %d is (dp %d, tp %d, pp 0) of %d x %d x 1", e->rank,
              t->grid.dp, t->grid.tp, t->grid.D, t->grid.T);
