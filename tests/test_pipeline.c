@@ -637,6 +637,8 @@ typedef struct rank_out {
     double eval_loss, eval_acc;
     int64_t step, start_step;      /* at the end; right after init (a resume's) */
     size_t numel;                  /* of the whole model, as the checkpoint holds it */
+    size_t whole_params;           /* the strategy's whole count (dt_strategy.whole_params) */
+    size_t local_params;           /* this rank's model buffer */
     int num_states;
     dt_pp_stats st;
     bool have_st;
@@ -777,6 +779,8 @@ static void rank_body(prun *r, int rank)
         goto fail;
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
     o->start_step = t.step;
+    o->whole_params = t.s->whole_params;
+    o->local_params = t.model->num_params;
     int w = rank == r->overflow_rank ? dt_model_find_tensor(t.model, "fc.3.weight") : -1;
     if (w >= 0) { /* cpu: backend memory is host memory */
         const dt_tensor_info *ti = &t.model->tensors[w];
@@ -955,7 +959,13 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
         int want = !strcmp(sched, "gpipe") ? M : (P - o->st.stage < M ? P - o->st.stage : M);
         DT_CHECK_INT(o->st.peak_in_flight, want);
         DT_CHECK_INT(o->st.slots, want);
+        /* what the worker logs: the whole model's count, and the stage's share of it */
+        DT_CHECK_INT(o->whole_params, b->numel);
+        DT_CHECK_MSG(o->local_params > 0 && o->local_params < o->whole_params,
+                     "%s: rank %d holds %zu of %zu parameters", pp.name, q, o->local_params,
+                     o->whole_params);
     }
+    DT_CHECK_INT(b->whole_params, 0); /* one process: its model is the whole one */
     printf("    %-18s loss %.6f -> %.6f (one process %.6f), loss within %.2g, weights %.2g, "
            "state %.2g\n",
            pp.name, a->loss[0], a->loss[pp.steps - 1], b->loss[pp.steps - 1], worst_loss, wp,

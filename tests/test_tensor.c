@@ -90,6 +90,7 @@ typedef struct rank_out {
     double loss[MAX_STEPS], norm[MAX_STEPS];
     int64_t step;                 /* the trainer's step at the end */
     size_t local_params;          /* this rank's model buffer */
+    size_t strategy_whole;        /* dt_strategy.whole_params (what the worker logs) */
     size_t whole;                 /* elements of the whole parameters, as a checkpoint holds them */
     int num_states;
     bool have_stats;
@@ -162,6 +163,7 @@ static void record_end(dt_trainer *t, rank_out *o)
     dt_err err = {0};
     o->step = t->step;
     o->local_params = t->model->num_params;
+    o->strategy_whole = s->whole_params;
     o->have_stats = dt_strategy_tensor_stats(s, &o->st) == 0;
     dt_mem_stats ms;
     dt_mem_read(t->be, &ms);
@@ -434,6 +436,7 @@ static void test_tensor_equals_one_process(void)
             DT_CHECK_INT(s->split_whole + s->replicated, s->whole_params);
             DT_CHECK_INT(s->local_params, s->split_local + s->replicated);
             DT_CHECK_INT(s->whole_params, one.out[0].whole);
+            DT_CHECK_INT(tp.out[0].strategy_whole, one.out[0].whole);
             for (int q = 0; q < T; q++)
                 DT_CHECK_INT(tp.out[q].st.tp, q);
             compare(&tp, &one, STEPS, 1e-5);

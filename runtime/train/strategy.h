@@ -137,6 +137,9 @@ struct dt_strategy {
     double comm_time_s; /* the last step's time synchronising gradients: DDP waiting in
                            sync_grads, DP its reduce to the master (in micro_step) */
     int replicas;       /* model replicas this process drives (DP: job.dp_replicas; else 1) */
+    size_t whole_params; /* the whole model's parameters, as one process holds them and a
+                            checkpoint saves them, where this rank holds part of it (tensor:
+                            its slices; pipeline: its stage); 0: s->model->num_params, all */
     char summary[48];   /* for the run's summary line, "" or e.g. "DataParallel x 2" */
     void *impl;         /* the implementation's state */
 };

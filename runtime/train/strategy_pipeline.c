@@ -408,6 +408,7 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if ((rc = gather_whole(s, p, m->params, p->stg.buf[0], err)))
         return dt_err_prefix(err, "pipeline: the initial parameters: ");
 
+    s->whole_params = p->whole_numel;
     p->st.P = p->P;
     p->st.M = p->M;
     p->st.stage = p->stage;
@@ -421,12 +422,16 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
              "of %d samples",
              p->stage, p->P, e->rank, b0->name, b1->name, m->num_params, p->slots,
              p->slots == 1 ? "" : "s", p->mb_cap);
-    if (e->rank == 0)
-        DT_INFO("pipeline: %d stages (blocks %s), %d micro-batches of %d samples, schedule %s, "
-                "%d data-parallel replica%s; %zu parameters in all",
-                p->P, j->n_stage_blocks ? "as parallel.stages" : "balanced", p->M, p->mb_cap,
-                dt_pp_schedule_name(p->kind), p->g.grid.D, p->g.grid.D == 1 ? "" : "s",
-                p->whole_numel);
+    if (e->rank == 0) {
+        char split[DT_MAX_STAGES * 5 + 1] = "";
+        for (int i = 0, n = 0; i < p->P && n < (int)sizeof split; i++)
+            n += snprintf(split + n, sizeof split - (size_t)n, "%s%d", i ? "," : "", blocks[i]);
+        DT_INFO("pipeline: %d stages of %s blocks (%s), %d micro-batches of %d samples, "
+                "schedule %s, %d data-parallel replica%s; %zu parameters in all",
+                p->P, split, j->n_stage_blocks ? "as parallel.stages" : "balanced by cost",
+                p->M, p->mb_cap, dt_pp_schedule_name(p->kind), p->g.grid.D,
+                p->g.grid.D == 1 ? "" : "s", p->whole_numel);
+    }
     return 0;
 }
 

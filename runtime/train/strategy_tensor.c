@@ -202,6 +202,7 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     /* the initial parameters, whole: what start slices back when no checkpoint was loaded */
     if ((rc = gather_staging(s, t, 1, err)))
         return rc;
+    s->whole_params = t->whole_numel;
     if (t->zero)
         snprintf(s->summary, sizeof s->summary, "tensor %d x data %d, ZeRO-%d", t->grid.T,
                  t->grid.D, dt_zero_stage(t->zero));
