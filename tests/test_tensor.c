@@ -797,6 +797,32 @@ static void test_killed_rank(void)
     }
 }
 
+/* The same at D = 2 x T = 2 with zero = 2, rank 3 killed as block 1's forward begins: every
+ * other rank's step fails within ddp.timeout, rank 2 (its tensor peer) naming rank 3; rank 1
+ * (its data-parallel peer) in the reduce-scatter or the all-gather of the shards, naming it. */
+static void test_killed_rank_zero(void)
+{
+    trun z = base(4, 2, 4, "kill-zero2");
+    add(&z, "parallel.zero=2");
+    z.mode = KILL_IN_FORWARD;
+    z.kill_rank = 3;
+    z.steps = 4;
+    int st[MAX_RANKS];
+    run(&z, st);
+    DT_CHECK(WIFSIGNALED(st[3]) && WTERMSIG(st[3]) == SIGKILL);
+    for (int r = 0; r < 3; r++) {
+        DT_CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 2, "%s: rank %d: status %d",
+                     z.name, r, st[r]);
+        DT_CHECK_MSG(z.out[r].took < 5.0 + 2, "%s: rank %d took %.1f s to fail (ddp.timeout 5)",
+                     z.name, r, z.out[r].took);
+        printf("    %s: rank %d failed after %.2f s: %.300s\n", z.name, r, z.out[r].took,
+               z.out[r].msg);
+    }
+    DT_CHECK_CONTAINS(z.out[2].msg, "rank 3");
+    DT_CHECK_CONTAINS(z.out[1].msg, "rank 3");
+    unmap(&z);
+}
+
 /* ---- the launcher -------------------------------------------------------------------------- */
 
 /* `dtrain --nproc-per-node=2 JOB parallel.tensor=2` as a user runs it: the agent starts two
@@ -856,6 +882,7 @@ int main(int argc, char **argv)
         {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
         {"checkpoint_zero_across_layouts", test_checkpoint_zero, 240},
         {"killed_rank", test_killed_rank, 60},
+        {"killed_rank_zero", test_killed_rank_zero, 60},
         {"dtrain_binary", test_dtrain_binary, 120},
     };
     return dt_test_main("test_tensor", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
