@@ -375,6 +375,9 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     } else if ((rc = dt_strategy_open_optim(s, ctx, err))) {
         return rc;
     }
+    if (j->zero > 0 && !p->g.dp && e->rank == 0)
+        DT_INFO("parallel.zero = %d with D = 1: nothing to shard over, every stage keeps its "
+                "optimiser state", j->zero);
 
     /* p2p buffers */
     dt_backend *be = s->be;
