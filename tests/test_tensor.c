@@ -41,7 +41,7 @@
 
 #define MAX_RANKS 4
 #define MAX_STEPS 24
-#define MAX_PER (64 * 1024)
+#define MAX_PER (256 * 1024)
 #define MAX_TENSORS 64
 #define STEPS 20 /* the 20 steps */
 
@@ -101,6 +101,7 @@ typedef struct rank_out {
     double took;                  /* seconds from the failing step's start to its error */
     size_t optim_bytes;           /* the backend's DT_MEM_OPTIM bytes at the end (this rank's
                                      optimiser state, as test_memory and bench memory count) */
+    size_t params_bytes;          /* its DT_MEM_PARAMS bytes then (resident) */
     char summary[48];             /* the strategy's summary */
     float params[MAX_PER];
     float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
@@ -168,6 +169,7 @@ static void record_end(dt_trainer *t, rank_out *o)
     dt_mem_stats ms;
     dt_mem_read(t->be, &ms);
     o->optim_bytes = ms.cur[DT_MEM_OPTIM];
+    o->params_bytes = ms.cur[DT_MEM_PARAMS];
     dt_strlcpy(o->summary, s->summary, sizeof o->summary);
     if (s->ops->gather_state && s->ops->gather_state(s, &err) != 0) {
         snprintf(o->msg, sizeof o->msg, "gather_state: %.1000s", err.msg);
@@ -495,9 +497,10 @@ static void test_data_x_tensor(void)
     unmap(&dt);
 }
 
-/* ZeRO stages 1 and 2 over the data-parallel groups of D = 2 x T = 2 (each rank shards its own
- * slices' optimiser state, and at stage 2 its gradients, with its data-parallel peer) equal one
- * process on the same global batch over 20 steps, within 1e-5 as DDP's D2 x T2 does; and each
+/* ZeRO stages 1, 2 and 3 over the data-parallel groups of D = 2 x T = 2 (each rank shards its
+ * own slices' optimiser state, at stage 2 its gradients too, at stage 3 its parameters too,
+ * gathered block by block around their use) equal one process on the same global batch over 20
+ * steps, within 1e-5 as DDP's D2 x T2 does; and each
  * rank's optimiser state, as the backend's allocator counts it (DT_MEM_OPTIM), is half of what
  * the same layout holds at zero = 0 (within 2%: the shards' chunks are padded to ceil(n / 2)). */
 static void test_data_x_tensor_zero(void)
@@ -509,7 +512,7 @@ static void test_data_x_tensor_zero(void)
     DT_REQUIRE(all_ok(&one, st));
     run(&ddp, st);
     DT_REQUIRE(all_ok(&ddp, st));
-    for (int zero = 1; zero <= 2; zero++) {
+    for (int zero = 1; zero <= 3; zero++) {
         trun z = base(4, 2, 4, fmt("d2xt2-zero%d", zero));
         add(&z, fmt("parallel.zero=%d", zero));
         add(&z, "ddp.first_bucket_mb=0.002"); /* several buckets, overlapped with backward */
@@ -527,13 +530,46 @@ static void test_data_x_tensor_zero(void)
                              "(%.2f%% off half)", zero, q, z.out[q].optim_bytes,
                              ddp.out[q].optim_bytes, 100 * rel);
             }
-            printf("    zero = %d: optimiser state per rank %zu bytes, zero = 0's %zu\n", zero,
+            printf("    zero = %d: per rank optimiser state %zu bytes (zero = 0: %zu)\n", zero,
                    z.out[0].optim_bytes, ddp.out[0].optim_bytes);
         }
         unmap(&z);
     }
     unmap(&one);
     unmap(&ddp);
+}
+
+/* ZeRO-3 at D = 2 x T = 2 holds, between steps, its shard of its slices (half) and one block's
+ * gather buffer instead of its slices: with 4 blocks of about a quarter of the slices each
+ * (n_embd 64), about 3/4 of what zero = 0 holds, as the allocator counts DT_MEM_PARAMS (the flat
+ * buffer's pages given back); the optimiser state half. */
+static void test_zero3_memory(void)
+{
+    trun r[2];
+    int st[MAX_RANKS];
+    for (int k = 0; k < 2; k++) {
+        r[k] = base(4, 2, 4, fmt("d2xt2-mem-zero%d", 3 * k));
+        add(&r[k], "model.n_embd=64");
+        add(&r[k], "model.n_layer=4");
+        add(&r[k], fmt("parallel.zero=%d", 3 * k));
+        r[k].steps = 2;
+        run(&r[k], st);
+        all_ok(&r[k], st);
+    }
+    for (int q = 0; q < 4; q++) {
+        const rank_out *a = &r[1].out[q], *b = &r[0].out[q];
+        double p = (double)a->params_bytes / (double)b->params_bytes;
+        double o = (double)a->optim_bytes / (double)b->optim_bytes;
+        DT_CHECK_MSG(p < 0.85 && fabs(o - 0.5) <= 0.01, "rank %d: zero = 3 holds %zu parameter "
+                     "bytes (%.2f of zero = 0's %zu), optimiser %zu (%.3f of %zu)", q,
+                     a->params_bytes, p, b->params_bytes, a->optim_bytes, o, b->optim_bytes);
+        if (q == 0)
+            printf("    zero = 3 at D2 x T2: parameters %zu bytes (zero = 0: %zu, %.2f), "
+                   "optimiser state %zu (%zu)\n", a->params_bytes, b->params_bytes, p,
+                   a->optim_bytes, b->optim_bytes);
+    }
+    unmap(&r[0]);
+    unmap(&r[1]);
 }
 
 /* Gradient accumulation (2 micro-steps: the data-parallel reducer hears of the last one only),
@@ -753,8 +789,30 @@ static void test_checkpoint_zero(void)
     double rs = rel_l2(rev.out[0].state[1], cont.out[0].state[1], cont.out[0].whole);
     DT_CHECK_MSG(r2 <= 1e-5 && rs <= 1e-5, "one process's checkpoint resumed at D2 x T2 zero = 2: "
                  "weights %.2e, exp_avg_sq %.2e off one process", r2, rs);
+    /* stage 3: one process's checkpoint resumed at D2 x T2, and its own checkpoint resumed as
+     * one process */
+    trun rev3 = base(4, 2, 4, "ckz-one-to-d2t2-z3");
+    add(&rev3, "parallel.zero=3");
+    train_run(&rev3, 6, ckpt_of(&one, 3));
+    DT_CHECK_CONTAINS(rev3.out[0].summary, "ZeRO-3");
+    double r3 = rel_l2(rev3.out[0].params, cont.out[0].params, cont.out[0].whole);
+    double s3 = rel_l2(rev3.out[0].state[1], cont.out[0].state[1], cont.out[0].whole);
+    DT_CHECK_MSG(r3 <= 1e-5 && s3 <= 1e-5, "one process's checkpoint resumed at D2 x T2 zero = 3: "
+                 "weights %.2e, exp_avg_sq %.2e off one process", r3, s3);
+    trun to1b = base(1, 1, 8, "ckz-d2t2-z3-to-one");
+    train_run(&to1b, 9, fmt("%s/%s/checkpoints/step_6", dt_test_tmpdir(), rev3.name));
+    trun cont9 = base(1, 1, 8, "ckz-one-straight-9");
+    train_run(&cont9, 9, NULL);
+    double q3 = rel_l2(to1b.out[0].params, cont9.out[0].params, cont9.out[0].whole);
+    DT_CHECK_INT(to1b.out[0].step, 9);
+    DT_CHECK_MSG(q3 <= 1e-5, "D2 x T2 zero = 3's checkpoint resumed as one process: weights "
+                 "%.2e off one process", q3);
     printf("    D2 x T2 zero = 1 -> one process: weights %.1e, exp_avg_sq %.1e; one process -> "
-           "D2 x T2 zero = 2: %.1e, %.1e\n", l2, s2, r2, rs);
+           "D2 x T2 zero = 2: %.1e, %.1e; zero = 3: %.1e, %.1e; and back: %.1e\n", l2, s2, r2, rs,
+           r3, s3, q3);
+    unmap(&rev3);
+    unmap(&to1b);
+    unmap(&cont9);
     unmap(&z1);
     unmap(&one);
     unmap(&straight);
@@ -876,9 +934,10 @@ int main(int argc, char **argv)
         {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
         {"padded_vocabulary", test_padded_vocabulary, 120},
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
-        {"data_2_x_tensor_2_zero_1_and_2", test_data_x_tensor_zero, 180},
+        {"data_2_x_tensor_2_zero_1_2_3", test_data_x_tensor_zero, 180},
         {"accumulation_global_batch_fp16", test_accumulation, 120},
         {"accumulation_global_batch_fp16_zero", test_accumulation_zero, 120},
+        {"zero3_memory", test_zero3_memory, 120},
         {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
         {"checkpoint_zero_across_layouts", test_checkpoint_zero, 240},
         {"killed_rank", test_killed_rank, 60},

@@ -1,5 +1,5 @@
 /* strategy_tensor.c - tensor parallelism (Megatron-LM's column/row splits, in the gpt model) with
- * DDP, or ZeRO stages 1-2, over the data-parallel groups; see strategy_tensor.h.
+ * DDP, or ZeRO stages 1-3, over the data-parallel groups; see strategy_tensor.h.
  *
  * The model does the tensor-parallel work (its forward and backward all-reduce over the tensor
  * group); what is left here is what spans the step: the groups, the data-parallel reducer, the
@@ -13,8 +13,10 @@
  * over the tensor group (dt_zero_clip_split). A checkpoint goes through both stagings: the
  * optimiser state all-gathered over dp into the slices' layout (dt_zero_gather_state), then
  * assembled over the tensor group as without ZeRO; a load the reverse (dt_zero_take_state), so
- * the checkpoint is the one T = 1 or one process writes. D = 1 has nothing to shard: DDP's
- * layout (no reducer) is what runs.
+ * the checkpoint is the one T = 1 or one process writes. ZeRO-3 (cpu): dt_zero3 over the
+ * data-parallel group instead, its block hook gathering the slices around each block's use;
+ * its staging in the slices' layout is what the tensor group's gather and slice read and write.
+ * D = 1 has nothing to shard: DDP's layout (no reducer) is what runs.
  *
  * Checkpoint staging. state hands out full-size buffers laid out by a "whole" tensor table (the
  * model's table with whole_shape, packed in the same order), one for the parameters and one per
@@ -57,7 +59,8 @@ typedef struct tp_impl {
     dt_comm *dp;               /* the data-parallel group (groups.dp) or NULL when D = 1 */
     dt_ddp *ddp;               /* the reducer over dp (D > 1, zero = 0), owned; NULL before
                                   start */
-    dt_zero *zero;             /* ZeRO 1-2 over dp (D > 1, zero > 0), owned, from open */
+    dt_zero *zero;             /* ZeRO 1-2 over dp (D > 1, zero 1-2), owned, from open */
+    dt_zero3 *z3;              /* ZeRO-3 over dp (D > 1, zero = 3), owned, from open */
     double *scratch;           /* (32) backend memory for the scalar collectives, owned */
     /* checkpoint staging */
     dt_tensor_info *whole;     /* (num_tensors) host, owned: shapes whole, packed offsets */
@@ -109,6 +112,8 @@ static int build_whole(const dt_model *m, tp_impl *t, dt_err *err)
  * (num_params floats): under ZeRO the state's staging in that layout (dt_zero_local_state). */
 static float *local_buf(dt_strategy *s, tp_impl *t, int k)
 {
+    if (t->z3) /* the flat parameters live only inside the block hook's windows */
+        return dt_zero3_local(t->z3, k);
     if (k == 0)
         return s->model->params;
     return t->zero ? dt_zero_local_state(t->zero, k - 1) : s->optim->states[k - 1].buf;
@@ -124,6 +129,9 @@ static int gather_staging(dt_strategy *s, tp_impl *t, int upto, dt_err *err)
 {
     int rc = dt_strategy_staging_commit(&t->stg, s->be, err);
     if (!rc && t->zero && upto > 1 && (rc = dt_zero_gather_state(t->zero, err)))
+        return dt_err_prefix(err, "tensor parallelism, data-parallel group of tp %d: ",
+                             t->grid.tp);
+    if (!rc && t->z3 && upto > 1 && (rc = dt_zero3_gather_state(t->z3, err)))
         return dt_err_prefix(err, "tensor parallelism, data-parallel group of tp %d: ",
                              t->grid.tp);
     for (int k = 0; k < upto && !rc; k++)
@@ -154,11 +162,6 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         return dt_err_set(err, -EINVAL,
                           "parallel.pipeline = %d: the tensor strategy runs one stage (the "
                           "pipeline strategy runs parallel.pipeline > 1)", j->pipeline);
-    if (j->zero > 2)
-        return dt_err_set(err, -EINVAL,
-                          "parallel.zero = %d with parallel.tensor = %d: ZeRO stage 3 with "
-                          "tensor parallelism is not supported yet; use parallel.zero = 1 or 2",
-                          j->zero, j->tensor);
     int rc = dt_grid_init(&t->grid, e->rank, e->world_size, j->tensor, 1, err);
     if (rc)
         return rc;
@@ -182,7 +185,11 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if (m->num_buffers)
         return dt_err_set(err, -EINVAL, "tensor parallelism: model %s has non-trained buffers, "
                           "which this strategy does not gather", mc.type);
-    if (j->zero > 0 && t->dp) { /* the reducer now: the optimiser is over its shard */
+    if (j->zero == 3 && t->dp) { /* the block hook's gathers: the optimiser is over the shard */
+        if ((rc = dt_zero3_open(&t->z3, s, ctx, t->dp, err)))
+            return dt_err_prefix(err, "tensor parallelism, ZeRO-3 over the data-parallel group "
+                                 "of tp %d: ", t->grid.tp);
+    } else if (j->zero > 0 && t->dp) { /* the reducer now: the optimiser is over its shard */
         if ((rc = dt_zero_open(&t->zero, s, ctx, t->dp, err)))
             return dt_err_prefix(err, "tensor parallelism, ZeRO over the data-parallel group of "
                                  "tp %d: ", t->grid.tp);
@@ -203,9 +210,9 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if ((rc = gather_staging(s, t, 1, err)))
         return rc;
     s->whole_params = t->whole_numel;
-    if (t->zero)
+    if (t->zero || t->z3)
         snprintf(s->summary, sizeof s->summary, "tensor %d x data %d, ZeRO-%d", t->grid.T,
-                 t->grid.D, dt_zero_stage(t->zero));
+                 t->grid.D, t->z3 ? 3 : dt_zero_stage(t->zero));
     else
         snprintf(s->summary, sizeof s->summary, "tensor %d x data %d", t->grid.T, t->grid.D);
     DT_DEBUG("tensor parallelism: rank %d is (dp %d, tp %d, pp 0) of %d x %d x 1", e->rank,
@@ -229,6 +236,8 @@ static int tp_start(dt_strategy *s, dt_err *err)
     if (rc)
         return dt_err_prefix(err, "tensor parallelism: ");
     dt_strategy_staging_release(&t->stg, s->be);
+    if (t->z3) /* broadcasts the data-parallel rank 0's slices, takes this rank's shard */
+        return dt_zero3_start(t->z3, err);
     if (t->zero) {
         /* the slices of data-parallel rank 0, as DDP; this rank's shard of the state */
         if ((rc = dt_comm_broadcast(t->dp, s->model->params, s->model->num_params, DT_FLOAT32,
@@ -253,6 +262,8 @@ static int tp_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, boo
 {
     tp_impl *t = s->impl;
     dt_model *m = s->model;
+    if (t->z3)
+        return dt_zero3_micro_step(t->z3, batch, dloss, last, loss, err);
     int rc = m->ops->forward(m, batch, true, loss, err);
     if (rc)
         return rc;
@@ -266,6 +277,8 @@ static void tp_zero_grads(dt_strategy *s)
     tp_impl *t = s->impl;
     if (t->zero)
         dt_zero_zero_grads(t->zero); /* stage 2: the pages given back read as zero */
+    else if (t->z3)
+        dt_zero3_zero_grads(t->z3);
     else
         dt_strategy_zero_grads_whole(s);
 }
@@ -274,11 +287,11 @@ static int tp_sync_grads(dt_strategy *s, dt_err *err)
 {
     tp_impl *t = s->impl;
     s->comm_time_s = 0;
-    if (!reducer(t))
+    if (!reducer(t) && !t->z3)
         return 0;
-    double t0 = dt_now_s();
-    int rc = dt_ddp_finish(reducer(t), err);
-    s->comm_time_s = dt_now_s() - t0;
+    double t0 = dt_now_s(), waited = 0;
+    int rc = t->z3 ? dt_zero3_sync_grads(t->z3, &waited, err) : dt_ddp_finish(reducer(t), err);
+    s->comm_time_s = t->z3 ? waited : dt_now_s() - t0;
     t->dp_wait_s += s->comm_time_s;
     if (rc)
         dt_err_prefix(err, "tensor parallelism, the gradients of tp %d over its data-parallel "
@@ -314,6 +327,8 @@ static int tp_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
     t->clips++;
     int rc = t->zero ? dt_zero_clip_split(t->zero, unscale, t->grid.tp, NULL, 0, &t->tp, 1,
                                           t->scratch, norm, err)
+             : t->z3 ? dt_zero3_clip_split(t->z3, unscale, t->grid.tp, NULL, 0, &t->tp, 1,
+                                           t->scratch, norm, err)
                      : dt_strategy_clip_split(s, unscale, t->grid.tp, NULL, 0, &t->tp, 1,
                                               t->scratch, norm, err);
     return rc ? dt_err_prefix(err, "tensor parallelism: ") : 0;
@@ -325,7 +340,19 @@ static int tp_optim_step(dt_strategy *s, double lr, dt_err *err)
     dt_strategy_staging_release(&t->stg, s->be); /* the trainer fenced the save's copy */
     if (t->zero)
         return dt_zero_step(t->zero, lr, err); /* the shard, then the slices all-gathered */
+    if (t->z3)
+        return dt_zero3_step(t->z3, lr); /* the shard; the next forward gathers it */
     return dt_strategy_optim_step_whole(s, lr, err);
+}
+
+/* The model runs the tensor group's forward; ZeRO-3 gathers its blocks around it. */
+static int tp_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
+                        dt_err *err)
+{
+    tp_impl *t = s->impl;
+    if (t->z3)
+        return dt_zero3_eval(t->z3, batch, loss, correct, err);
+    return dt_strategy_eval_whole(s, batch, loss, correct, err);
 }
 
 /* The checkpoint's buffers: whole tensors in the staging, under the usual names and shapes. */
@@ -350,6 +377,7 @@ static void tp_close(dt_strategy *s)
     if (t) {
         dt_ddp_free(t->ddp);
         dt_zero_free(t->zero);
+        dt_zero3_free(t->z3);
         dt_strategy_staging_free(&t->stg, s->be);
         if (s->be)
             s->be->free(s->be, t->scratch);
@@ -397,7 +425,7 @@ const dt_strategy_ops dt_strategy_tensor_ops = {
     .average = tp_average,
     .clip = tp_clip,
     .optim_step = tp_optim_step,
-    .eval_step = dt_strategy_eval_whole, /* the model runs the tensor group's forward */
+    .eval_step = tp_eval_step,
     .state = tp_state,
     .gather_state = tp_gather_state,
     .replica_backend = dt_strategy_backend_one,
