@@ -1,4 +1,5 @@
-/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on the cpu backend; see strategy_zero.h.
+/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on the cpu backend; see strategy_zero.h
+ * ("Stage 3") and strategy_zero3.h.
  *
  * Layout: buckets = the model's blocks (model.h). Block k = [lo, lo + n) is cut into N chunks of
  * c = ceil(n / N) elements; rank r owns [lo + r*c, min(lo + (r+1)*c, lo + n)). The rank's chunks
@@ -25,7 +26,7 @@
  * DDP's no_sync does (the pages of a block are taken back at its BEFORE_BACKWARD and kept), so
  * during an accumulation the whole gradient buffer is resident, as at stage 2.
  */
-#include "runtime/train/strategy_zero.h"
+#include "runtime/train/strategy_zero3.h"
 
 #include <errno.h>
 #include <math.h>
