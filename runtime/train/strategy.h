@@ -144,6 +144,33 @@ struct dt_strategy {
     void *impl;         /* the implementation's state */
 };
 
+/* What one rank's strategy holds, in bytes, measured where it can be (for `dtrain bench
+ * memory`; filled by strategy_zero.h's dt_strategy_get_mem). Any strategy: single, ddp and dp (the master) hold everything whole. */
+typedef struct dt_strategy_mem {
+    int zero_stage;         /* 0 for strategies other than zero */
+    size_t params;          /* parameters (whole at stages 0-2; stage 3: the allocator's
+                               resident parameter bytes now: shard, gather staging and the
+                               flat buffer's pages held) */
+    size_t params_peak;     /* stage 3: the most parameter bytes resident during the steps
+                               (the allocator's count, seen at every window's start, where it
+                               only grows); else = params */
+    size_t grads;           /* gradients held now (after a step): the flat buffer's resident
+                               bytes (stage 2: mincore; else its size) + the reduced shard */
+    size_t grads_peak;      /* stage 3: as params_peak, for gradients;
+                               stage 2: the most the gradients (and the 16-bit payloads) held
+                               since the step began (resident pages, measured at each bucket
+                               released, + the shard); else = grads */
+    size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
+    size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
+                               resident part); other strategies: not reported here (0) */
+    /* stage 3: block gathers waited for at once (the first step's, the first window of each
+     * forward) and served by a prefetch; the windows of a forward and a backward as recorded;
+     * forward passes run */
+    uint64_t gathers_sync, gathers_prefetched, windows, forwards;
+    size_t ckpt_staging;    /* checkpoint staging held now (full-size optimiser state between
+                               a save and the next update on cpu; always on cuda) */
+} dt_strategy_mem;
+
 /* ---- helpers the implementations share (strategy.c) ---------------------------------------- */
 
 /* job.cpu_bind = auto binds the calling thread, and the threads it starts afterwards (comm, DP

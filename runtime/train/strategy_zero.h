@@ -63,41 +63,12 @@
 #include <stddef.h>
 
 #include "runtime/train/strategy.h"
+#include "runtime/train/strategy_zero3.h" /* stage 3's ops: zero.c dispatches to them */
 
 extern const dt_strategy_ops dt_strategy_zero_ops;
-/* Stage 3 (strategy_zero3.c; see "Stage 3" above): its own ops, also named "zero". */
-extern const dt_strategy_ops dt_strategy_zero3_ops;
 
-/* What one rank's strategy holds, in bytes, measured where it can be (for `dtrain bench
- * memory`). Any strategy: single, ddp and dp (the master) hold everything whole. */
-typedef struct dt_strategy_mem {
-    int zero_stage;         /* 0 for strategies other than zero */
-    size_t params;          /* parameters (whole at stages 0-2; stage 3: the allocator's
-                               resident parameter bytes now: shard, gather staging and the
-                               flat buffer's pages held) */
-    size_t params_peak;     /* stage 3: the most parameter bytes resident during the steps
-                               (the allocator's count, seen at every window's start, where it
-                               only grows); else = params */
-    size_t grads;           /* gradients held now (after a step): the flat buffer's resident
-                               bytes (stage 2: mincore; else its size) + the reduced shard */
-    size_t grads_peak;      /* stage 3: as params_peak, for gradients;
-                               stage 2: the most the gradients (and the 16-bit payloads) held
-                               since the step began (resident pages, measured at each bucket
-                               released, + the shard); else = grads */
-    size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
-    size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
-                               resident part); other strategies: not reported here (0) */
-    /* stage 3: block gathers waited for at once (the first step's, the first window of each
-     * forward) and served by a prefetch; the windows of a forward and a backward as recorded;
-     * forward passes run */
-    uint64_t gathers_sync, gathers_prefetched, windows, forwards;
-    size_t ckpt_staging;    /* checkpoint staging held now (full-size optimiser state between
-                               a save and the next update on cpu; always on cuda) */
-} dt_strategy_mem;
-
+/* What s holds (strategy.h's dt_strategy_mem), measured where it can be; any strategy. */
 void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out);
-/* Stage 3's figures (called by dt_strategy_get_mem): from the allocator's categories. */
-void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out);
 
 /* ---- ZeRO stages 1-2 over a data-parallel group, as a piece other strategies hold -----------
  *

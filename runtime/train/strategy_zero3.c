@@ -1,4 +1,5 @@
-/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on the cpu backend; see strategy_zero.h.
+/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on the cpu backend; see strategy_zero.h
+ * ("Stage 3") and strategy_zero3.h.
  *
  * Layout: buckets = the model's blocks (model.h). Block k = [lo, lo + n) is cut into N chunks of
  * c = ceil(n / N) elements; rank r owns [lo + r*c, min(lo + (r+1)*c, lo + n)). The rank's chunks
@@ -29,7 +30,7 @@
  * strategy's s->model, and the zero strategy at stage 3, that piece over the world. The tensor
  * strategy holds one over its data-parallel group (its model is then the rank's slices).
  */
-#include "runtime/train/strategy_zero.h"
+#include "runtime/train/strategy_zero3.h"
 
 #include <errno.h>
 #include <math.h>
