@@ -919,19 +919,15 @@ static void test_parallel_errors(void)
                        "process per device, but job.strategy = dp drives every replica from one "
                        "process: use job.strategy = ddp"));
     DT_CHECK_INT(errs.count, 1);
-    /* ZeRO 1-2 shard over the data-parallel groups; stage 3 is refused */
+    /* ZeRO shards over the data-parallel groups of the tensor and pipeline shards */
     load_ok(GPT_MINI "[parallel]\nzero = 1\npipeline = 2\n[elastic]\nnproc_per_node = 4\n",
             NULL, 0);
     load_ok(GPT_MINI "[parallel]\nzero = 2\ntensor = 2\n[elastic]\nnproc_per_node = 4\n",
             NULL, 0);
     load_ok(GPT_MINI "[parallel]\nzero = 3\ntensor = 2\n[elastic]\nnproc_per_node = 4\n",
             NULL, 0);
-    rc = load(GPT_MINI "[parallel]\nzero = 3\npipeline = 2\n[elastic]\nnproc_per_node = 2\n",
-              NULL, 0);
-    DT_CHECK(rc == -EINVAL);
-    DT_CHECK(has_error("job.ini:6: parallel.zero = 3: ZeRO stage 3 with pipeline parallelism "
-                       "is not supported yet; use parallel.zero = 1 or 2"));
-    DT_CHECK_INT(errs.count, 1);
+    load_ok(GPT_MINI "[parallel]\nzero = 3\npipeline = 2\n[elastic]\nnproc_per_node = 4\n",
+            NULL, 0);
     /* a world fixed at load: nodes x workers must be a multiple of T x P */
     char *ovw[] = {"parallel.tensor=2", "parallel.pipeline=2", "train.batch_size=4"};
     rc = load(GPT_MINI "[elastic]\nnnodes = 2\nnproc_per_node = 3\n", ovw, 3);
@@ -961,13 +957,12 @@ static void test_parallel_errors(void)
     DT_CHECK(has_error("not supported for this model (resnet)"));
     DT_CHECK(has_error("micro_batches = 2 (its default: parallel.pipeline) does not divide"));
     DT_CHECK(has_error("job.strategy = dp drives every replica"));
-    DT_CHECK(has_error("ZeRO stage 3 with pipeline parallelism is not supported yet"));
     DT_CHECK(has_error("world size 1 is not divisible"));
     /* parallel.zero with job.strategy = dp is the older message, said too */
     DT_CHECK(has_error("parallel.zero = 3 shards state across worker processes"));
-    if (errs.count != 7)
+    if (errs.count != 6)
         dump_errors();
-    DT_CHECK_INT(errs.count, 7);
+    DT_CHECK_INT(errs.count, 6);
 }
 
 static void test_reference_lists_every_key(void)

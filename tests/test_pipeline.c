@@ -1111,25 +1111,39 @@ static void test_d2_p2_zero(void)
     against_one_layout(false, 2, 1, 2, 4, "1f1b", acc, "-d2-zero2-accum");
     against_one_layout(true, 2, 1, 2, 2, "1f1b", f16, "-gpt-d2-zero1-fp16");
     against_one_layout(false, 2, 1, 2, 2, "gpipe", gb, "-d2-zero2-gb");
-    prun r[2];
-    for (int zero = 0; zero < 2; zero++) {
-        r[zero] = pgpt(4, 2, 2, "1f1b", fmt("gpt-d2-p2-mem-zero%d", zero));
+    /* stage 3: each stage's parameters sharded over its replicas, gathered block by block
+     * around each micro-batch's forward and backward; the tied wte's block held back until the
+     * embedding group summed it; with an accumulation too (mlp: gpt's D2 x P2 with grad_accum
+     * = 2 ends 2e-5 off one process at zero = 0 as well, in its weights, the loss within 3e-7) */
+    const char *const z3[] = {"parallel.zero=3", NULL};
+    const char *const z3acc[] = {"parallel.zero=3", "train.grad_accum=2", NULL};
+    against_one_layout(false, 2, 1, 2, 4, "1f1b", z3, "-d2-zero3");
+    against_one_layout(true, 2, 1, 2, 4, "1f1b", z3, "-gpt-d2-zero3");
+    against_one_layout(false, 2, 1, 2, 2, "gpipe", z3acc, "-d2-zero3-accum");
+    against_one_layout(true, 2, 2, 2, 2, "1f1b", z3, "-gpt-d2-t2-zero3");
+    prun r[3];
+    for (int zero = 0; zero < 3; zero++) { /* 0, 1, 3 */
+        int stage = zero == 2 ? 3 : zero;
+        r[zero] = pgpt(4, 2, 2, "1f1b", fmt("gpt-d2-p2-mem-zero%d", stage));
         padd(&r[zero], "train.batch_size=4");
-        padd(&r[zero], fmt("parallel.zero=%d", zero));
+        padd(&r[zero], fmt("parallel.zero=%d", stage));
         r[zero].steps = 2;
     }
-    if (prun_run(&r[0]) && prun_run(&r[1]))
-        for (int q = 0; q < 4; q++) {
-            double half = (double)r[0].out[q].optim_bytes / 2;
-            double rel = fabs((double)r[1].out[q].optim_bytes - half) / half;
-            DT_CHECK_MSG(half > 0 && rel <= 0.02, "rank %d (stage %d): optimiser state %zu bytes "
-                         "at zero = 1, %zu at zero = 0 (%.2f%% off half)", q, q / 2,
-                         r[1].out[q].optim_bytes, r[0].out[q].optim_bytes, 100 * rel);
-            printf("    rank %d (stage %d): optimiser state %zu bytes at zero = 1, %zu at zero "
-                   "= 0\n", q, q / 2, r[1].out[q].optim_bytes, r[0].out[q].optim_bytes);
-        }
-    prun_free(&r[0]);
-    prun_free(&r[1]);
+    if (prun_run(&r[0]) && prun_run(&r[1]) && prun_run(&r[2]))
+        for (int q = 0; q < 4; q++)
+            for (int k = 1; k < 3; k++) {
+                double half = (double)r[0].out[q].optim_bytes / 2;
+                double rel = fabs((double)r[k].out[q].optim_bytes - half) / half;
+                DT_CHECK_MSG(half > 0 && rel <= 0.02, "rank %d (stage %d): optimiser state %zu "
+                             "bytes at zero = %d, %zu at zero = 0 (%.2f%% off half)", q, q / 2,
+                             r[k].out[q].optim_bytes, k == 2 ? 3 : 1, r[0].out[q].optim_bytes,
+                             100 * rel);
+                printf("    rank %d (stage %d): optimiser state %zu bytes at zero = %d, %zu at "
+                       "zero = 0\n", q, q / 2, r[k].out[q].optim_bytes, k == 2 ? 3 : 1,
+                       r[0].out[q].optim_bytes);
+            }
+    for (int k = 0; k < 3; k++)
+        prun_free(&r[k]);
 }
 
 /* gpt: the embeddings on stage 0, ln_f and the tied head on the last, the two copies of wte
@@ -1298,7 +1312,7 @@ static prun straight_layout(int D, int T, int P, const char *name)
  * gathered over each stage's replicas, then the stages over the pipeline group); one process
  * resumes the parameters it saved bit for bit and trains on as the uninterrupted D2 x P2 run
  * does (within 1e-5: the optimiser state came back whole). The reverse: one process saves, D2
- * x T2 x P2 with zero = 2 resumes and trains on as one process does. */
+ * x T2 x P2 with zero = 2, and D2 x P2 with zero = 3, resume and train on as one process does. */
 static void test_ckpt_zero(void)
 {
     const char *ck = fmt("%s/ckz", dt_test_tmpdir()), *ck2 = fmt("%s/ckz2", dt_test_tmpdir());
@@ -1311,9 +1325,12 @@ static void test_ckpt_zero(void)
     prun straight1 = straight_layout(1, 1, 1, "ckz-straight-one");
     prun r = gpt_layout(2, 2, 2, "ckz-resume-d2t2p2", ck2, false);
     padd(&r, "parallel.zero=2");
+    prun r3 = gpt_layout(2, 1, 2, "ckz-resume-d2p2-z3", ck2, false);
+    padd(&r3, "parallel.zero=3");
     if (!prun_run(&w) || !prun_run(&straight) || !prun_run(&one) || !prun_run(&w1) ||
-        !prun_run(&straight1) || !prun_run(&r))
+        !prun_run(&straight1) || !prun_run(&r) || !prun_run(&r3))
         goto out;
+    DT_CHECK_CONTAINS(r3.out[0].summary, "ZeRO-3");
     DT_CHECK_CONTAINS(w.out[0].summary, "ZeRO-1");
     DT_CHECK_CONTAINS(r.out[0].summary, "ZeRO-2");
     DT_CHECK_INT(one.out[0].start_step, 3);
@@ -1321,8 +1338,8 @@ static void test_ckpt_zero(void)
                  "one process resumed other parameters than D2 x P2 zero = 1 saved");
     const struct {
         const prun *x, *ref;
-    } pairs[2] = {{&one, &straight}, {&r, &straight1}};
-    for (int k = 0; k < 2; k++) {
+    } pairs[3] = {{&one, &straight}, {&r, &straight1}, {&r3, &straight1}};
+    for (int k = 0; k < 3; k++) {
         const rank_out *a = &pairs[k].x->out[0], *b = &pairs[k].ref->out[0];
         DT_CHECK_INT(a->step, 5);
         for (int i = 0; i < 2; i++)
@@ -1343,6 +1360,7 @@ out:
     prun_free(&w1);
     prun_free(&straight1);
     prun_free(&r);
+    prun_free(&r3);
 }
 
 /* A stage that dies mid-step ends the step on the others with an error naming the stage, the

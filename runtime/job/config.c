@@ -170,7 +170,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     /* [parallel] */
     {"parallel", "zero", DT_CFG_INT, J(zero), "0", 0, 3, NULL, false, "ZeRO stage over the data-parallel ranks: 0 = DDP (every rank holds everything); 1 = optimiser state sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded as well (cpu: a bucket's gradient pages are given back once it is reduce-scattered); 3 = parameters sharded as well (FSDP full-shard: each block's parameters all-gathered before its forward and its backward, given back after; device = cpu only, not with train.global_batch). One rank: ignored"},
     {"parallel", "tensor", DT_CFG_INT, J(tensor), "1", 1, 1024, NULL, false, "tensor-parallel degree T (Megatron-LM: attention heads and the MLP split over T ranks, vocab-parallel embedding and loss; model gpt only, with model.n_head divisible by T). The world is a grid data x tensor x pipeline: D = world / (T x P) data-parallel replicas, rank = (pp x D + dp) x T + tp, so a tensor group is T consecutive ranks (keep T <= nproc_per_node to stay inside a node); the world size must be a multiple of T x P. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each shard's data-parallel group; 3 on device = cpu)"},
-    {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; mlp: its Linear layers; not resnet) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp; parallel.zero 0-2 (DDP or ZeRO 1-2 over each stage's data-parallel group)"},
+    {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; mlp: its Linear layers; not resnet) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each stage's data-parallel group; 3 on device = cpu)"},
     {"parallel", "micro_batches", DT_CFG_INT, J(micro_batches), "1", 1, 1e6, NULL, false, "pipeline micro-batches M: each micro-step's batch (train.batch_size, which M must divide) is cut into M micro-batches that flow through the stages; the idle share of the pipeline (the bubble) is (P-1)/(M+P-1). When not given: 1 without a pipeline, else parallel.pipeline (resolved at load: --print-config shows the number)"},
     {"parallel", "schedule", DT_CFG_ENUM, J(pp_schedule), "1f1b", 0, 0, pp_schedule_names, false, "pipeline schedule: 1f1b (PipeDream-Flush: after a warm-up each stage alternates one forward and one backward, so at most P micro-batches' activations are kept) or gpipe (all forwards, then all backwards: M micro-batches' activations); the same gradients either way"},
     {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced by cost: the split whose costliest stage is cheapest, gpt's embedding counted on the first stage and ln_f + the head (2*C*V FLOPs a token, a block 24*C^2 + 4*T*C) on the last; earlier stages take one more block on a tie (mlp: layers count alike)"},
@@ -1367,15 +1367,6 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
                   "device, but job.strategy = dp drives every replica from one process: use "
                   "job.strategy = ddp",
                   T, P);
-    /* stages 1-2 shard over the data-parallel group of each (tensor, pipeline) shard (the
-     * tensor and pipeline strategies hold strategy_zero.h's dt_zero), stage 3 over that of each
-     * tensor shard (dt_zero3), not yet over a pipeline stage's */
-    if (P > 1 && job->zero == 3 && !BAD("parallel.zero"))
-        add_error(errs, AT("parallel.zero", "parallel.pipeline"), 0,
-                  "parallel.zero = 3: ZeRO stage 3 with pipeline parallelism is not supported "
-                  "yet; use parallel.zero = 1 or 2 (optimiser state, and gradients at 2, "
-                  "sharded over each stage's data-parallel group), or parallel.pipeline = 1 for "
-                  "stage 3");
     /* The world, where the job alone fixes it; else the agent checks it after the rendezvous. */
     const dt_launch *l = &job->launch;
     int lo, hi;

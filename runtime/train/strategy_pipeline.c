@@ -57,10 +57,18 @@
  * reports once the embedding group's all-reduce summed them (the buckets after the tied one
  * wait with it, strictly in order: on the last stage, whose wte is its first bucket, the
  * reduce-scatters start after backward).
+ * ZeRO-3 (device = cpu): strategy_zero3.h's dt_zero3 over the data-parallel group shards the
+ * stage's parameters too; its block hook gathers a block over the group at each of its windows
+ * (every micro-batch's forward and backward) and gives it back after; the step's final backward
+ * (dt_zero3_backward_begins) reduce-scatters each block's gradients as it finishes, except the
+ * tied wte's block, held until sync_grads summed it over the embedding group
+ * (dt_zero3_hold_tensor, dt_zero3_scatter_held). No prefetch: the hook learns a window order
+ * from one forward and one backward pass, and a pipeline's micro-batches interleave them, so
+ * every gather is waited for at its window.
  *
  * Left for later (issue 19): receives posted earlier than Megatron's batched order puts them
- * (a receive batched with a send is waited together with it), ZeRO stage 3 over the
- * data-parallel group, interleaved (virtual-stage) schedules.
+ * (a receive batched with a send is waited together with it), ZeRO-3's prefetch in a pipeline,
+ * interleaved (virtual-stage) schedules.
  */
 #include "runtime/train/strategy_pipeline.h"
 
@@ -81,7 +89,8 @@ typedef struct pipe_impl {
     const dt_job *job;              /* borrowed */
     dt_groups g;                    /* grid and groups (pp: this pipeline; dp: D > 1), owned */
     dt_ddp *ddp;                    /* over g.dp when D > 1 and zero = 0, owned; else NULL */
-    dt_zero *zero;                  /* ZeRO 1-2 over g.dp (D > 1, zero > 0), owned; else NULL */
+    dt_zero *zero;                  /* ZeRO 1-2 over g.dp (D > 1, zero 1-2), owned; else NULL */
+    dt_zero3 *z3;                   /* ZeRO-3 over g.dp (D > 1, zero = 3), owned; else NULL */
     dt_strategy *self;              /* borrowed: the ready hook's way back (zero_ready) */
     int P, M, stage, slots;
     dt_pp_schedule_kind kind;
@@ -138,7 +147,16 @@ static dt_ddp *reducer(pipe_impl *p) { return p->zero ? dt_zero_ddp(p->zero) : p
 /* Optimiser state i in the stage's layout (num_params floats): under ZeRO its staging there. */
 static float *local_state(dt_strategy *s, pipe_impl *p, int i)
 {
+    if (p->z3)
+        return dt_zero3_local(p->z3, 1 + i);
     return p->zero ? dt_zero_local_state(p->zero, i) : s->optim->states[i].buf;
+}
+
+/* The stage's parameters in its layout: ZeRO-3's staging (the flat buffer holds a block only
+ * inside its windows), else the model's. */
+static float *local_params(dt_strategy *s, pipe_impl *p)
+{
+    return p->z3 ? dt_zero3_local(p->z3, 0) : s->model->params;
 }
 
 /* ---- the whole-model view ------------------------------------------------------------------ */
@@ -363,12 +381,11 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
                                          "stages (mlp and gpt have); use parallel.pipeline = 1",
                           p->P, mc.type);
     p->self = s;
-    if (j->zero > 2)
-        return dt_err_set(err, -EINVAL, "parallel.zero = %d with parallel.pipeline = %d: ZeRO "
-                                        "stage 3 with pipeline parallelism is not supported "
-                                        "yet; use parallel.zero = 1 or 2",
-                          j->zero, p->P);
-    if (j->zero > 0 && p->g.dp) { /* the reducer now: the optimiser is over its shard */
+    if (j->zero == 3 && p->g.dp) { /* the block hook's gathers: the optimiser is over the shard */
+        if ((rc = dt_zero3_open(&p->z3, s, ctx, p->g.dp, err)))
+            return dt_err_prefix(err, "pipeline stage %d: ZeRO-3 over its %d replicas: ",
+                                 p->stage, p->g.grid.D);
+    } else if (j->zero > 0 && p->g.dp) { /* the reducer now: the optimiser is over its shard */
         if ((rc = dt_zero_open(&p->zero, s, ctx, p->g.dp, err)))
             return dt_err_prefix(err, "pipeline stage %d: ZeRO over its %d replicas: ", p->stage,
                                  p->g.grid.D);
@@ -408,8 +425,11 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if ((rc = dt_strategy_staging_alloc(&p->stg, be, 1 + s->optim->num_states, p->whole_numel,
                                         err)))
         return dt_err_prefix(err, "pipeline: ");
-    if ((rc = gather_whole(s, p, m->params, p->stg.buf[0], err)))
+    if ((rc = gather_whole(s, p, local_params(s, p), p->stg.buf[0], err)))
         return dt_err_prefix(err, "pipeline: the initial parameters: ");
+    for (int i = 0; i < p->ntied && p->z3; i++) /* summed over the embedding group first */
+        if ((rc = dt_zero3_hold_tensor(p->z3, p->tied[i], err)))
+            return rc;
 
     s->whole_params = p->whole_numel;
     p->st.P = p->P;
@@ -419,7 +439,8 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->st.slot_bytes = m->pp_slot_bytes;
     snprintf(s->summary, sizeof s->summary, "pipeline %d x %d micro-batches (%s)%s", p->P, p->M,
              dt_pp_schedule_name(p->kind),
-             !p->zero ? "" : dt_zero_stage(p->zero) == 1 ? ", ZeRO-1" : ", ZeRO-2");
+             p->z3 ? ", ZeRO-3" : !p->zero ? "" : dt_zero_stage(p->zero) == 1 ? ", ZeRO-1"
+                                                                          : ", ZeRO-2");
     const dt_block *b0 = &m->blocks[0], *b1 = &m->blocks[m->num_blocks - 1];
     DT_DEBUG("pipeline stage %d of %d (rank %d): %s..%s, %zu parameters, %d activation slot%s "
              "of %d samples",
@@ -442,14 +463,16 @@ static int pipe_start(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
     /* what a resume loaded into the staging, or the initial parameters open put there */
-    int rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[0], p->own_off, s->model->params,
-                                  err);
+    int rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[0], p->own_off,
+                                  local_params(s, p), err);
     for (int i = 0; i < s->optim->num_states && !rc; i++)
         rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[1 + i], p->own_off,
                                   local_state(s, p, i), err);
     if (rc)
         return dt_err_prefix(err, "pipeline stage %d: ", p->stage);
     dt_strategy_staging_release(&p->stg, s->be);
+    if (p->z3) /* broadcasts the replicas' rank 0's stage, takes this rank's shard */
+        return dt_zero3_start(p->z3, err);
     if (p->zero) { /* the stage of data-parallel rank 0, as DDP; this rank's shard of the state */
         if ((rc = dt_comm_broadcast(p->g.dp, s->model->params, s->model->num_params, DT_FLOAT32,
                                     0, NULL, err)))
@@ -656,6 +679,8 @@ static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int 
              * (ZeRO with tied tensors: through zero_ready) */
             bool hook = reducer(p) && last && a.mb == last_mb;
             bool held = p->zero && p->ntied > 0;
+            if (p->z3) /* the final backward reduce-scatters each block as it is done */
+                dt_zero3_backward_begins(p->z3, last && a.mb == last_mb);
             dt_grad_ready_fn fn = !hook ? NULL : held ? zero_ready : dt_ddp_grad_ready;
             void *fctx = !hook ? NULL : held ? (void *)p : (void *)reducer(p);
             rc = so->stage_backward(m, slot, dl,
@@ -704,7 +729,10 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
         valid += p->mb_valid[k];
     double t0 = dt_now_s();
     run_out o;
-    if ((rc = run_list(s, p, list, n, batch, true, dloss, last, valid, nmb - 1, &o, err)))
+    rc = run_list(s, p, list, n, batch, true, dloss, last, valid, nmb - 1, &o, err);
+    if (p->z3) /* every block gathered for the run given back */
+        dt_zero3_drop(p->z3);
+    if (rc)
         return rc;
     double v = valid > 0 ? o.loss_sum / (double)valid : 0.0;
     if ((rc = from_last_stage(s, p, &v, 1, err)))
@@ -743,6 +771,11 @@ static int pipe_sync_grads(dt_strategy *s, dt_err *err)
     }
     if (!rc && p->zero)
         rc = dt_ddp_finish(dt_zero_ddp(p->zero), err);
+    double waited = 0;
+    if (!rc && p->z3) { /* the tied blocks held back until now, then every reduce-scatter */
+        dt_zero3_scatter_held(p->z3);
+        rc = dt_zero3_sync_grads(p->z3, &waited, err);
+    }
     s->comm_time_s = dt_now_s() - t0;
     return rc;
 }
@@ -773,6 +806,8 @@ static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
     const int *skip = p->tied_copy ? p->tied : NULL, nskip = p->tied_copy ? p->ntied : 0;
     int rc = p->zero ? dt_zero_clip_split(p->zero, unscale, p->g.grid.tp, skip, nskip, groups, 2,
                                           p->scalars, norm, err)
+             : p->z3 ? dt_zero3_clip_split(p->z3, unscale, p->g.grid.tp, skip, nskip, groups, 2,
+                                           p->scalars, norm, err)
                      : dt_strategy_clip_split(s, unscale, p->g.grid.tp, skip, nskip, groups, 2,
                                               p->scalars, norm, err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: ", p->stage) : 0;
@@ -803,7 +838,10 @@ static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, in
     for (int k = 0; k < nmb; k++)
         valid += p->mb_valid[k];
     run_out o;
-    if ((rc = run_list(s, p, p->eval_list, nf, batch, false, 0, false, valid, nmb - 1, &o, err)))
+    rc = run_list(s, p, p->eval_list, nf, batch, false, 0, false, valid, nmb - 1, &o, err);
+    if (p->z3)
+        dt_zero3_drop(p->z3);
+    if (rc)
         return dt_err_prefix(err, "evaluation: ");
     double v[2] = {valid > 0 ? o.loss_sum / (double)valid : 0.0, (double)o.correct};
     if ((rc = from_last_stage(s, p, v, 2, err)))
@@ -818,6 +856,8 @@ static void pipe_zero_grads(dt_strategy *s)
     pipe_impl *p = s->impl;
     if (p->zero)
         dt_zero_zero_grads(p->zero); /* stage 2: the pages given back read as zero */
+    else if (p->z3)
+        dt_zero3_zero_grads(p->z3);
     else
         dt_strategy_zero_grads_whole(s);
 }
@@ -829,6 +869,8 @@ static int pipe_optim_step(dt_strategy *s, double lr, dt_err *err)
     dt_strategy_staging_release(&p->stg, s->be);
     if (p->zero)
         return dt_zero_step(p->zero, lr, err); /* the shard, then the stage all-gathered */
+    if (p->z3)
+        return dt_zero3_step(p->z3, lr); /* the shard; the next forward gathers it */
     return dt_strategy_optim_step_whole(s, lr, err);
 }
 
@@ -846,8 +888,10 @@ static int pipe_gather_state(dt_strategy *s, dt_err *err)
     int rc = dt_strategy_staging_commit(&p->stg, s->be, err);
     if (!rc && p->zero) /* the shards over dp into the stage's layout first */
         rc = dt_zero_gather_state(p->zero, err);
+    if (!rc && p->z3)
+        rc = dt_zero3_gather_state(p->z3, err);
     if (!rc)
-        rc = gather_whole(s, p, s->model->params, p->stg.buf[0], err);
+        rc = gather_whole(s, p, local_params(s, p), p->stg.buf[0], err);
     for (int i = 0; i < s->optim->num_states && !rc; i++)
         rc = gather_whole(s, p, local_state(s, p, i), p->stg.buf[1 + i], err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: gathering the stages' tensors: ",
@@ -862,6 +906,7 @@ static void pipe_close(dt_strategy *s)
     if (p) {
         dt_ddp_free(p->ddp);
         dt_zero_free(p->zero);
+        dt_zero3_free(p->z3);
         dt_groups_close(&p->g);
         if (s->be) {
             for (int k = 0; k < p->slots && p->recv_act; k++)

@@ -78,6 +78,9 @@ typedef struct z3_impl {
     int pos;                   /* windows of this pass seen */
     bool *valid;               /* (nb) the flat buffer holds block k's parameters */
     int *bw_seen;              /* (nb) backward windows of block k in this backward */
+    bool *held;                /* (nb) blocks whose gradients wait for dt_zero3_scatter_held
+                                  (a tied tensor's, summed elsewhere first), or NULL */
+    bool *due;                 /* (nb) held blocks final in this backward, not scattered yet */
     int pf_block;              /* block being prefetched into stg, -1 none */
     bool pf_ready;             /* stg holds pf_block (gathered synchronously or waited) */
     dt_comm_work *pf_work;
@@ -322,8 +325,12 @@ static void hook(void *ctx, int k, dt_block_event ev)
     if (nx != k)
         release_params(s, z, k);
     if (ev == DT_BLOCK_AFTER_BACKWARD && ++z->bw_seen[k] == s->model->blocks[k].windows &&
-        z->last)
-        scatter_grads(s, z, k);
+        z->last) {
+        if (z->held && z->held[k])
+            z->due[k] = true;
+        else
+            scatter_grads(s, z, k);
+    }
 }
 
 /* A pass begins (forward): the windows count from the start again. */
@@ -634,6 +641,8 @@ void dt_zero3_free(dt_zero3 *zz)
     free(z->bseq);
     free(z->valid);
     free(z->bw_seen);
+    free(z->held);
+    free(z->due);
     if (s->model)
         dt_model_set_block_hook(s->model, NULL, NULL);
     free(zz);
@@ -828,6 +837,41 @@ int dt_zero3_gather_state(dt_zero3 *zz, dt_err *err)
             return dt_err_prefix(err, "ZeRO-3: gathering %s: ", s->optim->states[i].name);
     return 0;
 }
+
+int dt_zero3_hold_tensor(dt_zero3 *zz, int tensor, dt_err *err)
+{
+    z3_impl *z = &zz->z;
+    const dt_model *m = z->s->model;
+    if (!z->held && (!(z->held = calloc((size_t)z->nb, sizeof *z->held)) ||
+                     !(z->due = calloc((size_t)z->nb, sizeof *z->due))))
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    for (int k = 0; k < z->nb; k++)
+        if (m->blocks[k].first_tensor <= tensor && tensor <= m->blocks[k].last_tensor) {
+            z->held[k] = true;
+            return 0;
+        }
+    return dt_err_set(err, -EINVAL, "ZeRO-3: tensor %d is in no block of the model", tensor);
+}
+
+void dt_zero3_backward_begins(dt_zero3 *zz, bool last)
+{
+    z3_impl *z = &zz->z;
+    z->last = last;
+    if (last)
+        memset(z->bw_seen, 0, sizeof *z->bw_seen * (size_t)z->nb);
+}
+
+void dt_zero3_scatter_held(dt_zero3 *zz)
+{
+    z3_impl *z = &zz->z;
+    for (int k = z->nb - 1; k >= 0 && z->held; k--) /* the same order on every rank */
+        if (z->due[k]) {
+            z->due[k] = false;
+            scatter_grads(z->s, z, k);
+        }
+}
+
+void dt_zero3_drop(dt_zero3 *zz) { drop_all(zz->z.s, &zz->z); }
 
 /* ---- the zero strategy at stage 3: the piece over the world --------------------------------- */
 

@@ -53,5 +53,16 @@ int dt_zero3_eval(dt_zero3 *z, const dt_batch *batch, float *loss, int64_t *corr
                   dt_err *err);
 int dt_zero3_gather_state(dt_zero3 *z, dt_err *err);
 
+/* For a strategy that drives the model's passes itself (the pipeline's micro-batches):
+ * backward_begins before each backward (last: the step's final one, whose blocks' gradients are
+ * reduce-scattered as they become final; the others accumulate), drop after a run of passes
+ * (every gathered block given back). hold_tensor: the gradients of the block holding that tensor
+ * wait, after the final backward, for scatter_held (the pipeline's tied wte, summed over the
+ * embedding group first); call scatter_held before dt_zero3_sync_grads. */
+void dt_zero3_backward_begins(dt_zero3 *z, bool last);
+void dt_zero3_drop(dt_zero3 *z);
+int dt_zero3_hold_tensor(dt_zero3 *z, int tensor, dt_err *err);
+void dt_zero3_scatter_held(dt_zero3 *z);
+
 
 #endif
