@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh - one command that checks the GPU path of dtrain on this machine and prints one
-# compact summary. Budget: under 8 minutes on one H200 (every step has its own time limit).
+# compact summary. Budget: under 8 minutes on one H200, about 9 on two or more GPUs (every step
+# has its own time limit; step 6 runs with two GPUs only: two quickstart runs, 150 s each at most).
 #
 #   scripts/gpu-check.sh             build, op tests, training runs, NCCL on every GPU
 #   scripts/gpu-check.sh --quick     build and op tests only
@@ -27,6 +28,11 @@
 #   5. DP (job.strategy = dp) on every GPU when there are two or more: quickstart driven by one
 #      process, parameters and gradients through NCCL (dp_transport = collectives) and through
 #      host memory (master); loss against the DDP run of step 4, tokens/s
+#   6. tensor and pipeline parallelism on two GPUs (skipped, visibly, with fewer): quickstart at
+#      parallel.tensor = 2 (Megatron splits, NCCL all-reduces inside the tensor group) and at
+#      parallel.pipeline = 2 (4 micro-batches, 1F1B, NCCL send/recv between the stages), fp32,
+#      the same global batch as the one-GPU fp32 run of step 3a: loss at the first and last step
+#      against it, tokens/s, and rank 0's share of the parameters as the worker logs it
 #
 # MFU = tokens/s * FLOPs per token / peak. FLOPs per token = 6 N + 12 L C T (PaLM, appendix B;
 # N = all parameters, tied embedding counted once, the attention term for the full T x T scores
@@ -151,6 +157,7 @@ finish() {
 
 if [ "$ngpu" -eq 0 ]; then
     add "training, NCCL   skipped: no GPU ($why_no_gpu)"
+    add "tensor, pipeline skipped: needs 2 GPUs (found 0)"
     [ "$require" = 1 ] && status=1
     finish
 fi
@@ -351,6 +358,34 @@ else
         else
             fail "dp x$dpn $label FAILED (exit $rc): $(grep -m3 -E 'ERROR|error|WARN' "$work/qs_dp_$tr.log" | tr '\n' ' ')"
         fi
+    done
+fi
+
+# ---- 6. tensor and pipeline parallelism on two GPUs ------------------------------------------
+# quickstart (gpt-tiny: 4 heads, 4 blocks) on 2 ranks, one GPU each; D = 1, so the global batch
+# is the one-GPU run's (qs_fp32) and its losses are the reference
+mpn=$ngpu
+[ "$dev" = cpu ] && mpn=2
+if [ "$mpn" -lt 2 ]; then
+    add "tensor x2        skipped: needs 2 GPUs (found $ngpu)"
+    add "pipeline x2      skipped: needs 2 GPUs (found $ngpu)"
+else
+    for mp in tensor pipeline; do
+        say "$mp parallelism: quickstart fp32 on 2 GPUs"
+        extra=(parallel.tensor=2)
+        [ "$mp" = pipeline ] && extra=(parallel.pipeline=2 parallel.micro_batches=4 parallel.schedule=1f1b)
+        run "qs_$mp" 150 2 "$qs" job.device="$dev" ddp.backend="$comm" train.precision=fp32 \
+            "${extra[@]}" "${qs_common[@]}"
+        rc=$?
+        label=$(printf '%-11s' "$mp x2")
+        if [ $rc -ne 0 ]; then
+            fail "$label      FAILED (exit $rc): $(grep -m3 -E 'ERROR|error' "$work/qs_$mp.log" | tr '\n' ' ')"
+            continue
+        fi
+        first=$(field "qs_$mp" loss first) last=$(field "qs_$mp" loss last)
+        ref1=$(field qs_fp32 loss first) refn=$(field qs_fp32 loss last)
+        share=$(grep -m1 -o 'rank 0 holds [0-9]* ([0-9.]*%)' "$work/qs_$mp.log")
+        add "$label      loss@1 $(fmt "$first") (1 GPU $(fmt "$ref1"), rel $(reldiff "$first" "$ref1"))  loss@$QS_STEPS $(fmt "$last") (1 GPU $(fmt "$refn"))  $(ktok "$(field "qs_$mp" tokens_per_s median)") tok/s  ${share:-share not logged}"
     done
 fi
 

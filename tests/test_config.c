@@ -762,6 +762,31 @@ static void test_parallel_keys(void)
     DT_CHECK_INT(dt_job_pipeline_blocks(&job), 6);
     DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), 4);
     DT_CHECK(blocks[0] == 2 && blocks[1] == 2 && blocks[2] == 1 && blocks[3] == 1);
+    /* balanced by cost: gpt's head (2*C*V FLOPs a token) weighs on the last stage. C = 16,
+     * T = 16, V = 256: a block 24*16^2 + 4*16*16 = 7168, the head 8192; over 2 stages 2,2 would
+     * make the last 22528, 3,1 makes the first 21504 */
+    char *ovh[] = {"parallel.pipeline=2", "model.n_layer=4", "model.n_head=4", "model.n_embd=16",
+                   "model.block_size=16", "data.seq_len=16", "elastic.nproc_per_node=2"};
+    load_ok(GPT_MINI, ovh, 7);
+    double cb = 0, cf = -1, cl = 0;
+    DT_CHECK_INT(dt_job_stage_costs(&job, &cb, &cf, &cl), 1);
+    DT_CHECK(cb == 7168 && cf == 0 && cl == 8192);
+    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), 2);
+    DT_CHECK_MSG(blocks[0] == 3 && blocks[1] == 1, "balanced 4 blocks as %d,%d", blocks[0],
+                 blocks[1]);
+    /* a GPT-2 vocabulary on gpt-tiny (C = 128, T = 128): the head weighs 28 blocks; the last
+     * stage keeps one block and the others share the rest evenly (not 5,1,1,1, whose maximum
+     * is the same) */
+    char *ovv[] = {"model.preset=gpt-tiny", "model.n_layer=8", "data.vocab_size=50257",
+                   "parallel.pipeline=4", "elastic.nproc_per_node=4"};
+    load_ok("[model]\ntype = gpt\n", ovv, 5);
+    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), 4);
+    DT_CHECK_MSG(blocks[0] == 3 && blocks[1] == 2 && blocks[2] == 2 && blocks[3] == 1,
+                 "balanced 8 blocks as %d,%d,%d,%d", blocks[0], blocks[1], blocks[2], blocks[3]);
+    /* parallel.stages wins over the balance */
+    DT_REQUIRE_OK(dt_job_set(&job, "parallel.stages=1,1,2,4", &err), &err);
+    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), 4);
+    DT_CHECK(blocks[0] == 1 && blocks[1] == 1 && blocks[2] == 2 && blocks[3] == 4);
     /* mlp: its Linear layers are the blocks */
     char *ovm[] = {"parallel.pipeline=3", "model.hidden=32,16", "train.batch_size=9",
                    "elastic.nproc_per_node=3"};
@@ -894,12 +919,15 @@ static void test_parallel_errors(void)
                        "process per device, but job.strategy = dp drives every replica from one "
                        "process: use job.strategy = ddp"));
     DT_CHECK_INT(errs.count, 1);
-    rc = load(GPT_MINI "[parallel]\nzero = 1\npipeline = 2\n[elastic]\nnproc_per_node = 2\n",
-              NULL, 0);
-    DT_CHECK(rc == -EINVAL);
-    DT_CHECK(has_error("job.ini:6: parallel.zero = 1: ZeRO with tensor/pipeline parallelism is "
-                       "not supported yet; set parallel.zero = 0"));
-    DT_CHECK_INT(errs.count, 1);
+    /* ZeRO shards over the data-parallel groups of the tensor and pipeline shards */
+    load_ok(GPT_MINI "[parallel]\nzero = 1\npipeline = 2\n[elastic]\nnproc_per_node = 4\n",
+            NULL, 0);
+    load_ok(GPT_MINI "[parallel]\nzero = 2\ntensor = 2\n[elastic]\nnproc_per_node = 4\n",
+            NULL, 0);
+    load_ok(GPT_MINI "[parallel]\nzero = 3\ntensor = 2\n[elastic]\nnproc_per_node = 4\n",
+            NULL, 0);
+    load_ok(GPT_MINI "[parallel]\nzero = 3\npipeline = 2\n[elastic]\nnproc_per_node = 4\n",
+            NULL, 0);
     /* a world fixed at load: nodes x workers must be a multiple of T x P */
     char *ovw[] = {"parallel.tensor=2", "parallel.pipeline=2", "train.batch_size=4"};
     rc = load(GPT_MINI "[elastic]\nnnodes = 2\nnproc_per_node = 3\n", ovw, 3);
@@ -922,20 +950,19 @@ static void test_parallel_errors(void)
     DT_CHECK_INT(errs.count, 1);
     /* all of them at once, each once */
     rc = load("[model]\ntype = resnet\n[job]\nstrategy = dp\n[parallel]\ntensor = 2\n"
-              "pipeline = 2\nzero = 2\n[train]\nbatch_size = 5\n",
+              "pipeline = 2\nzero = 3\n[train]\nbatch_size = 5\n",
               NULL, 0);
     DT_CHECK(rc == -EINVAL);
     DT_CHECK(has_error("supported for model gpt only, not resnet"));
     DT_CHECK(has_error("not supported for this model (resnet)"));
     DT_CHECK(has_error("micro_batches = 2 (its default: parallel.pipeline) does not divide"));
     DT_CHECK(has_error("job.strategy = dp drives every replica"));
-    DT_CHECK(has_error("ZeRO with tensor/pipeline parallelism is not supported yet"));
     DT_CHECK(has_error("world size 1 is not divisible"));
     /* parallel.zero with job.strategy = dp is the older message, said too */
-    DT_CHECK(has_error("parallel.zero = 2 shards state across worker processes"));
-    if (errs.count != 7)
+    DT_CHECK(has_error("parallel.zero = 3 shards state across worker processes"));
+    if (errs.count != 6)
         dump_errors();
-    DT_CHECK_INT(errs.count, 7);
+    DT_CHECK_INT(errs.count, 6);
 }
 
 static void test_reference_lists_every_key(void)

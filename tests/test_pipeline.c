@@ -637,11 +637,16 @@ typedef struct rank_out {
     double eval_loss, eval_acc;
     int64_t step, start_step;      /* at the end; right after init (a resume's) */
     size_t numel;                  /* of the whole model, as the checkpoint holds it */
+    size_t whole_params;           /* the strategy's whole count (dt_strategy.whole_params) */
+    size_t local_params;           /* this rank's model buffer */
     int num_states;
     dt_pp_stats st;
     bool have_st;
     int64_t skipped, optim_t;      /* the loss scaler's skipped steps, the optimiser's t */
     double scale;
+    char summary[64];              /* the strategy's summary line */
+    size_t optim_bytes;            /* the backend's DT_MEM_OPTIM bytes at the end (this rank's
+                                      optimiser state, as test_memory and bench memory count) */
     float start_params[MAX_PER];   /* right after init (a resume's parameters) */
     float params[MAX_PER];         /* at the end, whole */
     float state[2][MAX_PER];
@@ -774,6 +779,8 @@ static void rank_body(prun *r, int rank)
         goto fail;
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
     o->start_step = t.step;
+    o->whole_params = t.s->whole_params;
+    o->local_params = t.model->num_params;
     int w = rank == r->overflow_rank ? dt_model_find_tensor(t.model, "fc.3.weight") : -1;
     if (w >= 0) { /* cpu: backend memory is host memory */
         const dt_tensor_info *ti = &t.model->tensors[w];
@@ -799,6 +806,10 @@ static void rank_body(prun *r, int rank)
     if (r->eval && dt_trainer_eval(&t, &o->eval_loss, &o->eval_acc, &err) != 0)
         goto fail;
     o->have_st = dt_strategy_pipeline_stats(t.s, &o->st) == 0;
+    dt_strlcpy(o->summary, t.s->summary, sizeof o->summary);
+    dt_mem_stats ms;
+    dt_mem_read(t.be, &ms);
+    o->optim_bytes = ms.cur[DT_MEM_OPTIM];
     o->skipped = t.scaler.skipped;
     o->optim_t = t.optim->t;
     o->scale = t.scaler.scale;
@@ -896,14 +907,19 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
     one.eval = pp.eval = true;
     padd(&pp, fmt("parallel.tensor=%d", T));
     padd(&pp, fmt("train.batch_size=%d", 8 / D));
+    int zero = 0; /* one process ignores parallel.zero; the layout must run it */
     for (; more && *more; more++) {
         padd(&one, *more);
         padd(&pp, *more);
+        if (!strncmp(*more, "parallel.zero=", 14))
+            zero = atoi(*more + 14);
     }
     if (!prun_run(&one) || !prun_run(&pp))
         goto out;
     const rank_out *a = &pp.out[0], *b = &one.out[0];
     DT_CHECK_STR(a->strategy, "pipeline");
+    if (zero > 0 && D > 1)
+        DT_CHECK_CONTAINS(a->summary, fmt("ZeRO-%d", zero));
     DT_CHECK_STR(b->strategy, "single");
     DT_REQUIRE(a->numel == b->numel && a->numel > 0);
     /* every layout starts bit-identical to one process */
@@ -943,7 +959,13 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
         int want = !strcmp(sched, "gpipe") ? M : (P - o->st.stage < M ? P - o->st.stage : M);
         DT_CHECK_INT(o->st.peak_in_flight, want);
         DT_CHECK_INT(o->st.slots, want);
+        /* what the worker logs: the whole model's count, and the stage's share of it */
+        DT_CHECK_INT(o->whole_params, b->numel);
+        DT_CHECK_MSG(o->local_params > 0 && o->local_params < o->whole_params,
+                     "%s: rank %d holds %zu of %zu parameters", pp.name, q, o->local_params,
+                     o->whole_params);
     }
+    DT_CHECK_INT(b->whole_params, 0); /* one process: its model is the whole one */
     printf("    %-18s loss %.6f -> %.6f (one process %.6f), loss within %.2g, weights %.2g, "
            "state %.2g\n",
            pp.name, a->loss[0], a->loss[pp.steps - 1], b->loss[pp.steps - 1], worst_loss, wp,
@@ -1009,6 +1031,31 @@ static void test_overflow_skips_everywhere(void)
     prun_free(&r);
 }
 
+/* The same under ZeRO-1 at D = 2 x P = 2: rank 2 (stage 1, data-parallel rank 0) alone
+ * overflows; the shards' sums carry the inf to every rank's norm, and all four skip. */
+static void test_overflow_skips_everywhere_zero(void)
+{
+    prun r = pbase(4, 2, 4, "1f1b", "overflow-zero");
+    padd(&r, "train.precision=fp16");
+    padd(&r, "train.loss_scale=1e12");
+    padd(&r, "train.batch_size=4");
+    padd(&r, "parallel.zero=1");
+    r.overflow_rank = 2;
+    r.steps = 1;
+    if (prun_run(&r)) {
+        DT_CHECK_CONTAINS(r.out[0].summary, "ZeRO-1");
+        for (int q = 0; q < 4; q++) {
+            DT_CHECK_MSG(r.out[q].skipped == 1 && r.out[q].optim_t == 0 &&
+                             r.out[q].scale == 5e11,
+                         "rank %d: %lld skipped, t %lld, scale %g", q,
+                         (long long)r.out[q].skipped, (long long)r.out[q].optim_t,
+                         r.out[q].scale);
+            DT_CHECK_MSG(!isfinite(r.out[q].norm[0]), "rank %d: norm %g", q, r.out[q].norm[0]);
+        }
+    }
+    prun_free(&r);
+}
+
 /* D = 2 x P = 2 (4 ranks): DDP over each stage's two replicas, against plain DDP on 2 ranks
  * (the same global batch, the same shards). */
 static void test_d2_p2(void)
@@ -1037,6 +1084,67 @@ out:
     prun_free(&pp);
 }
 
+
+/* ZeRO 1-2 over each stage's data-parallel group against one process on the same global batch
+ * over 20 steps: mlp at D2 x P2 (zero = 1 under 1F1B, zero = 2 under GPipe), gpt at D2 x P2 with
+ * the tied wte (its two copies sharded differently, summed over the embedding group before the
+ * reduce-scatter) at zero = 1 and 2, and gpt at D2 x T2 x P2 (8 ranks) at zero = 1; with
+ * accumulation, fp16 and a global batch. Then each
+ * rank's optimiser state (the allocator's DT_MEM_OPTIM bytes) at D2 x P2 with zero = 1 against
+ * zero = 0: half, within 2% (chunks padded to ceil(n / 2)). */
+static void test_d2_p2_zero(void)
+{
+    const char *const z1[] = {"parallel.zero=1", "ddp.first_bucket_mb=0.001",
+                              "ddp.bucket_cap_mb=0.004", NULL};
+    const char *const z2[] = {"parallel.zero=2", "ddp.first_bucket_mb=0.001",
+                              "ddp.bucket_cap_mb=0.004", NULL};
+    against_one_layout(false, 2, 1, 2, 4, "1f1b", z1, "-d2-zero1");
+    against_one_layout(false, 2, 1, 2, 4, "gpipe", z2, "-d2-zero2");
+    against_one_layout(true, 2, 1, 2, 4, "1f1b", z1, "-gpt-d2-zero1");
+    against_one_layout(true, 2, 1, 2, 2, "gpipe", z2, "-gpt-d2-zero2");
+    against_one_layout(true, 2, 2, 2, 2, "1f1b", z1, "-gpt-d2-t2-zero1");
+    /* accumulation (stage 2: the earlier micro-steps keep the whole gradient), fp16 (the
+     * shards unscaled; an overflow anywhere skips everywhere), a global batch of unequal shares */
+    const char *const acc[] = {"parallel.zero=2", "train.grad_accum=3", NULL};
+    const char *const f16[] = {"parallel.zero=1", "train.precision=fp16", NULL};
+    const char *const gb[] = {"parallel.zero=2", "train.global_batch=20", NULL};
+    against_one_layout(false, 2, 1, 2, 4, "1f1b", acc, "-d2-zero2-accum");
+    against_one_layout(true, 2, 1, 2, 2, "1f1b", f16, "-gpt-d2-zero1-fp16");
+    against_one_layout(false, 2, 1, 2, 2, "gpipe", gb, "-d2-zero2-gb");
+    /* stage 3: each stage's parameters sharded over its replicas, gathered block by block
+     * around each micro-batch's forward and backward; the tied wte's block held back until the
+     * embedding group summed it; with an accumulation too (mlp: gpt's D2 x P2 with grad_accum
+     * = 2 ends 2e-5 off one process at zero = 0 as well, in its weights, the loss within 3e-7) */
+    const char *const z3[] = {"parallel.zero=3", NULL};
+    const char *const z3acc[] = {"parallel.zero=3", "train.grad_accum=2", NULL};
+    against_one_layout(false, 2, 1, 2, 4, "1f1b", z3, "-d2-zero3");
+    against_one_layout(true, 2, 1, 2, 4, "1f1b", z3, "-gpt-d2-zero3");
+    against_one_layout(false, 2, 1, 2, 2, "gpipe", z3acc, "-d2-zero3-accum");
+    against_one_layout(true, 2, 2, 2, 2, "1f1b", z3, "-gpt-d2-t2-zero3");
+    prun r[3];
+    for (int zero = 0; zero < 3; zero++) { /* 0, 1, 3 */
+        int stage = zero == 2 ? 3 : zero;
+        r[zero] = pgpt(4, 2, 2, "1f1b", fmt("gpt-d2-p2-mem-zero%d", stage));
+        padd(&r[zero], "train.batch_size=4");
+        padd(&r[zero], fmt("parallel.zero=%d", stage));
+        r[zero].steps = 2;
+    }
+    if (prun_run(&r[0]) && prun_run(&r[1]) && prun_run(&r[2]))
+        for (int q = 0; q < 4; q++)
+            for (int k = 1; k < 3; k++) {
+                double half = (double)r[0].out[q].optim_bytes / 2;
+                double rel = fabs((double)r[k].out[q].optim_bytes - half) / half;
+                DT_CHECK_MSG(half > 0 && rel <= 0.02, "rank %d (stage %d): optimiser state %zu "
+                             "bytes at zero = %d, %zu at zero = 0 (%.2f%% off half)", q, q / 2,
+                             r[k].out[q].optim_bytes, k == 2 ? 3 : 1, r[0].out[q].optim_bytes,
+                             100 * rel);
+                printf("    rank %d (stage %d): optimiser state %zu bytes at zero = %d, %zu at "
+                       "zero = 0\n", q, q / 2, r[k].out[q].optim_bytes, k == 2 ? 3 : 1,
+                       r[0].out[q].optim_bytes);
+            }
+    for (int k = 0; k < 3; k++)
+        prun_free(&r[k]);
+}
 
 /* gpt: the embeddings on stage 0, ln_f and the tied head on the last, the two copies of wte
  * kept equal by the embedding group's all-reduce. */
@@ -1187,6 +1295,72 @@ static void test_ckpt_layouts(void)
         }
         prun_free(&w);
     }
+}
+
+/* gpt_layout's run of 5 steps from the start, without checkpoints. */
+static prun straight_layout(int D, int T, int P, const char *name)
+{
+    prun r = pgpt(D * T * P, P, 2, "1f1b", name);
+    padd(&r, fmt("parallel.tensor=%d", T));
+    padd(&r, fmt("train.batch_size=%d", 8 / D));
+    padd(&r, "train.steps=5"); /* the learning-rate schedule of the resumed runs */
+    r.steps = 5;
+    return r;
+}
+
+/* Checkpoints with ZeRO: gpt at D2 x P2 with zero = 1 saves at step 3 (the optimiser shards
+ * gathered over each stage's replicas, then the stages over the pipeline group); one process
+ * resumes the parameters it saved bit for bit and trains on as the uninterrupted D2 x P2 run
+ * does (within 1e-5: the optimiser state came back whole). The reverse: one process saves, D2
+ * x T2 x P2 with zero = 2, and D2 x P2 with zero = 3, resume and train on as one process does. */
+static void test_ckpt_zero(void)
+{
+    const char *ck = fmt("%s/ckz", dt_test_tmpdir()), *ck2 = fmt("%s/ckz2", dt_test_tmpdir());
+    prun w = gpt_layout(2, 1, 2, "ckz-save-d2p2", ck, true);
+    padd(&w, "parallel.zero=1");
+    prun straight = straight_layout(2, 1, 2, "ckz-straight-d2p2");
+    padd(&straight, "parallel.zero=1");
+    prun one = gpt_layout(1, 1, 1, "ckz-resume-one", ck, false);
+    prun w1 = gpt_layout(1, 1, 1, "ckz-save-one", ck2, true);
+    prun straight1 = straight_layout(1, 1, 1, "ckz-straight-one");
+    prun r = gpt_layout(2, 2, 2, "ckz-resume-d2t2p2", ck2, false);
+    padd(&r, "parallel.zero=2");
+    prun r3 = gpt_layout(2, 1, 2, "ckz-resume-d2p2-z3", ck2, false);
+    padd(&r3, "parallel.zero=3");
+    if (!prun_run(&w) || !prun_run(&straight) || !prun_run(&one) || !prun_run(&w1) ||
+        !prun_run(&straight1) || !prun_run(&r) || !prun_run(&r3))
+        goto out;
+    DT_CHECK_CONTAINS(r3.out[0].summary, "ZeRO-3");
+    DT_CHECK_CONTAINS(w.out[0].summary, "ZeRO-1");
+    DT_CHECK_CONTAINS(r.out[0].summary, "ZeRO-2");
+    DT_CHECK_INT(one.out[0].start_step, 3);
+    DT_CHECK_MSG(!memcmp(one.out[0].start_params, w.out[0].params, w.out[0].numel * 4),
+                 "one process resumed other parameters than D2 x P2 zero = 1 saved");
+    const struct {
+        const prun *x, *ref;
+    } pairs[3] = {{&one, &straight}, {&r, &straight1}, {&r3, &straight1}};
+    for (int k = 0; k < 3; k++) {
+        const rank_out *a = &pairs[k].x->out[0], *b = &pairs[k].ref->out[0];
+        DT_CHECK_INT(a->step, 5);
+        for (int i = 0; i < 2; i++)
+            DT_CHECK_MSG(fabs(a->loss[i] - b->loss[i + 3]) <= 1e-5 * b->loss[i + 3],
+                         "%s: step %d loss %.9g vs %s's %.9g", pairs[k].x->name, i + 4,
+                         a->loss[i], pairs[k].ref->name, b->loss[i + 3]);
+        double wp = vec_rel(a->params, b->params, b->numel);
+        double ws = vec_rel(a->state[1], b->state[1], b->numel);
+        DT_CHECK_MSG(wp <= 1e-5 && ws <= 1e-5, "%s: weights %.3g, exp_avg_sq %.3g off %s",
+                     pairs[k].x->name, wp, ws, pairs[k].ref->name);
+        printf("    %-18s step 5 weights within %.2g, exp_avg_sq %.2g of %s\n", pairs[k].x->name,
+               wp, ws, pairs[k].ref->name);
+    }
+out:
+    prun_free(&w);
+    prun_free(&straight);
+    prun_free(&one);
+    prun_free(&w1);
+    prun_free(&straight1);
+    prun_free(&r);
+    prun_free(&r3);
 }
 
 /* A stage that dies mid-step ends the step on the others with an error naming the stage, the
@@ -1366,9 +1540,12 @@ int main(int argc, char **argv)
         {"gpt_d2_t2_p2", test_gpt_d2_t2_p2, 300},
         {"options", test_options, 300},
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
+        {"overflow_skips_everywhere_zero", test_overflow_skips_everywhere_zero, 120},
         {"d2_p2", test_d2_p2, 180},
         {"ckpt_resume", test_ckpt_resume, 300},
         {"ckpt_layouts", test_ckpt_layouts, 300},
+        {"d2_p2_zero", test_d2_p2_zero, 400},
+        {"ckpt_zero", test_ckpt_zero, 300},
         {"dead_stage", test_dead_stage, 120},
         {"stalled_stage", test_stalled_stage, 120},
         {"trace", test_trace, 120},

@@ -41,7 +41,7 @@
 
 #define MAX_RANKS 4
 #define MAX_STEPS 24
-#define MAX_PER (64 * 1024)
+#define MAX_PER (256 * 1024)
 #define MAX_TENSORS 64
 #define STEPS 20 /* the issue's 20 steps */
 
@@ -90,6 +90,7 @@ typedef struct rank_out {
     double loss[MAX_STEPS], norm[MAX_STEPS];
     int64_t step;                 /* the trainer's step at the end */
     size_t local_params;          /* this rank's model buffer */
+    size_t strategy_whole;        /* dt_strategy.whole_params (what the worker logs) */
     size_t whole;                 /* elements of the whole parameters, as a checkpoint holds them */
     int num_states;
     bool have_stats;
@@ -98,6 +99,10 @@ typedef struct rank_out {
     size_t t_off[MAX_TENSORS], t_n[MAX_TENSORS];
     char t_name[MAX_TENSORS][48];
     double took;                  /* seconds from the failing step's start to its error */
+    size_t optim_bytes;           /* the backend's DT_MEM_OPTIM bytes at the end (this rank's
+                                     optimiser state, as test_memory and bench memory count) */
+    size_t params_bytes;          /* its DT_MEM_PARAMS bytes then (resident) */
+    char summary[48];             /* the strategy's summary */
     float params[MAX_PER];
     float state[2][MAX_PER];      /* the whole optimiser state, as a checkpoint takes it */
 } rank_out;
@@ -159,7 +164,13 @@ static void record_end(dt_trainer *t, rank_out *o)
     dt_err err = {0};
     o->step = t->step;
     o->local_params = t->model->num_params;
+    o->strategy_whole = s->whole_params;
     o->have_stats = dt_strategy_tensor_stats(s, &o->st) == 0;
+    dt_mem_stats ms;
+    dt_mem_read(t->be, &ms);
+    o->optim_bytes = ms.cur[DT_MEM_OPTIM];
+    o->params_bytes = ms.cur[DT_MEM_PARAMS];
+    dt_strlcpy(o->summary, s->summary, sizeof o->summary);
     if (s->ops->gather_state && s->ops->gather_state(s, &err) != 0) {
         snprintf(o->msg, sizeof o->msg, "gather_state: %.1000s", err.msg);
         o->status = 2;
@@ -427,6 +438,7 @@ static void test_tensor_equals_one_process(void)
             DT_CHECK_INT(s->split_whole + s->replicated, s->whole_params);
             DT_CHECK_INT(s->local_params, s->split_local + s->replicated);
             DT_CHECK_INT(s->whole_params, one.out[0].whole);
+            DT_CHECK_INT(tp.out[0].strategy_whole, one.out[0].whole);
             for (int q = 0; q < T; q++)
                 DT_CHECK_INT(tp.out[q].st.tp, q);
             compare(&tp, &one, STEPS, 1e-5);
@@ -485,6 +497,81 @@ static void test_data_x_tensor(void)
     unmap(&dt);
 }
 
+/* ZeRO stages 1, 2 and 3 over the data-parallel groups of D = 2 x T = 2 (each rank shards its
+ * own slices' optimiser state, at stage 2 its gradients too, at stage 3 its parameters too,
+ * gathered block by block around their use) equal one process on the same global batch over 20
+ * steps, within 1e-5 as DDP's D2 x T2 does; and each
+ * rank's optimiser state, as the backend's allocator counts it (DT_MEM_OPTIM), is half of what
+ * the same layout holds at zero = 0 (within 2%: the shards' chunks are padded to ceil(n / 2)). */
+static void test_data_x_tensor_zero(void)
+{
+    trun one = base(1, 1, 8, "one-b8-z");
+    trun ddp = base(4, 2, 4, "d2xt2-z0");
+    int st[MAX_RANKS];
+    run(&one, st);
+    DT_REQUIRE(all_ok(&one, st));
+    run(&ddp, st);
+    DT_REQUIRE(all_ok(&ddp, st));
+    for (int zero = 1; zero <= 3; zero++) {
+        trun z = base(4, 2, 4, fmt("d2xt2-zero%d", zero));
+        add(&z, fmt("parallel.zero=%d", zero));
+        add(&z, "ddp.first_bucket_mb=0.002"); /* several buckets, overlapped with backward */
+        add(&z, "ddp.bucket_cap_mb=0.01");
+        run(&z, st);
+        if (all_ok(&z, st)) {
+            DT_CHECK_STR(z.out[0].strategy, "tensor");
+            DT_CHECK_CONTAINS(z.out[0].summary, fmt("ZeRO-%d", zero));
+            compare(&z, &one, STEPS, 1e-5);
+            for (int q = 0; q < 4; q++) {
+                double half = (double)ddp.out[q].optim_bytes / 2;
+                double rel = fabs((double)z.out[q].optim_bytes - half) / half;
+                DT_CHECK_MSG(ddp.out[q].optim_bytes > 0 && rel <= 0.02,
+                             "zero = %d, rank %d: optimiser state %zu bytes, zero = 0's %zu "
+                             "(%.2f%% off half)", zero, q, z.out[q].optim_bytes,
+                             ddp.out[q].optim_bytes, 100 * rel);
+            }
+            printf("    zero = %d: per rank optimiser state %zu bytes (zero = 0: %zu)\n", zero,
+                   z.out[0].optim_bytes, ddp.out[0].optim_bytes);
+        }
+        unmap(&z);
+    }
+    unmap(&one);
+    unmap(&ddp);
+}
+
+/* ZeRO-3 at D = 2 x T = 2 holds, between steps, its shard of its slices (half) and one block's
+ * gather buffer instead of its slices: with 4 blocks of about a quarter of the slices each
+ * (n_embd 64), about 3/4 of what zero = 0 holds, as the allocator counts DT_MEM_PARAMS (the flat
+ * buffer's pages given back); the optimiser state half. */
+static void test_zero3_memory(void)
+{
+    trun r[2];
+    int st[MAX_RANKS];
+    for (int k = 0; k < 2; k++) {
+        r[k] = base(4, 2, 4, fmt("d2xt2-mem-zero%d", 3 * k));
+        add(&r[k], "model.n_embd=64");
+        add(&r[k], "model.n_layer=4");
+        add(&r[k], fmt("parallel.zero=%d", 3 * k));
+        r[k].steps = 2;
+        run(&r[k], st);
+        all_ok(&r[k], st);
+    }
+    for (int q = 0; q < 4; q++) {
+        const rank_out *a = &r[1].out[q], *b = &r[0].out[q];
+        double p = (double)a->params_bytes / (double)b->params_bytes;
+        double o = (double)a->optim_bytes / (double)b->optim_bytes;
+        DT_CHECK_MSG(p < 0.85 && fabs(o - 0.5) <= 0.01, "rank %d: zero = 3 holds %zu parameter "
+                     "bytes (%.2f of zero = 0's %zu), optimiser %zu (%.3f of %zu)", q,
+                     a->params_bytes, p, b->params_bytes, a->optim_bytes, o, b->optim_bytes);
+        if (q == 0)
+            printf("    zero = 3 at D2 x T2: parameters %zu bytes (zero = 0: %zu, %.2f), "
+                   "optimiser state %zu (%zu)\n", a->params_bytes, b->params_bytes, p,
+                   a->optim_bytes, b->optim_bytes);
+    }
+    unmap(&r[0]);
+    unmap(&r[1]);
+}
+
 /* Gradient accumulation (2 micro-steps: the data-parallel reducer hears of the last one only),
  * global_batch (micro-steps of unequal shares) and fp16 loss scaling (clip unscales the slices)
  * at D = 2 x T = 2 against one process. */
@@ -508,6 +595,37 @@ static void test_accumulation(void)
         run(&dt, st);
         if (all_ok(&dt, st))
             compare(&dt, &one, 10, 1e-5);
+        unmap(&one);
+        unmap(&dt);
+    }
+}
+
+/* The same options at D = 2 x T = 2 with ZeRO: accumulation at stage 2 (the earlier micro-step
+ * keeps the whole gradient, the last one's pages are given back as its buckets are reduced),
+ * global_batch at stage 1, fp16 (clip unscales the shards) at stage 2, against one process. */
+static void test_accumulation_zero(void)
+{
+    const char *const more[3] = {"train.grad_accum=2", "train.global_batch=12",
+                                 "train.precision=fp16"};
+    const char *names[3] = {"accum", "gbatch", "fp16"};
+    const int zero[3] = {2, 1, 2};
+    for (int k = 0; k < 3; k++) {
+        trun one = base(1, 1, k == 1 ? 4 : 8, fmt("one-z-%s", names[k]));
+        trun dt = base(4, 2, 4, fmt("d2xt2-zero%d-%s", zero[k], names[k]));
+        one.steps = dt.steps = 10;
+        add(&one, more[k]);
+        add(&dt, more[k]);
+        add(&dt, fmt("parallel.zero=%d", zero[k]));
+        add(&dt, "ddp.first_bucket_mb=0.002");
+        add(&dt, "ddp.bucket_cap_mb=0.01");
+        int st[MAX_RANKS];
+        run(&one, st);
+        DT_REQUIRE(all_ok(&one, st));
+        run(&dt, st);
+        if (all_ok(&dt, st)) {
+            DT_CHECK_CONTAINS(dt.out[0].summary, fmt("ZeRO-%d", zero[k]));
+            compare(&dt, &one, 10, 1e-5);
+        }
         unmap(&one);
         unmap(&dt);
     }
@@ -616,6 +734,94 @@ static void test_checkpoint_across_layouts(void)
     unmap(&cont);
 }
 
+/* A checkpoint written at D = 2 x T = 2 with zero = 1 (shards gathered over the data-parallel
+ * group, then slices over the tensor group) holds what one process's does and resumes: at
+ * D2 x T2 zero = 1 bit for bit as the run that did not stop; as one process within 1e-5 of it.
+ * The reverse: one process's checkpoint resumed at D2 x T2 with zero = 2 trains on within 1e-5
+ * of one process that did not stop. */
+static void test_checkpoint_zero(void)
+{
+    trun z1 = base(4, 2, 4, "ckz-d2t2"), one = base(1, 1, 8, "ckz-one");
+    add(&z1, "parallel.zero=1");
+    train_run(&z1, 3, NULL);
+    train_run(&one, 3, NULL);
+    DT_CHECK_STR(z1.out[0].strategy, "tensor");
+    for (int f = 0; f < 2; f++) {
+        const char *file = f ? "optim.safetensors" : "model.safetensors";
+        char *a = listing(fmt("%s/%s", ckpt_of(&z1, 3), file));
+        char *b = listing(fmt("%s/%s", ckpt_of(&one, 3), file));
+        if (a && b)
+            DT_CHECK_MSG(!strcmp(a, b), "%s at D2 x T2 zero = 1 lists\n%s\nand one process's\n%s",
+                         file, a, b);
+        free(a);
+        free(b);
+    }
+    trun straight = base(4, 2, 4, "ckz-d2t2-straight");
+    add(&straight, "parallel.zero=1");
+    train_run(&straight, 6, NULL);
+    trun same = base(4, 2, 4, "ckz-d2t2-to-d2t2");
+    add(&same, "parallel.zero=1");
+    train_run(&same, 6, ckpt_of(&z1, 3));
+    DT_CHECK_INT(same.out[0].step, 6);
+    DT_CHECK_MSG(!memcmp(same.out[0].params, straight.out[0].params,
+                         straight.out[0].whole * sizeof(float)),
+                 "D2 x T2 zero = 1 resumed at the same layout differs from the run that did not "
+                 "stop");
+    for (int i = 0; i < straight.out[0].num_states; i++)
+        DT_CHECK_MSG(!memcmp(same.out[0].state[i], straight.out[0].state[i],
+                             straight.out[0].whole * sizeof(float)),
+                     "optimiser state %d: D2 x T2 zero = 1 resumed at the same layout differs", i);
+    trun to1 = base(1, 1, 8, "ckz-d2t2-to-one");
+    train_run(&to1, 6, ckpt_of(&z1, 3));
+    DT_CHECK_STR(to1.out[0].strategy, "single");
+    DT_CHECK_INT(to1.out[0].step, 6);
+    double l2 = rel_l2(to1.out[0].params, straight.out[0].params, straight.out[0].whole);
+    double s2 = rel_l2(to1.out[0].state[1], straight.out[0].state[1], straight.out[0].whole);
+    DT_CHECK_MSG(l2 <= 1e-5 && s2 <= 1e-5, "D2 x T2 zero = 1's checkpoint resumed as one process: "
+                 "weights %.2e, exp_avg_sq %.2e off the run that did not stop", l2, s2);
+    trun rev = base(4, 2, 4, "ckz-one-to-d2t2"), cont = base(1, 1, 8, "ckz-one-straight");
+    add(&rev, "parallel.zero=2");
+    train_run(&rev, 6, ckpt_of(&one, 3));
+    train_run(&cont, 6, NULL);
+    DT_CHECK_STR(rev.out[0].strategy, "tensor");
+    DT_CHECK_INT(rev.out[0].step, 6);
+    double r2 = rel_l2(rev.out[0].params, cont.out[0].params, cont.out[0].whole);
+    double rs = rel_l2(rev.out[0].state[1], cont.out[0].state[1], cont.out[0].whole);
+    DT_CHECK_MSG(r2 <= 1e-5 && rs <= 1e-5, "one process's checkpoint resumed at D2 x T2 zero = 2: "
+                 "weights %.2e, exp_avg_sq %.2e off one process", r2, rs);
+    /* stage 3: one process's checkpoint resumed at D2 x T2, and its own checkpoint resumed as
+     * one process */
+    trun rev3 = base(4, 2, 4, "ckz-one-to-d2t2-z3");
+    add(&rev3, "parallel.zero=3");
+    train_run(&rev3, 6, ckpt_of(&one, 3));
+    DT_CHECK_CONTAINS(rev3.out[0].summary, "ZeRO-3");
+    double r3 = rel_l2(rev3.out[0].params, cont.out[0].params, cont.out[0].whole);
+    double s3 = rel_l2(rev3.out[0].state[1], cont.out[0].state[1], cont.out[0].whole);
+    DT_CHECK_MSG(r3 <= 1e-5 && s3 <= 1e-5, "one process's checkpoint resumed at D2 x T2 zero = 3: "
+                 "weights %.2e, exp_avg_sq %.2e off one process", r3, s3);
+    trun to1b = base(1, 1, 8, "ckz-d2t2-z3-to-one");
+    train_run(&to1b, 9, fmt("%s/%s/checkpoints/step_6", dt_test_tmpdir(), rev3.name));
+    trun cont9 = base(1, 1, 8, "ckz-one-straight-9");
+    train_run(&cont9, 9, NULL);
+    double q3 = rel_l2(to1b.out[0].params, cont9.out[0].params, cont9.out[0].whole);
+    DT_CHECK_INT(to1b.out[0].step, 9);
+    DT_CHECK_MSG(q3 <= 1e-5, "D2 x T2 zero = 3's checkpoint resumed as one process: weights "
+                 "%.2e off one process", q3);
+    printf("    D2 x T2 zero = 1 -> one process: weights %.1e, exp_avg_sq %.1e; one process -> "
+           "D2 x T2 zero = 2: %.1e, %.1e; zero = 3: %.1e, %.1e; and back: %.1e\n", l2, s2, r2, rs,
+           r3, s3, q3);
+    unmap(&rev3);
+    unmap(&to1b);
+    unmap(&cont9);
+    unmap(&z1);
+    unmap(&one);
+    unmap(&straight);
+    unmap(&same);
+    unmap(&to1);
+    unmap(&rev);
+    unmap(&cont);
+}
+
 /* ---- failures ------------------------------------------------------------------------------ */
 
 /* A rank killed as block 1's forward begins: its tensor peers are in (or about to issue) that
@@ -647,6 +853,32 @@ static void test_killed_rank(void)
             DT_CHECK_CONTAINS(z.out[1].msg, "rank 3");
         unmap(&z);
     }
+}
+
+/* The same at D = 2 x T = 2 with zero = 2, rank 3 killed as block 1's forward begins: every
+ * other rank's step fails within ddp.timeout, rank 2 (its tensor peer) naming rank 3; rank 1
+ * (its data-parallel peer) in the reduce-scatter or the all-gather of the shards, naming it. */
+static void test_killed_rank_zero(void)
+{
+    trun z = base(4, 2, 4, "kill-zero2");
+    add(&z, "parallel.zero=2");
+    z.mode = KILL_IN_FORWARD;
+    z.kill_rank = 3;
+    z.steps = 4;
+    int st[MAX_RANKS];
+    run(&z, st);
+    DT_CHECK(WIFSIGNALED(st[3]) && WTERMSIG(st[3]) == SIGKILL);
+    for (int r = 0; r < 3; r++) {
+        DT_CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 2, "%s: rank %d: status %d",
+                     z.name, r, st[r]);
+        DT_CHECK_MSG(z.out[r].took < 5.0 + 2, "%s: rank %d took %.1f s to fail (ddp.timeout 5)",
+                     z.name, r, z.out[r].took);
+        printf("    %s: rank %d failed after %.2f s: %.300s\n", z.name, r, z.out[r].took,
+               z.out[r].msg);
+    }
+    DT_CHECK_CONTAINS(z.out[2].msg, "rank 3");
+    DT_CHECK_CONTAINS(z.out[1].msg, "rank 3");
+    unmap(&z);
 }
 
 /* ---- the launcher -------------------------------------------------------------------------- */
@@ -702,9 +934,14 @@ int main(int argc, char **argv)
         {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
         {"padded_vocabulary", test_padded_vocabulary, 120},
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
+        {"data_2_x_tensor_2_zero_1_2_3", test_data_x_tensor_zero, 180},
         {"accumulation_global_batch_fp16", test_accumulation, 120},
+        {"accumulation_global_batch_fp16_zero", test_accumulation_zero, 120},
+        {"zero3_memory", test_zero3_memory, 120},
         {"checkpoint_across_layouts", test_checkpoint_across_layouts, 180},
+        {"checkpoint_zero_across_layouts", test_checkpoint_zero, 240},
         {"killed_rank", test_killed_rank, 60},
+        {"killed_rank_zero", test_killed_rank_zero, 60},
         {"dtrain_binary", test_dtrain_binary, 120},
     };
     return dt_test_main("test_tensor", tests, (int)DT_ARRAY_LEN(tests), argc, argv);

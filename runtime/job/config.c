@@ -169,11 +169,11 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"ddp", "check_consistency", DT_CFG_BOOL, J(check_consistency), "true", 0, 0, NULL, false, "verify that every rank built the same model at start"},
     /* [parallel] */
     {"parallel", "zero", DT_CFG_INT, J(zero), "0", 0, 3, NULL, false, "ZeRO stage over the data-parallel ranks: 0 = DDP (every rank holds everything); 1 = optimiser state sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded as well (cpu: a bucket's gradient pages are given back once it is reduce-scattered); 3 = parameters sharded as well (FSDP full-shard: each block's parameters all-gathered before its forward and its backward, given back after; device = cpu only, not with train.global_batch). One rank: ignored"},
-    {"parallel", "tensor", DT_CFG_INT, J(tensor), "1", 1, 1024, NULL, false, "tensor-parallel degree T (Megatron-LM: attention heads and the MLP split over T ranks, vocab-parallel embedding and loss; model gpt only, with model.n_head divisible by T). The world is a grid data x tensor x pipeline: D = world / (T x P) data-parallel replicas, rank = (pp x D + dp) x T + tp, so a tensor group is T consecutive ranks (keep T <= nproc_per_node to stay inside a node); the world size must be a multiple of T x P. Needs job.strategy = ddp and parallel.zero = 0"},
-    {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; mlp: its Linear layers; not resnet) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp and parallel.zero = 0"},
+    {"parallel", "tensor", DT_CFG_INT, J(tensor), "1", 1, 1024, NULL, false, "tensor-parallel degree T (Megatron-LM: attention heads and the MLP split over T ranks, vocab-parallel embedding and loss; model gpt only, with model.n_head divisible by T). The world is a grid data x tensor x pipeline: D = world / (T x P) data-parallel replicas, rank = (pp x D + dp) x T + tp, so a tensor group is T consecutive ranks (keep T <= nproc_per_node to stay inside a node); the world size must be a multiple of T x P. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each shard's data-parallel group; 3 on device = cpu)"},
+    {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; mlp: its Linear layers; not resnet) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each stage's data-parallel group; 3 on device = cpu)"},
     {"parallel", "micro_batches", DT_CFG_INT, J(micro_batches), "1", 1, 1e6, NULL, false, "pipeline micro-batches M: each micro-step's batch (train.batch_size, which M must divide) is cut into M micro-batches that flow through the stages; the idle share of the pipeline (the bubble) is (P-1)/(M+P-1). When not given: 1 without a pipeline, else parallel.pipeline (resolved at load: --print-config shows the number)"},
     {"parallel", "schedule", DT_CFG_ENUM, J(pp_schedule), "1f1b", 0, 0, pp_schedule_names, false, "pipeline schedule: 1f1b (PipeDream-Flush: after a warm-up each stage alternates one forward and one backward, so at most P micro-batches' activations are kept) or gpipe (all forwards, then all backwards: M micro-batches' activations); the same gradients either way"},
-    {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced: as even as possible, earlier stages taking one more when P does not divide the blocks (the embedding and the loss sit on the first and the last stage besides their blocks)"},
+    {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced by cost: the split whose costliest stage is cheapest, gpt's embedding counted on the first stage and ln_f + the head (2*C*V FLOPs a token, a block 24*C^2 + 4*T*C) on the last; earlier stages take one more block on a tie (mlp: layers count alike)"},
     /* [checkpoint] */
     {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
     {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
@@ -1167,6 +1167,80 @@ static const char *blocks_what(const dt_job *job)
                                            : "Linear layers (model.hidden's widths + 1)";
 }
 
+int dt_job_stage_costs(const dt_job *job, double *block, double *first, double *last)
+{
+    *block = 1;
+    *first = *last = 0;
+    if (job->model_type != DT_MODEL_GPT || job->n_embd <= 0)
+        return 0; /* mlp: its widths come from the data; every Linear layer counts alike */
+    const double C = job->n_embd;
+    const double T = job->seq_len > 0 ? job->seq_len : job->block_size > 0 ? job->block_size : 64;
+    const double V = job->vocab_size > 0 ? job->vocab_size
+                     : job->data_type == DT_DATA_TOKENS ? 50257
+                                                        : 256; /* as the data opens it */
+    *block = 24 * C * C + 4 * T * C;
+    *first = 0;         /* the embedding: a look-up */
+    *last = 2 * C * V;  /* ln_f is O(C); the head's (C,V) GEMM */
+    return 1;
+}
+
+/* The contiguous split of L blocks of cost b into P stages (each >= 1 block; stage 0 costs
+ * first more, stage P-1 last more) whose costliest stage is the cheapest (that stage sets the
+ * pipeline's pace), into blocks[0..P). Among the splits with that maximum, the one with the
+ * least sum of squared stage costs (the other stages as even as they can be: a head that weighs
+ * 28 blocks leaves the last stage one block and spreads the rest, rather than piling them on
+ * stage 0); among those, the earlier stages take the more blocks (with first = last = 0: blocks
+ * / P each, the first blocks % P stages one more). Two dynamic programmes over (stage s, first
+ * block i) for the stages s..P-1 holding blocks i..L-1: MAXC their best maximum, then SQ their
+ * least sum of squares within the overall best maximum. -ENOMEM only. */
+static int balance_stages(int L, int P, double b, double first, double last, int *blocks)
+{
+    const size_t w = (size_t)L + 1;
+    double *maxc = malloc(sizeof(double) * (size_t)(P + 1) * w);
+    double *sq = malloc(sizeof(double) * (size_t)(P + 1) * w);
+    if (!maxc || !sq) {
+        free(maxc);
+        free(sq);
+        return -ENOMEM;
+    }
+#define MAXC(s, i) maxc[(size_t)(s) * w + (size_t)(i)]
+#define SQ(s, i) sq[(size_t)(s) * w + (size_t)(i)]
+#define COST(s, n) ((n) * b + ((s) == 0 ? first : 0) + ((s) == P - 1 ? last : 0))
+#define MOST(s, i) (L - (i) - (P - 1 - (s))) /* blocks stage s may take from i */
+    for (int i = 0; i <= L; i++)
+        MAXC(P, i) = SQ(P, i) = i == L ? 0 : HUGE_VAL;
+    for (int s = P - 1; s >= 0; s--)
+        for (int i = 0; i <= L; i++) {
+            double v = HUGE_VAL;
+            for (int n = 1; n <= MOST(s, i); n++)
+                v = fmin(v, fmax(COST(s, n), MAXC(s + 1, i + n)));
+            MAXC(s, i) = v;
+        }
+    const double opt = MAXC(0, 0) * (1 + 1e-12); /* rounding: sums of the same terms */
+    for (int s = P - 1; s >= 0; s--)
+        for (int i = 0; i <= L; i++) {
+            double v = HUGE_VAL;
+            for (int n = 1; n <= MOST(s, i) && COST(s, n) <= opt; n++)
+                v = fmin(v, COST(s, n) * COST(s, n) + SQ(s + 1, i + n));
+            SQ(s, i) = v;
+        }
+    for (int s = 0, i = 0; s < P; s++) {
+        const double target = SQ(s, i) * (1 + 1e-12);
+        int n = MOST(s, i);
+        while (n > 1 && (COST(s, n) > opt || COST(s, n) * COST(s, n) + SQ(s + 1, i + n) > target))
+            n--;
+        blocks[s] = n;
+        i += n;
+    }
+#undef MOST
+#undef COST
+#undef SQ
+#undef MAXC
+    free(maxc);
+    free(sq);
+    return 0;
+}
+
 int dt_job_stage_blocks(const dt_job *job, int *blocks, dt_err *err)
 {
     int P = job->pipeline, total = dt_job_pipeline_blocks(job);
@@ -1194,8 +1268,16 @@ int dt_job_stage_blocks(const dt_job *job, int *blocks, dt_err *err)
         memcpy(blocks, job->stage_blocks, sizeof blocks[0] * (size_t)P);
         return P;
     }
-    for (int i = 0; i < P; i++)
-        blocks[i] = total / P + (i < total % P);
+    double b, first, last;
+    dt_job_stage_costs(job, &b, &first, &last);
+    if (total < 1) { /* no blocks (a model not configured): nothing to balance */
+        for (int i = 0; i < P; i++)
+            blocks[i] = 0;
+        return P;
+    }
+    if (balance_stages(total, P, b, first, last, blocks))
+        return dt_err_set(err, -ENOMEM, "out of memory balancing %d blocks over %d stages",
+                          total, P);
     return P;
 }
 
@@ -1285,11 +1367,6 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
                   "device, but job.strategy = dp drives every replica from one process: use "
                   "job.strategy = ddp",
                   T, P);
-    if ((T > 1 || P > 1) && job->zero > 0 && !BAD("parallel.zero"))
-        add_error(errs, AT("parallel.zero", "parallel.tensor", "parallel.pipeline"), 0,
-                  "parallel.zero = %d: ZeRO with tensor/pipeline parallelism is not supported "
-                  "yet; set parallel.zero = 0 (or parallel.tensor = parallel.pipeline = 1)",
-                  job->zero);
     /* The world, where the job alone fixes it; else the agent checks it after the rendezvous. */
     const dt_launch *l = &job->launch;
     int lo, hi;

@@ -315,8 +315,22 @@ int dt_parallel_check_world(int world, int tensor, int pipeline, dt_err *err);
  * form (resnet) or one not configured yet. */
 int dt_job_pipeline_blocks(const dt_job *job);
 
+/* What the balanced split weighs (relative forward FLOPs a token; a backward is about twice its
+ * forward for every piece, so the ratios hold for a step): *block one of the blocks, *first what
+ * the first stage holds besides its blocks, *last what the last one does. gpt: a transformer
+ * block 24*C^2 + 4*T*C (its four GEMMs' 12*C^2 multiply-adds, attention's Q*K^T and A*V), the
+ * embedding 0 (a look-up), ln_f and the tied head 2*C*V (the (B,T,C) x (C,V) GEMM; ln_f's O(C)
+ * and the cross-entropy's O(V) left out), with T = data.seq_len (else model.block_size) and V as
+ * the data opens it (data.vocab_size, else 50257 for tokens, 256 otherwise). Other models: 1,
+ * 0, 0 (mlp's widths come from the data, unknown before it opens: its layers count alike).
+ * Returns 1 when the costs are the model's, 0 for the uniform fallback. */
+int dt_job_stage_costs(const dt_job *job, double *block, double *first, double *last);
+
 /* The blocks of each of the job's parallel.pipeline stages into blocks[0..P): parallel.stages as
- * given, else the balanced split (blocks / P each, the first blocks % P stages one more).
+ * given, else the balanced split: the contiguous split whose costliest stage (its blocks, plus
+ * the embedding on the first and the head on the last: dt_job_stage_costs) is the cheapest,
+ * earlier stages taking the more blocks on a tie (so with equal costs: blocks / P each, the
+ * first blocks % P stages one more).
  * Returns P, or -EINVAL (with a message) when the job's model cannot be split so (the load's
  * validation refuses such jobs). */
 int dt_job_stage_blocks(const dt_job *job, int *blocks, dt_err *err);

@@ -137,9 +137,39 @@ struct dt_strategy {
     double comm_time_s; /* the last step's time synchronising gradients: DDP waiting in
                            sync_grads, DP its reduce to the master (in micro_step) */
     int replicas;       /* model replicas this process drives (DP: job.dp_replicas; else 1) */
+    size_t whole_params; /* the whole model's parameters, as one process holds them and a
+                            checkpoint saves them, where this rank holds part of it (tensor:
+                            its slices; pipeline: its stage); 0: s->model->num_params, all */
     char summary[64];   /* for the run's summary line, "" or e.g. "DataParallel x 2" */
     void *impl;         /* the implementation's state */
 };
+
+/* What one rank's strategy holds, in bytes, measured where it can be (for `dtrain bench
+ * memory`; filled by strategy_zero.h's dt_strategy_get_mem). Any strategy: single, ddp and dp (the master) hold everything whole. */
+typedef struct dt_strategy_mem {
+    int zero_stage;         /* 0 for strategies other than zero */
+    size_t params;          /* parameters (whole at stages 0-2; stage 3: the allocator's
+                               resident parameter bytes now: shard, gather staging and the
+                               flat buffer's pages held) */
+    size_t params_peak;     /* stage 3: the most parameter bytes resident during the steps
+                               (the allocator's count, seen at every window's start, where it
+                               only grows); else = params */
+    size_t grads;           /* gradients held now (after a step): the flat buffer's resident
+                               bytes (stage 2: mincore; else its size) + the reduced shard */
+    size_t grads_peak;      /* stage 3: as params_peak, for gradients;
+                               stage 2: the most the gradients (and the 16-bit payloads) held
+                               since the step began (resident pages, measured at each bucket
+                               released, + the shard); else = grads */
+    size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
+    size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
+                               resident part); other strategies: not reported here (0) */
+    /* stage 3: block gathers waited for at once (the first step's, the first window of each
+     * forward) and served by a prefetch; the windows of a forward and a backward as recorded;
+     * forward passes run */
+    uint64_t gathers_sync, gathers_prefetched, windows, forwards;
+    size_t ckpt_staging;    /* checkpoint staging held now (full-size optimiser state between
+                               a save and the next update on cpu; always on cuda) */
+} dt_strategy_mem;
 
 /* ---- helpers the implementations share (strategy.c) ---------------------------------------- */
 
@@ -166,6 +196,10 @@ int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
  * rendezvous round, with job.comm_timeout. */
 int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char *backend,
                            dt_err *err);
+
+/* The three above in turn: s->be (bound to its CPUs) and s->comm over the backend ddp.backend
+ * names. -errno and err from the first that failed (close frees what was made). */
+int dt_strategy_open_world(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
 
 /* The grid of ctx's world laid out with parallel.tensor and parallel.pipeline (dt_grid_init:
  * -EINVAL naming the keys and the valid world sizes), then its groups split from world
@@ -205,5 +239,68 @@ void dt_strategy_zero_grads_whole(dt_strategy *s);
 
 /* replica_backend of one replica per process: s->be. */
 dt_backend *dt_strategy_backend_one(dt_strategy *s, int k);
+
+/* ---- a model split over ranks, and its whole tensors (tensor and pipeline strategies) ------- */
+
+/* Checkpoint staging: whole-model buffers of backend memory (charged as "other"), buf[0] for
+ * the parameters and buf[1 + i] for optimiser state i, laid out by a table of whole tensors (the
+ * strategy's). A save fills them (gather_state) and reads them; a load writes them and start
+ * slices them. Between the two they need not hold anything: release gives the pages back to the
+ * system (cpu: they read as zero again; a no-op elsewhere), commit takes them again before the
+ * next fill, so between checkpoints a rank holds its own part of the model only. */
+typedef struct dt_strategy_staging {
+    float *buf[1 + DT_OPTIM_MAX_STATES]; /* (numel) each, owned */
+    int n;                               /* buffers: 1 + the optimiser's states */
+    size_t numel;                        /* floats per buffer: the whole model's */
+    bool resident;                       /* its pages are committed (hold data) */
+} dt_strategy_staging;
+
+/* n buffers of numel floats on be, zeroed (what start takes when nothing was loaded: the
+ * optimiser state starts at zero) and resident. -errno and err on failure; free what was made
+ * with dt_strategy_staging_free. */
+int dt_strategy_staging_alloc(dt_strategy_staging *st, dt_backend *be, int n, size_t numel,
+                              dt_err *err);
+
+/* Makes the pages resident again before a fill (nothing when they are). */
+int dt_strategy_staging_commit(dt_strategy_staging *st, dt_backend *be, dt_err *err);
+
+/* Gives the pages back (nothing when they are not resident). */
+void dt_strategy_staging_release(dt_strategy_staging *st, dt_backend *be);
+
+/* Frees the buffers; accepts a zeroed struct. */
+void dt_strategy_staging_free(dt_strategy_staging *st, dt_backend *be);
+
+/* state over a staging: bufs[0] the model's whole tensors (whole[0..nwhole), offsets into the
+ * staging), bufs[1 + i] optimiser state i under the optimiser's prefix, same table. */
+int dt_strategy_state_staged(const dt_strategy *s, const dt_tensor_info *whole, int nwhole,
+                             const dt_strategy_staging *st, dt_ckpt_buf *bufs, int cap, int *n,
+                             dt_err *err);
+
+/* The whole tensors of a buffer laid out by s->model's table (local: num_params floats, backend
+ * memory; this rank's slices where the model is split over the tensor group) into out (backend
+ * memory) at out_off[i] floats for tensor i. With T > 1, collective over tp (the tensor group,
+ * T ranks, this rank tp_rank): local is all-gathered and every split tensor assembled from its
+ * T slices (dt_tensor_tp_copy), a replicated one taken from this rank's copy; on a backend whose
+ * memory the host cannot address, through host copies. T = 1: a copy per tensor, no
+ * communication. -errno and err when the all-gather (or memory for it) fails. */
+int dt_strategy_tp_gather(dt_strategy *s, dt_comm *tp, int T, int tp_rank, const float *local,
+                          float *out, const size_t *out_off, dt_err *err);
+
+/* The reverse, local: each tensor i of s->model's table, this rank's slice of the whole tensor
+ * at whole + whole_off[i], into local (num_params floats, backend memory). -ENOMEM only. */
+int dt_strategy_tp_slice(dt_strategy *s, int tp_rank, const float *whole,
+                         const size_t *whole_off, float *local, dt_err *err);
+
+/* The gradient's global norm where each rank holds part of it, then clip_grad_norm_'s scaling:
+ * unscale (fp16: 1 / the loss scale) first, when not 1; then each rank's sum of squares of what
+ * it alone holds: the tensors split over the tensor group (tp_parts > 0) on every rank, the
+ * replicated ones on tensor rank 0 only (the model all-reduces their gradients over the group:
+ * every rank holds the same), none of the tensor indices skip[0..nskip) (a tied copy another
+ * stage counts); that sum all-reduced over each non-NULL group of groups[0..ngroups) in turn, in
+ * scratch (one double of backend memory). *norm = its square root; an inf or NaN anywhere makes
+ * every rank's norm non-finite (nothing clipped). -errno and err when an all-reduce failed. */
+int dt_strategy_clip_split(dt_strategy *s, double unscale, int tp_rank, const int *skip,
+                           int nskip, dt_comm *const *groups, int ngroups, double *scratch,
+                           double *norm, dt_err *err);
 
 #endif

@@ -38,37 +38,60 @@
  * (T > 1) and all-gathered over the pipeline group into the staging, so rank 0 writes whole
  * tensors and any layout resumes them (start slices them again).
  *
- * The staging is whole-model sized on every rank, but on the cpu its pages exist only while it
- * holds data (from open to start, from a save's gather to the next optimiser step), as ZeRO's.
+ * The staging (strategy.h's dt_strategy_staging, as the tensor strategy's) is whole-model sized
+ * on every rank, but on the cpu its pages exist only while it holds data (from open to start,
+ * from a save's gather to the next optimiser step). The groups are grid.h's (dt_groups_open
+ * through dt_strategy_open_groups), the tensor group's gather and slice and the norm over split
+ * tensors strategy.c's, all shared with strategy_tensor.c.
+ *
+ * ZeRO (parallel.zero = 1 | 2, D > 1): strategy_zero.h's dt_zero over the data-parallel group
+ * takes the place of DDP's reducer, from open (the optimiser is over its shard): the stage's
+ * buckets are reduce-scattered over its replicas, each rank updates its shard of the stage
+ * (stage 2: the gradient pages given back as buckets are reduced) and the updated stage is
+ * all-gathered; the norm adds the shards over dp, then over the tensor and pipeline groups
+ * (dt_zero_clip_split, the same counting as above); a save gathers the optimiser state over dp
+ * into the stage's layout first (dt_zero_gather_state), then as above; a load the reverse. The
+ * tied wte: the two stages' replicas shard it differently (their buckets differ), so its
+ * gradient is summed over the embedding group before it is reduced, not after: the backward's
+ * hook (zero_ready) passes every range to the reducer but the tied tensors', which sync_grads
+ * reports once the embedding group's all-reduce summed them (the buckets after the tied one
+ * wait with it, strictly in order: on the last stage, whose wte is its first bucket, the
+ * reduce-scatters start after backward).
+ * ZeRO-3 (device = cpu): strategy_zero3.h's dt_zero3 over the data-parallel group shards the
+ * stage's parameters too; its block hook gathers a block over the group at each of its windows
+ * (every micro-batch's forward and backward) and gives it back after; the step's final backward
+ * (dt_zero3_backward_begins) reduce-scatters each block's gradients as it finishes, except the
+ * tied wte's block, held until sync_grads summed it over the embedding group
+ * (dt_zero3_hold_tensor, dt_zero3_scatter_held). No prefetch: the hook learns a window order
+ * from one forward and one backward pass, and a pipeline's micro-batches interleave them, so
+ * every gather is waited for at its window.
  *
  * Left for later (issue 19): receives posted earlier than Megatron's batched order puts them
- * (a receive batched with a send is waited together with it), tensor x pipeline
- * checkpoints on device = cuda (the slices are assembled in host memory; refused at open),
- * ZeRO over the data-parallel group, balancing gpt's stages with the embedding and the head
- * counted (parallel.stages balances the transformer blocks only), interleaved (virtual-stage)
- * schedules.
+ * (a receive batched with a send is waited together with it), ZeRO-3's prefetch in a pipeline,
+ * interleaved (virtual-stage) schedules.
  */
 #include "runtime/train/strategy_pipeline.h"
 
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "common/log.h"
 #include "common/util.h"
-#include "rendezvous/store.h"
 #include "runtime/train/ddp.h"
 #include "runtime/train/grid.h"
 #include "runtime/train/pp_schedule.h"
+#include "runtime/train/strategy_zero.h"
 #include "runtime/train/trace.h"
 
 typedef struct pipe_impl {
     const dt_job *job;              /* borrowed */
     dt_groups g;                    /* grid and groups (pp: this pipeline; dp: D > 1), owned */
-    dt_ddp *ddp;                    /* over g.dp when D > 1, owned; NULL otherwise */
+    dt_ddp *ddp;                    /* over g.dp when D > 1 and zero = 0, owned; else NULL */
+    dt_zero *zero;                  /* ZeRO 1-2 over g.dp (D > 1, zero 1-2), owned; else NULL */
+    dt_zero3 *z3;                   /* ZeRO-3 over g.dp (D > 1, zero = 3), owned; else NULL */
+    dt_strategy *self;              /* borrowed: the ready hook's way back (zero_ready) */
     int P, M, stage, slots;
     dt_pp_schedule_kind kind;
     dt_pp_action *list;             /* (nlist) this stage's schedule, owned */
@@ -109,16 +132,32 @@ typedef struct pipe_impl {
     int ntied;
     bool tied_copy;                 /* this stage's tied tensors are the later copies: left
                                        out of the norm (the first stage counts them) */
-    float *wparams;                 /* (whole_numel) staging, owned */
-    float *wstates[DT_OPTIM_MAX_STATES];
-    bool mapped;                    /* the staging is mappings of ours (cpu: pages exist only
-                                       while they hold data), else backend memory */
-    bool staged;                    /* the staging holds data (open to start, a save's gather
-                                       to the next optim_step): give the pages back after */
+    size_t *own_off;                /* (this stage's tensors) offset of each in whole */
+    dt_strategy_staging stg;        /* (whole_numel) params, then each optimiser state; owned.
+                                       Resident from open to start and from a save's gather to
+                                       the next optim_step */
     dt_pp_stats st;
 } pipe_impl;
 
 static int pipe_rank_batch(const dt_job *job) { return job->batch_size; }
+
+/* The reducer the last backward feeds and sync_grads waits for (NULL when D = 1). */
+static dt_ddp *reducer(pipe_impl *p) { return p->zero ? dt_zero_ddp(p->zero) : p->ddp; }
+
+/* Optimiser state i in the stage's layout (num_params floats): under ZeRO its staging there. */
+static float *local_state(dt_strategy *s, pipe_impl *p, int i)
+{
+    if (p->z3)
+        return dt_zero3_local(p->z3, 1 + i);
+    return p->zero ? dt_zero_local_state(p->zero, i) : s->optim->states[i].buf;
+}
+
+/* The stage's parameters in its layout: ZeRO-3's staging (the flat buffer holds a block only
+ * inside its windows), else the model's. */
+static float *local_params(dt_strategy *s, pipe_impl *p)
+{
+    return p->z3 ? dt_zero3_local(p->z3, 0) : s->model->params;
+}
 
 /* ---- the whole-model view ------------------------------------------------------------------ */
 
@@ -194,12 +233,14 @@ static int gather_tables(dt_strategy *s, pipe_impl *p, dt_err *err)
     /* tensors of this stage that another stage holds too: their gradients are summed over the
      * embedding group (Megatron's tied embedding), and counted once in the norm */
     p->tied = calloc((size_t)p->maxn + 1, sizeof(int));
-    if (!p->tied) {
+    p->own_off = calloc((size_t)p->maxn + 1, sizeof(size_t));
+    if (!p->tied || !p->own_off) {
         rc = dt_err_set(err, -ENOMEM, "out of memory");
         goto out;
     }
     for (int t = 0; t < counts[p->stage]; t++) {
         int w = p->tensor_at[(size_t)p->stage * p->maxn + t], holders = 0, first = -1;
+        p->own_off[t] = p->whole[w].offset;
         for (int i = 0; i < p->P; i++)
             for (int u = 0; u < counts[i]; u++)
                 if (p->tensor_at[(size_t)i * p->maxn + u] == w) {
@@ -225,37 +266,23 @@ out:
 }
 
 /* whole (whole_numel) <- every rank's local (its num_params): first the slices of the tensor
- * group assembled into this stage's whole tensors (T > 1: all-gathered, dt_tensor_tp_copy on
- * host memory, the cpu backend's), then every stage's all-gathered over the pipeline group; a
- * tensor that several stages hold is taken from the first. */
+ * group assembled into this stage's whole tensors (dt_strategy_tp_gather; T = 1: a copy), then
+ * every stage's all-gathered over the pipeline group; a tensor that several stages hold is taken
+ * from the first. */
 static int gather_whole(dt_strategy *s, pipe_impl *p, const float *local, float *whole,
                         dt_err *err)
 {
     dt_backend *be = s->be;
-    const dt_model *m = s->model;
-    const int T = p->g.grid.T;
-    float *send = NULL, *recv = NULL, *slices = NULL;
+    float *send = NULL, *recv = NULL;
     int rc = be->alloc(be, (void **)&send, sizeof(float) * DT_MAX(p->maxsw, (size_t)1), err);
     if (!rc)
         rc = be->alloc(be, (void **)&recv, sizeof(float) * p->maxsw * (size_t)p->P + 1, err);
-    if (!rc && T > 1)
-        rc = be->alloc(be, (void **)&slices, sizeof(float) * m->num_params * (size_t)T + 1, err);
     if (rc)
         goto out;
     be->memset_zero(be, send, sizeof(float) * DT_MAX(p->maxsw, (size_t)1));
-    if (T == 1) { /* the stage's tensors are whole already, laid out the same */
-        be->memcpy_d2d(be, send, local, sizeof(float) * m->num_params);
-    } else {
-        if ((rc = dt_comm_allgather(p->g.tp, local, slices, m->num_params, DT_FLOAT32, NULL,
-                                    err)))
-            goto out;
-        for (int t = 0; t < m->num_tensors; t++)
-            for (int q = 0; q < T; q++)
-                dt_tensor_tp_copy(&m->tensors[t], q,
-                                  send + p->sw_at[(size_t)p->stage * p->maxn + t],
-                                  slices + (size_t)q * m->num_params + m->tensors[t].offset,
-                                  true);
-    }
+    if ((rc = dt_strategy_tp_gather(s, p->g.tp, p->g.grid.T, p->g.grid.tp, local, send,
+                                    p->sw_at + (size_t)p->stage * p->maxn, err)))
+        goto out;
     if ((rc = dt_comm_allgather(p->g.pp, send, recv, p->maxsw, DT_FLOAT32, NULL, err)))
         goto out;
     for (int i = p->P - 1; i >= 0; i--) /* the first stage's copy last: it wins */
@@ -268,108 +295,10 @@ static int gather_whole(dt_strategy *s, pipe_impl *p, const float *local, float 
 out:
     be->free(be, send);
     be->free(be, recv);
-    be->free(be, slices);
     return rc;
 }
 
-/* local (this rank's num_params) <- its tensors of whole (its slices when T > 1). */
-static void take_local(dt_strategy *s, pipe_impl *p, float *whole, float *local)
-{
-    for (int t = 0; t < p->counts[p->stage]; t++) {
-        const dt_tensor_info *ti = &s->model->tensors[t];
-        const dt_tensor_info *w = &p->whole[p->tensor_at[(size_t)p->stage * p->maxn + t]];
-        if (p->g.grid.T > 1)
-            dt_tensor_tp_copy(ti, p->g.grid.tp, whole + w->offset, local + ti->offset, false);
-        else
-            s->be->memcpy_d2d(s->be, local + ti->offset, whole + w->offset,
-                              sizeof(float) * ti->numel);
-    }
-}
-
 /* ---- open, start ---------------------------------------------------------------------------- */
-
-/* This rank's tensor (T > 1), data-parallel (D > 1), pipeline and embedding groups, split from
- * the world in grid.h's order with its colors and keys (every rank makes the same splits).
- * grid.h's dt_groups_open is to do this for every strategy; until it is there, these are the
- * splits it documents. */
-static int split_groups(dt_strategy *s, pipe_impl *p, dt_store *store, dt_err *err)
-{
-    const dt_grid *g = &p->g.grid;
-    int rc = 0;
-    p->g.world = s->comm;
-    if (g->T > 1 && (rc = dt_comm_split(s->comm, store, g->pp * g->D + g->dp, g->tp, &p->g.tp,
-                                        err)))
-        return dt_err_prefix(err, "the tensor group: ");
-    if (g->D > 1 && (rc = dt_comm_split(s->comm, store, g->pp * g->T + g->tp, g->dp, &p->g.dp,
-                                        err)))
-        return dt_err_prefix(err, "the data-parallel group: ");
-    if ((rc = dt_comm_split(s->comm, store, g->dp * g->T + g->tp, g->pp, &p->g.pp, err)))
-        return dt_err_prefix(err, "the pipeline group: ");
-    bool ends = g->pp == 0 || g->pp == g->P - 1;
-    if ((rc = dt_comm_split(s->comm, store, ends ? g->dp * g->T + g->tp : -1, g->pp, &p->g.embed,
-                            err)))
-        return dt_err_prefix(err, "the embedding group: ");
-    return 0;
-}
-
-static int open_groups(dt_strategy *s, pipe_impl *p, const dt_strategy_ctx *ctx, dt_err *err)
-{
-    const dt_worker_env *e = ctx->env;
-    int rc = dt_grid_init(&p->g.grid, e->rank, e->world_size, ctx->job->tensor,
-                          ctx->job->pipeline, err);
-    if (rc)
-        return rc;
-    dt_store *store = NULL;
-    dt_store_opts so;
-    dt_store_opts_default(&so);
-    if ((rc = dt_store_connect(&store, e->store_addr, e->store_port, &so, err)))
-        return dt_err_prefix(err, "pipeline: connecting to the store at %s:%d: ", e->store_addr,
-                             e->store_port);
-    rc = split_groups(s, p, store, err);
-    dt_store_free(store); /* the bootstrap's only */
-    return rc ? dt_err_prefix(err, "pipeline: process groups: ") : 0;
-}
-
-/* Whole-model staging of n floats: on the cpu reserved address space (MAP_NORESERVE) whose
- * pages exist only once written and go back after use (release_staging), as ZeRO's; elsewhere
- * backend memory, held. */
-static int alloc_staging(dt_strategy *s, pipe_impl *p, float **out, size_t n, dt_err *err)
-{
-    if (!p->mapped) {
-        int rc = s->be->alloc(s->be, (void **)out, sizeof(float) * (n ? n : 1), err);
-        return rc ? dt_err_prefix(err, "pipeline: checkpoint staging: ") : 0;
-    }
-    void *m = mmap(NULL, sizeof(float) * (n ? n : 1), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED)
-        return dt_err_set(err, -ENOMEM, "pipeline: cannot reserve %zu bytes of checkpoint "
-                                        "staging",
-                          sizeof(float) * n);
-    *out = m;
-    return 0;
-}
-
-/* The staging's pages back to the system (they read as zero again). */
-static void release_staging(dt_strategy *s, pipe_impl *p)
-{
-    if (!p->staged || !p->mapped)
-        return;
-    size_t bytes = sizeof(float) * (p->whole_numel ? p->whole_numel : 1);
-    madvise(p->wparams, bytes, MADV_DONTNEED);
-    for (int i = 0; i < s->optim->num_states; i++)
-        madvise(p->wstates[i], bytes, MADV_DONTNEED);
-    p->staged = false;
-}
-
-static void free_staging(dt_strategy *s, pipe_impl *p, float *buf)
-{
-    if (!buf)
-        return;
-    if (p->mapped)
-        munmap(buf, sizeof(float) * (p->whole_numel ? p->whole_numel : 1));
-    else
-        s->be->free(s->be, buf);
-}
 
 static int alloc_floats(dt_backend *be, float **p, size_t n, dt_err *err)
 {
@@ -391,16 +320,11 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->P = j->pipeline;
     p->M = j->micro_batches > 0 ? j->micro_batches : 1;
     p->kind = j->pp_schedule;
-    int rc = dt_strategy_open_backend(s, ctx, err);
+    int rc = dt_strategy_open_world(s, ctx, err);
     if (rc)
-        return rc;
-    const char *backend;
-    if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
-        return rc;
-    if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
         return dt_err_prefix(err, "pipeline: ");
-    if ((rc = open_groups(s, p, ctx, err)))
-        return rc;
+    if ((rc = dt_strategy_open_groups(&p->g, s->comm, ctx, err)))
+        return dt_err_prefix(err, "pipeline: process groups: ");
     p->stage = p->g.grid.pp;
     if (p->P != p->g.grid.P || !p->g.pp)
         return dt_err_set(err, -EINVAL, "pipeline: parallel.pipeline = %d but the grid has %d "
@@ -449,12 +373,6 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->x_numel = sh->kind == DT_SAMPLE_VECTOR  ? (size_t)sh->input_dim
                  : sh->kind == DT_SAMPLE_IMAGE ? (size_t)sh->channels * sh->height * sh->width
                                                : 0;
-    if (p->g.grid.T > 1 && strcmp(s->be->name, "cpu") != 0)
-        return dt_err_set(err, -ENOTSUP, "parallel.tensor = %d with parallel.pipeline = %d runs "
-                                         "on device = cpu only so far (the checkpoint's slices "
-                                         "are assembled in host memory); use device = cpu, or "
-                                         "one of the two",
-                          p->g.grid.T, p->P);
     if ((rc = dt_model_create(&s->model, &mc, s->be, p->g.tp, err)))
         return rc;
     dt_model *m = s->model;
@@ -462,8 +380,21 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         return dt_err_set(err, -ENOTSUP, "parallel.pipeline = %d: model %s has no pipeline "
                                          "stages (mlp and gpt have); use parallel.pipeline = 1",
                           p->P, mc.type);
-    if ((rc = dt_strategy_open_optim(s, ctx, err)))
+    p->self = s;
+    if (j->zero == 3 && p->g.dp) { /* the block hook's gathers: the optimiser is over the shard */
+        if ((rc = dt_zero3_open(&p->z3, s, ctx, p->g.dp, err)))
+            return dt_err_prefix(err, "pipeline stage %d: ZeRO-3 over its %d replicas: ",
+                                 p->stage, p->g.grid.D);
+    } else if (j->zero > 0 && p->g.dp) { /* the reducer now: the optimiser is over its shard */
+        if ((rc = dt_zero_open(&p->zero, s, ctx, p->g.dp, err)))
+            return dt_err_prefix(err, "pipeline stage %d: ZeRO over its %d replicas: ", p->stage,
+                                 p->g.grid.D);
+    } else if ((rc = dt_strategy_open_optim(s, ctx, err))) {
         return rc;
+    }
+    if (j->zero > 0 && !p->g.dp && e->rank == 0)
+        DT_INFO("parallel.zero = %d with D = 1: nothing to shard over, every stage keeps its "
+                "optimiser state", j->zero);
 
     /* p2p buffers */
     dt_backend *be = s->be;
@@ -491,19 +422,16 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     /* the whole model for checkpoints */
     if ((rc = gather_tables(s, p, err)))
         return rc;
-    p->mapped = !strcmp(be->name, "cpu");
-    if ((rc = alloc_staging(s, p, &p->wparams, p->whole_numel, err)))
-        return rc;
-    for (int i = 0; i < s->optim->num_states; i++)
-        if ((rc = alloc_staging(s, p, &p->wstates[i], p->whole_numel, err)))
-            return rc;
-    if (!p->mapped) /* backend memory is not zeroed: the optimiser state starts at zero */
-        for (int i = 0; i < s->optim->num_states; i++)
-            be->memset_zero(be, p->wstates[i], sizeof(float) * p->whole_numel);
-    p->staged = true;
-    if ((rc = gather_whole(s, p, m->params, p->wparams, err)))
+    if ((rc = dt_strategy_staging_alloc(&p->stg, be, 1 + s->optim->num_states, p->whole_numel,
+                                        err)))
+        return dt_err_prefix(err, "pipeline: ");
+    if ((rc = gather_whole(s, p, local_params(s, p), p->stg.buf[0], err)))
         return dt_err_prefix(err, "pipeline: the initial parameters: ");
+    for (int i = 0; i < p->ntied && p->z3; i++) /* summed over the embedding group first */
+        if ((rc = dt_zero3_hold_tensor(p->z3, p->tied[i], err)))
+            return rc;
 
+    s->whole_params = p->whole_numel;
     p->st.P = p->P;
     p->st.M = p->M;
     p->st.stage = p->stage;
@@ -512,19 +440,25 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     char tp[32] = ""; /* the run's last line names every factor but data's */
     if (p->g.grid.T > 1)
         snprintf(tp, sizeof tp, "tensor %d x ", p->g.grid.T);
-    snprintf(s->summary, sizeof s->summary, "%spipeline %d x %d micro-batches (%s)", tp, p->P,
-             p->M, dt_pp_schedule_name(p->kind));
+    snprintf(s->summary, sizeof s->summary, "%spipeline %d x %d micro-batches (%s)%s", tp, p->P,
+             p->M, dt_pp_schedule_name(p->kind),
+             p->z3 ? ", ZeRO-3" : !p->zero ? "" : dt_zero_stage(p->zero) == 1 ? ", ZeRO-1"
+                                                                          : ", ZeRO-2");
     const dt_block *b0 = &m->blocks[0], *b1 = &m->blocks[m->num_blocks - 1];
     DT_DEBUG("pipeline stage %d of %d (rank %d): %s..%s, %zu parameters, %d activation slot%s "
              "of %d samples",
              p->stage, p->P, e->rank, b0->name, b1->name, m->num_params, p->slots,
              p->slots == 1 ? "" : "s", p->mb_cap);
-    if (e->rank == 0)
-        DT_INFO("pipeline: %d stages (blocks %s), %d micro-batches of %d samples, schedule %s, "
-                "%d data-parallel replica%s; %zu parameters in all",
-                p->P, j->n_stage_blocks ? "as parallel.stages" : "balanced", p->M, p->mb_cap,
-                dt_pp_schedule_name(p->kind), p->g.grid.D, p->g.grid.D == 1 ? "" : "s",
-                p->whole_numel);
+    if (e->rank == 0) {
+        char split[DT_MAX_STAGES * 5 + 1] = "";
+        for (int i = 0, n = 0; i < p->P && n < (int)sizeof split; i++)
+            n += snprintf(split + n, sizeof split - (size_t)n, "%s%d", i ? "," : "", blocks[i]);
+        DT_INFO("pipeline: %d stages of %s blocks (%s), %d micro-batches of %d samples, "
+                "schedule %s, %d data-parallel replica%s; %zu parameters in all",
+                p->P, split, j->n_stage_blocks ? "as parallel.stages" : "balanced by cost",
+                p->M, p->mb_cap, dt_pp_schedule_name(p->kind), p->g.grid.D,
+                p->g.grid.D == 1 ? "" : "s", p->whole_numel);
+    }
     return 0;
 }
 
@@ -532,14 +466,28 @@ static int pipe_start(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
     /* what a resume loaded into the staging, or the initial parameters open put there */
-    take_local(s, p, p->wparams, s->model->params);
-    for (int i = 0; i < s->optim->num_states; i++)
-        take_local(s, p, p->wstates[i], s->optim->states[i].buf);
-    release_staging(s, p);
+    int rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[0], p->own_off,
+                                  local_params(s, p), err);
+    for (int i = 0; i < s->optim->num_states && !rc; i++)
+        rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[1 + i], p->own_off,
+                                  local_state(s, p, i), err);
+    if (rc)
+        return dt_err_prefix(err, "pipeline stage %d: ", p->stage);
+    dt_strategy_staging_release(&p->stg, s->be);
+    if (p->z3) /* broadcasts the replicas' rank 0's stage, takes this rank's shard */
+        return dt_zero3_start(p->z3, err);
+    if (p->zero) { /* the stage of data-parallel rank 0, as DDP; this rank's shard of the state */
+        if ((rc = dt_comm_broadcast(p->g.dp, s->model->params, s->model->num_params, DT_FLOAT32,
+                                    0, NULL, err)))
+            return dt_err_prefix(err, "pipeline stage %d: broadcasting over its replicas: ",
+                                 p->stage);
+        dt_zero_take_state(p->zero);
+        return 0;
+    }
     if (!p->g.dp)
         return 0;
     dt_ddp_opts o;
-    int rc = dt_ddp_opts_from_job(&o, p->job, err);
+    rc = dt_ddp_opts_from_job(&o, p->job, err);
     if (!rc)
         rc = dt_ddp_create(&p->ddp, s->model, p->g.dp, &o, err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: DDP over its %d replicas: ", p->stage,
@@ -639,6 +587,29 @@ static int from_last_stage(dt_strategy *s, pipe_impl *p, double *v, int n, dt_er
     return 0;
 }
 
+/* ZeRO's ready hook (ctx: the pipe_impl): every final range to the reducer except the parts
+ * that are tied tensors, whose gradients sync_grads first sums over the embedding group. */
+static void zero_ready(void *ctx, size_t offset, size_t numel)
+{
+    pipe_impl *p = ctx;
+    const dt_model *m = p->self->model;
+    size_t lo = offset, hi = offset + numel;
+    while (lo < hi) {
+        size_t cut = hi, next = hi; /* [lo, cut) is passed on, [cut, next) held back */
+        for (int i = 0; i < p->ntied; i++) {
+            const dt_tensor_info *ti = &m->tensors[p->tied[i]];
+            size_t a = ti->offset, b = ti->offset + ti->numel;
+            if (b <= lo || a >= hi || a >= cut)
+                continue;
+            cut = DT_MAX(a, lo);
+            next = DT_MIN(b, hi);
+        }
+        if (cut > lo)
+            dt_ddp_grad_ready(dt_zero_ddp(p->zero), lo, cut - lo);
+        lo = next;
+    }
+}
+
 /* What one run of a list gives back. */
 typedef struct run_out {
     double loss_sum; /* last stage: the micro-batches' losses x their valid targets */
@@ -707,12 +678,17 @@ static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int 
             float dl = valid > 0 ? (float)((double)dloss * (double)p->mb_valid[a.mb] /
                                            (double)valid)
                                  : 0.0f;
-            /* DDP's no_sync: the reducer hears of the gradients in the step's last backward */
-            bool hook = p->ddp && last && a.mb == last_mb;
+            /* DDP's no_sync: the reducer hears of the gradients in the step's last backward
+             * (ZeRO with tied tensors: through zero_ready) */
+            bool hook = reducer(p) && last && a.mb == last_mb;
+            bool held = p->zero && p->ntied > 0;
+            if (p->z3) /* the final backward reduce-scatters each block as it is done */
+                dt_zero3_backward_begins(p->z3, last && a.mb == last_mb);
+            dt_grad_ready_fn fn = !hook ? NULL : held ? zero_ready : dt_ddp_grad_ready;
+            void *fctx = !hook ? NULL : held ? (void *)p : (void *)reducer(p);
             rc = so->stage_backward(m, slot, dl,
                                     p->stage < p->P - 1 ? p->grad_out[a.mb % 2] : NULL,
-                                    p->stage > 0 ? p->grad_in[a.mb % 2] : NULL,
-                                    hook ? dt_ddp_grad_ready : NULL, hook ? p->ddp : NULL, err);
+                                    p->stage > 0 ? p->grad_in[a.mb % 2] : NULL, fn, fctx, err);
             live--;
         }
         s->be->synchronize(s->be);
@@ -756,7 +732,10 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
         valid += p->mb_valid[k];
     double t0 = dt_now_s();
     run_out o;
-    if ((rc = run_list(s, p, list, n, batch, true, dloss, last, valid, nmb - 1, &o, err)))
+    rc = run_list(s, p, list, n, batch, true, dloss, last, valid, nmb - 1, &o, err);
+    if (p->z3) /* every block gathered for the run given back */
+        dt_zero3_drop(p->z3);
+    if (rc)
         return rc;
     double v = valid > 0 ? o.loss_sum / (double)valid : 0.0;
     if ((rc = from_last_stage(s, p, &v, 1, err)))
@@ -774,7 +753,8 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
 
 /* DDP's buckets over the stage's replicas (D > 1), then the tied tensors' gradients summed
  * between the first and the last stage (the embedding group), so both copies take the same
- * update and stay equal. */
+ * update and stay equal. ZeRO: the tied sums first (on this rank's own gradients), handed to
+ * the reducer then (zero_ready held them back), then its reduce-scatters. */
 static int pipe_sync_grads(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
@@ -789,6 +769,15 @@ static int pipe_sync_grads(dt_strategy *s, dt_err *err)
                                "embedding group: ",
                           p->stage, p->g.grid.rank, ti->name);
         dt_trace_end(ts, DT_TRACE_COMM, "tied embedding all-reduce");
+        if (!rc && p->zero)
+            dt_ddp_grad_ready(dt_zero_ddp(p->zero), ti->offset, ti->numel);
+    }
+    if (!rc && p->zero)
+        rc = dt_ddp_finish(dt_zero_ddp(p->zero), err);
+    double waited = 0;
+    if (!rc && p->z3) { /* the tied blocks held back until now, then every reduce-scatter */
+        dt_zero3_scatter_held(p->z3);
+        rc = dt_zero3_sync_grads(p->z3, &waited, err);
     }
     s->comm_time_s = dt_now_s() - t0;
     return rc;
@@ -808,49 +797,23 @@ static int pipe_average(dt_strategy *s, double *v, int n, dt_err *err)
     return 0;
 }
 
-/* The global norm: each rank's sum of squares of what it alone holds (its slices of the split
- * tensors; the replicated ones on tensor rank 0 only; a tied tensor on the first stage that
- * holds it), added over the tensor group and then over the pipeline group (the replicas of a
- * stage hold the same all-reduced gradient); then clip_grad_norm_'s scaling. */
+/* The global norm (dt_strategy_clip_split): each rank's sum of squares of what it alone holds
+ * (its slices of the split tensors; the replicated ones on tensor rank 0 only; a tied tensor on
+ * the first stage that holds it), added over the tensor group and then over the pipeline group
+ * (the replicas of a stage hold the same all-reduced gradient); then clip_grad_norm_'s
+ * scaling. */
 static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    dt_model *m = s->model;
-    if (unscale != 1.0)
-        s->be->scale(s->be, m->grads, m->num_params, (float)unscale);
-    double sum = 0;
-    size_t from = 0, to = 0; /* the run of counted tensors being summed */
-    for (int t = 0; t <= m->num_tensors; t++) {
-        const dt_tensor_info *ti = t < m->num_tensors ? &m->tensors[t] : NULL;
-        bool counted = ti != NULL;
-        for (int i = 0; counted && p->tied_copy && i < p->ntied; i++)
-            counted = p->tied[i] != t;
-        if (counted && ti->tp_parts == 0 && p->g.grid.tp != 0)
-            counted = false;
-        if (counted && ti->offset == to) {
-            to = ti->offset + ti->numel;
-            continue;
-        }
-        if (to > from)
-            sum += s->be->sumsq(s->be, m->grads + from, to - from);
-        from = to = counted ? ti->offset : 0;
-        if (counted)
-            to = ti->offset + ti->numel;
-    }
-    s->be->memcpy_h2d(s->be, p->scalars, &sum, sizeof sum);
-    int rc = 0;
-    if (p->g.tp)
-        rc = dt_comm_allreduce(p->g.tp, p->scalars, 1, DT_FLOAT64, DT_SUM, NULL, err);
-    if (!rc)
-        rc = dt_comm_allreduce(p->g.pp, p->scalars, 1, DT_FLOAT64, DT_SUM, NULL, err);
-    if (rc)
-        return dt_err_prefix(err, "pipeline stage %d: the global gradient norm: ", p->stage);
-    s->be->memcpy_d2h(s->be, &sum, p->scalars, sizeof sum);
-    *norm = sqrt(sum);
-    double clip = s->optim->cfg.grad_clip;
-    if (clip > 0 && isfinite(*norm) && *norm > clip)
-        s->be->scale(s->be, m->grads, m->num_params, (float)(clip / (*norm + 1e-6)));
-    return 0;
+    dt_comm *const groups[2] = {p->g.tp, p->g.pp};
+    const int *skip = p->tied_copy ? p->tied : NULL, nskip = p->tied_copy ? p->ntied : 0;
+    int rc = p->zero ? dt_zero_clip_split(p->zero, unscale, p->g.grid.tp, skip, nskip, groups, 2,
+                                          p->scalars, norm, err)
+             : p->z3 ? dt_zero3_clip_split(p->z3, unscale, p->g.grid.tp, skip, nskip, groups, 2,
+                                           p->scalars, norm, err)
+                     : dt_strategy_clip_split(s, unscale, p->g.grid.tp, skip, nskip, groups, 2,
+                                              p->scalars, norm, err);
+    return rc ? dt_err_prefix(err, "pipeline stage %d: ", p->stage) : 0;
 }
 
 /* Forward only: the forward half of GPipe's list over up to M micro-batches (in the slots
@@ -878,7 +841,10 @@ static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, in
     for (int k = 0; k < nmb; k++)
         valid += p->mb_valid[k];
     run_out o;
-    if ((rc = run_list(s, p, p->eval_list, nf, batch, false, 0, false, valid, nmb - 1, &o, err)))
+    rc = run_list(s, p, p->eval_list, nf, batch, false, 0, false, valid, nmb - 1, &o, err);
+    if (p->z3)
+        dt_zero3_drop(p->z3);
+    if (rc)
         return dt_err_prefix(err, "evaluation: ");
     double v[2] = {valid > 0 ? o.loss_sum / (double)valid : 0.0, (double)o.correct};
     if ((rc = from_last_stage(s, p, v, 2, err)))
@@ -888,10 +854,26 @@ static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, in
     return 0;
 }
 
+static void pipe_zero_grads(dt_strategy *s)
+{
+    pipe_impl *p = s->impl;
+    if (p->zero)
+        dt_zero_zero_grads(p->zero); /* stage 2: the pages given back read as zero */
+    else if (p->z3)
+        dt_zero3_zero_grads(p->z3);
+    else
+        dt_strategy_zero_grads_whole(s);
+}
+
 /* The staging a save read is free again (the trainer fenced the save's copy before this). */
 static int pipe_optim_step(dt_strategy *s, double lr, dt_err *err)
 {
-    release_staging(s, s->impl);
+    pipe_impl *p = s->impl;
+    dt_strategy_staging_release(&p->stg, s->be);
+    if (p->zero)
+        return dt_zero_step(p->zero, lr, err); /* the shard, then the stage all-gathered */
+    if (p->z3)
+        return dt_zero3_step(p->z3, lr); /* the shard; the next forward gathers it */
     return dt_strategy_optim_step_whole(s, lr, err);
 }
 
@@ -900,27 +882,21 @@ static int pipe_optim_step(dt_strategy *s, double lr, dt_err *err)
 static int pipe_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    const dt_optim *o = s->optim;
-    if (cap < 1 + o->num_states)
-        return dt_err_set(err, -ENOSPC, "checkpoint buffers: room for %d, %d needed", cap,
-                          1 + o->num_states);
-    int k = 0;
-    bufs[k++] = (dt_ckpt_buf){"model", "", p->whole, p->nwhole, p->wparams, p->whole_numel,
-                              false};
-    for (int i = 0; i < o->num_states; i++)
-        bufs[k++] = (dt_ckpt_buf){"optim", o->states[i].prefix, p->whole, p->nwhole,
-                                  p->wstates[i], p->whole_numel, false};
-    *n = k;
-    return 0;
+    return dt_strategy_state_staged(s, p->whole, p->nwhole, &p->stg, bufs, cap, n, err);
 }
 
 static int pipe_gather_state(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    p->staged = true;
-    int rc = gather_whole(s, p, s->model->params, p->wparams, err);
+    int rc = dt_strategy_staging_commit(&p->stg, s->be, err);
+    if (!rc && p->zero) /* the shards over dp into the stage's layout first */
+        rc = dt_zero_gather_state(p->zero, err);
+    if (!rc && p->z3)
+        rc = dt_zero3_gather_state(p->z3, err);
+    if (!rc)
+        rc = gather_whole(s, p, local_params(s, p), p->stg.buf[0], err);
     for (int i = 0; i < s->optim->num_states && !rc; i++)
-        rc = gather_whole(s, p, s->optim->states[i].buf, p->wstates[i], err);
+        rc = gather_whole(s, p, local_state(s, p, i), p->stg.buf[1 + i], err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: gathering the stages' tensors: ",
                               p->stage)
               : 0;
@@ -932,10 +908,9 @@ static void pipe_close(dt_strategy *s)
     pipe_impl *p = s->impl;
     if (p) {
         dt_ddp_free(p->ddp);
-        dt_comm_free(p->g.embed);
-        dt_comm_free(p->g.tp);
-        dt_comm_free(p->g.dp);
-        dt_comm_free(p->g.pp);
+        dt_zero_free(p->zero);
+        dt_zero3_free(p->z3);
+        dt_groups_close(&p->g);
         if (s->be) {
             for (int k = 0; k < p->slots && p->recv_act; k++)
                 s->be->free(s->be, p->recv_act[k]);
@@ -944,10 +919,8 @@ static void pipe_close(dt_strategy *s)
                 s->be->free(s->be, p->grad_out[k]);
             }
             s->be->free(s->be, p->scalars);
-            free_staging(s, p, p->wparams);
-            for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
-                free_staging(s, p, p->wstates[i]);
         }
+        dt_strategy_staging_free(&p->stg, s->be);
         free(p->recv_act);
         free(p->out);
         free(p->list);
@@ -968,6 +941,7 @@ static void pipe_close(dt_strategy *s)
         free(p->tensor_at);
         free(p->sw_at);
         free(p->tied);
+        free(p->own_off);
     }
     dt_comm_free(s->comm);
     s->comm = NULL;
@@ -990,7 +964,7 @@ const dt_strategy_ops dt_strategy_pipeline_ops = {
     .rank_batch = pipe_rank_batch,
     .open = pipe_open,
     .start = pipe_start,
-    .zero_grads = dt_strategy_zero_grads_whole,
+    .zero_grads = pipe_zero_grads,
     .micro_step = pipe_micro_step,
     .sync_grads = pipe_sync_grads,
     .average = pipe_average,

@@ -1,5 +1,5 @@
 /* strategy_tensor.h - Megatron-style tensor parallelism (parallel.tensor = T > 1), composed with
- * DDP over the data-parallel groups (D = world / T > 1).
+ * DDP or ZeRO 1-3 over the data-parallel groups (D = world / T > 1).
  *
  * The world is laid out by grid.h (rank = dp * T + tp, P = 1): the T consecutive ranks of a
  * tensor group each hold 1/T of every attention and MLP block and of the vocabulary (the gpt
@@ -27,9 +27,20 @@
  * So a checkpoint written at T = 2 is the one T = 1 (or DDP) writes, and resumes at any T, any
  * world, and in PyTorch as a normal GPT-2.
  *
- * What it leaves out: pipeline stages (parallel.pipeline > 1 is the pipeline strategy's), ZeRO
- * over the data-parallel group (parallel.zero > 0 with parallel.tensor > 1 is refused at open),
- * models other than gpt, and sequence parallelism.
+ * ZeRO (parallel.zero = 1 | 2 with D > 1): the data-parallel reducer runs in its sharding mode
+ * (strategy_zero.h's dt_zero over the data-parallel group): each rank reduce-scatters its
+ * slices' gradients with its data-parallel peers, updates its shard of them (1/D of its slices'
+ * optimiser state), and all-gathers the updated slices; the norm adds the shards over dp before
+ * the tensor group; checkpoints gather over dp, then over the tensor group, so they are whole
+ * tensors as above.
+ *
+ * Stage 3 (device = cpu): strategy_zero.h's dt_zero3 over the data-parallel group shards the
+ * slices themselves; the model's block hook gathers a block's slices over the group before its
+ * forward and backward and gives them back after, the gradients are reduce-scattered block by
+ * block; a checkpoint gathers them over dp into the slices' layout, then as above.
+ *
+ * What it leaves out: pipeline stages (parallel.pipeline > 1 is the pipeline strategy's), models
+ * other than gpt, and sequence parallelism.
  */
 #ifndef DT_STRATEGY_TENSOR_H
 #define DT_STRATEGY_TENSOR_H

@@ -63,41 +63,87 @@
 #include <stddef.h>
 
 #include "runtime/train/strategy.h"
+#include "runtime/train/strategy_zero3.h" /* stage 3's ops: zero.c dispatches to them */
 
 extern const dt_strategy_ops dt_strategy_zero_ops;
-/* Stage 3 (strategy_zero3.c; see "Stage 3" above): its own ops, also named "zero". */
-extern const dt_strategy_ops dt_strategy_zero3_ops;
 
-/* What one rank's strategy holds, in bytes, measured where it can be (for `dtrain bench
- * memory`). Any strategy: single, ddp and dp (the master) hold everything whole. */
-typedef struct dt_strategy_mem {
-    int zero_stage;         /* 0 for strategies other than zero */
-    size_t params;          /* parameters (whole at stages 0-2; stage 3: the allocator's
-                               resident parameter bytes now: shard, gather staging and the
-                               flat buffer's pages held) */
-    size_t params_peak;     /* stage 3: the most parameter bytes resident during the steps
-                               (the allocator's count, seen at every window's start, where it
-                               only grows); else = params */
-    size_t grads;           /* gradients held now (after a step): the flat buffer's resident
-                               bytes (stage 2: mincore; else its size) + the reduced shard */
-    size_t grads_peak;      /* stage 3: as params_peak, for gradients;
-                               stage 2: the most the gradients (and the 16-bit payloads) held
-                               since the step began (resident pages, measured at each bucket
-                               released, + the shard); else = grads */
-    size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
-    size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
-                               resident part); other strategies: not reported here (0) */
-    /* stage 3: block gathers waited for at once (the first step's, the first window of each
-     * forward) and served by a prefetch; the windows of a forward and a backward as recorded;
-     * forward passes run */
-    uint64_t gathers_sync, gathers_prefetched, windows, forwards;
-    size_t ckpt_staging;    /* checkpoint staging held now (full-size optimiser state between
-                               a save and the next update on cpu; always on cuda) */
-} dt_strategy_mem;
-
+/* What s holds (strategy.h's dt_strategy_mem), measured where it can be; any strategy. */
 void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out);
-/* Stage 3's figures (called by dt_strategy_get_mem): from the allocator's categories. */
-void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out);
+
+/* ---- ZeRO stages 1-2 over a data-parallel group, as a piece other strategies hold -----------
+ *
+ * What the zero strategy does over the world, the tensor and pipeline strategies do over the
+ * data-parallel group of their grid (grid.h): the same reducer in its sharding mode over their
+ * local model (a tensor slice, a pipeline stage, or both), the optimiser over this rank's shard
+ * of it, and a staging of the optimiser state in the local model's layout (num_params floats per
+ * state), through which their own whole-tensor checkpoint staging reads and writes:
+ *
+ *   open        after s->be and s->model exist: the reducer (checks the local model over dp,
+ *               broadcasts dp rank 0's parameters, fixes the shards), s->optim over the shard
+ *   micro_step  backward with dt_ddp_grad_ready and dt_zero_ddp(z) on the last micro-step
+ *   sync_grads  dt_ddp_finish(dt_zero_ddp(z)): this rank's averaged shard in dt_zero_grads(z)
+ *   clip        dt_zero_sumsq over dp of the tensors the caller counts (then the caller's own
+ *               sums over tensor and pipeline ranks), the scaling on dt_zero_grads(z)
+ *   optim_step  dt_zero_step: the update of the shard, the all-gather of the parameters
+ *   save        dt_zero_gather_state (collective over dp), then the caller reads
+ *               dt_zero_local_state(z, i) as it read s->optim->states[i].buf
+ *   load        the caller writes dt_zero_local_state(z, i), then dt_zero_take_state
+ *
+ * The staging is reserved address space on the cpu whose pages exist only between a save or a
+ * load and the next update (charged to DT_MEM_OTHER while they do), backend memory elsewhere. */
+typedef struct dt_zero dt_zero;
+
+/* Opens stage job.zero (1 or 2; else -EINVAL) over dp (borrowed, two ranks or more; it and s
+ * outlive z) for s->model on s->be, and builds s->optim from ctx->optim over the shard.
+ * Collective over dp. On failure *out is NULL and whatever was built is freed, except s->optim
+ * (the strategy's close frees it). */
+int dt_zero_open(dt_zero **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt_comm *dp,
+                 dt_err *err);
+
+/* The reducer first, then the staging. Accepts NULL. Before s's comm and backend are freed. */
+void dt_zero_free(dt_zero *z);
+
+int dt_zero_stage(const dt_zero *z);
+struct dt_ddp *dt_zero_ddp(dt_zero *z);
+
+/* Zeroes the gradients the next micro-steps accumulate into (stage 2: gives their pages back). */
+void dt_zero_zero_grads(dt_zero *z);
+
+/* This rank's averaged gradient shard after sync_grads (backend memory), and its elements. */
+float *dt_zero_grads(dt_zero *z, size_t *numel);
+
+/* *sum = the sum over dp of each rank's sum of squares of its shard's elements that lie in a
+ * tensor marked counted[i] != 0 (s->model's table; counted NULL: every element), the ranks'
+ * sums added in rank order on every rank (the same double everywhere). Collective over dp. */
+int dt_zero_sumsq(dt_zero *z, const unsigned char *counted, double *sum, dt_err *err);
+
+/* dt_strategy_clip_split (strategy.h) for a sharded gradient: unscale the shard; the sum of
+ * squares of the tensors split over the tensor group (on every rank) and of the replicated ones
+ * (on tensor rank 0 only), none of skip[0..nskip), over the shards (dt_zero_sumsq, collective
+ * over dp), then all-reduced over each non-NULL groups[g] in turn (tensor, pipeline) in scratch
+ * (one double of backend memory); *norm its square root, the clip scaling on the shard. */
+int dt_zero_clip_split(dt_zero *z, double unscale, int tp_rank, const int *skip, int nskip,
+                       dt_comm *const *groups, int ngroups, double *scratch, double *norm,
+                       dt_err *err);
+
+/* The optimiser step on the shard at lr, then the all-gather of the updated parameters over
+ * dp; after the first step, the move of the shards to the rebuilt buckets. Collective. */
+int dt_zero_step(dt_zero *z, double lr, dt_err *err);
+
+/* Optimiser state i in s->model's buffer layout (num_params floats): what dt_zero_gather_state
+ * filled, or where a load is to be written before dt_zero_take_state. */
+float *dt_zero_local_state(dt_zero *z, int i);
+
+/* dt_zero_local_state(z, i) = every rank's shard of state i put in place. Collective over dp. */
+int dt_zero_gather_state(dt_zero *z, dt_err *err);
+
+/* Each state's shard = this rank's slice of dt_zero_local_state (zeros when nothing was
+ * written there); then the staging's pages go back. Local. */
+void dt_zero_take_state(dt_zero *z);
+
+/* The sharded part of dt_strategy_get_mem's figures: grads (stage 2 resident pages + shard),
+ * grads_peak, comm, ckpt_staging, zero_stage. */
+void dt_zero_mem(dt_zero *z, dt_strategy_mem *out);
 
 struct dt_ddp_stats;
 /* The ZeRO strategy's reducer figures (ddp.h's dt_ddp_stats: buckets, rebuilt, launches early

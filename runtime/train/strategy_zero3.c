@@ -1,4 +1,5 @@
-/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on the cpu backend; see strategy_zero.h.
+/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on the cpu backend; see strategy_zero.h
+ * ("Stage 3") and strategy_zero3.h.
  *
  * Layout: buckets = the model's blocks (model.h). Block k = [lo, lo + n) is cut into N chunks of
  * c = ceil(n / N) elements; rank r owns [lo + r*c, min(lo + (r+1)*c, lo + n)). The rank's chunks
@@ -24,8 +25,12 @@
  * With train.grad_accum = k the earlier micro-steps accumulate into the flat gradient buffer as
  * DDP's no_sync does (the pages of a block are taken back at its BEFORE_BACKWARD and kept), so
  * during an accumulation the whole gradient buffer is resident, as at stage 2.
+ *
+ * The file has two parts: dt_zero3 (strategy_zero.h), the above over a group c of N ranks for a
+ * strategy's s->model, and the zero strategy at stage 3, that piece over the world. The tensor
+ * strategy holds one over its data-parallel group (its model is then the rank's slices).
  */
-#include "runtime/train/strategy_zero.h"
+#include "runtime/train/strategy_zero3.h"
 
 #include <errno.h>
 #include <math.h>
@@ -73,12 +78,18 @@ typedef struct z3_impl {
     int pos;                   /* windows of this pass seen */
     bool *valid;               /* (nb) the flat buffer holds block k's parameters */
     int *bw_seen;              /* (nb) backward windows of block k in this backward */
+    bool *held;                /* (nb) blocks whose gradients wait for dt_zero3_scatter_held
+                                  (a tied tensor's, summed elsewhere first), or NULL */
+    bool *due;                 /* (nb) held blocks final in this backward, not scattered yet */
     int pf_block;              /* block being prefetched into stg, -1 none */
     bool pf_ready;             /* stg holds pf_block (gathered synchronously or waited) */
     dt_comm_work *pf_work;
     bool last;                 /* this micro-step is the accumulation's last */
     int rc;                    /* first error in a hook, with err */
     dt_err err;
+    dt_strategy *s;            /* borrowed: its be, model and optim (the hook's way back) */
+    dt_comm *c;                /* the group the shards are over (the world, or a data-parallel
+                                  group), borrowed */
     float *dscratch;           /* (4 * world + 16) doubles' room for small collectives */
     /* checkpoint staging: whole parameters and optimiser states (reserved address space) */
     float *fullp;
@@ -91,6 +102,10 @@ typedef struct z3_impl {
     size_t pk_params, pk_grads; /* the most parameter / gradient bytes resident (allocator's
                                    categories) seen right after each window took its pages */
 } z3_impl;
+
+struct dt_zero3 {
+    z3_impl z;
+};
 
 static dt_backend *be_of(dt_strategy *s) { return s->be; }
 
@@ -137,7 +152,7 @@ static void fail_at(z3_impl *z, int rc, const dt_err *e, const char *what, const
 static void pf_drop(dt_strategy *s, z3_impl *z)
 {
     if (z->pf_work) {
-        dt_comm_wait(s->comm, z->pf_work, NULL);
+        dt_comm_wait(z->c, z->pf_work, NULL);
         z->pf_work = NULL;
     }
     z->pf_block = -1;
@@ -148,7 +163,7 @@ static void issue_gather(dt_strategy *s, z3_impl *z, int k, bool async, const ch
 {
     const z3_block *b = &z->b[k];
     dt_err e = {0};
-    int rc = dt_comm_allgather(s->comm, z->ps + b->at, z->stg, b->c, DT_FLOAT32,
+    int rc = dt_comm_allgather(z->c, z->ps + b->at, z->stg, b->c, DT_FLOAT32,
                                async ? &z->pf_work : NULL, &e);
     if (rc) {
         z->pf_work = NULL;
@@ -173,7 +188,7 @@ static void bring_in(dt_strategy *s, z3_impl *z, int k, const char *why)
     } else if (!z->pf_ready) {
         z->g_pref++;
         dt_err e = {0};
-        int rc = dt_comm_wait(s->comm, z->pf_work, &e);
+        int rc = dt_comm_wait(z->c, z->pf_work, &e);
         z->pf_work = NULL;
         if (rc)
             fail_at(z, rc, &e, why, s->model->blocks[k].name);
@@ -216,7 +231,7 @@ static void wait_send(dt_strategy *s, z3_impl *z, int i)
     if (!z->send_work[i])
         return;
     dt_err e = {0};
-    int rc = dt_comm_wait(s->comm, z->send_work[i], &e);
+    int rc = dt_comm_wait(z->c, z->send_work[i], &e);
     z->send_work[i] = NULL;
     if (rc)
         fail_at(z, rc, &e, "reduce-scattering the gradients of",
@@ -242,14 +257,14 @@ static void scatter_grads(dt_strategy *s, z3_impl *z, int k)
         be->to_half(be, h, g, b->n, 1.0f / (float)z->N, z->o.compress == DT_BFLOAT16);
         if (pad > b->n)
             be->memset_zero(be, h + b->n, (pad - b->n) * sizeof *h);
-        rc = dt_comm_reduce_scatter(s->comm, h, z->sg16 + b->at, b->c, z->o.compress, DT_SUM,
+        rc = dt_comm_reduce_scatter(z->c, h, z->sg16 + b->at, b->c, z->o.compress, DT_SUM,
                                     &z->send_work[i], &e);
     } else {
         float *f = z->send[i];
         be->memcpy_d2d(be, f, g, b->n * sizeof(float));
         if (pad > b->n)
             be->memset_zero(be, f + b->n, (pad - b->n) * sizeof *f);
-        rc = dt_comm_reduce_scatter(s->comm, f, z->sg + b->at, b->c, DT_FLOAT32, DT_AVG,
+        rc = dt_comm_reduce_scatter(z->c, f, z->sg + b->at, b->c, DT_FLOAT32, DT_AVG,
                                     &z->send_work[i], &e);
     }
     if (rc) {
@@ -263,8 +278,8 @@ static void scatter_grads(dt_strategy *s, z3_impl *z, int k)
 
 static void hook(void *ctx, int k, dt_block_event ev)
 {
-    dt_strategy *s = ctx;
-    z3_impl *z = s->impl;
+    z3_impl *z = ctx;
+    dt_strategy *s = z->s;
     if (k < 0 || k >= z->nb)
         return;
     bool before = ev == DT_BLOCK_BEFORE_FORWARD || ev == DT_BLOCK_BEFORE_BACKWARD;
@@ -310,8 +325,12 @@ static void hook(void *ctx, int k, dt_block_event ev)
     if (nx != k)
         release_params(s, z, k);
     if (ev == DT_BLOCK_AFTER_BACKWARD && ++z->bw_seen[k] == s->model->blocks[k].windows &&
-        z->last)
-        scatter_grads(s, z, k);
+        z->last) {
+        if (z->held && z->held[k])
+            z->due[k] = true;
+        else
+            scatter_grads(s, z, k);
+    }
 }
 
 /* A pass begins (forward): the windows count from the start again. */
@@ -354,7 +373,7 @@ static int sum_double(dt_strategy *s, z3_impl *z, double v, double *sum, dt_err 
     dt_backend *be = be_of(s);
     char *out = (char *)z->dscratch + sizeof v;
     be->memcpy_h2d(be, z->dscratch, &v, sizeof v);
-    int rc = dt_comm_allgather(s->comm, z->dscratch, out, sizeof v, DT_UINT8, NULL, err);
+    int rc = dt_comm_allgather(z->c, z->dscratch, out, sizeof v, DT_UINT8, NULL, err);
     if (rc)
         return rc;
     double all[64];
@@ -383,7 +402,7 @@ static int check_model(dt_strategy *s, z3_impl *z, dt_err *err)
     dt_backend *be = be_of(s);
     char *out = (char *)z->dscratch + sizeof h;
     be->memcpy_h2d(be, z->dscratch, &h, sizeof h);
-    int rc = dt_comm_allgather(s->comm, z->dscratch, out, sizeof h, DT_UINT8, NULL, err);
+    int rc = dt_comm_allgather(z->c, z->dscratch, out, sizeof h, DT_UINT8, NULL, err);
     if (rc)
         return dt_err_prefix(err, "ZeRO-3: comparing the model across ranks: ");
     for (int r = 0; r < z->N; r++) {
@@ -476,7 +495,7 @@ static void slice(dt_strategy *s, z3_impl *z, const float *full, float *shard)
 static int unslice(dt_strategy *s, z3_impl *z, const float *shard, float *full, dt_err *err)
 {
     for (int k = 0; k < z->nb; k++) {
-        int rc = dt_comm_allgather(s->comm, shard + z->b[k].at, full + z->b[k].lo, z->b[k].c,
+        int rc = dt_comm_allgather(z->c, shard + z->b[k].at, full + z->b[k].lo, z->b[k].c,
                                    DT_FLOAT32, NULL, err);
         if (rc)
             return rc;
@@ -513,43 +532,44 @@ static void *reserve(size_t bytes)
     return p == MAP_FAILED ? NULL : p;
 }
 
-static int z3_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
+/* ---- the piece (dt_zero3, strategy_zero.h) ------------------------------------------------ */
+
+int dt_zero3_open(dt_zero3 **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt_comm *c,
+                  dt_err *err)
 {
-    z3_impl *z = calloc(1, sizeof *z);
-    if (!z)
+    *out = NULL;
+    dt_zero3 *zz = calloc(1, sizeof *zz);
+    if (!zz)
         return dt_err_set(err, -ENOMEM, "out of memory");
-    s->impl = z;
+    z3_impl *z = &zz->z;
+    z->s = s;
+    z->c = c;
     z->job = ctx->job;
     z->pf_block = -1;
     z->page = (size_t)sysconf(_SC_PAGESIZE);
-    int rc = dt_strategy_open_backend(s, ctx, err);
-    if (rc)
-        return rc;
-    if (strcmp(s->be->name, "cpu") != 0)
-        return dt_err_set(err, -ENOTSUP,
-                          "parallel.zero = 3 runs on device = cpu only so far (this worker runs "
-                          "on %s): use parallel.zero = 1 there",
-                          s->be->name);
-    const char *backend; /* cpu: the backend is */
-    if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
-        return rc;
-    if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
-        return dt_err_prefix(err, "ZeRO-3: ");
-    z->N = dt_comm_world_size(s->comm);
-    z->rank = dt_comm_rank(s->comm);
-    if ((rc = dt_model_create(&s->model, ctx->model, s->be, s->comm, err)))
-        return rc;
-    if ((rc = dt_ddp_opts_from_job(&z->o, ctx->job, err)))
-        return rc;
+    z->N = dt_comm_world_size(c);
+    z->rank = dt_comm_rank(c);
     dt_model *m = s->model;
     dt_backend *be = s->be;
-    if (m->num_params < (size_t)z->N)
-        return dt_err_set(err, -EINVAL, "ZeRO-3: %zu parameters cannot be sharded over %d ranks",
-                          m->num_params, z->N);
+    int rc;
+    if (strcmp(be->name, "cpu") != 0) {
+        rc = dt_err_set(err, -ENOTSUP,
+                        "parallel.zero = 3 runs on device = cpu only so far (this worker runs "
+                        "on %s): use parallel.zero = 1 there",
+                        be->name);
+        goto fail;
+    }
+    if ((rc = dt_ddp_opts_from_job(&z->o, ctx->job, err)))
+        goto fail;
+    if (m->num_params < (size_t)z->N) {
+        rc = dt_err_set(err, -EINVAL, "ZeRO-3: %zu parameters cannot be sharded over %d ranks",
+                        m->num_params, z->N);
+        goto fail;
+    }
     if ((rc = balloc(be, (void **)&z->dscratch, sizeof(double) * (2 * (size_t)z->N + 4),
                      DT_MEM_COMM, err)) ||
         (rc = check_model(s, z, err)) || (rc = build_layout(s, z, err)))
-        return rc;
+        goto fail;
     bool half = z->o.compress != DT_FLOAT32;
     size_t esz = half ? sizeof(uint16_t) : sizeof(float);
     if ((rc = balloc(be, (void **)&z->ps, z->shard_n * sizeof(float), DT_MEM_PARAMS, err)) ||
@@ -558,47 +578,95 @@ static int z3_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         (half && (rc = balloc(be, (void **)&z->sg16, z->shard_n * sizeof(uint16_t), DT_MEM_COMM,
                               err))) ||
         (rc = balloc(be, &z->send[0], z->max_pad * esz, DT_MEM_COMM, err)) ||
-        (rc = balloc(be, &z->send[1], z->max_pad * esz, DT_MEM_COMM, err)))
-        return dt_err_prefix(err, "ZeRO-3: ");
+        (rc = balloc(be, &z->send[1], z->max_pad * esz, DT_MEM_COMM, err))) {
+        dt_err_prefix(err, "ZeRO-3: ");
+        goto fail;
+    }
     dt_optim_range all = {0, z->shard_n, 0};
     if ((rc = dt_optim_create_ranges(&s->optim, ctx->optim, be, z->st, z->nst, z->shard_n, &all,
                                      1, z->shard_n, err)))
-        return rc;
+        goto fail;
     /* checkpoint staging; the model's initial parameters wait there for start (a resume
      * overwrites them), and the flat buffers give their pages back */
     z->full_bytes = (m->num_params + (size_t)z->N) * sizeof(float);
-    if (!(z->fullp = reserve(z->full_bytes)))
-        return dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint staging",
-                          z->full_bytes);
+    if (!(z->fullp = reserve(z->full_bytes))) {
+        rc = dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint staging",
+                        z->full_bytes);
+        goto fail;
+    }
     for (int i = 0; i < s->optim->num_states; i++)
-        if (!(z->full[i] = reserve(z->full_bytes)))
-            return dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint "
-                              "staging", z->full_bytes);
+        if (!(z->full[i] = reserve(z->full_bytes))) {
+            rc = dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint "
+                            "staging", z->full_bytes);
+            goto fail;
+        }
     memcpy(z->fullp, m->params, m->num_params * sizeof(float));
     z->staged = true;
     be->mem_release(be, m->params, 0, m->num_params * sizeof(float));
     release_zero(be, z, m->grads, 0, m->num_params);
-    dt_model_set_block_hook(m, hook, s);
-    snprintf(s->summary, sizeof s->summary, "ZeRO-3 over %d ranks", z->N);
-    if (z->rank == 0)
-        DT_INFO("ZeRO stage 3: %zu parameters in %d blocks, this rank's shard %zu (%.1f%%); "
-                "gathered per block (largest padded block %zu)",
-                m->num_params, z->nb, z->shard_n,
-                100.0 * (double)z->shard_n / (double)m->num_params, z->max_pad);
+    dt_model_set_block_hook(m, hook, z);
+    *out = zz;
     return 0;
+fail:
+    dt_zero3_free(zz);
+    return rc;
 }
 
-static int z3_start(dt_strategy *s, dt_err *err)
+void dt_zero3_free(dt_zero3 *zz)
 {
-    z3_impl *z = s->impl;
+    if (!zz)
+        return;
+    z3_impl *z = &zz->z;
+    dt_strategy *s = z->s;
+    pf_drop(s, z);
+    for (int i = 0; i < 2; i++)
+        if (z->send_work[i])
+            dt_comm_wait(z->c, z->send_work[i], NULL);
+    dt_backend *be = s->be;
+    be->free(be, z->ps);
+    be->free(be, z->sg);
+    be->free(be, z->sg16);
+    be->free(be, z->stg);
+    be->free(be, z->send[0]);
+    be->free(be, z->send[1]);
+    be->free(be, z->dscratch);
+    if (z->fullp)
+        munmap(z->fullp, z->full_bytes);
+    for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
+        if (z->full[i])
+            munmap(z->full[i], z->full_bytes);
+    free(z->b);
+    free(z->st);
+    free(z->fseq);
+    free(z->bseq);
+    free(z->valid);
+    free(z->bw_seen);
+    free(z->held);
+    free(z->due);
+    if (s->model)
+        dt_model_set_block_hook(s->model, NULL, NULL);
+    free(zz);
+}
+
+float *dt_zero3_local(dt_zero3 *zz, int k)
+{
+    z3_impl *z = &zz->z;
+    z->staged = true;
+    return k == 0 ? z->fullp : z->full[k - 1];
+}
+
+int dt_zero3_start(dt_zero3 *zz, dt_err *err)
+{
+    z3_impl *z = &zz->z;
+    dt_strategy *s = z->s;
     dt_model *m = s->model;
     int rc;
     drop_all(s, z);
     /* rank 0's parameters and buffers (its initialisation, or what every rank loaded) */
-    if ((rc = dt_comm_broadcast(s->comm, z->fullp, m->num_params, DT_FLOAT32, 0, NULL, err)))
+    if ((rc = dt_comm_broadcast(z->c, z->fullp, m->num_params, DT_FLOAT32, 0, NULL, err)))
         return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's parameters: ");
     if (m->num_buffers &&
-        (rc = dt_comm_broadcast(s->comm, m->buffers, m->num_buffers, DT_FLOAT32, 0, NULL, err)))
+        (rc = dt_comm_broadcast(z->c, m->buffers, m->num_buffers, DT_FLOAT32, 0, NULL, err)))
         return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's buffers: ");
     z->staged = true;
     slice(s, z, z->fullp, z->ps);
@@ -608,16 +676,17 @@ static int z3_start(dt_strategy *s, dt_err *err)
     return 0;
 }
 
-static void z3_zero_grads(dt_strategy *s)
+void dt_zero3_zero_grads(dt_zero3 *zz)
 {
-    z3_impl *z = s->impl;
-    release_zero(s->be, z, s->model->grads, 0, s->model->num_params);
+    z3_impl *z = &zz->z;
+    release_zero(z->s->be, z, z->s->model->grads, 0, z->s->model->num_params);
 }
 
-static int z3_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
-                         float *loss, dt_err *err)
+int dt_zero3_micro_step(dt_zero3 *zz, const dt_batch *batch, float dloss, bool last,
+                        float *loss, dt_err *err)
 {
-    z3_impl *z = s->impl;
+    z3_impl *z = &zz->z;
+    dt_strategy *s = z->s;
     dt_model *m = s->model;
     z->last = last;
     pass_begin(z, true);
@@ -643,14 +712,15 @@ static int z3_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, boo
     return rc;
 }
 
-static int z3_sync_grads(dt_strategy *s, dt_err *err)
+int dt_zero3_sync_grads(dt_zero3 *zz, double *wait_s, dt_err *err)
 {
-    z3_impl *z = s->impl;
+    z3_impl *z = &zz->z;
+    dt_strategy *s = z->s;
     dt_backend *be = s->be;
     double t0 = dt_now_s();
     wait_send(s, z, 0);
     wait_send(s, z, 1);
-    s->comm_time_s = dt_now_s() - t0;
+    *wait_s = dt_now_s() - t0;
     int rc = z->rc;
     if (rc) {
         *err = z->err;
@@ -666,59 +736,79 @@ static int z3_sync_grads(dt_strategy *s, dt_err *err)
             be->memset_zero(be, z->sg + b->at + b->mn, (b->c - b->mn) * sizeof(float));
     }
     if (z->o.broadcast_buffers && s->model->num_buffers &&
-        (rc = dt_comm_broadcast(s->comm, s->model->buffers, s->model->num_buffers, DT_FLOAT32, 0,
+        (rc = dt_comm_broadcast(z->c, s->model->buffers, s->model->num_buffers, DT_FLOAT32, 0,
                                 NULL, err)))
         return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's buffers: ");
     return 0;
 }
 
-/* Mean over the ranks, as DDP's (float64 all-reduce, averaged by the collective). */
-static int z3_average(dt_strategy *s, double *v, int n, dt_err *err)
+/* The shard's sum of squares: the whole shard (tp_rank < 0: as one sumsq, the zero strategy's
+ * norm), or the parts of it that are counted tensors (the shard's own tensor table: its entries
+ * keep the model's tp_parts; the padding is zero), summed over the ranks in rank order. */
+static int shard_sumsq(z3_impl *z, int tp_rank, const int *skip, int nskip, double *sum,
+                       dt_err *err)
 {
-    z3_impl *z = s->impl;
-    dt_backend *be = s->be;
-    for (int k = 0; k < n; k += 2) {
-        int m = DT_MIN(2, n - k);
-        be->memcpy_h2d(be, z->dscratch, v + k, (size_t)m * sizeof(double));
-        int rc = dt_comm_allreduce(s->comm, z->dscratch, (size_t)m, DT_FLOAT64, DT_AVG, NULL,
-                                   err);
-        if (rc)
-            return rc;
-        be->memcpy_d2h(be, v + k, z->dscratch, (size_t)m * sizeof(double));
+    dt_strategy *s = z->s;
+    double mine = 0;
+    if (tp_rank < 0) {
+        mine = s->be->sumsq(s->be, z->sg, z->shard_n);
+    } else {
+        const dt_model *m = s->model;
+        for (int t = 0; t < z->nst; t++) {
+            const dt_tensor_info *ti = &z->st[t];
+            bool counted = ti->tp_parts > 0 || tp_rank == 0;
+            int mt = nskip > 0 ? dt_model_find_tensor(m, ti->name) : -1; /* padding: -1 */
+            for (int i = 0; counted && mt >= 0 && i < nskip; i++)
+                counted = skip[i] != mt;
+            if (counted && ti->numel)
+                mine += s->be->sumsq(s->be, z->sg + ti->offset, ti->numel);
+        }
     }
-    return 0;
+    return sum_double(s, z, mine, sum, err);
 }
 
-static int z3_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
+int dt_zero3_clip_split(dt_zero3 *zz, double unscale, int tp_rank, const int *skip, int nskip,
+                        dt_comm *const *groups, int ngroups, double *scratch, double *norm,
+                        dt_err *err)
 {
-    z3_impl *z = s->impl;
-    dt_optim *o = s->optim;
+    z3_impl *z = &zz->z;
+    dt_strategy *s = z->s;
+    dt_backend *be = s->be;
     if (unscale != 1.0)
-        s->be->scale(s->be, z->sg, z->shard_n, (float)unscale);
+        be->scale(be, z->sg, z->shard_n, (float)unscale);
     double sum = 0;
-    int rc = sum_double(s, z, s->be->sumsq(s->be, z->sg, z->shard_n), &sum, err);
+    int rc = shard_sumsq(z, tp_rank, skip, nskip, &sum, err);
+    if (!rc && ngroups > 0)
+        be->memcpy_h2d(be, scratch, &sum, sizeof sum);
+    for (int k = 0; k < ngroups && !rc; k++)
+        if (groups[k])
+            rc = dt_comm_allreduce(groups[k], scratch, 1, DT_FLOAT64, DT_SUM, NULL, err);
     if (rc)
         return dt_err_prefix(err, "ZeRO-3: the global gradient norm: ");
+    if (ngroups > 0)
+        be->memcpy_d2h(be, &sum, scratch, sizeof sum);
     *norm = sqrt(sum);
-    if (o->cfg.grad_clip > 0 && isfinite(*norm) && *norm > o->cfg.grad_clip)
-        s->be->scale(s->be, z->sg, z->shard_n, (float)(o->cfg.grad_clip / (*norm + 1e-6)));
+    double clip = s->optim->cfg.grad_clip;
+    if (clip > 0 && isfinite(*norm) && *norm > clip)
+        be->scale(be, z->sg, z->shard_n, (float)(clip / (*norm + 1e-6)));
     return 0;
 }
 
-static int z3_optim_step(dt_strategy *s, double lr, dt_err *err)
+int dt_zero3_step(dt_zero3 *zz, double lr)
 {
-    (void)err;
-    z3_impl *z = s->impl;
+    z3_impl *z = &zz->z;
+    dt_strategy *s = z->s;
     release_staging(z, s->optim->num_states); /* the trainer fenced the last save's copy */
     drop_all(s, z);
     dt_optim_step(s->optim, z->ps, z->sg, lr);
     return 0;
 }
 
-static int z3_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
-                        dt_err *err)
+int dt_zero3_eval(dt_zero3 *zz, const dt_batch *batch, float *loss, int64_t *correct,
+                  dt_err *err)
 {
-    z3_impl *z = s->impl;
+    z3_impl *z = &zz->z;
+    dt_strategy *s = z->s;
     dt_model *m = s->model;
     pass_begin(z, false);
     int rc = m->ops->forward(m, batch, false, loss, err);
@@ -734,15 +824,10 @@ static int z3_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int6
     return rc;
 }
 
-static int z3_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
+int dt_zero3_gather_state(dt_zero3 *zz, dt_err *err)
 {
-    z3_impl *z = s->impl;
-    return dt_strategy_state_bufs(s, z->fullp, z->full, bufs, cap, n, err);
-}
-
-static int z3_gather_state(dt_strategy *s, dt_err *err)
-{
-    z3_impl *z = s->impl;
+    z3_impl *z = &zz->z;
+    dt_strategy *s = z->s;
     z->staged = true;
     int rc = unslice(s, z, z->ps, z->fullp, err);
     if (rc)
@@ -753,51 +838,152 @@ static int z3_gather_state(dt_strategy *s, dt_err *err)
     return 0;
 }
 
+int dt_zero3_hold_tensor(dt_zero3 *zz, int tensor, dt_err *err)
+{
+    z3_impl *z = &zz->z;
+    const dt_model *m = z->s->model;
+    if (!z->held && (!(z->held = calloc((size_t)z->nb, sizeof *z->held)) ||
+                     !(z->due = calloc((size_t)z->nb, sizeof *z->due))))
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    for (int k = 0; k < z->nb; k++)
+        if (m->blocks[k].first_tensor <= tensor && tensor <= m->blocks[k].last_tensor) {
+            z->held[k] = true;
+            return 0;
+        }
+    return dt_err_set(err, -EINVAL, "ZeRO-3: tensor %d is in no block of the model", tensor);
+}
+
+void dt_zero3_backward_begins(dt_zero3 *zz, bool last)
+{
+    z3_impl *z = &zz->z;
+    z->last = last;
+    if (last)
+        memset(z->bw_seen, 0, sizeof *z->bw_seen * (size_t)z->nb);
+}
+
+void dt_zero3_scatter_held(dt_zero3 *zz)
+{
+    z3_impl *z = &zz->z;
+    for (int k = z->nb - 1; k >= 0 && z->held; k--) /* the same order on every rank */
+        if (z->due[k]) {
+            z->due[k] = false;
+            scatter_grads(z->s, z, k);
+        }
+}
+
+void dt_zero3_drop(dt_zero3 *zz) { drop_all(zz->z.s, &zz->z); }
+
+/* ---- the zero strategy at stage 3: the piece over the world --------------------------------- */
+
+static int z3_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
+{
+    int rc = dt_strategy_open_backend(s, ctx, err);
+    if (rc)
+        return rc;
+    if (strcmp(s->be->name, "cpu") != 0)
+        return dt_err_set(err, -ENOTSUP,
+                          "parallel.zero = 3 runs on device = cpu only so far (this worker runs "
+                          "on %s): use parallel.zero = 1 there",
+                          s->be->name);
+    const char *backend; /* cpu: the backend is */
+    if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
+        return rc;
+    if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
+        return dt_err_prefix(err, "ZeRO-3: ");
+    if ((rc = dt_model_create(&s->model, ctx->model, s->be, s->comm, err)))
+        return rc;
+    dt_zero3 *zz = NULL;
+    if ((rc = dt_zero3_open(&zz, s, ctx, s->comm, err)))
+        return rc;
+    s->impl = zz;
+    const z3_impl *z = &zz->z;
+    const dt_model *m = s->model;
+    snprintf(s->summary, sizeof s->summary, "ZeRO-3 over %d ranks", z->N);
+    if (z->rank == 0)
+        DT_INFO("ZeRO stage 3: %zu parameters in %d blocks, this rank's shard %zu (%.1f%%); "
+                "gathered per block (largest padded block %zu)",
+                m->num_params, z->nb, z->shard_n,
+                100.0 * (double)z->shard_n / (double)m->num_params, z->max_pad);
+    return 0;
+}
+
+static int z3_start(dt_strategy *s, dt_err *err) { return dt_zero3_start(s->impl, err); }
+
+static void z3_zero_grads(dt_strategy *s) { dt_zero3_zero_grads(s->impl); }
+
+static int z3_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
+                         float *loss, dt_err *err)
+{
+    return dt_zero3_micro_step(s->impl, batch, dloss, last, loss, err);
+}
+
+static int z3_sync_grads(dt_strategy *s, dt_err *err)
+{
+    return dt_zero3_sync_grads(s->impl, &s->comm_time_s, err);
+}
+
+/* Mean over the ranks, as DDP's (float64 all-reduce, averaged by the collective). */
+static int z3_average(dt_strategy *s, double *v, int n, dt_err *err)
+{
+    z3_impl *z = &((dt_zero3 *)s->impl)->z;
+    dt_backend *be = s->be;
+    for (int k = 0; k < n; k += 2) {
+        int m = DT_MIN(2, n - k);
+        be->memcpy_h2d(be, z->dscratch, v + k, (size_t)m * sizeof(double));
+        int rc = dt_comm_allreduce(s->comm, z->dscratch, (size_t)m, DT_FLOAT64, DT_AVG, NULL,
+                                   err);
+        if (rc)
+            return rc;
+        be->memcpy_d2h(be, v + k, z->dscratch, (size_t)m * sizeof(double));
+    }
+    return 0;
+}
+
+/* The norm over the whole shard, summed over the ranks (no other group). */
+static int z3_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
+{
+    return dt_zero3_clip_split(s->impl, unscale, -1, NULL, 0, NULL, 0, NULL, norm, err);
+}
+
+static int z3_optim_step(dt_strategy *s, double lr, dt_err *err)
+{
+    (void)err;
+    return dt_zero3_step(s->impl, lr);
+}
+
+static int z3_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
+                        dt_err *err)
+{
+    return dt_zero3_eval(s->impl, batch, loss, correct, err);
+}
+
+static int z3_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
+{
+    z3_impl *z = &((dt_zero3 *)s->impl)->z;
+    return dt_strategy_state_bufs(s, z->fullp, z->full, bufs, cap, n, err);
+}
+
+static int z3_gather_state(dt_strategy *s, dt_err *err)
+{
+    return dt_zero3_gather_state(s->impl, err);
+}
+
 static void z3_close(dt_strategy *s)
 {
-    z3_impl *z = s->impl;
-    if (z) {
-        pf_drop(s, z);
-        for (int i = 0; i < 2; i++)
-            if (z->send_work[i])
-                dt_comm_wait(s->comm, z->send_work[i], NULL);
-        dt_backend *be = s->be;
-        if (be) {
-            be->free(be, z->ps);
-            be->free(be, z->sg);
-            be->free(be, z->sg16);
-            be->free(be, z->stg);
-            be->free(be, z->send[0]);
-            be->free(be, z->send[1]);
-            be->free(be, z->dscratch);
-        }
-        if (z->fullp)
-            munmap(z->fullp, z->full_bytes);
-        for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
-            if (z->full[i])
-                munmap(z->full[i], z->full_bytes);
-        free(z->b);
-        free(z->st);
-        free(z->fseq);
-        free(z->bseq);
-        free(z->valid);
-        free(z->bw_seen);
-    }
-    if (s->model)
-        dt_model_set_block_hook(s->model, NULL, NULL);
+    dt_zero3_free(s->impl);
+    s->impl = NULL;
     dt_comm_free(s->comm);
     s->comm = NULL;
     dt_optim_free(s->optim);
     dt_model_free(s->model);
     dt_backend_close(s->be);
-    free(z);
 }
 
 /* ---- figures ------------------------------------------------------------------------------ */
 
 void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out)
 {
-    const z3_impl *z = s->impl;
+    const z3_impl *z = &((const dt_zero3 *)s->impl)->z;
     dt_mem_stats ms;
     dt_mem_read(s->be, &ms);
     out->zero_stage = 3;

@@ -670,9 +670,17 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                      j->grad_accum, t->grid.D, dp_only ? "" : "data-parallel ");
         }
         DT_INFO("data: %s", t->data->desc);
-        DT_INFO("model: %s, %zu parameters (%.2f MB) on %s; %lld steps of %lld %s (%s)%s",
-                t->model->cfg.type, t->model->num_params,
-                (double)t->model->num_params * 4 / 1e6, t->be->name, (long long)t->total_steps,
+        /* the whole model's count; where rank 0 holds part of it (tensor slices, a pipeline
+         * stage), its share too */
+        size_t local = t->model->num_params,
+               whole = t->s->whole_params ? t->s->whole_params : local;
+        char share[64] = "";
+        if (whole != local)
+            snprintf(share, sizeof share, ", rank 0 holds %zu (%.1f%%)", local,
+                     whole ? 100.0 * (double)local / (double)whole : 0.0);
+        DT_INFO("model: %s, %zu parameters (%.2f MB)%s on %s; %lld steps of %lld %s (%s)%s",
+                t->model->cfg.type, whole, (double)whole * 4 / 1e6, share, t->be->name,
+                (long long)t->total_steps,
                 (long long)t->items_per_step, t->tokens ? "tokens" : "samples", how,
                 t->step ? " (resumed)" : "");
         if (!t->data->val)

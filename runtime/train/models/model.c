@@ -1,7 +1,8 @@
 /* model.c - the model zoo's registry, the implementation of runtime/train/model.h: configuration
  * from a job, creation by type (dispatching to gpt.c, mlp.c, resnet.c through their headers),
- * freeing, and tensor look-up. The helpers the models share are models.c (models.h); they never
- * call back into this file, so the registry -> model -> helpers dependencies run one way. */
+ * freeing, block hooks and sizes. The helpers the models share are models.c (models.h), the
+ * tensor look-up and the tensor-parallel slices of model.h among them; they never call back into
+ * this file, so the registry -> model -> helpers dependencies run one way. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,60 +222,8 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* tensor-parallel slices */
-
-size_t dt_tensor_whole_numel(const dt_tensor_info *t)
-{
-    if (t->tp_parts <= 0)
-        return t->numel;
-    size_t n = 1;
-    for (int i = 0; i < t->ndim; i++)
-        n *= (size_t)t->whole_shape[i];
-    return n;
-}
-
-void dt_tensor_tp_copy(const dt_tensor_info *t, int tp_rank, float *whole, float *local,
-                       bool to_whole)
-{
-    if (t->tp_parts <= 0) {
-        if (to_whole)
-            memcpy(whole, local, t->numel * sizeof(float));
-        else
-            memcpy(local, whole, t->numel * sizeof(float));
-        return;
-    }
-    /* rows of `inner` contiguous elements: outer x (tp_dim) x inner, the same outer and inner
-     * in the whole and the local tensor, which differ along tp_dim only */
-    const int d = t->tp_dim;
-    size_t outer = 1, inner = 1;
-    for (int i = 0; i < d; i++)
-        outer *= (size_t)t->shape[i];
-    for (int i = d + 1; i < t->ndim; i++)
-        inner *= (size_t)t->shape[i];
-    const size_t parts = (size_t)t->tp_parts;
-    const size_t chunk = (size_t)t->shape[d] / parts;      /* per part, on this rank */
-    const size_t part = (size_t)t->whole_shape[d] / parts; /* per part, whole */
-    const size_t first = (size_t)tp_rank * chunk;          /* this rank's offset in a part */
-    const size_t ldim = (size_t)t->shape[d], wdim = (size_t)t->whole_shape[d];
-    for (size_t o = 0; o < outer; o++)
-        for (size_t p = 0; p < parts; p++)
-            for (size_t k = 0; k < chunk; k++) {
-                float *l = local + ((o * ldim) + p * chunk + k) * inner;
-                if (first + k >= part) { /* padding: not in the whole tensor */
-                    if (!to_whole)
-                        memset(l, 0, inner * sizeof(float));
-                    continue;
-                }
-                float *w = whole + ((o * wdim) + p * part + first + k) * inner;
-                if (to_whole)
-                    memcpy(w, l, inner * sizeof(float));
-                else
-                    memcpy(l, w, inner * sizeof(float));
-            }
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* freeing and look-up */
+/* freeing, block hooks and sizes (the tensor look-up and the tensor-parallel slices are
+ * models.c's: the models call them) */
 
 void dt_model_free(dt_model *m)
 {
@@ -291,14 +240,6 @@ void dt_model_free(dt_model *m)
     free(m->buffer_tensors);
     free(m->blocks);
     free(m);
-}
-
-int dt_model_find_tensor(const dt_model *m, const char *name)
-{
-    for (int i = 0; i < m->num_tensors; i++)
-        if (!strcmp(m->tensors[i].name, name))
-            return i;
-    return -1;
 }
 
 void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx)

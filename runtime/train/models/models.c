@@ -1,7 +1,9 @@
 /* models.c - the helpers every model of the zoo shares (see models.h): the tensor tables, the
  * flat parameter / gradient / buffer storage, host-side initialisation and upload, and the
- * loss and accuracy read-backs. Nothing here knows a particular model, and nothing here calls
- * the registry (model.c). */
+ * loss and accuracy read-backs, the tensor look-up by name and the tensor-parallel slices
+ * (dt_tensor_tp_copy). Nothing here knows a particular model, and nothing here calls the
+ * registry (model.c), which includes every model: what a model calls lives here, so no model
+ * and the registry include each other in a loop. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,4 +208,69 @@ void dt_models_ready(const dt_model *m, int first, int last, dt_grad_ready_fn re
     size_t off = m->tensors[first].offset;
     size_t end = m->tensors[last].offset + m->tensors[last].numel;
     ready(ctx, off, end - off);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* look-up (model.h; here, not in the registry model.c, because the models call it) */
+
+int dt_model_find_tensor(const dt_model *m, const char *name)
+{
+    for (int i = 0; i < m->num_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name))
+            return i;
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* tensor-parallel slices (model.h; gpt slices its tensors with them, the strategies gather
+ * and slice checkpoints) */
+
+size_t dt_tensor_whole_numel(const dt_tensor_info *t)
+{
+    if (t->tp_parts <= 0)
+        return t->numel;
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= (size_t)t->whole_shape[i];
+    return n;
+}
+
+void dt_tensor_tp_copy(const dt_tensor_info *t, int tp_rank, float *whole, float *local,
+                       bool to_whole)
+{
+    if (t->tp_parts <= 0) {
+        if (to_whole)
+            memcpy(whole, local, t->numel * sizeof(float));
+        else
+            memcpy(local, whole, t->numel * sizeof(float));
+        return;
+    }
+    /* rows of `inner` contiguous elements: outer x (tp_dim) x inner, the same outer and inner
+     * in the whole and the local tensor, which differ along tp_dim only */
+    const int d = t->tp_dim;
+    size_t outer = 1, inner = 1;
+    for (int i = 0; i < d; i++)
+        outer *= (size_t)t->shape[i];
+    for (int i = d + 1; i < t->ndim; i++)
+        inner *= (size_t)t->shape[i];
+    const size_t parts = (size_t)t->tp_parts;
+    const size_t chunk = (size_t)t->shape[d] / parts;      /* per part, on this rank */
+    const size_t part = (size_t)t->whole_shape[d] / parts; /* per part, whole */
+    const size_t first = (size_t)tp_rank * chunk;          /* this rank's offset in a part */
+    const size_t ldim = (size_t)t->shape[d], wdim = (size_t)t->whole_shape[d];
+    for (size_t o = 0; o < outer; o++)
+        for (size_t p = 0; p < parts; p++)
+            for (size_t k = 0; k < chunk; k++) {
+                float *l = local + ((o * ldim) + p * chunk + k) * inner;
+                if (first + k >= part) { /* padding: not in the whole tensor */
+                    if (!to_whole)
+                        memset(l, 0, inner * sizeof(float));
+                    continue;
+                }
+                float *w = whole + ((o * wdim) + p * part + first + k) * inner;
+                if (to_whole)
+                    memcpy(w, l, inner * sizeof(float));
+                else
+                    memcpy(l, w, inner * sizeof(float));
+            }
 }
