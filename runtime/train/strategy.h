@@ -38,8 +38,9 @@
  * DistributedDataParallel, one replica per process, over ddp.c's reducer), dp (strategy_dp.c:
  * DataParallel, replicas driven by one process, over dp.c) and zero (strategy_zero.c: ZeRO
  * stages 1 and 2, over ddp.c's reducer in its sharding mode; strategy_zero3.c: stage 3, over the
- * model's block hook); tensor and pipeline parallelism
- * plug in beside them. strategies.h picks one from the job.
+ * model's block hook), tensor (strategy_tensor.c: Megatron-LM's splits inside gpt, DDP over the
+ * data-parallel groups) and pipeline (strategy_pipeline.c: GPipe and 1F1B over the stages of the
+ * D x T x P grid, any T). strategies.h picks one from the job.
  *
  * An implementation includes this header and what it drives (comm/, the model, the optimiser);
  * it never includes worker.h or strategies.h: what it needs from the trainer comes in
@@ -74,7 +75,7 @@ typedef struct dt_strategy_ctx {
 typedef struct dt_strategy dt_strategy;
 
 typedef struct dt_strategy_ops {
-    const char *name; /* "single", "ddp", "dp", "zero" */
+    const char *name; /* "single", "ddp", "dp", "zero", "tensor", "pipeline" */
     /* Samples this rank's process draws from the data per micro-step (its sampler's batch),
      * derived from the job: train.batch_size for one replica per process, batch_size x
      * job.dp_replicas for DP (batch_size is per replica). Called before open. */
