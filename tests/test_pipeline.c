@@ -20,8 +20,9 @@
  * recording its per-step loss and gradient norm and the whole model and optimiser state as a
  * checkpoint takes them (gather_state + state) in shared memory: P = 2 and 4 with M = 4, both
  * schedules, mlp and gpt (tied wte), against one process on the same global batch (20 steps,
- * 1e-5 relative on the loss and the weights; eval loss and accuracy too); grad_accum, fp16,
- * SGD, a global batch, recompute; an fp16 overflow on one stage skipping the step on all;
+ * 1e-5 relative on the loss, and on the weights as a vector, 2-norms, see vec_rel; eval loss and
+ * accuracy too); gpt at D2 x P2 with grad_accum = 2, its step-1 gradients per tensor too;
+ * grad_accum, fp16, SGD, a global batch, recompute; an fp16 overflow on one stage skipping the step on all;
  * D2 x P2 against DDP; T2 x P2 and D2 x T2 x P2 against one process; checkpoints resharded
  * between layouts bit for bit; a stage killed mid-step; the trace's spans; the dtrain binary
  * with 4 workers; and `dtrain bench pipeline`.
