@@ -20,8 +20,9 @@
  * recording its per-step loss and gradient norm and the whole model and optimiser state as a
  * checkpoint takes them (gather_state + state) in shared memory: P = 2 and 4 with M = 4, both
  * schedules, mlp and gpt (tied wte), against one process on the same global batch (20 steps,
- * 1e-5 relative on the loss and the weights; eval loss and accuracy too); grad_accum, fp16,
- * SGD, a global batch, recompute; an fp16 overflow on one stage skipping the step on all;
+ * 1e-5 relative on the loss, and on the weights as a vector, 2-norms, see vec_rel; eval loss and
+ * accuracy too); gpt at D2 x P2 with grad_accum = 2, its step-1 gradients per tensor too;
+ * grad_accum, fp16, SGD, a global batch, recompute; an fp16 overflow on one stage skipping the step on all;
  * D2 x P2 against DDP; T2 x P2 and D2 x T2 x P2 against one process; checkpoints resharded
  * between layouts bit for bit; a stage killed mid-step; the trace's spans; the dtrain binary
  * with 4 workers; and `dtrain bench pipeline`.
@@ -591,6 +592,7 @@ static void test_mlp_stage_errors(void)
 #define MAX_RANKS 8
 #define MAX_STEPS 24
 #define MAX_PER 32768
+#define MAX_TENS 64
 
 static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 static const char *fmt(const char *f, ...)
@@ -650,6 +652,11 @@ typedef struct rank_out {
     float start_params[MAX_PER];   /* right after init (a resume's parameters) */
     float params[MAX_PER];         /* at the end, whole */
     float state[2][MAX_PER];
+    /* prun.grads_step: this rank's tensors' gradients as that step left them */
+    int ntens;
+    char tname[MAX_TENS][DT_TENSOR_NAME_MAX];
+    size_t toff[MAX_TENS], tnumel[MAX_TENS];
+    float grads[MAX_PER];
 } rank_out;
 
 typedef struct prun {
@@ -663,6 +670,7 @@ typedef struct prun {
     bool stall;                    /* ... it stops (SIGSTOP) instead: killed once the others
                                       have ended */
     int overflow_rank;             /* its stage's weights named fc.3.weight x 1e30; -1: none */
+    int grads_step;                /* the gradients after that step (1-based) kept; 0: none */
     char name[64];
     char dir[PATH_MAX];
     int port;
@@ -749,6 +757,29 @@ static void record_state(dt_trainer *t, rank_out *o, float *params, bool states)
     }
 }
 
+/* This rank's tensors' gradients as the step left them (synchronised, clipped unless
+ * train.grad_clip = 0; cpu: backend memory is host memory). */
+static void record_grads(dt_trainer *t, rank_out *o)
+{
+    const dt_model *m = t->model;
+    size_t at = 0;
+    o->ntens = 0;
+    for (int i = 0; i < m->num_tensors; i++) {
+        const dt_tensor_info *ti = &m->tensors[i];
+        if (i >= MAX_TENS || at + ti->numel > MAX_PER) {
+            snprintf(o->msg, sizeof o->msg, "gradients: raise MAX_TENS or MAX_PER");
+            o->status = 2;
+            return;
+        }
+        dt_strlcpy(o->tname[i], ti->name, sizeof o->tname[i]);
+        o->toff[i] = at;
+        o->tnumel[i] = ti->numel;
+        memcpy(o->grads + at, m->grads + ti->offset, ti->numel * sizeof(float));
+        at += ti->numel;
+        o->ntens++;
+    }
+}
+
 static void rank_body(prun *r, int rank)
 {
     static dt_job job;
@@ -801,6 +832,8 @@ static void rank_body(prun *r, int rank)
                 goto fail;
             o->loss[k] = t.loss;
             o->norm[k] = t.grad_norm;
+            if (k + 1 == r->grads_step)
+                record_grads(&t, o);
         }
     }
     if (r->eval && dt_trainer_eval(&t, &o->eval_loss, &o->eval_acc, &err) != 0)
@@ -890,8 +923,31 @@ static void prun_free(prun *r)
     r->out = NULL;
 }
 
-/* The largest |a - b| of the whole parameter vector relative to its largest |b|. */
-static double vec_rel(const float *a, const float *b, size_t n) { return rel_diff(a, b, n); }
+/* |a - b| / |b| over the whole parameter (or optimiser-state) vector, 2-norms in double, as
+ * test_tensor.c compares; not the largest element's difference over the largest element. The
+ * layouts sum the same gradients in other orders (micro-batches, data-parallel replicas,
+ * accumulated micro-steps), so the gradients agree to rounding (every tensor's within 1e-6 of
+ * one process's after the first step, gpt_d2_p2_accum), but AdamW divides each element by its
+ * own |g| + eps: an element whose gradient is near eps = 1e-8 turns a rounding difference of
+ * 1e-10 into a fraction of a step of lr, and momentum on a gradient that changes sign the next
+ * step amplifies it again. gpt at D2 x P2 with grad_accum = 2: wte's element 1684 has a first
+ * gradient of -1.355e-8 there and -1.382e-8 in one process (the tensor's largest ~1e-2), the
+ * weights are 7.4e-6 apart after that step, and after 20 steps h.1.attn.c_proj.weight's element
+ * 77 ends 2.1e-5 apart (2.0e-5 of the largest weight) while the loss agrees within 3e-7; plain
+ * DDP at D = 2 ends the same, P = 2 alone 1.2e-5; with SGD, or AdamW at eps = 1e-6, all are
+ * within 4e-7. Over the whole vector it is 6.4e-6; a wrong gradient (a tensor summed twice, a
+ * loss weight off) moves every element of a tensor and shows in the 2-norm, and before that in
+ * the gradient norm compared at every step. */
+static double vec_rel(const float *a, const float *b, size_t n)
+{
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - (double)b[i];
+        d += e * e;
+        m += (double)b[i] * (double)b[i];
+    }
+    return m > 0 ? sqrt(d / m) : sqrt(d);
+}
 
 /* P stages x M micro-batches of `sched` against one process, 20 steps; more: overrides for
  * both (NULL-terminated), tag: their name in the runs' names. */
@@ -938,8 +994,8 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
             DT_CHECK(pp.out[q].loss[k] == a->loss[k]);
     }
     double wp = vec_rel(a->params, b->params, a->numel);
-    DT_CHECK_MSG(wp <= 1e-5, "%s: weights after %d steps differ by %.3g relative", pp.name,
-                 pp.steps, wp);
+    DT_CHECK_MSG(wp <= 1e-5, "%s: weights after %d steps differ by %.3g (2-norm relative)",
+                 pp.name, pp.steps, wp);
     for (int q = 1; q < N; q++)
         DT_CHECK_MSG(!memcmp(pp.out[q].params, a->params, a->numel * sizeof(float)),
                      "%s: rank %d gathered other weights than rank 0", pp.name, q);
@@ -947,7 +1003,8 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
     double ws = 0;
     for (int i = 0; i < a->num_states && i < b->num_states; i++)
         ws = fmax(ws, vec_rel(a->state[i], b->state[i], a->numel));
-    DT_CHECK_MSG(ws <= 1e-4, "%s: optimiser state differs by %.3g relative", pp.name, ws);
+    DT_CHECK_MSG(ws <= 1e-4, "%s: optimiser state differs by %.3g (2-norm relative)", pp.name,
+                 ws);
     DT_CHECK_MSG(fabs(a->eval_loss - b->eval_loss) <= 1e-5 * b->eval_loss,
                  "%s: eval loss %.9g vs %.9g", pp.name, a->eval_loss, b->eval_loss);
     DT_CHECK_NEAR(a->eval_acc, b->eval_acc, 1e-12);
@@ -1113,8 +1170,7 @@ static void test_d2_p2_zero(void)
     against_one_layout(false, 2, 1, 2, 2, "gpipe", gb, "-d2-zero2-gb");
     /* stage 3: each stage's parameters sharded over its replicas, gathered block by block
      * around each micro-batch's forward and backward; the tied wte's block held back until the
-     * embedding group summed it; with an accumulation too (mlp: gpt's D2 x P2 with grad_accum
-     * = 2 ends 2e-5 off one process at zero = 0 as well, in its weights, the loss within 3e-7) */
+     * embedding group summed it; with an accumulation too (gpt's: gpt_d2_p2_accum) */
     const char *const z3[] = {"parallel.zero=3", NULL};
     const char *const z3acc[] = {"parallel.zero=3", "train.grad_accum=2", NULL};
     against_one_layout(false, 2, 1, 2, 4, "1f1b", z3, "-d2-zero3");
@@ -1144,6 +1200,80 @@ static void test_d2_p2_zero(void)
             }
     for (int k = 0; k < 3; k++)
         prun_free(&r[k]);
+}
+
+/* gpt at D = 2 x P = 2 with grad_accum = 2 (zero = 0): the tied wte's two copies accumulate
+ * over both micro-steps and are summed over the embedding group once, after DDP's buckets.
+ * First the gradients themselves, before any optimiser can amplify a difference: after step 1
+ * with no clipping, every tensor of every rank within 1e-5 of one process's (2-norm relative;
+ * they agree within 1e-6: a tensor summed over the embedding group on every micro-step, or a
+ * loss weight off by grad_accum, is 1 or more off). Then 20 steps against one process with
+ * AdamW (both schedules) and SGD, and with ZeRO-3 (wte's block held over both micro-steps). */
+static void grads_against_one(int D, int P, int M, const char *sched, int accum)
+{
+    const int N = D * P;
+    prun one = pgpt(1, 1, 1, "1f1b", fmt("grads-one-a%d", accum));
+    prun pp = pgpt(N, P, M, sched, fmt("grads-d%d-p%d-m%d-%s-a%d", D, P, M, sched, accum));
+    prun *both[2] = {&one, &pp};
+    for (int k = 0; k < 2; k++) {
+        padd(both[k], fmt("train.grad_accum=%d", accum));
+        padd(both[k], "train.grad_clip=0");
+        both[k]->steps = both[k]->grads_step = 1;
+    }
+    padd(&pp, fmt("train.batch_size=%d", 8 / D));
+    if (!prun_run(&one) || !prun_run(&pp))
+        goto out;
+    const rank_out *b = &one.out[0];
+    DT_CHECK_MSG(fabs(pp.out[0].loss[0] - b->loss[0]) <= 1e-6 * b->loss[0] &&
+                     fabs(pp.out[0].norm[0] - b->norm[0]) <= 1e-6 * b->norm[0],
+                 "%s: loss %.9g, gradient norm %.9g; one process %.9g, %.9g", pp.name,
+                 pp.out[0].loss[0], pp.out[0].norm[0], b->loss[0], b->norm[0]);
+    double worst = 0;
+    const char *worst_name = "";
+    int covered[MAX_TENS] = {0};
+    for (int q = 0; q < N; q++) {
+        const rank_out *a = &pp.out[q];
+        DT_CHECK(a->ntens > 0);
+        for (int i = 0; i < a->ntens; i++) {
+            int j = 0;
+            while (j < b->ntens && strcmp(b->tname[j], a->tname[i]))
+                j++;
+            DT_CHECK_MSG(j < b->ntens, "%s: rank %d's %s is not one process's", pp.name, q,
+                         a->tname[i]);
+            if (j == b->ntens)
+                continue;
+            DT_REQUIRE(a->tnumel[i] == b->tnumel[j]);
+            covered[j]++;
+            double r = vec_rel(a->grads + a->toff[i], b->grads + b->toff[j], a->tnumel[i]);
+            DT_CHECK_MSG(r <= 1e-5, "%s: rank %d: the gradient of %s differs from one "
+                         "process's by %.3g (2-norm relative)", pp.name, q, a->tname[i], r);
+            if (r > worst)
+                worst = r, worst_name = b->tname[j];
+        }
+    }
+    /* every tensor on the D replicas of its stage, wte on both ends' */
+    for (int j = 0; j < b->ntens; j++)
+        DT_CHECK_MSG(covered[j] == (!strcmp(b->tname[j], "wte.weight") ? 2 * D : D),
+                     "%s: %s held by %d ranks", pp.name, b->tname[j], covered[j]);
+    printf("    %-28s step 1 gradients within %.2g of one process (worst %s)\n", pp.name,
+           worst, worst_name);
+out:
+    prun_free(&one);
+    prun_free(&pp);
+}
+
+static void test_gpt_d2_p2_accum(void)
+{
+    grads_against_one(2, 2, 2, "1f1b", 2);
+    grads_against_one(2, 2, 4, "gpipe", 2);
+    const char *const acc[] = {"train.grad_accum=2", NULL};
+    const char *const sgd[] = {"train.grad_accum=2", "train.optimizer=sgd", "train.momentum=0.9",
+                               NULL};
+    const char *const z3[] = {"train.grad_accum=2", "parallel.zero=3", NULL};
+    against_one_layout(true, 2, 1, 2, 2, "1f1b", acc, "-gpt-d2-accum");
+    against_one_layout(true, 2, 1, 2, 4, "gpipe", acc, "-gpt-d2-accum");
+    against_one_layout(true, 2, 1, 2, 2, "1f1b", sgd, "-gpt-d2-accum-sgd");
+    against_one_layout(true, 2, 1, 2, 2, "1f1b", z3, "-gpt-d2-accum-z3");
 }
 
 /* gpt: the embeddings on stage 0, ln_f and the tied head on the last, the two copies of wte
@@ -1545,6 +1675,7 @@ int main(int argc, char **argv)
         {"ckpt_resume", test_ckpt_resume, 300},
         {"ckpt_layouts", test_ckpt_layouts, 300},
         {"d2_p2_zero", test_d2_p2_zero, 400},
+        {"gpt_d2_p2_accum", test_gpt_d2_p2_accum, 300},
         {"ckpt_zero", test_ckpt_zero, 300},
         {"dead_stage", test_dead_stage, 120},
         {"stalled_stage", test_stalled_stage, 120},
