@@ -149,7 +149,7 @@ static void test_tp_copy(void)
 #define STEPS 3
 #define LR 0.5f
 
-static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc)
+static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc, bool sp)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
@@ -166,6 +166,7 @@ static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc)
     c.recompute = rc;
     c.tp_size = tp;
     c.tp_rank = rank;
+    c.sequence_parallel = sp;
     return c;
 }
 
@@ -176,6 +177,9 @@ typedef struct tp_result {
     size_t n;                  /* whole parameters */
     int ok;                    /* the rank finished */
     double act_bytes, flops;
+    double act_bytes_nosp;     /* sequence parallelism: the same rank's model without it */
+    double accum_err;          /* a second backward accumulated on the first: its gradients
+                                * against twice the first's (max error / max magnitude) */
     /* then params0 (n), grads0 (n), params_final (n) */
 } tp_result;
 
@@ -265,6 +269,7 @@ static int gather_whole(dt_model *m, dt_comm *comm, const float *src, float *out
 typedef struct tp_job {
     int tp, port;
     dt_recompute rc;
+    bool sp;
     char run_id[64];
     tp_result *res;
 } tp_job;
@@ -280,9 +285,9 @@ static void train_and_report(dt_model *m, dt_comm *comm, tp_result *res, bool re
     dt_test_batch_make(&hb, &c, c.max_batch, 77);
     const size_t n = res->n;
     float *host = malloc(m->num_params * sizeof(float));
-    float *whole = malloc(n * sizeof(float));
-    RCHECK(host && whole, "out of memory");
-    if (!host || !whole)
+    float *whole = malloc(n * sizeof(float)), *once = malloc(n * sizeof(float));
+    RCHECK(host && whole && once, "out of memory");
+    if (!host || !whole || !once)
         goto out;
 #define GATHER(buf, dst, what)                                                                     \
     do {                                                                                           \
@@ -308,6 +313,26 @@ static void train_and_report(dt_model *m, dt_comm *comm, tp_result *res, bool re
     if (report)
         res->loss0 = loss;
     GATHER(m->grads, res_grads0(res), "gradients");
+    {
+        /* a second backward of the same batch accumulates onto the first: the gradients must
+         * double (under sequence parallelism the LayerNorms' all-reduce must sum this pass
+         * only, not what the buffer held) */
+        memcpy(once, whole, n * sizeof(float));
+        RCHECK(m->ops->forward(m, &hb.b, true, &loss, &err) == 0, "forward: %s", err.msg);
+        RCHECK(m->ops->backward(m, 1.0f, NULL, NULL, &err) == 0, "backward: %s", err.msg);
+        be->memcpy_d2h(be, host, m->grads, m->num_params * sizeof(float)); /* whole: the sum */
+        if (comm && gather_whole(m, comm, host, whole, "accumulated gradients"))
+            goto out;
+        if (!comm)
+            memcpy(whole, host, n * sizeof(float));
+        double num = 0, den = 1e-30;
+        for (size_t i = 0; i < n; i++) {
+            num = DT_MAX(num, fabs((double)whole[i] - 2.0 * (double)once[i]));
+            den = DT_MAX(den, fabs(2.0 * (double)once[i]));
+        }
+        if (report)
+            res->accum_err = num / den;
+    }
     for (int s = 0; s < STEPS; s++) {
         be->sgd_update(be, m->params, m->grads, NULL, m->num_params, LR, 0.0f, false, 0.0f,
                        true);
@@ -327,6 +352,7 @@ static void train_and_report(dt_model *m, dt_comm *comm, tp_result *res, bool re
 out:
     free(host);
     free(whole);
+    free(once);
     dt_test_batch_free(&hb);
 }
 
@@ -337,6 +363,7 @@ static void check_table(const dt_model *m)
     const int tp = m->cfg.tp_size;
     dt_model_config c1 = m->cfg;
     c1.tp_size = c1.tp_rank = 0;
+    c1.sequence_parallel = false;
     dt_model *m1 = NULL;
     dt_err err = {0};
     if (dt_model_create(&m1, &c1, m->be, NULL, &err)) {
@@ -488,12 +515,19 @@ static void tp_rank_main(const tp_job *j, int rank)
         fprintf(stderr, "    rank %d: comm: %s\n", rank, err.msg);
         _exit(3);
     }
-    dt_model_config c = tp_cfg(j->tp, rank, j->rc);
+    dt_model_config c = tp_cfg(j->tp, rank, j->rc, j->sp);
     if (dt_backend_open(&be, "cpu", NULL, &err) || dt_model_create(&m, &c, be, comm, &err)) {
         fprintf(stderr, "    rank %d: model: %s\n", rank, err.msg);
         _exit(4);
     }
     check_table(m);
+    if (j->sp && rank == 0) { /* the activations of the same rank without sequence parallelism */
+        dt_model *m0 = NULL;
+        c.sequence_parallel = false;
+        RCHECK(dt_model_create(&m0, &c, be, comm, &err) == 0, "model without SP: %s", err.msg);
+        j->res->act_bytes_nosp = m0 ? (double)dt_model_activation_bytes(m0) : 0;
+        dt_model_free(m0);
+    }
     train_and_report(m, comm, j->res, rank == 0);
     check_hooked(m, comm);
     dt_model_free(m);
@@ -514,15 +548,31 @@ static double rel_err(const float *a, const float *b, size_t n)
     return num / den;
 }
 
-static void run_tp(int tp, dt_recompute rc)
+/* The activation bytes sequence parallelism should save on one rank of tp, from gpt.c's
+ * buffers at this test's shape: every (B,T,C)- and (B,T)-sized buffer of the residual stream
+ * and the LayerNorms keeps 1/tp of its rows (per kept layer ln_1's and ln_2's outputs and
+ * statistics and res2; res3 for every layer; the embeddings' output, ln_f's output and
+ * statistics; the backward's dres), minus the scratch it adds: the gathered (B,T,C) operand,
+ * a (B,T/tp,C) reduce-scattered gradient and 4C LayerNorm gradients. */
+static double sp_expected_saving(const dt_model_config *c, int tp)
+{
+    const double NR = (double)c->max_batch * c->shape.seq_len, C = c->n_embd, NC = NR * C;
+    const double L = c->n_layer, Lk = c->recompute == DT_RECOMPUTE_BLOCK ? 1 : L;
+    const double split = Lk * (3 * NC + 4 * NR) + L * NC /* res3 */ + NC /* encoded */ +
+                         NC + 2 * NR /* ln_f */ + NC /* dres */;
+    const double added = NC + NC / tp + 4 * C;
+    return 4.0 * (split * (1.0 - 1.0 / tp) - added);
+}
+
+static void run_tp(int tp, dt_recompute rc, bool sp)
 {
     /* the reference is TP = 1, in a child of its own like the ranks (nothing in this process
      * starts a BLAS thread before the forks); its size: embeddings, 12C^2 + 13C per layer, ln_f */
-    dt_model_config c1 = tp_cfg(1, 0, rc);
+    dt_model_config c1 = tp_cfg(1, 0, rc, false);
     const size_t n = (size_t)(65 * 64 + 16 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64);
     tp_result *ref = res_map(n), *got = res_map(n);
-    tp_job j = {.tp = tp, .rc = rc, .res = got};
-    snprintf(j.run_id, sizeof j.run_id, "tp-%d-%d-%d", (int)getpid(), tp, (int)rc);
+    tp_job j = {.tp = tp, .rc = rc, .sp = sp, .res = got};
+    snprintf(j.run_id, sizeof j.run_id, "tp-%d-%d-%d-%d", (int)getpid(), tp, (int)rc, (int)sp);
     pid_t srv = dt_test_store_start(&j.port);
     pid_t pids[8];
     fflush(stdout);
@@ -597,21 +647,35 @@ static void run_tp(int tp, dt_recompute rc)
             const dt_tensor_info *t = &m->tensors[i];
             double eg = rel_err(res_grads0(got) + t->offset, res_grads0(ref) + t->offset, t->numel);
             double ep = rel_err(res_final(got) + t->offset, res_final(ref) + t->offset, t->numel);
-            DT_CHECK_MSG(eg <= 1e-5, "TP = %d recompute %d: gradient of %s off by %.3g", tp,
-                         (int)rc, t->name, eg);
-            DT_CHECK_MSG(ep <= 1e-5, "TP = %d recompute %d: trained %s off by %.3g", tp, (int)rc,
-                         t->name, ep);
+            DT_CHECK_MSG(eg <= 1e-5, "TP = %d%s recompute %d: gradient of %s off by %.3g", tp,
+                         sp ? " SP" : "", (int)rc, t->name, eg);
+            DT_CHECK_MSG(ep <= 1e-5, "TP = %d%s recompute %d: trained %s off by %.3g", tp,
+                         sp ? " SP" : "", (int)rc, t->name, ep);
             worst_g = DT_MAX(worst_g, eg);
             worst_p = DT_MAX(worst_p, ep);
         }
-        printf("    TP = %d, recompute %d: loss %.7f (TP = 1 %.7f), worst gradient %.2g, worst "
+        printf("    TP = %d%s, recompute %d: loss %.7f (TP = 1 %.7f), worst gradient %.2g, worst "
                "trained parameter %.2g\n",
-               tp, (int)rc, got->loss0, ref->loss0, worst_g, worst_p);
+               tp, sp ? " + sequence parallel" : "", (int)rc, got->loss0, ref->loss0, worst_g,
+               worst_p);
         dt_model_free(m);
         dt_backend_close(be);
     }
+    /* gradient accumulation: a second backward adds exactly one more pass */
+    DT_CHECK_MSG(ref->accum_err <= 1e-6 && got->accum_err <= 1e-6,
+                 "TP = %d%s: accumulated gradients off twice the first by %.3g (TP = 1 %.3g)", tp,
+                 sp ? " SP" : "", got->accum_err, ref->accum_err);
     /* this rank's share of the activations and the FLOPs */
     DT_CHECK(got->act_bytes < ref->act_bytes);
+    if (sp) {
+        dt_model_config c = tp_cfg(tp, 0, rc, true);
+        double want = sp_expected_saving(&c, tp), saved = got->act_bytes_nosp - got->act_bytes;
+        printf("    TP = %d, recompute %d: activations per rank %.0f bytes, %.0f with sequence "
+               "parallelism (saved %.0f, expected %.0f); TP = 1 %.0f\n",
+               tp, (int)rc, got->act_bytes_nosp, got->act_bytes, saved, want, ref->act_bytes);
+        DT_CHECK_MSG(saved == want, "TP = %d SP: saved %.0f activation bytes, expected %.0f", tp,
+                     saved, want);
+    }
     DT_CHECK(got->flops < ref->flops && got->flops > ref->flops / tp);
     res_unmap(ref);
     res_unmap(got);
@@ -640,17 +704,22 @@ static void test_bad_config(void)
     dt_err err = {0};
     DT_REQUIRE_OK(dt_comm_init(&one, NULL, &o, &err), &err);
 
-    dt_model_config c = tp_cfg(2, 0, DT_RECOMPUTE_NONE);
+    dt_model_config c = tp_cfg(2, 0, DT_RECOMPUTE_NONE, false);
     expect_refused(&c, NULL, "needs the tensor group's communicator");
     expect_refused(&c, one, "the communicator given is rank 0 of 1");
     c.tp_rank = 1;
     expect_refused(&c, one, "the communicator given is rank 0 of 1");
     c.tp_rank = 2;
     expect_refused(&c, one, "tp_rank must be in 0..tp_size-1");
-    c = tp_cfg(-1, 0, DT_RECOMPUTE_NONE);
+    c = tp_cfg(-1, 0, DT_RECOMPUTE_NONE, false);
     expect_refused(&c, one, "tp_size >= 0");
-    c = tp_cfg(3, 0, DT_RECOMPUTE_NONE); /* 4 heads */
+    c = tp_cfg(3, 0, DT_RECOMPUTE_NONE, false); /* 4 heads */
     expect_refused(&c, one, "must divide model.n_head (4)");
+    /* sequence parallelism without tensor parallelism */
+    c = tp_cfg(1, 0, DT_RECOMPUTE_NONE, true);
+    expect_refused(&c, NULL, "sequence parallelism needs tensor parallelism");
+    c = tp_cfg(0, 0, DT_RECOMPUTE_NONE, true);
+    expect_refused(&c, NULL, "sequence parallelism needs tensor parallelism");
 
     dt_model_config mlp;
     memset(&mlp, 0, sizeof mlp);
@@ -665,7 +734,7 @@ static void test_bad_config(void)
     expect_refused(&mlp, one, "model mlp has no tensor-parallel form");
 
     /* tp_size 1 (and 0) is no tensor parallelism: any comm, or none, is fine */
-    c = tp_cfg(1, 0, DT_RECOMPUTE_NONE);
+    c = tp_cfg(1, 0, DT_RECOMPUTE_NONE, false);
     dt_backend *be = NULL;
     dt_model *m = NULL;
     DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
@@ -681,12 +750,17 @@ static void test_bad_config(void)
     dt_comm_free(one);
 }
 
-static void test_tp2_none(void) { run_tp(2, DT_RECOMPUTE_NONE); }
-static void test_tp2_block(void) { run_tp(2, DT_RECOMPUTE_BLOCK); }
-static void test_tp2_selective(void) { run_tp(2, DT_RECOMPUTE_SELECTIVE); }
-static void test_tp4_none(void) { run_tp(4, DT_RECOMPUTE_NONE); }
-static void test_tp4_block(void) { run_tp(4, DT_RECOMPUTE_BLOCK); }
-static void test_tp4_selective(void) { run_tp(4, DT_RECOMPUTE_SELECTIVE); }
+static void test_tp2_none(void) { run_tp(2, DT_RECOMPUTE_NONE, false); }
+static void test_tp2_block(void) { run_tp(2, DT_RECOMPUTE_BLOCK, false); }
+static void test_tp2_selective(void) { run_tp(2, DT_RECOMPUTE_SELECTIVE, false); }
+static void test_tp4_none(void) { run_tp(4, DT_RECOMPUTE_NONE, false); }
+static void test_tp4_block(void) { run_tp(4, DT_RECOMPUTE_BLOCK, false); }
+static void test_tp4_selective(void) { run_tp(4, DT_RECOMPUTE_SELECTIVE, false); }
+static void test_sp2_none(void) { run_tp(2, DT_RECOMPUTE_NONE, true); }
+static void test_sp2_block(void) { run_tp(2, DT_RECOMPUTE_BLOCK, true); }
+static void test_sp2_selective(void) { run_tp(2, DT_RECOMPUTE_SELECTIVE, true); }
+static void test_sp4_none(void) { run_tp(4, DT_RECOMPUTE_NONE, true); }
+static void test_sp4_block(void) { run_tp(4, DT_RECOMPUTE_BLOCK, true); }
 
 static const dt_test tests[] = {
     {"tp_copy", test_tp_copy, 0},
@@ -697,6 +771,11 @@ static const dt_test tests[] = {
     {"tp4_none", test_tp4_none, 120},
     {"tp4_block", test_tp4_block, 120},
     {"tp4_selective", test_tp4_selective, 120},
+    {"sp2_none", test_sp2_none, 90},
+    {"sp2_block", test_sp2_block, 90},
+    {"sp2_selective", test_sp2_selective, 90},
+    {"sp4_none", test_sp4_none, 120},
+    {"sp4_block", test_sp4_block, 120},
 };
 
 int main(int argc, char **argv)
