@@ -37,6 +37,18 @@
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 
+/* A command line (a static buffer: one at a time). */
+static const char *fmt_cmd(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static const char *fmt_cmd(const char *f, ...)
+{
+    static char buf[2048];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* dt_tensor_tp_copy on hand-built tensors */
 
@@ -750,6 +762,109 @@ static void test_bad_config(void)
     dt_comm_free(one);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* the dtrain binary with parallel.sequence_parallel, through the strategies */
+
+#define E2E_STEPS 6
+
+/* The values of "key": in the "train" records of metrics.jsonl text, in order, into v[0..max). */
+static int metric_values(const char *text, const char *key, double *v, int max)
+{
+    int n = 0;
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    for (const char *p = text; p && (p = strstr(p, "{\"type\":\"train\"")) && n < max; p++) {
+        const char *end = strchr(p, '\n'), *k = strstr(p, pat);
+        if (k && (!end || k < end))
+            v[n++] = strtod(k + strlen(pat), NULL);
+    }
+    return n;
+}
+
+/* `dtrain` on nproc workers with the given layout, with and without sequence parallelism:
+ * both exit 0, and every step's loss and gradient norm agree within 1e-5 relative; rank 0's
+ * peak activation memory (metrics.jsonl's mem_peak_bytes.activations) is smaller with it. */
+static void e2e_compare(int nproc, const char *layout)
+{
+    double loss[2][E2E_STEPS], gn[2][E2E_STEPS], act[2][E2E_STEPS];
+    for (int sp = 0; sp < 2; sp++) {
+        char *out = NULL;
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/e2e-%d-%d", dt_test_tmpdir(), nproc, sp);
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd,
+                 "%s --standalone --nproc-per-node=%d --max-restarts=0 %s/../../configs/"
+                 "quickstart.ini %s parallel.sequence_parallel=%s job.device=cpu "
+                 "job.cpu_bind=none model.n_layer=2 model.n_head=4 model.n_embd=16 "
+                 "model.block_size=16 data.seq_len=16 train.batch_size=4 train.steps=%d "
+                 "job.log_every=1 job.output_dir=%s 2>&1",
+                 dt_test_dtrain_bin(), nproc, dt_test_self_dir(), layout, sp ? "true" : "false",
+                 E2E_STEPS, dir);
+        int rc = dt_test_run(cmd, &out, 120);
+        DT_CHECK_MSG(rc == 0, "%s (sequence parallel %d) exited %d: %.3000s", layout, sp, rc,
+                     out ? out : "");
+        free(out);
+        char *m = dt_test_slurp(strcat(dir, "/metrics.jsonl"));
+        DT_REQUIRE(m != NULL);
+        DT_CHECK_INT(metric_values(m, "loss", loss[sp], E2E_STEPS), E2E_STEPS);
+        DT_CHECK_INT(metric_values(m, "grad_norm", gn[sp], E2E_STEPS), E2E_STEPS);
+        DT_CHECK_INT(metric_values(m, "activations", act[sp], E2E_STEPS), E2E_STEPS);
+        free(m);
+    }
+    for (int i = 0; i < E2E_STEPS; i++) {
+        DT_CHECK_MSG(fabs(loss[1][i] - loss[0][i]) <= 1e-5 * fabs(loss[0][i]),
+                     "%s step %d: loss %.9g with sequence parallelism, %.9g without", layout,
+                     i + 1, loss[1][i], loss[0][i]);
+        DT_CHECK_MSG(fabs(gn[1][i] - gn[0][i]) <= 1e-5 * fabs(gn[0][i]),
+                     "%s step %d: gradient norm %.9g with sequence parallelism, %.9g without",
+                     layout, i + 1, gn[1][i], gn[0][i]);
+    }
+    DT_CHECK(loss[0][E2E_STEPS - 1] < loss[0][0]);
+    DT_CHECK_MSG(act[1][0] < act[0][0], "%s: rank 0's activations %.0f bytes with sequence "
+                                        "parallelism, %.0f without",
+                 layout, act[1][0], act[0][0]);
+    printf("    %s: losses %.7f .. %.7f both ways; rank 0's activations %.0f -> %.0f bytes\n",
+           layout, loss[1][0], loss[1][E2E_STEPS - 1], act[0][0], act[1][0]);
+}
+
+static void test_sp_dtrain_tensor(void) { e2e_compare(2, "parallel.tensor=2"); }
+static void test_sp_dtrain_pipeline(void)
+{
+    e2e_compare(4, "parallel.tensor=2 parallel.pipeline=2 parallel.micro_batches=2");
+}
+
+/* The job file's checks: sequence parallelism needs T > 1 and a sequence T divides. */
+static void test_sp_config(void)
+{
+    char *out = NULL;
+    int rc = dt_test_run(fmt_cmd("%s --print-config %s/../../configs/quickstart.ini "
+                                 "parallel.sequence_parallel=true 2>&1",
+                                 dt_test_dtrain_bin(), dt_test_self_dir()),
+                         &out, 30);
+    DT_CHECK(rc != 0);
+    DT_CHECK_CONTAINS(out ? out : "", "set parallel.tensor > 1 (gpt), or "
+                                      "parallel.sequence_parallel = false");
+    free(out);
+    out = NULL;
+    rc = dt_test_run(fmt_cmd("%s --print-config --nproc-per-node=2 %s/../../configs/quickstart.ini "
+                             "parallel.tensor=2 model.n_head=4 data.seq_len=15 "
+                             "parallel.sequence_parallel=true 2>&1",
+                             dt_test_dtrain_bin(), dt_test_self_dir()),
+                     &out, 30);
+    DT_CHECK(rc != 0);
+    DT_CHECK_CONTAINS(out ? out : "", "set data.seq_len to a multiple of 2");
+    free(out);
+    out = NULL;
+    rc = dt_test_run(fmt_cmd("%s --print-config --nproc-per-node=2 %s/../../configs/quickstart.ini "
+                             "parallel.tensor=2 model.n_head=4 data.seq_len=16 "
+                             "parallel.sequence_parallel=true 2>&1",
+                             dt_test_dtrain_bin(), dt_test_self_dir()),
+                     &out, 30);
+    DT_CHECK_MSG(rc == 0, "--print-config exited %d: %s", rc, out ? out : "");
+    DT_CHECK_CONTAINS(out ? out : "", "sequence_parallel = true");
+    free(out);
+}
+
 static void test_tp2_none(void) { run_tp(2, DT_RECOMPUTE_NONE, false); }
 static void test_tp2_block(void) { run_tp(2, DT_RECOMPUTE_BLOCK, false); }
 static void test_tp2_selective(void) { run_tp(2, DT_RECOMPUTE_SELECTIVE, false); }
@@ -776,6 +891,9 @@ static const dt_test tests[] = {
     {"sp2_selective", test_sp2_selective, 90},
     {"sp4_none", test_sp4_none, 120},
     {"sp4_block", test_sp4_block, 120},
+    {"sp_config", test_sp_config, 60},
+    {"sp_dtrain_tensor", test_sp_dtrain_tensor, 300},
+    {"sp_dtrain_pipeline", test_sp_dtrain_pipeline, 300},
 };
 
 int main(int argc, char **argv)
