@@ -16,6 +16,16 @@
  *   final parameters compared again; and on every rank, a model under a block hook that
  *   NaN-poisons each block's parameters and gradients outside its windows trains bit-identically
  *   to one without (the windows cover every use under tensor parallelism, for ZeRO-3).
+ * - Sequence parallelism (cfg.sequence_parallel): the same comparison at TP = 2 (recompute none,
+ *   block, selective) and TP = 4 (none, block): loss and every gathered gradient within 1e-5 of
+ *   TP = 1, the replicated tensors' gradients (the LayerNorms', all-reduced inside backward)
+ *   the same bits on every rank; in every mode a second backward accumulated on the first
+ *   doubles the gradients (the LayerNorms' all-reduce sums that pass only); rank 0's activation
+ *   bytes beside the same rank without it equal the expected saving (sp_expected_saving). The
+ *   dtrain binary with parallel.sequence_parallel at T = 2 and at P = 2 x T = 2 (the strategies
+ *   pass the flag; the stages exchange the shards) gives the same losses and gradient norms as
+ *   without, with less activation memory; the job file refuses it without T > 1 or with a
+ *   sequence T does not divide.
  * - The tensor table under TP: same names and order as TP = 1, whole_shape = TP = 1's shape,
  *   local shapes the documented slices, the same blocks; activations and FLOPs shrink.
  * - Bad configurations: tp_size > 1 on an mlp, n_head not divisible, no communicator, a
