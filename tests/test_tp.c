@@ -16,6 +16,16 @@
  *   final parameters compared again; and on every rank, a model under a block hook that
  *   NaN-poisons each block's parameters and gradients outside its windows trains bit-identically
  *   to one without (the windows cover every use under tensor parallelism, for ZeRO-3).
+ * - Sequence parallelism (cfg.sequence_parallel): the same comparison at TP = 2 (recompute none,
+ *   block, selective) and TP = 4 (none, block): loss and every gathered gradient within 1e-5 of
+ *   TP = 1, the replicated tensors' gradients (the LayerNorms', all-reduced inside backward)
+ *   the same bits on every rank; in every mode a second backward accumulated on the first
+ *   doubles the gradients (the LayerNorms' all-reduce sums that pass only); rank 0's activation
+ *   bytes beside the same rank without it equal the expected saving (sp_expected_saving). The
+ *   dtrain binary with parallel.sequence_parallel at T = 2 and at P = 2 x T = 2 (the strategies
+ *   pass the flag; the stages exchange the shards) gives the same losses and gradient norms as
+ *   without, with less activation memory; the job file refuses it without T > 1 or with a
+ *   sequence T does not divide.
  * - The tensor table under TP: same names and order as TP = 1, whole_shape = TP = 1's shape,
  *   local shapes the documented slices, the same blocks; activations and FLOPs shrink.
  * - Bad configurations: tp_size > 1 on an mlp, n_head not divisible, no communicator, a
@@ -36,6 +46,18 @@
 #include "runtime/train/model.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
+
+/* A command line (a static buffer: one at a time). */
+static const char *fmt_cmd(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static const char *fmt_cmd(const char *f, ...)
+{
+    static char buf[2048];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* dt_tensor_tp_copy on hand-built tensors */
@@ -149,7 +171,7 @@ static void test_tp_copy(void)
 #define STEPS 3
 #define LR 0.5f
 
-static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc)
+static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc, bool sp)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
@@ -166,6 +188,7 @@ static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc)
     c.recompute = rc;
     c.tp_size = tp;
     c.tp_rank = rank;
+    c.sequence_parallel = sp;
     return c;
 }
 
@@ -176,6 +199,9 @@ typedef struct tp_result {
     size_t n;                  /* whole parameters */
     int ok;                    /* the rank finished */
     double act_bytes, flops;
+    double act_bytes_nosp;     /* sequence parallelism: the same rank's model without it */
+    double accum_err;          /* a second backward accumulated on the first: its gradients
+                                * against twice the first's (max error / max magnitude) */
     /* then params0 (n), grads0 (n), params_final (n) */
 } tp_result;
 
@@ -265,6 +291,7 @@ static int gather_whole(dt_model *m, dt_comm *comm, const float *src, float *out
 typedef struct tp_job {
     int tp, port;
     dt_recompute rc;
+    bool sp;
     char run_id[64];
     tp_result *res;
 } tp_job;
@@ -280,9 +307,9 @@ static void train_and_report(dt_model *m, dt_comm *comm, tp_result *res, bool re
     dt_test_batch_make(&hb, &c, c.max_batch, 77);
     const size_t n = res->n;
     float *host = malloc(m->num_params * sizeof(float));
-    float *whole = malloc(n * sizeof(float));
-    RCHECK(host && whole, "out of memory");
-    if (!host || !whole)
+    float *whole = malloc(n * sizeof(float)), *once = malloc(n * sizeof(float));
+    RCHECK(host && whole && once, "out of memory");
+    if (!host || !whole || !once)
         goto out;
 #define GATHER(buf, dst, what)                                                                     \
     do {                                                                                           \
@@ -308,6 +335,26 @@ static void train_and_report(dt_model *m, dt_comm *comm, tp_result *res, bool re
     if (report)
         res->loss0 = loss;
     GATHER(m->grads, res_grads0(res), "gradients");
+    {
+        /* a second backward of the same batch accumulates onto the first: the gradients must
+         * double (under sequence parallelism the LayerNorms' all-reduce must sum this pass
+         * only, not what the buffer held) */
+        memcpy(once, whole, n * sizeof(float));
+        RCHECK(m->ops->forward(m, &hb.b, true, &loss, &err) == 0, "forward: %s", err.msg);
+        RCHECK(m->ops->backward(m, 1.0f, NULL, NULL, &err) == 0, "backward: %s", err.msg);
+        be->memcpy_d2h(be, host, m->grads, m->num_params * sizeof(float)); /* whole: the sum */
+        if (comm && gather_whole(m, comm, host, whole, "accumulated gradients"))
+            goto out;
+        if (!comm)
+            memcpy(whole, host, n * sizeof(float));
+        double num = 0, den = 1e-30;
+        for (size_t i = 0; i < n; i++) {
+            num = DT_MAX(num, fabs((double)whole[i] - 2.0 * (double)once[i]));
+            den = DT_MAX(den, fabs(2.0 * (double)once[i]));
+        }
+        if (report)
+            res->accum_err = num / den;
+    }
     for (int s = 0; s < STEPS; s++) {
         be->sgd_update(be, m->params, m->grads, NULL, m->num_params, LR, 0.0f, false, 0.0f,
                        true);
@@ -327,6 +374,7 @@ static void train_and_report(dt_model *m, dt_comm *comm, tp_result *res, bool re
 out:
     free(host);
     free(whole);
+    free(once);
     dt_test_batch_free(&hb);
 }
 
@@ -337,6 +385,7 @@ static void check_table(const dt_model *m)
     const int tp = m->cfg.tp_size;
     dt_model_config c1 = m->cfg;
     c1.tp_size = c1.tp_rank = 0;
+    c1.sequence_parallel = false;
     dt_model *m1 = NULL;
     dt_err err = {0};
     if (dt_model_create(&m1, &c1, m->be, NULL, &err)) {
@@ -488,12 +537,19 @@ static void tp_rank_main(const tp_job *j, int rank)
         fprintf(stderr, "    rank %d: comm: %s\n", rank, err.msg);
         _exit(3);
     }
-    dt_model_config c = tp_cfg(j->tp, rank, j->rc);
+    dt_model_config c = tp_cfg(j->tp, rank, j->rc, j->sp);
     if (dt_backend_open(&be, "cpu", NULL, &err) || dt_model_create(&m, &c, be, comm, &err)) {
         fprintf(stderr, "    rank %d: model: %s\n", rank, err.msg);
         _exit(4);
     }
     check_table(m);
+    if (j->sp && rank == 0) { /* the activations of the same rank without sequence parallelism */
+        dt_model *m0 = NULL;
+        c.sequence_parallel = false;
+        RCHECK(dt_model_create(&m0, &c, be, comm, &err) == 0, "model without SP: %s", err.msg);
+        j->res->act_bytes_nosp = m0 ? (double)dt_model_activation_bytes(m0) : 0;
+        dt_model_free(m0);
+    }
     train_and_report(m, comm, j->res, rank == 0);
     check_hooked(m, comm);
     dt_model_free(m);
@@ -514,15 +570,31 @@ static double rel_err(const float *a, const float *b, size_t n)
     return num / den;
 }
 
-static void run_tp(int tp, dt_recompute rc)
+/* The activation bytes sequence parallelism should save on one rank of tp, from gpt.c's
+ * buffers at this test's shape: every (B,T,C)- and (B,T)-sized buffer of the residual stream
+ * and the LayerNorms keeps 1/tp of its rows (per kept layer ln_1's and ln_2's outputs and
+ * statistics and res2; res3 for every layer; the embeddings' output, ln_f's output and
+ * statistics; the backward's dres), minus the scratch it adds: the gathered (B,T,C) operand,
+ * a (B,T/tp,C) reduce-scattered gradient and 4C LayerNorm gradients. */
+static double sp_expected_saving(const dt_model_config *c, int tp)
+{
+    const double NR = (double)c->max_batch * c->shape.seq_len, C = c->n_embd, NC = NR * C;
+    const double L = c->n_layer, Lk = c->recompute == DT_RECOMPUTE_BLOCK ? 1 : L;
+    const double split = Lk * (3 * NC + 4 * NR) + L * NC /* res3 */ + NC /* encoded */ +
+                         NC + 2 * NR /* ln_f */ + NC /* dres */;
+    const double added = NC + NC / tp + 4 * C;
+    return 4.0 * (split * (1.0 - 1.0 / tp) - added);
+}
+
+static void run_tp(int tp, dt_recompute rc, bool sp)
 {
     /* the reference is TP = 1, in a child of its own like the ranks (nothing in this process
      * starts a BLAS thread before the forks); its size: embeddings, 12C^2 + 13C per layer, ln_f */
-    dt_model_config c1 = tp_cfg(1, 0, rc);
+    dt_model_config c1 = tp_cfg(1, 0, rc, false);
     const size_t n = (size_t)(65 * 64 + 16 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64);
     tp_result *ref = res_map(n), *got = res_map(n);
-    tp_job j = {.tp = tp, .rc = rc, .res = got};
-    snprintf(j.run_id, sizeof j.run_id, "tp-%d-%d-%d", (int)getpid(), tp, (int)rc);
+    tp_job j = {.tp = tp, .rc = rc, .sp = sp, .res = got};
+    snprintf(j.run_id, sizeof j.run_id, "tp-%d-%d-%d-%d", (int)getpid(), tp, (int)rc, (int)sp);
     pid_t srv = dt_test_store_start(&j.port);
     pid_t pids[8];
     fflush(stdout);
@@ -597,21 +669,35 @@ static void run_tp(int tp, dt_recompute rc)
             const dt_tensor_info *t = &m->tensors[i];
             double eg = rel_err(res_grads0(got) + t->offset, res_grads0(ref) + t->offset, t->numel);
             double ep = rel_err(res_final(got) + t->offset, res_final(ref) + t->offset, t->numel);
-            DT_CHECK_MSG(eg <= 1e-5, "TP = %d recompute %d: gradient of %s off by %.3g", tp,
-                         (int)rc, t->name, eg);
-            DT_CHECK_MSG(ep <= 1e-5, "TP = %d recompute %d: trained %s off by %.3g", tp, (int)rc,
-                         t->name, ep);
+            DT_CHECK_MSG(eg <= 1e-5, "TP = %d%s recompute %d: gradient of %s off by %.3g", tp,
+                         sp ? " SP" : "", (int)rc, t->name, eg);
+            DT_CHECK_MSG(ep <= 1e-5, "TP = %d%s recompute %d: trained %s off by %.3g", tp,
+                         sp ? " SP" : "", (int)rc, t->name, ep);
             worst_g = DT_MAX(worst_g, eg);
             worst_p = DT_MAX(worst_p, ep);
         }
-        printf("    TP = %d, recompute %d: loss %.7f (TP = 1 %.7f), worst gradient %.2g, worst "
+        printf("    TP = %d%s, recompute %d: loss %.7f (TP = 1 %.7f), worst gradient %.2g, worst "
                "trained parameter %.2g\n",
-               tp, (int)rc, got->loss0, ref->loss0, worst_g, worst_p);
+               tp, sp ? " + sequence parallel" : "", (int)rc, got->loss0, ref->loss0, worst_g,
+               worst_p);
         dt_model_free(m);
         dt_backend_close(be);
     }
+    /* gradient accumulation: a second backward adds exactly one more pass */
+    DT_CHECK_MSG(ref->accum_err <= 1e-6 && got->accum_err <= 1e-6,
+                 "TP = %d%s: accumulated gradients off twice the first by %.3g (TP = 1 %.3g)", tp,
+                 sp ? " SP" : "", got->accum_err, ref->accum_err);
     /* this rank's share of the activations and the FLOPs */
     DT_CHECK(got->act_bytes < ref->act_bytes);
+    if (sp) {
+        dt_model_config c = tp_cfg(tp, 0, rc, true);
+        double want = sp_expected_saving(&c, tp), saved = got->act_bytes_nosp - got->act_bytes;
+        printf("    TP = %d, recompute %d: activations per rank %.0f bytes, %.0f with sequence "
+               "parallelism (saved %.0f, expected %.0f); TP = 1 %.0f\n",
+               tp, (int)rc, got->act_bytes_nosp, got->act_bytes, saved, want, ref->act_bytes);
+        DT_CHECK_MSG(saved == want, "TP = %d SP: saved %.0f activation bytes, expected %.0f", tp,
+                     saved, want);
+    }
     DT_CHECK(got->flops < ref->flops && got->flops > ref->flops / tp);
     res_unmap(ref);
     res_unmap(got);
@@ -640,17 +726,22 @@ static void test_bad_config(void)
     dt_err err = {0};
     DT_REQUIRE_OK(dt_comm_init(&one, NULL, &o, &err), &err);
 
-    dt_model_config c = tp_cfg(2, 0, DT_RECOMPUTE_NONE);
+    dt_model_config c = tp_cfg(2, 0, DT_RECOMPUTE_NONE, false);
     expect_refused(&c, NULL, "needs the tensor group's communicator");
     expect_refused(&c, one, "the communicator given is rank 0 of 1");
     c.tp_rank = 1;
     expect_refused(&c, one, "the communicator given is rank 0 of 1");
     c.tp_rank = 2;
     expect_refused(&c, one, "tp_rank must be in 0..tp_size-1");
-    c = tp_cfg(-1, 0, DT_RECOMPUTE_NONE);
+    c = tp_cfg(-1, 0, DT_RECOMPUTE_NONE, false);
     expect_refused(&c, one, "tp_size >= 0");
-    c = tp_cfg(3, 0, DT_RECOMPUTE_NONE); /* 4 heads */
+    c = tp_cfg(3, 0, DT_RECOMPUTE_NONE, false); /* 4 heads */
     expect_refused(&c, one, "must divide model.n_head (4)");
+    /* sequence parallelism without tensor parallelism */
+    c = tp_cfg(1, 0, DT_RECOMPUTE_NONE, true);
+    expect_refused(&c, NULL, "sequence parallelism needs tensor parallelism");
+    c = tp_cfg(0, 0, DT_RECOMPUTE_NONE, true);
+    expect_refused(&c, NULL, "sequence parallelism needs tensor parallelism");
 
     dt_model_config mlp;
     memset(&mlp, 0, sizeof mlp);
@@ -665,7 +756,7 @@ static void test_bad_config(void)
     expect_refused(&mlp, one, "model mlp has no tensor-parallel form");
 
     /* tp_size 1 (and 0) is no tensor parallelism: any comm, or none, is fine */
-    c = tp_cfg(1, 0, DT_RECOMPUTE_NONE);
+    c = tp_cfg(1, 0, DT_RECOMPUTE_NONE, false);
     dt_backend *be = NULL;
     dt_model *m = NULL;
     DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
@@ -681,12 +772,120 @@ static void test_bad_config(void)
     dt_comm_free(one);
 }
 
-static void test_tp2_none(void) { run_tp(2, DT_RECOMPUTE_NONE); }
-static void test_tp2_block(void) { run_tp(2, DT_RECOMPUTE_BLOCK); }
-static void test_tp2_selective(void) { run_tp(2, DT_RECOMPUTE_SELECTIVE); }
-static void test_tp4_none(void) { run_tp(4, DT_RECOMPUTE_NONE); }
-static void test_tp4_block(void) { run_tp(4, DT_RECOMPUTE_BLOCK); }
-static void test_tp4_selective(void) { run_tp(4, DT_RECOMPUTE_SELECTIVE); }
+/* ------------------------------------------------------------------------------------------ */
+/* the dtrain binary with parallel.sequence_parallel, through the strategies */
+
+#define E2E_STEPS 6
+
+/* The values of "key": in the "train" records of metrics.jsonl text, in order, into v[0..max). */
+static int metric_values(const char *text, const char *key, double *v, int max)
+{
+    int n = 0;
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    for (const char *p = text; p && (p = strstr(p, "{\"type\":\"train\"")) && n < max; p++) {
+        const char *end = strchr(p, '\n'), *k = strstr(p, pat);
+        if (k && (!end || k < end))
+            v[n++] = strtod(k + strlen(pat), NULL);
+    }
+    return n;
+}
+
+/* `dtrain` on nproc workers with the given layout, with and without sequence parallelism:
+ * both exit 0, and every step's loss and gradient norm agree within 1e-5 relative; rank 0's
+ * peak activation memory (metrics.jsonl's mem_peak_bytes.activations) is smaller with it. */
+static void e2e_compare(int nproc, const char *layout)
+{
+    double loss[2][E2E_STEPS], gn[2][E2E_STEPS], act[2][E2E_STEPS];
+    for (int sp = 0; sp < 2; sp++) {
+        char *out = NULL;
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/e2e-%d-%d", dt_test_tmpdir(), nproc, sp);
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd,
+                 "%s --standalone --nproc-per-node=%d --max-restarts=0 %s/../../configs/"
+                 "quickstart.ini %s parallel.sequence_parallel=%s job.device=cpu "
+                 "job.cpu_bind=none model.n_layer=2 model.n_head=4 model.n_embd=16 "
+                 "model.block_size=16 data.seq_len=16 train.batch_size=4 train.steps=%d "
+                 "job.log_every=1 job.output_dir=%s 2>&1",
+                 dt_test_dtrain_bin(), nproc, dt_test_self_dir(), layout, sp ? "true" : "false",
+                 E2E_STEPS, dir);
+        int rc = dt_test_run(cmd, &out, 120);
+        DT_CHECK_MSG(rc == 0, "%s (sequence parallel %d) exited %d: %.3000s", layout, sp, rc,
+                     out ? out : "");
+        free(out);
+        char *m = dt_test_slurp(strcat(dir, "/metrics.jsonl"));
+        DT_REQUIRE(m != NULL);
+        DT_CHECK_INT(metric_values(m, "loss", loss[sp], E2E_STEPS), E2E_STEPS);
+        DT_CHECK_INT(metric_values(m, "grad_norm", gn[sp], E2E_STEPS), E2E_STEPS);
+        DT_CHECK_INT(metric_values(m, "activations", act[sp], E2E_STEPS), E2E_STEPS);
+        free(m);
+    }
+    for (int i = 0; i < E2E_STEPS; i++) {
+        DT_CHECK_MSG(fabs(loss[1][i] - loss[0][i]) <= 1e-5 * fabs(loss[0][i]),
+                     "%s step %d: loss %.9g with sequence parallelism, %.9g without", layout,
+                     i + 1, loss[1][i], loss[0][i]);
+        DT_CHECK_MSG(fabs(gn[1][i] - gn[0][i]) <= 1e-5 * fabs(gn[0][i]),
+                     "%s step %d: gradient norm %.9g with sequence parallelism, %.9g without",
+                     layout, i + 1, gn[1][i], gn[0][i]);
+    }
+    DT_CHECK(loss[0][E2E_STEPS - 1] < loss[0][0]);
+    DT_CHECK_MSG(act[1][0] < act[0][0], "%s: rank 0's activations %.0f bytes with sequence "
+                                        "parallelism, %.0f without",
+                 layout, act[1][0], act[0][0]);
+    printf("    %s: losses %.7f .. %.7f both ways; rank 0's activations %.0f -> %.0f bytes\n",
+           layout, loss[1][0], loss[1][E2E_STEPS - 1], act[0][0], act[1][0]);
+}
+
+static void test_sp_dtrain_tensor(void) { e2e_compare(2, "parallel.tensor=2"); }
+static void test_sp_dtrain_pipeline(void)
+{
+    e2e_compare(4, "parallel.tensor=2 parallel.pipeline=2 parallel.micro_batches=2");
+}
+
+/* The job file's checks: sequence parallelism needs T > 1 and a sequence T divides. */
+static void test_sp_config(void)
+{
+    char *out = NULL;
+    int rc = dt_test_run(fmt_cmd("%s --print-config %s/../../configs/quickstart.ini "
+                                 "parallel.sequence_parallel=true 2>&1",
+                                 dt_test_dtrain_bin(), dt_test_self_dir()),
+                         &out, 30);
+    DT_CHECK(rc != 0);
+    DT_CHECK_CONTAINS(out ? out : "", "set parallel.tensor > 1 (gpt), or "
+                                      "parallel.sequence_parallel = false");
+    free(out);
+    out = NULL;
+    rc = dt_test_run(fmt_cmd("%s --print-config --nproc-per-node=2 %s/../../configs/quickstart.ini "
+                             "parallel.tensor=2 model.n_head=4 data.seq_len=15 "
+                             "parallel.sequence_parallel=true 2>&1",
+                             dt_test_dtrain_bin(), dt_test_self_dir()),
+                     &out, 30);
+    DT_CHECK(rc != 0);
+    DT_CHECK_CONTAINS(out ? out : "", "set data.seq_len to a multiple of 2");
+    free(out);
+    out = NULL;
+    rc = dt_test_run(fmt_cmd("%s --print-config --nproc-per-node=2 %s/../../configs/quickstart.ini "
+                             "parallel.tensor=2 model.n_head=4 data.seq_len=16 "
+                             "parallel.sequence_parallel=true 2>&1",
+                             dt_test_dtrain_bin(), dt_test_self_dir()),
+                     &out, 30);
+    DT_CHECK_MSG(rc == 0, "--print-config exited %d: %s", rc, out ? out : "");
+    DT_CHECK_CONTAINS(out ? out : "", "sequence_parallel = true");
+    free(out);
+}
+
+static void test_tp2_none(void) { run_tp(2, DT_RECOMPUTE_NONE, false); }
+static void test_tp2_block(void) { run_tp(2, DT_RECOMPUTE_BLOCK, false); }
+static void test_tp2_selective(void) { run_tp(2, DT_RECOMPUTE_SELECTIVE, false); }
+static void test_tp4_none(void) { run_tp(4, DT_RECOMPUTE_NONE, false); }
+static void test_tp4_block(void) { run_tp(4, DT_RECOMPUTE_BLOCK, false); }
+static void test_tp4_selective(void) { run_tp(4, DT_RECOMPUTE_SELECTIVE, false); }
+static void test_sp2_none(void) { run_tp(2, DT_RECOMPUTE_NONE, true); }
+static void test_sp2_block(void) { run_tp(2, DT_RECOMPUTE_BLOCK, true); }
+static void test_sp2_selective(void) { run_tp(2, DT_RECOMPUTE_SELECTIVE, true); }
+static void test_sp4_none(void) { run_tp(4, DT_RECOMPUTE_NONE, true); }
+static void test_sp4_block(void) { run_tp(4, DT_RECOMPUTE_BLOCK, true); }
 
 static const dt_test tests[] = {
     {"tp_copy", test_tp_copy, 0},
@@ -697,6 +896,14 @@ static const dt_test tests[] = {
     {"tp4_none", test_tp4_none, 120},
     {"tp4_block", test_tp4_block, 120},
     {"tp4_selective", test_tp4_selective, 120},
+    {"sp2_none", test_sp2_none, 90},
+    {"sp2_block", test_sp2_block, 90},
+    {"sp2_selective", test_sp2_selective, 90},
+    {"sp4_none", test_sp4_none, 120},
+    {"sp4_block", test_sp4_block, 120},
+    {"sp_config", test_sp_config, 60},
+    {"sp_dtrain_tensor", test_sp_dtrain_tensor, 300},
+    {"sp_dtrain_pipeline", test_sp_dtrain_pipeline, 300},
 };
 
 int main(int argc, char **argv)

@@ -174,6 +174,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"parallel", "micro_batches", DT_CFG_INT, J(micro_batches), "1", 1, 1e6, NULL, false, "pipeline micro-batches M: each micro-step's batch (train.batch_size, which M must divide) is cut into M micro-batches that flow through the stages; the idle share of the pipeline (the bubble) is (P-1)/(M+P-1). When not given: 1 without a pipeline, else parallel.pipeline (resolved at load: --print-config shows the number)"},
     {"parallel", "schedule", DT_CFG_ENUM, J(pp_schedule), "1f1b", 0, 0, pp_schedule_names, false, "pipeline schedule: 1f1b (PipeDream-Flush: after a warm-up each stage alternates one forward and one backward, so at most P micro-batches' activations are kept) or gpipe (all forwards, then all backwards: M micro-batches' activations); the same gradients either way"},
     {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced by cost: the split whose costliest stage is cheapest, gpt's embedding counted on the first stage and ln_f + the head (2*C*V FLOPs a token, a block 24*C^2 + 4*T*C) on the last; earlier stages take one more block on a tie (mlp: layers count alike)"},
+    {"parallel", "sequence_parallel", DT_CFG_BOOL, J(sequence_parallel), "false", 0, 0, NULL, false, "Megatron-LM sequence parallelism on top of parallel.tensor = T > 1 (gpt): the residual stream, LayerNorms and residual adds hold 1/T of the tokens on each tensor rank instead of all of them, the all-reduces become reduce-scatters and all-gathers, so those activations take 1/T of the memory (same gradients, to rounding; about 1.25x the tensor group's traffic). Needs data.seq_len (or model.block_size) divisible by T; with parallel.pipeline > 1 the stages pass the 1/T shards"},
     /* [checkpoint] */
     {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
     {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
@@ -1397,6 +1398,32 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
     }
 }
 
+/* parallel.sequence_parallel against parallel.tensor and the sequence length (kept apart from
+ * parallel_validate: it only reads those). */
+static void sequence_parallel_validate(const dt_job *job, const parse_ctx *c, const char *w,
+                                       dt_config_errors *errs)
+{
+    const int T = job->tensor;
+    if (!job->sequence_parallel || BAD("parallel.sequence_parallel", "parallel.tensor"))
+        return;
+    if (T <= 1) {
+        add_error(errs, AT("parallel.sequence_parallel", "parallel.tensor"), 0,
+                  "parallel.sequence_parallel = true splits what tensor parallelism replicates, "
+                  "but parallel.tensor = %d: set parallel.tensor > 1 (gpt), or "
+                  "parallel.sequence_parallel = false",
+                  T);
+        return;
+    }
+    const int seq = job->seq_len > 0 ? job->seq_len : job->block_size; /* 0: the block size */
+    if (job->model_type == DT_MODEL_GPT && seq > 0 && seq % T &&
+        !BAD("data.seq_len", "model.block_size", "model.preset"))
+        add_error(errs, AT("parallel.sequence_parallel", "parallel.tensor", "data.seq_len"), 0,
+                  "parallel.sequence_parallel = true splits each sequence's %d tokens over the "
+                  "parallel.tensor = %d ranks, which does not divide it: set data.seq_len to a "
+                  "multiple of %d, or parallel.sequence_parallel = false",
+                  seq, T, T);
+}
+
 static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors *errs)
 {
     int before = errs ? errs->count : 0;
@@ -1478,6 +1505,7 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                   "train.grad_accum with parallel.zero = 3, or parallel.zero = 1 or 2 with "
                   "train.global_batch");
     parallel_validate(job, c, w, errs);
+    sequence_parallel_validate(job, c, w, errs);
     if (job->resume == DT_RESUME_PATH && !job->resume_path[0])
         add_error(errs, AT("checkpoint.resume"), 0, "checkpoint.resume: use auto, never or a path");
     return errs && errs->count > before ? -EINVAL : 0;

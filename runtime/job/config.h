@@ -232,6 +232,7 @@ typedef struct dt_job {
     /* [parallel] */
     int zero;                          /* ZeRO stage 0..3 (0 = DDP) */
     int tensor;                        /* tensor-parallel degree T (>= 1; gpt only) */
+    bool sequence_parallel;            /* Megatron-SP over the tensor group (T > 1) */
     int pipeline;                      /* pipeline stages P (>= 1) */
     int micro_batches;                 /* pipeline micro-batches M per rank batch (>= 1; not
                                           given: P, resolved at load; 1 in dt_job_defaults) */

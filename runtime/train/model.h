@@ -116,6 +116,14 @@ typedef struct dt_model_config {
      * stream as tp_size = 1 and keeps this rank's slice, so every layout starts bit-identical.
      * Tensor tables (m->tensors) describe the local slices, with tp_dim/tp_parts/whole_shape. */
     int tp_size, tp_rank;
+    /* Sequence parallelism (Megatron-SP; gpt only, needs tp_size > 1 and shape.seq_len
+     * divisible by tp_size, else dt_model_create is -EINVAL): the residual stream, the
+     * LayerNorms and the row-parallel bias adds hold this rank's 1/tp_size of the batch's
+     * tokens instead of all of them, the all-reduces become reduce-scatters and all-gathers
+     * (gpt.c's header: the layout and what is communicated), and a pipeline stage's input and
+     * output are those shards (pp_in_numel and pp_out_numel shrink by tp_size). Gradients
+     * are those of sequence_parallel = false, to rounding. */
+    bool sequence_parallel;
     /* Pipeline parallelism (pp_size 0 or 1: none): this model is stage pp_rank of pp_size and
      * holds the run [pp_first, pp_first + pp_count) of the model's pipeline blocks, the units
      * runtime/job/config.h's dt_job_stage_blocks counts (mlp: the Linear layers fc.i; gpt: the

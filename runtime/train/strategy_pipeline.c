@@ -367,6 +367,7 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     mc.pp_slots = p->slots;
     mc.tp_size = p->g.grid.T;
     mc.tp_rank = p->g.grid.tp;
+    mc.sequence_parallel = p->g.grid.T > 1 && ctx->job->sequence_parallel;
     p->mb_cap = (ctx->model->max_batch + p->M - 1) / p->M;
     mc.max_batch = p->mb_cap;
     const dt_sample_shape *sh = &ctx->model->shape;

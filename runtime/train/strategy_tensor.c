@@ -179,6 +179,7 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     dt_model_config mc = *ctx->model;
     mc.tp_size = t->grid.T;
     mc.tp_rank = t->grid.tp;
+    mc.sequence_parallel = t->grid.T > 1 && ctx->job->sequence_parallel;
     if ((rc = dt_model_create(&s->model, &mc, s->be, t->tp, err)))
         return rc;
     const dt_model *m = s->model;

@@ -65,6 +65,38 @@
  * sums hold one non-zero term per element besides wpe, so the all-reduced embedding is the
  * bits TP = 1 computes; everything after it matches TP = 1 to float32 rounding (different
  * summation orders in the split GEMMs).
+ * Sequence parallelism (cfg.sequence_parallel, Megatron-SP, TP > 1, T a multiple of TP): the
+ * regions TP replicates (the residual stream, the LayerNorms, the row-parallel bias adds and
+ * the residual adds; this model has no dropout) are split over the group instead of repeated.
+ * Layout: the activations stay (B,T,C) row-major and rank r holds the contiguous rows
+ * [r*N/TP, (r+1)*N/TP) of the N = B*T token rows, (B*T/TP, C). That is exactly the sequence
+ * slice [r*T/TP, (r+1)*T/TP) when B = 1 (Megatron's split of its (T,B,C) layout along T is
+ * likewise a contiguous 1/TP of the token rows; in our (B,T) order a contiguous 1/TP of the
+ * rows covers whole samples first). Every op of the split regions is per token (wpe is added
+ * before the split, in the embedding), so any equal split of the rows computes the same
+ * numbers; this one is what comm.h's all-gather and reduce-scatter move (contiguous chunks
+ * in rank order), so no strided copy or transpose is ever made, and T % TP == 0 makes every
+ * micro-batch's B*T divisible. The collectives, each over the (B,T,C) rows: the embedding's
+ * partial sums reduce-scattered into the shards; per layer, ln_1's and ln_2's outputs (this
+ * rank's rows, what forward keeps) all-gathered (g-bar) before c_attn and c_fc, the c_proj's
+ * partial products reduce-scattered (g-bar's conjugate) instead of all-reduced, the bias then
+ * added to the shard; ln_f's output all-gathered before the vocabulary-parallel head. In
+ * backward the transposes: the gradient of each row-parallel output all-gathered (the c_proj's
+ * weight and bias gradients then come from all N rows, so the bias gradient is whole and the
+ * same bits on every rank without an all-reduce), ln_1's, ln_2's and ln_f's outputs all-gathered
+ * again for the weight gradients of the GEMMs they feed (Megatron's choice: keep 1/TP, gather
+ * twice), the input gradients of the column-parallel GEMMs (and the head's) reduce-scattered,
+ * and the gradient of the embeddings' output all-gathered. The LayerNorms' weight and bias
+ * gradients see only this rank's rows: they are computed into a scratch (g->dln), all-reduced
+ * over the group (one all-reduce of 4C per block, 2C for ln_f) and added to the gradient
+ * buffer just before the block's grad-ready report, so gradient accumulation over micro-steps
+ * is never summed twice and the strategies change nothing. Per layer and step: 2 all-gathers
+ * + 2 reduce-scatters forward and 4 all-gathers + 2 reduce-scatters backward of (B,T,C), each
+ * moving (TP-1)/TP of it per rank, against TP's 4 all-reduces (2x that each): 10 units
+ * against 8, 1.25x TP's volume for the two re-gathers, and the kept (B,T,C)-sized activations per layer (ln_1 and
+ * ln_2 outputs, res2, res3 and the LayerNorm statistics), the embeddings' and ln_f's are 1/TP.
+ * With pipeline stages the stage boundaries carry the shards ((B*T/TP,C) per rank: pp_in_numel
+ * and pp_out_numel are T*C/TP), TP times less than without.
  * Pipeline stages (model.h, cfg.pp_size > 1; with or without tensor parallelism): the
  * stage holds transformer blocks [lo, hi); stage 0 also the embeddings (wte, wpe), the last
  * stage ln_f and the head with its own copy of the tied wte (the strategy all-reduces the two
@@ -102,6 +134,17 @@ typedef struct gpt {
     int Cl, NHl;             /* attention width and heads on this rank: C/TP, NH/TP */
     int Vl, v0, nv;          /* vocabulary rows here (Vp/TP), the first one's id, real ones */
     float *xmax, *xsums;     /* (B,T), (2,B,T): vocabulary-parallel cross-entropy statistics */
+    /* sequence parallelism (the header): sd = TP with it, else 1; the residual stream, the
+     * LayerNorms' inputs, outputs and statistics and the stage's input and output hold
+     * N / sd of the N = B*T token rows, this rank's shard (rows [tpr*N/sd, (tpr+1)*N/sd)) */
+    bool sp;
+    int sd;
+    float *gat;              /* (B,T,C) SP scratch: the gathered operand of the moment (a
+                              * LayerNorm's output, a row-parallel GEMM's partial sums, the
+                              * gradient of the residual stream) */
+    float *dCs;              /* (B*T/TP,C) SP scratch: a reduce-scattered input gradient */
+    float *dln;              /* (4C) SP scratch: a block's LayerNorm gradients from this
+                              * rank's tokens (ln_1 w|b, ln_2 w|b), all-reduced before use */
     int wte, wpe, lnfw, lnfb;
     gpt_layer *layers;       /* (L) owned */
     int32_t *tokens;         /* (B,T) device */
@@ -109,6 +152,8 @@ typedef struct gpt {
     dt_recompute recompute;
     int Lk, La;              /* layers of intermediates kept (L, or 1 with recompute = block)
                               * and of attention probabilities (L, or 1 with any recompute) */
+    /* the fields with B*T rows in a (B,T,C) or (B,T) shape hold B*T/sd of them under
+     * sequence parallelism: encoded, ln1*, res2, ln2*, res3, lnf* */
     float *encoded;          /* (B,T,C) */
     float *ln1, *ln1_mean, *ln1_rstd; /* (Lk,B,T,C), (Lk,B,T), (Lk,B,T) */
     float *qkv;              /* (Lk,B,T,3Cl) */
@@ -183,7 +228,8 @@ typedef struct gpt_acts {
 
 static void acts_of(const gpt *g, int l, gpt_acts *a)
 {
-    const size_t NR = (size_t)g->Bmax * g->Tmax, NC = NR * g->C, NCl = NR * g->Cl;
+    const size_t NR = (size_t)g->Bmax * g->Tmax / (size_t)g->sd, NC = NR * g->C;
+    const size_t NCl = (size_t)g->Bmax * g->Tmax * g->Cl; /* the column-parallel region: all rows */
     const size_t NATT = (size_t)g->Bmax * g->NHl * g->Tmax * g->Tmax;
     const size_t ll = (size_t)(l - g->lo); /* the stage's layer l: its slot's index */
     const size_t k = g->Lk == g->Ls ? ll : 0, ka = g->La == g->Ls ? ll : 0;
@@ -218,9 +264,49 @@ static int tp_allreduce(const gpt *g, float *x, size_t n, dt_redop op, const cha
     return rc;
 }
 
+/* Sequence parallelism: full (N,C) = every rank's shard (N/TP,C), in rank order (g-bar). */
+static int sp_allgather(const gpt *g, const float *shard, float *full, size_t N, const char *what,
+                        dt_err *err)
+{
+    int rc = dt_comm_allgather(g->comm, shard, full, N / (size_t)g->tp * (size_t)g->C,
+                               DT_FLOAT32, NULL, err);
+    if (rc)
+        dt_err_prefix(err, "gpt sequence parallelism (rank %d of %d), all-gather of %s: ",
+                      g->tpr, g->tp, what);
+    return rc;
+}
+
+/* Sequence parallelism: shard (N/TP,C) = this rank's rows of full (N,C) summed over the group. */
+static int sp_reduce_scatter(const gpt *g, const float *full, float *shard, size_t N,
+                             const char *what, dt_err *err)
+{
+    int rc = dt_comm_reduce_scatter(g->comm, full, shard, N / (size_t)g->tp * (size_t)g->C,
+                                    DT_FLOAT32, DT_SUM, NULL, err);
+    if (rc)
+        dt_err_prefix(err, "gpt sequence parallelism (rank %d of %d), reduce-scatter of %s: ",
+                      g->tpr, g->tp, what);
+    return rc;
+}
+
+/* Sequence parallelism: the LayerNorm gradients in g->dln (n floats, from this rank's tokens
+ * only) summed over the group, then added to the gradients of the tensors at w (2C floats per
+ * LayerNorm: the weight, then the bias right after it; a block's ln_1 and ln_2 are w[0], w[1]).
+ * Every rank adds the same sums, so the replicated gradients stay the same bits on each. */
+static int sp_ln_grads(dt_model *m, const gpt *g, const int *w, int nln, const char *what,
+                       dt_err *err)
+{
+    const size_t C2 = 2 * (size_t)g->C;
+    int rc = tp_allreduce(g, g->dln, (size_t)nln * C2, DT_SUM, what, err);
+    for (int i = 0; !rc && i < nln; i++)
+        m->be->accumulate(m->be, G(m, w[i]), g->dln + (size_t)i * C2, C2);
+    return rc;
+}
+
 /* Row-parallel linear + g (Megatron's RowParallelLinear): out (N,C) = inp (N,K) @ w^T, w (C,K)
  * this rank's columns, summed over the tensor group, + bias (C, replicated) added after the sum
- * on every rank. TP = 1: the one fused matmul it always was. */
+ * on every rank. TP = 1: the one fused matmul it always was. Sequence parallelism: the partial
+ * products go to g->gat and are reduce-scattered, so out is this rank's shard (N/TP,C), and
+ * the bias is added to the shard. */
 static int row_parallel_fwd(dt_model *m, const gpt *g, float *out, const float *inp, int w,
                             int b, int N, int K, const char *what, dt_err *err)
 {
@@ -230,117 +316,161 @@ static int row_parallel_fwd(dt_model *m, const gpt *g, float *out, const float *
         be->matmul_fwd(be, out, inp, P(m, w), P(m, b), N, K, C);
         return 0;
     }
-    be->matmul_fwd(be, out, inp, P(m, w), NULL, N, K, C);
-    int rc = tp_allreduce(g, out, (size_t)N * C, DT_SUM, what, err);
+    float *part = g->sp ? g->gat : out;
+    be->matmul_fwd(be, part, inp, P(m, w), NULL, N, K, C);
+    int rc = g->sp ? sp_reduce_scatter(g, part, out, (size_t)N, what, err)
+                   : tp_allreduce(g, out, (size_t)N * C, DT_SUM, what, err);
     if (!rc)
-        be->bias_add(be, out, P(m, b), N, C);
+        be->bias_add(be, out, P(m, b), N / g->sd, C);
     return rc;
 }
 
 /* Transformer block l on its input res (B,T,C) into a; without output, the last projection and
  * residual (res3, kept from forward) are skipped: that is the recomputation in backward. Under
  * tensor parallelism c_attn and c_fc are column-parallel (f, identity in forward, before them),
- * the c_proj's row-parallel with g (row_parallel_fwd). */
+ * the c_proj's row-parallel with g (row_parallel_fwd). Sequence parallelism: res, the
+ * LayerNorms and the residual adds are this rank's N/TP rows; each LayerNorm's output is
+ * all-gathered into g->gat (g-bar) for the column-parallel GEMM, which runs on all N rows. */
 static int block_fwd(dt_model *m, const gpt *g, int l, const float *res, const gpt_acts *a,
                      int B, int T, bool output, dt_err *err)
 {
     dt_backend *be = m->be;
     const gpt_layer *w = &g->layers[l];
     const int C = g->C, Cl = g->Cl, NHl = g->NHl;
-    const size_t N = (size_t)B * T;
+    const size_t N = (size_t)B * T, Ns = N / (size_t)g->sd; /* all rows; the residual's */
     int rc;
-    be->layernorm_fwd(be, a->ln1, a->ln1m, a->ln1r, res, P(m, w->ln1w), P(m, w->ln1b), (int)N, C,
-                      LN_EPS);
-    // qkv (N,3Cl): this rank's heads
-    be->matmul_fwd(be, a->qkv, a->ln1, P(m, w->qkvw), P(m, w->qkvb), (int)N, C, 3 * Cl);
+    be->layernorm_fwd(be, a->ln1, a->ln1m, a->ln1r, res, P(m, w->ln1w), P(m, w->ln1b), (int)Ns,
+                      C, LN_EPS);
+    if (g->sp && (rc = sp_allgather(g, a->ln1, g->gat, N, "ln_1's output", err)))
+        return rc;
+    // qkv (N,3Cl): this rank's heads, from ln_1's output on all N rows
+    be->matmul_fwd(be, a->qkv, g->sp ? g->gat : a->ln1, P(m, w->qkvw), P(m, w->qkvb), (int)N, C, 3 * Cl);
     be->attention_fwd(be, a->atty, a->att, a->qkv, B, T, Cl, NHl);
     if ((rc = row_parallel_fwd(m, g, a->res2, a->atty, w->projw, w->projb, (int)N, Cl,
                                "attn.c_proj's output", err)))
         return rc;
-    be->accumulate(be, a->res2, res, N * C); // res2 = res + attn
-    be->layernorm_fwd(be, a->ln2, a->ln2m, a->ln2r, a->res2, P(m, w->ln2w), P(m, w->ln2b), (int)N,
-                      C, LN_EPS);
-    be->matmul_fwd(be, a->fch, a->ln2, P(m, w->fcw), P(m, w->fcb), (int)N, C, 4 * Cl);
+    be->accumulate(be, a->res2, res, Ns * C); // res2 = res + attn
+    be->layernorm_fwd(be, a->ln2, a->ln2m, a->ln2r, a->res2, P(m, w->ln2w), P(m, w->ln2b),
+                      (int)Ns, C, LN_EPS);
+    if (g->sp && (rc = sp_allgather(g, a->ln2, g->gat, N, "ln_2's output", err)))
+        return rc;
+    be->matmul_fwd(be, a->fch, g->sp ? g->gat : a->ln2, P(m, w->fcw), P(m, w->fcb), (int)N, C,
+                   4 * Cl);
     be->gelu_fwd(be, a->fchg, a->fch, N * 4 * Cl);
     if (!output)
         return 0;
     if ((rc = row_parallel_fwd(m, g, a->res3, a->fchg, w->fcprojw, w->fcprojb, (int)N, 4 * Cl,
                                "mlp.c_proj's output", err)))
         return rc;
-    be->accumulate(be, a->res3, a->res2, N * C); // res3 = res2 + mlp
+    be->accumulate(be, a->res3, a->res2, Ns * C); // res3 = res2 + mlp
     return 0;
 }
 
 /* Backward of transformer block l: g->dres (B,T,C) holds the gradient of its output and gets
  * the gradient of its input res; a holds its intermediates (recomputed already when they are
  * not kept). f's backward all-reduces dC, the gradient of ln_2's and ln_1's output, before
- * each LayerNorm backward; the row-parallel c_proj's (g) backward is the identity. */
+ * each LayerNorm backward; the row-parallel c_proj's (g) backward is the identity.
+ * Sequence parallelism: g->dres is this rank's N/TP rows. Each row-parallel backward first
+ * all-gathers it (the backward of the reduce-scatter) into g->gat, from which the c_proj's
+ * weight and bias gradients come over all N rows (so the bias gradient needs no all-reduce);
+ * each column-parallel GEMM's input (the LayerNorm's output, kept as this rank's rows) is
+ * all-gathered again into g->gat, and the input gradient dC (N,C) is reduce-scattered into
+ * g->dCs (N/TP,C) instead of all-reduced (g-bar's backward); the LayerNorm gradients, from
+ * this rank's rows only, go to g->dln and are all-reduced over the group at the end. */
 static int block_bwd(dt_model *m, gpt *g, int l, const float *res, const gpt_acts *a, int B,
                      int T, dt_err *err)
 {
     dt_backend *be = m->be;
     const gpt_layer *w = &g->layers[l];
     const int C = g->C, Cl = g->Cl, NHl = g->NHl;
-    const size_t N = (size_t)B * T, fN = N * sizeof(float);
+    const size_t N = (size_t)B * T, fN = N * sizeof(float), Ns = N / (size_t)g->sd;
+    const bool sp = g->sp;
+    float *dln2w = sp ? g->dln + 2 * C : G(m, w->ln2w), *dln2b = sp ? g->dln + 3 * C : G(m, w->ln2b);
+    float *dln1w = sp ? g->dln : G(m, w->ln1w), *dln1b = sp ? g->dln + C : G(m, w->ln1b);
+    float *dCin = sp ? g->dCs : g->dC; /* the gradient of a LayerNorm's output, its rows */
     int rc;
+    if (sp) {
+        be->memset_zero(be, g->dln, 4 * (size_t)C * sizeof(float));
+        if ((rc = sp_allgather(g, g->dres, g->gat, N, "the gradient of the block's output",
+                               err)))
+            return rc;
+    }
     be->memset_zero(be, g->d4a, fN * 4 * Cl);
-    be->matmul_bwd(be, g->d4a, G(m, w->fcprojw), G(m, w->fcprojb), g->dres, a->fchg,
-                   P(m, w->fcprojw), (int)N, 4 * Cl, C);
+    be->matmul_bwd(be, g->d4a, G(m, w->fcprojw), G(m, w->fcprojb), sp ? g->gat : g->dres,
+                   a->fchg, P(m, w->fcprojw), (int)N, 4 * Cl, C);
     be->memset_zero(be, g->d4b, fN * 4 * Cl);
     be->gelu_bwd(be, g->d4b, a->fch, g->d4a, N * 4 * Cl);
-    be->memset_zero(be, g->dC, fN * C);
-    be->matmul_bwd(be, g->dC, G(m, w->fcw), G(m, w->fcb), g->d4b, a->ln2, P(m, w->fcw), (int)N,
-                   C, 4 * Cl);
-    if ((rc = tp_allreduce(g, g->dC, N * C, DT_SUM, "the gradient of ln_2's output", err)))
+    if (sp && (rc = sp_allgather(g, a->ln2, g->gat, N, "ln_2's output (again)", err)))
         return rc;
-    be->layernorm_bwd(be, g->dres, G(m, w->ln2w), G(m, w->ln2b), g->dC, a->res2, P(m, w->ln2w),
-                      a->ln2m, a->ln2r, (int)N, C);
+    be->memset_zero(be, g->dC, fN * C);
+    be->matmul_bwd(be, g->dC, G(m, w->fcw), G(m, w->fcb), g->d4b, sp ? g->gat : a->ln2,
+                   P(m, w->fcw), (int)N, C, 4 * Cl);
+    if ((rc = sp ? sp_reduce_scatter(g, g->dC, g->dCs, N, "the gradient of ln_2's output", err)
+                 : tp_allreduce(g, g->dC, N * C, DT_SUM, "the gradient of ln_2's output", err)))
+        return rc;
+    be->layernorm_bwd(be, g->dres, dln2w, dln2b, dCin, a->res2, P(m, w->ln2w), a->ln2m, a->ln2r,
+                      (int)Ns, C);
     /* g->dres: gradient of res2 */
+    if (sp && (rc = sp_allgather(g, g->dres, g->gat, N, "the gradient of res2", err)))
+        return rc;
     be->memset_zero(be, g->dC, fN * Cl);
-    be->matmul_bwd(be, g->dC, G(m, w->projw), G(m, w->projb), g->dres, a->atty, P(m, w->projw),
-                   (int)N, Cl, C);
+    be->matmul_bwd(be, g->dC, G(m, w->projw), G(m, w->projb), sp ? g->gat : g->dres, a->atty,
+                   P(m, w->projw), (int)N, Cl, C);
     if (g->recompute == DT_RECOMPUTE_SELECTIVE) /* the probabilities, from the kept q,k,v */
         be->attention_fwd(be, g->dqkv, a->att, a->qkv, B, T, Cl, NHl); /* dqkv: scratch for y */
     be->memset_zero(be, g->dqkv, fN * 3 * Cl);
     be->attention_bwd(be, g->dqkv, g->datt, g->dC, a->qkv, a->att, B, T, Cl, NHl);
-    be->memset_zero(be, g->dC, fN * C);
-    be->matmul_bwd(be, g->dC, G(m, w->qkvw), G(m, w->qkvb), g->dqkv, a->ln1, P(m, w->qkvw),
-                   (int)N, C, 3 * Cl);
-    if ((rc = tp_allreduce(g, g->dC, N * C, DT_SUM, "the gradient of ln_1's output", err)))
+    if (sp && (rc = sp_allgather(g, a->ln1, g->gat, N, "ln_1's output (again)", err)))
         return rc;
-    be->layernorm_bwd(be, g->dres, G(m, w->ln1w), G(m, w->ln1b), g->dC, res, P(m, w->ln1w),
-                      a->ln1m, a->ln1r, (int)N, C);
+    be->memset_zero(be, g->dC, fN * C);
+    be->matmul_bwd(be, g->dC, G(m, w->qkvw), G(m, w->qkvb), g->dqkv, sp ? g->gat : a->ln1,
+                   P(m, w->qkvw), (int)N, C, 3 * Cl);
+    if ((rc = sp ? sp_reduce_scatter(g, g->dC, g->dCs, N, "the gradient of ln_1's output", err)
+                 : tp_allreduce(g, g->dC, N * C, DT_SUM, "the gradient of ln_1's output", err)))
+        return rc;
+    be->layernorm_bwd(be, g->dres, dln1w, dln1b, dCin, res, P(m, w->ln1w), a->ln1m, a->ln1r,
+                      (int)Ns, C);
     /* g->dres: gradient of this block's input */
+    if (sp) { /* ln_1 and ln_2 saw this rank's rows: their gradients summed over the group */
+        const int lns[2] = {w->ln1w, w->ln2w};
+        return sp_ln_grads(m, g, lns, 2, "the LayerNorm gradients", err);
+    }
     return 0;
 }
 
 /* The embeddings into g->encoded (B,T,C) for tokens (device). TP > 1: the vocabulary-parallel
- * partial sum (rank 0 adds wpe), all-reduced after the block's window. */
+ * partial sum (rank 0 adds wpe), all-reduced after the block's window; with sequence
+ * parallelism the partial sums go to g->gat and are reduce-scattered into encoded, this
+ * rank's rows. */
 static int embed_fwd(dt_model *m, gpt *g, int B, int T, dt_err *err)
 {
     dt_backend *be = m->be;
     const int C = g->C;
+    float *part = g->sp ? g->gat : g->encoded;
     dt_models_event(m, 0, DT_BLOCK_BEFORE_FORWARD);
     if (g->tp == 1)
         be->embedding_fwd(be, g->encoded, g->tokens, P(m, g->wte), P(m, g->wpe), B, T, C);
     else
-        be->embedding_vp_fwd(be, g->encoded, g->tokens, P(m, g->wte),
+        be->embedding_vp_fwd(be, part, g->tokens, P(m, g->wte),
                              g->tpr == 0 ? P(m, g->wpe) : NULL, B, T, C, g->v0, g->Vl);
     dt_models_event(m, 0, DT_BLOCK_AFTER_FORWARD);
+    if (g->sp)
+        return sp_reduce_scatter(g, part, g->encoded, (size_t)B * T, "the embeddings", err);
     return tp_allreduce(g, g->encoded, (size_t)B * T * C, DT_SUM, "the embeddings", err);
 }
 
-/* The tied head and the loss: logits (N,Vl) = lnf (N,C) @ wte^T (block 0's second window),
+/* The tied head and the loss: logits (N,Vl) = x (N,C) @ wte^T (block 0's second window), x
+ * ln_f's output (lnf; with sequence parallelism g->gat, where it was all-gathered),
  * then losses (N). Training: the classifier's gradient (softmax - onehot, unscaled) replaces
  * the logits in the same pass that computes the losses, so the (N,V) logits, the biggest tensor
  * of the model, are read once per step, not once here and again in backward. TP > 1: the
  * vocabulary-parallel cross-entropy, whose statistics are all-reduced between its stages. */
-static int head_fwd(dt_model *m, gpt *g, int N, bool training, dt_err *err)
+static int head_fwd(dt_model *m, gpt *g, const float *x, int N, bool training, dt_err *err)
 {
     dt_backend *be = m->be;
     const int C = g->C, Vl = g->Vl;
     dt_models_event(m, g->bl_head, DT_BLOCK_BEFORE_FORWARD);
-    be->matmul_fwd(be, g->logits, g->lnf, P(m, g->wte), NULL, N, C, Vl);
+    be->matmul_fwd(be, g->logits, x, P(m, g->wte), NULL, N, C, Vl);
     dt_models_event(m, g->bl_head, DT_BLOCK_AFTER_FORWARD);
     float *dlogits = training ? g->logits : NULL;
     if (g->tp == 1) {
@@ -375,13 +505,14 @@ static int gpt_stage_forward(dt_model *m, int slot, const dt_batch *batch, const
     sl->can_backward = false;
     use_slot(g, slot);
     if (B <= 0 || B > g->Bmax || T <= 0 || T > g->Tmax || (g->first && !batch->tokens) ||
-        (g->last && !batch->targets) || (!g->first && !in))
+        (g->last && !batch->targets) || (!g->first && !in) || T % g->sd)
         return dt_err_set(err, -EINVAL,
                           "gpt forward: batch of %dx%d tokens (at most %dx%d, with %s%s "
-                          "expected)",
+                          "expected%s)",
                           B, T, g->Bmax, g->Tmax,
                           g->first ? "inputs" : "the previous stage's output",
-                          g->last ? " and targets" : "");
+                          g->last ? " and targets" : "",
+                          g->sp ? "; sequence parallelism: T a multiple of the tensor size" : "");
     const size_t N = (size_t)B * T;
     int valid = 0; /* targets that count (>= 0), known here without asking the device */
     for (size_t i = 0; i < N; i++) {
@@ -421,9 +552,11 @@ static int gpt_stage_forward(dt_model *m, int slot, const dt_batch *batch, const
     if (g->last) {
         dt_models_event(m, g->bl_lnf, DT_BLOCK_BEFORE_FORWARD);
         be->layernorm_fwd(be, g->lnf, g->lnf_mean, g->lnf_rstd, res, P(m, g->lnfw),
-                          P(m, g->lnfb), (int)N, C, LN_EPS);
+                          P(m, g->lnfb), (int)(N / (size_t)g->sd), C, LN_EPS);
         dt_models_event(m, g->bl_lnf, DT_BLOCK_AFTER_FORWARD);
-        if ((rc = head_fwd(m, g, (int)N, training, err)))
+        if (g->sp && (rc = sp_allgather(g, g->lnf, g->gat, N, "ln_f's output", err)))
+            return rc;
+        if ((rc = head_fwd(m, g, g->sp ? g->gat : g->lnf, (int)N, training, err)))
             return rc;
         *loss = dt_models_mean_loss(m, g->losses, (int)N, valid);
     }
@@ -455,8 +588,11 @@ static int gpt_stage_backward(dt_model *m, int slot, float dloss_scale, const fl
     sl->can_backward = false;
     use_slot(g, slot);
     const int B = sl->B, T = sl->T, C = g->C;
-    const size_t N = (size_t)B * T, NC = (size_t)g->Bmax * g->Tmax * C;
-    const size_t fN = N * sizeof(float);
+    /* N rows; Ns of them in the residual stream (sequence parallelism: this rank's), NC the
+     * stride of res3's layers */
+    const size_t N = (size_t)B * T, Ns = N / (size_t)g->sd;
+    const size_t NC = (size_t)g->Bmax * g->Tmax / (size_t)g->sd * C;
+    const size_t fN = N * sizeof(float), fNs = Ns * sizeof(float);
     const float *in0 = g->first ? g->encoded : sl->in; /* the stage's input */
     int rc;
 
@@ -464,28 +600,42 @@ static int gpt_stage_backward(dt_model *m, int slot, float dloss_scale, const fl
         /* d loss / d logits = dl * (softmax - onehot), the latter in g->logits since forward;
          * dl goes on the (N,C) operands of the classifier GEMM instead of the (N,V) gradient:
          * dwte += dlogits^T @ (dl * lnf) and dC = (dlogits @ wte) * dl. lnf is not read again.
-         * TP > 1: dC is this rank's vocabulary's share, all-reduced (the head's f). */
+         * TP > 1: dC is this rank's vocabulary's share, all-reduced (the head's f).
+         * Sequence parallelism: ln_f's output is all-gathered into g->gat again (forward kept
+         * this rank's rows), dC reduce-scattered into g->dCs, and ln_f's backward runs on this
+         * rank's rows, its gradients all-reduced. */
         float dl = sl->valid > 0 ? dloss_scale / (float)sl->valid : 0.0f;
-        be->scale(be, g->lnf, N * C, dl);
+        float *x = g->sp ? g->gat : g->lnf, *dx = g->sp ? g->dCs : g->dC;
+        if (g->sp && (rc = sp_allgather(g, g->lnf, g->gat, N, "ln_f's output (again)", err)))
+            return rc;
+        be->scale(be, x, N * C, dl);
         be->memset_zero(be, g->dC, fN * C);
         dt_models_event(m, g->bl_head, DT_BLOCK_BEFORE_BACKWARD); /* the tied head */
-        be->matmul_bwd(be, g->dC, G(m, g->wte), NULL, g->logits, g->lnf, P(m, g->wte), (int)N,
-                       C, g->Vl);
+        be->matmul_bwd(be, g->dC, G(m, g->wte), NULL, g->logits, x, P(m, g->wte), (int)N, C,
+                       g->Vl);
         if (!g->first) /* the last stage's copy of wte: final now */
             dt_models_ready(m, g->wte, g->wte, ready, ctx);
         dt_models_event(m, g->bl_head, DT_BLOCK_AFTER_BACKWARD);
-        if ((rc = tp_allreduce(g, g->dC, N * C, DT_SUM, "the gradient of ln_f's output", err)))
+        if ((rc = g->sp ? sp_reduce_scatter(g, g->dC, g->dCs, N, "the gradient of ln_f's output",
+                                            err)
+                        : tp_allreduce(g, g->dC, N * C, DT_SUM, "the gradient of ln_f's output",
+                                       err)))
             return rc;
-        be->scale(be, g->dC, N * C, dl);
+        be->scale(be, dx, Ns * C, dl);
         const float *res_last = g->hi > g->lo ? g->res3 + (size_t)(g->Ls - 1) * NC : in0;
-        be->memset_zero(be, g->dres, fN * C);
+        be->memset_zero(be, g->dres, fNs * C);
+        if (g->sp)
+            be->memset_zero(be, g->dln, 2 * (size_t)C * sizeof(float));
         dt_models_event(m, g->bl_lnf, DT_BLOCK_BEFORE_BACKWARD);
-        be->layernorm_bwd(be, g->dres, G(m, g->lnfw), G(m, g->lnfb), g->dC, res_last,
-                          P(m, g->lnfw), g->lnf_mean, g->lnf_rstd, (int)N, C);
+        be->layernorm_bwd(be, g->dres, g->sp ? g->dln : G(m, g->lnfw),
+                          g->sp ? g->dln + C : G(m, g->lnfb), dx, res_last, P(m, g->lnfw),
+                          g->lnf_mean, g->lnf_rstd, (int)Ns, C);
+        if (g->sp && (rc = sp_ln_grads(m, g, &g->lnfw, 1, "ln_f's gradients", err)))
+            return rc;
         dt_models_ready(m, g->lnfw, g->lnfb, ready, ctx);
         dt_models_event(m, g->bl_lnf, DT_BLOCK_AFTER_BACKWARD);
     } else {
-        be->memcpy_d2d(be, g->dres, dout, fN * C); /* the gradient of the stage's output */
+        be->memcpy_d2d(be, g->dres, dout, fNs * C); /* the gradient of the stage's output */
     }
 
     for (int l = g->hi - 1; l >= g->lo; l--) {
@@ -504,15 +654,18 @@ static int gpt_stage_backward(dt_model *m, int slot, float dloss_scale, const fl
     }
     if (!g->first) {
         if (din) /* the gradient of the stage's input, for the previous stage */
-            be->memcpy_d2d(be, din, g->dres, fN * C);
+            be->memcpy_d2d(be, din, g->dres, fNs * C);
         return 0;
     }
+    /* sequence parallelism: the backward of the embedding's reduce-scatter, an all-gather */
+    if (g->sp && (rc = sp_allgather(g, g->dres, g->gat, N, "the embeddings' gradient", err)))
+        return rc;
     dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD);
     if (g->tp == 1)
         be->embedding_bwd(be, G(m, g->wte), G(m, g->wpe), g->dres, g->tokens, B, T, C);
     else
-        be->embedding_vp_bwd(be, G(m, g->wte), G(m, g->wpe), g->dres, g->tokens, B, T, C, g->v0,
-                             g->Vl);
+        be->embedding_vp_bwd(be, G(m, g->wte), G(m, g->wpe), g->sp ? g->gat : g->dres,
+                             g->tokens, B, T, C, g->v0, g->Vl);
     dt_models_ready(m, g->wte, g->wpe, ready, ctx);
     dt_models_event(m, 0, DT_BLOCK_AFTER_BACKWARD);
     return 0;
@@ -562,7 +715,8 @@ static void gpt_free(dt_model *m)
                 be->free(be, bufs[i]);
         }
     }
-    void *bufs[] = {g->dres, g->dC, g->dqkv, g->d4a, g->d4b, g->datt, g->xmax, g->xsums};
+    void *bufs[] = {g->dres, g->dC,   g->dqkv,  g->d4a, g->d4b,
+                    g->datt, g->xmax, g->xsums, g->gat, g->dCs, g->dln};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->free(be, bufs[i]);
     free(g->slots);
@@ -708,6 +862,19 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
     g->Vl = (g->V + g->tp - 1) / g->tp; /* the vocabulary padded to Vp = Vl * TP */
     g->v0 = g->tpr * g->Vl;
     g->nv = DT_MAX(0, DT_MIN(g->Vl, g->V - g->v0));
+    g->sp = cfg->sequence_parallel;
+    if (g->sp && g->tp == 1)
+        return dt_err_set(err, -EINVAL, "gpt: sequence parallelism needs tensor parallelism "
+                                        "(tp_size %d; parallel.tensor > 1 with "
+                                        "parallel.sequence_parallel = true)",
+                          cfg->tp_size);
+    if (g->sp && g->Tmax % g->tp)
+        return dt_err_set(err, -EINVAL, "gpt: sequence parallelism splits the %d tokens of a "
+                                        "sequence over the %d tensor ranks: make data.seq_len a "
+                                        "multiple of parallel.tensor, or set "
+                                        "parallel.sequence_parallel = false",
+                          g->Tmax, g->tp);
+    g->sd = g->sp ? g->tp : 1;
     g->layers = calloc((size_t)g->L, sizeof *g->layers);
     if (!g->layers)
         return dt_err_set(err, -ENOMEM, "out of memory");
@@ -802,6 +969,9 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
     const size_t NR = (size_t)g->Bmax * g->Tmax, NC = NR * C, NCl = NR * g->Cl;
     const size_t NATT = (size_t)g->Bmax * g->NHl * g->Tmax * g->Tmax;
     const size_t Lk = (size_t)g->Lk, La = (size_t)g->La;
+    /* the residual stream's and the LayerNorms' rows: all, or this rank's under sequence
+     * parallelism */
+    const size_t NRs = NR / (size_t)g->sd, NCs = NRs * C;
     g->nslots = cfg->pp_size > 1 && cfg->pp_slots > 1 ? cfg->pp_slots : 1;
     if (!(g->slots = calloc((size_t)g->nslots, sizeof *g->slots)))
         return dt_err_set(err, -ENOMEM, "out of memory");
@@ -818,15 +988,15 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
             size_t n;
             bool shared;
         } acts[] = {
-            {&sl->encoded, fst * NC, false},      {&sl->ln1, Lk * NC, rb},
-            {&sl->ln1_mean, Lk * NR, rb},         {&sl->ln1_rstd, Lk * NR, rb},
+            {&sl->encoded, fst * NCs, false},     {&sl->ln1, Lk * NCs, rb},
+            {&sl->ln1_mean, Lk * NRs, rb},        {&sl->ln1_rstd, Lk * NRs, rb},
             {&sl->qkv, 3 * Lk * NCl, rb},         {&sl->atty, Lk * NCl, rb},
-            {&sl->att, La * NATT, ra},            {&sl->res2, Lk * NC, rb},
-            {&sl->ln2, Lk * NC, rb},              {&sl->ln2_mean, Lk * NR, rb},
-            {&sl->ln2_rstd, Lk * NR, rb},         {&sl->fch, 4 * Lk * NCl, rb},
-            {&sl->fch_gelu, 4 * Lk * NCl, rb},    {&sl->res3, (size_t)g->Ls * NC, false},
-            {&sl->lnf, lst * NC, false},          {&sl->lnf_mean, lst * NR, false},
-            {&sl->lnf_rstd, lst * NR, false},     {&sl->logits, lst * NR * g->Vl, false},
+            {&sl->att, La * NATT, ra},            {&sl->res2, Lk * NCs, rb},
+            {&sl->ln2, Lk * NCs, rb},             {&sl->ln2_mean, Lk * NRs, rb},
+            {&sl->ln2_rstd, Lk * NRs, rb},        {&sl->fch, 4 * Lk * NCl, rb},
+            {&sl->fch_gelu, 4 * Lk * NCl, rb},    {&sl->res3, (size_t)g->Ls * NCs, false},
+            {&sl->lnf, lst * NCs, false},         {&sl->lnf_mean, lst * NRs, false},
+            {&sl->lnf_rstd, lst * NRs, false},    {&sl->logits, lst * NR * g->Vl, false},
             {&sl->losses, lst * NR, false},
         };
         size_t shared_bytes = 0;
@@ -853,19 +1023,22 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
         float **p;
         size_t n;
     } scratch[] = {
-        {&g->dres, NC}, {&g->dC, NC}, {&g->dqkv, 3 * NCl}, {&g->d4a, 4 * NCl},
+        {&g->dres, NCs}, {&g->dC, NC}, {&g->dqkv, 3 * NCl}, {&g->d4a, 4 * NCl},
         {&g->d4b, 4 * NCl}, {&g->datt, NATT},
+        /* sequence parallelism's: the gathered operand, a reduce-scattered gradient and
+         * the LayerNorm gradients before their all-reduce */
+        {&g->gat, g->sp ? NC : 0}, {&g->dCs, g->sp ? NCs : 0}, {&g->dln, g->sp ? 4 * C : 0},
     };
     for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++)
-        if ((rc = dt_models_falloc(m, scratch[i].p, scratch[i].n, err)))
+        if (scratch[i].n && (rc = dt_models_falloc(m, scratch[i].p, scratch[i].n, err)))
             return rc;
     if (g->tp > 1 && ((rc = dt_models_falloc(m, &g->xmax, NR, err)) ||
                       (rc = dt_models_falloc(m, &g->xsums, 2 * NR, err))))
         return rc;
     use_slot(g, 0);
     m->stage = &gpt_stage_ops;
-    m->pp_in_numel = g->first ? 0 : (size_t)g->Tmax * C;
-    m->pp_out_numel = g->last ? 0 : (size_t)g->Tmax * C;
+    m->pp_in_numel = g->first ? 0 : (size_t)g->Tmax / (size_t)g->sd * C;
+    m->pp_out_numel = g->last ? 0 : (size_t)g->Tmax / (size_t)g->sd * C;
     return init_params(m, g, err);
 }
 
