@@ -8,7 +8,10 @@
  *     baseline the issue's target is stated against ("T = 2 reaches 1.6x the tokens/s of T =
  *     1": the same GEMMs, halved over two cores, against one core doing them whole);
  *   DDP on N ranks: G / N samples each (the other way to use the same N cores);
- *   T = 2, 4, ... up to N (D = 1): every rank the whole batch, 1/T of every block.
+ *   T = 2, 4, ... up to N (D = 1): every rank the whole batch, 1/T of every block;
+ *   when the job asks for parallel.sequence_parallel = true, each T > 1 twice:
+ *     without ("T=2") and with Megatron sequence parallelism ("T=2 SP"), side by side. The
+ *     T = 1 and DDP rows always run without it (it needs T > 1; the header says so).
  * A configuration that cannot run (n_head or a world the job's loader refuses) is printed with
  * the loader's or the model's reason.
  *
@@ -36,11 +39,26 @@
  *   - Megatron's: 4 all-reduces of B x T x C floats per layer, 4 x L x B x T x C x 4 bytes (per
  *     micro-step). DDP's reference is its gradients, parameters x 4 bytes (its schedule adds
  *     the loss's 16 bytes, and halves the gradients under ddp.compress).
+ * With train.recompute = block the recomputed forward repeats attn.c_proj's all-reduce: + L
+ * x B x T x C floats per micro-step.
+ * Sequence parallelism's rows count the tensor group's reduce-scatters and all-gathers apart
+ * (comm.h's sizes: the whole (B x T, C) input of a reduce-scatter, the whole output of an
+ * all-gather), beside gpt.c's SP schedule per micro-step: reduce-scatters, the embedding's
+ * partial sums, 2 per layer forward (the c_proj's), 2 per layer backward (the gradients of
+ * ln_1's and ln_2's outputs) and the head's input gradient: 4L + 2; all-gathers, 2 per layer
+ * forward (ln_1's and ln_2's outputs), 4 backward (the two row-parallel output gradients, the two
+ * LayerNorm outputs again), ln_f's output in forward and again in backward, the embeddings'
+ * gradient: 6L + 3; each B x T x C floats (recompute = block: + L reduce-scatters and + 2L
+ * all-gathers). What stays an all-reduce: the cross-entropy's 3 x B x T and the LayerNorms'
+ * weight and bias gradients, 4C per layer + 2C for ln_f, per micro-step; then the step's
+ * scalars as above. The activation bytes per rank are the allocator's (DT_MEM_ACTS, peak),
+ * with and without sequence parallelism.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -85,6 +103,9 @@ typedef struct result {
                            world's), counted by the communicator over the timed steps */
     double ar_calls;    /* all-reduce calls per step, likewise */
     double sched_bytes; /* the schedule's prediction of ar_bytes (see the top of this file) */
+    double rs_bytes, rs_calls, sched_rs; /* reduce-scatters, likewise (sequence parallelism) */
+    double ag_bytes, ag_calls, sched_ag; /* all-gathers, likewise */
+    double act_bytes;   /* the allocator's activation bytes (DT_MEM_ACTS, peak) */
     double ref_bytes;   /* Megatron's 4 x L x B x T x C floats (tensor ranks; DDP: parameters)
                            x 4 bytes; 0 for one process */
     double tokens;      /* tokens per step, all ranks together (the global batch) */
@@ -107,8 +128,11 @@ static void usage(FILE *out)
             "up to N, all at the same global batch (the job's train.batch_size): tokens/s and its\n"
             "ratio to T = 1, the bytes each rank all-reduced per step (counted by the tensor\n"
             "group's communicator) beside the schedule's prediction and Megatron's count,\n"
-            "the share of the step outside the compute ops (communication and waiting), and each\n"
-            "rank's parameter bytes beside 1/T of the split tensors plus the replicated ones.\n");
+            "the share of the step outside the compute ops (communication and waiting), each\n"
+            "rank's parameter bytes beside 1/T of the split tensors plus the replicated ones, and\n"
+            "its activation bytes. When the job asks for parallel.sequence_parallel = true, each\n"
+            "T > 1 runs without and with it (T = 1 and DDP without), and the tensor group's\n"
+            "reduce-scatters and all-gathers are counted beside their prediction.\n");
 }
 
 /* ---- the children ---------------------------------------------------------------------------- */
@@ -133,10 +157,12 @@ static int write_result(const char *path, const result *r)
     FILE *f = fopen(path, "w");
     if (!f)
         return -errno;
-    fprintf(f, "%.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %lld %lld\n",
+    fprintf(f, "%.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g %lld %lld "
+            "%.17g %.17g %.17g %.17g %.17g %.17g %.17g\n",
             r->step_s, r->cpu_s, r->prof_step_s, r->ops_s, r->params_bytes, r->pred_params,
             r->ar_bytes, r->ar_calls, r->sched_bytes, r->ref_bytes, r->tokens, r->local_params,
-            r->whole_params);
+            r->whole_params, r->rs_bytes, r->rs_calls, r->sched_rs, r->ag_bytes, r->ag_calls,
+            r->sched_ag, r->act_bytes);
     return fclose(f) ? -errno : 0;
 }
 
@@ -146,10 +172,12 @@ static int read_result(const char *path, result *r)
     FILE *f = fopen(path, "r");
     if (!f)
         return -ENOENT;
-    int ok = fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lld %lld", &r->step_s,
-                    &r->cpu_s, &r->prof_step_s, &r->ops_s, &r->params_bytes, &r->pred_params,
-                    &r->ar_bytes, &r->ar_calls, &r->sched_bytes, &r->ref_bytes, &r->tokens,
-                    &r->local_params, &r->whole_params) == 13;
+    int ok = fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lld %lld %lf %lf %lf %lf "
+                    "%lf %lf %lf", &r->step_s, &r->cpu_s, &r->prof_step_s, &r->ops_s,
+                    &r->params_bytes, &r->pred_params, &r->ar_bytes, &r->ar_calls,
+                    &r->sched_bytes, &r->ref_bytes, &r->tokens, &r->local_params,
+                    &r->whole_params, &r->rs_bytes, &r->rs_calls, &r->sched_rs, &r->ag_bytes,
+                    &r->ag_calls, &r->sched_ag, &r->act_bytes) == 20;
     fclose(f);
     return ok ? 0 : -EPROTO;
 }
@@ -228,6 +256,10 @@ static int run_child(const bench_opts *o)
     dt_comm_stats_sub(&c1, &c0, &dc);
     res.ar_bytes = (double)dc.bytes[DT_COMM_OP_ALLREDUCE] / o->steps;
     res.ar_calls = (double)dc.calls[DT_COMM_OP_ALLREDUCE] / o->steps;
+    res.rs_bytes = (double)dc.bytes[DT_COMM_OP_REDUCE_SCATTER] / o->steps;
+    res.rs_calls = (double)dc.calls[DT_COMM_OP_REDUCE_SCATTER] / o->steps;
+    res.ag_bytes = (double)dc.bytes[DT_COMM_OP_ALLGATHER] / o->steps;
+    res.ag_calls = (double)dc.calls[DT_COMM_OP_ALLGATHER] / o->steps;
     res.step_s = secs / o->steps;
     res.cpu_s = cpu / o->steps;
     dt_backend *be = t.be;
@@ -246,6 +278,7 @@ static int run_child(const bench_opts *o)
     dt_mem_stats ms;
     dt_mem_read(be, &ms);
     res.params_bytes = (double)ms.peak[DT_MEM_PARAMS];
+    res.act_bytes = (double)ms.peak[DT_MEM_ACTS];
     const dt_model_config *mc = &t.model->cfg;
     double btc = (double)t.batch * job.grad_accum * mc->shape.seq_len * mc->n_embd;
     double bt = (double)t.batch * job.grad_accum * mc->shape.seq_len;
@@ -258,8 +291,18 @@ static int run_child(const bench_opts *o)
         res.whole_params = (long long)ts.whole_params;
         res.pred_params = 4.0 * ((double)ts.split_whole / ts.T + (double)ts.replicated);
         /* the model's, the norm's double, and (D = 1) the loss and stop flag's two doubles */
-        res.sched_bytes = 4.0 * ((4.0 * mc->n_layer + 2.0) * btc + 3.0 * bt) + 8.0 +
-                          (ts.D == 1 ? 16.0 : 0.0);
+        const double L = mc->n_layer, step = 8.0 + (ts.D == 1 ? 16.0 : 0.0);
+        const bool rec = job.recompute == DT_RECOMP_BLOCK; /* repeats the attention's g */
+        if (job.sequence_parallel) {
+            /* the cross-entropy's statistics and the LayerNorms' gradients (4C a layer, 2C
+             * ln_f) per micro-step; (B,T,C) reduce-scatters and all-gathers (the top) */
+            res.sched_bytes = 4.0 * (3.0 * bt + job.grad_accum * (4.0 * L + 2.0) * mc->n_embd) +
+                              step;
+            res.sched_rs = 4.0 * (4.0 * L + 2.0 + (rec ? L : 0.0)) * btc;
+            res.sched_ag = 4.0 * (6.0 * L + 3.0 + (rec ? 2.0 * L : 0.0)) * btc;
+        } else {
+            res.sched_bytes = 4.0 * ((4.0 * L + 2.0 + (rec ? L : 0.0)) * btc + 3.0 * bt) + step;
+        }
         res.ref_bytes = 4.0 * 4.0 * mc->n_layer * btc;
         /* the trainer counts every rank's batch; a tensor group's ranks share theirs */
         res.tokens = (double)t.batch * job.grad_accum * mc->shape.seq_len * ts.D;
@@ -284,7 +327,9 @@ out:
 typedef struct conf {
     char label[32];
     int ranks, T, batch;
-    char ov[3][48];   /* parallel.tensor, train.batch_size, elastic.nproc_per_node */
+    bool sp;          /* with sequence parallelism */
+    char ov[4][48];   /* parallel.tensor, train.batch_size, elastic.nproc_per_node,
+                         parallel.sequence_parallel */
     bool ok;
     char why[1024];
 } conf;
@@ -322,7 +367,7 @@ static int run_config(const bench_opts *o, const conf *c, const char *dir, int i
     av[k++] = (char *)o->job_path;
     for (int i = 0; i < o->n_overrides; i++)
         av[k++] = o->overrides[i];
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         av[k++] = (char *)c->ov[i];
     av[k++] = "--nproc";
     av[k++] = nproc;
@@ -355,7 +400,7 @@ static int run_config(const bench_opts *o, const conf *c, const char *dir, int i
 
 /* c's overrides, and whether the job loads with them (else the loader's reason in c->why). */
 static void make_conf(const bench_opts *o, conf *c, const char *label, int ranks, int T,
-                      int batch, const dt_job *base)
+                      int batch, bool sp, const dt_job *base)
 {
     static dt_job job;
     static dt_config_errors errs;
@@ -365,9 +410,11 @@ static void make_conf(const bench_opts *o, conf *c, const char *label, int ranks
     c->ranks = ranks;
     c->T = T;
     c->batch = batch;
+    c->sp = sp;
     snprintf(c->ov[0], sizeof c->ov[0], "parallel.tensor=%d", T);
     snprintf(c->ov[1], sizeof c->ov[1], "train.batch_size=%d", batch);
     snprintf(c->ov[2], sizeof c->ov[2], "elastic.nproc_per_node=%d", ranks);
+    snprintf(c->ov[3], sizeof c->ov[3], "parallel.sequence_parallel=%s", sp ? "true" : "false");
     if (batch < 1) {
         snprintf(c->why, sizeof c->why, "train.batch_size = %d does not split over %d ranks",
                  base->batch_size, ranks);
@@ -378,8 +425,8 @@ static void make_conf(const bench_opts *o, conf *c, const char *label, int ranks
                  "holds n_head / T whole heads)", base->n_head, T);
         return;
     }
-    char *cfg[3] = {c->ov[0], c->ov[1], c->ov[2]};
-    if (load_job(o, cfg, 3, &job, &errs, &err) != 0) {
+    char *cfg[4] = {c->ov[0], c->ov[1], c->ov[2], c->ov[3]};
+    if (load_job(o, cfg, 4, &job, &errs, &err) != 0) {
         size_t k = 0;
         for (int i = 0; i < errs.count && i < 8 && k < sizeof c->why; i++)
             k += (size_t)snprintf(c->why + k, sizeof c->why - k, "%s%s", i ? "; " : "",
@@ -389,6 +436,25 @@ static void make_conf(const bench_opts *o, conf *c, const char *label, int ranks
         return;
     }
     c->ok = true;
+}
+
+/* Whether the job asks for sequence parallelism: the last parallel.sequence_parallel override,
+ * else the file's (loaded with parallel.tensor = 2, where it is allowed; a job that does not load
+ * so does not ask). */
+static bool asks_sp(const bench_opts *o)
+{
+    static const char key[] = "parallel.sequence_parallel=";
+    for (int i = o->n_overrides - 1; i >= 0; i--)
+        if (!strncmp(o->overrides[i], key, sizeof key - 1)) {
+            const char *v = o->overrides[i] + sizeof key - 1;
+            return !strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes") ||
+                   !strcasecmp(v, "on");
+        }
+    static dt_job job;
+    static dt_config_errors errs;
+    dt_err err = {0};
+    char *t2[] = {"parallel.tensor=2"};
+    return load_job(o, t2, 1, &job, &errs, &err) == 0 && job.sequence_parallel;
 }
 
 static double median(double *v, int n)
@@ -438,7 +504,10 @@ int dt_bench_tensor(int argc, char **argv)
     static dt_job job;
     static dt_config_errors errs;
     dt_err err = {0};
-    if (load_job(&o, NULL, 0, &job, &errs, &err) != 0) {
+    /* the job, loaded without sequence parallelism (it needs T > 1, and the rows choose T) */
+    const bool want_sp = asks_sp(&o);
+    char *no_sp[] = {"parallel.tensor=1", "parallel.sequence_parallel=false"};
+    if (load_job(&o, no_sp, 2, &job, &errs, &err) != 0) {
         for (int i = 0; i < errs.count && i < 64; i++)
             fprintf(stderr, "%s\n", errs.lines[i]);
         fprintf(stderr, "dtrain bench tensor: %s\n", err.msg);
@@ -454,16 +523,21 @@ int dt_bench_tensor(int argc, char **argv)
     const int G = job.batch_size, N = o.nproc;
     conf confs[MAX_CONF];
     int nc = 0;
-    make_conf(&o, &confs[nc++], "T=1 (1 process)", 1, 1, G, &job);
+    /* sequence parallelism, when the job asks for it: T > 1 without and with it */
+    make_conf(&o, &confs[nc++], "T=1 (1 process)", 1, 1, G, false, &job);
     if (N > 1) {
         char l[32];
         snprintf(l, sizeof l, "DDP x %d", N);
-        make_conf(&o, &confs[nc++], l, N, 1, G % N ? 0 : G / N, &job);
+        make_conf(&o, &confs[nc++], l, N, 1, G % N ? 0 : G / N, false, &job);
     }
     for (int T = 2; T <= N && nc < MAX_CONF; T *= 2) {
         char l[32];
         snprintf(l, sizeof l, "T=%d", T);
-        make_conf(&o, &confs[nc++], l, T, T, G, &job);
+        make_conf(&o, &confs[nc++], l, T, T, G, false, &job);
+        if (want_sp && nc < MAX_CONF) {
+            snprintf(l, sizeof l, "T=%d SP", T);
+            make_conf(&o, &confs[nc++], l, T, T, G, true, &job);
+        }
     }
     char dir[] = "/tmp/dtrain-tensor-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -479,6 +553,9 @@ int dt_bench_tensor(int argc, char **argv)
     printf("# baseline: T=1 is one process doing the whole global batch (the same GEMMs that T "
            "ranks split, on one core); DDP x %d is the other way to use the same %d cores\n",
            N, N);
+    if (want_sp)
+        printf("# sequence parallelism asked for: T=1 and DDP x %d run without it (it needs T > "
+               "1); each T > 1 runs without it and with it (\"SP\")\n", N);
     result *res = calloc((size_t)o.repeat * MAX_CONF * MAX_RANKS, sizeof *res);
     bool ran[MAX_CONF] = {false};
     int failed = !res;
@@ -525,11 +602,12 @@ int dt_bench_tensor(int argc, char **argv)
         cpu_hi[ci] = v[3][o.repeat - 1];
     }
     if (!failed) {
-        printf("%-16s %5s %5s %9s %10s %6s %9s %13s %10s %6s %8s %10s %10s %13s %7s %10s "
-               "%10s\n",
+        printf("%-16s %5s %5s %9s %10s %6s %9s %13s %10s %6s %8s %10s %10s %10s %13s %7s %10s "
+               "%10s %8s\n",
                "configuration", "ranks", "batch", "step(ms)", "tokens/s", "vs T=1", "cpu(ms)",
                o.repeat > 1 ? "cpu min-max" : "", "tok/s/cpu", "vs T=1", "outside", "AR MiB",
-               "schedule", "Megatron", "vs Meg", "params MiB", "predicted");
+               "RS+AG MiB", "schedule", "Megatron", "vs Meg", "params MiB", "predicted",
+               "act MiB");
         double base_tps = 0, base_cpu = 0, t2_wall = 0, t2_cpu = 0;
         for (int ci = 0; ci < nc; ci++) {
             const conf *c = &confs[ci];
@@ -548,25 +626,27 @@ int dt_bench_tensor(int argc, char **argv)
                 snprintf(vs, sizeof vs, "%.2fx", tps / base_tps);
             if (base_cpu > 0)
                 snprintf(vc, sizeof vc, "%.2fx", tpc / base_cpu);
-            if (c->T == 2) {
+            if (c->T == 2 && !c->sp) {
                 t2_wall = base_tps > 0 ? tps / base_tps : 0;
                 t2_cpu = base_cpu > 0 ? tpc / base_cpu : 0;
             }
             if (prof[ci] > 0)
                 snprintf(outside, sizeof outside, "%.1f%%",
                          100.0 * fmax(0.0, prof[ci] - ops[ci]) / prof[ci]);
+            const double moved = r->ar_bytes + r->rs_bytes + r->ag_bytes;
             if (r->ref_bytes > 0) {
                 snprintf(meg, sizeof meg, "%.3f%s", r->ref_bytes / MIB, c->T > 1 ? "" : " grads");
-                snprintf(ratio, sizeof ratio, "%.3f", r->ar_bytes / r->ref_bytes);
+                snprintf(ratio, sizeof ratio, "%.3f", moved / r->ref_bytes);
             }
             char range[32] = "";
             if (o.repeat > 1)
                 snprintf(range, sizeof range, "%.0f-%.0f", cpu_lo[ci] * 1e3, cpu_hi[ci] * 1e3);
-            printf("%-16s %5d %5d %9.2f %10.0f %6s %9.2f %13s %10.0f %6s %8s %10.3f %10.3f %13s "
-                   "%7s %10.3f %10.3f\n",
+            printf("%-16s %5d %5d %9.2f %10.0f %6s %9.2f %13s %10.0f %6s %8s %10.3f %10.3f "
+                   "%10.3f %13s %7s %10.3f %10.3f %8.2f\n",
                    c->label, c->ranks, c->batch, step[ci] * 1e3, tps, vs, cpu[ci] * 1e3, range,
-                   tpc, vc, outside, r->ar_bytes / MIB, r->sched_bytes / MIB, meg, ratio,
-                   r->params_bytes / MIB, r->pred_params / MIB);
+                   tpc, vc, outside, r->ar_bytes / MIB, (r->rs_bytes + r->ag_bytes) / MIB,
+                   (r->sched_bytes + r->sched_rs + r->sched_ag) / MIB, meg, ratio,
+                   r->params_bytes / MIB, r->pred_params / MIB, r->act_bytes / MIB);
         }
         printf("#\n# step(ms), tokens/s: wall clock (the global batch's tokens over the ranks' "
                "mean step time, median of the passes); vs T=1: against one process\n"
@@ -583,9 +663,16 @@ int dt_bench_tensor(int argc, char **argv)
                "schedule: its prediction (tensor ranks: 4 x ((4L + 2) x B x T x C + 3 x B x T) "
                "bytes per micro-step, + 8 for the norm, + 16 for the loss when D = 1; DDP: its "
                "gradients + 16 for the loss); Megatron: 4 x L x B x T x C floats (DDP: its "
-               "gradients, parameters x 4 bytes); vs Meg: AR / Megatron\n"
+               "gradients, parameters x 4 bytes); vs Meg: (AR + RS + AG) / Megatron\n"
+               "# RS+AG MiB: the tensor group's reduce-scatters and all-gathers per step "
+               "(sequence parallelism; nccl-tests' sizes, the whole (B x T, C) buffer each); "
+               "the SP rows' schedule adds gpt.c's (4L + 2) reduce-scatters and (6L + 3) "
+               "all-gathers of B x T x C floats per micro-step to what stays an all-reduce (the "
+               "cross-entropy's 3 x B x T, the LayerNorms' gradients (4L + 2) x C, the norm, the "
+               "loss)\n"
                "# params MiB: the allocator's parameter bytes per rank; predicted: 4 x (split "
-               "tensors' whole elements / T + replicated elements)\n");
+               "tensors' whole elements / T + replicated elements); act MiB: the allocator's "
+               "activation bytes per rank (peak)\n");
         if (t2_cpu > 0)
             printf("# T=2 vs T=1 (one process): %.2fx the tokens/s per busiest rank's CPU "
                    "second, %.2fx wall clock (issue 18's target on 2 free cores, gpt-mini: >= "
@@ -597,7 +684,8 @@ int dt_bench_tensor(int argc, char **argv)
         /* exact figures of every rank, for scripts and tests */
         printf("#\n# per rank: parameter bytes (allocator; predicted), bytes all-reduced per "
                "step as counted (calls; the schedule's prediction; Megatron's or DDP's "
-               "gradients), parameters held of the whole model's:\n");
+               "gradients), reduce-scattered and all-gathered likewise, activation bytes "
+               "(allocator, peak), parameters held of the whole model's:\n");
         for (int ci = 0; ci < nc; ci++) {
             if (!confs[ci].ok)
                 continue;
@@ -605,10 +693,13 @@ int dt_bench_tensor(int argc, char **argv)
                 const result *r =
                     &res[((size_t)(o.repeat - 1) * MAX_CONF + (size_t)ci) * MAX_RANKS + k];
                 printf("# %s rank %d: params %.0f predicted %.0f; all-reduce bytes %.0f calls %.0f "
-                       "schedule %.0f reference %.0f; holds %lld of %lld\n",
+                       "schedule %.0f reference %.0f; reduce-scatter bytes %.0f calls %.0f "
+                       "schedule %.0f; all-gather bytes %.0f calls %.0f schedule %.0f; "
+                       "activations %.0f; holds %lld of %lld\n",
                        confs[ci].label, k, r->params_bytes, r->pred_params, r->ar_bytes,
-                       r->ar_calls, r->sched_bytes, r->ref_bytes, r->local_params,
-                       r->whole_params);
+                       r->ar_calls, r->sched_bytes, r->ref_bytes, r->rs_bytes, r->rs_calls,
+                       r->sched_rs, r->ag_bytes, r->ag_calls, r->sched_ag, r->act_bytes,
+                       r->local_params, r->whole_params);
             }
         }
     }
