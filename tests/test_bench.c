@@ -145,13 +145,18 @@ static void test_memory(void)
  * prediction exactly: at T = 2 and 4, 4 x ((4L + 2) x B x T x C + 3 x B x T) + 8 (the norm) + 16
  * (the loss: D = 1) bytes in 4L + 2 + 2 + 2 all-reduces, within 5% of Megatron's 4 x L x B x T x C
  * floats at L = 12 (above it by 2 / 4L + 3 / 4LC: the embedding's, ln_f's and the loss's); DDP's
- * its gradients plus the loss's two doubles. */
+ * its gradients plus the loss's two doubles. The job asks for sequence parallelism, so T = 1 and
+ * DDP must run without it and T = 2 and 4 run twice: the "SP" rows count exactly gpt.c's SP
+ * schedule, (4L + 2) reduce-scatters and (6L + 3) all-gathers of B x T x C floats (comm.h's
+ * sizes: the whole buffer) and all-reduces of the cross-entropy's 3 x B x T and the LayerNorms'
+ * (4L + 2) x C gradients (L + 1 calls) + 8 + 16; same parameters, and less activation memory than without. */
 static void test_tensor(void)
 {
     enum { L = 12, B = 4, T = 32, C = 32 };
     DT_CHECK_INT(bench(180, "tensor configs/quickstart.ini --nproc 4 --steps 2 job.device=cpu "
                             "model.n_layer=12 model.n_head=4 model.n_embd=32 model.block_size=32 "
-                            "data.seq_len=32 train.batch_size=4 train.grad_accum=1"), 0);
+                            "data.seq_len=32 train.batch_size=4 train.grad_accum=1 "
+                            "parallel.sequence_parallel=true"), 0);
     DT_REQUIRE(out != NULL);
     double whole = 0;
     long long whole_n = 0;
@@ -161,18 +166,51 @@ static void test_tensor(void)
     DT_REQUIRE(at && sscanf(at, "holds %lld", &whole_n) == 1);
     const double model_bytes = 4.0 * ((4 * L + 2) * (double)B * T * C + 3.0 * B * T);
     const double want_ar = model_bytes + 8 + 16, want_meg = 4.0 * 4 * L * B * T * C;
+    const double btc4 = 4.0 * B * T * C;
+    const double want_sp_ar = 4.0 * (3.0 * B * T + (4 * L + 2) * C) + 8 + 16;
     const int Ts[2] = {2, 4};
     const double most[2] = {0.6, 0.35};
+    DT_CHECK_CONTAINS(out, "T=1 and DDP x 4 run without it");
     for (int i = 0; i < 2; i++)
         for (int r = 0; r < Ts[i]; r++) {
             char key[64];
             snprintf(key, sizeof key, "# T=%d rank %d: ", Ts[i], r);
             at = strstr(out, key);
-            double p = 0, pp = 0, ar = 0, calls = 0, sched = 0, meg = 0;
+            double p = 0, pp = 0, ar = 0, calls = 0, sched = 0, meg = 0, rs = 0, rsc = 0;
+            double rss = 0, ag = 0, agc = 0, ags = 0, act = 0;
             DT_REQUIRE(at);
             DT_REQUIRE(sscanf(at + strlen(key), "params %lf predicted %lf; all-reduce bytes %lf "
-                              "calls %lf schedule %lf reference %lf", &p, &pp, &ar, &calls,
-                              &sched, &meg) == 6);
+                              "calls %lf schedule %lf reference %lf; reduce-scatter bytes %lf "
+                              "calls %lf schedule %lf; all-gather bytes %lf calls %lf schedule "
+                              "%lf; activations %lf", &p, &pp, &ar, &calls, &sched, &meg, &rs,
+                              &rsc, &rss, &ag, &agc, &ags, &act) == 13);
+            DT_CHECK_MSG(rs == 0 && ag == 0 && rss == 0 && ags == 0,
+                         "T=%d rank %d: reduce-scattered %.0f, all-gathered %.0f without "
+                         "sequence parallelism", Ts[i], r, rs, ag);
+            /* the same rank with sequence parallelism */
+            snprintf(key, sizeof key, "# T=%d SP rank %d: ", Ts[i], r);
+            const char *sp = strstr(out, key);
+            double sp_p = 0, sp_pp = 0, sp_ar = 0, sp_calls = 0, sp_sched = 0, sp_meg = 0;
+            double sp_act = 0;
+            DT_REQUIRE(sp);
+            DT_REQUIRE(sscanf(sp + strlen(key), "params %lf predicted %lf; all-reduce bytes %lf "
+                              "calls %lf schedule %lf reference %lf; reduce-scatter bytes %lf "
+                              "calls %lf schedule %lf; all-gather bytes %lf calls %lf schedule "
+                              "%lf; activations %lf", &sp_p, &sp_pp, &sp_ar, &sp_calls, &sp_sched,
+                              &sp_meg, &rs, &rsc, &rss, &ag, &agc, &ags, &sp_act) == 13);
+            DT_CHECK_MSG(sp_p == p && sp_pp == pp, "T=%d SP rank %d: params %.0f, without %.0f",
+                         Ts[i], r, sp_p, p);
+            DT_CHECK_MSG(sp_ar == sp_sched && sp_ar == want_sp_ar && sp_calls == L + 1 + 2 + 2,
+                         "T=%d SP rank %d: all-reduced %.0f bytes in %.0f calls, the schedule "
+                         "%.0f, want %.0f", Ts[i], r, sp_ar, sp_calls, sp_sched, want_sp_ar);
+            DT_CHECK_MSG(rs == rss && rs == (4 * L + 2) * btc4 && rsc == 4 * L + 2,
+                         "T=%d SP rank %d: reduce-scattered %.0f bytes in %.0f calls, the "
+                         "schedule %.0f, want %.0f", Ts[i], r, rs, rsc, rss, (4 * L + 2) * btc4);
+            DT_CHECK_MSG(ag == ags && ag == (6 * L + 3) * btc4 && agc == 6 * L + 3,
+                         "T=%d SP rank %d: all-gathered %.0f bytes in %.0f calls, the schedule "
+                         "%.0f, want %.0f", Ts[i], r, ag, agc, ags, (6 * L + 3) * btc4);
+            DT_CHECK_MSG(sp_act > 0 && sp_act < act, "T=%d rank %d: activations %.0f with "
+                         "sequence parallelism, %.0f without", Ts[i], r, sp_act, act);
             DT_CHECK_MSG(p == pp, "T=%d rank %d: params %.0f, predicted %.0f", Ts[i], r, p, pp);
             DT_CHECK_MSG(p < most[i] * whole, "T=%d: params %.0f of %.0f", Ts[i], p, whole);
             DT_CHECK_MSG(ar == sched && ar == want_ar,
