@@ -769,6 +769,10 @@ static enum outcome monitor(agent *a, dt_rdzv_status *st)
             if (now >= next_poll) {
                 dt_err e = {0};
                 if (dt_rdzv_poll(a->rz, st, &e)) {
+                    /* a signal that arrived during the poll interrupts it (etcd's requests
+                     * check it): that is the signal's stop, not a lost rendezvous */
+                    if (a->first_signal)
+                        return OUT_SIGNAL;
                     DT_ERROR("lost the rendezvous: %s", e.msg);
                     fmt(st->why, sizeof st->why, "%s", e.msg);
                     return OUT_LOST;
