@@ -214,7 +214,8 @@ static void test_schedule_bubble(void)
  * the peer's running batch or already done; a batch completes when all its operations have.
  * The executor posts a batch without waiting and, before each compute action, waits for the
  * batches up to the one holding what dt_pp_wait_before names (all of them: lazy = false). Every
- * rank must reach the end of its list. */
+ * rank must reach the end of its list. early: the lists as dt_pp_post_early reorders them (the
+ * strategy's posting order); 2: and every gradient's receive moved one backward earlier too. */
 typedef struct sim_op {
     int batch;     /* batch index on its rank */
     bool send;
@@ -223,7 +224,7 @@ typedef struct sim_op {
     bool done;
 } sim_op;
 
-static bool run_strict(dt_pp_schedule_kind kind, int P, int M, bool lazy)
+static bool run_strict(dt_pp_schedule_kind kind, int P, int M, bool lazy, int early)
 {
     enum { CAP = 6 * 16 };
     dt_pp_action a[8][CAP];
@@ -232,6 +233,21 @@ static bool run_strict(dt_pp_schedule_kind kind, int P, int M, bool lazy)
     int nops[8] = {0}, nb[8] = {0}, batch_of[8][CAP];
     for (int s = 0; s < P; s++) {
         n[s] = build(kind, P, M, s, a[s]);
+        if (early)
+            dt_pp_post_early(a[s], n[s]);
+        if (early > 1) /* and every gradient's receive one backward earlier, forwards or not */
+            for (int j = 1; j < M; j++) {
+                int r = 0, b = 0;
+                while (r < n[s] && (a[s][r].op != DT_PP_RECV_GRAD || a[s][r].mb != j))
+                    r++;
+                while (b < n[s] && (a[s][b].op != DT_PP_BWD || a[s][b].mb != j - 1))
+                    b++;
+                if (r < n[s] && b < r) {
+                    dt_pp_action x = a[s][r];
+                    memmove(&a[s][b + 1], &a[s][b], sizeof x * (size_t)(r - b));
+                    a[s][b] = x;
+                }
+            }
         int cnt[8][2] = {{0}}; /* [peer][send] */
         bool in_batch = false;
         for (int i = 0; i < n[s]; i++) {
@@ -315,7 +331,7 @@ static void test_schedule_no_deadlock(void)
         for (int P = 1; P <= 8; P++)
             for (int M = 1; M <= 16; M++)
                 for (int lazy = 0; lazy < 2; lazy++)
-                    DT_CHECK_MSG(run_strict(kinds[ki], P, M, lazy), "%s P=%d M=%d deadlocks%s",
+                    DT_CHECK_MSG(run_strict(kinds[ki], P, M, lazy, 0), "%s P=%d M=%d deadlocks%s",
                                  kind_name(kinds[ki]), P, M,
                                  lazy ? " (waits as dt_pp_wait_before says)" : "");
 }
@@ -1648,6 +1664,82 @@ static void test_bench(void)
     free(text);
 }
 
+/* ---- receives posted early (dt_pp_post_early) -------------------------------------------- */
+
+/* The order the strategy posts in: every receive of an activation one forward earlier (and of a
+ * gradient one backward earlier where no forward lies between), the same sends and computes in
+ * the same order, the same matching, runs to the end on the strictest backend (run_strict) both
+ * when every compute waits for all it posted and when it waits as dt_pp_wait_before says, and
+ * needs one receive buffer more than the slots (1F1B's activation slots unchanged: P on stage
+ * 0). Moving the gradients' receives of 1F1B's steady state too (run_strict's early = 2)
+ * deadlocks, which is why dt_pp_post_early leaves them: the replay finds it. */
+static void test_schedule_early(void)
+{
+    dt_pp_action a[6 * 16], e[6 * 16];
+    for (int ki = 0; ki < 2; ki++)
+        for (int P = 1; P <= 8; P++)
+            for (int M = 1; M <= 16; M++) {
+                for (int lazy = 0; lazy < 2; lazy++)
+                    DT_CHECK_MSG(run_strict(kinds[ki], P, M, lazy, 1),
+                                 "%s P=%d M=%d deadlocks with early receives%s",
+                                 kind_name(kinds[ki]), P, M,
+                                 lazy ? " (waits as dt_pp_wait_before says)" : "");
+                for (int s = 0; s < P; s++) {
+                    int n = build(kinds[ki], P, M, s, a);
+                    memcpy(e, a, sizeof(dt_pp_action) * (size_t)n);
+                    dt_pp_post_early(e, n);
+                    int fi = 0, fe = 0, moved = 0;
+                    for (int op = 0; op < 6; op++) { /* each kind in the same order */
+                        int ia = 0, ie = 0;
+                        for (;;) {
+                            while (ia < n && (int)a[ia].op != op)
+                                ia++;
+                            while (ie < n && (int)e[ie].op != op)
+                                ie++;
+                            if (ia == n || ie == n)
+                                break;
+                            DT_CHECK_INT(e[ie].mb, a[ia].mb);
+                            moved += op == DT_PP_RECV_ACT && ie < ia;
+                            ia++, ie++;
+                        }
+                        DT_CHECK(ia == n && ie == n);
+                    }
+                    for (int i = 0; i < n; i++) { /* computes in the same order */
+                        while (fi < n && dt_pp_op_is_comm(a[fi].op))
+                            fi++;
+                        while (fe < n && dt_pp_op_is_comm(e[fe].op))
+                            fe++;
+                        if (fi < n && fe < n) {
+                            DT_CHECK(a[fi].op == e[fe].op && a[fi].mb == e[fe].mb);
+                            fi++, fe++;
+                        }
+                    }
+                    /* the activation of k >= 1 is asked for before the forward of k - 1 */
+                    for (int k = 1; k < M && s > 0; k++) {
+                        int r = -1, f = -1;
+                        for (int i = 0; i < n; i++) {
+                            if (e[i].op == DT_PP_RECV_ACT && e[i].mb == k)
+                                r = i;
+                            if (e[i].op == DT_PP_FWD && e[i].mb == k - 1)
+                                f = i;
+                        }
+                        DT_CHECK_MSG(r >= 0 && r < f, "%s P=%d M=%d stage %d: activation %d "
+                                     "received at %d, forward of %d at %d",
+                                     kind_name(kinds[ki]), P, M, s, k, r, k - 1, f);
+                    }
+                    DT_CHECK_INT(moved, s > 0 ? M - 1 : 0);
+                    DT_CHECK_INT(dt_pp_max_in_flight(e, n), dt_pp_max_in_flight(a, n));
+                    if (s > 0)
+                        DT_CHECK_INT(dt_pp_recv_buffers(e, n),
+                                     DT_MIN(dt_pp_max_in_flight(a, n) + 1, M));
+                }
+            }
+    /* the replay tells: the gradients' receives of 1F1B's steady state moved too deadlock */
+    DT_CHECK(!run_strict(DT_PP_1F1B, 2, 4, false, 2));
+    DT_CHECK(!run_strict(DT_PP_1F1B, 4, 8, true, 2));
+    DT_CHECK(run_strict(DT_PP_GPIPE, 4, 8, true, 2)); /* GPipe's backwards have no forward */
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -1682,6 +1774,7 @@ int main(int argc, char **argv)
         {"trace", test_trace, 120},
         {"dtrain_binary", test_dtrain_binary, 300},
         {"bench", test_bench, 120},
+        {"schedule_early", test_schedule_early, 0},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
