@@ -1593,6 +1593,7 @@ static void test_trace(void)
         dt_pp_action a[6 * 4];
         for (int st = 0; st < 2; st++) {
             int n = build(DT_PP_GPIPE, 2, 4, st, a);
+            dt_pp_post_early(a, n); /* the order the strategy posts in */
             for (int i = 0; i < n; i++)
                 want += dt_pp_op_is_comm(a[i].op) && (i + 1 == n || !dt_pp_op_is_comm(a[i + 1].op));
         }
