@@ -1741,6 +1741,123 @@ static void test_schedule_early(void)
     DT_CHECK(run_strict(DT_PP_GPIPE, 4, 8, true, 2)); /* GPipe's backwards have no forward */
 }
 
+/* One "X" span of a merged trace: its name, rank (pid), start and end (us), step and "mb" (-1
+ * when it has none). */
+typedef struct tspan {
+    char name[32];
+    int pid;
+    double ts, end;
+    long step, mb;
+} tspan;
+
+/* The number after `key` in line (its first occurrence), or dflt. */
+static double after(const char *line, const char *key, double dflt)
+{
+    const char *q = strstr(line, key);
+    return q ? strtod(q + strlen(key), NULL) : dflt;
+}
+
+/* The spans of trace.json (one event a line, as dt_trace_merge writes it); *n of them, cap at
+ * most. */
+static int read_spans(const char *text, tspan *out, int cap)
+{
+    int n = 0;
+    for (const char *line = text; line && *line && n < cap; line = strchr(line, '\n')) {
+        if (*line == '\n')
+            line++;
+        const char *eol = strchr(line, '\n');
+        size_t len = eol ? (size_t)(eol - line) : strlen(line);
+        char buf[1024];
+        if (len >= sizeof buf)
+            continue;
+        memcpy(buf, line, len);
+        buf[len] = '\0';
+        const char *nm = strstr(buf, "{\"name\":\"");
+        if (!nm || !strstr(buf, "\"ph\":\"X\""))
+            continue;
+        tspan *t = &out[n++];
+        nm += strlen("{\"name\":\"");
+        size_t k = 0;
+        while (nm[k] && nm[k] != '"' && k + 1 < sizeof t->name)
+            k++;
+        memcpy(t->name, nm, k);
+        t->name[k] = '\0';
+        t->pid = (int)after(buf, "\"pid\":", -1);
+        t->ts = after(buf, "\"ts\":", 0);
+        t->end = t->ts + after(buf, "\"dur\":", 0);
+        t->step = (long)after(buf, "\"step\":", -1);
+        t->mb = (long)after(buf, "\"mb\":", -1);
+    }
+    return n;
+}
+
+/* The overlap the trace shows, D = 2 x P = 2, 1F1B, M = 4, small DDP buckets: on each rank of
+ * stage 1 every micro-batch k >= 1's activation receive is posted before the forward of k - 1
+ * begins (Megatron's batched order posts it after that forward, or after a backward), and on
+ * every rank the first DDP bucket's all-reduce starts inside the step's last backward (the
+ * cool-down), not after the schedule. */
+static void test_overlap_trace(void)
+{
+    enum { M = 4, STEPS = 3, CAP = 4096 };
+    prun r = pbase(4, 2, M, "1f1b", "overlap-trace");
+    padd(&r, "train.trace=on");
+    padd(&r, fmt("train.steps=%d", STEPS));
+    padd(&r, "train.eval_every=0");
+    padd(&r, "data.val_fraction=0");
+    padd(&r, "ddp.first_bucket_mb=0.001");
+    padd(&r, "ddp.bucket_cap_mb=0.001");
+    r.steps = STEPS;
+    r.run = true;
+    tspan *sp = calloc(CAP, sizeof *sp);
+    DT_REQUIRE(sp);
+    if (prun_run(&r)) {
+        char *text = dt_test_slurp(fmt("%s/%s/trace/trace.json", r.dir, r.name));
+        DT_REQUIRE(text);
+        int n = read_spans(text, sp, CAP), full = 0, none = 0, in_bwd = 0;
+        for (int pid = 0; pid < 4; pid++) {
+            int early = 0, pairs = 0;
+            for (int i = 0; i < n; i++) { /* forward k-1 of a step, and the receive of k */
+                if (sp[i].pid != pid || strcmp(sp[i].name, "forward") || sp[i].mb + 1 >= M)
+                    continue;
+                pairs++;
+                for (int j = 0; j < n; j++)
+                    if (sp[j].pid == pid && strstr(sp[j].name, "recv") &&
+                        sp[j].step == sp[i].step && sp[j].mb == sp[i].mb + 1 &&
+                        sp[j].ts < sp[i].ts) {
+                        early++;
+                        break;
+                    }
+            }
+            DT_CHECK_INT(pairs, STEPS * (M - 1));
+            full += early == pairs;
+            none += early == 0;
+            /* the last backward of each step, and the step's first bucket collective */
+            for (int i = 0; i < n; i++) {
+                if (sp[i].pid != pid || strcmp(sp[i].name, "backward") || sp[i].mb != M - 1)
+                    continue;
+                double first = -1;
+                for (int j = 0; j < n; j++)
+                    if (sp[j].pid == pid && !strcmp(sp[j].name, "all-reduce") &&
+                        sp[j].step == sp[i].step && (first < 0 || sp[j].ts < first))
+                        first = sp[j].ts;
+                DT_CHECK_MSG(first >= 0, "rank %d step %ld: no bucket all-reduce", pid,
+                             sp[i].step);
+                in_bwd += first >= sp[i].ts && first < sp[i].end;
+                DT_CHECK_MSG(first < sp[i].end, "rank %d step %ld: the first bucket starts at "
+                             "%.1f us, after the last backward (%.1f..%.1f)",
+                             pid, sp[i].step, first, sp[i].ts, sp[i].end);
+            }
+        }
+        /* two ranks per stage: stage 1's receive early, stage 0 receives no activation */
+        DT_CHECK_MSG(full == 2 && none == 2, "%d ranks with every receive early, %d with none",
+                     full, none);
+        DT_CHECK_INT(in_bwd, 4 * STEPS);
+        free(text);
+    }
+    free(sp);
+    prun_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -1776,6 +1893,7 @@ int main(int argc, char **argv)
         {"dtrain_binary", test_dtrain_binary, 300},
         {"bench", test_bench, 120},
         {"schedule_early", test_schedule_early, 0},
+        {"overlap_trace", test_overlap_trace, 180},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
