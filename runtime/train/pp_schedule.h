@@ -22,6 +22,8 @@
  *          warm-up), then W cool-down backwards (RECV_GRAD, BWD, SEND_GRAD): stage s holds at
  *          most min(P-s, M) micro-batches' activations.
  * Stage 0 has no RECV_ACT/SEND_GRAD, the last stage no SEND_ACT/RECV_GRAD.
+ * dt_pp_post_early then moves receives one compute earlier (what strategy_pipeline.c posts);
+ * dt_pp_simulate replays the lists as built (communication is free there, so it is the same).
  *
  * What it may include: common/. Used by strategy_pipeline.c, cmd/bench_pipeline.c, tests.
  */

@@ -17,18 +17,25 @@
  *
  * micro_step(batch): the rank's batch (the same samples on every stage of a pipeline: the
  * sampler draws by the data-parallel coordinate) is cut into M micro-batches of near-equal size,
- * and the stage runs its list of pp_schedule.h: consecutive sends and receives go out as one
- * dt_comm_p2p batch, posted at once without waiting (Megatron-LM's order with batched p2p);
- * before each forward or backward the stage waits, in order, for the batches up to the one
+ * and the stage runs its list of pp_schedule.h with each receive moved one compute earlier
+ * (dt_pp_post_early: the activation of micro-batch k before the forward of k-1, a gradient
+ * before the previous backward where no forward lies between), so a transfer overlaps the
+ * compute before its use instead of being asked for only once that compute is done; the input
+ * activations land in a ring of nrecv = slots + 1 buffers (the model borrows its input until
+ * the backward; its activation slots are unchanged). Consecutive sends and receives go out as
+ * one dt_comm_p2p batch, posted at once without waiting; before each forward or backward the stage waits, in order, for the batches up to the one
  * holding what that compute reads or overwrites (dt_pp_wait_before: its input's receive, a
  * send still reading the slot's output or the input-gradient buffer, two of which alternate),
  * so the sends it does not touch stay in flight while it computes (GPipe's stage 0 runs its
  * forwards back to back). pp_schedule's tests replay this on a backend that runs each rank's
- * batches one after the other: it cannot deadlock. Micro-batch k's backward runs with dloss x
+ * batches one after the other (NCCL's stream): it cannot deadlock (pp_schedule.c says why, and
+ * why 1F1B's steady-state gradient receives stay where Megatron puts them). Micro-batch k's backward runs with dloss x
  * valid_k / valid (valid: targets not ignored), so the gradient is exactly the one-process
  * gradient of the batch mean; the last stage's loss, the same weighted sum, is broadcast over
  * the pipeline group, so every rank returns the number one process logs. The DDP reducer hears
- * of finished gradients in the last micro-batch's backward of the last micro-step.
+ * of finished gradients in the last micro-batch's backward of the last micro-step, so its
+ * buckets' all-reduces start during that backward, the cool-down (test_pipeline's
+ * overlap_trace sees it in the trace), not after the schedule.
  * sync_grads: DDP's buckets (D > 1), then the tied wte's two copies' gradients summed over the
  * embedding group (stages 0 and P-1), so both take the same update.
  * clip: each rank's sum of squares of what it alone holds, all-reduced over the tensor group
@@ -66,9 +73,9 @@
  * from one forward and one backward pass, and a pipeline's micro-batches interleave them, so
  * every gather is waited for at its window.
  *
- * Left for later (issue 19): receives posted earlier than Megatron's batched order puts them
- * (a receive batched with a send is waited together with it), ZeRO-3's prefetch in a pipeline,
- * interleaved (virtual-stage) schedules.
+ * Left for later (issue 19): ZeRO 1-2's reduce-scatters on a stage with the tied wte start
+ * only after backward where wte is the stage's first bucket (above); ZeRO-3's prefetch in a
+ * pipeline; interleaved (virtual-stage) schedules.
  */
 #include "runtime/train/strategy_pipeline.h"
 
