@@ -8,7 +8,10 @@
  * operations the idle fraction of every stage is (P-1)/(M+P-1); and the lists run to the end on
  * a model of the strictest backend, one that runs each rank's p2p batches one after the other
  * and completes a send only when its receive is posted (NCCL's stream, a comm thread), both
- * when every compute waits for all it posted and when it waits as dt_pp_wait_before says.
+ * when every compute waits for all it posted and when it waits as dt_pp_wait_before says; the
+ * same for the order the strategy posts in (dt_pp_post_early: receives one compute earlier),
+ * and the trace of a D2 x P2 run shows those receives posted early and the data-parallel
+ * buckets (DDP, ZeRO-1) starting inside the last backward.
  *
  * Model stages (model.h's stage ops): mlp stages chained by hand start with the whole model's
  * parameters bit for bit, and compute its loss and gradients: bit for bit with one
@@ -1791,15 +1794,18 @@ static int read_spans(const char *text, tspan *out, int cap)
     return n;
 }
 
-/* The overlap the trace shows, D = 2 x P = 2, 1F1B, M = 4, small DDP buckets: on each rank of
+/* The overlap the trace shows, D = 2 x P = 2, 1F1B, M = 4, small buckets: on each rank of
  * stage 1 every micro-batch k >= 1's activation receive is posted before the forward of k - 1
  * begins (Megatron's batched order posts it after that forward, or after a backward), and on
- * every rank the first DDP bucket's all-reduce starts inside the step's last backward (the
- * cool-down), not after the schedule. */
-static void test_overlap_trace(void)
+ * every rank the first bucket's collective over the data-parallel group (coll: DDP's
+ * all-reduce, ZeRO's reduce-scatter) starts inside the step's last backward (the cool-down), not
+ * after the schedule. zero: an override, or NULL. */
+static void overlap_trace(const char *name, const char *zero, const char *coll)
 {
     enum { M = 4, STEPS = 3, CAP = 4096 };
-    prun r = pbase(4, 2, M, "1f1b", "overlap-trace");
+    prun r = pbase(4, 2, M, "1f1b", name);
+    if (zero)
+        padd(&r, zero);
     padd(&r, "train.trace=on");
     padd(&r, fmt("train.steps=%d", STEPS));
     padd(&r, "train.eval_every=0");
@@ -1837,25 +1843,31 @@ static void test_overlap_trace(void)
                     continue;
                 double first = -1;
                 for (int j = 0; j < n; j++)
-                    if (sp[j].pid == pid && !strcmp(sp[j].name, "all-reduce") &&
+                    if (sp[j].pid == pid && !strcmp(sp[j].name, coll) &&
                         sp[j].step == sp[i].step && (first < 0 || sp[j].ts < first))
                         first = sp[j].ts;
-                DT_CHECK_MSG(first >= 0, "rank %d step %ld: no bucket all-reduce", pid,
-                             sp[i].step);
+                DT_CHECK_MSG(first >= 0, "%s: rank %d step %ld: no bucket %s", name, pid,
+                             sp[i].step, coll);
                 in_bwd += first >= sp[i].ts && first < sp[i].end;
-                DT_CHECK_MSG(first < sp[i].end, "rank %d step %ld: the first bucket starts at "
-                             "%.1f us, after the last backward (%.1f..%.1f)",
-                             pid, sp[i].step, first, sp[i].ts, sp[i].end);
+                DT_CHECK_MSG(first < sp[i].end, "%s: rank %d step %ld: the first bucket starts "
+                             "at %.1f us, after the last backward (%.1f..%.1f)",
+                             name, pid, sp[i].step, first, sp[i].ts, sp[i].end);
             }
         }
         /* two ranks per stage: stage 1's receive early, stage 0 receives no activation */
-        DT_CHECK_MSG(full == 2 && none == 2, "%d ranks with every receive early, %d with none",
-                     full, none);
+        DT_CHECK_MSG(full == 2 && none == 2, "%s: %d ranks with every receive early, %d with "
+                     "none", name, full, none);
         DT_CHECK_INT(in_bwd, 4 * STEPS);
         free(text);
     }
     free(sp);
     prun_free(&r);
+}
+
+static void test_overlap_trace(void)
+{
+    overlap_trace("overlap-trace", NULL, "all-reduce");
+    overlap_trace("overlap-trace-zero1", "parallel.zero=1", "reduce-scatter");
 }
 
 int main(int argc, char **argv)
