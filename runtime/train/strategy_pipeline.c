@@ -21,17 +21,18 @@
  * (dt_pp_post_early: the activation of micro-batch k before the forward of k-1, a gradient
  * before the previous backward where no forward lies between), so a transfer overlaps the
  * compute before its use instead of being asked for only once that compute is done; the input
- * activations land in a ring of nrecv = slots + 1 buffers (the model borrows its input until
- * the backward; its activation slots are unchanged). Consecutive sends and receives go out as
- * one dt_comm_p2p batch, posted at once without waiting; before each forward or backward the stage waits, in order, for the batches up to the one
- * holding what that compute reads or overwrites (dt_pp_wait_before: its input's receive, a
- * send still reading the slot's output or the input-gradient buffer, two of which alternate),
- * so the sends it does not touch stay in flight while it computes (GPipe's stage 0 runs its
- * forwards back to back). pp_schedule's tests replay this on a backend that runs each rank's
- * batches one after the other (NCCL's stream): it cannot deadlock (pp_schedule.c says why, and
- * why 1F1B's steady-state gradient receives stay where Megatron puts them). Micro-batch k's backward runs with dloss x
- * valid_k / valid (valid: targets not ignored), so the gradient is exactly the one-process
- * gradient of the batch mean; the last stage's loss, the same weighted sum, is broadcast over
+ * activations land in a ring of nrecv buffers, one more than the slots (at most M: the model
+ * borrows its input until the backward; its activation slots are unchanged). Consecutive sends
+ * and receives go out as one dt_comm_p2p batch, posted at once without waiting; before each
+ * forward or backward the stage waits, in order, for the batches up to the one holding what
+ * that compute reads or overwrites (dt_pp_wait_before: its input's receive, a send still
+ * reading the slot's output or the input-gradient buffer, two of which alternate), so the
+ * sends it does not touch stay in flight while it computes (GPipe's stage 0 runs its forwards
+ * back to back). pp_schedule's tests replay this on a backend that runs each rank's batches
+ * one after the other (NCCL's stream): it cannot deadlock (pp_schedule.c says why, and why
+ * 1F1B's steady-state gradient receives stay where Megatron puts them). Micro-batch k's
+ * backward runs with dloss x valid_k / valid (valid: targets not ignored), so the gradient is
+ * exactly the one-process gradient of the batch mean; the last stage's loss, the same weighted sum, is broadcast over
  * the pipeline group, so every rank returns the number one process logs. The DDP reducer hears
  * of finished gradients in the last micro-batch's backward of the last micro-step, so its
  * buckets' all-reduces start during that backward, the cool-down (test_pipeline's
@@ -101,7 +102,8 @@ typedef struct pipe_impl {
     dt_strategy *self;              /* borrowed: the ready hook's way back (zero_ready) */
     int P, M, stage, slots;
     int nrecv;                      /* input activation buffers (stage > 0): one more than the
-                                       slots, as receives are posted a forward early */
+                                       slots (at most M), as receives are posted a forward
+                                       early */
     dt_pp_schedule_kind kind;
     dt_pp_action *list;             /* (nlist) this stage's schedule, owned */
     dt_pp_action *eval_list;        /* (6M) scratch for evaluation's forward-only list */
