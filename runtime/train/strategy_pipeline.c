@@ -32,11 +32,11 @@
  * one after the other (NCCL's stream): it cannot deadlock (pp_schedule.c says why, and why
  * 1F1B's steady-state gradient receives stay where Megatron puts them). Micro-batch k's
  * backward runs with dloss x valid_k / valid (valid: targets not ignored), so the gradient is
- * exactly the one-process gradient of the batch mean; the last stage's loss, the same weighted sum, is broadcast over
- * the pipeline group, so every rank returns the number one process logs. The DDP reducer hears
- * of finished gradients in the last micro-batch's backward of the last micro-step, so its
- * buckets' all-reduces start during that backward, the cool-down (test_pipeline's
- * overlap_trace sees it in the trace), not after the schedule.
+ * exactly the one-process gradient of the batch mean; the last stage's loss, the same
+ * weighted sum, is broadcast over the pipeline group, so every rank returns the number one
+ * process logs. The DDP reducer hears of finished gradients in the last micro-batch's backward
+ * of the last micro-step, so its buckets' all-reduces start during that backward, the
+ * cool-down (test_pipeline's overlap_trace sees it in the trace), not after the schedule.
  * sync_grads: DDP's buckets (D > 1), then the tied wte's two copies' gradients summed over the
  * embedding group (stages 0 and P-1), so both take the same update.
  * clip: each rank's sum of squares of what it alone holds, all-reduced over the tensor group
