@@ -8,7 +8,10 @@
  * operations the idle fraction of every stage is (P-1)/(M+P-1); and the lists run to the end on
  * a model of the strictest backend, one that runs each rank's p2p batches one after the other
  * and completes a send only when its receive is posted (NCCL's stream, a comm thread), both
- * when every compute waits for all it posted and when it waits as dt_pp_wait_before says.
+ * when every compute waits for all it posted and when it waits as dt_pp_wait_before says; the
+ * same for the order the strategy posts in (dt_pp_post_early: receives one compute earlier),
+ * and the trace of a D2 x P2 run shows those receives posted early and the data-parallel
+ * buckets (DDP, ZeRO-1) starting inside the last backward.
  *
  * Model stages (model.h's stage ops): mlp stages chained by hand start with the whole model's
  * parameters bit for bit, and compute its loss and gradients: bit for bit with one
@@ -214,7 +217,8 @@ static void test_schedule_bubble(void)
  * the peer's running batch or already done; a batch completes when all its operations have.
  * The executor posts a batch without waiting and, before each compute action, waits for the
  * batches up to the one holding what dt_pp_wait_before names (all of them: lazy = false). Every
- * rank must reach the end of its list. */
+ * rank must reach the end of its list. early: the lists as dt_pp_post_early reorders them (the
+ * strategy's posting order); 2: and every gradient's receive moved one backward earlier too. */
 typedef struct sim_op {
     int batch;     /* batch index on its rank */
     bool send;
@@ -223,7 +227,7 @@ typedef struct sim_op {
     bool done;
 } sim_op;
 
-static bool run_strict(dt_pp_schedule_kind kind, int P, int M, bool lazy)
+static bool run_strict(dt_pp_schedule_kind kind, int P, int M, bool lazy, int early)
 {
     enum { CAP = 6 * 16 };
     dt_pp_action a[8][CAP];
@@ -232,6 +236,21 @@ static bool run_strict(dt_pp_schedule_kind kind, int P, int M, bool lazy)
     int nops[8] = {0}, nb[8] = {0}, batch_of[8][CAP];
     for (int s = 0; s < P; s++) {
         n[s] = build(kind, P, M, s, a[s]);
+        if (early)
+            dt_pp_post_early(a[s], n[s]);
+        if (early > 1) /* and every gradient's receive one backward earlier, forwards or not */
+            for (int j = 1; j < M; j++) {
+                int r = 0, b = 0;
+                while (r < n[s] && (a[s][r].op != DT_PP_RECV_GRAD || a[s][r].mb != j))
+                    r++;
+                while (b < n[s] && (a[s][b].op != DT_PP_BWD || a[s][b].mb != j - 1))
+                    b++;
+                if (r < n[s] && b < r) {
+                    dt_pp_action x = a[s][r];
+                    memmove(&a[s][b + 1], &a[s][b], sizeof x * (size_t)(r - b));
+                    a[s][b] = x;
+                }
+            }
         int cnt[8][2] = {{0}}; /* [peer][send] */
         bool in_batch = false;
         for (int i = 0; i < n[s]; i++) {
@@ -315,7 +334,7 @@ static void test_schedule_no_deadlock(void)
         for (int P = 1; P <= 8; P++)
             for (int M = 1; M <= 16; M++)
                 for (int lazy = 0; lazy < 2; lazy++)
-                    DT_CHECK_MSG(run_strict(kinds[ki], P, M, lazy), "%s P=%d M=%d deadlocks%s",
+                    DT_CHECK_MSG(run_strict(kinds[ki], P, M, lazy, 0), "%s P=%d M=%d deadlocks%s",
                                  kind_name(kinds[ki]), P, M,
                                  lazy ? " (waits as dt_pp_wait_before says)" : "");
 }
@@ -1577,6 +1596,7 @@ static void test_trace(void)
         dt_pp_action a[6 * 4];
         for (int st = 0; st < 2; st++) {
             int n = build(DT_PP_GPIPE, 2, 4, st, a);
+            dt_pp_post_early(a, n); /* the order the strategy posts in */
             for (int i = 0; i < n; i++)
                 want += dt_pp_op_is_comm(a[i].op) && (i + 1 == n || !dt_pp_op_is_comm(a[i + 1].op));
         }
@@ -1648,6 +1668,208 @@ static void test_bench(void)
     free(text);
 }
 
+/* ---- receives posted early (dt_pp_post_early) -------------------------------------------- */
+
+/* The order the strategy posts in: every receive of an activation one forward earlier (and of a
+ * gradient one backward earlier where no forward lies between), the same sends and computes in
+ * the same order, the same matching, runs to the end on the strictest backend (run_strict) both
+ * when every compute waits for all it posted and when it waits as dt_pp_wait_before says, and
+ * needs one receive buffer more than the slots (1F1B's activation slots unchanged: P on stage
+ * 0). Moving the gradients' receives of 1F1B's steady state too (run_strict's early = 2)
+ * deadlocks, which is why dt_pp_post_early leaves them: the replay finds it. */
+static void test_schedule_early(void)
+{
+    dt_pp_action a[6 * 16], e[6 * 16];
+    for (int ki = 0; ki < 2; ki++)
+        for (int P = 1; P <= 8; P++)
+            for (int M = 1; M <= 16; M++) {
+                for (int lazy = 0; lazy < 2; lazy++)
+                    DT_CHECK_MSG(run_strict(kinds[ki], P, M, lazy, 1),
+                                 "%s P=%d M=%d deadlocks with early receives%s",
+                                 kind_name(kinds[ki]), P, M,
+                                 lazy ? " (waits as dt_pp_wait_before says)" : "");
+                for (int s = 0; s < P; s++) {
+                    int n = build(kinds[ki], P, M, s, a);
+                    memcpy(e, a, sizeof(dt_pp_action) * (size_t)n);
+                    dt_pp_post_early(e, n);
+                    int fi = 0, fe = 0, moved = 0;
+                    for (int op = 0; op < 6; op++) { /* each kind in the same order */
+                        int ia = 0, ie = 0;
+                        for (;;) {
+                            while (ia < n && (int)a[ia].op != op)
+                                ia++;
+                            while (ie < n && (int)e[ie].op != op)
+                                ie++;
+                            if (ia == n || ie == n)
+                                break;
+                            DT_CHECK_INT(e[ie].mb, a[ia].mb);
+                            moved += op == DT_PP_RECV_ACT && ie < ia;
+                            ia++, ie++;
+                        }
+                        DT_CHECK(ia == n && ie == n);
+                    }
+                    for (int i = 0; i < n; i++) { /* computes in the same order */
+                        while (fi < n && dt_pp_op_is_comm(a[fi].op))
+                            fi++;
+                        while (fe < n && dt_pp_op_is_comm(e[fe].op))
+                            fe++;
+                        if (fi < n && fe < n) {
+                            DT_CHECK(a[fi].op == e[fe].op && a[fi].mb == e[fe].mb);
+                            fi++, fe++;
+                        }
+                    }
+                    /* the activation of k >= 1 is asked for before the forward of k - 1 */
+                    for (int k = 1; k < M && s > 0; k++) {
+                        int r = -1, f = -1;
+                        for (int i = 0; i < n; i++) {
+                            if (e[i].op == DT_PP_RECV_ACT && e[i].mb == k)
+                                r = i;
+                            if (e[i].op == DT_PP_FWD && e[i].mb == k - 1)
+                                f = i;
+                        }
+                        DT_CHECK_MSG(r >= 0 && r < f, "%s P=%d M=%d stage %d: activation %d "
+                                     "received at %d, forward of %d at %d",
+                                     kind_name(kinds[ki]), P, M, s, k, r, k - 1, f);
+                    }
+                    DT_CHECK_INT(moved, s > 0 ? M - 1 : 0);
+                    DT_CHECK_INT(dt_pp_max_in_flight(e, n), dt_pp_max_in_flight(a, n));
+                    if (s > 0)
+                        DT_CHECK_INT(dt_pp_recv_buffers(e, n),
+                                     DT_MIN(dt_pp_max_in_flight(a, n) + 1, M));
+                }
+            }
+    /* the replay tells: the gradients' receives of 1F1B's steady state moved too deadlock */
+    DT_CHECK(!run_strict(DT_PP_1F1B, 2, 4, false, 2));
+    DT_CHECK(!run_strict(DT_PP_1F1B, 4, 8, true, 2));
+    DT_CHECK(run_strict(DT_PP_GPIPE, 4, 8, true, 2)); /* GPipe's backwards have no forward */
+}
+
+/* One "X" span of a merged trace: its name, rank (pid), start and end (us), step and "mb" (-1
+ * when it has none). */
+typedef struct tspan {
+    char name[32];
+    int pid;
+    double ts, end;
+    long step, mb;
+} tspan;
+
+/* The number after `key` in line (its first occurrence), or dflt. */
+static double after(const char *line, const char *key, double dflt)
+{
+    const char *q = strstr(line, key);
+    return q ? strtod(q + strlen(key), NULL) : dflt;
+}
+
+/* The spans of trace.json (one event a line, as dt_trace_merge writes it); *n of them, cap at
+ * most. */
+static int read_spans(const char *text, tspan *out, int cap)
+{
+    int n = 0;
+    for (const char *line = text; line && *line && n < cap; line = strchr(line, '\n')) {
+        if (*line == '\n')
+            line++;
+        const char *eol = strchr(line, '\n');
+        size_t len = eol ? (size_t)(eol - line) : strlen(line);
+        char buf[1024];
+        if (len >= sizeof buf)
+            continue;
+        memcpy(buf, line, len);
+        buf[len] = '\0';
+        const char *nm = strstr(buf, "{\"name\":\"");
+        if (!nm || !strstr(buf, "\"ph\":\"X\""))
+            continue;
+        tspan *t = &out[n++];
+        nm += strlen("{\"name\":\"");
+        size_t k = 0;
+        while (nm[k] && nm[k] != '"' && k + 1 < sizeof t->name)
+            k++;
+        memcpy(t->name, nm, k);
+        t->name[k] = '\0';
+        t->pid = (int)after(buf, "\"pid\":", -1);
+        t->ts = after(buf, "\"ts\":", 0);
+        t->end = t->ts + after(buf, "\"dur\":", 0);
+        t->step = (long)after(buf, "\"step\":", -1);
+        t->mb = (long)after(buf, "\"mb\":", -1);
+    }
+    return n;
+}
+
+/* The overlap the trace shows, D = 2 x P = 2, 1F1B, M = 4, small buckets: on each rank of
+ * stage 1 every micro-batch k >= 1's activation receive is posted before the forward of k - 1
+ * begins (Megatron's batched order posts it after that forward, or after a backward), and on
+ * every rank the first bucket's collective over the data-parallel group (coll: DDP's
+ * all-reduce, ZeRO's reduce-scatter) starts inside the step's last backward (the cool-down), not
+ * after the schedule. zero: an override, or NULL. */
+static void overlap_trace(const char *name, const char *zero, const char *coll)
+{
+    enum { M = 4, STEPS = 3, CAP = 4096 };
+    prun r = pbase(4, 2, M, "1f1b", name);
+    if (zero)
+        padd(&r, zero);
+    padd(&r, "train.trace=on");
+    padd(&r, fmt("train.steps=%d", STEPS));
+    padd(&r, "train.eval_every=0");
+    padd(&r, "data.val_fraction=0");
+    padd(&r, "ddp.first_bucket_mb=0.001");
+    padd(&r, "ddp.bucket_cap_mb=0.001");
+    r.steps = STEPS;
+    r.run = true;
+    tspan *sp = calloc(CAP, sizeof *sp);
+    DT_REQUIRE(sp);
+    if (prun_run(&r)) {
+        char *text = dt_test_slurp(fmt("%s/%s/trace/trace.json", r.dir, r.name));
+        DT_REQUIRE(text);
+        int n = read_spans(text, sp, CAP), full = 0, none = 0, in_bwd = 0;
+        for (int pid = 0; pid < 4; pid++) {
+            int early = 0, pairs = 0;
+            for (int i = 0; i < n; i++) { /* forward k-1 of a step, and the receive of k */
+                if (sp[i].pid != pid || strcmp(sp[i].name, "forward") || sp[i].mb + 1 >= M)
+                    continue;
+                pairs++;
+                for (int j = 0; j < n; j++)
+                    if (sp[j].pid == pid && strstr(sp[j].name, "recv") &&
+                        sp[j].step == sp[i].step && sp[j].mb == sp[i].mb + 1 &&
+                        sp[j].ts < sp[i].ts) {
+                        early++;
+                        break;
+                    }
+            }
+            DT_CHECK_INT(pairs, STEPS * (M - 1));
+            full += early == pairs;
+            none += early == 0;
+            /* the last backward of each step, and the step's first bucket collective */
+            for (int i = 0; i < n; i++) {
+                if (sp[i].pid != pid || strcmp(sp[i].name, "backward") || sp[i].mb != M - 1)
+                    continue;
+                double first = -1;
+                for (int j = 0; j < n; j++)
+                    if (sp[j].pid == pid && !strcmp(sp[j].name, coll) &&
+                        sp[j].step == sp[i].step && (first < 0 || sp[j].ts < first))
+                        first = sp[j].ts;
+                DT_CHECK_MSG(first >= 0, "%s: rank %d step %ld: no bucket %s", name, pid,
+                             sp[i].step, coll);
+                in_bwd += first >= sp[i].ts && first < sp[i].end;
+                DT_CHECK_MSG(first < sp[i].end, "%s: rank %d step %ld: the first bucket starts "
+                             "at %.1f us, after the last backward (%.1f..%.1f)",
+                             name, pid, sp[i].step, first, sp[i].ts, sp[i].end);
+            }
+        }
+        /* two ranks per stage: stage 1's receive early, stage 0 receives no activation */
+        DT_CHECK_MSG(full == 2 && none == 2, "%s: %d ranks with every receive early, %d with "
+                     "none", name, full, none);
+        DT_CHECK_INT(in_bwd, 4 * STEPS);
+        free(text);
+    }
+    free(sp);
+    prun_free(&r);
+}
+
+static void test_overlap_trace(void)
+{
+    overlap_trace("overlap-trace", NULL, "all-reduce");
+    overlap_trace("overlap-trace-zero1", "parallel.zero=1", "reduce-scatter");
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -1682,6 +1904,8 @@ int main(int argc, char **argv)
         {"trace", test_trace, 120},
         {"dtrain_binary", test_dtrain_binary, 300},
         {"bench", test_bench, 120},
+        {"schedule_early", test_schedule_early, 0},
+        {"overlap_trace", test_overlap_trace, 180},
     };
     return dt_test_main("test_pipeline", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

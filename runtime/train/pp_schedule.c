@@ -98,6 +98,83 @@ int dt_pp_max_in_flight(const dt_pp_action *list, int n)
     return most;
 }
 
+/* Moves list[from] to position to (to <= from), shifting what lies between one place on. */
+static void move_back(dt_pp_action *list, int from, int to)
+{
+    dt_pp_action a = list[from];
+    memmove(list + to + 1, list + to, sizeof *list * (size_t)(from - to));
+    list[to] = a;
+}
+
+/* The index of the first action of op on micro-batch mb in list[0..n), -1 when none. */
+static int find(const dt_pp_action *list, int n, dt_pp_op op, int mb)
+{
+    for (int i = 0; i < n; i++)
+        if (list[i].op == op && list[i].mb == mb)
+            return i;
+    return -1;
+}
+
+/* Receives one compute earlier, and why it cannot deadlock.
+ *
+ * The model is the strictest backend (NCCL's): a rank's p2p batches run one after the other in
+ * issue order, a send may not complete before its receive is posted, and the host waits for a
+ * batch (and so for every batch before it) before the compute that needs it. A receive posted
+ * early is then safe only if the peer's matching send never depends, through the peer's own
+ * batches or computes, on anything this rank posts after that receive.
+ *
+ *   RECV_ACT k (stage s, from s-1), now in the batch before FWD k-1. Stage s-1 sends k after
+ *   its FWD k. GPipe, and 1F1B's warm-up, run that forward after nothing from downstream; in
+ *   1F1B's steady state (round i runs FWD W+i then BWD i, W = P-s-1 on s, P-s on s-1) both
+ *   stage s's FWD k-1 and stage s-1's FWD k come right after their backward of
+ *   b = k-1-(P-s), so what s-1 needs from s is the gradient of b, whose SEND_GRAD is in the
+ *   very batch the early receive joins (a batch's operations progress together). By induction
+ *   towards stage 0, which receives no activation, every early receive is matched. The sends
+ *   to s+1 queued behind it are only delayed: upstream depends on downstream through
+ *   gradients alone.
+ *
+ *   RECV_GRAD j (from s+1), now before BWD j-1 when no forward lies between (GPipe's backward
+ *   half, 1F1B's cool-down): every activation stage s sends is posted before it, so s+1's
+ *   backward of j needs nothing more from s; by induction towards the last stage, which
+ *   receives no gradient, it is matched. In 1F1B's steady state it would not be: s's stream
+ *   would hold RECV_GRAD j+1 ahead of SEND_ACT k+1, while s+1's stream holds its early
+ *   RECV_ACT k+1 ahead of its SEND_GRAD j+1 (a cycle; the test's replay finds it for P = 2,
+ *   M = 3).
+ *
+ * Receive buffers: the activation of k+1 arrives while k and the micro-batches before it whose
+ * backward has not run still hold theirs (the model borrows `in` until the backward), so a
+ * stage > 0 needs one buffer more than its slots (dt_pp_recv_buffers); gradients still fit two
+ * buffers (the receive of j+1 is posted after BWD j-1 has read (j+1) % 2's last gradient). */
+void dt_pp_post_early(dt_pp_action *list, int n)
+{
+    for (int k = 1; k < n; k++) {
+        int r = find(list, n, DT_PP_RECV_ACT, k), f = find(list, n, DT_PP_FWD, k - 1);
+        if (r > f && f >= 0)
+            move_back(list, r, f);
+        r = find(list, n, DT_PP_RECV_GRAD, k);
+        int b = find(list, n, DT_PP_BWD, k - 1);
+        if (r > b && b >= 0) {
+            bool fwd_between = false;
+            for (int i = b + 1; i < r; i++)
+                fwd_between |= list[i].op == DT_PP_FWD;
+            if (!fwd_between)
+                move_back(list, r, b);
+        }
+    }
+}
+
+int dt_pp_recv_buffers(const dt_pp_action *list, int n)
+{
+    int live = 0, most = 0;
+    for (int i = 0; i < n; i++) {
+        if (list[i].op == DT_PP_RECV_ACT && ++live > most)
+            most = live;
+        else if (list[i].op == DT_PP_BWD)
+            live--;
+    }
+    return most;
+}
+
 int dt_pp_wait_before(const dt_pp_action *list, int i, int slots)
 {
     const dt_pp_action c = list[i];

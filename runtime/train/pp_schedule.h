@@ -22,6 +22,8 @@
  *          warm-up), then W cool-down backwards (RECV_GRAD, BWD, SEND_GRAD): stage s holds at
  *          most min(P-s, M) micro-batches' activations.
  * Stage 0 has no RECV_ACT/SEND_GRAD, the last stage no SEND_ACT/RECV_GRAD.
+ * dt_pp_post_early then moves receives one compute earlier (what strategy_pipeline.c posts);
+ * dt_pp_simulate replays the lists as built (communication is free there, so it is the same).
  *
  * What it may include: common/. Used by strategy_pipeline.c, cmd/bench_pipeline.c, tests.
  */
@@ -77,6 +79,20 @@ int dt_pp_max_in_flight(const dt_pp_action *list, int n);
  * Sends the compute does not touch stay in flight: stage 0's forwards and the last stage's
  * backwards of GPipe run back to back. */
 int dt_pp_wait_before(const dt_pp_action *list, int i, int slots);
+
+/* Reorders list[0..n) (a stage's list from dt_pp_schedule_build, or its forward half) in
+ * place so that each receive is posted one compute earlier: the input activation of
+ * micro-batch k >= 1 just before the forward of k-1 and the output gradient of
+ * j >= 1 just before the backward of j-1 where no forward lies between the two (GPipe's
+ * backwards, 1F1B's cool-down). Sends, computes and the order of each kind of receive stay as
+ * they were, so p2p matching is unchanged; a receive joins the batch of sends before the
+ * compute it now precedes. Why this and no more cannot deadlock: see pp_schedule.c. */
+void dt_pp_post_early(dt_pp_action *list, int n);
+
+/* The most input activations received or being received whose backward has not run, over the
+ * list: the receive buffers a stage > 0 needs (the model borrows its input until the
+ * backward). With dt_pp_post_early one more than dt_pp_max_in_flight (at most M). */
+int dt_pp_recv_buffers(const dt_pp_action *list, int n);
 
 /* Replays every stage's list of kind with forward time tf and backward time tb per micro-batch
  * (communication free and instant; a FWD of stage s > 0 waits for the same micro-batch's FWD on

@@ -17,18 +17,26 @@
  *
  * micro_step(batch): the rank's batch (the same samples on every stage of a pipeline: the
  * sampler draws by the data-parallel coordinate) is cut into M micro-batches of near-equal size,
- * and the stage runs its list of pp_schedule.h: consecutive sends and receives go out as one
- * dt_comm_p2p batch, posted at once without waiting (Megatron-LM's order with batched p2p);
- * before each forward or backward the stage waits, in order, for the batches up to the one
- * holding what that compute reads or overwrites (dt_pp_wait_before: its input's receive, a
- * send still reading the slot's output or the input-gradient buffer, two of which alternate),
- * so the sends it does not touch stay in flight while it computes (GPipe's stage 0 runs its
- * forwards back to back). pp_schedule's tests replay this on a backend that runs each rank's
- * batches one after the other: it cannot deadlock. Micro-batch k's backward runs with dloss x
- * valid_k / valid (valid: targets not ignored), so the gradient is exactly the one-process
- * gradient of the batch mean; the last stage's loss, the same weighted sum, is broadcast over
- * the pipeline group, so every rank returns the number one process logs. The DDP reducer hears
- * of finished gradients in the last micro-batch's backward of the last micro-step.
+ * and the stage runs its list of pp_schedule.h with each receive moved one compute earlier
+ * (dt_pp_post_early: the activation of micro-batch k before the forward of k-1, a gradient
+ * before the previous backward where no forward lies between), so a transfer overlaps the
+ * compute before its use instead of being asked for only once that compute is done; the input
+ * activations land in a ring of nrecv buffers, one more than the slots (at most M: the model
+ * borrows its input until the backward; its activation slots are unchanged). Consecutive sends
+ * and receives go out as one dt_comm_p2p batch, posted at once without waiting; before each
+ * forward or backward the stage waits, in order, for the batches up to the one holding what
+ * that compute reads or overwrites (dt_pp_wait_before: its input's receive, a send still
+ * reading the slot's output or the input-gradient buffer, two of which alternate), so the
+ * sends it does not touch stay in flight while it computes (GPipe's stage 0 runs its forwards
+ * back to back). pp_schedule's tests replay this on a backend that runs each rank's batches
+ * one after the other (NCCL's stream): it cannot deadlock (pp_schedule.c says why, and why
+ * 1F1B's steady-state gradient receives stay where Megatron puts them). Micro-batch k's
+ * backward runs with dloss x valid_k / valid (valid: targets not ignored), so the gradient is
+ * exactly the one-process gradient of the batch mean; the last stage's loss, the same
+ * weighted sum, is broadcast over the pipeline group, so every rank returns the number one
+ * process logs. The DDP reducer hears of finished gradients in the last micro-batch's backward
+ * of the last micro-step, so its buckets' all-reduces start during that backward, the
+ * cool-down (test_pipeline's overlap_trace sees it in the trace), not after the schedule.
  * sync_grads: DDP's buckets (D > 1), then the tied wte's two copies' gradients summed over the
  * embedding group (stages 0 and P-1), so both take the same update.
  * clip: each rank's sum of squares of what it alone holds, all-reduced over the tensor group
@@ -66,9 +74,9 @@
  * from one forward and one backward pass, and a pipeline's micro-batches interleave them, so
  * every gather is waited for at its window.
  *
- * Left for later (issue 19): receives posted earlier than Megatron's batched order puts them
- * (a receive batched with a send is waited together with it), ZeRO-3's prefetch in a pipeline,
- * interleaved (virtual-stage) schedules.
+ * Left for later (issue 19): ZeRO 1-2's reduce-scatters on a stage with the tied wte start
+ * only after backward where wte is the stage's first bucket (above); ZeRO-3's prefetch in a
+ * pipeline; interleaved (virtual-stage) schedules.
  */
 #include "runtime/train/strategy_pipeline.h"
 
@@ -93,6 +101,9 @@ typedef struct pipe_impl {
     dt_zero3 *z3;                   /* ZeRO-3 over g.dp (D > 1, zero = 3), owned; else NULL */
     dt_strategy *self;              /* borrowed: the ready hook's way back (zero_ready) */
     int P, M, stage, slots;
+    int nrecv;                      /* input activation buffers (stage > 0): one more than the
+                                       slots (at most M), as receives are posted a forward
+                                       early */
     dt_pp_schedule_kind kind;
     dt_pp_action *list;             /* (nlist) this stage's schedule, owned */
     dt_pp_action *eval_list;        /* (6M) scratch for evaluation's forward-only list */
@@ -100,7 +111,8 @@ typedef struct pipe_impl {
     dt_p2p_op *ops;                 /* (nlist) scratch for one p2p batch */
     dt_comm_work **works;           /* (nlist) posted and not yet waited */
     uint64_t *work_t0;              /* (nlist) their trace starts */
-    int *work_mb;                   /* (nlist) the micro-batch of their first operation */
+    int *work_mb;                   /* (nlist) the micro-batch of their last receive (what the
+                                       batch brings in), or of their first send if none */
     const char **work_name;         /* (nlist) "send", "recv", "send+recv" (literals) */
     int64_t *work_bytes;            /* (nlist) their bytes, both ways */
     int *work_first;                /* (nlist) the list index of their first action */
@@ -109,7 +121,8 @@ typedef struct pipe_impl {
     size_t x_numel;                 /* input floats per sample (vector and image data) */
     int *mb_from, *mb_size;         /* (M) the current batch's micro-batches */
     int64_t *mb_valid;              /* (M) their targets that count (>= 0) */
-    float **recv_act;               /* (slots) (mb_cap, pp_in_numel) backend, stage > 0 */
+    float **recv_act;               /* (nrecv) (mb_cap, pp_in_numel) backend, stage > 0:
+                                       micro-batch k's input in [k % nrecv] */
     float **out;                    /* (slots) the model's output of the slot's micro-batch */
     float *grad_out[2];             /* (mb_cap, pp_out_numel) received for micro-batch j in
                                        [j % 2], stage < P-1 */
@@ -352,6 +365,8 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if ((rc = dt_pp_schedule_build(p->kind, p->P, p->M, p->stage, p->list, cap, &p->nlist, err)))
         return rc;
     p->slots = dt_pp_max_in_flight(p->list, p->nlist);
+    dt_pp_post_early(p->list, p->nlist); /* the same sends and computes, receives earlier */
+    p->nrecv = DT_MAX(dt_pp_recv_buffers(p->list, p->nlist), 1);
 
     /* the model as this stage */
     int blocks[DT_MAX_STAGES];
@@ -399,12 +414,12 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 
     /* p2p buffers */
     dt_backend *be = s->be;
-    p->recv_act = calloc((size_t)p->slots, sizeof(float *));
+    p->recv_act = calloc((size_t)p->nrecv, sizeof(float *));
     p->out = calloc((size_t)p->slots, sizeof(float *));
     if (!p->recv_act || !p->out)
         return dt_err_set(err, -ENOMEM, "out of memory");
     size_t in_n = (size_t)p->mb_cap * m->pp_in_numel, out_n = (size_t)p->mb_cap * m->pp_out_numel;
-    for (int k = 0; k < p->slots && !rc && p->stage > 0; k++)
+    for (int k = 0; k < p->nrecv && !rc && p->stage > 0; k++)
         rc = alloc_floats(be, &p->recv_act[k], in_n, err);
     for (int k = 0; k < 2 && !rc; k++) {
         if (p->stage > 0)
@@ -417,7 +432,7 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if (rc)
         return dt_err_prefix(err, "pipeline buffers: ");
     p->st.act_bytes = m->activation_bytes +
-                      sizeof(float) * (in_n * (size_t)(p->stage > 0 ? p->slots + 2 : 0) +
+                      sizeof(float) * (in_n * (size_t)(p->stage > 0 ? p->nrecv + 2 : 0) +
                                        (p->stage < p->P - 1 ? 2 * out_n : 0));
 
     /* the whole model for checkpoints */
@@ -561,7 +576,7 @@ static dt_p2p_op p2p_op(const pipe_impl *p, const dt_model *m, dt_pp_action a)
         return (dt_p2p_op){DT_P2P_SEND, p->out[slot], (size_t)n * m->pp_out_numel, DT_FLOAT32,
                            p->stage + 1};
     case DT_PP_RECV_ACT:
-        return (dt_p2p_op){DT_P2P_RECV, p->recv_act[slot], (size_t)n * m->pp_in_numel,
+        return (dt_p2p_op){DT_P2P_RECV, p->recv_act[a.mb % p->nrecv], (size_t)n * m->pp_in_numel,
                            DT_FLOAT32, p->stage - 1};
     case DT_PP_SEND_GRAD:
         return (dt_p2p_op){DT_P2P_SEND, p->grad_in[a.mb % 2], (size_t)n * m->pp_in_numel,
@@ -640,13 +655,16 @@ static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int 
                 continue;
             bool sends = false, recvs = false;
             int64_t bytes = 0;
+            int mb = list[i + 1 - nops].mb;
             for (int k = 0; k < nops; k++) {
                 sends |= p->ops[k].kind == DT_P2P_SEND;
                 recvs |= p->ops[k].kind == DT_P2P_RECV;
+                if (p->ops[k].kind == DT_P2P_RECV)
+                    mb = list[i + 1 - nops + k].mb;
                 bytes += (int64_t)(p->ops[k].count * sizeof(float));
             }
             p->work_t0[p->nworks] = dt_trace_begin();
-            p->work_mb[p->nworks] = list[i + 1 - nops].mb;
+            p->work_mb[p->nworks] = mb;
             p->work_name[p->nworks] = sends && recvs ? "send+recv" : sends ? "send" : "recv";
             p->work_bytes[p->nworks] = bytes;
             p->work_first[p->nworks] = i + 1 - nops;
@@ -669,7 +687,7 @@ static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int 
         uint64_t ts = dt_trace_begin();
         if (fwd) {
             float l = 0;
-            rc = so->stage_forward(m, slot, &mb, p->stage > 0 ? p->recv_act[slot] : NULL,
+            rc = so->stage_forward(m, slot, &mb, p->stage > 0 ? p->recv_act[a.mb % p->nrecv] : NULL,
                                    training, &p->out[slot], &l, err);
             o->loss_sum += (double)l * (double)p->mb_valid[a.mb];
             o->correct += m->last_correct;
@@ -725,6 +743,7 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
         if ((rc = dt_pp_schedule_build(p->kind, p->P, nmb, p->stage, p->eval_list,
                                        dt_pp_schedule_cap(p->M), &n, err)))
             return rc;
+        dt_pp_post_early(p->eval_list, n); /* needs no more buffers than M's list */
         list = p->eval_list;
     }
     split(p, batch, nmb);
@@ -834,6 +853,7 @@ static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, in
                                          dt_pp_schedule_cap(p->M), &n, err);
     if (rc)
         return rc;
+    dt_pp_post_early(p->eval_list, n); /* forward only: two receive buffers suffice */
     int nf = 0; /* the forward half: everything before the first backward's actions */
     while (nf < n && p->eval_list[nf].op != DT_PP_BWD && p->eval_list[nf].op != DT_PP_RECV_GRAD &&
            p->eval_list[nf].op != DT_PP_SEND_GRAD)
@@ -913,7 +933,7 @@ static void pipe_close(dt_strategy *s)
         dt_zero3_free(p->z3);
         dt_groups_close(&p->g);
         if (s->be) {
-            for (int k = 0; k < p->slots && p->recv_act; k++)
+            for (int k = 0; k < p->nrecv && p->recv_act; k++)
                 s->be->free(s->be, p->recv_act[k]);
             for (int k = 0; k < 2; k++) {
                 s->be->free(s->be, p->grad_in[k]);
