@@ -18,9 +18,10 @@ const dt_strategy_ops *dt_strategy_pick(const dt_job *job, int world_size)
     if (job->strategy == DT_STRATEGY_DP)
         return &dt_strategy_dp_ops; /* with parallel.zero > 0 the job does not validate */
     if (job->pipeline > 1)
-        return &dt_strategy_pipeline_ops; /* with DP or ZeRO the job does not validate */
-    if (job->tensor > 1 && job->pipeline <= 1)
-        return &dt_strategy_tensor_ops; /* DDP over the data-parallel groups when D > 1 */
+        return &dt_strategy_pipeline_ops; /* tensor slices inside a stage; DDP or ZeRO over the
+                                             data-parallel groups when D > 1 */
+    if (job->tensor > 1)
+        return &dt_strategy_tensor_ops; /* DDP or ZeRO over the data-parallel groups when D > 1 */
     if (world_size > 1)
         return job->zero == 3  ? &dt_strategy_zero3_ops
                : job->zero > 0 ? &dt_strategy_zero_ops
