@@ -38,9 +38,9 @@
  * DistributedDataParallel, one replica per process, over ddp.c's reducer), dp (strategy_dp.c:
  * DataParallel, replicas driven by one process, over dp.c) and zero (strategy_zero.c: ZeRO
  * stages 1 and 2, over ddp.c's reducer in its sharding mode; strategy_zero3.c: stage 3, over the
- * model's block hook), tensor (strategy_tensor.c: Megatron-LM's splits inside gpt, DDP over the
- * data-parallel groups) and pipeline (strategy_pipeline.c: GPipe and 1F1B over the stages of the
- * D x T x P grid, any T). strategies.h picks one from the job.
+ * model's block hook), tensor (strategy_tensor.c: Megatron-LM's splits inside gpt, DDP or ZeRO
+ * over the data-parallel groups) and pipeline (strategy_pipeline.c: GPipe and 1F1B over the
+ * stages of the D x T x P grid, any T). strategies.h picks one from the job.
  *
  * An implementation includes this header and what it drives (comm/, the model, the optimiser);
  * it never includes worker.h or strategies.h: what it needs from the trainer comes in
