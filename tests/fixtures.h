@@ -2,8 +2,12 @@
 #ifndef DT_TEST_FIXTURES_H
 #define DT_TEST_FIXTURES_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "common/util.h"
+#include "rendezvous/store.h"
+#include "runtime/comm/comm.h"
 #include "runtime/train/model.h"
 
 /* A random batch for a model config, in host memory (owned by the struct): token ids and
@@ -16,5 +20,61 @@ typedef struct dt_test_batch {
 
 void dt_test_batch_make(dt_test_batch *hb, const dt_model_config *c, int B, uint64_t seed);
 void dt_test_batch_free(dt_test_batch *hb);
+
+/* ---- paths and strings ---------------------------------------------------------------------- */
+
+/* A formatted string that lives until 64 more have been made (no fixed-size buffers to cut). */
+const char *dt_test_fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+
+/* The source tree: the parent of build/ where the dtrain binary lives, when probe (a path
+ * relative to the tree, such as "configs") exists there; else the working directory. */
+const char *dt_test_repo_dir(const char *probe);
+
+/* ---- forked ranks ----------------------------------------------------------------------------- */
+
+/* n bytes of zeroed memory shared with the ranks forked after it (MAP_SHARED); fails the test
+ * when it cannot be mapped. Release with dt_test_shared_unmap(p, n). */
+void *dt_test_shared_map(size_t n);
+void dt_test_shared_unmap(void *p, size_t n);
+
+/* In a rank process: set by a failed RCHECK; the rank then exits 1. */
+extern int dt_test_rank_failed;
+
+/* A check inside a rank process: prints one line on stderr (one write, so ranks never
+ * interleave) and marks the rank failed; the parent checks the exit status. */
+void dt_test_rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define RCHECK(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            dt_test_rank_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                             \
+    } while (0)
+
+/* The body of rank `rank` of n: it may _exit itself; when it returns, the rank exits 1 if an
+ * RCHECK failed in it, else 0. */
+typedef void (*dt_test_rank_fn)(int rank, int n, void *arg);
+
+#define DT_TEST_MAX_RANKS 16
+
+/* Starts a store server on an ephemeral port (*port, set before any rank starts), forks n
+ * (<= DT_TEST_MAX_RANKS) ranks running fn(rank, n, arg) and waits for them; status[r] gets
+ * each exit status as waitpid reports it. Ranks still running after limit_s seconds are killed
+ * and the test fails with "<what>: rank R still running after S s". Stops the server. */
+void dt_test_run_ranks(const char *what, int n, int *port, dt_test_rank_fn fn, void *arg,
+                       double limit_s, int *status);
+
+/* In a rank process: sets DTRAIN_COMM_TRANSPORT to transport (NULL: "auto") and
+ * DTRAIN_COMM_HOST_ID to this rank's entry of hosts (host ids of the ranks, comma separated),
+ * or unsets it when hosts is NULL or "" or has no entry for the rank. */
+void dt_test_rank_env(const char *transport, const char *hosts, int rank);
+
+/* In a rank process: connects to the store on 127.0.0.1:port and opens the world communicator
+ * of n ranks for run_id (attempt), as local rank `rank` of n on 127.0.0.1. timeout_ms bounds the
+ * communicator (0: 20 s) and the store's requests (at least 20 s). On failure returns the
+ * negative errno with err set, and the store (if it connected) is left in *store for the caller
+ * to free; *comm is NULL. */
+int dt_test_world_open(int port, const char *run_id, int attempt, int rank, int n,
+                       int timeout_ms, dt_store **store, dt_comm **comm, dt_err *err);
 
 #endif
