@@ -157,6 +157,18 @@ void dt_test_run_ranks(const char *what, int n, int *port, dt_test_rank_fn fn, v
     dt_test_store_stop(srv);
 }
 
+bool dt_test_ranks_ok(const char *what, const int *status, int n, const char *msg, size_t stride)
+{
+    bool ok = true;
+    for (int r = 0; r < n; r++)
+        if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) {
+            dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d: status %d: %s", what, r, status[r],
+                            msg + (size_t)r * stride);
+            ok = false;
+        }
+    return ok;
+}
+
 void dt_test_rank_env(const char *transport, const char *hosts, int rank)
 {
     setenv("DTRAIN_COMM_TRANSPORT", transport ? transport : "auto", 1);

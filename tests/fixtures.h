@@ -2,6 +2,7 @@
 #ifndef DT_TEST_FIXTURES_H
 #define DT_TEST_FIXTURES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,6 +64,11 @@ typedef void (*dt_test_rank_fn)(int rank, int n, void *arg);
  * and the test fails with "<what>: rank R still running after S s". Stops the server. */
 void dt_test_run_ranks(const char *what, int n, int *port, dt_test_rank_fn fn, void *arg,
                        double limit_s, int *status);
+
+/* Whether each of n ranks exited 0 (status[r] as dt_test_run_ranks gives it); for each that did
+ * not, the test fails with "<what>: rank R: status S: <its message>", the message of rank r at
+ * msg + r * stride (a field of an array of per-rank records in shared memory). */
+bool dt_test_ranks_ok(const char *what, const int *status, int n, const char *msg, size_t stride);
 
 /* In a rank process: sets DTRAIN_COMM_TRANSPORT to transport (NULL: "auto") and
  * DTRAIN_COMM_HOST_ID to this rank's entry of hosts (host ids of the ranks, comma separated),
