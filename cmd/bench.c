@@ -104,6 +104,53 @@ int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_p
     return failed;
 }
 
+int dt_bench_store_start(const char *name, dt_store_server **srv, char *port, size_t cap)
+{
+    dt_store_server_opts so;
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    so.port = 0;
+    dt_err err = {0};
+    *srv = NULL;
+    if (dt_store_server_start(srv, &so, &err) != 0) {
+        fprintf(stderr, "dtrain bench %s: %s\n", name, err.msg);
+        return 1;
+    }
+    snprintf(port, cap, "%d", dt_store_server_port(*srv));
+    return 0;
+}
+
+int dt_bench_run_children(char **av, int k, const char *port, const char *run_id,
+                          const char *out_prefix, int n, int *status)
+{
+    av[k++] = "--child-rank";
+    const int rank_slot = k++;
+    av[k++] = "--child-port";
+    av[k++] = (char *)port;
+    av[k++] = "--child-run-id";
+    av[k++] = (char *)run_id;
+    av[k++] = "--child-out";
+    const int out_slot = k++;
+    av[k] = NULL;
+    return dt_bench_run_ranks(av, rank_slot, out_slot, out_prefix, n, status);
+}
+
+int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *const *more,
+                      int n_more, dt_job *job, dt_config_errors *errs, dt_err *err)
+{
+    memset(errs, 0, sizeof *errs);
+    char **all = calloc((size_t)(n_ov + n_more) + 1, sizeof *all);
+    if (!all)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    if (n_ov)
+        memcpy(all, ov, sizeof *all * (size_t)n_ov);
+    if (n_more)
+        memcpy(all + n_ov, more, sizeof *all * (size_t)n_more); /* later ones win */
+    int rc = dt_job_load(job, job_path, all, n_ov + n_more, errs, err);
+    free(all);
+    return rc;
+}
+
 static void usage(FILE *out)
 {
     fprintf(out, "usage: dtrain bench NAME [options]   (dtrain bench NAME --help)\n\n");

@@ -135,21 +135,11 @@ static int read_result(const char *path, result *r)
 static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
                     dt_err *err)
 {
-    dt_config_errors errs;
-    memset(&errs, 0, sizeof errs);
-    char **ov = calloc((size_t)(o->n_overrides + n_more) + 1, sizeof *ov);
-    if (!ov)
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    for (int i = 0; i < o->n_overrides; i++)
-        ov[i] = o->overrides[i];
-    for (int i = 0; i < n_more; i++) /* later ones win */
-        ov[o->n_overrides + i] = more[i];
-    int rc = dt_job_load(job, o->job_path, ov, o->n_overrides + n_more, &errs, err);
-    if (rc) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-    }
-    free(ov);
+    static dt_config_errors errs;
+    int rc = dt_bench_load_job(o->job_path, o->overrides, o->n_overrides, more, n_more, job,
+                               &errs, err);
+    for (int i = 0; rc && i < errs.count && i < 64; i++)
+        fprintf(stderr, "%s\n", errs.lines[i]);
     return rc;
 }
 
@@ -292,18 +282,9 @@ static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode
     dt_store_server *srv = NULL;
     char port[16] = "0", run_id[64];
     snprintf(run_id, sizeof run_id, "bench-dpddp-%d-%s", (int)getpid(), mode);
-    if (n > 1) { /* ddp's communicator, indep's start and end */
-        dt_store_server_opts so;
-        dt_store_server_opts_default(&so);
-        so.host = "127.0.0.1";
-        so.port = 0;
-        dt_err err = {0};
-        if (dt_store_server_start(&srv, &so, &err) != 0) {
-            fprintf(stderr, "dtrain bench dp-vs-ddp: %s\n", err.msg);
-            return 1;
-        }
-        snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
-    }
+    /* ddp's communicator, indep's start and end */
+    if (n > 1 && dt_bench_store_start("dp-vs-ddp", &srv, port, sizeof port))
+        return 1;
     char **av = calloc((size_t)argc + 16, sizeof *av);
     if (!av) {
         dt_store_server_stop(srv);
@@ -316,19 +297,10 @@ static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode
         av[k++] = argv[i];
     av[k++] = "--child";
     av[k++] = (char *)mode;
-    av[k++] = "--child-rank";
-    const int rank_slot = k++;
-    av[k++] = "--child-port";
-    av[k++] = port;
-    av[k++] = "--child-run-id";
-    av[k++] = run_id;
-    av[k++] = "--child-out";
-    const int out_slot = k++;
-    av[k] = NULL;
     char prefix[1100];
     int status[MAX_REPLICAS];
     snprintf(prefix, sizeof prefix, "%s/%s.", dir, mode);
-    int failed = dt_bench_run_ranks(av, rank_slot, out_slot, prefix, n, status);
+    int failed = dt_bench_run_children(av, k, port, run_id, prefix, n, status);
     free(av);
     for (int r = 0; r < n && !failed; r++) {
         char out[1200];

@@ -90,16 +90,8 @@ static void usage(FILE *out)
 static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
                     dt_config_errors *errs, dt_err *err)
 {
-    memset(errs, 0, sizeof *errs);
-    char **ov = calloc((size_t)(o->n_overrides + n_more) + 1, sizeof *ov);
-    if (!ov)
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    memcpy(ov, o->overrides, sizeof *ov * (size_t)o->n_overrides);
-    if (n_more)
-        memcpy(ov + o->n_overrides, more, sizeof *ov * (size_t)n_more); /* later ones win */
-    int rc = dt_job_load(job, o->job_path, ov, o->n_overrides + n_more, errs, err);
-    free(ov);
-    return rc;
+    return dt_bench_load_job(o->job_path, o->overrides, o->n_overrides, more, n_more, job, errs,
+                             err);
 }
 
 /* Tensors named "<a>.<N>.<rest>" with N a number form block "<a>.<N>"; the largest block's
@@ -242,18 +234,8 @@ static int run_config(const bench_opts *o, char *const *cfg, int ncfg, const cha
     snprintf(run_id, sizeof run_id, "bench-memory-%d-%d", (int)getpid(), index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", o->nproc);
-    if (o->nproc > 1) {
-        dt_store_server_opts so;
-        dt_store_server_opts_default(&so);
-        so.host = "127.0.0.1";
-        so.port = 0;
-        dt_err err = {0};
-        if (dt_store_server_start(&srv, &so, &err) != 0) {
-            fprintf(stderr, "dtrain bench memory: %s\n", err.msg);
-            return 1;
-        }
-        snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
-    }
+    if (o->nproc > 1 && dt_bench_store_start("memory", &srv, port, sizeof port))
+        return 1;
     char **av = calloc((size_t)(o->n_overrides + ncfg) + 24, sizeof *av);
     if (!av) {
         dt_store_server_stop(srv);
@@ -274,19 +256,10 @@ static int run_config(const bench_opts *o, char *const *cfg, int ncfg, const cha
     av[k++] = steps;
     av[k++] = "--child";
     av[k++] = "1";
-    av[k++] = "--child-rank";
-    const int rank_slot = k++;
-    av[k++] = "--child-port";
-    av[k++] = port;
-    av[k++] = "--child-run-id";
-    av[k++] = run_id;
-    av[k++] = "--child-out";
-    const int out_slot = k++;
-    av[k] = NULL;
     char prefix[1100];
     int status[MAX_RANKS];
     snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
-    int failed = dt_bench_run_ranks(av, rank_slot, out_slot, prefix, o->nproc, status);
+    int failed = dt_bench_run_children(av, k, port, run_id, prefix, o->nproc, status);
     free(av);
     for (int r = 0; r < o->nproc && !failed; r++) {
         char out[1200];

@@ -6,6 +6,9 @@
 
 #include <stdio.h>
 
+#include "rendezvous/store_server.h"
+#include "runtime/job/config.h"
+
 int dt_cmd_main(int argc, char **argv);   /* cmd/dtrain.c: dispatch and the default `run` */
 int dt_cmd_worker(int argc, char **argv); /* cmd/worker.c: the built-in trainer */
 int dt_cmd_store(int argc, char **argv);  /* cmd/store_cmd.c: standalone store server */
@@ -50,5 +53,22 @@ int dt_bench_parse_args(int argc, char **argv, const char *name, const dt_bench_
  * a rank that could not be started. Returns 0 when every rank exited 0, else 1. */
 int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_prefix, int n,
                        int *status);
+
+/* The benches' store (cmd/bench.c): a store server on 127.0.0.1 and an ephemeral port, its port
+ * written into port[0..cap) as text. Returns 0; 1 after "dtrain bench NAME: <why>" on stderr
+ * (*srv then NULL). Stop it with dt_store_server_stop. */
+int dt_bench_store_start(const char *name, dt_store_server **srv, char *port, size_t cap);
+
+/* A child rank's command line tail (cmd/bench.c): appends to av[k..] "--child-rank R
+ * --child-port PORT --child-run-id RUN_ID --child-out PREFIX<R>" and the closing NULL (av has
+ * room for 9 more), then runs n ranks of it as dt_bench_run_ranks does. Returns its result. */
+int dt_bench_run_children(char **av, int k, const char *port, const char *run_id,
+                          const char *out_prefix, int n, int *status);
+
+/* A bench's job (cmd/bench.c): job_path with the command line's overrides ov[0..n_ov) and then
+ * more[0..n_more) (later ones win); *errs cleared first and filled as dt_job_load fills it.
+ * Returns dt_job_load's result, or -ENOMEM with err set. */
+int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *const *more,
+                      int n_more, dt_job *job, dt_config_errors *errs, dt_err *err);
 
 #endif
