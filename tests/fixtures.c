@@ -1,6 +1,7 @@
 /* fixtures.c - see fixtures.h. */
 #include "tests/fixtures.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -210,4 +211,40 @@ int dt_test_world_open(int port, const char *run_id, int attempt, int rank, int 
     o.timeout_ms = timeout_ms ? timeout_ms : 20000;
     o.local_addr = "127.0.0.1";
     return dt_comm_init(comm, *store, &o, err);
+}
+
+/* ---- the trainer on forked ranks -------------------------------------------------------------- */
+
+int dt_test_trainer_start(dt_trainer *t, dt_job *job, const char *config, const char *const *ov,
+                          int nov, const char *dir, const char *name, int rank, int n, int port,
+                          char *msg, size_t cap)
+{
+    static dt_config_errors errs;
+    dt_err err = {0};
+    const char *all[64];
+    if (nov < 0 || nov >= (int)DT_ARRAY_LEN(all)) {
+        snprintf(msg, cap, "%d overrides: at most %d", nov, (int)DT_ARRAY_LEN(all) - 1);
+        return -E2BIG;
+    }
+    for (int i = 0; i < nov; i++)
+        all[i] = ov[i];
+    all[nov] = dt_test_fmt("job.output_dir=%s/%s", dir, name);
+    memset(&errs, 0, sizeof errs);
+    int rc = dt_job_load(job, dt_test_fmt("%s/configs/%s", dt_test_repo_dir("configs"), config),
+                         (char **)all, nov + 1, &errs, &err);
+    if (rc != 0) {
+        snprintf(msg, cap, "job: %.500s %.500s", err.msg, errs.count ? errs.lines[0] : "");
+        return rc;
+    }
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.rank = env.local_rank = rank;
+    env.world_size = env.local_world_size = n;
+    dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
+    env.store_port = port;
+    snprintf(env.run_id, sizeof env.run_id, "%s-%d", name, (int)getppid());
+    rc = dt_trainer_init(t, job, &env, &err);
+    if (rc != 0)
+        dt_strlcpy(msg, err.msg, cap);
+    return rc;
 }

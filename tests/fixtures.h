@@ -9,7 +9,9 @@
 #include "common/util.h"
 #include "rendezvous/store.h"
 #include "runtime/comm/comm.h"
+#include "runtime/job/config.h"
 #include "runtime/train/model.h"
+#include "runtime/train/worker.h"
 
 /* A random batch for a model config, in host memory (owned by the struct): token ids and
  * targets below the vocabulary with target 1 ignored (-1), or inputs in [-1, 1) with labels. */
@@ -28,7 +30,8 @@ void dt_test_batch_free(dt_test_batch *hb);
 const char *dt_test_fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 
 /* The source tree: the parent of build/ where the dtrain binary lives, when probe (a path
- * relative to the tree, such as "configs") exists there; else the working directory. */
+ * relative to the tree, such as "configs") exists there; else the working directory. Found
+ * once per process: a later call's probe is not looked at. */
 const char *dt_test_repo_dir(const char *probe);
 
 /* ---- forked ranks ----------------------------------------------------------------------------- */
@@ -82,5 +85,16 @@ void dt_test_rank_env(const char *transport, const char *hosts, int rank);
  * to free; *comm is NULL. */
 int dt_test_world_open(int port, const char *run_id, int attempt, int rank, int n,
                        int timeout_ms, dt_store **store, dt_comm **comm, dt_err *err);
+
+/* ---- the trainer on forked ranks -------------------------------------------------------------- */
+
+/* In a rank process: loads the source tree's configs/<config> with the overrides ov[0..nov)
+ * (nov < 64) and then job.output_dir=<dir>/<name> into *job, and starts the trainer *t on it as
+ * rank `rank` of n (local ranks alike) against the store on 127.0.0.1:port, run id
+ * "<name>-<the parent's pid>". Returns 0; else the negative errno with what went wrong in
+ * msg[0..cap) ("job: <error> <first config error>" for the job, the trainer's error else). */
+int dt_test_trainer_start(dt_trainer *t, dt_job *job, const char *config, const char *const *ov,
+                          int nov, const char *dir, const char *name, int rank, int n, int port,
+                          char *msg, size_t cap);
 
 #endif

@@ -205,28 +205,12 @@ static void rank_body(zrun *z, int rank)
     static dt_job job;
     static dt_trainer t;
     rank_out *o = &z->out[rank];
-    dt_config_errors errs = {0};
     dt_err err = {0};
-    const char *ov[32];
-    int n = 0;
-    for (int i = 0; i < z->nov; i++)
-        ov[n++] = z->ov[i];
-    ov[n++] = fmt("job.output_dir=%s/%s", z->dir, z->name); /* the parent's tmpdir */
-    if (dt_job_load(&job, fmt("%s/configs/%s", repo_dir(), z->config), (char **)ov, n, &errs,
-                    &err) != 0) {
-        snprintf(o->msg, sizeof o->msg, "job: %.500s %.500s", err.msg, errs.count ? errs.lines[0] : "");
+    if (dt_test_trainer_start(&t, &job, z->config, z->ov, z->nov, z->dir, z->name, rank, z->N,
+                              z->port, o->msg, sizeof o->msg) != 0) {
         o->status = 2;
         _exit(2);
     }
-    dt_worker_env env;
-    memset(&env, 0, sizeof env);
-    env.rank = env.local_rank = rank;
-    env.world_size = env.local_world_size = z->N;
-    dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
-    env.store_port = z->port;
-    snprintf(env.run_id, sizeof env.run_id, "%s-%d", z->name, (int)getppid());
-    if (dt_trainer_init(&t, &job, &env, &err) != 0)
-        goto fail;
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
     if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank && t.model->block_hook) {
         /* stage 3: the flat buffer holds a block only inside its windows: scale the
