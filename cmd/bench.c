@@ -151,6 +151,35 @@ int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *con
     return rc;
 }
 
+int dt_bench_child_trainer(dt_trainer *t, dt_job *job, const char *job_path, char *const *ov,
+                           int n_ov, int steps, const char *out, int rank, int nproc, int port,
+                           const char *run_id, dt_err *err)
+{
+    static dt_config_errors errs;
+    char steps_ov[32], outdir[1300];
+    snprintf(steps_ov, sizeof steps_ov, "train.steps=%d", steps);
+    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", out);
+    char *more[] = {steps_ov, outdir, "checkpoint.resume=never", "checkpoint.every=0",
+                    "train.eval_every=0"};
+    const int skip = steps > 0 ? 0 : 1; /* no train.steps */
+    int rc = dt_bench_load_job(job_path, ov, n_ov, more + skip, 5 - skip, job, &errs, err);
+    if (rc) {
+        for (int i = 0; i < errs.count && i < 64; i++)
+            fprintf(stderr, "%s\n", errs.lines[i]);
+        return rc;
+    }
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.world_size = env.local_world_size = nproc;
+    env.rank = env.local_rank = rank;
+    dt_strlcpy(env.run_id, run_id, sizeof env.run_id);
+    if (nproc > 1) {
+        dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
+        env.store_port = port;
+    }
+    return dt_trainer_init(t, job, &env, err);
+}
+
 static void usage(FILE *out)
 {
     fprintf(out, "usage: dtrain bench NAME [options]   (dtrain bench NAME --help)\n\n");

@@ -157,32 +157,12 @@ static int run_child(const bench_opts *o)
 {
     static dt_job job;
     static dt_trainer t;
-    static dt_config_errors errs;
     dt_err err = {0};
     bool built = false;
     int rc;
-    char steps[32], outdir[1300];
-    snprintf(steps, sizeof steps, "train.steps=%d", o->steps);
-    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", o->out);
-    char *more[] = {steps, outdir, "checkpoint.resume=never", "checkpoint.every=0",
-                    "train.eval_every=0"};
-    if ((rc = load_job(o, more, 5, &job, &errs, &err))) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-        goto out;
-    }
-    dt_worker_env env;
-    memset(&env, 0, sizeof env);
-    env.world_size = o->nproc;
-    env.rank = o->rank;
-    env.local_world_size = o->nproc;
-    env.local_rank = o->rank;
-    dt_strlcpy(env.run_id, o->run_id ? o->run_id : "bench-memory", sizeof env.run_id);
-    if (o->nproc > 1) {
-        dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
-        env.store_port = o->port;
-    }
-    if ((rc = dt_trainer_init(&t, &job, &env, &err)))
+    if ((rc = dt_bench_child_trainer(&t, &job, o->job_path, o->overrides, o->n_overrides,
+                                     o->steps, o->out, o->rank, o->nproc, o->port,
+                                     o->run_id ? o->run_id : "bench-memory", &err)))
         goto out;
     built = true; /* the trainer reset the peaks: set-up's transients are left out */
     result res;

@@ -211,28 +211,12 @@ static int run_child(const bench_opts *o)
 {
     static dt_job job;
     static dt_trainer t;
-    static dt_config_errors errs;
     dt_err err = {0};
     bool built = false;
     int rc;
-    char outdir[1300];
-    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", o->out);
-    char *more[] = {outdir, "checkpoint.resume=never", "checkpoint.every=0", "train.eval_every=0"};
-    if ((rc = load_job(o, more, 4, &job, &errs, &err))) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-        goto out;
-    }
-    dt_worker_env env;
-    memset(&env, 0, sizeof env);
-    env.world_size = env.local_world_size = o->nproc;
-    env.rank = env.local_rank = o->rank;
-    dt_strlcpy(env.run_id, o->run_id ? o->run_id : "bench-tensor", sizeof env.run_id);
-    if (o->nproc > 1) {
-        dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
-        env.store_port = o->port;
-    }
-    if ((rc = dt_trainer_init(&t, &job, &env, &err)))
+    if ((rc = dt_bench_child_trainer(&t, &job, o->job_path, o->overrides, o->n_overrides,
+                                     0, o->out, o->rank, o->nproc, o->port,
+                                     o->run_id ? o->run_id : "bench-tensor", &err)))
         goto out;
     built = true;
     result res;

@@ -8,6 +8,7 @@
 
 #include "rendezvous/store_server.h"
 #include "runtime/job/config.h"
+#include "runtime/train/worker.h"
 
 int dt_cmd_main(int argc, char **argv);   /* cmd/dtrain.c: dispatch and the default `run` */
 int dt_cmd_worker(int argc, char **argv); /* cmd/worker.c: the built-in trainer */
@@ -70,5 +71,14 @@ int dt_bench_run_children(char **av, int k, const char *port, const char *run_id
  * Returns dt_job_load's result, or -ENOMEM with err set. */
 int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *const *more,
                       int n_more, dt_job *job, dt_config_errors *errs, dt_err *err);
+
+/* A bench's child rank (cmd/bench.c): loads job_path with the overrides ov[0..n_ov), then
+ * train.steps=steps (when steps > 0), job.output_dir=<out>.run, no checkpoints and no eval, and
+ * starts the trainer *t on *job as rank `rank` of nproc on this host (against the store on
+ * 127.0.0.1:port when nproc > 1), run id run_id. Returns 0; else the error, with err set and
+ * the job's config errors printed on stderr, a line each. */
+int dt_bench_child_trainer(dt_trainer *t, dt_job *job, const char *job_path, char *const *ov,
+                           int n_ov, int steps, const char *out, int rank, int nproc, int port,
+                           const char *run_id, dt_err *err);
 
 #endif
