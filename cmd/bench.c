@@ -151,23 +151,40 @@ int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *con
     return rc;
 }
 
+/* dt_bench_load_job, printing errs' lines on stderr when it fails. */
+static int load_job_say(const char *job_path, char *const *ov, int n_ov, char *const *more,
+                        int n_more, dt_job *job, dt_err *err)
+{
+    static dt_config_errors errs;
+    int rc = dt_bench_load_job(job_path, ov, n_ov, more, n_more, job, &errs, err);
+    for (int i = 0; rc && i < errs.count && i < 64; i++)
+        fprintf(stderr, "%s\n", errs.lines[i]);
+    return rc;
+}
+
+int dt_bench_parent_job(const char *name, const char *job_path, char *const *ov, int n_ov,
+                        char *const *more, int n_more, dt_job *job)
+{
+    dt_err err = {0};
+    if (load_job_say(job_path, ov, n_ov, more, n_more, job, &err) == 0)
+        return 0;
+    fprintf(stderr, "dtrain bench %s: %s\n", name, err.msg);
+    return 1;
+}
+
 int dt_bench_child_trainer(dt_trainer *t, dt_job *job, const char *job_path, char *const *ov,
                            int n_ov, int steps, const char *out, int rank, int nproc, int port,
                            const char *run_id, dt_err *err)
 {
-    static dt_config_errors errs;
     char steps_ov[32], outdir[1300];
     snprintf(steps_ov, sizeof steps_ov, "train.steps=%d", steps);
     snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", out);
     char *more[] = {steps_ov, outdir, "checkpoint.resume=never", "checkpoint.every=0",
                     "train.eval_every=0"};
     const int skip = steps > 0 ? 0 : 1; /* no train.steps */
-    int rc = dt_bench_load_job(job_path, ov, n_ov, more + skip, 5 - skip, job, &errs, err);
-    if (rc) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
+    int rc = load_job_say(job_path, ov, n_ov, more + skip, 5 - skip, job, err);
+    if (rc)
         return rc;
-    }
     dt_worker_env env;
     memset(&env, 0, sizeof env);
     env.world_size = env.local_world_size = nproc;

@@ -399,9 +399,7 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     }
 
     static dt_job job;
-    dt_err err = {0};
-    if (load_job(&o, NULL, 0, &job, &err) != 0) {
-        fprintf(stderr, "dtrain bench dp-vs-ddp: %s\n", err.msg);
+    if (dt_bench_parent_job("dp-vs-ddp", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job)) {
         free(ovr);
         return 1;
     }

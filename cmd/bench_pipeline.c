@@ -271,10 +271,7 @@ int dt_bench_pipeline(int argc, char **argv)
     static dt_job job;
     static dt_config_errors errs;
     dt_err err = {0};
-    if (load_job(&o, NULL, 0, &job, &errs, &err) != 0) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-        fprintf(stderr, "dtrain bench pipeline: %s\n", err.msg);
+    if (dt_bench_parent_job("pipeline", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job)) {
         free(ovr);
         return 1;
     }

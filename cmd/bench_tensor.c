@@ -459,15 +459,10 @@ int dt_bench_tensor(int argc, char **argv)
     }
 
     static dt_job job;
-    static dt_config_errors errs;
-    dt_err err = {0};
     /* the job, loaded without sequence parallelism (it needs T > 1, and the rows choose T) */
     const bool want_sp = asks_sp(&o);
     char *no_sp[] = {"parallel.tensor=1", "parallel.sequence_parallel=false"};
-    if (load_job(&o, no_sp, 2, &job, &errs, &err) != 0) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-        fprintf(stderr, "dtrain bench tensor: %s\n", err.msg);
+    if (dt_bench_parent_job("tensor", o.job_path, o.overrides, o.n_overrides, no_sp, 2, &job)) {
         free(ovr);
         return 1;
     }

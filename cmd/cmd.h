@@ -72,6 +72,12 @@ int dt_bench_run_children(char **av, int k, const char *port, const char *run_id
 int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *const *more,
                       int n_more, dt_job *job, dt_config_errors *errs, dt_err *err);
 
+/* The parent's job of `dtrain bench NAME` (cmd/bench.c): dt_bench_load_job into *job; on failure
+ * prints the config errors, a line each, then "dtrain bench NAME: <error>" on stderr and
+ * returns 1; else 0. */
+int dt_bench_parent_job(const char *name, const char *job_path, char *const *ov, int n_ov,
+                        char *const *more, int n_more, dt_job *job);
+
 /* A bench's child rank (cmd/bench.c): loads job_path with the overrides ov[0..n_ov), then
  * train.steps=steps (when steps > 0), job.output_dir=<out>.run, no checkpoints and no eval, and
  * starts the trainer *t on *job as rank `rank` of nproc on this host (against the store on

@@ -629,26 +629,7 @@ static void test_opts_from_job(void)
 /* ------------------------------------------------------------------------------------------ */
 
 /* The source tree (the parent of build/, where the dtrain binary lives). */
-static const char *repo_dir(void)
-{
-    static char dir[PATH_MAX];
-    if (!dir[0]) {
-        char bin[PATH_MAX];
-        if (!realpath(dt_test_dtrain_bin(), bin))
-            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
-        for (int i = 0; i < 2; i++) {
-            char *s = strrchr(bin, '/');
-            if (s)
-                *s = '\0';
-        }
-        dt_strlcpy(dir, bin, sizeof dir);
-        char probe[PATH_MAX + 16];
-        snprintf(probe, sizeof probe, "%s/configs", dir);
-        if (access(probe, F_OK) != 0 && !getcwd(dir, sizeof dir))
-            dir[0] = '\0';
-    }
-    return dir;
-}
+static const char *repo_dir(void) { return dt_test_repo_dir("configs"); }
 
 /* The "loss" (or key) of the last record of `type` in dir/metrics.jsonl; NAN when absent. */
 static double last_metric(const char *dir, const char *type, const char *key)

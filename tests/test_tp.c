@@ -47,17 +47,8 @@
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 
-/* A command line (a static buffer: one at a time). */
-static const char *fmt_cmd(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static const char *fmt_cmd(const char *f, ...)
-{
-    static char buf[2048];
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(buf, sizeof buf, f, ap);
-    va_end(ap);
-    return buf;
-}
+/* A command line: the fixtures' ring of formatted strings (tests/fixtures.h). */
+#define fmt_cmd dt_test_fmt
 
 /* ------------------------------------------------------------------------------------------ */
 /* dt_tensor_tp_copy on hand-built tensors */
