@@ -120,19 +120,41 @@ int dt_bench_store_start(const char *name, dt_store_server **srv, char *port, si
     return 0;
 }
 
-int dt_bench_run_children(char **av, int k, const char *port, const char *run_id,
-                          const char *out_prefix, int n, int *status)
+int dt_bench_children(const char *name, bool with_store, const dt_bench_words *parts,
+                      int nparts, const char *run_id, const char *out_prefix, int n)
 {
-    av[k++] = "--child-rank";
-    const int rank_slot = k++;
-    av[k++] = "--child-port";
-    av[k++] = (char *)port;
-    av[k++] = "--child-run-id";
-    av[k++] = (char *)run_id;
-    av[k++] = "--child-out";
-    const int out_slot = k++;
-    av[k] = NULL;
-    return dt_bench_run_ranks(av, rank_slot, out_slot, out_prefix, n, status);
+    dt_store_server *srv = NULL;
+    char port[16] = "0";
+    if (with_store && dt_bench_store_start(name, &srv, port, sizeof port))
+        return 1;
+    size_t words = 0;
+    for (int p = 0; p < nparts; p++)
+        words += (size_t)parts[p].n;
+    char **av = calloc(words + 12, sizeof *av);
+    int *status = calloc((size_t)n, sizeof *status);
+    int failed = 1;
+    if (av && status) {
+        int k = 0;
+        av[k++] = (char *)dt_cmd_self_path();
+        av[k++] = "bench";
+        for (int p = 0; p < nparts; p++)
+            for (int i = 0; i < parts[p].n; i++)
+                av[k++] = parts[p].w[i];
+        av[k++] = "--child-rank";
+        const int rank_slot = k++;
+        av[k++] = "--child-port";
+        av[k++] = port;
+        av[k++] = "--child-run-id";
+        av[k++] = (char *)run_id;
+        av[k++] = "--child-out";
+        const int out_slot = k++;
+        av[k] = NULL;
+        failed = dt_bench_run_ranks(av, rank_slot, out_slot, out_prefix, n, status);
+    }
+    free(av);
+    free(status);
+    dt_store_server_stop(srv);
+    return failed;
 }
 
 int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *const *more,

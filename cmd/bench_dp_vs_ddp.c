@@ -279,35 +279,19 @@ out:
 static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode, int n,
                     const char *dir, result *res)
 {
-    dt_store_server *srv = NULL;
-    char port[16] = "0", run_id[64];
+    char run_id[64];
     snprintf(run_id, sizeof run_id, "bench-dpddp-%d-%s", (int)getpid(), mode);
-    /* ddp's communicator, indep's start and end */
-    if (n > 1 && dt_bench_store_start("dp-vs-ddp", &srv, port, sizeof port))
-        return 1;
-    char **av = calloc((size_t)argc + 16, sizeof *av);
-    if (!av) {
-        dt_store_server_stop(srv);
-        return 1;
-    }
-    int k = 0;
-    av[k++] = (char *)dt_cmd_self_path();
-    av[k++] = "bench";
-    for (int i = 0; i < argc; i++)
-        av[k++] = argv[i];
-    av[k++] = "--child";
-    av[k++] = (char *)mode;
+    char *child[] = {"--child", (char *)mode};
+    const dt_bench_words parts[] = {{argv, argc}, {child, 2}};
     char prefix[1100];
-    int status[MAX_REPLICAS];
     snprintf(prefix, sizeof prefix, "%s/%s.", dir, mode);
-    int failed = dt_bench_run_children(av, k, port, run_id, prefix, n, status);
-    free(av);
+    /* a store for ddp's communicator, indep's start and end */
+    int failed = dt_bench_children("dp-vs-ddp", n > 1, parts, 2, run_id, prefix, n);
     for (int r = 0; r < n && !failed; r++) {
         char out[1200];
         snprintf(out, sizeof out, "%s%d", prefix, r);
         failed = read_result(out, &res[r]) != 0;
     }
-    dt_store_server_stop(srv);
     return failed;
 }
 

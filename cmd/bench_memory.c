@@ -209,44 +209,22 @@ out:
 static int run_config(const bench_opts *o, char *const *cfg, int ncfg, const char *dir,
                       int index, result *res)
 {
-    dt_store_server *srv = NULL;
-    char port[16] = "0", run_id[64], steps[16], nproc[16];
+    char run_id[64], steps[16], nproc[16];
     snprintf(run_id, sizeof run_id, "bench-memory-%d-%d", (int)getpid(), index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", o->nproc);
-    if (o->nproc > 1 && dt_bench_store_start("memory", &srv, port, sizeof port))
-        return 1;
-    char **av = calloc((size_t)(o->n_overrides + ncfg) + 24, sizeof *av);
-    if (!av) {
-        dt_store_server_stop(srv);
-        return 1;
-    }
-    int k = 0;
-    av[k++] = (char *)dt_cmd_self_path();
-    av[k++] = "bench";
-    av[k++] = "memory";
-    av[k++] = (char *)o->job_path;
-    for (int i = 0; i < o->n_overrides; i++)
-        av[k++] = o->overrides[i];
-    for (int i = 0; i < ncfg; i++)
-        av[k++] = cfg[i];
-    av[k++] = "--nproc";
-    av[k++] = nproc;
-    av[k++] = "--steps";
-    av[k++] = steps;
-    av[k++] = "--child";
-    av[k++] = "1";
+    char *head[] = {"memory", (char *)o->job_path};
+    char *tail[] = {"--nproc", nproc, "--steps", steps, "--child", "1"};
+    const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cfg, ncfg},
+                                    {tail, 6}};
     char prefix[1100];
-    int status[MAX_RANKS];
     snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
-    int failed = dt_bench_run_children(av, k, port, run_id, prefix, o->nproc, status);
-    free(av);
+    int failed = dt_bench_children("memory", o->nproc > 1, parts, 4, run_id, prefix, o->nproc);
     for (int r = 0; r < o->nproc && !failed; r++) {
         char out[1200];
         snprintf(out, sizeof out, "%s%d", prefix, r);
         failed = read_result(out, &res[r]) != 0;
     }
-    dt_store_server_stop(srv);
     return failed;
 }
 

@@ -183,38 +183,17 @@ static int read_result(const char *path, result *r)
 static int run_config(const bench_opts *o, int P, char *const *cfg, int ncfg, const char *dir,
                       int index, result *res)
 {
-    dt_store_server *srv = NULL;
-    char port[16], run_id[64], steps[16], nproc[16];
-    if (dt_bench_store_start("pipeline", &srv, port, sizeof port))
-        return 1;
+    char run_id[64], steps[16], nproc[16];
     snprintf(run_id, sizeof run_id, "bench-pipeline-%d-%d", (int)getpid(), index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", P);
-    char **av = calloc((size_t)(o->n_overrides + ncfg) + 24, sizeof *av);
-    if (!av) {
-        dt_store_server_stop(srv);
-        return 1;
-    }
-    int k = 0;
-    av[k++] = (char *)dt_cmd_self_path();
-    av[k++] = "bench";
-    av[k++] = "pipeline";
-    av[k++] = (char *)o->job_path;
-    for (int i = 0; i < o->n_overrides; i++)
-        av[k++] = o->overrides[i];
-    for (int i = 0; i < ncfg; i++)
-        av[k++] = cfg[i];
-    av[k++] = "--steps";
-    av[k++] = steps;
-    av[k++] = "--child";
-    av[k++] = "1";
-    av[k++] = "--child-nproc";
-    av[k++] = nproc;
+    char *head[] = {"pipeline", (char *)o->job_path};
+    char *tail[] = {"--steps", steps, "--child", "1", "--child-nproc", nproc};
+    const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cfg, ncfg},
+                                    {tail, 6}};
     char prefix[1100];
-    int status[MAX_P];
     snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
-    int failed = dt_bench_run_children(av, k, port, run_id, prefix, P, status);
-    free(av);
+    int failed = dt_bench_children("pipeline", true, parts, 4, run_id, prefix, P);
     for (int r = 0; r < P && !failed; r++) {
         char out[1200];
         snprintf(out, sizeof out, "%s%d", prefix, r);
@@ -223,7 +202,6 @@ static int run_config(const bench_opts *o, int P, char *const *cfg, int ncfg, co
         if (!failed && x.stage >= 0 && x.stage < P)
             res[x.stage] = x;
     }
-    dt_store_server_stop(srv);
     return failed;
 }
 

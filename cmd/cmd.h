@@ -4,6 +4,7 @@
 #ifndef DT_CMD_H
 #define DT_CMD_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "rendezvous/store_server.h"
@@ -60,11 +61,17 @@ int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_p
  * (*srv then NULL). Stop it with dt_store_server_stop. */
 int dt_bench_store_start(const char *name, dt_store_server **srv, char *port, size_t cap);
 
-/* A child rank's command line tail (cmd/bench.c): appends to av[k..] "--child-rank R
- * --child-port PORT --child-run-id RUN_ID --child-out PREFIX<R>" and the closing NULL (av has
- * room for 9 more), then runs n ranks of it as dt_bench_run_ranks does. Returns its result. */
-int dt_bench_run_children(char **av, int k, const char *port, const char *run_id,
-                          const char *out_prefix, int n, int *status);
+/* A run of a bench's child ranks (cmd/bench.c): n processes of this binary, each with "bench",
+ * then the words of parts[0..nparts) in order, then "--child-rank R --child-port PORT
+ * --child-run-id RUN_ID --child-out OUT_PREFIX<R>", run as dt_bench_run_ranks runs them. With
+ * with_store, a store (dt_bench_store_start, NAME in its message) serves them and is stopped
+ * after; without, PORT is 0. Returns 0 when every rank exited 0, else 1. */
+typedef struct dt_bench_words {
+    char *const *w;
+    int n;
+} dt_bench_words;
+int dt_bench_children(const char *name, bool with_store, const dt_bench_words *parts,
+                      int nparts, const char *run_id, const char *out_prefix, int n);
 
 /* A bench's job (cmd/bench.c): job_path with the command line's overrides ov[0..n_ov) and then
  * more[0..n_more) (later ones win); *errs cleared first and filled as dt_job_load fills it.
