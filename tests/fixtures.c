@@ -213,6 +213,41 @@ int dt_test_world_open(int port, const char *run_id, int attempt, int rank, int 
     return dt_comm_init(comm, *store, &o, err);
 }
 
+typedef struct world_run {
+    const dt_test_world *w;
+    dt_test_world_fn fn;
+    void *arg;
+} world_run;
+
+static void world_rank(int rank, int n, void *arg)
+{
+    const world_run *wr = arg;
+    const dt_test_world *w = wr->w;
+    dt_err err = {0};
+    dt_test_rank_env(w->transport, w->hosts, rank);
+    if (w->rank_env)
+        w->rank_env(w, rank, w->env_arg);
+    dt_test_rank x = {.rank = rank, .n = n, .w = w};
+    if (dt_test_world_open(w->port, w->run_id, w->attempt, rank, n, w->timeout_ms, &x.store,
+                           &x.c, &err) != 0) {
+        fprintf(stderr, "    rank %d: %s: %s\n", rank, x.store ? "comm init" : "store", err.msg);
+        _exit(x.store ? 3 : 2);
+    }
+    wr->fn(&x, wr->arg);
+    dt_comm_free(x.c);
+    dt_store_free(x.store);
+}
+
+void dt_test_world_run(dt_test_world *w, dt_test_world_fn fn, void *arg, double limit_s,
+                       int *status)
+{
+    static int counter;
+    if (!w->run_id[0])
+        snprintf(w->run_id, sizeof w->run_id, "test-%d-%d", (int)getpid(), ++counter);
+    world_run wr = {.w = w, .fn = fn, .arg = arg};
+    dt_test_run_ranks(w->run_id, w->n, &w->port, world_rank, &wr, limit_s, status);
+}
+
 /* ---- the trainer on forked ranks -------------------------------------------------------------- */
 
 int dt_test_trainer_start(dt_trainer *t, dt_job *job, const char *config, const char *const *ov,

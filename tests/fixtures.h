@@ -86,6 +86,38 @@ void dt_test_rank_env(const char *transport, const char *hosts, int rank);
 int dt_test_world_open(int port, const char *run_id, int attempt, int rank, int n,
                        int timeout_ms, dt_store **store, dt_comm **comm, dt_err *err);
 
+/* A world of forked ranks on this host, each with its store connection and world communicator
+ * (dt_test_world_run). */
+typedef struct dt_test_world {
+    int n;
+    const char *transport; /* DTRAIN_COMM_TRANSPORT (NULL = auto) */
+    const char *hosts;     /* host id of each rank, comma separated (NULL or "" = all on this host) */
+    int timeout_ms;        /* the communicator's (0 = 20 s) */
+    int attempt;
+    /* more environment for a rank, set before it connects (NULL = none); env_arg is its own */
+    void (*rank_env)(const struct dt_test_world *w, int rank, const void *env_arg);
+    const void *env_arg;
+    char run_id[96];       /* "test-<pid>-<k>" from dt_test_world_run when left empty */
+    int port;              /* the store's, set by dt_test_world_run */
+} dt_test_world;
+
+/* What a rank of a world has. The body may free c (and set it NULL); the rest is freed after. */
+typedef struct dt_test_rank {
+    dt_comm *c;
+    dt_store *store;
+    int rank, n;
+    const dt_test_world *w;
+} dt_test_rank;
+
+typedef void (*dt_test_world_fn)(dt_test_rank *x, void *arg);
+
+/* Runs fn on w->n forked ranks as dt_test_run_ranks does (status[r] each exit status): each rank
+ * sets its environment (dt_test_rank_env, then w->rank_env), opens its store connection and the
+ * world communicator (dt_test_world_open; exit 2 when the store, 3 when the communicator fails,
+ * with a line on stderr), runs fn, and frees both. */
+void dt_test_world_run(dt_test_world *w, dt_test_world_fn fn, void *arg, double limit_s,
+                       int *status);
+
 /* ---- the trainer on forked ranks -------------------------------------------------------------- */
 
 /* In a rank process: loads the source tree's configs/<config> with the overrides ov[0..nov)

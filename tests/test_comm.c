@@ -47,16 +47,10 @@ typedef struct group {
 
 typedef void (*rank_fn)(dt_comm *c, int rank, int n, void *arg);
 
-/* The store connection and world communicator of rank `rank` of g. */
-static int open_world(const group *g, int rank, dt_store **store, dt_comm **c, dt_err *err)
+/* A rank's environment beyond the transport and host (dt_test_world.rank_env; env_arg: g). */
+static void group_env(const dt_test_world *w, int rank, const void *env_arg)
 {
-    return dt_test_world_open(g->port, g->run_id, g->attempt, rank, g->n, g->timeout_ms, store, c,
-                              err);
-}
-
-static void rank_env(const group *g, int rank)
-{
-    dt_test_rank_env(g->transport, g->hosts, rank);
+    const group *g = env_arg;
     char v[16];
     snprintf(v, sizeof v, "%d", g->slot_kb);
     if (g->slot_kb)
@@ -72,27 +66,15 @@ static void rank_env(const group *g, int rank)
 }
 
 typedef struct group_run {
-    const group *g;
     rank_fn fn;
     void *arg;
 } group_run;
 
 /* The body of a rank process. */
-static void rank_main(int rank, int n, void *arg)
+static void group_rank(dt_test_rank *x, void *arg)
 {
     const group_run *gr = arg;
-    dt_err err = {0};
-    dt_store *store = NULL;
-    dt_comm *c = NULL;
-    rank_env(gr->g, rank);
-    int rc = open_world(gr->g, rank, &store, &c, &err);
-    if (rc != 0) {
-        fprintf(stderr, "    rank %d: %s: %s\n", rank, store ? "comm init" : "store", err.msg);
-        _exit(store ? 3 : 2);
-    }
-    gr->fn(c, rank, n, gr->arg);
-    dt_comm_free(c);
-    dt_store_free(store);
+    gr->fn(x->c, x->rank, x->n, gr->arg);
 }
 
 static void new_run_id(group *g, const char *what)
@@ -107,8 +89,13 @@ static void run_group_status(group *g, rank_fn fn, void *arg, int limit_s, int *
 {
     if (!g->run_id[0])
         new_run_id(g, "g");
-    group_run gr = {.g = g, .fn = fn, .arg = arg};
-    dt_test_run_ranks(g->run_id, g->n, &g->port, rank_main, &gr, limit_s, status);
+    dt_test_world w = {.n = g->n, .transport = g->transport, .hosts = g->hosts,
+                       .timeout_ms = g->timeout_ms, .attempt = g->attempt, .rank_env = group_env,
+                       .env_arg = g};
+    dt_strlcpy(w.run_id, g->run_id, sizeof w.run_id);
+    group_run gr = {.fn = fn, .arg = arg};
+    dt_test_world_run(&w, group_rank, &gr, limit_s, status);
+    g->port = w.port;
 }
 
 /* Runs fn on every rank and requires that every rank exits 0. */
@@ -1431,10 +1418,12 @@ static void test_bootstrap_missing_rank(void)
     new_run_id(&g, "partial");
     g.port = dt_store_server_port(srv);
     dt_store *store = NULL;
-    rank_env(&g, 0);
+    dt_test_rank_env(g.transport, g.hosts, 0);
+    group_env(NULL, 0, &g);
     dt_comm *c = NULL;
     uint64_t t0 = dt_now_ns();
-    int rc = open_world(&g, 0, &store, &c, &err);
+    int rc = dt_test_world_open(g.port, g.run_id, g.attempt, 0, g.n, g.timeout_ms, &store, &c,
+                                &err);
     DT_REQUIRE(store != NULL);
     double s = (double)(dt_now_ns() - t0) / 1e9;
     DT_CHECK(rc != 0);

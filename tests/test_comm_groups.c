@@ -29,53 +29,16 @@
 /* A group of forked ranks (as in test_comm.c)                                                */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct world {
-    int n;
-    const char *transport; /* DTRAIN_COMM_TRANSPORT (NULL = auto) */
-    const char *hosts;     /* host id of each rank, comma separated (NULL = all on this host) */
-    int timeout_ms;
-    char run_id[96];
-    int port;
-} world;
-
-typedef struct rank_ctx {
-    dt_comm *c;
-    dt_store *store;
-    int rank, n;
-    const world *w;
-} rank_ctx;
-
-typedef void (*rank_fn)(rank_ctx *x, void *arg);
-
-typedef struct world_run {
-    const world *w;
-    rank_fn fn;
-    void *arg;
-} world_run;
-
-static void rank_main(int rank, int n, void *arg)
-{
-    const world_run *wr = arg;
-    const world *w = wr->w;
-    dt_err err = {0};
-    dt_test_rank_env(w->transport, w->hosts, rank);
-    rank_ctx x = {.rank = rank, .n = n, .w = w};
-    if (dt_test_world_open(w->port, w->run_id, 0, rank, n, w->timeout_ms, &x.store, &x.c, &err)) {
-        fprintf(stderr, "    rank %d: %s: %s\n", rank, x.store ? "comm init" : "store", err.msg);
-        _exit(x.store ? 3 : 2);
-    }
-    wr->fn(&x, wr->arg);
-    dt_comm_free(x.c);
-    dt_store_free(x.store);
-}
+typedef dt_test_world world;
+typedef dt_test_rank rank_ctx;
+typedef dt_test_world_fn rank_fn;
 
 /* Runs fn on w->n forked ranks against a fresh store; status[r] as waitpid reports it. */
 static void run_world_status(world *w, rank_fn fn, void *arg, int limit_s, int *status)
 {
     static int counter;
     snprintf(w->run_id, sizeof w->run_id, "tg-%d-%d", (int)getpid(), ++counter);
-    world_run wr = {.w = w, .fn = fn, .arg = arg};
-    dt_test_run_ranks(w->run_id, w->n, &w->port, rank_main, &wr, limit_s, status);
+    dt_test_world_run(w, fn, arg, limit_s, status);
 }
 
 static void run_world(world *w, rank_fn fn, void *arg, int limit_s)

@@ -149,8 +149,6 @@ static void test_invalid_layouts(void)
 
 typedef struct layout {
     int W, T, P;
-    char run_id[96];
-    int port;
 } layout;
 
 /* One group of this rank against the members it must have, in order (members[0..n)), and an
@@ -186,18 +184,15 @@ static void check_group(dt_comm *c, const char *what, const int *members, int n,
            "expected %d over %d", g->rank, what, (double)v[0], (double)v[1], sum, n);
 }
 
-static void groups_rank(int rank, int n, void *arg)
+static void groups_rank(dt_test_rank *x, void *arg)
 {
     const layout *L = arg;
+    const int rank = x->rank;
     dt_err err = {0};
-    dt_store *store = NULL;
-    dt_comm *world = NULL;
+    dt_store *store = x->store;
+    dt_comm *world = x->c;
     dt_groups gs;
     dt_grid g;
-    if (dt_test_world_open(L->port, L->run_id, 0, rank, n, 30000, &store, &world, &err) != 0) {
-        fprintf(stderr, "    rank %d: %s: %s\n", rank, store ? "comm init" : "store", err.msg);
-        _exit(store ? 3 : 2);
-    }
     if (dt_grid_init(&g, rank, L->W, L->T, L->P, &err) != 0 ||
         dt_groups_open(&gs, world, store, &g, &err) != 0) {
         fprintf(stderr, "    rank %d: groups: %s\n", rank, err.msg);
@@ -235,8 +230,6 @@ static void groups_rank(int rank, int n, void *arg)
     dt_groups_close(&gs);
     RCHECK(gs.tp == NULL && gs.pp == NULL && gs.embed == NULL, "rank %d: close", rank);
     dt_groups_close(&gs); /* twice: a closed struct */
-    dt_comm_free(world);
-    dt_store_free(store);
 }
 
 /* Runs groups_rank on W forked ranks against a fresh store; every rank must exit 0. */
@@ -244,10 +237,10 @@ static void run_groups(int W, int T, int P)
 {
     static int counter;
     layout L = {.W = W, .T = T, .P = P};
-    snprintf(L.run_id, sizeof L.run_id, "grid-%d-%d", (int)getpid(), ++counter);
+    dt_test_world w = {.n = W, .timeout_ms = 30000};
+    snprintf(w.run_id, sizeof w.run_id, "grid-%d-%d", (int)getpid(), ++counter);
     int status[DT_TEST_MAX_RANKS];
-    dt_test_run_ranks(dt_test_fmt("W %d T %d P %d", W, T, P), W, &L.port, groups_rank, &L,
-                      90 * dt_test_timeout_scale(), status);
+    dt_test_world_run(&w, groups_rank, &L, 90 * dt_test_timeout_scale(), status);
     for (int r = 0; r < W; r++)
         DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
                      "W %d T %d P %d: rank %d ended with status %d", W, T, P, r, status[r]);
