@@ -104,6 +104,121 @@ int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_p
     return failed;
 }
 
+int dt_bench_store_start(const char *name, dt_store_server **srv, char *port, size_t cap)
+{
+    dt_store_server_opts so;
+    dt_store_server_opts_default(&so);
+    so.host = "127.0.0.1";
+    so.port = 0;
+    dt_err err = {0};
+    *srv = NULL;
+    if (dt_store_server_start(srv, &so, &err) != 0) {
+        fprintf(stderr, "dtrain bench %s: %s\n", name, err.msg);
+        return 1;
+    }
+    snprintf(port, cap, "%d", dt_store_server_port(*srv));
+    return 0;
+}
+
+int dt_bench_children(const char *name, bool with_store, const dt_bench_words *parts,
+                      int nparts, const char *run_id, const char *out_prefix, int n)
+{
+    dt_store_server *srv = NULL;
+    char port[16] = "0";
+    if (with_store && dt_bench_store_start(name, &srv, port, sizeof port))
+        return 1;
+    size_t words = 0;
+    for (int p = 0; p < nparts; p++)
+        words += (size_t)parts[p].n;
+    char **av = calloc(words + 12, sizeof *av);
+    int *status = calloc((size_t)n, sizeof *status);
+    int failed = 1;
+    if (av && status) {
+        int k = 0;
+        av[k++] = (char *)dt_cmd_self_path();
+        av[k++] = "bench";
+        for (int p = 0; p < nparts; p++)
+            for (int i = 0; i < parts[p].n; i++)
+                av[k++] = parts[p].w[i];
+        av[k++] = "--child-rank";
+        const int rank_slot = k++;
+        av[k++] = "--child-port";
+        av[k++] = port;
+        av[k++] = "--child-run-id";
+        av[k++] = (char *)run_id;
+        av[k++] = "--child-out";
+        const int out_slot = k++;
+        av[k] = NULL;
+        failed = dt_bench_run_ranks(av, rank_slot, out_slot, out_prefix, n, status);
+    }
+    free(av);
+    free(status);
+    dt_store_server_stop(srv);
+    return failed;
+}
+
+int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *const *more,
+                      int n_more, dt_job *job, dt_config_errors *errs, dt_err *err)
+{
+    memset(errs, 0, sizeof *errs);
+    char **all = calloc((size_t)(n_ov + n_more) + 1, sizeof *all);
+    if (!all)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    if (n_ov)
+        memcpy(all, ov, sizeof *all * (size_t)n_ov);
+    if (n_more)
+        memcpy(all + n_ov, more, sizeof *all * (size_t)n_more); /* later ones win */
+    int rc = dt_job_load(job, job_path, all, n_ov + n_more, errs, err);
+    free(all);
+    return rc;
+}
+
+/* dt_bench_load_job, printing errs' lines on stderr when it fails. */
+static int load_job_say(const char *job_path, char *const *ov, int n_ov, char *const *more,
+                        int n_more, dt_job *job, dt_err *err)
+{
+    static dt_config_errors errs;
+    int rc = dt_bench_load_job(job_path, ov, n_ov, more, n_more, job, &errs, err);
+    for (int i = 0; rc && i < errs.count && i < 64; i++)
+        fprintf(stderr, "%s\n", errs.lines[i]);
+    return rc;
+}
+
+int dt_bench_parent_job(const char *name, const char *job_path, char *const *ov, int n_ov,
+                        char *const *more, int n_more, dt_job *job)
+{
+    dt_err err = {0};
+    if (load_job_say(job_path, ov, n_ov, more, n_more, job, &err) == 0)
+        return 0;
+    fprintf(stderr, "dtrain bench %s: %s\n", name, err.msg);
+    return 1;
+}
+
+int dt_bench_child_trainer(dt_trainer *t, dt_job *job, const char *job_path, char *const *ov,
+                           int n_ov, int steps, const char *out, int rank, int nproc, int port,
+                           const char *run_id, dt_err *err)
+{
+    char steps_ov[32], outdir[1300];
+    snprintf(steps_ov, sizeof steps_ov, "train.steps=%d", steps);
+    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", out);
+    char *more[] = {steps_ov, outdir, "checkpoint.resume=never", "checkpoint.every=0",
+                    "train.eval_every=0"};
+    const int skip = steps > 0 ? 0 : 1; /* no train.steps */
+    int rc = load_job_say(job_path, ov, n_ov, more + skip, 5 - skip, job, err);
+    if (rc)
+        return rc;
+    dt_worker_env env;
+    memset(&env, 0, sizeof env);
+    env.world_size = env.local_world_size = nproc;
+    env.rank = env.local_rank = rank;
+    dt_strlcpy(env.run_id, run_id, sizeof env.run_id);
+    if (nproc > 1) {
+        dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
+        env.store_port = port;
+    }
+    return dt_trainer_init(t, job, &env, err);
+}
+
 static void usage(FILE *out)
 {
     fprintf(out, "usage: dtrain bench NAME [options]   (dtrain bench NAME --help)\n\n");

@@ -377,18 +377,10 @@ out:
 /* Forks (and execs) o->nproc ranks of this very command against an in-process store. */
 static int run_local(const bench_opts *o, int argc, char **argv)
 {
-    dt_store_server_opts so;
-    dt_store_server_opts_default(&so);
-    so.host = "127.0.0.1";
-    so.port = 0;
     dt_store_server *srv = NULL;
-    dt_err err = {0};
-    if (dt_store_server_start(&srv, &so, &err) != 0) {
-        fprintf(stderr, "dtrain bench allreduce: %s\n", err.msg);
-        return 1;
-    }
     char port[16], run_id[64], world[16];
-    snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
+    if (dt_bench_store_start("allreduce", &srv, port, sizeof port))
+        return 1;
     snprintf(run_id, sizeof run_id, "bench-allreduce-%d", (int)getpid());
     snprintf(world, sizeof world, "%d", o->nproc);
     char **av = calloc((size_t)argc + 16, sizeof *av);

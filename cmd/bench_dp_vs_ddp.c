@@ -135,21 +135,11 @@ static int read_result(const char *path, result *r)
 static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
                     dt_err *err)
 {
-    dt_config_errors errs;
-    memset(&errs, 0, sizeof errs);
-    char **ov = calloc((size_t)(o->n_overrides + n_more) + 1, sizeof *ov);
-    if (!ov)
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    for (int i = 0; i < o->n_overrides; i++)
-        ov[i] = o->overrides[i];
-    for (int i = 0; i < n_more; i++) /* later ones win */
-        ov[o->n_overrides + i] = more[i];
-    int rc = dt_job_load(job, o->job_path, ov, o->n_overrides + n_more, &errs, err);
-    if (rc) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-    }
-    free(ov);
+    static dt_config_errors errs;
+    int rc = dt_bench_load_job(o->job_path, o->overrides, o->n_overrides, more, n_more, job,
+                               &errs, err);
+    for (int i = 0; rc && i < errs.count && i < 64; i++)
+        fprintf(stderr, "%s\n", errs.lines[i]);
     return rc;
 }
 
@@ -289,53 +279,19 @@ out:
 static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode, int n,
                     const char *dir, result *res)
 {
-    dt_store_server *srv = NULL;
-    char port[16] = "0", run_id[64];
+    char run_id[64];
     snprintf(run_id, sizeof run_id, "bench-dpddp-%d-%s", (int)getpid(), mode);
-    if (n > 1) { /* ddp's communicator, indep's start and end */
-        dt_store_server_opts so;
-        dt_store_server_opts_default(&so);
-        so.host = "127.0.0.1";
-        so.port = 0;
-        dt_err err = {0};
-        if (dt_store_server_start(&srv, &so, &err) != 0) {
-            fprintf(stderr, "dtrain bench dp-vs-ddp: %s\n", err.msg);
-            return 1;
-        }
-        snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
-    }
-    char **av = calloc((size_t)argc + 16, sizeof *av);
-    if (!av) {
-        dt_store_server_stop(srv);
-        return 1;
-    }
-    int k = 0;
-    av[k++] = (char *)dt_cmd_self_path();
-    av[k++] = "bench";
-    for (int i = 0; i < argc; i++)
-        av[k++] = argv[i];
-    av[k++] = "--child";
-    av[k++] = (char *)mode;
-    av[k++] = "--child-rank";
-    const int rank_slot = k++;
-    av[k++] = "--child-port";
-    av[k++] = port;
-    av[k++] = "--child-run-id";
-    av[k++] = run_id;
-    av[k++] = "--child-out";
-    const int out_slot = k++;
-    av[k] = NULL;
+    char *child[] = {"--child", (char *)mode};
+    const dt_bench_words parts[] = {{argv, argc}, {child, 2}};
     char prefix[1100];
-    int status[MAX_REPLICAS];
     snprintf(prefix, sizeof prefix, "%s/%s.", dir, mode);
-    int failed = dt_bench_run_ranks(av, rank_slot, out_slot, prefix, n, status);
-    free(av);
+    /* a store for ddp's communicator, indep's start and end */
+    int failed = dt_bench_children("dp-vs-ddp", n > 1, parts, 2, run_id, prefix, n);
     for (int r = 0; r < n && !failed; r++) {
         char out[1200];
         snprintf(out, sizeof out, "%s%d", prefix, r);
         failed = read_result(out, &res[r]) != 0;
     }
-    dt_store_server_stop(srv);
     return failed;
 }
 
@@ -427,9 +383,7 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     }
 
     static dt_job job;
-    dt_err err = {0};
-    if (load_job(&o, NULL, 0, &job, &err) != 0) {
-        fprintf(stderr, "dtrain bench dp-vs-ddp: %s\n", err.msg);
+    if (dt_bench_parent_job("dp-vs-ddp", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job)) {
         free(ovr);
         return 1;
     }

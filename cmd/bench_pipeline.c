@@ -96,16 +96,8 @@ static int parse_list(const char *s, int *out, int cap)
 static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
                     dt_config_errors *errs, dt_err *err)
 {
-    memset(errs, 0, sizeof *errs);
-    char **ov = calloc((size_t)(o->n_overrides + n_more) + 1, sizeof *ov);
-    if (!ov)
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    memcpy(ov, o->overrides, sizeof *ov * (size_t)o->n_overrides);
-    if (n_more)
-        memcpy(ov + o->n_overrides, more, sizeof *ov * (size_t)n_more);
-    int rc = dt_job_load(job, o->job_path, ov, o->n_overrides + n_more, errs, err);
-    free(ov);
-    return rc;
+    return dt_bench_load_job(o->job_path, o->overrides, o->n_overrides, more, n_more, job, errs,
+                             err);
 }
 
 /* ---- a rank ---------------------------------------------------------------------------------- */
@@ -114,28 +106,12 @@ static int run_child(const bench_opts *o)
 {
     static dt_job job;
     static dt_trainer t;
-    static dt_config_errors errs;
     dt_err err = {0};
     bool built = false;
     int rc;
-    char steps[32], outdir[1300];
-    snprintf(steps, sizeof steps, "train.steps=%d", o->steps);
-    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", o->out);
-    char *more[] = {steps, outdir, "checkpoint.resume=never", "checkpoint.every=0",
-                    "train.eval_every=0"};
-    if ((rc = load_job(o, more, 5, &job, &errs, &err))) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-        goto out;
-    }
-    dt_worker_env env;
-    memset(&env, 0, sizeof env);
-    env.world_size = env.local_world_size = o->nproc;
-    env.rank = env.local_rank = o->rank;
-    dt_strlcpy(env.run_id, o->run_id ? o->run_id : "bench-pipeline", sizeof env.run_id);
-    dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
-    env.store_port = o->port;
-    if ((rc = dt_trainer_init(&t, &job, &env, &err)))
+    if ((rc = dt_bench_child_trainer(&t, &job, o->job_path, o->overrides, o->n_overrides,
+                                     o->steps, o->out, o->rank, o->nproc, o->port,
+                                     o->run_id ? o->run_id : "bench-pipeline", &err)))
         goto out;
     built = true;
     result res;
@@ -207,55 +183,17 @@ static int read_result(const char *path, result *r)
 static int run_config(const bench_opts *o, int P, char *const *cfg, int ncfg, const char *dir,
                       int index, result *res)
 {
-    dt_store_server *srv = NULL;
-    dt_store_server_opts so;
-    dt_store_server_opts_default(&so);
-    so.host = "127.0.0.1";
-    so.port = 0;
-    dt_err err = {0};
-    if (dt_store_server_start(&srv, &so, &err) != 0) {
-        fprintf(stderr, "dtrain bench pipeline: %s\n", err.msg);
-        return 1;
-    }
-    char port[16], run_id[64], steps[16], nproc[16];
-    snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
+    char run_id[64], steps[16], nproc[16];
     snprintf(run_id, sizeof run_id, "bench-pipeline-%d-%d", (int)getpid(), index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", P);
-    char **av = calloc((size_t)(o->n_overrides + ncfg) + 24, sizeof *av);
-    if (!av) {
-        dt_store_server_stop(srv);
-        return 1;
-    }
-    int k = 0;
-    av[k++] = (char *)dt_cmd_self_path();
-    av[k++] = "bench";
-    av[k++] = "pipeline";
-    av[k++] = (char *)o->job_path;
-    for (int i = 0; i < o->n_overrides; i++)
-        av[k++] = o->overrides[i];
-    for (int i = 0; i < ncfg; i++)
-        av[k++] = cfg[i];
-    av[k++] = "--steps";
-    av[k++] = steps;
-    av[k++] = "--child";
-    av[k++] = "1";
-    av[k++] = "--child-nproc";
-    av[k++] = nproc;
-    av[k++] = "--child-rank";
-    const int rank_slot = k++;
-    av[k++] = "--child-port";
-    av[k++] = port;
-    av[k++] = "--child-run-id";
-    av[k++] = run_id;
-    av[k++] = "--child-out";
-    const int out_slot = k++;
-    av[k] = NULL;
+    char *head[] = {"pipeline", (char *)o->job_path};
+    char *tail[] = {"--steps", steps, "--child", "1", "--child-nproc", nproc};
+    const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cfg, ncfg},
+                                    {tail, 6}};
     char prefix[1100];
-    int status[MAX_P];
     snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
-    int failed = dt_bench_run_ranks(av, rank_slot, out_slot, prefix, P, status);
-    free(av);
+    int failed = dt_bench_children("pipeline", true, parts, 4, run_id, prefix, P);
     for (int r = 0; r < P && !failed; r++) {
         char out[1200];
         snprintf(out, sizeof out, "%s%d", prefix, r);
@@ -264,7 +202,6 @@ static int run_config(const bench_opts *o, int P, char *const *cfg, int ncfg, co
         if (!failed && x.stage >= 0 && x.stage < P)
             res[x.stage] = x;
     }
-    dt_store_server_stop(srv);
     return failed;
 }
 
@@ -312,10 +249,7 @@ int dt_bench_pipeline(int argc, char **argv)
     static dt_job job;
     static dt_config_errors errs;
     dt_err err = {0};
-    if (load_job(&o, NULL, 0, &job, &errs, &err) != 0) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-        fprintf(stderr, "dtrain bench pipeline: %s\n", err.msg);
+    if (dt_bench_parent_job("pipeline", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job)) {
         free(ovr);
         return 1;
     }

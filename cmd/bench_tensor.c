@@ -140,16 +140,8 @@ static void usage(FILE *out)
 static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
                     dt_config_errors *errs, dt_err *err)
 {
-    memset(errs, 0, sizeof *errs);
-    char **ov = calloc((size_t)(o->n_overrides + n_more) + 1, sizeof *ov);
-    if (!ov)
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    memcpy(ov, o->overrides, sizeof *ov * (size_t)o->n_overrides);
-    if (n_more)
-        memcpy(ov + o->n_overrides, more, sizeof *ov * (size_t)n_more); /* later ones win */
-    int rc = dt_job_load(job, o->job_path, ov, o->n_overrides + n_more, errs, err);
-    free(ov);
-    return rc;
+    return dt_bench_load_job(o->job_path, o->overrides, o->n_overrides, more, n_more, job, errs,
+                             err);
 }
 
 static int write_result(const char *path, const result *r)
@@ -219,28 +211,12 @@ static int run_child(const bench_opts *o)
 {
     static dt_job job;
     static dt_trainer t;
-    static dt_config_errors errs;
     dt_err err = {0};
     bool built = false;
     int rc;
-    char outdir[1300];
-    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", o->out);
-    char *more[] = {outdir, "checkpoint.resume=never", "checkpoint.every=0", "train.eval_every=0"};
-    if ((rc = load_job(o, more, 4, &job, &errs, &err))) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-        goto out;
-    }
-    dt_worker_env env;
-    memset(&env, 0, sizeof env);
-    env.world_size = env.local_world_size = o->nproc;
-    env.rank = env.local_rank = o->rank;
-    dt_strlcpy(env.run_id, o->run_id ? o->run_id : "bench-tensor", sizeof env.run_id);
-    if (o->nproc > 1) {
-        dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
-        env.store_port = o->port;
-    }
-    if ((rc = dt_trainer_init(&t, &job, &env, &err)))
+    if ((rc = dt_bench_child_trainer(&t, &job, o->job_path, o->overrides, o->n_overrides,
+                                     0, o->out, o->rank, o->nproc, o->port,
+                                     o->run_id ? o->run_id : "bench-tensor", &err)))
         goto out;
     built = true;
     result res;
@@ -338,63 +314,23 @@ typedef struct conf {
 static int run_config(const bench_opts *o, const conf *c, const char *dir, int index,
                       result *res)
 {
-    dt_store_server *srv = NULL;
-    char port[16] = "0", run_id[64], steps[16], nproc[16];
+    char run_id[64], steps[16], nproc[16];
     snprintf(run_id, sizeof run_id, "bench-tensor-%d-%d", (int)getpid(), index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", c->ranks);
-    if (c->ranks > 1) {
-        dt_store_server_opts so;
-        dt_store_server_opts_default(&so);
-        so.host = "127.0.0.1";
-        so.port = 0;
-        dt_err err = {0};
-        if (dt_store_server_start(&srv, &so, &err) != 0) {
-            fprintf(stderr, "dtrain bench tensor: %s\n", err.msg);
-            return 1;
-        }
-        snprintf(port, sizeof port, "%d", dt_store_server_port(srv));
-    }
-    char **av = calloc((size_t)o->n_overrides + 32, sizeof *av);
-    if (!av) {
-        dt_store_server_stop(srv);
-        return 1;
-    }
-    int k = 0;
-    av[k++] = (char *)dt_cmd_self_path();
-    av[k++] = "bench";
-    av[k++] = "tensor";
-    av[k++] = (char *)o->job_path;
-    for (int i = 0; i < o->n_overrides; i++)
-        av[k++] = o->overrides[i];
-    for (int i = 0; i < 4; i++)
-        av[k++] = (char *)c->ov[i];
-    av[k++] = "--nproc";
-    av[k++] = nproc;
-    av[k++] = "--steps";
-    av[k++] = steps;
-    av[k++] = "--child";
-    av[k++] = "1";
-    av[k++] = "--child-rank";
-    const int rank_slot = k++;
-    av[k++] = "--child-port";
-    av[k++] = port;
-    av[k++] = "--child-run-id";
-    av[k++] = run_id;
-    av[k++] = "--child-out";
-    const int out_slot = k++;
-    av[k] = NULL;
+    char *head[] = {"tensor", (char *)o->job_path};
+    char *cov[] = {(char *)c->ov[0], (char *)c->ov[1], (char *)c->ov[2], (char *)c->ov[3]};
+    char *tail[] = {"--nproc", nproc, "--steps", steps, "--child", "1"};
+    const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cov, 4},
+                                    {tail, 6}};
     char prefix[1100];
-    int status[MAX_RANKS];
     snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
-    int failed = dt_bench_run_ranks(av, rank_slot, out_slot, prefix, c->ranks, status);
-    free(av);
+    int failed = dt_bench_children("tensor", c->ranks > 1, parts, 4, run_id, prefix, c->ranks);
     for (int r = 0; r < c->ranks && !failed; r++) {
         char out[1200];
         snprintf(out, sizeof out, "%s%d", prefix, r);
         failed = read_result(out, &res[r]) != 0;
     }
-    dt_store_server_stop(srv);
     return failed;
 }
 
@@ -502,15 +438,10 @@ int dt_bench_tensor(int argc, char **argv)
     }
 
     static dt_job job;
-    static dt_config_errors errs;
-    dt_err err = {0};
     /* the job, loaded without sequence parallelism (it needs T > 1, and the rows choose T) */
     const bool want_sp = asks_sp(&o);
     char *no_sp[] = {"parallel.tensor=1", "parallel.sequence_parallel=false"};
-    if (load_job(&o, no_sp, 2, &job, &errs, &err) != 0) {
-        for (int i = 0; i < errs.count && i < 64; i++)
-            fprintf(stderr, "%s\n", errs.lines[i]);
-        fprintf(stderr, "dtrain bench tensor: %s\n", err.msg);
+    if (dt_bench_parent_job("tensor", o.job_path, o.overrides, o.n_overrides, no_sp, 2, &job)) {
         free(ovr);
         return 1;
     }

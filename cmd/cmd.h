@@ -4,7 +4,12 @@
 #ifndef DT_CMD_H
 #define DT_CMD_H
 
+#include <stdbool.h>
 #include <stdio.h>
+
+#include "rendezvous/store_server.h"
+#include "runtime/job/config.h"
+#include "runtime/train/worker.h"
 
 int dt_cmd_main(int argc, char **argv);   /* cmd/dtrain.c: dispatch and the default `run` */
 int dt_cmd_worker(int argc, char **argv); /* cmd/worker.c: the built-in trainer */
@@ -50,5 +55,43 @@ int dt_bench_parse_args(int argc, char **argv, const char *name, const dt_bench_
  * a rank that could not be started. Returns 0 when every rank exited 0, else 1. */
 int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_prefix, int n,
                        int *status);
+
+/* The benches' store (cmd/bench.c): a store server on 127.0.0.1 and an ephemeral port, its port
+ * written into port[0..cap) as text. Returns 0; 1 after "dtrain bench NAME: <why>" on stderr
+ * (*srv then NULL). Stop it with dt_store_server_stop. */
+int dt_bench_store_start(const char *name, dt_store_server **srv, char *port, size_t cap);
+
+/* A run of a bench's child ranks (cmd/bench.c): n processes of this binary, each with "bench",
+ * then the words of parts[0..nparts) in order, then "--child-rank R --child-port PORT
+ * --child-run-id RUN_ID --child-out OUT_PREFIX<R>", run as dt_bench_run_ranks runs them. With
+ * with_store, a store (dt_bench_store_start, NAME in its message) serves them and is stopped
+ * after; without, PORT is 0. Returns 0 when every rank exited 0, else 1. */
+typedef struct dt_bench_words {
+    char *const *w;
+    int n;
+} dt_bench_words;
+int dt_bench_children(const char *name, bool with_store, const dt_bench_words *parts,
+                      int nparts, const char *run_id, const char *out_prefix, int n);
+
+/* A bench's job (cmd/bench.c): job_path with the command line's overrides ov[0..n_ov) and then
+ * more[0..n_more) (later ones win); *errs cleared first and filled as dt_job_load fills it.
+ * Returns dt_job_load's result, or -ENOMEM with err set. */
+int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *const *more,
+                      int n_more, dt_job *job, dt_config_errors *errs, dt_err *err);
+
+/* The parent's job of `dtrain bench NAME` (cmd/bench.c): dt_bench_load_job into *job; on failure
+ * prints the config errors, a line each, then "dtrain bench NAME: <error>" on stderr and
+ * returns 1; else 0. */
+int dt_bench_parent_job(const char *name, const char *job_path, char *const *ov, int n_ov,
+                        char *const *more, int n_more, dt_job *job);
+
+/* A bench's child rank (cmd/bench.c): loads job_path with the overrides ov[0..n_ov), then
+ * train.steps=steps (when steps > 0), job.output_dir=<out>.run, no checkpoints and no eval, and
+ * starts the trainer *t on *job as rank `rank` of nproc on this host (against the store on
+ * 127.0.0.1:port when nproc > 1), run id run_id. Returns 0; else the error, with err set and
+ * the job's config errors printed on stderr, a line each. */
+int dt_bench_child_trainer(dt_trainer *t, dt_job *job, const char *job_path, char *const *ov,
+                           int n_ov, int steps, const char *out, int rank, int nproc, int port,
+                           const char *run_id, dt_err *err);
 
 #endif

@@ -25,39 +25,12 @@
 #include "runtime/comm/comm.h"
 #include "runtime/comm/comm_reduce.h"
 #include "runtime/comm/comm_shm.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* A group of forked ranks                                                                    */
 /* ------------------------------------------------------------------------------------------ */
-
-static int rank_failed; /* in a rank process */
-
-/* A check inside a rank process: prints one line (one write, so ranks never interleave) and
- * marks the rank failed; the parent checks the exit status. */
-static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
-{
-    char buf[1600];
-    int n = snprintf(buf, sizeof buf, "    rank check failed at %s:%d: %s: ", file, line, cond);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n > 0 && n < (int)sizeof buf)
-        vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
-    va_end(ap);
-    dt_strlcpy(buf + DT_MIN(strlen(buf), sizeof buf - 2), "\n", 2);
-    if (write(2, buf, strlen(buf)) < 0)
-        rank_failed = 1;
-    rank_failed = 1;
-}
-
-#define RCHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            rank_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                     \
-    } while (0)
 
 typedef struct group {
     int n;
@@ -74,52 +47,10 @@ typedef struct group {
 
 typedef void (*rank_fn)(dt_comm *c, int rank, int n, void *arg);
 
-static void host_of(const char *hosts, int rank, char *out, size_t cap)
+/* A rank's environment beyond the transport and host (dt_test_world.rank_env; env_arg: g). */
+static void group_env(const dt_test_world *w, int rank, const void *env_arg)
 {
-    out[0] = '\0';
-    if (!hosts || !*hosts)
-        return;
-    const char *p = hosts;
-    for (int i = 0; i < rank && p; i++) {
-        p = strchr(p, ',');
-        if (p)
-            p++;
-    }
-    if (!p)
-        return;
-    size_t len = strcspn(p, ",");
-    snprintf(out, cap, "%.*s", (int)len, p);
-}
-
-static int connect_store(int port, dt_store **s, dt_err *err)
-{
-    dt_store_opts so;
-    dt_store_opts_default(&so);
-    so.connect_timeout_ms = 10000;
-    so.timeout_ms = 20000;
-    return dt_store_connect(s, "127.0.0.1", port, &so, err);
-}
-
-static int make_comm(const group *g, int rank, dt_store *store, dt_comm **c, dt_err *err)
-{
-    dt_comm_opts o;
-    dt_comm_opts_default(&o);
-    o.rank = rank;
-    o.world_size = g->n;
-    o.local_rank = rank;
-    o.local_world_size = g->n;
-    o.run_id = g->run_id;
-    o.attempt = g->attempt;
-    o.timeout_ms = g->timeout_ms ? g->timeout_ms : 20000;
-    o.local_addr = "127.0.0.1";
-    return dt_comm_init(c, store, &o, err);
-}
-
-static void rank_env(const group *g, int rank)
-{
-    char host[64];
-    setenv("DTRAIN_COMM_TRANSPORT", g->transport ? g->transport : "auto", 1);
-    host_of(g->hosts, rank, host, sizeof host);
+    const group *g = env_arg;
     char v[16];
     snprintf(v, sizeof v, "%d", g->slot_kb);
     if (g->slot_kb)
@@ -132,32 +63,18 @@ static void rank_env(const group *g, int rank)
         setenv("DTRAIN_COMM_SHM_MEM_MB", v, 1);
     else
         unsetenv("DTRAIN_COMM_SHM_MEM_MB");
-    if (host[0])
-        setenv("DTRAIN_COMM_HOST_ID", host, 1);
-    else
-        unsetenv("DTRAIN_COMM_HOST_ID");
 }
 
+typedef struct group_run {
+    rank_fn fn;
+    void *arg;
+} group_run;
+
 /* The body of a rank process. */
-static void rank_main(const group *g, int rank, rank_fn fn, void *arg)
+static void group_rank(dt_test_rank *x, void *arg)
 {
-    dt_err err = {0};
-    dt_store *store = NULL;
-    dt_comm *c = NULL;
-    rank_env(g, rank);
-    if (connect_store(g->port, &store, &err) != 0) {
-        fprintf(stderr, "    rank %d: store: %s\n", rank, err.msg);
-        _exit(2);
-    }
-    if (make_comm(g, rank, store, &c, &err) != 0) {
-        fprintf(stderr, "    rank %d: comm init: %s\n", rank, err.msg);
-        _exit(3);
-    }
-    fn(c, rank, g->n, arg);
-    dt_comm_free(c);
-    dt_store_free(store);
-    fflush(stderr);
-    _exit(rank_failed ? 1 : 0);
+    const group_run *gr = arg;
+    gr->fn(x->c, x->rank, x->n, gr->arg);
 }
 
 static void new_run_id(group *g, const char *what)
@@ -170,36 +87,15 @@ static void new_run_id(group *g, const char *what)
  * (as waitpid reports it). Kills everything after limit_s. */
 static void run_group_status(group *g, rank_fn fn, void *arg, int limit_s, int *status)
 {
-    pid_t srv = dt_test_store_start(&g->port);
     if (!g->run_id[0])
         new_run_id(g, "g");
-    pid_t pids[16];
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < g->n; r++) {
-        pids[r] = fork();
-        DT_REQUIRE(pids[r] >= 0);
-        if (pids[r] == 0)
-            rank_main(g, r, fn, arg);
-    }
-    uint64_t deadline = dt_now_ns() + (uint64_t)limit_s * 1000000000ull;
-    for (int r = 0; r < g->n; r++) {
-        for (;;) {
-            pid_t w = waitpid(pids[r], &status[r], WNOHANG);
-            if (w == pids[r])
-                break;
-            if (dt_now_ns() > deadline) {
-                for (int q = 0; q < g->n; q++)
-                    kill(pids[q], SIGKILL);
-                waitpid(pids[r], &status[r], 0);
-                dt_test_fail_at(__FILE__, __LINE__, "rank %d still running after %d s", r,
-                                limit_s);
-                break;
-            }
-            dt_sleep_ms(5);
-        }
-    }
-    dt_test_store_stop(srv);
+    dt_test_world w = {.n = g->n, .transport = g->transport, .hosts = g->hosts,
+                       .timeout_ms = g->timeout_ms, .attempt = g->attempt, .rank_env = group_env,
+                       .env_arg = g};
+    dt_strlcpy(w.run_id, g->run_id, sizeof w.run_id);
+    group_run gr = {.fn = fn, .arg = arg};
+    dt_test_world_run(&w, group_rank, &gr, limit_s, status);
+    g->port = w.port;
 }
 
 /* Runs fn on every rank and requires that every rank exits 0. */
@@ -655,7 +551,7 @@ static void test_int_one_rank(void)
     dt_err err = {0};
     DT_REQUIRE_OK(dt_comm_init(&c, NULL, &o, &err), &err);
     int_collectives(c, 0, 1, NULL);
-    DT_CHECK(!rank_failed);
+    DT_CHECK(!dt_test_rank_failed);
     dt_comm_free(c);
 }
 
@@ -811,7 +707,7 @@ static void test_f64_collectives(void)
     dt_err err = {0};
     DT_REQUIRE_OK(dt_comm_init(&c, NULL, &o, &err), &err);
     f64_collectives(c, 0, 1, NULL);
-    DT_CHECK(!rank_failed);
+    DT_CHECK(!dt_test_rank_failed);
     dt_comm_free(c);
     for (int n = 2; n <= 3; n++) {
         group g = {.n = n, .transport = "auto", .slot_kb = n == 3 ? 16 : 0};
@@ -989,7 +885,7 @@ static void test_one_rank(void)
     DT_REQUIRE_OK(dt_comm_init(&c, NULL, &o, &err), &err);
     coll_arg a = {DT_ARRAY_LEN(sizes), false};
     all_collectives(c, 0, 1, &a);
-    DT_CHECK(!rank_failed);
+    DT_CHECK(!dt_test_rank_failed);
     dt_comm_free(c);
     dt_comm_free(NULL);
 }
@@ -1482,7 +1378,7 @@ static void pipeline_body(dt_comm *c, int rank, int n, void *arg)
     dt_err err = {0};
     float *m = NULL, *plain = malloc(N * sizeof(float));
     RCHECK(dt_comm_mem_alloc(c, N * sizeof(float), (void **)&m, &err) == 0, "%s", err.msg);
-    for (int round = 0; round < ROUNDS && m && plain && !rank_failed; round++) {
+    for (int round = 0; round < ROUNDS && m && plain && !dt_test_rank_failed; round++) {
         float *buf = round % 2 ? m : plain;
         size_t count = N - (size_t)(round % 7) * 1000;
         for (size_t i = 0; i < count; i++)
@@ -1522,11 +1418,13 @@ static void test_bootstrap_missing_rank(void)
     new_run_id(&g, "partial");
     g.port = dt_store_server_port(srv);
     dt_store *store = NULL;
-    DT_REQUIRE_OK(connect_store(g.port, &store, &err), &err);
-    rank_env(&g, 0);
+    dt_test_rank_env(g.transport, g.hosts, 0);
+    group_env(NULL, 0, &g);
     dt_comm *c = NULL;
     uint64_t t0 = dt_now_ns();
-    int rc = make_comm(&g, 0, store, &c, &err);
+    int rc = dt_test_world_open(g.port, g.run_id, g.attempt, 0, g.n, g.timeout_ms, &store, &c,
+                                &err);
+    DT_REQUIRE(store != NULL);
     double s = (double)(dt_now_ns() - t0) / 1e9;
     DT_CHECK(rc != 0);
     DT_CHECK_MSG(s < 6, "bootstrap took %.1f s with a 1.5 s timeout", s);

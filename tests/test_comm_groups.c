@@ -22,142 +22,23 @@
 #include "common/util.h"
 #include "rendezvous/store.h"
 #include "runtime/comm/comm.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* A group of forked ranks (as in test_comm.c)                                                */
 /* ------------------------------------------------------------------------------------------ */
 
-static int rank_failed; /* in a rank process */
-
-static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
-{
-    char buf[1800];
-    int n = snprintf(buf, sizeof buf, "    rank check failed at %s:%d: %s: ", file, line, cond);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n > 0 && n < (int)sizeof buf)
-        vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
-    va_end(ap);
-    dt_strlcpy(buf + DT_MIN(strlen(buf), sizeof buf - 2), "\n", 2);
-    if (write(2, buf, strlen(buf)) < 0)
-        rank_failed = 1;
-    rank_failed = 1;
-}
-
-#define RCHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            rank_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                     \
-    } while (0)
-
-typedef struct world {
-    int n;
-    const char *transport; /* DTRAIN_COMM_TRANSPORT (NULL = auto) */
-    const char *hosts;     /* host id of each rank, comma separated (NULL = all on this host) */
-    int timeout_ms;
-    char run_id[96];
-    int port;
-} world;
-
-typedef struct rank_ctx {
-    dt_comm *c;
-    dt_store *store;
-    int rank, n;
-    const world *w;
-} rank_ctx;
-
-typedef void (*rank_fn)(rank_ctx *x, void *arg);
-
-static void host_of(const char *hosts, int rank, char *out, size_t cap)
-{
-    out[0] = '\0';
-    if (!hosts || !*hosts)
-        return;
-    const char *p = hosts;
-    for (int i = 0; i < rank && p; i++) {
-        p = strchr(p, ',');
-        if (p)
-            p++;
-    }
-    if (p)
-        snprintf(out, cap, "%.*s", (int)strcspn(p, ","), p);
-}
-
-static void rank_main(const world *w, int rank, rank_fn fn, void *arg)
-{
-    dt_err err = {0};
-    char host[64];
-    setenv("DTRAIN_COMM_TRANSPORT", w->transport ? w->transport : "auto", 1);
-    host_of(w->hosts, rank, host, sizeof host);
-    if (host[0])
-        setenv("DTRAIN_COMM_HOST_ID", host, 1);
-    else
-        unsetenv("DTRAIN_COMM_HOST_ID");
-    dt_store_opts so;
-    dt_store_opts_default(&so);
-    so.connect_timeout_ms = 10000;
-    so.timeout_ms = 20000;
-    rank_ctx x = {.rank = rank, .n = w->n, .w = w};
-    if (dt_store_connect(&x.store, "127.0.0.1", w->port, &so, &err) != 0) {
-        fprintf(stderr, "    rank %d: store: %s\n", rank, err.msg);
-        _exit(2);
-    }
-    dt_comm_opts o;
-    dt_comm_opts_default(&o);
-    o.rank = rank;
-    o.world_size = w->n;
-    o.local_rank = rank;
-    o.local_world_size = w->n;
-    o.run_id = w->run_id;
-    o.timeout_ms = w->timeout_ms ? w->timeout_ms : 20000;
-    o.local_addr = "127.0.0.1";
-    if (dt_comm_init(&x.c, x.store, &o, &err) != 0) {
-        fprintf(stderr, "    rank %d: comm init: %s\n", rank, err.msg);
-        _exit(3);
-    }
-    fn(&x, arg);
-    dt_comm_free(x.c);
-    dt_store_free(x.store);
-    fflush(stderr);
-    _exit(rank_failed ? 1 : 0);
-}
+typedef dt_test_world world;
+typedef dt_test_rank rank_ctx;
+typedef dt_test_world_fn rank_fn;
 
 /* Runs fn on w->n forked ranks against a fresh store; status[r] as waitpid reports it. */
 static void run_world_status(world *w, rank_fn fn, void *arg, int limit_s, int *status)
 {
     static int counter;
-    pid_t srv = dt_test_store_start(&w->port);
     snprintf(w->run_id, sizeof w->run_id, "tg-%d-%d", (int)getpid(), ++counter);
-    pid_t pids[16];
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < w->n; r++) {
-        pids[r] = fork();
-        DT_REQUIRE(pids[r] >= 0);
-        if (pids[r] == 0)
-            rank_main(w, r, fn, arg);
-    }
-    uint64_t deadline = dt_now_ns() + (uint64_t)limit_s * 1000000000ull;
-    for (int r = 0; r < w->n; r++) {
-        for (;;) {
-            if (waitpid(pids[r], &status[r], WNOHANG) == pids[r])
-                break;
-            if (dt_now_ns() > deadline) {
-                for (int q = 0; q < w->n; q++)
-                    kill(pids[q], SIGKILL);
-                waitpid(pids[r], &status[r], 0);
-                dt_test_fail_at(__FILE__, __LINE__, "rank %d still running after %d s", r,
-                                limit_s);
-                break;
-            }
-            dt_sleep_ms(5);
-        }
-    }
-    dt_test_store_stop(srv);
+    dt_test_world_run(w, fn, arg, limit_s, status);
 }
 
 static void run_world(world *w, rank_fn fn, void *arg, int limit_s)
@@ -732,7 +613,7 @@ static void dead_rank(rank_ctx *x, void *arg)
     rc = dt_comm_p2p(g, ops, 2, NULL, &err);
     RCHECK(rc == 0 && got == 4 - x->rank, "exchange: rc %d got %d: %s", rc, got, err.msg);
     if (x->rank == 3)
-        _exit(rank_failed ? 1 : 0); /* dies without a word */
+        _exit(dt_test_rank_failed ? 1 : 0); /* dies without a word */
     double t0 = dt_now_s();
     rc = dt_comm_recv(g, &got, 1, DT_INT32, peer, NULL, &err);
     double t = dt_now_s() - t0;
@@ -838,7 +719,7 @@ static void group_dead_rank(rank_ctx *x, void *arg)
     rc = dt_comm_allreduce(g, v, 64, DT_FLOAT32, DT_SUM, NULL, &err);
     RCHECK(rc == 0, "allreduce: %s", err.msg);
     if (x->rank == 3)
-        _exit(rank_failed ? 1 : 0);
+        _exit(dt_test_rank_failed ? 1 : 0);
     double t0 = dt_now_s();
     rc = dt_comm_allreduce(g, v, 64, DT_FLOAT32, DT_SUM, NULL, &err);
     double t = dt_now_s() - t0;

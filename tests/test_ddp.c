@@ -32,6 +32,7 @@
 #include "runtime/train/dp.h"
 #include "runtime/train/model.h"
 #include "runtime/train/optim.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -162,36 +163,6 @@ static dt_optim *new_optim(dt_backend *be, const dt_model *m, bool adamw)
 /* A group of forked ranks                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-static int rank_failed;
-
-static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
-{
-    char buf[1600];
-    int n = snprintf(buf, sizeof buf, "    rank check failed at %s:%d: %s: ", file, line, cond);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n > 0 && n < (int)sizeof buf)
-        vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
-    va_end(ap);
-    size_t len = strlen(buf);
-    if (len + 2 < sizeof buf) {
-        buf[len++] = '\n';
-        buf[len] = '\0';
-    }
-    if (write(2, buf, len) < 0)
-        rank_failed = 1;
-    rank_failed = 1;
-}
-
-#define RCHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            rank_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                     \
-    } while (0)
-
 typedef struct run_cfg {
     const char *type;
     int N;           /* ranks */
@@ -309,46 +280,22 @@ static void rank_body(run_cfg *rc, int rank)
     dt_backend_close(be);
     dt_comm_free(comm);
     dt_store_free(store);
-    rc->status_out[rank] = rank_failed ? 1 : 0;
-    _exit(rank_failed ? 1 : 0);
+    rc->status_out[rank] = dt_test_rank_failed ? 1 : 0;
+    _exit(dt_test_rank_failed ? 1 : 0);
 fail:
     dt_strlcpy(rc->msg_out + (size_t)rank * 512, err.msg, 512);
     rc->status_out[rank] = 2;
     _exit(2);
 }
 
+static void ddp_rank(int rank, int n, void *arg) { rank_body(arg, rank); }
+
 /* Runs the DDP group; returns per-rank exit statuses in status (waitpid form). */
 static void run_ddp(run_cfg *rc, int *status)
 {
-    pid_t srv = dt_test_store_start(&rc->port);
     static int counter;
     snprintf(rc->run_id, sizeof rc->run_id, "ddp-%d-%d", (int)getpid(), ++counter);
-    pid_t pids[8];
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < rc->N; r++) {
-        pids[r] = fork();
-        DT_REQUIRE(pids[r] >= 0);
-        if (pids[r] == 0)
-            rank_body(rc, r);
-    }
-    uint64_t deadline = dt_now_ns() + 120ull * 1000000000ull;
-    for (int r = 0; r < rc->N; r++) {
-        for (;;) {
-            pid_t w = waitpid(pids[r], &status[r], WNOHANG);
-            if (w == pids[r])
-                break;
-            if (dt_now_ns() > deadline) {
-                for (int q = 0; q < rc->N; q++)
-                    kill(pids[q], SIGKILL);
-                waitpid(pids[r], &status[r], 0);
-                dt_test_fail_at(__FILE__, __LINE__, "rank %d hung", r);
-                break;
-            }
-            dt_sleep_ms(5);
-        }
-    }
-    dt_test_store_stop(srv);
+    dt_test_run_ranks(rc->run_id, rc->N, &rc->port, ddp_rank, rc, 120, status);
 }
 
 /* The shared output area for rc (freed by unmap_out). */
@@ -356,8 +303,7 @@ static void map_out(run_cfg *rc, size_t per)
 {
     rc->per = per;
     size_t bytes = (size_t)rc->N * rc->steps * per * sizeof(float) + 8 * sizeof(int) + 8 * 512;
-    char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    DT_REQUIRE(p != MAP_FAILED);
+    char *p = dt_test_shared_map(bytes);
     rc->out = (float *)p;
     rc->status_out = (int *)(p + (size_t)rc->N * rc->steps * per * sizeof(float));
     rc->msg_out = (char *)(rc->status_out + 8);
@@ -683,26 +629,7 @@ static void test_opts_from_job(void)
 /* ------------------------------------------------------------------------------------------ */
 
 /* The source tree (the parent of build/, where the dtrain binary lives). */
-static const char *repo_dir(void)
-{
-    static char dir[PATH_MAX];
-    if (!dir[0]) {
-        char bin[PATH_MAX];
-        if (!realpath(dt_test_dtrain_bin(), bin))
-            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
-        for (int i = 0; i < 2; i++) {
-            char *s = strrchr(bin, '/');
-            if (s)
-                *s = '\0';
-        }
-        dt_strlcpy(dir, bin, sizeof dir);
-        char probe[PATH_MAX + 16];
-        snprintf(probe, sizeof probe, "%s/configs", dir);
-        if (access(probe, F_OK) != 0 && !getcwd(dir, sizeof dir))
-            dir[0] = '\0';
-    }
-    return dir;
-}
+static const char *repo_dir(void) { return dt_test_repo_dir("configs"); }
 
 /* The "loss" (or key) of the last record of `type` in dir/metrics.jsonl; NAN when absent. */
 static double last_metric(const char *dir, const char *type, const char *key)

@@ -16,6 +16,7 @@
 #include "rendezvous/store.h"
 #include "runtime/job/config.h"
 #include "runtime/train/grid.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 /* Every rank of world W with T, P: coordinates in range, rank_of the inverse, the order of
@@ -146,38 +147,8 @@ static void test_invalid_layouts(void)
 
 /* ---- the groups, on forked ranks ------------------------------------------------------------- */
 
-static int rank_failed; /* in a rank process */
-
-/* A check inside a rank process: one line on stderr (one write, so ranks never interleave),
- * and the rank exits 1. */
-static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void rank_fail(const char *file, int line, const char *cond, const char *fmt, ...)
-{
-    char buf[1600];
-    int n = snprintf(buf, sizeof buf, "    rank check failed at %s:%d: %s: ", file, line, cond);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n > 0 && n < (int)sizeof buf)
-        vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
-    va_end(ap);
-    dt_strlcpy(buf + DT_MIN(strlen(buf), sizeof buf - 2), "\n", 2);
-    if (write(2, buf, strlen(buf)) < 0)
-        rank_failed = 1;
-    rank_failed = 1;
-}
-
-#define RCHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            rank_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                     \
-    } while (0)
-
 typedef struct layout {
     int W, T, P;
-    char run_id[96];
-    int port;
 } layout;
 
 /* One group of this rank against the members it must have, in order (members[0..n)), and an
@@ -213,34 +184,15 @@ static void check_group(dt_comm *c, const char *what, const int *members, int n,
            "expected %d over %d", g->rank, what, (double)v[0], (double)v[1], sum, n);
 }
 
-static void groups_rank(const layout *L, int rank)
+static void groups_rank(dt_test_rank *x, void *arg)
 {
+    const layout *L = arg;
+    const int rank = x->rank;
     dt_err err = {0};
-    dt_store *store = NULL;
-    dt_comm *world = NULL;
+    dt_store *store = x->store;
+    dt_comm *world = x->c;
     dt_groups gs;
     dt_grid g;
-    dt_store_opts so;
-    dt_store_opts_default(&so);
-    so.connect_timeout_ms = 10000;
-    so.timeout_ms = 30000;
-    if (dt_store_connect(&store, "127.0.0.1", L->port, &so, &err) != 0) {
-        fprintf(stderr, "    rank %d: store: %s\n", rank, err.msg);
-        _exit(2);
-    }
-    dt_comm_opts o;
-    dt_comm_opts_default(&o);
-    o.rank = rank;
-    o.world_size = L->W;
-    o.local_rank = rank;
-    o.local_world_size = L->W;
-    o.run_id = L->run_id;
-    o.timeout_ms = 30000;
-    o.local_addr = "127.0.0.1";
-    if (dt_comm_init(&world, store, &o, &err) != 0) {
-        fprintf(stderr, "    rank %d: comm init: %s\n", rank, err.msg);
-        _exit(3);
-    }
     if (dt_grid_init(&g, rank, L->W, L->T, L->P, &err) != 0 ||
         dt_groups_open(&gs, world, store, &g, &err) != 0) {
         fprintf(stderr, "    rank %d: groups: %s\n", rank, err.msg);
@@ -278,9 +230,6 @@ static void groups_rank(const layout *L, int rank)
     dt_groups_close(&gs);
     RCHECK(gs.tp == NULL && gs.pp == NULL && gs.embed == NULL, "rank %d: close", rank);
     dt_groups_close(&gs); /* twice: a closed struct */
-    dt_comm_free(world);
-    dt_store_free(store);
-    _exit(rank_failed ? 1 : 0);
 }
 
 /* Runs groups_rank on W forked ranks against a fresh store; every rank must exit 0. */
@@ -288,38 +237,13 @@ static void run_groups(int W, int T, int P)
 {
     static int counter;
     layout L = {.W = W, .T = T, .P = P};
-    snprintf(L.run_id, sizeof L.run_id, "grid-%d-%d", (int)getpid(), ++counter);
-    pid_t srv = dt_test_store_start(&L.port);
-    pid_t pids[16];
-    DT_REQUIRE(W <= 16);
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < W; r++) {
-        pids[r] = fork();
-        DT_REQUIRE(pids[r] >= 0);
-        if (pids[r] == 0)
-            groups_rank(&L, r);
-    }
-    double deadline = dt_test_now() + 90 * dt_test_timeout_scale();
-    for (int r = 0; r < W; r++) {
-        int st = 0;
-        for (;;) {
-            if (waitpid(pids[r], &st, WNOHANG) == pids[r])
-                break;
-            if (dt_test_now() > deadline) {
-                for (int q = 0; q < W; q++)
-                    kill(pids[q], SIGKILL);
-                waitpid(pids[r], &st, 0);
-                dt_test_fail_at(__FILE__, __LINE__, "W %d T %d P %d: rank %d still running", W,
-                                T, P, r);
-                break;
-            }
-            dt_sleep_ms(5);
-        }
-        DT_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                     "W %d T %d P %d: rank %d ended with status %d", W, T, P, r, st);
-    }
-    dt_test_store_stop(srv);
+    dt_test_world w = {.n = W, .timeout_ms = 30000};
+    snprintf(w.run_id, sizeof w.run_id, "grid-%d-%d", (int)getpid(), ++counter);
+    int status[DT_TEST_MAX_RANKS];
+    dt_test_world_run(&w, groups_rank, &L, 90 * dt_test_timeout_scale(), status);
+    for (int r = 0; r < W; r++)
+        DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+                     "W %d T %d P %d: rank %d ended with status %d", W, T, P, r, status[r]);
 }
 
 static void test_groups_4(void)

@@ -613,42 +613,10 @@ static void test_mlp_stage_errors(void)
 #define MAX_PER 32768
 #define MAX_TENS 64
 
-static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static const char *fmt(const char *f, ...)
-{
-    static char *ring[64];
-    static int k;
-    char *r = NULL;
-    va_list ap;
-    va_start(ap, f);
-    if (vasprintf(&r, f, ap) < 0)
-        r = NULL;
-    va_end(ap);
-    DT_REQUIRE(r);
-    free(ring[k]);
-    ring[k] = r;
-    k = (k + 1) % 64;
-    return r;
-}
+/* The fixtures' ring of formatted strings (tests/fixtures.h). */
+#define fmt dt_test_fmt
 
-static const char *repo_dir(void)
-{
-    static char dir[PATH_MAX];
-    if (!dir[0]) {
-        char bin[PATH_MAX];
-        if (!realpath(dt_test_dtrain_bin(), bin))
-            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
-        for (int i = 0; i < 2; i++) {
-            char *sl = strrchr(bin, '/');
-            if (sl)
-                *sl = '\0';
-        }
-        dt_strlcpy(dir, bin, sizeof dir);
-        if (access(fmt("%s/configs", dir), F_OK) != 0 && !getcwd(dir, sizeof dir))
-            dir[0] = '\0';
-    }
-    return dir;
-}
+static const char *repo_dir(void) { return dt_test_repo_dir("configs"); }
 
 typedef struct rank_out {
     int status;                    /* 0 ok, 2 failed (msg) */

@@ -37,6 +37,7 @@
 #include "runtime/job/config.h"
 #include "runtime/train/strategy_tensor.h"
 #include "runtime/train/worker.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 #define MAX_RANKS 4
@@ -45,42 +46,10 @@
 #define MAX_TENSORS 64
 #define STEPS 20 /* the 20 steps */
 
-static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static const char *fmt(const char *f, ...)
-{
-    static char *ring[32];
-    static int k;
-    char *s = NULL;
-    va_list ap;
-    va_start(ap, f);
-    if (vasprintf(&s, f, ap) < 0)
-        s = NULL;
-    va_end(ap);
-    DT_REQUIRE(s);
-    free(ring[k]);
-    ring[k] = s;
-    k = (k + 1) % 32;
-    return s;
-}
+/* The fixtures' ring of formatted strings (tests/fixtures.h). */
+#define fmt dt_test_fmt
 
-static const char *repo_dir(void)
-{
-    static char dir[PATH_MAX];
-    if (!dir[0]) {
-        char bin[PATH_MAX];
-        if (!realpath(dt_test_dtrain_bin(), bin))
-            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
-        for (int i = 0; i < 2; i++) {
-            char *s = strrchr(bin, '/');
-            if (s)
-                *s = '\0';
-        }
-        dt_strlcpy(dir, bin, sizeof dir);
-        if (access(fmt("%s/configs", dir), F_OK) != 0 && !getcwd(dir, sizeof dir))
-            dir[0] = '\0';
-    }
-    return dir;
-}
+static const char *repo_dir(void) { return dt_test_repo_dir("configs"); }
 
 /* What every rank of a run reports (shared memory). */
 typedef struct rank_out {
@@ -221,29 +190,12 @@ static void rank_body(trun *z, int rank)
     static dt_job job;
     static dt_trainer t;
     rank_out *o = &z->out[rank];
-    dt_config_errors errs = {0};
     dt_err err = {0};
-    const char *ov[40];
-    int n = 0;
-    for (int i = 0; i < z->nov; i++)
-        ov[n++] = z->ov[i];
-    ov[n++] = fmt("job.output_dir=%s/%s", z->dir, z->name); /* the parent's tmpdir */
-    if (dt_job_load(&job, fmt("%s/configs/quickstart.ini", repo_dir()), (char **)ov, n, &errs,
-                    &err) != 0) {
-        snprintf(o->msg, sizeof o->msg, "job: %.500s %.500s", err.msg,
-                 errs.count ? errs.lines[0] : "");
+    if (dt_test_trainer_start(&t, &job, "quickstart.ini", z->ov, z->nov, z->dir, z->name, rank,
+                              z->N, z->port, o->msg, sizeof o->msg) != 0) {
         o->status = 2;
         _exit(2);
     }
-    dt_worker_env env;
-    memset(&env, 0, sizeof env);
-    env.rank = env.local_rank = rank;
-    env.world_size = env.local_world_size = z->N;
-    dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
-    env.store_port = z->port;
-    snprintf(env.run_id, sizeof env.run_id, "%s-%d", z->name, (int)getppid());
-    if (dt_trainer_init(&t, &job, &env, &err) != 0)
-        goto fail;
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
     if (z->mode == KILL_IN_FORWARD && rank == z->kill_rank)
         dt_model_set_block_hook(t.model, killing_hook, NULL);
@@ -273,59 +225,27 @@ fail:
     _exit(2);
 }
 
+static void run_rank(int rank, int n, void *arg) { rank_body(arg, rank); }
+
 /* Runs z's ranks; status[r] as waitpid gives it. */
 static void run(trun *z, int *status)
 {
     DT_REQUIRE(z->N <= MAX_RANKS && z->steps <= MAX_STEPS);
-    size_t bytes = sizeof(rank_out) * (size_t)z->N;
-    z->out = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    DT_REQUIRE(z->out != MAP_FAILED);
+    z->out = dt_test_shared_map(sizeof(rank_out) * (size_t)z->N);
     dt_strlcpy(z->dir, dt_test_tmpdir(), sizeof z->dir); /* made here, not in each child */
-    pid_t srv = dt_test_store_start(&z->port);
-    pid_t pids[MAX_RANKS];
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < z->N; r++) {
-        pids[r] = fork();
-        DT_REQUIRE(pids[r] >= 0);
-        if (pids[r] == 0)
-            rank_body(z, r);
-    }
-    uint64_t deadline = dt_now_ns() + 100ull * 1000000000ull;
-    for (int r = 0; r < z->N; r++) {
-        for (;;) {
-            if (waitpid(pids[r], &status[r], WNOHANG) == pids[r])
-                break;
-            if (dt_now_ns() > deadline) {
-                for (int q = 0; q < z->N; q++)
-                    kill(pids[q], SIGKILL);
-                waitpid(pids[r], &status[r], 0);
-                dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d hung", z->name, r);
-                break;
-            }
-            dt_sleep_ms(5);
-        }
-    }
-    dt_test_store_stop(srv);
+    dt_test_run_ranks(z->name, z->N, &z->port, run_rank, z, 100, status);
 }
 
 static void unmap(trun *z)
 {
-    munmap(z->out, sizeof(rank_out) * (size_t)z->N);
+    dt_test_shared_unmap(z->out, sizeof(rank_out) * (size_t)z->N);
     z->out = NULL;
 }
 
 /* Every rank exited 0; the message of the first that did not. */
 static bool all_ok(const trun *z, const int *status)
 {
-    bool ok = true;
-    for (int r = 0; r < z->N; r++)
-        if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) {
-            dt_test_fail_at(__FILE__, __LINE__, "%s: rank %d: status %d: %s", z->name, r,
-                            status[r], z->out[r].msg);
-            ok = false;
-        }
-    return ok;
+    return dt_test_ranks_ok(z->name, status, z->N, z->out[0].msg, sizeof(rank_out));
 }
 
 /* Largest |a - b| / max |b| over each tensor of the whole table (a's), the worst tensor's. */

@@ -47,17 +47,8 @@
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 
-/* A command line (a static buffer: one at a time). */
-static const char *fmt_cmd(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static const char *fmt_cmd(const char *f, ...)
-{
-    static char buf[2048];
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(buf, sizeof buf, f, ap);
-    va_end(ap);
-    return buf;
-}
+/* A command line: the fixtures' ring of formatted strings (tests/fixtures.h). */
+#define fmt_cmd dt_test_fmt
 
 /* ------------------------------------------------------------------------------------------ */
 /* dt_tensor_tp_copy on hand-built tensors */
@@ -211,42 +202,15 @@ static float *res_final(tp_result *r) { return res_grads0(r) + r->n; }
 
 static tp_result *res_map(size_t n)
 {
-    size_t bytes = sizeof(tp_result) + 3 * n * sizeof(float);
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    DT_REQUIRE(p != MAP_FAILED);
-    tp_result *r = p;
+    tp_result *r = dt_test_shared_map(sizeof(tp_result) + 3 * n * sizeof(float));
     r->n = n;
     return r;
 }
 
 static void res_unmap(tp_result *r)
 {
-    munmap(r, sizeof(tp_result) + 3 * r->n * sizeof(float));
+    dt_test_shared_unmap(r, sizeof(tp_result) + 3 * r->n * sizeof(float));
 }
-
-static int rank_failed; /* in a rank process */
-
-static void rank_fail(int line, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void rank_fail(int line, const char *fmt, ...)
-{
-    char buf[1024];
-    int n = snprintf(buf, sizeof buf, "    rank check failed at test_tp.c:%d: ", line);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n > 0 && n < (int)sizeof buf - 2)
-        vsnprintf(buf + n, sizeof buf - (size_t)n - 2, fmt, ap);
-    va_end(ap);
-    strcat(buf, "\n");
-    if (write(2, buf, strlen(buf)) < 0)
-        rank_failed = 1;
-    rank_failed = 1;
-}
-
-#define RCHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            rank_fail(__LINE__, __VA_ARGS__);                                                      \
-    } while (0)
 
 /* Gathers m's buffer src (params or grads) whole into out (TP = 1's layout), through comm's
  * all-gather and dt_tensor_tp_copy; checks that every replicated tensor is the same bits on
@@ -263,7 +227,7 @@ static int gather_whole(dt_model *m, dt_comm *comm, const float *src, float *out
         if (!all)
             return -ENOMEM;
         if (dt_comm_allgather(comm, src + t->offset, all, t->numel, DT_FLOAT32, NULL, &err)) {
-            rank_fail(__LINE__, "all-gather of %s: %s", t->name, err.msg);
+            dt_test_rank_fail(__FILE__, __LINE__, "all-gather", "%s: %s", t->name, err.msg);
             free(all);
             return -EIO;
         }
@@ -389,7 +353,7 @@ static void check_table(const dt_model *m)
     dt_model *m1 = NULL;
     dt_err err = {0};
     if (dt_model_create(&m1, &c1, m->be, NULL, &err)) {
-        rank_fail(__LINE__, "TP = 1 model: %s", err.msg);
+        dt_test_rank_fail(__FILE__, __LINE__, "TP = 1 model", "%s", err.msg);
         return;
     }
     RCHECK(m->num_tensors == m1->num_tensors, "%d tensors, TP = 1 has %d", m->num_tensors,
@@ -467,7 +431,7 @@ static void check_hooked(dt_model *m, dt_comm *comm)
     dt_err err = {0};
     dt_model *m2 = NULL;
     if (dt_model_create(&m2, &m->cfg, be, comm, &err)) {
-        rank_fail(__LINE__, "second model: %s", err.msg);
+        dt_test_rank_fail(__FILE__, __LINE__, "second model", "%s", err.msg);
         return;
     }
     const size_t n = m->num_params, bytes = n * sizeof(float);
@@ -518,24 +482,9 @@ static void tp_rank_main(const tp_job *j, int rank)
     dt_comm *comm = NULL;
     dt_backend *be = NULL;
     dt_model *m = NULL;
-    dt_store_opts so;
-    dt_store_opts_default(&so);
-    so.connect_timeout_ms = 10000;
-    so.timeout_ms = 20000;
-    if (dt_store_connect(&store, "127.0.0.1", j->port, &so, &err)) {
-        fprintf(stderr, "    rank %d: store: %s\n", rank, err.msg);
-        _exit(2);
-    }
-    dt_comm_opts o;
-    dt_comm_opts_default(&o);
-    o.rank = o.local_rank = rank;
-    o.world_size = o.local_world_size = j->tp;
-    o.run_id = j->run_id;
-    o.timeout_ms = 30000;
-    o.local_addr = "127.0.0.1";
-    if (dt_comm_init(&comm, store, &o, &err)) {
-        fprintf(stderr, "    rank %d: comm: %s\n", rank, err.msg);
-        _exit(3);
+    if (dt_test_world_open(j->port, j->run_id, 0, rank, j->tp, 30000, &store, &comm, &err)) {
+        fprintf(stderr, "    rank %d: %s: %s\n", rank, store ? "comm" : "store", err.msg);
+        _exit(store ? 3 : 2);
     }
     dt_model_config c = tp_cfg(j->tp, rank, j->rc, j->sp);
     if (dt_backend_open(&be, "cpu", NULL, &err) || dt_model_create(&m, &c, be, comm, &err)) {
@@ -556,7 +505,7 @@ static void tp_rank_main(const tp_job *j, int rank)
     dt_backend_close(be);
     dt_comm_free(comm);
     dt_store_free(store);
-    _exit(rank_failed ? 1 : 0);
+    _exit(dt_test_rank_failed ? 1 : 0);
 }
 
 /* max |a - b| over the tensor / max |b| (plus a floor for an all-zero tensor). */
@@ -586,6 +535,33 @@ static double sp_expected_saving(const dt_model_config *c, int tp)
     return 4.0 * (split * (1.0 - 1.0 / tp) - added);
 }
 
+typedef struct tp_run {
+    const tp_job *j;
+    const dt_model_config *c1; /* the reference's (TP = 1) */
+    tp_result *ref;
+    size_t n;                  /* its parameters */
+} tp_run;
+
+/* Rank r < T of the TP job, or (r == T) the TP = 1 reference, concurrently. */
+static void tp_run_rank(int rank, int n, void *arg)
+{
+    const tp_run *tr = arg;
+    if (rank < tr->j->tp)
+        tp_rank_main(tr->j, rank);
+    dt_backend *be = NULL;
+    dt_model *m = NULL;
+    dt_err err = {0};
+    if (dt_backend_open(&be, "cpu", NULL, &err) ||
+        dt_model_create(&m, tr->c1, be, NULL, &err)) {
+        fprintf(stderr, "    reference: %s\n", err.msg);
+        _exit(4);
+    }
+    RCHECK(m->num_params == tr->n, "TP = 1 has %zu parameters, want %zu", m->num_params, tr->n);
+    train_and_report(m, NULL, tr->ref, true);
+    dt_model_free(m);
+    dt_backend_close(be);
+}
+
 static void run_tp(int tp, dt_recompute rc, bool sp)
 {
     /* the reference is TP = 1, in a child of its own like the ranks (nothing in this process
@@ -595,53 +571,14 @@ static void run_tp(int tp, dt_recompute rc, bool sp)
     tp_result *ref = res_map(n), *got = res_map(n);
     tp_job j = {.tp = tp, .rc = rc, .sp = sp, .res = got};
     snprintf(j.run_id, sizeof j.run_id, "tp-%d-%d-%d-%d", (int)getpid(), tp, (int)rc, (int)sp);
-    pid_t srv = dt_test_store_start(&j.port);
-    pid_t pids[8];
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < tp; r++) {
-        pids[r] = fork();
-        DT_REQUIRE(pids[r] >= 0);
-        if (pids[r] == 0)
-            tp_rank_main(&j, r);
-    }
-    pid_t refpid = fork(); /* TP = 1, concurrently */
-    DT_REQUIRE(refpid >= 0);
-    if (refpid == 0) {
-        dt_backend *be = NULL;
-        dt_model *m = NULL;
-        dt_err err = {0};
-        if (dt_backend_open(&be, "cpu", NULL, &err) || dt_model_create(&m, &c1, be, NULL, &err)) {
-            fprintf(stderr, "    reference: %s\n", err.msg);
-            _exit(4);
-        }
-        RCHECK(m->num_params == n, "TP = 1 has %zu parameters, want %zu", m->num_params, n);
-        train_and_report(m, NULL, ref, true);
-        dt_model_free(m);
-        dt_backend_close(be);
-        _exit(rank_failed ? 1 : 0);
-    }
-    double deadline = dt_test_now() + 60.0 * dt_test_timeout_scale();
-    for (int r = 0; r <= tp; r++) {
-        pid_t p = r < tp ? pids[r] : refpid;
-        int st = 0;
-        for (;;) {
-            pid_t w = waitpid(p, &st, WNOHANG);
-            if (w == p)
-                break;
-            if (dt_test_now() > deadline) {
-                for (int q = 0; q < tp; q++)
-                    kill(pids[q], SIGKILL);
-                kill(refpid, SIGKILL);
-                waitpid(p, &st, 0);
-                break;
-            }
-            dt_sleep_ms(5);
-        }
-        DT_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s %d of TP = %d ended with %d",
-                     r < tp ? "rank" : "reference", r, tp, st);
-    }
-    dt_test_store_stop(srv);
+    tp_run tr = {.j = &j, .c1 = &c1, .ref = ref, .n = n};
+    int status[DT_TEST_MAX_RANKS];
+    dt_test_run_ranks(j.run_id, tp + 1, &j.port, tp_run_rank, &tr, 60.0 * dt_test_timeout_scale(),
+                      status);
+    for (int r = 0; r <= tp; r++)
+        DT_CHECK_MSG(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+                     "%s %d of TP = %d ended with %d", r < tp ? "rank" : "reference", r, tp,
+                     status[r]);
     DT_REQUIRE(ref->ok && got->ok);
 
     /* initial parameters: bit-identical */

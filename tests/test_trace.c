@@ -19,48 +19,15 @@
 #include "common/util.h"
 #include "runtime/job/config.h"
 #include "runtime/train/trace.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-/* A formatted string that lives until 16 more have been made. */
-static const char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static const char *fmt(const char *f, ...)
-{
-    static char *ring[16];
-    static int k;
-    char *s = NULL;
-    va_list ap;
-    va_start(ap, f);
-    if (vasprintf(&s, f, ap) < 0)
-        s = NULL;
-    va_end(ap);
-    DT_REQUIRE(s);
-    free(ring[k]);
-    ring[k] = s;
-    k = (k + 1) % 16;
-    return s;
-}
+/* The fixtures' ring of formatted strings (tests/fixtures.h). */
+#define fmt dt_test_fmt
 
-/* The source tree: the parent of build/ where the dtrain binary lives. */
-static const char *repo_dir(void)
-{
-    static char dir[PATH_MAX];
-    if (!dir[0]) {
-        char bin[PATH_MAX];
-        if (!realpath(dt_test_dtrain_bin(), bin))
-            dt_strlcpy(bin, dt_test_dtrain_bin(), sizeof bin);
-        for (int i = 0; i < 2; i++) {
-            char *s = strrchr(bin, '/');
-            if (s)
-                *s = '\0';
-        }
-        dt_strlcpy(dir, bin, sizeof dir);
-        if (access(fmt("%s/scripts/trace-png.py", dir), F_OK) != 0 && !getcwd(dir, sizeof dir))
-            dir[0] = '\0';
-    }
-    return dir;
-}
+static const char *repo_dir(void) { return dt_test_repo_dir("scripts/trace-png.py"); }
 
 static cJSON *parse_file(const char *path)
 {
