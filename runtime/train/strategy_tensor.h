@@ -39,8 +39,11 @@
  * forward and backward and gives them back after, the gradients are reduce-scattered block by
  * block; a checkpoint gathers them over dp into the slices' layout, then as above.
  *
- * What it leaves out: pipeline stages (parallel.pipeline > 1 is the pipeline strategy's), models
- * other than gpt, and sequence parallelism.
+ * Sequence parallelism (parallel.sequence_parallel) is the model's: open passes the flag in the
+ * model config and gpt.c does the rest (its LayerNorm gradients are all-reduced inside backward).
+ *
+ * What it leaves out: pipeline stages (parallel.pipeline > 1 is the pipeline strategy's) and
+ * models other than gpt.
  */
 #ifndef DT_STRATEGY_TENSOR_H
 #define DT_STRATEGY_TENSOR_H
