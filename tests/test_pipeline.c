@@ -252,17 +252,16 @@ static bool run_strict(dt_pp_schedule_kind kind, int P, int M, bool lazy, int ea
                 }
             }
         int cnt[8][2] = {{0}}; /* [peer][send] */
-        bool in_batch = false;
+        int batch_end = 0; /* the batches as the strategy posts them (dt_pp_batch_end) */
         for (int i = 0; i < n[s]; i++) {
             batch_of[s][i] = -1;
             dt_pp_op op = a[s][i].op;
-            if (!dt_pp_op_is_comm(op)) {
-                in_batch = false;
+            if (!dt_pp_op_is_comm(op))
                 continue;
-            }
-            if (!in_batch)
+            if (i >= batch_end) {
                 nb[s]++;
-            in_batch = true;
+                batch_end = dt_pp_batch_end(a[s], n[s], i);
+            }
             bool send = op == DT_PP_SEND_ACT || op == DT_PP_SEND_GRAD;
             int peer = op == DT_PP_SEND_ACT || op == DT_PP_RECV_GRAD ? s + 1 : s - 1;
             ops[s][nops[s]] = (sim_op){nb[s] - 1, send, peer, cnt[peer][send]++, false};
@@ -1560,13 +1559,16 @@ static void test_trace(void)
         for (int k = 0; k < 3; k++)
             for (const char *q = text; (q = strstr(q, names[k])); q++)
                 p2p++;
-        /* one span per p2p batch: the maximal runs of sends and receives in each list */
+        /* one span per p2p batch, as the strategy cuts them (dt_pp_batch_end) */
         dt_pp_action a[6 * 4];
         for (int st = 0; st < 2; st++) {
             int n = build(DT_PP_GPIPE, 2, 4, st, a);
             dt_pp_post_early(a, n); /* the order the strategy posts in */
             for (int i = 0; i < n; i++)
-                want += dt_pp_op_is_comm(a[i].op) && (i + 1 == n || !dt_pp_op_is_comm(a[i + 1].op));
+                if (dt_pp_op_is_comm(a[i].op)) {
+                    want++;
+                    i = dt_pp_batch_end(a, n, i) - 1;
+                }
         }
         /* 2 stages x 2 steps x 4 micro-batches */
         DT_CHECK_MSG(fwd == 16 && bwd == 16, "%d forward and %d backward spans", fwd, bwd);

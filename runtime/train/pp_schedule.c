@@ -6,6 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+int dt_pp_batch_end(const dt_pp_action *list, int n, int first)
+{
+    bool recv = false;
+    int i = first;
+    for (; i < n && dt_pp_op_is_comm(list[i].op); i++) {
+        bool r = list[i].op == DT_PP_RECV_ACT || list[i].op == DT_PP_RECV_GRAD;
+        if (r && recv)
+            break;
+        recv |= r;
+    }
+    return i;
+}
+
 const char *dt_pp_op_name(dt_pp_op op)
 {
     static const char *names[] = {"FWD", "BWD", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"};

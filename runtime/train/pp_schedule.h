@@ -10,7 +10,8 @@
  *
  * The lists follow Megatron-LM's batched point-to-point order (forward_backward_pipelining_
  * without_interleaving with batch_p2p_comm): consecutive communication actions of a list form
- * one batch (dt_comm_p2p: its sends and receives progress together), and every batch of stage s
+ * one batch (dt_comm_p2p: its sends and receives progress together; dt_pp_batch_end: at most
+ * one receive a batch), and every batch of stage s
  * is matched by the batches of s-1 and s+1 in an order that cannot deadlock even when a
  * backend runs each rank's batches one after the other (NCCL's stream, a comm thread):
  *
@@ -51,6 +52,14 @@ typedef struct dt_pp_action {
 
 /* Whether op is a send or a receive (a part of a p2p batch) rather than compute. */
 static inline bool dt_pp_op_is_comm(dt_pp_op op) { return op >= DT_PP_SEND_ACT; }
+
+/* The p2p batch that starts at communication action list[first]: it holds [first, end), and end
+ * is returned. Consecutive communication actions form one batch, except that a receive never
+ * joins a batch that already holds one: each input (an activation, a gradient) comes in a batch
+ * of its own or with the sends just before it, so waiting for micro-batch k's input never waits
+ * for k+1's too (dt_pp_post_early puts the two side by side). The strategy posts by it and the
+ * tests' replay proves the order deadlock-free by it. */
+int dt_pp_batch_end(const dt_pp_action *list, int n, int first);
 
 /* "FWD", "BWD", "SEND_ACT", ... (static). */
 const char *dt_pp_op_name(dt_pp_op op);

@@ -23,7 +23,8 @@
  * compute before its use instead of being asked for only once that compute is done; the input
  * activations land in a ring of nrecv buffers, one more than the slots (at most M: the model
  * borrows its input until the backward; its activation slots are unchanged). Consecutive sends
- * and receives go out as one dt_comm_p2p batch, posted at once without waiting; before each
+ * and receives go out as one dt_comm_p2p batch with at most one receive (dt_pp_batch_end: so
+ * the wait for micro-batch k's input is not a wait for k+1's), posted at once; before each
  * forward or backward the stage waits, in order, for the batches up to the one holding what
  * that compute reads or overwrites (dt_pp_wait_before: its input's receive, a send still
  * reading the slot's output or the input-gradient buffer, two of which alternate), so the
@@ -645,35 +646,35 @@ static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int 
 {
     dt_model *m = s->model;
     const dt_model_stage_ops *so = m->stage;
-    int live = 0, rc = 0, nops = 0;
+    int live = 0, rc = 0;
     memset(o, 0, sizeof *o);
     for (int i = 0; i < n && !rc; i++) {
         dt_pp_action a = list[i];
         if (dt_pp_op_is_comm(a.op)) {
-            p->ops[nops++] = p2p_op(p, m, a);
-            if (i + 1 < n && dt_pp_op_is_comm(list[i + 1].op))
-                continue;
+            /* the batch [i, end): posted at once, waited for before the compute that needs it */
+            const int first = i, end = dt_pp_batch_end(list, n, i), nops = end - first;
             bool sends = false, recvs = false;
             int64_t bytes = 0;
-            int mb = list[i + 1 - nops].mb;
+            int mb = a.mb;
             for (int k = 0; k < nops; k++) {
+                p->ops[k] = p2p_op(p, m, list[first + k]);
                 sends |= p->ops[k].kind == DT_P2P_SEND;
                 recvs |= p->ops[k].kind == DT_P2P_RECV;
                 if (p->ops[k].kind == DT_P2P_RECV)
-                    mb = list[i + 1 - nops + k].mb;
+                    mb = list[first + k].mb;
                 bytes += (int64_t)(p->ops[k].count * sizeof(float));
             }
             p->work_t0[p->nworks] = dt_trace_begin();
             p->work_mb[p->nworks] = mb;
             p->work_name[p->nworks] = sends && recvs ? "send+recv" : sends ? "send" : "recv";
             p->work_bytes[p->nworks] = bytes;
-            p->work_first[p->nworks] = i + 1 - nops;
+            p->work_first[p->nworks] = first;
             if ((rc = dt_comm_p2p(p->g.pp, p->ops, nops, &p->works[p->nworks], err)))
                 dt_err_prefix(err, "pipeline stage %d of %d (rank %d), micro-batch %d: ",
                               p->stage, p->P, p->g.grid.rank, a.mb);
             else
                 p->nworks++;
-            nops = 0;
+            i = end - 1;
             continue;
         }
         bool fwd = a.op == DT_PP_FWD;
