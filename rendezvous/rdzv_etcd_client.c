@@ -451,7 +451,15 @@ retry:;
         buf b = {.watch = watch};
         long http = 0;
         double t = watch ? watch_ms / 1000.0 : DT_MIN(try_s, DT_MAX(left, 0.2));
+        double t0 = dt_now_s();
         rc = post(e, m, path, text, &b, &http, t, why[m], sizeof why[m]);
+        double took = dt_now_s() - t0;
+        /* A try that overran its own timeout by far means this process was stopped meanwhile
+         * (SIGSTOP, a paused VM): the budget is for the cluster's answer, not for our sleep, so
+         * the other members still get their tries (else a request in flight at a freeze gives
+         * up on the whole cluster at once after the thaw). */
+        if (took > t + 1.0)
+            deadline += took - t;
         if (rc == 0 && watch) {
             if (event)
                 *event = b.event;
