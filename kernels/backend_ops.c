@@ -110,6 +110,11 @@ void dt_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add)
         be->mem_external(be, cat, bytes, add);
 }
 
+size_t dt_mem_granule(dt_backend *be, const void *base)
+{
+    return be && be->mem_granule && base ? be->mem_granule(be, base) : 0;
+}
+
 void dt_mem_reset_peak(dt_backend *be)
 {
     if (be && be->mem_reset_peak)

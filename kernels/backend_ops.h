@@ -105,6 +105,8 @@ dt_mem_cat dt_mem_tag(dt_backend *be, dt_mem_cat cat);
 void dt_mem_read(dt_backend *be, dt_mem_stats *out);
 /* be->mem_external when be has it. */
 void dt_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add);
+/* be->mem_granule(be, base) when be has it, else 0 (base cannot give memory back). */
+size_t dt_mem_granule(dt_backend *be, const void *base);
 /* be->mem_reset_peak when be has it: the statistics' peaks start again from what is resident
  * now (peak_bytes, the whole run's peak, is left alone). */
 void dt_mem_reset_peak(dt_backend *be);
@@ -140,17 +142,33 @@ struct dt_backend {
      * (use dt_mem_tag, which accepts a backend without accounting). Free gives the bytes back to
      * the category the allocation was charged to, whatever is current then.
      * mem_stats: copies the statistics.
-     * mem_release: gives the memory of bytes [offset, offset + bytes) of the allocation base
-     * (a pointer alloc returned; the range must lie inside it) back to the system early, keeping the allocation (ZeRO-2/3 drop gradient / parameter shards they
-     * do not own); the contents of the range are undefined afterwards. mem_commit: makes such a
-     * range usable again (contents undefined; the caller writes before it reads); 0, or -ENOMEM
-     * (err says so). Both adjust the charged category's resident bytes by what they really
-     * release or take back, and releasing or committing twice counts once.
-     *   cpu: madvise(MADV_DONTNEED) on the whole pages inside the range (allocations of 64 KiB
-     *        and more are page-aligned, so a range that is most of one releases most of it);
-     *        the bytes counted are those pages'. A range smaller than a page releases nothing.
-     *   cuda: the arena cannot return part of a block: release is a no-op that leaves the count
-     *        as it is (the memory stays resident, and the statistics say so), commit returns 0. */
+     * mem_release / mem_commit / mem_granule: giving memory back early, keeping the allocation
+     * (ZeRO-2/3 drop the gradient and parameter ranges they do not own). The unit is the
+     * granule, mem_granule(be, base) bytes (a power of two), counted from an address that is a
+     * multiple of it; 0 when the allocation base cannot give memory back (then release does
+     * nothing, commit returns 0, and the memory stays resident, as the statistics say).
+     *   mem_release(base, offset, bytes): the granules lying wholly inside [offset, offset +
+     *     bytes) of the allocation base (a pointer alloc returned; the range must lie inside
+     *     it) go back to the system and become INACCESSIBLE: a touch faults (cpu: SIGSEGV;
+     *     cuda: an illegal address) until they are committed again. Work already issued on the
+     *     device that reads or writes them is allowed to finish first (cuda: the release is
+     *     ordered after it); the host must not touch them after the call.
+     *   mem_commit(base, offset, bytes, err): every released granule touching the range becomes
+     *     usable again, its contents UNDEFINED (cpu: every byte 0xFF, a NaN in every float, so a
+     *     reader that forgot to write first shows up); granules of the range that were not
+     *     released keep their contents. 0, or -ENOMEM (err says so).
+     * Both adjust the charged category's resident bytes by what they really release or take
+     * back (granule by granule; releasing or committing twice counts once), so the statistics
+     * are exact: nothing becomes resident behind the allocator's back, and a caller commits a
+     * range before it writes there, and zeroes it itself if it wants zeros.
+     *   cpu: granule = the page size (DT_CPU_MEM_GRANULE=bytes, a power-of-two multiple of it,
+     *        emulates a coarser one, e.g. 2097152 for cuda's); release maps the granules anew
+     *        PROT_NONE (their pages go back), commit makes them read-write and fills them.
+     *   cuda: allocations from the granule (2 MiB on current GPUs) up are backed by the driver's
+     *        virtual memory management (cuMemCreate/cuMemMap): release unmaps and frees the
+     *        granules' physical memory once the device is done with them, commit maps new
+     *        physical memory (synchronously); smaller allocations come from the arena and
+     *        report granule 0. */
     dt_mem_cat (*mem_category)(dt_backend *be, dt_mem_cat cat);
     void (*mem_stats)(dt_backend *be, dt_mem_stats *out);
     /* mem_external: charges (add) or gives back (!add) bytes of category cat that this
@@ -159,6 +177,7 @@ struct dt_backend {
     void (*mem_external)(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add);
     void (*mem_release)(dt_backend *be, void *base, size_t offset, size_t bytes);
     int (*mem_commit)(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err);
+    size_t (*mem_granule)(dt_backend *be, const void *base);
     /* mem_reset_peak: mem_stats' peak[] and total_peak become cur[] and total (what a
      * measurement of the steps alone starts from, after set-up freed or gave back what it
      * needed only once: ZeRO-3's whole initial parameters); peak_bytes is not reset. */

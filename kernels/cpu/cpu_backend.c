@@ -311,6 +311,13 @@ static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t byte
     return 0;
 }
 
+static size_t cpu_mem_granule(dt_backend *be, const void *base)
+{
+    (void)be;
+    (void)base;
+    return page_size();
+}
+
 static void cpu_memcpy(dt_backend *be, void *dst, const void *src, size_t bytes)
 {
     DT_CPU_PROF_BEGIN(be);
@@ -390,6 +397,7 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     be->mem_stats = cpu_mem_stats;
     be->mem_external = cpu_mem_external;
     be->mem_release = cpu_mem_release;
+    be->mem_granule = cpu_mem_granule;
     be->mem_commit = cpu_mem_commit;
     be->mem_reset_peak = cpu_mem_reset_peak;
     be->profile_enable = cpu_profile_enable;

@@ -439,6 +439,14 @@ static int cu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes
     return 0;
 }
 
+// Nothing can be given back yet (see cu_mem_release).
+static size_t cu_mem_granule(dt_backend *be, const void *base)
+{
+    (void)be;
+    (void)base;
+    return 0;
+}
+
 // A device attribute: no context is created on `device`, and no error is left sticky.
 static int cu_device_pci_bus_id(dt_backend *be, int device, char *buf, size_t cap)
 {
@@ -585,6 +593,7 @@ static void fill_ops(dt_backend *be)
     be->mem_stats = cu_mem_stats;
     be->mem_external = cu_mem_external;
     be->mem_release = cu_mem_release;
+    be->mem_granule = cu_mem_granule;
     be->mem_commit = cu_mem_commit;
     be->mem_reset_peak = cu_mem_reset_peak;
     be->profile_enable = cu_profile_enable;
