@@ -4,12 +4,23 @@
 // and calls dt_cuda_backend_create. This file holds the instance lifecycle, device memory, copies,
 // profiling and the op table; the kernels live in gemm.cu and ops.cu (see cuda_internal.h).
 //
-// Memory: one arena per instance. Device memory comes from the driver in chunks of at least
-// 64 MiB (cudaMalloc is slow and synchronising, and a training step allocates nothing after
-// start-up); blocks are carved best-fit, 256-byte aligned, and coalesced on free. Everything the
-// backend hands out or uses itself (user allocations, the cuBLASLt workspace, attention and
-// conversion scratch, cuDNN workspace) comes from the arena, so peak_bytes is the whole device
-// footprint of the instance, not only what alloc returned.
+// Memory: two allocators per instance, both charging one set of statistics (dt_cuda_mem_charge),
+// so peak_bytes and mem_stats are the whole device footprint of the instance, not only what alloc
+// returned.
+//   - Allocations of at least the driver's VMM granule (cuMemGetAllocationGranularity, minimum:
+//     2 MiB on current GPUs) are virtual ranges backed granule by granule (vmm.cu), rounded up to
+//     whole granules: mem_granule reports the granule, mem_release unmaps the granules once the
+//     compute stream has finished the work issued before it (a deferred-release queue of events,
+//     never a device synchronisation), mem_commit maps new ones. A released granule stops
+//     counting in the statistics at the mem_release call (the caller's view), although the
+//     device may hold it until the stream gets there.
+//   - Everything smaller, and the backend's own cuBLASLt workspace, attention and conversion
+//     scratch and cuDNN workspace, comes from the arena: device memory from the driver in chunks
+//     of at least 64 MiB (cudaMalloc is slow and synchronising, and a training step allocates
+//     nothing after start-up), blocks carved best-fit, 256-byte aligned, coalesced on free. Arena
+//     blocks cannot be given back in part: mem_granule 0, mem_release does nothing.
+// Without virtual memory management (a driver without the entry points, a device without the
+// attribute, or DTRAIN_CUDA_VMM=0) the arena serves everything, as before.
 //
 // Streams: one non-blocking compute stream per instance; every op, copy and memset runs on it in
 // issue order, so no op needs host synchronisation except the read-backs (memcpy_d2h, sumsq,
@@ -187,14 +198,31 @@ struct dt_cu_chunk {
 
 struct dt_cu_arena {
     std::vector<dt_cu_chunk> chunks;
+    // in_use: used arena blocks plus charged VMM granules (dt_cuda_mem_charge); peak: its peak
+    // (peak_bytes); reserved: the arena's chunks.
     size_t in_use = 0, peak = 0, reserved = 0;
     // By category (dt_mem_stats): used blocks, counted at their carved (256-byte rounded) size,
-    // so that the total is in_use; the backend's own scratch and workspaces are DT_MEM_OTHER.
+    // and VMM allocations' mapped granules the caller has not released, so that the total is
+    // in_use (plus mem_external); the backend's own scratch and workspaces are DT_MEM_OTHER.
     dt_mem_stats mem = {};
     dt_mem_cat cur_cat = DT_MEM_OTHER; // what cu_alloc charges now
 };
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+void dt_cuda_mem_charge(dt_cuda *cu, dt_mem_cat cat, size_t bytes, bool add)
+{
+    dt_cu_arena *a = cu->arena;
+    if (add) {
+        dt_mem_stats_add(&a->mem, cat, bytes);
+        a->in_use += bytes;
+        if (a->in_use > a->peak)
+            a->peak = a->in_use;
+    } else {
+        dt_mem_stats_sub(&a->mem, cat, bytes);
+        a->in_use -= bytes < a->in_use ? bytes : a->in_use;
+    }
+}
 
 // Best fit over every free block; NULL when nothing fits.
 static void *arena_carve(dt_cu_arena *a, size_t bytes, dt_mem_cat cat)
@@ -229,6 +257,7 @@ static void *arena_carve(dt_cu_arena *a, size_t bytes, dt_mem_cat cat)
 static int arena_alloc(dt_cuda *cu, void **out, size_t bytes, dt_mem_cat cat, dt_err *err)
 {
     dt_cu_arena *a = cu->arena;
+    bool retried = false;
     bytes = round_up(bytes ? bytes : 1, ARENA_ALIGN);
     void *p = arena_carve(a, bytes, cat);
     if (!p) {
@@ -240,6 +269,13 @@ static int arena_alloc(dt_cuda *cu, void **out, size_t bytes, dt_mem_cat cat, dt
         if (rc != cudaSuccess && chunk > bytes) {
             (void)cudaGetLastError(); // out of memory is not sticky: retry with the exact size
             chunk = round_up(bytes, ARENA_ALIGN);
+            rc = cudaMalloc(&base, chunk);
+        }
+        if (rc == cudaErrorMemoryAllocation && !retried && dt_cuda_vmm_pending(cu)) {
+            // Granules released but not yet unmapped: wait for them and try once more.
+            (void)cudaGetLastError();
+            retried = true;
+            dt_cuda_vmm_poll(cu, true);
             rc = cudaMalloc(&base, chunk);
         }
         if (rc != cudaSuccess) {
@@ -329,6 +365,9 @@ static int cu_alloc(dt_backend *be, void **p, size_t bytes, dt_err *err)
     if (cu->failed)
         return dt_err_set(err, -EIO, "CUDA backend unusable after an earlier error: %s",
                           cu->fail_msg);
+    if (dt_cuda_vmm_wants(cu, bytes))
+        return dt_cuda_vmm_alloc(cu, p, bytes, cu->arena->cur_cat, err);
+    dt_cuda_vmm_poll(cu, false);
     int rc = arena_alloc(cu, p, bytes, cu->arena->cur_cat, err);
     if (rc != 0)
         return rc;
@@ -341,9 +380,11 @@ static void cu_free(dt_backend *be, void *p)
     if (!p)
         return;
     dt_cuda *cu = dt_cuda_enter(be);
-    // Other streams (the NCCL comm stream) may still read it: wait for the whole device.
+    // Other streams (the NCCL comm stream) may still read it: wait for the whole device. That
+    // completes every pending release too, which dt_cuda_vmm_free then gives back.
     DT_CU_CHECK(cu, cudaDeviceSynchronize());
-    arena_release(cu->arena, p);
+    if (!dt_cuda_vmm_free(cu, p))
+        arena_release(cu->arena, p);
 }
 
 static void cu_memcpy_h2d(dt_backend *be, void *dst, const void *src, size_t bytes)
@@ -385,6 +426,7 @@ static void cu_synchronize(dt_backend *be)
 {
     dt_cuda *cu = dt_cuda_enter(be);
     DT_CU_CHECK(cu, cudaStreamSynchronize(cu->stream));
+    dt_cuda_vmm_poll(cu, false); // every pending release is complete now
 }
 
 static size_t cu_peak_bytes(dt_backend *be) { return dt_cuda_of(be)->arena->peak; }
@@ -397,7 +439,14 @@ static dt_mem_cat cu_mem_category(dt_backend *be, dt_mem_cat cat)
     return old;
 }
 
-static void cu_mem_stats(dt_backend *be, dt_mem_stats *out) { *out = dt_cuda_of(be)->arena->mem; }
+// Pending releases are already uncharged (vmm.cu): looking at the queue here changes no figure,
+// it only gives the device back what the stream has finished with.
+static void cu_mem_stats(dt_backend *be, dt_mem_stats *out)
+{
+    dt_cuda *cu = dt_cuda_enter(be);
+    dt_cuda_vmm_poll(cu, false);
+    *out = cu->arena->mem;
+}
 
 // The statistics' peaks start again from what is in use now; the arena's peak (peak_bytes) stays.
 static void cu_mem_reset_peak(dt_backend *be)
@@ -407,8 +456,8 @@ static void cu_mem_reset_peak(dt_backend *be)
     m->total_peak = m->total;
 }
 
-// Outside the arena (no user on CUDA today: NCCL has no communicator memory); counted in the
-// statistics only, so in_use and peak_bytes (the arena's) do not include it.
+// Outside alloc (no user on CUDA today: NCCL has no communicator memory); counted in the
+// statistics only, so in_use and peak_bytes (arena and VMM memory) do not include it.
 static void cu_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add)
 {
     dt_cu_arena *a = dt_cuda_of(be)->arena;
@@ -418,33 +467,30 @@ static void cu_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool a
         dt_mem_stats_sub(&a->mem, cat, bytes);
 }
 
-// The arena hands out whole blocks and cannot give part of one back to the device: release is
-// a no-op that leaves the statistics as they are (the memory is still resident), and commit
-// has nothing to take back (see backend_ops.h).
+// VMM allocations give granules back and take them again (vmm.cu); arena blocks cannot (granule
+// 0: release does nothing and leaves the statistics as they are, commit has nothing to take
+// back). After a failure the device is not touched: release does nothing, commit fails.
 static void cu_mem_release(dt_backend *be, void *base, size_t offset, size_t bytes)
 {
-    (void)be;
-    (void)base;
-    (void)offset;
-    (void)bytes;
+    dt_cuda *cu = dt_cuda_enter(be);
+    if (!cu->failed && base)
+        dt_cuda_vmm_release(cu, base, offset, bytes);
 }
 
 static int cu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err)
 {
-    (void)be;
-    (void)base;
-    (void)offset;
-    (void)bytes;
-    (void)err;
-    return 0;
+    dt_cuda *cu = dt_cuda_enter(be);
+    if (!base || !dt_cuda_vmm_granule(cu, base))
+        return 0;
+    if (cu->failed)
+        return dt_err_set(err, -EIO, "CUDA backend unusable after an earlier error: %s",
+                          cu->fail_msg);
+    return dt_cuda_vmm_commit(cu, base, offset, bytes, err);
 }
 
-// Nothing can be given back yet (see cu_mem_release).
 static size_t cu_mem_granule(dt_backend *be, const void *base)
 {
-    (void)be;
-    (void)base;
-    return 0;
+    return dt_cuda_vmm_granule(dt_cuda_of(be), base);
 }
 
 // A device attribute: no context is created on `device`, and no error is left sticky.
@@ -511,6 +557,7 @@ static void cu_destroy(dt_cuda *cu)
     reg_clear(cu);
     if (cu->stream)
         cudaStreamSynchronize(cu->stream);
+    dt_cuda_vmm_close(cu); // before the stream goes: it may wait for events recorded there
     if (cu->cudnn)
         cudnnDestroy(cu->cudnn);
     if (cu->lt)
@@ -702,6 +749,7 @@ DT_CU_EXPORT int dt_cuda_backend_create(dt_backend **out, const dt_backend_opts 
     crc = cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking);
     CREATE_CHECK(crc == cudaSuccess, "CUDA: creating a stream on device %d: %s", cu->device,
                  cudaGetErrorString(crc));
+    dt_cuda_vmm_init(cu); // never fails: without it the arena serves everything
     {
         cublasStatus_t bs = cublasCreate(&cu->cublas);
         CREATE_CHECK(bs == CUBLAS_STATUS_SUCCESS, "cuBLAS: cublasCreate: %s",

@@ -3,6 +3,8 @@
 // Files of libdtrain_cuda.so:
 //   backend.cu   lifecycle, the memory arena and scratch, copies, profiling, error state, the op
 //                table, and the per-device compute-stream registry the NCCL backend reads
+//   vmm.cu       allocations of a granule (2 MiB) and more on the driver's virtual memory
+//                management, so mem_release / mem_commit can give memory back and take it again
 //   gemm.cu      GEMM-bound ops: matmul (cuBLASLt, bias epilogue), attention (cuBLAS batched
 //                GEMMs around own permute/softmax kernels), conv2d (cuDNN)
 //   ops.cu       everything else: element-wise, LayerNorm, embeddings, the fused classifier,
@@ -99,6 +101,7 @@ enum {
 };
 
 struct dt_cu_arena; // backend.cu
+struct dt_cu_vmm;   // vmm.cu
 
 // cuDNN algorithm choice for one convolution shape (cached: the heuristics query costs ~ms).
 typedef struct dt_cu_conv_algo {
@@ -145,7 +148,8 @@ typedef struct dt_cuda {
     void *lt_ws;        // cuBLASLt/cuBLAS workspace (arena memory), lt_ws_bytes long
     size_t lt_ws_bytes;
 
-    struct dt_cu_arena *arena;
+    struct dt_cu_arena *arena; // small allocations, scratch and workspaces
+    struct dt_cu_vmm *vmm;     // allocations of a granule and more; NULL: the arena serves all
     void *scr[DT_CU_SCR_COUNT];
     size_t scr_bytes[DT_CU_SCR_COUNT];
     void *host_pinned;  // 64 bytes of pinned host memory for small read-backs
@@ -211,9 +215,45 @@ void dt_cuda_prof_end(dt_cuda *cu, int op, double t0, double flops);
     } while (0)
 
 // ---- memory ----------------------------------------------------------------------------------
+// Memory comes from two allocators (backend.cu's file comment has the figures):
+//   the arena (backend.cu): cudaMalloc'ed chunks carved into 256-byte aligned blocks; every
+//     allocation below one granule, the backend's scratch and workspaces; mem_granule 0;
+//   vmm.cu: an allocation of a granule or more is a reserved virtual range whose granules are
+//     backed one by one (cuMemCreate + cuMemMap), so mem_release can unmap them (once the
+//     compute stream is past the work issued before the release) and mem_commit map new ones.
+// Both charge the statistics through dt_cuda_mem_charge, so in_use, peak_bytes and mem_stats
+// cover the instance's whole device footprint (vmm: mapped granules the caller has not
+// released; a released granule stops counting at the mem_release call).
+
 // A scratch buffer of at least `bytes` for slot; the previous contents are lost when it grows.
 // NULL after a failure (out of memory is logged and marks the backend failed).
 void *dt_cuda_scratch(dt_cuda *cu, int slot, size_t bytes);
+// Charges (add) or gives back (!add) bytes of category cat: the statistics, in_use and the peak.
+void dt_cuda_mem_charge(dt_cuda *cu, dt_mem_cat cat, size_t bytes, bool add);
+
+// vmm.cu. Sets cu->vmm when the driver, the device and DTRAIN_CUDA_VMM allow (needs the device
+// current); otherwise leaves it NULL, says why once (DT_INFO), and the arena serves everything.
+void dt_cuda_vmm_init(dt_cuda *cu);
+// After the stream is synchronised: gives every VMM allocation back (without the statistics)
+// and frees cu->vmm. Accepts cu->vmm == NULL.
+void dt_cuda_vmm_close(dt_cuda *cu);
+// Whether an allocation of `bytes` goes to vmm.cu (false when cu->vmm is NULL).
+bool dt_cuda_vmm_wants(const dt_cuda *cu, size_t bytes);
+// The granule of the VMM allocation base; 0 when base is not one (arena memory).
+size_t dt_cuda_vmm_granule(const dt_cuda *cu, const void *base);
+// Whether releases wait for their event (memory that waiting would give back).
+bool dt_cuda_vmm_pending(const dt_cuda *cu);
+// Unmaps the granules of pending releases whose event has completed; wait: waits for all of them.
+// Accepts cu->vmm == NULL.
+void dt_cuda_vmm_poll(dt_cuda *cu, bool wait);
+// alloc for dt_cuda_vmm_wants(cu, bytes): zeroed (on the stream), charged to cat. 0, or -ENOMEM
+// (-EIO for another driver error) with err set and nothing held.
+int dt_cuda_vmm_alloc(dt_cuda *cu, void **out, size_t bytes, dt_mem_cat cat, dt_err *err);
+// free, after the caller synchronised the device: false when p is not a VMM allocation.
+bool dt_cuda_vmm_free(dt_cuda *cu, void *p);
+// mem_release / mem_commit of backend_ops.h for a VMM allocation base (nothing for another base).
+void dt_cuda_vmm_release(dt_cuda *cu, void *base, size_t off, size_t bytes);
+int dt_cuda_vmm_commit(dt_cuda *cu, void *base, size_t off, size_t bytes, dt_err *err);
 
 // ---- launch helpers --------------------------------------------------------------------------
 static inline unsigned dt_cu_blocks(size_t n, unsigned threads, unsigned cap = 65535u * 8u)
