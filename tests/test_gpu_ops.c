@@ -1,5 +1,6 @@
 /* test_gpu_ops.c - every op of the CUDA backend against the CPU reference on the same inputs,
- * the device arena, profiling, and the NCCL comm backend.
+ * the device arena, the VMM-backed allocations behind mem_release / mem_commit (gpu_vmm,
+ * gpu_vmm_off), profiling, and the NCCL comm backend.
  *
  * Each test opens both backends, uploads the same random tensors to each, runs the op on both
  * and compares: relative L2 error ||gpu - cpu|| / ||cpu|| <= tol and max |gpu - cpu| <=
@@ -342,17 +343,28 @@ static void test_memory(void)
     DT_CHECK(h[15] == 0.0f && h[16] == 16.0f);
     size_t peak = g->peak_bytes(g);
     DT_CHECK(peak >= 2 * n * sizeof(float));
-    /* A freed block is reused: the peak does not grow, and best fit returns the same block. */
+    /* A freed block is reused: the peak does not grow (a and b are VMM allocations of 2 MiB
+     * granules where the device has them, given back on free and taken again). */
     g->free(g, b);
     float *c = dalloc(g, n * sizeof(float));
-    DT_CHECK(c == b);
     DT_CHECK_INT(g->peak_bytes(g), peak);
-    /* Blocks coalesce: two neighbours freed make room for one of twice the size. */
-    float *s1 = dalloc(g, 1 << 20), *s2 = dalloc(g, 1 << 20);
+    g->free(g, c);
+    /* Arena blocks (below the 2 MiB granule): best fit returns the same block, and blocks
+     * coalesce: two neighbours freed make room for one of twice the size. */
+    float *s0 = dalloc(g, 1 << 18);
+    DT_CHECK_INT(dt_mem_granule(g, s0), 0);
+    g->free(g, s0);
+    size_t peak1 = g->peak_bytes(g);
+    float *s0b = dalloc(g, 1 << 18);
+    DT_CHECK(s0b == s0);
+    DT_CHECK_INT(g->peak_bytes(g), peak1);
+    g->free(g, s0b);
+    float *s1 = dalloc(g, 1 << 19), *s2 = dalloc(g, 1 << 19);
     g->free(g, s1);
     g->free(g, s2);
     size_t peak2 = g->peak_bytes(g);
-    float *s3 = dalloc(g, 2 << 20);
+    float *s3 = dalloc(g, 1 << 20);
+    DT_CHECK_INT(dt_mem_granule(g, s3), 0);
     DT_CHECK(s3 == s1 || s3 == s2);
     DT_CHECK_INT(g->peak_bytes(g), peak2);
     g->free(g, s3);
@@ -366,6 +378,169 @@ static void test_memory(void)
     DT_CHECK(h[3] == 3.0f);
     free(h);
     ctx_close(&x);
+}
+
+/* Reads bytes at p into h and checks that they are all `want` (a float value). */
+static void check_all(dt_backend *g, float *h, const float *p, size_t n, float want,
+                      const char *what)
+{
+    g->memcpy_d2h(g, h, p, n * sizeof(float));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += h[i] != want;
+    DT_CHECK_MSG(bad == 0, "%s: %zu of %zu floats are not %g (first: %g)", what, bad, n,
+                 (double)want, (double)h[0]);
+}
+
+/* VMM-backed allocations (a granule, 2 MiB, and more): aligned, zeroed, granule reported,
+ * mem_release / mem_commit exact in the statistics (granule by granule, twice counts once),
+ * committed memory writable, a release right behind queued device work (deferred until the
+ * stream is past it), free after release, and the statistics back at the baseline. */
+static void test_vmm(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *g = x.gpu;
+    dt_mem_cat old = dt_mem_tag(g, DT_MEM_PARAMS);
+    void *small = dalloc(g, 4096);
+    DT_CHECK_INT(dt_mem_granule(g, small), 0);
+    float *probe = dalloc(g, 8u << 20);
+    size_t G = dt_mem_granule(g, probe);
+    g->free(g, probe);
+    if (G == 0) {
+        g->free(g, small);
+        ctx_close(&x);
+        DT_SKIP("the CUDA backend does not use virtual memory management on this device (see "
+                "its DT_INFO line; DTRAIN_CUDA_VMM=0?)");
+    }
+    DT_CHECK((G & (G - 1)) == 0);
+    dt_mem_stats s0, s;
+    dt_mem_read(g, &s0);
+    size_t peak0 = g->peak_bytes(g);
+    const size_t P = DT_MEM_PARAMS;
+
+    /* 3.5 granules: 4 mapped, the padding charged too */
+    size_t bytes = 3 * G + G / 2, n = bytes / sizeof(float), gf = G / sizeof(float);
+    float *big = dalloc(g, bytes), *h = malloc(bytes);
+    DT_REQUIRE(h);
+    DT_CHECK((uintptr_t)big % G == 0);
+    DT_CHECK_INT(dt_mem_granule(g, big), G);
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.cur[P] - s0.cur[P], 4 * G);
+    DT_CHECK_INT(s.total - s0.total, 4 * G);
+    DT_CHECK(g->peak_bytes(g) >= peak0 + 4 * G);
+    check_all(g, h, big, n, 0.0f, "fresh allocation");
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)(i % 1000003);
+    g->memcpy_h2d(g, big, h, bytes);
+
+    /* release the middle granule [G, 2G): exactly one granule less, twice counts once */
+    g->mem_release(g, big, G, G);
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.cur[P] - s0.cur[P], 3 * G);
+    DT_CHECK_INT(s.total - s0.total, 3 * G);
+    g->mem_release(g, big, G, G);
+    g->mem_release(g, big, G - 4096, G + 8192); /* the same granule, nothing more */
+    g->mem_release(g, big, G / 2, G);           /* no whole granule inside */
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.cur[P] - s0.cur[P], 3 * G);
+    /* the neighbours keep their contents */
+    g->memcpy_d2h(g, h, big, G);
+    DT_CHECK(h[0] == 0.0f && h[gf - 1] == (float)((gf - 1) % 1000003));
+    g->memcpy_d2h(g, h, big + 2 * gf, G);
+    DT_CHECK(h[0] == (float)((2 * gf) % 1000003) && h[gf - 1] == (float)((3 * gf - 1) % 1000003));
+
+    /* commit a few bytes inside it: the whole granule comes back, once */
+    dt_err e = {0};
+    DT_REQUIRE_OK(g->mem_commit(g, big, G + 40, 100, &e), &e);
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.cur[P] - s0.cur[P], 4 * G);
+    DT_REQUIRE_OK(g->mem_commit(g, big, G, G, &e), &e);
+    DT_REQUIRE_OK(g->mem_commit(g, big, 0, bytes, &e), &e); /* nothing released: no change */
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.cur[P] - s0.cur[P], 4 * G);
+    DT_CHECK_INT(s.total - s0.total, 4 * G);
+    /* committed memory is writable: zero it, copy a pattern in and out again */
+    g->memset_zero(g, big + gf, G);
+    check_all(g, h, big + gf, gf, 0.0f, "committed granule after memset_zero");
+    for (size_t i = 0; i < gf; i++)
+        h[i] = 7.0f + (float)(i % 97);
+    g->memcpy_h2d(g, big + gf, h, G);
+    g->memcpy_d2d(g, big + 3 * gf, big + gf, G / 2);
+    g->memcpy_d2h(g, h, big + 3 * gf, G / 2);
+    DT_CHECK(h[0] == 7.0f && h[gf / 2 - 1] == 7.0f + (float)((gf / 2 - 1) % 97));
+
+    /* the last granule: a range reaching the allocation's end covers its padding */
+    g->mem_release(g, big, 3 * G, bytes - 3 * G);
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.cur[P] - s0.cur[P], 3 * G);
+    DT_REQUIRE_OK(g->mem_commit(g, big, 3 * G, bytes - 3 * G, &e), &e);
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.cur[P] - s0.cur[P], 4 * G);
+
+    /* deferred release: device work on the granules is still queued when they are released */
+    for (int round = 0; round < 4; round++) {
+        g->memset_zero(g, big, bytes);
+        g->memcpy_d2d(g, big + 2 * gf, big, G);
+        g->memcpy_d2d(g, big + gf, big + 2 * gf, G);
+        g->mem_release(g, big, 0, 2 * G);
+        dt_mem_read(g, &s);
+        DT_CHECK_INT(s.cur[P] - s0.cur[P], 2 * G);
+        if (round % 2) { /* commit at once: cancels the release still pending */
+            DT_REQUIRE_OK(g->mem_commit(g, big, 0, 2 * G, &e), &e);
+        } else {
+            g->synchronize(g);
+            DT_REQUIRE_OK(g->mem_commit(g, big, 0, 2 * G, &e), &e);
+        }
+        dt_mem_read(g, &s);
+        DT_CHECK_INT(s.cur[P] - s0.cur[P], 4 * G);
+        g->memset_zero(g, big, 2 * G);
+        check_all(g, h, big, 3 * gf, 0.0f, "after release behind queued work and commit");
+    }
+
+    /* free after release; the statistics are back at the baseline */
+    g->mem_release(g, big, G, 2 * G);
+    g->free(g, big);
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.cur[P], s0.cur[P]);
+    DT_CHECK_INT(s.total, s0.total);
+    /* and again with the release still pending at free */
+    big = dalloc(g, bytes);
+    g->memset_zero(g, big, bytes);
+    g->mem_release(g, big, 0, bytes);
+    g->free(g, big);
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.cur[P], s0.cur[P]);
+    DT_CHECK_INT(s.total, s0.total);
+    /* the backend is healthy: a read-back is not the failure fill (NaN) */
+    g->memcpy_d2h(g, h, small, 16);
+    DT_CHECK(h[0] == 0.0f && h[3] == 0.0f);
+    g->free(g, small);
+    dt_mem_tag(g, old);
+    free(h);
+    ctx_close(&x);
+}
+
+/* DTRAIN_CUDA_VMM=0: every allocation comes from the arena; release gives nothing back. */
+static void test_vmm_off(void)
+{
+    setenv("DTRAIN_CUDA_VMM", "0", 1); /* this test's own process (the harness forks) */
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *g = x.gpu;
+    size_t bytes = 8u << 20;
+    float *big = dalloc(g, bytes);
+    DT_CHECK_INT(dt_mem_granule(g, big), 0);
+    dt_mem_stats s0, s;
+    dt_mem_read(g, &s0);
+    g->mem_release(g, big, 0, bytes);
+    dt_mem_read(g, &s);
+    DT_CHECK_INT(s.total, s0.total);
+    dt_err e = {0};
+    DT_CHECK_INT(g->mem_commit(g, big, 0, bytes, &e), 0);
+    g->free(g, big);
+    ctx_close(&x);
+    unsetenv("DTRAIN_CUDA_VMM");
 }
 
 static void test_profile(void)
@@ -1491,6 +1666,8 @@ int main(int argc, char **argv)
         {"gpu_library_symbols", test_library_symbols, 60},
         {"gpu_build_probe", test_build_probe, 120},
         {"gpu_memory", test_memory, 60},
+        {"gpu_vmm", test_vmm, 60},
+        {"gpu_vmm_off", test_vmm_off, 60},
         {"gpu_profile", test_profile, 60},
         {"gpu_matmul_fp32", test_matmul_fp32, 120},
         {"gpu_matmul_bf16", test_matmul_bf16, 120},
