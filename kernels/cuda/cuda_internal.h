@@ -223,7 +223,8 @@ void dt_cuda_prof_end(dt_cuda *cu, int op, double t0, double flops);
 //     compute stream is past the work issued before the release) and mem_commit map new ones.
 // Both charge the statistics through dt_cuda_mem_charge, so in_use, peak_bytes and mem_stats
 // cover the instance's whole device footprint (vmm: mapped granules the caller has not
-// released; a released granule stops counting at the mem_release call).
+// released; a released granule stops counting at the mem_release call). DTRAIN_CUDA_VMM=0 (or
+// a driver or device without virtual memory management) leaves everything to the arena.
 
 // A scratch buffer of at least `bytes` for slot; the previous contents are lost when it grows.
 // NULL after a failure (out of memory is logged and marks the backend failed).

@@ -558,7 +558,10 @@ void dt_cuda_vmm_close(dt_cuda *cu)
     dt_cu_vmm *v = cu->vmm;
     if (!v)
         return;
-    // The caller synchronised the stream: every pending release is complete.
+    // The caller synchronised the compute stream; another stream (NCCL's) may still read an
+    // allocation, and cuMemUnmap does not wait for the device the way cudaFree does.
+    if (!v->allocs.empty() && cudaDeviceSynchronize() != cudaSuccess)
+        (void)cudaGetLastError();
     dt_cuda_vmm_poll(cu, true);
     for (auto &kv : v->allocs)
         destroy_alloc(cu, kv.second, false);
