@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cmd/cmd.h"
+#include "common/log.h"
 #include "common/util.h"
 
 static const struct {
@@ -155,6 +156,76 @@ int dt_bench_children(const char *name, bool with_store, const dt_bench_words *p
     free(status);
     dt_store_server_stop(srv);
     return failed;
+}
+
+int dt_bench_config(const char *name, const char *tag, bool with_store,
+                    const dt_bench_words *parts, int nparts, const char *dir, const char *id,
+                    int n, int (*read)(const char *path, int rank, void *ctx), void *ctx)
+{
+    char run_id[64], prefix[1100];
+    snprintf(run_id, sizeof run_id, "bench-%s-%d-%s", tag, (int)getpid(), id);
+    snprintf(prefix, sizeof prefix, "%s/%s.", dir, id);
+    int failed = dt_bench_children(name, with_store, parts, nparts, run_id, prefix, n);
+    for (int r = 0; r < n && !failed; r++) {
+        char out[1200];
+        snprintf(out, sizeof out, "%s%d", prefix, r);
+        failed = read(out, r, ctx) != 0;
+    }
+    return failed;
+}
+
+int dt_bench_main_run(const dt_bench_main *m, int argc, char **argv)
+{
+    const dt_bench_opt child_opts[] = {
+        {"--child", NULL, m->child},         {"--child-rank", m->rank, NULL},
+        {"--child-port", m->port, NULL},     {"--child-run-id", NULL, m->run_id},
+        {"--child-out", NULL, m->out},
+    };
+    const int nchild = (int)DT_ARRAY_LEN(child_opts);
+    char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
+    dt_bench_opt *opts = calloc((size_t)(m->nopts + nchild), sizeof *opts);
+    int rc = 1;
+    if (!ovr || !opts)
+        goto out;
+    memcpy(opts, m->opts, sizeof *opts * (size_t)m->nopts);
+    memcpy(opts + m->nopts, child_opts, sizeof child_opts);
+    char label[64];
+    snprintf(label, sizeof label, "dtrain bench %s", m->name);
+    rc = dt_bench_parse_args(argc, argv, label, opts, m->nopts + nchild, m->job_path, ovr,
+                             m->n_overrides, m->print_usage);
+    if (rc) {
+        rc = rc == 1 ? 0 : 2;
+        goto out;
+    }
+    *m->overrides = ovr;
+    if (!*m->job_path) {
+        m->print_usage(stderr);
+        rc = 2;
+        goto out;
+    }
+    if (m->check && (rc = m->check(m->o)) != 0)
+        goto out;
+    dt_log_init();
+    if (*m->child) {
+        dt_log_set_rank(*m->rank);
+        rc = m->run_child(m->o);
+        goto out;
+    }
+    char dir[64], cmd[96];
+    snprintf(dir, sizeof dir, "/tmp/dtrain-%s-XXXXXX", m->tag);
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        rc = 1;
+        goto out;
+    }
+    rc = m->run_parent(m->o, dir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "dtrain bench %s: could not remove %s\n", m->name, dir);
+out:
+    free(ovr);
+    free(opts);
+    return rc;
 }
 
 int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *const *more,

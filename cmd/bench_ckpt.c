@@ -208,6 +208,24 @@ static int job_mode(dt_trainer *t, const char *dir, int mode, int saves, double 
     return rc;
 }
 
+/* A fresh directory bench-ckpt-XXXXXX into dir[0..cap): under dir_opt (made when missing), else
+ * under $TMPDIR or /tmp. Returns 0, or an error with err set. */
+static int make_dir(const char *dir_opt, char *dir, size_t cap, dt_err *err)
+{
+    if (dir_opt) {
+        int rc = dt_mkdir_p(dir_opt, err);
+        if (rc)
+            return rc;
+        snprintf(dir, cap, "%s/bench-ckpt-XXXXXX", dir_opt);
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(dir, cap, "%s/bench-ckpt-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    }
+    if (!mkdtemp(dir))
+        return dt_err_errno(err, errno, "cannot create a directory like %s", dir);
+    return 0;
+}
+
 static int bench_job(const char *path, char **overrides, int n_over, int saves,
                      const char *dir_opt)
 {
@@ -223,18 +241,8 @@ static int bench_job(const char *path, char **overrides, int n_over, int saves,
             fprintf(stderr, "dtrain bench ckpt: %s\n", errs.lines[i]);
         goto out;
     }
-    if (dir_opt) {
-        if (dt_mkdir_p(dir_opt, &err))
-            goto out;
-        snprintf(dir, sizeof dir, "%s/bench-ckpt-XXXXXX", dir_opt);
-    } else {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/bench-ckpt-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    }
-    if (!mkdtemp(dir)) {
-        dt_err_errno(&err, errno, "cannot create a directory like %s", dir);
+    if (make_dir(dir_opt, dir, sizeof dir, &err))
         goto out;
-    }
     made_dir = true;
     dt_strlcpy(job.output_dir, dir, sizeof job.output_dir);
     job.ckpt_dir[0] = '\0';
@@ -412,18 +420,8 @@ int dt_bench_ckpt(int argc, char **argv)
     result sync, bg, conc;
     if (synthetic(&b, params, &err))
         goto out;
-    if (dir_opt) {
-        if (dt_mkdir_p(dir_opt, &err))
-            goto out;
-        snprintf(dir, sizeof dir, "%s/bench-ckpt-XXXXXX", dir_opt);
-    } else {
-        const char *t = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/bench-ckpt-XXXXXX", t && *t ? t : "/tmp");
-    }
-    if (!mkdtemp(dir)) {
-        dt_err_errno(&err, errno, "cannot create a directory like %s", dir);
+    if (make_dir(dir_opt, dir, sizeof dir, &err))
         goto out;
-    }
     made_dir = true;
     /* The disk before and after the checkpoints (this machine's disk speed varies with what
      * else runs; the spread says how much to trust the percentages). */

@@ -57,6 +57,8 @@ typedef struct bench_opts {
     int port;
     const char *run_id;
     const char *out;     /* result file */
+    int argc;            /* the command line, which the parent's children get again */
+    char **argv;
 } bench_opts;
 
 /* What one process measured. */
@@ -113,8 +115,10 @@ static int write_result(const char *path, const result *r)
     return 0;
 }
 
-static int read_result(const char *path, result *r)
+/* Process `rank`'s result from path into ((result *)res)[rank] (dt_bench_config's read). */
+static int read_result(const char *path, int rank, void *res)
 {
+    result *r = (result *)res + rank;
     memset(r, 0, sizeof *r);
     FILE *f = fopen(path, "r");
     if (!f)
@@ -161,8 +165,9 @@ static int store_gather(dt_store *store, const char *key, int n, dt_err *err)
  * replica with the others through a communicator (strategy ddp), "dp" nproc replicas on threads
  * (strategy dp). Each runs the job as given, with train.steps = warm-up + timed steps (the
  * schedule), no checkpoint and no metrics file. */
-static int run_child(const bench_opts *o)
+static int run_child(void *arg)
 {
+    const bench_opts *o = arg;
     static dt_job job;
     static dt_trainer t;
     dt_err err = {0};
@@ -276,23 +281,13 @@ out:
 /* ---- the parent ----------------------------------------------------------------------------- */
 
 /* Runs `mode` as n processes (each: this command with --child MODE); results in res[0..n). */
-static int run_mode(const bench_opts *o, int argc, char **argv, const char *mode, int n,
-                    const char *dir, result *res)
+static int run_mode(const bench_opts *o, const char *mode, int n, const char *dir, result *res)
 {
-    char run_id[64];
-    snprintf(run_id, sizeof run_id, "bench-dpddp-%d-%s", (int)getpid(), mode);
     char *child[] = {"--child", (char *)mode};
-    const dt_bench_words parts[] = {{argv, argc}, {child, 2}};
-    char prefix[1100];
-    snprintf(prefix, sizeof prefix, "%s/%s.", dir, mode);
+    const dt_bench_words parts[] = {{o->argv, o->argc}, {child, 2}};
     /* a store for ddp's communicator, indep's start and end */
-    int failed = dt_bench_children("dp-vs-ddp", n > 1, parts, 2, run_id, prefix, n);
-    for (int r = 0; r < n && !failed; r++) {
-        char out[1200];
-        snprintf(out, sizeof out, "%s%d", prefix, r);
-        failed = read_result(out, &res[r]) != 0;
-    }
-    return failed;
+    return dt_bench_config("dp-vs-ddp", "dpddp", n > 1, parts, 2, dir, mode, n, read_result,
+                           res);
 }
 
 /* Throughput of a configuration: what its processes did together over the slowest one's time,
@@ -345,54 +340,24 @@ static void print_row(const char *name, int replicas, const result *res, int npr
            lo > 0 && nrep > 1 ? 100.0 * (hi - lo) / lo : 0.0, mem);
 }
 
-int dt_bench_dp_vs_ddp(int argc, char **argv)
+/* The command line's limits beyond dt_bench_main_run's (0, or 2 after the usage). */
+static int check(void *arg)
 {
-    bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .repeat = 5, .rank = 0};
-    char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
-    if (!ovr)
-        return 1;
-    const dt_bench_opt opts[] = {
-        {"--nproc", &o.nproc, NULL},
-        {"--steps", &o.steps, NULL},
-        {"--warmup", &o.warmup, NULL},
-        {"--repeat", &o.repeat, NULL},
-        {"--child-rank", &o.rank, NULL},
-        {"--child-port", &o.port, NULL},
-        {"--child", NULL, &o.child},
-        {"--child-run-id", NULL, &o.run_id},
-        {"--child-out", NULL, &o.out},
-    };
-    int prc = dt_bench_parse_args(argc, argv, "dtrain bench dp-vs-ddp", opts, (int)DT_ARRAY_LEN(opts), &o.job_path,
-                                  ovr, &o.n_overrides, usage);
-    if (prc) {
-        free(ovr);
-        return prc == 1 ? 0 : 2;
-    }
-    o.overrides = ovr;
-    if (!o.job_path || o.nproc < 1 || o.nproc > MAX_REPLICAS || o.steps < 1 || o.repeat < 1) {
+    const bench_opts *o = arg;
+    if (o->nproc < 1 || o->nproc > MAX_REPLICAS || o->steps < 1 || o->repeat < 1) {
         usage(stderr);
-        free(ovr);
         return 2;
     }
-    dt_log_init();
-    if (o.child) {
-        dt_log_set_rank(o.rank);
-        int rc = run_child(&o);
-        free(ovr);
-        return rc;
-    }
+    return 0;
+}
 
+/* The parent: rounds of the modes, their processes' outputs under dir, then the table. */
+static int run_parent(void *arg, const char *dir)
+{
+    const bench_opts o = *(const bench_opts *)arg;
     static dt_job job;
-    if (dt_bench_parent_job("dp-vs-ddp", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job)) {
-        free(ovr);
+    if (dt_bench_parent_job("dp-vs-ddp", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job))
         return 1;
-    }
-    char dir[] = "/tmp/dtrain-dpddp-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        free(ovr);
-        return 1;
-    }
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     bool tokens = job.model_type == DT_MODEL_GPT;
     printf("# dtrain bench dp-vs-ddp %s: model %s, %d replicas, batch %d per replica x accum %d, "
@@ -427,7 +392,7 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
             int m = rep % 2 && (i == DP || i == DDP) ? DP + DDP - i : i;
             int n = m == DDP || m == INDEP ? o.nproc : 1;
             result *res = runs + ((size_t)rep * MODES + (size_t)m) * MAX_REPLICAS;
-            if (run_mode(&o, argc, argv, modes[m], n, dir, res) != 0) {
+            if (run_mode(&o, modes[m], n, dir, res) != 0) {
                 fprintf(stderr, "dtrain bench dp-vs-ddp: the %s run failed\n", labels[m]);
                 failed = 1;
                 break;
@@ -505,10 +470,24 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     }
     free(runs);
     free(tput);
-    char cmd[64];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "dtrain bench dp-vs-ddp: could not remove %s\n", dir);
-    free(ovr);
     return failed;
+}
+
+int dt_bench_dp_vs_ddp(int argc, char **argv)
+{
+    bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .repeat = 5, .rank = 0,
+                    .argc = argc, .argv = argv};
+    const dt_bench_opt opts[] = {
+        {"--nproc", &o.nproc, NULL},
+        {"--steps", &o.steps, NULL},
+        {"--warmup", &o.warmup, NULL},
+        {"--repeat", &o.repeat, NULL},
+    };
+    const dt_bench_main m = {.name = "dp-vs-ddp", .tag = "dpddp", .opts = opts,
+                             .nopts = (int)DT_ARRAY_LEN(opts), .print_usage = usage, .o = &o,
+                             .job_path = &o.job_path, .overrides = &o.overrides,
+                             .n_overrides = &o.n_overrides, .child = &o.child, .rank = &o.rank,
+                             .port = &o.port, .run_id = &o.run_id, .out = &o.out,
+                             .check = check, .run_child = run_child, .run_parent = run_parent};
+    return dt_bench_main_run(&m, argc, argv);
 }

@@ -134,8 +134,10 @@ static int write_result(const char *path, const result *r)
     return fclose(f) ? -errno : 0;
 }
 
-static int read_result(const char *path, result *r)
+/* Rank `rank`'s result from path into ((result *)res)[rank] (dt_bench_config's read). */
+static int read_result(const char *path, int rank, void *res)
 {
+    result *r = (result *)res + rank;
     memset(r, 0, sizeof *r);
     FILE *f = fopen(path, "r");
     if (!f)
@@ -153,8 +155,9 @@ static int read_result(const char *path, result *r)
 
 /* One rank: the job with the configuration's overrides (already in o->overrides), S steps, no
  * checkpoint, no metrics file. */
-static int run_child(const bench_opts *o)
+static int run_child(void *arg)
 {
+    const bench_opts *o = arg;
     static dt_job job;
     static dt_trainer t;
     dt_err err = {0};
@@ -209,23 +212,16 @@ out:
 static int run_config(const bench_opts *o, char *const *cfg, int ncfg, const char *dir,
                       int index, result *res)
 {
-    char run_id[64], steps[16], nproc[16];
-    snprintf(run_id, sizeof run_id, "bench-memory-%d-%d", (int)getpid(), index);
+    char id[16], steps[16], nproc[16];
+    snprintf(id, sizeof id, "c%d", index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", o->nproc);
     char *head[] = {"memory", (char *)o->job_path};
     char *tail[] = {"--nproc", nproc, "--steps", steps, "--child", "1"};
     const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cfg, ncfg},
                                     {tail, 6}};
-    char prefix[1100];
-    snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
-    int failed = dt_bench_children("memory", o->nproc > 1, parts, 4, run_id, prefix, o->nproc);
-    for (int r = 0; r < o->nproc && !failed; r++) {
-        char out[1200];
-        snprintf(out, sizeof out, "%s%d", prefix, r);
-        failed = read_result(out, &res[r]) != 0;
-    }
-    return failed;
+    return dt_bench_config("memory", "memory", o->nproc > 1, parts, 4, dir, id, o->nproc,
+                           read_result, res);
 }
 
 /* The configuration's overrides for (stage, recompute), as the loader accepts them: 0 when the
@@ -280,55 +276,26 @@ static void predict(uint64_t psi, uint64_t block, int k_optim, int stage, int n,
     out[2] = stage >= 1 ? (double)k_optim * p / n : (double)k_optim * p;
 }
 
-int dt_bench_memory(int argc, char **argv)
+/* The command line's limits beyond dt_bench_main_run's (0, or 2 after the usage). */
+static int check(void *arg)
 {
-    bench_opts o = {.nproc = 2, .steps = 3, .repeat = 1};
-    char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
-    if (!ovr)
-        return 1;
-    const dt_bench_opt opts[] = {
-        {"--nproc", &o.nproc, NULL},
-        {"--steps", &o.steps, NULL},
-        {"--repeat", &o.repeat, NULL},
-        {"--child-rank", &o.rank, NULL},
-        {"--child-port", &o.port, NULL},
-        {"--child", NULL, &o.child},
-        {"--child-run-id", NULL, &o.run_id},
-        {"--child-out", NULL, &o.out},
-    };
-    int prc = dt_bench_parse_args(argc, argv, "dtrain bench memory", opts, (int)DT_ARRAY_LEN(opts), &o.job_path,
-                                  ovr, &o.n_overrides, usage);
-    if (prc) {
-        free(ovr);
-        return prc == 1 ? 0 : 2;
-    }
-    o.overrides = ovr;
-    if (!o.job_path || o.nproc < 1 || o.nproc > MAX_RANKS || o.steps < 1 || o.repeat < 1 ||
-        o.repeat > MAX_REPEAT) {
+    const bench_opts *o = arg;
+    if (o->nproc < 1 || o->nproc > MAX_RANKS || o->steps < 1 || o->repeat < 1 ||
+        o->repeat > MAX_REPEAT) {
         usage(stderr);
-        free(ovr);
         return 2;
     }
-    dt_log_init();
-    if (o.child) {
-        dt_log_set_rank(o.rank);
-        int rc = run_child(&o);
-        free(ovr);
-        return rc;
-    }
+    return 0;
+}
 
+/* The parent: every configuration in turn (its ranks, outputs under dir), then the tables. */
+static int run_parent(void *arg, const char *dir)
+{
+    const bench_opts o = *(const bench_opts *)arg;
     static dt_job job;
-    if (dt_bench_parent_job("memory", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job)) {
-        free(ovr);
+    if (dt_bench_parent_job("memory", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job))
         return 1;
-    }
     const int k_optim = job.optimizer == DT_OPTIM_ADAMW ? 8 : job.momentum > 0 ? 4 : 0;
-    char dir[] = "/tmp/dtrain-memory-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        free(ovr);
-        return 1;
-    }
     printf("# dtrain bench memory %s: model %s, %d rank(s), batch %d per rank, %d step(s) per "
            "configuration (step time: mean after the first), device %s, optimizer %s\n",
            o.job_path, dt_model_name(job.model_type), o.nproc, job.batch_size, o.steps,
@@ -510,10 +477,22 @@ int dt_bench_memory(int argc, char **argv)
                    "without it (what the build does)\n");
     }
     free(res);
-    char cmd[64];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "dtrain bench memory: could not remove %s\n", dir);
-    free(ovr);
     return failed;
+}
+
+int dt_bench_memory(int argc, char **argv)
+{
+    bench_opts o = {.nproc = 2, .steps = 3, .repeat = 1};
+    const dt_bench_opt opts[] = {
+        {"--nproc", &o.nproc, NULL},
+        {"--steps", &o.steps, NULL},
+        {"--repeat", &o.repeat, NULL},
+    };
+    const dt_bench_main m = {.name = "memory", .tag = "memory", .opts = opts,
+                             .nopts = (int)DT_ARRAY_LEN(opts), .print_usage = usage, .o = &o,
+                             .job_path = &o.job_path, .overrides = &o.overrides,
+                             .n_overrides = &o.n_overrides, .child = &o.child, .rank = &o.rank,
+                             .port = &o.port, .run_id = &o.run_id, .out = &o.out,
+                             .check = check, .run_child = run_child, .run_parent = run_parent};
+    return dt_bench_main_run(&m, argc, argv);
 }

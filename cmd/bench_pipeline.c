@@ -47,6 +47,8 @@ typedef struct bench_opts {
     int n_overrides;
     int steps;
     const char *stages, *micro;
+    int Ps[MAX_LIST], Ms[MAX_LIST]; /* parent: the lists */
+    int nP, nM;
     /* child mode */
     const char *child;
     int rank, nproc, port;
@@ -102,8 +104,9 @@ static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *
 
 /* ---- a rank ---------------------------------------------------------------------------------- */
 
-static int run_child(const bench_opts *o)
+static int run_child(void *arg)
 {
+    const bench_opts *o = arg;
     static dt_job job;
     static dt_trainer t;
     dt_err err = {0};
@@ -179,86 +182,69 @@ static int read_result(const char *path, result *r)
 
 /* ---- the parent ------------------------------------------------------------------------------ */
 
+/* dt_bench_config's read: a rank's result into res[its stage] (stages 0..P-1). */
+typedef struct stage_results {
+    result *res;
+    int P;
+} stage_results;
+static int read_stage(const char *path, int rank, void *arg)
+{
+    const stage_results *sr = arg;
+    result x;
+    (void)rank;
+    if (read_result(path, &x) != 0)
+        return 1;
+    if (x.stage >= 0 && x.stage < sr->P)
+        sr->res[x.stage] = x;
+    return 0;
+}
+
 /* One configuration on P ranks into res[0..P). */
 static int run_config(const bench_opts *o, int P, char *const *cfg, int ncfg, const char *dir,
                       int index, result *res)
 {
-    char run_id[64], steps[16], nproc[16];
-    snprintf(run_id, sizeof run_id, "bench-pipeline-%d-%d", (int)getpid(), index);
+    char id[16], steps[16], nproc[16];
+    snprintf(id, sizeof id, "c%d", index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", P);
     char *head[] = {"pipeline", (char *)o->job_path};
     char *tail[] = {"--steps", steps, "--child", "1", "--child-nproc", nproc};
     const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cfg, ncfg},
                                     {tail, 6}};
-    char prefix[1100];
-    snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
-    int failed = dt_bench_children("pipeline", true, parts, 4, run_id, prefix, P);
-    for (int r = 0; r < P && !failed; r++) {
-        char out[1200];
-        snprintf(out, sizeof out, "%s%d", prefix, r);
-        result x;
-        failed = read_result(out, &x) != 0;
-        if (!failed && x.stage >= 0 && x.stage < P)
-            res[x.stage] = x;
-    }
-    return failed;
+    stage_results sr = {res, P};
+    return dt_bench_config("pipeline", "pipeline", true, parts, 4, dir, id, P, read_stage, &sr);
 }
 
-int dt_bench_pipeline(int argc, char **argv)
+/* The command line's limits beyond dt_bench_main_run's, and the lists parsed into o->Ps, o->Ms
+ * (0, or 2 after saying why). */
+static int check(void *arg)
 {
-    bench_opts o = {.steps = 4, .stages = "2,4", .micro = "1,2,4,8,16"};
-    char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
-    if (!ovr)
-        return 1;
-    const dt_bench_opt opts[] = {
-        {"--steps", &o.steps, NULL},          {"--stages", NULL, &o.stages},
-        {"--micro", NULL, &o.micro},          {"--child", NULL, &o.child},
-        {"--child-nproc", &o.nproc, NULL},    {"--child-rank", &o.rank, NULL},
-        {"--child-port", &o.port, NULL},      {"--child-run-id", NULL, &o.run_id},
-        {"--child-out", NULL, &o.out},
-    };
-    int prc = dt_bench_parse_args(argc, argv, "dtrain bench pipeline", opts,
-                                  (int)DT_ARRAY_LEN(opts), &o.job_path, ovr, &o.n_overrides,
-                                  usage);
-    if (prc) {
-        free(ovr);
-        return prc == 1 ? 0 : 2;
-    }
-    o.overrides = ovr;
-    int Ps[MAX_LIST], Ms[MAX_LIST];
-    int nP = parse_list(o.stages, Ps, MAX_LIST), nM = parse_list(o.micro, Ms, MAX_LIST);
-    if (!o.job_path || o.steps < 1 || nP < 0 || nM < 0) {
+    bench_opts *o = arg;
+    o->nP = parse_list(o->stages, o->Ps, MAX_LIST);
+    o->nM = parse_list(o->micro, o->Ms, MAX_LIST);
+    if (o->steps < 1 || o->nP < 0 || o->nM < 0) {
         usage(stderr);
-        free(ovr);
         return 2;
     }
-    for (int i = 0; i < nP; i++)
-        if (Ps[i] < 2 || Ps[i] > MAX_P) {
-            fprintf(stderr, "dtrain bench pipeline: --stages %d: use 2 to %d\n", Ps[i], MAX_P);
-            free(ovr);
+    for (int i = 0; i < o->nP; i++)
+        if (o->Ps[i] < 2 || o->Ps[i] > MAX_P) {
+            fprintf(stderr, "dtrain bench pipeline: --stages %d: use 2 to %d\n", o->Ps[i],
+                    MAX_P);
             return 2;
         }
-    dt_log_init();
-    if (o.child) {
-        dt_log_set_rank(o.rank);
-        int rc = run_child(&o);
-        free(ovr);
-        return rc;
-    }
+    return 0;
+}
+
+/* The parent: every (P, M, schedule) in turn, outputs under dir, a row each. */
+static int run_parent(void *arg, const char *dir)
+{
+    const bench_opts o = *(const bench_opts *)arg;
     static dt_job job;
     static dt_config_errors errs;
     dt_err err = {0};
-    if (dt_bench_parent_job("pipeline", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job)) {
-        free(ovr);
+    if (dt_bench_parent_job("pipeline", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job))
         return 1;
-    }
-    char dir[] = "/tmp/dtrain-pipeline-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        free(ovr);
-        return 1;
-    }
+    const int *Ps = o.Ps, *Ms = o.Ms, nP = o.nP, nM = o.nM;
     bool tokens = job.model_type == DT_MODEL_GPT;
     printf("# dtrain bench pipeline %s: model %s, batch %d per pipeline, %d step(s) per "
            "configuration (the first not counted), device %s\n",
@@ -329,10 +315,23 @@ int dt_bench_pipeline(int argc, char **argv)
                 fflush(stdout);
             }
         }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "dtrain bench pipeline: could not remove %s\n", dir);
-    free(ovr);
     return failed;
+}
+
+int dt_bench_pipeline(int argc, char **argv)
+{
+    bench_opts o = {.steps = 4, .stages = "2,4", .micro = "1,2,4,8,16"};
+    const dt_bench_opt opts[] = {
+        {"--steps", &o.steps, NULL},
+        {"--stages", NULL, &o.stages},
+        {"--micro", NULL, &o.micro},
+        {"--child-nproc", &o.nproc, NULL},
+    };
+    const dt_bench_main m = {.name = "pipeline", .tag = "pipeline", .opts = opts,
+                             .nopts = (int)DT_ARRAY_LEN(opts), .print_usage = usage, .o = &o,
+                             .job_path = &o.job_path, .overrides = &o.overrides,
+                             .n_overrides = &o.n_overrides, .child = &o.child, .rank = &o.rank,
+                             .port = &o.port, .run_id = &o.run_id, .out = &o.out,
+                             .check = check, .run_child = run_child, .run_parent = run_parent};
+    return dt_bench_main_run(&m, argc, argv);
 }

@@ -158,8 +158,10 @@ static int write_result(const char *path, const result *r)
     return fclose(f) ? -errno : 0;
 }
 
-static int read_result(const char *path, result *r)
+/* Rank `rank`'s result from path into ((result *)res)[rank] (dt_bench_config's read). */
+static int read_result(const char *path, int rank, void *res)
 {
+    result *r = (result *)res + rank;
     memset(r, 0, sizeof *r);
     FILE *f = fopen(path, "r");
     if (!f)
@@ -207,8 +209,9 @@ static void group_stats(dt_trainer *t, dt_comm_stats *out)
 }
 
 /* One rank of one configuration (its overrides already in o->overrides). */
-static int run_child(const bench_opts *o)
+static int run_child(void *arg)
 {
+    const bench_opts *o = arg;
     static dt_job job;
     static dt_trainer t;
     dt_err err = {0};
@@ -314,8 +317,8 @@ typedef struct conf {
 static int run_config(const bench_opts *o, const conf *c, const char *dir, int index,
                       result *res)
 {
-    char run_id[64], steps[16], nproc[16];
-    snprintf(run_id, sizeof run_id, "bench-tensor-%d-%d", (int)getpid(), index);
+    char id[16], steps[16], nproc[16];
+    snprintf(id, sizeof id, "c%d", index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", c->ranks);
     char *head[] = {"tensor", (char *)o->job_path};
@@ -323,15 +326,8 @@ static int run_config(const bench_opts *o, const conf *c, const char *dir, int i
     char *tail[] = {"--nproc", nproc, "--steps", steps, "--child", "1"};
     const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cov, 4},
                                     {tail, 6}};
-    char prefix[1100];
-    snprintf(prefix, sizeof prefix, "%s/c%d.", dir, index);
-    int failed = dt_bench_children("tensor", c->ranks > 1, parts, 4, run_id, prefix, c->ranks);
-    for (int r = 0; r < c->ranks && !failed; r++) {
-        char out[1200];
-        snprintf(out, sizeof out, "%s%d", prefix, r);
-        failed = read_result(out, &res[r]) != 0;
-    }
-    return failed;
+    return dt_bench_config("tensor", "tensor", c->ranks > 1, parts, 4, dir, id, c->ranks,
+                           read_result, res);
 }
 
 /* c's overrides, and whether the job loads with them (else the loader's reason in c->why). */
@@ -399,56 +395,32 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int dt_bench_tensor(int argc, char **argv)
+/* The command line's limits beyond dt_bench_main_run's (0, or 2 after the usage). */
+static int check(void *arg)
 {
-    bench_opts o = {.nproc = 2, .steps = 5, .repeat = 1};
-    char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
-    if (!ovr)
-        return 1;
-    const dt_bench_opt opts[] = {
-        {"--nproc", &o.nproc, NULL},
-        {"--steps", &o.steps, NULL},
-        {"--repeat", &o.repeat, NULL},
-        {"--child-rank", &o.rank, NULL},
-        {"--child-port", &o.port, NULL},
-        {"--child", NULL, &o.child},
-        {"--child-run-id", NULL, &o.run_id},
-        {"--child-out", NULL, &o.out},
-    };
-    int prc = dt_bench_parse_args(argc, argv, "dtrain bench tensor", opts,
-                                  (int)DT_ARRAY_LEN(opts), &o.job_path, ovr, &o.n_overrides,
-                                  usage);
-    if (prc) {
-        free(ovr);
-        return prc == 1 ? 0 : 2;
-    }
-    o.overrides = ovr;
-    if (!o.job_path || o.nproc < 1 || o.nproc > MAX_RANKS || o.steps < 1 || o.repeat < 1 ||
-        o.repeat > MAX_REPEAT) {
+    const bench_opts *o = arg;
+    if (o->nproc < 1 || o->nproc > MAX_RANKS || o->steps < 1 || o->repeat < 1 ||
+        o->repeat > MAX_REPEAT) {
         usage(stderr);
-        free(ovr);
         return 2;
     }
-    dt_log_init();
-    if (o.child) {
-        dt_log_set_rank(o.rank);
-        int rc = run_child(&o);
-        free(ovr);
-        return rc;
-    }
+    return 0;
+}
 
+/* The parent: the configurations (T = 1, DDP, T = 2, 4, ...) in turn, outputs under dir, then
+ * the table. */
+static int run_parent(void *arg, const char *dir)
+{
+    const bench_opts o = *(const bench_opts *)arg;
     static dt_job job;
     /* the job, loaded without sequence parallelism (it needs T > 1, and the rows choose T) */
     const bool want_sp = asks_sp(&o);
     char *no_sp[] = {"parallel.tensor=1", "parallel.sequence_parallel=false"};
-    if (dt_bench_parent_job("tensor", o.job_path, o.overrides, o.n_overrides, no_sp, 2, &job)) {
-        free(ovr);
+    if (dt_bench_parent_job("tensor", o.job_path, o.overrides, o.n_overrides, no_sp, 2, &job))
         return 1;
-    }
     if (job.model_type != DT_MODEL_GPT) {
         fprintf(stderr, "dtrain bench tensor: %s is a %s job; tensor parallelism splits gpt "
                 "only (model.type = gpt)\n", o.job_path, dt_model_name(job.model_type));
-        free(ovr);
         return 2;
     }
     const int G = job.batch_size, N = o.nproc;
@@ -469,12 +441,6 @@ int dt_bench_tensor(int argc, char **argv)
             snprintf(l, sizeof l, "T=%d SP", T);
             make_conf(&o, &confs[nc++], l, T, T, G, true, &job);
         }
-    }
-    char dir[] = "/tmp/dtrain-tensor-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        free(ovr);
-        return 1;
     }
     printf("# dtrain bench tensor %s: gpt L=%d NH=%d C=%d, seq %d, global batch %d x accum %d "
            "(train.batch_size: every configuration's), device %s, %d step(s) per configuration "
@@ -635,10 +601,22 @@ int dt_bench_tensor(int argc, char **argv)
         }
     }
     free(res);
-    char cmd[64];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "dtrain bench tensor: could not remove %s\n", dir);
-    free(ovr);
     return failed;
+}
+
+int dt_bench_tensor(int argc, char **argv)
+{
+    bench_opts o = {.nproc = 2, .steps = 5, .repeat = 1};
+    const dt_bench_opt opts[] = {
+        {"--nproc", &o.nproc, NULL},
+        {"--steps", &o.steps, NULL},
+        {"--repeat", &o.repeat, NULL},
+    };
+    const dt_bench_main m = {.name = "tensor", .tag = "tensor", .opts = opts,
+                             .nopts = (int)DT_ARRAY_LEN(opts), .print_usage = usage, .o = &o,
+                             .job_path = &o.job_path, .overrides = &o.overrides,
+                             .n_overrides = &o.n_overrides, .child = &o.child, .rank = &o.rank,
+                             .port = &o.port, .run_id = &o.run_id, .out = &o.out,
+                             .check = check, .run_child = run_child, .run_parent = run_parent};
+    return dt_bench_main_run(&m, argc, argv);
 }

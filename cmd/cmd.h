@@ -73,6 +73,46 @@ typedef struct dt_bench_words {
 int dt_bench_children(const char *name, bool with_store, const dt_bench_words *parts,
                       int nparts, const char *run_id, const char *out_prefix, int n);
 
+/* One configuration of a bench (cmd/bench.c): dt_bench_children(name, with_store, parts) on n
+ * ranks, run id "bench-TAG-<pid>-ID", the ranks' outputs DIR/ID.<R>; then, when every rank exited
+ * 0, each output read back in rank order with read(path, R, ctx) until one fails (non-zero).
+ * Returns 0, or 1 when a rank or a read failed. */
+int dt_bench_config(const char *name, const char *tag, bool with_store,
+                    const dt_bench_words *parts, int nparts, const char *dir, const char *id,
+                    int n, int (*read)(const char *path, int rank, void *ctx), void *ctx);
+
+/* The main of a bench that runs ranks of itself (cmd/bench.c), the steps every one takes:
+ * parses argv against opts and the child ranks' options (--child, --child-rank, --child-port,
+ * --child-run-id, --child-out into the fields below) with dt_bench_parse_args ("dtrain bench
+ * NAME") into *job_path and *overrides (room for argc, owned here: valid until
+ * dt_bench_main_run returns); without a job
+ * file print_usage(stderr) and exit code 2; then check(o) when set (non-zero: the exit code,
+ * after its own message); then starts the log. A child (*child set by --child) sets the log's
+ * rank to *rank and runs run_child(o). The parent gets a fresh directory /tmp/dtrain-TAG-XXXXXX,
+ * runs run_parent(o, dir) and removes the directory after ("dtrain bench NAME: could not remove
+ * DIR" when that fails). Returns the exit code: 0 after --help, 2 for a bad command line, 1
+ * when memory or the directory could not be had, else run_child's or run_parent's result. */
+typedef struct dt_bench_main {
+    const char *name;             /* "memory": in "dtrain bench memory: ..." */
+    const char *tag;              /* in the directory's name */
+    const dt_bench_opt *opts;     /* the bench's own options (pointing into *o) */
+    int nopts;
+    void (*print_usage)(FILE *out);
+    void *o;                      /* the bench's options; the pointers below point into it */
+    const char **job_path;
+    char ***overrides;
+    int *n_overrides;
+    const char **child;           /* --child's value: non-NULL in a child rank */
+    int *rank;                    /* --child-rank's */
+    int *port;                    /* --child-port's: the store's */
+    const char **run_id;          /* --child-run-id's */
+    const char **out;             /* --child-out's: the rank's result file */
+    int (*check)(void *o);        /* may be NULL */
+    int (*run_child)(void *o);
+    int (*run_parent)(void *o, const char *dir);
+} dt_bench_main;
+int dt_bench_main_run(const dt_bench_main *m, int argc, char **argv);
+
 /* A bench's job (cmd/bench.c): job_path with the command line's overrides ov[0..n_ov) and then
  * more[0..n_more) (later ones win); *errs cleared first and filled as dt_job_load fills it.
  * Returns dt_job_load's result, or -ENOMEM with err set. */

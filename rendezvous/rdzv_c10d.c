@@ -100,6 +100,7 @@
 #include "rendezvous/rdzv_c10d_records.h"
 #include "rendezvous/rdzv_common.h"
 #include "rendezvous/rdzv_ranks.h"
+#include "rendezvous/rdzv_round.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_server.h"
 
@@ -971,12 +972,12 @@ static int join_round(c10d_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
 static bool end_is_final(c10d_rdzv *c, const dt_rdzv_c10d_end *e, const dt_rdzv_c10d_closed *ci,
                          dt_rdzv_status *st)
 {
-    if (e->kind == DT_C10D_END_SUCCESS || e->kind == DT_C10D_END_ABORT ||
-        (e->kind == DT_C10D_END_FAIL && ci->attempt >= c->max_restarts)) {
-        dt_rdzv_c10d_end_status(e, st);
-        return true;
-    }
-    return false;
+    dt_rdzv_status end;
+    dt_rdzv_c10d_end_status(e, &end);
+    if (!dt_rdzv_round_ends_job(&end, ci->attempt, c->max_restarts))
+        return false;
+    *st = end;
+    return true;
 }
 
 /* Waits as a spare while round R (full) runs: until it ends. Watches its group rank 0 meanwhile,
@@ -1181,12 +1182,8 @@ static int cache_end(c10d_rdzv *c, const char *v, dt_err *err)
     }
     dt_rdzv_c10d_end_status(&e, &c->ended);
     if (dt_rdzv_ranks_has(&e.lost, c->g)) /* frozen or cut off for too long: the others went on */
-        snprintf(c->ended.why, sizeof c->ended.why,
-                 "this node was declared lost by the others (%.150s); it rejoins the job as "
-                 "a new node",
-                 e.why);
-    bool final = e.kind == DT_C10D_END_SUCCESS || e.kind == DT_C10D_END_ABORT ||
-                 (e.kind == DT_C10D_END_FAIL && c->attempt >= c->max_restarts);
+        dt_rdzv_round_declared_lost(&c->ended, e.why);
+    bool final = dt_rdzv_round_ends_job(&c->ended, c->attempt, c->max_restarts);
     if (final && e.kind == DT_C10D_END_FAIL)
         write_final(c, 1, "fail", e.node, 0, e.why);
     if (final)
@@ -1277,18 +1274,9 @@ static int c10d_failed(void *self, const dt_rdzv_failure *f, int n, dt_err *err)
     int rc = 0;
     if ((rc = dt_rdzv_fail_list_add(&c->fails, f, n, err)))
         return rc;
-    if (n > 0 && f[0].rank >= 0)
-        snprintf(why, sizeof why, "rank %d on node %d (%s) failed", f[0].rank, f[0].node, f[0].host);
-    else if (n > 0)
-        snprintf(why, sizeof why, "node %d (%s) was lost", f[0].node, f[0].host);
-    else
-        snprintf(why, sizeof why, "node %d failed", c->g);
+    dt_rdzv_round_failure_why(f, n, c->g, why, sizeof why);
     if (c->round < 0 || c->killed || c->gone) {
-        if (c->ended.state == DT_RDZV_RUNNING) {
-            c->ended.state = DT_RDZV_FAILED;
-            c->ended.node = c->g;
-            dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
-        }
+        dt_rdzv_round_failed_here(&c->ended, c->g, why);
         return 0;
     }
     if (!(v = dt_rdzv_c10d_end_encode(DT_C10D_END_FAIL, c->g, 0, c->n, NULL, 0, why)))
@@ -1319,15 +1307,7 @@ static int c10d_failed(void *self, const dt_rdzv_failure *f, int n, dt_err *err)
 static void end_job(c10d_rdzv *c, int code, const char *kind, int sig, const char *why)
 {
     char *v = NULL, key[KEY_MAX];
-    if (c->ended.state == DT_RDZV_RUNNING || c->ended.state == DT_RDZV_FAILED ||
-        c->ended.state == DT_RDZV_REGROUP) {
-        memset(&c->ended, 0, sizeof c->ended);
-        c->ended.state = DT_RDZV_ABORTED;
-        c->ended.node = c->round >= 0 ? c->g : -1;
-        c->ended.signal = sig > 0 ? sig : 0;
-        c->ended.setup_error = sig < 0;
-        dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
-    }
+    dt_rdzv_round_abort_here(&c->ended, c->round >= 0 ? c->g : -1, sig, why);
     if (!c->ns || c->gone)
         return;
     write_final(c, code, kind, c->round >= 0 ? c->g : -1, sig, why);

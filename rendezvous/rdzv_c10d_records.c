@@ -10,6 +10,7 @@
 
 #include "common/util.h"
 #include "rendezvous/rdzv_common.h"
+#include "rendezvous/rdzv_round.h"
 
 static const char *const end_names[] = {"none", "success", "fail", "regroup", "abort"};
 
@@ -83,15 +84,11 @@ bad:
 
 void dt_rdzv_c10d_end_status(const dt_rdzv_c10d_end *e, dt_rdzv_status *st)
 {
-    memset(st, 0, sizeof *st);
-    st->state = e->kind == DT_C10D_END_SUCCESS ? DT_RDZV_SUCCEEDED
-                : e->kind == DT_C10D_END_FAIL  ? DT_RDZV_FAILED
-                : e->kind == DT_C10D_END_ABORT ? DT_RDZV_ABORTED
-                                       : DT_RDZV_REGROUP;
-    st->node = e->node;
-    st->signal = e->sig > 0 ? e->sig : 0;
-    st->setup_error = e->kind == DT_C10D_END_ABORT && e->sig < 0;
-    dt_strlcpy(st->why, e->why, sizeof st->why);
+    dt_rdzv_round_end_status(e->kind == DT_C10D_END_SUCCESS ? DT_RDZV_SUCCEEDED
+                             : e->kind == DT_C10D_END_FAIL  ? DT_RDZV_FAILED
+                             : e->kind == DT_C10D_END_ABORT ? DT_RDZV_ABORTED
+                                                            : DT_RDZV_REGROUP,
+                             e->node, e->sig, e->why, st);
 }
 
 /* final: "<code> <kind> <node> <sig>|<why>" -> a status: SUCCEEDED (code 0), ABORTED (by a
@@ -101,16 +98,9 @@ void dt_rdzv_c10d_final_status(const char *v, dt_rdzv_status *st)
 {
     int code = 1, node = -1, sig = 0;
     char kind[16] = "";
-    memset(st, 0, sizeof *st);
     sscanf(v, "%d %15s %d %d", &code, kind, &node, &sig);
-    st->state = code == 0                ? DT_RDZV_SUCCEEDED
-                : !strcmp(kind, "fail") ? DT_RDZV_FAILED
-                                         : DT_RDZV_ABORTED;
-    st->node = node;
-    st->signal = sig > 0 ? sig : 0;
-    st->setup_error = !strcmp(kind, "config");
     const char *bar = strchr(v, '|');
-    dt_strlcpy(st->why, bar ? bar + 1 : v, sizeof st->why);
+    dt_rdzv_round_final_status(code, kind, node, sig, bar ? bar + 1 : v, st);
 }
 
 int dt_rdzv_c10d_closed_decode(const char *v, dt_rdzv_c10d_closed *ci)

@@ -69,6 +69,7 @@
 #include "common/util.h"
 #include "rendezvous/rdzv_common.h"
 #include "rendezvous/rdzv_etcd_client.h"
+#include "rendezvous/rdzv_round.h"
 #include "rendezvous/store_server.h"
 
 #define KEY_MAX 512
@@ -211,17 +212,12 @@ static bool final_status(const char *v, dt_rdzv_status *st)
     cJSON *o = v ? cJSON_Parse(v) : NULL;
     if (!o)
         return false;
-    char kind[16];
-    memset(st, 0, sizeof *st);
+    char kind[16], why[sizeof st->why];
     dt_rdzv_json_str(o, "kind", kind, sizeof kind);
-    int code = (int)dt_rdzv_json_num(o, "code", 1), sig = (int)dt_rdzv_json_num(o, "sig", 0);
-    st->state = code == 0 ? DT_RDZV_SUCCEEDED
-                : !strcmp(kind, "fail") ? DT_RDZV_FAILED
-                                        : DT_RDZV_ABORTED;
-    st->node = (int)dt_rdzv_json_num(o, "node", -1);
-    st->signal = sig > 0 ? sig : 0;
-    st->setup_error = !strcmp(kind, "config");
-    dt_rdzv_json_str(o, "why", st->why, sizeof st->why);
+    dt_rdzv_json_str(o, "why", why, sizeof why);
+    dt_rdzv_round_final_status((int)dt_rdzv_json_num(o, "code", 1), kind,
+                               (int)dt_rdzv_json_num(o, "node", -1),
+                               (int)dt_rdzv_json_num(o, "sig", 0), why, st);
     cJSON_Delete(o);
     return true;
 }
@@ -319,15 +315,11 @@ static bool end_has_lost(const end_rec *e, int g)
 
 static void end_status(const end_rec *e, dt_rdzv_status *st)
 {
-    memset(st, 0, sizeof *st);
-    st->state = e->kind == END_SUCCESS ? DT_RDZV_SUCCEEDED
-                : e->kind == END_FAIL  ? DT_RDZV_FAILED
-                : e->kind == END_ABORT ? DT_RDZV_ABORTED
-                                       : DT_RDZV_REGROUP;
-    st->node = e->node;
-    st->signal = e->sig > 0 ? e->sig : 0;
-    st->setup_error = e->kind == END_ABORT && e->sig < 0;
-    dt_strlcpy(st->why, e->why, sizeof st->why);
+    dt_rdzv_round_end_status(e->kind == END_SUCCESS ? DT_RDZV_SUCCEEDED
+                             : e->kind == END_FAIL  ? DT_RDZV_FAILED
+                             : e->kind == END_ABORT ? DT_RDZV_ABORTED
+                                                    : DT_RDZV_REGROUP,
+                             e->node, e->sig, e->why, st);
 }
 
 /* Round R's closed record: n (0 = cancelled or absent: *cancelled), attempt, world, members. */
@@ -976,12 +968,12 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
 
 static bool end_is_final(etcd_rdzv *c, const end_rec *e, int attempt, dt_rdzv_status *st)
 {
-    if (e->kind == END_SUCCESS || e->kind == END_ABORT ||
-        (e->kind == END_FAIL && attempt >= c->max_restarts)) {
-        end_status(e, st);
-        return true;
-    }
-    return false;
+    dt_rdzv_status end;
+    end_status(e, &end);
+    if (!dt_rdzv_round_ends_job(&end, attempt, c->max_restarts))
+        return false;
+    *st = end;
+    return true;
 }
 
 static int create_end(etcd_rdzv *c, int R, const char *v, bool *won, char **cur, dt_err *err)
@@ -1182,12 +1174,8 @@ static void cache_end(etcd_rdzv *c, const char *v)
     }
     end_status(&e, &c->ended);
     if (end_has_lost(&e, c->g))
-        snprintf(c->ended.why, sizeof c->ended.why,
-                 "this node was declared lost by the others (%.150s); it rejoins the job as a new "
-                 "node",
-                 e.why);
-    bool final = e.kind == END_SUCCESS || e.kind == END_ABORT ||
-                 (e.kind == END_FAIL && c->attempt >= c->max_restarts);
+        dt_rdzv_round_declared_lost(&c->ended, e.why);
+    bool final = dt_rdzv_round_ends_job(&c->ended, c->attempt, c->max_restarts);
     if (final && e.kind == END_FAIL)
         write_final(c, 1, "fail", e.node, 0, e.why);
     free(e.lost);
@@ -1345,18 +1333,9 @@ static int etcd_failed(void *self, const dt_rdzv_failure *f, int n, dt_err *err)
     int rc;
     if ((rc = dt_rdzv_fail_list_add(&c->fails, f, n, err)))
         return rc;
-    if (n > 0 && f[0].rank >= 0)
-        snprintf(why, sizeof why, "rank %d on node %d (%s) failed", f[0].rank, f[0].node, f[0].host);
-    else if (n > 0)
-        snprintf(why, sizeof why, "node %d (%s) was lost", f[0].node, f[0].host);
-    else
-        snprintf(why, sizeof why, "node %d failed", c->g);
+    dt_rdzv_round_failure_why(f, n, c->g, why, sizeof why);
     if (c->round < 0 || c->killed) {
-        if (c->ended.state == DT_RDZV_RUNNING) {
-            c->ended.state = DT_RDZV_FAILED;
-            c->ended.node = c->g;
-            dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
-        }
+        dt_rdzv_round_failed_here(&c->ended, c->g, why);
         return 0;
     }
     if (!(v = end_encode(END_FAIL, c->g, 0, c->n, NULL, 0, why)))
@@ -1375,15 +1354,7 @@ static int etcd_failed(void *self, const dt_rdzv_failure *f, int n, dt_err *err)
 static void end_job(etcd_rdzv *c, int code, const char *kind, int sig, const char *why)
 {
     char k[KEY_MAX], *h = NULL;
-    if (c->ended.state == DT_RDZV_RUNNING || c->ended.state == DT_RDZV_FAILED ||
-        c->ended.state == DT_RDZV_REGROUP) {
-        memset(&c->ended, 0, sizeof c->ended);
-        c->ended.state = DT_RDZV_ABORTED;
-        c->ended.node = c->round >= 0 ? c->g : -1;
-        c->ended.signal = sig > 0 ? sig : 0;
-        c->ended.setup_error = sig < 0;
-        dt_strlcpy(c->ended.why, why, sizeof c->ended.why);
-    }
+    dt_rdzv_round_abort_here(&c->ended, c->round >= 0 ? c->g : -1, sig, why);
     if (!c->ec || c->killed || dt_etcd_unreachable(c->ec))
         return; /* nobody could read it: the others lose the cluster too */
     /* Said even when this agent was interrupted (a signal is what ends the job here): each call

@@ -61,6 +61,7 @@
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,20 @@
 #define REPLY_OVERHEAD (64 * 1024)      /* max_pending_output - max_value_size, at least */
 
 typedef struct conn conn;
+
+/* A connection's place in one of the server's queues (conn_queue). */
+typedef struct conn_link {
+    conn *prev, *next;
+    int in;                  /* it is in the queue */
+} conn_link;
+
+/* A queue of connections, oldest first, each linked through its conn_link at offset `link`
+ * (the unauthenticated ones, those waiting for input budget). */
+typedef struct conn_queue {
+    conn *head, *tail;
+    size_t n;
+    size_t link;             /* offsetof(conn, the conn_link of this queue) */
+} conn_queue;
 typedef struct entry entry;
 
 struct entry {
@@ -109,9 +124,8 @@ struct conn {
     uv_timer_t iotimer;      /* handshake deadline until ready; then write-stall watch */
     dt_store_server *srv;
     conn *prev, *next;       /* every connection */
-    conn *uprev, *unext;     /* while not ready: the unauthenticated list, oldest first */
+    conn_link ulink;         /* while not ready: in the unauthenticated queue */
     uint64_t accepted_at;    /* loop time (ms) it was accepted */
-    int in_ulist;
     conn *rnext;             /* ready queue */
     int in_ready;
     int state;
@@ -122,9 +136,8 @@ struct conn {
     size_t in_len, in_cap;
     size_t in_charged;       /* of in_cap, what is charged against max_input_buffered */
     size_t in_need;          /* while paused for the input budget: the frame's size */
-    int in_paused;           /* waiting in the server's queue for input budget (not read) */
     int nobuf;               /* why on_alloc gave no buffer (NOBUF_*) */
-    conn *pprev, *pnext;     /* the input budget queue */
+    conn_link plink;         /* .in: waiting in the input budget queue (not read) */
     conn *cprev, *cnext;     /* the connections with in_charged > 0 */
     uint64_t last_rx;        /* loop time (ms) of its last byte received, or of its charge */
     dt_proto_buf out;        /* replies not yet written */
@@ -180,8 +193,8 @@ struct dt_store_server {
     conn *conns;
     size_t nconns;
     size_t max_conns;        /* max_connections, capped by the open-file limit */
-    conn *uhead, *utail;     /* connections not ready yet (handshake, AUTH), oldest first */
-    size_t nunauth, max_unauth;
+    conn_queue unauth;       /* connections not ready yet (handshake, AUTH), oldest first */
+    size_t max_unauth;
     uint64_t evicted, evicted_logged;     /* unauthenticated connections closed for newer ones */
     uint64_t accept_errs, accept_errs_logged;
     double evict_log_at, accept_log_at;   /* when each was last said (once per burst) */
@@ -189,8 +202,7 @@ struct dt_store_server {
     /* input budget (max_input_buffered) */
     size_t in_charged;       /* sum of the connections' in_charged */
     size_t in_charged_peak;  /* highest in_charged since start */
-    conn *paused_head, *paused_tail; /* waiting for budget, first come first served */
-    size_t npaused;
+    conn_queue paused;       /* waiting for budget, first come first served */
     conn *charged;           /* connections holding a charge (list through cnext/cprev) */
     uv_timer_t stall_timer;  /* while the queue is not empty: cuts stalled charged senders */
     uint64_t paused_since;   /* loop time (ms) the queue last became non-empty */
@@ -991,21 +1003,48 @@ static void op_multi_set(conn *c, const dt_proto_msg *m)
     }
 }
 
+static conn_link *queue_link(const conn_queue *q, conn *c)
+{
+    return (conn_link *)((char *)c + q->link);
+}
+
+/* Appends c (not in q) at the tail of q. */
+static void queue_append(conn_queue *q, conn *c)
+{
+    conn_link *l = queue_link(q, c);
+    l->next = NULL;
+    l->prev = q->tail;
+    if (q->tail)
+        queue_link(q, q->tail)->next = c;
+    else
+        q->head = c;
+    q->tail = c;
+    l->in = 1;
+    q->n++;
+}
+
+/* Takes c out of q (nothing when it is not in it). */
+static void queue_remove(conn_queue *q, conn *c)
+{
+    conn_link *l = queue_link(q, c);
+    if (!l->in)
+        return;
+    if (l->prev)
+        queue_link(q, l->prev)->next = l->next;
+    else
+        q->head = l->next;
+    if (l->next)
+        queue_link(q, l->next)->prev = l->prev;
+    else
+        q->tail = l->prev;
+    l->prev = l->next = NULL;
+    l->in = 0;
+    q->n--;
+}
+
 static void unauth_unlink(dt_store_server *s, conn *c)
 {
-    if (!c->in_ulist)
-        return;
-    if (c->uprev)
-        c->uprev->unext = c->unext;
-    else
-        s->uhead = c->unext;
-    if (c->unext)
-        c->unext->uprev = c->uprev;
-    else
-        s->utail = c->uprev;
-    c->uprev = c->unext = NULL;
-    c->in_ulist = 0;
-    s->nunauth--;
+    queue_remove(&s->unauth, c);
 }
 
 /* The handshake (and AUTH) is complete: the connection may send anything. */
@@ -1234,20 +1273,10 @@ static int in_reserve(conn *c, size_t want)
 
 static void budget_unqueue(dt_store_server *s, conn *c)
 {
-    if (!c->in_paused)
+    if (!c->plink.in)
         return;
-    if (c->pprev)
-        c->pprev->pnext = c->pnext;
-    else
-        s->paused_head = c->pnext;
-    if (c->pnext)
-        c->pnext->pprev = c->pprev;
-    else
-        s->paused_tail = c->pprev;
-    c->pprev = c->pnext = NULL;
-    c->in_paused = 0;
-    s->npaused--;
-    if (!s->npaused)
+    queue_remove(&s->paused, c);
+    if (!s->paused.n)
         uv_timer_stop(&s->stall_timer); /* nobody waits: a silent sender harms nobody */
 }
 
@@ -1275,7 +1304,7 @@ static void on_input_stall_check(uv_timer_t *t)
     dt_store_server *s = t->data;
     uint64_t stall = (uint64_t)s->o.input_stall_ms;
     for (;;) {
-        if (!s->npaused)
+        if (!s->paused.n)
             return; /* budget_unqueue stopped the timer */
         uint64_t now = uv_now(&s->loop), next = stall;
         conn *cut = NULL;
@@ -1304,7 +1333,7 @@ static void on_input_stall_check(uv_timer_t *t)
         SRV_WARN(s, "store: %s stalled in the middle of a %zu-byte request (%zu of %zu bytes "
                  "received, nothing for %" PRIu64 " ms) while %zu connections wait for input "
                  "budget (max_input_buffered = %zu); disconnecting it (input_stall_ms = %d)",
-                 cut->peer, cut->in_cap, cut->in_len, cut->in_cap, silent, s->npaused,
+                 cut->peer, cut->in_cap, cut->in_len, cut->in_cap, silent, s->paused.n,
                  s->o.max_input_buffered, s->o.input_stall_ms);
         conn_close(cut); /* releases its charge and resumes the queue */
         run_ready(s);
@@ -1315,31 +1344,24 @@ static void on_input_stall_check(uv_timer_t *t)
 static void budget_pause(conn *c, size_t need)
 {
     dt_store_server *s = c->srv;
-    if (c->in_paused)
+    if (c->plink.in)
         return;
-    c->in_paused = 1;
     c->in_need = need;
-    c->pnext = NULL;
-    c->pprev = s->paused_tail;
-    if (s->paused_tail)
-        s->paused_tail->pnext = c;
-    else
-        s->paused_head = c;
-    s->paused_tail = c;
-    if (!s->npaused++) {
+    queue_append(&s->paused, c);
+    if (s->paused.n == 1) {
         s->paused_since = uv_now(&s->loop);
         uv_timer_start(&s->stall_timer, on_input_stall_check, (uint64_t)s->o.input_stall_ms, 0);
     }
     DT_DEBUG("store: %s waits for input budget: its %zu-byte request does not fit (%zu of "
              "max_input_buffered = %zu bytes held; %zu connections waiting)",
-             c->peer, need, s->in_charged, s->o.max_input_buffered, s->npaused);
+             c->peer, need, s->in_charged, s->o.max_input_buffered, s->paused.n);
 }
 
 /* Grants budget to the paused connections, in order, while the first one's frame fits. */
 static void budget_resume(dt_store_server *s)
 {
     conn *c;
-    while ((c = s->paused_head) && s->in_charged + c->in_need <= s->o.max_input_buffered) {
+    while ((c = s->paused.head) && s->in_charged + c->in_need <= s->o.max_input_buffered) {
         budget_unqueue(s, c);
         if (c->closing)
             continue;
@@ -1431,7 +1453,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
              * (conn_process already refused one larger than the whole budget.) */
             want = total;
             if (c->in_cap < total &&
-                (s->paused_head || s->in_charged - c->in_charged + total >
+                (s->paused.head || s->in_charged - c->in_charged + total >
                                        s->o.max_input_buffered)) {
                 budget_pause(c, total);
                 c->nobuf = NOBUF_PAUSE;
@@ -1516,7 +1538,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 
 static void conn_read_start(conn *c)
 {
-    if (c->in_paused || c->reading)
+    if (c->plink.in || c->reading)
         return; /* budget_resume starts it */
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
         c->reading = 1;
@@ -1617,28 +1639,28 @@ static void on_connection(uv_stream_t *ls, int status)
                     uv_strerror(status),
                     (unsigned long long)(s->accept_errs - s->accept_errs_logged),
                     s->accept_errs - s->accept_errs_logged == 1 ? "" : "s", s->nconns,
-                    s->nunauth);
+                    s->unauth.n);
             s->accept_log_at = now;
             s->accept_errs_logged = s->accept_errs;
         }
         return;
     }
     uint8_t hello[DT_PROTO_HELLO_SIZE];
-    if (s->nunauth >= s->max_unauth && s->uhead &&
-        uv_now(&s->loop) - s->uhead->accepted_at >= EVICT_GRACE_MS) {
+    if (s->unauth.n >= s->max_unauth && s->unauth.head &&
+        uv_now(&s->loop) - s->unauth.head->accepted_at >= EVICT_GRACE_MS) {
         /* A flood of connections that never authenticate must not lock out the clients that
          * do: the oldest unauthenticated one makes room (a real client completes its handshake
          * in a round trip, so it is never the oldest for long). One still within its first
          * EVICT_GRACE_MS is a handshake in flight, not a flood: it is kept, and the newcomer
          * counts against max_connections like any other. */
-        conn *old = s->uhead;
+        conn *old = s->unauth.head;
         s->evicted++;
         double now = dt_now_s();
         if (now - s->evict_log_at >= 10) {
             DT_WARN("store: %zu connections have not authenticated (limit %zu): closing the "
                     "oldest for newer ones (%llu so far; %s was the last) - is something "
                     "flooding the store's port?",
-                    s->nunauth, s->max_unauth,
+                    s->unauth.n, s->max_unauth,
                     (unsigned long long)(s->evicted - s->evicted_logged), old->peer);
             s->evict_log_at = now;
             s->evicted_logged = s->evicted;
@@ -1687,14 +1709,7 @@ static void on_connection(uv_stream_t *ls, int status)
     peer_name(&c->tcp, c->peer, sizeof c->peer);
     DT_DEBUG("store: connection from %s (%zu open)", c->peer, s->nconns);
     c->state = ST_HELLO;
-    c->uprev = s->utail;
-    if (s->utail)
-        s->utail->unext = c;
-    else
-        s->uhead = c;
-    s->utail = c;
-    c->in_ulist = 1;
-    s->nunauth++;
+    queue_append(&s->unauth, c);
     uv_timer_start(&c->iotimer, on_handshake_timeout, (uint64_t)s->o.handshake_timeout_ms, 0);
     dt_proto_hello_encode(hello, DT_PROTO_VERSION, s->token ? DT_PROTO_HELLO_AUTH : 0);
     if (dt_proto_reserve(&c->out, sizeof hello) == 0) {
@@ -1759,7 +1774,7 @@ static void on_stats(uv_async_t *a)
     }
     st.input_charged = (int64_t)s->in_charged;
     st.input_charged_peak = (int64_t)s->in_charged_peak;
-    st.input_paused = (int64_t)s->npaused;
+    st.input_paused = (int64_t)s->paused.n;
     st.input_stall_cuts = (int64_t)s->input_stall_cuts;
     pthread_mutex_lock(&s->stats_mu);
     s->stats = st;
@@ -1903,6 +1918,8 @@ int dt_store_server_start(dt_store_server **out, const dt_store_server_opts *opt
     int rc, loop_ok = 0;
     if (!s)
         return dt_err_set(err, -ENOMEM, "store server: out of memory");
+    s->unauth.link = offsetof(conn, ulink);
+    s->paused.link = offsetof(conn, plink);
     pthread_mutex_init(&s->stats_call_mu, NULL);
     pthread_mutex_init(&s->stats_mu, NULL);
     pthread_cond_init(&s->stats_cv, NULL);
