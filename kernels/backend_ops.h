@@ -81,7 +81,9 @@ typedef enum dt_mem_cat {
 #define DT_MEM_CAT_COUNT 6
 
 /* Bytes per category (cpu: the bytes alloc was asked for; cuda: the arena's blocks, rounded up
- * to 256 bytes, and the backend's own scratch and workspaces as DT_MEM_OTHER). cur: resident now (allocated, minus what mem_release gave back);
+ * to 256 bytes, the mapped granules of its virtual-memory allocations, and the backend's own
+ * scratch and workspaces as DT_MEM_OTHER). cur: resident now (allocated, minus what
+ * mem_release gave back);
  * peak: the largest cur each category reached; total: the sum of cur; total_peak: the largest
  * total reached (not the sum of the peaks, which may come at different times). */
 typedef struct dt_mem_stats {
@@ -134,8 +136,9 @@ struct dt_backend {
     void (*memcpy_d2d)(dt_backend *be, void *dst, const void *src, size_t bytes);
     void (*memset_zero)(dt_backend *be, void *p, size_t bytes);
     void (*synchronize)(dt_backend *be);
-    /* Peak bytes allocated since creation: mem_stats' total_peak (cuda: the arena's, which
-     * includes the backend's own scratch and workspaces, counted as DT_MEM_OTHER). */
+    /* Peak bytes allocated since creation: mem_stats' total_peak (cuda: the arena's blocks and
+     * the mapped granules, which include the backend's own scratch and workspaces, counted as
+     * DT_MEM_OTHER). */
     size_t (*peak_bytes)(dt_backend *be);
     /* ---- memory accounting (see dt_mem_cat) ----
      * mem_category: later allocs are charged to cat; returns the previous current category

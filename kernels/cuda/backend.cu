@@ -4,7 +4,7 @@
 // and calls dt_cuda_backend_create. This file holds the instance lifecycle, device memory, copies,
 // profiling and the op table; the kernels live in gemm.cu and ops.cu (see cuda_internal.h).
 //
-// Memory: two allocators per instance, both charging one set of statistics (dt_cuda_mem_charge),
+// Memory: two allocators per instance, both charging one set of statistics (cu->mem, through core.cu's dt_cuda_mem_charge),
 // so peak_bytes and mem_stats are the whole device footprint of the instance, not only what alloc
 // returned.
 //   - Allocations of at least the driver's VMM granule (cuMemGetAllocationGranularity, minimum:
@@ -103,24 +103,6 @@ static const struct {
 // errors
 // =============================================================================================
 
-bool dt_cuda_note(dt_cuda *cu, bool ok, const char *what, const char *detail, const char *file,
-                  int line)
-{
-    if (ok)
-        return true;
-    if (!cu->failed) {
-        cu->failed = true;
-        snprintf(cu->fail_msg, sizeof cu->fail_msg, "%s failed: %s (%s:%d)", what,
-                 detail ? detail : "?", file, line);
-        dt_log_write(DT_LOG_ERROR, file, line,
-                     "CUDA backend on device %d: %s: %s. The device state is unusable from here "
-                     "on; read-backs now return NaN so the worker stops (rerun with "
-                     "CUDA_LAUNCH_BLOCKING=1 to locate an asynchronous fault)",
-                     cu->device, what, detail ? detail : "?");
-    }
-    return false;
-}
-
 // =============================================================================================
 // device selection and profiling
 // =============================================================================================
@@ -198,35 +180,16 @@ struct dt_cu_chunk {
 
 struct dt_cu_arena {
     std::vector<dt_cu_chunk> chunks;
-    // in_use: used arena blocks plus charged VMM granules (dt_cuda_mem_charge); peak: its peak
-    // (peak_bytes); reserved: the arena's chunks.
-    size_t in_use = 0, peak = 0, reserved = 0;
-    // By category (dt_mem_stats): used blocks, counted at their carved (256-byte rounded) size,
-    // and VMM allocations' mapped granules the caller has not released, so that the total is
-    // in_use (plus mem_external); the backend's own scratch and workspaces are DT_MEM_OTHER.
-    dt_mem_stats mem = {};
+    size_t reserved = 0; // the arena's chunks (its blocks are charged to cu->mem: core.cu)
     dt_mem_cat cur_cat = DT_MEM_OTHER; // what cu_alloc charges now
 };
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-void dt_cuda_mem_charge(dt_cuda *cu, dt_mem_cat cat, size_t bytes, bool add)
+// Best fit over every free block; NULL when nothing fits.
+static void *arena_carve(dt_cuda *cu, size_t bytes, dt_mem_cat cat)
 {
     dt_cu_arena *a = cu->arena;
-    if (add) {
-        dt_mem_stats_add(&a->mem, cat, bytes);
-        a->in_use += bytes;
-        if (a->in_use > a->peak)
-            a->peak = a->in_use;
-    } else {
-        dt_mem_stats_sub(&a->mem, cat, bytes);
-        a->in_use -= bytes < a->in_use ? bytes : a->in_use;
-    }
-}
-
-// Best fit over every free block; NULL when nothing fits.
-static void *arena_carve(dt_cu_arena *a, size_t bytes, dt_mem_cat cat)
-{
     dt_cu_chunk *best_c = NULL;
     size_t best_off = 0, best_size = (size_t)-1;
     for (auto &c : a->chunks) {
@@ -247,10 +210,7 @@ static void *arena_carve(dt_cu_arena *a, size_t bytes, dt_mem_cat cat)
     }
     b.used = true;
     b.cat = cat;
-    dt_mem_stats_add(&a->mem, cat, b.size);
-    a->in_use += b.size;
-    if (a->in_use > a->peak)
-        a->peak = a->in_use;
+    dt_cuda_mem_charge(cu, cat, b.size, true);
     return best_c->base + best_off;
 }
 
@@ -259,7 +219,7 @@ static int arena_alloc(dt_cuda *cu, void **out, size_t bytes, dt_mem_cat cat, dt
     dt_cu_arena *a = cu->arena;
     bool retried = false;
     bytes = round_up(bytes ? bytes : 1, ARENA_ALIGN);
-    void *p = arena_carve(a, bytes, cat);
+    void *p = arena_carve(cu, bytes, cat);
     if (!p) {
         size_t chunk = round_up(bytes, ARENA_CHUNK_ROUND);
         if (chunk < ARENA_CHUNK_MIN)
@@ -286,7 +246,7 @@ static int arena_alloc(dt_cuda *cu, void **out, size_t bytes, dt_mem_cat cat, dt
                               "CUDA: out of memory on device %d allocating %.1f MiB (arena: %.1f "
                               "MiB in use, %.1f MiB reserved; device: %.1f of %.1f MiB free): %s. "
                               "Reduce train.batch_size or the model size",
-                              cu->device, bytes / 1048576.0, a->in_use / 1048576.0,
+                              cu->device, bytes / 1048576.0, cu->mem.in_use / 1048576.0,
                               a->reserved / 1048576.0, fr / 1048576.0, tot / 1048576.0,
                               cudaGetErrorString(rc));
         }
@@ -296,14 +256,15 @@ static int arena_alloc(dt_cuda *cu, void **out, size_t bytes, dt_mem_cat cat, dt
         c.blocks[0] = dt_cu_block{chunk, false, DT_MEM_OTHER};
         a->chunks.push_back(c);
         a->reserved += chunk;
-        p = arena_carve(a, bytes, cat);
+        p = arena_carve(cu, bytes, cat);
     }
     *out = p;
     return 0;
 }
 
-static void arena_release(dt_cu_arena *a, void *p)
+static void arena_release(dt_cuda *cu, void *p)
 {
+    dt_cu_arena *a = cu->arena;
     for (auto &c : a->chunks) {
         if ((char *)p < c.base || (char *)p >= c.base + c.size)
             continue;
@@ -313,8 +274,7 @@ static void arena_release(dt_cu_arena *a, void *p)
             return;
         }
         it->second.used = false;
-        a->in_use -= it->second.size;
-        dt_mem_stats_sub(&a->mem, it->second.cat, it->second.size);
+        dt_cuda_mem_charge(cu, it->second.cat, it->second.size, false);
         auto next = std::next(it);
         if (next != c.blocks.end() && !next->second.used) {
             it->second.size += next->second.size;
@@ -339,7 +299,7 @@ void *dt_cuda_scratch(dt_cuda *cu, int slot, size_t bytes)
     if (cu->scr[slot]) {
         // Kernels queued on the stream may still read the old buffer; the arena may hand the
         // memory out again at once, which is safe because every user is on this same stream.
-        arena_release(cu->arena, cu->scr[slot]);
+        arena_release(cu, cu->scr[slot]);
         cu->scr[slot] = NULL;
         cu->scr_bytes[slot] = 0;
     }
@@ -384,7 +344,7 @@ static void cu_free(dt_backend *be, void *p)
     // completes every pending release too, which dt_cuda_vmm_free then gives back.
     DT_CU_CHECK(cu, cudaDeviceSynchronize());
     if (!dt_cuda_vmm_free(cu, p))
-        arena_release(cu->arena, p);
+        arena_release(cu, p);
 }
 
 static void cu_memcpy_h2d(dt_backend *be, void *dst, const void *src, size_t bytes)
@@ -429,7 +389,7 @@ static void cu_synchronize(dt_backend *be)
     dt_cuda_vmm_poll(cu, false); // every pending release is complete now
 }
 
-static size_t cu_peak_bytes(dt_backend *be) { return dt_cuda_of(be)->arena->peak; }
+static size_t cu_peak_bytes(dt_backend *be) { return dt_cuda_of(be)->mem.peak; }
 
 static dt_mem_cat cu_mem_category(dt_backend *be, dt_mem_cat cat)
 {
@@ -445,13 +405,13 @@ static void cu_mem_stats(dt_backend *be, dt_mem_stats *out)
 {
     dt_cuda *cu = dt_cuda_enter(be);
     dt_cuda_vmm_poll(cu, false);
-    *out = cu->arena->mem;
+    *out = cu->mem.stats;
 }
 
 // The statistics' peaks start again from what is in use now; the arena's peak (peak_bytes) stays.
 static void cu_mem_reset_peak(dt_backend *be)
 {
-    dt_mem_stats *m = &dt_cuda_of(be)->arena->mem;
+    dt_mem_stats *m = &dt_cuda_of(be)->mem.stats;
     memcpy(m->peak, m->cur, sizeof m->peak);
     m->total_peak = m->total;
 }
@@ -460,11 +420,11 @@ static void cu_mem_reset_peak(dt_backend *be)
 // statistics only, so in_use and peak_bytes (arena and VMM memory) do not include it.
 static void cu_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool add)
 {
-    dt_cu_arena *a = dt_cuda_of(be)->arena;
+    dt_cu_mem *m = &dt_cuda_of(be)->mem;
     if (add)
-        dt_mem_stats_add(&a->mem, cat, bytes);
+        dt_mem_stats_add(&m->stats, cat, bytes);
     else
-        dt_mem_stats_sub(&a->mem, cat, bytes);
+        dt_mem_stats_sub(&m->stats, cat, bytes);
 }
 
 // VMM allocations give granules back and take them again (vmm.cu); arena blocks cannot (granule

@@ -1,8 +1,10 @@
 // cuda_internal.h - internals of the CUDA backend (kernels/cuda), shared by its .cu files only.
 //
 // Files of libdtrain_cuda.so:
-//   backend.cu   lifecycle, the memory arena and scratch, copies, profiling, error state, the op
-//                table, and the per-device compute-stream registry the NCCL backend reads
+//   core.cu      the failure state (dt_cuda_note) and the memory statistics (dt_cuda_mem_charge)
+//                every other file reports to
+//   backend.cu   lifecycle, the memory arena and scratch, copies, profiling, the op table, and
+//                the per-device compute-stream registry the NCCL backend reads
 //   vmm.cu       allocations of a granule (2 MiB) and more on the driver's virtual memory
 //                management, so mem_release / mem_commit can give memory back and take it again
 //   gemm.cu      GEMM-bound ops: matmul (cuBLASLt, bias epilogue), attention (cuBLAS batched
@@ -130,6 +132,13 @@ typedef struct dt_cu_lt_algo {
 
 #define DT_CU_LT_CACHE 128
 
+// The instance's memory figures: by category (mem_stats; mem_external counts there only), and
+// in_use / peak (peak_bytes): arena blocks at their carved size plus charged VMM granules.
+typedef struct dt_cu_mem {
+    dt_mem_stats stats;
+    size_t in_use, peak;
+} dt_cu_mem;
+
 typedef struct dt_cuda {
     int device;
     int sm_count;
@@ -148,6 +157,7 @@ typedef struct dt_cuda {
     void *lt_ws;        // cuBLASLt/cuBLAS workspace (arena memory), lt_ws_bytes long
     size_t lt_ws_bytes;
 
+    dt_cu_mem mem;             // what alloc and the backend hold (core.cu: dt_cuda_mem_charge)
     struct dt_cu_arena *arena; // small allocations, scratch and workspaces
     struct dt_cu_vmm *vmm;     // allocations of a granule and more; NULL: the arena serves all
     void *scr[DT_CU_SCR_COUNT];
@@ -229,7 +239,8 @@ void dt_cuda_prof_end(dt_cuda *cu, int op, double t0, double flops);
 // A scratch buffer of at least `bytes` for slot; the previous contents are lost when it grows.
 // NULL after a failure (out of memory is logged and marks the backend failed).
 void *dt_cuda_scratch(dt_cuda *cu, int slot, size_t bytes);
-// Charges (add) or gives back (!add) bytes of category cat: the statistics, in_use and the peak.
+// core.cu. Charges (add) or gives back (!add) bytes of category cat: the statistics, in_use and
+// the peak.
 void dt_cuda_mem_charge(dt_cuda *cu, dt_mem_cat cat, size_t bytes, bool add);
 
 // vmm.cu. Sets cu->vmm when the driver, the device and DTRAIN_CUDA_VMM allow (needs the device
