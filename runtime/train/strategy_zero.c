@@ -162,7 +162,7 @@ dt_ddp *dt_zero_ddp(dt_zero *z) { return z->ddp; }
 void dt_zero_zero_grads(dt_zero *z)
 {
     if (z->stage == 2)
-        dt_ddp_release_grads(z->ddp); /* the pages read as zero: nothing is touched */
+        dt_ddp_release_grads(z->ddp); /* each block is committed and zeroed before its backward */
     else
         dt_strategy_zero_grads_whole(z->s);
 }
@@ -358,11 +358,6 @@ static int zero_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     const char *backend;
     if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
         return rc;
-    if (stage == 2 && strcmp(s->be->name, "cpu") != 0)
-        return dt_err_set(err, -ENOTSUP,
-                          "parallel.zero = 2 gives gradient memory back on device = cpu only so "
-                          "far (this worker runs on %s): use parallel.zero = 1",
-                          s->be->name);
     if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
         return dt_err_prefix(err, "ZeRO: ");
     if ((rc = dt_model_create(&s->model, ctx->model, s->be, s->comm, err)))
