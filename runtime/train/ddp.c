@@ -63,6 +63,7 @@ struct dt_ddp {
     size_t pending_split; /* shard: the rebuild's split, waiting for dt_ddp_relayout (0: none) */
     /* Giving gradient memory back (opts.release, ddp.h "Sharding"). */
     size_t granule;       /* dt_mem_granule of m->grads; 0: nothing is given back */
+    size_t granule_p;     /* dt_mem_granule of comp (compress); 0: its memory stays */
     unsigned char *fresh; /* (num_blocks) block b's gradients are to be committed and zeroed
                              at its next BEFORE_BACKWARD: the buffer was given back (or holds
                              the last step's) since its last backward window */
@@ -425,14 +426,20 @@ static size_t total_now(dt_backend *be)
     return s.total;
 }
 
-/* Gives back the granules lying wholly inside bytes [a, e) of the allocation base (m->grads or
- * comp) through the backend; *res goes down by what the allocator says went back (nothing
- * where the granule is 0). The range's data must be dead: nothing reads it before the next
- * commit, which gives undefined contents. */
-static void give_back(dt_ddp *d, void *base, size_t a, size_t e, size_t *res)
+/* Gives back the granules (g bytes, counted from addresses that are multiples of g) lying
+ * wholly inside bytes [a, e) of the allocation base of `size` bytes (m->grads or comp) through
+ * the backend, with up: [a, e rounded up to the granule) (what lies above e must be dead too);
+ * *res goes down by what the allocator says went back (nothing where g is 0). The range's data
+ * must be dead: nothing reads it before the next commit, which gives undefined contents. */
+static void give_back(dt_ddp *d, void *base, size_t size, size_t g, size_t a, size_t e, bool up,
+                      size_t *res)
 {
     dt_backend *be = d->m->be;
-    if (!d->granule || e <= a || !be->mem_release)
+    if (g && up) {
+        uintptr_t end = ((uintptr_t)base + e + g - 1) / g * g;
+        e = DT_MIN(size, (size_t)(end - (uintptr_t)base));
+    }
+    if (!g || e <= a || !be->mem_release)
         return;
     size_t before = total_now(be);
     be->mem_release(be, base, a, e - a);
@@ -462,12 +469,16 @@ static int take_back(dt_ddp *d, void *base, size_t a, size_t e, size_t *res)
     return rc;
 }
 
-/* Gives back elements [lo, hi) of m->grads, and of the 16-bit payloads when compressing. */
-static void release_range(dt_ddp *d, size_t lo, size_t hi)
+/* Gives back elements [lo, hi) of m->grads, and of the 16-bit payloads when compressing (up:
+ * and the rest of the granule holding element hi, dead as well). */
+static void release_range(dt_ddp *d, size_t lo, size_t hi, bool up)
 {
-    give_back(d, d->m->grads, lo * sizeof(float), hi * sizeof(float), &d->res_g);
+    size_t n = d->m->num_params;
+    give_back(d, d->m->grads, n * sizeof(float), d->granule, lo * sizeof(float),
+              hi * sizeof(float), up, &d->res_g);
     if (d->comp)
-        give_back(d, d->comp, lo * sizeof *d->comp, hi * sizeof *d->comp, &d->res_p);
+        give_back(d, d->comp, n * sizeof *d->comp, d->granule_p, lo * sizeof *d->comp,
+                  hi * sizeof *d->comp, up, &d->res_p);
     note_resident(d);
 }
 
@@ -477,7 +488,7 @@ static void release_range(dt_ddp *d, size_t lo, size_t hi)
 static void release_all(dt_ddp *d)
 {
     dt_model *m = d->m;
-    release_range(d, 0, m->num_params);
+    release_range(d, 0, m->num_params, false);
     if (m->num_blocks > 0)
         memset(d->fresh, 1, (size_t)m->num_blocks);
     else
@@ -510,10 +521,11 @@ static size_t overhang(const dt_ddp *d, int i)
 }
 
 /* Waits for bucket i (launched) and, with release, gives its memory back. Buckets are settled in
- * bucket order, so the bucket above (i - 1) is settled already: the elements of it that bucket
- * i's padded read reached are dead now and go back with bucket i; those of bucket i that the
- * bucket below (i + 1, possibly in flight) reaches stay until it is settled, or until
- * dt_ddp_finish gives everything back. An error is kept for dt_ddp_finish. */
+ * bucket order, so every bucket above (0 .. i - 1) is settled already and its data dead: the
+ * granule that bucket i shares with the one above goes back with bucket i (so does what bucket
+ * i's padded read reached there); the elements of bucket i that the bucket below (i + 1,
+ * possibly in flight) reaches stay until it is settled, or until dt_ddp_finish gives
+ * everything back. An error is kept for dt_ddp_finish. */
 static void settle(dt_ddp *d, int i)
 {
     bucket *b = &d->b[i];
@@ -533,7 +545,7 @@ static void settle(dt_ddp *d, int i)
         size_t below = i + 1 < d->nb ? overhang(d, i + 1) : 0;
         DT_DEBUG("ZeRO-2: bucket %d [%zu, %zu) reduced: %zu bytes of gradients resident before "
                  "it is given back", i, b->lo, b->hi, d->res_g + d->res_p);
-        release_range(d, DT_MIN(b->lo + below, b->hi), b->hi + overhang(d, i));
+        release_range(d, DT_MIN(b->lo + below, b->hi), b->hi + overhang(d, i), true);
         b->released = true;
     }
 }
@@ -953,6 +965,7 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
         /* the block hook commits and zeroes a block's gradients before its backward writes
          * them; without blocks (no events) nothing is given back (release_all) */
         d->granule = m->num_blocks > 0 ? dt_mem_granule(m->be, m->grads) : 0;
+        d->granule_p = d->granule && d->comp ? dt_mem_granule(m->be, d->comp) : 0;
         d->res_g = m->num_params * sizeof(float); /* alloc charged them whole */
         d->res_p = d->comp ? m->num_params * sizeof *d->comp : 0;
         if (m->num_blocks > 0 && !(d->fresh = calloc((size_t)m->num_blocks, 1))) {
@@ -964,8 +977,8 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
         release_all(d);
         d->st.grads_resident_peak = 0;
         note_resident(d);
-        DT_DEBUG("ZeRO-2: gradient memory given back in granules of %zu bytes (0: none)",
-                 d->granule);
+        DT_DEBUG("ZeRO-2: gradient memory given back in granules of %zu bytes, 16-bit payloads "
+                 "in granules of %zu (0: none)", d->granule, d->granule_p);
     }
     DT_DEBUG("DDP: %d ranks, %zu parameters in %d buckets (first %.2f MiB, cap %.1f MiB)%s%s",
              d->world, m->num_params, d->nb, d->o.first_bucket_mb, d->o.bucket_cap_mb,
