@@ -212,9 +212,11 @@ static void rank_body(zrun *z, int rank)
         _exit(2);
     }
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
-    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank && t.model->block_hook) {
+    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank &&
+        t.s->ops == &dt_strategy_zero3_ops) {
         /* stage 3: the flat buffer holds a block only inside its windows: scale the
-         * classifier there, each time it is gathered */
+         * classifier there, each time it is gathered (stage 2's reducer has a block hook as
+         * well, but its parameters persist: scaled once, below) */
         inner_hook = t.model->block_hook;
         inner_ctx = t.model->block_hook_ctx;
         scaled_model = t.model;
