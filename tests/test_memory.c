@@ -1,8 +1,11 @@
 /* test_memory.c - memory accounting by category (kernels/backend_ops.h, dt_mem_stats): what the
  * CPU backend's allocator charges to each category, its peaks, mem_release / mem_commit, and
  * the categories the model zoo and the optimiser tag their allocations with. */
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/util.h"
@@ -121,7 +124,23 @@ static long rss_pages(void)
     return rss;
 }
 
-/* mem_release gives whole pages back (counted once however often), mem_commit takes them back;
+/* Whether reading the byte at p kills a forked child with SIGSEGV (a released granule). */
+static bool read_faults(const volatile unsigned char *p)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        _exit(p[0] == 0x5a ? 3 : 4);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return false;
+    return WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV;
+}
+
+/* mem_release gives whole pages back (counted once however often) and makes them untouchable,
+ * mem_commit takes them back (filled with 0xFF, not zero: the contract promises no contents);
  * free of a partly released allocation gives back only what is still resident. */
 static void test_release_commit(void)
 {
@@ -144,8 +163,11 @@ static void test_release_commit(void)
     DT_CHECK_INT(s.cur[DT_MEM_GRADS], bytes - 32 * ps);
     DT_CHECK_INT(s.total, bytes - 32 * ps);
     DT_CHECK_INT(s.peak[DT_MEM_GRADS], bytes);
-    /* released pages read as zero (anonymous memory after MADV_DONTNEED) */
-    DT_CHECK(((unsigned char *)x)[9 * ps] == 0 && ((unsigned char *)x)[7 * ps] == 1);
+    /* released pages cannot be touched (as cuda's unmapped granules); their neighbours can */
+    DT_CHECK(read_faults((unsigned char *)x + 9 * ps));
+    DT_CHECK(read_faults((unsigned char *)x + 8 * ps));
+    DT_CHECK(!read_faults((unsigned char *)x + 8 * ps - 1) && ((unsigned char *)x)[7 * ps] == 1);
+    DT_CHECK(((unsigned char *)x)[40 * ps] == 1);
 
     /* releasing again, and an overlapping range, counts only the new pages (40..47) */
     be->mem_release(be, x, 8 * ps, 40 * ps);
@@ -160,7 +182,16 @@ static void test_release_commit(void)
     DT_REQUIRE_OK(be->mem_commit(be, x, 10 * ps + 5, ps, &err), &err);
     dt_mem_read(be, &s);
     DT_CHECK_INT(s.cur[DT_MEM_GRADS], bytes - 38 * ps);
-    memset((char *)x + 10 * ps, 2, 2 * ps); /* usable again */
+    /* usable again, every byte 0xFF (a NaN in every float), page 9 and 12 still released */
+    DT_CHECK(((unsigned char *)x)[10 * ps] == 0xFF && ((unsigned char *)x)[12 * ps - 1] == 0xFF);
+    DT_CHECK(x[10 * ps / sizeof(float)] != x[10 * ps / sizeof(float)]);
+    DT_CHECK(read_faults((unsigned char *)x + 12 * ps) && read_faults((unsigned char *)x + 10 * ps - 1));
+    memset((char *)x + 10 * ps, 2, 2 * ps);
+    /* pages that were not released keep their contents through a commit */
+    DT_REQUIRE_OK(be->mem_commit(be, x, 0, 11 * ps, &err), &err);
+    DT_CHECK(((unsigned char *)x)[7 * ps] == 1 && ((unsigned char *)x)[10 * ps] == 2);
+    DT_CHECK(((unsigned char *)x)[8 * ps] == 0xFF); /* 8, 9 came back */
+    be->mem_release(be, x, 8 * ps, 2 * ps);
     /* committing resident pages counts nothing */
     DT_REQUIRE_OK(be->mem_commit(be, x, 0, 4 * ps, &err), &err);
     dt_mem_read(be, &s);

@@ -176,13 +176,18 @@ static void record_end(dt_trainer *t, rank_out *o)
 }
 
 /* KILL_IN_FORWARD: the victim dies just before block 1's forward of the second step, so its
- * tensor group is in (or about to issue) that block's all-reduces. */
+ * tensor group is in (or about to issue) that block's all-reduces. The strategy's own hook
+ * (ZeRO-2 commits and zeroes each block's gradients in it, ZeRO-3 gathers) runs inside. */
 static int hook_step;
+static dt_block_hook_fn inner_hook;
+static void *inner_ctx;
 static void killing_hook(void *ctx, int block, dt_block_event ev)
 {
     (void)ctx;
     if (hook_step == 1 && block == 1 && ev == DT_BLOCK_BEFORE_FORWARD)
         kill(getpid(), SIGKILL);
+    if (inner_hook)
+        inner_hook(inner_ctx, block, ev);
 }
 
 static void rank_body(trun *z, int rank)
@@ -197,8 +202,11 @@ static void rank_body(trun *z, int rank)
         _exit(2);
     }
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
-    if (z->mode == KILL_IN_FORWARD && rank == z->kill_rank)
+    if (z->mode == KILL_IN_FORWARD && rank == z->kill_rank) {
+        inner_hook = t.model->block_hook;
+        inner_ctx = t.model->block_hook_ctx;
         dt_model_set_block_hook(t.model, killing_hook, NULL);
+    }
     if (z->mode == RUN) {
         if (dt_trainer_run(&t, NULL, &err) != 0)
             goto fail;

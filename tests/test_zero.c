@@ -212,9 +212,11 @@ static void rank_body(zrun *z, int rank)
         _exit(2);
     }
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
-    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank && t.model->block_hook) {
+    if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank &&
+        t.s->ops == &dt_strategy_zero3_ops) {
         /* stage 3: the flat buffer holds a block only inside its windows: scale the
-         * classifier there, each time it is gathered */
+         * classifier there, each time it is gathered (stage 2's reducer has a block hook as
+         * well, but its parameters persist: scaled once, below) */
         inner_hook = t.model->block_hook;
         inner_ctx = t.model->block_hook_ctx;
         scaled_model = t.model;
@@ -324,6 +326,10 @@ static size_t first_diff(const float *a, const float *b, size_t n)
     return n;
 }
 
+/* What compare_with_ddp's last run at a stage 1-2 measured on its rank 0 (its strategy's and
+ * its allocator's memory figures, and its parameter count), for a test that checks them too. */
+static rank_out last_zero;
+
 /* Runs the job at stage `zero` and at stage 0 (DDP) and compares them: the strategy each
  * picked, every step's loss, the final parameters and optimiser state (bit for bit), every rank
  * against rank 0, and the gradient norm (bit for bit when norm_exact, else within 1e-12
@@ -412,6 +418,8 @@ static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zr
         DT_CHECK_MSG(m->optim * N >= b->mem.optim && m->optim * N < b->mem.optim * 11 / 10,
                      "%s: optimiser state %zu bytes per rank, DDP %zu", zr.name, m->optim,
                      b->mem.optim);
+        if (zero < 3)
+            memcpy(&last_zero, a, offsetof(rank_out, params));
     }
     unmap(&zr);
     unmap(&dd);
@@ -464,6 +472,58 @@ static void test_options(void)
         compare_with_ddp("mlp", zero, 3, tiny_mlp, f16, false);
         compare_with_ddp("mlp", zero, 3, tiny_mlp, sgd, false);
     }
+}
+
+/* Stage 2 where memory goes back in granules of 64 KiB (DT_CPU_MEM_GRANULE, for the ranks: a
+ * coarser unit than the page, as cuda's 2 MiB granules are for bigger models): 13 Linear layers,
+ * 11 of 192 x 192 (148 KB each, about 2.3 granules), a bucket each, plain and with fp16
+ * payloads. Bit for bit DDP's, and the gradients resident at their peak (the allocator's count,
+ * and the strategy's) stay well below the whole buffer, though only the granules wholly inside
+ * reduced buckets go back: about two buckets are in flight besides the layer backward computes,
+ * and each block is committed (and zeroed) before backward writes it. */
+static void granule_mlp(zrun *z)
+{
+    add(z, "model.hidden=192,192,192,192,192,192,192,192,192,192,192,192");
+    add(z, "train.batch_size=4");
+    add(z, "train.warmup_steps=1");
+    add(z, "train.lr=0.001");
+    add(z, "ddp.first_bucket_mb=0.15");
+    add(z, "ddp.bucket_cap_mb=0.15");
+}
+
+static void test_stage2_coarse_granule(void)
+{
+    DT_REQUIRE(setenv("DT_CPU_MEM_GRANULE", "65536", 1) == 0); /* inherited by the ranks */
+    const char *const plain[] = {NULL};
+    const char *const f16[] = {"ddp.compress=fp16", NULL};
+    const char *const *runs[2] = {plain, f16};
+    for (int k = 0; k < 2; k++) {
+        memset(&last_zero, 0, sizeof last_zero);
+        compare_with_ddp("mlp", 2, 2, granule_mlp, runs[k], false);
+        const rank_out *o = &last_zero;
+        size_t P = o->num_params * sizeof(float), shard = o->st.shard_numel * sizeof(float);
+        size_t pay = k ? o->num_params * sizeof(uint16_t) : 0; /* the 16-bit payloads, whole */
+        DT_REQUIRE(o->num_params > 400000);
+        const dt_strategy_mem *m = &o->mem;
+        size_t g = o->alloc.peak[DT_MEM_GRADS];
+        printf("    granule 64 KiB%s: gradient buffer %zu bytes, shard %zu; resident at the peak "
+               "%zu (the allocator's: %zu), after the step %zu\n", k ? ", fp16 payloads" : "",
+               P, shard, m->grads_peak - shard, g - shard, m->grads - shard);
+        DT_CHECK_MSG(g > shard && g - shard < P * 60 / 100,
+                     "the allocator's gradient peak %zu: %zu resident of the %zu-byte buffer", g,
+                     g - shard, P);
+        DT_CHECK_MSG(m->grads_peak >= m->grads && m->grads_peak - shard < (P + pay) * 60 / 100,
+                     "stage 2 grads peak %zu: %zu resident of the %zu-byte buffers",
+                     m->grads_peak, m->grads_peak - shard, P + pay);
+        DT_CHECK_MSG(m->grads - shard < 2 * 65536, "after the step %zu bytes resident besides "
+                     "the shard (at most the buffer's partial granules at its ends)",
+                     m->grads - shard);
+        if (k == 1) /* the payloads went back with the gradients (the 16-bit shard stays) */
+            DT_CHECK_MSG(m->comm - o->st.shard_numel * sizeof(uint16_t) < 2 * 65536,
+                         "the 16-bit payloads held after the step %zu bytes (whole: %zu)",
+                         m->comm - o->st.shard_numel * sizeof(uint16_t), pay);
+    }
+    unsetenv("DT_CPU_MEM_GRANULE");
 }
 
 /* Stage 3 against DDP over 50 steps: mlp (1023 parameters: 2 and 4 do not divide it), gpt and
@@ -878,6 +938,10 @@ static void test_memory(void)
 {
     zrun z[3];
     int st[MAX_RANKS];
+    const char *gr = getenv("DT_CPU_MEM_GRANULE");
+    if (gr && *gr && strtoull(gr, NULL, 10) > (unsigned long long)sysconf(_SC_PAGESIZE))
+        DT_SKIP("sized for the page granule (a 219 KB gradient buffer); "
+                "stage2_coarse_granule_64k checks coarser ones");
     for (int zero = 0; zero <= 2; zero++) {
         z[zero] = base("mlp.ini", 2, zero, fmt("mem-z%d", zero));
         /* 14 layers of about 4k parameters, a bucket each: a few are in flight at a time */
@@ -978,6 +1042,7 @@ int main(int argc, char **argv)
         {"gpt_stages_2_to_4_ranks", test_gpt_stages, 300},
         {"resnet_stages_2_to_4_ranks", test_resnet_stages, 300},
         {"options_clip_fp16_accum_compress_sgd", test_options, 300},
+        {"stage2_coarse_granule_64k", test_stage2_coarse_granule, 120},
         {"stage3_mlp_gpt_resnet_2_to_4_ranks", test_stage3_models, 300},
         {"stage3_options_clip_fp16_accum_compress_sgd_recompute", test_stage3_options, 300},
         {"clip_is_active", test_clip_is_active, 60},

@@ -1,10 +1,14 @@
 /* cpu_backend.c - the CPU backend: lifecycle, memory, profiling and the op table (see cpu.h).
  *
  * Memory is host memory, 64-byte aligned (page-aligned from 64 KiB, so that mem_release can
- * give most of a big buffer back), with a header just before the user pointer that remembers
- * the size, the category it was charged to and which of its pages mem_release gave back, so
- * that the statistics by category (dt_mem_stats) count resident bytes exactly. Every op is synchronous, so synchronize is a no-op and profiling
- * needs no barriers.
+ * give most of a big buffer back; granule-aligned from the granule up when DT_CPU_MEM_GRANULE
+ * makes it coarser than a page), with a header just before the user pointer that remembers the
+ * size, the category it was charged to and which of its granules mem_release gave back, so that
+ * the statistics by category (dt_mem_stats) count resident bytes exactly. mem_release keeps the
+ * contract as strictly as cuda's unmapped memory: a released granule's pages go back and the
+ * granule is PROT_NONE (a touch is a SIGSEGV) until mem_commit makes it read-write again, filled
+ * with 0xFF bytes; so a strategy that runs here cannot lean on what a GPU does not give. Every
+ * op is synchronous, so synchronize is a no-op and profiling needs no barriers.
  *
  * Threads: OpenBLAS keeps ONE thread count for the whole process (openblas_set_num_threads), so
  * opts->threads is applied when an instance is created and the last instance created wins. Data
@@ -34,9 +38,9 @@
 typedef struct cpu_hdr {
     size_t bytes;    /* as asked */
     size_t lead;     /* user pointer - what posix_memalign returned */
-    size_t released; /* bytes of the pages marked in rel */
-    uint8_t *rel;    /* bitmap of the pages given back by mem_release (page k: the k-th page
-                        from the one holding the user pointer), or NULL; owned */
+    size_t released; /* bytes of the granules marked in rel */
+    uint8_t *rel;    /* bitmap of the granules mem_release gave back (granule k: the k-th from
+                        the one holding the user pointer), or NULL; owned */
     dt_mem_cat cat;  /* charged to */
 } cpu_hdr;
 _Static_assert(sizeof(cpu_hdr) <= ALLOC_HEADER, "cpu_hdr fits the header");
@@ -49,6 +53,28 @@ static size_t page_size(void)
         ps = v > 0 ? (size_t)v : 4096;
     }
     return ps;
+}
+
+/* The unit of mem_release: the page, or DT_CPU_MEM_GRANULE bytes (a power-of-two multiple of
+ * the page, to run the strategies as they run on cuda's 2 MiB granules); read once. */
+static size_t granule_size(void)
+{
+    static size_t g;
+    if (!g) {
+        size_t v = page_size();
+        const char *e = getenv("DT_CPU_MEM_GRANULE");
+        if (e && *e) {
+            char *end;
+            unsigned long long x = strtoull(e, &end, 10);
+            if (*end || x < v || (x & (x - 1)) || x > ((size_t)1 << 30))
+                DT_WARN("cpu backend: DT_CPU_MEM_GRANULE=%s is not a power of two from the page "
+                        "size (%zu) to 1 GiB: using the page", e, v);
+            else
+                v = (size_t)x;
+        }
+        g = v;
+    }
+    return g;
 }
 
 static cpu_hdr *hdr_of(void *p) { return (cpu_hdr *)((char *)p - ALLOC_HEADER); }
@@ -189,6 +215,8 @@ static int cpu_alloc(dt_backend *be, void **p, size_t bytes, dt_err *err)
     dt_cpu *c = dt_cpu_of(be);
     void *raw = NULL;
     size_t lead = bytes >= ALLOC_PAGE_FROM ? page_size() : ALLOC_HEADER;
+    if (granule_size() > page_size() && bytes >= granule_size())
+        lead = granule_size(); /* starts on a granule, as cuda's virtual-memory allocations */
     if (bytes > SIZE_MAX - lead ||
         posix_memalign(&raw, lead == ALLOC_HEADER ? ALLOC_ALIGN : lead, lead + bytes) != 0) {
         *p = NULL;
@@ -203,17 +231,6 @@ static int cpu_alloc(dt_backend *be, void **p, size_t bytes, dt_err *err)
     charge(c, c->mem_cat, bytes);
     *p = user;
     return 0;
-}
-
-static void cpu_free(dt_backend *be, void *p)
-{
-    if (!p)
-        return;
-    dt_cpu *c = dt_cpu_of(be);
-    cpu_hdr h = *hdr_of(p);
-    uncharge(c, h.cat, h.bytes - h.released);
-    free(h.rel);
-    free((char *)p - h.lead);
 }
 
 static dt_mem_cat cpu_mem_category(dt_backend *be, dt_mem_cat cat)
@@ -234,25 +251,68 @@ static void cpu_mem_external(dt_backend *be, dt_mem_cat cat, size_t bytes, bool 
         uncharge(dt_cpu_of(be), cat, bytes);
 }
 
-/* The pages of the allocation base (numbered from the one holding base) that lie wholly inside
- * [offset, offset + bytes) (inner) or touch it (!inner): [*k0, *k1). */
-static void page_span(const void *base, const cpu_hdr *h, size_t offset, size_t bytes, bool inner,
-                      size_t *k0, size_t *k1)
+/* The granules of the allocation base (numbered from the one holding base) that lie wholly
+ * inside [offset, offset + bytes) (inner) or touch it (!inner): [*k0, *k1). */
+static void granule_span(const void *base, const cpu_hdr *h, size_t offset, size_t bytes,
+                         bool inner, size_t *k0, size_t *k1)
 {
-    const size_t ps = page_size();
-    uintptr_t first = (uintptr_t)base / ps * ps;
+    const size_t g = granule_size();
+    uintptr_t first = (uintptr_t)base / g * g;
     size_t end = offset + bytes < h->bytes ? offset + bytes : h->bytes;
     uintptr_t lo = (uintptr_t)base + (offset < end ? offset : end), hi = (uintptr_t)base + end;
     if (inner) {
-        lo = (lo + ps - 1) / ps * ps;
-        hi = hi / ps * ps;
+        lo = (lo + g - 1) / g * g;
+        hi = hi / g * g;
     } else {
-        lo = lo / ps * ps;
-        hi = (hi + ps - 1) / ps * ps;
+        lo = lo / g * g;
+        hi = (hi + g - 1) / g * g;
     }
-    *k0 = (lo - first) / ps;
-    *k1 = hi > lo ? (hi - first) / ps : *k0;
+    *k0 = (lo - first) / g;
+    *k1 = hi > lo ? (hi - first) / g : *k0;
 }
+
+static bool is_released(const cpu_hdr *h, size_t k) { return h->rel[k / 8] & (1u << (k % 8)); }
+
+/* Calls fn on each run [k, j) of granules in [k0, k1) whose released bit is `released`. */
+static void for_runs(const cpu_hdr *h, size_t k0, size_t k1, bool released,
+                     void (*fn)(char *p, size_t bytes), char *first)
+{
+    const size_t g = granule_size();
+    for (size_t k = k0; k < k1;) {
+        if (is_released(h, k) != released) {
+            k++;
+            continue;
+        }
+        size_t j = k;
+        while (j < k1 && is_released(h, j) == released)
+            j++;
+        fn(first + k * g, (j - k) * g);
+        k = j;
+    }
+}
+
+/* A released run: its pages go back (they read as zero when mapped again) and it cannot be
+ * touched (PROT_NONE), as cuda's unmapped granules cannot. A failure leaves the memory mapped
+ * and resident: then the statistics are off by it, which a warning says. */
+static void drop_run(char *p, size_t bytes)
+{
+    if (madvise(p, bytes, MADV_DONTNEED) != 0 || mprotect(p, bytes, PROT_NONE) != 0)
+        DT_WARN("cpu backend: giving back %zu bytes at %p failed: %s", bytes, (void *)p,
+                strerror(errno));
+}
+
+static int map_run(char *p, size_t bytes) { return mprotect(p, bytes, PROT_READ | PROT_WRITE); }
+
+static void remap_run(char *p, size_t bytes)
+{
+    if (map_run(p, bytes) != 0)
+        DT_WARN("cpu backend: mprotect of %zu bytes at %p failed: %s", bytes, (void *)p,
+                strerror(errno));
+}
+
+/* A committed run: usable again, every byte 0xFF (a NaN in every float: whoever reads before
+ * writing sees it). */
+static void fill_run(char *p, size_t bytes) { memset(p, 0xFF, bytes); }
 
 static void cpu_mem_release(dt_backend *be, void *base, size_t offset, size_t bytes)
 {
@@ -260,27 +320,23 @@ static void cpu_mem_release(dt_backend *be, void *base, size_t offset, size_t by
         return;
     dt_cpu *c = dt_cpu_of(be);
     cpu_hdr *h = hdr_of(base);
-    const size_t ps = page_size();
+    const size_t g = granule_size();
     size_t k0, k1;
-    page_span(base, h, offset, bytes, true, &k0, &k1);
+    granule_span(base, h, offset, bytes, true, &k0, &k1);
     if (k1 <= k0)
         return;
     if (!h->rel) {
-        size_t npages = ((uintptr_t)base % ps + h->bytes + ps - 1) / ps;
-        if (!(h->rel = calloc((npages + 7) / 8, 1)))
+        size_t n = ((uintptr_t)base % g + h->bytes + g - 1) / g;
+        if (!(h->rel = calloc((n + 7) / 8, 1)))
             return; /* without the bitmap nothing is released, and nothing is counted */
     }
-    char *first = (char *)((uintptr_t)base / ps * ps);
-    if (madvise(first + k0 * ps, (k1 - k0) * ps, MADV_DONTNEED) != 0) {
-        DT_WARN("cpu backend: madvise(MADV_DONTNEED) of %zu bytes failed: %s", (k1 - k0) * ps,
-                strerror(errno));
-        return;
-    }
+    char *first = (char *)((uintptr_t)base / g * g);
+    for_runs(h, k0, k1, false, drop_run, first);
     size_t n = 0;
     for (size_t k = k0; k < k1; k++) {
-        if (!(h->rel[k / 8] & (1u << (k % 8)))) {
+        if (!is_released(h, k)) {
             h->rel[k / 8] |= (uint8_t)(1u << (k % 8));
-            n += ps;
+            n += g;
         }
     }
     h->released += n;
@@ -289,33 +345,58 @@ static void cpu_mem_release(dt_backend *be, void *base, size_t offset, size_t by
 
 static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err)
 {
-    (void)err;
     if (!base || !bytes)
         return 0;
     dt_cpu *c = dt_cpu_of(be);
     cpu_hdr *h = hdr_of(base);
-    if (!h->rel)
+    if (!h->rel || !h->released)
         return 0;
-    const size_t ps = page_size();
-    size_t k0, k1, n = 0;
-    page_span(base, h, offset, bytes, false, &k0, &k1);
-    /* the pages fault back in (zero-filled) when they are touched: nothing to do but count */
-    for (size_t k = k0; k < k1; k++) {
-        if (h->rel[k / 8] & (1u << (k % 8))) {
-            h->rel[k / 8] &= (uint8_t) ~(1u << (k % 8));
-            n += ps;
+    const size_t g = granule_size();
+    size_t k0, k1;
+    granule_span(base, h, offset, bytes, false, &k0, &k1);
+    char *first = (char *)((uintptr_t)base / g * g);
+    for (size_t k = k0; k < k1;) {
+        if (!is_released(h, k)) {
+            k++;
+            continue;
         }
+        size_t j = k;
+        while (j < k1 && is_released(h, j))
+            j++;
+        size_t n = (j - k) * g;
+        if (map_run(first + k * g, n) != 0)
+            return dt_err_set(err, -ENOMEM, "cpu backend: cannot commit %zu bytes (%.1f MiB in "
+                              "use): %s", n, (double)c->cur_bytes / 1048576.0, strerror(errno));
+        fill_run(first + k * g, n);
+        for (; k < j; k++)
+            h->rel[k / 8] &= (uint8_t) ~(1u << (k % 8));
+        h->released -= n;
+        charge(c, h->cat, n);
     }
-    h->released -= n;
-    charge(c, h->cat, n);
     return 0;
+}
+
+static void cpu_free(dt_backend *be, void *p)
+{
+    if (!p)
+        return;
+    dt_cpu *c = dt_cpu_of(be);
+    cpu_hdr h = *hdr_of(p);
+    uncharge(c, h.cat, h.bytes - h.released);
+    if (h.rel && h.released) { /* malloc may hand these pages out again: make them usable */
+        const size_t g = granule_size();
+        size_t n = ((uintptr_t)p % g + h.bytes + g - 1) / g;
+        for_runs(&h, 0, n, true, remap_run, (char *)((uintptr_t)p / g * g));
+    }
+    free(h.rel);
+    free((char *)p - h.lead);
 }
 
 static size_t cpu_mem_granule(dt_backend *be, const void *base)
 {
     (void)be;
     (void)base;
-    return page_size();
+    return granule_size();
 }
 
 static void cpu_memcpy(dt_backend *be, void *dst, const void *src, size_t bytes)

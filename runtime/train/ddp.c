@@ -13,8 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -28,7 +26,7 @@ typedef struct bucket {
     size_t lo, hi;        /* [lo, hi) of the flat gradient buffer, in elements */
     size_t ready;         /* elements reported final in this backward */
     bool launched;
-    bool released;        /* release: its pages were given back in this backward */
+    bool released;        /* release: its memory was given back in this backward */
     dt_comm_work *work;   /* in flight, owned until waited */
     uint64_t trace_t0;    /* train.trace: when its collective was launched (0: not traced) */
     size_t chunk;         /* shard: elements per rank, ceil((hi - lo) / world) */
@@ -63,8 +61,14 @@ struct dt_ddp {
     float *sg;            /* (shard_n) backend memory: the averaged shard, owned */
     uint16_t *sg16;       /* (shard_n) compress: the 16-bit shard received, owned */
     size_t pending_split; /* shard: the rebuild's split, waiting for dt_ddp_relayout (0: none) */
-    size_t page;          /* release: the page size */
-    unsigned char *vec;   /* release: mincore's answer, one byte per page of m->grads */
+    /* Giving gradient memory back (opts.release, ddp.h "Sharding"). */
+    size_t granule;       /* dt_mem_granule of m->grads; 0: nothing is given back */
+    size_t granule_p;     /* dt_mem_granule of comp (compress); 0: its memory stays */
+    unsigned char *fresh; /* (num_blocks) block b's gradients are to be committed and zeroed
+                             at its next BEFORE_BACKWARD: the buffer was given back (or holds
+                             the last step's) since its last backward window */
+    size_t res_g, res_p;  /* bytes of m->grads and of comp resident, as the allocator's
+                             statistics count them (every release and commit is measured) */
     dt_ddp_stats st;
 };
 
@@ -358,6 +362,8 @@ static void trace_bucket(dt_ddp *d, int i, const char *what, uint64_t done_ns)
     b->trace_t0 = 0;
 }
 
+static int take_back(dt_ddp *d, void *base, size_t a, size_t e, size_t *res);
+
 static void launch(dt_ddp *d, int i)
 {
     bucket *b = &d->b[i];
@@ -369,6 +375,12 @@ static void launch(dt_ddp *d, int i)
     int rc;
     if (d->o.shard && d->comp) {
         dt_backend *be = d->m->be;
+        /* release: the bucket's payloads went back with the last step's */
+        if (d->o.release &&
+            take_back(d, d->comp, b->lo * sizeof *d->comp, b->hi * sizeof *d->comp, &d->res_p)) {
+            b->trace_t0 = 0;
+            return;
+        }
         be->to_half(be, d->comp + b->lo, d->m->grads + b->lo, n, 1.0f / (float)d->world,
                     d->o.compress == DT_BFLOAT16);
         rc = dt_comm_reduce_scatter(d->c, d->comp + b->lo, d->sg16 + b->at, b->chunk,
@@ -392,86 +404,128 @@ static void launch(dt_ddp *d, int i)
     }
 }
 
-/* ---- releasing gradient pages (opts.release) --------------------------------------------- */
+/* ---- giving gradient memory back (opts.release) ------------------------------------------- */
 
-/* Bytes of the allocation base (m->grads or the 16-bit payloads: backend memory) resident now
- * (mincore), for the stats. The pages backward wrote since they were given back are committed
- * again (mem_commit; committing twice counts once), so the allocator's statistics count them
- * from here on: they are sampled where the resident peak is. */
-static size_t resident_bytes(dt_ddp *d, void *base, size_t bytes)
+/* What the buffers hold, as the allocator's statistics count it: the 16-bit payloads' resident
+ * bytes go to st.payload_bytes (with the 16-bit shard), m->grads' to st.grads_resident, and
+ * their sum to the peak since the last dt_ddp_release_grads. Resident bytes only grow at a
+ * commit, so seeing them after each commit sees the peak. */
+static void note_resident(dt_ddp *d)
+{
+    d->st.grads_resident = d->res_g;
+    d->st.payload_bytes = d->res_p + (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
+    if (d->res_g + d->res_p > d->st.grads_resident_peak)
+        d->st.grads_resident_peak = d->res_g + d->res_p;
+}
+
+/* The allocator's resident bytes now (all categories: what one release or commit changes). */
+static size_t total_now(dt_backend *be)
+{
+    dt_mem_stats s;
+    dt_mem_read(be, &s);
+    return s.total;
+}
+
+/* Gives back the granules (g bytes, counted from addresses that are multiples of g) lying
+ * wholly inside bytes [a, e) of the allocation base of `size` bytes (m->grads or comp) through
+ * the backend, with up: [a, e rounded up to the granule) (what lies above e must be dead too);
+ * *res goes down by what the allocator says went back (nothing where g is 0). The range's data
+ * must be dead: nothing reads it before the next commit, which gives undefined contents. */
+static void give_back(dt_ddp *d, void *base, size_t size, size_t g, size_t a, size_t e, bool up,
+                      size_t *res)
 {
     dt_backend *be = d->m->be;
-    uintptr_t a = (uintptr_t)base & ~(uintptr_t)(d->page - 1), e = (uintptr_t)base + bytes;
-    size_t pages = (e - a + d->page - 1) / d->page;
-    if (!d->vec || mincore((void *)a, e - a, d->vec) != 0)
-        return bytes;
-    size_t n = 0;
-    for (size_t i = 0; i < pages;) {
-        if (!(d->vec[i] & 1)) {
-            i++;
-            continue;
-        }
-        size_t j = i;
-        while (j < pages && (d->vec[j] & 1))
-            j++;
-        n += j - i;
-        uintptr_t lo = DT_MAX(a + i * d->page, (uintptr_t)base), hi = DT_MIN(a + j * d->page, e);
-        if (be->mem_commit && hi > lo) {
-            dt_err err = {0};
-            if (be->mem_commit(be, base, lo - (uintptr_t)base, hi - lo, &err) != 0)
-                DT_WARN("ZeRO-2: counting resident gradient pages: %s", err.msg);
-        }
-        i = j;
+    if (g && up) {
+        uintptr_t end = ((uintptr_t)base + e + g - 1) / g * g;
+        e = DT_MIN(size, (size_t)(end - (uintptr_t)base));
     }
-    return n * d->page;
-}
-
-/* Bytes of m->grads and of the 16-bit payloads resident in memory now, for the stats; the
- * first goes to st.grads_resident, the second to st.payload_bytes. */
-static size_t grads_resident(dt_ddp *d)
-{
-    size_t g = resident_bytes(d, d->m->grads, d->m->num_params * sizeof(float)), p = 0;
-    if (d->comp)
-        p = resident_bytes(d, d->comp, d->m->num_params * sizeof *d->comp);
-    d->st.grads_resident = g;
-    d->st.payload_bytes = p + (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
-    return g + p;
-}
-
-/* Gives back the whole pages of [p, e) of the allocation base through the backend
- * (mem_release: madvise on the cpu, and the category's resident bytes go down by as much); with
- * edges, zeroes the partial pages at both ends as well (only when nothing else lives there). */
-static void release_bytes(dt_ddp *d, char *base, char *p, char *e, bool edges)
-{
-    if (e <= p)
+    if (!g || e <= a || !be->mem_release)
         return;
-    dt_backend *be = d->m->be;
-    char *a = (char *)(((uintptr_t)p + d->page - 1) & ~(uintptr_t)(d->page - 1));
-    char *z = (char *)((uintptr_t)e & ~(uintptr_t)(d->page - 1));
-    if (a < z && be->mem_release)
-        be->mem_release(be, base, (size_t)(a - base), (size_t)(z - a));
-    if (edges) {
-        if (a >= z) {
-            memset(p, 0, (size_t)(e - p));
-        } else {
-            memset(p, 0, (size_t)(a - p));
-            memset(z, 0, (size_t)(e - z));
-        }
-    }
+    size_t before = total_now(be);
+    be->mem_release(be, base, a, e - a);
+    size_t after = total_now(be), n = before > after ? before - after : 0;
+    *res -= DT_MIN(n, *res);
 }
 
-/* Gives back grads[lo, hi) (release_bytes), and the 16-bit payloads of the range when
- * compressing: neither is read again before the next backward writes it. */
-static void release_range(dt_ddp *d, size_t lo, size_t hi, bool edges)
+/* Makes bytes [a, e) of the allocation base usable again (what was given back comes back with
+ * undefined contents; the rest keeps its own); *res goes up by what the allocator took back.
+ * An error is kept for dt_ddp_finish. */
+static int take_back(dt_ddp *d, void *base, size_t a, size_t e, size_t *res)
 {
-    char *g = (char *)d->m->grads;
-    release_bytes(d, g, (char *)(d->m->grads + lo), (char *)(d->m->grads + hi), edges);
-    if (d->comp)
-        release_bytes(d, (char *)d->comp, (char *)(d->comp + lo), (char *)(d->comp + hi), edges);
+    dt_backend *be = d->m->be;
+    if (!d->granule || e <= a || !be->mem_commit)
+        return 0;
+    size_t before = total_now(be);
+    dt_err err = {0};
+    int rc = be->mem_commit(be, base, a, e - a, &err);
+    size_t after = total_now(be);
+    *res += after > before ? after - before : 0;
+    if (rc && !d->rc) {
+        d->rc = rc;
+        d->err = err;
+        dt_err_prefix(&d->err, "ZeRO-2: committing gradient memory: ");
+    }
+    note_resident(d);
+    return rc;
 }
 
-/* Waits for bucket i (launched) and, with release, gives its pages back. An error is kept for
- * dt_ddp_finish. */
+/* Gives back elements [lo, hi) of m->grads, and of the 16-bit payloads when compressing (up:
+ * and the rest of the granule holding element hi, dead as well). */
+static void release_range(dt_ddp *d, size_t lo, size_t hi, bool up)
+{
+    size_t n = d->m->num_params;
+    give_back(d, d->m->grads, n * sizeof(float), d->granule, lo * sizeof(float),
+              hi * sizeof(float), up, &d->res_g);
+    if (d->comp)
+        give_back(d, d->comp, n * sizeof *d->comp, d->granule_p, lo * sizeof *d->comp,
+                  hi * sizeof *d->comp, up, &d->res_p);
+    note_resident(d);
+}
+
+/* Everything goes back (nothing is in flight): every block's gradients are committed and zeroed
+ * again at its next backward window. Without blocks (a model that emits no block events) the
+ * buffer is never given back (granule 0) and is zeroed here instead, as a whole. */
+static void release_all(dt_ddp *d)
+{
+    dt_model *m = d->m;
+    release_range(d, 0, m->num_params, false);
+    if (m->num_blocks > 0)
+        memset(d->fresh, 1, (size_t)m->num_blocks);
+    else
+        m->be->memset_zero(m->be, m->grads, m->num_params * sizeof(float));
+}
+
+/* The model's block hook (model.h): before a block's first backward window since its memory
+ * went back, its gradient range is committed and zeroed, exactly that range (the blocks around
+ * it may hold live gradients in the granules it shares with them). Its later windows of the
+ * same step (gpt's tied embedding, the micro-steps of an accumulation) accumulate into it as it
+ * is: nothing gives back a block's granules before its gradients are final. */
+static void block_hook(void *ctx, int k, dt_block_event ev)
+{
+    dt_ddp *d = ctx;
+    dt_model *m = d->m;
+    if (ev != DT_BLOCK_BEFORE_BACKWARD || k < 0 || k >= m->num_blocks || !d->fresh[k])
+        return;
+    const dt_block *b = &m->blocks[k];
+    if (take_back(d, m->grads, b->offset * sizeof(float), (b->offset + b->numel) * sizeof(float),
+                  &d->res_g) == 0)
+        m->be->memset_zero(m->be, m->grads + b->offset, b->numel * sizeof(float));
+    d->fresh[k] = 0;
+}
+
+/* Elements bucket i's padded reduce-scatter reads past its end, in the bucket above. */
+static size_t overhang(const dt_ddp *d, int i)
+{
+    const bucket *b = &d->b[i];
+    return b->chunk * (size_t)d->world - (b->hi - b->lo);
+}
+
+/* Waits for bucket i (launched) and, with release, gives its memory back. Buckets are settled in
+ * bucket order, so every bucket above (0 .. i - 1) is settled already and its data dead: the
+ * granule that bucket i shares with the one above goes back with bucket i (so does what bucket
+ * i's padded read reached there); the elements of bucket i that the bucket below (i + 1,
+ * possibly in flight) reaches stay until it is settled, or until dt_ddp_finish gives
+ * everything back. An error is kept for dt_ddp_finish. */
 static void settle(dt_ddp *d, int i)
 {
     bucket *b = &d->b[i];
@@ -488,12 +542,10 @@ static void settle(dt_ddp *d, int i)
         }
     }
     if (d->o.release && !b->released && !d->rc) {
-        size_t now = grads_resident(d);
-        if (now > d->st.grads_resident_peak)
-            d->st.grads_resident_peak = now;
+        size_t below = i + 1 < d->nb ? overhang(d, i + 1) : 0;
         DT_DEBUG("ZeRO-2: bucket %d [%zu, %zu) reduced: %zu bytes of gradients resident before "
-                 "it is given back", i, b->lo, b->hi, now);
-        release_range(d, b->lo, b->hi, false);
+                 "it is given back", i, b->lo, b->hi, d->res_g + d->res_p);
+        release_range(d, DT_MIN(b->lo + below, b->hi), b->hi + overhang(d, i), true);
         b->released = true;
     }
 }
@@ -502,9 +554,9 @@ void dt_ddp_release_grads(dt_ddp *d)
 {
     if (!d->o.release)
         return;
-    grads_resident(d); /* counts what was written since dt_ddp_finish before it goes */
-    release_range(d, 0, d->m->num_params, true);
-    d->st.grads_resident_peak = grads_resident(d); /* a new accumulation */
+    release_all(d);
+    d->st.grads_resident_peak = 0; /* a new accumulation */
+    note_resident(d);
 }
 
 void dt_ddp_grad_ready(void *ctx, size_t offset, size_t numel)
@@ -565,11 +617,6 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
     int rc = d->rc;
     if (rc && err)
         *err = d->err;
-    if (d->o.release && !rc) {
-        size_t now = grads_resident(d);
-        if (now > d->st.grads_resident_peak)
-            d->st.grads_resident_peak = now;
-    }
     for (int i = 0; i < d->nb; i++) {
         bucket *b = &d->b[i];
         if (b->work) {
@@ -595,10 +642,9 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
         b->launched = false;
         b->released = false;
     }
-    if (!rc && d->o.release) {
-        release_range(d, 0, d->m->num_params, true);
-        grads_resident(d);
-    }
+    if (!rc && d->o.release)
+        release_all(d); /* the shards hold what is needed: the buffers are dead until the next
+                           backward */
     d->next = 0;
     d->rc = 0;
     d->st.bucket_syncs += (uint64_t)d->nb;
@@ -754,6 +800,8 @@ int dt_ddp_relayout(dt_ddp *d, dt_err *err)
     if (!d->o.release)
         d->st.payload_bytes = (d->comp ? d->m->num_params * sizeof *d->comp : 0) +
                               (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
+    else
+        note_resident(d);
     d->st.rebuilt = true;
     DT_DEBUG("ZeRO: buckets rebuilt from the ready order: %d buckets (%d before), the last one "
              "[0, %zu); this rank's shard now %zu elements", d->nb, before, split, d->shard_n);
@@ -892,22 +940,6 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
             dt_err_prefix(err, "ZeRO: the gradient shard: ");
             goto fail;
         }
-        if (d->o.release) {
-            if (strcmp(m->be->name, "cpu") != 0) {
-                rc = dt_err_set(err, -ENOTSUP,
-                                "ZeRO-2 gives gradient pages back on device = cpu only (this "
-                                "worker runs on %s): use parallel.zero = 1 there",
-                                m->be->name);
-                goto fail;
-            }
-            d->page = (size_t)sysconf(_SC_PAGESIZE);
-            size_t pages = (m->num_params * sizeof(float) + 2 * d->page) / d->page + 1;
-            if (!(d->vec = malloc(pages))) {
-                rc = dt_err_set(err, -ENOMEM, "ZeRO: out of memory");
-                goto fail;
-            }
-            release_range(d, 0, m->num_params, true);
-        }
     }
     d->rec_cap = 2 * m->num_tensors + 16;
     if (!(d->rec = calloc((size_t)d->rec_cap * 2, sizeof *d->rec))) {
@@ -929,8 +961,25 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
     if (d->o.shard && !d->o.release)
         d->st.payload_bytes = (d->comp ? m->num_params * sizeof *d->comp : 0) +
                               (d->sg16 ? d->shard_n * sizeof *d->sg16 : 0);
-    if (d->o.release)
-        grads_resident(d);
+    if (d->o.release) {
+        /* the block hook commits and zeroes a block's gradients before its backward writes
+         * them; without blocks (no events) nothing is given back (release_all) */
+        d->granule = m->num_blocks > 0 ? dt_mem_granule(m->be, m->grads) : 0;
+        d->granule_p = d->granule && d->comp ? dt_mem_granule(m->be, d->comp) : 0;
+        d->res_g = m->num_params * sizeof(float); /* alloc charged them whole */
+        d->res_p = d->comp ? m->num_params * sizeof *d->comp : 0;
+        if (m->num_blocks > 0 && !(d->fresh = calloc((size_t)m->num_blocks, 1))) {
+            rc = dt_err_set(err, -ENOMEM, "ZeRO: out of memory");
+            goto fail;
+        }
+        if (m->num_blocks > 0)
+            dt_model_set_block_hook(m, block_hook, d);
+        release_all(d);
+        d->st.grads_resident_peak = 0;
+        note_resident(d);
+        DT_DEBUG("ZeRO-2: gradient memory given back in granules of %zu bytes, 16-bit payloads "
+                 "in granules of %zu (0: none)", d->granule, d->granule_p);
+    }
     DT_DEBUG("DDP: %d ranks, %zu parameters in %d buckets (first %.2f MiB, cap %.1f MiB)%s%s",
              d->world, m->num_params, d->nb, d->o.first_bucket_mb, d->o.bucket_cap_mb,
              d->comp ? ", compressed to " : "", d->comp ? dt_dtype_name(d->o.compress) : "");
@@ -964,7 +1013,9 @@ void dt_ddp_free(dt_ddp *d)
         d->m->be->free(d->m->be, d->sg);
     if (d->sg16)
         d->m->be->free(d->m->be, d->sg16);
-    free(d->vec);
+    if (d->m->block_hook == block_hook && d->m->block_hook_ctx == d)
+        dt_model_set_block_hook(d->m, NULL, NULL);
+    free(d->fresh);
     free(d->ranges);
     free(d->rec);
     free(d->b);

@@ -53,15 +53,22 @@
  *   - dt_ddp_gather_params all-gathers the updated chunks into every rank's m->params, in place,
  *     bucket after bucket from the end of the buffer (a chunk's padding then reads, and writes
  *     back, values of the bucket above that every rank already holds alike);
- *   - opts.release (host memory only, ZeRO-2): once a bucket's reduce-scatter is done, the whole
- *     pages of m->grads inside it are given back to the system through the backend's
- *     mem_release (madvise MADV_DONTNEED on the cpu: they read as zero again, which is what the
- *     next backward accumulates into), so the allocator's DT_MEM_GRADS bytes go down with them;
- *     the pages backward wrote again are committed back (mem_commit) where residency is
- *     sampled, before each release. From the hook, a bucket
- *     is waited for and released when the bucket two after it is launched, so about two buckets
- *     are in flight; dt_ddp_finish releases the rest. The resident pages are measured (mincore),
- *     not assumed: see dt_ddp_stats.grads_resident_peak.
+ *   - opts.release (ZeRO-2, any backend): gradient memory goes back through the backend's
+ *     mem_release / mem_commit (backend_ops.h: a released granule is inaccessible until
+ *     committed, and a commit gives undefined contents), in granules of dt_mem_granule(m->grads)
+ *     (0: nothing goes back, and the figures say so). The reducer installs the model's block
+ *     hook (model.h): at a block's first BEFORE_BACKWARD since the buffer went back, the
+ *     block's gradient range is committed and zeroed, exactly that range (memset_zero), so
+ *     backward accumulates into zeros; its later windows (a tied block, the micro-steps of an
+ *     accumulation) find it as they left it. With compress, a bucket's 16-bit payloads are
+ *     committed before to_half writes them. Once a bucket's reduce-scatter is done, the
+ *     granules lying wholly inside its range (and the one it shares with the buckets above,
+ *     all done by then) go back, except what the padded read of the bucket below still
+ *     reaches; from the hook, a bucket is waited for and released when the bucket two after it
+ *     is launched, so about two buckets are in flight; dt_ddp_finish gives everything back.
+ *     The resident bytes are the allocator's statistics, read around each release and commit
+ *     (nothing becomes resident otherwise): see dt_ddp_stats.grads_resident_peak. A caller that
+ *     replaces the block hook must call the reducer's from its own.
  *
  * All calls come from the thread that runs backward (the hook) and the trainer's thread, which
  * are the same thread in dtrain's worker.
@@ -85,7 +92,7 @@ typedef struct dt_ddp_opts {
     bool broadcast_buffers; /* dt_ddp_finish also broadcasts the model's buffers from rank 0 */
     bool check_consistency; /* compare the model across ranks at creation */
     bool shard;             /* reduce-scatter instead of all-reduce (ZeRO; see "Sharding") */
-    bool release;           /* shard: give back a bucket's gradient pages once reduced (cpu) */
+    bool release;           /* shard: give back a bucket's gradient memory once reduced */
 } dt_ddp_opts;
 
 void dt_ddp_opts_default(dt_ddp_opts *o);
@@ -108,12 +115,12 @@ typedef struct dt_ddp_stats {
     bool comm_memory;        /* the buckets all-reduce communicator memory (see above) */
     size_t shard_numel;      /* shard: elements of this rank's shard layout (padding included) */
     size_t grads_resident_peak; /* release: most bytes of m->grads (and of the 16-bit payloads
-                                   when compressing) resident in memory (mincore), seen at each
-                                   bucket released and at dt_ddp_finish since the last
+                                   when compressing) resident, as the allocator counts them,
+                                   seen at every commit (where they grow) since the last
                                    dt_ddp_release_grads (the accumulation's micro-steps
-                                   included: their gradients are still resident then) */
-    size_t grads_resident;   /* release: bytes of m->grads resident after the last finish or
-                                release */
+                                   included: their gradients stay resident) */
+    size_t grads_resident;   /* release: bytes of m->grads resident now (after the last
+                                finish or release: the partial granules at its ends) */
     size_t payload_bytes;    /* shard: bytes of the 16-bit payload buffers held (release: the
                                 resident part of the whole-buffer one), 0 without compress */
 } dt_ddp_stats;
@@ -179,8 +186,9 @@ void dt_ddp_slice_shard(dt_ddp *d, const float *full, float *shard);
  * is gathered and they are added in rank order, in double). Collective. */
 int dt_ddp_sum_double(dt_ddp *d, double v, double *sum, dt_err *err);
 
-/* release: gives back the pages of m->grads and zeroes its partial first and last pages, so the
- * whole buffer reads as zero (the start of an accumulation, without touching every page). */
+/* release: gives back m->grads (and the 16-bit payloads); each block's gradients are committed
+ * and zeroed at its next BEFORE_BACKWARD, so the next backward accumulates into zeros (the start
+ * of an accumulation, without touching the buffer now). */
 void dt_ddp_release_grads(dt_ddp *d);
 
 #endif

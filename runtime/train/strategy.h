@@ -156,11 +156,12 @@ typedef struct dt_strategy_mem {
                                (the allocator's count, seen at every window's start, where it
                                only grows); else = params */
     size_t grads;           /* gradients held now (after a step): the flat buffer's resident
-                               bytes (stage 2: mincore; else its size) + the reduced shard */
+                               bytes (stage 2: the allocator's count; else its size) + the
+                               reduced shard */
     size_t grads_peak;      /* stage 3: as params_peak, for gradients;
                                stage 2: the most the gradients (and the 16-bit payloads) held
-                               since the step began (resident pages, measured at each bucket
-                               released, + the shard); else = grads */
+                               since the step began (the allocator's count, seen at every
+                               commit, + the shard); else = grads */
     size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
     size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
                                resident part); other strategies: not reported here (0) */
@@ -246,14 +247,16 @@ dt_backend *dt_strategy_backend_one(dt_strategy *s, int k);
 /* Checkpoint staging: whole-model buffers of backend memory (charged as "other"), buf[0] for
  * the parameters and buf[1 + i] for optimiser state i, laid out by a table of whole tensors (the
  * strategy's). A save fills them (gather_state) and reads them; a load writes them and start
- * slices them. Between the two they need not hold anything: release gives the pages back to the
- * system (cpu: they read as zero again; a no-op elsewhere), commit takes them again before the
- * next fill, so between checkpoints a rank holds its own part of the model only. */
+ * slices them. Between the two they need not hold anything: release gives their memory back
+ * (backend mem_release: inaccessible until committed; nothing where the backend's granule is
+ * 0), commit takes it again before the next fill (undefined contents: a fill writes every
+ * tensor of the table, which tiles the buffers), so between checkpoints a rank holds its own
+ * part of the model only. */
 typedef struct dt_strategy_staging {
     float *buf[1 + DT_OPTIM_MAX_STATES]; /* (numel) each, owned */
     int n;                               /* buffers: 1 + the optimiser's states */
     size_t numel;                        /* floats per buffer: the whole model's */
-    bool resident;                       /* its pages are committed (hold data) */
+    bool resident;                       /* its memory is committed (usable) */
 } dt_strategy_staging;
 
 /* n buffers of numel floats on be, zeroed (what start takes when nothing was loaded: the
@@ -262,10 +265,10 @@ typedef struct dt_strategy_staging {
 int dt_strategy_staging_alloc(dt_strategy_staging *st, dt_backend *be, int n, size_t numel,
                               dt_err *err);
 
-/* Makes the pages resident again before a fill (nothing when they are). */
+/* Makes the memory usable again before a fill (nothing when it is); contents undefined. */
 int dt_strategy_staging_commit(dt_strategy_staging *st, dt_backend *be, dt_err *err);
 
-/* Gives the pages back (nothing when they are not resident). */
+/* Gives the memory back (nothing when it is not resident). */
 void dt_strategy_staging_release(dt_strategy_staging *st, dt_backend *be);
 
 /* Frees the buffers; accepts a zeroed struct. */

@@ -48,7 +48,7 @@
  * tensors and any layout resumes them (start slices them again).
  *
  * The staging (strategy.h's dt_strategy_staging, as the tensor strategy's) is whole-model sized
- * on every rank, but on the cpu its pages exist only while it holds data (from open to start,
+ * on every rank, but its memory is resident only while it holds data (from open to start,
  * from a save's gather to the next optimiser step). The groups are grid.h's (dt_groups_open
  * through dt_strategy_open_groups), the tensor group's gather and slice and the norm over split
  * tensors strategy.c's, all shared with strategy_tensor.c.
@@ -56,7 +56,7 @@
  * ZeRO (parallel.zero = 1 | 2, D > 1): strategy_zero.h's dt_zero over the data-parallel group
  * takes the place of DDP's reducer, from open (the optimiser is over its shard): the stage's
  * buckets are reduce-scattered over its replicas, each rank updates its shard of the stage
- * (stage 2: the gradient pages given back as buckets are reduced) and the updated stage is
+ * (stage 2: the gradient memory given back as buckets are reduced) and the updated stage is
  * all-gathered; the norm adds the shards over dp, then over the tensor and pipeline groups
  * (dt_zero_clip_split, the same counting as above); a save gathers the optimiser state over dp
  * into the stage's layout first (dt_zero_gather_state), then as above; a load the reverse. The
@@ -880,7 +880,7 @@ static void pipe_zero_grads(dt_strategy *s)
 {
     pipe_impl *p = s->impl;
     if (p->zero)
-        dt_zero_zero_grads(p->zero); /* stage 2: the pages given back read as zero */
+        dt_zero_zero_grads(p->zero); /* stage 2: given back, zeroed block by block later */
     else if (p->z3)
         dt_zero3_zero_grads(p->z3);
     else

@@ -8,7 +8,7 @@
  * ZeRO (parallel.zero = 1 | 2, D > 1): instead of DDP's reducer the strategy holds
  * strategy_zero.h's dt_zero over the data-parallel group: the same reducer in its sharding mode
  * over this rank's slices (reduce-scattered buckets), the optimiser over its shard of them
- * (stage 2: the gradient pages given back as the buckets are reduced), the updated slices
+ * (stage 2: the gradient memory given back as the buckets are reduced), the updated slices
  * all-gathered over the group. The norm is the shards' counted squares summed over dp, then
  * over the tensor group (dt_zero_clip_split). A checkpoint goes through both stagings: the
  * optimiser state all-gathered over dp into the slices' layout (dt_zero_gather_state), then
@@ -27,7 +27,7 @@
  * (dt_strategy_tp_slice). open gathers the initial parameters there too, so that
  * start, which always slices the staging back into the local buffers, leaves an un-resumed model
  * as it was built and a resumed one as the checkpoint holds it. The staging is backend memory
- * charged as "other" (checkpoint staging); on the cpu its pages go back to the system (mem_release)
+ * charged as "other" (checkpoint staging); its memory goes back (backend mem_release)
  * once start sliced it and after each save (at the next optim_step, when the trainer has fenced
  * the save's copy), so between checkpoints a rank holds its slices only. While a save gathers, a
  * rank holds the staging (whole model x (1 + optimiser states)) and T x its local buffer of
@@ -277,7 +277,7 @@ static void tp_zero_grads(dt_strategy *s)
 {
     tp_impl *t = s->impl;
     if (t->zero)
-        dt_zero_zero_grads(t->zero); /* stage 2: the pages given back read as zero */
+        dt_zero_zero_grads(t->zero); /* stage 2: given back, zeroed block by block later */
     else if (t->z3)
         dt_zero3_zero_grads(t->z3);
     else

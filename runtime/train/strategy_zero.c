@@ -16,8 +16,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -30,75 +28,86 @@ struct dt_zero {
     dt_strategy *s;                      /* borrowed: its be, model and optim */
     dt_ddp *ddp;                         /* the reducer (sharding mode), owned */
     int stage;                           /* 1 or 2 */
-    float *full[DT_OPTIM_MAX_STATES];    /* (num_params) checkpoint staging per state, owned */
-    bool mapped;                         /* full[] are mappings of our own (cpu), else backend
-                                            memory */
-    size_t full_bytes;                   /* bytes of each full[] mapping */
-    bool staged;                         /* full[] hold data (a save or a load): give back */
-    size_t charged;                      /* mapped: bytes of full[] charged to the backend's
-                                            statistics (DT_MEM_OTHER, mem_external) */
+    float *full[DT_OPTIM_MAX_STATES];    /* (num_params, and up to the granule's next multiple)
+                                            checkpoint staging per state: backend memory
+                                            charged as DT_MEM_OTHER, owned */
+    size_t full_bytes;                   /* bytes of each full[] allocation */
+    bool resident;                       /* full[] are committed: usable, and counted */
+    size_t held;                         /* bytes of full[] resident, as the allocator's
+                                            statistics count them */
 };
 
-static size_t resident(const void *p, size_t bytes);
+/* The allocator's resident bytes now (all categories: what one release or commit changes). */
+static size_t total_now(dt_backend *be)
+{
+    dt_mem_stats st;
+    dt_mem_read(be, &st);
+    return st.total;
+}
 
-/* Full-size staging of the optimiser state for checkpoints. On the cpu: reserved address space
- * (MAP_NORESERVE) whose pages exist only once written, given back after use; elsewhere backend
- * memory (held: the checkpoint copies from backend memory of its one backend), zeroed. */
+/* Full-size staging of the optimiser state for checkpoints, backend memory: zeroed (alloc's
+ * contract: what start slices when nothing was loaded) and resident until start took this
+ * rank's slice, then given back (mem_release) between a save or a load and the next update.
+ * Each buffer is a whole number of granules where the backend gives memory back, so that
+ * nothing of it stays resident once released. */
 static int alloc_staging(dt_zero *z, dt_err *err)
 {
     dt_strategy *s = z->s;
-    size_t n = s->model->num_params;
-    z->mapped = !strcmp(s->be->name, "cpu");
-    z->full_bytes = n * sizeof(float);
-    for (int i = 0; i < s->optim->num_states; i++) {
-        if (z->mapped) {
-            void *p = mmap(NULL, z->full_bytes ? z->full_bytes : 1, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (p == MAP_FAILED)
-                return dt_err_set(err, -ENOMEM, "ZeRO: cannot reserve %zu bytes of checkpoint "
-                                  "staging", z->full_bytes);
-            z->full[i] = p;
-        } else {
-            int rc = s->be->alloc(s->be, (void **)&z->full[i], z->full_bytes, err);
-            if (rc)
-                return dt_err_prefix(err, "ZeRO: checkpoint staging: ");
-            s->be->memset_zero(s->be, z->full[i], z->full_bytes);
+    dt_backend *be = s->be;
+    int rc = 0;
+    z->full_bytes = s->model->num_params * sizeof(float);
+    dt_mem_cat old = dt_mem_tag(be, DT_MEM_OTHER); /* checkpoint staging */
+    for (int i = 0; i < s->optim->num_states && !rc; i++) {
+        if ((rc = be->alloc(be, (void **)&z->full[i], z->full_bytes ? z->full_bytes : 1, err)))
+            break;
+        size_t g = dt_mem_granule(be, z->full[i]);
+        if (i == 0 && g && z->full_bytes % g) { /* once more, rounded up to the granule */
+            be->free(be, z->full[i]);
+            z->full[i] = NULL;
+            z->full_bytes = (z->full_bytes / g + 1) * g;
+            rc = be->alloc(be, (void **)&z->full[i], z->full_bytes, err);
         }
     }
+    dt_mem_tag(be, old);
+    if (rc)
+        return dt_err_prefix(err, "ZeRO: checkpoint staging: ");
+    z->held = z->full_bytes * (size_t)s->optim->num_states;
+    z->resident = true;
     return 0;
 }
 
-/* Mapped staging is memory outside the backend's allocator: the pages a save, a load or a
- * relayout wrote (mincore) are charged to its statistics (mem_external, as DT_MEM_OTHER, the
- * category of checkpoint staging) once they are written, until release_staging. */
-static void count_staging(dt_zero *z)
+/* The staging becomes usable again before a save or a relayout writes all of it (its contents
+ * are undefined until then). */
+static int commit_staging(dt_zero *z, dt_err *err)
 {
-    dt_strategy *s = z->s;
-    if (!z->mapped)
-        return;
-    size_t now = 0;
-    for (int i = 0; i < s->optim->num_states; i++)
-        now += resident(z->full[i], z->full_bytes);
-    if (now > z->charged) {
-        dt_mem_external(s->be, DT_MEM_OTHER, now - z->charged, true);
-        z->charged = now;
+    dt_backend *be = z->s->be;
+    if (z->resident || !be->mem_commit)
+        return 0;
+    for (int i = 0; i < z->s->optim->num_states; i++) {
+        size_t before = total_now(be);
+        int rc = be->mem_commit(be, z->full[i], 0, z->full_bytes, err);
+        size_t after = total_now(be);
+        z->held += after > before ? after - before : 0;
+        if (rc)
+            return dt_err_prefix(err, "ZeRO: checkpoint staging: ");
     }
+    z->resident = true;
+    return 0;
 }
 
-/* The staging's pages go back to the system (they read as zero again), and out of the
- * statistics. */
+/* The staging's memory goes back (nothing reads it before the next commit_staging). */
 static void release_staging(dt_zero *z)
 {
-    dt_strategy *s = z->s;
-    if (!z->staged)
+    dt_backend *be = z->s->be;
+    if (!z->resident || !be->mem_release)
         return;
-    count_staging(z);
-    for (int i = 0; i < s->optim->num_states && z->mapped; i++)
-        madvise(z->full[i], z->full_bytes, MADV_DONTNEED);
-    if (z->charged)
-        dt_mem_external(s->be, DT_MEM_OTHER, z->charged, false);
-    z->charged = 0;
-    z->staged = false;
+    for (int i = 0; i < z->s->optim->num_states; i++) {
+        size_t before = total_now(be);
+        be->mem_release(be, z->full[i], 0, z->full_bytes);
+        size_t after = total_now(be), n = before > after ? before - after : 0;
+        z->held -= DT_MIN(n, z->held);
+    }
+    z->resident = false;
 }
 
 int dt_zero_open(dt_zero **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt_comm *dp,
@@ -144,14 +153,9 @@ void dt_zero_free(dt_zero *z)
     if (!z)
         return;
     dt_ddp_free(z->ddp);
-    for (int i = 0; i < DT_OPTIM_MAX_STATES; i++) {
-        if (!z->full[i])
-            continue;
-        if (z->mapped)
-            munmap(z->full[i], z->full_bytes ? z->full_bytes : 1);
-        else
+    for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
+        if (z->full[i])
             z->s->be->free(z->s->be, z->full[i]);
-    }
     free(z);
 }
 
@@ -162,7 +166,7 @@ dt_ddp *dt_zero_ddp(dt_zero *z) { return z->ddp; }
 void dt_zero_zero_grads(dt_zero *z)
 {
     if (z->stage == 2)
-        dt_ddp_release_grads(z->ddp); /* the pages read as zero: nothing is touched */
+        dt_ddp_release_grads(z->ddp); /* each block is committed and zeroed before its backward */
     else
         dt_strategy_zero_grads_whole(z->s);
 }
@@ -255,8 +259,7 @@ int dt_zero_clip_split(dt_zero *z, double unscale, int tp_rank, const int *skip,
 static int relayout(dt_zero *z, dt_err *err)
 {
     dt_optim *o = z->s->optim;
-    int rc = 0;
-    z->staged = true;
+    int rc = commit_staging(z, err);
     for (int i = 0; i < o->num_states && !rc; i++)
         rc = dt_ddp_gather_shards(z->ddp, o->states[i].buf, z->full[i], err);
     if (rc)
@@ -288,27 +291,29 @@ int dt_zero_step(dt_zero *z, double lr, dt_err *err)
 
 float *dt_zero_local_state(dt_zero *z, int i)
 {
-    z->staged = true; /* written by the caller (a load) or by the gather below */
+    dt_err err = {0};
+    if (commit_staging(z, &err)) /* only after start: a load writes while it is resident */
+        DT_WARN("%s", err.msg);
     return z->full[i];
 }
 
 int dt_zero_gather_state(dt_zero *z, dt_err *err)
 {
     dt_optim *o = z->s->optim;
-    z->staged = true;
+    int rc = commit_staging(z, err);
+    if (rc)
+        return rc;
     for (int i = 0; i < o->num_states; i++) {
-        int rc = dt_ddp_gather_shards(z->ddp, o->states[i].buf, z->full[i], err);
+        rc = dt_ddp_gather_shards(z->ddp, o->states[i].buf, z->full[i], err);
         if (rc)
             return dt_err_prefix(err, "ZeRO: gathering %s: ", o->states[i].name);
     }
-    count_staging(z);
     return 0;
 }
 
 void dt_zero_take_state(dt_zero *z)
 {
     dt_optim *o = z->s->optim;
-    z->staged = true;
     for (int i = 0; i < o->num_states; i++)
         dt_ddp_slice_shard(z->ddp, z->full[i], o->states[i].buf);
     release_staging(z);
@@ -327,9 +332,7 @@ void dt_zero_mem(dt_zero *z, dt_strategy_mem *out)
     } else {
         out->grads = z->s->model->num_params * sizeof(float) + shard;
     }
-    out->ckpt_staging = 0;
-    for (int i = 0; i < z->s->optim->num_states; i++)
-        out->ckpt_staging += z->mapped ? resident(z->full[i], z->full_bytes) : z->full_bytes;
+    out->ckpt_staging = z->held;
 }
 
 /* ---- the zero strategy: the piece over the world ------------------------------------------ */
@@ -358,11 +361,6 @@ static int zero_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     const char *backend;
     if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
         return rc;
-    if (stage == 2 && strcmp(s->be->name, "cpu") != 0)
-        return dt_err_set(err, -ENOTSUP,
-                          "parallel.zero = 2 gives gradient memory back on device = cpu only so "
-                          "far (this worker runs on %s): use parallel.zero = 1",
-                          s->be->name);
     if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
         return dt_err_prefix(err, "ZeRO: ");
     if ((rc = dt_model_create(&s->model, ctx->model, s->be, s->comm, err)))
@@ -488,21 +486,6 @@ static void zero_close(dt_strategy *s)
     dt_model_free(s->model);
     dt_backend_close(s->be);
     free(z);
-}
-
-/* Resident bytes of a mapping of ours (mincore). */
-static size_t resident(const void *p, size_t bytes)
-{
-    size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = (bytes + page - 1) / page, n = 0;
-    unsigned char *vec = malloc(pages ? pages : 1);
-    if (!vec || mincore((void *)p, bytes, vec) != 0) {
-        free(vec);
-        return bytes;
-    }
-    for (size_t i = 0; i < pages; i++)
-        n += vec[i] & 1;
-    free(vec);
-    return n * page;
 }
 
 void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)

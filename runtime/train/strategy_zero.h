@@ -11,11 +11,13 @@
  *     the shard's parameters; the updated parameters are then all-gathered, so every rank holds
  *     the whole model for the next forward;
  *   - stage 1 keeps the whole flat gradient buffer (backward writes there); stage 2 gives a
- *     bucket's pages of it back as soon as the bucket is reduce-scattered (device = cpu only;
- *     on cuda stage 2 is refused with a message). With train.grad_accum = k the first k-1
- *     micro-steps accumulate the whole gradient locally (no synchronisation: DDP's no_sync), so
- *     during those the whole buffer is resident at stage 2 as well; the pages are given back
- *     during the last micro-step's backward.
+ *     bucket's memory of it back (backend mem_release, in the backend's granules: pages on
+ *     the cpu, 2 MiB on cuda) as soon as the bucket is reduce-scattered, and commits and zeroes
+ *     each block's range before its backward (ddp.h, "Sharding"); where the backend cannot
+ *     give the buffer back (granule 0) it stays resident and the figures say so. With
+ *     train.grad_accum = k the first k-1 micro-steps accumulate the whole gradient locally (no
+ *     synchronisation: DDP's no_sync), so during those the whole buffer is resident at stage 2
+ *     as well; it is given back during the last micro-step's backward.
  *   - after the first step the buckets are rebuilt from backward's ready order, as DDP's are
  *     (GPT's tied embedding gets the last bucket to itself); the shards move with them, the
  *     optimiser state through the checkpoint staging, once, at the end of the first update;
@@ -32,9 +34,10 @@
  * then can too. Between hosts (TCP ring) the reduction order differs from the all-reduce's.
  *
  * Checkpoints hold whole tensors: `state` hands the checkpoint full-size staging buffers for
- * the optimiser state (on cpu, reserved address space whose pages exist only while used);
- * gather_state fills them (all-gather of the shards) before a save and optim_step gives them
- * back after it; after a load, start takes this rank's slice and gives them back. So a
+ * the optimiser state (backend memory, resident only while used: given back with mem_release
+ * where the backend can); gather_state commits and fills them (all-gather of the shards) before
+ * a save and optim_step gives them back after it; after a load, start takes this rank's slice
+ * and gives them back. So a
  * checkpoint written at any stage and world size resumes at any other.
  *
  * A rank that dies mid reduce-scatter or all-gather fails the step with the comm layer's error
@@ -89,8 +92,8 @@ void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out);
  *               dt_zero_local_state(z, i) as it read s->optim->states[i].buf
  *   load        the caller writes dt_zero_local_state(z, i), then dt_zero_take_state
  *
- * The staging is reserved address space on the cpu whose pages exist only between a save or a
- * load and the next update (charged to DT_MEM_OTHER while they do), backend memory elsewhere. */
+ * The staging is backend memory charged to DT_MEM_OTHER, resident between a save or a load and
+ * the next update and given back (mem_release) otherwise. */
 typedef struct dt_zero dt_zero;
 
 /* Opens stage job.zero (1 or 2; else -EINVAL) over dp (borrowed, two ranks or more; it and s
@@ -106,7 +109,8 @@ void dt_zero_free(dt_zero *z);
 int dt_zero_stage(const dt_zero *z);
 struct dt_ddp *dt_zero_ddp(dt_zero *z);
 
-/* Zeroes the gradients the next micro-steps accumulate into (stage 2: gives their pages back). */
+/* Zeroes the gradients the next micro-steps accumulate into (stage 2: gives their memory back;
+ * each block's range is committed and zeroed before its backward). */
 void dt_zero_zero_grads(dt_zero *z);
 
 /* This rank's averaged gradient shard after sync_grads (backend memory), and its elements. */
@@ -138,10 +142,10 @@ float *dt_zero_local_state(dt_zero *z, int i);
 int dt_zero_gather_state(dt_zero *z, dt_err *err);
 
 /* Each state's shard = this rank's slice of dt_zero_local_state (zeros when nothing was
- * written there); then the staging's pages go back. Local. */
+ * written there); then the staging goes back (mem_release). Local. */
 void dt_zero_take_state(dt_zero *z);
 
-/* The sharded part of dt_strategy_get_mem's figures: grads (stage 2 resident pages + shard),
+/* The sharded part of dt_strategy_get_mem's figures: grads (stage 2 resident bytes + shard),
  * grads_peak, comm, ckpt_staging, zero_stage. */
 void dt_zero_mem(dt_zero *z, dt_strategy_mem *out);
 
