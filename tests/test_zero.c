@@ -1056,6 +1056,35 @@ static void test_stage3_granules(void)
     }
 }
 
+/* Stage 3 on one rank: stage 3 runs (not the single process), gathering and giving back every
+ * block over a group of one, and trains bit for bit as the single process does (gpt: the head's
+ * tied window; 10 steps). */
+static void test_stage3_one_rank(void)
+{
+    zrun zr = base("quickstart.ini", 1, 3, "one-z3");
+    zrun one = base("quickstart.ini", 1, 0, "one-single");
+    tiny_gpt(&zr);
+    tiny_gpt(&one);
+    zr.steps = one.steps = 10;
+    int sz[1], so[1];
+    run(&zr, sz);
+    run(&one, so);
+    if (all_ok(&zr, sz) && all_ok(&one, so)) {
+        const rank_out *a = &zr.out[0], *b = &one.out[0];
+        DT_CHECK_STR(a->strategy, "zero");
+        DT_CHECK_STR(b->strategy, "single");
+        for (int k = 0; k < zr.steps; k++)
+            DT_CHECK_MSG(a->loss[k] == b->loss[k], "step %d loss %.17g vs one process %.17g",
+                         k + 1, a->loss[k], b->loss[k]);
+        size_t n = a->num_params;
+        DT_CHECK_MSG(first_diff(a->params, b->params, n) == n,
+                     "one rank at stage 3: other parameters than one process");
+        DT_CHECK_MSG(a->mem.gathers_prefetched > 0, "one rank at stage 3: no prefetch");
+    }
+    unmap(&zr);
+    unmap(&one);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -1076,6 +1105,7 @@ int main(int argc, char **argv)
         {"memory", test_memory, 120},
         {"stage3_memory", test_stage3_memory, 120},
         {"stage3_granules_64k_2m", test_stage3_granules, 180},
+        {"stage3_one_rank", test_stage3_one_rank, 60},
     };
     return dt_test_main("test_zero", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }
