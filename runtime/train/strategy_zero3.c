@@ -716,8 +716,8 @@ int dt_zero3_open(dt_zero3 **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt
         be->mem_release(be, m->grads, 0, m->num_params * sizeof(float));
     if ((!z->gp || !z->gg) && z->rank == 0)
         DT_WARN("ZeRO-3: the %s backend cannot give the model's flat %s buffer back (granule "
-                "0): it stays resident, whole, so stage 3 saves only the optimiser state and the "
-                "sharded gradients here (the memory figures show it)",
+                "0): it stays resident, whole, beside the shard, so stage 3 saves less memory "
+                "here than its formula says (the memory figures show what is resident)",
                 be->name, !z->gp && !z->gg ? "parameter and gradient" : !z->gp ? "parameter"
                                                                               : "gradient");
     dt_model_set_block_hook(m, hook, z);
