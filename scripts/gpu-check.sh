@@ -22,14 +22,15 @@
 #      GPU, ddp.backend = nccl): tokens/s and scaling against one GPU; then the same gpt2-124m
 #      bf16 run with ZeRO-3 and activation recomputation (parallel.zero = 3, train.recompute =
 #      block; issue 17): tokens/s and the peak memory by category (metrics.jsonl's
-#      mem_peak_bytes: params, grads, optim, activations, comm; and peak_mem_bytes) beside the
-#      DDP run's. On one GPU that run is one rank: stage 3 over one rank shards nothing (its
-#      shard is the whole model) but still gathers every block into the flat buffer before its
-#      forward and backward (an all-gather over one rank, prefetched), gives it back after, and
-#      reduce-scatters each block's gradients into the shard, so the row then measures the cost
-#      of that machinery and of recomputation, not a saving: parameters and gradients are the
-#      shard plus what the flat buffers keep (all of them while the cuda backend's granule is
-#      0; about a block each with cuMemMap), and says so
+#      mem_peak_bytes: params, grads, optim, activations, comm, other (checkpoint staging); and
+#      peak_mem_bytes) beside the DDP run's. On one GPU that run is one rank: stage 3 over one
+#      rank shards nothing (its shard is the whole model) but still gathers every block into
+#      the flat buffer before its forward and backward (an all-gather over one rank,
+#      prefetched), gives it back after, and reduce-scatters each block's gradients into the
+#      shard, so the row then measures the cost of that machinery and of recomputation, not a
+#      saving: parameters and gradients are the shard plus what the flat buffers keep (all of
+#      them while the cuda backend's granule is 0; about a block each with cuMemMap), and the
+#      checkpoint staging ("other") stays whole while the granule is 0; the row says so
 #   5. DP (job.strategy = dp) on every GPU when there are two or more: quickstart driven by one
 #      process, parameters and gradients through NCCL (dp_transport = collectives) and through
 #      host memory (master); loss against the DDP run of step 4, tokens/s
@@ -344,7 +345,7 @@ if [ $rc -eq 0 ]; then
     # whole peak
     mem() { echo "$(gib "$(field g2_zero "$1" last)") (ddp $(gib "$(field g2_nccl "$1" last)"))"; }
     add "$what gpt2 bf16 $(ktok "$t") tok/s ($rel ddp)  peak $(mem peak_mem_bytes)  loss@end $(fmt "$(field g2_zero loss last)") (ddp $(fmt "$(field g2_nccl loss last)"))"
-    add "                 peak by category: params $(mem params)  grads $(mem grads)  optim $(mem optim)  activations $(mem activations)  comm $(mem comm)"
+    add "                 peak by category: params $(mem params)  grads $(mem grads)  optim $(mem optim)  activations $(mem activations)  comm $(mem comm)  other $(mem other)"
     if [ "$ngpu" -eq 1 ]; then
         add "                 (one rank: stage 3 shards nothing, it still gathers and gives back every block: the row measures that cost and recomputation, not a saving)"
     fi

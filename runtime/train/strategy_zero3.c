@@ -39,10 +39,11 @@
  *   - a release covers the block's range rounded out to whole granules where the neighbouring
  *     blocks sharing an edge granule are not in use (parameters: not gathered; gradients: not
  *     accumulating), so edge granules go back too once both sides are done with them;
- *   - the host never touches backend memory: the initial parameters leave through
- *     be->memcpy_d2h, the checkpoint staging (host memory, reserved address space) goes to and
- *     from the device block by block through stg (memcpy_h2d / memcpy_d2h), and every
- *     collective runs on backend memory (stg, ps, sg, the send buffers, dscratch).
+ *   - the host never touches backend memory: the initial parameters go to the checkpoint
+ *     staging (strategy.h's dt_strategy_staging: backend memory, resident from open to start
+ *     and from a gather_state to the next step, given back between) by be->memcpy_d2d, and
+ *     every collective runs on backend memory (stg, ps, sg, the staging, the send buffers,
+ *     dscratch); a gather_state commits the staging before it writes every element of it.
  * With g = 0 (an allocation that cannot give memory back) nothing is released and commits are
  * no-ops: the flat buffers stay resident and the figures (allocator's categories) say so.
  *
@@ -72,8 +73,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -130,11 +129,10 @@ typedef struct z3_impl {
     dt_comm *c;                /* the group the shards are over (the world, or a data-parallel
                                   group), borrowed */
     float *dscratch;           /* (4 * world + 16) doubles' room for small collectives */
-    /* checkpoint staging: whole parameters and optimiser states (reserved address space) */
-    float *fullp;
-    float *full[DT_OPTIM_MAX_STATES];
-    size_t full_bytes;
-    bool staged;
+    /* checkpoint staging (strategy.h): buf[0] whole parameters, buf[1 + i] optimiser state i,
+     * in the local model's layout; backend memory charged as "other", resident from open to
+     * start and from a gather_state to the next step, given back (mem_release) in between */
+    dt_strategy_staging ck;
     size_t gp, gg;             /* the granules of the flat parameter and gradient buffers
                                   (dt_mem_granule; 0: they cannot give memory back) */
     uint64_t g_sync, g_pref, forwards; /* gathers waited for at once, served by a prefetch;
@@ -567,21 +565,21 @@ static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
     return 0;
 }
 
-/* shard (shard layout, backend memory) = this rank's parts of full (num_params, host memory:
- * the checkpoint staging); padding zero. */
+/* shard (shard layout) = this rank's parts of full (num_params, the checkpoint staging);
+ * padding zero. */
 static void slice(dt_strategy *s, z3_impl *z, const float *full, float *shard)
 {
     dt_backend *be = be_of(s);
     be->memset_zero(be, shard, z->shard_n * sizeof(float));
     for (int k = 0; k < z->nb; k++)
         if (z->b[k].mn)
-            be->memcpy_h2d(be, shard + z->b[k].at, full + z->b[k].off,
+            be->memcpy_d2d(be, shard + z->b[k].at, full + z->b[k].off,
                            z->b[k].mn * sizeof(float));
 }
 
-/* full (num_params, host memory) = every rank's shard (backend memory) put in place: block by
- * block, all-gathered into stg (its padded N*c) and the n elements copied to the host. stg
- * holds no prefetch then (the caller dropped it). */
+/* full (num_params) = every rank's shard put in place: block by block, all-gathered into stg
+ * (its padded N*c) and the n elements copied out (full has no room for a block's padding).
+ * stg holds no prefetch then (the caller dropped it). */
 static int unslice(dt_strategy *s, z3_impl *z, const float *shard, float *full, dt_err *err)
 {
     dt_backend *be = be_of(s);
@@ -590,39 +588,9 @@ static int unslice(dt_strategy *s, z3_impl *z, const float *shard, float *full, 
                                    NULL, err);
         if (rc)
             return rc;
-        be->memcpy_d2h(be, full + z->b[k].lo, z->stg, z->b[k].n * sizeof(float));
+        be->memcpy_d2d(be, full + z->b[k].lo, z->stg, z->b[k].n * sizeof(float));
     }
     return 0;
-}
-
-/* ps (backend memory) = this rank's parts of c's rank 0's full (host memory): block by block,
- * rank 0 copies the block into stg, broadcasts it, and every rank keeps its chunk. */
-static int scatter_params(dt_strategy *s, z3_impl *z, const float *full, dt_err *err)
-{
-    dt_backend *be = be_of(s);
-    be->memset_zero(be, z->ps, z->shard_n * sizeof(float));
-    for (int k = 0; k < z->nb; k++) {
-        const z3_block *b = &z->b[k];
-        if (z->rank == 0)
-            be->memcpy_h2d(be, z->stg, full + b->lo, b->n * sizeof(float));
-        int rc = dt_comm_broadcast(z->c, z->stg, b->n, DT_FLOAT32, 0, NULL, err);
-        if (rc)
-            return rc;
-        if (b->mn)
-            be->memcpy_d2d(be, z->ps + b->at, z->stg + (b->off - b->lo),
-                           b->mn * sizeof(float));
-    }
-    return 0;
-}
-
-static void release_staging(z3_impl *z, int nstates)
-{
-    if (!z->staged)
-        return;
-    madvise(z->fullp, z->full_bytes, MADV_DONTNEED);
-    for (int i = 0; i < nstates; i++)
-        madvise(z->full[i], z->full_bytes, MADV_DONTNEED);
-    z->staged = false;
 }
 
 /* ---- the ops ------------------------------------------------------------------------------ */
@@ -635,13 +603,6 @@ static int balloc(dt_backend *be, void **p, size_t bytes, dt_mem_cat cat, dt_err
     int rc = be->alloc(be, p, bytes ? bytes : 4, err);
     dt_mem_tag(be, old);
     return rc;
-}
-
-static void *reserve(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    return p == MAP_FAILED ? NULL : p;
 }
 
 /* ---- the piece (dt_zero3, strategy_zero.h) ------------------------------------------------ */
@@ -692,22 +653,15 @@ int dt_zero3_open(dt_zero3 **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt
     if ((rc = dt_optim_create_ranges(&s->optim, ctx->optim, be, z->st, z->nst, z->shard_n, &all,
                                      1, z->shard_n, err)))
         goto fail;
-    /* checkpoint staging; the model's initial parameters wait there for start (a resume
-     * overwrites them), and the flat buffers give their memory back */
-    z->full_bytes = (m->num_params + (size_t)z->N) * sizeof(float);
-    if (!(z->fullp = reserve(z->full_bytes))) {
-        rc = dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint staging",
-                        z->full_bytes);
+    /* checkpoint staging (zeroed: the optimiser state when nothing is loaded); the model's
+     * initial parameters wait there for start (a resume overwrites them), and the flat buffers
+     * give their memory back */
+    if ((rc = dt_strategy_staging_alloc(&z->ck, be, 1 + s->optim->num_states, m->num_params,
+                                        err))) {
+        dt_err_prefix(err, "ZeRO-3: ");
         goto fail;
     }
-    for (int i = 0; i < s->optim->num_states; i++)
-        if (!(z->full[i] = reserve(z->full_bytes))) {
-            rc = dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint "
-                            "staging", z->full_bytes);
-            goto fail;
-        }
-    be->memcpy_d2h(be, z->fullp, m->params, m->num_params * sizeof(float));
-    z->staged = true;
+    be->memcpy_d2d(be, z->ck.buf[0], m->params, m->num_params * sizeof(float));
     /* from here on a block's ranges are committed before they are written (bring_in,
      * grad_begin); nothing is resident that no block uses */
     if (z->gp)
@@ -746,11 +700,7 @@ void dt_zero3_free(dt_zero3 *zz)
     be->free(be, z->send[0]);
     be->free(be, z->send[1]);
     be->free(be, z->dscratch);
-    if (z->fullp)
-        munmap(z->fullp, z->full_bytes);
-    for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
-        if (z->full[i])
-            munmap(z->full[i], z->full_bytes);
+    dt_strategy_staging_free(&z->ck, be);
     free(z->b);
     free(z->st);
     free(z->fseq);
@@ -767,9 +717,7 @@ void dt_zero3_free(dt_zero3 *zz)
 
 float *dt_zero3_local(dt_zero3 *zz, int k)
 {
-    z3_impl *z = &zz->z;
-    z->staged = true;
-    return k == 0 ? z->fullp : z->full[k - 1];
+    return zz->z.ck.buf[k];
 }
 
 int dt_zero3_start(dt_zero3 *zz, dt_err *err)
@@ -780,15 +728,15 @@ int dt_zero3_start(dt_zero3 *zz, dt_err *err)
     int rc;
     drop_all(s, z);
     /* rank 0's parameters and buffers (its initialisation, or what every rank loaded) */
-    if ((rc = scatter_params(s, z, z->fullp, err)))
+    if ((rc = dt_comm_broadcast(z->c, z->ck.buf[0], m->num_params, DT_FLOAT32, 0, NULL, err)))
         return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's parameters: ");
     if (m->num_buffers &&
         (rc = dt_comm_broadcast(z->c, m->buffers, m->num_buffers, DT_FLOAT32, 0, NULL, err)))
         return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's buffers: ");
-    z->staged = true;
+    slice(s, z, z->ck.buf[0], z->ps);
     for (int i = 0; i < s->optim->num_states; i++)
-        slice(s, z, z->full[i], s->optim->states[i].buf);
-    release_staging(z, s->optim->num_states);
+        slice(s, z, z->ck.buf[1 + i], s->optim->states[i].buf);
+    dt_strategy_staging_release(&z->ck, s->be);
     return 0;
 }
 
@@ -919,7 +867,7 @@ int dt_zero3_step(dt_zero3 *zz, double lr)
 {
     z3_impl *z = &zz->z;
     dt_strategy *s = z->s;
-    release_staging(z, s->optim->num_states); /* the trainer fenced the last save's copy */
+    dt_strategy_staging_release(&z->ck, s->be); /* the trainer fenced the last save's copy */
     drop_all(s, z);
     dt_optim_step(s->optim, z->ps, z->sg, lr);
     return 0;
@@ -949,13 +897,15 @@ int dt_zero3_gather_state(dt_zero3 *zz, dt_err *err)
 {
     z3_impl *z = &zz->z;
     dt_strategy *s = z->s;
-    z->staged = true;
+    int rc = dt_strategy_staging_commit(&z->ck, s->be, err); /* every element written below */
+    if (rc)
+        return dt_err_prefix(err, "ZeRO-3: ");
     pf_drop(s, z); /* stg carries the gathers below */
-    int rc = unslice(s, z, z->ps, z->fullp, err);
+    rc = unslice(s, z, z->ps, z->ck.buf[0], err);
     if (rc)
         return dt_err_prefix(err, "ZeRO-3: gathering the parameters: ");
     for (int i = 0; i < s->optim->num_states; i++)
-        if ((rc = unslice(s, z, s->optim->states[i].buf, z->full[i], err)))
+        if ((rc = unslice(s, z, s->optim->states[i].buf, z->ck.buf[1 + i], err)))
             return dt_err_prefix(err, "ZeRO-3: gathering %s: ", s->optim->states[i].name);
     return 0;
 }
@@ -1078,7 +1028,7 @@ static int z3_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int6
 static int z3_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
 {
     z3_impl *z = &((dt_zero3 *)s->impl)->z;
-    return dt_strategy_state_bufs(s, z->fullp, z->full, bufs, cap, n, err);
+    return dt_strategy_state_bufs(s, z->ck.buf[0], z->ck.buf + 1, bufs, cap, n, err);
 }
 
 static int z3_gather_state(dt_strategy *s, dt_err *err)

@@ -25,10 +25,9 @@ void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out);
  * dt_zero3_local(z, 1 + i) optimiser state i (num_params floats each, + N of slack), filled by
  * dt_zero3_gather_state (collective over c) before a save, written by a load before
  * dt_zero3_start (which broadcasts c's rank 0's parameters and slices them and the state).
- * The staging is HOST memory (reserved address space, pages only while staged), not backend
- * memory: on cpu the two are the same; on cuda a checkpoint's copies of it must be host to host
- * (the checkpoint code's be->memcpy_d2h / memcpy_h2d on it rely on the backend accepting a host
- * pointer there). Its collectives go through device staging (stg), block by block. */
+ * The staging is backend memory (strategy.h's dt_strategy_staging, charged as "other"):
+ * resident from open to start and from dt_zero3_gather_state to the next dt_zero3_step, given
+ * back in between (where the backend's granule allows), so it is written or read only then. */
 typedef struct dt_zero3 dt_zero3;
 
 /* After s->be and s->model exist: the layout, the shard buffers, s->optim over the shard
