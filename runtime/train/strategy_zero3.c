@@ -60,7 +60,13 @@
  * BEFORE, after the gather was waited for and before the copy into it is issued. A release is
  * ordered by the backend after the device work already issued (the contract), so a block's
  * kernels and its copy to a send buffer finish before its granules go; a commit maps memory
- * before it returns, so the memset or copy issued after it finds it there.
+ * before it returns, so the memset or copy issued after it finds it there. An edge granule is
+ * released by one block's AFTER and committed by the next block's BEFORE right away, so a
+ * backend that defers a release until the device is done must let a commit of the same granule
+ * wait for (or cancel) it, never unmap what the commit just mapped.
+ * A window that follows a failure (a collective's error is kept and returned after the pass:
+ * a hook cannot stop the model) still commits its ranges, so it computes on undefined contents
+ * instead of touching released memory.
  *
  * The file has two parts: dt_zero3 (strategy_zero.h), the above over a group c of N ranks for a
  * strategy's s->model, and the zero strategy at stage 3, that piece over the world. The tensor
@@ -1065,6 +1071,10 @@ void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out)
     out->gathers_prefetched = z->g_pref;
     out->windows = (uint64_t)(z->nf + z->nbw);
     out->forwards = z->forwards;
+    /* the staging held now: between a save and the next update (always where the backend's
+     * granule is 0: nothing is given back there) */
+    size_t ck = (size_t)z->ck.n * z->ck.numel * sizeof(float);
+    out->ckpt_staging = z->ck.resident || !dt_mem_granule(s->be, z->ck.buf[0]) ? ck : 0;
 }
 
 const dt_strategy_ops dt_strategy_zero3_ops = {
