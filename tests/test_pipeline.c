@@ -949,11 +949,14 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
     one.eval = pp.eval = true;
     padd(&pp, fmt("parallel.tensor=%d", T));
     padd(&pp, fmt("train.batch_size=%d", 8 / D));
-    int zero = 0; /* one process ignores parallel.zero; the layout must run it */
+    int zero = 0; /* the layout must run parallel.zero; the reference is one plain process
+                   * (stage 3 on one rank would run stage 3: it is not given the key) */
     for (; more && *more; more++) {
-        padd(&one, *more);
+        bool zkey = !strncmp(*more, "parallel.zero=", 14);
+        if (!zkey)
+            padd(&one, *more);
         padd(&pp, *more);
-        if (!strncmp(*more, "parallel.zero=", 14))
+        if (zkey)
             zero = atoi(*more + 14);
     }
     if (!prun_run(&one) || !prun_run(&pp))

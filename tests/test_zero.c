@@ -1000,6 +1000,9 @@ static void test_stage3_memory(void)
 {
     zrun z[3];
     int st[MAX_RANKS];
+    /* the formula's figures are at the page granule (stage3_granules runs coarser ones); the
+     * ranks are forked from here and read the variable at their first allocation */
+    unsetenv("DT_CPU_MEM_GRANULE");
     for (int k = 0; k < 3; k++) {
         z[k] = base("mlp.ini", 2, k ? 3 : 0, fmt("mem3-%d", k));
         add(&z[k], "model.hidden=256,256,256,256,256,256");
@@ -1034,6 +1037,118 @@ static void test_stage3_memory(void)
         unmap(&z[k]);
 }
 
+/* Stage 3 at granules coarser than the page, as cuda's virtual memory has them (the cpu
+ * backend's DT_CPU_MEM_GRANULE, set for the ranks): the mlp of stage3_memory (7 blocks, the
+ * largest 65,792 parameters = 257 KiB) on 4 ranks against DDP (bit for bit: loss every step,
+ * parameters and gathered optimiser state at the end; the norm within 1e-12), and its figures:
+ *   64 KiB: each large block spans 4-5 granules and shares its edge granules with its
+ *     neighbours; they go back once neither side uses them, so after a step the parameters
+ *     resident are the shard and the gather staging (1/N + one block, + the buffer's partial
+ *     last granule), well below the whole model, and at their peak one block more (rounded
+ *     out to granules);
+ *   2 MiB: the whole flat buffer (1.4 MB) is inside one granule, so nothing can be given back,
+ *     and the figures say so: the flat buffers stay resident besides the shards. */
+static void test_stage3_granules(void)
+{
+    const int N = 4;
+    const size_t grains[2] = {65536, 2097152};
+    for (int gi = 0; gi < 2; gi++) {
+        const size_t g = grains[gi];
+        zrun zr = base("mlp.ini", N, 3, fmt("gran%zu-z3", g));
+        zrun dd = base("mlp.ini", N, 0, fmt("gran%zu-ddp", g));
+        zrun *both[2] = {&zr, &dd};
+        for (int k = 0; k < 2; k++) {
+            add(both[k], "model.hidden=256,256,256,256,256,256");
+            add(both[k], "train.batch_size=4");
+            add(both[k], "train.warmup_steps=1");
+            both[k]->steps = 20;
+        }
+        int sz[MAX_RANKS], sd[MAX_RANKS];
+        setenv("DT_CPU_MEM_GRANULE", fmt("%zu", g), 1); /* the ranks' cpu backends read it */
+        run(&zr, sz);
+        unsetenv("DT_CPU_MEM_GRANULE"); /* the reference as the other tests run it */
+        run(&dd, sd);
+        if (all_ok(&zr, sz) && all_ok(&dd, sd)) {
+            const rank_out *a = &zr.out[0], *b = &dd.out[0];
+            DT_CHECK_STR(a->strategy, "zero");
+            DT_CHECK_INT(a->step, zr.steps);
+            size_t n = a->num_params;
+            DT_CHECK_INT(n, b->num_params);
+            for (int k = 0; k < zr.steps; k++) {
+                double rel = fabs(a->norm[k] - b->norm[k]) / fmax(fabs(b->norm[k]), 1e-30);
+                DT_CHECK_MSG(a->loss[k] == b->loss[k] && rel <= 1e-12,
+                             "%s: step %d loss %.17g vs DDP %.17g, norm %.17g vs %.17g",
+                             zr.name, k + 1, a->loss[k], b->loss[k], a->norm[k], b->norm[k]);
+            }
+            size_t d = first_diff(a->params, b->params, n);
+            DT_CHECK_MSG(d == n, "%s: parameter %zu of %zu: %.9g vs DDP %.9g", zr.name, d, n,
+                         (double)a->params[d < n ? d : 0], (double)b->params[d < n ? d : 0]);
+            for (int i = 0; i < a->num_states && i < 2; i++)
+                DT_CHECK_MSG(first_diff(a->state[i], b->state[i], n) == n,
+                             "%s: optimiser state %d differs from DDP's", zr.name, i);
+            for (int r = 1; r < N; r++)
+                DT_CHECK_MSG(first_diff(zr.out[r].params, a->params, n) == n,
+                             "%s: rank %d's parameters differ from rank 0's", zr.name, r);
+            const dt_strategy_mem *m = &a->mem;
+            double P = (double)n * 4, blk = 65792.0 * 4, G = (double)g;
+            DT_CHECK_INT(m->zero_stage, 3);
+            if (g < 1048576) {
+                DT_CHECK_MSG(m->params <= P / N + blk + 2 * G && m->params <= 0.55 * P,
+                             "%s: parameters after a step %zu bytes; 1/N + a block + 2 "
+                             "granules = %.0f, whole model %.0f", zr.name, m->params,
+                             P / N + blk + 2 * G, P);
+                DT_CHECK_MSG(m->params_peak <= P / N + 2 * blk + 4 * G && m->params_peak < P,
+                             "%s: parameters peak %zu bytes; 1/N + 2 blocks + 4 granules = "
+                             "%.0f, whole model %.0f", zr.name, m->params_peak,
+                             P / N + 2 * blk + 4 * G, P);
+                DT_CHECK_MSG(m->grads <= P / N + 2 * G && m->grads_peak < P,
+                             "%s: gradients %zu bytes after a step, %zu at their peak (whole "
+                             "%.0f)", zr.name, m->grads, m->grads_peak, P);
+            } else {
+                DT_CHECK_MSG(m->params >= P + P / N && m->grads >= P + P / N,
+                             "%s: nothing can be given back below a granule, yet the figures "
+                             "show parameters %zu and gradients %zu bytes (whole %.0f)",
+                             zr.name, m->params, m->grads, P);
+            }
+            printf("    %s: %zu parameters (%.0f bytes) on %d ranks, bit for bit DDP's over %d "
+                   "steps; params %zu peak %zu, grads %zu peak %zu bytes\n",
+                   zr.name, n, P, N, zr.steps, m->params, m->params_peak, m->grads,
+                   m->grads_peak);
+        }
+        unmap(&zr);
+        unmap(&dd);
+    }
+}
+
+/* Stage 3 on one rank: stage 3 runs (not the single process), gathering and giving back every
+ * block over a group of one, and trains bit for bit as the single process does (gpt: the head's
+ * tied window; 10 steps). */
+static void test_stage3_one_rank(void)
+{
+    zrun zr = base("quickstart.ini", 1, 3, "one-z3");
+    zrun one = base("quickstart.ini", 1, 0, "one-single");
+    tiny_gpt(&zr);
+    tiny_gpt(&one);
+    zr.steps = one.steps = 10;
+    int sz[1], so[1];
+    run(&zr, sz);
+    run(&one, so);
+    if (all_ok(&zr, sz) && all_ok(&one, so)) {
+        const rank_out *a = &zr.out[0], *b = &one.out[0];
+        DT_CHECK_STR(a->strategy, "zero");
+        DT_CHECK_STR(b->strategy, "single");
+        for (int k = 0; k < zr.steps; k++)
+            DT_CHECK_MSG(a->loss[k] == b->loss[k], "step %d loss %.17g vs one process %.17g",
+                         k + 1, a->loss[k], b->loss[k]);
+        size_t n = a->num_params;
+        DT_CHECK_MSG(first_diff(a->params, b->params, n) == n,
+                     "one rank at stage 3: other parameters than one process");
+        DT_CHECK_MSG(a->mem.gathers_prefetched > 0, "one rank at stage 3: no prefetch");
+    }
+    unmap(&zr);
+    unmap(&one);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -1054,6 +1169,8 @@ int main(int argc, char **argv)
         {"stage3_eval", test_stage3_eval, 120},
         {"memory", test_memory, 120},
         {"stage3_memory", test_stage3_memory, 120},
+        {"stage3_granules_64k_2m", test_stage3_granules, 180},
+        {"stage3_one_rank", test_stage3_one_rank, 60},
     };
     return dt_test_main("test_zero", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

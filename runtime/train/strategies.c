@@ -22,7 +22,10 @@ const dt_strategy_ops *dt_strategy_pick(const dt_job *job, int world_size)
                                              data-parallel groups when D > 1 */
     if (job->tensor > 1)
         return &dt_strategy_tensor_ops; /* DDP or ZeRO over the data-parallel groups when D > 1 */
-    if (world_size > 1)
+    /* stage 3 on one rank shards nothing but still gathers and gives back each block, so
+     * its memory and its path (commits, releases, the prefetch, the collectives over one
+     * rank) are what one GPU can measure; stages 1-2 on one rank would only add copies */
+    if (world_size > 1 || job->zero == 3)
         return job->zero == 3  ? &dt_strategy_zero3_ops
                : job->zero > 0 ? &dt_strategy_zero_ops
                                : &dt_strategy_ddp_ops;

@@ -66,7 +66,7 @@
  * reports once the embedding group's all-reduce summed them (the buckets after the tied one
  * wait with it, strictly in order: on the last stage, whose wte is its first bucket, the
  * reduce-scatters start after backward).
- * ZeRO-3 (device = cpu): strategy_zero3.h's dt_zero3 over the data-parallel group shards the
+ * ZeRO-3 (cpu, cuda): strategy_zero3.h's dt_zero3 over the data-parallel group shards the
  * stage's parameters too; its block hook gathers a block over the group at each of its windows
  * (every micro-batch's forward and backward) and gives it back after; the step's final backward
  * (dt_zero3_backward_begins) reduce-scatters each block's gradients as it finishes, except the

@@ -13,7 +13,7 @@
  * over the tensor group (dt_zero_clip_split). A checkpoint goes through both stagings: the
  * optimiser state all-gathered over dp into the slices' layout (dt_zero_gather_state), then
  * assembled over the tensor group as without ZeRO; a load the reverse (dt_zero_take_state), so
- * the checkpoint is the one T = 1 or one process writes. ZeRO-3 (cpu): dt_zero3 over the
+ * the checkpoint is the one T = 1 or one process writes. ZeRO-3 (cpu, cuda): dt_zero3 over the
  * data-parallel group instead, its block hook gathering the slices around each block's use;
  * its staging in the slices' layout is what the tensor group's gather and slice read and write.
  * D = 1 has nothing to shard: DDP's layout (no reducer) is what runs.

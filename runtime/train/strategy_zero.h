@@ -43,14 +43,18 @@
  * A rank that dies mid reduce-scatter or all-gather fails the step with the comm layer's error
  * (naming the collective, its sequence number and the rank) within ddp.timeout.
  *
- * Stage 3 (parallel.zero = 3, strategy_zero3.c, device = cpu): the parameters are sharded too,
- * per block of the model (model.h: buckets = blocks, each cut into N chunks of ceil(n/N), the
- * last padded; rank r keeps chunk r of every block in its persistent shard). The model's block
- * hook gathers a block into the flat parameter buffer at BEFORE_FORWARD / BEFORE_BACKWARD
- * (through a padded staging buffer, prefetched one window ahead once the window order was seen
- * in the first step) and gives its pages back (mem_release) at AFTER; a block's gradients are
- * reduce-scattered at its last AFTER_BACKWARD of the last micro-step and their pages given back
- * (earlier micro-steps of an accumulation keep the whole gradient buffer, as stage 2). The
+ * Stage 3 (parallel.zero = 3, strategy_zero3.c, device = cpu or cuda): the parameters are
+ * sharded too, per block of the model (model.h: buckets = blocks, each cut into N chunks of
+ * ceil(n/N), the last padded; rank r keeps chunk r of every block in its persistent shard). The
+ * model's block hook gathers a block into the flat parameter buffer at BEFORE_FORWARD /
+ * BEFORE_BACKWARD (through a padded staging buffer, prefetched one window ahead once the window
+ * order was seen in the first step; the block's range committed (mem_commit) before the copy
+ * into it) and gives its granules back (mem_release) at AFTER; a block's gradient range is
+ * committed and zeroed at its first backward window of a step, reduce-scattered at its last
+ * AFTER_BACKWARD of the last micro-step and given back (earlier micro-steps of an accumulation
+ * keep the whole gradient buffer, as stage 2). Nothing relies on released memory reading as
+ * zero (the strict contract of backend_ops.h); where the backend's granule is 0 nothing is
+ * given back and the figures show the flat buffers resident. The
  * optimiser steps the shard in place (a tensor table of the shard layout). Per rank: 4Ψ/N +
  * about two blocks of parameters, 4Ψ/N + about one block of gradients, 8Ψ/N of AdamW state.
  * Bit for bit DDP's on one host (the same reductions, the same element-wise update); the norm

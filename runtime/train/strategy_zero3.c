@@ -1,5 +1,5 @@
-/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on the cpu backend; see strategy_zero.h
- * ("Stage 3") and strategy_zero3.h.
+/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on any backend (cpu, cuda); see
+ * strategy_zero.h ("Stage 3") and strategy_zero3.h.
  *
  * Layout: buckets = the model's blocks (model.h). Block k = [lo, lo + n) is cut into N chunks of
  * c = ceil(n / N) elements; rank r owns [lo + r*c, min(lo + (r+1)*c, lo + n)). The rank's chunks
@@ -9,26 +9,69 @@
  *   the optimiser's state (shard_n each), over a tensor table of the shard layout (the parts of
  *   the model's tensors this rank owns, and the padding as tensors of their own), so it updates
  *   ps in place with each tensor's no_decay as a whole optimiser would.
- * The model's flat parameter buffer keeps its pages only inside a window (model.h's block
- * hook): BEFORE gathers the block's chunks into `stg` (N*c, the padded block) and copies the n
- * elements into the flat buffer; AFTER gives its pages back (backend mem_release), unless the
- * next window is the same block's (gpt's head: the last forward window and the first backward
- * one). The order of windows is recorded on the first forward and the first backward; from then
- * on, at each BEFORE the next window's block is gathered into stg asynchronously (one prefetch
- * in flight), and waited for at its BEFORE. So about two blocks of parameters are resident: the
- * one computed and the one prefetched.
- * Gradients: at a block's last AFTER_BACKWARD of the last micro-step (its gradients final), its
- * range of the flat gradient buffer is copied into one of two padded send buffers (16-bit with
- * ddp.compress, pre-divided by N), its pages given back (the partial pages at its ends zeroed,
- * so it reads as zero for the next step), and the send buffer reduce-scattered (averaged) into
- * sg asynchronously; a send buffer is waited for before it is reused, the rest in sync_grads.
- * With train.grad_accum = k the earlier micro-steps accumulate into the flat gradient buffer as
- * DDP's no_sync does (the pages of a block are taken back at its BEFORE_BACKWARD and kept), so
- * during an accumulation the whole gradient buffer is resident, as at stage 2.
+ * The model's flat parameter buffer holds a block only inside a window (model.h's block hook):
+ * BEFORE gathers the block's chunks into `stg` (N*c, the padded block, always resident),
+ * commits the block's range of the flat buffer and copies the n elements there; AFTER gives
+ * the range back, unless the next window is the same block's (gpt's head: the last forward
+ * window and the first backward one). The order of windows is recorded on the first forward and
+ * the first backward; from then on, at each BEFORE the next window's block is gathered into stg
+ * asynchronously (one prefetch in flight), and waited for at its BEFORE. So about two blocks of
+ * parameters are resident: the one computed and the one prefetched.
+ * Gradients: at a block's first BEFORE_BACKWARD of a step its range of the flat gradient buffer
+ * is committed and zeroed (memset_zero of exactly [lo, lo + n)); later windows and micro-steps
+ * accumulate there. At its last AFTER_BACKWARD of the last micro-step (its gradients final) the
+ * range is copied into one of two padded send buffers (16-bit with ddp.compress, pre-divided by
+ * N), given back, and the send buffer reduce-scattered (averaged) into sg asynchronously; a send
+ * buffer is waited for before it is reused, the rest in sync_grads. With train.grad_accum = k the
+ * earlier micro-steps accumulate into the flat gradient buffer as DDP's no_sync does (a block's
+ * range stays committed from its first backward window to its scatter), so during an
+ * accumulation the whole gradient buffer is resident, as at stage 2.
+ *
+ * Memory given back (backend_ops.h, "mem_release / mem_commit / mem_granule"). The unit is the
+ * backend's granule g = dt_mem_granule(be, base) (cpu: the page, or DT_CPU_MEM_GRANULE; cuda:
+ * 2 MiB with virtual memory, or 0). The strict contract is kept: a released granule is never
+ * touched until committed again, a commit's contents are undefined, and nothing here relies on
+ * memory reading as zero. So:
+ *   - every write into the flat buffers is preceded by a commit of its range (bring_in before
+ *     the copy from stg; grad_begin before a backward accumulates);
+ *   - zeros are written (be->memset_zero) exactly where zeros are needed: a block's gradient
+ *     range at its first backward window of a step, the padding of send buffers and shards;
+ *   - a release covers the block's range rounded out to whole granules where the neighbouring
+ *     blocks sharing an edge granule are not in use (parameters: not gathered; gradients: not
+ *     accumulating), so edge granules go back too once both sides are done with them;
+ *   - the host never touches backend memory: the initial parameters go to the checkpoint
+ *     staging (strategy.h's dt_strategy_staging: backend memory, resident from open to start
+ *     and from a gather_state to the next step, given back between) by be->memcpy_d2d, and
+ *     every collective runs on backend memory (stg, ps, sg, the staging, the send buffers,
+ *     dscratch); a gather_state commits the staging before it writes every element of it.
+ * With g = 0 (an allocation that cannot give memory back) nothing is released and commits are
+ * no-ops: the flat buffers stay resident and the figures (allocator's categories) say so.
+ *
+ * Ordering on cuda. Compute ops (copies, memsets, kernels) run in issue order on the backend's
+ * stream. A collective runs on the comm stream after an event recorded on the compute stream,
+ * so it sees every compute op issued before it (the copy out of stg into the flat buffer, the
+ * optimiser's update of ps, the copy into a send buffer), and dt_comm_wait blocks the host until
+ * it completed, so compute issued after a wait sees its result (stg after a gather, sg after a
+ * reduce-scatter). Hence the prefetch: the gather of block k+1 into stg is issued at block k's
+ * BEFORE, after the copy stg -> flat of block k was issued (the event orders the gather after
+ * that copy: the gather does not overwrite stg under it), and its destination stg is a
+ * persistent allocation, resident from open to free: nothing needs committing before it is
+ * issued. The flat range of block k+1 is committed (synchronously, on the host) only at its
+ * BEFORE, after the gather was waited for and before the copy into it is issued. A release is
+ * ordered by the backend after the device work already issued (the contract), so a block's
+ * kernels and its copy to a send buffer finish before its granules go; a commit maps memory
+ * before it returns, so the memset or copy issued after it finds it there. An edge granule is
+ * released by one block's AFTER and committed by the next block's BEFORE right away, so a
+ * backend that defers a release until the device is done must let a commit of the same granule
+ * wait for (or cancel) it, never unmap what the commit just mapped.
+ * A window that follows a failure (a collective's error is kept and returned after the pass:
+ * a hook cannot stop the model) still commits its ranges, so it computes on undefined contents
+ * instead of touching released memory.
  *
  * The file has two parts: dt_zero3 (strategy_zero.h), the above over a group c of N ranks for a
  * strategy's s->model, and the zero strategy at stage 3, that piece over the world. The tensor
- * strategy holds one over its data-parallel group (its model is then the rank's slices).
+ * strategy holds one over its data-parallel group (its model is then the rank's slices), the
+ * pipeline strategy over its stage's data-parallel group.
  */
 #include "runtime/train/strategy_zero3.h"
 
@@ -36,8 +79,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -77,6 +118,9 @@ typedef struct z3_impl {
     bool in_bwd, training;     /* the pass running */
     int pos;                   /* windows of this pass seen */
     bool *valid;               /* (nb) the flat buffer holds block k's parameters */
+    bool *gz;                  /* (nb) block k's range of the flat gradient buffer is committed
+                                  and holds this step's sum (zeroed at its first backward
+                                  window since zero_grads or its scatter) */
     int *bw_seen;              /* (nb) backward windows of block k in this backward */
     bool *held;                /* (nb) blocks whose gradients wait for dt_zero3_scatter_held
                                   (a tied tensor's, summed elsewhere first), or NULL */
@@ -91,12 +135,12 @@ typedef struct z3_impl {
     dt_comm *c;                /* the group the shards are over (the world, or a data-parallel
                                   group), borrowed */
     float *dscratch;           /* (4 * world + 16) doubles' room for small collectives */
-    /* checkpoint staging: whole parameters and optimiser states (reserved address space) */
-    float *fullp;
-    float *full[DT_OPTIM_MAX_STATES];
-    size_t full_bytes;
-    bool staged;
-    size_t page;
+    /* checkpoint staging (strategy.h): buf[0] whole parameters, buf[1 + i] optimiser state i,
+     * in the local model's layout; backend memory charged as "other", resident from open to
+     * start and from a gather_state to the next step, given back (mem_release) in between */
+    dt_strategy_staging ck;
+    size_t gp, gg;             /* the granules of the flat parameter and gradient buffers
+                                  (dt_mem_granule; 0: they cannot give memory back) */
     uint64_t g_sync, g_pref, forwards; /* gathers waited for at once, served by a prefetch;
                                           forward passes */
     size_t pk_params, pk_grads; /* the most parameter / gradient bytes resident (allocator's
@@ -111,31 +155,69 @@ static dt_backend *be_of(dt_strategy *s) { return s->be; }
 
 /* ---- memory helpers ----------------------------------------------------------------------- */
 
-/* Gives back the whole pages of flat[lo, lo+n) and zeroes what is left of the range (the
- * partial pages at its ends, which neighbouring blocks share), so it reads as zero. */
-static void release_zero(dt_backend *be, z3_impl *z, float *flat, size_t lo, size_t n)
+/* Gives back block k's range of the flat buffer base (granule g, 0: nothing): the granules
+ * wholly inside it and, at each end, the granule it shares with its neighbours when none of the
+ * blocks overlapping that granule is in use (live[j]: their contents must stay). The range's
+ * contents are gone (undefined after the next commit). */
+static void release_block(dt_strategy *s, z3_impl *z, float *base, size_t g, const bool *live,
+                          int k)
 {
-    if (!n)
+    const z3_block *b = &z->b[k];
+    if (!g || !b->n)
         return;
-    be->mem_release(be, flat, lo * sizeof(float), n * sizeof(float));
-    uintptr_t p = (uintptr_t)(flat + lo), e = (uintptr_t)(flat + lo + n);
-    uintptr_t a = (p + z->page - 1) / z->page * z->page, q = e / z->page * z->page;
-    if (a >= q) {
-        memset((void *)p, 0, e - p);
-    } else {
-        memset((void *)p, 0, a - p);
-        memset((void *)q, 0, e - q);
+    const uintptr_t a = (uintptr_t)base;
+    const size_t all = s->model->num_params * sizeof(float);
+    size_t lo = b->lo * sizeof(float), hi = (b->lo + b->n) * sizeof(float);
+    uintptr_t glo = (a + lo) / g * g, ghi = (a + hi + g - 1) / g * g;
+    size_t elo = glo < a ? 0 : glo - a, ehi = DT_MIN((size_t)(ghi - a), all);
+    for (int j = 0; j < z->nb && (elo < lo || ehi > hi); j++) {
+        if (j == k || !live[j] || !z->b[j].n)
+            continue;
+        size_t jlo = z->b[j].lo * sizeof(float), jhi = (z->b[j].lo + z->b[j].n) * sizeof(float);
+        if (jlo < lo && jhi > elo)
+            elo = lo;
+        if (jhi > hi && jlo < ehi)
+            ehi = hi;
     }
+    be_of(s)->mem_release(be_of(s), base, elo, ehi - elo);
 }
 
-static int commit(dt_backend *be, z3_impl *z, float *flat, size_t lo, size_t n)
+/* Commits flat[lo, lo + n) (granule g; 0: always resident), also after an earlier failure (a
+ * window runs to its end whatever happened, and must not touch a released granule); 0 or the
+ * commit's error, kept in z->rc unless one was there first. */
+static int commit(dt_backend *be, z3_impl *z, float *flat, size_t g, size_t lo, size_t n)
 {
-    if (!n || z->rc)
-        return z->rc;
-    int rc = be->mem_commit(be, flat, lo * sizeof(float), n * sizeof(float), &z->err);
-    if (rc)
+    if (!n || !g)
+        return 0;
+    dt_err e = {0};
+    int rc = be->mem_commit(be, flat, lo * sizeof(float), n * sizeof(float), &e);
+    if (rc && !z->rc) {
         z->rc = rc;
+        z->err = e;
+        dt_err_prefix(&z->err, "ZeRO-3: ");
+    }
     return rc;
+}
+
+/* Block k's gradient range ready to accumulate into: committed and zeroed at the block's first
+ * backward window since zero_grads or its scatter (a commit's contents are undefined), kept
+ * as it is afterwards (later windows and micro-steps add to it). */
+static void grad_begin(dt_strategy *s, z3_impl *z, int k)
+{
+    if (z->gz[k])
+        return;
+    dt_backend *be = be_of(s);
+    if (commit(be, z, s->model->grads, z->gg, z->b[k].lo, z->b[k].n))
+        return;
+    be->memset_zero(be, s->model->grads + z->b[k].lo, z->b[k].n * sizeof(float));
+    z->gz[k] = true;
+}
+
+/* Block k's gradient range given back (its sum has been copied out, or a new step begins). */
+static void grad_end(dt_strategy *s, z3_impl *z, int k)
+{
+    z->gz[k] = false;
+    release_block(s, z, s->model->grads, z->gg, z->gz, k);
 }
 
 static void fail_at(z3_impl *z, int rc, const dt_err *e, const char *what, const char *block)
@@ -180,9 +262,12 @@ static void issue_gather(dt_strategy *s, z3_impl *z, int k, bool async, const ch
 static void bring_in(dt_strategy *s, z3_impl *z, int k, const char *why)
 {
     dt_backend *be = be_of(s);
-    if (z->valid[k] || z->rc)
+    if (z->valid[k])
         return;
-    if (z->pf_block != k) {
+    if (z->rc) {
+        /* an earlier failure: no more collectives; the window still runs (the pass returns
+         * the error after it) on a committed range of undefined contents */
+    } else if (z->pf_block != k) {
         pf_drop(s, z); /* a guess that missed (a pass unlike the recorded one) */
         issue_gather(s, z, k, false, why);
     } else if (!z->pf_ready) {
@@ -194,12 +279,19 @@ static void bring_in(dt_strategy *s, z3_impl *z, int k, const char *why)
             fail_at(z, rc, &e, why, s->model->blocks[k].name);
         z->pf_ready = true;
     }
-    if (z->rc || commit(be, z, s->model->params, z->b[k].lo, z->b[k].n))
+    /* the range is committed only now: the gather wrote into stg (resident), and the copy
+     * below is the first write into the flat buffer. Should the commit fail, the window
+     * touches released memory (a fault): nothing in a hook can stop the model's pass. */
+    if (commit(be, z, s->model->params, z->gp, z->b[k].lo, z->b[k].n))
         return;
-    be->memcpy_d2d(be, s->model->params + z->b[k].lo, z->stg, z->b[k].n * sizeof(float));
-    z->valid[k] = true;
-    z->pf_block = -1;
-    z->pf_ready = false;
+    if (!z->rc) {
+        be->memcpy_d2d(be, s->model->params + z->b[k].lo, z->stg, z->b[k].n * sizeof(float));
+        z->pf_block = -1;
+        z->pf_ready = false;
+    } else {
+        pf_drop(s, z);
+    }
+    z->valid[k] = true; /* given back at AFTER or by drop_all */
 }
 
 /* The block of the window after the current one (pos), or -1. */
@@ -219,9 +311,8 @@ static void release_params(dt_strategy *s, z3_impl *z, int k)
 {
     if (!z->valid[k])
         return;
-    be_of(s)->mem_release(be_of(s), s->model->params, z->b[k].lo * sizeof(float),
-                          z->b[k].n * sizeof(float));
     z->valid[k] = false;
+    release_block(s, z, s->model->params, z->gp, z->valid, k);
 }
 
 /* ---- gradients ---------------------------------------------------------------------------- */
@@ -271,7 +362,7 @@ static void scatter_grads(dt_strategy *s, z3_impl *z, int k)
         z->send_work[i] = NULL;
         fail_at(z, rc, &e, "reduce-scattering the gradients of", s->model->blocks[k].name);
     }
-    release_zero(be, z, s->model->grads, b->lo, b->n);
+    grad_end(s, z, k);
 }
 
 /* ---- the block hook ----------------------------------------------------------------------- */
@@ -310,7 +401,7 @@ static void hook(void *ctx, int k, dt_block_event ev)
         bring_in(s, z, k, bwd ? "gathering (before its backward) the parameters of"
                           : "gathering (before its forward) the parameters of");
         if (bwd)
-            commit(be_of(s), z, s->model->grads, z->b[k].lo, z->b[k].n);
+            grad_begin(s, z, k);
         int nx = next_window(z);
         if (nx >= 0 && nx != k && !z->valid[nx] && z->pf_block < 0 && !z->rc)
             issue_gather(s, z, nx, true, "prefetching the parameters of");
@@ -435,6 +526,7 @@ static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
         !(z->fseq = calloc((size_t)z->seq_cap, sizeof *z->fseq)) ||
         !(z->bseq = calloc((size_t)z->seq_cap, sizeof *z->bseq)) ||
         !(z->valid = calloc((size_t)z->nb, sizeof *z->valid)) ||
+        !(z->gz = calloc((size_t)z->nb, sizeof *z->gz)) ||
         !(z->bw_seen = calloc((size_t)z->nb, sizeof *z->bw_seen)))
         return dt_err_set(err, -ENOMEM, "ZeRO-3: out of memory");
     size_t at = 0;
@@ -479,7 +571,8 @@ static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
     return 0;
 }
 
-/* shard (shard layout) = this rank's parts of full (num_params); padding zero. */
+/* shard (shard layout) = this rank's parts of full (num_params, the checkpoint staging);
+ * padding zero. */
 static void slice(dt_strategy *s, z3_impl *z, const float *full, float *shard)
 {
     dt_backend *be = be_of(s);
@@ -490,27 +583,20 @@ static void slice(dt_strategy *s, z3_impl *z, const float *full, float *shard)
                            z->b[k].mn * sizeof(float));
 }
 
-/* full (num_params + N slack) = every rank's shard put in place, block by block in buffer order
- * (a block's padding lands in the next block, gathered afterwards, or in the slack). */
+/* full (num_params) = every rank's shard put in place: block by block, all-gathered into stg
+ * (its padded N*c) and the n elements copied out (full has no room for a block's padding).
+ * stg holds no prefetch then (the caller dropped it). */
 static int unslice(dt_strategy *s, z3_impl *z, const float *shard, float *full, dt_err *err)
 {
+    dt_backend *be = be_of(s);
     for (int k = 0; k < z->nb; k++) {
-        int rc = dt_comm_allgather(z->c, shard + z->b[k].at, full + z->b[k].lo, z->b[k].c,
-                                   DT_FLOAT32, NULL, err);
+        int rc = dt_comm_allgather(z->c, shard + z->b[k].at, z->stg, z->b[k].c, DT_FLOAT32,
+                                   NULL, err);
         if (rc)
             return rc;
+        be->memcpy_d2d(be, full + z->b[k].lo, z->stg, z->b[k].n * sizeof(float));
     }
     return 0;
-}
-
-static void release_staging(z3_impl *z, int nstates)
-{
-    if (!z->staged)
-        return;
-    madvise(z->fullp, z->full_bytes, MADV_DONTNEED);
-    for (int i = 0; i < nstates; i++)
-        madvise(z->full[i], z->full_bytes, MADV_DONTNEED);
-    z->staged = false;
 }
 
 /* ---- the ops ------------------------------------------------------------------------------ */
@@ -523,13 +609,6 @@ static int balloc(dt_backend *be, void **p, size_t bytes, dt_mem_cat cat, dt_err
     int rc = be->alloc(be, p, bytes ? bytes : 4, err);
     dt_mem_tag(be, old);
     return rc;
-}
-
-static void *reserve(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    return p == MAP_FAILED ? NULL : p;
 }
 
 /* ---- the piece (dt_zero3, strategy_zero.h) ------------------------------------------------ */
@@ -546,19 +625,13 @@ int dt_zero3_open(dt_zero3 **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt
     z->c = c;
     z->job = ctx->job;
     z->pf_block = -1;
-    z->page = (size_t)sysconf(_SC_PAGESIZE);
     z->N = dt_comm_world_size(c);
     z->rank = dt_comm_rank(c);
     dt_model *m = s->model;
     dt_backend *be = s->be;
     int rc;
-    if (strcmp(be->name, "cpu") != 0) {
-        rc = dt_err_set(err, -ENOTSUP,
-                        "parallel.zero = 3 runs on device = cpu only so far (this worker runs "
-                        "on %s): use parallel.zero = 1 there",
-                        be->name);
-        goto fail;
-    }
+    z->gp = dt_mem_granule(be, m->params);
+    z->gg = dt_mem_granule(be, m->grads);
     if ((rc = dt_ddp_opts_from_job(&z->o, ctx->job, err)))
         goto fail;
     if (m->num_params < (size_t)z->N) {
@@ -586,24 +659,27 @@ int dt_zero3_open(dt_zero3 **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt
     if ((rc = dt_optim_create_ranges(&s->optim, ctx->optim, be, z->st, z->nst, z->shard_n, &all,
                                      1, z->shard_n, err)))
         goto fail;
-    /* checkpoint staging; the model's initial parameters wait there for start (a resume
-     * overwrites them), and the flat buffers give their pages back */
-    z->full_bytes = (m->num_params + (size_t)z->N) * sizeof(float);
-    if (!(z->fullp = reserve(z->full_bytes))) {
-        rc = dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint staging",
-                        z->full_bytes);
+    /* checkpoint staging (zeroed: the optimiser state when nothing is loaded); the model's
+     * initial parameters wait there for start (a resume overwrites them), and the flat buffers
+     * give their memory back */
+    if ((rc = dt_strategy_staging_alloc(&z->ck, be, 1 + s->optim->num_states, m->num_params,
+                                        err))) {
+        dt_err_prefix(err, "ZeRO-3: ");
         goto fail;
     }
-    for (int i = 0; i < s->optim->num_states; i++)
-        if (!(z->full[i] = reserve(z->full_bytes))) {
-            rc = dt_err_set(err, -ENOMEM, "ZeRO-3: cannot reserve %zu bytes of checkpoint "
-                            "staging", z->full_bytes);
-            goto fail;
-        }
-    memcpy(z->fullp, m->params, m->num_params * sizeof(float));
-    z->staged = true;
-    be->mem_release(be, m->params, 0, m->num_params * sizeof(float));
-    release_zero(be, z, m->grads, 0, m->num_params);
+    be->memcpy_d2d(be, z->ck.buf[0], m->params, m->num_params * sizeof(float));
+    /* from here on a block's ranges are committed before they are written (bring_in,
+     * grad_begin); nothing is resident that no block uses */
+    if (z->gp)
+        be->mem_release(be, m->params, 0, m->num_params * sizeof(float));
+    if (z->gg)
+        be->mem_release(be, m->grads, 0, m->num_params * sizeof(float));
+    if ((!z->gp || !z->gg) && z->rank == 0)
+        DT_WARN("ZeRO-3: the %s backend cannot give the model's flat %s buffer back (granule "
+                "0): it stays resident, whole, beside the shard, so stage 3 saves less memory "
+                "here than its formula says (the memory figures show what is resident)",
+                be->name, !z->gp && !z->gg ? "parameter and gradient" : !z->gp ? "parameter"
+                                                                              : "gradient");
     dt_model_set_block_hook(m, hook, z);
     *out = zz;
     return 0;
@@ -630,16 +706,13 @@ void dt_zero3_free(dt_zero3 *zz)
     be->free(be, z->send[0]);
     be->free(be, z->send[1]);
     be->free(be, z->dscratch);
-    if (z->fullp)
-        munmap(z->fullp, z->full_bytes);
-    for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
-        if (z->full[i])
-            munmap(z->full[i], z->full_bytes);
+    dt_strategy_staging_free(&z->ck, be);
     free(z->b);
     free(z->st);
     free(z->fseq);
     free(z->bseq);
     free(z->valid);
+    free(z->gz);
     free(z->bw_seen);
     free(z->held);
     free(z->due);
@@ -650,9 +723,7 @@ void dt_zero3_free(dt_zero3 *zz)
 
 float *dt_zero3_local(dt_zero3 *zz, int k)
 {
-    z3_impl *z = &zz->z;
-    z->staged = true;
-    return k == 0 ? z->fullp : z->full[k - 1];
+    return zz->z.ck.buf[k];
 }
 
 int dt_zero3_start(dt_zero3 *zz, dt_err *err)
@@ -663,23 +734,27 @@ int dt_zero3_start(dt_zero3 *zz, dt_err *err)
     int rc;
     drop_all(s, z);
     /* rank 0's parameters and buffers (its initialisation, or what every rank loaded) */
-    if ((rc = dt_comm_broadcast(z->c, z->fullp, m->num_params, DT_FLOAT32, 0, NULL, err)))
+    if ((rc = dt_comm_broadcast(z->c, z->ck.buf[0], m->num_params, DT_FLOAT32, 0, NULL, err)))
         return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's parameters: ");
     if (m->num_buffers &&
         (rc = dt_comm_broadcast(z->c, m->buffers, m->num_buffers, DT_FLOAT32, 0, NULL, err)))
         return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's buffers: ");
-    z->staged = true;
-    slice(s, z, z->fullp, z->ps);
+    slice(s, z, z->ck.buf[0], z->ps);
     for (int i = 0; i < s->optim->num_states; i++)
-        slice(s, z, z->full[i], s->optim->states[i].buf);
-    release_staging(z, s->optim->num_states);
+        slice(s, z, z->ck.buf[1 + i], s->optim->states[i].buf);
+    dt_strategy_staging_release(&z->ck, s->be);
     return 0;
 }
 
+/* Every block's gradient range given back; each is committed and zeroed again at its first
+ * backward window. */
 void dt_zero3_zero_grads(dt_zero3 *zz)
 {
     z3_impl *z = &zz->z;
-    release_zero(z->s->be, z, z->s->model->grads, 0, z->s->model->num_params);
+    dt_strategy *s = z->s;
+    memset(z->gz, 0, sizeof *z->gz * (size_t)z->nb);
+    if (z->gg)
+        s->be->mem_release(s->be, s->model->grads, 0, s->model->num_params * sizeof(float));
 }
 
 int dt_zero3_micro_step(dt_zero3 *zz, const dt_batch *batch, float dloss, bool last,
@@ -798,7 +873,7 @@ int dt_zero3_step(dt_zero3 *zz, double lr)
 {
     z3_impl *z = &zz->z;
     dt_strategy *s = z->s;
-    release_staging(z, s->optim->num_states); /* the trainer fenced the last save's copy */
+    dt_strategy_staging_release(&z->ck, s->be); /* the trainer fenced the last save's copy */
     drop_all(s, z);
     dt_optim_step(s->optim, z->ps, z->sg, lr);
     return 0;
@@ -828,12 +903,15 @@ int dt_zero3_gather_state(dt_zero3 *zz, dt_err *err)
 {
     z3_impl *z = &zz->z;
     dt_strategy *s = z->s;
-    z->staged = true;
-    int rc = unslice(s, z, z->ps, z->fullp, err);
+    int rc = dt_strategy_staging_commit(&z->ck, s->be, err); /* every element written below */
+    if (rc)
+        return dt_err_prefix(err, "ZeRO-3: ");
+    pf_drop(s, z); /* stg carries the gathers below */
+    rc = unslice(s, z, z->ps, z->ck.buf[0], err);
     if (rc)
         return dt_err_prefix(err, "ZeRO-3: gathering the parameters: ");
     for (int i = 0; i < s->optim->num_states; i++)
-        if ((rc = unslice(s, z, s->optim->states[i].buf, z->full[i], err)))
+        if ((rc = unslice(s, z, s->optim->states[i].buf, z->ck.buf[1 + i], err)))
             return dt_err_prefix(err, "ZeRO-3: gathering %s: ", s->optim->states[i].name);
     return 0;
 }
@@ -880,11 +958,6 @@ static int z3_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     int rc = dt_strategy_open_backend(s, ctx, err);
     if (rc)
         return rc;
-    if (strcmp(s->be->name, "cpu") != 0)
-        return dt_err_set(err, -ENOTSUP,
-                          "parallel.zero = 3 runs on device = cpu only so far (this worker runs "
-                          "on %s): use parallel.zero = 1 there",
-                          s->be->name);
     const char *backend; /* cpu: the backend is */
     if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
         return rc;
@@ -901,9 +974,10 @@ static int z3_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     snprintf(s->summary, sizeof s->summary, "ZeRO-3 over %d ranks", z->N);
     if (z->rank == 0)
         DT_INFO("ZeRO stage 3: %zu parameters in %d blocks, this rank's shard %zu (%.1f%%); "
-                "gathered per block (largest padded block %zu)",
+                "gathered per block (largest padded block %zu); the flat buffers give memory "
+                "back in granules of %zu bytes (parameters) and %zu (gradients)",
                 m->num_params, z->nb, z->shard_n,
-                100.0 * (double)z->shard_n / (double)m->num_params, z->max_pad);
+                100.0 * (double)z->shard_n / (double)m->num_params, z->max_pad, z->gp, z->gg);
     return 0;
 }
 
@@ -960,7 +1034,7 @@ static int z3_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int6
 static int z3_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
 {
     z3_impl *z = &((dt_zero3 *)s->impl)->z;
-    return dt_strategy_state_bufs(s, z->fullp, z->full, bufs, cap, n, err);
+    return dt_strategy_state_bufs(s, z->ck.buf[0], z->ck.buf + 1, bufs, cap, n, err);
 }
 
 static int z3_gather_state(dt_strategy *s, dt_err *err)
@@ -997,6 +1071,10 @@ void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out)
     out->gathers_prefetched = z->g_pref;
     out->windows = (uint64_t)(z->nf + z->nbw);
     out->forwards = z->forwards;
+    /* the staging held now: between a save and the next update (always where the backend's
+     * granule is 0: nothing is given back there) */
+    size_t ck = (size_t)z->ck.n * z->ck.numel * sizeof(float);
+    out->ckpt_staging = z->ck.resident || !dt_mem_granule(s->be, z->ck.buf[0]) ? ck : 0;
 }
 
 const dt_strategy_ops dt_strategy_zero3_ops = {

@@ -1,5 +1,6 @@
-/* strategy_zero3.h - ZeRO stage 3 (parallel.zero = 3, FSDP full-shard, device = cpu): its ops,
- * its memory figures, and the piece (dt_zero3) other strategies hold over a group. What it does is strategy_zero.h's "Stage 3"; this header is apart so
+/* strategy_zero3.h - ZeRO stage 3 (parallel.zero = 3, FSDP full-shard, device = cpu or cuda):
+ * its ops, its memory figures, and the piece (dt_zero3) other strategies hold over a group.
+ * What it does is strategy_zero.h's "Stage 3"; this header is apart so
  * that strategy_zero3.c needs nothing of strategy_zero.c (zero.c's dt_strategy_get_mem calls
  * into stage 3, never the reverse: no include loop).
  */
@@ -18,15 +19,18 @@ void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out);
 /* ---- ZeRO stage 3 over a group, as a piece (strategy_zero3.c) -----------------------------
  *
  * Stage 3 ("Stage 3" above) of s->model over a group c (the world for the zero strategy, the
- * data-parallel group for the tensor strategy), device = cpu: the model's block hook gathers
+ * data-parallel group for the tensor strategy), any backend: the model's block hook gathers
  * each block over c before use and gives it back after; the optimiser is over the shard. Its
  * checkpoint staging is in the local model's layout: dt_zero3_local(z, 0) the parameters,
  * dt_zero3_local(z, 1 + i) optimiser state i (num_params floats each, + N of slack), filled by
  * dt_zero3_gather_state (collective over c) before a save, written by a load before
- * dt_zero3_start (which broadcasts c's rank 0's parameters and slices them and the state). */
+ * dt_zero3_start (which broadcasts c's rank 0's parameters and slices them and the state).
+ * The staging is backend memory (strategy.h's dt_strategy_staging, charged as "other"):
+ * resident from open to start and from dt_zero3_gather_state to the next dt_zero3_step, given
+ * back in between (where the backend's granule allows), so it is written or read only then. */
 typedef struct dt_zero3 dt_zero3;
 
-/* After s->be (cpu) and s->model exist: the layout, the shard buffers, s->optim over the shard
+/* After s->be and s->model exist: the layout, the shard buffers, s->optim over the shard
  * (ctx->optim), the staging holding the initial parameters, the block hook set. Collective over
  * c (borrowed; it and s outlive z). On failure *out is NULL, what it built freed but s->optim. */
 int dt_zero3_open(dt_zero3 **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt_comm *c,
