@@ -157,6 +157,12 @@ static double keepalive_budget(const etcd_rdzv *c)
     return DT_MIN(DT_MAX(c->o.heartbeat_timeout / 3, 1.0), 5.0);
 }
 
+static bool hb_stopping(void *arg)
+{
+    etcd_rdzv *c = arg;
+    return atomic_load(&c->hb_stop);
+}
+
 static void *hb_main(void *arg)
 {
     etcd_rdzv *c = arg;
@@ -169,6 +175,8 @@ static void *hb_main(void *arg)
         atomic_store(&c->hb_lost, true);
         return NULL;
     }
+    /* closing does not wait for a keepalive in flight (a member that does not answer) */
+    dt_etcd_set_interrupt(ec, hb_stopping, c);
     /* When the keepalives started failing (< 0: the last one succeeded). The cluster is lost
      * once they have failed for heartbeat_timeout: counted from the first failed try, not from
      * the last success, so that time this process did not run (SIGSTOP, a paused VM) is not
@@ -187,7 +195,7 @@ static void *hb_main(void *arg)
             /* (an old lease that the main thread has replaced since is no news) */
             failing_since = -1;
             atomic_store(&c->hb_expired, true);
-        } else if (rc != 0 && rc != -ENOENT) {
+        } else if (rc != 0 && rc != -ENOENT && rc != -EINTR) {
             if (failing_since < 0)
                 failing_since = t0;
             if (now - failing_since >= c->o.heartbeat_timeout) {
