@@ -142,6 +142,12 @@ static int get(etcd_rdzv *c, const char *k, char **v, dt_err *err)
 
 /* ---- heartbeat: the lease ------------------------------------------------------------------ */
 
+/* The lease's TTL: heartbeat_timeout, in whole seconds (etcd's unit), rounded up. */
+static int64_t lease_ttl(const etcd_rdzv *c)
+{
+    return (int64_t)(c->o.heartbeat_timeout + 0.999);
+}
+
 /* Seconds between keepalives: heartbeat_interval, at most a third of the TTL. */
 static double keepalive_period(const etcd_rdzv *c)
 {
@@ -219,7 +225,7 @@ static int renew_lease(etcd_rdzv *c, dt_err *err)
 {
     int64_t id = 0;
     char k[KEY_MAX];
-    int rc = dt_etcd_lease_grant(c->ec, (int64_t)(c->o.heartbeat_timeout + 0.999), &id, err);
+    int rc = dt_etcd_lease_grant(c->ec, lease_ttl(c), &id, err);
     if (rc)
         return rc;
     atomic_store(&c->lease, id);
@@ -585,7 +591,7 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     double deadline = dt_now_s() + opts->join_timeout;
     for (;;) {
         int64_t id = 0;
-        rc = dt_etcd_lease_grant(c->ec, (int64_t)(opts->heartbeat_timeout + 0.999), &id, err);
+        rc = dt_etcd_lease_grant(c->ec, lease_ttl(c), &id, err);
         atomic_store(&c->lease, id);
         if (rc != -ETIMEDOUT || dt_now_s() >= deadline)
             break;
@@ -606,10 +612,10 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         dt_err_prefix(err, "opening the rendezvous: ");
         goto fail;
     }
-    DT_DEBUG("etcd: job instance %s at %s, nodes %d:%d, node id %s, lease %" PRIx64 " (TTL %d s, "
-             "a keepalive every %.2f s)",
+    DT_DEBUG("etcd: job instance %s at %s, nodes %d:%d, node id %s, lease %" PRIx64 " (TTL %" PRId64
+             " s, a keepalive every %.2f s)",
              c->job, opts->endpoints, c->min, c->max, c->id, (uint64_t)atomic_load(&c->lease),
-             (int)(opts->heartbeat_timeout + 0.999), keepalive_period(c));
+             lease_ttl(c), keepalive_period(c));
     *out = c;
     return 0;
 fail:
