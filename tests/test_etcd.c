@@ -614,6 +614,54 @@ static void test_spare_takes_slot(void)
     cluster_stop(&ec);
 }
 
+/* (15) The interleaving that spare_takes_slot leaves to chance, made certain: the spare is
+ * stopped (SIGSTOP; its lease is long, so this costs it nothing) while the survivor sees the
+ * member lost and comes back, so the survivor closes the next round alone (every survivor back,
+ * MIN = 1); continued, the spare finds that round below MAX, ends it and both run in the round
+ * after - the spare never runs a round without the survivor, no restart is spent. */
+static void test_spare_after_survivor(void)
+{
+    skip_without_etcd();
+    etcd_cluster ec;
+    cluster_start(&ec, MEMBERS);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    const char *then =
+        "if [ \"$DTRAIN_ROUND\" = 0 ] || [ \"$GROUP_WORLD_SIZE\" != 2 ]; then sleep 60; fi; exit 0";
+    for (int k = 0; k < 2; k++)
+        start_agent(&g, k, ec.endpoints, "late", "1:2", CONF, then);
+    for (int k = 0; k < 2; k++)
+        DT_REQUIRE(dt_test_wait_text(g.out[k], "groups=2 att=0 round=0", 1,
+                                     30 * dt_test_timeout_scale()));
+    start_agent(&g, 2, ec.endpoints, "late", "1:2",
+                "heartbeat_interval=0.3,heartbeat_timeout=60,join_timeout=30,last_call_timeout=1",
+                then);
+    DT_REQUIRE(dt_test_wait_text(g.out[2], "waiting as a spare", 1, 30 * dt_test_timeout_scale()));
+    kill(g.pid[2], SIGSTOP);
+    kill(g.pid[1], SIGKILL);
+    dt_test_wait_exit(g.pid[1], 5);
+    g.done[1] = true;
+    DT_CHECK(dt_test_wait_text(g.out[0], "world=1 groups=1 att=0 round=1", 1,
+                               30 * dt_test_timeout_scale()));
+    kill(g.pid[2], SIGCONT);
+    for (int k = 0; k < 3; k += 2) {
+        g.code[k] = dt_test_wait_exit(g.pid[k], 40 * dt_test_timeout_scale());
+        g.done[k] = true;
+        DT_CHECK_INT(g.code[k], 0);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "att=1"), 0);
+    }
+    DT_CHECK_INT(dt_test_count_text(g.out[0], "world=2 groups=2 att=0 round="), 2);
+    DT_CHECK_INT(dt_test_count_text(g.out[2], "world=2 groups=2 att=0 round="), 1);
+    DT_CHECK_INT(dt_test_count_text(g.out[2], "E node="), 1);
+    DT_CHECK_INT(dt_test_count_text(g.out[2], "round=0"), 0);
+    DT_CHECK_INT(dt_test_count_text(g.out[2], "round=1"), 0);
+    if (g.code[0] || g.code[2] || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    kill_workers();
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
 /* (14) The lease outlives a heartbeat_interval close to heartbeat_timeout (2.99 s of 3, which
  * the configuration accepts): the keepalive runs at least three times per TTL whatever the
  * interval (as etcd's own clients do), so a keepalive that is late by a few milliseconds - a
@@ -826,6 +874,7 @@ static const dt_test tests[] = {
     {"sigterm_one_agent", test_sigterm_one_agent, 90},
     {"frozen_agent_rejoins", test_frozen_agent_rejoins, 120},
     {"spare_takes_slot", test_spare_takes_slot, 120},
+    {"spare_after_survivor", test_spare_after_survivor, 120},
     {"keepalive_within_ttl", test_keepalive_within_ttl, 90},
     {"too_few_nodes", test_too_few_nodes, 60},
     {"tls_client_cert", test_tls_client_cert, 90},
