@@ -6,8 +6,12 @@
  * failure (the agent that joined first may die; an etcd member, the leader too, may die).
  *
  * Liveness is leases. Every agent grants a lease with TTL = heartbeat_timeout at open and keeps
- * it alive from a thread of its own every heartbeat_interval; every key an agent writes about
- * itself (a/<id>, r<R>/j/<id>) is bound to it, so the keys of a dead agent vanish with it.
+ * it alive from a thread of its own (its own client and connection, so nothing the main thread
+ * waits on - a watch, a slow member, the workers - delays a keepalive), started as soon as the
+ * lease exists, every heartbeat_interval but at least three times per TTL (as etcd's own clients
+ * do), so that two keepalives in a row may be lost or late before the lease lapses. Every key an
+ * agent writes about itself (a/<id>, r<R>/j/<id>) is bound to it, so the keys of a dead agent
+ * vanish with it; an agent that leaves revokes it, so its keys vanish at once.
  *
  * Keys, under "dtrain/<rdzv id>/": "job" names the job instance J; everything else is under
  * "dtrain/<rdzv id>/<J>/":
@@ -44,7 +48,8 @@
  *
  * Node loss: group rank 0 checks every heartbeat_interval (one range, keys only) that each
  * member's j/ record is still there; every other member checks rank 0's. A record gone means
- * that agent's lease expired (heartbeat_timeout without a keepalive): the checker ends the round
+ * that agent's lease expired (heartbeat_timeout without a keepalive) or was revoked (the agent
+ * closed the rendezvous without writing the round's end: it exited): the checker ends the round
  * (REGROUP, the lost ranks listed) and the others re-form without it.
  *
  * Failover: see rdzv_etcd_client.h. Each call may try for heartbeat_timeout / 2 (at least 2 s);
@@ -138,36 +143,76 @@ static int get(etcd_rdzv *c, const char *k, char **v, dt_err *err)
 
 /* ---- heartbeat: the lease ------------------------------------------------------------------ */
 
+/* The lease's TTL: heartbeat_timeout, in whole seconds (etcd's unit), rounded up. */
+static int64_t lease_ttl(const etcd_rdzv *c)
+{
+    return (int64_t)(c->o.heartbeat_timeout + 0.999);
+}
+
+/* Seconds between keepalives: heartbeat_interval, at most a third of the TTL. */
+static double keepalive_period(const etcd_rdzv *c)
+{
+    return DT_MIN(c->o.heartbeat_interval, c->o.heartbeat_timeout / 3);
+}
+
+/* How long one keepalive may try (across members) before the thread waits for the next: a third
+ * of the TTL, 1 to 5 s. Each try then waits half of it for an answer: long enough for a member on
+ * a loaded machine (a keepalive is forwarded to the leader), short enough that a member that
+ * hangs costs one try, not the lease. */
+static double keepalive_budget(const etcd_rdzv *c)
+{
+    return DT_MIN(DT_MAX(c->o.heartbeat_timeout / 3, 1.0), 5.0);
+}
+
+static bool hb_stopping(void *arg)
+{
+    etcd_rdzv *c = arg;
+    return atomic_load(&c->hb_stop);
+}
+
 static void *hb_main(void *arg)
 {
     etcd_rdzv *c = arg;
     dt_etcd *ec = NULL;
     dt_err e = {0};
-    if (dt_etcd_open(&ec, c->o.endpoints, DT_MAX(c->o.heartbeat_interval, 1.0), &c->tls, &e)) {
+    if (dt_etcd_open(&ec, c->o.endpoints, keepalive_budget(c), &c->tls, &e)) {
         pthread_mutex_lock(&c->hb_mu);
         dt_strlcpy(c->hb_why, e.msg, sizeof c->hb_why);
         pthread_mutex_unlock(&c->hb_mu);
         atomic_store(&c->hb_lost, true);
         return NULL;
     }
-    double last_ok = dt_now_s();
+    /* closing does not wait for a keepalive in flight (a member that does not answer) */
+    dt_etcd_set_interrupt(ec, hb_stopping, c);
+    /* When the keepalives started failing (< 0: the last one succeeded). The cluster is lost
+     * once they have failed for heartbeat_timeout: counted from the first failed try, not from
+     * the last success, so that time this process did not run (SIGSTOP, a paused VM) is not
+     * taken for the cluster's silence - after a thaw the first answer says whether the lease
+     * outlived the freeze. */
+    double failing_since = -1;
     while (!atomic_load(&c->hb_stop)) {
         int64_t ttl = 0, id = atomic_load(&c->lease);
         dt_err ke = {0};
+        double t0 = dt_now_s();
         int rc = dt_etcd_lease_keepalive(ec, id, &ttl, &ke);
         double now = dt_now_s();
         if (rc == 0 && ttl > 0) {
-            last_ok = now;
+            failing_since = -1;
         } else if ((rc == 0 || rc == -ENOENT) && id == atomic_load(&c->lease)) {
             /* (an old lease that the main thread has replaced since is no news) */
+            failing_since = -1;
             atomic_store(&c->hb_expired, true);
-        } else if (now - last_ok >= c->o.heartbeat_timeout) {
-            pthread_mutex_lock(&c->hb_mu);
-            dt_strlcpy(c->hb_why, ke.msg, sizeof c->hb_why);
-            pthread_mutex_unlock(&c->hb_mu);
-            atomic_store(&c->hb_lost, true);
+        } else if (rc != 0 && rc != -ENOENT && rc != -EINTR) {
+            if (failing_since < 0)
+                failing_since = t0;
+            if (now - failing_since >= c->o.heartbeat_timeout) {
+                pthread_mutex_lock(&c->hb_mu);
+                dt_strlcpy(c->hb_why, ke.msg, sizeof c->hb_why);
+                pthread_mutex_unlock(&c->hb_mu);
+                atomic_store(&c->hb_lost, true);
+            }
         }
-        for (double until = dt_now_s() + c->o.heartbeat_interval;
+        for (double until = t0 + keepalive_period(c);
              dt_now_s() < until && !atomic_load(&c->hb_stop);)
             dt_sleep_ms(20);
     }
@@ -181,7 +226,7 @@ static int renew_lease(etcd_rdzv *c, dt_err *err)
 {
     int64_t id = 0;
     char k[KEY_MAX];
-    int rc = dt_etcd_lease_grant(c->ec, (int64_t)(c->o.heartbeat_timeout + 0.999), &id, err);
+    int rc = dt_etcd_lease_grant(c->ec, lease_ttl(c), &id, err);
     if (rc)
         return rc;
     atomic_store(&c->lease, id);
@@ -538,7 +583,7 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     double deadline = dt_now_s() + opts->join_timeout;
     for (;;) {
         int64_t id = 0;
-        rc = dt_etcd_lease_grant(c->ec, (int64_t)(opts->heartbeat_timeout + 0.999), &id, err);
+        rc = dt_etcd_lease_grant(c->ec, lease_ttl(c), &id, err);
         atomic_store(&c->lease, id);
         if (rc != -ETIMEDOUT || dt_now_s() >= deadline)
             break;
@@ -547,18 +592,22 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         dt_err_prefix(err, "opening the rendezvous: ");
         goto fail;
     }
-    snprintf(c->base, sizeof c->base, "dtrain/%s/", opts->run_id[0] ? opts->run_id : "none");
-    if ((rc = resolve_job(c, err)) || (rc = agree_conf(c, err))) {
-        dt_err_prefix(err, "opening the rendezvous: ");
-        goto fail;
-    }
+    /* Kept alive from now on: settling the job below may take a few calls' budgets (a member
+     * down, an election), which must not cost the lease. */
     if ((rc = pthread_create(&c->hb, NULL, hb_main, c))) {
         rc = dt_err_set(err, -rc, "cannot start the heartbeat thread");
         goto fail;
     }
     c->hb_started = true;
-    DT_DEBUG("etcd: job instance %s at %s, nodes %d:%d, node id %s, lease %" PRIx64, c->job,
-             opts->endpoints, c->min, c->max, c->id, (uint64_t)atomic_load(&c->lease));
+    snprintf(c->base, sizeof c->base, "dtrain/%s/", opts->run_id[0] ? opts->run_id : "none");
+    if ((rc = resolve_job(c, err)) || (rc = agree_conf(c, err))) {
+        dt_err_prefix(err, "opening the rendezvous: ");
+        goto fail;
+    }
+    DT_DEBUG("etcd: job instance %s at %s, nodes %d:%d, node id %s, lease %" PRIx64 " (TTL %" PRId64
+             " s, a keepalive every %.2f s)",
+             c->job, opts->endpoints, c->min, c->max, c->id, (uint64_t)atomic_load(&c->lease),
+             lease_ttl(c), keepalive_period(c));
     *out = c;
     return 0;
 fail:
@@ -1014,8 +1063,8 @@ static int spare_wait(etcd_rdzv *c, int R, const closed_rec *ci, dt_rdzv_status 
             if (dt_etcd_range(c->ec, zk, false, true, true, NULL, NULL, &cnt, NULL, NULL) == 0 &&
                 cnt == 0) {
                 char why[256];
-                snprintf(why, sizeof why, "node 0 of round %d was lost (its etcd lease expired; "
-                         "seen by a spare)", R);
+                snprintf(why, sizeof why, "node 0 of round %d was lost (its etcd lease is gone: "
+                         "expired or revoked; seen by a spare)", R);
                 int zero = 0;
                 if ((v = end_encode(END_REGROUP, -1, 0, ci->n - 1, &zero, 1, why))) {
                     bool won = false;
@@ -1217,9 +1266,12 @@ static int check_members(etcd_rdzv *c, dt_err *err)
         for (int i = 0; i < nl && strlen(list) < 100; i++)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d (%s)", i ? ", " : "",
                      lost[i], c->mem[lost[i]].host);
-        snprintf(why, sizeof why, "node%s %s of round %d lost: no etcd lease keepalive for "
-                 "heartbeat_timeout (%g s)", nl > 1 ? "s" : "", list, c->round,
-                 c->o.heartbeat_timeout);
+        /* A record is gone when its lease expired (no keepalive for heartbeat_timeout) or was
+         * revoked (its agent ended without writing the round's end): from here both look the
+         * same, so the message names both. */
+        snprintf(why, sizeof why, "node%s %s of round %d lost: etcd lease gone (no keepalive for "
+                 "heartbeat_timeout, %g s, or its agent ended)", nl > 1 ? "s" : "", list,
+                 c->round, c->o.heartbeat_timeout);
         char *v = end_encode(END_REGROUP, -1, 0, c->n - nl, lost, nl, why);
         bool won = false;
         if (v && create_end(c, c->round, v, &won, NULL, NULL) == 0 && won)

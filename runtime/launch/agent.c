@@ -756,6 +756,8 @@ static enum outcome monitor(agent *a, dt_rdzv_status *st)
         if (!reported && a->n_succeeded == a->nproc) {
             dt_err e = {0};
             if (dt_rdzv_succeeded(a->rz, &e)) {
+                if (a->first_signal) /* interrupted by the signal, as the poll below */
+                    return OUT_SIGNAL;
                 DT_ERROR("cannot report success to the rendezvous: %s", e.msg);
                 return OUT_LOST;
             }
