@@ -29,8 +29,9 @@
 #      prefetched), gives it back after, and reduce-scatters each block's gradients into the
 #      shard, so the row then measures the cost of that machinery and of recomputation, not a
 #      saving: parameters and gradients are the shard plus what the flat buffers keep (all of
-#      them while the cuda backend's granule is 0; about a block each with cuMemMap), and the
-#      checkpoint staging ("other") stays whole while the granule is 0; the row says so
+#      them where the cuda backend's granule is 0: DTRAIN_CUDA_VMM=0 or a driver without virtual
+#      memory management; about a block each on kernels/cuda/vmm.cu's cuMemMap allocations),
+#      and the checkpoint staging ("other") stays whole where the granule is 0; the row says so
 #   5. DP (job.strategy = dp) on every GPU when there are two or more: quickstart driven by one
 #      process, parameters and gradients through NCCL (dp_transport = collectives) and through
 #      host memory (master); loss against the DDP run of step 4, tokens/s
