@@ -139,14 +139,28 @@ static bool read_faults(const volatile unsigned char *p)
     return WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV;
 }
 
-/* mem_release gives whole pages back (counted once however often) and makes them untouchable,
- * mem_commit takes them back (filled with 0xFF, not zero: the contract promises no contents);
- * free of a partly released allocation gives back only what is still resident. */
+/* The backend's granule (the page, or DT_CPU_MEM_GRANULE), asked of a probe allocation. */
+static size_t granule_of(dt_backend *be)
+{
+    dt_err err = {0};
+    void *p = NULL;
+    if (be->alloc(be, &p, 1, &err) != 0)
+        return 0;
+    size_t g = dt_mem_granule(be, p);
+    be->free(be, p);
+    return g;
+}
+
+/* mem_release gives whole granules back (pages; counted once however often) and makes them
+ * untouchable, mem_commit takes them back (filled with 0xFF, not zero: the contract promises no
+ * contents); free of a partly released allocation gives back only what is still resident. Run
+ * in granules, so it holds under DT_CPU_MEM_GRANULE as well ("pages" below are granules). */
 static void test_release_commit(void)
 {
     dt_backend *be = cpu();
     dt_err err = {0};
-    const size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t ps = granule_of(be);
+    DT_REQUIRE(ps >= (size_t)sysconf(_SC_PAGESIZE) && (ps & (ps - 1)) == 0);
     const size_t bytes = 64 * ps + 100;
     float *x = NULL;
     dt_mem_tag(be, DT_MEM_GRADS);
