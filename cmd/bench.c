@@ -177,9 +177,9 @@ int dt_bench_config(const char *name, const char *tag, bool with_store,
 int dt_bench_main_run(const dt_bench_main *m, int argc, char **argv)
 {
     const dt_bench_opt child_opts[] = {
-        {"--child", NULL, m->child},         {"--child-rank", m->rank, NULL},
-        {"--child-port", m->port, NULL},     {"--child-run-id", NULL, m->run_id},
-        {"--child-out", NULL, m->out},
+        {"--child", NULL, &m->args->child},     {"--child-rank", &m->args->rank, NULL},
+        {"--child-port", &m->args->port, NULL}, {"--child-run-id", NULL, &m->args->run_id},
+        {"--child-out", NULL, &m->args->out},
     };
     const int nchild = (int)DT_ARRAY_LEN(child_opts);
     char **ovr = calloc((size_t)argc + 1, sizeof *ovr);
@@ -191,14 +191,14 @@ int dt_bench_main_run(const dt_bench_main *m, int argc, char **argv)
     memcpy(opts + m->nopts, child_opts, sizeof child_opts);
     char label[64];
     snprintf(label, sizeof label, "dtrain bench %s", m->name);
-    rc = dt_bench_parse_args(argc, argv, label, opts, m->nopts + nchild, m->job_path, ovr,
-                             m->n_overrides, m->print_usage);
+    rc = dt_bench_parse_args(argc, argv, label, opts, m->nopts + nchild, &m->args->job_path, ovr,
+                             &m->args->n_overrides, m->print_usage);
     if (rc) {
         rc = rc == 1 ? 0 : 2;
         goto out;
     }
-    *m->overrides = ovr;
-    if (!*m->job_path) {
+    m->args->overrides = ovr;
+    if (!m->args->job_path) {
         m->print_usage(stderr);
         rc = 2;
         goto out;
@@ -206,8 +206,8 @@ int dt_bench_main_run(const dt_bench_main *m, int argc, char **argv)
     if (m->check && (rc = m->check(m->o)) != 0)
         goto out;
     dt_log_init();
-    if (*m->child) {
-        dt_log_set_rank(*m->rank);
+    if (m->args->child) {
+        dt_log_set_rank(m->args->rank);
         rc = m->run_child(m->o);
         goto out;
     }

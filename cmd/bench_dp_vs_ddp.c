@@ -45,18 +45,10 @@
 #define MAX_REPLICAS 64
 
 typedef struct bench_opts {
-    const char *job_path;
-    char **overrides;
-    int n_overrides;
+    dt_bench_args a; /* the job, the overrides and the child's arguments (cmd.h) */
     int nproc;
     int steps, warmup;
     int repeat;          /* rounds of (single, DP, DDP); each row is the median round */
-    /* child mode */
-    const char *child;   /* "single", "dp", "ddp", "indep" */
-    int rank;
-    int port;
-    const char *run_id;
-    const char *out;     /* result file */
     int argc;            /* the command line, which the parent's children get again */
     char **argv;
 } bench_opts;
@@ -140,7 +132,7 @@ static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *
                     dt_err *err)
 {
     static dt_config_errors errs;
-    int rc = dt_bench_load_job(o->job_path, o->overrides, o->n_overrides, more, n_more, job,
+    int rc = dt_bench_load_job(o->a.job_path, o->a.overrides, o->a.n_overrides, more, n_more, job,
                                &errs, err);
     for (int i = 0; rc && i < errs.count && i < 64; i++)
         fprintf(stderr, "%s\n", errs.lines[i]);
@@ -174,13 +166,13 @@ static int run_child(void *arg)
     dt_store *store = NULL;
     bool built = false;
     int rc;
-    bool is_dp = !strcmp(o->child, "dp"), is_ddp = !strcmp(o->child, "ddp");
-    int world = is_ddp || !strcmp(o->child, "indep") ? o->nproc : 1;
+    bool is_dp = !strcmp(o->a.child, "dp"), is_ddp = !strcmp(o->a.child, "ddp");
+    int world = is_ddp || !strcmp(o->a.child, "indep") ? o->nproc : 1;
     bool is_indep = !is_ddp && world > 1; /* apart, but started and ended together */
     char steps[32], replicas[32], outdir[1300];
     snprintf(steps, sizeof steps, "train.steps=%d", o->warmup + o->steps);
     snprintf(replicas, sizeof replicas, "job.dp_replicas=%d", o->nproc);
-    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", o->out);
+    snprintf(outdir, sizeof outdir, "job.output_dir=%s.run", o->a.out);
     char *more[] = {steps, outdir, "checkpoint.resume=never", "checkpoint.every=0",
                     is_dp ? "job.strategy=dp" : "job.strategy=ddp", replicas};
     if ((rc = load_job(o, more, is_dp ? 6 : 5, &job, &err)))
@@ -189,18 +181,18 @@ static int run_child(void *arg)
     dt_worker_env env;
     memset(&env, 0, sizeof env);
     env.world_size = is_ddp ? world : 1;
-    env.rank = is_ddp ? o->rank : 0;
+    env.rank = is_ddp ? o->a.rank : 0;
     env.local_world_size = world;
-    env.local_rank = world > 1 ? o->rank : 0;
-    dt_strlcpy(env.run_id, o->run_id ? o->run_id : "bench-dpddp", sizeof env.run_id);
+    env.local_rank = world > 1 ? o->a.rank : 0;
+    dt_strlcpy(env.run_id, o->a.run_id ? o->a.run_id : "bench-dpddp", sizeof env.run_id);
     if (is_ddp) {
         dt_strlcpy(env.store_addr, "127.0.0.1", sizeof env.store_addr);
-        env.store_port = o->port;
+        env.store_port = o->a.port;
     }
     if (is_indep) {
         dt_store_opts so;
         dt_store_opts_default(&so);
-        if ((rc = dt_store_connect(&store, "127.0.0.1", o->port, &so, &err)))
+        if ((rc = dt_store_connect(&store, "127.0.0.1", o->a.port, &so, &err)))
             goto out;
     }
     if ((rc = dt_trainer_init(&t, &job, &env, &err)))
@@ -266,11 +258,11 @@ static int run_child(void *arg)
         dt_backend *bk = s->ops->replica_backend(s, k);
         res.peak[k] = bk->peak_bytes ? (double)bk->peak_bytes(bk) : 0;
     }
-    if ((rc = write_result(o->out, &res)) != 0)
-        dt_err_errno(&err, -rc, "writing %s", o->out);
+    if ((rc = write_result(o->a.out, &res)) != 0)
+        dt_err_errno(&err, -rc, "writing %s", o->a.out);
 out:
     if (rc)
-        fprintf(stderr, "dtrain bench dp-vs-ddp (%s%s): %s\n", o->child,
+        fprintf(stderr, "dtrain bench dp-vs-ddp (%s%s): %s\n", o->a.child,
                 world > 1 ? " rank" : "", err.msg);
     if (built)
         dt_trainer_close(&t);
@@ -356,14 +348,14 @@ static int run_parent(void *arg, const char *dir)
 {
     const bench_opts o = *(const bench_opts *)arg;
     static dt_job job;
-    if (dt_bench_parent_job("dp-vs-ddp", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job))
+    if (dt_bench_parent_job("dp-vs-ddp", o.a.job_path, o.a.overrides, o.a.n_overrides, NULL, 0, &job))
         return 1;
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     bool tokens = job.model_type == DT_MODEL_GPT;
     printf("# dtrain bench dp-vs-ddp %s: model %s, %d replicas, batch %d per replica x accum %d, "
            "%d timed steps (+%d warm-up), device %s, %d BLAS thread(s) per replica, %d cores, "
            "cpu_bind %s, dp_transport %s\n",
-           o.job_path, dt_model_name(job.model_type), o.nproc, job.batch_size, job.grad_accum,
+           o.a.job_path, dt_model_name(job.model_type), o.nproc, job.batch_size, job.grad_accum,
            o.steps, o.warmup, dt_device_name(job.device), job.threads, cores,
            dt_cpu_bind_name(job.cpu_bind), dt_dp_transport_name(job.dp_transport));
     printf("# throughput in %s/s over all replicas; comm = per-step time DDP waits for its "
@@ -475,7 +467,7 @@ static int run_parent(void *arg, const char *dir)
 
 int dt_bench_dp_vs_ddp(int argc, char **argv)
 {
-    bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .repeat = 5, .rank = 0,
+    bench_opts o = {.nproc = 2, .steps = 20, .warmup = 3, .repeat = 5,
                     .argc = argc, .argv = argv};
     const dt_bench_opt opts[] = {
         {"--nproc", &o.nproc, NULL},
@@ -485,9 +477,7 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
     };
     const dt_bench_main m = {.name = "dp-vs-ddp", .tag = "dpddp", .opts = opts,
                              .nopts = (int)DT_ARRAY_LEN(opts), .print_usage = usage, .o = &o,
-                             .job_path = &o.job_path, .overrides = &o.overrides,
-                             .n_overrides = &o.n_overrides, .child = &o.child, .rank = &o.rank,
-                             .port = &o.port, .run_id = &o.run_id, .out = &o.out,
-                             .check = check, .run_child = run_child, .run_parent = run_parent};
+                             .args = &o.a, .check = check, .run_child = run_child,
+                             .run_parent = run_parent};
     return dt_bench_main_run(&m, argc, argv);
 }

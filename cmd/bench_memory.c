@@ -44,18 +44,10 @@
 #define MIB (1024.0 * 1024.0)
 
 typedef struct bench_opts {
-    const char *job_path;
-    char **overrides; /* the user's, then (children) the configuration's */
-    int n_overrides;
+    dt_bench_args a; /* the job, the overrides and the child's arguments (cmd.h) */
     int nproc;
     int steps;
     int repeat;        /* passes over the configurations, interleaved (step time: median) */
-    /* child mode */
-    const char *child; /* "1" */
-    int rank;
-    int port;
-    const char *run_id;
-    const char *out;
 } bench_opts;
 
 /* What one rank measured. */
@@ -90,7 +82,7 @@ static void usage(FILE *out)
 static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
                     dt_config_errors *errs, dt_err *err)
 {
-    return dt_bench_load_job(o->job_path, o->overrides, o->n_overrides, more, n_more, job, errs,
+    return dt_bench_load_job(o->a.job_path, o->a.overrides, o->a.n_overrides, more, n_more, job, errs,
                              err);
 }
 
@@ -153,7 +145,7 @@ static int read_result(const char *path, int rank, void *res)
     return ok ? 0 : -EPROTO;
 }
 
-/* One rank: the job with the configuration's overrides (already in o->overrides), S steps, no
+/* One rank: the job with the configuration's overrides (already in o->a.overrides), S steps, no
  * checkpoint, no metrics file. */
 static int run_child(void *arg)
 {
@@ -163,9 +155,9 @@ static int run_child(void *arg)
     dt_err err = {0};
     bool built = false;
     int rc;
-    if ((rc = dt_bench_child_trainer(&t, &job, o->job_path, o->overrides, o->n_overrides,
-                                     o->steps, o->out, o->rank, o->nproc, o->port,
-                                     o->run_id ? o->run_id : "bench-memory", &err)))
+    if ((rc = dt_bench_child_trainer(&t, &job, o->a.job_path, o->a.overrides, o->a.n_overrides,
+                                     o->steps, o->a.out, o->a.rank, o->nproc, o->a.port,
+                                     o->a.run_id ? o->a.run_id : "bench-memory", &err)))
         goto out;
     built = true; /* the trainer reset the peaks: set-up's transients are left out */
     result res;
@@ -196,11 +188,11 @@ static int run_child(void *arg)
     for (int c = 0; c < DT_MEM_CAT_COUNT; c++)
         res.peak[c] = (double)ms.peak[c];
     res.total_peak = (double)ms.total_peak;
-    if ((rc = write_result(o->out, &res)) != 0)
-        dt_err_errno(&err, -rc, "writing %s", o->out);
+    if ((rc = write_result(o->a.out, &res)) != 0)
+        dt_err_errno(&err, -rc, "writing %s", o->a.out);
 out:
     if (rc)
-        fprintf(stderr, "dtrain bench memory (rank %d): %s\n", o->rank, err.msg);
+        fprintf(stderr, "dtrain bench memory (rank %d): %s\n", o->a.rank, err.msg);
     if (built)
         dt_trainer_close(&t);
     return rc ? 1 : 0;
@@ -216,9 +208,9 @@ static int run_config(const bench_opts *o, char *const *cfg, int ncfg, const cha
     snprintf(id, sizeof id, "c%d", index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", o->nproc);
-    char *head[] = {"memory", (char *)o->job_path};
+    char *head[] = {"memory", (char *)o->a.job_path};
     char *tail[] = {"--nproc", nproc, "--steps", steps, "--child", "1"};
-    const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cfg, ncfg},
+    const dt_bench_words parts[] = {{head, 2}, {o->a.overrides, o->a.n_overrides}, {cfg, ncfg},
                                     {tail, 6}};
     return dt_bench_config("memory", "memory", o->nproc > 1, parts, 4, dir, id, o->nproc,
                            read_result, res);
@@ -293,12 +285,12 @@ static int run_parent(void *arg, const char *dir)
 {
     const bench_opts o = *(const bench_opts *)arg;
     static dt_job job;
-    if (dt_bench_parent_job("memory", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job))
+    if (dt_bench_parent_job("memory", o.a.job_path, o.a.overrides, o.a.n_overrides, NULL, 0, &job))
         return 1;
     const int k_optim = job.optimizer == DT_OPTIM_ADAMW ? 8 : job.momentum > 0 ? 4 : 0;
     printf("# dtrain bench memory %s: model %s, %d rank(s), batch %d per rank, %d step(s) per "
            "configuration (step time: mean after the first), device %s, optimizer %s\n",
-           o.job_path, dt_model_name(job.model_type), o.nproc, job.batch_size, o.steps,
+           o.a.job_path, dt_model_name(job.model_type), o.nproc, job.batch_size, o.steps,
            dt_device_name(job.device), dt_optim_name(job.optimizer));
     printf("# MiB per rank, peak of each category as the backend's allocator measured it over the "
            "steps after the first (set-up excluded); comm = communication buffers (DDP staging, "
@@ -490,9 +482,7 @@ int dt_bench_memory(int argc, char **argv)
     };
     const dt_bench_main m = {.name = "memory", .tag = "memory", .opts = opts,
                              .nopts = (int)DT_ARRAY_LEN(opts), .print_usage = usage, .o = &o,
-                             .job_path = &o.job_path, .overrides = &o.overrides,
-                             .n_overrides = &o.n_overrides, .child = &o.child, .rank = &o.rank,
-                             .port = &o.port, .run_id = &o.run_id, .out = &o.out,
-                             .check = check, .run_child = run_child, .run_parent = run_parent};
+                             .args = &o.a, .check = check, .run_child = run_child,
+                             .run_parent = run_parent};
     return dt_bench_main_run(&m, argc, argv);
 }

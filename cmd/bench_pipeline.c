@@ -42,17 +42,12 @@
 #define MIB (1024.0 * 1024.0)
 
 typedef struct bench_opts {
-    const char *job_path;
-    char **overrides;
-    int n_overrides;
+    dt_bench_args a; /* the job, the overrides and the child's arguments (cmd.h) */
     int steps;
     const char *stages, *micro;
     int Ps[MAX_LIST], Ms[MAX_LIST]; /* parent: the lists */
     int nP, nM;
-    /* child mode */
-    const char *child;
-    int rank, nproc, port;
-    const char *run_id, *out;
+    int nproc;
 } bench_opts;
 
 /* What one rank measured (means over the counted steps). */
@@ -98,7 +93,7 @@ static int parse_list(const char *s, int *out, int cap)
 static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
                     dt_config_errors *errs, dt_err *err)
 {
-    return dt_bench_load_job(o->job_path, o->overrides, o->n_overrides, more, n_more, job, errs,
+    return dt_bench_load_job(o->a.job_path, o->a.overrides, o->a.n_overrides, more, n_more, job, errs,
                              err);
 }
 
@@ -112,9 +107,9 @@ static int run_child(void *arg)
     dt_err err = {0};
     bool built = false;
     int rc;
-    if ((rc = dt_bench_child_trainer(&t, &job, o->job_path, o->overrides, o->n_overrides,
-                                     o->steps, o->out, o->rank, o->nproc, o->port,
-                                     o->run_id ? o->run_id : "bench-pipeline", &err)))
+    if ((rc = dt_bench_child_trainer(&t, &job, o->a.job_path, o->a.overrides, o->a.n_overrides,
+                                     o->steps, o->a.out, o->a.rank, o->nproc, o->a.port,
+                                     o->a.run_id ? o->a.run_id : "bench-pipeline", &err)))
         goto out;
     built = true;
     result res;
@@ -149,19 +144,19 @@ static int run_child(void *arg)
     res.bwd_s /= counted;
     res.step_s /= counted;
     res.items_per_s /= counted;
-    FILE *f = fopen(o->out, "w");
+    FILE *f = fopen(o->a.out, "w");
     if (!f) {
-        rc = dt_err_errno(&err, errno, "writing %s", o->out);
+        rc = dt_err_errno(&err, errno, "writing %s", o->a.out);
         goto out;
     }
     fprintf(f, "%d %d %d %.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g\n", res.stage,
             res.slots, res.peak_in_flight, res.idle, res.step_s, res.items_per_s,
             res.slot_bytes, res.act_bytes, res.peak_act_bytes, res.fwd_s, res.bwd_s);
     if (fclose(f))
-        rc = dt_err_errno(&err, errno, "writing %s", o->out);
+        rc = dt_err_errno(&err, errno, "writing %s", o->a.out);
 out:
     if (rc)
-        fprintf(stderr, "dtrain bench pipeline (rank %d): %s\n", o->rank, err.msg);
+        fprintf(stderr, "dtrain bench pipeline (rank %d): %s\n", o->a.rank, err.msg);
     if (built)
         dt_trainer_close(&t);
     return rc ? 1 : 0;
@@ -207,9 +202,9 @@ static int run_config(const bench_opts *o, int P, char *const *cfg, int ncfg, co
     snprintf(id, sizeof id, "c%d", index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", P);
-    char *head[] = {"pipeline", (char *)o->job_path};
+    char *head[] = {"pipeline", (char *)o->a.job_path};
     char *tail[] = {"--steps", steps, "--child", "1", "--child-nproc", nproc};
-    const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cfg, ncfg},
+    const dt_bench_words parts[] = {{head, 2}, {o->a.overrides, o->a.n_overrides}, {cfg, ncfg},
                                     {tail, 6}};
     stage_results sr = {res, P};
     return dt_bench_config("pipeline", "pipeline", true, parts, 4, dir, id, P, read_stage, &sr);
@@ -242,13 +237,13 @@ static int run_parent(void *arg, const char *dir)
     static dt_job job;
     static dt_config_errors errs;
     dt_err err = {0};
-    if (dt_bench_parent_job("pipeline", o.job_path, o.overrides, o.n_overrides, NULL, 0, &job))
+    if (dt_bench_parent_job("pipeline", o.a.job_path, o.a.overrides, o.a.n_overrides, NULL, 0, &job))
         return 1;
     const int *Ps = o.Ps, *Ms = o.Ms, nP = o.nP, nM = o.nM;
     bool tokens = job.model_type == DT_MODEL_GPT;
     printf("# dtrain bench pipeline %s: model %s, batch %d per pipeline, %d step(s) per "
            "configuration (the first not counted), device %s\n",
-           o.job_path, dt_model_name(job.model_type), job.batch_size, o.steps,
+           o.a.job_path, dt_model_name(job.model_type), job.batch_size, o.steps,
            dt_device_name(job.device));
     printf("# idle: 1 - (time in the stage's forward and backward) / (micro-step time), per "
            "stage; formula: (P-1)/(M+P-1), stages of equal cost; simulated: the schedule "
@@ -329,9 +324,7 @@ int dt_bench_pipeline(int argc, char **argv)
     };
     const dt_bench_main m = {.name = "pipeline", .tag = "pipeline", .opts = opts,
                              .nopts = (int)DT_ARRAY_LEN(opts), .print_usage = usage, .o = &o,
-                             .job_path = &o.job_path, .overrides = &o.overrides,
-                             .n_overrides = &o.n_overrides, .child = &o.child, .rank = &o.rank,
-                             .port = &o.port, .run_id = &o.run_id, .out = &o.out,
-                             .check = check, .run_child = run_child, .run_parent = run_parent};
+                             .args = &o.a, .check = check, .run_child = run_child,
+                             .run_parent = run_parent};
     return dt_bench_main_run(&m, argc, argv);
 }

@@ -77,18 +77,10 @@
 #define MIB (1024.0 * 1024.0)
 
 typedef struct bench_opts {
-    const char *job_path;
-    char **overrides; /* the user's, then (children) the configuration's */
-    int n_overrides;
+    dt_bench_args a; /* the job, the overrides and the child's arguments (cmd.h) */
     int nproc;        /* parent: the most ranks a configuration uses; child: this one's */
     int steps;
     int repeat;
-    /* child mode */
-    const char *child;
-    int rank;
-    int port;
-    const char *run_id;
-    const char *out;
 } bench_opts;
 
 /* What one rank measured. */
@@ -140,7 +132,7 @@ static void usage(FILE *out)
 static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *job,
                     dt_config_errors *errs, dt_err *err)
 {
-    return dt_bench_load_job(o->job_path, o->overrides, o->n_overrides, more, n_more, job, errs,
+    return dt_bench_load_job(o->a.job_path, o->a.overrides, o->a.n_overrides, more, n_more, job, errs,
                              err);
 }
 
@@ -208,7 +200,7 @@ static void group_stats(dt_trainer *t, dt_comm_stats *out)
         dt_comm_stats_get(t->s->comm, out);
 }
 
-/* One rank of one configuration (its overrides already in o->overrides). */
+/* One rank of one configuration (its overrides already in o->a.overrides). */
 static int run_child(void *arg)
 {
     const bench_opts *o = arg;
@@ -217,9 +209,9 @@ static int run_child(void *arg)
     dt_err err = {0};
     bool built = false;
     int rc;
-    if ((rc = dt_bench_child_trainer(&t, &job, o->job_path, o->overrides, o->n_overrides,
-                                     0, o->out, o->rank, o->nproc, o->port,
-                                     o->run_id ? o->run_id : "bench-tensor", &err)))
+    if ((rc = dt_bench_child_trainer(&t, &job, o->a.job_path, o->a.overrides, o->a.n_overrides,
+                                     0, o->a.out, o->a.rank, o->nproc, o->a.port,
+                                     o->a.run_id ? o->a.run_id : "bench-tensor", &err)))
         goto out;
     built = true;
     result res;
@@ -291,11 +283,11 @@ static int run_child(void *arg)
         res.sched_bytes = payload * (double)t.model->num_params + 16.0;
         res.ref_bytes = 4.0 * (double)t.model->num_params;
     }
-    if ((rc = write_result(o->out, &res)) != 0)
-        dt_err_errno(&err, -rc, "writing %s", o->out);
+    if ((rc = write_result(o->a.out, &res)) != 0)
+        dt_err_errno(&err, -rc, "writing %s", o->a.out);
 out:
     if (rc)
-        fprintf(stderr, "dtrain bench tensor (rank %d): %s\n", o->rank, err.msg);
+        fprintf(stderr, "dtrain bench tensor (rank %d): %s\n", o->a.rank, err.msg);
     if (built)
         dt_trainer_close(&t);
     return rc ? 1 : 0;
@@ -321,10 +313,10 @@ static int run_config(const bench_opts *o, const conf *c, const char *dir, int i
     snprintf(id, sizeof id, "c%d", index);
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(nproc, sizeof nproc, "%d", c->ranks);
-    char *head[] = {"tensor", (char *)o->job_path};
+    char *head[] = {"tensor", (char *)o->a.job_path};
     char *cov[] = {(char *)c->ov[0], (char *)c->ov[1], (char *)c->ov[2], (char *)c->ov[3]};
     char *tail[] = {"--nproc", nproc, "--steps", steps, "--child", "1"};
-    const dt_bench_words parts[] = {{head, 2}, {o->overrides, o->n_overrides}, {cov, 4},
+    const dt_bench_words parts[] = {{head, 2}, {o->a.overrides, o->a.n_overrides}, {cov, 4},
                                     {tail, 6}};
     return dt_bench_config("tensor", "tensor", c->ranks > 1, parts, 4, dir, id, c->ranks,
                            read_result, res);
@@ -376,9 +368,9 @@ static void make_conf(const bench_opts *o, conf *c, const char *label, int ranks
 static bool asks_sp(const bench_opts *o)
 {
     static const char key[] = "parallel.sequence_parallel=";
-    for (int i = o->n_overrides - 1; i >= 0; i--)
-        if (!strncmp(o->overrides[i], key, sizeof key - 1)) {
-            const char *v = o->overrides[i] + sizeof key - 1;
+    for (int i = o->a.n_overrides - 1; i >= 0; i--)
+        if (!strncmp(o->a.overrides[i], key, sizeof key - 1)) {
+            const char *v = o->a.overrides[i] + sizeof key - 1;
             return !strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes") ||
                    !strcasecmp(v, "on");
         }
@@ -416,11 +408,11 @@ static int run_parent(void *arg, const char *dir)
     /* the job, loaded without sequence parallelism (it needs T > 1, and the rows choose T) */
     const bool want_sp = asks_sp(&o);
     char *no_sp[] = {"parallel.tensor=1", "parallel.sequence_parallel=false"};
-    if (dt_bench_parent_job("tensor", o.job_path, o.overrides, o.n_overrides, no_sp, 2, &job))
+    if (dt_bench_parent_job("tensor", o.a.job_path, o.a.overrides, o.a.n_overrides, no_sp, 2, &job))
         return 1;
     if (job.model_type != DT_MODEL_GPT) {
         fprintf(stderr, "dtrain bench tensor: %s is a %s job; tensor parallelism splits gpt "
-                "only (model.type = gpt)\n", o.job_path, dt_model_name(job.model_type));
+                "only (model.type = gpt)\n", o.a.job_path, dt_model_name(job.model_type));
         return 2;
     }
     const int G = job.batch_size, N = o.nproc;
@@ -445,7 +437,7 @@ static int run_parent(void *arg, const char *dir)
     printf("# dtrain bench tensor %s: gpt L=%d NH=%d C=%d, seq %d, global batch %d x accum %d "
            "(train.batch_size: every configuration's), device %s, %d step(s) per configuration "
            "after a warm-up step (and as many profiled), %d pass(es)\n",
-           o.job_path, job.n_layer, job.n_head, job.n_embd, job.seq_len, G, job.grad_accum,
+           o.a.job_path, job.n_layer, job.n_head, job.n_embd, job.seq_len, G, job.grad_accum,
            dt_device_name(job.device), o.steps, o.repeat);
     printf("# baseline: T=1 is one process doing the whole global batch (the same GEMMs that T "
            "ranks split, on one core); DDP x %d is the other way to use the same %d cores\n",
@@ -614,9 +606,7 @@ int dt_bench_tensor(int argc, char **argv)
     };
     const dt_bench_main m = {.name = "tensor", .tag = "tensor", .opts = opts,
                              .nopts = (int)DT_ARRAY_LEN(opts), .print_usage = usage, .o = &o,
-                             .job_path = &o.job_path, .overrides = &o.overrides,
-                             .n_overrides = &o.n_overrides, .child = &o.child, .rank = &o.rank,
-                             .port = &o.port, .run_id = &o.run_id, .out = &o.out,
-                             .check = check, .run_child = run_child, .run_parent = run_parent};
+                             .args = &o.a, .check = check, .run_child = run_child,
+                             .run_parent = run_parent};
     return dt_bench_main_run(&m, argc, argv);
 }

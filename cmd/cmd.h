@@ -92,21 +92,28 @@ int dt_bench_config(const char *name, const char *tag, bool with_store,
  * runs run_parent(o, dir) and removes the directory after ("dtrain bench NAME: could not remove
  * DIR" when that fails). Returns the exit code: 0 after --help, 2 for a bad command line, 1
  * when memory or the directory could not be had, else run_child's or run_parent's result. */
+/* What every bench's command line gives: the job, the user's overrides, and in a child rank
+ * the --child* options (the child's kind, its rank, the store's port, the run id, its result
+ * file). Each bench embeds one in its options. */
+typedef struct dt_bench_args {
+    const char *job_path;
+    char **overrides; /* the user's, then (children) the configuration's */
+    int n_overrides;
+    const char *child; /* --child's value: non-NULL in a child rank */
+    int rank;          /* --child-rank's */
+    int port;          /* --child-port's: the store's */
+    const char *run_id; /* --child-run-id's */
+    const char *out;   /* --child-out's: the rank's result file */
+} dt_bench_args;
+
 typedef struct dt_bench_main {
     const char *name;             /* "memory": in "dtrain bench memory: ..." */
     const char *tag;              /* in the directory's name */
     const dt_bench_opt *opts;     /* the bench's own options (pointing into *o) */
     int nopts;
     void (*print_usage)(FILE *out);
-    void *o;                      /* the bench's options; the pointers below point into it */
-    const char **job_path;
-    char ***overrides;
-    int *n_overrides;
-    const char **child;           /* --child's value: non-NULL in a child rank */
-    int *rank;                    /* --child-rank's */
-    int *port;                    /* --child-port's: the store's */
-    const char **run_id;          /* --child-run-id's */
-    const char **out;             /* --child-out's: the rank's result file */
+    void *o;                      /* the bench's options; args points into it */
+    dt_bench_args *args;          /* filled from the command line (points into *o) */
     int (*check)(void *o);        /* may be NULL */
     int (*run_child)(void *o);
     int (*run_parent)(void *o, const char *dir);
