@@ -44,8 +44,10 @@ struct dt_ddp {
     uint16_t *comp;       /* (num_params) 16-bit payloads when compressing (backend memory, or
                              communicator memory), owned */
     void *cmem;           /* communicator memory holding comp or the gradients, or NULL */
-    size_t cmem_bytes;    /* its size, charged to the backend's DT_MEM_COMM */
-    float *own_grads;     /* the model's gradient buffer while m->grads points at cmem */
+    size_t cmem_bytes;    /* its size, charged to the backend's cmem_cat */
+    dt_mem_cat cmem_cat;  /* DT_MEM_GRADS when it holds the gradients, else DT_MEM_COMM */
+    float *own_grads;     /* the model's gradient buffer while m->grads points at cmem (its
+                             memory given back meanwhile) */
     float *scratch;       /* (scratch_n) backend memory for small collectives, owned */
     size_t scratch_n;
     int rc;               /* first error met in the hook */
@@ -860,7 +862,10 @@ static int build_shards(dt_ddp *d, dt_err *err)
 
 /* Moves what the buckets all-reduce (the gradients, or the 16-bit payloads) into communicator
  * memory, where the transport reads the peers' copies directly. Host memory only: the nccl
- * backend has none (-ENOTSUP), and device gradients stay where they are. */
+ * backend has none (-ENOTSUP), and device gradients stay where they are. When the gradients
+ * move (fp32), the model's own buffer is given back (mem_release) until dt_ddp_free returns
+ * them there, and the communicator memory is charged as gradients: one copy, as PyTorch's
+ * gradient_as_bucket_view, not two. */
 static int use_comm_memory(dt_ddp *d, dt_err *err)
 {
     dt_model *m = d->m;
@@ -876,14 +881,17 @@ static int use_comm_memory(dt_ddp *d, dt_err *err)
     }
     d->st.comm_memory = true;
     d->cmem_bytes = bytes;
-    dt_mem_external(m->be, DT_MEM_COMM, bytes, true);
     if (d->o.compress != DT_FLOAT32) {
+        d->cmem_cat = DT_MEM_COMM;
         d->comp = d->cmem;
     } else {
+        d->cmem_cat = DT_MEM_GRADS;
         memcpy(d->cmem, m->grads, bytes);
         d->own_grads = m->grads;
         m->grads = d->cmem;
+        m->be->mem_release(m->be, d->own_grads, 0, bytes);
     }
+    dt_mem_external(m->be, d->cmem_cat, bytes, true);
     return 0;
 }
 
@@ -1000,11 +1008,16 @@ void dt_ddp_free(dt_ddp *d)
     if (d->scratch)
         d->m->be->free(d->m->be, d->scratch);
     if (d->own_grads) {
-        memcpy(d->own_grads, d->m->grads, d->m->num_params * sizeof(float));
+        size_t bytes = d->m->num_params * sizeof(float);
+        dt_err err = {0};
+        if (d->m->be->mem_commit(d->m->be, d->own_grads, 0, bytes, &err) == 0)
+            memcpy(d->own_grads, d->m->grads, bytes);
+        else /* the gradients are lost with the communicator memory: the caller rebuilds */
+            DT_WARN("DDP: taking the model's gradient buffer back: %s", err.msg);
         d->m->grads = d->own_grads;
     }
     if (d->cmem) {
-        dt_mem_external(d->m->be, DT_MEM_COMM, d->cmem_bytes, false);
+        dt_mem_external(d->m->be, d->cmem_cat, d->cmem_bytes, false);
         dt_comm_mem_free(d->c, d->cmem);
     }
     else if (d->comp)
