@@ -164,7 +164,7 @@ struct dt_backend {
      * back (granule by granule; releasing or committing twice counts once), so the statistics
      * are exact: nothing becomes resident behind the allocator's back, and a caller commits a
      * range before it writes there, and zeroes it itself if it wants zeros.
-     *   cpu: granule = the page size (DT_CPU_MEM_GRANULE=bytes, a power-of-two multiple of it,
+     *   cpu: granule = the page size (DTRAIN_CPU_MEM_GRANULE=bytes, a power-of-two multiple of it,
      *        emulates a coarser one, e.g. 2097152 for cuda's); release maps the granules anew
      *        PROT_NONE (their pages go back), commit makes them read-write and fills them.
      *   cuda: allocations from the granule (2 MiB on current GPUs) up are backed by the driver's

@@ -139,7 +139,7 @@ static bool read_faults(const volatile unsigned char *p)
     return WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV;
 }
 
-/* The backend's granule (the page, or DT_CPU_MEM_GRANULE), asked of a probe allocation. */
+/* The backend's granule (the page, or DTRAIN_CPU_MEM_GRANULE), asked of a probe allocation. */
 static size_t granule_of(dt_backend *be)
 {
     dt_err err = {0};
@@ -154,7 +154,7 @@ static size_t granule_of(dt_backend *be)
 /* mem_release gives whole granules back (pages; counted once however often) and makes them
  * untouchable, mem_commit takes them back (filled with 0xFF, not zero: the contract promises no
  * contents); free of a partly released allocation gives back only what is still resident. Run
- * in granules, so it holds under DT_CPU_MEM_GRANULE as well ("pages" below are granules). */
+ * in granules, so it holds under DTRAIN_CPU_MEM_GRANULE as well ("pages" below are granules). */
 static void test_release_commit(void)
 {
     dt_backend *be = cpu();

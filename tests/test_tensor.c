@@ -476,9 +476,9 @@ static void test_zero3_memory(void)
     trun r[2];
     int st[MAX_RANKS];
     /* at the page granule: the slices (440 KB) lie inside one granule of a coarser
-     * DT_CPU_MEM_GRANULE, where nothing can be given back (test_zero's stage3_granules covers
+     * DTRAIN_CPU_MEM_GRANULE, where nothing can be given back (test_zero's stage3_granules covers
      * that); the ranks forked from here read the variable at their first allocation */
-    unsetenv("DT_CPU_MEM_GRANULE");
+    unsetenv("DTRAIN_CPU_MEM_GRANULE");
     for (int k = 0; k < 2; k++) {
         r[k] = base(4, 2, 4, fmt("d2xt2-mem-zero%d", 3 * k));
         add(&r[k], "model.n_embd=64");

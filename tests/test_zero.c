@@ -474,7 +474,7 @@ static void test_options(void)
     }
 }
 
-/* Stage 2 where memory goes back in granules of 64 KiB (DT_CPU_MEM_GRANULE, for the ranks: a
+/* Stage 2 where memory goes back in granules of 64 KiB (DTRAIN_CPU_MEM_GRANULE, for the ranks: a
  * coarser unit than the page, as cuda's 2 MiB granules are for bigger models): 13 Linear layers,
  * 11 of 192 x 192 (148 KB each, about 2.3 granules), a bucket each, plain and with fp16
  * payloads. Bit for bit DDP's, and the gradients resident at their peak (the allocator's count,
@@ -493,7 +493,7 @@ static void granule_mlp(zrun *z)
 
 static void test_stage2_coarse_granule(void)
 {
-    DT_REQUIRE(setenv("DT_CPU_MEM_GRANULE", "65536", 1) == 0); /* inherited by the ranks */
+    DT_REQUIRE(setenv("DTRAIN_CPU_MEM_GRANULE", "65536", 1) == 0); /* inherited by the ranks */
     const char *const plain[] = {NULL};
     const char *const f16[] = {"ddp.compress=fp16", NULL};
     const char *const *runs[2] = {plain, f16};
@@ -523,7 +523,7 @@ static void test_stage2_coarse_granule(void)
                          "the 16-bit payloads held after the step %zu bytes (whole: %zu)",
                          m->comm - o->st.shard_numel * sizeof(uint16_t), pay);
     }
-    unsetenv("DT_CPU_MEM_GRANULE");
+    unsetenv("DTRAIN_CPU_MEM_GRANULE");
 }
 
 /* Stage 3 against DDP over 50 steps: mlp (1023 parameters: 2 and 4 do not divide it), gpt and
@@ -938,7 +938,7 @@ static void test_memory(void)
 {
     zrun z[3];
     int st[MAX_RANKS];
-    const char *gr = getenv("DT_CPU_MEM_GRANULE");
+    const char *gr = getenv("DTRAIN_CPU_MEM_GRANULE");
     if (gr && *gr && strtoull(gr, NULL, 10) > (unsigned long long)sysconf(_SC_PAGESIZE))
         DT_SKIP("sized for the page granule (a 219 KB gradient buffer); "
                 "stage2_coarse_granule_64k checks coarser ones");
@@ -1002,7 +1002,7 @@ static void test_stage3_memory(void)
     int st[MAX_RANKS];
     /* the formula's figures are at the page granule (stage3_granules runs coarser ones); the
      * ranks are forked from here and read the variable at their first allocation */
-    unsetenv("DT_CPU_MEM_GRANULE");
+    unsetenv("DTRAIN_CPU_MEM_GRANULE");
     for (int k = 0; k < 3; k++) {
         z[k] = base("mlp.ini", 2, k ? 3 : 0, fmt("mem3-%d", k));
         add(&z[k], "model.hidden=256,256,256,256,256,256");
@@ -1038,7 +1038,7 @@ static void test_stage3_memory(void)
 }
 
 /* Stage 3 at granules coarser than the page, as cuda's virtual memory has them (the cpu
- * backend's DT_CPU_MEM_GRANULE, set for the ranks): the mlp of stage3_memory (7 blocks, the
+ * backend's DTRAIN_CPU_MEM_GRANULE, set for the ranks): the mlp of stage3_memory (7 blocks, the
  * largest 65,792 parameters = 257 KiB) on 4 ranks against DDP (bit for bit: loss every step,
  * parameters and gathered optimiser state at the end; the norm within 1e-12), and its figures:
  *   64 KiB: each large block spans 4-5 granules and shares its edge granules with its
@@ -1064,9 +1064,9 @@ static void test_stage3_granules(void)
             both[k]->steps = 20;
         }
         int sz[MAX_RANKS], sd[MAX_RANKS];
-        setenv("DT_CPU_MEM_GRANULE", fmt("%zu", g), 1); /* the ranks' cpu backends read it */
+        setenv("DTRAIN_CPU_MEM_GRANULE", fmt("%zu", g), 1); /* the ranks' cpu backends read it */
         run(&zr, sz);
-        unsetenv("DT_CPU_MEM_GRANULE"); /* the reference as the other tests run it */
+        unsetenv("DTRAIN_CPU_MEM_GRANULE"); /* the reference as the other tests run it */
         run(&dd, sd);
         if (all_ok(&zr, sz) && all_ok(&dd, sd)) {
             const rank_out *a = &zr.out[0], *b = &dd.out[0];

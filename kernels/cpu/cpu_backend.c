@@ -1,7 +1,7 @@
 /* cpu_backend.c - the CPU backend: lifecycle, memory, profiling and the op table (see cpu.h).
  *
  * Memory is host memory, 64-byte aligned (page-aligned from 64 KiB, so that mem_release can
- * give most of a big buffer back; granule-aligned from the granule up when DT_CPU_MEM_GRANULE
+ * give most of a big buffer back; granule-aligned from the granule up when DTRAIN_CPU_MEM_GRANULE
  * makes it coarser than a page), with a header just before the user pointer that remembers the
  * size, the category it was charged to and which of its granules mem_release gave back, so that
  * the statistics by category (dt_mem_stats) count resident bytes exactly. mem_release keeps the
@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -55,19 +56,19 @@ static size_t page_size(void)
     return ps;
 }
 
-/* The unit of mem_release: the page, or DT_CPU_MEM_GRANULE bytes (a power-of-two multiple of
+/* The unit of mem_release: the page, or DTRAIN_CPU_MEM_GRANULE bytes (a power-of-two multiple of
  * the page, to run the strategies as they run on cuda's 2 MiB granules); read once. */
 static size_t granule_size(void)
 {
     static size_t g;
     if (!g) {
         size_t v = page_size();
-        const char *e = getenv("DT_CPU_MEM_GRANULE");
+        const char *e = dt_env("DTRAIN_CPU_MEM_GRANULE");
         if (e && *e) {
             char *end;
             unsigned long long x = strtoull(e, &end, 10);
             if (*end || x < v || (x & (x - 1)) || x > ((size_t)1 << 30))
-                DT_WARN("cpu backend: DT_CPU_MEM_GRANULE=%s is not a power of two from the page "
+                DT_WARN("cpu backend: DTRAIN_CPU_MEM_GRANULE=%s is not a power of two from the page "
                         "size (%zu) to 1 GiB: using the page", e, v);
             else
                 v = (size_t)x;

@@ -28,7 +28,7 @@
  * accumulation the whole gradient buffer is resident, as at stage 2.
  *
  * Memory given back (backend_ops.h, "mem_release / mem_commit / mem_granule"). The unit is the
- * backend's granule g = dt_mem_granule(be, base) (cpu: the page, or DT_CPU_MEM_GRANULE; cuda:
+ * backend's granule g = dt_mem_granule(be, base) (cpu: the page, or DTRAIN_CPU_MEM_GRANULE; cuda:
  * 2 MiB with virtual memory, or 0). The strict contract is kept: a released granule is never
  * touched until committed again, a commit's contents are undefined, and nothing here relies on
  * memory reading as zero. So:
