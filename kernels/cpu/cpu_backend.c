@@ -274,47 +274,43 @@ static void granule_span(const void *base, const cpu_hdr *h, size_t offset, size
 
 static bool is_released(const cpu_hdr *h, size_t k) { return h->rel[k / 8] & (1u << (k % 8)); }
 
-/* Calls fn on each run [k, j) of granules in [k0, k1) whose released bit is `released`. */
-static void for_runs(const cpu_hdr *h, size_t k0, size_t k1, bool released,
-                     void (*fn)(char *p, size_t bytes), char *first)
+static void mark(cpu_hdr *h, size_t k, size_t j, bool released)
 {
-    const size_t g = granule_size();
-    for (size_t k = k0; k < k1;) {
-        if (is_released(h, k) != released) {
-            k++;
-            continue;
-        }
-        size_t j = k;
-        while (j < k1 && is_released(h, j) == released)
-            j++;
-        fn(first + k * g, (j - k) * g);
-        k = j;
+    for (; k < j; k++) {
+        if (released)
+            h->rel[k / 8] |= (uint8_t)(1u << (k % 8));
+        else
+            h->rel[k / 8] &= (uint8_t) ~(1u << (k % 8));
     }
 }
 
-/* A released run: its pages go back (they read as zero when mapped again) and it cannot be
- * touched (PROT_NONE), as cuda's unmapped granules cannot. A failure leaves the memory mapped
- * and resident: then the statistics are off by it, which a warning says. */
-static void drop_run(char *p, size_t bytes)
+/* The next run [*k, *j) of granules whose released bit is `released`, from *k up to k1; false
+ * when there is none. */
+static bool next_run(const cpu_hdr *h, size_t k1, bool released, size_t *k, size_t *j)
 {
-    if (madvise(p, bytes, MADV_DONTNEED) != 0 || mprotect(p, bytes, PROT_NONE) != 0)
-        DT_WARN("cpu backend: giving back %zu bytes at %p failed: %s", bytes, (void *)p,
-                strerror(errno));
+    while (*k < k1 && is_released(h, *k) != released)
+        ++*k;
+    for (*j = *k; *j < k1 && is_released(h, *j) == released;)
+        ++*j;
+    return *k < k1;
 }
 
-static int map_run(char *p, size_t bytes) { return mprotect(p, bytes, PROT_READ | PROT_WRITE); }
-
-static void remap_run(char *p, size_t bytes)
+/* The address of granule 0 of the allocation base (the one holding base), and how many granules
+ * the allocation touches. */
+static char *granule0(const void *base)
 {
-    if (map_run(p, bytes) != 0)
-        DT_WARN("cpu backend: mprotect of %zu bytes at %p failed: %s", bytes, (void *)p,
-                strerror(errno));
+    return (char *)((uintptr_t)base / granule_size() * granule_size());
 }
 
-/* A committed run: usable again, every byte 0xFF (a NaN in every float: whoever reads before
- * writing sees it). */
-static void fill_run(char *p, size_t bytes) { memset(p, 0xFF, bytes); }
+static size_t granule_count(const void *base, const cpu_hdr *h)
+{
+    const size_t g = granule_size();
+    return ((uintptr_t)base % g + h->bytes + g - 1) / g;
+}
 
+/* Released granules go back (their pages read as zero when mapped again) and cannot be touched
+ * (PROT_NONE), as cuda's unmapped granules cannot. A failure leaves the memory mapped and
+ * resident: then the statistics are off by it, which a warning says. */
 static void cpu_mem_release(dt_backend *be, void *base, size_t offset, size_t bytes)
 {
     if (!base || !bytes)
@@ -326,24 +322,23 @@ static void cpu_mem_release(dt_backend *be, void *base, size_t offset, size_t by
     granule_span(base, h, offset, bytes, true, &k0, &k1);
     if (k1 <= k0)
         return;
-    if (!h->rel) {
-        size_t n = ((uintptr_t)base % g + h->bytes + g - 1) / g;
-        if (!(h->rel = calloc((n + 7) / 8, 1)))
-            return; /* without the bitmap nothing is released, and nothing is counted */
+    if (!h->rel && !(h->rel = calloc((granule_count(base, h) + 7) / 8, 1)))
+        return; /* without the bitmap nothing is released, and nothing is counted */
+    char *first = granule0(base);
+    for (size_t k = k0, j; next_run(h, k1, false, &k, &j); k = j) {
+        char *p = first + k * g;
+        size_t n = (j - k) * g;
+        if (madvise(p, n, MADV_DONTNEED) != 0 || mprotect(p, n, PROT_NONE) != 0)
+            DT_WARN("cpu backend: giving back %zu bytes at %p failed: %s", n, (void *)p,
+                    strerror(errno));
+        mark(h, k, j, true);
+        h->released += n;
+        uncharge(c, h->cat, n);
     }
-    char *first = (char *)((uintptr_t)base / g * g);
-    for_runs(h, k0, k1, false, drop_run, first);
-    size_t n = 0;
-    for (size_t k = k0; k < k1; k++) {
-        if (!is_released(h, k)) {
-            h->rel[k / 8] |= (uint8_t)(1u << (k % 8));
-            n += g;
-        }
-    }
-    h->released += n;
-    uncharge(c, h->cat, n);
 }
 
+/* Committed granules are usable again, every byte 0xFF (a NaN in every float: whoever reads
+ * before writing sees it). */
 static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err)
 {
     if (!base || !bytes)
@@ -355,22 +350,15 @@ static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t byte
     const size_t g = granule_size();
     size_t k0, k1;
     granule_span(base, h, offset, bytes, false, &k0, &k1);
-    char *first = (char *)((uintptr_t)base / g * g);
-    for (size_t k = k0; k < k1;) {
-        if (!is_released(h, k)) {
-            k++;
-            continue;
-        }
-        size_t j = k;
-        while (j < k1 && is_released(h, j))
-            j++;
+    char *first = granule0(base);
+    for (size_t k = k0, j; next_run(h, k1, true, &k, &j); k = j) {
+        char *p = first + k * g;
         size_t n = (j - k) * g;
-        if (map_run(first + k * g, n) != 0)
+        if (mprotect(p, n, PROT_READ | PROT_WRITE) != 0)
             return dt_err_set(err, -ENOMEM, "cpu backend: cannot commit %zu bytes (%.1f MiB in "
                               "use): %s", n, (double)c->cur_bytes / 1048576.0, strerror(errno));
-        fill_run(first + k * g, n);
-        for (; k < j; k++)
-            h->rel[k / 8] &= (uint8_t) ~(1u << (k % 8));
+        memset(p, 0xFF, n);
+        mark(h, k, j, false);
         h->released -= n;
         charge(c, h->cat, n);
     }
@@ -386,8 +374,11 @@ static void cpu_free(dt_backend *be, void *p)
     uncharge(c, h.cat, h.bytes - h.released);
     if (h.rel && h.released) { /* malloc may hand these pages out again: make them usable */
         const size_t g = granule_size();
-        size_t n = ((uintptr_t)p % g + h.bytes + g - 1) / g;
-        for_runs(&h, 0, n, true, remap_run, (char *)((uintptr_t)p / g * g));
+        char *first = granule0(p);
+        for (size_t k = 0, j; next_run(&h, granule_count(p, &h), true, &k, &j); k = j)
+            if (mprotect(first + k * g, (j - k) * g, PROT_READ | PROT_WRITE) != 0)
+                DT_WARN("cpu backend: mprotect of %zu bytes at %p failed: %s", (j - k) * g,
+                        (void *)(first + k * g), strerror(errno));
     }
     free(h.rel);
     free((char *)p - h.lead);
