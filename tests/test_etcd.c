@@ -577,41 +577,67 @@ static void test_frozen_agent_rejoins(void)
  * the spare, that round runs with it alone and the spare, a newcomer to a round below MAX, ends it
  * (REGROUP) and comes in one round later. So the workers end only in a world of two nodes, and the
  * test asserts the membership, not the round number. */
-static void test_spare_takes_slot(void)
+/* The spare tests' start: agents 0 and 1 of an elastic 1:2 job (run id `name`) in round 0, then
+ * agent 2 (rendezvous conf spare_conf) waiting as a spare. Their workers end only in a world of
+ * two nodes after round 0. */
+static void spare_start(etcd_cluster *ec, dt_test_group *g, const char *name,
+                        const char *spare_conf)
 {
     skip_without_etcd();
-    etcd_cluster ec;
-    cluster_start(&ec, MEMBERS);
-    dt_test_group g;
-    dt_test_group_init(&g);
+    cluster_start(ec, MEMBERS);
+    dt_test_group_init(g);
     const char *then =
         "if [ \"$DTRAIN_ROUND\" = 0 ] || [ \"$GROUP_WORLD_SIZE\" != 2 ]; then sleep 60; fi; exit 0";
     for (int k = 0; k < 2; k++)
-        start_agent(&g, k, ec.endpoints, "spare", "1:2", CONF, then);
+        start_agent(g, k, ec->endpoints, name, "1:2", CONF, then);
     for (int k = 0; k < 2; k++)
-        DT_REQUIRE(dt_test_wait_text(g.out[k], "groups=2 att=0 round=0", 1,
+        DT_REQUIRE(dt_test_wait_text(g->out[k], "groups=2 att=0 round=0", 1,
                                      30 * dt_test_timeout_scale()));
-    start_agent(&g, 2, ec.endpoints, "spare", "1:2", CONF, then);
-    DT_REQUIRE(dt_test_wait_text(g.out[2], "waiting as a spare", 1, 30 * dt_test_timeout_scale()));
-    DT_CHECK_INT(dt_test_count_text(g.out[2], "E node="), 0);
-    kill(g.pid[1], SIGKILL);
-    dt_test_wait_exit(g.pid[1], 5);
-    g.done[1] = true;
+    start_agent(g, 2, ec->endpoints, name, "1:2", spare_conf, then);
+    DT_REQUIRE(dt_test_wait_text(g->out[2], "waiting as a spare", 1, 30 * dt_test_timeout_scale()));
+}
+
+/* Agent 1 killed (and reaped). */
+static void spare_kill_member(dt_test_group *g)
+{
+    kill(g->pid[1], SIGKILL);
+    dt_test_wait_exit(g->pid[1], 5);
+    g->done[1] = true;
+}
+
+/* The spare tests' end: agents 0 and 2 end 0 with no restart spent; agent 0 ran round 0 and one
+ * round of two nodes, the spare that round only. */
+static void spare_wait(dt_test_group *g)
+{
     for (int k = 0; k < 3; k += 2) {
-        g.code[k] = dt_test_wait_exit(g.pid[k], 40 * dt_test_timeout_scale());
-        g.done[k] = true;
-        DT_CHECK_INT(g.code[k], 0);
-        DT_CHECK_INT(dt_test_count_text(g.out[k], "att=1"), 0); /* no restart spent */
+        g->code[k] = dt_test_wait_exit(g->pid[k], 40 * dt_test_timeout_scale());
+        g->done[k] = true;
+        DT_CHECK_INT(g->code[k], 0);
+        DT_CHECK_INT(dt_test_count_text(g->out[k], "att=1"), 0); /* no restart spent */
     }
-    /* agent 0: round 0 and the round with the spare; the spare: that round only */
-    DT_CHECK_INT(dt_test_count_text(g.out[0], "world=2 groups=2 att=0 round="), 2);
-    DT_CHECK_INT(dt_test_count_text(g.out[2], "world=2 groups=2 att=0 round="), 1);
-    DT_CHECK_INT(dt_test_count_text(g.out[2], "round=0"), 0);
-    if (g.code[0] || g.code[2] || getenv("DT_TEST_VERBOSE"))
-        dt_test_group_dump(&g);
+    DT_CHECK_INT(dt_test_count_text(g->out[0], "world=2 groups=2 att=0 round="), 2);
+    DT_CHECK_INT(dt_test_count_text(g->out[2], "world=2 groups=2 att=0 round="), 1);
+    DT_CHECK_INT(dt_test_count_text(g->out[2], "round=0"), 0);
+}
+
+static void spare_stop(etcd_cluster *ec, dt_test_group *g)
+{
+    if (g->code[0] || g->code[2] || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(g);
     kill_workers();
-    dt_test_group_kill(&g);
-    cluster_stop(&ec);
+    dt_test_group_kill(g);
+    cluster_stop(ec);
+}
+
+static void test_spare_takes_slot(void)
+{
+    etcd_cluster ec;
+    dt_test_group g;
+    spare_start(&ec, &g, "spare", CONF);
+    DT_CHECK_INT(dt_test_count_text(g.out[2], "E node="), 0);
+    spare_kill_member(&g);
+    spare_wait(&g);
+    spare_stop(&ec, &g);
 }
 
 /* (15) The interleaving that spare_takes_slot leaves to chance, made certain: the spare is
@@ -621,45 +647,19 @@ static void test_spare_takes_slot(void)
  * after - the spare never runs a round without the survivor, no restart is spent. */
 static void test_spare_after_survivor(void)
 {
-    skip_without_etcd();
     etcd_cluster ec;
-    cluster_start(&ec, MEMBERS);
     dt_test_group g;
-    dt_test_group_init(&g);
-    const char *then =
-        "if [ \"$DTRAIN_ROUND\" = 0 ] || [ \"$GROUP_WORLD_SIZE\" != 2 ]; then sleep 60; fi; exit 0";
-    for (int k = 0; k < 2; k++)
-        start_agent(&g, k, ec.endpoints, "late", "1:2", CONF, then);
-    for (int k = 0; k < 2; k++)
-        DT_REQUIRE(dt_test_wait_text(g.out[k], "groups=2 att=0 round=0", 1,
-                                     30 * dt_test_timeout_scale()));
-    start_agent(&g, 2, ec.endpoints, "late", "1:2",
-                "heartbeat_interval=0.3,heartbeat_timeout=60,join_timeout=30,last_call_timeout=1",
-                then);
-    DT_REQUIRE(dt_test_wait_text(g.out[2], "waiting as a spare", 1, 30 * dt_test_timeout_scale()));
+    spare_start(&ec, &g, "late",
+                "heartbeat_interval=0.3,heartbeat_timeout=60,join_timeout=30,last_call_timeout=1");
     kill(g.pid[2], SIGSTOP);
-    kill(g.pid[1], SIGKILL);
-    dt_test_wait_exit(g.pid[1], 5);
-    g.done[1] = true;
+    spare_kill_member(&g);
     DT_CHECK(dt_test_wait_text(g.out[0], "world=1 groups=1 att=0 round=1", 1,
                                30 * dt_test_timeout_scale()));
     kill(g.pid[2], SIGCONT);
-    for (int k = 0; k < 3; k += 2) {
-        g.code[k] = dt_test_wait_exit(g.pid[k], 40 * dt_test_timeout_scale());
-        g.done[k] = true;
-        DT_CHECK_INT(g.code[k], 0);
-        DT_CHECK_INT(dt_test_count_text(g.out[k], "att=1"), 0);
-    }
-    DT_CHECK_INT(dt_test_count_text(g.out[0], "world=2 groups=2 att=0 round="), 2);
-    DT_CHECK_INT(dt_test_count_text(g.out[2], "world=2 groups=2 att=0 round="), 1);
+    spare_wait(&g);
     DT_CHECK_INT(dt_test_count_text(g.out[2], "E node="), 1);
-    DT_CHECK_INT(dt_test_count_text(g.out[2], "round=0"), 0);
     DT_CHECK_INT(dt_test_count_text(g.out[2], "round=1"), 0);
-    if (g.code[0] || g.code[2] || getenv("DT_TEST_VERBOSE"))
-        dt_test_group_dump(&g);
-    kill_workers();
-    dt_test_group_kill(&g);
-    cluster_stop(&ec);
+    spare_stop(&ec, &g);
 }
 
 /* (14) The lease outlives a heartbeat_interval close to heartbeat_timeout (2.99 s of 3, which
