@@ -17,7 +17,7 @@
 #include "cmd/cmd.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/train/ckpt.h"
+#include "runtime/train/ckpt/ckpt.h"
 
 static void usage(FILE *out)
 {

@@ -14,7 +14,7 @@
 int dt_cmd_main(int argc, char **argv);   /* cmd/dtrain.c: dispatch and the default `run` */
 int dt_cmd_worker(int argc, char **argv); /* cmd/worker.c: the built-in trainer */
 int dt_cmd_store(int argc, char **argv);  /* cmd/store_cmd.c: standalone store server */
-int dt_cmd_bench(int argc, char **argv);  /* cmd/bench.c: dispatches to dt_bench_* */
+int dt_cmd_bench(int argc, char **argv);  /* cmd/bench/bench.c: dispatches to dt_bench_* */
 int dt_cmd_ckpt(int argc, char **argv);   /* cmd/ckpt.c: list, show, verify */
 
 /* Benchmarks: `dtrain bench NAME ...`, one file each (cmd/bench_NAME.c). */
@@ -33,7 +33,7 @@ int dt_bench_tensor(int argc, char **argv);
 /* The absolute path of the running dtrain binary (for exec of `dtrain worker`). */
 const char *dt_cmd_self_path(void);
 
-/* A bench's command line (cmd/bench.c): options that take a value (an int >= 0 into ival, or a
+/* A bench's command line (cmd/bench/bench.c): options that take a value (an int >= 0 into ival, or a
  * string into sval; exactly one of the two is set), `section.key=value` overrides appended to
  * ovr[*n_ovr] (room for argc), and one job file into *job_path. Returns 0; 1 after
  * print_usage(stdout) for --help/-h (the caller exits 0); 2 after saying what is wrong (name,
@@ -47,7 +47,7 @@ int dt_bench_parse_args(int argc, char **argv, const char *name, const dt_bench_
                         int nopts, const char **job_path, char **ovr, int *n_ovr,
                         void (*print_usage)(FILE *out));
 
-/* The benches' ranks (cmd/bench.c): forks n processes that exec av (this binary's path first,
+/* The benches' ranks (cmd/bench/bench.c): forks n processes that exec av (this binary's path first,
  * NULL-terminated, built by the caller before any fork: a child only execs, as the caller may
  * run a store thread) with av[rank_slot] = the rank "0".."n-1" and, when out_slot >= 0,
  * av[out_slot] = out_prefix followed by the rank; waits for all of them, and once one fails
@@ -56,12 +56,12 @@ int dt_bench_parse_args(int argc, char **argv, const char *name, const dt_bench_
 int dt_bench_run_ranks(char **av, int rank_slot, int out_slot, const char *out_prefix, int n,
                        int *status);
 
-/* The benches' store (cmd/bench.c): a store server on 127.0.0.1 and an ephemeral port, its port
+/* The benches' store (cmd/bench/bench.c): a store server on 127.0.0.1 and an ephemeral port, its port
  * written into port[0..cap) as text. Returns 0; 1 after "dtrain bench NAME: <why>" on stderr
  * (*srv then NULL). Stop it with dt_store_server_stop. */
 int dt_bench_store_start(const char *name, dt_store_server **srv, char *port, size_t cap);
 
-/* A run of a bench's child ranks (cmd/bench.c): n processes of this binary, each with "bench",
+/* A run of a bench's child ranks (cmd/bench/bench.c): n processes of this binary, each with "bench",
  * then the words of parts[0..nparts) in order, then "--child-rank R --child-port PORT
  * --child-run-id RUN_ID --child-out OUT_PREFIX<R>", run as dt_bench_run_ranks runs them. With
  * with_store, a store (dt_bench_store_start, NAME in its message) serves them and is stopped
@@ -73,7 +73,7 @@ typedef struct dt_bench_words {
 int dt_bench_children(const char *name, bool with_store, const dt_bench_words *parts,
                       int nparts, const char *run_id, const char *out_prefix, int n);
 
-/* One configuration of a bench (cmd/bench.c): dt_bench_children(name, with_store, parts) on n
+/* One configuration of a bench (cmd/bench/bench.c): dt_bench_children(name, with_store, parts) on n
  * ranks, run id "bench-TAG-<pid>-ID", the ranks' outputs DIR/ID.<R>; then, when every rank exited
  * 0, each output read back in rank order with read(path, R, ctx) until one fails (non-zero).
  * Returns 0, or 1 when a rank or a read failed. */
@@ -81,7 +81,7 @@ int dt_bench_config(const char *name, const char *tag, bool with_store,
                     const dt_bench_words *parts, int nparts, const char *dir, const char *id,
                     int n, int (*read)(const char *path, int rank, void *ctx), void *ctx);
 
-/* The main of a bench that runs ranks of itself (cmd/bench.c), the steps every one takes:
+/* The main of a bench that runs ranks of itself (cmd/bench/bench.c), the steps every one takes:
  * parses argv against opts and the child ranks' options (--child, --child-rank, --child-port,
  * --child-run-id, --child-out into the fields below) with dt_bench_parse_args ("dtrain bench
  * NAME") into *job_path and *overrides (room for argc, owned here: valid until
@@ -120,19 +120,19 @@ typedef struct dt_bench_main {
 } dt_bench_main;
 int dt_bench_main_run(const dt_bench_main *m, int argc, char **argv);
 
-/* A bench's job (cmd/bench.c): job_path with the command line's overrides ov[0..n_ov) and then
+/* A bench's job (cmd/bench/bench.c): job_path with the command line's overrides ov[0..n_ov) and then
  * more[0..n_more) (later ones win); *errs cleared first and filled as dt_job_load fills it.
  * Returns dt_job_load's result, or -ENOMEM with err set. */
 int dt_bench_load_job(const char *job_path, char *const *ov, int n_ov, char *const *more,
                       int n_more, dt_job *job, dt_config_errors *errs, dt_err *err);
 
-/* The parent's job of `dtrain bench NAME` (cmd/bench.c): dt_bench_load_job into *job; on failure
+/* The parent's job of `dtrain bench NAME` (cmd/bench/bench.c): dt_bench_load_job into *job; on failure
  * prints the config errors, a line each, then "dtrain bench NAME: <error>" on stderr and
  * returns 1; else 0. */
 int dt_bench_parent_job(const char *name, const char *job_path, char *const *ov, int n_ov,
                         char *const *more, int n_more, dt_job *job);
 
-/* A bench's child rank (cmd/bench.c): loads job_path with the overrides ov[0..n_ov), then
+/* A bench's child rank (cmd/bench/bench.c): loads job_path with the overrides ov[0..n_ov), then
  * train.steps=steps (when steps > 0), job.output_dir=<out>.run, no checkpoints and no eval, and
  * starts the trainer *t on *job as rank `rank` of nproc on this host (against the store on
  * 127.0.0.1:port when nproc > 1), run id run_id. Returns 0; else the error, with err set and

@@ -5,10 +5,10 @@
  * returns the table's default for an unset or empty one. The exceptions call getenv() because
  * they must tell "unset" from "set to the default", or run before dt_env may log:
  *   - common/log.c (dt_log_init) reads DTRAIN_LOG: it sets up the logging dt_env itself uses;
- *   - cmd/bench_rdzv.c lowers the log level only when DTRAIN_LOG is unset;
+ *   - cmd/bench/bench_rdzv.c lowers the log level only when DTRAIN_LOG is unset;
  *   - runtime/job/workenv.c reads DTRAIN_ATTEMPT, falling back to TORCHELASTIC_RESTART_COUNT
  *     when unset, and DTRAIN_ROUND, falling back to the attempt when unset;
- *   - cmd/bench_launch.c's child prints DTRAIN_ATTEMPT as the agent set it ("?" when unset), as
+ *   - cmd/bench/bench_launch.c's child prints DTRAIN_ATTEMPT as the agent set it ("?" when unset), as
  *     a user's worker script would.
  * DTRAIN_BIN is read by the tests only (tests/harness.c) and is not in the table.
  * torchrun's own names (RANK, WORLD_SIZE, ...) are set by the agent and read by the worker

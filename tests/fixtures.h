@@ -10,7 +10,7 @@
 #include "rendezvous/store.h"
 #include "runtime/comm/comm.h"
 #include "runtime/job/config.h"
-#include "runtime/train/model.h"
+#include "runtime/train/models/model.h"
 #include "runtime/train/worker.h"
 
 /* A random batch for a model config, in host memory (owned by the struct): token ids and

@@ -3,7 +3,7 @@
  * system call table), and the `dtrain ckpt` tools against a standard-library Python reader.
  *
  * These tests use a small fake model (a few named tensors in flat host buffers, as
- * runtime/train/model.h lays them out) so they need neither the model zoo nor a worker. The
+ * runtime/train/models/model.h lays them out) so they need neither the model zoo nor a worker. The
  * end-to-end tests that drive `dtrain worker` and the launcher are in test_ckpt_e2e.c. */
 #include <dirent.h>
 #include <errno.h>
@@ -20,10 +20,10 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
-#include "runtime/train/ckpt.h"
+#include "runtime/train/ckpt/ckpt.h"
 #include "runtime/comm/comm.h"
-#include "runtime/train/safetensors.h"
-#include "runtime/train/xxh64.h"
+#include "runtime/train/ckpt/safetensors.h"
+#include "runtime/train/ckpt/xxh64.h"
 #include "tests/harness.h"
 
 /* ================================================================================ helpers === */

@@ -19,7 +19,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "runtime/job/workenv.h"
-#include "runtime/train/ckpt.h"
+#include "runtime/train/ckpt/ckpt.h"
 #include "tests/harness.h"
 
 static char *run(const char *cmd, int *code)

@@ -11,7 +11,7 @@
 
 #include "common/util.h"
 #include "runtime/job/config.h"
-#include "runtime/train/data.h"
+#include "runtime/train/data/data.h"
 #include "tests/harness.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */

@@ -40,7 +40,7 @@
 #include "rendezvous/rdzv.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_server.h"
-#include "runtime/train/safetensors.h"
+#include "runtime/train/ckpt/safetensors.h"
 #include "tests/harness.h"
 
 #define BIN dt_test_dtrain_bin()

@@ -37,7 +37,7 @@
 #include "common/rng.h"
 #include "kernels/backend.h"
 #include "runtime/comm/comm_impl.h"
-#include "runtime/train/model.h"
+#include "runtime/train/models/model.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 

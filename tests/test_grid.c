@@ -1,4 +1,4 @@
-/* test_grid.c - the data x tensor x pipeline grid (runtime/train/grid.h): every rank's
+/* test_grid.c - the data x tensor x pipeline grid (runtime/train/parallel/grid.h): every rank's
  * coordinates and dt_grid_rank_of for many layouts, checked against Megatron-LM's order
  * (tp fastest, then dp, then pp) computed independently here, and layouts that do not fit the
  * world, with their message. Then the groups (dt_groups_open) on 1, 4 and 8 forked ranks over
@@ -15,7 +15,7 @@
 #include "common/util.h"
 #include "rendezvous/store.h"
 #include "runtime/job/config.h"
-#include "runtime/train/grid.h"
+#include "runtime/train/parallel/grid.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 

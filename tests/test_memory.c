@@ -10,7 +10,7 @@
 
 #include "common/util.h"
 #include "kernels/backend.h"
-#include "runtime/train/model.h"
+#include "runtime/train/models/model.h"
 #include "runtime/train/optim.h"
 #include "tests/harness.h"
 

@@ -12,7 +12,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/train/metrics.h"
+#include "runtime/train/obs/metrics.h"
 #include "tests/harness.h"
 
 static void test_records(void)

@@ -30,7 +30,7 @@
 
 #include "common/rng.h"
 #include "runtime/job/config.h"
-#include "runtime/train/model.h"
+#include "runtime/train/models/model.h"
 #include "runtime/train/models/gpt.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"

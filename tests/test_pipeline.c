@@ -42,9 +42,9 @@
 
 #include "common/util.h"
 #include "runtime/job/config.h"
-#include "runtime/train/model.h"
-#include "runtime/train/pp_schedule.h"
-#include "runtime/train/strategy_pipeline.h"
+#include "runtime/train/models/model.h"
+#include "runtime/train/parallel/pp_schedule.h"
+#include "runtime/train/parallel/strategy_pipeline.h"
 #include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"

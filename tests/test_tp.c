@@ -43,7 +43,7 @@
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
 #include "runtime/comm/comm.h"
-#include "runtime/train/model.h"
+#include "runtime/train/models/model.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 

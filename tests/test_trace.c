@@ -1,4 +1,4 @@
-/* test_trace.c - the timeline (runtime/train/trace.h, train.trace): train.trace's values, the
+/* test_trace.c - the timeline (runtime/train/obs/trace.h, train.trace): train.trace's values, the
  * recorder off (nothing recorded, nothing written), spans and tracks in valid Chrome-trace JSON
  * (parsed with cJSON), nesting per track, the step range, the cap on spans, the merge of the
  * ranks' files, a 2-rank DDP run through the dtrain binary (every rank's spans, the buckets'
@@ -18,7 +18,7 @@
 
 #include "common/util.h"
 #include "runtime/job/config.h"
-#include "runtime/train/trace.h"
+#include "runtime/train/obs/trace.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
 

@@ -21,8 +21,8 @@
 
 #include "common/util.h"
 #include "runtime/job/config.h"
-#include "runtime/train/ddp.h"
-#include "runtime/train/strategy_zero.h"
+#include "runtime/train/parallel/ddp.h"
+#include "runtime/train/parallel/strategy_zero.h"
 #include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"

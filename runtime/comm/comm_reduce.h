@@ -1,6 +1,6 @@
 /* comm_reduce.h - element kernels of the CPU collectives: float32 <-> bfloat16 / float16
  * conversion, n-way reductions and streaming copies. Used by the cpu backend (comm_cpu.c), its
- * transports (comm_shm.c, comm_tcp.c), `dtrain bench allreduce` (cmd/bench_allreduce.c) and
+ * transports (comm_shm.c, comm_tcp.c), `dtrain bench allreduce` (cmd/bench/bench_allreduce.c) and
  * tests/test_comm.c; nothing in runtime/train/ calls it (DDP converts through the backend's
  * ops).
  *

@@ -74,7 +74,7 @@ typedef enum dt_lr_kind { DT_LR_CONSTANT = 0, DT_LR_COSINE = 1, DT_LR_LINEAR = 2
 typedef enum dt_precision_kind {
     DT_PRECISION_FP32, DT_PRECISION_BF16, DT_PRECISION_FP16
 } dt_precision_kind;
-/* train.recompute (models/model.c maps it to runtime/train/model.h's dt_recompute). */
+/* train.recompute (models/zoo.c maps it to runtime/train/models/model.h's dt_recompute). */
 typedef enum dt_recompute_kind {
     DT_RECOMP_NONE, DT_RECOMP_BLOCK, DT_RECOMP_SELECTIVE
 } dt_recompute_kind;
@@ -169,7 +169,7 @@ typedef struct dt_job {
     dt_device_kind device;
     dt_strategy_kind strategy;
     int dp_replicas;                   /* strategy = dp: replicas driven by the one process */
-    dt_dp_transport_kind dp_transport; /* runtime/train/dp.h */
+    dt_dp_transport_kind dp_transport; /* runtime/train/parallel/dp.h */
     dt_cpu_bind_kind cpu_bind;         /* shares of the CPUs per worker / replica, or none */
     int64_t seed;
     int log_every;                     /* steps between log lines / metrics records */
@@ -218,7 +218,7 @@ typedef struct dt_job {
     int loss_scale_window;             /* fp16: clean steps before the scale doubles */
     int threads;                       /* BLAS threads per worker */
     dt_recompute_kind recompute;       /* activation recomputation in backward */
-    char trace[DT_STR_SMALL];          /* steps traced (runtime/train/trace.h): "off", "on",
+    char trace[DT_STR_SMALL];          /* steps traced (runtime/train/obs/trace.h): "off", "on",
                                           "N", "A-B" or "A-"; see dt_job_trace_steps */
 
     /* [ddp] */
@@ -297,7 +297,7 @@ int dt_job_validate(const dt_job *job, dt_config_errors *errs);
 int dt_launch_validate(const dt_launch *l, const char *where, dt_config_errors *errs);
 
 /* ---- the [parallel] layout -----------------------------------------------------------------
- * The world is a grid data x tensor x pipeline (runtime/train/grid.h): D = world / (T x P) with
+ * The world is a grid data x tensor x pipeline (runtime/train/parallel/grid.h): D = world / (T x P) with
  * T = parallel.tensor, P = parallel.pipeline. A loaded job has been checked against what it
  * knows: the model (T divides gpt's n_head; P at most the model's blocks; parallel.stages sums to
  * them) and, when both are fixed numbers, elastic.nnodes x elastic.nproc_per_node. Where the

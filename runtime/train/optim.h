@@ -23,7 +23,7 @@
 #include "common/err.h"
 #include "kernels/backend.h"
 #include "runtime/job/config.h"
-#include "runtime/train/model.h"
+#include "runtime/train/models/model.h"
 
 /* dt_optim_kind and dt_lr_kind are the job's (runtime/job/config.h): train.optimizer and
  * train.schedule decode straight into them. */

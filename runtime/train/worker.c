@@ -19,8 +19,8 @@
 #include "common/util.h"
 #include "runtime/job/errfile.h"
 #include "runtime/job/worker_guard.h"
-#include "runtime/train/strategies.h"
-#include "runtime/train/trace.h"
+#include "runtime/train/parallel/strategies.h"
+#include "runtime/train/obs/trace.h"
 
 /* ---- checkpoints ------------------------------------------------------------------------------ */
 

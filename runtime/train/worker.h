@@ -46,16 +46,16 @@
 #include "common/err.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
-#include "runtime/train/ckpt.h"
+#include "runtime/train/ckpt/ckpt.h"
 #include "runtime/comm/comm.h"
 #include "runtime/job/config.h"
 #include "runtime/job/workenv.h"
-#include "runtime/train/data.h"
-#include "runtime/train/grid.h"
-#include "runtime/train/metrics.h"
-#include "runtime/train/model.h"
+#include "runtime/train/data/data.h"
+#include "runtime/train/parallel/grid.h"
+#include "runtime/train/obs/metrics.h"
+#include "runtime/train/models/model.h"
 #include "runtime/train/optim.h"
-#include "runtime/train/strategy.h"
+#include "runtime/train/parallel/strategy.h"
 
 typedef struct dt_trainer {
     dt_job job;               /* the resolved job (a copy, never written after init) */
@@ -77,7 +77,7 @@ typedef struct dt_trainer {
     dt_data *data;            /* owned */
     dt_metrics *metrics;      /* owned; opened by dt_trainer_run (NULL in benchmarks) */
     bool trace_owned;         /* dt_trainer_run opened the process's trace (train.trace,
-                                 runtime/train/trace.h); dt_trainer_close closes it */
+                                 runtime/train/obs/trace.h); dt_trainer_close closes it */
     dt_lr_schedule sched;     /* lr as a function of step */
     dt_loss_scaler scaler;    /* train.precision = fp16: dynamic loss scale (checkpointed) */
     bool tokens;              /* language model: throughput in tokens */

@@ -853,7 +853,7 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
     g->recompute = cfg->recompute;
     g->Lk = g->recompute == DT_RECOMPUTE_BLOCK ? DT_MIN(g->L, 1) : g->L;
     g->La = g->recompute == DT_RECOMPUTE_NONE ? g->L : DT_MIN(g->L, 1);
-    /* tensor parallelism: the registry (model.c) checked tp_size, tp_rank, n_head and comm */
+    /* tensor parallelism: the registry (zoo.c) checked tp_size, tp_rank, n_head and comm */
     g->tp = cfg->tp_size > 1 ? cfg->tp_size : 1;
     g->tpr = g->tp > 1 ? cfg->tp_rank : 0;
     g->comm = g->tp > 1 ? comm : NULL;

@@ -1,9 +1,9 @@
-/* gpt.h - the GPT-2 model of the zoo (gpt.c); created through the registry, runtime/train/model.h
+/* gpt.h - the GPT-2 model of the zoo (gpt.c); created through the registry, runtime/train/models/model.h
  * (dt_model_create with cfg.type = "gpt"). Internal to runtime/train/models/ and its tests. */
 #ifndef DT_MODELS_GPT_H
 #define DT_MODELS_GPT_H
 
-#include "runtime/train/model.h"
+#include "runtime/train/models/model.h"
 
 /* Fills m (already zeroed, cfg and be set) or returns an error; on error the caller frees m with
  * dt_model_free. comm: the tensor group when cfg.tp_size > 1 (borrowed; the registry checked

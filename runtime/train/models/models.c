@@ -2,7 +2,7 @@
  * flat parameter / gradient / buffer storage, host-side initialisation and upload, and the
  * loss and accuracy read-backs, the tensor look-up by name and the tensor-parallel slices
  * (dt_tensor_tp_copy). Nothing here knows a particular model, and nothing here calls the
- * registry (model.c), which includes every model: what a model calls lives here, so no model
+ * registry (zoo.c), which includes every model: what a model calls lives here, so no model
  * and the registry include each other in a loop. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -211,7 +211,7 @@ void dt_models_ready(const dt_model *m, int first, int last, dt_grad_ready_fn re
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* look-up (model.h; here, not in the registry model.c, because the models call it) */
+/* look-up (model.h; here, not in the registry zoo.c, because the models call it) */
 
 int dt_model_find_tensor(const dt_model *m, const char *name)
 {

@@ -1,6 +1,6 @@
 /* models.h - the helpers shared by the model zoo (mlp.c, resnet.c, gpt.c), implemented in
- * models.c; everyone else uses runtime/train/model.h. Each model's create function is in its own
- * header (gpt.h, mlp.h, resnet.h), which only the registry (model.c) and tests include.
+ * models.c; everyone else uses runtime/train/models/model.h. Each model's create function is in its own
+ * header (gpt.h, mlp.h, resnet.h), which only the registry (zoo.c) and tests include.
  *
  * A model is built in three steps: its create function declares every parameter tensor in
  * buffer order with dt_models_add (the same for buffers with dt_models_add_buffer), then
@@ -14,7 +14,7 @@
 #include <stdarg.h>
 
 #include "common/rng.h"
-#include "runtime/train/model.h"
+#include "runtime/train/models/model.h"
 
 /* Appends a parameter tensor "fmt..." of ndim dims (shape) to m's table; no_decay for biases
  * and normalisation parameters. It is replicated (tp_parts 0, whole_shape = shape): a model

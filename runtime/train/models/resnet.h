@@ -1,9 +1,9 @@
-/* resnet.h - the CIFAR-style ResNet model of the zoo (resnet.c); created through the registry, runtime/train/model.h
+/* resnet.h - the CIFAR-style ResNet model of the zoo (resnet.c); created through the registry, runtime/train/models/model.h
  * (dt_model_create with cfg.type = "resnet"). Internal to runtime/train/models/ and its tests. */
 #ifndef DT_MODELS_RESNET_H
 #define DT_MODELS_RESNET_H
 
-#include "runtime/train/model.h"
+#include "runtime/train/models/model.h"
 
 /* Fills m (already zeroed, cfg and be set) or returns an error; on error the caller frees m with
  * dt_model_free. */

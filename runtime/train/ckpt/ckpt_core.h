@@ -1,0 +1,111 @@
+/* ckpt_core.h - what the checkpoint files share; internal to runtime/train/ckpt_*.c.
+ *
+ * The public contract is ckpt.h; nothing outside the ckpt_*.c files includes this header. The
+ * checkpoint code is one object (struct dt_ckpt, below) worked on by four files:
+ *
+ *   ckpt.c    the object (registration, staging area, open/close), the state helpers,
+ *                  the system call table, discovery of step_<N> directories
+ *   ckpt_write.c   saving: serialisation, hashing, the atomic write, retention, writer thread
+ *   ckpt_read.c    reading: verification, foreign-checkpoint detection, load, resume, inspect
+ *   ckpt_sync.c    the cross-rank agreement on the checkpoint resumed from
+ *
+ * Dependencies point one way: write -> read -> core, sync -> core. Names shared between these
+ * files are dt_ckpt__<name> (two underscores: internal, as libuv's uv__).
+ */
+#ifndef DT_CKPT_CORE_H
+#define DT_CKPT_CORE_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/train/ckpt/ckpt.h"
+
+#define DT_CKPT_IO_CHUNK (4u << 20)          /* write buffer and read chunk */
+#define DT_CKPT_SELF_KEY "\"state_xxh64\""   /* state.json's checksum of itself ... */
+#define DT_CKPT_ZERO16 "0000000000000000"    /* ... hashed with this in its place */
+#define DT_CKPT_MAX_FILES 4                  /* .safetensors files of one checkpoint */
+
+/* One registered tensor. */
+typedef struct dt_ckpt_entry {
+    char *name;          /* prefix + tensor name, owned */
+    int file;            /* index into c->files */
+    int ndim;
+    int64_t shape[DT_TENSOR_MAX_DIMS];
+    size_t numel;
+    size_t src_off;      /* elements into its buffer */
+    size_t stage_off;    /* elements into the staging area */
+    bool state;          /* registered with a prefix: per-parameter state (an optimiser's, named
+                          * by the caller), not one of the model's own tensors */
+} dt_ckpt_entry;
+
+struct dt_ckpt {
+    char dir[PATH_MAX - 1024]; /* leaves room for /step_<N>.tmp/<file> in PATH_MAX */
+    int keep;
+    bool async;
+    bool concurrent;           /* async and host memory: the writer thread copies (see fence) */
+    dt_backend *be;            /* borrowed; NULL = host memory */
+    int nbufs;
+    dt_ckpt_buf *bufs;         /* copies; file points into files, prefix into prefixes */
+    char **prefixes;           /* (nbufs) owned copies of the buffers' prefixes */
+    size_t *buf_stage_off;     /* (nbufs) where each buffer starts in staging, in elements */
+    int nentries;
+    dt_ckpt_entry *entries;    /* registration order */
+    int nfiles;
+    char files[DT_CKPT_MAX_FILES][16];
+    float *staging;            /* (staging_numel) host copy of every buffer, allocated once */
+    size_t staging_numel;
+
+    /* writer thread; everything below is guarded by mu */
+    pthread_t thread;
+    bool thread_started, pending, busy, quit;
+    bool copy_pending;         /* the writer still has to copy the late buffers */
+    bool fence_waiting;        /* the caller is blocked in dt_ckpt_fence since fence_start */
+    double fence_start, fence_s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    dt_ckpt_state wstate;      /* the save being written; wstate.job owned */
+    int result;                /* of the last write */
+    bool result_reported;
+    dt_err result_err;
+    dt_ckpt_stats stats;
+    double hold_s, wait_s, copy_s; /* of the save being written */
+};
+
+/* ---- ckpt.c ---- */
+
+/* The system call table in use (dt_ckpt_set_io). */
+extern const dt_ckpt_io *dt_ckpt__io;
+
+/* write(2) until done through the table; EINTR retried, a short write continued. 0 or -errno. */
+int dt_ckpt__write_all(int fd, const void *buf, size_t n);
+/* read(2) exactly n bytes through the table; -EPIPE at end of file first. */
+int dt_ckpt__read_all(int fd, void *buf, size_t n);
+/* Opens path (a directory when dir), fsyncs it, closes it; 0 or -errno with the path in err. */
+int dt_ckpt__fsync_path(const char *path, bool dir, dt_err *err);
+
+/* Whether name is "step_<digits><suffix>"; *step gets the number. */
+bool dt_ckpt__parse_step_name(const char *name, int64_t *step, const char *suffix);
+
+/* Whether saves into dir can succeed as far as the directory goes: -ENOTDIR when dir (or a
+ * part of its path) is a file, or dir holds an entry named like a checkpoint (step_<N>) that is
+ * not a directory (a save of step N would fail at its rename); err names it and what to do. A
+ * missing dir is fine (the first save creates it). */
+int dt_ckpt__check_dir(const char *dir, dt_err *err);
+
+/* Allocates the staging area on first use (-ENOMEM with the size in err). */
+int dt_ckpt__ensure_staging(dt_ckpt *c, dt_err *err);
+
+/* Returns once no save is being written (the writer thread is idle). */
+void dt_ckpt__wait_idle(dt_ckpt *c);
+
+/* ---- ckpt_read.c ---- */
+
+/* Whether the checkpoint directory `path` was written for another setup (another model or
+ * optimizer: its tensor table differs from what c registered). Unreadable or corrupt ones are
+ * not foreign: they are damaged, and may be replaced or removed. why gets the difference. */
+bool dt_ckpt__is_foreign(dt_ckpt *c, const char *path, char *why, size_t size);
+
+#endif

@@ -1,0 +1,676 @@
+/* ckpt_write.c - saving a checkpoint: atomic, durable, in the background; retention.
+ *
+ * See ckpt.h for the layout and the guarantees, ckpt_core.h for how the checkpoint code is
+ * split. The order of operations of a save, and why:
+ *
+ *   1. wait for the previous save      the staging area is reused; a failure there stops us
+ *   2. copy buffers to staging         the only part the training loop waits for
+ *   3. mkdir step_N.tmp                (writer thread from here on)
+ *   4. write each .safetensors file    through a 4 MiB buffer, hashed as it goes, then fsync
+ *   5. write state.json, fsync         it records every file's size and XXH64, and its own
+ *   6. fsync step_N.tmp                so the directory entries of the files are durable
+ *   7. rename step_N.tmp -> step_N     atomic: readers see all of it or none of it
+ *   8. fsync <dir>                     so the rename itself survives a power cut
+ *   9. remove old checkpoints          only now, beyond `keep`, and only older than N: each
+ *                                      renamed to step_M.old, <dir> synced, then deleted
+ * (3 also fsyncs the parent of every directory that creating <dir> made.)
+ *
+ * ext4 and XFS need both the file fsyncs (4, 5) and the directory fsyncs (6, 8): fsync of a
+ * file does not make its directory entry durable, and rename is only atomic, not durable, until
+ * the parent directory is synced. Without step 6 a power cut after the rename could leave
+ * step_N with files of length 0, which the checksum check then reports.
+ *
+ * Checksums are XXH64 of whole files (runtime/train/ckpt/xxh64.h). state.json cannot hold its own
+ * hash, so it holds the hash of itself with the "state_xxh64" value written as sixteen zeros.
+ */
+#include "runtime/train/ckpt/ckpt_core.h"
+
+#include <cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "runtime/train/ckpt/safetensors.h"
+#include "runtime/train/ckpt/xxh64.h"
+
+#define DIRECT_WRITE (256u << 10) /* pieces at least this large skip the write buffer */
+#define WRITEBACK_STEP (8u << 20) /* start writeback of every 8 MiB written */
+
+/* ================================================================================ saving === */
+
+/* A buffered, hashing sink over a file descriptor (dt_st_write_fn). */
+typedef struct wsink {
+    int fd;
+    const char *path;    /* for messages */
+    char *buf;
+    size_t len, cap;
+    dt_xxh64_state hash;
+    uint64_t total;      /* bytes consumed (hashed) */
+    uint64_t written;    /* bytes handed to write(2) */
+    uint64_t flushing;   /* writeback started up to here */
+} wsink;
+
+/* Writes to the file and, every WRITEBACK_STEP bytes, asks the kernel to start writing them to
+ * the disk (sync_file_range, advisory). Without it the dirty pages of a checkpoint smaller than
+ * the kernel's background threshold (10% of RAM) sit in memory until the fsync, so the disk
+ * idles while we write and we idle while it flushes; with it both run at once. */
+static int sink_out(wsink *s, const void *data, size_t n, dt_err *err)
+{
+    int rc = dt_ckpt__write_all(s->fd, data, n);
+    if (rc)
+        return dt_err_errno(err, -rc, "writing %s", s->path);
+    s->written += n;
+    if (s->written - s->flushing >= WRITEBACK_STEP) {
+        sync_file_range(s->fd, (off64_t)s->flushing, (off64_t)(s->written - s->flushing),
+                        SYNC_FILE_RANGE_WRITE);
+        s->flushing = s->written;
+    }
+    return 0;
+}
+
+static int sink_flush(wsink *s, dt_err *err)
+{
+    if (!s->len)
+        return 0;
+    int rc = sink_out(s, s->buf, s->len, err);
+    s->len = 0;
+    return rc;
+}
+
+static int sink_write(void *ctx, const void *data, size_t n, dt_err *err)
+{
+    wsink *s = ctx;
+    dt_xxh64_update(&s->hash, data, n);
+    s->total += n;
+    /* Small pieces (headers, biases) gather in the buffer; large ones go straight out. */
+    if (n < DIRECT_WRITE && s->len + n <= s->cap) {
+        memcpy(s->buf + s->len, data, n);
+        s->len += n;
+        return 0;
+    }
+    int rc = sink_flush(s, err);
+    if (rc)
+        return rc;
+    if (n >= DIRECT_WRITE)
+        return sink_out(s, data, n, err);
+    memcpy(s->buf, data, n);
+    s->len = n;
+    return 0;
+}
+
+/* Creates path, writes through the sink (fn writes everything), fsyncs, closes. */
+typedef int (*fill_fn)(dt_ckpt *c, int file, wsink *s, dt_err *err);
+
+static int write_file(const char *path, dt_ckpt *c, int file, fill_fn fill, const void *raw,
+                      size_t raw_len, uint64_t *bytes, uint64_t *hash, double *fsync_s,
+                      dt_err *err)
+{
+    wsink s = {.fd = -1, .path = path};
+    int rc = 0;
+    dt_xxh64_init(&s.hash, 0);
+    s.fd = dt_ckpt__io->open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (s.fd < 0)
+        return dt_err_errno(err, errno, "cannot create %s", path);
+    if (fill) {
+        s.cap = DT_CKPT_IO_CHUNK;
+        s.buf = malloc(s.cap);
+        if (!s.buf) {
+            rc = dt_err_set(err, -ENOMEM, "out of memory writing %s", path);
+            goto out;
+        }
+        if ((rc = fill(c, file, &s, err)) || (rc = sink_flush(&s, err)))
+            goto out;
+    } else {
+        dt_xxh64_update(&s.hash, raw, raw_len);
+        s.total = raw_len;
+        if ((rc = dt_ckpt__write_all(s.fd, raw, raw_len))) {
+            rc = dt_err_errno(err, -rc, "writing %s", path);
+            goto out;
+        }
+    }
+    double t0 = dt_now_s();
+    if (dt_ckpt__io->fsync(s.fd) != 0) {
+        rc = dt_err_errno(err, errno, "fsync of %s failed", path);
+        goto out;
+    }
+    *fsync_s += dt_now_s() - t0;
+out:
+    if (dt_ckpt__io->close(s.fd) != 0 && !rc)
+        rc = dt_err_errno(err, errno, "closing %s failed", path);
+    free(s.buf);
+    *bytes = s.total;
+    *hash = dt_xxh64_digest(&s.hash);
+    return rc;
+}
+
+/* Fills one .safetensors file from the staging copy. */
+static int fill_safetensors(dt_ckpt *c, int file, wsink *s, dt_err *err)
+{
+    int n = 0;
+    for (int i = 0; i < c->nentries; i++)
+        n += c->entries[i].file == file;
+    dt_st_tensor *ts = calloc((size_t)(n ? n : 1), sizeof *ts);
+    if (!ts)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    int k = 0;
+    for (int i = 0; i < c->nentries; i++) {
+        const dt_ckpt_entry *e = &c->entries[i];
+        if (e->file != file)
+            continue;
+        dt_st_tensor *t = &ts[k++];
+        t->name = e->name;
+        t->dtype = DT_ST_F32;
+        t->ndim = e->ndim;
+        for (int d = 0; d < e->ndim; d++)
+            t->shape[d] = e->shape[d];
+        t->data = c->staging + e->stage_off;
+    }
+    char step[32];
+    snprintf(step, sizeof step, "%" PRId64, c->wstate.step);
+    /* "format": "pt" is what PyTorch-side loaders (transformers) expect of a safetensors file. */
+    dt_st_kv meta[] = {{"format", "pt"}, {"producer", "dtrain " DT_VERSION}, {"step", step}};
+    int rc = dt_st_write(ts, n, meta, (int)DT_ARRAY_LEN(meta), sink_write, s, NULL, err);
+    free(ts);
+    return rc;
+}
+
+static void hex64(char out[17], uint64_t v) { snprintf(out, 17, "%016" PRIx64, v); }
+
+/* The text of state.json for c->wstate and the recorded files, with its self-checksum. */
+static char *state_json(dt_ckpt *c, const dt_ckpt_file_desc *files, int nfiles)
+{
+    const dt_ckpt_state *st = &c->wstate;
+    char hex[17];
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", DT_CKPT_FORMAT);
+    cJSON_AddNumberToObject(root, "version", DT_CKPT_VERSION);
+    cJSON_AddNumberToObject(root, "step", (double)st->step);
+    cJSON_AddNumberToObject(root, "epoch", (double)st->epoch);
+    cJSON_AddNumberToObject(root, "sample_pos", (double)st->sample_pos);
+    cJSON_AddNumberToObject(root, "samples_seen", (double)st->samples_seen);
+    cJSON_AddNumberToObject(root, "world_size", st->world_size);
+    if (isfinite(st->loss))
+        cJSON_AddNumberToObject(root, "loss", st->loss);
+    else
+        cJSON_AddNullToObject(root, "loss");
+    cJSON_AddNumberToObject(root, "lr", st->lr);
+    cJSON_AddNumberToObject(root, "time", st->time);
+    cJSON_AddStringToObject(root, "run_id", st->run_id);
+    cJSON *rng = cJSON_AddObjectToObject(root, "rng");
+    for (int i = 0; i < st->num_rng; i++) {
+        cJSON *a = cJSON_AddArrayToObject(rng, st->rng[i].name);
+        for (int k = 0; k < 4; k++) {
+            hex64(hex, st->rng[i].rng.s[k]);
+            cJSON_AddItemToArray(a, cJSON_CreateString(hex));
+        }
+    }
+    cJSON *sc = cJSON_AddObjectToObject(root, "scalars");
+    for (int i = 0; i < st->num_scalars; i++)
+        cJSON_AddNumberToObject(sc, st->scalars[i].name, st->scalars[i].value);
+    cJSON *tens = cJSON_AddArrayToObject(root, "tensors");
+    for (int i = 0; i < c->nentries; i++) {
+        const dt_ckpt_entry *e = &c->entries[i];
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddStringToObject(t, "name", e->name);
+        cJSON_AddStringToObject(t, "file", c->files[e->file]);
+        cJSON_AddStringToObject(t, "dtype", "F32");
+        cJSON *shape = cJSON_AddArrayToObject(t, "shape");
+        for (int d = 0; d < e->ndim; d++)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->shape[d]));
+        cJSON_AddItemToArray(tens, t);
+    }
+    cJSON *fo = cJSON_AddObjectToObject(root, "files");
+    for (int i = 0; i < nfiles; i++) {
+        cJSON *f = cJSON_AddObjectToObject(fo, files[i].name);
+        cJSON_AddNumberToObject(f, "bytes", (double)files[i].bytes);
+        hex64(hex, files[i].xxh64);
+        cJSON_AddStringToObject(f, "xxh64", hex);
+    }
+    if (st->job)
+        cJSON_AddStringToObject(root, "job", st->job);
+    else
+        cJSON_AddNullToObject(root, "job");
+    cJSON_AddStringToObject(root, "state_xxh64", DT_CKPT_ZERO16);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text)
+        return NULL;
+    /* The placeholder is the last "state_xxh64" value: hash with zeros, then fill it in. */
+    char *key = NULL;
+    for (char *p = strstr(text, DT_CKPT_SELF_KEY); p; p = strstr(p + 1, DT_CKPT_SELF_KEY))
+        key = p;
+    char *val = key ? strstr(key, "\"" DT_CKPT_ZERO16 "\"") : NULL;
+    if (!val) {
+        free(text);
+        return NULL;
+    }
+    hex64(hex, dt_xxh64(text, strlen(text), 0));
+    memcpy(val + 1, hex, 16);
+    return text;
+}
+
+/* Free space on the file system of dir, for messages about a full disk. */
+static void space_note(char *out, size_t size, const char *dir, uint64_t need)
+{
+    struct statvfs sv;
+    if (statvfs(dir, &sv) == 0)
+        snprintf(out, size, " (the checkpoint needs %.1f MB; %.1f MB are free on that file "
+                 "system)", need / 1e6, (double)sv.f_bavail * sv.f_frsize / 1e6);
+    else
+        out[0] = '\0';
+}
+
+static void remove_stale_tmp(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int64_t s;
+        if (!dt_ckpt__parse_step_name(de->d_name, &s, ".tmp") && !dt_ckpt__parse_step_name(de->d_name, &s, ".old"))
+            continue;
+        char p[PATH_MAX];
+        dt_err e = {0};
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (dt_rm_rf(p, &e) == 0)
+            DT_INFO("checkpoint: removed %s, left by an interrupted save", p);
+        else
+            DT_WARN("checkpoint: cannot remove %s: %s", p, e.msg);
+    }
+    closedir(d);
+}
+
+/* dt_mkdir_p, and when it created directories, an fsync of the parent of each one it created:
+ * the new directories' entries must survive a power cut, or the checkpoint under them (whose
+ * rename and directory are synced) could vanish with them. */
+static int make_dir_durable(const char *dir, dt_err *err)
+{
+    char top[PATH_MAX], p[PATH_MAX];
+    struct stat sb;
+    if (stat(dir, &sb) == 0)
+        return dt_mkdir_p(dir, err); /* there already (or not a directory: its error) */
+    /* the deepest ancestor that exists: the parents from dir's up to it get new entries */
+    if (!dt_strlcpy(top, dir, sizeof top))
+        return dt_err_set(err, -ENAMETOOLONG, "checkpoint directory path too long: %s", dir);
+    for (;;) {
+        char *slash = strrchr(top, '/');
+        if (!slash) {
+            dt_strlcpy(top, ".", sizeof top);
+            break;
+        }
+        if (slash == top) {
+            top[1] = '\0';
+            break;
+        }
+        *slash = '\0';
+        if (stat(top, &sb) == 0)
+            break;
+    }
+    int rc = dt_mkdir_p(dir, err);
+    if (rc)
+        return rc;
+    dt_strlcpy(p, dir, sizeof p);
+    for (;;) {
+        char *slash = strrchr(p, '/');
+        if (!slash)
+            dt_strlcpy(p, ".", sizeof p);
+        else if (slash == p)
+            p[1] = '\0';
+        else
+            *slash = '\0';
+        if ((rc = dt_ckpt__fsync_path(p, true, err)))
+            return dt_err_prefix(err, "creating the checkpoint directory %s: ", dir);
+        if (!strcmp(p, top) || !strcmp(p, ".") || !strcmp(p, "/"))
+            return 0;
+    }
+}
+
+/* Keeps the `keep` newest checkpoints with step <= newest (the one just written); later steps
+ * belong to another timeline (a resume from an older checkpoint) and are left alone, and so are
+ * checkpoints of another setup (another model or optimizer): they are not this job's to remove,
+ * and do not count. */
+static void apply_retention(dt_ckpt *c, int64_t newest)
+{
+    int64_t *steps;
+    int n;
+    dt_err e = {0};
+    if (dt_ckpt_list(c->dir, &steps, &n, &e) != 0) {
+        DT_WARN("checkpoint: retention skipped: %s", e.msg);
+        return;
+    }
+    /* Each one beyond keep is first renamed to step_<N>.old (atomic), then deleted: a kill
+     * in the middle of a deletion leaves a .old directory that discovery ignores and the next
+     * save removes, never a half-deleted step_<N> that resume and `ckpt list` report. */
+    int kept = 0, nold = 0;
+    char (*olds)[PATH_MAX + 8] = calloc((size_t)(n ? n : 1), sizeof *olds);
+    if (!olds) {
+        free(steps);
+        DT_WARN("checkpoint: retention skipped: out of memory");
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (steps[i] > newest)
+            continue;
+        char p[PATH_MAX], why[DT_ERR_MSG_MAX];
+        snprintf(p, sizeof p, "%s/step_%" PRId64, c->dir, steps[i]);
+        if (dt_ckpt__is_foreign(c, p, why, sizeof why)) {
+            if (kept >= c->keep)
+                DT_WARN("checkpoint: not removing %s (beyond keep = %d): it is another "
+                        "setup's checkpoint (%s)", p, c->keep, why);
+            continue;
+        }
+        if (++kept <= c->keep)
+            continue;
+        snprintf(olds[nold], sizeof olds[nold], "%s.old", p);
+        dt_rm_rf(olds[nold], NULL); /* left by an earlier kill: the rename needs the name */
+        if (dt_ckpt__io->rename(p, olds[nold]) != 0) {
+            DT_WARN("checkpoint: cannot remove old checkpoint %s: cannot rename it to %s: %s", p,
+                    olds[nold], strerror(errno));
+            continue;
+        }
+        DT_INFO("checkpoint: removed %s (keep = %d)", p, c->keep);
+        nold++;
+    }
+    free(steps);
+    if (nold)
+        dt_ckpt__fsync_path(c->dir, true, &e); /* the renames first: then no step_<N> is half gone */
+    for (int i = 0; i < nold; i++)
+        if (dt_rm_rf(olds[i], &e) != 0)
+            DT_WARN("checkpoint: cannot delete %s: %s (the next save tries again)", olds[i],
+                    e.msg);
+    free(olds);
+}
+
+/* Steps 3..9 of a save, from c->staging and c->wstate. */
+static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, char *final,
+                            size_t final_size, dt_err *err)
+{
+    char tmp[PATH_MAX], old[PATH_MAX], path[PATH_MAX + 128], note[256];
+    dt_ckpt_file_desc files[DT_CKPT_MAX_FILES];
+    int64_t step = c->wstate.step;
+    int rc = 0;
+    bool made_tmp = false, removed_tmp = false;
+    uint64_t need = c->staging_numel * 4 + 65536;
+    *fsync_s = 0;
+    *total_bytes = 0;
+    if (snprintf(final, final_size, "%s/step_%" PRId64, c->dir, step) >= (int)final_size ||
+        snprintf(tmp, sizeof tmp, "%s.tmp", final) >= (int)sizeof tmp ||
+        snprintf(old, sizeof old, "%s.old", final) >= (int)sizeof old)
+        return dt_err_set(err, -ENAMETOOLONG, "checkpoint directory path too long: %s", c->dir);
+    if ((rc = make_dir_durable(c->dir, err)))
+        goto fail;
+    remove_stale_tmp(c->dir);
+    if (dt_ckpt__io->mkdir(tmp, 0755) != 0) {
+        rc = dt_err_errno(err, errno, "cannot create %s", tmp);
+        goto fail;
+    }
+    made_tmp = true;
+    for (int f = 0; f < c->nfiles; f++) {
+        snprintf(files[f].name, sizeof files[f].name, "%s.safetensors", c->files[f]);
+        snprintf(path, sizeof path, "%s/%.63s", tmp, files[f].name);
+        if ((rc = write_file(path, c, f, fill_safetensors, NULL, 0, &files[f].bytes,
+                             &files[f].xxh64, fsync_s, err)))
+            goto fail;
+        *total_bytes += files[f].bytes;
+    }
+    char *text = state_json(c, files, c->nfiles);
+    if (!text) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory building state.json");
+        goto fail;
+    }
+    uint64_t sb, sh;
+    snprintf(path, sizeof path, "%s/state.json", tmp);
+    rc = write_file(path, c, -1, NULL, text, strlen(text), &sb, &sh, fsync_s, err);
+    free(text);
+    if (rc)
+        goto fail;
+    *total_bytes += sb;
+    double t0 = dt_now_s();
+    if ((rc = dt_ckpt__fsync_path(tmp, true, err)))
+        goto fail;
+    if (dt_ckpt__io->rename(tmp, final) != 0) {
+        int e = errno;
+        if (e != EEXIST && e != ENOTEMPTY) {
+            rc = dt_err_errno(err, e, "cannot rename %s to %s", tmp, final);
+            goto fail;
+        }
+        /* The same step is already there (a job resumed from it and saved it again): move it
+         * aside, put the new one in place, then remove the old one. Unless it is another
+         * setup's (another model or optimizer): that one is the user's, never replaced. */
+        char why[DT_ERR_MSG_MAX];
+        if (dt_ckpt__is_foreign(c, final, why, sizeof why)) {
+            rc = dt_err_set(err, -EEXIST, "%s is already there and is another setup's "
+                            "checkpoint (%s); it is left as it is: give this job another "
+                            "checkpoint.dir", final, why);
+            goto fail;
+        }
+        if (dt_ckpt__io->rename(final, old) != 0) {
+            rc = dt_err_errno(err, errno, "cannot move the existing %s aside", final);
+            goto fail;
+        }
+        if (dt_ckpt__io->rename(tmp, final) != 0) {
+            rc = dt_err_errno(err, errno, "cannot rename %s to %s", tmp, final);
+            dt_ckpt__io->rename(old, final);
+            goto fail;
+        }
+        made_tmp = false;
+        if ((rc = dt_ckpt__fsync_path(c->dir, true, err)))
+            goto fail;
+        dt_rm_rf(old, NULL);
+    }
+    made_tmp = false;
+    if ((rc = dt_ckpt__fsync_path(c->dir, true, err))) {
+        /* The checkpoint is complete and in place, but its rename may not survive a power cut. */
+        dt_err_prefix(err, "checkpoint %s was written but may not survive a power cut: ", final);
+        return rc;
+    }
+    *fsync_s += dt_now_s() - t0;
+    return 0;
+fail:
+    if (made_tmp) {
+        dt_err e2 = {0};
+        removed_tmp = dt_rm_rf(tmp, &e2) == 0;
+        if (!removed_tmp)
+            DT_WARN("checkpoint: cannot remove %s after a failed save: %s", tmp, e2.msg);
+    }
+    note[0] = '\0';
+    if (rc == -ENOSPC || rc == -EDQUOT)
+        space_note(note, sizeof note, c->dir, need);
+    dt_err_prefix(err, "checkpoint step_%" PRId64 " not saved: ", step);
+    if (err) {
+        size_t l = strlen(err->msg);
+        snprintf(err->msg + l, sizeof err->msg - l, "%s; earlier checkpoints under %.300s are "
+                 "intact%s", note, c->dir, removed_tmp ? ", the partial step_N.tmp was removed" : "");
+    }
+    return rc;
+}
+
+enum { COPY_ALL, COPY_EARLY, COPY_LATE };
+static void copy_to_staging(dt_ckpt *c, int which);
+
+/* Runs the pending write (called by the writer thread, or inline when !async). */
+static void run_write(dt_ckpt *c)
+{
+    dt_err e = {0};
+    double fs = 0, t0 = dt_now_s();
+    if (c->copy_pending) { /* read without the lock: only this thread clears it */
+        copy_to_staging(c, COPY_LATE);
+        pthread_mutex_lock(&c->mu);
+        c->copy_pending = false;
+        c->copy_s += dt_now_s() - t0;
+        if (c->fence_waiting) {
+            c->fence_s = dt_now_s() - c->fence_start;
+            c->fence_waiting = false;
+        }
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        t0 = dt_now_s();
+    }
+    uint64_t bytes = 0;
+    char final[PATH_MAX];
+    int rc = write_checkpoint(c, &fs, &bytes, final, sizeof final, &e);
+    double dt = dt_now_s() - t0;
+    if (!rc) /* the new checkpoint is complete: only now may older ones go */
+        apply_retention(c, c->wstate.step);
+    if (rc)
+        DT_ERROR("%s", e.msg);
+    else if (c->hold_s >= 0)
+        DT_INFO("checkpoint: saved %s (%.1f MB in %.2f s, %.0f MB/s, in the background; "
+                "training held %.3f s)", final, bytes / 1e6, dt, dt > 0 ? bytes / 1e6 / dt : 0.0,
+                c->hold_s + c->fence_s);
+    else
+        DT_INFO("checkpoint: saved %s (%.1f MB in %.2f s, %.0f MB/s)", final, bytes / 1e6, dt,
+                dt > 0 ? bytes / 1e6 / dt : 0.0);
+    pthread_mutex_lock(&c->mu);
+    c->result = rc;
+    c->result_reported = false;
+    c->result_err = e;
+    if (!rc) {
+        c->stats.saves++;
+        c->stats.last_step = c->wstate.step;
+        dt_strlcpy(c->stats.last_path, final, sizeof c->stats.last_path);
+        c->stats.bytes = bytes;
+        c->stats.hold_s = c->hold_s + c->fence_s;
+        c->stats.fence_s = c->fence_s;
+        c->stats.wait_s = c->wait_s;
+        c->stats.copy_s = c->copy_s;
+        c->stats.write_s = dt;
+        c->stats.fsync_s = fs;
+    }
+    c->busy = false;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void *writer_main(void *arg)
+{
+    dt_ckpt *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->pending && !c->quit)
+            pthread_cond_wait(&c->cv, &c->mu);
+        if (!c->pending)
+            break;
+        c->pending = false;
+        pthread_mutex_unlock(&c->mu);
+        run_write(c);
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+void dt_ckpt_fence(dt_ckpt *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->copy_pending) {
+        c->fence_start = dt_now_s();
+        c->fence_waiting = true;
+        while (c->copy_pending)
+            pthread_cond_wait(&c->cv, &c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int dt_ckpt_wait(dt_ckpt *c, dt_err *err)
+{
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    while (c->busy)
+        pthread_cond_wait(&c->cv, &c->mu);
+    if (c->result && !c->result_reported) {
+        rc = c->result;
+        c->result_reported = true;
+        if (err)
+            *err = c->result_err;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* Copies the buffers of one kind (COPY_EARLY: those marked copy_at_save; COPY_LATE: the others)
+ * or all of them to the staging area. */
+static void copy_to_staging(dt_ckpt *c, int which)
+{
+    for (int b = 0; b < c->nbufs; b++) {
+        if ((which == COPY_EARLY && !c->bufs[b].copy_at_save) ||
+            (which == COPY_LATE && c->bufs[b].copy_at_save))
+            continue;
+        float *dst = c->staging + c->buf_stage_off[b];
+        size_t bytes = c->bufs[b].numel * sizeof(float);
+        if (!bytes)
+            continue;
+        if (c->be)
+            c->be->memcpy_d2h(c->be, dst, c->bufs[b].data, bytes);
+        else
+            memcpy(dst, c->bufs[b].data, bytes);
+    }
+}
+
+int dt_ckpt_save(dt_ckpt *c, const dt_ckpt_state *st, dt_err *err)
+{
+    double t0 = dt_now_s();
+    int rc = dt_ckpt_wait(c, err);
+    if (rc) {
+        dt_err_prefix(err, "an earlier checkpoint failed: ");
+        return rc;
+    }
+    double t1 = dt_now_s();
+    if ((rc = dt_ckpt__ensure_staging(c, err)))
+        return rc;
+    char *job = NULL;
+    if (st->job && !(job = strdup(st->job)))
+        return dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
+    bool late = c->async && c->concurrent;
+    copy_to_staging(c, late ? COPY_EARLY : COPY_ALL);
+    double t2 = dt_now_s();
+    free(c->wstate.job);
+    c->wstate = *st;
+    c->wstate.job = job;
+    c->wstate.time = dt_wall_s();
+    c->wait_s = t1 - t0;
+    c->copy_s = t2 - t1;
+    if (!c->async) {
+        c->hold_s = -1; /* the whole write holds the caller; recorded below */
+        pthread_mutex_lock(&c->mu);
+        c->busy = true;
+        pthread_mutex_unlock(&c->mu);
+        run_write(c);
+        pthread_mutex_lock(&c->mu);
+        c->stats.hold_s = dt_now_s() - t0;
+        pthread_mutex_unlock(&c->mu);
+        return dt_ckpt_wait(c, err);
+    }
+    if (!c->thread_started) {
+        if ((rc = pthread_create(&c->thread, NULL, writer_main, c)) != 0)
+            return dt_err_errno(err, rc, "checkpoint: cannot start the writer thread");
+        c->thread_started = true;
+    }
+    c->hold_s = dt_now_s() - t0;
+    pthread_mutex_lock(&c->mu);
+    c->busy = true;
+    c->pending = true;
+    c->copy_pending = late;
+    c->fence_s = 0;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+void dt_ckpt_get_stats(dt_ckpt *c, dt_ckpt_stats *out)
+{
+    pthread_mutex_lock(&c->mu);
+    *out = c->stats;
+    pthread_mutex_unlock(&c->mu);
+}

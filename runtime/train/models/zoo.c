@@ -1,0 +1,254 @@
+/* zoo.c - the model zoo's registry, the implementation of runtime/train/models/model.h: configuration
+ * from a job, creation by type (dispatching to gpt.c, mlp.c, resnet.c through their headers),
+ * freeing, block hooks and sizes. The helpers the models share are models.c (models.h), the
+ * tensor look-up and the tensor-parallel slices of model.h among them; they never call back into
+ * this file, so the registry -> model -> helpers dependencies run one way. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "runtime/job/config.h"
+#include "runtime/train/models/model.h"
+#include "runtime/train/models/gpt.h"
+#include "runtime/train/models/mlp.h"
+#include "runtime/train/models/models.h"
+#include "runtime/train/models/resnet.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* configuration */
+
+static int check_config(const dt_model_config *cfg, dt_err *err);
+
+static int parse_hidden(dt_model_config *cfg, const char *text, dt_err *err)
+{
+    cfg->n_hidden = 0;
+    const char *p = text;
+    while (*p) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (!*p)
+            break;
+        char *end = NULL;
+        long v = strtol(p, &end, 10);
+        if (end == p || v <= 0 || v > (1 << 24))
+            return dt_err_set(err, -EINVAL,
+                              "model.hidden: \"%s\" must be positive widths such as 256,256",
+                              text);
+        if (cfg->n_hidden == (int)DT_ARRAY_LEN(cfg->hidden))
+            return dt_err_set(err, -EINVAL, "model.hidden: at most %d hidden layers",
+                              (int)DT_ARRAY_LEN(cfg->hidden));
+        cfg->hidden[cfg->n_hidden++] = (int)v;
+        p = end;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return dt_err_set(err, -EINVAL,
+                              "model.hidden: \"%s\" must be positive widths such as 256,256",
+                              text);
+    }
+    return 0;
+}
+
+int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
+                             const dt_sample_shape *shape, dt_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    if (!dt_model_name(job->model_type)[0])
+        return dt_err_set(err, -EINVAL, "model.type: not set (mlp, resnet, gpt)");
+    dt_strlcpy(cfg->type, dt_model_name(job->model_type), sizeof cfg->type);
+    cfg->shape = *shape;
+    cfg->max_batch = job->batch_size;
+    cfg->seed = (uint64_t)job->seed;
+    cfg->bn_momentum = 0.1f;
+    cfg->bn_eps = 1e-5f;
+    cfg->recompute = job->recompute == DT_RECOMP_BLOCK       ? DT_RECOMPUTE_BLOCK
+                     : job->recompute == DT_RECOMP_SELECTIVE ? DT_RECOMPUTE_SELECTIVE
+                                                             : DT_RECOMPUTE_NONE;
+    if (job->model_type == DT_MODEL_GPT) {
+        cfg->n_layer = job->n_layer;
+        cfg->n_head = job->n_head;
+        cfg->n_embd = job->n_embd;
+        cfg->block_size = job->block_size;
+    } else if (job->model_type == DT_MODEL_MLP) {
+        int rc = parse_hidden(cfg, job->hidden, err);
+        if (rc)
+            return rc;
+    } else if (job->model_type == DT_MODEL_RESNET) {
+        cfg->depth = job->depth;
+        cfg->width = job->width;
+        cfg->sync_bn = job->sync_bn;
+    }
+    return check_config(cfg, err);
+}
+
+static int check_config(const dt_model_config *cfg, dt_err *err)
+{
+    const dt_sample_shape *s = &cfg->shape;
+    if (cfg->tp_size < 0 || (cfg->tp_size > 1 && (cfg->tp_rank < 0 || cfg->tp_rank >= cfg->tp_size)))
+        return dt_err_set(err, -EINVAL,
+                          "model: tensor-parallel rank %d of %d (tp_rank must be in 0..tp_size-1, "
+                          "tp_size >= 0; 0 and 1 mean no tensor parallelism)",
+                          cfg->tp_rank, cfg->tp_size);
+    if (cfg->max_batch <= 0)
+        return dt_err_set(err, -EINVAL, "model: batch size must be positive (got %d)",
+                          cfg->max_batch);
+    if (cfg->recompute != DT_RECOMPUTE_NONE && cfg->recompute != DT_RECOMPUTE_BLOCK &&
+        cfg->recompute != DT_RECOMPUTE_SELECTIVE)
+        return dt_err_set(err, -EINVAL, "model: unknown recompute mode %d", (int)cfg->recompute);
+    if (cfg->recompute == DT_RECOMPUTE_SELECTIVE && strcmp(cfg->type, "gpt") != 0)
+        return dt_err_set(err, -EINVAL,
+                          "train.recompute = selective recomputes attention, which only gpt has "
+                          "(model %s: use none or block)",
+                          cfg->type);
+    if (!strcmp(cfg->type, "gpt")) {
+        if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->block_size <= 0)
+            return dt_err_set(err, -EINVAL,
+                              "model: gpt needs n_layer, n_head, n_embd and block_size > 0 (or a "
+                              "preset: gpt-tiny, gpt-mini, gpt2-124m)");
+        if (cfg->n_embd % cfg->n_head)
+            return dt_err_set(err, -EINVAL, "model: n_embd (%d) must be divisible by n_head (%d)",
+                              cfg->n_embd, cfg->n_head);
+        if (s->kind != DT_SAMPLE_TOKENS)
+            return dt_err_set(err, -EINVAL, "model gpt needs token data (text, tokens or synthetic "
+                                            "tokens)");
+        if (s->seq_len <= 0 || s->seq_len > cfg->block_size)
+            return dt_err_set(err, -EINVAL,
+                              "model gpt: the data's sequence length %d must be in 1..block_size "
+                              "(%d): set data.seq_len or model.block_size",
+                              s->seq_len, cfg->block_size);
+        if (s->vocab_size <= 0)
+            return dt_err_set(err, -EINVAL, "model gpt: the data has no vocabulary size");
+        if (cfg->tp_size > 1 && cfg->n_head % cfg->tp_size)
+            return dt_err_set(err, -EINVAL,
+                              "model gpt: parallel.tensor = %d must divide model.n_head (%d): "
+                              "each rank holds n_head / tensor attention heads; choose a "
+                              "divisor of n_head",
+                              cfg->tp_size, cfg->n_head);
+        return 0;
+    }
+    if (cfg->tp_size > 1)
+        return dt_err_set(err, -EINVAL,
+                          "parallel.tensor = %d: tensor parallelism splits gpt's attention, MLP "
+                          "and vocabulary only; model %s has no tensor-parallel form (set "
+                          "parallel.tensor = 1)",
+                          cfg->tp_size, cfg->type);
+    if (!strcmp(cfg->type, "mlp")) {
+        if (s->kind == DT_SAMPLE_TOKENS)
+            return dt_err_set(err, -EINVAL, "model mlp needs vector or image samples, not tokens");
+        int in = s->kind == DT_SAMPLE_IMAGE && s->input_dim <= 0
+                     ? s->channels * s->height * s->width
+                     : s->input_dim;
+        if (in <= 0 || s->n_classes <= 0)
+            return dt_err_set(err, -EINVAL, "model mlp: the data has no input size or no classes");
+        for (int i = 0; i < cfg->n_hidden; i++)
+            if (cfg->hidden[i] <= 0)
+                return dt_err_set(err, -EINVAL, "model.hidden: widths must be positive");
+        if (cfg->n_hidden < 0 || cfg->n_hidden > (int)DT_ARRAY_LEN(cfg->hidden))
+            return dt_err_set(err, -EINVAL, "model.hidden: 0 to 16 hidden layers");
+        return 0;
+    }
+    if (!strcmp(cfg->type, "resnet")) {
+        if (cfg->depth < 8 || (cfg->depth - 2) % 6)
+            return dt_err_set(err, -EINVAL,
+                              "model.depth: %d is not 6n+2 with n >= 1 (use 20, 32, 44, 56 or 110)",
+                              cfg->depth);
+        if (cfg->width <= 0)
+            return dt_err_set(err, -EINVAL, "model.width must be positive");
+        if (s->kind != DT_SAMPLE_IMAGE || s->channels <= 0 || s->height <= 0 || s->width <= 0)
+            return dt_err_set(err, -EINVAL, "model resnet needs image samples (C,H,W)");
+        if (s->height < 4 || s->width < 4)
+            return dt_err_set(err, -EINVAL,
+                              "model resnet: images of %dx%d are too small (at least 4x4: two "
+                              "stride-2 stages)",
+                              s->height, s->width);
+        if (s->n_classes <= 0)
+            return dt_err_set(err, -EINVAL, "model resnet: the data has no classes");
+        return 0;
+    }
+    return dt_err_set(err, -EINVAL, "model.type: unknown model \"%s\" (mlp, resnet, gpt)",
+                      cfg->type);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* creation */
+
+int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, dt_comm *comm,
+                    dt_err *err)
+{
+    *out = NULL;
+    int rc = check_config(cfg, err);
+    if (rc)
+        return rc;
+    if (cfg->tp_size > 1 && !comm)
+        return dt_err_set(err, -EINVAL,
+                          "creating model %s: tensor parallelism (tp_size %d) needs the tensor "
+                          "group's communicator, and none was given",
+                          cfg->type, cfg->tp_size);
+    if (cfg->tp_size > 1 &&
+        (dt_comm_world_size(comm) != cfg->tp_size || dt_comm_rank(comm) != cfg->tp_rank))
+        return dt_err_set(err, -EINVAL,
+                          "creating model %s: tensor-parallel rank %d of %d, but the communicator "
+                          "given is rank %d of %d: pass the tensor group (dt_groups_open's tp), "
+                          "not the world",
+                          cfg->type, cfg->tp_rank, cfg->tp_size, dt_comm_rank(comm),
+                          dt_comm_world_size(comm));
+    dt_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return dt_err_set(err, -ENOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    m->be = be;
+    /* what a model allocates besides its parameters, gradients and buffers (dt_models_alloc
+     * tags those) is what a step works in: activations, inputs, targets */
+    dt_mem_cat old_cat = dt_mem_tag(be, DT_MEM_ACTS);
+    if (!strcmp(cfg->type, "gpt"))
+        rc = dt_gpt_create(m, comm, err);
+    else if (!strcmp(cfg->type, "mlp"))
+        rc = dt_mlp_create(m, err);
+    else
+        rc = dt_resnet_create(m, comm, err);
+    dt_mem_tag(be, old_cat);
+    if (!rc)
+        rc = dt_models_check_blocks(m, err);
+    if (rc) {
+        dt_err_prefix(err, "creating model %s: ", cfg->type);
+        dt_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* freeing, block hooks and sizes (the tensor look-up and the tensor-parallel slices are
+ * models.c's: the models call them) */
+
+void dt_model_free(dt_model *m)
+{
+    if (!m)
+        return;
+    if (m->ops && m->ops->free)
+        m->ops->free(m);
+    if (m->be) {
+        m->be->free(m->be, m->params);
+        m->be->free(m->be, m->grads);
+        m->be->free(m->be, m->buffers);
+    }
+    free(m->tensors);
+    free(m->buffer_tensors);
+    free(m->blocks);
+    free(m);
+}
+
+void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx)
+{
+    m->block_hook = fn;
+    m->block_hook_ctx = fn ? ctx : NULL;
+}
+
+size_t dt_model_activation_bytes(const dt_model *m)
+{
+    return m ? m->activation_bytes : 0;
+}

@@ -1,0 +1,310 @@
+/* strategy.h - how one training step is spread over ranks: the one interface the trainer's loop
+ * calls, whatever the layout.
+ *
+ * The loop in worker.c reads top to bottom and never asks which strategy runs:
+ *
+ *   open        build the communicator(s), the backend(s), the model(s) and the optimiser
+ *               for this rank
+ *   start       after a checkpoint was loaded into the model and the optimiser: make every rank
+ *               agree (DDP: check the model, broadcast rank 0's parameters, build the buckets)
+ *   zero_grads  the start of an accumulation: the gradients this rank accumulates into are zero
+ *   micro_step  forward and backward of one micro-batch; `last` = the last micro-step of the
+ *               accumulation (gradients are synchronised only then: DDP's no_sync for the rest)
+ *   sync_grads  after the last micro-step: wait until this rank's gradients are final
+ *               (all-reduced, reduced to the master, reduce-scattered, ...)
+ *   average     the mean of a few doubles over the ranks (loss, stop flags, eval sums)
+ *   clip        unscale (fp16), then the global gradient norm (over shards and stages where the
+ *               strategy splits the gradients), clipping when train.grad_clip is set
+ *   optim_step  the optimiser update of what this rank owns (and whatever must follow it: the
+ *               all-gather of updated shards, ...)
+ *   eval_step   forward only, for evaluation
+ *   state       the tensors a checkpoint holds, whole, under their usual names
+ *   gather_state  before a checkpoint is saved (every rank, collectively): make the buffers
+ *               `state` handed out hold the whole tensors (ZeRO: all-gather the optimiser's
+ *               shards); NULL where they always do. After a load the trainer calls start, which
+ *               takes this rank's part of what the load put there
+ *   close       tear-down; accepts a strategy whose open failed half way
+ *
+ * So one optimiser step, in the trainer, is:
+ *
+ *   zero_grads; micro_step x micro-steps (grad_accum, or derived from train.global_batch;
+ *   last = true on the last); sync_grads;
+ *   average(loss, stop flag); clip; optim_step (unless fp16 skips it); s->be->synchronize
+ *
+ * and a checkpoint, between steps, is gather_state (every rank) then rank 0's save; a resume is
+ * every rank's load (open's `state` buffers) and then start.
+ *
+ * Implementations: single (strategy_single.c: one process, one replica), ddp (strategy_ddp.c:
+ * DistributedDataParallel, one replica per process, over ddp.c's reducer), dp (strategy_dp.c:
+ * DataParallel, replicas driven by one process, over dp.c) and zero (strategy_zero.c: ZeRO
+ * stages 1 and 2, over ddp.c's reducer in its sharding mode; strategy_zero3.c: stage 3, over the
+ * model's block hook), tensor (strategy_tensor.c: Megatron-LM's splits inside gpt, DDP or ZeRO
+ * over the data-parallel groups) and pipeline (strategy_pipeline.c: GPipe and 1F1B over the
+ * stages of the D x T x P grid, any T). strategies.h picks one from the job.
+ *
+ * An implementation includes this header and what it drives (comm/, the model, the optimiser);
+ * it never includes worker.h or strategies.h: what it needs from the trainer comes in
+ * dt_strategy_ctx, and the helpers below (strategy.c) are what implementations share.
+ */
+#ifndef DT_STRATEGY_H
+#define DT_STRATEGY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "kernels/backend.h"
+#include "runtime/comm/comm.h"
+#include "runtime/job/config.h"
+#include "runtime/job/workenv.h"
+#include "runtime/train/ckpt/ckpt.h"
+#include "runtime/train/parallel/grid.h"
+#include "runtime/train/models/model.h"
+#include "runtime/train/optim.h"
+
+/* What the trainer gives a strategy to open it with. All borrowed; they outlive the strategy. */
+typedef struct dt_strategy_ctx {
+    const dt_job *job;              /* the job as loaded, read only */
+    const dt_worker_env *env;       /* rank, world, store address, run id, round */
+    const dt_backend_opts *be_opts; /* device index, threads, precision */
+    const dt_model_config *model;   /* the model to build (max_batch = the rank's batch, see
+                                       rank_batch) */
+    const dt_optim_config *optim;   /* the optimiser to build over what this rank updates */
+} dt_strategy_ctx;
+
+typedef struct dt_strategy dt_strategy;
+
+typedef struct dt_strategy_ops {
+    const char *name; /* "single", "ddp", "dp", "zero", "tensor", "pipeline" */
+    /* Samples this rank's process draws from the data per micro-step (its sampler's batch),
+     * derived from the job: train.batch_size for one replica per process, batch_size x
+     * job.dp_replicas for DP (batch_size is per replica). Called before open. */
+    int (*rank_batch)(const dt_job *job);
+    /* Builds s->be, s->model, s->optim and s->comm (NULL with one rank). -errno and err on
+     * failure; close is still called. */
+    int (*open)(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
+    /* After the trainer resumed the model and the optimiser from a checkpoint (or did not). */
+    int (*start)(dt_strategy *s, dt_err *err);
+    /* Zeroes the gradients the next micro-steps accumulate into. */
+    void (*zero_grads)(dt_strategy *s);
+    /* One micro-batch of at most rank_batch samples (fewer under train.global_batch, which
+     * gives ranks and micro-steps unequal shares): forward and backward of loss x dloss (dloss:
+     * 1/accum, or the micro-batch's weight n x world / global_batch, times the fp16 loss scale);
+     * the gradients accumulate (+=). *loss gets this rank's mean loss over the batch. With
+     * global_batch and batch_size = 1, ranks may run different numbers of micro-steps: a
+     * strategy that communicates inside micro_step other than on the last must not rely on
+     * equal counts (the trainer refuses model.sync_bn in that case). */
+    int (*micro_step)(dt_strategy *s, const dt_batch *batch, float dloss, bool last, float *loss,
+                      dt_err *err);
+    /* Waits until the gradients are final; s->comm_time_s is the time it waited. */
+    int (*sync_grads)(dt_strategy *s, dt_err *err);
+    /* Replaces v[0..n) by its mean over the ranks (unchanged with one rank). */
+    int (*average)(dt_strategy *s, double *v, int n, dt_err *err);
+    /* Multiplies the gradients by unscale when it is not 1 (fp16: 1 / the loss scale), then
+     * clips (train.grad_clip). *norm = the global norm before clipping (non-finite: nothing
+     * was clipped). -errno and err when a collective it needs failed. */
+    int (*clip)(dt_strategy *s, double unscale, double *norm, dt_err *err);
+    /* One optimiser update at learning rate lr (and what must follow it: ZeRO's all-gather of
+     * the updated parameters). -errno and err when a collective failed. */
+    int (*optim_step)(dt_strategy *s, double lr, dt_err *err);
+    /* Forward only, of up to rank_batch samples; *loss the batch mean, *correct the correct
+     * predictions (classifiers). */
+    int (*eval_step)(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
+                     dt_err *err);
+    /* Fills bufs[0..*n) (cap entries) with what a checkpoint saves and loads: whole tensors under
+     * their usual names (the model's parameters and buffers, the optimiser's state). The
+     * buffers are the strategy's; they live until close. -ENOSPC when cap is too small. */
+    int (*state)(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
+    /* Before a save, on every rank at the same step (collective): afterwards the buffers state
+     * gave hold the whole tensors until the next optim_step (by which time the trainer has
+     * fenced the save's copy). NULL: they always hold them (single, ddp, dp). */
+    int (*gather_state)(dt_strategy *s, dt_err *err);
+    /* Replica k's backend, k < s->replicas (k = 0: s->be): for memory and utilisation
+     * figures per replica. */
+    dt_backend *(*replica_backend)(dt_strategy *s, int k);
+    /* Frees what open built (s->impl included); the registry frees s itself. */
+    void (*close)(dt_strategy *s);
+} dt_strategy_ops;
+
+/* A strategy: the public part every implementation fills, then its own state (impl). */
+struct dt_strategy {
+    const dt_strategy_ops *ops;
+    dt_backend *be;     /* this rank's (master) backend; owned by the strategy */
+    dt_model *model;    /* this rank's (master) model; owned by the strategy */
+    dt_comm *comm;      /* the world communicator, or NULL with one rank; owned by the strategy.
+                           The trainer borrows it for what is not a step: agreeing on the
+                           checkpoint to resume, the barrier before leaving */
+    dt_optim *optim;    /* the optimiser of what this rank updates; owned by the strategy */
+    double comm_time_s; /* the last step's time synchronising gradients: DDP waiting in
+                           sync_grads, DP its reduce to the master (in micro_step) */
+    int replicas;       /* model replicas this process drives (DP: job.dp_replicas; else 1) */
+    size_t whole_params; /* the whole model's parameters, as one process holds them and a
+                            checkpoint saves them, where this rank holds part of it (tensor:
+                            its slices; pipeline: its stage); 0: s->model->num_params, all */
+    char summary[64];   /* for the run's summary line, "" or e.g. "DataParallel x 2" */
+    void *impl;         /* the implementation's state */
+};
+
+/* What one rank's strategy holds, in bytes, measured where it can be (for `dtrain bench
+ * memory`; filled by strategy_zero.h's dt_strategy_get_mem). Any strategy: single, ddp and dp (the master) hold everything whole. */
+typedef struct dt_strategy_mem {
+    int zero_stage;         /* 0 for strategies other than zero */
+    size_t params;          /* parameters (whole at stages 0-2; stage 3: the allocator's
+                               resident parameter bytes now: shard, gather staging and the
+                               flat buffer's pages held) */
+    size_t params_peak;     /* stage 3: the most parameter bytes resident during the steps
+                               (the allocator's count, seen at every window's start, where it
+                               only grows); else = params */
+    size_t grads;           /* gradients held now (after a step): the flat buffer's resident
+                               bytes (stage 2: the allocator's count; else its size) + the
+                               reduced shard */
+    size_t grads_peak;      /* stage 3: as params_peak, for gradients;
+                               stage 2: the most the gradients (and the 16-bit payloads) held
+                               since the step began (the allocator's count, seen at every
+                               commit, + the shard); else = grads */
+    size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
+    size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
+                               resident part); other strategies: not reported here (0) */
+    /* stage 3: block gathers waited for at once (the first step's, the first window of each
+     * forward) and served by a prefetch; the windows of a forward and a backward as recorded;
+     * forward passes run */
+    uint64_t gathers_sync, gathers_prefetched, windows, forwards;
+    size_t ckpt_staging;    /* checkpoint staging held now (full-size optimiser state between
+                               a save and the next update on cpu; always on cuda) */
+} dt_strategy_mem;
+
+/* ---- helpers the implementations share (strategy.c) ---------------------------------------- */
+
+/* job.cpu_bind = auto binds the calling thread, and the threads it starts afterwards (comm, DP
+ * replicas, NCCL's), and says so in the log (common/cpuset.h):
+ *   cpu backend, local_world > 1: to share local_rank of local_world of the CPUs it may use;
+ *   cuda backend: to its share of the CPUs near its GPU (device local_rank), from sysfs.
+ * Nothing otherwise, or when that cannot be had (fewer CPUs than workers, no NUMA information,
+ * a cgroup without the GPU's node): left to the scheduler, logged at debug. */
+void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank,
+                           int local_world);
+
+/* Opens ctx's backend (job.device, ctx->be_opts) into s->be and binds the CPUs (above). */
+int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
+
+/* The comm backend for s->be from ddp.backend (auto: nccl on cuda, else cpu) into *backend, after
+ * checking that the launcher gave the store's address; -EINVAL with the fix otherwise (nccl
+ * without cuda, no DTRAIN_STORE_ADDR/PORT). */
+int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
+                             const char **backend, dt_err *err);
+
+/* The world communicator of ctx->env's ranks over `backend` ("cpu", "nccl"), bootstrapped
+ * through the dtrain store (DTRAIN_STORE_ADDR/PORT), namespaced by the run id and the
+ * rendezvous round, with job.comm_timeout. */
+int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char *backend,
+                           dt_err *err);
+
+/* The three above in turn: s->be (bound to its CPUs) and s->comm over the backend ddp.backend
+ * names. -errno and err from the first that failed (close frees what was made). */
+int dt_strategy_open_world(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
+
+/* The grid of ctx's world laid out with parallel.tensor and parallel.pipeline (dt_grid_init:
+ * -EINVAL naming the keys and the valid world sizes), then its groups split from world
+ * (dt_groups_open), bootstrapped through a store connection of its own (DTRAIN_STORE_ADDR/PORT,
+ * closed before it returns). Collective over world: every rank calls it at the same point. On
+ * failure nothing is left open. */
+int dt_strategy_open_groups(dt_groups *out, dt_comm *world, const dt_strategy_ctx *ctx,
+                            dt_err *err);
+
+/* Builds s->optim over s->model's parameters on s->be from ctx->optim. */
+int dt_strategy_open_optim(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
+
+/* The ops of a strategy whose rank holds the whole model, its whole gradient and the whole
+ * optimiser state in s->model and s->optim (single, DDP, DP's master). */
+
+/* state: s->model's parameters, its buffers (BatchNorm statistics, copied at save), and each of
+ * s->optim's states under the prefix the optimiser gives it. */
+int dt_strategy_state_whole(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
+
+/* The same table with whole-size buffers of the caller's (a sharding strategy's staging): params
+ * (num_params floats) for the parameters, states[i] (NULL: the optimiser's own) for state i. */
+int dt_strategy_state_bufs(const dt_strategy *s, float *params, float *const *states,
+                           dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
+
+/* eval_step: s->model's forward; *correct its last_correct. */
+int dt_strategy_eval_whole(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
+                           dt_err *err);
+
+/* Unscale, then clip s->model's gradients with s->optim (the whole gradient lives here). */
+int dt_strategy_clip_whole(dt_strategy *s, double unscale, double *norm, dt_err *err);
+
+/* s->optim's update of s->model's parameters. */
+int dt_strategy_optim_step_whole(dt_strategy *s, double lr, dt_err *err);
+
+/* Zeroes s->model's gradients on s->be. */
+void dt_strategy_zero_grads_whole(dt_strategy *s);
+
+/* replica_backend of one replica per process: s->be. */
+dt_backend *dt_strategy_backend_one(dt_strategy *s, int k);
+
+/* ---- a model split over ranks, and its whole tensors (tensor and pipeline strategies) ------- */
+
+/* Checkpoint staging: whole-model buffers of backend memory (charged as "other"), buf[0] for
+ * the parameters and buf[1 + i] for optimiser state i, laid out by a table of whole tensors (the
+ * strategy's). A save fills them (gather_state) and reads them; a load writes them and start
+ * slices them. Between the two they need not hold anything: release gives their memory back
+ * (backend mem_release: inaccessible until committed; nothing where the backend's granule is
+ * 0), commit takes it again before the next fill (undefined contents: a fill writes every
+ * tensor of the table, which tiles the buffers), so between checkpoints a rank holds its own
+ * part of the model only. */
+typedef struct dt_strategy_staging {
+    float *buf[1 + DT_OPTIM_MAX_STATES]; /* (numel) each, owned */
+    int n;                               /* buffers: 1 + the optimiser's states */
+    size_t numel;                        /* floats per buffer: the whole model's */
+    bool resident;                       /* its memory is committed (usable) */
+} dt_strategy_staging;
+
+/* n buffers of numel floats on be, zeroed (what start takes when nothing was loaded: the
+ * optimiser state starts at zero) and resident. -errno and err on failure; free what was made
+ * with dt_strategy_staging_free. */
+int dt_strategy_staging_alloc(dt_strategy_staging *st, dt_backend *be, int n, size_t numel,
+                              dt_err *err);
+
+/* Makes the memory usable again before a fill (nothing when it is); contents undefined. */
+int dt_strategy_staging_commit(dt_strategy_staging *st, dt_backend *be, dt_err *err);
+
+/* Gives the memory back (nothing when it is not resident). */
+void dt_strategy_staging_release(dt_strategy_staging *st, dt_backend *be);
+
+/* Frees the buffers; accepts a zeroed struct. */
+void dt_strategy_staging_free(dt_strategy_staging *st, dt_backend *be);
+
+/* state over a staging: bufs[0] the model's whole tensors (whole[0..nwhole), offsets into the
+ * staging), bufs[1 + i] optimiser state i under the optimiser's prefix, same table. */
+int dt_strategy_state_staged(const dt_strategy *s, const dt_tensor_info *whole, int nwhole,
+                             const dt_strategy_staging *st, dt_ckpt_buf *bufs, int cap, int *n,
+                             dt_err *err);
+
+/* The whole tensors of a buffer laid out by s->model's table (local: num_params floats, backend
+ * memory; this rank's slices where the model is split over the tensor group) into out (backend
+ * memory) at out_off[i] floats for tensor i. With T > 1, collective over tp (the tensor group,
+ * T ranks, this rank tp_rank): local is all-gathered and every split tensor assembled from its
+ * T slices (dt_tensor_tp_copy), a replicated one taken from this rank's copy; on a backend whose
+ * memory the host cannot address, through host copies. T = 1: a copy per tensor, no
+ * communication. -errno and err when the all-gather (or memory for it) fails. */
+int dt_strategy_tp_gather(dt_strategy *s, dt_comm *tp, int T, int tp_rank, const float *local,
+                          float *out, const size_t *out_off, dt_err *err);
+
+/* The reverse, local: each tensor i of s->model's table, this rank's slice of the whole tensor
+ * at whole + whole_off[i], into local (num_params floats, backend memory). -ENOMEM only. */
+int dt_strategy_tp_slice(dt_strategy *s, int tp_rank, const float *whole,
+                         const size_t *whole_off, float *local, dt_err *err);
+
+/* The gradient's global norm where each rank holds part of it, then clip_grad_norm_'s scaling:
+ * unscale (fp16: 1 / the loss scale) first, when not 1; then each rank's sum of squares of what
+ * it alone holds: the tensors split over the tensor group (tp_parts > 0) on every rank, the
+ * replicated ones on tensor rank 0 only (the model all-reduces their gradients over the group:
+ * every rank holds the same), none of the tensor indices skip[0..nskip) (a tied copy another
+ * stage counts); that sum all-reduced over each non-NULL group of groups[0..ngroups) in turn, in
+ * scratch (one double of backend memory). *norm = its square root; an inf or NaN anywhere makes
+ * every rank's norm non-finite (nothing clipped). -errno and err when an all-reduce failed. */
+int dt_strategy_clip_split(dt_strategy *s, double unscale, int tp_rank, const int *skip,
+                           int nskip, dt_comm *const *groups, int ngroups, double *scratch,
+                           double *norm, dt_err *err);
+
+#endif
