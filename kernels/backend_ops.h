@@ -285,6 +285,36 @@ struct dt_backend {
                            const float *maxes, const float *sums, const int32_t *targets, int N,
                            int Vl, int nv, int v0, float dloss);
 
+    /* ---- decoder ops (llama: RMSNorm, SwiGLU, rotary embeddings with grouped-query heads) ----
+     * RMSNorm over the last dim (Hugging Face's LlamaRMSNorm): rstd (N) = 1/sqrt(mean_j x^2 +
+     * eps), out (N,C) = w * (x * rstd), w (C); rstd is saved for bwd (may be NULL in fwd).
+     * bwd: with xhat = x * rstd, dinp (N,C) += rstd * (w*dout - xhat * mean_j(w*dout*xhat)),
+     * dw (C) += column sums of dout * xhat; dinp and dw may each be NULL. */
+    void (*rmsnorm_fwd)(dt_backend *be, float *out, float *rstd, const float *inp, const float *w,
+                        int N, int C, float eps);
+    void (*rmsnorm_bwd)(dt_backend *be, float *dinp, float *dw, const float *dout,
+                        const float *inp, const float *w, const float *rstd, int N, int C);
+    /* SwiGLU (LlamaMLP's act_fn(gate_proj(x)) * up_proj(x)): inp (N,2F) rows [gate (F) | up
+     * (F)], out (N,F) = silu(gate) * up, silu(g) = g / (1 + exp(-g)). bwd: dinp (N,2F) += the
+     * gradient of both halves from dout (N,F). */
+    void (*swiglu_fwd)(dt_backend *be, float *out, const float *inp, int N, int F);
+    void (*swiglu_bwd)(dt_backend *be, float *dinp, const float *dout, const float *inp, int N,
+                       int F);
+    /* Rotary position embeddings and grouped-query heads into attention_fwd's qkv layout
+     * (LlamaAttention: apply_rotary_pos_emb with rotate_half, then repeat_kv). inp (B,T,(NH +
+     * 2 NKV) hs): per position [q (NH,hs) | k (NKV,hs) | v (NKV,hs)], NKV dividing NH, hs even;
+     * out (B,T,3 NH hs): [q' (NH,hs) | k' (NH,hs) | v' (NH,hs)], where query head h reads kv
+     * head g = h / (NH/NKV): q'_h = rope(q_h, t), k'_h = rope(k_g, t), v'_h = v_g, with, for
+     * i < hs/2, rope(x,t)_i = x_i cos(a) - x_{i+hs/2} sin(a), rope(x,t)_{i+hs/2} = x_{i+hs/2}
+     * cos(a) + x_i sin(a), a = t * f_i, f_i = 1 / theta^(2i/hs), t the position 0..T-1; f_i, a,
+     * cos and sin in float32 as Hugging Face computes them (inv_freq, then t * inv_freq).
+     * bwd: dinp += the transpose: every head's gradient rotated back by -a, the NH/NKV query
+     * heads' gradients of a shared kv head summed. */
+    void (*rope_qkv_fwd)(dt_backend *be, float *out, const float *inp, int B, int T, int NH,
+                         int NKV, int hs, float theta);
+    void (*rope_qkv_bwd)(dt_backend *be, float *dinp, const float *dout, int B, int T, int NH,
+                         int NKV, int hs, float theta);
+
     /* ---- loss ---- */
     /* Fused softmax + cross-entropy over logits (N,V) with targets (N) int32; a target outside
      * [0, V) is ignored (loss 0, gradient 0; models reject targets >= V before they get here).

@@ -20,7 +20,7 @@
  * none either: the Makefile's cuDNN/NCCL probe skips the CUDA backend with the reason (instead
  * of failing the build) when nvcc is there but either library is not.
  *
- * gpu_model_*: whole models (GPT, MLP, ResNet) built on both backends from one seed: the loss
+ * gpu_model_*: whole models (GPT, Llama, MLP, ResNet) built on both backends from one seed: the loss
  * and every tensor's gradient, CPU against CUDA, before and after moving the parameters off
  * their initialisation. */
 #include <dlfcn.h>
@@ -821,6 +821,60 @@ static void test_bias_layernorm(void)
     ctx_close(&x);
 }
 
+/* The decoder ops (llama): RMSNorm, SwiGLU, rotary embeddings with grouped-query heads, at a
+ * width that is not a multiple of 32 and with kv heads shared by 3 query heads. */
+static void test_decoder_ops(void)
+{
+    ctx x;
+    ctx_open(&x, DT_PREC_FP32);
+    dt_backend *c = x.cpu, *g = x.gpu;
+    int N = 70, C = 200;
+    tp in = tp_new(&x, (size_t)N * C, 2), w = tp_new(&x, (size_t)C, 1),
+       out = tp_new(&x, (size_t)N * C, 0), rstd = tp_new(&x, (size_t)N, 0);
+    c->rmsnorm_fwd(c, out.c, rstd.c, in.c, w.c, N, C, 1e-5f);
+    g->rmsnorm_fwd(g, out.g, rstd.g, in.g, w.g, N, C, 1e-5f);
+    check(&x, "rmsnorm_fwd out", &out, TOL32);
+    check(&x, "rmsnorm_fwd rstd", &rstd, TOL32);
+    tp dout = tp_new(&x, out.n, 1), dinp = tp_new(&x, in.n, 1), dw = tp_new(&x, (size_t)C, 1);
+    float *dinp0 = copy_host(&dinp), *dw0 = copy_host(&dw);
+    c->rmsnorm_bwd(c, dinp.c, dw.c, dout.c, in.c, w.c, rstd.c, N, C);
+    g->rmsnorm_bwd(g, dinp.g, dw.g, dout.g, in.g, w.g, rstd.g, N, C);
+    check_added(&x, "rmsnorm_bwd dinp", &dinp, dinp0, 1e-4);
+    check_added(&x, "rmsnorm_bwd dw", &dw, dw0, TOL32);
+    free(dinp0);
+    free(dw0);
+
+    const int F = 173;
+    tp gu = tp_new(&x, (size_t)N * 2 * F, 2), so = tp_new(&x, (size_t)N * F, 0),
+       dso = tp_new(&x, (size_t)N * F, 1), dgu = tp_new(&x, (size_t)N * 2 * F, 1);
+    c->swiglu_fwd(c, so.c, gu.c, N, F);
+    g->swiglu_fwd(g, so.g, gu.g, N, F);
+    check(&x, "swiglu_fwd", &so, 1e-5); /* the CPU's exp is a polynomial approximation */
+    float *dgu0 = copy_host(&dgu);
+    c->swiglu_bwd(c, dgu.c, dso.c, gu.c, N, F);
+    g->swiglu_bwd(g, dgu.g, dso.g, gu.g, N, F);
+    check_added(&x, "swiglu_bwd", &dgu, dgu0, 1e-5);
+    free(dgu0);
+
+    const int B = 3, T = 37, NH = 6, NKV = 2, hs = 16;
+    const size_t nin = (size_t)B * T * (NH + 2 * NKV) * hs, nat = (size_t)B * T * 3 * NH * hs;
+    tp qkv = tp_new(&x, nin, 1), att = tp_new(&x, nat, 0), datt = tp_new(&x, nat, 1),
+       dqkv = tp_new(&x, nin, 1);
+    c->rope_qkv_fwd(c, att.c, qkv.c, B, T, NH, NKV, hs, 10000.0f);
+    g->rope_qkv_fwd(g, att.g, qkv.g, B, T, NH, NKV, hs, 10000.0f);
+    check(&x, "rope_qkv_fwd", &att, TOL32);
+    float *dqkv0 = copy_host(&dqkv);
+    c->rope_qkv_bwd(c, dqkv.c, datt.c, B, T, NH, NKV, hs, 10000.0f);
+    g->rope_qkv_bwd(g, dqkv.g, datt.g, B, T, NH, NKV, hs, 10000.0f);
+    check_added(&x, "rope_qkv_bwd", &dqkv, dqkv0, TOL32);
+    free(dqkv0);
+    tp *all[] = {&in, &w, &out, &rstd, &dout, &dinp, &dw, &gu, &so, &dso, &dgu, &qkv, &att,
+                 &datt, &dqkv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tp_free(&x, all[i]);
+    ctx_close(&x);
+}
+
 static void test_elementwise(void)
 {
     ctx x;
@@ -1427,6 +1481,29 @@ static void test_model_gpt_bf16_flash(void)
     model_case(&c, 4, DT_PREC_BF16, 1e-2, 6e-2);
 }
 
+/* llama: grouped-query attention (2 query heads per kv head), head size 64, a SwiGLU width that
+ * is not a multiple of 32 */
+static void test_model_llama_fp32(void)
+{
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.type, "llama");
+    c.shape.kind = DT_SAMPLE_TOKENS;
+    c.shape.seq_len = 128;
+    c.shape.vocab_size = 301;
+    c.max_batch = 4;
+    c.seed = 45;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.n_embd = 256;
+    c.ffn_hidden = 344;
+    c.block_size = 128;
+    c.rope_theta = 10000.0f;
+    c.norm_eps = 1e-5f;
+    model_case(&c, 4, DT_PREC_FP32, 1e-5, 2e-4);
+}
+
 static void test_model_mlp_fp32(void)
 {
     dt_model_config c;
@@ -1684,6 +1761,7 @@ int main(int argc, char **argv)
         {"gpu_conv2d_fp32", test_conv_fp32, 120},
         {"gpu_conv2d_bf16", test_conv_bf16, 120},
         {"gpu_bias_layernorm", test_bias_layernorm, 60},
+        {"gpu_decoder_ops", test_decoder_ops, 60},
         {"gpu_elementwise", test_elementwise, 60},
         {"gpu_embedding", test_embedding, 60},
         {"gpu_xent", test_xent, 60},
@@ -1698,6 +1776,7 @@ int main(int argc, char **argv)
         {"gpu_model_gpt_fp32", test_model_gpt_fp32, 180},
         {"gpu_model_gpt_bf16", test_model_gpt_bf16, 180},
         {"gpu_model_gpt_bf16_flash", test_model_gpt_bf16_flash, 180},
+        {"gpu_model_llama_fp32", test_model_llama_fp32, 180},
         {"gpu_model_mlp_fp32", test_model_mlp_fp32, 120},
         {"gpu_model_resnet_fp32", test_model_resnet_fp32, 180},
         {"gpu_model_resnet_bf16", test_model_resnet_bf16, 180},

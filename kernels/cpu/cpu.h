@@ -92,6 +92,12 @@ enum {
     DT_CPU_OP_EMBEDDING_VP_FWD,
     DT_CPU_OP_EMBEDDING_VP_BWD,
     DT_CPU_OP_XENT_VP,
+    DT_CPU_OP_RMSNORM_FWD,
+    DT_CPU_OP_RMSNORM_BWD,
+    DT_CPU_OP_SWIGLU_FWD,
+    DT_CPU_OP_SWIGLU_BWD,
+    DT_CPU_OP_ROPE_QKV_FWD,
+    DT_CPU_OP_ROPE_QKV_BWD,
     DT_CPU_OP_COUNT
 };
 
@@ -187,6 +193,17 @@ void dt_cpu_xent_vp_sums(dt_backend *be, float *sums, const float *logits, const
 void dt_cpu_xent_vp_finish(dt_backend *be, float *losses, float *dlogits, const float *logits,
                            const float *maxes, const float *sums, const int32_t *targets, int N,
                            int Vl, int nv, int v0, float dloss);
+void dt_cpu_rmsnorm_fwd(dt_backend *be, float *out, float *rstd, const float *inp, const float *w,
+                        int N, int C, float eps);
+void dt_cpu_rmsnorm_bwd(dt_backend *be, float *dinp, float *dw, const float *dout,
+                        const float *inp, const float *w, const float *rstd, int N, int C);
+void dt_cpu_swiglu_fwd(dt_backend *be, float *out, const float *inp, int N, int F);
+void dt_cpu_swiglu_bwd(dt_backend *be, float *dinp, const float *dout, const float *inp, int N,
+                       int F);
+void dt_cpu_rope_qkv_fwd(dt_backend *be, float *out, const float *inp, int B, int T, int NH,
+                         int NKV, int hs, float theta);
+void dt_cpu_rope_qkv_bwd(dt_backend *be, float *dinp, const float *dout, int B, int T, int NH,
+                         int NKV, int hs, float theta);
 void dt_cpu_bn_stats(dt_backend *be, float *sum, float *sumsq, const float *inp, int N, int C,
                      int HW);
 void dt_cpu_bn_fwd_apply(dt_backend *be, float *out, float *mean, float *rstd,

@@ -128,6 +128,12 @@ static const struct {
     [DT_CPU_OP_EMBEDDING_VP_FWD] = {"embedding_vp_fwd", false},
     [DT_CPU_OP_EMBEDDING_VP_BWD] = {"embedding_vp_bwd", false},
     [DT_CPU_OP_XENT_VP] = {"xent_vp", false},
+    [DT_CPU_OP_RMSNORM_FWD] = {"rmsnorm_fwd", false},
+    [DT_CPU_OP_RMSNORM_BWD] = {"rmsnorm_bwd", false},
+    [DT_CPU_OP_SWIGLU_FWD] = {"swiglu_fwd", false},
+    [DT_CPU_OP_SWIGLU_BWD] = {"swiglu_bwd", false},
+    [DT_CPU_OP_ROPE_QKV_FWD] = {"rope_qkv_fwd", false},
+    [DT_CPU_OP_ROPE_QKV_BWD] = {"rope_qkv_bwd", false},
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -502,6 +508,12 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     be->xent_vp_max = dt_cpu_xent_vp_max;
     be->xent_vp_sums = dt_cpu_xent_vp_sums;
     be->xent_vp_finish = dt_cpu_xent_vp_finish;
+    be->rmsnorm_fwd = dt_cpu_rmsnorm_fwd;
+    be->rmsnorm_bwd = dt_cpu_rmsnorm_bwd;
+    be->swiglu_fwd = dt_cpu_swiglu_fwd;
+    be->swiglu_bwd = dt_cpu_swiglu_bwd;
+    be->rope_qkv_fwd = dt_cpu_rope_qkv_fwd;
+    be->rope_qkv_bwd = dt_cpu_rope_qkv_bwd;
     be->bn_stats = dt_cpu_bn_stats;
     be->bn_fwd_apply = dt_cpu_bn_fwd_apply;
     be->bn_fwd_eval = dt_cpu_bn_fwd_eval;

@@ -334,6 +334,200 @@ void dt_cpu_layernorm_bwd(dt_backend *be, float *dinp, float *dw, float *db, con
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* decoder ops (llama): RMSNorm, SwiGLU, rotary embeddings with grouped-query heads */
+
+DT_CPU_CLONES
+static void rmsnorm_fwd_rows(float *out, float *rstd, const float *inp, const float *w, int N,
+                             int C, float eps)
+{
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float *y = out + (size_t)i * C;
+        float acc[8] = {0};
+        int j = 0;
+        for (; j + 8 <= C; j += 8)
+            for (int k = 0; k < 8; k++)
+                acc[k] += x[j + k] * x[j + k];
+        float ss = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; j < C; j++)
+            ss += x[j] * x[j];
+        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        for (j = 0; j < C; j++)
+            y[j] = w[j] * (x[j] * s);
+        if (rstd)
+            rstd[i] = s;
+    }
+}
+
+void dt_cpu_rmsnorm_fwd(dt_backend *be, float *out, float *rstd, const float *inp, const float *w,
+                        int N, int C, float eps)
+{
+    DT_CPU_PROF_BEGIN(be);
+    rmsnorm_fwd_rows(out, rstd, inp, w, N, C, eps);
+    DT_CPU_PROF_END(be, DT_CPU_OP_RMSNORM_FWD, 0);
+}
+
+DT_CPU_CLONES
+static void rmsnorm_bwd_rows(float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, const float *rstd, int N, int C)
+{
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
+        const float s = rstd[i];
+        if (dw)
+            for (int j = 0; j < C; j++)
+                dw[j] += dy[j] * (x[j] * s);
+        if (!dinp)
+            continue;
+        float acc[8] = {0};
+        int j = 0;
+        for (; j + 8 <= C; j += 8)
+            for (int k = 0; k < 8; k++)
+                acc[k] += w[j + k] * dy[j + k] * (x[j + k] * s);
+        float dot = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; j < C; j++)
+            dot += w[j] * dy[j] * (x[j] * s);
+        dot /= (float)C;
+        float *dx = dinp + (size_t)i * C;
+        for (j = 0; j < C; j++)
+            dx[j] += (w[j] * dy[j] - (x[j] * s) * dot) * s;
+    }
+}
+
+void dt_cpu_rmsnorm_bwd(dt_backend *be, float *dinp, float *dw, const float *dout,
+                        const float *inp, const float *w, const float *rstd, int N, int C)
+{
+    DT_CPU_PROF_BEGIN(be);
+    rmsnorm_bwd_rows(dinp, dw, dout, inp, w, rstd, N, C);
+    DT_CPU_PROF_END(be, DT_CPU_OP_RMSNORM_BWD, 0);
+}
+
+DT_CPU_CLONES
+static void swiglu_fwd_rows(float *out, const float *inp, int N, int F)
+{
+    for (int i = 0; i < N; i++) {
+        const float *g = inp + (size_t)i * 2 * F, *u = g + F;
+        float *o = out + (size_t)i * F;
+        for (int j = 0; j < F; j++)
+            o[j] = g[j] / (1.0f + dt_expf(-g[j])) * u[j];
+    }
+}
+
+void dt_cpu_swiglu_fwd(dt_backend *be, float *out, const float *inp, int N, int F)
+{
+    DT_CPU_PROF_BEGIN(be);
+    swiglu_fwd_rows(out, inp, N, F);
+    DT_CPU_PROF_END(be, DT_CPU_OP_SWIGLU_FWD, 0);
+}
+
+/* d silu(g)/dg = sig(g) (1 + g (1 - sig(g))). */
+DT_CPU_CLONES
+static void swiglu_bwd_rows(float *dinp, const float *dout, const float *inp, int N, int F)
+{
+    for (int i = 0; i < N; i++) {
+        const float *g = inp + (size_t)i * 2 * F, *u = g + F, *dy = dout + (size_t)i * F;
+        float *dg = dinp + (size_t)i * 2 * F, *du = dg + F;
+        for (int j = 0; j < F; j++) {
+            float sg = 1.0f / (1.0f + dt_expf(-g[j]));
+            float silu = g[j] * sg;
+            du[j] += dy[j] * silu;
+            dg[j] += dy[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
+        }
+    }
+}
+
+void dt_cpu_swiglu_bwd(dt_backend *be, float *dinp, const float *dout, const float *inp, int N,
+                       int F)
+{
+    DT_CPU_PROF_BEGIN(be);
+    swiglu_bwd_rows(dinp, dout, inp, N, F);
+    DT_CPU_PROF_END(be, DT_CPU_OP_SWIGLU_BWD, 0);
+}
+
+/* cos and sin of position t's angles t * f_i for i in [i0, i0 + n) (backend_ops.h: float32, as
+ * Hugging Face's LlamaRotaryEmbedding computes inv_freq and its product with the position). */
+#define ROPE_CHUNK 64
+static void rope_angles(float *c, float *s, int t, int i0, int n, int hs, float theta)
+{
+    for (int k = 0; k < n; k++) {
+        float inv = 1.0f / powf(theta, (float)(2 * (i0 + k)) / (float)hs);
+        float a = (float)t * inv;
+        c[k] = cosf(a);
+        s[k] = sinf(a);
+    }
+}
+
+/* o = rope(x) over the pairs [i0, i0 + n) of one head (hs) with angles (c, s); back: the
+ * transpose (rotation by -a), accumulated into o. */
+static inline void rope_pairs(float *o, const float *x, const float *c, const float *s, int i0,
+                              int n, int h2, bool back)
+{
+    for (int k = 0; k < n; k++) {
+        const int i = i0 + k;
+        const float a = x[i], b = x[i + h2];
+        if (back) {
+            o[i] += c[k] * a + s[k] * b;
+            o[i + h2] += c[k] * b - s[k] * a;
+        } else {
+            o[i] = c[k] * a - s[k] * b;
+            o[i + h2] = c[k] * b + s[k] * a;
+        }
+    }
+}
+
+/* Forward (back false: dst = out (B,T,3 NH hs) from src = inp (B,T,(NH+2NKV)hs)) or backward
+ * (back: dst = dinp += from src = dout) of rope_qkv. Offsets are taken on the two sides, the
+ * "in" side (B,T,(NH+2NKV)hs) and the attention side (B,T,3 NH hs), and each pair of them maps
+ * src to dst in the direction of the pass. */
+static void rope_qkv(float *dst, const float *src, int B, int T, int NH, int NKV, int hs,
+                     float theta, bool back)
+{
+    const int h2 = hs / 2, rep = NH / NKV;
+    const size_t C = (size_t)NH * hs, Ckv = (size_t)NKV * hs, Cin = C + 2 * Ckv, Cat = 3 * C;
+    float c[ROPE_CHUNK], s[ROPE_CHUNK];
+    for (int t = 0; t < T; t++)
+        for (int i0 = 0; i0 < h2; i0 += ROPE_CHUNK) {
+            const int n = DT_MIN(ROPE_CHUNK, h2 - i0);
+            rope_angles(c, s, t, i0, n, hs, theta);
+            for (int b = 0; b < B; b++) {
+                const size_t ri = ((size_t)b * T + t) * Cin, ra = ((size_t)b * T + t) * Cat;
+                for (int h = 0; h < NH; h++) {
+                    const size_t q = ri + (size_t)h * hs, qa = ra + (size_t)h * hs;
+                    const size_t k = ri + C + (size_t)(h / rep) * hs, ka = ra + C + (size_t)h * hs;
+                    rope_pairs(dst + (back ? q : qa), src + (back ? qa : q), c, s, i0, n, h2, back);
+                    rope_pairs(dst + (back ? k : ka), src + (back ? ka : k), c, s, i0, n, h2, back);
+                }
+            }
+        }
+    for (size_t r = 0; r < (size_t)B * T; r++) /* v: copied to (summed from) every query head */
+        for (int h = 0; h < NH; h++) {
+            const size_t v = r * Cin + C + Ckv + (size_t)(h / rep) * hs;
+            const size_t va = r * Cat + 2 * C + (size_t)h * hs;
+            if (back)
+                for (int i = 0; i < hs; i++)
+                    dst[v + i] += src[va + i];
+            else
+                memcpy(dst + va, src + v, (size_t)hs * sizeof(float));
+        }
+}
+
+void dt_cpu_rope_qkv_fwd(dt_backend *be, float *out, const float *inp, int B, int T, int NH,
+                         int NKV, int hs, float theta)
+{
+    DT_CPU_PROF_BEGIN(be);
+    rope_qkv(out, inp, B, T, NH, NKV, hs, theta, false);
+    DT_CPU_PROF_END(be, DT_CPU_OP_ROPE_QKV_FWD, 0);
+}
+
+void dt_cpu_rope_qkv_bwd(dt_backend *be, float *dinp, const float *dout, int B, int T, int NH,
+                         int NKV, int hs, float theta)
+{
+    DT_CPU_PROF_BEGIN(be);
+    rope_qkv(dinp, dout, B, T, NH, NKV, hs, theta, true);
+    DT_CPU_PROF_END(be, DT_CPU_OP_ROPE_QKV_BWD, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* activations */
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */

@@ -97,6 +97,12 @@ static const struct {
     /* DT_CU_OP_EMBEDDING_VP_FWD */ {"embedding_vp_fwd", false},
     /* DT_CU_OP_EMBEDDING_VP_BWD */ {"embedding_vp_bwd", false},
     /* DT_CU_OP_XENT_VP */ {"xent_vp", false},
+    /* DT_CU_OP_RMSNORM_FWD */ {"rmsnorm_fwd", false},
+    /* DT_CU_OP_RMSNORM_BWD */ {"rmsnorm_bwd", false},
+    /* DT_CU_OP_SWIGLU_FWD */ {"swiglu_fwd", false},
+    /* DT_CU_OP_SWIGLU_BWD */ {"swiglu_bwd", false},
+    /* DT_CU_OP_ROPE_QKV_FWD */ {"rope_qkv_fwd", false},
+    /* DT_CU_OP_ROPE_QKV_BWD */ {"rope_qkv_bwd", false},
 };
 
 // =============================================================================================
@@ -630,6 +636,12 @@ static void fill_ops(dt_backend *be)
     be->xent_vp_max = dt_cuda_xent_vp_max;
     be->xent_vp_sums = dt_cuda_xent_vp_sums;
     be->xent_vp_finish = dt_cuda_xent_vp_finish;
+    be->rmsnorm_fwd = dt_cuda_rmsnorm_fwd;
+    be->rmsnorm_bwd = dt_cuda_rmsnorm_bwd;
+    be->swiglu_fwd = dt_cuda_swiglu_fwd;
+    be->swiglu_bwd = dt_cuda_swiglu_bwd;
+    be->rope_qkv_fwd = dt_cuda_rope_qkv_fwd;
+    be->rope_qkv_bwd = dt_cuda_rope_qkv_bwd;
     be->bn_stats = dt_cuda_bn_stats;
     be->bn_fwd_apply = dt_cuda_bn_fwd_apply;
     be->bn_fwd_eval = dt_cuda_bn_fwd_eval;

@@ -88,6 +88,12 @@ enum {
     DT_CU_OP_EMBEDDING_VP_FWD,
     DT_CU_OP_EMBEDDING_VP_BWD,
     DT_CU_OP_XENT_VP,
+    DT_CU_OP_RMSNORM_FWD,
+    DT_CU_OP_RMSNORM_BWD,
+    DT_CU_OP_SWIGLU_FWD,
+    DT_CU_OP_SWIGLU_BWD,
+    DT_CU_OP_ROPE_QKV_FWD,
+    DT_CU_OP_ROPE_QKV_BWD,
     DT_CU_OP_COUNT
 };
 
@@ -335,6 +341,17 @@ void dt_cuda_xent_vp_sums(dt_backend *be, float *sums, const float *logits, cons
 void dt_cuda_xent_vp_finish(dt_backend *be, float *losses, float *dlogits, const float *logits,
                             const float *maxes, const float *sums, const int32_t *targets,
                             int N, int Vl, int nv, int v0, float dloss);
+void dt_cuda_rmsnorm_fwd(dt_backend *be, float *out, float *rstd, const float *inp,
+                         const float *w, int N, int C, float eps);
+void dt_cuda_rmsnorm_bwd(dt_backend *be, float *dinp, float *dw, const float *dout,
+                         const float *inp, const float *w, const float *rstd, int N, int C);
+void dt_cuda_swiglu_fwd(dt_backend *be, float *out, const float *inp, int N, int F);
+void dt_cuda_swiglu_bwd(dt_backend *be, float *dinp, const float *dout, const float *inp, int N,
+                        int F);
+void dt_cuda_rope_qkv_fwd(dt_backend *be, float *out, const float *inp, int B, int T, int NH,
+                          int NKV, int hs, float theta);
+void dt_cuda_rope_qkv_bwd(dt_backend *be, float *dinp, const float *dout, int B, int T, int NH,
+                          int NKV, int hs, float theta);
 void dt_cuda_bn_stats(dt_backend *be, float *sum, float *sumsq, const float *inp, int N, int C,
                       int HW);
 void dt_cuda_bn_fwd_apply(dt_backend *be, float *out, float *mean, float *rstd,

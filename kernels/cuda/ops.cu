@@ -439,6 +439,237 @@ void dt_cuda_layernorm_bwd(dt_backend *be, float *dinp, float *dw, float *db, co
 }
 
 // =============================================================================================
+// decoder ops (llama): RMSNorm, SwiGLU, rotary embeddings with grouped-query heads
+// =============================================================================================
+
+// One warp per row, as LayerNorm.
+__global__ static void rmsnorm_fwd_kernel(float *out, float *rstd, const float *inp,
+                                          const float *w, int N, int C, float eps)
+{
+    int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    int row = blockIdx.x * warps + threadIdx.x / 32;
+    if (row >= N)
+        return;
+    const float *x = inp + (size_t)row * C;
+    float ss = 0.0f;
+    for (int j = lane; j < C; j += 32)
+        ss += x[j] * x[j];
+    float rs = 1.0f / sqrtf(warp_sum(ss) / C + eps);
+    float *o = out + (size_t)row * C;
+    for (int j = lane; j < C; j += 32)
+        o[j] = w[j] * (x[j] * rs);
+    if (lane == 0 && rstd)
+        rstd[row] = rs;
+}
+
+void dt_cuda_rmsnorm_fwd(dt_backend *be, float *out, float *rstd, const float *inp,
+                         const float *w, int N, int C, float eps)
+{
+    DT_CU_BEGIN(be);
+    const int warps = THREADS / 32;
+    if (N > 0) {
+        rmsnorm_fwd_kernel<<<(unsigned)((N + warps - 1) / warps), THREADS, 0, cu->stream>>>(
+            out, rstd, inp, w, N, C, eps);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_RMSNORM_FWD, 0);
+}
+
+// dinp += (w*dout - xhat * mean(w*dout*xhat)) * rstd, one warp per row.
+__global__ static void rmsnorm_bwd_dinp_kernel(float *dinp, const float *dout, const float *inp,
+                                               const float *w, const float *rstd, int N, int C)
+{
+    int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    int row = blockIdx.x * warps + threadIdx.x / 32;
+    if (row >= N)
+        return;
+    const float *x = inp + (size_t)row * C, *dy = dout + (size_t)row * C;
+    float rs = rstd[row], dot = 0.0f;
+    for (int j = lane; j < C; j += 32)
+        dot += w[j] * dy[j] * (x[j] * rs);
+    dot = warp_sum(dot) / C;
+    float *dx = dinp + (size_t)row * C;
+    for (int j = lane; j < C; j += 32)
+        dx[j] += (w[j] * dy[j] - (x[j] * rs) * dot) * rs;
+}
+
+struct RmsDwF {
+    const float *dout, *inp, *rstd;
+    int C;
+    __device__ float2 operator()(int r, int c) const
+    {
+        size_t i = (size_t)r * C + c;
+        return make_float2(dout[i] * (inp[i] * rstd[r]), 0.0f);
+    }
+};
+
+void dt_cuda_rmsnorm_bwd(dt_backend *be, float *dinp, float *dw, const float *dout,
+                         const float *inp, const float *w, const float *rstd, int N, int C)
+{
+    DT_CU_BEGIN(be);
+    if (dinp && N > 0) {
+        const int warps = THREADS / 32;
+        rmsnorm_bwd_dinp_kernel<<<(unsigned)((N + warps - 1) / warps), THREADS, 0,
+                                  cu->stream>>>(dinp, dout, inp, w, rstd, N, C);
+        DT_CU_LAUNCHED(cu);
+    }
+    if (dw)
+        colreduce(cu, dw, (float *)NULL, N, C, RmsDwF{dout, inp, rstd, C});
+    DT_CU_END(DT_CU_OP_RMSNORM_BWD, 0);
+}
+
+__global__ static void swiglu_fwd_kernel(float *out, const float *inp, int F, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        size_t r = i / F, j = i % F;
+        float g = inp[r * 2 * F + j], u = inp[r * 2 * F + F + j];
+        out[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+void dt_cuda_swiglu_fwd(dt_backend *be, float *out, const float *inp, int N, int F)
+{
+    DT_CU_BEGIN(be);
+    size_t n = (size_t)N * F;
+    if (n) {
+        swiglu_fwd_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>(out, inp, F, n);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_SWIGLU_FWD, 0);
+}
+
+__global__ static void swiglu_bwd_kernel(float *dinp, const float *dout, const float *inp, int F,
+                                         size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        size_t r = i / F, j = i % F, gi = r * 2 * F + j, ui = gi + F;
+        float g = inp[gi], u = inp[ui], dy = dout[i];
+        float sg = 1.0f / (1.0f + expf(-g));
+        dinp[ui] += dy * g * sg;
+        dinp[gi] += dy * u * sg * (1.0f + g * (1.0f - sg));
+    }
+}
+
+void dt_cuda_swiglu_bwd(dt_backend *be, float *dinp, const float *dout, const float *inp, int N,
+                        int F)
+{
+    DT_CU_BEGIN(be);
+    size_t n = (size_t)N * F;
+    if (n) {
+        swiglu_bwd_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>(dinp, dout, inp,
+                                                                               F, n);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_SWIGLU_BWD, 0);
+}
+
+// cos and sin of position t's angle for pair i (backend_ops.h: float32 as Hugging Face's
+// inv_freq and t * inv_freq; precise powf, cosf and sinf, not the fast intrinsics).
+__device__ static inline void rope_angle(int t, int i, int hs, float theta, float *c, float *s)
+{
+    float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hs);
+    float a = (float)t * inv;
+    *c = cosf(a);
+    *s = sinf(a);
+}
+
+// One thread per element of out (B,T,3 NH hs).
+__global__ static void rope_qkv_fwd_kernel(float *out, const float *inp, int T, int NH, int NKV,
+                                           int hs, float theta, size_t n)
+{
+    const int h2 = hs / 2, rep = NH / NKV;
+    const size_t C = (size_t)NH * hs, Cin = C + 2 * (size_t)NKV * hs;
+    GRID_STRIDE(e, n)
+    {
+        size_t r = e / (3 * C), within = e % (3 * C);
+        int part = (int)(within / C), h = (int)(within % C) / hs, j = (int)(within % hs);
+        int t = (int)(r % T);
+        const float *row = inp + r * Cin;
+        if (part == 2) {
+            out[e] = row[C + (size_t)NKV * hs + (size_t)(h / rep) * hs + j];
+            continue;
+        }
+        const float *x = part == 0 ? row + (size_t)h * hs : row + C + (size_t)(h / rep) * hs;
+        int i = j < h2 ? j : j - h2;
+        float c, s;
+        rope_angle(t, i, hs, theta, &c, &s);
+        out[e] = j < h2 ? c * x[i] - s * x[i + h2] : c * x[i + h2] + s * x[i];
+    }
+}
+
+// One thread per element of dinp (B,T,(NH+2NKV)hs): the transpose, summed over the query heads
+// that share a kv head.
+__global__ static void rope_qkv_bwd_kernel(float *dinp, const float *dout, int T, int NH,
+                                           int NKV, int hs, float theta, size_t n)
+{
+    const int h2 = hs / 2, rep = NH / NKV;
+    const size_t C = (size_t)NH * hs, Ckv = (size_t)NKV * hs, Cin = C + 2 * Ckv;
+    GRID_STRIDE(e, n)
+    {
+        size_t r = e / Cin, within = e % Cin;
+        int t = (int)(r % T);
+        const float *row = dout + r * 3 * C;
+        int j, h0, nh;
+        const float *base;
+        if (within < C) { // q: its own head
+            h0 = (int)(within / hs);
+            j = (int)(within % hs);
+            nh = 1;
+            base = row;
+        } else if (within < C + Ckv) { // k: the rep query heads of kv head g
+            h0 = (int)((within - C) / hs) * rep;
+            j = (int)((within - C) % hs);
+            nh = rep;
+            base = row + C;
+        } else { // v: summed, not rotated
+            int g = (int)((within - C - Ckv) / hs);
+            j = (int)((within - C - Ckv) % hs);
+            float acc = 0.0f;
+            for (int h = g * rep; h < (g + 1) * rep; h++)
+                acc += row[2 * C + (size_t)h * hs + j];
+            dinp[e] += acc;
+            continue;
+        }
+        int i = j < h2 ? j : j - h2;
+        float c, s, acc = 0.0f;
+        rope_angle(t, i, hs, theta, &c, &s);
+        for (int h = h0; h < h0 + nh; h++) {
+            const float *d = base + (size_t)h * hs;
+            acc += j < h2 ? c * d[i] + s * d[i + h2] : c * d[i + h2] - s * d[i];
+        }
+        dinp[e] += acc;
+    }
+}
+
+void dt_cuda_rope_qkv_fwd(dt_backend *be, float *out, const float *inp, int B, int T, int NH,
+                          int NKV, int hs, float theta)
+{
+    DT_CU_BEGIN(be);
+    size_t n = (size_t)B * T * 3 * NH * hs;
+    if (n) {
+        rope_qkv_fwd_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>(
+            out, inp, T, NH, NKV, hs, theta, n);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_ROPE_QKV_FWD, 0);
+}
+
+void dt_cuda_rope_qkv_bwd(dt_backend *be, float *dinp, const float *dout, int B, int T, int NH,
+                          int NKV, int hs, float theta)
+{
+    DT_CU_BEGIN(be);
+    size_t n = (size_t)B * T * (NH + 2 * NKV) * hs;
+    if (n) {
+        rope_qkv_bwd_kernel<<<dt_cu_blocks(n, THREADS), THREADS, 0, cu->stream>>>(
+            dinp, dout, T, NH, NKV, hs, theta, n);
+        DT_CU_LAUNCHED(cu);
+    }
+    DT_CU_END(DT_CU_OP_ROPE_QKV_BWD, 0);
+}
+
+// =============================================================================================
 // element-wise
 // =============================================================================================
 

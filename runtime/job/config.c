@@ -28,8 +28,9 @@ static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const strategy_names[] = {"ddp", "dp", NULL};
 static const char *const dp_transport_names[] = {"auto", "master", "collectives", NULL};
 static const char *const cpu_bind_names[] = {"auto", "none", NULL};
-static const char *const model_names[] = {"mlp", "resnet", "gpt", NULL};
-static const char *const preset_names[] = {"none", "gpt-tiny", "gpt-mini", "gpt2-124m", NULL};
+static const char *const model_names[] = {"mlp", "resnet", "gpt", "llama", NULL};
+static const char *const preset_names[] = {"none",       "gpt-tiny",  "gpt-mini",   "gpt2-124m",
+                                           "llama-tiny", "llama3-8b", "llama3-70b", NULL};
 static const char *const data_names[] = {"synthetic", "text", "tokens", "cifar10", "mnist", NULL};
 static const char *const optim_names[] = {"adamw", "sgd", NULL};
 static const char *const lr_names[] = {"constant", "cosine", "linear", NULL};
@@ -111,11 +112,15 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"job", "log_every", DT_CFG_INT, J(log_every), "10", 1, 1e9, NULL, false, "steps between log lines"},
     /* [model] */
     {"model", "type", DT_CFG_ENUM, J(model_type), "", 0, 0, model_names, true, "model from the zoo"},
-    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, preset_names, false, "gpt size preset; explicit n_layer/n_head/n_embd/block_size win"},
+    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, preset_names, false, "size preset (gpt-*, llama-*: a preset of the model.type); explicit n_layer/n_head/n_embd/block_size (llama: n_kv_head, intermediate_size, rope_theta) win"},
     {"model", "n_layer", DT_CFG_INT, J(n_layer), "0", 0, 1000, NULL, false, "gpt: transformer blocks (0 = from preset)"},
     {"model", "n_head", DT_CFG_INT, J(n_head), "0", 0, 1024, NULL, false, "gpt: attention heads (0 = from preset)"},
     {"model", "n_embd", DT_CFG_INT, J(n_embd), "0", 0, 65536, NULL, false, "gpt: channels (0 = from preset)"},
     {"model", "block_size", DT_CFG_INT, J(block_size), "0", 0, 1048576, NULL, false, "gpt: maximum sequence length (0 = from preset)"},
+    {"model", "n_kv_head", DT_CFG_INT, J(n_kv_head), "0", 0, 1024, NULL, false, "llama: key/value heads of grouped-query attention, dividing n_head (0 = from preset, else n_head)"},
+    {"model", "intermediate_size", DT_CFG_INT, J(intermediate_size), "0", 0, 1048576, NULL, false, "llama: SwiGLU width (0 = from preset, else Meta's rule 256 * ceil(floor(8 n_embd / 3) / 256))"},
+    {"model", "rope_theta", DT_CFG_DOUBLE, J(rope_theta), "0", 0, 1e12, NULL, false, "llama: rotary embedding base (0 = from preset, else 10000)"},
+    {"model", "rms_norm_eps", DT_CFG_DOUBLE, J(rms_norm_eps), "1e-5", 0, 1, NULL, false, "llama: RMSNorm epsilon"},
     {"model", "hidden", DT_CFG_STR, J(hidden), "256,256", 0, 0, NULL, false, "mlp: comma-separated hidden widths"},
     {"model", "depth", DT_CFG_INT, J(depth), "20", 8, 1202, NULL, false, "resnet: depth 6n+2 (20, 32, 44, 56, 110)"},
     {"model", "width", DT_CFG_INT, J(width), "16", 1, 1024, NULL, false, "resnet: channels of the first stage (doubled per stage)"},
@@ -909,6 +914,36 @@ static void apply_presets(dt_job *job)
         if (!job->block_size)
             job->block_size = presets[i].T;
     }
+    /* llama: the shapes of Hugging Face's configs (Llama 3: meta-llama/Meta-Llama-3-8B, -70B) */
+    static const struct {
+        dt_preset_kind preset;
+        int L, H, KV, C, F, T, V;
+        double theta;
+    } llamas[] = {
+        {DT_PRESET_LLAMA_TINY, 4, 4, 2, 128, 384, 128, 0, 10000},
+        {DT_PRESET_LLAMA3_8B, 32, 32, 8, 4096, 14336, 8192, 128256, 500000},
+        {DT_PRESET_LLAMA3_70B, 80, 64, 8, 8192, 28672, 8192, 128256, 500000},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(llamas) && job->model_type == DT_MODEL_LLAMA; i++) {
+        if (job->preset != llamas[i].preset)
+            continue;
+        job->n_layer = job->n_layer ? job->n_layer : llamas[i].L;
+        job->n_head = job->n_head ? job->n_head : llamas[i].H;
+        job->n_kv_head = job->n_kv_head ? job->n_kv_head : llamas[i].KV;
+        job->n_embd = job->n_embd ? job->n_embd : llamas[i].C;
+        job->intermediate_size = job->intermediate_size ? job->intermediate_size : llamas[i].F;
+        job->block_size = job->block_size ? job->block_size : llamas[i].T;
+        job->vocab_size = job->vocab_size ? job->vocab_size : llamas[i].V;
+        job->rope_theta = job->rope_theta > 0 ? job->rope_theta : llamas[i].theta;
+    }
+    if (job->model_type == DT_MODEL_LLAMA) { /* what no preset gave */
+        if (!job->n_kv_head)
+            job->n_kv_head = job->n_head;
+        if (!job->intermediate_size && job->n_embd > 0)
+            job->intermediate_size = 256 * ((8 * job->n_embd / 3 + 255) / 256);
+        if (!(job->rope_theta > 0))
+            job->rope_theta = 10000;
+    }
 }
 
 static int field_index(const char *section, const char *key)
@@ -1149,6 +1184,7 @@ int dt_job_pipeline_blocks(const dt_job *job)
 {
     switch (job->model_type) {
     case DT_MODEL_GPT:
+    case DT_MODEL_LLAMA:
         return job->n_layer > 0 ? job->n_layer : 0;
     case DT_MODEL_MLP: {
         int h = mlp_hidden_count(job->hidden);
@@ -1164,22 +1200,27 @@ int dt_job_pipeline_blocks(const dt_job *job)
 /* What the blocks are called in messages. */
 static const char *blocks_what(const dt_job *job)
 {
-    return job->model_type == DT_MODEL_GPT ? "transformer blocks (model.n_layer)"
-                                           : "Linear layers (model.hidden's widths + 1)";
+    return job->model_type == DT_MODEL_GPT     ? "transformer blocks (model.n_layer)"
+           : job->model_type == DT_MODEL_LLAMA ? "decoder layers (model.n_layer)"
+                                               : "Linear layers (model.hidden's widths + 1)";
 }
 
 int dt_job_stage_costs(const dt_job *job, double *block, double *first, double *last)
 {
     *block = 1;
     *first = *last = 0;
-    if (job->model_type != DT_MODEL_GPT || job->n_embd <= 0)
+    const bool llama = job->model_type == DT_MODEL_LLAMA;
+    if ((job->model_type != DT_MODEL_GPT && !llama) || job->n_embd <= 0 || job->n_head <= 0)
         return 0; /* mlp: its widths come from the data; every Linear layer counts alike */
     const double C = job->n_embd;
     const double T = job->seq_len > 0 ? job->seq_len : job->block_size > 0 ? job->block_size : 64;
     const double V = job->vocab_size > 0 ? job->vocab_size
                      : job->data_type == DT_DATA_TOKENS ? 50257
                                                         : 256; /* as the data opens it */
-    *block = 24 * C * C + 4 * T * C;
+    /* llama: q, k, v (C x (1 + 2 n_kv_head / n_head) C), o_proj (C x C), SwiGLU (3 C x F) */
+    const double kv = llama && job->n_kv_head > 0 ? (double)job->n_kv_head / job->n_head : 1;
+    *block = llama ? 2 * (C * C * (2 + 2 * kv) + 3 * C * job->intermediate_size) + 4 * T * C
+                   : 24 * C * C + 4 * T * C;
     *first = 0;         /* the embedding: a look-up */
     *last = 2 * C * V;  /* ln_f is O(C); the head's (C,V) GEMM */
     return 1;
@@ -1292,14 +1333,23 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
                                "model.hidden");
     if (BAD("parallel.tensor", "parallel.pipeline"))
         return; /* every check below is about them */
-    if (T > 1 && job->model_type != DT_MODEL_GPT && !model_bad)
+    const bool llama = job->model_type == DT_MODEL_LLAMA;
+    if (T > 1 && job->model_type != DT_MODEL_GPT && !llama && !model_bad)
         add_error(errs, AT("parallel.tensor", "model.type"), 0,
                   "parallel.tensor = %d: tensor parallelism (Megatron-LM's column and row "
-                  "splits) is supported for model gpt only, not %s; use parallel.tensor = 1 "
-                  "(and parallel.pipeline or more data-parallel ranks)",
+                  "splits) is supported for models gpt and llama only, not %s; use "
+                  "parallel.tensor = 1 (and parallel.pipeline or more data-parallel ranks)",
                   T, dt_model_name(job->model_type));
-    if (T > 1 && job->model_type == DT_MODEL_GPT && job->n_head > 0 && job->n_head % T &&
-        !model_bad) {
+    if (T > 1 && llama && !model_bad && !BAD("model.n_kv_head", "model.intermediate_size") &&
+        ((job->n_kv_head > 0 && job->n_kv_head % T) ||
+         (job->intermediate_size > 0 && job->intermediate_size % T)))
+        add_error(errs, AT("parallel.tensor", "model.n_kv_head", "model.intermediate_size"), 0,
+                  "parallel.tensor = %d must divide model.n_kv_head = %d and "
+                  "model.intermediate_size = %d (each tensor rank takes whole key/value heads "
+                  "and an equal share of the MLP): choose a divisor of both",
+                  T, job->n_kv_head, job->intermediate_size);
+    if (T > 1 && (job->model_type == DT_MODEL_GPT || llama) && job->n_head > 0 &&
+        job->n_head % T && !model_bad) {
         char divs[256];
         size_t n = 0;
         int k = 0, count = 0;
@@ -1321,7 +1371,8 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
     if (P > 1 && job->model_type == DT_MODEL_RESNET && !model_bad)
         add_error(errs, AT("parallel.pipeline", "model.type"), 0,
                   "parallel.pipeline = %d: pipeline parallelism is not supported for this model "
-                  "(resnet); use parallel.pipeline = 1 (models gpt and mlp split into stages)",
+                  "(resnet); use parallel.pipeline = 1 (models gpt, llama and mlp split into "
+                  "stages)",
                   P);
     else if (P > 1 && total > 0 && P > total && !model_bad)
         add_error(errs, AT("parallel.pipeline", "model.n_layer", "model.hidden", "model.preset"),
@@ -1415,7 +1466,8 @@ static void sequence_parallel_validate(const dt_job *job, const parse_ctx *c, co
         return;
     }
     const int seq = job->seq_len > 0 ? job->seq_len : job->block_size; /* 0: the block size */
-    if (job->model_type == DT_MODEL_GPT && seq > 0 && seq % T &&
+    if ((job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_LLAMA) && seq > 0 &&
+        seq % T &&
         !BAD("data.seq_len", "model.block_size", "model.preset"))
         add_error(errs, AT("parallel.sequence_parallel", "parallel.tensor", "data.seq_len"), 0,
                   "parallel.sequence_parallel = true splits each sequence's %d tokens over the "
@@ -1445,6 +1497,47 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                       "data.seq_len (%d) must not exceed model.block_size (%d)", job->seq_len,
                       job->block_size);
     }
+    if (job->model_type == DT_MODEL_LLAMA &&
+        !BAD("model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.preset",
+             "model.n_kv_head", "model.intermediate_size")) {
+        if (job->n_layer <= 0 || job->n_head <= 0 || job->n_embd <= 0 || job->block_size <= 0)
+            add_error(errs, AT("model.type", "model.preset"), 0,
+                      "model: llama needs n_layer, n_head, n_embd and block_size (or a preset: "
+                      "llama-tiny, llama3-8b, llama3-70b)");
+        else if (job->n_embd % job->n_head || (job->n_embd / job->n_head) % 2)
+            add_error(errs, AT("model.n_embd", "model.n_head"), 0,
+                      "model: n_embd / n_head (%d / %d) must be a whole, even head size (rotary "
+                      "embeddings turn pairs of channels)",
+                      job->n_embd, job->n_head);
+        else if (job->n_kv_head > 0 && job->n_head % job->n_kv_head)
+            add_error(errs, AT("model.n_kv_head", "model.n_head"), 0,
+                      "model.n_kv_head = %d must divide model.n_head = %d (each key/value head "
+                      "serves n_head / n_kv_head query heads): use a divisor of %d",
+                      job->n_kv_head, job->n_head, job->n_head);
+        if (job->seq_len > job->block_size && job->block_size > 0 && !BAD("data.seq_len"))
+            add_error(errs, AT("data.seq_len", "model.block_size"), 0,
+                      "data.seq_len (%d) must not exceed model.block_size (%d)", job->seq_len,
+                      job->block_size);
+    }
+    /* a preset belongs to one model: llama-* to llama only, and llama takes no gpt-* (the other
+     * models ignore gpt's, as they always did) */
+    const char *pname = dt_preset_name(job->preset);
+    const bool gpt_preset = !strncmp(pname, "gpt", 3), llama_preset = !strncmp(pname, "llama", 5);
+    if ((gpt_preset && job->model_type == DT_MODEL_LLAMA) ||
+        (llama_preset && job->model_type != DT_MODEL_LLAMA)) {
+        if (!BAD("model.preset", "model.type"))
+            add_error(errs, AT("model.preset", "model.type"), 0,
+                      "model.preset = %s is a preset of model %s, but model.type = %s: use "
+                      "model.type = %s, or a preset of %s",
+                      pname, gpt_preset ? "gpt" : "llama", dt_model_name(job->model_type),
+                      gpt_preset ? "gpt" : "llama", dt_model_name(job->model_type));
+    }
+    if (job->model_type == DT_MODEL_LLAMA && job->data_type == DT_DATA_SYNTHETIC &&
+        !BAD("model.type", "data.type"))
+        add_error(errs, AT("model.type", "data.type"), 0,
+                  "model llama needs token data: data.type = text (the bytes of any file) or "
+                  "tokens (llm.c shards); data.type = synthetic makes token sequences for model "
+                  "gpt only");
     if (job->model_type == DT_MODEL_RESNET && (job->depth - 2) % 6 && !BAD("model.depth"))
         add_error(errs, AT("model.depth"), 0, "model.depth: %d is not 6n+2 (use 20, 32, 44, 56 or 110)",
                   job->depth);
@@ -1470,10 +1563,12 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
         add_error(errs, AT("data.synthetic_shape"), 0,
                   "data.synthetic_shape: %dx%dx%d must be vector or CxHxW such as 3x32x32",
                   chw[0], chw[1], chw[2]);
-    if (job->model_type == DT_MODEL_GPT &&
+    if ((job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_LLAMA) &&
         (job->data_type == DT_DATA_CIFAR10 || job->data_type == DT_DATA_MNIST))
         add_error(errs, AT("model.type", "data.type"), 0,
-                  "model gpt needs token data (text, tokens or synthetic), not %s",
+                  "model %s needs token data (text, tokens%s), not %s",
+                  dt_model_name(job->model_type),
+                  job->model_type == DT_MODEL_GPT ? " or synthetic" : "",
                   dt_data_name(job->data_type));
     if ((job->model_type == DT_MODEL_MLP || job->model_type == DT_MODEL_RESNET) &&
         (job->data_type == DT_DATA_TEXT || job->data_type == DT_DATA_TOKENS))
@@ -1521,7 +1616,8 @@ static void derive(dt_job *job)
     apply_presets(job);
     if (!job->output_dir[0])
         snprintf(job->output_dir, sizeof job->output_dir, "runs/%.200s", job->name);
-    if (job->model_type == DT_MODEL_GPT && job->seq_len == 0)
+    if ((job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_LLAMA) &&
+        job->seq_len == 0)
         job->seq_len = job->block_size;
 }
 

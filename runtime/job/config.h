@@ -59,10 +59,11 @@ typedef enum dt_dp_transport_kind {
 typedef enum dt_cpu_bind_kind { DT_CPU_BIND_AUTO, DT_CPU_BIND_NONE } dt_cpu_bind_kind;
 /* model.type is required: DT_MODEL_UNSET only before a job file set it. */
 typedef enum dt_model_kind {
-    DT_MODEL_UNSET = -1, DT_MODEL_MLP, DT_MODEL_RESNET, DT_MODEL_GPT
+    DT_MODEL_UNSET = -1, DT_MODEL_MLP, DT_MODEL_RESNET, DT_MODEL_GPT, DT_MODEL_LLAMA
 } dt_model_kind;
 typedef enum dt_preset_kind {
-    DT_PRESET_NONE, DT_PRESET_GPT_TINY, DT_PRESET_GPT_MINI, DT_PRESET_GPT2_124M
+    DT_PRESET_NONE, DT_PRESET_GPT_TINY, DT_PRESET_GPT_MINI, DT_PRESET_GPT2_124M,
+    DT_PRESET_LLAMA_TINY, DT_PRESET_LLAMA3_8B, DT_PRESET_LLAMA3_70B
 } dt_preset_kind;
 typedef enum dt_data_kind {
     DT_DATA_SYNTHETIC, DT_DATA_TEXT, DT_DATA_TOKENS, DT_DATA_CIFAR10, DT_DATA_MNIST
@@ -178,6 +179,8 @@ typedef struct dt_job {
     dt_model_kind model_type;          /* required */
     dt_preset_kind preset;
     int n_layer, n_head, n_embd, block_size;
+    int n_kv_head, intermediate_size;  /* llama: key/value heads, SwiGLU width */
+    double rope_theta, rms_norm_eps;   /* llama */
     char hidden[DT_STR_MID];           /* mlp: "512,256" */
     int depth, width;                  /* resnet */
     bool sync_bn;

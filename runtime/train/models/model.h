@@ -92,12 +92,17 @@ typedef enum dt_recompute {
 } dt_recompute;
 
 typedef struct dt_model_config {
-    char type[16];        /* "mlp", "resnet", "gpt" */
+    char type[16];        /* "mlp", "resnet", "gpt", "llama" */
     dt_sample_shape shape;
     int max_batch;        /* activations are allocated for batches up to this size */
     uint64_t seed;        /* initialisation */
-    /* gpt */
+    /* gpt and llama */
     int n_layer, n_head, n_embd, block_size;
+    /* llama: n_kv_head key/value heads (grouped-query attention; 0 = n_head, which it must
+     * divide), ffn_hidden the SwiGLU width (Hugging Face's intermediate_size), rope_theta the
+     * rotary base, norm_eps RMSNorm's epsilon (0: 1e-5) */
+    int n_kv_head, ffn_hidden;
+    float rope_theta, norm_eps;
     /* mlp: hidden widths */
     int n_hidden;
     int hidden[16];

@@ -11,6 +11,7 @@
 #include "runtime/job/config.h"
 #include "runtime/train/models/model.h"
 #include "runtime/train/models/gpt.h"
+#include "runtime/train/models/llama.h"
 #include "runtime/train/models/mlp.h"
 #include "runtime/train/models/models.h"
 #include "runtime/train/models/resnet.h"
@@ -57,7 +58,7 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
 {
     memset(cfg, 0, sizeof *cfg);
     if (!dt_model_name(job->model_type)[0])
-        return dt_err_set(err, -EINVAL, "model.type: not set (mlp, resnet, gpt)");
+        return dt_err_set(err, -EINVAL, "model.type: not set (mlp, resnet, gpt, llama)");
     dt_strlcpy(cfg->type, dt_model_name(job->model_type), sizeof cfg->type);
     cfg->shape = *shape;
     cfg->max_batch = job->batch_size;
@@ -67,11 +68,15 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
     cfg->recompute = job->recompute == DT_RECOMP_BLOCK       ? DT_RECOMPUTE_BLOCK
                      : job->recompute == DT_RECOMP_SELECTIVE ? DT_RECOMPUTE_SELECTIVE
                                                              : DT_RECOMPUTE_NONE;
-    if (job->model_type == DT_MODEL_GPT) {
+    if (job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_LLAMA) {
         cfg->n_layer = job->n_layer;
         cfg->n_head = job->n_head;
         cfg->n_embd = job->n_embd;
         cfg->block_size = job->block_size;
+        cfg->n_kv_head = job->n_kv_head;
+        cfg->ffn_hidden = job->intermediate_size;
+        cfg->rope_theta = (float)job->rope_theta;
+        cfg->norm_eps = (float)job->rms_norm_eps;
     } else if (job->model_type == DT_MODEL_MLP) {
         int rc = parse_hidden(cfg, job->hidden, err);
         if (rc)
@@ -82,6 +87,49 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
         cfg->sync_bn = job->sync_bn;
     }
     return check_config(cfg, err);
+}
+
+/* The llama model's settings (model.h's fields; the job's keys named in the messages). */
+static int check_llama(const dt_model_config *cfg, dt_err *err)
+{
+    const dt_sample_shape *s = &cfg->shape;
+    const int T = cfg->tp_size > 1 ? cfg->tp_size : 1;
+    const int nkv = cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head;
+    if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->block_size <= 0 ||
+        cfg->ffn_hidden <= 0 || cfg->n_kv_head < 0)
+        return dt_err_set(err, -EINVAL,
+                          "model: llama needs n_layer, n_head, n_embd, intermediate_size and "
+                          "block_size > 0 (or a preset: llama-tiny, llama3-8b, llama3-70b)");
+    if (cfg->n_embd % cfg->n_head || (cfg->n_embd / cfg->n_head) % 2)
+        return dt_err_set(err, -EINVAL,
+                          "model: llama's head size n_embd / n_head (%d / %d) must be a whole, "
+                          "even number (rotary embeddings turn pairs of channels)",
+                          cfg->n_embd, cfg->n_head);
+    if (cfg->n_head % nkv)
+        return dt_err_set(err, -EINVAL,
+                          "model.n_kv_head = %d must divide model.n_head = %d (grouped-query "
+                          "attention: each key/value head serves n_head / n_kv_head query heads)",
+                          nkv, cfg->n_head);
+    if (!(cfg->rope_theta > 0) || cfg->norm_eps < 0)
+        return dt_err_set(err, -EINVAL, "model: llama needs rope_theta > 0 and rms_norm_eps >= 0 "
+                                        "(got %g and %g)",
+                          (double)cfg->rope_theta, (double)cfg->norm_eps);
+    if (s->kind != DT_SAMPLE_TOKENS)
+        return dt_err_set(err, -EINVAL, "model llama needs token data (text or tokens)");
+    if (s->seq_len <= 0 || s->seq_len > cfg->block_size)
+        return dt_err_set(err, -EINVAL,
+                          "model llama: the data's sequence length %d must be in 1..block_size "
+                          "(%d): set data.seq_len or model.block_size",
+                          s->seq_len, cfg->block_size);
+    if (s->vocab_size <= 0)
+        return dt_err_set(err, -EINVAL, "model llama: the data has no vocabulary size");
+    if (T > 1 && (cfg->n_head % T || nkv % T || cfg->ffn_hidden % T))
+        return dt_err_set(err, -EINVAL,
+                          "model llama: parallel.tensor = %d must divide model.n_head (%d), "
+                          "model.n_kv_head (%d) and model.intermediate_size (%d): each rank "
+                          "holds whole query and key/value heads and an equal share of the MLP",
+                          T, cfg->n_head, nkv, cfg->ffn_hidden);
+    return 0;
 }
 
 static int check_config(const dt_model_config *cfg, dt_err *err)
@@ -98,11 +146,14 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
     if (cfg->recompute != DT_RECOMPUTE_NONE && cfg->recompute != DT_RECOMPUTE_BLOCK &&
         cfg->recompute != DT_RECOMPUTE_SELECTIVE)
         return dt_err_set(err, -EINVAL, "model: unknown recompute mode %d", (int)cfg->recompute);
-    if (cfg->recompute == DT_RECOMPUTE_SELECTIVE && strcmp(cfg->type, "gpt") != 0)
+    if (cfg->recompute == DT_RECOMPUTE_SELECTIVE && strcmp(cfg->type, "gpt") != 0 &&
+        strcmp(cfg->type, "llama") != 0)
         return dt_err_set(err, -EINVAL,
-                          "train.recompute = selective recomputes attention, which only gpt has "
-                          "(model %s: use none or block)",
+                          "train.recompute = selective recomputes attention, which only gpt and "
+                          "llama have (model %s: use none or block)",
                           cfg->type);
+    if (!strcmp(cfg->type, "llama"))
+        return check_llama(cfg, err);
     if (!strcmp(cfg->type, "gpt")) {
         if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->block_size <= 0)
             return dt_err_set(err, -EINVAL,
@@ -131,8 +182,9 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
     }
     if (cfg->tp_size > 1)
         return dt_err_set(err, -EINVAL,
-                          "parallel.tensor = %d: tensor parallelism splits gpt's attention, MLP "
-                          "and vocabulary only; model %s has no tensor-parallel form (set "
+                          "parallel.tensor = %d: tensor parallelism splits gpt's and llama's "
+                          "attention, MLP and vocabulary only; model %s has no tensor-parallel "
+                          "form (set "
                           "parallel.tensor = 1)",
                           cfg->tp_size, cfg->type);
     if (!strcmp(cfg->type, "mlp")) {
@@ -168,7 +220,7 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
             return dt_err_set(err, -EINVAL, "model resnet: the data has no classes");
         return 0;
     }
-    return dt_err_set(err, -EINVAL, "model.type: unknown model \"%s\" (mlp, resnet, gpt)",
+    return dt_err_set(err, -EINVAL, "model.type: unknown model \"%s\" (mlp, resnet, gpt, llama)",
                       cfg->type);
 }
 
@@ -205,6 +257,8 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
     dt_mem_cat old_cat = dt_mem_tag(be, DT_MEM_ACTS);
     if (!strcmp(cfg->type, "gpt"))
         rc = dt_gpt_create(m, comm, err);
+    else if (!strcmp(cfg->type, "llama"))
+        rc = dt_llama_create(m, comm, err);
     else if (!strcmp(cfg->type, "mlp"))
         rc = dt_mlp_create(m, err);
     else
