@@ -13,7 +13,9 @@
  * - Blocks (ZeRO-3 units) tile the parameter buffer; with a block hook that NaN-poisons every
  *   block's parameters and gradients outside its windows, training is bit-identical to no hook
  *   (the windows cover every use), and the events come in the documented order.
- * - train.recompute: block (gpt, resnet) and selective (gpt) train bit-identically to none, with
+ * - llama (llama.c) takes every check gpt takes but causality (test_llama.c has its float64
+ *   reference), with its own initialisation rule and exact recompute saving.
+ * - train.recompute: block (gpt, llama, resnet) and selective (gpt, llama) train bit-identically to none, with
  *   and without the block hook, and allocate what they promise (exact for gpt).
  * - Loss falls on a tiny overfit task, for each model.
  * - Initialisation: every tensor (and buffer) of each model's table against the rule in the
@@ -60,6 +62,20 @@ static dt_model_config gpt_cfg(void)
     c.n_head = 2;
     c.n_embd = 16;
     c.block_size = 12;
+    return c;
+}
+
+/* llama: 4 query heads on 2 key/value heads, head size 4, SwiGLU width 20 */
+static dt_model_config llama_cfg(void)
+{
+    dt_model_config c = gpt_cfg();
+    strcpy(c.type, "llama");
+    c.seed = 45;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.ffn_hidden = 20;
+    c.rope_theta = 10000.0f;
+    c.norm_eps = 1e-5f;
     return c;
 }
 
@@ -212,6 +228,12 @@ static void test_gpt_grads(void)
     check_model_grads(&c, 2, 0.25f, 1e-3);
 }
 
+static void test_llama_grads(void)
+{
+    dt_model_config c = llama_cfg();
+    check_model_grads(&c, 2, 0.25f, 1e-3);
+}
+
 static void test_mlp_grads(void)
 {
     dt_model_config c = mlp_cfg();
@@ -289,6 +311,8 @@ static void check_ready(const dt_model_config *cfg, int B)
 static void test_ready_ranges(void)
 {
     dt_model_config c = gpt_cfg();
+    check_ready(&c, 2);
+    c = llama_cfg();
     check_ready(&c, 2);
     c = mlp_cfg();
     check_ready(&c, 6);
@@ -556,6 +580,8 @@ static void test_block_hooks(void)
 {
     dt_model_config c = gpt_cfg();
     check_against(&c, &c, 2, true);
+    c = llama_cfg();
+    check_against(&c, &c, 2, true);
     c = mlp_cfg();
     check_against(&c, &c, 6, true);
     c = resnet_cfg();
@@ -573,12 +599,13 @@ static void test_recompute_bitwise(void)
 {
     const dt_recompute modes[] = {DT_RECOMPUTE_BLOCK, DT_RECOMPUTE_SELECTIVE};
     for (int i = 0; i < 2; i++)
-        for (int hook = 0; hook < 2; hook++) {
-            dt_model_config ref = gpt_cfg(), c = ref;
-            ref.n_layer = c.n_layer = 3;
-            c.recompute = modes[i];
-            check_against(&ref, &c, 2, hook);
-        }
+        for (int hook = 0; hook < 2; hook++)
+            for (int llama = 0; llama < 2; llama++) {
+                dt_model_config ref = llama ? llama_cfg() : gpt_cfg(), c = ref;
+                ref.n_layer = c.n_layer = 3;
+                c.recompute = modes[i];
+                check_against(&ref, &c, 2, hook);
+            }
     for (int depth = 8; depth <= 14; depth += 6)
         for (int hook = 0; hook < 2; hook++) {
             dt_model_config ref = resnet_cfg(), c = ref;
@@ -619,6 +646,21 @@ static void test_recompute_memory(void)
     DT_CHECK_INT(none - block, (size_t)(c.n_layer - 1) * (NR * (15 * C + 4) + NATT) * 4);
     DT_CHECK_INT(none - sel, (size_t)(c.n_layer - 1) * NATT * 4);
     DT_CHECK(none > 0 && block < none / 2);
+
+    /* llama: per layer and token the two RMSNorms' outputs and 1/rms, the rotated q,k,v (3C),
+     * the attention output, the residual after attention (7C + 2), gate|up and the SwiGLU output
+     * (3F), plus the probabilities */
+    dt_model_config l = llama_cfg();
+    l.n_layer = 4;
+    const size_t F = (size_t)l.ffn_hidden;
+    const size_t NATTl = (size_t)l.max_batch * l.n_head * l.shape.seq_len * l.shape.seq_len;
+    none = act_bytes(&l);
+    l.recompute = DT_RECOMPUTE_BLOCK;
+    block = act_bytes(&l);
+    l.recompute = DT_RECOMPUTE_SELECTIVE;
+    sel = act_bytes(&l);
+    DT_CHECK_INT(none - block, (size_t)(l.n_layer - 1) * (NR * (7 * C + 2 + 3 * F) + NATTl) * 4);
+    DT_CHECK_INT(none - sel, (size_t)(l.n_layer - 1) * NATTl * 4);
 
     /* resnet: per BasicBlock, conv1 out, ReLU(BN1), conv2 out (and the shortcut conv's output
      * with a projection) are no longer allocated; four buffers of the largest activation and
@@ -688,6 +730,9 @@ static void test_block_tables(void)
     dt_model_config c = gpt_cfg();
     const char *gpt[] = {"embed", "h.0", "h.1", "ln_f"};
     check_blocks(&c, gpt, 4);
+    c = llama_cfg();
+    const char *llama[] = {"embed", "layers.0", "layers.1", "head"};
+    check_blocks(&c, llama, 4);
     c = mlp_cfg();
     const char *mlp[] = {"fc.0", "fc.1", "fc.2"};
     check_blocks(&c, mlp, 3);
@@ -769,6 +814,8 @@ static void test_determinism(void)
 {
     dt_model_config c = gpt_cfg();
     check_determinism(&c, 2);
+    c = llama_cfg();
+    check_determinism(&c, 2);
     c = mlp_cfg();
     check_determinism(&c, 6);
     c = resnet_cfg();
@@ -786,7 +833,7 @@ static void check_overfit(const dt_model_config *cfg, int B, int steps, float lr
     DT_CHECK_MSG(isfinite(losses[steps - 1]) && losses[steps - 1] < factor * losses[0],
                  "%s: loss went from %.4f to %.4f in %d steps (wanted below %.2fx)", cfg->type,
                  losses[0], losses[steps - 1], steps, factor);
-    if (strcmp(cfg->type, "gpt") != 0) /* classifiers memorise the batch */
+    if (cfg->shape.kind != DT_SAMPLE_TOKENS) /* classifiers memorise the batch */
         DT_CHECK_MSG(m->last_correct >= B - 1, "%s: %lld of %d correct after training",
                      cfg->type, (long long)m->last_correct, B);
     free(losses);
@@ -799,6 +846,17 @@ static void test_overfit_gpt(void)
 {
     dt_model_config c = gpt_cfg();
     c.n_embd = 32;
+    c.shape.vocab_size = 32;
+    c.shape.seq_len = 12;
+    c.max_batch = 4;
+    check_overfit(&c, 4, 60, 1e-2f, 0.3f);
+}
+
+static void test_overfit_llama(void)
+{
+    dt_model_config c = llama_cfg();
+    c.n_embd = 32;
+    c.ffn_hidden = 64;
     c.shape.vocab_size = 32;
     c.shape.seq_len = 12;
     c.max_batch = 4;
@@ -1021,6 +1079,16 @@ static init_rule gpt_rule(const dt_tensor_info *t, int L)
     return (init_rule){INIT_NONE, 0};
 }
 
+/* llama.c (Hugging Face's _init_weights): every matrix normal(0, 0.02), the RMSNorm weights 1. */
+static init_rule llama_rule(const dt_tensor_info *t)
+{
+    if (t->ndim == 1 && ends_with(t->name, "norm.weight"))
+        return (init_rule){INIT_CONST, 1.0};
+    if (t->ndim == 2 && ends_with(t->name, ".weight"))
+        return (init_rule){INIT_NORMAL, 0.02};
+    return (init_rule){INIT_NONE, 0};
+}
+
 /* resnet.c (torchvision): convolutions He-normal over fan_out = K*R*S, BN weight 1 and bias 0,
  * fc weight and bias uniform(+-1/sqrt(fan_in)); running_mean 0, running_var 1. */
 static init_rule resnet_rule(const dt_tensor_info *t, int fc_in)
@@ -1072,8 +1140,13 @@ static void test_init(void)
     cm.hidden[0] = 128;
     cm.hidden[1] = 64;
     cm.shape.n_classes = 10;
-    const dt_model_config *cfgs[3] = {&cg, &cr, &cm};
-    for (int k = 0; k < 3; k++) {
+    dt_model_config cl = llama_cfg();
+    cl.n_layer = 3;
+    cl.n_embd = 64;
+    cl.ffn_hidden = 128;
+    cl.shape.vocab_size = 300;
+    const dt_model_config *cfgs[4] = {&cg, &cr, &cm, &cl};
+    for (int k = 0; k < 4; k++) {
         dt_model *m = model_new(be, cfgs[k]);
         float *p = host_copy(be, m->params, m->num_params);
         char last[64];
@@ -1082,7 +1155,8 @@ static void test_init(void)
             const dt_tensor_info *t = &m->tensors[i];
             init_rule r = k == 0   ? gpt_rule(t, cg.n_layer)
                           : k == 1 ? resnet_rule(t, 4 * cr.width)
-                                   : mlp_rule(t, last);
+                          : k == 2 ? mlp_rule(t, last)
+                                   : llama_rule(t);
             check_init(t->name, p + t->offset, t->numel, r);
         }
         free(p);
@@ -1270,6 +1344,7 @@ static void test_config_from_job(void)
 
 static const dt_test tests[] = {
     {"gpt_grads", test_gpt_grads, 0},
+    {"llama_grads", test_llama_grads, 0},
     {"mlp_grads", test_mlp_grads, 0},
     {"resnet_grads", test_resnet_grads, 0},
     {"ready_ranges", test_ready_ranges, 0},
@@ -1279,6 +1354,7 @@ static const dt_test tests[] = {
     {"recompute_memory", test_recompute_memory, 0},
     {"determinism", test_determinism, 0},
     {"overfit_gpt", test_overfit_gpt, 0},
+    {"overfit_llama", test_overfit_llama, 0},
     {"overfit_mlp", test_overfit_mlp, 0},
     {"overfit_resnet", test_overfit_resnet, 0},
     {"gpt_table", test_gpt_table, 0},

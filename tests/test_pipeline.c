@@ -26,7 +26,8 @@
  * 1e-5 relative on the loss, and on the weights as a vector, 2-norms, see vec_rel; eval loss and
  * accuracy too); gpt at D2 x P2 with grad_accum = 2, its step-1 gradients per tensor too;
  * grad_accum, fp16, SGD, a global batch, recompute; an fp16 overflow on one stage skipping the step on all;
- * D2 x P2 against DDP; T2 x P2 and D2 x T2 x P2 against one process; checkpoints resharded
+ * D2 x P2 against DDP; llama at P = 2 and 4, T2 x P2 with sequence parallelism and D2 x P2
+ * with ZeRO-1 and 3; T2 x P2 and D2 x T2 x P2 against one process; checkpoints resharded
  * between layouts bit for bit; a stage killed mid-step; the trace's spans; the dtrain binary
  * with 4 workers; and `dtrain bench pipeline`.
  */
@@ -710,6 +711,18 @@ static prun pgpt(int N, int P, int M, const char *sched, const char *name)
     return r;
 }
 
+/* A tiny llama (configs/llama.ini): 4 decoder layers, 4 query heads on 2 key/value heads, the
+ * embedding on the first stage, model.norm and the untied lm_head on the last. */
+static prun pllama(int N, int P, int M, const char *sched, const char *name)
+{
+    prun r = pgpt(N, P, M, sched, name);
+    r.config = "llama.ini";
+    padd(&r, "model.n_head=4");
+    padd(&r, "model.n_kv_head=2");
+    padd(&r, "model.intermediate_size=24");
+    return r;
+}
+
 /* The whole model and optimiser state as a checkpoint takes them. */
 static void record_state(dt_trainer *t, rank_out *o, float *params, bool states)
 {
@@ -939,10 +952,11 @@ static double vec_rel(const float *a, const float *b, size_t n)
  * both (NULL-terminated), tag: their name in the runs' names. */
 /* D x T x P ranks (D data-parallel replicas of batch 8 / D, T tensor ranks, P stages of M
  * micro-batches) against one process of batch 8, 20 steps. */
-static void against_one_layout(bool gpt, int D, int T, int P, int M, const char *sched,
-                               const char *const *more, const char *tag)
+typedef prun (*prun_make)(int N, int P, int M, const char *sched, const char *name);
+
+static void against_one_made(prun_make make, int D, int T, int P, int M, const char *sched,
+                             const char *const *more, const char *tag)
 {
-    prun (*make)(int, int, int, const char *, const char *) = gpt ? pgpt : pbase;
     const int N = D * T * P;
     prun one = make(1, 1, 1, "1f1b", fmt("one-%d-%s%s", P, sched, tag));
     prun pp = make(N, P, M, sched, fmt("p%d-m%d-%s%s", P, M, sched, tag));
@@ -953,7 +967,7 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
                    * (stage 3 on one rank would run stage 3: it is not given the key) */
     for (; more && *more; more++) {
         bool zkey = !strncmp(*more, "parallel.zero=", 14);
-        if (!zkey)
+        if (!zkey && strncmp(*more, "parallel.sequence_parallel=", 27)) /* needs T > 1 */
             padd(&one, *more);
         padd(&pp, *more);
         if (zkey)
@@ -1019,6 +1033,12 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
 out:
     prun_free(&one);
     prun_free(&pp);
+}
+
+static void against_one_layout(bool gpt, int D, int T, int P, int M, const char *sched,
+                               const char *const *more, const char *tag)
+{
+    against_one_made(gpt ? pgpt : pbase, D, T, P, M, sched, more, tag);
 }
 
 static void against_one_model(bool gpt, int P, int M, const char *sched,
@@ -1289,6 +1309,21 @@ static void test_gpt_p4(void)
     against_one_model(true, 4, 4, "gpipe", NULL, "-gpt");
     against_one_model(true, 4, 4, "1f1b", rec, "-gpt-rec");
     against_one_model(true, 4, 2, "1f1b", sel, "-gpt-sel");
+}
+
+/* llama: P = 2 and 4 under both schedules, with recompute, T2 x P2 (sequence parallel too),
+ * D2 x P2 with ZeRO-1 and ZeRO-3, each against one process. */
+static void test_llama_stages(void)
+{
+    const char *const rec[] = {"train.recompute=block", NULL};
+    const char *const sp[] = {"parallel.sequence_parallel=true", NULL};
+    const char *const z1[] = {"parallel.zero=1", NULL};
+    const char *const z3[] = {"parallel.zero=3", "train.recompute=selective", NULL};
+    against_one_made(pllama, 1, 1, 2, 4, "1f1b", NULL, "-llama");
+    against_one_made(pllama, 1, 1, 4, 4, "gpipe", rec, "-llama-rec");
+    against_one_made(pllama, 1, 2, 2, 2, "1f1b", sp, "-llama-t2-sp");
+    against_one_made(pllama, 2, 1, 2, 2, "1f1b", z1, "-llama-d2-zero1");
+    against_one_made(pllama, 2, 1, 2, 4, "gpipe", z3, "-llama-d2-zero3");
 }
 
 static void test_p2_1f1b(void) { against_one(2, 4, "1f1b"); }
@@ -1863,6 +1898,7 @@ int main(int argc, char **argv)
         {"gpt_p4", test_gpt_p4, 240},
         {"gpt_t2_p2", test_gpt_t2_p2, 240},
         {"gpt_d2_t2_p2", test_gpt_d2_t2_p2, 300},
+        {"llama_stages", test_llama_stages, 400},
         {"options", test_options, 300},
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
         {"overflow_skips_everywhere_zero", test_overflow_skips_everywhere_zero, 120},

@@ -79,6 +79,7 @@ typedef struct rank_out {
 typedef enum mode { STEPS_MODE, RUN, KILL_IN_FORWARD } mode;
 
 typedef struct trun {
+    const char *config;           /* configs/<config>: quickstart.ini (gpt), or llama.ini */
     const char *ov[32];           /* overrides */
     int nov;
     int N;
@@ -99,6 +100,7 @@ static trun base(int N, int T, int B, const char *name)
 {
     trun z;
     memset(&z, 0, sizeof z);
+    z.config = "quickstart.ini";
     z.N = N;
     z.steps = STEPS;
     z.kill_rank = -1;
@@ -196,7 +198,7 @@ static void rank_body(trun *z, int rank)
     static dt_trainer t;
     rank_out *o = &z->out[rank];
     dt_err err = {0};
-    if (dt_test_trainer_start(&t, &job, "quickstart.ini", z->ov, z->nov, z->dir, z->name, rank,
+    if (dt_test_trainer_start(&t, &job, z->config, z->ov, z->nov, z->dir, z->name, rank,
                               z->N, z->port, o->msg, sizeof o->msg) != 0) {
         o->status = 2;
         _exit(2);
@@ -374,6 +376,60 @@ static void test_tensor_equals_one_process(void)
         unmap(&tp);
     }
     unmap(&one);
+}
+
+/* The same tiny shapes as a llama (configs/llama.ini): 8 query heads on 4 key/value heads (T = 2
+ * and 4 divide both), head size 4, SwiGLU width 48, sequence parallelism when sp. */
+static trun llama_base(int N, int T, int B, bool sp, const char *name)
+{
+    trun z = base(N, T, B, name);
+    z.config = "llama.ini";
+    add(&z, "model.n_head=8");
+    add(&z, "model.n_kv_head=4");
+    add(&z, "model.n_embd=32");
+    add(&z, "model.intermediate_size=48");
+    if (sp)
+        add(&z, "parallel.sequence_parallel=true");
+    return z;
+}
+
+/* llama: T = 2 and 4, T = 2 with sequence parallelism, and D = 2 x T = 2 at ZeRO 0 to 3 equal one
+ * process on the same global batch, as gpt's do. */
+static void test_llama_equals_one_process(void)
+{
+    trun one = llama_base(1, 1, 4, false, "llama-one"), one8 = llama_base(1, 1, 8, false,
+                                                                        "llama-one-b8");
+    int st[MAX_RANKS];
+    run(&one, st);
+    DT_REQUIRE(all_ok(&one, st));
+    run(&one8, st);
+    DT_REQUIRE(all_ok(&one8, st));
+    DT_CHECK_STR(one.out[0].t_name[0], "model.embed_tokens.weight");
+    DT_CHECK(one.out[0].loss[STEPS - 1] < one.out[0].loss[0]);
+    struct {
+        int N, T, zero;
+        bool sp;
+    } cases[] = {{2, 1, 0, false}, {2, 2, 0, false}, {4, 4, 0, false}, {2, 2, 0, true}, {4, 4, 0, true},
+                 {4, 2, 0, false}, {4, 2, 1, false}, {4, 2, 2, false}, {4, 2, 3, true}};
+    for (size_t i = 0; i < DT_ARRAY_LEN(cases); i++) {
+        const int N = cases[i].N, T = cases[i].T;
+        trun tp = llama_base(N, T, 4, cases[i].sp,
+                             fmt("llama-d%dt%d-z%d%s", N / T, T, cases[i].zero,
+                                 cases[i].sp ? "-sp" : ""));
+        add(&tp, fmt("parallel.zero=%d", cases[i].zero));
+        run(&tp, st);
+        if (all_ok(&tp, st)) {
+            DT_CHECK_STR(tp.out[0].strategy, T > 1 ? "tensor" : "ddp");
+            if (T > 1) {
+                DT_CHECK_INT(tp.out[0].st.T, T);
+                DT_CHECK_INT(tp.out[0].st.split_local * T, tp.out[0].st.split_whole);
+            }
+            compare(&tp, N / T > 1 ? &one8 : &one, STEPS, 1e-5);
+        }
+        unmap(&tp);
+    }
+    unmap(&one);
+    unmap(&one8);
 }
 
 /* A vocabulary that T does not divide (258 at T = 4: padded to 260, the padding rows zero, out
@@ -865,6 +921,7 @@ int main(int argc, char **argv)
         {"config_errors", test_config_errors, 60},
         {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
         {"padded_vocabulary", test_padded_vocabulary, 120},
+        {"llama_tensor_sequence_zero_equal_one_process", test_llama_equals_one_process, 300},
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
         {"data_2_x_tensor_2_zero_1_2_3", test_data_x_tensor_zero, 180},
         {"accumulation_global_batch_fp16", test_accumulation, 120},

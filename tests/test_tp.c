@@ -1,5 +1,5 @@
-/* test_tp.c - gpt's tensor parallelism (runtime/train/models/gpt.c, model.h's tp_* fields) on
- * the CPU backend.
+/* test_tp.c - gpt's and llama's tensor parallelism (runtime/train/models/gpt.c and llama.c,
+ * model.h's tp_* fields) on the CPU backend.
  *
  * - dt_tensor_tp_copy and dt_tensor_whole_numel on hand-built tables: a replicated tensor, rows
  *   split in 1 and 3 parts (c_fc, c_attn's q|k|v), columns (c_proj), and a padded vocabulary:
@@ -16,6 +16,9 @@
  *   final parameters compared again; and on every rank, a model under a block hook that
  *   NaN-poisons each block's parameters and gradients outside its windows trains bit-identically
  *   to one without (the windows cover every use under tensor parallelism, for ZeRO-3).
+ * - llama (8 query heads on 4 key/value heads, SwiGLU, untied head): the same comparison at
+ *   TP = 2 (recompute none, block, selective) and TP = 4 (none, selective), and with sequence
+ *   parallelism at TP = 2 (none, block) and TP = 4 (selective), its activation saving exact.
  * - Sequence parallelism (cfg.sequence_parallel): the same comparison at TP = 2 (recompute none,
  *   block, selective) and TP = 4 (none, block): loss and every gathered gradient within 1e-5 of
  *   TP = 1, the replicated tensors' gradients (the LayerNorms', all-reduced inside backward)
@@ -160,13 +163,15 @@ static void test_tp_copy(void)
 /* TP ranks against one process */
 
 #define STEPS 3
-#define LR 0.5f
+/* SGD's rate: gpt's c_proj scaling keeps 0.5 stable; llama (no such scaling) takes 0.05 */
+#define LR(m) (strcmp((m)->cfg.type, "llama") ? 0.5f : 0.05f)
 
-static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc, bool sp)
+/* gpt, or llama: 8 query heads on 4 key/value heads (T = 2 and 4 divide both), SwiGLU width 96 */
+static dt_model_config tp_cfg_of(const char *type, int tp, int rank, dt_recompute rc, bool sp)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "gpt");
+    strcpy(c.type, type);
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 16;
     c.shape.vocab_size = 65; /* padded to 66 at TP = 2, 68 at TP = 4 */
@@ -180,7 +185,26 @@ static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc, bool sp)
     c.tp_size = tp;
     c.tp_rank = rank;
     c.sequence_parallel = sp;
+    if (!strcmp(type, "llama")) {
+        c.n_head = 8;
+        c.n_kv_head = 4;
+        c.ffn_hidden = 96;
+        c.rope_theta = 10000.0f;
+        c.norm_eps = 1e-5f;
+    }
     return c;
+}
+
+static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc, bool sp)
+{
+    return tp_cfg_of("gpt", tp, rank, rc, sp);
+}
+
+/* The vocabulary-parallel tensors, whose last rank's rows past V are padding. */
+static bool vocab_tensor(const char *name)
+{
+    return !strcmp(name, "wte.weight") || !strcmp(name, "model.embed_tokens.weight") ||
+           !strcmp(name, "lm_head.weight");
 }
 
 /* What rank 0 (and the parent, for TP = 1) reports, in a MAP_SHARED page run. */
@@ -237,12 +261,12 @@ static int gather_whole(dt_model *m, dt_comm *comm, const float *src, float *out
                 RCHECK(!memcmp(lr, all, t->numel * sizeof(float)),
                        "%s of replicated %s: rank %d differs from rank 0 (rank %d)", what,
                        t->name, r, rank);
-            else if (!strcmp(t->name, "wte.weight")) /* rows past V on rank r are padding */
+            else if (vocab_tensor(t->name)) /* rows past V on rank r are padding */
                 for (int64_t row = 0; row < t->shape[0]; row++)
                     if (r * t->shape[0] + row >= t->whole_shape[0])
                         for (int64_t c = 0; c < t->shape[1]; c++)
                             RCHECK(lr[row * t->shape[1] + c] == 0.0f,
-                                   "%s: wte padding row %lld of rank %d is %g", what,
+                                   "%s: %s padding row %lld of rank %d is %g", what, t->name,
                                    (long long)row, r, lr[row * t->shape[1] + c]);
             dt_tensor_tp_copy(t, r, out + woff, (float *)lr, true);
         }
@@ -253,6 +277,7 @@ static int gather_whole(dt_model *m, dt_comm *comm, const float *src, float *out
 }
 
 typedef struct tp_job {
+    const char *type;          /* gpt or llama */
     int tp, port;
     dt_recompute rc;
     bool sp;
@@ -320,7 +345,7 @@ static void train_and_report(dt_model *m, dt_comm *comm, tp_result *res, bool re
             res->accum_err = num / den;
     }
     for (int s = 0; s < STEPS; s++) {
-        be->sgd_update(be, m->params, m->grads, NULL, m->num_params, LR, 0.0f, false, 0.0f,
+        be->sgd_update(be, m->params, m->grads, NULL, m->num_params, LR(m), 0.0f, false, 0.0f,
                        true);
         be->memset_zero(be, m->grads, m->num_params * sizeof(float));
         RCHECK(m->ops->forward(m, &hb.b, true, &loss, &err) == 0, "forward: %s", err.msg);
@@ -366,10 +391,16 @@ static void check_table(const dt_model *m)
             RCHECK(t->whole_shape[d] == w->shape[d], "%s: whole_shape[%d] = %lld, want %lld",
                    t->name, d, (long long)t->whole_shape[d], (long long)w->shape[d]);
         RCHECK(dt_tensor_whole_numel(t) == w->numel, "%s: whole numel", t->name);
+        /* gpt: c_attn in 3 parts, c_fc and wte rows, the c_proj weights columns; llama: q, k, v,
+         * gate, up, the embedding and lm_head rows, o_proj and down_proj columns */
         bool qkv = strstr(t->name, "c_attn") != NULL, fc = strstr(t->name, "c_fc") != NULL;
-        bool projw = strstr(t->name, "c_proj.weight") != NULL;
-        bool wte = !strcmp(t->name, "wte.weight");
-        int want_parts = qkv ? 3 : (fc || projw || wte) ? 1 : 0;
+        bool projw = strstr(t->name, "c_proj.weight") != NULL || strstr(t->name, "o_proj") ||
+                     strstr(t->name, "down_proj");
+        bool rows = strstr(t->name, "q_proj") || strstr(t->name, "k_proj") ||
+                    strstr(t->name, "v_proj") || strstr(t->name, "gate_proj") ||
+                    strstr(t->name, "up_proj");
+        bool wte = vocab_tensor(t->name);
+        int want_parts = qkv ? 3 : (fc || projw || wte || rows) ? 1 : 0;
         int want_dim = projw ? 1 : 0;
         RCHECK(t->tp_parts == want_parts && (want_parts == 0 || t->tp_dim == want_dim),
                "%s: tp_dim %d tp_parts %d, want %d %d", t->name, t->tp_dim, t->tp_parts, want_dim,
@@ -462,8 +493,11 @@ static void check_hooked(dt_model *m, dt_comm *comm)
     for (size_t i = 0; i < n; i++)
         diff += memcmp(&gm[i], &h.g[i], sizeof(float)) != 0;
     RCHECK(diff == 0, "%zu of %zu gradients differ with the poisoning block hook", diff, n);
-    /* windows per pass: embed twice, every other block once; 2 passes, 2 events each */
-    RCHECK(h.bad == 0 && h.open == -1 && h.events == 2 * 2 * (m->num_blocks + 1),
+    /* windows per pass (gpt: embed twice, every other block once); 2 passes, 2 events each */
+    int windows = 0;
+    for (int b = 0; b < m->num_blocks; b++)
+        windows += m->blocks[b].windows;
+    RCHECK(h.bad == 0 && h.open == -1 && h.events == 2 * 2 * windows,
            "block events: %d out of order, %d events, block %d left open", h.bad, h.events,
            h.open);
     dt_test_batch_free(&hb);
@@ -486,7 +520,7 @@ static void tp_rank_main(const tp_job *j, int rank)
         fprintf(stderr, "    rank %d: %s: %s\n", rank, store ? "comm" : "store", err.msg);
         _exit(store ? 3 : 2);
     }
-    dt_model_config c = tp_cfg(j->tp, rank, j->rc, j->sp);
+    dt_model_config c = tp_cfg_of(j->type, j->tp, rank, j->rc, j->sp);
     if (dt_backend_open(&be, "cpu", NULL, &err) || dt_model_create(&m, &c, be, comm, &err)) {
         fprintf(stderr, "    rank %d: model: %s\n", rank, err.msg);
         _exit(4);
@@ -529,6 +563,11 @@ static double sp_expected_saving(const dt_model_config *c, int tp)
 {
     const double NR = (double)c->max_batch * c->shape.seq_len, C = c->n_embd, NC = NR * C;
     const double L = c->n_layer, Lk = c->recompute == DT_RECOMPUTE_BLOCK ? 1 : L;
+    if (!strcmp(c->type, "llama")) { /* llama.c: the RMSNorms keep 1/rms only, (B,T) each */
+        const double split = Lk * (3 * NC + 2 * NR) + L * NC /* res3 */ + NC /* encoded */ +
+                             NC + NR /* model.norm */ + NC /* dres */;
+        return 4.0 * (split * (1.0 - 1.0 / tp) - (NC + NC / tp + 2 * C));
+    }
     const double split = Lk * (3 * NC + 4 * NR) + L * NC /* res3 */ + NC /* encoded */ +
                          NC + 2 * NR /* ln_f */ + NC /* dres */;
     const double added = NC + NC / tp + 4 * C;
@@ -562,15 +601,20 @@ static void tp_run_rank(int rank, int n, void *arg)
     dt_backend_close(be);
 }
 
-static void run_tp(int tp, dt_recompute rc, bool sp)
+static void run_tp_of(const char *type, int tp, dt_recompute rc, bool sp)
 {
     /* the reference is TP = 1, in a child of its own like the ranks (nothing in this process
-     * starts a BLAS thread before the forks); its size: embeddings, 12C^2 + 13C per layer, ln_f */
-    dt_model_config c1 = tp_cfg(1, 0, rc, false);
-    const size_t n = (size_t)(65 * 64 + 16 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64);
+     * starts a BLAS thread before the forks); its size: gpt's embeddings, 12C^2 + 13C per layer,
+     * ln_f; llama's embedding and head, per layer 2C + q, o (C^2 each), k, v (C^2/2 each:
+     * half the heads), 3 x 96C, model.norm */
+    const bool llama = !strcmp(type, "llama");
+    dt_model_config c1 = tp_cfg_of(type, 1, 0, rc, false);
+    const size_t n = llama ? (size_t)(2 * 65 * 64 + 2 * (2 * 64 + 3 * 64 * 64 + 3 * 96 * 64) + 64)
+                           : (size_t)(65 * 64 + 16 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64);
     tp_result *ref = res_map(n), *got = res_map(n);
-    tp_job j = {.tp = tp, .rc = rc, .sp = sp, .res = got};
-    snprintf(j.run_id, sizeof j.run_id, "tp-%d-%d-%d-%d", (int)getpid(), tp, (int)rc, (int)sp);
+    tp_job j = {.type = type, .tp = tp, .rc = rc, .sp = sp, .res = got};
+    snprintf(j.run_id, sizeof j.run_id, "tp-%s-%d-%d-%d-%d", type, (int)getpid(), tp, (int)rc,
+             (int)sp);
     tp_run tr = {.j = &j, .c1 = &c1, .ref = ref, .n = n};
     int status[DT_TEST_MAX_RANKS];
     dt_test_run_ranks(j.run_id, tp + 1, &j.port, tp_run_rank, &tr, 60.0 * dt_test_timeout_scale(),
@@ -593,7 +637,7 @@ static void run_tp(int tp, dt_recompute rc, bool sp)
     for (int s = 0; s < STEPS; s++)
         DT_CHECK_MSG(fabs(got->loss[s] - ref->loss[s]) <= 1e-5 * fabs(ref->loss[s]),
                      "TP = %d step %d loss %.9g vs %.9g", tp, s + 1, got->loss[s], ref->loss[s]);
-    DT_CHECK(ref->loss[STEPS - 1] < ref->loss0); /* the steps did something */
+    DT_CHECK_MSG(ref->loss[STEPS - 1] < ref->loss0, "%s: loss %.7f after %d SGD steps, %.7f before", type, ref->loss[STEPS - 1], STEPS, ref->loss0); /* the steps did something */
     /* every gradient, and the trained parameters, per tensor, in TP = 1's table order */
     {
         dt_backend *be = NULL;
@@ -613,10 +657,10 @@ static void run_tp(int tp, dt_recompute rc, bool sp)
             worst_g = DT_MAX(worst_g, eg);
             worst_p = DT_MAX(worst_p, ep);
         }
-        printf("    TP = %d%s, recompute %d: loss %.7f (TP = 1 %.7f), worst gradient %.2g, worst "
-               "trained parameter %.2g\n",
-               tp, sp ? " + sequence parallel" : "", (int)rc, got->loss0, ref->loss0, worst_g,
-               worst_p);
+        printf("    %s TP = %d%s, recompute %d: loss %.7f (TP = 1 %.7f), worst gradient %.2g, "
+               "worst trained parameter %.2g\n",
+               type, tp, sp ? " + sequence parallel" : "", (int)rc, got->loss0, ref->loss0,
+               worst_g, worst_p);
         dt_model_free(m);
         dt_backend_close(be);
     }
@@ -627,7 +671,7 @@ static void run_tp(int tp, dt_recompute rc, bool sp)
     /* this rank's share of the activations and the FLOPs */
     DT_CHECK(got->act_bytes < ref->act_bytes);
     if (sp) {
-        dt_model_config c = tp_cfg(tp, 0, rc, true);
+        dt_model_config c = tp_cfg_of(type, tp, 0, rc, true);
         double want = sp_expected_saving(&c, tp), saved = got->act_bytes_nosp - got->act_bytes;
         printf("    TP = %d, recompute %d: activations per rank %.0f bytes, %.0f with sequence "
                "parallelism (saved %.0f, expected %.0f); TP = 1 %.0f\n",
@@ -639,6 +683,8 @@ static void run_tp(int tp, dt_recompute rc, bool sp)
     res_unmap(ref);
     res_unmap(got);
 }
+
+static void run_tp(int tp, dt_recompute rc, bool sp) { run_tp_of("gpt", tp, rc, sp); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* configurations dt_model_create refuses */
@@ -823,6 +869,23 @@ static void test_sp2_block(void) { run_tp(2, DT_RECOMPUTE_BLOCK, true); }
 static void test_sp2_selective(void) { run_tp(2, DT_RECOMPUTE_SELECTIVE, true); }
 static void test_sp4_none(void) { run_tp(4, DT_RECOMPUTE_NONE, true); }
 static void test_sp4_block(void) { run_tp(4, DT_RECOMPUTE_BLOCK, true); }
+/* llama: grouped-query attention split by kv heads, SwiGLU, the untied vocabulary-parallel head */
+static void test_llama_tp2(void)
+{
+    for (int rc = 0; rc < 3; rc++)
+        run_tp_of("llama", 2, (dt_recompute)rc, false);
+}
+static void test_llama_tp4(void)
+{
+    run_tp_of("llama", 4, DT_RECOMPUTE_NONE, false);
+    run_tp_of("llama", 4, DT_RECOMPUTE_SELECTIVE, false);
+}
+static void test_llama_sp(void)
+{
+    run_tp_of("llama", 2, DT_RECOMPUTE_NONE, true);
+    run_tp_of("llama", 2, DT_RECOMPUTE_BLOCK, true);
+    run_tp_of("llama", 4, DT_RECOMPUTE_SELECTIVE, true);
+}
 
 static const dt_test tests[] = {
     {"tp_copy", test_tp_copy, 0},
@@ -838,6 +901,9 @@ static const dt_test tests[] = {
     {"sp2_selective", test_sp2_selective, 90},
     {"sp4_none", test_sp4_none, 120},
     {"sp4_block", test_sp4_block, 120},
+    {"llama_tp2_none_block_selective", test_llama_tp2, 180},
+    {"llama_tp4_none_selective", test_llama_tp4, 180},
+    {"llama_sp2_sp4", test_llama_sp, 240},
     {"sp_config", test_sp_config, 60},
     {"sp_dtrain_tensor", test_sp_dtrain_tensor, 300},
     {"sp_dtrain_pipeline", test_sp_dtrain_pipeline, 300},

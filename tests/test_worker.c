@@ -91,6 +91,7 @@ static const struct {
     bool val_falls; /* BatchNorm's running statistics lag in a 20-step run: val loss is noise */
 } short_runs[] = {
     {"quickstart.ini", "train.steps=40 train.warmup_steps=5 train.eval_every=20", 0.85, true},
+    {"llama.ini", "train.steps=40 train.warmup_steps=5 train.eval_every=20", 0.85, true},
     {"mlp.ini", "train.steps=60 train.warmup_steps=5 train.eval_every=30", 0.8, true},
     {"resnet.ini", "train.steps=20 train.warmup_steps=2 train.eval_every=10 train.batch_size=16 "
                    "data.synthetic_samples=1024", 0.9, false},

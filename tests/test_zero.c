@@ -117,6 +117,14 @@ static void tiny_gpt(zrun *z)
     add(z, "train.warmup_steps=1");
 }
 
+static void tiny_llama(zrun *z)
+{
+    tiny_gpt(z);
+    add(z, "model.n_head=4");
+    add(z, "model.n_kv_head=2");
+    add(z, "model.intermediate_size=24");
+}
+
 static void tiny_resnet(zrun *z)
 {
     add(z, "model.depth=8");
@@ -338,6 +346,7 @@ static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zr
                              const char *const *more, bool norm_exact)
 {
     const char *config = !strcmp(what, "gpt")      ? "quickstart.ini"
+                         : !strcmp(what, "llama")  ? "llama.ini"
                          : !strcmp(what, "resnet") ? "resnet.ini"
                                                    : "mlp.ini";
     zrun zr = base(config, N, zero, fmt("%s-z%d-n%d", what, zero, N));
@@ -442,6 +451,20 @@ static void test_gpt_stages(void)
     for (int zero = 1; zero <= 2; zero++)
         for (int N = 2; N <= 4; N++)
             compare_with_ddp("gpt", zero, N, tiny_gpt, buckets, false);
+}
+
+/* llama: stages 1 and 2 at 2 and 3 ranks with small buckets, stage 3 at 2 and 3 ranks, with
+ * selective recompute and accumulation too, each bit for bit DDP's. */
+static void test_llama_stages(void)
+{
+    const char *const buckets[] = {"ddp.first_bucket_mb=0.002", "ddp.bucket_cap_mb=0.01", NULL};
+    const char *const rec[] = {"train.recompute=selective", "train.grad_accum=2", NULL};
+    for (int N = 2; N <= 3; N++) {
+        compare_with_ddp("llama", 1, N, tiny_llama, buckets, false);
+        compare_with_ddp("llama", 2, N, tiny_llama, buckets, false);
+        compare_with_ddp("llama", 3, N, tiny_llama, NULL, false);
+    }
+    compare_with_ddp("llama", 3, 2, tiny_llama, rec, false);
 }
 
 static void test_resnet_stages(void)
@@ -1156,6 +1179,7 @@ int main(int argc, char **argv)
         {"mlp_stages_2_to_4_ranks", test_mlp_stages, 300},
         {"gpt_stages_2_to_4_ranks", test_gpt_stages, 300},
         {"resnet_stages_2_to_4_ranks", test_resnet_stages, 300},
+        {"llama_stages_1_to_3", test_llama_stages, 300},
         {"options_clip_fp16_accum_compress_sgd", test_options, 300},
         {"stage2_coarse_granule_64k", test_stage2_coarse_granule, 120},
         {"stage3_mlp_gpt_resnet_2_to_4_ranks", test_stage3_models, 300},
