@@ -1546,6 +1546,18 @@ static void test_model_resnet_fp32(void)
     model_case(&c, 8, DT_PREC_FP32, 1e-5, 5e-4);
 }
 
+/* torchvision's ResNet-50 form (7x7 stem, max-pool, Bottlenecks) at width 8 */
+static void test_model_resnet50_fp32(void)
+{
+    dt_model_config c = model_resnet();
+    c.imagenet = true;
+    c.depth = 50;
+    c.width = 8;
+    c.shape.height = c.shape.width = 64;
+    c.shape.input_dim = 3 * 64 * 64;
+    model_case(&c, 8, DT_PREC_FP32, 1e-4, 2e-3);
+}
+
 static void test_model_resnet_bf16(void)
 {
     dt_model_config c = model_resnet(); /* convolutions in TF32 */
@@ -1780,6 +1792,7 @@ int main(int argc, char **argv)
         {"gpu_model_mlp_fp32", test_model_mlp_fp32, 120},
         {"gpu_model_resnet_fp32", test_model_resnet_fp32, 180},
         {"gpu_model_resnet_bf16", test_model_resnet_bf16, 180},
+        {"gpu_model_resnet50_fp32", test_model_resnet50_fp32, 180},
         {"gpu_nccl_collectives", test_nccl_collectives, 180},
         {"gpu_nccl_timeout", test_nccl_timeout, 120},
     };

@@ -115,6 +115,18 @@ static dt_model_config resnet_cfg(void)
     return c;
 }
 
+/* torchvision's ResNet-50 form (7x7 stem, max-pool, Bottlenecks) at width 2 on 3x32x32 */
+static dt_model_config resnet50_cfg(void)
+{
+    dt_model_config c = resnet_cfg();
+    c.imagenet = true;
+    c.depth = 50;
+    c.width = 2;
+    c.shape.height = c.shape.width = 32;
+    c.shape.input_dim = 3 * 32 * 32;
+    return c;
+}
+
 static dt_model *model_new(dt_backend *be, const dt_model_config *c)
 {
     dt_model *m = NULL;
@@ -317,6 +329,8 @@ static void test_ready_ranges(void)
     c = mlp_cfg();
     check_ready(&c, 6);
     c = resnet_cfg();
+    check_ready(&c, 4);
+    c = resnet50_cfg();
     check_ready(&c, 4);
 }
 
@@ -588,6 +602,8 @@ static void test_block_hooks(void)
     check_against(&c, &c, 4, true);
     c.depth = 14; /* two blocks per stage: identity shortcuts after projections */
     check_against(&c, &c, 4, true);
+    c = resnet50_cfg();
+    check_against(&c, &c, 4, true);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -613,6 +629,11 @@ static void test_recompute_bitwise(void)
             c.recompute = DT_RECOMPUTE_BLOCK;
             check_against(&ref, &c, 4, hook);
         }
+    for (int hook = 0; hook < 2; hook++) {
+        dt_model_config r50 = resnet50_cfg(), c50 = r50;
+        c50.recompute = DT_RECOMPUTE_BLOCK;
+        check_against(&r50, &c50, 4, hook);
+    }
     dt_model_config ref = mlp_cfg(), c = ref;
     c.recompute = DT_RECOMPUTE_BLOCK;
     check_against(&ref, &c, 6, true);

@@ -93,6 +93,8 @@ static const struct {
     {"quickstart.ini", "train.steps=40 train.warmup_steps=5 train.eval_every=20", 0.85, true},
     {"llama.ini", "train.steps=40 train.warmup_steps=5 train.eval_every=20", 0.85, true},
     {"mlp.ini", "train.steps=60 train.warmup_steps=5 train.eval_every=30", 0.8, true},
+    {"resnet50.ini", "train.steps=30 train.warmup_steps=5 train.eval_every=15 "
+                     "train.batch_size=16 data.synthetic_samples=1024", 0.9, false},
     {"resnet.ini", "train.steps=20 train.warmup_steps=2 train.eval_every=10 train.batch_size=16 "
                    "data.synthetic_samples=1024", 0.9, false},
 };

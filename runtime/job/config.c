@@ -29,8 +29,9 @@ static const char *const strategy_names[] = {"ddp", "dp", NULL};
 static const char *const dp_transport_names[] = {"auto", "master", "collectives", NULL};
 static const char *const cpu_bind_names[] = {"auto", "none", NULL};
 static const char *const model_names[] = {"mlp", "resnet", "gpt", "llama", NULL};
-static const char *const preset_names[] = {"none",       "gpt-tiny",  "gpt-mini",   "gpt2-124m",
-                                           "llama-tiny", "llama3-8b", "llama3-70b", NULL};
+static const char *const preset_names[] = {
+    "none",     "gpt-tiny", "gpt-mini", "gpt2-124m", "llama-tiny", "llama3-8b", "llama3-70b",
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", NULL};
 static const char *const data_names[] = {"synthetic", "text", "tokens", "cifar10", "mnist", NULL};
 static const char *const optim_names[] = {"adamw", "sgd", NULL};
 static const char *const lr_names[] = {"constant", "cosine", "linear", NULL};
@@ -112,7 +113,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"job", "log_every", DT_CFG_INT, J(log_every), "10", 1, 1e9, NULL, false, "steps between log lines"},
     /* [model] */
     {"model", "type", DT_CFG_ENUM, J(model_type), "", 0, 0, model_names, true, "model from the zoo"},
-    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, preset_names, false, "size preset (gpt-*, llama-*: a preset of the model.type); explicit n_layer/n_head/n_embd/block_size (llama: n_kv_head, intermediate_size, rope_theta) win"},
+    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, preset_names, false, "size preset (gpt-*, llama-*, resnet*: a preset of the model.type); explicit n_layer/n_head/n_embd/block_size (llama: n_kv_head, intermediate_size, rope_theta) win; resnet18/34/50/101/152 is torchvision's ImageNet ResNet of that depth (model.depth is then ignored)"},
     {"model", "n_layer", DT_CFG_INT, J(n_layer), "0", 0, 1000, NULL, false, "gpt: transformer blocks (0 = from preset)"},
     {"model", "n_head", DT_CFG_INT, J(n_head), "0", 0, 1024, NULL, false, "gpt: attention heads (0 = from preset)"},
     {"model", "n_embd", DT_CFG_INT, J(n_embd), "0", 0, 65536, NULL, false, "gpt: channels (0 = from preset)"},
@@ -123,7 +124,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"model", "rms_norm_eps", DT_CFG_DOUBLE, J(rms_norm_eps), "1e-5", 0, 1, NULL, false, "llama: RMSNorm epsilon"},
     {"model", "hidden", DT_CFG_STR, J(hidden), "256,256", 0, 0, NULL, false, "mlp: comma-separated hidden widths"},
     {"model", "depth", DT_CFG_INT, J(depth), "20", 8, 1202, NULL, false, "resnet: depth 6n+2 (20, 32, 44, 56, 110)"},
-    {"model", "width", DT_CFG_INT, J(width), "16", 1, 1024, NULL, false, "resnet: channels of the first stage (doubled per stage)"},
+    {"model", "width", DT_CFG_INT, J(width), "0", 0, 1024, NULL, false, "resnet: channels of the first stage, doubled per stage (0 = 16; with a resnet* preset torchvision's 64)"},
     {"model", "sync_bn", DT_CFG_BOOL, J(sync_bn), "false", 0, 0, NULL, false, "resnet: SyncBatchNorm (statistics all-reduced across ranks)"},
     /* [data] */
     {"data", "type", DT_CFG_ENUM, J(data_type), "synthetic", 0, 0, data_names, false, "dataset format"},
@@ -936,6 +937,19 @@ static void apply_presets(dt_job *job)
         job->vocab_size = job->vocab_size ? job->vocab_size : llamas[i].V;
         job->rope_theta = job->rope_theta > 0 ? job->rope_theta : llamas[i].theta;
     }
+    static const struct {
+        dt_preset_kind preset;
+        int depth;
+    } resnets[] = {{DT_PRESET_RESNET18, 18}, {DT_PRESET_RESNET34, 34}, {DT_PRESET_RESNET50, 50},
+                   {DT_PRESET_RESNET101, 101}, {DT_PRESET_RESNET152, 152}};
+    bool tv = false;
+    for (size_t i = 0; i < DT_ARRAY_LEN(resnets) && job->model_type == DT_MODEL_RESNET; i++)
+        if (job->preset == resnets[i].preset) {
+            job->depth = resnets[i].depth;
+            tv = true;
+        }
+    if (job->model_type == DT_MODEL_RESNET && !job->width)
+        job->width = tv ? 64 : 16;
     if (job->model_type == DT_MODEL_LLAMA) { /* what no preset gave */
         if (!job->n_kv_head)
             job->n_kv_head = job->n_head;
@@ -1523,14 +1537,17 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
      * models ignore gpt's, as they always did) */
     const char *pname = dt_preset_name(job->preset);
     const bool gpt_preset = !strncmp(pname, "gpt", 3), llama_preset = !strncmp(pname, "llama", 5);
+    const bool resnet_preset = !strncmp(pname, "resnet", 6);
     if ((gpt_preset && job->model_type == DT_MODEL_LLAMA) ||
-        (llama_preset && job->model_type != DT_MODEL_LLAMA)) {
+        (llama_preset && job->model_type != DT_MODEL_LLAMA) ||
+        (resnet_preset && job->model_type != DT_MODEL_RESNET)) {
+        const char *of = gpt_preset ? "gpt" : llama_preset ? "llama" : "resnet";
         if (!BAD("model.preset", "model.type"))
             add_error(errs, AT("model.preset", "model.type"), 0,
                       "model.preset = %s is a preset of model %s, but model.type = %s: use "
                       "model.type = %s, or a preset of %s",
-                      pname, gpt_preset ? "gpt" : "llama", dt_model_name(job->model_type),
-                      gpt_preset ? "gpt" : "llama", dt_model_name(job->model_type));
+                      pname, of, dt_model_name(job->model_type), of,
+                      dt_model_name(job->model_type));
     }
     if (job->model_type == DT_MODEL_LLAMA && job->data_type == DT_DATA_SYNTHETIC &&
         !BAD("model.type", "data.type"))
@@ -1538,7 +1555,8 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                   "model llama needs token data: data.type = text (the bytes of any file) or "
                   "tokens (llm.c shards); data.type = synthetic makes token sequences for model "
                   "gpt only");
-    if (job->model_type == DT_MODEL_RESNET && (job->depth - 2) % 6 && !BAD("model.depth"))
+    if (job->model_type == DT_MODEL_RESNET && !resnet_preset && (job->depth - 2) % 6 &&
+        !BAD("model.depth"))
         add_error(errs, AT("model.depth"), 0, "model.depth: %d is not 6n+2 (use 20, 32, 44, 56 or 110)",
                   job->depth);
     if (job->model_type == DT_MODEL_MLP && !BAD("model.hidden")) {

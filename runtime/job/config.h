@@ -63,7 +63,9 @@ typedef enum dt_model_kind {
 } dt_model_kind;
 typedef enum dt_preset_kind {
     DT_PRESET_NONE, DT_PRESET_GPT_TINY, DT_PRESET_GPT_MINI, DT_PRESET_GPT2_124M,
-    DT_PRESET_LLAMA_TINY, DT_PRESET_LLAMA3_8B, DT_PRESET_LLAMA3_70B
+    DT_PRESET_LLAMA_TINY, DT_PRESET_LLAMA3_8B, DT_PRESET_LLAMA3_70B,
+    DT_PRESET_RESNET18, DT_PRESET_RESNET34, DT_PRESET_RESNET50, DT_PRESET_RESNET101,
+    DT_PRESET_RESNET152
 } dt_preset_kind;
 typedef enum dt_data_kind {
     DT_DATA_SYNTHETIC, DT_DATA_TEXT, DT_DATA_TOKENS, DT_DATA_CIFAR10, DT_DATA_MNIST
@@ -182,7 +184,7 @@ typedef struct dt_job {
     int n_kv_head, intermediate_size;  /* llama: key/value heads, SwiGLU width */
     double rope_theta, rms_norm_eps;   /* llama */
     char hidden[DT_STR_MID];           /* mlp: "512,256" */
-    int depth, width;                  /* resnet */
+    int depth, width;                  /* resnet (a resnet* preset: torchvision's depth) */
     bool sync_bn;
 
     /* [data] */

@@ -106,8 +106,12 @@ typedef struct dt_model_config {
     /* mlp: hidden widths */
     int n_hidden;
     int hidden[16];
-    /* resnet: depth = 6n+2 (20, 32, 44, 56, 110), width = channels of the first stage */
+    /* resnet: depth = 6n+2 (20, 32, 44, 56, 110), width = channels of the first stage; with
+     * imagenet, torchvision's ImageNet ResNet of depth 18, 34 (BasicBlocks), 50, 101 or 152
+     * (Bottlenecks), width = the stem's channels (torchvision: 64; the stages' planes are width,
+     * 2 width, 4 width, 8 width) */
     int depth, width;
+    bool imagenet;
     bool sync_bn;         /* all-reduce BatchNorm statistics through `comm` */
     float bn_momentum, bn_eps;
     dt_recompute recompute; /* gpt: all three; resnet: none, block; mlp: none, block (an mlp

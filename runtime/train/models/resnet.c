@@ -1,18 +1,32 @@
-/* resnet.c - `resnet`: the CIFAR ResNet of He et al. (2016), depth 6n+2, with BatchNorm or
- * SyncBatchNorm.
+/* resnet.c - `resnet`: the CIFAR ResNet of He et al. (2016), depth 6n+2, and torchvision's
+ * ImageNet ResNet-18/34/50/101/152, with BatchNorm or SyncBatchNorm.
  *
+ * CIFAR form (cfg.imagenet false):
  *   stem    conv3x3(C_in -> w) BN ReLU
  *   stage 1 n BasicBlocks of width w        (stride 1)
  *   stage 2 n BasicBlocks of width 2w       (the first with stride 2)
  *   stage 3 n BasicBlocks of width 4w       (the first with stride 2)
  *   head    global average pool, fc(4w -> classes), softmax cross-entropy
+ * ImageNet form (cfg.imagenet, torchvision.models.resnet{18,34,50,101,152}, v1.5):
+ *   stem    conv7x7 stride 2 pad 3 (C_in -> w) BN ReLU, max-pool 3x3 stride 2 pad 1
+ *   layer1..layer4: [2,2,2,2] (18) or [3,4,6,3] (34) BasicBlocks, [3,4,6,3] (50), [3,4,23,3]
+ *           (101) or [3,8,36,3] (152) Bottlenecks (and [2,2,2,2], timm's resnet26, which the
+ *           tests use: the Bottleneck at half ResNet-50's depth) of planes w, 2w, 4w, 8w (w = 64 in
+ *           torchvision), the first block of layer2..4 with stride 2
+ *   head    global average pool, fc(8w x expansion -> classes), softmax cross-entropy
+ * Any input size works (the spatial size halves five times, never below 1x1) and any class
+ * count the data gives.
  *
- * BasicBlock: out = ReLU(BN(conv3x3(ReLU(BN(conv3x3(x, stride))))) + shortcut(x)), where the
- * shortcut is the identity, or BN(conv1x1(x, stride)) when the shape changes (option B).
- * Convolutions have no bias (BN follows). Names follow torchvision (conv1.weight, bn1.weight,
- * layer2.0.conv1.weight, layer2.0.downsample.0.weight, layer2.0.downsample.1.bias, fc.weight,
- * ...); BN running statistics are buffers (bn1.running_mean, ...). Initialisation as torchvision:
- * convolutions He-normal over fan_out, BN weight 1 and bias 0, fc uniform(+-1/sqrt(fan_in)).
+ * BasicBlock (expansion 1): out = ReLU(BN(conv3x3(ReLU(BN(conv3x3(x, stride))))) + shortcut(x)).
+ * Bottleneck (expansion 4, the stride on the 3x3 as torchvision v1.5): out = ReLU(BN3(conv1x1(
+ * ReLU(BN2(conv3x3(ReLU(BN1(conv1x1(x))), stride))))) + shortcut(x)). The shortcut is the
+ * identity, or BN(conv1x1(x, stride)) when the shape changes (option B). Convolutions have no
+ * bias (BN follows). Names follow torchvision (conv1.weight, bn1.weight, layer2.0.conv1.weight,
+ * layer2.0.conv3.weight, layer2.0.downsample.0.weight, layer2.0.downsample.1.bias, fc.weight,
+ * ...); BN running statistics are buffers (bn1.running_mean, ...; torchvision's
+ * num_batches_tracked counters are not kept: BatchNorm's load_state_dict fills them in).
+ * Initialisation as torchvision: convolutions He-normal over fan_out, BN weight 1 and bias 0, fc
+ * uniform(+-1/sqrt(fan_in)) (zero_init_residual = False).
  *
  * SyncBatchNorm (cfg.sync_bn with a communicator of more than one rank): the batch statistics
  * (per rank: sum, centred sum of squares and the sample count, 2C+1 floats, one all-gather)
@@ -22,15 +36,16 @@
  * statistics of the global batch; the BN weight and bias gradients stay local (DDP averages
  * them). With one rank or no communicator it is plain BatchNorm.
  *
- * Activations: each BasicBlock keeps its conv1 output, ReLU(BN1), conv2 output, shortcut conv
- * output and its output. cfg.recompute = block keeps only each block's output (the next one's
- * input) and one shared set of the others, recomputed at the start of the block's backward
- * (inside its backward window) by the same convolutions and bn_fwd_apply on the statistics saved
- * by forward, so no SyncBatchNorm collective runs again and running statistics move once.
+ * Activations: each block keeps its convolutions' outputs, the ReLU(BN) between them, the
+ * shortcut conv's output and its output. cfg.recompute = block keeps only each block's output
+ * (the next one's input) and one shared set of the others, recomputed at the start of the
+ * block's backward (inside its backward window) by the same convolutions and bn_fwd_apply on
+ * the statistics saved by forward, so no SyncBatchNorm collective runs again and running
+ * statistics move once.
  *
- * Blocks (model.h): 0 "stem" (conv1, bn1), 1+i "layer{s}.{j}" (one BasicBlock), nblocks+1 "fc".
- * Backward reports gradients as final per block, in backward order: fc, then each BasicBlock
- * from the last to the first, then the stem.
+ * Blocks (model.h): 0 "stem" (conv1, bn1), 1+i "layer{s}.{j}" (one residual block), nblocks+1
+ * "fc". Backward reports gradients as final per block, in backward order: fc, then each
+ * residual block from the last to the first, then the stem.
  */
 #include <math.h>
 #include <stdio.h>
@@ -58,15 +73,19 @@ typedef struct bn_layer {
     double count;   /* samples*HW behind the statistics of the last training forward */
 } bn_layer;
 
+#define UNITS_MAX 3 /* conv + BN pairs on a block's main path: 2 (BasicBlock), 3 (Bottleneck) */
+
 typedef struct block {
-    conv_layer c1, c2, cd;
-    bn_layer b1, b2, bd;
+    int nu;              /* units on the main path */
+    conv_layer c[UNITS_MAX], cd;
+    bn_layer b[UNITS_MAX], bd;
     bool down;           /* projection shortcut */
+    int stage, index;    /* layer{stage+1}.{index} */
     const float *x;      /* (B,Cin,H,W) input: the previous block's out (borrowed) */
     /* intermediates: owned per block, or with recompute = block borrowed from resnet.shared */
-    float *c1o, *a1;     /* (B,Cout,P,Q) conv1 output, ReLU(BN1) */
-    float *c2o;          /* (B,Cout,P,Q) conv2 output */
-    float *cdo;          /* (B,Cout,P,Q) shortcut conv output (down only) */
+    float *co[UNITS_MAX];     /* conv u's output */
+    float *act[UNITS_MAX - 1]; /* ReLU(BN u) for u < nu - 1: conv u+1's input */
+    float *cdo;          /* shortcut conv output (down only) */
     float *out;          /* (B,Cout,P,Q) block output, always kept (the next block's input) */
     int first, last;     /* tensor index range */
 } block;
@@ -74,17 +93,21 @@ typedef struct block {
 typedef struct resnet {
     dt_comm *comm;       /* borrowed, may be NULL */
     bool sync;
+    bool imagenet;       /* torchvision's ImageNet form: 7x7 stem and max-pool */
     float *hgath;        /* (world * (2*C_last+1)) host, owned; SyncBN only */
     float *hmerged;      /* (2*C_last) host, owned; SyncBN only */
     conv_layer stem;
     bn_layer stem_bn;
     int stem_last;       /* last tensor of the stem (conv1, bn1) */
+    int mp_C, mp_H, mp_W, mp_P, mp_Q; /* the stem's max-pool (imagenet): input and output */
     int nblocks;
     block *blocks;       /* (nblocks) owned */
     int fc_w, fc_b;
     int C_last, HW_last, K;
     float *x;            /* (B,C,H,W) input */
-    float *c0, *a0;      /* (B,w,H,W) stem conv output, ReLU(BN) */
+    float *c0, *a0;      /* (B,w,H0,W0) stem conv output, ReLU(BN) */
+    float *mp;           /* (B,w,P,Q) the max-pool's output (imagenet), the first block's input */
+    int32_t *mp_idx;     /* (B,w,P,Q) its argmax positions */
     float *pooled;       /* (B,C_last) */
     float *logits;       /* (B,K) */
     float *losses;       /* (B) */
@@ -94,7 +117,8 @@ typedef struct resnet {
     float *g[5];         /* (max_act) backward scratch */
     float *dpooled;      /* (B,C_last) */
     bool recompute;      /* cfg.recompute == DT_RECOMPUTE_BLOCK */
-    float *shared[4];    /* (max_act) c1o, a1, c2o, cdo of whichever block runs; recompute only */
+    int nshared;         /* 4 (BasicBlocks: co0, act0, co1, cdo) or 6 (Bottlenecks) */
+    float *shared[6];    /* (max_act) intermediates of whichever block runs; recompute only */
     float *run_scratch;  /* (2*C_last) running statistics a recomputed BN updates, discarded */
     int B, valid;
     bool can_backward;
@@ -192,14 +216,19 @@ static void bn_refwd(dt_model *m, resnet *r, bn_layer *bn, float *out, const flo
                         bn->C, bn->HW, m->cfg.bn_momentum, m->cfg.bn_eps);
 }
 
-/* Recomputes block k's intermediates (c1o, a1, c2o, cdo) from its input, as its forward made
- * them; its output is kept from forward. */
+/* Recomputes block k's intermediates (co, act, cdo) from its input, as its forward made them;
+ * its output is kept from forward. */
 static void block_refwd(dt_model *m, resnet *r, block *k, int B)
 {
-    conv_fwd(m, &k->c1, k->c1o, k->x, B);
-    bn_refwd(m, r, &k->b1, k->a1, k->c1o, B);
-    m->be->relu_fwd(m->be, k->a1, k->a1, act_size(&k->c1, B));
-    conv_fwd(m, &k->c2, k->c2o, k->a1, B);
+    const float *in = k->x;
+    for (int u = 0; u < k->nu; u++) {
+        conv_fwd(m, &k->c[u], k->co[u], in, B);
+        if (u == k->nu - 1)
+            break;
+        bn_refwd(m, r, &k->b[u], k->act[u], k->co[u], B);
+        m->be->relu_fwd(m->be, k->act[u], k->act[u], act_size(&k->c[u], B));
+        in = k->act[u];
+    }
     if (k->down)
         conv_fwd(m, &k->cd, k->cdo, k->x, B);
 }
@@ -240,18 +269,27 @@ static int resnet_forward(dt_model *m, const dt_batch *batch, bool training, flo
     dt_models_event(m, 0, DT_BLOCK_AFTER_FORWARD);
     be->relu_fwd(be, r->a0, r->a0, act_size(&r->stem, B));
     const float *cur = r->a0;
+    if (r->imagenet) { /* the stem's max-pool: 3x3, stride 2, pad 1 */
+        be->maxpool_fwd(be, r->mp, r->mp_idx, r->a0, B, r->mp_C, r->mp_H, r->mp_W, 3, 2, 1);
+        cur = r->mp;
+    }
     for (int i = 0; i < r->nblocks; i++) {
         block *k = &r->blocks[i];
-        size_t n = act_size(&k->c1, B);
+        const int last = k->nu - 1;
+        size_t n = act_size(&k->c[last], B);
         k->x = cur;
         dt_models_event(m, 1 + i, DT_BLOCK_BEFORE_FORWARD);
-        conv_fwd(m, &k->c1, k->c1o, cur, B);
-        if ((rc = bn_fwd(m, r, &k->b1, k->a1, k->c1o, B, training, err)))
-            return rc;
-        be->relu_fwd(be, k->a1, k->a1, n);
-        conv_fwd(m, &k->c2, k->c2o, k->a1, B);
-        if ((rc = bn_fwd(m, r, &k->b2, k->out, k->c2o, B, training, err)))
-            return rc;
+        const float *in = cur;
+        for (int u = 0; u < k->nu; u++) {
+            conv_fwd(m, &k->c[u], k->co[u], in, B);
+            float *o = u == last ? k->out : k->act[u];
+            if ((rc = bn_fwd(m, r, &k->b[u], o, k->co[u], B, training, err)))
+                return rc;
+            if (u < last) {
+                be->relu_fwd(be, o, o, act_size(&k->c[u], B));
+                in = o;
+            }
+        }
         if (k->down) {
             conv_fwd(m, &k->cd, k->cdo, cur, B);
             if ((rc = bn_fwd(m, r, &k->bd, r->tmp, k->cdo, B, training, err)))
@@ -304,31 +342,42 @@ static int resnet_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn read
     be->avgpool_bwd(be, r->g[0], r->dpooled, B, r->C_last, r->HW_last);
     for (int i = r->nblocks - 1; i >= 0; i--) {
         block *k = &r->blocks[i];
-        size_t n = act_size(&k->c1, B), nin = in_size(&k->c1, B);
+        const int last = k->nu - 1;
+        size_t n = act_size(&k->c[last], B), nin = in_size(&k->c[0], B);
         float *dout = r->g[cur], *dx = r->g[4 - cur];
-        float *dsum = r->g[1], *t2 = r->g[2], *t3 = r->g[3];
+        float *dsum = r->g[1], *X = r->g[2], *Y = r->g[3];
         dt_models_event(m, 1 + i, DT_BLOCK_BEFORE_BACKWARD);
         if (r->recompute)
             block_refwd(m, r, k, B);
         zero(m, dsum, n);
         be->relu_bwd(be, dsum, k->out, dout, n);
-        zero(m, t2, n); /* dc2 */
-        if ((rc = bn_bwd(m, r, &k->b2, t2, dsum, k->c2o, B, err)))
-            return rc;
-        zero(m, t3, n); /* da1 */
-        conv_bwd(m, &k->c2, t3, t2, k->a1, B);
-        zero(m, t2, n); /* dbn1 */
-        be->relu_bwd(be, t2, k->a1, t3, n);
-        zero(m, t3, n); /* dc1 */
-        if ((rc = bn_bwd(m, r, &k->b1, t3, t2, k->c1o, B, err)))
-            return rc;
-        zero(m, dx, nin);
-        conv_bwd(m, &k->c1, dx, t3, k->x, B);
-        if (k->down) {
-            zero(m, t2, n); /* dcd */
-            if ((rc = bn_bwd(m, r, &k->bd, t2, dsum, k->cdo, B, err)))
+        /* the main path from its last unit down: dg, the gradient of unit u's BN output, goes
+         * through BN (into tA: the gradient of conv u's output), conv u (into tB: the gradient
+         * of its input, ReLU(BN u-1)) and that ReLU (into tA's buffer again); X and Y alternate */
+        const float *dg = dsum;
+        for (int u = last, p = 0; u >= 0; u--, p ^= 1) {
+            float *tA = p ? Y : X, *tB = p ? X : Y;
+            size_t nu_out = act_size(&k->c[u], B);
+            zero(m, tA, nu_out);
+            if ((rc = bn_bwd(m, r, &k->b[u], tA, dg, k->co[u], B, err)))
                 return rc;
-            conv_bwd(m, &k->cd, dx, t2, k->x, B);
+            if (u == 0) {
+                zero(m, dx, nin);
+                conv_bwd(m, &k->c[0], dx, tA, k->x, B);
+                break;
+            }
+            size_t nu_in = act_size(&k->c[u - 1], B);
+            zero(m, tB, nu_in);
+            conv_bwd(m, &k->c[u], tB, tA, k->act[u - 1], B);
+            zero(m, tA, nu_in);
+            be->relu_bwd(be, tA, k->act[u - 1], tB, nu_in);
+            dg = tA;
+        }
+        if (k->down) {
+            zero(m, X, n); /* dcd */
+            if ((rc = bn_bwd(m, r, &k->bd, X, dsum, k->cdo, B, err)))
+                return rc;
+            conv_bwd(m, &k->cd, dx, X, k->x, B);
         } else {
             be->accumulate(be, dx, dsum, nin);
         }
@@ -337,8 +386,15 @@ static int resnet_backward(dt_model *m, float dloss_scale, dt_grad_ready_fn read
         cur = 4 - cur;
     }
     size_t n0 = act_size(&r->stem, B);
+    const float *dstem = r->g[cur]; /* the gradient of the stem's ReLU output */
+    if (r->imagenet) { /* back through the max-pool */
+        zero(m, r->g[3], n0);
+        be->maxpool_bwd(be, r->g[3], r->g[cur], r->mp_idx, B, r->mp_C, r->mp_H, r->mp_W, r->mp_P,
+                        r->mp_Q);
+        dstem = r->g[3];
+    }
     zero(m, r->g[1], n0);
-    be->relu_bwd(be, r->g[1], r->a0, r->g[cur], n0);
+    be->relu_bwd(be, r->g[1], r->a0, dstem, n0);
     zero(m, r->g[2], n0);
     dt_models_event(m, 0, DT_BLOCK_BEFORE_BACKWARD);
     if ((rc = bn_bwd(m, r, &r->stem_bn, r->g[2], r->g[1], r->c0, B, err)))
@@ -370,24 +426,27 @@ static void resnet_free(dt_model *m)
     bn_free(be, &r->stem_bn);
     for (int i = 0; r->blocks && i < r->nblocks; i++) {
         block *k = &r->blocks[i];
-        bn_free(be, &k->b1);
-        bn_free(be, &k->b2);
+        for (int u = 0; u < UNITS_MAX; u++)
+            bn_free(be, &k->b[u]);
         bn_free(be, &k->bd);
         if (!r->recompute) {
-            be->free(be, k->c1o);
-            be->free(be, k->a1);
-            be->free(be, k->c2o);
+            for (int u = 0; u < UNITS_MAX; u++)
+                be->free(be, k->co[u]);
+            for (int u = 0; u < UNITS_MAX - 1; u++)
+                be->free(be, k->act[u]);
             be->free(be, k->cdo);
         }
         be->free(be, k->out);
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 6; i++)
         be->free(be, r->shared[i]);
     be->free(be, r->run_scratch);
     free(r->blocks);
     be->free(be, r->x);
     be->free(be, r->c0);
     be->free(be, r->a0);
+    be->free(be, r->mp);
+    be->free(be, r->mp_idx);
     be->free(be, r->pooled);
     be->free(be, r->logits);
     be->free(be, r->losses);
@@ -405,7 +464,8 @@ static void resnet_free(dt_model *m)
 
 static const dt_model_ops resnet_ops = {resnet_forward, resnet_backward, resnet_free};
 
-/* Declares a conv weight "<prefix>.weight" (K,C,R,R) with its shape for input (C,H,W). */
+/* Declares a conv weight "<prefix>.weight" (K,C,R,R) with its shape for input (C,H,W) (padding
+ * R/2: torchvision's 7x7 pad 3, 3x3 pad 1, 1x1 pad 0). */
 static int add_conv(dt_model *m, conv_layer *c, const char *name, int C, int H, int W, int K,
                     int R, int stride, dt_err *err)
 {
@@ -456,6 +516,39 @@ static int bn_alloc(dt_model *m, bn_layer *bn, dt_err *err)
     return rc;
 }
 
+/* The architecture: blocks per stage and the block kind. */
+typedef struct arch {
+    int stages, per[4];
+    bool bottleneck;
+} arch;
+
+static int arch_of(const dt_model_config *cfg, arch *a, dt_err *err)
+{
+    memset(a, 0, sizeof *a);
+    if (!cfg->imagenet) { /* CIFAR: 3 stages of n BasicBlocks */
+        const int n = (cfg->depth - 2) / 6;
+        *a = (arch){3, {n, n, n, 0}, false};
+        return 0;
+    }
+    static const struct {
+        int depth, per[4];
+        bool bottleneck;
+    } tv[] = {
+        {18, {2, 2, 2, 2}, false},  {26, {2, 2, 2, 2}, true}, /* timm's resnet26: tests */
+        {34, {3, 4, 6, 3}, false},  {50, {3, 4, 6, 3}, true},
+        {101, {3, 4, 23, 3}, true}, {152, {3, 8, 36, 3}, true},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(tv); i++)
+        if (tv[i].depth == cfg->depth) {
+            *a = (arch){4, {tv[i].per[0], tv[i].per[1], tv[i].per[2], tv[i].per[3]},
+                        tv[i].bottleneck};
+            return 0;
+        }
+    return dt_err_set(err, -EINVAL, "resnet: torchvision's ImageNet ResNet has depth 18, 34, 50, "
+                                    "101 or 152 (or timm's 26), not %d",
+                      cfg->depth);
+}
+
 int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
 {
     const dt_model_config *cfg = &m->cfg;
@@ -467,59 +560,83 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
     m->ops = &resnet_ops;
     r->comm = comm;
     r->sync = cfg->sync_bn;
+    r->imagenet = cfg->imagenet;
     r->recompute = cfg->recompute == DT_RECOMPUTE_BLOCK;
-    const int n = (cfg->depth - 2) / 6, w = cfg->width;
-    r->nblocks = 3 * n;
+    arch ar;
+    int rc = arch_of(cfg, &ar, err);
+    if (rc)
+        return rc;
+    const int w = cfg->width, expansion = ar.bottleneck ? 4 : 1;
+    r->nblocks = ar.per[0] + ar.per[1] + ar.per[2] + ar.per[3];
+    r->nshared = ar.bottleneck ? 6 : 4;
     r->blocks = calloc((size_t)r->nblocks, sizeof *r->blocks);
     if (!r->blocks)
         return dt_err_set(err, -ENOMEM, "out of memory");
-    int rc;
     char name[64];
 
     /* the tensor table, in torchvision's order */
     int H = sh->height, W = sh->width;
-    if ((rc = add_conv(m, &r->stem, "conv1", sh->channels, H, W, w, 3, 1, err)) < 0)
+    if ((rc = add_conv(m, &r->stem, "conv1", sh->channels, H, W, w, r->imagenet ? 7 : 3,
+                       r->imagenet ? 2 : 1, err)) < 0)
         return rc;
+    H = r->stem.s.P;
+    W = r->stem.s.Q;
     if ((rc = add_bn(m, &r->stem_bn, "bn1", w, H * W, err)) < 0)
         return rc;
     r->stem_last = rc;
-    int C = w;
     size_t max_act = (size_t)w * H * W;
-    for (int stage = 0; stage < 3; stage++) {
-        int K = w << stage;
-        for (int j = 0; j < n; j++) {
-            block *k = &r->blocks[stage * n + j];
-            int stride = (stage > 0 && j == 0) ? 2 : 1;
-            snprintf(name, sizeof name, "layer%d.%d.conv1", stage + 1, j);
-            if ((rc = add_conv(m, &k->c1, name, C, H, W, K, 3, stride, err)) < 0)
-                return rc;
-            k->first = rc;
-            int P = k->c1.s.P, Q = k->c1.s.Q;
-            snprintf(name, sizeof name, "layer%d.%d.bn1", stage + 1, j);
-            if ((rc = add_bn(m, &k->b1, name, K, P * Q, err)) < 0)
-                return rc;
-            snprintf(name, sizeof name, "layer%d.%d.conv2", stage + 1, j);
-            if ((rc = add_conv(m, &k->c2, name, K, P, Q, K, 3, 1, err)) < 0)
-                return rc;
-            snprintf(name, sizeof name, "layer%d.%d.bn2", stage + 1, j);
-            if ((rc = add_bn(m, &k->b2, name, K, P * Q, err)) < 0)
-                return rc;
-            k->last = rc;
+    if (r->imagenet) { /* the max-pool 3x3, stride 2, pad 1 */
+        r->mp_C = w;
+        r->mp_H = H;
+        r->mp_W = W;
+        r->mp_P = (H + 2 - 3) / 2 + 1;
+        r->mp_Q = (W + 2 - 3) / 2 + 1;
+        H = r->mp_P;
+        W = r->mp_Q;
+    }
+    int C = w, bi = 0;
+    for (int stage = 0; stage < ar.stages; stage++) {
+        const int planes = w << stage, K = planes * expansion;
+        for (int j = 0; j < ar.per[stage]; j++, bi++) {
+            block *k = &r->blocks[bi];
+            const int stride = (stage > 0 && j == 0) ? 2 : 1;
+            k->stage = stage;
+            k->index = j;
+            k->nu = ar.bottleneck ? 3 : 2;
+            /* BasicBlock: 3x3 (stride), 3x3; Bottleneck: 1x1, 3x3 (stride), 1x1 (x4) */
+            const int ks[3] = {ar.bottleneck ? 1 : 3, 3, 1};
+            const int strides[3] = {ar.bottleneck ? 1 : stride, ar.bottleneck ? stride : 1, 1};
+            const int outs[3] = {planes, ar.bottleneck ? planes : K, K};
+            int cin = C, h = H, wd = W;
+            for (int u = 0; u < k->nu; u++) {
+                snprintf(name, sizeof name, "layer%d.%d.conv%d", stage + 1, j, u + 1);
+                if ((rc = add_conv(m, &k->c[u], name, cin, h, wd, outs[u], ks[u], strides[u],
+                                   err)) < 0)
+                    return rc;
+                if (u == 0)
+                    k->first = rc;
+                h = k->c[u].s.P;
+                wd = k->c[u].s.Q;
+                cin = outs[u];
+                snprintf(name, sizeof name, "layer%d.%d.bn%d", stage + 1, j, u + 1);
+                if ((rc = add_bn(m, &k->b[u], name, cin, h * wd, err)) < 0)
+                    return rc;
+                k->last = rc;
+                max_act = DT_MAX(max_act, (size_t)cin * h * wd);
+            }
             k->down = stride != 1 || C != K;
             if (k->down) {
                 snprintf(name, sizeof name, "layer%d.%d.downsample.0", stage + 1, j);
                 if ((rc = add_conv(m, &k->cd, name, C, H, W, K, 1, stride, err)) < 0)
                     return rc;
                 snprintf(name, sizeof name, "layer%d.%d.downsample.1", stage + 1, j);
-                if ((rc = add_bn(m, &k->bd, name, K, P * Q, err)) < 0)
+                if ((rc = add_bn(m, &k->bd, name, K, h * wd, err)) < 0)
                     return rc;
                 k->last = rc;
             }
             C = K;
-            H = P;
-            W = Q;
-            if ((size_t)K * P * Q > max_act)
-                max_act = (size_t)K * P * Q;
+            H = h;
+            W = wd;
         }
     }
     r->C_last = C;
@@ -533,12 +650,13 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
         return rc;
     r->fc_b = rc;
     m->flops_per_sample += 6.0 * r->K * C;
-    /* blocks (model.h): the stem, each BasicBlock, the classifier */
+    /* blocks (model.h): the stem, each residual block, the classifier */
     if ((rc = dt_models_add_block(m, 0, r->stem_last, 1, err, "stem")) < 0)
         return rc;
     for (int i = 0; i < r->nblocks; i++)
         if ((rc = dt_models_add_block(m, r->blocks[i].first, r->blocks[i].last, 1, err,
-                                      "layer%d.%d", i / n + 1, i % n)) < 0)
+                                      "layer%d.%d", r->blocks[i].stage + 1,
+                                      r->blocks[i].index)) < 0)
             return rc;
     if ((rc = dt_models_add_block(m, r->fc_w, r->fc_b, 1, err, "fc")) < 0)
         return rc;
@@ -553,36 +671,41 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
         rc = dt_models_falloc(m, &r->c0, act_size(&r->stem, (int)B), err);
     if (!rc)
         rc = dt_models_falloc(m, &r->a0, act_size(&r->stem, (int)B), err);
+    if (!rc && r->imagenet)
+        rc = dt_models_falloc(m, &r->mp, B * r->mp_C * r->mp_P * r->mp_Q, err);
+    if (!rc && r->imagenet)
+        rc = dt_models_ialloc(m, &r->mp_idx, B * r->mp_C * r->mp_P * r->mp_Q, err);
     if (!rc)
         rc = bn_alloc(m, &r->stem_bn, err);
     /* recompute = block: one set of intermediates for all blocks (sized for the largest) */
-    for (int i = 0; i < 4 && r->recompute && !rc; i++)
+    for (int i = 0; i < r->nshared && r->recompute && !rc; i++)
         rc = dt_models_falloc(m, &r->shared[i], max_act, err);
     if (!rc && r->recompute)
         rc = dt_models_falloc(m, &r->run_scratch, 2 * (size_t)r->C_last, err);
     for (int i = 0; i < r->nblocks && !rc; i++) {
         block *k = &r->blocks[i];
-        size_t a = act_size(&k->c1, (int)B);
-        if (r->recompute) {
-            k->c1o = r->shared[0];
-            k->a1 = r->shared[1];
-            k->c2o = r->shared[2];
-            k->cdo = k->down ? r->shared[3] : NULL;
+        if (r->recompute) { /* co0, act0, co1, [act1, co2,] cdo */
+            int s = 0;
+            for (int u = 0; u < k->nu; u++) {
+                k->co[u] = r->shared[s++];
+                if (u < k->nu - 1)
+                    k->act[u] = r->shared[s++];
+            }
+            k->cdo = k->down ? r->shared[s] : NULL;
         } else {
-            rc = dt_models_falloc(m, &k->c1o, a, err);
-            if (!rc)
-                rc = dt_models_falloc(m, &k->a1, a, err);
-            if (!rc)
-                rc = dt_models_falloc(m, &k->c2o, a, err);
+            for (int u = 0; u < k->nu && !rc; u++) {
+                size_t a = act_size(&k->c[u], (int)B);
+                rc = dt_models_falloc(m, &k->co[u], a, err);
+                if (!rc && u < k->nu - 1)
+                    rc = dt_models_falloc(m, &k->act[u], a, err);
+            }
             if (!rc && k->down)
-                rc = dt_models_falloc(m, &k->cdo, a, err);
+                rc = dt_models_falloc(m, &k->cdo, act_size(&k->cd, (int)B), err);
         }
         if (!rc)
-            rc = dt_models_falloc(m, &k->out, a, err);
-        if (!rc)
-            rc = bn_alloc(m, &k->b1, err);
-        if (!rc)
-            rc = bn_alloc(m, &k->b2, err);
+            rc = dt_models_falloc(m, &k->out, act_size(&k->c[k->nu - 1], (int)B), err);
+        for (int u = 0; u < k->nu && !rc; u++)
+            rc = bn_alloc(m, &k->b[u], err);
         if (!rc && k->down)
             rc = bn_alloc(m, &k->bd, err);
     }
@@ -605,7 +728,7 @@ int dt_resnet_create(dt_model *m, dt_comm *comm, dt_err *err)
     r->targets_host = malloc(B * sizeof(int32_t));
     if (!r->targets_host)
         return dt_err_set(err, -ENOMEM, "out of memory");
-    if (sync_active(r)) { /* C_last = 4w is the widest BN */
+    if (sync_active(r)) { /* C_last is the widest BN */
         size_t world = (size_t)dt_comm_world_size(r->comm);
         r->hgath = malloc(world * (2 * (size_t)r->C_last + 1) * sizeof(float));
         r->hmerged = malloc(2 * (size_t)r->C_last * sizeof(float));

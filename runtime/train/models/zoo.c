@@ -85,6 +85,7 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
         cfg->depth = job->depth;
         cfg->width = job->width;
         cfg->sync_bn = job->sync_bn;
+        cfg->imagenet = !strncmp(dt_preset_name(job->preset), "resnet", 6);
     }
     return check_config(cfg, err);
 }
@@ -200,6 +201,21 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
                 return dt_err_set(err, -EINVAL, "model.hidden: widths must be positive");
         if (cfg->n_hidden < 0 || cfg->n_hidden > (int)DT_ARRAY_LEN(cfg->hidden))
             return dt_err_set(err, -EINVAL, "model.hidden: 0 to 16 hidden layers");
+        return 0;
+    }
+    if (!strcmp(cfg->type, "resnet") && cfg->imagenet) {
+        const int d = cfg->depth;
+        if (d != 18 && d != 26 && d != 34 && d != 50 && d != 101 && d != 152)
+            return dt_err_set(err, -EINVAL,
+                              "model resnet: torchvision's ImageNet ResNet has depth 18, 34, 50, "
+                              "101 or 152 (model.preset = resnet18 ... resnet152), not %d",
+                              d);
+        if (cfg->width <= 0)
+            return dt_err_set(err, -EINVAL, "model.width must be positive");
+        if (s->kind != DT_SAMPLE_IMAGE || s->channels <= 0 || s->height <= 0 || s->width <= 0)
+            return dt_err_set(err, -EINVAL, "model resnet needs image samples (C,H,W)");
+        if (s->n_classes <= 0)
+            return dt_err_set(err, -EINVAL, "model resnet: the data has no classes");
         return 0;
     }
     if (!strcmp(cfg->type, "resnet")) {
