@@ -74,6 +74,30 @@ static void test_dp_vs_ddp(void)
     DT_CHECK_CONTAINS(out, "gpu util");
     DT_CHECK_CONTAINS(out, "indep ");
     DT_CHECK_CONTAINS(out, "of this machine's ceiling");
+    DT_CHECK_CONTAINS(out, "# row | mlp | DP ");
+    DT_CHECK(!strstr(out, "the seed (8 V100s)")); /* not one of the seed's models */
+}
+
+/* The seed's ResNet-50 row, scaled down on the cpu (configs/resnet50.ini, a smaller batch): the
+ * row's DDP / DP is its two throughputs' ratio, and the seed's figures stand beside it. */
+static void test_dp_vs_ddp_resnet50(void)
+{
+    DT_CHECK_INT(bench(240, "dp-vs-ddp configs/resnet50.ini --steps 2 --warmup 1 --repeat 1 "
+                            "train.batch_size=8"),
+                 0);
+    const char *row = out ? strstr(out, "# row | resnet50 | DP ") : NULL;
+    DT_REQUIRE(row != NULL);
+    double dp = 0, ddp = 0, ratio = 0;
+    DT_CHECK_INT(sscanf(row, "# row | resnet50 | DP %lf samples/s | DDP %lf samples/s | DDP/DP "
+                             "%lfx",
+                        &dp, &ddp, &ratio),
+                 3);
+    DT_CHECK_MSG(dp > 0 && ddp > 0 && fabs(ratio - ddp / dp) <= 0.006,
+                 "row: DP %.1f, DDP %.1f, ratio %.2f", dp, ddp, ratio);
+    DT_CHECK_CONTAINS(row, "utilisation DP cpu ");
+    DT_CHECK_CONTAINS(row, "memory spread (busiest - idlest) / idlest DP ");
+    DT_CHECK_CONTAINS(out, "# row | resnet50, the seed (8 V100s) | DP 1250 images/s | DDP 1820 "
+                           "images/s | DDP/DP 1.46x");
 }
 
 static void test_ckpt(void)
@@ -253,6 +277,7 @@ int main(int argc, char **argv)
         {"bench_train", test_train, 150},
         {"bench_allreduce", test_allreduce, 150},
         {"bench_dp_vs_ddp", test_dp_vs_ddp, 200},
+        {"bench_dp_vs_ddp_resnet50", test_dp_vs_ddp_resnet50, 260},
         {"bench_ckpt", test_ckpt, 150},
         {"bench_memory", test_memory, 200},
         {"bench_tensor", test_tensor, 200},

@@ -23,6 +23,12 @@
  * machine. GPU utilisation is nvidia-smi's (the share of time a kernel ran, from the driver's
  * samples over the timed steps, common/nvml.h), averaged over the replicas; "-" where it cannot
  * be read (the CPU, no NVML).
+ *
+ * The last line is the run as one row of the seed's table (model, DP and DDP throughput, their
+ * ratio, utilisation, and the memory spread between the busiest and the idlest device), with the
+ * seed's own figures beside it when the job is one of its models (ResNet-50: configs/
+ * resnet50.ini, scaled down on the CPU, model.width=64 data.synthetic_shape=3x224x224 on a GPU;
+ * BERT-large): `# row | resnet50 | DP ... | DDP ... | ...`.
  */
 #include <math.h>
 #include <stdio.h>
@@ -296,6 +302,69 @@ static double throughput(const result *res, int n, bool apart)
     return apart ? sum : wall > 0 ? (double)items / wall : 0;
 }
 
+/* A configuration's utilisation: the CPU's (CPU time over wall time over the cores) and the
+ * GPUs' (mean over the replicas NVML reports, -1 for none); its peak-memory spread (max - min) /
+ * min over the replicas, 0 with one. */
+static void mode_figures(const result *res, int nproc_rows, int cores, double *cpu_util,
+                         double *gpu_util, double *spread)
+{
+    double wall = 0, cpu = 0, lo = 1e300, hi = 0, gpu = 0;
+    int nrep = 0, ngpu = 0;
+    for (int p = 0; p < nproc_rows; p++) {
+        wall = DT_MAX(wall, res[p].wall_s);
+        cpu += res[p].cpu_s;
+        for (int k = 0; k < res[p].replicas; k++, nrep++) {
+            lo = DT_MIN(lo, res[p].peak[k]);
+            hi = DT_MAX(hi, res[p].peak[k]);
+            if (res[p].gpu[k] >= 0) {
+                gpu += res[p].gpu[k];
+                ngpu++;
+            }
+        }
+    }
+    *cpu_util = wall > 0 ? 100.0 * cpu / (wall * cores) : 0;
+    *gpu_util = ngpu ? gpu / ngpu : -1;
+    *spread = lo > 0 && nrep > 1 ? 100.0 * (hi - lo) / lo : 0.0;
+}
+
+/* The seed's experiments (DP against DDP on 8 V100s), by the job's preset. */
+static const struct {
+    const char *model, *unit;
+    double dp, ddp;
+} seed_rows[] = {
+    {"resnet50", "images", 1250, 1820},
+    {"bert-large", "sentences", 48, 72},
+};
+
+/* The run as one row of the seed's table; the seed's figures beside it for one of its models. */
+static void print_seed_row(const dt_job *job, const result *dp, const result *ddp, int nproc,
+                           double dp_tput, double ddp_tput, int cores, bool tokens)
+{
+    const char *model = job->preset != DT_PRESET_NONE ? dt_preset_name(job->preset)
+                                                      : dt_model_name(job->model_type);
+    double cu[2], gu[2], sp[2];
+    mode_figures(dp, 1, cores, &cu[0], &gu[0], &sp[0]);
+    mode_figures(ddp, nproc, cores, &cu[1], &gu[1], &sp[1]);
+    char util[2][32];
+    for (int i = 0; i < 2; i++)
+        if (gu[i] >= 0)
+            snprintf(util[i], sizeof util[i], "gpu %.1f%%", gu[i]);
+        else
+            snprintf(util[i], sizeof util[i], "cpu %.1f%%", cu[i]);
+    printf("# row | %s | DP %.1f %s/s | DDP %.1f %s/s | DDP/DP %.2fx | utilisation DP %s, DDP "
+           "%s | memory spread (busiest - idlest) / idlest DP %.1f%%, DDP %.1f%%\n",
+           model, dp_tput, tokens ? "tokens" : "samples", ddp_tput,
+           tokens ? "tokens" : "samples", dp_tput > 0 ? ddp_tput / dp_tput : 0, util[0],
+           util[1], sp[0], sp[1]);
+    for (size_t i = 0; i < DT_ARRAY_LEN(seed_rows); i++)
+        if (!strcmp(model, seed_rows[i].model))
+            printf("# row | %s, the seed (8 V100s) | DP %.0f %s/s | DDP %.0f %s/s | DDP/DP "
+                   "%.2fx | (this run: %d %s replicas, job %s)\n",
+                   model, seed_rows[i].dp, seed_rows[i].unit, seed_rows[i].ddp,
+                   seed_rows[i].unit, seed_rows[i].ddp / seed_rows[i].dp, nproc,
+                   dt_device_name(job->device), job->path);
+}
+
 static void print_row(const char *name, int replicas, const result *res, int nproc_rows,
                       bool apart, double base_tput, int steps, int cores)
 {
@@ -450,6 +519,7 @@ static int run_parent(void *arg, const char *dir)
                med[SINGLE] > 0 ? med[DDP] / med[SINGLE] : 0, o.nproc, o.nproc,
                med[SINGLE] > 0 ? med[INDEP] / med[SINGLE] : 0,
                med[INDEP] > 0 ? 100.0 * med[DDP] / med[INDEP] : 0);
+        print_seed_row(&job, pick[DP], pick[DDP], o.nproc, med[DP], med[DDP], cores, tokens);
         if (o.repeat > 1) {
             printf("# median of %d interleaved rounds; throughput of every round:", o.repeat);
             for (int m = 0; m < MODES; m++) {
