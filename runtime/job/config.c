@@ -698,7 +698,7 @@ static void report_unknown_key(parse_ctx *c, const char *section, const char *ke
             return;
         }
     add_error(c->errs, c->where, c->line,
-              "unknown key \"%s\" in [%s] (see the job file reference in README.md)", key,
+              "unknown key \"%s\" in [%s] (see the job file reference, docs/keys.md)", key,
               section);
 }
 
@@ -1640,7 +1640,7 @@ int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settin
                       dt_cfg_fields[i].key, dt_cfg_fields[i].help,
                       dt_cfg_fields[i].choices
                           ? choices_text(dt_cfg_fields[i].choices, choices, sizeof choices)
-                          : "see README");
+                          : "see docs/keys.md");
     derive(job);
     /* parallel.micro_batches not given: one micro-batch per stage keeps the bubble at
      * (P-1)/(2P-1) without asking for a batch the user did not size */

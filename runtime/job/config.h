@@ -339,7 +339,7 @@ int dt_job_stage_blocks(const dt_job *job, int *blocks, dt_err *err);
 /* Writes the fully resolved job as INI that dt_job_load reads back to the same job. */
 void dt_job_print(const dt_job *job, FILE *out);
 
-/* Writes the key reference as a Markdown table (README's "Job file reference"). */
+/* Writes the key reference as a Markdown table (docs/keys.md, "Every key"). */
 void dt_job_print_reference(FILE *out);
 
 /* train.trace's steps: off (also false, no, none); on (also true, yes, all: every step, up to
