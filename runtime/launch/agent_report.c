@@ -199,7 +199,8 @@ void dt_report_worker_exit(dt_events *ev, int rank, int local_rank, int pid, int
     cJSON_AddNumberToObject(f, "attempt", attempt);
     if (WIFSIGNALED(status)) {
         cJSON_AddNumberToObject(f, "exit_code", -WTERMSIG(status));
-        cJSON_AddStringToObject(f, "signal", dt_report_signame(WTERMSIG(status), name, sizeof name));
+        cJSON_AddStringToObject(f, "signal",
+                                dt_report_signame(WTERMSIG(status), name, sizeof name));
     } else {
         cJSON_AddNumberToObject(f, "exit_code", WEXITSTATUS(status));
     }
