@@ -3,9 +3,11 @@
  * runtime/job/ is the contract the launcher (runtime/launch) and the trainer (runtime/train)
  * share: the job (this file), the worker's environment (workenv.h: what the agent sets, what
  * the worker reads, the exit codes), the error file (errfile.h) and the worker's guard against
- * outliving its agent (worker_guard.h). Both sides include it; it includes only common/ and
- * rendezvous/rdzv.h (the rendezvous backends' names and endpoint form), never launch/, comm/,
- * train/ or kernels/, so either side can change without the other.
+ * outliving its agent (worker_guard.h). Both sides include it; it includes only common/,
+ * rendezvous/rdzv.h (the rendezvous backends' names and endpoint form) and the pipeline cost
+ * model below it (cost.h), never launch/, comm/, train/ or kernels/, so either side can change
+ * without the other. config.c holds the key table and single values, config_load.c the reading
+ * of a job file and the checks at load.
  *
  * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp] [parallel]
  * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in
