@@ -336,9 +336,11 @@ static const struct {
     {"bert-large", "sentences", 48, 72},
 };
 
-/* The run as one row of the seed's table; the seed's figures beside it for one of its models. */
+/* The run as one row of the seed's table (the throughputs: the median rounds'; the ratio: the
+ * median of the rounds' DDP / DP, as the summary line above); the seed's figures beside it for
+ * one of its models. */
 static void print_seed_row(const dt_job *job, const result *dp, const result *ddp, int nproc,
-                           double dp_tput, double ddp_tput, int cores, bool tokens)
+                           double dp_tput, double ddp_tput, double ratio, int cores, bool tokens)
 {
     const char *model = job->preset != DT_PRESET_NONE ? dt_preset_name(job->preset)
                                                       : dt_model_name(job->model_type);
@@ -354,7 +356,7 @@ static void print_seed_row(const dt_job *job, const result *dp, const result *dd
     printf("# row | %s | DP %.1f %s/s | DDP %.1f %s/s | DDP/DP %.2fx | utilisation DP %s, DDP "
            "%s | memory spread (busiest - idlest) / idlest DP %.1f%%, DDP %.1f%%\n",
            model, dp_tput, tokens ? "tokens" : "samples", ddp_tput,
-           tokens ? "tokens" : "samples", dp_tput > 0 ? ddp_tput / dp_tput : 0, util[0],
+           tokens ? "tokens" : "samples", ratio, util[0],
            util[1], sp[0], sp[1]);
     for (size_t i = 0; i < DT_ARRAY_LEN(seed_rows); i++)
         if (!strcmp(model, seed_rows[i].model))
@@ -519,7 +521,8 @@ static int run_parent(void *arg, const char *dir)
                med[SINGLE] > 0 ? med[DDP] / med[SINGLE] : 0, o.nproc, o.nproc,
                med[SINGLE] > 0 ? med[INDEP] / med[SINGLE] : 0,
                med[INDEP] > 0 ? 100.0 * med[DDP] / med[INDEP] : 0);
-        print_seed_row(&job, pick[DP], pick[DDP], o.nproc, med[DP], med[DDP], cores, tokens);
+        print_seed_row(&job, pick[DP], pick[DDP], o.nproc, med[DP], med[DDP], ratio[nr / 2], cores,
+                       tokens);
         if (o.repeat > 1) {
             printf("# median of %d interleaved rounds; throughput of every round:", o.repeat);
             for (int m = 0; m < MODES; m++) {
