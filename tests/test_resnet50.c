@@ -563,7 +563,8 @@ static void reference_case(int depth, int width, int H, int B, float noise, uint
                 worst = e;
                 worst_name = ti->name;
             }
-            DT_CHECK_MSG(e <= (elements ? tol : 1e-3), "resnet%d %s (%s): gradient %.9g, finite differences %.9g "
+            DT_CHECK_MSG(e <= (elements ? tol : 1e-3),
+                         "resnet%d %s (%s): gradient %.9g, finite differences %.9g "
                                     "(%.3g of the largest)",
                          depth, ti->name, k < samples ? "an element" : "a direction", analytic,
                          fd, e);
@@ -835,7 +836,8 @@ static void compare(const lrun *a, const lrun *b, double tol, double norm_tol)
         double rl = fabs(x->loss[k] - y->loss[k]) / fabs(y->loss[k]);
         double rn = norms ? fabs(x->norm[k] - y->norm[k]) / fabs(y->norm[k]) : 0;
         wl = fmax(wl, rl);
-        DT_CHECK_MSG(rl <= tol && rn <= (norms ? norm_tol : 0), "%s: step %d loss %.9g norm %.9g, %s %.9g %.9g",
+        DT_CHECK_MSG(rl <= tol && rn <= (norms ? norm_tol : 0),
+                     "%s: step %d loss %.9g norm %.9g, %s %.9g %.9g",
                      a->name, k + 1, x->loss[k], x->norm[k], b->name, y->loss[k], y->norm[k]);
     }
     double wp = rel2(x->params, y->params, x->num_params);

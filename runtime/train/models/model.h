@@ -1,4 +1,4 @@
-/* model.h - the interface of the model zoo (runtime/models): mlp, resnet, gpt.
+/* model.h - the interface of the model zoo (runtime/models): mlp, resnet, gpt, llama.
  *
  * Models are written once, llm.c style, with explicit forward and backward passes against the
  * op table of kernels/backend.h. All parameters live in one contiguous backend buffer and all
@@ -8,7 +8,8 @@
  * third buffer with its own table.
  *
  * Tensor names follow the conventions of the wider ecosystem (GPT-2: wte, wpe, h.0.ln_1.weight,
- * h.0.attn.c_attn.weight, ...; torchvision-like names for resnet) so that a safetensors file
+ * h.0.attn.c_attn.weight, ...; Llama: model.layers.0.self_attn.q_proj.weight, ...; torchvision's
+ * names for resnet) so that a safetensors file
  * written by dtrain is readable by other tools.
  */
 #ifndef DT_MODEL_H
@@ -86,7 +87,7 @@ typedef enum dt_recompute {
                                  * each BasicBlock's output), recompute the block's forward at
                                  * the start of its backward: one block's intermediates are
                                  * allocated instead of one per block */
-    DT_RECOMPUTE_SELECTIVE = 2, /* gpt only (Megatron's selective mode): keep everything but the
+    DT_RECOMPUTE_SELECTIVE = 2, /* gpt and llama (Megatron's selective mode): keep all but the
                                  * attention probabilities (B,NH,T,T) per layer, recompute them
                                  * from the saved q,k,v in backward */
 } dt_recompute;
@@ -114,18 +115,19 @@ typedef struct dt_model_config {
     bool imagenet;
     bool sync_bn;         /* all-reduce BatchNorm statistics through `comm` */
     float bn_momentum, bn_eps;
-    dt_recompute recompute; /* gpt: all three; resnet: none, block; mlp: none, block (an mlp
-                             * keeps only each layer's input already: block is none) */
-    /* Tensor parallelism (gpt only; 0 or 1: none): this rank is tp_rank of tp_size and holds
-     * 1/tp_size of every attention and MLP block (Megatron: c_attn and c_fc column-parallel,
-     * the c_proj's row-parallel) and of the vocabulary (wte: vocab-parallel embedding, tied
-     * head and cross-entropy); LayerNorms, wpe and the row-parallel biases are replicated. The
-     * comm given to dt_model_create is then the tensor group (tp_size ranks), which forward
-     * and backward all-reduce over. Initialisation draws every whole tensor from the same
-     * stream as tp_size = 1 and keeps this rank's slice, so every layout starts bit-identical.
-     * Tensor tables (m->tensors) describe the local slices, with tp_dim/tp_parts/whole_shape. */
+    dt_recompute recompute; /* gpt, llama: all three; resnet: none, block; mlp: none, block
+                             * (an mlp keeps only each layer's input already: block is none) */
+    /* Tensor parallelism (gpt; llama alike, llama.c's header; 0 or 1: none): this rank is
+     * tp_rank of tp_size and holds 1/tp_size of every attention and MLP block (Megatron:
+     * c_attn and c_fc column-parallel, the c_proj's row-parallel) and of the vocabulary (wte:
+     * vocab-parallel embedding, tied head and cross-entropy); LayerNorms, wpe and the
+     * row-parallel biases are replicated. The comm given to dt_model_create is then the
+     * tensor group (tp_size ranks), which forward and backward all-reduce over.
+     * Initialisation draws every whole tensor from the same stream as tp_size = 1 and keeps
+     * this rank's slice, so every layout starts bit-identical. Tensor tables (m->tensors)
+     * describe the local slices, with tp_dim/tp_parts/whole_shape. */
     int tp_size, tp_rank;
-    /* Sequence parallelism (Megatron-SP; gpt only, needs tp_size > 1 and shape.seq_len
+    /* Sequence parallelism (Megatron-SP; gpt and llama, needs tp_size > 1 and shape.seq_len
      * divisible by tp_size, else dt_model_create is -EINVAL): the residual stream, the
      * LayerNorms and the row-parallel bias adds hold this rank's 1/tp_size of the batch's
      * tokens instead of all of them, the all-reduces become reduce-scatters and all-gathers
@@ -157,7 +159,8 @@ typedef void (*dt_grad_ready_fn)(void *ctx, size_t offset, size_t numel);
  * A model's parameter buffer is cut into blocks: contiguous ranges that tile it exactly, in
  * buffer order, each a whole number of tensors, each the unit a ZeRO-3 strategy gathers:
  *   gpt:    "embed" (wte, wpe), "h.0" ... "h.{L-1}" (one transformer block each), "ln_f"
- *   resnet: "stem" (conv1, bn1), "layer1.0" ... "layer3.{n-1}" (one BasicBlock each), "fc"
+ *   llama:  "embed" (embed_tokens), "layers.0" ... "layers.{L-1}", "head" (norm, lm_head)
+ *   resnet: "stem" (conv1, bn1), "layer1.0" ... (one residual block each), "fc"
  *   mlp:    "fc.0" ... "fc.{K}" (one Linear each)
  * The gradient buffer has the same layout, so a block's range is also its gradient range.
  *
@@ -226,7 +229,7 @@ typedef struct dt_model_ops {
  * m->stage is NULL in a model without a stage form (resnet): the pipeline strategy refuses
  * it. A model with a stage form runs them for pp_size <= 1 too, as the one stage of one
  * (forward and backward are then slot 0 of it). The contract, for whoever writes a model's
- * stages (mlp.c and gpt.c implement them):
+ * stages (mlp.c, gpt.c and llama.c implement them):
  *   - A micro-batch's forward on stage s runs in one of cfg.pp_slots slots, which keeps its
  *     activations until that slot's stage_backward (or the slot's next forward, which
  *     discards them). Slots are independent: forwards of several micro-batches may run
@@ -297,8 +300,9 @@ struct dt_model {
  * normal(0, 0.02), residual projections scaled by 1/sqrt(2L); He for convolutions). comm is
  * borrowed (it must outlive the model): SyncBatchNorm's (may be NULL), or, with cfg->tp_size >
  * 1, the tensor group, required, of tp_size ranks of which this is tp_rank. -EINVAL, naming
- * the setting to change, for tp_size > 1 on a model other than gpt, an n_head tp_size does not
- * divide, tp_rank outside 0..tp_size-1, no comm or a comm of another size or rank. */
+ * the setting to change, for tp_size > 1 on a model other than gpt or llama, an n_head (llama:
+ * n_kv_head, ffn_hidden) tp_size does not divide, tp_rank outside 0..tp_size-1, no comm or a comm
+ * of another size or rank. */
 int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, dt_comm *comm,
                     dt_err *err);
 
@@ -321,6 +325,8 @@ struct dt_job;
 /* Fills cfg from the [model] keys of a loaded job (presets already applied by the config
  * loader), the data's sample shape and [train] batch_size (max_batch) and [job] seed:
  *   gpt:    n_layer, n_head, n_embd, block_size; needs token samples with seq_len <= block_size
+ *   llama:  gpt's and n_kv_head, intermediate_size (ffn_hidden), rope_theta, rms_norm_eps
+ *   resnet with a resnet* preset: imagenet, depth from the preset
  *   mlp:    hidden "512,256" -> n_hidden, hidden[]; vector or image samples (images flattened)
  *   resnet: depth (6n+2), width, sync_bn; image samples; BatchNorm momentum 0.1, eps 1e-5
  *   all:    [train] recompute (selective: gpt only)
