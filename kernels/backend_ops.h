@@ -211,6 +211,18 @@ struct dt_backend {
     /* dqkv (B,T,3C) += gradient; datt (B,NH,T,T) is scratch (overwritten). */
     void (*attention_bwd)(dt_backend *be, float *dqkv, float *datt, const float *dout,
                           const float *qkv, const float *att, int B, int T, int C, int NH);
+    /* Bidirectional multi-head self-attention with a key padding mask (BERT's encoder; Hugging
+     * Face's attention_mask): qkv, out and att as attention_fwd, but every query attends to
+     * every key s of its sample with mask[b,s] != 0 (mask (B,T) int32, NULL: every key):
+     * att[b,h,t,s] = softmax over those keys of q_t.k_s / sqrt(hs), 0 at the masked keys (their
+     * probability is exactly 0, where Hugging Face adds the dtype's minimum to the score);
+     * a sample whose keys are all masked gets all-zero probabilities and a zero output. */
+    void (*attention_pad_fwd)(dt_backend *be, float *out, float *att, const float *qkv,
+                              const int32_t *mask, int B, int T, int C, int NH);
+    /* dqkv (B,T,3C) += gradient of attention_pad_fwd; datt (B,NH,T,T) is scratch. The mask is
+     * in att already (masked keys have probability 0, hence no gradient). */
+    void (*attention_pad_bwd)(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                              const float *qkv, const float *att, int B, int T, int C, int NH);
     /* out (N,K,P,Q) = conv(inp (N,C,H,W), w (K,C,R,S)) + bias (K) when bias != NULL. */
     void (*conv2d_fwd)(dt_backend *be, float *out, const float *inp, const float *w,
                        const float *bias, const dt_conv2d_shape *s);
@@ -232,6 +244,15 @@ struct dt_backend {
     /* GELU, tanh approximation: out (n) = gelu(inp). */
     void (*gelu_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
     void (*gelu_bwd)(dt_backend *be, float *dinp, const float *inp, const float *dout, size_t n);
+    /* GELU, exact: out (n) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))) (BERT's "gelu",
+     * torch.nn.functional.gelu without approximation); bwd: dinp += (Phi(x) + x phi(x)) * dout. */
+    void (*gelu_erf_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
+    void (*gelu_erf_bwd)(dt_backend *be, float *dinp, const float *inp, const float *dout,
+                         size_t n);
+    /* tanh: out (n) = tanh(inp); bwd uses the forward OUTPUT: dinp += (1 - out^2) * dout.
+     * out may alias inp. */
+    void (*tanh_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
+    void (*tanh_bwd)(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);
     /* ReLU: out = max(inp, 0); bwd uses the forward OUTPUT (out > 0). out may alias inp. */
     void (*relu_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
     void (*relu_bwd)(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);

@@ -729,6 +729,58 @@ static void test_attention_bf16_fast(void)
     attention_all(DT_PREC_BF16);
 }
 
+/* attention_pad (BERT's bidirectional attention with a key padding mask): samples padded from
+ * pad_from[b] (T: none, 0: every key masked), or the NULL mask. */
+static void attention_pad_case(ctx *x, int B, int T, int C, int NH, const int *pad_from,
+                               bool no_mask)
+{
+    dt_backend *c = x->cpu, *g = x->gpu;
+    double tol = gemm_tol(x->prec);
+    tp qkv = tp_new(x, (size_t)B * T * 3 * C, 1), out = tp_new(x, (size_t)B * T * C, 0),
+       att = tp_new(x, (size_t)B * NH * T * T, 0);
+    ti mask = ti_new(x, (size_t)B * T, 0, 1);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            mask.h[b * T + t] = no_mask || t < pad_from[b];
+    ti_upload(x, &mask);
+    c->attention_pad_fwd(c, out.c, att.c, qkv.c, no_mask ? NULL : mask.c, B, T, C, NH);
+    g->attention_pad_fwd(g, out.g, att.g, qkv.g, no_mask ? NULL : mask.g, B, T, C, NH);
+    check(x, "attention_pad_fwd out", &out, tol);
+    const char *mode = dt_env("DTRAIN_CUDA_GEMM");
+    if (x->prec == DT_PREC_FP32 || (mode && !strcmp(mode, "fast")))
+        check(x, "attention_pad_fwd att", &att, tol);
+    tp dout = tp_new(x, (size_t)B * T * C, 1), dqkv = tp_new(x, qkv.n, 1),
+       datt = tp_new(x, att.n, 0);
+    float *dqkv0 = copy_host(&dqkv);
+    c->attention_pad_bwd(c, dqkv.c, datt.c, dout.c, qkv.c, att.c, B, T, C, NH);
+    g->attention_pad_bwd(g, dqkv.g, datt.g, dout.g, qkv.g, att.g, B, T, C, NH);
+    check_added(x, "attention_pad_bwd dqkv", &dqkv, dqkv0, 2 * tol);
+    free(dqkv0);
+    x->cpu->free(x->cpu, mask.c);
+    x->gpu->free(x->gpu, mask.g);
+    free(mask.h);
+    tp_free(x, &qkv);
+    tp_free(x, &out);
+    tp_free(x, &att);
+    tp_free(x, &dout);
+    tp_free(x, &dqkv);
+    tp_free(x, &datt);
+}
+
+static void attention_pad_all(dt_precision p)
+{
+    ctx x;
+    ctx_open(&x, p);
+    const int pads[3] = {128, 100, 0}, odd[2] = {37, 5};
+    attention_pad_case(&x, 3, 128, 64, 4, pads, false);
+    attention_pad_case(&x, 2, 37, 48, 3, odd, false); /* odd T, hs = 16 */
+    attention_pad_case(&x, 2, 37, 48, 3, odd, true);  /* no mask */
+    ctx_close(&x);
+}
+
+static void test_attention_pad_fp32(void) { attention_pad_all(DT_PREC_FP32); }
+static void test_attention_pad_bf16(void) { attention_pad_all(DT_PREC_BF16); }
+
 static void conv_case(ctx *x, int N, int C, int H, int W, int K, int R, int stride, int pad,
                       bool bias)
 {
@@ -836,6 +888,21 @@ static void test_elementwise(void)
     c->gelu_bwd(c, dinp.c, in.c, dout.c, n);
     g->gelu_bwd(g, dinp.g, in.g, dout.g, n);
     check_added(&x, "gelu_bwd", &dinp, dinp0, 1e-4);
+
+    tp_upload(&x, &dinp);
+    c->gelu_erf_fwd(c, out.c, in.c, n);
+    g->gelu_erf_fwd(g, out.g, in.g, n);
+    check(&x, "gelu_erf_fwd", &out, 1e-5); /* the CPU's erfc is a polynomial fit */
+    c->gelu_erf_bwd(c, dinp.c, in.c, dout.c, n);
+    g->gelu_erf_bwd(g, dinp.g, in.g, dout.g, n);
+    check_added(&x, "gelu_erf_bwd", &dinp, dinp0, 1e-5);
+    tp_upload(&x, &dinp);
+    c->tanh_fwd(c, out.c, in.c, n);
+    g->tanh_fwd(g, out.g, in.g, n);
+    check(&x, "tanh_fwd", &out, 1e-6);
+    c->tanh_bwd(c, dinp.c, out.c, dout.c, n);
+    g->tanh_bwd(g, dinp.g, out.g, dout.g, n);
+    check_added(&x, "tanh_bwd", &dinp, dinp0, 1e-6);
 
     tp_upload(&x, &dinp);
     c->relu_fwd(c, out.c, in.c, n);
@@ -1675,6 +1742,8 @@ int main(int argc, char **argv)
         {"gpu_matmul_bf16_fast", test_matmul_bf16_fast, 120},
         {"gpu_attention_fp32", test_attention_fp32, 120},
         {"gpu_attention_bf16", test_attention_bf16, 120},
+        {"gpu_attention_pad_fp32", test_attention_pad_fp32, 120},
+        {"gpu_attention_pad_bf16", test_attention_pad_bf16, 120},
         {"gpu_attention_fp16", test_attention_fp16, 120},
         {"gpu_attention_bf16_fast", test_attention_bf16_fast, 120},
         {"gpu_attention_hs64_fp32", test_attention_hs64_fp32, 120},

@@ -28,8 +28,9 @@ static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const strategy_names[] = {"ddp", "dp", NULL};
 static const char *const dp_transport_names[] = {"auto", "master", "collectives", NULL};
 static const char *const cpu_bind_names[] = {"auto", "none", NULL};
-static const char *const model_names[] = {"mlp", "resnet", "gpt", NULL};
-static const char *const preset_names[] = {"none", "gpt-tiny", "gpt-mini", "gpt2-124m", NULL};
+static const char *const model_names[] = {"mlp", "resnet", "gpt", "bert", NULL};
+static const char *const preset_names[] = {"none", "gpt-tiny", "gpt-mini", "gpt2-124m",
+                                           "bert-tiny", "bert-base", "bert-large", NULL};
 static const char *const data_names[] = {"synthetic", "text", "tokens", "cifar10", "mnist", NULL};
 static const char *const optim_names[] = {"adamw", "sgd", NULL};
 static const char *const lr_names[] = {"constant", "cosine", "linear", NULL};
@@ -40,6 +41,10 @@ static const char *const compress_names[] = {"none", "bf16", "fp16", NULL};
 static const char *const resume_names[] = {"auto", "never", "path", NULL};
 static const char *const rdzv_backend_names[] = {"static", "c10d", "etcd", NULL};
 static const char *const pp_schedule_names[] = {"1f1b", "gpipe", NULL};
+
+/* gpt and bert: the models with transformer layers (n_layer, n_head, n_embd, block_size, token
+ * data, tensor and sequence parallelism). */
+static bool is_transformer(dt_model_kind k) { return k == DT_MODEL_GPT || k == DT_MODEL_BERT; }
 
 static const char *name_of(const char *const *names, int v)
 {
@@ -111,7 +116,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"job", "log_every", DT_CFG_INT, J(log_every), "10", 1, 1e9, NULL, false, "steps between log lines"},
     /* [model] */
     {"model", "type", DT_CFG_ENUM, J(model_type), "", 0, 0, model_names, true, "model from the zoo"},
-    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, preset_names, false, "gpt size preset; explicit n_layer/n_head/n_embd/block_size win"},
+    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, preset_names, false, "gpt or bert size preset (bert-tiny 2x128x2, bert-base 12x768x12, bert-large 24x1024x16, block_size 512); explicit n_layer/n_head/n_embd/block_size win"},
     {"model", "n_layer", DT_CFG_INT, J(n_layer), "0", 0, 1000, NULL, false, "gpt: transformer blocks (0 = from preset)"},
     {"model", "n_head", DT_CFG_INT, J(n_head), "0", 0, 1024, NULL, false, "gpt: attention heads (0 = from preset)"},
     {"model", "n_embd", DT_CFG_INT, J(n_embd), "0", 0, 65536, NULL, false, "gpt: channels (0 = from preset)"},
@@ -120,13 +125,15 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"model", "depth", DT_CFG_INT, J(depth), "20", 8, 1202, NULL, false, "resnet: depth 6n+2 (20, 32, 44, 56, 110)"},
     {"model", "width", DT_CFG_INT, J(width), "16", 1, 1024, NULL, false, "resnet: channels of the first stage (doubled per stage)"},
     {"model", "sync_bn", DT_CFG_BOOL, J(sync_bn), "false", 0, 0, NULL, false, "resnet: SyncBatchNorm (statistics all-reduced across ranks)"},
+    {"model", "nsp", DT_CFG_BOOL, J(nsp), "false", 0, 0, NULL, false, "bert: the next-sentence head (pooler and cls.seq_relationship); the data then makes sentence pairs [CLS] A [SEP] B [SEP], B the segment after A or, half the time, a random one"},
     /* [data] */
     {"data", "type", DT_CFG_ENUM, J(data_type), "synthetic", 0, 0, data_names, false, "dataset format"},
     {"data", "path", DT_CFG_STR, J(data_path), "", 0, 0, NULL, false, "file, directory or glob of the training data (not for synthetic)"},
     {"data", "val_path", DT_CFG_STR, J(val_path), "", 0, 0, NULL, false, "validation data (\"\" = split val_fraction off the training data)"},
     {"data", "val_fraction", DT_CFG_DOUBLE, J(val_fraction), "0.1", 0, 0.9, NULL, false, "share of the data held out for validation when val_path is empty"},
     {"data", "seq_len", DT_CFG_INT, J(seq_len), "0", 0, 1048576, NULL, false, "language modelling: tokens per sample (0 = model block_size)"},
-    {"data", "vocab_size", DT_CFG_INT, J(vocab_size), "0", 0, 16777216, NULL, false, "language modelling: vocabulary (0 = 256 for text, 50257 for tokens)"},
+    {"data", "vocab_size", DT_CFG_INT, J(vocab_size), "0", 0, 16777216, NULL, false, "language modelling: vocabulary (0 = 256 for text, 50257 for tokens); bert's model adds 4 special tokens after it ([PAD] [CLS] [SEP] [MASK])"},
+    {"data", "mlm_prob", DT_CFG_DOUBLE, J(mlm_prob), "0.15", 0.001, 1, NULL, false, "bert: share of each sample's content tokens chosen for the masked-LM loss (round, at least 1): 80% become [MASK], 10% a random token, 10% stay; a function of (job.seed, sample index, position), so every layout, world size and resume masks the same"},
     {"data", "shuffle", DT_CFG_BOOL, J(shuffle), "true", 0, 0, NULL, false, "new permutation every epoch (seeded by seed and epoch)"},
     {"data", "drop_last", DT_CFG_BOOL, J(drop_last), "true", 0, 0, NULL, false, "drop the tail that does not fill every rank (else pad by repeating)"},
     {"data", "synthetic_samples", DT_CFG_I64, J(synthetic_samples), "8192", 1, 1e12, NULL, false, "synthetic: number of samples"},
@@ -896,6 +903,9 @@ static void apply_presets(dt_job *job)
         {DT_PRESET_GPT_TINY, 4, 4, 128, 128},
         {DT_PRESET_GPT_MINI, 6, 6, 384, 256},
         {DT_PRESET_GPT2_124M, 12, 12, 768, 1024},
+        {DT_PRESET_BERT_TINY, 2, 2, 128, 512},
+        {DT_PRESET_BERT_BASE, 12, 12, 768, 512},
+        {DT_PRESET_BERT_LARGE, 24, 16, 1024, 512},
     };
     for (size_t i = 0; i < DT_ARRAY_LEN(presets); i++) {
         if (job->preset != presets[i].preset)
@@ -1149,6 +1159,7 @@ int dt_job_pipeline_blocks(const dt_job *job)
 {
     switch (job->model_type) {
     case DT_MODEL_GPT:
+    case DT_MODEL_BERT:
         return job->n_layer > 0 ? job->n_layer : 0;
     case DT_MODEL_MLP: {
         int h = mlp_hidden_count(job->hidden);
@@ -1164,7 +1175,8 @@ int dt_job_pipeline_blocks(const dt_job *job)
 /* What the blocks are called in messages. */
 static const char *blocks_what(const dt_job *job)
 {
-    return job->model_type == DT_MODEL_GPT ? "transformer blocks (model.n_layer)"
+    return job->model_type == DT_MODEL_GPT    ? "transformer blocks (model.n_layer)"
+           : job->model_type == DT_MODEL_BERT ? "encoder layers (model.n_layer)"
                                            : "Linear layers (model.hidden's widths + 1)";
 }
 
@@ -1172,7 +1184,7 @@ int dt_job_stage_costs(const dt_job *job, double *block, double *first, double *
 {
     *block = 1;
     *first = *last = 0;
-    if (job->model_type != DT_MODEL_GPT || job->n_embd <= 0)
+    if (!is_transformer(job->model_type) || job->n_embd <= 0)
         return 0; /* mlp: its widths come from the data; every Linear layer counts alike */
     const double C = job->n_embd;
     const double T = job->seq_len > 0 ? job->seq_len : job->block_size > 0 ? job->block_size : 64;
@@ -1182,6 +1194,8 @@ int dt_job_stage_costs(const dt_job *job, double *block, double *first, double *
     *block = 24 * C * C + 4 * T * C;
     *first = 0;         /* the embedding: a look-up */
     *last = 2 * C * V;  /* ln_f is O(C); the head's (C,V) GEMM */
+    if (job->model_type == DT_MODEL_BERT) /* the transform and the decoder (4 specials) */
+        *last = 2 * C * C + 2 * C * (V + 4);
     return 1;
 }
 
@@ -1292,13 +1306,14 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
                                "model.hidden");
     if (BAD("parallel.tensor", "parallel.pipeline"))
         return; /* every check below is about them */
-    if (T > 1 && job->model_type != DT_MODEL_GPT && !model_bad)
+    if (T > 1 && !is_transformer(job->model_type) && !model_bad)
         add_error(errs, AT("parallel.tensor", "model.type"), 0,
                   "parallel.tensor = %d: tensor parallelism (Megatron-LM's column and row "
-                  "splits) is supported for model gpt only, not %s; use parallel.tensor = 1 "
+                  "splits) is supported for models gpt and bert only, not %s; use "
+                  "parallel.tensor = 1 "
                   "(and parallel.pipeline or more data-parallel ranks)",
                   T, dt_model_name(job->model_type));
-    if (T > 1 && job->model_type == DT_MODEL_GPT && job->n_head > 0 && job->n_head % T &&
+    if (T > 1 && is_transformer(job->model_type) && job->n_head > 0 && job->n_head % T &&
         !model_bad) {
         char divs[256];
         size_t n = 0;
@@ -1415,7 +1430,7 @@ static void sequence_parallel_validate(const dt_job *job, const parse_ctx *c, co
         return;
     }
     const int seq = job->seq_len > 0 ? job->seq_len : job->block_size; /* 0: the block size */
-    if (job->model_type == DT_MODEL_GPT && seq > 0 && seq % T &&
+    if (is_transformer(job->model_type) && seq > 0 && seq % T &&
         !BAD("data.seq_len", "model.block_size", "model.preset"))
         add_error(errs, AT("parallel.sequence_parallel", "parallel.tensor", "data.seq_len"), 0,
                   "parallel.sequence_parallel = true splits each sequence's %d tokens over the "
@@ -1430,12 +1445,14 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
     const char *w = job->path[0] ? job->path : "job";
     int a;
     launch_validate(&job->launch, c, w, errs);
-    if (job->model_type == DT_MODEL_GPT &&
+    if (is_transformer(job->model_type) &&
         !BAD("model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.preset")) {
         if (job->n_layer <= 0 || job->n_head <= 0 || job->n_embd <= 0 || job->block_size <= 0)
             add_error(errs, AT("model.type", "model.preset"), 0,
-                      "model: gpt needs n_layer, n_head, n_embd and block_size (or a preset: "
-                      "gpt-tiny, gpt-mini, gpt2-124m)");
+                      "model: %s needs n_layer, n_head, n_embd and block_size (or a preset: %s)",
+                      dt_model_name(job->model_type),
+                      job->model_type == DT_MODEL_BERT ? "bert-tiny, bert-base, bert-large"
+                                                       : "gpt-tiny, gpt-mini, gpt2-124m");
         else if (job->n_embd % job->n_head)
             add_error(errs, AT("model.n_embd", "model.n_head"), 0,
                       "model: n_embd (%d) must be divisible by n_head (%d)", job->n_embd,
@@ -1470,11 +1487,16 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
         add_error(errs, AT("data.synthetic_shape"), 0,
                   "data.synthetic_shape: %dx%dx%d must be vector or CxHxW such as 3x32x32",
                   chw[0], chw[1], chw[2]);
-    if (job->model_type == DT_MODEL_GPT &&
+    if (is_transformer(job->model_type) &&
         (job->data_type == DT_DATA_CIFAR10 || job->data_type == DT_DATA_MNIST))
         add_error(errs, AT("model.type", "data.type"), 0,
-                  "model gpt needs token data (text, tokens or synthetic), not %s",
-                  dt_data_name(job->data_type));
+                  "model %s needs token data (text, tokens or synthetic), not %s",
+                  dt_model_name(job->model_type), dt_data_name(job->data_type));
+    if (job->nsp && job->model_type != DT_MODEL_BERT && !BAD("model.nsp", "model.type"))
+        add_error(errs, AT("model.nsp", "model.type"), 0,
+                  "model.nsp = true is bert's next-sentence head, not %s's: set model.type = "
+                  "bert or drop model.nsp",
+                  dt_model_name(job->model_type));
     if ((job->model_type == DT_MODEL_MLP || job->model_type == DT_MODEL_RESNET) &&
         (job->data_type == DT_DATA_TEXT || job->data_type == DT_DATA_TOKENS))
         add_error(errs, AT("model.type", "data.type"), 0,
@@ -1521,7 +1543,7 @@ static void derive(dt_job *job)
     apply_presets(job);
     if (!job->output_dir[0])
         snprintf(job->output_dir, sizeof job->output_dir, "runs/%.200s", job->name);
-    if (job->model_type == DT_MODEL_GPT && job->seq_len == 0)
+    if (is_transformer(job->model_type) && job->seq_len == 0)
         job->seq_len = job->block_size;
 }
 

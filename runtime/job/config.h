@@ -59,10 +59,12 @@ typedef enum dt_dp_transport_kind {
 typedef enum dt_cpu_bind_kind { DT_CPU_BIND_AUTO, DT_CPU_BIND_NONE } dt_cpu_bind_kind;
 /* model.type is required: DT_MODEL_UNSET only before a job file set it. */
 typedef enum dt_model_kind {
-    DT_MODEL_UNSET = -1, DT_MODEL_MLP, DT_MODEL_RESNET, DT_MODEL_GPT
+    DT_MODEL_UNSET = -1, DT_MODEL_MLP, DT_MODEL_RESNET, DT_MODEL_GPT,
+    DT_MODEL_BERT
 } dt_model_kind;
 typedef enum dt_preset_kind {
-    DT_PRESET_NONE, DT_PRESET_GPT_TINY, DT_PRESET_GPT_MINI, DT_PRESET_GPT2_124M
+    DT_PRESET_NONE, DT_PRESET_GPT_TINY, DT_PRESET_GPT_MINI, DT_PRESET_GPT2_124M,
+    DT_PRESET_BERT_TINY, DT_PRESET_BERT_BASE, DT_PRESET_BERT_LARGE
 } dt_preset_kind;
 typedef enum dt_data_kind {
     DT_DATA_SYNTHETIC, DT_DATA_TEXT, DT_DATA_TOKENS, DT_DATA_CIFAR10, DT_DATA_MNIST
@@ -181,6 +183,7 @@ typedef struct dt_job {
     char hidden[DT_STR_MID];           /* mlp: "512,256" */
     int depth, width;                  /* resnet */
     bool sync_bn;
+    bool nsp;                          /* bert: the next-sentence head and sentence pairs */
 
     /* [data] */
     dt_data_kind data_type;
@@ -189,6 +192,7 @@ typedef struct dt_job {
     double val_fraction;
     int seq_len;                       /* language modelling: T */
     int vocab_size;                    /* 0 = from the data (256 for text, 50257 for tokens) */
+    double mlm_prob;                   /* bert: share of each sample's tokens masked */
     bool shuffle;
     bool drop_last;
     int64_t synthetic_samples;         /* synthetic: dataset size */
@@ -312,7 +316,7 @@ int dt_launch_validate(const dt_launch *l, const char *where, dt_config_errors *
 int dt_parallel_check_world(int world, int tensor, int pipeline, dt_err *err);
 
 /* The model's blocks that parallel.pipeline splits into stages: gpt's n_layer transformer
- * blocks, mlp's Linear layers (model.hidden's widths + 1); 0 for a model without a pipeline
+ * blocks (bert's n_layer encoder layers), mlp's Linear layers (model.hidden's widths + 1); 0 for a model without a pipeline
  * form (resnet) or one not configured yet. */
 int dt_job_pipeline_blocks(const dt_job *job);
 
@@ -322,7 +326,9 @@ int dt_job_pipeline_blocks(const dt_job *job);
  * block 24*C^2 + 4*T*C (its four GEMMs' 12*C^2 multiply-adds, attention's Q*K^T and A*V), the
  * embedding 0 (a look-up), ln_f and the tied head 2*C*V (the (B,T,C) x (C,V) GEMM; ln_f's O(C)
  * and the cross-entropy's O(V) left out), with T = data.seq_len (else model.block_size) and V as
- * the data opens it (data.vocab_size, else 50257 for tokens, 256 otherwise). Other models: 1,
+ * the data opens it (data.vocab_size, else 50257 for tokens, 256 otherwise). bert: an encoder
+ * layer likewise, the embedding 0, the MLM head 2*C^2 + 2*C*V (the transform and the decoder,
+ * V with its 4 special tokens). Other models: 1,
  * 0, 0 (mlp's widths come from the data, unknown before it opens: its layers count alike).
  * Returns 1 when the costs are the model's, 0 for the uniform fallback. */
 int dt_job_stage_costs(const dt_job *job, double *block, double *first, double *last);

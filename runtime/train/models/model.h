@@ -1,4 +1,4 @@
-/* model.h - the interface of the model zoo (runtime/models): mlp, resnet, gpt.
+/* model.h - the interface of the model zoo (runtime/models): mlp, resnet, gpt, bert.
  *
  * Models are written once, llm.c style, with explicit forward and backward passes against the
  * op table of kernels/backend.h. All parameters live in one contiguous backend buffer and all
@@ -74,7 +74,17 @@ typedef struct dt_batch {
     const int32_t *tokens;  /* (B,T) inputs (tokens kind) */
     const int32_t *targets; /* (B,T) next tokens (tokens kind) or (B) labels; < 0 = ignore */
     const float *x;         /* (B, input numel) inputs (vector and image kinds) */
+    /* bert (all NULL for the other models, and each may be NULL for bert): */
+    const int32_t *types;   /* (B,T) token type (segment) ids, 0 or 1; NULL: all 0 */
+    const int32_t *mask;    /* (B,T) attention mask: 1 a token, 0 padding that no position
+                             * attends to; NULL: all 1 */
+    const int32_t *labels;  /* (B) next-sentence labels (0: the second segment follows the
+                             * first, 1: a random one), for cfg.nsp; NULL: none */
 } dt_batch;
+
+/* The samples [from, from + count) of b, as a view (every array b has, offset): per is the
+ * floats per sample of x (0 when b has none). For the strategies that cut a batch. */
+dt_batch dt_batch_slice(const dt_batch *b, int from, int count, size_t per);
 
 /* train.recompute: which activations backward recomputes instead of keeping them from forward.
  * The recomputation runs the same ops on the same inputs, and backward then runs the same ops in
@@ -92,12 +102,13 @@ typedef enum dt_recompute {
 } dt_recompute;
 
 typedef struct dt_model_config {
-    char type[16];        /* "mlp", "resnet", "gpt" */
+    char type[16];        /* "mlp", "resnet", "gpt", "bert" */
     dt_sample_shape shape;
     int max_batch;        /* activations are allocated for batches up to this size */
     uint64_t seed;        /* initialisation */
-    /* gpt */
+    /* gpt and bert (block_size: bert's max_position_embeddings) */
     int n_layer, n_head, n_embd, block_size;
+    bool nsp;             /* bert: the next-sentence head (the pooler and cls.seq_relationship) */
     /* mlp: hidden widths */
     int n_hidden;
     int hidden[16];

@@ -274,3 +274,20 @@ void dt_tensor_tp_copy(const dt_tensor_info *t, int tp_rank, float *whole, float
                     memcpy(l, w, inner * sizeof(float));
             }
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* batches (model.h) */
+
+dt_batch dt_batch_slice(const dt_batch *b, int from, int count, size_t per)
+{
+    dt_batch o = *b;
+    const size_t T = b->T > 0 ? (size_t)b->T : 1, f = (size_t)from;
+    o.B = count;
+    o.tokens = b->tokens ? b->tokens + f * T : NULL;
+    o.targets = b->targets ? b->targets + f * T : NULL;
+    o.x = b->x ? b->x + f * per : NULL;
+    o.types = b->types ? b->types + f * T : NULL;
+    o.mask = b->mask ? b->mask + f * T : NULL;
+    o.labels = b->labels ? b->labels + f : NULL;
+    return o;
+}

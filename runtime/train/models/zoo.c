@@ -1,5 +1,5 @@
 /* zoo.c - the model zoo's registry, the implementation of runtime/train/models/model.h: configuration
- * from a job, creation by type (dispatching to gpt.c, mlp.c, resnet.c through their headers),
+ * from a job, creation by type (dispatching to gpt.c, bert.c, mlp.c, resnet.c through their headers),
  * freeing, block hooks and sizes. The helpers the models share are models.c (models.h), the
  * tensor look-up and the tensor-parallel slices of model.h among them; they never call back into
  * this file, so the registry -> model -> helpers dependencies run one way. */
@@ -10,6 +10,7 @@
 #include "common/util.h"
 #include "runtime/job/config.h"
 #include "runtime/train/models/model.h"
+#include "runtime/train/models/bert.h"
 #include "runtime/train/models/gpt.h"
 #include "runtime/train/models/mlp.h"
 #include "runtime/train/models/models.h"
@@ -57,7 +58,7 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
 {
     memset(cfg, 0, sizeof *cfg);
     if (!dt_model_name(job->model_type)[0])
-        return dt_err_set(err, -EINVAL, "model.type: not set (mlp, resnet, gpt)");
+        return dt_err_set(err, -EINVAL, "model.type: not set (mlp, resnet, gpt, bert)");
     dt_strlcpy(cfg->type, dt_model_name(job->model_type), sizeof cfg->type);
     cfg->shape = *shape;
     cfg->max_batch = job->batch_size;
@@ -67,11 +68,12 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
     cfg->recompute = job->recompute == DT_RECOMP_BLOCK       ? DT_RECOMPUTE_BLOCK
                      : job->recompute == DT_RECOMP_SELECTIVE ? DT_RECOMPUTE_SELECTIVE
                                                              : DT_RECOMPUTE_NONE;
-    if (job->model_type == DT_MODEL_GPT) {
+    if (job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_BERT) {
         cfg->n_layer = job->n_layer;
         cfg->n_head = job->n_head;
         cfg->n_embd = job->n_embd;
         cfg->block_size = job->block_size;
+        cfg->nsp = job->model_type == DT_MODEL_BERT && job->nsp;
     } else if (job->model_type == DT_MODEL_MLP) {
         int rc = parse_hidden(cfg, job->hidden, err);
         if (rc)
@@ -98,41 +100,52 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
     if (cfg->recompute != DT_RECOMPUTE_NONE && cfg->recompute != DT_RECOMPUTE_BLOCK &&
         cfg->recompute != DT_RECOMPUTE_SELECTIVE)
         return dt_err_set(err, -EINVAL, "model: unknown recompute mode %d", (int)cfg->recompute);
-    if (cfg->recompute == DT_RECOMPUTE_SELECTIVE && strcmp(cfg->type, "gpt") != 0)
+    const bool transformer = !strcmp(cfg->type, "gpt") || !strcmp(cfg->type, "bert");
+    if (cfg->recompute == DT_RECOMPUTE_SELECTIVE && !transformer)
         return dt_err_set(err, -EINVAL,
-                          "train.recompute = selective recomputes attention, which only gpt has "
-                          "(model %s: use none or block)",
+                          "train.recompute = selective recomputes attention, which only gpt and "
+                          "bert have (model %s: use none or block)",
                           cfg->type);
-    if (!strcmp(cfg->type, "gpt")) {
+    if (transformer) {
+        const char *t = cfg->type;
+        const bool bert = !strcmp(t, "bert");
         if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->block_size <= 0)
             return dt_err_set(err, -EINVAL,
-                              "model: gpt needs n_layer, n_head, n_embd and block_size > 0 (or a "
-                              "preset: gpt-tiny, gpt-mini, gpt2-124m)");
+                              "model: %s needs n_layer, n_head, n_embd and block_size > 0 (or a "
+                              "preset: %s)",
+                              t, bert ? "bert-tiny, bert-base, bert-large"
+                                      : "gpt-tiny, gpt-mini, gpt2-124m");
         if (cfg->n_embd % cfg->n_head)
             return dt_err_set(err, -EINVAL, "model: n_embd (%d) must be divisible by n_head (%d)",
                               cfg->n_embd, cfg->n_head);
         if (s->kind != DT_SAMPLE_TOKENS)
-            return dt_err_set(err, -EINVAL, "model gpt needs token data (text, tokens or synthetic "
-                                            "tokens)");
+            return dt_err_set(err, -EINVAL, "model %s needs token data (text, tokens or synthetic "
+                                            "tokens)",
+                              t);
         if (s->seq_len <= 0 || s->seq_len > cfg->block_size)
             return dt_err_set(err, -EINVAL,
-                              "model gpt: the data's sequence length %d must be in 1..block_size "
+                              "model %s: the data's sequence length %d must be in 1..block_size "
                               "(%d): set data.seq_len or model.block_size",
-                              s->seq_len, cfg->block_size);
+                              t, s->seq_len, cfg->block_size);
         if (s->vocab_size <= 0)
-            return dt_err_set(err, -EINVAL, "model gpt: the data has no vocabulary size");
+            return dt_err_set(err, -EINVAL, "model %s: the data has no vocabulary size", t);
         if (cfg->tp_size > 1 && cfg->n_head % cfg->tp_size)
             return dt_err_set(err, -EINVAL,
-                              "model gpt: parallel.tensor = %d must divide model.n_head (%d): "
+                              "model %s: parallel.tensor = %d must divide model.n_head (%d): "
                               "each rank holds n_head / tensor attention heads; choose a "
                               "divisor of n_head",
-                              cfg->tp_size, cfg->n_head);
+                              t, cfg->tp_size, cfg->n_head);
+        if (cfg->nsp && !bert)
+            return dt_err_set(err, -EINVAL, "model.nsp: the next-sentence head is bert's (model "
+                                            "%s)",
+                              t);
         return 0;
     }
     if (cfg->tp_size > 1)
         return dt_err_set(err, -EINVAL,
-                          "parallel.tensor = %d: tensor parallelism splits gpt's attention, MLP "
-                          "and vocabulary only; model %s has no tensor-parallel form (set "
+                          "parallel.tensor = %d: tensor parallelism splits gpt's and bert's "
+                          "attention, MLP and vocabulary only; model %s has no tensor-parallel "
+                          "form (set "
                           "parallel.tensor = 1)",
                           cfg->tp_size, cfg->type);
     if (!strcmp(cfg->type, "mlp")) {
@@ -168,7 +181,7 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
             return dt_err_set(err, -EINVAL, "model resnet: the data has no classes");
         return 0;
     }
-    return dt_err_set(err, -EINVAL, "model.type: unknown model \"%s\" (mlp, resnet, gpt)",
+    return dt_err_set(err, -EINVAL, "model.type: unknown model \"%s\" (mlp, resnet, gpt, bert)",
                       cfg->type);
 }
 
@@ -205,6 +218,8 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
     dt_mem_cat old_cat = dt_mem_tag(be, DT_MEM_ACTS);
     if (!strcmp(cfg->type, "gpt"))
         rc = dt_gpt_create(m, comm, err);
+    else if (!strcmp(cfg->type, "bert"))
+        rc = dt_bert_create(m, comm, err);
     else if (!strcmp(cfg->type, "mlp"))
         rc = dt_mlp_create(m, err);
     else

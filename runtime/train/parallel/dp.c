@@ -234,20 +234,11 @@ static void scatter(dt_dp *d, const dt_batch *b, bool training, float dloss_scal
         r->active = n > 0;
         r->training = training;
         r->scale = b->B > 0 ? dloss_scale * (float)n / (float)b->B : 0;
-        memset(&r->batch, 0, sizeof r->batch);
-        r->batch.B = n;
-        r->batch.T = b->T;
-        if (b->tokens)
-            r->batch.tokens = b->tokens + (size_t)first * (size_t)b->T;
-        if (b->targets)
-            r->batch.targets = b->targets + (size_t)first * (size_t)(b->T > 0 ? b->T : 1);
-        if (b->x) {
-            const dt_sample_shape *sh = &r->m->cfg.shape;
-            size_t per = sh->kind == DT_SAMPLE_IMAGE
-                             ? (size_t)sh->channels * (size_t)sh->height * (size_t)sh->width
-                             : (size_t)sh->input_dim;
-            r->batch.x = b->x + (size_t)first * per;
-        }
+        const dt_sample_shape *sh = &r->m->cfg.shape;
+        size_t per = sh->kind == DT_SAMPLE_IMAGE
+                         ? (size_t)sh->channels * (size_t)sh->height * (size_t)sh->width
+                         : (size_t)sh->input_dim;
+        r->batch = dt_batch_slice(b, first, n, per);
     }
 }
 

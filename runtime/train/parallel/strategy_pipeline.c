@@ -517,16 +517,7 @@ static int pipe_start(dt_strategy *s, dt_err *err)
 /* Micro-batch of b: samples [from, from + count). */
 static dt_batch slice(const pipe_impl *p, const dt_batch *b, int from, int count)
 {
-    dt_batch o = *b;
-    size_t per = b->T > 0 ? (size_t)b->T : 1;
-    o.B = count;
-    if (b->tokens)
-        o.tokens = b->tokens + (size_t)from * per;
-    if (b->targets)
-        o.targets = b->targets + (size_t)from * per;
-    if (b->x)
-        o.x = b->x + (size_t)from * p->x_numel;
-    return o;
+    return dt_batch_slice(b, from, count, p->x_numel);
 }
 
 /* Cuts b into nmb micro-batches of near-equal size (the first ones one larger) and counts
