@@ -20,7 +20,7 @@
  * none either: the Makefile's cuDNN/NCCL probe skips the CUDA backend with the reason (instead
  * of failing the build) when nvcc is there but either library is not.
  *
- * gpu_model_*: whole models (GPT, MLP, ResNet) built on both backends from one seed: the loss
+ * gpu_model_*: whole models (GPT, BERT, MLP, ResNet) built on both backends from one seed: the loss
  * and every tensor's gradient, CPU against CUDA, before and after moving the parameters off
  * their initialisation. */
 #include <dlfcn.h>
@@ -1481,6 +1481,23 @@ static void test_model_gpt_fp32(void)
     model_case(&c, 4, DT_PREC_FP32, 1e-5, 2e-4);
 }
 
+/* bert with the NSP head, padding and token types (fixtures' bert batches). */
+static void test_model_bert_fp32(void)
+{
+    dt_model_config c = model_gpt();
+    strcpy(c.type, "bert");
+    c.nsp = true;
+    model_case(&c, 4, DT_PREC_FP32, 1e-5, 2e-4);
+}
+
+static void test_model_bert_bf16(void)
+{
+    dt_model_config c = model_gpt();
+    strcpy(c.type, "bert");
+    c.nsp = true;
+    model_case(&c, 4, DT_PREC_BF16, 1e-2, 6e-2);
+}
+
 static void test_model_gpt_bf16(void)
 {
     dt_model_config c = model_gpt();
@@ -1765,6 +1782,8 @@ int main(int argc, char **argv)
         {"gpu_reductions", test_reductions, 60},
         {"gpu_half_payloads", test_half_payloads, 60},
         {"gpu_model_gpt_fp32", test_model_gpt_fp32, 180},
+        {"gpu_model_bert_fp32", test_model_bert_fp32, 180},
+        {"gpu_model_bert_bf16", test_model_bert_bf16, 180},
         {"gpu_model_gpt_bf16", test_model_gpt_bf16, 180},
         {"gpu_model_gpt_bf16_flash", test_model_gpt_bf16_flash, 180},
         {"gpu_model_mlp_fp32", test_model_mlp_fp32, 120},

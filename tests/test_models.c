@@ -13,9 +13,11 @@
  * - Blocks (ZeRO-3 units) tile the parameter buffer; with a block hook that NaN-poisons every
  *   block's parameters and gradients outside its windows, training is bit-identical to no hook
  *   (the windows cover every use), and the events come in the documented order.
- * - train.recompute: block (gpt, resnet) and selective (gpt) train bit-identically to none, with
+ * - train.recompute: block (gpt, bert, resnet) and selective (gpt, bert) train bit-identically
+ *   to none, with
  *   and without the block hook, and allocate what they promise (exact for gpt).
- * - Loss falls on a tiny overfit task, for each model.
+ * - Loss falls on a tiny overfit task, for each model. bert joins every one of these; its
+ *   correctness against its definition is test_bert's.
  * - Initialisation: every tensor (and buffer) of each model's table against the rule in the
  *   model's header comment (normal with the right std and shape, uniform within its bound,
  *   constants exact); a tensor the test has no rule for fails.
@@ -60,6 +62,16 @@ static dt_model_config gpt_cfg(void)
     c.n_head = 2;
     c.n_embd = 16;
     c.block_size = 12;
+    return c;
+}
+
+/* bert with the next-sentence head; fixtures' batches for it have padding, token types and the
+ * same number of masked targets per sample. */
+static dt_model_config bert_cfg(void)
+{
+    dt_model_config c = gpt_cfg();
+    strcpy(c.type, "bert");
+    c.nsp = true;
     return c;
 }
 
@@ -290,6 +302,8 @@ static void test_ready_ranges(void)
 {
     dt_model_config c = gpt_cfg();
     check_ready(&c, 2);
+    c = bert_cfg();
+    check_ready(&c, 2);
     c = mlp_cfg();
     check_ready(&c, 6);
     c = resnet_cfg();
@@ -379,7 +393,7 @@ static void on_block_ready(void *ctx, size_t offset, size_t numel)
 static int expected_events(const dt_model *m, bool bwd, int *seq)
 {
     int n = 0, nb = m->num_blocks;
-    bool gpt = !strcmp(m->cfg.type, "gpt");
+    bool gpt = !strcmp(m->cfg.type, "gpt") || !strcmp(m->cfg.type, "bert"); /* a tied head */
     if (!bwd) {
         for (int b = 0; b < nb; b++)
             seq[n++] = b;
@@ -556,6 +570,8 @@ static void test_block_hooks(void)
 {
     dt_model_config c = gpt_cfg();
     check_against(&c, &c, 2, true);
+    c = bert_cfg();
+    check_against(&c, &c, 2, true);
     c = mlp_cfg();
     check_against(&c, &c, 6, true);
     c = resnet_cfg();
@@ -575,6 +591,10 @@ static void test_recompute_bitwise(void)
     for (int i = 0; i < 2; i++)
         for (int hook = 0; hook < 2; hook++) {
             dt_model_config ref = gpt_cfg(), c = ref;
+            ref.n_layer = c.n_layer = 3;
+            c.recompute = modes[i];
+            check_against(&ref, &c, 2, hook);
+            ref = c = bert_cfg(); /* bert's recomputation likewise */
             ref.n_layer = c.n_layer = 3;
             c.recompute = modes[i];
             check_against(&ref, &c, 2, hook);
@@ -670,7 +690,8 @@ static void check_blocks(const dt_model_config *cfg, const char *const *names, i
         DT_CHECK_INT(k->offset, m->tensors[k->first_tensor].offset);
         DT_CHECK_INT(k->offset + k->numel,
                      m->tensors[k->last_tensor].offset + m->tensors[k->last_tensor].numel);
-        DT_CHECK(k->windows == (strcmp(cfg->type, "gpt") == 0 && b == 0 ? 2 : 1));
+        bool tied = !strcmp(cfg->type, "gpt") || !strcmp(cfg->type, "bert");
+        DT_CHECK(k->windows == (tied && b == 0 ? 2 : 1));
         off += k->numel;
         t = k->last_tensor + 1;
     }
@@ -688,6 +709,9 @@ static void test_block_tables(void)
     dt_model_config c = gpt_cfg();
     const char *gpt[] = {"embed", "h.0", "h.1", "ln_f"};
     check_blocks(&c, gpt, 4);
+    c = bert_cfg();
+    const char *bert[] = {"embed", "layer.0", "layer.1", "cls"};
+    check_blocks(&c, bert, 4);
     c = mlp_cfg();
     const char *mlp[] = {"fc.0", "fc.1", "fc.2"};
     check_blocks(&c, mlp, 3);
@@ -769,6 +793,8 @@ static void test_determinism(void)
 {
     dt_model_config c = gpt_cfg();
     check_determinism(&c, 2);
+    c = bert_cfg();
+    check_determinism(&c, 2);
     c = mlp_cfg();
     check_determinism(&c, 6);
     c = resnet_cfg();
@@ -786,7 +812,7 @@ static void check_overfit(const dt_model_config *cfg, int B, int steps, float lr
     DT_CHECK_MSG(isfinite(losses[steps - 1]) && losses[steps - 1] < factor * losses[0],
                  "%s: loss went from %.4f to %.4f in %d steps (wanted below %.2fx)", cfg->type,
                  losses[0], losses[steps - 1], steps, factor);
-    if (strcmp(cfg->type, "gpt") != 0) /* classifiers memorise the batch */
+    if (strcmp(cfg->type, "gpt") != 0 && strcmp(cfg->type, "bert") != 0) /* classifiers */
         DT_CHECK_MSG(m->last_correct >= B - 1, "%s: %lld of %d correct after training",
                      cfg->type, (long long)m->last_correct, B);
     free(losses);
@@ -798,6 +824,16 @@ static void check_overfit(const dt_model_config *cfg, int B, int steps, float lr
 static void test_overfit_gpt(void)
 {
     dt_model_config c = gpt_cfg();
+    c.n_embd = 32;
+    c.shape.vocab_size = 32;
+    c.shape.seq_len = 12;
+    c.max_batch = 4;
+    check_overfit(&c, 4, 60, 1e-2f, 0.3f);
+}
+
+static void test_overfit_bert(void)
+{
+    dt_model_config c = bert_cfg();
     c.n_embd = 32;
     c.shape.vocab_size = 32;
     c.shape.seq_len = 12;
@@ -1021,6 +1057,18 @@ static init_rule gpt_rule(const dt_tensor_info *t, int L)
     return (init_rule){INIT_NONE, 0};
 }
 
+/* bert.c (HF's _init_weights): every matrix normal(0, 0.02), LayerNorm weight 1, every bias 0. */
+static init_rule bert_rule(const dt_tensor_info *t)
+{
+    if (ends_with(t->name, ".bias"))
+        return (init_rule){INIT_CONST, 0.0};
+    if (ends_with(t->name, "LayerNorm.weight"))
+        return (init_rule){INIT_CONST, 1.0};
+    if (t->ndim == 2)
+        return (init_rule){INIT_NORMAL, 0.02};
+    return (init_rule){INIT_NONE, 0};
+}
+
 /* resnet.c (torchvision): convolutions He-normal over fan_out = K*R*S, BN weight 1 and bias 0,
  * fc weight and bias uniform(+-1/sqrt(fan_in)); running_mean 0, running_var 1. */
 static init_rule resnet_rule(const dt_tensor_info *t, int fc_in)
@@ -1072,8 +1120,11 @@ static void test_init(void)
     cm.hidden[0] = 128;
     cm.hidden[1] = 64;
     cm.shape.n_classes = 10;
-    const dt_model_config *cfgs[3] = {&cg, &cr, &cm};
-    for (int k = 0; k < 3; k++) {
+    dt_model_config cb = cg;
+    strcpy(cb.type, "bert");
+    cb.nsp = true;
+    const dt_model_config *cfgs[4] = {&cg, &cr, &cm, &cb};
+    for (int k = 0; k < 4; k++) {
         dt_model *m = model_new(be, cfgs[k]);
         float *p = host_copy(be, m->params, m->num_params);
         char last[64];
@@ -1082,7 +1133,8 @@ static void test_init(void)
             const dt_tensor_info *t = &m->tensors[i];
             init_rule r = k == 0   ? gpt_rule(t, cg.n_layer)
                           : k == 1 ? resnet_rule(t, 4 * cr.width)
-                                   : mlp_rule(t, last);
+                          : k == 2 ? mlp_rule(t, last)
+                                   : bert_rule(t);
             check_init(t->name, p + t->offset, t->numel, r);
         }
         free(p);
@@ -1279,6 +1331,7 @@ static const dt_test tests[] = {
     {"recompute_memory", test_recompute_memory, 0},
     {"determinism", test_determinism, 0},
     {"overfit_gpt", test_overfit_gpt, 0},
+    {"overfit_bert", test_overfit_bert, 0},
     {"overfit_mlp", test_overfit_mlp, 0},
     {"overfit_resnet", test_overfit_resnet, 0},
     {"gpt_table", test_gpt_table, 0},
