@@ -22,6 +22,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "runtime/train/data/formats.h"
+#include "runtime/train/data/mlm.h"
 #include "runtime/train/data/synth.h"
 
 /* Token files up to this many tokens are scanned for out-of-vocabulary ids when opened; larger
@@ -55,10 +56,12 @@ struct dt_dataset {
     source *src;      /* borrowed from dt_data's impl */
     int64_t first, n; /* window of the source */
     const char *split;
+    const dt_mlm *mlm; /* borrowed from dt_data's impl: masked-LM samples (bert), else NULL */
 };
 
 typedef struct data_impl {
     source *src[2];   /* [0] training, [1] validation when from other files, else NULL */
+    dt_mlm mlm;       /* bert's masked-LM samples (used when shape.mlm) */
 } data_impl;
 
 static void source_free(source *s)
@@ -281,6 +284,14 @@ int dt_batch_buf_init(dt_batch_buf *b, const dt_sample_shape *shape, int capacit
         size_t T = (size_t)shape->seq_len;
         b->tokens = malloc(sizeof(int32_t) * (cap * T + 1)); /* +1: the last sample's target */
         b->targets = malloc(sizeof(int32_t) * cap * T);
+        if (shape->mlm &&
+            (!(b->types = malloc(sizeof(int32_t) * cap * T)) ||
+             !(b->mask = malloc(sizeof(int32_t) * cap * T)) ||
+             !(b->labels = malloc(sizeof(int32_t) * cap)) ||
+             !(b->raw = malloc(sizeof(int32_t) * 2 * (T + 1))))) {
+            dt_batch_buf_free(b);
+            return dt_err_set(err, -ENOMEM, "out of memory for a batch of %d samples", capacity);
+        }
     } else {
         b->x = malloc(sizeof(float) * cap * (size_t)shape->input_dim);
         b->targets = malloc(sizeof(int32_t) * cap);
@@ -299,6 +310,10 @@ void dt_batch_buf_free(dt_batch_buf *b)
     free(b->tokens);
     free(b->targets);
     free(b->x);
+    free(b->types);
+    free(b->mask);
+    free(b->labels);
+    free(b->raw);
     memset(b, 0, sizeof *b);
 }
 
@@ -316,7 +331,22 @@ int dt_dataset_fill(const dt_dataset *ds, const int64_t *indices, int n, dt_batc
                               ds->split, (long long)j, (long long)ds->n);
         j += ds->first;
         int rc;
-        if (b->shape.kind == DT_SAMPLE_TOKENS) {
+        if (ds->mlm) {
+            /* a masked-LM sample from the sample's first tokens (and, for a random second
+             * segment, another sample's of the same split), indexed by its source index */
+            const dt_mlm *ml = ds->mlm;
+            const int T = b->shape.seq_len;
+            const size_t at = (size_t)i * (size_t)T;
+            int32_t *raw = b->raw, *other = b->raw + T + 1;
+            if ((rc = read_tokens(s, j, raw, err)))
+                return rc;
+            if (ml->nsp && dt_mlm_label(ml, j) &&
+                (rc = read_tokens(s, dt_mlm_partner(ml, j, ds->first, ds->n), other, err)))
+                return rc;
+            if ((rc = dt_mlm_sample(ml, j, raw, other, b->tokens + at, b->targets + at,
+                                    b->types + at, b->mask + at, &b->labels[i], err)))
+                return rc;
+        } else if (b->shape.kind == DT_SAMPLE_TOKENS) {
             int T = b->shape.seq_len;
             /* the sample's T+1 tokens go to the row, whose last slot spills into the next row
              * (or the scratch row at the end); inputs are the first T */
@@ -337,6 +367,9 @@ int dt_dataset_fill(const dt_dataset *ds, const int64_t *indices, int n, dt_batc
     b->batch.tokens = b->tokens;
     b->batch.targets = b->targets;
     b->batch.x = b->x;
+    b->batch.types = ds->mlm ? b->types : NULL;
+    b->batch.mask = ds->mlm ? b->mask : NULL;
+    b->batch.labels = ds->mlm && ds->mlm->nsp ? b->labels : NULL;
     return 0;
 }
 
@@ -500,7 +533,7 @@ static int open_synthetic(const dt_job *job, dt_sample_shape *shape, source **ou
     y->seed = (uint64_t)job->seed;
     y->classes = job->synthetic_classes;
     s->n = job->synthetic_samples;
-    if (job->model_type == DT_MODEL_GPT) {
+    if (job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_BERT) {
         s->kind = SRC_SYN_TOKENS;
         y->T = s->T = shape->seq_len;
         y->vocab = s->vocab = shape->vocab_size;
@@ -574,8 +607,9 @@ int dt_data_open(dt_data **out, const dt_job *job, dt_err *err)
         goto fail;
     }
     dt_data_kind type = job->data_type;
+    const bool bert = job->model_type == DT_MODEL_BERT;
     bool lm = type == DT_DATA_TEXT || type == DT_DATA_TOKENS ||
-              (type == DT_DATA_SYNTHETIC && job->model_type == DT_MODEL_GPT);
+              (type == DT_DATA_SYNTHETIC && (job->model_type == DT_MODEL_GPT || bert));
     dt_sample_shape *shape = &d->shape;
     if (lm) {
         shape->kind = DT_SAMPLE_TOKENS;
@@ -642,6 +676,15 @@ int dt_data_open(dt_data **out, const dt_job *job, dt_err *err)
         val->first = train->n;
         val->n = nv;
     }
+    if (bert && lm) { /* masked-LM samples of the token source; the specials after its vocabulary */
+        im->mlm = (dt_mlm){.vocab = shape->vocab_size, .T = shape->seq_len,
+                           .prob = job->mlm_prob, .seed = (uint64_t)job->seed, .nsp = job->nsp};
+        if ((rc = dt_mlm_check(&im->mlm, err)))
+            goto fail;
+        shape->vocab_size += DT_MLM_SPECIALS;
+        shape->mlm = true;
+        train->mlm = val->mlm = &im->mlm;
+    }
     d->train = train;
     train = NULL;
     if (val->src) {
@@ -654,9 +697,13 @@ int dt_data_open(dt_data **out, const dt_job *job, dt_err *err)
     else if (d->val)
         snprintf(vdesc, sizeof vdesc, "val: %lld samples of %s", (long long)d->val->n,
                  d->val->src->what);
-    snprintf(d->desc, sizeof d->desc, "%s%s%.200s: train %lld samples, %.200s",
+    char mdesc[96] = "";
+    if (shape->mlm)
+        snprintf(mdesc, sizeof mdesc, " as masked-LM samples (%g masked%s, vocabulary %d + 4)",
+                 job->mlm_prob, job->nsp ? ", sentence pairs" : "", im->mlm.vocab);
+    snprintf(d->desc, sizeof d->desc, "%s%s%.200s%s: train %lld samples, %.200s",
              type != DT_DATA_SYNTHETIC ? dt_data_name(type) : "",
-             type != DT_DATA_SYNTHETIC ? " " : "", s->what,
+             type != DT_DATA_SYNTHETIC ? " " : "", s->what, mdesc,
              (long long)d->train->n, vdesc);
     free(train);
     free(val);

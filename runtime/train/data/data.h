@@ -22,6 +22,9 @@
  *
  * A language-modelling sample i is the T+1 tokens starting at i*T of its shard (inputs are the
  * first T, targets the last T), as in llm.c. Files are memory-mapped and never copied whole.
+ * For model.type = bert the same sample's first tokens become a masked-LM sample instead
+ * (mlm.h: [CLS] ... [SEP], or sentence pairs with model.nsp; 4 special tokens after the
+ * source's vocabulary; the masked positions a function of (job.seed, sample, position)).
  *
  * Every error names the file: a wrong magic, a truncated file, a label or token out of range of
  * the classes or the vocabulary, a validation file whose shape differs from the training data.
@@ -73,6 +76,10 @@ typedef struct dt_batch_buf {
     int32_t *tokens;     /* (capacity,T) tokens kind, else NULL; owned */
     int32_t *targets;    /* (capacity,T) tokens kind, (capacity) labels otherwise; owned */
     float *x;            /* (capacity, input_dim) vector and image kinds, else NULL; owned */
+    /* masked-LM samples (shape.mlm), else NULL; owned: */
+    int32_t *types, *mask; /* (capacity,T) */
+    int32_t *labels;       /* (capacity) next-sentence labels */
+    int32_t *raw;          /* (2,T+1) scratch: a sample's source tokens and its partner's */
 } dt_batch_buf;
 
 int dt_batch_buf_init(dt_batch_buf *b, const dt_sample_shape *shape, int capacity, dt_err *err);

@@ -62,6 +62,9 @@ typedef struct dt_sample_shape {
     dt_sample_kind kind;
     int seq_len;     /* tokens: T (inputs and targets are T tokens each) */
     int vocab_size;  /* tokens: token ids are < vocab_size */
+    bool mlm;        /* tokens: masked-LM samples (bert; data/mlm.h): batches carry token types,
+                      * an attention mask and next-sentence labels, and the targets are the
+                      * masked positions' tokens (-1 elsewhere) */
     int input_dim;   /* vector: features per sample */
     int channels, height, width; /* image: (C,H,W) */
     int n_classes;   /* vector and image: labels are < n_classes */
