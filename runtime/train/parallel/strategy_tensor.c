@@ -153,11 +153,12 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         return dt_err_set(err, -ENOMEM, "out of memory");
     s->impl = t;
     t->job = j;
-    if (strcmp(ctx->model->type, "gpt") != 0)
+    if (strcmp(ctx->model->type, "gpt") != 0 && strcmp(ctx->model->type, "bert") != 0)
         return dt_err_set(err, -EINVAL,
-                          "parallel.tensor = %d splits gpt's attention, MLP and vocabulary; "
-                          "model.type = %s has no tensor-parallel form: use model.type = gpt or "
-                          "parallel.tensor = 1", j->tensor, ctx->model->type);
+                          "parallel.tensor = %d splits gpt's and bert's attention, MLP and "
+                          "vocabulary; model.type = %s has no tensor-parallel form: use "
+                          "model.type = gpt or bert, or parallel.tensor = 1", j->tensor,
+                          ctx->model->type);
     if (j->pipeline > 1)
         return dt_err_set(err, -EINVAL,
                           "parallel.pipeline = %d: the tensor strategy runs one stage (the "
