@@ -696,6 +696,10 @@ static prun pbase(int N, int P, int M, const char *sched, const char *name)
     return r;
 }
 
+/* pgpt makes bert runs instead (the same shape, with the NSP head and the MLM samples of the
+ * text) when set: by the bert tests, before anything forks. */
+static bool pbert;
+
 /* The same with a tiny gpt on bytes of text (configs/quickstart.ini): 4 transformer blocks. */
 static prun pgpt(int N, int P, int M, const char *sched, const char *name)
 {
@@ -707,6 +711,10 @@ static prun pgpt(int N, int P, int M, const char *sched, const char *name)
     padd(&r, "model.n_embd=16");
     padd(&r, "model.block_size=16");
     padd(&r, "data.seq_len=16");
+    if (pbert) {
+        padd(&r, "model.type=bert");
+        padd(&r, "model.nsp=true");
+    }
     return r;
 }
 
@@ -1280,6 +1288,22 @@ static void test_gpt_t2_p2(void) { against_one_layout(true, 1, 2, 2, 4, "1f1b", 
 static void test_gpt_d2_t2_p2(void)
 {
     against_one_layout(true, 2, 2, 2, 2, "1f1b", NULL, "-d2-t2");
+}
+
+/* bert (bert.c's stages: the embeddings on stage 0, the MLM and NSP heads and a copy of the
+ * tied word embeddings on the last, kept equal by the embedding group): P = 2 and 4, the seed's
+ * mix T = 2 x P = 2 and D = 2 x T = 2 x P = 2, and D = 2 x P = 2 under ZeRO-1 with selective
+ * recomputation, each against one process on the same global batch. */
+static void test_bert_pipeline(void)
+{
+    pbert = true;
+    const char *const sel[] = {"train.recompute=selective", NULL};
+    const char *const z1[] = {"parallel.zero=1", "train.recompute=block", NULL};
+    against_one_model(true, 2, 4, "1f1b", NULL, "-bert");
+    against_one_model(true, 4, 4, "gpipe", sel, "-bert-sel");
+    against_one_layout(true, 1, 2, 2, 4, "1f1b", NULL, "-bert-t2");
+    against_one_layout(true, 2, 2, 2, 2, "1f1b", NULL, "-bert-d2-t2");
+    against_one_layout(true, 2, 1, 2, 2, "gpipe", z1, "-bert-d2-z1-rec");
 }
 
 static void test_gpt_p4(void)
@@ -1863,6 +1887,7 @@ int main(int argc, char **argv)
         {"gpt_p4", test_gpt_p4, 240},
         {"gpt_t2_p2", test_gpt_t2_p2, 240},
         {"gpt_d2_t2_p2", test_gpt_d2_t2_p2, 300},
+        {"bert_p2_p4_t2p2_d2t2p2_zero", test_bert_pipeline, 400},
         {"options", test_options, 300},
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
         {"overflow_skips_everywhere_zero", test_overflow_skips_everywhere_zero, 120},

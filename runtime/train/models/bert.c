@@ -25,16 +25,18 @@
  * HF's state dict also lists cls.predictions.decoder.weight and .bias: they are the word
  * embeddings and cls.predictions.bias (tied), which from_pretrained fills from those. Buffer
  * order (names are what matter outside): "embed" = word, position, token type, the embedding
- * LayerNorm and cls.predictions.bias (the decoder's, so that the decoder GEMM with its bias reads
- * one block); per layer query, key, value weights (contiguous: one (3C,C) GEMM whose rows are
+ * LayerNorm; per layer query, key, value weights (contiguous: one (3C,C) GEMM whose rows are
  * q | k | v, the layout attention_pad_fwd reads) then their biases, then the rest in HF's order;
- * "cls" = the transform, then the pooler and seq_relationship. Initialisation as HF's
+ * "cls" = the transform, the pooler and seq_relationship, and cls.predictions.bias last (so that
+ * a pipeline's stages, concatenated, hold the tensors in this order too). The decoder GEMM reads
+ * the word embeddings in their block's window and a copy of the bias taken in the cls window
+ * (its gradient likewise goes back through a scratch), so no op reads two blocks at once.
+ * Initialisation as HF's
  * _init_weights with initializer_range 0.02: every matrix (embeddings included) normal(0, 0.02),
  * LayerNorm weights 1, every bias 0; drawn in the order of the names above from one stream.
  *
  * Blocks (model.h): "embed", "layer.{l}" (one encoder layer each), "cls"; on a pipelined last
- * stage without the embeddings also "head" (its copy of the word embeddings and
- * cls.predictions.bias). Block events: forward embed, layer.0 .. layer.{L-1}, cls, embed (the
+ * stage without the embeddings also "head" (its copy of the word embeddings). Block events: forward embed, layer.0 .. layer.{L-1}, cls, embed (the
  * decoder); backward embed (the decoder), cls, layer.{L-1} .. layer.0, embed. So "embed" has two
  * windows when the stage also has the head, as gpt's.
  *
@@ -144,7 +146,8 @@ typedef struct bert {
     float *dC;           /* (B,T,C): a column-parallel GEMM's input gradient */
     float *dqkv, *d4a, *d4b, *datt; /* (B,T,3Cl), (B,T,4Cl) x2, (B,NHl,T,T) */
     float *dhA, *dhB;    /* (B,T,C) each: the MLM transform's gradients */
-    float *dvb;          /* (Vl): the decoder bias's gradient before scaling */
+    float *vb;           /* (Vl): the decoder bias, copied in the cls window for the decoder
+                          * GEMM; in backward its gradient before scaling */
     float *dpool, *dpre, *dcls; /* (B,C) each: the NSP head's gradients */
 } bert;
 
@@ -471,6 +474,7 @@ static int head_fwd(dt_model *m, bert *g, const float *x, int B, int T, bool tra
     be->matmul_fwd(be, s->t, x, P(m, g->tw), P(m, g->tb), N, C, C);
     be->gelu_erf_fwd(be, s->tg, s->t, (size_t)N * C);
     be->layernorm_fwd(be, s->u, s->um, s->ur, s->tg, P(m, g->tlnw), P(m, g->tlnb), N, C, LN_EPS);
+    be->memcpy_d2d(be, g->vb, P(m, g->dbias), (size_t)Vl * sizeof(float));
     if (g->nsp) { /* pooled (B,C) = tanh(x[b, 0] @ Wp^T + bp); logits (B,2) */
         for (int b = 0; b < B; b++)
             be->memcpy_d2d(be, s->cls_in + (size_t)b * C, x + (size_t)b * T * C,
@@ -483,7 +487,7 @@ static int head_fwd(dt_model *m, bert *g, const float *x, int B, int T, bool tra
     }
     dt_models_event(m, g->bl_cls, DT_BLOCK_AFTER_FORWARD);
     dt_models_event(m, g->bl_head, DT_BLOCK_BEFORE_FORWARD);
-    be->matmul_fwd(be, s->logits, s->u, P(m, g->word), P(m, g->dbias), N, C, Vl);
+    be->matmul_fwd(be, s->logits, s->u, P(m, g->word), g->vb, N, C, Vl);
     dt_models_event(m, g->bl_head, DT_BLOCK_AFTER_FORWARD);
     float *dlogits = training ? s->logits : NULL;
     if (g->tp == 1) {
@@ -514,23 +518,22 @@ static int head_bwd(dt_model *m, bert *g, const float *x, float dloss_scale,
     const float dl = s->valid > 0 ? dloss_scale / (float)s->valid : 0.0f;
     int rc;
     /* the decoder: dwte += dlogits^T @ (dl u) (u is not read again), dC = dlogits @ wte;
-     * the bias: its column sums, scaled by dl, through g->dvb */
+     * the bias: its column sums into g->vb, scaled by dl and added in the cls window */
     be->scale(be, s->u, NC, dl);
     be->memset_zero(be, g->dC, fNC);
-    be->memset_zero(be, g->dvb, (size_t)Vl * sizeof(float));
+    be->memset_zero(be, g->vb, (size_t)Vl * sizeof(float));
     dt_models_event(m, g->bl_head, DT_BLOCK_BEFORE_BACKWARD);
-    be->matmul_bwd(be, g->dC, G(m, g->word), g->dvb, s->logits, s->u, P(m, g->word), N, C, Vl);
-    be->scale(be, g->dvb, (size_t)Vl, dl);
-    be->accumulate(be, G(m, g->dbias), g->dvb, (size_t)Vl);
-    if (!g->first) /* the last stage's copy of the word embeddings and the bias: final now */
-        dt_models_ready(m, m->blocks[g->bl_head].first_tensor, m->blocks[g->bl_head].last_tensor,
-                        ready, ctx);
+    be->matmul_bwd(be, g->dC, G(m, g->word), g->vb, s->logits, s->u, P(m, g->word), N, C, Vl);
+    if (!g->first) /* the last stage's copy of the word embeddings: final now */
+        dt_models_ready(m, g->word, g->word, ready, ctx);
     dt_models_event(m, g->bl_head, DT_BLOCK_AFTER_BACKWARD);
     if ((rc = tp_allreduce(g, g->dC, NC, DT_SUM, "the gradient of the decoder's input", err)))
         return rc;
     be->scale(be, g->dC, NC, dl);
     /* the transform, replicated on all N rows: dhA = d tg, dhB = d t, then dX into dhA */
     dt_models_event(m, g->bl_cls, DT_BLOCK_BEFORE_BACKWARD);
+    be->scale(be, g->vb, (size_t)Vl, dl);
+    be->accumulate(be, G(m, g->dbias), g->vb, (size_t)Vl);
     be->memset_zero(be, g->dhA, fNC);
     be->layernorm_bwd(be, g->dhA, G(m, g->tlnw), G(m, g->tlnb), g->dC, s->tg, P(m, g->tlnw), s->um,
                       s->ur, N, C);
@@ -806,7 +809,7 @@ static void bert_free(dt_model *m)
                 be->free(be, *b[i].p);
     }
     void *bufs[] = {g->dres, g->dA,  g->dC,   g->dqkv,  g->d4a,  g->d4b, g->datt,
-                    g->dhA,  g->dhB, g->dvb,  g->dpool, g->dpre, g->dcls, g->xmax,
+                    g->dhA,  g->dhB, g->vb,   g->dpool, g->dpre, g->dcls, g->xmax,
                     g->xsums, g->gat, g->dCs, g->dln};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->free(be, bufs[i]);
@@ -974,10 +977,6 @@ static int build_tables(dt_model *m, bert *g, dt_err *err)
     for (size_t i = 0; g->first && i < DT_ARRAY_LEN(embed); i++)
         if ((rc = ADD(embed[i])))
             return rc;
-    if (g->first && g->last &&
-        (rc = add_tensor(m, g, &g->dbias, true, SPLIT_VOCAB, g->V, 0, "cls.predictions.bias",
-                         err)))
-        return rc;
     for (int l = g->lo; l < g->hi; l++)
         for (size_t i = 0; i < DT_ARRAY_LEN(layer_tensors); i++) {
             snprintf(nm, sizeof nm, "bert.encoder.layer.%d.%s", l, layer_tensors[i].name);
@@ -990,16 +989,17 @@ static int build_tables(dt_model *m, bert *g, dt_err *err)
     for (size_t i = 0; g->last && i < (g->nsp ? DT_ARRAY_LEN(cls) : 4); i++)
         if ((rc = ADD(cls[i])))
             return rc;
-    if (g->last && !g->first && /* the last stage's copy of the tied word embeddings */
-        ((rc = ADD(embed[0])) ||
-         (rc = add_tensor(m, g, &g->dbias, true, SPLIT_VOCAB, g->V, 0, "cls.predictions.bias",
-                          err))))
+    if (g->last &&
+        (rc = add_tensor(m, g, &g->dbias, true, SPLIT_VOCAB, g->V, 0, "cls.predictions.bias",
+                         err)))
+        return rc;
+    if (g->last && !g->first && (rc = ADD(embed[0]))) /* the last stage's copy of the tied word
+                                                       * embeddings */
         return rc;
 #undef ADD
     int nb = 0;
     if (g->first &&
-        (rc = dt_models_add_block(m, g->word, g->last ? g->dbias : g->elnb, g->last ? 2 : 1, err,
-                                  "embed")) < 0)
+        (rc = dt_models_add_block(m, g->word, g->elnb, g->last ? 2 : 1, err, "embed")) < 0)
         return rc;
     nb += g->first;
     g->bl_layer0 = nb;
@@ -1008,13 +1008,12 @@ static int build_tables(dt_model *m, bert *g, dt_err *err)
                                       l)) < 0)
             return rc;
     g->bl_cls = nb;
-    if (g->last && (rc = dt_models_add_block(m, g->tw, g->nsp ? g->sb : g->tlnb, 1, err,
-                                             "cls")) < 0)
+    if (g->last && (rc = dt_models_add_block(m, g->tw, g->dbias, 1, err, "cls")) < 0)
         return rc;
     nb += g->last;
     g->bl_head = g->first ? 0 : nb;
     if (g->last && !g->first &&
-        (rc = dt_models_add_block(m, g->word, g->dbias, 1, err, "head")) < 0)
+        (rc = dt_models_add_block(m, g->word, g->word, 1, err, "head")) < 0)
         return rc;
     return 0;
 }
@@ -1137,7 +1136,7 @@ int dt_bert_create(dt_model *m, dt_comm *comm, dt_err *err)
         {&g->datt, NATT},
         {&g->dhA, lst * NC},
         {&g->dhB, lst * NC},
-        {&g->dvb, lst * (size_t)g->Vl},
+        {&g->vb, lst * (size_t)g->Vl},
         {&g->dpool, nsp * BC},
         {&g->dpre, nsp * BC},
         {&g->dcls, nsp * BC},
