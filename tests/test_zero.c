@@ -117,6 +117,14 @@ static void tiny_gpt(zrun *z)
     add(z, "train.warmup_steps=1");
 }
 
+/* gpt's shape as bert with the NSP head, on the MLM samples of the same text. */
+static void tiny_bert(zrun *z)
+{
+    tiny_gpt(z);
+    add(z, "model.type=bert");
+    add(z, "model.nsp=true");
+}
+
 static void tiny_resnet(zrun *z)
 {
     add(z, "model.depth=8");
@@ -337,7 +345,7 @@ static rank_out last_zero;
 static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zrun *),
                              const char *const *more, bool norm_exact)
 {
-    const char *config = !strcmp(what, "gpt")      ? "quickstart.ini"
+    const char *config = !strcmp(what, "gpt") || !strcmp(what, "bert") ? "quickstart.ini"
                          : !strcmp(what, "resnet") ? "resnet.ini"
                                                    : "mlp.ini";
     zrun zr = base(config, N, zero, fmt("%s-z%d-n%d", what, zero, N));
@@ -442,6 +450,19 @@ static void test_gpt_stages(void)
     for (int zero = 1; zero <= 2; zero++)
         for (int N = 2; N <= 4; N++)
             compare_with_ddp("gpt", zero, N, tiny_gpt, buckets, false);
+}
+
+/* bert: stages 1 and 2 on 2 to 4 ranks, stage 3 (with recompute = selective on 3) against DDP,
+ * bit for bit. */
+static void test_bert_stages(void)
+{
+    const char *const buckets[] = {"ddp.first_bucket_mb=0.002", "ddp.bucket_cap_mb=0.01", NULL};
+    const char *const sel[] = {"train.recompute=selective", NULL};
+    for (int zero = 1; zero <= 2; zero++)
+        for (int N = 2; N <= 4; N++)
+            compare_with_ddp("bert", zero, N, tiny_bert, buckets, false);
+    compare_with_ddp("bert", 3, 2, tiny_bert, NULL, false);
+    compare_with_ddp("bert", 3, 3, tiny_bert, sel, false);
 }
 
 static void test_resnet_stages(void)
@@ -1156,6 +1177,7 @@ int main(int argc, char **argv)
         {"mlp_stages_2_to_4_ranks", test_mlp_stages, 300},
         {"gpt_stages_2_to_4_ranks", test_gpt_stages, 300},
         {"resnet_stages_2_to_4_ranks", test_resnet_stages, 300},
+        {"bert_stages_1_2_3", test_bert_stages, 300},
         {"options_clip_fp16_accum_compress_sgd", test_options, 300},
         {"stage2_coarse_granule_64k", test_stage2_coarse_granule, 120},
         {"stage3_mlp_gpt_resnet_2_to_4_ranks", test_stage3_models, 300},
