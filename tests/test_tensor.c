@@ -378,7 +378,8 @@ static void test_tensor_equals_one_process(void)
 
 /* bert (bert.c's tensor-parallel form, the MLM samples of the GPL text with sentence pairs: 4
  * special tokens, vocabulary 260) at T = 2, D = 2 x T = 2 under DDP, under ZeRO-1 with sequence
- * parallelism, and under ZeRO-3 with recompute = block, each against one process on the same
+ * parallelism, and under ZeRO-3 with recompute = block, and plain DDP on 2 ranks and DP with 2
+ * replicas (job.strategy = dp), each against one process on the same
  * global batch over 20 steps (the masked positions are the same in every layout, and every
  * sample has as many: data/mlm.h). */
 static trun bert_base(int N, int T, int B, const char *name)
@@ -397,17 +398,22 @@ static void test_bert_layouts(void)
     DT_REQUIRE(all_ok(&one, st));
     DT_CHECK_STR(one.out[0].t_name[0], "bert.embeddings.word_embeddings.weight");
     DT_CHECK_INT(one.out[0].t_n[0], 260 * 16);
-    trun runs[4] = {bert_base(2, 2, 8, "bert-t2"), bert_base(4, 2, 4, "bert-d2xt2"),
-                    bert_base(4, 2, 4, "bert-d2xt2-z1-sp"), bert_base(4, 2, 4, "bert-d2xt2-z3")};
+    trun runs[6] = {bert_base(2, 2, 8, "bert-t2"),          bert_base(4, 2, 4, "bert-d2xt2"),
+                    bert_base(4, 2, 4, "bert-d2xt2-z1-sp"), bert_base(4, 2, 4, "bert-d2xt2-z3"),
+                    bert_base(2, 1, 4, "bert-ddp2"),        bert_base(1, 1, 4, "bert-dp2")};
+    const char *want[6] = {"tensor", "tensor", "tensor", "tensor", "ddp", "dp"};
     add(&runs[1], "ddp.first_bucket_mb=0.002");
     add(&runs[2], "parallel.zero=1");
     add(&runs[2], "parallel.sequence_parallel=true");
     add(&runs[3], "parallel.zero=3");
     add(&runs[3], "train.recompute=block");
-    for (int i = 0; i < 4; i++) {
+    add(&runs[4], "ddp.first_bucket_mb=0.002"); /* plain DDP: several buckets */
+    add(&runs[5], "job.strategy=dp");           /* DP: one process, 2 replica threads */
+    add(&runs[5], "job.dp_replicas=2");
+    for (int i = 0; i < 6; i++) {
         run(&runs[i], st);
         if (all_ok(&runs[i], st)) {
-            DT_CHECK_STR(runs[i].out[0].strategy, "tensor");
+            DT_CHECK_STR(runs[i].out[0].strategy, want[i]);
             compare(&runs[i], &one, STEPS, 1e-5);
         }
         unmap(&runs[i]);
@@ -905,7 +911,7 @@ int main(int argc, char **argv)
         {"config_errors", test_config_errors, 60},
         {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
         {"padded_vocabulary", test_padded_vocabulary, 120},
-        {"bert_t2_d2xt2_zero_sp_equal_one_process", test_bert_layouts, 240},
+        {"bert_t2_d2xt2_zero_sp_ddp_dp_equal_one_process", test_bert_layouts, 240},
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
         {"data_2_x_tensor_2_zero_1_2_3", test_data_x_tensor_zero, 180},
         {"accumulation_global_batch_fp16", test_accumulation, 120},
