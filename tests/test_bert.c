@@ -17,6 +17,9 @@
  * - bert_padding: padded positions change nothing at the real ones (the padded tokens' ids are
  *   changed: the logits at every real position stay bit-identical).
  * - bert_table: the tensor table under Hugging Face's names, shapes, the blocks.
+ * - bert_configs: configs/bert-mlm.ini and configs/bert-tp2-pp2.ini (on its 8 workers) run as
+ *   shipped, briefly, with a falling loss; the latter's checkpoint holds whole tensors under
+ *   Hugging Face's names.
  */
 #include <math.h>
 #include <stdio.h>
@@ -464,11 +467,80 @@ static void test_bert_table(void)
     be->close(be);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* the shipped job files, briefly */
+
+/* The loss of metrics.jsonl's first and last train records. */
+static void first_last_loss(const char *dir, double *first, double *last)
+{
+    char *text = dt_test_slurp(dt_test_fmt("%s/metrics.jsonl", dir));
+    *first = *last = NAN;
+    for (char *p = text; p && (p = strstr(p, "\"type\":\"train\"")); p++) {
+        char *l = strstr(p, "\"loss\":");
+        if (!l)
+            break;
+        *last = strtod(l + 7, NULL);
+        if (isnan(*first))
+            *first = *last;
+    }
+    free(text);
+}
+
+/* configs/bert-mlm.ini (60 steps instead of 300) and configs/bert-tp2-pp2.ini on its 8 cpu
+ * workers (20 steps): both run as shipped with a falling loss; the second's checkpoint (saved by
+ * T = 2 x P = 2 x D = 2 ranks, each holding slices of a stage) lists whole tensors under Hugging
+ * Face's names. */
+static void test_bert_configs(void)
+{
+    const char *repo = dt_test_repo_dir("configs"), *tmp = dt_test_tmpdir();
+    struct {
+        const char *config, *more, *needle;
+    } runs[2] = {
+        {"bert-mlm.ini", "train.steps=60 train.eval_every=30 checkpoint.every=0",
+         "masked-LM samples (0.15 masked, sentence pairs, vocabulary 256 + 4)"},
+        {"bert-tp2-pp2.ini", "train.steps=20 train.eval_every=20 checkpoint.every=20",
+         "layout: data 2 x tensor 2 x pipeline 2"},
+    };
+    for (int k = 0; k < 2; k++) {
+        const char *dir = dt_test_fmt("%s/run%d", tmp, k);
+        char *out = NULL;
+        int rc = dt_test_run(dt_test_fmt("cd '%s' && %s --standalone --max-restarts=0 configs/%s "
+                                         "job.device=cpu %s job.output_dir=%s 2>&1",
+                                         repo, dt_test_dtrain_bin(), runs[k].config,
+                                         runs[k].more, dir),
+                             &out, 240);
+        DT_CHECK_MSG(rc == 0, "%s: exit %d: %.3000s", runs[k].config, rc, out ? out : "");
+        if (out)
+            DT_CHECK_CONTAINS(out, runs[k].needle);
+        free(out);
+        double first, last;
+        first_last_loss(dir, &first, &last);
+        printf("    %s: loss %.4f -> %.4f\n", runs[k].config, first, last);
+        DT_CHECK_MSG(first > 5.5 && last < first - 0.5, "%s: loss %g -> %g", runs[k].config,
+                     first, last);
+    }
+    char *show = NULL;
+    int rc = dt_test_run(dt_test_fmt("%s ckpt show %s/run1/checkpoints/step_20 2>&1",
+                                     dt_test_dtrain_bin(), tmp),
+                         &show, 60);
+    DT_CHECK_INT(rc, 0);
+    if (show) {
+        DT_CHECK_CONTAINS(show, "bert.embeddings.word_embeddings.weight  F32  [260, 128]");
+        DT_CHECK_CONTAINS(show, "bert.encoder.layer.3.intermediate.dense.weight  F32  [512, 128]");
+        DT_CHECK_CONTAINS(show, "bert.encoder.layer.3.output.dense.weight  F32  [128, 512]");
+        DT_CHECK_CONTAINS(show, "cls.predictions.bias  F32  [260]");
+        DT_CHECK_CONTAINS(show, "cls.seq_relationship.weight  F32  [2, 128]");
+        DT_CHECK_CONTAINS(show, "bert.pooler.dense.weight  F32  [128, 128]");
+    }
+    free(show);
+}
+
 static const dt_test tests[] = {
     {"bert_reference", test_bert_reference, 120},
     {"bert_reference_nsp", test_bert_reference_nsp, 120},
     {"bert_padding", test_bert_padding, 0},
     {"bert_table", test_bert_table, 0},
+    {"bert_configs", test_bert_configs, 300},
 };
 
 int main(int argc, char **argv)
