@@ -76,6 +76,22 @@ static void test_dp_vs_ddp(void)
     DT_CHECK_CONTAINS(out, "of this machine's ceiling");
 }
 
+/* --model bert-large: the seed's model in the job's place (scaled down on the cpu), and the row
+ * in the seed's columns beside the seed's figures; an unknown model is a usage error. */
+static void test_dp_vs_ddp_bert_large(void)
+{
+    DT_CHECK_INT(bench(240, "dp-vs-ddp configs/bert-mlm.ini --model bert-large --steps 2 "
+                            "--warmup 1 --repeat 1 job.device=cpu"), 0);
+    DT_CHECK_CONTAINS(out, "model bert,");
+    DT_CHECK_CONTAINS(out, "the seed's experiment, bert-large (2 x 256 x 4, T 64, batch 4 (cpu: "
+                           "scaled down))");
+    DT_CHECK_CONTAINS(out, "DP sentences/s DDP sentences/s   DDP/DP    util DP   util DDP");
+    DT_CHECK_CONTAINS(out, "\nbert-large ");
+    DT_CHECK_CONTAINS(out, "(24 x 1024 x 16 on 8 V100s)");
+    DT_CHECK_INT(bench(30, "dp-vs-ddp configs/bert-mlm.ini --model bert-huge"), 2);
+    DT_CHECK_CONTAINS(out, "--model bert-huge is not one of the seed's models");
+}
+
 static void test_ckpt(void)
 {
     DT_CHECK_INT(bench(120, "ckpt --params 100000 --saves 1 --step-ms 20"), 0);
@@ -253,6 +269,7 @@ int main(int argc, char **argv)
         {"bench_train", test_train, 150},
         {"bench_allreduce", test_allreduce, 150},
         {"bench_dp_vs_ddp", test_dp_vs_ddp, 200},
+        {"bench_dp_vs_ddp_bert_large", test_dp_vs_ddp_bert_large, 300},
         {"bench_ckpt", test_ckpt, 150},
         {"bench_memory", test_memory, 200},
         {"bench_tensor", test_tensor, 200},
