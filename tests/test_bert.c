@@ -461,9 +461,32 @@ static void test_bert_table(void)
         DT_CHECK_STR(m->blocks[b].name, blocks[b]);
         DT_CHECK_INT(m->blocks[b].windows, b == 0 ? 2 : 1);
     }
-    /* bert-large (the seed's 24 x 1024 x 16, vocabulary 30522 + 512 positions): 336M in
-     * Hugging Face's count (its pooler and NSP head included, decoder tied) */
     dt_model_free(m);
+    be->close(be);
+}
+
+/* bert-base with the uncased vocabulary (30522) and 512 positions has BertForPreTraining's
+ * 110,106,428 parameters (BertModel's 109,482,240, the MLM transform and decoder bias, the NSP
+ * head); without model.nsp the pooler and seq_relationship go. (bert-large, by the same
+ * formula: 336,226,108.) */
+static void test_bert_base_count(void)
+{
+    dt_backend *be = be_new();
+    dt_model_config c = bert_cfg(true);
+    c.n_layer = 12;
+    c.n_head = 12;
+    c.n_embd = 768;
+    c.block_size = 512;
+    c.shape.vocab_size = 30522;
+    c.max_batch = 1;
+    for (int nsp = 1; nsp >= 0; nsp--) {
+        c.nsp = nsp;
+        dt_model *m = NULL;
+        dt_err err = {0}, *e = &err;
+        DT_REQUIRE_OK(dt_model_create(&m, &c, be, NULL, e), e);
+        DT_CHECK_INT(m->num_params, nsp ? 110106428 : 110106428 - (768 * 768 + 768) - (2 * 768 + 2));
+        dt_model_free(m);
+    }
     be->close(be);
 }
 
@@ -540,6 +563,7 @@ static const dt_test tests[] = {
     {"bert_reference_nsp", test_bert_reference_nsp, 120},
     {"bert_padding", test_bert_padding, 0},
     {"bert_table", test_bert_table, 0},
+    {"bert_base_count", test_bert_base_count, 60},
     {"bert_configs", test_bert_configs, 300},
 };
 
