@@ -961,7 +961,7 @@ static void against_one_layout(bool gpt, int D, int T, int P, int M, const char 
                    * (stage 3 on one rank would run stage 3: it is not given the key) */
     for (; more && *more; more++) {
         bool zkey = !strncmp(*more, "parallel.zero=", 14);
-        if (!zkey)
+        if (!zkey && strncmp(*more, "parallel.sequence_parallel=", 27)) /* the layout's only */
             padd(&one, *more);
         padd(&pp, *more);
         if (zkey)
@@ -1292,8 +1292,9 @@ static void test_gpt_d2_t2_p2(void)
 
 /* bert (bert.c's stages: the embeddings on stage 0, the MLM and NSP heads and a copy of the
  * tied word embeddings on the last, kept equal by the embedding group): P = 2 and 4, the seed's
- * mix T = 2 x P = 2 and D = 2 x T = 2 x P = 2, and D = 2 x P = 2 under ZeRO-1 with selective
- * recomputation, each against one process on the same global batch. */
+ * mix T = 2 x P = 2 (also with sequence parallelism: the stages pass the shards) and D = 2 x T =
+ * 2 x P = 2, and D = 2 x P = 2 under ZeRO-1 with recompute = block, each against one process on
+ * the same global batch. */
 static void test_bert_pipeline(void)
 {
     pbert = true;
@@ -1301,7 +1302,9 @@ static void test_bert_pipeline(void)
     const char *const z1[] = {"parallel.zero=1", "train.recompute=block", NULL};
     against_one_model(true, 2, 4, "1f1b", NULL, "-bert");
     against_one_model(true, 4, 4, "gpipe", sel, "-bert-sel");
+    const char *const sp[] = {"parallel.sequence_parallel=true", NULL};
     against_one_layout(true, 1, 2, 2, 4, "1f1b", NULL, "-bert-t2");
+    against_one_layout(true, 1, 2, 2, 4, "gpipe", sp, "-bert-t2-sp");
     against_one_layout(true, 2, 2, 2, 2, "1f1b", NULL, "-bert-d2-t2");
     against_one_layout(true, 2, 1, 2, 2, "gpipe", z1, "-bert-d2-z1-rec");
 }

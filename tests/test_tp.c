@@ -842,7 +842,7 @@ static void test_sp_config(void)
                                  dt_test_dtrain_bin(), dt_test_self_dir()),
                          &out, 30);
     DT_CHECK(rc != 0);
-    DT_CHECK_CONTAINS(out ? out : "", "set parallel.tensor > 1 (gpt), or "
+    DT_CHECK_CONTAINS(out ? out : "", "set parallel.tensor > 1 (gpt, bert), or "
                                       "parallel.sequence_parallel = false");
     free(out);
     out = NULL;

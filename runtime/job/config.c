@@ -1424,7 +1424,7 @@ static void sequence_parallel_validate(const dt_job *job, const parse_ctx *c, co
     if (T <= 1) {
         add_error(errs, AT("parallel.sequence_parallel", "parallel.tensor"), 0,
                   "parallel.sequence_parallel = true splits what tensor parallelism replicates, "
-                  "but parallel.tensor = %d: set parallel.tensor > 1 (gpt), or "
+                  "but parallel.tensor = %d: set parallel.tensor > 1 (gpt, bert), or "
                   "parallel.sequence_parallel = false",
                   T);
         return;
