@@ -275,8 +275,9 @@ static int col_parallel_dinp(const bert *g, const float **dx, size_t N, const ch
 /* ------------------------------------------------------------------------------------------ */
 /* the encoder layer */
 
-/* Encoder layer l on its input res (Ns,C) into a (a->out, or with recompute `out` NULL: the
- * output LayerNorm writes into g->dA, scratch, and the kept output stays as it is). */
+/* Encoder layer l on its input res (Ns,C) into a, its output into a->out; when recompute (the
+ * recomputation at the start of the layer's backward) the output LayerNorm writes into g->dA,
+ * scratch, and the kept output stays as it is. */
 static int layer_fwd(dt_model *m, bert *g, int l, const float *res, const bert_acts *a, int B,
                      int T, bool recompute, dt_err *err)
 {

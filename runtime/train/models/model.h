@@ -99,7 +99,7 @@ typedef enum dt_recompute {
                                  * each BasicBlock's output), recompute the block's forward at
                                  * the start of its backward: one block's intermediates are
                                  * allocated instead of one per block */
-    DT_RECOMPUTE_SELECTIVE = 2, /* gpt only (Megatron's selective mode): keep everything but the
+    DT_RECOMPUTE_SELECTIVE = 2, /* gpt, bert (Megatron's selective mode): keep everything but the
                                  * attention probabilities (B,NH,T,T) per layer, recompute them
                                  * from the saved q,k,v in backward */
 } dt_recompute;
@@ -119,9 +119,10 @@ typedef struct dt_model_config {
     int depth, width;
     bool sync_bn;         /* all-reduce BatchNorm statistics through `comm` */
     float bn_momentum, bn_eps;
-    dt_recompute recompute; /* gpt: all three; resnet: none, block; mlp: none, block (an mlp
+    dt_recompute recompute; /* gpt, bert: all three; resnet: none, block; mlp: none, block (an mlp
                              * keeps only each layer's input already: block is none) */
-    /* Tensor parallelism (gpt only; 0 or 1: none): this rank is tp_rank of tp_size and holds
+    /* Tensor parallelism (gpt, and bert as bert.c's header says; 0 or 1: none): this rank is
+     * tp_rank of tp_size and holds
      * 1/tp_size of every attention and MLP block (Megatron: c_attn and c_fc column-parallel,
      * the c_proj's row-parallel) and of the vocabulary (wte: vocab-parallel embedding, tied
      * head and cross-entropy); LayerNorms, wpe and the row-parallel biases are replicated. The
@@ -130,7 +131,7 @@ typedef struct dt_model_config {
      * stream as tp_size = 1 and keeps this rank's slice, so every layout starts bit-identical.
      * Tensor tables (m->tensors) describe the local slices, with tp_dim/tp_parts/whole_shape. */
     int tp_size, tp_rank;
-    /* Sequence parallelism (Megatron-SP; gpt only, needs tp_size > 1 and shape.seq_len
+    /* Sequence parallelism (Megatron-SP; gpt and bert, needs tp_size > 1 and shape.seq_len
      * divisible by tp_size, else dt_model_create is -EINVAL): the residual stream, the
      * LayerNorms and the row-parallel bias adds hold this rank's 1/tp_size of the batch's
      * tokens instead of all of them, the all-reduces become reduce-scatters and all-gathers
@@ -183,7 +184,8 @@ typedef void (*dt_grad_ready_fn)(void *ctx, size_t offset, size_t numel);
  *     cfg.recompute, a block's backward window also holds the recomputation of its forward
  *     (no extra events: the parameters are read again inside BEFORE/AFTER_BACKWARD).
  *   - Tied weights: a block may have more than one window per pass; blocks[b].windows says
- *     how many. Only gpt's "embed" has two: the output projection is wte again, so a gpt
+ *     how many. Only gpt's and bert's "embed" have two (bert.c: its MLM decoder reads the word
+ *     embeddings again, after the "cls" window). gpt's output projection is wte again, so a gpt
  *     forward is embed, h.0 .. h.{L-1}, ln_f, embed (the head); a gpt backward is embed (the
  *     head: reads wte, accumulates into wte's gradient), ln_f, h.{L-1} .. h.0, embed (the
  *     embedding backward, which reads no parameter but accumulates into wte's and wpe's
@@ -326,9 +328,10 @@ struct dt_job;
 /* Fills cfg from the [model] keys of a loaded job (presets already applied by the config
  * loader), the data's sample shape and [train] batch_size (max_batch) and [job] seed:
  *   gpt:    n_layer, n_head, n_embd, block_size; needs token samples with seq_len <= block_size
+ *   bert:   as gpt, and nsp
  *   mlp:    hidden "512,256" -> n_hidden, hidden[]; vector or image samples (images flattened)
  *   resnet: depth (6n+2), width, sync_bn; image samples; BatchNorm momentum 0.1, eps 1e-5
- *   all:    [train] recompute (selective: gpt only)
+ *   all:    [train] recompute (selective: gpt and bert)
  * Returns 0, or -EINVAL with a message naming the [model] key or the data that does not fit
  * (cfg is then partly filled). */
 int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
