@@ -1,7 +1,7 @@
 /* models.c - the helpers every model of the zoo shares (see models.h): the tensor tables, the
  * flat parameter / gradient / buffer storage, host-side initialisation and upload, and the
- * loss and accuracy read-backs, the tensor look-up by name and the tensor-parallel slices
- * (dt_tensor_tp_copy). Nothing here knows a particular model, and nothing here calls the
+ * loss and accuracy read-backs, the tensor look-up by name, the tensor-parallel slices
+ * (dt_tensor_tp_copy) and batch views (dt_batch_slice). Nothing here knows a particular model, and nothing here calls the
  * registry (zoo.c), which includes every model: what a model calls lives here, so no model
  * and the registry include each other in a loop. */
 #include <stdarg.h>
