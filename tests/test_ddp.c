@@ -28,7 +28,7 @@
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
 #include "runtime/comm/comm.h"
-#include "runtime/train/parallel/ddp.h"
+#include "runtime/train/parallel/dpsync/ddp.h"
 #include "runtime/train/parallel/dp.h"
 #include "runtime/train/models/model.h"
 #include "runtime/train/optim.h"

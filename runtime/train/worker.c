@@ -244,9 +244,16 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     const dt_grid *g = &t->grid;
     DT_INFO("layout: data %d x tensor %d x pipeline %d; this rank: dp %d, tp %d, pp %d", g->D,
             g->T, g->P, g->dp, g->tp, g->pp);
-    /* the strategy decides how many samples this rank draws per micro-step */
-    const dt_strategy_ops *ops = dt_strategy_pick(j, env->world_size);
+    /* the layout and its data-parallel sync, once; the layout decides how many samples this
+     * rank draws per micro-step */
+    const dt_dpsync_ops *sync;
+    const dt_strategy_ops *ops = dt_strategy_pick(j, g, &sync);
     t->batch = ops->rank_batch(j);
+    dt_ddp_opts ddp;
+    if ((rc = dt_ddp_opts_from_job(&ddp, j, err))) {
+        t->config_error = true;
+        goto fail;
+    }
 
     /* data first: a bad file is the most likely error and costs nothing to find */
     if ((rc = dt_data_open(&t->data, j, err)))
@@ -313,7 +320,8 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         mc.max_batch = t->batch;
     dt_optim_config oc;
     dt_optim_config_from_job(&oc, &t->sched, j, t->total_steps);
-    dt_strategy_ctx ctx = {.job = j, .env = env, .be_opts = &bo, .model = &mc, .optim = &oc};
+    dt_strategy_ctx ctx = {.job = j, .env = env, .be_opts = &bo, .model = &mc, .optim = &oc,
+                           .grid = g, .ddp = &ddp, .sync = sync};
     if ((rc = dt_strategy_open(&t->s, ops, &ctx, err)))
         goto fail;
     t->be = t->s->be;

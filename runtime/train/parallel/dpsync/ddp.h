@@ -33,7 +33,7 @@
  * other's gradients instead of staging copies. While the reducer lives, m->grads points there;
  * dt_ddp_free puts the model's own buffer back, with the current gradients.
  *
- * Sharding (opts.shard: ZeRO stages 1 and 2, see strategy_zero.h). Instead of all-reducing a
+ * Sharding (opts.shard: ZeRO stages 1 and 2, see dpsync_zero12.c). Instead of all-reducing a
  * bucket, the reducer reduce-scatters it (averaged, or 16-bit with compress, as above) and each
  * rank keeps its shard of the result:
  *   - bucket b = [lo, hi) of n elements is cut into N chunks of c = ceil(n / N) elements; rank r

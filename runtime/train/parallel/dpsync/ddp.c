@@ -7,7 +7,7 @@
  * strictly in bucket order. Small control-plane collectives (consistency check, metrics
  * averages) go through a scratch buffer of backend memory, so they work on any backend.
  */
-#include "runtime/train/parallel/ddp.h"
+#include "runtime/train/parallel/dpsync/ddp.h"
 
 #include <stdint.h>
 #include <stdio.h>
