@@ -44,7 +44,7 @@
 #include "runtime/job/config.h"
 #include "runtime/train/models/model.h"
 #include "runtime/train/parallel/pp_schedule.h"
-#include "runtime/train/parallel/strategy_pipeline.h"
+#include "runtime/train/parallel/strategy.h"
 #include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"

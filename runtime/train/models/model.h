@@ -258,7 +258,11 @@ struct dt_model {
     dt_model_config cfg;
     dt_backend *be;            /* borrowed; outlives the model */
     float *params;             /* (num_params) backend memory, owned */
-    float *grads;              /* (num_params) same layout, owned */
+    float *grads;              /* (num_params) same layout: what backward accumulates into. The
+                                  model's own buffer (owned), or memory a caller lent it with
+                                  dt_model_lend_grads */
+    float *own_grads;          /* the model's own gradient buffer while grads is lent memory
+                                  (owned); NULL otherwise */
     size_t num_params;
     dt_tensor_info *tensors;   /* (num_tensors) host, owned, in buffer order */
     int num_tensors;
@@ -298,6 +302,15 @@ void dt_model_free(dt_model *m);
 
 /* Index of the tensor called name, or -1. */
 int dt_model_find_tensor(const dt_model *m, const char *name);
+
+/* Lends m another gradient buffer: from now on backward accumulates into grads (num_params
+ * floats of m's backend memory, owned by the caller, alive until it takes it back) instead of
+ * the model's own buffer; grads NULL gives the model its own buffer back. Returns the model's
+ * own buffer, which stays the model's (dt_model_free frees it, lent or not) and is left as it
+ * is: copying gradients between the two, or giving the own buffer's memory back while it is
+ * not used (mem_release), is the caller's. DDP lends the model communicator memory this way
+ * (dpsync/ddp.h, "Communicator memory"), which the ranks of a host reduce from in place. */
+float *dt_model_lend_grads(dt_model *m, float *grads);
 
 /* Installs (fn, ctx) as m's block hook (fn NULL: none); see dt_block_event for the contract. */
 void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx);

@@ -233,13 +233,21 @@ void dt_model_free(dt_model *m)
         m->ops->free(m);
     if (m->be) {
         m->be->free(m->be, m->params);
-        m->be->free(m->be, m->grads);
+        m->be->free(m->be, m->own_grads ? m->own_grads : m->grads); /* never lent memory */
         m->be->free(m->be, m->buffers);
     }
     free(m->tensors);
     free(m->buffer_tensors);
     free(m->blocks);
     free(m);
+}
+
+float *dt_model_lend_grads(dt_model *m, float *grads)
+{
+    float *own = m->own_grads ? m->own_grads : m->grads;
+    m->grads = grads ? grads : own;
+    m->own_grads = grads ? own : NULL;
+    return own;
 }
 
 void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx)

@@ -398,6 +398,32 @@ void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)
         dt_dpsync_mem_whole(s->model, s->optim, out);
 }
 
+/* The layout's stats op, when it has one and s is open. */
+static int layout_stats(dt_strategy *s, dt_strategy_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s || !s->ops->stats || !s->impl || !s->model)
+        return -EINVAL;
+    s->ops->stats(s, out);
+    return 0;
+}
+
+int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out)
+{
+    dt_strategy_stats st;
+    int rc = layout_stats(s, &st);
+    *out = st.tp;
+    return rc ? rc : st.tensor ? 0 : -EINVAL;
+}
+
+int dt_strategy_pipeline_stats(dt_strategy *s, dt_pp_stats *out)
+{
+    dt_strategy_stats st;
+    int rc = layout_stats(s, &st);
+    *out = st.pp;
+    return rc ? rc : st.pipeline ? 0 : -EINVAL;
+}
+
 int dt_strategy_sync_stats(dt_strategy *s, dt_ddp_stats *out)
 {
     return s->sync ? dt_dpsync_stats(s->sync, out) : -ENOTSUP;

@@ -83,6 +83,46 @@ typedef struct dt_strategy_ctx {
                                        data-parallel group (NULL for dp) */
 } dt_strategy_ctx;
 
+/* What one rank of the tensor strategy holds and did, for `dtrain bench tensor` and the tests. */
+typedef struct dt_tensor_stats {
+    int D, T;                 /* data-parallel and tensor degrees */
+    int dp, tp;               /* this rank's coordinates */
+    size_t local_params;      /* parameters this rank holds (its slices + replicated tensors) */
+    size_t split_local;       /* of which slices of split tensors (vocabulary padding included) */
+    size_t replicated;        /* of which replicated tensors (LayerNorms, wpe, row biases) */
+    size_t whole_params;      /* the whole model's parameters (what a checkpoint holds) */
+    size_t split_whole;       /* whole elements of the tensors that are split */
+    double dp_wait_s;         /* total time sync_grads waited for the data-parallel reducer */
+    uint64_t clips;           /* clip calls (each one all-reduce of one double when T > 1) */
+    dt_comm_stats tp_comm;    /* the tensor group's counters (the world's when D = 1) */
+    dt_comm_stats dp_comm;    /* the data-parallel group's (zero when D = 1) */
+} dt_tensor_stats;
+
+
+/* What the last training micro_step of a pipeline rank measured (for dtrain bench pipeline). */
+typedef struct dt_pp_stats {
+    int P, M, stage;         /* layout of this rank */
+    int slots;               /* activation slots the model holds (GPipe M, 1F1B min(P-s, M)) */
+    int peak_in_flight;      /* most micro-batches whose activations were alive at once */
+    double step_s;           /* wall time of the last micro_step (the schedule, the loss) */
+    double compute_s;        /* of which in the model's stage_forward/stage_backward */
+    double fwd_s, bwd_s;     /* ... split into forwards and backwards */
+    double idle;             /* 1 - compute_s / step_s: this stage's bubble plus its waits */
+    size_t slot_bytes;       /* one micro-batch's activations on this stage (the model's) */
+    size_t act_bytes;        /* the model's activation memory plus the strategy's p2p buffers */
+    size_t peak_act_bytes;   /* peak_in_flight x slot_bytes: what the schedule kept alive */
+} dt_pp_stats;
+
+
+/* What a layout measured and holds beyond the sync's figures (strategy.h's stats op): the
+ * part of the layout that ran; the other is zero. */
+typedef struct dt_strategy_stats {
+    bool tensor;        /* tp holds the tensor layout's figures */
+    bool pipeline;      /* pp holds the pipeline layout's */
+    dt_tensor_stats tp;
+    dt_pp_stats pp;
+} dt_strategy_stats;
+
 typedef struct dt_strategy dt_strategy;
 
 typedef struct dt_strategy_ops {
@@ -130,6 +170,8 @@ typedef struct dt_strategy_ops {
      * gave hold the whole tensors until the next optim_step (by which time the trainer has
      * fenced the save's copy). NULL: they always hold them (single, ddp, dp). */
     int (*gather_state)(dt_strategy *s, dt_err *err);
+    /* The layout's own figures (dt_strategy_stats; NULL: it has none). */
+    void (*stats)(dt_strategy *s, dt_strategy_stats *out);
     /* Replica k's backend, k < s->replicas (k = 0: s->be): for memory and utilisation
      * figures per replica. */
     dt_backend *(*replica_backend)(dt_strategy *s, int k);
@@ -163,6 +205,11 @@ struct dt_strategy {
 typedef dt_dpsync_mem dt_strategy_mem;
 
 void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out);
+
+/* The layout's figures (the stats op): the tensor layout's, -EINVAL when s is another layout;
+ * the pipeline layout's likewise. For `dtrain bench tensor` and `bench pipeline`, the tests. */
+int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out);
+int dt_strategy_pipeline_stats(dt_strategy *s, dt_pp_stats *out);
 
 /* The reducer's figures of s's sync (ddp.h's dt_ddp_stats): -ENOTSUP for a sync without one
  * (none, ZeRO-3) or a strategy without a sync (dp), -EAGAIN before it exists. */

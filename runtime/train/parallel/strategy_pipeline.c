@@ -870,12 +870,10 @@ static void pipe_close(dt_strategy *s)
     free(p);
 }
 
-int dt_strategy_pipeline_stats(const dt_strategy *s, dt_pp_stats *out)
+static void pipe_stats(dt_strategy *s, dt_strategy_stats *out)
 {
-    if (!s || s->ops != &dt_strategy_pipeline_ops || !s->impl)
-        return -EINVAL;
-    *out = ((const pipe_impl *)s->impl)->st;
-    return 0;
+    out->pipeline = true;
+    out->pp = ((const pipe_impl *)s->impl)->st;
 }
 
 const dt_strategy_ops dt_strategy_pipeline_ops = {
@@ -892,6 +890,7 @@ const dt_strategy_ops dt_strategy_pipeline_ops = {
     .eval_step = pipe_eval_step,
     .state = pipe_state,
     .gather_state = pipe_gather_state,
+    .stats = pipe_stats,
     .replica_backend = dt_strategy_backend_one,
     .close = pipe_close,
 };

@@ -297,12 +297,11 @@ static void tp_close(dt_strategy *s)
     free(t);
 }
 
-int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out)
+static void tp_stats(dt_strategy *s, dt_strategy_stats *all)
 {
-    memset(out, 0, sizeof *out);
-    if (!s || s->ops != &dt_strategy_tensor_ops || !s->impl || !s->model)
-        return -EINVAL;
     const tp_impl *t = s->impl;
+    dt_tensor_stats *out = &all->tp;
+    all->tensor = true;
     out->D = t->grid.D;
     out->T = t->grid.T;
     out->dp = t->grid.dp;
@@ -316,7 +315,6 @@ int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out)
     out->clips = t->clips;
     dt_comm_stats_get(t->tp, &out->tp_comm);
     dt_comm_stats_get(t->dp, &out->dp_comm);
-    return 0;
 }
 
 const dt_strategy_ops dt_strategy_tensor_ops = {
@@ -333,6 +331,7 @@ const dt_strategy_ops dt_strategy_tensor_ops = {
     .eval_step = dt_strategy_sync_eval,
     .state = tp_state,
     .gather_state = tp_gather_state,
+    .stats = tp_stats,
     .replica_backend = dt_strategy_backend_one,
     .close = tp_close,
 };

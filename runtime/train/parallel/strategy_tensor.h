@@ -43,29 +43,8 @@
 #ifndef DT_STRATEGY_TENSOR_H
 #define DT_STRATEGY_TENSOR_H
 
-#include <stddef.h>
-#include <stdint.h>
-
 #include "runtime/train/parallel/strategy.h"
 
 extern const dt_strategy_ops dt_strategy_tensor_ops;
-
-/* What one rank of the tensor strategy holds and did, for `dtrain bench tensor` and the tests. */
-typedef struct dt_tensor_stats {
-    int D, T;                 /* data-parallel and tensor degrees */
-    int dp, tp;               /* this rank's coordinates */
-    size_t local_params;      /* parameters this rank holds (its slices + replicated tensors) */
-    size_t split_local;       /* of which slices of split tensors (vocabulary padding included) */
-    size_t replicated;        /* of which replicated tensors (LayerNorms, wpe, row biases) */
-    size_t whole_params;      /* the whole model's parameters (what a checkpoint holds) */
-    size_t split_whole;       /* whole elements of the tensors that are split */
-    double dp_wait_s;         /* total time sync_grads waited for the data-parallel reducer */
-    uint64_t clips;           /* clip calls (each one all-reduce of one double when T > 1) */
-    dt_comm_stats tp_comm;    /* the tensor group's counters (the world's when D = 1) */
-    dt_comm_stats dp_comm;    /* the data-parallel group's (zero when D = 1) */
-} dt_tensor_stats;
-
-/* -EINVAL when s is not the tensor strategy (or is not open). */
-int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out);
 
 #endif

@@ -887,8 +887,7 @@ static int use_comm_memory(dt_ddp *d, dt_err *err)
     } else {
         d->cmem_cat = DT_MEM_GRADS;
         memcpy(d->cmem, m->grads, bytes);
-        d->own_grads = m->grads;
-        m->grads = d->cmem;
+        d->own_grads = dt_model_lend_grads(m, d->cmem);
         m->be->mem_release(m->be, d->own_grads, 0, bytes);
     }
     dt_mem_external(m->be, d->cmem_cat, bytes, true);
@@ -1014,7 +1013,7 @@ void dt_ddp_free(dt_ddp *d)
             memcpy(d->own_grads, d->m->grads, bytes);
         else /* the gradients are lost with the communicator memory: the caller rebuilds */
             DT_WARN("DDP: taking the model's gradient buffer back: %s", err.msg);
-        d->m->grads = d->own_grads;
+        dt_model_lend_grads(d->m, NULL);
     }
     if (d->cmem) {
         dt_mem_external(d->m->be, d->cmem_cat, d->cmem_bytes, false);
