@@ -42,7 +42,7 @@ static dt_backend *be_new(void)
 {
     dt_backend *be = NULL;
     dt_err err = {0}, *e = &err;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, e), e);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, e), e);
     return be;
 }
 
@@ -50,7 +50,7 @@ static dt_model_config gpt_cfg(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "gpt");
+    c.arch = DT_ARCH_GPT;
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 10;
     c.shape.vocab_size = 23;
@@ -67,7 +67,7 @@ static dt_model_config mlp_cfg(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "mlp");
+    c.arch = DT_ARCH_MLP;
     c.shape.kind = DT_SAMPLE_VECTOR;
     c.shape.input_dim = 7;
     c.shape.n_classes = 5;
@@ -83,7 +83,7 @@ static dt_model_config resnet_cfg(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "resnet");
+    c.arch = DT_ARCH_RESNET;
     c.shape.kind = DT_SAMPLE_IMAGE;
     c.shape.channels = 3;
     c.shape.height = 8;
@@ -184,7 +184,7 @@ static void check_model_grads(const dt_model_config *cfg, int B, float noise, do
         const char *name = ti < m->num_tensors ? m->tensors[ti].name : "(all parameters)";
         if (!(fabs(fd - analytic) <= 2e-3 + 2e-2 * fabs(analytic))) {
             dt_test_fail_at(__FILE__, __LINE__, "%s %s: grad.d = %.6g, finite differences %.6g",
-                            cfg->type, name, analytic, fd);
+                            dt_model_arch_name(cfg->arch), name, analytic, fd);
             bad++;
         }
     }
@@ -199,7 +199,7 @@ static void check_model_grads(const dt_model_config *cfg, int B, float noise, do
     for (size_t i = 0; i < n; i++)
         mism += !(fabsf(g3[i] - 3.0f * g[i]) <= 1e-5f + 1e-4f * fabsf(3.0f * g[i]));
     DT_CHECK_MSG(mism == 0, "%s: grads after a second backward with scale 2 are not 3x (%d off)",
-                 cfg->type, mism);
+                 dt_model_arch_name(cfg->arch), mism);
     dt_model_free(m);
     be->close(be);
     dt_test_batch_free(&hb);
@@ -263,13 +263,13 @@ static void check_ready(const dt_model_config *cfg, int B)
     for (int i = 1; i < l->n; i++)
         DT_CHECK_MSG(l->off[i] + l->cnt[i] == l->off[i - 1],
                      "%s: range %d [%zu,+%zu) does not end where range %d begins (%zu)",
-                     cfg->type, i, l->off[i], l->cnt[i], i - 1, l->off[i - 1]);
+                     dt_model_arch_name(cfg->arch), i, l->off[i], l->cnt[i], i - 1, l->off[i - 1]);
     DT_CHECK_INT(l->off[l->n - 1], 0);
     /* and each range was final when reported */
     float *g = host_copy(be, m->grads, m->num_params);
     for (int i = 0; i < l->n; i++)
         DT_CHECK_MSG(memcmp(l->snap[i], g + l->off[i], l->cnt[i] * sizeof(float)) == 0,
-                     "%s: range %d changed after it was reported ready", cfg->type, i);
+                     "%s: range %d changed after it was reported ready", dt_model_arch_name(cfg->arch), i);
     /* ranges align with tensor boundaries */
     for (int i = 0; i < l->n; i++) {
         bool start = false;
@@ -323,7 +323,7 @@ static void hook_fail(hook_state *h, const char *what, int b)
 {
     if (h->bad++ < 5)
         dt_test_fail_at(__FILE__, __LINE__, "%s: block hook: %s (block %d, event %d)",
-                        h->m->cfg.type, what, b, h->nev);
+                        dt_model_arch_name(h->m->cfg.arch), what, b, h->nev);
 }
 
 static void on_block(void *ctx, int b, dt_block_event ev)
@@ -379,7 +379,7 @@ static void on_block_ready(void *ctx, size_t offset, size_t numel)
 static int expected_events(const dt_model *m, bool bwd, int *seq)
 {
     int n = 0, nb = m->num_blocks;
-    bool gpt = !strcmp(m->cfg.type, "gpt");
+    bool gpt = m->cfg.arch == DT_ARCH_GPT;
     if (!bwd) {
         for (int b = 0; b < nb; b++)
             seq[n++] = b;
@@ -398,13 +398,13 @@ static void check_event_order(hook_state *h, bool bwd)
 {
     int seq[512];
     int n = expected_events(h->m, bwd, seq);
-    DT_CHECK_MSG(h->nev == 2 * n, "%s: %d block events in a %s, expected %d", h->m->cfg.type,
+    DT_CHECK_MSG(h->nev == 2 * n, "%s: %d block events in a %s, expected %d", dt_model_arch_name(h->m->cfg.arch),
                  h->nev, bwd ? "backward" : "forward", 2 * n);
     for (int i = 0; i < n && 2 * i + 1 < h->nev && 2 * i + 1 < 4096; i++) {
         dt_block_event before = bwd ? DT_BLOCK_BEFORE_BACKWARD : DT_BLOCK_BEFORE_FORWARD;
         DT_CHECK_MSG(h->ev_block[2 * i] == seq[i] && h->ev[2 * i] == before &&
                          h->ev_block[2 * i + 1] == seq[i] && h->ev[2 * i + 1] == before + 1,
-                     "%s: window %d is block %d (event %d), expected block %d", h->m->cfg.type,
+                     "%s: window %d is block %d (event %d), expected block %d", dt_model_arch_name(h->m->cfg.arch),
                      i, h->ev_block[2 * i], (int)h->ev[2 * i], seq[i]);
     }
     /* windows per block and pass: blocks[b].windows */
@@ -478,7 +478,7 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
         for (int micro = 0; micro < (s == 1 ? 2 : 1); micro++) {
             float lr = fwd(ref, &hb.b, true), lm = fwd(m, &hb.b, true);
             DT_CHECK_MSG(memcmp(&lr, &lm, sizeof lr) == 0, "%s step %d: loss %.9g, reference %.9g",
-                         cfg->type, s, lm, lr);
+                         dt_model_arch_name(cfg->arch), s, lm, lr);
             if (hook)
                 check_event_order(h, false);
             h->nready = 0;
@@ -502,7 +502,7 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
             }
         DT_CHECK_MSG(diff == 0, "%s step %d: %zu gradients differ from the reference (first at "
                                 "%zu: %.9g vs %.9g)",
-                     cfg->type, s, diff, first, first < n ? gm[first] : 0.0, first < n ? gr[first] : 0.0);
+                     dt_model_arch_name(cfg->arch), s, diff, first, first < n ? gm[first] : 0.0, first < n ? gr[first] : 0.0);
         if (hook) { /* every block's memory is poisoned again between passes */
             float *pm = host_copy(be, m->params, n);
             size_t finite = 0;
@@ -530,7 +530,7 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
     dt_test_batch_make(&hb, cfg, B, 30);
     float lr = fwd(ref, &hb.b, false), lm = fwd(m, &hb.b, false);
     DT_CHECK_MSG(memcmp(&lr, &lm, sizeof lr) == 0, "%s eval: loss %.9g, reference %.9g",
-                 cfg->type, lm, lr);
+                 dt_model_arch_name(cfg->arch), lm, lr);
     if (hook)
         check_event_order(h, false);
     DT_CHECK_INT(h->bad, 0);
@@ -538,7 +538,7 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
         float *br = host_copy(be, ref->buffers, m->num_buffers);
         float *bm = host_copy(be, m->buffers, m->num_buffers);
         DT_CHECK_MSG(memcmp(br, bm, m->num_buffers * sizeof(float)) == 0,
-                     "%s: running statistics differ from the reference", cfg->type);
+                     "%s: running statistics differ from the reference", dt_model_arch_name(cfg->arch));
         free(br);
         free(bm);
     }
@@ -670,7 +670,7 @@ static void check_blocks(const dt_model_config *cfg, const char *const *names, i
         DT_CHECK_INT(k->offset, m->tensors[k->first_tensor].offset);
         DT_CHECK_INT(k->offset + k->numel,
                      m->tensors[k->last_tensor].offset + m->tensors[k->last_tensor].numel);
-        DT_CHECK(k->windows == (strcmp(cfg->type, "gpt") == 0 && b == 0 ? 2 : 1));
+        DT_CHECK(k->windows == (cfg->arch == DT_ARCH_GPT && b == 0 ? 2 : 1));
         off += k->numel;
         t = k->last_tensor + 1;
     }
@@ -727,19 +727,19 @@ static void check_determinism(const dt_model_config *cfg, int B)
     DT_REQUIRE(a->num_params == b->num_params);
     float *pa = host_copy(be, a->params, a->num_params), *pb = host_copy(be, b->params, b->num_params);
     DT_CHECK_MSG(memcmp(pa, pb, a->num_params * sizeof(float)) == 0,
-                 "%s: same seed, different initial parameters", cfg->type);
+                 "%s: same seed, different initial parameters", dt_model_arch_name(cfg->arch));
     dt_test_batch hb;
     dt_test_batch_make(&hb, cfg, B, 9);
     float la[4], lb[4];
     train(a, &hb.b, 4, 1e-2f, la);
     train(b, &hb.b, 4, 1e-2f, lb);
-    DT_CHECK_MSG(memcmp(la, lb, sizeof la) == 0, "%s: same seed, different losses", cfg->type);
+    DT_CHECK_MSG(memcmp(la, lb, sizeof la) == 0, "%s: same seed, different losses", dt_model_arch_name(cfg->arch));
     free(pa);
     free(pb);
     pa = host_copy(be, a->params, a->num_params);
     pb = host_copy(be, b->params, b->num_params);
     DT_CHECK_MSG(memcmp(pa, pb, a->num_params * sizeof(float)) == 0,
-                 "%s: same seed, different parameters after training", cfg->type);
+                 "%s: same seed, different parameters after training", dt_model_arch_name(cfg->arch));
     if (a->num_buffers) {
         float *ba = host_copy(be, a->buffers, a->num_buffers);
         float *bb = host_copy(be, b->buffers, b->num_buffers);
@@ -784,11 +784,11 @@ static void check_overfit(const dt_model_config *cfg, int B, int steps, float lr
     float *losses = malloc(sizeof(float) * steps);
     train(m, &hb.b, steps, lr, losses);
     DT_CHECK_MSG(isfinite(losses[steps - 1]) && losses[steps - 1] < factor * losses[0],
-                 "%s: loss went from %.4f to %.4f in %d steps (wanted below %.2fx)", cfg->type,
+                 "%s: loss went from %.4f to %.4f in %d steps (wanted below %.2fx)", dt_model_arch_name(cfg->arch),
                  losses[0], losses[steps - 1], steps, factor);
-    if (strcmp(cfg->type, "gpt") != 0) /* classifiers memorise the batch */
+    if (cfg->arch != DT_ARCH_GPT) /* classifiers memorise the batch */
         DT_CHECK_MSG(m->last_correct >= B - 1, "%s: %lld of %d correct after training",
-                     cfg->type, (long long)m->last_correct, B);
+                     dt_model_arch_name(cfg->arch), (long long)m->last_correct, B);
     free(losses);
     dt_model_free(m);
     be->close(be);
@@ -1200,8 +1200,11 @@ static void test_bad_input(void)
     c.depth = 21;
     DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL && !bad);
     DT_CHECK_CONTAINS(err.msg, "6n+2");
-    strcpy(c.type, "vit");
+    c.arch = DT_ARCH_COUNT; /* no such model (a "vit") */
     DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL && !bad);
+    dt_model_arch arch = DT_ARCH_MLP;
+    DT_CHECK(dt_model_arch_parse("vit", &arch, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "unknown model");
     dt_model_free(NULL);
     be->close(be);
 }
@@ -1218,7 +1221,7 @@ static void test_config_from_job(void)
     job.batch_size = 32;
     job.seed = 5;
     DT_REQUIRE_OK(dt_model_config_from_job(&c, &job, &vec, e), e);
-    DT_CHECK_STR(c.type, "mlp");
+    DT_CHECK_STR(dt_model_arch_name(c.arch), "mlp");
     DT_CHECK_INT(c.n_hidden, 3);
     DT_CHECK_INT(c.hidden[0], 512);
     DT_CHECK_INT(c.hidden[2], 64);

@@ -46,7 +46,7 @@ static int ckpt_open(dt_trainer *t, dt_err *err)
     if (rc)
         return rc;
     dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
-                       .concurrent_copy = j->ckpt_async && !strcmp(t->be->name, "cpu")};
+                       .concurrent_copy = j->ckpt_async && t->be->host_memory};
     return dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
 }
 
@@ -687,7 +687,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             snprintf(share, sizeof share, ", rank 0 holds %zu (%.1f%%)", local,
                      whole ? 100.0 * (double)local / (double)whole : 0.0);
         DT_INFO("model: %s, %zu parameters (%.2f MB)%s on %s; %lld steps of %lld %s (%s)%s",
-                t->model->cfg.type, whole, (double)whole * 4 / 1e6, share, t->be->name,
+                dt_model_arch_name(t->model->cfg.arch), whole, (double)whole * 4 / 1e6, share, t->be->name,
                 (long long)t->total_steps,
                 (long long)t->items_per_step, t->tokens ? "tokens" : "samples", how,
                 t->step ? " (resumed)" : "");

@@ -91,8 +91,26 @@ typedef enum dt_recompute {
                                  * from the saved q,k,v in backward */
 } dt_recompute;
 
+/* The model zoo's architectures: dt_model_create builds one of these. The list is models/'s (the
+ * job's model.type maps onto it in dt_model_config_from_job); dt_model_arch_name gives the
+ * names back. Adding a model: its value here (before DT_ARCH_COUNT), its name in zoo.c's table,
+ * its checks in check_config and its create in dt_model_create (zoo.c). */
+typedef enum dt_model_arch {
+    DT_ARCH_MLP = 0,
+    DT_ARCH_RESNET,
+    DT_ARCH_GPT,
+    DT_ARCH_COUNT /* not an architecture: how many there are */
+} dt_model_arch;
+
+/* "mlp", "resnet", "gpt"; "?" for a value that is none. */
+const char *dt_model_arch_name(dt_model_arch arch);
+
+/* The architecture called name (one of dt_model_arch_name's): 0, or -EINVAL with a message
+ * listing the names. */
+int dt_model_arch_parse(const char *name, dt_model_arch *out, dt_err *err);
+
 typedef struct dt_model_config {
-    char type[16];        /* "mlp", "resnet", "gpt" */
+    dt_model_arch arch;
     dt_sample_shape shape;
     int max_batch;        /* activations are allocated for batches up to this size */
     uint64_t seed;        /* initialisation */

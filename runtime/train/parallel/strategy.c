@@ -25,7 +25,8 @@ void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank
     dt_err e = {0};
     char all[256], list[256];
     bool gpu = be->device_pci_bus_id != NULL; /* device k is local rank k's */
-    if (j->cpu_bind != DT_CPU_BIND_AUTO || (!gpu && (strcmp(be->name, "cpu") || local_world < 2)))
+    if (j->cpu_bind != DT_CPU_BIND_AUTO ||
+        (!gpu && (be->kind != DT_BACKEND_CPU || local_world < 2)))
         return;
     if (dt_cpuset_current(&base, &e) ||
         dt_backend_bind_set(be, &base, local_rank, local_world, &mine, &e) ||
@@ -44,9 +45,22 @@ void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank
     DT_DEBUG("local rank %d runs on CPU(s) %s", local_rank, list);
 }
 
+dt_backend_kind dt_strategy_device(dt_device_kind device)
+{
+    switch (device) {
+    case DT_DEVICE_CPU:
+        return DT_BACKEND_CPU;
+    case DT_DEVICE_CUDA:
+        return DT_BACKEND_CUDA;
+    case DT_DEVICE_AUTO:
+        break;
+    }
+    return DT_BACKEND_AUTO;
+}
+
 int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
-    int rc = dt_backend_open(&s->be, dt_device_name(ctx->job->device), ctx->be_opts, err);
+    int rc = dt_backend_open(&s->be, dt_strategy_device(ctx->job->device), ctx->be_opts, err);
     if (rc)
         return rc;
     dt_strategy_bind_cpus(ctx->job, s->be, ctx->env->local_rank, ctx->env->local_world_size);
@@ -54,7 +68,7 @@ int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err 
 }
 
 int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
-                             const char **backend, dt_err *err)
+                             dt_comm_kind *backend, dt_err *err)
 {
     const dt_worker_env *e = ctx->env;
     if (!e->store_addr[0] || e->store_port <= 0)
@@ -62,7 +76,7 @@ int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
                           "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
                           "start the workers with the dtrain launcher",
                           e->world_size);
-    bool cuda = !strcmp(s->be->name, "cuda");
+    bool cuda = s->be->kind == DT_BACKEND_CUDA;
     dt_comm_backend_kind kind = ctx->job->comm_backend;
     if (kind == DT_COMM_BACKEND_AUTO)
         kind = cuda ? DT_COMM_BACKEND_NCCL : DT_COMM_BACKEND_CPU;
@@ -70,11 +84,11 @@ int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
         return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
                                         "runs on %s); use ddp.backend = cpu or auto",
                           s->be->name);
-    *backend = dt_comm_backend_name(kind);
+    *backend = kind == DT_COMM_BACKEND_NCCL ? DT_COMM_NCCL : DT_COMM_CPU;
     return 0;
 }
 
-int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char *backend,
+int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, dt_comm_kind backend,
                            dt_err *err)
 {
     const dt_worker_env *e = ctx->env;
@@ -103,7 +117,7 @@ int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char
 
 int dt_strategy_open_world(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
-    const char *backend;
+    dt_comm_kind backend;
     int rc = dt_strategy_open_backend(s, ctx, err);
     if (!rc)
         rc = dt_strategy_comm_backend(s, ctx, &backend, err);
@@ -219,8 +233,6 @@ int dt_strategy_state_staged(const dt_strategy *s, const dt_tensor_info *whole, 
     return 0;
 }
 
-/* Backend memory the host can address (the cpu backend's): assembled in place, no copies. */
-static bool host_memory(const dt_backend *be) { return !strcmp(be->name, "cpu"); }
 
 /* Whether any of m's tensors is a slice (tp_parts > 0) rather than whole. */
 static bool any_split(const dt_model *m)
@@ -252,7 +264,7 @@ int dt_strategy_tp_gather(dt_strategy *s, dt_comm *tp, int T, int tp_rank, const
                            sizeof(float) * m->tensors[i].numel);
         return 0;
     }
-    const bool host = host_memory(be);
+    const bool host = be->host_memory; /* assembled in place, no copies */
     const size_t wn = whole_end(m, out_off);
     float *gdev = NULL, *ghost = NULL, *whost = NULL;
     dt_mem_cat old = dt_mem_tag(be, DT_MEM_OTHER);
@@ -308,7 +320,7 @@ int dt_strategy_tp_slice(dt_strategy *s, int tp_rank, const float *whole,
                            sizeof(float) * m->tensors[i].numel);
         return 0;
     }
-    const bool host = host_memory(be);
+    const bool host = be->host_memory; /* assembled in place, no copies */
     const size_t wn = whole_end(m, whole_off), n = m->num_params;
     float *whost = (float *)whole, *lhost = local; /* dt_tensor_tp_copy reads whole only */
     if (!host) {

@@ -68,7 +68,8 @@
 #include "runtime/train/parallel/grid.h"
 #include "runtime/train/parallel/staging.h"
 
-/* What the trainer gives a strategy to open it with. All borrowed; they outlive the strategy. */
+/* What the trainer gives a strategy to open it with. All borrowed, read during open (a layout
+ * copies what it keeps; job and env outlive the strategy). */
 typedef struct dt_strategy_ctx {
     const dt_job *job;              /* the job as loaded, read only */
     const dt_worker_env *env;       /* rank, world, store address, run id, round */
@@ -168,7 +169,7 @@ typedef struct dt_strategy_ops {
     int (*state)(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
     /* Before a save, on every rank at the same step (collective): afterwards the buffers state
      * gave hold the whole tensors until the next optim_step (by which time the trainer has
-     * fenced the save's copy). NULL: they always hold them (single, ddp, dp). */
+     * fenced the save's copy). NULL: they always hold them (dp). */
     int (*gather_state)(dt_strategy *s, dt_err *err);
     /* The layout's own figures (dt_strategy_stats; NULL: it has none). */
     void (*stats)(dt_strategy *s, dt_strategy_stats *out);
@@ -226,6 +227,9 @@ int dt_strategy_sync_stats(dt_strategy *s, dt_ddp_stats *out);
 void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank,
                            int local_world);
 
+/* job.device as the kernels' device kind (config's enum mapped onto kernels/'s). */
+dt_backend_kind dt_strategy_device(dt_device_kind device);
+
 /* Opens ctx's backend (job.device, ctx->be_opts) into s->be and binds the CPUs (above). */
 int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
 
@@ -233,12 +237,12 @@ int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err 
  * checking that the launcher gave the store's address; -EINVAL with the fix otherwise (nccl
  * without cuda, no DTRAIN_STORE_ADDR/PORT). */
 int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
-                             const char **backend, dt_err *err);
+                             dt_comm_kind *backend, dt_err *err);
 
-/* The world communicator of ctx->env's ranks over `backend` ("cpu", "nccl"), bootstrapped
+/* The world communicator of ctx->env's ranks over backend (cpu, nccl), bootstrapped
  * through the dtrain store (DTRAIN_STORE_ADDR/PORT), namespaced by the run id and the
  * rendezvous round, with job.comm_timeout. */
-int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char *backend,
+int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, dt_comm_kind backend,
                            dt_err *err);
 
 /* The three above in turn: s->be (bound to its CPUs) and s->comm over the backend ddp.backend

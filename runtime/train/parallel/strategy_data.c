@@ -27,7 +27,7 @@ static int data_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if (rc)
         return rc;
     if (ctx->env->world_size > 1 || ctx->sync->needs_group) {
-        const char *backend;
+        dt_comm_kind backend;
         if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
             return rc;
         /* communication before the model: SyncBatchNorm borrows the communicator */

@@ -369,7 +369,7 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if (!m->stage || m->num_buffers)
         return dt_err_set(err, -ENOTSUP, "parallel.pipeline = %d: model %s has no pipeline "
                                          "stages (mlp and gpt have); use parallel.pipeline = 1",
-                          p->P, mc.type);
+                          p->P, dt_model_arch_name(mc.arch));
     p->self = s;
     /* the sync over the stage's replicas (none when D = 1); the optimiser is its */
     if ((rc = dt_strategy_open_sync(s, ctx, p->g.dp, err)))

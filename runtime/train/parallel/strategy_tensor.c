@@ -127,11 +127,11 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         return dt_err_set(err, -ENOMEM, "out of memory");
     s->impl = t;
     t->job = j;
-    if (strcmp(ctx->model->type, "gpt") != 0)
+    if (ctx->model->arch != DT_ARCH_GPT)
         return dt_err_set(err, -EINVAL,
                           "parallel.tensor = %d splits gpt's attention, MLP and vocabulary; "
                           "model.type = %s has no tensor-parallel form: use model.type = gpt or "
-                          "parallel.tensor = 1", j->tensor, ctx->model->type);
+                          "parallel.tensor = 1", j->tensor, dt_model_arch_name(ctx->model->arch));
     if (j->pipeline > 1)
         return dt_err_set(err, -EINVAL,
                           "parallel.pipeline = %d: the tensor strategy runs one stage (the "
@@ -158,7 +158,7 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     const dt_model *m = s->model;
     if (m->num_buffers)
         return dt_err_set(err, -EINVAL, "tensor parallelism: model %s has non-trained buffers, "
-                          "which this strategy does not gather", mc.type);
+                          "which this strategy does not gather", dt_model_arch_name(mc.arch));
     /* the sync over the data-parallel group (none when D = 1); the optimiser is its */
     if ((rc = dt_strategy_open_sync(s, ctx, t->dp, err)))
         return dt_err_prefix(err, "tensor parallelism, %s over the data-parallel group of tp "

@@ -869,7 +869,7 @@ static int build_shards(dt_ddp *d, dt_err *err)
 static int use_comm_memory(dt_ddp *d, dt_err *err)
 {
     dt_model *m = d->m;
-    if (d->world == 1 || !m->num_params || strcmp(m->be->name, "cpu") != 0)
+    if (d->world == 1 || !m->num_params || !m->be->host_memory)
         return 0;
     size_t bytes = m->num_params * (d->o.compress != DT_FLOAT32 ? sizeof *d->comp : sizeof(float));
     int rc = dt_comm_mem_alloc(d->c, bytes, &d->cmem, err);

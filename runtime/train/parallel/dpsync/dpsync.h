@@ -81,8 +81,8 @@
  * dt_strategy_get_mem), never a flavour by name.
  *
  * What it may include: common/, kernels/, runtime/comm/, runtime/job/config.h, the model
- * (models/model.h), the optimiser (optim.h), parallel/staging.h and this folder's ddp.h. Never a
- * layout (strategy*.h), worker.h or the registry.
+ * (models/model.h), the optimiser (optim.h), parallel/staging.h, ckpt/xxh64.h (zero-3's model
+ * digest) and this folder's ddp.h. Never a layout (strategy*.h), worker.h or the registry.
  */
 #ifndef DT_DPSYNC_H
 #define DT_DPSYNC_H

@@ -143,7 +143,7 @@ typedef struct z3_impl {
                                   and holds this step's sum (zeroed at its first backward
                                   window since zero_grads or its scatter) */
     int *bw_seen;              /* (nb) backward windows of block k in this backward */
-    bool *held;                /* (nb) blocks whose gradients wait for dt_zero3_scatter_held
+    bool *held;                /* (nb) blocks whose gradients wait for finish (hold)
                                   (a tied tensor's, summed elsewhere first), or NULL */
     bool *due;                 /* (nb) held blocks final in this backward, not scattered yet */
     int pf_block;              /* block being prefetched into stg, -1 none */
