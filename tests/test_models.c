@@ -564,6 +564,51 @@ static void test_block_hooks(void)
     check_against(&c, &c, 4, true);
 }
 
+/* dt_model_lend_grads: backward accumulates into the lent buffer, the model's own one is left
+ * as it was, taking it back returns the same buffer and the same gradients come out of a
+ * backward there; freeing a model that holds lent memory frees its own buffer only (ASan: no
+ * double free, no leak). */
+static void test_lend_grads(void)
+{
+    dt_model_config c = mlp_cfg();
+    dt_backend *be = be_new();
+    dt_model *m = model_new(be, &c);
+    const size_t n = m->num_params;
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &c, 4, 11);
+    float *own = m->grads, *lent = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(be->alloc(be, (void **)&lent, n * sizeof(float), &err), &err);
+    be->memset_zero(be, own, n * sizeof(float));
+    fwd(m, &hb.b, true);
+    bwd(m, 1.0f, NULL, NULL);
+    float *ref = host_copy(be, own, n);
+    be->memset_zero(be, own, n * sizeof(float));
+    DT_CHECK(dt_model_lend_grads(m, lent) == own);
+    DT_CHECK(m->grads == lent && m->own_grads == own);
+    DT_CHECK(dt_model_lend_grads(m, lent) == own); /* lending again keeps the own buffer */
+    fwd(m, &hb.b, true);
+    bwd(m, 1.0f, NULL, NULL);
+    float *got = host_copy(be, lent, n), *left = host_copy(be, own, n);
+    size_t bad = 0, touched = 0;
+    for (size_t i = 0; i < n; i++) {
+        bad += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+        touched += left[i] != 0.0f;
+    }
+    DT_CHECK_MSG(bad == 0, "%zu of %zu gradients in the lent buffer differ", bad, n);
+    DT_CHECK_MSG(touched == 0, "%zu of the model's own gradients changed while lent", touched);
+    DT_CHECK(dt_model_lend_grads(m, NULL) == own);
+    DT_CHECK(m->grads == own && m->own_grads == NULL);
+    DT_CHECK(dt_model_lend_grads(m, lent) == own);
+    dt_model_free(m); /* lent: frees own, not lent */
+    be->free(be, lent);
+    free(ref);
+    free(got);
+    free(left);
+    dt_test_batch_free(&hb);
+    be->close(be);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* activation recomputation */
 
@@ -1278,6 +1323,7 @@ static const dt_test tests[] = {
     {"ready_ranges", test_ready_ranges, 0},
     {"block_tables", test_block_tables, 0},
     {"block_hooks", test_block_hooks, 0},
+    {"lend_grads", test_lend_grads, 0},
     {"recompute_bitwise", test_recompute_bitwise, 0},
     {"recompute_memory", test_recompute_memory, 0},
     {"determinism", test_determinism, 0},
