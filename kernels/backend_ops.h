@@ -116,7 +116,11 @@ void dt_mem_reset_peak(dt_backend *be);
 /* The devices a backend computes on; kernels/ owns the list (the job's device key maps onto it,
  * dt_backend_kind_name gives the names back). DT_BACKEND_AUTO is a request only (dt_backend_open:
  * cuda where it loads and sees a GPU, else cpu); a backend's kind is one of the others. */
-typedef enum dt_backend_kind { DT_BACKEND_AUTO = 0, DT_BACKEND_CPU, DT_BACKEND_CUDA } dt_backend_kind;
+typedef enum dt_backend_kind {
+    DT_BACKEND_AUTO = 0,
+    DT_BACKEND_CPU,
+    DT_BACKEND_CUDA
+} dt_backend_kind;
 
 typedef struct dt_backend_opts {
     int device_index;     /* CUDA device ordinal (LOCAL_RANK); ignored on the CPU */

@@ -1361,8 +1361,8 @@ static void model_case(dt_model_config *cfg, int B, dt_precision prec, double lo
         DT_REQUIRE_OK(mc->ops->forward(mc, &hb.b, true, &lc, &e), &e);
         DT_REQUIRE_OK(mg->ops->forward(mg, &hb.b, true, &lg, &e), &e);
         DT_CHECK_MSG(fabs(lg - lc) <= loss_tol * fabs(lc),
-                     "%s [%s] round %d: loss gpu %.7g cpu %.7g (rel tol %.1e)", dt_model_arch_name(cfg->arch),
-                     prec_name(prec), round, lg, lc, loss_tol);
+                     "%s [%s] round %d: loss gpu %.7g cpu %.7g (rel tol %.1e)",
+                     dt_model_arch_name(cfg->arch), prec_name(prec), round, lg, lc, loss_tol);
         DT_REQUIRE_OK(mc->ops->backward(mc, 1.0f, NULL, NULL, &e), &e);
         DT_REQUIRE_OK(mg->ops->backward(mg, 1.0f, NULL, NULL, &e), &e);
         x.cpu->memcpy_d2h(x.cpu, gc, mc->grads, n * sizeof(float));
@@ -1378,7 +1378,8 @@ static void model_case(dt_model_config *cfg, int B, dt_precision prec, double lo
             double rel = den > 0 ? sqrt(num / den) : sqrt(num);
             DT_CHECK_MSG(rel <= grad_tol && isfinite(rel),
                          "%s [%s] round %d: gradient of %s: rel L2 error %.3g (tol %.1e)",
-                         dt_model_arch_name(cfg->arch), prec_name(prec), round, tn->name, rel, grad_tol);
+                         dt_model_arch_name(cfg->arch), prec_name(prec), round, tn->name, rel,
+                         grad_tol);
         }
     }
     dt_test_batch_free(&hb);

@@ -269,7 +269,8 @@ static void check_ready(const dt_model_config *cfg, int B)
     float *g = host_copy(be, m->grads, m->num_params);
     for (int i = 0; i < l->n; i++)
         DT_CHECK_MSG(memcmp(l->snap[i], g + l->off[i], l->cnt[i] * sizeof(float)) == 0,
-                     "%s: range %d changed after it was reported ready", dt_model_arch_name(cfg->arch), i);
+                     "%s: range %d changed after it was reported ready",
+                     dt_model_arch_name(cfg->arch), i);
     /* ranges align with tensor boundaries */
     for (int i = 0; i < l->n; i++) {
         bool start = false;
@@ -398,14 +399,15 @@ static void check_event_order(hook_state *h, bool bwd)
 {
     int seq[512];
     int n = expected_events(h->m, bwd, seq);
-    DT_CHECK_MSG(h->nev == 2 * n, "%s: %d block events in a %s, expected %d", dt_model_arch_name(h->m->cfg.arch),
-                 h->nev, bwd ? "backward" : "forward", 2 * n);
+    DT_CHECK_MSG(h->nev == 2 * n, "%s: %d block events in a %s, expected %d",
+                 dt_model_arch_name(h->m->cfg.arch), h->nev, bwd ? "backward" : "forward", 2 * n);
     for (int i = 0; i < n && 2 * i + 1 < h->nev && 2 * i + 1 < 4096; i++) {
         dt_block_event before = bwd ? DT_BLOCK_BEFORE_BACKWARD : DT_BLOCK_BEFORE_FORWARD;
         DT_CHECK_MSG(h->ev_block[2 * i] == seq[i] && h->ev[2 * i] == before &&
                          h->ev_block[2 * i + 1] == seq[i] && h->ev[2 * i + 1] == before + 1,
-                     "%s: window %d is block %d (event %d), expected block %d", dt_model_arch_name(h->m->cfg.arch),
-                     i, h->ev_block[2 * i], (int)h->ev[2 * i], seq[i]);
+                     "%s: window %d is block %d (event %d), expected block %d",
+                     dt_model_arch_name(h->m->cfg.arch), i, h->ev_block[2 * i], (int)h->ev[2 * i],
+                     seq[i]);
     }
     /* windows per block and pass: blocks[b].windows */
     for (int b = 0; b < h->m->num_blocks; b++) {
@@ -500,9 +502,11 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
                 if (first == n)
                     first = i;
             }
-        DT_CHECK_MSG(diff == 0, "%s step %d: %zu gradients differ from the reference (first at "
-                                "%zu: %.9g vs %.9g)",
-                     dt_model_arch_name(cfg->arch), s, diff, first, first < n ? gm[first] : 0.0, first < n ? gr[first] : 0.0);
+        DT_CHECK_MSG(diff == 0,
+                     "%s step %d: %zu gradients differ from the reference (first at "
+                     "%zu: %.9g vs %.9g)",
+                     dt_model_arch_name(cfg->arch), s, diff, first, first < n ? gm[first] : 0.0,
+                     first < n ? gr[first] : 0.0);
         if (hook) { /* every block's memory is poisoned again between passes */
             float *pm = host_copy(be, m->params, n);
             size_t finite = 0;
@@ -538,7 +542,8 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
         float *br = host_copy(be, ref->buffers, m->num_buffers);
         float *bm = host_copy(be, m->buffers, m->num_buffers);
         DT_CHECK_MSG(memcmp(br, bm, m->num_buffers * sizeof(float)) == 0,
-                     "%s: running statistics differ from the reference", dt_model_arch_name(cfg->arch));
+                     "%s: running statistics differ from the reference",
+                     dt_model_arch_name(cfg->arch));
         free(br);
         free(bm);
     }
@@ -778,13 +783,15 @@ static void check_determinism(const dt_model_config *cfg, int B)
     float la[4], lb[4];
     train(a, &hb.b, 4, 1e-2f, la);
     train(b, &hb.b, 4, 1e-2f, lb);
-    DT_CHECK_MSG(memcmp(la, lb, sizeof la) == 0, "%s: same seed, different losses", dt_model_arch_name(cfg->arch));
+    DT_CHECK_MSG(memcmp(la, lb, sizeof la) == 0, "%s: same seed, different losses",
+                 dt_model_arch_name(cfg->arch));
     free(pa);
     free(pb);
     pa = host_copy(be, a->params, a->num_params);
     pb = host_copy(be, b->params, b->num_params);
     DT_CHECK_MSG(memcmp(pa, pb, a->num_params * sizeof(float)) == 0,
-                 "%s: same seed, different parameters after training", dt_model_arch_name(cfg->arch));
+                 "%s: same seed, different parameters after training",
+                 dt_model_arch_name(cfg->arch));
     if (a->num_buffers) {
         float *ba = host_copy(be, a->buffers, a->num_buffers);
         float *bb = host_copy(be, b->buffers, b->num_buffers);
@@ -829,8 +836,8 @@ static void check_overfit(const dt_model_config *cfg, int B, int steps, float lr
     float *losses = malloc(sizeof(float) * steps);
     train(m, &hb.b, steps, lr, losses);
     DT_CHECK_MSG(isfinite(losses[steps - 1]) && losses[steps - 1] < factor * losses[0],
-                 "%s: loss went from %.4f to %.4f in %d steps (wanted below %.2fx)", dt_model_arch_name(cfg->arch),
-                 losses[0], losses[steps - 1], steps, factor);
+                 "%s: loss went from %.4f to %.4f in %d steps (wanted below %.2fx)",
+                 dt_model_arch_name(cfg->arch), losses[0], losses[steps - 1], steps, factor);
     if (cfg->arch != DT_ARCH_GPT) /* classifiers memorise the batch */
         DT_CHECK_MSG(m->last_correct >= B - 1, "%s: %lld of %d correct after training",
                      dt_model_arch_name(cfg->arch), (long long)m->last_correct, B);

@@ -487,7 +487,8 @@ static void tp_rank_main(const tp_job *j, int rank)
         _exit(store ? 3 : 2);
     }
     dt_model_config c = tp_cfg(j->tp, rank, j->rc, j->sp);
-    if (dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err) || dt_model_create(&m, &c, be, comm, &err)) {
+    if (dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err) ||
+        dt_model_create(&m, &c, be, comm, &err)) {
         fprintf(stderr, "    rank %d: model: %s\n", rank, err.msg);
         _exit(4);
     }

@@ -687,10 +687,9 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             snprintf(share, sizeof share, ", rank 0 holds %zu (%.1f%%)", local,
                      whole ? 100.0 * (double)local / (double)whole : 0.0);
         DT_INFO("model: %s, %zu parameters (%.2f MB)%s on %s; %lld steps of %lld %s (%s)%s",
-                dt_model_arch_name(t->model->cfg.arch), whole, (double)whole * 4 / 1e6, share, t->be->name,
-                (long long)t->total_steps,
-                (long long)t->items_per_step, t->tokens ? "tokens" : "samples", how,
-                t->step ? " (resumed)" : "");
+                dt_model_arch_name(t->model->cfg.arch), whole, (double)whole * 4 / 1e6, share,
+                t->be->name, (long long)t->total_steps, (long long)t->items_per_step,
+                t->tokens ? "tokens" : "samples", how, t->step ? " (resumed)" : "");
         if (!t->data->val)
             DT_INFO("no validation data (data.val_fraction = 0 and no data.val_path): no eval");
     }

@@ -221,8 +221,8 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
                           "creating model %s: tensor-parallel rank %d of %d, but the communicator "
                           "given is rank %d of %d: pass the tensor group (dt_groups_open's tp), "
                           "not the world",
-                          dt_model_arch_name(cfg->arch), cfg->tp_rank, cfg->tp_size, dt_comm_rank(comm),
-                          dt_comm_world_size(comm));
+                          dt_model_arch_name(cfg->arch), cfg->tp_rank, cfg->tp_size,
+                          dt_comm_rank(comm), dt_comm_world_size(comm));
     dt_model *m = calloc(1, sizeof *m);
     if (!m)
         return dt_err_set(err, -ENOMEM, "model: out of memory");

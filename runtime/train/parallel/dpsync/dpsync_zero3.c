@@ -3,8 +3,8 @@
  *
  * What it is (parallel.zero = 3, device = cpu or cuda): ZeRO-1/2 (dpsync_zero12.c) with the
  * parameters sharded too, per block of the model (model.h: buckets = blocks, each cut into N
- * chunks of ceil(n/N), the last padded; rank r keeps chunk r of every block in its persistent shard). The
- * model's block hook gathers a block into the flat parameter buffer at BEFORE_FORWARD /
+ * chunks of ceil(n/N), the last padded; rank r keeps chunk r of every block in its persistent
+ * shard). The model's block hook gathers a block into the flat parameter buffer at BEFORE_FORWARD /
  * BEFORE_BACKWARD (through a padded staging buffer, prefetched one window ahead once the window
  * order was seen in the first step; the block's range committed (mem_commit) before the copy
  * into it) and gives its granules back (mem_release) at AFTER; a block's gradient range is
