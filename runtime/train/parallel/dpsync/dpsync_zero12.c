@@ -1,7 +1,7 @@
 /* dpsync_zero12.c - ZeRO stages 1 and 2 as a data-parallel sync (dpsync.h's zero-1 and zero-2,
- * parallel.zero = 1 | 2): data parallelism with the optimiser state
- * (stage 1) and the gradients too (stage 2) sharded across the ranks, as DeepSpeed's ZeRO
- * stages 1 and 2 and PyTorch's ZeroRedundancyOptimizer / FSDP SHARD_GRAD_OP.
+ * parallel.zero = 1 | 2): data parallelism with the optimiser state (stage 1) and the gradients
+ * too (stage 2) sharded across the ranks, as DeepSpeed's ZeRO stages 1 and 2 and PyTorch's
+ * ZeroRedundancyOptimizer / FSDP SHARD_GRAD_OP.
  *
  * Over a data-parallel group of N ranks holding the same model (the world, or grid.h's dp
  * group of a tensor or pipeline layout), as DDP; what differs is who holds what (ddp.h,
@@ -49,7 +49,6 @@
  *
  * A rank that dies mid reduce-scatter or all-gather fails the step with the comm layer's error
  * (naming the collective, its sequence number and the rank) within ddp.timeout.
- *
  */
 #include "runtime/train/parallel/dpsync/dpsync_zero12.h"
 
