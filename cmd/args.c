@@ -450,6 +450,6 @@ void dt_args_print_help(FILE *out)
     fprintf(out,
             "\nExit codes: 0 success; 1 a worker failed and the restart budget is spent; 2 usage\n"
             "or job-file error; 75 preempted (the workers saved a checkpoint after SIGTERM, SIGUSR1\n"
-            "or SIGUSR2: run the same command again to resume); 128+N the agent was killed by\n"
-            "signal N.\n");
+            "or SIGUSR2: run the same command again to resume); 128+N the agent was stopped by\n"
+            "signal N (SIGINT, SIGHUP, SIGQUIT; SIGTERM when the workers did not all save).\n");
 }

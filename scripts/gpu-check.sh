@@ -21,7 +21,7 @@
 #   4. NCCL: the gpt2-124m bf16 run and quickstart on every GPU of the machine (one rank per
 #      GPU, ddp.backend = nccl): tokens/s and scaling against one GPU; then the same gpt2-124m
 #      bf16 run with ZeRO-3 and activation recomputation (parallel.zero = 3, train.recompute =
-#      block; issue 17): tokens/s and the peak memory by category (metrics.jsonl's
+#      block): tokens/s and the peak memory by category (metrics.jsonl's
 #      mem_peak_bytes: params, grads, optim, activations, comm, other (checkpoint staging); and
 #      peak_mem_bytes) beside the DDP run's. On one GPU that run is one rank: stage 3 over one
 #      rank shards nothing (its shard is the whole model) but still gathers every block into

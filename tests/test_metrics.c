@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/train/obs/metrics.h"
+#include "tests/fixtures.h"
 #include "tests/harness.h"
 
 static void test_records(void)
@@ -360,10 +361,56 @@ static void test_layout_record(void)
     free(text);
 }
 
+/* docs/metrics.md's field table names every field the writer emits: each record type with every
+ * optional field present (fp16's loss scale, the allocator's categories, val_acc, both rates). */
+static void test_fields_documented(void)
+{
+    char dir[1024], path[1100], *text = NULL, *doc = NULL;
+    snprintf(dir, sizeof dir, "%s/doc", dt_test_tmpdir());
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    dt_metrics *m = NULL;
+    dt_err err = {0};
+    for (int tokens = 0; tokens < 2; tokens++) {
+        DT_REQUIRE_OK(dt_metrics_open(&m, dir, true, tokens, tokens, &err), &err);
+        dt_metrics_layout(m, 8, 2, 2, 2);
+        dt_step_record r = {.step = 1, .total_steps = 2, .loss = 2.0, .loss_steps = 1,
+                            .loss_scale = 65536, .skipped_steps = 1, .items_per_s = 10,
+                            .max_rss_bytes = 1};
+        for (int c = 0; c < DT_MEM_CAT_COUNT; c++)
+            r.mem.peak[c] = 1;
+        r.mem.total_peak = 6;
+        dt_metrics_step(m, &r);
+        dt_eval_record e = {.step = 1, .val_loss = 1.5, .val_acc = 0.5};
+        dt_metrics_eval(m, &e);
+        dt_metrics_close(m);
+    }
+    DT_REQUIRE_OK(dt_read_file(path, &text, NULL, &err), &err);
+    DT_REQUIRE(dt_read_file("docs/metrics.md", &doc, NULL, NULL) == 0);
+    int fields = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(line);
+        DT_REQUIRE(o);
+        for (cJSON *f = o->child; f; f = f->next) {
+            DT_CHECK_MSG(strstr(doc, dt_test_fmt("`%s`", f->string)) != NULL,
+                         "docs/metrics.md does not document metrics.jsonl's field %s", f->string);
+            fields++;
+            for (cJSON *g = cJSON_IsObject(f) ? f->child : NULL; g; g = g->next, fields++)
+                DT_CHECK_MSG(strstr(doc, dt_test_fmt("`%s`", g->string)) != NULL,
+                             "docs/metrics.md does not document %s.%s", f->string, g->string);
+        }
+        cJSON_Delete(o);
+    }
+    DT_CHECK(fields >= 30); /* layout 7, train 19 (+ 6 categories), eval 6, twice */
+    free(text);
+    free(doc);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
         {"layout_record", test_layout_record, 0},
+        {"fields_documented", test_fields_documented, 0},
         {"records", test_records, 0},
         {"other_ranks_write_nothing", test_other_ranks_write_nothing, 0},
         {"unwritable_dir", test_unwritable_dir, 0},

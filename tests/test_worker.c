@@ -1,5 +1,5 @@
 /* test_worker.c - `dtrain worker` as a user runs it: every shipped config trains (its loss falls
- * over a short run), the same seed gives bit-identical losses, a bad data file or a bad job is a
+ * over a short run; one of several ranks or an elastic rendezvous through the launcher), the same seed gives bit-identical losses, a bad data file or a bad job is a
  * clear error with a non-zero exit and an error file, SIGTERM stops at a step boundary, epochs
  * and gradient accumulation count steps as documented. */
 #include <cJSON.h>
@@ -84,17 +84,65 @@ static const char *outdir(const char *name) { return fmt("%s/%s", dt_test_tmpdir
 
 /* Short-run overrides per config (a few seconds each on a loaded 2-core machine); a config
  * that is not listed runs with the default below. The loss must fall by `factor`. */
+#define GPT_SHORT "train.steps=40 train.warmup_steps=5 train.eval_every=20"
 static const struct {
     const char *name;
     const char *overrides;
     double factor;
     bool val_falls; /* BatchNorm's running statistics lag in a 20-step run: val loss is noise */
+    const char *shows; /* the mode ran: in the output or metrics.jsonl (NULL: nothing to look for) */
 } short_runs[] = {
-    {"quickstart.ini", "train.steps=40 train.warmup_steps=5 train.eval_every=20", 0.85, true},
-    {"mlp.ini", "train.steps=60 train.warmup_steps=5 train.eval_every=30", 0.8, true},
+    {"quickstart.ini", GPT_SHORT, 0.85, true, NULL},
+    {"zero3.ini", GPT_SHORT, 0.85, true, "(2 ranks, ZeRO-3 over 2 ranks)"},
+    {"tp2.ini", GPT_SHORT, 0.85, true, "(2 ranks, tensor 2 x data 1)"},
+    {"tp2-sp.ini", GPT_SHORT, 0.85, true, "(2 ranks, tensor 2 x data 1)"},
+    {"pp2.ini", GPT_SHORT, 0.85, true, "(2 ranks, pipeline 2 x 4 micro-batches (1f1b))"},
+    {"fp16.ini", GPT_SHORT, 0.85, true, "\"loss_scale\":65536,\"skipped_steps\":0"},
+    {"elastic.ini", GPT_SHORT, 0.85, true, "attempt 0 (round 0): node 0 of 1"},
+    {"mlp.ini", "train.steps=60 train.warmup_steps=5 train.eval_every=30", 0.8, true, NULL},
     {"resnet.ini", "train.steps=20 train.warmup_steps=2 train.eval_every=10 train.batch_size=16 "
-                   "data.synthetic_samples=1024", 0.9, false},
+                   "data.synthetic_samples=1024", 0.9, false, NULL},
 };
+
+/* The value of section.key in the job `dtrain --print-config PATH` resolves ("" if absent). */
+static void resolved_value(const char *path, const char *section, const char *key, char *val,
+                           size_t cap)
+{
+    char *out = NULL, sec[64] = "";
+    val[0] = '\0';
+    int rc = dt_test_run(fmt("'%s' --print-config '%s'", dt_test_dtrain_bin(), path), &out, 30);
+    DT_CHECK_MSG(rc == 0, "dtrain --print-config %s: exit %d: %s", path, rc, out ? out : "");
+    if (rc || !out) {
+        free(out);
+        return;
+    }
+    char *save = NULL;
+    for (char *line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        size_t kl = strlen(key);
+        if (line[0] == '[')
+            snprintf(sec, sizeof sec, "%.*s", (int)strcspn(line + 1, "]"), line + 1);
+        else if (!strcmp(sec, section) && !strncmp(line, key, kl) && !strncmp(line + kl, " = ", 3))
+            snprintf(val, cap, "%s", line + kl + 3);
+    }
+    free(out);
+}
+
+/* A config that asks for more than one worker, or for an elastic rendezvous, runs as shipped:
+ * through the launcher (`dtrain CONFIG`), which reads elastic.nproc_per_node and [rendezvous]
+ * from it; c10d on a port of its own (port 0, this agent hosting the store), never the file's
+ * fixed one. Any other runs as `dtrain worker CONFIG`. Returns whether to launch; *rdzv gets
+ * the rendezvous overrides. */
+static bool launched(const char *path, const char **rdzv, int *nproc_out)
+{
+    char nproc[64], backend[64];
+    resolved_value(path, "elastic", "nproc_per_node", nproc, sizeof nproc);
+    *nproc_out = atoi(nproc);
+    resolved_value(path, "rendezvous", "backend", backend, sizeof backend);
+    *rdzv = !strcmp(backend, "c10d") ? fmt("rendezvous.endpoint=127.0.0.1:0 rendezvous.is_host=true "
+                                           "rendezvous.id=cfg%d", (int)getpid())
+                                     : "";
+    return strcmp(nproc, "1") != 0 || strcmp(backend, "static") != 0;
+}
 
 static void check_config(const char *path)
 {
@@ -102,18 +150,40 @@ static void check_config(const char *path)
     const char *ovr = "train.steps=30 train.eval_every=15";
     double factor = 0.9;
     bool val_falls = true;
+    const char *shows = NULL;
     for (size_t i = 0; i < DT_ARRAY_LEN(short_runs); i++)
         if (!strcmp(short_runs[i].name, base)) {
             ovr = short_runs[i].overrides;
             factor = short_runs[i].factor;
             val_falls = short_runs[i].val_falls;
+            shows = short_runs[i].shows;
         }
     char *out = NULL;
     const char *od = outdir(base);
-    const char *args = fmt("'%s' job.output_dir='%s' job.device=cpu job.log_every=1 %s", path,
-                           od, ovr);
-    int rc = worker(NULL, args, &out, 300);
+    const char *rdzv = "";
+    int nproc = 0;
+    bool launch = launched(path, &rdzv, &nproc);
+    const char *args = fmt("'%s' job.output_dir='%s' job.device=cpu job.log_every=1 %s %s", path,
+                           od, ovr, rdzv);
+    int rc = launch ? dt_test_run(fmt("cd '%s' && env -u RANK -u WORLD_SIZE -u LOCAL_RANK "
+                                      "-u LOCAL_WORLD_SIZE -u DTRAIN_OUTPUT_DIR '%s' --log-dir "
+                                      "'%s/logs' %s", dt_test_tmpdir(), dt_test_dtrain_bin(),
+                                      dt_test_tmpdir(), args), &out, 300)
+                    : worker(NULL, args, &out, 300);
     DT_CHECK_MSG(rc == 0, "%s: exit %d: %s", base, rc, out);
+    if (rc == 0) { /* the shipped layout ran: as many ranks as the file asks for, its mode */
+        char *text = NULL;
+        DT_REQUIRE(dt_read_file(fmt("%s/metrics.jsonl", od), &text, NULL, NULL) == 0);
+        if (launch)
+            DT_CHECK_CONTAINS(out, "all workers succeeded");
+        if (launch && nproc > 0)
+            DT_CHECK_MSG(strstr(text, fmt("{\"type\":\"layout\",\"world_size\":%d,", nproc)),
+                         "%s: no layout record of %d ranks in metrics.jsonl", base, nproc);
+        if (shows)
+            DT_CHECK_MSG(strstr(out, shows) || strstr(text, shows),
+                         "%s: neither its output nor metrics.jsonl shows %s", base, shows);
+        free(text);
+    }
     if (rc == 0) {
         DT_CHECK_CONTAINS(out, "dtrain: done after");
         run_metrics m;
@@ -136,7 +206,7 @@ static void test_configs_train(void)
     const char *pat = fmt("%s/configs/*.ini", repo_dir());
     glob_t g;
     DT_REQUIRE(glob(pat, 0, NULL, &g) == 0);
-    DT_CHECK(g.gl_pathc >= 3); /* quickstart, mlp, resnet at least */
+    DT_CHECK(g.gl_pathc >= 10); /* quickstart, mlp, mlp-dp, resnet, and one per parallel mode */
     for (size_t i = 0; i < g.gl_pathc; i++)
         check_config(g.gl_pathv[i]);
     globfree(&g);

@@ -411,7 +411,7 @@ static int run_parent(void *arg, const char *dir)
     /* the issue's targets, as ratios of what ran (rank 0's memory; step times: the mean over
      * ranks of the medians) */
     if (!failed) {
-        printf("#\n# ratios (issue 17's targets in brackets):\n");
+        printf("#\n# ratios (targets in brackets):\n");
         if (ran[0] && ran[2] && fin[0][0].peak[DT_MEM_OPTIM] > 0)
             printf("#   optimiser state, stage 1 / stage 0: %.4f (1/N = %.4f, within 2%%: %s)\n",
                    fin[2][0].peak[DT_MEM_OPTIM] / fin[0][0].peak[DT_MEM_OPTIM], 1.0 / o.nproc,

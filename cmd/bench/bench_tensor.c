@@ -564,7 +564,7 @@ static int run_parent(void *arg, const char *dir)
                "activation bytes per rank (peak)\n");
         if (t2_cpu > 0)
             printf("# T=2 vs T=1 (one process): %.2fx the tokens/s per busiest rank's CPU "
-                   "second, %.2fx wall clock (issue 18's target on 2 free cores, gpt-mini: >= "
+                   "second, %.2fx wall clock (target on 2 free cores, gpt-mini: >= "
                    "1.6x: %s by CPU time)\n",
                    t2_cpu, t2_wall, t2_cpu >= 1.6 ? "yes" : "no");
         if (o.repeat < 3)

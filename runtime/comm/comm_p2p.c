@@ -1,4 +1,6 @@
-/* comm_p2p.c - the point-to-point engine of the cpu comm backend; see comm_p2p.h.
+/* comm_p2p.c - the point-to-point engine of the cpu comm backend; see comm_p2p.h. The pairs'
+ * byte streams (shared-memory rings, TCP) are comm_p2p_link.c's; this file matches sends with
+ * receives over them and moves the frames.
  *
  * Threads: the issuing threads only queue requests (dt_p2p_start) and wait on batches
  * (dt_p2p_wait), under p->mu. Everything else (connections, queues, the streams) belongs to the
@@ -30,15 +32,11 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -46,16 +44,10 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/comm/comm_tcp.h"
+#include "runtime/comm/comm_p2p_link.h"
 #include "runtime/comm/dtype.h"
 
 #define FRAME_MAGIC 0x70327066u /* "fp2p" */
-#define HELLO_MAGIC 0x6c656870u
-#define PAIR_MAGIC 0x7269617070327064ull
-#define PAIR_VERSION 1u
-#define RING_CAP ((size_t)4 << 20)   /* bytes per direction of a shared-memory pair */
-#define RING_CHUNK ((size_t)256 << 10) /* published in pieces, so the reader starts early */
-#define PAIR_HDR 4096
 #define SPIN_PASSES 200
 #define PEER_CHECK_NS 50000000ull
 #define BELL_WAIT_NS 20000000ull /* longest futex sleep: peers and deadlines are checked after */
@@ -69,40 +61,6 @@ typedef struct frame {
     int32_t dtype;
     int32_t from;   /* the frame's writer, rank in the communicator */
 } frame;
-
-typedef struct hello {
-    uint32_t magic, pad;
-    uint64_t tag;
-    int32_t from, world;
-} hello;
-
-/* ---- shared-memory pairs ---- */
-
-typedef struct ring_ctl {
-    _Atomic uint64_t head; /* bytes written, ever (the producer's) */
-    char pad0[56];
-    _Atomic uint64_t tail; /* bytes read, ever (the consumer's) */
-    char pad1[56];
-} ring_ctl;
-
-/* The first fields mirror comm_shm.c's header up to creator_pid, so that dt_shm_clean (names
- * share its prefix) removes a pair whose creator died before its peer mapped it. */
-typedef struct pair_hdr {
-    _Atomic uint64_t magic; /* set last by the creator */
-    uint32_t version;
-    int32_t pad0;
-    uint64_t cap;
-    uint64_t total_bytes;
-    _Atomic int32_t creator_pid;
-    _Atomic int32_t attached;
-    _Atomic int32_t abort[2]; /* side 0 (lower rank) / 1 (higher rank) failed */
-    _Atomic uint32_t bell[2];     /* futex words: side s's peer bumps bell[s] when it moved */
-    _Atomic uint32_t sleeping[2]; /* side s waits on bell[s]: bumps must wake it */
-    char pad1[48];
-    ring_ctl ring[2];         /* ring[s]: written by side s */
-} pair_hdr;
-
-_Static_assert(sizeof(pair_hdr) <= PAIR_HDR, "pair header fits its page");
 
 /* ---- requests and batches ---- */
 
@@ -140,20 +98,7 @@ typedef struct rts {
 
 typedef struct pair {
     int peer;
-    bool shm;
-    bool open;
-    /* TCP */
-    int fd;
-    /* shared memory */
-    pair_hdr *h;
-    size_t map_bytes;
-    char *out_data, *in_data;
-    ring_ctl *out, *in;
-    int side;
-    bool creator, unlinked;
-    char name[256];
-    int pidfd;         /* the peer's process (same host), -1 until first needed or unavailable */
-    bool pidfd_tried;
+    dt_p2p_link link;  /* the byte stream to the peer (comm_p2p_link.h) */
     uint64_t next_peer_check;
     /* requests, in issue order */
     req *sends, *sends_tail, *send_wait; /* send_wait: the first send still waiting for CTS */
@@ -233,53 +178,14 @@ static const char *describe(const dt_p2p *p, const req *q, char *buf, size_t cap
     return buf;
 }
 
-/* ---- failure ---------------------------------------------------------------------------- */
-
-/* ---- sleeping and waking ---------------------------------------------------------------- */
-
-static void futex_wake_word(_Atomic uint32_t *w, bool shared)
-{
-    syscall(SYS_futex, (uint32_t *)w, shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT32_MAX, NULL,
-            NULL, 0);
-}
-
-/* Tells the peer of shared-memory pair c that this side moved (data in, space freed, abort). */
-static void ring_bell(pair *c)
-{
-    int s = 1 - c->side;
-    atomic_fetch_add(&c->h->bell[s], 1);
-    if (atomic_load(&c->h->sleeping[s]))
-        futex_wake_word(&c->h->bell[s], true);
-}
+/* ---- waking and failing ---------------------------------------------------------------- */
 
 /* Wakes the progress thread if it sleeps on futexes (a post, an abort, the stop). */
 static void wake_thread(dt_p2p *p)
 {
     atomic_fetch_add(&p->post_bell, 1);
     if (atomic_load(&p->thread_sleeping))
-        futex_wake_word(&p->post_bell, false);
-}
-
-static void close_pair(dt_p2p *p, pair *c, bool aborting)
-{
-    (void)p;
-    if (c->fd >= 0) {
-        if (aborting)
-            shutdown(c->fd, SHUT_RDWR);
-        close(c->fd);
-        c->fd = -1;
-    }
-    if (c->h) {
-        if (aborting) {
-            atomic_store(&c->h->abort[c->side], 1);
-            ring_bell(c);
-        }
-        if (c->creator && !c->unlinked)
-            shm_unlink(c->name);
-        munmap(c->h, c->map_bytes);
-        c->h = NULL;
-    }
-    c->open = false;
+        dt_p2p_futex_wake(&p->post_bell, false);
 }
 
 /* Fails the engine (first error wins): every batch not done gets the error; peers are told.
@@ -318,51 +224,7 @@ static int failf(dt_p2p *p, int code, const char *fmt, ...)
     return code;
 }
 
-/* ---- streams ------------------------------------------------------------------------------ */
-
-/* Bytes written (0: the stream is full), or -errno. */
-static ssize_t stream_write(pair *c, const void *src, size_t n)
-{
-    if (!c->shm) {
-        ssize_t k = send(c->fd, src, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (k >= 0)
-            return k;
-        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -errno;
-    }
-    uint64_t head = atomic_load_explicit(&c->out->head, memory_order_relaxed);
-    uint64_t tail = atomic_load_explicit(&c->out->tail, memory_order_acquire);
-    size_t k = DT_MIN(DT_MIN(n, RING_CAP - (size_t)(head - tail)), RING_CHUNK);
-    if (k == 0)
-        return 0;
-    size_t off = (size_t)(head % RING_CAP), first = DT_MIN(k, RING_CAP - off);
-    memcpy(c->out_data + off, src, first);
-    memcpy(c->out_data, (const char *)src + first, k - first);
-    atomic_store_explicit(&c->out->head, head + k, memory_order_release);
-    return (ssize_t)k;
-}
-
-/* Bytes read (0: nothing yet), or -errno (-ECONNRESET: the peer closed). */
-static ssize_t stream_read(pair *c, void *dst, size_t n)
-{
-    if (!c->shm) {
-        ssize_t k = recv(c->fd, dst, n, MSG_DONTWAIT);
-        if (k > 0)
-            return k;
-        if (k == 0)
-            return -ECONNRESET;
-        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -errno;
-    }
-    uint64_t tail = atomic_load_explicit(&c->in->tail, memory_order_relaxed);
-    uint64_t head = atomic_load_explicit(&c->in->head, memory_order_acquire);
-    size_t k = DT_MIN(DT_MIN(n, (size_t)(head - tail)), RING_CHUNK);
-    if (k == 0)
-        return 0;
-    size_t off = (size_t)(tail % RING_CAP), first = DT_MIN(k, RING_CAP - off);
-    memcpy(dst, c->in_data + off, first);
-    memcpy((char *)dst + first, c->in_data, k - first);
-    atomic_store_explicit(&c->in->tail, tail + k, memory_order_release);
-    return (ssize_t)k;
-}
+/* ---- lost peers --------------------------------------------------------------------------- */
 
 /* "receive #2 (int32 x 1) from rank 3": the first op still pending with c's peer. */
 static const char *pending_op(const dt_p2p *p, const pair *c, char *buf, size_t cap)
@@ -390,107 +252,22 @@ static int lost(dt_p2p *p, pair *c, ssize_t rc, bool writing)
 
 /* ---- connections ---------------------------------------------------------------------------- */
 
-static void pair_map(pair *c, void *m)
-{
-    c->h = m;
-    c->out = &c->h->ring[c->side];
-    c->in = &c->h->ring[1 - c->side];
-    c->out_data = (char *)m + PAIR_HDR + (size_t)c->side * RING_CAP;
-    c->in_data = (char *)m + PAIR_HDR + (size_t)(1 - c->side) * RING_CAP;
-    c->open = true;
-}
-
 /* Opens the pair's stream when it is not open yet: 0 (open, or not yet: try again later) or
  * the engine's failure. */
 static int pair_open(dt_p2p *p, pair *c, uint64_t deadline_ns)
 {
     char w[64];
-    if (c->open)
-        return 0;
-    if (c->shm) {
-        c->map_bytes = PAIR_HDR + 2 * RING_CAP;
-        if (c->side == 0) { /* the lower rank creates */
-            int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-            if (fd < 0 && errno == EEXIST) { /* left by a dead process of the same identity */
-                shm_unlink(c->name);
-                fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-            }
-            if (fd < 0)
-                return failf(p, -errno, "point-to-point: creating shared memory %s for %s: %s",
-                             c->name, who(p, c->peer, w, sizeof w), strerror(errno));
-            /* Reserve the pages now: a tmpfs that runs full later (docker's 64 MiB /dev/shm)
-             * would kill the process with SIGBUS on first touch instead of failing here. */
-            int e = ftruncate(fd, (off_t)c->map_bytes) != 0 ? errno
-                                                            : posix_fallocate(fd, 0,
-                                                                              (off_t)c->map_bytes);
-            if (e != 0) {
-                close(fd);
-                shm_unlink(c->name);
-                return failf(p, e == ENOSPC || e == ENOMEM || e == EFBIG ? -ENOSPC : -e,
-                             "point-to-point: /dev/shm has no room for the %zu bytes shared with "
-                             "%s (%s): give it more (docker run --shm-size) or set "
-                             "DTRAIN_COMM_TRANSPORT=tcp",
-                             c->map_bytes, who(p, c->peer, w, sizeof w), strerror(e));
-            }
-            void *m = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            close(fd);
-            if (m == MAP_FAILED) {
-                shm_unlink(c->name);
-                return failf(p, -errno, "point-to-point: mapping %s: %s", c->name,
-                             strerror(errno));
-            }
-            pair_hdr *h = m;
-            atomic_store(&h->creator_pid, (int32_t)getpid());
-            h->version = PAIR_VERSION;
-            h->cap = RING_CAP;
-            h->total_bytes = c->map_bytes;
-            atomic_store(&h->attached, 1);
-            atomic_store(&h->magic, PAIR_MAGIC);
-            c->creator = true;
-            pair_map(c, m);
-            return 0;
-        }
-        int fd = shm_open(c->name, O_RDWR | O_CLOEXEC, 0);
-        if (fd < 0)
-            return 0; /* not created yet */
-        struct stat st;
-        if (fstat(fd, &st) != 0 || (size_t)st.st_size < c->map_bytes) {
-            close(fd);
-            return 0;
-        }
-        void *m = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (m == MAP_FAILED)
-            return failf(p, -errno, "point-to-point: mapping %s: %s", c->name, strerror(errno));
-        pair_hdr *h = m;
-        if (atomic_load(&h->magic) != PAIR_MAGIC) {
-            munmap(m, c->map_bytes);
-            return 0;
-        }
-        atomic_fetch_add(&h->attached, 1);
-        shm_unlink(c->name); /* both mapped it: nothing to leave behind */
-        c->unlinked = true;
-        pair_map(c, m);
-        return 0;
-    }
-    if (p->rank > c->peer)
-        return 0; /* the lower rank connects; accept_pending files the connection */
-    const dt_p2p_peer *pe = &p->peers[c->peer];
     dt_err e = {0};
-    int fd = -1, rc = dt_tcp_connect(pe->addr, pe->port, deadline_ns, &fd, &e);
-    if (rc)
-        return failf(p, rc, "point-to-point: connecting to %s: %s",
-                     who(p, c->peer, w, sizeof w), e.msg);
-    hello hl = {HELLO_MAGIC, 0, p->tag, p->rank, p->world};
-    if ((rc = dt_tcp_io_all(fd, &hl, sizeof hl, true, deadline_ns)) != 0) {
-        close(fd);
-        return failf(p, rc, "point-to-point: greeting %s at %s:%d: %s",
-                     who(p, c->peer, w, sizeof w), pe->addr, pe->port, strerror(-rc));
-    }
-    dt_tcp_tune(fd);
-    c->fd = fd;
-    c->open = true;
-    return 0;
+    int rc = 0;
+    if (c->link.open)
+        return 0;
+    who(p, c->peer, w, sizeof w);
+    if (c->link.shm)
+        rc = dt_p2p_link_open_shm(&c->link, w, &e);
+    else if (p->rank < c->peer) /* the lower rank connects; accept_pending files the connection */
+        rc = dt_p2p_link_connect(&c->link, p->peers[c->peer].addr, p->peers[c->peer].port,
+                                 p->tag, p->rank, p->world, deadline_ns, w, &e);
+    return rc ? failf(p, rc, "%s", e.msg) : 0;
 }
 
 /* Files the connections that lower ranks made to us (one per pair, greeted with the tag). */
@@ -499,23 +276,20 @@ static void accept_pending(dt_p2p *p)
     if (p->listen_fd < 0)
         return;
     for (;;) {
-        int fd = accept4(p->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0)
+        int fd = -1, from = -1;
+        int got = dt_p2p_link_accept(p->listen_fd, p->tag, p->world, &fd, &from);
+        if (got == 0)
             return;
-        hello in;
-        uint64_t hd = dt_now_ns() + 5000000000ull;
-        if (dt_tcp_io_all(fd, &in, sizeof in, false, hd) != 0 || in.magic != HELLO_MAGIC ||
-            in.tag != p->tag || in.world != p->world || in.from < 0 || in.from >= p->rank ||
-            p->pairs[in.from].shm || p->pairs[in.from].open) {
+        if (got < 0 || from < 0 || from >= p->rank || p->pairs[from].link.shm ||
+            p->pairs[from].link.open) {
             DT_WARN("comm: rank %d refused a point-to-point connection that is not from a lower "
                     "rank of this communicator (another job or an earlier attempt?)",
                     p->peers[p->rank].global);
-            close(fd);
+            if (got > 0)
+                close(fd);
             continue;
         }
-        dt_tcp_tune(fd);
-        p->pairs[in.from].fd = fd;
-        p->pairs[in.from].open = true;
+        dt_p2p_link_adopt(&p->pairs[from].link, fd);
     }
 }
 
@@ -604,9 +378,11 @@ static int pair_write(dt_p2p *p, pair *c, bool *moved)
         size_t payload = c->out_kind == 2 ? c->out_req->bytes : 0, total = sizeof(frame) + payload;
         ssize_t k;
         if (c->out_off < sizeof(frame))
-            k = stream_write(c, (char *)&c->out_f + c->out_off, sizeof(frame) - c->out_off);
+            k = dt_p2p_link_write(&c->link, (char *)&c->out_f + c->out_off,
+                                  sizeof(frame) - c->out_off);
         else
-            k = stream_write(c, c->out_req->buf + (c->out_off - sizeof(frame)), total - c->out_off);
+            k = dt_p2p_link_write(&c->link, c->out_req->buf + (c->out_off - sizeof(frame)),
+                                  total - c->out_off);
         if (k < 0)
             return lost(p, c, k, true);
         if (k == 0)
@@ -754,7 +530,7 @@ static int pair_read(dt_p2p *p, pair *c, bool *moved)
         ssize_t k;
         if (c->in_req) {
             req *q = c->in_req;
-            k = stream_read(c, q->buf + q->done, q->bytes - q->done);
+            k = dt_p2p_link_read(&c->link, q->buf + q->done, q->bytes - q->done);
             if (k < 0)
                 return lost(p, c, k, false);
             if (k == 0)
@@ -767,7 +543,7 @@ static int pair_read(dt_p2p *p, pair *c, bool *moved)
             }
             continue;
         }
-        k = stream_read(c, (char *)&c->in_f + c->in_got, sizeof(frame) - c->in_got);
+        k = dt_p2p_link_read(&c->link, (char *)&c->in_f + c->in_got, sizeof(frame) - c->in_got);
         if (k < 0)
             return lost(p, c, k, false);
         if (k == 0)
@@ -784,51 +560,21 @@ static int pair_read(dt_p2p *p, pair *c, bool *moved)
     return 0;
 }
 
-static int open_pidfd(int pid)
-{
-#ifdef SYS_pidfd_open
-    int fd = pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
-    if (fd >= 0)
-        dt_set_cloexec(fd);
-    return fd;
-#else
-    (void)pid;
-    return -1;
-#endif
-}
-
-/* Has the peer's process exited? A pidfd sees an exited process that its parent has not reaped
- * yet (kill(pid, 0) still finds a zombie); kill is the fallback. */
-static bool peer_exited(dt_p2p *p, pair *c)
-{
-    int pid = p->peers[c->peer].pid;
-    if (!c->pidfd_tried) {
-        c->pidfd_tried = true;
-        c->pidfd = open_pidfd(pid);
-        if (c->pidfd < 0 && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
-            return true;
-    }
-    if (c->pidfd >= 0) {
-        struct pollfd pf = {c->pidfd, POLLIN, 0};
-        return poll(&pf, 1, 0) > 0 && (pf.revents & POLLIN);
-    }
-    return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
-}
-
 /* Same-host peers: has the process exited, or did it report a failure? */
 static int check_peer(dt_p2p *p, pair *c, uint64_t now)
 {
-    if (!c->shm || now < c->next_peer_check)
+    if (!c->link.shm || now < c->next_peer_check)
         return 0;
     c->next_peer_check = now + PEER_CHECK_NS;
     char w[64], d[200];
-    if (c->h && atomic_load(&c->h->abort[1 - c->side]))
+    if (dt_p2p_link_peer_failed(&c->link))
         return failf(p, -ECONNRESET, "%s: %s failed (its own log says why)",
                      pending_op(p, c, d, sizeof d), who(p, c->peer, w, sizeof w));
     bool moved = false;
-    if (peer_exited(p, c) && c->open && (pair_read(p, c, &moved) || c->pending == 0))
+    if (dt_p2p_link_peer_exited(&c->link) && c->link.open &&
+        (pair_read(p, c, &moved) || c->pending == 0))
         return p->failed ? -ECONNRESET : 0; /* it finished writing what we wait for first */
-    if (peer_exited(p, c))
+    if (dt_p2p_link_peer_exited(&c->link))
         return failf(p, -ECONNRESET, "%s: %s (pid %d, this host) exited",
                      pending_op(p, c, d, sizeof d), who(p, c->peer, w, sizeof w),
                      p->peers[c->peer].pid);
@@ -885,7 +631,7 @@ static int check_deadlines(dt_p2p *p, uint64_t now)
         return 0;
     char d[200], w[64];
     const pair *c = &p->pairs[q->peer];
-    const char *why = !c->open                          ? "no connection to it yet"
+    const char *why = !c->link.open                          ? "no connection to it yet"
                       : q->state == S_RTS                ? "it has not posted the matching receive"
                       : q->state == R_WAIT               ? "it has not posted the matching send"
                       : q->done < q->bytes && q->done > 0 ? "the transfer stalled"
@@ -900,14 +646,7 @@ static int check_deadlines(dt_p2p *p, uint64_t now)
 /* Can pair c move now (data to read, or room for what it has to write)? */
 static bool shm_ready(const pair *c)
 {
-    uint64_t ih = atomic_load_explicit(&c->in->head, memory_order_acquire);
-    uint64_t it = atomic_load_explicit(&c->in->tail, memory_order_relaxed);
-    if (ih != it)
-        return true;
-    bool has_out = c->out_kind || c->cq_n || c->dq;
-    uint64_t oh = atomic_load_explicit(&c->out->head, memory_order_relaxed);
-    uint64_t ot = atomic_load_explicit(&c->out->tail, memory_order_acquire);
-    return has_out && oh - ot < RING_CAP;
+    return dt_p2p_link_ready(&c->link, c->out_kind || c->cq_n || c->dq);
 }
 
 /* Sleeps on futexes until a peer of an active shared-memory pair moves, a request is posted, or
@@ -924,7 +663,7 @@ static bool bell_sleep(dt_p2p *p)
         pair *c = &p->pairs[r];
         if (r == p->rank || c->pending == 0)
             continue;
-        if (!c->shm || !c->open || n + 1 >= FUTEX_WAITV_MAX)
+        if (!c->link.shm || !c->link.open || n + 1 >= FUTEX_WAITV_MAX)
             return false;
         n++;
     }
@@ -938,9 +677,9 @@ static bool bell_sleep(dt_p2p *p)
         pair *c = &p->pairs[r];
         if (r == p->rank || c->pending == 0)
             continue;
-        atomic_store(&c->h->sleeping[c->side], 1);
-        wv[n++] = (struct futex_waitv){.val = atomic_load(&c->h->bell[c->side]),
-                                       .uaddr = (uintptr_t)&c->h->bell[c->side],
+        _Atomic uint32_t *bell = dt_p2p_link_bell(&c->link, true);
+        wv[n++] = (struct futex_waitv){.val = atomic_load(bell),
+                                       .uaddr = (uintptr_t)bell,
                                        .flags = FUTEX_32};
         ready = ready || shm_ready(c);
     }
@@ -961,7 +700,7 @@ static bool bell_sleep(dt_p2p *p)
     for (int r = 0; r < p->world; r++) {
         pair *c = &p->pairs[r];
         if (r != p->rank && c->pending > 0)
-            atomic_store(&c->h->sleeping[c->side], 0);
+            dt_p2p_link_bell(&c->link, false);
     }
     atomic_store(&p->thread_sleeping, 0);
     return !p->no_waitv;
@@ -1027,11 +766,11 @@ static void *progress_thread(void *arg)
             pair *c = &p->pairs[r];
             if (r == p->rank || c->pending == 0)
                 continue;
-            if (!c->open && (rc = pair_open(p, c, now + (uint64_t)p->timeout_ms * 1000000ull)))
+            if (!c->link.open && (rc = pair_open(p, c, now + (uint64_t)p->timeout_ms * 1000000ull)))
                 break;
-            if (c->shm)
+            if (c->link.shm)
                 shm_active = true;
-            if (!c->open) {
+            if (!c->link.open) {
                 rc = check_peer(p, c, now);
                 continue;
             }
@@ -1040,8 +779,8 @@ static void *progress_thread(void *arg)
                 break;
             if (pair_moved) {
                 moved = true;
-                if (c->shm)
-                    ring_bell(c);
+                if (c->link.shm)
+                    dt_p2p_link_ring(&c->link);
             }
             rc = check_peer(p, c, now);
         }
@@ -1050,7 +789,7 @@ static void *progress_thread(void *arg)
         if (rc) {
             for (int r = 0; r < p->world; r++)
                 if (r != p->rank)
-                    close_pair(p, &p->pairs[r], true);
+                    dt_p2p_link_close(&p->pairs[r].link, true);
             pthread_mutex_lock(&p->mu);
             p->pending = 0;
             p->settled = true; /* from here on no request is touched: waiters may free them */
@@ -1076,8 +815,8 @@ static void *progress_thread(void *arg)
             fds[nf++] = (struct pollfd){p->listen_fd, POLLIN, 0};
         for (int r = 0; r < p->world; r++) {
             pair *c = &p->pairs[r];
-            if (r != p->rank && !c->shm && c->open && c->pending > 0)
-                fds[nf++] = (struct pollfd){c->fd, (short)(POLLIN | (c->out_kind || c->cq_n ||
+            if (r != p->rank && !c->link.shm && c->link.open && c->pending > 0)
+                fds[nf++] = (struct pollfd){c->link.fd, (short)(POLLIN | (c->out_kind || c->cq_n ||
                                                                      c->dq ? POLLOUT : 0)),
                                             0};
         }
@@ -1121,7 +860,7 @@ int dt_p2p_create(dt_p2p **out, const dt_p2p_opts *o, dt_err *err)
         return dt_err_set(err, -ENOMEM, "comm: out of memory");
     }
     for (int r = 0; r < o->world; r++) /* before anything can fail: close() reads them */
-        p->pairs[r].fd = p->pairs[r].pidfd = -1;
+        dt_p2p_link_init(&p->pairs[r].link, false, 0, "", 0);
     for (int r = 0; r < o->world; r++) {
         p->peers[r] = o->peers[r];
         p->addrs[r] = strdup(o->peers[r].addr ? o->peers[r].addr : "127.0.0.1");
@@ -1131,11 +870,11 @@ int dt_p2p_create(dt_p2p **out, const dt_p2p_opts *o, dt_err *err)
         }
         p->peers[r].addr = p->addrs[r];
         pair *c = &p->pairs[r];
+        char name[256];
         c->peer = r;
-        c->shm = o->peers[r].shm;
-        c->side = p->rank < r ? 0 : 1;
-        snprintf(c->name, sizeof c->name, "%s.p%d.%d", p->shm_base, DT_MIN(p->rank, r),
+        snprintf(name, sizeof name, "%s.p%d.%d", p->shm_base, DT_MIN(p->rank, r),
                  DT_MAX(p->rank, r));
+        dt_p2p_link_init(&c->link, o->peers[r].shm, p->rank < r ? 0 : 1, name, o->peers[r].pid);
     }
     if (pipe2(p->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         int e = errno;
@@ -1175,11 +914,10 @@ void dt_p2p_close(dt_p2p *p)
     if (p->pairs)
         for (int r = 0; r < p->world; r++) {
             if (r != p->rank)
-                close_pair(p, &p->pairs[r], false);
+                dt_p2p_link_close(&p->pairs[r].link, false);
             free(p->pairs[r].rq);
             free(p->pairs[r].cq);
-            if (p->pairs[r].pidfd >= 0)
-                close(p->pairs[r].pidfd);
+            dt_p2p_link_destroy(&p->pairs[r].link); /* its pidfd */
         }
     while (p->batches) {
         dt_p2p_batch *b = p->batches;

@@ -3,7 +3,8 @@
  *
  * One engine per communicator, with its own progress thread (started by the first batch), so
  * point-to-point traffic never waits behind the communicator's collectives and the reverse.
- * Every pair of ranks talks over one bidirectional byte stream, opened on first use:
+ * Every pair of ranks talks over one bidirectional byte stream, opened on first use (the
+ * transport, comm_p2p_link.h; comm_p2p.c is the matching engine over it):
  *   - ranks on one host (same host id): a shared-memory segment with two single-producer,
  *     single-consumer byte rings, created by the lower rank and unlinked once both mapped it;
  *   - otherwise (or with DTRAIN_COMM_TRANSPORT=tcp): one TCP connection from the lower rank to

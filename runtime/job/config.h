@@ -3,9 +3,11 @@
  * runtime/job/ is the contract the launcher (runtime/launch) and the trainer (runtime/train)
  * share: the job (this file), the worker's environment (workenv.h: what the agent sets, what
  * the worker reads, the exit codes), the error file (errfile.h) and the worker's guard against
- * outliving its agent (worker_guard.h). Both sides include it; it includes only common/ and
- * rendezvous/rdzv.h (the rendezvous backends' names and endpoint form), never launch/, comm/,
- * train/ or kernels/, so either side can change without the other.
+ * outliving its agent (worker_guard.h). Both sides include it; it includes only common/,
+ * rendezvous/rdzv.h (the rendezvous backends' names and endpoint form) and the pipeline cost
+ * model below it (cost.h), never launch/, comm/, train/ or kernels/, so either side can change
+ * without the other. config.c holds the key table and single values, config_load.c the reading
+ * of a job file and the checks at load.
  *
  * A job file is INI (parsed with inih). Sections: [job] [model] [data] [train] [ddp] [parallel]
  * [checkpoint] [elastic] [rendezvous]. Precedence, lowest first: the defaults of the table in
@@ -40,6 +42,7 @@
 #include <stdio.h>
 
 #include "common/err.h"
+#include "runtime/job/cost.h"
 
 #define DT_STR_SMALL 32
 #define DT_STR_MID 256
@@ -88,6 +91,7 @@ typedef enum dt_compress_kind {
 /* parallel.schedule: the order of a pipeline's micro-batches (1F1B = PipeDream-Flush). */
 typedef enum dt_pp_schedule_kind { DT_PP_1F1B = 0, DT_PP_GPIPE = 1 } dt_pp_schedule_kind;
 #define DT_MAX_STAGES 64
+#define DT_MAX_HIDDEN 16 /* model.hidden: widths at most */
 /* checkpoint.resume: auto, never, or a path (then in dt_job.resume_path). */
 typedef enum dt_resume_kind { DT_RESUME_AUTO, DT_RESUME_NEVER, DT_RESUME_PATH } dt_resume_kind;
 /* rendezvous.backend (the names rendezvous/rdzv.h's dt_rdzv_opts.backend takes). */
@@ -311,27 +315,34 @@ int dt_launch_validate(const dt_launch *l, const char *where, dt_config_errors *
  * The launcher, the agent and the workers all say it with this one message. */
 int dt_parallel_check_world(int world, int tensor, int pipeline, dt_err *err);
 
-/* The model's blocks that parallel.pipeline splits into stages: gpt's n_layer transformer
- * blocks, mlp's Linear layers (model.hidden's widths + 1); 0 for a model without a pipeline
- * form (resnet) or one not configured yet. */
+/* model.hidden's widths into widths[0..DT_MAX_HIDDEN): comma-separated whole numbers 1 to 2^24
+ * ("512, 256,64"; "" gives none). Returns how many, or -EINVAL with a message naming
+ * model.hidden. The one parser of the key: the load's check and the model's configuration
+ * (runtime/train/models) both read the text through it. */
+int dt_job_mlp_widths(const char *text, int *widths, dt_err *err);
+
+/* The job's model as the cost model (runtime/job/cost.h) reads it: gpt's n_layer and n_embd, T =
+ * data.seq_len (else model.block_size, else 64) and V as the data opens it (data.vocab_size,
+ * else 50257 for tokens, 256 otherwise); mlp's widths (none when model.hidden is not valid). */
+void dt_job_cost_model(const dt_job *job, dt_cost_model *m);
+
+/* The model's blocks that parallel.pipeline splits into stages (dt_cost_blocks): gpt's n_layer
+ * transformer blocks, mlp's Linear layers (model.hidden's widths + 1); 0 for a model without a
+ * pipeline form (resnet) or one not configured yet. */
 int dt_job_pipeline_blocks(const dt_job *job);
 
-/* What the balanced split weighs (relative forward FLOPs a token; a backward is about twice its
- * forward for every piece, so the ratios hold for a step): *block one of the blocks, *first what
- * the first stage holds besides its blocks, *last what the last one does. gpt: a transformer
- * block 24*C^2 + 4*T*C (its four GEMMs' 12*C^2 multiply-adds, attention's Q*K^T and A*V), the
- * embedding 0 (a look-up), ln_f and the tied head 2*C*V (the (B,T,C) x (C,V) GEMM; ln_f's O(C)
- * and the cross-entropy's O(V) left out), with T = data.seq_len (else model.block_size) and V as
- * the data opens it (data.vocab_size, else 50257 for tokens, 256 otherwise). Other models: 1,
- * 0, 0 (mlp's widths come from the data, unknown before it opens: its layers count alike).
- * Returns 1 when the costs are the model's, 0 for the uniform fallback. */
+/* What the balanced split weighs (dt_cost_block_flops of the job's model): *block one of the
+ * blocks, *first what the first stage holds besides its blocks, *last what the last one does;
+ * gpt's from its shape, other models' 1, 0, 0 (mlp's widths come from the data, unknown before
+ * it opens: its layers count alike). Returns 1 when the costs are the model's, 0 for the
+ * uniform fallback. */
 int dt_job_stage_costs(const dt_job *job, double *block, double *first, double *last);
 
-/* The blocks of each of the job's parallel.pipeline stages into blocks[0..P): parallel.stages as
- * given, else the balanced split: the contiguous split whose costliest stage (its blocks, plus
- * the embedding on the first and the head on the last: dt_job_stage_costs) is the cheapest,
- * earlier stages taking the more blocks on a tie (so with equal costs: blocks / P each, the
- * first blocks % P stages one more).
+/* The blocks of each of the job's parallel.pipeline stages into blocks[0..P)
+ * (dt_cost_stage_blocks): parallel.stages as given, else the balanced split: the contiguous
+ * split whose costliest stage (its blocks, plus the embedding on the first and the head on the
+ * last: dt_job_stage_costs) is the cheapest, earlier stages taking the more blocks on a tie (so
+ * with equal costs: blocks / P each, the first blocks % P stages one more).
  * Returns P, or -EINVAL (with a message) when the job's model cannot be split so (the load's
  * validation refuses such jobs). */
 int dt_job_stage_blocks(const dt_job *job, int *blocks, dt_err *err);
@@ -339,7 +350,7 @@ int dt_job_stage_blocks(const dt_job *job, int *blocks, dt_err *err);
 /* Writes the fully resolved job as INI that dt_job_load reads back to the same job. */
 void dt_job_print(const dt_job *job, FILE *out);
 
-/* Writes the key reference as a Markdown table (README's "Job file reference"). */
+/* Writes the key reference as a Markdown table (docs/keys.md, "Every key"). */
 void dt_job_print_reference(FILE *out);
 
 /* train.trace's steps: off (also false, no, none); on (also true, yes, all: every step, up to
@@ -373,5 +384,29 @@ typedef struct dt_cfg_field {
 
 extern const dt_cfg_field dt_cfg_fields[];
 extern const int dt_cfg_fields_count;
+/* The sections, in the order dt_job_print writes them. */
+extern const char *const dt_cfg_sections[];
+extern const int dt_cfg_sections_count;
+
+/* One key's value, for the reader (config_load.c) and tools. config.c holds the table and these;
+ * config_load.c the reading, the checks at load and the loaders above, through these only. */
+
+/* The field of section.key (case-insensitive), or NULL. */
+const dt_cfg_field *dt_cfg_find(const char *section, const char *key);
+/* Whether s names a section (case-insensitive). */
+bool dt_cfg_known_section(const char *s);
+/* Parses value into f's field of job (a string key's form checked by dt_cfg_check_str). 0, or
+ * -EINVAL with why ("section.key: ...") filled and the field possibly changed. */
+int dt_cfg_set(dt_job *job, const dt_cfg_field *f, const char *value, char *why, size_t cap);
+/* f's value in job as a job file writes it (what dt_cfg_set reads back to the same value). */
+void dt_cfg_format(const dt_job *job, const dt_cfg_field *f, char *buf, size_t cap);
+/* Checks a string key whose form is known (launcher settings, names) and that a job file can
+ * hold v; 0, or -EINVAL with why filled. */
+int dt_cfg_check_str(const dt_cfg_field *f, const char *v, char *why, size_t cap);
+/* "a|b|c" of the NULL-terminated names (a field's choices), for messages and the reference. */
+const char *dt_cfg_choices_text(const char *const *names, char *buf, size_t cap);
+/* 0 for a valid elastic.nproc_per_node, else -EINVAL with why filled (the key and given, the
+ * value as given). */
+int dt_nproc_check(const dt_nproc *v, const char *given, char *why, size_t cap);
 
 #endif

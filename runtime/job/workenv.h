@@ -24,7 +24,7 @@
 
 #include "common/err.h"
 
-/* The exit codes of a worker, and of dtrain itself (README, "Exit codes"). */
+/* The exit codes of a worker, and of dtrain itself (docs/failures.md, "Exit codes"). */
 #define DT_EXIT_OK 0
 #define DT_EXIT_FAILED 1    /* a failure; the agent restarts the job while its budget lasts */
 #define DT_EXIT_CONFIG 2    /* a usage or job-file error: the same command fails the same way */

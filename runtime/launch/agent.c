@@ -25,14 +25,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -43,6 +41,7 @@
 #include "common/util.h"
 #include "rendezvous/rdzv.h"
 #include "runtime/launch/agent_env.h"
+#include "runtime/launch/agent_job.h"
 #include "runtime/launch/agent_output.h"
 #include "runtime/launch/agent_proc.h"
 #include "runtime/launch/agent_report.h"
@@ -114,46 +113,6 @@ typedef struct agent {
 /* epoll tags of the console fds (data.ptr): &console_tag[1], &console_tag[2]. */
 static char console_tag[3];
 
-/* The agent's own log lines: queued on the console behind the workers' lines (so they are
- * neither lost nor able to block the agent). Another thread (the store server's) writes
- * directly: the console buffer is the agent thread's alone. */
-static pid_t agent_tid;
-
-/* Log lines of other threads (the store server's), queued for the agent's thread: written
- * straight to the console they could land in the middle of a worker line that is only partly
- * out. Bounded: lines that do not fit are dropped. */
-static pthread_mutex_t side_mu = PTHREAD_MUTEX_INITIALIZER;
-static char side_buf[64 * 1024];
-static size_t side_len;
-
-/* On the agent's thread: the queued lines of other threads to the console. */
-static void drain_side_logs(void)
-{
-    char copy[sizeof side_buf];
-    pthread_mutex_lock(&side_mu);
-    size_t n = side_len;
-    memcpy(copy, side_buf, n);
-    side_len = 0;
-    pthread_mutex_unlock(&side_mu);
-    if (n)
-        dt_out_console_write(STDERR_FILENO, copy, n);
-}
-
-static void agent_log_sink(const char *line, size_t len)
-{
-    if (gettid() == agent_tid) {
-        drain_side_logs();
-        dt_out_console_write(STDERR_FILENO, line, len);
-        return;
-    }
-    pthread_mutex_lock(&side_mu);
-    if (side_len + len <= sizeof side_buf) {
-        memcpy(side_buf + side_len, line, len);
-        side_len += len;
-    }
-    pthread_mutex_unlock(&side_mu);
-}
-
 /* snprintf for paths and messages: false (and a cut string) when it did not fit. Through
  * vsnprintf so that the compiler's truncation guesses stay quiet where we check. */
 static bool fmt(char *dst, size_t cap, const char *f, ...) __attribute__((format(printf, 3, 4)));
@@ -224,17 +183,6 @@ static worker *find_worker(agent *a, pid_t pid)
     return NULL;
 }
 
-static void status_fields(cJSON *o, int status)
-{
-    char name[32];
-    if (WIFSIGNALED(status)) {
-        cJSON_AddNumberToObject(o, "exit_code", -WTERMSIG(status));
-        cJSON_AddStringToObject(o, "signal", dt_report_signame(WTERMSIG(status), name, sizeof name));
-    } else {
-        cJSON_AddNumberToObject(o, "exit_code", WEXITSTATUS(status));
-    }
-}
-
 /* Forgets process groups that have emptied. */
 static void refresh_groups(agent *a)
 {
@@ -269,19 +217,14 @@ static void reap(agent *a)
             continue; /* an orphaned grandchild we adopted as subreaper */
         if (WIFSTOPPED(st) || WIFCONTINUED(st)) {
             char sn[32];
-            cJSON *f = cJSON_CreateObject();
-            cJSON_AddNumberToObject(f, "rank", w->rank);
-            cJSON_AddNumberToObject(f, "pid", w->pid);
-            if (WIFSTOPPED(st)) {
-                dt_report_signame(WSTOPSIG(st), sn, sizeof sn);
+            if (WIFSTOPPED(st))
                 DT_WARN("rank %d (local_rank %d, pid %d) was stopped by %s: the job waits until "
                         "it is continued (kill -CONT %d)",
-                        w->rank, w->local_rank, (int)w->pid, sn, (int)w->pid);
-                cJSON_AddStringToObject(f, "signal", sn);
-            } else {
+                        w->rank, w->local_rank, (int)w->pid,
+                        dt_report_signame(WSTOPSIG(st), sn, sizeof sn), (int)w->pid);
+            else
                 DT_INFO("rank %d (pid %d) continued", w->rank, (int)w->pid);
-            }
-            dt_events_emit(&a->ev, WIFSTOPPED(st) ? "stopped" : "continued", f);
+            dt_report_worker_paused(&a->ev, w->rank, (int)w->pid, WIFSTOPPED(st) ? WSTOPSIG(st) : 0);
             continue;
         }
         w->running = false;
@@ -301,18 +244,12 @@ static void reap(agent *a)
             w->state = W_FAILED;
             a->n_failed++;
         }
-        cJSON *f = cJSON_CreateObject();
-        cJSON_AddNumberToObject(f, "rank", w->rank);
-        cJSON_AddNumberToObject(f, "local_rank", w->local_rank);
-        cJSON_AddNumberToObject(f, "pid", w->pid);
-        cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
-        status_fields(f, st);
-        cJSON_AddStringToObject(f, "state", w->state == W_SUCCEEDED   ? "succeeded"
-                                            : w->state == W_FAILED    ? "failed"
-                                            : w->state == W_PREEMPTED ? "preempted"
-                                                                      : "stopped");
-        cJSON_AddNumberToObject(f, "duration_s", (double)(int64_t)((w->t_end - w->t_start) * 1000) / 1000.0);
-        dt_events_emit(&a->ev, "exit", f);
+        dt_report_worker_exit(&a->ev, w->rank, w->local_rank, (int)w->pid, a->rd.attempt, st,
+                              w->state == W_SUCCEEDED   ? "succeeded"
+                              : w->state == W_FAILED    ? "failed"
+                              : w->state == W_PREEMPTED ? "preempted"
+                                                        : "stopped",
+                              w->t_end - w->t_start);
         if (w->state == W_FAILED) {
             char what[128];
             dt_report_describe_status(WIFEXITED(st) ? WEXITSTATUS(st) : 0,
@@ -338,30 +275,26 @@ static void handle_signal(agent *a, int sig)
         return;
     }
     dt_report_signame(sig, name, sizeof name);
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "signal", name);
+    const char *action;
     if (sig == SIGUSR1 || sig == SIGUSR2) {
         DT_INFO("%s received: forwarded to the workers", name);
         a->preempt_sig = sig; /* workers exiting 75 now saved a checkpoint: not a failure */
         signal_groups(a, sig);
-        cJSON_AddStringToObject(f, "action", "forwarded");
-        dt_events_emit(&a->ev, "signal", f);
-        return;
-    }
-    if (!a->first_signal) {
+        action = "forwarded";
+    } else if (!a->first_signal) {
         a->first_signal = sig;
         DT_WARN("%s received: stopping the workers%s", name,
                 sig == SIGINT ? " (Ctrl-C again kills them at once)" : "");
-        cJSON_AddStringToObject(f, "action", "stop");
+        action = "stop";
     } else if (sig == SIGINT) {
         if (!a->kill_now)
             DT_WARN("%s received again: killing the workers now", name);
         a->kill_now = true;
-        cJSON_AddStringToObject(f, "action", "kill");
+        action = "kill";
     } else {
-        cJSON_AddStringToObject(f, "action", "ignored (already stopping)");
+        action = "ignored (already stopping)";
     }
-    dt_events_emit(&a->ev, "signal", f);
+    dt_report_signal(&a->ev, sig, action);
 }
 
 static void drain_signals(agent *a)
@@ -397,10 +330,10 @@ static void watch_outputs(agent *a, bool on)
  * longest the next wait may last in ms (-1: no limit). */
 static int sync_console(agent *a)
 {
-    drain_side_logs();
+    dt_out_console_drain_logs();
     int ms = dt_out_console_tick();
     if (ms < 0 || ms > 200)
-        ms = 200; /* other threads' log lines wait at most this long (drain_side_logs) */
+        ms = 200; /* other threads' log lines wait at most this long (dt_out_console_drain_logs) */
     for (int fd = 1; fd <= 2; fd++) {
         bool want = dt_out_console_pending(fd);
         if (want == a->con_watched[fd])
@@ -556,12 +489,7 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
         if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, w->out[k].fd, &ee) != 0)
             DT_WARN("epoll_ctl: %s; rank %d's output is lost", strerror(errno), w->rank);
     }
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddNumberToObject(f, "rank", w->rank);
-    cJSON_AddNumberToObject(f, "local_rank", w->local_rank);
-    cJSON_AddNumberToObject(f, "pid", pid);
-    cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
-    dt_events_emit(&a->ev, "start", f);
+    dt_report_worker_start(&a->ev, w->rank, w->local_rank, (int)pid, a->rd.attempt);
     return 0;
 fail:
     for (int k = 0; k < 2; k++) {
@@ -804,11 +732,7 @@ static enum outcome monitor(agent *a, dt_rdzv_status *st)
     }
 }
 
-/* An elastic job's samples per optimiser step, said when its world size is new (the first round
- * and every membership change), so that a change is no surprise: the built-in worker's step is
- * batch_size x grad_accum x world unless train.global_batch keeps it fixed (the worker derives
- * its micro-steps from it; this line says how many). Read from the resolved job the workers
- * load (argv[2]). */
+/* An elastic job's global batch, said when the world of a round is new (agent_job.h). */
 static void log_global_batch(agent *a)
 {
     const dt_rdzv_round *r = &a->rd;
@@ -817,47 +741,7 @@ static void log_global_batch(agent *a)
         return;
     int before = a->batch_world;
     a->batch_world = r->world_size;
-    dt_job *j = malloc(sizeof *j);
-    dt_config_errors errs;
-    dt_err err = {0};
-    memset(&errs, 0, sizeof errs);
-    if (!j || dt_job_load(j, a->spec->argv[2], NULL, 0, &errs, &err) != 0) {
-        free(j);
-        return; /* the workers say what is wrong with it */
-    }
-    int64_t per_rank = (int64_t)j->batch_size * (j->strategy == DT_STRATEGY_DP ? j->dp_replicas : 1);
-    /* the data-parallel ranks share the batch (D = world / (T x P); the world itself without
-     * tensor or pipeline parallelism) */
-    int64_t w = r->world_size, tp = (int64_t)j->tensor * j->pipeline;
-    if (tp > 1 && w % tp) { /* check_world_layout refuses this round next: no step to speak of */
-        free(j);
-        return;
-    }
-    if (tp > 1)
-        w /= tp;
-    char was[64] = "";
-    const char *dpr = tp > 1 ? "data-parallel " : "";
-    if (before > 0) /* the world before held T x P (it ran), so this divides */
-        snprintf(was, sizeof was, " (was %lld %sranks)", (long long)(tp > 1 ? before / tp : before),
-                 dpr);
-    if (j->global_batch > 0 && j->global_batch < w) {
-        DT_WARN("global batch: train.global_batch = %lld is smaller than the %lld %sranks of "
-                "this round%s: the workers will stop; raise it to at least %lld or run fewer "
-                "ranks",
-                (long long)j->global_batch, (long long)w, dpr, was, (long long)w);
-    } else if (j->global_batch > 0) {
-        int64_t micro = (j->global_batch + w * per_rank - 1) / (w * per_rank);
-        DT_INFO("global batch: %lld samples per step over %lld %sranks%s, kept by "
-                "train.global_batch: %lld micro-step%s of up to %lld samples per rank",
-                (long long)j->global_batch, (long long)w, dpr, was, (long long)micro,
-                micro == 1 ? "" : "s", (long long)per_rank);
-    } else {
-        DT_INFO("global batch: %s%lld samples per step over %lld %sranks%s (batch %lld x accum %d "
-                "x %lld %sranks); set train.global_batch to keep it fixed when the world changes",
-                before > 0 ? "now " : "", (long long)(per_rank * j->grad_accum * w),
-                (long long)w, dpr, was, (long long)per_rank, j->grad_accum, (long long)w, dpr);
-    }
-    free(j);
+    dt_agent_log_global_batch(a->spec->argv[2], r->world_size, before);
 }
 
 static void round_banner(agent *a, double took_s)
@@ -876,50 +760,7 @@ static void round_banner(agent *a, double took_s)
         DT_INFO("attempt %d: starting %d worker%s (ranks 0-%d); run id %s", r->attempt, a->nproc,
                 a->nproc == 1 ? "" : "s", a->nproc - 1, r->run_id);
     log_global_batch(a);
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddNumberToObject(f, "round", r->round);
-    cJSON_AddNumberToObject(f, "attempt", r->attempt);
-    cJSON_AddNumberToObject(f, "group_rank", r->group_rank);
-    cJSON_AddNumberToObject(f, "group_world_size", r->group_world_size);
-    cJSON_AddNumberToObject(f, "rank_base", r->rank_base);
-    cJSON_AddNumberToObject(f, "local_world_size", r->local_world_size);
-    cJSON_AddNumberToObject(f, "world_size", r->world_size);
-    cJSON_AddStringToObject(f, "master_addr", r->master_addr);
-    cJSON_AddNumberToObject(f, "master_port", r->master_port);
-    cJSON_AddStringToObject(f, "run_id", r->run_id);
-    cJSON_AddNumberToObject(f, "duration_s", (double)(int64_t)(took_s * 1000) / 1000.0);
-    dt_events_emit(&a->ev, "rendezvous", f);
-}
-
-/* Where logs go when --log-dir is not given: <output_dir>/logs for a job file, else a new
- * temporary directory. */
-static int choose_log_root(agent *a, dt_err *err)
-{
-    if (a->L.log_dir[0]) {
-        dt_strlcpy(a->log_root, a->L.log_dir, sizeof a->log_root);
-        return 0;
-    }
-    const char *out = a->spec->output_dir; /* the resolved job's (DTRAIN_OUTPUT_DIR included) */
-    if (a->spec->builtin_worker && out && *out) {
-        if (!fmt(a->log_root, sizeof a->log_root, "%s/logs", out))
-            return dt_err_set(err, -ENAMETOOLONG, "output_dir too long: %s", out);
-        return 0;
-    }
-    const char *tmp = getenv("TMPDIR");
-    snprintf(a->log_root, sizeof a->log_root, "%s/dtrain-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(a->log_root))
-        return dt_err_errno(err, errno, "cannot create a log directory under %s (set --log-dir)",
-                            tmp && *tmp ? tmp : "/tmp");
-    a->log_tmp = true;
-    return 0;
-}
-
-/* Whether worker output goes to files: --redirects, --tee, or ranks that --local-ranks-filter
- * hides (their output goes to their files, so that a crash leaves a trace). */
-static bool writes_files(const agent *a)
-{
-    return (a->L.redirects[0] && strcmp(a->L.redirects, "0")) ||
-           (a->L.tee[0] && strcmp(a->L.tee, "0")) || a->L.local_ranks_filter[0];
+    dt_report_round_start(&a->ev, r, took_s);
 }
 
 /* Creates <log_root>/<run id> and opens events.jsonl there (after the first rendezvous, which
@@ -943,106 +784,17 @@ static int open_run_dir(agent *a, dt_err *err)
         return rc;
     if (!a->log_tmp)
         DT_INFO("logs and events.jsonl: %s", a->run_dir);
-    else if (writes_files(a)) /* else the user would never learn where the files went */
+    else if (dt_agent_writes_files(&a->L)) /* else the user would never learn where the files went */
         DT_INFO("worker output files and events.jsonl go to %s", a->run_dir);
     return 0;
 }
 
-/* Applies --rdzv-conf "k=v,..." onto the typed settings. A job file had it applied when it was
- * loaded; a command line (no job file) had not. Applying twice changes nothing. */
-static int apply_rdzv_conf(agent *a, dt_err *err)
-{
-    static dt_job scratch; /* large; the agent runs once per process */
-    char buf[DT_STR_MID], *save = NULL;
-    if (!a->L.rdzv_conf[0])
-        return 0;
-    dt_job_defaults(&scratch);
-    scratch.launch = a->L;
-    dt_strlcpy(buf, a->L.rdzv_conf, sizeof buf);
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char assign[DT_STR_MID + 16];
-        tok = dt_trim(tok);
-        if (!*tok)
-            continue;
-        if (!strchr(tok, '='))
-            return dt_err_set(err, -EINVAL, "--rdzv-conf: \"%s\" is not key=value", tok);
-        fmt(assign, sizeof assign, "rendezvous.%s", tok);
-        if (dt_job_set(&scratch, assign, err))
-            return dt_err_prefix(err, "--rdzv-conf: ");
-    }
-    a->L = scratch.launch;
-    return 0;
-}
-
-static void fill_rdzv_opts(agent *a, dt_rdzv_opts *o)
-{
-    const dt_launch *L = &a->L;
-    memset(o, 0, sizeof *o);
-    dt_strlcpy(o->backend, dt_rdzv_backend_name(L->rdzv_backend), sizeof o->backend);
-    dt_strlcpy(o->nnodes, L->nnodes, sizeof o->nnodes);
-    o->node_rank = L->node_rank < 0 ? 0 : L->node_rank;
-    dt_strlcpy(o->endpoint_host, L->master_addr[0] ? L->master_addr : "127.0.0.1",
-               sizeof o->endpoint_host);
-    o->endpoint_port = L->master_port;
-    dt_strlcpy(o->endpoints, L->rdzv_endpoint, sizeof o->endpoints);
-    dt_strlcpy(o->cacert, L->rdzv_cacert, sizeof o->cacert);
-    dt_strlcpy(o->cert, L->rdzv_cert, sizeof o->cert);
-    dt_strlcpy(o->key, L->rdzv_key, sizeof o->key);
-    dt_strlcpy(o->user, L->rdzv_user, sizeof o->user);
-    dt_strlcpy(o->password_file, L->rdzv_password_file, sizeof o->password_file);
-    if (L->rdzv_endpoint[0])
-        dt_rdzv_parse_endpoint(L->rdzv_endpoint, o->endpoint_host, sizeof o->endpoint_host,
-                               &o->endpoint_port, NULL);
-    int n = 0;
-    if (L->standalone || (dt_parse_int(L->nnodes, &n) == 0 && n == 1 && !L->rdzv_endpoint[0])) {
-        /* One node: nobody needs to find the store, so it takes any free local port. */
-        dt_strlcpy(o->backend, "static", sizeof o->backend);
-        dt_strlcpy(o->nnodes, "1", sizeof o->nnodes);
-        o->node_rank = 0;
-        dt_strlcpy(o->endpoint_host, "127.0.0.1", sizeof o->endpoint_host);
-        o->endpoint_port = 0;
-    }
-    dt_strlcpy(o->run_id, L->rdzv_id, sizeof o->run_id);
-    dt_strlcpy(o->local_addr, L->local_addr, sizeof o->local_addr);
-    o->local_world_size = a->nproc;
-    o->max_restarts = L->max_restarts;
-    o->join_timeout = L->join_timeout;
-    o->close_timeout = L->close_timeout;
-    o->heartbeat_interval = L->heartbeat_interval;
-    o->heartbeat_timeout = L->heartbeat_timeout;
-    o->last_call_timeout = L->last_call_timeout;
-    o->read_timeout = L->read_timeout;
-    o->is_host = L->is_host;
-    o->interrupted = rdzv_interrupted;
-    o->arg = a;
-}
-
+/* The root-cause table of a job that ends failed, on the console. */
 static void print_table(agent *a, const dt_rdzv_failure *f, int n, const char *headline,
                         bool config)
 {
-    char head[512], foot[DT_PATH_MAX + 512], what[128], why[96];
-    /* why the job ends here rather than restarts */
-    if (config)
-        snprintf(why, sizeof why, "attempt %d; not restarted: a configuration error",
-                 a->rd.attempt);
-    else
-        snprintf(why, sizeof why, "attempt %d; --max-restarts=%d spent", a->rd.attempt,
-                 a->rd.max_restarts);
-    if (headline) {
-        fmt(head, sizeof head, "%s", headline);
-    } else if (n > 0) {
-        dt_report_describe_status(f[0].exit_code, f[0].signal, what, sizeof what);
-        if (f[0].rank >= 0)
-            snprintf(head, sizeof head, "dtrain: the job failed: rank %d on %s %s (%s)",
-                     f[0].rank, f[0].host, what, why);
-        else
-            snprintf(head, sizeof head, "dtrain: the job failed: node %d (%s) was lost (%s)",
-                     f[0].node, f[0].host, why);
-    } else {
-        snprintf(head, sizeof head, "dtrain: the job failed (%s)", why);
-    }
-    snprintf(foot, sizeof foot, "Logs: %s (events.jsonl; attempt_<k>/<rank>/)", a->run_dir);
-    char *t = dt_report_table(f, n, head, foot);
+    char *t = dt_report_job_failed(f, n, headline, config, a->rd.attempt, a->rd.max_restarts,
+                                   a->run_dir);
     if (t) {
         dt_out_console_write(STDERR_FILENO, t, strlen(t));
         free(t);
@@ -1051,15 +803,7 @@ static void print_table(agent *a, const dt_rdzv_failure *f, int n, const char *h
 
 static void emit_end(agent *a, const char *result, int code)
 {
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "result", result);
-    cJSON_AddNumberToObject(f, "exit_code", code);
-    cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) == 0)
-        cJSON_AddNumberToObject(f, "agent_max_rss_kb", (double)ru.ru_maxrss);
-    cJSON_AddNumberToObject(f, "console_lines_dropped", (double)dt_out_console_dropped());
-    dt_events_emit(&a->ev, "end", f);
+    dt_report_end(&a->ev, result, code, a->rd.attempt, dt_out_console_dropped());
 }
 
 /* Whether every worker of the round exited 0 or 75 (the built-in worker's "checkpoint saved"),
@@ -1148,241 +892,281 @@ static int check_world_layout(agent *a)
     return DT_EXIT_CONFIG;
 }
 
-/* Runs rounds until the job ends; returns the exit code. */
-static int run_rounds(agent *a)
-{
-    char name[32];
-    dt_rdzv_failure *prev = NULL; /* failures of the attempt before the rendezvous under way */
-    int prev_n = 0, prev_attempt = 0;
-    for (bool first = true;; first = false) {
-        dt_err e = {0};
-        dt_rdzv_status st;
-        double t0 = dt_now_s();
-        int rc = dt_rdzv_next(a->rz, &a->rd, &st, &e);
-        if (rc == -EINTR || rc == -ECANCELED)
-            free(prev);
-        if (rc == -EINTR) {
-            dt_err ae = {0};
-            dt_rdzv_abort(a->rz, a->first_signal, &ae);
-            emit_end(a, "signal", 128 + a->first_signal);
-            return 128 + a->first_signal;
-        }
-        if (rc == -ECANCELED && st.state == DT_RDZV_SUCCEEDED) { /* an elastic job's spare */
-            DT_INFO("%s", e.msg);
-            emit_end(a, "succeeded", 0);
-            return 0;
-        }
-        if (rc == -ECANCELED) {
-            DT_ERROR("%s", e.msg);
-            return end_aborted(a, &st);
-        }
-        if (rc == -EINVAL) { /* the nodes' settings disagree: a restart cannot help */
-            DT_ERROR("%s", e.msg);
-            free(prev);
-            emit_end(a, "setup_error", DT_EXIT_CONFIG);
-            return DT_EXIT_CONFIG;
-        }
-        if (rc) {
-            DT_ERROR("rendezvous failed: %s", e.msg);
-            if (prev_n > 0) { /* what made the restart necessary is the story */
-                char head[256];
-                fmt(head, sizeof head,
-                    "dtrain: the job failed: the restart after attempt %d could not gather every "
-                    "node (see above); what ended attempt %d:",
-                    prev_attempt, prev_attempt);
-                print_table(a, prev, prev_n, head, false);
-            }
-            free(prev);
-            emit_end(a, "rendezvous_failed", 1);
-            return 1;
-        }
-        free(prev);
-        prev = NULL;
-        prev_n = 0;
-        if (first) {
-            if (open_run_dir(a, &e))
-                DT_WARN("%s; continuing without events.jsonl", e.msg);
-        }
-        round_banner(a, dt_now_s() - t0);
-        if ((rc = check_world_layout(a)))
-            return rc;
+/* ---- the rounds: join, start and monitor, stop, decide ----------------------------------- */
 
-        enum outcome out;
-        if ((a->rd.group_world_size > 1 || a->rd.elastic) && dt_rdzv_poll(a->rz, &st, &e) == 0 &&
-            st.state != DT_RDZV_RUNNING) {
-            /* The round ended before it started here (this agent joined late): no workers. */
-            out = st.state == DT_RDZV_ABORTED ? OUT_ABORTED
-                  : st.state == DT_RDZV_REGROUP ? OUT_REGROUP
-                                                : OUT_REMOTE_FAILED;
-            goto decided;
+/* What a phase of a round returns when the job goes on; any other value is the agent's exit
+ * code (the job ended here). */
+#define GOES_ON (-1)
+
+/* The failures of the attempt before the rendezvous under way: when the restart cannot gather
+ * every node, what made it necessary is the story, and the table shows them. */
+typedef struct restart_cause {
+    dt_rdzv_failure *f; /* owned; NULL when none */
+    int n;
+    int attempt;
+} restart_cause;
+
+/* Join: the next round's rendezvous, into a->rd and *st. Returns GOES_ON when the round
+ * gathered, else the exit code (a signal, a spare sent home, a job another node ended, nodes
+ * whose settings disagree, a rendezvous that failed). Frees *cause either way. */
+static int join_round(agent *a, restart_cause *cause, dt_rdzv_status *st)
+{
+    dt_err e = {0};
+    int rc = dt_rdzv_next(a->rz, &a->rd, st, &e), code = GOES_ON;
+    if (rc == -EINTR) {
+        dt_err ae = {0};
+        dt_rdzv_abort(a->rz, a->first_signal, &ae);
+        emit_end(a, "signal", 128 + a->first_signal);
+        code = 128 + a->first_signal;
+    } else if (rc == -ECANCELED && st->state == DT_RDZV_SUCCEEDED) { /* an elastic job's spare */
+        DT_INFO("%s", e.msg);
+        emit_end(a, "succeeded", 0);
+        code = 0;
+    } else if (rc == -ECANCELED) {
+        DT_ERROR("%s", e.msg);
+        code = end_aborted(a, st);
+    } else if (rc == -EINVAL) { /* the nodes' settings disagree: a restart cannot help */
+        DT_ERROR("%s", e.msg);
+        emit_end(a, "setup_error", DT_EXIT_CONFIG);
+        code = DT_EXIT_CONFIG;
+    } else if (rc) {
+        DT_ERROR("rendezvous failed: %s", e.msg);
+        if (cause->n > 0) {
+            char head[256];
+            fmt(head, sizeof head,
+                "dtrain: the job failed: the restart after attempt %d could not gather every "
+                "node (see above); what ended attempt %d:",
+                cause->attempt, cause->attempt);
+            print_table(a, cause->f, cause->n, head, false);
         }
-        if ((rc = start_workers(a, &e))) {
-            DT_ERROR("cannot start the workers: %s", e.msg);
-            stop_workers(a, SIGKILL);
-            finish_outputs(a);
-            dt_err ae = {0};
-            dt_rdzv_abort(a->rz, SIGTERM, &ae);
-            emit_end(a, "agent_error", 1);
-            return 1;
-        }
-        out = monitor(a, &st);
-    decided:;
-        dt_rdzv_failure *lf = NULL;
-        int nlf = 0;
-        bool config = false; /* this node's failed workers report a configuration error */
-        switch (out) {
-        case OUT_SUCCEEDED:
-            stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
-            finish_outputs(a);
-            DT_INFO("all workers succeeded%s", a->rd.group_world_size > 1 ? " on every node" : "");
-            emit_end(a, "succeeded", 0);
-            return 0;
-        case OUT_FAILED: {
-            nlf = local_failures(a, &lf);
-            dt_err fe = {0};
-            config = config_error(a);
-            if (config) {
-                /* A restart would repeat it, on whatever node: the job ends everywhere (as a
-                 * setup error), and the other nodes are told which node to look at. */
-                char why[256];
-                fmt(why, sizeof why,
-                    "node %d (%s:%d) reports a configuration error (exit %d) in its workers: "
-                    "not restarting; see that node's log",
-                    a->rd.group_rank, dt_hostname(), (int)getpid(), DT_EXIT_CONFIG);
-                if (dt_rdzv_abort_config(a->rz, lf, nlf, why, &fe))
-                    DT_WARN("cannot record the configuration error in the rendezvous: %s", fe.msg);
-            } else if (nlf > 0 && dt_rdzv_failed(a->rz, lf, nlf, &fe)) {
-                DT_WARN("cannot record the failure in the rendezvous: %s", fe.msg);
-            }
-            cJSON *f = cJSON_CreateObject();
-            cJSON *arr = cJSON_AddArrayToObject(f, "failures");
-            for (int i = 0; i < nlf; i++)
-                cJSON_AddItemToArray(arr, dt_report_failure_json(&lf[i]));
-            cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
-            dt_events_emit(&a->ev, "failure", f);
-            free(lf);
-            /* Elastic: the round may have ended first for a membership change, which then
-             * decides (the failure does not spend the budget, as on every other node). */
-            if (!config && a->rd.elastic && dt_rdzv_poll(a->rz, &st, &fe) == 0 &&
-                st.state == DT_RDZV_REGROUP)
-                out = OUT_REGROUP;
-            DT_WARN("stopping the other workers%s", a->rd.group_world_size > 1 ? " on every node" : "");
-            stop_workers(a, SIGTERM);
-            break;
-        }
-        case OUT_REMOTE_FAILED:
-        case OUT_REGROUP:
-            DT_WARN("%s: stopping the workers of this node", st.why[0] ? st.why : "the round ended");
-            stop_workers(a, SIGTERM);
-            break;
-        case OUT_SIGNAL: {
-            dt_err ae = {0};
-            if (dt_rdzv_abort(a->rz, a->first_signal, &ae))
-                DT_DEBUG("abort: %s", ae.msg);
-            stop_workers(a, a->first_signal);
-            finish_outputs(a);
-            if (a->first_signal == SIGTERM && all_preempted(a))
-                return preempted(a, a->first_signal);
-            DT_WARN("stopped by %s", dt_report_signame(a->first_signal, name, sizeof name));
-            emit_end(a, "signal", 128 + a->first_signal);
-            return 128 + a->first_signal;
-        }
-        case OUT_PREEMPTED: {
-            dt_err ae = {0};
-            if (a->rd.group_world_size > 1 && dt_rdzv_abort(a->rz, a->preempt_sig, &ae))
-                DT_DEBUG("abort: %s", ae.msg);
-            stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
-            finish_outputs(a);
-            return preempted(a, a->preempt_sig);
-        }
-        case OUT_ABORTED:
-            if (st.setup_error) { /* the error is the news; stopping is routine */
-                DT_ERROR("%s", st.why);
-                DT_WARN("stopping the workers of this node");
-            } else {
-                DT_WARN("%s: stopping the workers of this node", st.why);
-            }
-            stop_workers(a, SIGTERM);
-            finish_outputs(a);
-            if ((st.signal == SIGTERM || st.signal == SIGUSR1 || st.signal == SIGUSR2) &&
-                all_preempted(a))
-                return preempted(a, st.signal);
-            return end_aborted(a, &st);
-        case OUT_LOST:
-            stop_workers(a, SIGTERM);
-            finish_outputs(a);
-            emit_end(a, "lost_rendezvous", 1);
-            return 1;
-        }
-        finish_outputs(a);
-        if (a->first_signal) { /* a signal arrived while the workers were stopping */
-            dt_err ae = {0};
-            dt_rdzv_abort(a->rz, a->first_signal, &ae);
-            emit_end(a, "signal", 128 + a->first_signal);
-            return 128 + a->first_signal;
-        }
-        if (!config && (a->rd.group_world_size > 1 || a->rd.elastic)) {
-            /* Another node may have ended the job meanwhile (its workers report a configuration
-             * error): that wins over the next attempt. */
-            dt_err pe = {0};
-            dt_rdzv_status ab;
-            if (dt_rdzv_poll(a->rz, &ab, &pe) == 0 && ab.state == DT_RDZV_ABORTED) {
-                if (ab.setup_error)
-                    DT_ERROR("%s", ab.why);
-                else
-                    DT_WARN("%s", ab.why);
-                return end_aborted(a, &ab);
-            }
-        }
-        if (out == OUT_REGROUP) {
-            DT_INFO("the job's nodes change: joining the next round (restart count unchanged)");
-            cJSON *f = cJSON_CreateObject();
-            cJSON_AddStringToObject(f, "why", st.why);
-            cJSON_AddNumberToObject(f, "attempt", a->rd.attempt);
-            dt_events_emit(&a->ev, "regroup", f);
-            continue;
-        }
-        bool final = a->rd.attempt >= a->rd.max_restarts;
-        if (!final && config)
-            DT_WARN("not restarting: the workers report a configuration error (exit %d), which a "
-                    "restart would repeat%s",
-                    DT_EXIT_CONFIG, a->rd.group_world_size > 1 || a->rd.elastic
-                                     ? "; the job ends on every node"
-                                     : "");
-        if (final || config) {
-            dt_rdzv_failure *all = NULL;
-            int n = 0;
-            dt_err fe = {0};
-            if (dt_rdzv_failures(a->rz, &all, &n, &fe))
-                DT_WARN("cannot read the job's failures: %s", fe.msg);
-            print_table(a, all, n, NULL, config);
-            free(all);
-            emit_end(a, "failed", config ? DT_EXIT_CONFIG : 1);
-            return config ? DT_EXIT_CONFIG : 1;
-        }
-        dt_err fe = {0};
-        prev_attempt = a->rd.attempt;
-        if (dt_rdzv_failures(a->rz, &prev, &prev_n, &fe))
-            prev_n = 0;
-        DT_WARN("restarting every worker%s (restart %d of --max-restarts=%d)",
-                a->rd.group_world_size > 1 ? " on every node" : "", a->rd.attempt + 1,
-                a->rd.max_restarts);
-        cJSON *f = cJSON_CreateObject();
-        cJSON_AddNumberToObject(f, "attempt", a->rd.attempt + 1);
-        dt_events_emit(&a->ev, "restart", f);
+        emit_end(a, "rendezvous_failed", 1);
+        code = 1;
     }
+    free(cause->f);
+    cause->f = NULL;
+    cause->n = 0;
+    return code;
 }
 
-/* Whether --nnodes (N or MIN:MAX) allows more than one node, which --standalone cannot give. */
-static bool standalone_conflict(const char *nnodes)
+/* A round gathered (t_join: when its rendezvous began): the run directory and events.jsonl
+ * (first round), the banner and the "rendezvous" event, the world against the job's layout.
+ * Returns GOES_ON or the exit code. */
+static int begin_round(agent *a, bool first, double t_join)
 {
-    const char *colon = strchr(nnodes, ':');
-    int max = 0;
-    if (!*nnodes)
-        return false;
-    if (colon ? dt_parse_int(colon + 1, &max) : dt_parse_int(nnodes, &max))
-        return false; /* not a number: the rendezvous says what is wrong with it */
-    return max > 1;
+    if (first) {
+        dt_err e = {0};
+        if (open_run_dir(a, &e))
+            DT_WARN("%s; continuing without events.jsonl", e.msg);
+    }
+    round_banner(a, dt_now_s() - t_join);
+    int rc = check_world_layout(a);
+    return rc ? rc : GOES_ON;
+}
+
+/* Start and monitor: this node's workers run until the round ends, here or on any node; *out
+ * says how and *st what the rendezvous said. Returns GOES_ON, or the exit code when the workers
+ * could not be started. */
+static int run_workers(agent *a, dt_rdzv_status *st, enum outcome *out)
+{
+    dt_err e = {0};
+    if ((a->rd.group_world_size > 1 || a->rd.elastic) && dt_rdzv_poll(a->rz, st, &e) == 0 &&
+        st->state != DT_RDZV_RUNNING) {
+        /* The round ended before it started here (this agent joined late): no workers. */
+        *out = st->state == DT_RDZV_ABORTED   ? OUT_ABORTED
+               : st->state == DT_RDZV_REGROUP ? OUT_REGROUP
+                                              : OUT_REMOTE_FAILED;
+        return GOES_ON;
+    }
+    if (start_workers(a, &e)) {
+        DT_ERROR("cannot start the workers: %s", e.msg);
+        stop_workers(a, SIGKILL);
+        finish_outputs(a);
+        dt_err ae = {0};
+        dt_rdzv_abort(a->rz, SIGTERM, &ae);
+        emit_end(a, "agent_error", 1);
+        return 1;
+    }
+    *out = monitor(a, st);
+    return GOES_ON;
+}
+
+/* This node's workers failed: their failures go to the rendezvous (as a configuration error,
+ * which ends the job on every node, or as a failure) and to events.jsonl. Returns whether they
+ * report a configuration error; *out becomes OUT_REGROUP when an elastic round had ended first
+ * for a membership change (which then decides, and the failure spends no restart). */
+static bool record_failure(agent *a, dt_rdzv_status *st, enum outcome *out)
+{
+    dt_rdzv_failure *lf = NULL;
+    int nlf = local_failures(a, &lf);
+    dt_err fe = {0};
+    bool config = config_error(a);
+    if (config) {
+        /* A restart would repeat it, on whatever node: the job ends everywhere (as a setup
+         * error), and the other nodes are told which node to look at. */
+        char why[256];
+        fmt(why, sizeof why,
+            "node %d (%s:%d) reports a configuration error (exit %d) in its workers: not "
+            "restarting; see that node's log",
+            a->rd.group_rank, dt_hostname(), (int)getpid(), DT_EXIT_CONFIG);
+        if (dt_rdzv_abort_config(a->rz, lf, nlf, why, &fe))
+            DT_WARN("cannot record the configuration error in the rendezvous: %s", fe.msg);
+    } else if (nlf > 0 && dt_rdzv_failed(a->rz, lf, nlf, &fe)) {
+        DT_WARN("cannot record the failure in the rendezvous: %s", fe.msg);
+    }
+    dt_report_failures(&a->ev, lf, nlf, a->rd.attempt);
+    free(lf);
+    if (!config && a->rd.elastic && dt_rdzv_poll(a->rz, st, &fe) == 0 &&
+        st->state == DT_RDZV_REGROUP)
+        *out = OUT_REGROUP;
+    return config;
+}
+
+/* Stop: this node's workers are stopped as the outcome asks; the outcomes that end the job end
+ * it here. Returns GOES_ON after a failure or a regroup (decide() goes on), else the exit code.
+ * *config: this node's failed workers report a configuration error. */
+static int stop_round(agent *a, enum outcome *out, dt_rdzv_status *st, bool *config)
+{
+    char name[32];
+    dt_err ae = {0};
+    switch (*out) {
+    case OUT_SUCCEEDED:
+        stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
+        finish_outputs(a);
+        DT_INFO("all workers succeeded%s", a->rd.group_world_size > 1 ? " on every node" : "");
+        emit_end(a, "succeeded", 0);
+        return 0;
+    case OUT_FAILED:
+        *config = record_failure(a, st, out);
+        DT_WARN("stopping the other workers%s", a->rd.group_world_size > 1 ? " on every node" : "");
+        stop_workers(a, SIGTERM);
+        break;
+    case OUT_REMOTE_FAILED:
+    case OUT_REGROUP:
+        DT_WARN("%s: stopping the workers of this node", st->why[0] ? st->why : "the round ended");
+        stop_workers(a, SIGTERM);
+        break;
+    case OUT_SIGNAL:
+        if (dt_rdzv_abort(a->rz, a->first_signal, &ae))
+            DT_DEBUG("abort: %s", ae.msg);
+        stop_workers(a, a->first_signal);
+        finish_outputs(a);
+        if (a->first_signal == SIGTERM && all_preempted(a))
+            return preempted(a, a->first_signal);
+        DT_WARN("stopped by %s", dt_report_signame(a->first_signal, name, sizeof name));
+        emit_end(a, "signal", 128 + a->first_signal);
+        return 128 + a->first_signal;
+    case OUT_PREEMPTED:
+        if (a->rd.group_world_size > 1 && dt_rdzv_abort(a->rz, a->preempt_sig, &ae))
+            DT_DEBUG("abort: %s", ae.msg);
+        stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
+        finish_outputs(a);
+        return preempted(a, a->preempt_sig);
+    case OUT_ABORTED:
+        if (st->setup_error) { /* the error is the news; stopping is routine */
+            DT_ERROR("%s", st->why);
+            DT_WARN("stopping the workers of this node");
+        } else {
+            DT_WARN("%s: stopping the workers of this node", st->why);
+        }
+        stop_workers(a, SIGTERM);
+        finish_outputs(a);
+        if ((st->signal == SIGTERM || st->signal == SIGUSR1 || st->signal == SIGUSR2) &&
+            all_preempted(a))
+            return preempted(a, st->signal);
+        return end_aborted(a, st);
+    case OUT_LOST:
+        stop_workers(a, SIGTERM);
+        finish_outputs(a);
+        emit_end(a, "lost_rendezvous", 1);
+        return 1;
+    }
+    finish_outputs(a);
+    return GOES_ON;
+}
+
+/* Decide, the workers stopped after a failure or a regroup: a signal that came meanwhile, or
+ * another node's end of the job, ends it here; a regroup joins the next round; a failure
+ * restarts the job while the budget lasts (*cause keeps its failures for the next join), else
+ * ends it with the root-cause table. Returns GOES_ON or the exit code. */
+static int decide(agent *a, enum outcome out, const dt_rdzv_status *st, bool config,
+                  restart_cause *cause)
+{
+    if (a->first_signal) { /* a signal arrived while the workers were stopping */
+        dt_err ae = {0};
+        dt_rdzv_abort(a->rz, a->first_signal, &ae);
+        emit_end(a, "signal", 128 + a->first_signal);
+        return 128 + a->first_signal;
+    }
+    if (!config && (a->rd.group_world_size > 1 || a->rd.elastic)) {
+        /* Another node may have ended the job meanwhile (its workers report a configuration
+         * error): that wins over the next attempt. */
+        dt_err pe = {0};
+        dt_rdzv_status ab;
+        if (dt_rdzv_poll(a->rz, &ab, &pe) == 0 && ab.state == DT_RDZV_ABORTED) {
+            if (ab.setup_error)
+                DT_ERROR("%s", ab.why);
+            else
+                DT_WARN("%s", ab.why);
+            return end_aborted(a, &ab);
+        }
+    }
+    if (out == OUT_REGROUP) {
+        DT_INFO("the job's nodes change: joining the next round (restart count unchanged)");
+        dt_report_regroup(&a->ev, st->why, a->rd.attempt);
+        return GOES_ON;
+    }
+    bool final = a->rd.attempt >= a->rd.max_restarts;
+    if (!final && config)
+        DT_WARN("not restarting: the workers report a configuration error (exit %d), which a "
+                "restart would repeat%s",
+                DT_EXIT_CONFIG, a->rd.group_world_size > 1 || a->rd.elastic
+                                 ? "; the job ends on every node"
+                                 : "");
+    dt_err fe = {0};
+    if (final || config) {
+        dt_rdzv_failure *all = NULL;
+        int n = 0;
+        if (dt_rdzv_failures(a->rz, &all, &n, &fe))
+            DT_WARN("cannot read the job's failures: %s", fe.msg);
+        print_table(a, all, n, NULL, config);
+        free(all);
+        emit_end(a, "failed", config ? DT_EXIT_CONFIG : 1);
+        return config ? DT_EXIT_CONFIG : 1;
+    }
+    cause->attempt = a->rd.attempt;
+    if (dt_rdzv_failures(a->rz, &cause->f, &cause->n, &fe))
+        cause->n = 0;
+    DT_WARN("restarting every worker%s (restart %d of --max-restarts=%d)",
+            a->rd.group_world_size > 1 ? " on every node" : "", a->rd.attempt + 1,
+            a->rd.max_restarts);
+    dt_report_restart(&a->ev, a->rd.attempt + 1);
+    return GOES_ON;
+}
+
+/* Runs rounds until the job ends; returns the exit code. A round: join -> begin -> start and
+ * monitor the workers -> stop -> decide (see the comment at the top). */
+static int run_rounds(agent *a)
+{
+    restart_cause cause = {0};
+    for (bool first = true;; first = false) {
+        dt_rdzv_status st;
+        enum outcome out = OUT_SUCCEEDED;
+        bool config = false;
+        double t_join = dt_now_s();
+        int code = join_round(a, &cause, &st);
+        if (code == GOES_ON)
+            code = begin_round(a, first, t_join);
+        if (code == GOES_ON)
+            code = run_workers(a, &st, &out);
+        if (code == GOES_ON)
+            code = stop_round(a, &out, &st, &config);
+        if (code == GOES_ON)
+            code = decide(a, out, &st, config, &cause);
+        if (code != GOES_ON) {
+            free(cause.f);
+            return code;
+        }
+    }
 }
 
 int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
@@ -1403,12 +1187,12 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
         code = DT_EXIT_CONFIG;
         goto out;
     }
-    if (apply_rdzv_conf(a, &e)) {
+    if (dt_agent_apply_rdzv_conf(&a->L, &e)) {
         fprintf(stderr, "dtrain: %s\n", e.msg);
         code = DT_EXIT_CONFIG;
         goto out;
     }
-    if (a->L.standalone && standalone_conflict(a->L.nnodes)) {
+    if (a->L.standalone && dt_agent_standalone_conflict(a->L.nnodes)) {
         fprintf(stderr,
                 "dtrain: --standalone runs a job on this one node, but --nnodes=%s asks for more: "
                 "drop --standalone and give every node --master-addr/--master-port (or "
@@ -1437,8 +1221,7 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
         code = rc;
         goto out;
     }
-    agent_tid = gettid();
-    dt_log_set_sink(agent_log_sink);
+    dt_out_console_take_logs();
     if ((rc = signals_init(a, err))) {
         code = rc;
         goto out;
@@ -1451,7 +1234,8 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
                  "the agent",
                  cgwhy);
     if ((rc = dt_guard_start(&a->guard, dt_cgroup_path(a->cg), err)) ||
-        (rc = dt_proc_become_subreaper(err)) || (rc = choose_log_root(a, err))) {
+        (rc = dt_proc_become_subreaper(err)) || (rc = dt_agent_log_root(&a->L, a->spec->builtin_worker ? a->spec->output_dir : NULL,
+                                 a->log_root, sizeof a->log_root, &a->log_tmp, err))) {
         code = rc;
         goto out;
     }
@@ -1462,15 +1246,10 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
         DT_INFO("setting OMP_NUM_THREADS=1 for each of the %d workers to avoid oversubscribing "
                 "the CPUs; set it yourself to tune",
                 a->nproc);
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddNumberToObject(f, "pid", (int)getpid());
-    cJSON_AddStringToObject(f, "host", dt_hostname());
-    cJSON_AddNumberToObject(f, "nproc", a->nproc);
-    cJSON_AddStringToObject(f, "program", a->prog);
-    dt_events_emit(&a->ev, "agent_start", f);
+    dt_report_agent_start(&a->ev, (int)getpid(), dt_hostname(), a->nproc, a->prog);
 
     dt_rdzv_opts ro;
-    fill_rdzv_opts(a, &ro);
+    dt_agent_rdzv_opts(&a->L, a->nproc, rdzv_interrupted, a, &ro);
     rc = dt_rdzv_open(&a->rz, &ro, &e);
     if (rc == -EINTR) {
         code = 128 + a->first_signal;
@@ -1489,7 +1268,7 @@ out:
     dt_events_close(&a->ev);
     if (a->log_tmp && !a->run_dir[0])
         rmdir(a->log_root); /* ended before the first round: nothing was written */
-    else if (a->log_tmp && code == 0 && !writes_files(a))
+    else if (a->log_tmp && code == 0 && !dt_agent_writes_files(&a->L))
         dt_rm_rf(a->log_root, NULL);
     else if (a->log_tmp && code != 0)
         DT_INFO("logs kept in %s", a->run_dir);
@@ -1506,7 +1285,7 @@ out:
         dt_guard_stop(a->guard);
     }
     dt_cgroup_close(a->cg);
-    drain_side_logs();
+    dt_out_console_drain_logs();
     dt_log_set_sink(NULL);
     dt_out_console_close(5.0);
     signals_restore(a);

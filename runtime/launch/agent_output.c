@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -534,4 +535,46 @@ void dt_out_finish(dt_out_stream *s)
         forward(s, buf, (size_t)n);
     }
     close_stream(s);
+}
+
+/* ---- the agent's log lines -------------------------------------------------------------- */
+
+static pid_t log_tid; /* the agent's thread (dt_out_console_take_logs) */
+
+/* Log lines of other threads, queued for the agent's thread (bounded). */
+static pthread_mutex_t side_mu = PTHREAD_MUTEX_INITIALIZER;
+static char side_buf[64 * 1024];
+static size_t side_len;
+
+void dt_out_console_drain_logs(void)
+{
+    char copy[sizeof side_buf];
+    pthread_mutex_lock(&side_mu);
+    size_t n = side_len;
+    memcpy(copy, side_buf, n);
+    side_len = 0;
+    pthread_mutex_unlock(&side_mu);
+    if (n)
+        dt_out_console_write(STDERR_FILENO, copy, n);
+}
+
+static void log_sink(const char *line, size_t len)
+{
+    if (gettid() == log_tid) {
+        dt_out_console_drain_logs();
+        dt_out_console_write(STDERR_FILENO, line, len);
+        return;
+    }
+    pthread_mutex_lock(&side_mu);
+    if (side_len + len <= sizeof side_buf) {
+        memcpy(side_buf + side_len, line, len);
+        side_len += len;
+    }
+    pthread_mutex_unlock(&side_mu);
+}
+
+void dt_out_console_take_logs(void)
+{
+    log_tid = gettid();
+    dt_log_set_sink(log_sink);
 }

@@ -106,6 +106,18 @@ bool dt_out_console_throttled(void);
  * when a console becomes writable). */
 int dt_out_console_tick(void);
 
+/* Makes the console the log's sink (dt_log_set_sink): the agent's own log lines are queued on the
+ * console behind the workers' lines, neither lost nor able to block the agent. The calling
+ * thread is taken as the agent's (the console buffer is its alone): lines of other threads (the
+ * store server's) wait in a bounded buffer (64 KiB; lines that do not fit are dropped) until the
+ * agent's thread calls dt_out_console_drain_logs, since written straight to the console they
+ * could land in the middle of a worker line only partly out. Call after dt_out_console_open;
+ * dt_log_set_sink(NULL) undoes it. */
+void dt_out_console_take_logs(void);
+
+/* On the agent's thread: the queued log lines of other threads to the console. */
+void dt_out_console_drain_logs(void);
+
 /* Lines dropped so far (both consoles, since dt_out_console_open). */
 uint64_t dt_out_console_dropped(void);
 

@@ -1,6 +1,7 @@
 /* agent_report.c - see agent_report.h. */
 #include "runtime/launch/agent_report.h"
 
+#include <cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -8,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,7 +69,9 @@ int dt_events_open(dt_events *ev, const char *path, dt_err *err)
     return 0;
 }
 
-void dt_events_emit(dt_events *ev, const char *event, cJSON *fields)
+/* Emits one event. fields (may be NULL) is taken over: its members are added after "time",
+ * "node" and "event". */
+static void emit(dt_events *ev, const char *event, cJSON *fields)
 {
     cJSON *obj = cJSON_CreateObject();
     if (!obj) {
@@ -126,7 +131,94 @@ void dt_report_describe_status(int exit_code, int sig, char *buf, size_t cap)
     }
 }
 
-cJSON *dt_report_failure_json(const dt_rdzv_failure *f)
+/* ---- the events ------------------------------------------------------------------------ */
+
+/* A duration rounded to the millisecond. */
+static double ms_round(double s)
+{
+    return (double)(int64_t)(s * 1000) / 1000.0;
+}
+
+void dt_report_agent_start(dt_events *ev, int pid, const char *host, int nproc,
+                           const char *program)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "pid", pid);
+    cJSON_AddStringToObject(f, "host", host);
+    cJSON_AddNumberToObject(f, "nproc", nproc);
+    cJSON_AddStringToObject(f, "program", program);
+    emit(ev, "agent_start", f);
+}
+
+void dt_report_round_start(dt_events *ev, const dt_rdzv_round *r, double took_s)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "round", r->round);
+    cJSON_AddNumberToObject(f, "attempt", r->attempt);
+    cJSON_AddNumberToObject(f, "group_rank", r->group_rank);
+    cJSON_AddNumberToObject(f, "group_world_size", r->group_world_size);
+    cJSON_AddNumberToObject(f, "rank_base", r->rank_base);
+    cJSON_AddNumberToObject(f, "local_world_size", r->local_world_size);
+    cJSON_AddNumberToObject(f, "world_size", r->world_size);
+    cJSON_AddStringToObject(f, "master_addr", r->master_addr);
+    cJSON_AddNumberToObject(f, "master_port", r->master_port);
+    cJSON_AddStringToObject(f, "run_id", r->run_id);
+    cJSON_AddNumberToObject(f, "duration_s", ms_round(took_s));
+    emit(ev, "rendezvous", f);
+}
+
+void dt_report_worker_start(dt_events *ev, int rank, int local_rank, int pid, int attempt)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "rank", rank);
+    cJSON_AddNumberToObject(f, "local_rank", local_rank);
+    cJSON_AddNumberToObject(f, "pid", pid);
+    cJSON_AddNumberToObject(f, "attempt", attempt);
+    emit(ev, "start", f);
+}
+
+void dt_report_worker_paused(dt_events *ev, int rank, int pid, int stop_sig)
+{
+    char sn[32];
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "rank", rank);
+    cJSON_AddNumberToObject(f, "pid", pid);
+    if (stop_sig)
+        cJSON_AddStringToObject(f, "signal", dt_report_signame(stop_sig, sn, sizeof sn));
+    emit(ev, stop_sig ? "stopped" : "continued", f);
+}
+
+void dt_report_worker_exit(dt_events *ev, int rank, int local_rank, int pid, int attempt,
+                           int status, const char *state, double duration_s)
+{
+    char name[32];
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "rank", rank);
+    cJSON_AddNumberToObject(f, "local_rank", local_rank);
+    cJSON_AddNumberToObject(f, "pid", pid);
+    cJSON_AddNumberToObject(f, "attempt", attempt);
+    if (WIFSIGNALED(status)) {
+        cJSON_AddNumberToObject(f, "exit_code", -WTERMSIG(status));
+        cJSON_AddStringToObject(f, "signal",
+                                dt_report_signame(WTERMSIG(status), name, sizeof name));
+    } else {
+        cJSON_AddNumberToObject(f, "exit_code", WEXITSTATUS(status));
+    }
+    cJSON_AddStringToObject(f, "state", state);
+    cJSON_AddNumberToObject(f, "duration_s", ms_round(duration_s));
+    emit(ev, "exit", f);
+}
+
+void dt_report_signal(dt_events *ev, int sig, const char *action)
+{
+    char name[32];
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "signal", dt_report_signame(sig, name, sizeof name));
+    cJSON_AddStringToObject(f, "action", action);
+    emit(ev, "signal", f);
+}
+
+static cJSON *failure_json(const dt_rdzv_failure *f)
 {
     cJSON *o = cJSON_CreateObject();
     char name[32];
@@ -143,6 +235,45 @@ cJSON *dt_report_failure_json(const dt_rdzv_failure *f)
     if (f->error_file[0])
         cJSON_AddStringToObject(o, "error_file", f->error_file);
     return o;
+}
+
+void dt_report_failures(dt_events *ev, const dt_rdzv_failure *fl, int n, int attempt)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(f, "failures");
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(arr, failure_json(&fl[i]));
+    cJSON_AddNumberToObject(f, "attempt", attempt);
+    emit(ev, "failure", f);
+}
+
+void dt_report_regroup(dt_events *ev, const char *why, int attempt)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "why", why);
+    cJSON_AddNumberToObject(f, "attempt", attempt);
+    emit(ev, "regroup", f);
+}
+
+void dt_report_restart(dt_events *ev, int attempt)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "attempt", attempt);
+    emit(ev, "restart", f);
+}
+
+void dt_report_end(dt_events *ev, const char *result, int exit_code, int attempt,
+                   uint64_t console_lines_dropped)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "result", result);
+    cJSON_AddNumberToObject(f, "exit_code", exit_code);
+    cJSON_AddNumberToObject(f, "attempt", attempt);
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        cJSON_AddNumberToObject(f, "agent_max_rss_kb", (double)ru.ru_maxrss);
+    cJSON_AddNumberToObject(f, "console_lines_dropped", (double)console_lines_dropped);
+    emit(ev, "end", f);
 }
 
 /* ---- the root-cause table --------------------------------------------------------------- */
@@ -266,4 +397,30 @@ char *dt_report_table(const dt_rdzv_failure *f, int n, const char *headline, con
         sb_printf(&b, "%s\n%s\n", thin, footer);
     sb_printf(&b, "%s\n", rule);
     return b.p;
+}
+
+char *dt_report_job_failed(const dt_rdzv_failure *f, int n, const char *headline, bool config,
+                           int attempt, int max_restarts, const char *run_dir)
+{
+    char head[512], foot[4096], what[128], why[96]; /* foot: run_dir is a path plus a run id */
+    /* why the job ends here rather than restarts */
+    if (config)
+        snprintf(why, sizeof why, "attempt %d; not restarted: a configuration error", attempt);
+    else
+        snprintf(why, sizeof why, "attempt %d; --max-restarts=%d spent", attempt, max_restarts);
+    if (headline) {
+        snprintf(head, sizeof head, "%.*s", (int)sizeof head - 1, headline);
+    } else if (n > 0) {
+        dt_report_describe_status(f[0].exit_code, f[0].signal, what, sizeof what);
+        if (f[0].rank >= 0)
+            snprintf(head, sizeof head, "dtrain: the job failed: rank %d on %s %s (%s)",
+                     f[0].rank, f[0].host, what, why);
+        else
+            snprintf(head, sizeof head, "dtrain: the job failed: node %d (%s) was lost (%s)",
+                     f[0].node, f[0].host, why);
+    } else {
+        snprintf(head, sizeof head, "dtrain: the job failed (%s)", why);
+    }
+    snprintf(foot, sizeof foot, "Logs: %s (events.jsonl; attempt_<k>/<rank>/)", run_dir);
+    return dt_report_table(f, n, head, foot);
 }

@@ -3,23 +3,25 @@
  *
  * events.jsonl has one JSON object per line, appended with one write each:
  *   {"time": 1700000000.123, "node": 0, "event": "start", "rank": 3, ...}
- * Events: agent_start, rendezvous, start, exit, failure, restart, signal, stop, end. Events
+ * Events: agent_start, rendezvous, start, stopped, continued, exit, signal, failure, regroup,
+ * restart, end (one function each, below). Events
  * emitted before the file can be opened (the run id is known only after the first rendezvous)
  * are kept and written when it opens.
  */
 #ifndef DT_AGENT_REPORT_H
 #define DT_AGENT_REPORT_H
 
-#include <cJSON.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "rendezvous/rdzv.h"
 
 typedef struct dt_events {
-    int fd;          /* -1 until opened */
-    int node;        /* group rank written into every event */
-    cJSON *pending;  /* events emitted before the file was opened (owned) */
+    int fd;                 /* -1 until opened */
+    int node;               /* group rank written into every event */
+    struct cJSON *pending;  /* events emitted before the file was opened (owned) */
 } dt_events;
 
 void dt_events_init(dt_events *ev, int node);
@@ -32,10 +34,43 @@ void dt_events_filename(char *out, size_t cap, int group_rank, bool elastic, int
                         const char *host, int pid);
 /* Opens path for appending (creating it) and writes the pending events. */
 int dt_events_open(dt_events *ev, const char *path, dt_err *err);
-/* Emits one event. fields (may be NULL) is taken over: its members are added after "time",
- * "node" and "event". */
-void dt_events_emit(dt_events *ev, const char *event, cJSON *fields);
 void dt_events_close(dt_events *ev);
+
+/* ---- the events, one function each ------------------------------------------------------
+ * Each writes one line with "time", "node", "event" and then the fields named here, in this
+ * order. Times are wall-clock seconds, durations rounded to the millisecond. */
+
+/* "agent_start": pid, host, nproc, program. */
+void dt_report_agent_start(dt_events *ev, int pid, const char *host, int nproc,
+                           const char *program);
+/* "rendezvous" (a round began): round, attempt, group_rank, group_world_size, rank_base,
+ * local_world_size, world_size, master_addr, master_port, run_id, duration_s (took_s: how long
+ * the rendezvous took). */
+void dt_report_round_start(dt_events *ev, const dt_rdzv_round *r, double took_s);
+/* "start" (a worker was started): rank, local_rank, pid, attempt. */
+void dt_report_worker_start(dt_events *ev, int rank, int local_rank, int pid, int attempt);
+/* "stopped" (stop_sig > 0: the worker was stopped by that signal; rank, pid, signal) or
+ * "continued" (stop_sig 0: rank, pid). */
+void dt_report_worker_paused(dt_events *ev, int rank, int pid, int stop_sig);
+/* "exit" (a worker was reaped): rank, local_rank, pid, attempt, exit_code (-n when killed by
+ * signal n), signal (only then), state ("succeeded", "failed", "preempted", "stopped"),
+ * duration_s. status is the wait status. */
+void dt_report_worker_exit(dt_events *ev, int rank, int local_rank, int pid, int attempt,
+                           int status, const char *state, double duration_s);
+/* "signal" (the agent received one): signal (its name), action ("forwarded", "stop", "kill",
+ * "ignored (already stopping)"). */
+void dt_report_signal(dt_events *ev, int sig, const char *action);
+/* "failure" (this node's workers failed): failures (f[0..n), as dt_report_failure_json: their
+ * times, hosts, ranks, exit codes, messages), attempt. */
+void dt_report_failures(dt_events *ev, const dt_rdzv_failure *f, int n, int attempt);
+/* "regroup" (an elastic job's membership changed): why, attempt. */
+void dt_report_regroup(dt_events *ev, const char *why, int attempt);
+/* "restart": attempt (the one that starts next). */
+void dt_report_restart(dt_events *ev, int attempt);
+/* "end" (the agent's last event): result, exit_code, attempt, agent_max_rss_kb (this process's
+ * peak RSS, when getrusage tells it), console_lines_dropped. */
+void dt_report_end(dt_events *ev, const char *result, int exit_code, int attempt,
+                   uint64_t console_lines_dropped);
 
 /* "SIGSEGV" for 11; "SIG42" when unnamed. Returns buf. */
 const char *dt_report_signame(int sig, char *buf, size_t cap);
@@ -47,7 +82,11 @@ void dt_report_describe_status(int exit_code, int sig, char *buf, size_t cap);
  * after the rule. Returns a malloc'd string (caller frees), or NULL without memory. */
 char *dt_report_table(const dt_rdzv_failure *f, int n, const char *headline, const char *footer);
 
-/* JSON object of one failure (for events). */
-cJSON *dt_report_failure_json(const dt_rdzv_failure *f);
+/* The table of a job that ends failed on this node: headline (NULL: one made from f[0], or "the
+ * job failed" when n is 0), each with why it ends rather than restarts (config: a configuration
+ * error; else --max-restarts=max_restarts spent at attempt), and a footer naming run_dir.
+ * Returns a malloc'd string (caller frees), or NULL without memory. */
+char *dt_report_job_failed(const dt_rdzv_failure *f, int n, const char *headline, bool config,
+                           int attempt, int max_restarts, const char *run_dir);
 
 #endif

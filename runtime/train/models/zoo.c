@@ -20,38 +20,6 @@
 
 static int check_config(const dt_model_config *cfg, dt_err *err);
 
-static int parse_hidden(dt_model_config *cfg, const char *text, dt_err *err)
-{
-    cfg->n_hidden = 0;
-    const char *p = text;
-    while (*p) {
-        while (*p == ' ' || *p == '\t')
-            p++;
-        if (!*p)
-            break;
-        char *end = NULL;
-        long v = strtol(p, &end, 10);
-        if (end == p || v <= 0 || v > (1 << 24))
-            return dt_err_set(err, -EINVAL,
-                              "model.hidden: \"%s\" must be positive widths such as 256,256",
-                              text);
-        if (cfg->n_hidden == (int)DT_ARRAY_LEN(cfg->hidden))
-            return dt_err_set(err, -EINVAL, "model.hidden: at most %d hidden layers",
-                              (int)DT_ARRAY_LEN(cfg->hidden));
-        cfg->hidden[cfg->n_hidden++] = (int)v;
-        p = end;
-        while (*p == ' ' || *p == '\t')
-            p++;
-        if (*p == ',')
-            p++;
-        else if (*p)
-            return dt_err_set(err, -EINVAL,
-                              "model.hidden: \"%s\" must be positive widths such as 256,256",
-                              text);
-    }
-    return 0;
-}
-
 static const char *const arch_names[DT_ARCH_COUNT] = {
     [DT_ARCH_MLP] = "mlp", [DT_ARCH_RESNET] = "resnet", [DT_ARCH_GPT] = "gpt"};
 
@@ -101,9 +69,11 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
         cfg->n_embd = job->n_embd;
         cfg->block_size = job->block_size;
     } else if (job->model_type == DT_MODEL_MLP) {
-        int rc = parse_hidden(cfg, job->hidden, err);
-        if (rc)
-            return rc;
+        _Static_assert(DT_ARRAY_LEN(cfg->hidden) >= DT_MAX_HIDDEN, "room for model.hidden");
+        int n = dt_job_mlp_widths(job->hidden, cfg->hidden, err); /* the job's one parser */
+        if (n < 0)
+            return n;
+        cfg->n_hidden = n;
     } else if (job->model_type == DT_MODEL_RESNET) {
         cfg->depth = job->depth;
         cfg->width = job->width;
