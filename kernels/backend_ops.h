@@ -113,6 +113,15 @@ size_t dt_mem_granule(dt_backend *be, const void *base);
  * now (peak_bytes, the whole run's peak, is left alone). */
 void dt_mem_reset_peak(dt_backend *be);
 
+/* The devices a backend computes on; kernels/ owns the list (the job's device key maps onto it,
+ * dt_backend_kind_name gives the names back). DT_BACKEND_AUTO is a request only (dt_backend_open:
+ * cuda where it loads and sees a GPU, else cpu); a backend's kind is one of the others. */
+typedef enum dt_backend_kind {
+    DT_BACKEND_AUTO = 0,
+    DT_BACKEND_CPU,
+    DT_BACKEND_CUDA
+} dt_backend_kind;
+
 typedef struct dt_backend_opts {
     int device_index;     /* CUDA device ordinal (LOCAL_RANK); ignored on the CPU */
     int threads;          /* CPU: BLAS/compute threads for this instance (1) */
@@ -122,7 +131,11 @@ typedef struct dt_backend_opts {
 void dt_backend_opts_default(dt_backend_opts *o);
 
 struct dt_backend {
-    const char *name;  /* "cpu" or "cuda" */
+    const char *name;  /* "cpu" or "cuda" (dt_backend_kind_name(kind)), for messages */
+    dt_backend_kind kind;
+    bool host_memory;  /* the host can read and write this backend's memory in place (cpu):
+                          what would else go through memcpy_h2d/d2h and a host copy may be done
+                          there directly */
     void *impl;        /* backend private state */
     dt_precision precision;
 

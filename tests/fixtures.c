@@ -31,7 +31,7 @@ void dt_test_batch_make(dt_test_batch *hb, const dt_model_config *c, int B, uint
         }
         hb->targets[1] = -1; /* an ignored position */
         hb->b.T = T;
-        if (!strcmp(c->type, "bert")) {
+        if (c->arch == DT_ARCH_BERT) {
             hb->types = malloc(sizeof(int32_t) * (size_t)(B * T));
             hb->mask = malloc(sizeof(int32_t) * (size_t)(B * T));
             hb->labels = malloc(sizeof(int32_t) * (size_t)B);

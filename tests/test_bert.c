@@ -44,7 +44,7 @@ static dt_backend *be_new(void)
 {
     dt_backend *be = NULL;
     dt_err err = {0}, *e = &err;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, e), e);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, e), e);
     return be;
 }
 
@@ -52,7 +52,7 @@ static dt_model_config bert_cfg(bool nsp)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "bert");
+    c.arch = DT_ARCH_BERT;
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 8;
     c.shape.vocab_size = 19;

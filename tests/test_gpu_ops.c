@@ -50,7 +50,7 @@ static int probe_main(void)
 {
     dt_err e = {0};
     dt_backend *be = NULL;
-    if (dt_backend_open(&be, "cuda", NULL, &e) != 0) {
+    if (dt_backend_open(&be, DT_BACKEND_CUDA, NULL, &e) != 0) {
         printf("NOGPU %s\n", e.msg);
         return 0;
     }
@@ -60,7 +60,7 @@ static int probe_main(void)
         dt_backend_opts o;
         dt_backend_opts_default(&o);
         o.device_index = d;
-        if (dt_backend_open(&be, "cuda", &o, &e) != 0)
+        if (dt_backend_open(&be, DT_BACKEND_CUDA, &o, &e) != 0)
             break;
         dt_backend_close(be);
         n++;
@@ -135,7 +135,7 @@ static void ctx_open(ctx *c, dt_precision prec)
     dt_backend_opts o;
     dt_backend_opts_default(&o);
     o.precision = prec;
-    DT_REQUIRE_OK(dt_backend_open(&c->gpu, "cuda", &o, &e), &e);
+    DT_REQUIRE_OK(dt_backend_open(&c->gpu, DT_BACKEND_CUDA, &o, &e), &e);
     dt_backend_opts_default(&o);
     DT_REQUIRE_OK(dt_cpu_backend_create(&c->cpu, &o, &e), &e);
     dt_rng_seed(&c->rng, 20240520);
@@ -1428,8 +1428,8 @@ static void model_case(dt_model_config *cfg, int B, dt_precision prec, double lo
         DT_REQUIRE_OK(mc->ops->forward(mc, &hb.b, true, &lc, &e), &e);
         DT_REQUIRE_OK(mg->ops->forward(mg, &hb.b, true, &lg, &e), &e);
         DT_CHECK_MSG(fabs(lg - lc) <= loss_tol * fabs(lc),
-                     "%s [%s] round %d: loss gpu %.7g cpu %.7g (rel tol %.1e)", cfg->type,
-                     prec_name(prec), round, lg, lc, loss_tol);
+                     "%s [%s] round %d: loss gpu %.7g cpu %.7g (rel tol %.1e)",
+                     dt_model_arch_name(cfg->arch), prec_name(prec), round, lg, lc, loss_tol);
         DT_REQUIRE_OK(mc->ops->backward(mc, 1.0f, NULL, NULL, &e), &e);
         DT_REQUIRE_OK(mg->ops->backward(mg, 1.0f, NULL, NULL, &e), &e);
         x.cpu->memcpy_d2h(x.cpu, gc, mc->grads, n * sizeof(float));
@@ -1445,7 +1445,8 @@ static void model_case(dt_model_config *cfg, int B, dt_precision prec, double lo
             double rel = den > 0 ? sqrt(num / den) : sqrt(num);
             DT_CHECK_MSG(rel <= grad_tol && isfinite(rel),
                          "%s [%s] round %d: gradient of %s: rel L2 error %.3g (tol %.1e)",
-                         cfg->type, prec_name(prec), round, tn->name, rel, grad_tol);
+                         dt_model_arch_name(cfg->arch), prec_name(prec), round, tn->name, rel,
+                         grad_tol);
         }
     }
     dt_test_batch_free(&hb);
@@ -1462,7 +1463,7 @@ static dt_model_config model_gpt(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "gpt");
+    c.arch = DT_ARCH_GPT;
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 128;
     c.shape.vocab_size = 301;
@@ -1485,7 +1486,7 @@ static void test_model_gpt_fp32(void)
 static void test_model_bert_fp32(void)
 {
     dt_model_config c = model_gpt();
-    strcpy(c.type, "bert");
+    c.arch = DT_ARCH_BERT;
     c.nsp = true;
     model_case(&c, 4, DT_PREC_FP32, 1e-5, 2e-4);
 }
@@ -1493,7 +1494,7 @@ static void test_model_bert_fp32(void)
 static void test_model_bert_bf16(void)
 {
     dt_model_config c = model_gpt();
-    strcpy(c.type, "bert");
+    c.arch = DT_ARCH_BERT;
     c.nsp = true;
     model_case(&c, 4, DT_PREC_BF16, 1e-2, 6e-2);
 }
@@ -1515,7 +1516,7 @@ static void test_model_mlp_fp32(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "mlp");
+    c.arch = DT_ARCH_MLP;
     c.shape.kind = DT_SAMPLE_VECTOR;
     c.shape.input_dim = 70;
     c.shape.n_classes = 10;
@@ -1531,7 +1532,7 @@ static dt_model_config model_resnet(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "resnet");
+    c.arch = DT_ARCH_RESNET;
     c.shape.kind = DT_SAMPLE_IMAGE;
     c.shape.channels = 3;
     c.shape.height = 16;
@@ -1598,13 +1599,13 @@ static void *rank_main(void *arg)
     dt_backend_opts o;
     dt_backend_opts_default(&o);
     o.device_index = j->rank;
-    if (dt_backend_open(&be, "cuda", &o, &e) != 0) {
+    if (dt_backend_open(&be, DT_BACKEND_CUDA, &o, &e) != 0) {
         RJ_CHECK(j, 0, "rank %d: backend: %s", j->rank, e.msg);
         return NULL;
     }
     dt_comm_opts co;
     memset(&co, 0, sizeof co);
-    co.backend = "nccl";
+    co.backend = DT_COMM_NCCL;
     co.rank = j->rank;
     co.world_size = j->world;
     co.local_rank = j->rank;
@@ -1725,7 +1726,7 @@ static void test_nccl_timeout(void)
     DT_REQUIRE_OK(f.get_id(id, &e), &e);
     dt_comm_opts co;
     memset(&co, 0, sizeof co);
-    co.backend = "nccl";
+    co.backend = DT_COMM_NCCL;
     co.rank = 0;
     co.world_size = 2;
     co.local_world_size = 2;

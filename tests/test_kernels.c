@@ -32,7 +32,7 @@ static dt_backend *be_new(void)
 {
     dt_backend *be = NULL;
     dt_err err = {0}, *e = &err;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, e), e);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, e), e);
     return be;
 }
 
@@ -1754,7 +1754,10 @@ static void test_memory_and_profile(void)
     be->close(be);
 
     dt_backend *none = NULL;
-    DT_CHECK(dt_backend_open(&none, "tpu", NULL, &err) == -EINVAL);
+    dt_backend_kind kind = DT_BACKEND_CPU;
+    DT_CHECK(dt_backend_kind_parse("tpu", &kind, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "unknown device");
+    DT_CHECK(dt_backend_open(&none, (dt_backend_kind)7, NULL, &err) == -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "unknown device");
     dt_backend_close(NULL);
 }

@@ -44,7 +44,7 @@
 #include "runtime/job/config.h"
 #include "runtime/train/models/model.h"
 #include "runtime/train/parallel/pp_schedule.h"
-#include "runtime/train/parallel/strategy_pipeline.h"
+#include "runtime/train/parallel/strategy.h"
 #include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
@@ -375,7 +375,7 @@ static dt_model_config mlp_cfg(int B)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "mlp");
+    c.arch = DT_ARCH_MLP;
     c.shape.kind = DT_SAMPLE_VECTOR;
     c.shape.input_dim = 7;
     c.shape.n_classes = 5;
@@ -405,7 +405,7 @@ static void chain(int P, int M, const int *counts)
     const int B = 8, L = 4;
     dt_err err = {0};
     dt_backend *be = NULL;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     dt_model_config wc = mlp_cfg(B);
     dt_model *whole = NULL, *st[4] = {0};
     DT_REQUIRE_OK(dt_model_create(&whole, &wc, be, NULL, &err), &err);
@@ -533,14 +533,14 @@ static void test_gpt_slot_memory(void)
 {
     dt_err err = {0};
     dt_backend *be = NULL;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     size_t slot_bytes[2] = {0};
     for (int rec = 0; rec < 2; rec++) {
         size_t acts[2] = {0};
         for (int k = 0; k < 2; k++) {
             dt_model_config c;
             memset(&c, 0, sizeof c);
-            strcpy(c.type, "gpt");
+            c.arch = DT_ARCH_GPT;
             c.shape.kind = DT_SAMPLE_TOKENS;
             c.shape.seq_len = 8;
             c.shape.vocab_size = 32;
@@ -579,7 +579,7 @@ static void test_mlp_stage_errors(void)
 {
     dt_err err = {0};
     dt_backend *be = NULL;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     dt_model_config c = mlp_cfg(4);
     c.pp_size = 2;
     c.pp_rank = 1;

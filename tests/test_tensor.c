@@ -35,7 +35,7 @@
 
 #include "common/util.h"
 #include "runtime/job/config.h"
-#include "runtime/train/parallel/strategy_tensor.h"
+#include "runtime/train/parallel/strategy.h"
 #include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"

@@ -174,7 +174,7 @@ static dt_model_config tp_cfg(int tp, int rank, dt_recompute rc, bool sp)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, tp_model);
+    c.arch = is_bert() ? DT_ARCH_BERT : DT_ARCH_GPT;
     c.nsp = is_bert();
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 16;
@@ -506,7 +506,8 @@ static void tp_rank_main(const tp_job *j, int rank)
         _exit(store ? 3 : 2);
     }
     dt_model_config c = tp_cfg(j->tp, rank, j->rc, j->sp);
-    if (dt_backend_open(&be, "cpu", NULL, &err) || dt_model_create(&m, &c, be, comm, &err)) {
+    if (dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err) ||
+        dt_model_create(&m, &c, be, comm, &err)) {
         fprintf(stderr, "    rank %d: model: %s\n", rank, err.msg);
         _exit(4);
     }
@@ -583,7 +584,7 @@ static void tp_run_rank(int rank, int n, void *arg)
     dt_backend *be = NULL;
     dt_model *m = NULL;
     dt_err err = {0};
-    if (dt_backend_open(&be, "cpu", NULL, &err) ||
+    if (dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err) ||
         dt_model_create(&m, tr->c1, be, NULL, &err)) {
         fprintf(stderr, "    reference: %s\n", err.msg);
         _exit(4);
@@ -634,7 +635,7 @@ static void run_tp(int tp, dt_recompute rc, bool sp)
         dt_backend *be = NULL;
         dt_model *m = NULL;
         dt_err err = {0};
-        DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+        DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
         DT_REQUIRE_OK(dt_model_create(&m, &c1, be, NULL, &err), &err);
         double worst_g = 0, worst_p = 0;
         /* bert's key biases have a zero gradient by the definition (a shift of a row of scores,
@@ -701,7 +702,7 @@ static void expect_refused(const dt_model_config *c, dt_comm *comm, const char *
     dt_backend *be = NULL;
     dt_model *m = NULL;
     dt_err err = {0};
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     DT_CHECK_INT(dt_model_create(&m, c, be, comm, &err), -EINVAL);
     DT_CHECK(m == NULL);
     DT_CHECK_CONTAINS(err.msg, needle);
@@ -735,7 +736,7 @@ static void test_bad_config(void)
 
     dt_model_config mlp;
     memset(&mlp, 0, sizeof mlp);
-    strcpy(mlp.type, "mlp");
+    mlp.arch = DT_ARCH_MLP;
     mlp.shape.kind = DT_SAMPLE_VECTOR;
     mlp.shape.input_dim = 4;
     mlp.shape.n_classes = 3;
@@ -749,7 +750,7 @@ static void test_bad_config(void)
     c = tp_cfg(1, 0, DT_RECOMPUTE_NONE, false);
     dt_backend *be = NULL;
     dt_model *m = NULL;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     DT_REQUIRE_OK(dt_model_create(&m, &c, be, NULL, &err), &err);
     for (int i = 0; i < m->num_tensors; i++) {
         const dt_tensor_info *t = &m->tensors[i];

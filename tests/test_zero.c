@@ -1,4 +1,5 @@
-/* test_zero.c - ZeRO stages 1 and 2 (strategy_zero.c over ddp.c's sharding mode) against DDP.
+/* test_zero.c - ZeRO stages 1, 2 and 3 (dpsync_zero12.c over ddp.c's sharding mode, and
+ * dpsync_zero3.c) against DDP.
  *
  * Every run is N forked ranks driving the real trainer (dt_trainer_init / dt_trainer_step /
  * dt_trainer_run with a job loaded from configs/ plus overrides), meeting at a store process on
@@ -21,8 +22,8 @@
 
 #include "common/util.h"
 #include "runtime/job/config.h"
-#include "runtime/train/parallel/ddp.h"
-#include "runtime/train/parallel/strategy_zero.h"
+#include "runtime/train/parallel/dpsync/ddp.h"
+#include "runtime/train/parallel/strategy.h"
 #include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
@@ -150,7 +151,7 @@ static void record_end(dt_trainer *t, rank_out *o)
     o->num_params = t->model->num_params;
     dt_strategy_get_mem(s, &o->mem);
     dt_mem_read(t->be, &o->alloc);
-    o->have_stats = dt_strategy_zero_stats(s, &o->st) == 0;
+    o->have_stats = dt_strategy_sync_stats(s, &o->st) == 0;
     if (o->num_params > MAX_PER) {
         snprintf(o->msg, sizeof o->msg, "model of %zu parameters: raise MAX_PER", o->num_params);
         o->status = 2;
@@ -221,7 +222,7 @@ static void rank_body(zrun *z, int rank)
     }
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
     if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank &&
-        t.s->ops == &dt_strategy_zero3_ops) {
+        job.zero == 3) {
         /* stage 3: the flat buffer holds a block only inside its windows: scale the
          * classifier there, each time it is gathered (stage 2's reducer has a block hook as
          * well, but its parameters persist: scaled once, below) */

@@ -461,6 +461,8 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
         c->stats[i] = (dt_op_stat){.name = op_info[i].name, .gemm = op_info[i].gemm};
 
     be->name = "cpu";
+    be->kind = DT_BACKEND_CPU;
+    be->host_memory = true;
     be->impl = c;
     be->precision = DT_PREC_FP32;
     be->close = cpu_close;

@@ -752,6 +752,8 @@ DT_CU_EXPORT int dt_cuda_backend_create(dt_backend **out, const dt_backend_opts 
     CREATE_CHECK(crc == cudaSuccess, "CUDA: cudaMallocHost: %s", cudaGetErrorString(crc));
 
     be->name = "cuda";
+    be->kind = DT_BACKEND_CUDA;
+    be->host_memory = false;
     be->impl = cu;
     be->precision = cu->precision;
     fill_ops(be);

@@ -1,5 +1,5 @@
 /* bert.h - the BERT pre-training model of the zoo (bert.c); created through the registry,
- * runtime/train/models/model.h (dt_model_create with cfg.type = "bert"). Internal to
+ * runtime/train/models/model.h (dt_model_create with cfg.arch = DT_ARCH_BERT). Internal to
  * runtime/train/models/ and its tests. */
 #ifndef DT_MODELS_BERT_H
 #define DT_MODELS_BERT_H

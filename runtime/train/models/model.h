@@ -104,8 +104,27 @@ typedef enum dt_recompute {
                                  * from the saved q,k,v in backward */
 } dt_recompute;
 
+/* The model zoo's architectures: dt_model_create builds one of these. The list is models/'s (the
+ * job's model.type maps onto it in dt_model_config_from_job); dt_model_arch_name gives the
+ * names back. Adding a model: its value here (before DT_ARCH_COUNT), its name in zoo.c's table,
+ * its checks in check_config and its create in dt_model_create (zoo.c). */
+typedef enum dt_model_arch {
+    DT_ARCH_MLP = 0,
+    DT_ARCH_RESNET,
+    DT_ARCH_GPT,
+    DT_ARCH_BERT,
+    DT_ARCH_COUNT /* not an architecture: how many there are */
+} dt_model_arch;
+
+/* "mlp", "resnet", "gpt"; "?" for a value that is none. */
+const char *dt_model_arch_name(dt_model_arch arch);
+
+/* The architecture called name (one of dt_model_arch_name's): 0, or -EINVAL with a message
+ * listing the names. */
+int dt_model_arch_parse(const char *name, dt_model_arch *out, dt_err *err);
+
 typedef struct dt_model_config {
-    char type[16];        /* "mlp", "resnet", "gpt", "bert" */
+    dt_model_arch arch;
     dt_sample_shape shape;
     int max_batch;        /* activations are allocated for batches up to this size */
     uint64_t seed;        /* initialisation */
@@ -274,7 +293,11 @@ struct dt_model {
     dt_model_config cfg;
     dt_backend *be;            /* borrowed; outlives the model */
     float *params;             /* (num_params) backend memory, owned */
-    float *grads;              /* (num_params) same layout, owned */
+    float *grads;              /* (num_params) same layout: what backward accumulates into. The
+                                  model's own buffer (owned), or memory a caller lent it with
+                                  dt_model_lend_grads */
+    float *own_grads;          /* the model's own gradient buffer while grads is lent memory
+                                  (owned); NULL otherwise */
     size_t num_params;
     dt_tensor_info *tensors;   /* (num_tensors) host, owned, in buffer order */
     int num_tensors;
@@ -314,6 +337,15 @@ void dt_model_free(dt_model *m);
 
 /* Index of the tensor called name, or -1. */
 int dt_model_find_tensor(const dt_model *m, const char *name);
+
+/* Lends m another gradient buffer: from now on backward accumulates into grads (num_params
+ * floats of m's backend memory, owned by the caller, alive until it takes it back) instead of
+ * the model's own buffer; grads NULL gives the model its own buffer back. Returns the model's
+ * own buffer, which stays the model's (dt_model_free frees it, lent or not) and is left as it
+ * is: copying gradients between the two, or giving the own buffer's memory back while it is
+ * not used (mem_release), is the caller's. DDP lends the model communicator memory this way
+ * (dpsync/ddp.h, "Communicator memory"), which the ranks of a host reduce from in place. */
+float *dt_model_lend_grads(dt_model *m, float *grads);
 
 /* Installs (fn, ctx) as m's block hook (fn NULL: none); see dt_block_event for the contract. */
 void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx);

@@ -21,13 +21,45 @@
 
 static int check_config(const dt_model_config *cfg, dt_err *err);
 
+static const char *const arch_names[DT_ARCH_COUNT] = {
+    [DT_ARCH_MLP] = "mlp", [DT_ARCH_RESNET] = "resnet", [DT_ARCH_GPT] = "gpt",
+    [DT_ARCH_BERT] = "bert"};
+
+const char *dt_model_arch_name(dt_model_arch arch)
+{
+    return (unsigned)arch < DT_ARCH_COUNT && arch_names[arch] ? arch_names[arch] : "?";
+}
+
+int dt_model_arch_parse(const char *name, dt_model_arch *out, dt_err *err)
+{
+    for (int a = 0; a < DT_ARCH_COUNT; a++)
+        if (arch_names[a] && !strcmp(name, arch_names[a])) {
+            *out = (dt_model_arch)a;
+            return 0;
+        }
+    return dt_err_set(err, -EINVAL, "unknown model \"%s\" (mlp, resnet, gpt)", name);
+}
+
 int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
                              const dt_sample_shape *shape, dt_err *err)
 {
     memset(cfg, 0, sizeof *cfg);
-    if (!dt_model_name(job->model_type)[0])
+    switch (job->model_type) { /* config's model.type onto the zoo's architectures */
+    case DT_MODEL_MLP:
+        cfg->arch = DT_ARCH_MLP;
+        break;
+    case DT_MODEL_RESNET:
+        cfg->arch = DT_ARCH_RESNET;
+        break;
+    case DT_MODEL_GPT:
+        cfg->arch = DT_ARCH_GPT;
+        break;
+    case DT_MODEL_BERT:
+        cfg->arch = DT_ARCH_BERT;
+        break;
+    default:
         return dt_err_set(err, -EINVAL, "model.type: not set (mlp, resnet, gpt, bert)");
-    dt_strlcpy(cfg->type, dt_model_name(job->model_type), sizeof cfg->type);
+    }
     cfg->shape = *shape;
     cfg->max_batch = job->batch_size;
     cfg->seed = (uint64_t)job->seed;
@@ -70,15 +102,15 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
     if (cfg->recompute != DT_RECOMPUTE_NONE && cfg->recompute != DT_RECOMPUTE_BLOCK &&
         cfg->recompute != DT_RECOMPUTE_SELECTIVE)
         return dt_err_set(err, -EINVAL, "model: unknown recompute mode %d", (int)cfg->recompute);
-    const bool transformer = !strcmp(cfg->type, "gpt") || !strcmp(cfg->type, "bert");
+    const bool transformer = cfg->arch == DT_ARCH_GPT || cfg->arch == DT_ARCH_BERT;
     if (cfg->recompute == DT_RECOMPUTE_SELECTIVE && !transformer)
         return dt_err_set(err, -EINVAL,
                           "train.recompute = selective recomputes attention, which only gpt and "
                           "bert have (model %s: use none or block)",
-                          cfg->type);
+                          dt_model_arch_name(cfg->arch));
     if (transformer) {
-        const char *t = cfg->type;
-        const bool bert = !strcmp(t, "bert");
+        const char *t = dt_model_arch_name(cfg->arch);
+        const bool bert = cfg->arch == DT_ARCH_BERT;
         if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->block_size <= 0)
             return dt_err_set(err, -EINVAL,
                               "model: %s needs n_layer, n_head, n_embd and block_size > 0 (or a "
@@ -117,8 +149,8 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
                           "attention, MLP and vocabulary only; model %s has no tensor-parallel "
                           "form (set "
                           "parallel.tensor = 1)",
-                          cfg->tp_size, cfg->type);
-    if (!strcmp(cfg->type, "mlp")) {
+                          cfg->tp_size, dt_model_arch_name(cfg->arch));
+    if (cfg->arch == DT_ARCH_MLP) {
         if (s->kind == DT_SAMPLE_TOKENS)
             return dt_err_set(err, -EINVAL, "model mlp needs vector or image samples, not tokens");
         int in = s->kind == DT_SAMPLE_IMAGE && s->input_dim <= 0
@@ -133,7 +165,7 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
             return dt_err_set(err, -EINVAL, "model.hidden: 0 to 16 hidden layers");
         return 0;
     }
-    if (!strcmp(cfg->type, "resnet")) {
+    if (cfg->arch == DT_ARCH_RESNET) {
         if (cfg->depth < 8 || (cfg->depth - 2) % 6)
             return dt_err_set(err, -EINVAL,
                               "model.depth: %d is not 6n+2 with n >= 1 (use 20, 32, 44, 56 or 110)",
@@ -151,8 +183,9 @@ static int check_config(const dt_model_config *cfg, dt_err *err)
             return dt_err_set(err, -EINVAL, "model resnet: the data has no classes");
         return 0;
     }
-    return dt_err_set(err, -EINVAL, "model.type: unknown model \"%s\" (mlp, resnet, gpt, bert)",
-                      cfg->type);
+    return dt_err_set(err, -EINVAL,
+                      "model.type: unknown model architecture %d (mlp, resnet, gpt, bert)",
+                      (int)cfg->arch);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -169,15 +202,15 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
         return dt_err_set(err, -EINVAL,
                           "creating model %s: tensor parallelism (tp_size %d) needs the tensor "
                           "group's communicator, and none was given",
-                          cfg->type, cfg->tp_size);
+                          dt_model_arch_name(cfg->arch), cfg->tp_size);
     if (cfg->tp_size > 1 &&
         (dt_comm_world_size(comm) != cfg->tp_size || dt_comm_rank(comm) != cfg->tp_rank))
         return dt_err_set(err, -EINVAL,
                           "creating model %s: tensor-parallel rank %d of %d, but the communicator "
                           "given is rank %d of %d: pass the tensor group (dt_groups_open's tp), "
                           "not the world",
-                          cfg->type, cfg->tp_rank, cfg->tp_size, dt_comm_rank(comm),
-                          dt_comm_world_size(comm));
+                          dt_model_arch_name(cfg->arch), cfg->tp_rank, cfg->tp_size,
+                          dt_comm_rank(comm), dt_comm_world_size(comm));
     dt_model *m = calloc(1, sizeof *m);
     if (!m)
         return dt_err_set(err, -ENOMEM, "model: out of memory");
@@ -186,19 +219,25 @@ int dt_model_create(dt_model **out, const dt_model_config *cfg, dt_backend *be, 
     /* what a model allocates besides its parameters, gradients and buffers (dt_models_alloc
      * tags those) is what a step works in: activations, inputs, targets */
     dt_mem_cat old_cat = dt_mem_tag(be, DT_MEM_ACTS);
-    if (!strcmp(cfg->type, "gpt"))
+    switch (cfg->arch) {
+    case DT_ARCH_GPT:
         rc = dt_gpt_create(m, comm, err);
-    else if (!strcmp(cfg->type, "bert"))
+        break;
+    case DT_ARCH_BERT:
         rc = dt_bert_create(m, comm, err);
-    else if (!strcmp(cfg->type, "mlp"))
+        break;
+    case DT_ARCH_MLP:
         rc = dt_mlp_create(m, err);
-    else
+        break;
+    default: /* check_config let only the zoo's through */
         rc = dt_resnet_create(m, comm, err);
+        break;
+    }
     dt_mem_tag(be, old_cat);
     if (!rc)
         rc = dt_models_check_blocks(m, err);
     if (rc) {
-        dt_err_prefix(err, "creating model %s: ", cfg->type);
+        dt_err_prefix(err, "creating model %s: ", dt_model_arch_name(cfg->arch));
         dt_model_free(m);
         return rc;
     }
@@ -218,13 +257,21 @@ void dt_model_free(dt_model *m)
         m->ops->free(m);
     if (m->be) {
         m->be->free(m->be, m->params);
-        m->be->free(m->be, m->grads);
+        m->be->free(m->be, m->own_grads ? m->own_grads : m->grads); /* never lent memory */
         m->be->free(m->be, m->buffers);
     }
     free(m->tensors);
     free(m->buffer_tensors);
     free(m->blocks);
     free(m);
+}
+
+float *dt_model_lend_grads(dt_model *m, float *grads)
+{
+    float *own = m->own_grads ? m->own_grads : m->grads;
+    m->grads = grads ? grads : own;
+    m->own_grads = grads ? own : NULL;
+    return own;
 }
 
 void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx)
