@@ -103,7 +103,7 @@ CUDA_LIBS := $(addprefix -L,$(CUDA_XLIB)) -L$(CUDA_HOME)/lib64 -lcublasLt -lcubl
 
 # ---- sources -------------------------------------------------------------------------------
 LIB_SRC  := $(wildcard common/*.c rendezvous/*.c kernels/*.c kernels/cpu/*.c \
-                       runtime/*/*.c runtime/*/*/*.c) $(filter-out cmd/main.c,$(wildcard cmd/*.c cmd/*/*.c))
+                       runtime/*/*.c runtime/*/*/*.c runtime/*/*/*/*.c) $(filter-out cmd/main.c,$(wildcard cmd/*.c cmd/*/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_LIB := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(TEST_SRC),$(wildcard tests/*.c)))

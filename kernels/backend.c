@@ -13,6 +13,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "common/util.h"
 
 int dt_cuda_lib_path(char *buf, size_t cap)
 {
@@ -81,7 +82,24 @@ static int open_cuda(dt_backend **out, const dt_backend_opts *opts, dt_err *err)
     return create(out, opts, err);
 }
 
-int dt_backend_open(dt_backend **out, const char *device, const dt_backend_opts *opts,
+static const char *const kind_names[] = {"auto", "cpu", "cuda"};
+
+const char *dt_backend_kind_name(dt_backend_kind kind)
+{
+    return (unsigned)kind < DT_ARRAY_LEN(kind_names) ? kind_names[kind] : "?";
+}
+
+int dt_backend_kind_parse(const char *name, dt_backend_kind *out, dt_err *err)
+{
+    for (size_t k = 0; k < DT_ARRAY_LEN(kind_names); k++)
+        if (!strcmp(name, kind_names[k])) {
+            *out = (dt_backend_kind)k;
+            return 0;
+        }
+    return dt_err_set(err, -EINVAL, "unknown device \"%s\" (use cpu, cuda or auto)", name);
+}
+
+int dt_backend_open(dt_backend **out, dt_backend_kind kind, const dt_backend_opts *opts,
                     dt_err *err)
 {
     dt_backend_opts def;
@@ -89,11 +107,11 @@ int dt_backend_open(dt_backend **out, const char *device, const dt_backend_opts 
         dt_backend_opts_default(&def);
         opts = &def;
     }
-    if (!strcmp(device, "cpu"))
+    if (kind == DT_BACKEND_CPU)
         return dt_cpu_backend_create(out, opts, err);
-    if (!strcmp(device, "cuda"))
+    if (kind == DT_BACKEND_CUDA)
         return open_cuda(out, opts, err);
-    if (!strcmp(device, "auto")) {
+    if (kind == DT_BACKEND_AUTO) {
         dt_err why = {0};
         if (open_cuda(out, opts, &why) == 0)
             return 0;
@@ -102,7 +120,7 @@ int dt_backend_open(dt_backend **out, const char *device, const dt_backend_opts 
             DT_INFO("device = auto: using the CPU (%s)", why.msg);
         return dt_cpu_backend_create(out, opts, err);
     }
-    return dt_err_set(err, -EINVAL, "unknown device \"%s\" (use cpu, cuda or auto)", device);
+    return dt_err_set(err, -EINVAL, "unknown device kind %d (use cpu, cuda or auto)", (int)kind);
 }
 
 void dt_backend_close(dt_backend *be)

@@ -16,11 +16,19 @@
 #include "kernels/backend_ops.h"
 #include "kernels/cpu/cpu_backend.h"
 
-/* Opens a backend by name: "cpu", "cuda" (loads libdtrain_cuda.so: DTRAIN_CUDA_LIB, else next to
- * the running binary; a missing library, driver or GPU is a clear error saying which) or
- * "auto" (cuda when it loads and sees a GPU, else cpu with a notice). opts may be NULL. */
-int dt_backend_open(dt_backend **out, const char *device, const dt_backend_opts *opts,
+/* Opens a backend of kind: DT_BACKEND_CPU, DT_BACKEND_CUDA (loads libdtrain_cuda.so:
+ * DTRAIN_CUDA_LIB, else next to the running binary; a missing library, driver or GPU is a clear
+ * error saying which) or DT_BACKEND_AUTO (cuda when it loads and sees a GPU, else cpu with a
+ * notice). opts may be NULL. */
+int dt_backend_open(dt_backend **out, dt_backend_kind kind, const dt_backend_opts *opts,
                     dt_err *err);
+
+/* "auto", "cpu", "cuda"; "?" for a value that is none of them. */
+const char *dt_backend_kind_name(dt_backend_kind kind);
+
+/* The kind called name (one of dt_backend_kind_name's): 0, or -EINVAL with a message listing the
+ * names. */
+int dt_backend_kind_parse(const char *name, dt_backend_kind *out, dt_err *err);
 
 /* Accepts NULL. */
 void dt_backend_close(dt_backend *be);

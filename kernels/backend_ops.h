@@ -113,6 +113,15 @@ size_t dt_mem_granule(dt_backend *be, const void *base);
  * now (peak_bytes, the whole run's peak, is left alone). */
 void dt_mem_reset_peak(dt_backend *be);
 
+/* The devices a backend computes on; kernels/ owns the list (the job's device key maps onto it,
+ * dt_backend_kind_name gives the names back). DT_BACKEND_AUTO is a request only (dt_backend_open:
+ * cuda where it loads and sees a GPU, else cpu); a backend's kind is one of the others. */
+typedef enum dt_backend_kind {
+    DT_BACKEND_AUTO = 0,
+    DT_BACKEND_CPU,
+    DT_BACKEND_CUDA
+} dt_backend_kind;
+
 typedef struct dt_backend_opts {
     int device_index;     /* CUDA device ordinal (LOCAL_RANK); ignored on the CPU */
     int threads;          /* CPU: BLAS/compute threads for this instance (1) */
@@ -122,7 +131,11 @@ typedef struct dt_backend_opts {
 void dt_backend_opts_default(dt_backend_opts *o);
 
 struct dt_backend {
-    const char *name;  /* "cpu" or "cuda" */
+    const char *name;  /* "cpu" or "cuda" (dt_backend_kind_name(kind)), for messages */
+    dt_backend_kind kind;
+    bool host_memory;  /* the host can read and write this backend's memory in place (cpu):
+                          what would else go through memcpy_h2d/d2h and a host copy may be done
+                          there directly */
     void *impl;        /* backend private state */
     dt_precision precision;
 
@@ -211,6 +224,18 @@ struct dt_backend {
     /* dqkv (B,T,3C) += gradient; datt (B,NH,T,T) is scratch (overwritten). */
     void (*attention_bwd)(dt_backend *be, float *dqkv, float *datt, const float *dout,
                           const float *qkv, const float *att, int B, int T, int C, int NH);
+    /* Bidirectional multi-head self-attention with a key padding mask (BERT's encoder; Hugging
+     * Face's attention_mask): qkv, out and att as attention_fwd, but every query attends to
+     * every key s of its sample with mask[b,s] != 0 (mask (B,T) int32, NULL: every key):
+     * att[b,h,t,s] = softmax over those keys of q_t.k_s / sqrt(hs), 0 at the masked keys (their
+     * probability is exactly 0, where Hugging Face adds the dtype's minimum to the score);
+     * a sample whose keys are all masked gets all-zero probabilities and a zero output. */
+    void (*attention_pad_fwd)(dt_backend *be, float *out, float *att, const float *qkv,
+                              const int32_t *mask, int B, int T, int C, int NH);
+    /* dqkv (B,T,3C) += gradient of attention_pad_fwd; datt (B,NH,T,T) is scratch. The mask is
+     * in att already (masked keys have probability 0, hence no gradient). */
+    void (*attention_pad_bwd)(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                              const float *qkv, const float *att, int B, int T, int C, int NH);
     /* out (N,K,P,Q) = conv(inp (N,C,H,W), w (K,C,R,S)) + bias (K) when bias != NULL. */
     void (*conv2d_fwd)(dt_backend *be, float *out, const float *inp, const float *w,
                        const float *bias, const dt_conv2d_shape *s);
@@ -232,6 +257,15 @@ struct dt_backend {
     /* GELU, tanh approximation: out (n) = gelu(inp). */
     void (*gelu_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
     void (*gelu_bwd)(dt_backend *be, float *dinp, const float *inp, const float *dout, size_t n);
+    /* GELU, exact: out (n) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))) (BERT's "gelu",
+     * torch.nn.functional.gelu without approximation); bwd: dinp += (Phi(x) + x phi(x)) * dout. */
+    void (*gelu_erf_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
+    void (*gelu_erf_bwd)(dt_backend *be, float *dinp, const float *inp, const float *dout,
+                         size_t n);
+    /* tanh: out (n) = tanh(inp); bwd uses the forward OUTPUT: dinp += (1 - out^2) * dout.
+     * out may alias inp. */
+    void (*tanh_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
+    void (*tanh_bwd)(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);
     /* ReLU: out = max(inp, 0); bwd uses the forward OUTPUT (out > 0). out may alias inp. */
     void (*relu_fwd)(dt_backend *be, float *out, const float *inp, size_t n);
     void (*relu_bwd)(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);

@@ -31,6 +31,31 @@ void dt_test_batch_make(dt_test_batch *hb, const dt_model_config *c, int B, uint
         }
         hb->targets[1] = -1; /* an ignored position */
         hb->b.T = T;
+        if (c->arch == DT_ARCH_BERT) {
+            hb->types = malloc(sizeof(int32_t) * (size_t)(B * T));
+            hb->mask = malloc(sizeof(int32_t) * (size_t)(B * T));
+            hb->labels = malloc(sizeof(int32_t) * (size_t)B);
+            const int pad = B > 1 ? T / 4 : 0, k = T / 4 > 1 ? T / 4 : 1;
+            for (int b = 0; b < B; b++) {
+                const int real = b == B - 1 ? T - pad : T;
+                hb->labels[b] = (int32_t)dt_rng_below(&r, 2);
+                for (int t = 0; t < T; t++) {
+                    hb->types[b * T + t] = t >= T / 2;
+                    hb->mask[b * T + t] = t < real;
+                    hb->targets[b * T + t] = -1;
+                }
+                for (int n = 0; n < k;) { /* k distinct real positions */
+                    int t = (int)dt_rng_below(&r, (uint64_t)real);
+                    if (hb->targets[b * T + t] >= 0)
+                        continue;
+                    hb->targets[b * T + t] = (int32_t)dt_rng_below(&r, (uint64_t)V);
+                    n++;
+                }
+            }
+            hb->b.types = hb->types;
+            hb->b.mask = hb->mask;
+            hb->b.labels = hb->labels;
+        }
     } else {
         int D = c->shape.input_dim;
         hb->x = malloc(sizeof(float) * (size_t)(B * D));
@@ -50,6 +75,9 @@ void dt_test_batch_free(dt_test_batch *hb)
     free(hb->tokens);
     free(hb->targets);
     free(hb->x);
+    free(hb->types);
+    free(hb->mask);
+    free(hb->labels);
 }
 
 /* ---- paths and strings ---------------------------------------------------------------------- */

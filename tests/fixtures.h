@@ -14,11 +14,16 @@
 #include "runtime/train/worker.h"
 
 /* A random batch for a model config, in host memory (owned by the struct): token ids and
- * targets below the vocabulary with target 1 ignored (-1), or inputs in [-1, 1) with labels. */
+ * targets below the vocabulary with target 1 ignored (-1), or inputs in [-1, 1) with labels.
+ * bert: masked-LM targets at max(1, T/4) random positions of each sample (the same count in
+ * every sample, as dtrain's masking makes them, so that any split of the batch weighs samples
+ * alike), -1 elsewhere; token types 0 then 1 from the middle; the last sample's last T/4
+ * positions padding (mask 0, never a target) when B > 1; next-sentence labels. */
 typedef struct dt_test_batch {
     dt_batch b;
     int32_t *tokens, *targets;
     float *x;
+    int32_t *types, *mask, *labels; /* bert */
 } dt_test_batch;
 
 void dt_test_batch_make(dt_test_batch *hb, const dt_model_config *c, int B, uint64_t seed);

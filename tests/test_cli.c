@@ -301,7 +301,7 @@ static void test_job_file_errors_exit_2(void)
     fputs("[model]\ntype = gtp\n[train]\nlr = fast\n", f);
     fclose(f);
     DT_CHECK_INT(run("%s", path), 2);
-    DT_CHECK_CONTAINS(out, "bad.ini:2: model.type: \"gtp\" is not one of mlp|resnet|gpt|llama; did you mean \"gpt\"?");
+    DT_CHECK_CONTAINS(out, "bad.ini:2: model.type: \"gtp\" is not one of mlp|resnet|gpt|bert|llama; did you mean \"gpt\"?");
     DT_CHECK_CONTAINS(out, "bad.ini:4: train.lr: \"fast\" is not a number");
     DT_CHECK_CONTAINS(out, "nothing was started");
     /* `dtrain worker` on a job that does not load: exit 2 too (a configuration error the agent
@@ -315,7 +315,7 @@ static void test_job_file_errors_exit_2(void)
     out = NULL;
     DT_CHECK_INT(dt_test_run(cmd, &out, 20), 2);
     DT_CHECK_CONTAINS(out, "dtrain worker: ");
-    DT_CHECK_CONTAINS(out, "bad.ini:2: model.type: \"gtp\" is not one of mlp|resnet|gpt|llama");
+    DT_CHECK_CONTAINS(out, "bad.ini:2: model.type: \"gtp\" is not one of mlp|resnet|gpt|bert|llama");
     char *rec = dt_test_slurp(errfile);
     DT_CHECK_MSG(rec, "no error file %s", errfile);
     if (rec) {

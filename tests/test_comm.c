@@ -1439,16 +1439,16 @@ static void test_nccl_unavailable(void)
     setenv("DTRAIN_CUDA_LIB", "/nonexistent/libdtrain_cuda.so", 1);
     dt_comm_opts o;
     dt_comm_opts_default(&o);
-    o.backend = "nccl";
+    o.backend = DT_COMM_NCCL;
     dt_comm *c = NULL;
     dt_err err = {0};
     DT_CHECK(dt_comm_init(&c, NULL, &o, &err) != 0);
     DT_CHECK_CONTAINS(err.msg, "nccl");
     DT_CHECK_CONTAINS(err.msg, "ddp.backend = cpu");
-    o.backend = "carrier-pigeon";
+    o.backend = (dt_comm_kind)7; /* no such backend */
     DT_CHECK(dt_comm_init(&c, NULL, &o, &err) == -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "unknown backend");
-    o.backend = "cpu";
+    o.backend = DT_COMM_CPU;
     o.world_size = 2;
     DT_CHECK(dt_comm_init(&c, NULL, &o, &err) == -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "store");
@@ -1473,7 +1473,7 @@ static void test_nccl_rank0_failed(void)
     DT_REQUIRE_OK(dt_store_set(st, "comm/t-empty/0/7/nccl_id", "", 0, &err), &err);
     dt_comm_opts o;
     dt_comm_opts_default(&o);
-    o.backend = "nccl";
+    o.backend = DT_COMM_NCCL;
     o.rank = 1;
     o.world_size = 2;
     o.run_id = "t-empty";

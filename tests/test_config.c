@@ -863,8 +863,8 @@ static void test_parallel_errors(void)
               NULL, 0);
     DT_CHECK(rc == -EINVAL);
     DT_CHECK(has_error("job.ini:4: parallel.tensor = 2: tensor parallelism (Megatron-LM's column "
-                       "and row splits) is supported for models gpt and llama only, not mlp; "
-                       "use parallel.tensor = 1"));
+                       "and row splits) is supported for models gpt, bert and llama only, not "
+                       "mlp; use parallel.tensor = 1"));
     /* pipeline: not resnet; at most the model's blocks */
     rc = load("[model]\ntype = resnet\n[parallel]\npipeline = 2\n[elastic]\nnproc_per_node = 2\n",
               NULL, 0);
@@ -953,7 +953,7 @@ static void test_parallel_errors(void)
               "pipeline = 2\nzero = 3\n[train]\nbatch_size = 5\n",
               NULL, 0);
     DT_CHECK(rc == -EINVAL);
-    DT_CHECK(has_error("supported for models gpt and llama only, not resnet"));
+    DT_CHECK(has_error("supported for models gpt, bert and llama only, not resnet"));
     DT_CHECK(has_error("not supported for this model (resnet)"));
     DT_CHECK(has_error("micro_batches = 2 (its default: parallel.pipeline) does not divide"));
     DT_CHECK(has_error("job.strategy = dp drives every replica"));

@@ -1,7 +1,9 @@
 /* test_data.c - every data reader on generated files of its format and on corrupt ones; the
- * train/validation split; the distributed sampler (disjoint shards, coverage, determinism, and
- * resuming on another world size). */
+ * train/validation split; bert's masked-LM samples (the layout of a sample, exact counts, the
+ * 80/10/10 split, sentence pairs, masks a function of (seed, sample, position)); the distributed
+ * sampler (disjoint shards, coverage, determinism, and resuming on another world size). */
 #include <fcntl.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -686,6 +688,197 @@ static void run_world(int64_t n, int W, int B, bool shuffle, bool drop_last, int
     *pos = p;
 }
 
+/* ---- masked-LM samples (bert) -------------------------------------------------------------- */
+
+/* Random bytes in a file; the job of bert on it. */
+static uint8_t *mlm_text(dt_job *job, size_t n, int T, bool nsp, const char *name)
+{
+    uint8_t *text = malloc(n);
+    DT_REQUIRE(text);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        text[i] = (uint8_t)(x >> 24);
+    }
+    const char *path = tmp_path(name);
+    write_bytes(path, text, n);
+    job_for(job, "bert", "text", path);
+    job->seq_len = T;
+    job->nsp = nsp;
+    job->val_fraction = 0;
+    return text;
+}
+
+/* Checks sample row i of b (dataset index idx) against the text: [CLS] a [SEP] (b [SEP]),
+ * exactly k targets, each the original token, its input [MASK], a random byte or kept, every
+ * other position the original. Counts the masked inputs by kind into how[3]. b_from: where the
+ * second segment's bytes start in the text (nsp). */
+static void check_mlm_row(const dt_batch *bt, int i, const uint8_t *text, int64_t idx, int T,
+                          bool nsp, int64_t b_from, int *how)
+{
+    const int V = 256, la = nsp ? (T - 3) / 2 : T - 2, lb = nsp ? T - 3 - la : 0;
+    const int32_t *tok = bt->tokens + (size_t)i * T, *tgt = bt->targets + (size_t)i * T;
+    DT_CHECK_INT(tok[0], V + 1);
+    DT_CHECK_INT(tok[la + 1], V + 2);
+    DT_CHECK_INT(tok[T - 1], V + 2);
+    int masked = 0, content = T - 2 - nsp;
+    for (int t = 0; t < T; t++) {
+        DT_CHECK_INT(bt->mask[(size_t)i * T + t], 1);
+        DT_CHECK_INT(bt->types[(size_t)i * T + t], nsp && t >= la + 2);
+        int32_t orig = t == 0 || t == la + 1 || t == T - 1 ? -1
+                       : t <= la                           ? text[idx * T + t - 1]
+                                                           : text[b_from + t - la - 2];
+        if (tgt[t] < 0) {
+            if (orig >= 0)
+                DT_CHECK_MSG(tok[t] == orig, "sample %lld position %d: %d, the text has %d",
+                             (long long)idx, t, tok[t], orig);
+            continue;
+        }
+        masked++;
+        DT_CHECK_MSG(orig >= 0 && tgt[t] == orig, "sample %lld position %d: target %d, text %d",
+                     (long long)idx, t, tgt[t], orig);
+        how[tok[t] == V + 3 ? 0 : tok[t] == orig ? 2 : 1]++;
+        DT_CHECK(tok[t] == V + 3 || (tok[t] >= 0 && tok[t] < V));
+    }
+    int want = (int)lround(0.15 * content);
+    DT_CHECK_MSG(masked == (want < 1 ? 1 : want), "sample %lld: %d masked of %d, want %d",
+                 (long long)idx, masked, content, want);
+    (void)lb;
+}
+
+/* Without NSP: [CLS] the sample's first T-2 bytes [SEP], 15% masked exactly (80/10/10 over many
+ * samples), vocabulary 256 + 4; the masking a function of (seed, sample, position): the same
+ * sample in other batches, at another position of a batch, in another process is the same bits;
+ * another seed masks other positions. */
+static void test_mlm_samples(void)
+{
+    enum { T = 34, N = 64 * 1024 };
+    dt_job job;
+    uint8_t *text = mlm_text(&job, N, T, false, "mlm.txt");
+    dt_data *d = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_data_open(&d, &job, &err), &err);
+    DT_CHECK(d->shape.mlm);
+    DT_CHECK_INT(d->shape.vocab_size, 260);
+    DT_CHECK_CONTAINS(d->desc, "masked-LM");
+    const int64_t n = dt_dataset_size(d->train);
+    dt_batch_buf b;
+    DT_REQUIRE_OK(dt_batch_buf_init(&b, &d->shape, 64, &err), &err);
+    int how[3] = {0};
+    int64_t idx[64];
+    for (int64_t at = 0; at + 64 <= n; at += 64) {
+        for (int i = 0; i < 64; i++)
+            idx[i] = at + i;
+        DT_REQUIRE_OK(dt_dataset_fill(d->train, idx, 64, &b, &err), &err);
+        DT_CHECK(b.batch.labels == NULL && b.batch.types && b.batch.mask);
+        for (int i = 0; i < 64; i++)
+            check_mlm_row(&b.batch, i, text, idx[i], T, false, 0, how);
+    }
+    const double all = how[0] + how[1] + how[2];
+    printf("    %d masked positions: %.3f [MASK], %.3f random, %.3f kept\n", (int)all,
+           how[0] / all, how[1] / all, how[2] / all);
+    DT_CHECK(all > 8000);
+    DT_CHECK_MSG(fabs(how[0] / all - 0.8) < 0.02 && fabs(how[1] / all - 0.1) < 0.015 &&
+                     fabs(how[2] / all - 0.1) < 0.015,
+                 "[MASK] %.3f, random %.3f, kept %.3f (want 0.8, 0.1, 0.1)", how[0] / all,
+                 how[1] / all, how[2] / all);
+    /* the same sample, wherever it is drawn: bit for bit */
+    int32_t row[2][3 * T];
+    int64_t a[2] = {7, 3}, c[3] = {9, 3, 7};
+    DT_REQUIRE_OK(dt_dataset_fill(d->train, a, 2, &b, &err), &err);
+    memcpy(row[0], b.batch.tokens, sizeof(int32_t) * T);      /* 7 */
+    memcpy(row[0] + T, b.batch.targets, sizeof(int32_t) * T); /* 7 */
+    DT_REQUIRE_OK(dt_dataset_fill(d->train, c, 3, &b, &err), &err);
+    DT_CHECK(!memcmp(row[0], b.batch.tokens + 2 * T, sizeof(int32_t) * T));
+    DT_CHECK(!memcmp(row[0] + T, b.batch.targets + 2 * T, sizeof(int32_t) * T));
+    dt_data_free(d);
+    /* a fresh open (another process, a resumed job): the same; another seed: other positions */
+    DT_REQUIRE_OK(dt_data_open(&d, &job, &err), &err);
+    DT_REQUIRE_OK(dt_dataset_fill(d->train, a, 1, &b, &err), &err);
+    DT_CHECK(!memcmp(row[0] + T, b.batch.targets, sizeof(int32_t) * T));
+    dt_data_free(d);
+    job.seed++;
+    DT_REQUIRE_OK(dt_data_open(&d, &job, &err), &err);
+    DT_REQUIRE_OK(dt_dataset_fill(d->train, a, 1, &b, &err), &err);
+    DT_CHECK(memcmp(row[0] + T, b.batch.targets, sizeof(int32_t) * T) != 0);
+    dt_batch_buf_free(&b);
+    dt_data_free(d);
+    free(text);
+}
+
+/* With NSP: [CLS] A [SEP] B [SEP], types 0 then 1; label 0: B the bytes after A, label 1: the
+ * first bytes of another sample of the split (about half each); 15% of the content masked. */
+static void test_mlm_sentence_pairs(void)
+{
+    enum { T = 41, N = 32 * 1024 };
+    dt_job job;
+    uint8_t *text = mlm_text(&job, N, T, true, "nsp.txt");
+    job.val_fraction = 0.25;
+    dt_data *d = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_data_open(&d, &job, &err), &err);
+    const int la = (T - 3) / 2, lb = T - 3 - la;
+    const int64_t n = dt_dataset_size(d->train), nv = dt_dataset_size(d->val);
+    dt_batch_buf b;
+    DT_REQUIRE_OK(dt_batch_buf_init(&b, &d->shape, 1, &err), &err);
+    int how[3] = {0}, random = 0, total = 0;
+    for (int split = 0; split < 2; split++)
+        for (int64_t j = 0; j < (split ? nv : n); j++) {
+            const dt_dataset *ds = split ? d->val : d->train;
+            const int64_t first = split ? n : 0; /* the validation split is the tail */
+            DT_REQUIRE_OK(dt_dataset_fill(ds, &j, 1, &b, &err), &err);
+            DT_REQUIRE(b.batch.labels);
+            int lbl = b.batch.labels[0];
+            DT_REQUIRE(lbl == 0 || lbl == 1);
+            int64_t from = (first + j) * T + la; /* is next: the bytes after A */
+            if (lbl) { /* the partner: the sample of this split whose first bytes B are */
+                int64_t p = -1;
+                for (int64_t q = first; q < first + (split ? nv : n) && p < 0; q++) {
+                    if (q == first + j)
+                        continue;
+                    bool same = true;
+                    for (int t = 0; t < lb && same; t++)
+                        same = b.batch.targets[la + 2 + t] >= 0 ||
+                               b.batch.tokens[la + 2 + t] == text[q * T + t];
+                    p = same ? q : -1;
+                }
+                DT_CHECK_MSG(p >= 0, "sample %lld: B is no other sample's start", (long long)j);
+                if (p < 0)
+                    dt_test_stop();
+                from = p * T;
+                random++;
+            }
+            total++;
+            check_mlm_row(&b.batch, 0, text, first + j, T, true, from, how);
+        }
+    DT_CHECK_MSG(fabs((double)random / total - 0.5) < 0.08, "%d of %d pairs random", random,
+                 total);
+    dt_batch_buf_free(&b);
+    dt_data_free(d);
+    free(text);
+}
+
+static void test_mlm_errors(void)
+{
+    dt_job job;
+    uint8_t *text = mlm_text(&job, 4096, 4, true, "short.txt");
+    DT_CHECK_CONTAINS(open_fails(&job), "data.seq_len = 4 is too short");
+    job.nsp = false;
+    job.seq_len = 2;
+    DT_CHECK_CONTAINS(open_fails(&job), "raise data.seq_len");
+    free(text);
+    /* synthetic tokens as bert samples */
+    job_for(&job, "bert", "synthetic", NULL);
+    job.seq_len = 16;
+    job.vocab_size = 50;
+    dt_data *d = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_data_open(&d, &job, &err), &err);
+    DT_CHECK(d->shape.mlm && d->shape.kind == DT_SAMPLE_TOKENS);
+    DT_CHECK_INT(d->shape.vocab_size, 54);
+    dt_data_free(d);
+}
+
 static void test_sampler_disjoint_coverage(void)
 {
     enum { N = 103 };
@@ -1035,6 +1228,9 @@ int main(int argc, char **argv)
         {"mnist_errors", test_mnist_errors, 0},
         {"synthetic_vectors", test_synthetic_vectors, 0},
         {"synthetic_images_and_tokens", test_synthetic_images_and_tokens, 0},
+        {"mlm_samples", test_mlm_samples, 0},
+        {"mlm_sentence_pairs", test_mlm_sentence_pairs, 0},
+        {"mlm_errors", test_mlm_errors, 0},
         {"sampler_disjoint_coverage", test_sampler_disjoint_coverage, 0},
         {"sampler_deterministic_and_shuffled", test_sampler_deterministic_and_shuffled, 0},
         {"sampler_resume_other_world_size", test_sampler_resume_other_world_size, 0},

@@ -28,7 +28,7 @@
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
 #include "runtime/comm/comm.h"
-#include "runtime/train/parallel/ddp.h"
+#include "runtime/train/parallel/dpsync/ddp.h"
 #include "runtime/train/parallel/dp.h"
 #include "runtime/train/models/model.h"
 #include "runtime/train/optim.h"
@@ -43,7 +43,8 @@ static dt_model_config model_cfg(const char *type, int max_batch)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    dt_strlcpy(c.type, type, sizeof c.type);
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_model_arch_parse(type, &c.arch, &err), &err);
     c.max_batch = max_batch;
     c.seed = 42;
     if (!strcmp(type, "gpt")) {
@@ -207,7 +208,7 @@ static void rank_body(run_cfg *rc, int rank)
     co.run_id = rc->run_id;
     co.timeout_ms = rc->timeout_ms ? rc->timeout_ms : 30000;
     if (dt_comm_init(&comm, store, &co, &err) != 0 ||
-        dt_backend_open(&be, "cpu", NULL, &err) != 0)
+        dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err) != 0)
         goto fail;
     dt_model_config mc = model_cfg(rc->type, rc->B);
     mc.seed = 42 + (uint64_t)rank * 1000; /* DDP must overwrite this with rank 0's */
@@ -325,7 +326,7 @@ static size_t reference(const char *type, int global, int steps, bool adamw, flo
 {
     dt_err err = {0};
     dt_backend *be = NULL;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     dt_model_config mc = model_cfg(type, global);
     dt_model *m = NULL;
     DT_REQUIRE_OK(dt_model_create(&m, &mc, be, NULL, &err), &err);
@@ -535,7 +536,7 @@ static void test_buckets(void)
     /* One rank (no communication), to look at the bucket layout alone. */
     dt_err err = {0};
     dt_backend *be = NULL;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     dt_comm_opts co;
     dt_comm_opts_default(&co);
     dt_comm *c = NULL;
@@ -832,7 +833,7 @@ static void run_dp(const char *type, int K, int global, int steps, dt_dp_transpo
     dt_dp_opts o;
     memset(&o, 0, sizeof o);
     o.replicas = K;
-    o.device = "cpu";
+    o.device = DT_BACKEND_CPU;
     o.transport = transport;
     o.timeout_ms = 60000;
     dt_backend_opts_default(&o.backend);
@@ -925,7 +926,7 @@ static void test_dp_accumulation(void)
         dt_dp_opts o;
         memset(&o, 0, sizeof o);
         o.replicas = 2;
-        o.device = "cpu";
+        o.device = DT_BACKEND_CPU;
         o.transport = transports[x];
         o.timeout_ms = 60000;
         dt_backend_opts_default(&o.backend);
@@ -967,7 +968,7 @@ static void test_dp_transport_errors(void)
     dt_dp_opts o;
     memset(&o, 0, sizeof o);
     o.replicas = 2;
-    o.device = "cpu";
+    o.device = DT_BACKEND_CPU;
     o.transport = (dt_dp_transport_kind)7; /* not a transport */
     dt_backend_opts_default(&o.backend);
     dt_dp *d = NULL;
@@ -998,7 +999,7 @@ static void test_dp_equals_ddp(void)
     dt_model *probe = NULL;
     dt_backend *be = NULL;
     dt_err err = {0};
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     DT_REQUIRE_OK(dt_model_create(&probe, &mc, be, NULL, &err), &err);
     size_t per = probe->num_params + probe->num_buffers;
     dt_model_free(probe);

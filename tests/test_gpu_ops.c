@@ -20,9 +20,9 @@
  * none either: the Makefile's cuDNN/NCCL probe skips the CUDA backend with the reason (instead
  * of failing the build) when nvcc is there but either library is not.
  *
- * gpu_model_*: whole models (GPT, Llama, MLP, ResNet) built on both backends from one seed: the loss
- * and every tensor's gradient, CPU against CUDA, before and after moving the parameters off
- * their initialisation. */
+ * gpu_model_*: whole models (GPT, BERT, Llama, MLP, ResNet) built on both backends from one seed:
+ * the loss and every tensor's gradient, CPU against CUDA, before and after moving the parameters
+ * off their initialisation. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <math.h>
@@ -50,7 +50,7 @@ static int probe_main(void)
 {
     dt_err e = {0};
     dt_backend *be = NULL;
-    if (dt_backend_open(&be, "cuda", NULL, &e) != 0) {
+    if (dt_backend_open(&be, DT_BACKEND_CUDA, NULL, &e) != 0) {
         printf("NOGPU %s\n", e.msg);
         return 0;
     }
@@ -60,7 +60,7 @@ static int probe_main(void)
         dt_backend_opts o;
         dt_backend_opts_default(&o);
         o.device_index = d;
-        if (dt_backend_open(&be, "cuda", &o, &e) != 0)
+        if (dt_backend_open(&be, DT_BACKEND_CUDA, &o, &e) != 0)
             break;
         dt_backend_close(be);
         n++;
@@ -135,7 +135,7 @@ static void ctx_open(ctx *c, dt_precision prec)
     dt_backend_opts o;
     dt_backend_opts_default(&o);
     o.precision = prec;
-    DT_REQUIRE_OK(dt_backend_open(&c->gpu, "cuda", &o, &e), &e);
+    DT_REQUIRE_OK(dt_backend_open(&c->gpu, DT_BACKEND_CUDA, &o, &e), &e);
     dt_backend_opts_default(&o);
     DT_REQUIRE_OK(dt_cpu_backend_create(&c->cpu, &o, &e), &e);
     dt_rng_seed(&c->rng, 20240520);
@@ -729,6 +729,58 @@ static void test_attention_bf16_fast(void)
     attention_all(DT_PREC_BF16);
 }
 
+/* attention_pad (BERT's bidirectional attention with a key padding mask): samples padded from
+ * pad_from[b] (T: none, 0: every key masked), or the NULL mask. */
+static void attention_pad_case(ctx *x, int B, int T, int C, int NH, const int *pad_from,
+                               bool no_mask)
+{
+    dt_backend *c = x->cpu, *g = x->gpu;
+    double tol = gemm_tol(x->prec);
+    tp qkv = tp_new(x, (size_t)B * T * 3 * C, 1), out = tp_new(x, (size_t)B * T * C, 0),
+       att = tp_new(x, (size_t)B * NH * T * T, 0);
+    ti mask = ti_new(x, (size_t)B * T, 0, 1);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            mask.h[b * T + t] = no_mask || t < pad_from[b];
+    ti_upload(x, &mask);
+    c->attention_pad_fwd(c, out.c, att.c, qkv.c, no_mask ? NULL : mask.c, B, T, C, NH);
+    g->attention_pad_fwd(g, out.g, att.g, qkv.g, no_mask ? NULL : mask.g, B, T, C, NH);
+    check(x, "attention_pad_fwd out", &out, tol);
+    const char *mode = dt_env("DTRAIN_CUDA_GEMM");
+    if (x->prec == DT_PREC_FP32 || (mode && !strcmp(mode, "fast")))
+        check(x, "attention_pad_fwd att", &att, tol);
+    tp dout = tp_new(x, (size_t)B * T * C, 1), dqkv = tp_new(x, qkv.n, 1),
+       datt = tp_new(x, att.n, 0);
+    float *dqkv0 = copy_host(&dqkv);
+    c->attention_pad_bwd(c, dqkv.c, datt.c, dout.c, qkv.c, att.c, B, T, C, NH);
+    g->attention_pad_bwd(g, dqkv.g, datt.g, dout.g, qkv.g, att.g, B, T, C, NH);
+    check_added(x, "attention_pad_bwd dqkv", &dqkv, dqkv0, 2 * tol);
+    free(dqkv0);
+    x->cpu->free(x->cpu, mask.c);
+    x->gpu->free(x->gpu, mask.g);
+    free(mask.h);
+    tp_free(x, &qkv);
+    tp_free(x, &out);
+    tp_free(x, &att);
+    tp_free(x, &dout);
+    tp_free(x, &dqkv);
+    tp_free(x, &datt);
+}
+
+static void attention_pad_all(dt_precision p)
+{
+    ctx x;
+    ctx_open(&x, p);
+    const int pads[3] = {128, 100, 0}, odd[2] = {37, 5};
+    attention_pad_case(&x, 3, 128, 64, 4, pads, false);
+    attention_pad_case(&x, 2, 37, 48, 3, odd, false); /* odd T, hs = 16 */
+    attention_pad_case(&x, 2, 37, 48, 3, odd, true);  /* no mask */
+    ctx_close(&x);
+}
+
+static void test_attention_pad_fp32(void) { attention_pad_all(DT_PREC_FP32); }
+static void test_attention_pad_bf16(void) { attention_pad_all(DT_PREC_BF16); }
+
 static void conv_case(ctx *x, int N, int C, int H, int W, int K, int R, int stride, int pad,
                       bool bias)
 {
@@ -890,6 +942,21 @@ static void test_elementwise(void)
     c->gelu_bwd(c, dinp.c, in.c, dout.c, n);
     g->gelu_bwd(g, dinp.g, in.g, dout.g, n);
     check_added(&x, "gelu_bwd", &dinp, dinp0, 1e-4);
+
+    tp_upload(&x, &dinp);
+    c->gelu_erf_fwd(c, out.c, in.c, n);
+    g->gelu_erf_fwd(g, out.g, in.g, n);
+    check(&x, "gelu_erf_fwd", &out, 1e-5); /* the CPU's erfc is a polynomial fit */
+    c->gelu_erf_bwd(c, dinp.c, in.c, dout.c, n);
+    g->gelu_erf_bwd(g, dinp.g, in.g, dout.g, n);
+    check_added(&x, "gelu_erf_bwd", &dinp, dinp0, 1e-5);
+    tp_upload(&x, &dinp);
+    c->tanh_fwd(c, out.c, in.c, n);
+    g->tanh_fwd(g, out.g, in.g, n);
+    check(&x, "tanh_fwd", &out, 1e-6);
+    c->tanh_bwd(c, dinp.c, out.c, dout.c, n);
+    g->tanh_bwd(g, dinp.g, out.g, dout.g, n);
+    check_added(&x, "tanh_bwd", &dinp, dinp0, 1e-6);
 
     tp_upload(&x, &dinp);
     c->relu_fwd(c, out.c, in.c, n);
@@ -1415,8 +1482,8 @@ static void model_case(dt_model_config *cfg, int B, dt_precision prec, double lo
         DT_REQUIRE_OK(mc->ops->forward(mc, &hb.b, true, &lc, &e), &e);
         DT_REQUIRE_OK(mg->ops->forward(mg, &hb.b, true, &lg, &e), &e);
         DT_CHECK_MSG(fabs(lg - lc) <= loss_tol * fabs(lc),
-                     "%s [%s] round %d: loss gpu %.7g cpu %.7g (rel tol %.1e)", cfg->type,
-                     prec_name(prec), round, lg, lc, loss_tol);
+                     "%s [%s] round %d: loss gpu %.7g cpu %.7g (rel tol %.1e)",
+                     dt_model_arch_name(cfg->arch), prec_name(prec), round, lg, lc, loss_tol);
         DT_REQUIRE_OK(mc->ops->backward(mc, 1.0f, NULL, NULL, &e), &e);
         DT_REQUIRE_OK(mg->ops->backward(mg, 1.0f, NULL, NULL, &e), &e);
         x.cpu->memcpy_d2h(x.cpu, gc, mc->grads, n * sizeof(float));
@@ -1432,7 +1499,8 @@ static void model_case(dt_model_config *cfg, int B, dt_precision prec, double lo
             double rel = den > 0 ? sqrt(num / den) : sqrt(num);
             DT_CHECK_MSG(rel <= grad_tol && isfinite(rel),
                          "%s [%s] round %d: gradient of %s: rel L2 error %.3g (tol %.1e)",
-                         cfg->type, prec_name(prec), round, tn->name, rel, grad_tol);
+                         dt_model_arch_name(cfg->arch), prec_name(prec), round, tn->name, rel,
+                         grad_tol);
         }
     }
     dt_test_batch_free(&hb);
@@ -1449,7 +1517,7 @@ static dt_model_config model_gpt(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "gpt");
+    c.arch = DT_ARCH_GPT;
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 128;
     c.shape.vocab_size = 301;
@@ -1466,6 +1534,23 @@ static void test_model_gpt_fp32(void)
 {
     dt_model_config c = model_gpt();
     model_case(&c, 4, DT_PREC_FP32, 1e-5, 2e-4);
+}
+
+/* bert with the NSP head, padding and token types (fixtures' bert batches). */
+static void test_model_bert_fp32(void)
+{
+    dt_model_config c = model_gpt();
+    c.arch = DT_ARCH_BERT;
+    c.nsp = true;
+    model_case(&c, 4, DT_PREC_FP32, 1e-5, 2e-4);
+}
+
+static void test_model_bert_bf16(void)
+{
+    dt_model_config c = model_gpt();
+    c.arch = DT_ARCH_BERT;
+    c.nsp = true;
+    model_case(&c, 4, DT_PREC_BF16, 1e-2, 6e-2);
 }
 
 static void test_model_gpt_bf16(void)
@@ -1487,7 +1572,7 @@ static void test_model_llama_fp32(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "llama");
+    c.arch = DT_ARCH_LLAMA;
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 128;
     c.shape.vocab_size = 301;
@@ -1508,7 +1593,7 @@ static void test_model_mlp_fp32(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "mlp");
+    c.arch = DT_ARCH_MLP;
     c.shape.kind = DT_SAMPLE_VECTOR;
     c.shape.input_dim = 70;
     c.shape.n_classes = 10;
@@ -1524,7 +1609,7 @@ static dt_model_config model_resnet(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "resnet");
+    c.arch = DT_ARCH_RESNET;
     c.shape.kind = DT_SAMPLE_IMAGE;
     c.shape.channels = 3;
     c.shape.height = 16;
@@ -1603,13 +1688,13 @@ static void *rank_main(void *arg)
     dt_backend_opts o;
     dt_backend_opts_default(&o);
     o.device_index = j->rank;
-    if (dt_backend_open(&be, "cuda", &o, &e) != 0) {
+    if (dt_backend_open(&be, DT_BACKEND_CUDA, &o, &e) != 0) {
         RJ_CHECK(j, 0, "rank %d: backend: %s", j->rank, e.msg);
         return NULL;
     }
     dt_comm_opts co;
     memset(&co, 0, sizeof co);
-    co.backend = "nccl";
+    co.backend = DT_COMM_NCCL;
     co.rank = j->rank;
     co.world_size = j->world;
     co.local_rank = j->rank;
@@ -1730,7 +1815,7 @@ static void test_nccl_timeout(void)
     DT_REQUIRE_OK(f.get_id(id, &e), &e);
     dt_comm_opts co;
     memset(&co, 0, sizeof co);
-    co.backend = "nccl";
+    co.backend = DT_COMM_NCCL;
     co.rank = 0;
     co.world_size = 2;
     co.local_world_size = 2;
@@ -1764,6 +1849,8 @@ int main(int argc, char **argv)
         {"gpu_matmul_bf16_fast", test_matmul_bf16_fast, 120},
         {"gpu_attention_fp32", test_attention_fp32, 120},
         {"gpu_attention_bf16", test_attention_bf16, 120},
+        {"gpu_attention_pad_fp32", test_attention_pad_fp32, 120},
+        {"gpu_attention_pad_bf16", test_attention_pad_bf16, 120},
         {"gpu_attention_fp16", test_attention_fp16, 120},
         {"gpu_attention_bf16_fast", test_attention_bf16_fast, 120},
         {"gpu_attention_hs64_fp32", test_attention_hs64_fp32, 120},
@@ -1786,6 +1873,8 @@ int main(int argc, char **argv)
         {"gpu_reductions", test_reductions, 60},
         {"gpu_half_payloads", test_half_payloads, 60},
         {"gpu_model_gpt_fp32", test_model_gpt_fp32, 180},
+        {"gpu_model_bert_fp32", test_model_bert_fp32, 180},
+        {"gpu_model_bert_bf16", test_model_bert_bf16, 180},
         {"gpu_model_gpt_bf16", test_model_gpt_bf16, 180},
         {"gpu_model_gpt_bf16_flash", test_model_gpt_bf16_flash, 180},
         {"gpu_model_llama_fp32", test_model_llama_fp32, 180},

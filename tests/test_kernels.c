@@ -32,7 +32,7 @@ static dt_backend *be_new(void)
 {
     dt_backend *be = NULL;
     dt_err err = {0}, *e = &err;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, e), e);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, e), e);
     return be;
 }
 
@@ -471,6 +471,111 @@ static void test_attention_causality(void)
     free(ref);
 }
 
+/* The padded bidirectional form (attention_pad, BERT's): every query over the keys its sample's
+ * mask keeps (mask (B,T), NULL: all); no key kept: a zero output. */
+static void ref_attention_pad(double *out, const double *qkv, const int32_t *mask, int B, int T,
+                              int C, int NH)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    double *p = malloc(sizeof(double) * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double m = -INFINITY, sum = 0;
+                for (int s = 0; s < T; s++) {
+                    const double *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * hs;
+                    p[s] = scale * dot_d(q, k, hs);
+                    if ((!mask || mask[b * T + s]) && p[s] > m)
+                        m = p[s];
+                }
+                for (int s = 0; s < T; s++) {
+                    p[s] = !mask || mask[b * T + s] ? exp(p[s] - m) : 0.0;
+                    sum += p[s];
+                }
+                double *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++)
+                    o[i] = 0;
+                for (int s = 0; s < T && sum > 0; s++) {
+                    const double *v = qkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * hs;
+                    for (int i = 0; i < hs; i++)
+                        o[i] += p[s] / sum * v[i];
+                }
+            }
+    free(p);
+}
+
+typedef struct {
+    att_ctx a;
+    const int32_t *mask;
+} att_pad_ctx;
+
+static double att_pad_loss(void *p)
+{
+    att_pad_ctx *c = p;
+    ref_attention_pad(c->a.out, c->a.qkv, c->mask, c->a.B, c->a.T, c->a.C, c->a.NH);
+    return dot_d(c->a.out, c->a.R, (size_t)c->a.B * c->a.T * c->a.C);
+}
+
+/* attention_pad against the double reference: output, probabilities (rows sum to 1 over the kept
+ * keys, exactly 0 at the masked ones; all 0 for a sample with every key masked), and the
+ * backward by finite differences. pad_from[b]: the first padded position of sample b (T: none;
+ * 0: all masked); no_mask: the NULL mask. */
+static void attention_pad_case(int B, int T, int C, int NH, const int *pad_from, bool no_mask,
+                               size_t maxn)
+{
+    dt_backend *be = be_new();
+    dt_rng r;
+    dt_rng_seed(&r, 77 + T);
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    float *qkv = randf(&r, nqkv, -1, 1), *R = randf(&r, nout, -1, 1);
+    int32_t *mask = malloc(sizeof(int32_t) * (size_t)B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            mask[b * T + t] = no_mask || t < pad_from[b];
+    float *d_qkv = up(be, qkv, nqkv), *d_R = up(be, R, nout);
+    int32_t *d_mask = no_mask ? NULL : up_i(be, mask, (size_t)B * T);
+    float *d_out = filled(be, nout, 7.0f), *d_att = filled(be, natt, 7.0f);
+    float *d_datt = filled(be, natt, 123.0f);
+    be->attention_pad_fwd(be, d_out, d_att, d_qkv, d_mask, B, T, C, NH);
+    att_pad_ctx c = {{tod(qkv, nqkv), tod(R, nout), malloc(nout * sizeof(double)), B, T, C, NH},
+                     no_mask ? NULL : mask};
+    att_pad_loss(&c);
+    float *out = down(be, d_out, nout);
+    check_close("attention_pad_fwd", out, c.a.out, nout, 1e-4, 1e-5);
+    float *att = down(be, d_att, natt);
+    int bad = 0;
+    for (size_t row = 0; row < (size_t)B * NH * T; row++) {
+        int b = (int)(row / ((size_t)NH * T));
+        double sum = 0;
+        for (int j = 0; j < T; j++) {
+            float a = att[row * T + j];
+            if (!mask[b * T + j] && a != 0.0f)
+                bad++;
+            sum += a;
+        }
+        if (fabs(sum - (pad_from[b] > 0 || no_mask ? 1.0 : 0.0)) > 1e-5)
+            bad++;
+    }
+    DT_CHECK_MSG(bad == 0, "attention_pad_fwd: %d probability rows or masked keys wrong", bad);
+    float *g = filled(be, nqkv, PREFILL);
+    be->attention_pad_bwd(be, g, d_datt, d_R, d_qkv, d_att, B, T, C, NH);
+    float *hg = down(be, g, nqkv);
+    check_fd("attention_pad_bwd dqkv", att_pad_loss, &c, c.a.qkv, nqkv, hg, 2e-3, 2e-4, maxn);
+    be->close(be);
+    free(qkv); free(R); free(mask); free(out); free(att); free(hg);
+    free(c.a.qkv); free(c.a.R); free(c.a.out);
+}
+
+static void test_attention_pad(void)
+{
+    const int none[2] = {5, 5}, some[2] = {5, 2}, one_empty[3] = {70, 0, 33};
+    attention_pad_case(2, 5, 8, 2, none, true, 1000);
+    attention_pad_case(2, 5, 8, 2, some, false, 1000);
+    attention_pad_case(3, 70, 8, 2, one_empty, false, 600);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* conv2d */
 
@@ -672,6 +777,53 @@ static void test_gelu(void)
         want[i] = PREFILL + dy[i] * (ref_gelu1(xi + h) - ref_gelu1(xi - h)) / (2 * h);
     }
     check_close("gelu_bwd", hg, want, n, 1e-4, 1e-5);
+    be->close(be);
+    free(x); free(dy); free(y); free(want); free(hg);
+}
+
+/* The exact GELU, 0.5 x (1 + erf(x / sqrt 2)), and tanh, against libm's double erf and tanh:
+ * relative 1e-5 everywhere, both tails included (the float erfc fit and exp; the error grows to
+ * a few 1e-6 in the far negative tail, where -z*z rounds), tanh 1e-6. */
+static void test_gelu_erf_tanh(void)
+{
+    dt_backend *be = be_new();
+    const size_t n = 1003;
+    dt_rng r;
+    dt_rng_seed(&r, 22);
+    float *x = randf(&r, n, -8, 8), *dy = randf(&r, n, -1, 1);
+    x[0] = 0.0f; x[1] = -20.0f; x[2] = 20.0f; x[3] = 1e-4f; x[4] = -50.0f; x[5] = -1e-6f;
+    x[6] = -5.0f; x[7] = 3.5f;
+    float *d_x = up(be, x, n), *d_y = dev_alloc(be, n * 4), *d_dy = up(be, dy, n);
+    double *want = malloc(n * sizeof(double));
+    be->gelu_erf_fwd(be, d_y, d_x, n);
+    float *y = down(be, d_y, n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = 0.5 * x[i] * erfc(-x[i] / sqrt(2.0));
+    check_close("gelu_erf_fwd", y, want, n, 1e-5, 1e-30);
+    float *g = filled(be, n, PREFILL);
+    be->gelu_erf_bwd(be, g, d_x, d_dy, n);
+    float *hg = down(be, g, n);
+    for (size_t i = 0; i < n; i++) {
+        double xi = x[i];
+        want[i] = PREFILL + dy[i] * (0.5 * erfc(-xi / sqrt(2.0)) +
+                                     xi * exp(-0.5 * xi * xi) / sqrt(2.0 * M_PI));
+    }
+    check_close("gelu_erf_bwd", hg, want, n, 1e-5, 1e-7);
+    free(y);
+    free(hg);
+    be->tanh_fwd(be, d_y, d_x, n);
+    y = down(be, d_y, n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = tanh((double)x[i]);
+    check_close("tanh_fwd", y, want, n, 1e-6, 1e-30);
+    g = filled(be, n, PREFILL);
+    be->tanh_bwd(be, g, d_y, d_dy, n);
+    hg = down(be, g, n);
+    for (size_t i = 0; i < n; i++) {
+        double t = tanh((double)x[i]);
+        want[i] = PREFILL + dy[i] * (1.0 - t * t);
+    }
+    check_close("tanh_bwd", hg, want, n, 1e-5, 1e-7);
     be->close(be);
     free(x); free(dy); free(y); free(want); free(hg);
 }
@@ -1602,7 +1754,10 @@ static void test_memory_and_profile(void)
     be->close(be);
 
     dt_backend *none = NULL;
-    DT_CHECK(dt_backend_open(&none, "tpu", NULL, &err) == -EINVAL);
+    dt_backend_kind kind = DT_BACKEND_CPU;
+    DT_CHECK(dt_backend_kind_parse("tpu", &kind, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "unknown device");
+    DT_CHECK(dt_backend_open(&none, (dt_backend_kind)7, NULL, &err) == -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "unknown device");
     dt_backend_close(NULL);
 }
@@ -1719,11 +1874,13 @@ static const dt_test tests[] = {
     {"matmul", test_matmul, 0},
     {"attention", test_attention, 60},
     {"attention_causality", test_attention_causality, 0},
+    {"attention_pad", test_attention_pad, 60},
     {"conv2d", test_conv2d, 0},
     {"conv2d_chunked", test_conv2d_chunked, 60},
     {"layernorm", test_layernorm, 0},
     {"layernorm_moments", test_layernorm_moments, 0},
     {"gelu", test_gelu, 0},
+    {"gelu_erf_tanh", test_gelu_erf_tanh, 0},
     {"relu_residual_scale", test_relu_residual_scale, 0},
     {"bias", test_bias, 0},
     {"embedding", test_embedding, 0},

@@ -38,7 +38,7 @@ static dt_backend *be_new(void)
 {
     dt_backend *be = NULL;
     dt_err err = {0};
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     return be;
 }
 
@@ -362,7 +362,7 @@ static dt_model_config llama_cfg(int nkv)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "llama");
+    c.arch = DT_ARCH_LLAMA;
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 5;
     c.shape.vocab_size = 11;

@@ -18,7 +18,7 @@ static dt_backend *cpu(void)
 {
     dt_backend *be = NULL;
     dt_err err = {0};
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     return be;
 }
 
@@ -264,7 +264,7 @@ static dt_model_config gpt_cfg(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "gpt");
+    c.arch = DT_ARCH_GPT;
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 10;
     c.shape.vocab_size = 23;
@@ -281,7 +281,7 @@ static dt_model_config resnet_cfg(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "resnet");
+    c.arch = DT_ARCH_RESNET;
     c.shape.kind = DT_SAMPLE_IMAGE;
     c.shape.channels = 3;
     c.shape.height = 8;
@@ -308,7 +308,7 @@ static void check_model(const dt_model_config *cfg)
     dt_mem_stats s;
     dt_mem_read(be, &s);
     DT_CHECK_MSG(s.cur[DT_MEM_PARAMS] == 4 * m->num_params, "%s: params %zu bytes for %zu",
-                 cfg->type, s.cur[DT_MEM_PARAMS], m->num_params);
+                 dt_model_arch_name(cfg->arch), s.cur[DT_MEM_PARAMS], m->num_params);
     DT_CHECK_INT(s.cur[DT_MEM_GRADS], 4 * m->num_params);
     DT_CHECK_INT(s.cur[DT_MEM_OTHER], 4 * m->num_buffers);
     DT_CHECK(s.cur[DT_MEM_ACTS] > 0);

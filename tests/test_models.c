@@ -15,9 +15,11 @@
  *   (the windows cover every use), and the events come in the documented order.
  * - llama (llama.c) takes every check gpt takes but causality (test_llama.c has its float64
  *   reference), with its own initialisation rule and exact recompute saving.
- * - train.recompute: block (gpt, llama, resnet) and selective (gpt, llama) train bit-identically to none, with
+ * - train.recompute: block (gpt, bert, llama, resnet) and selective (gpt, bert, llama) train bit-identically
+ *   to none, with
  *   and without the block hook, and allocate what they promise (exact for gpt).
- * - Loss falls on a tiny overfit task, for each model.
+ * - Loss falls on a tiny overfit task, for each model. bert joins every one of these; its
+ *   correctness against its definition is test_bert's.
  * - Initialisation: every tensor (and buffer) of each model's table against the rule in the
  *   model's header comment (normal with the right std and shape, uniform within its bound,
  *   constants exact); a tensor the test has no rule for fails.
@@ -44,7 +46,7 @@ static dt_backend *be_new(void)
 {
     dt_backend *be = NULL;
     dt_err err = {0}, *e = &err;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, e), e);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, e), e);
     return be;
 }
 
@@ -52,7 +54,7 @@ static dt_model_config gpt_cfg(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "gpt");
+    c.arch = DT_ARCH_GPT;
     c.shape.kind = DT_SAMPLE_TOKENS;
     c.shape.seq_len = 10;
     c.shape.vocab_size = 23;
@@ -69,7 +71,7 @@ static dt_model_config gpt_cfg(void)
 static dt_model_config llama_cfg(void)
 {
     dt_model_config c = gpt_cfg();
-    strcpy(c.type, "llama");
+    c.arch = DT_ARCH_LLAMA;
     c.seed = 45;
     c.n_head = 4;
     c.n_kv_head = 2;
@@ -79,11 +81,21 @@ static dt_model_config llama_cfg(void)
     return c;
 }
 
+/* bert with the next-sentence head; fixtures' batches for it have padding, token types and the
+ * same number of masked targets per sample. */
+static dt_model_config bert_cfg(void)
+{
+    dt_model_config c = gpt_cfg();
+    c.arch = DT_ARCH_BERT;
+    c.nsp = true;
+    return c;
+}
+
 static dt_model_config mlp_cfg(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "mlp");
+    c.arch = DT_ARCH_MLP;
     c.shape.kind = DT_SAMPLE_VECTOR;
     c.shape.input_dim = 7;
     c.shape.n_classes = 5;
@@ -99,7 +111,7 @@ static dt_model_config resnet_cfg(void)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "resnet");
+    c.arch = DT_ARCH_RESNET;
     c.shape.kind = DT_SAMPLE_IMAGE;
     c.shape.channels = 3;
     c.shape.height = 8;
@@ -212,7 +224,7 @@ static void check_model_grads(const dt_model_config *cfg, int B, float noise, do
         const char *name = ti < m->num_tensors ? m->tensors[ti].name : "(all parameters)";
         if (!(fabs(fd - analytic) <= 2e-3 + 2e-2 * fabs(analytic))) {
             dt_test_fail_at(__FILE__, __LINE__, "%s %s: grad.d = %.6g, finite differences %.6g",
-                            cfg->type, name, analytic, fd);
+                            dt_model_arch_name(cfg->arch), name, analytic, fd);
             bad++;
         }
     }
@@ -227,7 +239,7 @@ static void check_model_grads(const dt_model_config *cfg, int B, float noise, do
     for (size_t i = 0; i < n; i++)
         mism += !(fabsf(g3[i] - 3.0f * g[i]) <= 1e-5f + 1e-4f * fabsf(3.0f * g[i]));
     DT_CHECK_MSG(mism == 0, "%s: grads after a second backward with scale 2 are not 3x (%d off)",
-                 cfg->type, mism);
+                 dt_model_arch_name(cfg->arch), mism);
     dt_model_free(m);
     be->close(be);
     dt_test_batch_free(&hb);
@@ -297,13 +309,14 @@ static void check_ready(const dt_model_config *cfg, int B)
     for (int i = 1; i < l->n; i++)
         DT_CHECK_MSG(l->off[i] + l->cnt[i] == l->off[i - 1],
                      "%s: range %d [%zu,+%zu) does not end where range %d begins (%zu)",
-                     cfg->type, i, l->off[i], l->cnt[i], i - 1, l->off[i - 1]);
+                     dt_model_arch_name(cfg->arch), i, l->off[i], l->cnt[i], i - 1, l->off[i - 1]);
     DT_CHECK_INT(l->off[l->n - 1], 0);
     /* and each range was final when reported */
     float *g = host_copy(be, m->grads, m->num_params);
     for (int i = 0; i < l->n; i++)
         DT_CHECK_MSG(memcmp(l->snap[i], g + l->off[i], l->cnt[i] * sizeof(float)) == 0,
-                     "%s: range %d changed after it was reported ready", cfg->type, i);
+                     "%s: range %d changed after it was reported ready",
+                     dt_model_arch_name(cfg->arch), i);
     /* ranges align with tensor boundaries */
     for (int i = 0; i < l->n; i++) {
         bool start = false;
@@ -323,6 +336,8 @@ static void check_ready(const dt_model_config *cfg, int B)
 static void test_ready_ranges(void)
 {
     dt_model_config c = gpt_cfg();
+    check_ready(&c, 2);
+    c = bert_cfg();
     check_ready(&c, 2);
     c = llama_cfg();
     check_ready(&c, 2);
@@ -361,7 +376,7 @@ static void hook_fail(hook_state *h, const char *what, int b)
 {
     if (h->bad++ < 5)
         dt_test_fail_at(__FILE__, __LINE__, "%s: block hook: %s (block %d, event %d)",
-                        h->m->cfg.type, what, b, h->nev);
+                        dt_model_arch_name(h->m->cfg.arch), what, b, h->nev);
 }
 
 static void on_block(void *ctx, int b, dt_block_event ev)
@@ -417,7 +432,7 @@ static void on_block_ready(void *ctx, size_t offset, size_t numel)
 static int expected_events(const dt_model *m, bool bwd, int *seq)
 {
     int n = 0, nb = m->num_blocks;
-    bool gpt = !strcmp(m->cfg.type, "gpt");
+    bool gpt = m->cfg.arch == DT_ARCH_GPT || m->cfg.arch == DT_ARCH_BERT; /* a tied head */
     if (!bwd) {
         for (int b = 0; b < nb; b++)
             seq[n++] = b;
@@ -436,14 +451,15 @@ static void check_event_order(hook_state *h, bool bwd)
 {
     int seq[512];
     int n = expected_events(h->m, bwd, seq);
-    DT_CHECK_MSG(h->nev == 2 * n, "%s: %d block events in a %s, expected %d", h->m->cfg.type,
-                 h->nev, bwd ? "backward" : "forward", 2 * n);
+    DT_CHECK_MSG(h->nev == 2 * n, "%s: %d block events in a %s, expected %d",
+                 dt_model_arch_name(h->m->cfg.arch), h->nev, bwd ? "backward" : "forward", 2 * n);
     for (int i = 0; i < n && 2 * i + 1 < h->nev && 2 * i + 1 < 4096; i++) {
         dt_block_event before = bwd ? DT_BLOCK_BEFORE_BACKWARD : DT_BLOCK_BEFORE_FORWARD;
         DT_CHECK_MSG(h->ev_block[2 * i] == seq[i] && h->ev[2 * i] == before &&
                          h->ev_block[2 * i + 1] == seq[i] && h->ev[2 * i + 1] == before + 1,
-                     "%s: window %d is block %d (event %d), expected block %d", h->m->cfg.type,
-                     i, h->ev_block[2 * i], (int)h->ev[2 * i], seq[i]);
+                     "%s: window %d is block %d (event %d), expected block %d",
+                     dt_model_arch_name(h->m->cfg.arch), i, h->ev_block[2 * i], (int)h->ev[2 * i],
+                     seq[i]);
     }
     /* windows per block and pass: blocks[b].windows */
     for (int b = 0; b < h->m->num_blocks; b++) {
@@ -516,7 +532,7 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
         for (int micro = 0; micro < (s == 1 ? 2 : 1); micro++) {
             float lr = fwd(ref, &hb.b, true), lm = fwd(m, &hb.b, true);
             DT_CHECK_MSG(memcmp(&lr, &lm, sizeof lr) == 0, "%s step %d: loss %.9g, reference %.9g",
-                         cfg->type, s, lm, lr);
+                         dt_model_arch_name(cfg->arch), s, lm, lr);
             if (hook)
                 check_event_order(h, false);
             h->nready = 0;
@@ -538,9 +554,11 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
                 if (first == n)
                     first = i;
             }
-        DT_CHECK_MSG(diff == 0, "%s step %d: %zu gradients differ from the reference (first at "
-                                "%zu: %.9g vs %.9g)",
-                     cfg->type, s, diff, first, first < n ? gm[first] : 0.0, first < n ? gr[first] : 0.0);
+        DT_CHECK_MSG(diff == 0,
+                     "%s step %d: %zu gradients differ from the reference (first at "
+                     "%zu: %.9g vs %.9g)",
+                     dt_model_arch_name(cfg->arch), s, diff, first, first < n ? gm[first] : 0.0,
+                     first < n ? gr[first] : 0.0);
         if (hook) { /* every block's memory is poisoned again between passes */
             float *pm = host_copy(be, m->params, n);
             size_t finite = 0;
@@ -568,7 +586,7 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
     dt_test_batch_make(&hb, cfg, B, 30);
     float lr = fwd(ref, &hb.b, false), lm = fwd(m, &hb.b, false);
     DT_CHECK_MSG(memcmp(&lr, &lm, sizeof lr) == 0, "%s eval: loss %.9g, reference %.9g",
-                 cfg->type, lm, lr);
+                 dt_model_arch_name(cfg->arch), lm, lr);
     if (hook)
         check_event_order(h, false);
     DT_CHECK_INT(h->bad, 0);
@@ -576,7 +594,8 @@ static void check_against(const dt_model_config *ref_cfg, const dt_model_config 
         float *br = host_copy(be, ref->buffers, m->num_buffers);
         float *bm = host_copy(be, m->buffers, m->num_buffers);
         DT_CHECK_MSG(memcmp(br, bm, m->num_buffers * sizeof(float)) == 0,
-                     "%s: running statistics differ from the reference", cfg->type);
+                     "%s: running statistics differ from the reference",
+                     dt_model_arch_name(cfg->arch));
         free(br);
         free(bm);
     }
@@ -594,6 +613,8 @@ static void test_block_hooks(void)
 {
     dt_model_config c = gpt_cfg();
     check_against(&c, &c, 2, true);
+    c = bert_cfg();
+    check_against(&c, &c, 2, true);
     c = llama_cfg();
     check_against(&c, &c, 2, true);
     c = mlp_cfg();
@@ -606,6 +627,51 @@ static void test_block_hooks(void)
     check_against(&c, &c, 4, true);
 }
 
+/* dt_model_lend_grads: backward accumulates into the lent buffer, the model's own one is left
+ * as it was, taking it back returns the same buffer and the same gradients come out of a
+ * backward there; freeing a model that holds lent memory frees its own buffer only (ASan: no
+ * double free, no leak). */
+static void test_lend_grads(void)
+{
+    dt_model_config c = mlp_cfg();
+    dt_backend *be = be_new();
+    dt_model *m = model_new(be, &c);
+    const size_t n = m->num_params;
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &c, 4, 11);
+    float *own = m->grads, *lent = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(be->alloc(be, (void **)&lent, n * sizeof(float), &err), &err);
+    be->memset_zero(be, own, n * sizeof(float));
+    fwd(m, &hb.b, true);
+    bwd(m, 1.0f, NULL, NULL);
+    float *ref = host_copy(be, own, n);
+    be->memset_zero(be, own, n * sizeof(float));
+    DT_CHECK(dt_model_lend_grads(m, lent) == own);
+    DT_CHECK(m->grads == lent && m->own_grads == own);
+    DT_CHECK(dt_model_lend_grads(m, lent) == own); /* lending again keeps the own buffer */
+    fwd(m, &hb.b, true);
+    bwd(m, 1.0f, NULL, NULL);
+    float *got = host_copy(be, lent, n), *left = host_copy(be, own, n);
+    size_t bad = 0, touched = 0;
+    for (size_t i = 0; i < n; i++) {
+        bad += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+        touched += left[i] != 0.0f;
+    }
+    DT_CHECK_MSG(bad == 0, "%zu of %zu gradients in the lent buffer differ", bad, n);
+    DT_CHECK_MSG(touched == 0, "%zu of the model's own gradients changed while lent", touched);
+    DT_CHECK(dt_model_lend_grads(m, NULL) == own);
+    DT_CHECK(m->grads == own && m->own_grads == NULL);
+    DT_CHECK(dt_model_lend_grads(m, lent) == own);
+    dt_model_free(m); /* lent: frees own, not lent */
+    be->free(be, lent);
+    free(ref);
+    free(got);
+    free(left);
+    dt_test_batch_free(&hb);
+    be->close(be);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* activation recomputation */
 
@@ -615,13 +681,20 @@ static void test_recompute_bitwise(void)
 {
     const dt_recompute modes[] = {DT_RECOMPUTE_BLOCK, DT_RECOMPUTE_SELECTIVE};
     for (int i = 0; i < 2; i++)
-        for (int hook = 0; hook < 2; hook++)
-            for (int llama = 0; llama < 2; llama++) {
-                dt_model_config ref = llama ? llama_cfg() : gpt_cfg(), c = ref;
-                ref.n_layer = c.n_layer = 3;
-                c.recompute = modes[i];
-                check_against(&ref, &c, 2, hook);
-            }
+        for (int hook = 0; hook < 2; hook++) {
+            dt_model_config ref = gpt_cfg(), c = ref;
+            ref.n_layer = c.n_layer = 3;
+            c.recompute = modes[i];
+            check_against(&ref, &c, 2, hook);
+            ref = c = bert_cfg(); /* bert's recomputation likewise */
+            ref.n_layer = c.n_layer = 3;
+            c.recompute = modes[i];
+            check_against(&ref, &c, 2, hook);
+            ref = c = llama_cfg(); /* and llama's */
+            ref.n_layer = c.n_layer = 3;
+            c.recompute = modes[i];
+            check_against(&ref, &c, 2, hook);
+        }
     for (int depth = 8; depth <= 14; depth += 6)
         for (int hook = 0; hook < 2; hook++) {
             dt_model_config ref = resnet_cfg(), c = ref;
@@ -733,7 +806,8 @@ static void check_blocks(const dt_model_config *cfg, const char *const *names, i
         DT_CHECK_INT(k->offset, m->tensors[k->first_tensor].offset);
         DT_CHECK_INT(k->offset + k->numel,
                      m->tensors[k->last_tensor].offset + m->tensors[k->last_tensor].numel);
-        DT_CHECK(k->windows == (strcmp(cfg->type, "gpt") == 0 && b == 0 ? 2 : 1));
+        bool tied = cfg->arch == DT_ARCH_GPT || cfg->arch == DT_ARCH_BERT;
+        DT_CHECK(k->windows == (tied && b == 0 ? 2 : 1));
         off += k->numel;
         t = k->last_tensor + 1;
     }
@@ -751,6 +825,9 @@ static void test_block_tables(void)
     dt_model_config c = gpt_cfg();
     const char *gpt[] = {"embed", "h.0", "h.1", "ln_f"};
     check_blocks(&c, gpt, 4);
+    c = bert_cfg();
+    const char *bert[] = {"embed", "layer.0", "layer.1", "cls"};
+    check_blocks(&c, bert, 4);
     c = llama_cfg();
     const char *llama[] = {"embed", "layers.0", "layers.1", "head"};
     check_blocks(&c, llama, 4);
@@ -793,19 +870,21 @@ static void check_determinism(const dt_model_config *cfg, int B)
     DT_REQUIRE(a->num_params == b->num_params);
     float *pa = host_copy(be, a->params, a->num_params), *pb = host_copy(be, b->params, b->num_params);
     DT_CHECK_MSG(memcmp(pa, pb, a->num_params * sizeof(float)) == 0,
-                 "%s: same seed, different initial parameters", cfg->type);
+                 "%s: same seed, different initial parameters", dt_model_arch_name(cfg->arch));
     dt_test_batch hb;
     dt_test_batch_make(&hb, cfg, B, 9);
     float la[4], lb[4];
     train(a, &hb.b, 4, 1e-2f, la);
     train(b, &hb.b, 4, 1e-2f, lb);
-    DT_CHECK_MSG(memcmp(la, lb, sizeof la) == 0, "%s: same seed, different losses", cfg->type);
+    DT_CHECK_MSG(memcmp(la, lb, sizeof la) == 0, "%s: same seed, different losses",
+                 dt_model_arch_name(cfg->arch));
     free(pa);
     free(pb);
     pa = host_copy(be, a->params, a->num_params);
     pb = host_copy(be, b->params, b->num_params);
     DT_CHECK_MSG(memcmp(pa, pb, a->num_params * sizeof(float)) == 0,
-                 "%s: same seed, different parameters after training", cfg->type);
+                 "%s: same seed, different parameters after training",
+                 dt_model_arch_name(cfg->arch));
     if (a->num_buffers) {
         float *ba = host_copy(be, a->buffers, a->num_buffers);
         float *bb = host_copy(be, b->buffers, b->num_buffers);
@@ -835,6 +914,8 @@ static void test_determinism(void)
 {
     dt_model_config c = gpt_cfg();
     check_determinism(&c, 2);
+    c = bert_cfg();
+    check_determinism(&c, 2);
     c = llama_cfg();
     check_determinism(&c, 2);
     c = mlp_cfg();
@@ -852,11 +933,11 @@ static void check_overfit(const dt_model_config *cfg, int B, int steps, float lr
     float *losses = malloc(sizeof(float) * steps);
     train(m, &hb.b, steps, lr, losses);
     DT_CHECK_MSG(isfinite(losses[steps - 1]) && losses[steps - 1] < factor * losses[0],
-                 "%s: loss went from %.4f to %.4f in %d steps (wanted below %.2fx)", cfg->type,
-                 losses[0], losses[steps - 1], steps, factor);
+                 "%s: loss went from %.4f to %.4f in %d steps (wanted below %.2fx)",
+                 dt_model_arch_name(cfg->arch), losses[0], losses[steps - 1], steps, factor);
     if (cfg->shape.kind != DT_SAMPLE_TOKENS) /* classifiers memorise the batch */
         DT_CHECK_MSG(m->last_correct >= B - 1, "%s: %lld of %d correct after training",
-                     cfg->type, (long long)m->last_correct, B);
+                     dt_model_arch_name(cfg->arch), (long long)m->last_correct, B);
     free(losses);
     dt_model_free(m);
     be->close(be);
@@ -878,6 +959,16 @@ static void test_overfit_llama(void)
     dt_model_config c = llama_cfg();
     c.n_embd = 32;
     c.ffn_hidden = 64;
+    c.shape.vocab_size = 32;
+    c.shape.seq_len = 12;
+    c.max_batch = 4;
+    check_overfit(&c, 4, 60, 1e-2f, 0.3f);
+}
+
+static void test_overfit_bert(void)
+{
+    dt_model_config c = bert_cfg();
+    c.n_embd = 32;
     c.shape.vocab_size = 32;
     c.shape.seq_len = 12;
     c.max_batch = 4;
@@ -1110,6 +1201,18 @@ static init_rule llama_rule(const dt_tensor_info *t)
     return (init_rule){INIT_NONE, 0};
 }
 
+/* bert.c (HF's _init_weights): every matrix normal(0, 0.02), LayerNorm weight 1, every bias 0. */
+static init_rule bert_rule(const dt_tensor_info *t)
+{
+    if (ends_with(t->name, ".bias"))
+        return (init_rule){INIT_CONST, 0.0};
+    if (ends_with(t->name, "LayerNorm.weight"))
+        return (init_rule){INIT_CONST, 1.0};
+    if (t->ndim == 2)
+        return (init_rule){INIT_NORMAL, 0.02};
+    return (init_rule){INIT_NONE, 0};
+}
+
 /* resnet.c (torchvision): convolutions He-normal over fan_out = K*R*S, BN weight 1 and bias 0,
  * fc weight and bias uniform(+-1/sqrt(fan_in)); running_mean 0, running_var 1. */
 static init_rule resnet_rule(const dt_tensor_info *t, int fc_in)
@@ -1161,13 +1264,16 @@ static void test_init(void)
     cm.hidden[0] = 128;
     cm.hidden[1] = 64;
     cm.shape.n_classes = 10;
+    dt_model_config cb = cg;
+    cb.arch = DT_ARCH_BERT;
+    cb.nsp = true;
     dt_model_config cl = llama_cfg();
     cl.n_layer = 3;
     cl.n_embd = 64;
     cl.ffn_hidden = 128;
     cl.shape.vocab_size = 300;
-    const dt_model_config *cfgs[4] = {&cg, &cr, &cm, &cl};
-    for (int k = 0; k < 4; k++) {
+    const dt_model_config *cfgs[5] = {&cg, &cr, &cm, &cb, &cl};
+    for (int k = 0; k < 5; k++) {
         dt_model *m = model_new(be, cfgs[k]);
         float *p = host_copy(be, m->params, m->num_params);
         char last[64];
@@ -1177,6 +1283,7 @@ static void test_init(void)
             init_rule r = k == 0   ? gpt_rule(t, cg.n_layer)
                           : k == 1 ? resnet_rule(t, 4 * cr.width)
                           : k == 2 ? mlp_rule(t, last)
+                          : k == 3 ? bert_rule(t)
                                    : llama_rule(t);
             check_init(t->name, p + t->offset, t->numel, r);
         }
@@ -1295,8 +1402,11 @@ static void test_bad_input(void)
     c.depth = 21;
     DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL && !bad);
     DT_CHECK_CONTAINS(err.msg, "6n+2");
-    strcpy(c.type, "vit");
+    c.arch = DT_ARCH_COUNT; /* no such model (a "vit") */
     DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL && !bad);
+    dt_model_arch arch = DT_ARCH_MLP;
+    DT_CHECK(dt_model_arch_parse("vit", &arch, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "unknown model");
     dt_model_free(NULL);
     be->close(be);
 }
@@ -1313,7 +1423,7 @@ static void test_config_from_job(void)
     job.batch_size = 32;
     job.seed = 5;
     DT_REQUIRE_OK(dt_model_config_from_job(&c, &job, &vec, e), e);
-    DT_CHECK_STR(c.type, "mlp");
+    DT_CHECK_STR(dt_model_arch_name(c.arch), "mlp");
     DT_CHECK_INT(c.n_hidden, 3);
     DT_CHECK_INT(c.hidden[0], 512);
     DT_CHECK_INT(c.hidden[2], 64);
@@ -1371,10 +1481,12 @@ static const dt_test tests[] = {
     {"ready_ranges", test_ready_ranges, 0},
     {"block_tables", test_block_tables, 0},
     {"block_hooks", test_block_hooks, 0},
+    {"lend_grads", test_lend_grads, 0},
     {"recompute_bitwise", test_recompute_bitwise, 0},
     {"recompute_memory", test_recompute_memory, 0},
     {"determinism", test_determinism, 0},
     {"overfit_gpt", test_overfit_gpt, 0},
+    {"overfit_bert", test_overfit_bert, 0},
     {"overfit_llama", test_overfit_llama, 0},
     {"overfit_mlp", test_overfit_mlp, 0},
     {"overfit_resnet", test_overfit_resnet, 0},

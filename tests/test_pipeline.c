@@ -45,7 +45,7 @@
 #include "runtime/job/config.h"
 #include "runtime/train/models/model.h"
 #include "runtime/train/parallel/pp_schedule.h"
-#include "runtime/train/parallel/strategy_pipeline.h"
+#include "runtime/train/parallel/strategy.h"
 #include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
@@ -376,7 +376,7 @@ static dt_model_config mlp_cfg(int B)
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "mlp");
+    c.arch = DT_ARCH_MLP;
     c.shape.kind = DT_SAMPLE_VECTOR;
     c.shape.input_dim = 7;
     c.shape.n_classes = 5;
@@ -406,7 +406,7 @@ static void chain(int P, int M, const int *counts)
     const int B = 8, L = 4;
     dt_err err = {0};
     dt_backend *be = NULL;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     dt_model_config wc = mlp_cfg(B);
     dt_model *whole = NULL, *st[4] = {0};
     DT_REQUIRE_OK(dt_model_create(&whole, &wc, be, NULL, &err), &err);
@@ -534,14 +534,14 @@ static void test_gpt_slot_memory(void)
 {
     dt_err err = {0};
     dt_backend *be = NULL;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     size_t slot_bytes[2] = {0};
     for (int rec = 0; rec < 2; rec++) {
         size_t acts[2] = {0};
         for (int k = 0; k < 2; k++) {
             dt_model_config c;
             memset(&c, 0, sizeof c);
-            strcpy(c.type, "gpt");
+            c.arch = DT_ARCH_GPT;
             c.shape.kind = DT_SAMPLE_TOKENS;
             c.shape.seq_len = 8;
             c.shape.vocab_size = 32;
@@ -580,7 +580,7 @@ static void test_mlp_stage_errors(void)
 {
     dt_err err = {0};
     dt_backend *be = NULL;
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     dt_model_config c = mlp_cfg(4);
     c.pp_size = 2;
     c.pp_rank = 1;
@@ -697,6 +697,10 @@ static prun pbase(int N, int P, int M, const char *sched, const char *name)
     return r;
 }
 
+/* pgpt makes bert runs instead (the same shape, with the NSP head and the MLM samples of the
+ * text) when set: by the bert tests, before anything forks. */
+static bool pbert;
+
 /* The same with a tiny gpt on bytes of text (configs/quickstart.ini): 4 transformer blocks. */
 static prun pgpt(int N, int P, int M, const char *sched, const char *name)
 {
@@ -708,6 +712,10 @@ static prun pgpt(int N, int P, int M, const char *sched, const char *name)
     padd(&r, "model.n_embd=16");
     padd(&r, "model.block_size=16");
     padd(&r, "data.seq_len=16");
+    if (pbert) {
+        padd(&r, "model.type=bert");
+        padd(&r, "model.nsp=true");
+    }
     return r;
 }
 
@@ -967,7 +975,7 @@ static void against_one_made(prun_make make, int D, int T, int P, int M, const c
                    * (stage 3 on one rank would run stage 3: it is not given the key) */
     for (; more && *more; more++) {
         bool zkey = !strncmp(*more, "parallel.zero=", 14);
-        if (!zkey && strncmp(*more, "parallel.sequence_parallel=", 27)) /* needs T > 1 */
+        if (!zkey && strncmp(*more, "parallel.sequence_parallel=", 27)) /* the layout's only */
             padd(&one, *more);
         padd(&pp, *more);
         if (zkey)
@@ -1300,6 +1308,25 @@ static void test_gpt_t2_p2(void) { against_one_layout(true, 1, 2, 2, 4, "1f1b", 
 static void test_gpt_d2_t2_p2(void)
 {
     against_one_layout(true, 2, 2, 2, 2, "1f1b", NULL, "-d2-t2");
+}
+
+/* bert (bert.c's stages: the embeddings on stage 0, the MLM and NSP heads and a copy of the
+ * tied word embeddings on the last, kept equal by the embedding group): P = 2 and 4, the seed's
+ * mix T = 2 x P = 2 (also with sequence parallelism: the stages pass the shards) and D = 2 x T =
+ * 2 x P = 2, and D = 2 x P = 2 under ZeRO-1 with recompute = block, each against one process on
+ * the same global batch. */
+static void test_bert_pipeline(void)
+{
+    pbert = true;
+    const char *const sel[] = {"train.recompute=selective", NULL};
+    const char *const z1[] = {"parallel.zero=1", "train.recompute=block", NULL};
+    against_one_model(true, 2, 4, "1f1b", NULL, "-bert");
+    against_one_model(true, 4, 4, "gpipe", sel, "-bert-sel");
+    const char *const sp[] = {"parallel.sequence_parallel=true", NULL};
+    against_one_layout(true, 1, 2, 2, 4, "1f1b", NULL, "-bert-t2");
+    against_one_layout(true, 1, 2, 2, 4, "gpipe", sp, "-bert-t2-sp");
+    against_one_layout(true, 2, 2, 2, 2, "1f1b", NULL, "-bert-d2-t2");
+    against_one_layout(true, 2, 1, 2, 2, "gpipe", z1, "-bert-d2-z1-rec");
 }
 
 static void test_gpt_p4(void)
@@ -1898,6 +1925,7 @@ int main(int argc, char **argv)
         {"gpt_p4", test_gpt_p4, 240},
         {"gpt_t2_p2", test_gpt_t2_p2, 240},
         {"gpt_d2_t2_p2", test_gpt_d2_t2_p2, 300},
+        {"bert_p2_p4_t2p2_d2t2p2_zero", test_bert_pipeline, 400},
         {"llama_stages", test_llama_stages, 400},
         {"options", test_options, 300},
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},

@@ -47,7 +47,7 @@ static dt_backend *be_new(void)
 {
     dt_backend *be = NULL;
     dt_err err = {0};
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", NULL, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
     return be;
 }
 
@@ -55,7 +55,7 @@ static dt_model_config tv_cfg(int depth, int width, int C, int H, int W, int cla
 {
     dt_model_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.type, "resnet");
+    c.arch = DT_ARCH_RESNET;
     c.imagenet = true;
     c.depth = depth;
     c.width = width;

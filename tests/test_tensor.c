@@ -1,5 +1,5 @@
 /* test_tensor.c - tensor parallelism (strategy_tensor.c over the gpt model's tensor-parallel
- * slices) against one process.
+ * slices, and bert's) against one process.
  *
  * Every run is N forked ranks driving the real trainer (dt_trainer_init / dt_trainer_step /
  * dt_trainer_run with configs/quickstart.ini shrunk to a tiny gpt plus overrides), meeting at a
@@ -35,7 +35,7 @@
 
 #include "common/util.h"
 #include "runtime/job/config.h"
-#include "runtime/train/parallel/strategy_tensor.h"
+#include "runtime/train/parallel/strategy.h"
 #include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
@@ -430,6 +430,52 @@ static void test_llama_equals_one_process(void)
     }
     unmap(&one);
     unmap(&one8);
+}
+
+/* bert (bert.c's tensor-parallel form, the MLM samples of the GPL text with sentence pairs: 4
+ * special tokens, vocabulary 260) at T = 2, D = 2 x T = 2 under DDP, under ZeRO-1 with sequence
+ * parallelism, and under ZeRO-3 with recompute = block, and plain DDP on 2 ranks and DP with 2
+ * replicas (job.strategy = dp), each against one process on the same
+ * global batch over 20 steps (the masked positions are the same in every layout, and every
+ * sample has as many: data/mlm.h). */
+static trun bert_base(int N, int T, int B, const char *name)
+{
+    trun z = base(N, T, B, name);
+    add(&z, "model.type=bert");
+    add(&z, "model.nsp=true");
+    return z;
+}
+
+static void test_bert_layouts(void)
+{
+    trun one = bert_base(1, 1, 8, "bert-one");
+    int st[MAX_RANKS];
+    run(&one, st);
+    DT_REQUIRE(all_ok(&one, st));
+    DT_CHECK_STR(one.out[0].t_name[0], "bert.embeddings.word_embeddings.weight");
+    DT_CHECK_INT(one.out[0].t_n[0], 260 * 16);
+    trun runs[6] = {bert_base(2, 2, 8, "bert-t2"),          bert_base(4, 2, 4, "bert-d2xt2"),
+                    bert_base(4, 2, 4, "bert-d2xt2-z1-sp"), bert_base(4, 2, 4, "bert-d2xt2-z3"),
+                    bert_base(2, 1, 4, "bert-ddp2"),        bert_base(1, 1, 4, "bert-dp2")};
+    const char *want[6] = {"tensor", "tensor", "tensor", "tensor", "ddp", "dp"};
+    add(&runs[1], "ddp.first_bucket_mb=0.002");
+    add(&runs[2], "parallel.zero=1");
+    add(&runs[2], "parallel.sequence_parallel=true");
+    add(&runs[3], "parallel.zero=3");
+    add(&runs[3], "train.recompute=block");
+    add(&runs[4], "ddp.first_bucket_mb=0.002"); /* plain DDP: several buckets */
+    add(&runs[5], "job.strategy=dp");           /* DP: one process, 2 replica threads */
+    add(&runs[5], "job.dp_replicas=2");
+    for (int i = 0; i < 6; i++) {
+        run(&runs[i], st);
+        if (all_ok(&runs[i], st)) {
+            DT_CHECK_STR(runs[i].out[0].strategy, want[i]);
+            compare(&runs[i], &one, STEPS, 1e-5);
+        }
+        unmap(&runs[i]);
+    }
+    DT_CHECK(one.out[0].loss[STEPS - 1] < one.out[0].loss[0]);
+    unmap(&one);
 }
 
 /* A vocabulary that T does not divide (258 at T = 4: padded to 260, the padding rows zero, out
@@ -921,6 +967,7 @@ int main(int argc, char **argv)
         {"config_errors", test_config_errors, 60},
         {"tensor_2_and_4_equal_one_process", test_tensor_equals_one_process, 120},
         {"padded_vocabulary", test_padded_vocabulary, 120},
+        {"bert_t2_d2xt2_zero_sp_ddp_dp_equal_one_process", test_bert_layouts, 240},
         {"llama_tensor_sequence_zero_equal_one_process", test_llama_equals_one_process, 300},
         {"data_2_x_tensor_2_equals_one_process", test_data_x_tensor, 120},
         {"data_2_x_tensor_2_zero_1_2_3", test_data_x_tensor_zero, 180},

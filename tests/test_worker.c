@@ -456,7 +456,7 @@ static void test_cpu_bind_gpu(void)
     dt_backend *be = NULL;
     dt_backend_opts bo;
     dt_backend_opts_default(&bo);
-    DT_REQUIRE_OK(dt_backend_open(&be, "cpu", &bo, &err), &err);
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, &bo, &err), &err);
     be->device_pci_bus_id = fake_bus_id;
 
     /* no NUMA information for GPU 1's node: not bound at all */

@@ -1,4 +1,5 @@
-/* test_zero.c - ZeRO stages 1 and 2 (strategy_zero.c over ddp.c's sharding mode) against DDP.
+/* test_zero.c - ZeRO stages 1, 2 and 3 (dpsync_zero12.c over ddp.c's sharding mode, and
+ * dpsync_zero3.c) against DDP.
  *
  * Every run is N forked ranks driving the real trainer (dt_trainer_init / dt_trainer_step /
  * dt_trainer_run with a job loaded from configs/ plus overrides), meeting at a store process on
@@ -21,8 +22,8 @@
 
 #include "common/util.h"
 #include "runtime/job/config.h"
-#include "runtime/train/parallel/ddp.h"
-#include "runtime/train/parallel/strategy_zero.h"
+#include "runtime/train/parallel/dpsync/ddp.h"
+#include "runtime/train/parallel/strategy.h"
 #include "runtime/train/worker.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
@@ -125,6 +126,14 @@ static void tiny_llama(zrun *z)
     add(z, "model.intermediate_size=24");
 }
 
+/* gpt's shape as bert with the NSP head, on the MLM samples of the same text. */
+static void tiny_bert(zrun *z)
+{
+    tiny_gpt(z);
+    add(z, "model.type=bert");
+    add(z, "model.nsp=true");
+}
+
 static void tiny_resnet(zrun *z)
 {
     add(z, "model.depth=8");
@@ -150,7 +159,7 @@ static void record_end(dt_trainer *t, rank_out *o)
     o->num_params = t->model->num_params;
     dt_strategy_get_mem(s, &o->mem);
     dt_mem_read(t->be, &o->alloc);
-    o->have_stats = dt_strategy_zero_stats(s, &o->st) == 0;
+    o->have_stats = dt_strategy_sync_stats(s, &o->st) == 0;
     if (o->num_params > MAX_PER) {
         snprintf(o->msg, sizeof o->msg, "model of %zu parameters: raise MAX_PER", o->num_params);
         o->status = 2;
@@ -221,7 +230,7 @@ static void rank_body(zrun *z, int rank)
     }
     dt_strlcpy(o->strategy, t.s->ops->name, sizeof o->strategy);
     if (z->mode == OVERFLOW_ON_ONE && rank == z->kill_rank &&
-        t.s->ops == &dt_strategy_zero3_ops) {
+        job.zero == 3) {
         /* stage 3: the flat buffer holds a block only inside its windows: scale the
          * classifier there, each time it is gathered (stage 2's reducer has a block hook as
          * well, but its parameters persist: scaled once, below) */
@@ -345,10 +354,10 @@ static rank_out last_zero;
 static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zrun *),
                              const char *const *more, bool norm_exact)
 {
-    const char *config = !strcmp(what, "gpt")      ? "quickstart.ini"
-                         : !strcmp(what, "llama")  ? "llama.ini"
-                         : !strcmp(what, "resnet") ? "resnet.ini"
-                                                   : "mlp.ini";
+    const char *config = !strcmp(what, "gpt") || !strcmp(what, "bert") ? "quickstart.ini"
+                         : !strcmp(what, "llama")                        ? "llama.ini"
+                         : !strcmp(what, "resnet")                       ? "resnet.ini"
+                                                                         : "mlp.ini";
     zrun zr = base(config, N, zero, fmt("%s-z%d-n%d", what, zero, N));
     zrun dd = base(config, N, 0, fmt("%s-ddp-n%d", what, N));
     setup(&zr);
@@ -465,6 +474,19 @@ static void test_llama_stages(void)
         compare_with_ddp("llama", 3, N, tiny_llama, NULL, false);
     }
     compare_with_ddp("llama", 3, 2, tiny_llama, rec, false);
+}
+
+/* bert: stages 1 and 2 on 2 to 4 ranks, stage 3 (with recompute = selective on 3) against DDP,
+ * bit for bit. */
+static void test_bert_stages(void)
+{
+    const char *const buckets[] = {"ddp.first_bucket_mb=0.002", "ddp.bucket_cap_mb=0.01", NULL};
+    const char *const sel[] = {"train.recompute=selective", NULL};
+    for (int zero = 1; zero <= 2; zero++)
+        for (int N = 2; N <= 4; N++)
+            compare_with_ddp("bert", zero, N, tiny_bert, buckets, false);
+    compare_with_ddp("bert", 3, 2, tiny_bert, NULL, false);
+    compare_with_ddp("bert", 3, 3, tiny_bert, sel, false);
 }
 
 static void test_resnet_stages(void)
@@ -1179,6 +1201,7 @@ int main(int argc, char **argv)
         {"mlp_stages_2_to_4_ranks", test_mlp_stages, 300},
         {"gpt_stages_2_to_4_ranks", test_gpt_stages, 300},
         {"resnet_stages_2_to_4_ranks", test_resnet_stages, 300},
+        {"bert_stages_1_2_3", test_bert_stages, 300},
         {"llama_stages_1_to_3", test_llama_stages, 300},
         {"options_clip_fp16_accum_compress_sgd", test_options, 300},
         {"stage2_coarse_granule_64k", test_stage2_coarse_granule, 120},

@@ -24,12 +24,12 @@
 
 #include "cmd/cmd.h"
 #include "common/env.h"
+#include "common/half.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_server.h"
 #include "runtime/comm/comm.h"
-#include "runtime/comm/comm_reduce.h"
 
 typedef struct bench_opts {
     int nproc;

@@ -281,9 +281,10 @@ static int bench_job(const char *path, char **overrides, int n_over, int saves,
     if (disk1 < 0)
         goto out;
     double disk = (disk0 + disk1) / 2, mb = sync.bytes / 1e6;
-    bool conc_real = strcmp(t.be->name, "cpu") == 0;
-    printf("dtrain bench ckpt: %s (%s, %zu parameters, %s) on %s\n", path, t.model->cfg.type,
-           t.model->num_params, dt_optim_name(job.optimizer), t.be->name);
+    bool conc_real = t.be->host_memory;
+    printf("dtrain bench ckpt: %s (%s, %zu parameters, %s) on %s\n", path,
+           dt_model_arch_name(t.model->cfg.arch), t.model->num_params, dt_optim_name(job.optimizer),
+           t.be->name);
     printf("  directory                  %s\n", dir);
     printf("  checkpoint size            %.1f MB (model + optimiser + state.json)\n", mb);
     printf("  disk sequential write      %.0f MB/s (%.1f MB in 4 MiB blocks + fsync; %.0f before, "

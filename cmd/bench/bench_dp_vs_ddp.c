@@ -24,11 +24,18 @@
  * samples over the timed steps, common/nvml.h), averaged over the replicas; "-" where it cannot
  * be read (the CPU, no NVML).
  *
- * The last line is the run as one row of the seed's table (model, DP and DDP throughput, their
- * ratio, utilisation, and the memory spread between the busiest and the idlest device), with the
- * seed's own figures beside it when the job is one of its models (ResNet-50: configs/
- * resnet50.ini, scaled down on the CPU, model.width=64 data.synthetic_shape=3x224x224 on a GPU;
- * BERT-large): `# row | resnet50 | DP ... | DDP ... | ...`.
+ * The seed's experiments (--model NAME): the seed measured DP against DDP on BERT-large (48 vs
+ * 72 sentences/s on 8 V100s) and ResNet-50 (1250 vs 1820 images/s). --model resnet50 replaces
+ * the job's model and data by torchvision's ResNet-50 on synthetic ImageNet-shaped images
+ * (3x224x224, 1000 classes, batch 32 per replica) on a GPU, and on the CPU by ResNet-50 at a
+ * quarter of the width on 3x32x32 (configs/resnet50.ini's shape, batch 16). --model bert-large replaces the job file's model by
+ * BERT-large (with its NSP head, on the job's token data as masked-LM samples) and, after the
+ * usual table, prints one row in the seed's columns (DP and DDP throughput in the seed's unit,
+ * their ratio, utilisation, the memory spread between the busiest and the idlest replica)
+ * beside the seed's figures. On a GPU (job.device = cuda, or auto with one visible) the model is
+ * the real one (24 x 1024 x 16, sequences of 128, batch 8 per replica); on the CPU a scaled-down
+ * one of the same proportions (head size 64, a 4C MLP: 2 x 256 x 4, sequences of 64, batch 4),
+ * the shape the row names. The job file's and the command line's keys win over these.
  */
 #include <math.h>
 #include <stdio.h>
@@ -52,6 +59,7 @@
 
 typedef struct bench_opts {
     dt_bench_args a; /* the job, the overrides and the child's arguments (cmd.h) */
+    const char *model; /* --model: one of the seed's models (seed_models), or NULL */
     int nproc;
     int steps, warmup;
     int repeat;          /* rounds of (single, DP, DDP); each row is the median round */
@@ -81,7 +89,83 @@ static void usage(FILE *out)
             "  --steps S    timed optimiser steps per configuration (default 20)\n"
             "  --warmup W   untimed steps first (default 3)\n"
             "  --repeat R   rounds of the four, interleaved; each row is the median round "
-            "(default 5)\n");
+            "(default 5)\n"
+            "  --model M    one of the seed's models instead of the job's, and a row in the "
+            "seed's columns\n"
+            "               beside the seed's figures: bert-large, resnet50 (scaled down on the "
+            "cpu)\n");
+}
+
+/* ---- the seed's models (--model) ------------------------------------------------------------ */
+
+typedef struct seed_model {
+    const char *name;
+    const char *unit;              /* what the seed counts: "sentences", "images" */
+    double seed_dp, seed_ddp;      /* the seed's throughput (8 V100s) */
+    const char *seed_shape;
+    const char *const *gpu, *const *cpu; /* overrides: the real shape, the scaled-down one */
+} seed_model;
+
+static const char *const bert_large_gpu[] = {"model.type=bert", "model.preset=bert-large",
+                                             "model.nsp=true", "data.seq_len=128",
+                                             "train.batch_size=8", NULL};
+static const char *const bert_large_cpu[] = {"model.type=bert", "model.preset=bert-large",
+                                             "model.nsp=true", "model.n_layer=2",
+                                             "model.n_embd=256", "model.n_head=4",
+                                             "data.seq_len=64", "train.batch_size=4", NULL};
+
+static const char *const resnet50_gpu[] = {
+    "model.type=resnet",          "model.preset=resnet50",          "model.width=64",
+    "data.type=synthetic",        "data.synthetic_shape=3x224x224", "data.synthetic_classes=1000",
+    "train.batch_size=32",        NULL};
+static const char *const resnet50_cpu[] = {
+    "model.type=resnet",          "model.preset=resnet50",          "model.width=16",
+    "data.type=synthetic",        "data.synthetic_shape=3x32x32",   "data.synthetic_classes=10",
+    "train.batch_size=16",        NULL};
+
+static const seed_model seed_models[] = {
+    {"bert-large", "sentences", 48, 72, "24 x 1024 x 16 on 8 V100s", bert_large_gpu,
+     bert_large_cpu},
+    {"resnet50", "images", 1250, 1820, "ResNet-50 at 224x224 on 8 V100s", resnet50_gpu,
+     resnet50_cpu},
+};
+
+static const seed_model *find_seed_model(const char *name)
+{
+    for (size_t i = 0; name && i < DT_ARRAY_LEN(seed_models); i++)
+        if (!strcmp(seed_models[i].name, name))
+            return &seed_models[i];
+    return NULL;
+}
+
+/* Whether the job runs on a GPU (the real shape): job.device = cuda, or auto where NVML sees
+ * one (no CUDA in this process). */
+static bool on_gpu(const dt_job *job)
+{
+    return job->device == DT_DEVICE_CUDA ||
+           (job->device == DT_DEVICE_AUTO && dt_nvml_device_count() > 0);
+}
+
+/* ov (room for 32 + the user's): the seed model's overrides for the job's device, then the
+ * user's (which win); *n their count. Without --model: the user's. */
+static void model_overrides(const bench_opts *o, const dt_job *plain, char **ov, int *n)
+{
+    const seed_model *sm = find_seed_model(o->model);
+    *n = 0;
+    for (const char *const *k = sm ? (on_gpu(plain) ? sm->gpu : sm->cpu) : NULL; k && *k; k++)
+        ov[(*n)++] = (char *)*k;
+    for (int i = 0; i < o->a.n_overrides; i++)
+        ov[(*n)++] = o->a.overrides[i];
+}
+
+/* "DP sentences/s" (a static ring of two: one call per column of a printf). */
+static const char *fmt_unit(const char *unit, const char *mode)
+{
+    static char buf[2][48];
+    static int k;
+    char *b = buf[k++ % 2];
+    snprintf(b, sizeof buf[0], "%s %s/s", mode, unit);
+    return b;
 }
 
 static double cpu_now(void)
@@ -138,8 +222,19 @@ static int load_job(const bench_opts *o, char *const *more, int n_more, dt_job *
                     dt_err *err)
 {
     static dt_config_errors errs;
-    int rc = dt_bench_load_job(o->a.job_path, o->a.overrides, o->a.n_overrides, more, n_more, job,
+    char *ov[32 + 256];
+    int n = 0, rc = 0;
+    if (o->model) { /* the device decides the seed model's shape */
+        if (o->a.n_overrides > 256)
+            return dt_err_set(err, -EINVAL, "too many overrides");
+        rc = dt_bench_load_job(o->a.job_path, o->a.overrides, o->a.n_overrides, NULL, 0, job,
                                &errs, err);
+        if (!rc)
+            model_overrides(o, job, ov, &n);
+    }
+    if (!rc)
+        rc = dt_bench_load_job(o->a.job_path, o->model ? ov : o->a.overrides,
+                               o->model ? n : o->a.n_overrides, more, n_more, job, &errs, err);
     for (int i = 0; rc && i < errs.count && i < 64; i++)
         fprintf(stderr, "%s\n", errs.lines[i]);
     return rc;
@@ -302,71 +397,6 @@ static double throughput(const result *res, int n, bool apart)
     return apart ? sum : wall > 0 ? (double)items / wall : 0;
 }
 
-/* A configuration's utilisation: the CPU's (CPU time over wall time over the cores) and the
- * GPUs' (mean over the replicas NVML reports, -1 for none); its peak-memory spread (max - min) /
- * min over the replicas, 0 with one. */
-static void mode_figures(const result *res, int nproc_rows, int cores, double *cpu_util,
-                         double *gpu_util, double *spread)
-{
-    double wall = 0, cpu = 0, lo = 1e300, hi = 0, gpu = 0;
-    int nrep = 0, ngpu = 0;
-    for (int p = 0; p < nproc_rows; p++) {
-        wall = DT_MAX(wall, res[p].wall_s);
-        cpu += res[p].cpu_s;
-        for (int k = 0; k < res[p].replicas; k++, nrep++) {
-            lo = DT_MIN(lo, res[p].peak[k]);
-            hi = DT_MAX(hi, res[p].peak[k]);
-            if (res[p].gpu[k] >= 0) {
-                gpu += res[p].gpu[k];
-                ngpu++;
-            }
-        }
-    }
-    *cpu_util = wall > 0 ? 100.0 * cpu / (wall * cores) : 0;
-    *gpu_util = ngpu ? gpu / ngpu : -1;
-    *spread = lo > 0 && nrep > 1 ? 100.0 * (hi - lo) / lo : 0.0;
-}
-
-/* The seed's experiments (DP against DDP on 8 V100s), by the job's preset. */
-static const struct {
-    const char *model, *unit;
-    double dp, ddp;
-} seed_rows[] = {
-    {"resnet50", "images", 1250, 1820},
-    {"bert-large", "sentences", 48, 72},
-};
-
-/* The run as one row of the seed's table (the throughputs: the median rounds'; the ratio: the
- * median of the rounds' DDP / DP, as the summary line above); the seed's figures beside it for
- * one of its models. */
-static void print_seed_row(const dt_job *job, const result *dp, const result *ddp, int nproc,
-                           double dp_tput, double ddp_tput, double ratio, int cores, bool tokens)
-{
-    const char *model = job->preset != DT_PRESET_NONE ? dt_preset_name(job->preset)
-                                                      : dt_model_name(job->model_type);
-    double cu[2], gu[2], sp[2];
-    mode_figures(dp, 1, cores, &cu[0], &gu[0], &sp[0]);
-    mode_figures(ddp, nproc, cores, &cu[1], &gu[1], &sp[1]);
-    char util[2][32];
-    for (int i = 0; i < 2; i++)
-        if (gu[i] >= 0)
-            snprintf(util[i], sizeof util[i], "gpu %.1f%%", gu[i]);
-        else
-            snprintf(util[i], sizeof util[i], "cpu %.1f%%", cu[i]);
-    printf("# row | %s | DP %.1f %s/s | DDP %.1f %s/s | DDP/DP %.2fx | utilisation DP %s, DDP "
-           "%s | memory spread (busiest - idlest) / idlest DP %.1f%%, DDP %.1f%%\n",
-           model, dp_tput, tokens ? "tokens" : "samples", ddp_tput,
-           tokens ? "tokens" : "samples", ratio, util[0],
-           util[1], sp[0], sp[1]);
-    for (size_t i = 0; i < DT_ARRAY_LEN(seed_rows); i++)
-        if (!strcmp(model, seed_rows[i].model))
-            printf("# row | %s, the seed (8 V100s) | DP %.0f %s/s | DDP %.0f %s/s | DDP/DP "
-                   "%.2fx | (this run: %d %s replicas, job %s)\n",
-                   model, seed_rows[i].dp, seed_rows[i].unit, seed_rows[i].ddp,
-                   seed_rows[i].unit, seed_rows[i].ddp / seed_rows[i].dp, nproc,
-                   dt_device_name(job->device), job->path);
-}
-
 static void print_row(const char *name, int replicas, const result *res, int nproc_rows,
                       bool apart, double base_tput, int steps, int cores)
 {
@@ -403,12 +433,84 @@ static void print_row(const char *name, int replicas, const result *res, int npr
            lo > 0 && nrep > 1 ? 100.0 * (hi - lo) / lo : 0.0, mem);
 }
 
+/* Utilisation and memory spread of a configuration: CPU time over wall time over the cores (%),
+ * nvidia-smi's mean over the replicas (%, -1: none), (max - min) / min of the replicas' peaks
+ * (%) and max - min (bytes). */
+static void mode_figures(const result *res, int n, int cores, double *cpu_util, double *gpu_util,
+                         double *spread_pct, double *spread_bytes)
+{
+    double wall = 0, cpu = 0, lo = 1e300, hi = 0, gpu = 0;
+    int nrep = 0, ngpu = 0;
+    for (int p = 0; p < n; p++) {
+        wall = DT_MAX(wall, res[p].wall_s);
+        cpu += res[p].cpu_s;
+        for (int k = 0; k < res[p].replicas; k++) {
+            lo = DT_MIN(lo, res[p].peak[k]);
+            hi = DT_MAX(hi, res[p].peak[k]);
+            nrep++;
+            if (res[p].gpu[k] >= 0) {
+                gpu += res[p].gpu[k];
+                ngpu++;
+            }
+        }
+    }
+    *cpu_util = wall > 0 ? 100.0 * cpu / (wall * cores) : 0;
+    *gpu_util = ngpu ? gpu / ngpu : -1;
+    *spread_pct = lo > 0 && nrep > 1 ? 100.0 * (hi - lo) / lo : 0.0;
+    *spread_bytes = nrep > 1 ? hi - lo : 0.0;
+}
+
+/* The seed's row for --model: DP's and DDP's throughput in the seed's unit (tokens / seq_len
+ * for a token model), their ratio, utilisation, the memory spread; then the seed's figures. */
+static void seed_row(const seed_model *sm, const dt_job *job, bool gpu_shape, const result *dp,
+                     int n_dp, const result *ddp, int n_ddp, double dp_tput, double ddp_tput,
+                     double ratio, int cores)
+{
+    const bool tok = job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_BERT;
+    const double per = tok && job->seq_len > 0 ? job->seq_len : 1;
+    double cu[2], gu[2], sp[2], sb[2];
+    mode_figures(dp, 1, cores, &cu[0], &gu[0], &sp[0], &sb[0]);
+    mode_figures(ddp, n_ddp, cores, &cu[1], &gu[1], &sp[1], &sb[1]);
+    (void)n_dp;
+    char shape[96], util[2][48];
+    if (job->model_type == DT_MODEL_RESNET)
+        snprintf(shape, sizeof shape, "width %d, %dx%dx%d images, batch %d%s", job->width,
+                 job->synthetic_shape[0], job->synthetic_shape[1], job->synthetic_shape[2],
+                 job->batch_size, gpu_shape ? "" : " (cpu: scaled down)");
+    else
+        snprintf(shape, sizeof shape, "%d x %d x %d, T %d, batch %d%s", job->n_layer,
+                 job->n_embd, job->n_head, job->seq_len, job->batch_size,
+                 gpu_shape ? "" : " (cpu: scaled down)");
+    for (int k = 0; k < 2; k++) {
+        if (gu[k] >= 0)
+            snprintf(util[k], sizeof util[k], "gpu %.0f%%", gu[k]);
+        else
+            snprintf(util[k], sizeof util[k], "cpu %.0f%%", cu[k]);
+    }
+    printf("#\n# the seed's experiment, %s (%s):\n", sm->name, shape);
+    printf("%-12s %14s %14s %8s %10s %10s %16s %16s\n", "model", fmt_unit(sm->unit, "DP"),
+           fmt_unit(sm->unit, "DDP"), "DDP/DP", "util DP", "util DDP", "mem spread DP",
+           "mem spread DDP");
+    char m0[40], m1[40];
+    snprintf(m0, sizeof m0, "%.1f MiB %.0f%%", sb[0] / (1024.0 * 1024.0), sp[0]);
+    snprintf(m1, sizeof m1, "%.1f MiB %.0f%%", sb[1] / (1024.0 * 1024.0), sp[1]);
+    printf("%-12s %14.1f %14.1f %7.2fx %10s %10s %16s %16s\n", sm->name, dp_tput / per,
+           ddp_tput / per, ratio, util[0], util[1], m0, m1);
+    printf("%-12s %14.0f %14.0f %7.2fx %10s %10s %16s %16s   (%s)\n", "seed", sm->seed_dp,
+           sm->seed_ddp, sm->seed_ddp / sm->seed_dp, "-", "-", "-", "-", sm->seed_shape);
+}
+
 /* The command line's limits beyond dt_bench_main_run's (0, or 2 after the usage). */
 static int check(void *arg)
 {
     const bench_opts *o = arg;
     if (o->nproc < 1 || o->nproc > MAX_REPLICAS || o->steps < 1 || o->repeat < 1) {
         usage(stderr);
+        return 2;
+    }
+    if (o->model && !find_seed_model(o->model)) {
+        fprintf(stderr, "dtrain bench dp-vs-ddp: --model %s is not one of the seed's models "
+                        "(bert-large, resnet50)\n", o->model);
         return 2;
     }
     return 0;
@@ -421,8 +523,19 @@ static int run_parent(void *arg, const char *dir)
     static dt_job job;
     if (dt_bench_parent_job("dp-vs-ddp", o.a.job_path, o.a.overrides, o.a.n_overrides, NULL, 0, &job))
         return 1;
+    const seed_model *sm = find_seed_model(o.model);
+    const bool gpu_shape = on_gpu(&job);
+    if (sm) { /* the seed's model in the job's place */
+        char *ov[32 + 256];
+        int n = 0;
+        if (o.a.n_overrides > 256)
+            return 1;
+        model_overrides(&o, &job, ov, &n);
+        if (dt_bench_parent_job("dp-vs-ddp", o.a.job_path, ov, n, NULL, 0, &job))
+            return 1;
+    }
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool tokens = job.model_type == DT_MODEL_GPT;
+    bool tokens = job.model_type == DT_MODEL_GPT || job.model_type == DT_MODEL_BERT;
     printf("# dtrain bench dp-vs-ddp %s: model %s, %d replicas, batch %d per replica x accum %d, "
            "%d timed steps (+%d warm-up), device %s, %d BLAS thread(s) per replica, %d cores, "
            "cpu_bind %s, dp_transport %s\n",
@@ -521,8 +634,9 @@ static int run_parent(void *arg, const char *dir)
                med[SINGLE] > 0 ? med[DDP] / med[SINGLE] : 0, o.nproc, o.nproc,
                med[SINGLE] > 0 ? med[INDEP] / med[SINGLE] : 0,
                med[INDEP] > 0 ? 100.0 * med[DDP] / med[INDEP] : 0);
-        print_seed_row(&job, pick[DP], pick[DDP], o.nproc, med[DP], med[DDP], ratio[nr / 2], cores,
-                       tokens);
+        if (sm)
+            seed_row(sm, &job, gpu_shape, pick[DP], o.nproc, pick[DDP], o.nproc, med[DP],
+                     med[DDP], ratio[nr / 2], cores);
         if (o.repeat > 1) {
             printf("# median of %d interleaved rounds; throughput of every round:", o.repeat);
             for (int m = 0; m < MODES; m++) {
@@ -547,6 +661,7 @@ int dt_bench_dp_vs_ddp(int argc, char **argv)
         {"--steps", &o.steps, NULL},
         {"--warmup", &o.warmup, NULL},
         {"--repeat", &o.repeat, NULL},
+        {"--model", NULL, &o.model},
     };
     const dt_bench_main m = {.name = "dp-vs-ddp", .tag = "dpddp", .opts = opts,
                              .nopts = (int)DT_ARRAY_LEN(opts), .print_usage = usage, .o = &o,

@@ -356,7 +356,7 @@ static step_case gpt_step(const char *what, int L, int NH, int C, int T, int V, 
     step_case s;
     memset(&s, 0, sizeof s);
     s.what = what;
-    strcpy(s.cfg.type, "gpt");
+    s.cfg.arch = DT_ARCH_GPT;
     s.cfg.n_layer = L;
     s.cfg.n_head = NH;
     s.cfg.n_embd = C;
@@ -382,7 +382,7 @@ static int run_steps(dt_backend *be, const bench_opts *o)
         step_case rn;
         memset(&rn, 0, sizeof rn);
         rn.what = "resnet-20 w16 CIFAR B32";
-        strcpy(rn.cfg.type, "resnet");
+        rn.cfg.arch = DT_ARCH_RESNET;
         rn.cfg.depth = 20;
         rn.cfg.width = 16;
         rn.cfg.shape = (dt_sample_shape){.kind = DT_SAMPLE_IMAGE, .channels = 3, .height = 32,
@@ -394,7 +394,7 @@ static int run_steps(dt_backend *be, const bench_opts *o)
         step_case mlp;
         memset(&mlp, 0, sizeof mlp);
         mlp.what = "mlp 784-512-256-10 B128";
-        strcpy(mlp.cfg.type, "mlp");
+        mlp.cfg.arch = DT_ARCH_MLP;
         mlp.cfg.n_hidden = 2;
         mlp.cfg.hidden[0] = 512;
         mlp.cfg.hidden[1] = 256;
@@ -476,7 +476,9 @@ int dt_bench_kernels(int argc, char **argv)
     bo.threads = o.threads;
     dt_backend *be = NULL;
     dt_err err = {0};
-    if (dt_backend_open(&be, o.device, &bo, &err) != 0) {
+    dt_backend_kind kind;
+    if (dt_backend_kind_parse(o.device, &kind, &err) != 0 ||
+        dt_backend_open(&be, kind, &bo, &err) != 0) {
         fprintf(stderr, "dtrain bench kernels: %s\n", err.msg);
         return 1;
     }

@@ -5,7 +5,7 @@
  * For every P stages x M micro-batches x schedule the job runs on P ranks (processes of their
  * own, fork + exec of this binary with a store in this process, as `bench memory` runs its
  * ranks), D = 1, for S steps; the first step is not counted. Each rank reports, from the
- * pipeline strategy's statistics (strategy_pipeline.h, dt_pp_stats), its idle fraction (1 - the
+ * pipeline strategy's statistics (strategy.h, dt_pp_stats), its idle fraction (1 - the
  * time in its stage's forward and backward / the time of the micro-step: the bubble, plus the
  * waits for its neighbours and for the CPU), the step time, and its activation memory: the
  * slots it holds and the micro-batches that were alive at once x one micro-batch's
@@ -34,7 +34,7 @@
 #include "rendezvous/store_server.h"
 #include "runtime/job/config.h"
 #include "runtime/train/parallel/pp_schedule.h"
-#include "runtime/train/parallel/strategy_pipeline.h"
+#include "runtime/train/parallel/strategy.h"
 #include "runtime/train/worker.h"
 
 #define MAX_P 8

@@ -68,7 +68,7 @@
 #include "kernels/backend.h"
 #include "rendezvous/store_server.h"
 #include "runtime/job/config.h"
-#include "runtime/train/parallel/strategy_tensor.h"
+#include "runtime/train/parallel/strategy.h"
 #include "runtime/train/worker.h"
 
 #define MAX_RANKS 64

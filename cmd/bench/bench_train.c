@@ -113,9 +113,10 @@ int dt_bench_train(int argc, char **argv)
     built = true;
     dt_backend *be = t.be;
     printf("bench train: %s | %s %s, %zu parameters | %s | batch %d x accum %d = %lld %s/step\n",
-           path, t.model->cfg.type, job.preset != DT_PRESET_NONE ? dt_preset_name(job.preset) : "",
-           t.model->num_params, be->name, job.batch_size, job.grad_accum,
-           (long long)t.items_per_step, t.tokens ? "tokens" : "samples");
+           path, dt_model_arch_name(t.model->cfg.arch),
+           job.preset != DT_PRESET_NONE ? dt_preset_name(job.preset) : "", t.model->num_params,
+           be->name, job.batch_size, job.grad_accum, (long long)t.items_per_step,
+           t.tokens ? "tokens" : "samples");
     printf("activations: %.1f MiB allocated by the model (train.recompute = %s)\n",
            (double)dt_model_activation_bytes(t.model) / (1024.0 * 1024.0),
            dt_recompute_name(job.recompute));

@@ -5,7 +5,7 @@
  *
  *   cpu_backend.c  lifecycle, memory, profiling, the op table
  *   cpu_gemm.c     GEMM-bound ops: matmul, attention (batched sgemm per batch and head, causal
- *                  blocks only), conv2d (im2col + sgemm, chunked through a private scratch)
+ *                  blocks only; the padded bidirectional form full (T,T)), conv2d (im2col + sgemm, chunked through a private scratch)
  *   cpu_ops.c      element-wise, normalisation, softmax, loss, embeddings, BatchNorm, pooling
  *   cpu_optim.c    SGD, AdamW, sum of squares, non-finite count
  *
@@ -92,6 +92,12 @@ enum {
     DT_CPU_OP_EMBEDDING_VP_FWD,
     DT_CPU_OP_EMBEDDING_VP_BWD,
     DT_CPU_OP_XENT_VP,
+    DT_CPU_OP_ATTN_PAD_FWD,
+    DT_CPU_OP_ATTN_PAD_BWD,
+    DT_CPU_OP_GELU_ERF_FWD,
+    DT_CPU_OP_GELU_ERF_BWD,
+    DT_CPU_OP_TANH_FWD,
+    DT_CPU_OP_TANH_BWD,
     DT_CPU_OP_RMSNORM_FWD,
     DT_CPU_OP_RMSNORM_BWD,
     DT_CPU_OP_SWIGLU_FWD,
@@ -142,6 +148,10 @@ void dt_cpu_attention_fwd(dt_backend *be, float *out, float *att, const float *q
                           int C, int NH);
 void dt_cpu_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
                           const float *qkv, const float *att, int B, int T, int C, int NH);
+void dt_cpu_attention_pad_fwd(dt_backend *be, float *out, float *att, const float *qkv,
+                              const int32_t *mask, int B, int T, int C, int NH);
+void dt_cpu_attention_pad_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                              const float *qkv, const float *att, int B, int T, int C, int NH);
 void dt_cpu_conv2d_fwd(dt_backend *be, float *out, const float *inp, const float *w,
                        const float *bias, const dt_conv2d_shape *s);
 void dt_cpu_conv2d_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
@@ -154,6 +164,12 @@ void dt_cpu_softmax_causal(float *att, const float *scores, int r0, int r1, int 
 /* Softmax backward for the same rows, in place: d[t,s] = scale * p[t,s] * (d[t,s] - sum_u
  * p[t,u] d[t,u]) for s <= t, 0 above the diagonal. */
 void dt_cpu_softmax_causal_bwd(float *d, const float *p, int r0, int r1, int T, float scale);
+/* Softmax of each of the n rows of (n,T) scores over the columns s with mask[s] != 0 (mask (T),
+ * NULL: all), the other columns 0; a row with no such column is all 0. att may alias scores. */
+void dt_cpu_softmax_masked(float *att, const float *scores, const int32_t *mask, int n, int T);
+/* Softmax backward of n full rows, in place: d[t,s] = scale * p[t,s] * (d[t,s] - sum_u p[t,u]
+ * d[t,u]) (0 where p is 0: the masked columns). */
+void dt_cpu_softmax_rows_bwd(float *d, const float *p, int n, int T, float scale);
 /* out (N,C) = bias broadcast (bias != NULL) */
 void dt_cpu_rows_set(float *out, const float *bias, int N, int C);
 /* dbias (C) += column sums of x (N,C) with row stride ld. */
@@ -171,6 +187,11 @@ void dt_cpu_layernorm_bwd(dt_backend *be, float *dinp, float *dw, float *db, con
                           int N, int C);
 void dt_cpu_gelu_fwd(dt_backend *be, float *out, const float *inp, size_t n);
 void dt_cpu_gelu_bwd(dt_backend *be, float *dinp, const float *inp, const float *dout, size_t n);
+void dt_cpu_gelu_erf_fwd(dt_backend *be, float *out, const float *inp, size_t n);
+void dt_cpu_gelu_erf_bwd(dt_backend *be, float *dinp, const float *inp, const float *dout,
+                         size_t n);
+void dt_cpu_tanh_fwd(dt_backend *be, float *out, const float *inp, size_t n);
+void dt_cpu_tanh_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);
 void dt_cpu_relu_fwd(dt_backend *be, float *out, const float *inp, size_t n);
 void dt_cpu_relu_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);
 void dt_cpu_residual_fwd(dt_backend *be, float *out, const float *a, const float *b, size_t n);

@@ -128,6 +128,12 @@ static const struct {
     [DT_CPU_OP_EMBEDDING_VP_FWD] = {"embedding_vp_fwd", false},
     [DT_CPU_OP_EMBEDDING_VP_BWD] = {"embedding_vp_bwd", false},
     [DT_CPU_OP_XENT_VP] = {"xent_vp", false},
+    [DT_CPU_OP_ATTN_PAD_FWD] = {"attention_pad_fwd", true},
+    [DT_CPU_OP_ATTN_PAD_BWD] = {"attention_pad_bwd", true},
+    [DT_CPU_OP_GELU_ERF_FWD] = {"gelu_erf_fwd", false},
+    [DT_CPU_OP_GELU_ERF_BWD] = {"gelu_erf_bwd", false},
+    [DT_CPU_OP_TANH_FWD] = {"tanh_fwd", false},
+    [DT_CPU_OP_TANH_BWD] = {"tanh_bwd", false},
     [DT_CPU_OP_RMSNORM_FWD] = {"rmsnorm_fwd", false},
     [DT_CPU_OP_RMSNORM_BWD] = {"rmsnorm_bwd", false},
     [DT_CPU_OP_SWIGLU_FWD] = {"swiglu_fwd", false},
@@ -461,6 +467,8 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
         c->stats[i] = (dt_op_stat){.name = op_info[i].name, .gemm = op_info[i].gemm};
 
     be->name = "cpu";
+    be->kind = DT_BACKEND_CPU;
+    be->host_memory = true;
     be->impl = c;
     be->precision = DT_PREC_FP32;
     be->close = cpu_close;
@@ -486,6 +494,8 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     be->matmul_bwd = dt_cpu_matmul_bwd;
     be->attention_fwd = dt_cpu_attention_fwd;
     be->attention_bwd = dt_cpu_attention_bwd;
+    be->attention_pad_fwd = dt_cpu_attention_pad_fwd;
+    be->attention_pad_bwd = dt_cpu_attention_pad_bwd;
     be->conv2d_fwd = dt_cpu_conv2d_fwd;
     be->conv2d_bwd = dt_cpu_conv2d_bwd;
 
@@ -495,6 +505,10 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     be->layernorm_bwd = dt_cpu_layernorm_bwd;
     be->gelu_fwd = dt_cpu_gelu_fwd;
     be->gelu_bwd = dt_cpu_gelu_bwd;
+    be->gelu_erf_fwd = dt_cpu_gelu_erf_fwd;
+    be->gelu_erf_bwd = dt_cpu_gelu_erf_bwd;
+    be->tanh_fwd = dt_cpu_tanh_fwd;
+    be->tanh_bwd = dt_cpu_tanh_bwd;
     be->relu_fwd = dt_cpu_relu_fwd;
     be->relu_bwd = dt_cpu_relu_bwd;
     be->residual_fwd = dt_cpu_residual_fwd;

@@ -1,4 +1,5 @@
-/* cpu_gemm.c - the GEMM-bound ops of the CPU backend: matmul, causal attention, conv2d.
+/* cpu_gemm.c - the GEMM-bound ops of the CPU backend: matmul, causal attention, bidirectional
+ * attention with a padding mask (attention_pad, BERT's), conv2d.
  *
  * Everything heavy goes through cblas_sgemm (row-major); what is left around it is O(size of
  * the data), not O(flops):
@@ -186,6 +187,81 @@ void dt_cpu_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float 
         c->stats[DT_CPU_OP_ATTN_BWD].calls++;
         c->stats[DT_CPU_OP_ATTN_BWD].seconds += total - t_soft;
         c->stats[DT_CPU_OP_ATTN_BWD].flops += flops;
+        c->stats[DT_CPU_OP_ATTN_SOFTMAX_BWD].calls++;
+        c->stats[DT_CPU_OP_ATTN_SOFTMAX_BWD].seconds += t_soft;
+    }
+}
+
+/* Bidirectional attention with a key padding mask: the same strided sgemms per (batch, head),
+ * over the whole (T,T) score block (no causal blocks), and the masked softmax between them. */
+void dt_cpu_attention_pad_fwd(dt_backend *be, float *out, float *att, const float *qkv,
+                              const int32_t *mask, int B, int T, int C, int NH)
+{
+    dt_cpu *c = dt_cpu_of(be);
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    double t_start = dt_cpu_prof_now(c), t_soft = 0, flops = 0;
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs; // (T,hs) ld 3C
+            const float *k = q + C;
+            const float *v = q + 2 * C;
+            float *a = att + ((size_t)b * NH + h) * T * T;       // (T,T)
+            float *o = out + (size_t)b * T * C + (size_t)h * hs; // (T,hs) ld C
+            // scores (T,T) = scale * q @ k^T
+            sgemm(false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, a, T);
+            double t0 = dt_cpu_prof_now(c);
+            dt_cpu_softmax_masked(a, a, mask ? mask + (size_t)b * T : NULL, T, T);
+            if (c->prof_on)
+                t_soft += dt_cpu_prof_now(c) - t0;
+            // o (T,hs) = att @ v
+            sgemm(false, false, T, hs, T, 1.0f, a, T, v, C3, 0.0f, o, C);
+            flops += 4.0 * T * T * hs;
+        }
+    }
+    if (c->prof_on) {
+        double total = dt_cpu_prof_now(c) - t_start;
+        c->stats[DT_CPU_OP_ATTN_PAD_FWD].calls++;
+        c->stats[DT_CPU_OP_ATTN_PAD_FWD].seconds += total - t_soft;
+        c->stats[DT_CPU_OP_ATTN_PAD_FWD].flops += flops;
+        c->stats[DT_CPU_OP_ATTN_SOFTMAX_FWD].calls++;
+        c->stats[DT_CPU_OP_ATTN_SOFTMAX_FWD].seconds += t_soft;
+    }
+}
+
+void dt_cpu_attention_pad_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                              const float *qkv, const float *att, int B, int T, int C, int NH)
+{
+    dt_cpu *c = dt_cpu_of(be);
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    double t_start = dt_cpu_prof_now(c), t_soft = 0, flops = 0;
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
+            const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C; // (T,hs) ld 3C
+            float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
+            const float *a = att + ((size_t)b * NH + h) * T * T;         // (T,T)
+            float *da = datt + ((size_t)b * NH + h) * T * T;             // (T,T)
+            const float *dO = dout + (size_t)b * T * C + (size_t)h * hs; // (T,hs) ld C
+            // datt (T,T) = dO @ v^T;  dv (T,hs) += att^T @ dO
+            sgemm(false, true, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, da, T);
+            sgemm(true, false, T, hs, T, 1.0f, a, T, dO, C, 1.0f, dv, C3);
+            double t0 = dt_cpu_prof_now(c);
+            dt_cpu_softmax_rows_bwd(da, a, T, T, scale); // da = d(scores) * scale
+            if (c->prof_on)
+                t_soft += dt_cpu_prof_now(c) - t0;
+            // dq (T,hs) += dpre @ k;  dk (T,hs) += dpre^T @ q
+            sgemm(false, false, T, hs, T, 1.0f, da, T, k, C3, 1.0f, dq, C3);
+            sgemm(true, false, T, hs, T, 1.0f, da, T, q, C3, 1.0f, dk, C3);
+            flops += 8.0 * T * T * hs;
+        }
+    }
+    if (c->prof_on) {
+        double total = dt_cpu_prof_now(c) - t_start;
+        c->stats[DT_CPU_OP_ATTN_PAD_BWD].calls++;
+        c->stats[DT_CPU_OP_ATTN_PAD_BWD].seconds += total - t_soft;
+        c->stats[DT_CPU_OP_ATTN_PAD_BWD].flops += flops;
         c->stats[DT_CPU_OP_ATTN_SOFTMAX_BWD].calls++;
         c->stats[DT_CPU_OP_ATTN_SOFTMAX_BWD].seconds += t_soft;
     }

@@ -156,6 +156,72 @@ void dt_cpu_softmax_causal_bwd(float *d, const float *p, int r0, int r1, int T, 
     softmax_causal_bwd_rows(d, p, r0, r1, T, scale);
 }
 
+DT_CPU_CLONES
+static void softmax_masked_rows(float *att, const float *scores, const int32_t *mask, int n,
+                                int T)
+{
+    for (int t = 0; t < n; t++) {
+        const float *s = scores + (size_t)t * T;
+        float *a = att + (size_t)t * T;
+        float m = -INFINITY;
+        for (int i = 0; i < T; i++) {
+            float v = !mask || mask[i] ? s[i] : -INFINITY;
+            m = v > m ? v : m;
+        }
+        if (m == -INFINITY) { /* every key masked */
+            for (int i = 0; i < T; i++)
+                a[i] = 0.0f;
+            continue;
+        }
+        float acc[8] = {0};
+        int i = 0;
+        for (; i + 8 <= T; i += 8)
+            for (int j = 0; j < 8; j++) {
+                float e = !mask || mask[i + j] ? dt_expf(s[i + j] - m) : 0.0f;
+                a[i + j] = e;
+                acc[j] += e;
+            }
+        float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; i < T; i++) {
+            float e = !mask || mask[i] ? dt_expf(s[i] - m) : 0.0f;
+            a[i] = e;
+            sum += e;
+        }
+        float inv = 1.0f / sum;
+        for (i = 0; i < T; i++)
+            a[i] *= inv;
+    }
+}
+
+void dt_cpu_softmax_masked(float *att, const float *scores, const int32_t *mask, int n, int T)
+{
+    softmax_masked_rows(att, scores, mask, n, T);
+}
+
+DT_CPU_CLONES
+static void softmax_rows_bwd(float *d, const float *p, int n, int T, float scale)
+{
+    for (int t = 0; t < n; t++) {
+        float *dr = d + (size_t)t * T;
+        const float *pr = p + (size_t)t * T;
+        float acc[8] = {0};
+        int i = 0;
+        for (; i + 8 <= T; i += 8)
+            for (int j = 0; j < 8; j++)
+                acc[j] += pr[i + j] * dr[i + j];
+        float dot = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; i < T; i++)
+            dot += pr[i] * dr[i];
+        for (i = 0; i < T; i++)
+            dr[i] = scale * pr[i] * (dr[i] - dot);
+    }
+}
+
+void dt_cpu_softmax_rows_bwd(float *d, const float *p, int n, int T, float scale)
+{
+    softmax_rows_bwd(d, p, n, T, scale);
+}
+
 void dt_cpu_rows_set(float *out, const float *bias, int N, int C)
 {
     for (int i = 0; i < N; i++)
@@ -568,6 +634,82 @@ void dt_cpu_gelu_bwd(dt_backend *be, float *dinp, const float *inp, const float 
     DT_CPU_PROF_BEGIN(be);
     gelu_bwd_loop(dinp, inp, dout, n);
     DT_CPU_PROF_END(be, DT_CPU_OP_GELU_BWD, 0);
+}
+
+/* The exact GELU x * Phi(x). Phi from erfc by Numerical Recipes' Chebyshev fit (erfcc:
+ * fractional error below 1.2e-7 for every argument), evaluated with dt_expf so that the loop
+ * vectorises: with z = |x| / sqrt(2) and c = erfc(z), Phi(x) = c / 2 for x < 0 and 1 - c / 2
+ * for x >= 0, so both tails keep their relative precision. */
+#define SQRT1_2 0.70710678118654752f
+#define INV_SQRT_2PI 0.39894228040143268f
+
+static inline float phi_cdf(float x)
+{
+    float z = (x < 0.0f ? -x : x) * SQRT1_2;
+    float t = 1.0f / (1.0f + 0.5f * z);
+    float p = -1.26551223f +
+              t * (1.00002368f +
+                   t * (0.37409196f +
+                        t * (0.09678418f +
+                             t * (-0.18628806f +
+                                  t * (0.27886807f +
+                                       t * (-1.13520398f +
+                                            t * (1.48851587f +
+                                                 t * (-0.82215223f + t * 0.17087277f))))))));
+    float c = t * dt_expf(-z * z + p);
+    return x < 0.0f ? 0.5f * c : 1.0f - 0.5f * c;
+}
+
+DT_CPU_CLONES
+static void gelu_erf_fwd_loop(float *out, const float *inp, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = x * phi_cdf(x);
+    }
+}
+
+void dt_cpu_gelu_erf_fwd(dt_backend *be, float *out, const float *inp, size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    gelu_erf_fwd_loop(out, inp, n);
+    DT_CPU_PROF_END(be, DT_CPU_OP_GELU_ERF_FWD, 0);
+}
+
+DT_CPU_CLONES
+static void gelu_erf_bwd_loop(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float g = phi_cdf(x) + x * INV_SQRT_2PI * dt_expf(-0.5f * x * x);
+        dinp[i] += g * dout[i];
+    }
+}
+
+void dt_cpu_gelu_erf_bwd(dt_backend *be, float *dinp, const float *inp, const float *dout,
+                         size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    gelu_erf_bwd_loop(dinp, inp, dout, n);
+    DT_CPU_PROF_END(be, DT_CPU_OP_GELU_ERF_BWD, 0);
+}
+
+/* tanh: libm's (BERT's pooler runs it on (B,C) only; dt_tanhf loses relative precision near 0,
+ * where 1 - exp(-2|x|) cancels). */
+void dt_cpu_tanh_fwd(dt_backend *be, float *out, const float *inp, size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tanhf(inp[i]);
+    DT_CPU_PROF_END(be, DT_CPU_OP_TANH_FWD, 0);
+}
+
+void dt_cpu_tanh_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n)
+{
+    DT_CPU_PROF_BEGIN(be);
+    for (size_t i = 0; i < n; i++)
+        dinp[i] += (1.0f - out[i] * out[i]) * dout[i];
+    DT_CPU_PROF_END(be, DT_CPU_OP_TANH_BWD, 0);
 }
 
 void dt_cpu_relu_fwd(dt_backend *be, float *out, const float *inp, size_t n)

@@ -97,6 +97,12 @@ static const struct {
     /* DT_CU_OP_EMBEDDING_VP_FWD */ {"embedding_vp_fwd", false},
     /* DT_CU_OP_EMBEDDING_VP_BWD */ {"embedding_vp_bwd", false},
     /* DT_CU_OP_XENT_VP */ {"xent_vp", false},
+    /* DT_CU_OP_ATTN_PAD_FWD */ {"attention_pad_fwd", true},
+    /* DT_CU_OP_ATTN_PAD_BWD */ {"attention_pad_bwd", true},
+    /* DT_CU_OP_GELU_ERF_FWD */ {"gelu_erf_fwd", false},
+    /* DT_CU_OP_GELU_ERF_BWD */ {"gelu_erf_bwd", false},
+    /* DT_CU_OP_TANH_FWD */ {"tanh_fwd", false},
+    /* DT_CU_OP_TANH_BWD */ {"tanh_bwd", false},
     /* DT_CU_OP_RMSNORM_FWD */ {"rmsnorm_fwd", false},
     /* DT_CU_OP_RMSNORM_BWD */ {"rmsnorm_bwd", false},
     /* DT_CU_OP_SWIGLU_FWD */ {"swiglu_fwd", false},
@@ -615,6 +621,8 @@ static void fill_ops(dt_backend *be)
     be->matmul_bwd = dt_cuda_matmul_bwd;
     be->attention_fwd = dt_cuda_attention_fwd;
     be->attention_bwd = dt_cuda_attention_bwd;
+    be->attention_pad_fwd = dt_cuda_attention_pad_fwd;
+    be->attention_pad_bwd = dt_cuda_attention_pad_bwd;
     be->conv2d_fwd = dt_cuda_conv2d_fwd;
     be->conv2d_bwd = dt_cuda_conv2d_bwd;
     be->bias_add = dt_cuda_bias_add;
@@ -623,6 +631,10 @@ static void fill_ops(dt_backend *be)
     be->layernorm_bwd = dt_cuda_layernorm_bwd;
     be->gelu_fwd = dt_cuda_gelu_fwd;
     be->gelu_bwd = dt_cuda_gelu_bwd;
+    be->gelu_erf_fwd = dt_cuda_gelu_erf_fwd;
+    be->gelu_erf_bwd = dt_cuda_gelu_erf_bwd;
+    be->tanh_fwd = dt_cuda_tanh_fwd;
+    be->tanh_bwd = dt_cuda_tanh_bwd;
     be->relu_fwd = dt_cuda_relu_fwd;
     be->relu_bwd = dt_cuda_relu_bwd;
     be->residual_fwd = dt_cuda_residual_fwd;
@@ -752,6 +764,8 @@ DT_CU_EXPORT int dt_cuda_backend_create(dt_backend **out, const dt_backend_opts 
     CREATE_CHECK(crc == cudaSuccess, "CUDA: cudaMallocHost: %s", cudaGetErrorString(crc));
 
     be->name = "cuda";
+    be->kind = DT_BACKEND_CUDA;
+    be->host_memory = false;
     be->impl = cu;
     be->precision = cu->precision;
     fill_ops(be);

@@ -88,6 +88,12 @@ enum {
     DT_CU_OP_EMBEDDING_VP_FWD,
     DT_CU_OP_EMBEDDING_VP_BWD,
     DT_CU_OP_XENT_VP,
+    DT_CU_OP_ATTN_PAD_FWD,
+    DT_CU_OP_ATTN_PAD_BWD,
+    DT_CU_OP_GELU_ERF_FWD,
+    DT_CU_OP_GELU_ERF_BWD,
+    DT_CU_OP_TANH_FWD,
+    DT_CU_OP_TANH_BWD,
     DT_CU_OP_RMSNORM_FWD,
     DT_CU_OP_RMSNORM_BWD,
     DT_CU_OP_SWIGLU_FWD,
@@ -304,6 +310,10 @@ void dt_cuda_attention_fwd(dt_backend *be, float *out, float *att, const float *
                            int C, int NH);
 void dt_cuda_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
                            const float *qkv, const float *att, int B, int T, int C, int NH);
+void dt_cuda_attention_pad_fwd(dt_backend *be, float *out, float *att, const float *qkv,
+                               const int32_t *mask, int B, int T, int C, int NH);
+void dt_cuda_attention_pad_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                               const float *qkv, const float *att, int B, int T, int C, int NH);
 void dt_cuda_conv2d_fwd(dt_backend *be, float *out, const float *inp, const float *w,
                         const float *bias, const dt_conv2d_shape *s);
 void dt_cuda_conv2d_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
@@ -318,6 +328,11 @@ void dt_cuda_layernorm_bwd(dt_backend *be, float *dinp, float *dw, float *db, co
                            int N, int C);
 void dt_cuda_gelu_fwd(dt_backend *be, float *out, const float *inp, size_t n);
 void dt_cuda_gelu_bwd(dt_backend *be, float *dinp, const float *inp, const float *dout, size_t n);
+void dt_cuda_gelu_erf_fwd(dt_backend *be, float *out, const float *inp, size_t n);
+void dt_cuda_gelu_erf_bwd(dt_backend *be, float *dinp, const float *inp, const float *dout,
+                          size_t n);
+void dt_cuda_tanh_fwd(dt_backend *be, float *out, const float *inp, size_t n);
+void dt_cuda_tanh_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);
 void dt_cuda_relu_fwd(dt_backend *be, float *out, const float *inp, size_t n);
 void dt_cuda_relu_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n);
 void dt_cuda_residual_fwd(dt_backend *be, float *out, const float *a, const float *b, size_t n);

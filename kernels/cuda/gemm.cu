@@ -497,23 +497,88 @@ __global__ static void attn_softmax_bwd_kernel(T *d, const T *p, int BH, int Tn,
         dr[j] = from_f<T>(j <= t ? scale * to_f(pr[j]) * (to_f(dr[j]) - s) : 0.0f);
 }
 
+// The padded bidirectional form (attention_pad): row (bh, t) is the softmax over the columns j
+// with mask[b * Tn + j] != 0 (mask NULL: all), 0 elsewhere and everywhere when no column is
+// left. One warp per row; b = bh / NH.
 template <typename T>
-static void softmax_fwd_launch(dt_cuda *cu, T *att, int BH, int Tn)
+__global__ static void attn_softmax_pad_fwd_kernel(T *att, const int32_t *mask, int BH, int NH,
+                                                   int Tn)
+{
+    int warps = blockDim.x / 32;
+    size_t row = (size_t)blockIdx.x * warps + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)BH * Tn)
+        return;
+    const int32_t *mk = mask ? mask + (size_t)(row / Tn / NH) * Tn : NULL;
+    T *x = att + row * Tn;
+    float m = -INFINITY, s = 0.0f;
+    for (int j = lane; j < Tn; j += 32) {
+        if (mk && !mk[j])
+            continue;
+        float v = to_f(x[j]);
+        if (v > m) {
+            s = (m == -INFINITY) ? 1.0f : s * expf(m - v) + 1.0f;
+            m = v;
+        } else {
+            s += expf(v - m);
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        float om = __shfl_xor_sync(0xffffffffu, m, off);
+        float os = __shfl_xor_sync(0xffffffffu, s, off);
+        softmax_merge(m, s, om, os);
+    }
+    float inv = s > 0.0f ? 1.0f / s : 0.0f;
+    for (int j = lane; j < Tn; j += 32)
+        x[j] = from_f<T>((!mk || mk[j]) && m != -INFINITY ? expf(to_f(x[j]) - m) * inv : 0.0f);
+}
+
+// In place over whole rows: d[t,j] = scale * p[t,j] * (d[t,j] - sum_u p[t,u] d[t,u]).
+template <typename T>
+__global__ static void attn_softmax_full_bwd_kernel(T *d, const T *p, int BH, int Tn, float scale)
+{
+    int warps = blockDim.x / 32;
+    size_t row = (size_t)blockIdx.x * warps + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)BH * Tn)
+        return;
+    T *dr = d + row * Tn;
+    const T *pr = p + row * Tn;
+    float s = 0.0f;
+    for (int j = lane; j < Tn; j += 32)
+        s += to_f(pr[j]) * to_f(dr[j]);
+    for (int off = 16; off > 0; off >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
+    for (int j = lane; j < Tn; j += 32)
+        dr[j] = from_f<T>(scale * to_f(pr[j]) * (to_f(dr[j]) - s));
+}
+
+// pad: the padded bidirectional softmax (mask may be NULL) instead of the causal one.
+template <typename T>
+static void softmax_fwd_launch(dt_cuda *cu, T *att, int BH, int Tn, bool pad,
+                               const int32_t *mask, int NH)
 {
     const int threads = 256, warps = threads / 32;
     size_t rows = (size_t)BH * Tn;
-    attn_softmax_fwd_kernel<T>
-        <<<(unsigned)((rows + warps - 1) / warps), threads, 0, cu->stream>>>(att, BH, Tn);
+    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    if (pad)
+        attn_softmax_pad_fwd_kernel<T><<<blocks, threads, 0, cu->stream>>>(att, mask, BH, NH, Tn);
+    else
+        attn_softmax_fwd_kernel<T><<<blocks, threads, 0, cu->stream>>>(att, BH, Tn);
     DT_CU_LAUNCHED(cu);
 }
 
 template <typename T>
-static void softmax_bwd_launch(dt_cuda *cu, T *d, const T *p, int BH, int Tn, float scale)
+static void softmax_bwd_launch(dt_cuda *cu, T *d, const T *p, int BH, int Tn, float scale,
+                               bool pad)
 {
     const int threads = 256, warps = threads / 32;
     size_t rows = (size_t)BH * Tn;
-    attn_softmax_bwd_kernel<T>
-        <<<(unsigned)((rows + warps - 1) / warps), threads, 0, cu->stream>>>(d, p, BH, Tn, scale);
+    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    if (pad)
+        attn_softmax_full_bwd_kernel<T><<<blocks, threads, 0, cu->stream>>>(d, p, BH, Tn, scale);
+    else
+        attn_softmax_bwd_kernel<T><<<blocks, threads, 0, cu->stream>>>(d, p, BH, Tn, scale);
     DT_CU_LAUNCHED(cu);
 }
 
@@ -550,10 +615,11 @@ static void head_gemm(dt_cuda *cu, bool ta, bool tb, int m, int n, int k, const 
     gemm(cu, &g);
 }
 
-// T: the storage type (float, __nv_bfloat16, __half). See the section comment.
+// T: the storage type (float, __nv_bfloat16, __half). See the section comment. pad: the
+// bidirectional form with a key padding mask (attention_pad_fwd; mask may be NULL), else causal.
 template <typename T>
 static void attention_fwd_t(dt_cuda *cu, float *out, float *att_buf, const float *qkv, int B,
-                            int Tn, int C, int NH)
+                            int Tn, int C, int NH, bool pad = false, const int32_t *mask = NULL)
 {
     const bool s16 = sizeof(T) == 2;
     int hs = C / NH, BH = B * NH;
@@ -572,7 +638,7 @@ static void attention_fwd_t(dt_cuda *cu, float *out, float *att_buf, const float
     DT_CU_LAUNCHED(cu);
     // Per head: att^T (T,T) = k (T,hs) . q^T, i.e. att[t1][t2] = q[t1].k[t2] * scale.
     head_gemm(cu, true, false, Tn, Tn, hs, k, hs, sQ, q, hs, sQ, att, s16, Tn, sA, BH, scale, s16);
-    softmax_fwd_launch<T>(cu, att, BH, Tn);
+    softmax_fwd_launch<T>(cu, att, BH, Tn, pad, mask, NH);
     // y^T (hs,T) = v^T (hs,T) @ att^T: y = att @ v.
     head_gemm(cu, false, false, hs, Tn, Tn, v, hs, sQ, att, Tn, sA, y, false, hs, sQ, BH, 1.0f,
               s16);
@@ -582,7 +648,8 @@ static void attention_fwd_t(dt_cuda *cu, float *out, float *att_buf, const float
 
 template <typename T>
 static void attention_bwd_t(dt_cuda *cu, float *dqkv, float *datt_buf, const float *dout,
-                            const float *qkv, const float *att_buf, int B, int Tn, int C, int NH)
+                            const float *qkv, const float *att_buf, int B, int Tn, int C, int NH,
+                            bool pad = false)
 {
     const bool s16 = sizeof(T) == 2;
     int hs = C / NH, BH = B * NH;
@@ -611,7 +678,7 @@ static void attention_bwd_t(dt_cuda *cu, float *dqkv, float *datt_buf, const flo
     head_gemm(cu, false, true, hs, Tn, Tn, dy, hs, sQ, att, Tn, sA, dv, false, hs, sQ, BH, 1.0f,
               s16);
     // dpreatt (scaled), in place in datt.
-    softmax_bwd_launch<T>(cu, datt, att, BH, Tn, scale);
+    softmax_bwd_launch<T>(cu, datt, att, BH, Tn, scale, pad);
     // dq = dpre @ k: dq^T (hs,T) = k^T (hs,T) @ dpre^T.
     head_gemm(cu, false, false, hs, Tn, Tn, k, hs, sQ, datt, Tn, sA, dq, false, hs, sQ, BH, 1.0f,
               s16);
@@ -1028,6 +1095,38 @@ void dt_cuda_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float
             attention_bwd_t<__half>(cu, dqkv, datt, dout, qkv, att, B, T, C, NH);
     }
     DT_CU_END(DT_CU_OP_ATTN_BWD, 8.0 * B * NH * (double)T * T * (C / NH));
+}
+
+// The padded bidirectional form (BERT): the cuBLAS path above with the masked softmax (the
+// flash kernels are causal only).
+void dt_cuda_attention_pad_fwd(dt_backend *be, float *out, float *att, const float *qkv,
+                               const int32_t *mask, int B, int T, int C, int NH)
+{
+    DT_CU_BEGIN(be);
+    if (!cu->failed && B > 0 && T > 0) {
+        if (!convert_mode(cu))
+            attention_fwd_t<float>(cu, out, att, qkv, B, T, C, NH, true, mask);
+        else if (cu->precision == DT_PREC_BF16)
+            attention_fwd_t<__nv_bfloat16>(cu, out, att, qkv, B, T, C, NH, true, mask);
+        else
+            attention_fwd_t<__half>(cu, out, att, qkv, B, T, C, NH, true, mask);
+    }
+    DT_CU_END(DT_CU_OP_ATTN_PAD_FWD, 4.0 * B * NH * (double)T * T * (C / NH));
+}
+
+void dt_cuda_attention_pad_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                               const float *qkv, const float *att, int B, int T, int C, int NH)
+{
+    DT_CU_BEGIN(be);
+    if (!cu->failed && B > 0 && T > 0) {
+        if (!convert_mode(cu))
+            attention_bwd_t<float>(cu, dqkv, datt, dout, qkv, att, B, T, C, NH, true);
+        else if (cu->precision == DT_PREC_BF16)
+            attention_bwd_t<__nv_bfloat16>(cu, dqkv, datt, dout, qkv, att, B, T, C, NH, true);
+        else
+            attention_bwd_t<__half>(cu, dqkv, datt, dout, qkv, att, B, T, C, NH, true);
+    }
+    DT_CU_END(DT_CU_OP_ATTN_PAD_BWD, 8.0 * B * NH * (double)T * T * (C / NH));
 }
 
 // =============================================================================================

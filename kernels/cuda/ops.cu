@@ -697,6 +697,39 @@ __global__ static void gelu_bwd_kernel(float *dinp, const float *inp, const floa
     }
 }
 
+// The exact GELU x * Phi(x) (normcdff) and its derivative Phi(x) + x phi(x).
+__global__ static void gelu_erf_fwd_kernel(float *out, const float *inp, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float x = inp[i];
+        out[i] = x * normcdff(x);
+    }
+}
+
+__global__ static void gelu_erf_bwd_kernel(float *dinp, const float *inp, const float *dout,
+                                           size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float x = inp[i];
+        float g = normcdff(x) + x * 0.3989422804014327f * expf(-0.5f * x * x);
+        dinp[i] += g * dout[i];
+    }
+}
+
+__global__ static void tanh_fwd_kernel(float *out, const float *inp, size_t n)
+{
+    GRID_STRIDE(i, n)
+    out[i] = tanhf(inp[i]);
+}
+
+__global__ static void tanh_bwd_kernel(float *dinp, const float *out, const float *dout, size_t n)
+{
+    GRID_STRIDE(i, n)
+    dinp[i] += (1.0f - out[i] * out[i]) * dout[i];
+}
+
 __global__ static void relu_fwd_kernel(float *out, const float *inp, size_t n)
 {
     GRID_STRIDE(i, n)
@@ -748,6 +781,35 @@ void dt_cuda_gelu_bwd(dt_backend *be, float *dinp, const float *inp, const float
     DT_CU_BEGIN(be);
     EW_LAUNCH(gelu_bwd_kernel, n, dinp, inp, dout, n);
     DT_CU_END(DT_CU_OP_GELU_BWD, 0);
+}
+
+void dt_cuda_gelu_erf_fwd(dt_backend *be, float *out, const float *inp, size_t n)
+{
+    DT_CU_BEGIN(be);
+    EW_LAUNCH(gelu_erf_fwd_kernel, n, out, inp, n);
+    DT_CU_END(DT_CU_OP_GELU_ERF_FWD, 0);
+}
+
+void dt_cuda_gelu_erf_bwd(dt_backend *be, float *dinp, const float *inp, const float *dout,
+                          size_t n)
+{
+    DT_CU_BEGIN(be);
+    EW_LAUNCH(gelu_erf_bwd_kernel, n, dinp, inp, dout, n);
+    DT_CU_END(DT_CU_OP_GELU_ERF_BWD, 0);
+}
+
+void dt_cuda_tanh_fwd(dt_backend *be, float *out, const float *inp, size_t n)
+{
+    DT_CU_BEGIN(be);
+    EW_LAUNCH(tanh_fwd_kernel, n, out, inp, n);
+    DT_CU_END(DT_CU_OP_TANH_FWD, 0);
+}
+
+void dt_cuda_tanh_bwd(dt_backend *be, float *dinp, const float *out, const float *dout, size_t n)
+{
+    DT_CU_BEGIN(be);
+    EW_LAUNCH(tanh_bwd_kernel, n, dinp, out, dout, n);
+    DT_CU_END(DT_CU_OP_TANH_BWD, 0);
 }
 
 void dt_cuda_relu_fwd(dt_backend *be, float *out, const float *inp, size_t n)

@@ -44,7 +44,7 @@ struct dt_comm {
     int rank, world;
     int *global;         /* (world) global rank of each rank; NULL in a world (identity) */
     dt_comm_opts opts;   /* as created (strings below), for the groups split from it */
-    char *backend, *run_id, *local_addr;
+    char *run_id, *local_addr;
     char prefix[512];    /* store namespace */
     uint64_t nsplits;
     /* counters (see dt_comm_stats): relaxed atomics, zeroed by calloc */
@@ -117,7 +117,6 @@ static void free_comm(dt_comm *c)
     if (!c)
         return;
     free(c->global);
-    free(c->backend);
     free(c->run_id);
     free(c->local_addr);
     free(c);
@@ -127,12 +126,10 @@ static void free_comm(dt_comm *c)
 static int keep_opts(dt_comm *c, const dt_comm_opts *o, dt_err *err)
 {
     c->opts = *o;
-    c->backend = strdup(o->backend ? o->backend : "cpu");
     c->run_id = strdup(o->run_id ? o->run_id : "none");
     c->local_addr = o->local_addr ? strdup(o->local_addr) : NULL;
-    if (!c->backend || !c->run_id || (o->local_addr && !c->local_addr))
+    if (!c->run_id || (o->local_addr && !c->local_addr))
         return dt_err_set(err, -ENOMEM, "comm: out of memory");
-    c->opts.backend = c->backend;
     c->opts.run_id = c->run_id;
     c->opts.local_addr = c->local_addr;
     return 0;
@@ -141,8 +138,6 @@ static int keep_opts(dt_comm *c, const dt_comm_opts *o, dt_err *err)
 int dt_comm_init(dt_comm **out, dt_store *store, const dt_comm_opts *opts, dt_err *err)
 {
     dt_comm_opts o = *opts;
-    if (!o.backend || !*o.backend)
-        o.backend = "cpu";
     if (o.timeout_ms <= 0)
         o.timeout_ms = 300000;
     if (!o.local_addr || !*o.local_addr)
@@ -167,12 +162,13 @@ int dt_comm_init(dt_comm **out, dt_store *store, const dt_comm_opts *opts, dt_er
         goto fail;
     if (store && (rc = dt_store_prefixed(&ns, store, c->prefix, err)) != 0)
         goto fail;
-    if (!strcmp(o.backend, "cpu"))
+    if (o.backend == DT_COMM_CPU)
         rc = dt_comm_cpu_create(&o, ns, gen, NULL, &c->ops, &c->self, err);
-    else if (!strcmp(o.backend, "nccl"))
+    else if (o.backend == DT_COMM_NCCL)
         rc = nccl_create(&o, ns, &c->ops, &c->self, err);
     else
-        rc = dt_err_set(err, -EINVAL, "comm: unknown backend \"%s\" (use cpu or nccl)", o.backend);
+        rc = dt_err_set(err, -EINVAL, "comm: unknown backend %d (use cpu or nccl)",
+                        (int)o.backend);
     if (rc)
         goto fail;
     dt_store_free(ns);
@@ -513,9 +509,9 @@ int dt_comm_split(dt_comm *c, dt_store *store, int color, int key, dt_comm **out
     } else {
         if (color < 0)
             goto out;
-        if (strcmp(g->opts.backend, "cpu") != 0) {
+        if (g->opts.backend != DT_COMM_CPU) {
             rc = dt_err_set(err, -ENOTSUP, "comm split: the %s backend cannot split",
-                            g->opts.backend);
+                            dt_comm_kind_name(g->opts.backend));
             goto out;
         }
         if (m > 1 && !store) {

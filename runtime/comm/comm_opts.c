@@ -3,10 +3,15 @@
 
 #include <string.h>
 
+const char *dt_comm_kind_name(dt_comm_kind kind)
+{
+    return kind == DT_COMM_CPU ? "cpu" : kind == DT_COMM_NCCL ? "nccl" : "?";
+}
+
 void dt_comm_opts_default(dt_comm_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->backend = "cpu";
+    o->backend = DT_COMM_CPU;
     o->rank = 0;
     o->world_size = 1;
     o->local_rank = 0;

@@ -14,8 +14,15 @@
 typedef struct dt_comm dt_comm;           /* a communicator (comm.c) */
 typedef struct dt_comm_work dt_comm_work; /* a collective in flight (each backend's own type) */
 
+/* The collective backends; runtime/comm/ owns the list (the job's ddp.backend maps onto it,
+ * dt_comm_kind_name gives the names back). */
+typedef enum dt_comm_kind { DT_COMM_CPU = 0, DT_COMM_NCCL = 1 } dt_comm_kind;
+
+/* "cpu", "nccl"; "?" for a value that is neither. */
+const char *dt_comm_kind_name(dt_comm_kind kind);
+
 typedef struct dt_comm_opts {
-    const char *backend;    /* "cpu" or "nccl" */
+    dt_comm_kind backend;   /* DT_COMM_CPU or DT_COMM_NCCL */
     int rank, world_size;   /* global */
     int local_rank, local_world_size;
     const char *run_id;     /* namespace for store keys and shared-memory names */
@@ -40,7 +47,7 @@ typedef struct dt_p2p_op {
     int peer;        /* rank in c */
 } dt_p2p_op;
 
-/* Fills o with the defaults: backend "cpu", rank 0 of 1, timeout 300 s, everything else 0/NULL. */
+/* Fills o with the defaults: backend cpu, rank 0 of 1, timeout 300 s, everything else 0/NULL. */
 void dt_comm_opts_default(dt_comm_opts *o);
 
 #endif

@@ -27,10 +27,11 @@ static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const strategy_names[] = {"ddp", "dp", NULL};
 static const char *const dp_transport_names[] = {"auto", "master", "collectives", NULL};
 static const char *const cpu_bind_names[] = {"auto", "none", NULL};
-static const char *const model_names[] = {"mlp", "resnet", "gpt", "llama", NULL};
+static const char *const model_names[] = {"mlp", "resnet", "gpt", "bert", "llama", NULL};
 static const char *const preset_names[] = {
-    "none",     "gpt-tiny", "gpt-mini", "gpt2-124m", "llama-tiny", "llama3-8b", "llama3-70b",
-    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", NULL};
+    "none",       "gpt-tiny",  "gpt-mini",   "gpt2-124m", "bert-tiny", "bert-base",
+    "bert-large", "llama-tiny", "llama3-8b", "llama3-70b", "resnet18",  "resnet34",
+    "resnet50",   "resnet101", "resnet152", NULL};
 static const char *const data_names[] = {"synthetic", "text", "tokens", "cifar10", "mnist", NULL};
 static const char *const optim_names[] = {"adamw", "sgd", NULL};
 static const char *const lr_names[] = {"constant", "cosine", "linear", NULL};
@@ -111,7 +112,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"job", "log_every", DT_CFG_INT, J(log_every), "10", 1, 1e9, NULL, false, "steps between log lines"},
     /* [model] */
     {"model", "type", DT_CFG_ENUM, J(model_type), "", 0, 0, model_names, true, "model from the zoo"},
-    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, preset_names, false, "size preset (gpt-*, llama-*, resnet*: a preset of the model.type); explicit n_layer/n_head/n_embd/block_size (llama: n_kv_head, intermediate_size, rope_theta) win; resnet18/34/50/101/152 is torchvision's ImageNet ResNet of that depth (model.depth is then ignored)"},
+    {"model", "preset", DT_CFG_ENUM, J(preset), "none", 0, 0, preset_names, false, "size preset, one of the model.type's: gpt-*, bert-* (bert-tiny 2x128x2, bert-base 12x768x12, bert-large 24x1024x16, block_size 512), llama-* (llama-tiny, the shapes of Llama 3 8B and 70B), resnet* (torchvision's ImageNet ResNet of that depth; model.depth is then ignored); explicit n_layer/n_head/n_embd/block_size (llama: n_kv_head, intermediate_size, rope_theta) win"},
     {"model", "n_layer", DT_CFG_INT, J(n_layer), "0", 0, 1000, NULL, false, "gpt: transformer blocks (0 = from preset)"},
     {"model", "n_head", DT_CFG_INT, J(n_head), "0", 0, 1024, NULL, false, "gpt: attention heads (0 = from preset)"},
     {"model", "n_embd", DT_CFG_INT, J(n_embd), "0", 0, 65536, NULL, false, "gpt: channels (0 = from preset)"},
@@ -124,13 +125,15 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"model", "depth", DT_CFG_INT, J(depth), "20", 8, 1202, NULL, false, "resnet: depth 6n+2 (20, 32, 44, 56, 110)"},
     {"model", "width", DT_CFG_INT, J(width), "0", 0, 1024, NULL, false, "resnet: channels of the first stage, doubled per stage (0 = 16; with a resnet* preset torchvision's 64)"},
     {"model", "sync_bn", DT_CFG_BOOL, J(sync_bn), "false", 0, 0, NULL, false, "resnet: SyncBatchNorm (statistics all-reduced across ranks)"},
+    {"model", "nsp", DT_CFG_BOOL, J(nsp), "false", 0, 0, NULL, false, "bert: the next-sentence head (pooler and cls.seq_relationship); the data then makes sentence pairs [CLS] A [SEP] B [SEP], B the segment after A or, half the time, a random one"},
     /* [data] */
     {"data", "type", DT_CFG_ENUM, J(data_type), "synthetic", 0, 0, data_names, false, "dataset format"},
     {"data", "path", DT_CFG_STR, J(data_path), "", 0, 0, NULL, false, "file, directory or glob of the training data (not for synthetic)"},
     {"data", "val_path", DT_CFG_STR, J(val_path), "", 0, 0, NULL, false, "validation data (\"\" = split val_fraction off the training data)"},
     {"data", "val_fraction", DT_CFG_DOUBLE, J(val_fraction), "0.1", 0, 0.9, NULL, false, "share of the data held out for validation when val_path is empty"},
     {"data", "seq_len", DT_CFG_INT, J(seq_len), "0", 0, 1048576, NULL, false, "language modelling: tokens per sample (0 = model block_size)"},
-    {"data", "vocab_size", DT_CFG_INT, J(vocab_size), "0", 0, 16777216, NULL, false, "language modelling: vocabulary (0 = 256 for text, 50257 for tokens)"},
+    {"data", "vocab_size", DT_CFG_INT, J(vocab_size), "0", 0, 16777216, NULL, false, "language modelling: vocabulary (0 = 256 for text, 50257 for tokens); bert's model adds 4 special tokens after it ([PAD] [CLS] [SEP] [MASK])"},
+    {"data", "mlm_prob", DT_CFG_DOUBLE, J(mlm_prob), "0.15", 0.001, 1, NULL, false, "bert: share of each sample's content tokens chosen for the masked-LM loss (round, at least 1): 80% become [MASK], 10% a random token, 10% stay; a function of (job.seed, sample index, position), so every layout, world size and resume masks the same"},
     {"data", "shuffle", DT_CFG_BOOL, J(shuffle), "true", 0, 0, NULL, false, "new permutation every epoch (seeded by seed and epoch)"},
     {"data", "drop_last", DT_CFG_BOOL, J(drop_last), "true", 0, 0, NULL, false, "drop the tail that does not fill every rank (else pad by repeating)"},
     {"data", "synthetic_samples", DT_CFG_I64, J(synthetic_samples), "8192", 1, 1e12, NULL, false, "synthetic: number of samples"},
@@ -161,7 +164,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"train", "loss_scale", DT_CFG_DOUBLE, J(loss_scale), "65536", 1e-30, 1e38, NULL, false, "precision = fp16: the initial dynamic loss scale; a step with inf/NaN gradients is skipped and halves it"},
     {"train", "loss_scale_window", DT_CFG_INT, J(loss_scale_window), "2000", 1, 1e9, NULL, false, "precision = fp16: clean steps in a row before the loss scale doubles"},
     {"train", "threads", DT_CFG_INT, J(threads), "1", 1, 1024, NULL, false, "BLAS threads per worker (cpu)"},
-    {"train", "recompute", DT_CFG_ENUM, J(recompute), "none", 0, 0, recompute_names, false, "activation recomputation in backward (same gradients): none; block (gpt, resnet: keep only each block's input, recompute the block's forward in its backward: far less activation memory for about one more forward); selective (gpt only: recompute only the attention probabilities)"},
+    {"train", "recompute", DT_CFG_ENUM, J(recompute), "none", 0, 0, recompute_names, false, "activation recomputation in backward (same gradients): none; block (gpt, bert, resnet: keep only each block's input, recompute the block's forward in its backward: far less activation memory for about one more forward); selective (gpt, bert: recompute only the attention probabilities)"},
     {"train", "trace", DT_CFG_STR, J(trace), "off", 0, 0, NULL, false, "write a timeline of these steps (forward, backward, data, each DDP bucket's all-reduce, optimiser step, checkpoint, eval) per rank to <output_dir>/trace/rank<N>.json and all ranks to trace.json (Chrome trace: open in ui.perfetto.dev; scripts/trace-png.py draws it): off, on (every step, up to 100000 spans per rank), N, A-B (e.g. 10-12) or A- (from A on)"},
     /* [ddp] */
     {"ddp", "backend", DT_CFG_ENUM, J(comm_backend), "auto", 0, 0, comm_backend_names, false, "collectives: nccl on cuda, cpu otherwise (auto)"},
@@ -173,12 +176,12 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"ddp", "check_consistency", DT_CFG_BOOL, J(check_consistency), "true", 0, 0, NULL, false, "verify that every rank built the same model at start"},
     /* [parallel] */
     {"parallel", "zero", DT_CFG_INT, J(zero), "0", 0, 3, NULL, false, "ZeRO stage over the data-parallel ranks: 0 = DDP (every rank holds everything); 1 = optimiser state sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded as well (a bucket's gradient memory is given back once it is reduce-scattered); 3 = parameters sharded as well (FSDP full-shard: each block's parameters all-gathered before its forward and its backward, given back after; not with train.global_batch). One rank: stages 1 and 2 train as one process, stage 3 still gathers and gives back every block"},
-    {"parallel", "tensor", DT_CFG_INT, J(tensor), "1", 1, 1024, NULL, false, "tensor-parallel degree T (Megatron-LM: attention heads and the MLP split over T ranks, vocab-parallel embedding and loss; model gpt only, with model.n_head divisible by T). The world is a grid data x tensor x pipeline: D = world / (T x P) data-parallel replicas, rank = (pp x D + dp) x T + tp, so a tensor group is T consecutive ranks (keep T <= nproc_per_node to stay inside a node); the world size must be a multiple of T x P. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each shard's data-parallel group; 3 on device = cpu)"},
-    {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; mlp: its Linear layers; not resnet) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each stage's data-parallel group; 3 on device = cpu)"},
+    {"parallel", "tensor", DT_CFG_INT, J(tensor), "1", 1, 1024, NULL, false, "tensor-parallel degree T (Megatron-LM: attention heads and the MLP split over T ranks, vocab-parallel embedding and loss; models gpt and bert, with model.n_head divisible by T). The world is a grid data x tensor x pipeline: D = world / (T x P) data-parallel replicas, rank = (pp x D + dp) x T + tp, so a tensor group is T consecutive ranks (keep T <= nproc_per_node to stay inside a node); the world size must be a multiple of T x P. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each shard's data-parallel group; 3 on device = cpu)"},
+    {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; bert: encoder layers; mlp: its Linear layers; not resnet) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each stage's data-parallel group; 3 on device = cpu)"},
     {"parallel", "micro_batches", DT_CFG_INT, J(micro_batches), "1", 1, 1e6, NULL, false, "pipeline micro-batches M: each micro-step's batch (train.batch_size, which M must divide) is cut into M micro-batches that flow through the stages; the idle share of the pipeline (the bubble) is (P-1)/(M+P-1). When not given: 1 without a pipeline, else parallel.pipeline (resolved at load: --print-config shows the number)"},
     {"parallel", "schedule", DT_CFG_ENUM, J(pp_schedule), "1f1b", 0, 0, pp_schedule_names, false, "pipeline schedule: 1f1b (PipeDream-Flush: after a warm-up each stage alternates one forward and one backward, so at most P micro-batches' activations are kept) or gpipe (all forwards, then all backwards: M micro-batches' activations); the same gradients either way"},
     {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced by cost: the split whose costliest stage is cheapest, gpt's embedding counted on the first stage and ln_f + the head (2*C*V FLOPs a token, a block 24*C^2 + 4*T*C) on the last; earlier stages take one more block on a tie (mlp: layers count alike)"},
-    {"parallel", "sequence_parallel", DT_CFG_BOOL, J(sequence_parallel), "false", 0, 0, NULL, false, "Megatron-LM sequence parallelism on top of parallel.tensor = T > 1 (gpt): the residual stream, LayerNorms and residual adds hold 1/T of the tokens on each tensor rank instead of all of them, the all-reduces become reduce-scatters and all-gathers, so those activations take 1/T of the memory (same gradients, to rounding; about 1.25x the tensor group's traffic). Needs data.seq_len (or model.block_size) divisible by T; with parallel.pipeline > 1 the stages pass the 1/T shards"},
+    {"parallel", "sequence_parallel", DT_CFG_BOOL, J(sequence_parallel), "false", 0, 0, NULL, false, "Megatron-LM sequence parallelism on top of parallel.tensor = T > 1 (gpt, bert): the residual stream, LayerNorms and residual adds hold 1/T of the tokens on each tensor rank instead of all of them, the all-reduces become reduce-scatters and all-gathers, so those activations take 1/T of the memory (same gradients, to rounding; about 1.25x the tensor group's traffic). Needs data.seq_len (or model.block_size) divisible by T; with parallel.pipeline > 1 the stages pass the 1/T shards"},
     /* [checkpoint] */
     {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
     {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
@@ -660,6 +663,7 @@ void dt_job_cost_model(const dt_job *job, dt_cost_model *m)
 {
     memset(m, 0, sizeof *m);
     m->family = job->model_type == DT_MODEL_GPT     ? DT_COST_GPT
+                : job->model_type == DT_MODEL_BERT  ? DT_COST_BERT
                 : job->model_type == DT_MODEL_LLAMA ? DT_COST_LLAMA
                 : job->model_type == DT_MODEL_MLP   ? DT_COST_MLP
                                                     : DT_COST_OTHER;

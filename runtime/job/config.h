@@ -62,10 +62,12 @@ typedef enum dt_dp_transport_kind {
 typedef enum dt_cpu_bind_kind { DT_CPU_BIND_AUTO, DT_CPU_BIND_NONE } dt_cpu_bind_kind;
 /* model.type is required: DT_MODEL_UNSET only before a job file set it. */
 typedef enum dt_model_kind {
-    DT_MODEL_UNSET = -1, DT_MODEL_MLP, DT_MODEL_RESNET, DT_MODEL_GPT, DT_MODEL_LLAMA
+    DT_MODEL_UNSET = -1, DT_MODEL_MLP, DT_MODEL_RESNET, DT_MODEL_GPT,
+    DT_MODEL_BERT, DT_MODEL_LLAMA
 } dt_model_kind;
 typedef enum dt_preset_kind {
     DT_PRESET_NONE, DT_PRESET_GPT_TINY, DT_PRESET_GPT_MINI, DT_PRESET_GPT2_124M,
+    DT_PRESET_BERT_TINY, DT_PRESET_BERT_BASE, DT_PRESET_BERT_LARGE,
     DT_PRESET_LLAMA_TINY, DT_PRESET_LLAMA3_8B, DT_PRESET_LLAMA3_70B,
     DT_PRESET_RESNET18, DT_PRESET_RESNET34, DT_PRESET_RESNET50, DT_PRESET_RESNET101,
     DT_PRESET_RESNET152
@@ -190,6 +192,7 @@ typedef struct dt_job {
     char hidden[DT_STR_MID];           /* mlp: "512,256" */
     int depth, width;                  /* resnet (a resnet* preset: torchvision's depth) */
     bool sync_bn;
+    bool nsp;                          /* bert: the next-sentence head and sentence pairs */
 
     /* [data] */
     dt_data_kind data_type;
@@ -198,6 +201,7 @@ typedef struct dt_job {
     double val_fraction;
     int seq_len;                       /* language modelling: T */
     int vocab_size;                    /* 0 = from the data (256 for text, 50257 for tokens) */
+    double mlm_prob;                   /* bert: share of each sample's tokens masked */
     bool shuffle;
     bool drop_last;
     int64_t synthetic_samples;         /* synthetic: dataset size */

@@ -26,6 +26,10 @@
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
+/* gpt and bert: the models with transformer layers (n_layer, n_head, n_embd, block_size, token
+ * data, tensor and sequence parallelism). */
+static bool is_transformer(dt_model_kind k) { return k == DT_MODEL_GPT || k == DT_MODEL_BERT; }
+
 static void add_error(dt_config_errors *errs, const char *where, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
@@ -300,6 +304,9 @@ static void apply_presets(dt_job *job)
         {DT_PRESET_GPT_TINY, 4, 4, 128, 128},
         {DT_PRESET_GPT_MINI, 6, 6, 384, 256},
         {DT_PRESET_GPT2_124M, 12, 12, 768, 1024},
+        {DT_PRESET_BERT_TINY, 2, 2, 128, 512},
+        {DT_PRESET_BERT_BASE, 12, 12, 768, 512},
+        {DT_PRESET_BERT_LARGE, 24, 16, 1024, 512},
     };
     for (size_t i = 0; i < DT_ARRAY_LEN(presets); i++) {
         if (job->preset != presets[i].preset)
@@ -597,10 +604,11 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
     if (BAD("parallel.tensor", "parallel.pipeline"))
         return; /* every check below is about them */
     const bool llama = job->model_type == DT_MODEL_LLAMA;
-    if (T > 1 && job->model_type != DT_MODEL_GPT && !llama && !model_bad)
+    const bool splits = is_transformer(job->model_type) || llama; /* has a tensor-parallel form */
+    if (T > 1 && !splits && !model_bad)
         add_error(errs, AT("parallel.tensor", "model.type"), 0,
                   "parallel.tensor = %d: tensor parallelism (Megatron-LM's column and row "
-                  "splits) is supported for models gpt and llama only, not %s; use "
+                  "splits) is supported for models gpt, bert and llama only, not %s; use "
                   "parallel.tensor = 1 (and parallel.pipeline or more data-parallel ranks)",
                   T, dt_model_name(job->model_type));
     if (T > 1 && llama && !model_bad && !BAD("model.n_kv_head", "model.intermediate_size") &&
@@ -611,8 +619,7 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
                   "model.intermediate_size = %d (each tensor rank takes whole key/value heads "
                   "and an equal share of the MLP): choose a divisor of both",
                   T, job->n_kv_head, job->intermediate_size);
-    if (T > 1 && (job->model_type == DT_MODEL_GPT || llama) && job->n_head > 0 &&
-        job->n_head % T && !model_bad) {
+    if (T > 1 && splits && job->n_head > 0 && job->n_head % T && !model_bad) {
         char divs[256];
         size_t n = 0;
         int k = 0, count = 0;
@@ -723,13 +730,13 @@ static void sequence_parallel_validate(const dt_job *job, const parse_ctx *c, co
     if (T <= 1) {
         add_error(errs, AT("parallel.sequence_parallel", "parallel.tensor"), 0,
                   "parallel.sequence_parallel = true splits what tensor parallelism replicates, "
-                  "but parallel.tensor = %d: set parallel.tensor > 1 (gpt, llama), or "
+                  "but parallel.tensor = %d: set parallel.tensor > 1 (gpt, bert, llama), or "
                   "parallel.sequence_parallel = false",
                   T);
         return;
     }
     const int seq = job->seq_len > 0 ? job->seq_len : job->block_size; /* 0: the block size */
-    if ((job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_LLAMA) && seq > 0 &&
+    if ((is_transformer(job->model_type) || job->model_type == DT_MODEL_LLAMA) && seq > 0 &&
         seq % T &&
         !BAD("data.seq_len", "model.block_size", "model.preset"))
         add_error(errs, AT("parallel.sequence_parallel", "parallel.tensor", "data.seq_len"), 0,
@@ -744,12 +751,14 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
     int before = errs ? errs->count : 0;
     const char *w = job->path[0] ? job->path : "job";
     launch_validate(&job->launch, c, w, errs);
-    if (job->model_type == DT_MODEL_GPT &&
+    if (is_transformer(job->model_type) &&
         !BAD("model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.preset")) {
         if (job->n_layer <= 0 || job->n_head <= 0 || job->n_embd <= 0 || job->block_size <= 0)
             add_error(errs, AT("model.type", "model.preset"), 0,
-                      "model: gpt needs n_layer, n_head, n_embd and block_size (or a preset: "
-                      "gpt-tiny, gpt-mini, gpt2-124m)");
+                      "model: %s needs n_layer, n_head, n_embd and block_size (or a preset: %s)",
+                      dt_model_name(job->model_type),
+                      job->model_type == DT_MODEL_BERT ? "bert-tiny, bert-base, bert-large"
+                                                       : "gpt-tiny, gpt-mini, gpt2-124m");
         else if (job->n_embd % job->n_head)
             add_error(errs, AT("model.n_embd", "model.n_head"), 0,
                       "model: n_embd (%d) must be divisible by n_head (%d)", job->n_embd,
@@ -781,15 +790,19 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                       "data.seq_len (%d) must not exceed model.block_size (%d)", job->seq_len,
                       job->block_size);
     }
-    /* a preset belongs to one model: llama-* to llama only, and llama takes no gpt-* (the other
-     * models ignore gpt's, as they always did) */
+    /* a preset belongs to one model: llama-* to llama only, resnet* to resnet only, and llama
+     * takes no gpt-* or bert-* (the other models ignore those, as they always did) */
     const char *pname = dt_preset_name(job->preset);
     const bool gpt_preset = !strncmp(pname, "gpt", 3), llama_preset = !strncmp(pname, "llama", 5);
     const bool resnet_preset = !strncmp(pname, "resnet", 6);
-    if ((gpt_preset && job->model_type == DT_MODEL_LLAMA) ||
+    const bool bert_preset = !strncmp(pname, "bert", 4);
+    if (((gpt_preset || bert_preset) && job->model_type == DT_MODEL_LLAMA) ||
         (llama_preset && job->model_type != DT_MODEL_LLAMA) ||
         (resnet_preset && job->model_type != DT_MODEL_RESNET)) {
-        const char *of = gpt_preset ? "gpt" : llama_preset ? "llama" : "resnet";
+        const char *of = gpt_preset    ? "gpt"
+                         : bert_preset ? "bert"
+                         : llama_preset ? "llama"
+                                        : "resnet";
         if (!BAD("model.preset", "model.type"))
             add_error(errs, AT("model.preset", "model.type"), 0,
                       "model.preset = %s is a preset of model %s, but model.type = %s: use "
@@ -826,13 +839,18 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
         add_error(errs, AT("data.synthetic_shape"), 0,
                   "data.synthetic_shape: %dx%dx%d must be vector or CxHxW such as 3x32x32",
                   chw[0], chw[1], chw[2]);
-    if ((job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_LLAMA) &&
+    if ((is_transformer(job->model_type) || job->model_type == DT_MODEL_LLAMA) &&
         (job->data_type == DT_DATA_CIFAR10 || job->data_type == DT_DATA_MNIST))
         add_error(errs, AT("model.type", "data.type"), 0,
                   "model %s needs token data (text, tokens%s), not %s",
                   dt_model_name(job->model_type),
-                  job->model_type == DT_MODEL_GPT ? " or synthetic" : "",
+                  job->model_type == DT_MODEL_LLAMA ? "" : " or synthetic",
                   dt_data_name(job->data_type));
+    if (job->nsp && job->model_type != DT_MODEL_BERT && !BAD("model.nsp", "model.type"))
+        add_error(errs, AT("model.nsp", "model.type"), 0,
+                  "model.nsp = true is bert's next-sentence head, not %s's: set model.type = "
+                  "bert or drop model.nsp",
+                  dt_model_name(job->model_type));
     if ((job->model_type == DT_MODEL_MLP || job->model_type == DT_MODEL_RESNET) &&
         (job->data_type == DT_DATA_TEXT || job->data_type == DT_DATA_TOKENS))
         add_error(errs, AT("model.type", "data.type"), 0,
@@ -879,7 +897,7 @@ static void derive(dt_job *job)
     apply_presets(job);
     if (!job->output_dir[0])
         snprintf(job->output_dir, sizeof job->output_dir, "runs/%.200s", job->name);
-    if ((job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_LLAMA) &&
+    if ((is_transformer(job->model_type) || job->model_type == DT_MODEL_LLAMA) &&
         job->seq_len == 0)
         job->seq_len = job->block_size;
 }

@@ -11,6 +11,7 @@ int dt_cost_blocks(const dt_cost_model *m)
 {
     switch (m->family) {
     case DT_COST_GPT:
+    case DT_COST_BERT:
     case DT_COST_LLAMA:
         return m->n_layer > 0 ? m->n_layer : 0;
     case DT_COST_MLP:
@@ -24,6 +25,7 @@ int dt_cost_blocks(const dt_cost_model *m)
 const char *dt_cost_blocks_what(const dt_cost_model *m)
 {
     return m->family == DT_COST_GPT     ? "transformer blocks (model.n_layer)"
+           : m->family == DT_COST_BERT  ? "encoder layers (model.n_layer)"
            : m->family == DT_COST_LLAMA ? "decoder layers (model.n_layer)"
                                         : "Linear layers (model.hidden's widths + 1)";
 }
@@ -33,7 +35,7 @@ int dt_cost_block_flops(const dt_cost_model *m, double *block, double *first, do
     *block = 1;
     *first = *last = 0;
     const bool llama = m->family == DT_COST_LLAMA;
-    if ((m->family != DT_COST_GPT && !llama) || m->n_embd <= 0)
+    if ((m->family != DT_COST_GPT && m->family != DT_COST_BERT && !llama) || m->n_embd <= 0)
         return 0; /* mlp: its widths come from the data; every Linear layer counts alike */
     const double C = m->n_embd, T = m->seq_len, V = m->vocab_size;
     const double kv = llama && m->n_head > 0 && m->n_kv_head > 0
@@ -43,6 +45,8 @@ int dt_cost_block_flops(const dt_cost_model *m, double *block, double *first, do
                    : 24 * C * C + 4 * T * C;
     *first = 0;         /* the embedding: a look-up */
     *last = 2 * C * V;  /* ln_f is O(C); the head's (C,V) GEMM */
+    if (m->family == DT_COST_BERT) /* the transform and the decoder (4 specials) */
+        *last = 2 * C * C + 2 * C * (V + 4);
     return 1;
 }
 

@@ -21,6 +21,7 @@ typedef enum dt_cost_family {
     DT_COST_OTHER, /* no pipeline form (resnet), or not configured: no blocks */
     DT_COST_GPT,   /* transformer blocks, weighed by FLOPs */
     DT_COST_MLP,   /* Linear layers, which count alike (their widths come from the data) */
+    DT_COST_BERT,  /* encoder layers, weighed as gpt's blocks; the MLM head on the last stage */
     DT_COST_LLAMA, /* decoder layers (llama), weighed by FLOPs */
 } dt_cost_family;
 
@@ -48,9 +49,11 @@ const char *dt_cost_blocks_what(const dt_cost_model *m);
  * *first what the first stage holds besides its blocks, *last what the last one does. gpt: a
  * transformer block 24*C^2 + 4*T*C (its four GEMMs' 12*C^2 multiply-adds, attention's Q*K^T and
  * A*V), the embedding 0 (a look-up), ln_f and the tied head 2*C*V (the (B,T,C) x (C,V) GEMM;
- * ln_f's O(C) and the cross-entropy's O(V) left out). llama: a decoder layer 2 C^2 (2 + 2
- * n_kv_head / n_head) (q, k, v, o) + 6 C F (SwiGLU's three) + 4 T C, its untied head 2 C V.
- * Other models, and gpt or llama without n_embd: 1,
+ * ln_f's O(C) and the cross-entropy's O(V) left out). bert: an encoder layer as a gpt block,
+ * the MLM head 2*C^2 + 2*C*(V + 4) (the transform and the decoder over the vocabulary and its 4
+ * special tokens). llama: a decoder layer 2 C^2 (2 + 2 n_kv_head / n_head) (q, k, v, o) + 6 C F
+ * (SwiGLU's three) + 4 T C, its untied head 2 C V. Other models, and gpt, bert or llama without
+ * n_embd: 1,
  * 0, 0. Returns 1 when the costs are the model's, 0 for the uniform fallback. */
 int dt_cost_block_flops(const dt_cost_model *m, double *block, double *first, double *last);
 

@@ -46,7 +46,7 @@ static int ckpt_open(dt_trainer *t, dt_err *err)
     if (rc)
         return rc;
     dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
-                       .concurrent_copy = j->ckpt_async && !strcmp(t->be->name, "cpu")};
+                       .concurrent_copy = j->ckpt_async && t->be->host_memory};
     return dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
 }
 
@@ -244,9 +244,16 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     const dt_grid *g = &t->grid;
     DT_INFO("layout: data %d x tensor %d x pipeline %d; this rank: dp %d, tp %d, pp %d", g->D,
             g->T, g->P, g->dp, g->tp, g->pp);
-    /* the strategy decides how many samples this rank draws per micro-step */
-    const dt_strategy_ops *ops = dt_strategy_pick(j, env->world_size);
+    /* the layout and its data-parallel sync, once; the layout decides how many samples this
+     * rank draws per micro-step */
+    const dt_dpsync_ops *sync;
+    const dt_strategy_ops *ops = dt_strategy_pick(j, g, &sync);
     t->batch = ops->rank_batch(j);
+    dt_ddp_opts ddp;
+    if ((rc = dt_ddp_opts_from_job(&ddp, j, err))) {
+        t->config_error = true;
+        goto fail;
+    }
 
     /* data first: a bad file is the most likely error and costs nothing to find */
     if ((rc = dt_data_open(&t->data, j, err)))
@@ -313,7 +320,8 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         mc.max_batch = t->batch;
     dt_optim_config oc;
     dt_optim_config_from_job(&oc, &t->sched, j, t->total_steps);
-    dt_strategy_ctx ctx = {.job = j, .env = env, .be_opts = &bo, .model = &mc, .optim = &oc};
+    dt_strategy_ctx ctx = {.job = j, .env = env, .be_opts = &bo, .model = &mc, .optim = &oc,
+                           .grid = g, .ddp = &ddp, .sync = sync};
     if ((rc = dt_strategy_open(&t->s, ops, &ctx, err)))
         goto fail;
     t->be = t->s->be;
@@ -679,10 +687,9 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             snprintf(share, sizeof share, ", rank 0 holds %zu (%.1f%%)", local,
                      whole ? 100.0 * (double)local / (double)whole : 0.0);
         DT_INFO("model: %s, %zu parameters (%.2f MB)%s on %s; %lld steps of %lld %s (%s)%s",
-                t->model->cfg.type, whole, (double)whole * 4 / 1e6, share, t->be->name,
-                (long long)t->total_steps,
-                (long long)t->items_per_step, t->tokens ? "tokens" : "samples", how,
-                t->step ? " (resumed)" : "");
+                dt_model_arch_name(t->model->cfg.arch), whole, (double)whole * 4 / 1e6, share,
+                t->be->name, (long long)t->total_steps, (long long)t->items_per_step,
+                t->tokens ? "tokens" : "samples", how, t->step ? " (resumed)" : "");
         if (!t->data->val)
             DT_INFO("no validation data (data.val_fraction = 0 and no data.val_path): no eval");
     }

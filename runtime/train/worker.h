@@ -2,10 +2,11 @@
  *
  * runtime/train/ is the worker side of dtrain: everything one training process runs. It holds
  *   worker       the training loop (this file): build, step, evaluate, run, the entry point
- *   strategy     how a step is spread over ranks: the interface (strategy.h), its shared
- *                helpers (strategy.c), the implementations (strategy_single, strategy_ddp over
- *                ddp.c's reducer, strategy_dp over dp.c's replicas) and their registry
- *                (strategies.h); ZeRO, tensor and pipeline parallelism plug in there
+ *   parallel/    how a step is spread over ranks: the layout interface (strategy.h), its shared
+ *                helpers (strategy.c), the layouts (strategy_data: single, DDP, ZeRO;
+ *                strategy_dp over dp.c's replicas; strategy_tensor; strategy_pipeline), their
+ *                registry (strategies.h), the grid, and in dpsync/ the data-parallel axis every
+ *                layout but dp holds (none, DDP over ddp.c's reducer, ZeRO-1/2, ZeRO-3)
  *   optim        AdamW and SGD over the flat parameter buffer, schedules, clipping, loss scaling
  *   ckpt         checkpoints (safetensors + state.json), saved in the background, resumed
  *   data         datasets, the distributed sampler, batches

@@ -132,7 +132,7 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
     /* Concurrent copies read the buffers from the writer thread: only for host memory, which
      * another thread may read while the training thread reads it too. A CUDA backend must not
      * be driven from two threads, so its copies stay in dt_ckpt_save. */
-    c->concurrent = opts->async && opts->concurrent_copy && (!be || !strcmp(be->name, "cpu"));
+    c->concurrent = opts->async && opts->concurrent_copy && (!be || be->host_memory);
     c->nbufs = nbufs;
     c->bufs = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->bufs);
     c->buf_stage_off = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->buf_stage_off);

@@ -1,5 +1,6 @@
-/* gpt.h - the GPT-2 model of the zoo (gpt.c); created through the registry, runtime/train/models/model.h
- * (dt_model_create with cfg.type = "gpt"). Internal to runtime/train/models/ and its tests. */
+/* gpt.h - the GPT-2 model of the zoo (gpt.c); created through the registry,
+ * runtime/train/models/model.h (dt_model_create with cfg.arch = DT_ARCH_GPT). Internal to
+ * runtime/train/models/ and its tests. */
 #ifndef DT_MODELS_GPT_H
 #define DT_MODELS_GPT_H
 

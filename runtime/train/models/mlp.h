@@ -1,5 +1,6 @@
-/* mlp.h - the multi-layer perceptron model of the zoo (mlp.c); created through the registry, runtime/train/models/model.h
- * (dt_model_create with cfg.type = "mlp"). Internal to runtime/train/models/ and its tests. */
+/* mlp.h - the multi-layer perceptron model of the zoo (mlp.c); created through the registry,
+ * runtime/train/models/model.h (dt_model_create with cfg.arch = DT_ARCH_MLP). Internal to
+ * runtime/train/models/ and its tests. */
 #ifndef DT_MODELS_MLP_H
 #define DT_MODELS_MLP_H
 

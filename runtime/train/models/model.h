@@ -1,4 +1,4 @@
-/* model.h - the interface of the model zoo (runtime/models): mlp, resnet, gpt, llama.
+/* model.h - the interface of the model zoo (runtime/models): mlp, resnet, gpt, bert, llama.
  *
  * Models are written once, llm.c style, with explicit forward and backward passes against the
  * op table of kernels/backend.h. All parameters live in one contiguous backend buffer and all
@@ -63,6 +63,9 @@ typedef struct dt_sample_shape {
     dt_sample_kind kind;
     int seq_len;     /* tokens: T (inputs and targets are T tokens each) */
     int vocab_size;  /* tokens: token ids are < vocab_size */
+    bool mlm;        /* tokens: masked-LM samples (bert; data/mlm.h): batches carry token types,
+                      * an attention mask and next-sentence labels, and the targets are the
+                      * masked positions' tokens (-1 elsewhere) */
     int input_dim;   /* vector: features per sample */
     int channels, height, width; /* image: (C,H,W) */
     int n_classes;   /* vector and image: labels are < n_classes */
@@ -75,7 +78,17 @@ typedef struct dt_batch {
     const int32_t *tokens;  /* (B,T) inputs (tokens kind) */
     const int32_t *targets; /* (B,T) next tokens (tokens kind) or (B) labels; < 0 = ignore */
     const float *x;         /* (B, input numel) inputs (vector and image kinds) */
+    /* bert (all NULL for the other models, and each may be NULL for bert): */
+    const int32_t *types;   /* (B,T) token type (segment) ids, 0 or 1; NULL: all 0 */
+    const int32_t *mask;    /* (B,T) attention mask: 1 a token, 0 padding that no position
+                             * attends to; NULL: all 1 */
+    const int32_t *labels;  /* (B) next-sentence labels (0: the second segment follows the
+                             * first, 1: a random one), for cfg.nsp; NULL: none */
 } dt_batch;
+
+/* The samples [from, from + count) of b, as a view (every array b has, offset): per is the
+ * floats per sample of x (0 when b has none). For the strategies that cut a batch. */
+dt_batch dt_batch_slice(const dt_batch *b, int from, int count, size_t per);
 
 /* train.recompute: which activations backward recomputes instead of keeping them from forward.
  * The recomputation runs the same ops on the same inputs, and backward then runs the same ops in
@@ -87,18 +100,39 @@ typedef enum dt_recompute {
                                  * each BasicBlock's output), recompute the block's forward at
                                  * the start of its backward: one block's intermediates are
                                  * allocated instead of one per block */
-    DT_RECOMPUTE_SELECTIVE = 2, /* gpt and llama (Megatron's selective mode): keep all but the
+    DT_RECOMPUTE_SELECTIVE = 2, /* gpt, bert, llama (Megatron's selective mode): keep all but the
                                  * attention probabilities (B,NH,T,T) per layer, recompute them
                                  * from the saved q,k,v in backward */
 } dt_recompute;
 
+/* The model zoo's architectures: dt_model_create builds one of these. The list is models/'s (the
+ * job's model.type maps onto it in dt_model_config_from_job); dt_model_arch_name gives the
+ * names back. Adding a model: its value here (before DT_ARCH_COUNT), its name in zoo.c's table,
+ * its checks in check_config and its create in dt_model_create (zoo.c). */
+typedef enum dt_model_arch {
+    DT_ARCH_MLP = 0,
+    DT_ARCH_RESNET,
+    DT_ARCH_GPT,
+    DT_ARCH_BERT,
+    DT_ARCH_LLAMA,
+    DT_ARCH_COUNT /* not an architecture: how many there are */
+} dt_model_arch;
+
+/* "mlp", "resnet", "gpt"; "?" for a value that is none. */
+const char *dt_model_arch_name(dt_model_arch arch);
+
+/* The architecture called name (one of dt_model_arch_name's): 0, or -EINVAL with a message
+ * listing the names. */
+int dt_model_arch_parse(const char *name, dt_model_arch *out, dt_err *err);
+
 typedef struct dt_model_config {
-    char type[16];        /* "mlp", "resnet", "gpt", "llama" */
+    dt_model_arch arch;
     dt_sample_shape shape;
     int max_batch;        /* activations are allocated for batches up to this size */
     uint64_t seed;        /* initialisation */
-    /* gpt and llama */
+    /* gpt, bert and llama (block_size: bert's max_position_embeddings) */
     int n_layer, n_head, n_embd, block_size;
+    bool nsp;             /* bert: the next-sentence head (the pooler and cls.seq_relationship) */
     /* llama: n_kv_head key/value heads (grouped-query attention; 0 = n_head, which it must
      * divide), ffn_hidden the SwiGLU width (Hugging Face's intermediate_size), rope_theta the
      * rotary base, norm_eps RMSNorm's epsilon (0: 1e-5) */
@@ -115,19 +149,19 @@ typedef struct dt_model_config {
     bool imagenet;
     bool sync_bn;         /* all-reduce BatchNorm statistics through `comm` */
     float bn_momentum, bn_eps;
-    dt_recompute recompute; /* gpt, llama: all three; resnet: none, block; mlp: none, block
-                             * (an mlp keeps only each layer's input already: block is none) */
-    /* Tensor parallelism (gpt; llama alike, llama.c's header; 0 or 1: none): this rank is
-     * tp_rank of tp_size and holds 1/tp_size of every attention and MLP block (Megatron:
-     * c_attn and c_fc column-parallel, the c_proj's row-parallel) and of the vocabulary (wte:
-     * vocab-parallel embedding, tied head and cross-entropy); LayerNorms, wpe and the
-     * row-parallel biases are replicated. The comm given to dt_model_create is then the
-     * tensor group (tp_size ranks), which forward and backward all-reduce over.
-     * Initialisation draws every whole tensor from the same stream as tp_size = 1 and keeps
-     * this rank's slice, so every layout starts bit-identical. Tensor tables (m->tensors)
-     * describe the local slices, with tp_dim/tp_parts/whole_shape. */
+    dt_recompute recompute; /* gpt, bert, llama: all three; resnet: none, block; mlp: none, block (an mlp
+                             * keeps only each layer's input already: block is none) */
+    /* Tensor parallelism (gpt, and bert and llama as their headers say; 0 or 1: none): this rank is
+     * tp_rank of tp_size and holds
+     * 1/tp_size of every attention and MLP block (Megatron: c_attn and c_fc column-parallel,
+     * the c_proj's row-parallel) and of the vocabulary (wte: vocab-parallel embedding, tied
+     * head and cross-entropy); LayerNorms, wpe and the row-parallel biases are replicated. The
+     * comm given to dt_model_create is then the tensor group (tp_size ranks), which forward
+     * and backward all-reduce over. Initialisation draws every whole tensor from the same
+     * stream as tp_size = 1 and keeps this rank's slice, so every layout starts bit-identical.
+     * Tensor tables (m->tensors) describe the local slices, with tp_dim/tp_parts/whole_shape. */
     int tp_size, tp_rank;
-    /* Sequence parallelism (Megatron-SP; gpt and llama, needs tp_size > 1 and shape.seq_len
+    /* Sequence parallelism (Megatron-SP; gpt, bert and llama, needs tp_size > 1 and shape.seq_len
      * divisible by tp_size, else dt_model_create is -EINVAL): the residual stream, the
      * LayerNorms and the row-parallel bias adds hold this rank's 1/tp_size of the batch's
      * tokens instead of all of them, the all-reduces become reduce-scatters and all-gathers
@@ -181,7 +215,8 @@ typedef void (*dt_grad_ready_fn)(void *ctx, size_t offset, size_t numel);
  *     cfg.recompute, a block's backward window also holds the recomputation of its forward
  *     (no extra events: the parameters are read again inside BEFORE/AFTER_BACKWARD).
  *   - Tied weights: a block may have more than one window per pass; blocks[b].windows says
- *     how many. Only gpt's "embed" has two: the output projection is wte again, so a gpt
+ *     how many. Only gpt's and bert's "embed" have two (bert.c: its MLM decoder reads the word
+ *     embeddings again, after the "cls" window). gpt's output projection is wte again, so a gpt
  *     forward is embed, h.0 .. h.{L-1}, ln_f, embed (the head); a gpt backward is embed (the
  *     head: reads wte, accumulates into wte's gradient), ln_f, h.{L-1} .. h.0, embed (the
  *     embedding backward, which reads no parameter but accumulates into wte's and wpe's
@@ -270,7 +305,11 @@ struct dt_model {
     dt_model_config cfg;
     dt_backend *be;            /* borrowed; outlives the model */
     float *params;             /* (num_params) backend memory, owned */
-    float *grads;              /* (num_params) same layout, owned */
+    float *grads;              /* (num_params) same layout: what backward accumulates into. The
+                                  model's own buffer (owned), or memory a caller lent it with
+                                  dt_model_lend_grads */
+    float *own_grads;          /* the model's own gradient buffer while grads is lent memory
+                                  (owned); NULL otherwise */
     size_t num_params;
     dt_tensor_info *tensors;   /* (num_tensors) host, owned, in buffer order */
     int num_tensors;
@@ -312,6 +351,15 @@ void dt_model_free(dt_model *m);
 /* Index of the tensor called name, or -1. */
 int dt_model_find_tensor(const dt_model *m, const char *name);
 
+/* Lends m another gradient buffer: from now on backward accumulates into grads (num_params
+ * floats of m's backend memory, owned by the caller, alive until it takes it back) instead of
+ * the model's own buffer; grads NULL gives the model its own buffer back. Returns the model's
+ * own buffer, which stays the model's (dt_model_free frees it, lent or not) and is left as it
+ * is: copying gradients between the two, or giving the own buffer's memory back while it is
+ * not used (mem_release), is the caller's. DDP lends the model communicator memory this way
+ * (dpsync/ddp.h, "Communicator memory"), which the ranks of a host reduce from in place. */
+float *dt_model_lend_grads(dt_model *m, float *grads);
+
 /* Installs (fn, ctx) as m's block hook (fn NULL: none); see dt_block_event for the contract. */
 void dt_model_set_block_hook(dt_model *m, dt_block_hook_fn fn, void *ctx);
 
@@ -325,11 +373,12 @@ struct dt_job;
 /* Fills cfg from the [model] keys of a loaded job (presets already applied by the config
  * loader), the data's sample shape and [train] batch_size (max_batch) and [job] seed:
  *   gpt:    n_layer, n_head, n_embd, block_size; needs token samples with seq_len <= block_size
+ *   bert:   as gpt, and nsp
  *   llama:  gpt's and n_kv_head, intermediate_size (ffn_hidden), rope_theta, rms_norm_eps
  *   resnet with a resnet* preset: imagenet, depth from the preset
  *   mlp:    hidden "512,256" -> n_hidden, hidden[]; vector or image samples (images flattened)
  *   resnet: depth (6n+2), width, sync_bn; image samples; BatchNorm momentum 0.1, eps 1e-5
- *   all:    [train] recompute (selective: gpt only)
+ *   all:    [train] recompute (selective: gpt and bert)
  * Returns 0, or -EINVAL with a message naming the [model] key or the data that does not fit
  * (cfg is then partly filled). */
 int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,

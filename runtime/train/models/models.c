@@ -1,7 +1,7 @@
 /* models.c - the helpers every model of the zoo shares (see models.h): the tensor tables, the
  * flat parameter / gradient / buffer storage, host-side initialisation and upload, and the
- * loss and accuracy read-backs, the tensor look-up by name and the tensor-parallel slices
- * (dt_tensor_tp_copy). Nothing here knows a particular model, and nothing here calls the
+ * loss and accuracy read-backs, the tensor look-up by name, the tensor-parallel slices
+ * (dt_tensor_tp_copy) and batch views (dt_batch_slice). Nothing here knows a particular model, and nothing here calls the
  * registry (zoo.c), which includes every model: what a model calls lives here, so no model
  * and the registry include each other in a loop. */
 #include <stdarg.h>
@@ -273,4 +273,21 @@ void dt_tensor_tp_copy(const dt_tensor_info *t, int tp_rank, float *whole, float
                 else
                     memcpy(l, w, inner * sizeof(float));
             }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* batches (model.h) */
+
+dt_batch dt_batch_slice(const dt_batch *b, int from, int count, size_t per)
+{
+    dt_batch o = *b;
+    const size_t T = b->T > 0 ? (size_t)b->T : 1, f = (size_t)from;
+    o.B = count;
+    o.tokens = b->tokens ? b->tokens + f * T : NULL;
+    o.targets = b->targets ? b->targets + f * T : NULL;
+    o.x = b->x ? b->x + f * per : NULL;
+    o.types = b->types ? b->types + f * T : NULL;
+    o.mask = b->mask ? b->mask + f * T : NULL;
+    o.labels = b->labels ? b->labels + f : NULL;
+    return o;
 }

@@ -1,5 +1,6 @@
-/* resnet.h - the CIFAR-style ResNet model of the zoo (resnet.c); created through the registry, runtime/train/models/model.h
- * (dt_model_create with cfg.type = "resnet"). Internal to runtime/train/models/ and its tests. */
+/* resnet.h - the CIFAR-style ResNet model of the zoo (resnet.c); created through the registry,
+ * runtime/train/models/model.h (dt_model_create with cfg.arch = DT_ARCH_RESNET). Internal to
+ * runtime/train/models/ and its tests. */
 #ifndef DT_MODELS_RESNET_H
 #define DT_MODELS_RESNET_H
 

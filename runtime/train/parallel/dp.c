@@ -33,6 +33,7 @@
 #include "rendezvous/store_server.h"
 #include "runtime/comm/comm.h"
 #include "runtime/train/obs/trace.h"
+#include "runtime/train/parallel/strategy.h"
 
 typedef struct replica {
     struct dt_dp *dp;
@@ -65,7 +66,7 @@ struct dt_dp {
     bool coll;           /* transport collectives: replica k talks through r[k].comm */
     int job;             /* what the next parallel() runs: JOB_PASS or JOB_COMM_INIT */
     /* the bootstrap of the communicators (JOB_COMM_INIT) */
-    const char *comm_backend;
+    dt_comm_kind comm_backend;
     int timeout_ms, store_port;
     char token[33], run_id[64];
     float *host_stage;   /* (num_params or num_buffers) host staging, when !host_mem and !coll */
@@ -234,20 +235,11 @@ static void scatter(dt_dp *d, const dt_batch *b, bool training, float dloss_scal
         r->active = n > 0;
         r->training = training;
         r->scale = b->B > 0 ? dloss_scale * (float)n / (float)b->B : 0;
-        memset(&r->batch, 0, sizeof r->batch);
-        r->batch.B = n;
-        r->batch.T = b->T;
-        if (b->tokens)
-            r->batch.tokens = b->tokens + (size_t)first * (size_t)b->T;
-        if (b->targets)
-            r->batch.targets = b->targets + (size_t)first * (size_t)(b->T > 0 ? b->T : 1);
-        if (b->x) {
-            const dt_sample_shape *sh = &r->m->cfg.shape;
-            size_t per = sh->kind == DT_SAMPLE_IMAGE
-                             ? (size_t)sh->channels * (size_t)sh->height * (size_t)sh->width
-                             : (size_t)sh->input_dim;
-            r->batch.x = b->x + (size_t)first * per;
-        }
+        const dt_sample_shape *sh = &r->m->cfg.shape;
+        size_t per = sh->kind == DT_SAMPLE_IMAGE
+                         ? (size_t)sh->channels * (size_t)sh->height * (size_t)sh->width
+                         : (size_t)sh->input_dim;
+        r->batch = dt_batch_slice(b, first, n, per);
     }
 }
 
@@ -372,7 +364,7 @@ void dt_dp_opts_from_job(dt_dp_opts *o, const dt_job *job, const dt_backend_opts
 {
     memset(o, 0, sizeof *o);
     o->replicas = job->dp_replicas;
-    o->device = dt_device_name(job->device);
+    o->device = dt_strategy_device(job->device);
     o->backend = *bo;
     o->cpu_bind = job->cpu_bind == DT_CPU_BIND_AUTO;
     o->transport = job->dp_transport;
@@ -389,7 +381,7 @@ static void free_comms(dt_dp *d)
 
 /* Transport collectives: the replica threads create their communicator together, bootstrapped
  * through a store server of this process that lives only as long as that takes. */
-static int start_collectives(dt_dp *d, const char *backend, int timeout_ms, dt_err *err)
+static int start_collectives(dt_dp *d, dt_comm_kind backend, int timeout_ms, dt_err *err)
 {
     static _Atomic unsigned instances;
     unsigned char rnd[16];
@@ -453,11 +445,11 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
         r->k = k;
         dt_backend_opts bo = o->backend;
         bo.device_index = k;
-        if ((rc = dt_backend_open(&r->be, o->device ? o->device : "cpu", &bo, err)) != 0) {
+        if ((rc = dt_backend_open(&r->be, o->device, &bo, err)) != 0) {
             dt_err_prefix(err, "DP replica %d: ", k);
             goto fail;
         }
-        if (strcmp(r->be->name, "cpu") != 0)
+        if (!r->be->host_memory)
             d->host_mem = false;
         if ((rc = dt_model_create(&r->m, &rc_cfg, r->be, NULL, err)) != 0) {
             dt_err_prefix(err, "DP replica %d: ", k);
@@ -488,7 +480,7 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
         d->r[k].started = true;
     }
     if (want_coll) {
-        const char *backend = d->host_mem ? "cpu" : "nccl";
+        dt_comm_kind backend = d->host_mem ? DT_COMM_CPU : DT_COMM_NCCL;
         dt_err ce = {0};
         if ((rc = start_collectives(d, backend, o->timeout_ms, &ce)) != 0) {
             if (tr != DT_DP_TRANSPORT_AUTO) {
@@ -497,7 +489,7 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
             }
             DT_WARN("DP: no %s communicator between the %d replicas (%s); the master copies "
                     "parameters and gradients through host memory instead (transport master)",
-                    backend, d->K, ce.msg);
+                    dt_comm_kind_name(backend), d->K, ce.msg);
             rc = 0;
         }
     }
@@ -514,7 +506,8 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
     }
     d->st.replicas = d->K;
     d->st.collectives = d->coll;
-    DT_DEBUG("DP: %d replicas of %s on %s, %zu parameters each, %s", d->K, cfg->type,
+    DT_DEBUG("DP: %d replicas of %s on %s, %zu parameters each, %s", d->K,
+             dt_model_arch_name(cfg->arch),
              d->r[0].be->name, m0->num_params,
              d->coll ? "broadcast and reduce through a communicator of the replicas"
                      : "copies and sums by the master");

@@ -48,7 +48,7 @@ typedef struct dt_dp dt_dp;
 
 typedef struct dt_dp_opts {
     int replicas;            /* K >= 1 */
-    const char *device;      /* "cpu", "cuda" or "auto" (dt_backend_open); replica k uses
+    dt_backend_kind device;  /* cpu, cuda or auto (dt_backend_open; 0: auto); replica k uses
                                 device index k */
     dt_backend_opts backend; /* per replica (threads: BLAS threads of each replica) */
     bool cpu_bind;           /* replica k's thread runs on share k of the caller's CPUs, or on

@@ -6,33 +6,47 @@
 #include <stdlib.h>
 
 #include "common/log.h"
-#include "runtime/train/parallel/strategy_ddp.h"
+#include "runtime/train/parallel/dpsync/dpsync_ddp.h"
+#include "runtime/train/parallel/dpsync/dpsync_none.h"
+#include "runtime/train/parallel/dpsync/dpsync_zero12.h"
+#include "runtime/train/parallel/dpsync/dpsync_zero3.h"
+#include "runtime/train/parallel/strategy_data.h"
 #include "runtime/train/parallel/strategy_dp.h"
 #include "runtime/train/parallel/strategy_pipeline.h"
-#include "runtime/train/parallel/strategy_single.h"
 #include "runtime/train/parallel/strategy_tensor.h"
-#include "runtime/train/parallel/strategy_zero.h"
 
-const dt_strategy_ops *dt_strategy_pick(const dt_job *job, int world_size)
+/* The sync over D data-parallel ranks; data: the layout of a whole model per rank. */
+static const dt_dpsync_ops *pick_sync(const dt_job *job, const dt_grid *g, bool data)
 {
+    if (job->zero == 3 && (g->D > 1 || data))
+        return &dt_dpsync_zero3_ops;
+    if (g->D > 1)
+        return job->zero == 1 ? &dt_dpsync_zero1_ops
+               : job->zero == 2 ? &dt_dpsync_zero2_ops
+                                : &dt_dpsync_ddp_ops;
+    if (job->zero > 0 && g->rank == 0)
+        DT_INFO("parallel.zero = %d with %s: nothing to shard over, %s", job->zero,
+                data ? "one rank" : "D = 1",
+                data ? "training as a single process"
+                     : "every rank keeps the optimiser state of its part of the model");
+    return &dt_dpsync_none_ops;
+}
+
+const dt_strategy_ops *dt_strategy_pick(const dt_job *job, const dt_grid *g,
+                                        const dt_dpsync_ops **sync)
+{
+    *sync = NULL;
     if (job->strategy == DT_STRATEGY_DP)
         return &dt_strategy_dp_ops; /* with parallel.zero > 0 the job does not validate */
+    bool data = job->pipeline <= 1 && job->tensor <= 1;
+    *sync = pick_sync(job, g, data);
     if (job->pipeline > 1)
-        return &dt_strategy_pipeline_ops; /* tensor slices inside a stage; DDP or ZeRO over the
-                                             data-parallel groups when D > 1 */
+        return &dt_strategy_pipeline_ops;
     if (job->tensor > 1)
-        return &dt_strategy_tensor_ops; /* DDP or ZeRO over the data-parallel groups when D > 1 */
-    /* stage 3 on one rank shards nothing but still gathers and gives back each block, so
-     * its memory and its path (commits, releases, the prefetch, the collectives over one
-     * rank) are what one GPU can measure; stages 1-2 on one rank would only add copies */
-    if (world_size > 1 || job->zero == 3)
-        return job->zero == 3  ? &dt_strategy_zero3_ops
-               : job->zero > 0 ? &dt_strategy_zero_ops
-                               : &dt_strategy_ddp_ops;
-    if (job->zero > 0)
-        DT_INFO("parallel.zero = %d with one rank: nothing to shard, training as a single "
-                "process", job->zero);
-    return &dt_strategy_single_ops;
+        return &dt_strategy_tensor_ops;
+    return *sync == &dt_dpsync_none_ops  ? &dt_strategy_single_ops
+           : *sync == &dt_dpsync_ddp_ops ? &dt_strategy_ddp_ops
+                                         : &dt_strategy_zero_ops;
 }
 
 int dt_strategy_open(dt_strategy **out, const dt_strategy_ops *ops, const dt_strategy_ctx *ctx,

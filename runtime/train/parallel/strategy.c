@@ -9,7 +9,6 @@
 #include "runtime/train/parallel/strategy.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +16,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
+#include "runtime/train/obs/trace.h"
 
 void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank,
                            int local_world)
@@ -25,7 +25,8 @@ void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank
     dt_err e = {0};
     char all[256], list[256];
     bool gpu = be->device_pci_bus_id != NULL; /* device k is local rank k's */
-    if (j->cpu_bind != DT_CPU_BIND_AUTO || (!gpu && (strcmp(be->name, "cpu") || local_world < 2)))
+    if (j->cpu_bind != DT_CPU_BIND_AUTO ||
+        (!gpu && (be->kind != DT_BACKEND_CPU || local_world < 2)))
         return;
     if (dt_cpuset_current(&base, &e) ||
         dt_backend_bind_set(be, &base, local_rank, local_world, &mine, &e) ||
@@ -44,9 +45,22 @@ void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank
     DT_DEBUG("local rank %d runs on CPU(s) %s", local_rank, list);
 }
 
+dt_backend_kind dt_strategy_device(dt_device_kind device)
+{
+    switch (device) {
+    case DT_DEVICE_CPU:
+        return DT_BACKEND_CPU;
+    case DT_DEVICE_CUDA:
+        return DT_BACKEND_CUDA;
+    case DT_DEVICE_AUTO:
+        break;
+    }
+    return DT_BACKEND_AUTO;
+}
+
 int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
-    int rc = dt_backend_open(&s->be, dt_device_name(ctx->job->device), ctx->be_opts, err);
+    int rc = dt_backend_open(&s->be, dt_strategy_device(ctx->job->device), ctx->be_opts, err);
     if (rc)
         return rc;
     dt_strategy_bind_cpus(ctx->job, s->be, ctx->env->local_rank, ctx->env->local_world_size);
@@ -54,7 +68,7 @@ int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err 
 }
 
 int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
-                             const char **backend, dt_err *err)
+                             dt_comm_kind *backend, dt_err *err)
 {
     const dt_worker_env *e = ctx->env;
     if (!e->store_addr[0] || e->store_port <= 0)
@@ -62,7 +76,7 @@ int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
                           "WORLD_SIZE=%d but DTRAIN_STORE_ADDR/DTRAIN_STORE_PORT are not set: "
                           "start the workers with the dtrain launcher",
                           e->world_size);
-    bool cuda = !strcmp(s->be->name, "cuda");
+    bool cuda = s->be->kind == DT_BACKEND_CUDA;
     dt_comm_backend_kind kind = ctx->job->comm_backend;
     if (kind == DT_COMM_BACKEND_AUTO)
         kind = cuda ? DT_COMM_BACKEND_NCCL : DT_COMM_BACKEND_CPU;
@@ -70,11 +84,11 @@ int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
         return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
                                         "runs on %s); use ddp.backend = cpu or auto",
                           s->be->name);
-    *backend = dt_comm_backend_name(kind);
+    *backend = kind == DT_COMM_BACKEND_NCCL ? DT_COMM_NCCL : DT_COMM_CPU;
     return 0;
 }
 
-int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char *backend,
+int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, dt_comm_kind backend,
                            dt_err *err)
 {
     const dt_worker_env *e = ctx->env;
@@ -103,7 +117,7 @@ int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char
 
 int dt_strategy_open_world(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
-    const char *backend;
+    dt_comm_kind backend;
     int rc = dt_strategy_open_backend(s, ctx, err);
     if (!rc)
         rc = dt_strategy_comm_backend(s, ctx, &backend, err);
@@ -117,17 +131,15 @@ int dt_strategy_open_groups(dt_groups *out, dt_comm *world, const dt_strategy_ct
 {
     const dt_worker_env *e = ctx->env;
     memset(out, 0, sizeof *out);
-    dt_grid g;
-    int rc = dt_grid_init(&g, e->rank, e->world_size, ctx->job->tensor, ctx->job->pipeline, err);
-    if (rc)
-        return rc;
+    int rc;
     dt_store *store = NULL;
     dt_store_opts so;
     dt_store_opts_default(&so);
     if ((rc = dt_store_connect(&store, e->store_addr, e->store_port, &so, err)))
         return dt_err_prefix(err, "connecting to the store at %s:%d to split the groups: ",
                              e->store_addr, e->store_port);
-    rc = dt_groups_open(out, world, store, &g, err); /* the store serves the bootstrap only */
+    /* the store serves the bootstrap only */
+    rc = dt_groups_open(out, world, store, ctx->grid, err);
     dt_store_free(store);
     return rc;
 }
@@ -205,57 +217,8 @@ dt_backend *dt_strategy_backend_one(dt_strategy *s, int k)
 
 /* ---- a model split over ranks, and its whole tensors ---------------------------------------- */
 
-int dt_strategy_staging_alloc(dt_strategy_staging *st, dt_backend *be, int n, size_t numel,
-                              dt_err *err)
-{
-    memset(st, 0, sizeof *st);
-    st->n = n;
-    st->numel = numel;
-    size_t bytes = sizeof(float) * (numel ? numel : 1);
-    dt_mem_cat old = dt_mem_tag(be, DT_MEM_OTHER); /* checkpoint staging */
-    int rc = 0;
-    for (int k = 0; k < n && !rc; k++)
-        if (!(rc = be->alloc(be, (void **)&st->buf[k], bytes, err)))
-            be->memset_zero(be, st->buf[k], bytes); /* nothing loaded: zero state */
-    dt_mem_tag(be, old);
-    if (rc)
-        return dt_err_prefix(err, "checkpoint staging (%zu bytes x %d): ", bytes, n);
-    st->resident = true;
-    return 0;
-}
-
-int dt_strategy_staging_commit(dt_strategy_staging *st, dt_backend *be, dt_err *err)
-{
-    for (int k = 0; k < st->n && !st->resident && be->mem_commit; k++) {
-        int rc = be->mem_commit(be, st->buf[k], 0, sizeof(float) * st->numel, err);
-        if (rc)
-            return dt_err_prefix(err, "checkpoint staging: ");
-    }
-    st->resident = true;
-    return 0;
-}
-
-void dt_strategy_staging_release(dt_strategy_staging *st, dt_backend *be)
-{
-    if (!st->resident || !be->mem_release)
-        return;
-    for (int k = 0; k < st->n; k++)
-        be->mem_release(be, st->buf[k], 0, sizeof(float) * st->numel);
-    st->resident = false;
-}
-
-void dt_strategy_staging_free(dt_strategy_staging *st, dt_backend *be)
-{
-    for (int k = 0; k < 1 + DT_OPTIM_MAX_STATES; k++) {
-        if (be)
-            be->free(be, st->buf[k]);
-        st->buf[k] = NULL;
-    }
-    st->resident = false;
-}
-
 int dt_strategy_state_staged(const dt_strategy *s, const dt_tensor_info *whole, int nwhole,
-                             const dt_strategy_staging *st, dt_ckpt_buf *bufs, int cap, int *n,
+                             const dt_staging *st, dt_ckpt_buf *bufs, int cap, int *n,
                              dt_err *err)
 {
     const dt_optim *o = s->optim;
@@ -270,8 +233,6 @@ int dt_strategy_state_staged(const dt_strategy *s, const dt_tensor_info *whole, 
     return 0;
 }
 
-/* Backend memory the host can address (the cpu backend's): assembled in place, no copies. */
-static bool host_memory(const dt_backend *be) { return !strcmp(be->name, "cpu"); }
 
 /* Whether any of m's tensors is a slice (tp_parts > 0) rather than whole. */
 static bool any_split(const dt_model *m)
@@ -303,7 +264,7 @@ int dt_strategy_tp_gather(dt_strategy *s, dt_comm *tp, int T, int tp_rank, const
                            sizeof(float) * m->tensors[i].numel);
         return 0;
     }
-    const bool host = host_memory(be);
+    const bool host = be->host_memory; /* assembled in place, no copies */
     const size_t wn = whole_end(m, out_off);
     float *gdev = NULL, *ghost = NULL, *whost = NULL;
     dt_mem_cat old = dt_mem_tag(be, DT_MEM_OTHER);
@@ -359,7 +320,7 @@ int dt_strategy_tp_slice(dt_strategy *s, int tp_rank, const float *whole,
                            sizeof(float) * m->tensors[i].numel);
         return 0;
     }
-    const bool host = host_memory(be);
+    const bool host = be->host_memory; /* assembled in place, no copies */
     const size_t wn = whole_end(m, whole_off), n = m->num_params;
     float *whost = (float *)whole, *lhost = local; /* dt_tensor_tp_copy reads whole only */
     if (!host) {
@@ -383,46 +344,99 @@ int dt_strategy_tp_slice(dt_strategy *s, int tp_rank, const float *whole,
     return 0;
 }
 
-int dt_strategy_clip_split(dt_strategy *s, double unscale, int tp_rank, const int *skip,
-                           int nskip, dt_comm *const *groups, int ngroups, double *scratch,
-                           double *norm, dt_err *err)
+unsigned char *dt_strategy_counted(const dt_model *m, int tp_rank, const int *skip, int nskip)
+{
+    unsigned char *counted = malloc((size_t)m->num_tensors + 1);
+    for (int t = 0; counted && t < m->num_tensors; t++) {
+        counted[t] = m->tensors[t].tp_parts > 0 || tp_rank == 0;
+        for (int i = 0; counted[t] && i < nskip; i++)
+            counted[t] = skip[i] != t;
+    }
+    return counted;
+}
+
+/* ---- a layout over a data-parallel sync ------------------------------------------------------ */
+
+int dt_strategy_open_sync(dt_strategy *s, const dt_strategy_ctx *ctx, dt_comm *dp, dt_err *err)
+{
+    dt_dpsync_ctx yc = {.model = s->model, .dp = dp, .optim = ctx->optim, .ddp = ctx->ddp,
+                        .announce = ctx->env->rank == 0};
+    int rc = dt_dpsync_open(&s->sync, ctx->sync, &yc, err);
+    if (!rc)
+        s->optim = s->sync->optim;
+    return rc;
+}
+
+int dt_strategy_sync_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
+                                float *loss, dt_err *err)
 {
     dt_model *m = s->model;
-    dt_backend *be = s->be;
-    if (unscale != 1.0)
-        be->scale(be, m->grads, m->num_params, (float)unscale);
-    double sum = 0;
-    size_t from = 0, to = 0; /* the run of neighbouring counted tensors: one sumsq each */
-    for (int t = 0; t < m->num_tensors; t++) {
-        const dt_tensor_info *ti = &m->tensors[t];
-        bool counted = ti->tp_parts > 0 || tp_rank == 0;
-        for (int i = 0; counted && i < nskip; i++)
-            counted = skip[i] != t;
-        if (!counted)
-            continue;
-        if (to > from && ti->offset == to) {
-            to += ti->numel;
-            continue;
-        }
-        if (to > from)
-            sum += be->sumsq(be, m->grads + from, to - from);
-        from = ti->offset;
-        to = from + ti->numel;
-    }
-    if (to > from)
-        sum += be->sumsq(be, m->grads + from, to - from);
-    be->memcpy_h2d(be, scratch, &sum, sizeof sum);
-    for (int g = 0; g < ngroups; g++) {
-        if (!groups[g])
-            continue;
-        int rc = dt_comm_allreduce(groups[g], scratch, 1, DT_FLOAT64, DT_SUM, NULL, err);
-        if (rc)
-            return dt_err_prefix(err, "the global gradient norm: ");
-    }
-    be->memcpy_d2h(be, &sum, scratch, sizeof sum);
-    *norm = sqrt(sum);
-    double clip = s->optim->cfg.grad_clip;
-    if (clip > 0 && isfinite(*norm) && *norm > clip)
-        be->scale(be, m->grads, m->num_params, (float)(clip / (*norm + 1e-6)));
+    dt_dpsync *y = s->sync;
+    dt_dpsync_forward_begin(y, true);
+    uint64_t ts = dt_trace_begin();
+    int rc = m->ops->forward(m, batch, true, loss, err);
+    dt_trace_end(ts, DT_TRACE_FORWARD, "forward");
+    if ((rc = dt_dpsync_forward_end(y, rc, err)))
+        return rc;
+    /* the sync hears of finished gradients on the last micro-step only (no_sync before) */
+    dt_grad_ready_fn ready;
+    void *ready_ctx;
+    dt_dpsync_backward_begin(y, last, &ready, &ready_ctx);
+    ts = dt_trace_begin();
+    rc = m->ops->backward(m, dloss, ready, ready_ctx, err);
+    dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");
+    return dt_dpsync_backward_end(y, rc, err);
+}
+
+int dt_strategy_sync_eval(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
+                          dt_err *err)
+{
+    dt_model *m = s->model;
+    dt_dpsync_forward_begin(s->sync, false);
+    int rc = m->ops->forward(m, batch, false, loss, err);
+    rc = dt_dpsync_forward_end(s->sync, rc, err);
+    if (!rc)
+        *correct = m->last_correct;
+    return rc;
+}
+
+void dt_strategy_sync_zero_grads(dt_strategy *s) { dt_dpsync_zero_grads(s->sync); }
+
+void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out)
+{
+    if (s->sync)
+        dt_dpsync_get_mem(s->sync, out);
+    else
+        dt_dpsync_mem_whole(s->model, s->optim, out);
+}
+
+/* The layout's stats op, when it has one and s is open. */
+static int layout_stats(dt_strategy *s, dt_strategy_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s || !s->ops->stats || !s->impl || !s->model)
+        return -EINVAL;
+    s->ops->stats(s, out);
     return 0;
+}
+
+int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out)
+{
+    dt_strategy_stats st;
+    int rc = layout_stats(s, &st);
+    *out = st.tp;
+    return rc ? rc : st.tensor ? 0 : -EINVAL;
+}
+
+int dt_strategy_pipeline_stats(dt_strategy *s, dt_pp_stats *out)
+{
+    dt_strategy_stats st;
+    int rc = layout_stats(s, &st);
+    *out = st.pp;
+    return rc ? rc : st.pipeline ? 0 : -EINVAL;
+}
+
+int dt_strategy_sync_stats(dt_strategy *s, dt_ddp_stats *out)
+{
+    return s->sync ? dt_dpsync_stats(s->sync, out) : -ENOTSUP;
 }

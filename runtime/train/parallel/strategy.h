@@ -34,13 +34,17 @@
  * and a checkpoint, between steps, is gather_state (every rank) then rank 0's save; a resume is
  * every rank's load (open's `state` buffers) and then start.
  *
- * Implementations: single (strategy_single.c: one process, one replica), ddp (strategy_ddp.c:
- * DistributedDataParallel, one replica per process, over ddp.c's reducer), dp (strategy_dp.c:
- * DataParallel, replicas driven by one process, over dp.c) and zero (strategy_zero.c: ZeRO
- * stages 1 and 2, over ddp.c's reducer in its sharding mode; strategy_zero3.c: stage 3, over the
- * model's block hook), tensor (strategy_tensor.c: Megatron-LM's splits inside gpt, DDP or ZeRO
- * over the data-parallel groups) and pipeline (strategy_pipeline.c: GPipe and 1F1B over the
+ * Implementations (the layouts): data (strategy_data.c: one replica of the whole model per
+ * process, named single, ddp or zero after the data-parallel sync it holds), dp (strategy_dp.c:
+ * DataParallel, replicas driven by one process, over dp.c), tensor (strategy_tensor.c:
+ * Megatron-LM's splits inside gpt) and pipeline (strategy_pipeline.c: GPipe and 1F1B over the
  * stages of the D x T x P grid, any T). strategies.h picks one from the job.
+ *
+ * Parallelism is divided by axis: every layout but dp holds one data-parallel sync
+ * (dpsync/dpsync.h: none, DDP, ZeRO-1/2, ZeRO-3) over its data-parallel group and its part of
+ * the model, chosen once by the registry (ctx.sync) and reached only through that interface: a
+ * layout never asks which flavour it holds. The D x T x P grid (grid.h) and the [ddp] options
+ * are decided once too and come in ctx.
  *
  * An implementation includes this header and what it drives (comm/, the model, the optimiser);
  * it never includes worker.h or strategies.h: what it needs from the trainer comes in
@@ -58,11 +62,14 @@
 #include "runtime/job/config.h"
 #include "runtime/job/workenv.h"
 #include "runtime/train/ckpt/ckpt.h"
-#include "runtime/train/parallel/grid.h"
 #include "runtime/train/models/model.h"
 #include "runtime/train/optim.h"
+#include "runtime/train/parallel/dpsync/dpsync.h"
+#include "runtime/train/parallel/grid.h"
+#include "runtime/train/parallel/staging.h"
 
-/* What the trainer gives a strategy to open it with. All borrowed; they outlive the strategy. */
+/* What the trainer gives a strategy to open it with. All borrowed, read during open (a layout
+ * copies what it keeps; job and env outlive the strategy). */
 typedef struct dt_strategy_ctx {
     const dt_job *job;              /* the job as loaded, read only */
     const dt_worker_env *env;       /* rank, world, store address, run id, round */
@@ -70,7 +77,52 @@ typedef struct dt_strategy_ctx {
     const dt_model_config *model;   /* the model to build (max_batch = the rank's batch, see
                                        rank_batch) */
     const dt_optim_config *optim;   /* the optimiser to build over what this rank updates */
+    const dt_grid *grid;            /* this rank's place in the D x T x P grid (grid.h), laid out
+                                       once from the job and the world */
+    const dt_ddp_opts *ddp;         /* the [ddp] keys, decoded once (dpsync/ddp.h) */
+    const dt_dpsync_ops *sync;      /* the data-parallel sync the layout holds over its
+                                       data-parallel group (NULL for dp) */
 } dt_strategy_ctx;
+
+/* What one rank of the tensor strategy holds and did, for `dtrain bench tensor` and the tests. */
+typedef struct dt_tensor_stats {
+    int D, T;                 /* data-parallel and tensor degrees */
+    int dp, tp;               /* this rank's coordinates */
+    size_t local_params;      /* parameters this rank holds (its slices + replicated tensors) */
+    size_t split_local;       /* of which slices of split tensors (vocabulary padding included) */
+    size_t replicated;        /* of which replicated tensors (LayerNorms, wpe, row biases) */
+    size_t whole_params;      /* the whole model's parameters (what a checkpoint holds) */
+    size_t split_whole;       /* whole elements of the tensors that are split */
+    double dp_wait_s;         /* total time sync_grads waited for the data-parallel reducer */
+    uint64_t clips;           /* clip calls (each one all-reduce of one double when T > 1) */
+    dt_comm_stats tp_comm;    /* the tensor group's counters (the world's when D = 1) */
+    dt_comm_stats dp_comm;    /* the data-parallel group's (zero when D = 1) */
+} dt_tensor_stats;
+
+
+/* What the last training micro_step of a pipeline rank measured (for dtrain bench pipeline). */
+typedef struct dt_pp_stats {
+    int P, M, stage;         /* layout of this rank */
+    int slots;               /* activation slots the model holds (GPipe M, 1F1B min(P-s, M)) */
+    int peak_in_flight;      /* most micro-batches whose activations were alive at once */
+    double step_s;           /* wall time of the last micro_step (the schedule, the loss) */
+    double compute_s;        /* of which in the model's stage_forward/stage_backward */
+    double fwd_s, bwd_s;     /* ... split into forwards and backwards */
+    double idle;             /* 1 - compute_s / step_s: this stage's bubble plus its waits */
+    size_t slot_bytes;       /* one micro-batch's activations on this stage (the model's) */
+    size_t act_bytes;        /* the model's activation memory plus the strategy's p2p buffers */
+    size_t peak_act_bytes;   /* peak_in_flight x slot_bytes: what the schedule kept alive */
+} dt_pp_stats;
+
+
+/* What a layout measured and holds beyond the sync's figures (strategy.h's stats op): the
+ * part of the layout that ran; the other is zero. */
+typedef struct dt_strategy_stats {
+    bool tensor;        /* tp holds the tensor layout's figures */
+    bool pipeline;      /* pp holds the pipeline layout's */
+    dt_tensor_stats tp;
+    dt_pp_stats pp;
+} dt_strategy_stats;
 
 typedef struct dt_strategy dt_strategy;
 
@@ -117,8 +169,10 @@ typedef struct dt_strategy_ops {
     int (*state)(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
     /* Before a save, on every rank at the same step (collective): afterwards the buffers state
      * gave hold the whole tensors until the next optim_step (by which time the trainer has
-     * fenced the save's copy). NULL: they always hold them (single, ddp, dp). */
+     * fenced the save's copy). NULL: they always hold them (dp). */
     int (*gather_state)(dt_strategy *s, dt_err *err);
+    /* The layout's own figures (dt_strategy_stats; NULL: it has none). */
+    void (*stats)(dt_strategy *s, dt_strategy_stats *out);
     /* Replica k's backend, k < s->replicas (k = 0: s->be): for memory and utilisation
      * figures per replica. */
     dt_backend *(*replica_backend)(dt_strategy *s, int k);
@@ -142,36 +196,25 @@ struct dt_strategy {
                             checkpoint saves them, where this rank holds part of it (tensor:
                             its slices; pipeline: its stage); 0: s->model->num_params, all */
     char summary[64];   /* for the run's summary line, "" or e.g. "DataParallel x 2" */
+    dt_dpsync *sync;    /* the data-parallel sync of the layout (ctx.sync over its group and
+                           its s->model), owned by the layout; s->optim is its. NULL: dp */
     void *impl;         /* the implementation's state */
 };
 
-/* What one rank's strategy holds, in bytes, measured where it can be (for `dtrain bench
- * memory`; filled by strategy_zero.h's dt_strategy_get_mem). Any strategy: single, ddp and dp (the master) hold everything whole. */
-typedef struct dt_strategy_mem {
-    int zero_stage;         /* 0 for strategies other than zero */
-    size_t params;          /* parameters (whole at stages 0-2; stage 3: the allocator's
-                               resident parameter bytes now: shard, gather staging and the
-                               flat buffer's pages held) */
-    size_t params_peak;     /* stage 3: the most parameter bytes resident during the steps
-                               (the allocator's count, seen at every window's start, where it
-                               only grows); else = params */
-    size_t grads;           /* gradients held now (after a step): the flat buffer's resident
-                               bytes (stage 2: the allocator's count; else its size) + the
-                               reduced shard */
-    size_t grads_peak;      /* stage 3: as params_peak, for gradients;
-                               stage 2: the most the gradients (and the 16-bit payloads) held
-                               since the step began (the allocator's count, seen at every
-                               commit, + the shard); else = grads */
-    size_t optim;           /* optimiser state this rank holds (its shard at stages 1-2) */
-    size_t comm;            /* zero: the 16-bit payload buffers of ddp.compress (stage 2: the
-                               resident part); other strategies: not reported here (0) */
-    /* stage 3: block gathers waited for at once (the first step's, the first window of each
-     * forward) and served by a prefetch; the windows of a forward and a backward as recorded;
-     * forward passes run */
-    uint64_t gathers_sync, gathers_prefetched, windows, forwards;
-    size_t ckpt_staging;    /* checkpoint staging held now (full-size optimiser state between
-                               a save and the next update on cpu; always on cuda) */
-} dt_strategy_mem;
+/* What one rank's strategy holds, in bytes (dpsync.h's figures), for `dtrain bench memory` and
+ * the tests: the sync's (s->sync), or a whole replica's (dp's master). */
+typedef dt_dpsync_mem dt_strategy_mem;
+
+void dt_strategy_get_mem(dt_strategy *s, dt_strategy_mem *out);
+
+/* The layout's figures (the stats op): the tensor layout's, -EINVAL when s is another layout;
+ * the pipeline layout's likewise. For `dtrain bench tensor` and `bench pipeline`, the tests. */
+int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out);
+int dt_strategy_pipeline_stats(dt_strategy *s, dt_pp_stats *out);
+
+/* The reducer's figures of s's sync (ddp.h's dt_ddp_stats): -ENOTSUP for a sync without one
+ * (none, ZeRO-3) or a strategy without a sync (dp), -EAGAIN before it exists. */
+int dt_strategy_sync_stats(dt_strategy *s, dt_ddp_stats *out);
 
 /* ---- helpers the implementations share (strategy.c) ---------------------------------------- */
 
@@ -184,6 +227,9 @@ typedef struct dt_strategy_mem {
 void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank,
                            int local_world);
 
+/* job.device as the kernels' device kind (config's enum mapped onto kernels/'s). */
+dt_backend_kind dt_strategy_device(dt_device_kind device);
+
 /* Opens ctx's backend (job.device, ctx->be_opts) into s->be and binds the CPUs (above). */
 int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
 
@@ -191,31 +237,48 @@ int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err 
  * checking that the launcher gave the store's address; -EINVAL with the fix otherwise (nccl
  * without cuda, no DTRAIN_STORE_ADDR/PORT). */
 int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
-                             const char **backend, dt_err *err);
+                             dt_comm_kind *backend, dt_err *err);
 
-/* The world communicator of ctx->env's ranks over `backend` ("cpu", "nccl"), bootstrapped
+/* The world communicator of ctx->env's ranks over backend (cpu, nccl), bootstrapped
  * through the dtrain store (DTRAIN_STORE_ADDR/PORT), namespaced by the run id and the
  * rendezvous round, with job.comm_timeout. */
-int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, const char *backend,
+int dt_strategy_world_comm(dt_comm **out, const dt_strategy_ctx *ctx, dt_comm_kind backend,
                            dt_err *err);
 
 /* The three above in turn: s->be (bound to its CPUs) and s->comm over the backend ddp.backend
  * names. -errno and err from the first that failed (close frees what was made). */
 int dt_strategy_open_world(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
 
-/* The grid of ctx's world laid out with parallel.tensor and parallel.pipeline (dt_grid_init:
- * -EINVAL naming the keys and the valid world sizes), then its groups split from world
- * (dt_groups_open), bootstrapped through a store connection of its own (DTRAIN_STORE_ADDR/PORT,
- * closed before it returns). Collective over world: every rank calls it at the same point. On
- * failure nothing is left open. */
+/* The groups of ctx->grid split from world (dt_groups_open), bootstrapped through a store
+ * connection of its own (DTRAIN_STORE_ADDR/PORT, closed before it returns). Collective over
+ * world: every rank calls it at the same point. On failure nothing is left open. */
 int dt_strategy_open_groups(dt_groups *out, dt_comm *world, const dt_strategy_ctx *ctx,
                             dt_err *err);
 
-/* Builds s->optim over s->model's parameters on s->be from ctx->optim. */
+/* Builds s->optim over s->model's parameters on s->be from ctx->optim (dp's master). */
 int dt_strategy_open_optim(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
 
+/* ---- a layout over a data-parallel sync (every one but dp) ---------------------------------- */
+
+/* Opens ctx->sync over dp (the layout's data-parallel group; NULL: none, for a sync that needs
+ * none) and s->model into s->sync, and s->optim = its optimiser. Collective over dp. */
+int dt_strategy_open_sync(dt_strategy *s, const dt_strategy_ctx *ctx, dt_comm *dp, dt_err *err);
+
+/* micro_step of a whole model (data and tensor layouts): its forward and backward between the
+ * sync's pass calls, the backward with the sync's grad-ready hook on the last micro-step, each
+ * a span of the trace. */
+int dt_strategy_sync_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
+                                float *loss, dt_err *err);
+
+/* eval_step of a whole model: forward only, between the sync's pass calls. */
+int dt_strategy_sync_eval(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
+                          dt_err *err);
+
+/* zero_grads: the sync's. */
+void dt_strategy_sync_zero_grads(dt_strategy *s);
+
 /* The ops of a strategy whose rank holds the whole model, its whole gradient and the whole
- * optimiser state in s->model and s->optim (single, DDP, DP's master). */
+ * optimiser state in s->model and s->optim, without a sync (DP's master). */
 
 /* state: s->model's parameters, its buffers (BatchNorm statistics, copied at save), and each of
  * s->optim's states under the prefix the optimiser gives it. */
@@ -244,40 +307,13 @@ dt_backend *dt_strategy_backend_one(dt_strategy *s, int k);
 
 /* ---- a model split over ranks, and its whole tensors (tensor and pipeline strategies) ------- */
 
-/* Checkpoint staging: whole-model buffers of backend memory (charged as "other"), buf[0] for
- * the parameters and buf[1 + i] for optimiser state i, laid out by a table of whole tensors (the
- * strategy's). A save fills them (gather_state) and reads them; a load writes them and start
- * slices them. Between the two they need not hold anything: release gives their memory back
- * (backend mem_release: inaccessible until committed; nothing where the backend's granule is
- * 0), commit takes it again before the next fill (undefined contents: a fill writes every
- * tensor of the table, which tiles the buffers), so between checkpoints a rank holds its own
- * part of the model only. */
-typedef struct dt_strategy_staging {
-    float *buf[1 + DT_OPTIM_MAX_STATES]; /* (numel) each, owned */
-    int n;                               /* buffers: 1 + the optimiser's states */
-    size_t numel;                        /* floats per buffer: the whole model's */
-    bool resident;                       /* its memory is committed (usable) */
-} dt_strategy_staging;
-
-/* n buffers of numel floats on be, zeroed (what start takes when nothing was loaded: the
- * optimiser state starts at zero) and resident. -errno and err on failure; free what was made
- * with dt_strategy_staging_free. */
-int dt_strategy_staging_alloc(dt_strategy_staging *st, dt_backend *be, int n, size_t numel,
-                              dt_err *err);
-
-/* Makes the memory usable again before a fill (nothing when it is); contents undefined. */
-int dt_strategy_staging_commit(dt_strategy_staging *st, dt_backend *be, dt_err *err);
-
-/* Gives the memory back (nothing when it is not resident). */
-void dt_strategy_staging_release(dt_strategy_staging *st, dt_backend *be);
-
-/* Frees the buffers; accepts a zeroed struct. */
-void dt_strategy_staging_free(dt_strategy_staging *st, dt_backend *be);
+/* The checkpoint staging (staging.h) of such a layout: whole-model buffers laid out by a table
+ * of whole tensors (the layout's), buf[0] the parameters and buf[1 + i] optimiser state i. */
 
 /* state over a staging: bufs[0] the model's whole tensors (whole[0..nwhole), offsets into the
  * staging), bufs[1 + i] optimiser state i under the optimiser's prefix, same table. */
 int dt_strategy_state_staged(const dt_strategy *s, const dt_tensor_info *whole, int nwhole,
-                             const dt_strategy_staging *st, dt_ckpt_buf *bufs, int cap, int *n,
+                             const dt_staging *st, dt_ckpt_buf *bufs, int cap, int *n,
                              dt_err *err);
 
 /* The whole tensors of a buffer laid out by s->model's table (local: num_params floats, backend
@@ -295,16 +331,11 @@ int dt_strategy_tp_gather(dt_strategy *s, dt_comm *tp, int T, int tp_rank, const
 int dt_strategy_tp_slice(dt_strategy *s, int tp_rank, const float *whole,
                          const size_t *whole_off, float *local, dt_err *err);
 
-/* The gradient's global norm where each rank holds part of it, then clip_grad_norm_'s scaling:
- * unscale (fp16: 1 / the loss scale) first, when not 1; then each rank's sum of squares of what
- * it alone holds: the tensors split over the tensor group (tp_parts > 0) on every rank, the
- * replicated ones on tensor rank 0 only (the model all-reduces their gradients over the group:
- * every rank holds the same), none of the tensor indices skip[0..nskip) (a tied copy another
- * stage counts); that sum all-reduced over each non-NULL group of groups[0..ngroups) in turn, in
- * scratch (one double of backend memory). *norm = its square root; an inf or NaN anywhere makes
- * every rank's norm non-finite (nothing clipped). -errno and err when an all-reduce failed. */
-int dt_strategy_clip_split(dt_strategy *s, double unscale, int tp_rank, const int *skip,
-                           int nskip, dt_comm *const *groups, int ngroups, double *scratch,
-                           double *norm, dt_err *err);
+/* The counted tensors of a gradient split over the tensor group, for dpsync.h's clip: counted[t]
+ * (m's table, num_tensors entries, malloc'd: the caller frees) = tensor t is this rank's alone to
+ * count: split over the group (tp_parts > 0) on every rank, replicated ones on tensor rank 0 only
+ * (the model all-reduces their gradients over the group: every rank holds the same), none of
+ * skip[0..nskip) (a tied copy another stage counts). NULL when out of memory. */
+unsigned char *dt_strategy_counted(const dt_model *m, int tp_rank, const int *skip, int nskip);
 
 #endif

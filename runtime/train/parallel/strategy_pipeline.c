@@ -1,19 +1,21 @@
 /* strategy_pipeline.c - pipeline parallelism: GPipe and 1F1B (PipeDream-Flush) over the
- * pipeline group of the data x tensor x pipeline grid, DDP over the data-parallel group when
- * D > 1; see strategy_pipeline.h.
+ * pipeline group of the data x tensor x pipeline grid, a data-parallel sync (DDP, ZeRO 1-3)
+ * over the data-parallel group when D > 1; see strategy_pipeline.h.
  *
  * open: the world communicator, the grid (grid.h) and its groups (tensor, data, pipeline,
  * embedding), this rank's stage (the blocks dt_job_stage_blocks gives stage pp), the model built
  * as that stage (model.h's pp_* fields) with as many activation slots as the schedule keeps
  * micro-batches alive (GPipe M, 1F1B min(P - stage, M)) and, when T > 1, its tensor-parallel
  * slices (the model's comm is the tensor group); micro-batches of batch_size / M samples, the
- * optimiser over the stage's tensors, the p2p buffers, and the whole-model view a checkpoint
+ * sync over the stage's replicas (and its optimiser over what it owns of the stage), the p2p
+ * buffers, and the whole-model view a checkpoint
  * needs: the stages' tensor tables all-gathered over the pipeline group into one table of whole
  * tensors under the usual names (a name an earlier stage holds too, the tied wte of gpt's last
  * stage, is that stage's), and whole-size staging of the parameters and the optimiser state,
  * filled with the initial parameters.
  * start: every stage takes its tensors from the staging (what a resume loaded into it, or the
- * initial values open put there), then DDP's reducer over the data-parallel group (D > 1).
+ * initial values open put there) into the sync's local buffers, then the sync's start (DDP:
+ * the reducer over the data-parallel group).
  *
  * micro_step(batch): the rank's batch (the same samples on every stage of a pipeline: the
  * sampler draws by the data-parallel coordinate) is cut into M micro-batches of near-equal size,
@@ -47,33 +49,25 @@
  * (T > 1) and all-gathered over the pipeline group into the staging, so rank 0 writes whole
  * tensors and any layout resumes them (start slices them again).
  *
- * The staging (strategy.h's dt_strategy_staging, as the tensor strategy's) is whole-model sized
+ * The staging (staging.h's dt_staging, as the tensor strategy's) is whole-model sized
  * on every rank, but its memory is resident only while it holds data (from open to start,
  * from a save's gather to the next optimiser step). The groups are grid.h's (dt_groups_open
  * through dt_strategy_open_groups), the tensor group's gather and slice and the norm over split
  * tensors strategy.c's, all shared with strategy_tensor.c.
  *
- * ZeRO (parallel.zero = 1 | 2, D > 1): strategy_zero.h's dt_zero over the data-parallel group
- * takes the place of DDP's reducer, from open (the optimiser is over its shard): the stage's
- * buckets are reduce-scattered over its replicas, each rank updates its shard of the stage
- * (stage 2: the gradient memory given back as buckets are reduced) and the updated stage is
- * all-gathered; the norm adds the shards over dp, then over the tensor and pipeline groups
- * (dt_zero_clip_split, the same counting as above); a save gathers the optimiser state over dp
- * into the stage's layout first (dt_zero_gather_state), then as above; a load the reverse. The
- * tied wte: the two stages' replicas shard it differently (their buckets differ), so its
- * gradient is summed over the embedding group before it is reduced, not after: the backward's
- * hook (zero_ready) passes every range to the reducer but the tied tensors', which sync_grads
- * reports once the embedding group's all-reduce summed them (the buckets after the tied one
- * wait with it, strictly in order: on the last stage, whose wte is its first bucket, the
- * reduce-scatters start after backward).
- * ZeRO-3 (cpu, cuda): strategy_zero3.h's dt_zero3 over the data-parallel group shards the
- * stage's parameters too; its block hook gathers a block over the group at each of its windows
- * (every micro-batch's forward and backward) and gives it back after; the step's final backward
- * (dt_zero3_backward_begins) reduce-scatters each block's gradients as it finishes, except the
- * tied wte's block, held until sync_grads summed it over the embedding group
- * (dt_zero3_hold_tensor, dt_zero3_scatter_held). No prefetch: the hook learns a window order
- * from one forward and one backward pass, and a pipeline's micro-batches interleave them, so
- * every gather is waited for at its window.
+ * The data-parallel axis is the sync the registry chose (dpsync.h), opened over the stage's
+ * data-parallel group (none when D = 1), which builds the optimiser over what the rank owns of
+ * the stage: DDP's reducer, ZeRO-1/2's shards of the stage (reduce-scattered buckets, the
+ * updated stage all-gathered) or ZeRO-3's (its block hook gathers a block over the group at
+ * each of its windows, every micro-batch's forward and backward). backward_begin before every
+ * stage backward gives the hook of the step's final one; drop after a run gives back what was
+ * gathered for it. The tied wte is held (hold) and summed over the embedding group by sum_tied,
+ * which finish calls where the sync needs it: after DDP's average (both copies then sum the
+ * same averaged gradients), before ZeRO's reduction (the two stages' replicas shard it
+ * differently: their buckets and blocks differ; ZeRO-1/2 on the last stage, whose wte is its
+ * first bucket, then starts its reduce-scatters after backward, the buckets after the tied one
+ * waiting with it, strictly in order). A pipeline's micro-batches interleave their passes, so
+ * the sync learns no window order (ZeRO-3: no prefetch, every gather waited for at its window).
  *
  * Left for later (issue 19): ZeRO 1-2's reduce-scatters on a stage with the tied wte start
  * only after backward where wte is the stage's first bucket (above); ZeRO-3's prefetch in a
@@ -88,19 +82,14 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/train/parallel/ddp.h"
 #include "runtime/train/parallel/grid.h"
 #include "runtime/train/parallel/pp_schedule.h"
-#include "runtime/train/parallel/strategy_zero.h"
 #include "runtime/train/obs/trace.h"
 
 typedef struct pipe_impl {
     const dt_job *job;              /* borrowed */
     dt_groups g;                    /* grid and groups (pp: this pipeline; dp: D > 1), owned */
-    dt_ddp *ddp;                    /* over g.dp when D > 1 and zero = 0, owned; else NULL */
-    dt_zero *zero;                  /* ZeRO 1-2 over g.dp (D > 1, zero 1-2), owned; else NULL */
-    dt_zero3 *z3;                   /* ZeRO-3 over g.dp (D > 1, zero = 3), owned; else NULL */
-    dt_strategy *self;              /* borrowed: the ready hook's way back (zero_ready) */
+    dt_strategy *self;              /* borrowed: the tied sum's way back (sum_tied) */
     int P, M, stage, slots;
     int nrecv;                      /* input activation buffers (stage > 0): one more than the
                                        slots (at most M), as receives are posted a forward
@@ -146,32 +135,16 @@ typedef struct pipe_impl {
     int ntied;
     bool tied_copy;                 /* this stage's tied tensors are the later copies: left
                                        out of the norm (the first stage counts them) */
+    unsigned char *counted;         /* (this stage's tensors) what this rank counts in the
+                                       norm, owned */
     size_t *own_off;                /* (this stage's tensors) offset of each in whole */
-    dt_strategy_staging stg;        /* (whole_numel) params, then each optimiser state; owned.
+    dt_staging stg;        /* (whole_numel) params, then each optimiser state; owned.
                                        Resident from open to start and from a save's gather to
                                        the next optim_step */
     dt_pp_stats st;
 } pipe_impl;
 
 static int pipe_rank_batch(const dt_job *job) { return job->batch_size; }
-
-/* The reducer the last backward feeds and sync_grads waits for (NULL when D = 1). */
-static dt_ddp *reducer(pipe_impl *p) { return p->zero ? dt_zero_ddp(p->zero) : p->ddp; }
-
-/* Optimiser state i in the stage's layout (num_params floats): under ZeRO its staging there. */
-static float *local_state(dt_strategy *s, pipe_impl *p, int i)
-{
-    if (p->z3)
-        return dt_zero3_local(p->z3, 1 + i);
-    return p->zero ? dt_zero_local_state(p->zero, i) : s->optim->states[i].buf;
-}
-
-/* The stage's parameters in its layout: ZeRO-3's staging (the flat buffer holds a block only
- * inside its windows), else the model's. */
-static float *local_params(dt_strategy *s, pipe_impl *p)
-{
-    return p->z3 ? dt_zero3_local(p->z3, 0) : s->model->params;
-}
 
 /* ---- the whole-model view ------------------------------------------------------------------ */
 
@@ -396,22 +369,12 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     if (!m->stage || m->num_buffers)
         return dt_err_set(err, -ENOTSUP, "parallel.pipeline = %d: model %s has no pipeline "
                                          "stages (mlp and gpt have); use parallel.pipeline = 1",
-                          p->P, mc.type);
+                          p->P, dt_model_arch_name(mc.arch));
     p->self = s;
-    if (j->zero == 3 && p->g.dp) { /* the block hook's gathers: the optimiser is over the shard */
-        if ((rc = dt_zero3_open(&p->z3, s, ctx, p->g.dp, err)))
-            return dt_err_prefix(err, "pipeline stage %d: ZeRO-3 over its %d replicas: ",
-                                 p->stage, p->g.grid.D);
-    } else if (j->zero > 0 && p->g.dp) { /* the reducer now: the optimiser is over its shard */
-        if ((rc = dt_zero_open(&p->zero, s, ctx, p->g.dp, err)))
-            return dt_err_prefix(err, "pipeline stage %d: ZeRO over its %d replicas: ", p->stage,
-                                 p->g.grid.D);
-    } else if ((rc = dt_strategy_open_optim(s, ctx, err))) {
-        return rc;
-    }
-    if (j->zero > 0 && !p->g.dp && e->rank == 0)
-        DT_INFO("parallel.zero = %d with D = 1: nothing to shard over, every stage keeps its "
-                "optimiser state", j->zero);
+    /* the sync over the stage's replicas (none when D = 1); the optimiser is its */
+    if ((rc = dt_strategy_open_sync(s, ctx, p->g.dp, err)))
+        return dt_err_prefix(err, "pipeline stage %d: %s over its %d replicas: ", p->stage,
+                             s->sync ? s->sync->label : ctx->sync->name, p->g.grid.D);
 
     /* p2p buffers */
     dt_backend *be = s->be;
@@ -439,14 +402,17 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     /* the whole model for checkpoints */
     if ((rc = gather_tables(s, p, err)))
         return rc;
-    if ((rc = dt_strategy_staging_alloc(&p->stg, be, 1 + s->optim->num_states, p->whole_numel,
+    if ((rc = dt_staging_alloc(&p->stg, be, 1 + s->optim->num_states, p->whole_numel,
                                         err)))
         return dt_err_prefix(err, "pipeline: ");
-    if ((rc = gather_whole(s, p, local_params(s, p), p->stg.buf[0], err)))
+    if ((rc = gather_whole(s, p, dt_dpsync_local(s->sync, 0), p->stg.buf[0], err)))
         return dt_err_prefix(err, "pipeline: the initial parameters: ");
-    for (int i = 0; i < p->ntied && p->z3; i++) /* summed over the embedding group first */
-        if ((rc = dt_zero3_hold_tensor(p->z3, p->tied[i], err)))
+    for (int i = 0; i < p->ntied; i++) /* summed over the embedding group (sum_tied) */
+        if ((rc = dt_dpsync_hold(s->sync, p->tied[i], err)))
             return rc;
+    if (!(p->counted = dt_strategy_counted(m, p->g.grid.tp, p->tied_copy ? p->tied : NULL,
+                                           p->tied_copy ? p->ntied : 0)))
+        return dt_err_set(err, -ENOMEM, "out of memory");
 
     s->whole_params = p->whole_numel;
     p->st.P = p->P;
@@ -457,10 +423,9 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     char tp[32] = ""; /* the run's last line names every factor but data's */
     if (p->g.grid.T > 1)
         snprintf(tp, sizeof tp, "tensor %d x ", p->g.grid.T);
-    snprintf(s->summary, sizeof s->summary, "%spipeline %d x %d micro-batches (%s)%s", tp, p->P,
-             p->M, dt_pp_schedule_name(p->kind),
-             p->z3 ? ", ZeRO-3" : !p->zero ? "" : dt_zero_stage(p->zero) == 1 ? ", ZeRO-1"
-                                                                          : ", ZeRO-2");
+    snprintf(s->summary, sizeof s->summary, "%spipeline %d x %d micro-batches (%s)%s%s", tp,
+             p->P, p->M, dt_pp_schedule_name(p->kind), s->sync->sharded ? ", " : "",
+             s->sync->sharded ? s->sync->label : "");
     const dt_block *b0 = &m->blocks[0], *b1 = &m->blocks[m->num_blocks - 1];
     DT_DEBUG("pipeline stage %d of %d (rank %d): %s..%s, %zu parameters, %d activation slot%s "
              "of %d samples",
@@ -483,33 +448,19 @@ static int pipe_start(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
     /* what a resume loaded into the staging, or the initial parameters open put there */
-    int rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[0], p->own_off,
-                                  local_params(s, p), err);
-    for (int i = 0; i < s->optim->num_states && !rc; i++)
-        rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[1 + i], p->own_off,
-                                  local_state(s, p, i), err);
+    int rc = 0;
+    for (int k = 0; k < p->stg.n && !rc; k++)
+        rc = dt_strategy_tp_slice(s, p->g.grid.tp, p->stg.buf[k], p->own_off,
+                                  dt_dpsync_local(s->sync, k), err);
     if (rc)
         return dt_err_prefix(err, "pipeline stage %d: ", p->stage);
-    dt_strategy_staging_release(&p->stg, s->be);
-    if (p->z3) /* broadcasts the replicas' rank 0's stage, takes this rank's shard */
-        return dt_zero3_start(p->z3, err);
-    if (p->zero) { /* the stage of data-parallel rank 0, as DDP; this rank's shard of the state */
-        if ((rc = dt_comm_broadcast(p->g.dp, s->model->params, s->model->num_params, DT_FLOAT32,
-                                    0, NULL, err)))
-            return dt_err_prefix(err, "pipeline stage %d: broadcasting over its replicas: ",
-                                 p->stage);
-        dt_zero_take_state(p->zero);
-        return 0;
-    }
-    if (!p->g.dp)
-        return 0;
-    dt_ddp_opts o;
-    rc = dt_ddp_opts_from_job(&o, p->job, err);
-    if (!rc)
-        rc = dt_ddp_create(&p->ddp, s->model, p->g.dp, &o, err);
-    return rc ? dt_err_prefix(err, "pipeline stage %d: DDP over its %d replicas: ", p->stage,
-                              p->g.grid.D)
-              : 0;
+    dt_staging_release(&p->stg, s->be);
+    /* the stage of data-parallel rank 0 everywhere (DDP: the reducer checks it across the
+     * replicas first), this rank's part of the state */
+    if ((rc = dt_dpsync_start(s->sync, err)))
+        return dt_err_prefix(err, "pipeline stage %d: %s over its %d replicas: ", p->stage,
+                             s->sync->label, p->g.grid.D);
+    return 0;
 }
 
 /* ---- a step -------------------------------------------------------------------------------- */
@@ -517,16 +468,7 @@ static int pipe_start(dt_strategy *s, dt_err *err)
 /* Micro-batch of b: samples [from, from + count). */
 static dt_batch slice(const pipe_impl *p, const dt_batch *b, int from, int count)
 {
-    dt_batch o = *b;
-    size_t per = b->T > 0 ? (size_t)b->T : 1;
-    o.B = count;
-    if (b->tokens)
-        o.tokens = b->tokens + (size_t)from * per;
-    if (b->targets)
-        o.targets = b->targets + (size_t)from * per;
-    if (b->x)
-        o.x = b->x + (size_t)from * p->x_numel;
-    return o;
+    return dt_batch_slice(b, from, count, p->x_numel);
 }
 
 /* Cuts b into nmb micro-batches of near-equal size (the first ones one larger) and counts
@@ -604,29 +546,6 @@ static int from_last_stage(dt_strategy *s, pipe_impl *p, double *v, int n, dt_er
     return 0;
 }
 
-/* ZeRO's ready hook (ctx: the pipe_impl): every final range to the reducer except the parts
- * that are tied tensors, whose gradients sync_grads first sums over the embedding group. */
-static void zero_ready(void *ctx, size_t offset, size_t numel)
-{
-    pipe_impl *p = ctx;
-    const dt_model *m = p->self->model;
-    size_t lo = offset, hi = offset + numel;
-    while (lo < hi) {
-        size_t cut = hi, next = hi; /* [lo, cut) is passed on, [cut, next) held back */
-        for (int i = 0; i < p->ntied; i++) {
-            const dt_tensor_info *ti = &m->tensors[p->tied[i]];
-            size_t a = ti->offset, b = ti->offset + ti->numel;
-            if (b <= lo || a >= hi || a >= cut)
-                continue;
-            cut = DT_MAX(a, lo);
-            next = DT_MIN(b, hi);
-        }
-        if (cut > lo)
-            dt_ddp_grad_ready(dt_zero_ddp(p->zero), lo, cut - lo);
-        lo = next;
-    }
-}
-
 /* What one run of a list gives back. */
 typedef struct run_out {
     double loss_sum; /* last stage: the micro-batches' losses x their valid targets */
@@ -698,14 +617,10 @@ static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int 
             float dl = valid > 0 ? (float)((double)dloss * (double)p->mb_valid[a.mb] /
                                            (double)valid)
                                  : 0.0f;
-            /* DDP's no_sync: the reducer hears of the gradients in the step's last backward
-             * (ZeRO with tied tensors: through zero_ready) */
-            bool hook = reducer(p) && last && a.mb == last_mb;
-            bool held = p->zero && p->ntied > 0;
-            if (p->z3) /* the final backward reduce-scatters each block as it is done */
-                dt_zero3_backward_begins(p->z3, last && a.mb == last_mb);
-            dt_grad_ready_fn fn = !hook ? NULL : held ? zero_ready : dt_ddp_grad_ready;
-            void *fctx = !hook ? NULL : held ? (void *)p : (void *)reducer(p);
+            /* DDP's no_sync: the sync hears of the gradients in the step's last backward */
+            dt_grad_ready_fn fn;
+            void *fctx;
+            dt_dpsync_backward_begin(s->sync, last && a.mb == last_mb, &fn, &fctx);
             rc = so->stage_backward(m, slot, dl,
                                     p->stage < p->P - 1 ? p->grad_out[a.mb % 2] : NULL,
                                     p->stage > 0 ? p->grad_in[a.mb % 2] : NULL, fn, fctx, err);
@@ -754,8 +669,7 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
     double t0 = dt_now_s();
     run_out o;
     rc = run_list(s, p, list, n, batch, true, dloss, last, valid, nmb - 1, &o, err);
-    if (p->z3) /* every block gathered for the run given back */
-        dt_zero3_drop(p->z3);
+    dt_dpsync_drop(s->sync); /* every block gathered for the run given back (ZeRO-3) */
     if (rc)
         return rc;
     double v = valid > 0 ? o.loss_sum / (double)valid : 0.0;
@@ -772,34 +686,34 @@ static int pipe_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
     return 0;
 }
 
-/* DDP's buckets over the stage's replicas (D > 1), then the tied tensors' gradients summed
- * between the first and the last stage (the embedding group), so both copies take the same
- * update and stay equal. ZeRO: the tied sums first (on this rank's own gradients), handed to
- * the reducer then (zero_ready held them back), then its reduce-scatters. */
-static int pipe_sync_grads(dt_strategy *s, dt_err *err)
+/* The tied tensors' gradients summed between the first and the last stage (the embedding
+ * group), so both copies take the same update and stay equal (ctx: the pipe_impl). */
+static int sum_tied(void *ctx, dt_err *err)
 {
-    pipe_impl *p = s->impl;
-    double t0 = dt_now_s();
-    int rc = p->ddp ? dt_ddp_finish(p->ddp, err) : 0;
+    pipe_impl *p = ctx;
+    const dt_model *m = p->self->model;
+    int rc = 0;
     for (int i = 0; i < p->ntied && !rc; i++) {
-        const dt_tensor_info *ti = &s->model->tensors[p->tied[i]];
+        const dt_tensor_info *ti = &m->tensors[p->tied[i]];
         uint64_t ts = dt_trace_begin();
-        if ((rc = dt_comm_allreduce(p->g.embed, s->model->grads + ti->offset, ti->numel,
-                                    DT_FLOAT32, DT_SUM, NULL, err)))
+        if ((rc = dt_comm_allreduce(p->g.embed, m->grads + ti->offset, ti->numel, DT_FLOAT32,
+                                    DT_SUM, NULL, err)))
             dt_err_prefix(err, "pipeline stage %d (rank %d): the tied %s's gradient over the "
                                "embedding group: ",
                           p->stage, p->g.grid.rank, ti->name);
         dt_trace_end(ts, DT_TRACE_COMM, "tied embedding all-reduce");
-        if (!rc && p->zero)
-            dt_ddp_grad_ready(dt_zero_ddp(p->zero), ti->offset, ti->numel);
     }
-    if (!rc && p->zero)
-        rc = dt_ddp_finish(dt_zero_ddp(p->zero), err);
-    double waited = 0;
-    if (!rc && p->z3) { /* the tied blocks held back until now, then every reduce-scatter */
-        dt_zero3_scatter_held(p->z3);
-        rc = dt_zero3_sync_grads(p->z3, &waited, err);
-    }
+    return rc;
+}
+
+/* The sync's finish over the stage's replicas, with the tied tensors summed where it needs
+ * them: after DDP's average, before ZeRO's reduce-scatters (their shards differ between the
+ * two stages). */
+static int pipe_sync_grads(dt_strategy *s, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    double t0 = dt_now_s(), waited;
+    int rc = dt_dpsync_finish(s->sync, p->ntied ? sum_tied : NULL, p, &waited, err);
     s->comm_time_s = dt_now_s() - t0;
     return rc;
 }
@@ -818,22 +732,16 @@ static int pipe_average(dt_strategy *s, double *v, int n, dt_err *err)
     return 0;
 }
 
-/* The global norm (dt_strategy_clip_split): each rank's sum of squares of what it alone holds
- * (its slices of the split tensors; the replicated ones on tensor rank 0 only; a tied tensor on
- * the first stage that holds it), added over the tensor group and then over the pipeline group
- * (the replicas of a stage hold the same all-reduced gradient); then clip_grad_norm_'s
- * scaling. */
+/* The global norm (dpsync.h's clip): each rank's sum of squares of what it alone holds (its
+ * slices of the split tensors; the replicated ones on tensor rank 0 only; a tied tensor on the
+ * first stage that holds it: p->counted; under ZeRO its shard of them, added over dp first),
+ * added over the tensor group and then over the pipeline group (the replicas of a stage hold
+ * the same all-reduced gradient); then clip_grad_norm_'s scaling. */
 static int pipe_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
 {
     pipe_impl *p = s->impl;
     dt_comm *const groups[2] = {p->g.tp, p->g.pp};
-    const int *skip = p->tied_copy ? p->tied : NULL, nskip = p->tied_copy ? p->ntied : 0;
-    int rc = p->zero ? dt_zero_clip_split(p->zero, unscale, p->g.grid.tp, skip, nskip, groups, 2,
-                                          p->scalars, norm, err)
-             : p->z3 ? dt_zero3_clip_split(p->z3, unscale, p->g.grid.tp, skip, nskip, groups, 2,
-                                           p->scalars, norm, err)
-                     : dt_strategy_clip_split(s, unscale, p->g.grid.tp, skip, nskip, groups, 2,
-                                              p->scalars, norm, err);
+    int rc = dt_dpsync_clip(s->sync, unscale, p->counted, groups, 2, p->scalars, norm, err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: ", p->stage) : 0;
 }
 
@@ -864,8 +772,7 @@ static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, in
         valid += p->mb_valid[k];
     run_out o;
     rc = run_list(s, p, p->eval_list, nf, batch, false, 0, false, valid, nmb - 1, &o, err);
-    if (p->z3)
-        dt_zero3_drop(p->z3);
+    dt_dpsync_drop(s->sync);
     if (rc)
         return dt_err_prefix(err, "evaluation: ");
     double v[2] = {valid > 0 ? o.loss_sum / (double)valid : 0.0, (double)o.correct};
@@ -876,27 +783,12 @@ static int pipe_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, in
     return 0;
 }
 
-static void pipe_zero_grads(dt_strategy *s)
-{
-    pipe_impl *p = s->impl;
-    if (p->zero)
-        dt_zero_zero_grads(p->zero); /* stage 2: given back, zeroed block by block later */
-    else if (p->z3)
-        dt_zero3_zero_grads(p->z3);
-    else
-        dt_strategy_zero_grads_whole(s);
-}
-
 /* The staging a save read is free again (the trainer fenced the save's copy before this). */
 static int pipe_optim_step(dt_strategy *s, double lr, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    dt_strategy_staging_release(&p->stg, s->be);
-    if (p->zero)
-        return dt_zero_step(p->zero, lr, err); /* the shard, then the stage all-gathered */
-    if (p->z3)
-        return dt_zero3_step(p->z3, lr); /* the shard; the next forward gathers it */
-    return dt_strategy_optim_step_whole(s, lr, err);
+    dt_staging_release(&p->stg, s->be);
+    return dt_dpsync_step(s->sync, lr, err);
 }
 
 /* ---- checkpoints --------------------------------------------------------------------------- */
@@ -910,15 +802,11 @@ static int pipe_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err
 static int pipe_gather_state(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    int rc = dt_strategy_staging_commit(&p->stg, s->be, err);
-    if (!rc && p->zero) /* the shards over dp into the stage's layout first */
-        rc = dt_zero_gather_state(p->zero, err);
-    if (!rc && p->z3)
-        rc = dt_zero3_gather_state(p->z3, err);
-    if (!rc)
-        rc = gather_whole(s, p, local_params(s, p), p->stg.buf[0], err);
-    for (int i = 0; i < s->optim->num_states && !rc; i++)
-        rc = gather_whole(s, p, local_state(s, p, i), p->stg.buf[1 + i], err);
+    int rc = dt_staging_commit(&p->stg, s->be, err);
+    if (!rc) /* a sharding sync: the shards over dp into the stage's layout first */
+        rc = dt_dpsync_gather_state(s->sync, err);
+    for (int k = 0; k < p->stg.n && !rc; k++)
+        rc = gather_whole(s, p, dt_dpsync_local(s->sync, k), p->stg.buf[k], err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: gathering the stages' tensors: ",
                               p->stage)
               : 0;
@@ -928,10 +816,10 @@ static int pipe_gather_state(dt_strategy *s, dt_err *err)
 static void pipe_close(dt_strategy *s)
 {
     pipe_impl *p = s->impl;
+    dt_dpsync_close(s->sync);
+    s->sync = NULL;
+    s->optim = NULL;
     if (p) {
-        dt_ddp_free(p->ddp);
-        dt_zero_free(p->zero);
-        dt_zero3_free(p->z3);
         dt_groups_close(&p->g);
         if (s->be) {
             for (int k = 0; k < p->nrecv && p->recv_act; k++)
@@ -942,7 +830,7 @@ static void pipe_close(dt_strategy *s)
             }
             s->be->free(s->be, p->scalars);
         }
-        dt_strategy_staging_free(&p->stg, s->be);
+        dt_staging_free(&p->stg, s->be);
         free(p->recv_act);
         free(p->out);
         free(p->list);
@@ -964,21 +852,19 @@ static void pipe_close(dt_strategy *s)
         free(p->sw_at);
         free(p->tied);
         free(p->own_off);
+        free(p->counted);
     }
     dt_comm_free(s->comm);
     s->comm = NULL;
-    dt_optim_free(s->optim);
     dt_model_free(s->model);
     dt_backend_close(s->be);
     free(p);
 }
 
-int dt_strategy_pipeline_stats(const dt_strategy *s, dt_pp_stats *out)
+static void pipe_stats(dt_strategy *s, dt_strategy_stats *out)
 {
-    if (!s || s->ops != &dt_strategy_pipeline_ops || !s->impl)
-        return -EINVAL;
-    *out = ((const pipe_impl *)s->impl)->st;
-    return 0;
+    out->pipeline = true;
+    out->pp = ((const pipe_impl *)s->impl)->st;
 }
 
 const dt_strategy_ops dt_strategy_pipeline_ops = {
@@ -986,7 +872,7 @@ const dt_strategy_ops dt_strategy_pipeline_ops = {
     .rank_batch = pipe_rank_batch,
     .open = pipe_open,
     .start = pipe_start,
-    .zero_grads = pipe_zero_grads,
+    .zero_grads = dt_strategy_sync_zero_grads,
     .micro_step = pipe_micro_step,
     .sync_grads = pipe_sync_grads,
     .average = pipe_average,
@@ -995,6 +881,7 @@ const dt_strategy_ops dt_strategy_pipeline_ops = {
     .eval_step = pipe_eval_step,
     .state = pipe_state,
     .gather_state = pipe_gather_state,
+    .stats = pipe_stats,
     .replica_backend = dt_strategy_backend_one,
     .close = pipe_close,
 };

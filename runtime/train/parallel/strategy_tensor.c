@@ -1,26 +1,21 @@
 /* strategy_tensor.c - tensor parallelism (Megatron-LM's column/row splits, in the gpt model) with
- * DDP, or ZeRO stages 1-3, over the data-parallel groups; see strategy_tensor.h.
+ * a data-parallel sync (dpsync.h: DDP, ZeRO stages 1-3) over the data-parallel groups; see
+ * strategy_tensor.h.
  *
  * The model does the tensor-parallel work (its forward and backward all-reduce over the tensor
- * group); what is left here is what spans the step: the groups, the data-parallel reducer, the
- * norm over slices, and checkpoints of whole tensors.
- *
- * ZeRO (parallel.zero = 1 | 2, D > 1): instead of DDP's reducer the strategy holds
- * strategy_zero.h's dt_zero over the data-parallel group: the same reducer in its sharding mode
- * over this rank's slices (reduce-scattered buckets), the optimiser over its shard of them
- * (stage 2: the gradient memory given back as the buckets are reduced), the updated slices
- * all-gathered over the group. The norm is the shards' counted squares summed over dp, then
- * over the tensor group (dt_zero_clip_split). A checkpoint goes through both stagings: the
- * optimiser state all-gathered over dp into the slices' layout (dt_zero_gather_state), then
- * assembled over the tensor group as without ZeRO; a load the reverse (dt_zero_take_state), so
- * the checkpoint is the one T = 1 or one process writes. ZeRO-3 (cpu, cuda): dt_zero3 over the
- * data-parallel group instead, its block hook gathering the slices around each block's use;
- * its staging in the slices' layout is what the tensor group's gather and slice read and write.
- * D = 1 has nothing to shard: DDP's layout (no reducer) is what runs.
+ * group); what is left here is what spans the step: the groups, the norm over slices, and
+ * checkpoints of whole tensors. The data-parallel axis is the sync the registry chose, opened
+ * over the data-parallel group and this rank's slices (none when D = 1: nothing to
+ * synchronise), which builds the optimiser over what the rank owns of them; the layout never
+ * asks which one it holds. The norm is the sync's clip over the counted tensors (the split ones
+ * on every rank, the replicated ones on tp rank 0), added over the tensor group. A checkpoint
+ * goes through both stagings: the sync's local buffers (gathered over dp first where the sync
+ * shards them) assembled over the tensor group into whole tensors; a load the reverse, the sync
+ * taking its part at start, so the checkpoint is the one T = 1 or one process writes.
  *
  * Checkpoint staging. state hands out full-size buffers laid out by a "whole" tensor table (the
  * model's table with whole_shape, packed in the same order), one for the parameters and one per
- * optimiser state (strategy.h's dt_strategy_staging, shared with the pipeline strategy).
+ * optimiser state (staging.h's dt_staging, shared with the pipeline strategy).
  * gather_state fills them (dt_strategy_tp_gather): one all-gather over the tensor group per
  * buffer (T x the local buffer), then each tensor assembled from the T slices with
  * dt_tensor_tp_copy (replicated tensors: this rank's copy); start slices them back
@@ -47,8 +42,6 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/train/parallel/ddp.h"
-#include "runtime/train/parallel/strategy_zero.h"
 
 typedef struct tp_impl {
     const dt_job *job;         /* borrowed */
@@ -57,16 +50,13 @@ typedef struct tp_impl {
     bool groups_open;
     dt_comm *tp;               /* the tensor group: groups.tp, or s->comm when D = 1 (borrowed) */
     dt_comm *dp;               /* the data-parallel group (groups.dp) or NULL when D = 1 */
-    dt_ddp *ddp;               /* the reducer over dp (D > 1, zero = 0), owned; NULL before
-                                  start */
-    dt_zero *zero;             /* ZeRO 1-2 over dp (D > 1, zero 1-2), owned, from open */
-    dt_zero3 *z3;              /* ZeRO-3 over dp (D > 1, zero = 3), owned, from open */
+    unsigned char *counted;    /* (num_tensors) what this rank counts in the norm, owned */
     double *scratch;           /* (32) backend memory for the scalar collectives, owned */
     /* checkpoint staging */
     dt_tensor_info *whole;     /* (num_tensors) host, owned: shapes whole, packed offsets */
     size_t *whole_off;         /* (num_tensors) host, owned: whole[i].offset */
     size_t whole_numel;
-    dt_strategy_staging stg;   /* params, then each optimiser state; owned */
+    dt_staging stg;   /* params, then each optimiser state; owned */
     /* figures */
     size_t split_local, replicated, split_whole;
     double dp_wait_s;
@@ -108,35 +98,19 @@ static int build_whole(const dt_model *m, tp_impl *t, dt_err *err)
     return 0;
 }
 
-/* The local buffer k (0: parameters, else optimiser state k-1), in the model's layout
- * (num_params floats): under ZeRO the state's staging in that layout (dt_zero_local_state). */
-static float *local_buf(dt_strategy *s, tp_impl *t, int k)
-{
-    if (t->z3) /* the flat parameters live only inside the block hook's windows */
-        return dt_zero3_local(t->z3, k);
-    if (k == 0)
-        return s->model->params;
-    return t->zero ? dt_zero_local_state(t->zero, k - 1) : s->optim->states[k - 1].buf;
-}
-
-/* The reducer the backward's hook feeds and sync_grads waits for (NULL when D = 1). */
-static dt_ddp *reducer(tp_impl *t) { return t->zero ? dt_zero_ddp(t->zero) : t->ddp; }
-
-/* The staging buffers k < upto filled with the whole tensors of the local ones (ZeRO: the
- * optimiser state first gathered over dp). Collective over the tensor (and data-parallel)
- * group. */
+/* The staging buffers k < upto filled with the whole tensors of the sync's local ones (a
+ * sharding sync: gathered over dp first; only the initial parameters, upto = 1, need not be).
+ * Collective over the tensor (and data-parallel) group. */
 static int gather_staging(dt_strategy *s, tp_impl *t, int upto, dt_err *err)
 {
-    int rc = dt_strategy_staging_commit(&t->stg, s->be, err);
-    if (!rc && t->zero && upto > 1 && (rc = dt_zero_gather_state(t->zero, err)))
-        return dt_err_prefix(err, "tensor parallelism, data-parallel group of tp %d: ",
-                             t->grid.tp);
-    if (!rc && t->z3 && upto > 1 && (rc = dt_zero3_gather_state(t->z3, err)))
+    int rc = dt_staging_commit(&t->stg, s->be, err);
+    if (!rc && upto > 1 && (rc = dt_dpsync_gather_state(s->sync, err)))
         return dt_err_prefix(err, "tensor parallelism, data-parallel group of tp %d: ",
                              t->grid.tp);
     for (int k = 0; k < upto && !rc; k++)
-        if ((rc = dt_strategy_tp_gather(s, t->tp, t->grid.T, t->grid.tp, local_buf(s, t, k),
-                                        t->stg.buf[k], t->whole_off, err)))
+        if ((rc = dt_strategy_tp_gather(s, t->tp, t->grid.T, t->grid.tp,
+                                        dt_dpsync_local(s->sync, k), t->stg.buf[k],
+                                        t->whole_off, err)))
             dt_err_prefix(err, "tensor parallelism: gathering %s over the tensor group: ",
                           k ? s->optim->states[k - 1].name : "the parameters");
     return rc;
@@ -153,19 +127,19 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         return dt_err_set(err, -ENOMEM, "out of memory");
     s->impl = t;
     t->job = j;
-    if (strcmp(ctx->model->type, "gpt") != 0 && strcmp(ctx->model->type, "llama") != 0)
+    if (ctx->model->arch != DT_ARCH_GPT && ctx->model->arch != DT_ARCH_BERT &&
+        ctx->model->arch != DT_ARCH_LLAMA)
         return dt_err_set(err, -EINVAL,
-                          "parallel.tensor = %d splits gpt's and llama's attention, MLP and "
-                          "vocabulary; model.type = %s has no tensor-parallel form: use "
-                          "model.type = gpt or llama, or parallel.tensor = 1",
-                          j->tensor, ctx->model->type);
+                          "parallel.tensor = %d splits gpt's, bert's and llama's attention, MLP "
+                          "and vocabulary; model.type = %s has no tensor-parallel form: use "
+                          "model.type = gpt, bert or llama, or parallel.tensor = 1", j->tensor,
+                          dt_model_arch_name(ctx->model->arch));
     if (j->pipeline > 1)
         return dt_err_set(err, -EINVAL,
                           "parallel.pipeline = %d: the tensor strategy runs one stage (the "
                           "pipeline strategy runs parallel.pipeline > 1)", j->pipeline);
-    int rc = dt_grid_init(&t->grid, e->rank, e->world_size, j->tensor, 1, err);
-    if (rc)
-        return rc;
+    t->grid = *ctx->grid;
+    int rc;
     if ((rc = dt_strategy_open_world(s, ctx, err)))
         return dt_err_prefix(err, "tensor parallelism: ");
     if (t->grid.D == 1) {
@@ -186,35 +160,27 @@ static int tp_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     const dt_model *m = s->model;
     if (m->num_buffers)
         return dt_err_set(err, -EINVAL, "tensor parallelism: model %s has non-trained buffers, "
-                          "which this strategy does not gather", mc.type);
-    if (j->zero == 3 && t->dp) { /* the block hook's gathers: the optimiser is over the shard */
-        if ((rc = dt_zero3_open(&t->z3, s, ctx, t->dp, err)))
-            return dt_err_prefix(err, "tensor parallelism, ZeRO-3 over the data-parallel group "
-                                 "of tp %d: ", t->grid.tp);
-    } else if (j->zero > 0 && t->dp) { /* the reducer now: the optimiser is over its shard */
-        if ((rc = dt_zero_open(&t->zero, s, ctx, t->dp, err)))
-            return dt_err_prefix(err, "tensor parallelism, ZeRO over the data-parallel group of "
-                                 "tp %d: ", t->grid.tp);
-    } else if ((rc = dt_strategy_open_optim(s, ctx, err))) {
-        return rc;
-    }
-    if (j->zero > 0 && !t->dp && e->rank == 0)
-        DT_INFO("parallel.zero = %d with D = 1: nothing to shard over, every rank of the tensor "
-                "group keeps its slices' optimiser state", j->zero);
+                          "which this strategy does not gather", dt_model_arch_name(mc.arch));
+    /* the sync over the data-parallel group (none when D = 1); the optimiser is its */
+    if ((rc = dt_strategy_open_sync(s, ctx, t->dp, err)))
+        return dt_err_prefix(err, "tensor parallelism, %s over the data-parallel group of tp "
+                             "%d: ", s->sync ? s->sync->label : ctx->sync->name, t->grid.tp);
+    if (!(t->counted = dt_strategy_counted(m, t->grid.tp, NULL, 0)))
+        return dt_err_set(err, -ENOMEM, "out of memory");
     dt_mem_cat old = dt_mem_tag(s->be, DT_MEM_COMM);
     rc = s->be->alloc(s->be, (void **)&t->scratch, 32 * sizeof(double), err);
     dt_mem_tag(s->be, old);
     if (rc || (rc = build_whole(m, t, err)) ||
-        (rc = dt_strategy_staging_alloc(&t->stg, s->be, 1 + s->optim->num_states,
+        (rc = dt_staging_alloc(&t->stg, s->be, 1 + s->optim->num_states,
                                         t->whole_numel, err)))
         return dt_err_prefix(err, "tensor parallelism: ");
     /* the initial parameters, whole: what start slices back when no checkpoint was loaded */
     if ((rc = gather_staging(s, t, 1, err)))
         return rc;
     s->whole_params = t->whole_numel;
-    if (t->zero || t->z3)
-        snprintf(s->summary, sizeof s->summary, "tensor %d x data %d, ZeRO-%d", t->grid.T,
-                 t->grid.D, t->z3 ? 3 : dt_zero_stage(t->zero));
+    if (s->sync->sharded)
+        snprintf(s->summary, sizeof s->summary, "tensor %d x data %d, %s", t->grid.T,
+                 t->grid.D, s->sync->label);
     else
         snprintf(s->summary, sizeof s->summary, "tensor %d x data %d", t->grid.T, t->grid.D);
     DT_DEBUG("tensor parallelism: rank %d is (dp %d, tp %d, pp 0) of %d x %d x 1", e->rank,
@@ -234,66 +200,22 @@ static int tp_start(dt_strategy *s, dt_err *err)
     int rc = 0;
     for (int k = 0; k < t->stg.n && !rc; k++)
         rc = dt_strategy_tp_slice(s, t->grid.tp, t->stg.buf[k], t->whole_off,
-                                  local_buf(s, t, k), err);
+                                  dt_dpsync_local(s->sync, k), err);
     if (rc)
         return dt_err_prefix(err, "tensor parallelism: ");
-    dt_strategy_staging_release(&t->stg, s->be);
-    if (t->z3) /* broadcasts the data-parallel rank 0's slices, takes this rank's shard */
-        return dt_zero3_start(t->z3, err);
-    if (t->zero) {
-        /* the slices of data-parallel rank 0, as DDP; this rank's shard of the state */
-        if ((rc = dt_comm_broadcast(t->dp, s->model->params, s->model->num_params, DT_FLOAT32,
-                                    0, NULL, err)))
-            return dt_err_prefix(err, "tensor parallelism, data-parallel group of tp %d: ",
-                                 t->grid.tp);
-        dt_zero_take_state(t->zero);
-    } else if (t->dp) {
-        dt_ddp_opts o;
-        if ((rc = dt_ddp_opts_from_job(&o, t->job, err)))
-            return rc;
-        /* checks the slices across the data-parallel group, broadcasts its rank 0's */
-        if ((rc = dt_ddp_create(&t->ddp, s->model, t->dp, &o, err)))
-            return dt_err_prefix(err, "tensor parallelism, data-parallel group of tp %d: ",
-                                 t->grid.tp);
-    }
+    dt_staging_release(&t->stg, s->be);
+    /* the data-parallel rank 0's slices everywhere (DDP: the reducer checks them across the
+     * group first), this rank's part of the state */
+    if ((rc = dt_dpsync_start(s->sync, err)))
+        return dt_err_prefix(err, "tensor parallelism, data-parallel group of tp %d: ",
+                             t->grid.tp);
     return 0;
-}
-
-static int tp_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
-                         float *loss, dt_err *err)
-{
-    tp_impl *t = s->impl;
-    dt_model *m = s->model;
-    if (t->z3)
-        return dt_zero3_micro_step(t->z3, batch, dloss, last, loss, err);
-    int rc = m->ops->forward(m, batch, true, loss, err);
-    if (rc)
-        return rc;
-    /* the reducer hears of finished gradients on the last micro-step only (no_sync before) */
-    dt_ddp *d = last ? reducer(t) : NULL;
-    return m->ops->backward(m, dloss, d ? dt_ddp_grad_ready : NULL, d, err);
-}
-
-static void tp_zero_grads(dt_strategy *s)
-{
-    tp_impl *t = s->impl;
-    if (t->zero)
-        dt_zero_zero_grads(t->zero); /* stage 2: given back, zeroed block by block later */
-    else if (t->z3)
-        dt_zero3_zero_grads(t->z3);
-    else
-        dt_strategy_zero_grads_whole(s);
 }
 
 static int tp_sync_grads(dt_strategy *s, dt_err *err)
 {
     tp_impl *t = s->impl;
-    s->comm_time_s = 0;
-    if (!reducer(t) && !t->z3)
-        return 0;
-    double t0 = dt_now_s(), waited = 0;
-    int rc = t->z3 ? dt_zero3_sync_grads(t->z3, &waited, err) : dt_ddp_finish(reducer(t), err);
-    s->comm_time_s = t->z3 ? waited : dt_now_s() - t0;
+    int rc = dt_dpsync_finish(s->sync, NULL, NULL, &s->comm_time_s, err);
     t->dp_wait_s += s->comm_time_s;
     if (rc)
         dt_err_prefix(err, "tensor parallelism, the gradients of tp %d over its data-parallel "
@@ -320,41 +242,22 @@ static int tp_average(dt_strategy *s, double *v, int n, dt_err *err)
 
 /* The global gradient norm: the split tensors' squares summed over the tensor group, the
  * replicated tensors' (the same on every rank of the group: the model all-reduces them) counted
- * once, from tp rank 0 (dt_strategy_clip_split); the data-parallel replicas hold the same
- * all-reduced gradient, so the tensor group's sum is the world's. Under ZeRO each holds a shard
- * of it: the shards' sums are added over dp first (dt_zero_clip_split). */
+ * once, from tp rank 0 (t->counted); the data-parallel replicas hold the same all-reduced
+ * gradient, so the tensor group's sum is the world's. A sharding sync holds a shard of it: the
+ * shards' sums are added over dp first (dpsync.h's clip). */
 static int tp_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
 {
     tp_impl *t = s->impl;
     t->clips++;
-    int rc = t->zero ? dt_zero_clip_split(t->zero, unscale, t->grid.tp, NULL, 0, &t->tp, 1,
-                                          t->scratch, norm, err)
-             : t->z3 ? dt_zero3_clip_split(t->z3, unscale, t->grid.tp, NULL, 0, &t->tp, 1,
-                                           t->scratch, norm, err)
-                     : dt_strategy_clip_split(s, unscale, t->grid.tp, NULL, 0, &t->tp, 1,
-                                              t->scratch, norm, err);
+    int rc = dt_dpsync_clip(s->sync, unscale, t->counted, &t->tp, 1, t->scratch, norm, err);
     return rc ? dt_err_prefix(err, "tensor parallelism: ") : 0;
 }
 
 static int tp_optim_step(dt_strategy *s, double lr, dt_err *err)
 {
     tp_impl *t = s->impl;
-    dt_strategy_staging_release(&t->stg, s->be); /* the trainer fenced the save's copy */
-    if (t->zero)
-        return dt_zero_step(t->zero, lr, err); /* the shard, then the slices all-gathered */
-    if (t->z3)
-        return dt_zero3_step(t->z3, lr); /* the shard; the next forward gathers it */
-    return dt_strategy_optim_step_whole(s, lr, err);
-}
-
-/* The model runs the tensor group's forward; ZeRO-3 gathers its blocks around it. */
-static int tp_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
-                        dt_err *err)
-{
-    tp_impl *t = s->impl;
-    if (t->z3)
-        return dt_zero3_eval(t->z3, batch, loss, correct, err);
-    return dt_strategy_eval_whole(s, batch, loss, correct, err);
+    dt_staging_release(&t->stg, s->be); /* the trainer fenced the save's copy */
+    return dt_dpsync_step(s->sync, lr, err);
 }
 
 /* The checkpoint's buffers: whole tensors in the staging, under the usual names and shapes. */
@@ -376,32 +279,31 @@ static int tp_gather_state(dt_strategy *s, dt_err *err)
 static void tp_close(dt_strategy *s)
 {
     tp_impl *t = s->impl;
+    dt_dpsync_close(s->sync);
+    s->sync = NULL;
+    s->optim = NULL;
     if (t) {
-        dt_ddp_free(t->ddp);
-        dt_zero_free(t->zero);
-        dt_zero3_free(t->z3);
-        dt_strategy_staging_free(&t->stg, s->be);
+        dt_staging_free(&t->stg, s->be);
         if (s->be)
             s->be->free(s->be, t->scratch);
         if (t->groups_open)
             dt_groups_close(&t->groups);
         free(t->whole);
         free(t->whole_off);
+        free(t->counted);
     }
     dt_comm_free(s->comm);
     s->comm = NULL;
-    dt_optim_free(s->optim);
     dt_model_free(s->model);
     dt_backend_close(s->be);
     free(t);
 }
 
-int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out)
+static void tp_stats(dt_strategy *s, dt_strategy_stats *all)
 {
-    memset(out, 0, sizeof *out);
-    if (!s || s->ops != &dt_strategy_tensor_ops || !s->impl || !s->model)
-        return -EINVAL;
     const tp_impl *t = s->impl;
+    dt_tensor_stats *out = &all->tp;
+    all->tensor = true;
     out->D = t->grid.D;
     out->T = t->grid.T;
     out->dp = t->grid.dp;
@@ -415,7 +317,6 @@ int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out)
     out->clips = t->clips;
     dt_comm_stats_get(t->tp, &out->tp_comm);
     dt_comm_stats_get(t->dp, &out->dp_comm);
-    return 0;
 }
 
 const dt_strategy_ops dt_strategy_tensor_ops = {
@@ -423,15 +324,16 @@ const dt_strategy_ops dt_strategy_tensor_ops = {
     .rank_batch = tp_rank_batch,
     .open = tp_open,
     .start = tp_start,
-    .zero_grads = tp_zero_grads,
-    .micro_step = tp_micro_step,
+    .zero_grads = dt_strategy_sync_zero_grads,
+    .micro_step = dt_strategy_sync_micro_step,
     .sync_grads = tp_sync_grads,
     .average = tp_average,
     .clip = tp_clip,
     .optim_step = tp_optim_step,
-    .eval_step = tp_eval_step,
+    .eval_step = dt_strategy_sync_eval,
     .state = tp_state,
     .gather_state = tp_gather_state,
+    .stats = tp_stats,
     .replica_backend = dt_strategy_backend_one,
     .close = tp_close,
 };

@@ -1,5 +1,5 @@
 /* strategy_tensor.h - Megatron-style tensor parallelism (parallel.tensor = T > 1), composed with
- * DDP or ZeRO 1-3 over the data-parallel groups (D = world / T > 1).
+ * a data-parallel sync (DDP or ZeRO 1-3) over the data-parallel groups (D = world / T > 1).
  *
  * The world is laid out by grid.h (rank = dp * T + tp, P = 1): the T consecutive ranks of a
  * tensor group each hold 1/T of every attention and MLP block and of the vocabulary (the gpt
@@ -27,17 +27,12 @@
  * So a checkpoint written at T = 2 is the one T = 1 (or DDP) writes, and resumes at any T, any
  * world, and in PyTorch as a normal GPT-2.
  *
- * ZeRO (parallel.zero = 1 | 2 with D > 1): the data-parallel reducer runs in its sharding mode
- * (strategy_zero.h's dt_zero over the data-parallel group): each rank reduce-scatters its
- * slices' gradients with its data-parallel peers, updates its shard of them (1/D of its slices'
- * optimiser state), and all-gathers the updated slices; the norm adds the shards over dp before
- * the tensor group; checkpoints gather over dp, then over the tensor group, so they are whole
- * tensors as above.
- *
- * Stage 3 (device = cpu): strategy_zero.h's dt_zero3 over the data-parallel group shards the
- * slices themselves; the model's block hook gathers a block's slices over the group before its
- * forward and backward and gives them back after, the gradients are reduce-scattered block by
- * block; a checkpoint gathers them over dp into the slices' layout, then as above.
+ * Over the data-parallel group the layout holds a data-parallel sync (dpsync.h; the registry
+ * picks it from parallel.zero): DDP as above, ZeRO-1/2 (each rank reduce-scatters its slices'
+ * gradients with its data-parallel peers, updates its shard of them, all-gathers the updated
+ * slices; the norm adds the shards over dp before the tensor group) or ZeRO-3 (the slices
+ * themselves sharded, gathered block by block around their use). Checkpoints gather over dp,
+ * then over the tensor group, so they are whole tensors as above.
  *
  * Sequence parallelism (parallel.sequence_parallel) is the model's: open passes the flag in the
  * model config and gpt.c does the rest (its LayerNorm gradients are all-reduced inside backward).
@@ -48,29 +43,8 @@
 #ifndef DT_STRATEGY_TENSOR_H
 #define DT_STRATEGY_TENSOR_H
 
-#include <stddef.h>
-#include <stdint.h>
-
 #include "runtime/train/parallel/strategy.h"
 
 extern const dt_strategy_ops dt_strategy_tensor_ops;
-
-/* What one rank of the tensor strategy holds and did, for `dtrain bench tensor` and the tests. */
-typedef struct dt_tensor_stats {
-    int D, T;                 /* data-parallel and tensor degrees */
-    int dp, tp;               /* this rank's coordinates */
-    size_t local_params;      /* parameters this rank holds (its slices + replicated tensors) */
-    size_t split_local;       /* of which slices of split tensors (vocabulary padding included) */
-    size_t replicated;        /* of which replicated tensors (LayerNorms, wpe, row biases) */
-    size_t whole_params;      /* the whole model's parameters (what a checkpoint holds) */
-    size_t split_whole;       /* whole elements of the tensors that are split */
-    double dp_wait_s;         /* total time sync_grads waited for the data-parallel reducer */
-    uint64_t clips;           /* clip calls (each one all-reduce of one double when T > 1) */
-    dt_comm_stats tp_comm;    /* the tensor group's counters (the world's when D = 1) */
-    dt_comm_stats dp_comm;    /* the data-parallel group's (zero when D = 1) */
-} dt_tensor_stats;
-
-/* -EINVAL when s is not the tensor strategy (or is not open). */
-int dt_strategy_tensor_stats(dt_strategy *s, dt_tensor_stats *out);
 
 #endif

@@ -7,7 +7,7 @@
  * strictly in bucket order. Small control-plane collectives (consistency check, metrics
  * averages) go through a scratch buffer of backend memory, so they work on any backend.
  */
-#include "runtime/train/parallel/ddp.h"
+#include "runtime/train/parallel/dpsync/ddp.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -869,7 +869,7 @@ static int build_shards(dt_ddp *d, dt_err *err)
 static int use_comm_memory(dt_ddp *d, dt_err *err)
 {
     dt_model *m = d->m;
-    if (d->world == 1 || !m->num_params || strcmp(m->be->name, "cpu") != 0)
+    if (d->world == 1 || !m->num_params || !m->be->host_memory)
         return 0;
     size_t bytes = m->num_params * (d->o.compress != DT_FLOAT32 ? sizeof *d->comp : sizeof(float));
     int rc = dt_comm_mem_alloc(d->c, bytes, &d->cmem, err);
@@ -887,8 +887,7 @@ static int use_comm_memory(dt_ddp *d, dt_err *err)
     } else {
         d->cmem_cat = DT_MEM_GRADS;
         memcpy(d->cmem, m->grads, bytes);
-        d->own_grads = m->grads;
-        m->grads = d->cmem;
+        d->own_grads = dt_model_lend_grads(m, d->cmem);
         m->be->mem_release(m->be, d->own_grads, 0, bytes);
     }
     dt_mem_external(m->be, d->cmem_cat, bytes, true);
@@ -1014,7 +1013,7 @@ void dt_ddp_free(dt_ddp *d)
             memcpy(d->own_grads, d->m->grads, bytes);
         else /* the gradients are lost with the communicator memory: the caller rebuilds */
             DT_WARN("DDP: taking the model's gradient buffer back: %s", err.msg);
-        d->m->grads = d->own_grads;
+        dt_model_lend_grads(d->m, NULL);
     }
     if (d->cmem) {
         dt_mem_external(d->m->be, d->cmem_cat, d->cmem_bytes, false);

@@ -30,10 +30,12 @@
  * Communicator memory: with more than one rank on a host-memory backend (device = cpu), the
  * all-reduced buffer (the flat gradients, or the 16-bit payloads when compressing) lives in the
  * communicator's memory (dt_comm_mem_alloc), so the ranks of a host reduce straight from each
- * other's gradients instead of staging copies. While the reducer lives, m->grads points there;
- * dt_ddp_free puts the model's own buffer back, with the current gradients.
+ * other's gradients instead of staging copies. While the reducer lives the model accumulates
+ * there: the reducer lends it that memory (model.h's dt_model_lend_grads) and gives the model's
+ * own buffer's memory back meanwhile; dt_ddp_free gives the model its own buffer back, with the
+ * current gradients.
  *
- * Sharding (opts.shard: ZeRO stages 1 and 2, see strategy_zero.h). Instead of all-reducing a
+ * Sharding (opts.shard: ZeRO stages 1 and 2, see dpsync_zero12.c). Instead of all-reducing a
  * bucket, the reducer reduce-scatters it (averaged, or 16-bit with compress, as above) and each
  * rank keeps its shard of the result:
  *   - bucket b = [lo, hi) of n elements is cut into N chunks of c = ceil(n / N) elements; rank r

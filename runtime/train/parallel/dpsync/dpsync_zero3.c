@@ -1,5 +1,26 @@
-/* strategy_zero3.c - ZeRO stage 3 (FSDP full-shard) on any backend (cpu, cuda); see
- * strategy_zero.h ("Stage 3") and strategy_zero3.h.
+/* dpsync_zero3.c - ZeRO stage 3 (FSDP full-shard) as a data-parallel sync (dpsync.h's zero-3),
+ * on any backend (cpu, cuda).
+ *
+ * What it is (parallel.zero = 3, device = cpu or cuda): ZeRO-1/2 (dpsync_zero12.c) with the
+ * parameters sharded too, per block of the model (model.h: buckets = blocks, each cut into N
+ * chunks of ceil(n/N), the last padded; rank r keeps chunk r of every block in its persistent
+ * shard). The model's block hook gathers a block into the flat parameter buffer at BEFORE_FORWARD /
+ * BEFORE_BACKWARD (through a padded staging buffer, prefetched one window ahead once the window
+ * order was seen in the first step; the block's range committed (mem_commit) before the copy
+ * into it) and gives its granules back (mem_release) at AFTER; a block's gradient range is
+ * committed and zeroed at its first backward window of a step, reduce-scattered at its last
+ * AFTER_BACKWARD of the last micro-step and given back (earlier micro-steps of an accumulation
+ * keep the whole gradient buffer, as stage 2). Nothing relies on released memory reading as
+ * zero (the strict contract of backend_ops.h); where the backend's granule is 0 nothing is
+ * given back and the figures show the flat buffers resident. The
+ * optimiser steps the shard in place (a tensor table of the shard layout). Per rank: 4Ψ/N +
+ * about two blocks of parameters, 4Ψ/N + about one block of gradients, 8Ψ/N of AdamW state.
+ * Bit for bit DDP's on one host (the same reductions, the same element-wise update); the norm
+ * as stages 1-2. Checkpoint state through full-size staging (local(k), the parameters
+ * included): a save gathers them, a load is sliced at start. Every micro-step communicates, so
+ * train.global_batch (unequal micro-steps across ranks) is refused, and every rank must run
+ * as many eval forwards (the trainer does). stats is -ENOTSUP for it (no reducer); mem
+ * reports its allocator figures.
  *
  * Layout: buckets = the model's blocks (model.h). Block k = [lo, lo + n) is cut into N chunks of
  * c = ceil(n / N) elements; rank r owns [lo + r*c, min(lo + (r+1)*c, lo + n)). The rank's chunks
@@ -40,7 +61,7 @@
  *     blocks sharing an edge granule are not in use (parameters: not gathered; gradients: not
  *     accumulating), so edge granules go back too once both sides are done with them;
  *   - the host never touches backend memory: the initial parameters go to the checkpoint
- *     staging (strategy.h's dt_strategy_staging: backend memory, resident from open to start
+ *     staging (strategy.h's dt_staging: backend memory, resident from open to start
  *     and from a gather_state to the next step, given back between) by be->memcpy_d2d, and
  *     every collective runs on backend memory (stg, ps, sg, the staging, the send buffers,
  *     dscratch); a gather_state commits the staging before it writes every element of it.
@@ -68,23 +89,23 @@
  * a hook cannot stop the model) still commits its ranges, so it computes on undefined contents
  * instead of touching released memory.
  *
- * The file has two parts: dt_zero3 (strategy_zero.h), the above over a group c of N ranks for a
- * strategy's s->model, and the zero strategy at stage 3, that piece over the world. The tensor
- * strategy holds one over its data-parallel group (its model is then the rank's slices), the
- * pipeline strategy over its stage's data-parallel group.
+ * A layout holds it over its data-parallel group: the world (a whole model), the tensor layout's
+ * (its model is then the rank's slices), a pipeline stage's. A pipeline's micro-batches
+ * interleave their passes (no forward_begin/end), so it learns no window order there and every
+ * gather is waited for at its window (no prefetch); its tied embedding's block is held (hold)
+ * until finish had it summed over the embedding group.
  */
-#include "runtime/train/parallel/strategy_zero3.h"
+#include "runtime/train/parallel/dpsync/dpsync_zero3.h"
 
 #include <errno.h>
-#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/util.h"
-#include "runtime/train/parallel/ddp.h"
-#include "runtime/train/obs/trace.h"
 #include "runtime/train/ckpt/xxh64.h"
+#include "runtime/train/parallel/staging.h"
 
 typedef struct z3_block {
     size_t lo, n;   /* the block's range of the flat buffers */
@@ -94,7 +115,6 @@ typedef struct z3_block {
 } z3_block;
 
 typedef struct z3_impl {
-    const dt_job *job;         /* borrowed */
     dt_ddp_opts o;             /* the [ddp] keys (compress, broadcast_buffers, ...) */
     int N, rank;
     z3_block *b;               /* (nb) */
@@ -109,6 +129,7 @@ typedef struct z3_impl {
     int send_block[2];         /* the block each send buffer carries (for messages) */
     int send_next;
     dt_tensor_info *st;        /* (nst) the shard layout's tensor table, owned */
+    int *st_src;               /* (nst) the model's tensor each entry is a part of; -1: padding */
     int nst;
     /* the window order, recorded on the first forward and backward */
     int *fseq, nf, *bseq, nbw; /* (seq_cap) each */
@@ -122,7 +143,7 @@ typedef struct z3_impl {
                                   and holds this step's sum (zeroed at its first backward
                                   window since zero_grads or its scatter) */
     int *bw_seen;              /* (nb) backward windows of block k in this backward */
-    bool *held;                /* (nb) blocks whose gradients wait for dt_zero3_scatter_held
+    bool *held;                /* (nb) blocks whose gradients wait for finish (hold)
                                   (a tied tensor's, summed elsewhere first), or NULL */
     bool *due;                 /* (nb) held blocks final in this backward, not scattered yet */
     int pf_block;              /* block being prefetched into stg, -1 none */
@@ -131,14 +152,14 @@ typedef struct z3_impl {
     bool last;                 /* this micro-step is the accumulation's last */
     int rc;                    /* first error in a hook, with err */
     dt_err err;
-    dt_strategy *s;            /* borrowed: its be, model and optim (the hook's way back) */
+    dt_dpsync *s;            /* borrowed: its be, model and optim (the hook's way back) */
     dt_comm *c;                /* the group the shards are over (the world, or a data-parallel
                                   group), borrowed */
     float *dscratch;           /* (4 * world + 16) doubles' room for small collectives */
     /* checkpoint staging (strategy.h): buf[0] whole parameters, buf[1 + i] optimiser state i,
      * in the local model's layout; backend memory charged as "other", resident from open to
      * start and from a gather_state to the next step, given back (mem_release) in between */
-    dt_strategy_staging ck;
+    dt_staging ck;
     size_t gp, gg;             /* the granules of the flat parameter and gradient buffers
                                   (dt_mem_granule; 0: they cannot give memory back) */
     uint64_t g_sync, g_pref, forwards; /* gathers waited for at once, served by a prefetch;
@@ -147,11 +168,7 @@ typedef struct z3_impl {
                                    categories) seen right after each window took its pages */
 } z3_impl;
 
-struct dt_zero3 {
-    z3_impl z;
-};
-
-static dt_backend *be_of(dt_strategy *s) { return s->be; }
+static dt_backend *be_of(dt_dpsync *s) { return s->be; }
 
 /* ---- memory helpers ----------------------------------------------------------------------- */
 
@@ -159,7 +176,7 @@ static dt_backend *be_of(dt_strategy *s) { return s->be; }
  * wholly inside it and, at each end, the granule it shares with its neighbours when none of the
  * blocks overlapping that granule is in use (live[j]: their contents must stay). The range's
  * contents are gone (undefined after the next commit). */
-static void release_block(dt_strategy *s, z3_impl *z, float *base, size_t g, const bool *live,
+static void release_block(dt_dpsync *s, z3_impl *z, float *base, size_t g, const bool *live,
                           int k)
 {
     const z3_block *b = &z->b[k];
@@ -202,7 +219,7 @@ static int commit(dt_backend *be, z3_impl *z, float *flat, size_t g, size_t lo, 
 /* Block k's gradient range ready to accumulate into: committed and zeroed at the block's first
  * backward window since zero_grads or its scatter (a commit's contents are undefined), kept
  * as it is afterwards (later windows and micro-steps add to it). */
-static void grad_begin(dt_strategy *s, z3_impl *z, int k)
+static void grad_begin(dt_dpsync *s, z3_impl *z, int k)
 {
     if (z->gz[k])
         return;
@@ -214,7 +231,7 @@ static void grad_begin(dt_strategy *s, z3_impl *z, int k)
 }
 
 /* Block k's gradient range given back (its sum has been copied out, or a new step begins). */
-static void grad_end(dt_strategy *s, z3_impl *z, int k)
+static void grad_end(dt_dpsync *s, z3_impl *z, int k)
 {
     z->gz[k] = false;
     release_block(s, z, s->model->grads, z->gg, z->gz, k);
@@ -231,7 +248,7 @@ static void fail_at(z3_impl *z, int rc, const dt_err *e, const char *what, const
 
 /* ---- parameter gathers -------------------------------------------------------------------- */
 
-static void pf_drop(dt_strategy *s, z3_impl *z)
+static void pf_drop(dt_dpsync *s, z3_impl *z)
 {
     if (z->pf_work) {
         dt_comm_wait(z->c, z->pf_work, NULL);
@@ -241,7 +258,7 @@ static void pf_drop(dt_strategy *s, z3_impl *z)
     z->pf_ready = false;
 }
 
-static void issue_gather(dt_strategy *s, z3_impl *z, int k, bool async, const char *why)
+static void issue_gather(dt_dpsync *s, z3_impl *z, int k, bool async, const char *why)
 {
     const z3_block *b = &z->b[k];
     dt_err e = {0};
@@ -259,7 +276,7 @@ static void issue_gather(dt_strategy *s, z3_impl *z, int k, bool async, const ch
 }
 
 /* The flat buffer gets block k's parameters (from the prefetch, or gathered now). */
-static void bring_in(dt_strategy *s, z3_impl *z, int k, const char *why)
+static void bring_in(dt_dpsync *s, z3_impl *z, int k, const char *why)
 {
     dt_backend *be = be_of(s);
     if (z->valid[k])
@@ -307,7 +324,7 @@ static int next_window(const z3_impl *z)
     return z->brec && z->pos < z->nbw ? z->bseq[z->pos] : -1;
 }
 
-static void release_params(dt_strategy *s, z3_impl *z, int k)
+static void release_params(dt_dpsync *s, z3_impl *z, int k)
 {
     if (!z->valid[k])
         return;
@@ -317,7 +334,7 @@ static void release_params(dt_strategy *s, z3_impl *z, int k)
 
 /* ---- gradients ---------------------------------------------------------------------------- */
 
-static void wait_send(dt_strategy *s, z3_impl *z, int i)
+static void wait_send(dt_dpsync *s, z3_impl *z, int i)
 {
     if (!z->send_work[i])
         return;
@@ -329,7 +346,7 @@ static void wait_send(dt_strategy *s, z3_impl *z, int i)
                 s->model->blocks[z->send_block[i]].name);
 }
 
-static void scatter_grads(dt_strategy *s, z3_impl *z, int k)
+static void scatter_grads(dt_dpsync *s, z3_impl *z, int k)
 {
     dt_backend *be = be_of(s);
     const z3_block *b = &z->b[k];
@@ -370,7 +387,7 @@ static void scatter_grads(dt_strategy *s, z3_impl *z, int k)
 static void hook(void *ctx, int k, dt_block_event ev)
 {
     z3_impl *z = ctx;
-    dt_strategy *s = z->s;
+    dt_dpsync *s = z->s;
     if (k < 0 || k >= z->nb)
         return;
     bool before = ev == DT_BLOCK_BEFORE_FORWARD || ev == DT_BLOCK_BEFORE_BACKWARD;
@@ -424,15 +441,6 @@ static void hook(void *ctx, int k, dt_block_event ev)
     }
 }
 
-/* A pass begins (forward): the windows count from the start again. */
-static void pass_begin(z3_impl *z, bool training)
-{
-    z->forwards++;
-    z->in_bwd = false;
-    z->pos = 0;
-    z->training = training;
-}
-
 /* A pass ended: when it was the first of its kind and went through (rc 0), its windows are the
  * order the next passes prefetch by; a failed one is recorded again next time. */
 static void pass_end(z3_impl *z, bool bwd, int rc)
@@ -449,7 +457,7 @@ static void pass_end(z3_impl *z, bool bwd, int rc)
 }
 
 /* Every block's flat parameters given back, any prefetch waited for. */
-static void drop_all(dt_strategy *s, z3_impl *z)
+static void drop_all(dt_dpsync *s, z3_impl *z)
 {
     pf_drop(s, z);
     for (int k = 0; k < z->nb; k++)
@@ -459,7 +467,7 @@ static void drop_all(dt_strategy *s, z3_impl *z)
 /* ---- small collectives -------------------------------------------------------------------- */
 
 /* One double per rank, gathered bit for bit, summed in rank order. */
-static int sum_double(dt_strategy *s, z3_impl *z, double v, double *sum, dt_err *err)
+static int sum_double(dt_dpsync *s, z3_impl *z, double v, double *sum, dt_err *err)
 {
     dt_backend *be = be_of(s);
     char *out = (char *)z->dscratch + sizeof v;
@@ -480,7 +488,7 @@ static int sum_double(dt_strategy *s, z3_impl *z, double v, double *sum, dt_err 
 }
 
 /* Every rank built the same model: the digest of its tensor table and blocks, compared. */
-static int check_model(dt_strategy *s, z3_impl *z, dt_err *err)
+static int check_model(dt_dpsync *s, z3_impl *z, dt_err *err)
 {
     const dt_model *m = s->model;
     uint64_t h = dt_xxh64(&m->num_params, sizeof m->num_params, (uint64_t)m->num_tensors);
@@ -511,7 +519,7 @@ static int check_model(dt_strategy *s, z3_impl *z, dt_err *err)
 
 /* ---- layout ------------------------------------------------------------------------------- */
 
-static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
+static int build_layout(dt_dpsync *s, z3_impl *z, dt_err *err)
 {
     const dt_model *m = s->model;
     const size_t N = (size_t)z->N;
@@ -523,6 +531,7 @@ static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
         z->seq_cap += DT_MAX(1, m->blocks[k].windows);
     if (!(z->b = calloc((size_t)z->nb, sizeof *z->b)) ||
         !(z->st = calloc((size_t)(m->num_tensors + 2 * z->nb), sizeof *z->st)) ||
+        !(z->st_src = calloc((size_t)(m->num_tensors + 2 * z->nb), sizeof *z->st_src)) ||
         !(z->fseq = calloc((size_t)z->seq_cap, sizeof *z->fseq)) ||
         !(z->bseq = calloc((size_t)z->seq_cap, sizeof *z->bseq)) ||
         !(z->valid = calloc((size_t)z->nb, sizeof *z->valid)) ||
@@ -546,6 +555,7 @@ static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
                                                                 b->off + b->mn);
             if (lo >= hi)
                 continue;
+            z->st_src[z->nst] = t;
             dt_tensor_info *o = &z->st[z->nst++];
             *o = *ti;
             o->ndim = 1;
@@ -555,6 +565,7 @@ static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
             got += hi - lo;
         }
         if (got < c) {
+            z->st_src[z->nst] = -1;
             dt_tensor_info *o = &z->st[z->nst++];
             memset(o, 0, sizeof *o);
             snprintf(o->name, sizeof o->name, "%s.padding", mb->name);
@@ -573,7 +584,7 @@ static int build_layout(dt_strategy *s, z3_impl *z, dt_err *err)
 
 /* shard (shard layout) = this rank's parts of full (num_params, the checkpoint staging);
  * padding zero. */
-static void slice(dt_strategy *s, z3_impl *z, const float *full, float *shard)
+static void slice(dt_dpsync *s, z3_impl *z, const float *full, float *shard)
 {
     dt_backend *be = be_of(s);
     be->memset_zero(be, shard, z->shard_n * sizeof(float));
@@ -586,7 +597,7 @@ static void slice(dt_strategy *s, z3_impl *z, const float *full, float *shard)
 /* full (num_params) = every rank's shard put in place: block by block, all-gathered into stg
  * (its padded N*c) and the n elements copied out (full has no room for a block's padding).
  * stg holds no prefetch then (the caller dropped it). */
-static int unslice(dt_strategy *s, z3_impl *z, const float *shard, float *full, dt_err *err)
+static int unslice(dt_dpsync *s, z3_impl *z, const float *shard, float *full, dt_err *err)
 {
     dt_backend *be = be_of(s);
     for (int k = 0; k < z->nb; k++) {
@@ -601,8 +612,6 @@ static int unslice(dt_strategy *s, z3_impl *z, const float *shard, float *full, 
 
 /* ---- the ops ------------------------------------------------------------------------------ */
 
-static int z3_rank_batch(const dt_job *job) { return job->batch_size; }
-
 static int balloc(dt_backend *be, void **p, size_t bytes, dt_mem_cat cat, dt_err *err)
 {
     dt_mem_cat old = dt_mem_tag(be, cat);
@@ -611,38 +620,34 @@ static int balloc(dt_backend *be, void **p, size_t bytes, dt_mem_cat cat, dt_err
     return rc;
 }
 
-/* ---- the piece (dt_zero3, strategy_zero.h) ------------------------------------------------ */
-
-int dt_zero3_open(dt_zero3 **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt_comm *c,
-                  dt_err *err)
+/* The layout, the shard buffers, y->optim over the shard, the staging holding the initial
+ * parameters, the block hook set. Collective over the group. */
+static int z3_open(dt_dpsync *s, const dt_dpsync_ctx *ctx, dt_err *err)
 {
-    *out = NULL;
-    dt_zero3 *zz = calloc(1, sizeof *zz);
-    if (!zz)
+    z3_impl *z = calloc(1, sizeof *z);
+    if (!z)
         return dt_err_set(err, -ENOMEM, "out of memory");
-    z3_impl *z = &zz->z;
+    s->impl = z;
+    snprintf(s->label, sizeof s->label, "ZeRO-3");
+    s->sharded = true;
     z->s = s;
-    z->c = c;
-    z->job = ctx->job;
+    z->c = s->dp;
     z->pf_block = -1;
-    z->N = dt_comm_world_size(c);
-    z->rank = dt_comm_rank(c);
+    z->N = s->size;
+    z->rank = s->rank;
+    z->o = *ctx->ddp;
     dt_model *m = s->model;
     dt_backend *be = s->be;
     int rc;
     z->gp = dt_mem_granule(be, m->params);
     z->gg = dt_mem_granule(be, m->grads);
-    if ((rc = dt_ddp_opts_from_job(&z->o, ctx->job, err)))
-        goto fail;
-    if (m->num_params < (size_t)z->N) {
-        rc = dt_err_set(err, -EINVAL, "ZeRO-3: %zu parameters cannot be sharded over %d ranks",
-                        m->num_params, z->N);
-        goto fail;
-    }
+    if (m->num_params < (size_t)z->N)
+        return dt_err_set(err, -EINVAL, "ZeRO-3: %zu parameters cannot be sharded over %d ranks",
+                          m->num_params, z->N);
     if ((rc = balloc(be, (void **)&z->dscratch, sizeof(double) * (2 * (size_t)z->N + 4),
                      DT_MEM_COMM, err)) ||
         (rc = check_model(s, z, err)) || (rc = build_layout(s, z, err)))
-        goto fail;
+        return rc;
     bool half = z->o.compress != DT_FLOAT32;
     size_t esz = half ? sizeof(uint16_t) : sizeof(float);
     if ((rc = balloc(be, (void **)&z->ps, z->shard_n * sizeof(float), DT_MEM_PARAMS, err)) ||
@@ -651,22 +656,17 @@ int dt_zero3_open(dt_zero3 **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt
         (half && (rc = balloc(be, (void **)&z->sg16, z->shard_n * sizeof(uint16_t), DT_MEM_COMM,
                               err))) ||
         (rc = balloc(be, &z->send[0], z->max_pad * esz, DT_MEM_COMM, err)) ||
-        (rc = balloc(be, &z->send[1], z->max_pad * esz, DT_MEM_COMM, err))) {
-        dt_err_prefix(err, "ZeRO-3: ");
-        goto fail;
-    }
+        (rc = balloc(be, &z->send[1], z->max_pad * esz, DT_MEM_COMM, err)))
+        return dt_err_prefix(err, "ZeRO-3: ");
     dt_optim_range all = {0, z->shard_n, 0};
     if ((rc = dt_optim_create_ranges(&s->optim, ctx->optim, be, z->st, z->nst, z->shard_n, &all,
                                      1, z->shard_n, err)))
-        goto fail;
+        return rc;
     /* checkpoint staging (zeroed: the optimiser state when nothing is loaded); the model's
      * initial parameters wait there for start (a resume overwrites them), and the flat buffers
      * give their memory back */
-    if ((rc = dt_strategy_staging_alloc(&z->ck, be, 1 + s->optim->num_states, m->num_params,
-                                        err))) {
-        dt_err_prefix(err, "ZeRO-3: ");
-        goto fail;
-    }
+    if ((rc = dt_staging_alloc(&z->ck, be, 1 + s->optim->num_states, m->num_params, err)))
+        return dt_err_prefix(err, "ZeRO-3: ");
     be->memcpy_d2d(be, z->ck.buf[0], m->params, m->num_params * sizeof(float));
     /* from here on a block's ranges are committed before they are written (bring_in,
      * grad_begin); nothing is resident that no block uses */
@@ -681,59 +681,60 @@ int dt_zero3_open(dt_zero3 **out, dt_strategy *s, const dt_strategy_ctx *ctx, dt
                 be->name, !z->gp && !z->gg ? "parameter and gradient" : !z->gp ? "parameter"
                                                                               : "gradient");
     dt_model_set_block_hook(m, hook, z);
-    *out = zz;
+    if (ctx->announce)
+        DT_INFO("ZeRO stage 3: %zu parameters in %d blocks, this rank's shard %zu (%.1f%%); "
+                "gathered per block (largest padded block %zu); the flat buffers give memory "
+                "back in granules of %zu bytes (parameters) and %zu (gradients)",
+                m->num_params, z->nb, z->shard_n,
+                100.0 * (double)z->shard_n / (double)m->num_params, z->max_pad, z->gp, z->gg);
     return 0;
-fail:
-    dt_zero3_free(zz);
-    return rc;
 }
 
-void dt_zero3_free(dt_zero3 *zz)
+/* Waits for what is in flight, frees, clears the block hook, then the optimiser. */
+static void z3_close(dt_dpsync *s)
 {
-    if (!zz)
-        return;
-    z3_impl *z = &zz->z;
-    dt_strategy *s = z->s;
-    pf_drop(s, z);
-    for (int i = 0; i < 2; i++)
-        if (z->send_work[i])
-            dt_comm_wait(z->c, z->send_work[i], NULL);
-    dt_backend *be = s->be;
-    be->free(be, z->ps);
-    be->free(be, z->sg);
-    be->free(be, z->sg16);
-    be->free(be, z->stg);
-    be->free(be, z->send[0]);
-    be->free(be, z->send[1]);
-    be->free(be, z->dscratch);
-    dt_strategy_staging_free(&z->ck, be);
-    free(z->b);
-    free(z->st);
-    free(z->fseq);
-    free(z->bseq);
-    free(z->valid);
-    free(z->gz);
-    free(z->bw_seen);
-    free(z->held);
-    free(z->due);
-    if (s->model)
-        dt_model_set_block_hook(s->model, NULL, NULL);
-    free(zz);
+    z3_impl *z = s->impl;
+    if (z) {
+        pf_drop(s, z);
+        for (int i = 0; i < 2; i++)
+            if (z->send_work[i])
+                dt_comm_wait(z->c, z->send_work[i], NULL);
+        dt_backend *be = s->be;
+        be->free(be, z->ps);
+        be->free(be, z->sg);
+        be->free(be, z->sg16);
+        be->free(be, z->stg);
+        be->free(be, z->send[0]);
+        be->free(be, z->send[1]);
+        be->free(be, z->dscratch);
+        dt_staging_free(&z->ck, be);
+        free(z->b);
+        free(z->st);
+        free(z->st_src);
+        free(z->fseq);
+        free(z->bseq);
+        free(z->valid);
+        free(z->gz);
+        free(z->bw_seen);
+        free(z->held);
+        free(z->due);
+        if (s->model->block_hook == hook && s->model->block_hook_ctx == z)
+            dt_model_set_block_hook(s->model, NULL, NULL);
+        free(z);
+    }
+    dt_optim_free(s->optim);
 }
 
-float *dt_zero3_local(dt_zero3 *zz, int k)
-{
-    return zz->z.ck.buf[k];
-}
+static float *z3_local(dt_dpsync *s, int k) { return ((z3_impl *)s->impl)->ck.buf[k]; }
 
-int dt_zero3_start(dt_zero3 *zz, dt_err *err)
+/* Group rank 0's parameters (its initialisation, or what every rank loaded) and buffers; this
+ * rank's shard of them and of the optimiser state. */
+static int z3_start(dt_dpsync *s, dt_err *err)
 {
-    z3_impl *z = &zz->z;
-    dt_strategy *s = z->s;
+    z3_impl *z = s->impl;
     dt_model *m = s->model;
     int rc;
     drop_all(s, z);
-    /* rank 0's parameters and buffers (its initialisation, or what every rank loaded) */
     if ((rc = dt_comm_broadcast(z->c, z->ck.buf[0], m->num_params, DT_FLOAT32, 0, NULL, err)))
         return dt_err_prefix(err, "ZeRO-3: broadcasting rank 0's parameters: ");
     if (m->num_buffers &&
@@ -742,43 +743,65 @@ int dt_zero3_start(dt_zero3 *zz, dt_err *err)
     slice(s, z, z->ck.buf[0], z->ps);
     for (int i = 0; i < s->optim->num_states; i++)
         slice(s, z, z->ck.buf[1 + i], s->optim->states[i].buf);
-    dt_strategy_staging_release(&z->ck, s->be);
+    dt_staging_release(&z->ck, s->be);
     return 0;
 }
 
 /* Every block's gradient range given back; each is committed and zeroed again at its first
  * backward window. */
-void dt_zero3_zero_grads(dt_zero3 *zz)
+static void z3_zero_grads(dt_dpsync *s)
 {
-    z3_impl *z = &zz->z;
-    dt_strategy *s = z->s;
+    z3_impl *z = s->impl;
     memset(z->gz, 0, sizeof *z->gz * (size_t)z->nb);
     if (z->gg)
         s->be->mem_release(s->be, s->model->grads, 0, s->model->num_params * sizeof(float));
 }
 
-int dt_zero3_micro_step(dt_zero3 *zz, const dt_batch *batch, float dloss, bool last,
-                        float *loss, dt_err *err)
+/* A pass begins (forward): the windows count from the start again. */
+static void z3_forward_begin(dt_dpsync *s, bool training)
 {
-    z3_impl *z = &zz->z;
-    dt_strategy *s = z->s;
-    dt_model *m = s->model;
-    z->last = last;
-    pass_begin(z, true);
-    uint64_t ts = dt_trace_begin();
-    int rc = m->ops->forward(m, batch, true, loss, err);
-    dt_trace_end(ts, DT_TRACE_FORWARD, "forward");
+    z3_impl *z = s->impl;
+    z->forwards++;
+    z->in_bwd = false;
+    z->pos = 0;
+    z->training = training;
+}
+
+/* The forward's windows recorded (its first); the first error of its hooks. Evaluation gives
+ * every block back and clears the error; training keeps the blocks for its backward (a
+ * failure gives them back: no backward follows). */
+static int z3_forward_end(dt_dpsync *s, int rc, dt_err *err)
+{
+    z3_impl *z = s->impl;
     pass_end(z, false, rc);
-    if (!rc && z->rc)
-        rc = z->rc, *err = z->err;
-    if (rc) {
+    if (!z->training) {
         drop_all(s, z);
+        if (!rc && z->rc) {
+            rc = z->rc;
+            *err = z->err;
+            z->rc = 0;
+        }
         return rc;
     }
-    memset(z->bw_seen, 0, sizeof *z->bw_seen * (size_t)z->nb);
-    ts = dt_trace_begin();
-    rc = m->ops->backward(m, dloss, NULL, NULL, err);
-    dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");
+    if (!rc && z->rc)
+        rc = z->rc, *err = z->err;
+    if (rc)
+        drop_all(s, z);
+    return rc;
+}
+
+/* last: this backward's blocks are reduce-scattered as their gradients become final. */
+static void z3_backward_begin(dt_dpsync *s, bool last)
+{
+    z3_impl *z = s->impl;
+    z->last = last;
+    if (last)
+        memset(z->bw_seen, 0, sizeof *z->bw_seen * (size_t)z->nb);
+}
+
+static int z3_backward_end(dt_dpsync *s, int rc, dt_err *err)
+{
+    z3_impl *z = s->impl;
     pass_end(z, true, rc);
     z->in_bwd = false;
     drop_all(s, z);
@@ -787,16 +810,46 @@ int dt_zero3_micro_step(dt_zero3 *zz, const dt_batch *batch, float dloss, bool l
     return rc;
 }
 
-int dt_zero3_sync_grads(dt_zero3 *zz, double *wait_s, dt_err *err)
+static void z3_drop(dt_dpsync *s) { drop_all(s, s->impl); }
+
+/* The gradients of the block holding that tensor wait, after the final backward, until finish
+ * has had them summed elsewhere. */
+static int z3_hold(dt_dpsync *s, int tensor, dt_err *err)
 {
-    z3_impl *z = &zz->z;
-    dt_strategy *s = z->s;
+    z3_impl *z = s->impl;
+    const dt_model *m = s->model;
+    if (!z->held && (!(z->held = calloc((size_t)z->nb, sizeof *z->held)) ||
+                     !(z->due = calloc((size_t)z->nb, sizeof *z->due))))
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    for (int k = 0; k < z->nb; k++)
+        if (m->blocks[k].first_tensor <= tensor && tensor <= m->blocks[k].last_tensor) {
+            z->held[k] = true;
+            return 0;
+        }
+    return dt_err_set(err, -EINVAL, "ZeRO-3: tensor %d is in no block of the model", tensor);
+}
+
+/* The held blocks (summed by the layout first) reduce-scattered, then every reduce-scatter
+ * waited for and the shard finished (16-bit payloads converted, padding zeroed); buffers from
+ * group rank 0 when ddp.broadcast_buffers. */
+static int z3_finish(dt_dpsync *s, dt_dpsync_sum_fn sum, void *ctx, double *wait_s,
+                     dt_err *err)
+{
+    z3_impl *z = s->impl;
     dt_backend *be = s->be;
+    int rc = sum ? sum(ctx, err) : 0;
+    if (rc)
+        return rc;
+    for (int k = z->nb - 1; k >= 0 && z->held; k--) /* the same order on every rank */
+        if (z->due[k]) {
+            z->due[k] = false;
+            scatter_grads(s, z, k);
+        }
     double t0 = dt_now_s();
     wait_send(s, z, 0);
     wait_send(s, z, 1);
     *wait_s = dt_now_s() - t0;
-    int rc = z->rc;
+    rc = z->rc;
     if (rc) {
         *err = z->err;
         z->rc = 0;
@@ -817,93 +870,62 @@ int dt_zero3_sync_grads(dt_zero3 *zz, double *wait_s, dt_err *err)
     return 0;
 }
 
-/* The shard's sum of squares: the whole shard (tp_rank < 0: as one sumsq, the zero strategy's
- * norm), or the parts of it that are counted tensors (the shard's own tensor table: its entries
- * keep the model's tp_parts; the padding is zero), summed over the ranks in rank order. */
-static int shard_sumsq(z3_impl *z, int tp_rank, const int *skip, int nskip, double *sum,
-                       dt_err *err)
+/* Mean over the group, as DDP's (float64 all-reduce, averaged by the collective). */
+static int z3_average(dt_dpsync *s, double *v, int n, dt_err *err)
 {
-    dt_strategy *s = z->s;
+    z3_impl *z = s->impl;
+    dt_backend *be = s->be;
+    for (int k = 0; k < n; k += 2) {
+        int m = DT_MIN(2, n - k);
+        be->memcpy_h2d(be, z->dscratch, v + k, (size_t)m * sizeof(double));
+        int rc = dt_comm_allreduce(z->c, z->dscratch, (size_t)m, DT_FLOAT64, DT_AVG, NULL, err);
+        if (rc)
+            return rc;
+        be->memcpy_d2h(be, v + k, z->dscratch, (size_t)m * sizeof(double));
+    }
+    return 0;
+}
+
+static void z3_scale(dt_dpsync *s, float f)
+{
+    z3_impl *z = s->impl;
+    s->be->scale(s->be, z->sg, z->shard_n, f);
+}
+
+/* The shard's sum of squares: the whole shard as one sum (counted NULL), or one sum per part of
+ * it that is a counted tensor (the shard's own tensor table, each entry a part of one of the
+ * model's tensors; the padding, zero, is left out), summed over the ranks in rank order. */
+static int z3_sumsq(dt_dpsync *s, const unsigned char *counted, double *sum, dt_err *err)
+{
+    z3_impl *z = s->impl;
     double mine = 0;
-    if (tp_rank < 0) {
+    if (!counted) {
         mine = s->be->sumsq(s->be, z->sg, z->shard_n);
     } else {
-        const dt_model *m = s->model;
         for (int t = 0; t < z->nst; t++) {
             const dt_tensor_info *ti = &z->st[t];
-            bool counted = ti->tp_parts > 0 || tp_rank == 0;
-            int mt = nskip > 0 ? dt_model_find_tensor(m, ti->name) : -1; /* padding: -1 */
-            for (int i = 0; counted && mt >= 0 && i < nskip; i++)
-                counted = skip[i] != mt;
-            if (counted && ti->numel)
+            if (z->st_src[t] >= 0 && counted[z->st_src[t]] && ti->numel)
                 mine += s->be->sumsq(s->be, z->sg + ti->offset, ti->numel);
         }
     }
     return sum_double(s, z, mine, sum, err);
 }
 
-int dt_zero3_clip_split(dt_zero3 *zz, double unscale, int tp_rank, const int *skip, int nskip,
-                        dt_comm *const *groups, int ngroups, double *scratch, double *norm,
-                        dt_err *err)
+/* The optimiser's update of the shard (local: the next forward gathers it). */
+static int z3_step(dt_dpsync *s, double lr, dt_err *err)
 {
-    z3_impl *z = &zz->z;
-    dt_strategy *s = z->s;
-    dt_backend *be = s->be;
-    if (unscale != 1.0)
-        be->scale(be, z->sg, z->shard_n, (float)unscale);
-    double sum = 0;
-    int rc = shard_sumsq(z, tp_rank, skip, nskip, &sum, err);
-    if (!rc && ngroups > 0)
-        be->memcpy_h2d(be, scratch, &sum, sizeof sum);
-    for (int k = 0; k < ngroups && !rc; k++)
-        if (groups[k])
-            rc = dt_comm_allreduce(groups[k], scratch, 1, DT_FLOAT64, DT_SUM, NULL, err);
-    if (rc)
-        return dt_err_prefix(err, "ZeRO-3: the global gradient norm: ");
-    if (ngroups > 0)
-        be->memcpy_d2h(be, &sum, scratch, sizeof sum);
-    *norm = sqrt(sum);
-    double clip = s->optim->cfg.grad_clip;
-    if (clip > 0 && isfinite(*norm) && *norm > clip)
-        be->scale(be, z->sg, z->shard_n, (float)(clip / (*norm + 1e-6)));
-    return 0;
-}
-
-int dt_zero3_step(dt_zero3 *zz, double lr)
-{
-    z3_impl *z = &zz->z;
-    dt_strategy *s = z->s;
-    dt_strategy_staging_release(&z->ck, s->be); /* the trainer fenced the last save's copy */
+    (void)err;
+    z3_impl *z = s->impl;
+    dt_staging_release(&z->ck, s->be); /* the trainer fenced the last save's copy */
     drop_all(s, z);
     dt_optim_step(s->optim, z->ps, z->sg, lr);
     return 0;
 }
 
-int dt_zero3_eval(dt_zero3 *zz, const dt_batch *batch, float *loss, int64_t *correct,
-                  dt_err *err)
+static int z3_gather_state(dt_dpsync *s, dt_err *err)
 {
-    z3_impl *z = &zz->z;
-    dt_strategy *s = z->s;
-    dt_model *m = s->model;
-    pass_begin(z, false);
-    int rc = m->ops->forward(m, batch, false, loss, err);
-    pass_end(z, false, rc);
-    drop_all(s, z);
-    if (!rc && z->rc) {
-        rc = z->rc;
-        *err = z->err;
-        z->rc = 0;
-    }
-    if (!rc)
-        *correct = m->last_correct;
-    return rc;
-}
-
-int dt_zero3_gather_state(dt_zero3 *zz, dt_err *err)
-{
-    z3_impl *z = &zz->z;
-    dt_strategy *s = z->s;
-    int rc = dt_strategy_staging_commit(&z->ck, s->be, err); /* every element written below */
+    z3_impl *z = s->impl;
+    int rc = dt_staging_commit(&z->ck, s->be, err); /* every element written below */
     if (rc)
         return dt_err_prefix(err, "ZeRO-3: ");
     pf_drop(s, z); /* stg carries the gathers below */
@@ -916,148 +938,28 @@ int dt_zero3_gather_state(dt_zero3 *zz, dt_err *err)
     return 0;
 }
 
-int dt_zero3_hold_tensor(dt_zero3 *zz, int tensor, dt_err *err)
+/* This rank's chunk of every block, in the shard (ps for the parameters, the optimiser's
+ * state buffers for the rest). */
+static int z3_owned(dt_dpsync *s, int k, dt_dpsync_piece *out, int cap, int *n)
 {
-    z3_impl *z = &zz->z;
-    const dt_model *m = z->s->model;
-    if (!z->held && (!(z->held = calloc((size_t)z->nb, sizeof *z->held)) ||
-                     !(z->due = calloc((size_t)z->nb, sizeof *z->due))))
-        return dt_err_set(err, -ENOMEM, "out of memory");
-    for (int k = 0; k < z->nb; k++)
-        if (m->blocks[k].first_tensor <= tensor && tensor <= m->blocks[k].last_tensor) {
-            z->held[k] = true;
-            return 0;
-        }
-    return dt_err_set(err, -EINVAL, "ZeRO-3: tensor %d is in no block of the model", tensor);
-}
-
-void dt_zero3_backward_begins(dt_zero3 *zz, bool last)
-{
-    z3_impl *z = &zz->z;
-    z->last = last;
-    if (last)
-        memset(z->bw_seen, 0, sizeof *z->bw_seen * (size_t)z->nb);
-}
-
-void dt_zero3_scatter_held(dt_zero3 *zz)
-{
-    z3_impl *z = &zz->z;
-    for (int k = z->nb - 1; k >= 0 && z->held; k--) /* the same order on every rank */
-        if (z->due[k]) {
-            z->due[k] = false;
-            scatter_grads(z->s, z, k);
-        }
-}
-
-void dt_zero3_drop(dt_zero3 *zz) { drop_all(zz->z.s, &zz->z); }
-
-/* ---- the zero strategy at stage 3: the piece over the world --------------------------------- */
-
-static int z3_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
-{
-    int rc = dt_strategy_open_backend(s, ctx, err);
-    if (rc)
-        return rc;
-    const char *backend; /* cpu: the backend is */
-    if ((rc = dt_strategy_comm_backend(s, ctx, &backend, err)))
-        return rc;
-    if ((rc = dt_strategy_world_comm(&s->comm, ctx, backend, err)))
-        return dt_err_prefix(err, "ZeRO-3: ");
-    if ((rc = dt_model_create(&s->model, ctx->model, s->be, s->comm, err)))
-        return rc;
-    dt_zero3 *zz = NULL;
-    if ((rc = dt_zero3_open(&zz, s, ctx, s->comm, err)))
-        return rc;
-    s->impl = zz;
-    const z3_impl *z = &zz->z;
-    const dt_model *m = s->model;
-    snprintf(s->summary, sizeof s->summary, "ZeRO-3 over %d ranks", z->N);
-    if (z->rank == 0)
-        DT_INFO("ZeRO stage 3: %zu parameters in %d blocks, this rank's shard %zu (%.1f%%); "
-                "gathered per block (largest padded block %zu); the flat buffers give memory "
-                "back in granules of %zu bytes (parameters) and %zu (gradients)",
-                m->num_params, z->nb, z->shard_n,
-                100.0 * (double)z->shard_n / (double)m->num_params, z->max_pad, z->gp, z->gg);
-    return 0;
-}
-
-static int z3_start(dt_strategy *s, dt_err *err) { return dt_zero3_start(s->impl, err); }
-
-static void z3_zero_grads(dt_strategy *s) { dt_zero3_zero_grads(s->impl); }
-
-static int z3_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bool last,
-                         float *loss, dt_err *err)
-{
-    return dt_zero3_micro_step(s->impl, batch, dloss, last, loss, err);
-}
-
-static int z3_sync_grads(dt_strategy *s, dt_err *err)
-{
-    return dt_zero3_sync_grads(s->impl, &s->comm_time_s, err);
-}
-
-/* Mean over the ranks, as DDP's (float64 all-reduce, averaged by the collective). */
-static int z3_average(dt_strategy *s, double *v, int n, dt_err *err)
-{
-    z3_impl *z = &((dt_zero3 *)s->impl)->z;
-    dt_backend *be = s->be;
-    for (int k = 0; k < n; k += 2) {
-        int m = DT_MIN(2, n - k);
-        be->memcpy_h2d(be, z->dscratch, v + k, (size_t)m * sizeof(double));
-        int rc = dt_comm_allreduce(s->comm, z->dscratch, (size_t)m, DT_FLOAT64, DT_AVG, NULL,
-                                   err);
-        if (rc)
-            return rc;
-        be->memcpy_d2h(be, v + k, z->dscratch, (size_t)m * sizeof(double));
+    z3_impl *z = s->impl;
+    const float *base = k == 0 ? z->ps : s->optim->states[k - 1].buf;
+    int c = 0;
+    for (int b = 0; b < z->nb; b++) {
+        if (!z->b[b].mn)
+            continue;
+        if (c < cap)
+            out[c] = (dt_dpsync_piece){z->b[b].off, z->b[b].mn, base + z->b[b].at};
+        c++;
     }
-    return 0;
+    *n = c;
+    return c > cap ? -ENOSPC : 0;
 }
 
-/* The norm over the whole shard, summed over the ranks (no other group). */
-static int z3_clip(dt_strategy *s, double unscale, double *norm, dt_err *err)
+/* From the allocator's categories. */
+static void z3_mem(dt_dpsync *s, dt_dpsync_mem *out)
 {
-    return dt_zero3_clip_split(s->impl, unscale, -1, NULL, 0, NULL, 0, NULL, norm, err);
-}
-
-static int z3_optim_step(dt_strategy *s, double lr, dt_err *err)
-{
-    (void)err;
-    return dt_zero3_step(s->impl, lr);
-}
-
-static int z3_eval_step(dt_strategy *s, const dt_batch *batch, float *loss, int64_t *correct,
-                        dt_err *err)
-{
-    return dt_zero3_eval(s->impl, batch, loss, correct, err);
-}
-
-static int z3_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
-{
-    z3_impl *z = &((dt_zero3 *)s->impl)->z;
-    return dt_strategy_state_bufs(s, z->ck.buf[0], z->ck.buf + 1, bufs, cap, n, err);
-}
-
-static int z3_gather_state(dt_strategy *s, dt_err *err)
-{
-    return dt_zero3_gather_state(s->impl, err);
-}
-
-static void z3_close(dt_strategy *s)
-{
-    dt_zero3_free(s->impl);
-    s->impl = NULL;
-    dt_comm_free(s->comm);
-    s->comm = NULL;
-    dt_optim_free(s->optim);
-    dt_model_free(s->model);
-    dt_backend_close(s->be);
-}
-
-/* ---- figures ------------------------------------------------------------------------------ */
-
-void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out)
-{
-    const z3_impl *z = &((const dt_zero3 *)s->impl)->z;
+    const z3_impl *z = s->impl;
     dt_mem_stats ms;
     dt_mem_read(s->be, &ms);
     out->zero_stage = 3;
@@ -1077,20 +979,27 @@ void dt_strategy_zero3_mem(dt_strategy *s, dt_strategy_mem *out)
     out->ckpt_staging = z->ck.resident || !dt_mem_granule(s->be, z->ck.buf[0]) ? ck : 0;
 }
 
-const dt_strategy_ops dt_strategy_zero3_ops = {
-    .name = "zero",
-    .rank_batch = z3_rank_batch,
+const dt_dpsync_ops dt_dpsync_zero3_ops = {
+    .name = "zero-3",
+    .zero_stage = 3,
+    .needs_group = true,
     .open = z3_open,
     .start = z3_start,
     .zero_grads = z3_zero_grads,
-    .micro_step = z3_micro_step,
-    .sync_grads = z3_sync_grads,
+    .forward_begin = z3_forward_begin,
+    .forward_end = z3_forward_end,
+    .backward_begin = z3_backward_begin,
+    .backward_end = z3_backward_end,
+    .drop = z3_drop,
+    .hold = z3_hold,
+    .finish = z3_finish,
     .average = z3_average,
-    .clip = z3_clip,
-    .optim_step = z3_optim_step,
-    .eval_step = z3_eval_step,
-    .state = z3_state,
+    .scale = z3_scale,
+    .sumsq = z3_sumsq,
+    .step = z3_step,
+    .local = z3_local,
     .gather_state = z3_gather_state,
-    .replica_backend = dt_strategy_backend_one,
+    .owned = z3_owned,
+    .mem = z3_mem,
     .close = z3_close,
 };
