@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "runtime/launch/agent.h"
 #include "runtime/job/config.h"
+#include "runtime/job/preflight.h"
 #include "runtime/job/workenv.h"
 
 #ifndef DT_VERSION
@@ -163,6 +164,14 @@ static int cmd_run(int argc, char **argv)
         if (a.print_config) {
             dt_job_print(&job, stdout);
             code = 0;
+            goto out;
+        }
+        /* this node's files: what the job reads is there, what it writes can be written */
+        if (dt_preflight_check(&job, &errs) != 0) {
+            print_config_errors(&errs);
+            fprintf(stderr, "dtrain: %d error%s in the job's files and directories on this node "
+                    "(%s); nothing was started\n", errs.count, errs.count == 1 ? "" : "s",
+                    dt_hostname());
             goto out;
         }
     } else {

@@ -248,14 +248,19 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     const dt_strategy_ops *ops = dt_strategy_pick(j, env->world_size);
     t->batch = ops->rank_batch(j);
 
-    /* data first: a bad file is the most likely error and costs nothing to find */
-    if ((rc = dt_data_open(&t->data, j, err)))
+    /* data first: a bad file is the most likely error and costs nothing to find. What the
+     * data or the model's settings refuse fails every restart alike: a configuration error
+     * (running out of memory or an I/O error is not). */
+    if ((rc = dt_data_open(&t->data, j, err))) {
+        t->config_error = rc != -ENOMEM && rc != -EIO;
         goto fail;
+    }
     const dt_sample_shape *shape = &t->data->shape;
     t->tokens = shape->kind == DT_SAMPLE_TOKENS;
     if ((rc = dt_sampler_init(&t->sampler, dt_dataset_size(t->data->train), g->dp, g->D,
                               t->batch, (uint64_t)j->seed, j->shuffle, j->drop_last, err))) {
         dt_err_prefix(err, "%s: ", j->data_path[0] ? j->data_path : "synthetic data");
+        t->config_error = rc == -EINVAL; /* too little data for one step, with this world */
         goto fail;
     }
     size_t nidx = (size_t)t->batch;
@@ -307,8 +312,10 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     bo.threads = j->threads;
     bo.precision = backend_precision(j->precision);
     dt_model_config mc;
-    if ((rc = dt_model_config_from_job(&mc, j, shape, err)))
+    if ((rc = dt_model_config_from_job(&mc, j, shape, err))) {
+        t->config_error = rc == -EINVAL;
         goto fail;
+    }
     if (mc.max_batch < t->batch)
         mc.max_batch = t->batch;
     dt_optim_config oc;
