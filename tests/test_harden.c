@@ -179,11 +179,263 @@ static void test_worker_config_errors_not_retried(void)
     }
 }
 
+/* ---- checkpoints that must not be lost (#34 items 4, 5, 10, and the foreign file) ---------- */
+
+/* sh -c cmd; fails the test unless it exits 0. */
+static void sh(const char *cmd)
+{
+    int code;
+    char *o = run(cmd, &code, 60);
+    DT_CHECK_MSG(code == 0, "`%s` exited %d: %.2000s", cmd, code, o);
+    free(o);
+    if (code)
+        dt_test_stop();
+}
+
+static bool same_file(const char *a, const char *b)
+{
+    char *x = NULL, *y = NULL;
+    size_t xl = 0, yl = 0;
+    bool same = dt_read_file(a, &x, &xl, NULL) == 0 && dt_read_file(b, &y, &yl, NULL) == 0 &&
+                xl == yl && memcmp(x, y, xl) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* The mlp job trained by `dtrain worker` into TMP/name for `steps` steps (checkpoints every 20),
+ * with extra overrides; returns the output directory. */
+static const char *train(const char *name, int steps, const char *extra)
+{
+    const char *out = dt_test_fmt("%s/%s", TMP, name);
+    int code;
+    char *o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=%d %s 2>&1", BIN,
+                              mlp_job(), out, steps, extra),
+                  &code, 120);
+    DT_CHECK_MSG(code == 0, "training %s: exit %d: %.3000s", name, code, o);
+    free(o);
+    if (code)
+        dt_test_stop();
+    return out;
+}
+
+/* Every checkpoint of this setup damaged (two model files swapped between step_20 and step_40,
+ * recoverable by hand): resume = auto stops with exit 2 before training (it was a warning, a
+ * fresh start and both rewritten), and leaves both as they are. */
+static void test_only_damaged_checkpoints_stop(void)
+{
+    const char *out = train("dmg", 40, "");
+    const char *ck = dt_test_fmt("%s/checkpoints", out);
+    sh(dt_test_fmt("cd %s && mv step_20/model.safetensors m && mv step_40/model.safetensors "
+                   "step_20/ && mv m step_40/model.safetensors && cp -r %s %s/saved",
+                   ck, ck, TMP));
+    int code;
+    char *o = run(dt_test_fmt("%s --max-restarts=2 %s job.output_dir=%s train.steps=60 2>&1",
+                              BIN, mlp_job(), out),
+                  &code, 120);
+    DT_CHECK_MSG(code == 2, "exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "none of the 2 checkpoints");
+    DT_CHECK_CONTAINS(o, "checksum mismatch");
+    DT_CHECK_CONTAINS(o, "checkpoint.resume = never");
+    DT_CHECK_MSG(!strstr(o, "step 1/"), "it trained: %.3000s", o);
+    DT_CHECK(!strstr(o, "restarting every worker"));
+    free(o);
+    const char *files[] = {"step_20/model.safetensors", "step_40/model.safetensors",
+                           "step_20/state.json", "step_40/optim.safetensors"};
+    for (size_t i = 0; i < DT_ARRAY_LEN(files); i++)
+        DT_CHECK_MSG(same_file(dt_test_fmt("%s/%s", ck, files[i]),
+                               dt_test_fmt("%s/saved/%s", TMP, files[i])),
+                     "%s changed", files[i]);
+    /* A fresh start (resume = never) trains, and moves each damaged checkpoint it would save
+     * over aside (step_<N>.damaged) instead of replacing it. */
+    o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=40 checkpoint.resume=never "
+                        "2>&1", BIN, mlp_job(), out),
+            &code, 120);
+    DT_CHECK_MSG(code == 0, "fresh start: exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "step_40.damaged");
+    free(o);
+    for (size_t i = 0; i < 2; i++)
+        DT_CHECK_MSG(same_file(dt_test_fmt("%s/%.7s.damaged/%s", ck, files[i], files[i] + 8),
+                               dt_test_fmt("%s/saved/%s", TMP, files[i])),
+                     "%s was not kept aside", files[i]);
+    DT_CHECK(dt_ckpt_inspect(dt_test_fmt("%s/step_40", ck), true, NULL, NULL) == 0);
+}
+
+/* A damaged newest checkpoint: the run resumes from the one before (as it did), and when it
+ * saves that step again the damaged one is moved aside, not replaced. Retention (keep) never
+ * deletes a damaged checkpoint either. */
+static void test_damaged_checkpoint_kept_aside(void)
+{
+    const char *out = train("aside", 60, "");
+    const char *ck = dt_test_fmt("%s/checkpoints", out);
+    sh(dt_test_fmt("truncate -s 100 %s/step_60/optim.safetensors && "
+                   "printf 'XXXX' | dd of=%s/step_20/model.safetensors bs=1 seek=200 "
+                   "conv=notrunc 2>/dev/null && cp -r %s %s/saved2", ck, ck, ck, TMP));
+    int code;
+    char *o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=80 checkpoint.keep=1 "
+                              "2>&1", BIN, mlp_job(), out),
+                  &code, 120);
+    DT_CHECK_MSG(code == 0, "exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "resumed from");
+    DT_CHECK_CONTAINS(o, "step_40");
+    DT_CHECK_CONTAINS(o, "step_60.damaged");
+    free(o);
+    DT_CHECK(same_file(dt_test_fmt("%s/step_60.damaged/optim.safetensors", ck),
+                       dt_test_fmt("%s/saved2/step_60/optim.safetensors", TMP)));
+    DT_CHECK(dt_ckpt_inspect(dt_test_fmt("%s/step_80", ck), true, NULL, NULL) == 0);
+    /* keep = 1: step_40 and step_60 (valid) went; the damaged step_20 stays */
+    DT_CHECK(!exists(dt_test_fmt("%s/step_40", ck)));
+    DT_CHECK(!exists(dt_test_fmt("%s/step_60", ck)));
+    DT_CHECK(same_file(dt_test_fmt("%s/step_20/model.safetensors", ck),
+                       dt_test_fmt("%s/saved2/step_20/model.safetensors", TMP)));
+}
+
+/* Another setup's checkpoint at a step this run would save (an mlp of another width's step_60
+ * in a run at step_40 of 80): found before training, exit 2 naming it (it was the failed save
+ * at step 60, every attempt). One past the run's last step is only skipped. */
+static void test_foreign_future_checkpoint(void)
+{
+    const char *a = train("fa", 40, "");
+    const char *b = train("fb", 60, "model.hidden=64");
+    sh(dt_test_fmt("cp -r %s/checkpoints/step_60 %s/checkpoints/", b, a));
+    int code;
+    char *o = run(dt_test_fmt("%s --max-restarts=2 %s job.output_dir=%s train.steps=80 2>&1",
+                              BIN, mlp_job(), a),
+                  &code, 120);
+    DT_CHECK_MSG(code == 2, "exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "checkpoints/step_60");
+    DT_CHECK_CONTAINS(o, "another setup");
+    DT_CHECK_CONTAINS(o, "checkpoint.dir");
+    DT_CHECK_MSG(!strstr(o, "step 41/"), "it trained: %.3000s", o);
+    DT_CHECK(!strstr(o, "restarting every worker"));
+    free(o);
+    DT_CHECK(same_file(dt_test_fmt("%s/checkpoints/step_60/model.safetensors", a),
+                       dt_test_fmt("%s/checkpoints/step_60/model.safetensors", b)));
+    o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=50 2>&1", BIN, mlp_job(), a),
+            &code, 120);
+    DT_CHECK_MSG(code == 0, "steps=50: exit %d: %.3000s", code, o);
+    free(o);
+}
+
+/* cp -r step_40 step_80: the copy says step 40 in its state.json. It is never the newest (the
+ * run resumed "at step 80" from step 40's state): skipped with a warning, and verify refuses
+ * it. */
+static void test_renamed_checkpoint_refused(void)
+{
+    const char *out = train("ren", 60, "");
+    const char *ck = dt_test_fmt("%s/checkpoints", out);
+    sh(dt_test_fmt("cp -r %s/step_40 %s/step_80", ck, ck));
+    int code;
+    char *o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=70 2>&1", BIN,
+                              mlp_job(), out),
+                  &code, 120);
+    DT_CHECK_MSG(code == 0, "exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "step_80");
+    DT_CHECK_CONTAINS(o, "state.json is step 40's");
+    DT_CHECK_CONTAINS(o, "step_60: step 60");
+    free(o);
+    o = run(dt_test_fmt("%s ckpt verify %s/step_80 2>&1", BIN, ck), &code, 60);
+    DT_CHECK_MSG(code == 1, "verify: exit %d: %.2000s", code, o);
+    DT_CHECK_CONTAINS(o, "state.json is step 40's");
+    free(o);
+}
+
+/* Another model's model.safetensors put into a checkpoint: said as such, not "truncated". */
+static void test_foreign_file_named(void)
+{
+    const char *a = train("ffa", 20, "");
+    const char *b = train("ffb", 20, "model.hidden=64");
+    sh(dt_test_fmt("cp %s/checkpoints/step_20/model.safetensors %s/checkpoints/step_20/", b, a));
+    int code;
+    char *o = run(dt_test_fmt("%s ckpt verify %s/checkpoints/step_20 2>&1", BIN, a), &code, 60);
+    DT_CHECK_MSG(code == 1, "exit %d: %.2000s", code, o);
+    DT_CHECK_CONTAINS(o, "another model");
+    DT_CHECK_CONTAINS(o, "tensor fc.0.bias is F32 (64) there");
+    DT_CHECK_MSG(!strstr(o, "truncated") && !strstr(o, "appended"), "%.2000s", o);
+    free(o);
+}
+
+/* ---- a signal to one worker (#34 item 12) ------------------------------------------------- */
+
+/* The pids of parent's children that have RANK=rank in their environment. */
+static int worker_of_rank(pid_t parent, int rank, pid_t *out, int max)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) && n < max) {
+        if (de->d_name[0] < '0' || de->d_name[0] > '9')
+            continue;
+        char *stat = dt_test_slurp(dt_test_fmt("/proc/%s/stat", de->d_name));
+        char *rp = stat ? strrchr(stat, ')') : NULL, state;
+        int ppid = 0;
+        bool child = rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == parent;
+        free(stat);
+        if (!child)
+            continue;
+        char *env = NULL;
+        size_t len = 0;
+        if (dt_read_file(dt_test_fmt("/proc/%s/environ", de->d_name), &env, &len, NULL) != 0)
+            continue;
+        for (size_t o = 0; o < len; o += strlen(env + o) + 1)
+            if (!strncmp(env + o, "RANK=", 5) && atoi(env + o + 5) == rank)
+                out[n++] = (pid_t)atoi(de->d_name);
+        free(env);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* SIGTERM to one worker of a T2 job (not to the agent): every rank saves and exits 75, and the
+ * agent reads that as the job preempted (exit 75, no failure table, no restart), as when the
+ * signal reaches it (it printed the table and exited 1, or spent a restart). */
+static void test_sigterm_one_worker_preempts(void)
+{
+    char out[1024], log[1024]; /* not dt_test_fmt's: worker_of_rank makes many */
+    snprintf(out, sizeof out, "%s/t2", TMP);
+    snprintf(log, sizeof log, "%s/t2.log", TMP);
+    const char *cmd = dt_test_fmt("%s --max-restarts=1 %s/configs/tp2.ini job.output_dir=%s "
+                                  "job.device=cpu job.log_every=1 train.steps=100000 "
+                                  "train.eval_every=0", BIN, dt_test_repo_dir("configs"), out);
+    pid_t agent = dt_test_spawn(cmd, log);
+    bool reached = dt_test_wait_text(log, "step 3/", 1, 120 * dt_test_timeout_scale());
+    pid_t w[4];
+    int n = reached ? worker_of_rank(agent, 1, w, 4) : 0;
+    if (n == 1)
+        kill(w[0], SIGTERM);
+    int code = dt_test_wait_exit(agent, 120 * dt_test_timeout_scale());
+    char *text = dt_test_slurp(log);
+    DT_CHECK_MSG(reached && n == 1, "no rank 1 worker at step 3 (%d found): %.3000s", n,
+                 text ? text : "");
+    DT_CHECK_MSG(code == 75, "exit %d: %.4000s", code, text ? text : "");
+    DT_CHECK_CONTAINS(text, "preempted");
+    DT_CHECK(text && !strstr(text, "the job failed"));
+    DT_CHECK(text && !strstr(text, "restarting every worker"));
+    free(text);
+    int64_t *steps = NULL;
+    int ns = 0;
+    DT_CHECK(dt_ckpt_list(dt_test_fmt("%s/checkpoints", out), &steps, &ns, NULL) == 0 && ns == 1);
+    free(steps);
+}
+
 static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
     {"missing_data_at_load", test_missing_data_at_load, 120},
     {"worker_config_errors_not_retried", test_worker_config_errors_not_retried, 180},
+    {"only_damaged_checkpoints_stop", test_only_damaged_checkpoints_stop, 180},
+    {"damaged_checkpoint_kept_aside", test_damaged_checkpoint_kept_aside, 180},
+    {"foreign_future_checkpoint", test_foreign_future_checkpoint, 180},
+    {"renamed_checkpoint_refused", test_renamed_checkpoint_refused, 180},
+    {"foreign_file_named", test_foreign_file_named, 120},
+    {"sigterm_one_worker_preempts", test_sigterm_one_worker_preempts, 300},
 };
 
 int main(int argc, char **argv)

@@ -60,6 +60,7 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     char path[DT_PATH_MAX + 64] = "";
     bool resumed = false;
     int rc = 0;
+    dt_err damaged = {0}; /* resume = auto found only damaged checkpoints (said after the sync) */
     if (j->resume == DT_RESUME_PATH && t->env.attempt > 0)
         rc = dt_ckpt_resume_run(t->ckpt, t->env.run_id, &st, &resumed, path, sizeof path, err);
     if (!rc && !resumed && j->resume != DT_RESUME_NEVER) {
@@ -73,7 +74,14 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
          * retry (exit 2). Running out of memory or an I/O error is not. */
         if (rc && rc != -ENOMEM && rc != -EIO && (rc == -EXDEV || j->resume != DT_RESUME_AUTO))
             t->config_error = true;
+        if (rc == -EBADMSG && j->resume == DT_RESUME_AUTO) { /* unless another rank has one */
+            damaged = *err;
+            rc = 0;
+        }
     }
+    /* another setup's checkpoint where this run will save: stop now, not at that save */
+    if (!rc && (rc = dt_ckpt_check_ahead(t->ckpt, resumed ? st.step : 0, t->total_steps, err)))
+        t->config_error = rc == -EXDEV;
     /* Every rank resumes from the newest checkpoint any rank found; a rank that could not see it
      * (node-local disks) takes it over the network instead of training from another state. */
     int64_t mine = resumed ? st.step : -1, src_step = mine;
@@ -91,6 +99,11 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
                 "optimiser state over the network (the checkpoint directory is not shared "
                 "between the nodes, or holds other steps on this one)",
                 t->env.rank, a, dir, src, (long long)src_step, src);
+    }
+    if (!rc && !resumed && damaged.code) { /* no rank found one: never a fresh start over them */
+        *err = damaged;
+        rc = damaged.code;
+        t->config_error = true;
     }
     if (rc || !resumed)
         goto out;
