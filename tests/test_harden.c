@@ -425,6 +425,67 @@ static void test_sigterm_one_worker_preempts(void)
     free(steps);
 }
 
+/* ---- metrics.jsonl's runs (#34 item 14) ---------------------------------------------------- */
+
+/* The "run" values of metrics.jsonl's lines, in order, into runs (n lines; "" for a line
+ * without one). Returns the number of lines. */
+static int metrics_runs(const char *outdir, char runs[][32], int max)
+{
+    char *text = dt_test_slurp(dt_test_fmt("%s/metrics.jsonl", outdir));
+    int n = 0;
+    for (char *l = text, *e; l && *l && n < max; l = e + 1) {
+        e = strchr(l, '\n');
+        if (!e)
+            break;
+        *e = '\0';
+        const char *r = strstr(l, "\"run\":\"");
+        runs[n][0] = '\0';
+        if (r)
+            sscanf(r + 7, "%31[^\"]", runs[n]);
+        n++;
+    }
+    free(text);
+    return n;
+}
+
+/* A fresh start into a used output_dir appends under a new run id; a resume keeps its run's;
+ * scripts/plot-metrics.sh --print draws the latest run only (it drew lines from step 60 back to
+ * step 0, and no record said which run it belonged to). */
+static void test_metrics_run_id(void)
+{
+    const char *out = train("runs", 5, "");
+    char runs[64][32];
+    int n1 = metrics_runs(out, runs, 64);
+    DT_REQUIRE(n1 >= 6); /* the layout, steps 1-5, the eval */
+    for (int i = 0; i < n1; i++)
+        DT_CHECK_MSG(runs[i][0] && !strcmp(runs[i], runs[0]), "line %d: run \"%s\", first \"%s\"",
+                     i, runs[i], runs[0]);
+    char first[32];
+    dt_strlcpy(first, runs[0], sizeof first);
+    train("runs", 8, ""); /* resumes at step 5: the same run */
+    int n2 = metrics_runs(out, runs, 64);
+    DT_REQUIRE(n2 > n1);
+    for (int i = n1; i < n2; i++)
+        DT_CHECK_MSG(!strcmp(runs[i], first), "resumed line %d: run \"%s\", not \"%s\"", i,
+                     runs[i], first);
+    train("runs", 3, "checkpoint.resume=never");
+    int n3 = metrics_runs(out, runs, 64);
+    DT_REQUIRE(n3 > n2);
+    for (int i = n2; i < n3; i++)
+        DT_CHECK_MSG(runs[i][0] && strcmp(runs[i], first) && !strcmp(runs[i], runs[n2]),
+                     "fresh line %d: run \"%s\" (first run \"%s\")", i, runs[i], first);
+    int code;
+    char *o = run(dt_test_fmt("%s/scripts/plot-metrics.sh --print %s", dt_test_repo_dir("scripts"),
+                              out),
+                  &code, 30);
+    DT_CHECK_MSG(code == 0, "plot --print: exit %d: %.2000s", code, o);
+    DT_CHECK_MSG(count_of(o, "\ntrain ") + !strncmp(o, "train ", 6) == 3,
+                 "the latest run has 3 train records: %.2000s", o);
+    DT_CHECK_CONTAINS(o, "train 3 ");
+    DT_CHECK(!strstr(o, "train 8 "));
+    free(o);
+}
+
 static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
@@ -436,6 +497,7 @@ static const dt_test tests[] = {
     {"renamed_checkpoint_refused", test_renamed_checkpoint_refused, 180},
     {"foreign_file_named", test_foreign_file_named, 120},
     {"sigterm_one_worker_preempts", test_sigterm_one_worker_preempts, 300},
+    {"metrics_run_id", test_metrics_run_id, 120},
 };
 
 int main(int argc, char **argv)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -120,6 +121,9 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     }
     t->last_saved_step = st.step;
     t->samples_seen = st.samples_seen;
+    double run; /* checkpoints older than the run id start a new one */
+    if (dt_ckpt_state_get_scalar(&st, "run", &run) == 0 && run > 0)
+        t->run = (uint64_t)run;
     if (adopted) /* rank 0 has no path of its own: say where the state came from */
         snprintf(path, sizeof path, "rank %d's checkpoint, over the network", src);
     if (t->env.rank == 0)
@@ -177,6 +181,8 @@ static int ckpt_save_now(dt_trainer *t, dt_err *err)
     rc = dt_ckpt_state_set_rng(&st, "trainer", &t->rng);
     if (!rc)
         rc = dt_ckpt_state_set_scalar(&st, "optim_t", (double)t->optim->t);
+    if (!rc)
+        rc = dt_ckpt_state_set_scalar(&st, "run", (double)t->run);
     if (!rc && t->scaler.on)
         rc = dt_ckpt_state_set_scalar(&st, "loss_scale", t->scaler.scale);
     if (!rc && t->scaler.on)
@@ -244,6 +250,11 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     t->env = *env;
     t->last_saved_step = -1;
     const dt_job *j = &t->job;
+    /* a fresh start's run id (a resume takes its checkpoint's): 48 random bits, exact in
+     * state.json's scalars */
+    if (getrandom(&t->run, sizeof t->run, 0) != (ssize_t)sizeof t->run)
+        t->run = (uint64_t)dt_wall_s() * 1000003u ^ (uint64_t)getpid();
+    t->run = (t->run & 0xffffffffffffULL) | 1;
     dt_rng_seed2(&t->rng, (uint64_t)j->seed, (uint64_t)env->rank + 1);
     int rc;
     /* the grid: which samples this rank draws is the data-parallel rank's (dp of D); the ranks
@@ -666,6 +677,9 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
         *stopped = false;
     if ((rc = dt_metrics_open(&t->metrics, j->output_dir, rank0, t->tokens, t->env.attempt, err)))
         return rc;
+    char run[16];
+    snprintf(run, sizeof run, "%012llx", (unsigned long long)t->run);
+    dt_metrics_set_run(t->metrics, run);
     if ((rc = trace_open(t, err)))
         return rc;
     dt_metrics_layout(t->metrics, t->grid.world, t->grid.D, t->grid.T, t->grid.P);
