@@ -62,7 +62,8 @@ static int cmd_list(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i])) {
             printf("usage: dtrain ckpt list [--quick] DIR\n\n"
-                   "Lists the step_<N> checkpoints under DIR (a job's checkpoint.dir), newest\n"
+                   "Lists the step_<N> checkpoints under DIR (a job's checkpoint.dir, or its\n"
+                   "output_dir: then DIR/checkpoints when DIR holds none itself), newest\n"
                    "first: step, epoch, samples seen, STEP_LOSS (the loss of that one step;\n"
                    "log lines and metrics.jsonl show means over job.log_every steps, so they\n"
                    "differ), size, when saved, and whether it is\n"
@@ -97,17 +98,32 @@ static int cmd_list(int argc, char **argv)
     int64_t *steps = NULL, *strays = NULL;
     int n = 0, ns = 0;
     dt_err err = {0};
-    if (dt_ckpt_list(dir, &steps, &n, &err) || dt_ckpt_list_strays(dir, &strays, &ns, &err)) {
-        fprintf(stderr, "dtrain ckpt list: %s\n", err.msg);
+    char sub[4096 + 16];
+    if ((size_t)snprintf(sub, sizeof sub, "%.4096s/checkpoints", dir) >= sizeof sub)
+        sub[0] = '\0';
+    for (int pass = 0; pass < 2; pass++) {
+        if (dt_ckpt_list(dir, &steps, &n, &err) || dt_ckpt_list_strays(dir, &strays, &ns, &err)) {
+            fprintf(stderr, "dtrain ckpt list: %s\n", err.msg);
+            free(steps);
+            return 1;
+        }
+        /* a job's output_dir: its checkpoints are in <output_dir>/checkpoints by default */
+        if (pass || n || ns || stat(sub, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            break;
         free(steps);
-        return 1;
+        free(strays);
+        steps = strays = NULL;
+        printf("%s holds no checkpoints itself; listing %s, where a job whose output_dir it "
+               "is keeps them\n", dir, sub);
+        dir = sub;
     }
     if (n == 0 && ns == 0) {
         if (is_one_checkpoint(dir))
             printf("no checkpoints under %s: it is a single checkpoint, not a directory of "
                    "them; see `dtrain ckpt show %s`\n", dir, dir);
         else
-            printf("no checkpoints under %s\n", dir);
+            printf("no checkpoints under %s (a job keeps them in checkpoint.dir, by default "
+                   "<job.output_dir>/checkpoints: give that directory)\n", dir);
         free(steps);
         free(strays);
         return 0;

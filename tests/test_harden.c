@@ -486,6 +486,28 @@ static void test_metrics_run_id(void)
     free(o);
 }
 
+/* ---- dtrain ckpt list on an output directory (#34 item 15) ------------------------------ */
+
+/* `dtrain ckpt list OUTPUT_DIR` lists OUTPUT_DIR/checkpoints, saying so (it said there were no
+ * checkpoints); a directory that holds neither says where checkpoints go. */
+static void test_ckpt_list_output_dir(void)
+{
+    const char *out = train("lst", 40, "");
+    int code;
+    char *o = run(dt_test_fmt("%s ckpt list %s", BIN, out), &code, 60);
+    DT_CHECK_MSG(code == 0, "exit %d: %.2000s", code, o);
+    DT_CHECK_CONTAINS(o, dt_test_fmt("%s/checkpoints", out));
+    DT_CHECK_CONTAINS(o, "resume = auto loads this one");
+    DT_CHECK_MSG(strstr(o, "\n40 ") != NULL, "no row of step 40: %.2000s", o);
+    free(o);
+    sh(dt_test_fmt("mkdir -p %s/empty", TMP));
+    o = run(dt_test_fmt("%s ckpt list %s/empty", BIN, TMP), &code, 60);
+    DT_CHECK_MSG(code == 0, "empty: exit %d: %.2000s", code, o);
+    DT_CHECK_CONTAINS(o, "no checkpoints under");
+    DT_CHECK_CONTAINS(o, "checkpoint.dir");
+    free(o);
+}
+
 static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
@@ -498,6 +520,7 @@ static const dt_test tests[] = {
     {"foreign_file_named", test_foreign_file_named, 120},
     {"sigterm_one_worker_preempts", test_sigterm_one_worker_preempts, 300},
     {"metrics_run_id", test_metrics_run_id, 120},
+    {"ckpt_list_output_dir", test_ckpt_list_output_dir, 120},
 };
 
 int main(int argc, char **argv)
