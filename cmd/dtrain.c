@@ -212,6 +212,10 @@ static int cmd_run(int argc, char **argv)
     } else {
         spec.argv = a.command;
         code = dt_agent_run(&spec, &err);
+        if (a.python && code != 0 && code != DT_EXIT_PREEMPTED && code < 128)
+            fprintf(stderr, "dtrain: the workers ran %s with %s (%s); another interpreter: "
+                    "--python PATH or DTRAIN_PYTHON=PATH\n", a.command[1], a.python,
+                    a.python_from ? a.python_from : "the first python3 on PATH");
     }
     if (code < 0) {
         fprintf(stderr, "dtrain: %s\n", err.msg);

@@ -508,6 +508,48 @@ static void test_ckpt_list_output_dir(void)
     free(o);
 }
 
+/* ---- the interpreter of SCRIPT.py (#34 item 16) --------------------------------------------- */
+
+/* SCRIPT.py runs with python3 from PATH unless --python PATH or DTRAIN_PYTHON says otherwise;
+ * when the workers fail the launcher says which interpreter ran and how to choose another (a
+ * pyenv shim without torch first on PATH failed every rank with no word of it). */
+static void test_python_interpreter(void)
+{
+    const char *bin = dt_test_fmt("%s/fakebin", TMP);
+    sh(dt_test_fmt("mkdir -p %s && printf '#!/bin/sh\\necho \"ModuleNotFoundError: No module "
+                   "named torch\" >&2\\nexit 1\\n' > %s/python3 && printf '#!/bin/sh\\necho "
+                   "\"other-python ran $1\"\\n' > %s/other && chmod +x %s/python3 %s/other && "
+                   "printf 'print(1)\\n' > %s/train.py", bin, bin, bin, bin, bin, TMP));
+    char path_env[4096];
+    snprintf(path_env, sizeof path_env, "PATH=%s:$PATH", bin);
+    int code;
+    char *o = run(dt_test_fmt("%s %s --nproc-per-node=1 %s/train.py 2>&1", path_env, BIN, TMP),
+                  &code, 60);
+    DT_CHECK_MSG(code == 1, "exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, dt_test_fmt("%s/python3", bin)); /* which one ran */
+    DT_CHECK_CONTAINS(o, "--python");
+    DT_CHECK_CONTAINS(o, "DTRAIN_PYTHON");
+    free(o);
+    o = run(dt_test_fmt("%s %s --nproc-per-node=1 --python %s/other %s/train.py 2>&1", path_env,
+                        BIN, bin, TMP),
+            &code, 60);
+    DT_CHECK_MSG(code == 0, "--python: exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, dt_test_fmt("other-python ran %s/train.py", TMP));
+    free(o);
+    o = run(dt_test_fmt("%s DTRAIN_PYTHON=%s/other %s --nproc-per-node=1 %s/train.py 2>&1",
+                        path_env, bin, BIN, TMP),
+            &code, 60);
+    DT_CHECK_MSG(code == 0, "DTRAIN_PYTHON: exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "other-python ran");
+    free(o);
+    o = run(dt_test_fmt("%s --nproc-per-node=1 --python %s/nonexistent %s/train.py 2>&1", BIN, bin,
+                        TMP),
+            &code, 60);
+    DT_CHECK_MSG(code == 2, "a missing interpreter: exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "--python");
+    free(o);
+}
+
 static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
@@ -521,6 +563,7 @@ static const dt_test tests[] = {
     {"sigterm_one_worker_preempts", test_sigterm_one_worker_preempts, 300},
     {"metrics_run_id", test_metrics_run_id, 120},
     {"ckpt_list_output_dir", test_ckpt_list_output_dir, 120},
+    {"python_interpreter", test_python_interpreter, 120},
 };
 
 int main(int argc, char **argv)
