@@ -418,6 +418,9 @@ static void test_sigterm_one_worker_preempts(void)
     DT_CHECK_CONTAINS(text, "preempted");
     DT_CHECK(text && !strstr(text, "the job failed"));
     DT_CHECK(text && !strstr(text, "restarting every worker"));
+    /* the advice to run the command again is the agent's (which decides what follows: a
+     * regroup, a restart or the end), said once, not the workers' */
+    DT_CHECK_MSG(count_of(text, "run the same command again") == 1, "%.4000s", text ? text : "");
     free(text);
     int64_t *steps = NULL;
     int ns = 0;
@@ -550,6 +553,22 @@ static void test_python_interpreter(void)
     free(o);
 }
 
+/* ---- the words of a resumed run (#34 item 18) ---------------------------------------------- */
+
+/* A resumed run's summary says how many steps this run trained (it said "done after 60 steps"
+ * for a run that trained 20 of them). */
+static void test_resumed_summary(void)
+{
+    const char *out = train("sum", 40, "");
+    int code;
+    char *o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=60 2>&1", BIN,
+                              mlp_job(), out),
+                  &code, 120);
+    DT_CHECK_MSG(code == 0, "exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "done after 60 steps (20 of them in this run, resumed at step 40) in ");
+    free(o);
+}
+
 static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
@@ -564,6 +583,7 @@ static const dt_test tests[] = {
     {"metrics_run_id", test_metrics_run_id, 120},
     {"ckpt_list_output_dir", test_ckpt_list_output_dir, 120},
     {"python_interpreter", test_python_interpreter, 120},
+    {"resumed_summary", test_resumed_summary, 120},
 };
 
 int main(int argc, char **argv)

@@ -816,12 +816,15 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             snprintf(vl, sizeof vl, "%.4f", val_loss);
         if (isfinite(last_train)) /* n/a when stopped before its first step */
             snprintf(tl, sizeof tl, "%.4f", last_train);
-        char how[sizeof t->s->summary + 2] = "";
+        char how[sizeof t->s->summary + 2] = "", part[96] = "";
         if (t->s->summary[0])
             snprintf(how, sizeof how, ", %s", t->s->summary);
-        printf("dtrain: %s after %lld steps in %.1f s: train loss %s, val loss %s, %s %s/s "
+        if (steps_run != t->step) /* resumed: the time and throughput are this run's */
+            snprintf(part, sizeof part, " (%lld of them in this run, resumed at step %lld)",
+                     (long long)steps_run, (long long)(t->step - steps_run));
+        printf("dtrain: %s after %lld steps%s in %.1f s: train loss %s, val loss %s, %s %s/s "
                "(%d rank%s%s)\n",
-               was_stopped ? "stopped" : "done", (long long)t->step, wall, tl, vl, thr,
+               was_stopped ? "stopped" : "done", (long long)t->step, part, wall, tl, vl, thr,
                t->tokens ? "tokens" : "samples", t->env.world_size,
                t->env.world_size > 1 ? "s" : "", how);
         dt_metrics_print_summary(t->metrics, stdout); /* or how many records were lost */
@@ -878,12 +881,16 @@ int dt_worker_main(const dt_job *job)
         goto fail;
     dt_trainer_close(&t);
     if (stopped) {
+        /* Under an agent what follows is the agent's to say (a regroup or a restart resumes by
+         * itself; a preemption ends the job, and the agent says how to resume). */
+        const char *next = env.agent_pid ? "checkpoint saved, exit 75 to the agent"
+                                         : "run the same command again to resume";
         if (stop_signal && (t.env.world_size == 1 || t.stop_self))
-            DT_INFO("stopped by signal %d (%s) after step %lld; run the same command again to "
-                    "resume", (int)stop_signal, strsignal((int)stop_signal), (long long)t.step);
+            DT_INFO("stopped by signal %d (%s) after step %lld; %s", (int)stop_signal,
+                    strsignal((int)stop_signal), (long long)t.step, next);
         else /* another rank was signalled; all stopped at the same step */
             DT_INFO("stopped with the other ranks (one of them was signalled) after step %lld; "
-                    "run the same command again to resume", (long long)t.step);
+                    "%s", (long long)t.step, next);
         return DT_EXIT_PREEMPTED;
     }
     return 0;
