@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "runtime/job/config.h"
 #include "runtime/train/ckpt/ckpt.h"
 #include "tests/fixtures.h"
 #include "tests/harness.h"
@@ -569,6 +570,60 @@ static void test_resumed_summary(void)
     free(o);
 }
 
+/* ---- how values are written (#34, "also seen") --------------------------------------------- */
+
+/* Loads mlp.ini with one override; 0 or the load's error, the first line in why. */
+static int load_with(dt_job *job, const char *setting, char *why, size_t cap)
+{
+    static dt_config_errors errs;
+    memset(&errs, 0, sizeof errs);
+    dt_err err = {0};
+    char *ov[] = {(char *)setting};
+    int rc = dt_job_load(job, mlp_job(), ov, 1, &errs, &err);
+    dt_strlcpy(why, errs.count ? errs.lines[0] : "", cap);
+    return rc;
+}
+
+/* Decided (docs/keys.md, "How values are written"): names of fixed choices in any case, printed
+ * in lower case; a number with a sign; a number with blanks around it (kept by quotes) refused;
+ * blanks around a list's commas accepted. It took " 2" as 2 without a word. */
+static void test_value_forms(void)
+{
+    static dt_job job;
+    char why[1024];
+    DT_CHECK(load_with(&job, "parallel.schedule=1F1B", why, sizeof why) == 0);
+    DT_CHECK_INT(job.pp_schedule, DT_PP_1F1B);
+    DT_CHECK(load_with(&job, "job.strategy=DDP", why, sizeof why) == 0);
+    DT_CHECK_INT(job.strategy, DT_STRATEGY_DDP);
+    DT_CHECK(load_with(&job, "elastic.nproc_per_node=CPU", why, sizeof why) == 0);
+    DT_CHECK_INT(job.launch.nproc_per_node.kind, DT_NPROC_CPU);
+    DT_CHECK(load_with(&job, "data.synthetic_shape=3X8X8", why, sizeof why) == 0);
+    DT_CHECK_INT(job.synthetic_shape[0], 3);
+    DT_CHECK(load_with(&job, "train.steps=+2", why, sizeof why) == 0);
+    DT_CHECK_INT(job.steps, 2);
+    DT_CHECK(load_with(&job, "train.lr=+1e-3", why, sizeof why) == 0);
+    DT_CHECK(load_with(&job, "model.hidden=32, 16", why, sizeof why) == 0);
+    DT_CHECK_STR(job.hidden, "32, 16");
+    int w[DT_MAX_HIDDEN];
+    DT_CHECK_INT(dt_job_mlp_widths(job.hidden, w, NULL), 2);
+    const char *refused[] = {"train.steps=\" 2\"", "train.lr=\"1e-3 \"", "train.steps=2, 2",
+                             "elastic.nproc_per_node=\" 2\"", "rendezvous.join_timeout=\" 5\""};
+    for (size_t i = 0; i < DT_ARRAY_LEN(refused); i++) {
+        DT_CHECK_MSG(load_with(&job, refused[i], why, sizeof why) != 0, "%s accepted", refused[i]);
+        DT_CHECK_MSG(strstr(why, "blanks") || strstr(why, "not an integer"), "%s: %s",
+                     refused[i], why);
+    }
+    /* --print-config writes the canonical names, which load back to the same job */
+    FILE *f = fopen(dt_test_fmt("%s/printed.ini", TMP), "w");
+    DT_REQUIRE(f != NULL);
+    DT_CHECK(load_with(&job, "parallel.schedule=GPipe", why, sizeof why) == 0);
+    dt_job_print(&job, f);
+    fclose(f);
+    char *text = dt_test_slurp(dt_test_fmt("%s/printed.ini", TMP));
+    DT_CHECK_CONTAINS(text, "schedule = gpipe");
+    free(text);
+}
+
 static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
@@ -584,6 +639,7 @@ static const dt_test tests[] = {
     {"ckpt_list_output_dir", test_ckpt_list_output_dir, 120},
     {"python_interpreter", test_python_interpreter, 120},
     {"resumed_summary", test_resumed_summary, 120},
+    {"value_forms", test_value_forms, 30},
 };
 
 int main(int argc, char **argv)
