@@ -624,6 +624,22 @@ static void test_value_forms(void)
     free(text);
 }
 
+/* The pipeline's line under train.global_batch: a 7-sample step of batch_size 8 is one
+ * micro-step of 7, cut into micro-batches of 2, 2, 2 and 1; it said "4 micro-batches of 2
+ * samples". */
+static void test_pipeline_line_global_batch(void)
+{
+    int code;
+    char *o = run(dt_test_fmt("%s %s/configs/pp2.ini job.output_dir=%s/pp job.device=cpu "
+                              "train.global_batch=7 train.steps=1 train.eval_every=0 2>&1", BIN,
+                              dt_test_repo_dir("configs"), TMP),
+                  &code, 120);
+    DT_CHECK_MSG(code == 0, "exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "4 micro-batches of up to 2 samples per micro-step");
+    DT_CHECK_CONTAINS(o, "1 micro-step of up to 8");
+    free(o);
+}
+
 static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
@@ -640,6 +656,7 @@ static const dt_test tests[] = {
     {"python_interpreter", test_python_interpreter, 120},
     {"resumed_summary", test_resumed_summary, 120},
     {"value_forms", test_value_forms, 30},
+    {"pipeline_line_global_batch", test_pipeline_line_global_batch, 120},
 };
 
 int main(int argc, char **argv)
