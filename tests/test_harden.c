@@ -640,6 +640,85 @@ static void test_pipeline_line_global_batch(void)
     free(o);
 }
 
+/* ---- the quickstart's curve (#34 item 19) -------------------------------------------------- */
+
+/* The train losses (every step: job.log_every=1) and the last val loss of a run's metrics. */
+static int losses(const char *outdir, double *loss, int max, double *val)
+{
+    char *text = dt_test_slurp(dt_test_fmt("%s/metrics.jsonl", outdir));
+    int n = 0;
+    *val = NAN;
+    for (char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *a;
+        if (strncmp(l, "{\"type\":\"train\"", 15) == 0 && (a = strstr(l, "\"loss\":")) && n < max)
+            loss[n++] = strtod(a + 7, NULL);
+        else if (strncmp(l, "{\"type\":\"eval\"", 14) == 0 && (a = strstr(l, "\"val_loss\":")))
+            *val = strtod(a + 11, NULL);
+    }
+    free(text);
+    return n;
+}
+
+/* configs/quickstart.ini, at every length the README shows (300 steps on one rank, on two, and
+ * a shortened two-rank run of 12 steps), falls smoothly: no step's loss above every earlier
+ * one's by more than 0.1 (the spike: step 14 at 7.98 after 3.54), none more than 1.5 above the
+ * lowest of the ten before it (a batch of the GPL's rarer text costs up to about 1), and the last
+ * val loss below the first step's loss (the 12-step run ended at 5.77, above its start) and, at
+ * 300 steps, below 2.8. */
+static void test_quickstart_curve(void)
+{
+    const struct {
+        int nproc, steps;
+        double val_below;
+    } runs[] = {{1, 300, 2.8}, {2, 300, 2.8}, {2, 12, 0}};
+    for (size_t r = 0; r < DT_ARRAY_LEN(runs); r++) {
+        char out[1024];
+        snprintf(out, sizeof out, "%s/qs%zu", TMP, r);
+        int code;
+        char *o = run(dt_test_fmt("%s --nproc-per-node=%d %s/configs/quickstart.ini "
+                                  "job.output_dir=%s job.device=cpu job.log_every=1 "
+                                  "train.steps=%d 2>&1", BIN, runs[r].nproc,
+                                  dt_test_repo_dir("configs"), out, runs[r].steps),
+                      &code, 600);
+        DT_CHECK_MSG(code == 0, "%d x %d: exit %d: %.3000s", runs[r].nproc, runs[r].steps, code,
+                     o);
+        free(o);
+        static double loss[400];
+        double val;
+        int n = losses(out, loss, 400, &val);
+        DT_REQUIRE(n == runs[r].steps);
+        double max = loss[0], worst_rise = -INFINITY, worst_jump = -INFINITY;
+        int at_rise = 0, at_jump = 0;
+        for (int i = 1; i < n; i++) {
+            double lo = loss[i - 1];
+            for (int k = i - 10 < 0 ? 0 : i - 10; k < i; k++)
+                lo = fmin(lo, loss[k]);
+            if (loss[i] - max > worst_rise) {
+                worst_rise = loss[i] - max;
+                at_rise = i + 1;
+            }
+            if (loss[i] - lo > worst_jump) {
+                worst_jump = loss[i] - lo;
+                at_jump = i + 1;
+            }
+            max = fmax(max, loss[i]);
+        }
+        fprintf(stderr, "    %d x %d steps: loss %.3f -> %.3f, val %.3f; highest rise over the "
+                "earlier steps %.3f (step %d), over the last ten %.3f (step %d)\n",
+                runs[r].nproc, runs[r].steps, loss[0], loss[n - 1], val, worst_rise, at_rise,
+                worst_jump, at_jump);
+        DT_CHECK_MSG(worst_rise <= 0.1, "%d x %d: step %d's loss is %.3f above every earlier one",
+                     runs[r].nproc, runs[r].steps, at_rise, worst_rise);
+        DT_CHECK_MSG(worst_jump <= 1.5, "%d x %d: step %d's loss is %.3f above the last ten's "
+                     "lowest", runs[r].nproc, runs[r].steps, at_jump, worst_jump);
+        DT_CHECK_MSG(val < loss[0], "%d x %d: val loss %.3f, above the first step's %.3f",
+                     runs[r].nproc, runs[r].steps, val, loss[0]);
+        if (runs[r].val_below > 0)
+            DT_CHECK_MSG(val < runs[r].val_below, "%d x %d: val loss %.3f, not below %.1f",
+                         runs[r].nproc, runs[r].steps, val, runs[r].val_below);
+    }
+}
+
 static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
@@ -657,6 +736,7 @@ static const dt_test tests[] = {
     {"resumed_summary", test_resumed_summary, 120},
     {"value_forms", test_value_forms, 30},
     {"pipeline_line_global_batch", test_pipeline_line_global_batch, 120},
+    {"quickstart_curve", test_quickstart_curve, 900},
 };
 
 int main(int argc, char **argv)
