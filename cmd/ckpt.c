@@ -4,6 +4,7 @@
  *   dtrain ckpt show PATH     one checkpoint: step, loss, data position, files, tensors, job
  *   dtrain ckpt verify PATH   full check (checksums, headers); exit 0 valid, 1 invalid
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -53,6 +54,24 @@ static bool is_one_checkpoint(const char *path)
     char sj[4096 + 32];
     snprintf(sj, sizeof sj, "%s/state.json", path);
     return access(sj, F_OK) == 0;
+}
+
+/* The damaged checkpoints saves moved aside under dir (step_<N>.damaged[.k]), on one line. */
+static void print_set_aside(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    while (d && (de = readdir(d))) {
+        if (strncmp(de->d_name, "step_", 5) || !strstr(de->d_name, ".damaged"))
+            continue;
+        printf("%s%s", n++ ? ", " : "set aside as damaged (resume ignores them, nothing removes "
+                                    "them; repair or remove them by hand): ", de->d_name);
+    }
+    if (n)
+        printf("\n");
+    if (d)
+        closedir(d);
 }
 
 static int cmd_list(int argc, char **argv)
@@ -124,6 +143,7 @@ static int cmd_list(int argc, char **argv)
         else
             printf("no checkpoints under %s (a job keeps them in checkpoint.dir, by default "
                    "<job.output_dir>/checkpoints: give that directory)\n", dir);
+        print_set_aside(dir);
         free(steps);
         free(strays);
         return 0;
@@ -165,6 +185,7 @@ static int cmd_list(int argc, char **argv)
         dt_ckpt_info_free(&in);
         i++;
     }
+    print_set_aside(dir);
     free(steps);
     free(strays);
     return 0;

@@ -266,6 +266,10 @@ static void test_only_damaged_checkpoints_stop(void)
                                dt_test_fmt("%s/saved/%s", TMP, files[i])),
                      "%s was not kept aside", files[i]);
     DT_CHECK(dt_ckpt_inspect(dt_test_fmt("%s/step_40", ck), true, NULL, NULL) == 0);
+    o = run(dt_test_fmt("%s ckpt list %s", BIN, ck), &code, 60);
+    DT_CHECK_CONTAINS(o, "set aside as damaged");
+    DT_CHECK_CONTAINS(o, "step_40.damaged");
+    free(o);
 }
 
 /* A damaged newest checkpoint: the run resumes from the one before (as it did), and when it
