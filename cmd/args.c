@@ -2,9 +2,12 @@
 #include "cmd/args.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "common/env.h"
 #include "common/util.h"
 #include "runtime/job/config.h"
 
@@ -43,6 +46,8 @@ static const opt opts[] = {
     {"no-python", 0, NULL, false, G_OTHER,
      "run the positional program itself, not python3 PROGRAM (no-op after --)", NULL},
     {"run-path", 0, NULL, false, G_OTHER, "torchrun's; accepted: a PROGRAM.py runs as python3 PROGRAM.py", NULL},
+    {"python", 0, NULL, true, G_OTHER,
+     "the interpreter of a SCRIPT.py (default: DTRAIN_PYTHON, else python3 from PATH)", "PATH"},
     {"start-method", 0, NULL, true, G_OTHER,
      "torchrun's; accepted and ignored: dtrain always fork+execs its workers", "spawn|fork|forkserver"},
     {"role", 0, "elastic.role", true, G_NODES, NULL, "NAME"},
@@ -244,9 +249,37 @@ static int order_settings(dt_args *a, dt_err *err)
     return 0;
 }
 
+/* The interpreter of SCRIPT.py into a->python (owned): flag (--python), else DTRAIN_PYTHON,
+ * else python3; a name without a slash is looked up in PATH, so that messages can say which
+ * file ran (a name not found stays as it is: the agent then says it cannot run it). A path
+ * given that is no executable file is an error. */
+static int resolve_python(dt_args *a, const char *flag, dt_err *err)
+{
+    const char *env = dt_env("DTRAIN_PYTHON");
+    const char *want = flag ? flag : env && *env ? env : "python3";
+    a->python_from = flag ? "--python" : env && *env ? "DTRAIN_PYTHON" : NULL;
+    if (strchr(want, '/')) {
+        if (access(want, X_OK) != 0)
+            return dt_err_set(err, -EINVAL, "%s %s: %s (give the path of a python interpreter)",
+                              a->python_from, want, strerror(errno));
+        return (a->python = strdup(want)) ? 0 : dt_err_set(err, -ENOMEM, "out of memory");
+    }
+    const char *path = getenv("PATH");
+    char cand[4096];
+    for (const char *p = path ? path : ""; *p;) {
+        size_t n = strcspn(p, ":");
+        if (n && (size_t)snprintf(cand, sizeof cand, "%.*s/%s", (int)n, p, want) < sizeof cand &&
+            access(cand, X_OK) == 0)
+            return (a->python = strdup(cand)) ? 0 : dt_err_set(err, -ENOMEM, "out of memory");
+        p += n + (p[n] == ':');
+    }
+    return (a->python = strdup(want)) ? 0 : dt_err_set(err, -ENOMEM, "out of memory");
+}
+
 int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
 {
     bool no_python = false;
+    const char *python_flag = NULL; /* --python */
     int rc;
     memset(a, 0, sizeof *a);
     a->overrides = calloc((size_t)argc + 1, sizeof(char *));
@@ -338,6 +371,8 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
                 value = argv[++i];
             }
             if (!o->key) {
+                if (!strcmp(o->name, "python"))
+                    python_flag = value;
                 if (!strcmp(o->name, "start-method")) {
                     if (strcmp(value, "spawn") && strcmp(value, "fork") &&
                         strcmp(value, "forkserver"))
@@ -380,8 +415,10 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
         if (!a->command)
             return dt_err_set(err, -ENOMEM, "out of memory");
         int k = 0;
+        if (python && (rc = resolve_python(a, python_flag, err)))
+            return rc;
         if (python)
-            a->command[k++] = "python3";
+            a->command[k++] = a->python;
         for (; i < argc; i++)
             a->command[k++] = argv[i];
         a->n_command = k;
@@ -390,6 +427,10 @@ int dt_args_parse(dt_args *a, int argc, char **argv, dt_err *err)
                               "both a job file (%s) and a command were given; use one",
                               a->job_path);
     }
+    if (python_flag && !a->python)
+        return dt_err_set(err, -EINVAL, "--python %s chooses the interpreter of a SCRIPT.py "
+                          "(dtrain [options] --python PATH SCRIPT.py); after -- the command "
+                          "names its own", python_flag);
     if (!a->job_path && !a->command && !a->help && !a->version && !a->help_env &&
         !a->help_config)
         return dt_err_set(err, -EINVAL,
@@ -409,6 +450,7 @@ void dt_args_free(dt_args *a)
     free(a->settings);
     free(a->overrides);
     free(a->command);
+    free(a->python);
     memset(a, 0, sizeof *a);
 }
 

@@ -2,7 +2,9 @@
  *
  *   dtrain [launcher options] JOB.ini [section.key=value ...]
  *   dtrain [launcher options] -- COMMAND [ARGS...]
- *   dtrain [launcher options] SCRIPT.py [ARGS...]        (runs python3 SCRIPT.py, as torchrun)
+ *   dtrain [launcher options] SCRIPT.py [ARGS...]        (runs python3 SCRIPT.py, as torchrun;
+ *                                                        --python PATH or DTRAIN_PYTHON choose
+ *                                                        the interpreter)
  *
  * Every launcher option is accepted with dashes and with underscores, as --opt=value or
  * --opt value, and from its PET_* environment variable as torchrun reads them. Each option is a
@@ -37,6 +39,10 @@ typedef struct dt_args {
                                strings), or NULL in job-file mode */
     int n_command;
     const char *start_method; /* --start-method (torchrun's; accepted, ignored), or NULL */
+    char *python;           /* SCRIPT.py form: the interpreter command[0] runs, as found in PATH
+                               (owned), else NULL */
+    const char *python_from; /* where it was chosen: "--python", "DTRAIN_PYTHON", or NULL (the
+                               first python3 on PATH) */
     bool print_config;
     bool help;
     bool help_env;

@@ -4,6 +4,7 @@
  *   dtrain ckpt show PATH     one checkpoint: step, loss, data position, files, tensors, job
  *   dtrain ckpt verify PATH   full check (checksums, headers); exit 0 valid, 1 invalid
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -55,6 +56,24 @@ static bool is_one_checkpoint(const char *path)
     return access(sj, F_OK) == 0;
 }
 
+/* The damaged checkpoints saves moved aside under dir (step_<N>.damaged[.k]), on one line. */
+static void print_set_aside(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    while (d && (de = readdir(d))) {
+        if (strncmp(de->d_name, "step_", 5) || !strstr(de->d_name, ".damaged"))
+            continue;
+        printf("%s%s", n++ ? ", " : "set aside as damaged (resume ignores them, nothing removes "
+                                    "them; repair or remove them by hand): ", de->d_name);
+    }
+    if (n)
+        printf("\n");
+    if (d)
+        closedir(d);
+}
+
 static int cmd_list(int argc, char **argv)
 {
     bool verify = true;
@@ -62,7 +81,8 @@ static int cmd_list(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i])) {
             printf("usage: dtrain ckpt list [--quick] DIR\n\n"
-                   "Lists the step_<N> checkpoints under DIR (a job's checkpoint.dir), newest\n"
+                   "Lists the step_<N> checkpoints under DIR (a job's checkpoint.dir, or its\n"
+                   "output_dir: then DIR/checkpoints when DIR holds none itself), newest\n"
                    "first: step, epoch, samples seen, STEP_LOSS (the loss of that one step;\n"
                    "log lines and metrics.jsonl show means over job.log_every steps, so they\n"
                    "differ), size, when saved, and whether it is\n"
@@ -97,17 +117,33 @@ static int cmd_list(int argc, char **argv)
     int64_t *steps = NULL, *strays = NULL;
     int n = 0, ns = 0;
     dt_err err = {0};
-    if (dt_ckpt_list(dir, &steps, &n, &err) || dt_ckpt_list_strays(dir, &strays, &ns, &err)) {
-        fprintf(stderr, "dtrain ckpt list: %s\n", err.msg);
+    char sub[4096 + 16];
+    if ((size_t)snprintf(sub, sizeof sub, "%.4096s/checkpoints", dir) >= sizeof sub)
+        sub[0] = '\0';
+    for (int pass = 0; pass < 2; pass++) {
+        if (dt_ckpt_list(dir, &steps, &n, &err) || dt_ckpt_list_strays(dir, &strays, &ns, &err)) {
+            fprintf(stderr, "dtrain ckpt list: %s\n", err.msg);
+            free(steps);
+            return 1;
+        }
+        /* a job's output_dir: its checkpoints are in <output_dir>/checkpoints by default */
+        if (pass || n || ns || stat(sub, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            break;
         free(steps);
-        return 1;
+        free(strays);
+        steps = strays = NULL;
+        printf("%s holds no checkpoints itself; listing %s, where a job whose output_dir it "
+               "is keeps them\n", dir, sub);
+        dir = sub;
     }
     if (n == 0 && ns == 0) {
         if (is_one_checkpoint(dir))
             printf("no checkpoints under %s: it is a single checkpoint, not a directory of "
                    "them; see `dtrain ckpt show %s`\n", dir, dir);
         else
-            printf("no checkpoints under %s\n", dir);
+            printf("no checkpoints under %s (a job keeps them in checkpoint.dir, by default "
+                   "<job.output_dir>/checkpoints: give that directory)\n", dir);
+        print_set_aside(dir);
         free(steps);
         free(strays);
         return 0;
@@ -149,6 +185,7 @@ static int cmd_list(int argc, char **argv)
         dt_ckpt_info_free(&in);
         i++;
     }
+    print_set_aside(dir);
     free(steps);
     free(strays);
     return 0;

@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "runtime/launch/agent.h"
 #include "runtime/job/config.h"
+#include "runtime/job/preflight.h"
 #include "runtime/job/workenv.h"
 
 #ifndef DT_VERSION
@@ -165,6 +166,14 @@ static int cmd_run(int argc, char **argv)
             code = 0;
             goto out;
         }
+        /* this node's files: what the job reads is there, what it writes can be written */
+        if (dt_preflight_check(&job, &errs) != 0) {
+            print_config_errors(&errs);
+            fprintf(stderr, "dtrain: %d error%s in the job's files and directories on this node "
+                    "(%s); nothing was started\n", errs.count, errs.count == 1 ? "" : "s",
+                    dt_hostname());
+            goto out;
+        }
     } else {
         /* The same settings, conf folding and validation as with a job file. */
         if (dt_launch_load(&job, a.settings, a.n_settings, &errs, &err) != 0) {
@@ -203,6 +212,10 @@ static int cmd_run(int argc, char **argv)
     } else {
         spec.argv = a.command;
         code = dt_agent_run(&spec, &err);
+        if (a.python && code != 0 && code != DT_EXIT_PREEMPTED && code < 128)
+            fprintf(stderr, "dtrain: the workers ran %s with %s (%s); another interpreter: "
+                    "--python PATH or DTRAIN_PYTHON=PATH\n", a.command[1], a.python,
+                    a.python_from ? a.python_from : "the first python3 on PATH");
     }
     if (code < 0) {
         fprintf(stderr, "dtrain: %s\n", err.msg);

@@ -14,6 +14,7 @@
 #include "common/env.h"
 #include "common/util.h"
 #include "runtime/job/config.h"
+#include "runtime/job/preflight.h"
 #include "runtime/job/errfile.h"
 #include "runtime/job/workenv.h"
 #include "runtime/train/worker.h"
@@ -46,7 +47,13 @@ int dt_cmd_worker(int argc, char **argv)
             usage(stderr);
             return DT_EXIT_CONFIG;
         }
-    if (dt_job_load(&job, argv[1], argv + 2, argc - 2, &errs, &err) != 0) {
+    int rc = dt_job_load(&job, argv[1], argv + 2, argc - 2, &errs, &err);
+    /* the job's files on this node: a worker run alone, or one whose files went since the
+     * launcher looked (runtime/job/preflight.h) */
+    if (!rc && dt_preflight_check(&job, &errs))
+        rc = dt_err_set(&err, -EINVAL, "%d error%s in the job's files and directories on this "
+                        "node", errs.count, errs.count == 1 ? "" : "s");
+    if (rc != 0) {
         int shown = DT_MIN(errs.count, (int)DT_ARRAY_LEN(errs.lines));
         char msg[DT_ERR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", shown ? errs.lines[0] : err.msg);

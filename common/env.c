@@ -24,6 +24,7 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_CUDA_TF32", "0", "1: precision fp32 on cuda may use TF32 tensor cores (GEMMs and convolutions)"},
     {"DTRAIN_REQUIRE_GPU", "0", "1: GPU tests fail instead of skipping when no GPU is usable (make test-gpu sets it)"},
     {"DTRAIN_LOCAL_ADDR", NULL, "address other nodes use to reach this node's workers"},
+    {"DTRAIN_PYTHON", NULL, "the interpreter `dtrain SCRIPT.py` runs (below --python; default: python3 from PATH)"},
     {"DTRAIN_OUTPUT_DIR", NULL, "the launcher's job.output_dir: above the job file, below section.key=value overrides and flags"},
     {"DTRAIN_AGENT_PID", NULL, "pid of the worker's agent (set by the agent; the worker exits if its parent is another)"},
     {"DTRAIN_COMM_TRANSPORT", "auto", "cpu collectives: auto (shared memory on a host, TCP ring between hosts), shm, or tcp (TCP ring even on one host)"},

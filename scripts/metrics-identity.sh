@@ -35,6 +35,7 @@
 #   tokens_per_s samples_per_s step_time_s comm_time_s time   timing
 #   max_rss_bytes          the process's resident set: threads, allocator arenas, page cache
 #                          of the files it read; it moves by pages from run to run
+#   run                    the run id every record carries: drawn afresh by every fresh start
 # Memory by category (peak_mem_bytes, mem_peak_bytes) is the backend allocator's own count, the
 # same in every run of one build, and is compared. And the last checkpoint: the sha256 of its
 # model.safetensors and optim.safetensors (the tensors' bytes and the header); state.json holds
@@ -105,7 +106,8 @@ print(" ".join("%s=%r" % (k, s.get(k)) for k in ("step","epoch","sample_pos","sa
 compare() {
     python3 - "$1" "$2" <<'EOF'
 import json, os, sys
-IGNORED = {"tokens_per_s", "samples_per_s", "step_time_s", "comm_time_s", "time", "max_rss_bytes"}
+IGNORED = {"tokens_per_s", "samples_per_s", "step_time_s", "comm_time_s", "time", "max_rss_bytes",
+           "run"}
 before, after = sys.argv[1], sys.argv[2]
 bad = 0
 jobs = sorted(d for d in os.listdir(before) if os.path.isdir(os.path.join(before, d)))

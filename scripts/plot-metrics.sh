@@ -6,7 +6,7 @@ set -eu
 
 usage() {
     cat <<'EOF'
-usage: scripts/plot-metrics.sh [-o OUT.png] [--title TEXT] METRICS.jsonl | RUN_DIR
+usage: scripts/plot-metrics.sh [-o OUT.png] [--title TEXT] [--print] METRICS.jsonl | RUN_DIR
 
 Plots a dtrain run: training loss and validation loss against the step, and tokens/s
 (or samples/s) against the step, into one PNG.
@@ -15,14 +15,20 @@ Plots a dtrain run: training loss and validation loss against the step, and toke
                   directory that holds it)
   -o OUT.png      output file (default: next to the metrics, metrics.png)
   --title TEXT    plot title (default: the run directory's name)
+  --print         print what would be plotted ("train STEP LOSS RATE", "eval STEP
+                  VAL_LOSS", by step) instead of plotting; needs no gnuplot
   -h, --help      this text
 
 Needs gnuplot (Debian: gnuplot-nox); installed with apt-get when missing and run as root.
-A restarted run appends to metrics.jsonl; each attempt's records are plotted as they are.
+metrics.jsonl is appended to: by restarts (the same run, "attempt" counts them) and by
+fresh starts into the same output directory (a new "run" id). Only the last run is
+plotted, and of each of its steps the last record (a restart that resumed from an older
+checkpoint trains some steps again). Records without a run id (older dtrain) count as one
+run.
 EOF
 }
 
-out="" title="" in=""
+out="" title="" in="" print=0
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --help) usage; exit 0 ;;
@@ -32,6 +38,7 @@ while [ $# -gt 0 ]; do
     --title) [ $# -ge 2 ] || { echo "plot-metrics: --title needs text" >&2; exit 2; }
         title=$2; shift 2 ;;
     --title=*) title=${1#--title=}; shift ;;
+    --print) print=1; shift ;;
     -*) echo "plot-metrics: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) [ -z "$in" ] || { echo "plot-metrics: one metrics file at a time" >&2; exit 2; }
         in=$1; shift ;;
@@ -43,6 +50,45 @@ done
 dir=$(dirname "$in")
 [ -n "$out" ] || out="$dir/metrics.png"
 [ -n "$title" ] || title=$(basename "$(cd "$dir" && pwd)")
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+# Pull "key":value pairs out of each JSON line (dtrain writes flat objects, numbers unquoted,
+# the run id a string). Two passes: the last run id, then that run's records, the last of each
+# step, in step order.
+awk -v train="$tmp/train.dat" -v eval="$tmp/eval.dat" -v unit="$tmp/unit" '
+function val(key,   i, s) {
+    i = index($0, "\"" key "\":")
+    if (!i) return ""
+    s = substr($0, i + length(key) + 3)
+    sub(/[,}].*/, "", s)
+    gsub(/"/, "", s)
+    return s
+}
+FNR == NR { if (/"type":/) last = val("run"); next }
+val("run") != last { next }
+/"type":"train"/ {
+    r = val("tokens_per_s"); u = "tokens/s"
+    if (r == "") { r = val("samples_per_s"); u = "samples/s" }
+    s = val("step") + 0; tr[s] = s " " val("loss") " " r; if (s > maxs) maxs = s
+    print u > unit
+}
+/"type":"eval"/ { s = val("step") + 0; ev[s] = s " " val("val_loss"); if (s > maxs) maxs = s }
+END {
+    for (s = 0; s <= maxs; s++) {
+        if (s in tr) print tr[s] > train
+        if (s in ev) print ev[s] > eval
+    }
+}
+' "$in" "$in"
+
+[ -s "$tmp/train.dat" ] || { echo "plot-metrics: no training records in $in" >&2; exit 1; }
+if [ "$print" = 1 ]; then
+    sed 's/^/train /' "$tmp/train.dat"
+    [ -s "$tmp/eval.dat" ] && sed 's/^/eval /' "$tmp/eval.dat"
+    exit 0
+fi
 
 if ! command -v gnuplot >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -57,28 +103,6 @@ if ! command -v gnuplot >/dev/null 2>&1; then
     fi
 fi
 
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT INT TERM
-
-# Pull "key":value pairs out of each JSON line (dtrain writes flat objects, numbers unquoted).
-awk -v train="$tmp/train.dat" -v eval="$tmp/eval.dat" -v unit="$tmp/unit" '
-function val(key,   i, s) {
-    i = index($0, "\"" key "\":")
-    if (!i) return ""
-    s = substr($0, i + length(key) + 3)
-    sub(/[,}].*/, "", s)
-    return s
-}
-/"type":"train"/ {
-    r = val("tokens_per_s"); u = "tokens/s"
-    if (r == "") { r = val("samples_per_s"); u = "samples/s" }
-    print val("step"), val("loss"), r > train
-    print u > unit
-}
-/"type":"eval"/ { print val("step"), val("val_loss") > eval }
-' "$in"
-
-[ -s "$tmp/train.dat" ] || { echo "plot-metrics: no training records in $in" >&2; exit 1; }
 unit=$(tail -n 1 "$tmp/unit")
 [ -s "$tmp/eval.dat" ] && evalplot=", '$tmp/eval.dat' using 1:2 with linespoints lw 2 pt 7 title 'val loss'" || evalplot=""
 term=png

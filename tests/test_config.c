@@ -538,7 +538,11 @@ static void test_nproc_decoded(void)
                      "%s", set);
         DT_CHECK_STR(dt_nproc_format(&job.launch.nproc_per_node, back, sizeof back), good[i].text);
     }
-    static const char *const bad[] = {"0", "4097", "-1", "many", "Auto", "", "2 workers"};
+    /* names in any case, as every key with fixed choices (docs/keys.md) */
+    dt_job_defaults(&job);
+    DT_REQUIRE_OK(dt_job_set(&job, "elastic.nproc_per_node=Auto", &err), &err);
+    DT_CHECK(job.launch.nproc_per_node.kind == DT_NPROC_AUTO);
+    static const char *const bad[] = {"0", "4097", "-1", "many", "", "2 workers"};
     for (size_t i = 0; i < DT_ARRAY_LEN(bad); i++) {
         char set[64], want[128];
         snprintf(set, sizeof set, "elastic.nproc_per_node=%s", bad[i]);

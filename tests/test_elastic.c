@@ -1525,7 +1525,8 @@ static void test_global_batch_survives_lost_node(void)
 #define LAY_JOB                                                                                    \
     "configs/quickstart.ini job.device=cpu job.cpu_bind=none model.n_layer=2 model.n_head=4 "    \
     "model.n_embd=16 model.block_size=16 data.seq_len=16 train.batch_size=4 "                    \
-    "train.global_batch=8 train.schedule=constant job.log_every=1 checkpoint.keep=100 "          \
+    "train.global_batch=8 train.schedule=constant train.lr=3e-3 train.warmup_steps=20 "         \
+    "job.log_every=1 checkpoint.keep=100 "                                                       \
     "checkpoint.async=false train.eval_every=0 ddp.timeout=20"
 
 static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *outdir,

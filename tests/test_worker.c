@@ -320,7 +320,7 @@ static void test_bad_data_file(void)
                            "data.type=tokens data.path='%s'",
                            repo_dir(), outdir("bad"), shard);
     int rc = worker(env, args, &out, 60);
-    DT_CHECK_INT(rc, 1);
+    DT_CHECK_INT(rc, 2); /* every restart would fail the same way: the configuration code */
     DT_CHECK_CONTAINS(out, shard);
     DT_CHECK_CONTAINS(out, "truncated");
     free(out);
@@ -334,7 +334,7 @@ static void test_bad_data_file(void)
     DT_CHECK_CONTAINS(msg, shard);
     DT_CHECK_INT(cJSON_GetNumberValue(
                      cJSON_GetObjectItem(cJSON_GetObjectItem(o, "dtrain"), "exit_code")),
-                 1);
+                 2);
     cJSON_Delete(o);
     free(rec);
 }

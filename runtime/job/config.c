@@ -410,6 +410,17 @@ int dt_cfg_set(dt_job *job, const dt_cfg_field *f, const char *value, char *why,
     char *base = (char *)job + f->offset;
     double d = 0;
     int rc = 0;
+    /* A number is written alone: blanks around it (kept by quotes, "\" 2\"") are refused, not
+     * read past; a sign (+2, -1) is accepted. Lists take blanks around their commas. */
+    size_t vlen = strlen(value);
+    bool numeric = f->type == DT_CFG_INT || f->type == DT_CFG_I64 || f->type == DT_CFG_DOUBLE ||
+                   f->type == DT_CFG_DURATION || f->type == DT_CFG_NPROC;
+    if (numeric && vlen && (isspace((unsigned char)value[0]) ||
+                            isspace((unsigned char)value[vlen - 1]))) {
+        snprintf(why, cap, "%s.%s: \"%s\" has blanks around it: write the value alone (quotes "
+                 "keep blanks; a number has none)", f->section, f->key, value);
+        return -EINVAL;
+    }
     switch (f->type) {
     case DT_CFG_INT: {
         int v;
@@ -521,7 +532,12 @@ int dt_cfg_set(dt_job *job, const dt_cfg_field *f, const char *value, char *why,
             chw[0] = chw[1] = chw[2] = 0;
             return 0;
         }
-        if (sscanf(value, "%dx%dx%d%c", &c3, &h, &w, &tail) != 3 || c3 < 1 || h < 1 || w < 1 ||
+        char lower[64]; /* 3X32X32 as 3x32x32: values with fixed words are read in any case */
+        size_t i = 0;
+        for (; value[i] && i + 1 < sizeof lower; i++)
+            lower[i] = (char)tolower((unsigned char)value[i]);
+        lower[i] = '\0';
+        if (sscanf(lower, "%dx%dx%d%c", &c3, &h, &w, &tail) != 3 || c3 < 1 || h < 1 || w < 1 ||
             c3 > 4096 || h > 65536 || w > 65536) {
             snprintf(why, cap, "%s.%s: \"%s\" must be vector or CxHxW such as 3x32x32",
                      f->section, f->key, value);
@@ -533,10 +549,10 @@ int dt_cfg_set(dt_job *job, const dt_cfg_field *f, const char *value, char *why,
         return 0;
     }
     case DT_CFG_NPROC: {
-        /* auto, cpu, gpu (as written: no other case), or a number (as the int keys read) */
+        /* auto, cpu, gpu (in any case, as the enums), or a number (as the int keys read) */
         dt_nproc v = {DT_NPROC_NUMBER, 0};
         int k = 1;
-        while (nproc_names[k] && strcmp(nproc_names[k], value))
+        while (nproc_names[k] && strcasecmp(nproc_names[k], value))
             k++;
         if (nproc_names[k])
             v.kind = (dt_nproc_kind)k;

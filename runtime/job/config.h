@@ -298,6 +298,12 @@ int dt_job_load_settings(dt_job *job, const char *path, const dt_setting *settin
 int dt_launch_load(dt_job *job, const dt_setting *settings, int n, dt_config_errors *errs,
                    dt_err *err);
 
+/* Where section.key got its value at the last dt_job_load / dt_job_load_settings /
+ * dt_launch_load of this process ("job.ini:12", "--nnodes", "override 2 (data.path=...)"), or
+ * NULL when it kept its default (or no load ran). Valid until the next load. For messages about
+ * a loaded job (runtime/job/preflight.h). */
+const char *dt_job_source(const char *section, const char *key);
+
 /* Applies one "section.key=value" to an already loaded job (validates that key only). */
 int dt_job_set(dt_job *job, const char *assignment, dt_err *err);
 

@@ -856,6 +856,14 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
         add_error(errs, AT("model.type", "data.type"), 0,
                   "model %s needs classification data (synthetic, cifar10, mnist), not %s",
                   dt_model_name(job->model_type), dt_data_name(job->data_type));
+    /* selective recomputation recomputes attention: the models without it cannot */
+    if (job->recompute == DT_RECOMP_SELECTIVE &&
+        (job->model_type == DT_MODEL_MLP || job->model_type == DT_MODEL_RESNET) &&
+        !BAD("train.recompute", "model.type"))
+        add_error(errs, AT("train.recompute", "model.type"), 0,
+                  "train.recompute = selective recomputes attention, which model %s does not "
+                  "have: use train.recompute = block (or none)",
+                  dt_model_name(job->model_type));
     if (job->steps == 0 && job->epochs == 0 && !BAD("train.steps", "train.epochs"))
         add_error(errs, AT("train.steps", "train.epochs"), 0, "train: set steps or epochs (both are 0)");
     if (job->min_lr > job->lr && !BAD("train.min_lr", "train.lr"))
@@ -964,14 +972,21 @@ static void apply_settings(parse_ctx *c, const dt_setting *settings, int n)
 
 /* The parse context of a load, reset: job at its defaults, errors into errs. One, static: it is
  * large (seen tables), and loads are not re-entrant, like the command line. */
+static parse_ctx load_ctx;
+
 static parse_ctx *load_begin(dt_job *job, dt_config_errors *errs)
 {
-    static parse_ctx c;
-    memset(&c, 0, sizeof c);
+    memset(&load_ctx, 0, sizeof load_ctx);
     dt_job_defaults(job);
-    c.job = job;
-    c.errs = errs;
-    return &c;
+    load_ctx.job = job;
+    load_ctx.errs = errs;
+    return &load_ctx;
+}
+
+const char *dt_job_source(const char *section, const char *key)
+{
+    int idx = field_index(section, key);
+    return idx >= 0 && load_ctx.seq[idx] > 0 ? load_ctx.src[idx] : NULL;
 }
 
 /* "N error(s) <what><name>" when errs has any, else 0. */

@@ -94,7 +94,7 @@ typedef struct agent {
     int n_running;              /* leaders not yet reaped */
     int n_groups;               /* process groups not yet empty */
     int n_failed, n_succeeded;  /* of the current round, before any stop began */
-    int n_preempted;            /* of the current round: exited 75 after a forwarded USR1/USR2 */
+    int n_preempted;            /* of the current round: exited 75 (built-in: saved, stopped) */
     int preempt_sig;            /* SIGUSR1/SIGUSR2 forwarded in this round, else 0 */
     bool stopping;              /* a stop is under way: exits are no longer failures */
     int first_signal;           /* the first INT/TERM/HUP/QUIT received (its 128+n is the code) */
@@ -237,8 +237,9 @@ static void reap(agent *a)
         } else if (ok) {
             w->state = W_SUCCEEDED;
             a->n_succeeded++;
-        } else if (a->preempt_sig && WIFEXITED(st) && WEXITSTATUS(st) == DT_EXIT_PREEMPTED) {
-            w->state = W_PREEMPTED; /* saved its checkpoint after USR1/USR2: a planned stop */
+        } else if ((a->preempt_sig || a->spec->builtin_worker) && WIFEXITED(st) &&
+                   WEXITSTATUS(st) == DT_EXIT_PREEMPTED) { /* a planned stop (failures.md) */
+            w->state = W_PREEMPTED; /* saved its checkpoint after USR1/USR2 or its own signal */
             a->n_preempted++;
         } else {
             w->state = W_FAILED;
@@ -827,8 +828,8 @@ static int preempted(agent *a, int sig)
 {
     char name[32];
     DT_WARN("preempted: workers saved their checkpoints (after %s); run the same command again to "
-            "resume (exit code %d)",
-            dt_report_signame(sig, name, sizeof name), DT_EXIT_PREEMPTED);
+            "resume (exit code %d)", sig ? dt_report_signame(sig, name, sizeof name)
+                                         : "a stop signal sent to a worker", DT_EXIT_PREEMPTED);
     emit_end(a, "preempted", DT_EXIT_PREEMPTED);
     return DT_EXIT_PREEMPTED;
 }
@@ -1056,7 +1057,8 @@ static int stop_round(agent *a, enum outcome *out, dt_rdzv_status *st, bool *con
         emit_end(a, "signal", 128 + a->first_signal);
         return 128 + a->first_signal;
     case OUT_PREEMPTED:
-        if (a->rd.group_world_size > 1 && dt_rdzv_abort(a->rz, a->preempt_sig, &ae))
+        if (a->rd.group_world_size > 1 &&
+            dt_rdzv_abort(a->rz, a->preempt_sig ? a->preempt_sig : SIGTERM, &ae))
             DT_DEBUG("abort: %s", ae.msg);
         stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
         finish_outputs(a);

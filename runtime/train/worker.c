@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -60,6 +61,7 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     char path[DT_PATH_MAX + 64] = "";
     bool resumed = false;
     int rc = 0;
+    dt_err damaged = {0}; /* resume = auto found only damaged checkpoints (said after the sync) */
     if (j->resume == DT_RESUME_PATH && t->env.attempt > 0)
         rc = dt_ckpt_resume_run(t->ckpt, t->env.run_id, &st, &resumed, path, sizeof path, err);
     if (!rc && !resumed && j->resume != DT_RESUME_NEVER) {
@@ -73,7 +75,14 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
          * retry (exit 2). Running out of memory or an I/O error is not. */
         if (rc && rc != -ENOMEM && rc != -EIO && (rc == -EXDEV || j->resume != DT_RESUME_AUTO))
             t->config_error = true;
+        if (rc == -EBADMSG && j->resume == DT_RESUME_AUTO) { /* unless another rank has one */
+            damaged = *err;
+            rc = 0;
+        }
     }
+    /* another setup's checkpoint where this run will save: stop now, not at that save */
+    if (!rc && (rc = dt_ckpt_check_ahead(t->ckpt, resumed ? st.step : 0, t->total_steps, err)))
+        t->config_error = rc == -EXDEV;
     /* Every rank resumes from the newest checkpoint any rank found; a rank that could not see it
      * (node-local disks) takes it over the network instead of training from another state. */
     int64_t mine = resumed ? st.step : -1, src_step = mine;
@@ -92,6 +101,11 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
                 "between the nodes, or holds other steps on this one)",
                 t->env.rank, a, dir, src, (long long)src_step, src);
     }
+    if (!rc && !resumed && damaged.code) { /* no rank found one: never a fresh start over them */
+        *err = damaged;
+        rc = damaged.code;
+        t->config_error = true;
+    }
     if (rc || !resumed)
         goto out;
     double opt_t = 0;
@@ -107,6 +121,9 @@ static int ckpt_resume(dt_trainer *t, dt_err *err)
     }
     t->last_saved_step = st.step;
     t->samples_seen = st.samples_seen;
+    double run; /* checkpoints older than the run id start a new one */
+    if (dt_ckpt_state_get_scalar(&st, "run", &run) == 0 && run > 0)
+        t->run = (uint64_t)run;
     if (adopted) /* rank 0 has no path of its own: say where the state came from */
         snprintf(path, sizeof path, "rank %d's checkpoint, over the network", src);
     if (t->env.rank == 0)
@@ -164,6 +181,8 @@ static int ckpt_save_now(dt_trainer *t, dt_err *err)
     rc = dt_ckpt_state_set_rng(&st, "trainer", &t->rng);
     if (!rc)
         rc = dt_ckpt_state_set_scalar(&st, "optim_t", (double)t->optim->t);
+    if (!rc)
+        rc = dt_ckpt_state_set_scalar(&st, "run", (double)t->run);
     if (!rc && t->scaler.on)
         rc = dt_ckpt_state_set_scalar(&st, "loss_scale", t->scaler.scale);
     if (!rc && t->scaler.on)
@@ -231,6 +250,11 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     t->env = *env;
     t->last_saved_step = -1;
     const dt_job *j = &t->job;
+    /* a fresh start's run id (a resume takes its checkpoint's): 48 random bits, exact in
+     * state.json's scalars */
+    if (getrandom(&t->run, sizeof t->run, 0) != (ssize_t)sizeof t->run)
+        t->run = (uint64_t)dt_wall_s() * 1000003u ^ (uint64_t)getpid();
+    t->run = (t->run & 0xffffffffffffULL) | 1;
     dt_rng_seed2(&t->rng, (uint64_t)j->seed, (uint64_t)env->rank + 1);
     int rc;
     /* the grid: which samples this rank draws is the data-parallel rank's (dp of D); the ranks
@@ -255,14 +279,19 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
         goto fail;
     }
 
-    /* data first: a bad file is the most likely error and costs nothing to find */
-    if ((rc = dt_data_open(&t->data, j, err)))
+    /* data first: a bad file is the most likely error and costs nothing to find. What the
+     * data or the model's settings refuse fails every restart alike: a configuration error
+     * (running out of memory or an I/O error is not). */
+    if ((rc = dt_data_open(&t->data, j, err))) {
+        t->config_error = rc != -ENOMEM && rc != -EIO;
         goto fail;
+    }
     const dt_sample_shape *shape = &t->data->shape;
     t->tokens = shape->kind == DT_SAMPLE_TOKENS;
     if ((rc = dt_sampler_init(&t->sampler, dt_dataset_size(t->data->train), g->dp, g->D,
                               t->batch, (uint64_t)j->seed, j->shuffle, j->drop_last, err))) {
         dt_err_prefix(err, "%s: ", j->data_path[0] ? j->data_path : "synthetic data");
+        t->config_error = rc == -EINVAL; /* too little data for one step, with this world */
         goto fail;
     }
     size_t nidx = (size_t)t->batch;
@@ -314,8 +343,10 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     bo.threads = j->threads;
     bo.precision = backend_precision(j->precision);
     dt_model_config mc;
-    if ((rc = dt_model_config_from_job(&mc, j, shape, err)))
+    if ((rc = dt_model_config_from_job(&mc, j, shape, err))) {
+        t->config_error = rc == -EINVAL;
         goto fail;
+    }
     if (mc.max_batch < t->batch)
         mc.max_batch = t->batch;
     dt_optim_config oc;
@@ -654,6 +685,9 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
         *stopped = false;
     if ((rc = dt_metrics_open(&t->metrics, j->output_dir, rank0, t->tokens, t->env.attempt, err)))
         return rc;
+    char run[16];
+    snprintf(run, sizeof run, "%012llx", (unsigned long long)t->run);
+    dt_metrics_set_run(t->metrics, run);
     if ((rc = trace_open(t, err)))
         return rc;
     dt_metrics_layout(t->metrics, t->grid.world, t->grid.D, t->grid.T, t->grid.P);
@@ -789,12 +823,15 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             snprintf(vl, sizeof vl, "%.4f", val_loss);
         if (isfinite(last_train)) /* n/a when stopped before its first step */
             snprintf(tl, sizeof tl, "%.4f", last_train);
-        char how[sizeof t->s->summary + 2] = "";
+        char how[sizeof t->s->summary + 2] = "", part[96] = "";
         if (t->s->summary[0])
             snprintf(how, sizeof how, ", %s", t->s->summary);
-        printf("dtrain: %s after %lld steps in %.1f s: train loss %s, val loss %s, %s %s/s "
+        if (steps_run != t->step) /* resumed: the time and throughput are this run's */
+            snprintf(part, sizeof part, " (%lld of them in this run, resumed at step %lld)",
+                     (long long)steps_run, (long long)(t->step - steps_run));
+        printf("dtrain: %s after %lld steps%s in %.1f s: train loss %s, val loss %s, %s %s/s "
                "(%d rank%s%s)\n",
-               was_stopped ? "stopped" : "done", (long long)t->step, wall, tl, vl, thr,
+               was_stopped ? "stopped" : "done", (long long)t->step, part, wall, tl, vl, thr,
                t->tokens ? "tokens" : "samples", t->env.world_size,
                t->env.world_size > 1 ? "s" : "", how);
         dt_metrics_print_summary(t->metrics, stdout); /* or how many records were lost */
@@ -851,12 +888,16 @@ int dt_worker_main(const dt_job *job)
         goto fail;
     dt_trainer_close(&t);
     if (stopped) {
+        /* Under an agent what follows is the agent's to say (a regroup or a restart resumes by
+         * itself; a preemption ends the job, and the agent says how to resume). */
+        const char *next = env.agent_pid ? "checkpoint saved, exit 75 to the agent"
+                                         : "run the same command again to resume";
         if (stop_signal && (t.env.world_size == 1 || t.stop_self))
-            DT_INFO("stopped by signal %d (%s) after step %lld; run the same command again to "
-                    "resume", (int)stop_signal, strsignal((int)stop_signal), (long long)t.step);
+            DT_INFO("stopped by signal %d (%s) after step %lld; %s", (int)stop_signal,
+                    strsignal((int)stop_signal), (long long)t.step, next);
         else /* another rank was signalled; all stopped at the same step */
             DT_INFO("stopped with the other ranks (one of them was signalled) after step %lld; "
-                    "run the same command again to resume", (long long)t.step);
+                    "%s", (long long)t.step, next);
         return DT_EXIT_PREEMPTED;
     }
     return 0;

@@ -91,6 +91,8 @@ typedef struct dt_trainer {
     int64_t samples_seen;     /* samples trained on since the start, all ranks: each step adds
                                  its global batch (train.global_batch, else batch x accum x
                                  data-parallel ranks, grid.D, at the time) */
+    uint64_t run;             /* metrics.jsonl's "run" (48 bits, as 12 hex digits): drawn at a
+                                 fresh start, a resume continues its checkpoint's */
     /* (and optim->t, optim->states[], model->params, model->buffers) */
 
     int64_t total_steps;      /* train.steps, or epochs x steps per epoch */

@@ -35,11 +35,16 @@
  * optimizer: different per-parameter state, see dt_ckpt_buf) is "foreign". With resume=auto,
  * discovery walks step_<N> from newest to oldest and skips any that is incomplete or corrupt,
  * logging a warning that names the checkpoint and what is wrong (and names any step_<N> that
- * is not a directory); a foreign one is an error (-EXDEV: the directory is another job's), and
- * an explicit path that fails is an error. A save never replaces a foreign checkpoint of the
- * same step (-EEXIST), and retention never removes one. A directory where a save could not
- * succeed (a file named step_<N>, or checkpoint.dir itself a file) is refused by dt_ckpt_open,
- * before any training.
+ * is not a directory, or a step_<N> whose state.json is another step's: a copy or a rename);
+ * a foreign one is skipped too, but when none loads that is an error (-EXDEV: the directory
+ * is another job's), and so it is when every one is damaged (-EBADMSG: never a fresh start
+ * over checkpoints that may be repaired by hand). An explicit path that fails is an error.
+ * A save never replaces a foreign checkpoint of the same step (-EEXIST; dt_ckpt_check_ahead
+ * finds those before training), nor a damaged one of this setup, which it moves aside to
+ * step_<N>.damaged (a name discovery ignores and nothing removes); retention removes neither
+ * (a checkpoint beyond `keep` is verified in full before it is removed). A directory where a
+ * save could not succeed (a file named step_<N>, or checkpoint.dir itself a file) is refused by
+ * dt_ckpt_open, before any training.
  *
  * World size. Tensors are whole and the data position is a global sample index, so a checkpoint
  * written by W ranks resumes on any number of ranks at the same step and sample position.
@@ -155,8 +160,9 @@ void dt_ckpt_close(dt_ckpt *c);
 
 /* Saves step st->step: waits for the previous save (if that one failed, returns its error and
  * starts nothing), copies every buffer to host memory, then writes <dir>/step_<step>/ in the
- * background (async) or before returning. st is copied (st->job too). A checkpoint of the same
- * step already on disk is replaced atomically. On failure nothing under <dir> changes except
+ * background (async) or before returning. st is copied (st->job too). A valid checkpoint of
+ * the same step already on disk is replaced atomically; a damaged one is moved aside to
+ * step_<N>.damaged (step_<N>.damaged.<k> when that is taken), with a warning. On failure nothing under <dir> changes except
  * that a leftover .tmp directory is removed. */
 int dt_ckpt_save(dt_ckpt *c, const dt_ckpt_state *st, dt_err *err);
 
@@ -209,6 +215,13 @@ int dt_ckpt_resume(dt_ckpt *c, const char *resume, dt_ckpt_state *st, bool *resu
  * exactly "auto". */
 int dt_ckpt_resume_run(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool *resumed,
                        char *path_out, size_t size, dt_err *err);
+
+/* Refuses another setup's checkpoints at the steps a run from step `from` to step `to` may save
+ * (from < N <= to: every checkpoint.every, the last step, a preemption's step): -EXDEV naming
+ * the oldest such one and what differs, so that the job stops before training rather than at
+ * that save (which never replaces it). Damaged checkpoints there are not refused: the save moves
+ * them aside (step_<N>.damaged). 0 when there is none. */
+int dt_ckpt_check_ahead(dt_ckpt *c, int64_t from, int64_t to, dt_err *err);
 
 /* Makes every rank resume from the same checkpoint. Every rank first resumes on its own (each
  * reads the checkpoint directory); then all ranks call this (collective through comm; nothing to

@@ -49,6 +49,57 @@ static void shape_text(char *out, size_t size, int ndim, const int64_t *shape)
         snprintf(out + o, size - o, ")");
 }
 
+/* A file of the wrong size (size bytes, fd at its start): when it is a whole safetensors file
+ * of its own, it was replaced after the save, and what fills why says so: another model's file
+ * (the first tensor that differs from w[0..nw), sorted by name), or this model's tensors in
+ * another file (another step's, or another run's). why = "" when it is no such file (truncated,
+ * appended to). fd is left at an undefined offset. */
+static void replaced_file(int fd, uint64_t size, const want *w, int nw, char *why, size_t cap)
+{
+    unsigned char lenb[8], *head = NULL;
+    dt_st_file *f = NULL;
+    uint64_t hn = 0;
+    why[0] = '\0';
+    if (size < 8 || dt_ckpt__read_all(fd, lenb, 8))
+        return;
+    for (int k = 7; k >= 0; k--)
+        hn = (hn << 8) | lenb[k];
+    if (hn > DT_ST_MAX_HEADER || 8 + hn > size || !(head = malloc((size_t)(8 + hn))))
+        return;
+    memcpy(head, lenb, 8);
+    if (dt_ckpt__read_all(fd, head + 8, (size_t)hn) == 0 &&
+        dt_st_parse(head, (size_t)(8 + hn), size, &f, NULL) == 0) {
+        char a[160], b[160];
+        const char *diff = NULL;
+        for (int i = 0; i < nw && !diff; i++) {
+            const dt_st_tensor *t = dt_st_find(f, w[i].name);
+            bool same = t && t->dtype == DT_ST_F32 && t->ndim == w[i].ndim;
+            for (int d = 0; same && d < t->ndim; d++)
+                same = t->shape[d] == w[i].shape[d];
+            if (!t) {
+                snprintf(why, cap, "it is a whole safetensors file of another model, without "
+                         "tensor %s: it was replaced after the save", w[i].name);
+                diff = w[i].name;
+            } else if (!same) {
+                shape_text(a, sizeof a, t->ndim, t->shape);
+                shape_text(b, sizeof b, w[i].ndim, w[i].shape);
+                snprintf(why, cap, "it is a whole safetensors file of another model: tensor %s "
+                         "is %s %s there, F32 %s in this checkpoint; it was replaced after the "
+                         "save", w[i].name, dt_st_dtype_name(t->dtype), a, b);
+                diff = w[i].name;
+            }
+        }
+        if (!diff)
+            snprintf(why, cap, "it is a whole safetensors file with this checkpoint's %s, but "
+                     "not the one it wrote (%s): it was replaced after the save",
+                     f->num_tensors == nw ? "tensors" : "tensors and others",
+                     dt_st_meta_get(f, "step") ? "another step's, or another run's"
+                                               : "written by another program");
+    }
+    dt_st_free(f);
+    free(head);
+}
+
 /* Reads <dir>/<name>: the size must be rec_bytes and the XXH64 rec_hash; the safetensors header
  * must list exactly the tensors of w[0..nw) (sorted by name) as F32 with their shapes; each
  * tensor's bytes go to its dst. Errors: -ENOENT missing, -EBADMSG anything else wrong. */
@@ -74,9 +125,12 @@ static int read_st_file(const char *dir, const char *name, uint64_t rec_bytes, u
         goto out;
     }
     if ((uint64_t)st.st_size != rec_bytes) {
+        char what[DT_ERR_MSG_MAX / 2];
+        replaced_file(fd, (uint64_t)st.st_size, w, nw, what, sizeof what);
         rc = dt_err_set(err, -EBADMSG, "%s has %" PRIu64 " bytes, the checkpoint recorded %" PRIu64
                         " (%s)", name, (uint64_t)st.st_size, rec_bytes,
-                        (uint64_t)st.st_size < rec_bytes ? "truncated" : "appended to");
+                        what[0] ? what : (uint64_t)st.st_size < rec_bytes ? "truncated"
+                                                                          : "appended to");
         goto out;
     }
     unsigned char lenb[8];
@@ -277,6 +331,20 @@ static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, dt_
         (rc = get_i64(root, "world_size", false, &ws, err)))
         goto out;
     st->world_size = (int)ws;
+    /* A step_<N> directory holds step N: a copy or a rename (cp -r step_275 step_300) would
+     * resume at one step with another step's state, and count as the newest. */
+    char base[PATH_MAX];
+    dt_strlcpy(base, path, sizeof base);
+    for (size_t n = strlen(base); n > 1 && base[n - 1] == '/'; n--)
+        base[n - 1] = '\0';
+    const char *slash = strrchr(base, '/');
+    int64_t named;
+    if (dt_ckpt__parse_step_name(slash ? slash + 1 : base, &named, "") && named != st->step) {
+        rc = dt_err_set(err, -EBADMSG, "the directory is named step_%" PRId64 " but its "
+                        "state.json is step %" PRId64 "'s (a copy or a rename?): rename it "
+                        "back to step_%" PRId64 ", or remove it", named, st->step, st->step);
+        goto out;
+    }
     const cJSON *v;
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "loss")) && cJSON_IsNumber(v))
         st->loss = v->valuedouble;
@@ -617,8 +685,8 @@ static int resume_newest(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool
                          char *path_out, size_t size, dt_err *err)
 {
     int64_t *steps = NULL;
-    int n = 0, skipped = 0, foreign = 0, rc;
-    dt_err first_foreign = {0};
+    int n = 0, skipped = 0, foreign = 0, damaged = 0, rc;
+    dt_err first_foreign = {0}, first_damaged = {0};
     *resumed = false;
     if (dt_ckpt_list_strays(c->dir, &steps, &n, NULL) == 0)
         for (int i = 0; i < n; i++)
@@ -659,6 +727,8 @@ static int resume_newest(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool
         }
         if (e.code == -EXDEV && !foreign++) /* the newest of another setup, for the error */
             first_foreign = e;
+        else if (e.code != -EXDEV && !damaged++)
+            first_damaged = e;
         DT_WARN("skipping %s%s", e.msg,
                 e.code == -EXDEV ? " (another setup's checkpoint: left as it is)" : "");
         skipped++;
@@ -673,10 +743,42 @@ static int resume_newest(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool
                           "checkpoint.resume = never to start over (checkpoints of another setup "
                           "are never overwritten or removed)",
                           first_foreign.msg, foreign, c->dir);
-    if (skipped)
-        DT_WARN("checkpoint: none of the %d checkpoints under %s can be loaded; starting from "
-                "scratch", skipped, c->dir);
+    if (damaged)
+        /* Only damaged checkpoints of this setup: a fresh start would train from step 0 over
+         * checkpoints that may be repaired by hand (a file put back). Stop and say so. */
+        return dt_err_set(err, -EBADMSG,
+                          "none of the %d checkpoints under %s can be loaded (the newest: %s); "
+                          "they are left as they are: repair them (put back what changed), "
+                          "give this job another checkpoint.dir, or set checkpoint.resume = "
+                          "never to start over (a fresh start moves a damaged checkpoint it "
+                          "would save over aside, as step_<N>.damaged, and never replaces or "
+                          "removes one)",
+                          damaged, c->dir, first_damaged.msg);
     return 0;
+}
+
+int dt_ckpt_check_ahead(dt_ckpt *c, int64_t from, int64_t to, dt_err *err)
+{
+    int64_t *steps = NULL;
+    int n = 0, rc = dt_ckpt_list(c->dir, &steps, &n, err);
+    if (rc)
+        return rc;
+    for (int i = n - 1; i >= 0; i--) { /* oldest first: the save this run meets first */
+        char p[PATH_MAX], why[DT_ERR_MSG_MAX];
+        if (steps[i] <= from || steps[i] > to)
+            continue;
+        snprintf(p, sizeof p, "%s/step_%" PRId64, c->dir, steps[i]);
+        if (dt_ckpt__is_foreign(c, p, why, sizeof why)) {
+            rc = dt_err_set(err, -EXDEV,
+                            "%s is another setup's checkpoint (%s), at a step this run would "
+                            "save (it trains steps %" PRId64 " to %" PRId64 "); it is left as it "
+                            "is: give this job another checkpoint.dir, or move that checkpoint "
+                            "out of %s", p, why, from + 1, to, c->dir);
+            break;
+        }
+    }
+    free(steps);
+    return rc;
 }
 
 int dt_ckpt_resume_run(dt_ckpt *c, const char *run_id, dt_ckpt_state *st, bool *resumed,

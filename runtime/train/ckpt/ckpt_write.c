@@ -12,7 +12,8 @@
  *   7. rename step_N.tmp -> step_N     atomic: readers see all of it or none of it
  *   8. fsync <dir>                     so the rename itself survives a power cut
  *   9. remove old checkpoints          only now, beyond `keep`, and only older than N: each
- *                                      renamed to step_M.old, <dir> synced, then deleted
+ *                                      renamed to step_M.old, <dir> synced, then deleted;
+ *                                      one that no longer verifies (damaged) is left alone
  * (3 also fsyncs the parent of every directory that creating <dir> made.)
  *
  * ext4 and XFS need both the file fsyncs (4, 5) and the directory fsyncs (6, 8): fsync of a
@@ -372,6 +373,14 @@ static void apply_retention(dt_ckpt *c, int64_t newest)
         }
         if (++kept <= c->keep)
             continue;
+        dt_err de = {0};
+        if (dt_ckpt_inspect(p, true, NULL, &de) != 0) { /* damaged: not this job's to remove */
+            DT_WARN("checkpoint: not removing %s (beyond keep = %d): it is damaged (%s) and may "
+                    "be repaired by hand; remove it yourself when it is not needed", p, c->keep,
+                    de.msg);
+            kept--;
+            continue;
+        }
         snprintf(olds[nold], sizeof olds[nold], "%s.old", p);
         dt_rm_rf(olds[nold], NULL); /* left by an earlier kill: the rename needs the name */
         if (dt_ckpt__io->rename(p, olds[nold]) != 0) {
@@ -390,6 +399,23 @@ static void apply_retention(dt_ckpt *c, int64_t newest)
             DT_WARN("checkpoint: cannot delete %s: %s (the next save tries again)", olds[i],
                     e.msg);
     free(olds);
+}
+
+/* Moves the damaged checkpoint directory path (why: what is wrong with it) to path.damaged, or
+ * path.damaged.<k> for the first k free, with a warning. 0 or the rename's error. */
+static int set_aside(const char *path, const char *why, dt_err *err)
+{
+    char to[PATH_MAX + 32];
+    struct stat sb;
+    snprintf(to, sizeof to, "%s.damaged", path);
+    for (int k = 1; lstat(to, &sb) == 0 && k < 1000; k++)
+        snprintf(to, sizeof to, "%s.damaged.%d", path, k);
+    if (dt_ckpt__io->rename(path, to) != 0)
+        return dt_err_errno(err, errno, "cannot move the damaged %s aside to %s (it is kept: "
+                            "move or repair it)", path, to);
+    DT_WARN("checkpoint: %s is damaged (%s): moved aside to %s, not replaced (repair it by hand, "
+            "or remove it)", path, why, to);
+    return 0;
 }
 
 /* Steps 3..9 of a save, from c->staging and c->wstate. */
@@ -445,9 +471,10 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
             rc = dt_err_errno(err, e, "cannot rename %s to %s", tmp, final);
             goto fail;
         }
-        /* The same step is already there (a job resumed from it and saved it again): move it
-         * aside, put the new one in place, then remove the old one. Unless it is another
-         * setup's (another model or optimizer): that one is the user's, never replaced. */
+        /* The same step is already there (a job resumed from an older one and saved it
+         * again): move it aside, put the new one in place, then remove the old one. Unless it
+         * is another setup's (another model or optimizer): that one is the user's, never
+         * replaced; or damaged: then it stays, set aside. */
         char why[DT_ERR_MSG_MAX];
         if (dt_ckpt__is_foreign(c, final, why, sizeof why)) {
             rc = dt_err_set(err, -EEXIST, "%s is already there and is another setup's "
@@ -455,7 +482,13 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
                             "checkpoint.dir", final, why);
             goto fail;
         }
-        if (dt_ckpt__io->rename(final, old) != 0) {
+        /* A damaged one of this setup may be repaired by hand: kept, under a name that
+         * discovery ignores and nothing removes. */
+        dt_err de = {0};
+        if (dt_ckpt_inspect(final, true, NULL, &de) != 0) {
+            if ((rc = set_aside(final, de.msg, err)))
+                goto fail;
+        } else if (dt_ckpt__io->rename(final, old) != 0) {
             rc = dt_err_errno(err, errno, "cannot move the existing %s aside", final);
             goto fail;
         }
@@ -467,7 +500,7 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
         made_tmp = false;
         if ((rc = dt_ckpt__fsync_path(c->dir, true, err)))
             goto fail;
-        dt_rm_rf(old, NULL);
+        dt_rm_rf(old, NULL); /* nothing there when the old one was set aside */
     }
     made_tmp = false;
     if ((rc = dt_ckpt__fsync_path(c->dir, true, err))) {

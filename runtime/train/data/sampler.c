@@ -19,10 +19,11 @@ int dt_sampler_init(dt_sampler *s, int64_t n, int rank, int world_size, int batc
     int64_t global = (int64_t)world_size * batch_size;
     if (drop_last && n < global)
         return dt_err_set(err, -EINVAL,
-                          "the training set has %lld samples, fewer than one step needs (%d ranks "
+                          "the training set has %lld samples, fewer than one step needs (%d rank%s "
                           "x batch_size %d = %lld) with data.drop_last = true; lower "
                           "train.batch_size, or set data.drop_last = false to repeat samples",
-                          (long long)n, world_size, batch_size, (long long)global);
+                          (long long)n, world_size, world_size == 1 ? "" : "s", batch_size,
+                          (long long)global);
     s->n = n;
     s->rank = rank;
     s->world_size = world_size;

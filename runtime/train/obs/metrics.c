@@ -19,6 +19,7 @@ struct dt_metrics {
     bool tokens;
     bool tty;          /* stderr is a terminal: progress line */
     int attempt;
+    char run[32];      /* the run every record belongs to (dt_metrics_set_run); "" = none */
     int fd;            /* metrics.jsonl, O_APPEND; -1 when disabled */
     char path[DT_PATH_MAX + 32];
     double t0;
@@ -111,12 +112,20 @@ void dt_metrics_layout(dt_metrics *m, int world, int dp, int tp, int pp)
     m->layout[3] = pp;
 }
 
+void dt_metrics_set_run(dt_metrics *m, const char *run)
+{
+    if (m)
+        dt_strlcpy(m->run, run ? run : "", sizeof m->run);
+}
+
 static void write_json(dt_metrics *m, cJSON *o)
 {
     write_layout(m);
     m->records++;
     cJSON_AddNumberToObject(o, "time", dt_wall_s());
     cJSON_AddNumberToObject(o, "attempt", m->attempt);
+    if (m->run[0])
+        cJSON_AddStringToObject(o, "run", m->run);
     char *text = cJSON_PrintUnformatted(o);
     char *line = NULL;
     size_t n = text ? strlen(text) : 0;

@@ -1,13 +1,16 @@
 /* metrics.h - what a run reports while it trains: metrics.jsonl, log lines, a progress line.
  *
  * Rank 0 appends one JSON object per logged step to <output_dir>/metrics.jsonl (appended, so a
- * restarted job continues the same file; "attempt" tells the attempts apart):
+ * restarted job continues the same file; "attempt" tells the attempts apart, "run" the runs: a
+ * fresh start from step 0 draws a new run id, a resume continues the run of its checkpoint, so
+ * a fresh start into a used directory is told apart from what is there; readers such as
+ * scripts/plot-metrics.sh take the last run, and within it the last record of each step):
  *
  *   {"type":"train","step":20,"epoch":0,"loss":4.91,"loss_steps":10,"lr":0.0015,"grad_norm":1.8,
  *    "tokens_per_s":20480,"step_time_s":0.025,"comm_time_s":0,"peak_mem_bytes":12345678,
  *    "max_rss_bytes":45678912,"mem_peak_bytes":{"params":..,"grads":..,"optim":..,
- *    "activations":..,"comm":..,"other":..},"time":1700000000.1,"attempt":0}
- *   {"type":"eval","step":50,"val_loss":3.2,"val_acc":0.51,"time":...,"attempt":0}
+ *    "activations":..,"comm":..,"other":..},"time":1700000000.1,"attempt":0,"run":"3f9c..."}
+ *   {"type":"eval","step":50,"val_loss":3.2,"val_acc":0.51,"time":...,"attempt":0,"run":"3f9c..."}
  *
  * Each attempt's records start with its layout (dt_metrics_layout; an elastic job's data
  * degree changes with its world): the world size and the degrees of the data x tensor x
@@ -74,6 +77,10 @@ typedef struct dt_metrics dt_metrics;
  * recorded in every line. */
 int dt_metrics_open(dt_metrics **out, const char *output_dir, bool enabled, bool tokens,
                     int attempt, dt_err *err);
+
+/* The run id every record from now on carries as "run" (copied, at most 31 characters; NULL
+ * or "": none). Accepts NULL. */
+void dt_metrics_set_run(dt_metrics *m, const char *run);
 
 /* The run's layout (world size and the grid's data, tensor and pipeline degrees), recorded
  * once, just before the first train or eval record of this open. Accepts NULL. */

@@ -435,11 +435,16 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         char split[DT_MAX_STAGES * 5 + 1] = "";
         for (int i = 0, n = 0; i < p->P && n < (int)sizeof split; i++)
             n += snprintf(split + n, sizeof split - (size_t)n, "%s%d", i ? "," : "", blocks[i]);
-        DT_INFO("pipeline: %d stages of %s blocks (%s), %d micro-batches of %d samples, "
+        /* with train.global_batch a micro-step may hold fewer than batch_size samples (the
+         * model line says how many): its micro-batches are then smaller */
+        DT_INFO("pipeline: %d stages of %s blocks (%s), %d micro-batches of %s%d samples%s, "
                 "schedule %s, %d data-parallel replica%s; %zu parameters in all",
                 p->P, split, j->n_stage_blocks ? "as parallel.stages" : "balanced by cost",
-                p->M, p->mb_cap, dt_pp_schedule_name(p->kind), p->g.grid.D,
-                p->g.grid.D == 1 ? "" : "s", p->whole_numel);
+                p->M, j->global_batch > 0 ? "up to " : "", p->mb_cap,
+                j->global_batch > 0 ? " per micro-step (train.global_batch sizes the micro-steps)"
+                                    : "",
+                dt_pp_schedule_name(p->kind), p->g.grid.D, p->g.grid.D == 1 ? "" : "s",
+                p->whole_numel);
     }
     return 0;
 }
