@@ -21,6 +21,7 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_CUDA_ATTN", "cublas", "attention on cuda: cublas (batched GEMMs, probabilities kept) or flash (fused kernels, bf16/fp16 and head size 64 only; probabilities recomputed in backward)"},
     {"DTRAIN_CUDA_VMM", "1", "0: every cuda allocation comes from the arena (mem_release gives nothing back, ZeRO-2/3 keep everything resident); 1: allocations of a granule (2 MiB) and more use the driver's virtual memory management, when it has it"},
     {"DTRAIN_CPU_MEM_GRANULE", NULL, "cpu backend: the unit in which mem_release gives memory back (ZeRO-2/3), a power of two from the page size to 1 GiB (default: the page); 2097152 runs the strategies as on cuda's 2 MiB granules"},
+    {"DTRAIN_CPU_ATTN_ISA", "auto", "cpu backend: instruction set of the attention micro-kernels: auto (the best this CPU runs), v4 (AVX-512), v3 (AVX2+FMA) or base (the build's baseline); to compare or test them"},
     {"DTRAIN_CUDA_TF32", "0", "1: precision fp32 on cuda may use TF32 tensor cores (GEMMs and convolutions)"},
     {"DTRAIN_REQUIRE_GPU", "0", "1: GPU tests fail instead of skipping when no GPU is usable (make test-gpu sets it)"},
     {"DTRAIN_LOCAL_ADDR", NULL, "address other nodes use to reach this node's workers"},

@@ -603,14 +603,21 @@ static size_t act_bytes(const dt_model_config *cfg)
 
 /* With recompute = block, gpt allocates one layer of intermediates instead of L: the saving is
  * exactly (L-1) layers of everything but the block outputs (15C + 4 floats per token plus the
- * attention probabilities); selective saves (L-1) layers of attention probabilities. resnet
- * keeps one set of conv/BN intermediates instead of one per BasicBlock. */
+ * attention's saved state); selective saves (L-1) layers of the attention's saved state, which
+ * on the cpu is the log-sum-exp (B*NH*T floats: the tiled kernel keeps no probabilities), so
+ * selective saves little there. resnet keeps one set of conv/BN intermediates instead of one
+ * per BasicBlock. */
 static void test_recompute_memory(void)
 {
     dt_model_config c = gpt_cfg();
     c.n_layer = 4;
     const size_t NR = (size_t)c.max_batch * c.shape.seq_len, C = (size_t)c.n_embd;
-    const size_t NATT = (size_t)c.max_batch * c.n_head * c.shape.seq_len * c.shape.seq_len;
+    size_t NATT = 0, NDATT = 1;
+    dt_backend *be = be_new();
+    be->attention_sizes(be, c.max_batch, c.shape.seq_len, c.n_embd, c.n_head, &NATT, &NDATT);
+    be->close(be);
+    DT_CHECK_INT(NATT, (size_t)c.max_batch * c.n_head * c.shape.seq_len); /* O(T) per head */
+    DT_CHECK_INT(NDATT, 0);
     size_t none = act_bytes(&c);
     c.recompute = DT_RECOMPUTE_BLOCK;
     size_t block = act_bytes(&c);

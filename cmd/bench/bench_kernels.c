@@ -139,8 +139,9 @@ static int setup_case(dt_backend *be, op_case *c, dt_err *err)
         size_t sizes[7] = {N * C, OC * C, N * OC, OC, N * C, OC * C, OC};
         memcpy(n, sizes, sizeof sizes);
     } else if (!strncmp(c->op, "attention", 9)) {
-        size_t B = c->a[0], T = c->a[1], C = c->a[2], NH = c->a[3];
-        size_t sizes[5] = {B * T * 3 * C, B * T * C, B * NH * T * T, B * T * 3 * C, B * NH * T * T};
+        size_t B = c->a[0], T = c->a[1], C = c->a[2], att = 0, datt = 0;
+        be->attention_sizes(be, c->a[0], c->a[1], c->a[2], c->a[3], &att, &datt);
+        size_t sizes[5] = {B * T * 3 * C, B * T * C, att, B * T * 3 * C, datt};
         memcpy(n, sizes, sizeof sizes);
     } else {
         const dt_conv2d_shape *s = &c->cs;

@@ -151,14 +151,19 @@ typedef struct gpt {
     int32_t *targets;        /* (B,T) device */
     dt_recompute recompute;
     int Lk, La;              /* layers of intermediates kept (L, or 1 with recompute = block)
-                              * and of attention probabilities (L, or 1 with any recompute) */
+                              * and of the attention's saved state (L, or 1 with any
+                              * recompute) */
+    size_t natt, ndatt;      /* floats of one layer's attention state at (Bmax, Tmax), and of
+                              * its backward scratch: the backend's attention_sizes (cpu: the
+                              * log-sum-exp, B*NHl*T, and 0; cuda's cuBLAS path: the
+                              * probabilities, B*NHl*T*T both) */
     /* the fields with B*T rows in a (B,T,C) or (B,T) shape hold B*T/sd of them under
      * sequence parallelism: encoded, ln1*, res2, ln2*, res3, lnf* */
     float *encoded;          /* (B,T,C) */
     float *ln1, *ln1_mean, *ln1_rstd; /* (Lk,B,T,C), (Lk,B,T), (Lk,B,T) */
     float *qkv;              /* (Lk,B,T,3Cl) */
     float *atty;             /* (Lk,B,T,Cl) */
-    float *att;              /* (La,B,NHl,T,T) */
+    float *att;              /* (La, natt): what attention_fwd saves for attention_bwd */
     float *res2;             /* (Lk,B,T,C) residual after attention */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fch, *fch_gelu;   /* (Lk,B,T,4Cl) */
@@ -230,7 +235,7 @@ static void acts_of(const gpt *g, int l, gpt_acts *a)
 {
     const size_t NR = (size_t)g->Bmax * g->Tmax / (size_t)g->sd, NC = NR * g->C;
     const size_t NCl = (size_t)g->Bmax * g->Tmax * g->Cl; /* the column-parallel region: all rows */
-    const size_t NATT = (size_t)g->Bmax * g->NHl * g->Tmax * g->Tmax;
+    const size_t NATT = g->natt;
     const size_t ll = (size_t)(l - g->lo); /* the stage's layer l: its slot's index */
     const size_t k = g->Lk == g->Ls ? ll : 0, ka = g->La == g->Ls ? ll : 0;
     a->ln1 = g->ln1 + k * NC;
@@ -967,7 +972,8 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
      * output and the tokens on the first stage, ln_f's, the logits and the targets on the
      * last. */
     const size_t NR = (size_t)g->Bmax * g->Tmax, NC = NR * C, NCl = NR * g->Cl;
-    const size_t NATT = (size_t)g->Bmax * g->NHl * g->Tmax * g->Tmax;
+    m->be->attention_sizes(m->be, g->Bmax, g->Tmax, g->Cl, g->NHl, &g->natt, &g->ndatt);
+    const size_t NATT = g->natt;
     const size_t Lk = (size_t)g->Lk, La = (size_t)g->La;
     /* the residual stream's and the LayerNorms' rows: all, or this rank's under sequence
      * parallelism */
@@ -1024,7 +1030,7 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
         size_t n;
     } scratch[] = {
         {&g->dres, NCs}, {&g->dC, NC}, {&g->dqkv, 3 * NCl}, {&g->d4a, 4 * NCl},
-        {&g->d4b, 4 * NCl}, {&g->datt, NATT},
+        {&g->d4b, 4 * NCl}, {&g->datt, g->ndatt},
         /* sequence parallelism's: the gathered operand, a reduce-scattered gradient and
          * the LayerNorm gradients before their all-reduce */
         {&g->gat, g->sp ? NC : 0}, {&g->dCs, g->sp ? NCs : 0}, {&g->dln, g->sp ? 4 * C : 0},
