@@ -6,22 +6,25 @@
  * head instead of the (T,T) probabilities. Nothing (T,T)-sized exists at any time, in forward or
  * backward; the scratch is O(T*hs) per head (the packed keys and values) plus fixed tiles.
  *
- * Forward (FlashAttention-2's loop order): a tile of BQ = 64 queries against tiles of BK = 64
- * keys up to the diagonal. Per key tile: the scores S (BK x BQ) = K_tile Q_tile^T, the causal
- * mask on the diagonal tile, the online softmax (the running row maximum m and sum l; the
+ * Forward (FlashAttention-2's loop order): a tile of BQ = 32 queries against tiles of BK = 32
+ * keys up to the diagonal (32 wastes less on the diagonal tiles than 64 and measured the same
+ * or better at T = 128 and 1024). Per key tile: the scores S (BK x BQ) = K_tile Q_tile^T, the
+ * causal mask on the diagonal tile, the online softmax (the running row maximum m and sum l; the
  * output so far is rescaled by exp(m_old - m_new)), then O += P V_tile. At the end of the query
  * tile O /= l and lse = m + log(l).
  * Backward: per query tile, the scores are recomputed tile by tile from the saved lse
  * (P = exp(S - lse), exact, no running maximum), dP = dO V^T likewise; the row sums
  * D = sum_j P dP (= rowsum(dO * O)) need every key tile of the row first, so P and dP of the
  * query tile's keys are kept in a strip of BQ x T floats (O(T) per head, two of them), then
- * dS = P (dP - D) scale gives dV += P^T dO, dK += dS^T Q and dQ += dS K.
+ * dS = P (dP - D) scale gives dV += P^T dO, dK += dS^T Q and dQ += dS K (P renormalised by its
+ * recomputed row sum first: see head_bwd).
  *
  * Why not sgemm per tile (as the previous kernel did per block of 64 query rows): the products
  * are small (64 x 64 x hs with hs = 32 or 64) and OpenBLAS reaches only 0.3-0.6x of its large-
- * product rate on them, and the softmax between the GEMMs went through memory. Here every
- * product is a register-blocked micro-kernel written with GCC vector extensions (16 floats per
- * vector) and the softmax works on the tile while it is in L1:
+ * product rate on them, and the softmax between the GEMMs went through memory (the (T,T)
+ * matrix of a head is 4 MiB at T = 1024). Here every product is a register-blocked
+ * micro-kernel written with GCC vector extensions (16 floats per vector) and the softmax works
+ * on the tile while it is in L1:
  *   - layout: vectors run along the QUERIES of the tile (the scores tile is stored transposed,
  *     key-major: st[j][i]), so the softmax's maximum and sums over keys are element-wise
  *     operations between vectors (no horizontal reduction), and the per-query rescale of O is a
@@ -40,11 +43,15 @@
  * masked entries are exactly zero and causality holds bit for bit.
  *
  * Each per-head routine is compiled three times: for x86-64-v4 (AVX-512: 32 vector registers,
- * micro-tiles of 4 x 4 vectors), x86-64-v3 (AVX2: a 16-float vector is two registers, so 1 x 4)
- * and the baseline, picked at run time by the CPU's features. Results are deterministic on a
- * machine and depend only on the head's own data and T (not on B, NH or the other heads), so
+ * register blocks of 8 rows x 2 vectors, 16x16 transposes by shuffles), x86-64-v3 (AVX2: a
+ * 16-float vector is two registers, so 2 x 2) and the baseline, picked at run time by the CPU's
+ * features (DTRAIN_CPU_ATTN_ISA can force a lower one: the tests run all three). Results are
+ * deterministic on a machine and depend only on the head's own data and T (not on B, NH or the
+ * other heads), so
  * every parallel layout computes the same bits; two machines that run different variants may
- * differ in the last bits, as cpu.h says of the other clones.
+ * differ in the last bits, as cpu.h says of the other clones. Accuracy against float64 (tests/
+ * test_kernels.c attention_tiles): output and lse within 1e-6 relative, gradients within 1e-5,
+ * as the sgemm kernel it replaces.
  *
  * Measured (docs/BENCHMARKS.md, `dtrain bench kernels`): see there; the profiler reports the
  * micro-kernels' time as the op's GEMM time and the packing, masking and softmax under
@@ -74,9 +81,9 @@ DT_CPU_OPTIMIZE
 #endif
 
 #define VL 16        /* floats per vector */
-#define BQ 64        /* queries per tile */
+#define BQ 32        /* queries per tile */
 #define NQ (BQ / VL) /* vectors per tile row */
-#define BK 64        /* keys per tile (== BQ: key tiles start on query tiles' boundaries) */
+#define BK 32        /* keys per tile (== BQ: key tiles start on query tiles' boundaries) */
 #define LOG2E 1.44269504088896341f
 #define LN2 0.69314718055994531f
 
@@ -234,17 +241,83 @@ INLINE void tile_c(float *y, const float *st, const float *z, int ld, int nk, in
 
 /* ---- tile helpers ------------------------------------------------------------------------- */
 
-/* yt (hs, BQ) = c * x[r0 .. r0+nq) transposed (x rows ldx apart), queries nq.. zero. */
-INLINE void pack_t(vf *yt, const float *x, int ldx, int hs, int nq, float c)
+/* r (16 vectors of 16) transposed in place: four rounds of two-input shuffles (vpermt2ps on
+ * AVX-512), 64 in all for 256 floats, against one scalar load and store per float. */
+static const vi tr_lo[4] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+    {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+    {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+    {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+};
+static const vi tr_hi[4] = {
+    {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+    {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+    {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+    {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31},
+};
+
+INLINE void tr16(vf r[VL])
 {
+    for (int k = 0, m = 8; k < 4; k++, m >>= 1)
+        for (int i = 0; i < VL; i++)
+            if (!(i & m)) {
+                vf a = r[i], b = r[i + m];
+                r[i] = __builtin_shuffle(a, b, tr_lo[k]);
+                r[i + m] = __builtin_shuffle(a, b, tr_hi[k]);
+            }
+}
+
+/* yt (hs, BQ) = c * x[0 .. nq) transposed (x rows ldx apart), queries nq.. zero. wide: 16 x 16
+ * blocks through tr16 (the head sizes that are multiples of 16), else one float at a time. */
+INLINE void pack_t(vf *yt, const float *x, int ldx, int hs, int nq, float c, const bool wide)
+{
+    int d0 = 0;
+    if (wide)
+        for (; d0 + VL <= hs; d0 += VL)
+            for (int b = 0; b < NQ; b++) {
+                vf r[VL];
+                for (int z = 0; z < VL; z++) {
+                    int i = b * VL + z;
+                    r[z] = i < nq ? (vf) * (const vfu *)(x + (size_t)i * ldx + d0) : splat(0.0f);
+                }
+                tr16(r);
+                for (int z = 0; z < VL; z++)
+                    yt[(size_t)(d0 + z) * NQ + b] = r[z] * c;
+            }
     float *o = (float *)yt;
-    for (int d = 0; d < hs; d++) {
+    for (int d = d0; d < hs; d++) {
         float *od = o + (size_t)d * BQ;
         const float *xd = x + d;
         for (int i = 0; i < nq; i++)
             od[i] = c * xd[(size_t)i * ldx];
         for (int i = nq; i < BQ; i++)
             od[i] = 0.0f;
+    }
+}
+
+/* The other way: rows i < nq of y (ldy apart) get yt[d][i] (hs, BQ) transposed, divided by
+ * div[i] (div != NULL: the forward's row sums; then y is overwritten) or added (div == NULL). */
+INLINE void unpack_t(float *y, int ldy, const vf *yt, int hs, int nq, const float *div,
+                     const bool wide)
+{
+    int d0 = 0;
+    if (wide)
+        for (; d0 + VL <= hs; d0 += VL)
+            for (int b = 0; b < NQ && b * VL < nq; b++) {
+                vf r[VL];
+                for (int z = 0; z < VL; z++)
+                    r[z] = yt[(size_t)(d0 + z) * NQ + b];
+                tr16(r);
+                for (int z = 0; z < VL && b * VL + z < nq; z++) {
+                    vfu *dst = (vfu *)(y + (size_t)(b * VL + z) * ldy + d0);
+                    *dst = div ? r[z] / div[b * VL + z] : *dst + r[z];
+                }
+            }
+    const float *t = (const float *)yt;
+    for (int i = 0; i < nq; i++) {
+        float *yr = y + (size_t)i * ldy;
+        for (int d = d0; d < hs; d++)
+            yr[d] = div ? t[(size_t)d * BQ + i] / div[i] : yr[d] + t[(size_t)d * BQ + i];
     }
 }
 
@@ -306,7 +379,7 @@ INLINE void head_fwd(const att_head *h, float *out, int ldo, float *lse, float *
     pack_rows(Vp, hs, h->v, h->ld, hs, T);
     for (int r0 = 0; r0 < T; r0 += BQ) {
         const int nq = DT_MIN(BQ, T - r0), r1 = r0 + nq;
-        pack_t(QT, h->q + (size_t)r0 * h->ld, h->ld, hs, nq, cq);
+        pack_t(QT, h->q + (size_t)r0 * h->ld, h->ld, hs, nq, cq, wide);
         vf m[NQ], l[NQ], alpha[NQ];
         for (int b = 0; b < NQ; b++) {
             m[b] = splat(-INFINITY);
@@ -316,7 +389,7 @@ INLINE void head_fwd(const att_head *h, float *out, int ldo, float *lse, float *
         for (int c0 = 0; c0 < r1; c0 += BK) {
             const int nk = DT_MIN(BK, r1 - c0);
             double t1 = h->t_soft ? dt_cpu_prof_now(h->c) : 0;
-            tile_a(ST, Kp + (size_t)c0 * hs, hs, hs, nk, QT, wide ? 4 : 1);
+            tile_a(ST, Kp + (size_t)c0 * hs, hs, hs, nk, QT, wide ? 8 : 2);
             double t2 = h->t_soft ? dt_cpu_prof_now(h->c) : 0;
             if (c0 + nk - 1 > r0)
                 mask_tile(ST, c0, nk, r0);
@@ -335,17 +408,14 @@ INLINE void head_fwd(const att_head *h, float *out, int ldo, float *lse, float *
                 m[b] = mx;
             }
             double t3 = h->t_soft ? dt_cpu_prof_now(h->c) : 0;
-            tile_b(OT, alpha, Vp + (size_t)c0 * hs, hs, hs, nk, ST, wide ? 4 : 1);
+            tile_b(OT, alpha, Vp + (size_t)c0 * hs, hs, hs, nk, ST, wide ? 8 : 2);
             if (h->t_soft)
                 tk += (t2 - t1) + (dt_cpu_prof_now(h->c) - t3);
         }
-        const float *ot = (const float *)OT, *mf = (const float *)m, *lf = (const float *)l;
-        for (int i = 0; i < nq; i++) {
-            float *o = out + (size_t)(r0 + i) * ldo;
-            for (int d = 0; d < hs; d++)
-                o[d] = ot[(size_t)d * BQ + i] / lf[i];
+        const float *mf = (const float *)m, *lf = (const float *)l;
+        unpack_t(out + (size_t)r0 * ldo, ldo, OT, hs, nq, lf, wide);
+        for (int i = 0; i < nq; i++)
             lse[r0 + i] = (mf[i] + log2f(lf[i])) * LN2;
-        }
     }
     if (h->t_soft)
         *h->t_soft += dt_cpu_prof_now(h->c) - t0 - tk;
@@ -413,8 +483,8 @@ INLINE void head_bwd(const att_head *h, float *dq, float *dk, float *dv, int ldg
     memset(dVp, 0, sizeof(float) * (size_t)T * hsp);
     for (int r0 = 0; r0 < T; r0 += BQ) {
         const int nq = DT_MIN(BQ, T - r0), r1 = r0 + nq;
-        pack_t(QT, h->q + (size_t)r0 * h->ld, h->ld, hs, nq, cq);
-        pack_t(dOT, dO + (size_t)r0 * ldo, ldo, hs, nq, 1.0f);
+        pack_t(QT, h->q + (size_t)r0 * h->ld, h->ld, hs, nq, cq, wide);
+        pack_t(dOT, dO + (size_t)r0 * ldo, ldo, hs, nq, 1.0f, wide);
         pack_rows(Qr, hsp, h->q + (size_t)r0 * h->ld, h->ld, hs, nq);
         pack_rows(dOr, hsp, dO + (size_t)r0 * ldo, ldo, hs, nq);
         memset(dQT, 0, sizeof(vf) * (size_t)hs * NQ);
@@ -432,8 +502,8 @@ INLINE void head_bwd(const att_head *h, float *dq, float *dk, float *dv, int ldg
             const int nk = DT_MIN(BK, r1 - c0);
             vf *P = Ps + (size_t)c0 * NQ, *dP = Ds + (size_t)c0 * NQ;
             KERNEL_BEGIN();
-            tile_a(P, Kp + (size_t)c0 * hs, hs, hs, nk, QT, wide ? 4 : 1);
-            tile_a(dP, Vp + (size_t)c0 * hs, hs, hs, nk, dOT, wide ? 4 : 1);
+            tile_a(P, Kp + (size_t)c0 * hs, hs, hs, nk, QT, wide ? 8 : 2);
+            tile_a(dP, Vp + (size_t)c0 * hs, hs, hs, nk, dOT, wide ? 8 : 2);
             KERNEL_END();
             if (c0 + nk - 1 > r0)
                 mask_tile(P, c0, nk, r0);
@@ -469,15 +539,10 @@ INLINE void head_bwd(const att_head *h, float *dq, float *dk, float *dv, int ldg
             KERNEL_BEGIN();
             tile_c(dVp + (size_t)c0 * hsp, (const float *)P, dOr, hsp, nk, nq, wide);
             tile_c(dKp + (size_t)c0 * hsp, (const float *)dS, Qr, hsp, nk, nq, wide);
-            tile_b(dQT, NULL, Kp + (size_t)c0 * hs, hs, hs, nk, dS, wide ? 4 : 1);
+            tile_b(dQT, NULL, Kp + (size_t)c0 * hs, hs, hs, nk, dS, wide ? 8 : 2);
             KERNEL_END();
         }
-        const float *g = (const float *)dQT;
-        for (int i = 0; i < nq; i++) {
-            float *o = dq + (size_t)(r0 + i) * ldg;
-            for (int d = 0; d < hs; d++)
-                o[d] += g[(size_t)d * BQ + i];
-        }
+        unpack_t(dq + (size_t)r0 * ldg, ldg, dQT, hs, nq, NULL, wide);
     }
     for (int j = 0; j < T; j++) {
         float *gk = dk + (size_t)j * ldg, *gv = dv + (size_t)j * ldg;
