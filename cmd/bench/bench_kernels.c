@@ -8,6 +8,14 @@
  * op's time spent inside its GEMM calls (from the backend's profiler). Causal attention only
  * computes the blocks on or below the diagonal; the FLOPs counted are those executed.
  *
+ * Times are the FASTEST call of the repetitions (and the sgemm reference the best of its runs
+ * before and after the ops): on a shared machine the mean measures the neighbours' load, which
+ * comes and goes within one run, while the best call is what the kernel does. The first line
+ * names the OpenBLAS kernel and how it was chosen (cmd/blas_boot.h); --blas-kernels adds the
+ * sgemm rate of every kernel of the library this CPU runs, each forced in a helper process
+ * (OpenBLAS's default, dtrain's choice and each OPENBLAS_CORETYPE), checked against double
+ * precision, timed on one thread's CPU time.
+ *
  * It ends with whole training steps (forward, backward, AdamW) of zoo models under the profiler:
  * the share of step wall time spent inside GEMM calls (the issue's target for gpt-tiny is at
  * least 70%) and the non-GEMM ops that cost the most.
@@ -18,11 +26,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmd/blas_boot.h"
 #include "cmd/cmd.h"
+#include "common/cpuid.h"
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_blas.h"
 #include "runtime/train/models/model.h"
 
 typedef struct bench_opts {
@@ -30,10 +41,12 @@ typedef struct bench_opts {
     int threads;
     double min_time;
     bool quick;
+    bool blas_kernels; /* --blas-kernels */
 } bench_opts;
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* The best rate of one M x N x K sgemm call over min_time seconds of calls. */
 static double sgemm_rate(int M, int N, int K, double min_time)
 {
     float *a = calloc((size_t)M * K, sizeof(float)), *b = calloc((size_t)K * N, sizeof(float));
@@ -49,18 +62,19 @@ static double sgemm_rate(int M, int N, int K, double min_time)
     for (size_t i = 0; i < (size_t)K * N; i++)
         b[i] = (float)(i % 5) * 0.01f;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a, K, b, N, 0.0f, c, N);
-    int reps = 0;
-    double t0 = dt_now_s(), t;
+    double best = 0, t_start = dt_now_s();
     do {
+        double t0 = dt_now_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a, K, b, N, 0.0f, c,
                     N);
-        reps++;
-        t = dt_now_s() - t0;
-    } while (t < min_time);
+        double t = dt_now_s() - t0;
+        if (t > 0 && 2.0 * M * N * K / t > best)
+            best = 2.0 * M * N * K / t;
+    } while (dt_now_s() - t_start < min_time);
     free(a);
     free(b);
     free(c);
-    return 2.0 * M * N * K * reps / t / 1e9;
+    return best / 1e9;
 }
 
 /* One op on one shape: a closure over backend buffers. */
@@ -207,8 +221,8 @@ static void add_conv(op_case *cs, int *n, const char *what, int N, int C, int H,
     }
 }
 
-/* Runs a case until min_time has passed; fills seconds per call, executed GFLOP and the share
- * of its time in GEMM, from the profiler. */
+/* Runs a case until min_time has passed; fills seconds of its fastest call, executed GFLOP per
+ * call and the share of its time in GEMM, from the profiler. */
 static void time_case(dt_backend *be, op_case *c, double min_time, double *sec, double *gflop,
                       double *gemm_share)
 {
@@ -217,13 +231,15 @@ static void time_case(dt_backend *be, op_case *c, double min_time, double *sec, 
     if (be->profile_enable)
         be->profile_enable(be, true);
     int reps = 0;
-    double t0 = dt_now_s(), t;
+    double t0 = dt_now_s(), best = 0;
     do {
+        double t1 = dt_now_s();
         c->run(be, c);
         be->synchronize(be);
+        double t = dt_now_s() - t1;
+        best = reps == 0 || t < best ? t : best;
         reps++;
-        t = dt_now_s() - t0;
-    } while (t < min_time);
+    } while (dt_now_s() - t0 < min_time);
     double flops = 0, gemm_s = 0, all_s = 0;
     if (be->profile_read) {
         dt_op_stat st[128];
@@ -236,9 +252,58 @@ static void time_case(dt_backend *be, op_case *c, double min_time, double *sec, 
         }
         be->profile_enable(be, false);
     }
-    *sec = t / reps;
+    *sec = best;
     *gflop = flops / reps / 1e9;
     *gemm_share = all_s > 0 ? gemm_s / all_s : 0;
+}
+
+/* --blas-kernels: sgemm of every kernel of the library this CPU runs, each in a helper. */
+static void blas_kernels_table(void)
+{
+    static const char *const names[] = {"Prescott", "Core2", "Penryn", "Nehalem", "Sandybridge",
+                                        "Haswell", "Zen", "SkylakeX", "Cooperlake",
+                                        "SapphireRapids"};
+    dt_cpuid id;
+    dt_cpuid_read(&id);
+    dt_blas_choice ch;
+    dt_blas_choose(&ch);
+    printf("\nOpenBLAS kernels (each in a helper process: 512^3 sgemm on one thread, checked "
+           "against double precision):\n");
+    printf("%-32s %-16s %9s %8s %9s %8s\n", "run as", "kernel", "GFLOP/s", "vs best", "max err",
+           "probe s");
+    struct {
+        char label[40];
+        dt_blas_probe_out r;
+    } rows[16];
+    int n = 0;
+    double best = 0;
+    dt_blas_probe(NULL, NULL, 30.0, &rows[n].r);
+    snprintf(rows[n++].label, sizeof rows[0].label, "default (OpenBLAS's own)");
+    if (ch.coretype[0]) {
+        dt_blas_probe(NULL, ch.coretype, 30.0, &rows[n].r);
+        snprintf(rows[n++].label, sizeof rows[0].label, "chosen by dtrain");
+    }
+    for (size_t i = 0; i < DT_ARRAY_LEN(names); i++) {
+        const dt_blas_kernel *k = dt_blas_kernel_find(names[i]);
+        if (!k || (k->needs & ~id.features) || !dt_blas_has_kernel(k, NULL))
+            continue;
+        dt_blas_probe(NULL, k->name, 30.0, &rows[n].r);
+        snprintf(rows[n++].label, sizeof rows[0].label, "OPENBLAS_CORETYPE=%s", k->name);
+    }
+    for (int i = 0; i < n; i++)
+        if (rows[i].r.ran && rows[i].r.ok && rows[i].r.gflops > best)
+            best = rows[i].r.gflops;
+    for (int i = 0; i < n; i++) {
+        const dt_blas_probe_out *r = &rows[i].r;
+        if (!r->ran)
+            printf("%-32s %s\n", rows[i].label, r->why);
+        else
+            printf("%-32s %-16s %9.1f %7.2fx %9.2g %8.2f%s\n", rows[i].label, r->core,
+                   r->gflops, best > 0 ? r->gflops / best : 0.0, r->max_err, r->seconds,
+                   r->ok ? "" : "  WRONG RESULTS");
+    }
+    printf("dtrain's choice: %s\n", ch.coretype[0] ? ch.coretype : "none (OpenBLAS's own)");
+    printf("  %s\n", ch.note);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -417,14 +482,17 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: dtrain bench kernels [--device cpu|cuda] [--threads N] [--min-time S] "
-            "[--quick]\n\n"
+            "[--quick]\n"
+            "                            [--blas-kernels]\n\n"
             "GFLOP/s of the GEMM-bound ops (matmul, attention, conv2d; forward and backward) on\n"
             "shapes from the model zoo, beside the plain cblas_sgemm rate of this machine, then\n"
             "the share of GEMM time in whole training steps of zoo models.\n\n"
             "  --device D     backend to measure (default cpu)\n"
             "  --threads N    BLAS threads (default 1, as one worker uses)\n"
             "  --min-time S   seconds per measurement (default 0.5)\n"
-            "  --quick        small shapes only, short measurements (for tests)\n");
+            "  --quick        small shapes only, short measurements (for tests)\n"
+            "  --blas-kernels also the sgemm rate of every OpenBLAS kernel this CPU runs, each\n"
+            "                 forced in a helper process (OPENBLAS_CORETYPE), and dtrain's choice\n");
 }
 
 int dt_bench_kernels(int argc, char **argv)
@@ -433,7 +501,8 @@ int dt_bench_kernels(int argc, char **argv)
     static const struct option longopts[] = {
         {"device", required_argument, NULL, 'd'}, {"threads", required_argument, NULL, 't'},
         {"min-time", required_argument, NULL, 'm'}, {"quick", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+        {"blas-kernels", no_argument, NULL, 'b'},  {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     optind = 1;
     int ch;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -455,6 +524,9 @@ int dt_bench_kernels(int argc, char **argv)
             break;
         case 'q':
             o.quick = true;
+            break;
+        case 'b':
+            o.blas_kernels = true;
             break;
         case 'h':
             usage(stdout);
@@ -486,10 +558,14 @@ int dt_bench_kernels(int argc, char **argv)
     openblas_set_num_threads(o.threads);
     int sq = o.quick ? 256 : 1024;
     double peak = sgemm_rate(sq, sq, sq, o.min_time);
+    char blas[1200];
+    dt_blas_describe(blas, sizeof blas, false);
     printf("dtrain bench kernels: device %s, %d thread%s\n", be->name, o.threads,
            o.threads == 1 ? "" : "s");
-    printf("plain cblas_sgemm %dx%dx%d: %.1f GFLOP/s (the reference for \"vs sgemm\")\n\n", sq, sq,
-           sq, peak);
+    printf("BLAS: %s\n", blas);
+    printf("plain cblas_sgemm %dx%dx%d on the %s kernel: %.1f GFLOP/s (the reference for \"vs "
+           "sgemm\")\n\n",
+           sq, sq, sq, dt_blas_corename(), peak);
 
     op_case cases[32];
     int n = 0;
@@ -527,6 +603,12 @@ int dt_bench_kernels(int argc, char **argv)
         fflush(stdout);
         free_case(be, c);
     }
+    double again = sgemm_rate(sq, sq, sq, o.min_time);
+    if (!rc)
+        printf("(plain cblas_sgemm again after the ops: %.1f GFLOP/s%s)\n", again,
+               again > peak * 1.1 ? "; the machine was busier at the start: ratios are low" : "");
+    if (!rc && o.blas_kernels)
+        blas_kernels_table();
     if (!rc && be->profile_enable && be->profile_read)
         rc = run_steps(be, &o);
     be->close(be);
