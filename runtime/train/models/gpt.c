@@ -23,14 +23,19 @@
  * events: forward embed, h.0 .. h.{L-1}, ln_f, embed (head); backward embed (head), ln_f,
  * h.{L-1} .. h.0, embed.
  *
- * Activations are kept per layer as in llm.c (about L*B*T*(16C + NH*T) floats); the backward
- * needs only a few (B,T,C)/(B,T,4C) scratch buffers besides. cfg.recompute (model.h): `block`
- * keeps only each block's output (L*B*T*C, the residual stream) plus one layer's intermediates,
- * and recomputes block l's forward (all but its last projection) at the start of its backward,
- * inside its backward window; `selective` keeps everything but the attention probabilities
- * (one (B,NH,T,T) slot instead of L), recomputed by attention_fwd just before attention_bwd. Where the GEMM time goes: every
- * projection is one matmul over all B*T rows, and attention is the backend's batched GEMMs, so
- * the non-GEMM work is O(B*T*C) per layer plus the O(B*NH*T*T) softmax.
+ * Activations are kept per layer as in llm.c (about L*B*T*16C floats, plus what the backend's
+ * attention saves for its backward: attention_sizes, on the cpu the log-sum-exp, B*NH*T per
+ * layer (its tiled kernel never stores the (T,T) probabilities); on cuda's cuBLAS path the
+ * probabilities, B*NH*T*T); the backward needs only a few (B,T,C)/(B,T,4C) scratch buffers
+ * besides (and attention's datt, none on the cpu). cfg.recompute (model.h): `block` keeps only
+ * each block's output (L*B*T*C, the residual stream) plus one layer's intermediates, and
+ * recomputes block l's forward (all but its last projection) at the start of its backward,
+ * inside its backward window; `selective` keeps everything but the attention's saved state (one
+ * slot instead of L), recomputed by attention_fwd just before attention_bwd: Megatron's mode on
+ * cuda's cuBLAS path (the probabilities), little to gain on the cpu (L-1 log-sum-exps for one
+ * more attention forward per layer). Where the time goes: every projection is one matmul over
+ * all B*T rows, and attention is the backend's (cpu: flash-attention's tiling, its own
+ * micro-kernels), so the non-GEMM work is O(B*T*C) per layer plus the O(B*NH*T*T) softmax.
  *
  * Tensor parallelism (cfg.tp_size = TP > 1, Megatron-LM's layout; model.h): rank r of the tensor
  * group holds
@@ -965,7 +970,8 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
     m->flops_per_sample = 3.0 * fwd;
 
     /* activations: recompute = block keeps one layer of intermediates (and every layer's
-     * output res3, the next one's input); selective keeps all but the attention probabilities.
+     * output res3, the next one's input); selective keeps all but the attention's saved state
+     * (attention_sizes: the cpu's log-sum-exp, cuda's probabilities).
      * Under tensor parallelism the attention and MLP intermediates and the logits are this
      * rank's share (Cl = C/TP, NHl = NH/TP heads, Vl vocabulary rows); the residual stream and
      * the LayerNorms' are whole on every rank. Per slot: the stage's layers; the embeddings'
@@ -987,7 +993,7 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
         const size_t fst = g->first, lst = g->last;
         /* what backward recomputes is scratch between forward and backward: one copy serves
          * every slot (shared: slot 0's); block: a layer's intermediates; any recompute: the
-         * attention probabilities */
+         * attention's saved state */
         const bool rb = g->recompute == DT_RECOMPUTE_BLOCK, ra = g->La < g->Ls || rb;
         struct {
             float **p;
