@@ -518,6 +518,7 @@ static void test_attention_tiles(void)
         {1, 1, 16, 1},    {1, 33, 32, 1},  {2, 63, 32, 2},  {1, 64, 64, 1},  {1, 65, 96, 3},
         {2, 128, 128, 4}, {1, 129, 80, 1}, {1, 200, 48, 2}, {1, 300, 128, 2}, /* 80, 24, 64 */
         {1, 257, 36, 3},  {1, 520, 64, 1},
+        {1, 70, 256, 4},  {1, 40, 768, 12}, /* rows that crowd L1: K, V copied first */
     };
     static const char *const isas[] = {"base", "v3", "v4"};
     for (size_t k = 0; k < DT_ARRAY_LEN(isas); k++) {

@@ -9,8 +9,9 @@
  * computes the blocks on or below the diagonal; the FLOPs counted are those executed.
  *
  * Times are the FASTEST call of the repetitions (and the sgemm reference the best of its runs
- * before and after the ops): on a shared machine the mean measures the neighbours' load, which
- * comes and goes within one run, while the best call is what the kernel does. The first line
+ * before and after the ops), on one thread in the calling thread's CPU time (bench_now): on a
+ * shared machine the mean wall time measures the neighbours' load, which comes and goes within
+ * one run, while the best call is what the kernel does. The first line
  * names the OpenBLAS kernel and how it was chosen (cmd/blas_boot.h); --blas-kernels adds the
  * sgemm rate of every kernel of the library this CPU runs, each forced in a helper process
  * (OpenBLAS's default, dtrain's choice and each OPENBLAS_CORETYPE), checked against double
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cmd/blas_boot.h"
 #include "cmd/cmd.h"
@@ -35,6 +37,20 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_blas.h"
 #include "runtime/train/models/model.h"
+
+/* The clock of the op and reference timings: with one thread the GEMMs and the ops run in the
+ * calling thread, and its CPU time leaves out the time it waited for a CPU on a shared machine
+ * (a neighbour's load comes and goes within one run and would move the ratios); with more
+ * threads OpenBLAS's own threads do the work, and wall time it is. */
+static bool clock_cpu;
+static double bench_now(void)
+{
+    if (!clock_cpu)
+        return dt_now_s();
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 typedef struct bench_opts {
     const char *device;
@@ -62,15 +78,15 @@ static double sgemm_rate(int M, int N, int K, double min_time)
     for (size_t i = 0; i < (size_t)K * N; i++)
         b[i] = (float)(i % 5) * 0.01f;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a, K, b, N, 0.0f, c, N);
-    double best = 0, t_start = dt_now_s();
+    double best = 0, t_start = bench_now();
     do {
-        double t0 = dt_now_s();
+        double t0 = bench_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a, K, b, N, 0.0f, c,
                     N);
-        double t = dt_now_s() - t0;
+        double t = bench_now() - t0;
         if (t > 0 && 2.0 * M * N * K / t > best)
             best = 2.0 * M * N * K / t;
-    } while (dt_now_s() - t_start < min_time);
+    } while (bench_now() - t_start < min_time);
     free(a);
     free(b);
     free(c);
@@ -231,15 +247,15 @@ static void time_case(dt_backend *be, op_case *c, double min_time, double *sec, 
     if (be->profile_enable)
         be->profile_enable(be, true);
     int reps = 0;
-    double t0 = dt_now_s(), best = 0;
+    double t0 = bench_now(), best = 0;
     do {
-        double t1 = dt_now_s();
+        double t1 = bench_now();
         c->run(be, c);
         be->synchronize(be);
-        double t = dt_now_s() - t1;
+        double t = bench_now() - t1;
         best = reps == 0 || t < best ? t : best;
         reps++;
-    } while (dt_now_s() - t0 < min_time);
+    } while (bench_now() - t0 < min_time);
     double flops = 0, gemm_s = 0, all_s = 0;
     if (be->profile_read) {
         dt_op_stat st[128];
@@ -556,6 +572,7 @@ int dt_bench_kernels(int argc, char **argv)
 
     /* the reference: plain sgemm on a large square product, same thread count */
     openblas_set_num_threads(o.threads);
+    clock_cpu = o.threads == 1;
     int sq = o.quick ? 256 : 1024;
     double peak = sgemm_rate(sq, sq, sq, o.min_time);
     char blas[1200];
