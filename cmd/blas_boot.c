@@ -293,6 +293,10 @@ static double time_default(dt_blas_choice *c, const char *as_if)
     return r.ran ? r.gflops : 0;
 }
 
+/* Every candidate is probed (they are at most three, once per machine); of those that pass and
+ * beat OpenBLAS's own choice by FASTER, the fastest is used, a better-ranked one within
+ * NEAR of it preferred (so that timing noise between equal kernels does not decide). */
+#define NEAR 0.97
 static void probe_candidates(dt_blas_choice *c, const dt_blas_plan *plan, const char *as_if,
                              cache_entry *e)
 {
@@ -300,52 +304,64 @@ static void probe_candidates(dt_blas_choice *c, const dt_blas_plan *plan, const 
     const char *mine = plan->chosen->name;
     double base = time_default(c, as_if);
     const dt_blas_kernel *use = NULL;
-    dt_blas_probe_out r = {0};
-    for (int i = 0; i < plan->n && !use && base > 0; i++) {
+    dt_blas_probe_out r[DT_ARRAY_LEN(plan->cand)];
+    bool pass[DT_ARRAY_LEN(plan->cand)] = {false};
+    for (int i = 0; i < plan->n && base > 0; i++) {
         const char *name = plan->cand[i]->name;
-        dt_blas_probe(NULL, name, PROBE_TIMEOUT_S, &r);
+        dt_blas_probe(NULL, name, PROBE_TIMEOUT_S, &r[i]);
         c->probes++;
-        if (r.ran && r.ok && !strcasecmp(r.core, name) && r.gflops >= FASTER * base) {
-            /* timed again before it wins: a busy moment during the first timing must not
-             * make a candidate look faster */
-            double again = time_default(c, as_if);
-            base = again > base ? again : base;
-        }
-        if (!r.ran)
-            DT_WARN("blas: the %s kernel is not used: its probe %s", name, r.why);
-        else if (strcasecmp(r.core, name))
+        if (!r[i].ran)
+            DT_WARN("blas: the %s kernel is not used: its probe %s", name, r[i].why);
+        else if (strcasecmp(r[i].core, name))
             DT_WARN("blas: the %s kernel is not used: OpenBLAS did not take OPENBLAS_CORETYPE=%s "
                     "(it ran %s)",
-                    name, name, r.core);
-        else if (!r.ok)
+                    name, name, r[i].core);
+        else if (!r[i].ok)
             DT_WARN("blas: the %s kernel is not used: it computes wrong results (normalised "
                     "error %.3g, at most %.0e allowed)",
-                    name, r.max_err, DT_BLAS_ERR_MAX);
-        else if (!(r.gflops >= FASTER * base))
+                    name, r[i].max_err, DT_BLAS_ERR_MAX);
+        else
+            pass[i] = true;
+    }
+    int best = -1;
+    for (int i = 0; i < plan->n; i++)
+        if (pass[i] && (best < 0 || r[i].gflops * NEAR > r[best].gflops))
+            best = i;
+    if (best >= 0 && r[best].gflops >= FASTER * base) {
+        /* OpenBLAS's own choice timed again before the winner is taken: a busy moment during
+         * the first timing must not make the candidates look faster */
+        double again = time_default(c, as_if);
+        base = again > base ? again : base;
+    }
+    for (int i = 0; i < plan->n; i++)
+        if (pass[i] && !(r[i].gflops >= FASTER * base))
             DT_WARN("blas: the %s kernel is not used: it is not faster than OpenBLAS's %s "
                     "(sgemm %.1f against %.1f GFLOP/s on one thread)",
-                    name, mine, r.gflops, base);
-        else
-            use = plan->cand[i];
-    }
+                    plan->cand[i]->name, mine, r[i].gflops, base);
+        else if (pass[i] && i != best)
+            DT_DEBUG("blas: the %s kernel passed too (sgemm %.1f GFLOP/s): %s is faster",
+                     plan->cand[i]->name, r[i].gflops, plan->cand[best]->name);
+    if (best >= 0 && r[best].gflops >= FASTER * base)
+        use = plan->cand[best];
     c->probe_seconds = dt_now_s() - t0;
     c->gflops_default = base;
     memset(e, 0, sizeof *e);
     e->gflops_default = base;
     if (use) {
+        const dt_blas_probe_out *w = &r[best];
         dt_strlcpy(c->coretype, use->name, sizeof c->coretype);
-        c->gflops = r.gflops;
+        c->gflops = w->gflops;
         snprintf(c->note, sizeof c->note,
                  "%s; %s passed the check (normalised error %.2g) at %.1f GFLOP/s against %.1f "
-                 "for %s (%d helpers, %.2f s)",
-                 plan->why, use->name, r.max_err, r.gflops, base, mine, c->probes,
+                 "for %s, the fastest that did (%d helpers, %.2f s)",
+                 plan->why, use->name, w->max_err, w->gflops, base, mine, c->probes,
                  c->probe_seconds);
         DT_INFO("blas: using OpenBLAS's %s kernel instead of %s (%s, sgemm %.1f against %.1f "
                 "GFLOP/s on one thread; probed in %.2f s, cached)",
-                use->name, mine, dt_blas_level_name(use->level), r.gflops, base,
+                use->name, mine, dt_blas_level_name(use->level), w->gflops, base,
                 c->probe_seconds);
         dt_strlcpy(e->use, use->name, sizeof e->use);
-        e->gflops = r.gflops;
+        e->gflops = w->gflops;
     } else {
         c->gflops = base;
         snprintf(c->note, sizeof c->note, "%s; none passed, %s kept (%d helpers, %.2f s)",

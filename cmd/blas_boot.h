@@ -17,8 +17,9 @@
  *      a candidate that crashes, hangs, is refused by OpenBLAS, computes wrong results or is
  *      not 1.1x faster than OpenBLAS's own choice (timed by a helper too, and again before a
  *      candidate wins; rates are per CPU-second of the helper's thread, so a loaded machine's
- *      waiting does not count) is not used, with a warning that says which and why; the first
- *      that passes is chosen; the verdict is cached.
+ *      waiting does not count) is not used, with a warning that says which and why; of those
+ *      that pass, the fastest is chosen (a better-ranked one within 3% of it preferred); the
+ *      verdict is cached.
  *
  * A chosen kernel goes into OPENBLAS_CORETYPE (and what was found into DTRAIN_BLAS_CHOICE, for
  * the logs) of the workers (the agent adds them to built-in workers' environment: agent.h's
@@ -27,9 +28,10 @@
  * always respected: nothing here changes or unsets it, nor any other OPENBLAS_* variable.
  * DTRAIN_BLAS_PROBE=off skips all of it; =force probes even when OpenBLAS's choice looks right
  * (and ignores the cache), to check the machinery; DTRAIN_BLAS_AS_IF=Prescott plays the issue's
- * machine on one where OpenBLAS chose well (tests/test_blas.c). Cost: nothing but CPUID and a table lookup
- * when there is nothing to do (this machine: OpenBLAS already runs SkylakeX); a cache read when
- * there is; a probe once per machine and library (docs/BENCHMARKS.md has its time).
+ * machine on one where OpenBLAS chose well (tests/test_blas.c). Cost: nothing but CPUID and a
+ * table lookup when there is nothing to do (this machine: OpenBLAS already runs SkylakeX); a
+ * cache read when there is; a probe once per machine and library: up to five helpers of about
+ * 0.05 s of CPU each (docs/cpu-kernels.md).
  */
 #ifndef DT_CMD_BLAS_BOOT_H
 #define DT_CMD_BLAS_BOOT_H

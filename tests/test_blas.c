@@ -41,7 +41,8 @@
 #define F_AVX512                                                                                   \
     (F_AVX2 | DT_CPUF_AVX512F | DT_CPUF_AVX512DQ | DT_CPUF_AVX512CD | DT_CPUF_AVX512BW |           \
      DT_CPUF_AVX512VL | DT_CPUF_AVX512VNNI)
-#define F_SPR (F_AVX512 | DT_CPUF_AVX512BF16 | DT_CPUF_AVX512FP16 | DT_CPUF_AMX_TILE | DT_CPUF_AMX_BF16)
+#define F_SPR                                                                                      \
+    (F_AVX512 | DT_CPUF_AVX512BF16 | DT_CPUF_AVX512FP16 | DT_CPUF_AMX_TILE | DT_CPUF_AMX_BF16)
 
 /* The library: names separated by spaces ("" = every kernel). */
 static bool has_list(const dt_blas_kernel *k, void *ctx)
@@ -254,7 +255,8 @@ static void test_as_if_prescott(void)
     private_cache();
     dt_cpuid id;
     dt_cpuid_read(&id);
-    const dt_blas_kernel *sk = dt_blas_kernel_find("SkylakeX"), *pr = dt_blas_kernel_find("Prescott");
+    const dt_blas_kernel *sk = dt_blas_kernel_find("SkylakeX");
+    const dt_blas_kernel *pr = dt_blas_kernel_find("Prescott");
     if ((sk->needs & ~id.features) || !dt_blas_has_kernel(sk, NULL) ||
         !dt_blas_has_kernel(pr, NULL))
         DT_SKIP("needs an AVX-512 CPU and an OpenBLAS with the SkylakeX and Prescott kernels");

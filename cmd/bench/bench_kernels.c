@@ -31,6 +31,7 @@
 #include "cmd/blas_boot.h"
 #include "cmd/cmd.h"
 #include "common/cpuid.h"
+#include "common/env.h"
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/util.h"
@@ -293,10 +294,16 @@ static void blas_kernels_table(void)
     } rows[16];
     int n = 0;
     double best = 0;
-    dt_blas_probe(NULL, NULL, 30.0, &rows[n].r);
-    snprintf(rows[n++].label, sizeof rows[0].label, "default (OpenBLAS's own)");
-    if (ch.coretype[0]) {
-        dt_blas_probe(NULL, ch.coretype, 30.0, &rows[n].r);
+    /* OpenBLAS's own choice (with DTRAIN_BLAS_AS_IF, the kernel it plays), and dtrain's: the
+     * one it chose now, or the one it started this process with (DTRAIN_BLAS_CHOICE) */
+    const char *as_if = dt_env("DTRAIN_BLAS_AS_IF"), *set = getenv("OPENBLAS_CORETYPE");
+    const char *chosen = ch.coretype[0] ? ch.coretype
+                         : set && dt_env("DTRAIN_BLAS_CHOICE") ? set : NULL;
+    dt_blas_probe(NULL, as_if, 30.0, &rows[n].r);
+    snprintf(rows[n++].label, sizeof rows[0].label, "%s", as_if ? "default (as if: AS_IF)"
+                                                                : "default (OpenBLAS's own)");
+    if (chosen) {
+        dt_blas_probe(NULL, chosen, 30.0, &rows[n].r);
         snprintf(rows[n++].label, sizeof rows[0].label, "chosen by dtrain");
     }
     for (size_t i = 0; i < DT_ARRAY_LEN(names); i++) {
@@ -318,8 +325,8 @@ static void blas_kernels_table(void)
                    r->gflops, best > 0 ? r->gflops / best : 0.0, r->max_err, r->seconds,
                    r->ok ? "" : "  WRONG RESULTS");
     }
-    printf("dtrain's choice: %s\n", ch.coretype[0] ? ch.coretype : "none (OpenBLAS's own)");
-    printf("  %s\n", ch.note);
+    printf("dtrain's choice: %s\n", chosen ? chosen : "none (OpenBLAS's own)");
+    printf("  %s\n", chosen && !ch.coretype[0] ? dt_env("DTRAIN_BLAS_CHOICE") : ch.note);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -508,7 +515,8 @@ static void usage(FILE *out)
             "  --min-time S   seconds per measurement (default 0.5)\n"
             "  --quick        small shapes only, short measurements (for tests)\n"
             "  --blas-kernels also the sgemm rate of every OpenBLAS kernel this CPU runs, each\n"
-            "                 forced in a helper process (OPENBLAS_CORETYPE), and dtrain's choice\n");
+            "                 forced in a helper process (OPENBLAS_CORETYPE), and dtrain's\n"
+            "                 choice\n");
 }
 
 int dt_bench_kernels(int argc, char **argv)

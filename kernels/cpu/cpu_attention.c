@@ -391,7 +391,8 @@ INLINE void head_fwd(const att_head *h, float *out, int ldo, float *lse, float *
     const int T = h->T, hs = h->hs;
     const float cq = h->scale * LOG2E;
     float *Kp = scr, *Vp = Kp + rup((size_t)T * hs);
-    vf *QT = (vf *)(Vp + rup((size_t)T * hs)), *OT = QT + (size_t)hs * NQ, *ST = OT + (size_t)hs * NQ;
+    vf *QT = (vf *)(Vp + rup((size_t)T * hs)), *OT = QT + (size_t)hs * NQ;
+    vf *ST = OT + (size_t)hs * NQ;
     double t0 = h->t_soft ? dt_cpu_prof_now(h->c) : 0, tk = 0;
     /* keys and values contiguous when their rows would crowd the L1 sets, else in place */
     const bool pack = rows_crowd_l1(h->ld, hs);
