@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cmd/args.h"
+#include "cmd/blas_boot.h"
 #include "cmd/cmd.h"
 #include "common/env.h"
 #include "common/log.h"
@@ -198,6 +199,21 @@ static int cmd_run(int argc, char **argv)
             char *wargv[] = {(char *)dt_cmd_self_path(), "worker", path, NULL};
             spec.argv = wargv;
             spec.builtin_worker = true;
+            /* the OpenBLAS kernel of the built-in workers (cmd/blas_boot.h), decided once here:
+             * each worker gets it in its environment instead of probing and re-executing */
+            static dt_blas_choice bc;
+            static char bkv[2][700];
+            static char *benv[3];
+            dt_blas_choose(&bc);
+            if (bc.coretype[0]) {
+                char v[600];
+                dt_blas_choice_value(&bc, v, sizeof v);
+                snprintf(bkv[0], sizeof bkv[0], "OPENBLAS_CORETYPE=%s", bc.coretype);
+                snprintf(bkv[1], sizeof bkv[1], "DTRAIN_BLAS_CHOICE=%s", v);
+                benv[0] = bkv[0];
+                benv[1] = bkv[1];
+                spec.worker_env = benv;
+            }
             spec.tensor = job.tensor;
             spec.pipeline = job.pipeline;
             dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);

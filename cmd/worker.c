@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmd/blas_boot.h"
 #include "cmd/cmd.h"
 #include "common/env.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "runtime/job/config.h"
 #include "runtime/job/preflight.h"
@@ -37,6 +39,11 @@ int dt_cmd_worker(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (dt_log_level <= DT_LOG_DEBUG) { /* the kernel every GEMM of this worker runs */
+        char blas[1400];
+        dt_blas_describe(blas, sizeof blas, true);
+        DT_DEBUG("BLAS: %s", blas);
     }
     static dt_job job;
     static dt_config_errors errs;

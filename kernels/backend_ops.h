@@ -218,10 +218,19 @@ struct dt_backend {
     /* Causal multi-head self-attention.
      * qkv (B,T,3C): per position [q (NH,hs) | k (NH,hs) | v (NH,hs)], hs = C/NH.
      * out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v, heads concatenated.
-     * att (B,NH,T,T): saved softmax probabilities, written by fwd, read by bwd. */
+     * att: what fwd saves for bwd, in the backend's own layout; its size in floats comes from
+     * attention_sizes, as does that of bwd's scratch datt (either may be 0: NULL is then
+     * allowed); the sizes for (B,T) serve every call with at most B and T (a model allocates
+     * once for its largest batch). cpu: the log-sum-exp of each query row's scaled scores, (B,NH,T) (flash-
+     * attention's tiling: no (T,T) matrix is ever stored), datt 0; cuda: the probabilities
+     * (B,NH,T,T) and a datt of that size on the cuBLAS path, the log-sum-exp and a 16-bit copy
+     * of the output with DTRAIN_CUDA_ATTN=flash where it applies (datt 0). A buffer larger than
+     * asked for is fine (the (B,NH,T,T) of every backend before attention_sizes existed). */
+    void (*attention_sizes)(dt_backend *be, int B, int T, int C, int NH, size_t *att,
+                            size_t *datt);
     void (*attention_fwd)(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
                           int C, int NH);
-    /* dqkv (B,T,3C) += gradient; datt (B,NH,T,T) is scratch (overwritten). */
+    /* dqkv (B,T,3C) += gradient; att as fwd left it; datt is scratch (overwritten). */
     void (*attention_bwd)(dt_backend *be, float *dqkv, float *datt, const float *dout,
                           const float *qkv, const float *att, int B, int T, int C, int NH);
     /* Bidirectional multi-head self-attention with a key padding mask (BERT's encoder; Hugging

@@ -724,14 +724,21 @@ static size_t act_bytes(const dt_model_config *cfg)
 
 /* With recompute = block, gpt allocates one layer of intermediates instead of L: the saving is
  * exactly (L-1) layers of everything but the block outputs (15C + 4 floats per token plus the
- * attention probabilities); selective saves (L-1) layers of attention probabilities. resnet
- * keeps one set of conv/BN intermediates instead of one per BasicBlock. */
+ * attention's saved state); selective saves (L-1) layers of the attention's saved state, which
+ * on the cpu is the log-sum-exp (B*NH*T floats: the tiled kernel keeps no probabilities), so
+ * selective saves little there. resnet keeps one set of conv/BN intermediates instead of one
+ * per BasicBlock. */
 static void test_recompute_memory(void)
 {
     dt_model_config c = gpt_cfg();
     c.n_layer = 4;
     const size_t NR = (size_t)c.max_batch * c.shape.seq_len, C = (size_t)c.n_embd;
-    const size_t NATT = (size_t)c.max_batch * c.n_head * c.shape.seq_len * c.shape.seq_len;
+    size_t NATT = 0, NDATT = 1;
+    dt_backend *be = be_new();
+    be->attention_sizes(be, c.max_batch, c.shape.seq_len, c.n_embd, c.n_head, &NATT, &NDATT);
+    be->close(be);
+    DT_CHECK_INT(NATT, (size_t)c.max_batch * c.n_head * c.shape.seq_len); /* O(T) per head */
+    DT_CHECK_INT(NDATT, 0);
     size_t none = act_bytes(&c);
     c.recompute = DT_RECOMPUTE_BLOCK;
     size_t block = act_bytes(&c);
@@ -743,11 +750,15 @@ static void test_recompute_memory(void)
 
     /* llama: per layer and token the two RMSNorms' outputs and 1/rms, the rotated q,k,v (3C),
      * the attention output, the residual after attention (7C + 2), gate|up and the SwiGLU output
-     * (3F), plus the probabilities */
+     * (3F), plus what attention saves (attention_sizes: O(T) per head on the cpu) */
     dt_model_config l = llama_cfg();
     l.n_layer = 4;
     const size_t F = (size_t)l.ffn_hidden;
-    const size_t NATTl = (size_t)l.max_batch * l.n_head * l.shape.seq_len * l.shape.seq_len;
+    size_t NATTl = 0, NDATTl = 1;
+    be = be_new();
+    be->attention_sizes(be, l.max_batch, l.shape.seq_len, l.n_embd, l.n_head, &NATTl, &NDATTl);
+    be->close(be);
+    DT_CHECK_INT(NATTl, (size_t)l.max_batch * l.n_head * l.shape.seq_len);
     none = act_bytes(&l);
     l.recompute = DT_RECOMPUTE_BLOCK;
     block = act_bytes(&l);

@@ -8,6 +8,15 @@
  * op's time spent inside its GEMM calls (from the backend's profiler). Causal attention only
  * computes the blocks on or below the diagonal; the FLOPs counted are those executed.
  *
+ * Times are the FASTEST call of the repetitions (and the sgemm reference the best of its runs
+ * before and after the ops), on one thread in the calling thread's CPU time (bench_now): on a
+ * shared machine the mean wall time measures the neighbours' load, which comes and goes within
+ * one run, while the best call is what the kernel does. The first line
+ * names the OpenBLAS kernel and how it was chosen (cmd/blas_boot.h); --blas-kernels adds the
+ * sgemm rate of every kernel of the library this CPU runs, each forced in a helper process
+ * (OpenBLAS's default, dtrain's choice and each OPENBLAS_CORETYPE), checked against double
+ * precision, timed on one thread's CPU time.
+ *
  * It ends with whole training steps (forward, backward, AdamW) of zoo models under the profiler:
  * the share of step wall time spent inside GEMM calls (the issue's target for gpt-tiny is at
  * least 70%) and the non-GEMM ops that cost the most.
@@ -17,23 +26,44 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "cmd/blas_boot.h"
 #include "cmd/cmd.h"
+#include "common/cpuid.h"
+#include "common/env.h"
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_blas.h"
 #include "runtime/train/models/model.h"
+
+/* The clock of the op and reference timings: with one thread the GEMMs and the ops run in the
+ * calling thread, and its CPU time leaves out the time it waited for a CPU on a shared machine
+ * (a neighbour's load comes and goes within one run and would move the ratios); with more
+ * threads OpenBLAS's own threads do the work, and wall time it is. */
+static bool clock_cpu;
+static double bench_now(void)
+{
+    if (!clock_cpu)
+        return dt_now_s();
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 typedef struct bench_opts {
     const char *device;
     int threads;
     double min_time;
     bool quick;
+    bool blas_kernels; /* --blas-kernels */
 } bench_opts;
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* The best rate of one M x N x K sgemm call over min_time seconds of calls. */
 static double sgemm_rate(int M, int N, int K, double min_time)
 {
     float *a = calloc((size_t)M * K, sizeof(float)), *b = calloc((size_t)K * N, sizeof(float));
@@ -49,18 +79,19 @@ static double sgemm_rate(int M, int N, int K, double min_time)
     for (size_t i = 0; i < (size_t)K * N; i++)
         b[i] = (float)(i % 5) * 0.01f;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a, K, b, N, 0.0f, c, N);
-    int reps = 0;
-    double t0 = dt_now_s(), t;
+    double best = 0, t_start = bench_now();
     do {
+        double t0 = bench_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a, K, b, N, 0.0f, c,
                     N);
-        reps++;
-        t = dt_now_s() - t0;
-    } while (t < min_time);
+        double t = bench_now() - t0;
+        if (t > 0 && 2.0 * M * N * K / t > best)
+            best = 2.0 * M * N * K / t;
+    } while (bench_now() - t_start < min_time);
     free(a);
     free(b);
     free(c);
-    return 2.0 * M * N * K * reps / t / 1e9;
+    return best / 1e9;
 }
 
 /* One op on one shape: a closure over backend buffers. */
@@ -139,8 +170,9 @@ static int setup_case(dt_backend *be, op_case *c, dt_err *err)
         size_t sizes[7] = {N * C, OC * C, N * OC, OC, N * C, OC * C, OC};
         memcpy(n, sizes, sizeof sizes);
     } else if (!strncmp(c->op, "attention", 9)) {
-        size_t B = c->a[0], T = c->a[1], C = c->a[2], NH = c->a[3];
-        size_t sizes[5] = {B * T * 3 * C, B * T * C, B * NH * T * T, B * T * 3 * C, B * NH * T * T};
+        size_t B = c->a[0], T = c->a[1], C = c->a[2], att = 0, datt = 0;
+        be->attention_sizes(be, c->a[0], c->a[1], c->a[2], c->a[3], &att, &datt);
+        size_t sizes[5] = {B * T * 3 * C, B * T * C, att, B * T * 3 * C, datt};
         memcpy(n, sizes, sizeof sizes);
     } else {
         const dt_conv2d_shape *s = &c->cs;
@@ -206,8 +238,8 @@ static void add_conv(op_case *cs, int *n, const char *what, int N, int C, int H,
     }
 }
 
-/* Runs a case until min_time has passed; fills seconds per call, executed GFLOP and the share
- * of its time in GEMM, from the profiler. */
+/* Runs a case until min_time has passed; fills seconds of its fastest call, executed GFLOP per
+ * call and the share of its time in GEMM, from the profiler. */
 static void time_case(dt_backend *be, op_case *c, double min_time, double *sec, double *gflop,
                       double *gemm_share)
 {
@@ -216,13 +248,15 @@ static void time_case(dt_backend *be, op_case *c, double min_time, double *sec, 
     if (be->profile_enable)
         be->profile_enable(be, true);
     int reps = 0;
-    double t0 = dt_now_s(), t;
+    double t0 = bench_now(), best = 0;
     do {
+        double t1 = bench_now();
         c->run(be, c);
         be->synchronize(be);
+        double t = bench_now() - t1;
+        best = reps == 0 || t < best ? t : best;
         reps++;
-        t = dt_now_s() - t0;
-    } while (t < min_time);
+    } while (bench_now() - t0 < min_time);
     double flops = 0, gemm_s = 0, all_s = 0;
     if (be->profile_read) {
         dt_op_stat st[128];
@@ -235,9 +269,64 @@ static void time_case(dt_backend *be, op_case *c, double min_time, double *sec, 
         }
         be->profile_enable(be, false);
     }
-    *sec = t / reps;
+    *sec = best;
     *gflop = flops / reps / 1e9;
     *gemm_share = all_s > 0 ? gemm_s / all_s : 0;
+}
+
+/* --blas-kernels: sgemm of every kernel of the library this CPU runs, each in a helper. */
+static void blas_kernels_table(void)
+{
+    static const char *const names[] = {"Prescott", "Core2", "Penryn", "Nehalem", "Sandybridge",
+                                        "Haswell", "Zen", "SkylakeX", "Cooperlake",
+                                        "SapphireRapids"};
+    dt_cpuid id;
+    dt_cpuid_read(&id);
+    dt_blas_choice ch;
+    dt_blas_choose(&ch);
+    printf("\nOpenBLAS kernels (each in a helper process: 512^3 sgemm on one thread, checked "
+           "against double precision):\n");
+    printf("%-32s %-16s %9s %8s %9s %8s\n", "run as", "kernel", "GFLOP/s", "vs best", "max err",
+           "probe s");
+    struct {
+        char label[40];
+        dt_blas_probe_out r;
+    } rows[16];
+    int n = 0;
+    double best = 0;
+    /* OpenBLAS's own choice (with DTRAIN_BLAS_AS_IF, the kernel it plays), and dtrain's: the
+     * one it chose now, or the one it started this process with (DTRAIN_BLAS_CHOICE) */
+    const char *as_if = dt_env("DTRAIN_BLAS_AS_IF"), *set = getenv("OPENBLAS_CORETYPE");
+    const char *chosen = ch.coretype[0] ? ch.coretype
+                         : set && dt_env("DTRAIN_BLAS_CHOICE") ? set : NULL;
+    dt_blas_probe(NULL, as_if, 30.0, &rows[n].r);
+    snprintf(rows[n++].label, sizeof rows[0].label, "%s", as_if ? "default (as if: AS_IF)"
+                                                                : "default (OpenBLAS's own)");
+    if (chosen) {
+        dt_blas_probe(NULL, chosen, 30.0, &rows[n].r);
+        snprintf(rows[n++].label, sizeof rows[0].label, "chosen by dtrain");
+    }
+    for (size_t i = 0; i < DT_ARRAY_LEN(names); i++) {
+        const dt_blas_kernel *k = dt_blas_kernel_find(names[i]);
+        if (!k || (k->needs & ~id.features) || !dt_blas_has_kernel(k, NULL))
+            continue;
+        dt_blas_probe(NULL, k->name, 30.0, &rows[n].r);
+        snprintf(rows[n++].label, sizeof rows[0].label, "OPENBLAS_CORETYPE=%s", k->name);
+    }
+    for (int i = 0; i < n; i++)
+        if (rows[i].r.ran && rows[i].r.ok && rows[i].r.gflops > best)
+            best = rows[i].r.gflops;
+    for (int i = 0; i < n; i++) {
+        const dt_blas_probe_out *r = &rows[i].r;
+        if (!r->ran)
+            printf("%-32s %s\n", rows[i].label, r->why);
+        else
+            printf("%-32s %-16s %9.1f %7.2fx %9.2g %8.2f%s\n", rows[i].label, r->core,
+                   r->gflops, best > 0 ? r->gflops / best : 0.0, r->max_err, r->seconds,
+                   r->ok ? "" : "  WRONG RESULTS");
+    }
+    printf("dtrain's choice: %s\n", chosen ? chosen : "none (OpenBLAS's own)");
+    printf("  %s\n", chosen && !ch.coretype[0] ? dt_env("DTRAIN_BLAS_CHOICE") : ch.note);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -416,14 +505,18 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: dtrain bench kernels [--device cpu|cuda] [--threads N] [--min-time S] "
-            "[--quick]\n\n"
+            "[--quick]\n"
+            "                            [--blas-kernels]\n\n"
             "GFLOP/s of the GEMM-bound ops (matmul, attention, conv2d; forward and backward) on\n"
             "shapes from the model zoo, beside the plain cblas_sgemm rate of this machine, then\n"
             "the share of GEMM time in whole training steps of zoo models.\n\n"
             "  --device D     backend to measure (default cpu)\n"
             "  --threads N    BLAS threads (default 1, as one worker uses)\n"
             "  --min-time S   seconds per measurement (default 0.5)\n"
-            "  --quick        small shapes only, short measurements (for tests)\n");
+            "  --quick        small shapes only, short measurements (for tests)\n"
+            "  --blas-kernels also the sgemm rate of every OpenBLAS kernel this CPU runs, each\n"
+            "                 forced in a helper process (OPENBLAS_CORETYPE), and dtrain's\n"
+            "                 choice\n");
 }
 
 int dt_bench_kernels(int argc, char **argv)
@@ -432,7 +525,8 @@ int dt_bench_kernels(int argc, char **argv)
     static const struct option longopts[] = {
         {"device", required_argument, NULL, 'd'}, {"threads", required_argument, NULL, 't'},
         {"min-time", required_argument, NULL, 'm'}, {"quick", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+        {"blas-kernels", no_argument, NULL, 'b'},  {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     optind = 1;
     int ch;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -454,6 +548,9 @@ int dt_bench_kernels(int argc, char **argv)
             break;
         case 'q':
             o.quick = true;
+            break;
+        case 'b':
+            o.blas_kernels = true;
             break;
         case 'h':
             usage(stdout);
@@ -485,12 +582,17 @@ int dt_bench_kernels(int argc, char **argv)
 
     /* the reference: plain sgemm on a large square product, same thread count */
     openblas_set_num_threads(o.threads);
+    clock_cpu = o.threads == 1;
     int sq = o.quick ? 256 : 1024;
     double peak = sgemm_rate(sq, sq, sq, o.min_time);
+    char blas[1200];
+    dt_blas_describe(blas, sizeof blas, false);
     printf("dtrain bench kernels: device %s, %d thread%s\n", be->name, o.threads,
            o.threads == 1 ? "" : "s");
-    printf("plain cblas_sgemm %dx%dx%d: %.1f GFLOP/s (the reference for \"vs sgemm\")\n\n", sq, sq,
-           sq, peak);
+    printf("BLAS: %s\n", blas);
+    printf("plain cblas_sgemm %dx%dx%d on the %s kernel: %.1f GFLOP/s (the reference for \"vs "
+           "sgemm\")\n\n",
+           sq, sq, sq, dt_blas_corename(), peak);
 
     op_case cases[32];
     int n = 0;
@@ -528,6 +630,12 @@ int dt_bench_kernels(int argc, char **argv)
         fflush(stdout);
         free_case(be, c);
     }
+    double again = sgemm_rate(sq, sq, sq, o.min_time);
+    if (!rc)
+        printf("(plain cblas_sgemm again after the ops: %.1f GFLOP/s%s)\n", again,
+               again > peak * 1.1 ? "; the machine was busier at the start: ratios are low" : "");
+    if (!rc && o.blas_kernels)
+        blas_kernels_table();
     if (!rc && be->profile_enable && be->profile_read)
         rc = run_steps(be, &o);
     be->close(be);

@@ -4,8 +4,11 @@
  * GEMMs through OpenBLAS (cblas_sgemm), everything else plain loops. Its files:
  *
  *   cpu_backend.c  lifecycle, memory, profiling, the op table
- *   cpu_gemm.c     GEMM-bound ops: matmul, attention (batched sgemm per batch and head, causal
- *                  blocks only; the padded bidirectional form full (T,T)), conv2d (im2col + sgemm, chunked through a private scratch)
+ *   cpu_gemm.c     sgemm-bound ops: matmul, bidirectional attention with a padding mask
+ *                  (attention_pad: batched sgemm per batch and head, full (T,T)), conv2d
+ *                  (im2col + sgemm, chunked through a private scratch)
+ *   cpu_attention.c causal attention with flash-attention's tiling (its own micro-kernels,
+ *                  online softmax; saves the log-sum-exp, never a (T,T) matrix)
  *   cpu_ops.c      element-wise, normalisation, softmax, loss, embeddings, BatchNorm, pooling
  *   cpu_optim.c    SGD, AdamW, sum of squares, non-finite count
  *
@@ -117,6 +120,8 @@ typedef struct dt_cpu {
     size_t scratch_cap; /* floats */
     bool prof_on;
     dt_op_stat stats[DT_CPU_OP_COUNT];
+    bool attn_resolved; /* attn_variant was chosen (by the instance's first attention call) */
+    int attn_variant;   /* DT_CPU_ATT_*: the attention micro-kernels' instruction set */
 } dt_cpu;
 
 #define dt_cpu_of(be) ((dt_cpu *)(be)->impl)
@@ -144,10 +149,6 @@ void dt_cpu_matmul_fwd(dt_backend *be, float *out, const float *inp, const float
                        const float *bias, int N, int C, int OC);
 void dt_cpu_matmul_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
                        const float *inp, const float *w, int N, int C, int OC);
-void dt_cpu_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
-                          int C, int NH);
-void dt_cpu_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
-                          const float *qkv, const float *att, int B, int T, int C, int NH);
 void dt_cpu_attention_pad_fwd(dt_backend *be, float *out, float *att, const float *qkv,
                               const int32_t *mask, int B, int T, int C, int NH);
 void dt_cpu_attention_pad_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
@@ -157,13 +158,22 @@ void dt_cpu_conv2d_fwd(dt_backend *be, float *out, const float *inp, const float
 void dt_cpu_conv2d_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
                        const float *inp, const float *w, const dt_conv2d_shape *s);
 
+/* ---- cpu_attention.c ---- */
+/* The attention micro-kernels are compiled for these instruction sets. */
+enum { DT_CPU_ATT_BASE = 0, DT_CPU_ATT_V3 = 1, DT_CPU_ATT_V4 = 2 };
+/* The variant an instance uses from its first attention call on: the best the CPU runs (x86-64-v4: AVX-512, v3: AVX2+FMA,
+ * base: the build's baseline), or DTRAIN_CPU_ATTN_ISA's when the CPU runs that (else a
+ * warning and the best). */
+int dt_cpu_attention_variant(void);
+const char *dt_cpu_attention_variant_name(int v);
+void dt_cpu_attention_sizes(dt_backend *be, int B, int T, int C, int NH, size_t *att,
+                            size_t *datt);
+void dt_cpu_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
+                          int C, int NH);
+void dt_cpu_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
+                          const float *qkv, const float *att, int B, int T, int C, int NH);
+
 /* ---- cpu_ops.c: helpers used by cpu_gemm.c ---- */
-/* Causal softmax of rows [r0, r1) of a (T,T) score block: row t keeps columns 0..t (softmax),
- * columns t+1..T-1 are set to 0. Scores are already scaled. att may alias scores. */
-void dt_cpu_softmax_causal(float *att, const float *scores, int r0, int r1, int T);
-/* Softmax backward for the same rows, in place: d[t,s] = scale * p[t,s] * (d[t,s] - sum_u
- * p[t,u] d[t,u]) for s <= t, 0 above the diagonal. */
-void dt_cpu_softmax_causal_bwd(float *d, const float *p, int r0, int r1, int T, float scale);
 /* Softmax of each of the n rows of (n,T) scores over the columns s with mask[s] != 0 (mask (T),
  * NULL: all), the other columns 0; a row with no such column is all 0. att may alias scores. */
 void dt_cpu_softmax_masked(float *att, const float *scores, const int32_t *mask, int n, int T);

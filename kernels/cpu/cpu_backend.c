@@ -492,6 +492,7 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
 
     be->matmul_fwd = dt_cpu_matmul_fwd;
     be->matmul_bwd = dt_cpu_matmul_bwd;
+    be->attention_sizes = dt_cpu_attention_sizes;
     be->attention_fwd = dt_cpu_attention_fwd;
     be->attention_bwd = dt_cpu_attention_bwd;
     be->attention_pad_fwd = dt_cpu_attention_pad_fwd;

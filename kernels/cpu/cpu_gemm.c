@@ -1,15 +1,11 @@
-/* cpu_gemm.c - the GEMM-bound ops of the CPU backend: matmul, causal attention, bidirectional
- * attention with a padding mask (attention_pad, BERT's), conv2d.
+/* cpu_gemm.c - the sgemm-bound ops of the CPU backend: matmul, bidirectional attention with a
+ * padding mask (attention_pad, BERT's: the full (T,T) probabilities per head), conv2d (causal
+ * attention has its own micro-kernels: cpu_attention.c).
  *
  * Everything heavy goes through cblas_sgemm (row-major); what is left around it is O(size of
  * the data), not O(flops):
  *
  * - matmul: one sgemm per product; the bias is broadcast into the output first (beta = 1).
- * - attention: per (batch, head), strided sgemms straight out of the (B,T,3C) qkv buffer (no
- *   transposes, no copies). Causality is exploited in blocks of ATT_BLOCK query rows: a block of
- *   rows [r0,r1) only needs keys [0,r1), so the scores and the weighted sum cost about half the
- *   flops of the full (T,T) products. The softmax between the two GEMMs is the only non-GEMM
- *   work, O(T*T) per head against O(T*T*hs) of GEMM.
  * - conv2d: im2col into a backend-private scratch, a chunk of whole output rows at a time, and
  *   one sgemm per chunk (K,CRS)@(CRS,cols); 1x1 stride-1 unpadded convolutions skip im2col.
  *   The backward runs the same chunks: dW += dY @ col^T and col = W^T @ dY then col2im.
@@ -26,7 +22,6 @@
 
 DT_CPU_OPTIMIZE
 
-#define ATT_BLOCK 64
 /* Target size of the im2col scratch in floats (16 MiB): big enough that each chunk's sgemm is
  * efficient, small enough to stay near the caches' working set. */
 #define CONV_SCRATCH_TARGET (4u << 20)
@@ -87,110 +82,8 @@ void dt_cpu_matmul_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, con
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* attention */
-
-void dt_cpu_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
-                          int C, int NH)
-{
-    dt_cpu *c = dt_cpu_of(be);
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    double t_start = dt_cpu_prof_now(c), t_soft = 0, flops = 0;
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs; // (T,hs) ld 3C
-            const float *k = q + C;
-            const float *v = q + 2 * C;
-            float *a = att + ((size_t)b * NH + h) * T * T; // (T,T)
-            float *o = out + (size_t)b * T * C + (size_t)h * hs; // (T,hs) ld C
-            // scores[r0:r1, 0:r1] = scale * q[r0:r1] @ k[0:r1]^T
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = DT_MIN(T, r0 + ATT_BLOCK);
-                sgemm(false, true, r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f,
-                      a + (size_t)r0 * T, T);
-                flops += 2.0 * (r1 - r0) * r1 * hs;
-            }
-            double t0 = dt_cpu_prof_now(c);
-            dt_cpu_softmax_causal(a, a, 0, T, T);
-            if (c->prof_on)
-                t_soft += dt_cpu_prof_now(c) - t0;
-            // o[r0:r1] = att[r0:r1, 0:r1] @ v[0:r1]
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = DT_MIN(T, r0 + ATT_BLOCK);
-                sgemm(false, false, r1 - r0, hs, r1, 1.0f, a + (size_t)r0 * T, T, v, C3, 0.0f,
-                      o + (size_t)r0 * C, C);
-                flops += 2.0 * (r1 - r0) * r1 * hs;
-            }
-        }
-    }
-    if (c->prof_on) {
-        double total = dt_cpu_prof_now(c) - t_start;
-        c->stats[DT_CPU_OP_ATTN_FWD].calls++;
-        c->stats[DT_CPU_OP_ATTN_FWD].seconds += total - t_soft;
-        c->stats[DT_CPU_OP_ATTN_FWD].flops += flops;
-        c->stats[DT_CPU_OP_ATTN_SOFTMAX_FWD].calls++;
-        c->stats[DT_CPU_OP_ATTN_SOFTMAX_FWD].seconds += t_soft;
-    }
-}
-
-void dt_cpu_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,
-                          const float *qkv, const float *att, int B, int T, int C, int NH)
-{
-    dt_cpu *c = dt_cpu_of(be);
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    double t_start = dt_cpu_prof_now(c), t_soft = 0, flops = 0;
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
-            const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C; // (T,hs) ld 3C
-            float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-            const float *a = att + ((size_t)b * NH + h) * T * T; // (T,T)
-            float *da = datt + ((size_t)b * NH + h) * T * T;     // (T,T)
-            const float *dO = dout + (size_t)b * T * C + (size_t)h * hs; // (T,hs) ld C
-            // datt[r0:r1, 0:r1] = dO[r0:r1] @ v[0:r1]^T
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = DT_MIN(T, r0 + ATT_BLOCK);
-                sgemm(false, true, r1 - r0, r1, hs, 1.0f, dO + (size_t)r0 * C, C, v, C3, 0.0f,
-                      da + (size_t)r0 * T, T);
-                flops += 2.0 * (r1 - r0) * r1 * hs;
-            }
-            // dv[c0:c1] += att[c0:T, c0:c1]^T @ dO[c0:T]   (att is zero above the diagonal)
-            for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
-                int c1 = DT_MIN(T, c0 + ATT_BLOCK);
-                sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, a + (size_t)c0 * T + c0, T,
-                      dO + (size_t)c0 * C, C, 1.0f, dv + (size_t)c0 * C3, C3);
-                flops += 2.0 * (c1 - c0) * (T - c0) * hs;
-            }
-            double t0 = dt_cpu_prof_now(c);
-            dt_cpu_softmax_causal_bwd(da, a, 0, T, T, scale); // da = d(scores) * scale
-            if (c->prof_on)
-                t_soft += dt_cpu_prof_now(c) - t0;
-            // dq[r0:r1] += dpre[r0:r1, 0:r1] @ k[0:r1]
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = DT_MIN(T, r0 + ATT_BLOCK);
-                sgemm(false, false, r1 - r0, hs, r1, 1.0f, da + (size_t)r0 * T, T, k, C3, 1.0f,
-                      dq + (size_t)r0 * C3, C3);
-                flops += 2.0 * (r1 - r0) * r1 * hs;
-            }
-            // dk[c0:c1] += dpre[c0:T, c0:c1]^T @ q[c0:T]   (dpre is zero above the diagonal)
-            for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
-                int c1 = DT_MIN(T, c0 + ATT_BLOCK);
-                sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, da + (size_t)c0 * T + c0, T,
-                      q + (size_t)c0 * C3, C3, 1.0f, dk + (size_t)c0 * C3, C3);
-                flops += 2.0 * (c1 - c0) * (T - c0) * hs;
-            }
-        }
-    }
-    if (c->prof_on) {
-        double total = dt_cpu_prof_now(c) - t_start;
-        c->stats[DT_CPU_OP_ATTN_BWD].calls++;
-        c->stats[DT_CPU_OP_ATTN_BWD].seconds += total - t_soft;
-        c->stats[DT_CPU_OP_ATTN_BWD].flops += flops;
-        c->stats[DT_CPU_OP_ATTN_SOFTMAX_BWD].calls++;
-        c->stats[DT_CPU_OP_ATTN_SOFTMAX_BWD].seconds += t_soft;
-    }
-}
+/* ------------------------------------------------------------------------------------------ */
+/* bidirectional attention with a padding mask (causal attention: cpu_attention.c) */
 
 /* Bidirectional attention with a key padding mask: the same strided sgemms per (batch, head),
  * over the whole (T,T) score block (no causal blocks), and the masked softmax between them. */

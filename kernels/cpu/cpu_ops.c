@@ -92,71 +92,8 @@ static inline float max8(const float *x, int n)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* helpers shared with cpu_gemm.c */
+/* helpers shared with cpu_gemm.c (attention_pad) */
 
-DT_CPU_CLONES
-static void softmax_causal_rows(float *att, const float *scores, int r0, int r1, int T)
-{
-    for (int t = r0; t < r1; t++) {
-        const float *s = scores + (size_t)t * T;
-        float *a = att + (size_t)t * T;
-        int n = t + 1;
-        float m = max8(s, n);
-        float acc[8] = {0};
-        int i = 0;
-        for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; j++) {
-                float e = dt_expf(s[i + j] - m);
-                a[i + j] = e;
-                acc[j] += e;
-            }
-        float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for (; i < n; i++) {
-            float e = dt_expf(s[i] - m);
-            a[i] = e;
-            sum += e;
-        }
-        float inv = 1.0f / sum;
-        for (i = 0; i < n; i++)
-            a[i] *= inv;
-        for (i = n; i < T; i++)
-            a[i] = 0.0f;
-    }
-}
-
-void dt_cpu_softmax_causal(float *att, const float *scores, int r0, int r1, int T)
-{
-    softmax_causal_rows(att, scores, r0, r1, T);
-}
-
-DT_CPU_CLONES
-static void softmax_causal_bwd_rows(float *d, const float *p, int r0, int r1, int T, float scale)
-{
-    for (int t = r0; t < r1; t++) {
-        float *dr = d + (size_t)t * T;
-        const float *pr = p + (size_t)t * T;
-        int n = t + 1;
-        float acc[8] = {0};
-        int i = 0;
-        for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; j++)
-                acc[j] += pr[i + j] * dr[i + j];
-        float dot = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for (; i < n; i++)
-            dot += pr[i] * dr[i];
-        for (i = 0; i < n; i++)
-            dr[i] = scale * pr[i] * (dr[i] - dot);
-        for (i = n; i < T; i++)
-            dr[i] = 0.0f;
-    }
-}
-
-void dt_cpu_softmax_causal_bwd(float *d, const float *p, int r0, int r1, int T, float scale)
-{
-    softmax_causal_bwd_rows(d, p, r0, r1, T, scale);
-}
-
-DT_CPU_CLONES
 static void softmax_masked_rows(float *att, const float *scores, const int32_t *mask, int n,
                                 int T)
 {

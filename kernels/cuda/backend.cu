@@ -619,6 +619,7 @@ static void fill_ops(dt_backend *be)
     be->profile_read = cu_profile_read;
     be->matmul_fwd = dt_cuda_matmul_fwd;
     be->matmul_bwd = dt_cuda_matmul_bwd;
+    be->attention_sizes = dt_cuda_attention_sizes;
     be->attention_fwd = dt_cuda_attention_fwd;
     be->attention_bwd = dt_cuda_attention_bwd;
     be->attention_pad_fwd = dt_cuda_attention_pad_fwd;

@@ -306,6 +306,8 @@ void dt_cuda_matmul_fwd(dt_backend *be, float *out, const float *inp, const floa
                         const float *bias, int N, int C, int OC);
 void dt_cuda_matmul_bwd(dt_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
                         const float *inp, const float *w, int N, int C, int OC);
+void dt_cuda_attention_sizes(dt_backend *be, int B, int T, int C, int NH, size_t *att,
+                             size_t *datt);
 void dt_cuda_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
                            int C, int NH);
 void dt_cuda_attention_bwd(dt_backend *be, float *dqkv, float *datt, const float *dout,

@@ -1059,6 +1059,32 @@ static void flash_bwd(dt_cuda *cu, float *dqkv, const float *dout, const float *
     DT_CU_LAUNCHED(cu);
 }
 
+// What attention_fwd saves (backend_ops.h): flash, the lse and o16 above; the cuBLAS path, the
+// probabilities (B,NH,T,T) (in 16 bits in the convert modes, sized as floats all the same) and a
+// datt of that size for the softmax backward.
+void dt_cuda_attention_sizes(dt_backend *be, int B, int T, int C, int NH, size_t *att,
+                             size_t *datt)
+{
+    // A shorter sequence than T (below FA_TILE) takes the cuBLAS path: its probabilities must
+    // fit too (the sizes serve every call with at most B and T).
+    dt_cuda *cu = dt_cuda_of(be);
+    size_t BH = (size_t)B * NH, probs = BH * T * T;
+    bool flash = B > 0 && T > 0 && use_flash(cu, T, C, NH);
+    if (flash) {
+        size_t Ts = FA_TILE - 1, fl = fa_o16_offset(BH, (size_t)T) + BH * T * FA_HS / 2;
+        probs = BH * Ts * Ts;
+        if (att)
+            *att = fl > probs ? fl : probs;
+        if (datt)
+            *datt = probs;
+        return;
+    }
+    if (att)
+        *att = probs;
+    if (datt)
+        *datt = probs;
+}
+
 void dt_cuda_attention_fwd(dt_backend *be, float *out, float *att, const float *qkv, int B, int T,
                            int C, int NH)
 {

@@ -458,7 +458,8 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
                         "too long (run id, role, address or %s)", w->rank, w->error_file);
         goto fail;
     }
-    if ((rc = dt_envb_init(&env, environ, err)) || (rc = dt_workenv_export(&we, &env, err)))
+    if ((rc = dt_envb_init(&env, environ, err)) || (rc = dt_workenv_export(&we, &env, err)) ||
+        (rc = dt_agent_env_defaults(&env, a->spec->worker_env, err)))
         goto fail;
     dt_proc_spec ps = {.path = a->prog, .argv = a->spec->argv, .envp = env.v,
                        .fd_out = cfd[0], .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored, .cgroup = a->cg};

@@ -39,6 +39,10 @@ typedef struct dt_agent_spec {
                                   (dt_parallel_check_world): a round whose world is not ends the
                                   job as a configuration error (DT_EXIT_CONFIG) before any
                                   worker starts. 0 (commands) counts as 1 */
+    char *const *worker_env;   /* "NAME=value" strings (NULL-terminated; NULL: none; borrowed)
+                                  each worker gets unless its environment has NAME already:
+                                  cmd/ passes the OpenBLAS kernel it chose for built-in workers
+                                  (OPENBLAS_CORETYPE, DTRAIN_BLAS_CHOICE: cmd/blas_boot.h) */
 } dt_agent_spec;
 
 /* Runs the agent until the job ends. Returns the process exit code the README documents

@@ -132,3 +132,22 @@ int dt_agent_resolve_nproc(const dt_nproc *spec, int *nproc, char *why, size_t c
         snprintf(why, cap, "%d", spec->n);
     return 0;
 }
+
+/* ---- the environment's defaults ------------------------------------------------------------ */
+
+int dt_agent_env_defaults(dt_envb *env, char *const *extra, dt_err *err)
+{
+    for (; extra && *extra; extra++) {
+        const char *eq = strchr(*extra, '=');
+        char name[128];
+        if (!eq || eq == *extra || (size_t)(eq - *extra) >= sizeof name)
+            return dt_err_set(err, -EINVAL, "worker environment: \"%s\" is not NAME=value",
+                              *extra);
+        memcpy(name, *extra, (size_t)(eq - *extra));
+        name[eq - *extra] = '\0';
+        int rc;
+        if (!dt_envb_get(env, name) && (rc = dt_envb_set(env, name, eq + 1, err)))
+            return rc;
+    }
+    return 0;
+}

@@ -13,6 +13,7 @@
 
 #include "common/err.h"
 #include "runtime/job/config.h"
+#include "runtime/job/workenv.h"
 
 /* GPUs visible to this process without initialising CUDA (CUDA_VISIBLE_DEVICES applied). *how
  * (may be NULL) gets where the count came from. Never fails: 0 when nothing is found. */
@@ -31,5 +32,11 @@ int dt_agent_count_cpus(void);
  * (GPUs if any, else CPUs, as torchrun). *why (may be NULL) gets a phrase for the log
  * ("2 GPUs (from /dev/nvidia*)"). */
 int dt_agent_resolve_nproc(const dt_nproc *spec, int *nproc, char *why, size_t cap, dt_err *err);
+
+/* Sets each "NAME=value" of extra (NULL-terminated; NULL: nothing) in env unless env has NAME
+ * already: what the caller asked workers to get (dt_agent_spec.worker_env) never overrides what
+ * the user or the machine set (an OPENBLAS_CORETYPE stays as it is). 0, or -ENOMEM / -EINVAL (a
+ * string without '=') with err set. */
+int dt_agent_env_defaults(dt_envb *env, char *const *extra, dt_err *err);
 
 #endif

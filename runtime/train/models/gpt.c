@@ -23,14 +23,19 @@
  * events: forward embed, h.0 .. h.{L-1}, ln_f, embed (head); backward embed (head), ln_f,
  * h.{L-1} .. h.0, embed.
  *
- * Activations are kept per layer as in llm.c (about L*B*T*(16C + NH*T) floats); the backward
- * needs only a few (B,T,C)/(B,T,4C) scratch buffers besides. cfg.recompute (model.h): `block`
- * keeps only each block's output (L*B*T*C, the residual stream) plus one layer's intermediates,
- * and recomputes block l's forward (all but its last projection) at the start of its backward,
- * inside its backward window; `selective` keeps everything but the attention probabilities
- * (one (B,NH,T,T) slot instead of L), recomputed by attention_fwd just before attention_bwd. Where the GEMM time goes: every
- * projection is one matmul over all B*T rows, and attention is the backend's batched GEMMs, so
- * the non-GEMM work is O(B*T*C) per layer plus the O(B*NH*T*T) softmax.
+ * Activations are kept per layer as in llm.c (about L*B*T*16C floats, plus what the backend's
+ * attention saves for its backward: attention_sizes, on the cpu the log-sum-exp, B*NH*T per
+ * layer (its tiled kernel never stores the (T,T) probabilities); on cuda's cuBLAS path the
+ * probabilities, B*NH*T*T); the backward needs only a few (B,T,C)/(B,T,4C) scratch buffers
+ * besides (and attention's datt, none on the cpu). cfg.recompute (model.h): `block` keeps only
+ * each block's output (L*B*T*C, the residual stream) plus one layer's intermediates, and
+ * recomputes block l's forward (all but its last projection) at the start of its backward,
+ * inside its backward window; `selective` keeps everything but the attention's saved state (one
+ * slot instead of L), recomputed by attention_fwd just before attention_bwd: Megatron's mode on
+ * cuda's cuBLAS path (the probabilities), little to gain on the cpu (L-1 log-sum-exps for one
+ * more attention forward per layer). Where the time goes: every projection is one matmul over
+ * all B*T rows, and attention is the backend's (cpu: flash-attention's tiling, its own
+ * micro-kernels), so the non-GEMM work is O(B*T*C) per layer plus the O(B*NH*T*T) softmax.
  *
  * Tensor parallelism (cfg.tp_size = TP > 1, Megatron-LM's layout; model.h): rank r of the tensor
  * group holds
@@ -151,14 +156,19 @@ typedef struct gpt {
     int32_t *targets;        /* (B,T) device */
     dt_recompute recompute;
     int Lk, La;              /* layers of intermediates kept (L, or 1 with recompute = block)
-                              * and of attention probabilities (L, or 1 with any recompute) */
+                              * and of the attention's saved state (L, or 1 with any
+                              * recompute) */
+    size_t natt, ndatt;      /* floats of one layer's attention state at (Bmax, Tmax), and of
+                              * its backward scratch: the backend's attention_sizes (cpu: the
+                              * log-sum-exp, B*NHl*T, and 0; cuda's cuBLAS path: the
+                              * probabilities, B*NHl*T*T both) */
     /* the fields with B*T rows in a (B,T,C) or (B,T) shape hold B*T/sd of them under
      * sequence parallelism: encoded, ln1*, res2, ln2*, res3, lnf* */
     float *encoded;          /* (B,T,C) */
     float *ln1, *ln1_mean, *ln1_rstd; /* (Lk,B,T,C), (Lk,B,T), (Lk,B,T) */
     float *qkv;              /* (Lk,B,T,3Cl) */
     float *atty;             /* (Lk,B,T,Cl) */
-    float *att;              /* (La,B,NHl,T,T) */
+    float *att;              /* (La, natt): what attention_fwd saves for attention_bwd */
     float *res2;             /* (Lk,B,T,C) residual after attention */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fch, *fch_gelu;   /* (Lk,B,T,4Cl) */
@@ -230,7 +240,7 @@ static void acts_of(const gpt *g, int l, gpt_acts *a)
 {
     const size_t NR = (size_t)g->Bmax * g->Tmax / (size_t)g->sd, NC = NR * g->C;
     const size_t NCl = (size_t)g->Bmax * g->Tmax * g->Cl; /* the column-parallel region: all rows */
-    const size_t NATT = (size_t)g->Bmax * g->NHl * g->Tmax * g->Tmax;
+    const size_t NATT = g->natt;
     const size_t ll = (size_t)(l - g->lo); /* the stage's layer l: its slot's index */
     const size_t k = g->Lk == g->Ls ? ll : 0, ka = g->La == g->Ls ? ll : 0;
     a->ln1 = g->ln1 + k * NC;
@@ -960,14 +970,16 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
     m->flops_per_sample = 3.0 * fwd;
 
     /* activations: recompute = block keeps one layer of intermediates (and every layer's
-     * output res3, the next one's input); selective keeps all but the attention probabilities.
+     * output res3, the next one's input); selective keeps all but the attention's saved state
+     * (attention_sizes: the cpu's log-sum-exp, cuda's probabilities).
      * Under tensor parallelism the attention and MLP intermediates and the logits are this
      * rank's share (Cl = C/TP, NHl = NH/TP heads, Vl vocabulary rows); the residual stream and
      * the LayerNorms' are whole on every rank. Per slot: the stage's layers; the embeddings'
      * output and the tokens on the first stage, ln_f's, the logits and the targets on the
      * last. */
     const size_t NR = (size_t)g->Bmax * g->Tmax, NC = NR * C, NCl = NR * g->Cl;
-    const size_t NATT = (size_t)g->Bmax * g->NHl * g->Tmax * g->Tmax;
+    m->be->attention_sizes(m->be, g->Bmax, g->Tmax, g->Cl, g->NHl, &g->natt, &g->ndatt);
+    const size_t NATT = g->natt;
     const size_t Lk = (size_t)g->Lk, La = (size_t)g->La;
     /* the residual stream's and the LayerNorms' rows: all, or this rank's under sequence
      * parallelism */
@@ -981,7 +993,7 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
         const size_t fst = g->first, lst = g->last;
         /* what backward recomputes is scratch between forward and backward: one copy serves
          * every slot (shared: slot 0's); block: a layer's intermediates; any recompute: the
-         * attention probabilities */
+         * attention's saved state */
         const bool rb = g->recompute == DT_RECOMPUTE_BLOCK, ra = g->La < g->Ls || rb;
         struct {
             float **p;
@@ -1024,7 +1036,7 @@ int dt_gpt_create(dt_model *m, dt_comm *comm, dt_err *err)
         size_t n;
     } scratch[] = {
         {&g->dres, NCs}, {&g->dC, NC}, {&g->dqkv, 3 * NCl}, {&g->d4a, 4 * NCl},
-        {&g->d4b, 4 * NCl}, {&g->datt, NATT},
+        {&g->d4b, 4 * NCl}, {&g->datt, g->ndatt},
         /* sequence parallelism's: the gathered operand, a reduce-scattered gradient and
          * the LayerNorm gradients before their all-reduce */
         {&g->gat, g->sp ? NC : 0}, {&g->dCs, g->sp ? NCs : 0}, {&g->dln, g->sp ? 4 * C : 0},

@@ -89,6 +89,8 @@ typedef struct llama {
     int L, NH, NKV, C, hs, F, V, maxT;
     float theta, eps;
     int Bmax, Tmax;          /* activations are allocated for (Bmax,Tmax) */
+    size_t natt, ndatt;      /* floats of one layer's attention state at (Bmax,Tmax) and of its
+                                backward scratch: the backend's attention_sizes */
     /* tensor parallelism (TP = 1: the whole model, comm NULL) */
     int tp, tpr;
     dt_comm *comm;           /* the tensor group (borrowed); NULL when tp == 1 */
@@ -112,7 +114,7 @@ typedef struct llama {
     float *ln1, *ln1_rstd;   /* (Lk,B,T,C), (Lk,B,T) */
     float *qkv;              /* (Lk,B,T,3Cl) rotated q, repeated and rotated k, repeated v */
     float *atty;             /* (Lk,B,T,Cl) */
-    float *att;              /* (La,B,NHl,T,T) */
+    float *att;              /* (La,natt): what attention_fwd saves for attention_bwd */
     float *res2;             /* (Lk,B,T,C) */
     float *ln2, *ln2_rstd;
     float *gu;               /* (Lk,B,T,2Fl) [gate | up] */
@@ -168,7 +170,7 @@ static void acts_of(const llama *g, int l, llama_acts *a)
 {
     const size_t NR = (size_t)g->Bmax * g->Tmax / (size_t)g->sd, NC = NR * g->C;
     const size_t NA = (size_t)g->Bmax * g->Tmax; /* the column-parallel region: all rows */
-    const size_t NATT = NA * g->NHl * g->Tmax;
+    const size_t NATT = g->natt;
     const size_t ll = (size_t)(l - g->lo);
     const size_t k = g->Lk == g->Ls ? ll : 0, ka = g->La == g->Ls ? ll : 0;
     a->ln1 = g->ln1 + k * NC;
@@ -736,7 +738,8 @@ static int alloc_acts(dt_model *m, llama *g, dt_err *err)
 {
     const int C = g->C;
     const size_t NR = (size_t)g->Bmax * g->Tmax, NC = NR * C, NCl = NR * g->Cl;
-    const size_t NF = NR * g->Fl, NATT = NR * g->NHl * g->Tmax;
+    m->be->attention_sizes(m->be, g->Bmax, g->Tmax, g->Cl, g->NHl, &g->natt, &g->ndatt);
+    const size_t NF = NR * g->Fl, NATT = g->natt;
     const size_t Lk = (size_t)g->Lk, La = (size_t)g->La;
     const size_t NRs = NR / (size_t)g->sd, NCs = NRs * C;
     int rc;
@@ -787,7 +790,7 @@ static int alloc_acts(dt_model *m, llama *g, dt_err *err)
     } scratch[] = {
         {&g->qkvp, NR * (size_t)(g->Cl + 2 * g->Ckv)},
         {&g->dres, NCs}, {&g->dC, NC}, {&g->dqkv, 3 * NCl}, {&g->dh, NF}, {&g->dgu, 2 * NF},
-        {&g->datt, NATT},
+        {&g->datt, g->ndatt},
         {&g->gat, g->sp ? NC : 0}, {&g->dCs, g->sp ? NCs : 0}, {&g->dln, g->sp ? 2 * (size_t)C : 0},
         {&g->xmax, g->tp > 1 ? NR : 0}, {&g->xsums, g->tp > 1 ? 2 * NR : 0},
     };

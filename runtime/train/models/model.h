@@ -100,8 +100,12 @@ typedef enum dt_recompute {
                                  * each BasicBlock's output), recompute the block's forward at
                                  * the start of its backward: one block's intermediates are
                                  * allocated instead of one per block */
-    DT_RECOMPUTE_SELECTIVE = 2, /* gpt, bert, llama (Megatron's selective mode): keep all but the
-                                 * attention probabilities (B,NH,T,T) per layer, recompute them
+    DT_RECOMPUTE_SELECTIVE = 2, /* gpt, bert, llama (Megatron's selective mode): keep everything
+                                 * but what attention saves for its backward per layer (causal
+                                 * attention: the backend's attention_sizes, cuda's cuBLAS path
+                                 * the probabilities (B,NH,T,T), the cpu only the log-sum-exp
+                                 * (B,NH,T), as it never stores probabilities; bert's padded
+                                 * attention: its probabilities (B,NH,T,T)), recompute it
                                  * from the saved q,k,v in backward */
 } dt_recompute;
 
