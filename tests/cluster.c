@@ -88,6 +88,9 @@ void dt_test_cluster_up(dt_test_cluster *c, int n, const char *rate)
     memset(c, 0, sizeof *c);
     c->n = n;
     snprintf(c->name, sizeof c->name, "t%d%c", (int)getpid() % 10000000, 'a' + seq++ % 26);
+    /* The harness kills the script's watcher with the test's other processes: it downs what is
+     * left afterwards instead. */
+    dt_test_at_end(dt_test_fmt("%s down --name %s >/dev/null 2>&1", dt_test_cluster_script(), c->name));
     char *out = NULL;
     const char *errp = dt_test_fmt("%s/%s.up.err", dt_test_tmpdir(), c->name);
     int rc = dt_test_run(dt_test_fmt("%s up %d --name %s --owner %d%s%s 2>%s",

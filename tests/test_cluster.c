@@ -353,6 +353,7 @@ static void owner_case(bool sigkill)
         DT_SKIP(dt_test_cluster_unavailable());
     char name[16];
     snprintf(name, sizeof name, "o%d", (int)getpid() % 10000000);
+    dt_test_at_end(dt_test_fmt("%s down --name %s >/dev/null 2>&1", SCRIPT, name));
     const char *pidf = dt_test_fmt("%s/owned.pid", TMP);
     const char *ready = dt_test_fmt("%s/ready", TMP);
     const char *script = dt_test_fmt(
