@@ -5,7 +5,7 @@
  * communicator number): every rank opens two listening TCP sockets (the ring's and the
  * point-to-point engine's), publishes "host id, address, ports, pid" under peer/<rank>, and reads
  * everyone's. Ranks with the same host id (host name +
- * kernel boot id, or DTRAIN_COMM_HOST_ID) share a segment created by the host's first rank
+ * kernel boot id + the device of /dev/shm, or DTRAIN_COMM_HOST_ID) share a segment created by the host's first rank
  * (announced under shm/<host>); the first rank of each host joins the ring between hosts.
  *
  * Execution: collectives are queued in issue order and executed one at a time by the comm
@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/env.h"
@@ -664,7 +665,12 @@ static void host_identity(char *buf, size_t cap)
     if (gethostname(host, sizeof host) != 0)
         dt_strlcpy(host, "localhost", sizeof host);
     host[sizeof host - 1] = '\0';
-    snprintf(buf, cap, "%.100s/%.40s", host, boot);
+    /* The shared-memory domain too: containers (or network namespaces) that share a host name
+     * and a kernel can still have /dev/shm mounts of their own, and ranks that cannot see each
+     * other's segments are on different hosts for us. Every view of one tmpfs has its st_dev. */
+    struct stat st;
+    unsigned long long shm_dev = stat("/dev/shm", &st) == 0 ? (unsigned long long)st.st_dev : 0;
+    snprintf(buf, cap, "%.100s/%.40s/%llx", host, boot, shm_dev);
 }
 
 /* A TCP socket listening on every address (IPv6 dual-stack when possible), any free port. */
