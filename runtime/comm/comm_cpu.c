@@ -958,12 +958,17 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen, con
         for (int i = 0; i < members; i++)
             ring_globals[i] = c->global_of[c->flat_tcp ? i : c->host_ranks[i * c->max_local]];
         int nx = (idx + 1) % members, nr = c->flat_tcp ? nx : c->host_ranks[nx * c->max_local];
+        int pv = (idx + members - 1) % members,
+            pr = c->flat_tcp ? pv : c->host_ranks[pv * c->max_local];
         dt_ring_opts ro = {.index = idx,
                            .size = members,
                            .global_ranks = ring_globals,
                            .next_host = strcmp(peers[nr].host, peers[rank].host) ? peers[nr].addr
                                                                                  : "127.0.0.1",
                            .next_port = peers[nr].port,
+                           .next_name = peers[nr].addr,
+                           .prev_host = peers[pr].addr,
+                           .timeout_ms = o->timeout_ms,
                            .listen_fd = lfd,
                            .tag = group_tag(o, gen),
                            .segment_bytes =
