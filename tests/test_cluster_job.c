@@ -126,7 +126,9 @@ static void test_static_two_hosts(void)
 {
     dt_test_cluster c;
     dt_test_cluster_up(&c, 2, NULL);
-    const char *run = dt_test_fmt("%s/run", TMP), *ref = dt_test_fmt("%s/ref", TMP);
+    char run[1024], ref[1024];
+    snprintf(run, sizeof run, "%s/run", TMP);
+    snprintf(ref, sizeof ref, "%s/ref", TMP);
     dt_test_group g;
     dt_test_group_init(&g);
     const char *common = dt_test_fmt("--nnodes 2 --master-addr %s --nproc-per-node 2 %s "
@@ -156,7 +158,9 @@ static void test_c10d_three_hosts(void)
 {
     dt_test_cluster c;
     dt_test_cluster_up(&c, 3, NULL);
-    const char *run = dt_test_fmt("%s/run", TMP), *ref = dt_test_fmt("%s/ref", TMP);
+    char run[1024], ref[1024];
+    snprintf(run, sizeof run, "%s/run", TMP);
+    snprintf(ref, sizeof ref, "%s/ref", TMP);
     dt_test_group g;
     dt_test_group_init(&g);
     const char *common = dt_test_fmt("--rdzv-backend c10d --rdzv-id c3 --nnodes 3:3 "
@@ -195,7 +199,9 @@ static void test_same_name_own_shm(void)
 {
     dt_test_cluster c;
     dt_test_cluster_up(&c, 1, NULL);
-    const char *run = dt_test_fmt("%s/run", TMP), *ref = dt_test_fmt("%s/ref", TMP);
+    char run[1024], ref[1024];
+    snprintf(run, sizeof run, "%s/run", TMP);
+    snprintf(ref, sizeof ref, "%s/ref", TMP);
     dt_test_group g;
     dt_test_group_init(&g);
     const char *common = dt_test_fmt("--nnodes 2 --master-addr 127.0.0.1 --nproc-per-node 1 %s "
@@ -321,7 +327,8 @@ static void test_c10d_member_cut(void)
 {
     dt_test_cluster c;
     dt_test_cluster_up(&c, 3, NULL);
-    const char *run = dt_test_fmt("%s/run", TMP);
+    char run[1024];
+    snprintf(run, sizeof run, "%s/run", TMP);
     dt_test_group g;
     dt_test_group_init(&g);
     int steps = 8000;
@@ -346,7 +353,6 @@ static void test_c10d_member_cut(void)
     printf("    h2's agent stopped its worker and exited %.1f s after the cut\n", gone);
     DT_CHECK_MSG(code2 > 0 && code2 < 128, "h2's agent: exit %d (expected a failure, in time)", code2);
     DT_CHECK(dt_test_count_text(g.out[2], "this node is out of the job") == 1);
-    DT_CHECK(dt_test_count_text(g.out[2], "cannot reach the rendezvous store") == 1);
     DT_CHECK_INT(dt_test_count_text(g.out[2], "(round 1)"), 0);
     DT_CHECK_INT(dt_test_count_text(g.out[2], "done after"), 0);
     /* the link returns; the two finish */

@@ -1313,9 +1313,9 @@ static int run_rounds(agent *a)
              * others give it up after heartbeat_timeout, and its workers, likely blocked in a
              * collective whose peers went silent, would wait out ddp.timeout on a SIGTERM. So
              * they get at most half a heartbeat timeout: the node never trains on alone. */
-            DT_ERROR("this node is out of the job (it cannot reach the rendezvous store: this "
-                     "host may be cut off from the network, and the other nodes then go on "
-                     "without it): stopping its workers");
+            DT_ERROR("this node is out of the job (it cannot reach the rendezvous: this host "
+                     "may be cut off from the network, and the other nodes then go on without "
+                     "it): stopping its workers");
             a->L.stop_grace = DT_MIN(a->L.stop_grace, DT_MAX(a->L.heartbeat_timeout / 2, 0.5));
             stop_workers(a, SIGTERM);
             finish_outputs(a);
