@@ -236,7 +236,7 @@ static void test_same_name_own_shm(void)
  * twice the heartbeat timeout, collectives fail within ddp.timeout. */
 
 #define HB 4.0 /* heartbeat_timeout of the fault tests, s */
-#define CONF_FAULT "heartbeat_interval=0.25,heartbeat_timeout=4,join_timeout=15,last_call_timeout=1,close_timeout=5"
+#define CONF_FAULT "heartbeat_interval=0.25,heartbeat_timeout=4,join_timeout=8,last_call_timeout=1,close_timeout=5"
 #define LONG_JOB                                                                                   \
     "configs/mlp.ini job.device=cpu model.hidden=256,256 data.synthetic_samples=65536 "          \
     "train.batch_size=64 train.warmup_steps=5 job.log_every=100 checkpoint.every=500 "           \
@@ -331,7 +331,7 @@ static void test_c10d_member_cut(void)
     snprintf(run, sizeof run, "%s/run", TMP);
     dt_test_group g;
     dt_test_group_init(&g);
-    int steps = 8000;
+    int steps = 6000;
     c10d_job(&g, &c, 3, steps, 1000, run, "");
     DT_REQUIRE(host_has_worker(&c, 2));
     DT_REQUIRE(dt_test_cluster_link(&c, 2, false) == 0);
@@ -393,7 +393,7 @@ static void test_c10d_store_host_cut(void)
     }
     printf("    h1 and h2 ended %.1f s after the store's host was cut off\n", dt_test_now() - t0);
     /* h0 still has its store: it sees both others lost, and ends at the join timeout */
-    int code0 = wait_end(&g, 0, HB + 15 + 10);
+    int code0 = wait_end(&g, 0, HB + 8 + 10);
     DT_CHECK_MSG(code0 > 0 && code0 < 128, "h0's agent: exit %d", code0);
     if (g.code[1] <= 0 || g.code[2] <= 0 || code0 <= 0)
         dt_test_group_dump(&g);
@@ -424,7 +424,7 @@ static void test_static_store_host_cut(void)
     DT_CHECK_MSG(code1 > 0 && code1 < 128, "h1's agent: exit %d (expected a failure, in time)", code1);
     const char *where = dt_test_fmt("%s:%d", c.addr[0], port);
     DT_CHECK_MSG(dt_test_count_text(g.out[1], where) > 0, "h1's agent does not name %s", where);
-    int code0 = wait_end(&g, 0, HB + 15 + 15);
+    int code0 = wait_end(&g, 0, HB + 8 + 15);
     DT_CHECK_MSG(code0 > 0 && code0 < 128, "h0's agent: exit %d", code0);
     if (code1 <= 0 || code0 <= 0)
         dt_test_group_dump(&g);
@@ -466,8 +466,9 @@ static void test_collective_across_cut(void)
            line ? (int)strcspn(line, "\n") : 0, line ? line : "");
     free(o0);
     DT_REQUIRE(dt_test_cluster_link(&c, 1, true) == 0);
-    dt_test_group_wait(&g, 60);
-    DT_CHECK(g.code[0] != 0);
+    /* rank 0's failure ends node 0 (no restarts): the job is over, nothing hangs there */
+    int code0 = wait_end(&g, 0, 20);
+    DT_CHECK_MSG(code0 > 0 && code0 < 128, "node 0: exit %d", code0);
     dt_test_group_kill(&g);
     DT_CHECK_INT(dt_test_cluster_down(&c), 0);
 }
