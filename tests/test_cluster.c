@@ -131,8 +131,13 @@ static bool netns_exists(const char *name)
 }
 
 /* Nothing of cluster `name` left: namespaces, state directory, processes (pids in pidfile). */
-static bool cluster_gone(const char *name, const char *pidfile, double timeout_s)
+static bool cluster_gone(const char *name_arg, const char *pidfile_arg, double timeout_s)
 {
+    /* copies: the loop makes many dt_test_fmt strings, which would recycle the caller's */
+    char name[64], pidbuf[1024], *pidfile = pidfile_arg ? pidbuf : NULL;
+    snprintf(name, sizeof name, "%s", name_arg);
+    if (pidfile_arg)
+        snprintf(pidbuf, sizeof pidbuf, "%s", pidfile_arg);
     double end = dt_test_now() + timeout_s * dt_test_timeout_scale();
     for (;;) {
         bool gone = !netns_exists(dt_test_fmt("%s-h0", name)) &&

@@ -384,7 +384,8 @@ static void test_c10d_store_host_cut(void)
     int port = c10d_job(&g, &c, 3, 100000, 500, dt_test_fmt("%s/run", TMP), "");
     DT_REQUIRE(dt_test_cluster_link(&c, 0, false) == 0);
     double t0 = dt_test_now();
-    const char *where = dt_test_fmt("%s:%d", c.addr[0], port);
+    char where[64];
+    snprintf(where, sizeof where, "%s:%d", c.addr[0], port);
     for (int k = 1; k < 3; k++) {
         int code = wait_end(&g, k, 2 * HB + 3 - (dt_test_now() - t0));
         DT_CHECK_MSG(code > 0 && code < 128, "h%d's agent: exit %d (expected a failure, in time)", k, code);
@@ -422,7 +423,8 @@ static void test_static_store_host_cut(void)
     int code1 = wait_end(&g, 1, 2 * HB + 3);
     printf("    h1 ended %.1f s after the store's host was cut off\n", dt_test_now() - t0);
     DT_CHECK_MSG(code1 > 0 && code1 < 128, "h1's agent: exit %d (expected a failure, in time)", code1);
-    const char *where = dt_test_fmt("%s:%d", c.addr[0], port);
+    char where[64];
+    snprintf(where, sizeof where, "%s:%d", c.addr[0], port);
     DT_CHECK_MSG(dt_test_count_text(g.out[1], where) > 0, "h1's agent does not name %s", where);
     int code0 = wait_end(&g, 0, HB + 8 + 15);
     DT_CHECK_MSG(code0 > 0 && code0 < 128, "h0's agent: exit %d", code0);

@@ -293,7 +293,8 @@ static const char *sshd_up(dt_test_cluster *c, int n, int refuse)
 static void test_ssh_three_hosts(void)
 {
     dt_test_cluster c;
-    const char *ssh = sshd_up(&c, 3, -1);
+    char ssh[2048];
+    snprintf(ssh, sizeof ssh, "%s", sshd_up(&c, 3, -1));
     char run[1024];
     snprintf(run, sizeof run, "%s/run", TMP);
     int steps = 40;
@@ -317,7 +318,8 @@ static void test_ssh_three_hosts(void)
 static void test_ssh_refused(void)
 {
     dt_test_cluster c;
-    const char *ssh = sshd_up(&c, 3, 2);
+    char ssh[2048];
+    snprintf(ssh, sizeof ssh, "%s", sshd_up(&c, 3, 2));
     char *out = NULL;
     double t0 = dt_test_now();
     int rc = dt_test_run(
