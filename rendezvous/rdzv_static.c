@@ -994,11 +994,15 @@ static void wait_others_left(static_rdzv *r)
             continue;
         next_look = now + DT_MIN(r->o.heartbeat_interval, 1.0);
         for (int j = 0; j < n; j++) {
-            char key[32];
-            const char *lk = keys[j];
+            /* The left/<k> key from who[j] itself: keys[] is in the order of the last wait, and
+             * a node removed below moves the last one into slot j (using keys[j] then asked
+             * about the removed node again, and a node that had not left was dropped). */
+            char key[32], lkey[32];
+            const char *lk = lkey;
             void *v = NULL;
             size_t len;
             int done = 0;
+            snprintf(lkey, sizeof lkey, "left/%d", who[j]);
             snprintf(key, sizeof key, "alive/%d", who[j]);
             if (dt_store_check(r->ns, &lk, 1, &done, NULL) == 0 && done) {
                 who[j] = who[--n]; /* it has left: wait for the others */
