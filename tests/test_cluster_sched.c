@@ -244,9 +244,27 @@ static void test_slurm_preempt_and_requeue(void)
     int saved_step = saved ? atoi(saved + strlen("stopped by a signal; saving step ")) : -1;
     free(text);
     DT_CHECK_MSG(saved_step > 0, "no checkpoint saved on the signal");
+    if (strcmp(code, "75:0") || saved_step <= 0) {
+        char *a = dt_test_slurp(outf);
+        fprintf(stderr, "the preempted run:\n%s\n", a ? a : "");
+        free(a);
+    }
     snprintf(first, sizeof first, "%s.first", outf);
     DT_REQUIRE(rename(outf, first) == 0);
-    /* requeued, it resumes from that checkpoint and finishes */
+    /* requeued, it resumes from that checkpoint and finishes. Slurm holds a requeued job back
+     * (BeginTime) because a run started while the last one's steps are still ending is killed
+     * ("Job credential revoked"); this waits for the nodes to be idle instead, then starts it. */
+    double idle_by = dt_test_now() + 60 * dt_test_timeout_scale();
+    for (;;) {
+        char *nodes = NULL;
+        slurm_cmd(&s, "sinfo -h -N -o %t", &nodes);
+        bool idle = nodes && strstr(nodes, "idle") && !strstr(nodes, "comp") &&
+                    !strstr(nodes, "alloc") && !strstr(nodes, "mix");
+        free(nodes);
+        if (idle || dt_test_now() > idle_by)
+            break;
+        dt_sleep_ms(200);
+    }
     DT_CHECK_INT(slurm_cmd(&s, dt_test_fmt("scontrol requeue %d && "
                                             "scontrol update JobId=%d StartTime=now", id, id),
                            &o),

@@ -1238,6 +1238,25 @@ static int run_rounds(agent *a)
             emit_end(a, "succeeded", 0);
             return 0;
         case OUT_FAILED: {
+            /* Workers that exit 75 saved a checkpoint because the job was signalled somewhere:
+             * a node that got no signal itself (Slurm signals the nodes one by one) sees its
+             * workers stop with the others before the signalled node's abort reaches it. That
+             * is the job's preemption, not a failure: this node exits 75 with the rest. */
+            if (all_preempted(a) && (a->rd.group_world_size > 1 || a->rd.elastic)) {
+                dt_err pe = {0};
+                dt_rdzv_status ab;
+                memset(&ab, 0, sizeof ab);
+                for (double until = dt_now_s() + 2 + 2 * a->L.monitor_interval;
+                     dt_rdzv_poll(a->rz, &ab, &pe) == 0 && ab.state == DT_RDZV_RUNNING &&
+                     dt_now_s() < until;)
+                    dt_sleep_ms(50);
+                if (ab.state == DT_RDZV_ABORTED &&
+                    (ab.signal == SIGTERM || ab.signal == SIGUSR1 || ab.signal == SIGUSR2)) {
+                    stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
+                    finish_outputs(a);
+                    return preempted(a, ab.signal);
+                }
+            }
             nlf = local_failures(a, &lf);
             dt_err fe = {0};
             config = config_error(a);
