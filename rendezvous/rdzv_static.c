@@ -988,8 +988,10 @@ static void wait_others_left(static_rdzv *r)
         int rc = dt_store_wait(r->ns, kp, (size_t)n, left > 0.1 ? 100 : 20, NULL);
         if (rc == 0 || rc != -ETIMEDOUT)
             break;
-        if (r->o.interrupted && r->o.interrupted(r->o.arg))
-            break;
+        /* No early way out for a signalled agent: after a SIGTERM (a preemption, Slurm's
+         * scancel) the others must still read the abort from this store to stop with exit 75,
+         * and they leave as soon as they do (a dead one is given up below, and close_timeout
+         * bounds the rest). */
         if ((now = dt_now_s()) < next_look)
             continue;
         next_look = now + DT_MIN(r->o.heartbeat_interval, 1.0);

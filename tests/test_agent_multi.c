@@ -567,37 +567,42 @@ static void test_unresolvable_master_addr(void)
  * ranks", exit 75 before node 1's agent has seen node 0's abort. Node 1's agent must take that
  * for the job's preemption, as node 0 does (exit 75 on both), not for a failure (it used to end
  * 143 after "rank 1 exited with code 75": found under real Slurm, test_cluster_sched). */
-static void test_preempted_elsewhere(void)
+static void preempted_elsewhere(int signalled)
 {
     job j;
-    char opts[1024], cmd[1024], path[4096];
+    char opts[1024], cmd[2048], path[4096];
     snprintf(opts, sizeof opts,
              "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=10,join_timeout=20 "
-             "--monitor-interval 1 --rdzv-id pe --nproc-per-node 1 --max-restarts 3");
-    /* rank 0: exit 75 on SIGTERM (a checkpoint); rank 1: exit 75 once rank 0 has (the collective
-     * stop of the built-in worker) */
+             "--monitor-interval 1 --rdzv-id pe --nproc-per-node 2 --max-restarts 3");
+    /* the signalled node's workers exit 75 on SIGTERM (a checkpoint); the others exit 75 once
+     * they have (the collective stop of the built-in worker), local rank 1 a little later, so
+     * that its agent sees a 75 while a worker still runs */
     snprintf(cmd, sizeof cmd,
-             "sh -c 'touch %s/ready.$RANK; if [ $RANK = 0 ]; then trap \"touch %s/stop; exit 75\" "
-             "TERM; while :; do sleep 0.05; done; else while [ ! -e %s/stop ]; do sleep 0.01; "
-             "done; exit 75; fi'",
-             TMP, TMP, TMP);
+             "sh -c 'touch %s/ready.$RANK; if [ $GROUP_RANK = %d ]; then trap \"touch %s/stop; "
+             "exit 75\" TERM; while :; do sleep 0.05; done; else while [ ! -e %s/stop ]; do "
+             "sleep 0.01; done; [ $LOCAL_RANK = 1 ] && sleep 0.5; exit 75; fi'",
+             TMP, signalled, TMP, TMP);
     start_job(&j, 2, opts, cmd);
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < 4; r++) {
         snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
         double deadline = dt_test_now() + 20;
         while (access(path, F_OK) != 0 && dt_test_now() < deadline)
             dt_sleep_ms(10);
         DT_REQUIRE(access(path, F_OK) == 0);
     }
-    kill(j.pid[0], SIGTERM);
+    kill(j.pid[signalled], SIGTERM);
     int codes[2];
     wait_job(&j, codes, 40);
     DT_CHECK_INT(codes[0], 75);
     DT_CHECK_INT(codes[1], 75);
-    DT_CHECK(dt_test_count_text(j.out[1], "preempted: workers saved their checkpoints") == 1);
+    DT_CHECK(dt_test_count_text(j.out[1 - signalled], "preempted: workers saved their checkpoints "
+                                                      "(after SIGTERM)") == 1);
     if (codes[0] != 75 || codes[1] != 75)
         dt_test_group_dump(&j);
 }
+
+static void test_preempted_elsewhere(void) { preempted_elsewhere(0); }
+static void test_preempted_elsewhere_host(void) { preempted_elsewhere(1); }
 
 /* ---- the store host waits for every node to see the end (rendezvous API, in process) ---- */
 
@@ -683,6 +688,7 @@ static void test_host_waits_for_slow_leaver(void)
 static const dt_test tests[] = {
     {"host_waits_for_slow_leaver", test_host_waits_for_slow_leaver, 60},
     {"preempted_elsewhere", test_preempted_elsewhere, 60},
+    {"preempted_elsewhere_host", test_preempted_elsewhere_host, 60},
     {"two_nodes_env", test_two_nodes_env, 60},
     {"three_nodes_restart_all", test_three_nodes_restart_all, 90},
     {"budget_is_job_wide", test_budget_is_job_wide, 90},

@@ -294,8 +294,10 @@ static void reap(agent *a)
         } else if (ok) {
             w->state = W_SUCCEEDED;
             a->n_succeeded++;
-        } else if (a->preempt_sig && WIFEXITED(st) && WEXITSTATUS(st) == DT_EXIT_PREEMPTED) {
-            w->state = W_PREEMPTED; /* saved its checkpoint after USR1/USR2: a planned stop */
+        } else if (WIFEXITED(st) && WEXITSTATUS(st) == DT_EXIT_PREEMPTED) {
+            /* saved its checkpoint after a signal: USR1/USR2 forwarded here, or one that reached
+             * another node first (its workers stopped with the others'): a planned stop */
+            w->state = W_PREEMPTED;
             a->n_preempted++;
         } else {
             w->state = W_FAILED;
@@ -1081,10 +1083,14 @@ static bool all_preempted(const agent *a)
 
 static int preempted(agent *a, int sig)
 {
-    char name[32];
+    char name[48];
+    if (sig > 0)
+        dt_report_signame(sig, name, sizeof name);
+    else
+        snprintf(name, sizeof name, "a signal to them or another node");
     DT_WARN("preempted: workers saved their checkpoints (after %s); run the same command again to "
             "resume (exit code %d)",
-            dt_report_signame(sig, name, sizeof name), DT_EXIT_PREEMPTED);
+            name, DT_EXIT_PREEMPTED);
     emit_end(a, "preempted", DT_EXIT_PREEMPTED);
     return DT_EXIT_PREEMPTED;
 }
@@ -1238,25 +1244,6 @@ static int run_rounds(agent *a)
             emit_end(a, "succeeded", 0);
             return 0;
         case OUT_FAILED: {
-            /* Workers that exit 75 saved a checkpoint because the job was signalled somewhere:
-             * a node that got no signal itself (Slurm signals the nodes one by one) sees its
-             * workers stop with the others before the signalled node's abort reaches it. That
-             * is the job's preemption, not a failure: this node exits 75 with the rest. */
-            if (all_preempted(a) && (a->rd.group_world_size > 1 || a->rd.elastic)) {
-                dt_err pe = {0};
-                dt_rdzv_status ab;
-                memset(&ab, 0, sizeof ab);
-                for (double until = dt_now_s() + 2 + 2 * a->L.monitor_interval;
-                     dt_rdzv_poll(a->rz, &ab, &pe) == 0 && ab.state == DT_RDZV_RUNNING &&
-                     dt_now_s() < until;)
-                    dt_sleep_ms(50);
-                if (ab.state == DT_RDZV_ABORTED &&
-                    (ab.signal == SIGTERM || ab.signal == SIGUSR1 || ab.signal == SIGUSR2)) {
-                    stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
-                    finish_outputs(a);
-                    return preempted(a, ab.signal);
-                }
-            }
             nlf = local_failures(a, &lf);
             dt_err fe = {0};
             config = config_error(a);
@@ -1308,11 +1295,25 @@ static int run_rounds(agent *a)
         }
         case OUT_PREEMPTED: {
             dt_err ae = {0};
-            if (a->rd.group_world_size > 1 && dt_rdzv_abort(a->rz, a->preempt_sig, &ae))
+            int sig = a->preempt_sig;
+            if (!sig && (a->rd.group_world_size > 1 || a->rd.elastic)) {
+                /* No signal here: the workers were signalled themselves, or stopped with those
+                 * of a node that was (Slurm signals the nodes one at a time), whose abort says
+                 * which signal. */
+                dt_rdzv_status ab;
+                memset(&ab, 0, sizeof ab);
+                for (double until = dt_now_s() + 2 + 2 * a->L.monitor_interval;
+                     dt_rdzv_poll(a->rz, &ab, &ae) == 0 && ab.state == DT_RDZV_RUNNING &&
+                     dt_now_s() < until;)
+                    dt_sleep_ms(50);
+                if (ab.state == DT_RDZV_ABORTED)
+                    sig = ab.signal;
+            } else if (a->rd.group_world_size > 1 && dt_rdzv_abort(a->rz, sig, &ae)) {
                 DT_DEBUG("abort: %s", ae.msg);
+            }
             stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
             finish_outputs(a);
-            return preempted(a, a->preempt_sig);
+            return preempted(a, sig);
         }
         case OUT_ABORTED:
             if (st.setup_error) { /* the error is the news; stopping is routine */
