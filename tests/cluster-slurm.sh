@@ -54,7 +54,9 @@ addr0=$(echo "$hosts" | awk '$1 == "h0" { print $2 }')
     echo "SlurmdUser=root"
     echo "AuthType=auth/munge"
     echo "CredType=cred/munge"
-    echo "AuthInfo=socket=$dir/munge/munge.socket"
+    # A requeued job is held for cred_expire (+1 s): the last run's credentials stay revoked
+    # that long, and a run started sooner is killed ("Job credential revoked"). 10 s, not 120.
+    echo "AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10"
     echo "StateSaveLocation=$dir/state"
     echo "SlurmdSpoolDir=$dir/spool/%n"
     echo "SlurmctldPidFile=$dir/slurmctld.pid"
