@@ -171,7 +171,7 @@ $(BUILD)/libdtrain_cuda.so: $(CU_OBJ)
 	@echo "  LD    $@"
 	@$(NVCC) -shared -o $@ $^ $(CUDA_LIBS)
 
-# The slow tests of the simulated cluster (real Slurm and OpenSSH, etcd partitions: about two
+# The slow tests of the simulated cluster (real Slurm and OpenSSH, etcd partitions: about three
 # minutes) run in `make test-cluster`; `make test` runs every other test binary, the cluster
 # ones with namespaces too (tests/test_cluster*.c skip, saying why, where none can be made).
 # Their daemons: scripts/install-deps.sh --cluster (make deps-cluster).
