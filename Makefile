@@ -23,7 +23,7 @@ VERSION := 0.1.0
 
 .DEFAULT_GOAL := all
 .SECONDARY:
-.PHONY: all test test-gpu run deps clean fuzz install uninstall FORCE
+.PHONY: all test test-cluster test-gpu run deps deps-cluster clean fuzz install uninstall FORCE
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -171,8 +171,17 @@ $(BUILD)/libdtrain_cuda.so: $(CU_OBJ)
 	@echo "  LD    $@"
 	@$(NVCC) -shared -o $@ $^ $(CUDA_LIBS)
 
+# The slow tests of the simulated cluster (real Slurm and OpenSSH, etcd partitions: about three
+# minutes) run in `make test-cluster`; `make test` runs every other test binary, the cluster
+# ones with namespaces too (tests/test_cluster*.c skip, saying why, where none can be made).
+# Their daemons: scripts/install-deps.sh --cluster (make deps-cluster).
+CLUSTER_SLOW := test_cluster_etcd test_cluster_sched
+
 test: all $(TEST_BIN)
-	@tests/run.sh $(BUILD)
+	@DT_TEST_EXCEPT="$(CLUSTER_SLOW)" tests/run.sh $(BUILD)
+
+test-cluster: all $(TEST_BIN)
+	@DT_TEST_ONLY="$(CLUSTER_SLOW)" tests/run.sh $(BUILD)
 
 test-gpu: all $(TEST_BIN)
 	@DTRAIN_REQUIRE_GPU=1 tests/run.sh $(BUILD) gpu
@@ -188,6 +197,9 @@ fuzz:
 
 deps:
 	scripts/install-deps.sh
+
+deps-cluster:
+	scripts/install-deps.sh --cluster
 
 # Not a dependency on the build: its flag check would rebuild everything under other flags
 # (make WERROR=1, then make install). A missing binary is built with a plain make first.

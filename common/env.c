@@ -34,7 +34,7 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_AGENT_PID", NULL, "pid of the worker's agent (set by the agent; the worker exits if its parent is another)"},
     {"DTRAIN_COMM_TRANSPORT", "auto", "cpu collectives: auto (shared memory on a host, TCP ring between hosts), shm, or tcp (TCP ring even on one host)"},
     {"DTRAIN_SYSFS", "/sys", "where sysfs is mounted: job.cpu_bind = auto reads there which CPUs are near each GPU"},
-    {"DTRAIN_COMM_HOST_ID", NULL, "cpu collectives: host identity that groups ranks onto shared memory (default: host name + boot id)"},
+    {"DTRAIN_COMM_HOST_ID", NULL, "cpu collectives: host identity that groups ranks onto shared memory (default: host name + boot id + the device of /dev/shm)"},
     {"DTRAIN_COMM_SHM_SLOT_KB", "512", "cpu collectives: shared-memory staging per rank and pipeline step, in KiB (8 steps in flight)"},
     {"DTRAIN_COMM_SHM_MEM_MB", "-1", "cpu collectives: most communicator memory (DDP's gradients) a rank puts in /dev/shm, in MiB (-1 = no limit, 0 = none); beyond it, or when /dev/shm is full, the ranks of the host fall back to staged copies"},
     {"DTRAIN_COMM_SPIN_US", "50", "cpu collectives: microseconds a rank spins waiting for a peer before it sleeps"},

@@ -988,17 +988,23 @@ static void wait_others_left(static_rdzv *r)
         int rc = dt_store_wait(r->ns, kp, (size_t)n, left > 0.1 ? 100 : 20, NULL);
         if (rc == 0 || rc != -ETIMEDOUT)
             break;
-        if (r->o.interrupted && r->o.interrupted(r->o.arg))
-            break;
+        /* No early way out for a signalled agent: after a SIGTERM (a preemption, Slurm's
+         * scancel) the others must still read the abort from this store to stop with exit 75,
+         * and they leave as soon as they do (a dead one is given up below, and close_timeout
+         * bounds the rest). */
         if ((now = dt_now_s()) < next_look)
             continue;
         next_look = now + DT_MIN(r->o.heartbeat_interval, 1.0);
         for (int j = 0; j < n; j++) {
-            char key[32];
-            const char *lk = keys[j];
+            /* The left/<k> key from who[j] itself: keys[] is in the order of the last wait, and
+             * a node removed below moves the last one into slot j (using keys[j] then asked
+             * about the removed node again, and a node that had not left was dropped). */
+            char key[32], lkey[32];
+            const char *lk = lkey;
             void *v = NULL;
             size_t len;
             int done = 0;
+            snprintf(lkey, sizeof lkey, "left/%d", who[j]);
             snprintf(key, sizeof key, "alive/%d", who[j]);
             if (dt_store_check(r->ns, &lk, 1, &done, NULL) == 0 && done) {
                 who[j] = who[--n]; /* it has left: wait for the others */

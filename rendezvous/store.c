@@ -185,8 +185,24 @@ static int recv_reply(dt_store *r, dt_proto_msg *m, uint64_t deadline)
 /* Connecting                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Keepalive probes and TCP_USER_TIMEOUT, both at about the client's call timeout: a link that
+ * goes silent (a partition: packets vanish, nothing resets the connection) is reported as
+ * ETIMEDOUT within about that time even while a long server-side WAIT has nothing in flight,
+ * instead of after the whole wait (join_timeout can be many minutes). */
+static void keepalive(int fd, int timeout_ms)
+{
+    int one = 1, idle = DT_MAX(1, timeout_ms / 3000), intvl = DT_MAX(1, timeout_ms / 6000),
+        cnt = 3;
+    unsigned int ut = (unsigned int)DT_MAX(timeout_ms, 1000);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
+}
+
 /* Non-blocking connect to one address, bounded by the deadline. Returns the fd or -errno. */
-static int connect_addr(const struct addrinfo *ai, uint64_t deadline)
+static int connect_addr(const struct addrinfo *ai, uint64_t deadline, int timeout_ms)
 {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
                     ai->ai_protocol);
@@ -227,6 +243,7 @@ static int connect_addr(const struct addrinfo *ai, uint64_t deadline)
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    keepalive(fd, timeout_ms);
     dt_set_nonblock(fd, false);
     return fd;
 }
@@ -249,7 +266,7 @@ static int connect_once(dt_store *r, uint64_t deadline, int hello_ms, int *silen
                           gai_strerror(g));
     int fd = -EHOSTUNREACH;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        fd = connect_addr(ai, deadline);
+        fd = connect_addr(ai, deadline, r->timeout_ms);
         if (fd >= 0)
             break;
     }

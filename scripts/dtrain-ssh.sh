@@ -28,8 +28,9 @@ launcher options and `-- COMMAND`.
   --ssh CMD            ssh command (default: $DTRAIN_SSH or "ssh"; -o BatchMode=yes is added)
   -h, --help           this help
 
-Exit code: 0 when every agent exited 0; else node 0's exit code if it failed, else the first
-failing host's (255: ssh itself failed).
+Exit code: 0 when every agent exited 0; 255 when ssh itself failed for a host (its sshd refused
+the login, or the host cannot be reached: said at once, and the other agents are stopped); else
+node 0's exit code if it failed, else the first failing host's.
 
 Examples:
   scripts/dtrain-ssh.sh --hosts gpu1,gpu2 -- --nproc-per-node=8 configs/gpt2.ini
@@ -123,11 +124,28 @@ stop() {
 }
 trap stop INT TERM HUP
 
-for p in "${pids[@]}"; do
-    while :; do
-        wait "$p" 2>/dev/null
-        kill -0 "$p" 2>/dev/null || break
+# Wait for every host, and say at once when ssh itself failed for one (exit 255: its sshd refused
+# the login, the host is unreachable, the key is wrong): the other agents would otherwise wait
+# for it until their join timeout. Their agents are stopped then.
+said="" ssh_failed=0
+while :; do
+    running=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && running=1; done
+    for ((k = 0; k < n; k++)); do
+        case " $said " in *" $k "*) continue ;; esac
+        [ -s "$tmp/rc.$k" ] || continue
+        said="$said $k"
+        if [ "$(cat "$tmp/rc.$k")" = 255 ] && [ "$stopping" -eq 0 ]; then
+            h=${hosts[$k]}
+            echo "dtrain-ssh.sh: cannot start the agent of node $k on $h: ssh failed (exit 255:" \
+                 "the host refused the login or cannot be reached; ssh's message is above, after" \
+                 "\"${h#*@}: \"); stopping the other agents" >&2
+            ssh_failed=1
+            stop
+        fi
     done
+    [ "$running" -eq 0 ] && break
+    sleep 0.2
 done
 
 code=0
@@ -137,5 +155,6 @@ for ((k = 0; k < n; k++)); do
     # Node 0 comes first: its code wins, else the first failing host's.
     if [ "$rc" -ne 0 ] && [ "$code" -eq 0 ]; then code=$rc; fi
 done
+[ "$ssh_failed" -eq 1 ] && code=255
 rm -rf "$tmp"
 exit "$code"

@@ -482,6 +482,36 @@ static void print_tail(const char *text, int max_lines)
 
 /* Runs t; returns 0 (passed), SKIP_CODE or 1. *why gets a skip's reason or what ended a test
  * that failed outside its checks; *out (malloc'd, NULL with -v) what it wrote. */
+/* Commands the running test asked for at its end (dt_test_at_end): a file the runner names per
+ * test, appended to by the test, run by the runner after the test's processes are gone. */
+static char at_end_path[PATH_MAX];
+
+void dt_test_at_end(const char *cmd)
+{
+    FILE *f = at_end_path[0] ? fopen(at_end_path, "ae") : NULL;
+    if (!f) {
+        fprintf(stderr, "    (dt_test_at_end: no place to note \"%s\")\n", cmd);
+        return;
+    }
+    fprintf(f, "%s\n", cmd);
+    fclose(f);
+}
+
+static void run_at_end(void)
+{
+    FILE *f = fopen(at_end_path, "re");
+    if (f) {
+        char line[4096];
+        while (fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\n")] = '\0';
+            if (line[0] && system(line) != 0)
+                fprintf(stdout, "    (at the end: \"%s\" failed)\n", line);
+        }
+        fclose(f);
+    }
+    unlink(at_end_path);
+}
+
 static int run_one(const dt_test *t, char *why, size_t why_cap, char **out)
 {
     *out = NULL;
@@ -495,6 +525,9 @@ static int run_one(const dt_test *t, char *why, size_t why_cap, char **out)
         return 1;
     }
     unlink(cap_path); /* the open descriptor is all we need */
+    snprintf(at_end_path, sizeof at_end_path, "%s/dtrain-test-end-%d", base && *base ? base : "/tmp",
+             (int)getpid());
+    unlink(at_end_path);
     why[0] = '\0';
     fflush(stdout);
     fflush(stderr);
@@ -550,6 +583,7 @@ static int run_one(const dt_test *t, char *why, size_t why_cap, char **out)
     }
     kill(-pid, SIGKILL);
     kill_tree(); /* the test's whole tree: helpers it left behind, other groups, daemons */
+    run_at_end();
     *out = verbose ? NULL : read_capture(cfd);
     close(cfd);
     if (timed_out) {

@@ -40,6 +40,11 @@ const char *dt_test_dtrain_bin(void);
 const char *dt_test_self_dir(void);
 /* A fresh temporary directory for this test (removed when the test ends if it passed). */
 const char *dt_test_tmpdir(void);
+/* Has the runner run the shell command cmd when this test has ended and every process it started
+ * is gone (killed with it, daemons and watchers too), passed, failed or timed out: for what lives
+ * outside the process tree, such as namespaces (tests/cluster.c). Output goes where the test's
+ * went; a failure is noted, not counted. */
+void dt_test_at_end(const char *cmd);
 /* Writes text to path (created or truncated); 0, or -errno. */
 int dt_test_write_file(const char *path, const char *text);
 

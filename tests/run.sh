@@ -6,7 +6,9 @@
 #   TOTAL: N passed, N failed, N skipped
 #
 # `make test` calls it. Usage: tests/run.sh [BUILD_DIR] [name filters passed to every binary...]
-# DT_TEST_VERBOSE=1 shows every test's output as it runs.
+# DT_TEST_VERBOSE=1 shows every test's output as it runs. DT_TEST_ONLY="test_a test_b" runs only
+# those binaries; DT_TEST_EXCEPT="test_c" runs all but those (`make test` leaves out the slow
+# cluster tests, which `make test-cluster` runs).
 set -u
 build=${1:-build}
 [ $# -gt 0 ] && shift
@@ -18,6 +20,10 @@ for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue
     case "$t" in *.so|*.d) continue ;; esac
     name=$(basename "$t")
+    if [ -n "${DT_TEST_ONLY:-}" ]; then
+        case " $DT_TEST_ONLY " in *" $name "*) ;; *) continue ;; esac
+    fi
+    case " ${DT_TEST_EXCEPT:-} " in *" $name "*) continue ;; esac
     t0=$(now)
     "$t" "$@" >"$log" 2>&1
     rc=$?

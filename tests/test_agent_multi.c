@@ -15,7 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <string.h>
+
 #include "common/util.h"
+#include "rendezvous/rdzv.h"
+#include "rendezvous/rdzv_common.h"
 #include "tests/harness.h"
 
 #define BIN dt_test_dtrain_bin()
@@ -557,7 +562,133 @@ static void test_unresolvable_master_addr(void)
     free(o);
 }
 
+/* SIGTERM reaches node 0's agent only (Slurm signals nodes one at a time; here the others never
+ * get it): node 0's workers checkpoint and exit 75, and node 1's, stopped "with the other
+ * ranks", exit 75 before node 1's agent has seen node 0's abort. Node 1's agent must take that
+ * for the job's preemption, as node 0 does (exit 75 on both), not for a failure (it used to end
+ * 143 after "rank 1 exited with code 75": found under real Slurm, test_cluster_sched). */
+static void preempted_elsewhere(int signalled)
+{
+    job j;
+    char opts[1024], cmd[2048], path[4096];
+    snprintf(opts, sizeof opts,
+             "--rdzv-conf heartbeat_interval=0.2,heartbeat_timeout=10,join_timeout=20 "
+             "--monitor-interval 1 --rdzv-id pe --nproc-per-node 2 --max-restarts 3");
+    /* the signalled node's workers exit 75 on SIGTERM (a checkpoint); the others exit 75 once
+     * they have (the collective stop of the built-in worker), local rank 1 a little later, so
+     * that its agent sees a 75 while a worker still runs */
+    snprintf(cmd, sizeof cmd,
+             "sh -c 'touch %s/ready.$RANK; if [ $GROUP_RANK = %d ]; then trap \"touch %s/stop; "
+             "exit 75\" TERM; while :; do sleep 0.05; done; else while [ ! -e %s/stop ]; do "
+             "sleep 0.01; done; [ $LOCAL_RANK = 1 ] && sleep 0.5; exit 75; fi'",
+             TMP, signalled, TMP, TMP);
+    start_job(&j, 2, opts, cmd);
+    for (int r = 0; r < 4; r++) {
+        snprintf(path, sizeof path, "%s/ready.%d", TMP, r);
+        double deadline = dt_test_now() + 20;
+        while (access(path, F_OK) != 0 && dt_test_now() < deadline)
+            dt_sleep_ms(10);
+        DT_REQUIRE(access(path, F_OK) == 0);
+    }
+    kill(j.pid[signalled], SIGTERM);
+    int codes[2];
+    wait_job(&j, codes, 40);
+    DT_CHECK_INT(codes[0], 75);
+    DT_CHECK_INT(codes[1], 75);
+    DT_CHECK(dt_test_count_text(j.out[1 - signalled], "preempted: workers saved their checkpoints "
+                                                      "(after SIGTERM)") == 1);
+    if (codes[0] != 75 || codes[1] != 75)
+        dt_test_group_dump(&j);
+}
+
+static void test_preempted_elsewhere(void) { preempted_elsewhere(0); }
+static void test_preempted_elsewhere_host(void) { preempted_elsewhere(1); }
+
+/* ---- the store host waits for every node to see the end (rendezvous API, in process) ---- */
+
+typedef struct node {
+    dt_rdzv *rz;
+    dt_rdzv_round rd;
+    int rc;
+    dt_err err;
+    double closed_s; /* how long dt_rdzv_close took */
+} node;
+
+static void *node_next(void *arg)
+{
+    node *n = arg;
+    dt_rdzv_status st;
+    n->rc = dt_rdzv_next(n->rz, &n->rd, &st, &n->err);
+    return NULL;
+}
+
+static void *node_close(void *arg)
+{
+    node *n = arg;
+    double t0 = dt_test_now();
+    dt_rdzv_close(n->rz);
+    n->closed_s = dt_test_now() - t0;
+    return NULL;
+}
+
+/* Node 1 sees the end and leaves at once; node 2 is slow to look (a host whose agent lags).
+ * The store's host (node 0) must wait for node 2 too: its first look found only node 1 gone,
+ * and it used to take node 2 for gone as well (a stale key of the list it shrank) and close the
+ * store under it, so node 2's agent failed after the others succeeded (found by dtrain-ssh.sh
+ * on the simulated cluster, test_cluster_sched). */
+static void test_host_waits_for_slow_leaver(void)
+{
+    node n[3];
+    memset(n, 0, sizeof n);
+    int port = 0;
+    dt_err e = {0};
+    DT_REQUIRE_OK(dt_rdzv_free_port(&port, &e), &e);
+    for (int k = 0; k < 3; k++) {
+        dt_rdzv_opts o;
+        memset(&o, 0, sizeof o);
+        dt_strlcpy(o.backend, "static", sizeof o.backend);
+        dt_strlcpy(o.nnodes, "3", sizeof o.nnodes);
+        o.node_rank = k;
+        dt_strlcpy(o.endpoint_host, "127.0.0.1", sizeof o.endpoint_host);
+        o.endpoint_port = port;
+        dt_strlcpy(o.run_id, "leave", sizeof o.run_id);
+        o.local_world_size = 1;
+        o.join_timeout = 20;
+        o.close_timeout = 10;
+        o.heartbeat_interval = 0.1;
+        o.heartbeat_timeout = 5;
+        DT_REQUIRE_OK(dt_rdzv_open(&n[k].rz, &o, &e), &e);
+    }
+    pthread_t th[3];
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE(pthread_create(&th[k], NULL, node_next, &n[k]) == 0);
+    for (int k = 0; k < 3; k++)
+        pthread_join(th[k], NULL);
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE_OK(n[k].rc, &n[k].err);
+    for (int k = 0; k < 3; k++)
+        DT_REQUIRE_OK(dt_rdzv_succeeded(n[k].rz, &e), &e);
+    dt_rdzv_status st;
+    DT_REQUIRE_OK(dt_rdzv_poll(n[1].rz, &st, &e), &e);
+    DT_CHECK_INT(st.state, DT_RDZV_SUCCEEDED);
+    dt_rdzv_close(n[1].rz); /* node 1 leaves */
+    DT_REQUIRE(pthread_create(&th[0], NULL, node_close, &n[0]) == 0);
+    dt_sleep_ms(600); /* node 0's first wait for the others times out meanwhile */
+    int rc = dt_rdzv_poll(n[2].rz, &st, &e);
+    DT_CHECK_MSG(rc == 0 && st.state == DT_RDZV_SUCCEEDED,
+                 "the slow node could not see the end: %d (%s), state %d", rc, e.msg,
+                 (int)st.state);
+    dt_rdzv_close(n[2].rz);
+    pthread_join(th[0], NULL);
+    DT_CHECK_MSG(n[0].closed_s >= 0.5 && n[0].closed_s < 9,
+                 "the store host closed after %.2f s (it must wait for node 2, not close_timeout)",
+                 n[0].closed_s);
+}
+
 static const dt_test tests[] = {
+    {"host_waits_for_slow_leaver", test_host_waits_for_slow_leaver, 60},
+    {"preempted_elsewhere", test_preempted_elsewhere, 60},
+    {"preempted_elsewhere_host", test_preempted_elsewhere_host, 60},
     {"two_nodes_env", test_two_nodes_env, 60},
     {"three_nodes_restart_all", test_three_nodes_restart_all, 90},
     {"budget_is_job_wide", test_budget_is_job_wide, 90},

@@ -443,6 +443,24 @@ static void test_install_deps(void)
     free(log);
     DT_CHECK_INT(runf(&out, 20, "/bin/sh %s/scripts/install-deps.sh --help", root), 0);
     DT_CHECK_CONTAINS(out, "build-essential");
+    DT_CHECK_CONTAINS(out, "--cluster also: slurm-wlm munge openssh-server");
+    free(out);
+    /* --cluster: the daemons the simulated-cluster tests run, by package */
+    p = deps_path("deps-cluster", true);
+    DT_CHECK_INT(runf(&out, 20, "INSTALLED='%s munge' PATH=%s /bin/sh %s/scripts/install-deps.sh --cluster",
+                      all, p, root),
+                 1);
+    DT_CHECK_CONTAINS(out, "install-deps: missing: slurm-wlm openssh-server\n");
+    free(out);
+    DT_CHECK_INT(runf(&out, 20,
+                      "INSTALLED='%s slurm-wlm munge openssh-server' PATH=%s /bin/sh "
+                      "%s/scripts/install-deps.sh --cluster",
+                      all, p, root),
+                 0);
+    DT_CHECK_CONTAINS(out, "all present: build-essential pkg-config libuv1-dev");
+    DT_CHECK_CONTAINS(out, "etcd-server slurm-wlm munge openssh-server");
+    free(out);
+    DT_CHECK_INT(runf(&out, 20, "/bin/sh %s/scripts/install-deps.sh --bogus", root), 2);
     free(out);
 }
 

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cmd/cmd.h"
@@ -41,6 +42,7 @@ typedef struct bench_opts {
     int warmup;
     const char *transport; /* DTRAIN_COMM_TRANSPORT for the ranks */
     bool plain;            /* a malloc'ed buffer instead of communicator memory */
+    double link_bps;       /* --link: the rate of a link between hosts (bit/s; 0 = not given) */
     /* child mode (set by the parent when it forks ranks) */
     int child_rank;
     char store_host[256];
@@ -55,7 +57,7 @@ static void usage(FILE *out)
             "float32|bf16|fp16|float64|int32|int64|uint8]\n"
             "                              [--op sum|avg|max|min] [--transport auto|shm|tcp] [--async] "
             "[--seconds S]\n"
-            "                              [--buffer comm|plain]\n\n"
+            "                              [--buffer comm|plain] [--link RATE]\n\n"
             "  --nproc N      ranks to fork on this host (default 2); under the launcher "
             "(RANK, WORLD_SIZE and\n"
             "                 DTRAIN_STORE_* set) the ranks are the launcher's workers instead\n"
@@ -65,7 +67,31 @@ static void usage(FILE *out)
             "  --async        issue each all-reduce with a work handle and wait (the DDP path)\n"
             "  --seconds S    measuring time per size (default 0.2)\n"
             "  --buffer B     comm: communicator memory, as DDP's gradients (default); plain: a "
-            "malloc'ed buffer\n");
+            "malloc'ed buffer\n"
+            "  --link RATE    the rate of each host's link (e.g. 1gbit, 10gbit): the summary gives "
+            "64 MiB busbw\n"
+            "                 as a share of it (target >= 0.9 across hosts)\n");
+}
+
+/* "1gbit", "10Gbit", "100mbit", "2.5g": bit/s; -1 when it is not a rate. */
+static double parse_rate(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v <= 0)
+        return -1;
+    double m = 1;
+    switch (*end == '\0' ? 0 : end[0] | 0x20) {
+    case 0: break;
+    case 'k': m = 1e3; end++; break;
+    case 'm': m = 1e6; end++; break;
+    case 'g': m = 1e9; end++; break;
+    case 't': m = 1e12; end++; break;
+    default: return -1;
+    }
+    if (*end && strcasecmp(end, "bit") && strcasecmp(end, "bit/s") && strcasecmp(end, "bps"))
+        return -1;
+    return v * m;
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -360,6 +386,15 @@ static int run_rank(const bench_opts *o, int rank, int world, int local_rank, in
                    busbw_64m / bw >= 0.5   ? "met"
                    : med_64m / bw >= 0.5 ? "met by the median"
                                          : "missed");
+        if (busbw_64m >= 0 && o->link_bps > 0) {
+            double link = o->link_bps / 8e9; /* GB/s */
+            printf("# 64 MiB busbw / link rate (%.3g Gbit/s = %.4g GB/s): %.3f, median %.3f "
+                   "(target >= 0.9): %s\n",
+                   o->link_bps / 1e9, link, busbw_64m / link, med_64m / link,
+                   busbw_64m / link >= 0.9   ? "met"
+                   : med_64m / link >= 0.9 ? "met by the median"
+                                           : "missed");
+        }
         fflush(stdout);
     }
 out:
@@ -482,6 +517,12 @@ int dt_bench_allreduce(int argc, char **argv)
                 return 2;
             }
             o.plain = !strcmp(v, "plain");
+        } else if (!strcmp(a, "--link")) {
+            if ((o.link_bps = parse_rate(v)) <= 0) {
+                fprintf(stderr, "dtrain bench allreduce: --link %s: give a rate such as 1gbit or "
+                                "10gbit\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--seconds")) {
             if (dt_parse_double(v, &o.seconds) || o.seconds <= 0) {
                 fprintf(stderr, "dtrain bench allreduce: --seconds %s: a positive number\n", v);

@@ -5,7 +5,7 @@
  * communicator number): every rank opens two listening TCP sockets (the ring's and the
  * point-to-point engine's), publishes "host id, address, ports, pid" under peer/<rank>, and reads
  * everyone's. Ranks with the same host id (host name +
- * kernel boot id, or DTRAIN_COMM_HOST_ID) share a segment created by the host's first rank
+ * kernel boot id + the device of /dev/shm, or DTRAIN_COMM_HOST_ID) share a segment created by the host's first rank
  * (announced under shm/<host>); the first rank of each host joins the ring between hosts.
  *
  * Execution: collectives are queued in issue order and executed one at a time by the comm
@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/env.h"
@@ -664,7 +665,12 @@ static void host_identity(char *buf, size_t cap)
     if (gethostname(host, sizeof host) != 0)
         dt_strlcpy(host, "localhost", sizeof host);
     host[sizeof host - 1] = '\0';
-    snprintf(buf, cap, "%.100s/%.40s", host, boot);
+    /* The shared-memory domain too: containers (or network namespaces) that share a host name
+     * and a kernel can still have /dev/shm mounts of their own, and ranks that cannot see each
+     * other's segments are on different hosts for us. Every view of one tmpfs has its st_dev. */
+    struct stat st;
+    unsigned long long shm_dev = stat("/dev/shm", &st) == 0 ? (unsigned long long)st.st_dev : 0;
+    snprintf(buf, cap, "%.100s/%.40s/%llx", host, boot, shm_dev);
 }
 
 /* A TCP socket listening on every address (IPv6 dual-stack when possible), any free port. */
@@ -952,12 +958,17 @@ int dt_comm_cpu_create(const dt_comm_opts *o, dt_store *store, uint64_t gen, con
         for (int i = 0; i < members; i++)
             ring_globals[i] = c->global_of[c->flat_tcp ? i : c->host_ranks[i * c->max_local]];
         int nx = (idx + 1) % members, nr = c->flat_tcp ? nx : c->host_ranks[nx * c->max_local];
+        int pv = (idx + members - 1) % members,
+            pr = c->flat_tcp ? pv : c->host_ranks[pv * c->max_local];
         dt_ring_opts ro = {.index = idx,
                            .size = members,
                            .global_ranks = ring_globals,
                            .next_host = strcmp(peers[nr].host, peers[rank].host) ? peers[nr].addr
                                                                                  : "127.0.0.1",
                            .next_port = peers[nr].port,
+                           .next_name = peers[nr].addr,
+                           .prev_host = peers[pr].addr,
+                           .timeout_ms = o->timeout_ms,
                            .listen_fd = lfd,
                            .tag = group_tag(o, gen),
                            .segment_bytes =

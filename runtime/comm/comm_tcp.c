@@ -53,6 +53,7 @@ typedef struct hello {
 struct dt_ring {
     int idx, n;
     int *globals;
+    char next_host[256], prev_host[256]; /* the neighbours' hosts, for messages */
     int next_fd, prev_fd;
     size_t seg;
     char *stage;   /* (seg) reduction staging */
@@ -167,9 +168,10 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, dt_re
                 if (salvage_mismatch(r, &in_h, &in_h_got, ctx, err))
                     return -EPROTO;
                 return fail(r, ctx, err, -ECONNRESET,
-                            "connection to rank %d (next in the TCP ring) lost: %s (it failed or "
-                            "exited; its log says why)",
-                            next, strerror(e));
+                            "connection to rank %d (next in the TCP ring, on %s) lost: %s (it "
+                            "failed or exited, or the network between the hosts is down; its log "
+                            "says why)",
+                            next, r->next_host, strerror(e));
             }
             want_out = out_h_sent < sizeof out_h;
         } else if (si < nsteps) {
@@ -188,9 +190,10 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, dt_re
                     if (salvage_mismatch(r, &in_h, &in_h_got, ctx, err))
                         return -EPROTO;
                     return fail(r, ctx, err, -ECONNRESET,
-                                "connection to rank %d (next in the TCP ring) lost: %s (it failed "
-                                "or exited; its log says why)",
-                                next, strerror(e));
+                                "connection to rank %d (next in the TCP ring, on %s) lost: %s (it "
+                                "failed or exited, or the network between the hosts is down; "
+                                "its log says why)",
+                                next, r->next_host, strerror(e));
                 }
                 want_out = s_off < limit;
             }
@@ -206,9 +209,10 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, dt_re
                              MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
                 return fail(r, ctx, err, -ECONNRESET,
-                            "rank %d (previous in the TCP ring) closed its connection%s%s (it "
-                            "failed or exited; its log says why)",
-                            prev, k ? ": " : "", k ? strerror(errno) : "");
+                            "rank %d (previous in the TCP ring, on %s) closed its connection%s%s "
+                            "(it failed or exited, or the network between the hosts is down; "
+                            "its log says why)",
+                            prev, r->prev_host, k ? ": " : "", k ? strerror(errno) : "");
             if (k > 0) {
                 in_h_got += (size_t)k;
                 progress = true;
@@ -260,9 +264,10 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, dt_re
             }
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
                 return fail(r, ctx, err, -ECONNRESET,
-                            "rank %d (previous in the TCP ring) closed its connection%s%s (it "
-                            "failed or exited; its log says why)",
-                            prev, k ? ": " : "", k ? strerror(errno) : "");
+                            "rank %d (previous in the TCP ring, on %s) closed its connection%s%s "
+                            "(it failed or exited, or the network between the hosts is down; "
+                            "its log says why)",
+                            prev, r->prev_host, k ? ": " : "", k ? strerror(errno) : "");
             if (k > 0)
                 progress = true;
             if (r_done == s->recv_bytes) {
@@ -284,13 +289,15 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, dt_re
             if (want_in || (ri < nsteps) || in_h_got < sizeof in_h)
                 return fail(r, ctx, err, -ETIMEDOUT,
                             "timed out after %.1f s waiting for data from rank %d (previous in "
-                            "the TCP ring); that rank or one before it is stalled, or issued "
-                            "fewer collectives than this one; ddp.timeout sets the limit",
-                            ctx->timeout_ms / 1000.0, prev);
+                            "the TCP ring, on %s); that rank or one before it is stalled, "
+                            "issued fewer collectives than this one, or cannot reach this host; "
+                            "ddp.timeout sets the limit",
+                            ctx->timeout_ms / 1000.0, prev, r->prev_host);
             return fail(r, ctx, err, -ETIMEDOUT,
-                        "timed out after %.1f s waiting for rank %d (next in the TCP ring) to "
-                        "accept data; it is stalled; ddp.timeout sets the limit",
-                        ctx->timeout_ms / 1000.0, next);
+                        "timed out after %.1f s waiting for rank %d (next in the TCP ring, on "
+                        "%s) to accept data; it is stalled or cannot be reached; ddp.timeout "
+                        "sets the limit",
+                        ctx->timeout_ms / 1000.0, next, r->next_host);
         }
         struct pollfd p[2] = {{r->next_fd, want_out ? POLLOUT : 0, 0},
                               {r->prev_fd, want_in ? POLLIN : 0, 0}};
@@ -305,9 +312,9 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, dt_re
             if (salvage_mismatch(r, &in_h, &in_h_got, ctx, err))
                 return -EPROTO;
             return fail(r, ctx, err, -ECONNRESET,
-                        "connection to rank %d (next in the TCP ring) lost (it failed or exited; "
-                        "its log says why)",
-                        next);
+                        "connection to rank %d (next in the TCP ring, on %s) lost (it failed or "
+                        "exited, or the network between the hosts is down; its log says why)",
+                        next, r->next_host);
         }
     }
 }
@@ -460,9 +467,23 @@ int dt_tcp_io_all(int fd, void *buf, size_t n, bool out, uint64_t deadline_ns)
 
 void dt_tcp_tune(int fd)
 {
-    int one = 1;
+    int one = 1, idle = 5, intvl = 2, cnt = 3;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
     dt_set_nonblock(fd, true);
+}
+
+/* Sent data unacknowledged for timeout_ms (a link that went silent: packets vanish, nothing
+ * resets the connection) makes the kernel drop the connection, and so do unanswered keepalive
+ * probes past it; the next poll then reports the error instead of a silent wait. */
+static void user_timeout(int fd, int timeout_ms)
+{
+    unsigned int t = timeout_ms > 0 ? (unsigned int)timeout_ms : 0;
+    if (t)
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &t, sizeof t);
 }
 
 int dt_tcp_connect(const char *host, int port, uint64_t deadline_ns, int *out, dt_err *err)
@@ -531,6 +552,8 @@ int dt_ring_connect(dt_ring **out, const dt_ring_opts *o, uint64_t deadline_ns, 
         goto fail;
     }
     memcpy(r->globals, o->global_ranks, (size_t)r->n * sizeof *r->globals);
+    dt_strlcpy(r->next_host, o->next_name ? o->next_name : o->next_host, sizeof r->next_host);
+    dt_strlcpy(r->prev_host, o->prev_host ? o->prev_host : "?", sizeof r->prev_host);
     const int next = r->globals[mod(r->idx + 1, r->n)], prev = r->globals[mod(r->idx - 1, r->n)];
 
     /* Connect first, then accept: every connect completes through the listen backlog, so the
@@ -569,6 +592,8 @@ int dt_ring_connect(dt_ring **out, const dt_ring_opts *o, uint64_t deadline_ns, 
     }
     dt_tcp_tune(r->next_fd);
     dt_tcp_tune(r->prev_fd);
+    user_timeout(r->next_fd, o->timeout_ms);
+    user_timeout(r->prev_fd, o->timeout_ms);
     *out = r;
     return 0;
 fail:

@@ -31,6 +31,10 @@ typedef struct dt_ring_opts {
     const int *global_ranks;  /* (size) global rank of each member, for messages (copied) */
     const char *next_host;    /* where member index+1 listens */
     int next_port;
+    const char *prev_host;    /* member index-1's host, for messages (NULL: unknown; copied) */
+    const char *next_name;    /* member index+1's host, for messages (NULL: next_host; copied) */
+    int timeout_ms;           /* the communicator's timeout: TCP_USER_TIMEOUT of both sockets
+                                 (0 = the kernel's default) */
     int listen_fd;            /* borrowed: where member index-1 connects to us */
     uint64_t tag;             /* group identity: connections from other groups are refused */
     size_t segment_bytes;     /* reduction pipeline unit (0 = 256 KiB) */
@@ -69,7 +73,9 @@ int dt_tcp_connect(const char *host, int port, uint64_t deadline_ns, int *out, d
 /* Sends (out) or receives exactly n bytes on a non-blocking socket until deadline_ns: 0,
  * -ETIMEDOUT, -ECONNRESET (closed) or -errno. */
 int dt_tcp_io_all(int fd, void *buf, size_t n, bool out, uint64_t deadline_ns);
-/* TCP_NODELAY and non-blocking. */
+/* TCP_NODELAY, non-blocking, and keepalive probes (after 5 s idle, every 2 s, 3 unanswered:
+ * a peer cut off while the connection is idle is found within about 11 s, before the next
+ * collective waits out its timeout on it). */
 void dt_tcp_tune(int fd);
 
 #endif

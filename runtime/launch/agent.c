@@ -237,7 +237,8 @@ static void reap(agent *a)
         } else if (ok) {
             w->state = W_SUCCEEDED;
             a->n_succeeded++;
-        } else if ((a->preempt_sig || a->spec->builtin_worker) && WIFEXITED(st) &&
+        } else if ((a->preempt_sig || a->spec->builtin_worker || a->rd.group_world_size > 1) &&
+                   WIFEXITED(st) &&
                    WEXITSTATUS(st) == DT_EXIT_PREEMPTED) { /* a planned stop (failures.md) */
             w->state = W_PREEMPTED; /* saved its checkpoint after USR1/USR2 or its own signal */
             a->n_preempted++;
@@ -1057,13 +1058,25 @@ static int stop_round(agent *a, enum outcome *out, dt_rdzv_status *st, bool *con
         DT_WARN("stopped by %s", dt_report_signame(a->first_signal, name, sizeof name));
         emit_end(a, "signal", 128 + a->first_signal);
         return 128 + a->first_signal;
-    case OUT_PREEMPTED:
-        if (a->rd.group_world_size > 1 &&
-            dt_rdzv_abort(a->rz, a->preempt_sig ? a->preempt_sig : SIGTERM, &ae))
+    case OUT_PREEMPTED: {
+        /* No signal here: the workers were signalled themselves, or stopped with those of a
+         * node that was (Slurm signals the nodes one at a time), whose abort names the signal;
+         * else this node's abort tells the others (a signal to one worker preempts the job). */
+        int sig = a->preempt_sig;
+        dt_rdzv_status ab = {0};
+        bool multi = a->rd.group_world_size > 1 || a->rd.elastic;
+        for (double until = dt_now_s() + 2 + 2 * a->L.monitor_interval;
+             !sig && multi && dt_rdzv_poll(a->rz, &ab, &ae) == 0 &&
+             ab.state == DT_RDZV_RUNNING && dt_now_s() < until;)
+            dt_sleep_ms(50);
+        if (!sig && ab.state == DT_RDZV_ABORTED)
+            sig = ab.signal;
+        else if (a->rd.group_world_size > 1 && dt_rdzv_abort(a->rz, sig ? sig : SIGTERM, &ae))
             DT_DEBUG("abort: %s", ae.msg);
         stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
         finish_outputs(a);
-        return preempted(a, a->preempt_sig);
+        return preempted(a, sig);
+    }
     case OUT_ABORTED:
         if (st->setup_error) { /* the error is the news; stopping is routine */
             DT_ERROR("%s", st->why);
@@ -1078,6 +1091,13 @@ static int stop_round(agent *a, enum outcome *out, dt_rdzv_status *st, bool *con
             return preempted(a, st->signal);
         return end_aborted(a, st);
     case OUT_LOST:
+        /* Cut off, or the store's host is gone: the others give this node up after
+         * heartbeat_timeout, and its workers, likely blocked in a collective whose peers went
+         * silent, get at most half of it: the node never trains on alone. */
+        DT_ERROR("this node is out of the job (it cannot reach the rendezvous: this host may be "
+                 "cut off from the network, and the other nodes then go on without it): "
+                 "stopping its workers");
+        a->L.stop_grace = DT_MIN(a->L.stop_grace, DT_MAX(a->L.heartbeat_timeout / 2, 0.5));
         stop_workers(a, SIGTERM);
         finish_outputs(a);
         emit_end(a, "lost_rendezvous", 1);
