@@ -13,6 +13,7 @@
 
 #include "common/util.h"
 #include "runtime/train/parallel/ddp.h"
+#include "runtime/train/obs/flight.h"
 #include "runtime/train/obs/trace.h"
 
 typedef struct ddp_impl {
@@ -62,6 +63,7 @@ static int ddp_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, bo
     if (rc)
         return rc;
     /* the reducer hears of finished gradients on the last micro-step only (no_sync before) */
+    dt_flight_phase(DT_PHASE_BACKWARD);
     ts = dt_trace_begin();
     rc = m->ops->backward(m, dloss, last ? dt_ddp_grad_ready : NULL, last ? d->ddp : NULL, err);
     dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");

@@ -4,6 +4,7 @@
 #include "runtime/train/parallel/strategy_single.h"
 
 #include "runtime/train/models/model.h"
+#include "runtime/train/obs/flight.h"
 #include "runtime/train/obs/trace.h"
 
 static int single_rank_batch(const dt_job *job) { return job->batch_size; }
@@ -35,6 +36,7 @@ static int single_micro_step(dt_strategy *s, const dt_batch *batch, float dloss,
     dt_trace_end(ts, DT_TRACE_FORWARD, "forward");
     if (rc)
         return rc;
+    dt_flight_phase(DT_PHASE_BACKWARD);
     ts = dt_trace_begin();
     rc = m->ops->backward(m, dloss, NULL, NULL, err);
     dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");

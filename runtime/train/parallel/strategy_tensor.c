@@ -47,6 +47,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "runtime/train/obs/flight.h"
 #include "runtime/train/parallel/ddp.h"
 #include "runtime/train/parallel/strategy_zero.h"
 
@@ -270,6 +271,7 @@ static int tp_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, boo
         return rc;
     /* the reducer hears of finished gradients on the last micro-step only (no_sync before) */
     dt_ddp *d = last ? reducer(t) : NULL;
+    dt_flight_phase(DT_PHASE_BACKWARD);
     return m->ops->backward(m, dloss, d ? dt_ddp_grad_ready : NULL, d, err);
 }
 

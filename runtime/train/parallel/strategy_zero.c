@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/train/parallel/ddp.h"
+#include "runtime/train/obs/flight.h"
 #include "runtime/train/obs/trace.h"
 
 /* ---- the sharded piece (dt_zero, strategy_zero.h) ----------------------------------------- */
@@ -413,6 +414,7 @@ static int zero_micro_step(dt_strategy *s, const dt_batch *batch, float dloss, b
     if (rc)
         return rc;
     /* the reducer hears of finished gradients on the last micro-step only (no_sync before) */
+    dt_flight_phase(DT_PHASE_BACKWARD);
     ts = dt_trace_begin();
     rc = m->ops->backward(m, dloss, last ? dt_ddp_grad_ready : NULL, last ? d : NULL, err);
     dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");

@@ -83,6 +83,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/train/parallel/ddp.h"
+#include "runtime/train/obs/flight.h"
 #include "runtime/train/obs/trace.h"
 #include "runtime/train/ckpt/xxh64.h"
 
@@ -776,6 +777,7 @@ int dt_zero3_micro_step(dt_zero3 *zz, const dt_batch *batch, float dloss, bool l
         return rc;
     }
     memset(z->bw_seen, 0, sizeof *z->bw_seen * (size_t)z->nb);
+    dt_flight_phase(DT_PHASE_BACKWARD);
     ts = dt_trace_begin();
     rc = m->ops->backward(m, dloss, NULL, NULL, err);
     dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");
