@@ -191,6 +191,8 @@ static int cmd_run(int argc, char **argv)
             spec.builtin_worker = true;
             spec.tensor = job.tensor;
             spec.pipeline = job.pipeline;
+            spec.flight = (dt_agent_flight_opts){job.flight_records, job.step_timeout,
+                                                 job.straggler_ratio, job.straggler_window};
             dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);
             code = dt_agent_run(&spec, &err);
         } else {

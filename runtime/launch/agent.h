@@ -27,6 +27,7 @@
 
 #include "common/err.h"
 #include "runtime/job/config.h"
+#include "runtime/launch/agent_flight.h"
 
 typedef struct dt_agent_spec {
     dt_launch launch;          /* resolved launcher settings */
@@ -39,6 +40,9 @@ typedef struct dt_agent_spec {
                                   (dt_parallel_check_world): a round whose world is not ends the
                                   job as a configuration error (DT_EXIT_CONFIG) before any
                                   worker starts. 0 (commands) counts as 1 */
+    dt_agent_flight_opts flight; /* job-file mode: the flight records' keys (train.flight_records,
+                                    step_timeout, straggler_ratio, straggler_window); zero for
+                                    commands: no flight records */
 } dt_agent_spec;
 
 /* Runs the agent until the job ends. Returns the process exit code the README documents
