@@ -571,6 +571,10 @@ int dt_comm_mem_alloc(dt_comm *c, size_t bytes, void **out, dt_err *err)
     if (!c->ops->mem_alloc)
         return dt_err_set(err, -ENOTSUP, "comm: the %s backend has no communicator memory",
                           c->ops->name);
+    /* a collective of the cpu backend's sequence: it takes a number (not recorded) */
+    pthread_mutex_lock(&c->obs_mu);
+    c->obs_seq++;
+    pthread_mutex_unlock(&c->obs_mu);
     return c->ops->mem_alloc(c->self, bytes, out, err);
 }
 

@@ -249,7 +249,8 @@ int dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int peer,
  *
  * Sequence numbers: a communicator numbers its collectives 1, 2, ... in issue order, as the cpu
  * backend does in its messages and errors ("allreduce #k"), so the k-th call on one rank is the
- * k-th on every other; point-to-point ops are numbered per (peer, direction): the k-th send to
+ * k-th on every other (dt_comm_mem_alloc, a collective of the cpu backend's sequence, takes a
+ * number too, unrecorded); point-to-point ops are numbered per (peer, direction): the k-th send to
  * a peer matches that peer's k-th receive from this rank. Labels name a communicator's kind
  * ("world" for one made by dt_comm_init, "group" for a split until dt_comm_set_label names it:
  * the grid names its groups "tensor", "data", "pipeline", "embedding"); its id is the same on

@@ -139,6 +139,8 @@ typedef struct dt_flightrec_window {
     int64_t index;        /* the window: steps index*K+1 .. (index+1)*K */
     uint64_t compute_ns;  /* its steps' wall time minus the waits */
     uint64_t wait_ns;     /* time the trainer's thread was blocked in the comm layer */
+    uint64_t median_ns;   /* the median step's compute time (robust to a step the OS
+                             preempted: what straggler scores compare) */
 } dt_flightrec_window;
 
 typedef struct dt_flightrec_hdr {

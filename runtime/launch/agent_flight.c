@@ -10,7 +10,7 @@
  *   failtrig       the round's first failure trigger (compare-and-set: one failure dump a round)
  *   sum/<n>/<k>    node k's ranks for dump n (each trimmed: dt_verdict_trim)
  *   verdict/<n>    the verdict's lines; failverdict: the dump of the round's failure verdict
- *   win/<j%8>/<k>  node k's straggler window j: "j rank steps compute_ns wait_ns ..." (a slot
+ *   win/<j%8>/<k>  node k's straggler window j: "j rank steps median_ns wait_ns ..." (a slot
  *                  of eight, overwritten: no key grows with the length of a job)
  */
 #include "runtime/launch/agent_flight.h"
@@ -78,8 +78,13 @@ static bool fmt(char *dst, size_t cap, const char *f, ...)
     return n >= 0 && (size_t)n < cap;
 }
 
+/* A store call failed (not a wait that timed out): the store is gone or unreachable, and every
+ * later call would wait for its connection again, which the agent's loop cannot afford: no more
+ * store calls this round. */
 static void store_warn(dt_agent_flight *f, const char *what, const dt_err *e)
 {
+    dt_store_free(f->st);
+    f->st = NULL;
     if (f->warned)
         return;
     f->warned = true;
@@ -270,6 +275,7 @@ static cJSON *rank_json(dt_agent_flight *f, int i, taken *t, int64_t dump, doubl
         cJSON_AddNumberToObject(w, "steps", s.windows[k].steps);
         cJSON_AddNumberToObject(w, "compute_s", (double)s.windows[k].compute_ns * 1e-9);
         cJSON_AddNumberToObject(w, "wait_s", (double)s.windows[k].wait_ns * 1e-9);
+        cJSON_AddNumberToObject(w, "median_step_compute_s", (double)s.windows[k].median_ns * 1e-9);
         cJSON_AddItemToArray(ws, w);
     }
     dt_flightrec_snap_free(&s);
@@ -641,11 +647,11 @@ static void publish_windows(dt_agent_flight *f)
             }
             k += (size_t)snprintf(val + k, sizeof val - k, " %d %d %llu %llu",
                                   f->rd.rank_base + i, w->steps,
-                                  (unsigned long long)w->compute_ns,
+                                  (unsigned long long)w->median_ns,
                                   (unsigned long long)w->wait_ns);
         }
         f->published = j;
-        if (!all || k >= sizeof val)
+        if (!all || k >= sizeof val || !f->st)
             continue; /* a window a rank no longer holds: skipped */
         snprintf(key, sizeof key, "win/%d/%d", (int)(j % SLOTS), f->rd.group_rank);
         dt_err e = {0};
@@ -710,7 +716,7 @@ static void score(dt_agent_flight *f, int64_t j, char **vals, int nvals)
             strtoull(p, &end, 10);
             p = end;
             if (r >= 0 && r < W && st > 0) {
-                c[r] = (double)comp * 1e-9 / (double)st;
+                c[r] = (double)comp * 1e-9; /* the median step's compute time */
                 steps[r] = (int)st;
             }
         }
@@ -785,7 +791,8 @@ static void score_windows(dt_agent_flight *f)
                 snprintf(keys[k], 48, "win/%d/%d", (int)(j % SLOTS), k);
         }
         int all = 0;
-        if (dt_store_check(f->st, (const char *const *)keys, (size_t)G, &all, NULL) || !all)
+        if (!f->st || dt_store_check(f->st, (const char *const *)keys, (size_t)G, &all, NULL) ||
+            !all)
             break;
         if (dt_store_multi_get(f->st, (const char *const *)keys, (size_t)G, vals, lens, 0, NULL))
             break;
@@ -874,7 +881,9 @@ void dt_agent_flight_round(dt_agent_flight **out, const dt_agent_flight_opts *o,
     /* the store, at the round's address; a prefix of the round's own */
     dt_store_opts so;
     dt_store_opts_default(&so);
-    so.connect_timeout_ms = so.timeout_ms = 5000;
+    /* short: the agent's loop waits for every call (a store that is gone costs one connect) */
+    so.connect_timeout_ms = 1000;
+    so.timeout_ms = 3000;
     char prefix[DT_RDZV_STR + 64];
     fmt(prefix, sizeof prefix, "dtrain-flight/%s/r%d-%d/", rd->run_id, rd->round,
         rd->master_port);
@@ -943,8 +952,13 @@ void dt_agent_flight_signal(dt_agent_flight *f, int sig)
     char why[128];
     fmt(why, sizeof why, "SIGUSR1 to the agent of node %d (pid %d)", f->rd.group_rank,
         (int)getpid());
-    if (trigger(f, "request", why))
-        poll_dumps(f);
+    int64_t n = trigger(f, "request", why);
+    if (!n)
+        return;
+    /* every node's records before the signal goes on to the workers (which then stop) */
+    poll_dumps(f);
+    if (!is_node0(f))
+        take_verdict(f, (int)(DT_AGENT_FLIGHT_VERDICT_S * 1000));
 }
 
 /* This node's first failed worker that failed in the comm layer: its rank and message. */
@@ -992,7 +1006,7 @@ void dt_agent_flight_stopping(dt_agent_flight *f, bool local_failed)
             poll_dumps(f);
             void *v = NULL;
             size_t len = 0;
-            if (dt_store_get(f->st, "failverdict", &v, &len, 100, NULL) == 0) {
+            if (!f->st || dt_store_get(f->st, "failverdict", &v, &len, 100, NULL) == 0) {
                 free(v);
                 break;
             }

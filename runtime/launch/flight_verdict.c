@@ -414,7 +414,7 @@ static void walk_collectives(const vin *V, int g, cand *best)
     for (uint64_t k = lo; k <= hi; k++) {
         const vrec *first = NULL;
         int first_rank = -1;
-        bool differ = false, missing = false, pending = false;
+        bool differ = false, missing = false, pending = false, failed = false;
         double t = 0;
         const vrec *diff = NULL;
         int diff_rank = -1;
@@ -444,6 +444,7 @@ static void walk_collectives(const vin *V, int g, cand *best)
             if (x->t_issue > 0 && (t == 0 || x->t_issue < t))
                 t = x->t_issue;
             pending = pending || x->state != ST_DONE;
+            failed = failed || x->state == ST_FAILED;
         }
         if (!first)
             continue;
@@ -452,7 +453,7 @@ static void walk_collectives(const vin *V, int g, cand *best)
             better(best, &c);
             return;
         }
-        if (missing && pending && age(V, t) >= DT_VERDICT_MIN_WAIT_S) {
+        if (missing && pending && (failed || age(V, t) >= DT_VERDICT_MIN_WAIT_S)) {
             cand c = {C_MISSING, g, k, t, first, NULL, first_rank, -1};
             better(best, &c);
             return;
@@ -480,7 +481,8 @@ static void walk_p2p(const vin *V, int g, cand *best)
                 }
                 continue;
             }
-            if (x->state == ST_DONE || age(V, x->t_issue) < DT_VERDICT_MIN_WAIT_S)
+            if (x->state == ST_DONE ||
+                (x->state != ST_FAILED && age(V, x->t_issue) < DT_VERDICT_MIN_WAIT_S))
                 continue;
             uint64_t a = 0, b = 0;
             if (P->present) {
@@ -667,6 +669,36 @@ static bool shifted(const vin *V, int g, uint64_t k, int a, int b)
     return compared > 0;
 }
 
+/* Rank r's call at #k of group g against its own calls of the step before: the call at the same
+ * place in that step (NULL when there is none). A rank that skipped a call has, at #k, what came
+ * next in its last step. */
+static const vrec *same_place_before(const vin *V, int g, uint64_t k, int r, int shift)
+{
+    const vrank *R = &V->ranks[r];
+    const vrec *x = find(R, g, k, 0, 0, false);
+    if (!x || x->step < 2)
+        return NULL;
+    int place = 0; /* x's place among r's calls of its step on g */
+    for (int i = 0; i < R->nr; i++)
+        if (R->r[i].g == g && !R->r[i].p2p && R->r[i].step == x->step && R->r[i].seq < k)
+            place++;
+    int at = 0;
+    for (int i = 0; i < R->nr; i++) {
+        const vrec *y = &R->r[i];
+        if (y->g == g && !y->p2p && y->step == x->step - 1 && at++ == place + shift)
+            return y;
+    }
+    return NULL;
+}
+
+/* Whether rank r's #k is what its own last step had one place later (it skipped a call). */
+static bool skipped_by_pattern(const vin *V, int g, uint64_t k, int r)
+{
+    const vrec *x = find(&V->ranks[r], g, k, 0, 0, false);
+    const vrec *same = same_place_before(V, g, k, r, 0), *next = same_place_before(V, g, k, r, 1);
+    return x && same && next && !same_sig(same, x) && same_sig(next, x);
+}
+
 static void verdict_mismatch(dt_verdict *v, const vin *V, const cand *c, sb *lines)
 {
     const vgroup *G = &V->groups[c->g];
@@ -706,6 +738,12 @@ static void verdict_mismatch(dt_verdict *v, const vin *V, const cand *c, sb *lin
     /* which side skipped: its calls from #k are the other side's from #k+1 */
     bool bskip = nb > 0 && na > 0 && shifted(V, c->g, c->k, ra[0], rb[0]);
     bool askip = nb > 0 && na > 0 && shifted(V, c->g, c->k, rb[0], ra[0]);
+    bool by_pattern = false;
+    if (!bskip && !askip && nb > 0 && na > 0) { /* the others stopped at #k: each side's steps */
+        by_pattern = true;
+        bskip = skipped_by_pattern(V, c->g, c->k, rb[0]);
+        askip = skipped_by_pattern(V, c->g, c->k, ra[0]);
+    }
     if (bskip != askip) {
         int *sk = bskip ? rb : ra, nsk = bskip ? nb : na;
         const vrec *missed = find(&V->ranks[bskip ? ra[0] : rb[0]], c->g, c->k, 0, 0, false);
@@ -715,10 +753,16 @@ static void verdict_mismatch(dt_verdict *v, const vin *V, const cand *c, sb *lin
         sig(theirs, st, sizeof st);
         for (int i = 0; i < nsk; i++) {
             who(V, sk[i], w, sizeof w);
-            put(what, sizeof what, "%s skipped %s %s (%s, issued by the others in step %d, "
-                     "phase %s): its #%llu is their #%llu (%s %s)", w, missed->op, cn, sm,
-                     missed->step, missed->phase, (unsigned long long)c->k,
-                     (unsigned long long)c->k + 1, theirs->op, st);
+            if (by_pattern)
+                put(what, sizeof what, "%s skipped %s %s (%s, issued by the others in step %d, "
+                    "phase %s): it entered #%llu as %s %s, the call that came next in its step "
+                    "%d", w, missed->op, cn, sm, missed->step, missed->phase,
+                    (unsigned long long)c->k, theirs->op, st, theirs->step - 1);
+            else
+                put(what, sizeof what, "%s skipped %s %s (%s, issued by the others in step %d, "
+                    "phase %s): its #%llu is their #%llu (%s %s)", w, missed->op, cn, sm,
+                    missed->step, missed->phase, (unsigned long long)c->k,
+                    (unsigned long long)c->k + 1, theirs->op, st);
             add_culprit(v, V, sk[i], V->ranks[sk[i]].node, c->t - 0.001, what);
         }
         dt_strlcpy(v->cause, "skipped", sizeof v->cause);
@@ -800,27 +844,67 @@ static void verdict_p2p(dt_verdict *v, const vin *V, const cand *c, sb *lines)
     dt_strlcpy(v->cause, kind_cause(kind), sizeof v->cause);
 }
 
-/* No disagreement: lost ranks, else (a watchdog) the ranks that wait in no collective. */
+/* Whether rank R's records show a call that failed (it was a victim of the comm layer). */
+static bool failed_in_comm(const vrank *R)
+{
+    for (int i = 0; i < R->nr; i++)
+        if (R->r[i].state == ST_FAILED)
+            return true;
+    return false;
+}
+
+/* No disagreement among the calls: the stopped ranks, the lost nodes and the ranks gone for
+ * reasons of their own come first (a rank gone after a failed call is a victim, named only when
+ * there is nothing else); else (a watchdog) the ranks that wait in no collective. */
 static void verdict_other(dt_verdict *v, const vin *V)
 {
     char d[400], w[64], what[512];
-    for (int r = 0; r < V->world; r++) {
-        const vrank *R = &V->ranks[r];
-        if (R->present && R->alive && strcmp(R->state, "T") && strcmp(R->state, "t") &&
-            strcmp(R->state, "Z"))
-            continue; /* running: not evidence by itself */
-        int kind = describe(V, r, -1, d, sizeof d);
-        if (kind == K_NEVER || kind == K_UNKNOWN)
-            continue;
-        who(V, r, w, sizeof w);
-        put(what, sizeof what, "%s %s", w, d);
-        add_culprit(v, V, r, R->node, R->phase_since > 0 ? R->phase_since : V->now, what);
-        if (!v->cause[0])
-            dt_strlcpy(v->cause, kind_cause(kind), sizeof v->cause);
-    }
+    for (int pass = 0; pass < 3 && !v->n; pass++)
+        for (int r = 0; r < V->world; r++) {
+            const vrank *R = &V->ranks[r];
+            if (R->present && R->alive && strcmp(R->state, "T") && strcmp(R->state, "t") &&
+                strcmp(R->state, "Z"))
+                continue; /* running: not evidence by itself */
+            int kind = describe(V, r, -1, d, sizeof d);
+            bool take = pass == 0   ? kind == K_STOPPED || kind == K_LOST
+                        : pass == 1 ? kind == K_GONE && !failed_in_comm(R)
+                                    : kind == K_GONE;
+            if (!take)
+                continue;
+            who(V, r, w, sizeof w);
+            snprintf(what, sizeof what, "%s %s", w, d);
+            add_culprit(v, V, r, R->node, R->phase_since > 0 ? R->phase_since : V->now, what);
+            if (!v->cause[0])
+                dt_strlcpy(v->cause, kind_cause(kind), sizeof v->cause);
+        }
     if (v->n) {
-        put(v->summary, sizeof v->summary, "%s%s", v->c[0].what,
-                 v->n > 1 ? " (and others, below)" : "");
+        /* what the others were last in */
+        const vrec *last = NULL;
+        for (int r = 0; r < V->world; r++) {
+            const vrank *R = &V->ranks[r];
+            bool culprit = false;
+            for (int i = 0; i < v->n; i++)
+                culprit = culprit || v->c[i].rank == r;
+            for (int i = 0; !culprit && i < R->nr; i++) /* the first it is stuck in */
+                if (R->r[i].state != ST_DONE) {
+                    if (!last || R->r[i].t_issue < last->t_issue)
+                        last = &R->r[i];
+                    break;
+                }
+        }
+        char cn[160] = "", sg[64] = "";
+        if (last) {
+            call_name(V, last, cn, sizeof cn);
+            sig(last, sg, sizeof sg);
+        }
+        if (last)
+            put(v->summary, sizeof v->summary, "%s%s; all others %s %s (%s)%s", v->c[0].what,
+                v->n > 1 ? " (and others, below)" : "",
+                last->state == ST_FAILED ? "waited in" : "wait in", cn, sg,
+                last->state == ST_FAILED ? " until it failed" : "");
+        else
+            put(v->summary, sizeof v->summary, "%s%s", v->c[0].what,
+                v->n > 1 ? " (and others, below)" : "");
         return;
     }
     if (!strcmp(V->kind, "watchdog")) {

@@ -25,6 +25,8 @@
 
 enum fault_kind { FAULT_NONE, FAULT_SKIP, FAULT_P2P_SIZE, FAULT_STALL };
 
+#define WIN_VALS 4096 /* steps of a window whose compute times are kept for the median */
+
 static struct {
     bool open, agent;
     dt_flightrec fr;
@@ -40,6 +42,7 @@ static struct {
     int64_t win_index;
     int win_steps;
     uint64_t win_compute, win_wait;
+    uint64_t *win_vals;            /* (min(K, WIN_VALS)) each step's compute time */
     /* groups: uid -> index in the mapping (-1: not recorded) */
     pthread_mutex_t mu;
     int ngroups;
@@ -359,6 +362,12 @@ void dt_flight_micro(int micro)
         publish();
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 void dt_flight_step_end(void)
 {
     if (!F.open || !F.step_t0)
@@ -377,12 +386,21 @@ void dt_flight_step_end(void)
         F.win_compute = F.win_wait = 0;
     }
     F.win_index = index;
+    if (F.win_vals && F.win_steps < WIN_VALS)
+        F.win_vals[F.win_steps] = wall - wait;
     F.win_steps++;
     F.win_compute += wall - wait;
     F.win_wait += wait;
     if (step % F.window == 0) {
+        int nv = F.win_steps < WIN_VALS ? F.win_steps : WIN_VALS;
+        uint64_t median = 0;
+        if (F.win_vals && nv > 0) {
+            qsort(F.win_vals, (size_t)nv, sizeof *F.win_vals, cmp_u64);
+            median = F.win_vals[(nv - 1) / 2];
+        }
         dt_flightrec_window w = {.steps = F.win_steps, .index = index,
-                                 .compute_ns = F.win_compute, .wait_ns = F.win_wait};
+                                 .compute_ns = F.win_compute, .wait_ns = F.win_wait,
+                                 .median_ns = median};
         dt_flightrec_add_window(&F.fr, &w);
         F.win_steps = 0;
         F.win_compute = F.win_wait = 0;
@@ -405,6 +423,10 @@ int dt_flight_open(const dt_flight_opts *o, dt_err *err)
     F.world = o->world_size;
     F.window = o->straggler_window;
     F.ratio = o->straggler_ratio;
+    free(F.win_vals);
+    F.win_vals = F.window > 0 ? calloc((size_t)(F.window < WIN_VALS ? F.window : WIN_VALS),
+                                       sizeof *F.win_vals)
+                              : NULL;
     F.ngroups = 0;
     atomic_store(&F.f_fired, false);
     for (int i = 0; i < DT_COMM_OP_COUNT && i < DT_FLIGHTREC_NAMES; i++)
@@ -436,6 +458,8 @@ void dt_flight_close(void)
         return;
     dt_comm_set_observer(NULL);
     F.open = false;
+    free(F.win_vals);
+    F.win_vals = NULL;
     dt_flightrec_close(&F.fr);
 }
 
