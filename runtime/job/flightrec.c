@@ -208,7 +208,8 @@ int dt_flightrec_snapshot(const dt_flightrec *fr, dt_flightrec_snap *s, bool rec
             continue; /* a slot whose id was taken but not yet written */
         s->recs[s->n++] = c;
     }
-    qsort(s->recs, s->n, sizeof *s->recs, rec_cmp);
+    if (s->n > 1)
+        qsort(s->recs, s->n, sizeof *s->recs, rec_cmp);
     return 0;
 }
 

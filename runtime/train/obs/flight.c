@@ -328,8 +328,8 @@ static void stall(void)
 
 void dt_flight_phase(dt_flightrec_phase p)
 {
-    if (!F.open)
-        return;
+    if (!F.open || (F.pos.phase == DT_PHASE_END && p != DT_PHASE_DATA))
+        return; /* after the last step: the final evaluation and save are the end (no watchdog) */
     set_phase(p, dt_now_ns());
     publish();
     if (p == DT_PHASE_DATA && fault_fires(FAULT_STALL, true))
