@@ -9,6 +9,8 @@
  *   why/<n>        dump n's {kind, node, reason, time}; agents poll for why/<seen + 1>
  *   failtrig       the round's first failure trigger (compare-and-set: one failure dump a round)
  *   sum/<n>/<k>    node k's ranks for dump n (each trimmed: dt_verdict_trim)
+ *   ack/<n>        node 0 took up dump n (an agent waiting for a verdict stops waiting when no
+ *                  ack comes: node 0's agent is gone or stuck)
  *   verdict/<n>    the verdict's lines; failverdict: the dump of the round's failure verdict
  *   win/<j%8>/<k>  node k's straggler window j: "j rank steps median_ns wait_ns ..." (a slot
  *                  of eight, overwritten: no key grows with the length of a job)
@@ -373,6 +375,10 @@ static void record_culprits(dt_agent_flight *f, const dt_verdict *v, const cJSON
 static void make_verdict(dt_agent_flight *f, int64_t n, cJSON *why, cJSON *mine, double now)
 {
     const int G = f->rd.group_world_size;
+    char ack[64];
+    snprintf(ack, sizeof ack, "ack/%lld", (long long)n);
+    if (f->st)
+        dt_store_set(f->st, ack, "1", 1, NULL);
     cJSON *in = cJSON_CreateObject();
     cJSON_AddNumberToObject(in, "version", 1);
     cJSON_AddNumberToObject(in, "time", now);
@@ -737,7 +743,8 @@ static void score(dt_agent_flight *f, int64_t j, char **vals, int nvals)
         if (c[r] < 0)
             continue;
         double ratio = c[r] / median;
-        bool now = ratio >= f->o.straggler_ratio;
+        bool now = ratio >= f->o.straggler_ratio &&
+                   (c[r] - median) * 1e3 >= DT_AGENT_FLIGHT_STRAGGLER_MS;
         if (now == f->flagged[r])
             continue;
         f->flagged[r] = now;
@@ -1000,8 +1007,10 @@ void dt_agent_flight_stopping(dt_agent_flight *f, bool local_failed)
             rank, msg);
         trigger(f, timeout ? "timeout" : "failure", why);
         /* the round's first failure dump, this node's or another's (which may be asked for a
-         * moment later): answered here, and node 0 makes its verdict here */
-        double until = dt_now_s() + DT_AGENT_FLIGHT_VERDICT_S;
+         * moment later): answered here, and node 0 makes its verdict here. Another node waits
+         * for it while node 0 has taken the dump up (ack/<n>): a node 0 that is gone must not
+         * hold this node's failure back (the rendezvous would see a lost node first) */
+        double t0 = dt_now_s(), until = t0 + DT_AGENT_FLIGHT_VERDICT_S;
         while (dt_now_s() < until) {
             poll_dumps(f);
             void *v = NULL;
@@ -1010,6 +1019,15 @@ void dt_agent_flight_stopping(dt_agent_flight *f, bool local_failed)
                 free(v);
                 break;
             }
+            char ack[64];
+            snprintf(ack, sizeof ack, "ack/%lld", (long long)(f->await ? f->await : f->seen));
+            if (!is_node0(f) && dt_now_s() - t0 > DT_AGENT_FLIGHT_ACK_S && f->st &&
+                dt_store_get(f->st, ack, &v, &len, 0, NULL) != 0) {
+                DT_WARN("flight records: node 0's agent did not take up the dump in %g s (gone "
+                        "or stuck): no hang verdict", DT_AGENT_FLIGHT_ACK_S);
+                break;
+            }
+            free(v);
         }
         take_verdict(f, 500);
         return;

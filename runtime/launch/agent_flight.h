@@ -41,6 +41,12 @@
 #define DT_AGENT_FLIGHT_TICK_S 0.2   /* how often an agent looks for triggers */
 #define DT_AGENT_FLIGHT_ANSWER_S 2.0 /* how long node 0 waits for the other nodes' records */
 #define DT_AGENT_FLIGHT_VERDICT_S 5.0 /* how long an agent whose worker failed waits for it */
+#define DT_AGENT_FLIGHT_STRAGGLER_MS 1.0 /* a straggler's median step also takes at least this
+                                           much more compute than the median rank's: below it,
+                                           steps of tenths of a millisecond, scheduling noise
+                                           is all there is to see */
+#define DT_AGENT_FLIGHT_ACK_S 0.6     /* ... when node 0's agent has not taken the dump up by then:
+                                         no longer (it is gone or stuck) */
 
 typedef struct dt_agent_flight_opts {
     int records;            /* train.flight_records; 0 = no flight records (a command's workers) */

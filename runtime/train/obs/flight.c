@@ -293,12 +293,23 @@ static void publish(void)
     dt_flightrec_set_pos(&F.fr, &F.pos);
 }
 
+/* The phases' names on the trace's "phases" track (literals; apart from the spans of the same
+ * work on the training thread's track, which tools count by name). */
+static const char *phase_span_name(int p)
+{
+    static const char *const names[DT_PHASE_COUNT] = {
+        "phase none",          "phase init",      "phase data",       "phase forward",
+        "phase backward",      "phase gradient sync", "phase optimiser", "phase evaluation",
+        "phase checkpoint",    "phase end"};
+    return p >= 0 && p < DT_PHASE_COUNT ? names[p] : "phase";
+}
+
 /* The phase p from now (the previous one becomes a span of the trace). */
 static void set_phase(dt_flightrec_phase p, uint64_t now)
 {
     if (F.pos.phase != (int)p && F.pos.phase_since && dt_trace_begin()) {
         dt_trace_span s = {.t0 = F.pos.phase_since, .t1 = now, .cat = phase_cat(F.pos.phase),
-                           .name = dt_flightrec_phase_name(F.pos.phase), .track = "phases"};
+                           .name = phase_span_name(F.pos.phase), .track = "phases"};
         if (s.t1 > s.t0)
             dt_trace_add(&s);
     }
