@@ -16,6 +16,7 @@ int dt_cmd_worker(int argc, char **argv); /* cmd/worker.c: the built-in trainer 
 int dt_cmd_store(int argc, char **argv);  /* cmd/store_cmd.c: standalone store server */
 int dt_cmd_bench(int argc, char **argv);  /* cmd/bench/bench.c: dispatches to dt_bench_* */
 int dt_cmd_ckpt(int argc, char **argv);   /* cmd/ckpt.c: list, show, verify */
+int dt_cmd_debug(int argc, char **argv);  /* cmd/debug.c: dump, analyze (hang verdicts) */
 
 /* Benchmarks: `dtrain bench NAME ...`, one file each (cmd/bench_NAME.c). */
 int dt_bench_store(int argc, char **argv);

@@ -216,6 +216,8 @@ static int cmd_run(int argc, char **argv)
             }
             spec.tensor = job.tensor;
             spec.pipeline = job.pipeline;
+            spec.flight = (dt_agent_flight_opts){job.flight_records, job.step_timeout,
+                                                 job.straggler_ratio, job.straggler_window};
             dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);
             code = dt_agent_run(&spec, &err);
         } else {
@@ -255,7 +257,7 @@ static const struct {
     int (*fn)(int, char **);
 } subcommands[] = {
     {"worker", dt_cmd_worker}, {"store", dt_cmd_store}, {"bench", dt_cmd_bench},
-    {"ckpt", dt_cmd_ckpt},     {"help", cmd_help},
+    {"ckpt", dt_cmd_ckpt},     {"debug", dt_cmd_debug},   {"help", cmd_help},
 };
 
 int dt_cmd_main(int argc, char **argv)

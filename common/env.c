@@ -39,6 +39,8 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_COMM_SHM_MEM_MB", "-1", "cpu collectives: most communicator memory (DDP's gradients) a rank puts in /dev/shm, in MiB (-1 = no limit, 0 = none); beyond it, or when /dev/shm is full, the ranks of the host fall back to staged copies"},
     {"DTRAIN_COMM_SPIN_US", "50", "cpu collectives: microseconds a rank spins waiting for a peer before it sleeps"},
     {"DTRAIN_COMM_TCP_SEGMENT_KB", "256", "cpu collectives: TCP ring pipeline segment, in KiB"},
+    {"DTRAIN_FLIGHT_FD", NULL, "descriptor of the worker's flight records, a mapping its agent made and reads (set by the agent)"},
+    {"DTRAIN_FAULT", NULL, "test hook, for tests and benches only: rank:R,step:S,kind:K[,secs:N][,group:G] makes global rank R inject a fault at step S: kind skip-collective (does not issue its first collective of the step), p2p-size (posts its first point-to-point receive for half the count) or stall-data (sleeps secs, default 3600, in its data phase)"},
 };
 const size_t dt_env_vars_count = sizeof dt_env_vars / sizeof dt_env_vars[0];
 

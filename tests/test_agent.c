@@ -154,7 +154,8 @@ static void test_workenv_round_trip(void)
                        .master_addr = "10.1.2.3", .master_port = 4321, .store_addr = "10.1.2.4",
                        .store_port = 29501, .run_id = "rt-job", .attempt = 2, .max_restarts = 5,
                        .round = 4, .error_file = "/logs/rt-job/attempt_2/6/error.json",
-                       .local_addr = "10.1.2.5", .agent_pid = 4242, .omp_num_threads = 1};
+                       .local_addr = "10.1.2.5", .agent_pid = 4242, .omp_num_threads = 1,
+                       .flight_fd = 9};
     dt_envb b;
     DT_REQUIRE(dt_envb_init(&b, NULL, NULL) == 0);
     DT_REQUIRE(dt_workenv_export(&w, &b, NULL) == 0);

@@ -24,6 +24,7 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -51,9 +52,19 @@ struct dt_comm {
     _Atomic uint64_t calls[DT_COMM_OP_COUNT];
     _Atomic uint64_t bytes[DT_COMM_OP_COUNT];
     _Atomic uint64_t wait_ns;
+    /* the observer's (see dt_comm_observer): under obs_mu */
+    char label[16];
+    uint64_t uid;        /* hash of prefix: the same on every member */
+    pthread_mutex_t obs_mu;
+    uint64_t obs_seq;    /* collectives issued */
+    uint64_t *p2p_seq;   /* (2 x world) sends to / receives from each rank, or NULL */
+    struct obs_pending { dt_comm_work *w; uint64_t token; } *pend; /* issued, not waited */
+    size_t npend, cap_pend;
 };
 
 static _Atomic uint64_t comm_counter;
+
+static uint64_t fnv1a64(const char *s);
 
 /* ---- nccl: loaded from libdtrain_cuda.so ------------------------------------------------- */
 
@@ -116,6 +127,9 @@ static void free_comm(dt_comm *c)
 {
     if (!c)
         return;
+    pthread_mutex_destroy(&c->obs_mu);
+    free(c->p2p_seq);
+    free(c->pend);
     free(c->global);
     free(c->run_id);
     free(c->local_addr);
@@ -153,11 +167,14 @@ int dt_comm_init(dt_comm **out, dt_store *store, const dt_comm_opts *opts, dt_er
         return dt_err_set(err, -ENOMEM, "comm: out of memory");
     c->rank = o.rank;
     c->world = o.world_size;
+    pthread_mutex_init(&c->obs_mu, NULL);
+    dt_strlcpy(c->label, "world", sizeof c->label);
     uint64_t gen = o.number ? o.number : atomic_fetch_add(&comm_counter, 1) + 1;
     dt_store *ns = NULL;
     int rc = 0;
     snprintf(c->prefix, sizeof c->prefix, "comm/%s/%d/%llu/", o.run_id ? o.run_id : "none",
              o.attempt, (unsigned long long)gen);
+    c->uid = fnv1a64(c->prefix);
     if ((rc = keep_opts(c, &o, err)) != 0)
         goto fail;
     if (store && (rc = dt_store_prefixed(&ns, store, c->prefix, err)) != 0)
@@ -265,6 +282,139 @@ void dt_comm_stats_sub(const dt_comm_stats *after, const dt_comm_stats *before,
     *out = d;
 }
 
+/* ---- the observer (flight records) ------------------------------------------------------- */
+
+static dt_comm_observer obs;
+static _Atomic int obs_on;
+
+void dt_comm_set_observer(const dt_comm_observer *o)
+{
+    atomic_store(&obs_on, 0);
+    if (o) {
+        obs = *o;
+        atomic_store(&obs_on, 1);
+    }
+}
+
+void dt_comm_set_label(dt_comm *c, const char *label)
+{
+    if (c && label)
+        dt_strlcpy(c->label, label, sizeof c->label);
+}
+
+const char *dt_comm_label(const dt_comm *c)
+{
+    return c ? c->label : "";
+}
+
+/* One call as the observer sees it, from its issue to its end. */
+typedef struct obs_call {
+    uint64_t token; /* 0: not observed */
+    int action;
+} obs_call;
+
+/* Tells the observer of a call about to go to the backend (seq: 0 = the next collective's,
+ * else the point-to-point number given). Returns the action it asks for. */
+static int obs_issue(dt_comm *c, obs_call *oc, dt_comm_op op, dt_dtype t, size_t count,
+                     int peer, uint64_t seq, bool blocking)
+{
+    oc->token = 0;
+    oc->action = DT_COMM_OBS_RUN;
+    if (!atomic_load_explicit(&obs_on, memory_order_acquire))
+        return DT_COMM_OBS_RUN;
+    dt_comm_call call = {.group = c->label, .group_id = c->uid, .group_rank = c->rank,
+                         .group_size = c->world, .members = c->global, .op = op, .dtype = t,
+                         .count = count, .peer = peer >= 0 ? dt_comm_global_rank(c, peer) : -1};
+    pthread_mutex_lock(&c->obs_mu);
+    call.seq = seq ? seq : c->obs_seq + 1;
+    oc->token = obs.issue(obs.arg, &call, &oc->action);
+    if (!seq && oc->action != DT_COMM_OBS_SKIP)
+        c->obs_seq++; /* a skipped call takes no number: the next one takes it */
+    pthread_mutex_unlock(&c->obs_mu);
+    if (oc->action == DT_COMM_OBS_SKIP) {
+        if (oc->token)
+            obs.end(obs.arg, oc->token, 0, dt_now_ns(), "");
+        oc->token = 0;
+    } else if (blocking && oc->token) {
+        obs.wait(obs.arg, oc->token);
+    }
+    return oc->action;
+}
+
+/* After the backend took the call (rc): a blocking call ended (t0: its start); an asynchronous
+ * one is remembered under its work handle until it is waited. */
+static void obs_issued(dt_comm *c, const obs_call *oc, int rc, dt_comm_work *w, bool blocking,
+                       uint64_t t0, const dt_err *err)
+{
+    if (!atomic_load_explicit(&obs_on, memory_order_acquire))
+        return;
+    uint64_t now = dt_now_ns();
+    if (blocking)
+        obs.blocked(obs.arg, t0, now);
+    if (!oc->token)
+        return;
+    if (blocking || rc || !w) {
+        obs.end(obs.arg, oc->token, rc, now, rc && err ? err->msg : "");
+        return;
+    }
+    pthread_mutex_lock(&c->obs_mu);
+    if (c->npend == c->cap_pend) {
+        size_t cap = c->cap_pend ? 2 * c->cap_pend : 16;
+        struct obs_pending *p = realloc(c->pend, cap * sizeof *p);
+        if (p) {
+            c->pend = p;
+            c->cap_pend = cap;
+        }
+    }
+    if (c->npend < c->cap_pend) /* else (out of memory) the record stays "queued" */
+        c->pend[c->npend++] = (struct obs_pending){w, oc->token};
+    pthread_mutex_unlock(&c->obs_mu);
+}
+
+/* Takes the tokens issued under w out of the pending list (up to cap; a point-to-point batch
+ * has one per op) and returns how many. */
+static size_t obs_take(dt_comm *c, dt_comm_work *w, uint64_t *tokens, size_t cap)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&c->obs_mu);
+    for (size_t i = 0; i < c->npend;) {
+        if (c->pend[i].w == w) {
+            if (n < cap)
+                tokens[n++] = c->pend[i].token;
+            c->pend[i] = c->pend[--c->npend];
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&c->obs_mu);
+    return n;
+}
+
+/* The wait on w, observed: *done_ns (may be NULL) = when it finished. */
+static int observed_wait(dt_comm *c, dt_comm_work *w, uint64_t *done_ns, dt_err *err)
+{
+    uint64_t tok[64];
+    bool on = atomic_load_explicit(&obs_on, memory_order_acquire);
+    size_t n = on ? obs_take(c, w, tok, DT_ARRAY_LEN(tok)) : 0;
+    for (size_t i = 0; i < n; i++)
+        obs.wait(obs.arg, tok[i]);
+    uint64_t t0 = dt_now_ns(), done = 0;
+    int rc = c->ops->wait_done ? c->ops->wait_done(c->self, w, &done, err)
+                               : c->ops->wait(c->self, w, err);
+    uint64_t t1 = dt_now_ns();
+    atomic_fetch_add_explicit(&c->wait_ns, t1 - t0, memory_order_relaxed);
+    if (done == 0 || done > t1 || rc)
+        done = t1; /* a backend that could not tell, or a failure: when the wait returned */
+    if (on) {
+        obs.blocked(obs.arg, t0, t1);
+        for (size_t i = 0; i < n; i++)
+            obs.end(obs.arg, tok[i], rc, done, rc && err ? err->msg : "");
+    }
+    if (done_ns)
+        *done_ns = done;
+    return rc;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------------ */
 
 /* The reduction op on t is one every backend runs: any op on floats, sum/max/min on integers. */
@@ -298,7 +448,11 @@ int dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_re
     if (rc)
         return rc;
     uint64_t t0 = work ? 0 : dt_now_ns();
+    obs_call oc;
+    if (obs_issue(c, &oc, DT_COMM_OP_ALLREDUCE, dtype, count, -1, 0, !work) == DT_COMM_OBS_SKIP)
+        return 0;
     rc = c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
+    obs_issued(c, &oc, rc, work ? *work : NULL, !work, t0, err);
     return counted(c, rc, DT_COMM_OP_ALLREDUCE, size_of(count, dtype), !work, t0);
 }
 
@@ -314,10 +468,14 @@ int dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype dtype, dt_redop
     if (rc)
         return rc;
     uint64_t t0 = work ? 0 : dt_now_ns();
+    obs_call oc;
+    if (obs_issue(c, &oc, DT_COMM_OP_REDUCE, dtype, count, root, 0, !work) == DT_COMM_OBS_SKIP)
+        return 0;
     if (!c->ops->reduce)
         rc = c->ops->allreduce(c->self, buf, count, dtype, op, work, err);
     else
         rc = c->ops->reduce(c->self, buf, count, dtype, op, root, work, err);
+    obs_issued(c, &oc, rc, work ? *work : NULL, !work, t0, err);
     return counted(c, rc, DT_COMM_OP_REDUCE, size_of(count, dtype), !work, t0);
 }
 
@@ -330,7 +488,12 @@ int dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int r
     if (rc)
         return rc;
     uint64_t t0 = work ? 0 : dt_now_ns();
+    obs_call oc;
+    if (obs_issue(c, &oc, DT_COMM_OP_BROADCAST, dtype, count, root, 0, !work) ==
+        DT_COMM_OBS_SKIP)
+        return 0;
     rc = c->ops->broadcast(c->self, buf, count, dtype, root, work, err);
+    obs_issued(c, &oc, rc, work ? *work : NULL, !work, t0, err);
     return counted(c, rc, DT_COMM_OP_BROADCAST, size_of(count, dtype), !work, t0);
 }
 
@@ -343,7 +506,11 @@ int dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt
     if (rc)
         return rc;
     uint64_t t0 = work ? 0 : dt_now_ns();
+    obs_call oc;
+    if (obs_issue(c, &oc, DT_COMM_OP_ALLGATHER, dtype, count, -1, 0, !work) == DT_COMM_OBS_SKIP)
+        return 0;
     rc = c->ops->allgather(c->self, send, recv, count, dtype, work, err);
+    obs_issued(c, &oc, rc, work ? *work : NULL, !work, t0, err);
     return counted(c, rc, DT_COMM_OP_ALLGATHER, (uint64_t)c->world * size_of(count, dtype),
                    !work, t0);
 }
@@ -357,7 +524,12 @@ int dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t coun
     if (rc)
         return rc;
     uint64_t t0 = work ? 0 : dt_now_ns();
+    obs_call oc;
+    if (obs_issue(c, &oc, DT_COMM_OP_REDUCE_SCATTER, dtype, count, -1, 0, !work) ==
+        DT_COMM_OBS_SKIP)
+        return 0;
     rc = c->ops->reduce_scatter(c->self, send, recv, count, dtype, op, work, err);
+    obs_issued(c, &oc, rc, work ? *work : NULL, !work, t0, err);
     return counted(c, rc, DT_COMM_OP_REDUCE_SCATTER, (uint64_t)c->world * size_of(count, dtype),
                    !work, t0);
 }
@@ -365,34 +537,28 @@ int dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t coun
 int dt_comm_barrier(dt_comm *c, dt_err *err)
 {
     uint64_t t0 = dt_now_ns();
-    return counted(c, c->ops->barrier(c->self, err), DT_COMM_OP_BARRIER, 0, true, t0);
+    obs_call oc;
+    if (obs_issue(c, &oc, DT_COMM_OP_BARRIER, DT_UINT8, 0, -1, 0, true) == DT_COMM_OBS_SKIP)
+        return 0;
+    int rc = c->ops->barrier(c->self, err);
+    obs_issued(c, &oc, rc, NULL, true, t0, err);
+    return counted(c, rc, DT_COMM_OP_BARRIER, 0, true, t0);
 }
 
 int dt_comm_wait(dt_comm *c, dt_comm_work *work, dt_err *err)
 {
     if (!work)
         return 0;
-    uint64_t t0 = dt_now_ns();
-    int rc = c->ops->wait(c->self, work, err);
-    atomic_fetch_add_explicit(&c->wait_ns, dt_now_ns() - t0, memory_order_relaxed);
-    return rc;
+    return observed_wait(c, work, NULL, err);
 }
 
 int dt_comm_wait_done(dt_comm *c, dt_comm_work *work, uint64_t *done_ns, dt_err *err)
 {
-    uint64_t t0 = dt_now_ns();
     if (!work) {
-        *done_ns = t0;
+        *done_ns = dt_now_ns();
         return 0;
     }
-    uint64_t done = 0;
-    int rc = c->ops->wait_done ? c->ops->wait_done(c->self, work, &done, err)
-                               : c->ops->wait(c->self, work, err);
-    uint64_t t1 = dt_now_ns();
-    atomic_fetch_add_explicit(&c->wait_ns, t1 - t0, memory_order_relaxed);
-    /* a backend that could not tell, or a failure: when the wait returned */
-    *done_ns = rc == 0 && done != 0 && done <= t1 ? done : t1;
-    return rc;
+    return observed_wait(c, work, done_ns, err);
 }
 
 int dt_comm_mem_alloc(dt_comm *c, size_t bytes, void **out, dt_err *err)
@@ -401,6 +567,10 @@ int dt_comm_mem_alloc(dt_comm *c, size_t bytes, void **out, dt_err *err)
     if (!c->ops->mem_alloc)
         return dt_err_set(err, -ENOTSUP, "comm: the %s backend has no communicator memory",
                           c->ops->name);
+    /* a collective of the cpu backend's sequence: it takes a number (not recorded) */
+    pthread_mutex_lock(&c->obs_mu);
+    c->obs_seq++;
+    pthread_mutex_unlock(&c->obs_mu);
     return c->ops->mem_alloc(c->self, bytes, out, err);
 }
 
@@ -440,9 +610,13 @@ int dt_comm_split(dt_comm *c, dt_store *store, int color, int key, dt_comm **out
     int rc = 0;
     dt_store *ns = NULL;
     if (!all || !members || !g) {
+        free(g);
+        g = NULL;
         rc = dt_err_set(err, -ENOMEM, "comm split: out of memory");
         goto out;
     }
+    pthread_mutex_init(&g->obs_mu, NULL);
+    dt_strlcpy(g->label, "group", sizeof g->label);
     /* Every rank of c takes part, whatever its color: the split is a collective of c. */
     if ((rc = dt_comm_allgather(c, mine, all, 2, DT_INT32, NULL, err)) != 0) {
         dt_err_prefix(err, "comm split (global rank %d): exchanging colors and keys: ",
@@ -486,6 +660,7 @@ int dt_comm_split(dt_comm *c, dt_store *store, int color, int key, dt_comm **out
                         "namespace over %zu bytes)", sizeof g->prefix);
         goto out;
     }
+    g->uid = fnv1a64(g->prefix);
     if (color >= 0) {
         if (!(g->global = malloc((size_t)m * sizeof *g->global))) {
             rc = dt_err_set(err, -ENOMEM, "comm split: out of memory");
@@ -545,6 +720,62 @@ out:
     return rc;
 }
 
+/* The observer's records of a batch's ops (a point-to-point number each: per peer and
+ * direction), for the first 64 ops of a batch. Their tokens wait in p2p_tok (the calling
+ * thread's) until observed_p2p files them under the batch's work. */
+static _Thread_local uint64_t p2p_tok[64];
+
+static int observe_p2p(dt_comm *c, const dt_p2p_op *ops, int n, bool blocking, dt_p2p_op **mine,
+                       dt_err *err)
+{
+    *mine = NULL;
+    if (!atomic_load_explicit(&obs_on, memory_order_acquire))
+        return 0;
+    pthread_mutex_lock(&c->obs_mu);
+    if (!c->p2p_seq && !(c->p2p_seq = calloc(2 * (size_t)c->world, sizeof *c->p2p_seq))) {
+        pthread_mutex_unlock(&c->obs_mu);
+        return dt_err_set(err, -ENOMEM, "p2p: out of memory");
+    }
+    uint64_t seq[64];
+    for (int i = 0; i < n && i < 64; i++)
+        seq[i] = ++c->p2p_seq[2 * ops[i].peer + (ops[i].kind == DT_P2P_RECV)];
+    pthread_mutex_unlock(&c->obs_mu);
+    for (int i = 0; i < n && i < 64; i++) {
+        const dt_p2p_op *o = &ops[i];
+        obs_call oc;
+        int act = obs_issue(c, &oc, o->kind == DT_P2P_SEND ? DT_COMM_OP_SEND : DT_COMM_OP_RECV,
+                            o->dtype, o->count, o->peer, seq[i], blocking);
+        p2p_tok[i] = oc.token;
+        if (act != DT_COMM_OBS_HALVE || o->kind != DT_P2P_RECV)
+            continue;
+        if (!*mine) {
+            if (!(*mine = malloc((size_t)n * sizeof **mine)))
+                return dt_err_set(err, -ENOMEM, "p2p: out of memory");
+            memcpy(*mine, ops, (size_t)n * sizeof **mine);
+        }
+        (*mine)[i].count = o->count / 2;
+    }
+    return 0;
+}
+
+/* After the backend took the batch: as obs_issued, for each of its ops. */
+static void observed_p2p(dt_comm *c, int n, int rc, dt_comm_work *w, bool blocking,
+                         uint64_t t0, const dt_err *err)
+{
+    if (!atomic_load_explicit(&obs_on, memory_order_acquire))
+        return;
+    for (int i = 0; i < n && i < 64; i++) {
+        obs_call oc = {p2p_tok[i], DT_COMM_OBS_RUN};
+        /* the blocked interval once for the batch */
+        if (blocking && i > 0) {
+            if (oc.token)
+                obs.end(obs.arg, oc.token, rc, dt_now_ns(), rc && err ? err->msg : "");
+            continue;
+        }
+        obs_issued(c, &oc, rc, w, blocking, t0, err);
+    }
+}
+
 int dt_comm_p2p(dt_comm *c, const dt_p2p_op *ops, int n, dt_comm_work **work, dt_err *err)
 {
     if (work)
@@ -575,7 +806,13 @@ int dt_comm_p2p(dt_comm *c, const dt_p2p_op *ops, int n, dt_comm_work **work, dt
         return dt_err_set(err, -ENOTSUP, "p2p: the %s backend has no point-to-point",
                           c->ops->name);
     uint64_t t0 = work ? 0 : dt_now_ns();
-    int rc = c->ops->p2p(c->self, ops, n, work, err);
+    dt_p2p_op *mine = NULL; /* the batch as an observer changed it (a fault's halved receive) */
+    int rc = observe_p2p(c, ops, n, !work, &mine, err);
+    if (rc)
+        return rc;
+    rc = c->ops->p2p(c->self, mine ? mine : ops, n, work, err);
+    free(mine);
+    observed_p2p(c, n, rc, work ? *work : NULL, !work, t0, err);
     if (rc == 0)
         for (int i = 0; i < n; i++)
             count_op(c, ops[i].kind == DT_P2P_SEND ? DT_COMM_OP_SEND : DT_COMM_OP_RECV,

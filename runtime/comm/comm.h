@@ -239,4 +239,67 @@ int dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype dtype, int 
 int dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype dtype, int peer,
                  dt_comm_work **work, dt_err *err);
 
+/* ---- observing the calls: the flight recorder's hook ----------------------------------------
+ *
+ * Every collective and point-to-point call passes through comm.c's dispatch, which tells a
+ * process-wide observer (set once, before the first communicator is created; the trainer's
+ * runtime/train/obs/flight.c records the calls into its flight records) what each call is, when
+ * its caller begins to wait on it, and how it ended. The comm layer knows nothing of steps or
+ * phases: the observer adds them. Without an observer the dispatch costs one atomic load more.
+ *
+ * Sequence numbers: a communicator numbers its collectives 1, 2, ... in issue order, as the cpu
+ * backend does in its messages and errors ("allreduce #k"), so the k-th call on one rank is the
+ * k-th on every other (dt_comm_mem_alloc, a collective of the cpu backend's sequence, takes a
+ * number too, unrecorded); point-to-point ops are numbered per (peer, direction): the k-th send to
+ * a peer matches that peer's k-th receive from this rank. Labels name a communicator's kind
+ * ("world" for one made by dt_comm_init, "group" for a split until dt_comm_set_label names it:
+ * the grid names its groups "tensor", "data", "pipeline", "embedding"); its id is the same on
+ * every member and differs between communicators (a hash of its store namespace). */
+typedef struct dt_comm_call {
+    const char *group;     /* the communicator's label */
+    uint64_t group_id;     /* the same on every member of the communicator */
+    int group_rank, group_size;
+    const int *members;    /* (group_size) global rank of each group rank; NULL in a world */
+    dt_comm_op op;
+    dt_dtype dtype;
+    size_t count;          /* elements, as the call was given */
+    int peer;              /* point-to-point: the peer's global rank; broadcast, reduce: the
+                              root's global rank; -1 otherwise */
+    uint64_t seq;          /* as above */
+} dt_comm_call;
+
+/* What an observer may ask of a call it is told of: a test hook, for the faults DTRAIN_FAULT
+ * injects (runtime/train/obs/flight.h), never used otherwise. */
+enum {
+    DT_COMM_OBS_RUN = 0,   /* run it */
+    DT_COMM_OBS_SKIP,      /* a collective: do not run it, return 0 as if done (it takes no
+                              sequence number: the rank's next call takes this one's) */
+    DT_COMM_OBS_HALVE,     /* a point-to-point receive: post it for half its count */
+};
+
+typedef struct dt_comm_observer {
+    /* A call is about to go to the backend. Returns a token for the calls below (0: not
+     * recorded); *action (DT_COMM_OBS_RUN on entry) may be changed as above. */
+    uint64_t (*issue)(void *arg, const dt_comm_call *call, int *action);
+    /* Its caller is blocked on it from now: dt_comm_wait, or a blocking call (which gets its
+     * issue and then its wait at once). */
+    void (*wait)(void *arg, uint64_t token);
+    /* It ended: rc 0 when it finished at done_ns (dt_now_ns's clock), else it failed with rc
+     * and msg (the error's message, may be ""). */
+    void (*end)(void *arg, uint64_t token, int rc, uint64_t done_ns, const char *msg);
+    /* The calling thread was blocked in the comm layer from t0 to t1 (a wait or a blocking
+     * call; dt_comm_stats' wait_s counts the same intervals). */
+    void (*blocked)(void *arg, uint64_t t0, uint64_t t1);
+    void *arg;
+} dt_comm_observer;
+
+/* Sets the process's observer (copied; NULL removes it). Set it before creating communicators:
+ * a call issued before and waited after a change is not reported. */
+void dt_comm_set_observer(const dt_comm_observer *o);
+
+/* Names c's kind for its observer's records (copied, at most 15 bytes kept). */
+void dt_comm_set_label(dt_comm *c, const char *label);
+/* c's label ("world", "group", or what dt_comm_set_label set). */
+const char *dt_comm_label(const dt_comm *c);
+
 #endif

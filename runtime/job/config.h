@@ -233,6 +233,12 @@ typedef struct dt_job {
     dt_recompute_kind recompute;       /* activation recomputation in backward */
     char trace[DT_STR_SMALL];          /* steps traced (runtime/train/obs/trace.h): "off", "on",
                                           "N", "A-B" or "A-"; see dt_job_trace_steps */
+    int flight_records;                /* calls kept per worker (runtime/job/flightrec.h) */
+    double step_timeout;               /* s without a finished step before the agent's
+                                          watchdog asks for a hang verdict; 0 = off */
+    double straggler_ratio;            /* a rank's compute over the median's that is flagged;
+                                          0 = no straggler scores */
+    int straggler_window;              /* steps per straggler window (K) */
 
     /* [ddp] */
     dt_comm_backend_kind comm_backend;

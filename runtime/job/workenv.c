@@ -153,6 +153,8 @@ int dt_workenv_export(const dt_worker_env *w, dt_envb *b, dt_err *err)
                           err)) ||
         (rc = dt_envb_setf(b, err, "DTRAIN_AGENT_PID", "%d", w->agent_pid)))
         return rc;
+    if (w->flight_fd > 2 && (rc = dt_envb_setf(b, err, "DTRAIN_FLIGHT_FD", "%d", w->flight_fd)))
+        return rc;
     return 0;
 }
 
@@ -202,7 +204,8 @@ int dt_workenv_read(dt_worker_env *e, dt_err *err)
         (rc = env_int("GROUP_WORLD_SIZE", 1, 1, &e->group_world_size, err)) ||
         (rc = env_int("MASTER_PORT", 0, 0, &e->master_port, err)) ||
         (rc = env_int("TORCHELASTIC_MAX_RESTARTS", 0, 0, &e->max_restarts, err)) ||
-        (rc = env_int("DTRAIN_AGENT_PID", 0, 0, &e->agent_pid, err)))
+        (rc = env_int("DTRAIN_AGENT_PID", 0, 0, &e->agent_pid, err)) ||
+        (rc = env_int("DTRAIN_FLIGHT_FD", 0, 0, &e->flight_fd, err)))
         return rc;
     /* OpenMP's own syntax allows lists ("4,2"): the first number, and no error over the rest. */
     const char *omp = getenv("OMP_NUM_THREADS");

@@ -12,7 +12,8 @@
  *   TORCHELASTIC_ERROR_FILE OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING (1 unless set)
  *
  * and dtrain's own (common/env.c's table): DTRAIN_STORE_ADDR DTRAIN_STORE_PORT DTRAIN_RUN_ID
- * DTRAIN_ATTEMPT DTRAIN_ROUND DTRAIN_ERROR_FILE DTRAIN_LOCAL_ADDR DTRAIN_AGENT_PID.
+ * DTRAIN_ATTEMPT DTRAIN_ROUND DTRAIN_ERROR_FILE DTRAIN_LOCAL_ADDR DTRAIN_AGENT_PID
+ * DTRAIN_FLIGHT_FD.
  *
  * What reads a variable the writer sets is written here and nowhere else; the test
  * (tests/test_agent.c, workenv_round_trip) exports a struct, reads it back and compares.
@@ -60,6 +61,9 @@ typedef struct dt_worker_env {
     char local_addr[DT_WORKENV_STR]; /* DTRAIN_LOCAL_ADDR ("127.0.0.1"): how other nodes reach
                                         this node's workers */
     int agent_pid;         /* DTRAIN_AGENT_PID (0 = not started by an agent) */
+    int flight_fd;         /* DTRAIN_FLIGHT_FD (0 = none; 0-2 never are): the inherited
+                              descriptor of the agent's flight-record mapping for this worker
+                              (runtime/job/flightrec.h); written when > 2 */
     int omp_num_threads;   /* OMP_NUM_THREADS: written when > 0 (the agent gives 1 when the user
                               did not set it and a node runs several workers); read: 0 if unset */
 } dt_worker_env;

@@ -41,6 +41,7 @@
 #include "common/util.h"
 #include "rendezvous/rdzv.h"
 #include "runtime/launch/agent_env.h"
+#include "runtime/launch/agent_flight.h"
 #include "runtime/launch/agent_job.h"
 #include "runtime/launch/agent_output.h"
 #include "runtime/launch/agent_proc.h"
@@ -61,8 +62,7 @@ enum outcome { OUT_SUCCEEDED, OUT_FAILED, OUT_REMOTE_FAILED, OUT_REGROUP, OUT_SI
                OUT_LOST, OUT_PREEMPTED };
 
 typedef struct worker {
-    int local_rank;
-    int rank;
+    int local_rank, rank;
     pid_t pid;              /* leader pid == pgid; 0 when not started */
     bool running;           /* the leader has not been reaped */
     bool group;             /* its process group may still have members (the guardian knows it) */
@@ -80,12 +80,10 @@ typedef struct agent {
     dt_launch L;                /* copy of the launcher settings */
     int nproc;                  /* workers on this node */
     char prog[DT_PATH_MAX];     /* the program every worker execs (resolved once) */
-    int sfd;                    /* signalfd */
-    int epfd;
+    int sfd, epfd;              /* the signalfd, the epoll set */
     sigset_t oldmask;
     struct sigaction oldpipe;
-    bool signals_set;
-    bool hup_ignored;           /* SIGHUP was ignored at start (nohup): it stays ignored */
+    bool signals_set, hup_ignored; /* hup_ignored: SIGHUP ignored at start (nohup) stays so */
     dt_guard *guard;
     dt_cgroup *cg;              /* the workers' cgroup v2, or NULL where none can be made */
     dt_rdzv *rz;
@@ -108,6 +106,7 @@ typedef struct agent {
     bool out_paused;            /* the console is behind: workers' pipes are out of the epoll set */
     bool con_watched[3];        /* console fd 1 / 2 is in the epoll set for EPOLLOUT */
     int batch_world;            /* the world size of the last global batch said (0 = none) */
+    dt_agent_flight *fl;        /* flight records, hang verdicts, stragglers (agent_flight.h) */
 } agent;
 
 /* epoll tags of the console fds (data.ptr): &console_tag[1], &console_tag[2]. */
@@ -281,6 +280,7 @@ static void handle_signal(agent *a, int sig)
     if (sig == SIGUSR1 || sig == SIGUSR2) {
         DT_INFO("%s received: forwarded to the workers", name);
         a->preempt_sig = sig; /* workers exiting 75 now saved a checkpoint: not a failure */
+        dt_agent_flight_signal(a->fl, sig); /* SIGUSR1: a dump and a verdict first */
         signal_groups(a, sig);
         action = "forwarded";
     } else if (!a->first_signal) {
@@ -449,6 +449,7 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
     we.store_port = a->rd.store_port;
     we.agent_pid = (int)getpid();
     we.omp_num_threads = a->omp_one ? 1 : 0;
+    we.flight_fd = dt_agent_flight_fd(a->fl, w->local_rank);
     if (!dt_strlcpy(we.run_id, a->rd.run_id, sizeof we.run_id) ||
         !dt_strlcpy(we.role, a->L.role, sizeof we.role) ||
         !dt_strlcpy(we.master_addr, a->rd.master_addr, sizeof we.master_addr) ||
@@ -462,8 +463,8 @@ static int start_worker(agent *a, worker *w, const char *attempt_dir, dt_err *er
     if ((rc = dt_envb_init(&env, environ, err)) || (rc = dt_workenv_export(&we, &env, err)) ||
         (rc = dt_agent_env_defaults(&env, a->spec->worker_env, err)))
         goto fail;
-    dt_proc_spec ps = {.path = a->prog, .argv = a->spec->argv, .envp = env.v,
-                       .fd_out = cfd[0], .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored, .cgroup = a->cg};
+    dt_proc_spec ps = {.path = a->prog, .argv = a->spec->argv, .envp = env.v, .fd_out = cfd[0],
+                       .fd_err = cfd[1], .keep_hup_ignored = a->hup_ignored, .cgroup = a->cg, .fd_keep = we.flight_fd};
     dt_err e = {0};
     pid_t pid;
     w->t_start = dt_wall_s();
@@ -511,6 +512,7 @@ static int start_workers(agent *a, dt_err *err)
     a->n_running = a->n_groups = a->n_failed = a->n_succeeded = a->n_preempted = 0;
     a->preempt_sig = 0;
     a->stopping = false;
+    dt_agent_flight_round(&a->fl, &a->spec->flight, &a->rd, a->nproc, a->run_dir, &a->ev, a->rz);
     if (a->rd.round == a->rd.attempt)
         snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, a->rd.attempt);
     else /* an elastic job's membership changed: same attempt, new round */
@@ -673,8 +675,7 @@ static int local_failures(agent *a, dt_rdzv_failure **out)
 
 static enum outcome monitor(agent *a, dt_rdzv_status *st)
 {
-    bool reported = false;
-    bool remote = a->rd.group_world_size > 1 || a->rd.elastic;
+    bool reported = false, remote = a->rd.group_world_size > 1 || a->rd.elastic;
     double next_poll = dt_now_s() + a->L.monitor_interval;
     memset(st, 0, sizeof *st);
     for (;;) {
@@ -731,6 +732,8 @@ static enum outcome monitor(agent *a, dt_rdzv_status *st)
             if (ms < 0)
                 ms = 0;
         }
+        if (dt_agent_flight_tick(a->fl, &ms)) /* node 0's hang verdict failed the round */
+            return OUT_FAILED;
         pump(a, ms);
     }
 }
@@ -905,8 +908,7 @@ static int check_world_layout(agent *a)
  * every node, what made it necessary is the story, and the table shows them. */
 typedef struct restart_cause {
     dt_rdzv_failure *f; /* owned; NULL when none */
-    int n;
-    int attempt;
+    int n, attempt;
 } restart_cause;
 
 /* Join: the next round's rendezvous, into a->rd and *st. Returns GOES_ON when the round
@@ -1031,6 +1033,7 @@ static int stop_round(agent *a, enum outcome *out, dt_rdzv_status *st, bool *con
 {
     char name[32];
     dt_err ae = {0};
+    dt_agent_flight_stopping(a->fl, *out == OUT_FAILED && a->n_failed > 0);
     switch (*out) {
     case OUT_SUCCEEDED:
         stop_workers(a, SIGTERM); /* leftovers of the workers' process groups only */
@@ -1287,6 +1290,7 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
 
 out:
     a->closing = true;
+    dt_agent_flight_free(a->fl);
     dt_rdzv_close(a->rz);
     dt_events_close(&a->ev);
     if (a->log_tmp && !a->run_dir[0])

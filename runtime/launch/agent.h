@@ -27,6 +27,7 @@
 
 #include "common/err.h"
 #include "runtime/job/config.h"
+#include "runtime/launch/agent_flight.h"
 
 typedef struct dt_agent_spec {
     dt_launch launch;          /* resolved launcher settings */
@@ -43,6 +44,9 @@ typedef struct dt_agent_spec {
                                   each worker gets unless its environment has NAME already:
                                   cmd/ passes the OpenBLAS kernel it chose for built-in workers
                                   (OPENBLAS_CORETYPE, DTRAIN_BLAS_CHOICE: cmd/blas_boot.h) */
+    dt_agent_flight_opts flight; /* job-file mode: the flight records' keys (train.flight_records,
+                                    step_timeout, straggler_ratio, straggler_window); zero for
+                                    commands: no flight records */
 } dt_agent_spec;
 
 /* Runs the agent until the job ends. Returns the process exit code the README documents

@@ -118,6 +118,8 @@ int dt_proc_spawn(const dt_proc_spec *s, pid_t *out, dt_err *err)
             dup2(s->fd_out, STDOUT_FILENO);
         if (s->fd_err >= 0 && s->fd_err != STDERR_FILENO)
             dup2(s->fd_err, STDERR_FILENO);
+        if (s->fd_keep > 2)
+            fcntl(s->fd_keep, F_SETFD, 0); /* this child's copy only */
         execve(s->path, s->argv, s->envp);
         int e = errno;
         ssize_t w = write(ep[1], &e, sizeof e);

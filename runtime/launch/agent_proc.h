@@ -43,6 +43,8 @@ typedef struct dt_proc_spec {
     char *const *envp;  /* NULL-terminated full environment; borrowed */
     int fd_out;         /* becomes the child's stdout; -1 = inherit the agent's */
     int fd_err;         /* becomes the child's stderr; -1 = inherit the agent's */
+    int fd_keep;        /* > 2: a close-on-exec descriptor the child keeps across its exec (the
+                           flight records' memfd); 0 = none */
     bool keep_hup_ignored; /* leave SIGHUP ignored when it is (the agent runs under nohup) */
     const struct dt_cgroup *cgroup; /* the workers' cgroup, which the child joins before exec;
                                        NULL = none; borrowed */

@@ -122,6 +122,10 @@ const char *dt_report_signame(int sig, char *buf, size_t cap)
 void dt_report_describe_status(int exit_code, int sig, char *buf, size_t cap)
 {
     char name[32];
+    if (!sig && exit_code == DT_REPORT_HANG_CULPRIT) {
+        snprintf(buf, cap, "was named by the hang verdict");
+        return;
+    }
     if (sig) {
         const char *d = sigdescr_np(sig);
         snprintf(buf, cap, "killed by %s (%s)", dt_report_signame(sig, name, sizeof name),
@@ -262,6 +266,26 @@ void dt_report_restart(dt_events *ev, int attempt)
     emit(ev, "restart", f);
 }
 
+void dt_report_hang(dt_events *ev, const char *event, cJSON *fields)
+{
+    emit(ev, event, fields);
+}
+
+void dt_report_straggler(dt_events *ev, bool recovered, int rank, int node, double ratio,
+                         int64_t first_step, int64_t last_step, double compute_ms,
+                         double median_ms)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "rank", rank);
+    cJSON_AddNumberToObject(f, "node", node);
+    cJSON_AddNumberToObject(f, "ratio", (double)(int64_t)(ratio * 1000) / 1000.0);
+    cJSON_AddNumberToObject(f, "first_step", (double)first_step);
+    cJSON_AddNumberToObject(f, "last_step", (double)last_step);
+    cJSON_AddNumberToObject(f, "compute_ms", ms_round(compute_ms));
+    cJSON_AddNumberToObject(f, "median_ms", ms_round(median_ms));
+    emit(ev, recovered ? "straggler_recovered" : "straggler", f);
+}
+
 void dt_report_end(dt_events *ev, const char *result, int exit_code, int attempt,
                    uint64_t console_lines_dropped)
 {
@@ -367,6 +391,9 @@ char *dt_report_table(const dt_rdzv_failure *f, int n, const char *headline, con
         if (r->signal)
             sb_printf(&b, "  exit code  : %d (%s)\n", -r->signal,
                       dt_report_signame(r->signal, name, sizeof name));
+        else if (r->exit_code == DT_REPORT_HANG_CULPRIT)
+            sb_printf(&b, "  exit code  : - (the hang verdict's culprit: it did not exit by "
+                          "itself)\n");
         else if (r->rank >= 0)
             sb_printf(&b, "  exit code  : %d\n", r->exit_code);
         sb_printf(&b, "  error file : %s\n", r->error_file[0] ? r->error_file : "<none>");

@@ -4,7 +4,7 @@
  * events.jsonl has one JSON object per line, appended with one write each:
  *   {"time": 1700000000.123, "node": 0, "event": "start", "rank": 3, ...}
  * Events: agent_start, rendezvous, start, stopped, continued, exit, signal, failure, regroup,
- * restart, end (one function each, below). Events
+ * restart, hang, flight_dump, straggler, straggler_recovered, end (one function each, below). Events
  * emitted before the file can be opened (the run id is known only after the first rendezvous)
  * are kept and written when it opens.
  */
@@ -71,6 +71,20 @@ void dt_report_restart(dt_events *ev, int attempt);
  * peak RSS, when getrusage tells it), console_lines_dropped. */
 void dt_report_end(dt_events *ev, const char *result, int exit_code, int attempt,
                    uint64_t console_lines_dropped);
+
+/* "hang" (a hang verdict, runtime/launch/agent_flight.c; "flight_dump" for a requested dump
+ * that found none): fields (taken over) as dt_verdict's event (flight_verdict.h), plus dump. */
+void dt_report_hang(dt_events *ev, const char *event, struct cJSON *fields);
+/* "straggler" (recovered false) or "straggler_recovered": rank, node, ratio (its compute time
+ * per step over the median rank's), first_step, last_step (the window), compute_ms and
+ * median_ms (per step). */
+void dt_report_straggler(dt_events *ev, bool recovered, int rank, int node, double ratio,
+                         int64_t first_step, int64_t last_step, double compute_ms,
+                         double median_ms);
+
+/* The exit_code of a failure record that names a hang verdict's culprit: a rank that did not
+ * exit by itself (stopped, stuck or gone quiet) but that the verdict found the cause. */
+#define DT_REPORT_HANG_CULPRIT (-1)
 
 /* "SIGSEGV" for 11; "SIG42" when unnamed. Returns buf. */
 const char *dt_report_signame(int sig, char *buf, size_t cap);

@@ -21,6 +21,7 @@
 #include "runtime/job/errfile.h"
 #include "runtime/job/worker_guard.h"
 #include "runtime/train/parallel/strategies.h"
+#include "runtime/train/obs/flight.h"
 #include "runtime/train/obs/trace.h"
 
 /* ---- checkpoints ------------------------------------------------------------------------------ */
@@ -143,6 +144,7 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
 {
     if (!t->ckpt || t->last_saved_step == t->step)
         return 0;
+    dt_flight_phase(DT_PHASE_CKPT);
     uint64_t ts = dt_trace_begin();
     int rc = ckpt_save_now(t, err);
     dt_trace_end(ts, DT_TRACE_CKPT, "checkpoint");
@@ -420,6 +422,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     int rc;
     /* the timeline (train.trace): this step's spans, when it is in the traced range */
     dt_trace_step(t->step + 1);
+    dt_flight_step_begin(t->step + 1); /* the flight records' position: data, from now */
     const uint64_t ts_step = dt_trace_begin();
     uint64_t ts;
     /* a new accumulation: backward ops accumulate into the gradients */
@@ -444,6 +447,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     int64_t off = 0;
     for (int micro = 0; micro < t->micro_steps; micro++) {
         int n = t->batch;
+        dt_flight_micro(micro);
         ts = dt_trace_begin();
         float dloss = dloss_accum;
         const int64_t *idx = t->idx;
@@ -460,6 +464,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
         dt_trace_end_arg(ts, DT_TRACE_DATA, "data", "micro_step", micro);
         float loss = 0;
         bool last = micro == t->micro_steps - 1;
+        dt_flight_phase(DT_PHASE_FORWARD); /* a strategy marks its backward */
         if ((rc = s->ops->micro_step(s, &t->batch_buf.batch, dloss, last, &loss, err)))
             return rc;
         if (!isfinite(loss))
@@ -469,6 +474,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
                               dt_trainer_diverged_hint(j));
         loss_sum += gb ? (double)loss * n : (double)loss;
     }
+    dt_flight_phase(DT_PHASE_GRAD_SYNC);
     ts = dt_trace_begin();
     if ((rc = s->ops->sync_grads(s, err)))
         return rc;
@@ -488,6 +494,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     t->stop_agreed = v[1] > 0;
     t->stop_self = t->stop && *t->stop;
     double scale = t->scaler.scale;
+    dt_flight_phase(DT_PHASE_OPTIM);
     ts = dt_trace_begin();
     if ((rc = s->ops->clip(s, t->scaler.on ? 1.0 / scale : 1.0, &t->grad_norm, err)))
         return rc;
@@ -518,6 +525,7 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
     /* this step's global batch: the world size may have changed since the last resume */
     t->samples_seen += gb ? t->gb.global : (int64_t)t->batch * j->grad_accum * t->grid.D;
     t->step_time_s = dt_now_s() - t0;
+    dt_flight_step_end();
     dt_trace_end(ts_step, DT_TRACE_STEP, "step");
     return 0;
 }
@@ -662,6 +670,7 @@ static void human_count(double v, char *buf, size_t cap)
 static int do_eval(dt_trainer *t, double *val_loss, dt_err *err)
 {
     double loss, acc;
+    dt_flight_phase(DT_PHASE_EVAL);
     uint64_t ts = dt_trace_begin();
     int rc = dt_trainer_eval(t, &loss, &acc, err);
     dt_trace_end(ts, DT_TRACE_EVAL, "eval");
@@ -790,6 +799,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
     }
     if (win_n)
         last_train = win_loss / win_n;
+    dt_flight_phase(DT_PHASE_END);
     bool was_stopped = stopped && *stopped;
     /* complete before it began (resumed at its last step): evaluates what it resumed */
     bool complete = steps_run == 0 && !was_stopped;
@@ -881,7 +891,10 @@ int dt_worker_main(const dt_job *job)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL); /* Slurm's --signal, "checkpoint and go" */
     sigaction(SIGUSR2, &sa, NULL);
-    if (dt_trainer_init(&t, job, &env, &err) != 0)
+    dt_flight_opts fo = {env.rank, env.world_size, env.flight_fd > 2 ? env.flight_fd : -1,
+                         (uint32_t)job->flight_records, job->straggler_window,
+                         job->straggler_ratio};
+    if (dt_flight_open(&fo, &err) != 0 || dt_trainer_init(&t, job, &env, &err) != 0)
         goto fail;
     t.stop = &stop_flag;
     if (dt_trainer_run(&t, &stopped, &err) != 0)

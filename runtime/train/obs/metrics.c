@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/job/config.h"
+#include "runtime/train/obs/flight.h"
 
 struct dt_metrics {
     bool enabled;
@@ -189,6 +190,13 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
                                 (double)(r->mem.total_peak ? r->mem.total_peak
                                                            : r->peak_mem_bytes));
         cJSON_AddNumberToObject(o, "max_rss_bytes", (double)r->max_rss_bytes);
+        if (dt_flight_scoring()) { /* the ranks the agents flag now (runtime/train/obs/flight.h) */
+            int st[DT_FLIGHTREC_STRAGGLERS];
+            int ns = dt_flight_stragglers(st, DT_FLIGHTREC_STRAGGLERS);
+            cJSON *sa = cJSON_AddArrayToObject(o, "stragglers");
+            for (int i = 0; i < ns; i++)
+                cJSON_AddItemToArray(sa, cJSON_CreateNumber(st[i]));
+        }
         cJSON *mp = r->mem.total_peak ? cJSON_AddObjectToObject(o, "mem_peak_bytes") : NULL;
         static const dt_mem_cat order[] = {DT_MEM_PARAMS, DT_MEM_GRADS, DT_MEM_OPTIM,
                                            DT_MEM_ACTS,   DT_MEM_COMM,  DT_MEM_OTHER};

@@ -70,6 +70,7 @@ static int split(dt_comm *world, dt_store *store, bool make, int color, int key,
     int rc = dt_comm_split(world, store, color, key, out, err);
     if (rc)
         return dt_err_prefix(err, "splitting the %s groups: ", what);
+    dt_comm_set_label(*out, what); /* the flight records' name of the group */
     return 0;
 }
 

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "rendezvous/store.h"
+#include "runtime/train/obs/flight.h"
 #include "runtime/train/obs/trace.h"
 
 void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank,
@@ -382,6 +383,7 @@ int dt_strategy_sync_micro_step(dt_strategy *s, const dt_batch *batch, float dlo
     dt_grad_ready_fn ready;
     void *ready_ctx;
     dt_dpsync_backward_begin(y, last, &ready, &ready_ctx);
+    dt_flight_phase(DT_PHASE_BACKWARD);
     ts = dt_trace_begin();
     rc = m->ops->backward(m, dloss, ready, ready_ctx, err);
     dt_trace_end(ts, DT_TRACE_BACKWARD, "backward");

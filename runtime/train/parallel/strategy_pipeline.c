@@ -84,6 +84,7 @@
 #include "common/util.h"
 #include "runtime/train/parallel/grid.h"
 #include "runtime/train/parallel/pp_schedule.h"
+#include "runtime/train/obs/flight.h"
 #include "runtime/train/obs/trace.h"
 
 typedef struct pipe_impl {
@@ -609,6 +610,7 @@ static int run_list(dt_strategy *s, pipe_impl *p, const dt_pp_action *list, int 
         int slot = a.mb % p->slots;
         dt_batch mb = slice(p, batch, p->mb_from[a.mb], p->mb_size[a.mb]);
         double t1 = dt_now_s();
+        dt_flight_phase(fwd ? DT_PHASE_FORWARD : DT_PHASE_BACKWARD);
         uint64_t ts = dt_trace_begin();
         if (fwd) {
             float l = 0;
