@@ -108,6 +108,7 @@ typedef struct etcd_rdzv {
     dt_rdzv_fail_list fails;
     int fail_seq;
     double next_check;
+    double poll_failing_since; /* when the poll's reads started failing (< 0: they succeed) */
     dt_store_server *server;  /* the workers' store, while this node is group rank 0 */
 
     /* heartbeat thread */
@@ -549,6 +550,7 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     c->o = *opts;
     pthread_mutex_init(&c->hb_mu, NULL);
     c->round = c->joining = -1;
+    c->poll_failing_since = -1;
     c->slice_ms = opts->interrupted ? 300 : 1000;
     dt_rdzv_make_id(c->id, sizeof c->id);
     if (!opts->endpoints[0]) {
@@ -1318,9 +1320,20 @@ static int etcd_poll(void *self, dt_rdzv_status *st, dt_err *err)
     rc = get(c, k, &v, err);
     if (rc == -ENOENT && dt_now_s() >= c->next_check && c->n > 1) {
         c->next_check = dt_now_s() + c->o.heartbeat_interval;
-        if ((rc = check_members(c, err)))
-            return dt_err_prefix(err, "checking the round: ");
-        rc = get(c, k, &v, err);
+        if (!(rc = check_members(c, err)))
+            rc = get(c, k, &v, err);
+    }
+    /* No member answered in one call's budget: an election (a leader's host cut off) takes
+     * seconds, so the round is lost only once the reads have failed for heartbeat_timeout, as
+     * the keepalives are judged; until then the last known state (running) stands. */
+    double now = dt_now_s();
+    if (rc == -ETIMEDOUT) {
+        if (c->poll_failing_since < 0)
+            c->poll_failing_since = now;
+        if (now - c->poll_failing_since < c->o.heartbeat_timeout)
+            return 0;
+    } else {
+        c->poll_failing_since = -1;
     }
     if (rc == -ENOENT)
         return 0;

@@ -4,8 +4,9 @@
 # etcd rendezvous backend's tests start a three-member cluster on 127.0.0.1).
 # With --cluster also what the simulated-cluster tests run inside their hosts (tests/
 # test_cluster_*.c, `make test-cluster`, .ci/run): Slurm (slurm-wlm, munge) and OpenSSH's server
-# (openssh-server). Those are daemons: they are installed with a policy-rc.d that keeps Debian
-# from starting them on this machine (the tests start their own, inside network namespaces).
+# (openssh-server), and gnuplot-nox (the plot test of scripts/plot-metrics.sh). The daemons are
+# installed with a policy-rc.d that keeps Debian from starting them on this machine (the tests
+# start their own, inside network namespaces).
 # Run by `make deps`, and by `make`, `make test` and `make run` when a pkg-config check fails;
 # on a fresh machine run it directly first, as root (`scripts/install-deps.sh` in a root shell,
 # or `sudo scripts/install-deps.sh` where sudo exists; minimal Debian has no sudo): make itself
@@ -14,7 +15,7 @@
 set -eu
 libs="libuv1-dev libcjson-dev libinih-dev libopenblas-dev libcurl4-openssl-dev"
 pkgs="build-essential pkg-config $libs etcd-server"
-daemons="slurm-wlm munge openssh-server"
+daemons="slurm-wlm munge openssh-server gnuplot-nox"
 cluster=0
 case "${1:-}" in
     -h|--help)
