@@ -710,7 +710,6 @@ static void test_bad_config(void)
     expect_job_error("llama-tiny", "model.n_kv_head=3", "must divide model.n_head = 4");
     expect_job_error("llama-tiny", "model.n_head=128", "even head size"); /* 128 / 128 = 1 */
     expect_job_error("llama-tiny", "model.type=gpt", "is a preset of model llama");
-    expect_job_error("llama-tiny", "data.type=synthetic", "model llama needs token data");
     expect_job_error("llama-tiny", "parallel.tensor=4",
                      "must divide model.n_kv_head = 2 and model.intermediate_size = 384");
     dt_model_config c = llama_cfg(3);

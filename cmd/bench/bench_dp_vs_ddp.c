@@ -466,7 +466,7 @@ static void seed_row(const seed_model *sm, const dt_job *job, bool gpu_shape, co
                      int n_dp, const result *ddp, int n_ddp, double dp_tput, double ddp_tput,
                      double ratio, int cores)
 {
-    const bool tok = job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_BERT;
+    const bool tok = dt_model_reads_tokens(job->model_type);
     const double per = tok && job->seq_len > 0 ? job->seq_len : 1;
     double cu[2], gu[2], sp[2], sb[2];
     mode_figures(dp, 1, cores, &cu[0], &gu[0], &sp[0], &sb[0]);
@@ -535,7 +535,7 @@ static int run_parent(void *arg, const char *dir)
             return 1;
     }
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool tokens = job.model_type == DT_MODEL_GPT || job.model_type == DT_MODEL_BERT;
+    bool tokens = dt_model_reads_tokens(job.model_type);
     printf("# dtrain bench dp-vs-ddp %s: model %s, %d replicas, batch %d per replica x accum %d, "
            "%d timed steps (+%d warm-up), device %s, %d BLAS thread(s) per replica, %d cores, "
            "cpu_bind %s, dp_transport %s\n",

@@ -116,6 +116,11 @@ const char *dt_strategy_name(dt_strategy_kind v);
 const char *dt_dp_transport_name(dt_dp_transport_kind v);
 const char *dt_cpu_bind_name(dt_cpu_bind_kind v);
 const char *dt_model_name(dt_model_kind v);
+/* The model reads token sequences (gpt, bert, llama), not vectors or images. */
+static inline bool dt_model_reads_tokens(dt_model_kind k)
+{
+    return k == DT_MODEL_GPT || k == DT_MODEL_BERT || k == DT_MODEL_LLAMA;
+}
 const char *dt_preset_name(dt_preset_kind v);
 const char *dt_data_name(dt_data_kind v);
 const char *dt_optim_name(dt_optim_kind v);

@@ -810,12 +810,6 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                       pname, of, dt_model_name(job->model_type), of,
                       dt_model_name(job->model_type));
     }
-    if (job->model_type == DT_MODEL_LLAMA && job->data_type == DT_DATA_SYNTHETIC &&
-        !BAD("model.type", "data.type"))
-        add_error(errs, AT("model.type", "data.type"), 0,
-                  "model llama needs token data: data.type = text (the bytes of any file) or "
-                  "tokens (llm.c shards); data.type = synthetic makes token sequences for model "
-                  "gpt only");
     if (job->model_type == DT_MODEL_RESNET && !resnet_preset && (job->depth - 2) % 6 &&
         !BAD("model.depth"))
         add_error(errs, AT("model.depth"), 0, "model.depth: %d is not 6n+2 (use 20, 32, 44, 56 or 110)",

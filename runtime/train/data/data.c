@@ -533,7 +533,7 @@ static int open_synthetic(const dt_job *job, dt_sample_shape *shape, source **ou
     y->seed = (uint64_t)job->seed;
     y->classes = job->synthetic_classes;
     s->n = job->synthetic_samples;
-    if (job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_BERT) {
+    if (dt_model_reads_tokens(job->model_type)) {
         s->kind = SRC_SYN_TOKENS;
         y->T = s->T = shape->seq_len;
         y->vocab = s->vocab = shape->vocab_size;
@@ -609,7 +609,7 @@ int dt_data_open(dt_data **out, const dt_job *job, dt_err *err)
     dt_data_kind type = job->data_type;
     const bool bert = job->model_type == DT_MODEL_BERT;
     bool lm = type == DT_DATA_TEXT || type == DT_DATA_TOKENS ||
-              (type == DT_DATA_SYNTHETIC && (job->model_type == DT_MODEL_GPT || bert));
+              (type == DT_DATA_SYNTHETIC && dt_model_reads_tokens(job->model_type));
     dt_sample_shape *shape = &d->shape;
     if (lm) {
         shape->kind = DT_SAMPLE_TOKENS;

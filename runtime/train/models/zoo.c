@@ -72,8 +72,7 @@ int dt_model_config_from_job(dt_model_config *cfg, const struct dt_job *job,
     cfg->recompute = job->recompute == DT_RECOMP_BLOCK       ? DT_RECOMPUTE_BLOCK
                      : job->recompute == DT_RECOMP_SELECTIVE ? DT_RECOMPUTE_SELECTIVE
                                                              : DT_RECOMPUTE_NONE;
-    if (job->model_type == DT_MODEL_GPT || job->model_type == DT_MODEL_BERT ||
-        job->model_type == DT_MODEL_LLAMA) {
+    if (dt_model_reads_tokens(job->model_type)) {
         cfg->n_layer = job->n_layer;
         cfg->n_head = job->n_head;
         cfg->n_embd = job->n_embd;
