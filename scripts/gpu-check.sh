@@ -18,6 +18,9 @@
 #        gpt2-124m (synthetic tokens, T = 1024): a 2-step run on GPU (fp32) and CPU at batch 2
 #          for the loss comparison, then fp32, bf16 and bf16 with the flash attention kernels
 #          (DTRAIN_CUDA_ATTN=flash) at batch $GPT2_BATCH for tokens/s, MFU and peak memory
+#      the zoo's other models (configs/bert-mlm.ini, llama.ini, resnet50.ini): ZOO_STEPS steps on
+#      the GPU (fp32) and the CPU, losses at the first and last step against the CPU's,
+#      throughput, peak memory
 #   4. NCCL: the gpt2-124m bf16 run and quickstart on every GPU of the machine (one rank per
 #      GPU, ddp.backend = nccl): tokens/s and scaling against one GPU; then the same gpt2-124m
 #      bf16 run with ZeRO-3 and activation recomputation (parallel.zero = 3, train.recompute =
@@ -51,7 +54,7 @@
 # Without a GPU (no nvidia-smi, no driver, no device) it still builds and runs the op tests (which
 # then skip, visibly) and says why nothing else ran; it exits 0 unless --require-gpu.
 #
-# Knobs (environment): GPT2_BATCH (16), GPT2_STEPS (30), QS_STEPS (100), KEEP=1 keeps the work
+# Knobs (environment): GPT2_BATCH (16), GPT2_STEPS (30), QS_STEPS (100), ZOO_STEPS (20), KEEP=1 keeps the work
 # directory. The gpt2-124m rows set DTRAIN_CUDA_GEMM (convert|fast: the bf16 GEMM strategy, see
 # kernels/cuda) and DTRAIN_CUDA_ATTN (cublas|flash) themselves, one row per choice.
 # GPU_CHECK_DEVICE=cpu smoke-tests this script itself on a machine without a GPU: every "GPU"
@@ -72,6 +75,7 @@ done
 GPT2_BATCH=${GPT2_BATCH:-16}
 GPT2_STEPS=${GPT2_STEPS:-30}
 QS_STEPS=${QS_STEPS:-100}
+ZOO_STEPS=${ZOO_STEPS:-20}
 GPT2_PRESET=${GPT2_PRESET:-gpt2-124m}
 dev=${GPU_CHECK_DEVICE:-cuda}
 comm=nccl
@@ -310,6 +314,33 @@ for cfg in fp32 bf16 bf16-flash bf16-fast; do
     add "gpt2-124m $label $(ktok "$t") tok/s  MFU $(mfu "$t" "$fpt" "$peak") of ${peak:-?} TFLOP/s $prec  step $(fmt "$(field "g2_$cfg" step_time_s median)" 3) s  peak $(gib "$(field "g2_$cfg" peak_mem_bytes last)")  loss@$GPT2_STEPS $(fmt "$(field "g2_$cfg" loss last)")"
 done
 add "                 (MFU: $fpt FLOPs/token = 6N + 12LCT, N = $nparams)"
+
+# ---- 3c. the rest of the zoo: BERT, Llama, ResNet-50 -----------------------------------------
+# Each shipped config for ZOO_STEPS steps on the GPU (fp32) and on the CPU: the first and last
+# losses against the CPU's (the same seed, data and batch: they should agree to float32 rounding
+# at step 1 and stay close after), throughput and peak memory.
+for name in bert-mlm llama resnet50; do
+    say "$name: $ZOO_STEPS steps on the GPU (fp32) and the CPU"
+    zoo_common=(job.log_every=1 train.steps="$ZOO_STEPS" train.warmup_steps=2 checkpoint.every=0
+        train.eval_every=0 train.eval_batches=1)
+    run "zoo_${name}_cpu" 240 1 "configs/$name.ini" job.device=cpu train.threads="$ncpu" "${zoo_common[@]}"
+    rc_c=$?
+    run "zoo_${name}_gpu" 240 1 "configs/$name.ini" job.device="$dev" train.precision=fp32 "${zoo_common[@]}"
+    rc_g=$?
+    label=$(printf '%-16s' "$name")
+    if [ $rc_c -ne 0 ] || [ $rc_g -ne 0 ]; then
+        fail "$label FAILED (gpu exit $rc_g, cpu exit $rc_c): $(grep -h -m2 -E 'ERROR|error' "$work/zoo_${name}_gpu.log" "$work/zoo_${name}_cpu.log" | tr '\n' ' ')"
+        continue
+    fi
+    g1=$(field "zoo_${name}_gpu" loss first) gn=$(field "zoo_${name}_gpu" loss last)
+    c1=$(field "zoo_${name}_cpu" loss first) cn=$(field "zoo_${name}_cpu" loss last)
+    if [ "$name" = resnet50 ]; then
+        rate="$(fmt "$(field "zoo_${name}_gpu" samples_per_s median)" 0) img/s (cpu $(fmt "$(field "zoo_${name}_cpu" samples_per_s median)" 0))"
+    else
+        rate="$(ktok "$(field "zoo_${name}_gpu" tokens_per_s median)") tok/s (cpu $(ktok "$(field "zoo_${name}_cpu" tokens_per_s median)"))"
+    fi
+    add "$label loss@1 $(fmt "$g1") (cpu $(fmt "$c1"), rel $(reldiff "$g1" "$c1"))  loss@$ZOO_STEPS $(fmt "$gn") (cpu $(fmt "$cn"), rel $(reldiff "$gn" "$cn"))  $rate  peak $(gib "$(field "zoo_${name}_gpu" peak_mem_bytes last)")"
+done
 
 # ---- 4. NCCL on every GPU --------------------------------------------------------------------
 say "NCCL: quickstart and gpt2-124m bf16 on $ngpu GPU(s), one rank per GPU"
