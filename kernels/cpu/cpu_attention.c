@@ -218,13 +218,13 @@ INLINE void tile_b(vf *ot, const vf *alpha, const float *x, int ldx, int hs, int
 /* C: y[j][:] += sum_{i < nq} st[j][i] z[i][:] for R key rows j and NV vectors of d; y and z
  * rows are ld floats apart (a multiple of VL), st rows BQ. */
 INLINE void mk_c(float *restrict y, const float *restrict st, const float *restrict z, int ld,
-                 int nq, const int R, const int NV)
+                 int i0, int nq, const int R, const int NV)
 {
     vf acc[RMAX][4];
     for (int a = 0; a < R; a++)
         for (int v = 0; v < NV; v++)
             acc[a][v] = *(const vf *)(y + (size_t)a * ld + v * VL);
-    for (int i = 0; i < nq; i++) {
+    for (int i = i0; i < nq; i++) {
         vf zv[4];
         for (int v = 0; v < NV; v++)
             zv[v] = *(const vf *)(z + (size_t)i * ld + v * VL);
@@ -239,33 +239,45 @@ INLINE void mk_c(float *restrict y, const float *restrict st, const float *restr
             *(vf *)(y + (size_t)a * ld + v * VL) = acc[a][v];
 }
 
-INLINE void tile_c_nv(float *y, const float *st, const float *z, int ld, int nk, int nq,
-                      const int R, const int NV)
+/* Key rows [j0, nk) against queries [i0, nq). */
+INLINE void tile_c_nv(float *y, const float *st, const float *z, int ld, int j0, int nk, int i0,
+                      int nq, const int R, const int NV)
 {
-    int j = 0;
+    int j = j0;
     for (; j + R <= nk; j += R)
-        mk_c(y + (size_t)j * ld, st + (size_t)j * BQ, z, ld, nq, R, NV);
+        mk_c(y + (size_t)j * ld, st + (size_t)j * BQ, z, ld, i0, nq, R, NV);
     for (; j < nk; j++)
-        mk_c(y + (size_t)j * ld, st + (size_t)j * BQ, z, ld, nq, 1, NV);
+        mk_c(y + (size_t)j * ld, st + (size_t)j * BQ, z, ld, i0, nq, 1, NV);
 }
 
-/* y (nk, ld) += st^T-weighted rows of z (nq, ld): the columns in chunks of up to 4 vectors. */
-INLINE void tile_c(float *y, const float *st, const float *z, int ld, int nk, int nq,
-                   const bool wide)
+INLINE void tile_c_rows(float *y, const float *st, const float *z, int ld, int j0, int nk, int i0,
+                        int nq, const bool wide)
 {
     for (int d0 = 0; d0 < ld; d0 += 4 * VL) {
         int nv = DT_MIN(4, (ld - d0) / VL);
         float *yd = y + d0;
         const float *zd = z + d0;
         if (nv == 4)
-            tile_c_nv(yd, st, zd, ld, nk, nq, wide ? 4 : 1, 4);
+            tile_c_nv(yd, st, zd, ld, j0, nk, i0, nq, wide ? 4 : 1, 4);
         else if (nv == 3)
-            tile_c_nv(yd, st, zd, ld, nk, nq, wide ? 4 : 1, 3);
+            tile_c_nv(yd, st, zd, ld, j0, nk, i0, nq, wide ? 4 : 1, 3);
         else if (nv == 2)
-            tile_c_nv(yd, st, zd, ld, nk, nq, wide ? 8 : 2, 2);
+            tile_c_nv(yd, st, zd, ld, j0, nk, i0, nq, wide ? 8 : 2, 2);
         else
-            tile_c_nv(yd, st, zd, ld, nk, nq, wide ? 8 : 4, 1);
+            tile_c_nv(yd, st, zd, ld, j0, nk, i0, nq, wide ? 8 : 4, 1);
     }
+}
+
+/* y (nk, ld) += st^T-weighted rows of z (nq, ld): the columns in chunks of up to 4 vectors.
+ * diag: as tile_a's (key rows from VL on against the queries from VL on only). */
+INLINE void tile_c(float *y, const float *st, const float *z, int ld, int nk, int nq,
+                   const bool wide, bool diag)
+{
+    if (diag && nk > VL) {
+        tile_c_rows(y, st, z, ld, 0, VL, 0, nq, wide);
+        tile_c_rows(y, st, z, ld, VL, nk, VL, nq, wide);
+    } else
+        tile_c_rows(y, st, z, ld, 0, nk, 0, nq, wide);
 }
 
 /* ---- tile helpers ------------------------------------------------------------------------- */
@@ -562,19 +574,22 @@ INLINE void head_bwd(const att_head *h, float *dq, float *dk, float *dv, int ldg
         for (int c0 = 0; c0 < r1; c0 += BK) {
             const int nk = DT_MIN(BK, r1 - c0);
             vf *P = Ps + (size_t)c0 * NQ, *dP = Ds + (size_t)c0 * NQ;
+            const bool diag = c0 == r0; /* as in head_fwd */
             KERNEL_BEGIN();
-            tile_a(P, Ks + (size_t)c0 * ldk, ldk, hs, nk, QT, wide ? 8 : 2, false);
-            tile_a(dP, Vs + (size_t)c0 * ldk, ldk, hs, nk, dOT, wide ? 8 : 2, false);
+            tile_a(P, Ks + (size_t)c0 * ldk, ldk, hs, nk, QT, wide ? 8 : 2, diag);
+            tile_a(dP, Vs + (size_t)c0 * ldk, ldk, hs, nk, dOT, wide ? 8 : 2, diag);
             KERNEL_END();
-            if (c0 + nk - 1 > r0)
+            if (diag)
                 mask_tile(P, c0, nk, r0);
-            for (int j = 0; j < nk; j++)
-                for (int b = 0; b < NQ; b++) {
+            for (int b = 0; b < NQ; b++) {
+                const int kb = diag && b == 0 ? DT_MIN(nk, VL) : nk; /* keys not all masked */
+                for (int j = 0; j < kb; j++) {
                     vf p = vexp2(P[(size_t)j * NQ + b] - L[b]);
                     P[(size_t)j * NQ + b] = p;
                     D[b] += p * dP[(size_t)j * NQ + b];
                     Z[b] += p;
                 }
+            }
         }
         /* The recomputed P sums to 1 only to the rounding of the saved lse (~1e-6); P / Z is
          * normalised to float rounding, which keeps sum_j dS = 0 (the softmax Jacobian's rows)
@@ -591,16 +606,19 @@ INLINE void head_bwd(const att_head *h, float *dq, float *dk, float *dv, int ldg
         for (int c0 = 0; c0 < r1; c0 += BK) {
             const int nk = DT_MIN(BK, r1 - c0);
             vf *P = Ps + (size_t)c0 * NQ, *dS = Ds + (size_t)c0 * NQ;
-            for (int j = 0; j < nk; j++)
-                for (int b = 0; b < NQ; b++) {
+            const bool diag = c0 == r0;
+            for (int b = 0; b < NQ; b++) {
+                const int kb = diag && b == 0 ? DT_MIN(nk, VL) : nk;
+                for (int j = 0; j < kb; j++) {
                     vf p = P[(size_t)j * NQ + b] * iz[b];
                     P[(size_t)j * NQ + b] = p;
                     dS[(size_t)j * NQ + b] = h->scale * p * (dS[(size_t)j * NQ + b] - D[b]);
                 }
+            }
             KERNEL_BEGIN();
-            tile_c(dVp + (size_t)c0 * hsp, (const float *)P, dOr, hsp, nk, nq, wide);
-            tile_c(dKp + (size_t)c0 * hsp, (const float *)dS, Qr, hsp, nk, nq, wide);
-            tile_b(dQT, NULL, Ks + (size_t)c0 * ldk, ldk, hs, nk, dS, wide ? 8 : 2, false);
+            tile_c(dVp + (size_t)c0 * hsp, (const float *)P, dOr, hsp, nk, nq, wide, diag);
+            tile_c(dKp + (size_t)c0 * hsp, (const float *)dS, Qr, hsp, nk, nq, wide, diag);
+            tile_b(dQT, NULL, Ks + (size_t)c0 * ldk, ldk, hs, nk, dS, wide ? 8 : 2, diag);
             KERNEL_END();
         }
         unpack_t(dq + (size_t)r0 * ldg, ldg, dQT, hs, nq, NULL, wide);
