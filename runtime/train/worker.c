@@ -344,6 +344,7 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     bo.device_index = env->local_rank;
     bo.threads = j->threads;
     bo.precision = backend_precision(j->precision);
+    bo.mem_limit = (size_t)j->device_memory;
     dt_model_config mc;
     if ((rc = dt_model_config_from_job(&mc, j, shape, err))) {
         t->config_error = rc == -EINVAL;
