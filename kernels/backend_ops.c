@@ -102,12 +102,16 @@ int dt_mem_admit(const dt_mem_stats *s, size_t limit, size_t peak, const char *w
     size_t n = 0;
     held[0] = '\0';
     for (int i = 0; i < DT_MEM_CAT_COUNT && n < sizeof held; i++) {
-        int w = snprintf(held + n, sizeof held - n, "%s%s %.2f MiB", i ? ", " : "",
+        if (!s->cur[i])
+            continue;
+        int w = snprintf(held + n, sizeof held - n, "%s%s %.2f MiB", n ? ", " : "",
                          dt_mem_cat_name((dt_mem_cat)i), (double)s->cur[i] / 1048576.0);
         n += w > 0 ? (size_t)w : 0;
     }
+    if (!n)
+        snprintf(held, sizeof held, "nothing");
     return dt_err_set(err, -ENOMEM,
-                      "%s backend: out of device memory: asked for %zu bytes (%.2f MiB) of %s, "
+                      "%s backend: " DT_MEM_OOM_TEXT ": asked for %zu bytes (%.2f MiB) of %s, "
                       "holding %.2f MiB of the %.2f MiB budget (job.device_memory = %zu) [%s]; "
                       "peak so far %.2f MiB",
                       who, bytes, (double)bytes / 1048576.0, dt_mem_cat_name(c),

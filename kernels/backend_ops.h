@@ -106,6 +106,7 @@ dt_mem_cat dt_mem_tag(dt_backend *be, dt_mem_cat cat);
 /* The budget check both backends share: 0 when limit is 0 or s->total + bytes fits in limit;
  * else -ENOMEM with a message (who: the backend's name) naming the request (bytes, category),
  * the budget, what is held now by category and peak (the run's peak so far). */
+#define DT_MEM_OOM_TEXT "out of device memory" /* in every refusal's message, for its reader */
 int dt_mem_admit(const dt_mem_stats *s, size_t limit, size_t peak, const char *who, dt_mem_cat c,
                  size_t bytes, dt_err *err);
 /* be's statistics; all zero for a backend without accounting (mem_stats NULL). */

@@ -855,8 +855,8 @@ static int end_aborted(agent *a, const dt_rdzv_status *st)
 }
 
 /* Whether every failed worker is the built-in worker reporting a configuration error (exit 2:
- * a bad job file, checkpoint.resume path or checkpoint directory), which a restart would only
- * repeat. */
+ * a bad job file, checkpoint.resume path or checkpoint directory), or any reports running out
+ * of device memory (exit 3), which a restart would only repeat. */
 static bool config_error(const agent *a)
 {
     int n = 0;
@@ -866,6 +866,8 @@ static bool config_error(const agent *a)
         const worker *w = &a->w[i];
         if (w->state != W_FAILED)
             continue;
+        if (WIFEXITED(w->status) && WEXITSTATUS(w->status) == DT_EXIT_OOM)
+            return true; /* out of device memory: the layout does not fit, a restart repeats it */
         if (!WIFEXITED(w->status) || WEXITSTATUS(w->status) != DT_EXIT_CONFIG)
             return false;
         n++;
