@@ -136,7 +136,7 @@ typedef struct dt_backend_opts {
                              refuse (-ENOMEM, a message with what was asked and what is held by
                              category) what would take mem_stats' total beyond it; 0 = none
                              (cpu: unlimited; cuda: the device's own memory, as the driver
-                             reports it, which the budget is not enforced against yet) */
+                             reports it at start; a larger value is that too) */
 } dt_backend_opts;
 
 void dt_backend_opts_default(dt_backend_opts *o);
