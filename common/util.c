@@ -265,6 +265,37 @@ int dt_parse_duration(const char *s, double *seconds)
     return 0;
 }
 
+int dt_parse_bytes(const char *s, int64_t *bytes)
+{
+    static const struct { const char *suffix; double mul; } units[] = {
+        {"", 1},         {"B", 1},           {"K", 1e3},          {"M", 1e6},
+        {"G", 1e9},      {"T", 1e12},        {"Ki", 1024.0},      {"Mi", 1048576.0},
+        {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
+    };
+    char *end;
+    if (!s || !*s || isspace((unsigned char)*s))
+        return -EINVAL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0)
+        return -EINVAL;
+    for (size_t k = 0; k < sizeof units / sizeof units[0]; k++) {
+        size_t n = strlen(units[k].suffix);
+        /* "1GiB", "1Gi", "1G" and "1GB" alike; a bare "B" only after a number */
+        if (strncmp(end, units[k].suffix, n) ||
+            (end[n] && (strcmp(end + n, "B") || !n)))
+            continue;
+        double b = v * units[k].mul;
+        if (b >= 9.2e18)
+            return -ERANGE;
+        if (b != floor(b))
+            return -EINVAL; /* a fraction of a byte */
+        *bytes = (int64_t)b;
+        return 0;
+    }
+    return -EINVAL;
+}
+
 int dt_read_file(const char *path, char **data, size_t *len, dt_err *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -50,6 +50,11 @@ int dt_parse_double(const char *s, double *out);
 int dt_parse_bool(const char *s, bool *out);
 /* "30", "30s", "500ms", "2m", "1h" -> seconds. */
 int dt_parse_duration(const char *s, double *seconds);
+/* A size in bytes: a number (fractions allowed where the product is whole) with an optional
+ * suffix K M G T (powers of 1000) or Ki Mi Gi Ti (powers of 1024), each optionally followed by
+ * B ("1GiB", "512Mi", "2G", "1e9"). 0, -EINVAL (not a size, negative, a fraction of a byte) or
+ * -ERANGE (2^63 and more); *bytes untouched on failure. */
+int dt_parse_bytes(const char *s, int64_t *bytes);
 
 /* ---- files ---- */
 /* Reads a whole file into a malloc'd, NUL-terminated buffer (caller frees). */

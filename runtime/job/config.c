@@ -104,6 +104,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"job", "name", DT_CFG_STR, J(name), "dtrain", 0, 0, NULL, false, "name of the job; names output_dir by default"},
     {"job", "output_dir", DT_CFG_STR, J(output_dir), "", 0, 0, NULL, false, "where metrics.jsonl, checkpoints and logs go (\"\" = runs/<name>)"},
     {"job", "device", DT_CFG_ENUM, J(device), "auto", 0, 0, device_names, false, "compute device: cuda when a GPU and libdtrain_cuda.so are usable (auto), else cpu"},
+    {"job", "device_memory", DT_CFG_BYTES, J(device_memory), "0", 0, 9e18, NULL, false, "memory budget of each worker's device in bytes, suffixes K M G T (1000s) and Ki Mi Gi Ti (1024s): the backend refuses an allocation that would take what it holds (every category) beyond it, and the worker fails with an out-of-memory message (0 = the device's own memory: unlimited on cpu; on cpu a value makes the backend behave as a device of that size)"},
     {"job", "strategy", DT_CFG_ENUM, J(strategy), "ddp", 0, 0, strategy_names, false, "ddp: one process per device, ring all-reduce; dp: one process drives all replicas"},
     {"job", "cpu_bind", DT_CFG_ENUM, J(cpu_bind), "auto", 0, 0, cpu_bind_names, false, "auto: on cpu each of a node's workers (strategy = dp: each replica thread) gets an equal share of the CPUs the launcher may use; on cuda each worker (each replica thread) runs on its share of the CPUs near its GPU (the GPU's NUMA node, from sysfs); none leaves placement to the scheduler"},
     {"job", "dp_replicas", DT_CFG_INT, J(dp_replicas), "2", 1, 1024, NULL, false, "strategy = dp: replicas the one process drives (threads on cpu, one GPU each on cuda); batch_size is per replica"},
@@ -418,7 +419,8 @@ int dt_cfg_set(dt_job *job, const dt_cfg_field *f, const char *value, char *why,
      * read past; a sign (+2, -1) is accepted. Lists take blanks around their commas. */
     size_t vlen = strlen(value);
     bool numeric = f->type == DT_CFG_INT || f->type == DT_CFG_I64 || f->type == DT_CFG_DOUBLE ||
-                   f->type == DT_CFG_DURATION || f->type == DT_CFG_NPROC;
+                   f->type == DT_CFG_DURATION || f->type == DT_CFG_NPROC ||
+                   f->type == DT_CFG_BYTES;
     if (numeric && vlen && (isspace((unsigned char)value[0]) ||
                             isspace((unsigned char)value[vlen - 1]))) {
         snprintf(why, cap, "%s.%s: \"%s\" has blanks around it: write the value alone (quotes "
@@ -448,6 +450,23 @@ int dt_cfg_set(dt_job *job, const dt_cfg_field *f, const char *value, char *why,
             goto range;
         if (rc) {
             snprintf(why, cap, "%s.%s: \"%s\" is not an integer", f->section, f->key, value);
+            return -EINVAL;
+        }
+        d = (double)v;
+        if (d < f->min || d > f->max)
+            goto range;
+        *(int64_t *)base = v;
+        return 0;
+    }
+    case DT_CFG_BYTES: {
+        int64_t v;
+        rc = dt_parse_bytes(value, &v);
+        if (rc == -ERANGE)
+            goto range;
+        if (rc) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not a size in bytes (examples: 1073741824, "
+                     "1GiB, 512Mi, 2G; suffixes K M G T are 1000s, Ki Mi Gi Ti 1024s)",
+                     f->section, f->key, value);
             return -EINVAL;
         }
         d = (double)v;
@@ -740,6 +759,17 @@ void dt_cfg_format(const dt_job *job, const dt_cfg_field *f, char *buf, size_t c
     case DT_CFG_I64:
         snprintf(buf, cap, "%lld", (long long)*(const int64_t *)base);
         break;
+    case DT_CFG_BYTES: { /* exact: the largest binary suffix that divides it */
+        static const char *const sfx[] = {"", "Ki", "Mi", "Gi", "Ti"};
+        long long v = (long long)*(const int64_t *)base;
+        int k = 0;
+        while (v && k < 4 && v % 1024 == 0) {
+            v /= 1024;
+            k++;
+        }
+        snprintf(buf, cap, "%lld%s", v, sfx[k]);
+        break;
+    }
     case DT_CFG_DOUBLE:
     case DT_CFG_DURATION: {
         /* The shortest form that reads back to the same double. */

@@ -235,6 +235,8 @@ typedef struct dt_job {
     double loss_scale;                 /* fp16: initial dynamic loss scale */
     int loss_scale_window;             /* fp16: clean steps before the scale doubles */
     int threads;                       /* BLAS threads per worker */
+    int64_t device_memory;             /* job.device_memory: the device's budget in bytes (0 =
+                                          the device's own: cpu unlimited) */
     dt_recompute_kind recompute;       /* activation recomputation in backward */
     char trace[DT_STR_SMALL];          /* steps traced (runtime/train/obs/trace.h): "off", "on",
                                           "N", "A-B" or "A-"; see dt_job_trace_steps */
@@ -390,10 +392,11 @@ int dt_job_trace_steps(const char *spec, int64_t *first, int64_t *last);
  * checkpoint.resume (dt_resume_kind, and the path in resume_path). DT_CFG_SHAPE: int[3]
  * (C, H, W; 0,0,0 written "vector"). DT_CFG_NPROC: a dt_nproc (elastic.nproc_per_node).
  * DT_CFG_STAGES: parallel.stages, the count in n_stage_blocks (the field's offset) and the
- * blocks in stage_blocks (written "4,4,2,2"; "" when the count is 0). */
+ * blocks in stage_blocks (written "4,4,2,2"; "" when the count is 0). DT_CFG_BYTES: an int64_t
+ * of bytes, written with a suffix (dt_parse_bytes: 1GiB, 512M). */
 typedef enum dt_cfg_type { DT_CFG_INT, DT_CFG_I64, DT_CFG_DOUBLE, DT_CFG_BOOL, DT_CFG_STR,
                            DT_CFG_ENUM, DT_CFG_DURATION, DT_CFG_RESUME,
-                           DT_CFG_SHAPE, DT_CFG_NPROC, DT_CFG_STAGES } dt_cfg_type;
+                           DT_CFG_SHAPE, DT_CFG_NPROC, DT_CFG_STAGES, DT_CFG_BYTES } dt_cfg_type;
 
 typedef struct dt_cfg_field {
     const char *section;

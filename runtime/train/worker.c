@@ -344,6 +344,7 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     bo.device_index = env->local_rank;
     bo.threads = j->threads;
     bo.precision = backend_precision(j->precision);
+    bo.mem_limit = (size_t)j->device_memory;
     dt_model_config mc;
     if ((rc = dt_model_config_from_job(&mc, j, shape, err))) {
         t->config_error = rc == -EINVAL;
@@ -871,6 +872,33 @@ static void on_stop_signal(int sig)
     stop_signal = sig;
 }
 
+/* An out-of-device-memory failure (the backend's DT_MEM_OOM_TEXT refusal) gets the layout and
+ * what to change appended to its message; true when err is one. */
+static bool oom_explain(const dt_job *j, int world, dt_err *err)
+{
+    if (err->code != -ENOMEM || !strstr(err->msg, DT_MEM_OOM_TEXT))
+        return false;
+    int T = j->tensor > 0 ? j->tensor : 1, P = j->pipeline > 0 ? j->pipeline : 1;
+    int D = world / (T * P) > 0 ? world / (T * P) : 1;
+    char fix[512];
+    size_t n = 0;
+    fix[0] = '\0';
+#define FIX(...) n += (size_t)snprintf(fix + n, n < sizeof fix ? sizeof fix - n : 0, __VA_ARGS__)
+    if (j->zero < 3 && D > 1)
+        FIX("parallel.zero=3 (shards params, grads, optim over D=%d)", D);
+    if (j->recompute == DT_RECOMP_NONE)
+        FIX("%strain.recompute=block (activations)", n ? "; " : "");
+    FIX("%smore parallel.tensor or parallel.pipeline ranks; a smaller train.batch_size (more "
+        "train.grad_accum); a larger job.device_memory", n ? "; " : "");
+#undef FIX
+    char msg[2 * DT_ERR_MSG_MAX]; /* dt_err_set cuts it to what err holds */
+    snprintf(msg, sizeof msg, "%s. Layout: D=%d T=%d P=%d zero=%d recompute=%s "
+             "micro_batches=%d batch_size=%d. To fit: %s", err->msg, D, T, P, j->zero,
+             dt_recompute_name(j->recompute), j->micro_batches, j->batch_size, fix);
+    dt_err_set(err, -ENOMEM, "%s", msg);
+    return true;
+}
+
 int dt_worker_main(const dt_job *job)
 {
     static dt_trainer t; /* large (the job); one per process */
@@ -917,6 +945,8 @@ int dt_worker_main(const dt_job *job)
 fail:
     if (t.config_error)
         code = DT_EXIT_CONFIG;
+    else if (oom_explain(job, env.world_size, &err))
+        code = DT_EXIT_OOM;
     dt_metrics_finish_line(t.metrics);
     DT_ERROR("%s%s", err.msg, t.config_error ? " (a configuration error: the same command "
                                                 "fails the same way until it is changed)" : "");
