@@ -257,7 +257,8 @@ static const struct {
     int (*fn)(int, char **);
 } subcommands[] = {
     {"worker", dt_cmd_worker}, {"store", dt_cmd_store}, {"bench", dt_cmd_bench},
-    {"ckpt", dt_cmd_ckpt},     {"debug", dt_cmd_debug},   {"help", cmd_help},
+    {"ckpt", dt_cmd_ckpt},     {"debug", dt_cmd_debug},   {"plan", dt_cmd_plan},
+    {"help", cmd_help},
 };
 
 int dt_cmd_main(int argc, char **argv)
