@@ -469,6 +469,9 @@ static int predict(planner *pl, dt_plan_layout *l)
             mem[DT_MEM_PARAMS] = psi;
             mem[DT_MEM_GRADS] = g + g / D;
             mem[DT_MEM_OPTIM] = pl->optim_k * psi / D;
+            /* the first step moves the shards through full-size staging (bench memory's
+             * "1st step": ZeRO-1 the whole optimiser state, ZeRO-2 the parameters) */
+            mem[DT_MEM_OTHER] += l->zero == 1 ? pl->optim_k * psi : psi;
         } else {
             mem[DT_MEM_PARAMS] = psi / D + 2 * k->blk;
             mem[DT_MEM_GRADS] = g / D + k->blk;

@@ -13,7 +13,8 @@
  * measures of it (Ψ this rank's parameters, D the data degree, k the optimiser's bytes a
  * parameter: AdamW 8, SGD with momentum 4, plain SGD 0; blk 4 x the largest block):
  *   zero 0:    params 4Ψ, grads 4Ψ, optim kΨ
- *   zero 1, 2: params 4Ψ, grads 4Ψ + 4Ψ/D (the shard the optimiser steps), optim kΨ/D
+ *   zero 1, 2: params 4Ψ, grads 4Ψ + 4Ψ/D (the shard the optimiser steps), optim kΨ/D, and
+ *              in the first step full-size staging (other): ZeRO-1 kΨ, ZeRO-2 4Ψ
  *   zero 3:    params 4Ψ/D + 2 blk (the block computed and the one prefetched), grads 4Ψ/D +
  *              blk, optim kΨ/D, comm 2 blk
  * and the peak is the largest over the pipeline's stages.
@@ -120,9 +121,9 @@ typedef struct dt_plan_measure {
 } dt_plan_measure;
 
 /* Runs layout l of job_path (with the user's overrides ov[0..n_ov)) through the launcher
- * (this binary, --nnodes 1 --nproc-per-node l's world, `steps` steps, a fresh output
+ * (the dtrain binary at bin, NULL: this one; --nnodes 1 --nproc-per-node l's world, `steps` steps, a fresh output
  * directory under dir) and reads what its metrics.jsonl says. 0, or an error with err set. */
-int dt_plan_measure_layout(const char *job_path, char *const *ov, int n_ov,
+int dt_plan_measure_layout(const char *bin, const char *job_path, char *const *ov, int n_ov,
                            const dt_plan_layout *l, int world, int steps, const char *dir,
                            dt_plan_measure *out, dt_err *err);
 

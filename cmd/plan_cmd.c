@@ -162,7 +162,7 @@ static double json_num(const char *line, const char *key)
     return s ? strtod(s + strlen(pat), NULL) : NAN;
 }
 
-int dt_plan_measure_layout(const char *job_path, char *const *ov, int n_ov,
+int dt_plan_measure_layout(const char *bin, const char *job_path, char *const *ov, int n_ov,
                            const dt_plan_layout *l, int world, int steps, const char *dir,
                            dt_plan_measure *out, dt_err *err)
 {
@@ -182,7 +182,7 @@ int dt_plan_measure_layout(const char *job_path, char *const *ov, int n_ov,
     if (!av)
         return dt_err_set(err, -ENOMEM, "out of memory");
     int n = 0;
-    av[n++] = (char *)dt_cmd_self_path();
+    av[n++] = (char *)(bin ? bin : dt_cmd_self_path());
     av[n++] = "--nnodes=1";
     av[n++] = nproc;
     av[n++] = (char *)job_path;
@@ -205,7 +205,7 @@ int dt_plan_measure_layout(const char *job_path, char *const *ov, int n_ov,
     posix_spawn_file_actions_destroy(&fa);
     free(av);
     if (rc)
-        return dt_err_set(err, -rc, "could not start %s: %s", dt_cmd_self_path(), strerror(rc));
+        return dt_err_set(err, -rc, "could not start the launcher: %s", strerror(rc));
     int st = 0;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
@@ -388,7 +388,7 @@ int dt_cmd_plan(int argc, char **argv)
             layout_name(l, name, sizeof name);
             dt_plan_measure ms;
             dt_err e = {0};
-            if (dt_plan_measure_layout(job_path, ov, n_ov, l, plan.world, check_steps, dir, &ms,
+            if (dt_plan_measure_layout(NULL, job_path, ov, n_ov, l, plan.world, check_steps, dir, &ms,
                                        &e)) {
                 fprintf(stderr, "dtrain plan: --check %s: %s\n", name, e.msg);
                 code = 1;
