@@ -13,6 +13,7 @@
 #include "cmd/args.h"
 #include "cmd/blas_boot.h"
 #include "cmd/cmd.h"
+#include "cmd/plan.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -160,6 +161,12 @@ static int cmd_run(int argc, char **argv)
         if (dt_job_load_settings(&job, a.job_path, a.settings, a.n_settings, &errs, &err) != 0) {
             print_config_errors(&errs);
             fprintf(stderr, "dtrain: %s; nothing was started\n", err.msg);
+            goto out;
+        }
+        /* parallel.layout = auto: the planner's layout for this world, resolved here once */
+        if (dt_plan_apply_auto(&job, &err) != 0) {
+            fprintf(stderr, "dtrain: %s; nothing was started\n", err.msg);
+            code = DT_EXIT_CONFIG;
             goto out;
         }
         if (a.print_config) {

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
@@ -778,6 +779,73 @@ int dt_plan_parse_bytes(const char *s, double *bytes)
         return -EINVAL;
     *bytes = v * unit;
     return 0;
+}
+
+/* ---- names ---- */
+
+void dt_plan_layout_name(const dt_plan_layout *l, char *buf, size_t cap)
+{
+    char pp[48] = "";
+    if (l->pipeline > 1)
+        snprintf(pp, sizeof pp, " M%d %s", l->micro_batches, dt_pp_schedule_name(l->schedule));
+    snprintf(buf, cap, "D%d T%d P%d%s z%d %s%s b%dx%d", l->data, l->tensor, l->pipeline,
+             l->sequence_parallel ? "sp" : "", l->zero, dt_recompute_name(l->recompute), pp,
+             l->batch_size, l->grad_accum);
+}
+
+/* ---- parallel.layout = auto ---------------------------------------------------------------- */
+
+double dt_plan_job_budget(const dt_job *job)
+{
+    (void)job;
+    return 0;
+}
+
+int dt_plan_apply_auto(dt_job *job, dt_err *err)
+{
+    if (job->layout != DT_LAYOUT_AUTO)
+        return 0;
+    int nnodes = 0;
+    if (dt_parse_int(job->launch.nnodes, &nnodes) || nnodes < 1 ||
+        job->launch.nproc_per_node.kind != DT_NPROC_NUMBER)
+        return dt_err_set(err, -EINVAL, "parallel.layout = auto plans for a fixed world: give "
+                          "--nnodes N and --nproc-per-node G as numbers (given %s and %s), or "
+                          "set the [parallel] keys and parallel.layout = explicit",
+                          job->launch.nnodes,
+                          job->launch.nproc_per_node.kind == DT_NPROC_NUMBER ? "a number"
+                          : dt_nproc_name(job->launch.nproc_per_node.kind));
+    dt_plan_req req = {.nnodes = nnodes, .nproc = job->launch.nproc_per_node.n,
+                       .device_memory = dt_plan_job_budget(job)};
+    dt_plan plan;
+    int rc = dt_plan_make(&plan, job, &req, NULL, err);
+    if (rc)
+        return rc;
+    char name[96], second[96] = "none";
+    if (plan.chosen < 0) {
+        dt_plan_layout_name(&plan.v[0], name, sizeof name);
+        rc = dt_err_set(err, -EINVAL, "parallel.layout = auto: no layout of %s on %d x %d ranks "
+                        "fits the budget; the nearest: %s: %s", plan.model, nnodes, req.nproc,
+                        name, plan.v[0].why);
+        dt_plan_free(&plan);
+        return rc;
+    }
+    const dt_plan_layout *l = &plan.v[plan.chosen];
+    dt_plan_layout_name(l, name, sizeof name);
+    if (plan.n_fit > 1)
+        dt_plan_layout_name(&plan.v[1], second, sizeof second);
+    char av[DT_PLAN_OV_MAX][DT_PLAN_OV_LEN];
+    int n = dt_plan_overrides(l, av);
+    for (int i = 0; i < n && !rc; i++)
+        rc = dt_job_set(job, av[i], err);
+    if (!rc)
+        DT_INFO("parallel.layout = auto: %s on %d x %d ranks, global batch %lld: chose %s "
+                    "(predicted peak %.2f MiB a rank, step %.1f ms) of %d layouts that fit; "
+                    "runner-up %s (step %.1f ms)",
+                    plan.model, nnodes, req.nproc, (long long)plan.global_batch, name,
+                    l->peak_bytes / MIB, l->step_s * 1e3, plan.n_fit, second,
+                    plan.n_fit > 1 ? plan.v[1].step_s * 1e3 : 0.0);
+    dt_plan_free(&plan);
+    return rc;
 }
 
 /* Ranks of v (1-based; ties their mean) into r. */

@@ -104,6 +104,9 @@ void dt_plan_free(dt_plan *plan);
 #define DT_PLAN_OV_MAX 10
 int dt_plan_overrides(const dt_plan_layout *l, char (*av)[DT_PLAN_OV_LEN]);
 
+/* l in one short line: "D2 T1 P2 z1 block M4 1f1b b16x1". */
+void dt_plan_layout_name(const dt_plan_layout *l, char *buf, size_t cap);
+
 /* The table (stdout form) and the JSON form of a plan. */
 void dt_plan_print(const dt_plan *p, int top, FILE *out);
 /* The JSON object; close false leaves it open for more members (--check's). */
@@ -126,6 +129,17 @@ typedef struct dt_plan_measure {
 int dt_plan_measure_layout(const char *bin, const char *job_path, char *const *ov, int n_ov,
                            const dt_plan_layout *l, int world, int steps, const char *dir,
                            dt_plan_measure *out, dt_err *err);
+
+/* The device memory a rank of job may hold, for parallel.layout = auto (0: no budget). The one
+ * place the budget is read: today none (dtrain plan's --device-memory is its own flag). */
+double dt_plan_job_budget(const dt_job *job);
+
+/* parallel.layout = auto (cmd/dtrain.c, before the agent starts): plans job for its fixed
+ * elastic.nnodes x nproc_per_node and sets the chosen layout's keys in it (dt_job_set), logging
+ * the choice, its predicted peak and step, and the runner-up. 0 (also when layout is
+ * explicit: nothing done); -EINVAL with err set when the world is not fixed numbers or nothing
+ * fits (the nearest layouts named); another error from the planner. */
+int dt_plan_apply_auto(dt_job *job, dt_err *err);
 
 /* Spearman's rank correlation of x and y (n >= 2; ties get their mean rank). */
 double dt_plan_spearman(const double *x, const double *y, int n);

@@ -50,16 +50,6 @@ static void usage(FILE *out)
 
 /* ---- output -------------------------------------------------------------------------------- */
 
-static void layout_name(const dt_plan_layout *l, char *buf, size_t cap)
-{
-    char pp[48] = "";
-    if (l->pipeline > 1)
-        snprintf(pp, sizeof pp, " M%d %s", l->micro_batches, dt_pp_schedule_name(l->schedule));
-    snprintf(buf, cap, "D%d T%d P%d%s z%d %s%s b%dx%d", l->data, l->tensor, l->pipeline,
-             l->sequence_parallel ? "sp" : "", l->zero, dt_recompute_name(l->recompute), pp,
-             l->batch_size, l->grad_accum);
-}
-
 void dt_plan_print(const dt_plan *p, int top, FILE *out)
 {
     fprintf(out, "# dtrain plan: %s on %d rank(s), global batch %lld; GEMM %.1f GFLOP/s a rank, "
@@ -74,7 +64,7 @@ void dt_plan_print(const dt_plan *p, int top, FILE *out)
     for (int i = 0; i < p->n && shown < top; i++, shown++) {
         const dt_plan_layout *l = &p->v[i];
         char name[96];
-        layout_name(l, name, sizeof name);
+        dt_plan_layout_name(l, name, sizeof name);
         fprintf(out, "%4d  %-40s %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9.2f %8.2f  %s%s\n", i + 1,
                 name, l->mem[DT_MEM_PARAMS] / MIB, l->mem[DT_MEM_GRADS] / MIB,
                 l->mem[DT_MEM_OPTIM] / MIB, l->mem[DT_MEM_ACTS] / MIB,
@@ -85,7 +75,7 @@ void dt_plan_print(const dt_plan *p, int top, FILE *out)
     if (p->n_fit >= top && p->n_fit < p->n) {
         const dt_plan_layout *l = &p->v[p->n_fit];
         char name[96];
-        layout_name(l, name, sizeof name);
+        dt_plan_layout_name(l, name, sizeof name);
         fprintf(out, "  ... %d more that fit; %d that do not, the nearest: %s: %s\n",
                 p->n_fit - top, p->n - p->n_fit, name, l->why);
     }
@@ -385,7 +375,7 @@ int dt_cmd_plan(int argc, char **argv)
             const dt_plan_layout *l = &plan.v[i];
             char dir[64 + sizeof tmpl], name[96];
             snprintf(dir, sizeof dir, "%s/%d", tmpl, i);
-            layout_name(l, name, sizeof name);
+            dt_plan_layout_name(l, name, sizeof name);
             dt_plan_measure ms;
             dt_err e = {0};
             if (dt_plan_measure_layout(NULL, job_path, ov, n_ov, l, plan.world, check_steps, dir, &ms,

@@ -201,6 +201,36 @@ static void test_cli(void)
     DT_CHECK_CONTAINS(out, "\"predicted_peak_bytes\":");
 }
 
+/* parallel.layout = auto: the launcher plans, logs the choice and trains with it; a world that
+ * is not fixed numbers is refused before anything starts. */
+static void test_auto(void)
+{
+    char cmd[2048], out[16384];
+    snprintf(cmd, sizeof cmd, "%s --nproc-per-node 2 %s/../../configs/quickstart.ini "
+             "parallel.layout=auto train.steps=2 train.eval_every=0 checkpoint.every=0 "
+             "job.output_dir=%s/auto 2>&1; echo rc=$?", dt_test_dtrain_bin(),
+             dt_test_self_dir(), dt_test_tmpdir());
+    FILE *p = popen(cmd, "r");
+    DT_REQUIRE(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    pclose(p);
+    DT_CHECK_CONTAINS(out, "parallel.layout = auto: gpt-tiny on 1 x 2 ranks, global batch 16: "
+                           "chose D2 T1 P1");
+    DT_CHECK_CONTAINS(out, "runner-up");
+    DT_CHECK_CONTAINS(out, "rc=0");
+    snprintf(cmd, sizeof cmd, "%s --nproc-per-node auto %s/../../configs/quickstart.ini "
+             "parallel.layout=auto job.output_dir=%s/auto2 2>&1; echo rc=$?",
+             dt_test_dtrain_bin(), dt_test_self_dir(), dt_test_tmpdir());
+    p = popen(cmd, "r");
+    DT_REQUIRE(p);
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    pclose(p);
+    DT_CHECK_CONTAINS(out, "parallel.layout = auto plans for a fixed world");
+    DT_CHECK_CONTAINS(out, "rc=2");
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -209,6 +239,7 @@ int main(int argc, char **argv)
         {"plan_budget", test_budget, 60},
         {"plan_accuracy", test_accuracy, 300},
         {"plan_cli", test_cli, 60},
+        {"plan_auto", test_auto, 120},
     };
     return dt_test_main("test_plan", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }
