@@ -525,7 +525,7 @@ static int predict(planner *pl, dt_plan_layout *l)
                                                                      : 25 * MIB));
         dp = allreduce_s(worst_params, D, bw, 0) + buckets * 2.0 * (D - 1) * lat;
         if (l->zero == 3)
-            dp *= 1.5 * (P > 1 ? 1 : 1);
+            dp *= 1.5; /* all-gathers in forward and backward, a reduce-scatter */
     }
     const double overlap = P > 1 ? 0 : comp_max * 2.0 / 3.0; /* the last backward */
     const double dp_exposed = fmax(0.1 * dp, dp - overlap);
