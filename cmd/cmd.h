@@ -17,6 +17,7 @@ int dt_cmd_store(int argc, char **argv);  /* cmd/store_cmd.c: standalone store s
 int dt_cmd_bench(int argc, char **argv);  /* cmd/bench/bench.c: dispatches to dt_bench_* */
 int dt_cmd_ckpt(int argc, char **argv);   /* cmd/ckpt.c: list, show, verify */
 int dt_cmd_debug(int argc, char **argv);  /* cmd/debug.c: dump, analyze (hang verdicts) */
+int dt_cmd_plan(int argc, char **argv);   /* cmd/plan_cmd.c: layouts ranked (plan.h) */
 
 /* Benchmarks: `dtrain bench NAME ...`, one file each (cmd/bench_NAME.c). */
 int dt_bench_store(int argc, char **argv);

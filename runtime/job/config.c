@@ -42,6 +42,7 @@ static const char *const compress_names[] = {"none", "bf16", "fp16", NULL};
 static const char *const resume_names[] = {"auto", "never", "path", NULL};
 static const char *const rdzv_backend_names[] = {"static", "c10d", "etcd", NULL};
 static const char *const pp_schedule_names[] = {"1f1b", "gpipe", NULL};
+static const char *const layout_names[] = {"explicit", "auto", NULL};
 
 static const char *name_of(const char *const *names, int v)
 {
@@ -69,6 +70,7 @@ NAME_FN(dt_compress_name, dt_compress_kind, compress_names)
 NAME_FN(dt_resume_name, dt_resume_kind, resume_names)
 NAME_FN(dt_rdzv_backend_name, dt_rdzv_backend_kind, rdzv_backend_names)
 NAME_FN(dt_pp_schedule_name, dt_pp_schedule_kind, pp_schedule_names)
+NAME_FN(dt_layout_name, dt_layout_kind, layout_names)
 
 /* elastic.nproc_per_node's names, at their dt_nproc_kind; a number (index 0) has none. */
 static const char *const nproc_names[] = {"", "auto", "cpu", "gpu", NULL};
@@ -187,6 +189,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"parallel", "schedule", DT_CFG_ENUM, J(pp_schedule), "1f1b", 0, 0, pp_schedule_names, false, "pipeline schedule: 1f1b (PipeDream-Flush: after a warm-up each stage alternates one forward and one backward, so at most P micro-batches' activations are kept) or gpipe (all forwards, then all backwards: M micro-batches' activations); the same gradients either way"},
     {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced by cost: the split whose costliest stage is cheapest, gpt's embedding counted on the first stage and ln_f + the head (2*C*V FLOPs a token, a block 24*C^2 + 4*T*C) on the last; earlier stages take one more block on a tie (mlp: layers count alike)"},
     {"parallel", "sequence_parallel", DT_CFG_BOOL, J(sequence_parallel), "false", 0, 0, NULL, false, "Megatron-LM sequence parallelism on top of parallel.tensor = T > 1 (gpt, bert): the residual stream, LayerNorms and residual adds hold 1/T of the tokens on each tensor rank instead of all of them, the all-reduces become reduce-scatters and all-gathers, so those activations take 1/T of the memory (same gradients, to rounding; about 1.25x the tensor group's traffic). Needs data.seq_len (or model.block_size) divisible by T; with parallel.pipeline > 1 the stages pass the 1/T shards"},
+    {"parallel", "layout", DT_CFG_ENUM, J(layout), "explicit", 0, 0, layout_names, false, "explicit: the [parallel] keys and train.batch_size / grad_accum as given; auto: the launcher plans the layout at start (dtrain plan's best for the world: tensor, pipeline, zero, sequence_parallel, micro_batches, schedule, train.recompute, batch_size and grad_accum, keeping the global batch) and logs its choice; needs fixed elastic.nnodes and nproc_per_node numbers"},
     /* [checkpoint] */
     {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
     {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},

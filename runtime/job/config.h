@@ -95,6 +95,8 @@ typedef enum dt_compress_kind {
 } dt_compress_kind;
 /* parallel.schedule: the order of a pipeline's micro-batches (1F1B = PipeDream-Flush). */
 typedef enum dt_pp_schedule_kind { DT_PP_1F1B = 0, DT_PP_GPIPE = 1 } dt_pp_schedule_kind;
+/* parallel.layout: the [parallel] keys as given, or the launcher's plan (cmd/plan.h). */
+typedef enum dt_layout_kind { DT_LAYOUT_EXPLICIT = 0, DT_LAYOUT_AUTO = 1 } dt_layout_kind;
 #define DT_MAX_STAGES 64
 #define DT_MAX_HIDDEN 16 /* model.hidden: widths at most */
 /* checkpoint.resume: auto, never, or a path (then in dt_job.resume_path). */
@@ -132,6 +134,7 @@ const char *dt_compress_name(dt_compress_kind v);
 const char *dt_resume_name(dt_resume_kind v);
 const char *dt_rdzv_backend_name(dt_rdzv_backend_kind v);
 const char *dt_pp_schedule_name(dt_pp_schedule_kind v);
+const char *dt_layout_name(dt_layout_kind v);
 /* "auto", "cpu", "gpu"; "" for DT_NPROC_NUMBER (a number has no name) and out of range. */
 const char *dt_nproc_name(dt_nproc_kind v);
 /* The value as a job file writes it ("4", "auto"): into buf (cap bytes), which it returns. */
@@ -263,6 +266,7 @@ typedef struct dt_job {
     int micro_batches;                 /* pipeline micro-batches M per rank batch (>= 1; not
                                           given: P, resolved at load; 1 in dt_job_defaults) */
     dt_pp_schedule_kind pp_schedule;   /* pipeline schedule */
+    dt_layout_kind layout;             /* auto: the launcher plans the keys above at start */
     int n_stage_blocks;                /* parallel.stages: 0 = balanced, else P entries */
     int stage_blocks[DT_MAX_STAGES];   /* blocks per stage (gpt: transformer blocks) */
 
