@@ -321,6 +321,14 @@ typedef struct dt_ckpt_info {
 int dt_ckpt_inspect(const char *path, bool verify, dt_ckpt_info *info, dt_err *err);
 void dt_ckpt_info_free(dt_ckpt_info *info);
 
+/* Writes the model's own tensors (those of the "model" files: parameters and buffers, no
+ * optimiser state) of checkpoint `path`, either version, verified first, as one whole-tensor
+ * safetensors file `out` (the usual names, "format": "pt"), tensor by tensor: at most one
+ * tensor and a read buffer of io bytes (0: the default) in memory. out is written as out.tmp,
+ * fsynced and renamed. *bytes (may be NULL) gets its size. Errors as dt_ckpt_inspect's, or the
+ * write's naming out. */
+int dt_ckpt_export(const char *path, const char *out, size_t io, uint64_t *bytes, dt_err *err);
+
 /* The step_<N> directories under dir, newest first: *steps (malloc'd, caller frees) and *count.
  * A missing dir is an empty list. Directories not named step_<digits> are ignored. */
 int dt_ckpt_list(const char *dir, int64_t **steps, int *count, dt_err *err);

@@ -66,6 +66,7 @@ typedef struct dt_ckpt_pdesc {
     int tp_dim, tp_parts, tp_rank, ndim;
     int64_t shape[DT_TENSOR_MAX_DIMS]; /* the local tensor's (tp_parts > 0) */
     uint64_t xxh64;
+    bool unhashed;         /* a whole tensor of a version 1 file: its file's XXH64 covers it */
 } dt_ckpt_pdesc;
 
 struct dt_ckpt {

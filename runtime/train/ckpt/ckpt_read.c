@@ -1032,3 +1032,160 @@ out:
         dt_ckpt_info_free(&local);
     return rc;
 }
+
+/* ================================================================================ export === */
+
+/* The export's destination: one tensor's buffer, for the tensor being written. */
+typedef struct export_dst {
+    int tensor;
+    float *buf;
+} export_dst;
+
+static float *export_dst_of(void *ctx, int t)
+{
+    export_dst *d = ctx;
+    return t == d->tensor ? d->buf : NULL;
+}
+
+/* The pieces of checkpoint path: a sharded one's list, or for version 1 every tensor whole at
+ * its place in its file (from the headers). */
+static int export_pieces(const char *path, const cJSON *root, const dt_ckpt_info *in,
+                         dt_ckpt_pdesc **out, int *np, dt_err *err)
+{
+    if (in->version == DT_CKPT_VERSION_SHARDED)
+        return dt_ckpt__read_pieces(root, in->tensors, in->num_tensors, in->files,
+                                    in->num_files, out, np, err);
+    dt_ckpt_pdesc *p = calloc((size_t)(in->num_tensors ? in->num_tensors : 1), sizeof *p);
+    if (!p)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    int rc = 0;
+    for (int fi = 0; fi < in->num_files && !rc; fi++) {
+        char fp[PATH_MAX + 128];
+        dt_st_file *f = NULL;
+        snprintf(fp, sizeof fp, "%s/%s", path, in->files[fi].name);
+        if ((rc = dt_st_open(fp, false, &f, err)))
+            break;
+        for (int t = 0; t < in->num_tensors; t++) {
+            const dt_st_tensor *st = dt_st_find(f, in->tensors[t].name);
+            size_t l = strlen(in->tensors[t].file);
+            if (!st || strncmp(in->files[fi].name, in->tensors[t].file, l) ||
+                strcmp(in->files[fi].name + l, ".safetensors"))
+                continue;
+            p[t] = (dt_ckpt_pdesc){.tensor = t, .file = fi, .offset = f->data_offset + st->begin,
+                                   .start = 0, .n = (size_t)((st->end - st->begin) / 4),
+                                   .ndim = in->tensors[t].ndim, .unhashed = true};
+            dt_strlcpy(p[t].key, in->tensors[t].name, sizeof p[t].key);
+        }
+        dt_st_free(f);
+    }
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    *out = p;
+    *np = in->num_tensors;
+    return 0;
+}
+
+int dt_ckpt_export(const char *path, const char *out, size_t io, uint64_t *bytes, dt_err *err)
+{
+    dt_ckpt_info in;
+    cJSON *root = NULL;
+    dt_ckpt_pdesc *p = NULL;
+    dt_st_tensor *ts = NULL;
+    int *of = NULL;
+    char *header = NULL, tmp[PATH_MAX + 8] = "";
+    float *buf = NULL;
+    size_t hl = 0;
+    uint64_t dl = 0;
+    int np = 0, nt = 0, fd = -1, rc;
+    dt_ckpt_state st;
+    if (!io)
+        io = DT_CKPT_IO_BUFFER_DEFAULT;
+    /* everything verified first: files, headers, every piece */
+    if ((rc = dt_ckpt_inspect(path, true, &in, err)))
+        goto out;
+    if ((rc = read_state(path, &st, &root, NULL, err)))
+        goto out;
+    dt_ckpt_state_clear(&st);
+    if ((rc = export_pieces(path, root, &in, &p, &np, err)))
+        goto out;
+    ts = calloc((size_t)(in.num_tensors ? in.num_tensors : 1), sizeof *ts);
+    of = calloc((size_t)(in.num_tensors ? in.num_tensors : 1), sizeof *of);
+    if (!ts || !of) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    size_t most = 1;
+    for (int t = 0; t < in.num_tensors; t++) {
+        const dt_ckpt_tensor_desc *d = &in.tensors[t];
+        if (strcmp(d->file, "model"))
+            continue; /* optimiser state: not the model's */
+        dt_st_tensor *x = &ts[nt];
+        x->name = d->name;
+        x->dtype = DT_ST_F32;
+        x->ndim = d->ndim;
+        memcpy(x->shape, d->shape, sizeof(int64_t) * (size_t)d->ndim);
+        x->data = (const void *)(intptr_t)(t + 1); /* which tensor, through the sort */
+        most = DT_MAX(most, (size_t)dt_st_numel(x));
+        nt++;
+    }
+    char step[32];
+    snprintf(step, sizeof step, "%" PRId64, in.state.step);
+    dt_st_kv meta[] = {{"format", "pt"}, {"producer", "dtrain " DT_VERSION}, {"step", step}};
+    if ((rc = dt_st_layout(ts, nt, meta, (int)DT_ARRAY_LEN(meta), &header, &hl, &dl, err)))
+        goto out;
+    if (!(buf = malloc(most * sizeof(float)))) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory for a tensor of %zu elements", most);
+        goto out;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = dt_err_errno(err, errno, "cannot create %s", tmp);
+        goto out;
+    }
+    if ((rc = dt_ckpt__write_all(fd, header, hl))) {
+        rc = dt_err_errno(err, -rc, "writing %s", tmp);
+        goto out;
+    }
+    for (int i = 0; i < nt && !rc; i++) { /* in file order: one tensor in memory at a time */
+        int t = (int)(intptr_t)ts[i].data - 1;
+        size_t n = (size_t)dt_st_numel(&ts[i]);
+        export_dst d = {t, buf};
+        int k = 0;
+        for (int j = 0; j < np; j++) /* its pieces, to the front */
+            if (p[j].tensor == t) {
+                dt_ckpt_pdesc x = p[k];
+                p[k++] = p[j];
+                p[j] = x;
+            }
+        if ((rc = dt_ckpt__stream_pieces(path, in.tensors, in.files, p, k, io, NULL,
+                                         export_dst_of, &d, err)))
+            break;
+        if ((rc = dt_ckpt__write_all(fd, buf, n * sizeof(float))))
+            rc = dt_err_errno(err, -rc, "writing %s", tmp);
+    }
+    if (!rc && fsync(fd) != 0)
+        rc = dt_err_errno(err, errno, "fsync of %s failed", tmp);
+    if (close(fd) != 0 && !rc)
+        rc = dt_err_errno(err, errno, "closing %s failed", tmp);
+    fd = -1;
+    if (!rc && rename(tmp, out) != 0)
+        rc = dt_err_errno(err, errno, "cannot rename %s to %s", tmp, out);
+    if (!rc && bytes)
+        *bytes = hl + dl;
+out:
+    if (fd >= 0)
+        close(fd);
+    if (rc && tmp[0])
+        unlink(tmp);
+    dt_ckpt_info_free(&in);
+    cJSON_Delete(root);
+    free(p);
+    free(ts);
+    free(of);
+    free(header);
+    free(buf);
+    return rc;
+}
