@@ -161,6 +161,7 @@ static void test_layouts_resume(void)
         int np;
     } to[] = {
         {"one", "train.batch_size=8 checkpoint.sharded=true", 1},
+        {"ddp", "train.batch_size=4 checkpoint.sharded=true", 2},
         {"z3", "parallel.zero=3 train.batch_size=2 checkpoint.sharded=true", 4},
         {"pp", "parallel.pipeline=2 parallel.tensor=2 parallel.micro_batches=2 "
                "train.batch_size=8 checkpoint.sharded=true", 4},

@@ -207,8 +207,10 @@ int dt_strategy_sync_pieces(const dt_strategy *s, int tp_rank, const int *skip, 
     int cnt = 0, cap = 0, rc = 0;
     *out = NULL;
     *n = 0;
-    bool first = !y->ops->replicated || y->rank == 0; /* a replica's pieces: its group's rank 0 */
-    for (int k = 0; first && k < 1 + o->num_states && !rc; k++) {
+    /* What every replica of the group holds alike (none, ddp) is split between them: rank r of
+     * the group writes the r-th of `size` parts of each run, so no rank writes more than 1/size */
+    bool split = y->ops->replicated && y->size > 1;
+    for (int k = 0; k < 1 + o->num_states && !rc; k++) {
         const char *prefix = k ? o->states[k - 1].prefix : "";
         int no = 0;
         dt_dpsync_owned(y, k, NULL, 0, &no);
@@ -218,6 +220,11 @@ int dt_strategy_sync_pieces(const dt_strategy *s, int tp_rank, const int *skip, 
             break;
         }
         dt_dpsync_owned(y, k, own, no, &no);
+        for (int i = 0; split && i < no; i++) {
+            size_t lo = own[i].n * (size_t)y->rank / (size_t)y->size;
+            size_t hi = own[i].n * (size_t)(y->rank + 1) / (size_t)y->size;
+            own[i] = (dt_dpsync_piece){own[i].off + lo, hi - lo, own[i].data + lo};
+        }
         for (int i = 0; i < no && !rc; i++)
             for (int t = 0; t < m->num_tensors && !rc; t++) {
                 const dt_tensor_info *ti = &m->tensors[t];

@@ -292,7 +292,8 @@ int dt_strategy_state_whole(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, 
 
 /* pieces over s->sync (every layout but dp): of buffer k (0 the parameters, 1 + i optimiser
  * state i under its prefix) the runs dt_dpsync_owned gives, cut at tensor boundaries of
- * s->model's table; a replicated sync's only on its group's rank 0; a tensor not split over the
+ * s->model's table; a replicated sync's split between its group's ranks (each run in `size`
+ * parts, rank r writes part r: every replica holds the same); a tensor not split over the
  * tensor group (tp_parts 0) only on tensor rank 0; none of skip[0..nskip) (a tied copy another
  * stage writes); the model's buffers (BatchNorm statistics) where both ranks are 0. */
 int dt_strategy_sync_pieces(const dt_strategy *s, int tp_rank, const int *skip, int nskip,
