@@ -96,6 +96,7 @@ struct dt_ckpt {
     float *pstage;             /* (pstage_cap) host copy of this rank's pieces, allocated on use */
     size_t pstage_numel, pstage_cap;
     double pre_wait_s;         /* dt_ckpt_set_pieces waited for the last save this long */
+    double commit_wait_s;      /* writer thread: rank 0 waited for the other ranks' shards */
 
     /* writer thread; everything below is guarded by mu */
     pthread_t thread;

@@ -580,7 +580,7 @@ static int collect_shards(dt_ckpt *c, const char *tmp, dt_ckpt_file_desc *files,
         usleep((useconds_t)(nap * 1e6));
         nap = DT_MIN(nap * 2, 0.05);
     }
-    c->stats.commit_wait_s = dt_now_s() - t0;
+    c->commit_wait_s = dt_now_s() - t0; /* into stats under the lock, by run_write */
     for (int r = 0; r < c->world && !rc; r++) {
         char *text = NULL;
         size_t len = 0;
@@ -836,6 +836,7 @@ static void run_write(dt_ckpt *c)
         dt_strlcpy(c->stats.last_path, final, sizeof c->stats.last_path);
         c->stats.bytes = bytes;
         c->stats.own_bytes = own;
+        c->stats.commit_wait_s = c->commit_wait_s;
         c->stats.hold_s = c->hold_s + c->fence_s;
         c->stats.fence_s = c->fence_s;
         c->stats.wait_s = c->wait_s;
