@@ -28,6 +28,10 @@ int dt_bench_train(int argc, char **argv);
 int dt_bench_allreduce(int argc, char **argv);
 int dt_bench_dp_vs_ddp(int argc, char **argv);
 int dt_bench_ckpt(int argc, char **argv);
+/* `dtrain bench ckpt --ranks LIST JOB ...` (bench_ckpt_ranks.c): sharded against whole saves
+ * on each number of ranks. */
+int dt_bench_ckpt_ranks(const char *ranks, const char *job, char **ov, int nov,
+                        const char *dir_opt);
 int dt_bench_memory(int argc, char **argv);
 int dt_bench_pipeline(int argc, char **argv);
 int dt_bench_tensor(int argc, char **argv);

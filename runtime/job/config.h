@@ -277,6 +277,8 @@ typedef struct dt_job {
     dt_resume_kind resume;
     char resume_path[DT_PATH_MAX];     /* resume = DT_RESUME_PATH: the checkpoint, else "" */
     bool ckpt_async;
+    bool ckpt_sharded;                 /* every rank writes its own shard (format version 2) */
+    int ckpt_io_buffer_mb;             /* read and write buffer of sharded checkpoints, MiB */
 
     /* [elastic] and [rendezvous] */
     dt_launch launch;

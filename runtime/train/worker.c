@@ -48,8 +48,22 @@ static int ckpt_open(dt_trainer *t, dt_err *err)
     if (rc)
         return rc;
     dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
-                       .concurrent_copy = j->ckpt_async && t->be->host_memory};
-    return dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
+                       .concurrent_copy = j->ckpt_async && t->be->host_memory,
+                       .io_buffer = (size_t)j->ckpt_io_buffer_mb << 20};
+    dt_ckpt_piece *pieces = NULL;
+    if (j->ckpt_sharded && t->s->ops->pieces) { /* every rank writes what it owns */
+        if ((rc = t->s->ops->pieces(t->s, &pieces, &co.npieces, err)))
+            return rc;
+        co.sharded = true;
+        co.pieces = pieces;
+        co.comm = t->s->comm;
+        co.rank = t->env.rank;
+        co.world = t->env.world_size;
+    }
+    rc = dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
+    free(pieces);
+    t->ckpt_sharded = co.sharded;
+    return rc;
 }
 
 /* Resumes from checkpoint.resume. A restart (attempt > 0) of a run that began from an explicit
@@ -151,14 +165,25 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
     return rc;
 }
 
-/* Saves the current step (rank 0; tensors are whole and identical on every rank, once the
- * strategy gathered them: every rank comes here at the same steps and takes part). */
+/* Saves the current step: sharded, every rank its own pieces (nothing gathered); else rank 0
+ * (tensors are whole and identical on every rank, once the strategy gathered them: every rank
+ * comes here at the same steps and takes part). */
 static int ckpt_save_now(dt_trainer *t, dt_err *err)
 {
     int rc;
-    if (t->s->ops->gather_state && (rc = t->s->ops->gather_state(t->s, err)))
+    if (!t->ckpt_sharded && t->s->ops->gather_state && (rc = t->s->ops->gather_state(t->s, err)))
         return dt_err_prefix(err, "gathering the checkpoint of step %lld: ", (long long)t->step);
-    if (t->env.rank != 0) {
+    if (t->ckpt_sharded) { /* what this rank owns now (ZeRO-1/2's buckets move after step 1) */
+        dt_ckpt_piece *pieces = NULL;
+        int np = 0;
+        if ((rc = t->s->ops->pieces(t->s, &pieces, &np, err)) ||
+            (rc = dt_ckpt_set_pieces(t->ckpt, pieces, np, err))) {
+            free(pieces);
+            return dt_err_prefix(err, "the checkpoint of step %lld: ", (long long)t->step);
+        }
+        free(pieces);
+    }
+    if (!t->ckpt_sharded && t->env.rank != 0) {
         t->last_saved_step = t->step; /* as rank 0's, so every rank gathers at the same steps */
         return 0;
     }
