@@ -43,6 +43,7 @@
 #include "runtime/launch/agent_env.h"
 #include "runtime/launch/agent_flight.h"
 #include "runtime/launch/agent_job.h"
+#include "runtime/launch/agent_loop.h"
 #include "runtime/launch/agent_output.h"
 #include "runtime/launch/agent_proc.h"
 #include "runtime/launch/agent_report.h"
@@ -51,66 +52,6 @@
 #include "runtime/job/workenv.h"
 
 extern char **environ;
-
-enum wstate { W_NONE, W_RUNNING, W_SUCCEEDED, W_FAILED, W_STOPPED, W_PREEMPTED };
-
-/* Exit codes (runtime/job/workenv.h): DT_EXIT_PREEMPTED, the built-in worker's "checkpoint
- * saved, run me again" after a stop signal; DT_EXIT_CONFIG, a configuration error. */
-
-/* How a round ended, as the monitor saw it. */
-enum outcome { OUT_SUCCEEDED, OUT_FAILED, OUT_REMOTE_FAILED, OUT_REGROUP, OUT_SIGNAL, OUT_ABORTED,
-               OUT_LOST, OUT_PREEMPTED };
-
-typedef struct worker {
-    int local_rank, rank;
-    pid_t pid;              /* leader pid == pgid; 0 when not started */
-    bool running;           /* the leader has not been reaped */
-    bool group;             /* its process group may still have members (the guardian knows it) */
-    enum wstate state;
-    int status;             /* wait status of the leader */
-    double t_start, t_end;  /* wall clock */
-    char dir[DT_PATH_MAX];  /* <log dir>/<run id>/attempt_<k>/<rank> */
-    char error_file[DT_PATH_MAX + 16];
-    char message[512];      /* why it could not be started, if so */
-    dt_out_stream out[2];   /* stdout, stderr */
-} worker;
-
-typedef struct agent {
-    const dt_agent_spec *spec;
-    dt_launch L;                /* copy of the launcher settings */
-    int nproc;                  /* workers on this node */
-    char prog[DT_PATH_MAX];     /* the program every worker execs (resolved once) */
-    int sfd, epfd;              /* the signalfd, the epoll set */
-    sigset_t oldmask;
-    struct sigaction oldpipe;
-    bool signals_set, hup_ignored; /* hup_ignored: SIGHUP ignored at start (nohup) stays so */
-    dt_guard *guard;
-    dt_cgroup *cg;              /* the workers' cgroup v2, or NULL where none can be made */
-    dt_rdzv *rz;
-    dt_rdzv_round rd;           /* the current round */
-    worker *w;                  /* nproc of them */
-    int n_running;              /* leaders not yet reaped */
-    int n_groups;               /* process groups not yet empty */
-    int n_failed, n_succeeded;  /* of the current round, before any stop began */
-    int n_preempted;            /* of the current round: exited 75 (built-in: saved, stopped) */
-    int preempt_sig;            /* SIGUSR1/SIGUSR2 forwarded in this round, else 0 */
-    bool stopping;              /* a stop is under way: exits are no longer failures */
-    int first_signal;           /* the first INT/TERM/HUP/QUIT received (its 128+n is the code) */
-    bool kill_now;              /* a second Ctrl-C: SIGKILL without waiting */
-    bool omp_one;               /* give workers OMP_NUM_THREADS=1 */
-    char log_root[DT_PATH_MAX]; /* --log-dir, or the default */
-    bool log_tmp;               /* log_root is a temporary directory this agent made */
-    char run_dir[DT_PATH_MAX + 300]; /* <log_root>/<run id> */
-    dt_events ev;
-    bool closing;
-    bool out_paused;            /* the console is behind: workers' pipes are out of the epoll set */
-    bool con_watched[3];        /* console fd 1 / 2 is in the epoll set for EPOLLOUT */
-    int batch_world;            /* the world size of the last global batch said (0 = none) */
-    dt_agent_flight *fl;        /* flight records, hang verdicts, stragglers (agent_flight.h) */
-} agent;
-
-/* epoll tags of the console fds (data.ptr): &console_tag[1], &console_tag[2]. */
-static char console_tag[3];
 
 /* snprintf for paths and messages: false (and a cut string) when it did not fit. Through
  * vsnprintf so that the compiler's truncation guesses stay quiet where we check. */
@@ -122,278 +63,6 @@ static bool fmt(char *dst, size_t cap, const char *f, ...)
     int n = vsnprintf(dst, cap, f, ap);
     va_end(ap);
     return n >= 0 && (size_t)n < cap;
-}
-
-/* ---- signals and the event loop --------------------------------------------------------- */
-
-static const int handled_signals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-
-static int signals_init(agent *a, dt_err *err)
-{
-    sigset_t set;
-    sigemptyset(&set);
-    /* Under nohup SIGHUP is ignored and must stay so: a hangup is not a stop. It is left out of
-     * the set, since Linux queues a blocked signal even when it is ignored. The other signals
-     * are acted on even when ignored at start (an agent started with & from a script has INT
-     * and QUIT ignored, and `kill -INT` must still stop the job). */
-    struct sigaction hup;
-    a->hup_ignored = sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler == SIG_IGN;
-    if (a->hup_ignored)
-        DT_DEBUG("SIGHUP is ignored (nohup): a hangup will not stop the job");
-    for (size_t i = 0; i < DT_ARRAY_LEN(handled_signals); i++)
-        if (!(handled_signals[i] == SIGHUP && a->hup_ignored))
-            sigaddset(&set, handled_signals[i]);
-    if (sigprocmask(SIG_BLOCK, &set, &a->oldmask) != 0)
-        return dt_err_errno(err, errno, "sigprocmask");
-    a->signals_set = true;
-    struct sigaction ign;
-    memset(&ign, 0, sizeof ign);
-    ign.sa_handler = SIG_IGN;
-    sigaction(SIGPIPE, &ign, &a->oldpipe); /* a closed console must not kill the agent */
-    a->sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (a->sfd < 0)
-        return dt_err_errno(err, errno, "signalfd");
-    a->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (a->epfd < 0)
-        return dt_err_errno(err, errno, "epoll_create1");
-    struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
-    if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, a->sfd, &e) != 0)
-        return dt_err_errno(err, errno, "epoll_ctl");
-    return 0;
-}
-
-static void signals_restore(agent *a)
-{
-    if (a->sfd >= 0)
-        close(a->sfd);
-    if (a->epfd >= 0)
-        close(a->epfd);
-    if (a->signals_set) {
-        sigprocmask(SIG_SETMASK, &a->oldmask, NULL);
-        sigaction(SIGPIPE, &a->oldpipe, NULL);
-    }
-}
-
-static worker *find_worker(agent *a, pid_t pid)
-{
-    for (int i = 0; i < a->nproc; i++)
-        if (a->w[i].pid == pid)
-            return &a->w[i];
-    return NULL;
-}
-
-/* Forgets process groups that have emptied. */
-static void refresh_groups(agent *a)
-{
-    for (int i = 0; i < a->nproc; i++) {
-        worker *w = &a->w[i];
-        if (w->group && !w->running && !dt_proc_group_alive(w->pid)) {
-            w->group = false;
-            a->n_groups--;
-            dt_guard_remove(a->guard, w->pid);
-        }
-    }
-}
-
-static void reap(agent *a)
-{
-    for (;;) {
-        int st;
-        pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED);
-        if (pid < 0 && errno == EINTR)
-            continue;
-        if (pid <= 0)
-            break;
-        if (pid == dt_guard_pid(a->guard)) {
-            dt_guard_reaped(a->guard);
-            if (!a->closing)
-                DT_WARN("the guardian process (pid %d) exited; workers may outlive a killed agent",
-                        (int)pid);
-            continue;
-        }
-        worker *w = find_worker(a, pid);
-        if (!w || !w->running)
-            continue; /* an orphaned grandchild we adopted as subreaper */
-        if (WIFSTOPPED(st) || WIFCONTINUED(st)) {
-            char sn[32];
-            if (WIFSTOPPED(st))
-                DT_WARN("rank %d (local_rank %d, pid %d) was stopped by %s: the job waits until "
-                        "it is continued (kill -CONT %d)",
-                        w->rank, w->local_rank, (int)w->pid,
-                        dt_report_signame(WSTOPSIG(st), sn, sizeof sn), (int)w->pid);
-            else
-                DT_INFO("rank %d (pid %d) continued", w->rank, (int)w->pid);
-            dt_report_worker_paused(&a->ev, w->rank, (int)w->pid, WIFSTOPPED(st) ? WSTOPSIG(st) : 0);
-            continue;
-        }
-        w->running = false;
-        w->status = st;
-        w->t_end = dt_wall_s();
-        a->n_running--;
-        bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        if (a->stopping) {
-            w->state = ok ? W_SUCCEEDED : W_STOPPED;
-        } else if (ok) {
-            w->state = W_SUCCEEDED;
-            a->n_succeeded++;
-        } else if ((a->preempt_sig || a->spec->builtin_worker || a->rd.group_world_size > 1) &&
-                   WIFEXITED(st) &&
-                   WEXITSTATUS(st) == DT_EXIT_PREEMPTED) { /* a planned stop (failures.md) */
-            w->state = W_PREEMPTED; /* saved its checkpoint after USR1/USR2 or its own signal */
-            a->n_preempted++;
-        } else {
-            w->state = W_FAILED;
-            a->n_failed++;
-        }
-        dt_report_worker_exit(&a->ev, w->rank, w->local_rank, (int)w->pid, a->rd.attempt, st,
-                              w->state == W_SUCCEEDED   ? "succeeded"
-                              : w->state == W_FAILED    ? "failed"
-                              : w->state == W_PREEMPTED ? "preempted"
-                                                        : "stopped",
-                              w->t_end - w->t_start);
-        if (w->state == W_FAILED) {
-            char what[128];
-            dt_report_describe_status(WIFEXITED(st) ? WEXITSTATUS(st) : 0,
-                                      WIFSIGNALED(st) ? WTERMSIG(st) : 0, what, sizeof what);
-            DT_WARN("rank %d (local_rank %d, pid %d) %s", w->rank, w->local_rank, (int)w->pid, what);
-        }
-    }
-    refresh_groups(a);
-}
-
-static void signal_groups(agent *a, int sig)
-{
-    for (int i = 0; i < a->nproc; i++)
-        if (a->w[i].group)
-            dt_proc_kill_group(a->w[i].pid, sig);
-}
-
-static void handle_signal(agent *a, int sig)
-{
-    char name[32];
-    if (sig == SIGCHLD) {
-        reap(a);
-        return;
-    }
-    dt_report_signame(sig, name, sizeof name);
-    const char *action;
-    if (sig == SIGUSR1 || sig == SIGUSR2) {
-        DT_INFO("%s received: forwarded to the workers", name);
-        a->preempt_sig = sig; /* workers exiting 75 now saved a checkpoint: not a failure */
-        dt_agent_flight_signal(a->fl, sig); /* SIGUSR1: a dump and a verdict first */
-        signal_groups(a, sig);
-        action = "forwarded";
-    } else if (!a->first_signal) {
-        a->first_signal = sig;
-        DT_WARN("%s received: stopping the workers%s", name,
-                sig == SIGINT ? " (Ctrl-C again kills them at once)" : "");
-        action = "stop";
-    } else if (sig == SIGINT) {
-        if (!a->kill_now)
-            DT_WARN("%s received again: killing the workers now", name);
-        a->kill_now = true;
-        action = "kill";
-    } else {
-        action = "ignored (already stopping)";
-    }
-    dt_report_signal(&a->ev, sig, action);
-}
-
-static void drain_signals(agent *a)
-{
-    struct signalfd_siginfo si;
-    for (;;) {
-        ssize_t n = read(a->sfd, &si, sizeof si);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n != (ssize_t)sizeof si)
-            break;
-        handle_signal(a, (int)si.ssi_signo);
-    }
-}
-
-/* Puts the workers' output pipes in or out of the epoll set. */
-static void watch_outputs(agent *a, bool on)
-{
-    for (int i = 0; i < a->nproc; i++)
-        for (int k = 0; k < 2; k++) {
-            dt_out_stream *s = &a->w[i].out[k];
-            if (s->fd < 0)
-                continue;
-            struct epoll_event ee = {.events = EPOLLIN, .data.ptr = s};
-            if (epoll_ctl(a->epfd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, s->fd, &ee) != 0 &&
-                errno != EEXIST && errno != ENOENT)
-                DT_WARN("epoll_ctl: %s; rank %d's output may stall", strerror(errno), a->w[i].rank);
-        }
-}
-
-/* Keeps the epoll set in step with the console (see agent_output.h): EPOLLOUT on a console fd
- * with bytes waiting; the workers' pipes left unread while the console is behind. Returns the
- * longest the next wait may last in ms (-1: no limit). */
-static int sync_console(agent *a)
-{
-    dt_out_console_drain_logs();
-    int ms = dt_out_console_tick();
-    if (ms < 0 || ms > 200)
-        ms = 200; /* other threads' log lines wait at most this long (dt_out_console_drain_logs) */
-    for (int fd = 1; fd <= 2; fd++) {
-        bool want = dt_out_console_pending(fd);
-        if (want == a->con_watched[fd])
-            continue;
-        struct epoll_event ee = {.events = EPOLLOUT, .data.ptr = &console_tag[fd]};
-        if (epoll_ctl(a->epfd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ee) == 0 || !want)
-            a->con_watched[fd] = want;
-        else
-            ms = ms < 0 || ms > 50 ? 50 : ms; /* cannot watch it: look again soon */
-    }
-    bool pause = dt_out_console_throttled();
-    if (pause != a->out_paused) {
-        watch_outputs(a, !pause);
-        a->out_paused = pause;
-    }
-    return ms;
-}
-
-/* Waits up to timeout_ms (-1 = no limit) for anything and handles it. */
-static void pump(agent *a, int timeout_ms)
-{
-    struct epoll_event evs[64];
-    int cms = sync_console(a);
-    if (cms >= 0 && (timeout_ms < 0 || cms < timeout_ms))
-        timeout_ms = cms;
-    int n = epoll_wait(a->epfd, evs, (int)DT_ARRAY_LEN(evs), timeout_ms);
-    if (n < 0) {
-        if (errno != EINTR)
-            DT_WARN("epoll_wait: %s", strerror(errno));
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        void *p = evs[i].data.ptr;
-        if (!p) {
-            drain_signals(a);
-            continue;
-        }
-        if (p == &console_tag[1] || p == &console_tag[2])
-            continue; /* writable: sync_console writes */
-        if (!a->out_paused && dt_out_console_throttled()) {
-            watch_outputs(a, false);
-            a->out_paused = true;
-        }
-        if (a->out_paused)
-            continue; /* the console is behind: the workers wait (level-triggered: not lost) */
-        dt_out_stream *s = p;
-        if (s->fd >= 0)
-            dt_out_pump(s); /* at end of file it closes the fd, which leaves the epoll set */
-    }
-    sync_console(a);
-}
-
-static bool rdzv_interrupted(void *arg)
-{
-    agent *a = arg;
-    drain_signals(a);
-    dt_out_console_tick(); /* what the last round left for the console goes out meanwhile */
-    return a->first_signal != 0;
 }
 
 /* ---- workers ---------------------------------------------------------------------------- */
@@ -564,7 +233,7 @@ static int signal_strays(agent *a, int sig)
 static void stop_workers(agent *a, int sig)
 {
     a->stopping = true;
-    reap(a);
+    dt_agent_reap(a);
     int strays = signal_strays(a, 0);
     if (a->n_groups == 0 && strays == 0)
         return;
@@ -574,10 +243,10 @@ static void stop_workers(agent *a, int sig)
         DT_INFO("%d process%s the workers started outside their process groups (daemons) still "
                 "run: sending %s",
                 strays, strays == 1 ? "" : "es", name);
-    signal_groups(a, sig);
+    dt_agent_signal_groups(a, sig);
     signal_strays(a, sig);
     if (sig != SIGKILL) {
-        signal_groups(a, SIGCONT); /* a stopped worker acts on sig only once continued */
+        dt_agent_signal_groups(a, SIGCONT); /* a stopped worker acts on sig only once continued */
         signal_strays(a, SIGCONT);
     }
     double deadline = dt_now_s() + a->L.stop_grace, hard = 0;
@@ -594,7 +263,7 @@ static void stop_workers(agent *a, int sig)
             hard = now + 10;
         }
         if (killed) { /* again on every pass: a stray may have forked meanwhile */
-            signal_groups(a, SIGKILL);
+            dt_agent_signal_groups(a, SIGKILL);
             signal_strays(a, SIGKILL);
         }
         if (killed && now >= hard) {
@@ -605,8 +274,8 @@ static void stop_workers(agent *a, int sig)
         }
         double until = killed ? hard : deadline;
         int ms = (int)((until - now) * 1000) + 1;
-        pump(a, ms < 1 ? 1 : ms > 100 ? 100 : ms); /* 100 ms: re-check groups we get no SIGCHLD for */
-        reap(a);
+        dt_agent_pump(a, ms < 1 ? 1 : ms > 100 ? 100 : ms); /* 100 ms: re-check groups we get no SIGCHLD for */
+        dt_agent_reap(a);
         strays = signal_strays(a, 0);
     }
 }
@@ -734,7 +403,7 @@ static enum outcome monitor(agent *a, dt_rdzv_status *st)
         }
         if (dt_agent_flight_tick(a->fl, &ms)) /* node 0's hang verdict failed the round */
             return OUT_FAILED;
-        pump(a, ms);
+        dt_agent_pump(a, ms);
     }
 }
 
@@ -1205,6 +874,7 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     if (!a)
         return dt_err_set(err, -ENOMEM, "out of memory");
     a->spec = spec;
+    a->builtin_worker = spec->builtin_worker;
     a->L = spec->launch;
     a->sfd = a->epfd = -1;
     dt_events_init(&a->ev, a->L.node_rank > 0 ? a->L.node_rank : 0);
@@ -1249,7 +919,7 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
         goto out;
     }
     dt_out_console_take_logs();
-    if ((rc = signals_init(a, err))) {
+    if ((rc = dt_agent_signals_init(a, err))) {
         code = rc;
         goto out;
     }
@@ -1276,7 +946,7 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     dt_report_agent_start(&a->ev, (int)getpid(), dt_hostname(), a->nproc, a->prog);
 
     dt_rdzv_opts ro;
-    dt_agent_rdzv_opts(&a->L, a->nproc, rdzv_interrupted, a, &ro);
+    dt_agent_rdzv_opts(&a->L, a->nproc, dt_agent_rdzv_interrupted, a, &ro);
     rc = dt_rdzv_open(&a->rz, &ro, &e);
     if (rc == -EINTR) {
         code = 128 + a->first_signal;
@@ -1304,19 +974,19 @@ out:
         DT_INFO("worker output files kept in %s", a->run_dir);
     if (a->guard) {
         /* Every path out has stopped the workers; what is left is what escaped them. */
-        reap(a);
+        dt_agent_reap(a);
         if (signal_strays(a, SIGKILL))
             DT_DEBUG("killed processes the workers left behind");
         dt_cgroup_close(a->cg);
         a->cg = NULL;
-        reap(a);
+        dt_agent_reap(a);
         dt_guard_stop(a->guard);
     }
     dt_cgroup_close(a->cg);
     dt_out_console_drain_logs();
     dt_log_set_sink(NULL);
     dt_out_console_close(5.0);
-    signals_restore(a);
+    dt_agent_signals_restore(a);
     free(a->w);
     free(a);
     return code;

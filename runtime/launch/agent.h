@@ -2,7 +2,8 @@
  *
  * runtime/launch/ is the launcher layer: everything `dtrain [launcher options] JOB.ini` (or
  * `-- COMMAND`) does on a node before, around and after the workers, and nothing of what a
- * worker does. agent.c runs the rounds; agent_job reads the settings and the job (rendezvous
+ * worker does. agent.c runs the rounds over agent_loop (the agent's state, its signals,
+ * reaping and output pumping); agent_job reads the settings and the job (rendezvous
  * options, where the logs go, the global batch); agent_env counts the devices (--nproc-per-node);
  * agent_proc forks, execs, signals and reaps the workers (process groups, the guardian, the
  * descendants they leave behind); agent_output forwards their lines; agent_report writes
