@@ -757,27 +757,10 @@ int dt_plan_overrides(const dt_plan_layout *l, char (*av)[DT_PLAN_OV_LEN])
 
 int dt_plan_parse_bytes(const char *s, double *bytes)
 {
-    if (!s || !*s)
+    int64_t v = 0;
+    if (dt_parse_bytes(s, &v) || v <= 0) /* job.device_memory's syntax; a budget of 0 is none */
         return -EINVAL;
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v > 0) || !isfinite(v))
-        return -EINVAL;
-    double unit = 1;
-    const char *u = end;
-    int pw = *u == 'K' || *u == 'k' ? 1 : *u == 'M' ? 2 : *u == 'G' ? 3 : *u == 'T' ? 4 : 0;
-    if (pw) {
-        u++;
-        bool bin = *u == 'i';
-        u += bin;
-        unit = pow(bin ? 1024.0 : 1000.0, pw);
-    }
-    if (*u == 'B')
-        u++;
-    if (*u)
-        return -EINVAL;
-    *bytes = v * unit;
+    *bytes = (double)v;
     return 0;
 }
 

@@ -112,8 +112,8 @@ void dt_plan_print(const dt_plan *p, int top, FILE *out);
 /* The JSON object; close false leaves it open for more members (--check's). */
 void dt_plan_print_json(const dt_plan *p, bool close, FILE *out);
 
-/* A size with K, M, G, T (powers of 1000) or Ki, Mi, Gi, Ti (of 1024), an optional B
- * ("512Mi", "1.5G", "1GiB"), into *bytes. 0, or -EINVAL. */
+/* A size as job.device_memory takes it (dt_parse_bytes: K, M, G, T powers of 1000, Ki, Mi, Gi,
+ * Ti of 1024, an optional B: "512Mi", "1.5G", "1GiB"), above 0, into *bytes. 0, or -EINVAL. */
 int dt_plan_parse_bytes(const char *s, double *bytes);
 
 /* --check: what one layout measured. */

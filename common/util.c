@@ -74,6 +74,25 @@ int dt_read_all(int fd, void *buf, size_t n)
     return 0;
 }
 
+int dt_pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            return -EPIPE;
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
 int dt_set_cloexec(int fd)
 {
     int fl = fcntl(fd, F_GETFD);

@@ -26,6 +26,8 @@ void dt_sleep_ms(int ms);        /* sleeps the whole time, EINTR retried */
 int dt_write_all(int fd, const void *buf, size_t n);
 /* Read exactly n bytes (EINTR retried). 0, -errno, or -EPIPE at end of file before n bytes. */
 int dt_read_all(int fd, void *buf, size_t n);
+/* The same at offset off (pread: the file position is left alone). */
+int dt_pread_all(int fd, void *buf, size_t n, uint64_t off);
 int dt_set_cloexec(int fd);
 int dt_set_nonblock(int fd, bool on);
 

@@ -40,6 +40,22 @@ void dt_ckpt_set_io(const dt_ckpt_io *table)
     dt_ckpt__io = table ? table : &dt_ckpt_io_posix;
 }
 
+int dt_ckpt__parse_hex64(const char *s, uint64_t *out)
+{
+    if (!s || strlen(s) != 16)
+        return -EINVAL;
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        char ch = s[i];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+        if (d < 0)
+            return -EINVAL;
+        v = v * 16 + (uint64_t)d;
+    }
+    *out = v;
+    return 0;
+}
+
 int dt_ckpt__write_all(int fd, const void *buf, size_t n)
 {
     const char *p = buf;

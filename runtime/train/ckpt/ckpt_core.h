@@ -121,6 +121,8 @@ extern const dt_ckpt_io *dt_ckpt__io;
 
 /* write(2) until done through the table; EINTR retried, a short write continued. 0 or -errno. */
 int dt_ckpt__write_all(int fd, const void *buf, size_t n);
+/* 16 lower-case hex digits (an XXH64 as the checkpoint files write it) -> *out; -EINVAL else. */
+int dt_ckpt__parse_hex64(const char *s, uint64_t *out);
 /* read(2) exactly n bytes through the table; -EPIPE at end of file first. */
 int dt_ckpt__read_all(int fd, void *buf, size_t n);
 /* Opens path (a directory when dir), fsyncs it, closes it; 0 or -errno with the path in err. */

@@ -246,22 +246,6 @@ static int get_i64(const cJSON *root, const char *key, bool required, int64_t *o
     return 0;
 }
 
-static int parse_hex64(const char *s, uint64_t *out)
-{
-    if (!s || strlen(s) != 16)
-        return -EINVAL;
-    uint64_t v = 0;
-    for (int i = 0; i < 16; i++) {
-        char ch = s[i];
-        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-        if (d < 0)
-            return -EINVAL;
-        v = v * 16 + (uint64_t)d;
-    }
-    *out = v;
-    return 0;
-}
-
 /* Reads and checks <path>/state.json: its self-checksum, format and version; fills st (job
  * owned) and returns the parsed tree in *root (caller deletes). */
 static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, int *version,
@@ -302,7 +286,7 @@ static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, int
     memcpy(val + 1, DT_CKPT_ZERO16, 16);
     got_h = dt_xxh64(text, len, 0);
     memcpy(val + 1, rec, 16);
-    if (parse_hex64(rec, &want_h) || got_h != want_h) {
+    if (dt_ckpt__parse_hex64(rec, &want_h) || got_h != want_h) {
         rc = dt_err_set(err, -EBADMSG, "state.json: checksum mismatch (corrupted)");
         goto out;
     }
@@ -364,7 +348,7 @@ static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, int
         bool ok = cJSON_IsArray(it) && cJSON_GetArraySize(it) == 4;
         for (int k = 0; ok && k < 4; k++) {
             const cJSON *x = cJSON_GetArrayItem(it, k);
-            ok = cJSON_IsString(x) && parse_hex64(x->valuestring, &r.s[k]) == 0;
+            ok = cJSON_IsString(x) && dt_ckpt__parse_hex64(x->valuestring, &r.s[k]) == 0;
         }
         if (!ok || dt_ckpt_state_set_rng(st, it->string, &r)) {
             rc = dt_err_set(err, -EBADMSG, "state.json: bad rng entry \"%s\"", it->string);
@@ -461,7 +445,7 @@ static int read_files(const cJSON *root, dt_ckpt_file_desc **files_out, int *n, 
         const cJSON *h = cJSON_GetObjectItemCaseSensitive(it, "xxh64");
         dt_ckpt_file_desc *f = &files[*n];
         if (*n == cnt || !cJSON_IsNumber(b) || b->valuedouble < 0 || !cJSON_IsString(h) ||
-            parse_hex64(h->valuestring, &f->xxh64) || strchr(it->string, '/') ||
+            dt_ckpt__parse_hex64(h->valuestring, &f->xxh64) || strchr(it->string, '/') ||
             !dt_strlcpy(f->name, it->string, sizeof f->name))
             return dt_err_set(err, -EBADMSG, "state.json: bad file entry \"%s\"", it->string);
         f->bytes = (uint64_t)b->valuedouble;

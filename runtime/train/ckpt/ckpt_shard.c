@@ -81,22 +81,6 @@ static int get_size(const cJSON *o, const char *key, uint64_t *out)
     return 0;
 }
 
-static int hex64(const char *s, uint64_t *out)
-{
-    if (!s || strlen(s) != 16)
-        return -EINVAL;
-    uint64_t v = 0;
-    for (int i = 0; i < 16; i++) {
-        char ch = s[i];
-        int x = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-        if (x < 0)
-            return -EINVAL;
-        v = v * 16 + (uint64_t)x;
-    }
-    *out = v;
-    return 0;
-}
-
 /* One entry of "pieces", into *p; the reason in why when it is malformed. */
 static int read_piece(const cJSON *it, const dt_ckpt_tensor_desc *t, int nt,
                       const dt_ckpt_file_desc *files, int nf, dt_ckpt_pdesc *p, char *why,
@@ -112,7 +96,7 @@ static int read_piece(const cJSON *it, const dt_ckpt_tensor_desc *t, int nt,
     p->tensor = p->file = -1;
     if (!cJSON_IsString(tn) || !cJSON_IsString(fn) || !cJSON_IsString(key) ||
         !dt_strlcpy(p->key, key->valuestring, sizeof p->key) || !cJSON_IsString(h) ||
-        hex64(h->valuestring, &p->xxh64) || get_size(it, "offset", &p->offset) ||
+        dt_ckpt__parse_hex64(h->valuestring, &p->xxh64) || get_size(it, "offset", &p->offset) ||
         get_size(it, "start", &start) || get_size(it, "n", &n) || n == 0) {
         snprintf(why, cap, "malformed");
         return -EBADMSG;
@@ -254,24 +238,6 @@ static int cmp_piece_pos(const void *a, const void *b, void *ctx)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-/* pread until n bytes or -EPIPE at the end of the file. */
-static int pread_all(int fd, void *buf, size_t n, uint64_t off)
-{
-    char *q = buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, q, n, (off_t)off);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (r == 0)
-            return -EPIPE;
-        q += r, n -= (size_t)r, off += (uint64_t)r;
-    }
-    return 0;
-}
-
 int dt_ckpt__stream_pieces(const char *dir, const dt_ckpt_tensor_desc *t,
                            const dt_ckpt_file_desc *files, const dt_ckpt_pdesc *p, int np,
                            size_t io, dt_backend *be, dt_ckpt_dst_fn dst, void *ctx, dt_err *err)
@@ -320,7 +286,7 @@ int dt_ckpt__stream_pieces(const char *dir, const dt_ckpt_tensor_desc *t,
         size_t done = 0, ri = 0; /* elements of the piece read; first run not yet finished */
         while (done < pc->n) {
             size_t m = DT_MIN(pc->n - done, io / 4);
-            if ((rc = pread_all(fd, buf, m * 4, pc->offset + done * 4))) {
+            if ((rc = dt_pread_all(fd, buf, m * 4, pc->offset + done * 4))) {
                 rc = rc == -EPIPE ? dt_err_set(err, -EBADMSG, "%s is shorter than its pieces "
                                                "(truncated)", f->name)
                                   : dt_err_errno(err, -rc, "reading %s", f->name);
