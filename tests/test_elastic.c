@@ -1695,14 +1695,18 @@ static int lay_check_run(const char *run, int resumed, int D0, int D1, int T, in
         else
             fprintf(stderr, "    | resumed at step %d, where the old layout stopped\n", resumed);
         /* the 20 steps before the change and after it, and the last 20: after it the loss goes
-         * on falling (or stays) from where it was, far below a fresh model's */
+         * on falling (or stays) from where it was, far below a fresh model's. It falls by 0.1
+         * over 150 steps or more; a change that came late (a loaded machine: the second node
+         * joined at step 426 of 600 once) leaves fewer, and then the end is only below the
+         * loss before the change */
         double before = 0, after = 0, end = 0;
         for (int k = 0; k < 20; k++) {
             before += m->seg[0][resumed - k] / 20;
             after += m->seg[1][resumed + 1 + k] / 20;
             end += m->seg[1][LAY_STEPS - k] / 20;
         }
-        DT_CHECK_MSG(after < m->seg[0][1] - 1 && after < before + 0.15 && end < before - 0.1,
+        double fall = LAY_STEPS - resumed >= 150 ? 0.1 : 0;
+        DT_CHECK_MSG(after < m->seg[0][1] - 1 && after < before + 0.15 && end < before - fall,
                      "mean losses: %.4f before the change, %.4f after it, %.4f at the end (step "
                      "1: %.4f)",
                      before, after, end, m->seg[0][1]);

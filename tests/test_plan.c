@@ -129,7 +129,7 @@ static void test_accuracy(void)
     char path[1024];
     snprintf(path, sizeof path, "%s/../../configs/quickstart.ini", dt_test_self_dir());
     double worst = 1, pred[8], meas[8];
-    int nm = 0;
+    int nm = 0, idx[8];
     for (size_t i = 0; i <= DT_ARRAY_LEN(picks); i++) { /* the last: the plan's choice */
         const bool chosen = i == DT_ARRAY_LEN(picks);
         int k = chosen ? plan.chosen
@@ -152,13 +152,34 @@ static void test_accuracy(void)
                l->micro_batches, l->peak_bytes / MIB, l->step_s * 1e3, ms.peak_bytes / MIB, r,
                ms.step_s * 1e3, ms.step_s / l->step_s);
         pred[nm] = l->step_s;
+        idx[nm] = k;
         meas[nm++] = ms.step_s;
         DT_CHECK_MSG(r > 1 / 1.10 && r < 1.10, "layout %zu: measured / predicted %.3f", i, r);
         worst = fmax(worst, fmax(r, 1 / r));
     }
     double fastest = HUGE_VAL;
+    int fi = -1;
     for (int i = 0; i < nm - 1; i++)
-        fastest = fmin(fastest, meas[i]);
+        if (meas[i] < fastest)
+            fastest = meas[i], fi = i;
+    /* Another process of this shared machine that runs during one layout's 3 steps makes it
+     * look slow (63 ms against 26 once): a choice that looks slow is measured again beside the
+     * fastest, twice at most, and each keeps its best time. */
+    for (int again = 0; again < 2 && fi >= 0 && meas[nm - 1] > 1.5 * fastest; again++) {
+        const int which[2] = {nm - 1, fi};
+        for (int w = 0; w < 2; w++) {
+            char dir[1100];
+            snprintf(dir, sizeof dir, "%s/again%d_%d", dt_test_tmpdir(), again, w);
+            dt_plan_measure ms;
+            DT_REQUIRE_OK(dt_plan_measure_layout(dt_test_dtrain_bin(), path, NULL, 0,
+                                                 &plan.v[idx[which[w]]], 2, 4, dir, &ms, &err),
+                          &err);
+            meas[which[w]] = fmin(meas[which[w]], ms.step_s);
+        }
+        fastest = meas[fi];
+        printf("  measured again: the choice %.1f ms, the fastest other %.1f ms\n",
+               meas[nm - 1] * 1e3, fastest * 1e3);
+    }
     printf("  worst ratio %.3f; step time rank correlation %.3f over %d; the choice's measured "
            "step / the fastest other's %.2f\n",
            worst, dt_plan_spearman(pred, meas, nm), nm, meas[nm - 1] / fastest);
