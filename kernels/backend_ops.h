@@ -188,13 +188,20 @@ struct dt_backend {
      * back (granule by granule; releasing or committing twice counts once), so the statistics
      * are exact: nothing becomes resident behind the allocator's back, and a caller commits a
      * range before it writes there, and zeroes it itself if it wants zeros.
+     * Both backends keep released physical memory for the next commit of the same category
+     * (a caching allocator's reuse: ZeRO-3's next window takes the last one's pages), charged to
+     * nothing while kept, and give it back when a commit of that category leaves some unused,
+     * at any alloc, and before a budget or the device would refuse: so beyond the statistics a
+     * process holds at most what it released since that category's last commit.
      *   cpu: granule = the page size (DTRAIN_CPU_MEM_GRANULE=bytes, a power-of-two multiple of it,
      *        emulates a coarser one, e.g. 2097152 for cuda's); release maps the granules anew
-     *        PROT_NONE (their pages go back), commit makes them read-write and fills them.
+     *        PROT_NONE, commit maps them read-write from a memfd page pool (kernels/cpu/
+     *        cpu_pool.c; DTRAIN_CPU_MEM_POOL=0: pages go back to the kernel at release) and fills
+     *        them with 0xFF (DTRAIN_CPU_MEM_POISON=0: leaves whatever they held).
      *   cuda: allocations from the granule (2 MiB on current GPUs) up are backed by the driver's
-     *        virtual memory management (cuMemCreate/cuMemMap): release unmaps and frees the
-     *        granules' physical memory once the device is done with them, commit maps new
-     *        physical memory (synchronously); smaller allocations come from the arena and
+     *        virtual memory management (cuMemCreate/cuMemMap): release unmaps the granules once
+     *        the device is done with them and keeps their chunks, commit maps a kept chunk or
+     *        new physical memory (synchronously); smaller allocations come from the arena and
      *        report granule 0. */
     dt_mem_cat (*mem_category)(dt_backend *be, dt_mem_cat cat);
     void (*mem_stats)(dt_backend *be, dt_mem_stats *out);

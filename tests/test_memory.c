@@ -408,12 +408,85 @@ static void test_resnet_tags(void)
     check_model(&c);
 }
 
+/* The same contract without the page pool (DTRAIN_CPU_MEM_POOL=0: released pages go to the
+ * kernel and come back as fresh ones). */
+static void test_release_commit_no_pool(void)
+{
+    setenv("DTRAIN_CPU_MEM_POOL", "0", 1);
+    test_release_commit();
+    unsetenv("DTRAIN_CPU_MEM_POOL");
+}
+
+/* The page pool: a released granule that had been committed keeps its pages for the next commit
+ * of its category (seen without the poison fill: the next range reads what the last one held,
+ * and the resident set does not grow), charged to nothing in between; what a commit leaves of
+ * the cache, and the whole cache at any allocation, goes back to the kernel (fresh pages read
+ * as zero). */
+static void test_pool_recycles(void)
+{
+    setenv("DTRAIN_CPU_MEM_POISON", "0", 1);
+    dt_backend *be = cpu();
+    unsetenv("DTRAIN_CPU_MEM_POISON");
+    dt_err err = {0};
+    const size_t g = granule_of(be), n = g < (512u << 10) ? (2u << 20) / g : 4; /* >= 2 MiB */
+    unsigned char *x = NULL;
+    dt_mem_tag(be, DT_MEM_PARAMS);
+    DT_REQUIRE_OK(be->alloc(be, (void **)&x, 4 * n * g, &err), &err);
+    memset(x, 1, 4 * n * g);
+    dt_mem_stats s;
+    be->mem_release(be, x, 0, 4 * n * g); /* its own pages: to the kernel */
+    DT_REQUIRE_OK(be->mem_commit(be, x, 0, n * g, &err), &err); /* window A: new pool pages */
+    DT_CHECK(x[0] == 0 && x[n * g - 1] == 0);
+    memset(x, 0x5a, n * g);
+    rss_pages();
+    long before = rss_pages();
+    be->mem_release(be, x, 0, n * g);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_PARAMS], 0); /* the cache is charged to nothing */
+    DT_CHECK(read_faults(x));
+    DT_REQUIRE_OK(be->mem_commit(be, x, n * g, n * g, &err), &err); /* window B: A's pages */
+    long after = rss_pages();
+    DT_CHECK_MSG(x[n * g] == 0x5a && x[2 * n * g - 1] == 0x5a, "window B reads %#x, not A's 0x5a",
+                 x[n * g]);
+    if (before > 0 && after > 0)
+        DT_CHECK_MSG(after - before < (long)(n * g / (size_t)sysconf(_SC_PAGESIZE)) / 4,
+                     "rss %ld -> %ld pages: B took new pages", before,
+                     after);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_PARAMS], n * g);
+    /* B released, a commit of half as much: the other half of the cache goes back */
+    be->mem_release(be, x, n * g, n * g);
+    DT_REQUIRE_OK(be->mem_commit(be, x, 2 * n * g, n / 2 * g, &err), &err);
+    DT_CHECK(x[2 * n * g] == 0x5a);
+    DT_REQUIRE_OK(be->mem_commit(be, x, 3 * n * g, n / 2 * g, &err), &err);
+    DT_CHECK_MSG(x[3 * n * g] == 0, "the cache's leftover was not given back");
+    /* an allocation empties the cache */
+    be->mem_release(be, x, 2 * n * g, 2 * n * g);
+    void *y = NULL;
+    DT_REQUIRE_OK(be->alloc(be, &y, 64, &err), &err);
+    DT_REQUIRE_OK(be->mem_commit(be, x, 0, n * g, &err), &err);
+    DT_CHECK(x[0] == 0 && x[n * g - 1] == 0);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.cur[DT_MEM_PARAMS], n * g + 64);
+    be->free(be, y);
+    be->free(be, x);
+    dt_mem_read(be, &s);
+    DT_CHECK_INT(s.total, 0);
+    /* freed, the addresses are plain memory again (malloc may hand them out) */
+    DT_REQUIRE_OK(be->alloc(be, (void **)&x, 4 * n * g, &err), &err);
+    memset(x, 7, 4 * n * g);
+    be->free(be, x);
+    dt_backend_close(be);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
         {"names", test_names, 0},
         {"categories_and_peaks", test_categories_and_peaks, 0},
         {"release_commit", test_release_commit, 0},
+        {"release_commit_no_pool", test_release_commit_no_pool, 0},
+        {"pool_recycles", test_pool_recycles, 0},
         {"budget", test_budget, 0},
         {"gpt_tags", test_gpt_tags, 0},
         {"resnet_tags", test_resnet_tags, 0},

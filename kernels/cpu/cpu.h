@@ -11,6 +11,7 @@
  *                  online softmax; saves the log-sum-exp, never a (T,T) matrix)
  *   cpu_ops.c      element-wise, normalisation, softmax, loss, embeddings, BatchNorm, pooling
  *   cpu_optim.c    SGD, AdamW, sum of squares, non-finite count
+ *   cpu_pool.c     the page pool that mem_release / mem_commit recycle pages through
  *
  * Vectorisation. The Makefile builds with -O2, at which GCC 12 vectorises almost nothing, and for
  * baseline x86-64 (SSE2). The kernel files therefore ask for -O3 with -fno-trapping-math and
@@ -110,12 +111,47 @@ enum {
     DT_CPU_OP_COUNT
 };
 
+/* ---- cpu_pool.c: the page pool ----
+ * A run of memfd units [at, at + n); lists of them. The pool: its memfd (-1: no pool, because
+ * DTRAIN_CPU_MEM_POOL=0 or memfd_create failed), its unit (the backend's granule), its size in
+ * units, the units whose pages were given back (holes) and, per category, the units released by
+ * that category and kept resident for its next commit (cache; their bytes stay charged to it). */
+typedef struct dt_cpu_run {
+    size_t at, n;
+} dt_cpu_run;
+typedef struct dt_cpu_runs {
+    dt_cpu_run *v;
+    size_t n, cap, units;
+} dt_cpu_runs;
+typedef struct dt_cpu_pool {
+    int fd;
+    size_t unit, units;
+    dt_cpu_runs holes, cache[DT_MEM_CAT_COUNT];
+} dt_cpu_pool;
+
+/* DTRAIN_CPU_MEM_POOL is not "0". */
+bool dt_cpu_pool_wanted(void);
+void dt_cpu_pool_open(dt_cpu_pool *p, size_t unit);
+void dt_cpu_pool_close(dt_cpu_pool *p);
+/* At most `want` units for a commit of category cat: its cache's (*cached), else holes, else
+ * new units at the end of the file. */
+int dt_cpu_pool_take(dt_cpu_pool *p, dt_mem_cat cat, size_t want, dt_cpu_run *got, bool *cached,
+                     dt_err *err);
+/* Released units into cat's cache (on failure they are given back, and -ENOMEM returned). */
+int dt_cpu_pool_cache(dt_cpu_pool *p, dt_mem_cat cat, size_t at, size_t n);
+/* Units of a freed allocation: their pages go back to the kernel. */
+void dt_cpu_pool_give_back(dt_cpu_pool *p, size_t at, size_t n);
+/* Gives cat's cached units back; returns their bytes (for the caller to uncharge). */
+size_t dt_cpu_pool_evict(dt_cpu_pool *p, dt_mem_cat cat);
+
 typedef struct dt_cpu {
     int threads;
     size_t cur_bytes, peak_bytes; /* resident bytes (all categories) now, and their peak */
     dt_mem_stats mem;             /* the same by category */
     dt_mem_cat mem_cat;           /* what alloc charges now */
     size_t mem_limit;             /* the budget (dt_backend_opts.mem_limit; 0: none) */
+    dt_cpu_pool pool;             /* released granules kept for the next commit */
+    bool poison;                  /* mem_commit fills with 0xFF (DTRAIN_CPU_MEM_POISON) */
     /* conv2d scratch (im2col columns), grown on demand, owned */
     float *scratch;
     size_t scratch_cap; /* floats */

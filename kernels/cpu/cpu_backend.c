@@ -5,9 +5,11 @@
  * makes it coarser than a page), with a header just before the user pointer that remembers the
  * size, the category it was charged to and which of its granules mem_release gave back, so that
  * the statistics by category (dt_mem_stats) count resident bytes exactly. mem_release keeps the
- * contract as strictly as cuda's unmapped memory: a released granule's pages go back and the
- * granule is PROT_NONE (a touch is a SIGSEGV) until mem_commit makes it read-write again, filled
- * with 0xFF bytes; so a strategy that runs here cannot lean on what a GPU does not give. Every
+ * contract as strictly as cuda's unmapped memory: a released granule is PROT_NONE (a touch is a
+ * SIGSEGV) until mem_commit makes it read-write again, filled with 0xFF bytes; so a strategy that
+ * runs here cannot lean on what a GPU does not give. Its pages go to the page pool (cpu_pool.c)
+ * when they came from it, else back to the kernel; a commit maps pool pages (those the category
+ * released last, else new ones), so a granule committed once is pool memory from then on. Every
  * op is synchronous, so synchronize is a no-op and profiling needs no barriers.
  *
  * Threads: OpenBLAS keeps ONE thread count for the whole process (openblas_set_num_threads), so
@@ -42,6 +44,8 @@ typedef struct cpu_hdr {
     size_t released; /* bytes of the granules marked in rel */
     uint8_t *rel;    /* bitmap of the granules mem_release gave back (granule k: the k-th from
                         the one holding the user pointer), or NULL; owned */
+    uint32_t *unit;  /* the page pool's unit mapped at granule k (NO_UNIT: the allocation's own
+                        pages, or released), or NULL while no granule was committed; owned */
     dt_mem_cat cat;  /* charged to */
 } cpu_hdr;
 _Static_assert(sizeof(cpu_hdr) <= ALLOC_HEADER, "cpu_hdr fits the header");
@@ -79,6 +83,8 @@ static size_t granule_size(void)
 }
 
 static cpu_hdr *hdr_of(void *p) { return (cpu_hdr *)((char *)p - ALLOC_HEADER); }
+
+#define NO_UNIT UINT32_MAX
 
 static const struct {
     const char *name;
@@ -203,6 +209,9 @@ static void cpu_close(dt_backend *be)
     if (c) {
         if (c->cur_bytes)
             DT_DEBUG("cpu backend closed with %zu bytes still allocated", c->cur_bytes);
+        for (int k = 0; k < DT_MEM_CAT_COUNT; k++)
+            dt_cpu_pool_evict(&c->pool, (dt_mem_cat)k);
+        dt_cpu_pool_close(&c->pool);
         free(c->scratch);
         free(c);
     }
@@ -223,10 +232,20 @@ static void uncharge(dt_cpu *c, dt_mem_cat cat, size_t bytes)
     c->cur_bytes = c->mem.total;
 }
 
+/* The page pool's cached units go back to the kernel (they are charged to nothing: see
+ * cpu_mem_release), all of them or cat's only. */
+static void evict(dt_cpu *c, int cat)
+{
+    for (int k = 0; k < DT_MEM_CAT_COUNT; k++)
+        if (cat < 0 || k == cat)
+            dt_cpu_pool_evict(&c->pool, (dt_mem_cat)k);
+}
+
 static int cpu_alloc(dt_backend *be, void **p, size_t bytes, dt_err *err)
 {
     dt_cpu *c = dt_cpu_of(be);
     void *raw = NULL;
+    evict(c, -1); /* what the process holds is what is charged when anything is allocated */
     int rc = dt_mem_admit(&c->mem, c->mem_limit, c->peak_bytes, "cpu", c->mem_cat, bytes, err);
     if (rc) {
         *p = NULL;
@@ -325,9 +344,35 @@ static size_t granule_count(const void *base, const cpu_hdr *h)
     return ((uintptr_t)base % g + h->bytes + g - 1) / g;
 }
 
-/* Released granules go back (their pages read as zero when mapped again) and cannot be touched
- * (PROT_NONE), as cuda's unmapped granules cannot. A failure leaves the memory mapped and
- * resident: then the statistics are off by it, which a warning says. */
+/* Granules [a, b) of h mapped from the page pool get an inaccessible private mapping again and
+ * their units go to the cache of h's category, resident. false when the mapping cannot be
+ * replaced (then they stay mapped, resident and counted). */
+static bool unmap_units(dt_cpu *c, cpu_hdr *h, char *first, size_t a, size_t b)
+{
+    const size_t g = granule_size();
+    if (mmap(first + a * g, (b - a) * g, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+        DT_WARN("cpu backend: giving back %zu bytes at %p failed: %s", (b - a) * g,
+                (void *)(first + a * g), strerror(errno));
+        return false;
+    }
+    for (size_t k = a; k < b; k++) {
+        dt_cpu_pool_cache(&c->pool, h->cat, h->unit[k], 1);
+        h->unit[k] = NO_UNIT;
+    }
+    return true;
+}
+
+static bool pooled(const cpu_hdr *h, size_t k) { return h->unit && h->unit[k] != NO_UNIT; }
+
+/* Released granules cannot be touched (PROT_NONE), as cuda's unmapped granules cannot, and stop
+ * counting. The allocation's own pages go back to the kernel (madvise: they read as zero when
+ * mapped again); granules mapped from the page pool keep their pages for the next commit, in
+ * the pool's cache, charged to nothing: the cache is given back when a commit of the category
+ * leaves some of it unused, when anything is allocated and before a budget would refuse, so the
+ * process holds at most the granules released since that category's last commit beyond what
+ * the statistics count. A failure leaves the memory mapped and resident, counted, with a warning.
+ */
 static void cpu_mem_release(dt_backend *be, void *base, size_t offset, size_t bytes)
 {
     if (!base || !bytes)
@@ -343,19 +388,64 @@ static void cpu_mem_release(dt_backend *be, void *base, size_t offset, size_t by
         return; /* without the bitmap nothing is released, and nothing is counted */
     char *first = granule0(base);
     for (size_t k = k0, j; next_run(h, k1, false, &k, &j); k = j) {
-        char *p = first + k * g;
-        size_t n = (j - k) * g;
-        if (madvise(p, n, MADV_DONTNEED) != 0 || mprotect(p, n, PROT_NONE) != 0)
-            DT_WARN("cpu backend: giving back %zu bytes at %p failed: %s", n, (void *)p,
-                    strerror(errno));
-        mark(h, k, j, true);
-        h->released += n;
-        uncharge(c, h->cat, n);
+        for (size_t a = k, b; a < j; a = b) { /* runs of own pages, and of pooled ones */
+            const bool pool = pooled(h, a);
+            for (b = a + 1; b < j && pooled(h, b) == pool;)
+                b++;
+            char *p = first + a * g;
+            size_t n = (b - a) * g;
+            if (pool ? !unmap_units(c, h, first, a, b)
+                     : madvise(p, n, MADV_DONTNEED) != 0 || mprotect(p, n, PROT_NONE) != 0) {
+                if (!pool)
+                    DT_WARN("cpu backend: giving back %zu bytes at %p failed: %s", n, (void *)p,
+                            strerror(errno));
+                continue;
+            }
+            mark(h, a, b, true);
+            h->released += n;
+            uncharge(c, h->cat, n);
+        }
     }
 }
 
-/* Committed granules are usable again, every byte 0xFF (a NaN in every float: whoever reads
- * before writing sees it). */
+static size_t cached_bytes(const dt_cpu *c)
+{
+    size_t units = 0;
+    for (int k = 0; k < DT_MEM_CAT_COUNT; k++)
+        units += c->pool.cache[k].units;
+    return units * c->pool.unit;
+}
+
+/* Maps units of the page pool at granules [k, j) of h: the category's cached units first (no
+ * fault, no zeroing), then holes or new units. On failure what was mapped goes back. */
+static int map_units(dt_cpu *c, cpu_hdr *h, char *first, size_t k, size_t j, dt_err *err)
+{
+    const size_t g = granule_size();
+    for (size_t a = k; a < j;) {
+        dt_cpu_run u;
+        bool cached;
+        int rc = dt_cpu_pool_take(&c->pool, h->cat, j - a, &u, &cached, err);
+        if (!rc && mmap(first + a * g, u.n * g, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_FIXED | MAP_POPULATE, c->pool.fd,
+                        (off_t)(u.at * g)) == MAP_FAILED) {
+            rc = dt_err_set(err, -ENOMEM, "cpu backend: cannot commit %zu bytes (%.1f MiB in use): "
+                            "%s", u.n * g, (double)c->cur_bytes / 1048576.0, strerror(errno));
+            dt_cpu_pool_give_back(&c->pool, u.at, u.n);
+        }
+        if (rc) {
+            unmap_units(c, h, first, k, a);
+            return rc;
+        }
+        for (size_t q = 0; q < u.n; q++)
+            h->unit[a + q] = (uint32_t)(u.at + q);
+        a += u.n;
+    }
+    return 0;
+}
+
+/* Committed granules are usable again; with DTRAIN_CPU_MEM_POISON (the default) every byte is
+ * 0xFF (a NaN in every float: whoever reads before writing sees it), else their contents are
+ * whatever the pool's pages held (the contract promises none). */
 static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err)
 {
     if (!base || !bytes)
@@ -368,21 +458,35 @@ static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t byte
     size_t k0, k1;
     granule_span(base, h, offset, bytes, false, &k0, &k1);
     char *first = granule0(base);
-    for (size_t k = k0, j; next_run(h, k1, true, &k, &j); k = j) {
+    if (c->pool.fd >= 0 && !h->unit) {
+        size_t n = granule_count(base, h);
+        if ((h->unit = malloc(n * sizeof *h->unit)))
+            for (size_t k = 0; k < n; k++)
+                h->unit[k] = NO_UNIT;
+    }
+    int rc = 0;
+    for (size_t k = k0, j; !rc && next_run(h, k1, true, &k, &j); k = j) {
         char *p = first + k * g;
         size_t n = (j - k) * g;
-        int rc = dt_mem_admit(&c->mem, c->mem_limit, c->peak_bytes, "cpu", h->cat, n, err);
+        if (c->mem_limit && c->mem.total + cached_bytes(c) + n > c->mem_limit)
+            evict(c, -1); /* the cache is real memory: it goes before the budget refuses */
+        if ((rc = dt_mem_admit(&c->mem, c->mem_limit, c->peak_bytes, "cpu", h->cat, n, err)))
+            break;
+        if (h->unit)
+            rc = map_units(c, h, first, k, j, err);
+        else if (mprotect(p, n, PROT_READ | PROT_WRITE) != 0)
+            rc = dt_err_set(err, -ENOMEM, "cpu backend: cannot commit %zu bytes (%.1f MiB in "
+                            "use): %s", n, (double)c->cur_bytes / 1048576.0, strerror(errno));
         if (rc)
-            return rc;
-        if (mprotect(p, n, PROT_READ | PROT_WRITE) != 0)
-            return dt_err_set(err, -ENOMEM, "cpu backend: cannot commit %zu bytes (%.1f MiB in "
-                              "use): %s", n, (double)c->cur_bytes / 1048576.0, strerror(errno));
-        memset(p, 0xFF, n);
+            break;
+        if (c->poison)
+            memset(p, 0xFF, n);
         mark(h, k, j, false);
         h->released -= n;
         charge(c, h->cat, n);
     }
-    return 0;
+    evict(c, h->cat); /* what this commit did not need of the category's cache */
+    return rc;
 }
 
 static void cpu_free(dt_backend *be, void *p)
@@ -392,9 +496,25 @@ static void cpu_free(dt_backend *be, void *p)
     dt_cpu *c = dt_cpu_of(be);
     cpu_hdr h = *hdr_of(p);
     uncharge(c, h.cat, h.bytes - h.released);
+    const size_t g = granule_size();
+    char *first = granule0(p);
+    if (h.unit) { /* pooled granules: pages back to the kernel, the addresses plain memory again */
+        const size_t n = granule_count(p, &h);
+        for (size_t a = 0, b; a < n; a = b) {
+            for (b = a + 1; b < n && pooled(&h, a) == pooled(&h, b) &&
+                            (!pooled(&h, a) || h.unit[b] == h.unit[b - 1] + 1);)
+                b++;
+            if (!pooled(&h, a))
+                continue;
+            if (mmap(first + a * g, (b - a) * g, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+                DT_WARN("cpu backend: remapping %zu bytes at %p failed: %s", (b - a) * g,
+                        (void *)(first + a * g), strerror(errno));
+            dt_cpu_pool_give_back(&c->pool, h.unit[a], b - a);
+        }
+        free(h.unit);
+    }
     if (h.rel && h.released) { /* malloc may hand these pages out again: make them usable */
-        const size_t g = granule_size();
-        char *first = granule0(p);
         for (size_t k = 0, j; next_run(&h, granule_count(p, &h), true, &k, &j); k = j)
             if (mprotect(first + k * g, (j - k) * g, PROT_READ | PROT_WRITE) != 0)
                 DT_WARN("cpu backend: mprotect of %zu bytes at %p failed: %s", (j - k) * g,
@@ -468,6 +588,9 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     }
     c->threads = opts->threads > 0 ? opts->threads : 1;
     c->mem_limit = opts->mem_limit;
+    dt_cpu_pool_open(&c->pool, granule_size());
+    const char *poison = dt_env("DTRAIN_CPU_MEM_POISON");
+    c->poison = !(poison && !strcmp(poison, "0"));
     openblas_set_num_threads(c->threads);
     if (opts->precision != DT_PREC_FP32)
         DT_INFO("cpu backend: computes in float32 (the %s precision setting applies to cuda)",

@@ -14,7 +14,10 @@
 //             compute stream: still backed, no longer charged, waiting for its release event;
 //   UNMAPPED  no physical memory; the virtual range stays reserved.
 // mem_release records an event on the compute stream and queues (event, granules); the granules
-// are unmapped and their chunks released once the event has completed, found without blocking
+// are unmapped once the event has completed and their chunks kept for the next commit of the
+// allocation's category (the cache: a commit maps a cached chunk without cuMemCreate, and what
+// it leaves of the category's cache is released, as is every cached chunk at alloc, close and
+// under memory pressure; cached chunks are charged to nothing), found without blocking
 // (cudaEventQuery) at the next release, commit, alloc, free, synchronize or mem_stats. No release
 // synchronises the host with the device: ZeRO-3 gives every block's parameters back after its
 // forward, and a synchronisation there would end the overlap of compute and communication. The
@@ -91,6 +94,11 @@ struct dt_cu_vmm {
     std::vector<cudaEvent_t> spare;                    // completed events, for reuse
     uint64_t next_seq = 0;
     size_t pending_bytes = 0; // bytes of PENDING granules (for messages)
+    // Physical chunks of released granules, unmapped, kept per category for its next commit
+    // instead of cuMemRelease + cuMemCreate each time (ZeRO-3's windows); charged to nothing,
+    // released at a commit of the category that leaves some unused, at alloc and before a
+    // budget or the device would refuse (as the cpu backend's page pool).
+    std::vector<CUmemGenericAllocationHandle> cache[DT_MEM_CAT_COUNT];
 };
 
 // ---- driver entry points ---------------------------------------------------------------------
@@ -220,14 +228,42 @@ static CUdeviceptr gaddr(const dt_cu_vmm *v, const dt_cu_vmm_alloc *a, size_t g)
     return a->base + (CUdeviceptr)(g * v->gran);
 }
 
-// Backs granule g (UNMAPPED) with a new chunk, read-write for this device. On failure nothing is
-// left mapped or held; the driver's result is returned.
+// Releases the cached chunks of category cat (every category: cat < 0).
+static void evict(dt_cuda *cu, int cat)
+{
+    dt_cu_vmm *v = cu->vmm;
+    for (int k = 0; k < DT_MEM_CAT_COUNT; k++) {
+        if (cat >= 0 && k != cat)
+            continue;
+        for (CUmemGenericAllocationHandle h : v->cache[k]) {
+            CUresult r = v->Release(h);
+            if (r != CUDA_SUCCESS)
+                dt_cuda_note(cu, false, "cuMemRelease", drv_str(v, r), __FILE__, __LINE__);
+        }
+        v->cache[k].clear();
+    }
+}
+
+static size_t cached_bytes(const dt_cu_vmm *v)
+{
+    size_t n = 0;
+    for (int k = 0; k < DT_MEM_CAT_COUNT; k++)
+        n += v->cache[k].size();
+    return n * v->gran;
+}
+
+// Backs granule g (UNMAPPED) with a chunk of a's category's cache, else a new one, read-write for
+// this device. On failure nothing is left mapped or held; the driver's result is returned.
 static CUresult map_one(dt_cu_vmm *v, dt_cu_vmm_alloc *a, size_t g)
 {
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = v->Create(&h, v->gran, &v->prop, 0);
-    if (r != CUDA_SUCCESS)
+    CUresult r = CUDA_SUCCESS;
+    if (!v->cache[a->cat].empty()) {
+        h = v->cache[a->cat].back();
+        v->cache[a->cat].pop_back();
+    } else if ((r = v->Create(&h, v->gran, &v->prop, 0)) != CUDA_SUCCESS) {
         return r;
+    }
     r = v->Map(gaddr(v, a, g), v->gran, 0, h, 0);
     if (r != CUDA_SUCCESS) {
         (void)v->Release(h);
@@ -244,17 +280,26 @@ static CUresult map_one(dt_cu_vmm *v, dt_cu_vmm_alloc *a, size_t g)
     return CUDA_SUCCESS;
 }
 
-// Unmaps granule g (MAPPED or PENDING) and releases its chunk; the caller has uncharged it (or
-// never charged it: PENDING). The state becomes UNMAPPED even when the driver refuses, which marks
-// the backend failed (the range can no longer be trusted).
-static void unmap_one(dt_cuda *cu, dt_cu_vmm_alloc *a, size_t g)
+// Unmaps granule g (MAPPED or PENDING) and releases its chunk, or keeps it in the cache of a's
+// category (keep); the caller has uncharged it (or never charged it: PENDING). The state becomes
+// UNMAPPED even when the driver refuses, which marks the backend failed (the range can no longer
+// be trusted).
+static void unmap_one(dt_cuda *cu, dt_cu_vmm_alloc *a, size_t g, bool keep)
 {
     dt_cu_vmm *v = cu->vmm;
     CUresult r = v->Unmap(gaddr(v, a, g), v->gran);
-    if (r != CUDA_SUCCESS)
+    if (r != CUDA_SUCCESS) {
         dt_cuda_note(cu, false, "cuMemUnmap", drv_str(v, r), __FILE__, __LINE__);
-    r = v->Release(a->h[g]);
-    if (r != CUDA_SUCCESS)
+        keep = false;
+    }
+    if (keep) {
+        try {
+            v->cache[a->cat].push_back(a->h[g]);
+        } catch (const std::bad_alloc &) {
+            keep = false;
+        }
+    }
+    if (!keep && (r = v->Release(a->h[g])) != CUDA_SUCCESS)
         dt_cuda_note(cu, false, "cuMemRelease", drv_str(v, r), __FILE__, __LINE__);
     if (a->state[g] == G_PENDING)
         v->pending_bytes -= v->gran;
@@ -267,7 +312,7 @@ static void finish_entry(dt_cuda *cu, const dt_cu_vmm_pending &e)
 {
     for (size_t g = e.g0; g < e.g1; g++)
         if (e.a->state[g] == G_PENDING && e.a->seq[g] == e.seq)
-            unmap_one(cu, e.a, g);
+            unmap_one(cu, e.a, g, true);
 }
 
 void dt_cuda_vmm_poll(dt_cuda *cu, bool wait)
@@ -345,14 +390,18 @@ static int back_range(dt_cuda *cu, dt_cu_vmm_alloc *a, size_t g0, size_t g1, con
             dt_cuda_mem_charge(cu, a->cat, v->gran, true);
             continue;
         }
+        if (cu->mem_limit && cu->mem.stats.total + cached_bytes(v) + v->gran > cu->mem_limit)
+            evict(cu, -1); // cached chunks are device memory: they go before the budget refuses
         int brc = dt_mem_admit(&cu->mem.stats, cu->mem_limit, cu->mem.peak, "cuda", a->cat,
                                v->gran, err);
         if (brc)
             return brc;
         CUresult r = map_one(v, a, g);
-        if (r == CUDA_ERROR_OUT_OF_MEMORY && !retried && !v->pending.empty()) {
+        if (r == CUDA_ERROR_OUT_OF_MEMORY && !retried &&
+            (!v->pending.empty() || cached_bytes(v))) {
             retried = true;
             dt_cuda_vmm_poll(cu, true);
+            evict(cu, -1);
             r = map_one(v, a, g);
         }
         if (r != CUDA_SUCCESS) {
@@ -389,7 +438,7 @@ static void destroy_alloc(dt_cuda *cu, dt_cu_vmm_alloc *a, bool uncharge)
             continue;
         if (a->state[g] == G_MAPPED && uncharge)
             dt_cuda_mem_charge(cu, a->cat, v->gran, false);
-        unmap_one(cu, a, g);
+        unmap_one(cu, a, g, false);
     }
     CUresult r = v->AddressFree(a->base, a->size);
     if (r != CUDA_SUCCESS)
@@ -402,6 +451,7 @@ int dt_cuda_vmm_alloc(dt_cuda *cu, void **out, size_t bytes, dt_mem_cat cat, dt_
     dt_cu_vmm *v = cu->vmm;
     const size_t G = v->gran;
     dt_cuda_vmm_poll(cu, false);
+    evict(cu, -1); // what the device holds is what is charged when anything is allocated
     size_t size = (bytes + G - 1) / G * G;
     if (size < bytes || size > cu->total_mem)
         return dt_err_set(err, -ENOMEM,
@@ -553,6 +603,8 @@ int dt_cuda_vmm_commit(dt_cuda *cu, void *base, size_t off, size_t bytes, dt_err
     // Pending releases in the range are cancelled first (no new memory needed), then the rest of
     // the queue is looked at.
     int rc = back_range(cu, a, g0, g1, "committing", err);
+    evict(cu, a->cat); // what this commit did not need of the category's cache (before the poll
+                       // below caches the releases that completed since, for the next commit)
     dt_cuda_vmm_poll(cu, false);
     return rc;
 }
@@ -570,6 +622,7 @@ void dt_cuda_vmm_close(dt_cuda *cu)
     for (auto &kv : v->allocs)
         destroy_alloc(cu, kv.second, false);
     v->allocs.clear();
+    evict(cu, -1);
     for (cudaEvent_t ev : v->spare)
         (void)cudaEventDestroy(ev);
     delete v;
