@@ -419,9 +419,17 @@ static int agree_conf(c10d_rdzv *c, dt_err *err)
         return dt_err_set(err, -ENOMEM, "out of memory");
     int rc = dt_rdzv_cas_new(c->ns, "conf", mine, NULL, &cur, err);
     free(mine);
+    char where[2 * DT_RDZV_STR + 120];
+    snprintf(where, sizeof where, "the store at %s:%d (key dtrain/%s/%s/conf)", c->store_addr,
+             c->store_port, c->o.run_id[0] ? c->o.run_id : "none", c->job);
     if (!rc)
-        rc = dt_rdzv_conf_adopt(cur, "the store", &c->o, &c->min, &c->max, &c->max_restarts,
-                                c->run_id, sizeof c->run_id, err);
+        rc = dt_rdzv_conf_adopt(cur, where,
+                                "a client of the store wrote it: start the job again with "
+                                "another --rdzv-id (or restart the store), and give the store a "
+                                "token (DTRAIN_STORE_TOKEN) so that only the job's agents can "
+                                "write there",
+                                &c->o, &c->min, &c->max, &c->max_restarts, c->run_id,
+                                sizeof c->run_id, err);
     free(cur);
     return rc;
 }

@@ -507,8 +507,14 @@ static int agree_conf(etcd_rdzv *c, dt_err *err)
     keyf(c, k, "conf");
     int rc = dt_etcd_create(c->ec, k, mine, 0, NULL, &cur, err);
     free(mine);
+    char where[KEY_MAX + 1100], fix[KEY_MAX + 200];
+    snprintf(where, sizeof where, "etcd at %s (key %s)", c->o.endpoints, k);
+    snprintf(fix, sizeof fix,
+             "delete the job's keys (etcdctl del --prefix %s) or use another --rdzv-id; with "
+             "etcd authentication only the job's user can write there",
+             c->base);
     if (!rc)
-        rc = dt_rdzv_conf_adopt(cur, "etcd", &c->o, &c->min, &c->max, &c->max_restarts,
+        rc = dt_rdzv_conf_adopt(cur, where, fix, &c->o, &c->min, &c->max, &c->max_restarts,
                                 c->run_id, sizeof c->run_id, err);
     free(cur);
     return rc;
