@@ -460,7 +460,7 @@ void dt_args_print_help(FILE *out)
             "usage: dtrain [options] JOB.ini [section.key=value ...]\n"
             "       dtrain [options] -- COMMAND [ARGS...]\n"
             "       dtrain [options] SCRIPT.py [ARGS...]\n"
-            "       dtrain worker|store|bench|ckpt|debug ...   (dtrain SUBCOMMAND --help)\n"
+            "       dtrain worker|store|bench|ckpt|debug|plan ...   (dtrain SUBCOMMAND --help)\n"
             "\n"
             "Runs a training job (or any command) as one worker per device on this node, joined\n"
             "with the other nodes of the job through a rendezvous store; restarts every worker on\n"

@@ -3,6 +3,7 @@
  *   dtrain ckpt list DIR      every step_<N> under DIR, newest first, each verified
  *   dtrain ckpt show PATH     one checkpoint: step, loss, data position, files, tensors, job
  *   dtrain ckpt verify PATH   full check (checksums, headers); exit 0 valid, 1 invalid
+ *   dtrain ckpt export PATH OUT.safetensors   the model's tensors, whole, in one file
  */
 #include <dirent.h>
 #include <errno.h>
@@ -27,6 +28,8 @@ static void usage(FILE *out)
             "       dtrain ckpt show PATH       what one checkpoint holds\n"
             "       dtrain ckpt verify PATH     check every file of a checkpoint (or of every\n"
             "                                   checkpoint under a directory)\n"
+            "       dtrain ckpt export PATH OUT.safetensors\n"
+            "                                   the model's weights, whole, in one safetensors file\n"
             "Each takes --help. Exit codes: 0 ok, 1 invalid or unreadable, 2 usage.\n");
 }
 
@@ -176,9 +179,10 @@ static int cmd_list(int argc, char **argv)
             printf("%-10" PRId64 " %6s %12s %10s %10s  %-19s  invalid: %s\n", steps[i], "-", "-",
                    "-", "-", "-", e.msg);
         } else {
-            printf("%-10" PRId64 " %6" PRId64 " %12" PRId64 " %10s %8.1fMB  %-19s  %s%s\n",
+            printf("%-10" PRId64 " %6" PRId64 " %12" PRId64 " %10s %8.1fMB  %-19s  %s%s%s\n",
                    in.state.step, in.state.epoch, in.state.samples_seen, loss,
                    total_bytes(&in) / 1e6, when, verify ? "valid" : "complete (unverified)",
+                   in.version == DT_CKPT_VERSION_SHARDED ? ", sharded" : "",
                    first_valid && verify ? " (resume = auto loads this one)" : "");
             first_valid = false;
         }
@@ -258,6 +262,11 @@ static int cmd_show(int argc, char **argv)
                st->rng[i].rng.s[3]);
     for (int i = 0; i < st->num_scalars; i++)
         printf("scalar       %s = %.17g\n", st->scalars[i].name, st->scalars[i].value);
+    if (in.version == DT_CKPT_VERSION_SHARDED)
+        printf("format       sharded: %d shard files (one a rank), %d pieces\n", in.num_files,
+               in.num_pieces);
+    else
+        printf("format       whole tensors\n");
     for (int i = 0; i < in.num_files; i++)
         printf("file         %-20s %12" PRIu64 " bytes  xxh64 %016" PRIx64 "\n", in.files[i].name,
                in.files[i].bytes, in.files[i].xxh64);
@@ -301,10 +310,38 @@ static int verify_one(const char *path)
     if (rc)
         printf("%s: invalid: %s\n", path, err.msg);
     else
-        printf("%s: valid (step %" PRId64 ", %d files, %d tensors, %.1f MB)\n", path,
-               in.state.step, in.num_files, in.num_tensors, total_bytes(&in) / 1e6);
+        printf("%s: valid (step %" PRId64 ", %d files, %d tensors, %.1f MB%s)\n", path,
+               in.state.step, in.num_files, in.num_tensors, total_bytes(&in) / 1e6,
+               in.version == DT_CKPT_VERSION_SHARDED ? ", sharded" : "");
     dt_ckpt_info_free(&in);
     return rc ? 1 : 0;
+}
+
+/* dtrain ckpt export PATH OUT: what tools outside dtrain load (PyTorch, transformers). */
+static int cmd_export(int argc, char **argv)
+{
+    if (argc == 2 && is_help(argv[1])) {
+        printf("usage: dtrain ckpt export PATH OUT.safetensors\n\n"
+               "Writes the model's parameters and buffers of checkpoint PATH (a step_<N>\n"
+               "directory, whole-tensor or sharded) as one safetensors file of whole tensors\n"
+               "under the usual names (\"format\": \"pt\"), after verifying the checkpoint.\n"
+               "It streams tensor by tensor: memory is one tensor and a 64 MiB read buffer.\n");
+        return 0;
+    }
+    if (argc != 3) {
+        fprintf(stderr, "usage: dtrain ckpt export PATH OUT.safetensors\n");
+        return 2;
+    }
+    dt_err e = {0};
+    uint64_t bytes = 0;
+    double t0 = dt_now_s();
+    if (dt_ckpt_export(argv[1], argv[2], 0, &bytes, &e) != 0) {
+        fprintf(stderr, "dtrain ckpt export: %s: %s\n", argv[1], e.msg);
+        return 1;
+    }
+    printf("%s: %.1f MB of weights from %s in %.2f s\n", argv[2], bytes / 1e6, argv[1],
+           dt_now_s() - t0);
+    return 0;
 }
 
 static int cmd_verify(int argc, char **argv)
@@ -362,6 +399,8 @@ int dt_cmd_ckpt(int argc, char **argv)
         return cmd_show(argc - 1, argv + 1);
     if (!strcmp(argv[1], "verify"))
         return cmd_verify(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "export"))
+        return cmd_export(argc - 1, argv + 1);
     const char *names[] = {"list", "show", "verify"};
     const char *near = dt_nearest(argv[1], names, 3);
     fprintf(stderr, "dtrain ckpt: unknown command \"%s\"%s%s%s\n", argv[1],

@@ -17,6 +17,7 @@ int dt_cmd_store(int argc, char **argv);  /* cmd/store_cmd.c: standalone store s
 int dt_cmd_bench(int argc, char **argv);  /* cmd/bench/bench.c: dispatches to dt_bench_* */
 int dt_cmd_ckpt(int argc, char **argv);   /* cmd/ckpt.c: list, show, verify */
 int dt_cmd_debug(int argc, char **argv);  /* cmd/debug.c: dump, analyze (hang verdicts) */
+int dt_cmd_plan(int argc, char **argv);   /* cmd/plan_cmd.c: layouts ranked (plan.h) */
 
 /* Benchmarks: `dtrain bench NAME ...`, one file each (cmd/bench_NAME.c). */
 int dt_bench_store(int argc, char **argv);
@@ -27,6 +28,10 @@ int dt_bench_train(int argc, char **argv);
 int dt_bench_allreduce(int argc, char **argv);
 int dt_bench_dp_vs_ddp(int argc, char **argv);
 int dt_bench_ckpt(int argc, char **argv);
+/* `dtrain bench ckpt --ranks LIST JOB ...` (bench_ckpt_ranks.c): sharded against whole saves
+ * on each number of ranks. */
+int dt_bench_ckpt_ranks(const char *ranks, const char *job, char **ov, int nov,
+                        const char *dir_opt);
 int dt_bench_memory(int argc, char **argv);
 int dt_bench_pipeline(int argc, char **argv);
 int dt_bench_tensor(int argc, char **argv);

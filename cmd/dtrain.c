@@ -13,6 +13,7 @@
 #include "cmd/args.h"
 #include "cmd/blas_boot.h"
 #include "cmd/cmd.h"
+#include "cmd/plan.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -162,6 +163,12 @@ static int cmd_run(int argc, char **argv)
             fprintf(stderr, "dtrain: %s; nothing was started\n", err.msg);
             goto out;
         }
+        /* parallel.layout = auto: the planner's layout for this world, resolved here once */
+        if (dt_plan_apply_auto(&job, &err) != 0) {
+            fprintf(stderr, "dtrain: %s; nothing was started\n", err.msg);
+            code = DT_EXIT_CONFIG;
+            goto out;
+        }
         if (a.print_config) {
             dt_job_print(&job, stdout);
             code = 0;
@@ -260,7 +267,8 @@ static const struct {
     int (*fn)(int, char **);
 } subcommands[] = {
     {"worker", dt_cmd_worker}, {"store", dt_cmd_store}, {"bench", dt_cmd_bench},
-    {"ckpt", dt_cmd_ckpt},     {"debug", dt_cmd_debug},   {"help", cmd_help},
+    {"ckpt", dt_cmd_ckpt},     {"debug", dt_cmd_debug},   {"plan", dt_cmd_plan},
+    {"help", cmd_help},
 };
 
 int dt_cmd_main(int argc, char **argv)

@@ -74,6 +74,25 @@ int dt_read_all(int fd, void *buf, size_t n)
     return 0;
 }
 
+int dt_pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            return -EPIPE;
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
 int dt_set_cloexec(int fd)
 {
     int fl = fcntl(fd, F_GETFD);
@@ -263,6 +282,37 @@ int dt_parse_duration(const char *s, double *seconds)
         return -EINVAL;
     *seconds = v * mul;
     return 0;
+}
+
+int dt_parse_bytes(const char *s, int64_t *bytes)
+{
+    static const struct { const char *suffix; double mul; } units[] = {
+        {"", 1},         {"B", 1},           {"K", 1e3},          {"M", 1e6},
+        {"G", 1e9},      {"T", 1e12},        {"Ki", 1024.0},      {"Mi", 1048576.0},
+        {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
+    };
+    char *end;
+    if (!s || !*s || isspace((unsigned char)*s))
+        return -EINVAL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0)
+        return -EINVAL;
+    for (size_t k = 0; k < sizeof units / sizeof units[0]; k++) {
+        size_t n = strlen(units[k].suffix);
+        /* "1GiB", "1Gi", "1G" and "1GB" alike; a bare "B" only after a number */
+        if (strncmp(end, units[k].suffix, n) ||
+            (end[n] && (strcmp(end + n, "B") || !n)))
+            continue;
+        double b = v * units[k].mul;
+        if (b >= 9.2e18)
+            return -ERANGE;
+        if (b != floor(b))
+            return -EINVAL; /* a fraction of a byte */
+        *bytes = (int64_t)b;
+        return 0;
+    }
+    return -EINVAL;
 }
 
 int dt_read_file(const char *path, char **data, size_t *len, dt_err *err)

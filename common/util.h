@@ -26,6 +26,8 @@ void dt_sleep_ms(int ms);        /* sleeps the whole time, EINTR retried */
 int dt_write_all(int fd, const void *buf, size_t n);
 /* Read exactly n bytes (EINTR retried). 0, -errno, or -EPIPE at end of file before n bytes. */
 int dt_read_all(int fd, void *buf, size_t n);
+/* The same at offset off (pread: the file position is left alone). */
+int dt_pread_all(int fd, void *buf, size_t n, uint64_t off);
 int dt_set_cloexec(int fd);
 int dt_set_nonblock(int fd, bool on);
 
@@ -50,6 +52,11 @@ int dt_parse_double(const char *s, double *out);
 int dt_parse_bool(const char *s, bool *out);
 /* "30", "30s", "500ms", "2m", "1h" -> seconds. */
 int dt_parse_duration(const char *s, double *seconds);
+/* A size in bytes: a number (fractions allowed where the product is whole) with an optional
+ * suffix K M G T (powers of 1000) or Ki Mi Gi Ti (powers of 1024), each optionally followed by
+ * B ("1GiB", "512Mi", "2G", "1e9"). 0, -EINVAL (not a size, negative, a fraction of a byte) or
+ * -ERANGE (2^63 and more); *bytes untouched on failure. */
+int dt_parse_bytes(const char *s, int64_t *bytes);
 
 /* ---- files ---- */
 /* Reads a whole file into a malloc'd, NUL-terminated buffer (caller frees). */

@@ -3,6 +3,7 @@
  * compiles it too (Makefile CU_CSRC). */
 #include "kernels/backend_ops.h"
 
+#include <stdio.h>
 #include <string.h>
 
 void dt_backend_opts_default(dt_backend_opts *o)
@@ -90,6 +91,32 @@ void dt_mem_stats_sub(dt_mem_stats *s, dt_mem_cat c, size_t bytes)
     size_t b = bytes < s->cur[i] ? bytes : s->cur[i];
     s->cur[i] -= b;
     s->total -= b < s->total ? b : s->total;
+}
+
+int dt_mem_admit(const dt_mem_stats *s, size_t limit, size_t peak, const char *who, dt_mem_cat c,
+                 size_t bytes, dt_err *err)
+{
+    if (!limit || (bytes <= limit && s->total <= limit - bytes))
+        return 0;
+    char held[512];
+    size_t n = 0;
+    held[0] = '\0';
+    for (int i = 0; i < DT_MEM_CAT_COUNT && n < sizeof held; i++) {
+        if (!s->cur[i])
+            continue;
+        int w = snprintf(held + n, sizeof held - n, "%s%s %.2f MiB", n ? ", " : "",
+                         dt_mem_cat_name((dt_mem_cat)i), (double)s->cur[i] / 1048576.0);
+        n += w > 0 ? (size_t)w : 0;
+    }
+    if (!n)
+        snprintf(held, sizeof held, "nothing");
+    return dt_err_set(err, -ENOMEM,
+                      "%s backend: " DT_MEM_OOM_TEXT ": asked for %zu bytes (%.2f MiB) of %s, "
+                      "holding %.2f MiB of the %.2f MiB budget (job.device_memory = %zu) [%s]; "
+                      "peak so far %.2f MiB",
+                      who, bytes, (double)bytes / 1048576.0, dt_mem_cat_name(c),
+                      (double)s->total / 1048576.0, (double)limit / 1048576.0, limit, held,
+                      (double)peak / 1048576.0);
 }
 
 dt_mem_cat dt_mem_tag(dt_backend *be, dt_mem_cat cat)

@@ -103,6 +103,12 @@ void dt_mem_stats_sub(dt_mem_stats *s, dt_mem_cat c, size_t bytes);
  * old);`. A backend without accounting (mem_category NULL) ignores it and returns
  * DT_MEM_OTHER. */
 dt_mem_cat dt_mem_tag(dt_backend *be, dt_mem_cat cat);
+/* The budget check both backends share: 0 when limit is 0 or s->total + bytes fits in limit;
+ * else -ENOMEM with a message (who: the backend's name) naming the request (bytes, category),
+ * the budget, what is held now by category and peak (the run's peak so far). */
+#define DT_MEM_OOM_TEXT "out of device memory" /* in every refusal's message, for its reader */
+int dt_mem_admit(const dt_mem_stats *s, size_t limit, size_t peak, const char *who, dt_mem_cat c,
+                 size_t bytes, dt_err *err);
 /* be's statistics; all zero for a backend without accounting (mem_stats NULL). */
 void dt_mem_read(dt_backend *be, dt_mem_stats *out);
 /* be->mem_external when be has it. */
@@ -126,6 +132,11 @@ typedef struct dt_backend_opts {
     int device_index;     /* CUDA device ordinal (LOCAL_RANK); ignored on the CPU */
     int threads;          /* CPU: BLAS/compute threads for this instance (1) */
     dt_precision precision;
+    size_t mem_limit;     /* the device's budget (job.device_memory): alloc and mem_commit
+                             refuse (-ENOMEM, a message with what was asked and what is held by
+                             category) what would take mem_stats' total beyond it; 0 = none
+                             (cpu: unlimited; cuda: the device's own memory, as the driver
+                             reports it at start; a larger value is that too) */
 } dt_backend_opts;
 
 void dt_backend_opts_default(dt_backend_opts *o);

@@ -108,7 +108,7 @@ typedef struct etcd_rdzv {
     dt_rdzv_fail_list fails;
     int fail_seq;
     double next_check;
-    double poll_failing_since; /* when the poll's reads started failing (< 0: they succeed) */
+    double poll_ok_at; /* when the last poll whose reads succeeded started (< 0: none yet) */
     dt_store_server *server;  /* the workers' store, while this node is group rank 0 */
 
     /* heartbeat thread */
@@ -556,7 +556,7 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     c->o = *opts;
     pthread_mutex_init(&c->hb_mu, NULL);
     c->round = c->joining = -1;
-    c->poll_failing_since = -1;
+    c->poll_ok_at = -1;
     c->slice_ms = opts->interrupted ? 300 : 1000;
     dt_rdzv_make_id(c->id, sizeof c->id);
     if (!opts->endpoints[0]) {
@@ -1012,6 +1012,7 @@ static int join_round(etcd_rdzv *c, int R, double deadline, dt_rdzv_round *rd,
         return dt_err_prefix(err, "round %d: ", R);
     }
     c->round = R;
+    c->poll_ok_at = dt_now_s(); /* the round was just read from the cluster */
     c->g = g;
     c->n = ci.n;
     c->attempt = ci.attempt;
@@ -1307,6 +1308,7 @@ static int etcd_poll(void *self, dt_rdzv_status *st, dt_err *err)
         *st = c->ended;
         return 0;
     }
+    double t_call = dt_now_s();
     int rc = cluster_lost(c, err);
     if (rc)
         return rc;
@@ -1330,16 +1332,17 @@ static int etcd_poll(void *self, dt_rdzv_status *st, dt_err *err)
             rc = get(c, k, &v, err);
     }
     /* No member answered in one call's budget: an election (a leader's host cut off) takes
-     * seconds, so the round is lost only once the reads have failed for heartbeat_timeout, as
-     * the keepalives are judged; until then the last known state (running) stands. */
-    double now = dt_now_s();
+     * seconds, so the round is lost only once no read has succeeded for heartbeat_timeout - the
+     * lease's own clock, counted from the start of the last poll that got an answer, so that the
+     * agents end within heartbeat_timeout of the cluster's last answer (test_etcd quorum_lost,
+     * test_cluster_etcd leader_host_cut). Until then the last known state (running) stands. */
     if (rc == -ETIMEDOUT) {
-        if (c->poll_failing_since < 0)
-            c->poll_failing_since = now;
-        if (now - c->poll_failing_since < c->o.heartbeat_timeout)
+        if (c->poll_ok_at < 0)
+            c->poll_ok_at = t_call;
+        if (dt_now_s() - c->poll_ok_at < c->o.heartbeat_timeout)
             return 0;
     } else {
-        c->poll_failing_since = -1;
+        c->poll_ok_at = t_call;
     }
     if (rc == -ENOENT)
         return 0;

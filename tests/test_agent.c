@@ -1360,6 +1360,44 @@ static void test_worker_stopped_warned(void)
     free(out);
 }
 
+/* A model over job.device_memory at zero = 0 fails within seconds with the out-of-memory message
+ * (the request, the holdings, the layout, what to change), the workers exit 3 and no restart is
+ * spent though --max-restarts=2 allows two: exactly one attempt. */
+static void test_oom_not_restarted(void)
+{
+    char job[4096], ev[4096], *out = NULL;
+    snprintf(job, sizeof job, "%s/oom.ini", TMP);
+    FILE *f = fopen(job, "w");
+    DT_REQUIRE(f != NULL);
+    fprintf(f, "[model]\ntype = gpt\npreset = gpt-tiny\n[data]\ntype = synthetic\n"
+               "[train]\nsteps = 5\n[job]\ndevice = cpu\ndevice_memory = 256Ki\n");
+    fclose(f);
+    double t0 = dt_now_s();
+    int rc = runf(&out, 90,
+                  "%s --nproc-per-node 2 --max-restarts 2 --rdzv-id oom --log-dir %s %s "
+                  "job.output_dir=%s/oom-out",
+                  BIN, TMP, job, TMP);
+    double took = dt_now_s() - t0;
+    DT_CHECK_INT(rc, 2);
+    DT_CHECK_MSG(took < 20, "took %.1f s", took);
+    DT_CHECK_CONTAINS(out, "cpu backend: out of device memory: asked for ");
+    DT_CHECK_CONTAINS(out, "of params, holding ");
+    DT_CHECK_CONTAINS(out, "of the 0.25 MiB budget (job.device_memory = 262144)");
+    DT_CHECK_CONTAINS(out, "peak so far");
+    DT_CHECK_CONTAINS(out, "Layout: D=2 T=1 P=1 zero=0 recompute=none micro_batches=1");
+    DT_CHECK_CONTAINS(out, "To fit: parallel.zero=3");
+    DT_CHECK_CONTAINS(out, "exit code  : 3");
+    DT_CHECK(!strstr(out, "restarting every worker"));
+    DT_CHECK(!strstr(out, "spent)"));
+    free(out);
+    snprintf(ev, sizeof ev, "%s/oom/events.jsonl", TMP);
+    char *events = dt_test_slurp(ev);
+    DT_REQUIRE(events != NULL);
+    DT_CHECK_INT(count_of(events, "\"event\":\"start\""), 2); /* two workers, one attempt */
+    DT_CHECK(!strstr(events, "\"event\":\"restart\""));
+    free(events);
+}
+
 /* After a forwarded SIGUSR1 (or SIGTERM) workers that exit 75 ("checkpoint saved") are a planned
  * stop: exit 75, no failure table, no restart spent. */
 /* The built-in worker's configuration error (exit 2: here a checkpoint.resume path that does
@@ -1481,6 +1519,7 @@ static const dt_test tests[] = {
     {"worker_stopped_warned", test_worker_stopped_warned, 60},
     {"preempted_exit_75", test_preempted_exit_75, 90},
     {"config_error_not_restarted", test_config_error_not_restarted, 120},
+    {"oom_not_restarted", test_oom_not_restarted, 120},
     {"bench_launch_smoke", test_bench_launch_smoke, 60},
 };
 

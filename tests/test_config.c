@@ -91,6 +91,38 @@ static void test_every_field_has_valid_default(void)
     }
 }
 
+/* job.device_memory: sizes with decimal and binary suffixes, printed back exactly; a bad value
+ * is refused with its file:line and the forms that work. */
+static void test_device_memory(void)
+{
+    static const struct { const char *v; int64_t bytes; const char *printed; } ok[] = {
+        {"0", 0, "0"},          {"1073741824", 1073741824, "1Gi"}, {"1GiB", 1073741824, "1Gi"},
+        {"1Gi", 1073741824, "1Gi"}, {"512Mi", 512 << 20, "512Mi"}, {"2G", 2000000000, "1953125Ki"},
+        {"1.5K", 1500, "1500"}, {"3KiB", 3072, "3Ki"},          {"10MB", 10000000, "10000000"},
+        {"100B", 100, "100"},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(ok); i++) {
+        dt_job_defaults(&job);
+        char set[128], buf[64];
+        snprintf(set, sizeof set, "job.device_memory=%s", ok[i].v);
+        dt_err err = {0};
+        DT_CHECK_MSG(dt_job_set(&job, set, &err) == 0, "%s: %s", set, err.msg);
+        DT_CHECK_MSG(job.device_memory == ok[i].bytes, "%s: %lld", set,
+                     (long long)job.device_memory);
+        dt_cfg_format(&job, dt_cfg_find("job", "device_memory"), buf, sizeof buf);
+        DT_CHECK_STR(buf, ok[i].printed);
+    }
+    static const char *const bad[] = {"lots", "1GiBB", "-1G", "1.5", "1 G", "G", "1iB", "9e30"};
+    for (size_t i = 0; i < DT_ARRAY_LEN(bad); i++) {
+        char text[256];
+        snprintf(text, sizeof text, "[model]\ntype = mlp\n[job]\ndevice_memory = \"%s\"\n", bad[i]);
+        DT_CHECK_MSG(load(text, NULL, 0) == -EINVAL, "%s accepted", bad[i]);
+        DT_CHECK_MSG(has_error("job.ini:4: job.device_memory: "), "%s", bad[i]);
+    }
+    DT_CHECK(load("[model]\ntype = mlp\n[job]\ndevice_memory = 1,5G\n", NULL, 0) == -EINVAL);
+    DT_CHECK(has_error("job.ini:4: job.device_memory: \"1,5G\" is not a size in bytes (examples:"));
+}
+
 static void test_unknown_section_and_key(void)
 {
     int rc = load("[model]\ntype = gpt\npreset = gpt-tiny\nn_layr = 3\n[trian]\nlr = 1\n"
@@ -1059,6 +1091,7 @@ int main(int argc, char **argv)
         {"config_defaults_and_minimal", test_defaults_and_minimal, 0},
         {"config_every_field_has_valid_default", test_every_field_has_valid_default, 0},
         {"config_unknown_section_and_key", test_unknown_section_and_key, 0},
+        {"config_device_memory", test_device_memory, 0},
         {"config_wrong_types_and_ranges", test_wrong_types_and_ranges_all_at_once, 0},
         {"config_missing_required_and_syntax", test_missing_required_and_syntax, 0},
         {"config_duplicate_key", test_duplicate_key, 0},

@@ -561,7 +561,10 @@ static void test_straggler_hog(void)
 
 /* The same job, no hog, 300 steps: nothing is flagged. Both workers share one core (the agent
  * is started with that one core and job.cpu_bind = none), so that what else runs on this
- * machine (other engineers' builds and tests share its two cores) slows both alike; a run that
+ * machine (other engineers' builds and tests share its two cores) slows both alike. Each step's
+ * compute is ~15 ms, several of the scheduler's time slices, so the two interleave: at ~4 ms
+ * (hidden 512) one rank's compute fitted in one slice and ran while the other waited, whose
+ * compute then took twice as long, and windows were flagged 1.5-1.9x in CI. A run that
  * flags is tried again, up to three runs (each one's count is printed), and the test fails when
  * every run flagged. Each worker on a core of its own, as the hog test runs them, flags about one
  * window in thirty on this loaded machine: docs/failures.md. */
@@ -578,7 +581,7 @@ static void test_straggler_clean(void)
         char cmd[2048], *out = NULL;
         snprintf(cmd, sizeof cmd,
                  "taskset -c %d %s --nproc-per-node 2 --log-dir %s/logs%d configs/mlp.ini "
-                 "job.device=cpu job.cpu_bind=none model.hidden=512,512 train.batch_size=256 "
+                 "job.device=cpu job.cpu_bind=none model.hidden=1024,1024 train.batch_size=256 "
                  "train.steps=300 job.log_every=50 train.eval_every=0 job.output_dir=%s/out%d "
                  "train.straggler_window=10 train.straggler_ratio=1.5 checkpoint.resume=never",
                  cpu, BIN, TMP, attempt, TMP, attempt);

@@ -22,6 +22,8 @@ static dt_backend *cpu(void)
     return be;
 }
 
+#define CHECK_OK(expr, errp) DT_CHECK_MSG((expr) == 0, "%s", (errp)->msg)
+
 static size_t sum_cur(const dt_mem_stats *s)
 {
     size_t t = 0;
@@ -108,6 +110,63 @@ static void test_categories_and_peaks(void)
     DT_CHECK_INT(s.total, 0);
     for (int i = 0; i < DT_MEM_CAT_COUNT; i++)
         DT_CHECK_INT(s.cur[i], 0);
+    dt_backend_close(be);
+}
+
+/* job.device_memory on the cpu backend: allocations that fit the budget succeed, the one that
+ * would take the total (every category) beyond it is refused with -ENOMEM and a message naming
+ * the request, the budget and the holdings by category, and nothing is charged for it; a freed
+ * allocation makes room again; mem_commit is held to the same budget. */
+static void test_budget(void)
+{
+    dt_backend_opts o;
+    dt_backend_opts_default(&o);
+    o.mem_limit = 4u << 20;
+    dt_backend *be = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, &o, &err), &err);
+    void *a = NULL, *b = NULL, *c = NULL;
+    dt_mem_tag(be, DT_MEM_PARAMS);
+    DT_REQUIRE_OK(be->alloc(be, &a, 2u << 20, &err), &err);
+    dt_mem_tag(be, DT_MEM_OPTIM);
+    DT_REQUIRE_OK(be->alloc(be, &b, (2u << 20) - 4096, &err), &err);
+    dt_mem_tag(be, DT_MEM_GRADS);
+    DT_CHECK(be->alloc(be, &c, 8192, &err) == -ENOMEM && c == NULL);
+    DT_CHECK_MSG(strstr(err.msg, "out of device memory: asked for 8192 bytes (0.01 MiB) of grads") &&
+                     strstr(err.msg, "of the 4.00 MiB budget (job.device_memory = 4194304)") &&
+                     strstr(err.msg, "params 2.00 MiB") && strstr(err.msg, "optim 2.00 MiB") &&
+                     strstr(err.msg, "peak so far 4.00 MiB"),
+                 "%s", err.msg);
+    dt_mem_stats st;
+    dt_mem_read(be, &st);
+    DT_CHECK(st.total == (4u << 20) - 4096 && st.cur[DT_MEM_GRADS] == 0);
+    CHECK_OK(be->alloc(be, &c, 4096, &err), &err); /* exactly the budget */
+    be->free(be, c);
+    be->free(be, b);
+    CHECK_OK(be->alloc(be, &c, 2u << 20, &err), &err); /* room again */
+    /* commit: a released range is taken back only within the budget */
+    size_t g = dt_mem_granule(be, a);
+    if (g && g <= (1u << 20)) {
+        be->mem_release(be, a, 0, 2u << 20);
+        dt_mem_read(be, &st);
+        DT_CHECK(st.total == 2u << 20);
+        void *d = NULL;
+        CHECK_OK(be->alloc(be, &d, 1u << 20, &err), &err);
+        DT_CHECK(be->mem_commit(be, a, 0, 2u << 20, &err) == -ENOMEM);
+        DT_CHECK(strstr(err.msg, "of params") != NULL);
+        dt_mem_read(be, &st);
+        DT_CHECK_MSG(st.total <= 4u << 20, "%zu", st.total);
+        be->free(be, d);
+        CHECK_OK(be->mem_commit(be, a, 0, 2u << 20, &err), &err);
+    }
+    be->free(be, a);
+    be->free(be, c);
+    dt_backend_close(be);
+    /* no budget (0): the same requests are all granted */
+    o.mem_limit = 0;
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, &o, &err), &err);
+    CHECK_OK(be->alloc(be, &a, 8u << 20, &err), &err);
+    be->free(be, a);
     dt_backend_close(be);
 }
 
@@ -355,6 +414,7 @@ int main(int argc, char **argv)
         {"names", test_names, 0},
         {"categories_and_peaks", test_categories_and_peaks, 0},
         {"release_commit", test_release_commit, 0},
+        {"budget", test_budget, 0},
         {"gpt_tags", test_gpt_tags, 0},
         {"resnet_tags", test_resnet_tags, 0},
     };

@@ -450,15 +450,15 @@ static void test_install_deps(void)
     DT_CHECK_INT(runf(&out, 20, "INSTALLED='%s munge' PATH=%s /bin/sh %s/scripts/install-deps.sh --cluster",
                       all, p, root),
                  1);
-    DT_CHECK_CONTAINS(out, "install-deps: missing: slurm-wlm openssh-server\n");
+    DT_CHECK_CONTAINS(out, "install-deps: missing: slurm-wlm openssh-server gnuplot-nox\n");
     free(out);
     DT_CHECK_INT(runf(&out, 20,
-                      "INSTALLED='%s slurm-wlm munge openssh-server' PATH=%s /bin/sh "
+                      "INSTALLED='%s slurm-wlm munge openssh-server gnuplot-nox' PATH=%s /bin/sh "
                       "%s/scripts/install-deps.sh --cluster",
                       all, p, root),
                  0);
     DT_CHECK_CONTAINS(out, "all present: build-essential pkg-config libuv1-dev");
-    DT_CHECK_CONTAINS(out, "etcd-server slurm-wlm munge openssh-server");
+    DT_CHECK_CONTAINS(out, "etcd-server slurm-wlm munge openssh-server gnuplot-nox");
     free(out);
     DT_CHECK_INT(runf(&out, 20, "/bin/sh %s/scripts/install-deps.sh --bogus", root), 2);
     free(out);

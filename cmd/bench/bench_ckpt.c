@@ -60,7 +60,12 @@ static void usage(FILE *out)
             "  --step-ms MS   simulated forward+backward between a save and the next optimiser\n"
             "                 update, for the concurrent-copy mode (default 500)\n"
             "  --dir DIR      where to write (default: a new directory under $TMPDIR or /tmp,\n"
-            "                 removed at the end); put it on the disk your checkpoints go to\n");
+            "                 removed at the end); put it on the disk your checkpoints go to\n"
+            "  --ranks 1,2,4  instead: train the job (its layout, its overrides) on each number\n"
+            "                 of ranks with the launcher and save its step 3 sharded (every rank\n"
+            "                 its own shard) and whole (rank 0 alone): time held, write time,\n"
+            "                 bytes each rank wrote against 1/N + one tensor, and rank 0's\n"
+            "                 peak_mem_bytes and max RSS at the steady state and the save step\n");
 }
 
 static int synthetic(bench_ctx *b, int64_t params, dt_err *err)
@@ -375,7 +380,7 @@ int dt_bench_ckpt(int argc, char **argv)
     int64_t params = 124000000;
     int saves = 2;
     double step_ms = 500;
-    const char *dir_opt = NULL, *job_path = NULL;
+    const char *dir_opt = NULL, *job_path = NULL, *ranks = NULL;
     char *overrides[64];
     int n_over = 0;
     for (int i = 1; i < argc; i++) {
@@ -399,6 +404,8 @@ int dt_bench_ckpt(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
             dir_opt = argv[++i];
+        } else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) {
+            ranks = argv[++i];
         } else if (argv[i][0] != '-' && !job_path && !strchr(argv[i], '=')) {
             job_path = argv[i];
         } else if (job_path && strchr(argv[i], '=') && n_over < 64) {
@@ -409,6 +416,8 @@ int dt_bench_ckpt(int argc, char **argv)
             return 2;
         }
     }
+    if (ranks)
+        return dt_bench_ckpt_ranks(ranks, job_path, overrides, n_over, dir_opt);
     dt_log_init();
     if (job_path)
         return bench_job(job_path, overrides, n_over, saves, dir_opt);

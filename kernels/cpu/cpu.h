@@ -115,6 +115,7 @@ typedef struct dt_cpu {
     size_t cur_bytes, peak_bytes; /* resident bytes (all categories) now, and their peak */
     dt_mem_stats mem;             /* the same by category */
     dt_mem_cat mem_cat;           /* what alloc charges now */
+    size_t mem_limit;             /* the budget (dt_backend_opts.mem_limit; 0: none) */
     /* conv2d scratch (im2col columns), grown on demand, owned */
     float *scratch;
     size_t scratch_cap; /* floats */

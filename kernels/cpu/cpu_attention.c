@@ -84,6 +84,7 @@ DT_CPU_OPTIMIZE
 #define BQ 32        /* queries per tile */
 #define NQ (BQ / VL) /* vectors per tile row */
 #define BK 32        /* keys per tile (== BQ: key tiles start on query tiles' boundaries) */
+_Static_assert(NQ == 2 && BK == BQ, "the diagonal tile's halves (tile_a, tile_b) assume two query vectors");
 #define LOG2E 1.44269504088896341f
 #define LN2 0.69314718055994531f
 
@@ -125,44 +126,61 @@ INLINE vf vexp2(vf x)
 /* A: st[j][i] = sum_d x[j][d] yt[d][i] for the R key rows j of x (row stride ldx) and the NQ
  * vectors of queries; yt is (hs, BQ). */
 INLINE void mk_a(vf *restrict st, const float *restrict x, int ldx, int hs, const vf *restrict yt,
-                 const int R)
+                 const int R, const int B0)
 {
     vf acc[RMAX][NQ];
     for (int a = 0; a < R; a++)
-        for (int b = 0; b < NQ; b++)
+        for (int b = B0; b < NQ; b++)
             acc[a][b] = splat(0.0f);
     for (int d = 0; d < hs; d++) {
         const vf *y = yt + (size_t)d * NQ;
         for (int a = 0; a < R; a++) {
             const float xa = x[(size_t)a * ldx + d];
-            for (int b = 0; b < NQ; b++)
+            for (int b = B0; b < NQ; b++)
                 acc[a][b] += xa * y[b];
         }
     }
     for (int a = 0; a < R; a++)
-        for (int b = 0; b < NQ; b++)
+        for (int b = B0; b < NQ; b++)
             st[(size_t)a * NQ + b] = acc[a][b];
 }
 
-INLINE void tile_a(vf *st, const float *x, int ldx, int hs, int nk, const vf *yt, const int R)
+/* Key rows [j0, nk) of the tile; vectors b < B0 of st are left alone (the diagonal tile's keys
+ * that come after all their queries: see skip_rows). */
+INLINE void tile_a_from(vf *st, const float *x, int ldx, int hs, int j0, int nk, const vf *yt,
+                        const int R, const int B0)
 {
-    int j = 0;
+    int j = j0;
     for (; j + R <= nk; j += R)
-        mk_a(st + (size_t)j * NQ, x + (size_t)j * ldx, ldx, hs, yt, R);
+        mk_a(st + (size_t)j * NQ, x + (size_t)j * ldx, ldx, hs, yt, R, B0);
     for (; j < nk; j++)
-        mk_a(st + (size_t)j * NQ, x + (size_t)j * ldx, ldx, hs, yt, 1);
+        mk_a(st + (size_t)j * NQ, x + (size_t)j * ldx, ldx, hs, yt, 1, B0);
+}
+
+/* The whole tile, or on the diagonal (diag: key tile c0 == r0) the first VL keys against every
+ * query vector and the rest against the second only: key c0+j >= r0+VL comes after every query
+ * of vector 0, whose scores there are all masked, so they are neither computed nor used
+ * (st[j][0] for j >= VL stays as it was; mask_tile and the softmax write it as 0). */
+INLINE void tile_a(vf *st, const float *x, int ldx, int hs, int nk, const vf *yt, const int R,
+                   bool diag)
+{
+    if (diag && nk > VL) {
+        tile_a_from(st, x, ldx, hs, 0, VL, yt, R, 0);
+        tile_a_from(st, x, ldx, hs, VL, nk, yt, R, 1);
+    } else
+        tile_a_from(st, x, ldx, hs, 0, nk, yt, R, 0);
 }
 
 /* B: ot[d][i] = ot[d][i] * alpha[i] + sum_j x[j][d] st[j][i] for R columns d of x (nk rows,
  * stride ldx); alpha NULL = 1. */
 INLINE void mk_b(vf *restrict ot, const vf *restrict alpha, const float *restrict x, int ldx,
-                 int nk, const vf *restrict st, const int R)
+                 int nk, const vf *restrict st, const int R, int j1)
 {
     vf acc[RMAX][NQ];
     for (int a = 0; a < R; a++)
         for (int b = 0; b < NQ; b++)
             acc[a][b] = alpha ? ot[(size_t)a * NQ + b] * alpha[b] : ot[(size_t)a * NQ + b];
-    for (int j = 0; j < nk; j++) {
+    for (int j = 0; j < j1; j++) {
         const vf *p = st + (size_t)j * NQ;
         const float *xr = x + (size_t)j * ldx;
         for (int a = 0; a < R; a++) {
@@ -171,31 +189,42 @@ INLINE void mk_b(vf *restrict ot, const vf *restrict alpha, const float *restric
                 acc[a][b] += xa * p[b];
         }
     }
+    for (int j = j1; j < nk; j++) { /* keys after every query of vector 0: vector 1 only */
+        const vf *p = st + (size_t)j * NQ;
+        const float *xr = x + (size_t)j * ldx;
+        for (int a = 0; a < R; a++) {
+            const float xa = xr[a];
+            for (int b = 1; b < NQ; b++)
+                acc[a][b] += xa * p[b];
+        }
+    }
     for (int a = 0; a < R; a++)
         for (int b = 0; b < NQ; b++)
             ot[(size_t)a * NQ + b] = acc[a][b];
 }
 
+/* diag: as tile_a's (keys from VL on contribute to the second query vector only). */
 INLINE void tile_b(vf *ot, const vf *alpha, const float *x, int ldx, int hs, int nk, const vf *st,
-                   const int R)
+                   const int R, bool diag)
 {
+    const int j1 = diag ? DT_MIN(nk, VL) : nk;
     int d = 0;
     for (; d + R <= hs; d += R)
-        mk_b(ot + (size_t)d * NQ, alpha, x + d, ldx, nk, st, R);
+        mk_b(ot + (size_t)d * NQ, alpha, x + d, ldx, nk, st, R, j1);
     for (; d < hs; d++)
-        mk_b(ot + (size_t)d * NQ, alpha, x + d, ldx, nk, st, 1);
+        mk_b(ot + (size_t)d * NQ, alpha, x + d, ldx, nk, st, 1, j1);
 }
 
 /* C: y[j][:] += sum_{i < nq} st[j][i] z[i][:] for R key rows j and NV vectors of d; y and z
  * rows are ld floats apart (a multiple of VL), st rows BQ. */
 INLINE void mk_c(float *restrict y, const float *restrict st, const float *restrict z, int ld,
-                 int nq, const int R, const int NV)
+                 int i0, int nq, const int R, const int NV)
 {
     vf acc[RMAX][4];
     for (int a = 0; a < R; a++)
         for (int v = 0; v < NV; v++)
             acc[a][v] = *(const vf *)(y + (size_t)a * ld + v * VL);
-    for (int i = 0; i < nq; i++) {
+    for (int i = i0; i < nq; i++) {
         vf zv[4];
         for (int v = 0; v < NV; v++)
             zv[v] = *(const vf *)(z + (size_t)i * ld + v * VL);
@@ -210,33 +239,45 @@ INLINE void mk_c(float *restrict y, const float *restrict st, const float *restr
             *(vf *)(y + (size_t)a * ld + v * VL) = acc[a][v];
 }
 
-INLINE void tile_c_nv(float *y, const float *st, const float *z, int ld, int nk, int nq,
-                      const int R, const int NV)
+/* Key rows [j0, nk) against queries [i0, nq). */
+INLINE void tile_c_nv(float *y, const float *st, const float *z, int ld, int j0, int nk, int i0,
+                      int nq, const int R, const int NV)
 {
-    int j = 0;
+    int j = j0;
     for (; j + R <= nk; j += R)
-        mk_c(y + (size_t)j * ld, st + (size_t)j * BQ, z, ld, nq, R, NV);
+        mk_c(y + (size_t)j * ld, st + (size_t)j * BQ, z, ld, i0, nq, R, NV);
     for (; j < nk; j++)
-        mk_c(y + (size_t)j * ld, st + (size_t)j * BQ, z, ld, nq, 1, NV);
+        mk_c(y + (size_t)j * ld, st + (size_t)j * BQ, z, ld, i0, nq, 1, NV);
 }
 
-/* y (nk, ld) += st^T-weighted rows of z (nq, ld): the columns in chunks of up to 4 vectors. */
-INLINE void tile_c(float *y, const float *st, const float *z, int ld, int nk, int nq,
-                   const bool wide)
+INLINE void tile_c_rows(float *y, const float *st, const float *z, int ld, int j0, int nk, int i0,
+                        int nq, const bool wide)
 {
     for (int d0 = 0; d0 < ld; d0 += 4 * VL) {
         int nv = DT_MIN(4, (ld - d0) / VL);
         float *yd = y + d0;
         const float *zd = z + d0;
         if (nv == 4)
-            tile_c_nv(yd, st, zd, ld, nk, nq, wide ? 4 : 1, 4);
+            tile_c_nv(yd, st, zd, ld, j0, nk, i0, nq, wide ? 4 : 1, 4);
         else if (nv == 3)
-            tile_c_nv(yd, st, zd, ld, nk, nq, wide ? 4 : 1, 3);
+            tile_c_nv(yd, st, zd, ld, j0, nk, i0, nq, wide ? 4 : 1, 3);
         else if (nv == 2)
-            tile_c_nv(yd, st, zd, ld, nk, nq, wide ? 8 : 2, 2);
+            tile_c_nv(yd, st, zd, ld, j0, nk, i0, nq, wide ? 8 : 2, 2);
         else
-            tile_c_nv(yd, st, zd, ld, nk, nq, wide ? 8 : 4, 1);
+            tile_c_nv(yd, st, zd, ld, j0, nk, i0, nq, wide ? 8 : 4, 1);
     }
+}
+
+/* y (nk, ld) += st^T-weighted rows of z (nq, ld): the columns in chunks of up to 4 vectors.
+ * diag: as tile_a's (key rows from VL on against the queries from VL on only). */
+INLINE void tile_c(float *y, const float *st, const float *z, int ld, int nk, int nq,
+                   const bool wide, bool diag)
+{
+    if (diag && nk > VL) {
+        tile_c_rows(y, st, z, ld, 0, VL, 0, nq, wide);
+        tile_c_rows(y, st, z, ld, VL, nk, VL, nq, wide);
+    } else
+        tile_c_rows(y, st, z, ld, 0, nk, 0, nq, wide);
 }
 
 /* ---- tile helpers ------------------------------------------------------------------------- */
@@ -413,18 +454,20 @@ INLINE void head_fwd(const att_head *h, float *out, int ldo, float *lse, float *
         memset(OT, 0, sizeof(vf) * (size_t)hs * NQ);
         for (int c0 = 0; c0 < r1; c0 += BK) {
             const int nk = DT_MIN(BK, r1 - c0);
+            const bool diag = c0 == r0; /* the one tile the causal mask cuts */
             double t1 = h->t_soft ? dt_cpu_prof_now(h->c) : 0;
-            tile_a(ST, Ks + (size_t)c0 * ldk, ldk, hs, nk, QT, wide ? 8 : 2);
+            tile_a(ST, Ks + (size_t)c0 * ldk, ldk, hs, nk, QT, wide ? 8 : 2, diag);
             double t2 = h->t_soft ? dt_cpu_prof_now(h->c) : 0;
-            if (c0 + nk - 1 > r0)
+            if (diag)
                 mask_tile(ST, c0, nk, r0);
             for (int b = 0; b < NQ; b++) { /* online softmax, element-wise over the queries */
+                const int kb = diag && b == 0 ? DT_MIN(nk, VL) : nk; /* keys not all masked */
                 vf mx = m[b];
-                for (int j = 0; j < nk; j++)
+                for (int j = 0; j < kb; j++)
                     mx = vmax_keep(ST[(size_t)j * NQ + b], mx);
                 alpha[b] = vexp2(m[b] - mx);
                 vf s = splat(0.0f);
-                for (int j = 0; j < nk; j++) {
+                for (int j = 0; j < kb; j++) {
                     vf e = vexp2(ST[(size_t)j * NQ + b] - mx);
                     ST[(size_t)j * NQ + b] = e;
                     s += e;
@@ -433,7 +476,7 @@ INLINE void head_fwd(const att_head *h, float *out, int ldo, float *lse, float *
                 m[b] = mx;
             }
             double t3 = h->t_soft ? dt_cpu_prof_now(h->c) : 0;
-            tile_b(OT, alpha, Vs + (size_t)c0 * ldk, ldk, hs, nk, ST, wide ? 8 : 2);
+            tile_b(OT, alpha, Vs + (size_t)c0 * ldk, ldk, hs, nk, ST, wide ? 8 : 2, diag);
             if (h->t_soft)
                 tk += (t2 - t1) + (dt_cpu_prof_now(h->c) - t3);
         }
@@ -531,19 +574,22 @@ INLINE void head_bwd(const att_head *h, float *dq, float *dk, float *dv, int ldg
         for (int c0 = 0; c0 < r1; c0 += BK) {
             const int nk = DT_MIN(BK, r1 - c0);
             vf *P = Ps + (size_t)c0 * NQ, *dP = Ds + (size_t)c0 * NQ;
+            const bool diag = c0 == r0; /* as in head_fwd */
             KERNEL_BEGIN();
-            tile_a(P, Ks + (size_t)c0 * ldk, ldk, hs, nk, QT, wide ? 8 : 2);
-            tile_a(dP, Vs + (size_t)c0 * ldk, ldk, hs, nk, dOT, wide ? 8 : 2);
+            tile_a(P, Ks + (size_t)c0 * ldk, ldk, hs, nk, QT, wide ? 8 : 2, diag);
+            tile_a(dP, Vs + (size_t)c0 * ldk, ldk, hs, nk, dOT, wide ? 8 : 2, diag);
             KERNEL_END();
-            if (c0 + nk - 1 > r0)
+            if (diag)
                 mask_tile(P, c0, nk, r0);
-            for (int j = 0; j < nk; j++)
-                for (int b = 0; b < NQ; b++) {
+            for (int b = 0; b < NQ; b++) {
+                const int kb = diag && b == 0 ? DT_MIN(nk, VL) : nk; /* keys not all masked */
+                for (int j = 0; j < kb; j++) {
                     vf p = vexp2(P[(size_t)j * NQ + b] - L[b]);
                     P[(size_t)j * NQ + b] = p;
                     D[b] += p * dP[(size_t)j * NQ + b];
                     Z[b] += p;
                 }
+            }
         }
         /* The recomputed P sums to 1 only to the rounding of the saved lse (~1e-6); P / Z is
          * normalised to float rounding, which keeps sum_j dS = 0 (the softmax Jacobian's rows)
@@ -560,16 +606,19 @@ INLINE void head_bwd(const att_head *h, float *dq, float *dk, float *dv, int ldg
         for (int c0 = 0; c0 < r1; c0 += BK) {
             const int nk = DT_MIN(BK, r1 - c0);
             vf *P = Ps + (size_t)c0 * NQ, *dS = Ds + (size_t)c0 * NQ;
-            for (int j = 0; j < nk; j++)
-                for (int b = 0; b < NQ; b++) {
+            const bool diag = c0 == r0;
+            for (int b = 0; b < NQ; b++) {
+                const int kb = diag && b == 0 ? DT_MIN(nk, VL) : nk;
+                for (int j = 0; j < kb; j++) {
                     vf p = P[(size_t)j * NQ + b] * iz[b];
                     P[(size_t)j * NQ + b] = p;
                     dS[(size_t)j * NQ + b] = h->scale * p * (dS[(size_t)j * NQ + b] - D[b]);
                 }
+            }
             KERNEL_BEGIN();
-            tile_c(dVp + (size_t)c0 * hsp, (const float *)P, dOr, hsp, nk, nq, wide);
-            tile_c(dKp + (size_t)c0 * hsp, (const float *)dS, Qr, hsp, nk, nq, wide);
-            tile_b(dQT, NULL, Ks + (size_t)c0 * ldk, ldk, hs, nk, dS, wide ? 8 : 2);
+            tile_c(dVp + (size_t)c0 * hsp, (const float *)P, dOr, hsp, nk, nq, wide, diag);
+            tile_c(dKp + (size_t)c0 * hsp, (const float *)dS, Qr, hsp, nk, nq, wide, diag);
+            tile_b(dQT, NULL, Ks + (size_t)c0 * ldk, ldk, hs, nk, dS, wide ? 8 : 2, diag);
             KERNEL_END();
         }
         unpack_t(dq + (size_t)r0 * ldg, ldg, dQT, hs, nq, NULL, wide);

@@ -227,6 +227,11 @@ static int cpu_alloc(dt_backend *be, void **p, size_t bytes, dt_err *err)
 {
     dt_cpu *c = dt_cpu_of(be);
     void *raw = NULL;
+    int rc = dt_mem_admit(&c->mem, c->mem_limit, c->peak_bytes, "cpu", c->mem_cat, bytes, err);
+    if (rc) {
+        *p = NULL;
+        return rc;
+    }
     size_t lead = bytes >= ALLOC_PAGE_FROM ? page_size() : ALLOC_HEADER;
     if (granule_size() > page_size() && bytes >= granule_size())
         lead = granule_size(); /* starts on a granule, as cuda's virtual-memory allocations */
@@ -366,6 +371,9 @@ static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t byte
     for (size_t k = k0, j; next_run(h, k1, true, &k, &j); k = j) {
         char *p = first + k * g;
         size_t n = (j - k) * g;
+        int rc = dt_mem_admit(&c->mem, c->mem_limit, c->peak_bytes, "cpu", h->cat, n, err);
+        if (rc)
+            return rc;
         if (mprotect(p, n, PROT_READ | PROT_WRITE) != 0)
             return dt_err_set(err, -ENOMEM, "cpu backend: cannot commit %zu bytes (%.1f MiB in "
                               "use): %s", n, (double)c->cur_bytes / 1048576.0, strerror(errno));
@@ -459,6 +467,7 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
         return dt_err_set(err, -ENOMEM, "cpu backend: out of memory creating the backend");
     }
     c->threads = opts->threads > 0 ? opts->threads : 1;
+    c->mem_limit = opts->mem_limit;
     openblas_set_num_threads(c->threads);
     if (opts->precision != DT_PREC_FP32)
         DT_INFO("cpu backend: computes in float32 (the %s precision setting applies to cuda)",

@@ -231,6 +231,9 @@ static int arena_alloc(dt_cuda *cu, void **out, size_t bytes, dt_mem_cat cat, dt
     dt_cu_arena *a = cu->arena;
     bool retried = false;
     bytes = round_up(bytes ? bytes : 1, ARENA_ALIGN);
+    int brc = dt_mem_admit(&cu->mem.stats, cu->mem_limit, cu->mem.peak, "cuda", cat, bytes, err);
+    if (brc)
+        return brc;
     void *p = arena_carve(cu, bytes, cat);
     if (!p) {
         size_t chunk = round_up(bytes, ARENA_CHUNK_ROUND);
@@ -725,6 +728,8 @@ DT_CU_EXPORT int dt_cuda_backend_create(dt_backend **out, const dt_backend_opts 
     cu->cc_major = prop.major;
     cu->cc_minor = prop.minor;
     cu->total_mem = prop.totalGlobalMem;
+    cu->mem_limit = opts->mem_limit && opts->mem_limit < cu->total_mem ? opts->mem_limit
+                                                                       : cu->total_mem;
     snprintf(cu->gpu_name, sizeof cu->gpu_name, "%s", prop.name);
     CREATE_CHECK(prop.major >= 8,
                  "CUDA: device %d (%s) has compute capability %d.%d; this build needs 8.0 or "

@@ -157,6 +157,8 @@ typedef struct dt_cuda {
     int cc_major, cc_minor;
     char gpu_name[256];
     size_t total_mem;
+    size_t mem_limit;   // the budget alloc and commit keep to (dt_backend_opts.mem_limit, at most
+                        // total_mem; default total_mem)
     dt_precision precision;
     bool tf32;          // fp32 mode may use TF32 tensor cores (DTRAIN_CUDA_TF32=1)
     bool gemm_convert;  // 16-bit modes: convert operands into scratch (else cuBLAS FAST_16*)

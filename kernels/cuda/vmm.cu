@@ -345,6 +345,10 @@ static int back_range(dt_cuda *cu, dt_cu_vmm_alloc *a, size_t g0, size_t g1, con
             dt_cuda_mem_charge(cu, a->cat, v->gran, true);
             continue;
         }
+        int brc = dt_mem_admit(&cu->mem.stats, cu->mem_limit, cu->mem.peak, "cuda", a->cat,
+                               v->gran, err);
+        if (brc)
+            return brc;
         CUresult r = map_one(v, a, g);
         if (r == CUDA_ERROR_OUT_OF_MEMORY && !retried && !v->pending.empty()) {
             retried = true;

@@ -42,6 +42,7 @@ static const char *const compress_names[] = {"none", "bf16", "fp16", NULL};
 static const char *const resume_names[] = {"auto", "never", "path", NULL};
 static const char *const rdzv_backend_names[] = {"static", "c10d", "etcd", NULL};
 static const char *const pp_schedule_names[] = {"1f1b", "gpipe", NULL};
+static const char *const layout_names[] = {"explicit", "auto", NULL};
 
 static const char *name_of(const char *const *names, int v)
 {
@@ -69,6 +70,7 @@ NAME_FN(dt_compress_name, dt_compress_kind, compress_names)
 NAME_FN(dt_resume_name, dt_resume_kind, resume_names)
 NAME_FN(dt_rdzv_backend_name, dt_rdzv_backend_kind, rdzv_backend_names)
 NAME_FN(dt_pp_schedule_name, dt_pp_schedule_kind, pp_schedule_names)
+NAME_FN(dt_layout_name, dt_layout_kind, layout_names)
 
 /* elastic.nproc_per_node's names, at their dt_nproc_kind; a number (index 0) has none. */
 static const char *const nproc_names[] = {"", "auto", "cpu", "gpu", NULL};
@@ -104,6 +106,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"job", "name", DT_CFG_STR, J(name), "dtrain", 0, 0, NULL, false, "name of the job; names output_dir by default"},
     {"job", "output_dir", DT_CFG_STR, J(output_dir), "", 0, 0, NULL, false, "where metrics.jsonl, checkpoints and logs go (\"\" = runs/<name>)"},
     {"job", "device", DT_CFG_ENUM, J(device), "auto", 0, 0, device_names, false, "compute device: cuda when a GPU and libdtrain_cuda.so are usable (auto), else cpu"},
+    {"job", "device_memory", DT_CFG_BYTES, J(device_memory), "0", 0, 9e18, NULL, false, "memory budget of each worker's device in bytes, suffixes K M G T (1000s) and Ki Mi Gi Ti (1024s): the backend refuses an allocation that would take what it holds (every category) beyond it, and the worker fails with an out-of-memory message (0 = the device's own memory: unlimited on cpu; on cpu a value makes the backend behave as a device of that size)"},
     {"job", "strategy", DT_CFG_ENUM, J(strategy), "ddp", 0, 0, strategy_names, false, "ddp: one process per device, ring all-reduce; dp: one process drives all replicas"},
     {"job", "cpu_bind", DT_CFG_ENUM, J(cpu_bind), "auto", 0, 0, cpu_bind_names, false, "auto: on cpu each of a node's workers (strategy = dp: each replica thread) gets an equal share of the CPUs the launcher may use; on cuda each worker (each replica thread) runs on its share of the CPUs near its GPU (the GPU's NUMA node, from sysfs); none leaves placement to the scheduler"},
     {"job", "dp_replicas", DT_CFG_INT, J(dp_replicas), "2", 1, 1024, NULL, false, "strategy = dp: replicas the one process drives (threads on cpu, one GPU each on cuda); batch_size is per replica"},
@@ -186,12 +189,15 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"parallel", "schedule", DT_CFG_ENUM, J(pp_schedule), "1f1b", 0, 0, pp_schedule_names, false, "pipeline schedule: 1f1b (PipeDream-Flush: after a warm-up each stage alternates one forward and one backward, so at most P micro-batches' activations are kept) or gpipe (all forwards, then all backwards: M micro-batches' activations); the same gradients either way"},
     {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced by cost: the split whose costliest stage is cheapest, gpt's embedding counted on the first stage and ln_f + the head (2*C*V FLOPs a token, a block 24*C^2 + 4*T*C) on the last; earlier stages take one more block on a tie (mlp: layers count alike)"},
     {"parallel", "sequence_parallel", DT_CFG_BOOL, J(sequence_parallel), "false", 0, 0, NULL, false, "Megatron-LM sequence parallelism on top of parallel.tensor = T > 1 (gpt, bert): the residual stream, LayerNorms and residual adds hold 1/T of the tokens on each tensor rank instead of all of them, the all-reduces become reduce-scatters and all-gathers, so those activations take 1/T of the memory (same gradients, to rounding; about 1.25x the tensor group's traffic). Needs data.seq_len (or model.block_size) divisible by T; with parallel.pipeline > 1 the stages pass the 1/T shards"},
+    {"parallel", "layout", DT_CFG_ENUM, J(layout), "explicit", 0, 0, layout_names, false, "explicit: the [parallel] keys and train.batch_size / grad_accum as given; auto: the launcher plans the layout at start (dtrain plan's best for the world: tensor, pipeline, zero, sequence_parallel, micro_batches, schedule, train.recompute, batch_size and grad_accum, keeping the global batch) and logs its choice; needs fixed elastic.nnodes and nproc_per_node numbers"},
     /* [checkpoint] */
     {"checkpoint", "dir", DT_CFG_STR, J(ckpt_dir), "", 0, 0, NULL, false, "checkpoint directory (\"\" = <output_dir>/checkpoints)"},
     {"checkpoint", "every", DT_CFG_INT, J(ckpt_every), "0", 0, 1e9, NULL, false, "steps between checkpoints (0 = only at the end and on preemption)"},
     {"checkpoint", "keep", DT_CFG_INT, J(ckpt_keep), "3", 1, 1e6, NULL, false, "newest checkpoints kept"},
     {"checkpoint", "resume", DT_CFG_RESUME, J(resume), "auto", 0, 0, NULL, false, "auto (newest valid), never, or a checkpoint path"},
     {"checkpoint", "async", DT_CFG_BOOL, J(ckpt_async), "true", 0, 0, NULL, false, "write in the background after copying the buffers"},
+    {"checkpoint", "sharded", DT_CFG_BOOL, J(ckpt_sharded), "false", 0, 0, NULL, false, "every rank writes what it owns (its ZeRO shard, tensor slices, stage) to its own file in parallel, without gathering the model, and rank 0 commits the step once all are durable (format version 2; any layout resumes it); false: rank 0 writes whole tensors (job.strategy = dp always does)"},
+    {"checkpoint", "io_buffer_mb", DT_CFG_INT, J(ckpt_io_buffer_mb), "64", 1, 65536, NULL, false, "MiB of the buffer a sharded checkpoint is read through (each piece streamed, never a whole tensor held)"},
     /* [elastic] */
     {"elastic", "nnodes", DT_CFG_STR, L(nnodes), "1", 0, 0, NULL, false, "nodes: N, or MIN:MAX for an elastic job"},
     {"elastic", "nproc_per_node", DT_CFG_NPROC, L(nproc_per_node), "1", 0, 0, NULL, false, "workers per node: N, auto, cpu or gpu"},
@@ -418,7 +424,8 @@ int dt_cfg_set(dt_job *job, const dt_cfg_field *f, const char *value, char *why,
      * read past; a sign (+2, -1) is accepted. Lists take blanks around their commas. */
     size_t vlen = strlen(value);
     bool numeric = f->type == DT_CFG_INT || f->type == DT_CFG_I64 || f->type == DT_CFG_DOUBLE ||
-                   f->type == DT_CFG_DURATION || f->type == DT_CFG_NPROC;
+                   f->type == DT_CFG_DURATION || f->type == DT_CFG_NPROC ||
+                   f->type == DT_CFG_BYTES;
     if (numeric && vlen && (isspace((unsigned char)value[0]) ||
                             isspace((unsigned char)value[vlen - 1]))) {
         snprintf(why, cap, "%s.%s: \"%s\" has blanks around it: write the value alone (quotes "
@@ -448,6 +455,23 @@ int dt_cfg_set(dt_job *job, const dt_cfg_field *f, const char *value, char *why,
             goto range;
         if (rc) {
             snprintf(why, cap, "%s.%s: \"%s\" is not an integer", f->section, f->key, value);
+            return -EINVAL;
+        }
+        d = (double)v;
+        if (d < f->min || d > f->max)
+            goto range;
+        *(int64_t *)base = v;
+        return 0;
+    }
+    case DT_CFG_BYTES: {
+        int64_t v;
+        rc = dt_parse_bytes(value, &v);
+        if (rc == -ERANGE)
+            goto range;
+        if (rc) {
+            snprintf(why, cap, "%s.%s: \"%s\" is not a size in bytes (examples: 1073741824, "
+                     "1GiB, 512Mi, 2G; suffixes K M G T are 1000s, Ki Mi Gi Ti 1024s)",
+                     f->section, f->key, value);
             return -EINVAL;
         }
         d = (double)v;
@@ -740,6 +764,17 @@ void dt_cfg_format(const dt_job *job, const dt_cfg_field *f, char *buf, size_t c
     case DT_CFG_I64:
         snprintf(buf, cap, "%lld", (long long)*(const int64_t *)base);
         break;
+    case DT_CFG_BYTES: { /* exact: the largest binary suffix that divides it */
+        static const char *const sfx[] = {"", "Ki", "Mi", "Gi", "Ti"};
+        long long v = (long long)*(const int64_t *)base;
+        int k = 0;
+        while (v && k < 4 && v % 1024 == 0) {
+            v /= 1024;
+            k++;
+        }
+        snprintf(buf, cap, "%lld%s", v, sfx[k]);
+        break;
+    }
     case DT_CFG_DOUBLE:
     case DT_CFG_DURATION: {
         /* The shortest form that reads back to the same double. */

@@ -95,6 +95,8 @@ typedef enum dt_compress_kind {
 } dt_compress_kind;
 /* parallel.schedule: the order of a pipeline's micro-batches (1F1B = PipeDream-Flush). */
 typedef enum dt_pp_schedule_kind { DT_PP_1F1B = 0, DT_PP_GPIPE = 1 } dt_pp_schedule_kind;
+/* parallel.layout: the [parallel] keys as given, or the launcher's plan (cmd/plan.h). */
+typedef enum dt_layout_kind { DT_LAYOUT_EXPLICIT = 0, DT_LAYOUT_AUTO = 1 } dt_layout_kind;
 #define DT_MAX_STAGES 64
 #define DT_MAX_HIDDEN 16 /* model.hidden: widths at most */
 /* checkpoint.resume: auto, never, or a path (then in dt_job.resume_path). */
@@ -132,6 +134,7 @@ const char *dt_compress_name(dt_compress_kind v);
 const char *dt_resume_name(dt_resume_kind v);
 const char *dt_rdzv_backend_name(dt_rdzv_backend_kind v);
 const char *dt_pp_schedule_name(dt_pp_schedule_kind v);
+const char *dt_layout_name(dt_layout_kind v);
 /* "auto", "cpu", "gpu"; "" for DT_NPROC_NUMBER (a number has no name) and out of range. */
 const char *dt_nproc_name(dt_nproc_kind v);
 /* The value as a job file writes it ("4", "auto"): into buf (cap bytes), which it returns. */
@@ -235,6 +238,8 @@ typedef struct dt_job {
     double loss_scale;                 /* fp16: initial dynamic loss scale */
     int loss_scale_window;             /* fp16: clean steps before the scale doubles */
     int threads;                       /* BLAS threads per worker */
+    int64_t device_memory;             /* job.device_memory: the device's budget in bytes (0 =
+                                          the device's own: cpu unlimited) */
     dt_recompute_kind recompute;       /* activation recomputation in backward */
     char trace[DT_STR_SMALL];          /* steps traced (runtime/train/obs/trace.h): "off", "on",
                                           "N", "A-B" or "A-"; see dt_job_trace_steps */
@@ -261,6 +266,7 @@ typedef struct dt_job {
     int micro_batches;                 /* pipeline micro-batches M per rank batch (>= 1; not
                                           given: P, resolved at load; 1 in dt_job_defaults) */
     dt_pp_schedule_kind pp_schedule;   /* pipeline schedule */
+    dt_layout_kind layout;             /* auto: the launcher plans the keys above at start */
     int n_stage_blocks;                /* parallel.stages: 0 = balanced, else P entries */
     int stage_blocks[DT_MAX_STAGES];   /* blocks per stage (gpt: transformer blocks) */
 
@@ -271,6 +277,8 @@ typedef struct dt_job {
     dt_resume_kind resume;
     char resume_path[DT_PATH_MAX];     /* resume = DT_RESUME_PATH: the checkpoint, else "" */
     bool ckpt_async;
+    bool ckpt_sharded;                 /* every rank writes its own shard (format version 2) */
+    int ckpt_io_buffer_mb;             /* read and write buffer of sharded checkpoints, MiB */
 
     /* [elastic] and [rendezvous] */
     dt_launch launch;
@@ -403,10 +411,11 @@ int dt_job_trace_steps(const char *spec, int64_t *first, int64_t *last);
  * checkpoint.resume (dt_resume_kind, and the path in resume_path). DT_CFG_SHAPE: int[3]
  * (C, H, W; 0,0,0 written "vector"). DT_CFG_NPROC: a dt_nproc (elastic.nproc_per_node).
  * DT_CFG_STAGES: parallel.stages, the count in n_stage_blocks (the field's offset) and the
- * blocks in stage_blocks (written "4,4,2,2"; "" when the count is 0). */
+ * blocks in stage_blocks (written "4,4,2,2"; "" when the count is 0). DT_CFG_BYTES: an int64_t
+ * of bytes, written with a suffix (dt_parse_bytes: 1GiB, 512M). */
 typedef enum dt_cfg_type { DT_CFG_INT, DT_CFG_I64, DT_CFG_DOUBLE, DT_CFG_BOOL, DT_CFG_STR,
                            DT_CFG_ENUM, DT_CFG_DURATION, DT_CFG_RESUME,
-                           DT_CFG_SHAPE, DT_CFG_NPROC, DT_CFG_STAGES } dt_cfg_type;
+                           DT_CFG_SHAPE, DT_CFG_NPROC, DT_CFG_STAGES, DT_CFG_BYTES } dt_cfg_type;
 
 typedef struct dt_cfg_field {
     const char *section;

@@ -29,6 +29,8 @@
 #define DT_EXIT_OK 0
 #define DT_EXIT_FAILED 1    /* a failure; the agent restarts the job while its budget lasts */
 #define DT_EXIT_CONFIG 2    /* a usage or job-file error: the same command fails the same way */
+#define DT_EXIT_OOM 3       /* out of device memory (job.device_memory or the device's own): the
+                               layout does not fit; the agent does not restart into it */
 #define DT_EXIT_PREEMPTED 75 /* EX_TEMPFAIL: stopped by a signal after saving a checkpoint; run
                                 the same command again to resume */
 

@@ -524,22 +524,23 @@ static int end_aborted(agent *a, const dt_rdzv_status *st)
 }
 
 /* Whether every failed worker is the built-in worker reporting a configuration error (exit 2:
- * a bad job file, checkpoint.resume path or checkpoint directory), which a restart would only
- * repeat. */
+ * a bad job file, checkpoint.resume path or checkpoint directory), or any reports running out
+ * of device memory (exit 3), which a restart would only repeat. */
 static bool config_error(const agent *a)
 {
     int n = 0;
+    bool all = true;
     if (!a->spec->builtin_worker)
         return false;
     for (int i = 0; i < a->nproc; i++) {
         const worker *w = &a->w[i];
-        if (w->state != W_FAILED)
-            continue;
-        if (!WIFEXITED(w->status) || WEXITSTATUS(w->status) != DT_EXIT_CONFIG)
-            return false;
-        n++;
+        int code = w->state == W_FAILED && WIFEXITED(w->status) ? WEXITSTATUS(w->status) : -1;
+        if (code == DT_EXIT_OOM) /* out of device memory: the layout does not fit */
+            return true;
+        n += w->state == W_FAILED;
+        all = all && (w->state != W_FAILED || code == DT_EXIT_CONFIG);
     }
-    return n > 0;
+    return n > 0 && all;
 }
 
 /* The world this round gathered against parallel.tensor x parallel.pipeline (job-file mode):

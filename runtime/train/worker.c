@@ -48,8 +48,22 @@ static int ckpt_open(dt_trainer *t, dt_err *err)
     if (rc)
         return rc;
     dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
-                       .concurrent_copy = j->ckpt_async && t->be->host_memory};
-    return dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
+                       .concurrent_copy = j->ckpt_async && t->be->host_memory,
+                       .io_buffer = (size_t)j->ckpt_io_buffer_mb << 20};
+    dt_ckpt_piece *pieces = NULL;
+    if (j->ckpt_sharded && t->s->ops->pieces) { /* every rank writes what it owns */
+        if ((rc = t->s->ops->pieces(t->s, &pieces, &co.npieces, err)))
+            return rc;
+        co.sharded = true;
+        co.pieces = pieces;
+        co.comm = t->s->comm;
+        co.rank = t->env.rank;
+        co.world = t->env.world_size;
+    }
+    rc = dt_ckpt_open(&t->ckpt, &co, t->be, bufs, n, err);
+    free(pieces);
+    t->ckpt_sharded = co.sharded;
+    return rc;
 }
 
 /* Resumes from checkpoint.resume. A restart (attempt > 0) of a run that began from an explicit
@@ -151,14 +165,25 @@ static int ckpt_save(dt_trainer *t, dt_err *err)
     return rc;
 }
 
-/* Saves the current step (rank 0; tensors are whole and identical on every rank, once the
- * strategy gathered them: every rank comes here at the same steps and takes part). */
+/* Saves the current step: sharded, every rank its own pieces (nothing gathered); else rank 0
+ * (tensors are whole and identical on every rank, once the strategy gathered them: every rank
+ * comes here at the same steps and takes part). */
 static int ckpt_save_now(dt_trainer *t, dt_err *err)
 {
     int rc;
-    if (t->s->ops->gather_state && (rc = t->s->ops->gather_state(t->s, err)))
+    if (!t->ckpt_sharded && t->s->ops->gather_state && (rc = t->s->ops->gather_state(t->s, err)))
         return dt_err_prefix(err, "gathering the checkpoint of step %lld: ", (long long)t->step);
-    if (t->env.rank != 0) {
+    if (t->ckpt_sharded) { /* what this rank owns now (ZeRO-1/2's buckets move after step 1) */
+        dt_ckpt_piece *pieces = NULL;
+        int np = 0;
+        if ((rc = t->s->ops->pieces(t->s, &pieces, &np, err)) ||
+            (rc = dt_ckpt_set_pieces(t->ckpt, pieces, np, err))) {
+            free(pieces);
+            return dt_err_prefix(err, "the checkpoint of step %lld: ", (long long)t->step);
+        }
+        free(pieces);
+    }
+    if (!t->ckpt_sharded && t->env.rank != 0) {
         t->last_saved_step = t->step; /* as rank 0's, so every rank gathers at the same steps */
         return 0;
     }
@@ -344,6 +369,7 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     bo.device_index = env->local_rank;
     bo.threads = j->threads;
     bo.precision = backend_precision(j->precision);
+    bo.mem_limit = (size_t)j->device_memory;
     dt_model_config mc;
     if ((rc = dt_model_config_from_job(&mc, j, shape, err))) {
         t->config_error = rc == -EINVAL;
@@ -871,6 +897,33 @@ static void on_stop_signal(int sig)
     stop_signal = sig;
 }
 
+/* An out-of-device-memory failure (the backend's DT_MEM_OOM_TEXT refusal) gets the layout and
+ * what to change appended to its message; true when err is one. */
+static bool oom_explain(const dt_job *j, int world, dt_err *err)
+{
+    if (err->code != -ENOMEM || !strstr(err->msg, DT_MEM_OOM_TEXT))
+        return false;
+    int T = j->tensor > 0 ? j->tensor : 1, P = j->pipeline > 0 ? j->pipeline : 1;
+    int D = world / (T * P) > 0 ? world / (T * P) : 1;
+    char fix[512];
+    size_t n = 0;
+    fix[0] = '\0';
+#define FIX(...) n += (size_t)snprintf(fix + n, n < sizeof fix ? sizeof fix - n : 0, __VA_ARGS__)
+    if (j->zero < 3 && D > 1)
+        FIX("parallel.zero=3 (shards params, grads, optim over D=%d)", D);
+    if (j->recompute == DT_RECOMP_NONE)
+        FIX("%strain.recompute=block (activations)", n ? "; " : "");
+    FIX("%smore parallel.tensor or parallel.pipeline ranks; a smaller train.batch_size (more "
+        "train.grad_accum); a larger job.device_memory", n ? "; " : "");
+#undef FIX
+    char msg[2 * DT_ERR_MSG_MAX]; /* dt_err_set cuts it to what err holds */
+    snprintf(msg, sizeof msg, "%s. Layout: D=%d T=%d P=%d zero=%d recompute=%s "
+             "micro_batches=%d batch_size=%d. To fit: %s", err->msg, D, T, P, j->zero,
+             dt_recompute_name(j->recompute), j->micro_batches, j->batch_size, fix);
+    dt_err_set(err, -ENOMEM, "%s", msg);
+    return true;
+}
+
 int dt_worker_main(const dt_job *job)
 {
     static dt_trainer t; /* large (the job); one per process */
@@ -917,6 +970,8 @@ int dt_worker_main(const dt_job *job)
 fail:
     if (t.config_error)
         code = DT_EXIT_CONFIG;
+    else if (oom_explain(job, env.world_size, &err))
+        code = DT_EXIT_OOM;
     dt_metrics_finish_line(t.metrics);
     DT_ERROR("%s%s", err.msg, t.config_error ? " (a configuration error: the same command "
                                                 "fails the same way until it is changed)" : "");

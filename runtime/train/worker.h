@@ -107,6 +107,7 @@ typedef struct dt_trainer {
 
     /* ---- checkpoints and stopping ---- */
     dt_ckpt *ckpt;            /* checkpoints, owned; opened by dt_trainer_init */
+    bool ckpt_sharded;        /* every rank saves its own pieces (checkpoint.sharded) */
     int64_t last_saved_step;  /* step of the newest checkpoint this process saved or loaded
                                  (-1 = none) */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop at the next step boundary;

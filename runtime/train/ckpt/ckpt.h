@@ -49,6 +49,22 @@
  * World size. Tensors are whole and the data position is a global sample index, so a checkpoint
  * written by W ranks resumes on any number of ranks at the same step and sample position.
  *
+ * Sharded (format version 2, opts.pieces). Every rank writes the pieces it owns (its ZeRO shard,
+ * its tensor-parallel slices, its stage's tensors: dt_ckpt_piece) to its own
+ * shard-<rank>-of-<world>.safetensors in step_<N>.tmp/, each piece a 1-D tensor, in parallel;
+ * state.json, written last by rank 0, keeps the tensor table of whole tensors and lists every
+ * piece (tensor, file, byte offset, element range of the owner's slice, the slice, XXH64) and
+ * every shard file (size, XXH64). The steps: rank 0 empties and creates step_<N>.tmp (inside
+ * dt_ckpt_save, on the caller's thread; every rank then learns its outcome through opts.comm);
+ * each rank copies its pieces (only its own: staging of its shard, not of the model), writes and
+ * fsyncs its file, then publishes shard-<rank>.json (written, fsynced, renamed: it exists only
+ * complete); rank 0 waits for all of them (a rank that fails leaves shard-<rank>.failed, which
+ * ends the wait with its reason), checks that the pieces tile every tensor, writes state.json,
+ * and commits as above (fsync of the directory, rename, fsync of its parent, retention). A
+ * crash anywhere leaves step_<N>.tmp. Loading reads the pieces through a bounded buffer
+ * (opts.io_buffer) into the registered buffers, after a first pass that checked every file
+ * (size, header, XXH64) and every piece; checkpoints of either version load.
+ *
  * Threads: one dt_ckpt is used by one thread (plus its own writer thread).
  */
 #ifndef DT_CKPT_H
@@ -62,10 +78,13 @@
 #include "common/err.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
+#include "runtime/comm/comm.h"
 #include "runtime/train/models/model.h"
 
 #define DT_CKPT_FORMAT "dtrain-checkpoint"
-#define DT_CKPT_VERSION 1
+#define DT_CKPT_VERSION 1          /* whole tensors, written by one rank */
+#define DT_CKPT_VERSION_SHARDED 2  /* every rank's own shard file, and the pieces in state.json */
+#define DT_CKPT_IO_BUFFER_DEFAULT (64u << 20)
 #define DT_CKPT_NAME_MAX 48    /* RNG and scalar names */
 #define DT_CKPT_MAX_RNG 8
 #define DT_CKPT_MAX_SCALARS 32
@@ -133,6 +152,19 @@ int dt_ckpt_state_set_scalar(dt_ckpt_state *st, const char *name, double value);
 int dt_ckpt_state_get_rng(const dt_ckpt_state *st, const char *name, dt_rng *out);
 int dt_ckpt_state_get_scalar(const dt_ckpt_state *st, const char *name, double *out);
 
+/* A run of a registered tensor that this rank owns and writes itself in a sharded save: elements
+ * [start, start + n) of `local`, the tensor as this rank holds it, at data. local is the whole
+ * tensor (tp_parts 0) or tensor-parallel rank tp_rank's slice of it (model.h's rule: tp_dim,
+ * tp_parts, shape; the whole shape is the registered one). The pieces of all ranks of a sharded
+ * save tile every registered tensor once (padding of a slice aside: written, never read). */
+typedef struct dt_ckpt_piece {
+    char name[160];                /* the registered tensor: prefix + name */
+    const dt_tensor_info *local;   /* borrowed (offset unused), outlives the dt_ckpt */
+    int tp_rank;
+    size_t start, n;               /* elements of local, n > 0 */
+    const float *data;             /* (n) backend memory of be, borrowed, outlives the dt_ckpt */
+} dt_ckpt_piece;
+
 typedef struct dt_ckpt_opts {
     const char *dir;    /* checkpoint directory (created by the first save); copied */
     int keep;           /* newest checkpoints kept (>= 1) */
@@ -141,6 +173,17 @@ typedef struct dt_ckpt_opts {
                            * writer thread copies the buffers not marked copy_at_save while
                            * training goes on; the caller MUST call dt_ckpt_fence before it
                            * changes them (before the next optimiser update) */
+    /* Sharded saves (format version 2, "Sharded" above): every rank calls dt_ckpt_save at the
+     * same steps and writes pieces[0..npieces) (copied; may be empty) to its own file; rank 0
+     * writes state.json last, once every rank's file is durable. false: the whole-tensor
+     * format, rank 0 alone (the fields below but io_buffer unused). */
+    bool sharded;
+    const dt_ckpt_piece *pieces;
+    int npieces;
+    dt_comm *comm;      /* borrowed: the world, for the start of every save (NULL: one rank) */
+    int rank, world;
+    size_t io_buffer;   /* bytes of the read and write buffers (0: DT_CKPT_IO_BUFFER_DEFAULT) */
+    double timeout_s;   /* rank 0 waits at most this long for the other ranks' files (0: 600) */
 } dt_ckpt_opts;
 
 typedef struct dt_ckpt dt_ckpt;
@@ -153,6 +196,13 @@ typedef struct dt_ckpt dt_ckpt;
  * its path) is a file, or it holds a step_<N> that is not a directory (the message names it). */
 int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const dt_ckpt_buf *bufs,
                  int nbufs, dt_err *err);
+
+/* Sharded: replaces the pieces this rank writes from the next save on (copied, as opts.pieces),
+ * after waiting for a save in flight (its time counts as the next save's hold). What a rank
+ * owns may move between saves (ZeRO-1/2's buckets are laid out anew after the first step), so
+ * the caller gives them before every save. -EINVAL for a piece that is not registered or does
+ * not fit its tensor (the pieces are then none until the next call). */
+int dt_ckpt_set_pieces(dt_ckpt *c, const dt_ckpt_piece *pieces, int npieces, dt_err *err);
 
 /* Waits for a background write, reporting its failure in the log, and frees everything.
  * Accepts NULL. */
@@ -187,6 +237,8 @@ typedef struct dt_ckpt_stats {
                              * while training went on) */
     double write_s;         /* time the write took (serialise, hash, write, fsync, rename) */
     double fsync_s;         /* of which: fsyncs */
+    uint64_t own_bytes;     /* bytes this rank wrote (sharded: its shard file; else = bytes) */
+    double commit_wait_s;   /* sharded, rank 0: waiting for the other ranks' files */
 } dt_ckpt_stats;
 
 void dt_ckpt_get_stats(dt_ckpt *c, dt_ckpt_stats *out);
@@ -245,7 +297,7 @@ typedef struct dt_ckpt_tensor_desc {
 } dt_ckpt_tensor_desc;
 
 typedef struct dt_ckpt_file_desc {
-    char name[64];          /* "model.safetensors" */
+    char name[64];          /* "model.safetensors", "shard-00001-of-00004.safetensors" */
     uint64_t bytes;
     uint64_t xxh64;
 } dt_ckpt_file_desc;
@@ -256,7 +308,9 @@ typedef struct dt_ckpt_info {
     int num_tensors;
     dt_ckpt_tensor_desc *tensors;   /* (num_tensors) owned */
     int num_files;
-    dt_ckpt_file_desc files[8];
+    dt_ckpt_file_desc *files;       /* (num_files) owned */
+    int version;                    /* DT_CKPT_VERSION or DT_CKPT_VERSION_SHARDED */
+    int num_pieces;                 /* sharded: the pieces state.json lists */
 } dt_ckpt_info;
 
 /* Reads state.json of checkpoint `path` (checking its own checksum) and checks that every file
@@ -266,6 +320,14 @@ typedef struct dt_ckpt_info {
  * as far as state.json allowed; free it with dt_ckpt_info_free in every case. */
 int dt_ckpt_inspect(const char *path, bool verify, dt_ckpt_info *info, dt_err *err);
 void dt_ckpt_info_free(dt_ckpt_info *info);
+
+/* Writes the model's own tensors (those of the "model" files: parameters and buffers, no
+ * optimiser state) of checkpoint `path`, either version, verified first, as one whole-tensor
+ * safetensors file `out` (the usual names, "format": "pt"), tensor by tensor: at most one
+ * tensor and a read buffer of io bytes (0: the default) in memory. out is written as out.tmp,
+ * fsynced and renamed. *bytes (may be NULL) gets its size. Errors as dt_ckpt_inspect's, or the
+ * write's naming out. */
+int dt_ckpt_export(const char *path, const char *out, size_t io, uint64_t *bytes, dt_err *err);
 
 /* The step_<N> directories under dir, newest first: *steps (malloc'd, caller frees) and *count.
  * A missing dir is an empty list. Directories not named step_<digits> are ignored. */

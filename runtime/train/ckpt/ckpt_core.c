@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "runtime/comm/comm.h"
 
 /* ==================================================================== system call table === */
 
@@ -37,6 +38,22 @@ const dt_ckpt_io *dt_ckpt__io = &dt_ckpt_io_posix;
 void dt_ckpt_set_io(const dt_ckpt_io *table)
 {
     dt_ckpt__io = table ? table : &dt_ckpt_io_posix;
+}
+
+int dt_ckpt__parse_hex64(const char *s, uint64_t *out)
+{
+    if (!s || strlen(s) != 16)
+        return -EINVAL;
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        char ch = s[i];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+        if (d < 0)
+            return -EINVAL;
+        v = v * 16 + (uint64_t)d;
+    }
+    *out = v;
+    return 0;
 }
 
 int dt_ckpt__write_all(int fd, const void *buf, size_t n)
@@ -102,6 +119,115 @@ static int file_index(dt_ckpt *c, const char *file, dt_err *err)
         return dt_err_set(err, -EINVAL, "checkpoint: more than %d files", DT_CKPT_MAX_FILES);
     dt_strlcpy(c->files[c->nfiles], file, sizeof c->files[0]);
     return c->nfiles++;
+}
+
+/* Whether the slice is consistent (ckpt_core.h). */
+bool dt_ckpt__slice_valid(const dt_ckpt_slice *s, size_t start, size_t n)
+{
+    if (s->ndim < 0 || s->ndim > DT_TENSOR_MAX_DIMS)
+        return false;
+    size_t numel = 1;
+    if (s->tp_parts <= 0) {
+        for (int d = 0; d < s->ndim; d++)
+            numel *= (size_t)s->whole[d];
+        return start <= numel && n <= numel - start;
+    }
+    if (s->tp_dim < 0 || s->tp_dim >= s->ndim || s->tp_rank < 0 || !s->local)
+        return false;
+    for (int d = 0; d < s->ndim; d++) {
+        if (s->local[d] < 0 || (d != s->tp_dim && s->local[d] != s->whole[d]))
+            return false;
+        numel *= (size_t)s->local[d];
+    }
+    int64_t parts = s->tp_parts;
+    if (s->local[s->tp_dim] % parts || s->whole[s->tp_dim] % parts)
+        return false;
+    int64_t chunk = s->local[s->tp_dim] / parts;
+    if ((int64_t)s->tp_rank * chunk > s->whole[s->tp_dim] / parts + chunk)
+        return false;
+    return start <= numel && n <= numel - start;
+}
+
+/* The sharded mode of opts, then its pieces (dt_ckpt_set_pieces). */
+static int open_pieces(dt_ckpt *c, const dt_ckpt_opts *o, dt_err *err)
+{
+    c->npc = 0;
+    c->sharded = o->sharded;
+    c->io_buffer = o->io_buffer ? o->io_buffer : DT_CKPT_IO_BUFFER_DEFAULT;
+    if (!c->sharded)
+        return 0;
+    c->rank = o->rank;
+    c->world = o->world < 1 ? 1 : o->world;
+    c->comm = o->comm;
+    c->timeout_s = o->timeout_s > 0 ? o->timeout_s : 600;
+    if (c->rank < 0 || c->rank >= c->world)
+        return dt_err_set(err, -EINVAL, "checkpoint: rank %d of %d", c->rank, c->world);
+    return dt_ckpt_set_pieces(c, o->pieces, o->npieces, err);
+}
+
+static void free_pieces(dt_ckpt *c)
+{
+    for (int i = 0; i < c->npc; i++)
+        free(c->pcs[i].key);
+    free(c->pcs);
+    c->pcs = NULL;
+    c->npc = 0;
+}
+
+int dt_ckpt_set_pieces(dt_ckpt *c, const dt_ckpt_piece *pieces, int npieces, dt_err *err)
+{
+    if (!c->sharded)
+        return dt_err_set(err, -EINVAL, "checkpoint: pieces for a checkpoint that is not sharded");
+    double t0 = dt_now_s();
+    dt_ckpt__wait_idle(c); /* the writer reads the pieces */
+    c->pre_wait_s = dt_now_s() - t0;
+    free_pieces(c);
+    size_t numel = 0;
+    c->pcs = calloc((size_t)(npieces > 0 ? npieces : 1), sizeof *c->pcs);
+    if (!c->pcs)
+        return dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
+    for (int i = 0; i < npieces; i++) {
+        const dt_ckpt_piece *p = &pieces[i];
+        dt_ckpt_pc *pc = &c->pcs[c->npc];
+        int e = -1, dup = 0;
+        for (int k = 0; k < c->nentries && e < 0; k++)
+            if (!strcmp(c->entries[k].name, p->name))
+                e = k;
+        if (e < 0)
+            return dt_err_set(err, -EINVAL, "checkpoint: piece %d is of tensor %s, which is not "
+                              "registered", i, p->name);
+        const dt_ckpt_entry *en = &c->entries[e];
+        const dt_tensor_info *l = p->local;
+        dt_ckpt_slice sl = {en->ndim, en->shape, l ? l->tp_dim : 0, l ? l->tp_parts : 0,
+                            p->tp_rank, l ? l->shape : NULL};
+        if (!l || l->ndim != en->ndim || p->n == 0 || !p->data ||
+            !dt_ckpt__slice_valid(&sl, p->start, p->n) ||
+            (l->tp_parts <= 0 && p->start + p->n > en->numel))
+            return dt_err_set(err, -EINVAL, "checkpoint: piece %d of tensor %s (elements %zu.."
+                              "%zu) does not fit it", i, p->name, p->start, p->start + p->n);
+        for (int k = 0; k < c->npc; k++)
+            dup += c->pcs[k].entry == e;
+        pc->p = *p;
+        pc->entry = e;
+        pc->early = c->bufs[en->buf].copy_at_save;
+        pc->stage_off = numel;
+        size_t len = strlen(en->name) + 16;
+        if (!(pc->key = malloc(len)))
+            return dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
+        if (dup)
+            snprintf(pc->key, len, "%s#%d", en->name, dup + 1);
+        else
+            snprintf(pc->key, len, "%s", en->name);
+        numel += p->n;
+        c->npc++;
+    }
+    if (numel > c->pstage_cap) { /* the staging grows to the largest shard, allocated on use */
+        free(c->pstage);
+        c->pstage = NULL;
+        c->pstage_cap = numel;
+    }
+    c->pstage_numel = numel;
+    return 0;
 }
 
 static int cmp_entry_name(const void *a, const void *b)
@@ -172,6 +298,7 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
             c->nentries++;
             snprintf(e->name, len, "%s%s", B->prefix ? B->prefix : "", ti->name);
             e->file = fi;
+            e->buf = b;
             e->ndim = ti->ndim;
             size_t numel = 1;
             if (ti->ndim < 0 || ti->ndim > DT_TENSOR_MAX_DIMS) {
@@ -213,6 +340,8 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
             goto fail;
         }
     free(sorted);
+    if ((rc = open_pieces(c, opts, err)))
+        goto fail;
     dt_ckpt_state_init(&c->wstate);
     *out = c;
     return 0;
@@ -243,6 +372,8 @@ void dt_ckpt_close(dt_ckpt *c)
     free(c->bufs);
     free(c->buf_stage_off);
     free(c->staging);
+    free_pieces(c);
+    free(c->pstage);
     free(c->wstate.job);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
@@ -258,6 +389,27 @@ int dt_ckpt__ensure_staging(dt_ckpt *c, dt_err *err)
         return dt_err_set(err, -ENOMEM, "checkpoint: cannot allocate %.1f MB of host memory for "
                           "the staging copy", c->staging_numel * 4.0 / 1e6);
     return 0;
+}
+
+int dt_ckpt__host_collective(dt_ckpt *c, dt_comm *comm, void *host, size_t count, dt_dtype t,
+                             int root, void *recv, dt_err *err)
+{
+    size_t bytes = count * dt_dtype_size(t);
+    size_t total = recv ? bytes * (size_t)dt_comm_world_size(comm) : 0;
+    if (!c->be)
+        return recv ? dt_comm_allgather(comm, host, recv, count, t, NULL, err)
+                    : dt_comm_broadcast(comm, host, count, t, root, NULL, err);
+    char *dev = NULL;
+    int rc = c->be->alloc(c->be, (void **)&dev, bytes + total, err);
+    if (rc)
+        return rc;
+    c->be->memcpy_h2d(c->be, dev, host, bytes);
+    rc = recv ? dt_comm_allgather(comm, dev, dev + bytes, count, t, NULL, err)
+              : dt_comm_broadcast(comm, dev, count, t, root, NULL, err);
+    if (!rc)
+        c->be->memcpy_d2h(c->be, recv ? recv : host, recv ? dev + bytes : dev, recv ? total : bytes);
+    c->be->free(c->be, dev);
+    return rc;
 }
 
 void dt_ckpt__wait_idle(dt_ckpt *c)

@@ -246,25 +246,10 @@ static int get_i64(const cJSON *root, const char *key, bool required, int64_t *o
     return 0;
 }
 
-static int parse_hex64(const char *s, uint64_t *out)
-{
-    if (!s || strlen(s) != 16)
-        return -EINVAL;
-    uint64_t v = 0;
-    for (int i = 0; i < 16; i++) {
-        char ch = s[i];
-        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-        if (d < 0)
-            return -EINVAL;
-        v = v * 16 + (uint64_t)d;
-    }
-    *out = v;
-    return 0;
-}
-
 /* Reads and checks <path>/state.json: its self-checksum, format and version; fills st (job
  * owned) and returns the parsed tree in *root (caller deletes). */
-static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, dt_err *err)
+static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, int *version,
+                      dt_err *err)
 {
     char p[PATH_MAX];
     char *text = NULL;
@@ -301,7 +286,7 @@ static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, dt_
     memcpy(val + 1, DT_CKPT_ZERO16, 16);
     got_h = dt_xxh64(text, len, 0);
     memcpy(val + 1, rec, 16);
-    if (parse_hex64(rec, &want_h) || got_h != want_h) {
+    if (dt_ckpt__parse_hex64(rec, &want_h) || got_h != want_h) {
         rc = dt_err_set(err, -EBADMSG, "state.json: checksum mismatch (corrupted)");
         goto out;
     }
@@ -318,11 +303,13 @@ static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, dt_
     int64_t ver = 0, ws = 0;
     if ((rc = get_i64(root, "version", true, &ver, err)))
         goto out;
-    if (ver != DT_CKPT_VERSION) {
+    if (ver != DT_CKPT_VERSION && ver != DT_CKPT_VERSION_SHARDED) {
         rc = dt_err_set(err, -EBADMSG, "checkpoint format version %" PRId64 " (this dtrain reads "
-                        "version %d)", ver, DT_CKPT_VERSION);
+                        "versions %d and %d)", ver, DT_CKPT_VERSION, DT_CKPT_VERSION_SHARDED);
         goto out;
     }
+    if (version)
+        *version = (int)ver;
     dt_ckpt_state_init(st);
     if ((rc = get_i64(root, "step", true, &st->step, err)) ||
         (rc = get_i64(root, "epoch", true, &st->epoch, err)) ||
@@ -361,7 +348,7 @@ static int read_state(const char *path, dt_ckpt_state *st, cJSON **root_out, dt_
         bool ok = cJSON_IsArray(it) && cJSON_GetArraySize(it) == 4;
         for (int k = 0; ok && k < 4; k++) {
             const cJSON *x = cJSON_GetArrayItem(it, k);
-            ok = cJSON_IsString(x) && parse_hex64(x->valuestring, &r.s[k]) == 0;
+            ok = cJSON_IsString(x) && dt_ckpt__parse_hex64(x->valuestring, &r.s[k]) == 0;
         }
         if (!ok || dt_ckpt_state_set_rng(st, it->string, &r)) {
             rc = dt_err_set(err, -EBADMSG, "state.json: bad rng entry \"%s\"", it->string);
@@ -439,19 +426,26 @@ static int read_table(const cJSON *root, dt_ckpt_tensor_desc **descs, int *n, dt
     return 0;
 }
 
-static int read_files(const cJSON *root, dt_ckpt_file_desc *files, int *n, dt_err *err)
+/* The file list of state.json: *files (malloc'd, caller frees, also on failure) and *n. */
+static int read_files(const cJSON *root, dt_ckpt_file_desc **files_out, int *n, dt_err *err)
 {
     const cJSON *fo = cJSON_GetObjectItemCaseSensitive(root, "files"), *it;
     *n = 0;
+    *files_out = NULL;
     if (!cJSON_IsObject(fo))
         return dt_err_set(err, -EBADMSG, "state.json lacks the file list");
+    int cnt = cJSON_GetArraySize(fo);
+    dt_ckpt_file_desc *files = calloc((size_t)(cnt ? cnt : 1), sizeof *files);
+    if (!files)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    *files_out = files;
     cJSON_ArrayForEach(it, fo)
     {
         const cJSON *b = cJSON_GetObjectItemCaseSensitive(it, "bytes");
         const cJSON *h = cJSON_GetObjectItemCaseSensitive(it, "xxh64");
         dt_ckpt_file_desc *f = &files[*n];
-        if (*n == DT_CKPT_MAX_FILES || !cJSON_IsNumber(b) || b->valuedouble < 0 || !cJSON_IsString(h) ||
-            parse_hex64(h->valuestring, &f->xxh64) || strchr(it->string, '/') ||
+        if (*n == cnt || !cJSON_IsNumber(b) || b->valuedouble < 0 || !cJSON_IsString(h) ||
+            dt_ckpt__parse_hex64(h->valuestring, &f->xxh64) || strchr(it->string, '/') ||
             !dt_strlcpy(f->name, it->string, sizeof f->name))
             return dt_err_set(err, -EBADMSG, "state.json: bad file entry \"%s\"", it->string);
         f->bytes = (uint64_t)b->valuedouble;
@@ -592,7 +586,7 @@ bool dt_ckpt__is_foreign(dt_ckpt *c, const char *path, char *why, size_t size)
     int nd = 0;
     dt_err e = {0};
     dt_ckpt_state_init(&st);
-    bool foreign = read_state(path, &st, &root, NULL) == 0 &&
+    bool foreign = read_state(path, &st, &root, NULL, NULL) == 0 &&
                    read_table(root, &descs, &nd, NULL) == 0 &&
                    check_foreign(c, descs, nd, &e) == -EXDEV;
     if (foreign)
@@ -603,20 +597,108 @@ bool dt_ckpt__is_foreign(dt_ckpt *c, const char *path, char *why, size_t size)
     return foreign;
 }
 
+/* Sharded: every shard file state.json lists read whole and checked (size, XXH64, a header
+ * that lists exactly its pieces, 1-D F32 of their lengths); then every piece's own checksum
+ * (stream_pieces). w: scratch of np entries. */
+static int verify_shards(const char *path, const dt_ckpt_file_desc *files, int nf,
+                         const dt_ckpt_pdesc *p, int np, want *w, dt_err *err)
+{
+    for (int fi = 0; fi < nf; fi++) {
+        int nw = 0;
+        for (int i = 0; i < np; i++) {
+            if (p[i].file != fi)
+                continue;
+            w[nw] = (want){.name = p[i].key, .ndim = 1, .shape = {(int64_t)p[i].n}};
+            nw++;
+        }
+        if (nw > 1)
+            qsort(w, (size_t)nw, sizeof *w, cmp_want);
+        int rc = read_st_file(path, files[fi].name, files[fi].bytes, files[fi].xxh64, w, nw, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Where a sharded load puts tensor t of the checkpoint's table: the registered buffer. */
+typedef struct load_dst {
+    dt_ckpt *c;
+    const int *entry; /* (table) the registered entry of each tensor */
+} load_dst;
+
+static float *load_dst_of(void *ctx, int t)
+{
+    load_dst *d = ctx;
+    const dt_ckpt_entry *e = &d->c->entries[d->entry[t]];
+    return d->c->bufs[e->buf].data + e->src_off;
+}
+
+/* A sharded checkpoint (state.json read: root, its table descs[0..nd), files[0..nf)) into the
+ * registered buffers: everything checked first, then the pieces streamed through the read
+ * buffer straight to where their tensors live (no copy of the model in between). */
+static int load_sharded(dt_ckpt *c, const char *path, const cJSON *root,
+                        const dt_ckpt_tensor_desc *descs, int nd, const dt_ckpt_file_desc *files,
+                        int nf, dt_err *err)
+{
+    dt_ckpt_pdesc *p = NULL;
+    int np = 0, rc;
+    want *w = NULL;
+    int *entry = calloc((size_t)(nd ? nd : 1), sizeof *entry);
+    if (!entry)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    if ((rc = dt_ckpt__read_pieces(root, descs, nd, files, nf, &p, &np, err)) ||
+        (rc = dt_ckpt__check_cover(descs, nd, p, np, err)))
+        goto out;
+    if (!(w = calloc((size_t)(np ? np : 1), sizeof *w))) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int t = 0; t < nd; t++) { /* check_foreign: the same tensors, registered */
+        entry[t] = -1;
+        for (int i = 0; i < c->nentries && entry[t] < 0; i++)
+            if (!strcmp(c->entries[i].name, descs[t].name))
+                entry[t] = i;
+        if (entry[t] < 0) {
+            rc = dt_err_set(err, -EXDEV, "written for another model: it has tensor %s",
+                            descs[t].name);
+            goto out;
+        }
+    }
+    size_t io = c->io_buffer ? c->io_buffer : DT_CKPT_IO_BUFFER_DEFAULT;
+    if ((rc = verify_shards(path, files, nf, p, np, w, err)) ||
+        (rc = dt_ckpt__stream_pieces(path, descs, files, p, np, io, NULL, NULL, NULL, err)))
+        goto out;
+    /* Everything checked: now the model changes. */
+    load_dst d = {c, entry};
+    rc = dt_ckpt__stream_pieces(path, descs, files, p, np, io, c->be, load_dst_of, &d, err);
+out:
+    free(entry);
+    free(p);
+    free(w);
+    return rc;
+}
+
 int dt_ckpt_load(dt_ckpt *c, const char *path, dt_ckpt_state *st, dt_err *err)
 {
     dt_ckpt_state tmp;
     cJSON *root = NULL;
     dt_ckpt_tensor_desc *descs = NULL;
-    dt_ckpt_file_desc files[DT_CKPT_MAX_FILES];
+    dt_ckpt_file_desc *files = NULL;
     want *w = NULL;
-    int nd = 0, nf = 0, rc;
+    int nd = 0, nf = 0, version = 0, rc;
     dt_ckpt_state_init(&tmp);
     dt_ckpt__wait_idle(c);
-    if ((rc = read_state(path, &tmp, &root, err)))
+    if ((rc = read_state(path, &tmp, &root, &version, err)))
         goto out;
-    if ((rc = read_table(root, &descs, &nd, err)) || (rc = read_files(root, files, &nf, err)) ||
-        (rc = check_foreign(c, descs, nd, err)) || (rc = dt_ckpt__ensure_staging(c, err)))
+    if ((rc = read_table(root, &descs, &nd, err)) || (rc = read_files(root, &files, &nf, err)) ||
+        (rc = check_foreign(c, descs, nd, err)))
+        goto out;
+    if (version == DT_CKPT_VERSION_SHARDED) {
+        if ((rc = load_sharded(c, path, root, descs, nd, files, nf, err)))
+            goto out;
+        goto loaded;
+    }
+    if ((rc = dt_ckpt__ensure_staging(c, err)))
         goto out;
     w = calloc((size_t)(c->nentries ? c->nentries : 1), sizeof *w);
     if (!w) {
@@ -664,6 +746,7 @@ int dt_ckpt_load(dt_ckpt *c, const char *path, dt_ckpt_state *st, dt_err *err)
         else
             memcpy(c->bufs[b].data, src, bytes);
     }
+loaded:
     dt_ckpt_state_clear(st);
     *st = tmp;
     tmp.job = NULL;
@@ -673,6 +756,7 @@ out:
     dt_ckpt_state_clear(&tmp);
     cJSON_Delete(root);
     free(descs);
+    free(files);
     free(w);
     return rc;
 }
@@ -829,6 +913,7 @@ void dt_ckpt_info_free(dt_ckpt_info *info)
         return;
     dt_ckpt_state_clear(&info->state);
     free(info->tensors);
+    free(info->files);
     memset(info, 0, sizeof *info);
     dt_ckpt_state_init(&info->state);
 }
@@ -838,16 +923,24 @@ int dt_ckpt_inspect(const char *path, bool verify, dt_ckpt_info *info, dt_err *e
     dt_ckpt_info local;
     cJSON *root = NULL;
     want *w = NULL;
-    int rc;
+    dt_ckpt_pdesc *pieces = NULL;
+    int rc, np = 0;
     if (!info)
         info = &local;
     memset(info, 0, sizeof *info);
     dt_ckpt_state_init(&info->state);
-    if ((rc = read_state(path, &info->state, &root, err)))
+    if ((rc = read_state(path, &info->state, &root, &info->version, err)))
         goto out;
     if ((rc = read_table(root, &info->tensors, &info->num_tensors, err)) ||
-        (rc = read_files(root, info->files, &info->num_files, err)))
+        (rc = read_files(root, &info->files, &info->num_files, err)))
         goto out;
+    if (info->version == DT_CKPT_VERSION_SHARDED) {
+        if ((rc = dt_ckpt__read_pieces(root, info->tensors, info->num_tensors, info->files,
+                                       info->num_files, &pieces, &np, err)) ||
+            (rc = dt_ckpt__check_cover(info->tensors, info->num_tensors, pieces, np, err)))
+            goto out;
+        info->num_pieces = np;
+    }
     if (!verify) {
         /* The cheap part: every file there with its recorded size. */
         for (int fi = 0; fi < info->num_files; fi++) {
@@ -868,9 +961,15 @@ int dt_ckpt_inspect(const char *path, bool verify, dt_ckpt_info *info, dt_err *e
         }
         goto out;
     }
-    w = calloc((size_t)(info->num_tensors ? info->num_tensors : 1), sizeof *w);
+    w = calloc((size_t)(DT_MAX(info->num_tensors, np) + 1), sizeof *w);
     if (!w) {
         rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if (info->version == DT_CKPT_VERSION_SHARDED) { /* every file, then every piece */
+        if (!(rc = verify_shards(path, info->files, info->num_files, pieces, np, w, err)))
+            rc = dt_ckpt__stream_pieces(path, info->tensors, info->files, pieces, np,
+                                        DT_CKPT_IO_BUFFER_DEFAULT, NULL, NULL, NULL, err);
         goto out;
     }
     for (int fi = 0; fi < info->num_files; fi++) {
@@ -912,7 +1011,165 @@ int dt_ckpt_inspect(const char *path, bool verify, dt_ckpt_info *info, dt_err *e
 out:
     cJSON_Delete(root);
     free(w);
+    free(pieces);
     if (info == &local)
         dt_ckpt_info_free(&local);
+    return rc;
+}
+
+/* ================================================================================ export === */
+
+/* The export's destination: one tensor's buffer, for the tensor being written. */
+typedef struct export_dst {
+    int tensor;
+    float *buf;
+} export_dst;
+
+static float *export_dst_of(void *ctx, int t)
+{
+    export_dst *d = ctx;
+    return t == d->tensor ? d->buf : NULL;
+}
+
+/* The pieces of checkpoint path: a sharded one's list, or for version 1 every tensor whole at
+ * its place in its file (from the headers). */
+static int export_pieces(const char *path, const cJSON *root, const dt_ckpt_info *in,
+                         dt_ckpt_pdesc **out, int *np, dt_err *err)
+{
+    if (in->version == DT_CKPT_VERSION_SHARDED)
+        return dt_ckpt__read_pieces(root, in->tensors, in->num_tensors, in->files,
+                                    in->num_files, out, np, err);
+    dt_ckpt_pdesc *p = calloc((size_t)(in->num_tensors ? in->num_tensors : 1), sizeof *p);
+    if (!p)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    int rc = 0;
+    for (int fi = 0; fi < in->num_files && !rc; fi++) {
+        char fp[PATH_MAX + 128];
+        dt_st_file *f = NULL;
+        snprintf(fp, sizeof fp, "%s/%s", path, in->files[fi].name);
+        if ((rc = dt_st_open(fp, false, &f, err)))
+            break;
+        for (int t = 0; t < in->num_tensors; t++) {
+            const dt_st_tensor *st = dt_st_find(f, in->tensors[t].name);
+            size_t l = strlen(in->tensors[t].file);
+            if (!st || strncmp(in->files[fi].name, in->tensors[t].file, l) ||
+                strcmp(in->files[fi].name + l, ".safetensors"))
+                continue;
+            p[t] = (dt_ckpt_pdesc){.tensor = t, .file = fi, .offset = f->data_offset + st->begin,
+                                   .start = 0, .n = (size_t)((st->end - st->begin) / 4),
+                                   .ndim = in->tensors[t].ndim, .unhashed = true};
+            dt_strlcpy(p[t].key, in->tensors[t].name, sizeof p[t].key);
+        }
+        dt_st_free(f);
+    }
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    *out = p;
+    *np = in->num_tensors;
+    return 0;
+}
+
+int dt_ckpt_export(const char *path, const char *out, size_t io, uint64_t *bytes, dt_err *err)
+{
+    dt_ckpt_info in;
+    cJSON *root = NULL;
+    dt_ckpt_pdesc *p = NULL;
+    dt_st_tensor *ts = NULL;
+    int *of = NULL;
+    char *header = NULL, tmp[PATH_MAX + 8] = "";
+    float *buf = NULL;
+    size_t hl = 0;
+    uint64_t dl = 0;
+    int np = 0, nt = 0, fd = -1, rc;
+    dt_ckpt_state st;
+    if (!io)
+        io = DT_CKPT_IO_BUFFER_DEFAULT;
+    /* everything verified first: files, headers, every piece */
+    if ((rc = dt_ckpt_inspect(path, true, &in, err)))
+        goto out;
+    if ((rc = read_state(path, &st, &root, NULL, err)))
+        goto out;
+    dt_ckpt_state_clear(&st);
+    if ((rc = export_pieces(path, root, &in, &p, &np, err)))
+        goto out;
+    ts = calloc((size_t)(in.num_tensors ? in.num_tensors : 1), sizeof *ts);
+    of = calloc((size_t)(in.num_tensors ? in.num_tensors : 1), sizeof *of);
+    if (!ts || !of) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    size_t most = 1;
+    for (int t = 0; t < in.num_tensors; t++) {
+        const dt_ckpt_tensor_desc *d = &in.tensors[t];
+        if (strcmp(d->file, "model"))
+            continue; /* optimiser state: not the model's */
+        dt_st_tensor *x = &ts[nt];
+        x->name = d->name;
+        x->dtype = DT_ST_F32;
+        x->ndim = d->ndim;
+        memcpy(x->shape, d->shape, sizeof(int64_t) * (size_t)d->ndim);
+        x->data = (const void *)(intptr_t)(t + 1); /* which tensor, through the sort */
+        most = DT_MAX(most, (size_t)dt_st_numel(x));
+        nt++;
+    }
+    char step[32];
+    snprintf(step, sizeof step, "%" PRId64, in.state.step);
+    dt_st_kv meta[] = {{"format", "pt"}, {"producer", "dtrain " DT_VERSION}, {"step", step}};
+    if ((rc = dt_st_layout(ts, nt, meta, (int)DT_ARRAY_LEN(meta), &header, &hl, &dl, err)))
+        goto out;
+    if (!(buf = malloc(most * sizeof(float)))) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory for a tensor of %zu elements", most);
+        goto out;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = dt_err_errno(err, errno, "cannot create %s", tmp);
+        goto out;
+    }
+    if ((rc = dt_ckpt__write_all(fd, header, hl))) {
+        rc = dt_err_errno(err, -rc, "writing %s", tmp);
+        goto out;
+    }
+    for (int i = 0; i < nt && !rc; i++) { /* in file order: one tensor in memory at a time */
+        int t = (int)(intptr_t)ts[i].data - 1;
+        size_t n = (size_t)dt_st_numel(&ts[i]);
+        export_dst d = {t, buf};
+        int k = 0;
+        for (int j = 0; j < np; j++) /* its pieces, to the front */
+            if (p[j].tensor == t) {
+                dt_ckpt_pdesc x = p[k];
+                p[k++] = p[j];
+                p[j] = x;
+            }
+        if ((rc = dt_ckpt__stream_pieces(path, in.tensors, in.files, p, k, io, NULL,
+                                         export_dst_of, &d, err)))
+            break;
+        if ((rc = dt_ckpt__write_all(fd, buf, n * sizeof(float))))
+            rc = dt_err_errno(err, -rc, "writing %s", tmp);
+    }
+    if (!rc && fsync(fd) != 0)
+        rc = dt_err_errno(err, errno, "fsync of %s failed", tmp);
+    if (close(fd) != 0 && !rc)
+        rc = dt_err_errno(err, errno, "closing %s failed", tmp);
+    fd = -1;
+    if (!rc && rename(tmp, out) != 0)
+        rc = dt_err_errno(err, errno, "cannot rename %s to %s", tmp, out);
+    if (!rc && bytes)
+        *bytes = hl + dl;
+out:
+    if (fd >= 0)
+        close(fd);
+    if (rc && tmp[0])
+        unlink(tmp);
+    dt_ckpt_info_free(&in);
+    cJSON_Delete(root);
+    free(p);
+    free(ts);
+    free(of);
+    free(header);
+    free(buf);
     return rc;
 }

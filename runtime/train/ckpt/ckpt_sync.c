@@ -12,30 +12,6 @@
 
 #include "runtime/comm/comm.h"
 
-/* A broadcast from root of count elements of type t at host (recv NULL), or an all-gather of
- * them into recv (count * world elements); through backend memory when the checkpoint has a
- * backend (NCCL moves device memory only). */
-static int host_collective(dt_ckpt *c, dt_comm *comm, void *host, size_t count, dt_dtype t,
-                           int root, void *recv, dt_err *err)
-{
-    size_t bytes = count * dt_dtype_size(t);
-    size_t total = recv ? bytes * (size_t)dt_comm_world_size(comm) : 0;
-    if (!c->be)
-        return recv ? dt_comm_allgather(comm, host, recv, count, t, NULL, err)
-                    : dt_comm_broadcast(comm, host, count, t, root, NULL, err);
-    char *dev = NULL;
-    int rc = c->be->alloc(c->be, (void **)&dev, bytes + total, err);
-    if (rc)
-        return rc;
-    c->be->memcpy_h2d(c->be, dev, host, bytes);
-    rc = recv ? dt_comm_allgather(comm, dev, dev + bytes, count, t, NULL, err)
-              : dt_comm_broadcast(comm, dev, count, t, root, NULL, err);
-    if (!rc)
-        c->be->memcpy_d2h(c->be, recv ? recv : host, recv ? dev + bytes : dev, recv ? total : bytes);
-    c->be->free(c->be, dev);
-    return rc;
-}
-
 int dt_ckpt_sync(dt_ckpt *c, dt_comm *comm, int rank, dt_ckpt_state *st, bool *resumed,
                  int *src_rank, int64_t *src_step, bool *adopted, dt_err *err)
 {
@@ -50,7 +26,7 @@ int dt_ckpt_sync(dt_ckpt *c, dt_comm *comm, int rank, dt_ckpt_state *st, bool *r
     int64_t *all = calloc((size_t)world, sizeof *all);
     if (!all)
         return dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
-    int rc = host_collective(c, comm, &v, 1, DT_INT64, 0, all, err);
+    int rc = dt_ckpt__host_collective(c, comm, &v, 1, DT_INT64, 0, all, err);
     int64_t best = -1;
     int src = 0;
     bool alike = true;
@@ -74,7 +50,7 @@ int dt_ckpt_sync(dt_ckpt *c, dt_comm *comm, int rank, dt_ckpt_state *st, bool *r
     dt_ckpt_state s;
     memcpy(&s, st, sizeof s);
     s.job = NULL; /* a pointer of the source rank's: not sent */
-    if ((rc = host_collective(c, comm, &s, sizeof s, DT_UINT8, src, NULL, err)))
+    if ((rc = dt_ckpt__host_collective(c, comm, &s, sizeof s, DT_UINT8, src, NULL, err)))
         return dt_err_prefix(err, "checkpoint: taking rank %d's state: ", src);
     for (int i = 0; i < c->nbufs; i++)
         if (c->bufs[i].numel &&

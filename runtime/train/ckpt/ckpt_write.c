@@ -187,14 +187,85 @@ static int fill_safetensors(dt_ckpt *c, int file, wsink *s, dt_err *err)
 
 static void hex64(char out[17], uint64_t v) { snprintf(out, 17, "%016" PRIx64, v); }
 
+/* Fills this rank's shard file from c->pstage: every piece a 1-D F32 tensor under its key;
+ * records each piece's offset in the file and its XXH64. */
+static int fill_shard(dt_ckpt *c, int file, wsink *s, dt_err *err)
+{
+    (void)file;
+    dt_st_tensor *ts = calloc((size_t)(c->npc ? c->npc : 1), sizeof *ts);
+    char *header = NULL;
+    size_t hl = 0;
+    uint64_t dl = 0;
+    if (!ts)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    for (int i = 0; i < c->npc; i++) {
+        dt_ckpt_pc *pc = &c->pcs[i];
+        ts[i] = (dt_st_tensor){.name = pc->key, .dtype = DT_ST_F32, .ndim = 1,
+                               .shape = {(int64_t)pc->p.n}, .data = c->pstage + pc->stage_off};
+    }
+    char step[32], rank[32];
+    snprintf(step, sizeof step, "%" PRId64, c->wstate.step);
+    snprintf(rank, sizeof rank, "%d/%d", c->rank, c->world);
+    dt_st_kv meta[] = {{"format", "dtrain-shard"}, {"producer", "dtrain " DT_VERSION},
+                       {"step", step}, {"rank", rank}};
+    int rc = dt_st_layout(ts, c->npc, meta, (int)DT_ARRAY_LEN(meta), &header, &hl, &dl, err);
+    if (!rc)
+        rc = sink_write(s, header, hl, err);
+    for (int i = 0; i < c->npc && !rc; i++) {
+        /* sorted by dt_st_layout: the piece is the one whose staging this is */
+        size_t at = (size_t)((const float *)ts[i].data - c->pstage);
+        dt_ckpt_pc *pc = NULL;
+        for (int k = 0; k < c->npc && !pc; k++)
+            if (c->pcs[k].stage_off == at)
+                pc = &c->pcs[k];
+        pc->offset = hl + ts[i].begin;
+        pc->xxh64 = dt_xxh64(ts[i].data, pc->p.n * sizeof(float), 0);
+        rc = sink_write(s, ts[i].data, pc->p.n * sizeof(float), err);
+    }
+    free(header);
+    free(ts);
+    return rc;
+}
+
+/* This rank's pieces as state.json lists them, in file `fname`. NULL when out of memory. */
+static cJSON *pieces_json(dt_ckpt *c, const char *fname)
+{
+    char hex[17];
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; arr && i < c->npc; i++) {
+        const dt_ckpt_pc *pc = &c->pcs[i];
+        const dt_tensor_info *l = pc->p.local;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "tensor", c->entries[pc->entry].name);
+        cJSON_AddStringToObject(o, "file", fname);
+        cJSON_AddStringToObject(o, "key", pc->key);
+        cJSON_AddNumberToObject(o, "offset", (double)pc->offset);
+        cJSON_AddNumberToObject(o, "start", (double)pc->p.start);
+        cJSON_AddNumberToObject(o, "n", (double)pc->p.n);
+        hex64(hex, pc->xxh64);
+        cJSON_AddStringToObject(o, "xxh64", hex);
+        if (l->tp_parts > 0) {
+            cJSON *tp = cJSON_AddObjectToObject(o, "tp");
+            cJSON_AddNumberToObject(tp, "dim", l->tp_dim);
+            cJSON_AddNumberToObject(tp, "parts", l->tp_parts);
+            cJSON_AddNumberToObject(tp, "rank", pc->p.tp_rank);
+            cJSON *sh = cJSON_AddArrayToObject(tp, "shape");
+            for (int d = 0; d < l->ndim; d++)
+                cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)l->shape[d]));
+        }
+        cJSON_AddItemToArray(arr, o);
+    }
+    return arr;
+}
+
 /* The text of state.json for c->wstate and the recorded files, with its self-checksum. */
-static char *state_json(dt_ckpt *c, const dt_ckpt_file_desc *files, int nfiles)
+static char *state_json(dt_ckpt *c, const dt_ckpt_file_desc *files, int nfiles, cJSON *pieces)
 {
     const dt_ckpt_state *st = &c->wstate;
     char hex[17];
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", DT_CKPT_FORMAT);
-    cJSON_AddNumberToObject(root, "version", DT_CKPT_VERSION);
+    cJSON_AddNumberToObject(root, "version", pieces ? DT_CKPT_VERSION_SHARDED : DT_CKPT_VERSION);
     cJSON_AddNumberToObject(root, "step", (double)st->step);
     cJSON_AddNumberToObject(root, "epoch", (double)st->epoch);
     cJSON_AddNumberToObject(root, "sample_pos", (double)st->sample_pos);
@@ -237,6 +308,8 @@ static char *state_json(dt_ckpt *c, const dt_ckpt_file_desc *files, int nfiles)
         hex64(hex, files[i].xxh64);
         cJSON_AddStringToObject(f, "xxh64", hex);
     }
+    if (pieces) /* handed over to the tree */
+        cJSON_AddItemToObject(root, "pieces", pieces);
     if (st->job)
         cJSON_AddStringToObject(root, "job", st->job);
     else
@@ -418,12 +491,153 @@ static int set_aside(const char *path, const char *why, dt_err *err)
     return 0;
 }
 
+/* ------------------------------------------------------------------- sharded saves --- */
+
+static void shard_file_name(char *out, size_t cap, int rank, int world)
+{
+    snprintf(out, cap, "shard-%05d-of-%05d.safetensors", rank, world);
+}
+
+/* Leaves <tmp>/shard-<rank>.failed with the reason (best effort): rank 0 stops waiting. */
+static void mark_failed(dt_ckpt *c, const char *tmp, const dt_err *err)
+{
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/shard-%05d.failed", tmp, c->rank);
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    const char *m = err && err->msg[0] ? err->msg : "unknown error";
+    dt_ckpt__write_all(fd, m, strlen(m));
+    close(fd);
+}
+
+/* This rank's shard file and, once it is durable, its index shard-<rank>.json (written,
+ * fsynced, renamed: it exists only complete), which lists the file and its pieces. */
+static int write_shard(dt_ckpt *c, const char *tmp, double *fsync_s, uint64_t *own,
+                       dt_err *err)
+{
+    char name[64], path[PATH_MAX + 128], ipath[PATH_MAX + 128], itmp[PATH_MAX + 160], hex[17];
+    uint64_t bytes = 0, hash = 0, ib, ih;
+    shard_file_name(name, sizeof name, c->rank, c->world);
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    int rc = write_file(path, c, 0, fill_shard, NULL, 0, &bytes, &hash, fsync_s, err);
+    if (rc)
+        return rc;
+    *own = bytes;
+    cJSON *idx = cJSON_CreateObject();
+    cJSON_AddStringToObject(idx, "file", name);
+    cJSON_AddNumberToObject(idx, "bytes", (double)bytes);
+    hex64(hex, hash);
+    cJSON_AddStringToObject(idx, "xxh64", hex);
+    cJSON *arr = pieces_json(c, name);
+    if (arr)
+        cJSON_AddItemToObject(idx, "pieces", arr);
+    char *text = arr ? cJSON_PrintUnformatted(idx) : NULL;
+    cJSON_Delete(idx);
+    if (!text)
+        return dt_err_set(err, -ENOMEM, "out of memory building the index of %s", name);
+    snprintf(ipath, sizeof ipath, "%s/shard-%05d.json", tmp, c->rank);
+    snprintf(itmp, sizeof itmp, "%s.tmp", ipath);
+    rc = write_file(itmp, c, -1, NULL, text, strlen(text), &ib, &ih, fsync_s, err);
+    free(text);
+    if (!rc && dt_ckpt__io->rename(itmp, ipath) != 0)
+        rc = dt_err_errno(err, errno, "cannot rename %s to %s", itmp, ipath);
+    return rc;
+}
+
+/* Rank 0: waits for every rank's index (at most c->timeout_s; a rank's .failed ends it), then
+ * reads them: files[0..world) and every piece into *pieces (a cJSON array, caller's). The
+ * indexes are removed once read. */
+static int collect_shards(dt_ckpt *c, const char *tmp, dt_ckpt_file_desc *files,
+                          cJSON **pieces, uint64_t *total, dt_err *err)
+{
+    char p[PATH_MAX + 64];
+    double t0 = dt_now_s(), nap = 0.001;
+    int rc = 0;
+    *pieces = cJSON_CreateArray();
+    *total = 0;
+    for (int r = 0; r < c->world && !rc;) {
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/shard-%05d.json", tmp, r);
+        if (stat(p, &sb) == 0) {
+            r++;
+            continue;
+        }
+        snprintf(p, sizeof p, "%s/shard-%05d.failed", tmp, r);
+        char *why = NULL;
+        size_t len = 0;
+        if (stat(p, &sb) == 0 && dt_read_file(p, &why, &len, NULL) == 0) {
+            rc = dt_err_set(err, -EIO, "rank %d could not write its shard: %s", r, why);
+            free(why);
+            break;
+        }
+        if (dt_now_s() - t0 > c->timeout_s) {
+            rc = dt_err_set(err, -ETIMEDOUT, "rank %d's shard did not appear in %s within %.0f "
+                            "s: is checkpoint.dir one directory that every node shares? (a "
+                            "sharded checkpoint needs it)", r, tmp, c->timeout_s);
+            break;
+        }
+        usleep((useconds_t)(nap * 1e6));
+        nap = DT_MIN(nap * 2, 0.05);
+    }
+    c->commit_wait_s = dt_now_s() - t0; /* into stats under the lock, by run_write */
+    for (int r = 0; r < c->world && !rc; r++) {
+        char *text = NULL;
+        size_t len = 0;
+        snprintf(p, sizeof p, "%s/shard-%05d.json", tmp, r);
+        if ((rc = dt_read_file(p, &text, &len, err)))
+            break;
+        cJSON *idx = cJSON_Parse(text), *it, *next;
+        free(text);
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(idx, "file");
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(idx, "bytes");
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(idx, "xxh64");
+        cJSON *arr = cJSON_GetObjectItemCaseSensitive(idx, "pieces");
+        if (!cJSON_IsString(fn) || !cJSON_IsNumber(b) || !cJSON_IsString(h) ||
+            !cJSON_IsArray(arr) || !dt_strlcpy(files[r].name, fn->valuestring,
+                                               sizeof files[r].name)) {
+            cJSON_Delete(idx);
+            rc = dt_err_set(err, -EBADMSG, "%s is malformed", p);
+            break;
+        }
+        files[r].bytes = (uint64_t)b->valuedouble;
+        files[r].xxh64 = strtoull(h->valuestring, NULL, 16);
+        *total += files[r].bytes;
+        for (it = arr->child; it; it = next) { /* moved into the one list */
+            next = it->next;
+            cJSON_AddItemToArray(*pieces, cJSON_DetachItemViaPointer(arr, it));
+        }
+        cJSON_Delete(idx);
+        unlink(p);
+    }
+    return rc;
+}
+
+/* Rank 0, on the caller's thread, before any rank writes: <dir> there, leftovers of
+ * interrupted saves removed (step_<N>.tmp included: no rank writes before this returns),
+ * step_<N>.tmp created. */
+static int prepare_step(dt_ckpt *c, int64_t step, dt_err *err)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s/step_%" PRId64 ".tmp", c->dir, step) >= (int)sizeof tmp)
+        return dt_err_set(err, -ENAMETOOLONG, "checkpoint directory path too long: %s", c->dir);
+    int rc = make_dir_durable(c->dir, err);
+    if (rc)
+        return rc;
+    remove_stale_tmp(c->dir);
+    if (dt_ckpt__io->mkdir(tmp, 0755) != 0)
+        return dt_err_errno(err, errno, "cannot create %s", tmp);
+    return 0;
+}
+
 /* Steps 3..9 of a save, from c->staging and c->wstate. */
-static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, char *final,
-                            size_t final_size, dt_err *err)
+static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, uint64_t *own,
+                            char *final, size_t final_size, dt_err *err)
 {
     char tmp[PATH_MAX], old[PATH_MAX], path[PATH_MAX + 128], note[256];
-    dt_ckpt_file_desc files[DT_CKPT_MAX_FILES];
+    dt_ckpt_file_desc files_v1[DT_CKPT_MAX_FILES], *files = files_v1;
+    char *text = NULL;
+    cJSON *pieces = NULL;
     int64_t step = c->wstate.step;
     int rc = 0;
     bool made_tmp = false, removed_tmp = false;
@@ -434,6 +648,25 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
         snprintf(tmp, sizeof tmp, "%s.tmp", final) >= (int)sizeof tmp ||
         snprintf(old, sizeof old, "%s.old", final) >= (int)sizeof old)
         return dt_err_set(err, -ENAMETOOLONG, "checkpoint directory path too long: %s", c->dir);
+    if (c->sharded) {
+        made_tmp = c->rank == 0; /* made by rank 0's dt_ckpt_save, removed by it on failure */
+        if ((rc = write_shard(c, tmp, fsync_s, own, err))) {
+            mark_failed(c, tmp, err);
+            goto fail;
+        }
+        *total_bytes = *own;
+        if (c->rank != 0)
+            return 0;
+        if (!(files = calloc((size_t)c->world, sizeof *files))) {
+            rc = dt_err_set(err, -ENOMEM, "out of memory");
+            goto fail;
+        }
+        if ((rc = collect_shards(c, tmp, files, &pieces, total_bytes, err)))
+            goto fail;
+        text = state_json(c, files, c->world, pieces);
+        pieces = NULL; /* the tree's now */
+        goto state;
+    }
     if ((rc = make_dir_durable(c->dir, err)))
         goto fail;
     remove_stale_tmp(c->dir);
@@ -450,7 +683,9 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
             goto fail;
         *total_bytes += files[f].bytes;
     }
-    char *text = state_json(c, files, c->nfiles);
+    *own = *total_bytes;
+    text = state_json(c, files, c->nfiles, NULL);
+state:
     if (!text) {
         rc = dt_err_set(err, -ENOMEM, "out of memory building state.json");
         goto fail;
@@ -459,9 +694,18 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
     snprintf(path, sizeof path, "%s/state.json", tmp);
     rc = write_file(path, c, -1, NULL, text, strlen(text), &sb, &sh, fsync_s, err);
     free(text);
+    text = NULL;
     if (rc)
         goto fail;
     *total_bytes += sb;
+    if (c->sharded) {
+        *own += sb;
+        /* the pieces must form the checkpoint: every tensor covered once, every file there */
+        if ((rc = dt_ckpt_inspect(tmp, false, NULL, err))) {
+            dt_err_prefix(err, "the ranks' shards do not form a checkpoint: ");
+            goto fail;
+        }
+    }
     double t0 = dt_now_s();
     if ((rc = dt_ckpt__fsync_path(tmp, true, err)))
         goto fail;
@@ -506,11 +750,19 @@ static int write_checkpoint(dt_ckpt *c, double *fsync_s, uint64_t *total_bytes, 
     if ((rc = dt_ckpt__fsync_path(c->dir, true, err))) {
         /* The checkpoint is complete and in place, but its rename may not survive a power cut. */
         dt_err_prefix(err, "checkpoint %s was written but may not survive a power cut: ", final);
+        if (files != files_v1)
+            free(files);
         return rc;
     }
     *fsync_s += dt_now_s() - t0;
+    if (files != files_v1)
+        free(files);
     return 0;
 fail:
+    if (files != files_v1)
+        free(files);
+    cJSON_Delete(pieces);
+    free(text);
     if (made_tmp) {
         dt_err e2 = {0};
         removed_tmp = dt_rm_rf(tmp, &e2) == 0;
@@ -550,14 +802,23 @@ static void run_write(dt_ckpt *c)
         pthread_mutex_unlock(&c->mu);
         t0 = dt_now_s();
     }
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, own = 0;
     char final[PATH_MAX];
-    int rc = write_checkpoint(c, &fs, &bytes, final, sizeof final, &e);
+    int rc = write_checkpoint(c, &fs, &bytes, &own, final, sizeof final, &e);
     double dt = dt_now_s() - t0;
-    if (!rc) /* the new checkpoint is complete: only now may older ones go */
+    bool writer = !c->sharded || c->rank == 0; /* the one that commits */
+    if (!rc && writer) /* the new checkpoint is complete: only now may older ones go */
         apply_retention(c, c->wstate.step);
     if (rc)
         DT_ERROR("%s", e.msg);
+    else if (!writer)
+        DT_DEBUG("checkpoint: wrote this rank's shard of %s (%.1f MB in %.2f s)", final,
+                 own / 1e6, dt);
+    else if (c->sharded)
+        DT_INFO("checkpoint: saved %s (%.1f MB in %d shards, this rank's %.1f MB in %.2f s%s; "
+                "training held %.3f s)", final, bytes / 1e6, c->world, own / 1e6, dt,
+                c->async ? ", in the background" : "", c->hold_s >= 0 ? c->hold_s + c->fence_s
+                                                                       : dt);
     else if (c->hold_s >= 0)
         DT_INFO("checkpoint: saved %s (%.1f MB in %.2f s, %.0f MB/s, in the background; "
                 "training held %.3f s)", final, bytes / 1e6, dt, dt > 0 ? bytes / 1e6 / dt : 0.0,
@@ -574,6 +835,8 @@ static void run_write(dt_ckpt *c)
         c->stats.last_step = c->wstate.step;
         dt_strlcpy(c->stats.last_path, final, sizeof c->stats.last_path);
         c->stats.bytes = bytes;
+        c->stats.own_bytes = own;
+        c->stats.commit_wait_s = c->commit_wait_s;
         c->stats.hold_s = c->hold_s + c->fence_s;
         c->stats.fence_s = c->fence_s;
         c->stats.wait_s = c->wait_s;
@@ -636,7 +899,17 @@ int dt_ckpt_wait(dt_ckpt *c, dt_err *err)
  * or all of them to the staging area. */
 static void copy_to_staging(dt_ckpt *c, int which)
 {
-    for (int b = 0; b < c->nbufs; b++) {
+    for (int i = 0; c->sharded && i < c->npc; i++) { /* this rank's pieces only */
+        const dt_ckpt_pc *pc = &c->pcs[i];
+        if ((which == COPY_EARLY && !pc->early) || (which == COPY_LATE && pc->early))
+            continue;
+        float *dst = c->pstage + pc->stage_off;
+        if (c->be)
+            c->be->memcpy_d2h(c->be, dst, pc->p.data, pc->p.n * sizeof(float));
+        else
+            memcpy(dst, pc->p.data, pc->p.n * sizeof(float));
+    }
+    for (int b = 0; !c->sharded && b < c->nbufs; b++) {
         if ((which == COPY_EARLY && !c->bufs[b].copy_at_save) ||
             (which == COPY_LATE && c->bufs[b].copy_at_save))
             continue;
@@ -651,17 +924,47 @@ static void copy_to_staging(dt_ckpt *c, int which)
     }
 }
 
+/* A sharded save's start, on every rank at the same step: the staging of this rank's pieces,
+ * rank 0's step_<N>.tmp (its outcome sent to every rank), so that no rank writes before the
+ * directory is ready nor after it failed. */
+static int prepare_sharded(dt_ckpt *c, int64_t step, dt_err *err)
+{
+    if (!c->pstage && c->pstage_cap && !(c->pstage = malloc(c->pstage_cap * sizeof(float))))
+        return dt_err_set(err, -ENOMEM, "checkpoint: cannot allocate %.1f MB of host memory for "
+                          "the copy of this rank's shard", c->pstage_cap * 4.0 / 1e6);
+    dt_err e0 = {0};
+    int64_t v = c->rank == 0 ? prepare_step(c, step, &e0) : 0;
+    int rc = 0;
+    if (c->comm && c->world > 1 &&
+        (rc = dt_ckpt__host_collective(c, c->comm, &v, 1, DT_INT64, 0, NULL, err)))
+        return dt_err_prefix(err, "checkpoint step_%" PRId64 " not saved: starting it: ", step);
+    if (v && c->rank == 0) {
+        if (err)
+            *err = e0;
+        return dt_err_prefix(err, "checkpoint step_%" PRId64 " not saved: ", step);
+    }
+    if (v)
+        return dt_err_set(err, (int)v, "checkpoint step_%" PRId64 " not saved: rank 0 could not "
+                          "create its directory (rank 0's log says why)", step);
+    return 0;
+}
+
 int dt_ckpt_save(dt_ckpt *c, const dt_ckpt_state *st, dt_err *err)
 {
-    double t0 = dt_now_s();
+    double t0 = dt_now_s() - c->pre_wait_s; /* dt_ckpt_set_pieces's wait held the caller too */
+    c->pre_wait_s = 0;
     int rc = dt_ckpt_wait(c, err);
     if (rc) {
         dt_err_prefix(err, "an earlier checkpoint failed: ");
         return rc;
     }
     double t1 = dt_now_s();
-    if ((rc = dt_ckpt__ensure_staging(c, err)))
+    if (c->sharded) {
+        if ((rc = prepare_sharded(c, st->step, err)))
+            return rc;
+    } else if ((rc = dt_ckpt__ensure_staging(c, err))) {
         return rc;
+    }
     char *job = NULL;
     if (st->job && !(job = strdup(st->job)))
         return dt_err_set(err, -ENOMEM, "checkpoint: out of memory");

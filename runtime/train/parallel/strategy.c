@@ -173,6 +173,87 @@ int dt_strategy_state_bufs(const dt_strategy *s, float *params, float *const *st
     return 0;
 }
 
+/* Appends a piece to *v (growing it); -ENOMEM. */
+static int add_piece(dt_ckpt_piece **v, int *n, int *cap, const char *prefix,
+                     const dt_tensor_info *t, int tp_rank, size_t start, size_t count,
+                     const float *data)
+{
+    if (*n == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        dt_ckpt_piece *nv = realloc(*v, (size_t)nc * sizeof *nv);
+        if (!nv)
+            return -ENOMEM;
+        *v = nv, *cap = nc;
+    }
+    dt_ckpt_piece *p = &(*v)[(*n)++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s%s", prefix, t->name);
+    p->local = t;
+    p->tp_rank = tp_rank;
+    p->start = start;
+    p->n = count;
+    p->data = data;
+    return 0;
+}
+
+int dt_strategy_sync_pieces(const dt_strategy *s, int tp_rank, const int *skip, int nskip,
+                            dt_ckpt_piece **out, int *n, dt_err *err)
+{
+    const dt_model *m = s->model;
+    const dt_optim *o = s->optim;
+    dt_dpsync *y = s->sync;
+    dt_ckpt_piece *v = NULL;
+    dt_dpsync_piece *own = NULL;
+    int cnt = 0, cap = 0, rc = 0;
+    *out = NULL;
+    *n = 0;
+    /* What every replica of the group holds alike (none, ddp) is split between them: rank r of
+     * the group writes the r-th of `size` parts of each run, so no rank writes more than 1/size */
+    bool split = y->ops->replicated && y->size > 1;
+    for (int k = 0; k < 1 + o->num_states && !rc; k++) {
+        const char *prefix = k ? o->states[k - 1].prefix : "";
+        int no = 0;
+        dt_dpsync_owned(y, k, NULL, 0, &no);
+        free(own);
+        if (!(own = calloc((size_t)(no ? no : 1), sizeof *own))) {
+            rc = -ENOMEM;
+            break;
+        }
+        dt_dpsync_owned(y, k, own, no, &no);
+        for (int i = 0; split && i < no; i++) {
+            size_t lo = own[i].n * (size_t)y->rank / (size_t)y->size;
+            size_t hi = own[i].n * (size_t)(y->rank + 1) / (size_t)y->size;
+            own[i] = (dt_dpsync_piece){own[i].off + lo, hi - lo, own[i].data + lo};
+        }
+        for (int i = 0; i < no && !rc; i++)
+            for (int t = 0; t < m->num_tensors && !rc; t++) {
+                const dt_tensor_info *ti = &m->tensors[t];
+                size_t a = DT_MAX(own[i].off, ti->offset);
+                size_t b = DT_MIN(own[i].off + own[i].n, ti->offset + ti->numel);
+                bool skipped = ti->tp_parts <= 0 && tp_rank != 0;
+                for (int q = 0; q < nskip; q++)
+                    skipped |= skip[q] == t;
+                if (a < b && !skipped)
+                    rc = add_piece(&v, &cnt, &cap, prefix, ti, tp_rank, a - ti->offset, b - a,
+                                   own[i].data + (a - own[i].off));
+            }
+    }
+    /* BatchNorm statistics: rank 0's of every group, as a whole checkpoint takes them */
+    for (int t = 0; !rc && y->rank == 0 && tp_rank == 0 && t < m->num_buffer_tensors; t++) {
+        const dt_tensor_info *ti = &m->buffer_tensors[t];
+        if (ti->numel)
+            rc = add_piece(&v, &cnt, &cap, "", ti, 0, 0, ti->numel, m->buffers + ti->offset);
+    }
+    free(own);
+    if (rc) {
+        free(v);
+        return dt_err_set(err, -ENOMEM, "out of memory listing the checkpoint's pieces");
+    }
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
 int dt_strategy_state_whole(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
 {
     return dt_strategy_state_bufs(s, s->model->params, NULL, bufs, cap, n, err);

@@ -171,6 +171,12 @@ typedef struct dt_strategy_ops {
      * gave hold the whole tensors until the next optim_step (by which time the trainer has
      * fenced the save's copy). NULL: they always hold them (dp). */
     int (*gather_state)(dt_strategy *s, dt_err *err);
+    /* What this rank writes of a sharded checkpoint (ckpt.h's dt_ckpt_piece, names as state
+     * gives them): the pieces it owns and holds now, without gathering anything; the pieces of
+     * all ranks tile every tensor state gives once. *out malloc'd (caller frees; the data
+     * pointers stay the strategy's, valid until close). NULL: the layout writes whole
+     * checkpoints from rank 0 only (dp). */
+    int (*pieces)(dt_strategy *s, dt_ckpt_piece **out, int *n, dt_err *err);
     /* The layout's own figures (dt_strategy_stats; NULL: it has none). */
     void (*stats)(dt_strategy *s, dt_strategy_stats *out);
     /* Replica k's backend, k < s->replicas (k = 0: s->be): for memory and utilisation
@@ -283,6 +289,15 @@ void dt_strategy_sync_zero_grads(dt_strategy *s);
 /* state: s->model's parameters, its buffers (BatchNorm statistics, copied at save), and each of
  * s->optim's states under the prefix the optimiser gives it. */
 int dt_strategy_state_whole(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err);
+
+/* pieces over s->sync (every layout but dp): of buffer k (0 the parameters, 1 + i optimiser
+ * state i under its prefix) the runs dt_dpsync_owned gives, cut at tensor boundaries of
+ * s->model's table; a replicated sync's split between its group's ranks (each run in `size`
+ * parts, rank r writes part r: every replica holds the same); a tensor not split over the
+ * tensor group (tp_parts 0) only on tensor rank 0; none of skip[0..nskip) (a tied copy another
+ * stage writes); the model's buffers (BatchNorm statistics) where both ranks are 0. */
+int dt_strategy_sync_pieces(const dt_strategy *s, int tp_rank, const int *skip, int nskip,
+                            dt_ckpt_piece **out, int *n, dt_err *err);
 
 /* The same table with whole-size buffers of the caller's (a sharding strategy's staging): params
  * (num_params floats) for the parameters, states[i] (NULL: the optimiser's own) for state i. */

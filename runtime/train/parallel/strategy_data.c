@@ -77,6 +77,11 @@ static int data_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err
     return dt_strategy_state_bufs(s, dt_dpsync_local(s->sync, 0), states, bufs, cap, n, err);
 }
 
+static int data_pieces(dt_strategy *s, dt_ckpt_piece **out, int *n, dt_err *err)
+{
+    return dt_strategy_sync_pieces(s, 0, NULL, 0, out, n, err);
+}
+
 static int data_gather_state(dt_strategy *s, dt_err *err)
 {
     return dt_dpsync_gather_state(s->sync, err);
@@ -101,7 +106,7 @@ static void data_close(dt_strategy *s)
         .zero_grads = dt_strategy_sync_zero_grads, .micro_step = dt_strategy_sync_micro_step,   \
         .sync_grads = data_sync_grads, .average = data_average, .clip = data_clip,              \
         .optim_step = data_optim_step, .eval_step = dt_strategy_sync_eval,                      \
-        .state = data_state, .gather_state = data_gather_state,                                 \
+        .state = data_state, .gather_state = data_gather_state, .pieces = data_pieces,          \
         .replica_backend = dt_strategy_backend_one, .close = data_close,                        \
     }
 

@@ -806,6 +806,15 @@ static int pipe_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err
     return dt_strategy_state_staged(s, p->whole, p->nwhole, &p->stg, bufs, cap, n, err);
 }
 
+/* This stage's tensors (its slices under T > 1) as the sync owns them; the tied copy of a
+ * later stage is the earlier stage's to write. */
+static int pipe_pieces(dt_strategy *s, dt_ckpt_piece **out, int *n, dt_err *err)
+{
+    pipe_impl *p = s->impl;
+    return dt_strategy_sync_pieces(s, p->g.grid.tp, p->tied_copy ? p->tied : NULL,
+                                   p->tied_copy ? p->ntied : 0, out, n, err);
+}
+
 static int pipe_gather_state(dt_strategy *s, dt_err *err)
 {
     pipe_impl *p = s->impl;
@@ -888,6 +897,7 @@ const dt_strategy_ops dt_strategy_pipeline_ops = {
     .eval_step = pipe_eval_step,
     .state = pipe_state,
     .gather_state = pipe_gather_state,
+    .pieces = pipe_pieces,
     .stats = pipe_stats,
     .replica_backend = dt_strategy_backend_one,
     .close = pipe_close,

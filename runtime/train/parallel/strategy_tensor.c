@@ -268,6 +268,13 @@ static int tp_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *
                                     err);
 }
 
+/* This rank's slices, as the sync owns them (replicated tensors: tensor rank 0's). */
+static int tp_pieces(dt_strategy *s, dt_ckpt_piece **out, int *n, dt_err *err)
+{
+    tp_impl *t = s->impl;
+    return dt_strategy_sync_pieces(s, t->grid.tp, NULL, 0, out, n, err);
+}
+
 static int tp_gather_state(dt_strategy *s, dt_err *err)
 {
     tp_impl *t = s->impl;
@@ -333,6 +340,7 @@ const dt_strategy_ops dt_strategy_tensor_ops = {
     .eval_step = dt_strategy_sync_eval,
     .state = tp_state,
     .gather_state = tp_gather_state,
+    .pieces = tp_pieces,
     .stats = tp_stats,
     .replica_backend = dt_strategy_backend_one,
     .close = tp_close,
