@@ -859,6 +859,7 @@ const char *const dt_job_node_local_keys[] = {
     "job.cpu_bind",   /* this host's CPUs */
     "train.threads",  /* this host's cores */
     "checkpoint.dir", /* a path on this node (each rank writes its own shards there) */
+    "checkpoint.resume", /* auto, never, or a path on this node (checked by its own workers) */
     NULL,
 };
 
