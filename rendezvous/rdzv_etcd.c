@@ -68,6 +68,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -520,27 +521,42 @@ static int agree_conf(etcd_rdzv *c, dt_err *err)
     return rc;
 }
 
-/* TLS files and credentials from the options (the password from its file, first line). */
+/* TLS files and credentials from the options (the password from its file, first line). A file
+ * that cannot be read is a configuration error (-EINVAL: exit 2, not retried). */
 static int load_tls(etcd_rdzv *c, dt_err *err)
 {
     const char *files[3] = {c->o.cacert, c->o.cert, c->o.key};
-    for (int i = 0; i < 3; i++)
-        if (files[i][0] && access(files[i], R_OK) != 0)
-            return dt_err_set(err, -errno, "rendezvous.%s: cannot read %s: %s",
-                              i == 0 ? "cacert" : i == 1 ? "cert" : "key", files[i],
-                              strerror(errno));
+    for (int i = 0; i < 3; i++) {
+        struct stat sb;
+        int e = !files[i][0] ? 0
+                : access(files[i], R_OK) != 0 || stat(files[i], &sb) != 0 ? errno
+                : S_ISDIR(sb.st_mode) ? EISDIR
+                                      : 0;
+        if (e)
+            return dt_err_set(err, -EINVAL,
+                              "rendezvous.%s: cannot read %s: %s (fix the path in --rdzv-conf "
+                              "or the job file's [rendezvous] section)",
+                              i == 0 ? "cacert" : i == 1 ? "cert" : "key", files[i], strerror(e));
+    }
     dt_strlcpy(c->tls.cacert, c->o.cacert, sizeof c->tls.cacert);
     dt_strlcpy(c->tls.cert, c->o.cert, sizeof c->tls.cert);
     dt_strlcpy(c->tls.key, c->o.key, sizeof c->tls.key);
     dt_strlcpy(c->tls.user, c->o.user, sizeof c->tls.user);
     if (c->o.password_file[0]) {
         FILE *f = fopen(c->o.password_file, "r");
-        if (!f)
-            return dt_err_set(err, -errno, "rendezvous.password_file: cannot read %s: %s",
-                              c->o.password_file, strerror(errno));
-        if (!fgets(c->tls.password, sizeof c->tls.password, f))
+        int e = f ? 0 : errno;
+        if (f && !fgets(c->tls.password, sizeof c->tls.password, f)) {
+            if (ferror(f)) /* a directory, an I/O error: an empty file is an empty password */
+                e = errno ? errno : EIO;
             c->tls.password[0] = '\0';
-        fclose(f);
+        }
+        if (f)
+            fclose(f);
+        if (e)
+            return dt_err_set(err, -EINVAL,
+                              "rendezvous.password_file: cannot read %s: %s (fix the path in "
+                              "--rdzv-conf or the job file's [rendezvous] section)",
+                              c->o.password_file, strerror(e));
         c->tls.password[strcspn(c->tls.password, "\r\n")] = '\0';
     }
     return 0;

@@ -212,6 +212,38 @@ static void test_c10d_conf_validated(void)
     dt_test_group_kill(&g);
 }
 
+/* (item 11) An etcd TLS file or password file that cannot be read (missing, a directory) is a
+ * configuration error as the other rendezvous ones are: exit 2 at once, naming the key and the
+ * path, nothing retried. */
+static void test_etcd_files_unreadable(void)
+{
+    static const char *const keys[] = {"cacert", "cert", "key", "password_file"};
+    char line[4096], ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", free_port()); /* nobody listens: never reached */
+    for (size_t i = 0; i < DT_ARRAY_LEN(keys); i++)
+        for (int dir = 0; dir < 2; dir++) {
+            char *out = NULL, want[1200];
+            const char *path = dir ? TMP : "/nonexistent/dtrain-file";
+            /* a key goes with a certificate, a password file with a user */
+            snprintf(line, sizeof line,
+                     "%s --rdzv-backend=etcd --rdzv-endpoint=%s --nnodes 1 --rdzv-conf "
+                     "join_timeout=30%s,%s=%s -- true 2>&1",
+                     BIN, ep, !strcmp(keys[i], "key")             ? ",cert=/dev/null"
+                              : !strcmp(keys[i], "cert")          ? ",key=/dev/null"
+                              : !strcmp(keys[i], "password_file") ? ",user=u"
+                                                                  : "",
+                     keys[i], path);
+            double t0 = dt_test_now();
+            int code = dt_test_run(line, &out, 60);
+            DT_CHECK_INT(code, 2);
+            snprintf(want, sizeof want, "rendezvous.%s: cannot read %s: %s", keys[i], path,
+                     dir ? "Is a directory" : "No such file or directory");
+            DT_CHECK_CONTAINS(out, want);
+            DT_CHECK(dt_test_now() - t0 < 10 * dt_test_timeout_scale());
+            free(out);
+        }
+}
+
 /* (item 2, unit) dt_rdzv_conf_parse on what dtrain writes, and on what it must refuse. */
 static void test_conf_parse(void)
 {
@@ -262,6 +294,7 @@ static const dt_test tests[] = {
     {"static_job_differs_refused", test_static_job_differs_refused, 240},
     {"c10d_job_differs_refused", test_c10d_job_differs_refused, 240},
     {"c10d_conf_validated", test_c10d_conf_validated, 240},
+    {"etcd_files_unreadable", test_etcd_files_unreadable, 120},
 };
 
 int main(int argc, char **argv)
