@@ -562,6 +562,88 @@ static int load_tls(etcd_rdzv *c, dt_err *err)
     return 0;
 }
 
+/* One status call to each member (a second each at most): 0 when some member answered (what it
+ * answered is for the calls that follow to judge), else -ETIMEDOUT with why listing each
+ * member and its error. Each member that does not answer is said at once the first time
+ * (told[m]): a typo in --rdzv-endpoint should not look like a slow cluster. */
+static int probe_members(dt_etcd *ec, bool *told, char *why, size_t cap)
+{
+    int rc = -ETIMEDOUT, n = dt_etcd_count(ec);
+    size_t len = 0;
+    why[0] = '\0';
+    for (int m = 0; m < n; m++) {
+        cJSON *b = cJSON_CreateObject(), *r = NULL;
+        dt_err e = {0};
+        int one = b ? dt_etcd_call_one(ec, m, "/v3/maintenance/status", b, &r, 1.0, &e)
+                    : -ENOMEM;
+        cJSON_Delete(b);
+        cJSON_Delete(r);
+        if (one == -EINTR)
+            return -EINTR;
+        if (one != -ETIMEDOUT) {
+            rc = 0;
+            continue;
+        }
+        if (!told[m])
+            DT_WARN("%s: check --rdzv-endpoint (%s)%s", e.msg, dt_etcd_endpoints(ec),
+                    n > 1 ? "; the other members are tried" : "");
+        told[m] = true;
+        if (len < cap)
+            len += (size_t)snprintf(why + len, cap - len, "%s%s", len ? "; " : "", e.msg);
+    }
+    return rc;
+}
+
+/* probe_members every second until one answers or deadline; every 5 s a line. */
+static int wait_members(etcd_rdzv *c, dt_etcd *ec, double deadline, dt_err *err)
+{
+    bool told[64] = {false}, waited = false;
+    char why[1500];
+    double t0 = dt_now_s(), next_line = t0 + 5;
+    for (;; waited = true) {
+        int rc = probe_members(ec, told, why, sizeof why);
+        if (rc != -ETIMEDOUT) {
+            if (!rc && waited)
+                DT_INFO("reached the etcd cluster at %s after %.1f s", c->o.endpoints,
+                        dt_now_s() - t0);
+            return rc == -EINTR ? dt_err_set(err, -EINTR, "interrupted while reaching etcd") : 0;
+        }
+        double now = dt_now_s();
+        if (now >= deadline)
+            return dt_err_set(err, -ETIMEDOUT,
+                              "no member of the etcd cluster at %s answered within join_timeout "
+                              "(%g s): %s; check --rdzv-endpoint and that etcd runs there",
+                              c->o.endpoints, c->o.join_timeout, why);
+        if (now >= next_line) {
+            DT_INFO("still waiting for the etcd cluster at %s (%.0f s of join_timeout %g s): %s",
+                    c->o.endpoints, now - t0, c->o.join_timeout, why);
+            next_line = now + 5;
+        }
+        for (double until = DT_MIN(now + 1.0, deadline); dt_now_s() < until;) {
+            if (interrupted(c))
+                return dt_err_set(err, -EINTR, "interrupted while reaching etcd");
+            dt_sleep_ms(50);
+        }
+    }
+}
+
+/* Until some member answers, or deadline (join_timeout): says every 5 s what it waits for.
+ * Before the main client exists, with one of its own without the etcd user (whose
+ * authentication is itself a call that would wait silently). */
+static int wait_reachable(etcd_rdzv *c, double deadline, dt_err *err)
+{
+    dt_etcd_tls bare = c->tls;
+    dt_etcd *ec = NULL;
+    bare.user[0] = bare.password[0] = '\0';
+    int rc = dt_etcd_open(&ec, c->o.endpoints, 1.0, &bare, err);
+    if (rc)
+        return rc;
+    dt_etcd_set_interrupt(ec, interrupted, c);
+    rc = wait_members(c, ec, deadline, err);
+    dt_etcd_free(ec);
+    return rc;
+}
+
 static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
 {
     int rc;
@@ -591,8 +673,13 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     double budget = DT_MAX(c->o.heartbeat_timeout / 2, 2.0);
     if (c->o.read_timeout > 0)
         budget = DT_MIN(budget, DT_MAX(c->o.read_timeout, 0.5));
-    if ((rc = load_tls(c, err)) || (rc = dt_etcd_open(&c->ec, opts->endpoints, budget, &c->tls, err)))
+    double deadline = dt_now_s() + opts->join_timeout;
+    if ((rc = load_tls(c, err)) || (rc = wait_reachable(c, deadline, err)) ||
+        (rc = dt_etcd_open(&c->ec, opts->endpoints, budget, &c->tls, err))) {
+        if (rc == -ETIMEDOUT)
+            dt_err_prefix(err, "opening the rendezvous: ");
         goto fail;
+    }
     dt_etcd_set_interrupt(c->ec, interrupted, c);
     if (opts->local_addr[0]) {
         dt_strlcpy(c->local_addr, opts->local_addr, sizeof c->local_addr);
@@ -604,7 +691,6 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         dt_rdzv_route_addr(host, port, c->local_addr, sizeof c->local_addr);
     }
     /* The lease first: every key of this agent is bound to it. */
-    double deadline = dt_now_s() + opts->join_timeout;
     for (;;) {
         int64_t id = 0;
         rc = dt_etcd_lease_grant(c->ec, lease_ttl(c), &id, err);

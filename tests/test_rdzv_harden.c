@@ -244,6 +244,43 @@ static void test_etcd_files_unreadable(void)
         }
 }
 
+/* (item 8) An etcd endpoint with a typo (a name that does not resolve) or that nobody serves is
+ * said at once, naming it and why, and every few seconds while the agent waits (as the static
+ * backend says what it waits for); after join_timeout the agent ends with 1. Before, both were
+ * silent for the first call's whole budget (heartbeat_timeout / 2: 15 s by default). */
+static void test_etcd_unreachable_said(void)
+{
+    dt_test_group g;
+    char line[4096], eps[2][64];
+    snprintf(eps[0], sizeof eps[0], "etcd-typo.invalid:2379");
+    snprintf(eps[1], sizeof eps[1], "127.0.0.1:%d", free_port()); /* nobody listens */
+    dt_test_group_init(&g);
+    double t0 = dt_test_now();
+    for (int k = 0; k < 2; k++) {
+        snprintf(g.out[k], sizeof g.out[k], "%s/unreach%d.out", TMP, k);
+        snprintf(line, sizeof line,
+                 "%s --rdzv-backend=etcd --rdzv-endpoint=%s --rdzv-id u%d --nnodes 1 "
+                 "--rdzv-conf join_timeout=20 -- true",
+                 BIN, eps[k], k);
+        dt_test_group_spawn(&g, k, line, g.out[k]);
+    }
+    DT_CHECK(dt_test_wait_text(g.out[0], "etcd member etcd-typo.invalid:2379: Couldn't resolve "
+                                         "host name", 1, 4 * dt_test_timeout_scale()));
+    DT_CHECK(dt_test_wait_text(g.out[1], "connection refused", 1, 4 * dt_test_timeout_scale()));
+    DT_CHECK(dt_test_now() - t0 < 10); /* well before the first call's budget (15 s) */
+    dt_test_group_wait(&g, 60 * dt_test_timeout_scale());
+    for (int k = 0; k < 2; k++) {
+        DT_CHECK_INT(g.code[k], 1);
+        /* at 5, 10 and 15 s of the 20 */
+        DT_CHECK(dt_test_count_text(g.out[k], "still waiting for the etcd cluster") >= 2);
+        DT_CHECK(dt_test_count_text(g.out[k], eps[k]) >= 3);
+        DT_CHECK(dt_test_count_text(g.out[k], "join_timeout 20 s") >= 2);
+    }
+    if (g.code[0] != 1 || g.code[1] != 1 ||
+        dt_test_count_text(g.out[0], "still waiting for the etcd cluster") < 2)
+        dt_test_group_dump(&g);
+}
+
 /* (item 2, unit) dt_rdzv_conf_parse on what dtrain writes, and on what it must refuse. */
 static void test_conf_parse(void)
 {
@@ -295,6 +332,7 @@ static const dt_test tests[] = {
     {"c10d_job_differs_refused", test_c10d_job_differs_refused, 240},
     {"c10d_conf_validated", test_c10d_conf_validated, 240},
     {"etcd_files_unreadable", test_etcd_files_unreadable, 120},
+    {"etcd_unreachable_said", test_etcd_unreachable_said, 180},
 };
 
 int main(int argc, char **argv)
