@@ -451,8 +451,11 @@ static int c10d_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     const char *ep = opts->endpoint_host[0] ? opts->endpoint_host : "127.0.0.1";
     int port = opts->endpoint_port;
     bool local = dt_rdzv_is_local_host(ep);
+    char bind[DT_RDZV_STR], conn[DT_RDZV_STR]; /* the store's address, this agent's way to it */
+    if (opts->is_host || (local && port))
+        dt_rdzv_store_bind(ep, bind, conn, sizeof bind);
     if (opts->is_host) {
-        rc = dt_rdzv_host_store(&c->server, "0.0.0.0", port, err);
+        rc = dt_rdzv_host_store(&c->server, bind, port, err);
         if (rc == -EADDRINUSE)
             rc = dt_err_set(err, rc,
                             "is_host=1, but port %d is in use on this host: pick another endpoint "
@@ -467,7 +470,7 @@ static int c10d_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
                         ep);
         goto fail;
     } else if (local) {
-        rc = dt_rdzv_host_store(&c->server, "0.0.0.0", port, err);
+        rc = dt_rdzv_host_store(&c->server, bind, port, err);
         if (rc == -EADDRINUSE) {
             DT_INFO("port %d is taken on this host: using the store listening there (another "
                     "agent's, or a `dtrain store`)",
@@ -481,7 +484,7 @@ static int c10d_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         DT_INFO("hosting the rendezvous store at %s:%d", ep, dt_store_server_port(c->server));
     dt_strlcpy(c->store_addr, ep, sizeof c->store_addr);
     c->store_port = c->server ? dt_store_server_port(c->server) : port;
-    dt_strlcpy(c->store_conn, c->server ? "127.0.0.1" : ep, sizeof c->store_conn);
+    dt_strlcpy(c->store_conn, c->server ? conn : ep, sizeof c->store_conn);
     if ((rc = dt_rdzv_connect_store(&c->base, &c->o, c->store_conn, c->store_port, err)))
         goto fail;
     if (opts->local_addr[0])

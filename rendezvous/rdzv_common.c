@@ -276,6 +276,12 @@ int dt_rdzv_read_failures(dt_store *s, const char *key, dt_rdzv_failure **out, i
     return 0;
 }
 
+/* bind(2) of fd to ai's address (named so beside the functions' own bind argument). */
+static int bind_fd(int fd, const struct addrinfo *ai)
+{
+    return bind(fd, ai->ai_addr, ai->ai_addrlen);
+}
+
 bool dt_rdzv_is_local_host(const char *host)
 {
     struct addrinfo hints, *res = NULL;
@@ -289,7 +295,7 @@ bool dt_rdzv_is_local_host(const char *host)
         int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
             continue;
-        local = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+        local = !bind_fd(fd, ai);
         close(fd);
     }
     freeaddrinfo(res);
@@ -386,6 +392,62 @@ int dt_rdzv_connect_store(dt_store **out, const dt_rdzv_opts *o, const char *hos
             next_line = now + 5;
         }
     }
+}
+
+static bool is_loopback(const struct sockaddr *a)
+{
+    if (a->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    return a->sa_family == AF_INET6 &&
+           IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)a)->sin6_addr);
+}
+
+void dt_rdzv_store_bind(const char *host, char *bind, char *conn, size_t cap)
+{
+    const char *env = dt_env("DTRAIN_STORE_BIND");
+    struct in6_addr a6;
+    bool numeric = inet_pton(AF_INET, host, &a6) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
+    bind[0] = '\0';
+    if (env && *env) {
+        dt_strlcpy(bind, env, cap);
+    } else if (numeric) {
+        dt_strlcpy(bind, host, cap);
+    } else {
+        struct addrinfo hints, *res = NULL;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        bool loop_only = true;
+        if (getaddrinfo(host, "0", &hints, &res) == 0) {
+            for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+                int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                bool mine = fd >= 0 && !bind_fd(fd, ai);
+                if (fd >= 0)
+                    close(fd);
+                if (mine && !bind[0] &&
+                    getnameinfo(ai->ai_addr, ai->ai_addrlen, bind, (socklen_t)cap, NULL, 0,
+                                NI_NUMERICHOST) != 0)
+                    bind[0] = '\0';
+                loop_only = loop_only && is_loopback(ai->ai_addr);
+            }
+            freeaddrinfo(res);
+        }
+        if (bind[0] && loop_only && strcmp(host, "localhost")) {
+            DT_INFO("%s resolves here to the loopback address %s only, which the other nodes "
+                    "cannot reach: the rendezvous store listens on every interface "
+                    "(DTRAIN_STORE_BIND=ADDR chooses one)",
+                    host, bind);
+            bind[0] = '\0';
+        } else if (!bind[0]) {
+            DT_INFO("%s is no address of this host: the rendezvous store listens on every "
+                    "interface (DTRAIN_STORE_BIND=ADDR chooses one)",
+                    host);
+        }
+        if (!bind[0])
+            dt_strlcpy(bind, "0.0.0.0", cap);
+    }
+    dt_strlcpy(conn, !strcmp(bind, "0.0.0.0") ? "127.0.0.1" : !strcmp(bind, "::") ? "::1" : bind,
+               cap);
 }
 
 int dt_rdzv_host_store(dt_store_server **out, const char *bind_host, int port, dt_err *err)

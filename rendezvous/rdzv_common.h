@@ -42,6 +42,16 @@ bool dt_rdzv_is_local_host(const char *host);
 /* An id nobody else has: 12 hex digits from the clock, the pid and the host. */
 void dt_rdzv_make_id(char *out, size_t cap);
 
+/* Where the store of a job whose endpoint (--master-addr, --rdzv-endpoint host) is host
+ * listens (bind) and the address this host's agent reaches it by (conn), each cap bytes: the
+ * address the job names, not every interface. DTRAIN_STORE_BIND when set (0.0.0.0 or :: = every
+ * interface); else an IP address as it is; a name as it resolves here (the first of its
+ * addresses that is this host's). Every interface, and a line that says why, when the name
+ * resolves here only to a loopback address though it is not localhost (the 127.0.1.1 line many
+ * distributions give the host's own name: the other nodes reach it by another address), or to
+ * no address of this host (c10d is_host behind a forwarded address). */
+void dt_rdzv_store_bind(const char *host, char *bind, char *conn, size_t cap);
+
 /* Starts a store server on bind_host:port (0 = any). -EADDRINUSE (err untouched) when something
  * already listens there; other failures fill err. On success *out is running (caller owns it). */
 int dt_rdzv_host_store(dt_store_server **out, const char *bind_host, int port, dt_err *err);

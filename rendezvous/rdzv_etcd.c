@@ -856,7 +856,9 @@ static int host_round(etcd_rdzv *c, int R, cJSON **host, dt_err *err)
 {
     char k[KEY_MAX];
     int mport = 0, rc;
-    if ((rc = dt_rdzv_host_store(&c->server, "0.0.0.0", 0, err)))
+    char bind[DT_RDZV_STR], conn[DT_RDZV_STR];
+    dt_rdzv_store_bind(c->local_addr, bind, conn, sizeof bind); /* where the others reach it */
+    if ((rc = dt_rdzv_host_store(&c->server, bind, 0, err)))
         return rc;
     if ((rc = dt_rdzv_free_port(&mport, err)))
         return rc;

@@ -332,11 +332,14 @@ static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         dt_rdzv_make_id(r->run_id, sizeof r->run_id);
 
     const char *ep = opts->endpoint_host[0] ? opts->endpoint_host : "127.0.0.1";
+    char bind[DT_RDZV_STR], conn[DT_RDZV_STR]; /* the store's address, this agent's way to it */
     if (nnodes == 1) {
         /* Nobody to agree with: the store exists for the workers only. A fixed endpoint (an
          * explicit --rdzv-endpoint) is honoured, else any free loopback port. */
         bool fixed = opts->endpoint_port > 0;
-        rc = host_store(r, fixed ? "0.0.0.0" : "127.0.0.1", opts->endpoint_port, err);
+        if (fixed)
+            dt_rdzv_store_bind(ep, bind, conn, sizeof bind);
+        rc = host_store(r, fixed ? bind : "127.0.0.1", opts->endpoint_port, err);
         if (rc == -EADDRINUSE)
             rc = dt_err_set(err, rc, "port %d is in use; pick another --rdzv-endpoint port, or "
                                      "leave it out to use any free port",
@@ -353,7 +356,8 @@ static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
 
     bool local = dt_rdzv_is_local_host(ep);
     if (r->node == 0 && local) {
-        rc = host_store(r, "0.0.0.0", opts->endpoint_port, err);
+        dt_rdzv_store_bind(ep, bind, conn, sizeof bind);
+        rc = host_store(r, bind, opts->endpoint_port, err);
         if (rc == -EADDRINUSE)
             DT_INFO("port %d is taken on this host: using the store already listening there "
                     "(an external `dtrain store`)",
@@ -365,7 +369,7 @@ static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     }
     dt_strlcpy(r->store_addr, ep, sizeof r->store_addr);
     r->store_port = r->server ? dt_store_server_port(r->server) : opts->endpoint_port;
-    if ((rc = connect_store(r, r->server ? "127.0.0.1" : ep, r->store_port, err)))
+    if ((rc = connect_store(r, r->server ? conn : ep, r->store_port, err)))
         goto fail;
     if (opts->local_addr[0])
         dt_strlcpy(r->local_addr, opts->local_addr, sizeof r->local_addr);
@@ -407,7 +411,7 @@ static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         if (rc)
             goto fail;
     }
-    if ((rc = alive_start(r, r->server ? "127.0.0.1" : ep, prefix, err)))
+    if ((rc = alive_start(r, r->server ? conn : ep, prefix, err)))
         goto fail;
     *out = r;
     return 0;

@@ -10,6 +10,7 @@
  *
  * Each test ran against the code before its fix and failed there. */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,6 +282,85 @@ static void test_etcd_unreachable_said(void)
         dt_test_group_dump(&g);
 }
 
+/* The IPv4 address (as /proc/net/tcp writes it, "0100007F" for 127.0.0.1) of the socket that
+ * listens on port here; "" when none does. */
+static void listen_addr(int port, char out[16])
+{
+    char line[512], want[8];
+    out[0] = '\0';
+    snprintf(want, sizeof want, ":%04X", port);
+    FILE *f = fopen("/proc/net/tcp", "r");
+    DT_REQUIRE(f != NULL);
+    while (fgets(line, sizeof line, f)) {
+        char local[64], remote[64], st[8];
+        if (sscanf(line, "%*s %63s %63s %7s", local, remote, st) == 3 && !strcmp(st, "0A") &&
+            strlen(local) == 13 && !strcmp(local + 8, want)) {
+            snprintf(out, 16, "%.8s", local);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* (item 17) The store listens on the address the job names, not on every interface: static
+ * node 0 with --master-addr=127.0.0.2 on 127.0.0.2 only, a c10d agent with
+ * --rdzv-endpoint=127.0.0.1:P on 127.0.0.1 only; every interface only when asked
+ * (DTRAIN_STORE_BIND=0.0.0.0). Each agent waits for a node that never comes, so its store is
+ * up while it is looked at; the job still works (static node 1 joins and both end 0). */
+static void test_store_binds_named_address(void)
+{
+    dt_test_group g;
+    char line[8192], a[16];
+    const char *J = mlp_job(20);
+    dt_test_group_init(&g);
+    /* static node 0 at 127.0.0.2 (any 127/8 address is this host's) */
+    snprintf(g.out[0], sizeof g.out[0], "%s/bind0.out", TMP);
+    snprintf(line, sizeof line,
+             "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.2 --master-port 0 --rdzv-id b0 "
+             "%s %s job.output_dir=%s/b0",
+             BIN, fast, J, TMP);
+    dt_test_group_spawn(&g, 0, line, g.out[0]);
+    int port = dt_test_read_port(g.out[0], "hosting the rendezvous store at 127.0.0.2:", 20);
+    listen_addr(port, a);
+    DT_CHECK_STR(a, "0200007F");
+    /* c10d at 127.0.0.1:P */
+    int cport = free_port();
+    snprintf(g.out[1], sizeof g.out[1], "%s/bind1.out", TMP);
+    snprintf(line, sizeof line,
+             "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --nnodes 2 --rdzv-id b1 %s -- "
+             "true",
+             BIN, cport, fast);
+    dt_test_group_spawn(&g, 1, line, g.out[1]);
+    DT_CHECK(dt_test_wait_text(g.out[1], "hosting the rendezvous store", 1,
+                               20 * dt_test_timeout_scale()));
+    listen_addr(cport, a);
+    DT_CHECK_STR(a, "0100007F");
+    /* asked for every interface */
+    snprintf(g.out[2], sizeof g.out[2], "%s/bind2.out", TMP);
+    snprintf(line, sizeof line,
+             "env DTRAIN_STORE_BIND=0.0.0.0 %s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 "
+             "--master-port 0 --rdzv-id b2 %s -- true",
+             BIN, fast);
+    dt_test_group_spawn(&g, 2, line, g.out[2]);
+    int aport = dt_test_read_port(g.out[2], "hosting the rendezvous store at 127.0.0.1:", 20);
+    listen_addr(aport, a);
+    DT_CHECK_STR(a, "00000000");
+    kill(g.pid[1], SIGTERM);
+    kill(g.pid[2], SIGTERM);
+    /* the job at 127.0.0.2 forms and finishes */
+    snprintf(g.out[3], sizeof g.out[3], "%s/bind3.out", TMP);
+    snprintf(line, sizeof line,
+             "%s --nnodes 2 --node-rank 1 --master-addr 127.0.0.2 --master-port %d --rdzv-id b0 "
+             "%s %s job.output_dir=%s/b3",
+             BIN, port, fast, J, TMP);
+    dt_test_group_spawn(&g, 3, line, g.out[3]);
+    dt_test_group_wait(&g, 90 * dt_test_timeout_scale());
+    DT_CHECK_INT(g.code[0], 0);
+    DT_CHECK_INT(g.code[3], 0);
+    if (g.code[0] || g.code[3])
+        dt_test_group_dump(&g);
+}
+
 /* (item 2, unit) dt_rdzv_conf_parse on what dtrain writes, and on what it must refuse. */
 static void test_conf_parse(void)
 {
@@ -333,6 +413,7 @@ static const dt_test tests[] = {
     {"c10d_conf_validated", test_c10d_conf_validated, 240},
     {"etcd_files_unreadable", test_etcd_files_unreadable, 120},
     {"etcd_unreachable_said", test_etcd_unreachable_said, 180},
+    {"store_binds_named_address", test_store_binds_named_address, 240},
 };
 
 int main(int argc, char **argv)
