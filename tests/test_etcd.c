@@ -13,7 +13,8 @@
  * the restart budget and the root cause read back from etcd; SIGTERM to one agent; the lease kept
  * alive at least three times per TTL whatever heartbeat_interval says; a conf record seeded under
  * the job's prefix (a run id out of the log dir, an ESC, min > max, a negative budget, garbage)
- * refused naming the key and the fix.
+ * refused naming the key and the fix; a second job with the same id whose job differs refused
+ * without disturbing the running one.
  *
  * Without `etcd` on the PATH (scripts/install-deps.sh installs etcd-server) every test SKIPs,
  * saying so. Every wait is bounded.
@@ -785,6 +786,48 @@ static void test_conf_validated(void)
     cluster_stop(&ec);
 }
 
+/* (15, #34 item 1) A second job started on etcd with the same --rdzv-id, whose job differs
+ * (train.lr), is refused with the key and both values named (exit 2) instead of joining the
+ * running one as a new node: the running job is not disturbed (no regroup) and ends 0. */
+static void test_job_differs_refused(void)
+{
+    skip_without_etcd();
+    etcd_cluster ec;
+    cluster_start(&ec, 1);
+    char J[1024], line[8192];
+    snprintf(J, sizeof J, "%s/mlp.ini", TMP);
+    DT_REQUIRE(dt_test_write_file(J, "[job]\nname = h\nseed = 3\ndevice = cpu\nlog_every = 50000\n"
+                                     "[model]\ntype = mlp\nhidden = 32\n"
+                                     "[data]\ntype = synthetic\nsynthetic_samples = 2048\n"
+                                     "synthetic_dim = 16\nsynthetic_classes = 4\n"
+                                     "[train]\nbatch_size = 16\nsteps = 200000\nlr = 1e-3\n"
+                                     "threads = 1\n") == 0);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    for (int k = 0; k < 2; k++) {
+        snprintf(g.out[k], sizeof g.out[k], "%s/jd%d.out", TMP, k);
+        snprintf(line, sizeof line,
+                 "%s --rdzv-backend=etcd --rdzv-endpoint=%s --rdzv-id jd --nnodes 1:2 "
+                 "--rdzv-conf %s --monitor-interval 0.05 --stop-grace 3 %s job.output_dir=%s/o%d%s",
+                 BIN, ec.endpoints, CONF, J, TMP, k, k ? " train.lr=5e-2" : "");
+        dt_test_group_spawn(&g, k, line, g.out[k]);
+        if (k == 0)
+            DT_REQUIRE(dt_test_wait_text(g.out[0], "attempt 0 (round 0)", 1,
+                                         30 * dt_test_timeout_scale()));
+    }
+    dt_test_group_wait(&g, 120 * dt_test_timeout_scale());
+    DT_CHECK_INT(g.code[1], 2);
+    DT_CHECK_INT(g.code[0], 0);
+    DT_CHECK(dt_test_count_text(g.out[1], "train.lr = \"0.05\" here, \"0.001\" in the job") == 1);
+    DT_CHECK(dt_test_count_text(g.out[1], "key dtrain/jd/") >= 1);
+    DT_CHECK_INT(dt_test_count_text(g.out[0], "round 1"), 0); /* no regroup */
+    DT_CHECK(dt_test_count_text(g.out[0], "all workers succeeded") >= 1);
+    if (g.code[0] || g.code[1] != 2 || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
 /* Runs an openssl command line in dir; false when it fails. */
 static bool openssl(const char *dir, const char *args)
 {
@@ -945,6 +988,7 @@ static const dt_test tests[] = {
     {"bench_rdzv_etcd", test_bench_rdzv_etcd, 90},
     {"not_etcd", test_not_etcd, 60},
     {"conf_validated", test_conf_validated, 120},
+    {"job_differs_refused", test_job_differs_refused, 180},
 };
 
 int main(int argc, char **argv)
