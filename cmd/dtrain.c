@@ -226,7 +226,10 @@ static int cmd_run(int argc, char **argv)
             spec.flight = (dt_agent_flight_opts){job.flight_records, job.step_timeout,
                                                  job.straggler_ratio, job.straggler_window};
             dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);
-            code = dt_agent_run(&spec, &err);
+            char *shared = dt_job_shared_text(&job);
+            spec.job_shared = shared;
+            code = shared ? dt_agent_run(&spec, &err) : dt_err_set(&err, -ENOMEM, "out of memory");
+            free(shared);
         } else {
             code = -1;
         }

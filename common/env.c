@@ -10,6 +10,7 @@ const dt_env_var dt_env_vars[] = {
     {"DTRAIN_LOG", "info", "log level: debug, info, warn, error, off"},
     {"DTRAIN_STORE_ADDR", NULL, "host of the dtrain store (set by the agent for its workers)"},
     {"DTRAIN_STORE_PORT", NULL, "port of the dtrain store (set by the agent for its workers)"},
+    {"DTRAIN_STORE_BIND", NULL, "address the rendezvous store of a job listens on (default: the address the job names, --master-addr or the host of --rdzv-endpoint; 0.0.0.0 = every interface)"},
     {"DTRAIN_STORE_TOKEN", NULL, "shared secret clients present to the store; the server requires it when set"},
     {"DTRAIN_RUN_ID", NULL, "run id (the rendezvous id); namespaces store keys and shared memory"},
     {"DTRAIN_ATTEMPT", "0", "restart attempt of the workers (same as TORCHELASTIC_RESTART_COUNT)"},

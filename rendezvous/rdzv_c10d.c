@@ -419,9 +419,17 @@ static int agree_conf(c10d_rdzv *c, dt_err *err)
         return dt_err_set(err, -ENOMEM, "out of memory");
     int rc = dt_rdzv_cas_new(c->ns, "conf", mine, NULL, &cur, err);
     free(mine);
+    char where[2 * DT_RDZV_STR + 120];
+    snprintf(where, sizeof where, "the store at %s:%d (key dtrain/%s/%s/conf)", c->store_addr,
+             c->store_port, c->o.run_id[0] ? c->o.run_id : "none", c->job);
     if (!rc)
-        rc = dt_rdzv_conf_adopt(cur, "the store", &c->o, &c->min, &c->max, &c->max_restarts,
-                                c->run_id, sizeof c->run_id, err);
+        rc = dt_rdzv_conf_adopt(cur, where,
+                                "a client of the store wrote it: start the job again with "
+                                "another --rdzv-id (or restart the store), and give the store a "
+                                "token (DTRAIN_STORE_TOKEN) so that only the job's agents can "
+                                "write there",
+                                &c->o, &c->min, &c->max, &c->max_restarts, c->run_id,
+                                sizeof c->run_id, err);
     free(cur);
     return rc;
 }
@@ -443,8 +451,11 @@ static int c10d_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     const char *ep = opts->endpoint_host[0] ? opts->endpoint_host : "127.0.0.1";
     int port = opts->endpoint_port;
     bool local = dt_rdzv_is_local_host(ep);
+    char bind[DT_RDZV_STR], conn[DT_RDZV_STR]; /* the store's address, this agent's way to it */
+    if (opts->is_host || (local && port))
+        dt_rdzv_store_bind(ep, bind, conn, sizeof bind);
     if (opts->is_host) {
-        rc = dt_rdzv_host_store(&c->server, "0.0.0.0", port, err);
+        rc = dt_rdzv_host_store(&c->server, bind, port, err);
         if (rc == -EADDRINUSE)
             rc = dt_err_set(err, rc,
                             "is_host=1, but port %d is in use on this host: pick another endpoint "
@@ -459,7 +470,7 @@ static int c10d_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
                         ep);
         goto fail;
     } else if (local) {
-        rc = dt_rdzv_host_store(&c->server, "0.0.0.0", port, err);
+        rc = dt_rdzv_host_store(&c->server, bind, port, err);
         if (rc == -EADDRINUSE) {
             DT_INFO("port %d is taken on this host: using the store listening there (another "
                     "agent's, or a `dtrain store`)",
@@ -473,7 +484,7 @@ static int c10d_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         DT_INFO("hosting the rendezvous store at %s:%d", ep, dt_store_server_port(c->server));
     dt_strlcpy(c->store_addr, ep, sizeof c->store_addr);
     c->store_port = c->server ? dt_store_server_port(c->server) : port;
-    dt_strlcpy(c->store_conn, c->server ? "127.0.0.1" : ep, sizeof c->store_conn);
+    dt_strlcpy(c->store_conn, c->server ? conn : ep, sizeof c->store_conn);
     if ((rc = dt_rdzv_connect_store(&c->base, &c->o, c->store_conn, c->store_port, err)))
         goto fail;
     if (opts->local_addr[0])

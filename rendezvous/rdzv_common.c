@@ -276,6 +276,12 @@ int dt_rdzv_read_failures(dt_store *s, const char *key, dt_rdzv_failure **out, i
     return 0;
 }
 
+/* bind(2) of fd to ai's address (named so beside the functions' own bind argument). */
+static int bind_fd(int fd, const struct addrinfo *ai)
+{
+    return bind(fd, ai->ai_addr, ai->ai_addrlen);
+}
+
 bool dt_rdzv_is_local_host(const char *host)
 {
     struct addrinfo hints, *res = NULL;
@@ -289,7 +295,7 @@ bool dt_rdzv_is_local_host(const char *host)
         int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
             continue;
-        local = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+        local = !bind_fd(fd, ai);
         close(fd);
     }
     freeaddrinfo(res);
@@ -388,6 +394,62 @@ int dt_rdzv_connect_store(dt_store **out, const dt_rdzv_opts *o, const char *hos
     }
 }
 
+static bool is_loopback(const struct sockaddr *a)
+{
+    if (a->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    return a->sa_family == AF_INET6 &&
+           IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)a)->sin6_addr);
+}
+
+void dt_rdzv_store_bind(const char *host, char *bind, char *conn, size_t cap)
+{
+    const char *env = dt_env("DTRAIN_STORE_BIND");
+    struct in6_addr a6;
+    bool numeric = inet_pton(AF_INET, host, &a6) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
+    bind[0] = '\0';
+    if (env && *env) {
+        dt_strlcpy(bind, env, cap);
+    } else if (numeric) {
+        dt_strlcpy(bind, host, cap);
+    } else {
+        struct addrinfo hints, *res = NULL;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        bool loop_only = true;
+        if (getaddrinfo(host, "0", &hints, &res) == 0) {
+            for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+                int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                bool mine = fd >= 0 && !bind_fd(fd, ai);
+                if (fd >= 0)
+                    close(fd);
+                if (mine && !bind[0] &&
+                    getnameinfo(ai->ai_addr, ai->ai_addrlen, bind, (socklen_t)cap, NULL, 0,
+                                NI_NUMERICHOST) != 0)
+                    bind[0] = '\0';
+                loop_only = loop_only && is_loopback(ai->ai_addr);
+            }
+            freeaddrinfo(res);
+        }
+        if (bind[0] && loop_only && strcmp(host, "localhost")) {
+            DT_INFO("%s resolves here to the loopback address %s only, which the other nodes "
+                    "cannot reach: the rendezvous store listens on every interface "
+                    "(DTRAIN_STORE_BIND=ADDR chooses one)",
+                    host, bind);
+            bind[0] = '\0';
+        } else if (!bind[0]) {
+            DT_INFO("%s is no address of this host: the rendezvous store listens on every "
+                    "interface (DTRAIN_STORE_BIND=ADDR chooses one)",
+                    host);
+        }
+        if (!bind[0])
+            dt_strlcpy(bind, "0.0.0.0", cap);
+    }
+    dt_strlcpy(conn, !strcmp(bind, "0.0.0.0") ? "127.0.0.1" : !strcmp(bind, "::") ? "::1" : bind,
+               cap);
+}
+
 int dt_rdzv_host_store(dt_store_server **out, const char *bind_host, int port, dt_err *err)
 {
     dt_store_server_opts so;
@@ -448,13 +510,54 @@ int dt_rdzv_cas_new(dt_store *s, const char *key, const char *desired, bool *won
     return 0;
 }
 
+/* ---- the job's settings (conf) --------------------------------------------------------- */
+
+int dt_rdzv_check_run_id(const char *id, char *why, size_t cap)
+{
+    size_t n = strlen(id);
+    const char *bad = NULL;
+    for (const char *p = id; *p && !bad; p++)
+        if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+              *p == '.' || *p == '_' || *p == '-'))
+            bad = p;
+    if (n == 0 || n > 200)
+        snprintf(why, cap, "must be 1 to 200 characters long (it has %zu)", n);
+    else if (bad && ((unsigned char)*bad < 0x20 || *bad == 0x7f))
+        snprintf(why, cap, "holds a control character (byte 0x%02x)", (unsigned char)*bad);
+    else if (bad)
+        snprintf(why, cap, "holds '%c': a run id is letters, digits, '.', '_' and '-'", *bad);
+    else if (strstr(id, ".."))
+        snprintf(why, cap, "holds \"..\" (it names a directory under the log dir)");
+    else
+        return 0;
+    return -EINVAL;
+}
+
+void dt_rdzv_job_digest(const char *text, char out[17])
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = text ? text : ""; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+/* A value as it may be shown on a terminal: control characters as '?', cut to cap. */
+static void printable(const char *in, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (; in && *in && k + 1 < cap; in++, k++)
+        out[k] = (unsigned char)*in < 0x20 || *in == 0x7f ? '?' : *in;
+    out[k] = '\0';
+}
+
 char *dt_rdzv_conf_propose(const dt_rdzv_opts *o, int min, int max)
 {
-    char run_id[DT_RDZV_STR];
+    char run_id[DT_RDZV_STR], digest[17];
     if (o->run_id[0] && strcmp(o->run_id, "none"))
         dt_strlcpy(run_id, o->run_id, sizeof run_id);
     else
         dt_rdzv_make_id(run_id, sizeof run_id);
+    dt_rdzv_job_digest(o->job, digest);
     cJSON *j = cJSON_CreateObject();
     if (!j)
         return NULL;
@@ -462,29 +565,228 @@ char *dt_rdzv_conf_propose(const dt_rdzv_opts *o, int min, int max)
     cJSON_AddNumberToObject(j, "max_restarts", o->max_restarts);
     cJSON_AddNumberToObject(j, "min", min);
     cJSON_AddNumberToObject(j, "max", max);
+    cJSON_AddStringToObject(j, "job", o->job ? o->job : "");
+    cJSON_AddStringToObject(j, "digest", digest);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     return text;
 }
 
-int dt_rdzv_conf_adopt(const char *cur, const char *where, const dt_rdzv_opts *o, int *min,
-                       int *max, int *max_restarts, char *run_id, size_t cap, dt_err *err)
+void dt_rdzv_conf_free(dt_rdzv_conf *c)
 {
+    if (c) {
+        free(c->job);
+        c->job = NULL;
+    }
+}
+
+/* An integer member lo..hi of o into *v; else -EINVAL naming it. */
+static int conf_int(const cJSON *o, const char *k, int lo, int hi, int *v, const char *where,
+                    const char *fix, dt_err *err)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(x))
+        return dt_err_set(err, -EINVAL, "the job's settings in %s: \"%s\" is %s, not a number; %s",
+                          where, k, x ? "of another type" : "missing", fix);
+    double d = x->valuedouble;
+    if (d != (double)(long long)d || d < lo || d > hi)
+        return dt_err_set(err, -EINVAL,
+                          "the job's settings in %s: \"%s\" = %.17g must be a whole number from "
+                          "%d to %d; %s",
+                          where, k, d, lo, hi, fix);
+    *v = (int)d;
+    return 0;
+}
+
+/* Whether the job's text is what dt_job_shared_text writes: lines "key=value" (key of
+ * [a-z0-9_.]), no control characters but the newlines. */
+static bool job_text_ok(const char *t)
+{
+    for (const char *p = t; *p;) {
+        const char *nl = strchr(p, '\n'), *eq = strchr(p, '=');
+        if (!nl || !eq || eq > nl || eq == p)
+            return false;
+        for (const char *q = p; q < eq; q++)
+            if (!((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '_' || *q == '.'))
+                return false;
+        for (const char *q = eq + 1; q < nl; q++)
+            if ((unsigned char)*q < 0x20 || *q == 0x7f)
+                return false;
+        p = nl + 1;
+    }
+    return true;
+}
+
+int dt_rdzv_conf_parse(const char *cur, const char *where, const char *fix, dt_rdzv_conf *c,
+                       dt_err *err)
+{
+    char why[160], shown[80];
+    int rc = 0;
+    memset(c, 0, sizeof *c);
     cJSON *j = cur ? cJSON_Parse(cur) : NULL;
-    if (!j)
-        return dt_err_set(err, -EBADMSG, "the job's settings in %s are not JSON", where);
-    int jmin = (int)dt_rdzv_json_num(j, "min", *min), jmax = (int)dt_rdzv_json_num(j, "max", *max);
-    int mr = (int)dt_rdzv_json_num(j, "max_restarts", o->max_restarts);
-    dt_rdzv_json_str(j, "run_id", run_id, cap);
+    if (!j || !cJSON_IsObject(j)) {
+        printable(cur, shown, 41);
+        cJSON_Delete(j);
+        return dt_err_set(err, -EINVAL,
+                          "the job's settings in %s are not a JSON object (\"%s\"%s): not "
+                          "written by dtrain, or damaged; %s",
+                          where, shown, cur && strlen(cur) > 40 ? "..." : "", fix);
+    }
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "run_id");
+    const cJSON *job = cJSON_GetObjectItemCaseSensitive(j, "job");
+    const cJSON *dg = cJSON_GetObjectItemCaseSensitive(j, "digest");
+    if (!cJSON_IsString(id)) {
+        rc = dt_err_set(err, -EINVAL, "the job's settings in %s: \"run_id\" is %s, not a string; "
+                        "%s", where, id ? "of another type" : "missing", fix);
+        goto out;
+    }
+    if (dt_rdzv_check_run_id(id->valuestring, why, sizeof why)) {
+        printable(id->valuestring, shown, sizeof shown);
+        rc = dt_err_set(err, -EINVAL, "the job's settings in %s: \"run_id\" = \"%s\" %s; %s",
+                        where, shown, why, fix);
+        goto out;
+    }
+    dt_strlcpy(c->run_id, id->valuestring, sizeof c->run_id);
+    if ((rc = conf_int(j, "min", 1, 1000000, &c->min, where, fix, err)) ||
+        (rc = conf_int(j, "max", 1, 1000000, &c->max, where, fix, err)) ||
+        (rc = conf_int(j, "max_restarts", 0, 1000000, &c->max_restarts, where, fix, err)))
+        goto out;
+    if (c->min > c->max) {
+        rc = dt_err_set(err, -EINVAL, "the job's settings in %s: \"min\" = %d is more than "
+                        "\"max\" = %d; %s", where, c->min, c->max, fix);
+        goto out;
+    }
+    if (job && (!cJSON_IsString(job) || strlen(job->valuestring) > 256 * 1024 ||
+                !job_text_ok(job->valuestring))) {
+        rc = dt_err_set(err, -EINVAL, "the job's settings in %s: \"job\" is not the settings' "
+                        "text dtrain writes (key=value lines); %s", where, fix);
+        goto out;
+    }
+    c->job = strdup(job ? job->valuestring : "");
+    if (!c->job) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    dt_rdzv_job_digest(c->job, c->digest);
+    if (job && (!cJSON_IsString(dg) || strcmp(dg->valuestring, c->digest))) {
+        rc = dt_err_set(err, -EINVAL, "the job's settings in %s: \"digest\" does not match its "
+                        "\"job\" (the record is damaged); %s", where, fix);
+        goto out;
+    }
+out:
     cJSON_Delete(j);
-    if (jmin != *min || jmax != *max)
+    if (rc)
+        dt_rdzv_conf_free(c);
+    return rc;
+}
+
+/* The value of key k (n bytes) in lines "k=v\n" of text: a pointer to v and its length in *len,
+ * or NULL. */
+static const char *job_value(const char *text, const char *k, size_t n, size_t *len)
+{
+    for (const char *p = text; p && *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t l = nl ? (size_t)(nl - p) : strlen(p);
+        if (l > n && p[n] == '=' && !strncmp(p, k, n)) {
+            *len = l - n - 1;
+            return p + n + 1;
+        }
+        p = nl ? nl + 1 : NULL;
+    }
+    return NULL;
+}
+
+int dt_rdzv_conf_check_job(const dt_rdzv_conf *c, const char *mine, const char *where,
+                           char *keys, size_t kcap, dt_err *err)
+{
+    size_t klen = 0;
+    if (keys && kcap)
+        keys[0] = '\0';
+    const char *theirs = c->job ? c->job : "";
+    mine = mine ? mine : "";
+    if (!strcmp(theirs, mine))
+        return 0;
+    if ((!*theirs || !*mine) && keys)
+        snprintf(keys, kcap, "%s", *mine ? "a job file, not a command" : "a command, not a job file");
+    if (!*theirs || !*mine)
+        return dt_err_set(err, -EINVAL,
+                          "this node cannot join the job with rendezvous id \"%s\": the job was "
+                          "started %s, this node %s (recorded in %s); start every node the same "
+                          "way, or give this one another --rdzv-id to start a job of its own",
+                          c->run_id, *theirs ? "with a job file" : "with a command (after --)",
+                          *mine ? "with a job file" : "with a command (after --)", where);
+    char list[DT_ERR_MSG_MAX / 2] = "";
+    size_t len = 0;
+    int n = 0;
+    /* every key of this node's job that the job has with another value, or not at all; then
+     * the job's keys this node does not have (another version of dtrain) */
+    for (int pass = 0; pass < 2; pass++) {
+        const char *a = pass ? theirs : mine, *b = pass ? mine : theirs;
+        for (const char *p = a; *p;) {
+            const char *nl = strchr(p, '\n'), *eq = strchr(p, '=');
+            if (!nl)
+                nl = p + strlen(p);
+            if (eq && eq < nl) {
+                size_t kn = (size_t)(eq - p), vl = 0;
+                const char *v = eq + 1, *w = job_value(b, p, kn, &vl);
+                size_t al = (size_t)(nl - v);
+                bool differ = pass ? !w : !w || vl != al || memcmp(v, w, al);
+                if (differ) {
+                    n++;
+                    if (keys && klen + kn + 3 < kcap)
+                        klen += (size_t)snprintf(keys + klen, kcap - klen, "%s%.*s",
+                                                 klen ? ", " : "", (int)kn, p);
+                    if (n <= 6 && len < sizeof list - 1) {
+                        const char *vm = pass ? NULL : v, *vj = pass ? v : w;
+                        size_t lm = pass ? 0 : al, lj = pass ? al : vl;
+                        len += (size_t)snprintf(
+                            list + len, sizeof list - len, "%s%.*s = %s%.*s%s here, %s%.*s%s in "
+                            "the job",
+                            n > 1 ? "; " : "", (int)kn, p, vm ? "\"" : "", (int)DT_MIN(lm, 60u),
+                            vm ? vm : "(not set)", vm ? "\"" : "", vj ? "\"" : "",
+                            (int)DT_MIN(lj, 60u), vj ? vj : "(not set)", vj ? "\"" : "");
+                    } else if (len < sizeof list - 1) {
+                        len += (size_t)snprintf(list + len, sizeof list - len, "%s%.*s",
+                                                n == 7 ? "; and also " : ", ", (int)kn, p);
+                    }
+                    len = DT_MIN(len, sizeof list - 1);
+                }
+            }
+            p = *nl ? nl + 1 : nl;
+        }
+    }
+    return dt_err_set(err, -EINVAL,
+                      "this node's job differs from the one that runs with rendezvous id \"%s\" "
+                      "(the first node's, recorded in %s): %d key%s differ%s: %s. Start this "
+                      "node with the same job file and overrides (dtrain --print-config JOB "
+                      "shows the resolved job), or give it another --rdzv-id to start a job of "
+                      "its own; nothing was started here",
+                      c->run_id, where, n, n == 1 ? "" : "s", n == 1 ? "s" : "", list);
+}
+
+int dt_rdzv_conf_adopt(const char *cur, const char *where, const char *fix,
+                       const dt_rdzv_opts *o, int *min, int *max, int *max_restarts,
+                       char *run_id, size_t cap, dt_err *err)
+{
+    dt_rdzv_conf c;
+    int rc = dt_rdzv_conf_parse(cur, where, fix, &c, err);
+    if (rc)
+        return rc;
+    if ((rc = dt_rdzv_conf_check_job(&c, o->job, where, NULL, 0, err))) {
+        dt_rdzv_conf_free(&c);
+        return rc;
+    }
+    if (c.min != *min || c.max != *max)
         DT_WARN("--nnodes=%s here, but the job was started with --nnodes=%d:%d: using the job's",
-                o->nnodes, jmin, jmax);
-    if (mr != o->max_restarts)
+                o->nnodes, c.min, c.max);
+    if (c.max_restarts != o->max_restarts)
         DT_WARN("--max-restarts=%d here, but the job was started with %d: the job's budget is %d",
-                o->max_restarts, mr, mr);
-    *min = jmin;
-    *max = jmax;
-    *max_restarts = mr;
+                o->max_restarts, c.max_restarts, c.max_restarts);
+    DT_DEBUG("the job's settings (digest %s) agree with this node's", c.digest);
+    *min = c.min;
+    *max = c.max;
+    *max_restarts = c.max_restarts;
+    dt_strlcpy(run_id, c.run_id, cap);
+    dt_rdzv_conf_free(&c);
     return 0;
 }

@@ -42,6 +42,16 @@ bool dt_rdzv_is_local_host(const char *host);
 /* An id nobody else has: 12 hex digits from the clock, the pid and the host. */
 void dt_rdzv_make_id(char *out, size_t cap);
 
+/* Where the store of a job whose endpoint (--master-addr, --rdzv-endpoint host) is host
+ * listens (bind) and the address this host's agent reaches it by (conn), each cap bytes: the
+ * address the job names, not every interface. DTRAIN_STORE_BIND when set (0.0.0.0 or :: = every
+ * interface); else an IP address as it is; a name as it resolves here (the first of its
+ * addresses that is this host's). Every interface, and a line that says why, when the name
+ * resolves here only to a loopback address though it is not localhost (the 127.0.1.1 line many
+ * distributions give the host's own name: the other nodes reach it by another address), or to
+ * no address of this host (c10d is_host behind a forwarded address). */
+void dt_rdzv_store_bind(const char *host, char *bind, char *conn, size_t cap);
+
 /* Starts a store server on bind_host:port (0 = any). -EADDRINUSE (err untouched) when something
  * already listens there; other failures fill err. On success *out is running (caller owns it). */
 int dt_rdzv_host_store(dt_store_server **out, const char *bind_host, int port, dt_err *err);
@@ -83,14 +93,50 @@ void dt_rdzv_fail_list_clear(dt_rdzv_fail_list *l);
 void dt_rdzv_json_str(const cJSON *o, const char *k, char *out, size_t cap);
 double dt_rdzv_json_num(const cJSON *o, const char *k, double def);
 
-/* The job's settings, agreed once per job instance: the first agent's proposal (JSON: run id,
- * restart budget, MIN and MAX nodes; the run id is o->run_id, or a fresh one for "" / "none";
- * malloc'd, NULL when out of memory) is stored by the backend if none is, and every agent adopts
- * what is stored (cur), warning where its own flags differ. where names the backend's state in
- * messages ("the store", "etcd"). */
+/* Whether id may be a run id: 1-200 of [A-Za-z0-9._-], and no ".." (it names a directory
+ * under the log dir). 0, or -EINVAL with why (cap bytes) saying what is wrong. */
+int dt_rdzv_check_run_id(const char *id, char *why, size_t cap);
+
+/* 16 hex digits (and a NUL) of a 64-bit FNV-1a hash of text: the job's digest. */
+void dt_rdzv_job_digest(const char *text, char out[17]);
+
+/* The job's settings as agreed once per job instance (the conf record: JSON {run_id,
+ * max_restarts, min, max, job, digest}). */
+typedef struct dt_rdzv_conf {
+    char run_id[DT_RDZV_STR];
+    int min, max, max_restarts;
+    char *job;                     /* the first node's dt_rdzv_opts.job ("" = none; owned) */
+    char digest[17];               /* dt_rdzv_job_digest(job) */
+} dt_rdzv_conf;
+
+/* The first agent's proposal (run id o->run_id, or a fresh one for "" / "none"; its restart
+ * budget, MIN and MAX nodes, o->job and its digest); malloc'd, NULL when out of memory. The
+ * backend stores it unless a record is there already. */
 char *dt_rdzv_conf_propose(const dt_rdzv_opts *o, int min, int max);
-int dt_rdzv_conf_adopt(const char *cur, const char *where, const dt_rdzv_opts *o, int *min,
-                       int *max, int *max_restarts, char *run_id, size_t cap, dt_err *err);
+
+/* Reads a stored conf record into *c, checking everything in it as the command line's values
+ * are checked (nothing read from the network is trusted): run_id as dt_rdzv_check_run_id,
+ * 1 <= min <= max <= 1000000, 0 <= max_restarts <= 1000000, the job's text printable lines
+ * whose digest matches. -EINVAL (not JSON, or naming the key that is wrong), with where (the source:
+ * "the store at H:P, key K") and fix (what to do: delete the key, another --rdzv-id) in err.
+ * On success c->job is owned by c (dt_rdzv_conf_free). */
+int dt_rdzv_conf_parse(const char *cur, const char *where, const char *fix, dt_rdzv_conf *c,
+                       dt_err *err);
+void dt_rdzv_conf_free(dt_rdzv_conf *c);
+
+/* Compares this node's job (mine, dt_rdzv_opts.job) with the job's (c->job): 0 when they are
+ * the same; else -EINVAL with err naming the keys that differ and both values (this node's and
+ * the job's), the run id and where the job's record is, and what to do; keys (kcap bytes; may
+ * be NULL) gets the differing keys' names, comma-separated, for another node's log. */
+int dt_rdzv_conf_check_job(const dt_rdzv_conf *c, const char *mine, const char *where,
+                           char *keys, size_t kcap, dt_err *err);
+
+/* Elastic backends: parses and checks the stored record (dt_rdzv_conf_parse), refuses a node
+ * whose job differs (dt_rdzv_conf_check_job), and adopts the job's MIN, MAX, budget and run id,
+ * warning where this node's flags differ. */
+int dt_rdzv_conf_adopt(const char *cur, const char *where, const char *fix,
+                       const dt_rdzv_opts *o, int *min, int *max, int *max_restarts,
+                       char *run_id, size_t cap, dt_err *err);
 
 /* Store calls on text values (keys and values without NULs). */
 

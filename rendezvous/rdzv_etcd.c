@@ -68,6 +68,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -507,37 +508,140 @@ static int agree_conf(etcd_rdzv *c, dt_err *err)
     keyf(c, k, "conf");
     int rc = dt_etcd_create(c->ec, k, mine, 0, NULL, &cur, err);
     free(mine);
+    char where[KEY_MAX + 1100], fix[KEY_MAX + 200];
+    snprintf(where, sizeof where, "etcd at %s (key %s)", c->o.endpoints, k);
+    snprintf(fix, sizeof fix,
+             "delete the job's keys (etcdctl del --prefix %s) or use another --rdzv-id; with "
+             "etcd authentication only the job's user can write there",
+             c->base);
     if (!rc)
-        rc = dt_rdzv_conf_adopt(cur, "etcd", &c->o, &c->min, &c->max, &c->max_restarts,
+        rc = dt_rdzv_conf_adopt(cur, where, fix, &c->o, &c->min, &c->max, &c->max_restarts,
                                 c->run_id, sizeof c->run_id, err);
     free(cur);
     return rc;
 }
 
-/* TLS files and credentials from the options (the password from its file, first line). */
+/* TLS files and credentials from the options (the password from its file, first line). A file
+ * that cannot be read is a configuration error (-EINVAL: exit 2, not retried). */
 static int load_tls(etcd_rdzv *c, dt_err *err)
 {
     const char *files[3] = {c->o.cacert, c->o.cert, c->o.key};
-    for (int i = 0; i < 3; i++)
-        if (files[i][0] && access(files[i], R_OK) != 0)
-            return dt_err_set(err, -errno, "rendezvous.%s: cannot read %s: %s",
-                              i == 0 ? "cacert" : i == 1 ? "cert" : "key", files[i],
-                              strerror(errno));
+    for (int i = 0; i < 3; i++) {
+        struct stat sb;
+        int e = !files[i][0] ? 0
+                : access(files[i], R_OK) != 0 || stat(files[i], &sb) != 0 ? errno
+                : S_ISDIR(sb.st_mode) ? EISDIR
+                                      : 0;
+        if (e)
+            return dt_err_set(err, -EINVAL,
+                              "rendezvous.%s: cannot read %s: %s (fix the path in --rdzv-conf "
+                              "or the job file's [rendezvous] section)",
+                              i == 0 ? "cacert" : i == 1 ? "cert" : "key", files[i], strerror(e));
+    }
     dt_strlcpy(c->tls.cacert, c->o.cacert, sizeof c->tls.cacert);
     dt_strlcpy(c->tls.cert, c->o.cert, sizeof c->tls.cert);
     dt_strlcpy(c->tls.key, c->o.key, sizeof c->tls.key);
     dt_strlcpy(c->tls.user, c->o.user, sizeof c->tls.user);
     if (c->o.password_file[0]) {
         FILE *f = fopen(c->o.password_file, "r");
-        if (!f)
-            return dt_err_set(err, -errno, "rendezvous.password_file: cannot read %s: %s",
-                              c->o.password_file, strerror(errno));
-        if (!fgets(c->tls.password, sizeof c->tls.password, f))
+        int e = f ? 0 : errno;
+        if (f && !fgets(c->tls.password, sizeof c->tls.password, f)) {
+            if (ferror(f)) /* a directory, an I/O error: an empty file is an empty password */
+                e = errno ? errno : EIO;
             c->tls.password[0] = '\0';
-        fclose(f);
+        }
+        if (f)
+            fclose(f);
+        if (e)
+            return dt_err_set(err, -EINVAL,
+                              "rendezvous.password_file: cannot read %s: %s (fix the path in "
+                              "--rdzv-conf or the job file's [rendezvous] section)",
+                              c->o.password_file, strerror(e));
         c->tls.password[strcspn(c->tls.password, "\r\n")] = '\0';
     }
     return 0;
+}
+
+/* One status call to each member (a second each at most): 0 when some member answered (what it
+ * answered is for the calls that follow to judge), else -ETIMEDOUT with why listing each
+ * member and its error. Each member that does not answer is said at once the first time
+ * (told[m]): a typo in --rdzv-endpoint should not look like a slow cluster. */
+static int probe_members(dt_etcd *ec, bool *told, char *why, size_t cap)
+{
+    int rc = -ETIMEDOUT, n = dt_etcd_count(ec);
+    size_t len = 0;
+    why[0] = '\0';
+    for (int m = 0; m < n; m++) {
+        cJSON *b = cJSON_CreateObject(), *r = NULL;
+        dt_err e = {0};
+        int one = b ? dt_etcd_call_one(ec, m, "/v3/maintenance/status", b, &r, 1.0, &e)
+                    : -ENOMEM;
+        cJSON_Delete(b);
+        cJSON_Delete(r);
+        if (one == -EINTR)
+            return -EINTR;
+        if (one != -ETIMEDOUT) {
+            rc = 0;
+            continue;
+        }
+        if (!told[m])
+            DT_WARN("%s: check --rdzv-endpoint (%s)%s", e.msg, dt_etcd_endpoints(ec),
+                    n > 1 ? "; the other members are tried" : "");
+        told[m] = true;
+        if (len < cap)
+            len += (size_t)snprintf(why + len, cap - len, "%s%s", len ? "; " : "", e.msg);
+    }
+    return rc;
+}
+
+/* probe_members every second until one answers or deadline; every 5 s a line. */
+static int wait_members(etcd_rdzv *c, dt_etcd *ec, double deadline, dt_err *err)
+{
+    bool told[64] = {false}, waited = false;
+    char why[1500];
+    double t0 = dt_now_s(), next_line = t0 + 5;
+    for (;; waited = true) {
+        int rc = probe_members(ec, told, why, sizeof why);
+        if (rc != -ETIMEDOUT) {
+            if (!rc && waited)
+                DT_INFO("reached the etcd cluster at %s after %.1f s", c->o.endpoints,
+                        dt_now_s() - t0);
+            return rc == -EINTR ? dt_err_set(err, -EINTR, "interrupted while reaching etcd") : 0;
+        }
+        double now = dt_now_s();
+        if (now >= deadline)
+            return dt_err_set(err, -ETIMEDOUT,
+                              "no member of the etcd cluster at %s answered within join_timeout "
+                              "(%g s): %s; check --rdzv-endpoint and that etcd runs there",
+                              c->o.endpoints, c->o.join_timeout, why);
+        if (now >= next_line) {
+            DT_INFO("still waiting for the etcd cluster at %s (%.0f s of join_timeout %g s): %s",
+                    c->o.endpoints, now - t0, c->o.join_timeout, why);
+            next_line = now + 5;
+        }
+        for (double until = DT_MIN(now + 1.0, deadline); dt_now_s() < until;) {
+            if (interrupted(c))
+                return dt_err_set(err, -EINTR, "interrupted while reaching etcd");
+            dt_sleep_ms(50);
+        }
+    }
+}
+
+/* Until some member answers, or deadline (join_timeout): says every 5 s what it waits for.
+ * Before the main client exists, with one of its own without the etcd user (whose
+ * authentication is itself a call that would wait silently). */
+static int wait_reachable(etcd_rdzv *c, double deadline, dt_err *err)
+{
+    dt_etcd_tls bare = c->tls;
+    dt_etcd *ec = NULL;
+    bare.user[0] = bare.password[0] = '\0';
+    int rc = dt_etcd_open(&ec, c->o.endpoints, 1.0, &bare, err);
+    if (rc)
+        return rc;
+    dt_etcd_set_interrupt(ec, interrupted, c);
+    rc = wait_members(c, ec, deadline, err);
+    dt_etcd_free(ec);
+    return rc;
 }
 
 static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
@@ -569,8 +673,13 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     double budget = DT_MAX(c->o.heartbeat_timeout / 2, 2.0);
     if (c->o.read_timeout > 0)
         budget = DT_MIN(budget, DT_MAX(c->o.read_timeout, 0.5));
-    if ((rc = load_tls(c, err)) || (rc = dt_etcd_open(&c->ec, opts->endpoints, budget, &c->tls, err)))
+    double deadline = dt_now_s() + opts->join_timeout;
+    if ((rc = load_tls(c, err)) || (rc = wait_reachable(c, deadline, err)) ||
+        (rc = dt_etcd_open(&c->ec, opts->endpoints, budget, &c->tls, err))) {
+        if (rc == -ETIMEDOUT)
+            dt_err_prefix(err, "opening the rendezvous: ");
         goto fail;
+    }
     dt_etcd_set_interrupt(c->ec, interrupted, c);
     if (opts->local_addr[0]) {
         dt_strlcpy(c->local_addr, opts->local_addr, sizeof c->local_addr);
@@ -582,7 +691,6 @@ static int etcd_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         dt_rdzv_route_addr(host, port, c->local_addr, sizeof c->local_addr);
     }
     /* The lease first: every key of this agent is bound to it. */
-    double deadline = dt_now_s() + opts->join_timeout;
     for (;;) {
         int64_t id = 0;
         rc = dt_etcd_lease_grant(c->ec, lease_ttl(c), &id, err);
@@ -748,7 +856,9 @@ static int host_round(etcd_rdzv *c, int R, cJSON **host, dt_err *err)
 {
     char k[KEY_MAX];
     int mport = 0, rc;
-    if ((rc = dt_rdzv_host_store(&c->server, "0.0.0.0", 0, err)))
+    char bind[DT_RDZV_STR], conn[DT_RDZV_STR];
+    dt_rdzv_store_bind(c->local_addr, bind, conn, sizeof bind); /* where the others reach it */
+    if ((rc = dt_rdzv_host_store(&c->server, bind, 0, err)))
         return rc;
     if ((rc = dt_rdzv_free_port(&mport, err)))
         return rc;

@@ -3,6 +3,12 @@
  *
  * Keys, all under "dtrain/<rdzv id>/":
  *   owner            node 0's claim on the namespace (compare-and-set from absent)
+ *   conf             node 0's settings, the job's (JSON: run_id, max_restarts, min = max =
+ *                    nnodes, job: the settings every node must share, digest; see
+ *                    dt_rdzv_conf_parse): every other node checks them and its own job against
+ *                    them before it writes anything of its own; a node whose job differs is
+ *                    refused (exit 2) and the job waits for that node as if it had not come
+ *   refused          "<node> <why>" of the last node refused so (node 0 says it while it waits)
  *   round            the round node 0 is in; an agent of another node that starts late (or is
  *                    restarted) joins that round
  *   abort            "<node> <signal> <why>": the job was stopped; every node ends (signal
@@ -59,6 +65,7 @@ typedef struct static_rdzv {
     bool left;                    /* left/<node> written */
     bool store_gone;              /* a call found the store unreachable: ask it nothing more */
     bool setup_failed;            /* the job ended on a setup error in round `round` */
+    char refused_seen[17];        /* node 0: digest of the last "refused" record it said */
     dt_rdzv_status ended;         /* cached end of the current round (RUNNING = not yet) */
     bool *member;                 /* nnodes: in the last formed round and not lost */
     char (*hosts)[64];            /* nnodes: host names from the records */
@@ -146,6 +153,27 @@ static bool job_aborted(static_rdzv *r, dt_rdzv_status *st)
     return true;
 }
 
+/* Node 0: a node that was refused (its job differs) is said once per record. */
+static void say_refused(static_rdzv *r)
+{
+    char *v = NULL, dg[17];
+    if (dt_rdzv_get_str(r->ns, "refused", &v, 0, NULL) != 0)
+        return;
+    dt_rdzv_job_digest(v, dg);
+    if (strcmp(dg, r->refused_seen)) {
+        int node = -1;
+        sscanf(v, "%d", &node);
+        for (char *p = v; *p; p++) /* written by another node: shown, not obeyed */
+            if ((unsigned char)*p < 0x20 || *p == 0x7f)
+                *p = '?';
+        DT_WARN("node %d was refused and exited: node %.700s (see its log); waiting for it to "
+                "come back with this job (join_timeout %g s)",
+                node, v, r->o.join_timeout);
+        memcpy(r->refused_seen, dg, sizeof dg);
+    }
+    free(v);
+}
+
 /* Gets n keys, waiting for all of them until deadline in slices of 100 ms; between slices
  * checks for an interrupt and for the job's abort. */
 static int wait_keys(static_rdzv *r, const char *const *keys, size_t n, void **vals, size_t *lens,
@@ -169,6 +197,8 @@ static int wait_keys(static_rdzv *r, const char *const *keys, size_t n, void **v
         }
         if (r->o.interrupted && r->o.interrupted(r->o.arg))
             return dt_err_set(err, -EINTR, "interrupted while waiting for the other nodes");
+        if (r->node == 0)
+            say_refused(r);
         if (job_aborted(r, st))
             return dt_err_set(err, -ECANCELED, "node %d ended the job (%s)", st->node, st->why);
     }
@@ -302,11 +332,14 @@ static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         dt_rdzv_make_id(r->run_id, sizeof r->run_id);
 
     const char *ep = opts->endpoint_host[0] ? opts->endpoint_host : "127.0.0.1";
+    char bind[DT_RDZV_STR], conn[DT_RDZV_STR]; /* the store's address, this agent's way to it */
     if (nnodes == 1) {
         /* Nobody to agree with: the store exists for the workers only. A fixed endpoint (an
          * explicit --rdzv-endpoint) is honoured, else any free loopback port. */
         bool fixed = opts->endpoint_port > 0;
-        rc = host_store(r, fixed ? "0.0.0.0" : "127.0.0.1", opts->endpoint_port, err);
+        if (fixed)
+            dt_rdzv_store_bind(ep, bind, conn, sizeof bind);
+        rc = host_store(r, fixed ? bind : "127.0.0.1", opts->endpoint_port, err);
         if (rc == -EADDRINUSE)
             rc = dt_err_set(err, rc, "port %d is in use; pick another --rdzv-endpoint port, or "
                                      "leave it out to use any free port",
@@ -323,7 +356,8 @@ static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
 
     bool local = dt_rdzv_is_local_host(ep);
     if (r->node == 0 && local) {
-        rc = host_store(r, "0.0.0.0", opts->endpoint_port, err);
+        dt_rdzv_store_bind(ep, bind, conn, sizeof bind);
+        rc = host_store(r, bind, opts->endpoint_port, err);
         if (rc == -EADDRINUSE)
             DT_INFO("port %d is taken on this host: using the store already listening there "
                     "(an external `dtrain store`)",
@@ -335,7 +369,7 @@ static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
     }
     dt_strlcpy(r->store_addr, ep, sizeof r->store_addr);
     r->store_port = r->server ? dt_store_server_port(r->server) : opts->endpoint_port;
-    if ((rc = connect_store(r, r->server ? "127.0.0.1" : ep, r->store_port, err)))
+    if ((rc = connect_store(r, r->server ? conn : ep, r->store_port, err)))
         goto fail;
     if (opts->local_addr[0])
         dt_strlcpy(r->local_addr, opts->local_addr, sizeof r->local_addr);
@@ -369,8 +403,15 @@ static int st_open(void **out, const dt_rdzv_opts *opts, dt_err *err)
         free(cur);
         if (rc)
             goto fail;
+        dt_rdzv_opts own = *opts;
+        dt_strlcpy(own.run_id, r->run_id, sizeof own.run_id);
+        char *conf = dt_rdzv_conf_propose(&own, nnodes, nnodes);
+        rc = conf ? set_str(r->ns, "conf", conf, err) : dt_err_set(err, -ENOMEM, "out of memory");
+        free(conf);
+        if (rc)
+            goto fail;
     }
-    if ((rc = alive_start(r, r->server ? "127.0.0.1" : ep, prefix, err)))
+    if ((rc = alive_start(r, r->server ? conn : ep, prefix, err)))
         goto fail;
     *out = r;
     return 0;
@@ -553,8 +594,6 @@ static int join_round(static_rdzv *r, int R, dt_rdzv_round *rd, dt_rdzv_status *
         r->hb_val[i] = 0;
         r->hb_seen[i] = dt_now_s();
     }
-    dt_rdzv_json_str(recs[0], "run_id", r->run_id, sizeof r->run_id);
-    r->max_restarts = (int)dt_rdzv_json_num(recs[0], "max_restarts", r->o.max_restarts);
     rd->round = R;
     rd->attempt = R;
     rd->max_restarts = r->max_restarts;
@@ -585,6 +624,53 @@ out:
     free(lens);
     free(recs);
     return rc;
+}
+
+/* Node k > 0, before it writes anything of its own: node 0's settings (the conf key), checked
+ * as the command line's are, and this node's job against the job's. A node whose job differs
+ * is refused (-EINVAL) without touching the job: it records why under "refused" for node 0 to
+ * say, and leaves no left/<k> (the node that comes back with the right job writes it). */
+static int adopt_conf(static_rdzv *r, dt_rdzv_status *st, dt_err *err)
+{
+    const char *k = "conf";
+    void *v = NULL;
+    size_t len = 0;
+    char where[2 * DT_RDZV_STR + 64];
+    dt_rdzv_conf c;
+    snprintf(where, sizeof where, "the store at %s:%d (key dtrain/%s/conf)", r->store_addr,
+             r->store_port, r->o.run_id[0] ? r->o.run_id : "none");
+    int rc = wait_keys(r, &k, 1, &v, &len, dt_now_s() + r->o.join_timeout, st, err);
+    if (rc == -ETIMEDOUT)
+        return dt_err_set(err, rc, "node 0 wrote no settings in %s within the join timeout (%g s)",
+                          where, r->o.join_timeout);
+    if (rc)
+        return rc;
+    char *text = strndup(v, len);
+    free(v);
+    if (!text)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    rc = dt_rdzv_conf_parse(text, where,
+                            "a client of the store wrote it: start the job again with another "
+                            "--rdzv-id, and give the store a token (DTRAIN_STORE_TOKEN) so that "
+                            "only the job's agents can write there",
+                            &c, err);
+    free(text);
+    if (rc)
+        return rc;
+    char keys[512];
+    if ((rc = dt_rdzv_conf_check_job(&c, r->o.job, where, keys, sizeof keys, err))) {
+        char rec[700];
+        snprintf(rec, sizeof rec, "%d (%.64s, pid %d) runs another job: it differs in %s", r->node,
+                 dt_hostname(), (int)getpid(), keys);
+        set_str(r->ns, "refused", rec, NULL);
+        r->left = true; /* nothing of this agent's for node 0 to wait for */
+        dt_rdzv_conf_free(&c);
+        return rc;
+    }
+    dt_strlcpy(r->run_id, c.run_id, sizeof r->run_id);
+    r->max_restarts = c.max_restarts;
+    dt_rdzv_conf_free(&c);
+    return 0;
 }
 
 static int st_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *err)
@@ -641,6 +727,8 @@ static int st_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *er
             return rc;
         R = atoi(v);
         free(v);
+        if ((rc = adopt_conf(r, st, err)))
+            return rc;
     }
     r->round = R;
     rc = join_round(r, R, rd, st, err);

@@ -37,6 +37,11 @@ typedef struct dt_rdzv_opts {
                                       read_timeout; also at most heartbeat_timeout); 0 = no cap */
     bool is_host;                  /* c10d: host the store here even if the endpoint host is not
                                       an address of this machine (false = decide by address) */
+    const char *job;               /* the settings every node must share, "key=value" lines
+                                      (the agent's dt_job_shared_text; borrowed until
+                                      dt_rdzv_close; NULL or "" = none, a command). The first
+                                      node's defines the job; a node whose differ is refused
+                                      (dt_rdzv_open: -EINVAL naming the keys) */
     /* Called between bounded waits of dt_rdzv_open and dt_rdzv_next (about every 100 ms); when
      * it returns true the call gives up with -EINTR. NULL = never. */
     bool (*interrupted)(void *arg);

@@ -11,7 +11,10 @@
  * ends with exit 1 within the heartbeat timeout; an endpoint that answers HTTP but is not etcd:
  * a clear error naming it; etcd authentication (user, password_file) passed through --rdzv-conf;
  * the restart budget and the root cause read back from etcd; SIGTERM to one agent; the lease kept
- * alive at least three times per TTL whatever heartbeat_interval says.
+ * alive at least three times per TTL whatever heartbeat_interval says; a conf record seeded under
+ * the job's prefix (a run id out of the log dir, an ESC, min > max, a negative budget, garbage)
+ * refused naming the key and the fix; a second job with the same id whose job differs refused
+ * without disturbing the running one.
  *
  * Without `etcd` on the PATH (scripts/install-deps.sh installs etcd-server) every test SKIPs,
  * saying so. Every wait is bounded.
@@ -726,6 +729,105 @@ static void test_too_few_nodes(void)
     cluster_stop(&ec);
 }
 
+/* (14, #34 items 2 and 9) Nothing read from etcd is trusted: the conf record of a live job
+ * instance, seeded under the job's prefix as anyone may where etcd has no authentication, is
+ * checked as the command line's values are. A run id that climbs out of the log dir, an ESC,
+ * min > max, a negative budget and garbage are each refused with exit 2, naming the key, the
+ * endpoints and the fix (delete the prefix, or another --rdzv-id); nothing is written outside
+ * the log dir. */
+static void test_conf_validated(void)
+{
+    skip_without_etcd();
+    static const struct {
+        const char *conf, *want;
+    } cases[] = {
+        {"{\"run_id\":\"../../../../tmp/dtrain-etcd-pwned\",\"max_restarts\":0,\"min\":1,"
+         "\"max\":2}",
+         "\"run_id\" = \"../../../../tmp/dtrain-etcd-pwned\" holds '/'"},
+        {"{\"run_id\":\"x\\u001b[2J\",\"max_restarts\":0,\"min\":1,\"max\":2}",
+         "holds a control character"},
+        {"{\"run_id\":\"ok\",\"max_restarts\":0,\"min\":3,\"max\":1}",
+         "\"min\" = 3 is more than \"max\" = 1"},
+        {"{\"run_id\":\"ok\",\"max_restarts\":-5,\"min\":1,\"max\":2}",
+         "\"max_restarts\" = -5 must be a whole number from 0"},
+        {"garbage{", "are not a JSON object (\"garbage{\")"},
+    };
+    etcd_cluster ec;
+    cluster_start(&ec, 1);
+    dt_etcd *e = NULL;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_etcd_open(&e, ec.endpoints, 5, NULL, &err), &err);
+    for (size_t i = 0; i < DT_ARRAY_LEN(cases); i++) {
+        /* a live instance J1 (an agent key without a lease, so that it never lapses), each
+         * case afresh (an agent that adopted the record and ran would have ended J1) */
+        DT_REQUIRE_OK(dt_etcd_delete(e, "dtrain/ev/", true, &err), &err);
+        DT_REQUIRE_OK(dt_etcd_put(e, "dtrain/ev/job", "J1", 0, &err), &err);
+        DT_REQUIRE_OK(dt_etcd_put(e, "dtrain/ev/J1/a/seeded", "1", 0, &err), &err);
+        DT_REQUIRE_OK(dt_etcd_put(e, "dtrain/ev/J1/conf", cases[i].conf, 0, &err), &err);
+        char line[4096], *out = NULL, want[512];
+        snprintf(line, sizeof line,
+                 "%s --rdzv-backend=etcd --rdzv-endpoint=%s --rdzv-id ev --nnodes 1:2 "
+                 "--rdzv-conf %s --log-dir %s/evlogs -- true 2>&1",
+                 BIN, ec.endpoints, CONF, TMP);
+        int code = dt_test_run(line, &out, (int)(60 * dt_test_timeout_scale()));
+        DT_CHECK_INT(code, 2);
+        DT_CHECK_CONTAINS(out, cases[i].want);
+        snprintf(want, sizeof want, "etcd at %s (key dtrain/ev/J1/conf)", ec.endpoints);
+        DT_CHECK_CONTAINS(out, want);
+        DT_CHECK_CONTAINS(out, "etcdctl del --prefix dtrain/ev/");
+        DT_CHECK_CONTAINS(out, "another --rdzv-id");
+        DT_CHECK_MSG(!out || !strchr(out, 0x1b), "an ESC reached the output");
+        if (code != 2)
+            fprintf(stderr, "case %zu: %s\n", i, out ? out : "");
+        free(out);
+    }
+    DT_CHECK(access("/tmp/dtrain-etcd-pwned", F_OK) != 0);
+    dt_etcd_free(e);
+    cluster_stop(&ec);
+}
+
+/* (15, #34 item 1) A second job started on etcd with the same --rdzv-id, whose job differs
+ * (train.lr), is refused with the key and both values named (exit 2) instead of joining the
+ * running one as a new node: the running job is not disturbed (no regroup) and ends 0. */
+static void test_job_differs_refused(void)
+{
+    skip_without_etcd();
+    etcd_cluster ec;
+    cluster_start(&ec, 1);
+    char J[1024], line[8192];
+    snprintf(J, sizeof J, "%s/mlp.ini", TMP);
+    DT_REQUIRE(dt_test_write_file(J, "[job]\nname = h\nseed = 3\ndevice = cpu\nlog_every = 50000\n"
+                                     "[model]\ntype = mlp\nhidden = 32\n"
+                                     "[data]\ntype = synthetic\nsynthetic_samples = 2048\n"
+                                     "synthetic_dim = 16\nsynthetic_classes = 4\n"
+                                     "[train]\nbatch_size = 16\nsteps = 200000\nlr = 1e-3\n"
+                                     "threads = 1\n") == 0);
+    dt_test_group g;
+    dt_test_group_init(&g);
+    for (int k = 0; k < 2; k++) {
+        snprintf(g.out[k], sizeof g.out[k], "%s/jd%d.out", TMP, k);
+        snprintf(line, sizeof line,
+                 "%s --rdzv-backend=etcd --rdzv-endpoint=%s --rdzv-id jd --nnodes 1:2 "
+                 "--rdzv-conf %s --monitor-interval 0.05 --stop-grace 3 %s job.output_dir=%s/o%d%s",
+                 BIN, ec.endpoints, CONF, J, TMP, k, k ? " train.lr=5e-2" : "");
+        dt_test_group_spawn(&g, k, line, g.out[k]);
+        if (k == 0)
+            DT_REQUIRE(dt_test_wait_text(g.out[0], "attempt 0 (round 0)", 1,
+                                         30 * dt_test_timeout_scale()));
+    }
+    dt_test_group_wait(&g, 120 * dt_test_timeout_scale());
+    DT_CHECK_INT(g.code[1], 2);
+    DT_CHECK_INT(g.code[0], 0);
+    DT_CHECK(dt_test_count_text(g.out[1], "train.lr = \"0.05\" here, \"0.001\" in the job") == 1);
+    DT_CHECK(dt_test_count_text(g.out[1], "key dtrain/jd/") >= 1);
+    DT_CHECK_INT(dt_test_count_text(g.out[0], "round 1"), 0); /* no regroup */
+    DT_CHECK(dt_test_count_text(g.out[0], "all workers succeeded") >= 1);
+    if (g.code[0] || g.code[1] != 2 || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
 /* Runs an openssl command line in dir; false when it fails. */
 static bool openssl(const char *dir, const char *args)
 {
@@ -885,6 +987,8 @@ static const dt_test tests[] = {
     {"auth", test_auth, 90},
     {"bench_rdzv_etcd", test_bench_rdzv_etcd, 90},
     {"not_etcd", test_not_etcd, 60},
+    {"conf_validated", test_conf_validated, 120},
+    {"job_differs_refused", test_job_differs_refused, 180},
 };
 
 int main(int argc, char **argv)

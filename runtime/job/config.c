@@ -852,6 +852,58 @@ void dt_job_print(const dt_job *job, FILE *out)
     }
 }
 
+/* ---- the settings the nodes agree on (the rendezvous's job digest) ---------------------- */
+
+const char *const dt_job_node_local_keys[] = {
+    "job.output_dir", /* where this node writes (DTRAIN_OUTPUT_DIR, a local disk) */
+    "job.cpu_bind",   /* this host's CPUs */
+    "train.threads",  /* this host's cores */
+    "checkpoint.dir", /* a path on this node (each rank writes its own shards there) */
+    "checkpoint.resume", /* auto, never, or a path on this node (checked by its own workers) */
+    NULL,
+};
+
+bool dt_cfg_node_local(const dt_cfg_field *f)
+{
+    char k[64];
+    if (!strcmp(f->section, "elastic") || !strcmp(f->section, "rendezvous"))
+        return true;
+    snprintf(k, sizeof k, "%s.%s", f->section, f->key);
+    for (int i = 0; dt_job_node_local_keys[i]; i++)
+        if (!strcmp(k, dt_job_node_local_keys[i]))
+            return true;
+    return false;
+}
+
+char *dt_job_shared_text(const dt_job *job)
+{
+    size_t cap = 8192, len = 0;
+    char *out = malloc(cap), val[DT_PATH_MAX + 32];
+    if (!out)
+        return NULL;
+    out[0] = '\0';
+    for (int i = 0; i < dt_cfg_fields_count; i++) {
+        const dt_cfg_field *f = &dt_cfg_fields[i];
+        if (dt_cfg_node_local(f))
+            continue;
+        dt_cfg_format(job, f, val, sizeof val);
+        for (char *p = val; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f)
+                *p = '?';
+        size_t need = strlen(f->section) + strlen(f->key) + strlen(val) + 4;
+        if (len + need > cap) {
+            char *g = realloc(out, cap = 2 * (len + need));
+            if (!g) {
+                free(out);
+                return NULL;
+            }
+            out = g;
+        }
+        len += (size_t)snprintf(out + len, cap - len, "%s.%s=%s\n", f->section, f->key, val);
+    }
+    return out;
+}
+
 void dt_job_print_reference(FILE *out)
 {
     fprintf(out, "| key | type | default | meaning |\n|---|---|---|---|\n");

@@ -384,6 +384,19 @@ int dt_job_stage_blocks(const dt_job *job, int *blocks, dt_err *err);
 /* Writes the fully resolved job as INI that dt_job_load reads back to the same job. */
 void dt_job_print(const dt_job *job, FILE *out);
 
+/* The settings every node of a job must share, agreed at the rendezvous (the first node's job
+ * defines the run; a node whose job differs is refused, naming the keys): one "section.key=value"
+ * line per key in the key table's order, every key but the launcher's sections ([elastic],
+ * [rendezvous]: each node's own flags, of which the rendezvous agrees on what matters itself)
+ * and the node-local keys of dt_job_node_local_keys. Control characters in a value are written
+ * as '?'. Returns a malloc'd string (caller frees), NULL when out of memory. */
+char *dt_job_shared_text(const dt_job *job);
+
+/* The keys that may differ from node to node (paths on this node, this host's CPUs), as
+ * "section.key" (NULL-terminated); docs/launcher.md lists them. */
+extern const char *const dt_job_node_local_keys[];
+
+
 /* Writes the key reference as a Markdown table (docs/keys.md, "Every key"). */
 void dt_job_print_reference(FILE *out);
 
@@ -435,6 +448,10 @@ bool dt_cfg_known_section(const char *s);
 int dt_cfg_set(dt_job *job, const dt_cfg_field *f, const char *value, char *why, size_t cap);
 /* f's value in job as a job file writes it (what dt_cfg_set reads back to the same value). */
 void dt_cfg_format(const dt_job *job, const dt_cfg_field *f, char *buf, size_t cap);
+
+/* Whether f is one of the keys dt_job_shared_text leaves out (the launcher's sections and
+ * dt_job_node_local_keys). */
+bool dt_cfg_node_local(const dt_cfg_field *f);
 /* Checks a string key whose form is known (launcher settings, names) and that a job file can
  * hold v; 0, or -EINVAL with why filled. */
 int dt_cfg_check_str(const dt_cfg_field *f, const char *v, char *why, size_t cap);

@@ -45,6 +45,10 @@ typedef struct dt_agent_spec {
                                   each worker gets unless its environment has NAME already:
                                   cmd/ passes the OpenBLAS kernel it chose for built-in workers
                                   (OPENBLAS_CORETYPE, DTRAIN_BLAS_CHOICE: cmd/blas_boot.h) */
+    const char *job_shared;    /* job-file mode: the settings every node must share
+                                  (dt_job_shared_text; borrowed), agreed at the rendezvous: a
+                                  node whose job differs from the first node's is refused
+                                  (DT_EXIT_CONFIG); NULL for commands */
     dt_agent_flight_opts flight; /* job-file mode: the flight records' keys (train.flight_records,
                                     step_timeout, straggler_ratio, straggler_window); zero for
                                     commands: no flight records */
