@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "rendezvous/rdzv_common.h"
 #include "runtime/job/config.h"
 #include "runtime/train/ckpt/ckpt.h"
 #include "tests/fixtures.h"
@@ -151,6 +152,47 @@ static void test_missing_data_at_load(void)
     DT_CHECK_MSG(code == 2, "worker: exit %d: %.3000s", code, o);
     DT_CHECK_CONTAINS(o, "nope.txt");
     free(o);
+}
+
+/* Two static nodes, one of which lacks its data file (each node checks its own): that node
+ * exits 2 at load, and the other, which waited for it until join_timeout (600 s by default)
+ * before exiting 1, learns why at once and exits 2 too, whichever of them hosts the store. */
+static void test_missing_data_one_node(void)
+{
+    const char *qs = dt_test_fmt("%s/configs/quickstart.ini", dt_test_repo_dir("configs"));
+    for (int bad = 0; bad < 2; bad++) {
+        dt_test_group g;
+        dt_test_group_init(&g);
+        char line[8192], out[2][1024];
+        for (int k = 0; k < 2; k++)
+            snprintf(out[k], sizeof out[k], "%s/mn%d_%d.out", TMP, bad, k);
+        /* a worker already started on the good node is stopped within stop_grace */
+        const char *flags = "--nproc-per-node 1 --rdzv-conf join_timeout=300,close_timeout=20 "
+                            "--stop-grace 5";
+        const char *ov = "job.device=cpu train.steps=3 train.eval_every=0 checkpoint.every=0";
+        dt_err e = {0};
+        DT_REQUIRE_OK(dt_rdzv_free_port(&g.port, &e), &e); /* node 0 may never bind one */
+        snprintf(line, sizeof line, "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 "
+                 "--master-port %d %s %s %s job.output_dir=%s/mn%d_0 %s", BIN, g.port, flags, qs,
+                 ov, TMP, bad, bad == 0 ? dt_test_fmt("data.path=%s/nope.txt", TMP) : "");
+        dt_test_group_spawn(&g, 0, line, out[0]);
+        snprintf(line, sizeof line, "%s --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 "
+                 "--master-port %d %s %s %s job.output_dir=%s/mn%d_1 %s", BIN, g.port, flags, qs,
+                 ov, TMP, bad, bad == 1 ? dt_test_fmt("data.path=%s/nope.txt", TMP) : "");
+        dt_test_group_spawn(&g, 1, line, out[1]);
+        dt_test_group_wait(&g, 60 * dt_test_timeout_scale());
+        for (int k = 0; k < 2; k++) {
+            char *o = dt_test_slurp(out[k]);
+            DT_CHECK_MSG(g.code[k] == 2, "bad node %d: node %d exited %d: %.3000s", bad, k,
+                         g.code[k], o ? o : "");
+            DT_CHECK_CONTAINS(o, "nope.txt"); /* the good node says why too */
+            DT_CHECK_MSG(o && !strstr(o, "step 1/"), "node %d trained: %.3000s", k, o ? o : "");
+            if (k == bad)
+                DT_CHECK_CONTAINS(o, "nothing was started");
+            free(o);
+        }
+        dt_test_group_kill(&g);
+    }
 }
 
 /* Settings no worker can run: found at load (recompute = selective on an mlp), or by the worker
@@ -727,6 +769,7 @@ static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
     {"missing_data_at_load", test_missing_data_at_load, 120},
+    {"missing_data_one_node", test_missing_data_one_node, 240},
     {"worker_config_errors_not_retried", test_worker_config_errors_not_retried, 180},
     {"only_damaged_checkpoints_stop", test_only_damaged_checkpoints_stop, 180},
     {"damaged_checkpoint_kept_aside", test_damaged_checkpoint_kept_aside, 180},
