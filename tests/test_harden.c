@@ -195,22 +195,27 @@ static void test_missing_data_one_node(void)
     }
 }
 
-/* Settings no worker can run: found at load (recompute = selective on an mlp), or by the worker
- * with the configuration exit code, which the agent does not retry (a batch larger than the
- * data). */
+/* Settings no worker can run: found at load (recompute = selective on an mlp, nccl on the
+ * cpu), or by the worker with the configuration exit code, which the agent does not retry (a
+ * batch larger than the data; a device this node does not have: CUDA_VISIBLE_DEVICES="" hides
+ * every GPU, where there are any). The last three exited 1 and were restarted. */
 static void test_worker_config_errors_not_retried(void)
 {
     const struct {
-        const char *args, *want;
+        const char *pre, *args, *want;
         bool at_load;
     } cases[] = {
-        {"train.recompute=selective", "train.recompute", true},
-        {"train.batch_size=1000000", "fewer than one step needs", false},
+        {"", "train.recompute=selective", "train.recompute", true},
+        {"", "train.batch_size=1000000", "fewer than one step needs", false},
+        {"", "ddp.backend=nccl", "ddp.backend", true},
+        {"CUDA_VISIBLE_DEVICES=", "job.device=cuda", "CUDA", false},
+        {"CUDA_VISIBLE_DEVICES=", "--nproc-per-node=2 job.device=auto ddp.backend=nccl",
+         "needs device = cuda", false},
     };
     for (size_t k = 0; k < DT_ARRAY_LEN(cases); k++) {
         char cmd[4096];
-        snprintf(cmd, sizeof cmd, "%s --max-restarts=2 %s job.output_dir=%s/c%zu %s", BIN,
-                 mlp_job(), TMP, k, cases[k].args);
+        snprintf(cmd, sizeof cmd, "%s %s --max-restarts=2 %s job.output_dir=%s/c%zu %s",
+                 cases[k].pre, BIN, mlp_job(), TMP, k, cases[k].args);
         int code;
         char *o = run(cmd, &code, 120);
         DT_CHECK_MSG(code == 2, "%s: exit %d: %.3000s", cases[k].args, code, o);
