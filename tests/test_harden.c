@@ -369,6 +369,14 @@ static void test_foreign_future_checkpoint(void)
     free(o);
     DT_CHECK(same_file(dt_test_fmt("%s/checkpoints/step_60/model.safetensors", a),
                        dt_test_fmt("%s/checkpoints/step_60/model.safetensors", b)));
+    /* off the save schedule (every 25: steps 50, 75, 80) it is refused too, since a stop signal
+     * saves at any step; the message says so (it said "a step this run would save") */
+    o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=80 checkpoint.every=25 2>&1",
+                        BIN, mlp_job(), a),
+            &code, 120);
+    DT_CHECK_MSG(code == 2, "every=25: exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "a stop signal");
+    free(o);
     o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=50 2>&1", BIN, mlp_job(), a),
             &code, 120);
     DT_CHECK_MSG(code == 0, "steps=50: exit %d: %.3000s", code, o);
