@@ -563,6 +563,21 @@ static void test_ckpt_list_output_dir(void)
     DT_CHECK_CONTAINS(o, "resume = auto loads this one");
     DT_CHECK_MSG(strstr(o, "\n40 ") != NULL, "no row of step 40: %.2000s", o);
     free(o);
+    /* verify checks them there too; show and export, which take one checkpoint, name the
+     * newest there (all three said "state.json is missing (an incomplete checkpoint)") */
+    o = run(dt_test_fmt("%s ckpt verify %s", BIN, out), &code, 60);
+    DT_CHECK_MSG(code == 0, "verify: exit %d: %.2000s", code, o);
+    DT_CHECK_CONTAINS(o, dt_test_fmt("%s/checkpoints/step_40: valid", out));
+    DT_CHECK(!strstr(o, "incomplete"));
+    free(o);
+    const char *one[] = {"show", "export"};
+    for (int i = 0; i < 2; i++) {
+        o = run(dt_test_fmt("%s ckpt %s %s%s", BIN, one[i], out, i ? " /dev/null" : ""), &code,
+                60);
+        DT_CHECK_MSG(code == 1, "%s: exit %d: %.2000s", one[i], code, o);
+        DT_CHECK_CONTAINS(o, dt_test_fmt("%s/checkpoints/step_40", out));
+        free(o);
+    }
     sh(dt_test_fmt("mkdir -p %s/empty", TMP));
     o = run(dt_test_fmt("%s ckpt list %s/empty", BIN, TMP), &code, 60);
     DT_CHECK_MSG(code == 0, "empty: exit %d: %.2000s", code, o);
