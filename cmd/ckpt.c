@@ -59,6 +59,41 @@ static bool is_one_checkpoint(const char *path)
     return access(sj, F_OK) == 0;
 }
 
+/* When dir is a job's output_dir rather than a checkpoint or a directory of them (it holds no
+ * state.json and no step_<N>, and dir/checkpoints holds some), *sub (cap bytes) gets
+ * dir/checkpoints and *newest its newest step: true. */
+static bool output_dir_checkpoints(const char *dir, char *sub, size_t cap, int64_t *newest)
+{
+    int64_t *steps = NULL;
+    int n = 0;
+    if (is_one_checkpoint(dir) || (dt_ckpt_list(dir, &steps, &n, NULL) == 0 && n > 0)) {
+        free(steps);
+        return false;
+    }
+    free(steps);
+    steps = NULL;
+    n = 0;
+    if ((size_t)snprintf(sub, cap, "%s/checkpoints", dir) >= cap ||
+        dt_ckpt_list(sub, &steps, &n, NULL) != 0 || n == 0) {
+        free(steps);
+        return false;
+    }
+    *newest = steps[0];
+    free(steps);
+    return true;
+}
+
+/* show and export take one checkpoint: for a job's output_dir, say which ones it holds. */
+static void hint_output_dir(const char *cmd, const char *path)
+{
+    char sub[4096 + 16];
+    int64_t newest;
+    if (output_dir_checkpoints(path, sub, sizeof sub, &newest))
+        fprintf(stderr, "dtrain ckpt %s: %s is a job's output_dir: its checkpoints are in %s "
+                "(newest: %s/step_%" PRId64 "; `dtrain ckpt list %s` shows them all)\n", cmd,
+                path, sub, sub, newest, path);
+}
+
 /* The damaged checkpoints saves moved aside under dir (step_<N>.damaged[.k]), on one line. */
 static void print_set_aside(const char *dir)
 {
@@ -230,6 +265,7 @@ static int cmd_show(int argc, char **argv)
         int64_t *steps = NULL;
         int n = 0;
         fprintf(stderr, "dtrain ckpt show: %s: %s\n", path, err.msg);
+        hint_output_dir("show", path);
         if (!is_one_checkpoint(path) && dt_ckpt_list(path, &steps, &n, NULL) == 0 && n > 0)
             fprintf(stderr, "dtrain ckpt show: %s is a directory of checkpoints, not one: give "
                     "one of them (newest: %s/step_%" PRId64 "), or see `dtrain ckpt list %s`\n",
@@ -337,6 +373,7 @@ static int cmd_export(int argc, char **argv)
     double t0 = dt_now_s();
     if (dt_ckpt_export(argv[1], argv[2], 0, &bytes, &e) != 0) {
         fprintf(stderr, "dtrain ckpt export: %s: %s\n", argv[1], e.msg);
+        hint_output_dir("export", argv[1]);
         return 1;
     }
     printf("%s: %.1f MB of weights from %s in %.2f s\n", argv[2], bytes / 1e6, argv[1],
@@ -353,7 +390,8 @@ static int cmd_verify(int argc, char **argv)
                    "Checks the checkpoint directory PATH (a step_<N>) as a resume would:\n"
                    "state.json intact (its own checksum), every file present with its recorded\n"
                    "size and XXH64, every safetensors header valid and matching the tensor table.\n"
-                   "When PATH is a directory of checkpoints, checks each of them.\n"
+                   "When PATH is a directory of checkpoints, checks each of them (a job's\n"
+                   "output_dir that holds none itself: those in PATH/checkpoints).\n"
                    "Exit 0 when valid, 1 when not (the reason is printed), 2 on a usage error.\n");
             return 0;
         }
@@ -368,10 +406,15 @@ static int cmd_verify(int argc, char **argv)
         fprintf(stderr, "usage: dtrain ckpt verify PATH\n");
         return 2;
     }
-    char sj[4096 + 32];
-    snprintf(sj, sizeof sj, "%s/state.json", path);
-    int64_t *steps = NULL;
+    char sj[4096 + 32], sub[4096 + 16];
+    int64_t *steps = NULL, newest;
     int n = 0;
+    if (output_dir_checkpoints(path, sub, sizeof sub, &newest)) {
+        printf("%s holds no checkpoints itself; verifying %s, where a job whose output_dir it "
+               "is keeps them\n", path, sub);
+        path = sub;
+    }
+    snprintf(sj, sizeof sj, "%s/state.json", path);
     if (access(sj, F_OK) != 0 && dt_ckpt_list(path, &steps, &n, NULL) == 0 && n > 0) {
         int bad = 0;
         for (int i = 0; i < n; i++) {

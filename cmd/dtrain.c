@@ -68,6 +68,15 @@ static void print_config_errors(const dt_config_errors *errs)
         fprintf(stderr, "dtrain: ... and %d more errors\n", errs->count - shown);
 }
 
+/* Whether the other nodes of this job wait for this one until join_timeout when it stays out:
+ * a static rendezvous of several nodes. An elastic job goes on without it (or waits for MIN). */
+static bool waits_for_every_node(const dt_launch *L)
+{
+    int n = 0;
+    return !L->standalone && L->rdzv_backend == DT_RDZV_STATIC &&
+           dt_parse_int(L->nnodes, &n) == 0 && n > 1;
+}
+
 static bool is_ini(const char *path)
 {
     size_t n = strlen(path);
@@ -119,6 +128,7 @@ static int cmd_run(int argc, char **argv)
     dt_err err = {0};
     static dt_job job;
     static dt_config_errors errs;
+    static char setup_error[DT_ERR_MSG_MAX]; /* this node's files failed their check */
     int code = DT_EXIT_CONFIG;
 
     if (dt_args_parse(&a, argc, argv, &err) != 0) {
@@ -177,10 +187,15 @@ static int cmd_run(int argc, char **argv)
         /* this node's files: what the job reads is there, what it writes can be written */
         if (dt_preflight_check(&job, &errs) != 0) {
             print_config_errors(&errs);
+            bool others_wait = waits_for_every_node(&job.launch);
             fprintf(stderr, "dtrain: %d error%s in the job's files and directories on this node "
-                    "(%s); nothing was started\n", errs.count, errs.count == 1 ? "" : "s",
-                    dt_hostname());
-            goto out;
+                    "(%s); nothing was started%s\n", errs.count, errs.count == 1 ? "" : "s",
+                    dt_hostname(), others_wait ? " (joining the rendezvous only to end the "
+                    "job on every node)" : "");
+            if (!others_wait)
+                goto out;
+            snprintf(setup_error, sizeof setup_error, "%s%s", errs.lines[0],
+                     errs.count > 1 ? " (and more: see that node's output)" : "");
         }
     } else {
         /* The same settings, conf folding and validation as with a job file. */
@@ -225,6 +240,7 @@ static int cmd_run(int argc, char **argv)
             spec.pipeline = job.pipeline;
             spec.flight = (dt_agent_flight_opts){job.flight_records, job.step_timeout,
                                                  job.straggler_ratio, job.straggler_window};
+            spec.setup_error = setup_error[0] ? setup_error : NULL;
             dt_strlcpy(spec.output_dir, job.output_dir, sizeof spec.output_dir);
             char *shared = dt_job_shared_text(&job);
             spec.job_shared = shared;

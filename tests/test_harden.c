@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "rendezvous/rdzv_common.h"
 #include "runtime/job/config.h"
 #include "runtime/train/ckpt/ckpt.h"
 #include "tests/fixtures.h"
@@ -153,22 +154,68 @@ static void test_missing_data_at_load(void)
     free(o);
 }
 
-/* Settings no worker can run: found at load (recompute = selective on an mlp), or by the worker
- * with the configuration exit code, which the agent does not retry (a batch larger than the
- * data). */
+/* Two static nodes, one of which lacks its data file (each node checks its own): that node
+ * exits 2 at load, and the other, which waited for it until join_timeout (600 s by default)
+ * before exiting 1, learns why at once and exits 2 too, whichever of them hosts the store. */
+static void test_missing_data_one_node(void)
+{
+    const char *qs = dt_test_fmt("%s/configs/quickstart.ini", dt_test_repo_dir("configs"));
+    for (int bad = 0; bad < 2; bad++) {
+        dt_test_group g;
+        dt_test_group_init(&g);
+        char line[8192], out[2][1024];
+        for (int k = 0; k < 2; k++)
+            snprintf(out[k], sizeof out[k], "%s/mn%d_%d.out", TMP, bad, k);
+        /* a worker already started on the good node is stopped within stop_grace */
+        const char *flags = "--nproc-per-node 1 --rdzv-conf join_timeout=300,close_timeout=20 "
+                            "--stop-grace 5";
+        const char *ov = "job.device=cpu train.steps=3 train.eval_every=0 checkpoint.every=0";
+        dt_err e = {0};
+        DT_REQUIRE_OK(dt_rdzv_free_port(&g.port, &e), &e); /* node 0 may never bind one */
+        snprintf(line, sizeof line, "%s --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 "
+                 "--master-port %d %s %s %s job.output_dir=%s/mn%d_0 %s", BIN, g.port, flags, qs,
+                 ov, TMP, bad, bad == 0 ? dt_test_fmt("data.path=%s/nope.txt", TMP) : "");
+        dt_test_group_spawn(&g, 0, line, out[0]);
+        snprintf(line, sizeof line, "%s --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 "
+                 "--master-port %d %s %s %s job.output_dir=%s/mn%d_1 %s", BIN, g.port, flags, qs,
+                 ov, TMP, bad, bad == 1 ? dt_test_fmt("data.path=%s/nope.txt", TMP) : "");
+        dt_test_group_spawn(&g, 1, line, out[1]);
+        dt_test_group_wait(&g, 60 * dt_test_timeout_scale());
+        for (int k = 0; k < 2; k++) {
+            char *o = dt_test_slurp(out[k]);
+            DT_CHECK_MSG(g.code[k] == 2, "bad node %d: node %d exited %d: %.3000s", bad, k,
+                         g.code[k], o ? o : "");
+            DT_CHECK_CONTAINS(o, "nope.txt"); /* the good node says why too */
+            DT_CHECK_MSG(o && !strstr(o, "step 1/"), "node %d trained: %.3000s", k, o ? o : "");
+            if (k == bad)
+                DT_CHECK_CONTAINS(o, "nothing was started");
+            free(o);
+        }
+        dt_test_group_kill(&g);
+    }
+}
+
+/* Settings no worker can run: found at load (recompute = selective on an mlp, nccl on the
+ * cpu), or by the worker with the configuration exit code, which the agent does not retry (a
+ * batch larger than the data; a device this node does not have: CUDA_VISIBLE_DEVICES="" hides
+ * every GPU, where there are any). The last three exited 1 and were restarted. */
 static void test_worker_config_errors_not_retried(void)
 {
     const struct {
-        const char *args, *want;
+        const char *pre, *args, *want;
         bool at_load;
     } cases[] = {
-        {"train.recompute=selective", "train.recompute", true},
-        {"train.batch_size=1000000", "fewer than one step needs", false},
+        {"", "train.recompute=selective", "train.recompute", true},
+        {"", "train.batch_size=1000000", "fewer than one step needs", false},
+        {"", "ddp.backend=nccl", "ddp.backend", true},
+        {"CUDA_VISIBLE_DEVICES=", "job.device=cuda", "CUDA", false},
+        {"CUDA_VISIBLE_DEVICES=", "--nproc-per-node=2 job.device=auto ddp.backend=nccl",
+         "needs device = cuda", false},
     };
     for (size_t k = 0; k < DT_ARRAY_LEN(cases); k++) {
         char cmd[4096];
-        snprintf(cmd, sizeof cmd, "%s --max-restarts=2 %s job.output_dir=%s/c%zu %s", BIN,
-                 mlp_job(), TMP, k, cases[k].args);
+        snprintf(cmd, sizeof cmd, "%s %s --max-restarts=2 %s job.output_dir=%s/c%zu %s",
+                 cases[k].pre, BIN, mlp_job(), TMP, k, cases[k].args);
         int code;
         char *o = run(cmd, &code, 120);
         DT_CHECK_MSG(code == 2, "%s: exit %d: %.3000s", cases[k].args, code, o);
@@ -322,6 +369,14 @@ static void test_foreign_future_checkpoint(void)
     free(o);
     DT_CHECK(same_file(dt_test_fmt("%s/checkpoints/step_60/model.safetensors", a),
                        dt_test_fmt("%s/checkpoints/step_60/model.safetensors", b)));
+    /* off the save schedule (every 25: steps 50, 75, 80) it is refused too, since a stop signal
+     * saves at any step; the message says so (it said "a step this run would save") */
+    o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=80 checkpoint.every=25 2>&1",
+                        BIN, mlp_job(), a),
+            &code, 120);
+    DT_CHECK_MSG(code == 2, "every=25: exit %d: %.3000s", code, o);
+    DT_CHECK_CONTAINS(o, "a stop signal");
+    free(o);
     o = run(dt_test_fmt("%s worker %s job.output_dir=%s train.steps=50 2>&1", BIN, mlp_job(), a),
             &code, 120);
     DT_CHECK_MSG(code == 0, "steps=50: exit %d: %.3000s", code, o);
@@ -508,6 +563,21 @@ static void test_ckpt_list_output_dir(void)
     DT_CHECK_CONTAINS(o, "resume = auto loads this one");
     DT_CHECK_MSG(strstr(o, "\n40 ") != NULL, "no row of step 40: %.2000s", o);
     free(o);
+    /* verify checks them there too; show and export, which take one checkpoint, name the
+     * newest there (all three said "state.json is missing (an incomplete checkpoint)") */
+    o = run(dt_test_fmt("%s ckpt verify %s", BIN, out), &code, 60);
+    DT_CHECK_MSG(code == 0, "verify: exit %d: %.2000s", code, o);
+    DT_CHECK_CONTAINS(o, dt_test_fmt("%s/checkpoints/step_40: valid", out));
+    DT_CHECK(!strstr(o, "incomplete"));
+    free(o);
+    const char *one[] = {"show", "export"};
+    for (int i = 0; i < 2; i++) {
+        o = run(dt_test_fmt("%s ckpt %s %s%s", BIN, one[i], out, i ? " /dev/null" : ""), &code,
+                60);
+        DT_CHECK_MSG(code == 1, "%s: exit %d: %.2000s", one[i], code, o);
+        DT_CHECK_CONTAINS(o, dt_test_fmt("%s/checkpoints/step_40", out));
+        free(o);
+    }
     sh(dt_test_fmt("mkdir -p %s/empty", TMP));
     o = run(dt_test_fmt("%s ckpt list %s/empty", BIN, TMP), &code, 60);
     DT_CHECK_MSG(code == 0, "empty: exit %d: %.2000s", code, o);
@@ -727,6 +797,7 @@ static const dt_test tests[] = {
     {"readonly_dirs_at_load", test_readonly_dirs_at_load, 180},
     {"output_dir_file_at_load", test_output_dir_file_at_load, 120},
     {"missing_data_at_load", test_missing_data_at_load, 120},
+    {"missing_data_one_node", test_missing_data_one_node, 240},
     {"worker_config_errors_not_retried", test_worker_config_errors_not_retried, 180},
     {"only_damaged_checkpoints_stop", test_only_damaged_checkpoints_stop, 180},
     {"damaged_checkpoint_kept_aside", test_damaged_checkpoint_kept_aside, 180},

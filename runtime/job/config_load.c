@@ -876,6 +876,11 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                   "parallel.zero = %d shards state across worker processes, but job.strategy = dp "
                   "drives all replicas from one process: use job.strategy = ddp (one worker per "
                   "device) with parallel.zero, or parallel.zero = 0 with dp", job->zero);
+    if (job->comm_backend == DT_COMM_BACKEND_NCCL && job->device == DT_DEVICE_CPU &&
+        !BAD("ddp.backend", "job.device"))
+        add_error(errs, AT("ddp.backend", "job.device"), 0,
+                  "ddp.backend = nccl needs job.device = cuda (or auto on a node with GPUs), "
+                  "not cpu: use ddp.backend = cpu or auto, or job.device = cuda");
     if (job->zero == 3 && job->global_batch > 0 && !BAD("parallel.zero", "train.global_batch"))
         add_error(errs, AT("parallel.zero", "train.global_batch"), 0,
                   "parallel.zero = 3 gathers parameters in every micro-step, so every rank must "

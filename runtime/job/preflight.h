@@ -5,7 +5,9 @@
  * can be written. Each of these is a configuration error (no restart can fix it) that would
  * otherwise be found by the worker, after a rendezvous, a model build and often after training
  * (a read-only checkpoint.dir failed at the first save, every attempt). The launcher calls it
- * after loading the job (exit 2, "nothing was started"), every node for its own files; the
+ * after loading the job (exit 2, "nothing was started"), every node for its own files (in a
+ * static job of several nodes, which would wait for this one, its agent joins the first round
+ * only to end the job there for every node: runtime/launch/agent.h's setup_error); the
  * built-in worker calls it again at its start (a worker run alone, or a file gone since), and
  * exits with the configuration code the agent does not retry.
  *

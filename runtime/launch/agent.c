@@ -568,6 +568,22 @@ static int check_world_layout(agent *a)
     return DT_EXIT_CONFIG;
 }
 
+/* This node's files failed the launcher's check (spec->setup_error): the round gathered only
+ * to end the job for every node as a configuration error, which names this node. Returns the
+ * agent's exit code. */
+static int end_setup_error(agent *a)
+{
+    char why[DT_ERR_MSG_MAX];
+    fmt(why, sizeof why, "node %d (%s): %s; nothing was started", a->rd.group_rank,
+        dt_hostname(), a->spec->setup_error);
+    DT_ERROR("ending the job on every node: %s", why);
+    dt_err fe = {0};
+    if (dt_rdzv_abort_config(a->rz, NULL, 0, why, &fe))
+        DT_WARN("cannot tell the other nodes about the configuration error: %s", fe.msg);
+    emit_end(a, "setup_error", DT_EXIT_CONFIG);
+    return DT_EXIT_CONFIG;
+}
+
 /* ---- the rounds: join, start and monitor, stop, decide ----------------------------------- */
 
 /* What a phase of a round returns when the job goes on; any other value is the agent's exit
@@ -634,6 +650,8 @@ static int begin_round(agent *a, bool first, double t_join)
             DT_WARN("%s; continuing without events.jsonl", e.msg);
     }
     round_banner(a, dt_now_s() - t_join);
+    if (a->spec->setup_error)
+        return end_setup_error(a);
     int rc = check_world_layout(a);
     return rc ? rc : GOES_ON;
 }

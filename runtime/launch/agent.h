@@ -52,6 +52,12 @@ typedef struct dt_agent_spec {
     dt_agent_flight_opts flight; /* job-file mode: the flight records' keys (train.flight_records,
                                     step_timeout, straggler_ratio, straggler_window); zero for
                                     commands: no flight records */
+    const char *setup_error;   /* NULL, or one line (borrowed): this node's own files failed
+                                  cmd/'s check (runtime/job/preflight.h) in a static job of
+                                  several nodes, which would wait for this one until
+                                  join_timeout. The agent then joins the first round only to end
+                                  the job there for every node as a configuration error naming
+                                  this node (DT_EXIT_CONFIG), and starts no worker */
 } dt_agent_spec;
 
 /* Runs the agent until the job ends. Returns the process exit code the README documents

@@ -381,8 +381,10 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
     dt_optim_config_from_job(&oc, &t->sched, j, t->total_steps);
     dt_strategy_ctx ctx = {.job = j, .env = env, .be_opts = &bo, .model = &mc, .optim = &oc,
                            .grid = g, .ddp = &ddp, .sync = sync};
-    if ((rc = dt_strategy_open(&t->s, ops, &ctx, err)))
+    if ((rc = dt_strategy_open(&t->s, ops, &ctx, err))) {
+        t->config_error = rc == -ENODEV; /* the device the job asks for is not on this node */
         goto fail;
+    }
     t->be = t->s->be;
     t->model = t->s->model;
     t->optim = t->s->optim;

@@ -854,10 +854,12 @@ int dt_ckpt_check_ahead(dt_ckpt *c, int64_t from, int64_t to, dt_err *err)
         snprintf(p, sizeof p, "%s/step_%" PRId64, c->dir, steps[i]);
         if (dt_ckpt__is_foreign(c, p, why, sizeof why)) {
             rc = dt_err_set(err, -EXDEV,
-                            "%s is another setup's checkpoint (%s), at a step this run would "
-                            "save (it trains steps %" PRId64 " to %" PRId64 "); it is left as it "
-                            "is: give this job another checkpoint.dir, or move that checkpoint "
-                            "out of %s", p, why, from + 1, to, c->dir);
+                            "%s is another setup's checkpoint (%s), at a step this run may "
+                            "save (it trains steps %" PRId64 " to %" PRId64 " and saves every "
+                            "checkpoint.every steps, at its last step, and at any step where a "
+                            "stop signal ends it); it is left as it is: give this job another "
+                            "checkpoint.dir, or move that checkpoint out of %s",
+                            p, why, from + 1, to, c->dir);
             break;
         }
     }

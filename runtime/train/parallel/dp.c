@@ -446,6 +446,8 @@ int dt_dp_create(dt_dp **out, const dt_model_config *cfg, const dt_dp_opts *o, d
         dt_backend_opts bo = o->backend;
         bo.device_index = k;
         if ((rc = dt_backend_open(&r->be, o->device, &bo, err)) != 0) {
+            if (rc == -ENOENT) /* no CUDA library: the device is absent (strategy.h) */
+                rc = -ENODEV;
             dt_err_prefix(err, "DP replica %d: ", k);
             goto fail;
         }

@@ -62,6 +62,8 @@ dt_backend_kind dt_strategy_device(dt_device_kind device)
 int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
     int rc = dt_backend_open(&s->be, dt_strategy_device(ctx->job->device), ctx->be_opts, err);
+    if (rc == -ENOENT) /* no CUDA library in this build: as absent as a missing GPU */
+        rc = -ENODEV;
     if (rc)
         return rc;
     dt_strategy_bind_cpus(ctx->job, s->be, ctx->env->local_rank, ctx->env->local_world_size);
@@ -82,7 +84,7 @@ int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
     if (kind == DT_COMM_BACKEND_AUTO)
         kind = cuda ? DT_COMM_BACKEND_NCCL : DT_COMM_BACKEND_CPU;
     if (kind == DT_COMM_BACKEND_NCCL && !cuda)
-        return dt_err_set(err, -EINVAL, "ddp.backend = nccl needs device = cuda (this worker "
+        return dt_err_set(err, -ENODEV, "ddp.backend = nccl needs device = cuda (this worker "
                                         "runs on %s); use ddp.backend = cpu or auto",
                           s->be->name);
     *backend = kind == DT_COMM_BACKEND_NCCL ? DT_COMM_NCCL : DT_COMM_CPU;

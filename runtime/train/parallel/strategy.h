@@ -236,12 +236,14 @@ void dt_strategy_bind_cpus(const dt_job *j, const dt_backend *be, int local_rank
 /* job.device as the kernels' device kind (config's enum mapped onto kernels/'s). */
 dt_backend_kind dt_strategy_device(dt_device_kind device);
 
-/* Opens ctx's backend (job.device, ctx->be_opts) into s->be and binds the CPUs (above). */
+/* Opens ctx's backend (job.device, ctx->be_opts) into s->be and binds the CPUs (above).
+ * -ENODEV when this node has not the device the job asks for (no GPU or driver, more workers
+ * than GPUs, a build without the CUDA library): a configuration error of this node. */
 int dt_strategy_open_backend(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err);
 
 /* The comm backend for s->be from ddp.backend (auto: nccl on cuda, else cpu) into *backend, after
- * checking that the launcher gave the store's address; -EINVAL with the fix otherwise (nccl
- * without cuda, no DTRAIN_STORE_ADDR/PORT). */
+ * checking that the launcher gave the store's address; the fix otherwise (-ENODEV: nccl
+ * without cuda; -EINVAL: no DTRAIN_STORE_ADDR/PORT). */
 int dt_strategy_comm_backend(const dt_strategy *s, const dt_strategy_ctx *ctx,
                              dt_comm_kind *backend, dt_err *err);
 
