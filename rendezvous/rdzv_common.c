@@ -567,6 +567,8 @@ char *dt_rdzv_conf_propose(const dt_rdzv_opts *o, int min, int max)
     cJSON_AddNumberToObject(j, "max", max);
     cJSON_AddStringToObject(j, "job", o->job ? o->job : "");
     cJSON_AddStringToObject(j, "digest", digest);
+    if (o->ending)
+        cJSON_AddBoolToObject(j, "ending", true);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     return text;
@@ -668,6 +670,7 @@ int dt_rdzv_conf_parse(const char *cur, const char *where, const char *fix, dt_r
         goto out;
     }
     dt_rdzv_job_digest(c->job, c->digest);
+    c->ending = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "ending"));
     if (job && (!cJSON_IsString(dg) || strcmp(dg->valuestring, c->digest))) {
         rc = dt_err_set(err, -EINVAL, "the job's settings in %s: \"digest\" does not match its "
                         "\"job\" (the record is damaged); %s", where, fix);
@@ -702,6 +705,8 @@ int dt_rdzv_conf_check_job(const dt_rdzv_conf *c, const char *mine, const char *
     size_t klen = 0;
     if (keys && kcap)
         keys[0] = '\0';
+    if (c->ending) /* the first node came only to end the job: there is none to join */
+        return 0;
     const char *theirs = c->job ? c->job : "";
     mine = mine ? mine : "";
     if (!strcmp(theirs, mine))
@@ -772,7 +777,7 @@ int dt_rdzv_conf_adopt(const char *cur, const char *where, const char *fix,
     int rc = dt_rdzv_conf_parse(cur, where, fix, &c, err);
     if (rc)
         return rc;
-    if ((rc = dt_rdzv_conf_check_job(&c, o->job, where, NULL, 0, err))) {
+    if (!o->ending && (rc = dt_rdzv_conf_check_job(&c, o->job, where, NULL, 0, err))) {
         dt_rdzv_conf_free(&c);
         return rc;
     }

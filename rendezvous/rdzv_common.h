@@ -107,6 +107,7 @@ typedef struct dt_rdzv_conf {
     int min, max, max_restarts;
     char *job;                     /* the first node's dt_rdzv_opts.job ("" = none; owned) */
     char digest[17];               /* dt_rdzv_job_digest(job) */
+    bool ending;                   /* the first node came only to end the job (opts.ending) */
 } dt_rdzv_conf;
 
 /* The first agent's proposal (run id o->run_id, or a fresh one for "" / "none"; its restart

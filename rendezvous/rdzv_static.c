@@ -658,7 +658,7 @@ static int adopt_conf(static_rdzv *r, dt_rdzv_status *st, dt_err *err)
     if (rc)
         return rc;
     char keys[512];
-    if ((rc = dt_rdzv_conf_check_job(&c, r->o.job, where, keys, sizeof keys, err))) {
+    if (!r->o.ending && (rc = dt_rdzv_conf_check_job(&c, r->o.job, where, keys, sizeof keys, err))) {
         char rec[700];
         snprintf(rec, sizeof rec, "%d (%.64s, pid %d) runs another job: it differs in %s", r->node,
                  dt_hostname(), (int)getpid(), keys);

@@ -42,6 +42,10 @@ typedef struct dt_rdzv_opts {
                                       dt_rdzv_close; NULL or "" = none, a command). The first
                                       node's defines the job; a node whose differ is refused
                                       (dt_rdzv_open: -EINVAL naming the keys) */
+    bool ending;                   /* this node joins only to end the job (its own files failed
+                                      the launcher's check, dt_rdzv_abort_config): its job is
+                                      not compared with the job's, and as the first node it
+                                      marks the job's settings so that nobody compares theirs */
     /* Called between bounded waits of dt_rdzv_open and dt_rdzv_next (about every 100 ms); when
      * it returns true the call gives up with -EINTR. NULL = never. */
     bool (*interrupted)(void *arg);

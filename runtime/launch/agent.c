@@ -966,6 +966,7 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     dt_rdzv_opts ro;
     dt_agent_rdzv_opts(&a->L, a->nproc, dt_agent_rdzv_interrupted, a, &ro);
     ro.job = spec->job_shared;
+    ro.ending = spec->setup_error != NULL; /* it comes only to end the job: see end_setup_error */
     rc = dt_rdzv_open(&a->rz, &ro, &e);
     if (rc == -EINTR) {
         code = 128 + a->first_signal;
