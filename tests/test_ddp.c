@@ -272,6 +272,22 @@ static void rank_body(run_cfg *rc, int rank)
     RCHECK(st.rebuilt || rc->steps < 2, "the buckets were not rebuilt after the first step");
     RCHECK(st.comm_memory == (rc->N > 1), "communicator memory %s with %d ranks",
            st.comm_memory ? "used" : "not used", rc->N);
+    /* comm_bytes, as the communicator counted them, against the ring all-reduce's 2 (n-1)/n of
+     * the payload per step (shared memory on one host: chunk j goes to its owner, the owner's
+     * reduced chunk to every peer). At 2 ranks that is exactly the payload; above, each step of
+     * each bucket may differ by the chunks' rounding to 16 elements (and SyncBatchNorm's
+     * statistics travel inside the window too: resnet is left out). */
+    if (rc->N > 1 && !m->num_buffers) {
+        size_t es = rc->compress == DT_FLOAT32 ? 4 : 2;
+        double want = 2.0 * (rc->N - 1) / rc->N * (double)(m->num_params * es) * rc->steps;
+        double slack = rc->N == 2 ? 0 : (double)rc->steps * st.num_buckets * rc->N * 16 * es * 2;
+        RCHECK(fabs((double)st.comm_bytes_total - want) <= slack,
+               "comm_bytes %llu over %d steps, the ring formula %.0f (+- %.0f)",
+               (unsigned long long)st.comm_bytes_total, rc->steps, want, slack);
+        RCHECK(st.comm_bytes * (uint64_t)rc->steps == st.comm_bytes_total || rc->N > 2,
+               "comm_bytes %llu in the last step, %llu in %d", (unsigned long long)st.comm_bytes,
+               (unsigned long long)st.comm_bytes_total, rc->steps);
+    }
     /* Every model reports its gradients: every bucket goes out from backward. */
     RCHECK(st.launched_late == 0, "%llu buckets not launched from backward",
            (unsigned long long)st.launched_late);
@@ -694,6 +710,10 @@ static void test_worker_ddp_dp_single(void)
         val[k] = last_metric(dir, "eval", "val_loss");
         DT_CHECK_MSG(isfinite(loss[k]) && isfinite(val[k]), "%s: loss %g, val %g", names[k],
                      loss[k], val[k]);
+        /* comm_bytes: the reducer's (its exact value is checked in the ranks of the DDP tests);
+         * none without one */
+        double cb = last_metric(dir, "train", "comm_bytes");
+        DT_CHECK_MSG(k == 1 ? cb > 0 : isnan(cb), "%s: comm_bytes %g", names[k], cb);
     }
     for (int k = 1; k < 4; k++) {
         DT_CHECK_MSG(fabs(loss[k] - loss[0]) <= 1e-3 * fabs(loss[0]),

@@ -71,6 +71,8 @@ struct dt_ddp {
                              the last step's) since its last backward window */
     size_t res_g, res_p;  /* bytes of m->grads and of comp resident, as the allocator's
                              statistics count them (every release and commit is measured) */
+    bool counting;        /* this sync's first collective was issued: sent0 holds the count */
+    uint64_t sent0;       /* the communicator's sent_bytes before it */
     dt_ddp_stats st;
 };
 
@@ -366,6 +368,22 @@ static void trace_bucket(dt_ddp *d, int i, const char *what, uint64_t done_ns)
 
 static int take_back(dt_ddp *d, void *base, size_t a, size_t e, size_t *res);
 
+static uint64_t sent_now(const dt_ddp *d)
+{
+    dt_comm_stats cs;
+    dt_comm_stats_get(d->c, &cs);
+    return cs.sent_bytes;
+}
+
+/* comm_bytes: the count starts before a sync's first collective (dt_ddp_stats). */
+static void start_count(dt_ddp *d)
+{
+    if (!d->counting) {
+        d->sent0 = sent_now(d);
+        d->counting = true;
+    }
+}
+
 static void launch(dt_ddp *d, int i)
 {
     bucket *b = &d->b[i];
@@ -373,6 +391,7 @@ static void launch(dt_ddp *d, int i)
     b->launched = true;
     if (d->rc)
         return;
+    start_count(d);
     b->trace_t0 = dt_trace_begin();
     int rc;
     if (d->o.shard && d->comp) {
@@ -647,6 +666,12 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
     if (!rc && d->o.release)
         release_all(d); /* the shards hold what is needed: the buffers are dead until the next
                            backward */
+    if (!rc) { /* every bucket waited for: what they sent is counted */
+        start_count(d); /* (a model without parameters launched nothing) */
+        d->st.comm_bytes = sent_now(d) - d->sent0;
+        d->st.comm_bytes_total += d->st.comm_bytes;
+    }
+    d->counting = false;
     d->next = 0;
     d->rc = 0;
     d->st.bucket_syncs += (uint64_t)d->nb;

@@ -125,6 +125,11 @@ typedef struct dt_ddp_stats {
                                 finish or release: the partial granules at its ends) */
     size_t payload_bytes;    /* shard: bytes of the 16-bit payload buffers held (release: the
                                 resident part of the whole-buffer one), 0 without compress */
+    uint64_t comm_bytes;     /* bytes this rank sent for the gradients of the last sync, from
+                                its first bucket's launch to the last bucket's wait in
+                                dt_ddp_finish, as the communicator counted them
+                                (dt_comm_stats.sent_bytes: wire bytes, not sizes) */
+    uint64_t comm_bytes_total; /* the same summed over every sync */
 } dt_ddp_stats;
 
 /* Creates the reducer of model m over comm c (both borrowed; they outlive it: free the reducer
