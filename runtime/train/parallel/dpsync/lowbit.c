@@ -1,0 +1,308 @@
+/* lowbit.c - the low-bit all-reduce of a DDP bucket (int8, 1bit with error feedback); see
+ * lowbit.h. Plain C over host memory: the quantisers of quant.h and the communicator's
+ * point-to-point batches and all-gathers.
+ *
+ * A chunk's payload: its block scales (float32, one per DT_QUANT_BLOCK elements of the chunk's
+ * c, the padding's as 0) then its values (int8: c bytes; 1bit: c / 8 bytes of sign words). A
+ * padded element is 0 in int8 and a cleared sign bit in 1bit, and is never decompressed: each
+ * step reads only the chunk's valid elements (the bucket's, up to hi).
+ */
+#include "runtime/train/parallel/dpsync/lowbit.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "runtime/train/parallel/dpsync/quant.h"
+
+#define CHUNK_ALIGN 32 /* elements: whole sign words, 4-byte aligned int8 payloads */
+
+typedef struct lb_bucket {
+    size_t lo, hi;
+    size_t c;             /* elements per chunk */
+    size_t pb;            /* bytes of one chunk's payload */
+    size_t at;            /* offset of its payloads in tx and rx (N * pb each) */
+    size_t sat;           /* 1bit: offset of this rank's chunk in the server residual */
+    int stage;            /* 0 idle, 1 sent, 2 reduced */
+    dt_comm_work *work;   /* the point-to-point batch (stage 1) or the all-gather (stage 2) */
+} lb_bucket;
+
+struct dt_lowbit {
+    dt_lowbit_kind kind;
+    dt_comm *c;           /* borrowed */
+    int me, N;
+    size_t num_params;
+    lb_bucket *b;         /* (nb) */
+    int nb;
+    unsigned char *tx;    /* the chunks sent, then the all-gathered shards (sum of N * pb) */
+    unsigned char *rx;    /* the chunks received (slot me unused) */
+    size_t pay_bytes;     /* of tx (= of rx) */
+    float *acc;           /* (max c) a chunk in float32: the sum, or 1bit's gradient + residual */
+    size_t acc_n;
+    float *resid;         /* 1bit: (num_params) the worker residual */
+    float *sresid;        /* 1bit: (sres_n) the server residual of this rank's chunks */
+    size_t sres_n;
+};
+
+static size_t payload_bytes(dt_lowbit_kind kind, size_t c)
+{
+    size_t scales = dt_quant_blocks(c) * sizeof(float);
+    return scales + (kind == DT_LOWBIT_INT8 ? c : c / 8);
+}
+
+/* Elements of chunk j of b that lie in the bucket. */
+static size_t valid(const lb_bucket *b, int j)
+{
+    size_t start = b->lo + (size_t)j * b->c;
+    return start >= b->hi ? 0 : DT_MIN(b->c, b->hi - start);
+}
+
+/* Compresses x (n valid of the chunk's c) into payload p; 1bit: resid (n, may alias x) = the
+ * error left. */
+static void compress(const dt_lowbit *q, const lb_bucket *b, const float *x, size_t n,
+                     unsigned char *p, float *resid)
+{
+    size_t nbk = dt_quant_blocks(b->c);
+    float *scale = (float *)p;
+    memset(p, 0, b->pb);
+    if (q->kind == DT_LOWBIT_INT8)
+        dt_quant_int8(x, n, 1.0f, (int8_t *)(p + nbk * sizeof(float)), scale, NULL);
+    else
+        dt_quant_sign(x, n, (uint32_t *)(p + nbk * sizeof(float)), scale, resid);
+}
+
+static void decompress(const dt_lowbit *q, const lb_bucket *b, const unsigned char *p, size_t n,
+                       float *y, int acc)
+{
+    size_t nbk = dt_quant_blocks(b->c);
+    const float *scale = (const float *)p;
+    if (q->kind == DT_LOWBIT_INT8)
+        dt_dequant_int8((const int8_t *)(p + nbk * sizeof(float)), scale, n, y, acc);
+    else
+        dt_dequant_sign((const uint32_t *)(p + nbk * sizeof(float)), scale, n, y, acc);
+}
+
+int dt_lowbit_create(dt_lowbit **out, dt_lowbit_kind kind, dt_comm *c, size_t num_params,
+                     dt_err *err)
+{
+    *out = NULL;
+    dt_lowbit *q = calloc(1, sizeof *q);
+    if (!q)
+        return dt_err_set(err, -ENOMEM, "ddp.compress: out of memory");
+    q->kind = kind;
+    q->c = c;
+    q->me = dt_comm_rank(c);
+    q->N = dt_comm_world_size(c);
+    q->num_params = num_params;
+    if (kind == DT_LOWBIT_1BIT && num_params &&
+        !(q->resid = calloc(num_params, sizeof *q->resid))) {
+        free(q);
+        return dt_err_set(err, -ENOMEM, "ddp.compress = 1bit: the residual of %zu parameters",
+                          num_params);
+    }
+    *out = q;
+    return 0;
+}
+
+static void wait_all(dt_lowbit *q)
+{
+    for (int i = 0; i < q->nb; i++)
+        if (q->b[i].work) {
+            dt_comm_wait(q->c, q->b[i].work, NULL);
+            q->b[i].work = NULL;
+        }
+}
+
+void dt_lowbit_free(dt_lowbit *q)
+{
+    if (!q)
+        return;
+    wait_all(q);
+    free(q->b);
+    free(q->tx);
+    free(q->rx);
+    free(q->acc);
+    free(q->resid);
+    free(q->sresid);
+    free(q);
+}
+
+int dt_lowbit_plan(dt_lowbit *q, const size_t *lo, const size_t *hi, int nb, dt_err *err)
+{
+    wait_all(q);
+    lb_bucket *b = calloc((size_t)nb + 1, sizeof *b);
+    if (!b)
+        return dt_err_set(err, -ENOMEM, "ddp.compress: out of memory");
+    size_t at = 0, sat = 0, maxc = 0;
+    for (int i = 0; i < nb; i++) {
+        size_t n = hi[i] - lo[i], c = (n + (size_t)q->N - 1) / (size_t)q->N;
+        c = (c + CHUNK_ALIGN - 1) / CHUNK_ALIGN * CHUNK_ALIGN;
+        b[i] = (lb_bucket){.lo = lo[i], .hi = hi[i], .c = c, .pb = payload_bytes(q->kind, c),
+                           .at = at, .sat = sat};
+        at += (size_t)q->N * b[i].pb;
+        sat += c;
+        maxc = DT_MAX(maxc, c);
+    }
+    /* the server residual moves with the elements this rank owns, the rest starts at 0 */
+    float *old = NULL, *sres = NULL;
+    if (q->kind == DT_LOWBIT_1BIT && q->num_params) {
+        old = calloc(q->num_params, sizeof *old);
+        sres = calloc(sat + 1, sizeof *sres);
+        if (!old || !sres) {
+            free(old);
+            free(sres);
+            free(b);
+            return dt_err_set(err, -ENOMEM, "ddp.compress = 1bit: out of memory");
+        }
+        dt_lowbit_server_get(q, old);
+    }
+    unsigned char *tx = malloc(at + 64), *rx = malloc(at + 64);
+    float *acc = malloc((maxc + 1) * sizeof *acc);
+    if (!tx || !rx || !acc) {
+        free(tx);
+        free(rx);
+        free(acc);
+        free(old);
+        free(sres);
+        free(b);
+        return dt_err_set(err, -ENOMEM, "ddp.compress: %zu bytes of payloads", 2 * at);
+    }
+    free(q->b);
+    free(q->tx);
+    free(q->rx);
+    free(q->acc);
+    free(q->sresid);
+    q->b = b;
+    q->nb = nb;
+    q->tx = tx;
+    q->rx = rx;
+    q->pay_bytes = at;
+    q->acc = acc;
+    q->acc_n = maxc;
+    q->sresid = sres;
+    q->sres_n = sres ? sat : 0;
+    if (old)
+        dt_lowbit_server_set(q, old);
+    free(old);
+    return 0;
+}
+
+int dt_lowbit_send(dt_lowbit *q, int i, const float *g, dt_err *err)
+{
+    lb_bucket *b = &q->b[i];
+    dt_p2p_op ops[2 * 64];
+    dt_p2p_op *o = q->N <= 64 ? ops : malloc(sizeof *o * 2 * (size_t)q->N);
+    if (!o)
+        return dt_err_set(err, -ENOMEM, "ddp.compress: out of memory");
+    int n = 0;
+    for (int j = 0; j < q->N; j++) {
+        size_t v = valid(b, j), start = b->lo + (size_t)j * b->c;
+        unsigned char *p = q->tx + b->at + (size_t)j * b->pb;
+        if (q->kind == DT_LOWBIT_1BIT && v) {
+            /* error feedback: compress gradient + residual; the residual becomes the error */
+            float *e = q->resid + start;
+            for (size_t k = 0; k < v; k++)
+                e[k] += g[start + k];
+            compress(q, b, e, v, p, e);
+        } else {
+            compress(q, b, g + start, v, p, NULL);
+        }
+        if (j == q->me)
+            continue;
+        o[n++] = (dt_p2p_op){DT_P2P_SEND, p, b->pb, DT_UINT8, j};
+        o[n++] = (dt_p2p_op){DT_P2P_RECV, q->rx + b->at + (size_t)j * b->pb, b->pb, DT_UINT8, j};
+    }
+    int rc = n ? dt_comm_p2p(q->c, o, n, &b->work, err) : 0; /* one rank: nothing to send */
+    if (o != ops)
+        free(o);
+    if (rc) {
+        b->work = NULL;
+        return dt_err_prefix(err, "ddp.compress: the chunks of bucket %d: ", i);
+    }
+    b->stage = 1;
+    return 0;
+}
+
+int dt_lowbit_reduce(dt_lowbit *q, int i, dt_err *err)
+{
+    lb_bucket *b = &q->b[i];
+    int rc = b->work ? dt_comm_wait(q->c, b->work, err) : 0;
+    b->work = NULL;
+    if (rc)
+        return rc;
+    /* the N copies of this rank's chunk, in rank order, in float32; then the average */
+    size_t v = valid(b, q->me);
+    for (int j = 0; j < q->N; j++) {
+        const unsigned char *p = j == q->me ? q->tx + b->at + (size_t)j * b->pb
+                                            : q->rx + b->at + (size_t)j * b->pb;
+        decompress(q, b, p, v, q->acc, j > 0);
+    }
+    float inv = 1.0f / (float)q->N;
+    for (size_t k = 0; k < v; k++)
+        q->acc[k] *= inv;
+    /* the shard compressed again, in place in the all-gather's buffer (the chunks sent from
+     * there are delivered: the batch is done) */
+    unsigned char *mine = q->tx + b->at + (size_t)q->me * b->pb;
+    if (q->kind == DT_LOWBIT_1BIT) {
+        float *e = q->sresid + b->sat;
+        for (size_t k = 0; k < v; k++)
+            e[k] += q->acc[k];
+        compress(q, b, e, v, mine, e);
+    } else {
+        compress(q, b, q->acc, v, mine, NULL);
+    }
+    rc = dt_comm_allgather(q->c, mine, q->tx + b->at, b->pb, DT_UINT8, &b->work, err);
+    if (rc) {
+        b->work = NULL;
+        return dt_err_prefix(err, "ddp.compress: the shards of bucket %d: ", i);
+    }
+    b->stage = 2;
+    return 0;
+}
+
+int dt_lowbit_recv(dt_lowbit *q, int i, float *g, dt_err *err)
+{
+    lb_bucket *b = &q->b[i];
+    int rc = dt_comm_wait(q->c, b->work, err);
+    b->work = NULL;
+    b->stage = 0;
+    if (rc)
+        return rc;
+    for (int j = 0; j < q->N; j++) {
+        size_t v = valid(b, j);
+        if (v)
+            decompress(q, b, q->tx + b->at + (size_t)j * b->pb, v, g + b->lo + (size_t)j * b->c,
+                       0);
+    }
+    return 0;
+}
+
+size_t dt_lowbit_bytes(const dt_lowbit *q)
+{
+    return 2 * q->pay_bytes + q->acc_n * sizeof(float) +
+           (q->resid ? q->num_params * sizeof(float) : 0) + q->sres_n * sizeof(float);
+}
+
+float *dt_lowbit_worker_residual(dt_lowbit *q) { return q->resid; }
+
+void dt_lowbit_server_get(const dt_lowbit *q, float *out)
+{
+    if (!q->resid)
+        return;
+    memset(out, 0, q->num_params * sizeof *out);
+    for (int i = 0; q->sresid && i < q->nb; i++) {
+        const lb_bucket *b = &q->b[i];
+        size_t v = valid(b, q->me);
+        memcpy(out + b->lo + (size_t)q->me * b->c, q->sresid + b->sat, v * sizeof *out);
+    }
+}
+
+void dt_lowbit_server_set(dt_lowbit *q, const float *in)
+{
+    for (int i = 0; q->sresid && i < q->nb; i++) {
+        const lb_bucket *b = &q->b[i];
+        size_t v = valid(b, q->me);
+        memset(q->sresid + b->sat, 0, b->c * sizeof *q->sresid);
+        memcpy(q->sresid + b->sat, in + b->lo + (size_t)q->me * b->c, v * sizeof *in);
+    }
+}
