@@ -291,7 +291,14 @@ static void rank_body(run_cfg *rc, int rank)
             RCHECK(!bad, "step %d: %zu gradients off the int8 bound %g, worst [%zu] %g for %g",
                    step, bad, mx / 127.0, worst, (double)m->grads[worst], (double)raw[worst]);
         }
-        if (sum_exact) {
+        if (sum_exact && step < rc->warmup) { /* float32: the average itself (raw, copied after a
+                                                 backward whose buckets all-reduce in place,
+                                                 may be half averaged already) */
+            for (size_t i = 0; i < m->num_params; i++) {
+                sum_exact[i] += m->grads[i];
+                sum_applied[i] += m->grads[i];
+            }
+        } else if (sum_exact) {
             if (dt_comm_allreduce(comm, raw, m->num_params, DT_FLOAT32, DT_AVG, NULL, &err) != 0)
                 goto fail;
             for (size_t i = 0; i < m->num_params; i++) {
