@@ -75,9 +75,9 @@ static void test_stochastic(void)
  * scale is the best one for the signs (a 1% larger or smaller one has a larger squared error). */
 static void test_sign(void)
 {
-    size_t n = 600; /* two whole blocks and a short one; 19 sign words, the last part-used */
+    size_t n = 600; /* 9 whole blocks of 64 and a short one; 19 sign words, the last part-used */
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), *e = malloc(n * sizeof *e);
-    float sc[3];
+    float sc[10];
     uint32_t bits[19];
     dt_rng r;
     dt_rng_seed(&r, 5);
@@ -85,8 +85,10 @@ static void test_sign(void)
     x[7] = 0; /* zero counts as + */
     dt_quant_sign(x, n, bits, sc, e);
     DT_CHECK((bits[18] >> (600 - 576)) == 0); /* the unused bits cleared */
-    for (int b = 0; b < 3; b++) {
-        size_t lo = (size_t)b * 256, hi = lo + 256 < n ? lo + 256 : n;
+    DT_CHECK_INT(dt_quant_sign_blocks(n), 10);
+    for (int b = 0; b < 10; b++) {
+        size_t lo = (size_t)b * DT_QUANT_SIGN_BLOCK;
+        size_t hi = lo + DT_QUANT_SIGN_BLOCK < n ? lo + DT_QUANT_SIGN_BLOCK : n;
         double sum = 0;
         for (size_t i = lo; i < hi; i++)
             sum += fabsf(x[i]);
@@ -102,7 +104,7 @@ static void test_sign(void)
     }
     dt_dequant_sign(bits, sc, n, y, 0);
     for (size_t i = 0; i < n; i++) {
-        float s = sc[i / DT_QUANT_BLOCK];
+        float s = sc[i / DT_QUANT_SIGN_BLOCK];
         DT_CHECK_MSG(y[i] == (x[i] < 0 ? -s : s), "element %zu: %g for %g", i, y[i], x[i]);
         DT_CHECK(e[i] == x[i] - y[i]);
     }

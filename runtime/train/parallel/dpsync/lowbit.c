@@ -2,9 +2,9 @@
  * lowbit.h. Plain C over host memory: the quantisers of quant.h and the communicator's
  * point-to-point batches and all-gathers.
  *
- * A chunk's payload: its block scales (float32, one per DT_QUANT_BLOCK elements of the chunk's
- * c, the padding's as 0) then its values (int8: c bytes; 1bit: c / 8 bytes of sign words). A
- * padded element is 0 in int8 and a cleared sign bit in 1bit, and is never decompressed: each
+ * A chunk's payload: its block scales (float32, one per block of the chunk's c elements: int8's
+ * DT_QUANT_BLOCK, 1bit's DT_QUANT_SIGN_BLOCK; the padding's as 0) then its values (int8: c
+ * bytes; 1bit: c / 8 bytes of sign words). A padded element is 0 in int8 and a cleared sign bit in 1bit, and is never decompressed: each
  * step reads only the chunk's valid elements (the bucket's, up to hi).
  */
 #include "runtime/train/parallel/dpsync/lowbit.h"
@@ -46,7 +46,8 @@ struct dt_lowbit {
 
 static size_t payload_bytes(dt_lowbit_kind kind, size_t c)
 {
-    size_t scales = dt_quant_blocks(c) * sizeof(float);
+    size_t scales = (kind == DT_LOWBIT_INT8 ? dt_quant_blocks(c) : dt_quant_sign_blocks(c)) *
+                    sizeof(float);
     return scales + (kind == DT_LOWBIT_INT8 ? c : c / 8);
 }
 
@@ -62,7 +63,7 @@ static size_t valid(const lb_bucket *b, int j)
 static void compress(const dt_lowbit *q, const lb_bucket *b, const float *x, size_t n,
                      unsigned char *p, float *resid)
 {
-    size_t nbk = dt_quant_blocks(b->c);
+    size_t nbk = q->kind == DT_LOWBIT_INT8 ? dt_quant_blocks(b->c) : dt_quant_sign_blocks(b->c);
     float *scale = (float *)p;
     memset(p, 0, b->pb);
     if (q->kind == DT_LOWBIT_INT8)
@@ -74,7 +75,7 @@ static void compress(const dt_lowbit *q, const lb_bucket *b, const float *x, siz
 static void decompress(const dt_lowbit *q, const lb_bucket *b, const unsigned char *p, size_t n,
                        float *y, int acc)
 {
-    size_t nbk = dt_quant_blocks(b->c);
+    size_t nbk = q->kind == DT_LOWBIT_INT8 ? dt_quant_blocks(b->c) : dt_quant_sign_blocks(b->c);
     const float *scale = (const float *)p;
     if (q->kind == DT_LOWBIT_INT8)
         dt_dequant_int8((const int8_t *)(p + nbk * sizeof(float)), scale, n, y, acc);

@@ -15,13 +15,14 @@
  * A rank sends (N-1) chunk payloads in 1 and (N-1) in 2: 2 (N-1)/N of the compressed bucket,
  * the ring all-reduce's share of fp32's bytes times the compression ratio.
  *
- * Payloads (blocks of DT_QUANT_BLOCK = 256 elements, counted from a chunk's start, each with a
- * float32 scale; quant.h):
- *   int8  round to nearest, scale = max|x| / 127: (256 + 4) / 1024 = 0.254 of fp32's bytes.
+ * Payloads (blocks counted from a chunk's start, each with a float32 scale; quant.h):
+ *   int8  blocks of 256, round to nearest, scale = max|x| / 127: (256 + 4) / 1024 = 0.254 of
+ *         fp32's bytes.
  *         No state: each step's error is its own (|error| <= scale / 2 per element, twice:
  *         once per rank's chunk, once for the reduced shard).
- *   1bit  the sign of each element and scale = mean|x| of its block (for given signs the
- *         scale that minimises the squared error): (32 + 4) / 1024 = 0.035 of fp32's bytes.
+ *   1bit  blocks of 64, the sign of each element and scale = mean|x| of its block (for given
+ *         signs the scale that minimises the squared error): (8 + 4) / 256 = 0.047 of fp32's
+ *         bytes (quant.h says why 64).
  *         With error feedback (1-bit SGD, 1-bit Adam's compressed all-reduce): each rank keeps
  *         what the compression left out of its gradient (the worker residual, one float per
  *         parameter) and adds it to the next step's gradient before compressing; the owner of

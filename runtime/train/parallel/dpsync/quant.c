@@ -9,6 +9,11 @@ size_t dt_quant_blocks(size_t n) { return (n + DT_QUANT_BLOCK - 1) / DT_QUANT_BL
 
 size_t dt_quant_bytes(size_t n) { return n + dt_quant_blocks(n) * sizeof(float); }
 
+size_t dt_quant_sign_blocks(size_t n)
+{
+    return (n + DT_QUANT_SIGN_BLOCK - 1) / DT_QUANT_SIGN_BLOCK;
+}
+
 /* Round to nearest, ties to even, of |v| < 2^22 in float arithmetic alone (adding and taking
  * away 1.5 x 2^23 leaves no fraction bits): what nearbyintf does in the default rounding mode,
  * without its library call, so the loops below vectorise. (The build has no -ffast-math, which
@@ -54,12 +59,12 @@ void dt_dequant_int8(const int8_t *q, const float *scale, size_t n, float *y, in
     }
 }
 
-/* Blocks hold whole words (DT_QUANT_BLOCK is a multiple of 32), so the loops go block by block
- * and, inside a block, word by word. */
+/* Blocks hold whole words (DT_QUANT_SIGN_BLOCK is a multiple of 32), so the loops go block by
+ * block and, inside a block, word by word. */
 void dt_quant_sign(const float *x, size_t n, uint32_t *bits, float *scale, float *resid)
 {
-    for (size_t lo = 0, b = 0; lo < n; lo += DT_QUANT_BLOCK, b++) {
-        size_t hi = lo + DT_QUANT_BLOCK < n ? lo + DT_QUANT_BLOCK : n;
+    for (size_t lo = 0, b = 0; lo < n; lo += DT_QUANT_SIGN_BLOCK, b++) {
+        size_t hi = lo + DT_QUANT_SIGN_BLOCK < n ? lo + DT_QUANT_SIGN_BLOCK : n;
         /* the mean |x| in 8 float lanes, added in a fixed order: the same bits on every rank */
         float lane[8] = {0};
         size_t i = lo;
@@ -90,7 +95,7 @@ void dt_dequant_sign(const uint32_t *bits, const float *scale, size_t n, float *
     for (size_t w0 = 0; w0 < n; w0 += 32) {
         size_t w1 = w0 + 32 < n ? w0 + 32 : n;
         uint32_t w = bits[w0 / 32];
-        float s = scale[w0 / DT_QUANT_BLOCK];
+        float s = scale[w0 / DT_QUANT_SIGN_BLOCK];
         for (size_t i = w0; i < w1; i++) {
             float v = (float)((int)((w >> (i - w0)) & 1u) * 2 - 1) * s;
             y[i] = acc ? y[i] + v : v;
