@@ -54,7 +54,8 @@ typedef struct dt_comm_backend_ops {
     /* Optional: the payload bytes this rank has sent so far over every transport (collectives
      * and point-to-point), as the transports counted them (see dt_comm_stats.sent_bytes). NULL:
      * comm.c counts each call at dispatch with the ring algorithm's share (nccl, which does not
-     * say what it moved). After wait_done, for the same reason. */
+     * say what it moved). After wait_done, the last before it, so that positional tables
+     * (comm_nccl.cu) stay valid. */
     uint64_t (*sent_bytes)(void *self);
 } dt_comm_backend_ops;
 

@@ -325,8 +325,6 @@ static int build_buckets(dt_ddp *d, size_t split, dt_err *err)
  * Buckets stay contiguous slices, so this applies when the reports came in decreasing, adjacent
  * ranges covering the buffer (every model of the zoo); otherwise the static buckets stay. Rank
  * 0's split point is broadcast, so every rank launches the same buckets in the same order. */
-static int plan_lowbit(dt_ddp *d, dt_err *err);
-
 static int rebuild(dt_ddp *d, dt_err *err)
 {
     const dt_model *m = d->m;
@@ -357,7 +355,7 @@ static int rebuild(dt_ddp *d, dt_err *err)
         return 0;
     }
     int before = d->nb;
-    if ((rc = build_buckets(d, (size_t)split, err)) || (rc = plan_lowbit(d, err)))
+    if ((rc = build_buckets(d, (size_t)split, err)))
         return rc;
     d->st.rebuilt = true;
     DT_DEBUG("DDP: buckets rebuilt from the ready order: %d buckets (%d before), the last one "
@@ -671,11 +669,9 @@ void dt_ddp_set_lowbit(dt_ddp *d, bool on) { d->q_on = d->q && on; }
 
 struct dt_lowbit *dt_ddp_lowbit(dt_ddp *d) { return d->q; }
 
-/* The low-bit all-reduce over the current buckets (after they were built or rebuilt). */
+/* The low-bit all-reduce over the buckets (static under it: see dt_ddp_create). */
 static int plan_lowbit(dt_ddp *d, dt_err *err)
 {
-    if (!d->q)
-        return 0;
     size_t *lo = calloc((size_t)d->nb + 1, sizeof *lo), *hi = calloc((size_t)d->nb + 1, sizeof *hi);
     int rc = lo && hi ? 0 : dt_err_set(err, -ENOMEM, "DDP: out of memory");
     for (int i = 0; !rc && i < d->nb; i++)
@@ -685,7 +681,6 @@ static int plan_lowbit(dt_ddp *d, dt_err *err)
     free(lo);
     free(hi);
     if (!rc) {
-        dt_mem_external(d->m->be, DT_MEM_COMM, d->q_bytes, false);
         d->q_bytes = dt_lowbit_bytes(d->q);
         dt_mem_external(d->m->be, DT_MEM_COMM, d->q_bytes, true);
     }

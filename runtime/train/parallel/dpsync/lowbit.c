@@ -23,8 +23,8 @@ typedef struct lb_bucket {
     size_t pb;            /* bytes of one chunk's payload */
     size_t at;            /* offset of its payloads in tx and rx (N * pb each) */
     size_t sat;           /* 1bit: offset of this rank's chunk in the server residual */
-    int stage;            /* 0 idle, 1 sent, 2 reduced */
-    dt_comm_work *work;   /* the point-to-point batch (stage 1) or the all-gather (stage 2) */
+    dt_comm_work *work;   /* the point-to-point batch (after send) or the all-gather (after
+                             reduce), until waited */
 } lb_bucket;
 
 struct dt_lowbit {
@@ -130,7 +130,8 @@ void dt_lowbit_free(dt_lowbit *q)
 
 int dt_lowbit_plan(dt_lowbit *q, const size_t *lo, const size_t *hi, int nb, dt_err *err)
 {
-    wait_all(q);
+    if (q->b)
+        return dt_err_set(err, -EBUSY, "ddp.compress: the buckets are planned already");
     lb_bucket *b = calloc((size_t)nb + 1, sizeof *b);
     if (!b)
         return dt_err_set(err, -ENOMEM, "ddp.compress: out of memory");
@@ -144,47 +145,18 @@ int dt_lowbit_plan(dt_lowbit *q, const size_t *lo, const size_t *hi, int nb, dt_
         sat += c;
         maxc = DT_MAX(maxc, c);
     }
-    /* the server residual moves with the elements this rank owns, the rest starts at 0 */
-    float *old = NULL, *sres = NULL;
-    if (q->kind == DT_LOWBIT_1BIT && q->num_params) {
-        old = calloc(q->num_params, sizeof *old);
-        sres = calloc(sat + 1, sizeof *sres);
-        if (!old || !sres) {
-            free(old);
-            free(sres);
-            free(b);
-            return dt_err_set(err, -ENOMEM, "ddp.compress = 1bit: out of memory");
-        }
-        dt_lowbit_server_get(q, old);
-    }
-    unsigned char *tx = malloc(at + 64), *rx = malloc(at + 64);
-    float *acc = malloc((maxc + 1) * sizeof *acc);
-    if (!tx || !rx || !acc) {
-        free(tx);
-        free(rx);
-        free(acc);
-        free(old);
-        free(sres);
-        free(b);
-        return dt_err_set(err, -ENOMEM, "ddp.compress: %zu bytes of payloads", 2 * at);
-    }
-    free(q->b);
-    free(q->tx);
-    free(q->rx);
-    free(q->acc);
-    free(q->sresid);
-    q->b = b;
+    q->b = b; /* owned by q from here: dt_lowbit_free frees what follows too */
     q->nb = nb;
-    q->tx = tx;
-    q->rx = rx;
+    q->tx = malloc(at + 64);
+    q->rx = malloc(at + 64);
+    q->acc = malloc((maxc + 1) * sizeof *q->acc);
+    if (q->kind == DT_LOWBIT_1BIT)
+        q->sresid = calloc(sat + 1, sizeof *q->sresid);
+    if (!q->tx || !q->rx || !q->acc || (q->kind == DT_LOWBIT_1BIT && !q->sresid))
+        return dt_err_set(err, -ENOMEM, "ddp.compress: %zu bytes of payloads", 2 * at);
     q->pay_bytes = at;
-    q->acc = acc;
     q->acc_n = maxc;
-    q->sresid = sres;
-    q->sres_n = sres ? sat : 0;
-    if (old)
-        dt_lowbit_server_set(q, old);
-    free(old);
+    q->sres_n = q->sresid ? sat : 0;
     return 0;
 }
 
@@ -220,7 +192,6 @@ int dt_lowbit_send(dt_lowbit *q, int i, const float *g, dt_err *err)
         b->work = NULL;
         return dt_err_prefix(err, "ddp.compress: the chunks of bucket %d: ", i);
     }
-    b->stage = 1;
     return 0;
 }
 
@@ -257,7 +228,6 @@ int dt_lowbit_reduce(dt_lowbit *q, int i, dt_err *err)
         b->work = NULL;
         return dt_err_prefix(err, "ddp.compress: the shards of bucket %d: ", i);
     }
-    b->stage = 2;
     return 0;
 }
 
@@ -266,7 +236,6 @@ int dt_lowbit_recv(dt_lowbit *q, int i, float *g, dt_err *err)
     lb_bucket *b = &q->b[i];
     int rc = dt_comm_wait(q->c, b->work, err);
     b->work = NULL;
-    b->stage = 0;
     if (rc)
         return rc;
     for (int j = 0; j < q->N; j++) {
@@ -295,15 +264,5 @@ void dt_lowbit_server_get(const dt_lowbit *q, float *out)
         const lb_bucket *b = &q->b[i];
         size_t v = valid(b, q->me);
         memcpy(out + b->lo + (size_t)q->me * b->c, q->sresid + b->sat, v * sizeof *out);
-    }
-}
-
-void dt_lowbit_server_set(dt_lowbit *q, const float *in)
-{
-    for (int i = 0; q->sresid && i < q->nb; i++) {
-        const lb_bucket *b = &q->b[i];
-        size_t v = valid(b, q->me);
-        memset(q->sresid + b->sat, 0, b->c * sizeof *q->sresid);
-        memcpy(q->sresid + b->sat, in + b->lo + (size_t)q->me * b->c, v * sizeof *in);
     }
 }

@@ -62,10 +62,10 @@ int dt_lowbit_create(dt_lowbit **out, dt_lowbit_kind kind, dt_comm *c, size_t nu
 /* Waits for anything in flight and frees. Accepts NULL. */
 void dt_lowbit_free(dt_lowbit *q);
 
-/* The buckets [lo[i], hi[i]) for i < nb (the reducer's, in launch order), planned anew after
- * a rebuild; nothing may be in flight. 1bit: the worker residual (indexed by parameter) stays;
- * the server residual (indexed by the chunks this rank owns) is carried over element by
- * element where an element stays this rank's, else dropped. -ENOMEM. */
+/* The buckets [lo[i], hi[i]) for i < nb (the reducer's, in launch order), once, before the
+ * first send: the chunks, the payload buffers and (1bit) the server residual, zeroed. The
+ * quantisation's blocks follow the chunks, so the buckets fix the bits (the reducer keeps them
+ * static). -ENOMEM; -EBUSY when planned already. */
 int dt_lowbit_plan(dt_lowbit *q, const size_t *lo, const size_t *hi, int nb, dt_err *err);
 
 /* Step 1 of bucket i over g (the whole gradient buffer, num_params). 1bit: the worker residual
@@ -82,13 +82,12 @@ int dt_lowbit_recv(dt_lowbit *q, int i, float *g, dt_err *err);
 /* Bytes of host memory held (payloads and residuals), for the memory figures. */
 size_t dt_lowbit_bytes(const dt_lowbit *q);
 
-/* 1bit: the worker residual (num_params floats, this rank's) and the server residual in the
- * gradient buffer's layout (num_params floats: element k holds the server residual of k when
- * this rank owns k's chunk, else 0), for checkpoints; NULL for int8. The first is the buffer
- * itself (write it to restore); the second is copied out by dt_lowbit_server_get and in by
- * dt_lowbit_server_set (which takes the elements this rank owns). */
+/* 1bit: the worker residual (num_params floats, this rank's; the buffer itself), NULL for int8;
+ * and the server residual copied into out (num_params floats, the gradient buffer's layout:
+ * element k holds k's server residual where this rank owns k's chunk, else 0; nothing for
+ * int8). What error feedback still holds, for the tests (they are not checkpointed: see
+ * docs/parallelism.md). */
 float *dt_lowbit_worker_residual(dt_lowbit *q);
 void dt_lowbit_server_get(const dt_lowbit *q, float *out);
-void dt_lowbit_server_set(dt_lowbit *q, const float *in);
 
 #endif
