@@ -226,6 +226,10 @@ static void test_refusals(void)
     DT_CHECK(rc == 2);
     DT_CHECK_CONTAINS(out, "ddp.compress = 1bit quantises on the CPU");
     free(out);
+    rc = run_job("fp16", "mlp.ini", "train.steps=2 train.precision=fp16 ddp.compress=1bit", &out);
+    DT_CHECK(rc == 2);
+    DT_CHECK_CONTAINS(out, "use train.precision = bf16 or fp32 with 1bit");
+    free(out);
 }
 
 int main(int argc, char **argv)

@@ -43,6 +43,17 @@ static void test_nearest(void)
         DT_CHECK(q[i] >= -127 && q[i] <= 127);
     }
     DT_CHECK_INT(q[3], 127);
+    /* an inf in a block (fp16's overflow): q 0 there, the block NaN when dequantised, the others
+     * untouched */
+    float keep = x[300];
+    x[300] = INFINITY;
+    dt_quant_int8(x, n, 1.0f, q, sc, NULL);
+    DT_CHECK(isinf(sc[1]) && q[256] == 0 && q[511] == 0);
+    dt_dequant_int8(q, sc, n, y, 0);
+    DT_CHECK(isnan(y[300]) && isnan(y[256]) && isfinite(y[0]));
+    x[300] = keep;
+    dt_quant_int8(x, n, 0.5f, q, sc, NULL);
+    dt_dequant_int8(q, sc, n, y, 0);
     /* acc adds */
     dt_dequant_int8(q, sc, n, y, 1);
     DT_CHECK(fabsf(y[3] - 50.0f) < 1e-4f);

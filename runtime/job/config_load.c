@@ -894,6 +894,13 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                   "ddp.compress = %s quantises on the CPU (there are no CUDA kernels for it yet): "
                   "use job.device = cpu, or ddp.compress = bf16 or fp16 on cuda",
                   dt_compress_name(job->compress));
+    if (job->compress == DT_COMPRESS_1BIT && job->precision == DT_PRECISION_FP16 &&
+        !BAD("ddp.compress", "train.precision"))
+        add_error(errs, AT("ddp.compress", "train.precision"), 0,
+                  "ddp.compress = 1bit keeps error-feedback residuals of the gradients it sends, "
+                  "which under train.precision = fp16 are times a loss scale that changes (and "
+                  "an overflowing step would leave inf in them): use train.precision = bf16 or "
+                  "fp32 with 1bit, or ddp.compress = int8 with fp16");
     parallel_validate(job, c, w, errs);
     sequence_parallel_validate(job, c, w, errs);
     if (job->resume == DT_RESUME_PATH && !job->resume_path[0])

@@ -35,7 +35,9 @@ void dt_quant_int8(const float *x, size_t n, float mul, int8_t *q, float *scale,
         }
         float s = amax / 127.0f;
         scale[b] = s;
-        float inv = s > 0 ? 1.0f / s : 0.0f;
+        /* an inf or NaN in the block (fp16's overflowing step): every q 0 and the scale inf or
+         * NaN, so the block dequantises to NaN and the step's norm says so */
+        float inv = s > 0 && isfinite(s) ? 1.0f / s : 0.0f;
         for (size_t i = lo; i < hi; i++) {
             float v = x[i] * mul * inv;
             float r = rng ? floorf(v + dt_rng_uniform(rng)) : round_even(v);

@@ -40,7 +40,8 @@ size_t dt_quant_blocks(size_t n);
 size_t dt_quant_bytes(size_t n);
 
 /* q (n) and scale (dt_quant_blocks(n)) = x (n) quantised; rng NULL: round to nearest, else
- * stochastic rounding drawing from rng. mul multiplies x first (1 / world for an average). */
+ * stochastic rounding drawing from rng. mul multiplies x first (1 / world for an average). A
+ * block holding inf or NaN gets q = 0 and a scale of inf or NaN: it dequantises to NaN. */
 void dt_quant_int8(const float *x, size_t n, float mul, int8_t *q, float *scale, dt_rng *rng);
 
 /* y (n) = q * scale (acc 0), or y += q * scale (acc 1). */
