@@ -255,6 +255,7 @@ typedef struct dt_job {
     double bucket_cap_mb, first_bucket_mb;
     dt_compress_kind compress;
     int compress_warmup_steps;         /* ddp.compress = 1bit: float32 updates before it */
+    bool compress_stochastic;          /* ddp.compress = int8: stochastic rounding */
     double comm_timeout;               /* seconds per collective */
     bool broadcast_buffers;
     bool check_consistency;

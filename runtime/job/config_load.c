@@ -894,6 +894,12 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                   "ddp.compress = %s quantises on the CPU (there are no CUDA kernels for it yet): "
                   "use job.device = cpu, or ddp.compress = bf16 or fp16 on cuda",
                   dt_compress_name(job->compress));
+    if (job->compress_stochastic && job->compress != DT_COMPRESS_INT8 &&
+        !BAD("ddp.compress_stochastic", "ddp.compress"))
+        add_error(errs, AT("ddp.compress_stochastic", "ddp.compress"), 0,
+                  "ddp.compress_stochastic = true rounds int8 payloads, but ddp.compress = %s: "
+                  "set ddp.compress = int8, or drop ddp.compress_stochastic",
+                  dt_compress_name(job->compress));
     if (job->compress == DT_COMPRESS_1BIT && job->precision == DT_PRECISION_FP16 &&
         !BAD("ddp.compress", "train.precision"))
         add_error(errs, AT("ddp.compress", "train.precision"), 0,

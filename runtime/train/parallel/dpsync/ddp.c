@@ -92,6 +92,8 @@ void dt_ddp_opts_default(dt_ddp_opts *o)
     o->release = false;
     o->lowbit = 0;
     o->lowbit_warmup = 0;
+    o->lowbit_stochastic = false;
+    o->lowbit_seed = 0;
 }
 
 int dt_ddp_opts_from_job(dt_ddp_opts *o, const dt_job *job, dt_err *err)
@@ -102,6 +104,8 @@ int dt_ddp_opts_from_job(dt_ddp_opts *o, const dt_job *job, dt_err *err)
     o->broadcast_buffers = job->broadcast_buffers;
     o->check_consistency = job->check_consistency;
     o->lowbit_warmup = job->compress_warmup_steps;
+    o->lowbit_stochastic = job->compress_stochastic;
+    o->lowbit_seed = (uint64_t)job->seed;
     if (job->compress == DT_COMPRESS_NONE || job->compress == DT_COMPRESS_INT8 ||
         job->compress == DT_COMPRESS_1BIT)
         o->compress = DT_FLOAT32;
@@ -665,7 +669,12 @@ static int lowbit_finish(dt_ddp *d, int rc, dt_err *err)
     return rc;
 }
 
-void dt_ddp_set_lowbit(dt_ddp *d, bool on) { d->q_on = d->q && on; }
+void dt_ddp_set_lowbit(dt_ddp *d, bool on, int64_t step)
+{
+    d->q_on = d->q && on;
+    if (d->q)
+        dt_lowbit_set_step(d->q, (uint64_t)step);
+}
 
 struct dt_lowbit *dt_ddp_lowbit(dt_ddp *d) { return d->q; }
 
@@ -1031,6 +1040,9 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
     if (d->o.lowbit) {
         if ((rc = dt_lowbit_create(&d->q, (dt_lowbit_kind)d->o.lowbit, c, m->num_params, err)) ||
             (rc = plan_lowbit(d, err)))
+            goto fail;
+        if (d->o.lowbit_stochastic &&
+            (rc = dt_lowbit_set_stochastic(d->q, d->o.lowbit_seed, err)))
             goto fail;
         d->q_on = true;
         /* The quantisation's blocks are counted from the buckets' chunks, so the buckets fix

@@ -111,6 +111,10 @@ typedef struct dt_ddp_opts {
                                then DT_FLOAT32: see "Low-bit compression") */
     int64_t lowbit_warmup;  /* ddp.compress_warmup_steps: the sync's caller turns the low-bit
                                path on once this many updates are done (dt_ddp_set_lowbit) */
+    bool lowbit_stochastic; /* ddp.compress_stochastic (int8): stochastic rounding, drawn from
+                               (lowbit_seed, the step dt_ddp_set_lowbit gives, bucket, chunk,
+                               rank) */
+    uint64_t lowbit_seed;   /* job.seed */
 } dt_ddp_opts;
 
 void dt_ddp_opts_default(dt_ddp_opts *o);
@@ -176,9 +180,10 @@ int dt_ddp_average(dt_ddp *d, double *v, int n, dt_err *err);
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *s);
 
 /* opts.lowbit: whether the next sync (the buckets the next backward hands over) goes through the
- * low-bit all-reduce (on) or float32 (off: 1bit's warm-up). Set it before that backward, alike
- * on every rank; ignored without opts.lowbit. Created on. */
-void dt_ddp_set_lowbit(dt_ddp *d, bool on);
+ * low-bit all-reduce (on) or float32 (off: 1bit's warm-up), and its step (the optimiser's
+ * update count: what stochastic rounding draws from). Set it before that backward, alike on
+ * every rank; ignored without opts.lowbit. Created on, at step 0. */
+void dt_ddp_set_lowbit(dt_ddp *d, bool on, int64_t step);
 
 /* The low-bit all-reduce (lowbit.h) of opts.lowbit, or NULL: 1bit's residuals for checkpoints. */
 struct dt_lowbit *dt_ddp_lowbit(dt_ddp *d);

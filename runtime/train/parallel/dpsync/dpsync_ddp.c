@@ -50,8 +50,9 @@ static void ddp_backward_begin(dt_dpsync *y, bool last)
 {
     ddp_impl *d = y->impl;
     if (last && d->ddp)
-        dt_ddp_set_lowbit(d->ddp, d->o.lowbit != DT_LOWBIT_1BIT ||
-                                      y->optim->t >= d->o.lowbit_warmup);
+        dt_ddp_set_lowbit(d->ddp,
+                          d->o.lowbit != DT_LOWBIT_1BIT || y->optim->t >= d->o.lowbit_warmup,
+                          y->optim->t);
 }
 
 static void ddp_grad_ready(dt_dpsync *y, size_t offset, size_t numel)

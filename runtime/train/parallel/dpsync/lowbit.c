@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/rng.h"
 #include "common/util.h"
 #include "runtime/train/parallel/dpsync/quant.h"
 
@@ -42,6 +43,8 @@ struct dt_lowbit {
     float *resid;         /* 1bit: (num_params) the worker residual */
     float *sresid;        /* 1bit: (sres_n) the server residual of this rank's chunks */
     size_t sres_n;
+    bool stochastic;      /* int8: stochastic rounding */
+    uint64_t seed, step;  /* what its draws are a function of (with bucket, chunk, rank) */
 };
 
 static size_t payload_bytes(dt_lowbit_kind kind, size_t c)
@@ -59,15 +62,22 @@ static size_t valid(const lb_bucket *b, int j)
 }
 
 /* Compresses x (n valid of the chunk's c) into payload p; 1bit: resid (n, may alias x) = the
- * error left. */
-static void compress(const dt_lowbit *q, const lb_bucket *b, const float *x, size_t n,
-                     unsigned char *p, float *resid)
+ * error left. Stochastic rounding draws from a stream of (seed, step, i, j, rank, stage). */
+static void compress(const dt_lowbit *q, const lb_bucket *b, int i, int j, int stage,
+                     const float *x, size_t n, unsigned char *p, float *resid)
 {
     size_t nbk = q->kind == DT_LOWBIT_INT8 ? dt_quant_blocks(b->c) : dt_quant_sign_blocks(b->c);
     float *scale = (float *)p;
     memset(p, 0, b->pb);
+    dt_rng r;
+    if (q->stochastic) {
+        uint64_t where = (((uint64_t)i * 65537u + (uint64_t)j) * 65537u + (uint64_t)q->me) * 2u +
+                         (uint64_t)stage;
+        dt_rng_seed2(&r, q->seed ^ (q->step * 0x9e3779b97f4a7c15ull), where);
+    }
     if (q->kind == DT_LOWBIT_INT8)
-        dt_quant_int8(x, n, 1.0f, (int8_t *)(p + nbk * sizeof(float)), scale, NULL);
+        dt_quant_int8(x, n, 1.0f, (int8_t *)(p + nbk * sizeof(float)), scale,
+                      q->stochastic ? &r : NULL);
     else
         dt_quant_sign(x, n, (uint32_t *)(p + nbk * sizeof(float)), scale, resid);
 }
@@ -128,6 +138,18 @@ void dt_lowbit_free(dt_lowbit *q)
     free(q);
 }
 
+int dt_lowbit_set_stochastic(dt_lowbit *q, uint64_t seed, dt_err *err)
+{
+    if (q->kind != DT_LOWBIT_INT8)
+        return dt_err_set(err, -EINVAL, "ddp.compress_stochastic is for ddp.compress = int8 "
+                          "(1bit sends signs: nothing to round)");
+    q->stochastic = true;
+    q->seed = seed;
+    return 0;
+}
+
+void dt_lowbit_set_step(dt_lowbit *q, uint64_t step) { q->step = step; }
+
 int dt_lowbit_plan(dt_lowbit *q, const size_t *lo, const size_t *hi, int nb, dt_err *err)
 {
     if (q->b)
@@ -176,9 +198,9 @@ int dt_lowbit_send(dt_lowbit *q, int i, const float *g, dt_err *err)
             float *e = q->resid + start;
             for (size_t k = 0; k < v; k++)
                 e[k] += g[start + k];
-            compress(q, b, e, v, p, e);
+            compress(q, b, i, j, 0, e, v, p, e);
         } else {
-            compress(q, b, g + start, v, p, NULL);
+            compress(q, b, i, j, 0, g + start, v, p, NULL);
         }
         if (j == q->me)
             continue;
@@ -219,9 +241,9 @@ int dt_lowbit_reduce(dt_lowbit *q, int i, dt_err *err)
         float *e = q->sresid + b->sat;
         for (size_t k = 0; k < v; k++)
             e[k] += q->acc[k];
-        compress(q, b, e, v, mine, e);
+        compress(q, b, i, q->me, 1, e, v, mine, e);
     } else {
-        compress(q, b, q->acc, v, mine, NULL);
+        compress(q, b, i, q->me, 1, q->acc, v, mine, NULL);
     }
     rc = dt_comm_allgather(q->c, mine, q->tx + b->at, b->pb, DT_UINT8, &b->work, err);
     if (rc) {

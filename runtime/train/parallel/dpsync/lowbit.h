@@ -68,6 +68,15 @@ void dt_lowbit_free(dt_lowbit *q);
  * static). -ENOMEM; -EBUSY when planned already. */
 int dt_lowbit_plan(dt_lowbit *q, const size_t *lo, const size_t *hi, int nb, dt_err *err);
 
+/* int8: stochastic rounding from now on (quant.h), each chunk's draws from a dt_rng seeded by
+ * (seed, the step of dt_lowbit_set_step, bucket, chunk, this rank, which of the two
+ * quantisations), so they are the same on a resumed job as on one that ran through. -EINVAL for
+ * 1bit. */
+int dt_lowbit_set_stochastic(dt_lowbit *q, uint64_t seed, dt_err *err);
+
+/* The step of the syncs that follow (the optimiser's update count). */
+void dt_lowbit_set_step(dt_lowbit *q, uint64_t step);
+
 /* Step 1 of bucket i over g (the whole gradient buffer, num_params). 1bit: the worker residual
  * of the bucket is updated. */
 int dt_lowbit_send(dt_lowbit *q, int i, const float *g, dt_err *err);
