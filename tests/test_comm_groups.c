@@ -948,6 +948,56 @@ static void test_stats(void)
     dt_comm_free(c);
 }
 
+/* sent_bytes: the wire bytes the transports counted, against each algorithm's share. An
+ * all-reduce of S bytes sends 2 (n-1)/n S (shared memory: chunk j to its owner, the owner's
+ * reduced chunk back to every peer; the TCP ring: n-1 reduce-scatter and n-1 all-gather steps
+ * of S/n), an all-gather (n-1) x its part, a point-to-point send its payload. 4096 floats cut
+ * into n chunks of a multiple of 16 elements evenly for n = 2 and 4: exact. */
+static void sent_rank(rank_ctx *x, void *arg)
+{
+    (void)arg;
+    dt_err err = {0};
+    const uint64_t n = (uint64_t)x->n;
+    float *buf = calloc(4096, sizeof *buf), part[24] = {0}, *all = calloc(24 * n, sizeof *all);
+    dt_comm_stats a, b, d;
+    dt_comm_stats_get(x->c, &a);
+    RCHECK(dt_comm_allreduce(x->c, buf, 4096, DT_FLOAT32, DT_SUM, NULL, &err) == 0, "%s",
+           err.msg);
+    dt_comm_stats_get(x->c, &b);
+    dt_comm_stats_sub(&b, &a, &d);
+    RCHECK(d.sent_bytes == 2 * (n - 1) * 4096 * 4 / n, "rank %d: all-reduce of 16 KiB sent %llu",
+           x->rank, (unsigned long long)d.sent_bytes);
+    RCHECK(dt_comm_allgather(x->c, part, all, 24, DT_FLOAT32, NULL, &err) == 0, "%s", err.msg);
+    dt_comm_stats_get(x->c, &a);
+    dt_comm_stats_sub(&a, &b, &d);
+    RCHECK(d.sent_bytes == (n - 1) * 24 * 4, "rank %d: all-gather of 96 bytes sent %llu",
+           x->rank, (unsigned long long)d.sent_bytes);
+    if (x->n == 2) {
+        dt_comm_work *wk = NULL;
+        dt_p2p_op op = {x->rank ? DT_P2P_RECV : DT_P2P_SEND, part, 9, DT_FLOAT32, 1 - x->rank};
+        RCHECK(dt_comm_p2p(x->c, &op, 1, &wk, &err) == 0 && dt_comm_wait(x->c, wk, &err) == 0,
+               "p2p: %s", err.msg);
+        dt_comm_stats_get(x->c, &b);
+        dt_comm_stats_sub(&b, &a, &d);
+        RCHECK(d.sent_bytes == (x->rank ? 0u : 36u), "rank %d: a send of 36 bytes sent %llu",
+               x->rank, (unsigned long long)d.sent_bytes);
+    }
+    free(buf);
+    free(all);
+}
+
+static void test_sent_bytes(void)
+{
+    world shm = {.n = 2};
+    run_world(&shm, sent_rank, NULL, 40);
+    world ring = {.n = 2, .hosts = "a,b"};
+    run_world(&ring, sent_rank, NULL, 40);
+    world flat = {.n = 4, .hosts = "a,a,b,b", .transport = "tcp"}; /* one ring of 4 */
+    run_world(&flat, sent_rank, NULL, 40);
+    /* (hierarchical, a host's first rank sends more: its host's sum around the ring and the
+     * result to its host; counted as it happens, not as the flat formula) */
+}
+
 /* dt_comm_wait_done: an all-reduce and a p2p batch waited on 300 ms after their issue report
  * a completion time between the issue and the wait (the cpu backend stamps them when its comm
  * thread or point-to-point engine finishes them; 300 ms leaves a loaded machine ample time to
@@ -1043,6 +1093,7 @@ int main(int argc, char **argv)
         {"split_hosts", test_split_hosts, 120},
         {"concurrent_groups", test_concurrent_groups, 90},
         {"stats", test_stats, 60},
+        {"sent_bytes", test_sent_bytes, 90},
         {"wait_done", test_wait_done, 40},
     };
     return dt_test_main("test_comm_groups", tests, (int)DT_ARRAY_LEN(tests), argc, argv);

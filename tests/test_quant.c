@@ -43,6 +43,17 @@ static void test_nearest(void)
         DT_CHECK(q[i] >= -127 && q[i] <= 127);
     }
     DT_CHECK_INT(q[3], 127);
+    /* an inf in a block (fp16's overflow): q 0 there, the block NaN when dequantised, the others
+     * untouched */
+    float keep = x[300];
+    x[300] = INFINITY;
+    dt_quant_int8(x, n, 1.0f, q, sc, NULL);
+    DT_CHECK(isinf(sc[1]) && q[256] == 0 && q[511] == 0);
+    dt_dequant_int8(q, sc, n, y, 0);
+    DT_CHECK(isnan(y[300]) && isnan(y[256]) && isfinite(y[0]));
+    x[300] = keep;
+    dt_quant_int8(x, n, 0.5f, q, sc, NULL);
+    dt_dequant_int8(q, sc, n, y, 0);
     /* acc adds */
     dt_dequant_int8(q, sc, n, y, 1);
     DT_CHECK(fabsf(y[3] - 50.0f) < 1e-4f);
@@ -71,12 +82,61 @@ static void test_stochastic(void)
     DT_CHECK_INT(q[1], 0);
 }
 
+/* Sign quantisation: signs, the block scale mean|x|, the residual x - dequantised, and that the
+ * scale is the best one for the signs (a 1% larger or smaller one has a larger squared error). */
+static void test_sign(void)
+{
+    size_t n = 600; /* 9 whole blocks of 64 and a short one; 19 sign words, the last part-used */
+    float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), *e = malloc(n * sizeof *e);
+    float sc[10];
+    uint32_t bits[19];
+    dt_rng r;
+    dt_rng_seed(&r, 5);
+    dt_rng_fill_normal(&r, x, n, 0, 1);
+    x[7] = 0; /* zero counts as + */
+    dt_quant_sign(x, n, bits, sc, e);
+    DT_CHECK((bits[18] >> (600 - 576)) == 0); /* the unused bits cleared */
+    DT_CHECK_INT(dt_quant_sign_blocks(n), 10);
+    for (int b = 0; b < 10; b++) {
+        size_t lo = (size_t)b * DT_QUANT_SIGN_BLOCK;
+        size_t hi = lo + DT_QUANT_SIGN_BLOCK < n ? lo + DT_QUANT_SIGN_BLOCK : n;
+        double sum = 0;
+        for (size_t i = lo; i < hi; i++)
+            sum += fabsf(x[i]);
+        DT_CHECK_MSG(fabs(sc[b] - sum / (double)(hi - lo)) < 1e-6, "block %d scale %g", b, sc[b]);
+        double err[3] = {0};
+        const double f[3] = {1.0, 1.01, 0.99};
+        for (size_t i = lo; i < hi; i++)
+            for (int k = 0; k < 3; k++) {
+                double v = (x[i] < 0 ? -1 : 1) * sc[b] * f[k] - x[i];
+                err[k] += v * v;
+            }
+        DT_CHECK(err[0] < err[1] && err[0] < err[2]);
+    }
+    dt_dequant_sign(bits, sc, n, y, 0);
+    for (size_t i = 0; i < n; i++) {
+        float s = sc[i / DT_QUANT_SIGN_BLOCK];
+        DT_CHECK_MSG(y[i] == (x[i] < 0 ? -s : s), "element %zu: %g for %g", i, y[i], x[i]);
+        DT_CHECK(e[i] == x[i] - y[i]);
+    }
+    /* acc adds; the residual may be computed in place */
+    dt_dequant_sign(bits, sc, n, y, 1);
+    DT_CHECK(y[1] == 2 * (x[1] < 0 ? -sc[0] : sc[0]));
+    float x0 = x[0];
+    dt_quant_sign(x, n, bits, sc, x);
+    DT_CHECK(x[0] == e[0] && e[0] == x0 - (x0 < 0 ? -sc[0] : sc[0]));
+    free(x);
+    free(y);
+    free(e);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
         {"quant_sizes", test_sizes, 0},
         {"quant_nearest", test_nearest, 0},
         {"quant_stochastic", test_stochastic, 0},
+        {"quant_sign", test_sign, 0},
     };
     return dt_test_main("test_quant", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

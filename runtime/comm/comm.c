@@ -52,6 +52,8 @@ struct dt_comm {
     _Atomic uint64_t calls[DT_COMM_OP_COUNT];
     _Atomic uint64_t bytes[DT_COMM_OP_COUNT];
     _Atomic uint64_t wait_ns;
+    _Atomic uint64_t ring_sent; /* backends without sent_bytes: the ring's share of each call */
+    uint64_t sent_base;  /* the backend's sent_bytes at the last reset */
     /* the observer's (see dt_comm_observer): under obs_mu */
     char label[16];
     uint64_t uid;        /* hash of prefix: the same on every member */
@@ -226,10 +228,39 @@ const char *dt_comm_op_name(dt_comm_op op)
     return (int)op >= 0 && op < DT_COMM_OP_COUNT ? op_names[op] : "?";
 }
 
+/* What a ring algorithm has each rank send for a call of size bytes (nccl-tests' bus bandwidth
+ * factor): for a backend whose transports do not count (nccl). */
+static uint64_t ring_share(const dt_comm *c, dt_comm_op op, uint64_t bytes)
+{
+    uint64_t n = (uint64_t)c->world;
+    switch (op) {
+    case DT_COMM_OP_ALLREDUCE:
+        return bytes * 2 * (n - 1) / n;
+    case DT_COMM_OP_REDUCE:
+    case DT_COMM_OP_BROADCAST:
+    case DT_COMM_OP_ALLGATHER:
+    case DT_COMM_OP_REDUCE_SCATTER:
+        return bytes * (n - 1) / n;
+    case DT_COMM_OP_SEND:
+        return bytes;
+    default:
+        return 0;
+    }
+}
+
 static void count_op(dt_comm *c, dt_comm_op op, uint64_t bytes)
 {
     atomic_fetch_add_explicit(&c->calls[op], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->bytes[op], bytes, memory_order_relaxed);
+    if (!c->ops->sent_bytes)
+        atomic_fetch_add_explicit(&c->ring_sent, ring_share(c, op, bytes), memory_order_relaxed);
+}
+
+static uint64_t sent_now(const dt_comm *c)
+{
+    if (c->ops->sent_bytes)
+        return c->ops->sent_bytes(c->self);
+    return atomic_load_explicit(&((dt_comm *)(uintptr_t)c)->ring_sent, memory_order_relaxed);
 }
 
 /* The dispatch's epilogue: counts an accepted call (rc == 0), and for a blocking one (no work
@@ -257,6 +288,8 @@ void dt_comm_stats_get(const dt_comm *c, dt_comm_stats *out)
         out->bytes[i] = atomic_load_explicit(&m->bytes[i], memory_order_relaxed);
     }
     out->wait_s = (double)atomic_load_explicit(&m->wait_ns, memory_order_relaxed) * 1e-9;
+    uint64_t sent = sent_now(c);
+    out->sent_bytes = sent > m->sent_base ? sent - m->sent_base : 0;
 }
 
 void dt_comm_stats_reset(dt_comm *c)
@@ -268,6 +301,8 @@ void dt_comm_stats_reset(dt_comm *c)
         atomic_store_explicit(&c->bytes[i], 0, memory_order_relaxed);
     }
     atomic_store_explicit(&c->wait_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->ring_sent, 0, memory_order_relaxed);
+    c->sent_base = c->ops->sent_bytes ? c->ops->sent_bytes(c->self) : 0;
 }
 
 void dt_comm_stats_sub(const dt_comm_stats *after, const dt_comm_stats *before,
@@ -279,6 +314,7 @@ void dt_comm_stats_sub(const dt_comm_stats *after, const dt_comm_stats *before,
         d.bytes[i] = after->bytes[i] - before->bytes[i];
     }
     d.wait_s = after->wait_s - before->wait_s;
+    d.sent_bytes = after->sent_bytes - before->sent_bytes;
     *out = d;
 }
 

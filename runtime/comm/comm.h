@@ -158,6 +158,16 @@ typedef struct dt_comm_stats {
                       to return, and blocking calls (work = NULL, barrier) from issue to return;
                       summed over threads (two waiting at once count twice). Asynchronous
                       collectives that finish before they are waited on cost (almost) none. */
+    uint64_t sent_bytes; /* payload bytes this rank sent, over every op, as the transports
+                            counted them where the data left (the cpu backend: bytes written
+                            to the TCP ring and point-to-point streams, and what the host's
+                            peers read of this rank's data in shared memory, counted where it
+                            offers it; framing not included). Unlike bytes[] these are wire
+                            bytes: a ring all-reduce of S bytes adds 2 (n-1)/n S (up to the
+                            chunking's rounding). nccl does not say what it moves: there each
+                            call adds the ring algorithm's share of its size (2 (n-1)/n for an
+                            all-reduce, (n-1)/n for the others, a send its size). Counted as
+                            the transfer happens, complete once the op was waited for. */
 } dt_comm_stats;
 
 /* "allreduce", "reduce", "broadcast", "allgather", "reduce_scatter", "barrier", "send", "recv";

@@ -629,6 +629,14 @@ static void cpu_destroy(void *self)
     free(c);
 }
 
+/* What the transports counted: shared memory (what the host's peers read of this rank's data),
+ * the TCP ring (written to the next member) and the point-to-point engine. */
+static uint64_t cpu_sent_bytes(void *self)
+{
+    cpu_comm *c = self;
+    return dt_shm_sent(c->shm) + dt_ring_sent(c->ring) + dt_p2p_sent(c->p2p);
+}
+
 static const dt_comm_backend_ops cpu_ops = {
     .name = "cpu",
     .allreduce = cpu_allreduce,
@@ -642,6 +650,7 @@ static const dt_comm_backend_ops cpu_ops = {
     .mem_free = cpu_mem_free,
     .p2p = cpu_p2p,
     .wait_done = cpu_wait_done,
+    .sent_bytes = cpu_sent_bytes,
 };
 
 /* ---- bootstrap ---------------------------------------------------------------------------- */

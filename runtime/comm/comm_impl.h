@@ -51,6 +51,12 @@ typedef struct dt_comm_backend_ops {
      * dt_now_ns's clock (see dt_comm_wait_done). NULL: comm.c calls wait and takes the time it
      * returned. Last in the table, so that positional tables (comm_nccl.cu) stay valid. */
     int (*wait_done)(void *self, dt_comm_work *work, uint64_t *done_ns, dt_err *err);
+    /* Optional: the payload bytes this rank has sent so far over every transport (collectives
+     * and point-to-point), as the transports counted them (see dt_comm_stats.sent_bytes). NULL:
+     * comm.c counts each call at dispatch with the ring algorithm's share (nccl, which does not
+     * say what it moved). After wait_done, the last before it, so that positional tables
+     * (comm_nccl.cu) stay valid. */
+    uint64_t (*sent_bytes)(void *self);
 } dt_comm_backend_ops;
 
 /* The NCCL backend in libdtrain_cuda.so exports these two symbols. comm.c calls the first on

@@ -148,6 +148,7 @@ struct dt_p2p {
     /* wakes the progress thread from a futex sleep (posts, abort, stop) */
     _Atomic uint32_t post_bell;
     _Atomic int thread_sleeping;
+    _Atomic uint64_t sent;     /* payload bytes of sends written to their peers (dt_p2p_sent) */
 };
 
 /* ---- names ---------------------------------------------------------------------------- */
@@ -388,6 +389,8 @@ static int pair_write(dt_p2p *p, pair *c, bool *moved)
         if (k == 0)
             return 0;
         *moved = true;
+        if (c->out_off >= sizeof(frame))
+            atomic_fetch_add_explicit(&p->sent, (uint64_t)k, memory_order_relaxed);
         c->out_off += (size_t)k;
         if (c->out_off == total) {
             if (c->out_kind == 2) {
@@ -883,6 +886,11 @@ int dt_p2p_create(dt_p2p **out, const dt_p2p_opts *o, dt_err *err)
     }
     *out = p;
     return 0;
+}
+
+uint64_t dt_p2p_sent(const dt_p2p *p)
+{
+    return p ? atomic_load_explicit(&((dt_p2p *)(uintptr_t)p)->sent, memory_order_relaxed) : 0;
 }
 
 void dt_p2p_close(dt_p2p *p)

@@ -73,4 +73,8 @@ int dt_p2p_start(dt_p2p *p, const dt_p2p_op *ops, int n, dt_p2p_batch **out, dt_
  * when this wait returned. */
 int dt_p2p_wait(dt_p2p *p, dt_p2p_batch *b, uint64_t *done_ns, dt_err *err);
 
+/* Payload bytes of this rank's sends written to their peers so far (frames not counted). Any
+ * thread; 0 for NULL. */
+uint64_t dt_p2p_sent(const dt_p2p *p);
+
 #endif

@@ -136,6 +136,7 @@ struct dt_shm {
     long long mem_max;   /* bytes of it this rank may hold (<0 = no limit) */
     size_t mem_used;
     unsigned nregions;   /* allocations made so far (names the next one) */
+    _Atomic uint64_t sent; /* payload bytes of this rank that peers read (dt_shm_sent) */
 };
 
 /* ---- small helpers --------------------------------------------------------------------- */
@@ -429,30 +430,47 @@ typedef struct shm_op {
     size_t zoff;          /* byte offset of buf in it */
 } shm_op;
 
+/* The bytes this rank sends, as a message-passing transport would (dt_shm_sent): what its peers
+ * read of its data. Counted where the data is offered, per step, from the chunks the step really
+ * cuts (so the figure carries the chunking's rounding): an all-reduce's chunk j goes to its owner
+ * j (post), the chunk this rank owns goes back reduced to every peer (reduce); a broadcast's root
+ * and an all-gather's every rank offer the step to n - 1 peers; a reduce-scatter sends block j to
+ * rank j. Per rank that is the ring's 2 (n-1)/n of an all-reduce and (n-1)/n of the others. */
+static void count_sent(dt_shm *s, size_t bytes)
+{
+    atomic_fetch_add_explicit(&s->sent, bytes, memory_order_relaxed);
+}
+
 static void phase_post(dt_shm *s, const shm_op *o, uint64_t i, char *mine)
 {
     size_t off = (size_t)i * o->per_step, m = DT_MIN(o->per_step, o->count - off), lo, hi;
     switch (o->kind) {
     case DT_COLL_ALLREDUCE:
-        for (int j = 0; j < s->n && !o->zc; j++) {
+        for (int j = 0; j < s->n; j++) {
             if (j == s->me)
                 continue;
             chunk(m, s->n, j, &lo, &hi);
-            memcpy(mine + lo * o->es, o->buf + (off + lo) * o->es, (hi - lo) * o->es);
+            if (!o->zc) /* communicator memory: the owner reads it where it is */
+                memcpy(mine + lo * o->es, o->buf + (off + lo) * o->es, (hi - lo) * o->es);
+            count_sent(s, (hi - lo) * o->es);
         }
         break;
     case DT_COLL_BROADCAST:
-        if (s->me == o->root)
+        if (s->me == o->root) {
             memcpy(mine, o->buf + off, m);
+            count_sent(s, m * (size_t)(s->n - 1));
+        }
         break;
     case DT_COLL_ALLGATHER:
         memcpy(mine, o->send + off, m);
+        count_sent(s, m * (size_t)(s->n - 1));
         break;
     case DT_COLL_REDUCE_SCATTER:
         for (int j = 0; j < s->n; j++)
             if (j != s->me)
                 memcpy(mine + (size_t)j * o->per_step * o->es,
                        o->send + ((size_t)j * o->count + off) * o->es, m * o->es);
+        count_sent(s, m * o->es * (size_t)(s->n - 1));
         break;
     }
 }
@@ -472,6 +490,7 @@ static void phase_reduce(dt_shm *s, const shm_op *o, uint64_t step, uint64_t i, 
         if (hi > lo)
             dt_reduce(o->buf + (off + lo) * o->es, o->zc ? NULL : mine + lo * o->es, srcs, s->n,
                       hi - lo, o->t, o->op, o->scale, o->stream);
+        count_sent(s, (hi - lo) * o->es * (size_t)(s->n - 1)); /* read back by every peer */
         if (o->zc && o->stream)
             dt_stream_fence(); /* the peers read this chunk once we publish */
         break;
@@ -659,6 +678,11 @@ int dt_shm_reduce_scatter(dt_shm *s, const void *send, void *recv, size_t count,
                 .per_step = s->slot / ((size_t)s->n * es), .send = send, .recv = recv,
                 .scale = scale};
     return run_op(s, &o, ctx, err);
+}
+
+uint64_t dt_shm_sent(const dt_shm *s)
+{
+    return s ? atomic_load_explicit(&((dt_shm *)(uintptr_t)s)->sent, memory_order_relaxed) : 0;
 }
 
 int dt_shm_barrier(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err)

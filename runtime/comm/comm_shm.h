@@ -70,6 +70,10 @@ int dt_shm_allgather(dt_shm *s, const void *send, void *recv, size_t bytes,
 int dt_shm_reduce_scatter(dt_shm *s, const void *send, void *recv, size_t count, dt_dtype t,
                           dt_redop op, float scale, const dt_coll_ctx *ctx, dt_err *err);
 int dt_shm_barrier(dt_shm *s, const dt_coll_ctx *ctx, dt_err *err);
+
+/* Payload bytes this rank has sent so far, as a message-passing transport would: what its peers
+ * read of its data (see count_sent in comm_shm.c). Any thread; 0 for NULL. */
+uint64_t dt_shm_sent(const dt_shm *s);
 /* Communicator memory (see dt_comm_mem_alloc in comm.h): every local rank creates a
  * shared-memory object of `bytes` (zero-filled, 64-byte aligned) and maps every peer's. A call on
  * every local rank, like a collective (ctx->desc describes it, so ranks that ask for different

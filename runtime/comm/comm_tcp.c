@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +59,7 @@ struct dt_ring {
     size_t seg;
     char *stage;   /* (seg) reduction staging */
     bool failed;
+    _Atomic uint64_t sent; /* payload bytes sent to the next member (dt_ring_sent) */
 };
 
 typedef struct ring_step {
@@ -184,6 +186,7 @@ static int run(dt_ring *r, const ring_step *steps, int nsteps, dt_dtype t, dt_re
                                  MSG_DONTWAIT | MSG_NOSIGNAL);
                 if (k > 0) {
                     s_off += (size_t)k;
+                    atomic_fetch_add_explicit(&r->sent, (uint64_t)k, memory_order_relaxed);
                     progress = true;
                 } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                     int e = errno;
@@ -417,6 +420,11 @@ int dt_ring_reduce_scatter(dt_ring *r, const void *send, void *recv, size_t coun
     free(steps);
     free(tmp);
     return rc;
+}
+
+uint64_t dt_ring_sent(const dt_ring *r)
+{
+    return r ? atomic_load_explicit(&((dt_ring *)(uintptr_t)r)->sent, memory_order_relaxed) : 0;
 }
 
 int dt_ring_barrier(dt_ring *r, const dt_coll_ctx *ctx, dt_err *err)

@@ -65,6 +65,10 @@ int dt_ring_reduce_scatter(dt_ring *r, const void *send, void *recv, size_t coun
 /* Returns when every member has entered. */
 int dt_ring_barrier(dt_ring *r, const dt_coll_ctx *ctx, dt_err *err);
 
+/* Payload bytes this member has written to the next one so far (the 40-byte headers of each
+ * collective not counted). Any thread; 0 for NULL. */
+uint64_t dt_ring_sent(const dt_ring *r);
+
 /* ---- helpers shared with the point-to-point engine (comm_p2p.c) ---- */
 
 /* A blocking-style connect to host:port (retried with backoff until deadline_ns); *out is a

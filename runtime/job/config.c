@@ -38,7 +38,7 @@ static const char *const lr_names[] = {"constant", "cosine", "linear", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const recompute_names[] = {"none", "block", "selective", NULL};
 static const char *const comm_backend_names[] = {"auto", "cpu", "nccl", NULL};
-static const char *const compress_names[] = {"none", "bf16", "fp16", NULL};
+static const char *const compress_names[] = {"none", "bf16", "fp16", "int8", "1bit", NULL};
 static const char *const resume_names[] = {"auto", "never", "path", NULL};
 static const char *const rdzv_backend_names[] = {"static", "c10d", "etcd", NULL};
 static const char *const pp_schedule_names[] = {"1f1b", "gpipe", NULL};
@@ -177,7 +177,9 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"ddp", "backend", DT_CFG_ENUM, J(comm_backend), "auto", 0, 0, comm_backend_names, false, "collectives: nccl on cuda, cpu otherwise (auto)"},
     {"ddp", "bucket_cap_mb", DT_CFG_DOUBLE, J(bucket_cap_mb), "25", 0.001, 1e6, NULL, false, "gradient bucket size (MiB)"},
     {"ddp", "first_bucket_mb", DT_CFG_DOUBLE, J(first_bucket_mb), "1", 0.001, 1e6, NULL, false, "size of the first bucket (MiB), launched earliest"},
-    {"ddp", "compress", DT_CFG_ENUM, J(compress), "none", 0, 0, compress_names, false, "gradient payload compression for all-reduce"},
+    {"ddp", "compress", DT_CFG_ENUM, J(compress), "none", 0, 0, compress_names, false, "gradient payload compression for all-reduce: bf16, fp16 (16-bit payloads); int8 (blocks of 256 with a float scale, round to nearest: reduce-scatter of quantised chunks, summed in float, the shard quantised again and all-gathered; about 0.25x fp32's bytes); 1bit (signs and a scale per block of 64, with error feedback, after ddp.compress_warmup_steps float32 steps; about 0.047x). int8 and 1bit: device = cpu, parallel.zero = 0 (docs/parallelism.md#gradient-compression)"},
+    {"ddp", "compress_stochastic", DT_CFG_BOOL, J(compress_stochastic), "false", 0, 0, NULL, false, "ddp.compress = int8: round stochastically (unbiased: the expected value of what is sent is the gradient; error below one scale instead of half of one) instead of to nearest. The draws are a function of (job.seed, optimiser step, bucket, chunk, rank), so a resumed job rounds as one that ran through"},
+    {"ddp", "compress_warmup_steps", DT_CFG_INT, J(compress_warmup_steps), "0", 0, 1000000000, NULL, false, "ddp.compress = 1bit: optimiser updates that all-reduce float32 gradients before the 1-bit all-reduce starts (1-bit Adam's warm-up; DeepSpeed uses 15-25% of the steps)"},
     {"ddp", "timeout", DT_CFG_DURATION, J(comm_timeout), "300", 0.001, 1e7, NULL, false, "seconds a collective may wait for a peer before it fails"},
     {"ddp", "broadcast_buffers", DT_CFG_BOOL, J(broadcast_buffers), "true", 0, 0, NULL, false, "broadcast buffers (BatchNorm statistics) from rank 0 every step"},
     {"ddp", "check_consistency", DT_CFG_BOOL, J(check_consistency), "true", 0, 0, NULL, false, "verify that every rank built the same model at start"},

@@ -91,7 +91,7 @@ typedef enum dt_comm_backend_kind {
 } dt_comm_backend_kind;
 /* ddp.compress (DDP maps it to comm.h's dt_dtype of the payload). */
 typedef enum dt_compress_kind {
-    DT_COMPRESS_NONE, DT_COMPRESS_BF16, DT_COMPRESS_FP16
+    DT_COMPRESS_NONE, DT_COMPRESS_BF16, DT_COMPRESS_FP16, DT_COMPRESS_INT8, DT_COMPRESS_1BIT
 } dt_compress_kind;
 /* parallel.schedule: the order of a pipeline's micro-batches (1F1B = PipeDream-Flush). */
 typedef enum dt_pp_schedule_kind { DT_PP_1F1B = 0, DT_PP_GPIPE = 1 } dt_pp_schedule_kind;
@@ -254,6 +254,8 @@ typedef struct dt_job {
     dt_comm_backend_kind comm_backend;
     double bucket_cap_mb, first_bucket_mb;
     dt_compress_kind compress;
+    int compress_warmup_steps;         /* ddp.compress = 1bit: float32 updates before it */
+    bool compress_stochastic;          /* ddp.compress = int8: stochastic rounding */
     double comm_timeout;               /* seconds per collective */
     bool broadcast_buffers;
     bool check_consistency;

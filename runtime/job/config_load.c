@@ -887,6 +887,31 @@ static int job_validate(const dt_job *job, const parse_ctx *c, dt_config_errors 
                   "run as many micro-steps, which train.global_batch does not promise: use "
                   "train.grad_accum with parallel.zero = 3, or parallel.zero = 1 or 2 with "
                   "train.global_batch");
+    /* the low-bit all-reduce is DDP's reducer's, over host memory (docs/parallelism.md) */
+    bool lowbit = job->compress == DT_COMPRESS_INT8 || job->compress == DT_COMPRESS_1BIT;
+    if (lowbit && job->zero > 0 && !BAD("ddp.compress", "parallel.zero"))
+        add_error(errs, AT("ddp.compress", "parallel.zero"), 0,
+                  "ddp.compress = %s runs in DDP's all-reduce, not in ZeRO's reduce-scatter "
+                  "(parallel.zero = %d): use parallel.zero = 0, or ddp.compress = bf16 or fp16 "
+                  "with ZeRO", dt_compress_name(job->compress), job->zero);
+    if (lowbit && job->device == DT_DEVICE_CUDA && !BAD("ddp.compress", "job.device"))
+        add_error(errs, AT("ddp.compress", "job.device"), 0,
+                  "ddp.compress = %s quantises on the CPU (there are no CUDA kernels for it yet): "
+                  "use job.device = cpu, or ddp.compress = bf16 or fp16 on cuda",
+                  dt_compress_name(job->compress));
+    if (job->compress_stochastic && job->compress != DT_COMPRESS_INT8 &&
+        !BAD("ddp.compress_stochastic", "ddp.compress"))
+        add_error(errs, AT("ddp.compress_stochastic", "ddp.compress"), 0,
+                  "ddp.compress_stochastic = true rounds int8 payloads, but ddp.compress = %s: "
+                  "set ddp.compress = int8, or drop ddp.compress_stochastic",
+                  dt_compress_name(job->compress));
+    if (job->compress == DT_COMPRESS_1BIT && job->precision == DT_PRECISION_FP16 &&
+        !BAD("ddp.compress", "train.precision"))
+        add_error(errs, AT("ddp.compress", "train.precision"), 0,
+                  "ddp.compress = 1bit keeps error-feedback residuals of the gradients it sends, "
+                  "which under train.precision = fp16 are times a loss scale that changes (and "
+                  "an overflowing step would leave inf in them): use train.precision = bf16 or "
+                  "fp32 with 1bit, or ddp.compress = int8 with fp16");
     parallel_validate(job, c, w, errs);
     sequence_parallel_validate(job, c, w, errs);
     if (job->resume == DT_RESUME_PATH && !job->resume_path[0])

@@ -508,6 +508,8 @@ int dt_trainer_step(dt_trainer *t, dt_err *err)
         return rc;
     dt_trace_end(ts, DT_TRACE_COMM, "gradient sync");
     t->comm_time_s = s->comm_time_s;
+    dt_ddp_stats dst;
+    t->comm_bytes = dt_strategy_sync_stats(s, &dst) == 0 ? (int64_t)dst.comm_bytes : -1;
     /* The loss mean and the stop request travel together: a signal reaches the ranks at
      * different steps (or only one of them), and all must stop at the same step boundary, else
      * the one that stops waits at the save's barrier while the others wait in the next step's
@@ -767,6 +769,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
     double start = dt_now_s(), val_loss = NAN;
     /* the log window: means since the last record */
     double win_loss = 0, win_time = 0, win_comm = 0, last_train = NAN, train_time = 0;
+    int64_t win_bytes = 0; /* comm_bytes over the window; -1 once a step had none */
     int win_n = 0;
     int64_t steps_run = 0;
     bool evaluated_last = false;
@@ -791,6 +794,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
         win_loss += t->loss;
         win_time += t->step_time_s;
         win_comm += t->comm_time_s;
+        win_bytes = t->comm_bytes < 0 || win_bytes < 0 ? -1 : win_bytes + t->comm_bytes;
         win_n++;
         evaluated_last = false;
         bool last = t->step == t->total_steps;
@@ -809,6 +813,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
                 .items_per_s = (double)t->items_per_step * win_n / win_time,
                 .step_time_s = win_time / win_n,
                 .comm_time_s = win_comm / win_n,
+                .comm_bytes = win_bytes < 0 ? -1 : (double)win_bytes / win_n,
                 .peak_mem_bytes = t->be->peak_bytes ? t->be->peak_bytes(t->be) : 0,
                 .max_rss_bytes = dt_metrics_max_rss(),
             };
@@ -816,6 +821,7 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             dt_metrics_step(t->metrics, &r);
             win_loss = win_time = win_comm = 0;
             win_n = 0;
+            win_bytes = 0;
         }
         if (t->data->val && j->eval_every > 0 && t->step % j->eval_every == 0) {
             if ((rc = do_eval(t, &val_loss, err)))

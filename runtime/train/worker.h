@@ -104,6 +104,8 @@ typedef struct dt_trainer {
     double lr;
     double step_time_s;
     double comm_time_s;       /* synchronising gradients (the strategy's s->comm_time_s) */
+    int64_t comm_bytes;       /* bytes this rank sent for the gradients of the last step (the
+                                 sync's dt_ddp_stats.comm_bytes); -1 without a reducer */
 
     /* ---- checkpoints and stopping ---- */
     dt_ckpt *ckpt;            /* checkpoints, owned; opened by dt_trainer_init */

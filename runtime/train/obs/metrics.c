@@ -186,6 +186,8 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
         cJSON_AddNumberToObject(o, m->tokens ? "tokens_per_s" : "samples_per_s", r->items_per_s);
         cJSON_AddNumberToObject(o, "step_time_s", r->step_time_s);
         cJSON_AddNumberToObject(o, "comm_time_s", r->comm_time_s);
+        if (r->comm_bytes >= 0)
+            cJSON_AddNumberToObject(o, "comm_bytes", r->comm_bytes);
         cJSON_AddNumberToObject(o, "peak_mem_bytes",
                                 (double)(r->mem.total_peak ? r->mem.total_peak
                                                            : r->peak_mem_bytes));

@@ -59,6 +59,9 @@ typedef struct dt_step_record {
     double items_per_s;   /* tokens/s (language models) or samples/s, all ranks together */
     double step_time_s;   /* mean wall time per step over the logged window */
     double comm_time_s;   /* time waiting for gradient synchronisation per step */
+    double comm_bytes;    /* bytes this rank sent for gradients per step (mean over the
+                           * window), as its communicator counted them; < 0: not known (no
+                           * reducer: one process, DP, ZeRO-3) */
     size_t peak_mem_bytes;/* backend allocations, peak (mem.total_peak when mem is filled) */
     dt_mem_stats mem;     /* the backend's accounting by category (dt_mem_read); all zero: none */
     size_t max_rss_bytes; /* process resident set, peak */

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "runtime/train/obs/trace.h"
+#include "runtime/train/parallel/dpsync/lowbit.h"
 
 #define MIB (1024.0 * 1024.0)
 #define MSG_BYTES 256 /* per-rank consistency message */
@@ -26,6 +27,7 @@ typedef struct bucket {
     size_t lo, hi;        /* [lo, hi) of the flat gradient buffer, in elements */
     size_t ready;         /* elements reported final in this backward */
     bool launched;
+    bool reduced;         /* lowbit: its shard was reduced and its all-gather launched */
     bool released;        /* release: its memory was given back in this backward */
     dt_comm_work *work;   /* in flight, owned until waited */
     uint64_t trace_t0;    /* train.trace: when its collective was launched (0: not traced) */
@@ -71,6 +73,11 @@ struct dt_ddp {
                              the last step's) since its last backward window */
     size_t res_g, res_p;  /* bytes of m->grads and of comp resident, as the allocator's
                              statistics count them (every release and commit is measured) */
+    dt_lowbit *q;         /* opts.lowbit: the low-bit all-reduce, owned */
+    bool q_on;            /* the buckets of this sync go through it (dt_ddp_set_lowbit) */
+    size_t q_bytes;       /* its host memory, charged to DT_MEM_COMM */
+    bool counting;        /* this sync's first collective was issued: sent0 holds the count */
+    uint64_t sent0;       /* the communicator's sent_bytes before it */
     dt_ddp_stats st;
 };
 
@@ -83,6 +90,10 @@ void dt_ddp_opts_default(dt_ddp_opts *o)
     o->check_consistency = true;
     o->shard = false;
     o->release = false;
+    o->lowbit = 0;
+    o->lowbit_warmup = 0;
+    o->lowbit_stochastic = false;
+    o->lowbit_seed = 0;
 }
 
 int dt_ddp_opts_from_job(dt_ddp_opts *o, const dt_job *job, dt_err *err)
@@ -92,15 +103,22 @@ int dt_ddp_opts_from_job(dt_ddp_opts *o, const dt_job *job, dt_err *err)
     o->first_bucket_mb = job->first_bucket_mb;
     o->broadcast_buffers = job->broadcast_buffers;
     o->check_consistency = job->check_consistency;
-    if (job->compress == DT_COMPRESS_NONE)
+    o->lowbit_warmup = job->compress_warmup_steps;
+    o->lowbit_stochastic = job->compress_stochastic;
+    o->lowbit_seed = (uint64_t)job->seed;
+    if (job->compress == DT_COMPRESS_NONE || job->compress == DT_COMPRESS_INT8 ||
+        job->compress == DT_COMPRESS_1BIT)
         o->compress = DT_FLOAT32;
     else if (job->compress == DT_COMPRESS_BF16)
         o->compress = DT_BFLOAT16;
     else if (job->compress == DT_COMPRESS_FP16)
         o->compress = DT_FLOAT16;
     else
-        return dt_err_set(err, -EINVAL, "ddp.compress = %d: use none, bf16 or fp16",
+        return dt_err_set(err, -EINVAL, "ddp.compress = %d: use none, bf16, fp16, int8 or 1bit",
                           (int)job->compress);
+    o->lowbit = job->compress == DT_COMPRESS_INT8   ? DT_LOWBIT_INT8
+                : job->compress == DT_COMPRESS_1BIT ? DT_LOWBIT_1BIT
+                                                    : 0;
     return 0;
 }
 
@@ -366,6 +384,22 @@ static void trace_bucket(dt_ddp *d, int i, const char *what, uint64_t done_ns)
 
 static int take_back(dt_ddp *d, void *base, size_t a, size_t e, size_t *res);
 
+static uint64_t sent_now(const dt_ddp *d)
+{
+    dt_comm_stats cs;
+    dt_comm_stats_get(d->c, &cs);
+    return cs.sent_bytes;
+}
+
+/* comm_bytes: the count starts before a sync's first collective (dt_ddp_stats). */
+static void start_count(dt_ddp *d)
+{
+    if (!d->counting) {
+        d->sent0 = sent_now(d);
+        d->counting = true;
+    }
+}
+
 static void launch(dt_ddp *d, int i)
 {
     bucket *b = &d->b[i];
@@ -373,9 +407,19 @@ static void launch(dt_ddp *d, int i)
     b->launched = true;
     if (d->rc)
         return;
+    start_count(d);
     b->trace_t0 = dt_trace_begin();
     int rc;
-    if (d->o.shard && d->comp) {
+    if (d->q_on) {
+        /* this bucket's chunks go out; the one before it, whose chunks have had a bucket's
+         * backward to arrive, is reduced and all-gathered */
+        b->trace_t0 = 0;
+        if ((rc = dt_lowbit_send(d->q, i, d->m->grads, &d->err)) == 0 && i > 0 &&
+            !d->b[i - 1].reduced) {
+            d->b[i - 1].reduced = true;
+            rc = dt_lowbit_reduce(d->q, i - 1, &d->err);
+        }
+    } else if (d->o.shard && d->comp) {
         dt_backend *be = d->m->be;
         /* release: the bucket's payloads went back with the last step's */
         if (d->o.release &&
@@ -609,6 +653,49 @@ static void finish_shard(dt_ddp *d, int i)
         be->memset_zero(be, d->sg + b->at + r->n, (b->chunk - r->n) * sizeof(float));
 }
 
+/* dt_ddp_finish's low-bit part: every bucket reduced (in bucket order), then received into
+ * m->grads. Returns rc, or the first error. */
+static int lowbit_finish(dt_ddp *d, int rc, dt_err *err)
+{
+    for (int i = 0; i < d->nb && !rc; i++)
+        if (!d->b[i].reduced) {
+            d->b[i].reduced = true;
+            rc = dt_lowbit_reduce(d->q, i, err);
+        }
+    for (int i = 0; i < d->nb && !rc; i++)
+        rc = dt_lowbit_recv(d->q, i, d->m->grads, err);
+    if (!rc)
+        d->st.lowbit_syncs++;
+    return rc;
+}
+
+void dt_ddp_set_lowbit(dt_ddp *d, bool on, int64_t step)
+{
+    d->q_on = d->q && on;
+    if (d->q)
+        dt_lowbit_set_step(d->q, (uint64_t)step);
+}
+
+struct dt_lowbit *dt_ddp_lowbit(dt_ddp *d) { return d->q; }
+
+/* The low-bit all-reduce over the buckets (static under it: see dt_ddp_create). */
+static int plan_lowbit(dt_ddp *d, dt_err *err)
+{
+    size_t *lo = calloc((size_t)d->nb + 1, sizeof *lo), *hi = calloc((size_t)d->nb + 1, sizeof *hi);
+    int rc = lo && hi ? 0 : dt_err_set(err, -ENOMEM, "DDP: out of memory");
+    for (int i = 0; !rc && i < d->nb; i++)
+        lo[i] = d->b[i].lo, hi[i] = d->b[i].hi;
+    if (!rc)
+        rc = dt_lowbit_plan(d->q, lo, hi, d->nb, err);
+    free(lo);
+    free(hi);
+    if (!rc) {
+        d->q_bytes = dt_lowbit_bytes(d->q);
+        dt_mem_external(d->m->be, DT_MEM_COMM, d->q_bytes, true);
+    }
+    return rc;
+}
+
 int dt_ddp_finish(dt_ddp *d, dt_err *err)
 {
     double t0 = dt_now_s();
@@ -619,8 +706,11 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
     int rc = d->rc;
     if (rc && err)
         *err = d->err;
+    if (d->q_on) /* the low-bit stages left: reduce what is not, then decompress every bucket */
+        rc = lowbit_finish(d, rc, err);
     for (int i = 0; i < d->nb; i++) {
         bucket *b = &d->b[i];
+        b->reduced = false;
         if (b->work) {
             dt_err e = {0};
             uint64_t done = 0;
@@ -647,6 +737,12 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err)
     if (!rc && d->o.release)
         release_all(d); /* the shards hold what is needed: the buffers are dead until the next
                            backward */
+    if (!rc) { /* every bucket waited for: what they sent is counted */
+        start_count(d); /* (a model without parameters launched nothing) */
+        d->st.comm_bytes = sent_now(d) - d->sent0;
+        d->st.comm_bytes_total += d->st.comm_bytes;
+    }
+    d->counting = false;
     d->next = 0;
     d->rc = 0;
     d->st.bucket_syncs += (uint64_t)d->nb;
@@ -916,6 +1012,14 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
                         "first_bucket_mb %g)", d->o.bucket_cap_mb, d->o.first_bucket_mb);
         goto fail;
     }
+    if (d->o.lowbit && (d->o.shard || !m->be->host_memory)) {
+        rc = dt_err_set(err, -EINVAL, "ddp.compress = %s: %s", d->o.lowbit == DT_LOWBIT_INT8 ?
+                        "int8" : "1bit", d->o.shard ? "not with parallel.zero 1 or 2 (the "
+                        "low-bit all-reduce is DDP's; use parallel.zero = 0, or ddp.compress = "
+                        "bf16 with ZeRO)" : "runs on job.device = cpu only (its quantisers are "
+                        "the CPU reference; use ddp.compress = bf16 on cuda)");
+        goto fail;
+    }
     if ((rc = ensure_scratch(d, 64, err)))
         goto fail;
     if (d->world > 1) {
@@ -933,6 +1037,19 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, const dt_ddp_opts *opts
     }
     if ((rc = build_buckets(d, 0, err)))
         goto fail;
+    if (d->o.lowbit) {
+        if ((rc = dt_lowbit_create(&d->q, (dt_lowbit_kind)d->o.lowbit, c, m->num_params, err)) ||
+            (rc = plan_lowbit(d, err)))
+            goto fail;
+        if (d->o.lowbit_stochastic &&
+            (rc = dt_lowbit_set_stochastic(d->q, d->o.lowbit_seed, err)))
+            goto fail;
+        d->q_on = true;
+        /* The quantisation's blocks are counted from the buckets' chunks, so the buckets fix
+         * the bits: a rebuild after the first backward would give a resumed job (static buckets
+         * in its first step) other bits than one that ran through. The buckets stay static. */
+        d->rebuilt = true;
+    }
     if (d->o.shard) {
         if ((rc = build_shards(d, err)))
             goto fail;
@@ -1006,6 +1123,9 @@ void dt_ddp_free(dt_ddp *d)
             dt_comm_wait(d->c, d->b[i].work, NULL);
     if (d->scratch)
         d->m->be->free(d->m->be, d->scratch);
+    dt_lowbit_free(d->q);
+    if (d->q_bytes)
+        dt_mem_external(d->m->be, DT_MEM_COMM, d->q_bytes, false);
     if (d->own_grads) {
         size_t bytes = d->m->num_params * sizeof(float);
         dt_err err = {0};

@@ -27,6 +27,18 @@
  * collectives (NCCL sums in the 16-bit type); on CUDA the conversions are backend ops, so the
  * payloads stay in device memory.
  *
+ * Low-bit compression (ddp.compress = int8 | 1bit, opts.lowbit): each bucket goes through
+ * lowbit.h's quantised all-reduce instead (compressed chunks to their owners, summed in float32,
+ * the averaged shard compressed again and all-gathered, decompressed alike on every rank), in
+ * three stages pipelined over the buckets: a bucket's chunks are sent when it is launched (from
+ * the hook, overlapping backward), its shard reduced and all-gathered when the next bucket is
+ * launched (or in dt_ddp_finish), and decompressed into m->grads in dt_ddp_finish. While it is
+ * off (dt_ddp_set_lowbit: 1bit's warm-up) buckets are all-reduced in float32 as without
+ * compression. The buckets are not rebuilt (the quantisation blocks follow them, and a resumed
+ * job must quantise as one that ran through), so gpt's tied embedding shares the last bucket
+ * with the first blocks and that bucket is reduced after backward. Host memory only (the quantisers are the CPU reference) and not with sharding:
+ * dt_ddp_create refuses both.
+ *
  * Communicator memory: with more than one rank on a host-memory backend (device = cpu), the
  * all-reduced buffer (the flat gradients, or the 16-bit payloads when compressing) lives in the
  * communicator's memory (dt_comm_mem_alloc), so the ranks of a host reduce straight from each
@@ -95,6 +107,14 @@ typedef struct dt_ddp_opts {
     bool check_consistency; /* compare the model across ranks at creation */
     bool shard;             /* reduce-scatter instead of all-reduce (ZeRO; see "Sharding") */
     bool release;           /* shard: give back a bucket's gradient memory once reduced */
+    int lowbit;             /* 0, or lowbit.h's DT_LOWBIT_INT8 / DT_LOWBIT_1BIT (compress is
+                               then DT_FLOAT32: see "Low-bit compression") */
+    int64_t lowbit_warmup;  /* ddp.compress_warmup_steps: the sync's caller turns the low-bit
+                               path on once this many updates are done (dt_ddp_set_lowbit) */
+    bool lowbit_stochastic; /* ddp.compress_stochastic (int8): stochastic rounding, drawn from
+                               (lowbit_seed, the step dt_ddp_set_lowbit gives, bucket, chunk,
+                               rank) */
+    uint64_t lowbit_seed;   /* job.seed */
 } dt_ddp_opts;
 
 void dt_ddp_opts_default(dt_ddp_opts *o);
@@ -125,6 +145,12 @@ typedef struct dt_ddp_stats {
                                 finish or release: the partial granules at its ends) */
     size_t payload_bytes;    /* shard: bytes of the 16-bit payload buffers held (release: the
                                 resident part of the whole-buffer one), 0 without compress */
+    uint64_t comm_bytes;     /* bytes this rank sent for the gradients of the last sync, from
+                                its first bucket's launch to the last bucket's wait in
+                                dt_ddp_finish, as the communicator counted them
+                                (dt_comm_stats.sent_bytes: wire bytes, not sizes) */
+    uint64_t comm_bytes_total; /* the same summed over every sync */
+    uint64_t lowbit_syncs;   /* syncs that went through the low-bit all-reduce */
 } dt_ddp_stats;
 
 /* Creates the reducer of model m over comm c (both borrowed; they outlive it: free the reducer
@@ -152,6 +178,15 @@ int dt_ddp_finish(dt_ddp *d, dt_err *err);
 int dt_ddp_average(dt_ddp *d, double *v, int n, dt_err *err);
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *s);
+
+/* opts.lowbit: whether the next sync (the buckets the next backward hands over) goes through the
+ * low-bit all-reduce (on) or float32 (off: 1bit's warm-up), and its step (the optimiser's
+ * update count: what stochastic rounding draws from). Set it before that backward, alike on
+ * every rank; ignored without opts.lowbit. Created on, at step 0. */
+void dt_ddp_set_lowbit(dt_ddp *d, bool on, int64_t step);
+
+/* The low-bit all-reduce (lowbit.h) of opts.lowbit, or NULL: 1bit's residuals for checkpoints. */
+struct dt_lowbit *dt_ddp_lowbit(dt_ddp *d);
 
 /* ---- sharding (opts.shard) ---- */
 

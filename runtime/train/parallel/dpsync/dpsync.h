@@ -13,7 +13,8 @@
  *                            whole gradient, nothing to communicate
  *   ddp     dpsync_ddp.c     DistributedDataParallel over ddp.h's reducer: gradient buckets
  *                            all-reduced (averaged) from backward's grad-ready hook, overlapped
- *                            with backward, optionally as 16-bit payloads (ddp.compress)
+ *                            with backward, optionally as 16-bit payloads or through the
+ *                            int8 / 1bit all-reduce of lowbit.h (ddp.compress)
  *   zero-1  dpsync_zero12.c  ZeRO stage 1 (the reducer's shard mode): buckets reduce-scattered,
  *                            the optimiser state 1/N per rank, the updated parameters
  *                            all-gathered

@@ -16,6 +16,7 @@
 
 #include "common/util.h"
 #include "runtime/train/parallel/dpsync/dpsync_none.h"
+#include "runtime/train/parallel/dpsync/lowbit.h"
 
 typedef struct ddp_impl {
     dt_ddp_opts o; /* ctx.ddp, copied: the reducer is built at start */
@@ -40,6 +41,18 @@ static int ddp_start(dt_dpsync *y, dt_err *err)
 {
     ddp_impl *d = y->impl;
     return dt_ddp_create(&d->ddp, y->model, y->dp, &d->o, err);
+}
+
+/* ddp.compress = 1bit: float32 for the first compress_warmup_steps updates. The optimiser's
+ * update count is the step's index (a resume restores it), so a resumed job switches at the
+ * same step as one that ran through. */
+static void ddp_backward_begin(dt_dpsync *y, bool last)
+{
+    ddp_impl *d = y->impl;
+    if (last && d->ddp)
+        dt_ddp_set_lowbit(d->ddp,
+                          d->o.lowbit != DT_LOWBIT_1BIT || y->optim->t >= d->o.lowbit_warmup,
+                          y->optim->t);
 }
 
 static void ddp_grad_ready(dt_dpsync *y, size_t offset, size_t numel)
@@ -90,6 +103,7 @@ const dt_dpsync_ops dt_dpsync_ddp_ops = {
     .open = ddp_open,
     .start = ddp_start,
     .zero_grads = dt_dpsync_none_zero_grads,
+    .backward_begin = ddp_backward_begin,
     .grad_ready = ddp_grad_ready,
     .finish = ddp_finish,
     .average = ddp_average,
