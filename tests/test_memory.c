@@ -1,6 +1,7 @@
 /* test_memory.c - memory accounting by category (kernels/backend_ops.h, dt_mem_stats): what the
  * CPU backend's allocator charges to each category, its peaks, mem_release / mem_commit, and
  * the categories the model zoo and the optimiser tag their allocations with. */
+#include <cJSON.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -408,6 +409,90 @@ static void test_resnet_tags(void)
     check_model(&c);
 }
 
+/* ---- the dtrain binary: the first step and save steps against the steady state ------------- */
+
+#define B_STEPS 7                   /* saves after steps 3 and 6: records 4 and 7 hold them */
+#define B_IO (1u << 20)             /* checkpoint.io_buffer_mb = 1 */
+#define B_SLACK (64u << 10)         /* a save's few bytes of collective scratch (its outcome) */
+
+static const char *const cat_keys[] = {"params", "grads", "optim", "activations", "comm", "other"};
+
+/* Rank 0's per-record peaks from metrics.jsonl at path: total[i] and by category cat[i][c] for
+ * record i (step i + 1, job.log_every = 1: each record's own step). Returns the records read. */
+static int read_peaks(const char *path, double *total, double (*cat)[6], int max)
+{
+    char *text = dt_test_slurp(path);
+    int n = 0;
+    for (char *line = text ? strtok(text, "\n") : NULL; line && n < max;
+         line = strtok(NULL, "\n")) {
+        cJSON *o = cJSON_Parse(line);
+        cJSON *ty = cJSON_GetObjectItem(o, "type"), *mp = cJSON_GetObjectItem(o, "mem_peak_bytes");
+        if (o && cJSON_IsString(ty) && !strcmp(ty->valuestring, "train") && mp) {
+            total[n] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "peak_mem_bytes"));
+            for (int c = 0; c < 6; c++)
+                cat[n][c] = cJSON_GetNumberValue(cJSON_GetObjectItem(mp, cat_keys[c]));
+            n++;
+        }
+        cJSON_Delete(o);
+    }
+    free(text);
+    return n;
+}
+
+/* A GPT of 3.2 M parameters on 2 ranks at parallel.zero = zero, saving after steps 3 and 6
+ * (checkpoint.sharded as given, in the background), io_buffer 1 MiB: rank 0's peak on the first
+ * step and on the records that hold a save is at most the steady state's (steps 2 and 3: no
+ * first step, no save yet) plus the one I/O buffer, in total and in every category (only
+ * "other", where the buffer is charged, may grow, by the buffer). */
+static void check_bounded(int zero, bool sharded)
+{
+    char dir[512], job[600], path[600], *out = NULL;
+    snprintf(dir, sizeof dir, "%s/bounded-z%d-%d", dt_test_tmpdir(), zero, sharded);
+    snprintf(job, sizeof job, "%s.ini", dir);
+    DT_REQUIRE(dt_test_write_file(job,
+                                  "[job]\ndevice = cpu\ncpu_bind = none\nlog_every = 1\n"
+                                  "[model]\ntype = gpt\npreset = gpt-tiny\nn_embd = 256\n"
+                                  "n_layer = 4\nn_head = 4\nblock_size = 32\n"
+                                  "[data]\ntype = synthetic\nseq_len = 32\n"
+                                  "[train]\nbatch_size = 2\noptimizer = adamw\n"
+                                  "[checkpoint]\nevery = 3\nio_buffer_mb = 1\n") == 0);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s --standalone --nproc-per-node=2 --max-restarts=0 %s parallel.zero=%d "
+             "checkpoint.sharded=%s train.steps=%d job.output_dir=%s 2>&1",
+             dt_test_dtrain_bin(), job, zero, sharded ? "true" : "false", B_STEPS, dir);
+    int rc = dt_test_run(cmd, &out, 240);
+    DT_CHECK_MSG(rc == 0, "zero=%d sharded=%d exited %d: %.3000s", zero, sharded, rc,
+                 out ? out : "");
+    DT_CHECK_CONTAINS(out ? out : "", "saved");
+    free(out);
+    double total[B_STEPS], cat[B_STEPS][6];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    DT_REQUIRE(read_peaks(path, total, cat, B_STEPS) == B_STEPS);
+    double steady = DT_MAX(total[1], total[2]), scat[6];
+    for (int c = 0; c < 6; c++)
+        scat[c] = DT_MAX(cat[1][c], cat[2][c]);
+    for (int i = 0; i < B_STEPS; i++) {
+        DT_CHECK_MSG(total[i] <= steady + B_IO + B_SLACK,
+                     "zero=%d sharded=%d step %d: peak %.0f bytes, steady state %.0f + the "
+                     "%u-byte I/O buffer", zero, sharded, i + 1, total[i], steady, B_IO);
+        for (int c = 0; c < 6; c++)
+            DT_CHECK_MSG(cat[i][c] <= scat[c] + (c == 5 ? B_IO + B_SLACK : 0),
+                         "zero=%d sharded=%d step %d: %s peak %.0f bytes, steady state %.0f",
+                         zero, sharded, i + 1, cat_keys[c], cat[i][c], scat[c]);
+    }
+    printf("    zero=%d %s: steady %.3f MiB, first step %.3f, save steps %.3f and %.3f\n", zero,
+           sharded ? "sharded" : "whole", steady / 1048576, total[0] / 1048576,
+           total[3] / 1048576, total[6] / 1048576);
+}
+
+static void test_bounded_steps_ddp_whole(void) { check_bounded(0, false); }
+static void test_bounded_steps_sharded(void)
+{
+    for (int zero = 0; zero <= 3; zero++)
+        check_bounded(zero, true);
+}
+
 int main(int argc, char **argv)
 {
     static const dt_test tests[] = {
@@ -417,6 +502,8 @@ int main(int argc, char **argv)
         {"budget", test_budget, 0},
         {"gpt_tags", test_gpt_tags, 0},
         {"resnet_tags", test_resnet_tags, 0},
+        {"bounded_steps_ddp_whole", test_bounded_steps_ddp_whole, 120},
+        {"bounded_steps_sharded", test_bounded_steps_sharded, 400},
     };
     return dt_test_main("test_memory", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

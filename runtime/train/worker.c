@@ -812,6 +812,8 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             };
             dt_mem_read(t->be, &r.mem);
             dt_metrics_step(t->metrics, &r);
+            /* each record's peaks are its own steps' (and a save after the last record's) */
+            dt_mem_reset_peak(t->be);
             win_loss = win_time = win_comm = 0;
             win_n = 0;
         }

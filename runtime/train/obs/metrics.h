@@ -24,7 +24,8 @@
  * alone (`dtrain ckpt list`'s STEP_LOSS), so the two differ.
  *
  * peak_mem_bytes is the backend allocator's peak of all categories together (the largest total
- * ever resident, kernels/backend_ops.h's dt_mem_stats.total_peak); mem_peak_bytes is each
+ * resident since the previous record: the trainer resets the statistics' peaks after each,
+ * kernels/backend_ops.h's dt_mem_stats.total_peak); mem_peak_bytes is each
  * category's own peak (they need not add up to peak_mem_bytes: the peaks may come at different
  * times). mem_peak_bytes is left out for a backend without accounting.
  *

@@ -110,6 +110,8 @@ typedef struct dt_dpsync_ctx {
     const dt_ddp_opts *ddp;       /* the [ddp] keys, decoded once (buckets, compression,
                                      broadcast_buffers); shard/release are the flavour's own */
     bool announce;                /* say at INFO what this rank holds (the world's rank 0) */
+    size_t io_buffer;             /* bytes of the one buffer a move of state between layouts
+                                     goes through (checkpoint.io_buffer_mb; 0: 64 MiB) */
 } dt_dpsync_ctx;
 
 /* Memory one rank holds for its model state, in bytes, measured where it can be (for `dtrain
