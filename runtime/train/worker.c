@@ -224,6 +224,14 @@ static int ckpt_save_now(dt_trainer *t, dt_err *err)
     return rc;
 }
 
+int dt_trainer_save(dt_trainer *t, dt_err *err)
+{
+    int rc = ckpt_save(t, err);
+    if (!rc && t->ckpt)
+        rc = dt_ckpt_wait(t->ckpt, err);
+    return rc;
+}
+
 /* Saves every checkpoint.every steps. */
 static int ckpt_after_step(dt_trainer *t, dt_err *err)
 {
