@@ -60,7 +60,9 @@ typedef struct dt_step_record {
     double items_per_s;   /* tokens/s (language models) or samples/s, all ranks together */
     double step_time_s;   /* mean wall time per step over the logged window */
     double comm_time_s;   /* time waiting for gradient synchronisation per step */
-    size_t peak_mem_bytes;/* backend allocations, peak (mem.total_peak when mem is filled) */
+    size_t peak_mem_bytes;/* backend allocations, the process's peak (set-up included; written
+                           * as run_peak_mem_bytes, and as peak_mem_bytes when mem is not filled:
+                           * mem.total_peak is, the record's window) */
     dt_mem_stats mem;     /* the backend's accounting by category (dt_mem_read); all zero: none */
     size_t max_rss_bytes; /* process resident set, peak */
 } dt_step_record;
