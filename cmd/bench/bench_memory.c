@@ -247,14 +247,16 @@ static int run_config(const bench_opts *o, char *const *cfg, int ncfg, const cha
  * matter (zero=1 recompute=none is refused for its parallel.zero only, when recompute=none
  * loads without its key). */
 static int resolve_config(const bench_opts *o, int stage, const char *rec, char *zbuf,
-                          char *rbuf, char **cfg, int *ncfg, char *why, size_t why_cap,
-                          bool *dropped_zero, bool *dropped_rec)
+                          char *rbuf, char *nbuf, char **cfg, int *ncfg, char *why,
+                          size_t why_cap, bool *dropped_zero, bool *dropped_rec)
 {
     static dt_job job;
     static dt_config_errors errs;
     dt_err err = {0};
     snprintf(zbuf, 32, "parallel.zero=%d", stage);
     snprintf(rbuf, 48, "train.recompute=%s", rec);
+    /* the world the ranks form: parallel.tensor and parallel.pipeline are checked against it */
+    snprintf(nbuf, 48, "elastic.nproc_per_node=%d", o->nproc);
     /* try with both keys, then without those that default to what the build does anyway */
     for (int drop = 0; drop < 4; drop++) {
         bool dz = drop & 1, dr = drop & 2;
@@ -265,6 +267,7 @@ static int resolve_config(const bench_opts *o, int stage, const char *rec, char 
             cfg[n++] = zbuf;
         if (!dr)
             cfg[n++] = rbuf;
+        cfg[n++] = nbuf;
         if (load_job(o, cfg, n, &job, &errs, &err) == 0) {
             *ncfg = n;
             *dropped_zero = dz;
@@ -310,7 +313,11 @@ static int run_parent(void *arg, const char *dir)
 {
     const bench_opts o = *(const bench_opts *)arg;
     static dt_job job;
-    if (dt_bench_parent_job("memory", o.a.job_path, o.a.overrides, o.a.n_overrides, NULL, 0, &job))
+    char nproc_ov[48];
+    snprintf(nproc_ov, sizeof nproc_ov, "elastic.nproc_per_node=%d", o.nproc);
+    char *more[] = {nproc_ov};
+    if (dt_bench_parent_job("memory", o.a.job_path, o.a.overrides, o.a.n_overrides, more, 1,
+                            &job))
         return 1;
     const int k_optim = job.optimizer == DT_OPTIM_ADAMW ? 8 : job.momentum > 0 ? 4 : 0;
     printf("# dtrain bench memory %s: model %s, %d rank(s), batch %d per rank, %d step(s) per "
@@ -336,14 +343,15 @@ static int run_parent(void *arg, const char *dir)
     /* res[(rep * NCONF + ci) * MAX_RANKS + rank] */
     result *res = calloc((size_t)o.repeat * NCONF * MAX_RANKS, sizeof *res);
     bool ran[NCONF] = {false}, ok[NCONF] = {false};
-    char zbufs[NCONF][32], rbufs[NCONF][48], *cfgs[NCONF][2], why[NCONF][2048];
+    char zbufs[NCONF][32], rbufs[NCONF][48], nbufs[NCONF][48], *cfgs[NCONF][3];
+    char why[NCONF][2048];
     int ncfgs[NCONF] = {0};
     int failed = !res;
     bool notes_zero = false, notes_rec = false;
     for (int ci = 0; ci < NCONF && !failed; ci++) {
         bool dz = false, dr = false;
-        ok[ci] = resolve_config(&o, ci / 2, recs[ci % 2], zbufs[ci], rbufs[ci], cfgs[ci],
-                                &ncfgs[ci], why[ci], sizeof why[ci], &dz, &dr) == 0;
+        ok[ci] = resolve_config(&o, ci / 2, recs[ci % 2], zbufs[ci], rbufs[ci], nbufs[ci],
+                                cfgs[ci], &ncfgs[ci], why[ci], sizeof why[ci], &dz, &dr) == 0;
         notes_zero |= ok[ci] && dz;
         notes_rec |= ok[ci] && dr;
     }
