@@ -347,6 +347,20 @@ static int zero_sumsq(dt_dpsync *y, const unsigned char *counted, double *sum, d
     return dt_ddp_sum_double(z->ddp, mine, sum, err);
 }
 
+/* win (b - a floats) = elements [a, b) of the model's layout of what a shard src (ranges
+ * od[0..nod)) holds, zeros elsewhere. Local. */
+static void fill_window(dt_backend *be, float *win, size_t a, size_t b, const dt_optim_range *od,
+                        int nod, const float *src)
+{
+    be->memset_zero(be, win, (b - a) * sizeof(float));
+    for (int k = 0; k < nod; k++) {
+        size_t lo = DT_MAX(a, od[k].off), hi = DT_MIN(b, od[k].off + od[k].n);
+        if (lo < hi)
+            be->memcpy_d2d(be, win + (lo - a), src + od[k].at + (lo - od[k].off),
+                           (hi - lo) * sizeof(float));
+    }
+}
+
 /* dst (the new layout's ranges nw[0..nnw)) = src (the old's, od[0..nod)) over the group, window
  * by window of the model's layout through win (window floats): each rank's old pieces of the
  * window, zeros elsewhere, summed (every element is one rank's: exact), then each rank's new
@@ -360,13 +374,7 @@ static int move_state(dt_dpsync *y, const dt_optim_range *od, int nod, const flo
     be->memset_zero(be, dst, numel * sizeof(float));
     for (size_t a = 0; a < total; a += window) {
         size_t b = DT_MIN(total, a + window);
-        be->memset_zero(be, win, (b - a) * sizeof(float));
-        for (int k = 0; k < nod; k++) {
-            size_t lo = DT_MAX(a, od[k].off), hi = DT_MIN(b, od[k].off + od[k].n);
-            if (lo < hi)
-                be->memcpy_d2d(be, win + (lo - a), src + od[k].at + (lo - od[k].off),
-                               (hi - lo) * sizeof(float));
-        }
+        fill_window(be, win, a, b, od, nod, src);
         int rc = dt_comm_allreduce(y->dp, win, b - a, DT_FLOAT32, DT_SUM, NULL, err);
         if (rc)
             return rc;
@@ -448,20 +456,42 @@ static float *zero_local(dt_dpsync *y, int k)
     return k == 0 ? y->model->params : local_state(y, y->impl, k - 1);
 }
 
-/* local(1 + i) = every rank's shard of state i put in place. Collective over the group. */
+/* local(1 + i) = every rank's shard of state i put in place, on group rank 0 only: the one
+ * that writes a whole-tensor checkpoint (world rank 0), and whose peers in the tensor and
+ * pipeline layouts' gathers are group rank 0 of their groups too (the grid puts dp innermost
+ * but for tp); the other ranks' local(1 + i) are left as they are. Window by window of the
+ * model's layout (at most io_buffer): each rank's pieces of the window, zeros elsewhere, summed
+ * to rank 0 (exact: every element is one rank's), into its staging; the others take part
+ * through one window buffer and hold nothing whole. Collective over the group. */
 static int zero_gather_state(dt_dpsync *y, dt_err *err)
 {
     zero_impl *z = y->impl;
     dt_optim *o = y->optim;
-    int rc = commit_staging(y, z, err);
-    if (rc)
-        return rc;
-    for (int i = 0; i < o->num_states; i++) {
-        rc = dt_ddp_gather_shards(z->ddp, o->states[i].buf, z->full[i], err);
-        if (rc)
-            return dt_err_prefix(err, "ZeRO: gathering %s: ", o->states[i].name);
+    dt_backend *be = y->be;
+    bool root = y->rank == 0;
+    size_t total = y->model->num_params, window = DT_MAX((size_t)1, DT_MIN(z->window, total));
+    float *win = NULL;
+    int rc = root ? commit_staging(y, z, err) : 0;
+    if (!rc && !root) {
+        dt_mem_cat cat = dt_mem_tag(be, DT_MEM_OTHER); /* the I/O buffer */
+        rc = be->alloc(be, (void **)&win, window * sizeof(float), err);
+        dt_mem_tag(be, cat);
     }
-    return 0;
+    const dt_optim_range *r;
+    int nr;
+    size_t numel;
+    dt_ddp_shard_ranges(z->ddp, &r, &nr, &numel);
+    for (int i = 0; i < o->num_states && !rc; i++)
+        for (size_t a = 0; a < total && !rc; a += window) {
+            size_t b = DT_MIN(total, a + window);
+            float *w = root ? z->full[i] + a : win;
+            fill_window(be, w, a, b, r, nr, o->states[i].buf);
+            if ((rc = dt_comm_reduce(y->dp, w, b - a, DT_FLOAT32, DT_SUM, 0, NULL, err)))
+                dt_err_prefix(err, "ZeRO: gathering %s: ", o->states[i].name);
+        }
+    if (win)
+        be->free(be, win);
+    return rc;
 }
 
 /* This rank's chunk of every bucket: the parameters in the model's buffer, the state in the
