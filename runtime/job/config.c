@@ -197,7 +197,7 @@ const dt_cfg_field dt_cfg_fields[] = {
     {"checkpoint", "resume", DT_CFG_RESUME, J(resume), "auto", 0, 0, NULL, false, "auto (newest valid), never, or a checkpoint path"},
     {"checkpoint", "async", DT_CFG_BOOL, J(ckpt_async), "true", 0, 0, NULL, false, "write in the background after copying the buffers"},
     {"checkpoint", "sharded", DT_CFG_BOOL, J(ckpt_sharded), "false", 0, 0, NULL, false, "every rank writes what it owns (its ZeRO shard, tensor slices, stage) to its own file in parallel, without gathering the model, and rank 0 commits the step once all are durable (format version 2; any layout resumes it); false: rank 0 writes whole tensors (job.strategy = dp always does)"},
-    {"checkpoint", "io_buffer_mb", DT_CFG_INT, J(ckpt_io_buffer_mb), "64", 1, 65536, NULL, false, "MiB of the buffer a sharded checkpoint is read through (each piece streamed, never a whole tensor held)"},
+    {"checkpoint", "io_buffer_mb", DT_CFG_INT, J(ckpt_io_buffer_mb), "64", 1, 65536, NULL, false, "MiB of the one I/O buffer a rank moves state through: a sharded checkpoint is read through it (each piece streamed, never a whole tensor held), ZeRO-1/2 move their optimiser shards through it after the first step and gather a whole-tensor save's state to rank 0 through it; it caps the 4 MiB write buffer"},
     /* [elastic] */
     {"elastic", "nnodes", DT_CFG_STR, L(nnodes), "1", 0, 0, NULL, false, "nodes: N, or MIN:MAX for an elastic job"},
     {"elastic", "nproc_per_node", DT_CFG_NPROC, L(nproc_per_node), "1", 0, 0, NULL, false, "workers per node: N, auto, cpu or gpu"},
