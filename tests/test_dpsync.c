@@ -232,9 +232,10 @@ static void check(drun *r, const char *sync, const char *label, int zero_stage)
                 if (o->tp != l->tp || o->pp != l->pp)
                     continue;
                 members++;
-                /* zero-1/2 gather the optimiser state on the group's rank 0 only (the writer of
-                 * a whole-tensor checkpoint); the others hold nothing whole of it */
-                bool whole_here = k == 0 || (zero_stage != 1 && zero_stage != 2);
+                /* ZeRO gathers on the group's rank 0 only (the writer of a whole-tensor
+                 * checkpoint) what it shards: zero-1/2 the optimiser state, zero-3 everything;
+                 * the others hold nothing whole of it */
+                bool whole_here = zero_stage == 0 || (k == 0 && zero_stage < 3);
                 DT_CHECK_INT(o->num_params, l->num_params);
                 DT_CHECK_MSG(!whole_here || !memcmp(o->local[k], l->local[k],
                                                     l->num_params * sizeof(float)),

@@ -201,7 +201,7 @@ typedef struct dt_dpsync_ops {
     int (*step)(dt_dpsync *y, double lr, dt_err *err);
     float *(*local)(dt_dpsync *y, int k);
     /* Before a save (collective): local(k) holds buffer k for every k (NULL: it always does);
-     * a sharded flavour may fill them on group rank 0 only (zero-1/2: the others' are left as
+     * a sharded flavour fills them on group rank 0 only (zero-1/2/3: the others' are left as
      * they are), the one whose tensors a whole-tensor checkpoint writes. */
     int (*gather_state)(dt_dpsync *y, dt_err *err);
     int (*owned)(dt_dpsync *y, int k, dt_dpsync_piece *out, int cap, int *n);
