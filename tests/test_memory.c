@@ -488,6 +488,40 @@ static void check_bounded(int zero, bool sharded)
 }
 
 static void test_bounded_steps_ddp_whole(void) { check_bounded(0, false); }
+
+/* checkpoint.host_copy = true: the save copies what it writes to host memory, and that copy is
+ * counted: DDP's whole save (rank 0 writes the parameters and the AdamW state, 12 bytes a
+ * parameter) shows in the record after it as "other" of at least the parameters' and the
+ * optimiser state's bytes, and in peak_mem_bytes. */
+static void test_host_copy_counted(void)
+{
+    char dir[512], job[600], path[600], cmd[2048], *out = NULL;
+    snprintf(dir, sizeof dir, "%s/hostcopy", dt_test_tmpdir());
+    snprintf(job, sizeof job, "%s.ini", dir);
+    DT_REQUIRE(dt_test_write_file(job,
+                                  "[job]\ndevice = cpu\ncpu_bind = none\nlog_every = 1\n"
+                                  "[model]\ntype = gpt\npreset = gpt-tiny\nn_embd = 256\n"
+                                  "n_layer = 4\nn_head = 4\nblock_size = 32\n"
+                                  "[data]\ntype = synthetic\nseq_len = 32\n"
+                                  "[train]\nbatch_size = 2\noptimizer = adamw\n"
+                                  "[checkpoint]\nevery = 3\nhost_copy = true\n") == 0);
+    snprintf(cmd, sizeof cmd,
+             "%s --standalone --nproc-per-node=2 --max-restarts=0 %s train.steps=4 "
+             "job.output_dir=%s 2>&1", dt_test_dtrain_bin(), job, dir);
+    int rc = dt_test_run(cmd, &out, 240);
+    DT_CHECK_MSG(rc == 0, "exited %d: %.3000s", rc, out ? out : "");
+    free(out);
+    double total[4], cat[4][6];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    DT_REQUIRE(read_peaks(path, total, cat, 4) == 4);
+    double copy = cat[1][0] + cat[1][2]; /* params + optim of the steady state */
+    printf("    host copy: steady %.3f MiB, the save's record %.3f MiB (other %.3f, the copy "
+           ">= %.3f)\n", total[1] / 1048576, total[3] / 1048576, cat[3][5] / 1048576,
+           copy / 1048576);
+    DT_CHECK_MSG(cat[3][5] >= copy, "other %.0f bytes at the save, the copy is %.0f", cat[3][5],
+                 copy);
+    DT_CHECK(total[3] >= DT_MAX(total[1], total[2]) + copy);
+}
 static void test_bounded_steps_sharded(void)
 {
     for (int zero = 0; zero <= 3; zero++)
@@ -571,6 +605,7 @@ int main(int argc, char **argv)
         {"gpt_tags", test_gpt_tags, 0},
         {"resnet_tags", test_resnet_tags, 0},
         {"bounded_steps_ddp_whole", test_bounded_steps_ddp_whole, 120},
+        {"host_copy_counted", test_host_copy_counted, 120},
         {"bounded_steps_sharded", test_bounded_steps_sharded, 400},
         {"rss_matches_accounting", test_rss_matches_accounting, 400},
     };

@@ -49,7 +49,8 @@ static int ckpt_open(dt_trainer *t, dt_err *err)
         return rc;
     dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
                        .concurrent_copy = j->ckpt_async && t->be->host_memory,
-                       .io_buffer = (size_t)j->ckpt_io_buffer_mb << 20};
+                       .io_buffer = (size_t)j->ckpt_io_buffer_mb << 20,
+                       .host_copy = j->ckpt_host_copy};
     dt_ckpt_piece *pieces = NULL;
     if (j->ckpt_sharded && t->s->ops->pieces) { /* every rank writes what it owns */
         if ((rc = t->s->ops->pieces(t->s, &pieces, &co.npieces, err)))

@@ -188,6 +188,8 @@ typedef struct dt_ckpt_opts {
     dt_comm *comm;      /* borrowed: the world, for the start of every save (NULL: one rank) */
     int rank, world;
     size_t io_buffer;   /* bytes of the read and write buffers (0: DT_CKPT_IO_BUFFER_DEFAULT) */
+    bool host_copy;     /* copy the buffers at a save even where the writer could read them in
+                         * place (host memory): the caller is held less, for that copy's memory */
     double timeout_s;   /* rank 0 waits at most this long for the other ranks' files (0: 600) */
 } dt_ckpt_opts;
 

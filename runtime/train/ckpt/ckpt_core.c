@@ -264,7 +264,7 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
     /* Nothing changes the buffers before the write is done (a synchronous save, or the fence
      * waits for it): a host-memory writer then reads them where they are, and the save costs
      * no copy of the model. */
-    c->direct = (!be || be->host_memory) && (!opts->async || c->concurrent);
+    c->direct = (!be || be->host_memory) && !opts->host_copy && (!opts->async || c->concurrent);
     c->nbufs = nbufs;
     c->bufs = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->bufs);
     c->buf_stage_off = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->buf_stage_off);
