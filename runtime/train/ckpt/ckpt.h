@@ -23,7 +23,8 @@
  * memory (backend memcpy_d2h into a staging area allocated once); a writer thread does the
  * serialisation, hashing, writing and fsyncs. The next save, dt_ckpt_wait and dt_ckpt_close
  * wait for the previous one, and report its failure. With host-memory buffers (the CPU
- * backend) there is no copy at all (direct): parameters and optimiser state change only in the
+ * backend) there is no copy at all (direct; opts.host_copy keeps one, taken by the writer thread
+ * while the next forward and backward run): parameters and optimiser state change only in the
  * optimiser update, so the writer thread reads them in place while the next forward and
  * backward run (concurrent_copy), and dt_ckpt_fence (called before the update) waits until the
  * write is done; a synchronous save reads them in place too. Only copy_at_save buffers are
@@ -174,9 +175,9 @@ typedef struct dt_ckpt_opts {
     bool async;         /* write in a background thread (else dt_ckpt_save writes itself) */
     bool concurrent_copy; /* async and host memory (be NULL or "cpu") only, else ignored: the
                            * writer thread writes the buffers not marked copy_at_save from where
-                           * they are while training goes on; the caller MUST call
-                           * dt_ckpt_fence before it changes them (before the next optimiser
-                           * update) */
+                           * they are (host_copy: copies them first) while training goes on;
+                           * the caller MUST call dt_ckpt_fence before it changes them (before
+                           * the next optimiser update) */
     /* Sharded saves (format version 2, "Sharded" above): every rank calls dt_ckpt_save at the
      * same steps and writes pieces[0..npieces) (copied; may be empty) to its own file; rank 0
      * writes state.json last, once every rank's file is durable. false: the whole-tensor
