@@ -470,9 +470,9 @@ static int predict(planner *pl, dt_plan_layout *l)
             mem[DT_MEM_PARAMS] = psi;
             mem[DT_MEM_GRADS] = g + g / D;
             mem[DT_MEM_OPTIM] = pl->optim_k * psi / D;
-            /* the first step moves the shards through full-size staging (bench memory's
-             * "1st step": ZeRO-1 the whole optimiser state, ZeRO-2 the parameters) */
-            mem[DT_MEM_OTHER] += l->zero == 1 ? pl->optim_k * psi : psi;
+            /* the first step moves the shards to the rebuilt buckets through one window of
+             * checkpoint.io_buffer_mb (at most the parameters' size) */
+            mem[DT_MEM_OTHER] += DT_MIN((double)pl->job->ckpt_io_buffer_mb * 1048576.0, psi);
         } else {
             mem[DT_MEM_PARAMS] = psi / D + 2 * k->blk;
             mem[DT_MEM_GRADS] = g / D + k->blk;
@@ -780,8 +780,7 @@ void dt_plan_layout_name(const dt_plan_layout *l, char *buf, size_t cap)
 
 double dt_plan_job_budget(const dt_job *job)
 {
-    (void)job;
-    return 0;
+    return job->device_memory > 0 ? (double)job->device_memory : 0;
 }
 
 int dt_plan_apply_auto(dt_job *job, dt_err *err)

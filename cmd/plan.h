@@ -118,8 +118,8 @@ int dt_plan_parse_bytes(const char *s, double *bytes);
 
 /* --check: what one layout measured. */
 typedef struct dt_plan_measure {
-    double peak_bytes;             /* peak_mem_bytes of its last record */
-    double mem[DT_MEM_CAT_COUNT];  /* mem_peak_bytes by category */
+    double peak_bytes;             /* the largest peak_mem_bytes of its records (the run's) */
+    double mem[DT_MEM_CAT_COUNT];  /* mem_peak_bytes by category, the same way */
     double step_s;                 /* step_time_s of its last record (steps after the first) */
 } dt_plan_measure;
 
@@ -130,8 +130,10 @@ int dt_plan_measure_layout(const char *bin, const char *job_path, char *const *o
                            const dt_plan_layout *l, int world, int steps, const char *dir,
                            dt_plan_measure *out, dt_err *err);
 
-/* The device memory a rank of job may hold, for parallel.layout = auto (0: no budget). The one
- * place the budget is read: today none (dtrain plan's --device-memory is its own flag). */
+/* The device memory a rank of job may hold, for parallel.layout = auto (0: no budget): the job's
+ * job.device_memory (on cuda without it the device's own, which the launcher cannot read
+ * without initialising CUDA: no budget). The one place the budget is read (dtrain plan's
+ * --device-memory is its own flag). */
 double dt_plan_job_budget(const dt_job *job);
 
 /* parallel.layout = auto (cmd/dtrain.c, before the agent starts): plans job for its fixed

@@ -218,10 +218,11 @@ int dt_plan_measure_layout(const char *bin, const char *job_path, char *const *o
         double step = json_num(line, "step"), t = json_num(line, "step_time_s");
         if (step >= 2 && isfinite(t) && nt < 1024)
             times[nt++] = t;
-        out->peak_bytes = json_num(line, "peak_mem_bytes");
+        /* each record's peaks are its own steps': the run's are the largest */
+        out->peak_bytes = DT_MAX(out->peak_bytes, json_num(line, "peak_mem_bytes"));
         const char *m = strstr(line, "\"mem_peak_bytes\":");
         for (int c = 0; m && c < DT_MEM_CAT_COUNT; c++)
-            out->mem[c] = json_num(m, cats[c]);
+            out->mem[c] = DT_MAX(out->mem[c], json_num(m, cats[c]));
     }
     fclose(f);
     if (nt == 0)

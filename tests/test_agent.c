@@ -1362,7 +1362,8 @@ static void test_worker_stopped_warned(void)
 
 /* A model over job.device_memory at zero = 0 fails within seconds with the out-of-memory message
  * (the request, the holdings, the layout, what to change), the workers exit 3 and no restart is
- * spent though --max-restarts=2 allows two: exactly one attempt. */
+ * spent though --max-restarts=2 allows two: exactly one attempt; the agent names the root cause
+ * (out of device memory, not a configuration error) and exits 3. */
 static void test_oom_not_restarted(void)
 {
     char job[4096], ev[4096], *out = NULL;
@@ -1378,8 +1379,12 @@ static void test_oom_not_restarted(void)
                   "job.output_dir=%s/oom-out",
                   BIN, TMP, job, TMP);
     double took = dt_now_s() - t0;
-    DT_CHECK_INT(rc, 2);
+    DT_CHECK_INT(rc, 3);
     DT_CHECK_MSG(took < 20, "took %.1f s", took);
+    DT_CHECK_CONTAINS(out, "not restarting: the workers report out of device memory (exit 3)");
+    DT_CHECK_CONTAINS(out, "(attempt 0; not restarted: out of device memory, the layout does not "
+                           "fit)");
+    DT_CHECK(!strstr(out, "configuration error"));
     DT_CHECK_CONTAINS(out, "cpu backend: out of device memory: asked for ");
     DT_CHECK_CONTAINS(out, "of params, holding ");
     DT_CHECK_CONTAINS(out, "of the 0.25 MiB budget (job.device_memory = 262144)");
@@ -1395,6 +1400,8 @@ static void test_oom_not_restarted(void)
     DT_REQUIRE(events != NULL);
     DT_CHECK_INT(count_of(events, "\"event\":\"start\""), 2); /* two workers, one attempt */
     DT_CHECK(!strstr(events, "\"event\":\"restart\""));
+    DT_CHECK_CONTAINS(events, "\"result\":\"failed\"");
+    DT_CHECK_CONTAINS(events, "\"exit_code\":3");
     free(events);
 }
 

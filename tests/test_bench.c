@@ -179,6 +179,27 @@ static void test_memory(void)
                                 !strncmp(after, "not supported: ", 15)),
                          "%s: neither measured nor said to be unsupported", row);
         }
+    /* the first step and a save beside the steady state: DDP's whole-tensor save within one
+     * I/O buffer; with checkpoint.sharded every stage's first step and save are */
+    DT_CHECK_CONTAINS(out, "1st step      save |");
+    DT_CHECK_CONTAINS(out, "#   zero=0 recompute=none: above the steady state, most of any rank: "
+                           "first step +0.000 MiB, save +4.000 MiB (<= +64 MiB: yes)");
+    free(out);
+    out = NULL;
+    DT_CHECK_INT(bench(180, "memory configs/quickstart.ini --nproc 2 --steps 2 job.device=cpu "
+                            "train.batch_size=2 checkpoint.sharded=true checkpoint.io_buffer_mb=1"),
+                 0);
+    DT_REQUIRE(out != NULL);
+    for (int k = 0; k < 4; k++)
+        for (int x = 0; x < 2; x++) {
+            char line[96];
+            snprintf(line, sizeof line, "#   zero=%d recompute=%s: above the steady state", k,
+                     recs[x]);
+            const char *at = strstr(out, line), *nl = at ? strchr(at, '\n') : NULL;
+            const char *yes = at ? strstr(at, "(<= +1 MiB: yes)") : NULL;
+            DT_CHECK_MSG(at && yes && (!nl || yes < nl), "%s: not within the I/O buffer: %.200s",
+                         line, at ? at : "(no line)");
+        }
 }
 
 /* Tensor parallelism: one process, DDP x 4, T = 2 and T = 4 all run; each tensor rank holds

@@ -250,6 +250,35 @@ static void test_auto(void)
     pclose(p);
     DT_CHECK_CONTAINS(out, "parallel.layout = auto plans for a fixed world");
     DT_CHECK_CONTAINS(out, "rc=2");
+    /* job.device_memory is the budget auto plans under: at 30 MiB the fastest layout without
+     * one (b8x1, 34.64 MiB predicted) no longer fits and the choice is one that does; at 1 MiB
+     * none fits and nothing starts */
+    snprintf(cmd, sizeof cmd, "%s --nproc-per-node 2 %s/../../configs/quickstart.ini "
+             "parallel.layout=auto job.device_memory=30Mi train.steps=2 train.eval_every=0 "
+             "checkpoint.every=0 job.output_dir=%s/auto3 2>&1; echo rc=$?",
+             dt_test_dtrain_bin(), dt_test_self_dir(), dt_test_tmpdir());
+    p = popen(cmd, "r");
+    DT_REQUIRE(p);
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    pclose(p);
+    const char *chose = strstr(out, "chose D2 T1 P1 ");
+    DT_CHECK_MSG(chose != NULL, "%s", out);
+    const char *peak = chose ? strstr(chose, "(predicted peak ") : NULL;
+    DT_CHECK(peak != NULL);
+    double mib = peak ? strtod(peak + strlen("(predicted peak "), NULL) : 1e9;
+    DT_CHECK_MSG(mib <= 30.0, "chose a layout of %.2f MiB under a 30 MiB budget", mib);
+    DT_CHECK_CONTAINS(out, "rc=0");
+    snprintf(cmd, sizeof cmd, "%s --nproc-per-node 2 %s/../../configs/quickstart.ini "
+             "parallel.layout=auto job.device_memory=1Mi job.output_dir=%s/auto4 2>&1; "
+             "echo rc=$?", dt_test_dtrain_bin(), dt_test_self_dir(), dt_test_tmpdir());
+    p = popen(cmd, "r");
+    DT_REQUIRE(p);
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    pclose(p);
+    DT_CHECK_CONTAINS(out, "no layout of gpt-tiny on 1 x 2 ranks fits the budget");
+    DT_CHECK_CONTAINS(out, "rc=2");
 }
 
 int main(int argc, char **argv)

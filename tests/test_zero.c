@@ -401,13 +401,12 @@ static void compare_with_ddp(const char *what, int zero, int N, void (*setup)(zr
                          zr.name, i, d, n, (double)a->state[i][d < n ? d : 0],
                          (double)b->state[i][d < n ? d : 0]);
         }
-        for (int r = 1; r < N; r++) {
+        /* a save gathers what ZeRO shards on rank 0 only (the writer of a whole-tensor
+         * checkpoint; test_dpsync checks every rank's pieces against that gather): at stages
+         * 1-2 every rank still holds the parameters whole */
+        for (int r = 1; r < N && zero < 3; r++)
             DT_CHECK_MSG(first_diff(zr.out[r].params, a->params, n) == n,
                          "%s: rank %d's parameters differ from rank 0's", zr.name, r);
-            for (int i = 0; i < a->num_states; i++)
-                DT_CHECK_MSG(first_diff(zr.out[r].state[i], a->state[i], n) == n,
-                             "%s: rank %d's gathered optimiser state differs", zr.name, r);
-        }
         /* the buckets went out from backward (overlapped), and were rebuilt from the ready
          * order after the first step (the optimiser state moved with the shards) */
         DT_CHECK(a->have_stats == (zero < 3));
@@ -796,10 +795,7 @@ static void test_stage3_resume(void)
         train_run(&b, 5, ckpt_of(src[k], 3));
         DT_CHECK_STR(a.out[0].strategy, "zero");
         DT_CHECK_INT(a.out[0].step, 5);
-        check_same_params(&a, &b);
-        for (int r = 1; r < n3[k]; r++)
-            DT_CHECK(first_diff(a.out[r].params, a.out[0].params, a.out[0].num_params) ==
-                     a.out[0].num_params);
+        check_same_params(&a, &b); /* rank 0's gather (the others keep none: stage 3) */
         unmap(&a);
         unmap(&b);
     }
@@ -1131,9 +1127,7 @@ static void test_stage3_granules(void)
             for (int i = 0; i < a->num_states && i < 2; i++)
                 DT_CHECK_MSG(first_diff(a->state[i], b->state[i], n) == n,
                              "%s: optimiser state %d differs from DDP's", zr.name, i);
-            for (int r = 1; r < N; r++)
-                DT_CHECK_MSG(first_diff(zr.out[r].params, a->params, n) == n,
-                             "%s: rank %d's parameters differ from rank 0's", zr.name, r);
+            /* (stage 3 gathers the parameters on rank 0 only) */
             const dt_strategy_mem *m = &a->mem;
             double P = (double)n * 4, blk = 65792.0 * 4, G = (double)g;
             DT_CHECK_INT(m->zero_stage, 3);

@@ -58,6 +58,7 @@ typedef struct result {
     double peak[DT_MEM_CAT_COUNT]; /* over the steps after the first (all, with one step) */
     double total_peak;
     double first_total_peak;       /* over the first step: ZeRO moves its shards then */
+    double save_total_peak;        /* over a checkpoint save after the last step, written */
 } result;
 
 static void usage(FILE *out)
@@ -118,8 +119,9 @@ static int write_result(const char *path, const result *r)
     FILE *f = fopen(path, "w");
     if (!f)
         return -errno;
-    fprintf(f, "%llu %llu %.9g %.17g %.17g", (unsigned long long)r->num_params,
-            (unsigned long long)r->block_params, r->step_s, r->total_peak, r->first_total_peak);
+    fprintf(f, "%llu %llu %.9g %.17g %.17g %.17g", (unsigned long long)r->num_params,
+            (unsigned long long)r->block_params, r->step_s, r->total_peak, r->first_total_peak,
+            r->save_total_peak);
     for (int c = 0; c < DT_MEM_CAT_COUNT; c++)
         fprintf(f, " %.17g", r->peak[c]);
     fprintf(f, "\n");
@@ -135,8 +137,8 @@ static int read_result(const char *path, int rank, void *res)
     if (!f)
         return -ENOENT;
     unsigned long long np = 0, bp = 0;
-    int ok = fscanf(f, "%llu %llu %lf %lf %lf", &np, &bp, &r->step_s, &r->total_peak,
-                    &r->first_total_peak) == 5;
+    int ok = fscanf(f, "%llu %llu %lf %lf %lf %lf", &np, &bp, &r->step_s, &r->total_peak,
+                    &r->first_total_peak, &r->save_total_peak) == 6;
     for (int c = 0; ok && c < DT_MEM_CAT_COUNT; c++)
         ok = fscanf(f, "%lf", &r->peak[c]) == 1;
     fclose(f);
@@ -146,7 +148,8 @@ static int read_result(const char *path, int rank, void *res)
 }
 
 /* One rank: the job with the configuration's overrides (already in o->a.overrides), S steps, no
- * checkpoint, no metrics file. */
+ * metrics file, then one checkpoint save (in the job's format: checkpoint.sharded), its peak
+ * apart. */
 static int run_child(void *arg)
 {
     const bench_opts *o = arg;
@@ -155,9 +158,24 @@ static int run_child(void *arg)
     dt_err err = {0};
     bool built = false;
     int rc;
-    if ((rc = dt_bench_child_trainer(&t, &job, o->a.job_path, o->a.overrides, o->a.n_overrides,
-                                     o->steps, o->a.out, o->a.rank, o->nproc, o->a.port,
-                                     o->a.run_id ? o->a.run_id : "bench-memory", &err)))
+    /* one checkpoint directory for the configuration's ranks (a sharded save's files meet
+     * there): the result file's name without its ".<rank>" */
+    char ckdir[1300], **ov = calloc((size_t)o->a.n_overrides + 1, sizeof *ov);
+    const char *dot = strrchr(o->a.out, '.');
+    snprintf(ckdir, sizeof ckdir, "checkpoint.dir=%.*s.ckpt",
+             (int)(dot ? (size_t)(dot - o->a.out) : strlen(o->a.out)), o->a.out);
+    if (!ov) {
+        rc = dt_err_set(&err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < o->a.n_overrides; i++)
+        ov[i] = o->a.overrides[i];
+    ov[o->a.n_overrides] = ckdir;
+    rc = dt_bench_child_trainer(&t, &job, o->a.job_path, ov, o->a.n_overrides + 1, o->steps,
+                                o->a.out, o->a.rank, o->nproc, o->a.port,
+                                o->a.run_id ? o->a.run_id : "bench-memory", &err);
+    free(ov);
+    if (rc)
         goto out;
     built = true; /* the trainer reset the peaks: set-up's transients are left out */
     result res;
@@ -170,8 +188,8 @@ static int run_child(void *arg)
         if (step > 0)
             timed += t.step_time_s;
         if (step == 0 && o->steps > 1) {
-            /* the first step builds what the rest reuse (ZeRO rebuilds its buckets from the
-             * ready order and moves the shards through full-size staging): its peak is kept
+            /* the first step builds what the rest reuse (ZeRO-1/2 rebuild their buckets from
+             * the ready order and move the shards to them): its peak is kept
              * apart, and the columns are the steady state, as the step time is */
             dt_mem_read(t.be, &ms);
             res.first_total_peak = (double)ms.total_peak;
@@ -188,6 +206,13 @@ static int run_child(void *arg)
     for (int c = 0; c < DT_MEM_CAT_COUNT; c++)
         res.peak[c] = (double)ms.peak[c];
     res.total_peak = (double)ms.total_peak;
+    /* a save of the last step, as checkpoint.every would make it (every rank at once), until
+     * it is written: its peak is a column of its own */
+    dt_mem_reset_peak(t.be);
+    if ((rc = dt_trainer_save(&t, &err)))
+        goto out;
+    dt_mem_read(t.be, &ms);
+    res.save_total_peak = (double)ms.total_peak;
     if ((rc = write_result(o->a.out, &res)) != 0)
         dt_err_errno(&err, -rc, "writing %s", o->a.out);
 out:
@@ -222,14 +247,16 @@ static int run_config(const bench_opts *o, char *const *cfg, int ncfg, const cha
  * matter (zero=1 recompute=none is refused for its parallel.zero only, when recompute=none
  * loads without its key). */
 static int resolve_config(const bench_opts *o, int stage, const char *rec, char *zbuf,
-                          char *rbuf, char **cfg, int *ncfg, char *why, size_t why_cap,
-                          bool *dropped_zero, bool *dropped_rec)
+                          char *rbuf, char *nbuf, char **cfg, int *ncfg, char *why,
+                          size_t why_cap, bool *dropped_zero, bool *dropped_rec)
 {
     static dt_job job;
     static dt_config_errors errs;
     dt_err err = {0};
     snprintf(zbuf, 32, "parallel.zero=%d", stage);
     snprintf(rbuf, 48, "train.recompute=%s", rec);
+    /* the world the ranks form: parallel.tensor and parallel.pipeline are checked against it */
+    snprintf(nbuf, 48, "elastic.nproc_per_node=%d", o->nproc);
     /* try with both keys, then without those that default to what the build does anyway */
     for (int drop = 0; drop < 4; drop++) {
         bool dz = drop & 1, dr = drop & 2;
@@ -240,6 +267,7 @@ static int resolve_config(const bench_opts *o, int stage, const char *rec, char 
             cfg[n++] = zbuf;
         if (!dr)
             cfg[n++] = rbuf;
+        cfg[n++] = nbuf;
         if (load_job(o, cfg, n, &job, &errs, &err) == 0) {
             *ncfg = n;
             *dropped_zero = dz;
@@ -285,7 +313,11 @@ static int run_parent(void *arg, const char *dir)
 {
     const bench_opts o = *(const bench_opts *)arg;
     static dt_job job;
-    if (dt_bench_parent_job("memory", o.a.job_path, o.a.overrides, o.a.n_overrides, NULL, 0, &job))
+    char nproc_ov[48];
+    snprintf(nproc_ov, sizeof nproc_ov, "elastic.nproc_per_node=%d", o.nproc);
+    char *more[] = {nproc_ov};
+    if (dt_bench_parent_job("memory", o.a.job_path, o.a.overrides, o.a.n_overrides, more, 1,
+                            &job))
         return 1;
     const int k_optim = job.optimizer == DT_OPTIM_ADAMW ? 8 : job.momentum > 0 ? 4 : 0;
     printf("# dtrain bench memory %s: model %s, %d rank(s), batch %d per rank, %d step(s) per "
@@ -295,8 +327,12 @@ static int run_parent(void *arg, const char *dir)
     printf("# MiB per rank, peak of each category as the backend's allocator measured it over the "
            "steps after the first (set-up excluded); comm = communication buffers (DDP staging, "
            "communicator memory); other = the rest (ZeRO's checkpoint staging while it holds "
-           "data); 1st step = the total's peak in the first step, when ZeRO rebuilds its buckets "
-           "and moves the shards through full-size staging\n");
+           "data, the checkpoint writer's buffer); 1st step = the total's peak in the first step, "
+           "when ZeRO-1/2 rebuild their buckets and move the shards through one I/O buffer; "
+           "save = the total's peak over a checkpoint save after the last step (%s format, "
+           "written before it is measured); target for both: at most the steady total + "
+           "checkpoint.io_buffer_mb = %d MiB (+ 64 KiB of collective scratch)\n",
+           job.ckpt_sharded ? "sharded" : "whole-tensor", job.ckpt_io_buffer_mb);
     printf("# predicted (ZeRO paper, fp32 master weights and gradients as dtrain keeps them): "
            "params 4Ψ, grads 4Ψ, optim %dΨ; stage 1 divides optim by N, stage 2 also grads, "
            "stage 3 also params (+ 2 blocks of 4 x block params gathered)\n",
@@ -307,14 +343,15 @@ static int run_parent(void *arg, const char *dir)
     /* res[(rep * NCONF + ci) * MAX_RANKS + rank] */
     result *res = calloc((size_t)o.repeat * NCONF * MAX_RANKS, sizeof *res);
     bool ran[NCONF] = {false}, ok[NCONF] = {false};
-    char zbufs[NCONF][32], rbufs[NCONF][48], *cfgs[NCONF][2], why[NCONF][2048];
+    char zbufs[NCONF][32], rbufs[NCONF][48], nbufs[NCONF][48], *cfgs[NCONF][3];
+    char why[NCONF][2048];
     int ncfgs[NCONF] = {0};
     int failed = !res;
     bool notes_zero = false, notes_rec = false;
     for (int ci = 0; ci < NCONF && !failed; ci++) {
         bool dz = false, dr = false;
-        ok[ci] = resolve_config(&o, ci / 2, recs[ci % 2], zbufs[ci], rbufs[ci], cfgs[ci],
-                                &ncfgs[ci], why[ci], sizeof why[ci], &dz, &dr) == 0;
+        ok[ci] = resolve_config(&o, ci / 2, recs[ci % 2], zbufs[ci], rbufs[ci], nbufs[ci],
+                                cfgs[ci], &ncfgs[ci], why[ci], sizeof why[ci], &dz, &dr) == 0;
         notes_zero |= ok[ci] && dz;
         notes_rec |= ok[ci] && dr;
     }
@@ -362,6 +399,8 @@ static int run_parent(void *arg, const char *dir)
                 fin[ci][k].total_peak = DT_MAX(fin[ci][k].total_peak, x->total_peak);
                 fin[ci][k].first_total_peak =
                     DT_MAX(fin[ci][k].first_total_peak, x->first_total_peak);
+                fin[ci][k].save_total_peak =
+                    DT_MAX(fin[ci][k].save_total_peak, x->save_total_peak);
             }
             conf_step[ci] += med[ci][k] / o.nproc;
         }
@@ -380,9 +419,10 @@ static int run_parent(void *arg, const char *dir)
         if (!header) {
             printf("# \u03a8 = %llu parameters; largest block %llu parameters\n#\n",
                    (unsigned long long)r[0].num_params, (unsigned long long)r[0].block_params);
-            printf("%-26s %4s %9s %9s %9s %9s %9s %9s %9s %9s | %9s %9s %9s %7s | %9s %17s %7s\n",
+            printf("%-26s %4s %9s %9s %9s %9s %9s %9s %9s %9s %9s | %9s %9s %9s %7s | %9s %17s "
+                   "%7s\n",
                    "configuration", "rank", "params", "grads", "optim", "acts", "comm", "other",
-                   "total", "1st step", "p.params", "p.grads", "p.optim", "ratio", "step(ms)",
+                   "total", "1st step", "save", "p.params", "p.grads", "p.optim", "ratio", "step(ms)",
                    o.repeat > 1 ? "min-max(ms)" : "", "vs z0");
             header = true;
         }
@@ -397,13 +437,13 @@ static int run_parent(void *arg, const char *dir)
                 snprintf(vs, sizeof vs, "%.2fx", med[ci][k] / base_step);
             if (o.repeat > 1)
                 snprintf(range, sizeof range, "%.0f-%.0f", lo[ci][k] * 1e3, hi[ci][k] * 1e3);
-            printf("%-26s %4d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f | %9.3f %9.3f "
-                   "%9.3f %7.4f | %9.2f %17s %7s\n",
+            printf("%-26s %4d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f | %9.3f "
+                   "%9.3f %9.3f %7.4f | %9.2f %17s %7s\n",
                    k == 0 ? label : "", k, r[k].peak[DT_MEM_PARAMS] / MIB,
                    r[k].peak[DT_MEM_GRADS] / MIB, r[k].peak[DT_MEM_OPTIM] / MIB,
                    r[k].peak[DT_MEM_ACTS] / MIB, r[k].peak[DT_MEM_COMM] / MIB,
                    r[k].peak[DT_MEM_OTHER] / MIB, r[k].total_peak / MIB,
-                   r[k].first_total_peak / MIB, pred[0] / MIB,
+                   r[k].first_total_peak / MIB, r[k].save_total_peak / MIB, pred[0] / MIB,
                    pred[1] / MIB, pred[2] / MIB, pstates > 0 ? states / pstates : 0,
                    med[ci][k] * 1e3, range, vs);
         }
@@ -438,6 +478,25 @@ static int run_parent(void *arg, const char *dir)
                        "%s)\n",
                        st, recs[x], 100.0 * dt, 100.0 * lim, fabs(dt) <= lim ? "yes" : "no");
             }
+        }
+        for (int ci = 0; ci < NCONF; ci++) { /* every rank: the first step, the save */
+            if (!ran[ci])
+                continue;
+            /* the buffer, and a few bytes of collective scratch (a save's outcome) */
+            const double io = (double)job.ckpt_io_buffer_mb * MIB + 65536;
+            double first = 0, save = 0;
+            bool fits = true;
+            for (int k = 0; k < o.nproc; k++) {
+                const result *r = &fin[ci][k];
+                first = DT_MAX(first, r->first_total_peak - r->total_peak);
+                save = DT_MAX(save, r->save_total_peak - r->total_peak);
+                fits = fits && r->first_total_peak <= r->total_peak + io &&
+                       r->save_total_peak <= r->total_peak + io;
+            }
+            printf("#   zero=%d recompute=%s: above the steady state, most of any rank: first "
+                   "step %+.3f MiB, save %+.3f MiB (<= +%d MiB: %s)\n",
+                   ci / 2, recs[ci % 2], first / MIB, save / MIB, job.ckpt_io_buffer_mb,
+                   fits ? "yes" : "no");
         }
         if (o.repeat < 3)
             printf("#   (step times from %d pass(es): on a shared machine use --repeat 3 or "

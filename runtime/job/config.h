@@ -281,6 +281,8 @@ typedef struct dt_job {
     bool ckpt_async;
     bool ckpt_sharded;                 /* every rank writes its own shard (format version 2) */
     int ckpt_io_buffer_mb;             /* read and write buffer of sharded checkpoints, MiB */
+    bool ckpt_host_copy;               /* a save copies what it writes to host memory even on
+                                          a host-memory backend (held less, more memory) */
 
     /* [elastic] and [rendezvous] */
     dt_launch launch;

@@ -466,9 +466,9 @@ static int open_run_dir(agent *a, dt_err *err)
 
 /* The root-cause table of a job that ends failed, on the console. */
 static void print_table(agent *a, const dt_rdzv_failure *f, int n, const char *headline,
-                        bool config)
+                        int fatal)
 {
-    char *t = dt_report_job_failed(f, n, headline, config, a->rd.attempt, a->rd.max_restarts,
+    char *t = dt_report_job_failed(f, n, headline, fatal, a->rd.attempt, a->rd.max_restarts,
                                    a->run_dir);
     if (t) {
         dt_out_console_write(STDERR_FILENO, t, strlen(t));
@@ -523,24 +523,31 @@ static int end_aborted(agent *a, const dt_rdzv_status *st)
     return abort_code(st);
 }
 
-/* Whether every failed worker is the built-in worker reporting a configuration error (exit 2:
- * a bad job file, checkpoint.resume path or checkpoint directory), or any reports running out
- * of device memory (exit 3), which a restart would only repeat. */
-static bool config_error(const agent *a)
+/* A failure a restart would only repeat, as the exit code the job ends with: DT_EXIT_OOM when
+ * any built-in worker ran out of device memory (exit 3: the layout does not fit), DT_EXIT_CONFIG
+ * when every failed one reports a configuration error (exit 2: a bad job file,
+ * checkpoint.resume path or checkpoint directory), else 0 (a failure to restart). */
+static int unrepeatable(const agent *a)
 {
     int n = 0;
     bool all = true;
     if (!a->spec->builtin_worker)
-        return false;
+        return 0;
     for (int i = 0; i < a->nproc; i++) {
         const worker *w = &a->w[i];
         int code = w->state == W_FAILED && WIFEXITED(w->status) ? WEXITSTATUS(w->status) : -1;
-        if (code == DT_EXIT_OOM) /* out of device memory: the layout does not fit */
-            return true;
+        if (code == DT_EXIT_OOM)
+            return DT_EXIT_OOM;
         n += w->state == W_FAILED;
         all = all && (w->state != W_FAILED || code == DT_EXIT_CONFIG);
     }
-    return n > 0 && all;
+    return n > 0 && all ? DT_EXIT_CONFIG : 0;
+}
+
+/* What an unrepeatable failure (its exit code) is, in words. */
+static const char *unrepeatable_what(int fatal)
+{
+    return fatal == DT_EXIT_OOM ? "out of device memory" : "a configuration error";
 }
 
 /* The world this round gathered against parallel.tensor x parallel.pipeline (job-file mode):
@@ -628,7 +635,7 @@ static int join_round(agent *a, restart_cause *cause, dt_rdzv_status *st)
                 "dtrain: the job failed: the restart after attempt %d could not gather every "
                 "node (see above); what ended attempt %d:",
                 cause->attempt, cause->attempt);
-            print_table(a, cause->f, cause->n, head, false);
+            print_table(a, cause->f, cause->n, head, 0);
         }
         emit_end(a, "rendezvous_failed", 1);
         code = 1;
@@ -684,23 +691,25 @@ static int run_workers(agent *a, dt_rdzv_status *st, enum outcome *out)
 }
 
 /* This node's workers failed: their failures go to the rendezvous (as a configuration error,
- * which ends the job on every node, or as a failure) and to events.jsonl. Returns whether they
- * report a configuration error; *out becomes OUT_REGROUP when an elastic round had ended first
- * for a membership change (which then decides, and the failure spends no restart). */
-static bool record_failure(agent *a, dt_rdzv_status *st, enum outcome *out)
+ * which ends the job on every node, or as a failure) and to events.jsonl. Returns the exit code
+ * of a failure a restart would repeat (unrepeatable()), else 0; *out becomes OUT_REGROUP when an
+ * elastic round had ended first for a membership change (which then decides, and the failure
+ * spends no restart). */
+static int record_failure(agent *a, dt_rdzv_status *st, enum outcome *out)
 {
     dt_rdzv_failure *lf = NULL;
     int nlf = local_failures(a, &lf);
     dt_err fe = {0};
-    bool config = config_error(a);
+    int fatal = unrepeatable(a);
+    bool config = fatal != 0;
     if (config) {
         /* A restart would repeat it, on whatever node: the job ends everywhere (as a setup
          * error), and the other nodes are told which node to look at. */
         char why[256];
         fmt(why, sizeof why,
-            "node %d (%s:%d) reports a configuration error (exit %d) in its workers: not "
-            "restarting; see that node's log",
-            a->rd.group_rank, dt_hostname(), (int)getpid(), DT_EXIT_CONFIG);
+            "node %d (%s:%d) reports %s (exit %d) in its workers: not restarting; see that "
+            "node's log",
+            a->rd.group_rank, dt_hostname(), (int)getpid(), unrepeatable_what(fatal), fatal);
         if (dt_rdzv_abort_config(a->rz, lf, nlf, why, &fe))
             DT_WARN("cannot record the configuration error in the rendezvous: %s", fe.msg);
     } else if (nlf > 0 && dt_rdzv_failed(a->rz, lf, nlf, &fe)) {
@@ -711,13 +720,13 @@ static bool record_failure(agent *a, dt_rdzv_status *st, enum outcome *out)
     if (!config && a->rd.elastic && dt_rdzv_poll(a->rz, st, &fe) == 0 &&
         st->state == DT_RDZV_REGROUP)
         *out = OUT_REGROUP;
-    return config;
+    return fatal;
 }
 
 /* Stop: this node's workers are stopped as the outcome asks; the outcomes that end the job end
  * it here. Returns GOES_ON after a failure or a regroup (decide() goes on), else the exit code.
- * *config: this node's failed workers report a configuration error. */
-static int stop_round(agent *a, enum outcome *out, dt_rdzv_status *st, bool *config)
+ * *fatal: the exit code of this node's failed workers' unrepeatable failure, else 0. */
+static int stop_round(agent *a, enum outcome *out, dt_rdzv_status *st, int *fatal)
 {
     char name[32];
     dt_err ae = {0};
@@ -730,7 +739,7 @@ static int stop_round(agent *a, enum outcome *out, dt_rdzv_status *st, bool *con
         emit_end(a, "succeeded", 0);
         return 0;
     case OUT_FAILED:
-        *config = record_failure(a, st, out);
+        *fatal = record_failure(a, st, out);
         DT_WARN("stopping the other workers%s", a->rd.group_world_size > 1 ? " on every node" : "");
         stop_workers(a, SIGTERM);
         break;
@@ -802,9 +811,10 @@ static int stop_round(agent *a, enum outcome *out, dt_rdzv_status *st, bool *con
  * another node's end of the job, ends it here; a regroup joins the next round; a failure
  * restarts the job while the budget lasts (*cause keeps its failures for the next join), else
  * ends it with the root-cause table. Returns GOES_ON or the exit code. */
-static int decide(agent *a, enum outcome out, const dt_rdzv_status *st, bool config,
+static int decide(agent *a, enum outcome out, const dt_rdzv_status *st, int fatal,
                   restart_cause *cause)
 {
+    bool config = fatal != 0;
     if (a->first_signal) { /* a signal arrived while the workers were stopping */
         dt_err ae = {0};
         dt_rdzv_abort(a->rz, a->first_signal, &ae);
@@ -831,21 +841,20 @@ static int decide(agent *a, enum outcome out, const dt_rdzv_status *st, bool con
     }
     bool final = a->rd.attempt >= a->rd.max_restarts;
     if (!final && config)
-        DT_WARN("not restarting: the workers report a configuration error (exit %d), which a "
-                "restart would repeat%s",
-                DT_EXIT_CONFIG, a->rd.group_world_size > 1 || a->rd.elastic
-                                 ? "; the job ends on every node"
-                                 : "");
+        DT_WARN("not restarting: the workers report %s (exit %d), which a restart would "
+                "repeat%s",
+                unrepeatable_what(fatal), fatal,
+                a->rd.group_world_size > 1 || a->rd.elastic ? "; the job ends on every node" : "");
     dt_err fe = {0};
     if (final || config) {
         dt_rdzv_failure *all = NULL;
         int n = 0;
         if (dt_rdzv_failures(a->rz, &all, &n, &fe))
             DT_WARN("cannot read the job's failures: %s", fe.msg);
-        print_table(a, all, n, NULL, config);
+        print_table(a, all, n, NULL, fatal);
         free(all);
-        emit_end(a, "failed", config ? DT_EXIT_CONFIG : 1);
-        return config ? DT_EXIT_CONFIG : 1;
+        emit_end(a, "failed", config ? fatal : 1);
+        return config ? fatal : 1;
     }
     cause->attempt = a->rd.attempt;
     if (dt_rdzv_failures(a->rz, &cause->f, &cause->n, &fe))
@@ -865,7 +874,7 @@ static int run_rounds(agent *a)
     for (bool first = true;; first = false) {
         dt_rdzv_status st;
         enum outcome out = OUT_SUCCEEDED;
-        bool config = false;
+        int fatal = 0;
         double t_join = dt_now_s();
         int code = join_round(a, &cause, &st);
         if (code == GOES_ON)
@@ -873,9 +882,9 @@ static int run_rounds(agent *a)
         if (code == GOES_ON)
             code = run_workers(a, &st, &out);
         if (code == GOES_ON)
-            code = stop_round(a, &out, &st, &config);
+            code = stop_round(a, &out, &st, &fatal);
         if (code == GOES_ON)
-            code = decide(a, out, &st, config, &cause);
+            code = decide(a, out, &st, fatal, &cause);
         if (code != GOES_ON) {
             free(cause.f);
             return code;

@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "runtime/job/workenv.h"
 
 /* ---- events.jsonl ----------------------------------------------------------------------- */
 
@@ -426,12 +427,16 @@ char *dt_report_table(const dt_rdzv_failure *f, int n, const char *headline, con
     return b.p;
 }
 
-char *dt_report_job_failed(const dt_rdzv_failure *f, int n, const char *headline, bool config,
+char *dt_report_job_failed(const dt_rdzv_failure *f, int n, const char *headline, int fatal,
                            int attempt, int max_restarts, const char *run_dir)
 {
-    char head[512], foot[4096], what[128], why[96]; /* foot: run_dir is a path plus a run id */
+    char head[512], foot[4096], what[128], why[128]; /* foot: run_dir is a path plus a run id */
     /* why the job ends here rather than restarts */
-    if (config)
+    if (fatal == DT_EXIT_OOM)
+        snprintf(why, sizeof why,
+                 "attempt %d; not restarted: out of device memory, the layout does not fit",
+                 attempt);
+    else if (fatal)
         snprintf(why, sizeof why, "attempt %d; not restarted: a configuration error", attempt);
     else
         snprintf(why, sizeof why, "attempt %d; --max-restarts=%d spent", attempt, max_restarts);

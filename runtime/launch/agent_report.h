@@ -97,10 +97,11 @@ void dt_report_describe_status(int exit_code, int sig, char *buf, size_t cap);
 char *dt_report_table(const dt_rdzv_failure *f, int n, const char *headline, const char *footer);
 
 /* The table of a job that ends failed on this node: headline (NULL: one made from f[0], or "the
- * job failed" when n is 0), each with why it ends rather than restarts (config: a configuration
- * error; else --max-restarts=max_restarts spent at attempt), and a footer naming run_dir.
- * Returns a malloc'd string (caller frees), or NULL without memory. */
-char *dt_report_job_failed(const dt_rdzv_failure *f, int n, const char *headline, bool config,
+ * job failed" when n is 0), each with why it ends rather than restarts (fatal: the exit code of
+ * a failure a restart would repeat, DT_EXIT_OOM out of device memory or DT_EXIT_CONFIG a
+ * configuration error; 0: --max-restarts=max_restarts spent at attempt), and a footer naming
+ * run_dir. Returns a malloc'd string (caller frees), or NULL without memory. */
+char *dt_report_job_failed(const dt_rdzv_failure *f, int n, const char *headline, int fatal,
                            int attempt, int max_restarts, const char *run_dir);
 
 #endif

@@ -119,7 +119,7 @@ int dt_optim_create_ranges(dt_optim **out, const dt_optim_config *cfg, dt_backen
 }
 
 int dt_optim_set_ranges(dt_optim *o, const dt_optim_range *ranges, int num_ranges,
-                        size_t state_numel, dt_err *err)
+                        size_t state_numel, float *const *bufs, dt_err *err)
 {
     for (int k = 0; k < num_ranges; k++)
         if (ranges[k].off + ranges[k].n > o->num_params || ranges[k].at + ranges[k].n > state_numel)
@@ -134,19 +134,9 @@ int dt_optim_set_ranges(dt_optim *o, const dt_optim_range *ranges, int num_range
     free(o->ranges);
     o->ranges = r;
     o->num_ranges = num_ranges;
-    for (int i = 0; i < o->num_states; i++) {
-        o->be->free(o->be, o->states[i].buf);
-        o->states[i].buf = NULL;
-    }
     o->state_numel = state_numel;
-    for (int i = 0; i < o->num_states; i++) {
-        dt_mem_cat old_cat = dt_mem_tag(o->be, DT_MEM_OPTIM); /* as dt_optim_create's */
-        int rc = o->be->alloc(o->be, (void **)&o->states[i].buf, sizeof(float) * state_numel, err);
-        dt_mem_tag(o->be, old_cat);
-        if (rc)
-            return dt_err_prefix(err, "optimiser state (%s, %zu parameters): ", o->states[i].name,
-                                 state_numel);
-    }
+    for (int i = 0; i < o->num_states; i++)
+        o->states[i].buf = bufs[i];
     return 0;
 }
 

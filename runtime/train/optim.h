@@ -109,11 +109,13 @@ int dt_optim_create_ranges(dt_optim **out, const dt_optim_config *cfg, dt_backen
                            const dt_optim_range *ranges, int num_ranges, size_t state_numel,
                            dt_err *err);
 
-/* Gives the optimiser other ranges (as dt_optim_create_ranges) and new state buffers of
- * state_numel elements, zeroed: the caller moves the state over (ZeRO's relayout). t stays. On
- * failure the optimiser keeps its ranges but may have no state buffers: free it. */
+/* Gives the optimiser other ranges (as dt_optim_create_ranges) and the state buffers bufs[i]
+ * (state_numel elements each, backend memory charged as optimiser state, holding the state in
+ * the new layout: ZeRO's relayout moved it there; owned by the optimiser from here on). The
+ * buffers it had are not freed: the caller freed them, or keeps them. t stays. On failure
+ * nothing changed (bufs stay the caller's). */
 int dt_optim_set_ranges(dt_optim *o, const dt_optim_range *ranges, int num_ranges,
-                        size_t state_numel, dt_err *err);
+                        size_t state_numel, float *const *bufs, dt_err *err);
 
 /* Accepts NULL. */
 void dt_optim_free(dt_optim *o);

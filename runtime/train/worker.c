@@ -49,7 +49,8 @@ static int ckpt_open(dt_trainer *t, dt_err *err)
         return rc;
     dt_ckpt_opts co = {.dir = dir, .keep = j->ckpt_keep, .async = j->ckpt_async,
                        .concurrent_copy = j->ckpt_async && t->be->host_memory,
-                       .io_buffer = (size_t)j->ckpt_io_buffer_mb << 20};
+                       .io_buffer = (size_t)j->ckpt_io_buffer_mb << 20,
+                       .host_copy = j->ckpt_host_copy};
     dt_ckpt_piece *pieces = NULL;
     if (j->ckpt_sharded && t->s->ops->pieces) { /* every rank writes what it owns */
         if ((rc = t->s->ops->pieces(t->s, &pieces, &co.npieces, err)))
@@ -221,6 +222,14 @@ static int ckpt_save_now(dt_trainer *t, dt_err *err)
     free(job);
     if (!rc)
         t->last_saved_step = t->step;
+    return rc;
+}
+
+int dt_trainer_save(dt_trainer *t, dt_err *err)
+{
+    int rc = ckpt_save(t, err);
+    if (!rc && t->ckpt)
+        rc = dt_ckpt_wait(t->ckpt, err);
     return rc;
 }
 
@@ -819,6 +828,8 @@ int dt_trainer_run(dt_trainer *t, bool *stopped, dt_err *err)
             };
             dt_mem_read(t->be, &r.mem);
             dt_metrics_step(t->metrics, &r);
+            /* each record's peaks are its own steps' (and a save after the last record's) */
+            dt_mem_reset_peak(t->be);
             win_loss = win_time = win_comm = 0;
             win_n = 0;
             win_bytes = 0;

@@ -140,6 +140,11 @@ int dt_trainer_init(dt_trainer *t, const dt_job *job, const dt_worker_env *env, 
  * data or strategy error. */
 int dt_trainer_step(dt_trainer *t, dt_err *err);
 
+/* Saves a checkpoint of the current step (every rank, at the same step: as checkpoint.every
+ * does) and waits until it is written. Nothing when there is no checkpoint or this step is
+ * saved already. */
+int dt_trainer_save(dt_trainer *t, dt_err *err);
+
 /* Mean validation loss over eval_batches batches (all ranks); *acc gets the classification
  * accuracy, or -1 for language models. -ENOENT when there is no validation data. */
 int dt_trainer_eval(dt_trainer *t, double *loss, double *acc, dt_err *err);

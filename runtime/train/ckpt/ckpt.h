@@ -23,10 +23,14 @@
  * memory (backend memcpy_d2h into a staging area allocated once); a writer thread does the
  * serialisation, hashing, writing and fsyncs. The next save, dt_ckpt_wait and dt_ckpt_close
  * wait for the previous one, and report its failure. With host-memory buffers (the CPU
- * backend) even the copy can leave the training thread: parameters and optimiser state change
- * only in the optimiser update, so the writer thread copies them while the next forward and
- * backward run, and dt_ckpt_fence (called before the update) waits only if the copy is not done
- * yet (concurrent_copy).
+ * backend) there is no copy at all (direct; opts.host_copy keeps one, taken by the writer thread
+ * while the next forward and backward run): parameters and optimiser state change only in the
+ * optimiser update, so the writer thread reads them in place while the next forward and
+ * backward run (concurrent_copy), and dt_ckpt_fence (called before the update) waits until the
+ * write is done; a synchronous save reads them in place too. Only copy_at_save buffers are
+ * copied, at the save. Whatever host memory the checkpoint holds on such a backend (the write
+ * buffer, copies, a load's staging, which a direct checkpoint frees after the load) is charged
+ * to the backend's accounting as "other" (dt_mem_external): it is the device's memory there.
  *
  * Verification. Loading checks, before anything is copied into the model: state.json parses and
  * matches its own checksum; every file exists with the recorded size and XXH64; every
@@ -170,19 +174,23 @@ typedef struct dt_ckpt_opts {
     int keep;           /* newest checkpoints kept (>= 1) */
     bool async;         /* write in a background thread (else dt_ckpt_save writes itself) */
     bool concurrent_copy; /* async and host memory (be NULL or "cpu") only, else ignored: the
-                           * writer thread copies the buffers not marked copy_at_save while
-                           * training goes on; the caller MUST call dt_ckpt_fence before it
-                           * changes them (before the next optimiser update) */
+                           * writer thread writes the buffers not marked copy_at_save from where
+                           * they are (host_copy: copies them first) while training goes on;
+                           * the caller MUST call dt_ckpt_fence before it changes them (before
+                           * the next optimiser update) */
     /* Sharded saves (format version 2, "Sharded" above): every rank calls dt_ckpt_save at the
      * same steps and writes pieces[0..npieces) (copied; may be empty) to its own file; rank 0
      * writes state.json last, once every rank's file is durable. false: the whole-tensor
-     * format, rank 0 alone (the fields below but io_buffer unused). */
+     * format, rank 0 alone (the fields below but io_buffer unused: it caps the write
+     * buffer). */
     bool sharded;
     const dt_ckpt_piece *pieces;
     int npieces;
     dt_comm *comm;      /* borrowed: the world, for the start of every save (NULL: one rank) */
     int rank, world;
     size_t io_buffer;   /* bytes of the read and write buffers (0: DT_CKPT_IO_BUFFER_DEFAULT) */
+    bool host_copy;     /* copy the buffers at a save even where the writer could read them in
+                         * place (host memory): the caller is held less, for that copy's memory */
     double timeout_s;   /* rank 0 waits at most this long for the other ranks' files (0: 600) */
 } dt_ckpt_opts;
 
@@ -216,8 +224,9 @@ void dt_ckpt_close(dt_ckpt *c);
  * that a leftover .tmp directory is removed. */
 int dt_ckpt_save(dt_ckpt *c, const dt_ckpt_state *st, dt_err *err);
 
-/* With concurrent_copy: returns once the last save has copied the buffers, so they may change
- * (call it before every optimiser update; it returns at once when there is nothing to wait for).
+/* With concurrent_copy: returns once the last save has read the buffers (written them: no
+ * copy is made), so they may change (call it before every optimiser update; it returns at once
+ * when there is nothing to wait for).
  * The time it waits counts as time the save held training. Without concurrent_copy: no-op. */
 void dt_ckpt_fence(dt_ckpt *c);
 

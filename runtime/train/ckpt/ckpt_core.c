@@ -211,6 +211,8 @@ int dt_ckpt_set_pieces(dt_ckpt *c, const dt_ckpt_piece *pieces, int npieces, dt_
         pc->entry = e;
         pc->early = c->bufs[en->buf].copy_at_save;
         pc->stage_off = numel;
+        if (!c->direct || pc->early) /* direct: the others are written from where they are */
+            numel += p->n;
         size_t len = strlen(en->name) + 16;
         if (!(pc->key = malloc(len)))
             return dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
@@ -218,10 +220,10 @@ int dt_ckpt_set_pieces(dt_ckpt *c, const dt_ckpt_piece *pieces, int npieces, dt_
             snprintf(pc->key, len, "%s#%d", en->name, dup + 1);
         else
             snprintf(pc->key, len, "%s", en->name);
-        numel += p->n;
         c->npc++;
     }
     if (numel > c->pstage_cap) { /* the staging grows to the largest shard, allocated on use */
+        dt_ckpt__charge(c, c->pstage ? c->pstage_cap * sizeof(float) : 0, false);
         free(c->pstage);
         c->pstage = NULL;
         c->pstage_cap = numel;
@@ -259,15 +261,20 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
      * another thread may read while the training thread reads it too. A CUDA backend must not
      * be driven from two threads, so its copies stay in dt_ckpt_save. */
     c->concurrent = opts->async && opts->concurrent_copy && (!be || be->host_memory);
+    /* Nothing changes the buffers before the write is done (a synchronous save, or the fence
+     * waits for it): a host-memory writer then reads them where they are, and the save costs
+     * no copy of the model. */
+    c->direct = (!be || be->host_memory) && !opts->host_copy && (!opts->async || c->concurrent);
     c->nbufs = nbufs;
     c->bufs = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->bufs);
     c->buf_stage_off = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->buf_stage_off);
+    c->buf_early_off = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->buf_early_off);
     c->prefixes = calloc((size_t)(nbufs ? nbufs : 1), sizeof *c->prefixes);
     int total = 0;
     for (int b = 0; b < nbufs; b++)
         total += bufs[b].num_tensors;
     c->entries = calloc((size_t)(total ? total : 1), sizeof *c->entries);
-    if (!c->bufs || !c->buf_stage_off || !c->prefixes || !c->entries) {
+    if (!c->bufs || !c->buf_stage_off || !c->buf_early_off || !c->prefixes || !c->entries) {
         rc = dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
         goto fail;
     }
@@ -286,6 +293,9 @@ int dt_ckpt_open(dt_ckpt **out, const dt_ckpt_opts *opts, dt_backend *be, const 
         c->bufs[b].file = c->files[fi]; /* the copies: the caller's strings may go */
         c->bufs[b].prefix = c->prefixes[b];
         c->buf_stage_off[b] = c->staging_numel;
+        c->buf_early_off[b] = c->estage_numel;
+        if (B->copy_at_save)
+            c->estage_numel += B->numel;
         for (int t = 0; t < B->num_tensors; t++) {
             const dt_tensor_info *ti = &B->tensors[t];
             dt_ckpt_entry *e = &c->entries[c->nentries];
@@ -371,9 +381,13 @@ void dt_ckpt_close(dt_ckpt *c)
     free(c->prefixes);
     free(c->bufs);
     free(c->buf_stage_off);
+    free(c->buf_early_off);
     free(c->staging);
+    free(c->estage);
     free_pieces(c);
     free(c->pstage);
+    free(c->wbuf);
+    dt_ckpt__charge(c, c->charged, false);
     free(c->wstate.job);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
@@ -388,6 +402,52 @@ int dt_ckpt__ensure_staging(dt_ckpt *c, dt_err *err)
     if (!c->staging)
         return dt_err_set(err, -ENOMEM, "checkpoint: cannot allocate %.1f MB of host memory for "
                           "the staging copy", c->staging_numel * 4.0 / 1e6);
+    dt_ckpt__charge(c, c->staging_numel * sizeof(float), true);
+    return 0;
+}
+
+void dt_ckpt__drop_staging(dt_ckpt *c)
+{
+    if (!c->staging)
+        return;
+    free(c->staging);
+    c->staging = NULL;
+    dt_ckpt__charge(c, c->staging_numel * sizeof(float), false);
+}
+
+int dt_ckpt__ensure_estage(dt_ckpt *c, dt_err *err)
+{
+    if (c->estage || !c->estage_numel)
+        return 0;
+    if (!(c->estage = malloc(c->estage_numel * sizeof(float))))
+        return dt_err_set(err, -ENOMEM, "checkpoint: cannot allocate %.1f MB of host memory for "
+                          "the copy of the buffers the next forward changes",
+                          c->estage_numel * 4.0 / 1e6);
+    dt_ckpt__charge(c, c->estage_numel * sizeof(float), true);
+    return 0;
+}
+
+void dt_ckpt__charge(dt_ckpt *c, size_t bytes, bool add)
+{
+    if (!c->be || !c->be->host_memory || !bytes)
+        return;
+    bytes = add ? bytes : DT_MIN(bytes, c->charged);
+    c->charged = add ? c->charged + bytes : c->charged - bytes;
+    dt_mem_external(c->be, DT_MEM_OTHER, bytes, add);
+}
+
+size_t dt_ckpt__wbuf_bytes(const dt_ckpt *c)
+{
+    return c->io_buffer ? DT_MIN((size_t)DT_CKPT_IO_CHUNK, c->io_buffer) : DT_CKPT_IO_CHUNK;
+}
+
+int dt_ckpt__ensure_wbuf(dt_ckpt *c, dt_err *err)
+{
+    if (c->wbuf)
+        return 0;
+    if (!(c->wbuf = malloc(dt_ckpt__wbuf_bytes(c))))
+        return dt_err_set(err, -ENOMEM, "checkpoint: out of memory for the write buffer");
+    dt_ckpt__charge(c, dt_ckpt__wbuf_bytes(c), true);
     return 0;
 }
 

@@ -74,6 +74,10 @@ struct dt_ckpt {
     int keep;
     bool async;
     bool concurrent;           /* async and host memory: the writer thread copies (see fence) */
+    bool direct;               /* host memory, and the caller does not change the buffers
+                                  before the save is written (a synchronous save, or
+                                  concurrent_copy's fence): the writer reads them in place, and
+                                  only the copy_at_save buffers are copied (see ckpt.h) */
     dt_backend *be;            /* borrowed; NULL = host memory */
     int nbufs;
     dt_ckpt_buf *bufs;         /* copies; file points into files, prefix into prefixes */
@@ -83,8 +87,13 @@ struct dt_ckpt {
     dt_ckpt_entry *entries;    /* registration order */
     int nfiles;
     char files[DT_CKPT_MAX_FILES][16];
-    float *staging;            /* (staging_numel) host copy of every buffer, allocated once */
+    float *staging;            /* (staging_numel) host copy of every buffer, allocated once (a
+                                  load's too; direct: a load's only, freed after it) */
     size_t staging_numel;
+    float *estage;             /* direct: (estage_numel) host copy of the copy_at_save buffers,
+                                  buffer b's at buf_early_off[b] */
+    size_t estage_numel;
+    size_t *buf_early_off;     /* (nbufs) */
     /* sharded saves (npc >= 0) */
     bool sharded;
     int rank, world;
@@ -93,7 +102,11 @@ struct dt_ckpt {
     double timeout_s;
     int npc;
     dt_ckpt_pc *pcs;           /* (npc) owned */
-    float *pstage;             /* (pstage_cap) host copy of this rank's pieces, allocated on use */
+    float *pstage;             /* (pstage_cap) host copy of this rank's pieces (direct: of the
+                                  early ones), allocated on use */
+    char *wbuf;                /* (dt_ckpt__wbuf_bytes) the write buffer, allocated on use */
+    size_t charged;            /* bytes of staging, pstage and wbuf charged to be as "other"
+                                  (be's memory is the host's: dt_mem_external) */
     size_t pstage_numel, pstage_cap;
     double pre_wait_s;         /* dt_ckpt_set_pieces waited for the last save this long */
     double commit_wait_s;      /* writer thread: rank 0 waited for the other ranks' shards */
@@ -139,6 +152,19 @@ int dt_ckpt__check_dir(const char *dir, dt_err *err);
 
 /* Allocates the staging area on first use (-ENOMEM with the size in err). */
 int dt_ckpt__ensure_staging(dt_ckpt *c, dt_err *err);
+/* Frees the staging area (a direct checkpoint's load is done with it). */
+void dt_ckpt__drop_staging(dt_ckpt *c);
+/* Allocates c->estage on first use. */
+int dt_ckpt__ensure_estage(dt_ckpt *c, dt_err *err);
+/* The write buffer (c->wbuf, dt_ckpt__wbuf_bytes: DT_CKPT_IO_CHUNK, or io_buffer when
+ * smaller), allocated on first use on the caller's thread. */
+int dt_ckpt__ensure_wbuf(dt_ckpt *c, dt_err *err);
+size_t dt_ckpt__wbuf_bytes(const dt_ckpt *c);
+/* Charges (add) or gives back bytes of host memory the checkpoint holds to c->be's accounting
+ * as "other", where be's memory is the host's (the cpu backend: a copy there takes the same
+ * memory as the model); nothing otherwise. Caller's thread only (the accounting is the
+ * training thread's). */
+void dt_ckpt__charge(dt_ckpt *c, size_t bytes, bool add);
 
 /* Returns once no save is being written (the writer thread is idle). */
 void dt_ckpt__wait_idle(dt_ckpt *c);

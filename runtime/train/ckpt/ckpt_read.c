@@ -751,6 +751,8 @@ loaded:
     *st = tmp;
     tmp.job = NULL;
 out:
+    if (c->direct) /* saves write from the buffers: nothing needs the copy any more */
+        dt_ckpt__drop_staging(c);
     if (rc)
         dt_err_prefix(err, "checkpoint %s: ", path);
     dt_ckpt_state_clear(&tmp);

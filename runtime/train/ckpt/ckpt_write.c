@@ -117,14 +117,15 @@ static int write_file(const char *path, dt_ckpt *c, int file, fill_fn fill, cons
                       dt_err *err)
 {
     wsink s = {.fd = -1, .path = path};
+    char *own = NULL; /* the buffer, when the checkpoint has none of its own */
     int rc = 0;
     dt_xxh64_init(&s.hash, 0);
     s.fd = dt_ckpt__io->open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (s.fd < 0)
         return dt_err_errno(err, errno, "cannot create %s", path);
     if (fill) {
-        s.cap = DT_CKPT_IO_CHUNK;
-        s.buf = malloc(s.cap);
+        s.cap = dt_ckpt__wbuf_bytes(c);
+        s.buf = c->wbuf ? c->wbuf : (own = malloc(s.cap));
         if (!s.buf) {
             rc = dt_err_set(err, -ENOMEM, "out of memory writing %s", path);
             goto out;
@@ -148,13 +149,30 @@ static int write_file(const char *path, dt_ckpt *c, int file, fill_fn fill, cons
 out:
     if (dt_ckpt__io->close(s.fd) != 0 && !rc)
         rc = dt_err_errno(err, errno, "closing %s failed", path);
-    free(s.buf);
+    free(own);
     *bytes = s.total;
     *hash = dt_xxh64_digest(&s.hash);
     return rc;
 }
 
-/* Fills one .safetensors file from the staging copy. */
+/* Where the writer reads registered tensor e: the staging copy, or (direct) the buffer itself
+ * (its copy when the next forward changes it). */
+static const float *entry_src(const dt_ckpt *c, const dt_ckpt_entry *e)
+{
+    if (!c->direct)
+        return c->staging + e->stage_off;
+    if (c->bufs[e->buf].copy_at_save)
+        return c->estage + c->buf_early_off[e->buf] + e->src_off;
+    return c->bufs[e->buf].data + e->src_off;
+}
+
+/* ... and piece pc: its copy in c->pstage, or (direct, not early) where it lives. */
+static const float *piece_src(const dt_ckpt *c, const dt_ckpt_pc *pc)
+{
+    return c->direct && !pc->early ? pc->p.data : c->pstage + pc->stage_off;
+}
+
+/* Fills one .safetensors file from the staging copy (direct: from the buffers). */
 static int fill_safetensors(dt_ckpt *c, int file, wsink *s, dt_err *err)
 {
     int n = 0;
@@ -174,7 +192,7 @@ static int fill_safetensors(dt_ckpt *c, int file, wsink *s, dt_err *err)
         t->ndim = e->ndim;
         for (int d = 0; d < e->ndim; d++)
             t->shape[d] = e->shape[d];
-        t->data = c->staging + e->stage_off;
+        t->data = entry_src(c, e);
     }
     char step[32];
     snprintf(step, sizeof step, "%" PRId64, c->wstate.step);
@@ -187,7 +205,8 @@ static int fill_safetensors(dt_ckpt *c, int file, wsink *s, dt_err *err)
 
 static void hex64(char out[17], uint64_t v) { snprintf(out, 17, "%016" PRIx64, v); }
 
-/* Fills this rank's shard file from c->pstage: every piece a 1-D F32 tensor under its key;
+/* Fills this rank's shard file from c->pstage (direct: from the pieces' own memory, but the
+ * early ones): every piece a 1-D F32 tensor under its key;
  * records each piece's offset in the file and its XXH64. */
 static int fill_shard(dt_ckpt *c, int file, wsink *s, dt_err *err)
 {
@@ -201,7 +220,7 @@ static int fill_shard(dt_ckpt *c, int file, wsink *s, dt_err *err)
     for (int i = 0; i < c->npc; i++) {
         dt_ckpt_pc *pc = &c->pcs[i];
         ts[i] = (dt_st_tensor){.name = pc->key, .dtype = DT_ST_F32, .ndim = 1,
-                               .shape = {(int64_t)pc->p.n}, .data = c->pstage + pc->stage_off};
+                               .shape = {(int64_t)pc->p.n}, .data = piece_src(c, pc)};
     }
     char step[32], rank[32];
     snprintf(step, sizeof step, "%" PRId64, c->wstate.step);
@@ -212,11 +231,10 @@ static int fill_shard(dt_ckpt *c, int file, wsink *s, dt_err *err)
     if (!rc)
         rc = sink_write(s, header, hl, err);
     for (int i = 0; i < c->npc && !rc; i++) {
-        /* sorted by dt_st_layout: the piece is the one whose staging this is */
-        size_t at = (size_t)((const float *)ts[i].data - c->pstage);
+        /* sorted by dt_st_layout: the piece is the one of this key */
         dt_ckpt_pc *pc = NULL;
         for (int k = 0; k < c->npc && !pc; k++)
-            if (c->pcs[k].stage_off == at)
+            if (c->pcs[k].key == ts[i].name)
                 pc = &c->pcs[k];
         pc->offset = hl + ts[i].begin;
         pc->xxh64 = dt_xxh64(ts[i].data, pc->p.n * sizeof(float), 0);
@@ -784,27 +802,38 @@ fail:
 enum { COPY_ALL, COPY_EARLY, COPY_LATE };
 static void copy_to_staging(dt_ckpt *c, int which);
 
-/* Runs the pending write (called by the writer thread, or inline when !async). */
+/* The buffers are read (copied since t0, or written where they are): dt_ckpt_fence returns. */
+static void buffers_read(dt_ckpt *c, double t0)
+{
+    pthread_mutex_lock(&c->mu);
+    c->copy_pending = false;
+    c->copy_s += dt_now_s() - t0;
+    if (c->fence_waiting) {
+        c->fence_s = dt_now_s() - c->fence_start;
+        c->fence_waiting = false;
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Runs the pending write (called by the writer thread, or inline when !async). A direct write
+ * reads the buffers themselves: the fence waits until the whole write is done. */
 static void run_write(dt_ckpt *c)
 {
     dt_err e = {0};
     double fs = 0, t0 = dt_now_s();
-    if (c->copy_pending) { /* read without the lock: only this thread clears it */
+    /* read without the lock: only this thread clears it */
+    bool in_place = c->copy_pending && c->direct;
+    if (c->copy_pending && !c->direct) {
         copy_to_staging(c, COPY_LATE);
-        pthread_mutex_lock(&c->mu);
-        c->copy_pending = false;
-        c->copy_s += dt_now_s() - t0;
-        if (c->fence_waiting) {
-            c->fence_s = dt_now_s() - c->fence_start;
-            c->fence_waiting = false;
-        }
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
+        buffers_read(c, t0);
         t0 = dt_now_s();
     }
     uint64_t bytes = 0, own = 0;
     char final[PATH_MAX];
     int rc = write_checkpoint(c, &fs, &bytes, &own, final, sizeof final, &e);
+    if (in_place) /* the write's time is not a copy's */
+        buffers_read(c, dt_now_s());
     double dt = dt_now_s() - t0;
     bool writer = !c->sharded || c->rank == 0; /* the one that commits */
     if (!rc && writer) /* the new checkpoint is complete: only now may older ones go */
@@ -896,9 +925,14 @@ int dt_ckpt_wait(dt_ckpt *c, dt_err *err)
 }
 
 /* Copies the buffers of one kind (COPY_EARLY: those marked copy_at_save; COPY_LATE: the others)
- * or all of them to the staging area. */
+ * or all of them to the staging area. Direct: only the copy_at_save ones are ever copied (to
+ * c->estage, or the pieces' c->pstage); the writer reads the others where they are. */
 static void copy_to_staging(dt_ckpt *c, int which)
 {
+    if (c->direct && which == COPY_ALL)
+        which = COPY_EARLY;
+    if (c->direct && which == COPY_LATE)
+        return;
     for (int i = 0; c->sharded && i < c->npc; i++) { /* this rank's pieces only */
         const dt_ckpt_pc *pc = &c->pcs[i];
         if ((which == COPY_EARLY && !pc->early) || (which == COPY_LATE && pc->early))
@@ -913,7 +947,8 @@ static void copy_to_staging(dt_ckpt *c, int which)
         if ((which == COPY_EARLY && !c->bufs[b].copy_at_save) ||
             (which == COPY_LATE && c->bufs[b].copy_at_save))
             continue;
-        float *dst = c->staging + c->buf_stage_off[b];
+        float *dst = c->direct ? c->estage + c->buf_early_off[b]
+                               : c->staging + c->buf_stage_off[b];
         size_t bytes = c->bufs[b].numel * sizeof(float);
         if (!bytes)
             continue;
@@ -929,9 +964,12 @@ static void copy_to_staging(dt_ckpt *c, int which)
  * directory is ready nor after it failed. */
 static int prepare_sharded(dt_ckpt *c, int64_t step, dt_err *err)
 {
-    if (!c->pstage && c->pstage_cap && !(c->pstage = malloc(c->pstage_cap * sizeof(float))))
-        return dt_err_set(err, -ENOMEM, "checkpoint: cannot allocate %.1f MB of host memory for "
-                          "the copy of this rank's shard", c->pstage_cap * 4.0 / 1e6);
+    if (!c->pstage && c->pstage_cap) {
+        if (!(c->pstage = malloc(c->pstage_cap * sizeof(float))))
+            return dt_err_set(err, -ENOMEM, "checkpoint: cannot allocate %.1f MB of host memory "
+                              "for the copy of this rank's shard", c->pstage_cap * 4.0 / 1e6);
+        dt_ckpt__charge(c, c->pstage_cap * sizeof(float), true);
+    }
     dt_err e0 = {0};
     int64_t v = c->rank == 0 ? prepare_step(c, step, &e0) : 0;
     int rc = 0;
@@ -959,16 +997,19 @@ int dt_ckpt_save(dt_ckpt *c, const dt_ckpt_state *st, dt_err *err)
         return rc;
     }
     double t1 = dt_now_s();
+    if ((rc = dt_ckpt__ensure_wbuf(c, err)))
+        return rc;
     if (c->sharded) {
         if ((rc = prepare_sharded(c, st->step, err)))
             return rc;
-    } else if ((rc = dt_ckpt__ensure_staging(c, err))) {
+    } else if ((rc = c->direct ? dt_ckpt__ensure_estage(c, err)
+                               : dt_ckpt__ensure_staging(c, err))) {
         return rc;
     }
     char *job = NULL;
     if (st->job && !(job = strdup(st->job)))
         return dt_err_set(err, -ENOMEM, "checkpoint: out of memory");
-    bool late = c->async && c->concurrent;
+    bool late = c->async && c->concurrent; /* direct: the write itself is late */
     copy_to_staging(c, late ? COPY_EARLY : COPY_ALL);
     double t2 = dt_now_s();
     free(c->wstate.job);

@@ -191,6 +191,8 @@ void dt_metrics_step(dt_metrics *m, const dt_step_record *r)
         cJSON_AddNumberToObject(o, "peak_mem_bytes",
                                 (double)(r->mem.total_peak ? r->mem.total_peak
                                                            : r->peak_mem_bytes));
+        if (r->mem.total_peak && r->peak_mem_bytes) /* the process's, set-up included */
+            cJSON_AddNumberToObject(o, "run_peak_mem_bytes", (double)r->peak_mem_bytes);
         cJSON_AddNumberToObject(o, "max_rss_bytes", (double)r->max_rss_bytes);
         if (dt_flight_scoring()) { /* the ranks the agents flag now (runtime/train/obs/flight.h) */
             int st[DT_FLIGHTREC_STRAGGLERS];

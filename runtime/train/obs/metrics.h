@@ -24,7 +24,8 @@
  * alone (`dtrain ckpt list`'s STEP_LOSS), so the two differ.
  *
  * peak_mem_bytes is the backend allocator's peak of all categories together (the largest total
- * ever resident, kernels/backend_ops.h's dt_mem_stats.total_peak); mem_peak_bytes is each
+ * resident since the previous record: the trainer resets the statistics' peaks after each,
+ * kernels/backend_ops.h's dt_mem_stats.total_peak); mem_peak_bytes is each
  * category's own peak (they need not add up to peak_mem_bytes: the peaks may come at different
  * times). mem_peak_bytes is left out for a backend without accounting.
  *
@@ -62,7 +63,9 @@ typedef struct dt_step_record {
     double comm_bytes;    /* bytes this rank sent for gradients per step (mean over the
                            * window), as its communicator counted them; < 0: not known (no
                            * reducer: one process, DP, ZeRO-3) */
-    size_t peak_mem_bytes;/* backend allocations, peak (mem.total_peak when mem is filled) */
+    size_t peak_mem_bytes;/* backend allocations, the process's peak (set-up included; written
+                           * as run_peak_mem_bytes, and as peak_mem_bytes when mem is not filled:
+                           * mem.total_peak is, the record's window) */
     dt_mem_stats mem;     /* the backend's accounting by category (dt_mem_read); all zero: none */
     size_t max_rss_bytes; /* process resident set, peak */
 } dt_step_record;

@@ -444,7 +444,8 @@ unsigned char *dt_strategy_counted(const dt_model *m, int tp_rank, const int *sk
 int dt_strategy_open_sync(dt_strategy *s, const dt_strategy_ctx *ctx, dt_comm *dp, dt_err *err)
 {
     dt_dpsync_ctx yc = {.model = s->model, .dp = dp, .optim = ctx->optim, .ddp = ctx->ddp,
-                        .announce = ctx->env->rank == 0};
+                        .announce = ctx->env->rank == 0,
+                        .io_buffer = (size_t)ctx->job->ckpt_io_buffer_mb << 20};
     int rc = dt_dpsync_open(&s->sync, ctx->sync, &yc, err);
     if (!rc)
         s->optim = s->sync->optim;

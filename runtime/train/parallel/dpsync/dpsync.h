@@ -111,6 +111,8 @@ typedef struct dt_dpsync_ctx {
     const dt_ddp_opts *ddp;       /* the [ddp] keys, decoded once (buckets, compression,
                                      broadcast_buffers); shard/release are the flavour's own */
     bool announce;                /* say at INFO what this rank holds (the world's rank 0) */
+    size_t io_buffer;             /* bytes of the one buffer a move of state between layouts
+                                     goes through (checkpoint.io_buffer_mb; 0: 64 MiB) */
 } dt_dpsync_ctx;
 
 /* Memory one rank holds for its model state, in bytes, measured where it can be (for `dtrain
@@ -199,7 +201,9 @@ typedef struct dt_dpsync_ops {
     /* One optimiser update at lr of what this rank owns, and what must follow it. */
     int (*step)(dt_dpsync *y, double lr, dt_err *err);
     float *(*local)(dt_dpsync *y, int k);
-    /* Before a save (collective): local(k) holds buffer k for every k (NULL: it always does). */
+    /* Before a save (collective): local(k) holds buffer k for every k (NULL: it always does);
+     * a sharded flavour fills them on group rank 0 only (zero-1/2/3: the others' are left as
+     * they are), the one whose tensors a whole-tensor checkpoint writes. */
     int (*gather_state)(dt_dpsync *y, dt_err *err);
     int (*owned)(dt_dpsync *y, int k, dt_dpsync_piece *out, int cap, int *n);
     void (*mem)(dt_dpsync *y, dt_dpsync_mem *out);

@@ -21,8 +21,13 @@
  *     synchronisation: DDP's no_sync), so during those the whole buffer is resident at stage 2
  *     as well; it is given back during the last micro-step's backward.
  *   - after the first step the buckets are rebuilt from backward's ready order, as DDP's are
- *     (GPT's tied embedding gets the last bucket to itself); the shards move with them, the
- *     optimiser state through the checkpoint staging, once, at the end of the first update;
+ *     (GPT's tied embedding gets the last bucket to itself); the shards move with them, once,
+ *     at the end of the first update: the optimiser state window by window of the model's
+ *     layout through one buffer of at most ctx.io_buffer bytes (each rank puts what its old
+ *     shard holds of the window there, zeros elsewhere; a sum over the group, exact since the
+ *     old shards tile the model once; each rank takes its new ranges of it), one state at a
+ *     time, by way of the new gradient shard (dead until the next finish): nothing more is
+ *     resident than the window;
  *   - finish's wait is the wait for the reduce-scatters, as DDP's; the parameters' all-gather
  *     in step counts in the step time only;
  *   - a tensor held for another group (hold: the pipeline's tied embedding, which the first
@@ -72,6 +77,7 @@ typedef struct zero_impl {
                                             statistics count them */
     int *hold;                           /* (nhold) tensors summed elsewhere first (hold) */
     int nhold;
+    size_t window;                       /* floats of the relayout's buffer */
 } zero_impl;
 
 /* The allocator's resident bytes now (all categories: what one release or commit changes). */
@@ -154,6 +160,7 @@ static int zero_open(dt_dpsync *y, const dt_dpsync_ctx *ctx, dt_err *err)
         return dt_err_set(err, -ENOMEM, "out of memory");
     y->impl = z;
     z->stage = stage;
+    z->window = (ctx->io_buffer ? ctx->io_buffer : (size_t)64 << 20) / sizeof(float);
     snprintf(y->label, sizeof y->label, "ZeRO-%d", stage);
     y->sharded = true;
     dt_ddp_opts o = *ctx->ddp;
@@ -340,28 +347,95 @@ static int zero_sumsq(dt_dpsync *y, const unsigned char *counted, double *sum, d
     return dt_ddp_sum_double(z->ddp, mine, sum, err);
 }
 
+/* win (b - a floats) = elements [a, b) of the model's layout of what a shard src (ranges
+ * od[0..nod)) holds, zeros elsewhere. Local. */
+static void fill_window(dt_backend *be, float *win, size_t a, size_t b, const dt_optim_range *od,
+                        int nod, const float *src)
+{
+    be->memset_zero(be, win, (b - a) * sizeof(float));
+    for (int k = 0; k < nod; k++) {
+        size_t lo = DT_MAX(a, od[k].off), hi = DT_MIN(b, od[k].off + od[k].n);
+        if (lo < hi)
+            be->memcpy_d2d(be, win + (lo - a), src + od[k].at + (lo - od[k].off),
+                           (hi - lo) * sizeof(float));
+    }
+}
+
+/* dst (the new layout's ranges nw[0..nnw)) = src (the old's, od[0..nod)) over the group, window
+ * by window of the model's layout through win (window floats): each rank's old pieces of the
+ * window, zeros elsewhere, summed (every element is one rank's: exact), then each rank's new
+ * pieces taken. dst's padding is zeroed. Collective over the group. */
+static int move_state(dt_dpsync *y, const dt_optim_range *od, int nod, const float *src,
+                      const dt_optim_range *nw, int nnw, size_t numel, float *dst, float *win,
+                      size_t window, dt_err *err)
+{
+    dt_backend *be = y->be;
+    size_t total = y->model->num_params;
+    be->memset_zero(be, dst, numel * sizeof(float));
+    for (size_t a = 0; a < total; a += window) {
+        size_t b = DT_MIN(total, a + window);
+        fill_window(be, win, a, b, od, nod, src);
+        int rc = dt_comm_allreduce(y->dp, win, b - a, DT_FLOAT32, DT_SUM, NULL, err);
+        if (rc)
+            return rc;
+        for (int k = 0; k < nnw; k++) {
+            size_t lo = DT_MAX(a, nw[k].off), hi = DT_MIN(b, nw[k].off + nw[k].n);
+            if (lo < hi)
+                be->memcpy_d2d(be, dst + nw[k].at + (lo - nw[k].off), win + (lo - a),
+                               (hi - lo) * sizeof(float));
+        }
+    }
+    return 0;
+}
+
 /* The reducer rebuilt its buckets from the first backward's ready order (ddp.h): the state
- * moves from the old shards to the new ones through the full-size staging. */
+ * moves from the old shards to the new ones, one state at a time through a bounded window
+ * (move_state), never through whole-size staging: into the new gradient shard (the new
+ * layout's size, and dead until the next finish writes it), then the old state's buffer goes
+ * and the new one takes a copy. So nothing more is resident at any time than the window. */
 static int relayout(dt_dpsync *y, zero_impl *z, dt_err *err)
 {
     dt_optim *o = y->optim;
-    int rc = commit_staging(y, z, err);
-    for (int i = 0; i < o->num_states && !rc; i++)
-        rc = dt_ddp_gather_shards(z->ddp, o->states[i].buf, z->full[i], err);
-    if (rc)
-        return dt_err_prefix(err, "ZeRO: moving the optimiser state to the rebuilt buckets: ");
-    const dt_optim_range *ranges;
-    int nr;
-    size_t numel;
+    dt_backend *be = y->be;
+    const dt_optim_range *r;
+    int nold, nnew, rc = 0;
+    size_t numel, window = DT_MAX((size_t)1, DT_MIN(z->window, y->model->num_params));
+    dt_ddp_shard_ranges(z->ddp, &r, &nold, &numel);
+    dt_optim_range *old = malloc(sizeof *old * (size_t)(nold ? nold : 1));
+    float *fresh[DT_OPTIM_MAX_STATES] = {0}, *win = NULL;
+    if (!old)
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    memcpy(old, r, sizeof *old * (size_t)nold);
     if ((rc = dt_ddp_relayout(z->ddp, err)))
-        return rc;
-    dt_ddp_shard_ranges(z->ddp, &ranges, &nr, &numel);
-    if ((rc = dt_optim_set_ranges(o, ranges, nr, numel, err)))
-        return rc;
-    for (int i = 0; i < o->num_states; i++)
-        dt_ddp_slice_shard(z->ddp, z->full[i], o->states[i].buf);
-    release_staging(y, z);
-    return 0;
+        goto out;
+    dt_ddp_shard_ranges(z->ddp, &r, &nnew, &numel);
+    float *via = dt_ddp_shard_grads(z->ddp); /* (numel) */
+    dt_mem_cat cat = dt_mem_tag(be, DT_MEM_OTHER); /* the I/O buffer */
+    rc = be->alloc(be, (void **)&win, window * sizeof(float), err);
+    dt_mem_tag(be, cat);
+    for (int i = 0; i < o->num_states && !rc; i++) {
+        if ((rc = move_state(y, old, nold, o->states[i].buf, r, nnew, numel, via, win, window,
+                             err)))
+            break;
+        be->free(be, o->states[i].buf);
+        o->states[i].buf = NULL;
+        cat = dt_mem_tag(be, DT_MEM_OPTIM);
+        rc = be->alloc(be, (void **)&fresh[i], numel * sizeof(float), err);
+        dt_mem_tag(be, cat);
+        if (!rc)
+            be->memcpy_d2d(be, fresh[i], via, numel * sizeof(float));
+    }
+    if (!rc && (rc = dt_optim_set_ranges(o, r, nnew, numel, fresh, err)) == 0)
+        memset(fresh, 0, sizeof fresh);
+out:
+    for (int i = 0; i < DT_OPTIM_MAX_STATES; i++)
+        if (fresh[i])
+            be->free(be, fresh[i]);
+    if (win)
+        be->free(be, win);
+    free(old);
+    return rc ? dt_err_prefix(err, "ZeRO: moving the optimiser state to the rebuilt buckets: ")
+              : 0;
 }
 
 /* The update of the shard at lr, then the all-gather of the updated parameters over the group;
@@ -382,20 +456,42 @@ static float *zero_local(dt_dpsync *y, int k)
     return k == 0 ? y->model->params : local_state(y, y->impl, k - 1);
 }
 
-/* local(1 + i) = every rank's shard of state i put in place. Collective over the group. */
+/* local(1 + i) = every rank's shard of state i put in place, on group rank 0 only: the one
+ * that writes a whole-tensor checkpoint (world rank 0), and whose peers in the tensor and
+ * pipeline layouts' gathers are group rank 0 of their groups too (the grid puts dp innermost
+ * but for tp); the other ranks' local(1 + i) are left as they are. Window by window of the
+ * model's layout (at most io_buffer): each rank's pieces of the window, zeros elsewhere, summed
+ * to rank 0 (exact: every element is one rank's), into its staging; the others take part
+ * through one window buffer and hold nothing whole. Collective over the group. */
 static int zero_gather_state(dt_dpsync *y, dt_err *err)
 {
     zero_impl *z = y->impl;
     dt_optim *o = y->optim;
-    int rc = commit_staging(y, z, err);
-    if (rc)
-        return rc;
-    for (int i = 0; i < o->num_states; i++) {
-        rc = dt_ddp_gather_shards(z->ddp, o->states[i].buf, z->full[i], err);
-        if (rc)
-            return dt_err_prefix(err, "ZeRO: gathering %s: ", o->states[i].name);
+    dt_backend *be = y->be;
+    bool root = y->rank == 0;
+    size_t total = y->model->num_params, window = DT_MAX((size_t)1, DT_MIN(z->window, total));
+    float *win = NULL;
+    int rc = root ? commit_staging(y, z, err) : 0;
+    if (!rc && !root) {
+        dt_mem_cat cat = dt_mem_tag(be, DT_MEM_OTHER); /* the I/O buffer */
+        rc = be->alloc(be, (void **)&win, window * sizeof(float), err);
+        dt_mem_tag(be, cat);
     }
-    return 0;
+    const dt_optim_range *r;
+    int nr;
+    size_t numel;
+    dt_ddp_shard_ranges(z->ddp, &r, &nr, &numel);
+    for (int i = 0; i < o->num_states && !rc; i++)
+        for (size_t a = 0; a < total && !rc; a += window) {
+            size_t b = DT_MIN(total, a + window);
+            float *w = root ? z->full[i] + a : win;
+            fill_window(be, w, a, b, r, nr, o->states[i].buf);
+            if ((rc = dt_comm_reduce(y->dp, w, b - a, DT_FLOAT32, DT_SUM, 0, NULL, err)))
+                dt_err_prefix(err, "ZeRO: gathering %s: ", o->states[i].name);
+        }
+    if (win)
+        be->free(be, win);
+    return rc;
 }
 
 /* This rank's chunk of every bucket: the parameters in the model's buffer, the state in the

@@ -605,7 +605,8 @@ static int unslice(dt_dpsync *s, z3_impl *z, const float *shard, float *full, dt
                                    NULL, err);
         if (rc)
             return rc;
-        be->memcpy_d2d(be, full + z->b[k].lo, z->stg, z->b[k].n * sizeof(float));
+        if (full) /* NULL: the rank takes part in the gathers and keeps nothing */
+            be->memcpy_d2d(be, full + z->b[k].lo, z->stg, z->b[k].n * sizeof(float));
     }
     return 0;
 }
@@ -725,7 +726,18 @@ static void z3_close(dt_dpsync *s)
     dt_optim_free(s->optim);
 }
 
-static float *z3_local(dt_dpsync *s, int k) { return ((z3_impl *)s->impl)->ck.buf[k]; }
+/* The staging of buffer k, usable (committed, contents undefined, where a save's gather left it
+ * out: ranks other than group rank 0); NULL when it cannot be (the reason logged). */
+static float *z3_local(dt_dpsync *s, int k)
+{
+    z3_impl *z = s->impl;
+    dt_err err = {0};
+    if (dt_staging_commit(&z->ck, s->be, &err)) {
+        DT_ERROR("ZeRO-3: %s", err.msg);
+        return NULL;
+    }
+    return z->ck.buf[k];
+}
 
 /* Group rank 0's parameters (its initialisation, or what every rank loaded) and buffers; this
  * rank's shard of them and of the optimiser state. */
@@ -922,18 +934,22 @@ static int z3_step(dt_dpsync *s, double lr, dt_err *err)
     return 0;
 }
 
+/* The whole parameters and state in the staging of group rank 0 only (the one whose tensors a
+ * whole-tensor checkpoint writes; see dpsync.h): the others take part in the gathers through
+ * the block staging and hold nothing whole. */
 static int z3_gather_state(dt_dpsync *s, dt_err *err)
 {
     z3_impl *z = s->impl;
-    int rc = dt_staging_commit(&z->ck, s->be, err); /* every element written below */
+    bool root = s->rank == 0;
+    int rc = root ? dt_staging_commit(&z->ck, s->be, err) : 0; /* every element written below */
     if (rc)
         return dt_err_prefix(err, "ZeRO-3: ");
     pf_drop(s, z); /* stg carries the gathers below */
-    rc = unslice(s, z, z->ps, z->ck.buf[0], err);
+    rc = unslice(s, z, z->ps, root ? z->ck.buf[0] : NULL, err);
     if (rc)
         return dt_err_prefix(err, "ZeRO-3: gathering the parameters: ");
     for (int i = 0; i < s->optim->num_states; i++)
-        if ((rc = unslice(s, z, s->optim->states[i].buf, z->ck.buf[1 + i], err)))
+        if ((rc = unslice(s, z, s->optim->states[i].buf, root ? z->ck.buf[1 + i] : NULL, err)))
             return dt_err_prefix(err, "ZeRO-3: gathering %s: ", s->optim->states[i].name);
     return 0;
 }
