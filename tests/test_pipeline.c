@@ -612,6 +612,7 @@ static void test_mlp_stage_errors(void)
 #define MAX_STEPS 24
 #define MAX_PER 32768
 #define MAX_TENS 64
+#define MAX_BUFS 4096
 
 /* The fixtures' ring of formatted strings (tests/fixtures.h). */
 #define fmt dt_test_fmt
@@ -636,6 +637,9 @@ typedef struct rank_out {
     char summary[64];              /* the strategy's summary line */
     size_t optim_bytes;            /* the backend's DT_MEM_OPTIM bytes at the end (this rank's
                                       optimiser state, as test_memory and bench memory count) */
+    size_t nbufs;                  /* the whole model's buffers (BatchNorm's running statistics) */
+    float start_bufs[MAX_BUFS];    /* ... right after init (a resume's) */
+    float bufs[MAX_BUFS];          /* ... at the end */
     float start_params[MAX_PER];   /* right after init (a resume's parameters) */
     float params[MAX_PER];         /* at the end, whole */
     float state[2][MAX_PER];
@@ -731,8 +735,10 @@ static prun pllama(int N, int P, int M, const char *sched, const char *name)
     return r;
 }
 
-/* The whole model and optimiser state as a checkpoint takes them. */
-static void record_state(dt_trainer *t, rank_out *o, float *params, bool states)
+/* The whole model and optimiser state as a checkpoint takes them (the model's buffers, the
+ * "model" file's buffer copied at save, into bufs). */
+static void record_state(dt_trainer *t, rank_out *o, float *params, float *bufs_out,
+                         bool states)
 {
     dt_strategy *s = t->s;
     dt_err err = {0};
@@ -754,7 +760,16 @@ static void record_state(dt_trainer *t, rank_out *o, float *params, bool states)
             o->status = 2;
             return;
         }
-        if (!strcmp(bufs[i].file, "model")) {
+        if (!strcmp(bufs[i].file, "model") && bufs[i].copy_at_save) {
+            if (bufs[i].numel > MAX_BUFS) {
+                snprintf(o->msg, sizeof o->msg, "%zu buffer elements: raise MAX_BUFS",
+                         bufs[i].numel);
+                o->status = 2;
+                return;
+            }
+            o->nbufs = bufs[i].numel;
+            t->be->memcpy_d2h(t->be, bufs_out, bufs[i].data, bufs[i].numel * sizeof(float));
+        } else if (!strcmp(bufs[i].file, "model")) {
             o->numel = bufs[i].numel;
             t->be->memcpy_d2h(t->be, params, bufs[i].data, bufs[i].numel * sizeof(float));
         } else if (states && !strcmp(bufs[i].file, "optim") && o->num_states < 2) {
@@ -825,7 +840,7 @@ static void rank_body(prun *r, int rank)
         for (size_t i = 0; i < ti->numel; i++)
             t.model->params[ti->offset + i] *= 1e30f;
     }
-    record_state(&t, o, o->start_params, false);
+    record_state(&t, o, o->start_params, o->start_bufs, false);
     if (o->status)
         _exit(2);
     if (r->run) {
@@ -854,7 +869,7 @@ static void rank_body(prun *r, int rank)
     o->optim_t = t.optim->t;
     o->scale = t.scaler.scale;
     o->step = t.step;
-    record_state(&t, o, o->params, true);
+    record_state(&t, o, o->params, o->bufs, true);
     dt_trainer_close(&t);
     _exit(o->status);
 fail:
@@ -1351,6 +1366,194 @@ static void test_llama_stages(void)
     against_one_made(pllama, 1, 2, 2, 2, "1f1b", sp, "-llama-t2-sp");
     against_one_made(pllama, 2, 1, 2, 2, "1f1b", z1, "-llama-d2-zero1");
     against_one_made(pllama, 2, 1, 2, 4, "gpipe", z3, "-llama-d2-zero3");
+}
+
+/* ---- resnet: BatchNorm in a pipeline -------------------------------------------------------
+ * A stage's BatchNorms normalise each micro-batch with its own batch statistics, which its
+ * slot keeps for the micro-batch's backward, and every training forward moves the stage's
+ * running statistics once, in the order the forwards run (micro-batch 0, 1, ... on every
+ * stage, GPipe and 1F1B alike). One process does the same with train.grad_accum = M and
+ * micro-steps of batch / M samples: that is the run a pipeline of M micro-batches equals (not
+ * one process of the whole batch, whose statistics are over all of it). */
+
+/* A tiny resnet (configs/resnet.ini) on synthetic images in 4 classes: the CIFAR form of depth
+ * 8 (3 BasicBlocks, width 4) on 3x8x8, or with r50 torchvision's ResNet-50 (7x7 stem,
+ * max-pool, 16 Bottlenecks) at width 2 on 3x16x16. */
+static prun presnet(int N, int P, int M, const char *sched, const char *name, bool r50)
+{
+    prun r = pbase(N, P, M, sched, name);
+    r.nov--; /* not the mlp's widths */
+    r.config = "resnet.ini";
+    r.steps = 10;
+    padd(&r, "train.lr=0.05");
+    padd(&r, "data.synthetic_samples=512");
+    padd(&r, "data.synthetic_classes=4");
+    padd(&r, "train.eval_every=0");
+    if (r50) {
+        padd(&r, "model.preset=resnet50");
+        padd(&r, "model.width=2");
+        padd(&r, "data.synthetic_shape=3x16x16");
+    } else {
+        padd(&r, "model.depth=8");
+        padd(&r, "model.width=4");
+        padd(&r, "data.synthetic_shape=3x8x8");
+    }
+    return r;
+}
+
+/* The reference of a resnet pipeline of M micro-batches of batch 8: one process with
+ * train.grad_accum = M of 8 / M samples a micro-step. */
+static prun presnet_one(int M, const char *name, bool r50)
+{
+    prun r = presnet(1, 1, 1, "1f1b", name, r50);
+    padd(&r, fmt("train.batch_size=%d", 8 / M));
+    padd(&r, fmt("train.grad_accum=%d", M));
+    return r;
+}
+
+/* P stages x M micro-batches of `sched` against presnet_one: the losses and gradient norms of
+ * every step, the weights and the running statistics at the end, within 1e-5 (2-norms
+ * relative, vec_rel); the start bit for bit. more: overrides for both (NULL-terminated). */
+static void resnet_against_one(int P, int M, const char *sched, bool r50,
+                               const char *const *more, const char *tag)
+{
+    prun one = presnet_one(M, fmt("rn-one-m%d%s", M, tag), r50);
+    prun pp = presnet(P, P, M, sched, fmt("rn-p%d-m%d-%s%s", P, M, sched, tag), r50);
+    for (; more && *more; more++) {
+        padd(&one, *more);
+        padd(&pp, *more);
+    }
+    if (!prun_run(&one) || !prun_run(&pp))
+        goto out;
+    const rank_out *a = &pp.out[0], *b = &one.out[0];
+    DT_CHECK_STR(a->strategy, "pipeline");
+    DT_CHECK_STR(b->strategy, "single");
+    DT_REQUIRE(a->numel == b->numel && a->numel > 0);
+    DT_REQUIRE(a->nbufs == b->nbufs && a->nbufs > 0);
+    DT_CHECK_MSG(!memcmp(a->start_params, b->start_params, a->numel * sizeof(float)),
+                 "%s: the initial parameters differ from one process's", pp.name);
+    DT_CHECK_MSG(!memcmp(a->start_bufs, b->start_bufs, a->nbufs * sizeof(float)),
+                 "%s: the initial running statistics differ from one process's", pp.name);
+    double worst_loss = 0;
+    for (int k = 0; k < pp.steps; k++) {
+        double rel = fabs(a->loss[k] - b->loss[k]) / fabs(b->loss[k]);
+        worst_loss = fmax(worst_loss, rel);
+        DT_CHECK_MSG(rel <= 1e-5, "%s: step %d loss %.9g vs one process %.9g", pp.name, k + 1,
+                     a->loss[k], b->loss[k]);
+        DT_CHECK_MSG(fabs(a->norm[k] - b->norm[k]) <= 1e-5 * b->norm[k],
+                     "%s: step %d gradient norm %.9g vs %.9g", pp.name, k + 1, a->norm[k],
+                     b->norm[k]);
+        for (int q = 1; q < P; q++)
+            DT_CHECK(pp.out[q].loss[k] == a->loss[k]);
+    }
+    double wp = vec_rel(a->params, b->params, a->numel);
+    double wb = vec_rel(a->bufs, b->bufs, a->nbufs);
+    double moved = vec_rel(b->bufs, b->start_bufs, b->nbufs); /* the statistics did move */
+    DT_CHECK_MSG(wp <= 1e-5, "%s: weights after %d steps differ by %.3g (2-norm relative)",
+                 pp.name, pp.steps, wp);
+    DT_CHECK_MSG(wb <= 1e-5, "%s: running statistics after %d steps differ by %.3g", pp.name,
+                 pp.steps, wb);
+    DT_CHECK_MSG(moved > 1e-3, "%s: the running statistics barely moved (%.3g)", pp.name, moved);
+    for (int q = 1; q < P; q++) {
+        DT_CHECK_MSG(!memcmp(pp.out[q].params, a->params, a->numel * sizeof(float)) &&
+                         !memcmp(pp.out[q].bufs, a->bufs, a->nbufs * sizeof(float)),
+                     "%s: rank %d gathered another model than rank 0", pp.name, q);
+        DT_CHECK_INT(pp.out[q].st.slots, !strcmp(sched, "gpipe") ? M : DT_MIN(P - q, M));
+    }
+    double ws = 0;
+    DT_CHECK_INT(a->num_states, b->num_states);
+    for (int i = 0; i < a->num_states && i < b->num_states; i++)
+        ws = fmax(ws, vec_rel(a->state[i], b->state[i], a->numel));
+    DT_CHECK_MSG(ws <= 1e-4, "%s: optimiser state differs by %.3g", pp.name, ws);
+    printf("    %-22s loss %.6f -> %.6f (one process, grad_accum %d: %.6f), loss within %.2g, "
+           "weights %.2g, running statistics %.2g (moved %.2g), state %.2g\n",
+           pp.name, a->loss[0], a->loss[pp.steps - 1], M, b->loss[pp.steps - 1], worst_loss, wp,
+           wb, moved, ws);
+out:
+    prun_free(&one);
+    prun_free(&pp);
+}
+
+/* The CIFAR form at P = 2 (blocks 2 + 1) with both schedules and at P = 3 (a block a stage)
+ * with recompute = block; ResNet-50 at P = 2 (8 + 8 Bottlenecks). */
+static void test_resnet_pipeline(void)
+{
+    resnet_against_one(2, 2, "1f1b", false, NULL, "");
+    resnet_against_one(2, 4, "gpipe", false, NULL, "");
+    const char *const rec[] = {"train.recompute=block", NULL};
+    resnet_against_one(3, 2, "1f1b", false, rec, "-recompute");
+    resnet_against_one(2, 2, "1f1b", true, NULL, "-r50");
+    resnet_against_one(2, 2, "gpipe", true, NULL, "-r50");
+}
+
+/* A resnet pipeline's checkpoint holds every stage's running statistics: P = 2 saves at step 3
+ * (sharded: each stage writes its own; and whole tensors, gathered to rank 0), one process
+ * (grad_accum 2) and P = 2 with the other schedule resume its weights and statistics bit for
+ * bit and train on as one uninterrupted process does. */
+static void test_resnet_ckpt(void)
+{
+    const char *dir = dt_test_tmpdir();
+    prun save[2], one[2], pipe, straight = presnet_one(2, "rn-ck-straight", false);
+    for (int f = 0; f < 2; f++) {
+        save[f] = presnet(2, 2, 2, "1f1b", fmt("rn-ck-save%d", f), false);
+        padd(&save[f], fmt("checkpoint.dir=%s/rck%d", dir, f));
+        padd(&save[f], f ? "checkpoint.sharded=false" : "checkpoint.sharded=true");
+        padd(&save[f], "train.steps=3");
+        save[f].run = true;
+        one[f] = presnet_one(2, fmt("rn-ck-one%d", f), false);
+        padd(&one[f], fmt("checkpoint.dir=%s/rck%d", dir, f));
+        padd(&one[f], "checkpoint.resume=auto");
+        padd(&one[f], "train.steps=6");
+        one[f].steps = 3;
+    }
+    pipe = presnet(2, 2, 2, "gpipe", "rn-ck-pipe", false);
+    padd(&pipe, fmt("checkpoint.dir=%s/rck0", dir));
+    padd(&pipe, "checkpoint.resume=auto");
+    padd(&pipe, "train.steps=6");
+    pipe.steps = 3;
+    padd(&straight, "train.steps=6");
+    straight.steps = 6;
+    /* the resumes first write nothing before their end: the pipeline resumes step 3 too */
+    if (!prun_run(&save[0]) || !prun_run(&save[1]) || !prun_run(&pipe) || !prun_run(&one[0]) ||
+        !prun_run(&one[1]) || !prun_run(&straight))
+        goto out;
+    const rank_out *c = &straight.out[0];
+    const prun *resumed[3] = {&one[0], &one[1], &pipe};
+    const prun *from[3] = {&save[0], &save[1], &save[0]};
+    for (int i = 0; i < 3; i++) {
+        const rank_out *s = &from[i]->out[0];
+        DT_CHECK_INT(s->step, 3);
+        DT_REQUIRE(s->nbufs == c->nbufs && s->nbufs > 0);
+        for (int q = 0; q < resumed[i]->N; q++) {
+            const rank_out *r = &resumed[i]->out[q];
+            DT_CHECK_INT(r->start_step, 3);
+            DT_CHECK_MSG(!memcmp(r->start_params, s->params, s->numel * sizeof(float)),
+                         "%s: rank %d resumed other weights than %s saved", resumed[i]->name, q,
+                         from[i]->name);
+            DT_CHECK_MSG(!memcmp(r->start_bufs, s->bufs, s->nbufs * sizeof(float)),
+                         "%s: rank %d resumed other running statistics than %s saved",
+                         resumed[i]->name, q, from[i]->name);
+        }
+        const rank_out *r = &resumed[i]->out[0];
+        for (int k = 0; k < 3; k++)
+            DT_CHECK_MSG(fabs(r->loss[k] - c->loss[k + 3]) <= 1e-5 * c->loss[k + 3],
+                         "%s: step %d loss %.9g vs %.9g uninterrupted", resumed[i]->name, k + 4,
+                         r->loss[k], c->loss[k + 3]);
+        double wp = vec_rel(r->params, c->params, c->numel);
+        double wb = vec_rel(r->bufs, c->bufs, c->nbufs);
+        DT_CHECK_MSG(wp <= 1e-5 && wb <= 1e-5, "%s: weights %.3g, running statistics %.3g from "
+                     "the uninterrupted run", resumed[i]->name, wp, wb);
+        printf("    %-14s resumed %s bit for bit; at step 6 weights within %.2g, running "
+               "statistics %.2g of one uninterrupted process\n",
+               resumed[i]->name, from[i]->name, wp, wb);
+    }
+out:
+    for (int f = 0; f < 2; f++) {
+        prun_free(&save[f]);
+        prun_free(&one[f]);
+    }
+    prun_free(&pipe);
+    prun_free(&straight);
 }
 
 static void test_p2_1f1b(void) { against_one(2, 4, "1f1b"); }
@@ -1927,6 +2130,8 @@ int main(int argc, char **argv)
         {"gpt_d2_t2_p2", test_gpt_d2_t2_p2, 300},
         {"bert_p2_p4_t2p2_d2t2p2_zero", test_bert_pipeline, 400},
         {"llama_stages", test_llama_stages, 400},
+        {"resnet_pipeline", test_resnet_pipeline, 400},
+        {"resnet_ckpt", test_resnet_ckpt, 300},
         {"options", test_options, 300},
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
         {"overflow_skips_everywhere_zero", test_overflow_skips_everywhere_zero, 120},
