@@ -27,7 +27,10 @@
  * accuracy too); gpt at D2 x P2 with grad_accum = 2, its step-1 gradients per tensor too;
  * grad_accum, fp16, SGD, a global batch, recompute; an fp16 overflow on one stage skipping the step on all;
  * D2 x P2 against DDP; llama at P = 2 and 4, T2 x P2 with sequence parallelism and D2 x P2
- * with ZeRO-1 and 3; T2 x P2 and D2 x T2 x P2 against one process; checkpoints resharded
+ * with ZeRO-1 and 3; T2 x P2 and D2 x T2 x P2 against one process; resnet (BatchNorm: each
+ * micro-batch its own statistics) at P = 2 and 3 and D2 x P2 with SyncBatchNorm against one
+ * process with grad_accum = M, running statistics too, and its checkpoints (the stages'
+ * running statistics) resumed by one process and another pipeline; checkpoints resharded
  * between layouts bit for bit; a stage killed mid-step; the trace's spans; the dtrain binary
  * with 4 workers; and `dtrain bench pipeline`.
  */
@@ -1411,22 +1414,34 @@ static prun presnet_one(int M, const char *name, bool r50)
     return r;
 }
 
-/* P stages x M micro-batches of `sched` against presnet_one: the losses and gradient norms of
- * every step, the weights and the running statistics at the end, within 1e-5 (2-norms
- * relative, vec_rel); the start bit for bit. more: overrides for both (NULL-terminated). */
-static void resnet_against_one(int P, int M, const char *sched, bool r50,
-                               const char *const *more, const char *tag)
+/* D replicas (of batch 8 / D) of P stages x M micro-batches of `sched` against presnet_one:
+ * the losses and gradient norms of every step, the weights and the running statistics at the
+ * end, within 1e-5 (2-norms relative, vec_rel); the start bit for bit. more: overrides for
+ * both (NULL-terminated). D > 1 needs model.sync_bn: the sampler interleaves the replicas
+ * (rank r takes positions r, r + D, ...), so micro-batch k of every replica together is the
+ * reference's micro-step k, whose statistics SyncBatchNorm computes over the stage's
+ * replicas. */
+static void resnet_against_one_d(int D, int P, int M, const char *sched, bool r50,
+                                 const char *const *more, const char *tag)
 {
+    const int N = D * P;
     prun one = presnet_one(M, fmt("rn-one-m%d%s", M, tag), r50);
-    prun pp = presnet(P, P, M, sched, fmt("rn-p%d-m%d-%s%s", P, M, sched, tag), r50);
+    prun pp = presnet(N, P, M, sched, fmt("rn-d%d-p%d-m%d-%s%s", D, P, M, sched, tag), r50);
+    padd(&pp, fmt("train.batch_size=%d", 8 / D));
+    int zero = 0;
     for (; more && *more; more++) {
-        padd(&one, *more);
+        if (strncmp(*more, "parallel.zero=", 14)) /* the layout's only */
+            padd(&one, *more);
+        else
+            zero = atoi(*more + 14);
         padd(&pp, *more);
     }
     if (!prun_run(&one) || !prun_run(&pp))
         goto out;
     const rank_out *a = &pp.out[0], *b = &one.out[0];
     DT_CHECK_STR(a->strategy, "pipeline");
+    if (zero > 0)
+        DT_CHECK_CONTAINS(a->summary, fmt("ZeRO-%d", zero));
     DT_CHECK_STR(b->strategy, "single");
     DT_REQUIRE(a->numel == b->numel && a->numel > 0);
     DT_REQUIRE(a->nbufs == b->nbufs && a->nbufs > 0);
@@ -1443,7 +1458,7 @@ static void resnet_against_one(int P, int M, const char *sched, bool r50,
         DT_CHECK_MSG(fabs(a->norm[k] - b->norm[k]) <= 1e-5 * b->norm[k],
                      "%s: step %d gradient norm %.9g vs %.9g", pp.name, k + 1, a->norm[k],
                      b->norm[k]);
-        for (int q = 1; q < P; q++)
+        for (int q = 1; q < N; q++)
             DT_CHECK(pp.out[q].loss[k] == a->loss[k]);
     }
     double wp = vec_rel(a->params, b->params, a->numel);
@@ -1454,11 +1469,13 @@ static void resnet_against_one(int P, int M, const char *sched, bool r50,
     DT_CHECK_MSG(wb <= 1e-5, "%s: running statistics after %d steps differ by %.3g", pp.name,
                  pp.steps, wb);
     DT_CHECK_MSG(moved > 1e-3, "%s: the running statistics barely moved (%.3g)", pp.name, moved);
-    for (int q = 1; q < P; q++) {
+    for (int q = 0; q < N; q++) {
+        const int stage = q / D; /* rank = pp x D + dp */
         DT_CHECK_MSG(!memcmp(pp.out[q].params, a->params, a->numel * sizeof(float)) &&
                          !memcmp(pp.out[q].bufs, a->bufs, a->nbufs * sizeof(float)),
                      "%s: rank %d gathered another model than rank 0", pp.name, q);
-        DT_CHECK_INT(pp.out[q].st.slots, !strcmp(sched, "gpipe") ? M : DT_MIN(P - q, M));
+        DT_CHECK_INT(pp.out[q].st.stage, stage);
+        DT_CHECK_INT(pp.out[q].st.slots, !strcmp(sched, "gpipe") ? M : DT_MIN(P - stage, M));
     }
     double ws = 0;
     DT_CHECK_INT(a->num_states, b->num_states);
@@ -1474,10 +1491,21 @@ out:
     prun_free(&pp);
 }
 
-/* The CIFAR form at P = 2 (blocks 2 + 1) with both schedules and at P = 3 (a block a stage)
- * with recompute = block; ResNet-50 at P = 2 (8 + 8 Bottlenecks). */
+static void resnet_against_one(int P, int M, const char *sched, bool r50,
+                               const char *const *more, const char *tag)
+{
+    resnet_against_one_d(1, P, M, sched, r50, more, tag);
+}
+
+/* The CIFAR form at P = 2 (blocks 2 + 1) with both schedules, at P = 3 (a block a stage) with
+ * recompute = block, and at D2 x P2 with SyncBatchNorm (DDP, and ZeRO-3 with GPipe); ResNet-50
+ * at P = 2 (8 + 8 Bottlenecks). */
 static void test_resnet_pipeline(void)
 {
+    const char *const sync[] = {"model.sync_bn=true", NULL};
+    const char *const sync_z3[] = {"model.sync_bn=true", "parallel.zero=3", NULL};
+    resnet_against_one_d(2, 2, 2, "1f1b", false, sync, "-syncbn");
+    resnet_against_one_d(2, 2, 2, "gpipe", false, sync_z3, "-syncbn-z3");
     resnet_against_one(2, 2, "1f1b", false, NULL, "");
     resnet_against_one(2, 4, "gpipe", false, NULL, "");
     const char *const rec[] = {"train.recompute=block", NULL};
