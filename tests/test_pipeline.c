@@ -989,6 +989,10 @@ static void against_one_made(prun_make make, int D, int T, int P, int M, const c
     one.eval = pp.eval = true;
     padd(&pp, fmt("parallel.tensor=%d", T));
     padd(&pp, fmt("train.batch_size=%d", 8 / D));
+    /* evaluation over the whole validation set (BatchNorm on the running statistics) */
+    one.eval = pp.eval = true;
+    padd(&one, "train.eval_batches=1000");
+    padd(&pp, "train.eval_batches=1000");
     int zero = 0; /* the layout must run parallel.zero; the reference is one plain process
                    * (stage 3 on one rank would run stage 3: it is not given the key) */
     for (; more && *more; more++) {
@@ -1428,6 +1432,10 @@ static void resnet_against_one_d(int D, int P, int M, const char *sched, bool r5
     prun one = presnet_one(M, fmt("rn-one-m%d%s", M, tag), r50);
     prun pp = presnet(N, P, M, sched, fmt("rn-d%d-p%d-m%d-%s%s", D, P, M, sched, tag), r50);
     padd(&pp, fmt("train.batch_size=%d", 8 / D));
+    /* evaluation over the whole validation set (BatchNorm on the running statistics) */
+    one.eval = pp.eval = true;
+    padd(&one, "train.eval_batches=1000");
+    padd(&pp, "train.eval_batches=1000");
     int zero = 0;
     for (; more && *more; more++) {
         if (strncmp(*more, "parallel.zero=", 14)) /* the layout's only */
@@ -1482,10 +1490,13 @@ static void resnet_against_one_d(int D, int P, int M, const char *sched, bool r5
     for (int i = 0; i < a->num_states && i < b->num_states; i++)
         ws = fmax(ws, vec_rel(a->state[i], b->state[i], a->numel));
     DT_CHECK_MSG(ws <= 1e-4, "%s: optimiser state differs by %.3g", pp.name, ws);
+    double we = fabs(a->eval_loss - b->eval_loss) / b->eval_loss;
+    DT_CHECK_MSG(we <= 1e-5, "%s: eval loss %.9g vs %.9g", pp.name, a->eval_loss, b->eval_loss);
+    DT_CHECK_NEAR(a->eval_acc, b->eval_acc, 1e-12);
     printf("    %-22s loss %.6f -> %.6f (one process, grad_accum %d: %.6f), loss within %.2g, "
-           "weights %.2g, running statistics %.2g (moved %.2g), state %.2g\n",
+           "weights %.2g, running statistics %.2g (moved %.2g), state %.2g, eval loss %.2g\n",
            pp.name, a->loss[0], a->loss[pp.steps - 1], M, b->loss[pp.steps - 1], worst_loss, wp,
-           wb, moved, ws);
+           wb, moved, ws, we);
 out:
     prun_free(&one);
     prun_free(&pp);
