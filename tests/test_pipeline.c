@@ -609,6 +609,75 @@ static void test_mlp_stage_errors(void)
     dt_backend_close(be);
 }
 
+/* resnet's stages (CIFAR depth 8 on 3x8x8: layer1.0 4 channels, layer2.0 8 at 4x4 with its
+ * downsample, layer3.0 16 at 2x2; stage 0 of 2,1 holds the stem and the first two): what each
+ * holds and passes on, and what a stage refuses. */
+static void test_resnet_stage_errors(void)
+{
+    dt_err err = {0};
+    dt_backend *be = NULL;
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = DT_ARCH_RESNET;
+    c.shape.kind = DT_SAMPLE_IMAGE;
+    c.shape.channels = 3;
+    c.shape.height = c.shape.width = 8;
+    c.shape.n_classes = 4;
+    c.max_batch = 4;
+    c.seed = 7;
+    c.depth = 8;
+    c.width = 4;
+    c.bn_momentum = 0.1f;
+    c.bn_eps = 1e-5f;
+    c.pp_size = 2;
+    c.pp_slots = 2;
+    dt_model *s0 = NULL, *s1 = NULL;
+    c.pp_rank = 0, c.pp_first = 0, c.pp_count = 2;
+    DT_REQUIRE_OK(dt_model_create(&s0, &c, be, NULL, &err), &err);
+    c.pp_rank = 1, c.pp_first = 2, c.pp_count = 1;
+    DT_REQUIRE_OK(dt_model_create(&s1, &c, be, NULL, &err), &err);
+    DT_CHECK_INT(s0->pp_in_numel, 0);
+    DT_CHECK_INT(s0->pp_out_numel, 8 * 4 * 4);
+    DT_CHECK_INT(s1->pp_in_numel, 8 * 4 * 4);
+    DT_CHECK_INT(s1->pp_out_numel, 0);
+    DT_CHECK_INT(s0->num_blocks, 3); /* stem, layer1.0, layer2.0 */
+    DT_CHECK_INT(s1->num_blocks, 2); /* layer3.0, fc */
+    DT_CHECK_STR(s0->blocks[0].name, "stem");
+    DT_CHECK_STR(s1->blocks[1].name, "fc");
+    /* running_mean and running_var of each BatchNorm: bn1, layer1.0's two, layer2.0's three */
+    DT_CHECK_INT(s0->num_buffer_tensors, 2 * 6);
+    DT_CHECK_INT(s1->num_buffer_tensors, 2 * 3);
+    DT_CHECK(dt_model_find_tensor(s0, "layer2.0.downsample.0.weight") >= 0);
+    DT_CHECK(dt_model_find_tensor(s0, "fc.weight") < 0);
+    DT_CHECK(dt_model_find_tensor(s1, "conv1.weight") < 0);
+    DT_CHECK(dt_model_find_tensor(s1, "layer3.0.conv1.weight") >= 0);
+    dt_test_batch hb;
+    dt_test_batch_make(&hb, &c, 4, 3);
+    float *out = NULL, l;
+    DT_CHECK_INT(s0->ops->forward(s0, &hb.b, true, &l, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "drive it with its stage ops");
+    DT_CHECK_INT(s1->stage->stage_forward(s1, 0, &hb.b, NULL, true, &out, &l, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "previous stage's output");
+    DT_CHECK_INT(s0->stage->stage_forward(s0, 2, &hb.b, NULL, true, &out, &l, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "slot 2 of 2");
+    DT_CHECK_INT(s0->stage->stage_backward(s0, 1, 1.0f, NULL, NULL, NULL, NULL, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "slot 1");
+    DT_REQUIRE_OK(s0->stage->stage_forward(s0, 1, &hb.b, NULL, true, &out, &l, &err), &err);
+    DT_CHECK(out != NULL);
+    DT_CHECK_INT(s0->stage->stage_backward(s0, 1, 1.0f, NULL, NULL, NULL, NULL, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "needs the next stage's gradient");
+    dt_model *bad = NULL;
+    c.pp_first = 1; /* the last stage must end at the last block */
+    DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "the last ends at block 2");
+    dt_model_free(bad);
+    dt_test_batch_free(&hb);
+    dt_model_free(s0);
+    dt_model_free(s1);
+    dt_backend_close(be);
+}
+
 /* ---- end to end through the trainer ------------------------------------------------------- */
 
 #define MAX_RANKS 8
@@ -2158,6 +2227,7 @@ int main(int argc, char **argv)
         {"wait_before", test_wait_before, 0},
         {"mlp_stages", test_mlp_stages, 0},
         {"mlp_stage_errors", test_mlp_stage_errors, 0},
+        {"resnet_stage_errors", test_resnet_stage_errors, 0},
         {"gpt_slot_memory", test_gpt_slot_memory, 0},
         {"p2_1f1b", test_p2_1f1b, 180},
         {"p2_gpipe", test_p2_gpipe, 180},
