@@ -653,7 +653,9 @@ static void test_resnet_stage_errors(void)
     DT_CHECK(dt_model_find_tensor(s1, "conv1.weight") < 0);
     DT_CHECK(dt_model_find_tensor(s1, "layer3.0.conv1.weight") >= 0);
     dt_test_batch hb;
-    dt_test_batch_make(&hb, &c, 4, 3);
+    dt_model_config bc = c; /* the fixture makes vectors: 3x8x8 pixels a sample */
+    bc.shape.input_dim = 3 * 8 * 8;
+    dt_test_batch_make(&hb, &bc, 4, 3);
     float *out = NULL, l;
     DT_CHECK_INT(s0->ops->forward(s0, &hb.b, true, &l, &err), -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "drive it with its stage ops");
