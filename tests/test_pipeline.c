@@ -1599,11 +1599,20 @@ static void test_resnet_pipeline(void)
 /* A resnet pipeline's checkpoint holds every stage's running statistics: P = 2 saves at step 3
  * (sharded: each stage writes its own; and whole tensors, gathered to rank 0), one process
  * (grad_accum 2) and P = 2 with the other schedule resume its weights and statistics bit for
- * bit and train on as one uninterrupted process does. */
+ * bit and train on as one uninterrupted process does; and P = 2 resumes one process's. */
 static void test_resnet_ckpt(void)
 {
     const char *dir = dt_test_tmpdir();
     prun save[2], one[2], pipe, straight = presnet_one(2, "rn-ck-straight", false);
+    prun one_save = presnet_one(2, "rn-ck-one-save", false);
+    prun pipe2 = presnet(2, 2, 2, "1f1b", "rn-ck-pipe-from-one", false);
+    padd(&one_save, fmt("checkpoint.dir=%s/rck2", dir));
+    padd(&one_save, "train.steps=3");
+    one_save.run = true;
+    padd(&pipe2, fmt("checkpoint.dir=%s/rck2", dir));
+    padd(&pipe2, "checkpoint.resume=auto");
+    padd(&pipe2, "train.steps=6");
+    pipe2.steps = 3;
     for (int f = 0; f < 2; f++) {
         save[f] = presnet(2, 2, 2, "1f1b", fmt("rn-ck-save%d", f), false);
         padd(&save[f], fmt("checkpoint.dir=%s/rck%d", dir, f));
@@ -1625,12 +1634,13 @@ static void test_resnet_ckpt(void)
     straight.steps = 6;
     /* the resumes first write nothing before their end: the pipeline resumes step 3 too */
     if (!prun_run(&save[0]) || !prun_run(&save[1]) || !prun_run(&pipe) || !prun_run(&one[0]) ||
-        !prun_run(&one[1]) || !prun_run(&straight))
+        !prun_run(&one[1]) || !prun_run(&straight) || !prun_run(&one_save) ||
+        !prun_run(&pipe2))
         goto out;
     const rank_out *c = &straight.out[0];
-    const prun *resumed[3] = {&one[0], &one[1], &pipe};
-    const prun *from[3] = {&save[0], &save[1], &save[0]};
-    for (int i = 0; i < 3; i++) {
+    const prun *resumed[4] = {&one[0], &one[1], &pipe, &pipe2};
+    const prun *from[4] = {&save[0], &save[1], &save[0], &one_save};
+    for (int i = 0; i < 4; i++) {
         const rank_out *s = &from[i]->out[0];
         DT_CHECK_INT(s->step, 3);
         DT_REQUIRE(s->nbufs == c->nbufs && s->nbufs > 0);
@@ -1653,7 +1663,7 @@ static void test_resnet_ckpt(void)
         double wb = vec_rel(r->bufs, c->bufs, c->nbufs);
         DT_CHECK_MSG(wp <= 1e-5 && wb <= 1e-5, "%s: weights %.3g, running statistics %.3g from "
                      "the uninterrupted run", resumed[i]->name, wp, wb);
-        printf("    %-14s resumed %s bit for bit; at step 6 weights within %.2g, running "
+        printf("    %-19s resumed %s bit for bit; at step 6 weights within %.2g, running "
                "statistics %.2g of one uninterrupted process\n",
                resumed[i]->name, from[i]->name, wp, wb);
     }
@@ -1664,6 +1674,8 @@ out:
     }
     prun_free(&pipe);
     prun_free(&straight);
+    prun_free(&one_save);
+    prun_free(&pipe2);
 }
 
 static void test_p2_1f1b(void) { against_one(2, 4, "1f1b"); }
