@@ -611,7 +611,7 @@ static void test_mlp_stage_errors(void)
 
 /* resnet's stages (CIFAR depth 8 on 3x8x8: layer1.0 4 channels, layer2.0 8 at 4x4 with its
  * downsample, layer3.0 16 at 2x2; stage 0 of 2,1 holds the stem and the first two): what each
- * holds and passes on, and what a stage refuses. */
+ * holds and passes on, what a slot costs, and what a stage refuses. */
 static void test_resnet_stage_errors(void)
 {
     dt_err err = {0};
@@ -669,6 +669,27 @@ static void test_resnet_stage_errors(void)
     DT_CHECK(out != NULL);
     DT_CHECK_INT(s0->stage->stage_backward(s0, 1, 1.0f, NULL, NULL, NULL, NULL, &err), -EINVAL);
     DT_CHECK_CONTAINS(err.msg, "needs the next stage's gradient");
+    /* each slot beyond the first adds pp_slot_bytes (activations, BatchNorm statistics);
+     * with recompute = block the intermediates are one set for all slots, so a slot adds less */
+    for (int rec = 0; rec < 2; rec++) {
+        dt_model *one = NULL, *three = NULL;
+        c.recompute = rec ? DT_RECOMPUTE_BLOCK : DT_RECOMPUTE_NONE;
+        c.pp_rank = 0, c.pp_first = 0, c.pp_count = 2;
+        c.pp_slots = 1;
+        DT_REQUIRE_OK(dt_model_create(&one, &c, be, NULL, &err), &err);
+        c.pp_slots = 3;
+        DT_REQUIRE_OK(dt_model_create(&three, &c, be, NULL, &err), &err);
+        DT_CHECK(three->pp_slot_bytes > 0 && three->pp_slot_bytes == one->pp_slot_bytes);
+        DT_CHECK_INT(three->activation_bytes - one->activation_bytes, 2 * one->pp_slot_bytes);
+        if (rec)
+            DT_CHECK_MSG(one->pp_slot_bytes < s0->pp_slot_bytes,
+                         "recompute = block: a slot of %zu bytes, %zu without", one->pp_slot_bytes,
+                         s0->pp_slot_bytes);
+        dt_model_free(one);
+        dt_model_free(three);
+    }
+    c.recompute = DT_RECOMPUTE_NONE;
+    c.pp_rank = 1, c.pp_count = 1, c.pp_slots = 2;
     dt_model *bad = NULL;
     c.pp_first = 1; /* the last stage must end at the last block */
     DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL);
