@@ -835,12 +835,18 @@ static void test_parallel_keys(void)
     DT_CHECK_INT(job.n_stage_blocks, 2);
     DT_REQUIRE_OK(dt_job_set(&job, "parallel.stages=", &err), &err);
     DT_CHECK(job.n_stage_blocks == 0 && job.stage_blocks[0] == 0);
-    /* resnet has no blocks to pipeline */
+    /* resnet: its residual blocks, (depth - 2) / 2 of the CIFAR form, torchvision's 16 of
+     * ResNet-50 (3 + 4 + 6 + 3), counted alike */
     load_ok("[model]\ntype = resnet\n", NULL, 0);
-    DT_CHECK_INT(dt_job_pipeline_blocks(&job), 0);
+    DT_CHECK_INT(dt_job_pipeline_blocks(&job), 9);
     job.pipeline = 2;
-    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), -EINVAL);
-    DT_CHECK_CONTAINS(err.msg, "not supported for this model (resnet)");
+    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), 2);
+    DT_CHECK(blocks[0] == 5 && blocks[1] == 4);
+    char *ovr[] = {"model.preset=resnet50", "parallel.pipeline=4", "elastic.nproc_per_node=4"};
+    load_ok("[model]\ntype = resnet\n", ovr, 3);
+    DT_CHECK_INT(dt_job_pipeline_blocks(&job), 16);
+    DT_CHECK_INT(dt_job_stage_blocks(&job, blocks, &err), 4);
+    DT_CHECK(blocks[0] == 4 && blocks[1] == 4 && blocks[2] == 4 && blocks[3] == 4);
     /* a world only the rendezvous knows is not checked at load: the agent does */
     char *ove[] = {"parallel.tensor=2", "elastic.nnodes=1:4"};
     load_ok(GPT_MINI, ove, 2); /* 2 or 4 nodes of one worker fit */
@@ -901,12 +907,14 @@ static void test_parallel_errors(void)
     DT_CHECK(has_error("job.ini:4: parallel.tensor = 2: tensor parallelism (Megatron-LM's column "
                        "and row splits) is supported for models gpt, bert and llama only, not "
                        "mlp; use parallel.tensor = 1"));
-    /* pipeline: not resnet; at most the model's blocks */
-    rc = load("[model]\ntype = resnet\n[parallel]\npipeline = 2\n[elastic]\nnproc_per_node = 2\n",
+    /* pipeline: at most the model's blocks (resnet's residual blocks) */
+    rc = load("[model]\ntype = resnet\ndepth = 8\n[parallel]\npipeline = 4\n[elastic]\n"
+              "nproc_per_node = 4\n",
               NULL, 0);
     DT_CHECK(rc == -EINVAL);
-    DT_CHECK(has_error("job.ini:4: parallel.pipeline = 2: pipeline parallelism is not supported "
-                       "for this model (resnet); use parallel.pipeline = 1"));
+    DT_CHECK(has_error("job.ini:5: parallel.pipeline = 4 is more than the model's 3 residual "
+                       "blocks (model.depth, model.preset): every stage needs at least one; use "
+                       "parallel.pipeline = 3 or fewer, or a deeper model"));
     DT_CHECK_INT(errs.count, 1);
     char *ov7[] = {"parallel.pipeline=7", "train.batch_size=7", "elastic.nproc_per_node=7"};
     rc = load(GPT_MINI, ov7, 3);
@@ -990,15 +998,14 @@ static void test_parallel_errors(void)
               NULL, 0);
     DT_CHECK(rc == -EINVAL);
     DT_CHECK(has_error("supported for models gpt, bert and llama only, not resnet"));
-    DT_CHECK(has_error("not supported for this model (resnet)"));
     DT_CHECK(has_error("micro_batches = 2 (its default: parallel.pipeline) does not divide"));
     DT_CHECK(has_error("job.strategy = dp drives every replica"));
     DT_CHECK(has_error("world size 1 is not divisible"));
     /* parallel.zero with job.strategy = dp is the older message, said too */
     DT_CHECK(has_error("parallel.zero = 3 shards state across worker processes"));
-    if (errs.count != 6)
+    if (errs.count != 5)
         dump_errors();
-    DT_CHECK_INT(errs.count, 6);
+    DT_CHECK_INT(errs.count, 5);
 }
 
 static void test_reference_lists_every_key(void)

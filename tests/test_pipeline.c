@@ -27,7 +27,10 @@
  * accuracy too); gpt at D2 x P2 with grad_accum = 2, its step-1 gradients per tensor too;
  * grad_accum, fp16, SGD, a global batch, recompute; an fp16 overflow on one stage skipping the step on all;
  * D2 x P2 against DDP; llama at P = 2 and 4, T2 x P2 with sequence parallelism and D2 x P2
- * with ZeRO-1 and 3; T2 x P2 and D2 x T2 x P2 against one process; checkpoints resharded
+ * with ZeRO-1 and 3; T2 x P2 and D2 x T2 x P2 against one process; resnet (BatchNorm: each
+ * micro-batch its own statistics) at P = 2 and 3 and D2 x P2 with SyncBatchNorm against one
+ * process with grad_accum = M, running statistics too, and its checkpoints (the stages'
+ * running statistics) resumed by one process and another pipeline; checkpoints resharded
  * between layouts bit for bit; a stage killed mid-step; the trace's spans; the dtrain binary
  * with 4 workers; and `dtrain bench pipeline`.
  */
@@ -606,12 +609,105 @@ static void test_mlp_stage_errors(void)
     dt_backend_close(be);
 }
 
+/* resnet's stages (CIFAR depth 8 on 3x8x8: layer1.0 4 channels, layer2.0 8 at 4x4 with its
+ * downsample, layer3.0 16 at 2x2; stage 0 of 2,1 holds the stem and the first two): what each
+ * holds and passes on, what a slot costs, and what a stage refuses. */
+static void test_resnet_stage_errors(void)
+{
+    dt_err err = {0};
+    dt_backend *be = NULL;
+    DT_REQUIRE_OK(dt_backend_open(&be, DT_BACKEND_CPU, NULL, &err), &err);
+    dt_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = DT_ARCH_RESNET;
+    c.shape.kind = DT_SAMPLE_IMAGE;
+    c.shape.channels = 3;
+    c.shape.height = c.shape.width = 8;
+    c.shape.n_classes = 4;
+    c.max_batch = 4;
+    c.seed = 7;
+    c.depth = 8;
+    c.width = 4;
+    c.bn_momentum = 0.1f;
+    c.bn_eps = 1e-5f;
+    c.pp_size = 2;
+    c.pp_slots = 2;
+    dt_model *s0 = NULL, *s1 = NULL;
+    c.pp_rank = 0, c.pp_first = 0, c.pp_count = 2;
+    DT_REQUIRE_OK(dt_model_create(&s0, &c, be, NULL, &err), &err);
+    c.pp_rank = 1, c.pp_first = 2, c.pp_count = 1;
+    DT_REQUIRE_OK(dt_model_create(&s1, &c, be, NULL, &err), &err);
+    DT_CHECK_INT(s0->pp_in_numel, 0);
+    DT_CHECK_INT(s0->pp_out_numel, 8 * 4 * 4);
+    DT_CHECK_INT(s1->pp_in_numel, 8 * 4 * 4);
+    DT_CHECK_INT(s1->pp_out_numel, 0);
+    DT_CHECK_INT(s0->num_blocks, 3); /* stem, layer1.0, layer2.0 */
+    DT_CHECK_INT(s1->num_blocks, 2); /* layer3.0, fc */
+    DT_CHECK_STR(s0->blocks[0].name, "stem");
+    DT_CHECK_STR(s1->blocks[1].name, "fc");
+    /* running_mean and running_var of each BatchNorm: bn1, layer1.0's two, layer2.0's three */
+    DT_CHECK_INT(s0->num_buffer_tensors, 2 * 6);
+    DT_CHECK_INT(s1->num_buffer_tensors, 2 * 3);
+    DT_CHECK(dt_model_find_tensor(s0, "layer2.0.downsample.0.weight") >= 0);
+    DT_CHECK(dt_model_find_tensor(s0, "fc.weight") < 0);
+    DT_CHECK(dt_model_find_tensor(s1, "conv1.weight") < 0);
+    DT_CHECK(dt_model_find_tensor(s1, "layer3.0.conv1.weight") >= 0);
+    dt_test_batch hb;
+    dt_model_config bc = c; /* the fixture makes vectors: 3x8x8 pixels a sample */
+    bc.shape.input_dim = 3 * 8 * 8;
+    dt_test_batch_make(&hb, &bc, 4, 3);
+    float *out = NULL, l;
+    DT_CHECK_INT(s0->ops->forward(s0, &hb.b, true, &l, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "drive it with its stage ops");
+    DT_CHECK_INT(s1->stage->stage_forward(s1, 0, &hb.b, NULL, true, &out, &l, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "previous stage's output");
+    DT_CHECK_INT(s0->stage->stage_forward(s0, 2, &hb.b, NULL, true, &out, &l, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "slot 2 of 2");
+    DT_CHECK_INT(s0->stage->stage_backward(s0, 1, 1.0f, NULL, NULL, NULL, NULL, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "slot 1");
+    DT_REQUIRE_OK(s0->stage->stage_forward(s0, 1, &hb.b, NULL, true, &out, &l, &err), &err);
+    DT_CHECK(out != NULL);
+    DT_CHECK_INT(s0->stage->stage_backward(s0, 1, 1.0f, NULL, NULL, NULL, NULL, &err), -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "needs the next stage's gradient");
+    /* each slot beyond the first adds pp_slot_bytes (activations, BatchNorm statistics);
+     * with recompute = block the intermediates are one set for all slots, so a slot adds less */
+    for (int rec = 0; rec < 2; rec++) {
+        dt_model *one = NULL, *three = NULL;
+        c.recompute = rec ? DT_RECOMPUTE_BLOCK : DT_RECOMPUTE_NONE;
+        c.pp_rank = 0, c.pp_first = 0, c.pp_count = 2;
+        c.pp_slots = 1;
+        DT_REQUIRE_OK(dt_model_create(&one, &c, be, NULL, &err), &err);
+        c.pp_slots = 3;
+        DT_REQUIRE_OK(dt_model_create(&three, &c, be, NULL, &err), &err);
+        DT_CHECK(three->pp_slot_bytes > 0 && three->pp_slot_bytes == one->pp_slot_bytes);
+        DT_CHECK_INT(three->activation_bytes - one->activation_bytes, 2 * one->pp_slot_bytes);
+        if (rec)
+            DT_CHECK_MSG(one->pp_slot_bytes < s0->pp_slot_bytes,
+                         "recompute = block: a slot of %zu bytes, %zu without", one->pp_slot_bytes,
+                         s0->pp_slot_bytes);
+        dt_model_free(one);
+        dt_model_free(three);
+    }
+    c.recompute = DT_RECOMPUTE_NONE;
+    c.pp_rank = 1, c.pp_count = 1, c.pp_slots = 2;
+    dt_model *bad = NULL;
+    c.pp_first = 1; /* the last stage must end at the last block */
+    DT_CHECK(dt_model_create(&bad, &c, be, NULL, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "the last ends at block 2");
+    dt_model_free(bad);
+    dt_test_batch_free(&hb);
+    dt_model_free(s0);
+    dt_model_free(s1);
+    dt_backend_close(be);
+}
+
 /* ---- end to end through the trainer ------------------------------------------------------- */
 
 #define MAX_RANKS 8
 #define MAX_STEPS 24
 #define MAX_PER 32768
 #define MAX_TENS 64
+#define MAX_BUFS 4096
 
 /* The fixtures' ring of formatted strings (tests/fixtures.h). */
 #define fmt dt_test_fmt
@@ -636,6 +732,9 @@ typedef struct rank_out {
     char summary[64];              /* the strategy's summary line */
     size_t optim_bytes;            /* the backend's DT_MEM_OPTIM bytes at the end (this rank's
                                       optimiser state, as test_memory and bench memory count) */
+    size_t nbufs;                  /* the whole model's buffers (BatchNorm's running statistics) */
+    float start_bufs[MAX_BUFS];    /* ... right after init (a resume's) */
+    float bufs[MAX_BUFS];          /* ... at the end */
     float start_params[MAX_PER];   /* right after init (a resume's parameters) */
     float params[MAX_PER];         /* at the end, whole */
     float state[2][MAX_PER];
@@ -731,8 +830,10 @@ static prun pllama(int N, int P, int M, const char *sched, const char *name)
     return r;
 }
 
-/* The whole model and optimiser state as a checkpoint takes them. */
-static void record_state(dt_trainer *t, rank_out *o, float *params, bool states)
+/* The whole model and optimiser state as a checkpoint takes them (the model's buffers, the
+ * "model" file's buffer copied at save, into bufs). */
+static void record_state(dt_trainer *t, rank_out *o, float *params, float *bufs_out,
+                         bool states)
 {
     dt_strategy *s = t->s;
     dt_err err = {0};
@@ -754,7 +855,16 @@ static void record_state(dt_trainer *t, rank_out *o, float *params, bool states)
             o->status = 2;
             return;
         }
-        if (!strcmp(bufs[i].file, "model")) {
+        if (!strcmp(bufs[i].file, "model") && bufs[i].copy_at_save) {
+            if (bufs[i].numel > MAX_BUFS) {
+                snprintf(o->msg, sizeof o->msg, "%zu buffer elements: raise MAX_BUFS",
+                         bufs[i].numel);
+                o->status = 2;
+                return;
+            }
+            o->nbufs = bufs[i].numel;
+            t->be->memcpy_d2h(t->be, bufs_out, bufs[i].data, bufs[i].numel * sizeof(float));
+        } else if (!strcmp(bufs[i].file, "model")) {
             o->numel = bufs[i].numel;
             t->be->memcpy_d2h(t->be, params, bufs[i].data, bufs[i].numel * sizeof(float));
         } else if (states && !strcmp(bufs[i].file, "optim") && o->num_states < 2) {
@@ -825,7 +935,7 @@ static void rank_body(prun *r, int rank)
         for (size_t i = 0; i < ti->numel; i++)
             t.model->params[ti->offset + i] *= 1e30f;
     }
-    record_state(&t, o, o->start_params, false);
+    record_state(&t, o, o->start_params, o->start_bufs, false);
     if (o->status)
         _exit(2);
     if (r->run) {
@@ -854,7 +964,7 @@ static void rank_body(prun *r, int rank)
     o->optim_t = t.optim->t;
     o->scale = t.scaler.scale;
     o->step = t.step;
-    record_state(&t, o, o->params, true);
+    record_state(&t, o, o->params, o->bufs, true);
     dt_trainer_close(&t);
     _exit(o->status);
 fail:
@@ -971,6 +1081,10 @@ static void against_one_made(prun_make make, int D, int T, int P, int M, const c
     one.eval = pp.eval = true;
     padd(&pp, fmt("parallel.tensor=%d", T));
     padd(&pp, fmt("train.batch_size=%d", 8 / D));
+    /* evaluation over the whole validation set (BatchNorm on the running statistics) */
+    one.eval = pp.eval = true;
+    padd(&one, "train.eval_batches=1000");
+    padd(&pp, "train.eval_batches=1000");
     int zero = 0; /* the layout must run parallel.zero; the reference is one plain process
                    * (stage 3 on one rank would run stage 3: it is not given the key) */
     for (; more && *more; more++) {
@@ -1351,6 +1465,238 @@ static void test_llama_stages(void)
     against_one_made(pllama, 1, 2, 2, 2, "1f1b", sp, "-llama-t2-sp");
     against_one_made(pllama, 2, 1, 2, 2, "1f1b", z1, "-llama-d2-zero1");
     against_one_made(pllama, 2, 1, 2, 4, "gpipe", z3, "-llama-d2-zero3");
+}
+
+/* ---- resnet: BatchNorm in a pipeline -------------------------------------------------------
+ * A stage's BatchNorms normalise each micro-batch with its own batch statistics, which its
+ * slot keeps for the micro-batch's backward, and every training forward moves the stage's
+ * running statistics once, in the order the forwards run (micro-batch 0, 1, ... on every
+ * stage, GPipe and 1F1B alike). One process does the same with train.grad_accum = M and
+ * micro-steps of batch / M samples: that is the run a pipeline of M micro-batches equals (not
+ * one process of the whole batch, whose statistics are over all of it). */
+
+/* A tiny resnet (configs/resnet.ini) on synthetic images in 4 classes: the CIFAR form of depth
+ * 8 (3 BasicBlocks, width 4) on 3x8x8, or with r50 torchvision's ResNet-50 (7x7 stem,
+ * max-pool, 16 Bottlenecks) at width 2 on 3x16x16. */
+static prun presnet(int N, int P, int M, const char *sched, const char *name, bool r50)
+{
+    prun r = pbase(N, P, M, sched, name);
+    r.nov--; /* not the mlp's widths */
+    r.config = "resnet.ini";
+    r.steps = 10;
+    padd(&r, "train.lr=0.05");
+    padd(&r, "data.synthetic_samples=512");
+    padd(&r, "data.synthetic_classes=4");
+    padd(&r, "train.eval_every=0");
+    if (r50) {
+        padd(&r, "model.preset=resnet50");
+        padd(&r, "model.width=2");
+        padd(&r, "data.synthetic_shape=3x16x16");
+    } else {
+        padd(&r, "model.depth=8");
+        padd(&r, "model.width=4");
+        padd(&r, "data.synthetic_shape=3x8x8");
+    }
+    return r;
+}
+
+/* The reference of a resnet pipeline of M micro-batches of batch 8: one process with
+ * train.grad_accum = M of 8 / M samples a micro-step. */
+static prun presnet_one(int M, const char *name, bool r50)
+{
+    prun r = presnet(1, 1, 1, "1f1b", name, r50);
+    padd(&r, fmt("train.batch_size=%d", 8 / M));
+    padd(&r, fmt("train.grad_accum=%d", M));
+    return r;
+}
+
+/* D replicas (of batch 8 / D) of P stages x M micro-batches of `sched` against presnet_one:
+ * the losses and gradient norms of every step, the weights and the running statistics at the
+ * end, within 1e-5 (2-norms relative, vec_rel); the start bit for bit. more: overrides for
+ * both (NULL-terminated). D > 1 needs model.sync_bn: the sampler interleaves the replicas
+ * (rank r takes positions r, r + D, ...), so micro-batch k of every replica together is the
+ * reference's micro-step k, whose statistics SyncBatchNorm computes over the stage's
+ * replicas. */
+static void resnet_against_one_d(int D, int P, int M, const char *sched, bool r50,
+                                 const char *const *more, const char *tag)
+{
+    const int N = D * P;
+    prun one = presnet_one(M, fmt("rn-one-m%d%s", M, tag), r50);
+    prun pp = presnet(N, P, M, sched, fmt("rn-d%d-p%d-m%d-%s%s", D, P, M, sched, tag), r50);
+    padd(&pp, fmt("train.batch_size=%d", 8 / D));
+    /* evaluation over the whole validation set (BatchNorm on the running statistics) */
+    one.eval = pp.eval = true;
+    padd(&one, "train.eval_batches=1000");
+    padd(&pp, "train.eval_batches=1000");
+    int zero = 0;
+    for (; more && *more; more++) {
+        if (strncmp(*more, "parallel.zero=", 14)) /* the layout's only */
+            padd(&one, *more);
+        else
+            zero = atoi(*more + 14);
+        padd(&pp, *more);
+    }
+    if (!prun_run(&one) || !prun_run(&pp))
+        goto out;
+    const rank_out *a = &pp.out[0], *b = &one.out[0];
+    DT_CHECK_STR(a->strategy, "pipeline");
+    if (zero > 0)
+        DT_CHECK_CONTAINS(a->summary, fmt("ZeRO-%d", zero));
+    DT_CHECK_STR(b->strategy, "single");
+    DT_REQUIRE(a->numel == b->numel && a->numel > 0);
+    DT_REQUIRE(a->nbufs == b->nbufs && a->nbufs > 0);
+    DT_CHECK_MSG(!memcmp(a->start_params, b->start_params, a->numel * sizeof(float)),
+                 "%s: the initial parameters differ from one process's", pp.name);
+    DT_CHECK_MSG(!memcmp(a->start_bufs, b->start_bufs, a->nbufs * sizeof(float)),
+                 "%s: the initial running statistics differ from one process's", pp.name);
+    double worst_loss = 0;
+    for (int k = 0; k < pp.steps; k++) {
+        double rel = fabs(a->loss[k] - b->loss[k]) / fabs(b->loss[k]);
+        worst_loss = fmax(worst_loss, rel);
+        DT_CHECK_MSG(rel <= 1e-5, "%s: step %d loss %.9g vs one process %.9g", pp.name, k + 1,
+                     a->loss[k], b->loss[k]);
+        DT_CHECK_MSG(fabs(a->norm[k] - b->norm[k]) <= 1e-5 * b->norm[k],
+                     "%s: step %d gradient norm %.9g vs %.9g", pp.name, k + 1, a->norm[k],
+                     b->norm[k]);
+        for (int q = 1; q < N; q++)
+            DT_CHECK(pp.out[q].loss[k] == a->loss[k]);
+    }
+    double wp = vec_rel(a->params, b->params, a->numel);
+    double wb = vec_rel(a->bufs, b->bufs, a->nbufs);
+    double moved = vec_rel(b->bufs, b->start_bufs, b->nbufs); /* the statistics did move */
+    DT_CHECK_MSG(wp <= 1e-5, "%s: weights after %d steps differ by %.3g (2-norm relative)",
+                 pp.name, pp.steps, wp);
+    DT_CHECK_MSG(wb <= 1e-5, "%s: running statistics after %d steps differ by %.3g", pp.name,
+                 pp.steps, wb);
+    DT_CHECK_MSG(moved > 1e-3, "%s: the running statistics barely moved (%.3g)", pp.name, moved);
+    for (int q = 0; q < N; q++) {
+        const int stage = q / D; /* rank = pp x D + dp */
+        DT_CHECK_MSG(!memcmp(pp.out[q].params, a->params, a->numel * sizeof(float)) &&
+                         !memcmp(pp.out[q].bufs, a->bufs, a->nbufs * sizeof(float)),
+                     "%s: rank %d gathered another model than rank 0", pp.name, q);
+        DT_CHECK_INT(pp.out[q].st.stage, stage);
+        DT_CHECK_INT(pp.out[q].st.slots, !strcmp(sched, "gpipe") ? M : DT_MIN(P - stage, M));
+    }
+    double ws = 0;
+    DT_CHECK_INT(a->num_states, b->num_states);
+    for (int i = 0; i < a->num_states && i < b->num_states; i++)
+        ws = fmax(ws, vec_rel(a->state[i], b->state[i], a->numel));
+    DT_CHECK_MSG(ws <= 1e-4, "%s: optimiser state differs by %.3g", pp.name, ws);
+    double we = fabs(a->eval_loss - b->eval_loss) / b->eval_loss;
+    DT_CHECK_MSG(we <= 1e-5, "%s: eval loss %.9g vs %.9g", pp.name, a->eval_loss, b->eval_loss);
+    DT_CHECK_NEAR(a->eval_acc, b->eval_acc, 1e-12);
+    printf("    %-22s loss %.6f -> %.6f (one process, grad_accum %d: %.6f), loss within %.2g, "
+           "weights %.2g, running statistics %.2g (moved %.2g), state %.2g, eval loss %.2g\n",
+           pp.name, a->loss[0], a->loss[pp.steps - 1], M, b->loss[pp.steps - 1], worst_loss, wp,
+           wb, moved, ws, we);
+out:
+    prun_free(&one);
+    prun_free(&pp);
+}
+
+static void resnet_against_one(int P, int M, const char *sched, bool r50,
+                               const char *const *more, const char *tag)
+{
+    resnet_against_one_d(1, P, M, sched, r50, more, tag);
+}
+
+/* The CIFAR form at P = 2 (blocks 2 + 1) with both schedules, at P = 3 (a block a stage) with
+ * recompute = block, and at D2 x P2 with SyncBatchNorm (DDP, and ZeRO-3 with GPipe); ResNet-50
+ * at P = 2 (8 + 8 Bottlenecks). */
+static void test_resnet_pipeline(void)
+{
+    const char *const sync[] = {"model.sync_bn=true", NULL};
+    const char *const sync_z3[] = {"model.sync_bn=true", "parallel.zero=3", NULL};
+    resnet_against_one_d(2, 2, 2, "1f1b", false, sync, "-syncbn");
+    resnet_against_one_d(2, 2, 2, "gpipe", false, sync_z3, "-syncbn-z3");
+    resnet_against_one(2, 2, "1f1b", false, NULL, "");
+    resnet_against_one(2, 4, "gpipe", false, NULL, "");
+    const char *const rec[] = {"train.recompute=block", NULL};
+    resnet_against_one(3, 2, "1f1b", false, rec, "-recompute");
+    resnet_against_one(2, 2, "1f1b", true, NULL, "-r50");
+    resnet_against_one(2, 2, "gpipe", true, NULL, "-r50");
+}
+
+/* A resnet pipeline's checkpoint holds every stage's running statistics: P = 2 saves at step 3
+ * (sharded: each stage writes its own; and whole tensors, gathered to rank 0), one process
+ * (grad_accum 2) and P = 2 with the other schedule resume its weights and statistics bit for
+ * bit and train on as one uninterrupted process does; and P = 2 resumes one process's. */
+static void test_resnet_ckpt(void)
+{
+    const char *dir = dt_test_tmpdir();
+    prun save[2], one[2], pipe, straight = presnet_one(2, "rn-ck-straight", false);
+    prun one_save = presnet_one(2, "rn-ck-one-save", false);
+    prun pipe2 = presnet(2, 2, 2, "1f1b", "rn-ck-pipe-from-one", false);
+    padd(&one_save, fmt("checkpoint.dir=%s/rck2", dir));
+    padd(&one_save, "train.steps=3");
+    one_save.run = true;
+    padd(&pipe2, fmt("checkpoint.dir=%s/rck2", dir));
+    padd(&pipe2, "checkpoint.resume=auto");
+    padd(&pipe2, "train.steps=6");
+    pipe2.steps = 3;
+    for (int f = 0; f < 2; f++) {
+        save[f] = presnet(2, 2, 2, "1f1b", fmt("rn-ck-save%d", f), false);
+        padd(&save[f], fmt("checkpoint.dir=%s/rck%d", dir, f));
+        padd(&save[f], f ? "checkpoint.sharded=false" : "checkpoint.sharded=true");
+        padd(&save[f], "train.steps=3");
+        save[f].run = true;
+        one[f] = presnet_one(2, fmt("rn-ck-one%d", f), false);
+        padd(&one[f], fmt("checkpoint.dir=%s/rck%d", dir, f));
+        padd(&one[f], "checkpoint.resume=auto");
+        padd(&one[f], "train.steps=6");
+        one[f].steps = 3;
+    }
+    pipe = presnet(2, 2, 2, "gpipe", "rn-ck-pipe", false);
+    padd(&pipe, fmt("checkpoint.dir=%s/rck0", dir));
+    padd(&pipe, "checkpoint.resume=auto");
+    padd(&pipe, "train.steps=6");
+    pipe.steps = 3;
+    padd(&straight, "train.steps=6");
+    straight.steps = 6;
+    /* the resumes first write nothing before their end: the pipeline resumes step 3 too */
+    if (!prun_run(&save[0]) || !prun_run(&save[1]) || !prun_run(&pipe) || !prun_run(&one[0]) ||
+        !prun_run(&one[1]) || !prun_run(&straight) || !prun_run(&one_save) ||
+        !prun_run(&pipe2))
+        goto out;
+    const rank_out *c = &straight.out[0];
+    const prun *resumed[4] = {&one[0], &one[1], &pipe, &pipe2};
+    const prun *from[4] = {&save[0], &save[1], &save[0], &one_save};
+    for (int i = 0; i < 4; i++) {
+        const rank_out *s = &from[i]->out[0];
+        DT_CHECK_INT(s->step, 3);
+        DT_REQUIRE(s->nbufs == c->nbufs && s->nbufs > 0);
+        for (int q = 0; q < resumed[i]->N; q++) {
+            const rank_out *r = &resumed[i]->out[q];
+            DT_CHECK_INT(r->start_step, 3);
+            DT_CHECK_MSG(!memcmp(r->start_params, s->params, s->numel * sizeof(float)),
+                         "%s: rank %d resumed other weights than %s saved", resumed[i]->name, q,
+                         from[i]->name);
+            DT_CHECK_MSG(!memcmp(r->start_bufs, s->bufs, s->nbufs * sizeof(float)),
+                         "%s: rank %d resumed other running statistics than %s saved",
+                         resumed[i]->name, q, from[i]->name);
+        }
+        const rank_out *r = &resumed[i]->out[0];
+        for (int k = 0; k < 3; k++)
+            DT_CHECK_MSG(fabs(r->loss[k] - c->loss[k + 3]) <= 1e-5 * c->loss[k + 3],
+                         "%s: step %d loss %.9g vs %.9g uninterrupted", resumed[i]->name, k + 4,
+                         r->loss[k], c->loss[k + 3]);
+        double wp = vec_rel(r->params, c->params, c->numel);
+        double wb = vec_rel(r->bufs, c->bufs, c->nbufs);
+        DT_CHECK_MSG(wp <= 1e-5 && wb <= 1e-5, "%s: weights %.3g, running statistics %.3g from "
+                     "the uninterrupted run", resumed[i]->name, wp, wb);
+        printf("    %-19s resumed %s bit for bit; at step 6 weights within %.2g, running "
+               "statistics %.2g of one uninterrupted process\n",
+               resumed[i]->name, from[i]->name, wp, wb);
+    }
+out:
+    for (int f = 0; f < 2; f++) {
+        prun_free(&save[f]);
+        prun_free(&one[f]);
+    }
+    prun_free(&pipe);
+    prun_free(&straight);
+    prun_free(&one_save);
+    prun_free(&pipe2);
 }
 
 static void test_p2_1f1b(void) { against_one(2, 4, "1f1b"); }
@@ -1916,6 +2262,7 @@ int main(int argc, char **argv)
         {"wait_before", test_wait_before, 0},
         {"mlp_stages", test_mlp_stages, 0},
         {"mlp_stage_errors", test_mlp_stage_errors, 0},
+        {"resnet_stage_errors", test_resnet_stage_errors, 0},
         {"gpt_slot_memory", test_gpt_slot_memory, 0},
         {"p2_1f1b", test_p2_1f1b, 180},
         {"p2_gpipe", test_p2_gpipe, 180},
@@ -1927,6 +2274,8 @@ int main(int argc, char **argv)
         {"gpt_d2_t2_p2", test_gpt_d2_t2_p2, 300},
         {"bert_p2_p4_t2p2_d2t2p2_zero", test_bert_pipeline, 400},
         {"llama_stages", test_llama_stages, 400},
+        {"resnet_pipeline", test_resnet_pipeline, 400},
+        {"resnet_ckpt", test_resnet_ckpt, 300},
         {"options", test_options, 300},
         {"overflow_skips_everywhere", test_overflow_skips_everywhere, 120},
         {"overflow_skips_everywhere_zero", test_overflow_skips_everywhere_zero, 120},

@@ -186,10 +186,10 @@ const dt_cfg_field dt_cfg_fields[] = {
     /* [parallel] */
     {"parallel", "zero", DT_CFG_INT, J(zero), "0", 0, 3, NULL, false, "ZeRO stage over the data-parallel ranks: 0 = DDP (every rank holds everything); 1 = optimiser state sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded as well (a bucket's gradient memory is given back once it is reduce-scattered); 3 = parameters sharded as well (FSDP full-shard: each block's parameters all-gathered before its forward and its backward, given back after; not with train.global_batch). One rank: stages 1 and 2 train as one process, stage 3 still gathers and gives back every block"},
     {"parallel", "tensor", DT_CFG_INT, J(tensor), "1", 1, 1024, NULL, false, "tensor-parallel degree T (Megatron-LM: attention heads and the MLP split over T ranks, vocab-parallel embedding and loss; models gpt and bert, with model.n_head divisible by T). The world is a grid data x tensor x pipeline: D = world / (T x P) data-parallel replicas, rank = (pp x D + dp) x T + tp, so a tensor group is T consecutive ranks (keep T <= nproc_per_node to stay inside a node); the world size must be a multiple of T x P. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each shard's data-parallel group; 3 on device = cpu)"},
-    {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; bert: encoder layers; mlp: its Linear layers; not resnet) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each stage's data-parallel group; 3 on device = cpu)"},
+    {"parallel", "pipeline", DT_CFG_INT, J(pipeline), "1", 1, DT_MAX_STAGES, NULL, false, "pipeline stages P: the model's blocks (gpt: transformer blocks; bert: encoder layers; mlp: its Linear layers; resnet: its residual blocks, the stem on the first stage and fc on the last) split over P ranks in order, activations passed between them; at most one stage per block. The data is sharded over the D = world / (T x P) data-parallel ranks only: every stage of a pipeline sees the same samples. Needs job.strategy = ddp; parallel.zero 0-3 (DDP or ZeRO over each stage's data-parallel group; 3 on device = cpu)"},
     {"parallel", "micro_batches", DT_CFG_INT, J(micro_batches), "1", 1, 1e6, NULL, false, "pipeline micro-batches M: each micro-step's batch (train.batch_size, which M must divide) is cut into M micro-batches that flow through the stages; the idle share of the pipeline (the bubble) is (P-1)/(M+P-1). When not given: 1 without a pipeline, else parallel.pipeline (resolved at load: --print-config shows the number)"},
     {"parallel", "schedule", DT_CFG_ENUM, J(pp_schedule), "1f1b", 0, 0, pp_schedule_names, false, "pipeline schedule: 1f1b (PipeDream-Flush: after a warm-up each stage alternates one forward and one backward, so at most P micro-batches' activations are kept) or gpipe (all forwards, then all backwards: M micro-batches' activations); the same gradients either way"},
-    {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1). \"\" = balanced by cost: the split whose costliest stage is cheapest, gpt's embedding counted on the first stage and ln_f + the head (2*C*V FLOPs a token, a block 24*C^2 + 4*T*C) on the last; earlier stages take one more block on a tie (mlp: layers count alike)"},
+    {"parallel", "stages", DT_CFG_STAGES, J(n_stage_blocks), "", 0, 0, NULL, false, "blocks per pipeline stage, comma-separated such as 4,4,2,2: exactly parallel.pipeline entries, each >= 1, summing to the model's blocks (gpt: model.n_layer; mlp: the model.hidden layers + 1; resnet: its residual blocks, (model.depth - 2) / 2, or resnet50's 16). \"\" = balanced by cost: the split whose costliest stage is cheapest, gpt's embedding counted on the first stage and ln_f + the head (2*C*V FLOPs a token, a block 24*C^2 + 4*T*C) on the last; earlier stages take one more block on a tie (mlp: layers count alike)"},
     {"parallel", "sequence_parallel", DT_CFG_BOOL, J(sequence_parallel), "false", 0, 0, NULL, false, "Megatron-LM sequence parallelism on top of parallel.tensor = T > 1 (gpt, bert): the residual stream, LayerNorms and residual adds hold 1/T of the tokens on each tensor rank instead of all of them, the all-reduces become reduce-scatters and all-gathers, so those activations take 1/T of the memory (same gradients, to rounding; about 1.25x the tensor group's traffic). Needs data.seq_len (or model.block_size) divisible by T; with parallel.pipeline > 1 the stages pass the 1/T shards"},
     {"parallel", "layout", DT_CFG_ENUM, J(layout), "explicit", 0, 0, layout_names, false, "explicit: the [parallel] keys and train.batch_size / grad_accum as given; auto: the launcher plans the layout at start (dtrain plan's best for the world: tensor, pipeline, zero, sequence_parallel, micro_batches, schedule, train.recompute, batch_size and grad_accum, keeping the global batch) and logs its choice; needs fixed elastic.nnodes and nproc_per_node numbers"},
     /* [checkpoint] */
@@ -709,17 +709,20 @@ int dt_job_mlp_widths(const char *text, int *widths, dt_err *err)
 void dt_job_cost_model(const dt_job *job, dt_cost_model *m)
 {
     memset(m, 0, sizeof *m);
-    m->family = job->model_type == DT_MODEL_GPT     ? DT_COST_GPT
-                : job->model_type == DT_MODEL_BERT  ? DT_COST_BERT
-                : job->model_type == DT_MODEL_LLAMA ? DT_COST_LLAMA
-                : job->model_type == DT_MODEL_MLP   ? DT_COST_MLP
-                                                    : DT_COST_OTHER;
+    m->family = job->model_type == DT_MODEL_GPT      ? DT_COST_GPT
+                : job->model_type == DT_MODEL_BERT   ? DT_COST_BERT
+                : job->model_type == DT_MODEL_LLAMA  ? DT_COST_LLAMA
+                : job->model_type == DT_MODEL_MLP    ? DT_COST_MLP
+                : job->model_type == DT_MODEL_RESNET ? DT_COST_RESNET
+                                                     : DT_COST_OTHER;
     m->name = dt_model_name(job->model_type);
     m->n_layer = job->n_layer;
     m->n_embd = job->n_embd;
     m->n_head = job->n_head;
     m->n_kv_head = job->n_kv_head;
     m->intermediate_size = job->intermediate_size;
+    m->depth = job->depth;
+    m->imagenet = !strncmp(dt_preset_name(job->preset), "resnet", 6);
     m->seq_len = job->seq_len > 0 ? job->seq_len : job->block_size > 0 ? job->block_size : 64;
     m->vocab_size = job->vocab_size > 0 ? job->vocab_size
                     : job->data_type == DT_DATA_TOKENS ? 50257

@@ -365,8 +365,8 @@ int dt_job_mlp_widths(const char *text, int *widths, dt_err *err);
 void dt_job_cost_model(const dt_job *job, dt_cost_model *m);
 
 /* The model's blocks that parallel.pipeline splits into stages (dt_cost_blocks): gpt's n_layer
- * transformer blocks, mlp's Linear layers (model.hidden's widths + 1); 0 for a model without a
- * pipeline form (resnet) or one not configured yet. */
+ * transformer blocks, mlp's Linear layers (model.hidden's widths + 1), resnet's residual blocks;
+ * 0 for a model not configured yet. */
 int dt_job_pipeline_blocks(const dt_job *job);
 
 /* What the balanced split weighs (dt_cost_block_flops of the job's model): *block one of the

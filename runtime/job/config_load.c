@@ -638,14 +638,9 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
                   job->n_head, T, divs);
     }
     int total = dt_job_pipeline_blocks(job);
-    if (P > 1 && job->model_type == DT_MODEL_RESNET && !model_bad)
-        add_error(errs, AT("parallel.pipeline", "model.type"), 0,
-                  "parallel.pipeline = %d: pipeline parallelism is not supported for this model "
-                  "(resnet); use parallel.pipeline = 1 (models gpt, llama and mlp split into "
-                  "stages)",
-                  P);
-    else if (P > 1 && total > 0 && P > total && !model_bad)
-        add_error(errs, AT("parallel.pipeline", "model.n_layer", "model.hidden", "model.preset"),
+    if (P > 1 && total > 0 && P > total && !model_bad)
+        add_error(errs, AT("parallel.pipeline", "model.n_layer", "model.hidden", "model.depth",
+                           "model.preset"),
                   0,
                   "parallel.pipeline = %d is more than the model's %d %s: every stage needs at "
                   "least one; use parallel.pipeline = %d or fewer, or a deeper model",
@@ -663,10 +658,8 @@ static void parallel_validate(const dt_job *job, const parse_ctx *c, const char 
                       "the blocks of each of the %d stages, or leave parallel.stages empty for "
                       "a balanced split",
                       given, job->n_stage_blocks, job->n_stage_blocks == 1 ? "" : "s", P, P);
-        else if (job->model_type == DT_MODEL_RESNET)
-            ; /* said above (P > 1), or one stage of a model that has no blocks to count */
         else if (total > 0 && sum != total)
-            add_error(errs, AT("parallel.stages", "model.n_layer", "model.hidden",
+            add_error(errs, AT("parallel.stages", "model.n_layer", "model.hidden", "model.depth",
                                "model.preset"),
                       0,
                       "parallel.stages = %s adds up to %d blocks, but the model has %d %s: "

@@ -16,6 +16,16 @@ int dt_cost_blocks(const dt_cost_model *m)
         return m->n_layer > 0 ? m->n_layer : 0;
     case DT_COST_MLP:
         return m->n_hidden > 0 ? m->n_hidden + 1 : 0;
+    case DT_COST_RESNET:
+        if (m->imagenet) {
+            static const int tv[][2] = {{18, 8}, {26, 8}, {34, 16}, {50, 16}, {101, 33},
+                                        {152, 50}};
+            for (size_t i = 0; i < sizeof tv / sizeof tv[0]; i++)
+                if (tv[i][0] == m->depth)
+                    return tv[i][1];
+            return 0;
+        }
+        return m->depth >= 8 && (m->depth - 2) % 6 == 0 ? (m->depth - 2) / 2 : 0;
     case DT_COST_OTHER:
         break;
     }
@@ -27,6 +37,7 @@ const char *dt_cost_blocks_what(const dt_cost_model *m)
     return m->family == DT_COST_GPT     ? "transformer blocks (model.n_layer)"
            : m->family == DT_COST_BERT  ? "encoder layers (model.n_layer)"
            : m->family == DT_COST_LLAMA ? "decoder layers (model.n_layer)"
+           : m->family == DT_COST_RESNET ? "residual blocks (model.depth, model.preset)"
                                         : "Linear layers (model.hidden's widths + 1)";
 }
 

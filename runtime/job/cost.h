@@ -1,6 +1,7 @@
 /* cost.h - what a model's pipeline blocks cost, and the balanced split of them into stages.
  *
- * The blocks parallel.pipeline splits are gpt's transformer blocks and mlp's Linear layers. A
+ * The blocks parallel.pipeline splits are gpt's transformer blocks, mlp's Linear layers and
+ * resnet's residual blocks (the stem on the first stage, the pool and fc on the last). A
  * block's weight is its forward FLOPs a token (a backward is about twice its forward for every
  * piece, so the ratios hold for a step); the first stage holds the embedding besides its blocks,
  * the last ln_f and the head. The pipeline's pace is set by its costliest stage, so the balanced
@@ -18,11 +19,12 @@
 
 /* The models whose blocks the cost model knows. */
 typedef enum dt_cost_family {
-    DT_COST_OTHER, /* no pipeline form (resnet), or not configured: no blocks */
+    DT_COST_OTHER, /* not configured: no blocks */
     DT_COST_GPT,   /* transformer blocks, weighed by FLOPs */
     DT_COST_MLP,   /* Linear layers, which count alike (their widths come from the data) */
     DT_COST_BERT,  /* encoder layers, weighed as gpt's blocks; the MLM head on the last stage */
     DT_COST_LLAMA, /* decoder layers (llama), weighed by FLOPs */
+    DT_COST_RESNET, /* residual blocks (resnet), which count alike */
 } dt_cost_family;
 
 /* A model's shape as the cost model reads it. */
@@ -35,14 +37,18 @@ typedef struct dt_cost_model {
     int vocab_size;     /* gpt: V, the head's outputs */
     int n_hidden;       /* mlp: hidden widths, so n_hidden + 1 Linear layers (0: none valid) */
     int n_head, n_kv_head, intermediate_size; /* llama: heads, key/value heads, SwiGLU width */
+    int depth;          /* resnet: 6n+2 (3n BasicBlocks), or torchvision's depth with imagenet */
+    int imagenet;       /* resnet: 1 for a resnet* preset (18, 26, 34, 50, 101, 152) */
 } dt_cost_model;
 
-/* The blocks of m that a pipeline splits into stages: gpt's n_layer, mlp's n_hidden + 1; 0 for
- * a model without a pipeline form or one not configured yet. */
+/* The blocks of m that a pipeline splits into stages: gpt's n_layer, mlp's n_hidden + 1,
+ * resnet's residual blocks (CIFAR: (depth - 2) / 2; torchvision's: 8, 8, 16, 16, 33 and 50 for
+ * depth 18, 26, 34, 50, 101 and 152); 0 for a model not configured yet. */
 int dt_cost_blocks(const dt_cost_model *m);
 
 /* What the blocks of m are called in messages: "transformer blocks (model.n_layer)" for gpt,
- * "Linear layers (model.hidden's widths + 1)" otherwise. */
+ * "residual blocks (model.depth, model.preset)" for resnet, "Linear layers (model.hidden's
+ * widths + 1)" otherwise. */
 const char *dt_cost_blocks_what(const dt_cost_model *m);
 
 /* What the balanced split weighs (relative forward FLOPs a token): *block one of the blocks,

@@ -177,7 +177,8 @@ typedef struct dt_model_config {
      * holds the run [pp_first, pp_first + pp_count) of the model's pipeline blocks, the units
      * runtime/job/config.h's dt_job_stage_blocks counts (mlp: the Linear layers fc.i; gpt: the
      * transformer blocks h.i, with the embedding (wte, wpe) on stage 0 and ln_f and the head on
-     * the last stage, which holds its own copy of the tied wte). Tensors keep their whole-model
+     * the last stage, which holds its own copy of the tied wte; resnet: the residual blocks
+     * layer{s}.{j}, with the stem on stage 0 and the pool and fc on the last). Tensors keep their whole-model
      * names (fc.3.weight on whichever stage holds layer 3); initialisation draws every tensor of
      * the whole model from the same stream as pp_size = 1 and keeps this stage's, so a pipeline
      * starts bit-identical to one process. pp_slots (0 or 1: one): how many micro-batches'
@@ -265,14 +266,18 @@ typedef struct dt_model_ops {
 } dt_model_ops;
 
 /* ---- pipeline stages (cfg.pp_size > 1) --------------------------------------------------------
- * m->stage is NULL in a model without a stage form (resnet): the pipeline strategy refuses
- * it. A model with a stage form runs them for pp_size <= 1 too, as the one stage of one
- * (forward and backward are then slot 0 of it). The contract, for whoever writes a model's
- * stages (mlp.c, gpt.c and llama.c implement them):
+ * m->stage is NULL in a model without a stage form: the pipeline strategy refuses it. A model
+ * with a stage form runs them for pp_size <= 1 too, as the one stage of one (forward and
+ * backward are then slot 0 of it). The contract, for whoever writes a model's stages (mlp.c,
+ * gpt.c, bert.c, llama.c and resnet.c implement them):
  *   - A micro-batch's forward on stage s runs in one of cfg.pp_slots slots, which keeps its
  *     activations until that slot's stage_backward (or the slot's next forward, which
  *     discards them). Slots are independent: forwards of several micro-batches may run
- *     before their backwards, in any order, and backwards in any order of their own.
+ *     before their backwards, in any order, and backwards in any order of their own. What
+ *     a backward needs of its forward is the slot's, BatchNorm's batch statistics too
+ *     (resnet: each slot keeps every BN's mean and 1/std of its micro-batch); the running
+ *     statistics (m->buffers) are the stage's, moved by every training forward in the
+ *     order the forwards run, as one process with train.grad_accum moves them.
  *   - stage_forward(m, slot, batch, in, training, out, loss, err): batch is the
  *     micro-batch (batch->B <= cfg.max_batch samples, host memory): stage 0 reads its inputs
  *     (tokens or x), the last stage its targets, every stage its B (and T). in (backend

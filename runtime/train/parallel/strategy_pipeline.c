@@ -49,6 +49,14 @@
  * (T > 1) and all-gathered over the pipeline group into the staging, so rank 0 writes whole
  * tensors and any layout resumes them (start slices them again).
  *
+ * The model's buffers (resnet's BatchNorm running statistics) belong to their stage: open
+ * all-gathers the stages' buffer tables into one whole table (the stages' one after the other)
+ * and a copy of every stage's buffers (wbuf), which state offers as the checkpoint's "model"
+ * buffers; gather_state refreshes it over the pipeline group (rank 0 writes it), pieces lists
+ * each stage's own from its data-parallel rank 0 (sharded saves), and start puts the stage's
+ * part of it back (what a resume loaded, or the values open copied). The model's communicator
+ * is the tensor group when T > 1, else the stage's data-parallel group: SyncBatchNorm's.
+ *
  * The staging (staging.h's dt_staging, as the tensor strategy's) is whole-model sized
  * on every rank, but its memory is resident only while it holds data (from open to start,
  * from a save's gather to the next optimiser step). The groups are grid.h's (dt_groups_open
@@ -139,6 +147,16 @@ typedef struct pipe_impl {
     unsigned char *counted;         /* (this stage's tensors) what this rank counts in the
                                        norm, owned */
     size_t *own_off;                /* (this stage's tensors) offset of each in whole */
+    /* the whole model's buffers (BatchNorm's running statistics; none: nwbuf 0): every
+     * stage's own, laid one stage after the other, as a checkpoint holds them */
+    dt_tensor_info *wbt;            /* (nwbuf) owned, offsets into wbuf */
+    int nwbuf;
+    size_t wb_numel;
+    size_t *wb_base;                /* (P) where each stage's buffers start in wbuf */
+    size_t *wb_len;                 /* (P) and how many floats they are */
+    size_t wb_max;                  /* the largest stage's */
+    float *wbuf;                    /* (wb_numel) backend, owned: the gathered buffers (a
+                                       save's), or what a resume loaded (start's) */
     dt_staging stg;        /* (whole_numel) params, then each optimiser state; owned.
                                        Resident from open to start and from a save's gather to
                                        the next optim_step */
@@ -296,6 +314,102 @@ static int alloc_floats(dt_backend *be, float **p, size_t n, dt_err *err)
     return rc;
 }
 
+/* Every stage's buffer table (m->buffer_tensors: BatchNorm's running statistics), all-gathered
+ * over the pipeline group into the whole one (p->wbt: the stages' tables one after the other,
+ * offsets into p->wbuf), and p->wbuf itself. A stage's buffers belong to it alone (no name is
+ * held twice). */
+static int gather_buffer_tables(dt_strategy *s, pipe_impl *p, dt_err *err)
+{
+    dt_backend *be = s->be;
+    const dt_model *m = s->model;
+    int64_t *cnt = NULL;
+    uint8_t *send = NULL, *recv = NULL;
+    int rc = be->alloc(be, (void **)&cnt, sizeof(int64_t) * 2 * (size_t)(p->P + 1), err);
+    if (rc)
+        return rc;
+    int64_t mine[2] = {m->num_buffer_tensors, (int64_t)m->num_buffers};
+    be->memcpy_h2d(be, cnt + 2 * p->P, mine, sizeof mine);
+    if ((rc = dt_comm_allgather(p->g.pp, cnt + 2 * p->P, cnt, 2, DT_INT64, NULL, err)))
+        goto out;
+    int64_t counts[2 * DT_MAX_STAGES];
+    be->memcpy_d2h(be, counts, cnt, sizeof(int64_t) * 2 * (size_t)p->P);
+    int maxn = 0, total = 0;
+    p->wb_base = calloc((size_t)p->P, sizeof(size_t));
+    p->wb_len = calloc((size_t)p->P, sizeof(size_t));
+    if (!p->wb_base || !p->wb_len) {
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    p->wb_numel = p->wb_max = 0;
+    for (int i = 0; i < p->P; i++) {
+        maxn = DT_MAX(maxn, (int)counts[2 * i]);
+        total += (int)counts[2 * i];
+        p->wb_base[i] = p->wb_numel;
+        p->wb_len[i] = (size_t)counts[2 * i + 1];
+        p->wb_numel += p->wb_len[i];
+        p->wb_max = DT_MAX(p->wb_max, p->wb_len[i]);
+    }
+    if (total == 0)
+        goto out; /* no buffers anywhere */
+    size_t row = sizeof(dt_tensor_info) * (size_t)maxn;
+    if ((rc = be->alloc(be, (void **)&send, row, err)) ||
+        (rc = be->alloc(be, (void **)&recv, row * (size_t)p->P, err)))
+        goto out;
+    be->memset_zero(be, send, row);
+    be->memcpy_h2d(be, send, m->buffer_tensors,
+                   sizeof(dt_tensor_info) * (size_t)m->num_buffer_tensors);
+    if ((rc = dt_comm_allgather(p->g.pp, send, recv, row, DT_UINT8, NULL, err)))
+        goto out;
+    dt_tensor_info *all = malloc(row * (size_t)p->P);
+    p->wbt = calloc((size_t)total, sizeof(dt_tensor_info));
+    if (!all || !p->wbt) {
+        free(all);
+        rc = dt_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    be->memcpy_d2h(be, all, recv, row * (size_t)p->P);
+    for (int i = 0; i < p->P; i++)
+        for (int t = 0; t < (int)counts[2 * i]; t++) {
+            dt_tensor_info *w = &p->wbt[p->nwbuf++];
+            *w = all[(size_t)i * (size_t)maxn + (size_t)t];
+            w->offset += p->wb_base[i];
+        }
+    free(all);
+    if ((rc = alloc_floats(be, &p->wbuf, p->wb_numel, err)))
+        goto out;
+    be->memcpy_d2d(be, p->wbuf + p->wb_base[p->stage], m->buffers,
+                   sizeof(float) * m->num_buffers);
+out:
+    be->free(be, cnt);
+    be->free(be, send);
+    be->free(be, recv);
+    return rc ? dt_err_prefix(err, "pipeline: the stages' buffer tables: ") : 0;
+}
+
+/* p->wbuf <- every stage's buffers (the running statistics as they are now), over the
+ * pipeline group. */
+static int gather_buffers(dt_strategy *s, pipe_impl *p, dt_err *err)
+{
+    if (!p->nwbuf)
+        return 0;
+    dt_backend *be = s->be;
+    const dt_model *m = s->model;
+    float *send = NULL, *recv = NULL;
+    int rc = alloc_floats(be, &send, p->wb_max, err);
+    if (!rc)
+        rc = alloc_floats(be, &recv, p->wb_max * (size_t)p->P, err);
+    if (!rc) {
+        be->memcpy_d2d(be, send, m->buffers, sizeof(float) * m->num_buffers);
+        rc = dt_comm_allgather(p->g.pp, send, recv, p->wb_max, DT_FLOAT32, NULL, err);
+    }
+    for (int i = 0; i < p->P && !rc; i++)
+        be->memcpy_d2d(be, p->wbuf + p->wb_base[i], recv + (size_t)i * p->wb_max,
+                       sizeof(float) * p->wb_len[i]);
+    be->free(be, send);
+    be->free(be, recv);
+    return rc ? dt_err_prefix(err, "the stages' buffers: ") : 0;
+}
+
 static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
 {
     const dt_job *j = ctx->job;
@@ -364,12 +478,16 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
     p->x_numel = sh->kind == DT_SAMPLE_VECTOR  ? (size_t)sh->input_dim
                  : sh->kind == DT_SAMPLE_IMAGE ? (size_t)sh->channels * sh->height * sh->width
                                                : 0;
-    if ((rc = dt_model_create(&s->model, &mc, s->be, p->g.tp, err)))
+    /* the model's communicator: the tensor group (T > 1), else the stage's data-parallel group
+     * (SyncBatchNorm's statistics over the stage's replicas; NULL when D = 1) */
+    if ((rc = dt_model_create(&s->model, &mc, s->be, p->g.grid.T > 1 ? p->g.tp : p->g.dp,
+                              err)))
         return rc;
     dt_model *m = s->model;
-    if (!m->stage || m->num_buffers)
+    if (!m->stage)
         return dt_err_set(err, -ENOTSUP, "parallel.pipeline = %d: model %s has no pipeline "
-                                         "stages (mlp and gpt have); use parallel.pipeline = 1",
+                                         "stages (mlp, gpt, bert, llama and resnet have); use "
+                                         "parallel.pipeline = 1",
                           p->P, dt_model_arch_name(mc.arch));
     p->self = s;
     /* the sync over the stage's replicas (none when D = 1); the optimiser is its */
@@ -408,6 +526,8 @@ static int pipe_open(dt_strategy *s, const dt_strategy_ctx *ctx, dt_err *err)
         return dt_err_prefix(err, "pipeline: ");
     if ((rc = gather_whole(s, p, dt_dpsync_local(s->sync, 0), p->stg.buf[0], err)))
         return dt_err_prefix(err, "pipeline: the initial parameters: ");
+    if ((rc = gather_buffer_tables(s, p, err)))
+        return rc;
     for (int i = 0; i < p->ntied; i++) /* summed over the embedding group (sum_tied) */
         if ((rc = dt_dpsync_hold(s->sync, p->tied[i], err)))
             return rc;
@@ -460,6 +580,9 @@ static int pipe_start(dt_strategy *s, dt_err *err)
                                   dt_dpsync_local(s->sync, k), err);
     if (rc)
         return dt_err_prefix(err, "pipeline stage %d: ", p->stage);
+    if (p->nwbuf) /* this stage's buffers: as a resume loaded them, or as they were */
+        s->be->memcpy_d2d(s->be, s->model->buffers, p->wbuf + p->wb_base[p->stage],
+                          sizeof(float) * s->model->num_buffers);
     dt_staging_release(&p->stg, s->be);
     /* the stage of data-parallel rank 0 everywhere (DDP: the reducer checks it across the
      * replicas first), this rank's part of the state */
@@ -803,7 +926,16 @@ static int pipe_optim_step(dt_strategy *s, double lr, dt_err *err)
 static int pipe_state(dt_strategy *s, dt_ckpt_buf *bufs, int cap, int *n, dt_err *err)
 {
     pipe_impl *p = s->impl;
-    return dt_strategy_state_staged(s, p->whole, p->nwhole, &p->stg, bufs, cap, n, err);
+    int rc = dt_strategy_state_staged(s, p->whole, p->nwhole, &p->stg, bufs, cap, n, err);
+    if (rc || !p->nwbuf)
+        return rc;
+    if (*n >= cap)
+        return dt_err_set(err, -ENOSPC, "checkpoint buffers: room for %d, %d needed", cap,
+                          *n + 1);
+    /* BatchNorm statistics: the gathered copy, which the next forward leaves alone; copied at
+     * save all the same, as every layout's buffers are */
+    bufs[(*n)++] = (dt_ckpt_buf){"model", "", p->wbt, p->nwbuf, p->wbuf, p->wb_numel, true};
+    return 0;
 }
 
 /* This stage's tensors (its slices under T > 1) as the sync owns them; the tied copy of a
@@ -823,6 +955,8 @@ static int pipe_gather_state(dt_strategy *s, dt_err *err)
         rc = dt_dpsync_gather_state(s->sync, err);
     for (int k = 0; k < p->stg.n && !rc; k++)
         rc = gather_whole(s, p, dt_dpsync_local(s->sync, k), p->stg.buf[k], err);
+    if (!rc)
+        rc = gather_buffers(s, p, err);
     return rc ? dt_err_prefix(err, "pipeline stage %d: gathering the stages' tensors: ",
                               p->stage)
               : 0;
@@ -845,6 +979,7 @@ static void pipe_close(dt_strategy *s)
                 s->be->free(s->be, p->grad_out[k]);
             }
             s->be->free(s->be, p->scalars);
+            s->be->free(s->be, p->wbuf);
         }
         dt_staging_free(&p->stg, s->be);
         free(p->recv_act);
@@ -869,6 +1004,9 @@ static void pipe_close(dt_strategy *s)
         free(p->tied);
         free(p->own_off);
         free(p->counted);
+        free(p->wbt);
+        free(p->wb_base);
+        free(p->wb_len);
     }
     dt_comm_free(s->comm);
     s->comm = NULL;
