@@ -918,7 +918,9 @@ void dt_job_print_reference(FILE *out)
      * which). */
     static const char *const tnames[] = {"int",    "int",     "number", "bool",   "string",
                                          "choice", "seconds", "string", "string", "string",
-                                         "string"};
+                                         "string", "bytes"};
+    _Static_assert(sizeof tnames / sizeof tnames[0] == DT_CFG_BYTES + 1,
+                   "a name for every dt_cfg_type");
     for (int i = 0; i < dt_cfg_fields_count; i++) {
         const dt_cfg_field *f = &dt_cfg_fields[i];
         char type[160];
