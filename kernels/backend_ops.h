@@ -181,8 +181,9 @@ struct dt_backend {
      *     device that reads or writes them is allowed to finish first (cuda: the release is
      *     ordered after it); the host must not touch them after the call.
      *   mem_commit(base, offset, bytes, err): every released granule touching the range becomes
-     *     usable again, its contents UNDEFINED (cpu: every byte 0xFF, a NaN in every float, so a
-     *     reader that forgot to write first shows up); granules of the range that were not
+     *     usable again, its contents UNDEFINED (cpu under DTRAIN_CPU_MEM_POISON=1, as the tests
+     *     run: every byte 0xFF, a NaN in every float, so a reader that forgot to write first
+     *     shows up); granules of the range that were not
      *     released keep their contents. 0, or -ENOMEM (err says so).
      * Both adjust the charged category's resident bytes by what they really release or take
      * back (granule by granule; releasing or committing twice counts once), so the statistics
@@ -196,8 +197,8 @@ struct dt_backend {
      *   cpu: granule = the page size (DTRAIN_CPU_MEM_GRANULE=bytes, a power-of-two multiple of it,
      *        emulates a coarser one, e.g. 2097152 for cuda's); release maps the granules anew
      *        PROT_NONE, commit maps them read-write from a memfd page pool (kernels/cpu/
-     *        cpu_pool.c; DTRAIN_CPU_MEM_POOL=0: pages go back to the kernel at release) and fills
-     *        them with 0xFF (DTRAIN_CPU_MEM_POISON=0: leaves whatever they held).
+     *        cpu_pool.c; DTRAIN_CPU_MEM_POOL=0: pages go back to the kernel at release), filled
+     *        with 0xFF under DTRAIN_CPU_MEM_POISON=1 (the tests: a NaN in every float).
      *   cuda: allocations from the granule (2 MiB on current GPUs) up are backed by the driver's
      *        virtual memory management (cuMemCreate/cuMemMap): release unmaps the granules once
      *        the device is done with them and keeps their chunks, commit maps a kept chunk or

@@ -653,6 +653,9 @@ int dt_test_main(const char *suite, const dt_test *tests, int n, int argc, char 
             verbose = true;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* Committed backend memory reads as NaN in every test (and in the dtrain processes tests
+     * start): a strategy that reads what it did not write fails here, not silently on a GPU. */
+    setenv("DTRAIN_CPU_MEM_POISON", "1", 0);
     /* What a test orphans is re-parented here, not to init: kill_tree finds all of it. */
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
         perror("prctl(PR_SET_CHILD_SUBREAPER)");

@@ -6,8 +6,9 @@
  * size, the category it was charged to and which of its granules mem_release gave back, so that
  * the statistics by category (dt_mem_stats) count resident bytes exactly. mem_release keeps the
  * contract as strictly as cuda's unmapped memory: a released granule is PROT_NONE (a touch is a
- * SIGSEGV) until mem_commit makes it read-write again, filled with 0xFF bytes; so a strategy that
- * runs here cannot lean on what a GPU does not give. Its pages go to the page pool (cpu_pool.c)
+ * SIGSEGV) until mem_commit makes it read-write again (filled with 0xFF bytes under
+ * DTRAIN_CPU_MEM_POISON=1, as every test runs); so a strategy that runs here cannot lean on what
+ * a GPU does not give. Its pages go to the page pool (cpu_pool.c)
  * when they came from it, else back to the kernel; a commit maps pool pages (those the category
  * released last, else new ones), so a granule committed once is pool memory from then on. Every
  * op is synchronous, so synchronize is a no-op and profiling needs no barriers.
@@ -443,9 +444,9 @@ static int map_units(dt_cpu *c, cpu_hdr *h, char *first, size_t k, size_t j, dt_
     return 0;
 }
 
-/* Committed granules are usable again; with DTRAIN_CPU_MEM_POISON (the default) every byte is
- * 0xFF (a NaN in every float: whoever reads before writing sees it), else their contents are
- * whatever the pool's pages held (the contract promises none). */
+/* Committed granules are usable again: their contents are whatever the pool's pages held, or
+ * zero (the contract promises none); with DTRAIN_CPU_MEM_POISON=1 (the tests set it) every byte
+ * is 0xFF, a NaN in every float, so that whoever reads before writing is seen. */
 static int cpu_mem_commit(dt_backend *be, void *base, size_t offset, size_t bytes, dt_err *err)
 {
     if (!base || !bytes)
@@ -590,7 +591,7 @@ int dt_cpu_backend_create(dt_backend **out, const dt_backend_opts *opts, dt_err 
     c->mem_limit = opts->mem_limit;
     dt_cpu_pool_open(&c->pool, granule_size());
     const char *poison = dt_env("DTRAIN_CPU_MEM_POISON");
-    c->poison = !(poison && !strcmp(poison, "0"));
+    c->poison = poison && strcmp(poison, "0") != 0;
     openblas_set_num_threads(c->threads);
     if (opts->precision != DT_PREC_FP32)
         DT_INFO("cpu backend: computes in float32 (the %s precision setting applies to cuda)",
