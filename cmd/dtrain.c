@@ -238,6 +238,7 @@ static int cmd_run(int argc, char **argv)
             }
             spec.tensor = job.tensor;
             spec.pipeline = job.pipeline;
+            spec.global_batch = job.global_batch;
             spec.flight = (dt_agent_flight_opts){job.flight_records, job.step_timeout,
                                                  job.straggler_ratio, job.straggler_window};
             spec.setup_error = setup_error[0] ? setup_error : NULL;

@@ -1529,19 +1529,26 @@ static void test_global_batch_survives_lost_node(void)
     "job.log_every=1 checkpoint.keep=100 "                                                       \
     "checkpoint.async=false train.eval_every=0 ddp.timeout=20"
 
-static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *outdir,
-                      const char *parallel, const char *conf)
+/* Agent k of a LAY_JOB on --nnodes `nnodes` (MIN:MAX) with nproc workers. */
+static void lay_agent_n(cluster *c, int k, const char *id, const char *nnodes, int nproc,
+                        const char *outdir, const char *parallel, const char *conf)
 {
     char line[8192], out[1024];
     snprintf(out, sizeof out, "%s/c%d_agent%d.out", TMP, c->id, k);
     snprintf(line, sizeof line,
-             "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes 1:2 "
+             "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes %s "
              "--nproc-per-node %d --rdzv-conf %s --monitor-interval 0.05 --stop-grace 5 "
              "--max-restarts 3 --log-dir %s/logs %s train.steps=%d checkpoint.every=%d "
              "job.output_dir=%s %s",
-             BIN, c->port, id, nproc, conf, TMP, LAY_JOB, LAY_STEPS, LAY_EVERY, outdir,
+             BIN, c->port, id, nnodes, nproc, conf, TMP, LAY_JOB, LAY_STEPS, LAY_EVERY, outdir,
              parallel);
     dt_test_group_spawn(c, k, line, out);
+}
+
+static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *outdir,
+                      const char *parallel, const char *conf)
+{
+    lay_agent_n(c, k, id, "1:2", nproc, outdir, parallel, conf);
 }
 
 /* The agent whose output holds rank 0's "step N/" line (rank 0 logs the steps, and writes
@@ -1927,6 +1934,73 @@ static void test_world_too_small_for_tensor(void)
     finish(&c);
 }
 
+/* Issue 34's item 7: a T = 2 job on 2 nodes of one worker (nnodes 2:4, D = 1) is joined by a
+ * third node. A world of 3 cannot hold tensor groups of 2: the newcomer waits as a spare
+ * instead of ending the round into a world the layout refuses (before: every agent exit 2, "world
+ * size 3 is not divisible"), and the job trains on undisturbed. A fourth node makes a world of 4:
+ * it ends the round, and the next one takes all four in (D = 2), from the step the job was at,
+ * with the restart count unchanged. Every agent warned at start that a world of 3 is one the
+ * layout cannot use. 3,000 steps (some 10 s) leave the nodes time to arrive while it runs. */
+static void test_tensor_job_keeps_spare(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024], id[64];
+    const char *par = "parallel.tensor=2 train.steps=3000";
+    snprintf(run, sizeof run, "%s/tpspare", TMP);
+    snprintf(id, sizeof id, "tpspare-%d", (int)getpid());
+    for (int k = 0; k < 2; k++)
+        lay_agent_n(&c, k, id, "2:4", 1, run, par, CONF_CALM);
+    int host0 = lay_rank0_at(&c, 2, 20, NULL, 40);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node job did not reach step 20");
+    }
+    lay_agent_n(&c, 2, id, "2:4", 1, run, par, CONF_CALM);
+    const char *spare = "waiting as a spare until a later round can use it";
+    double deadline = dt_test_now() + 30 * dt_test_timeout_scale();
+    while (!dt_test_count_text(c.out[2], spare) && dt_test_now() < deadline)
+        dt_sleep_ms(20);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], spare), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[host0], "done after"), 0); /* it came while it ran */
+    lay_agent_n(&c, 3, id, "2:4", 1, run, par, CONF_CALM);
+    dt_test_group_wait(&c, 120 * dt_test_timeout_scale());
+    for (int k = 0; k < 4; k++) {
+        DT_CHECK_INT(c.code[k], 0);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "cannot use world size 3; a round that "
+                                                  "gathers such a node count runs on the "
+                                                  "largest world it can use"),
+                     1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "not divisible"), 0);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "layout: data 1 x tensor 2 x pipeline 1"),
+                     k < 2);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "layout: data 2 x tensor 2 x pipeline 1"), 1);
+    }
+    DT_CHECK_INT(dt_test_count_text(c.out[3], "waiting as a spare"), 0);
+    int done = 0;
+    for (int k = 0; k < 4; k++)
+        done += dt_test_count_text(c.out[k], "done after 3000 steps");
+    DT_CHECK_INT(done, 1);
+    lay_metrics *m = calloc(1, sizeof *m);
+    DT_REQUIRE(m);
+    lay_read(run, m);
+    DT_CHECK_INT(m->n, 2);
+    DT_CHECK(m->world[0] == 2 && m->dp[0] == 1 && m->tp[0] == 2);
+    DT_CHECK(m->world[1] == 4 && m->dp[1] == 2 && m->tp[1] == 2);
+    DT_CHECK_INT(m->attempt[1], m->attempt[0]);
+    DT_CHECK_INT(m->first[0], 1);
+    DT_CHECK_INT(m->gaps[0], 0);
+    DT_CHECK_INT(m->gaps[1], 0);
+    DT_CHECK_MSG(m->first[1] > 20 && m->first[1] <= m->last[0] + 1,
+                 "the 4-node world resumed at step %d (the 2-node one ended at %d)", m->first[1],
+                 m->last[0]);
+    free(m);
+    if (c.code[0] || c.code[1] || c.code[2] || c.code[3])
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
 static const dt_test tests[] = {
     {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
     {"api_many_lost_at_once", test_api_many_lost_at_once, 240},
@@ -1955,6 +2029,7 @@ static const dt_test tests[] = {
     {"tensor_pipeline_job_shrinks", test_tensor_pipeline_job_shrinks, 180},
     {"tensor_job_grows", test_tensor_job_grows, 150},
     {"world_too_small_for_tensor", test_world_too_small_for_tensor, 90},
+    {"tensor_job_keeps_spare", test_tensor_job_keeps_spare, 150},
 };
 
 int main(int argc, char **argv)

@@ -568,6 +568,23 @@ static int check_world_layout(agent *a)
     return DT_EXIT_CONFIG;
 }
 
+/* Whether the job's layout rules out some worlds (job-file mode: parallel.tensor x
+ * parallel.pipeline above 1, or train.global_batch): then an elastic round takes only the
+ * nodes whose world it can use, and the others wait as spares. */
+static bool layout_constrains(const agent *a)
+{
+    return a->spec->builtin_worker &&
+           (a->spec->tensor > 1 || a->spec->pipeline > 1 || a->spec->global_batch > 0);
+}
+
+/* The rendezvous's opts.world_usable (arg: the agent). */
+static bool world_usable(void *arg, int world)
+{
+    const agent *a = arg;
+    return dt_agent_world_usable(world, a->spec->tensor, a->spec->pipeline,
+                                 a->spec->global_batch);
+}
+
 /* This node's files failed the launcher's check (spec->setup_error): the round gathered only
  * to end the job for every node as a configuration error, which names this node. Returns the
  * agent's exit code. */
@@ -966,6 +983,11 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     dt_rdzv_opts ro;
     dt_agent_rdzv_opts(&a->L, a->nproc, dt_agent_rdzv_interrupted, a, &ro);
     ro.job = spec->job_shared;
+    if (layout_constrains(a)) {
+        ro.world_usable = world_usable;
+        dt_agent_warn_worlds(a->L.nnodes, a->nproc, spec->tensor, spec->pipeline,
+                             spec->global_batch);
+    }
     rc = dt_rdzv_open(&a->rz, &ro, &e);
     if (rc == -EINTR) {
         code = 128 + a->first_signal;

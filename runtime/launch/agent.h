@@ -25,6 +25,7 @@
 #define DT_AGENT_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "runtime/job/config.h"
@@ -40,7 +41,11 @@ typedef struct dt_agent_spec {
                                   round's world size must be a multiple of their product
                                   (dt_parallel_check_world): a round whose world is not ends the
                                   job as a configuration error (DT_EXIT_CONFIG) before any
-                                  worker starts. 0 (commands) counts as 1 */
+                                  worker starts. 0 (commands) counts as 1. An elastic
+                                  (c10d) round takes the most nodes whose world the layout can
+                                  use (dt_agent_world_usable); the others wait as spares */
+    int64_t global_batch;      /* job-file mode: train.global_batch (0: none), which a world's
+                                  data-parallel ranks must not outnumber */
     char *const *worker_env;   /* "NAME=value" strings (NULL-terminated; NULL: none; borrowed)
                                   each worker gets unless its environment has NAME already:
                                   cmd/ passes the OpenBLAS kernel it chose for built-in workers
