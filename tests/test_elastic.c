@@ -2001,6 +2001,89 @@ static void test_tensor_job_keeps_spare(void)
     finish(&c);
 }
 
+/* Issue 27: parallel.layout = auto on an elastic job (nnodes 1:2, 2 workers a node). The
+ * agents plan at the first round for 2 x 2 ranks (group rank 0 plans, the other node applies
+ * the same keys); the node of rank 0 dies some steps past a checkpoint, and the survivor plans
+ * again, for its own 1 x 2 ranks, keeping the first plan's global batch (train.global_batch = 8
+ * of LAY_JOB, which the plan turns into batch x accumulation x D), and resumes from the
+ * checkpoint at the new layout to the end. The layouts the planner picks depend on this host's
+ * measured rates, so the test checks what every pick must be: a layout that fills its world,
+ * the same one on every rank, and 8 samples a step before and after. */
+static void test_auto_layout_replans(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024], id[64], saved[1100];
+    snprintf(run, sizeof run, "%s/autoplan", TMP);
+    snprintf(id, sizeof id, "autoplan-%d", (int)getpid());
+    for (int k = 0; k < 2; k++)
+        lay_agent(&c, k, id, 2, run, "parallel.layout=auto", CONF_LOSS);
+    snprintf(saved, sizeof saved, "checkpoint: saved %s/checkpoints/step_%d (", run, LAY_EVERY);
+    int host0 = lay_rank0_at(&c, 2, LAY_EVERY + 10, saved, 60);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node auto job did not reach step 60 with its step 50 saved");
+    }
+    int victim = host0, survivor = 1 - host0;
+    DT_CHECK_INT(dt_test_count_text(c.out[host0], "parallel.layout = auto: gpt-tiny on 2 x 2 "
+                                                  "ranks, global batch 8: "
+                                                  "chose D"),
+                 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "parallel.layout = auto: 2 x 2 ranks: the "
+                                                     "layout group rank 0 planned: "
+                                                     "plan.global_batch=8 parallel.tensor="),
+                 1);
+    kill(c.pid[victim], SIGKILL);
+    dt_test_group_wait(&c, 90 * dt_test_timeout_scale());
+    DT_CHECK_INT(c.code[victim], 128 + SIGKILL);
+    DT_CHECK_INT(c.code[survivor], 0);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "parallel.layout = auto: gpt-tiny on 1 x 2 "
+                                                     "ranks, global batch 8: "
+                                                     "chose D"),
+                 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "parallel.layout = auto: the world changed "
+                                                     "from 4 to 2 ranks: the workers resume from "
+                                                     "the latest checkpoint at the new layout"),
+                 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "done after 600 steps"), 1);
+    int resumed = gb_resumed_step(c.out[survivor]);
+    DT_CHECK_MSG(resumed >= LAY_EVERY && resumed % LAY_EVERY == 0 && resumed < LAY_STEPS,
+                 "the 1-node world resumed at step %d", resumed);
+    lay_metrics *m = calloc(1, sizeof *m);
+    DT_REQUIRE(m);
+    lay_read(run, m);
+    DT_CHECK_INT(m->n, 2);
+    for (int i = 0; i < m->n && i < 2; i++)
+        DT_CHECK_MSG(m->world[i] == 4 - 2 * i && m->dp[i] * m->tp[i] * m->pp[i] == m->world[i],
+                     "layout %d: world %d = dp %d x tp %d x pp %d", i, m->world[i], m->dp[i],
+                     m->tp[i], m->pp[i]);
+    DT_CHECK_INT(m->first[0], 1);
+    DT_CHECK_INT(m->gaps[0], 0);
+    DT_CHECK_INT(m->first[1], resumed + 1);
+    DT_CHECK_INT(m->last[1], LAY_STEPS);
+    DT_CHECK_INT(m->gaps[1], 0);
+    /* every rank of a round logged the same layout as rank 0's metrics.jsonl */
+    for (int i = 0; i < m->n && i < 2; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "layout: data %d x tensor %d x pipeline %d; this rank:",
+                 m->dp[i], m->tp[i], m->pp[i]);
+        int n = dt_test_count_text(c.out[survivor], want) +
+                (i == 0 ? dt_test_count_text(c.out[victim], want) : 0);
+        DT_CHECK_MSG(n >= m->world[i], "%d ranks logged \"%s\" (world %d)", n, want,
+                     m->world[i]);
+    }
+    free(m);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/checkpoints/step_%d/state.json", run, LAY_STEPS);
+    char *st = dt_test_slurp(path);
+    DT_CHECK_CONTAINS(st, "\"samples_seen\":\t4800,"); /* 600 steps x 8 */
+    free(st);
+    if (c.code[survivor] || resumed < 0)
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
 static const dt_test tests[] = {
     {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
     {"api_many_lost_at_once", test_api_many_lost_at_once, 240},
@@ -2030,6 +2113,7 @@ static const dt_test tests[] = {
     {"tensor_job_grows", test_tensor_job_grows, 150},
     {"world_too_small_for_tensor", test_world_too_small_for_tensor, 90},
     {"tensor_job_keeps_spare", test_tensor_job_keeps_spare, 150},
+    {"auto_layout_replans", test_auto_layout_replans, 180},
 };
 
 int main(int argc, char **argv)

@@ -30,6 +30,7 @@
 #include "common/err.h"
 #include "runtime/job/config.h"
 #include "runtime/launch/agent_flight.h"
+#include "runtime/launch/agent_layout.h"
 
 typedef struct dt_agent_spec {
     dt_launch launch;          /* resolved launcher settings */
@@ -46,6 +47,11 @@ typedef struct dt_agent_spec {
                                   use (dt_agent_world_usable); the others wait as spares */
     int64_t global_batch;      /* job-file mode: train.global_batch (0: none), which a world's
                                   data-parallel ranks must not outnumber */
+    dt_agent_layout_fn layout; /* parallel.layout = auto on an elastic job (cmd/plan.h's
+                                  dt_plan_auto_round; NULL otherwise): at every round whose
+                                  world is new, the layout for it (agent_layout.h), which the
+                                  workers then load; its T and P replace tensor and pipeline */
+    void *layout_arg;          /* layout's first argument (borrowed) */
     char *const *worker_env;   /* "NAME=value" strings (NULL-terminated; NULL: none; borrowed)
                                   each worker gets unless its environment has NAME already:
                                   cmd/ passes the OpenBLAS kernel it chose for built-in workers
