@@ -223,7 +223,8 @@ static void test_cli(void)
 }
 
 /* parallel.layout = auto: the launcher plans, logs the choice and trains with it; a world that
- * is not fixed numbers is refused before anything starts. */
+ * is not numbers is refused before anything starts, and so is a job.device_memory no layout
+ * fits. */
 static void test_auto(void)
 {
     char cmd[2048], out[16384];
@@ -249,6 +250,20 @@ static void test_auto(void)
     out[n] = 0;
     pclose(p);
     DT_CHECK_CONTAINS(out, "parallel.layout = auto plans for a fixed world");
+    DT_CHECK_CONTAINS(out, "rc=2");
+    /* the budget is job.device_memory (dt_plan_job_budget): 1 MiB holds no layout of gpt-tiny
+     * (the smallest, T2 with sequence parallelism and block recomputation, needs some 10) */
+    snprintf(cmd, sizeof cmd, "%s --nproc-per-node 2 %s/../../configs/quickstart.ini "
+             "parallel.layout=auto job.device_memory=1Mi job.output_dir=%s/auto3 2>&1; "
+             "echo rc=$?", dt_test_dtrain_bin(), dt_test_self_dir(), dt_test_tmpdir());
+    p = popen(cmd, "r");
+    DT_REQUIRE(p);
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    pclose(p);
+    DT_CHECK_CONTAINS(out, "parallel.layout = auto: no layout of gpt-tiny on 1 x 2 ranks fits "
+                           "the budget; the nearest: ");
+    DT_CHECK_CONTAINS(out, "nothing was started");
     DT_CHECK_CONTAINS(out, "rc=2");
 }
 
