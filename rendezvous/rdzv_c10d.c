@@ -566,8 +566,8 @@ static int usable_prefix(c10d_rdzv *c, int R, const joiner *js, int n)
         if (usable(c, world)) {
             if (m < n)
                 DT_INFO("round %d: %d nodes joined; the job's layout runs on %d of them (world "
-                        "%d), the other %d wait%s as spare%s",
-                        R, n, m, world, n - m, n - m == 1 ? "s" : "", n - m == 1 ? "" : "s");
+                        "%d), and %d wait%s as a spare%s",
+                        R, n, m, world, n - m, n - m == 1 ? "s" : "", n - m == 1 ? "" : " each");
             return m;
         }
         world -= js[m - 1].nproc;

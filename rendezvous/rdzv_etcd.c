@@ -794,8 +794,8 @@ static int usable_prefix(etcd_rdzv *c, int R, const member *j, int n)
         if (usable(c, world)) {
             if (m < n)
                 DT_INFO("round %d: %d nodes joined; the job's layout runs on %d of them (world "
-                        "%d), the other %d wait%s as spare%s",
-                        R, n, m, world, n - m, n - m == 1 ? "s" : "", n - m == 1 ? "" : "s");
+                        "%d), and %d wait%s as a spare%s",
+                        R, n, m, world, n - m, n - m == 1 ? "s" : "", n - m == 1 ? "" : " each");
             return m;
         }
         world -= j[m - 1].nproc;

@@ -583,6 +583,15 @@ static bool world_usable(void *arg, int world)
     return dt_agent_world_usable(world, a->tensor, a->pipeline, a->spec->global_batch);
 }
 
+/* Whether this node's round has ended (the rendezvous says so; a poll that fails says not). */
+static bool round_over(void *arg)
+{
+    agent *a = arg;
+    dt_rdzv_status st;
+    dt_err e = {0};
+    return dt_rdzv_poll(a->rz, &st, &e) == 0 && st.state != DT_RDZV_RUNNING;
+}
+
 /* parallel.layout = auto on an elastic job: a round whose world is new gets its layout
  * (planned by group rank 0, shared with the others: agent_layout.h) before any worker starts;
  * the workers resume from the checkpoint at it. A layout that cannot be had ends the job as a
@@ -593,7 +602,11 @@ static int plan_layout(agent *a)
         return 0;
     dt_err e = {0};
     int rc = dt_agent_layout_round(a->spec->layout, a->spec->layout_arg, &a->rd, a->nproc,
-                                   a->L.join_timeout, &a->tensor, &a->pipeline, &e);
+                                   a->L.join_timeout, round_over, a, &a->tensor, &a->pipeline,
+                                   &e);
+    a->layout_pending = rc == -ECANCELED;
+    if (rc == -ECANCELED) /* run_workers starts none and goes on to the next round */
+        return 0;
     if (rc == 0) {
         if (a->layout_world)
             DT_INFO("parallel.layout = auto: the world changed from %d to %d ranks: the workers "
@@ -704,9 +717,9 @@ static int begin_round(agent *a, bool first, double t_join)
     if (a->spec->setup_error)
         return end_setup_error(a);
     int rc = plan_layout(a);
-    if (!rc)
+    if (!rc && !a->layout_pending)
         rc = check_world_layout(a);
-    if (!rc)
+    if (!rc && !a->layout_pending)
         log_global_batch(a);
     return rc ? rc : GOES_ON;
 }
@@ -719,10 +732,18 @@ static int run_workers(agent *a, dt_rdzv_status *st, enum outcome *out)
     dt_err e = {0};
     if ((a->rd.group_world_size > 1 || a->rd.elastic) && dt_rdzv_poll(a->rz, st, &e) == 0 &&
         st->state != DT_RDZV_RUNNING) {
-        /* The round ended before it started here (this agent joined late): no workers. */
+        /* The round ended before it started here (this agent joined late, or its auto layout
+         * never came: a->layout_pending, which round_over saw ended): no workers. */
+        a->layout_pending = false;
         *out = st->state == DT_RDZV_ABORTED   ? OUT_ABORTED
                : st->state == DT_RDZV_REGROUP ? OUT_REGROUP
                                               : OUT_REMOTE_FAILED;
+        return GOES_ON;
+    }
+    if (a->layout_pending) { /* not reached: a poll keeps the end that round_over saw */
+        a->layout_pending = false;
+        fmt(st->why, sizeof st->why, "the round's layout never came");
+        *out = OUT_LOST;
         return GOES_ON;
     }
     if (start_workers(a, &e)) {

@@ -13,7 +13,8 @@
 #define CHOICE_MAX 1024
 
 int dt_agent_layout_round(dt_agent_layout_fn fn, void *arg, const dt_rdzv_round *rd, int nproc,
-                          double timeout_s, int *tensor, int *pipeline, dt_err *err)
+                          double timeout_s, bool (*over)(void *arg), void *over_arg,
+                          int *tensor, int *pipeline, dt_err *err)
 {
     char choice[CHOICE_MAX], key[DT_RDZV_STR + 96];
     dt_store *s = NULL;
@@ -39,7 +40,20 @@ int dt_agent_layout_round(dt_agent_layout_fn fn, void *arg, const dt_rdzv_round 
     }
     void *v = NULL;
     size_t len = 0;
-    rc = dt_store_get(s, key, &v, &len, (int)(timeout_s * 1000), err);
+    double deadline = dt_now_s() + timeout_s;
+    for (;;) {
+        rc = dt_store_get(s, key, &v, &len, 200, err);
+        if (rc != -ETIMEDOUT && rc != -ENOENT)
+            break;
+        if (over && over(over_arg)) {
+            dt_store_free(s);
+            return dt_err_set(err, -ECANCELED, "the round ended before its layout came");
+        }
+        if (dt_now_s() >= deadline) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+    }
     dt_store_free(s);
     if (rc == -ETIMEDOUT)
         return dt_err_set(err, -ETIMEDOUT, "parallel.layout = auto: group rank 0 (%s) gave no "

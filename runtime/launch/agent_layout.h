@@ -24,11 +24,14 @@ typedef int (*dt_agent_layout_fn)(void *arg, int nnodes, int nproc, const char *
 
 /* The layout of round rd (nproc workers on this node): group rank 0 plans with fn and publishes
  * the keys in the round's store (under a key named by the run id, the round and its
- * MASTER_PORT, new every round); the others wait for them (up to timeout_s) and apply them with
+ * MASTER_PORT, new every round); the others wait for them (up to timeout_s, asking over(arg)
+ * about every 200 ms whether the round has ended meanwhile: rank 0 lost) and apply them with
  * fn. A round of one node plans alone. group rank 0's failure is published too ("!" and why),
  * so that every node ends with it. Returns 0 with *tensor, *pipeline set; -EINVAL: the layout
- * cannot be had (a configuration error: err says why); another error (the store). */
+ * cannot be had (a configuration error: err says why); -ECANCELED: the round ended first (no
+ * layout); another error (the store, -ETIMEDOUT). */
 int dt_agent_layout_round(dt_agent_layout_fn fn, void *arg, const dt_rdzv_round *rd, int nproc,
-                          double timeout_s, int *tensor, int *pipeline, dt_err *err);
+                          double timeout_s, bool (*over)(void *arg), void *over_arg,
+                          int *tensor, int *pipeline, dt_err *err);
 
 #endif
