@@ -857,6 +857,21 @@ int dt_plan_apply_auto(dt_job *job, dt_err *err)
     return plan_and_set(job, nnodes, job->launch.nproc_per_node.n, 0, NULL, 0, NULL, err);
 }
 
+/* Whether "key=value" t sets one of the keys dt_plan_overrides sets. */
+static bool layout_key(const char *t)
+{
+    static const char *const keys[] = {
+        "parallel.tensor=",   "parallel.pipeline=", "parallel.zero=",
+        "parallel.sequence_parallel=", "parallel.micro_batches=", "parallel.schedule=",
+        "train.recompute=",   "train.batch_size=",  "train.grad_accum=",
+        "train.global_batch=",
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(keys); i++)
+        if (!strncmp(t, keys[i], strlen(keys[i])))
+            return true;
+    return false;
+}
+
 /* Writes job to path through a temporary file renamed over it (a worker that reads it meanwhile
  * sees the old job or the new one, whole). */
 static int write_job(const dt_job *job, const char *path, dt_err *err)
@@ -881,9 +896,13 @@ int dt_plan_auto_round(dt_plan_auto *a, int nnodes, int nproc, const char *given
                        size_t cap, int *tensor, int *pipeline, dt_err *err)
 {
     dt_job *job = malloc(sizeof *job);
+    dt_config_errors *errs = calloc(1, sizeof *errs);
     int rc = 0;
-    if (!job)
+    if (!job || !errs) {
+        free(job);
+        free(errs);
         return dt_err_set(err, -ENOMEM, "out of memory");
+    }
     *job = *a->job; /* the job as loaded: every plan starts from it */
     if (given) {
         char buf[1024], *save = NULL;
@@ -893,11 +912,16 @@ int dt_plan_auto_round(dt_plan_auto *a, int nnodes, int nproc, const char *given
         for (char *t = strtok_r(buf, " ", &save); t && !rc; t = strtok_r(NULL, " ", &save))
             if (!strncmp(t, "plan.global_batch=", 18))
                 a->global_batch = strtoll(t + 18, NULL, 10); /* for this node's next plans */
-            else if (strncmp(t, "parallel.", 9) && strncmp(t, "train.", 6))
+            else if (!layout_key(t))
                 rc = dt_err_set(err, -EINVAL, "parallel.layout = auto: group rank 0's layout "
-                                "sets %s, which is no layout key", t);
+                                "(read from the round's store) sets %.64s, which is no key a "
+                                "plan sets", t);
             else
                 rc = dt_job_set(job, t, err);
+        if (!rc && dt_job_validate(job, errs) != 0)
+            rc = dt_err_set(err, -EINVAL, "parallel.layout = auto: group rank 0's layout (read "
+                            "from the round's store) is not valid for this job: %s",
+                            errs->count ? errs->lines[0] : "?");
         if (!rc && choice && !dt_strlcpy(choice, given, cap))
             rc = dt_err_set(err, -ENAMETOOLONG, "parallel.layout = auto: the layout is too long");
         if (!rc)
@@ -921,6 +945,7 @@ int dt_plan_auto_round(dt_plan_auto *a, int nnodes, int nproc, const char *given
         *pipeline = job->pipeline;
     }
     free(job);
+    free(errs);
     return rc;
 }
 

@@ -167,7 +167,6 @@ void dt_agent_log_global_batch(const char *job_path, int world, int before)
     free(j);
 }
 
-
 /* ---- the worlds a layout can use ----------------------------------------------------------- */
 
 bool dt_agent_world_usable(int world, int tensor, int pipeline, int64_t global_batch)
