@@ -2079,6 +2079,18 @@ static void test_auto_layout_replans(void)
     char *st = dt_test_slurp(path);
     DT_CHECK_CONTAINS(st, "\"samples_seen\":\t4800,"); /* 600 steps x 8 */
     free(st);
+    /* the layouts in the agents' events: planned by rank 0 and applied by the other node, then
+     * planned by the survivor alone */
+    char cmd[1100], *ev = NULL;
+    snprintf(cmd, sizeof cmd, "cat %s/logs/%s/events*.jsonl", TMP, id);
+    DT_REQUIRE(dt_test_run(cmd, &ev, 30) == 0);
+    DT_CHECK_CONTAINS(ev, "\"event\":\"layout\",\"world\":4,\"nodes\":2,\"planned\":true,"
+                          "\"keys\":\"plan.global_batch=8 parallel.tensor=");
+    DT_CHECK_CONTAINS(ev, "\"event\":\"layout\",\"world\":4,\"nodes\":2,\"planned\":false,"
+                          "\"keys\":\"plan.global_batch=8 parallel.tensor=");
+    DT_CHECK_CONTAINS(ev, "\"event\":\"layout\",\"world\":2,\"nodes\":1,\"planned\":true,"
+                          "\"keys\":\"plan.global_batch=8 parallel.tensor=");
+    free(ev);
     if (c.code[survivor] || resumed < 0)
         dt_test_group_dump(&c);
     finish(&c);

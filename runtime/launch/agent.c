@@ -601,9 +601,10 @@ static int plan_layout(agent *a)
     if (!a->spec->layout || a->rd.world_size == a->layout_world)
         return 0;
     dt_err e = {0};
+    char keys[1024] = "";
     int rc = dt_agent_layout_round(a->spec->layout, a->spec->layout_arg, &a->rd, a->nproc,
                                    a->L.join_timeout, round_over, a, &a->tensor, &a->pipeline,
-                                   &e);
+                                   keys, sizeof keys, &e);
     a->layout_pending = rc == -ECANCELED;
     if (rc == -ECANCELED) /* run_workers starts none and goes on to the next round */
         return 0;
@@ -613,6 +614,8 @@ static int plan_layout(agent *a)
                     "resume from the latest checkpoint at the new layout (tensor %d x pipeline "
                     "%d)",
                     a->layout_world, a->rd.world_size, a->tensor, a->pipeline);
+        dt_report_layout(&a->ev, a->rd.world_size, a->rd.group_world_size,
+                         a->rd.group_rank == 0, keys, a->rd.attempt);
         a->layout_world = a->rd.world_size;
         return 0;
     }

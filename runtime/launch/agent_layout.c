@@ -10,23 +10,23 @@
 #include "common/util.h"
 #include "rendezvous/store.h"
 
-#define CHOICE_MAX 1024
+#define CHOICE_MAX 1024 /* the most a published layout may be */
 
 int dt_agent_layout_round(dt_agent_layout_fn fn, void *arg, const dt_rdzv_round *rd, int nproc,
                           double timeout_s, bool (*over)(void *arg), void *over_arg,
-                          int *tensor, int *pipeline, dt_err *err)
+                          int *tensor, int *pipeline, char *choice, size_t cap, dt_err *err)
 {
-    char choice[CHOICE_MAX], key[DT_RDZV_STR + 96];
+    char key[DT_RDZV_STR + 96];
     dt_store *s = NULL;
     int rc;
     if (rd->group_world_size == 1) /* alone: nobody to agree with */
-        return fn(arg, 1, nproc, NULL, choice, sizeof choice, tensor, pipeline, err);
+        return fn(arg, 1, nproc, NULL, choice, cap, tensor, pipeline, err);
     snprintf(key, sizeof key, "dtrain/%s/layout/r%d/%d", rd->run_id, rd->round, rd->master_port);
     if ((rc = dt_store_connect(&s, rd->store_addr, rd->store_port, NULL, err)))
         return dt_err_prefix(err, "parallel.layout = auto: the round's store: ");
     if (rd->group_rank == 0) {
         dt_err pe = {0};
-        rc = fn(arg, rd->group_world_size, nproc, NULL, choice, sizeof choice, tensor, pipeline,
+        rc = fn(arg, rd->group_world_size, nproc, NULL, choice, cap, tensor, pipeline,
                 &pe);
         char v[CHOICE_MAX + 8];
         snprintf(v, sizeof v, "%s%s", rc ? "!" : "", rc ? pe.msg : choice);
@@ -65,7 +65,7 @@ int dt_agent_layout_round(dt_agent_layout_fn fn, void *arg, const dt_rdzv_round 
     if (text[0] == '!') {
         rc = dt_err_set(err, -EINVAL, "group rank 0 (%s): %s", rd->master_addr, text + 1);
     } else {
-        rc = fn(arg, rd->group_world_size, nproc, text, choice, sizeof choice, tensor, pipeline,
+        rc = fn(arg, rd->group_world_size, nproc, text, choice, cap, tensor, pipeline,
                 err);
     }
     free(v);

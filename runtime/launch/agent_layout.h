@@ -27,11 +27,12 @@ typedef int (*dt_agent_layout_fn)(void *arg, int nnodes, int nproc, const char *
  * MASTER_PORT, new every round); the others wait for them (up to timeout_s, asking over(arg)
  * about every 200 ms whether the round has ended meanwhile: rank 0 lost) and apply them with
  * fn. A round of one node plans alone. group rank 0's failure is published too ("!" and why),
- * so that every node ends with it. Returns 0 with *tensor, *pipeline set; -EINVAL: the layout
+ * so that every node ends with it. Returns 0 with *tensor, *pipeline and choice (cap bytes: the
+ * keys, as fn gives them) set; -EINVAL: the layout
  * cannot be had (a configuration error: err says why); -ECANCELED: the round ended first (no
  * layout); another error (the store, -ETIMEDOUT). */
 int dt_agent_layout_round(dt_agent_layout_fn fn, void *arg, const dt_rdzv_round *rd, int nproc,
                           double timeout_s, bool (*over)(void *arg), void *over_arg,
-                          int *tensor, int *pipeline, dt_err *err);
+                          int *tensor, int *pipeline, char *choice, size_t cap, dt_err *err);
 
 #endif
