@@ -4,10 +4,11 @@
  * `-- COMMAND`) does on a node before, around and after the workers, and nothing of what a
  * worker does. agent.c runs the rounds over agent_loop (the agent's state, its signals,
  * reaping and output pumping); agent_job reads the settings and the job (rendezvous
- * options, where the logs go, the global batch); agent_env counts the devices (--nproc-per-node);
- * agent_proc forks, execs, signals and reaps the workers (process groups, the guardian, the
- * descendants they leave behind); agent_output forwards their lines; agent_report writes
- * events.jsonl and the root-cause table.
+ * options, where the logs go, the global batch, the worlds a layout can use); agent_layout
+ * gets an elastic parallel.layout = auto round its layout; agent_env counts the devices
+ * (--nproc-per-node); agent_proc forks, execs, signals and reaps the workers (process groups,
+ * the guardian, the descendants they leave behind); agent_output forwards their lines;
+ * agent_report writes events.jsonl and the root-cause table.
  *
  * What it may include: common/, rendezvous/ (the store and the rounds) and runtime/job/ (the job
  * file's launcher settings, the worker-environment contract workenv.h with its exit codes, the
