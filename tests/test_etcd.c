@@ -993,7 +993,7 @@ static void test_tensor_job_keeps_spare(void)
                  "--nproc-per-node 1 --rdzv-conf %s --monitor-interval 0.05 --stop-grace 3 "
                  "--log-dir %s/logs%d_%d %s/../../configs/quickstart.ini job.device=cpu "
                  "job.cpu_bind=none model.n_layer=2 model.n_head=4 model.n_embd=16 "
-                 "model.block_size=16 data.seq_len=16 train.batch_size=4 train.steps=3000 "
+                 "model.block_size=16 data.seq_len=16 train.batch_size=4 train.steps=6000 "
                  "train.eval_every=0 checkpoint.every=0 job.log_every=100 "
                  "job.output_dir=%s/tpspare parallel.tensor=2",
                  BIN, ec.endpoints, id, CONF, TMP, g.id, k, dt_test_self_dir(), TMP);
@@ -1014,7 +1014,7 @@ static void test_tensor_job_keeps_spare(void)
         DT_CHECK_INT(dt_test_count_text(g.out[k], "cannot use world size 3"), 1);
         DT_CHECK_INT(dt_test_count_text(g.out[k], "layout: data 1 x tensor 2 x pipeline 1"),
                      k < 2);
-        done += dt_test_count_text(g.out[k], "done after 3000 steps");
+        done += dt_test_count_text(g.out[k], "done after 6000 steps");
     }
     DT_CHECK_INT(done, 1);
     if (g.code[0] || g.code[1] || g.code[2] || getenv("DT_TEST_VERBOSE"))
