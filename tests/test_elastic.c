@@ -14,7 +14,9 @@
  * host at the end; SIGTERM to one agent ends the job with 128+15 everywhere. The built-in
  * trainer: a DDP job regroups; a global batch survives a lost node; a job with parallel.tensor
  * or parallel.pipeline = 2 that loses a node goes on with D re-derived from the new world, from
- * its checkpoint; one whose new world cannot hold T x P ends as a configuration error.
+ * its checkpoint; one whose new world cannot hold T x P ends as a configuration error; a node
+ * whose world T x P cannot use waits as a spare (and joins once a fourth node makes a usable
+ * world, or takes a lost node's place); parallel.layout = auto plans again for the survivor.
  *
  * No fixed ports: an external `dtrain store --port 0` (or an agent with is_host=1 and port 0)
  * prints the port, which the agents are then given. Every wait is bounded; every worker writes
@@ -2005,6 +2007,54 @@ static void test_tensor_job_keeps_spare(void)
     finish(&c);
 }
 
+/* The spare of tensor_job_keeps_spare takes the place of a lost node: a T = 2 job on 2 nodes
+ * of one worker (nnodes 2:3) with a third node waiting as a spare loses the node without rank
+ * 0 (SIGKILL, past a checkpoint); the next round takes the survivor and the spare (a world of 2
+ * again), which resume from the checkpoint as D = 1 x T = 2 and finish. */
+static void test_spare_replaces_lost_node(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024], id[64], saved[1100];
+    const char *par = "parallel.tensor=2 train.steps=6000";
+    snprintf(run, sizeof run, "%s/tpreplace", TMP);
+    snprintf(id, sizeof id, "tpreplace-%d", (int)getpid());
+    for (int k = 0; k < 2; k++)
+        lay_agent_n(&c, k, id, "2:3", 1, run, par, CONF_LOSS);
+    snprintf(saved, sizeof saved, "checkpoint: saved %s/checkpoints/step_%d (", run, LAY_EVERY);
+    int host0 = lay_rank0_at(&c, 2, LAY_EVERY + 10, saved, 40);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node job did not reach step 60 with its step 50 saved");
+    }
+    lay_agent_n(&c, 2, id, "2:3", 1, run, par, CONF_LOSS);
+    DT_REQUIRE(dt_test_wait_text(c.out[2], "waiting as a spare until a later round can use it",
+                                 1, 30 * dt_test_timeout_scale()));
+    int victim = 1 - host0;
+    kill(c.pid[victim], SIGKILL);
+    dt_test_group_wait(&c, 120 * dt_test_timeout_scale());
+    DT_CHECK_INT(c.code[victim], 128 + SIGKILL);
+    DT_CHECK_INT(c.code[host0], 0);
+    DT_CHECK_INT(c.code[2], 0);
+    DT_CHECK_INT(lay_workers_gone(c.out[victim]), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "layout: data 1 x tensor 2 x pipeline 1"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[host0], "layout: data 1 x tensor 2 x pipeline 1"), 2);
+    int done = 0, resumed = -1;
+    for (int k = 0; k < 3; k++) {
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "not divisible"), 0);
+        done += dt_test_count_text(c.out[k], "done after 6000 steps");
+        int r = gb_resumed_step(c.out[k]);
+        resumed = r > resumed ? r : resumed;
+    }
+    DT_CHECK_INT(done, 1);
+    DT_CHECK_MSG(resumed >= LAY_EVERY && resumed % LAY_EVERY == 0 && resumed < 6000,
+                 "the survivor and the spare resumed at step %d", resumed);
+    if (c.code[host0] || c.code[2])
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
 /* Issue 27: parallel.layout = auto on an elastic job (nnodes 1:2, 2 workers a node). The
  * agents plan at the first round for 2 x 2 ranks (group rank 0 plans, the other node applies
  * the same keys); the node of rank 0 dies some steps past a checkpoint, and the survivor plans
@@ -2129,6 +2179,7 @@ static const dt_test tests[] = {
     {"tensor_job_grows", test_tensor_job_grows, 150},
     {"world_too_small_for_tensor", test_world_too_small_for_tensor, 90},
     {"tensor_job_keeps_spare", test_tensor_job_keeps_spare, 150},
+    {"spare_replaces_lost_node", test_spare_replaces_lost_node, 180},
     {"auto_layout_replans", test_auto_layout_replans, 180},
 };
 
