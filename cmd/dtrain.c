@@ -121,6 +121,14 @@ static int write_resolved_job(const dt_job *job, char *dir, size_t dcap, char *p
     return 0;
 }
 
+/* The agent's hook for parallel.layout = auto on an elastic job (runtime/launch/agent_layout.h):
+ * the planner's layout for a round (cmd/plan.h). */
+static int auto_layout(void *arg, int nnodes, int nproc, const char *given, char *choice,
+                       size_t cap, int *tensor, int *pipeline, dt_err *err)
+{
+    return dt_plan_auto_round(arg, nnodes, nproc, given, choice, cap, tensor, pipeline, err);
+}
+
 /* The default subcommand: parse launcher options and the job, then run the agent. */
 static int cmd_run(int argc, char **argv)
 {
@@ -238,6 +246,13 @@ static int cmd_run(int argc, char **argv)
             }
             spec.tensor = job.tensor;
             spec.pipeline = job.pipeline;
+            spec.global_batch = job.global_batch;
+            static dt_plan_auto pa;
+            if (dt_plan_auto_elastic(&job)) { /* planned per round, for the round's world */
+                pa = (dt_plan_auto){.job = &job, .path = path};
+                spec.layout = auto_layout;
+                spec.layout_arg = &pa;
+            }
             spec.flight = (dt_agent_flight_opts){job.flight_records, job.step_timeout,
                                                  job.straggler_ratio, job.straggler_window};
             spec.setup_error = setup_error[0] ? setup_error : NULL;

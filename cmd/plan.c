@@ -783,21 +783,14 @@ double dt_plan_job_budget(const dt_job *job)
     return job->device_memory > 0 ? (double)job->device_memory : 0;
 }
 
-int dt_plan_apply_auto(dt_job *job, dt_err *err)
+/* Plans job for nnodes x nproc ranks (global batch gb; 0: the job's) and sets the chosen
+ * layout's keys in it, logging the choice. choice (cap bytes; may be NULL) gets the keys set,
+ * space-separated; *gb_out (may be NULL) the plan's global batch. */
+static int plan_and_set(dt_job *job, int nnodes, int nproc, int64_t gb, char *choice, size_t cap,
+                        int64_t *gb_out, dt_err *err)
 {
-    if (job->layout != DT_LAYOUT_AUTO)
-        return 0;
-    int nnodes = 0;
-    if (dt_parse_int(job->launch.nnodes, &nnodes) || nnodes < 1 ||
-        job->launch.nproc_per_node.kind != DT_NPROC_NUMBER)
-        return dt_err_set(err, -EINVAL, "parallel.layout = auto plans for a fixed world: give "
-                          "--nnodes N and --nproc-per-node G as numbers (given %s and %s), or "
-                          "set the [parallel] keys and parallel.layout = explicit",
-                          job->launch.nnodes,
-                          job->launch.nproc_per_node.kind == DT_NPROC_NUMBER ? "a number"
-                          : dt_nproc_name(job->launch.nproc_per_node.kind));
-    dt_plan_req req = {.nnodes = nnodes, .nproc = job->launch.nproc_per_node.n,
-                       .device_memory = dt_plan_job_budget(job)};
+    dt_plan_req req = {.nnodes = nnodes, .nproc = nproc, .device_memory = dt_plan_job_budget(job),
+                       .global_batch = gb};
     dt_plan plan;
     int rc = dt_plan_make(&plan, job, &req, NULL, err);
     if (rc)
@@ -817,8 +810,16 @@ int dt_plan_apply_auto(dt_job *job, dt_err *err)
         dt_plan_layout_name(&plan.v[1], second, sizeof second);
     char av[DT_PLAN_OV_MAX][DT_PLAN_OV_LEN];
     int n = dt_plan_overrides(l, av);
-    for (int i = 0; i < n && !rc; i++)
+    size_t len = 0;
+    if (choice && cap)
+        choice[0] = '\0';
+    for (int i = 0; i < n && !rc; i++) {
         rc = dt_job_set(job, av[i], err);
+        if (choice && len < cap)
+            len += (size_t)snprintf(choice + len, cap - len, "%s%s", i ? " " : "", av[i]);
+    }
+    if (!rc && choice && len >= cap)
+        rc = dt_err_set(err, -ENAMETOOLONG, "parallel.layout = auto: the chosen keys are too long");
     if (!rc)
         DT_INFO("parallel.layout = auto: %s on %d x %d ranks, global batch %lld: chose %s "
                     "(predicted peak %.2f MiB a rank, step %.1f ms) of %d layouts that fit; "
@@ -826,7 +827,125 @@ int dt_plan_apply_auto(dt_job *job, dt_err *err)
                     plan.model, nnodes, req.nproc, (long long)plan.global_batch, name,
                     l->peak_bytes / MIB, l->step_s * 1e3, plan.n_fit, second,
                     plan.n_fit > 1 ? plan.v[1].step_s * 1e3 : 0.0);
+    if (gb_out)
+        *gb_out = plan.global_batch;
     dt_plan_free(&plan);
+    return rc;
+}
+
+bool dt_plan_auto_elastic(const dt_job *job)
+{
+    int n = 0;
+    return job->layout == DT_LAYOUT_AUTO && dt_parse_int(job->launch.nnodes, &n) != 0 &&
+           strchr(job->launch.nnodes, ':') && job->launch.nproc_per_node.kind == DT_NPROC_NUMBER;
+}
+
+int dt_plan_apply_auto(dt_job *job, dt_err *err)
+{
+    if (job->layout != DT_LAYOUT_AUTO || dt_plan_auto_elastic(job))
+        return 0;
+    int nnodes = 0;
+    if (dt_parse_int(job->launch.nnodes, &nnodes) || nnodes < 1 ||
+        job->launch.nproc_per_node.kind != DT_NPROC_NUMBER)
+        return dt_err_set(err, -EINVAL, "parallel.layout = auto plans for a fixed world or "
+                          "an elastic MIN:MAX: give --nnodes N (or MIN:MAX) and "
+                          "--nproc-per-node G as a number (given %s and %s), or set the "
+                          "[parallel] keys and parallel.layout = explicit",
+                          job->launch.nnodes,
+                          job->launch.nproc_per_node.kind == DT_NPROC_NUMBER ? "a number"
+                          : dt_nproc_name(job->launch.nproc_per_node.kind));
+    return plan_and_set(job, nnodes, job->launch.nproc_per_node.n, 0, NULL, 0, NULL, err);
+}
+
+/* Whether "key=value" t sets one of the keys dt_plan_overrides sets. */
+static bool layout_key(const char *t)
+{
+    static const char *const keys[] = {
+        "parallel.tensor=",   "parallel.pipeline=", "parallel.zero=",
+        "parallel.sequence_parallel=", "parallel.micro_batches=", "parallel.schedule=",
+        "train.recompute=",   "train.batch_size=",  "train.grad_accum=",
+        "train.global_batch=",
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(keys); i++)
+        if (!strncmp(t, keys[i], strlen(keys[i])))
+            return true;
+    return false;
+}
+
+/* Writes job to path through a temporary file renamed over it (a worker that reads it meanwhile
+ * sees the old job or the new one, whole). */
+static int write_job(const dt_job *job, const char *path, dt_err *err)
+{
+    char tmp[DT_PATH_MAX + 16];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.new", path) >= sizeof tmp)
+        return dt_err_set(err, -ENAMETOOLONG, "path too long: %s", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return dt_err_errno(err, errno, "cannot write the resolved job to %s", tmp);
+    dt_job_print(job, f);
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+        int e = errno ? errno : EIO;
+        unlink(tmp);
+        return dt_err_errno(err, e, "cannot write the resolved job to %s", path);
+    }
+    return 0;
+}
+
+int dt_plan_auto_round(dt_plan_auto *a, int nnodes, int nproc, const char *given, char *choice,
+                       size_t cap, int *tensor, int *pipeline, dt_err *err)
+{
+    dt_job *job = malloc(sizeof *job);
+    dt_config_errors *errs = calloc(1, sizeof *errs);
+    int rc = 0;
+    if (!job || !errs) {
+        free(job);
+        free(errs);
+        return dt_err_set(err, -ENOMEM, "out of memory");
+    }
+    *job = *a->job; /* the job as loaded: every plan starts from it */
+    if (given) {
+        char buf[1024], *save = NULL;
+        if (!dt_strlcpy(buf, given, sizeof buf))
+            rc = dt_err_set(err, -E2BIG, "parallel.layout = auto: the layout of group rank 0 "
+                            "is too long");
+        for (char *t = strtok_r(buf, " ", &save); t && !rc; t = strtok_r(NULL, " ", &save))
+            if (!strncmp(t, "plan.global_batch=", 18))
+                a->global_batch = strtoll(t + 18, NULL, 10); /* for this node's next plans */
+            else if (!layout_key(t))
+                rc = dt_err_set(err, -EINVAL, "parallel.layout = auto: group rank 0's layout "
+                                "(read from the round's store) sets %.64s, which is no key a "
+                                "plan sets", t);
+            else
+                rc = dt_job_set(job, t, err);
+        if (!rc && dt_job_validate(job, errs) != 0)
+            rc = dt_err_set(err, -EINVAL, "parallel.layout = auto: group rank 0's layout (read "
+                            "from the round's store) is not valid for this job: %s",
+                            errs->count ? errs->lines[0] : "?");
+        if (!rc && choice && !dt_strlcpy(choice, given, cap))
+            rc = dt_err_set(err, -ENAMETOOLONG, "parallel.layout = auto: the layout is too long");
+        if (!rc)
+            DT_INFO("parallel.layout = auto: %d x %d ranks: the layout group rank 0 planned: %s",
+                    nnodes, nproc, given);
+    } else {
+        char keys[900];
+        int64_t gb = 0;
+        rc = plan_and_set(job, nnodes, nproc, a->global_batch, keys, sizeof keys, &gb, err);
+        if (!rc && a->global_batch == 0)
+            a->global_batch = gb; /* the first plan's global batch, kept by the next ones */
+        /* the global batch goes along, for the nodes' next plans (one may be rank 0 then) */
+        if (!rc && choice &&
+            (size_t)snprintf(choice, cap, "plan.global_batch=%lld %s", (long long)gb, keys) >= cap)
+            rc = dt_err_set(err, -ENAMETOOLONG, "parallel.layout = auto: the layout is too long");
+    }
+    if (!rc)
+        rc = write_job(job, a->path, err);
+    if (!rc) {
+        *tensor = job->tensor;
+        *pipeline = job->pipeline;
+    }
+    free(job);
+    free(errs);
     return rc;
 }
 

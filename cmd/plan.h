@@ -136,12 +136,36 @@ int dt_plan_measure_layout(const char *bin, const char *job_path, char *const *o
  * --device-memory is its own flag). */
 double dt_plan_job_budget(const dt_job *job);
 
+/* Whether job plans its layout per round (parallel.layout = auto on an elastic --nnodes
+ * MIN:MAX with --nproc-per-node a number): the world is known only once a round has gathered,
+ * so the agent asks for the layout at every round whose world is new (dt_plan_auto_round). */
+bool dt_plan_auto_elastic(const dt_job *job);
+
 /* parallel.layout = auto (cmd/dtrain.c, before the agent starts): plans job for its fixed
  * elastic.nnodes x nproc_per_node and sets the chosen layout's keys in it (dt_job_set), logging
  * the choice, its predicted peak and step, and the runner-up. 0 (also when layout is
- * explicit: nothing done); -EINVAL with err set when the world is not fixed numbers or nothing
- * fits (the nearest layouts named); another error from the planner. */
+ * explicit, or elastic: dt_plan_auto_elastic, nothing done); -EINVAL with err set when the
+ * world is not numbers or nothing fits (the nearest layouts named); another error from the
+ * planner. */
 int dt_plan_apply_auto(dt_job *job, dt_err *err);
+
+/* The state of an elastic parallel.layout = auto job, for the agent's round hook. */
+typedef struct dt_plan_auto {
+    const dt_job *job;             /* the job as loaded, layout not planned (borrowed) */
+    const char *path;              /* the resolved job the workers load, rewritten per plan */
+    int64_t global_batch;          /* the first plan's global batch (0 until then), which every
+                                      later plan keeps: a membership change keeps the step */
+} dt_plan_auto;
+
+/* The layout of a round of nnodes x nproc ranks: given NULL, plans it (as dt_plan_apply_auto
+ * does, at the first plan's global batch) from a->job; else applies given, what group rank 0's
+ * plan gave ("plan.global_batch=16 parallel.tensor=1 ...": the plan's global batch, which this
+ * node's later plans keep, then the keys; only parallel.* and train.* keys). Either way writes the
+ * job with that layout to a->path (renamed into place), *tensor and *pipeline its T and P, and
+ * choice (cap bytes; may be NULL) the keys, space-separated. 0, or -EINVAL (nothing fits, a bad
+ * given) / another error with err set; a->path unchanged on failure. */
+int dt_plan_auto_round(dt_plan_auto *a, int nnodes, int nproc, const char *given, char *choice,
+                       size_t cap, int *tensor, int *pipeline, dt_err *err);
 
 /* Spearman's rank correlation of x and y (n >= 2; ties get their mean rank). */
 double dt_plan_spearman(const double *x, const double *y, int n);

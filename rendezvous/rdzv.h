@@ -21,7 +21,8 @@
  *           last-call window has passed (or once every survivor of the previous round is back).
  *           Ranks are assigned by join order, survivors first and keeping their order (a
  *           newcomer never pushes a survivor out to spare). A node that arrives while a round runs ends it (DT_RDZV_REGROUP) so that the
- *           next round takes it in; beyond MAX it waits as a spare. A node that stops sending
+ *           next round takes it in; beyond MAX it waits as a spare, and so does a node whose
+ *           world the job's layout cannot use (opts.world_usable). A node that stops sending
  *           heartbeats is declared lost and the round ends (DT_RDZV_REGROUP) for the others. A
  *           membership change never spends the restart budget. See rdzv_c10d.c for the design.
  *

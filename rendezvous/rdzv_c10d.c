@@ -8,7 +8,11 @@
  * newcomer never pushes a survivor out to spare; a node declared lost in R-1 is no survivor
  * (it comes back as a newcomer). A node that arrives while a round runs ends that round (REGROUP) and joins the next
  * one, which takes it in; when the running round already has MAX nodes it waits as a spare
- * until the round ends for another reason. A node whose heartbeat stops for heartbeat_timeout
+ * until the round ends for another reason. Where the job's layout rules out some worlds
+ * (opts.world_usable: parallel.tensor x parallel.pipeline must divide it), a round takes the
+ * most of its ordered joiners (at least MIN) whose world is usable, the rest wait as spares,
+ * and a newcomer ends a running round only when the nodes then present make a larger usable
+ * world. A node whose heartbeat stops for heartbeat_timeout
  * is declared lost and the round ends (REGROUP) for everyone else. Membership changes never
  * spend the restart budget; a failed worker does (FAILED: attempt + 1).
  *
@@ -57,6 +61,10 @@
  *   r<R>/a/<tag>/<k>  "<group rank> <rank base>" of member k, written by the closer <tag>
  *   r<R>/m/<tag>    one line per member: "<group rank> <k> <nproc> <host> <addr>"
  *   r<R>/hb/<g>     group rank g's heartbeat counter
+ *   r<R>/spares     newcomers that found R running and wait on it (only with
+ *                   opts.world_usable: the layout rules out some worlds); r<R>/sp/<i> the i-th
+ *                   one's worker count, so that a newcomer can tell whether the nodes present
+ *                   make a larger usable world (then it ends R) or not (then it waits)
  *   r<R>/done       success counter
  *   r<R>/end        "<kind> <node> <signal> <expect> <lost>|<why>", kind success|fail|regroup|
  *                   abort (signal -1: a configuration error), expect = the nodes of R that go on
@@ -541,6 +549,32 @@ static int cmp_joiner(const void *a, const void *b)
     return x->k < y->k ? -1 : x->k > y->k;
 }
 
+static bool usable(c10d_rdzv *c, int world)
+{
+    return !c->o.world_usable || c->o.world_usable(c->o.arg, world);
+}
+
+/* How many of the n ordered joiners js round R takes: the most, at least MIN, whose world the
+ * job can use (opts.world_usable); the others wait as spares. None: all n (the agent refuses
+ * the round, naming the layout). */
+static int usable_prefix(c10d_rdzv *c, int R, const joiner *js, int n)
+{
+    int world = 0;
+    for (int i = 0; i < n; i++)
+        world += js[i].nproc;
+    for (int m = n; m >= c->min && m >= 1; m--) {
+        if (usable(c, world)) {
+            if (m < n)
+                DT_INFO("round %d: %d nodes joined; the job's layout runs on %d of them (world "
+                        "%d), and %d wait%s as a spare%s",
+                        R, n, m, world, n - m, n - m == 1 ? "s" : "", n - m == 1 ? "" : " each");
+            return m;
+        }
+        world -= js[m - 1].nproc;
+    }
+    return n;
+}
+
 /* The attempt of round R: R-1's, plus one when R-1 failed. Returns 0, or -EBADMSG when R-1's
  * end record is damaged (err says how). */
 static int round_attempt(c10d_rdzv *c, int R, int *attempt, dt_err *err)
@@ -642,6 +676,7 @@ static int try_close(c10d_rdzv *c, int R, dt_err *err)
     qsort(js, (size_t)n, sizeof *js, cmp_joiner);
     if (n > c->max)
         n = c->max;
+    n = usable_prefix(c, R, js, n);
     int world = 0;
     for (int i = 0; i < n; i++) {
         js[i].g = i;
@@ -991,16 +1026,64 @@ static bool end_is_final(c10d_rdzv *c, const dt_rdzv_c10d_end *e, const dt_rdzv_
     return true;
 }
 
-/* Waits as a spare while round R (full) runs: until it ends. Watches its group rank 0 meanwhile,
+/* A newcomer finds round R running without it on ci->n nodes, fewer than MAX. Sets *grow:
+ * whether the nodes now present (R's, the spares that wait on R, this one) make a larger world
+ * the job can use (opts.world_usable), so that this node should end R (REGROUP) for R+1 to take
+ * them in; else it waits as a spare. This node counts itself among R's spares (r<R>/spares, its
+ * worker count in r<R>/sp/<i>: the i-th spare). Without world_usable every world is usable:
+ * *grow stays true and nothing is recorded. Returns 0 or a store error. */
+static int spare_grows(c10d_rdzv *c, int R, const dt_rdzv_c10d_closed *ci, bool *grow,
+                       dt_err *err)
+{
+    char key[KEY_MAX], v[32];
+    int64_t i = 0;
+    int rc;
+    if (!c->o.world_usable)
+        return 0;
+    dt_rdzv_keyf(key, sizeof key, "r%d/spares", R);
+    if ((rc = dt_store_add(c->ns, key, 1, &i, err)))
+        return store_gone(c, rc, err, "joining the rendezvous");
+    snprintf(v, sizeof v, "%d", c->o.local_world_size);
+    dt_rdzv_keyf(key, sizeof key, "r%d/sp/%lld", R, (long long)i);
+    if ((rc = dt_rdzv_set_str(c->ns, key, v, err)))
+        return store_gone(c, rc, err, "joining the rendezvous");
+    /* the first spares fill the free slots (R+1 takes them by join order; with the same worker
+     * count everywhere any order makes the same worlds) */
+    int64_t slots = DT_MIN(i, (int64_t)(c->max - ci->n));
+    int world = ci->world;
+    *grow = false;
+    for (int64_t j = 1; j <= slots && !*grow; j++) {
+        char *sv = NULL;
+        int np = c->o.local_world_size; /* a spare that has not written its record yet */
+        dt_rdzv_keyf(key, sizeof key, "r%d/sp/%lld", R, (long long)j);
+        if (j != i && dt_rdzv_get_str(c->ns, key, &sv, 500, NULL) == 0) {
+            np = atoi(sv);
+            free(sv);
+        }
+        world += np > 0 ? np : 0;
+        *grow = usable(c, world);
+    }
+    return 0;
+}
+
+/* Waits as a spare while round R (full, or layout: one the job's layout cannot grow by this
+ * node) runs: until it ends. Watches its group rank 0 meanwhile,
  * so that a round whose nodes all died cannot keep spares waiting forever. */
-static int spare_wait(c10d_rdzv *c, int R, const dt_rdzv_c10d_closed *ci, dt_rdzv_status *st,
-                      dt_err *err)
+static int spare_wait(c10d_rdzv *c, int R, const dt_rdzv_c10d_closed *ci, bool layout,
+                      dt_rdzv_status *st, dt_err *err)
 {
     char key[KEY_MAX], hbkey[KEY_MAX], *v = NULL;
     int64_t last = -1;
     double seen = dt_now_s(), next_hb = seen;
-    DT_INFO("round %d is full (%d of at most %d nodes): waiting as a spare until a slot frees", R,
-            ci->n, c->max);
+    if (layout)
+        DT_INFO("round %d runs on %d of at most %d nodes (world %d), and the job's layout cannot "
+                "use the world this node would make with it: waiting as a spare until a later "
+                "round can use it",
+                R, ci->n, c->max, ci->world);
+    else
+        DT_INFO("round %d is full (%d of at most %d nodes): waiting as a spare until a slot "
+                "frees",
+                R, ci->n, c->max);
     dt_rdzv_keyf(key, sizeof key, "r%d/end", R);
     dt_rdzv_keyf(hbkey, sizeof hbkey, "r%d/hb/0", R);
     for (;;) {
@@ -1150,7 +1233,10 @@ static int c10d_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *
         if (rc != -ENOENT)
             return store_gone(c, rc, err, "joining the rendezvous");
         /* Round R runs without this node. */
-        if (ci.n < c->max) {
+        bool grow = ci.n < c->max;
+        if (grow && (rc = spare_grows(c, R, &ci, &grow, err)))
+            return rc;
+        if (grow) {
             char why[600];
             snprintf(why, sizeof why, "node %s (%s) joins the job, which runs on %d of at most %d",
                      c->local_addr, dt_hostname(), ci.n, c->max);
@@ -1169,7 +1255,7 @@ static int c10d_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *
             R++;
             continue;
         }
-        if ((rc = spare_wait(c, R, &ci, st, err))) {
+        if ((rc = spare_wait(c, R, &ci, ci.n < c->max, st, err))) {
             if (rc == -ECANCELED)
                 mark_left(c);
             return rc;

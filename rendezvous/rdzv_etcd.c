@@ -23,6 +23,10 @@
  *                 the join order; its presence is the node's liveness in round R
  *   r<R>/s/<id>   "1" (lease): the joiner is a survivor of R-1 (counted, to close at once when
  *                 every survivor is back)
+ *   r<R>/sp/<id>  its worker count (lease): a newcomer that found R running waits on it as a
+ *                 spare (only with opts.world_usable: the layout rules out some worlds; a round
+ *                 takes the most joiners whose world it can use, and a newcomer ends a running
+ *                 round only when the nodes present make a larger usable world)
  *   r<R>/closed   {n, attempt, world, members: [[id, nproc, host, addr], ...] in group rank
  *                 order}, or {"final":1} when the round was cancelled before it formed
  *   r<R>/host     {master_addr, master_port, store_addr, store_port}: written by group rank 0,
@@ -773,11 +777,38 @@ static int read_joiners(etcd_rdzv *c, int R, member **out, int *n, int64_t *rev,
     return 0;
 }
 
-/* Closes round R with the first min(n, MAX) joiners j (one txn; whoever wins). */
+static bool usable(etcd_rdzv *c, int world)
+{
+    return !c->o.world_usable || c->o.world_usable(c->o.arg, world);
+}
+
+/* How many of the n ordered joiners j round R takes: the most, at least MIN, whose world the
+ * job can use (opts.world_usable); the others wait as spares. None: all n (the agent refuses
+ * the round, naming the layout). */
+static int usable_prefix(etcd_rdzv *c, int R, const member *j, int n)
+{
+    int world = 0;
+    for (int i = 0; i < n; i++)
+        world += j[i].nproc;
+    for (int m = n; m >= c->min && m >= 1; m--) {
+        if (usable(c, world)) {
+            if (m < n)
+                DT_INFO("round %d: %d nodes joined; the job's layout runs on %d of them (world "
+                        "%d), and %d wait%s as a spare%s",
+                        R, n, m, world, n - m, n - m == 1 ? "s" : "", n - m == 1 ? "" : " each");
+            return m;
+        }
+        world -= j[m - 1].nproc;
+    }
+    return n;
+}
+
+/* Closes round R with the first min(n, MAX) joiners j, cut to the most whose world the layout
+ * can use (one txn; whoever wins). */
 static int close_round(etcd_rdzv *c, int R, const member *j, int n, int attempt, dt_err *err)
 {
     char k[KEY_MAX], rk[KEY_MAX], rv[16];
-    n = DT_MIN(n, c->max);
+    n = usable_prefix(c, R, j, DT_MIN(n, c->max));
     cJSON *o = cJSON_CreateObject(), *a;
     int world = 0;
     cJSON_AddNumberToObject(o, "n", n);
@@ -1145,13 +1176,55 @@ static int create_end(etcd_rdzv *c, int R, const char *v, bool *won, char **cur,
     return dt_etcd_create(c->ec, k, v, 0, won, cur, err);
 }
 
-/* Waits as a spare while round R (full) runs, until it ends; watches its rank 0 meanwhile. */
-static int spare_wait(etcd_rdzv *c, int R, const closed_rec *ci, dt_rdzv_status *st, dt_err *err)
+/* A newcomer finds round R running without it on ci->n nodes, fewer than MAX. Sets *grow:
+ * whether the nodes now present (R's, the spares that wait on R, this one) make a larger world
+ * the job can use (opts.world_usable): then this node ends R (REGROUP) for R+1 to take them
+ * in; else it waits as a spare. This node records itself as a spare of R (r<R>/sp/<id>: its
+ * worker count, under its lease, so that a dead spare is not counted). Without world_usable
+ * *grow stays true and nothing is recorded. */
+static int spare_grows(etcd_rdzv *c, int R, const closed_rec *ci, bool *grow, dt_err *err)
+{
+    char k[KEY_MAX], v[32];
+    dt_etcd_kv *kv = NULL;
+    int nk = 0, rc;
+    if (!c->o.world_usable)
+        return 0;
+    keyf(c, k, "r%d/sp/%s", R, c->id);
+    snprintf(v, sizeof v, "%d", c->o.local_world_size);
+    if ((rc = dt_etcd_put(c->ec, k, v, c->lease, err)))
+        return rc;
+    keyf(c, k, "r%d/sp/", R);
+    if ((rc = dt_etcd_range(c->ec, k, true, false, false, &kv, &nk, NULL, NULL, err)))
+        return rc;
+    /* the first spares fill the free slots (with the same worker count everywhere, any order
+     * makes the same worlds) */
+    int world = ci->world;
+    *grow = false;
+    for (int i = 0; i < nk && i < c->max - ci->n && !*grow; i++) {
+        int np = atoi(kv[i].value);
+        world += np > 0 ? np : 0;
+        *grow = usable(c, world);
+    }
+    dt_etcd_kvs_free(kv, nk);
+    return 0;
+}
+
+/* Waits as a spare while round R (full, or layout: one the job's layout cannot grow by this
+ * node) runs, until it ends; watches its rank 0 meanwhile. */
+static int spare_wait(etcd_rdzv *c, int R, const closed_rec *ci, bool layout, dt_rdzv_status *st,
+                      dt_err *err)
 {
     char ek[KEY_MAX], zk[KEY_MAX], *v = NULL;
     double next = dt_now_s() + c->o.heartbeat_interval;
-    DT_INFO("round %d is full (%d of at most %d nodes): waiting as a spare until a slot frees", R,
-            ci->n, c->max);
+    if (layout)
+        DT_INFO("round %d runs on %d of at most %d nodes (world %d), and the job's layout cannot "
+                "use the world this node would make with it: waiting as a spare until a later "
+                "round can use it",
+                R, ci->n, c->max, ci->world);
+    else
+        DT_INFO("round %d is full (%d of at most %d nodes): waiting as a spare until a slot "
+                "frees",
+                R, ci->n, c->max);
     keyf(c, ek, "r%d/end", R);
     keyf(c, zk, "r%d/j/%s", R, ci->m[0].id);
     for (;;) {
@@ -1298,7 +1371,12 @@ static int etcd_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *
             free(ci.m);
             return dt_err_prefix(err, "joining the rendezvous: ");
         }
-        if (ci.n < c->max) {
+        bool grow = ci.n < c->max;
+        if (grow && (rc = spare_grows(c, R, &ci, &grow, err))) {
+            free(ci.m);
+            return dt_err_prefix(err, "joining the rendezvous: ");
+        }
+        if (grow) {
             char why[600];
             snprintf(why, sizeof why, "node %s (%s) joins the job, which runs on %d of at most %d",
                      c->local_addr, dt_hostname(), ci.n, c->max);
@@ -1317,7 +1395,7 @@ static int etcd_next(void *self, dt_rdzv_round *rd, dt_rdzv_status *st, dt_err *
             R++;
             continue;
         }
-        rc = spare_wait(c, R, &ci, st, err);
+        rc = spare_wait(c, R, &ci, ci.n < c->max, st, err);
         free(ci.m);
         if (rc)
             return rc;

@@ -49,6 +49,15 @@ typedef struct dt_rdzv_opts {
     /* Called between bounded waits of dt_rdzv_open and dt_rdzv_next (about every 100 ms); when
      * it returns true the call gives up with -EINTR. NULL = never. */
     bool (*interrupted)(void *arg);
+    /* Whether a world of `world` ranks is one the job can run on (the agent's: parallel.tensor
+     * x parallel.pipeline divides it, and train.global_batch has a sample for each of its
+     * data-parallel ranks). c10d: a round takes the largest prefix of its joiners (survivors
+     * first, then newcomers by join order; at least MIN) whose world is usable, and the nodes
+     * beyond it wait as spares, as beyond MAX; a newcomer ends a running round only when the
+     * nodes then present make a larger usable world. When no prefix of MIN or more is usable
+     * the round takes them all (and the agent refuses it, naming the layout). NULL = every
+     * world. Called with arg, from the thread that calls dt_rdzv_next. */
+    bool (*world_usable)(void *arg, int world);
     void *arg;
 } dt_rdzv_opts;
 

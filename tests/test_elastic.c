@@ -14,7 +14,9 @@
  * host at the end; SIGTERM to one agent ends the job with 128+15 everywhere. The built-in
  * trainer: a DDP job regroups; a global batch survives a lost node; a job with parallel.tensor
  * or parallel.pipeline = 2 that loses a node goes on with D re-derived from the new world, from
- * its checkpoint; one whose new world cannot hold T x P ends as a configuration error.
+ * its checkpoint; one whose new world cannot hold T x P ends as a configuration error; a node
+ * whose world T x P cannot use waits as a spare (and joins once a fourth node makes a usable
+ * world, or takes a lost node's place); parallel.layout = auto plans again for the survivor.
  *
  * No fixed ports: an external `dtrain store --port 0` (or an agent with is_host=1 and port 0)
  * prints the port, which the agents are then given. Every wait is bounded; every worker writes
@@ -1529,19 +1531,26 @@ static void test_global_batch_survives_lost_node(void)
     "job.log_every=1 checkpoint.keep=100 "                                                       \
     "checkpoint.async=false train.eval_every=0 ddp.timeout=20"
 
-static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *outdir,
-                      const char *parallel, const char *conf)
+/* Agent k of a LAY_JOB on --nnodes `nnodes` (MIN:MAX) with nproc workers. */
+static void lay_agent_n(cluster *c, int k, const char *id, const char *nnodes, int nproc,
+                        const char *outdir, const char *parallel, const char *conf)
 {
     char line[8192], out[1024];
     snprintf(out, sizeof out, "%s/c%d_agent%d.out", TMP, c->id, k);
     snprintf(line, sizeof line,
-             "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes 1:2 "
+             "%s --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:%d --rdzv-id %s --nnodes %s "
              "--nproc-per-node %d --rdzv-conf %s --monitor-interval 0.05 --stop-grace 5 "
              "--max-restarts 3 --log-dir %s/logs %s train.steps=%d checkpoint.every=%d "
              "job.output_dir=%s %s",
-             BIN, c->port, id, nproc, conf, TMP, LAY_JOB, LAY_STEPS, LAY_EVERY, outdir,
+             BIN, c->port, id, nnodes, nproc, conf, TMP, LAY_JOB, LAY_STEPS, LAY_EVERY, outdir,
              parallel);
     dt_test_group_spawn(c, k, line, out);
+}
+
+static void lay_agent(cluster *c, int k, const char *id, int nproc, const char *outdir,
+                      const char *parallel, const char *conf)
+{
+    lay_agent_n(c, k, id, "1:2", nproc, outdir, parallel, conf);
 }
 
 /* The agent whose output holds rank 0's "step N/" line (rank 0 logs the steps, and writes
@@ -1927,6 +1936,220 @@ static void test_world_too_small_for_tensor(void)
     finish(&c);
 }
 
+/* Issue 34's item 7: a T = 2 job on 2 nodes of one worker (nnodes 2:4, D = 1) is joined by a
+ * third node. A world of 3 cannot hold tensor groups of 2: the newcomer waits as a spare
+ * instead of ending the round into a world the layout refuses (before: every agent exit 2, "world
+ * size 3 is not divisible"), and the job trains on undisturbed. A fourth node makes a world of 4:
+ * it ends the round, and the next one takes all four in (D = 2), from the step the job was at,
+ * with the restart count unchanged. Every agent warned at start that a world of 3 is one the
+ * layout cannot use. 6,000 steps (some 10 s) leave the nodes time to arrive while it runs. */
+static void test_tensor_job_keeps_spare(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024], id[64];
+    const char *par = "parallel.tensor=2 train.steps=6000";
+    snprintf(run, sizeof run, "%s/tpspare", TMP);
+    snprintf(id, sizeof id, "tpspare-%d", (int)getpid());
+    for (int k = 0; k < 2; k++)
+        lay_agent_n(&c, k, id, "2:4", 1, run, par, CONF_CALM);
+    int host0 = lay_rank0_at(&c, 2, 20, NULL, 40);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node job did not reach step 20");
+    }
+    lay_agent_n(&c, 2, id, "2:4", 1, run, par, CONF_CALM);
+    const char *spare = "waiting as a spare until a later round can use it";
+    double deadline = dt_test_now() + 30 * dt_test_timeout_scale();
+    while (!dt_test_count_text(c.out[2], spare) && dt_test_now() < deadline)
+        dt_sleep_ms(20);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], spare), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[host0], "done after"), 0); /* it came while it ran */
+    lay_agent_n(&c, 3, id, "2:4", 1, run, par, CONF_CALM);
+    dt_test_group_wait(&c, 120 * dt_test_timeout_scale());
+    for (int k = 0; k < 4; k++) {
+        DT_CHECK_INT(c.code[k], 0);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "cannot use world size 3; a round that "
+                                                  "gathers such a node count runs on the "
+                                                  "largest world it can use"),
+                     1);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "not divisible"), 0);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "layout: data 1 x tensor 2 x pipeline 1"),
+                     k < 2);
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "layout: data 2 x tensor 2 x pipeline 1"), 1);
+    }
+    DT_CHECK_INT(dt_test_count_text(c.out[3], "waiting as a spare"), 0);
+    int done = 0;
+    for (int k = 0; k < 4; k++)
+        done += dt_test_count_text(c.out[k], "done after 6000 steps");
+    DT_CHECK_INT(done, 1);
+    lay_metrics *m = calloc(1, sizeof *m);
+    DT_REQUIRE(m);
+    lay_read(run, m);
+    DT_CHECK_INT(m->n, 2);
+    DT_CHECK(m->world[0] == 2 && m->dp[0] == 1 && m->tp[0] == 2);
+    DT_CHECK(m->world[1] == 4 && m->dp[1] == 2 && m->tp[1] == 2);
+    DT_CHECK_INT(m->attempt[1], m->attempt[0]);
+    DT_CHECK_INT(m->first[0], 1);
+    DT_CHECK_INT(m->gaps[0], 0);
+    free(m);
+    /* lay_read keeps steps up to LAY_STEPS only: where the 4-node world began, its workers say */
+    int resumed = -1;
+    for (int k = 0; k < 4; k++) {
+        int r = gb_resumed_step(c.out[k]);
+        if (r > resumed)
+            resumed = r;
+    }
+    DT_CHECK_MSG(resumed > 20 && resumed < 6000, "the 4-node world resumed at step %d", resumed);
+    if (c.code[0] || c.code[1] || c.code[2] || c.code[3])
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
+/* The spare of tensor_job_keeps_spare takes the place of a lost node: a T = 2 job on 2 nodes
+ * of one worker (nnodes 2:3) with a third node waiting as a spare loses the node without rank
+ * 0 (SIGKILL, past a checkpoint); the next round takes the survivor and the spare (a world of 2
+ * again), which resume from the checkpoint as D = 1 x T = 2 and finish. */
+static void test_spare_replaces_lost_node(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024], id[64], saved[1100];
+    const char *par = "parallel.tensor=2 train.steps=6000";
+    snprintf(run, sizeof run, "%s/tpreplace", TMP);
+    snprintf(id, sizeof id, "tpreplace-%d", (int)getpid());
+    for (int k = 0; k < 2; k++)
+        lay_agent_n(&c, k, id, "2:3", 1, run, par, CONF_LOSS);
+    snprintf(saved, sizeof saved, "checkpoint: saved %s/checkpoints/step_%d (", run, LAY_EVERY);
+    int host0 = lay_rank0_at(&c, 2, LAY_EVERY + 10, saved, 40);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node job did not reach step 60 with its step 50 saved");
+    }
+    lay_agent_n(&c, 2, id, "2:3", 1, run, par, CONF_LOSS);
+    DT_REQUIRE(dt_test_wait_text(c.out[2], "waiting as a spare until a later round can use it",
+                                 1, 30 * dt_test_timeout_scale()));
+    int victim = 1 - host0;
+    kill(c.pid[victim], SIGKILL);
+    dt_test_group_wait(&c, 120 * dt_test_timeout_scale());
+    DT_CHECK_INT(c.code[victim], 128 + SIGKILL);
+    DT_CHECK_INT(c.code[host0], 0);
+    DT_CHECK_INT(c.code[2], 0);
+    DT_CHECK_INT(lay_workers_gone(c.out[victim]), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[2], "layout: data 1 x tensor 2 x pipeline 1"), 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[host0], "layout: data 1 x tensor 2 x pipeline 1"), 2);
+    int done = 0, resumed = -1;
+    for (int k = 0; k < 3; k++) {
+        DT_CHECK_INT(dt_test_count_text(c.out[k], "not divisible"), 0);
+        done += dt_test_count_text(c.out[k], "done after 6000 steps");
+        int r = gb_resumed_step(c.out[k]);
+        resumed = r > resumed ? r : resumed;
+    }
+    DT_CHECK_INT(done, 1);
+    DT_CHECK_MSG(resumed >= LAY_EVERY && resumed % LAY_EVERY == 0 && resumed < 6000,
+                 "the survivor and the spare resumed at step %d", resumed);
+    if (c.code[host0] || c.code[2])
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
+/* Issue 27: parallel.layout = auto on an elastic job (nnodes 1:2, 2 workers a node). The
+ * agents plan at the first round for 2 x 2 ranks (group rank 0 plans, the other node applies
+ * the same keys); the node of rank 0 dies some steps past a checkpoint, and the survivor plans
+ * again, for its own 1 x 2 ranks, keeping the first plan's global batch (train.global_batch = 8
+ * of LAY_JOB, which the plan turns into batch x accumulation x D), and resumes from the
+ * checkpoint at the new layout to the end. The layouts the planner picks depend on this host's
+ * measured rates, so the test checks what every pick must be: a layout that fills its world,
+ * the same one on every rank, and 8 samples a step before and after. */
+static void test_auto_layout_replans(void)
+{
+    cluster c;
+    dt_test_group_init(&c);
+    start_store(&c);
+    char run[1024], id[64], saved[1100];
+    snprintf(run, sizeof run, "%s/autoplan", TMP);
+    snprintf(id, sizeof id, "autoplan-%d", (int)getpid());
+    for (int k = 0; k < 2; k++)
+        lay_agent(&c, k, id, 2, run, "parallel.layout=auto", CONF_LOSS);
+    snprintf(saved, sizeof saved, "checkpoint: saved %s/checkpoints/step_%d (", run, LAY_EVERY);
+    int host0 = lay_rank0_at(&c, 2, LAY_EVERY + 10, saved, 60);
+    if (host0 < 0) {
+        dt_test_group_dump(&c);
+        DT_REQUIRE(!"the 2-node auto job did not reach step 60 with its step 50 saved");
+    }
+    int victim = host0, survivor = 1 - host0;
+    DT_CHECK_INT(dt_test_count_text(c.out[host0], "parallel.layout = auto: gpt-tiny on 2 x 2 "
+                                                  "ranks, global batch 8: "
+                                                  "chose D"),
+                 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "parallel.layout = auto: 2 x 2 ranks: the "
+                                                     "layout group rank 0 planned: "
+                                                     "plan.global_batch=8 parallel.tensor="),
+                 1);
+    kill(c.pid[victim], SIGKILL);
+    dt_test_group_wait(&c, 90 * dt_test_timeout_scale());
+    DT_CHECK_INT(c.code[victim], 128 + SIGKILL);
+    DT_CHECK_INT(c.code[survivor], 0);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "parallel.layout = auto: gpt-tiny on 1 x 2 "
+                                                     "ranks, global batch 8: "
+                                                     "chose D"),
+                 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "parallel.layout = auto: the world changed "
+                                                     "from 4 to 2 ranks: the workers resume from "
+                                                     "the latest checkpoint at the new layout"),
+                 1);
+    DT_CHECK_INT(dt_test_count_text(c.out[survivor], "done after 600 steps"), 1);
+    int resumed = gb_resumed_step(c.out[survivor]);
+    DT_CHECK_MSG(resumed >= LAY_EVERY && resumed % LAY_EVERY == 0 && resumed < LAY_STEPS,
+                 "the 1-node world resumed at step %d", resumed);
+    lay_metrics *m = calloc(1, sizeof *m);
+    DT_REQUIRE(m);
+    lay_read(run, m);
+    DT_CHECK_INT(m->n, 2);
+    for (int i = 0; i < m->n && i < 2; i++)
+        DT_CHECK_MSG(m->world[i] == 4 - 2 * i && m->dp[i] * m->tp[i] * m->pp[i] == m->world[i],
+                     "layout %d: world %d = dp %d x tp %d x pp %d", i, m->world[i], m->dp[i],
+                     m->tp[i], m->pp[i]);
+    DT_CHECK_INT(m->first[0], 1);
+    DT_CHECK_INT(m->gaps[0], 0);
+    DT_CHECK_INT(m->first[1], resumed + 1);
+    DT_CHECK_INT(m->last[1], LAY_STEPS);
+    DT_CHECK_INT(m->gaps[1], 0);
+    /* every rank of a round logged the same layout as rank 0's metrics.jsonl */
+    for (int i = 0; i < m->n && i < 2; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "layout: data %d x tensor %d x pipeline %d; this rank:",
+                 m->dp[i], m->tp[i], m->pp[i]);
+        int n = dt_test_count_text(c.out[survivor], want) +
+                (i == 0 ? dt_test_count_text(c.out[victim], want) : 0);
+        DT_CHECK_MSG(n >= m->world[i], "%d ranks logged \"%s\" (world %d)", n, want,
+                     m->world[i]);
+    }
+    free(m);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/checkpoints/step_%d/state.json", run, LAY_STEPS);
+    char *st = dt_test_slurp(path);
+    DT_CHECK_CONTAINS(st, "\"samples_seen\":\t4800,"); /* 600 steps x 8 */
+    free(st);
+    /* the layouts in the agents' events: planned by rank 0 and applied by the other node, then
+     * planned by the survivor alone */
+    char cmd[1100], *ev = NULL;
+    snprintf(cmd, sizeof cmd, "cat %s/logs/%s/events*.jsonl", TMP, id);
+    DT_REQUIRE(dt_test_run(cmd, &ev, 30) == 0);
+    DT_CHECK_CONTAINS(ev, "\"event\":\"layout\",\"world\":4,\"nodes\":2,\"planned\":true,"
+                          "\"keys\":\"plan.global_batch=8 parallel.tensor=");
+    DT_CHECK_CONTAINS(ev, "\"event\":\"layout\",\"world\":4,\"nodes\":2,\"planned\":false,"
+                          "\"keys\":\"plan.global_batch=8 parallel.tensor=");
+    DT_CHECK_CONTAINS(ev, "\"event\":\"layout\",\"world\":2,\"nodes\":1,\"planned\":true,"
+                          "\"keys\":\"plan.global_batch=8 parallel.tensor=");
+    free(ev);
+    if (c.code[survivor] || resumed < 0)
+        dt_test_group_dump(&c);
+    finish(&c);
+}
+
 static const dt_test tests[] = {
     {"api_survivors_keep_order", test_api_survivors_keep_order, 60},
     {"api_many_lost_at_once", test_api_many_lost_at_once, 240},
@@ -1955,6 +2178,9 @@ static const dt_test tests[] = {
     {"tensor_pipeline_job_shrinks", test_tensor_pipeline_job_shrinks, 180},
     {"tensor_job_grows", test_tensor_job_grows, 150},
     {"world_too_small_for_tensor", test_world_too_small_for_tensor, 90},
+    {"tensor_job_keeps_spare", test_tensor_job_keeps_spare, 150},
+    {"spare_replaces_lost_node", test_spare_replaces_lost_node, 180},
+    {"auto_layout_replans", test_auto_layout_replans, 180},
 };
 
 int main(int argc, char **argv)

@@ -971,6 +971,58 @@ static void test_not_etcd(void)
     dt_test_group_kill(&g);
 }
 
+/* Issue 34's item 7 on etcd: a parallel.tensor = 2 job (the built-in trainer, a tiny gpt) on 2
+ * nodes of one worker (nnodes 2:3) is joined by a third node, whose world of 3 the layout
+ * cannot use: it waits as a spare instead of ending the round into a world every agent would
+ * refuse (exit 2), the job trains on in its one layout to the end, and the spare goes home with
+ * exit 0. */
+static void test_tensor_job_keeps_spare(void)
+{
+    etcd_cluster ec;
+    dt_test_group g;
+    skip_without_etcd();
+    cluster_start(&ec, MEMBERS);
+    dt_test_group_init(&g);
+    char id[64];
+    snprintf(id, sizeof id, "tpspare-%d", (int)getpid());
+    for (int k = 0; k < 3; k++) {
+        char line[8192], out[1024];
+        snprintf(out, sizeof out, "%s/g%d_agent%d.out", TMP, g.id, k);
+        snprintf(line, sizeof line,
+                 "%s --rdzv-backend=etcd --rdzv-endpoint=%s --rdzv-id %s --nnodes 2:3 "
+                 "--nproc-per-node 1 --rdzv-conf %s --monitor-interval 0.05 --stop-grace 3 "
+                 "--log-dir %s/logs%d_%d %s/../../configs/quickstart.ini job.device=cpu "
+                 "job.cpu_bind=none model.n_layer=2 model.n_head=4 model.n_embd=16 "
+                 "model.block_size=16 data.seq_len=16 train.batch_size=4 train.steps=6000 "
+                 "train.eval_every=0 checkpoint.every=0 job.log_every=100 "
+                 "job.output_dir=%s/tpspare parallel.tensor=2",
+                 BIN, ec.endpoints, id, CONF, TMP, g.id, k, dt_test_self_dir(), TMP);
+        dt_test_group_spawn(&g, k, line, out);
+        /* the third once the job trains (rank 0, on either node, logs the steps) */
+        double deadline = dt_test_now() + 60 * dt_test_timeout_scale();
+        while (k == 1 && !dt_test_count_text(g.out[0], "step 100/") &&
+               !dt_test_count_text(g.out[1], "step 100/") && dt_test_now() < deadline)
+            dt_sleep_ms(20);
+    }
+    DT_CHECK(dt_test_wait_text(g.out[2], "waiting as a spare until a later round can use it", 1,
+                               30 * dt_test_timeout_scale()));
+    dt_test_group_wait(&g, 120 * dt_test_timeout_scale());
+    int done = 0;
+    for (int k = 0; k < 3; k++) {
+        DT_CHECK_INT(g.code[k], 0);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "not divisible"), 0);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "cannot use world size 3"), 1);
+        DT_CHECK_INT(dt_test_count_text(g.out[k], "layout: data 1 x tensor 2 x pipeline 1"),
+                     k < 2);
+        done += dt_test_count_text(g.out[k], "done after 6000 steps");
+    }
+    DT_CHECK_INT(done, 1);
+    if (g.code[0] || g.code[1] || g.code[2] || getenv("DT_TEST_VERBOSE"))
+        dt_test_group_dump(&g);
+    dt_test_group_kill(&g);
+    cluster_stop(&ec);
+}
+
 static const dt_test tests[] = {
     {"form_round_and_finish", test_form_round_and_finish, 120},
     {"leader_killed_mid_job", test_leader_killed_mid_job, 120},
@@ -981,6 +1033,7 @@ static const dt_test tests[] = {
     {"frozen_agent_rejoins", test_frozen_agent_rejoins, 120},
     {"spare_takes_slot", test_spare_takes_slot, 120},
     {"spare_after_survivor", test_spare_after_survivor, 120},
+    {"tensor_job_keeps_spare", test_tensor_job_keeps_spare, 180},
     {"keepalive_within_ttl", test_keepalive_within_ttl, 90},
     {"too_few_nodes", test_too_few_nodes, 60},
     {"tls_client_cert", test_tls_client_cert, 90},

@@ -222,7 +222,8 @@ static void test_cli(void)
 }
 
 /* parallel.layout = auto: the launcher plans, logs the choice and trains with it; a world that
- * is not fixed numbers is refused before anything starts. */
+ * is not numbers is refused before anything starts, and so is a job.device_memory no layout
+ * fits. */
 static void test_auto(void)
 {
     char cmd[2048], out[16384];
@@ -276,8 +277,56 @@ static void test_auto(void)
     n = fread(out, 1, sizeof out - 1, p);
     out[n] = 0;
     pclose(p);
-    DT_CHECK_CONTAINS(out, "no layout of gpt-tiny on 1 x 2 ranks fits the budget");
+    DT_CHECK_CONTAINS(out, "parallel.layout = auto: no layout of gpt-tiny on 1 x 2 ranks fits "
+                           "the budget; the nearest: ");
+    DT_CHECK_CONTAINS(out, "nothing was started");
     DT_CHECK_CONTAINS(out, "rc=2");
+}
+
+/* The per-round plan of an elastic layout = auto job (dt_plan_auto_round): planned, it writes
+ * the job with the chosen keys and says them with the global batch; applied on another node, the
+ * same keys give the same job; keys read from the store that a plan does not set, or a layout
+ * the job refuses, are refused (-EINVAL) and leave the resolved job as it was. */
+static void test_auto_round(void)
+{
+    static dt_job job, back;
+    static dt_config_errors errs;
+    char *ov[] = {"parallel.layout=auto", "elastic.nnodes=1:2", "elastic.nproc_per_node=2"};
+    load(&job, "quickstart.ini", ov, 3);
+    DT_CHECK(dt_plan_auto_elastic(&job));
+    char path[1024], choice[1024], again[1024];
+    snprintf(path, sizeof path, "%s/round.ini", dt_test_tmpdir());
+    dt_plan_auto pa = {.job = &job, .path = path};
+    int T = 0, P = 0;
+    dt_err err = {0};
+    DT_REQUIRE_OK(dt_plan_auto_round(&pa, 2, 2, NULL, choice, sizeof choice, &T, &P, &err), &err);
+    DT_CHECK_CONTAINS(choice, "plan.global_batch=32 parallel.tensor=");
+    DT_CHECK_INT(pa.global_batch, 32); /* batch 8 x 4 data-parallel ranks, the job's */
+    DT_REQUIRE_OK(dt_job_load(&back, path, NULL, 0, &errs, &err), &err);
+    DT_CHECK_INT(back.tensor, T);
+    DT_CHECK_INT(back.pipeline, P);
+    /* another node applies it: the same job */
+    dt_plan_auto pb = {.job = &job, .path = path};
+    DT_REQUIRE_OK(dt_plan_auto_round(&pb, 2, 2, choice, again, sizeof again, &T, &P, &err), &err);
+    DT_CHECK_INT(pb.global_batch, 32);
+    DT_CHECK(!strcmp(again, choice));
+    char *before = dt_test_slurp(path);
+    DT_CHECK(dt_plan_auto_round(&pb, 2, 2, "parallel.tensor=1 train.lr=5", again, sizeof again,
+                                &T, &P, &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "sets train.lr=5, which is no key a plan sets");
+    DT_CHECK(dt_plan_auto_round(&pb, 2, 2, "parallel.tensor=3", again, sizeof again, &T, &P,
+                                &err) == -EINVAL);
+    DT_CHECK_CONTAINS(err.msg, "is not valid for this job");
+    char *after = dt_test_slurp(path);
+    DT_CHECK(before && after && !strcmp(before, after));
+    free(before);
+    free(after);
+    /* the next plan, for 1 x 2 ranks, keeps the global batch */
+    DT_REQUIRE_OK(dt_plan_auto_round(&pb, 1, 2, NULL, again, sizeof again, &T, &P, &err), &err);
+    DT_CHECK_CONTAINS(again, "plan.global_batch=32 ");
+    DT_REQUIRE_OK(dt_job_load(&back, path, NULL, 0, &errs, &err), &err);
+    int D = 2 / (back.tensor * back.pipeline);
+    DT_CHECK_INT(back.batch_size * back.grad_accum * D, 32);
 }
 
 int main(int argc, char **argv)
@@ -289,6 +338,7 @@ int main(int argc, char **argv)
         {"plan_accuracy", test_accuracy, 300},
         {"plan_cli", test_cli, 60},
         {"plan_auto", test_auto, 120},
+        {"plan_auto_round", test_auto_round, 60},
     };
     return dt_test_main("test_plan", tests, (int)DT_ARRAY_LEN(tests), argc, argv);
 }

@@ -434,7 +434,6 @@ static void round_banner(agent *a, double took_s)
     else
         DT_INFO("attempt %d: starting %d worker%s (ranks 0-%d); run id %s", r->attempt, a->nproc,
                 a->nproc == 1 ? "" : "s", a->nproc - 1, r->run_id);
-    log_global_batch(a);
     dt_report_round_start(&a->ev, r, took_s);
 }
 
@@ -558,8 +557,8 @@ static const char *unrepeatable_what(int fatal)
  * start). Returns 0, or the agent's exit code. */
 static int check_world_layout(agent *a)
 {
-    int T = a->spec->tensor > 0 ? a->spec->tensor : 1;
-    int P = a->spec->pipeline > 0 ? a->spec->pipeline : 1;
+    int T = a->tensor > 0 ? a->tensor : 1;
+    int P = a->pipeline > 0 ? a->pipeline : 1;
     dt_err e = {0};
     if (dt_parallel_check_world(a->rd.world_size, T, P, &e) == 0)
         return 0;
@@ -573,6 +572,74 @@ static int check_world_layout(agent *a)
         DT_DEBUG("cannot record the configuration error in the rendezvous: %s", fe.msg);
     emit_end(a, "setup_error", DT_EXIT_CONFIG);
     return DT_EXIT_CONFIG;
+}
+
+/* Whether the job's layout rules out some worlds (job-file mode: parallel.tensor x
+ * parallel.pipeline above 1, or train.global_batch): then an elastic round takes only the
+ * nodes whose world it can use, and the others wait as spares. */
+static bool layout_constrains(const agent *a)
+{
+    return a->spec->builtin_worker && !a->spec->layout &&
+           (a->spec->tensor > 1 || a->spec->pipeline > 1 || a->spec->global_batch > 0);
+}
+
+/* The rendezvous's opts.world_usable (arg: the agent). */
+static bool world_usable(void *arg, int world)
+{
+    const agent *a = arg;
+    return dt_agent_world_usable(world, a->tensor, a->pipeline, a->spec->global_batch);
+}
+
+/* Whether this node's round has ended (the rendezvous says so; a poll that fails says not). */
+static bool round_over(void *arg)
+{
+    agent *a = arg;
+    dt_rdzv_status st;
+    dt_err e = {0};
+    return dt_rdzv_poll(a->rz, &st, &e) == 0 && st.state != DT_RDZV_RUNNING;
+}
+
+/* parallel.layout = auto on an elastic job: a round whose world is new gets its layout
+ * (planned by group rank 0, shared with the others: agent_layout.h) before any worker starts;
+ * the workers resume from the checkpoint at it. A layout that cannot be had ends the job as a
+ * configuration error, as check_world_layout does. Returns 0, or the agent's exit code. */
+static int plan_layout(agent *a)
+{
+    if (!a->spec->layout || a->rd.world_size == a->layout_world)
+        return 0;
+    dt_err e = {0};
+    char keys[1024] = "";
+    int rc = dt_agent_layout_round(a->spec->layout, a->spec->layout_arg, &a->rd, a->nproc,
+                                   a->L.join_timeout, round_over, a, &a->tensor, &a->pipeline,
+                                   keys, sizeof keys, &e);
+    a->layout_pending = rc == -ECANCELED;
+    if (rc == -ECANCELED) /* run_workers starts none and goes on to the next round */
+        return 0;
+    if (rc == 0) {
+        if (a->layout_world)
+            DT_INFO("parallel.layout = auto: the world changed from %d to %d ranks: the workers "
+                    "resume from the latest checkpoint at the new layout (tensor %d x pipeline "
+                    "%d)",
+                    a->layout_world, a->rd.world_size, a->tensor, a->pipeline);
+        dt_report_layout(&a->ev, a->rd.world_size, a->rd.group_world_size,
+                         a->rd.group_rank == 0, keys, a->rd.attempt);
+        a->layout_world = a->rd.world_size;
+        return 0;
+    }
+    char why[DT_ERR_MSG_MAX + 128];
+    fmt(why, sizeof why, "this round gathered %d node%s (%d ranks): %s; no worker was started",
+        a->rd.group_world_size, a->rd.group_world_size == 1 ? "" : "s", a->rd.world_size, e.msg);
+    DT_ERROR("%s", why);
+    dt_err fe = {0};
+    if (rc == -EINVAL) {
+        if (dt_rdzv_abort_config(a->rz, NULL, 0, why, &fe))
+            DT_DEBUG("cannot record the configuration error in the rendezvous: %s", fe.msg);
+        emit_end(a, "setup_error", DT_EXIT_CONFIG);
+        return DT_EXIT_CONFIG;
+    }
+    dt_rdzv_abort(a->rz, SIGTERM, &fe);
+    emit_end(a, "agent_error", 1);
+    return 1;
 }
 
 /* This node's files failed the launcher's check (spec->setup_error): the round gathered only
@@ -659,7 +726,11 @@ static int begin_round(agent *a, bool first, double t_join)
     round_banner(a, dt_now_s() - t_join);
     if (a->spec->setup_error)
         return end_setup_error(a);
-    int rc = check_world_layout(a);
+    int rc = plan_layout(a);
+    if (!rc && !a->layout_pending)
+        rc = check_world_layout(a);
+    if (!rc && !a->layout_pending)
+        log_global_batch(a);
     return rc ? rc : GOES_ON;
 }
 
@@ -671,10 +742,18 @@ static int run_workers(agent *a, dt_rdzv_status *st, enum outcome *out)
     dt_err e = {0};
     if ((a->rd.group_world_size > 1 || a->rd.elastic) && dt_rdzv_poll(a->rz, st, &e) == 0 &&
         st->state != DT_RDZV_RUNNING) {
-        /* The round ended before it started here (this agent joined late): no workers. */
+        /* The round ended before it started here (this agent joined late, or its auto layout
+         * never came: a->layout_pending, which round_over saw ended): no workers. */
+        a->layout_pending = false;
         *out = st->state == DT_RDZV_ABORTED   ? OUT_ABORTED
                : st->state == DT_RDZV_REGROUP ? OUT_REGROUP
                                               : OUT_REMOTE_FAILED;
+        return GOES_ON;
+    }
+    if (a->layout_pending) { /* not reached: a poll keeps the end that round_over saw */
+        a->layout_pending = false;
+        fmt(st->why, sizeof st->why, "the round's layout never came");
+        *out = OUT_LOST;
         return GOES_ON;
     }
     if (start_workers(a, &e)) {
@@ -904,6 +983,8 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     a->builtin_worker = spec->builtin_worker;
     a->L = spec->launch;
     a->sfd = a->epfd = -1;
+    a->tensor = spec->tensor;
+    a->pipeline = spec->pipeline;
     dt_events_init(&a->ev, a->L.node_rank > 0 ? a->L.node_rank : 0);
 
     if (!spec->argv || !spec->argv[0]) {
@@ -976,6 +1057,11 @@ int dt_agent_run(const dt_agent_spec *spec, dt_err *err)
     dt_agent_rdzv_opts(&a->L, a->nproc, dt_agent_rdzv_interrupted, a, &ro);
     ro.job = spec->job_shared;
     ro.ending = spec->setup_error != NULL; /* it comes only to end the job: see end_setup_error */
+    if (layout_constrains(a)) {
+        ro.world_usable = world_usable;
+        dt_agent_warn_worlds(a->L.nnodes, a->nproc, spec->tensor, spec->pipeline,
+                             spec->global_batch);
+    }
     rc = dt_rdzv_open(&a->rz, &ro, &e);
     if (rc == -EINTR) {
         code = 128 + a->first_signal;

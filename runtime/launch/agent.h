@@ -4,10 +4,11 @@
  * `-- COMMAND`) does on a node before, around and after the workers, and nothing of what a
  * worker does. agent.c runs the rounds over agent_loop (the agent's state, its signals,
  * reaping and output pumping); agent_job reads the settings and the job (rendezvous
- * options, where the logs go, the global batch); agent_env counts the devices (--nproc-per-node);
- * agent_proc forks, execs, signals and reaps the workers (process groups, the guardian, the
- * descendants they leave behind); agent_output forwards their lines; agent_report writes
- * events.jsonl and the root-cause table.
+ * options, where the logs go, the global batch, the worlds a layout can use); agent_layout
+ * gets an elastic parallel.layout = auto round its layout; agent_env counts the devices
+ * (--nproc-per-node); agent_proc forks, execs, signals and reaps the workers (process groups,
+ * the guardian, the descendants they leave behind); agent_output forwards their lines;
+ * agent_report writes events.jsonl and the root-cause table.
  *
  * What it may include: common/, rendezvous/ (the store and the rounds) and runtime/job/ (the job
  * file's launcher settings, the worker-environment contract workenv.h with its exit codes, the
@@ -25,10 +26,12 @@
 #define DT_AGENT_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "runtime/job/config.h"
 #include "runtime/launch/agent_flight.h"
+#include "runtime/launch/agent_layout.h"
 
 typedef struct dt_agent_spec {
     dt_launch launch;          /* resolved launcher settings */
@@ -40,7 +43,16 @@ typedef struct dt_agent_spec {
                                   round's world size must be a multiple of their product
                                   (dt_parallel_check_world): a round whose world is not ends the
                                   job as a configuration error (DT_EXIT_CONFIG) before any
-                                  worker starts. 0 (commands) counts as 1 */
+                                  worker starts. 0 (commands) counts as 1. An elastic
+                                  (c10d) round takes the most nodes whose world the layout can
+                                  use (dt_agent_world_usable); the others wait as spares */
+    int64_t global_batch;      /* job-file mode: train.global_batch (0: none), which a world's
+                                  data-parallel ranks must not outnumber */
+    dt_agent_layout_fn layout; /* parallel.layout = auto on an elastic job (cmd/plan.h's
+                                  dt_plan_auto_round; NULL otherwise): at every round whose
+                                  world is new, the layout for it (agent_layout.h), which the
+                                  workers then load; its T and P replace tensor and pipeline */
+    void *layout_arg;          /* layout's first argument (borrowed) */
     char *const *worker_env;   /* "NAME=value" strings (NULL-terminated; NULL: none; borrowed)
                                   each worker gets unless its environment has NAME already:
                                   cmd/ passes the OpenBLAS kernel it chose for built-in workers

@@ -167,3 +167,43 @@ void dt_agent_log_global_batch(const char *job_path, int world, int before)
     free(j);
 }
 
+/* ---- the worlds a layout can use ----------------------------------------------------------- */
+
+bool dt_agent_world_usable(int world, int tensor, int pipeline, int64_t global_batch)
+{
+    int64_t tp = (int64_t)(tensor > 1 ? tensor : 1) * (pipeline > 1 ? pipeline : 1);
+    if (world < 1 || world % tp)
+        return false;
+    return global_batch <= 0 || global_batch >= world / tp;
+}
+
+void dt_agent_warn_worlds(const char *nnodes, int nproc, int tensor, int pipeline,
+                          int64_t global_batch)
+{
+    int lo = 0, hi = 0, n = 0;
+    char tail, list[200] = "";
+    size_t len = 0;
+    if (sscanf(nnodes, "%d:%d%c", &lo, &hi, &tail) != 2 || lo < 1 || hi < lo || nproc < 1)
+        return;
+    for (int k = lo; k <= hi && len < sizeof list - 16; k++) {
+        int world = k * nproc;
+        if (dt_agent_world_usable(world, tensor, pipeline, global_batch))
+            continue;
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", n ? ", " : "", world);
+        n++;
+        if (len >= sizeof list - 16 && k < hi)
+            snprintf(list + len, sizeof list - len, ", ...");
+    }
+    if (n == 0)
+        return;
+    int T = tensor > 1 ? tensor : 1, P = pipeline > 1 ? pipeline : 1;
+    char gb[96] = "";
+    if (global_batch > 0)
+        snprintf(gb, sizeof gb, " and train.global_batch = %lld (one sample per data-parallel rank)",
+                 (long long)global_batch);
+    DT_WARN("--nnodes=%s x --nproc-per-node=%d: the job's layout (parallel.tensor x "
+            "parallel.pipeline = %d x %d%s) cannot use world size%s %s; a round that gathers "
+            "such a node count runs on the largest world it can use, and the other nodes wait "
+            "as spares until a later round can use them",
+            nnodes, nproc, T, P, gb, n == 1 ? "" : "s", list);
+}

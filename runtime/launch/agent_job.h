@@ -7,6 +7,7 @@
 #define DT_AGENT_JOB_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "rendezvous/rdzv.h"
@@ -47,5 +48,18 @@ bool dt_agent_writes_files(const dt_launch *L);
  * none). Says nothing when the job cannot be loaded (the workers say what is wrong with it) or
  * when the world does not hold parallel.tensor x parallel.pipeline (the round is refused). */
 void dt_agent_log_global_batch(const char *job_path, int world, int before);
+
+/* Whether a world of `world` ranks can run a job of parallel.tensor x parallel.pipeline =
+ * tensor x pipeline (values below 1 count as 1): their product divides it, and global_batch
+ * (train.global_batch; 0 = none) has a sample for each of its world / (tensor x pipeline)
+ * data-parallel ranks. */
+bool dt_agent_world_usable(int world, int tensor, int pipeline, int64_t global_batch);
+
+/* Warns, at start, when an elastic --nnodes MIN:MAX (nnodes) x nproc workers a node includes
+ * worlds the layout cannot use (dt_agent_world_usable), naming them: a round of such a node
+ * count runs on the largest world it can use, the other nodes wait as spares. Says nothing for
+ * a fixed node count (the job's load checks it) or when every world is usable. */
+void dt_agent_warn_worlds(const char *nnodes, int nproc, int tensor, int pipeline,
+                          int64_t global_batch);
 
 #endif

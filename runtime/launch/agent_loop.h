@@ -76,6 +76,9 @@ typedef struct agent {
     bool out_paused;            /* the console is behind: workers' pipes are out of the epoll set */
     bool con_watched[3];        /* console fd 1 / 2 is in the epoll set for EPOLLOUT */
     int batch_world;            /* the world size of the last global batch said (0 = none) */
+    int tensor, pipeline;       /* the layout's T and P (spec's, or the last auto plan's) */
+    int layout_world;           /* the world of the last auto plan (0 = none) */
+    bool layout_pending;        /* this round ended before its auto layout came: no workers */
     dt_agent_flight *fl;        /* flight records, hang verdicts, stragglers (agent_flight.h) */
 } agent;
 

@@ -260,6 +260,18 @@ void dt_report_regroup(dt_events *ev, const char *why, int attempt)
     emit(ev, "regroup", f);
 }
 
+void dt_report_layout(dt_events *ev, int world, int nodes, bool planned, const char *keys,
+                      int attempt)
+{
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddNumberToObject(f, "world", world);
+    cJSON_AddNumberToObject(f, "nodes", nodes);
+    cJSON_AddBoolToObject(f, "planned", planned);
+    cJSON_AddStringToObject(f, "keys", keys);
+    cJSON_AddNumberToObject(f, "attempt", attempt);
+    emit(ev, "layout", f);
+}
+
 void dt_report_restart(dt_events *ev, int attempt)
 {
     cJSON *f = cJSON_CreateObject();

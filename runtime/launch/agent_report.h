@@ -65,6 +65,11 @@ void dt_report_signal(dt_events *ev, int sig, const char *action);
 void dt_report_failures(dt_events *ev, const dt_rdzv_failure *f, int n, int attempt);
 /* "regroup" (an elastic job's membership changed): why, attempt. */
 void dt_report_regroup(dt_events *ev, const char *why, int attempt);
+/* "layout" (parallel.layout = auto on an elastic job: the layout of a round whose world is
+ * new): world, nodes, planned (true: this node planned it; false: it applied group rank 0's),
+ * keys (the plan's keys, "plan.global_batch=8 parallel.tensor=1 ..."), attempt. */
+void dt_report_layout(dt_events *ev, int world, int nodes, bool planned, const char *keys,
+                      int attempt);
 /* "restart": attempt (the one that starts next). */
 void dt_report_restart(dt_events *ev, int attempt);
 /* "end" (the agent's last event): result, exit_code, attempt, agent_max_rss_kb (this process's
