@@ -650,6 +650,11 @@ static void run_rss(int nproc, int zero, int n_embd, double *peak, double *rss)
  * is the peer's memory), which the accounting rightly does not charge. */
 static void test_rss_matches_accounting(void)
 {
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan's shadow memory, redzones and quarantine grow the resident set with every
+     * allocation (+245 MiB of RSS against +189 accounted at 1 rank): not this test's to judge */
+    DT_SKIP("built with AddressSanitizer: its shadow memory and quarantine are in the RSS");
+#endif
     static const int cases[][2] = {{1, 0}, {2, 1}, {2, 3}}; /* nproc, zero */
     for (size_t i = 0; i < DT_ARRAY_LEN(cases); i++) {
         double p0, r0, p1, r1;
