@@ -549,32 +549,6 @@ static int cmp_joiner(const void *a, const void *b)
     return x->k < y->k ? -1 : x->k > y->k;
 }
 
-static bool usable(c10d_rdzv *c, int world)
-{
-    return !c->o.world_usable || c->o.world_usable(c->o.arg, world);
-}
-
-/* How many of the n ordered joiners js round R takes: the most, at least MIN, whose world the
- * job can use (opts.world_usable); the others wait as spares. None: all n (the agent refuses
- * the round, naming the layout). */
-static int usable_prefix(c10d_rdzv *c, int R, const joiner *js, int n)
-{
-    int world = 0;
-    for (int i = 0; i < n; i++)
-        world += js[i].nproc;
-    for (int m = n; m >= c->min && m >= 1; m--) {
-        if (usable(c, world)) {
-            if (m < n)
-                DT_INFO("round %d: %d nodes joined; the job's layout runs on %d of them (world "
-                        "%d), and %d wait%s as a spare%s",
-                        R, n, m, world, n - m, n - m == 1 ? "s" : "", n - m == 1 ? "" : " each");
-            return m;
-        }
-        world -= js[m - 1].nproc;
-    }
-    return n;
-}
-
 /* The attempt of round R: R-1's, plus one when R-1 failed. Returns 0, or -EBADMSG when R-1's
  * end record is damaged (err says how). */
 static int round_attempt(c10d_rdzv *c, int R, int *attempt, dt_err *err)
@@ -676,7 +650,7 @@ static int try_close(c10d_rdzv *c, int R, dt_err *err)
     qsort(js, (size_t)n, sizeof *js, cmp_joiner);
     if (n > c->max)
         n = c->max;
-    n = usable_prefix(c, R, js, n);
+    n = dt_rdzv_usable_prefix(&c->o, c->min, R, &js[0].nproc, sizeof *js, n);
     int world = 0;
     for (int i = 0; i < n; i++) {
         js[i].g = i;
@@ -1061,7 +1035,7 @@ static int spare_grows(c10d_rdzv *c, int R, const dt_rdzv_c10d_closed *ci, bool 
             free(sv);
         }
         world += np > 0 ? np : 0;
-        *grow = usable(c, world);
+        *grow = dt_rdzv_world_usable(&c->o, world);
     }
     return 0;
 }

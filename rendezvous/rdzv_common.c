@@ -699,6 +699,32 @@ static const char *job_value(const char *text, const char *k, size_t n, size_t *
     return NULL;
 }
 
+bool dt_rdzv_world_usable(const dt_rdzv_opts *o, int world)
+{
+    return !o->world_usable || o->world_usable(o->arg, world);
+}
+
+int dt_rdzv_usable_prefix(const dt_rdzv_opts *o, int min, int R, const int *nproc, size_t stride,
+                          int n)
+{
+#define NPROC(i) (*(const int *)((const char *)nproc + (size_t)(i) * stride))
+    int world = 0;
+    for (int i = 0; i < n; i++)
+        world += NPROC(i);
+    for (int m = n; m >= min && m >= 1; m--) {
+        if (dt_rdzv_world_usable(o, world)) {
+            if (m < n)
+                DT_INFO("round %d: %d nodes joined; the job's layout runs on %d of them (world "
+                        "%d), and %d wait%s as a spare%s",
+                        R, n, m, world, n - m, n - m == 1 ? "s" : "", n - m == 1 ? "" : " each");
+            return m;
+        }
+        world -= NPROC(m - 1);
+    }
+    return n;
+#undef NPROC
+}
+
 int dt_rdzv_conf_check_job(const dt_rdzv_conf *c, const char *mine, const char *where,
                            char *keys, size_t kcap, dt_err *err)
 {

@@ -129,6 +129,16 @@ void dt_rdzv_conf_free(dt_rdzv_conf *c);
  * the same; else -EINVAL with err naming the keys that differ and both values (this node's and
  * the job's), the run id and where the job's record is, and what to do; keys (kcap bytes; may
  * be NULL) gets the differing keys' names, comma-separated, for another node's log. */
+/* Whether the job's layout can use a world of `world` ranks (o->world_usable; none: any). */
+bool dt_rdzv_world_usable(const dt_rdzv_opts *o, int world);
+
+/* How many of n ordered joiners round R takes: the most, at least min, whose world (the sum of
+ * their nproc: the int at nproc, then every `stride` bytes) the job can use
+ * (dt_rdzv_world_usable); the others wait as spares, which an INFO line says. None: all n (the
+ * agent refuses the round, naming the layout). */
+int dt_rdzv_usable_prefix(const dt_rdzv_opts *o, int min, int R, const int *nproc, size_t stride,
+                          int n);
+
 int dt_rdzv_conf_check_job(const dt_rdzv_conf *c, const char *mine, const char *where,
                            char *keys, size_t kcap, dt_err *err);
 

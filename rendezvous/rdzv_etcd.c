@@ -777,38 +777,12 @@ static int read_joiners(etcd_rdzv *c, int R, member **out, int *n, int64_t *rev,
     return 0;
 }
 
-static bool usable(etcd_rdzv *c, int world)
-{
-    return !c->o.world_usable || c->o.world_usable(c->o.arg, world);
-}
-
-/* How many of the n ordered joiners j round R takes: the most, at least MIN, whose world the
- * job can use (opts.world_usable); the others wait as spares. None: all n (the agent refuses
- * the round, naming the layout). */
-static int usable_prefix(etcd_rdzv *c, int R, const member *j, int n)
-{
-    int world = 0;
-    for (int i = 0; i < n; i++)
-        world += j[i].nproc;
-    for (int m = n; m >= c->min && m >= 1; m--) {
-        if (usable(c, world)) {
-            if (m < n)
-                DT_INFO("round %d: %d nodes joined; the job's layout runs on %d of them (world "
-                        "%d), and %d wait%s as a spare%s",
-                        R, n, m, world, n - m, n - m == 1 ? "s" : "", n - m == 1 ? "" : " each");
-            return m;
-        }
-        world -= j[m - 1].nproc;
-    }
-    return n;
-}
-
 /* Closes round R with the first min(n, MAX) joiners j, cut to the most whose world the layout
  * can use (one txn; whoever wins). */
 static int close_round(etcd_rdzv *c, int R, const member *j, int n, int attempt, dt_err *err)
 {
     char k[KEY_MAX], rk[KEY_MAX], rv[16];
-    n = usable_prefix(c, R, j, DT_MIN(n, c->max));
+    n = dt_rdzv_usable_prefix(&c->o, c->min, R, &j[0].nproc, sizeof *j, DT_MIN(n, c->max));
     cJSON *o = cJSON_CreateObject(), *a;
     int world = 0;
     cJSON_AddNumberToObject(o, "n", n);
@@ -1203,7 +1177,7 @@ static int spare_grows(etcd_rdzv *c, int R, const closed_rec *ci, bool *grow, dt
     for (int i = 0; i < nk && i < c->max - ci->n && !*grow; i++) {
         int np = atoi(kv[i].value);
         world += np > 0 ? np : 0;
-        *grow = usable(c, world);
+        *grow = dt_rdzv_world_usable(&c->o, world);
     }
     dt_etcd_kvs_free(kv, nk);
     return 0;
