@@ -56,29 +56,12 @@ int dt_write_all(int fd, const void *buf, size_t n)
     return 0;
 }
 
-int dt_read_all(int fd, void *buf, size_t n)
+/* Reads n bytes at off (pread), or from the file position (read) when at is false. */
+static int read_full(int fd, void *buf, size_t n, bool at, uint64_t off)
 {
     char *p = buf;
     while (n > 0) {
-        ssize_t r = read(fd, p, n);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (r == 0)
-            return -EPIPE;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-int dt_pread_all(int fd, void *buf, size_t n, uint64_t off)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t)off);
+        ssize_t r = at ? pread(fd, p, n, (off_t)off) : read(fd, p, n);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -91,6 +74,13 @@ int dt_pread_all(int fd, void *buf, size_t n, uint64_t off)
         off += (uint64_t)r;
     }
     return 0;
+}
+
+int dt_read_all(int fd, void *buf, size_t n) { return read_full(fd, buf, n, false, 0); }
+
+int dt_pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    return read_full(fd, buf, n, true, off);
 }
 
 int dt_set_cloexec(int fd)
