@@ -311,3 +311,20 @@ int dt_test_trainer_start(dt_trainer *t, dt_job *job, const char *config, const 
         dt_strlcpy(msg, err.msg, cap);
     return rc;
 }
+
+/* The value of the last override "key=N" in ov, or def. */
+static int ov_int(const char *const *ov, int nov, const char *key, int def)
+{
+    size_t n = strlen(key);
+    for (int i = 0; i < nov; i++)
+        if (!strncmp(ov[i], key, n) && ov[i][n] == '=')
+            def = atoi(ov[i] + n + 1);
+    return def;
+}
+
+bool dt_test_gathers_whole(const char *const *ov, int nov, int N, int q)
+{
+    int T = ov_int(ov, nov, "parallel.tensor", 1), P = ov_int(ov, nov, "parallel.pipeline", 1);
+    int D = N / (T * P);
+    return ov_int(ov, nov, "parallel.zero", 0) < 3 || D <= 1 || (q / T) % D == 0;
+}

@@ -39,6 +39,12 @@ const char *dt_test_fmt(const char *f, ...) __attribute__((format(printf, 1, 2))
  * once per process: a later call's probe is not looked at. */
 const char *dt_test_repo_dir(const char *probe);
 
+/* Whether rank q of a run on N ranks with the overrides ov ("key=value", the last of a key
+ * counts; parallel.tensor, parallel.pipeline and parallel.zero read, 1, 1 and 0 if absent)
+ * holds the whole model after a gather: at ZeRO-3 only each data-parallel group's rank 0 does
+ * (dpsync.h; rank = (pp * D + dp) * T + tp). */
+bool dt_test_gathers_whole(const char *const *ov, int nov, int N, int q);
+
 /* ---- forked ranks ----------------------------------------------------------------------------- */
 
 /* n bytes of zeroed memory shared with the ranks forked after it (MAP_SHARED); fails the test

@@ -700,25 +700,6 @@ typedef struct lrun {
 
 static void add(lrun *z, const char *ov) { z->ov[z->nov++] = ov; }
 
-/* The value of the last override "key=N" in ov, or def. */
-static int ov_int(const char *const *ov, int nov, const char *key, int def)
-{
-    size_t n = strlen(key);
-    for (int i = 0; i < nov; i++)
-        if (!strncmp(ov[i], key, n) && ov[i][n] == '=')
-            def = atoi(ov[i] + n + 1);
-    return def;
-}
-
-/* Whether rank q of a run with overrides ov on N ranks gathers the whole model at the end: at
- * ZeRO-3 only each data-parallel group's rank 0 does (dpsync.h; rank = (pp * D + dp) * T + tp). */
-static bool gathers_whole(const char *const *ov, int nov, int N, int q)
-{
-    int T = ov_int(ov, nov, "parallel.tensor", 1), P = ov_int(ov, nov, "parallel.pipeline", 1);
-    int D = N / (T * P);
-    return ov_int(ov, nov, "parallel.zero", 0) < 3 || D <= 1 || (q / T) % D == 0;
-}
-
 /* torchvision's resnet<depth> at width 4 (planes 4..32) on synthetic 3x64x64 images in 10
  * classes (configs/resnet50.ini's data), B samples per rank, SGD with momentum, N ranks. */
 static lrun lbase(int depth, int N, int B, const char *name)
@@ -864,7 +845,7 @@ static void compare(const lrun *a, const lrun *b, double tol, double norm_tol)
     DT_CHECK_MSG(!norms || wp <= tol, "%s: weights %.3g off %s's", a->name, wp, b->name);
     DT_CHECK_MSG(wb <= tol, "%s: running statistics %.3g off %s's", a->name, wb, b->name);
     for (int q = 1; q < a->N; q++)
-        DT_CHECK_MSG(!gathers_whole(a->ov, a->nov, a->N, q) ||
+        DT_CHECK_MSG(!dt_test_gathers_whole(a->ov, a->nov, a->N, q) ||
                          (!memcmp(a->out[q].params, x->params, x->num_params * sizeof(float)) &&
                           !memcmp(a->out[q].buffers, x->buffers, x->num_buffers * sizeof(float))),
                      "%s: rank %d's state differs from rank 0's", a->name, q);

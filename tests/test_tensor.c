@@ -94,25 +94,6 @@ typedef struct trun {
 
 static void add(trun *z, const char *ov) { z->ov[z->nov++] = ov; }
 
-/* The value of the last override "key=N" in ov, or def. */
-static int ov_int(const char *const *ov, int nov, const char *key, int def)
-{
-    size_t n = strlen(key);
-    for (int i = 0; i < nov; i++)
-        if (!strncmp(ov[i], key, n) && ov[i][n] == '=')
-            def = atoi(ov[i] + n + 1);
-    return def;
-}
-
-/* Whether rank q of a run with overrides ov on N ranks gathers the whole model at the end: at
- * ZeRO-3 only each data-parallel group's rank 0 does (dpsync.h; rank = (pp * D + dp) * T + tp). */
-static bool gathers_whole(const char *const *ov, int nov, int N, int q)
-{
-    int T = ov_int(ov, nov, "parallel.tensor", 1), P = ov_int(ov, nov, "parallel.pipeline", 1);
-    int D = N / (T * P);
-    return ov_int(ov, nov, "parallel.zero", 0) < 3 || D <= 1 || (q / T) % D == 0;
-}
-
 /* A tiny gpt (4 heads: T = 4 divides them; vocabulary 256 bytes) on N ranks at tensor degree T,
  * B samples per data-parallel rank, AdamW with clipping on (and active: checked below). */
 static trun base(int N, int T, int B, const char *name)
@@ -349,7 +330,7 @@ static void compare(const trun *a, const trun *r, int steps, double tol)
         ws = fmax(ws, s);
     }
     for (int q = 1; q < a->N; q++)
-        if (gathers_whole(a->ov, a->nov, a->N, q))
+        if (dt_test_gathers_whole(a->ov, a->nov, a->N, q))
             DT_CHECK_MSG(!memcmp(a->out[q].params, x->params, x->whole * sizeof(float)),
                          "%s: rank %d's gathered weights differ from rank 0's", a->name, q);
     printf("    %-10s %zu of %zu parameters per rank, loss %.5f -> %.5f; relative to one "
