@@ -1066,10 +1066,29 @@ static double vec_rel(const float *a, const float *b, size_t n)
     return m > 0 ? sqrt(d / m) : sqrt(d);
 }
 
-/* P stages x M micro-batches of `sched` against one process, 20 steps; more: overrides for
- * both (NULL-terminated), tag: their name in the runs' names. */
+/* Every step's loss and gradient norm of pp's rank 0 against the reference b within 1e-5
+ * relative, and every rank of pp logging rank 0's loss; returns the worst loss difference. */
+static double check_losses(const prun *pp, const rank_out *b, int N)
+{
+    const rank_out *a = &pp->out[0];
+    double worst_loss = 0;
+    for (int k = 0; k < pp->steps; k++) {
+        double rel = fabs(a->loss[k] - b->loss[k]) / fabs(b->loss[k]);
+        worst_loss = fmax(worst_loss, rel);
+        DT_CHECK_MSG(rel <= 1e-5, "%s: step %d loss %.9g vs one process %.9g", pp->name, k + 1,
+                     a->loss[k], b->loss[k]);
+        DT_CHECK_MSG(fabs(a->norm[k] - b->norm[k]) <= 1e-5 * b->norm[k],
+                     "%s: step %d gradient norm %.9g vs %.9g", pp->name, k + 1, a->norm[k],
+                     b->norm[k]);
+        for (int q = 1; q < N; q++) /* every rank logs the same loss */
+            DT_CHECK(pp->out[q].loss[k] == a->loss[k]);
+    }
+    return worst_loss;
+}
+
 /* D x T x P ranks (D data-parallel replicas of batch 8 / D, T tensor ranks, P stages of M
- * micro-batches) against one process of batch 8, 20 steps. */
+ * micro-batches of `sched`) against one process of batch 8, 20 steps; more: overrides for both
+ * (NULL-terminated), tag: their name in the runs' names. */
 typedef prun (*prun_make)(int N, int P, int M, const char *sched, const char *name);
 
 static void against_one_made(prun_make make, int D, int T, int P, int M, const char *sched,
@@ -1106,18 +1125,7 @@ static void against_one_made(prun_make make, int D, int T, int P, int M, const c
     /* every layout starts bit-identical to one process */
     DT_CHECK_MSG(!memcmp(a->start_params, b->start_params, a->numel * sizeof(float)),
                  "%s: the initial parameters differ from one process's", pp.name);
-    double worst_loss = 0;
-    for (int k = 0; k < pp.steps; k++) {
-        double rel = fabs(a->loss[k] - b->loss[k]) / fabs(b->loss[k]);
-        worst_loss = fmax(worst_loss, rel);
-        DT_CHECK_MSG(rel <= 1e-5, "%s: step %d loss %.9g vs one process %.9g", pp.name, k + 1,
-                     a->loss[k], b->loss[k]);
-        DT_CHECK_MSG(fabs(a->norm[k] - b->norm[k]) <= 1e-5 * b->norm[k],
-                     "%s: step %d gradient norm %.9g vs %.9g", pp.name, k + 1, a->norm[k],
-                     b->norm[k]);
-        for (int q = 1; q < N; q++) /* every rank logs the same loss */
-            DT_CHECK(pp.out[q].loss[k] == a->loss[k]);
-    }
+    double worst_loss = check_losses(&pp, b, N);
     double wp = vec_rel(a->params, b->params, a->numel);
     DT_CHECK_MSG(wp <= 1e-5, "%s: weights after %d steps differ by %.3g (2-norm relative)",
                  pp.name, pp.steps, wp);
@@ -1552,18 +1560,7 @@ static void resnet_against_one_d(int D, int P, int M, const char *sched, bool r5
                  "%s: the initial parameters differ from one process's", pp.name);
     DT_CHECK_MSG(!memcmp(a->start_bufs, b->start_bufs, a->nbufs * sizeof(float)),
                  "%s: the initial running statistics differ from one process's", pp.name);
-    double worst_loss = 0;
-    for (int k = 0; k < pp.steps; k++) {
-        double rel = fabs(a->loss[k] - b->loss[k]) / fabs(b->loss[k]);
-        worst_loss = fmax(worst_loss, rel);
-        DT_CHECK_MSG(rel <= 1e-5, "%s: step %d loss %.9g vs one process %.9g", pp.name, k + 1,
-                     a->loss[k], b->loss[k]);
-        DT_CHECK_MSG(fabs(a->norm[k] - b->norm[k]) <= 1e-5 * b->norm[k],
-                     "%s: step %d gradient norm %.9g vs %.9g", pp.name, k + 1, a->norm[k],
-                     b->norm[k]);
-        for (int q = 1; q < N; q++)
-            DT_CHECK(pp.out[q].loss[k] == a->loss[k]);
-    }
+    double worst_loss = check_losses(&pp, b, N);
     double wp = vec_rel(a->params, b->params, a->numel);
     double wb = vec_rel(a->bufs, b->bufs, a->nbufs);
     double moved = vec_rel(b->bufs, b->start_bufs, b->nbufs); /* the statistics did move */
