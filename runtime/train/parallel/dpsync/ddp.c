@@ -819,18 +819,6 @@ int dt_ddp_gather_params(dt_ddp *d, dt_err *err)
     return rc;
 }
 
-int dt_ddp_gather_shards(dt_ddp *d, const float *shard, float *full, dt_err *err)
-{
-    int rc = 0;
-    /* from the start of the buffer: a chunk's padding lands in the bucket above, which is
-     * gathered (and so overwritten with its own values) afterwards */
-    for (int i = d->nb - 1; i >= 0 && !rc; i--) {
-        bucket *b = &d->b[i];
-        rc = dt_comm_allgather(d->c, shard + b->at, full + b->lo, b->chunk, DT_FLOAT32, NULL, err);
-    }
-    return rc;
-}
-
 void dt_ddp_slice_shard(dt_ddp *d, const float *full, float *shard)
 {
     dt_backend *be = d->m->be;

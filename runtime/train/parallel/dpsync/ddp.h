@@ -198,9 +198,10 @@ void dt_ddp_shard_ranges(const dt_ddp *d, const dt_optim_range **ranges, int *n,
 /* The rebuild (see above) in sharding mode: after the first synchronised backward the buckets
  * would move, and the shards with them, but this backward's shard and the optimiser's state are
  * in the old layout. So dt_ddp_finish only plans it, and the caller applies it once the
- * optimiser stepped on the old layout: gather what lives in the old layout
- * (dt_ddp_gather_shards), dt_ddp_relayout (buckets, ranges and the gradient shard anew: ranges
- * and shard pointers given before are stale), then slice into the new (dt_ddp_slice_shard). */
+ * optimiser stepped on the old layout: keep the old ranges (dt_ddp_shard_ranges),
+ * dt_ddp_relayout (buckets, ranges and the gradient shard anew: ranges and shard pointers given
+ * before are stale), then move what lives in the old layout to the new one (dpsync_zero12.c's
+ * relayout does it through a bounded window). */
 bool dt_ddp_relayout_pending(const dt_ddp *d);
 int dt_ddp_relayout(dt_ddp *d, dt_err *err);
 
@@ -211,10 +212,6 @@ float *dt_ddp_shard_grads(dt_ddp *d);
 /* All-gathers every rank's ranges of m->params into every rank's m->params (after the
  * optimiser updated this rank's). Collective. */
 int dt_ddp_gather_params(dt_ddp *d, dt_err *err);
-
-/* full (num_params, backend memory) = every rank's shard (shard numel, in the shard layout)
- * put in place. Collective. */
-int dt_ddp_gather_shards(dt_ddp *d, const float *shard, float *full, dt_err *err);
 
 /* shard (shard numel) = this rank's ranges of full (num_params); the padding is zeroed. Local. */
 void dt_ddp_slice_shard(dt_ddp *d, const float *full, float *shard);
